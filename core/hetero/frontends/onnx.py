@@ -1,0 +1,227 @@
+"""The ONNX front end: ModelProto -> Graph, with weights memory-mapped from external data where possible.
+
+Every defect of the file is reported as a ``ModelFormatError`` naming the file and the tensor, node or field. External
+data may only come from files inside the model's own folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import HeteroError, ModelFormatError, UnsupportedOp
+from ..ir.graph import Graph, Node
+from ..ops import registry
+from ..tensor import TensorInfo
+
+
+def load_onnx(model: Any) -> Graph:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    base_dir: Path | None = None
+    source = "<ModelProto>"
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        source = str(path)
+        base_dir = path.resolve().parent
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ModelFormatError(f"cannot read model file {source!r}: {exc.strerror}") from exc
+        model = _parse(data, source, onnx, DecodeError)
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        source = "<bytes>"
+        model = _parse(bytes(model), source, onnx, DecodeError)
+    elif not isinstance(model, onnx.ModelProto):
+        raise ModelFormatError(f"cannot load a model from {type(model).__name__}; expected a path, bytes or ModelProto")
+
+    if not model.HasField("graph"):
+        raise ModelFormatError(f"{source}: the model has no graph")
+    if model.functions:
+        try:
+            from onnx import inliner
+
+            model = inliner.inline_local_functions(model)
+        except Exception as exc:
+            raise ModelFormatError(f"{source}: model-local functions could not be inlined: {exc}") from exc
+    opsets = {_domain(o.domain): int(o.version) for o in model.opset_import}
+    if "" not in opsets:
+        opsets[""] = 1 if model.opset_import else 21
+    reader = _Reader(source, base_dir, opsets)
+    return reader.graph(model.graph, outer=frozenset())
+
+
+def _parse(data: bytes, source: str, onnx: Any, decode_error: type) -> Any:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (decode_error, ValueError, RuntimeError) as exc:
+        raise ModelFormatError(f"{source} is not a valid ONNX model (protobuf parse failed: {exc})") from exc
+    if not model.HasField("graph") and not model.opset_import:
+        raise ModelFormatError(f"{source} is not a valid ONNX model (no graph and no opset_import)")
+    return model
+
+
+def _domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+class _Reader:
+    def __init__(self, source: str, base_dir: Path | None, opsets: dict[str, int]) -> None:
+        self.source = source
+        self.base_dir = base_dir
+        self.opsets = opsets
+
+    def fail(self, message: str) -> ModelFormatError:
+        return ModelFormatError(f"{self.source}: {message}")
+
+    def graph(self, proto: Any, outer: frozenset[str]) -> Graph:
+        graph = Graph(name=proto.name or "main", opsets=dict(self.opsets), outer_scope=outer)
+        for tensor in proto.initializer:
+            if not tensor.name:
+                raise self.fail("an initializer has no name")
+            graph.initializers[tensor.name] = self.tensor(tensor, f"initializer {tensor.name!r}")
+        if len(proto.sparse_initializer):
+            raise self.fail(f"sparse initializers ({proto.sparse_initializer[0].values.name!r}) are not supported")
+        for vi in proto.input:
+            if vi.name in graph.initializers:
+                continue  # old IR versions list initializers among the inputs
+            graph.inputs.append(vi.name)
+            graph.values[vi.name] = self.value_info(vi, "input")
+        for vi in proto.output:
+            graph.outputs.append(vi.name)
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                graph.values.setdefault(vi.name, self.value_info(vi, "output"))
+        produced: set[str] = set()
+        scope = outer | set(graph.inputs) | set(graph.initializers)
+        for index, proto_node in enumerate(proto.node):
+            node = self.node(proto_node, index, scope | produced)
+            for out in node.outputs:
+                if out and (out in produced or out in graph.initializers or out in graph.inputs):
+                    raise self.fail(f"value {out!r} is defined twice (again by {node.label()})")
+                produced.add(out)
+            graph.nodes.append(node)
+        graph.toposort()
+        graph.validate_outputs()
+        return graph
+
+    def node(self, proto: Any, index: int, scope: frozenset[str] | set[str]) -> Node:
+        domain = _domain(proto.domain)
+        name = proto.name or f"{proto.op_type}_{index}"
+        node = Node(proto.op_type, list(proto.input), list(proto.output), {}, name, domain)
+        while node.inputs and node.inputs[-1] == "":
+            node.inputs.pop()
+        if registry.find(domain, proto.op_type) is None:
+            raise UnsupportedOp(
+                f"{self.source}: node {name!r} uses op {domain or 'ai.onnx'}::{proto.op_type}, which hetero does "
+                "not know",
+                hint="a plugin can add ops through the hetero_register_ops hook",
+            )
+        for attr in proto.attribute:
+            node.attrs[attr.name] = self.attribute(attr, node, frozenset(scope))
+        return node
+
+    def attribute(self, attr: Any, node: Node, scope: frozenset[str]) -> Any:
+        from onnx import AttributeProto as A
+
+        where = f"attribute {attr.name!r} of node {node.name!r}"
+        kind = attr.type
+        if kind == A.FLOAT:
+            return float(attr.f)
+        if kind == A.INT:
+            return int(attr.i)
+        if kind == A.STRING:
+            return attr.s.decode("utf-8", errors="replace")
+        if kind == A.TENSOR:
+            return self.tensor(attr.t, where)
+        if kind == A.GRAPH:
+            return self.graph(attr.g, scope)
+        if kind == A.FLOATS:
+            return [float(v) for v in attr.floats]
+        if kind == A.INTS:
+            return [int(v) for v in attr.ints]
+        if kind == A.STRINGS:
+            return [s.decode("utf-8", errors="replace") for s in attr.strings]
+        if kind == A.TENSORS:
+            return [self.tensor(t, where) for t in attr.tensors]
+        if kind == A.GRAPHS:
+            return [self.graph(g, scope) for g in attr.graphs]
+        if kind == A.TYPE_PROTO:
+            return attr.tp
+        if kind == A.SPARSE_TENSOR:
+            raise self.fail(f"{where}: sparse tensors are not supported")
+        raise self.fail(f"{where} has unknown type {kind}")
+
+    def value_info(self, vi: Any, what: str) -> TensorInfo:
+        if not vi.type.HasField("tensor_type"):
+            raise self.fail(f"graph {what} {vi.name!r} is not a tensor (sequences, maps and optionals are unsupported)")
+        tt = vi.type.tensor_type
+        dtype = self.dtype(tt.elem_type, f"graph {what} {vi.name!r}")
+        if not tt.HasField("shape"):
+            return TensorInfo(dtype, None)
+        dims = tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim)
+        if any(d is not None and d < 0 for d in dims):
+            raise self.fail(f"graph {what} {vi.name!r} has a negative dimension {list(dims)}")
+        return TensorInfo(dtype, dims)
+
+    def dtype(self, code: int, where: str) -> dtypes.DType:
+        try:
+            return dtypes.from_onnx(int(code))
+        except HeteroError:
+            raise self.fail(f"{where} has element type {code}, which hetero does not support") from None
+
+    def tensor(self, proto: Any, where: str) -> np.ndarray:
+        from onnx import TensorProto, numpy_helper
+
+        dtype = self.dtype(proto.data_type, where)
+        dims = [int(d) for d in proto.dims]
+        if any(d < 0 for d in dims):
+            raise self.fail(f"{where} has a negative dimension {dims}")
+        if proto.data_location == TensorProto.EXTERNAL:
+            return self.external(proto, dtype, dims, where)
+        try:
+            array = numpy_helper.to_array(proto)
+        except Exception as exc:
+            raise self.fail(f"{where} could not be decoded ({dtype}{dims}): {exc}") from exc
+        if dtype is dtypes.bfloat16:
+            array = np.asarray(array, dtype=np.float32)  # carried as float32 on the host
+        return array
+
+    def external(self, proto: Any, dtype: dtypes.DType, dims: list[int], where: str) -> np.ndarray:
+        info = {e.key: e.value for e in proto.external_data}
+        location = info.get("location")
+        if not location:
+            raise self.fail(f"{where} has external data without a location")
+        if self.base_dir is None:
+            raise self.fail(f"{where} uses external data {location!r}, which needs the model loaded from a path")
+        path = (self.base_dir / location).resolve()
+        if os.path.isabs(location) or not path.is_relative_to(self.base_dir):
+            raise self.fail(
+                f"{where} points at external data {location!r}, outside the model's folder {str(self.base_dir)!r}"
+            )
+        if not path.is_file():
+            raise self.fail(f"{where}: external data file {location!r} does not exist")
+        if dtype.np_dtype is None or dtype is dtypes.string:
+            raise self.fail(f"{where}: external data of type {dtype} is not supported")
+        try:
+            offset = int(info.get("offset", 0))
+            numel = int(np.prod(dims, dtype=np.int64))
+            nbytes = numel * dtype.itemsize
+            length = int(info.get("length", nbytes))
+        except ValueError as exc:
+            raise self.fail(f"{where}: bad external data offset/length: {exc}") from exc
+        size = path.stat().st_size
+        if offset < 0 or length != nbytes or offset + nbytes > size:
+            raise self.fail(
+                f"{where}: external data {location!r} holds {size} bytes; offset {offset} + {nbytes} bytes for "
+                f"{dtype}{dims} (length field {length}) does not fit"
+            )
+        if nbytes == 0:
+            return np.zeros(dims, dtype=dtype.np_dtype)
+        # Memory-mapped: the weights are read from the file on demand, never copied up front.
+        return np.memmap(path, dtype=dtype.np_dtype, mode="r", offset=offset, shape=tuple(dims))

@@ -1,0 +1,123 @@
+"""The graph IR: nodes in topological order over named values, as in ONNX, plus static tensor info per value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelFormatError
+from ..tensor import TensorInfo
+
+ONNX_DOMAIN = ""  # ai.onnx; "ai.onnx" is normalised to ""
+HETERO_DOMAIN = "hetero"
+
+
+@dataclass
+class Node:
+    """One op application. ``inputs`` may hold "" for an omitted optional input."""
+
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    domain: str = ONNX_DOMAIN
+
+    @property
+    def op_key(self) -> tuple[str, str]:
+        return (self.domain, self.op_type)
+
+    def label(self) -> str:
+        return f"{self.op_type} node {self.name!r}" if self.name else f"{self.op_type} node -> {self.outputs}"
+
+
+@dataclass
+class Graph:
+    """A model: nodes in topological order, graph inputs/outputs, initializers (constant weights) and value info."""
+
+    nodes: list[Node] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # runtime inputs, initializers excluded
+    outputs: list[str] = field(default_factory=list)
+    initializers: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, TensorInfo] = field(default_factory=dict)
+    opsets: dict[str, int] = field(default_factory=lambda: {ONNX_DOMAIN: 21})
+    name: str = "graph"
+    # Names visible from an enclosing graph (subgraphs of If/Loop/Scan read them).
+    outer_scope: frozenset[str] = frozenset()
+
+    def opset(self, domain: str) -> int:
+        return self.opsets.get(domain, self.opsets.get(ONNX_DOMAIN, 21) if domain == ONNX_DOMAIN else 1)
+
+    def producers(self) -> dict[str, Node]:
+        return {out: node for node in self.nodes for out in node.outputs if out}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        table: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                if name:
+                    table.setdefault(name, []).append(node)
+        return table
+
+    def walk(self) -> Iterator[tuple[int, Node]]:
+        yield from enumerate(self.nodes)
+
+    def toposort(self) -> None:
+        """Order nodes so each comes after the producers of its inputs; raise on cycles or undefined values."""
+        available = set(self.inputs) | set(self.initializers) | set(self.outer_scope) | {""}
+        pending = list(self.nodes)
+        ordered: list[Node] = []
+        while pending:
+            progressed = False
+            rest = []
+            for node in pending:
+                if all(name in available for name in node.inputs) and all(
+                    name in available for name in _implicit_inputs(node)
+                ):
+                    ordered.append(node)
+                    available.update(o for o in node.outputs if o)
+                    progressed = True
+                else:
+                    rest.append(node)
+            if not progressed:
+                node = rest[0]
+                missing = [n for n in [*node.inputs, *_implicit_inputs(node)] if n not in available]
+                produced = {o for n in rest for o in n.outputs}
+                if all(m in produced for m in missing):
+                    raise ModelFormatError(f"graph {self.name!r} has a cycle through {node.label()}")
+                raise ModelFormatError(
+                    f"{node.label()} in graph {self.name!r} reads {missing[0]!r}, which is neither a graph input, "
+                    "an initializer nor the output of any node",
+                )
+            pending = rest
+        self.nodes = ordered
+
+    def validate_outputs(self) -> None:
+        available = set(self.inputs) | set(self.initializers) | {o for n in self.nodes for o in n.outputs}
+        for name in self.outputs:
+            if name not in available:
+                raise ModelFormatError(f"graph {self.name!r} output {name!r} is produced by no node")
+
+
+def _implicit_inputs(node: Node) -> list[str]:
+    """Outer-scope names read by the subgraphs of a control-flow node."""
+    names: list[str] = []
+    for value in node.attrs.values():
+        if isinstance(value, Graph):
+            names.extend(free_names(value))
+    return names
+
+
+def free_names(graph: Graph) -> list[str]:
+    """Names a (sub)graph reads but does not define itself."""
+    defined = set(graph.inputs) | set(graph.initializers) | {o for n in graph.nodes for o in n.outputs}
+    free: list[str] = []
+    for node in graph.nodes:
+        for name in [*node.inputs, *_implicit_inputs(node)]:
+            if name and name not in defined and name not in free:
+                free.append(name)
+    free.extend(o for o in graph.outputs if o not in defined and o not in free)
+    return free

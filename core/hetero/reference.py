@@ -1,0 +1,74 @@
+"""The reference backend: every op's numpy reference, on the host. It ends every fallback chain.
+
+It is registered through the same entry point group as any third-party backend (see the core's pyproject.toml),
+and it is the smallest complete example of the plugin contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .backend import API_VERSION, SUPPORTED, Backend, Device, Factory, HostMemory, NodeInfo, Support, unsupported
+from .errors import BackendError
+from .hookspecs import hookimpl
+from .ops import registry
+from .ops.registry import OpContext
+from .tensor import Tensor, TensorInfo
+
+api_version = API_VERSION
+
+
+class ReferenceKernel:
+    def __init__(self, node: NodeInfo) -> None:
+        self.node = node.node
+        self.opset = node.opset
+        self.schema = registry.get(node.domain, node.op_type)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        pass
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor], run_subgraph: Any = None) -> None:
+        values = [None if t is None else t.numpy() for t in inputs]
+        infos = [None if t is None else t.info for t in inputs]
+        results = self.schema.reference(OpContext(self.node, infos, values, self.opset, run_subgraph))
+        for out, result in zip(outputs, results, strict=False):
+            result = np.asarray(result)
+            if result.shape != out.shape:
+                raise BackendError(
+                    f"{self.node.label()}: reference result has shape {list(result.shape)} but shape inference "
+                    f"said {list(out.shape)} (a bug in the {self.node.op_type} schema)"
+                )
+            np.copyto(out.buffer, result, casting="unsafe")
+
+
+class ReferenceBackend(HostMemory, Backend):
+    name: ClassVar[str] = "reference"
+
+    def supports(self, node: NodeInfo) -> Support:
+        if registry.find(node.domain, node.op_type) is None:
+            return unsupported(f"no schema for {node.op_type}")
+        if any(i is not None and i.dtype.np_dtype is None for i in [*node.inputs, *node.outputs]):
+            return unsupported("the reference computes on numpy dtypes only")
+        return SUPPORTED
+
+    def kernel(self, node: NodeInfo) -> ReferenceKernel:
+        return ReferenceKernel(node)
+
+
+class ReferenceFactory(Factory):
+    name: ClassVar[str] = "reference"
+    priority: ClassVar[int] = 100
+
+    def probe(self) -> list[Device]:
+        return [Device("numpy", kind="cpu", vendor="numpy " + np.__version__)]
+
+    def create(self, device: Device, options: dict[str, Any] | None = None) -> ReferenceBackend:
+        return ReferenceBackend(device, options)
+
+
+@hookimpl
+def hetero_register_backends(register) -> None:
+    register(ReferenceFactory())

@@ -1,0 +1,127 @@
+"""Shape inference over a graph, with constant folding: nodes whose inputs are all known are evaluated once.
+
+The same ``infer_node`` serves the static pass at load time (unknown dims allowed) and the session at run time
+(concrete shapes), so a model's shapes are computed by one piece of code either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import HeteroError, ShapeError
+from ..ir.graph import Graph, Node
+from ..ops import registry
+from ..ops.registry import OpContext, OpSchema
+from ..tensor import TensorInfo
+
+# Constant folding evaluates with the numpy reference; keep results that would bloat the model out of it.
+FOLD_LIMIT_BYTES = 64 << 20
+
+
+def info_of(array: np.ndarray) -> TensorInfo:
+    return TensorInfo(dtypes.from_numpy(array.dtype), tuple(array.shape))
+
+
+def infer_node(
+    schema: OpSchema,
+    node: Node,
+    inputs: Sequence[TensorInfo | None],
+    values: Sequence[np.ndarray | None],
+    opset: int,
+) -> list[TensorInfo]:
+    """Output infos of one node; any failure becomes a ShapeError naming the node."""
+    ctx = OpContext(node, inputs, values, opset)
+    try:
+        outs = schema.infer(ctx)
+    except HeteroError:
+        raise
+    except Exception as exc:
+        raise ShapeError(f"{node.label()}: shape inference failed: {type(exc).__name__}: {exc}") from exc
+    n_out = len(node.outputs)
+    if len(outs) < n_out:
+        raise ShapeError(f"{node.label()} declares {n_out} outputs but {schema.name} produces {len(outs)}")
+    return list(outs[:n_out])
+
+
+def evaluate_node(
+    schema: OpSchema, node: Node, values: Sequence[np.ndarray | None], opset: int, run_subgraph=None
+) -> list[np.ndarray]:
+    infos = [None if v is None else info_of(v) for v in values]
+    ctx = OpContext(node, infos, values, opset, run_subgraph)
+    try:
+        outs = schema.reference(ctx)
+    except HeteroError:
+        raise
+    except Exception as exc:
+        raise HeteroError(f"{node.label()}: reference implementation failed: {type(exc).__name__}: {exc}") from exc
+    return [np.asarray(o) for o in outs[: len(node.outputs)]]
+
+
+def fold_and_infer(graph: Graph, fold: bool = True) -> None:
+    """Fill ``graph.values`` for every value; with ``fold``, replace constant subgraphs by initializers."""
+    from .evaluate import run_graph
+
+    known: dict[str, np.ndarray] = dict(graph.initializers)
+    for name, array in graph.initializers.items():
+        graph.values[name] = info_of(array)
+    kept: list[Node] = []
+    for node in graph.nodes:
+        schema = registry.get(node.domain, node.op_type)
+        opset = graph.opset(node.domain)
+        infos = [graph.values.get(n) if n else None for n in node.inputs]
+        for name, info in zip(node.inputs, infos, strict=True):
+            if name and info is None:
+                raise ShapeError(f"{node.label()}: input {name!r} has no known type")
+        values = [known.get(n) if n else None for n in node.inputs]
+        foldable = (
+            fold
+            and not schema.nondeterministic
+            and not _has_subgraph(node)
+            and all(v is not None or not n for v, n in zip(values, node.inputs, strict=True))
+        )
+        if foldable:
+            outs = evaluate_node(schema, node, values, opset, run_subgraph=run_graph)
+            if sum(o.nbytes for o in outs) <= FOLD_LIMIT_BYTES:
+                for name, array in zip(node.outputs, outs, strict=False):
+                    if name:
+                        known[name] = array
+                        graph.initializers[name] = array
+                        graph.values[name] = info_of(array)
+                continue
+        for name, info in zip(node.outputs, infer_node(schema, node, infos, values, opset), strict=True):
+            if name:
+                graph.values[name] = info
+        kept.append(node)
+    graph.nodes = kept
+    prune(graph)
+
+
+def prune(graph: Graph) -> None:
+    """Drop nodes and initializers that no graph output depends on."""
+    needed = set(graph.outputs)
+    kept: list[Node] = []
+    for node in reversed(graph.nodes):
+        if any(o in needed for o in node.outputs) or _has_side_effects(node):
+            kept.append(node)
+            needed.update(n for n in node.inputs if n)
+            for sub in _subgraphs(node):
+                from ..ir.graph import free_names
+
+                needed.update(free_names(sub))
+    graph.nodes = kept[::-1]
+    graph.initializers = {k: v for k, v in graph.initializers.items() if k in needed}
+
+
+def _subgraphs(node: Node) -> list[Graph]:
+    return [v for v in node.attrs.values() if isinstance(v, Graph)]
+
+
+def _has_subgraph(node: Node) -> bool:
+    return bool(_subgraphs(node))
+
+
+def _has_side_effects(node: Node) -> bool:
+    return False

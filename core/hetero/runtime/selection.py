@@ -1,0 +1,81 @@
+"""Choosing backends for a session: the user's list (or the environment's, or every working one), then the fallbacks.
+
+A backend the user named that cannot start is an error listing each reason; one picked automatically is skipped
+with a single warning per process.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import plugins
+from ..backend import Backend
+from ..errors import BackendUnavailable, HeteroError, HeteroWarning
+
+FALLBACK_CHAIN = ("cpu", "reference")
+_warned_skips: set[str] = set()
+
+
+@dataclass
+class Selection:
+    backends: list[Backend]  # preference order, fallbacks included
+    preferred: set[str]  # names whose placement is no fallback
+
+
+def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None = None) -> Selection:
+    if isinstance(requested, str):
+        requested = [requested]
+    explicit = requested is not None
+    if requested is None:
+        env = os.environ.get("HETERO_BACKENDS", "").strip()
+        if env:
+            requested, explicit = [b.strip() for b in env.split(",") if b.strip()], True
+    rows = {row.name: row for row in plugins.statuses()}
+    if requested is None:
+        ok = sorted((r for r in rows.values() if r.ok), key=lambda r: (r.priority, r.name))
+        requested = [r.name for r in ok]
+        for row in rows.values():
+            if not row.ok and row.name not in _warned_skips and row.status != plugins.DISABLED:
+                _warned_skips.add(row.name)
+                warnings.warn(
+                    f"hetero: backend {row.name} skipped ({row.status}: {row.reason})", HeteroWarning, stacklevel=3
+                )
+    if not requested:
+        raise HeteroError("no backend requested")
+
+    names: list[tuple[str, int]] = [_split_device(spec) for spec in requested]
+    problems = []
+    for name, _ in names:
+        row = rows.get(name)
+        if row is None:
+            problems.append(f"{name}: not installed (installed: {', '.join(sorted(rows)) or 'none'})")
+        elif not row.ok:
+            problems.append(f"{name}: {row.status}: {row.reason}" + (f" (hint: {row.hint})" if row.hint else ""))
+    if problems and explicit:
+        raise BackendUnavailable("requested backends cannot start:\n  " + "\n  ".join(problems))
+
+    chosen: list[Backend] = []
+    seen: set[str] = set()
+    for name, device_index in [*names, *((n, 0) for n in FALLBACK_CHAIN)]:
+        row = rows.get(name)
+        if name in seen or row is None or not row.ok or row.factory is None:
+            continue
+        if device_index >= len(row.devices):
+            raise HeteroError(f"backend {name} has {len(row.devices)} device(s); device {device_index} does not exist")
+        seen.add(name)
+        chosen.append(row.factory.create(row.devices[device_index], options))
+    if not chosen:
+        raise BackendUnavailable("no backend could start, not even the numpy reference")
+    preferred = {n for n, _ in names} if explicit else {chosen[0].name}
+    return Selection(chosen, preferred)
+
+
+def _split_device(spec: str) -> tuple[str, int]:
+    name, _, index = spec.partition(":")
+    if index and not index.isdigit():
+        raise HeteroError(f"backend {spec!r}: the device index after ':' must be a number")
+    return name.strip(), int(index or 0)

@@ -1,0 +1,332 @@
+"""Session: load a model, place its nodes on backends, and run it.
+
+Placement happens once, at construction. Kernels are prepared when input shapes change (shapes are inferred per
+input signature by the same op schemas as at load time) and run on preallocated outputs. Tensors stay where their
+backend put them; the session copies only where a value crosses memory domains, and downloads graph outputs.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..backend import Backend, Compiled, Kernel, NodeInfo
+from ..errors import FallbackError, HeteroError, HeteroWarning, InputError
+from ..frontends import load
+from ..ir.graph import Graph, Node, free_names
+from ..ops import registry
+from ..ops.registry import OpSchema
+from ..tensor import Tensor, TensorInfo
+from .infer import fold_and_infer, infer_node
+from .partition import Placement, partition
+from .selection import select
+
+ON_FALLBACK = ("warn", "error", "silent")
+
+
+@dataclass
+class _Step:
+    backend: Backend
+    inputs: list[str]
+    outputs: list[str]
+    node: Node | None = None  # kernel steps
+    schema: OpSchema | None = None
+    kernel: Kernel | None = None
+    opset: int = 0
+    compiled: Compiled | None = None  # compiled-subgraph steps
+    outer: list[str] = field(default_factory=list)  # outer-scope names read by subgraph attributes
+    key: Any = None
+    out_infos: list[TensorInfo] = field(default_factory=list)
+
+
+class Session:
+    """A model ready to run on a set of backends.
+
+    backends: names in preference order (``"opencl:1"`` picks a device); default ``HETERO_BACKENDS`` or every working
+    backend. Nodes no listed backend supports fall back to ``cpu``, then to the numpy ``reference``.
+    on_fallback: "warn" (one summary warning), "error" (raise ``FallbackError``) or "silent".
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        backends: Sequence[str] | str | None = None,
+        on_fallback: str = "warn",
+        *,
+        threads: int | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        if on_fallback not in ON_FALLBACK:
+            raise HeteroError(f"on_fallback={on_fallback!r}; expected one of {ON_FALLBACK}")
+        options = dict(options or {})
+        if threads is not None:
+            if threads < 1:
+                raise HeteroError(f"threads={threads}; expected a positive number")
+            options["threads"] = threads
+        started = time.perf_counter()
+        self.graph: Graph = load(model)
+        fold_and_infer(self.graph)
+        selection = select(backends, options)
+        self.backends = selection.backends
+        self._by_name = {b.name: b for b in self.backends}
+        self._infos = [self._node_info(node) for node in self.graph.nodes]
+        self.placement: Placement = partition(self.graph, self._infos, self.backends, selection.preferred)
+        self._report_fallback(on_fallback)
+        self._steps = self._build_steps()
+        self._weights: dict[tuple[str, str], Tensor] = {}
+        self._last_use = self._liveness()
+        self.load_seconds = time.perf_counter() - started
+
+    # -- construction --------------------------------------------------------------------------------------------
+    def _node_info(self, node: Node) -> NodeInfo:
+        values = self.graph.values
+        inputs = [values.get(n) if n else None for n in node.inputs]
+        outputs = [values.get(n, TensorInfo(dtypes.float32, None)) for n in node.outputs]
+        constants = {i: self.graph.initializers[n] for i, n in enumerate(node.inputs) if n in self.graph.initializers}
+        return NodeInfo(node, inputs, outputs, constants, self.graph.opset(node.domain))
+
+    def _report_fallback(self, on_fallback: str) -> None:
+        fallbacks = self.placement.fallbacks()
+        if not fallbacks or on_fallback == "silent":
+            return
+        if on_fallback == "error":
+            lines = [
+                f"{p.name} ({p.op_type}) -> {p.backend}: "
+                + "; ".join(f"{b}: {r}" for b, r in p.refusals.items())
+                for p in fallbacks
+            ]
+            raise FallbackError(
+                f"{len(fallbacks)} node(s) cannot run on the requested backends:\n  " + "\n  ".join(lines),
+                hint='pass on_fallback="warn" to let them fall back',
+            )
+        warnings.warn(f"hetero: {self.placement.fallback_summary()}", HeteroWarning, stacklevel=3)
+
+    def _build_steps(self) -> list[_Step]:
+        steps: list[_Step] = []
+        group_done: set[int] = set()
+        for placed, info in zip(self.placement.nodes, self._infos, strict=True):
+            backend = self._by_name[placed.backend]
+            node = info.node
+            if placed.group is not None:
+                if placed.group not in group_done:
+                    group_done.add(placed.group)
+                    steps.append(self._compile_group(backend, self.placement.groups[placed.group][1]))
+                continue
+            outer = [n for sub in node.attrs.values() if isinstance(sub, Graph) for n in free_names(sub)]
+            steps.append(
+                _Step(
+                    backend,
+                    list(node.inputs),
+                    list(node.outputs),
+                    node=node,
+                    schema=registry.get(node.domain, node.op_type),
+                    kernel=backend.kernel(info),
+                    opset=info.opset,
+                    outer=outer,
+                )
+            )
+        return steps
+
+    def _compile_group(self, backend: Backend, members: list[int]) -> _Step:
+        nodes = [self.graph.nodes[i] for i in members]
+        produced = {o for n in nodes for o in n.outputs}
+        read = [n for node in nodes for n in node.inputs if n and n not in produced]
+        inputs = [n for n in dict.fromkeys(read) if n not in self.graph.initializers]
+        consumed_later = {n for node in self.graph.nodes if node not in nodes for n in node.inputs}
+        outputs = [o for o in dict.fromkeys(o for n in nodes for o in n.outputs) if o in consumed_later
+                   or o in self.graph.outputs]
+        sub = Graph(
+            nodes=nodes,
+            inputs=inputs,
+            outputs=outputs,
+            initializers={n: self.graph.initializers[n] for n in read if n in self.graph.initializers},
+            values={n: self.graph.values[n] for n in [*inputs, *outputs] if n in self.graph.values},
+            opsets=dict(self.graph.opsets),
+            name=f"{backend.name}_group",
+        )
+        return _Step(backend, inputs, outputs, compiled=backend.compile(sub))
+
+    def _liveness(self) -> dict[str, int]:
+        last: dict[str, int] = {}
+        for i, step in enumerate(self._steps):
+            for name in [*step.inputs, *step.outer]:
+                if name:
+                    last[name] = i
+        for name in self.graph.outputs:
+            last[name] = len(self._steps)
+        return last
+
+    # -- running ------------------------------------------------------------------------------------------------
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.graph.inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    def run(self, feeds: dict[str, Any], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run the model; returns the requested outputs (default: all) as numpy arrays."""
+        tensors = self.run_tensors(feeds, outputs)
+        return {name: np.asarray(t.numpy()) for name, t in tensors.items()}
+
+    def run_tensors(self, feeds: dict[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
+        """Like ``run`` but leaves outputs where they were computed (device tensors stay on their device)."""
+        wanted = list(outputs) if outputs is not None else self.graph.outputs
+        for name in wanted:
+            if name not in self.graph.outputs:
+                raise InputError(f"{name!r} is not an output of the model; outputs: {self.graph.outputs}")
+        env: dict[str, Tensor] = self._bind_inputs(feeds)
+        copies: dict[tuple[str, str], Tensor] = {}
+        for index, step in enumerate(self._steps):
+            ins = [self._fetch(env, copies, name, step.backend) if name else None for name in step.inputs]
+            if step.compiled is not None:
+                results = step.compiled({n: t for n, t in zip(step.inputs, ins, strict=True) if t is not None})
+                env.update(results)
+            else:
+                self._run_kernel(step, ins, env)
+            self._release(env, copies, index)
+        return {name: self._output(env, name) for name in wanted}
+
+    def _run_kernel(self, step: _Step, ins: list[Tensor | None], env: dict[str, Tensor]) -> None:
+        assert step.node is not None and step.schema is not None and step.kernel is not None
+        schema = step.schema
+        key = tuple(None if t is None else t.shape for t in ins)
+        if schema.value_inputs:
+            key += tuple(_value_key(ins[i]) for i in schema.value_inputs if i < len(ins))
+        if key != step.key or schema.data_dependent:
+            infos = [None if t is None else t.info for t in ins]
+            if schema.data_dependent:
+                values = [None if t is None else t.numpy() for t in ins]
+            else:
+                values = [None] * len(ins)
+                for i in schema.value_inputs:
+                    if i < len(ins) and ins[i] is not None:
+                        values[i] = ins[i].numpy()
+            step.out_infos = infer_node(schema, step.node, infos, values, step.opset)
+            step.kernel.prepare(infos, step.out_infos)
+            step.key = key
+        outs = [step.backend.empty(info) for info in step.out_infos]
+        if step.outer:
+            from .evaluate import run_graph
+
+            scope = {n: env[n].numpy() for n in step.outer if n in env}
+
+            def run_subgraph(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+                return run_graph(graph, {**scope, **feeds})
+
+            step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]
+        else:
+            step.kernel.run(ins, outs)
+        for name, out in zip(step.outputs, outs, strict=False):
+            if name:
+                env[name] = out
+
+    def _bind_inputs(self, feeds: dict[str, Any]) -> dict[str, Tensor]:
+        if not isinstance(feeds, dict):
+            raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
+        unknown = [n for n in feeds if n not in self.graph.inputs]
+        if unknown:
+            raise InputError(f"unknown input(s) {unknown}; the model's inputs are {self.graph.inputs}")
+        env: dict[str, Tensor] = {}
+        for name in self.graph.inputs:
+            info = self.graph.values.get(name)
+            if name not in feeds:
+                raise InputError(f"missing input {name!r} ({info})")
+            value = feeds[name]
+            tensor = value if isinstance(value, Tensor) else Tensor.from_numpy(np.asarray(value))
+            if info is not None:
+                _check_input(name, tensor, info)
+            env[name] = tensor
+        return env
+
+    def _fetch(self, env: dict[str, Tensor], copies: dict[tuple[str, str], Tensor], name: str, backend: Backend):
+        tensor = env.get(name)
+        if tensor is None:
+            tensor = self._weight(name, backend)
+        domain = "host" if tensor.backend is None else tensor.backend.memory_domain
+        if domain == backend.memory_domain:
+            return tensor
+        key = (name, backend.memory_domain)
+        if key not in copies:
+            moved = backend.copy(tensor)
+            copies[key] = moved if moved is not None else backend.upload(tensor.numpy())
+        return copies[key]
+
+    def _weight(self, name: str, backend: Backend) -> Tensor:
+        key = (name, backend.memory_domain)
+        tensor = self._weights.get(key)
+        if tensor is None:
+            tensor = backend.upload(self.graph.initializers[name], kind="weights")
+            self._weights[key] = tensor
+        return tensor
+
+    def _release(self, env: dict[str, Tensor], copies: dict[tuple[str, str], Tensor], index: int) -> None:
+        step = self._steps[index]
+        for name in [*step.inputs, *step.outer]:
+            if name and self._last_use.get(name) == index:
+                env.pop(name, None)
+                for key in [k for k in copies if k[0] == name]:
+                    del copies[key]
+
+    def _output(self, env: dict[str, Tensor], name: str) -> Tensor:
+        if name in env:
+            return env[name]
+        if name in self.graph.initializers:  # an output folded to a constant
+            return Tensor.from_numpy(np.asarray(self.graph.initializers[name]))
+        raise HeteroError(f"output {name!r} was not computed")
+
+    # -- reporting -----------------------------------------------------------------------------------------------
+    def explain(self) -> str:
+        """Node -> backend, each refusal and each copy, as a readable table."""
+        rows = [("node", "op", "backend", "why not earlier backends")]
+        for p in self.placement.nodes:
+            why = "; ".join(f"{b}: {r}" for b, r in p.refusals.items())
+            rows.append((p.name, p.op_type, p.backend + (" (fallback)" if p.fallback else ""), why))
+        widths = [max(len(r[c]) for r in rows) for c in range(3)]
+        lines = [f"backends: {', '.join(b.name for b in self.backends)}"]
+        lines += ["  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3] for r in rows]
+        counts = ", ".join(f"{b}: {n}" for b, n in self.placement.counts().items())
+        lines.append(f"nodes per backend: {counts}")
+        if self.placement.copies:
+            lines.append("copies:")
+            lines += [f"  {c.value}: {c.src} -> {c.dst}" for c in self.placement.copies]
+        else:
+            lines.append("copies: none")
+        return "\n".join(line.rstrip() for line in lines)
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _value_key(tensor: Tensor | None) -> Any:
+    if tensor is None:
+        return None
+    array = tensor.numpy()
+    return (array.dtype.str, array.shape, array.tobytes())
+
+
+def _check_input(name: str, tensor: Tensor, info: TensorInfo) -> None:
+    if tensor.dtype != info.dtype:
+        raise InputError(f"input {name!r} has dtype {tensor.dtype}; the model expects {info.dtype}")
+    if info.shape is None:
+        return
+    if len(tensor.shape) != len(info.shape):
+        raise InputError(f"input {name!r} has shape {list(tensor.shape)}; the model expects rank {len(info.shape)} "
+                         f"({info})")
+    for axis, (got, want) in enumerate(zip(tensor.shape, info.shape, strict=True)):
+        if want is not None and got != want:
+            raise InputError(f"input {name!r} has shape {list(tensor.shape)}; dim {axis} must be {want} ({info})")

@@ -1,0 +1,11 @@
+"""Testing helpers for hetero and for backend authors.
+
+* ``hetero.testing.conformance`` — the conformance kit: ``conformance.run(backend="name")`` in a test, or
+  ``python -m hetero.testing --backend name`` from a shell;
+* ``hetero.testing.pytest_plugin`` — ``--hetero-backend NAME`` and the ``conformance_check`` fixture, one test per
+  check (add ``pytest_plugins = ["hetero.testing.pytest_plugin"]`` to a conftest.py);
+* ``hetero.testing.dist`` — ``make_distribution``: throwaway installed distributions for plugin tests;
+* ``hetero.testing.cases`` — the op case table behind the kit.
+
+Nothing here is imported by ``import hetero``.
+"""

@@ -1,0 +1,28 @@
+"""The CPU backend: native kernels (hetero_cpu._native) on host memory, looked up by op in a table."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hetero.backend import Device, HostMemory, KernelTableBackend
+from hetero.errors import HeteroError
+
+from . import _native
+from .kernels import KERNELS
+
+
+class CpuBackend(HostMemory, KernelTableBackend):
+    name: ClassVar[str] = "cpu"
+    kernels = KERNELS
+
+    def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
+        super().__init__(device, options)
+        threads = self.options.get("threads")
+        if threads is not None:
+            if int(threads) < 1:
+                raise HeteroError(f"cpu backend: threads={threads}; expected a positive number")
+            # The pool is per process: the last session to set it wins, like OMP_NUM_THREADS.
+            _native.set_num_threads(int(threads))
+        isa = self.options.get("isa")
+        if isa is not None:
+            _native.set_isa(str(isa))

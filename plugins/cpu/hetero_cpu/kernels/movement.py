@@ -1,0 +1,157 @@
+"""Shape and data-movement kernels: every one is a native strided copy (or gather) of a numpy view.
+
+numpy builds the view (transposed, sliced, broadcast, reshaped) for free; the native ``copy`` moves the bytes with
+threads and cache blocking. Outputs are preallocated, so even Reshape copies: it keeps the session's ownership simple.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero import dtypes
+from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.tensor import Tensor
+
+from .. import _native
+from .common import CpuKernel
+
+_PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d is not dtypes.string)
+
+
+def _plain_dtypes(node: NodeInfo) -> Support:
+    for info in [node.inputs[0], *node.outputs]:
+        if info is not None and info.dtype not in _PLAIN:
+            return unsupported(f"{node.op_type} on {info.dtype}")
+    return SUPPORTED
+
+
+def _copy(src: np.ndarray, out: np.ndarray) -> None:
+    if out.size:
+        _native.copy(src, out)
+
+
+class CpuReshapeLike(CpuKernel):
+    """Reshape, Flatten, Squeeze, Unsqueeze, Identity: the data is unchanged, only the shape differs."""
+
+    accepts = staticmethod(_plain_dtypes)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        _copy(inputs[0].numpy().reshape(out.shape), out)  # type: ignore[union-attr]
+
+
+class CpuTranspose(CpuKernel):
+    accepts = staticmethod(_plain_dtypes)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        perm = self.attr("perm") or list(range(x.ndim))[::-1]
+        _copy(x.transpose(perm), outputs[0].buffer)
+
+
+class CpuExpand(CpuKernel):
+    accepts = staticmethod(_plain_dtypes)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        _copy(np.broadcast_to(inputs[0].numpy(), out.shape), out)  # type: ignore[union-attr]
+
+
+class CpuSlice(CpuKernel):
+    """Slice with starts/ends/axes/steps from inputs (opset >= 10) or attributes (opset < 10)."""
+
+    accepts = staticmethod(_plain_dtypes)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        if self.info.opset >= 10:
+            starts, ends = (_ints(inputs, i) for i in (1, 2))
+            axes = _ints(inputs, 3) if len(inputs) > 3 and inputs[3] is not None else list(range(len(starts)))
+            steps = _ints(inputs, 4) if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
+        else:
+            starts, ends = list(self.attr("starts")), list(self.attr("ends"))
+            axes = list(self.attr("axes", range(len(starts))))
+            steps = [1] * len(starts)
+        index = [slice(None)] * x.ndim
+        for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+            index[axis] = _clamped_slice(start, end, step, x.shape[axis])
+        _copy(x[tuple(index)], outputs[0].buffer)
+
+
+def _ints(inputs: Sequence[Tensor | None], index: int) -> list[int]:
+    return [int(v) for v in inputs[index].numpy().reshape(-1)]  # type: ignore[union-attr]
+
+
+def _clamped_slice(start: int, end: int, step: int, size: int) -> slice:
+    """ONNX Slice bounds (which may be huge or negative) as a Python slice over ``size`` elements."""
+    if start < 0:
+        start += size
+    if end < 0:
+        end += size
+    if step > 0:
+        start, end = min(max(start, 0), size), min(max(end, 0), size)
+        return slice(start, end, step)
+    start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+    return slice(start, None if end < 0 else end, step)
+
+
+class CpuConcat(CpuKernel):
+    accepts = staticmethod(_plain_dtypes)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        axis = self.attr("axis")
+        axis = axis + out.ndim if axis < 0 else axis
+        offset = 0
+        index = [slice(None)] * out.ndim
+        for tensor in inputs:
+            if tensor is None:
+                continue
+            part = tensor.numpy()
+            width = part.shape[axis]
+            index[axis] = slice(offset, offset + width)
+            _copy(part, out[tuple(index)])
+            offset += width
+
+
+class CpuGather(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        idx = node.inputs[1]
+        if idx is not None and idx.dtype not in (dtypes.int64, dtypes.int32):
+            return unsupported(f"Gather with {idx.dtype} indices")
+        return _plain_dtypes(node)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        data = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        indices = np.ascontiguousarray(inputs[1].numpy(), dtype=np.int64)  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if out.size:
+            axis = self.attr("axis", 0)
+            _native.gather(data, indices, axis + data.ndim if axis < 0 else axis, out)
+
+
+class CpuCast(CpuKernel):
+    """Numeric casts between numpy dtypes (numpy's own conversion loops)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if node.attr("saturate", 1) != 1 and node.outputs[0].dtype.is_float:
+            return unsupported("Cast with saturate=0")
+        return _plain_dtypes(node)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        np.copyto(outputs[0].buffer, inputs[0].numpy(), casting="unsafe")  # type: ignore[union-attr]
+
+
+KERNELS = {
+    **{("", op): CpuReshapeLike for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
+    ("", "Transpose"): CpuTranspose,
+    ("", "Expand"): CpuExpand,
+    ("", "Slice"): CpuSlice,
+    ("", "Concat"): CpuConcat,
+    ("", "Gather"): CpuGather,
+    ("", "Cast"): CpuCast,
+}

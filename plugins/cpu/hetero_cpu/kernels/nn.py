@@ -1,0 +1,242 @@
+"""Neural-network kernels: Softmax, LayerNormalization, Conv (weights packed once), pooling, BatchNormalization."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.tensor import Tensor, TensorInfo
+
+from .. import _native
+from .common import CpuKernel, float32_only
+
+
+def _rows(shape: Sequence[int], axis: int) -> tuple[int, int]:
+    """(outer, inner) sizes when a tensor is seen as a 2-D matrix split before ``axis``."""
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis:], dtype=np.int64))
+    return outer, inner
+
+
+class CpuSoftmax(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        info = node.inputs[0]
+        if node.opset >= 13 and info is not None and info.rank is not None:
+            axis = node.attr("axis", -1)
+            if axis not in (-1, info.rank - 1):
+                return unsupported(f"{node.op_type} over axis {axis} of a rank-{info.rank} tensor (cpu: last axis)")
+        elif node.opset >= 13:
+            return unsupported(f"{node.op_type} on a tensor of unknown rank")
+        return float32_only(node)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        shape = inputs[0].shape  # type: ignore[union-attr]
+        rank = len(shape)  # type: ignore[arg-type]
+        if self.info.opset >= 13:
+            axis = rank - 1
+        else:  # before opset 13 the input is coerced to 2-D at `axis` (default 1)
+            axis = self.attr("axis", 1)
+            axis = axis + rank if axis < 0 else axis
+        self.rows = _rows(shape, axis)  # type: ignore[arg-type]
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size:
+            x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)  # type: ignore[union-attr]
+            _native.softmax(x, out.reshape(self.rows), log=self.node.op_type == "LogSoftmax")
+
+
+class CpuLayerNorm(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is None or x.shape is None:
+            return unsupported("LayerNormalization on a tensor of unknown rank")
+        axis = node.attr("axis", -1)
+        axis = axis + len(x.shape) if axis < 0 else axis
+        for i in (1, 2):
+            p = node.inputs[i] if i < len(node.inputs) else None
+            if p is not None and (p.shape is None or tuple(p.shape) != tuple(x.shape[axis:])):
+                return unsupported("LayerNormalization with broadcast scale/bias (cpu: full normalized shape)")
+        return float32_only(node)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        shape = inputs[0].shape  # type: ignore[union-attr]
+        axis = self.attr("axis", -1)
+        axis = axis + len(shape) if axis < 0 else axis  # type: ignore[arg-type]
+        self.rows = _rows(shape, axis)  # type: ignore[arg-type]
+        self.eps = float(self.attr("epsilon", 1e-5))
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)  # type: ignore[union-attr]
+        scale = inputs[1].numpy().reshape(-1)  # type: ignore[union-attr]
+        bias = inputs[2].numpy().reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+        mean = outputs[1].buffer.reshape(-1) if len(outputs) > 1 else None
+        invstd = outputs[2].buffer.reshape(-1) if len(outputs) > 2 else None
+        _native.layer_norm(x, scale, bias, out.reshape(self.rows), self.eps, mean, invstd)
+
+
+def _conv_pads(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+               dilations: Sequence[int]) -> tuple[int, int, int, int]:
+    """Explicit (top, left, bottom, right) pads, resolving auto_pad like the ONNX spec does."""
+    auto_pad = node_attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads_begin, pads_end = [], []
+        for size, k, s, d in zip(spatial_in, kernel, strides, dilations, strict=True):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+            small, big = total // 2, total - total // 2
+            pads_begin.append(big if auto_pad == "SAME_LOWER" else small)
+            pads_end.append(small if auto_pad == "SAME_LOWER" else big)
+        return pads_begin[0], pads_begin[1], pads_end[0], pads_end[1]
+    if auto_pad == "VALID":
+        return 0, 0, 0, 0
+    pads = node_attrs.get("pads", [0, 0, 0, 0])
+    return int(pads[0]), int(pads[1]), int(pads[2]), int(pads[3])
+
+
+def _spatial_2d(node: NodeInfo) -> Support:
+    x = node.inputs[0]
+    if x is None or x.rank != 4:
+        return unsupported(f"{node.op_type} on rank {None if x is None else x.rank} (cpu: 2-D spatial, NCHW)")
+    return float32_only(node)
+
+
+class CpuConv(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _spatial_2d(node)
+        if not verdict:
+            return verdict
+        if 1 not in node.constants:
+            return unsupported("Conv with weights computed at run time (cpu packs constant weights)")
+        return SUPPORTED
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        weight = np.ascontiguousarray(node.constants[1], dtype=np.float32)
+        self.group = int(self.attr("group", 1))
+        self.kernel_shape = tuple(weight.shape[2:])
+        self.strides = tuple(self.attr("strides", [1, 1]))
+        self.dilations = tuple(self.attr("dilations", [1, 1]))
+        self.packed = _native.prepack_conv(weight, self.group)
+        bias = node.constants.get(2)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        spatial = inputs[0].shape[2:]  # type: ignore[index]
+        self.pads = _conv_pads(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        bias = self.bias
+        if bias is None and len(inputs) > 2 and inputs[2] is not None:
+            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
+        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        _native.conv2d_packed(x, self.packed, bias, out, strides=self.strides, pads=self.pads,
+                              dilations=self.dilations, group=self.group, activation="none")
+
+
+class CpuPool(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _spatial_2d(node)
+        if not verdict:
+            return verdict
+        if len(node.node.outputs) > 1 and node.node.outputs[1]:
+            return unsupported("MaxPool with the Indices output")
+        if node.attr("storage_order", 0):
+            return unsupported("MaxPool with storage_order=1")
+        return SUPPORTED
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        self.kernel_shape = tuple(self.attr("kernel_shape"))
+        self.strides = tuple(self.attr("strides", [1, 1]))
+        self.dilations = tuple(self.attr("dilations", [1, 1]))
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        spatial = inputs[0].shape[2:]  # type: ignore[index]
+        self.pads = _conv_pads(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        if self.node.op_type == "MaxPool":
+            _native.max_pool2d(x, out, self.kernel_shape, self.strides, self.pads, self.dilations)
+        else:
+            _native.avg_pool2d(x, out, self.kernel_shape, self.strides, self.pads,
+                               bool(self.attr("count_include_pad", 0)))
+
+
+class CpuAvgPool(CpuPool):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if tuple(node.attr("dilations", [1, 1])) != (1, 1):
+            return unsupported("AveragePool with dilations")
+        return _spatial_2d(node)
+
+
+class CpuGlobalAvgPool(CpuKernel):
+    accepts = staticmethod(_spatial_2d)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size:
+            _native.global_avg_pool(np.ascontiguousarray(inputs[0].numpy()), out)  # type: ignore[union-attr]
+
+
+class CpuBatchNorm(CpuKernel):
+    """Inference-mode BatchNormalization as one per-channel scale and shift (folded from the statistics once)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if node.attr("training_mode", 0) or len([o for o in node.node.outputs if o]) > 1:
+            return unsupported("BatchNormalization in training mode")
+        if not all(i in node.constants for i in (1, 2, 3, 4)):
+            return unsupported("BatchNormalization with statistics computed at run time")
+        x = node.inputs[0]
+        if x is None or x.rank is None or x.rank < 2:
+            return unsupported("BatchNormalization on a tensor of unknown rank or rank < 2")
+        return float32_only(node)
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        scale, bias, mean, var = (np.asarray(node.constants[i], dtype=np.float64) for i in (1, 2, 3, 4))
+        mul = scale / np.sqrt(var + float(self.attr("epsilon", 1e-5)))
+        self.mul = mul.astype(np.float32)
+        self.add = (bias - mean * mul).astype(np.float32)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        rank = len(inputs[0].shape)  # type: ignore[union-attr, arg-type]
+        shape = (1, -1) + (1,) * (rank - 2)
+        self.mul_view, self.add_view = self.mul.reshape(shape), self.add.reshape(shape)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size:
+            x = inputs[0].numpy()  # type: ignore[union-attr]
+            _native.binary("mul", x, np.broadcast_to(self.mul_view, out.shape), out)
+            _native.binary("add", out, np.broadcast_to(self.add_view, out.shape), out)
+
+
+KERNELS = {
+    ("", "Softmax"): CpuSoftmax,
+    ("", "LogSoftmax"): CpuSoftmax,
+    ("", "LayerNormalization"): CpuLayerNorm,
+    ("", "Conv"): CpuConv,
+    ("", "MaxPool"): CpuPool,
+    ("", "AveragePool"): CpuAvgPool,
+    ("", "GlobalAveragePool"): CpuGlobalAvgPool,
+    ("", "BatchNormalization"): CpuBatchNorm,
+}

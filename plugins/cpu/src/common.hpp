@@ -1,0 +1,155 @@
+// Shared declarations of the hetero CPU kernel library.
+//
+// Layout: the ISA-specific translation units (kernels_generic/avx2/avx512/neon.cpp) each fill one `Kernels`
+// table; the drivers (gemm.cpp, elementwise.cpp, conv.cpp, data.cpp) are compiled once without special flags
+// and call through the active table, so no AVX instruction can leak into code that runs before dispatch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hetero {
+
+using i64 = std::int64_t;
+
+// ---- unary / binary / activation op ids (shared by all ISA tables) ----
+enum UnaryOp : int {
+  U_RELU, U_LEAKY_RELU, U_ELU, U_SELU, U_CELU, U_SIGMOID, U_HARD_SIGMOID, U_HARD_SWISH, U_SILU, U_GELU,
+  U_GELU_TANH, U_TANH, U_SOFTPLUS, U_SOFTSIGN, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_NEG, U_ABS, U_RECIPROCAL,
+  U_ERF, U_FLOOR, U_CEIL, U_ROUND, U_SIN, U_COS, U_CLIP, U_MISH, U_COUNT
+};
+
+enum BinaryOp : int { B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_POW, B_COUNT };
+
+// How the two operands of a contiguous binary run advance: both vectors, b scalar, a scalar.
+enum BinaryMode : int { BM_VV, BM_VS, BM_SV };
+
+// ---- the per-ISA kernel table ----
+struct Kernels {
+  const char* name;
+  // GEMM register/cache blocking. Packed B layout: ceil(N/nr) panels, each K x nr (row k holds nr floats).
+  // Packed A layout: ceil(M/mr) panels, each K x mr.
+  int mr, nr, kc, mc, nc;
+  // Full mr x nr tile: c = alpha * (a_panel @ b_panel) + beta * c; beta == 0 never reads c.
+  void (*ukernel)(i64 kc, const float* a, const float* b, float* c, i64 ldc, float alpha, float beta);
+  // Small-M rows (1 <= m <= 4) against one packed B panel over the full K; a rows contiguous along k (lda
+  // between rows). Writes the raw m x nr products to t (row stride nr).
+  void (*smallm)(int m, i64 k, const float* a, i64 lda, const float* panel, float* t);
+  // GEMV on an unpacked row-major B: y[0:n] = sum_k a[k] * b[k*ldb + 0:n]  (y overwritten).
+  void (*gemv_rows)(i64 k, const float* a, const float* b, i64 ldb, i64 n, float* y);
+  // GEMV on an unpacked B^T (n rows of length k): y[j] = dot(a, b[j*ldb : j*ldb+k]).
+  void (*gemv_dot)(i64 k, const float* a, const float* b, i64 ldb, i64 n, float* y);
+  // Elementwise on contiguous runs (in-place allowed: y may alias x / a / b).
+  void (*unary)(int op, const float* x, float* y, i64 n, float alpha, float beta);
+  void (*binary)(int op, int mode, const float* a, const float* b, float* y, i64 n);
+  // Row kernels.
+  void (*softmax_row)(const float* x, float* y, i64 n, bool log);
+  void (*layernorm_row)(const float* x, const float* scale, const float* bias, float* y, i64 n, float eps,
+                        float* mean_out, float* invstd_out);
+  void (*rmsnorm_row)(const float* x, const float* scale, float* y, i64 n, float eps);
+  // y = alpha * t + beta * y (beta == 0: y not read), n contiguous floats.
+  void (*axpby)(const float* t, float* y, i64 n, float alpha, float beta);
+  // One depthwise channel, stride 1 along w: see conv.cpp for the contract.
+  void (*dw_row_accum)(const float* in, float* out, i64 n, float w);
+};
+
+// Tables defined by the ISA translation units (null when not compiled for this target).
+const Kernels* kernels_generic();
+const Kernels* kernels_avx2();    // nullptr unless x86-64
+const Kernels* kernels_avx512();  // nullptr unless x86-64
+const Kernels* kernels_neon();    // nullptr unless aarch64
+
+// Active table (set_isa / auto detection in isa.cpp).
+const Kernels& active();
+std::string isa_name();
+std::vector<std::string> available_isas();
+void set_isa(const std::string& name);
+const Kernels* kernels_by_name(const std::string& name);
+
+// ---- threading (threadpool.cpp) ----
+int num_threads();
+void set_num_threads(int n);
+// Runs f(task) for task in [0, ntasks) on at most max_threads threads (the caller takes part). Falls back to a
+// serial loop when ntasks or max_threads is 1, when called from inside a pool task, or while another Python
+// thread is using the pool (so concurrent callers never deadlock).
+void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f);
+
+// Threads worth using for `work` units of cost when one thread should get at least `grain` units.
+inline int threads_for(double work, double grain) {
+  int t = num_threads();
+  if (work < 2 * grain || t <= 1) return 1;
+  double want = work / grain;
+  return want < t ? static_cast<int>(want) : t;
+}
+
+// ---- aligned, grow-only scratch buffers ----
+struct AlignedBuf {
+  float* p = nullptr;
+  std::size_t cap = 0;  // in floats
+  AlignedBuf() = default;
+  AlignedBuf(const AlignedBuf&) = delete;
+  AlignedBuf& operator=(const AlignedBuf&) = delete;
+  ~AlignedBuf() { std::free(p); }
+  float* get(std::size_t n) {
+    if (n > cap) {
+      std::free(p);
+      p = nullptr;
+      std::size_t bytes = ((n * sizeof(float) + 63) / 64) * 64;
+      p = static_cast<float*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
+      if (!p) throw std::bad_alloc();
+      cap = n;
+    }
+    return p;
+  }
+};
+
+// Thread-local scratch slots (one per purpose, reused across calls).
+AlignedBuf& tl_buf(int slot);
+enum { TL_PACK_A = 0, TL_PACK_B = 1, TL_TMP = 2, TL_SMALLA = 3, TL_IM2COL = 4, TL_MISC = 5, TL_NSLOTS = 6 };
+
+// ---- GEMM (gemm.cpp) ----
+
+// Epilogue applied once per finished output block: c += bias (broadcast through its strides), then activation.
+struct Epilogue {
+  const float* bias = nullptr;  // element (i, j) at bias[i*bias_rs + j*bias_cs]
+  i64 bias_rs = 0, bias_cs = 0;
+  int act = -1;  // UnaryOp id, -1 = none
+  float act_alpha = 0.f, act_beta = 0.f;
+  bool empty() const { return bias == nullptr && act < 0; }
+};
+
+// A general strided matrix view (strides in elements).
+struct MatView {
+  const float* p;
+  i64 rows, cols, rs, cs;
+};
+
+// Packs B (K x N view) into the panel layout of `kr`; dst holds ceil(N/nr)*nr*K floats.
+void pack_b_panels(const Kernels& kr, const MatView& b, float* dst, int nthreads);
+// Packs A (M x K view) into full-K mr panels; dst holds ceil(M/mr)*mr*K floats.
+void pack_a_panels(const Kernels& kr, const MatView& a, float* dst);
+
+// C (M x N, row stride ldc) = alpha * A @ Bp + beta * C, then epilogue. A is a strided view (packed per block)
+// or, when a_packed != nullptr, full-K mr panels. Bp is full-K nr panels.
+void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, const float* a_packed,
+                      const float* bp, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep,
+                      int nthreads);
+
+// Full GEMM from strided views; chooses GEMV / small-M / blocked paths.
+void gemm_views(const Kernels& kr, const MatView& a, const MatView& b, float* c, i64 ldc, float alpha, float beta,
+                const Epilogue& ep, int nthreads);
+
+// m (<= 4) rows of A times pre-packed B (the GEMV / decode path for packed weights).
+void gemm_small_m_packed(const Kernels& kr, const MatView& a, const float* bp, i64 N, float* c, i64 ldc, float alpha,
+                         float beta, const Epilogue& ep, int nthreads);
+
+// Applies the epilogue to an m x n block of c.
+void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i64 m, i64 n, const Epilogue& ep);
+
+}  // namespace hetero

@@ -1,0 +1,132 @@
+// Data movement: strided -> contiguous copy (Transpose / Slice / Expand / Concat arrive here as numpy views) and
+// Gather.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "data.hpp"
+#include "nd.hpp"
+
+namespace hetero {
+namespace {
+
+template <class T>
+void copy_row_t(const char* s, i64 ss, char* d, i64 n) {
+  T* dd = reinterpret_cast<T*>(d);
+  for (i64 i = 0; i < n; ++i) std::memcpy(dd + i, s + i * ss, sizeof(T));
+}
+
+void copy_row(const char* s, i64 ss, char* d, i64 n, i64 elem) {
+  if (ss == elem) {
+    std::memcpy(d, s, static_cast<std::size_t>(n * elem));
+    return;
+  }
+  switch (elem) {
+    case 1: copy_row_t<std::uint8_t>(s, ss, d, n); break;
+    case 2: copy_row_t<std::uint16_t>(s, ss, d, n); break;
+    case 4: copy_row_t<std::uint32_t>(s, ss, d, n); break;
+    case 8: copy_row_t<std::uint64_t>(s, ss, d, n); break;
+    default:
+      for (i64 i = 0; i < n; ++i) std::memcpy(d + i * elem, s + i * ss, static_cast<std::size_t>(elem));
+  }
+}
+
+// dst (R x C, contiguous) <- src where src(r, c) = s + r*elem + c*sc: a transpose of a contiguous C x R matrix
+// (with any row pitch sc). 32 x 32 tiles keep both sides in L1.
+template <class T>
+void transpose_block(const char* s, i64 sc, char* d, i64 R, i64 C, i64 r0, i64 r1) {
+  constexpr i64 B = 32;
+  for (i64 rb = r0; rb < r1; rb += B) {
+    const i64 re = std::min(r1, rb + B);
+    for (i64 cb = 0; cb < C; cb += B) {
+      const i64 ce = std::min(C, cb + B);
+      for (i64 c = cb; c < ce; ++c) {
+        const T* sp = reinterpret_cast<const T*>(s + c * sc);
+        T* dp = reinterpret_cast<T*>(d) + c;
+        for (i64 r = rb; r < re; ++r) dp[r * C] = sp[r];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void copy_strided(const char* src, int ndim, const i64* shape, const i64* src_strides, char* dst, i64 elem,
+                  int nthreads) {
+  if (ndim > kMaxDims) throw std::invalid_argument("copy: at most 16 dimensions supported");
+  i64 total = 1;
+  for (int d = 0; d < ndim; ++d) total *= shape[d];
+  if (total == 0) return;
+  i64 sd[kMaxDims];
+  {
+    i64 s = elem;
+    for (int d = ndim - 1; d >= 0; --d) {
+      sd[d] = s;
+      s *= shape[d];
+    }
+  }
+  const i64* strides[2] = {sd, src_strides};
+  NdIter it(ndim, shape, 2, strides);
+  const i64 n = it.inner(), rows = it.outer();
+  const i64 ss = it.st[1][it.nd - 1];
+  const int T = std::min(nthreads, threads_for(static_cast<double>(total * elem), 1 << 18));
+
+  // Transpose: the source's unit-stride dimension is the second innermost one.
+  const bool aligned_elem = elem == 4 || elem == 8 || elem == 2 || elem == 1;
+  if (it.nd >= 2 && ss != elem && it.st[1][it.nd - 2] == elem && aligned_elem && it.shape[it.nd - 2] >= 8) {
+    const i64 R = it.shape[it.nd - 2], C = n;
+    i64 outer = 1;
+    for (int d = 0; d < it.nd - 2; ++d) outer *= it.shape[d];
+    const i64 rblocks = (R + 31) / 32;
+    parallel_for(outer * rblocks, T, [&](i64 t) {
+      const i64 o = t / rblocks, rb = t % rblocks;
+      // Offsets of outer index o (dimensions before the last two).
+      i64 off_s = 0, off_d = o * R * C * elem, r = o;
+      for (int d = it.nd - 3; d >= 0; --d) {
+        off_s += (r % it.shape[d]) * it.st[1][d];
+        r /= it.shape[d];
+      }
+      const i64 r0 = rb * 32, r1 = std::min(R, r0 + 32);
+      switch (elem) {
+        case 1: transpose_block<std::uint8_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
+        case 2: transpose_block<std::uint16_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
+        case 4: transpose_block<std::uint32_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
+        default: transpose_block<std::uint64_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
+      }
+    });
+    return;
+  }
+
+  // Rows (or pieces of one long row) per task.
+  const i64 piece = std::max<i64>(1, (1 << 18) / elem);
+  const i64 pieces = n > piece ? (n + piece - 1) / piece : 1;
+  const i64 rpt = std::max<i64>(1, piece / std::max<i64>(n, 1));
+  const i64 row_tasks = (rows + rpt - 1) / rpt;
+  parallel_for(row_tasks * pieces, T, [&](i64 t) {
+    const i64 rt = t / pieces, pc = t % pieces;
+    const i64 c0 = pc * piece, c1 = pieces > 1 ? std::min(n, c0 + piece) : n;
+    for_rows(it, rt * rpt, std::min(rows, (rt + 1) * rpt), [&](i64 od, i64 os, i64) {
+      copy_row(src + os + c0 * ss, ss, dst + od + c0 * elem, c1 - c0, elem);
+    });
+  });
+}
+
+void gather_rows(const char* data, i64 outer, i64 axis_len, i64 inner_bytes, const std::int64_t* idx, i64 nidx,
+                 char* out, int nthreads) {
+  const i64 total = outer * nidx;
+  if (total == 0 || inner_bytes == 0) return;
+  const int T = std::min(nthreads, threads_for(static_cast<double>(total * inner_bytes), 1 << 18));
+  const i64 per = std::max<i64>(1, (1 << 16) / inner_bytes);
+  const i64 ntasks = (total + per - 1) / per;
+  parallel_for(ntasks, T, [&](i64 t) {
+    for (i64 q = t * per; q < std::min(total, (t + 1) * per); ++q) {
+      const i64 o = q / nidx, i = q % nidx;
+      i64 k = idx[i];
+      if (k < 0) k += axis_len;
+      std::memcpy(out + q * inner_bytes, data + (o * axis_len + k) * inner_bytes, static_cast<std::size_t>(inner_bytes));
+    }
+  });
+}
+
+}  // namespace hetero

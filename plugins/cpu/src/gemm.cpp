@@ -1,0 +1,290 @@
+// GEMM drivers: Goto/BLIS-style loop nest around the ISA micro-kernels, plus GEMV / small-M paths.
+//
+//   for jc (NC columns)            B is always pre-packed into full-K panels of nr columns (by pack_b() once for
+//     for pc (KC depth)              weights, or into a thread-local buffer per call), so a micro-panel is just
+//       for ic (MC rows)             an offset: panel_j + pc*nr.
+//         pack A[ic, pc] -> L2-sized block of mr panels (skipped when A itself is pre-packed: conv weights)
+//         for jr (nr): for ir (mr): micro-kernel (kc x nr panel of B stays in L1 across the ir loop)
+//
+// Threads own disjoint rectangles of C (no synchronisation inside the nest).
+#include <algorithm>
+#include <cstring>
+
+#include "common.hpp"
+
+namespace hetero {
+namespace {
+
+inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+
+// Packs rows [i0, i0+mc) x depth [p0, p0+kc) of A into mr panels (k-major); rows past M are zero.
+void pack_a_block(const MatView& a, i64 i0, i64 mc, i64 p0, i64 kc, int mr, float* dst) {
+  for (i64 ib = 0; ib < mc; ib += mr) {
+    const i64 rows = std::min<i64>(mr, a.rows - (i0 + ib));
+    float* d = dst + (ib / mr) * kc * mr;
+    if (a.cs == 1) {
+      const float* src[32];
+      for (i64 r = 0; r < rows; ++r) src[r] = a.p + (i0 + ib + r) * a.rs + p0;
+      if (rows == mr) {
+        for (i64 k = 0; k < kc; ++k)
+          for (int r = 0; r < mr; ++r) d[k * mr + r] = src[r][k];
+      } else {
+        for (i64 k = 0; k < kc; ++k)
+          for (int r = 0; r < mr; ++r) d[k * mr + r] = r < rows ? src[r][k] : 0.f;
+      }
+    } else {
+      for (i64 k = 0; k < kc; ++k)
+        for (int r = 0; r < mr; ++r)
+          d[k * mr + r] = r < rows ? a.p[(i0 + ib + r) * a.rs + (p0 + k) * a.cs] : 0.f;
+    }
+  }
+}
+
+// One panel (nr columns starting at j0) of B over the full K.
+void pack_b_panel(const MatView& b, i64 j0, int nr, float* d) {
+  const i64 K = b.rows;
+  const i64 cols = std::min<i64>(nr, b.cols - j0);
+  if (b.cs == 1) {
+    for (i64 k = 0; k < K; ++k) {
+      const float* s = b.p + k * b.rs + j0;
+      std::memcpy(d + k * nr, s, cols * sizeof(float));
+      for (i64 j = cols; j < nr; ++j) d[k * nr + j] = 0.f;
+    }
+  } else if (b.rs == 1) {
+    // B^T stored row-major: read each source row sequentially.
+    for (i64 j = 0; j < nr; ++j) {
+      if (j < cols) {
+        const float* s = b.p + (j0 + j) * b.cs;
+        for (i64 k = 0; k < K; ++k) d[k * nr + j] = s[k];
+      } else {
+        for (i64 k = 0; k < K; ++k) d[k * nr + j] = 0.f;
+      }
+    }
+  } else {
+    for (i64 k = 0; k < K; ++k)
+      for (i64 j = 0; j < nr; ++j) d[k * nr + j] = j < cols ? b.p[k * b.rs + (j0 + j) * b.cs] : 0.f;
+  }
+}
+
+// Chooses a tm x tn grid of thread rectangles minimising the largest rectangle (in micro-tiles).
+void split_grid(i64 mt, i64 nt, int T, int& tm, int& tn) {
+  tm = 1;
+  tn = 1;
+  i64 best = mt * nt + 1;
+  for (int a = 1; a <= T; ++a) {
+    int b = T / a;
+    if (a > mt || b < 1) continue;
+    if (b > nt) b = static_cast<int>(nt);
+    i64 cost = ceil_div(mt, a) * ceil_div(nt, b);
+    if (cost < best || (cost == best && b > tn)) {
+      best = cost;
+      tm = a;
+      tn = b;
+    }
+  }
+}
+
+}  // namespace
+
+void pack_b_panels(const Kernels& kr, const MatView& b, float* dst, int nthreads) {
+  const int nr = kr.nr;
+  const i64 np = ceil_div(b.cols, nr);
+  const i64 K = b.rows;
+  if (np == 0) return;
+  const int T = std::min<i64>(nthreads, np);
+  parallel_for(T, T, [&](i64 t) {
+    for (i64 p = t * np / T; p < (t + 1) * np / T; ++p) pack_b_panel(b, p * nr, nr, dst + p * K * nr);
+  });
+}
+
+void pack_a_panels(const Kernels& kr, const MatView& a, float* dst) {
+  const i64 mp = ceil_div(a.rows, kr.mr);
+  pack_a_block(a, 0, mp * kr.mr, 0, a.cols, kr.mr, dst);
+}
+
+void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i64 m, i64 n, const Epilogue& ep) {
+  if (ep.empty() || n <= 0) return;
+  for (i64 i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    if (ep.bias) {
+      const float* bp = ep.bias + (row0 + i) * ep.bias_rs + col0 * ep.bias_cs;
+      kr.binary(B_ADD, ep.bias_cs == 0 ? BM_VS : BM_VV, row, bp, row, n);
+    }
+    if (ep.act >= 0) kr.unary(ep.act, row, row, n, ep.act_alpha, ep.act_beta);
+  }
+}
+
+void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, const float* a_packed,
+                      const float* bp, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep,
+                      int nthreads) {
+  if (M <= 0 || N <= 0) return;
+  const int MR = kr.mr, NR = kr.nr;
+  if (K == 0) {
+    for (i64 i = 0; i < M; ++i) {
+      float* row = c + i * ldc;
+      for (i64 j = 0; j < N; ++j) row[j] = beta == 0.f ? 0.f : beta * row[j];
+    }
+    apply_epilogue(kr, c, ldc, 0, 0, M, N, ep);
+    return;
+  }
+  const i64 mt = ceil_div(M, MR), nt = ceil_div(N, NR);
+  int T = threads_for(2.0 * M * N * K, 4e6);
+  T = std::min<int>(T, nthreads);
+  int tm, tn;
+  split_grid(mt, nt, T, tm, tn);
+  const i64 KC = kr.kc, MC = kr.mc, NC = kr.nc;
+
+  parallel_for(static_cast<i64>(tm) * tn, tm * tn, [&](i64 task) {
+    const i64 ti = task / tn, tj = task % tn;
+    const i64 m0 = (mt * ti / tm) * MR, m1 = std::min<i64>(M, (mt * (ti + 1) / tm) * MR);
+    const i64 n0 = (nt * tj / tn) * NR, n1 = std::min<i64>(N, (nt * (tj + 1) / tn) * NR);
+    if (m0 >= m1 || n0 >= n1) return;
+    float* abuf = a_packed ? nullptr : tl_buf(TL_PACK_A).get(static_cast<std::size_t>(MC) * KC);
+    alignas(64) float tile[32 * 32];
+    for (i64 jc = n0; jc < n1; jc += NC) {
+      const i64 nc = std::min<i64>(NC, n1 - jc);
+      for (i64 pc = 0; pc < K; pc += KC) {
+        const i64 kc = std::min<i64>(KC, K - pc);
+        const float beta_eff = pc == 0 ? beta : 1.f;
+        const bool last = pc + kc >= K;
+        for (i64 ic = m0; ic < m1; ic += MC) {
+          const i64 mc = std::min<i64>(MC, m1 - ic);
+          const float* ablk;
+          i64 a_panel_stride;
+          if (a_packed) {
+            ablk = a_packed + (ic / MR) * K * MR + pc * MR;
+            a_panel_stride = K * MR;
+          } else {
+            pack_a_block(*a, ic, ceil_div(mc, MR) * MR, pc, kc, MR, abuf);
+            ablk = abuf;
+            a_panel_stride = kc * MR;
+          }
+          for (i64 jr = jc; jr < jc + nc; jr += NR) {
+            const float* bpan = bp + (jr / NR) * K * NR + pc * NR;
+            const i64 ncols = std::min<i64>(NR, N - jr);
+            for (i64 ir = ic; ir < ic + mc; ir += MR) {
+              const float* apan = ablk + ((ir - ic) / MR) * a_panel_stride;
+              const i64 nrows = std::min<i64>(MR, M - ir);
+              float* cp = c + ir * ldc + jr;
+              if (nrows == MR && ncols == NR) {
+                kr.ukernel(kc, apan, bpan, cp, ldc, alpha, beta_eff);
+              } else {
+                kr.ukernel(kc, apan, bpan, tile, NR, 1.f, 0.f);
+                for (i64 i = 0; i < nrows; ++i)
+                  for (i64 j = 0; j < ncols; ++j) {
+                    float v = alpha * tile[i * NR + j];
+                    float& o = cp[i * ldc + j];
+                    o = beta_eff == 0.f ? v : v + beta_eff * o;
+                  }
+              }
+            }
+          }
+          if (last) apply_epilogue(kr, c + ic * ldc + jc, ldc, ic, jc, mc, nc, ep);
+        }
+      }
+    }
+  });
+}
+
+namespace {
+
+// m (<= 4) rows of A (contiguous along k, row stride lda) times pre-packed B.
+void smallm_packed(const Kernels& kr, i64 m, i64 N, i64 K, const float* a, i64 lda, const float* bp, float* c,
+                   i64 ldc, float alpha, float beta, const Epilogue& ep, int nthreads) {
+  const int NR = kr.nr;
+  const i64 np = ceil_div(N, NR);
+  int T = std::min<int>(nthreads, threads_for(2.0 * m * N * K, 1e6));
+  T = static_cast<int>(std::min<i64>(T, np));
+  parallel_for(T, T, [&](i64 t) {
+    const i64 p0 = t * np / T, p1 = (t + 1) * np / T;
+    alignas(64) float tile[4 * 64];
+    for (i64 p = p0; p < p1; ++p) {
+      const i64 j0 = p * NR, ncols = std::min<i64>(NR, N - j0);
+      kr.smallm(static_cast<int>(m), K, a, lda, bp + p * K * NR, tile);
+      for (i64 i = 0; i < m; ++i) {
+        if (ncols == NR) {
+          kr.axpby(tile + i * NR, c + i * ldc + j0, ncols, alpha, beta);
+        } else {
+          for (i64 j = 0; j < ncols; ++j) {
+            float& o = c[i * ldc + j0 + j];
+            o = beta == 0.f ? alpha * tile[i * NR + j] : alpha * tile[i * NR + j] + beta * o;
+          }
+        }
+      }
+      apply_epilogue(kr, c + j0, ldc, 0, j0, m, ncols, ep);
+    }
+  });
+}
+
+// Copies m rows of A into a contiguous m x K buffer when A is not unit-stride along k.
+const float* contiguous_rows(const MatView& a, i64& lda) {
+  if (a.cs == 1) {
+    lda = a.rs;
+    return a.p;
+  }
+  float* buf = tl_buf(TL_SMALLA).get(static_cast<std::size_t>(a.rows * a.cols));
+  for (i64 i = 0; i < a.rows; ++i)
+    for (i64 k = 0; k < a.cols; ++k) buf[i * a.cols + k] = a.p[i * a.rs + k * a.cs];
+  lda = a.cols;
+  return buf;
+}
+
+}  // namespace
+
+void gemm_small_m_packed(const Kernels& kr, const MatView& a, const float* bp, i64 N, float* c, i64 ldc, float alpha,
+                         float beta, const Epilogue& ep, int nthreads) {
+  i64 lda;
+  const float* ap = contiguous_rows(a, lda);
+  smallm_packed(kr, a.rows, N, a.cols, ap, lda, bp, c, ldc, alpha, beta, ep, nthreads);
+}
+
+void gemm_views(const Kernels& kr, const MatView& a, const MatView& b, float* c, i64 ldc, float alpha, float beta,
+                const Epilogue& ep, int nthreads) {
+  const i64 M = a.rows, K = a.cols, N = b.cols;
+  if (M <= 0 || N <= 0) return;
+  if (K == 0) {
+    gemm_prepacked_b(kr, M, N, 0, &a, nullptr, nullptr, c, ldc, alpha, beta, ep, 1);
+    return;
+  }
+  if (M <= 4 && (b.cs == 1 || b.rs == 1)) {
+    // GEMV-like: stream B straight from the caller's memory, columns split across threads.
+    i64 lda;
+    const float* ap = contiguous_rows(a, lda);
+    const bool rows = b.cs == 1;
+    // Several rows of A: sub-chunks of columns small enough that their slice of B stays in L2 between rows.
+    i64 chunk = N;
+    if (M > 1) chunk = std::max<i64>(64, std::min<i64>(1024, (131072 / std::max<i64>(K, 1)) / 16 * 16));
+    const i64 nchunks = ceil_div(N, 64);
+    int T = std::min<int>(nthreads, threads_for(2.0 * M * N * K, 1e6));
+    T = static_cast<int>(std::min<i64>(T, nchunks));
+    parallel_for(T, T, [&](i64 t) {
+      // Thread ranges aligned to 64 columns (whole cache lines of C and B).
+      const i64 j0 = (nchunks * t / T) * 64, j1 = std::min<i64>(N, (nchunks * (t + 1) / T) * 64);
+      float* tmp = tl_buf(TL_TMP).get(static_cast<std::size_t>(std::min<i64>(chunk, j1 - j0) + 16));
+      for (i64 s = j0; s < j1; s += chunk) {
+        const i64 n = std::min<i64>(chunk, j1 - s);
+        for (i64 i = 0; i < M; ++i) {
+          if (rows)
+            kr.gemv_rows(K, ap + i * lda, b.p + s, b.rs, n, tmp);
+          else
+            kr.gemv_dot(K, ap + i * lda, b.p + s * b.cs, b.cs, n, tmp);
+          kr.axpby(tmp, c + i * ldc + s, n, alpha, beta);
+        }
+        apply_epilogue(kr, c + s, ldc, 0, s, M, n, ep);
+      }
+    });
+    return;
+  }
+  // General: pack all of B (once per call, parallel), then the blocked nest.
+  const i64 np = ceil_div(N, kr.nr);
+  float* bp = tl_buf(TL_PACK_B).get(static_cast<std::size_t>(np * kr.nr * K));
+  int T = std::min<int>(nthreads, threads_for(2.0 * M * N * K, 4e6));
+  pack_b_panels(kr, b, bp, T);
+  if (M <= 4) {
+    gemm_small_m_packed(kr, a, bp, N, c, ldc, alpha, beta, ep, nthreads);
+    return;
+  }
+  gemm_prepacked_b(kr, M, N, K, &a, nullptr, bp, c, ldc, alpha, beta, ep, nthreads);
+}
+
+}  // namespace hetero

@@ -1,0 +1,548 @@
+// ISA-independent kernel bodies written against the `SIMD` traits of the including translation unit
+// (simd_generic/avx2/avx512/neon.hpp). Each kernels_<isa>.cpp includes one traits header and then this file, so
+// everything here is compiled once per ISA with that file's flags. Everything lives in an anonymous namespace:
+// identical inline functions compiled with different -m flags must never be merged by the linker.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "common.hpp"
+
+namespace {
+
+using hetero::i64;
+using V = SIMD::V;
+using M = SIMD::M;
+constexpr int W = SIMD::W;
+
+inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
+
+// ------------------------------------------------------------------------------------------------------------
+// Vector math. Accuracy targets (checked against float64 numpy in the tests): relative error <= 2e-6.
+// ------------------------------------------------------------------------------------------------------------
+
+inline V vnan_pass(V x, V r) { return SIMD::select(SIMD::isnan(x), x, r); }
+
+// 2^n for integer-valued n in [-150, 128], split into two factors so that neither overflows nor flushes: the
+// final product then rounds to inf / subnormal / 0 exactly like a correctly scaled result.
+inline V vexp_core(V x) {
+  // x already clamped to [-104, 89].
+  const V log2e = SIMD::set1(1.44269504088896341f);
+  V n = SIMD::round(SIMD::mul(x, log2e));
+  // Cody-Waite: ln2 = hi + lo, hi has few mantissa bits so n*hi is exact.
+  V r = SIMD::fnma(n, SIMD::set1(0.693359375f), x);
+  r = SIMD::fnma(n, SIMD::set1(-2.12194440e-4f), r);
+  // Taylor to degree 7 on |r| <= ln2/2: truncation < 1.2e-8 relative.
+  V p = SIMD::set1(1.f / 5040.f);
+  p = SIMD::fma(p, r, SIMD::set1(1.f / 720.f));
+  p = SIMD::fma(p, r, SIMD::set1(1.f / 120.f));
+  p = SIMD::fma(p, r, SIMD::set1(1.f / 24.f));
+  p = SIMD::fma(p, r, SIMD::set1(1.f / 6.f));
+  p = SIMD::fma(p, r, SIMD::set1(0.5f));
+  p = SIMD::fma(p, r, SIMD::set1(1.f));
+  p = SIMD::fma(p, r, SIMD::set1(1.f));
+  SIMD::I ni = SIMD::cvt_i(n);
+  SIMD::I n1 = SIMD::srai<1>(ni);
+  SIMD::I n2 = SIMD::isub(ni, n1);
+  V s1 = SIMD::as_float(SIMD::slli<23>(SIMD::iadd(n1, SIMD::iset1(127))));
+  V s2 = SIMD::as_float(SIMD::slli<23>(SIMD::iadd(n2, SIMD::iset1(127))));
+  return SIMD::mul(SIMD::mul(p, s1), s2);
+}
+
+inline V vexp(V x) {
+  V xc = SIMD::min(SIMD::max(x, SIMD::set1(-104.f)), SIMD::set1(89.f));
+  return vnan_pass(x, vexp_core(xc));
+}
+
+// exp(x) - 1 with full relative accuracy near 0 (series for |x| < 0.7, exp otherwise: cancellation there
+// costs at most a factor 2).
+inline V vexpm1(V x) {
+  V ax = SIMD::abs(x);
+  V p = SIMD::set1(1.f / 3628800.f);
+  p = SIMD::fma(p, x, SIMD::set1(1.f / 362880.f));
+  p = SIMD::fma(p, x, SIMD::set1(1.f / 40320.f));
+  p = SIMD::fma(p, x, SIMD::set1(1.f / 5040.f));
+  p = SIMD::fma(p, x, SIMD::set1(1.f / 720.f));
+  p = SIMD::fma(p, x, SIMD::set1(1.f / 120.f));
+  p = SIMD::fma(p, x, SIMD::set1(1.f / 24.f));
+  p = SIMD::fma(p, x, SIMD::set1(1.f / 6.f));
+  p = SIMD::fma(p, x, SIMD::set1(0.5f));
+  p = SIMD::fma(p, x, SIMD::set1(1.f));
+  V small = SIMD::mul(p, x);
+  V big = SIMD::sub(vexp(x), SIMD::set1(1.f));
+  return SIMD::select(SIMD::lt(ax, SIMD::set1(0.7f)), small, big);
+}
+
+inline V vlog(V x) {
+  // Subnormals: scale into the normal range first.
+  M den = SIMD::lt(x, SIMD::set1(1.17549435e-38f));
+  V xs = SIMD::select(den, SIMD::mul(x, SIMD::set1(8388608.f)), x);
+  SIMD::I xi = SIMD::as_int(xs);
+  V e = SIMD::cvt_f(SIMD::isub(SIMD::srai<23>(xi), SIMD::iset1(127)));
+  e = SIMD::select(den, SIMD::sub(e, SIMD::set1(23.f)), e);
+  V m = SIMD::as_float(SIMD::ior(SIMD::iand(xi, SIMD::iset1(0x007fffff)), SIMD::iset1(0x3f800000)));
+  // Centre the mantissa on 1: m in [sqrt(1/2), sqrt(2)).
+  M big = SIMD::gt(m, SIMD::set1(1.41421356f));
+  m = SIMD::select(big, SIMD::mul(m, SIMD::set1(0.5f)), m);
+  e = SIMD::select(big, SIMD::add(e, SIMD::set1(1.f)), e);
+  // log(m) = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.1716: odd series to s^9 (error < 1e-9).
+  V f = SIMD::sub(m, SIMD::set1(1.f));
+  V s = SIMD::div(f, SIMD::add(f, SIMD::set1(2.f)));
+  V s2 = SIMD::mul(s, s);
+  V p = SIMD::set1(2.f / 9.f);
+  p = SIMD::fma(p, s2, SIMD::set1(2.f / 7.f));
+  p = SIMD::fma(p, s2, SIMD::set1(2.f / 5.f));
+  p = SIMD::fma(p, s2, SIMD::set1(2.f / 3.f));
+  p = SIMD::fma(p, s2, SIMD::set1(2.f));
+  V lm = SIMD::mul(p, s);
+  V r = SIMD::fma(e, SIMD::set1(0.693359375f), SIMD::fma(e, SIMD::set1(-2.12194440e-4f), lm));
+  const float inf = std::numeric_limits<float>::infinity();
+  r = SIMD::select(SIMD::eq(x, SIMD::zero()), SIMD::set1(-inf), r);
+  r = SIMD::select(SIMD::eq(x, SIMD::set1(inf)), x, r);
+  r = SIMD::select(SIMD::lt(x, SIMD::zero()), SIMD::set1(std::numeric_limits<float>::quiet_NaN()), r);
+  return vnan_pass(x, r);
+}
+
+// log(1 + e) for e >= 0, accurate for tiny e (the classic u-1 correction).
+inline V vlog1p_pos(V e) {
+  V u = SIMD::add(SIMD::set1(1.f), e);
+  V d = SIMD::sub(u, SIMD::set1(1.f));
+  V r = SIMD::div(SIMD::mul(vlog(u), e), SIMD::select(SIMD::eq(d, SIMD::zero()), SIMD::set1(1.f), d));
+  return SIMD::select(SIMD::eq(d, SIMD::zero()), e, r);
+}
+
+inline V copysign_of(V mag, V sgn) {
+  SIMD::I sb = SIMD::iand(SIMD::as_int(sgn), SIMD::iset1(INT32_MIN));
+  return SIMD::as_float(SIMD::ior(SIMD::as_int(SIMD::abs(mag)), sb));
+}
+
+inline V vtanh(V x) {
+  // tanh|x| = expm1(2|x|) / (expm1(2|x|) + 2); |x| >= 20 is exactly 1 in float.
+  V y = SIMD::min(SIMD::add(SIMD::abs(x), SIMD::abs(x)), SIMD::set1(40.f));
+  V em = vexpm1(y);
+  V t = SIMD::div(em, SIMD::add(em, SIMD::set1(2.f)));
+  return vnan_pass(x, copysign_of(t, x));
+}
+
+inline V vsigmoid(V x) {
+  // e = exp(-|x|) never overflows; for x < 0 the result is e / (1 + e), which keeps tiny values accurate.
+  V e = vexp(SIMD::neg(SIMD::abs(x)));
+  V r = SIMD::div(SIMD::set1(1.f), SIMD::add(SIMD::set1(1.f), e));
+  return vnan_pass(x, SIMD::select(SIMD::ge(x, SIMD::zero()), r, SIMD::mul(e, r)));
+}
+
+inline V verf(V x) {
+  V a = SIMD::abs(x);
+  // |x| < 0.5: Maclaurin series in x^2 (error < 1e-9).
+  V z = SIMD::mul(x, x);
+  V p = SIMD::set1(1.f / 9360.f);
+  p = SIMD::fnma(p, z, SIMD::set1(1.f / 1320.f));
+  p = SIMD::fnma(p, z, SIMD::set1(1.f / 216.f));
+  p = SIMD::fnma(p, z, SIMD::set1(1.f / 42.f));
+  p = SIMD::fnma(p, z, SIMD::set1(1.f / 10.f));
+  p = SIMD::fnma(p, z, SIMD::set1(1.f / 3.f));
+  p = SIMD::fnma(p, z, SIMD::set1(1.f));
+  V small = SIMD::mul(SIMD::mul(p, a), SIMD::set1(1.12837916709551257f));
+  // |x| >= 0.5: Abramowitz & Stegun 7.1.26 (absolute error 1.5e-7, erf >= 0.52 there).
+  V t = SIMD::div(SIMD::set1(1.f), SIMD::fma(SIMD::set1(0.3275911f), a, SIMD::set1(1.f)));
+  V q = SIMD::set1(1.061405429f);
+  q = SIMD::fma(q, t, SIMD::set1(-1.453152027f));
+  q = SIMD::fma(q, t, SIMD::set1(1.421413741f));
+  q = SIMD::fma(q, t, SIMD::set1(-0.284496736f));
+  q = SIMD::fma(q, t, SIMD::set1(0.254829592f));
+  q = SIMD::mul(q, t);
+  V ex = vexp(SIMD::neg(SIMD::min(z, SIMD::set1(120.f))));
+  V large = SIMD::fnma(q, ex, SIMD::set1(1.f));
+  V r = SIMD::select(SIMD::lt(a, SIMD::set1(0.5f)), small, large);
+  return vnan_pass(x, copysign_of(r, x));
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Contiguous maps with a vector body and a padded tail (the tail goes through a W-wide stack buffer).
+// ------------------------------------------------------------------------------------------------------------
+
+template <class F>
+inline void map1(const float* x, float* y, i64 n, F f) {
+  i64 i = 0;
+  for (; i + W <= n; i += W) SIMD::store(y + i, f(SIMD::load(x + i)));
+  if (i < n) {
+    float tx[W], ty[W];
+    for (int j = 0; j < W; ++j) tx[j] = i + j < n ? x[i + j] : 0.f;
+    SIMD::store(ty, f(SIMD::load(tx)));
+    for (int j = 0; i + j < n; ++j) y[i + j] = ty[j];
+  }
+}
+
+template <class F>
+inline void map2(int mode, const float* a, const float* b, float* y, i64 n, F f) {
+  i64 i = 0;
+  if (mode == hetero::BM_VV) {
+    for (; i + W <= n; i += W) SIMD::store(y + i, f(SIMD::load(a + i), SIMD::load(b + i)));
+  } else if (mode == hetero::BM_VS) {
+    V vb = SIMD::set1(*b);
+    for (; i + W <= n; i += W) SIMD::store(y + i, f(SIMD::load(a + i), vb));
+  } else {
+    V va = SIMD::set1(*a);
+    for (; i + W <= n; i += W) SIMD::store(y + i, f(va, SIMD::load(b + i)));
+  }
+  if (i < n) {
+    float ta[W], tb[W], ty[W];
+    for (int j = 0; j < W; ++j) {
+      bool in = i + j < n;
+      ta[j] = mode == hetero::BM_SV ? *a : (in ? a[i + j] : 1.f);
+      tb[j] = mode == hetero::BM_VS ? *b : (in ? b[i + j] : 1.f);
+    }
+    SIMD::store(ty, f(SIMD::load(ta), SIMD::load(tb)));
+    for (int j = 0; i + j < n; ++j) y[i + j] = ty[j];
+  }
+}
+
+void k_unary(int op, const float* x, float* y, i64 n, float alpha, float beta) {
+  using S = SIMD;
+  const V zero = S::zero(), one = S::set1(1.f);
+  const V va = S::set1(alpha), vb = S::set1(beta);
+  switch (op) {
+    case hetero::U_RELU: map1(x, y, n, [&](V v) { return vnan_pass(v, S::max(v, zero)); }); break;
+    case hetero::U_LEAKY_RELU:
+      map1(x, y, n, [&](V v) { return S::select(S::lt(v, zero), S::mul(v, va), v); });
+      break;
+    case hetero::U_ELU:
+      map1(x, y, n, [&](V v) { return S::select(S::lt(v, zero), S::mul(va, vexpm1(v)), v); });
+      break;
+    case hetero::U_SELU:
+      map1(x, y, n, [&](V v) { return S::mul(vb, S::select(S::gt(v, zero), v, S::mul(va, vexpm1(v)))); });
+      break;
+    case hetero::U_CELU:
+      map1(x, y, n, [&](V v) {
+        V neg = S::mul(va, vexpm1(S::div(v, va)));
+        return vnan_pass(v, S::add(S::max(v, zero), S::min(neg, zero)));
+      });
+      break;
+    case hetero::U_SIGMOID: map1(x, y, n, [&](V v) { return vsigmoid(v); }); break;
+    case hetero::U_HARD_SIGMOID:
+      map1(x, y, n, [&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vb), one), zero)); });
+      break;
+    case hetero::U_HARD_SWISH:
+      map1(x, y, n, [&](V v) {
+        V h = S::max(S::min(S::fma(S::set1(1.f / 6.f), v, S::set1(0.5f)), one), zero);
+        return vnan_pass(v, S::mul(v, h));
+      });
+      break;
+    case hetero::U_SILU: map1(x, y, n, [&](V v) { return S::mul(v, vsigmoid(v)); }); break;
+    case hetero::U_GELU:
+      map1(x, y, n, [&](V v) {
+        V e = verf(S::mul(v, S::set1(0.70710678118654752f)));
+        return S::mul(S::mul(S::set1(0.5f), v), S::add(one, e));
+      });
+      break;
+    case hetero::U_GELU_TANH:
+      map1(x, y, n, [&](V v) {
+        V u = S::mul(S::set1(0.7978845608028654f), S::fma(S::mul(S::set1(0.044715f), v), S::mul(v, v), v));
+        return S::mul(S::mul(S::set1(0.5f), v), S::add(one, vtanh(u)));
+      });
+      break;
+    case hetero::U_TANH: map1(x, y, n, [&](V v) { return vtanh(v); }); break;
+    case hetero::U_SOFTPLUS:
+      map1(x, y, n, [&](V v) {
+        V r = S::add(S::max(v, zero), vlog1p_pos(vexp(S::neg(S::abs(v)))));
+        return vnan_pass(v, r);
+      });
+      break;
+    case hetero::U_SOFTSIGN: map1(x, y, n, [&](V v) { return S::div(v, S::add(one, S::abs(v))); }); break;
+    case hetero::U_EXP: map1(x, y, n, [&](V v) { return vexp(v); }); break;
+    case hetero::U_LOG: map1(x, y, n, [&](V v) { return vlog(v); }); break;
+    case hetero::U_SQRT: map1(x, y, n, [&](V v) { return S::sqrt(v); }); break;
+    case hetero::U_RSQRT: map1(x, y, n, [&](V v) { return S::div(one, S::sqrt(v)); }); break;
+    case hetero::U_NEG: map1(x, y, n, [&](V v) { return S::neg(v); }); break;
+    case hetero::U_ABS: map1(x, y, n, [&](V v) { return S::abs(v); }); break;
+    case hetero::U_RECIPROCAL: map1(x, y, n, [&](V v) { return S::div(one, v); }); break;
+    case hetero::U_ERF: map1(x, y, n, [&](V v) { return verf(v); }); break;
+    case hetero::U_FLOOR: map1(x, y, n, [&](V v) { return S::floor(v); }); break;
+    case hetero::U_CEIL: map1(x, y, n, [&](V v) { return S::ceil(v); }); break;
+    case hetero::U_ROUND: map1(x, y, n, [&](V v) { return S::round(v); }); break;
+    case hetero::U_SIN:  // not hot in any model we target: libm, scalar
+      for (i64 i = 0; i < n; ++i) y[i] = std::sin(x[i]);
+      break;
+    case hetero::U_COS:
+      for (i64 i = 0; i < n; ++i) y[i] = std::cos(x[i]);
+      break;
+    case hetero::U_CLIP: map1(x, y, n, [&](V v) { return vnan_pass(v, S::min(S::max(v, va), vb)); }); break;
+    case hetero::U_MISH:
+      map1(x, y, n, [&](V v) {
+        V sp = S::add(S::max(v, zero), vlog1p_pos(vexp(S::neg(S::abs(v)))));
+        return S::mul(v, vtanh(sp));
+      });
+      break;
+    default: break;
+  }
+}
+
+void k_binary(int op, int mode, const float* a, const float* b, float* y, i64 n) {
+  using S = SIMD;
+  switch (op) {
+    case hetero::B_ADD: map2(mode, a, b, y, n, [](V p, V q) { return S::add(p, q); }); break;
+    case hetero::B_SUB: map2(mode, a, b, y, n, [](V p, V q) { return S::sub(p, q); }); break;
+    case hetero::B_MUL: map2(mode, a, b, y, n, [](V p, V q) { return S::mul(p, q); }); break;
+    case hetero::B_DIV: map2(mode, a, b, y, n, [](V p, V q) { return S::div(p, q); }); break;
+    // NaN propagates from either side (numpy maximum/minimum semantics).
+    case hetero::B_MAX: map2(mode, a, b, y, n, [](V p, V q) { return vnan_pass(p, S::max(p, q)); }); break;
+    case hetero::B_MIN: map2(mode, a, b, y, n, [](V p, V q) { return vnan_pass(p, S::min(p, q)); }); break;
+    case hetero::B_POW: {
+      const i64 sa = mode == hetero::BM_SV ? 0 : 1, sb = mode == hetero::BM_VS ? 0 : 1;
+      for (i64 i = 0; i < n; ++i) y[i] = std::pow(a[i * sa], b[i * sb]);
+      break;
+    }
+    default: break;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Row kernels
+// ------------------------------------------------------------------------------------------------------------
+
+inline float row_max(const float* x, i64 n) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  V m0 = SIMD::set1(ninf), m1 = m0;
+  i64 i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    m0 = SIMD::max(SIMD::load(x + i), m0);
+    m1 = SIMD::max(SIMD::load(x + i + W), m1);
+  }
+  for (; i + W <= n; i += W) m0 = SIMD::max(SIMD::load(x + i), m0);
+  float m = SIMD::hmax(SIMD::max(m0, m1));
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+void k_softmax_row(const float* x, float* y, i64 n, bool log) {
+  if (n <= 0) return;
+  const float mx = row_max(x, n);
+  const V vm = SIMD::set1(mx);
+  V acc = SIMD::zero();
+  i64 i = 0;
+  float tail = 0.f;
+  if (!log) {
+    for (; i + W <= n; i += W) {
+      V e = vexp(SIMD::sub(SIMD::load(x + i), vm));
+      SIMD::store(y + i, e);
+      acc = SIMD::add(acc, e);
+    }
+    if (i < n) {
+      map1(x + i, y + i, n - i, [&](V v) { return vexp(SIMD::sub(v, vm)); });
+      for (; i < n; ++i) tail += y[i];
+    }
+    const float inv = 1.f / (SIMD::hsum(acc) + tail);
+    map1(y, y, n, [&](V v) { return SIMD::mul(v, SIMD::set1(inv)); });
+  } else {
+    // log-softmax: x - max - log(sum exp(x - max)); y is only written once.
+    float tmp[W];
+    for (; i + W <= n; i += W) acc = SIMD::add(acc, vexp(SIMD::sub(SIMD::load(x + i), vm)));
+    for (; i < n; ++i) {
+      map1(x + i, tmp, 1, [&](V v) { return vexp(SIMD::sub(v, vm)); });
+      tail += tmp[0];
+    }
+    const float lse = mx + std::log(SIMD::hsum(acc) + tail);
+    map1(x, y, n, [&](V v) { return SIMD::sub(v, SIMD::set1(lse)); });
+  }
+}
+
+inline float row_sum(const float* x, i64 n) {
+  V a0 = SIMD::zero(), a1 = a0;
+  i64 i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    a0 = SIMD::add(a0, SIMD::load(x + i));
+    a1 = SIMD::add(a1, SIMD::load(x + i + W));
+  }
+  for (; i + W <= n; i += W) a0 = SIMD::add(a0, SIMD::load(x + i));
+  float s = SIMD::hsum(SIMD::add(a0, a1));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+inline float row_sqdev(const float* x, i64 n, float mean) {
+  V a0 = SIMD::zero(), a1 = a0, vm = SIMD::set1(mean);
+  i64 i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    V d0 = SIMD::sub(SIMD::load(x + i), vm), d1 = SIMD::sub(SIMD::load(x + i + W), vm);
+    a0 = SIMD::fma(d0, d0, a0);
+    a1 = SIMD::fma(d1, d1, a1);
+  }
+  for (; i + W <= n; i += W) {
+    V d0 = SIMD::sub(SIMD::load(x + i), vm);
+    a0 = SIMD::fma(d0, d0, a0);
+  }
+  float s = SIMD::hsum(SIMD::add(a0, a1));
+  for (; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
+  return s;
+}
+
+void k_layernorm_row(const float* x, const float* scale, const float* bias, float* y, i64 n, float eps,
+                     float* mean_out, float* invstd_out) {
+  // Two passes (mean, then squared deviations) for stability with large offsets.
+  const float mean = n > 0 ? row_sum(x, n) / static_cast<float>(n) : 0.f;
+  const float var = n > 0 ? row_sqdev(x, n, mean) / static_cast<float>(n) : 0.f;
+  const float inv = 1.f / std::sqrt(var + eps);
+  if (mean_out) *mean_out = mean;
+  if (invstd_out) *invstd_out = inv;
+  const V vm = SIMD::set1(mean), vi = SIMD::set1(inv);
+  i64 i = 0;
+  for (; i + W <= n; i += W) {
+    V v = SIMD::mul(SIMD::mul(SIMD::sub(SIMD::load(x + i), vm), vi), SIMD::load(scale + i));
+    if (bias) v = SIMD::add(v, SIMD::load(bias + i));
+    SIMD::store(y + i, v);
+  }
+  for (; i < n; ++i) y[i] = (x[i] - mean) * inv * scale[i] + (bias ? bias[i] : 0.f);
+}
+
+void k_rmsnorm_row(const float* x, const float* scale, float* y, i64 n, float eps) {
+  const float ms = n > 0 ? row_sqdev(x, n, 0.f) / static_cast<float>(n) : 0.f;
+  const float inv = 1.f / std::sqrt(ms + eps);
+  const V vi = SIMD::set1(inv);
+  i64 i = 0;
+  for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::mul(SIMD::mul(SIMD::load(x + i), vi), SIMD::load(scale + i)));
+  for (; i < n; ++i) y[i] = x[i] * inv * scale[i];
+}
+
+void k_axpby(const float* t, float* y, i64 n, float alpha, float beta) {
+  const V va = SIMD::set1(alpha), vb = SIMD::set1(beta);
+  i64 i = 0;
+  if (beta == 0.f) {
+    for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::mul(va, SIMD::load(t + i)));
+    for (; i < n; ++i) y[i] = alpha * t[i];
+  } else {
+    for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::fma(va, SIMD::load(t + i), SIMD::mul(vb, SIMD::load(y + i))));
+    for (; i < n; ++i) y[i] = alpha * t[i] + beta * y[i];
+  }
+}
+
+void k_dw_row_accum(const float* in, float* out, i64 n, float w) {
+  const V vw = SIMD::set1(w);
+  i64 i = 0;
+  for (; i + W <= n; i += W) SIMD::store(out + i, SIMD::fma(vw, SIMD::load(in + i), SIMD::load(out + i)));
+  for (; i < n; ++i) out[i] += w * in[i];
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// GEMV-shaped kernels (memory bound: stream B exactly once, keep several independent FMA chains).
+// ------------------------------------------------------------------------------------------------------------
+
+// m rows of A (1..4) times one packed B panel of NRV vectors per k.
+template <int MROWS, int NRV>
+inline void smallm_t(i64 k, const float* a, i64 lda, const float* panel, float* t) {
+  V acc[2][MROWS][NRV];
+  for (int s = 0; s < 2; ++s)
+    for (int r = 0; r < MROWS; ++r)
+      for (int v = 0; v < NRV; ++v) acc[s][r][v] = SIMD::zero();
+  const i64 ld = static_cast<i64>(NRV) * W;
+  i64 p = 0;
+  // Two k steps per iteration into separate accumulators: hides FMA latency when MROWS is 1.
+  for (; p + 2 <= k; p += 2) {
+    for (int s = 0; s < 2; ++s) {
+      const float* bp = panel + (p + s) * ld;
+      for (int v = 0; v < NRV; ++v) {
+        V bv = SIMD::load(bp + v * W);
+        for (int r = 0; r < MROWS; ++r) acc[s][r][v] = SIMD::fma(SIMD::set1(a[r * lda + p + s]), bv, acc[s][r][v]);
+      }
+    }
+  }
+  for (; p < k; ++p) {
+    const float* bp = panel + p * ld;
+    for (int v = 0; v < NRV; ++v) {
+      V bv = SIMD::load(bp + v * W);
+      for (int r = 0; r < MROWS; ++r) acc[0][r][v] = SIMD::fma(SIMD::set1(a[r * lda + p]), bv, acc[0][r][v]);
+    }
+  }
+  for (int r = 0; r < MROWS; ++r)
+    for (int v = 0; v < NRV; ++v) SIMD::store(t + r * ld + v * W, SIMD::add(acc[0][r][v], acc[1][r][v]));
+}
+
+template <int NRV>
+void k_smallm(int m, i64 k, const float* a, i64 lda, const float* panel, float* t) {
+  switch (m) {
+    case 1: smallm_t<1, NRV>(k, a, lda, panel, t); break;
+    case 2: smallm_t<2, NRV>(k, a, lda, panel, t); break;
+    case 3: smallm_t<3, NRV>(k, a, lda, panel, t); break;
+    default: smallm_t<4, NRV>(k, a, lda, panel, t); break;
+  }
+}
+
+void k_gemv_rows(i64 k, const float* a, const float* b, i64 ldb, i64 n, float* y) {
+  // Column blocks of <= 2048 floats keep y in L1 while 4 rows of B stream through.
+  const i64 JB = 2048;
+  for (i64 j0 = 0; j0 < n; j0 += JB) {
+    const i64 jn = imin(JB, n - j0);
+    float* yy = y + j0;
+    for (i64 j = 0; j < jn; ++j) yy[j] = 0.f;
+    i64 p = 0;
+    for (; p + 4 <= k; p += 4) {
+      const float* b0 = b + p * ldb + j0;
+      const float* b1 = b0 + ldb;
+      const float* b2 = b1 + ldb;
+      const float* b3 = b2 + ldb;
+      const V a0 = SIMD::set1(a[p]), a1 = SIMD::set1(a[p + 1]), a2 = SIMD::set1(a[p + 2]), a3 = SIMD::set1(a[p + 3]);
+      i64 j = 0;
+      for (; j + W <= jn; j += W) {
+        V v = SIMD::fma(a0, SIMD::load(b0 + j), SIMD::load(yy + j));
+        V w = SIMD::mul(a1, SIMD::load(b1 + j));
+        v = SIMD::fma(a2, SIMD::load(b2 + j), v);
+        w = SIMD::fma(a3, SIMD::load(b3 + j), w);
+        SIMD::store(yy + j, SIMD::add(v, w));
+      }
+      for (; j < jn; ++j) yy[j] += a[p] * b0[j] + a[p + 1] * b1[j] + a[p + 2] * b2[j] + a[p + 3] * b3[j];
+    }
+    for (; p < k; ++p) {
+      const float* b0 = b + p * ldb + j0;
+      const V a0 = SIMD::set1(a[p]);
+      i64 j = 0;
+      for (; j + W <= jn; j += W) SIMD::store(yy + j, SIMD::fma(a0, SIMD::load(b0 + j), SIMD::load(yy + j)));
+      for (; j < jn; ++j) yy[j] += a[p] * b0[j];
+    }
+  }
+}
+
+void k_gemv_dot(i64 k, const float* a, const float* b, i64 ldb, i64 n, float* y) {
+  i64 j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* r0 = b + j * ldb;
+    const float* r1 = r0 + ldb;
+    const float* r2 = r1 + ldb;
+    const float* r3 = r2 + ldb;
+    V c0 = SIMD::zero(), c1 = c0, c2 = c0, c3 = c0;
+    i64 p = 0;
+    for (; p + W <= k; p += W) {
+      V av = SIMD::load(a + p);
+      c0 = SIMD::fma(av, SIMD::load(r0 + p), c0);
+      c1 = SIMD::fma(av, SIMD::load(r1 + p), c1);
+      c2 = SIMD::fma(av, SIMD::load(r2 + p), c2);
+      c3 = SIMD::fma(av, SIMD::load(r3 + p), c3);
+    }
+    float s0 = SIMD::hsum(c0), s1 = SIMD::hsum(c1), s2 = SIMD::hsum(c2), s3 = SIMD::hsum(c3);
+    for (; p < k; ++p) {
+      s0 += a[p] * r0[p];
+      s1 += a[p] * r1[p];
+      s2 += a[p] * r2[p];
+      s3 += a[p] * r3[p];
+    }
+    y[j] = s0;
+    y[j + 1] = s1;
+    y[j + 2] = s2;
+    y[j + 3] = s3;
+  }
+  for (; j < n; ++j) {
+    const float* r0 = b + j * ldb;
+    V c0 = SIMD::zero(), c1 = c0;
+    i64 p = 0;
+    for (; p + 2 * W <= k; p += 2 * W) {
+      c0 = SIMD::fma(SIMD::load(a + p), SIMD::load(r0 + p), c0);
+      c1 = SIMD::fma(SIMD::load(a + p + W), SIMD::load(r0 + p + W), c1);
+    }
+    for (; p + W <= k; p += W) c0 = SIMD::fma(SIMD::load(a + p), SIMD::load(r0 + p), c0);
+    float s = SIMD::hsum(SIMD::add(c0, c1));
+    for (; p < k; ++p) s += a[p] * r0[p];
+    y[j] = s;
+  }
+}
+
+}  // namespace

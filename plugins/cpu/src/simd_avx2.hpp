@@ -1,0 +1,64 @@
+// AVX2 + FMA traits (8 floats). Only included by kernels_avx2.cpp, which is compiled with -mavx2 -mfma.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace {
+struct SIMD {
+  using V = __m256;
+  using M = __m256;
+  using I = __m256i;
+  static constexpr int W = 8;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V fnma(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V abs(V a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+  static V neg(V a) { return _mm256_xor_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN))); }
+  static V sqrt(V a) { return _mm256_sqrt_ps(a); }
+  static V floor(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+  static V ceil(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC); }
+  static V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static M lt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static M le(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
+  static M gt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+  static M ge(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+  static M eq(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+  static M isnan(V a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+  static M mand(M a, M b) { return _mm256_and_ps(a, b); }
+  static M mor(M a, M b) { return _mm256_or_ps(a, b); }
+  static V select(M m, V a, V b) { return _mm256_blendv_ps(b, a, m); }
+  static I cvt_i(V a) { return _mm256_cvtps_epi32(a); }
+  static V cvt_f(I a) { return _mm256_cvtepi32_ps(a); }
+  static I as_int(V a) { return _mm256_castps_si256(a); }
+  static V as_float(I a) { return _mm256_castsi256_ps(a); }
+  static I iadd(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I isub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I iand(I a, I b) { return _mm256_and_si256(a, b); }
+  static I ior(I a, I b) { return _mm256_or_si256(a, b); }
+  static I iset1(std::int32_t x) { return _mm256_set1_epi32(x); }
+  template <int N> static I slli(I a) { return _mm256_slli_epi32(a, N); }
+  template <int N> static I srai(I a) { return _mm256_srai_epi32(a, N); }
+  static float hsum(V a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+  static float hmax(V a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+};
+}  // namespace

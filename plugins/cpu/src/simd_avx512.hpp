@@ -1,0 +1,54 @@
+// AVX-512F traits (16 floats). Only included by kernels_avx512.cpp (compiled with -mavx512f ... -mfma).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace {
+struct SIMD {
+  using V = __m512;
+  using M = __mmask16;
+  using I = __m512i;
+  static constexpr int W = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V fnma(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V abs(V a) { return _mm512_castsi512_ps(_mm512_and_epi32(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff))); }
+  static V neg(V a) { return _mm512_castsi512_ps(_mm512_xor_epi32(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN))); }
+  static V sqrt(V a) { return _mm512_sqrt_ps(a); }
+  static V floor(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+  static V ceil(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC); }
+  static V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static M lt(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static M le(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
+  static M gt(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+  static M ge(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+  static M eq(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+  static M isnan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+  static M mand(M a, M b) { return static_cast<M>(a & b); }
+  static M mor(M a, M b) { return static_cast<M>(a | b); }
+  static V select(M m, V a, V b) { return _mm512_mask_blend_ps(m, b, a); }
+  static I cvt_i(V a) { return _mm512_cvtps_epi32(a); }
+  static V cvt_f(I a) { return _mm512_cvtepi32_ps(a); }
+  static I as_int(V a) { return _mm512_castps_si512(a); }
+  static V as_float(I a) { return _mm512_castsi512_ps(a); }
+  static I iadd(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I isub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I iand(I a, I b) { return _mm512_and_epi32(a, b); }
+  static I ior(I a, I b) { return _mm512_or_epi32(a, b); }
+  static I iset1(std::int32_t x) { return _mm512_set1_epi32(x); }
+  template <int N> static I slli(I a) { return _mm512_slli_epi32(a, N); }
+  template <int N> static I srai(I a) { return _mm512_srai_epi32(a, N); }
+  static float hsum(V a) { return _mm512_reduce_add_ps(a); }
+  static float hmax(V a) { return _mm512_reduce_max_ps(a); }
+};
+}  // namespace

@@ -1,0 +1,55 @@
+// AArch64 NEON traits (4 floats). NEON is baseline on aarch64, so no extra compiler flags are needed.
+#pragma once
+#include <arm_neon.h>
+
+#include <cstdint>
+
+namespace {
+struct SIMD {
+  using V = float32x4_t;
+  using M = uint32x4_t;
+  using I = int32x4_t;
+  static constexpr int W = 4;
+  static V load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, V v) { vst1q_f32(p, v); }
+  static V set1(float x) { return vdupq_n_f32(x); }
+  static V zero() { return vdupq_n_f32(0.f); }
+  static V add(V a, V b) { return vaddq_f32(a, b); }
+  static V sub(V a, V b) { return vsubq_f32(a, b); }
+  static V mul(V a, V b) { return vmulq_f32(a, b); }
+  static V div(V a, V b) { return vdivq_f32(a, b); }
+  static V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
+  static V fnma(V a, V b, V c) { return vfmsq_f32(c, a, b); }
+  // Keep the x86 semantics (second operand on NaN) so the shared code's NaN fix-ups stay valid.
+  static V max(V a, V b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+  static V min(V a, V b) { return vbslq_f32(vcltq_f32(a, b), a, b); }
+  static V abs(V a) { return vabsq_f32(a); }
+  static V neg(V a) { return vnegq_f32(a); }
+  static V sqrt(V a) { return vsqrtq_f32(a); }
+  static V floor(V a) { return vrndmq_f32(a); }
+  static V ceil(V a) { return vrndpq_f32(a); }
+  static V round(V a) { return vrndnq_f32(a); }
+  static M lt(V a, V b) { return vcltq_f32(a, b); }
+  static M le(V a, V b) { return vcleq_f32(a, b); }
+  static M gt(V a, V b) { return vcgtq_f32(a, b); }
+  static M ge(V a, V b) { return vcgeq_f32(a, b); }
+  static M eq(V a, V b) { return vceqq_f32(a, b); }
+  static M isnan(V a) { return vmvnq_u32(vceqq_f32(a, a)); }
+  static M mand(M a, M b) { return vandq_u32(a, b); }
+  static M mor(M a, M b) { return vorrq_u32(a, b); }
+  static V select(M m, V a, V b) { return vbslq_f32(m, a, b); }
+  static I cvt_i(V a) { return vcvtnq_s32_f32(a); }
+  static V cvt_f(I a) { return vcvtq_f32_s32(a); }
+  static I as_int(V a) { return vreinterpretq_s32_f32(a); }
+  static V as_float(I a) { return vreinterpretq_f32_s32(a); }
+  static I iadd(I a, I b) { return vaddq_s32(a, b); }
+  static I isub(I a, I b) { return vsubq_s32(a, b); }
+  static I iand(I a, I b) { return vandq_s32(a, b); }
+  static I ior(I a, I b) { return vorrq_s32(a, b); }
+  static I iset1(std::int32_t x) { return vdupq_n_s32(x); }
+  template <int N> static I slli(I a) { return vshlq_n_s32(a, N); }
+  template <int N> static I srai(I a) { return vshrq_n_s32(a, N); }
+  static float hsum(V a) { return vaddvq_f32(a); }
+  static float hmax(V a) { return vmaxvq_f32(a); }
+};
+}  // namespace

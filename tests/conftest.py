@@ -1,0 +1,76 @@
+"""Shared fixtures: small ONNX models built in code, and which backends this machine has."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import hetero
+from hetero import plugins
+
+
+def backend_ok(name: str) -> tuple[bool, str]:
+    row = plugins.status(name)
+    if row is None:
+        return False, f"backend {name!r} is not installed (pip install ./plugins/{name})"
+    return row.ok, f"backend {name!r} is {row.status}: {row.reason}"
+
+
+@pytest.fixture
+def require_cpu() -> None:
+    ok, why = backend_ok("cpu")
+    if not ok:
+        pytest.skip(why)
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset: int = 17):
+    """A ModelProto from helper-made nodes; inputs/outputs are (name, onnx elem type, shape) triples."""
+    graph = helper.make_graph(
+        nodes,
+        "test",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in initializers],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.fixture
+def mlp_model():
+    """x[N,8] -> MatMul -> Add -> Relu -> MatMul -> Atan -> Softmax. Atan has no cpu kernel: it falls back."""
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(size=(8, 16)).astype(np.float32)
+    b1 = rng.normal(size=(16,)).astype(np.float32)
+    w2 = rng.normal(size=(16, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"], name="bias1"),
+        helper.make_node("Relu", ["h1"], ["h2"], name="relu1"),
+        helper.make_node("MatMul", ["h2", "w2"], ["h3"], name="fc2"),
+        helper.make_node("Atan", ["h3"], ["h4"], name="atan"),
+        helper.make_node("Softmax", ["h4"], ["y"], name="softmax", axis=-1),
+    ]
+    model = make_model(
+        nodes,
+        [("x", TensorProto.FLOAT, ["N", 8])],
+        [("y", TensorProto.FLOAT, ["N", 4])],
+        [("w1", w1), ("b1", b1), ("w2", w2)],
+    )
+
+    def expected(x: np.ndarray) -> np.ndarray:
+        h = np.arctan(np.maximum(x @ w1 + b1, 0) @ w2)
+        e = np.exp(h - h.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    return model, expected
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plugin_state(monkeypatch):
+    """Each test sees the environment's plugins, not a previous test's HETERO_* settings."""
+    monkeypatch.delenv("HETERO_BACKENDS", raising=False)
+    monkeypatch.delenv("HETERO_PLUGINS", raising=False)
+
+
+__all__ = ["backend_ok", "hetero", "make_model"]

@@ -1,0 +1,126 @@
+"""Session: partitioning over real backends (cpu and the numpy reference), fallback reporting, inputs, shapes."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import hetero
+from conftest import make_model
+from hetero.errors import BackendUnavailable, FallbackError, HeteroError, HeteroWarning, InputError
+
+
+def test_reference_runs_model(mlp_model):
+    model, expected = mlp_model
+    x = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
+    session = hetero.Session(model, backends=["reference"], on_fallback="error")
+    np.testing.assert_allclose(session.run({"x": x})["y"], expected(x), rtol=1e-5, atol=1e-6)
+    assert set(session.placement.counts()) == {"reference"}
+
+
+def test_cpu_partition_with_reference_fallback(require_cpu, mlp_model):
+    model, expected = mlp_model
+    x = np.random.default_rng(2).normal(size=(3, 8)).astype(np.float32)
+    with pytest.warns(HeteroWarning, match=r"1/6 nodes on reference: Atan×1"):
+        session = hetero.Session(model, backends=["cpu"])
+    placed = {p.name: p for p in session.placement.nodes}
+    assert placed["atan"].backend == "reference" and placed["atan"].fallback
+    assert "no cpu kernel for Atan" in placed["atan"].refusals["cpu"]
+    assert all(p.backend == "cpu" for n, p in placed.items() if n != "atan")
+    np.testing.assert_allclose(session.run({"x": x})["y"], expected(x), rtol=1e-5, atol=1e-6)
+    text = session.explain()
+    assert "atan" in text and "reference (fallback)" in text and "no cpu kernel for Atan" in text
+    assert "copies: none" in text  # cpu and reference share host memory
+
+
+def test_on_fallback_error_names_the_node(require_cpu, mlp_model):
+    model, _ = mlp_model
+    with pytest.raises(FallbackError, match=r"atan \(Atan\) -> reference: cpu: no cpu kernel for Atan"):
+        hetero.Session(model, backends=["cpu"], on_fallback="error")
+
+
+def test_cpu_only_model_with_on_fallback_error(require_cpu):
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(8, 4)).astype(np.float32)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        [("x", TensorProto.FLOAT, ["N", 8])], [("y", TensorProto.FLOAT, ["N", 4])], [("w", w)],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        session = hetero.Session(model, backends=["cpu"], on_fallback="error")
+    x = rng.normal(size=(6, 8)).astype(np.float32)
+    np.testing.assert_allclose(session.run({"x": x})["y"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_silent_fallback_does_not_warn(require_cpu, mlp_model):
+    model, _ = mlp_model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hetero.Session(model, backends=["cpu"], on_fallback="silent")
+
+
+def test_dynamic_batch_reprepares(mlp_model):
+    model, expected = mlp_model
+    session = hetero.Session(model, backends=["reference"])
+    for batch in (1, 4, 2):
+        x = np.random.default_rng(batch).normal(size=(batch, 8)).astype(np.float32)
+        np.testing.assert_allclose(session.run({"x": x})["y"], expected(x), rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_backend_is_an_error(mlp_model):
+    model, _ = mlp_model
+    with pytest.raises(BackendUnavailable, match="warp-drive: not installed"):
+        hetero.Session(model, backends=["warp-drive"])
+
+
+def test_bad_on_fallback_value(mlp_model):
+    model, _ = mlp_model
+    with pytest.raises(HeteroError, match="on_fallback"):
+        hetero.Session(model, backends=["reference"], on_fallback="sometimes")
+
+
+def test_input_errors(mlp_model):
+    model, _ = mlp_model
+    session = hetero.Session(model, backends=["reference"])
+    good = np.zeros((2, 8), np.float32)
+    with pytest.raises(InputError, match="missing input 'x'"):
+        session.run({})
+    with pytest.raises(InputError, match="unknown input"):
+        session.run({"x": good, "z": good})
+    with pytest.raises(InputError, match="dtype float64"):
+        session.run({"x": good.astype(np.float64)})
+    with pytest.raises(InputError, match="dim 1 must be 8"):
+        session.run({"x": np.zeros((2, 7), np.float32)})
+    with pytest.raises(InputError, match="expects rank 2"):
+        session.run({"x": np.zeros(8, np.float32)})
+    with pytest.raises(InputError, match="not an output"):
+        session.run({"x": good}, outputs=["h0"])
+
+
+def test_shape_op_chain_folds_to_constants():
+    # Shape -> Gather -> Unsqueeze -> Concat feeding Reshape: with static shapes, it all folds at load.
+    model = make_model(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Reshape", ["x", "s"], ["y"]),
+        ],
+        [("x", TensorProto.FLOAT, [2, 3])], [("y", TensorProto.FLOAT, [2, 3])],
+    )
+    session = hetero.Session(model, backends=["reference"])
+    assert [n.op_type for n in session.graph.nodes] == ["Reshape"]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(session.run({"x": x})["y"], x)
+
+
+def test_tensor_numpy_and_dlpack_roundtrip():
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    tensor = hetero.Tensor.from_numpy(array)
+    assert tensor.shape == (3, 4) and str(tensor.dtype) == "float32"
+    back = np.from_dlpack(tensor)
+    assert np.shares_memory(back, array)
+    again = hetero.Tensor.from_dlpack(array)
+    np.testing.assert_array_equal(again.numpy(), array)
