@@ -168,7 +168,11 @@ class HostMemory:
         assert info.shape is not None and info.is_static, info
         if info.dtype.np_dtype is None:
             raise BackendError(f"host tensors of {info.dtype} need a backend that knows its layout")
-        return Tensor(np.empty(info.shape, dtype=info.dtype.np_dtype), info.shape, info.dtype, self)  # type: ignore[arg-type]
+        try:
+            array = np.empty(info.shape, dtype=info.dtype.np_dtype)  # type: ignore[arg-type]
+        except (MemoryError, ValueError) as exc:
+            raise BackendError(f"cannot allocate a {info} tensor on the host: {exc}") from exc
+        return Tensor(array, info.shape, info.dtype, self)  # type: ignore[arg-type]
 
     def upload(self, array: np.ndarray, kind: str = "arena") -> Tensor:
         array = np.asarray(array)

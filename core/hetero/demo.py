@@ -86,6 +86,23 @@ def run_demo(batch: int = 4, repeats: int = 20, backends: list[str] | None = Non
         out(session.explain())
         out(f"load {load_ms:.1f} ms; run median {statistics.median(times):.3f} ms over {repeats} runs "
             f"(first {times[0]:.3f} ms); max |diff| vs reference {err:.2e} {'OK' if ok else 'MISMATCH'}")
-        top = probs.argmax(axis=1).tolist()
-        out(f"predicted classes: {top}")
+    ort_ms = _onnxruntime_median_ms(model, image, repeats)
+    if ort_ms is not None:
+        out(f"\nonnxruntime (CPU provider, same model and input): run median {ort_ms:.3f} ms")
     return 1 if failures else 0
+
+
+def _onnxruntime_median_ms(model: Any, image: np.ndarray, repeats: int) -> float | None:
+    """A peer for scale, when onnxruntime is installed (it is a test dependency, not a runtime one)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session.run(None, {"image": image})
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        session.run(None, {"image": image})
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)

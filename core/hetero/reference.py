@@ -26,6 +26,7 @@ class ReferenceKernel:
         self.node = node.node
         self.opset = node.opset
         self.schema = registry.get(node.domain, node.op_type)
+        self.state: dict[str, Any] | None = {} if self.schema.stateful else None
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         pass
@@ -33,7 +34,7 @@ class ReferenceKernel:
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor], run_subgraph: Any = None) -> None:
         values = [None if t is None else t.numpy() for t in inputs]
         infos = [None if t is None else t.info for t in inputs]
-        results = self.schema.reference(OpContext(self.node, infos, values, self.opset, run_subgraph))
+        results = self.schema.reference(OpContext(self.node, infos, values, self.opset, run_subgraph, self.state))
         for out, result in zip(outputs, results, strict=False):
             result = np.asarray(result)
             if result.shape != out.shape:

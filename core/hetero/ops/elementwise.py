@@ -207,3 +207,19 @@ def where(ctx: OpContext) -> list[np.ndarray]:
     """Select x where the condition holds, else y."""
     cond, x, y = ctx.values
     return [np.where(cond, x, y).astype(x.dtype)]
+
+
+@op("IsInf", infer=with_dtype(dtypes.bool_))
+def is_inf(ctx: OpContext) -> list[np.ndarray]:
+    """True where the input is +inf (detect_positive) or -inf (detect_negative)."""
+    x = ctx.values[0]
+    pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
+    return [(np.isposinf(x) & bool(pos)) | (np.isneginf(x) & bool(neg))]
+
+
+@op("BitShift", infer=broadcast_infer())
+def bit_shift(ctx: OpContext) -> list[np.ndarray]:
+    """Shift unsigned integers left or right by the (broadcast) amounts."""
+    x, y = ctx.values[0], ctx.values[1]
+    shift = np.left_shift if ctx.attr("direction") == "LEFT" else np.right_shift
+    return [shift(x, y.astype(x.dtype)).astype(x.dtype)]

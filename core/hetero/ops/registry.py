@@ -26,7 +26,7 @@ _REQUIRED = object()
 class OpContext:
     """What an op's ``infer`` or ``reference`` sees of one node: attributes, input infos and known input values."""
 
-    __slots__ = ("inputs", "node", "opset", "run_subgraph", "values")
+    __slots__ = ("inputs", "node", "opset", "run_subgraph", "state", "values")
 
     def __init__(
         self,
@@ -35,6 +35,7 @@ class OpContext:
         values: Sequence[np.ndarray | None],
         opset: int,
         run_subgraph: Callable[..., list[np.ndarray]] | None = None,
+        state: dict[str, Any] | None = None,
     ) -> None:
         self.node = node
         self.inputs = list(inputs)
@@ -42,6 +43,9 @@ class OpContext:
         self.opset = opset
         # Executes a subgraph attribute (If/Loop/Scan): run_subgraph(graph, feeds: dict) -> outputs.
         self.run_subgraph = run_subgraph
+        # Stateful ops (an attention layer's KV cache, a recurrent state) keep it here, one dict per node and
+        # session; positions are explicit inputs, so rolling back is passing an earlier position.
+        self.state = state
 
     def attr(self, name: str, default: Any = _REQUIRED) -> Any:
         if name in self.node.attrs:
@@ -75,8 +79,10 @@ class OpSchema:
     value_inputs: tuple[int, ...] = ()
     # Output shapes depend on the *data* (NonZero, Unique): shapes are only known after running.
     data_dependent: bool = False
-    # Ops whose result changes from one call to the next (random ops) are never constant-folded.
+    # Ops whose result changes from one call to the next (random ops, stateful ops) are never constant-folded.
     nondeterministic: bool = False
+    # Ops that keep state between runs (KV caches): ``ctx.state`` is a per-node dict that lives as long as the kernel.
+    stateful: bool = False
     doc: str = ""
 
 
@@ -99,14 +105,15 @@ def op(
     value_inputs: tuple[int, ...] = (),
     data_dependent: bool = False,
     nondeterministic: bool = False,
+    stateful: bool = False,
 ) -> Callable[[ReferenceFn], ReferenceFn]:
     """Decorator form: ``@op("Relu", infer=same_as_input(0))`` above the reference implementation."""
 
     def wrap(reference: ReferenceFn) -> ReferenceFn:
         register(
             OpSchema(
-                name, infer, reference, domain, value_inputs, data_dependent, nondeterministic,
-                doc=(reference.__doc__ or "").strip(),
+                name, infer, reference, domain, value_inputs, data_dependent, nondeterministic or stateful,
+                stateful, doc=(reference.__doc__ or "").strip(),
             )
         )
         return reference

@@ -579,11 +579,12 @@ def depth_to_space(ctx: OpContext) -> list[np.ndarray]:
 
 @op("SpaceToDepth", infer=_d2s_infer)
 def space_to_depth(ctx: OpContext) -> list[np.ndarray]:
-    """Move spatial blocks into channels (the inverse of DepthToSpace in DCR mode)."""
+    """Move spatial blocks into channels (the inverse of DepthToSpace in the same mode)."""
     x = ctx.values[0]
     b = ctx.attr("blocksize")
     n, c, h, w = x.shape
-    t = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    t = x.reshape(n, c, h // b, b, w // b, b)
+    t = t.transpose(0, 3, 5, 1, 2, 4) if ctx.attr("mode", "DCR") == "DCR" else t.transpose(0, 1, 3, 5, 2, 4)
     return [t.reshape(n, c * b * b, h // b, w // b)]
 
 

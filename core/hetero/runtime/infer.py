@@ -19,6 +19,8 @@ from ..tensor import TensorInfo
 
 # Constant folding evaluates with the numpy reference; keep results that would bloat the model out of it.
 FOLD_LIMIT_BYTES = 64 << 20
+# Ops whose outputs depend on their inputs' shapes alone: they fold as soon as those shapes are static.
+SHAPE_ONLY_OPS = {("", "Shape"), ("", "Size")}
 
 
 def info_of(array: np.ndarray) -> TensorInfo:
@@ -76,27 +78,45 @@ def fold_and_infer(graph: Graph, fold: bool = True) -> None:
             if name and info is None:
                 raise ShapeError(f"{node.label()}: input {name!r} has no known type")
         values = [known.get(n) if n else None for n in node.inputs]
-        foldable = (
-            fold
-            and not schema.nondeterministic
-            and not _has_subgraph(node)
-            and all(v is not None or not n for v, n in zip(values, node.inputs, strict=True))
-        )
-        if foldable:
+        if node.op_key in SHAPE_ONLY_OPS:
+            values = [_placeholder(i) if v is None and i is not None and i.is_static else v
+                      for v, i in zip(values, infos, strict=True)]
+        out_infos = infer_node(schema, node, infos, values, opset)
+        if fold and _foldable(schema, node, values, out_infos):
             outs = evaluate_node(schema, node, values, opset, run_subgraph=run_graph)
-            if sum(o.nbytes for o in outs) <= FOLD_LIMIT_BYTES:
-                for name, array in zip(node.outputs, outs, strict=False):
-                    if name:
-                        known[name] = array
-                        graph.initializers[name] = array
-                        graph.values[name] = info_of(array)
-                continue
-        for name, info in zip(node.outputs, infer_node(schema, node, infos, values, opset), strict=True):
+            for name, array in zip(node.outputs, outs, strict=False):
+                if name:
+                    known[name] = array
+                    graph.initializers[name] = array
+                    graph.values[name] = info_of(array)
+            continue
+        for name, info in zip(node.outputs, out_infos, strict=True):
             if name:
                 graph.values[name] = info
         kept.append(node)
     graph.nodes = kept
     prune(graph)
+
+
+def _placeholder(info: TensorInfo) -> np.ndarray | None:
+    """A zero-memory array of the right shape, standing in for a value only its shape matters for."""
+    if info.dtype.np_dtype is None:
+        return None
+    return np.broadcast_to(np.zeros((), info.dtype.np_dtype), info.shape)  # type: ignore[arg-type]
+
+
+def _foldable(schema: OpSchema, node: Node, values: list[np.ndarray | None], outs: list[TensorInfo]) -> bool:
+    """All inputs known, deterministic, no subgraph, and a result small enough to keep (checked before computing)."""
+    if schema.nondeterministic or _has_subgraph(node):
+        return False
+    if any(v is None and n for v, n in zip(values, node.inputs, strict=True)):
+        return False
+    total = 0
+    for info in outs:
+        if not info.is_static or info.dtype.np_dtype is None:
+            return bool(schema.data_dependent)  # data-dependent shapes are only known by running
+        total += info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
+    return total <= FOLD_LIMIT_BYTES
 
 
 def prune(graph: Graph) -> None:

@@ -19,11 +19,13 @@ from .. import dtypes
 from ..backend import Backend, Compiled, Kernel, NodeInfo
 from ..errors import FallbackError, HeteroError, HeteroWarning, InputError
 from ..frontends import load
+from ..ir import passes
 from ..ir.graph import Graph, Node, free_names
 from ..ops import registry
 from ..ops.registry import OpSchema
 from ..tensor import Tensor, TensorInfo
 from .infer import fold_and_infer, infer_node
+from .memory import ArenaPlan, Lifetime, plan_arena
 from .partition import Placement, partition
 from .selection import select
 
@@ -43,6 +45,8 @@ class _Step:
     outer: list[str] = field(default_factory=list)  # outer-scope names read by subgraph attributes
     key: Any = None
     out_infos: list[TensorInfo] = field(default_factory=list)
+    # Outputs that live in the arena are the same views every planned run: made once, reused (None: allocate).
+    arena_outs: list[Tensor | None] | None = None
 
 
 class Session:
@@ -51,6 +55,7 @@ class Session:
     backends: names in preference order (``"opencl:1"`` picks a device); default ``HETERO_BACKENDS`` or every working
     backend. Nodes no listed backend supports fall back to ``cpu``, then to the numpy ``reference``.
     on_fallback: "warn" (one summary warning), "error" (raise ``FallbackError``) or "silent".
+    optimize: run the graph passes (no-op removal, Conv+BatchNorm folding, activation and bias fusion).
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class Session:
         on_fallback: str = "warn",
         *,
         threads: int | None = None,
+        optimize: bool = True,
         options: dict[str, Any] | None = None,
     ) -> None:
         if on_fallback not in ON_FALLBACK:
@@ -72,6 +78,10 @@ class Session:
         started = time.perf_counter()
         self.graph: Graph = load(model)
         fold_and_infer(self.graph)
+        self.rewrites: dict[str, int] = {}
+        if optimize:
+            self.rewrites = passes.optimize(self.graph)
+            fold_and_infer(self.graph)  # infer the fused nodes, drop weights the rewrites orphaned
         selection = select(backends, options)
         self.backends = selection.backends
         self._by_name = {b.name: b for b in self.backends}
@@ -81,6 +91,11 @@ class Session:
         self._steps = self._build_steps()
         self._weights: dict[tuple[str, str], Tensor] = {}
         self._last_use = self._liveness()
+        self._graph_outputs = set(self.graph.outputs)
+        # Intermediates of host backends live in one arena, planned from the first run of each input signature.
+        self.memory_plan: ArenaPlan | None = None
+        self._plan_signature: Any = None
+        self._arena: np.ndarray | None = None
         self.load_seconds = time.perf_counter() - started
 
     # -- construction --------------------------------------------------------------------------------------------
@@ -184,17 +199,53 @@ class Session:
                 raise InputError(f"{name!r} is not an output of the model; outputs: {self.graph.outputs}")
         env: dict[str, Tensor] = self._bind_inputs(feeds)
         copies: dict[tuple[str, str], Tensor] = {}
+        signature = tuple((name, env[name].shape) for name in self.graph.inputs)
+        planned = signature == self._plan_signature
+        lifetimes: list[Lifetime] | None = None if planned else []
         for index, step in enumerate(self._steps):
             ins = [self._fetch(env, copies, name, step.backend) if name else None for name in step.inputs]
             if step.compiled is not None:
                 results = step.compiled({n: t for n, t in zip(step.inputs, ins, strict=True) if t is not None})
                 env.update(results)
             else:
-                self._run_kernel(step, ins, env)
+                self._run_kernel(step, ins, env, planned)
+                if lifetimes is not None:
+                    self._record(lifetimes, index, step, env)
             self._release(env, copies, index)
+        if lifetimes is not None:
+            self._plan(signature, lifetimes)
         return {name: self._output(env, name) for name in wanted}
 
-    def _run_kernel(self, step: _Step, ins: list[Tensor | None], env: dict[str, Tensor]) -> None:
+    def _record(self, lifetimes: list[Lifetime], index: int, step: _Step, env: dict[str, Tensor]) -> None:
+        if step.backend.memory_domain != "host":
+            return
+        for name in step.outputs:
+            tensor = env.get(name)
+            if name and tensor is not None and name not in self._graph_outputs and tensor.dtype.np_dtype is not None:
+                nbytes = tensor.dtype.nbytes(tensor.size)
+                lifetimes.append(Lifetime(name, nbytes, index, self._last_use.get(name, index)))
+
+    def _plan(self, signature: Any, lifetimes: list[Lifetime]) -> None:
+        self.memory_plan = plan_arena(lifetimes)
+        self._plan_signature = signature
+        self._arena = np.empty(self.memory_plan.arena_bytes, dtype=np.uint8)
+        for step in self._steps:
+            step.arena_outs = None
+
+    def _arena_view(self, step: _Step, name: str, info: TensorInfo) -> Tensor | None:
+        """The arena slice planned for ``name``, or None when it has no slot or its size changed since planning."""
+        plan = self.memory_plan
+        if plan is None or name not in plan.offsets or step.backend.memory_domain != "host":
+            return None
+        np_dtype = info.dtype.np_dtype
+        nbytes = info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
+        if np_dtype is None or nbytes != plan.sizes[name]:
+            return None
+        offset = plan.offsets[name]
+        view = self._arena[offset:offset + nbytes].view(np_dtype).reshape(info.shape)  # type: ignore[index]
+        return Tensor(view, info.shape, info.dtype, step.backend)  # type: ignore[arg-type]
+
+    def _run_kernel(self, step: _Step, ins: list[Tensor | None], env: dict[str, Tensor], planned: bool) -> None:
         assert step.node is not None and step.schema is not None and step.kernel is not None
         schema = step.schema
         key = tuple(None if t is None else t.shape for t in ins)
@@ -212,7 +263,15 @@ class Session:
             step.out_infos = infer_node(schema, step.node, infos, values, step.opset)
             step.kernel.prepare(infos, step.out_infos)
             step.key = key
-        outs = [step.backend.empty(info) for info in step.out_infos]
+            step.arena_outs = None
+        if planned:
+            if step.arena_outs is None:
+                step.arena_outs = [self._arena_view(step, name, info) for name, info in
+                                   zip(step.outputs, step.out_infos, strict=False)]
+            outs = [t if t is not None else step.backend.empty(info)
+                    for t, info in zip(step.arena_outs, step.out_infos, strict=True)]
+        else:
+            outs = [step.backend.empty(info) for info in step.out_infos]
         if step.outer:
             from .evaluate import run_graph
 

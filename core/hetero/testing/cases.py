@@ -77,7 +77,8 @@ def _unary(op: str, low: float = -3.0, high: float = 3.0, **attrs: Any) -> list[
 
 def _binary(op: str, dtype: str = "float32", low: float = -3.0, high: float = 3.0) -> list[Case]:
     pairs = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1))]  # same shape, trailing, both ways
-    return [Case(op, (x(*a, dtype=dtype, low=low, high=high), x(*b, dtype=dtype, low=low, high=high))) for a, b in pairs]
+    return [Case(op, (x(*a, dtype=dtype, low=low, high=high), x(*b, dtype=dtype, low=low, high=high)))
+            for a, b in pairs]
 
 
 CASES: tuple[Case, ...] = (

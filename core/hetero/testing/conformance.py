@@ -128,8 +128,14 @@ class Check:
         except CheckFailed as exc:
             return Result(ctx.name, self.name, FAIL, str(exc))
         except Exception as exc:  # the backend's own exception is the finding
-            return Result(ctx.name, self.name, FAIL, f"raised {type(exc).__name__}: {exc}")
+            return Result(ctx.name, self.name, FAIL, _shorten(f"raised {type(exc).__name__}: {exc}"))
         return Result(ctx.name, self.name, PASS, note or "")
+
+
+def _shorten(text: str, limit: int = 400) -> str:
+    # Exceptions from native code may embed whole arrays; one result line should stay readable.
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 5] + " ..."
 
 
 # -- contract checks ---------------------------------------------------------------------------------------------
@@ -314,17 +320,16 @@ def compare(got: np.ndarray, want: np.ndarray) -> str:
     if got.shape != want.shape:
         return f"shape {list(got.shape)}, expected {list(want.shape)}"
     rtol, atol = TOLERANCE.get(str(want.dtype), (0.0, 0.0))
-    if want.dtype.kind == "f":
-        bad = ~np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
-    else:
-        bad = got != want
+    floating = want.dtype.kind == "f"
+    bad = ~np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True) if floating else got != want
     if not bad.any():
         return ""
     first = tuple(int(i) for i in np.argwhere(bad)[0])
     where = f" at {list(first)}" if first else ""
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    worst = np.max(np.where(np.isnan(diff), np.inf, diff)[bad])  # a NaN where a number belongs counts as inf
     return (
-        f"{int(bad.sum())}/{bad.size} values differ, max abs error {np.nanmax(diff):.3g}; first{where}: "
+        f"{int(bad.sum())}/{bad.size} values differ, max abs error {worst:.3g}; first{where}: "
         f"got {got[first]!r}, expected {want[first]!r} (rtol {rtol}, atol {atol})"
     )
 

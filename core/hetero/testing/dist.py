@@ -8,6 +8,9 @@ into a temporary folder and puts that folder on ``sys.path`` (or ``PYTHONPATH`` 
                              {"mybackend": "hetero_mybackend"})
     monkeypatch.syspath_prepend(str(site))
     hetero.plugins.reload()
+
+``plugin_site`` does the bookkeeping around that (sys.path, the ``HETERO_*`` variables, forgetting the modules and
+rediscovering on exit), so that no test leaves its plugins behind for the next one.
 """
 
 from __future__ import annotations
@@ -15,10 +18,20 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from .. import plugins
 from ..plugins import ENTRY_POINT_GROUP
+
+if TYPE_CHECKING:
+    import pytest
+
+HETERO_VARIABLES = ("HETERO_PLUGINS", "HETERO_BACKENDS")
 
 
 def make_distribution(
@@ -38,9 +51,10 @@ def make_distribution(
     """
     root = Path(tmp_path)
     for relative, source in modules.items():
-        path = root / relative
-        if path.suffix != ".py" or path.is_absolute() or ".." in path.parts:
+        rel = Path(relative)
+        if rel.suffix != ".py" or rel.is_absolute() or ".." in rel.parts:
             raise ValueError(f"module path {relative!r} must be a relative .py path")
+        path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(source).lstrip("\n"), encoding="utf-8")
 
@@ -66,3 +80,54 @@ def _normalize(name: str) -> str:
 
 def _top_level(modules: dict[str, str]) -> set[str]:
     return {Path(relative).parts[0].removesuffix(".py") for relative in modules}
+
+
+class Site:
+    """A folder of throwaway distributions on sys.path; made by ``plugin_site``."""
+
+    def __init__(self, root: Path, patch: pytest.MonkeyPatch) -> None:
+        self.root = root
+        self._patch = patch
+
+    def add(self, name: str, modules: dict[str, str], entry_points: dict[str, str], **kwargs: str) -> Path:
+        return make_distribution(self.root, name, modules, entry_points, **kwargs)
+
+    def setenv(self, name: str, value: str) -> None:
+        """Set a variable for this site's lifetime (HETERO_PLUGINS, HETERO_BACKENDS, a plugin's own)."""
+        self._patch.setenv(name, value)
+
+    def reload(self) -> plugins.Registry:
+        return plugins.reload()
+
+    def subprocess_env(self) -> dict[str, str]:
+        """The environment for a child Python that should see this site's distributions."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.root), env.get("PYTHONPATH", "")) if p)
+        return env
+
+
+@contextmanager
+def plugin_site(tmp_path: Path) -> Iterator[Site]:
+    """A ``Site`` under ``tmp_path``; on exit sys.path and the variables are restored, its modules forgotten and
+    plugins rediscovered, so the next test sees the installed plugins only."""
+    import pytest  # only this helper needs it: make_distribution works without pytest
+
+    root = Path(tmp_path) / "site"
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            for name in HETERO_VARIABLES:
+                patch.delenv(name, raising=False)
+            patch.syspath_prepend(str(root))
+            yield Site(root, patch)
+    finally:
+        _forget_modules(root)
+        importlib.invalidate_caches()
+        plugins.reload()
+
+
+def _forget_modules(root: Path) -> None:
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if origin and Path(origin).is_relative_to(root):
+            del sys.modules[name]

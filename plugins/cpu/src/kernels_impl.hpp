@@ -439,6 +439,9 @@ inline void smallm_t(i64 k, const float* a, i64 lda, const float* panel, float* 
   i64 p = 0;
   // Two k steps per iteration into separate accumulators: hides FMA latency when MROWS is 1.
   for (; p + 2 <= k; p += 2) {
+    // Panels are streamed once from memory: prefetch ~2 KB ahead so several lines are in flight.
+    __builtin_prefetch(panel + (p + 16) * ld, 0, 0);
+    if (ld > 16) __builtin_prefetch(panel + (p + 16) * ld + 16, 0, 0);
     for (int s = 0; s < 2; ++s) {
       const float* bp = panel + (p + s) * ld;
       for (int v = 0; v < NRV; ++v) {

@@ -10,4 +10,5 @@ KERNELS = {
     **movement.KERNELS,
     ("", "MatMul"): matmul.CpuMatMul,
     ("", "Gemm"): matmul.CpuGemm,
+    ("hetero", "FusedMatMul"): matmul.CpuFusedMatMul,
 }

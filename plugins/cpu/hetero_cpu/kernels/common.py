@@ -40,3 +40,33 @@ class CpuKernel:
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         raise NotImplementedError
+
+
+# Fused-activation attribute (hetero.ops.fused) -> (native unary op, alpha from attribute/default, beta likewise)
+_FUSED_ACTIVATIONS = {
+    "Relu": ("relu", None, 0.0, None, 0.0),
+    "Clip": ("clip", "activation_min", float("-inf"), "activation_max", float("inf")),
+    "Sigmoid": ("sigmoid", None, 0.0, None, 0.0),
+    "Tanh": ("tanh", None, 0.0, None, 0.0),
+    "LeakyRelu": ("leaky_relu", "activation_alpha", 0.01, None, 0.0),
+    "HardSigmoid": ("hard_sigmoid", "activation_alpha", 0.2, "activation_beta", 0.5),
+    "HardSwish": ("hard_swish", None, 0.0, None, 0.0),
+    "Silu": ("silu", None, 0.0, None, 0.0),
+}
+
+
+def fused_activation(attrs: dict) -> tuple[str, float, float]:
+    """The native (op, alpha, beta) of a fused node's ``activation`` attribute; ("none", 0, 0) without one."""
+    name = attrs.get("activation", "")
+    if not name:
+        return "none", 0.0, 0.0
+    op, alpha_key, alpha, beta_key, beta = _FUSED_ACTIVATIONS[name]
+    return (op, float(attrs.get(alpha_key, alpha)) if alpha_key else alpha,
+            float(attrs.get(beta_key, beta)) if beta_key else beta)
+
+
+def fused_activation_known(node: NodeInfo) -> Support:
+    name = node.attr("activation", "")
+    if name and name not in _FUSED_ACTIVATIONS:
+        return unsupported(f"fused activation {name}")
+    return SUPPORTED

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.backend import NodeInfo, Support
+from hetero.backend import NodeInfo, Support, unsupported
 from hetero.tensor import Tensor, TensorInfo
 
 from .. import _native
-from .common import CpuKernel, float32_only
+from .common import CpuKernel, float32_only, fused_activation, fused_activation_known
 
 
 class CpuMatMul(CpuKernel):
@@ -62,6 +62,41 @@ def _batched(x: np.ndarray, batch: tuple[int, ...], count: int, rows: int, cols:
     if x.shape[:-2] == batch:
         return np.ascontiguousarray(x).reshape(count, rows, cols)
     return np.ascontiguousarray(np.broadcast_to(x, (*batch, rows, cols))).reshape(count, rows, cols)
+
+
+class CpuFusedMatMul(CpuMatMul):
+    """MatMul by a packed constant weight with the bias in the GEMM epilogue, then the activation in place."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if 1 not in node.constants:
+            return unsupported("FusedMatMul with weights computed at run time")
+        verdict = float32_only(node)
+        return fused_activation_known(node) if verdict else verdict
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        bias = node.constants.get(2)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        self.activation = fused_activation(self.node.attrs)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        a = inputs[0].numpy()  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        bias = self.bias
+        if bias is None and len(inputs) > 2 and inputs[2] is not None:
+            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
+        n = self.packed.n  # type: ignore[union-attr]
+        flat = out.reshape(-1, n)
+        if a.size == 0:
+            flat[...] = 0 if bias is None else bias
+        else:
+            _native.gemm_packed(np.ascontiguousarray(a).reshape(-1, a.shape[-1]), self.packed, flat, bias=bias)
+        act, alpha, beta = self.activation
+        if act != "none":
+            _native.unary(act, flat, flat, alpha, beta)
 
 
 class CpuGemm(CpuKernel):

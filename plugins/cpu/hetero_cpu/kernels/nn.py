@@ -10,7 +10,7 @@ from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
 from hetero.tensor import Tensor, TensorInfo
 
 from .. import _native
-from .common import CpuKernel, float32_only
+from .common import CpuKernel, float32_only, fused_activation, fused_activation_known
 
 
 def _rows(shape: Sequence[int], axis: int) -> tuple[int, int]:
@@ -116,7 +116,7 @@ class CpuConv(CpuKernel):
             return verdict
         if 1 not in node.constants:
             return unsupported("Conv with weights computed at run time (cpu packs constant weights)")
-        return SUPPORTED
+        return fused_activation_known(node)
 
     def __init__(self, node: NodeInfo) -> None:
         super().__init__(node)
@@ -128,6 +128,7 @@ class CpuConv(CpuKernel):
         self.packed = _native.prepack_conv(weight, self.group)
         bias = node.constants.get(2)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        self.activation = fused_activation(self.node.attrs)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         spatial = inputs[0].shape[2:]  # type: ignore[index]
@@ -141,8 +142,10 @@ class CpuConv(CpuKernel):
         if bias is None and len(inputs) > 2 and inputs[2] is not None:
             bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
         x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        act, alpha, beta = self.activation
         _native.conv2d_packed(x, self.packed, bias, out, strides=self.strides, pads=self.pads,
-                              dilations=self.dilations, group=self.group, activation="none")
+                              dilations=self.dilations, activation=act, activation_alpha=alpha,
+                              activation_beta=beta)
 
 
 class CpuPool(CpuKernel):
@@ -235,6 +238,7 @@ KERNELS = {
     ("", "LogSoftmax"): CpuSoftmax,
     ("", "LayerNormalization"): CpuLayerNorm,
     ("", "Conv"): CpuConv,
+    ("hetero", "FusedConv"): CpuConv,
     ("", "MaxPool"): CpuPool,
     ("", "AveragePool"): CpuAvgPool,
     ("", "GlobalAveragePool"): CpuGlobalAvgPool,

@@ -1,0 +1,132 @@
+"""GFLOP/s of hetero's native CPU matmul against numpy (BLAS), as a markdown table.
+
+Shapes (M x K x N): 1x1024x4096 (decode GEMV: one token through a 1024 -> 4096 projection) and 512x1024x1024
+(prefill-sized GEMM), each at 1 and 2 threads, with B packed ahead of time (weights: ``pack_b`` once, then
+``gemm_packed``) and unpacked (``gemm`` packs B inside the call). Times are medians of interleaved runs, so
+background load hits both sides alike; the ratio column is hetero / numpy.
+
+Each thread count runs in a fresh subprocess with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS /
+HETERO_NUM_THREADS set, because BLAS libraries read their thread count at load time.
+
+Fair comparison: some environments export OPENBLAS_CORETYPE (e.g. to pin an older kernel for reproducibility),
+which makes numpy's OpenBLAS run a slower code path than the CPU supports. Unset it before running:
+
+    env -u OPENBLAS_CORETYPE python benchmarks/matmul.py
+
+(the script warns when it is set). Run on a quiet machine; the numbers in a shared session are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SHAPES = [(1, 1024, 4096), (512, 1024, 1024)]
+
+
+def _time_interleaved(fns: dict, reps: int, min_time: float) -> dict:
+    """Median seconds per call of each function, alternating between them every repetition."""
+    import numpy as np  # noqa: F401  (loaded before timing)
+
+    inner = {}
+    for name, fn in fns.items():
+        fn()  # warm-up: packing buffers, thread pool, page faults
+        t0 = time.perf_counter()
+        fn()
+        dt = max(time.perf_counter() - t0, 1e-7)
+        inner[name] = max(1, int(min_time / dt))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            n = inner[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / n)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def worker(threads: int, reps: int) -> list[dict]:
+    import numpy as np
+
+    from hetero_cpu import _native
+
+    _native.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    for m, k, n in SHAPES:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        out_h = np.empty((m, n), np.float32)
+        out_np = np.empty((m, n), np.float32)
+        packed = _native.pack_b(b)
+        fns = {
+            "numpy": lambda a=a, b=b, o=out_np: np.matmul(a, b, out=o),
+            "packed": lambda a=a, p=packed, o=out_h: _native.gemm_packed(a, p, o),
+            "unpacked": lambda a=a, b=b, o=out_h: _native.gemm(a, b, o),
+        }
+        med = _time_interleaved(fns, reps, min_time=0.02)
+        flops = 2.0 * m * k * n
+        for variant in ("packed", "unpacked"):
+            rows.append(
+                {
+                    "shape": f"{m}x{k}x{n}",
+                    "threads": threads,
+                    "variant": variant,
+                    "hetero": flops / med[variant] / 1e9,
+                    "numpy": flops / med["numpy"] / 1e9,
+                }
+            )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions per measurement")
+    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker is not None:
+        print(json.dumps(worker(args.worker, args.reps)))
+        return
+
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        print(
+            f"warning: OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} is set; numpy's BLAS may not use its best "
+            "kernel. Re-run with `env -u OPENBLAS_CORETYPE python benchmarks/matmul.py` for a fair comparison.\n",
+            file=sys.stderr,
+        )
+    rows = []
+    for t in (int(x) for x in args.threads.split(",")):
+        env = dict(os.environ)
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HETERO_NUM_THREADS"):
+            env[var] = str(t)
+        res = subprocess.run(
+            [sys.executable, __file__, "--worker", str(t), "--reps", str(args.reps)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        rows.extend(json.loads(res.stdout.strip().splitlines()[-1]))
+
+    from hetero_cpu import _native
+
+    print(f"hetero isa: {_native.isa()}  (numpy {__import__('numpy').__version__})\n")
+    print("| shape (MxKxN) | threads | B | hetero GFLOP/s | numpy GFLOP/s | hetero/numpy |")
+    print("|---|---:|---|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['shape']} | {r['threads']} | {r['variant']} | {r['hetero']:.1f} | {r['numpy']:.1f} | "
+            f"{r['hetero'] / r['numpy']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

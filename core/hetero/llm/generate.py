@@ -1,0 +1,118 @@
+"""The generation loop: sample, feed back, detokenize incrementally, stop on EOS, stop strings or the token limit.
+
+Text is emitted as it becomes final: a piece that ends inside a UTF-8 sequence, or that could be the start of a
+stop string, is held back until the next token decides it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .sampler import Sampler
+
+if TYPE_CHECKING:
+    from .model import Llm
+
+
+@dataclass
+class Generation:
+    """What the last ``generate``/``chat`` call produced."""
+
+    prompt_tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # generated ids (an EOS that ended it excluded)
+    text: str = ""
+    finish_reason: str = ""  # eos | stop | length | cancelled
+
+
+class StopMatcher:
+    """Finds stop strings in growing text and says how much of the text is safe to emit."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+
+    def find(self, text: str, start: int = 0) -> int:
+        """Index of the earliest stop string at or after ``start`` (looking back enough to catch overlaps), or -1."""
+        best = -1
+        for stop in self.stops:
+            i = text.find(stop, max(0, start - len(stop) + 1))
+            if i != -1 and (best == -1 or i < best):
+                best = i
+        return best
+
+    def safe_end(self, text: str) -> int:
+        """Length of the prefix of ``text`` that cannot turn into the start of a stop string."""
+        hold = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:k]):
+                    hold = max(hold, k)
+                    break
+        return len(text) - hold
+
+
+def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler, stop: Sequence[str],
+                    eos_ids: Sequence[int], record: Generation,
+                    decode: Callable[[list[int]], str]) -> Iterator[str]:
+    """Yield text pieces; closing the iterator stops generation and leaves the cache consistent."""
+    stats = llm.stats
+    matcher = StopMatcher(stop)
+    record.prompt_tokens = list(prompt_ids)
+    record.finish_reason = "cancelled"
+    eos = set(eos_ids)
+    logits = llm.prefill(prompt_ids)
+    history = list(prompt_ids)
+    emitted = 0  # characters of the decoded text already yielded
+    text = ""
+    decode_started = time.perf_counter()
+    try:
+        for _ in range(max_new_tokens):
+            token = sampler(logits[-1], history)
+            if token in eos:
+                record.finish_reason = "eos"
+                break
+            record.tokens.append(token)
+            history.append(token)
+            stats.generated_tokens += 1
+            text = decode(record.tokens)
+            hit = matcher.find(text, emitted)
+            if hit != -1:
+                text = text[:hit]
+                if hit > emitted:
+                    yield text[emitted:hit]
+                emitted = hit
+                record.finish_reason = "stop"
+                break
+            end = len(text) if not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
+            end = min(end, matcher.safe_end(text))
+            if end > emitted:
+                yield text[emitted:end]
+                emitted = end
+            if len(record.tokens) == max_new_tokens:
+                record.finish_reason = "length"
+                break
+            logits = llm.forward([token])
+        else:
+            record.finish_reason = "length"
+        if emitted < len(text):  # the held-back tail is final now
+            yield text[emitted:]
+            emitted = len(text)
+    finally:
+        stats.decode_seconds += time.perf_counter() - decode_started
+        record.text = text[:emitted] if record.finish_reason == "cancelled" else text
+
+
+def greedy_tokens(llm: Llm, prompt_ids: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt_ids`` (no EOS handling): the reference check against transformers."""
+    logits = llm.prefill(prompt_ids)
+    out: list[int] = []
+    for i in range(n):
+        token = int(np.argmax(logits[-1]))
+        out.append(token)
+        if i + 1 < n:
+            logits = llm.forward([token])
+    return out

@@ -1,0 +1,107 @@
+"""Choosing the next token from logits: penalties, then greedy or temperature + top-k / top-p / min-p sampling.
+
+Order (as transformers and llama.cpp apply them): repetition / presence / frequency penalties on the raw logits,
+temperature, top-k, top-p, min-p, then a draw from a seeded numpy Generator. temperature 0 means greedy.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import HeteroError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy (argmax)
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off; >1 discourages tokens already seen
+    presence_penalty: float = 0.0  # subtracted once from every seen token
+    frequency_penalty: float = 0.0  # subtracted per occurrence
+    penalty_last_n: int = 64  # how many recent tokens the penalties look at (0: all)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (self.penalty_last_n >= 0, "penalty_last_n must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise HeteroError(f"sampling: {message}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams | None = None) -> None:
+        self.params = params or SamplingParams()
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        return self.sample(logits, history)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """The next token from ``logits`` (``[vocab]``); ``history`` (prompt + generated ids) feeds the penalties."""
+        p = self.params
+        x = np.array(logits, dtype=np.float64).reshape(-1)
+        x = apply_penalties(x, history, p)
+        if p.greedy:
+            return int(np.argmax(x))
+        probs = filtered_probs(x, p)
+        return int(self.rng.choice(probs.size, p=probs))
+
+
+def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
+    if not history or (p.repetition_penalty == 1 and p.presence_penalty == 0 and p.frequency_penalty == 0):
+        return logits
+    recent = list(history)[-p.penalty_last_n:] if p.penalty_last_n else list(history)
+    counts = Counter(t for t in recent if 0 <= t < logits.size)
+    ids = np.fromiter(counts, dtype=np.int64)
+    n = np.fromiter(counts.values(), dtype=np.float64)
+    out = logits.copy()
+    seen = out[ids]
+    # Repetition penalty (CTRL): shrink positive logits, push negative ones further down.
+    seen = np.where(seen > 0, seen / p.repetition_penalty, seen * p.repetition_penalty)
+    out[ids] = seen - p.presence_penalty - p.frequency_penalty * n
+    return out
+
+
+def filtered_probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """Probabilities after temperature, top-k, top-p and min-p (float64, summing to 1)."""
+    x = logits / max(p.temperature, 1e-8)
+    keep = np.ones(x.size, dtype=bool)
+    if 0 < p.top_k < x.size:
+        kth = np.partition(x, -p.top_k)[-p.top_k]
+        keep &= x >= kth
+    probs = _softmax(np.where(keep, x, -np.inf))
+    if p.top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        # Keep the smallest prefix whose mass reaches top_p (always at least the most likely token).
+        cut = int(np.searchsorted(cumulative, p.top_p, side="left")) + 1
+        mask = np.zeros_like(keep)
+        mask[order[:cut]] = True
+        keep &= mask
+        probs = _softmax(np.where(keep, x, -np.inf))
+    if p.min_p > 0:
+        keep &= probs >= p.min_p * probs.max()
+        probs = _softmax(np.where(keep, x, -np.inf))
+    return probs
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x))
+    return e / e.sum()

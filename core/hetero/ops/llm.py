@@ -1,0 +1,380 @@
+"""LLM ops (domain ``hetero``): the decoder building blocks every model family is made of.
+
+These schemas are the contract for native kernels: each docstring states the inputs, attributes and layouts, and
+the numpy reference below it is the oracle kernels are tested against. Activations are float32. Sequences are 2-D
+``[T, hidden]`` (one sequence, no batch axis); per-head tensors are ``[T, heads, head_dim]``.
+
+Weights (``Embedding`` tables, ``QMatMul`` and ``MoE`` matrices) share three attributes:
+
+* ``wtype``: ``"f32"`` (float32), ``"f16"`` (float16), ``"bf16"`` (bfloat16 bit patterns in a uint16 array), or
+  hetero's block-quantized ``"q8"`` / ``"q4"`` (a uint8 array of blocks, layout in ``hetero.llm.quant``);
+* ``block_size`` (32, 64 or 128) and ``symmetric`` (1, or 0 for a per-block minimum): quantized types only.
+
+A float weight is ``[N, K]``; a quantized one is ``uint8[N, ceil(K / block_size) * block_bytes]``, K being read
+from the activation (or the ``dim`` attribute of ``Embedding``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import HeteroError
+from ..ir.graph import HETERO_DOMAIN
+from ..llm import quant
+from ..tensor import Dim, TensorInfo
+from .registry import OpContext, op
+from .shapes import input_info, same_as_input
+
+_FLOAT_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+
+
+# -- weights ---------------------------------------------------------------------------------------------------------
+def _format(ctx: OpContext) -> quant.QuantFormat | None:
+    try:
+        return quant.format_from_attrs(ctx.attr("wtype", "f32"), ctx.attr("block_size", 32), ctx.attr("symmetric", 1))
+    except HeteroError as exc:
+        raise ctx.fail(exc.message) from None
+
+
+def _check_weight(ctx: OpContext, index: int, k: Dim, what: str) -> None:
+    """Check a weight input's dtype and its last dim against K (the logical row length)."""
+    info = input_info(ctx, index)
+    wtype = ctx.attr("wtype", "f32")
+    fmt = _format(ctx)
+    want_dtype = dtypes.uint8 if fmt is not None else dtypes.from_numpy(_FLOAT_NP[wtype])
+    if info.dtype != want_dtype:
+        raise ctx.fail(f"{what} of wtype {wtype!r} must be {want_dtype}, got {info.dtype}")
+    if info.shape is None or k is None or info.shape[-1] is None:
+        return
+    want = fmt.row_bytes(k) if fmt is not None else k
+    if info.shape[-1] != want:
+        unit = "bytes" if fmt is not None else "elements"
+        raise ctx.fail(f"{what} rows hold {info.shape[-1]} {unit}; rows of {k} inputs need {want} {unit}")
+
+
+def _dense(ctx: OpContext, w: np.ndarray, k: int) -> np.ndarray:
+    return quant.weight_to_f32(w, ctx.attr("wtype", "f32"), k, _format(ctx))
+
+
+# -- Embedding -------------------------------------------------------------------------------------------------------
+def _embedding_infer(ctx: OpContext) -> list[TensorInfo]:
+    ids, table = input_info(ctx, 0), input_info(ctx, 1)
+    if ids.dtype not in (dtypes.int64, dtypes.int32):
+        raise ctx.fail(f"ids must be int64 or int32, got {ids.dtype}")
+    fmt = _format(ctx)
+    dim = ctx.attr("dim", None) if fmt is not None else (None if table.shape is None else table.shape[-1])
+    if fmt is not None and dim is None:
+        raise ctx.fail("a quantized table needs the 'dim' attribute (elements per row)")
+    _check_weight(ctx, 1, dim, "table")
+    shape = None if ids.shape is None else (*ids.shape, dim)
+    return [TensorInfo(dtypes.float32, shape)]
+
+
+@op("Embedding", domain=HETERO_DOMAIN, infer=_embedding_infer)
+def embedding(ctx: OpContext) -> list[np.ndarray]:
+    """Row lookup: out[..., :] = table[ids[...], :] as float32.
+
+    Inputs: ids (int64/int32, any shape), table (``[V, dim]`` float or quantized rows, see the module doc).
+    Attributes: ``wtype``, ``block_size``, ``symmetric``; ``dim`` (row length, required when quantized).
+    An id outside [0, V) is an error.
+    """
+    ids, table = ctx.values[0], ctx.values[1]
+    vocab = table.shape[0]
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        bad = int(ids[(ids < 0) | (ids >= vocab)].reshape(-1)[0])
+        raise HeteroError(f"{ctx.node.label()}: token id {bad} is outside the vocabulary [0, {vocab})")
+    dim = int(ctx.attr("dim", table.shape[-1]))
+    rows = table[ids.reshape(-1)]
+    return [_dense(ctx, rows, dim).reshape(*ids.shape, dim)]
+
+
+# -- RMSNorm ---------------------------------------------------------------------------------------------------------
+def _rmsnorm_infer(ctx: OpContext) -> list[TensorInfo]:
+    x, w = input_info(ctx, 0), input_info(ctx, 1)
+    if x.shape is not None and w.shape is not None and x.shape[-1] is not None and w.shape != (x.shape[-1],):
+        raise ctx.fail(f"weight {list(w.shape)} must be [{x.shape[-1]}], the last dim of x {list(x.shape)}")
+    return [x]
+
+
+@op("RMSNorm", domain=HETERO_DOMAIN, infer=_rmsnorm_infer)
+def rms_norm(ctx: OpContext) -> list[np.ndarray]:
+    """y = x / sqrt(mean(x², last axis) + epsilon) * (offset + weight).
+
+    Inputs: x (float32, any rank, normalised over its last axis), weight (float32 ``[D]``).
+    Attributes: ``epsilon`` (default 1e-6), ``offset`` (default 0.0; 1.0 for models that store weight - 1).
+    The mean of squares is accumulated in float32 or wider.
+    """
+    x, w = ctx.values[0], ctx.values[1]
+    eps, offset = float(ctx.attr("epsilon", 1e-6)), float(ctx.attr("offset", 0.0))
+    x64 = x.astype(np.float64)
+    inv = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
+    return [(x64 * inv).astype(np.float32) * (offset + w.astype(np.float32))]
+
+
+# -- RotaryEmbedding -------------------------------------------------------------------------------------------------
+def _heads_infer(ctx: OpContext) -> list[TensorInfo]:
+    x = input_info(ctx, 0)
+    if x.rank is not None and x.rank != 3:
+        raise ctx.fail(f"x must be [T, heads, head_dim], got rank {x.rank}")
+    _check_past_len(ctx, 1)
+    return [x]
+
+
+def _check_past_len(ctx: OpContext, index: int) -> None:
+    info = input_info(ctx, index)
+    if info.dtype != dtypes.int64 or (info.shape is not None and info.shape not in ((), (1,))):
+        raise ctx.fail(f"past_len must be an int64 scalar, got {info}")
+
+
+def rope_inv_freq(rotary_dim: int, attrs: dict) -> tuple[np.ndarray, float]:
+    """The rotation frequencies (float64 ``[rotary_dim / 2]``) and the cos/sin scale for the given attributes."""
+    theta = float(attrs.get("theta", 10000.0))
+    inv_freq = 1.0 / theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    scaling = attrs.get("scaling", "none")
+    factor = float(attrs.get("factor", 1.0))
+    if scaling in ("none", "default"):
+        return inv_freq, 1.0
+    if scaling == "linear":
+        return inv_freq / factor, 1.0
+    if scaling != "yarn":
+        raise HeteroError(f"rope scaling {scaling!r} is not supported (none, linear, yarn)")
+    # YaRN: dims that turn many times over the original context keep their frequency (extrapolate), dims that turn
+    # less than once are interpolated (divided by factor), with a linear ramp between the two wavelength bounds.
+    original = float(attrs.get("original_max_position", 4096))
+
+    def dim_for_turns(turns: float) -> float:
+        return rotary_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_for_turns(float(attrs.get("beta_fast", 32.0))), dim_for_turns(float(attrs.get("beta_slow", 1.0)))
+    if int(attrs.get("truncate", 1)):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if high == low:
+        high += 1e-3
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    keep = 1.0 - ramp  # 1: extrapolate (original frequency), 0: interpolate
+    inv_freq = inv_freq / factor * (1 - keep) + inv_freq * keep
+    return inv_freq, float(attrs.get("attention_factor", 1.0))
+
+
+@op("RotaryEmbedding", domain=HETERO_DOMAIN, infer=_heads_infer)
+def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
+    """Rotary position embedding, NeoX (rotate-half) layout, at positions past_len .. past_len + T - 1.
+
+    Inputs: x (float32 ``[T, heads, head_dim]``), past_len (int64 scalar: position of the first row).
+    Attributes: ``theta`` (rope_theta, default 10000), ``rotary_dim`` (default 0 = head_dim; only the first
+    rotary_dim dims of each head rotate, the rest pass through), ``scaling`` ("none" | "linear" | "yarn"),
+    ``factor``; for YaRN ``original_max_position``, ``beta_fast`` (32), ``beta_slow`` (1), ``truncate`` (1) and
+    ``attention_factor`` (multiplies cos and sin; the model builder resolves its default, 0.1 ln(factor) + 1).
+
+    With half = rotary_dim / 2, inv_freq[i] = theta^(-2i / rotary_dim) (linear: divided by factor; YaRN: blended
+    per dim between the two, see ``rope_inv_freq``), angle = position * inv_freq[i]:
+    y[i] = x[i] cos - x[i + half] sin, y[i + half] = x[i + half] cos + x[i] sin, for 0 <= i < half.
+    """
+    x, past_len = ctx.values[0], int(np.asarray(ctx.values[1]).reshape(-1)[0])
+    head_dim = x.shape[-1]
+    rotary_dim = int(ctx.attr("rotary_dim", 0)) or head_dim
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise ctx.fail(f"rotary_dim {rotary_dim} must be even and at most head_dim {head_dim}")
+    inv_freq, scale = rope_inv_freq(rotary_dim, ctx.node.attrs)
+    positions = np.arange(past_len, past_len + x.shape[0], dtype=np.float64)
+    angles = positions[:, None] * inv_freq[None, :]
+    cos = (np.cos(angles) * scale).astype(np.float32)[:, None, :]
+    sin = (np.sin(angles) * scale).astype(np.float32)[:, None, :]
+    half = rotary_dim // 2
+    x1, x2 = x[..., :half], x[..., half:rotary_dim]
+    out = x.astype(np.float32, copy=True)
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half:rotary_dim] = x2 * cos + x1 * sin
+    return [out]
+
+
+# -- Attention -------------------------------------------------------------------------------------------------------
+def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
+    q, k, v = (input_info(ctx, i) for i in range(3))
+    _check_past_len(ctx, 3)
+    for name, info in (("q", q), ("k", k), ("v", v)):
+        if info.rank is not None and info.rank != 3:
+            raise ctx.fail(f"{name} must be [T, heads, head_dim], got {info}")
+    if q.shape is None:
+        return [TensorInfo(dtypes.float32, (None, None))]
+    if k.shape is not None and q.shape[1] is not None and k.shape[1] is not None and q.shape[1] % k.shape[1]:
+        raise ctx.fail(f"query heads {q.shape[1]} are not a multiple of key/value heads {k.shape[1]}")
+    if k.shape is not None and v.shape is not None and k.shape != v.shape:
+        raise ctx.fail(f"k {list(k.shape)} and v {list(v.shape)} differ")
+    width = None if q.shape[1] is None or q.shape[2] is None else q.shape[1] * q.shape[2]
+    if int(ctx.attr("max_context", 0)) < 1:
+        raise ctx.fail("the 'max_context' attribute (KV cache length) must be positive")
+    return [TensorInfo(dtypes.float32, (q.shape[0], width))]
+
+
+@op("Attention", domain=HETERO_DOMAIN, infer=_attention_infer, stateful=True)
+def attention(ctx: OpContext) -> list[np.ndarray]:
+    """Causal grouped-query attention over this layer's KV cache, which the op owns (one per node and session).
+
+    Inputs: q (float32 ``[T, Hq, D]``), k and v (float32 ``[T, Hkv, D]``, Hq a multiple of Hkv), past_len (int64
+    scalar). Output: float32 ``[T, Hq * D]`` (the heads concatenated, ready for the output projection).
+    Attributes: ``max_context`` (cache length in tokens, required), ``scale`` (default 0 = 1/sqrt(D)).
+
+    The new k/v rows are written at cache positions [past_len, past_len + T); query row t (position past_len + t)
+    attends to cache positions [0, past_len + t] with softmax(q·k * scale); query head h reads kv head
+    h // (Hq / Hkv). past_len may be smaller than what the cache holds (rolling back forgets the rest) but never
+    larger; past_len + T > max_context is an error.
+    """
+    q, k, v = ctx.values[0], ctx.values[1], ctx.values[2]
+    past_len = int(np.asarray(ctx.values[3]).reshape(-1)[0])
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    max_context = int(ctx.attr("max_context"))
+    state = ctx.state if ctx.state is not None else {}
+    filled = int(state.get("filled", 0))
+    if past_len < 0 or past_len > filled:
+        raise HeteroError(f"{ctx.node.label()}: past_len {past_len} is outside the {filled} cached positions")
+    if past_len + t > max_context:
+        raise HeteroError(
+            f"{ctx.node.label()}: {past_len} cached + {t} new tokens exceed the context of {max_context} tokens",
+            hint="load the model with a larger context",
+        )
+    if "k" not in state or state["k"].shape != (hkv, max_context, d):
+        # np.zeros maps fresh pages lazily: a long context costs memory only as it fills.
+        state["k"] = np.zeros((hkv, max_context, d), dtype=np.float32)
+        state["v"] = np.zeros((hkv, max_context, d), dtype=np.float32)
+    end = past_len + t
+    state["k"][:, past_len:end] = k.transpose(1, 0, 2)
+    state["v"][:, past_len:end] = v.transpose(1, 0, 2)
+    state["filled"] = end
+    keys, values = state["k"][:, :end], state["v"][:, :end]  # [Hkv, L, D]
+    scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(d)
+    group = hq // hkv
+    qg = q.astype(np.float32).transpose(1, 0, 2).reshape(hkv, group * t, d)  # [Hkv, group*T, D]
+    scores = np.matmul(qg, keys.transpose(0, 2, 1)) * np.float32(scale)  # [Hkv, group*T, L]
+    scores = scores.reshape(hkv, group, t, end)
+    visible = np.arange(end)[None, :] <= (past_len + np.arange(t))[:, None]  # [T, L]
+    scores = np.where(visible, scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.matmul(probs.reshape(hkv, group * t, end), values)  # [Hkv, group*T, D]
+    out = out.reshape(hq, t, d).transpose(1, 0, 2).reshape(t, hq * d)
+    return [out.astype(np.float32)]
+
+
+# -- SwiGLU ----------------------------------------------------------------------------------------------------------
+def _swiglu_infer(ctx: OpContext) -> list[TensorInfo]:
+    gate, up = input_info(ctx, 0), input_info(ctx, 1)
+    if gate.shape is not None and up.shape is not None and len(gate.shape) == len(up.shape):
+        for a, b in zip(gate.shape, up.shape, strict=True):
+            if a is not None and b is not None and a != b:
+                raise ctx.fail(f"gate {list(gate.shape)} and up {list(up.shape)} differ")
+    return [gate]
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float32)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-x))
+
+
+@op("SwiGLU", domain=HETERO_DOMAIN, infer=_swiglu_infer)
+def swiglu(ctx: OpContext) -> list[np.ndarray]:
+    """silu(gate) * up, elementwise, with silu(x) = x / (1 + exp(-x)). Inputs: gate, up (float32, same shape)."""
+    return [(_silu(ctx.values[0]) * ctx.values[1]).astype(np.float32)]
+
+
+# -- QMatMul ---------------------------------------------------------------------------------------------------------
+def _qmatmul_infer(ctx: OpContext) -> list[TensorInfo]:
+    x, w = input_info(ctx, 0), input_info(ctx, 1)
+    if x.dtype != dtypes.float32:
+        raise ctx.fail(f"x must be float32, got {x.dtype}")
+    if w.rank is not None and w.rank != 2:
+        raise ctx.fail(f"weight must be 2-D, got {w}")
+    k = None if x.shape is None else x.shape[-1]
+    _check_weight(ctx, 1, k, "weight")
+    n = None if w.shape is None else w.shape[0]
+    if ctx.has_input(2):
+        b = input_info(ctx, 2)
+        if b.shape is not None and n is not None and b.shape != (n,):
+            raise ctx.fail(f"bias {list(b.shape)} must be [{n}]")
+    return [TensorInfo(dtypes.float32, None if x.shape is None else (*x.shape[:-1], n))]
+
+
+@op("QMatMul", domain=HETERO_DOMAIN, infer=_qmatmul_infer)
+def qmatmul(ctx: OpContext) -> list[np.ndarray]:
+    """y = x @ W^T (+ bias): a linear layer with the weight in PyTorch's ``[out, in]`` order.
+
+    Inputs: x (float32 ``[..., K]``), W (``[N, K]`` float or ``[N, row_bytes]`` block-quantized, see the module
+    doc), optional bias (float32 ``[N]``). Output float32 ``[..., N]``. Attributes: ``wtype``, ``block_size``,
+    ``symmetric``. Kernels read quantized blocks directly and accumulate in float32 (or wider).
+    """
+    x, w = ctx.values[0], ctx.values[1]
+    y = np.matmul(x, _dense(ctx, w, x.shape[-1]).T)
+    if ctx.has_input(2):
+        y = y + ctx.values[2]
+    return [y.astype(np.float32)]
+
+
+# -- MoE -------------------------------------------------------------------------------------------------------------
+def _moe_infer(ctx: OpContext) -> list[TensorInfo]:
+    x, router = input_info(ctx, 0), input_info(ctx, 1)
+    gate, up, down = (input_info(ctx, i) for i in (2, 3, 4))
+    if x.rank is not None and x.rank != 2:
+        raise ctx.fail(f"x must be [T, hidden], got {x}")
+    hidden = None if x.shape is None else x.shape[1]
+    experts = None if router.shape is None else router.shape[0]
+    if router.dtype != dtypes.float32:
+        raise ctx.fail(f"router must be float32, got {router.dtype}")
+    for name, info in (("gate", gate), ("up", up), ("down", down)):
+        if info.shape is not None and (len(info.shape) != 3 or (experts is not None and info.shape[0] != experts)):
+            raise ctx.fail(f"{name} must be [{experts}, rows, row] (stacked experts), got {info}")
+    inter = None if gate.shape is None else gate.shape[1]
+    _check_weight(ctx, 2, hidden, "gate")
+    _check_weight(ctx, 3, hidden, "up")
+    _check_weight(ctx, 4, inter, "down")
+    top_k = int(ctx.attr("top_k"))
+    if experts is not None and not 1 <= top_k <= experts:
+        raise ctx.fail(f"top_k {top_k} must be in [1, {experts}]")
+    return [TensorInfo(dtypes.float32, x.shape)]
+
+
+def moe_routing(x: np.ndarray, router: np.ndarray, top_k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Chosen experts ``int64[T, top_k]`` (by descending probability) and their weights ``float32[T, top_k]``."""
+    logits = x @ router.T
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    probs = np.exp(logits.astype(np.float64))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    # A stable sort on -p breaks ties toward the lower expert index.
+    chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(probs, chosen, axis=-1)
+    if normalize:
+        weights /= weights.sum(axis=-1, keepdims=True)
+    return chosen, weights.astype(np.float32)
+
+
+@op("MoE", domain=HETERO_DOMAIN, infer=_moe_infer)
+def moe(ctx: OpContext) -> list[np.ndarray]:
+    """A routed mixture of SwiGLU experts.
+
+    Inputs: x (float32 ``[T, H]``), router (float32 ``[E, H]``), gate and up (stacked experts ``[E, I, H]`` or
+    quantized ``[E, I, row_bytes(H)]``), down (``[E, H, I]`` or ``[E, H, row_bytes(I)]``). Output float32 ``[T, H]``.
+    Attributes: ``top_k``, ``norm_topk_prob`` (1: the chosen weights are renormalised to sum to 1), ``wtype``,
+    ``block_size``, ``symmetric`` (shared by the three expert tensors).
+
+    p = softmax(x @ router^T) per token; the top_k experts (ties to the lower index) with weights p (or p / sum);
+    y[t] = sum over chosen e of weight * down_e(silu(gate_e(x[t])) * up_e(x[t])), each _e(z) = z @ W_e^T.
+    Tokens are grouped by expert so each expert's weights are read once per call.
+    """
+    x, router, gate, up, down = ctx.values[:5]
+    hidden = x.shape[1]
+    inter = gate.shape[1]
+    chosen, weights = moe_routing(x, router, int(ctx.attr("top_k")), bool(ctx.attr("norm_topk_prob", 1)))
+    out = np.zeros_like(x, dtype=np.float32)
+    for expert in np.unique(chosen):
+        tokens, slot = np.nonzero(chosen == expert)
+        xe = x[tokens]
+        h = _silu(xe @ _dense(ctx, gate[expert], hidden).T) * (xe @ _dense(ctx, up[expert], hidden).T)
+        ye = h @ _dense(ctx, down[expert], inter).T
+        np.add.at(out, tokens, ye * weights[tokens, slot][:, None])
+    return [out]

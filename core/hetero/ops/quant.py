@@ -1,0 +1,167 @@
+"""Linear quantization: QuantizeLinear / DequantizeLinear (per tensor, per axis, per block), dynamic quantization,
+and the integer matmul / conv ops (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes
+from ..tensor import TensorInfo
+from .linalg import _matmul_infer
+from .nn import _acc_dtype, _conv, _conv_infer
+from .registry import OpContext, op
+from .shapes import input_info, normalize_axis, output_dtype_from_attr, shape_of
+
+
+def _expand_param(ctx: OpContext, param: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Broadcast a scale / zero point to x: scalar, 1-D along ``axis``, or blocked along ``axis``."""
+    if param.size == 1 and param.ndim <= 1:
+        return param.reshape(())
+    axis = normalize_axis(ctx, ctx.attr("axis", 1), x.ndim)
+    block = ctx.attr("block_size", 0)
+    if block:
+        return np.repeat(param, block, axis=axis)[tuple(slice(0, n) for n in x.shape)]
+    return param.reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+
+
+def _saturate(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return np.clip(y, info.min, info.max).astype(dtype)
+
+
+def _quantize_dtype(ctx: OpContext) -> dtypes.DType:
+    if ctx.has_input(2):
+        return input_info(ctx, 2).dtype
+    return output_dtype_from_attr(ctx, "output_dtype", dtypes.uint8)
+
+
+@op("QuantizeLinear", infer=lambda ctx: [TensorInfo(_quantize_dtype(ctx), shape_of(ctx, 0))])
+def quantize_linear(ctx: OpContext) -> list[np.ndarray]:
+    """y = saturate(round_half_even(x / scale) + zero_point)."""
+    x, scale = ctx.values[0], ctx.values[1]
+    target = _quantize_dtype(ctx).np_dtype
+    if target is None or target.kind not in "iu":
+        raise ctx.fail(f"quantizing to {_quantize_dtype(ctx)} is not supported")
+    zp = ctx.values[2] if ctx.has_input(2) else np.zeros((), dtype=target)
+    # Divide in the input's float type (as the spec's float32 math does), then round half to even.
+    ftype = np.result_type(x.dtype, scale.dtype, np.float16)
+    q = np.rint(x.astype(ftype) / _expand_param(ctx, scale.astype(ftype), x)).astype(np.float64)
+    return [_saturate(q + _expand_param(ctx, zp.astype(np.int64), x), target)]
+
+
+def _dequantize_infer(ctx: OpContext) -> list[TensorInfo]:
+    default = input_info(ctx, 1).dtype
+    return [TensorInfo(output_dtype_from_attr(ctx, "output_dtype", default), shape_of(ctx, 0))]
+
+
+@op("DequantizeLinear", infer=_dequantize_infer)
+def dequantize_linear(ctx: OpContext) -> list[np.ndarray]:
+    """y = (x - zero_point) * scale."""
+    x, scale = ctx.values[0], ctx.values[1]
+    zp = ctx.values[2].astype(np.float64) if ctx.has_input(2) else np.zeros(())
+    out = (x.astype(np.float64) - _expand_param(ctx, zp, x)) * _expand_param(ctx, scale.astype(np.float64), x)
+    return [out.astype(_dequantize_infer(ctx)[0].dtype.np_dtype)]
+
+
+def _dynamic_infer(ctx: OpContext) -> list[TensorInfo]:
+    return [TensorInfo(dtypes.uint8, shape_of(ctx, 0)), TensorInfo(dtypes.float32, ()), TensorInfo(dtypes.uint8, ())]
+
+
+@op("DynamicQuantizeLinear", infer=_dynamic_infer)
+def dynamic_quantize_linear(ctx: OpContext) -> list[np.ndarray]:
+    """Quantize to uint8 with a scale and zero point chosen from the data's range (always including 0)."""
+    x = ctx.values[0].astype(np.float32)
+    lo, hi = min(float(x.min(initial=0)), 0.0), max(float(x.max(initial=0)), 0.0)
+    scale = np.float32((hi - lo) / 255)
+    zp = _saturate(np.rint(np.float32(0 - lo) / scale if scale else 0.0), np.dtype(np.uint8))
+    y = _saturate(np.rint(x / scale if scale else x * 0) + zp.astype(np.int64), np.dtype(np.uint8))
+    return [y, np.array(scale, dtype=np.float32), np.array(zp, dtype=np.uint8)]
+
+
+def _minus_zp(x: np.ndarray, zp: np.ndarray | None, axis: int) -> np.ndarray:
+    """x - zero point as int64; a 1-D zero point runs along ``axis`` (rows of A, columns of B)."""
+    x = x.astype(np.int64)
+    if zp is None:
+        return x
+    zp = zp.astype(np.int64)
+    if zp.size > 1:
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        zp = zp.reshape(shape)
+    return x - zp
+
+
+def _int_matmul_infer(ctx: OpContext) -> list[TensorInfo]:
+    return [TensorInfo(dtypes.int32, _matmul_infer(ctx)[0].shape)]
+
+
+@op("MatMulInteger", infer=_int_matmul_infer)
+def matmul_integer(ctx: OpContext) -> list[np.ndarray]:
+    """(A - a_zero_point) @ (B - b_zero_point), accumulated in int32."""
+    a, b = ctx.values[0], ctx.values[1]
+    a_zp = ctx.values[2] if ctx.has_input(2) else None
+    b_zp = ctx.values[3] if ctx.has_input(3) else None
+    return [np.matmul(_minus_zp(a, a_zp, a.ndim - 2), _minus_zp(b, b_zp, b.ndim - 1)).astype(np.int32)]
+
+
+@op("ConvInteger", infer=lambda ctx: [TensorInfo(dtypes.int32, _conv_infer(ctx)[0].shape)])
+def conv_integer(ctx: OpContext) -> list[np.ndarray]:
+    """Convolution of (x - x_zero_point) and (w - w_zero_point), accumulated in int32."""
+    x, w = ctx.values[0], ctx.values[1]
+    x_zp = ctx.values[2] if ctx.has_input(2) else None
+    w_zp = ctx.values[3] if ctx.has_input(3) else None
+    xs = _minus_zp(x, x_zp, 1)
+    ws = _minus_zp(w, w_zp, 0)
+    return [_conv(ctx, xs, ws, np.dtype(np.int64)).astype(np.int32)]
+
+
+def _requantize(real: np.ndarray, y_scale: np.ndarray, y_zp: np.ndarray) -> np.ndarray:
+    return _saturate(np.rint(real / y_scale.astype(np.float64)) + y_zp.astype(np.int64), y_zp.dtype)
+
+
+def _qlinear_matmul_infer(ctx: OpContext) -> list[TensorInfo]:
+    shape = _matmul_infer(OpContextView(ctx, [0, 3]))[0].shape
+    return [TensorInfo(input_info(ctx, 7).dtype, shape)]
+
+
+class OpContextView(OpContext):
+    """The same node seen through a subset of its inputs (to reuse another op's inference)."""
+
+    def __init__(self, ctx: OpContext, indices: list[int]) -> None:
+        super().__init__(ctx.node, [ctx.inputs[i] for i in indices],
+                         [ctx.values[i] if i < len(ctx.values) else None for i in indices], ctx.opset)
+
+
+def _dequant(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int | None) -> np.ndarray:
+    scale, zp = scale.astype(np.float64), zp.astype(np.float64)
+    if axis is not None and scale.size > 1:
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        scale, zp = scale.reshape(shape), zp.reshape(shape) if zp.size > 1 else zp
+    return (x.astype(np.float64) - zp) * scale
+
+
+@op("QLinearMatMul", infer=_qlinear_matmul_infer)
+def qlinear_matmul(ctx: OpContext) -> list[np.ndarray]:
+    """Quantized matmul: dequantize A and B, multiply, requantize with y_scale / y_zero_point."""
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = ctx.values[:8]
+    real = np.matmul(_dequant(a, a_s, a_zp, a.ndim - 2), _dequant(b, b_s, b_zp, b.ndim - 1))
+    return [_requantize(real, y_s, y_zp)]
+
+
+def _qlinear_conv_infer(ctx: OpContext) -> list[TensorInfo]:
+    shape = _conv_infer(OpContextView(ctx, [0, 3]))[0].shape
+    return [TensorInfo(input_info(ctx, 7).dtype, shape)]
+
+
+@op("QLinearConv", infer=_qlinear_conv_infer)
+def qlinear_conv(ctx: OpContext) -> list[np.ndarray]:
+    """Quantized convolution (per-tensor or per-output-channel weight scales), int32 bias, requantized output."""
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = ctx.values[:8]
+    xs = _dequant(x, x_s, x_zp, None)
+    ws = _dequant(w, w_s, w_zp, 0)
+    real = _conv(ctx, xs, ws, _acc_dtype(xs))
+    if len(ctx.values) > 8 and ctx.values[8] is not None:
+        bias = ctx.values[8].astype(np.float64) * x_s.astype(np.float64).reshape(()) * w_s.astype(np.float64)
+        real = real + bias.reshape(1, -1, *[1] * (x.ndim - 2))
+    return [_requantize(real, y_s, y_zp)]

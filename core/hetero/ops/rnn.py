@@ -1,0 +1,213 @@
+"""Recurrent layers: RNN, GRU and LSTM (forward, reverse or bidirectional; sequence_lens; layout 0 or 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..tensor import Dim, TensorInfo
+from .registry import OpContext, op
+from .shapes import input_info, unknown
+
+Activation = Callable[[np.ndarray], np.ndarray]
+
+# Activations that take (alpha, beta) from activation_alpha / activation_beta, in order, and their defaults.
+_PARAMS: dict[str, tuple[float | None, float | None]] = {
+    "affine": (1.0, 0.0), "leakyrelu": (0.01, None), "thresholdedrelu": (1.0, None), "scaledtanh": (1.0, 1.0),
+    "hardsigmoid": (0.2, 0.5), "elu": (1.0, None),
+}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1 + np.tanh(0.5 * x))  # overflow-free form of 1 / (1 + exp(-x))
+
+
+def _activation(name: str, alpha: float | None, beta: float | None) -> Activation:
+    key = name.lower()
+    table: dict[str, Activation] = {
+        "relu": lambda x: np.maximum(x, 0),
+        "tanh": np.tanh,
+        "sigmoid": _sigmoid,
+        "affine": lambda x: alpha * x + beta,  # type: ignore[operator]
+        "leakyrelu": lambda x: np.where(x >= 0, x, alpha * x),  # type: ignore[operator]
+        "thresholdedrelu": lambda x: np.where(x > alpha, x, 0),
+        "scaledtanh": lambda x: alpha * np.tanh(beta * x),  # type: ignore[operator]
+        "hardsigmoid": lambda x: np.clip(alpha * x + beta, 0, 1),  # type: ignore[operator]
+        "elu": lambda x: np.where(x >= 0, x, alpha * (np.exp(x) - 1)),  # type: ignore[operator]
+        "softsign": lambda x: x / (1 + np.abs(x)),
+        "softplus": lambda x: np.logaddexp(0, x),
+    }
+    if key not in table:
+        raise ValueError(f"unknown RNN activation {name!r}")
+    return table[key]
+
+
+def _activations(ctx: OpContext, defaults: list[str], n_dirs: int) -> list[list[Activation]]:
+    """Per direction, the activation functions (f, g[, h])."""
+    names = list(ctx.attr("activations", None) or defaults * n_dirs)
+    alphas = list(ctx.attr("activation_alpha", None) or [])
+    betas = list(ctx.attr("activation_beta", None) or [])
+    fns = []
+    for name in names:
+        alpha, beta = _PARAMS.get(name.lower(), (None, None))
+        if alpha is not None and alphas:
+            alpha = alphas.pop(0)
+        if beta is not None and betas:
+            beta = betas.pop(0)
+        fns.append(_activation(name, alpha, beta))
+    per = len(defaults)
+    return [fns[d * per : (d + 1) * per] for d in range(n_dirs)]
+
+
+def _n_dirs(ctx: OpContext) -> int:
+    return 2 if ctx.attr("direction", "forward") == "bidirectional" else 1
+
+
+def _rnn_infer(ctx: OpContext) -> list[TensorInfo]:
+    x = input_info(ctx, 0)
+    hidden = ctx.attr("hidden_size", None)
+    if hidden is None:
+        r = input_info(ctx, 2).shape
+        hidden = None if r is None else r[-1]
+    dirs = _n_dirs(ctx)
+    if x.shape is None:
+        return [unknown(x.dtype, 4), unknown(x.dtype, 3), unknown(x.dtype, 3)]
+    layout = ctx.attr("layout", 0)
+    seq, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
+    y: tuple[Dim, ...] = (batch, seq, dirs, hidden) if layout else (seq, dirs, batch, hidden)
+    state: tuple[Dim, ...] = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
+    return [TensorInfo(x.dtype, y), TensorInfo(x.dtype, state), TensorInfo(x.dtype, state)]
+
+
+Cell = Callable[[np.ndarray, list[np.ndarray], int], list[np.ndarray]]
+
+
+def _run(ctx: OpContext, n_gates: int, n_states: int, make_cell: Callable[[int, np.ndarray, np.ndarray, np.ndarray,
+                                                                                 list[Activation]], Cell],
+         defaults: list[str]) -> list[np.ndarray]:
+    """The shared driver: layouts, directions, sequence lengths and initial states; ``make_cell`` does one step."""
+    x = ctx.values[0]
+    layout = ctx.attr("layout", 0)
+    x64 = np.swapaxes(x, 0, 1) if layout else x  # -> (seq, batch, input)
+    x64 = x64.astype(np.float64)
+    seq, batch = x64.shape[:2]
+    w, r = ctx.values[1].astype(np.float64), ctx.values[2].astype(np.float64)
+    hidden = r.shape[-1]
+    dirs = _n_dirs(ctx)
+    b = ctx.values[3].astype(np.float64) if ctx.has_input(3) else np.zeros((dirs, 2 * n_gates * hidden))
+    lens = ctx.values[4].astype(np.int64) if ctx.has_input(4) else np.full(batch, seq, dtype=np.int64)
+    states0 = []
+    for k in range(n_states):
+        idx = 5 + k
+        if ctx.has_input(idx):
+            s = ctx.values[idx].astype(np.float64)
+            states0.append(np.swapaxes(s, 0, 1) if layout else s)
+        else:
+            states0.append(np.zeros((dirs, batch, hidden)))
+    acts = _activations(ctx, defaults, dirs)
+    reverse_all = ctx.attr("direction", "forward") == "reverse"
+    step_valid = np.arange(seq)[:, None] < lens[None, :]  # (seq, batch)
+    y = np.zeros((seq, dirs, batch, hidden))
+    finals = [np.zeros((dirs, batch, hidden)) for _ in range(n_states)]
+    for d in range(dirs):
+        backward = reverse_all or d == 1
+        xs = _reverse_valid(x64, lens) if backward else x64
+        cell = make_cell(d, w[d], r[d], b[d], acts[d])
+        states = [s[d] for s in states0]
+        for t in range(seq):
+            new = cell(xs[t], states, t)
+            valid = step_valid[t][:, None]
+            states = [np.where(valid, n, s) for n, s in zip(new, states, strict=True)]
+            y[t, d] = np.where(valid, states[0], 0)
+        if backward:
+            y[:, d] = _reverse_valid(y[:, d], lens)
+        for k in range(n_states):
+            finals[k][d] = states[k]
+    if layout:
+        outs = [np.transpose(y, (2, 0, 1, 3)), *[np.swapaxes(f, 0, 1) for f in finals]]
+    else:
+        outs = [y, *finals]
+    return [o.astype(x.dtype) for o in outs]
+
+
+def _reverse_valid(xs: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Reverse each batch entry's first lens[b] steps (axis 0 is time, axis 1 batch)."""
+    out = xs.copy()
+    for bi, n in enumerate(lens):
+        out[:n, bi] = xs[:n, bi][::-1]
+    return out
+
+
+def _clip(ctx: OpContext) -> Callable[[np.ndarray], np.ndarray]:
+    limit = ctx.attr("clip", None)
+    return (lambda v: v) if limit is None else (lambda v: np.clip(v, -limit, limit))
+
+
+@op("RNN", infer=_rnn_infer)
+def rnn(ctx: OpContext) -> list[np.ndarray]:
+    """Simple recurrent layer: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)."""
+    clip = _clip(ctx)
+
+    def make(d: int, w: np.ndarray, r: np.ndarray, b: np.ndarray, acts: list[Activation]) -> Cell:
+        h_n = r.shape[-1]
+        bias = b[:h_n] + b[h_n:]
+        return lambda xt, states, t: [acts[0](clip(xt @ w.T + states[0] @ r.T + bias))]
+
+    return _run(ctx, 1, 1, make, ["Tanh"])[:2]
+
+
+@op("GRU", infer=_rnn_infer)
+def gru(ctx: OpContext) -> list[np.ndarray]:
+    """Gated recurrent unit (gates z, r, h); linear_before_reset applies the reset gate after R_h."""
+    clip = _clip(ctx)
+    lbr = bool(ctx.attr("linear_before_reset", 0))
+
+    def make(d: int, w: np.ndarray, r: np.ndarray, b: np.ndarray, acts: list[Activation]) -> Cell:
+        h_n = r.shape[-1]
+        wb, rb = b[: 3 * h_n], b[3 * h_n :]
+        wz, wr, wh = np.split(w, 3)
+        rz, rr, rh = np.split(r, 3)
+        f, g = acts
+
+        def cell(xt: np.ndarray, states: list[np.ndarray], t: int) -> list[np.ndarray]:
+            h = states[0]
+            z = f(clip(xt @ wz.T + h @ rz.T + wb[:h_n] + rb[:h_n]))
+            rg = f(clip(xt @ wr.T + h @ rr.T + wb[h_n : 2 * h_n] + rb[h_n : 2 * h_n]))
+            if lbr:
+                cand = g(clip(xt @ wh.T + rg * (h @ rh.T + rb[2 * h_n :]) + wb[2 * h_n :]))
+            else:
+                cand = g(clip(xt @ wh.T + (rg * h) @ rh.T + rb[2 * h_n :] + wb[2 * h_n :]))
+            return [(1 - z) * cand + z * h]
+
+        return cell
+
+    return _run(ctx, 3, 1, make, ["Sigmoid", "Tanh"])[:2]
+
+
+@op("LSTM", infer=_rnn_infer)
+def lstm(ctx: OpContext) -> list[np.ndarray]:
+    """Long short-term memory (gates i, o, f, c), optional peepholes P and coupled input/forget gates."""
+    clip = _clip(ctx)
+    couple = bool(ctx.attr("input_forget", 0))
+    peep = ctx.values[7].astype(np.float64) if ctx.has_input(7) else None
+
+    def make(d: int, w: np.ndarray, r: np.ndarray, b: np.ndarray, acts: list[Activation]) -> Cell:
+        h_n = r.shape[-1]
+        bias = b[: 4 * h_n] + b[4 * h_n :]
+        p_i, p_o, p_f = np.split(peep[d], 3) if peep is not None else (0.0, 0.0, 0.0)
+        f, g, hf = acts
+
+        def cell(xt: np.ndarray, states: list[np.ndarray], t: int) -> list[np.ndarray]:
+            h, c = states
+            gates = xt @ w.T + h @ r.T + bias
+            gi, go, gf, gc = np.split(gates, 4, axis=-1)
+            i = f(clip(gi + p_i * c))
+            fg = 1 - i if couple else f(clip(gf + p_f * c))
+            c_new = fg * c + i * g(clip(gc))
+            o = f(clip(go + p_o * c_new))
+            return [o * hf(c_new), c_new]
+
+        return cell
+
+    return _run(ctx, 4, 2, make, ["Sigmoid", "Tanh", "Tanh"])

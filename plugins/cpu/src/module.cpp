@@ -1,0 +1,768 @@
+// pybind11 bindings of hetero_cpu._native: argument validation (std::invalid_argument -> ValueError), GIL
+// release, and the translation from numpy arrays to raw pointers + strides for the drivers.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common.hpp"
+#include "conv.hpp"
+#include "data.hpp"
+#include "elementwise.hpp"
+#include "nd.hpp"
+
+namespace py = pybind11;
+using namespace hetero;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+std::string shape_str(const py::array& a) {
+  std::ostringstream s;
+  s << "(";
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) s << (d ? ", " : "") << a.shape(d);
+  s << (a.ndim() == 1 ? ",)" : ")");
+  return s.str();
+}
+
+bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
+bool is_i32(const py::array& a) { return a.dtype().is(py::dtype::of<std::int32_t>()); }
+bool is_i64(const py::array& a) { return a.dtype().is(py::dtype::of<std::int64_t>()); }
+
+void need_f32(const py::array& a, const char* fn, const char* name) {
+  if (!is_f32(a))
+    fail(std::string(fn) + ": " + name + " must be float32, got " + std::string(py::str(a.dtype())));
+}
+
+void need_ndim(const py::array& a, int nd, const char* fn, const char* name) {
+  if (a.ndim() != nd)
+    fail(std::string(fn) + ": " + name + " must be " + std::to_string(nd) + "-D, got shape " + shape_str(a));
+}
+
+bool c_contiguous(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
+
+// Output arrays: C-contiguous and writable.
+void need_out(const py::array& a, const char* fn, const char* name = "out") {
+  if (!c_contiguous(a)) fail(std::string(fn) + ": " + name + " must be C-contiguous");
+  if (!a.writeable()) fail(std::string(fn) + ": " + name + " must be writable");
+}
+
+std::vector<i64> shape_of(const py::array& a) {
+  std::vector<i64> s(static_cast<std::size_t>(a.ndim()));
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) s[static_cast<std::size_t>(d)] = a.shape(d);
+  return s;
+}
+std::vector<i64> strides_of(const py::array& a) {
+  std::vector<i64> s(static_cast<std::size_t>(a.ndim()));
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) s[static_cast<std::size_t>(d)] = a.strides(d);
+  return s;
+}
+
+// Strides in elements; the byte strides of a float view must be whole elements.
+i64 elem_stride(const py::array& a, int d, const char* fn) {
+  const i64 s = a.strides(d), it = a.itemsize();
+  if (s % it != 0) fail(std::string(fn) + ": strides that are not a multiple of the item size are not supported");
+  return s / it;
+}
+
+MatView mat_view(const py::array& a, bool trans, const char* fn) {
+  MatView v{static_cast<const float*>(a.data()), a.shape(0), a.shape(1), elem_stride(a, 0, fn), elem_stride(a, 1, fn)};
+  if (trans) {
+    std::swap(v.rows, v.cols);
+    std::swap(v.rs, v.cs);
+  }
+  return v;
+}
+
+const std::unordered_map<std::string, int>& unary_ops() {
+  static const std::unordered_map<std::string, int> m = {
+      {"relu", U_RELU}, {"leaky_relu", U_LEAKY_RELU}, {"elu", U_ELU}, {"selu", U_SELU}, {"celu", U_CELU},
+      {"sigmoid", U_SIGMOID}, {"hard_sigmoid", U_HARD_SIGMOID}, {"hard_swish", U_HARD_SWISH}, {"silu", U_SILU},
+      {"gelu", U_GELU}, {"gelu_tanh", U_GELU_TANH}, {"tanh", U_TANH}, {"softplus", U_SOFTPLUS},
+      {"softsign", U_SOFTSIGN}, {"exp", U_EXP}, {"log", U_LOG}, {"sqrt", U_SQRT}, {"rsqrt", U_RSQRT},
+      {"neg", U_NEG}, {"abs", U_ABS}, {"reciprocal", U_RECIPROCAL}, {"erf", U_ERF}, {"floor", U_FLOOR},
+      {"ceil", U_CEIL}, {"round", U_ROUND}, {"sin", U_SIN}, {"cos", U_COS}, {"clip", U_CLIP}, {"mish", U_MISH},
+  };
+  return m;
+}
+
+int unary_id(const std::string& op, const char* fn) {
+  auto it = unary_ops().find(op);
+  if (it == unary_ops().end()) fail(std::string(fn) + ": unknown op '" + op + "'");
+  return it->second;
+}
+
+int binary_id(const std::string& op) {
+  static const std::unordered_map<std::string, int> m = {{"add", B_ADD}, {"sub", B_SUB}, {"mul", B_MUL},
+                                                         {"div", B_DIV}, {"max", B_MAX}, {"min", B_MIN},
+                                                         {"pow", B_POW}};
+  auto it = m.find(op);
+  if (it == m.end()) fail("binary: unknown op '" + op + "' (add, sub, mul, div, max, min, pow)");
+  return it->second;
+}
+
+// Fused activation for conv / gemm epilogues.
+Epilogue activation(const std::string& name, float alpha, float beta, const char* fn) {
+  Epilogue ep;
+  if (name == "none" || name.empty()) return ep;
+  if (name == "relu6") {
+    ep.act = U_CLIP;
+    ep.act_alpha = 0.f;
+    ep.act_beta = 6.f;
+    return ep;
+  }
+  ep.act = unary_id(name, fn);
+  ep.act_alpha = alpha;
+  ep.act_beta = beta;
+  return ep;
+}
+
+// Bias broadcastable to (M, N) -> element (i, j) at p[i*rs + j*cs] with cs in {0, 1}; `keep` owns a
+// contiguous copy when the view needs one.
+void bias_view(const py::object& bias_obj, i64 M, i64 N, Epilogue& ep, std::vector<float>& keep, const char* fn) {
+  if (bias_obj.is_none()) return;
+  if (!py::isinstance<py::array>(bias_obj)) fail(std::string(fn) + ": bias must be a numpy array or None");
+  py::array b = py::reinterpret_borrow<py::array>(bias_obj);
+  need_f32(b, fn, "bias");
+  i64 r = 1, c = 1, rs = 0, cs = 0;
+  if (b.ndim() == 0) {
+  } else if (b.ndim() == 1) {
+    c = b.shape(0);
+    cs = elem_stride(b, 0, fn);
+  } else if (b.ndim() == 2) {
+    r = b.shape(0);
+    c = b.shape(1);
+    rs = elem_stride(b, 0, fn);
+    cs = elem_stride(b, 1, fn);
+  } else {
+    fail(std::string(fn) + ": bias must have at most 2 dimensions, got shape " + shape_str(b));
+  }
+  if ((r != 1 && r != M) || (c != 1 && c != N))
+    fail(std::string(fn) + ": bias of shape " + shape_str(b) + " is not broadcastable to (" + std::to_string(M) +
+         ", " + std::to_string(N) + ")");
+  if (r == 1) rs = 0;
+  if (c == 1) cs = 0;
+  const float* p = static_cast<const float*>(b.data());
+  if (cs != 0 && cs != 1) {
+    keep.resize(static_cast<std::size_t>(r * c));
+    for (i64 i = 0; i < r; ++i)
+      for (i64 j = 0; j < c; ++j) keep[static_cast<std::size_t>(i * c + j)] = p[i * rs + j * cs];
+    p = keep.data();
+    rs = r == 1 ? 0 : c;
+    cs = 1;
+  }
+  ep.bias = p;
+  ep.bias_rs = rs;
+  ep.bias_cs = cs;
+}
+
+// Opaque pre-packed B (weights).
+struct PackedB {
+  const Kernels* kr;
+  i64 k, n;
+  AlignedBuf buf;
+};
+
+std::unique_ptr<PackedB> make_packed(const MatView& b) {
+  auto pb = std::make_unique<PackedB>();
+  pb->kr = &active();
+  pb->k = b.rows;
+  pb->n = b.cols;
+  const i64 np = (b.cols + pb->kr->nr - 1) / pb->kr->nr;
+  pb->buf.get(static_cast<std::size_t>(std::max<i64>(1, np * pb->kr->nr * b.rows)));
+  pack_b_panels(*pb->kr, b, pb->buf.p, num_threads());
+  return pb;
+}
+
+void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep) {
+  const int T = num_threads();
+  if (a.rows <= 4)
+    gemm_small_m_packed(*pb.kr, a, pb.buf.p, pb.n, c, ldc, alpha, beta, ep, T);
+  else
+    gemm_prepacked_b(*pb.kr, a.rows, pb.n, pb.k, &a, nullptr, pb.buf.p, c, ldc, alpha, beta, ep, T);
+}
+
+void check_out_shape(const py::array& out, const std::vector<i64>& want, const char* fn) {
+  bool ok = out.ndim() == static_cast<py::ssize_t>(want.size());
+  for (std::size_t d = 0; ok && d < want.size(); ++d) ok = out.shape(static_cast<py::ssize_t>(d)) == want[d];
+  if (!ok) {
+    std::ostringstream s;
+    s << fn << ": out has shape " << shape_str(out) << ", expected (";
+    for (std::size_t d = 0; d < want.size(); ++d) s << (d ? ", " : "") << want[d];
+    s << (want.size() == 1 ? ",)" : ")");
+    fail(s.str());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------- gemm
+
+void py_gemm(const py::array& a, const py::array& b, const py::array& out, bool trans_a, bool trans_b, float alpha,
+             float beta, const py::object& bias) {
+  const char* fn = "gemm";
+  need_f32(a, fn, "a");
+  need_f32(b, fn, "b");
+  need_f32(out, fn, "out");
+  need_ndim(a, 2, fn, "a");
+  need_ndim(b, 2, fn, "b");
+  need_out(out, fn);
+  MatView av = mat_view(a, trans_a, fn), bv = mat_view(b, trans_b, fn);
+  if (av.cols != bv.rows)
+    fail("gemm: inner dimensions differ: op(a) is " + std::to_string(av.rows) + "x" + std::to_string(av.cols) +
+         ", op(b) is " + std::to_string(bv.rows) + "x" + std::to_string(bv.cols));
+  check_out_shape(out, {av.rows, bv.cols}, fn);
+  Epilogue ep;
+  std::vector<float> keep;
+  bias_view(bias, av.rows, bv.cols, ep, keep, fn);
+  float* c = static_cast<float*>(const_cast<void*>(out.data()));
+  py::gil_scoped_release nogil;
+  gemm_views(active(), av, bv, c, bv.cols, alpha, beta, ep, num_threads());
+}
+
+std::unique_ptr<PackedB> py_pack_b(const py::array& b, bool trans_b) {
+  need_f32(b, "pack_b", "b");
+  need_ndim(b, 2, "pack_b", "b");
+  MatView bv = mat_view(b, trans_b, "pack_b");
+  py::gil_scoped_release nogil;
+  return make_packed(bv);
+}
+
+void py_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out, float alpha, float beta,
+                    const py::object& bias) {
+  const char* fn = "gemm_packed";
+  need_f32(a, fn, "a");
+  need_f32(out, fn, "out");
+  need_ndim(a, 2, fn, "a");
+  need_out(out, fn);
+  if (a.shape(1) != pb.k)
+    fail("gemm_packed: a has " + std::to_string(a.shape(1)) + " columns but the packed B has k=" +
+         std::to_string(pb.k));
+  check_out_shape(out, {a.shape(0), pb.n}, fn);
+  Epilogue ep;
+  std::vector<float> keep;
+  bias_view(bias, a.shape(0), pb.n, ep, keep, fn);
+  MatView av = mat_view(a, false, fn);
+  float* c = static_cast<float*>(const_cast<void*>(out.data()));
+  py::gil_scoped_release nogil;
+  run_packed(pb, av, c, pb.n, alpha, beta, ep);
+}
+
+void py_matmul(const py::array& a, const py::array& b, const py::array& out) {
+  const char* fn = "matmul";
+  need_f32(a, fn, "a");
+  need_f32(b, fn, "b");
+  need_f32(out, fn, "out");
+  need_ndim(a, 3, fn, "a");
+  need_ndim(b, 3, fn, "b");
+  need_ndim(out, 3, fn, "out");
+  need_out(out, fn);
+  const i64 Ba = a.shape(0), M = a.shape(1), K = a.shape(2), Bb = b.shape(0), N = b.shape(2);
+  if (b.shape(1) != K)
+    fail("matmul: a is " + shape_str(a) + " but b is " + shape_str(b) + " (inner dimensions differ)");
+  const i64 B = out.shape(0);
+  if ((Ba != 1 && Ba != B) || (Bb != 1 && Bb != B))
+    fail("matmul: batch sizes of a " + shape_str(a) + " and b " + shape_str(b) + " do not match out " +
+         shape_str(out));
+  check_out_shape(out, {B, M, N}, fn);
+  const i64 sa0 = elem_stride(a, 0, fn), sa1 = elem_stride(a, 1, fn), sa2 = elem_stride(a, 2, fn);
+  const i64 sb0 = elem_stride(b, 0, fn), sb1 = elem_stride(b, 1, fn), sb2 = elem_stride(b, 2, fn);
+  const float* pa = static_cast<const float*>(a.data());
+  const float* pb = static_cast<const float*>(b.data());
+  float* c = static_cast<float*>(const_cast<void*>(out.data()));
+  py::gil_scoped_release nogil;
+  const Kernels& kr = active();
+  const int T = num_threads();
+  Epilogue none;
+  if (B == 0 || M == 0 || N == 0) return;
+  if (Bb == 1) {
+    // One B for every batch: as a single (B*M) x K GEMM when a's batches are evenly spaced rows.
+    if (Ba == 1 || B == 1 || sa0 == M * sa1) {
+      MatView av{pa, (Ba == 1 ? 1 : B) * M, K, sa1, sa2};
+      MatView bv{pb, K, N, sb1, sb2};
+      gemm_views(kr, av, bv, c, N, 1.f, 0.f, none, T);
+      if (Ba == 1)  // a broadcast over the batch: every output batch is the same
+        for (i64 i = 1; i < B; ++i) std::memcpy(c + i * M * N, c, static_cast<std::size_t>(M * N) * sizeof(float));
+      return;
+    }
+    auto packed = make_packed(MatView{pb, K, N, sb1, sb2});
+    for (i64 i = 0; i < B; ++i) run_packed(*packed, MatView{pa + i * sa0, M, K, sa1, sa2}, c + i * M * N, N, 1.f, 0.f, none);
+    return;
+  }
+  const double flops = 2.0 * M * N * K;
+  auto one = [&](i64 i, int threads) {
+    MatView av{pa + (Ba == 1 ? 0 : i * sa0), M, K, sa1, sa2};
+    MatView bv{pb + i * sb0, K, N, sb1, sb2};
+    gemm_views(kr, av, bv, c + i * M * N, N, 1.f, 0.f, none, threads);
+  };
+  if (flops < 8e6 && B > 1) {
+    // Many small products (attention heads): one per task, each single-threaded.
+    parallel_for(B, threads_for(flops * B, 1e6), [&](i64 i) { one(i, 1); });
+  } else {
+    for (i64 i = 0; i < B; ++i) one(i, T);
+  }
+}
+
+void py_matmul_packed(const py::array& a, const PackedB& pk, const py::array& out) {
+  const char* fn = "matmul_packed";
+  need_f32(a, fn, "a");
+  need_f32(out, fn, "out");
+  need_ndim(a, 3, fn, "a");
+  need_out(out, fn);
+  const i64 B = a.shape(0), M = a.shape(1), K = a.shape(2);
+  if (K != pk.k) fail("matmul_packed: a is " + shape_str(a) + " but the packed B has k=" + std::to_string(pk.k));
+  check_out_shape(out, {B, M, pk.n}, fn);
+  const i64 sa0 = elem_stride(a, 0, fn), sa1 = elem_stride(a, 1, fn), sa2 = elem_stride(a, 2, fn);
+  const float* pa = static_cast<const float*>(a.data());
+  float* c = static_cast<float*>(const_cast<void*>(out.data()));
+  py::gil_scoped_release nogil;
+  Epilogue none;
+  if (B == 0 || M == 0) return;
+  if (B == 1 || sa0 == M * sa1) {
+    run_packed(pk, MatView{pa, B * M, K, sa1, sa2}, c, pk.n, 1.f, 0.f, none);
+  } else {
+    for (i64 i = 0; i < B; ++i) run_packed(pk, MatView{pa + i * sa0, M, K, sa1, sa2}, c + i * M * pk.n, pk.n, 1.f, 0.f, none);
+  }
+}
+
+// --------------------------------------------------------------------------------------------------- elementwise
+
+void py_binary(const std::string& op, const py::array& a, const py::array& b, const py::array& out) {
+  const char* fn = "binary";
+  const int id = binary_id(op);
+  need_out(out, fn);
+  DType dt;
+  if (is_f32(out)) {
+    dt = DType::F32;
+  } else if (is_i32(out)) {
+    dt = DType::I32;
+  } else if (is_i64(out)) {
+    dt = DType::I64;
+  } else {
+    fail("binary: unsupported dtype " + std::string(py::str(out.dtype())) + " (float32, int32, int64)");
+  }
+  if (!a.dtype().is(out.dtype()) || !b.dtype().is(out.dtype()))
+    fail("binary: a, b and out must share one dtype, got " + std::string(py::str(a.dtype())) + ", " +
+         std::string(py::str(b.dtype())) + ", " + std::string(py::str(out.dtype())));
+  if (dt != DType::F32 && id == B_POW) fail("binary: pow is only supported for float32");
+  const std::vector<i64> shp = shape_of(out);
+  for (const py::array* x : {&a, &b}) {
+    if (shape_of(*x) != shp)
+      fail("binary: operands must already be broadcast to out's shape " + shape_str(out) + ", got " + shape_str(*x));
+  }
+  const std::vector<i64> sa = strides_of(a), sb = strides_of(b);
+  const char* pa = static_cast<const char*>(a.data());
+  const char* pb = static_cast<const char*>(b.data());
+  char* po = static_cast<char*>(const_cast<void*>(out.data()));
+  py::gil_scoped_release nogil;
+  binary_nd(active(), id, dt, pa, sa.data(), pb, sb.data(), po, static_cast<int>(shp.size()), shp.data());
+}
+
+void py_unary(const std::string& op, const py::array& x, const py::array& out, float alpha, float beta) {
+  const char* fn = "unary";
+  const int id = unary_id(op, fn);
+  need_f32(x, fn, "x");
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  const std::vector<i64> shp = shape_of(x);
+  check_out_shape(out, shp, fn);
+  const std::vector<i64> sx = strides_of(x);
+  const char* px = static_cast<const char*>(x.data());
+  float* po = static_cast<float*>(const_cast<void*>(out.data()));
+  py::gil_scoped_release nogil;
+  unary_nd(active(), id, px, sx.data(), po, static_cast<int>(shp.size()), shp.data(), alpha, beta);
+}
+
+// Row-wise ops: x is a 2-D (rows, n) float32 view, out a contiguous (rows, n).
+void rows_common(const char* fn, const py::array& x, const py::array& out) {
+  need_f32(x, fn, "x");
+  need_f32(out, fn, "out");
+  need_ndim(x, 2, fn, "x");
+  need_out(out, fn);
+  check_out_shape(out, {x.shape(0), x.shape(1)}, fn);
+}
+
+// A 1-D float32 parameter of length n, as a contiguous pointer (copied into `keep` if strided).
+const float* vec_param(const py::array& v, i64 n, std::vector<float>& keep, const char* fn, const char* name) {
+  need_f32(v, fn, name);
+  if (v.ndim() != 1 || v.shape(0) != n)
+    fail(std::string(fn) + ": " + name + " must have shape (" + std::to_string(n) + ",), got " + shape_str(v));
+  const i64 s = v.strides(0);
+  const char* p = static_cast<const char*>(v.data());
+  if (s == 4 || n <= 1) return reinterpret_cast<const float*>(p);
+  keep.resize(static_cast<std::size_t>(n));
+  for (i64 i = 0; i < n; ++i) std::memcpy(&keep[static_cast<std::size_t>(i)], p + i * s, 4);
+  return keep.data();
+}
+
+float* stat_out(const py::object& o, i64 rows, const char* fn, const char* name) {
+  if (o.is_none()) return nullptr;
+  if (!py::isinstance<py::array>(o)) fail(std::string(fn) + ": " + name + " must be a numpy array or None");
+  py::array a = py::reinterpret_borrow<py::array>(o);
+  need_f32(a, fn, name);
+  need_out(a, fn, name);
+  if (a.size() != rows)
+    fail(std::string(fn) + ": " + name + " must have " + std::to_string(rows) + " elements, got shape " +
+         shape_str(a));
+  return static_cast<float*>(const_cast<void*>(a.data()));
+}
+
+void py_softmax(const py::array& x, const py::array& out, bool log) {
+  rows_common("softmax", x, out);
+  const char* px = static_cast<const char*>(x.data());
+  float* po = static_cast<float*>(const_cast<void*>(out.data()));
+  const i64 rows = x.shape(0), n = x.shape(1), rs = x.strides(0), cs = x.strides(1);
+  py::gil_scoped_release nogil;
+  rows_nd(active(), RowOp::Softmax, px, rows, n, rs, cs, po, nullptr, nullptr, 0.f, nullptr, nullptr, log);
+}
+
+void py_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
+                   float eps, const py::object& mean_out, const py::object& invstd_out) {
+  const char* fn = "layer_norm";
+  rows_common(fn, x, out);
+  const i64 rows = x.shape(0), n = x.shape(1);
+  std::vector<float> ks, kb;
+  const float* ps = vec_param(scale, n, ks, fn, "scale");
+  const float* pb = nullptr;
+  if (!bias.is_none()) {
+    if (!py::isinstance<py::array>(bias)) fail("layer_norm: bias must be a numpy array or None");
+    pb = vec_param(py::reinterpret_borrow<py::array>(bias), n, kb, fn, "bias");
+  }
+  float* pm = stat_out(mean_out, rows, fn, "mean_out");
+  float* pi = stat_out(invstd_out, rows, fn, "invstd_out");
+  const char* px = static_cast<const char*>(x.data());
+  float* po = static_cast<float*>(const_cast<void*>(out.data()));
+  const i64 rs = x.strides(0), cs = x.strides(1);
+  py::gil_scoped_release nogil;
+  rows_nd(active(), RowOp::LayerNorm, px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, false);
+}
+
+void py_rms_norm(const py::array& x, const py::array& scale, const py::array& out, float eps) {
+  const char* fn = "rms_norm";
+  rows_common(fn, x, out);
+  const i64 rows = x.shape(0), n = x.shape(1);
+  std::vector<float> ks;
+  const float* ps = vec_param(scale, n, ks, fn, "scale");
+  const char* px = static_cast<const char*>(x.data());
+  float* po = static_cast<float*>(const_cast<void*>(out.data()));
+  const i64 rs = x.strides(0), cs = x.strides(1);
+  py::gil_scoped_release nogil;
+  rows_nd(active(), RowOp::RmsNorm, px, rows, n, rs, cs, po, ps, nullptr, eps, nullptr, nullptr, false);
+}
+
+// -------------------------------------------------------------------------------------------------------- data
+
+void need_plain_dtype(const py::array& a, const char* fn) {
+  if (a.dtype().kind() == 'O') fail(std::string(fn) + ": object arrays are not supported");
+}
+
+void py_copy(const py::array& src, const py::array& out) {
+  const char* fn = "copy";
+  need_plain_dtype(src, fn);
+  need_out(out, fn);
+  if (!src.dtype().is(out.dtype()))
+    fail("copy: src and out dtypes differ: " + std::string(py::str(src.dtype())) + " vs " +
+         std::string(py::str(out.dtype())));
+  const std::vector<i64> shp = shape_of(src), ss = strides_of(src);
+  check_out_shape(out, shp, fn);
+  const char* ps = static_cast<const char*>(src.data());
+  char* po = static_cast<char*>(const_cast<void*>(out.data()));
+  const i64 elem = src.itemsize();
+  py::gil_scoped_release nogil;
+  copy_strided(ps, static_cast<int>(shp.size()), shp.data(), ss.data(), po, elem, num_threads());
+}
+
+void py_gather(const py::array& data, const py::array& indices, i64 axis, const py::array& out) {
+  const char* fn = "gather";
+  need_plain_dtype(data, fn);
+  need_out(out, fn);
+  if (!is_i64(indices)) fail("gather: indices must be int64, got " + std::string(py::str(indices.dtype())));
+  if (!data.dtype().is(out.dtype())) fail("gather: out dtype must equal data dtype");
+  const i64 nd = data.ndim();
+  if (nd == 0) fail("gather: data must have at least 1 dimension");
+  if (axis < -nd || axis >= nd)
+    fail("gather: axis " + std::to_string(axis) + " out of range for data of shape " + shape_str(data));
+  if (axis < 0) axis += nd;
+  const std::vector<i64> dshape = shape_of(data), ishape = shape_of(indices);
+  std::vector<i64> want(dshape.begin(), dshape.begin() + axis);
+  want.insert(want.end(), ishape.begin(), ishape.end());
+  want.insert(want.end(), dshape.begin() + axis + 1, dshape.end());
+  check_out_shape(out, want, fn);
+  const i64 axis_len = dshape[static_cast<std::size_t>(axis)];
+  i64 outer = 1, inner = 1;
+  for (i64 d = 0; d < axis; ++d) outer *= dshape[static_cast<std::size_t>(d)];
+  for (i64 d = axis + 1; d < nd; ++d) inner *= dshape[static_cast<std::size_t>(d)];
+  const i64 elem = data.itemsize();
+  const i64 nidx = indices.size();
+  // Indices: contiguous int64 (copied if strided), validated before any write.
+  std::vector<std::int64_t> idx_keep;
+  const std::int64_t* idx = static_cast<const std::int64_t*>(indices.data());
+  if (!c_contiguous(indices)) {
+    idx_keep.resize(static_cast<std::size_t>(nidx));
+    const std::vector<i64> is = strides_of(indices);
+    copy_strided(static_cast<const char*>(indices.data()), static_cast<int>(ishape.size()), ishape.data(), is.data(),
+                 reinterpret_cast<char*>(idx_keep.data()), 8, 1);
+    idx = idx_keep.data();
+  }
+  for (i64 i = 0; i < nidx; ++i)
+    if (idx[i] < -axis_len || idx[i] >= axis_len)
+      fail("gather: index " + std::to_string(idx[i]) + " is out of range for axis " + std::to_string(axis) +
+           " of size " + std::to_string(axis_len));
+  const char* pd = static_cast<const char*>(data.data());
+  std::vector<char> data_keep;
+  if (!c_contiguous(data)) {
+    data_keep.resize(static_cast<std::size_t>(data.size() * elem));
+    const std::vector<i64> ds = strides_of(data);
+    copy_strided(pd, static_cast<int>(nd), dshape.data(), ds.data(), data_keep.data(), elem, num_threads());
+    pd = data_keep.data();
+  }
+  char* po = static_cast<char*>(const_cast<void*>(out.data()));
+  py::gil_scoped_release nogil;
+  gather_rows(pd, outer, axis_len, inner * elem, idx, nidx, po, num_threads());
+}
+
+// --------------------------------------------------------------------------------------------------------- cnn
+
+// NCHW float32 input as a contiguous pointer (copied into `keep` if it is a strided view).
+const float* nchw_input(const py::array& x, std::vector<float>& keep, const char* fn) {
+  need_f32(x, fn, "x");
+  need_ndim(x, 4, fn, "x");
+  if (c_contiguous(x)) return static_cast<const float*>(x.data());
+  keep.resize(static_cast<std::size_t>(x.size()));
+  const std::vector<i64> s = shape_of(x), st = strides_of(x);
+  copy_strided(static_cast<const char*>(x.data()), 4, s.data(), st.data(), reinterpret_cast<char*>(keep.data()), 4,
+               num_threads());
+  return keep.data();
+}
+
+template <class T>
+std::vector<i64> int_list(const T& v, std::size_t n, const char* fn, const char* name) {
+  if (v.size() != n) fail(std::string(fn) + ": " + name + " must have " + std::to_string(n) + " values");
+  return std::vector<i64>(v.begin(), v.end());
+}
+
+struct PyPackedConv {
+  std::unique_ptr<PackedConv> pc;
+};
+
+PyPackedConv py_prepack_conv(const py::array& w, i64 group) {
+  const char* fn = "prepack_conv";
+  need_f32(w, fn, "w");
+  need_ndim(w, 4, fn, "w");
+  if (group < 1) fail("prepack_conv: group must be >= 1");
+  const i64 cout = w.shape(0);
+  if (cout % group != 0)
+    fail("prepack_conv: output channels " + std::to_string(cout) + " not divisible by group " + std::to_string(group));
+  std::vector<float> keep;
+  const float* pw = static_cast<const float*>(w.data());
+  if (!c_contiguous(w)) {
+    keep.resize(static_cast<std::size_t>(w.size()));
+    const std::vector<i64> s = shape_of(w), st = strides_of(w);
+    copy_strided(static_cast<const char*>(w.data()), 4, s.data(), st.data(), reinterpret_cast<char*>(keep.data()), 4, 1);
+    pw = keep.data();
+  }
+  const i64 cin_g = w.shape(1), kh = w.shape(2), kw = w.shape(3);
+  py::gil_scoped_release nogil;
+  return PyPackedConv{prepack_conv(active(), pw, cout, cin_g, kh, kw, group)};
+}
+
+void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
+                      const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
+                      const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta) {
+  const char* fn = "conv2d";
+  const PackedConv& pc = *pk.pc;
+  std::vector<float> xkeep;
+  const float* px = nchw_input(x, xkeep, fn);
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  auto st = int_list(strides_in, 2, fn, "strides");
+  auto pd = int_list(pads_in, 4, fn, "pads");
+  auto dl = int_list(dil_in, 2, fn, "dilations");
+  ConvGeom g{};
+  g.N = x.shape(0);
+  g.C = x.shape(1);
+  g.H = x.shape(2);
+  g.W = x.shape(3);
+  g.Cout = pc.cout;
+  g.kh = pc.kh;
+  g.kw = pc.kw;
+  g.sh = st[0];
+  g.sw = st[1];
+  g.pt = pd[0];
+  g.pl = pd[1];
+  g.pb = pd[2];
+  g.pr = pd[3];
+  g.dh = dl[0];
+  g.dw = dl[1];
+  g.group = pc.group;
+  if (g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1) fail("conv2d: strides and dilations must be >= 1");
+  if (g.pt < 0 || g.pl < 0 || g.pb < 0 || g.pr < 0) fail("conv2d: pads must be >= 0");
+  if (g.C != pc.cin_g * pc.group)
+    fail("conv2d: x has " + std::to_string(g.C) + " channels but the weights expect " +
+         std::to_string(pc.cin_g * pc.group) + " (C/group=" + std::to_string(pc.cin_g) + ", group=" +
+         std::to_string(pc.group) + ")");
+  const i64 eh = g.H + g.pt + g.pb - g.dh * (g.kh - 1) - 1, ew = g.W + g.pl + g.pr - g.dw * (g.kw - 1) - 1;
+  if (eh < 0 || ew < 0) fail("conv2d: kernel larger than the padded input");
+  g.Ho = eh / g.sh + 1;
+  g.Wo = ew / g.sw + 1;
+  check_out_shape(out, {g.N, g.Cout, g.Ho, g.Wo}, fn);
+  Epilogue ep = activation(act, act_alpha, act_beta, fn);
+  std::vector<float> bkeep;
+  const float* pb = nullptr;
+  if (!bias.is_none()) {
+    if (!py::isinstance<py::array>(bias)) fail("conv2d: bias must be a numpy array or None");
+    pb = vec_param(py::reinterpret_borrow<py::array>(bias), g.Cout, bkeep, fn, "bias");
+  }
+  float* po = static_cast<float*>(const_cast<void*>(out.data()));
+  py::gil_scoped_release nogil;
+  conv2d_packed(pc, g, px, pb, po, ep);
+}
+
+void py_conv2d(const py::array& x, const py::array& w, const py::object& bias, const py::array& out,
+               const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil, i64 group,
+               const std::string& act, float act_alpha, float act_beta) {
+  PyPackedConv pk = py_prepack_conv(w, group);
+  py_conv2d_packed(x, pk, bias, out, strides, pads, dil, act, act_alpha, act_beta);
+}
+
+struct PoolGeom {
+  i64 NC, H, W, Ho, Wo;
+  const float* x;
+  float* out;
+};
+
+PoolGeom pool_common(const py::array& x, const py::array& out, std::vector<float>& keep, const char* fn) {
+  const float* px = nchw_input(x, keep, fn);
+  need_f32(out, fn, "out");
+  need_ndim(out, 4, fn, "out");
+  need_out(out, fn);
+  if (out.shape(0) != x.shape(0) || out.shape(1) != x.shape(1))
+    fail(std::string(fn) + ": out " + shape_str(out) + " must keep N and C of x " + shape_str(x));
+  return PoolGeom{x.shape(0) * x.shape(1), x.shape(2), x.shape(3), out.shape(2), out.shape(3), px,
+                  static_cast<float*>(const_cast<void*>(out.data()))};
+}
+
+void check_pool_out(const PoolGeom& p, i64 kh, i64 kw, i64 sh, i64 sw, const std::vector<i64>& pd, i64 dh, i64 dw,
+                    const char* fn) {
+  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1)
+    fail(std::string(fn) + ": kernel, strides and dilations must be >= 1");
+  for (i64 v : pd)
+    if (v < 0) fail(std::string(fn) + ": pads must be >= 0");
+  // Accept floor and ceil mode output sizes; every window must start inside the padded input.
+  const i64 eh = p.H + pd[0] + pd[2] - dh * (kh - 1) - 1, ew = p.W + pd[1] + pd[3] - dw * (kw - 1) - 1;
+  if (eh < 0 || ew < 0) fail(std::string(fn) + ": kernel larger than the padded input");
+  const i64 hf = eh / sh + 1, wf = ew / sw + 1, hc = (eh + sh - 1) / sh + 1, wc = (ew + sw - 1) / sw + 1;
+  if ((p.Ho != hf && p.Ho != hc) || (p.Wo != wf && p.Wo != wc))
+    fail(std::string(fn) + ": output spatial size (" + std::to_string(p.Ho) + ", " + std::to_string(p.Wo) +
+         ") does not match the input, kernel, strides and pads (expected (" + std::to_string(hf) + ", " +
+         std::to_string(wf) + "), or (" + std::to_string(hc) + ", " + std::to_string(wc) + ") with ceil_mode)");
+}
+
+void py_max_pool2d(const py::array& x, const py::array& out, const std::vector<i64>& kernel,
+                   const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil) {
+  const char* fn = "max_pool2d";
+  std::vector<float> keep;
+  PoolGeom p = pool_common(x, out, keep, fn);
+  auto k = int_list(kernel, 2, fn, "kernel");
+  auto s = int_list(strides, 2, fn, "strides");
+  auto pd = int_list(pads, 4, fn, "pads");
+  auto d = int_list(dil, 2, fn, "dilations");
+  check_pool_out(p, k[0], k[1], s[0], s[1], pd, d[0], d[1], fn);
+  py::gil_scoped_release nogil;
+  max_pool2d(p.x, p.out, p.NC, p.H, p.W, p.Ho, p.Wo, k[0], k[1], s[0], s[1], pd[0], pd[1], d[0], d[1]);
+}
+
+void py_avg_pool2d(const py::array& x, const py::array& out, const std::vector<i64>& kernel,
+                   const std::vector<i64>& strides, const std::vector<i64>& pads, bool count_include_pad) {
+  const char* fn = "avg_pool2d";
+  std::vector<float> keep;
+  PoolGeom p = pool_common(x, out, keep, fn);
+  auto k = int_list(kernel, 2, fn, "kernel");
+  auto s = int_list(strides, 2, fn, "strides");
+  auto pd = int_list(pads, 4, fn, "pads");
+  check_pool_out(p, k[0], k[1], s[0], s[1], pd, 1, 1, fn);
+  py::gil_scoped_release nogil;
+  avg_pool2d(p.x, p.out, p.NC, p.H, p.W, p.Ho, p.Wo, k[0], k[1], s[0], s[1], pd[0], pd[1], pd[2], pd[3],
+             count_include_pad);
+}
+
+void py_global_avg_pool(const py::array& x, const py::array& out) {
+  const char* fn = "global_avg_pool";
+  std::vector<float> keep;
+  PoolGeom p = pool_common(x, out, keep, fn);
+  if (p.Ho != 1 || p.Wo != 1) fail("global_avg_pool: out must have shape (N, C, 1, 1), got " + shape_str(out));
+  py::gil_scoped_release nogil;
+  global_avg_pool(p.x, p.out, p.NC, p.H * p.W);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "hetero CPU kernels: packed GEMM, elementwise, normalisation, data movement and CNN ops";
+
+  m.def("isa", &isa_name, "The active instruction-set path: avx512, avx2, neon or generic.");
+  m.def("available_isas", &available_isas, "ISA paths this CPU can run, best first.");
+  m.def("set_isa", &set_isa, py::arg("name"), "Select an ISA path (tests/benchmarks); ValueError if unavailable.");
+  m.def("num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, py::arg("n"));
+
+  py::class_<PackedB>(m, "PackedB", "B pre-packed in the micro-kernel's panel layout (weights).")
+      .def_property_readonly("k", [](const PackedB& p) { return p.k; })
+      .def_property_readonly("n", [](const PackedB& p) { return p.n; })
+      .def_property_readonly("isa", [](const PackedB& p) { return std::string(p.kr->name); })
+      .def_property_readonly("nbytes", [](const PackedB& p) { return static_cast<i64>(p.buf.cap * sizeof(float)); })
+      .def("__repr__", [](const PackedB& p) {
+        return "<PackedB k=" + std::to_string(p.k) + " n=" + std::to_string(p.n) + " isa=" + p.kr->name + ">";
+      });
+
+  m.def("gemm", &py_gemm, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("trans_a") = false,
+        py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f, py::arg("bias") = py::none(),
+        "out = alpha * op(a) @ op(b) + beta * out + bias (bias broadcastable to (M, N)).");
+  m.def("pack_b", &py_pack_b, py::arg("b"), py::arg("trans_b") = false);
+  m.def("gemm_packed", &py_gemm_packed, py::arg("a"), py::arg("packed"), py::arg("out"), py::arg("alpha") = 1.0f,
+        py::arg("beta") = 0.0f, py::arg("bias") = py::none());
+  m.def("matmul", &py_matmul, py::arg("a"), py::arg("b"), py::arg("out"),
+        "Batched: a (Ba, M, K) @ b (Bb, K, N) -> out (B, M, N), Ba and Bb in {1, B}.");
+  m.def("matmul_packed", &py_matmul_packed, py::arg("a"), py::arg("packed"), py::arg("out"));
+
+  m.def("binary", &py_binary, py::arg("op"), py::arg("a"), py::arg("b"), py::arg("out"));
+  m.def("unary", &py_unary, py::arg("op"), py::arg("x"), py::arg("out"), py::arg("alpha") = 0.0f,
+        py::arg("beta") = 0.0f);
+  m.def("unary_ops", [] {
+    std::vector<std::string> v;
+    for (const auto& kv : unary_ops()) v.push_back(kv.first);
+    return v;
+  });
+  m.def("softmax", &py_softmax, py::arg("x"), py::arg("out"), py::arg("log") = false);
+  m.def("layer_norm", &py_layer_norm, py::arg("x"), py::arg("scale"), py::arg("bias"), py::arg("out"),
+        py::arg("epsilon") = 1e-5f, py::arg("mean_out") = py::none(), py::arg("invstd_out") = py::none());
+  m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("scale"), py::arg("out"), py::arg("epsilon") = 1e-6f);
+
+  m.def("copy", &py_copy, py::arg("src"), py::arg("out"));
+  m.def("gather", &py_gather, py::arg("data"), py::arg("indices"), py::arg("axis"), py::arg("out"));
+
+  py::class_<PyPackedConv>(m, "PackedConv", "Convolution weights packed once for conv2d_packed.")
+      .def_property_readonly("out_channels", [](const PyPackedConv& p) { return p.pc->cout; })
+      .def_property_readonly("in_channels", [](const PyPackedConv& p) { return p.pc->cin_g * p.pc->group; })
+      .def_property_readonly("kernel", [](const PyPackedConv& p) { return py::make_tuple(p.pc->kh, p.pc->kw); })
+      .def_property_readonly("group", [](const PyPackedConv& p) { return p.pc->group; })
+      .def_property_readonly("depthwise", [](const PyPackedConv& p) { return p.pc->depthwise; });
+  m.def("prepack_conv", &py_prepack_conv, py::arg("w"), py::arg("group") = 1);
+  const std::vector<i64> one2{1, 1}, zero4{0, 0, 0, 0};
+  m.def("conv2d", &py_conv2d, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("out"),
+        py::arg("strides") = one2, py::arg("pads") = zero4, py::arg("dilations") = one2, py::arg("group") = 1,
+        py::arg("activation") = "none", py::arg("activation_alpha") = 0.0f, py::arg("activation_beta") = 0.0f);
+  m.def("conv2d_packed", &py_conv2d_packed, py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("out"),
+        py::arg("strides") = one2, py::arg("pads") = zero4, py::arg("dilations") = one2,
+        py::arg("activation") = "none", py::arg("activation_alpha") = 0.0f, py::arg("activation_beta") = 0.0f);
+  m.def("max_pool2d", &py_max_pool2d, py::arg("x"), py::arg("out"), py::arg("kernel"), py::arg("strides") = one2,
+        py::arg("pads") = zero4, py::arg("dilations") = one2);
+  m.def("avg_pool2d", &py_avg_pool2d, py::arg("x"), py::arg("out"), py::arg("kernel"), py::arg("strides") = one2,
+        py::arg("pads") = zero4, py::arg("count_include_pad") = false);
+  m.def("global_avg_pool", &py_global_avg_pool, py::arg("x"), py::arg("out"));
+}

@@ -1,0 +1,117 @@
+"""Graph passes: each rewrite keeps the model's outputs (checked against the unoptimised graph) and fires where
+it should."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import hetero
+from conftest import backend_ok, make_model
+from hetero.demo import tiny_cnn
+
+BACKENDS = ["reference"] + (["cpu"] if backend_ok("cpu")[0] else [])
+
+
+def _compare(model, feeds, backend: str, rtol: float = 1e-5, atol: float = 1e-5) -> hetero.Session:
+    plain = hetero.Session(model, backends=["reference"], optimize=False).run(feeds)
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    for name, value in session.run(feeds).items():
+        np.testing.assert_allclose(value, plain[name], rtol=rtol, atol=atol)
+    return session
+
+
+def _ops(session: hetero.Session) -> list[str]:
+    return [n.op_type for n in session.graph.nodes]
+
+
+def _conv_model(activation_nodes, rng):
+    w = rng.normal(size=(8, 3, 3, 3)).astype(np.float32)
+    b = rng.normal(size=8).astype(np.float32)
+    stats = [rng.uniform(0.5, 1.5, 8), rng.normal(size=8), rng.normal(size=8), rng.uniform(0.5, 2, 8)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "s", "sh", "m", "v"], ["bn"], epsilon=1e-3),
+        *activation_nodes,
+    ]
+    inits = [("w", w), ("b", b), *zip(["s", "sh", "m", "v"], [a.astype(np.float32) for a in stats], strict=True)]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 8, 8])], [("y", TensorProto.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "acts, fused",
+    [
+        ([helper.make_node("Relu", ["bn"], ["y"])], "Relu"),
+        ([helper.make_node("Clip", ["bn", "lo", "hi"], ["y"])], "Clip"),
+        ([helper.make_node("LeakyRelu", ["bn"], ["y"], alpha=0.2)], "LeakyRelu"),
+        ([helper.make_node("HardSigmoid", ["bn"], ["y"], alpha=0.3, beta=0.4)], "HardSigmoid"),
+        ([helper.make_node("Sigmoid", ["bn"], ["sg"]), helper.make_node("Mul", ["bn", "sg"], ["y"])], "Silu"),
+        ([helper.make_node("Sigmoid", ["bn"], ["y"])], "Sigmoid"),
+    ],
+)
+def test_conv_bn_activation_fuse_to_one_node(backend, acts, fused):
+    rng = np.random.default_rng(0)
+    model = _conv_model(acts, rng)
+    if fused == "Clip":
+        model.graph.initializer.extend([helper.make_tensor("lo", TensorProto.FLOAT, [], [0.0]),
+                                        helper.make_tensor("hi", TensorProto.FLOAT, [], [6.0])])
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    session = _compare(model, {"x": x}, backend)
+    assert _ops(session) == ["FusedConv"]
+    assert session.graph.nodes[0].attrs["activation"] == fused
+    assert session.rewrites["fold_conv_batchnorm"] == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matmul_bias_activation(backend):
+    rng = np.random.default_rng(1)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["bias", "m"], ["a"]),
+         helper.make_node("Tanh", ["a"], ["y"])],
+        [("x", TensorProto.FLOAT, [2, 5, 6])], [("y", TensorProto.FLOAT, [2, 5, 4])],
+        [("w", rng.normal(size=(6, 4)).astype(np.float32)), ("bias", rng.normal(size=4).astype(np.float32))],
+    )
+    session = _compare(model, {"x": rng.normal(size=(2, 5, 6)).astype(np.float32)}, backend)
+    assert _ops(session) == ["FusedMatMul"]
+
+
+def test_no_fusion_when_the_intermediate_is_used_twice():
+    rng = np.random.default_rng(2)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+         helper.make_node("Add", ["m", "r"], ["y"])],
+        [("x", TensorProto.FLOAT, [3, 4])], [("y", TensorProto.FLOAT, [3, 4])],
+        [("w", rng.normal(size=(4, 4)).astype(np.float32))],
+    )
+    session = _compare(model, {"x": rng.normal(size=(3, 4)).astype(np.float32)}, "reference")
+    assert _ops(session) == ["MatMul", "Relu", "Add"]
+
+
+def test_no_fusion_of_a_graph_output():
+    rng = np.random.default_rng(3)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+        [("x", TensorProto.FLOAT, [3, 4])], [("y", TensorProto.FLOAT, [3, 4]), ("m", TensorProto.FLOAT, [3, 4])],
+        [("w", rng.normal(size=(4, 4)).astype(np.float32))],
+    )
+    session = _compare(model, {"x": rng.normal(size=(3, 4)).astype(np.float32)}, "reference")
+    assert _ops(session) == ["MatMul", "Relu"]
+
+
+def test_identity_and_dropout_are_removed():
+    model = make_model(
+        [helper.make_node("Identity", ["x"], ["a"]), helper.make_node("Dropout", ["a"], ["b"]),
+         helper.make_node("Neg", ["b"], ["y"])],
+        [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, [4])], opset=13,
+    )
+    session = _compare(model, {"x": np.arange(4, dtype=np.float32)}, "reference")
+    assert _ops(session) == ["Neg"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiny_cnn_end_to_end(backend):
+    x = np.random.default_rng(4).normal(size=(2, 3, 32, 32)).astype(np.float32)
+    session = _compare(tiny_cnn(), {"image": x}, backend, rtol=1e-4, atol=1e-6)
+    assert "BatchNormalization" not in _ops(session)
