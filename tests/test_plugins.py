@@ -153,7 +153,7 @@ BAD: dict[str, Bad] = {
         },
         plugins.INCOMPATIBLE,
         ["targets plugin API 2.0"],
-        ["pip install -U hetero-tplug-factory"],
+        ["pip install -U hetero, or a hetero-tplug-factory release"],
         native="tplug_factory_native",
     ),
     "probe unavailable": Bad(
@@ -438,13 +438,16 @@ def test_register_ops_hook_adds_an_op_models_can_use(site: Site, monkeypatch: py
     np.testing.assert_array_equal(session.run({"x": X})["y"], X * 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plugins._probe: a factory whose api_version is NEWER than hetero's gets the hint 'pip install -U "
-    "<plugin>' (upgrade the plugin), which cannot help; it should say to upgrade hetero, as the module-level "
-    "check does",
-)
 def test_newer_factory_api_hint_says_upgrade_hetero(site: Site) -> None:
     install_bad(site, BAD["factory api_version"])
     site.reload()
     assert "pip install -U hetero," in plugins.status("tplug_factory").hint
+
+
+def test_a_plugin_cannot_take_the_name_of_another_backend(site: Site) -> None:
+    site.add("hetero-timpostor", {"timpostor.py": backend_module("reference")}, {"timpostor": "timpostor"})
+    site.reload()
+    impostor = next(r for r in plugins.statuses() if r.plugin == "timpostor")
+    assert impostor.status == plugins.BROKEN and "already" in impostor.reason
+    session = hetero.Session(relu_model(), backends=["reference"], on_fallback="silent")
+    assert type(session.backends[0]).__module__ == "hetero.reference"

@@ -109,7 +109,9 @@ def _discover(registry: Registry) -> None:
     registry.manager = manager
     allow = _allowlist()
     seen: set[str] = set()
-    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    # The core's own reference loads first, so that no plugin can take its name.
+    entry_points = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name != CORE_PLUGIN, e.name))
+    for ep in entry_points:
         if ep.name in seen:  # the same distribution visible twice on sys.path
             continue
         seen.add(ep.name)
@@ -142,12 +144,7 @@ def _load_one(registry: Registry, manager: pluggy.PluginManager, ep: Any, row: P
             if declared is not None
             else "plugin does not state api_version"
         )
-        older = declared is not None and _major(str(declared)) < _major(API_VERSION)
-        row.hint = (
-            f"pip install -U {row.distribution}  (it targets an older hetero)"
-            if older
-            else f"pip install -U hetero, or a {row.distribution} release for hetero API {API_VERSION}"
-        )
+        row.hint = _upgrade_hint(None if declared is None else str(declared), row.distribution)
         return [row]
 
     try:
@@ -175,7 +172,18 @@ def _load_one(registry: Registry, manager: pluggy.PluginManager, ep: Any, row: P
     if not factories:  # a plugin that only adds ops, kernels or loaders
         row.status, row.reason = OK, "adds ops/kernels/loaders only"
         return [row]
-    return [_probe(row, factory) for factory in factories]
+    rows = []
+    for factory in factories:
+        owner = next((r for r in [*registry.statuses, *rows] if r.name == factory.name and r.factory), None)
+        if owner is not None:  # backend names are unique: a second one would shadow the first in every session
+            rows.append(PluginStatus(
+                factory.name, row.plugin, row.distribution, row.version, BROKEN,
+                reason=f"backend name {factory.name!r} is already registered by {owner.distribution}",
+                hint=f"report it to the authors of {row.distribution}",
+            ))
+            continue
+        rows.append(_probe(row, factory))
+    return rows
 
 
 def _probe(template: PluginStatus, factory: Factory) -> PluginStatus:
@@ -183,10 +191,11 @@ def _probe(template: PluginStatus, factory: Factory) -> PluginStatus:
         factory.name, template.plugin, template.distribution, template.version, BROKEN,
         factory=factory, priority=getattr(factory, "priority", 50),
     )
-    if _major(str(getattr(factory, "api_version", API_VERSION))) != _major(API_VERSION):
+    declared = str(getattr(factory, "api_version", API_VERSION))
+    if _major(declared) != _major(API_VERSION):
         row.status = INCOMPATIBLE
-        row.reason = f"factory {factory.name} targets plugin API {factory.api_version}, hetero has {API_VERSION}"
-        row.hint = f"pip install -U {row.distribution}"
+        row.reason = f"factory {factory.name} targets plugin API {declared}, hetero has {API_VERSION}"
+        row.hint = _upgrade_hint(declared, row.distribution)
         return row
     try:
         devices = list(factory.probe())
@@ -215,10 +224,18 @@ def _call_hook(manager: pluggy.PluginManager, module: Any, hook_name: str, regis
     caller(register=register)
 
 
+def _upgrade_hint(declared: str | None, distribution: str) -> str:
+    """Which side to upgrade: the plugin when it targets an older API, hetero when it targets a newer one."""
+    if declared is not None and _major(declared) < _major(API_VERSION):
+        return f"pip install -U {distribution}  (it targets an older hetero)"
+    return f"pip install -U hetero, or a {distribution} release for hetero API {API_VERSION}"
+
+
 def _register_op(schema: Any) -> None:
     from .ops import registry
 
-    registry.register(schema, replace=True)
+    # No replacing: built-in references are the oracle every backend is tested against.
+    registry.register(schema, replace=False)
 
 
 def _unregister(manager: pluggy.PluginManager, module: Any) -> None:

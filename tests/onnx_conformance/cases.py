@@ -2,7 +2,8 @@
 
 ``onnx.backend.test.loader.load_node_model_tests()`` generates every case (~10-30 s); the cache keeps the serialized
 model and the input/output data so later runs start at once. Values are tagged: ``("array", ndarray)``,
-``("tensor", bytes)`` for a TensorProto numpy cannot hold (float8, int4...), ``("sequence", [...])``, ``("none", None)``.
+``("tensor", bytes)`` for a TensorProto numpy cannot hold (float8, int4...), ``("sequence", [...])``,
+``("none", None)``.
 """
 
 from __future__ import annotations

@@ -10,13 +10,18 @@ are skipped as "not-supported". The run ends with one summary line per backend.
 from __future__ import annotations
 
 import fnmatch
-import tomllib
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from .cases import NodeCase, load_cases
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest itself depends on tomli before 3.11
+    import tomli as tomllib
 
 HERE = Path(__file__).parent
 NOT_SUPPORTED = "not-supported"

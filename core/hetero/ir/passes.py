@@ -68,7 +68,8 @@ def fold_conv_batchnorm(graph: Graph) -> int:
             continue
         bias = (np.asarray(graph.initializers[conv.inputs[2]], np.float64)
                 if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0]))
-        mul = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+        with np.errstate(invalid="ignore", divide="ignore"):  # a broken model's statistics stay its own problem
+            mul = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
         w_name, b_name = f"{conv.name}/folded_w", f"{conv.name}/folded_b"
         graph.initializers[w_name] = (w * mul.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
         graph.initializers[b_name] = ((bias - mean) * mul + shift).astype(np.float32)

@@ -179,7 +179,7 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.json")) -> LlmC
         o_bias=family != "qwen2" and attention_bias,
         qk_norm=family in ("qwen3", "qwen3_moe"),
         torch_dtype=str(data.get("dtype") or data.get("torch_dtype") or "float32"),
-        num_experts=r.int("num_experts") if moe else 0,
+        num_experts=_num_experts(data, r) if moe else 0,
         num_experts_per_tok=r.int("num_experts_per_tok") if moe else 0,
         moe_intermediate_size=r.int("moe_intermediate_size") if moe else 0,
         norm_topk_prob=r.bool("norm_topk_prob", True) if moe else True,
@@ -189,6 +189,12 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.json")) -> LlmC
         bos_token_id=data.get("bos_token_id") if isinstance(data.get("bos_token_id"), int) else None,
         raw=data,
     )
+
+
+def _num_experts(data: dict[str, Any], r: _Reader) -> int:
+    # transformers 5 writes "num_local_experts" where checkpoints on the Hub say "num_experts"
+    return r.int("num_local_experts") if "num_experts" not in data and "num_local_experts" in data \
+        else r.int("num_experts")
 
 
 def _ids(value: Any, path: Path, key: str) -> tuple[int, ...]:

@@ -110,3 +110,59 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
     mode = ctx.attr("qk_matmul_output_mode", 0)
     qk = {0: qk_raw, 1: qk_capped, 2: qk_biased, 3: probs}[mode]
     return [y.astype(q_in.dtype), present_k.astype(k_in.dtype), present_v.astype(v_in.dtype), qk.astype(q_in.dtype)]
+
+
+def _rotary_infer(ctx: OpContext) -> list[TensorInfo]:
+    return [input_info(ctx, 0)]
+
+
+@op("RotaryEmbedding", infer=_rotary_infer)
+def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
+    """Rotate (pairs of) the first rotary_embedding_dim features of each head by position-dependent angles."""
+    x, cos_cache, sin_cache = ctx.values[:3]
+    positions = ctx.values[3] if ctx.has_input(3) else None
+    # Work in (batch, seq, heads, head_size).
+    if x.ndim == 4:
+        xs = x.transpose(0, 2, 1, 3)
+    else:
+        heads = ctx.attr("num_heads")
+        xs = x.reshape(x.shape[0], x.shape[1], heads, -1)
+    xs = xs.astype(np.float64)
+    rot = ctx.attr("rotary_embedding_dim", 0) or xs.shape[-1]
+    cos = cos_cache[positions] if positions is not None else cos_cache
+    sin = sin_cache[positions] if positions is not None else sin_cache
+    cos, sin = cos[:, :, None, : rot // 2].astype(np.float64), sin[:, :, None, : rot // 2].astype(np.float64)
+    part = xs[..., :rot]
+    interleaved = bool(ctx.attr("interleaved", 0))
+    x1, x2 = (part[..., 0::2], part[..., 1::2]) if interleaved else (part[..., : rot // 2], part[..., rot // 2 :])
+    r1, r2 = cos * x1 - sin * x2, sin * x1 + cos * x2
+    rotated = np.stack([r1, r2], axis=-1).reshape(part.shape) if interleaved else np.concatenate([r1, r2], axis=-1)
+    out = np.concatenate([rotated, xs[..., rot:]], axis=-1)
+    out = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)
+    return [out.astype(x.dtype)]
+
+
+@op("SwiGLU", infer=lambda ctx: [input_info(ctx, 0)])
+def swiglu(ctx: OpContext) -> list[np.ndarray]:
+    """Swish(A) * B: the gated activation of LLaMA-style MLPs."""
+    a, b = ctx.values[0], ctx.values[1]
+    a64 = a.astype(np.float64)
+    return [(a64 / (1 + np.exp(-ctx.attr("alpha", 1.0) * a64)) * b).astype(a.dtype)]
+
+
+@op("TensorScatter", infer=lambda ctx: [input_info(ctx, 0)])
+def tensor_scatter(ctx: OpContext) -> list[np.ndarray]:
+    """Write ``update`` into a copy of the cache along ``axis`` at each batch entry's write index (circular wraps)."""
+    cache, update = ctx.values[0], ctx.values[1]
+    axis = ctx.attr("axis", -2)
+    axis = axis + cache.ndim if axis < 0 else axis
+    starts = ctx.values[2].astype(np.int64) if ctx.has_input(2) else np.zeros(cache.shape[0], dtype=np.int64)
+    circular = ctx.attr("mode", "linear") == "circular"
+    out = cache.copy()
+    length, capacity = update.shape[axis], cache.shape[axis]
+    for b in range(cache.shape[0]):
+        where = starts[b] + np.arange(length)
+        where = where % capacity if circular else where
+        view = np.moveaxis(out[b], axis - 1, 0)
+        view[where] = np.moveaxis(update[b], axis - 1, 0)
+    return [out]

@@ -110,7 +110,7 @@ def constant_of_shape(ctx: OpContext) -> list[np.ndarray]:
 
 # -- Range / EyeLike -----------------------------------------------------------------------------------------------
 def _range_len(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> int:
-    return max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
+    return max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
 
 
 def _range_infer(ctx: OpContext) -> list[TensorInfo]:

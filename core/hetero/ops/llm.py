@@ -26,7 +26,7 @@ from ..ir.graph import HETERO_DOMAIN
 from ..llm import quant
 from ..tensor import Dim, TensorInfo
 from .registry import OpContext, op
-from .shapes import input_info, same_as_input
+from .shapes import input_info
 
 _FLOAT_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 

@@ -7,14 +7,13 @@ axis the begin/end pads and the output size, from kernel, strides, dilations, pa
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
 from .. import dtypes
 from ..tensor import Dim, Shape, TensorInfo
 from .registry import OpContext, op
-from .shapes import input_info, normalize_axis, same_as_input, shape_of, unknown
+from .shapes import input_info, normalize_axis, same_as_input, unknown
 
 
 # -- window geometry -----------------------------------------------------------------------------------------------
@@ -225,7 +224,7 @@ def _pool_infer(ctx: OpContext) -> list[TensorInfo]:
 def _pool_taps(ctx: OpContext, x: np.ndarray, fill: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
     kernel = list(ctx.attr("kernel_shape"))
     strides, dilations = _spatial_attrs(ctx, len(kernel), kernel)
-    outs, begins, ends = _geometry(ctx, x.shape[2:], kernel, bool(ctx.attr("ceil_mode", 0)))
+    outs, begins, _ = _geometry(ctx, x.shape[2:], kernel, bool(ctx.attr("ceil_mode", 0)))
     taps, inside = _windows(x, kernel, strides, dilations, outs, begins, fill)  # type: ignore[arg-type]
     return taps, inside, outs  # type: ignore[return-value]
 
@@ -252,9 +251,6 @@ def max_pool(ctx: OpContext) -> list[np.ndarray]:
     coords = [grids[i][None, None] * strides[i] + offsets[which, i] * dilations[i] - begins[i]  # type: ignore
               for i in range(len(kernel))]
     if ctx.attr("storage_order", 0):
-        flat = np.zeros_like(coords[0])
-        for i in reversed(range(len(kernel))):
-            flat = flat * spatial[i] + coords[i]
         flat = sum(coords[i] * int(np.prod(spatial[:i])) for i in range(len(kernel)))
     else:
         flat = np.ravel_multi_index(tuple(coords), spatial)  # type: ignore[arg-type]
@@ -274,8 +270,7 @@ def average_pool(ctx: OpContext) -> list[np.ndarray]:
         _, begins, ends = _geometry(ctx, x.shape[2:], kernel, bool(ctx.attr("ceil_mode", 0)))
         padded_shape = tuple(s + b + e for s, b, e in zip(x.shape[2:], begins, ends, strict=True))  # type: ignore
         ones = np.ones((1, 1, *padded_shape))
-        geometry_ctx_pads = [0] * (2 * len(kernel))
-        _, counted = _windows(ones, kernel, strides, dilations, outs, geometry_ctx_pads[: len(kernel)], 0)
+        _, counted = _windows(ones, kernel, strides, dilations, outs, [0] * len(kernel), 0)
         count = counted.sum(axis=0)
     else:
         count = inside.sum(axis=0)
@@ -600,5 +595,3 @@ def det(ctx: OpContext) -> list[np.ndarray]:
     x = ctx.values[0]
     return [np.asarray(np.linalg.det(x.astype(np.float64))).astype(x.dtype)]
 
-
-_ = (math, shape_of)  # kept for helpers below

@@ -18,7 +18,7 @@ from .shapes import UNKNOWN_VALUE, input_info, normalize_axis, unknown
 _AXES_INPUT_SINCE = {"ReduceSum": 13}
 
 
-def _axes(ctx: OpContext, rank: int) -> list[int] | None | object:
+def _axes(ctx: OpContext, rank: int) -> list[int] | object | None:
     """Normalized axes; None: identity (noop_with_empty_axes); UNKNOWN_VALUE: not known statically."""
     if ctx.opset >= _AXES_INPUT_SINCE.get(ctx.node.op_type, 18):
         if ctx.has_input(1):

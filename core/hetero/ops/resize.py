@@ -61,7 +61,7 @@ def _plan(ctx: OpContext, shape: Shape) -> _Plan | None:
             return _Plan(axes, [None] * len(axes), [None] * len(axes), roi, False)
         ratios = [s / shape[a] for a, s in zip(axes, sizes, strict=True)]  # type: ignore[operator]
         scale = min(ratios) if policy == "not_larger" else max(ratios)
-        out = [int(math.floor(scale * shape[a] + 0.5)) for a in axes]  # type: ignore[operator]
+        out = [math.floor(scale * shape[a] + 0.5) for a in axes]  # type: ignore[operator]
         return _Plan(axes, out, [scale] * len(axes), roi, False)  # type: ignore[arg-type]
     if scales_i is None:
         scales = [float(s) for s in ctx.attr("scales")]
@@ -81,7 +81,7 @@ def _plan(ctx: OpContext, shape: Shape) -> _Plan | None:
         if roi is not None and ctx.attr("coordinate_transformation_mode", "") == "tf_crop_and_resize":
             r = np.asarray(roi, dtype=np.float64).reshape(-1)
             extent = r[len(axes) + i] - r[i]
-        out_sizes.append(int(math.floor(shape[a] * extent * scales[i] + 1e-9)))  # type: ignore[operator]
+        out_sizes.append(math.floor(shape[a] * extent * scales[i] + 1e-9))  # type: ignore[operator]
     return _Plan(axes, out_sizes, scales, roi, True)  # type: ignore[arg-type]
 
 

@@ -124,10 +124,7 @@ def _run(ctx: OpContext, n_gates: int, n_states: int, make_cell: Callable[[int, 
             y[:, d] = _reverse_valid(y[:, d], lens)
         for k in range(n_states):
             finals[k][d] = states[k]
-    if layout:
-        outs = [np.transpose(y, (2, 0, 1, 3)), *[np.swapaxes(f, 0, 1) for f in finals]]
-    else:
-        outs = [y, *finals]
+    outs = [np.transpose(y, (2, 0, 1, 3)), *[np.swapaxes(f, 0, 1) for f in finals]] if layout else [y, *finals]
     return [o.astype(x.dtype) for o in outs]
 
 

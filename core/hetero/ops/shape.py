@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .. import dtypes
@@ -241,7 +243,7 @@ def split(ctx: OpContext) -> list[np.ndarray]:
     bounds = np.cumsum([0, *sizes])  # type: ignore[list-item]
     index = [slice(None)] * x.ndim
     outs = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds):
         index[axis] = slice(int(lo), int(hi))
         outs.append(x[tuple(index)])
     return outs
@@ -257,21 +259,22 @@ def _slice_args(ctx: OpContext) -> tuple[list[int], list[int], list[int] | None,
     return int_list(vals[0]), int_list(vals[1]), int_list(vals[2]), int_list(vals[3])  # type: ignore[return-value]
 
 
-def _slices(ctx: OpContext, shape: Shape) -> list[slice] | None:
-    """Python slices per axis, or None when an axis they touch has an unknown size."""
+def _slices(ctx: OpContext, shape: Shape) -> list[slice | None]:
+    """Python slices per axis; None for a sliced axis whose size is unknown."""
     args = _slice_args(ctx)
     assert args is not None
     starts, ends, axes, steps = args
     rank = len(shape)
     axes = list(range(len(starts))) if axes is None else [normalize_axis(ctx, a, rank) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
-    out = [slice(None)] * rank
+    out: list[slice | None] = [slice(None)] * rank
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         if step == 0:
             raise ctx.fail("slice step cannot be 0")
         dim = shape[axis]
         if dim is None:
-            return None
+            out[axis] = None
+            continue
         # Clamp like the spec: into [0, dim] for positive steps, [-1, dim-1] for negative ones.
         start = start + dim if start < 0 else start
         end = end + dim if end < 0 else end
@@ -289,16 +292,9 @@ def _slice_infer(ctx: OpContext) -> list[TensorInfo]:
         return [unknown(x.dtype)]
     if _slice_args(ctx) is None:
         return [unknown(x.dtype, len(x.shape))]
-    slices = _slices(ctx, x.shape)
-    if slices is None:
-        args = _slice_args(ctx)
-        assert args is not None
-        axes = args[2]
-        touched = set(range(len(args[0])) if axes is None else (normalize_axis(ctx, a, len(x.shape)) for a in axes))
-        return [TensorInfo(x.dtype, tuple(None if i in touched else d for i, d in enumerate(x.shape)))]
     dims = tuple(
-        d if s == slice(None) else len(range(*s.indices(d)))  # type: ignore[arg-type]
-        for d, s in zip(x.shape, slices, strict=True)
+        None if s is None else d if s == slice(None) else len(range(*s.indices(d)))  # type: ignore[arg-type]
+        for d, s in zip(x.shape, _slices(ctx, x.shape), strict=True)
     )
     return [TensorInfo(x.dtype, dims)]
 
@@ -655,8 +651,8 @@ def _nonzero_infer(ctx: OpContext) -> list[TensorInfo]:
     rank = None if x.shape is None else len(x.shape)
     if value is None:
         return [TensorInfo(dtypes.int64, (rank, None))]
-    return [TensorInfo(dtypes.int64, (max(value.ndim, 1) if value.ndim == 0 else value.ndim,
-                                      int(np.count_nonzero(value))))]
+    # A scalar input gives one row, like a 1-element vector.
+    return [TensorInfo(dtypes.int64, (max(value.ndim, 1), int(np.count_nonzero(value))))]
 
 
 @op("NonZero", infer=_nonzero_infer, data_dependent=True)
@@ -791,10 +787,8 @@ def _arg_infer(ctx: OpContext) -> list[TensorInfo]:
 def _arg(ctx: OpContext, fn) -> list[np.ndarray]:
     x = ctx.values[0]
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
-    if ctx.attr("select_last_index", 0):
-        idx = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis)
-    else:
-        idx = fn(x, axis=axis)
+    last = ctx.attr("select_last_index", 0)
+    idx = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis) if last else fn(x, axis=axis)
     if ctx.attr("keepdims", 1):
         idx = np.expand_dims(idx, axis)
     return [np.asarray(idx, dtype=np.int64)]
@@ -810,3 +804,34 @@ def argmax(ctx: OpContext) -> list[np.ndarray]:
 def argmin(ctx: OpContext) -> list[np.ndarray]:
     """Index of the smallest element along ``axis`` (first or last occurrence)."""
     return _arg(ctx, np.argmin)
+
+
+def _center_crop_pad_infer(ctx: OpContext) -> list[TensorInfo]:
+    x = input_info(ctx, 0)
+    target = int_list(ctx.value(1))
+    if x.shape is None or target is None:
+        return [unknown(x.dtype, None if x.shape is None else len(x.shape))]
+    rank = len(x.shape)
+    axes = [normalize_axis(ctx, a, rank) for a in ctx.attr("axes", None) or range(rank)]
+    out = list(x.shape)
+    for a, t in zip(axes, target, strict=True):
+        out[a] = t
+    return [TensorInfo(x.dtype, tuple(out))]
+
+
+@op("CenterCropPad", infer=_center_crop_pad_infer, value_inputs=(1,))
+def center_crop_pad(ctx: OpContext) -> list[np.ndarray]:
+    """Crop (window start rounded down) or zero-pad (extra pixel on the right) each listed axis to the target size."""
+    x = ctx.values[0]
+    target = int_list(ctx.values[1]) or []
+    axes = [normalize_axis(ctx, a, x.ndim) for a in ctx.attr("axes", None) or range(x.ndim)]
+    for a, t in zip(axes, target, strict=True):
+        n = x.shape[a]
+        if n > t:
+            start = (n - t) // 2
+            x = np.take(x, np.arange(start, start + t), axis=a)
+        elif n < t:
+            widths = [(0, 0)] * x.ndim
+            widths[a] = ((t - n) // 2, t - n - (t - n) // 2)
+            x = np.pad(x, widths)
+    return [x]

@@ -34,7 +34,9 @@ def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None
         env = os.environ.get("HETERO_BACKENDS", "").strip()
         if env:
             requested, explicit = [b.strip() for b in env.split(",") if b.strip()], True
-    rows = {row.name: row for row in plugins.statuses()}
+    rows: dict[str, plugins.PluginStatus] = {}
+    for row in plugins.statuses():
+        rows.setdefault(row.name, row)  # the first registration of a name owns it (see plugins._load_one)
     if requested is None:
         ok = sorted((r for r in rows.values() if r.ok), key=lambda r: (r.priority, r.name))
         requested = [r.name for r in ok]

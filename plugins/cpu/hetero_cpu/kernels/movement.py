@@ -28,8 +28,12 @@ def _plain_dtypes(node: NodeInfo) -> Support:
 
 
 def _copy(src: np.ndarray, out: np.ndarray) -> None:
-    if out.size:
+    if not out.size:
+        return
+    if out.flags.c_contiguous:
         _native.copy(src, out)
+    else:  # a window of a larger output (Concat along an inner axis): numpy's strided copy loop
+        np.copyto(out, src)
 
 
 class CpuReshapeLike(CpuKernel):

@@ -1,0 +1,729 @@
+"""Tests of the CPU plugin's native kernels (hetero_cpu._native) against numpy, on every ISA path the CPU has."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+_native = pytest.importorskip(
+    "hetero_cpu._native",
+    reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
+)
+
+ISAS = _native.available_isas()
+ODD = [1, 3, 17, 33, 127]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Runs the test once per available ISA path (avx512 / avx2 / neon / generic)."""
+    before = _native.isa()
+    _native.set_isa(request.param)
+    yield request.param
+    _native.set_isa(before)
+
+
+@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
+def threads(request):
+    before = _native.num_threads()
+    _native.set_num_threads(request.param)
+    yield request.param
+    _native.set_num_threads(before)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def randn(*shape, seed=0, dtype=np.float32):
+    return rng(seed).standard_normal(shape).astype(dtype)
+
+
+def assert_gemm_close(got, ref, k):
+    # float32 accumulation over k terms: error grows ~ sqrt(k) * eps * |a||b|.
+    tol = 1e-5 * max(1.0, math.sqrt(max(k, 1))) * max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=tol)
+
+
+# ------------------------------------------------------------------------------------------------------ runtime
+
+
+def test_isa_queries():
+    assert _native.isa() in ISAS
+    assert "generic" in ISAS
+    assert set(ISAS) <= {"avx512", "avx2", "neon", "generic"}
+    with pytest.raises(ValueError, match="not available"):
+        _native.set_isa("sse9")
+
+
+def test_threads_roundtrip():
+    before = _native.num_threads()
+    try:
+        _native.set_num_threads(3)
+        assert _native.num_threads() == 3
+        with pytest.raises(ValueError):
+            _native.set_num_threads(0)
+    finally:
+        _native.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------------------------------------- gemm
+
+
+@pytest.mark.parametrize("m", [*ODD, 2, 4, 5, 12, 64])
+@pytest.mark.parametrize("n", [1, 17, 33, 100])
+@pytest.mark.parametrize("k", [1, 3, 127, 300])
+def test_gemm_shapes(isa, m, n, k):
+    a, b = randn(m, k, seed=1), randn(k, n, seed=2)
+    out = np.empty((m, n), np.float32)
+    _native.gemm(a, b, out)
+    assert_gemm_close(out, a.astype(np.float64) @ b, k)
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("m,k,n", [(1, 33, 17), (3, 64, 100), (37, 129, 65), (200, 300, 70)])
+def test_gemm_transpose_alpha_beta(isa, trans_a, trans_b, m, k, n):
+    a = randn(k, m, seed=3) if trans_a else randn(m, k, seed=3)
+    b = randn(n, k, seed=4) if trans_b else randn(k, n, seed=4)
+    c0 = randn(m, n, seed=5)
+    out = c0.copy()
+    _native.gemm(a, b, out, trans_a=trans_a, trans_b=trans_b, alpha=0.5, beta=-2.0)
+    op_a = a.T if trans_a else a
+    op_b = b.T if trans_b else b
+    assert_gemm_close(out, 0.5 * (op_a.astype(np.float64) @ op_b) - 2.0 * c0, k)
+
+
+@pytest.mark.parametrize("bias_shape", ["scalar", "n", "1n", "m1", "mn", "strided_n"])
+@pytest.mark.parametrize("m", [1, 3, 50])
+def test_gemm_bias(isa, bias_shape, m):
+    k, n = 40, 37
+    a, b = randn(m, k, seed=6), randn(k, n, seed=7)
+    bias = {
+        "scalar": np.array(1.5, np.float32),
+        "n": randn(n, seed=8),
+        "1n": randn(1, n, seed=8),
+        "m1": randn(m, 1, seed=8),
+        "mn": randn(m, n, seed=8),
+        "strided_n": randn(2 * n, seed=8)[::2],
+    }[bias_shape]
+    c0 = randn(m, n, seed=9)
+    out = c0.copy()
+    _native.gemm(a, b, out, beta=0.25, bias=bias)
+    assert_gemm_close(out, a.astype(np.float64) @ b + 0.25 * c0 + bias, k)
+
+
+def test_gemm_strided_views(isa):
+    base_a, base_b = randn(80, 90, seed=10), randn(120, 70, seed=11)
+    a = base_a[3:60:2, 5:75]  # (29, 70) with a row step
+    b = base_b[::-1][:70, ::3]  # negative row stride, column step
+    out = np.empty((a.shape[0], b.shape[1]), np.float32)
+    _native.gemm(a, b, out)
+    assert_gemm_close(out, a.astype(np.float64) @ b, 70)
+    out1 = np.empty((1, b.shape[1]), np.float32)
+    _native.gemm(a[:1], b, out1)
+    assert_gemm_close(out1, a[:1].astype(np.float64) @ b, 70)
+
+
+def test_gemm_large_threads(isa, threads):
+    m, k, n = 150, 513, 259
+    a, b = randn(m, k, seed=12), randn(k, n, seed=13)
+    out = np.empty((m, n), np.float32)
+    _native.gemm(a, b, out)
+    assert_gemm_close(out, a.astype(np.float64) @ b, k)
+    a1 = randn(1, 2048, seed=14)
+    b1 = randn(2048, 1000, seed=15)
+    out1 = np.empty((1, 1000), np.float32)
+    _native.gemm(a1, b1, out1)
+    assert_gemm_close(out1, a1.astype(np.float64) @ b1, 2048)
+    _native.gemm(a1, np.ascontiguousarray(b1.T), out1, trans_b=True)
+    assert_gemm_close(out1, a1.astype(np.float64) @ b1, 2048)
+
+
+def test_gemm_k_zero(isa):
+    a, b = np.empty((3, 0), np.float32), np.empty((0, 4), np.float32)
+    out = np.full((3, 4), 7.0, np.float32)
+    _native.gemm(a, b, out, beta=0.5, bias=np.ones(4, np.float32))
+    np.testing.assert_allclose(out, 4.5)
+
+
+def test_gemm_errors():
+    a, b = randn(3, 4), randn(5, 6)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        _native.gemm(a, b, np.empty((3, 6), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        _native.gemm(a.astype(np.float64), randn(4, 6), np.empty((3, 6), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        _native.gemm(a, randn(4, 6), np.empty((3, 5), np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        _native.gemm(a, randn(4, 6), np.empty((6, 3), np.float32).T)
+    with pytest.raises(ValueError, match="broadcastable"):
+        _native.gemm(a, randn(4, 6), np.empty((3, 6), np.float32), bias=randn(5))
+    ro = np.empty((3, 6), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        _native.gemm(a, randn(4, 6), ro)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 33, 130])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm_packed(isa, m, trans_b):
+    k, n = 129, 77
+    b = randn(n, k, seed=16) if trans_b else randn(k, n, seed=16)
+    packed = _native.pack_b(b, trans_b=trans_b)
+    assert (packed.k, packed.n) == (k, n)
+    op_b = b.T if trans_b else b
+    for seed in (17, 18):  # reused across calls
+        a = randn(m, k, seed=seed)
+        bias = randn(n, seed=seed + 1)
+        c0 = randn(m, n, seed=seed + 2)
+        out = c0.copy()
+        _native.gemm_packed(a, packed, out, alpha=2.0, beta=1.0, bias=bias)
+        assert_gemm_close(out, 2.0 * (a.astype(np.float64) @ op_b) + c0 + bias, k)
+    with pytest.raises(ValueError, match="k="):
+        _native.gemm_packed(randn(m, k + 1), packed, np.empty((m, n), np.float32))
+
+
+@pytest.mark.parametrize("ba,bb,bsz", [(1, 1, 1), (3, 3, 3), (1, 4, 4), (5, 1, 5), (2, 2, 2)])
+@pytest.mark.parametrize("m,k,n", [(1, 17, 33), (7, 33, 5), (40, 64, 48)])
+def test_matmul_batched(isa, ba, bb, bsz, m, k, n):
+    a, b = randn(ba, m, k, seed=20), randn(bb, k, n, seed=21)
+    out = np.empty((bsz, m, n), np.float32)
+    _native.matmul(a, b, out)
+    assert_gemm_close(out, np.matmul(a.astype(np.float64), b), k)
+
+
+def test_matmul_strided_batches(isa):
+    base = randn(4, 20, 30, seed=22)
+    a = base[:, ::2, :17]  # batches not evenly spaced as rows
+    b = randn(1, 17, 9, seed=23)
+    out = np.empty((4, 10, 9), np.float32)
+    _native.matmul(a, b, out)
+    assert_gemm_close(out, np.matmul(a.astype(np.float64), b), 17)
+    bt = randn(4, 9, 17, seed=24).transpose(0, 2, 1)  # transposed B views per batch
+    _native.matmul(a, bt, out)
+    assert_gemm_close(out, np.matmul(a.astype(np.float64), bt), 17)
+    with pytest.raises(ValueError, match="batch"):
+        _native.matmul(randn(2, 3, 4), randn(3, 4, 5), np.empty((3, 3, 5), np.float32))
+
+
+@pytest.mark.parametrize("bsz,m", [(1, 1), (3, 1), (2, 5), (4, 33)])
+def test_matmul_packed(isa, bsz, m):
+    k, n = 65, 40
+    b = randn(k, n, seed=25)
+    packed = _native.pack_b(b)
+    a = randn(bsz, m, k, seed=26)
+    out = np.empty((bsz, m, n), np.float32)
+    _native.matmul_packed(a, packed, out)
+    assert_gemm_close(out, np.matmul(a.astype(np.float64), b), k)
+    a2 = randn(bsz, 2 * m, k, seed=27)[:, ::2]
+    _native.matmul_packed(a2, packed, out)
+    assert_gemm_close(out, np.matmul(a2.astype(np.float64), b), k)
+
+
+# ------------------------------------------------------------------------------------------------------ binary
+
+BIN_F = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "max": np.maximum,
+    "min": np.minimum,
+    "pow": np.power,
+}
+
+
+def _broadcast_cases(shape_out, seed):
+    """(a, b) pairs already broadcast to shape_out: contiguous, scalar, row, column, strided, transposed."""
+    r = rng(seed)
+    full = lambda: r.standard_normal(shape_out).astype(np.float32)  # noqa: E731
+    rows, cols = shape_out[-2], shape_out[-1]
+    yield "contiguous", full(), full()
+    yield "scalar_b", full(), np.broadcast_to(np.float32(r.standard_normal()), shape_out)
+    yield "scalar_a", np.broadcast_to(np.float32(r.standard_normal()), shape_out), full()
+    yield "row", full(), np.broadcast_to(r.standard_normal(cols).astype(np.float32), shape_out)
+    yield "column", full(), np.broadcast_to(r.standard_normal((rows, 1)).astype(np.float32), shape_out)
+    yield "column_a", np.broadcast_to(r.standard_normal((rows, 1)).astype(np.float32), shape_out), full()
+    big = r.standard_normal(tuple(2 * s for s in shape_out)).astype(np.float32)
+    yield "strided", big[tuple(slice(None, None, 2) for _ in shape_out)], full()
+    t = r.standard_normal(shape_out[::-1]).astype(np.float32)
+    yield "transposed", full(), t.T
+
+
+@pytest.mark.parametrize("op", list(BIN_F))
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (33, 127), (2, 3, 5, 7), (4, 70000)])
+def test_binary_float(isa, op, shape):
+    for name, a, b in _broadcast_cases(shape, seed=len(shape)):
+        if op == "pow":
+            a = np.abs(a) + np.float32(0.5)
+        if op == "div":
+            b = np.where(np.abs(b) < 0.1, np.float32(0.5), b)
+        out = np.empty(shape, np.float32)
+        _native.binary(op, a, b, out)
+        ref = BIN_F[op](a.astype(np.float64), b.astype(np.float64))
+        np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-6, err_msg=f"{op} {name}")
+
+
+def test_binary_nan_propagation(isa):
+    a = np.array([np.nan, 1.0, 2.0, np.nan, -np.inf] * 7, np.float32)
+    b = np.array([1.0, np.nan, 3.0, np.nan, 0.0] * 7, np.float32)
+    for op in ("max", "min"):
+        out = np.empty_like(a)
+        _native.binary(op, a, b, out)
+        np.testing.assert_array_equal(out, BIN_F[op](a, b))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "max", "min", "div"])
+def test_binary_int(op, dtype):
+    r = rng(30)
+    shape = (5, 33)
+    a = r.integers(-1000, 1000, shape).astype(dtype)
+    b = r.integers(-50, 50, shape).astype(dtype)
+    b[b == 0] = 7
+    for bb in (b, np.broadcast_to(b[:, :1], shape), np.broadcast_to(b[0], shape)):
+        out = np.empty(shape, dtype)
+        _native.binary(op, a, bb, out)
+        if op == "div":
+            ref = np.trunc(a.astype(np.float64) / bb).astype(dtype)  # C semantics: toward zero
+        else:
+            ref = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[op](
+                a, bb
+            )
+        np.testing.assert_array_equal(out, ref)
+
+
+def test_binary_int_div_edge_cases():
+    a = np.array([7, -7, 7, -7, 5, np.iinfo(np.int32).min], np.int32)
+    b = np.array([2, 2, -2, -2, 0, -1], np.int32)
+    out = np.empty_like(a)
+    _native.binary("div", a, b, out)
+    np.testing.assert_array_equal(out, [3, -3, -3, 3, 0, np.iinfo(np.int32).min])
+
+
+def test_binary_errors():
+    a = randn(3, 4)
+    with pytest.raises(ValueError, match="unknown op"):
+        _native.binary("xor", a, a, np.empty_like(a))
+    with pytest.raises(ValueError, match="dtype"):
+        _native.binary("add", a, a.astype(np.float64), np.empty_like(a))
+    with pytest.raises(ValueError, match="broadcast"):
+        _native.binary("add", a, randn(4), np.empty_like(a))
+    ai = np.ones((3, 4), np.int32)
+    with pytest.raises(ValueError, match="pow"):
+        _native.binary("pow", ai, ai, np.empty_like(ai))
+    with pytest.raises(ValueError, match="dtype"):
+        _native.binary("add", a.astype(np.float16), a.astype(np.float16), np.empty((3, 4), np.float16))
+
+
+# ------------------------------------------------------------------------------------------------------- unary
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _ref_unary(op, x, alpha, beta):
+    x = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        sig = np.exp(-np.logaddexp(0, -x))  # no cancellation for x << 0
+        sp = np.logaddexp(0, x)
+        return {
+            "relu": lambda: np.maximum(x, 0),
+            "leaky_relu": lambda: np.where(x < 0, alpha * x, x),
+            "elu": lambda: np.where(x < 0, alpha * np.expm1(x), x),
+            "selu": lambda: beta * np.where(x > 0, x, alpha * np.expm1(x)),
+            "celu": lambda: np.maximum(0, x) + np.minimum(0, alpha * np.expm1(x / alpha)),
+            "sigmoid": lambda: sig,
+            "hard_sigmoid": lambda: np.clip(alpha * x + beta, 0, 1),
+            "hard_swish": lambda: x * np.clip(x / 6 + 0.5, 0, 1),
+            "silu": lambda: x * sig,
+            "gelu": lambda: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+            "gelu_tanh": lambda: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+            "tanh": lambda: np.tanh(x),
+            "softplus": lambda: sp,
+            "softsign": lambda: x / (1 + np.abs(x)),
+            "exp": lambda: np.exp(x),
+            "log": lambda: np.log(x),
+            "sqrt": lambda: np.sqrt(x),
+            "rsqrt": lambda: 1 / np.sqrt(x),
+            "neg": lambda: -x,
+            "abs": lambda: np.abs(x),
+            "reciprocal": lambda: 1 / x,
+            "erf": lambda: _erf(x),
+            "floor": lambda: np.floor(x),
+            "ceil": lambda: np.ceil(x),
+            "round": lambda: np.round(x),
+            "sin": lambda: np.sin(x),
+            "cos": lambda: np.cos(x),
+            "clip": lambda: np.clip(x, alpha, beta),
+            "mish": lambda: x * np.tanh(sp),
+        }[op]()
+
+
+UNARY_PARAMS = {
+    "leaky_relu": (0.1, 0.0),
+    "elu": (1.3, 0.0),
+    "selu": (1.6732632, 1.0507010),
+    "celu": (0.7, 0.0),
+    "hard_sigmoid": (0.2, 0.5),
+    "clip": (-0.5, 0.75),
+}
+POSITIVE_ONLY = {"log", "sqrt", "rsqrt"}
+
+
+@pytest.mark.parametrize("op", sorted(_native.unary_ops()))
+@pytest.mark.parametrize("n", [1, 3, 17, 33, 127, 1000])
+def test_unary(isa, op, n):
+    alpha, beta = UNARY_PARAMS.get(op, (0.0, 0.0))
+    x = randn(n, seed=n) * 3
+    if op in POSITIVE_ONLY:
+        x = np.abs(x) + np.float32(1e-3)
+    if op == "round":
+        x[: min(n, 6)] = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.4], np.float32)[: min(n, 6)]
+    out = np.empty_like(x)
+    _native.unary(op, x, out, alpha, beta)
+    ref = _ref_unary(op, x, alpha, beta)
+    # gelu / gelu_tanh / mish lose relative accuracy where 1 + erf/tanh cancels (x << 0): absolute there.
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-6, err_msg=op)
+
+
+@pytest.mark.parametrize("op", ["exp", "tanh", "sigmoid", "erf", "log"])
+def test_unary_accuracy_wide_range(isa, op):
+    # Dense sweep over the whole useful range plus extremes; max relative error <= 2e-6 against float64.
+    r = rng(40)
+    if op == "log":
+        x = np.concatenate(
+            [np.geomspace(1e-44, 3e38, 20000), r.uniform(0.5, 2.0, 20000), [1.0, 2.0, np.float32(1.17549435e-38)]]
+        ).astype(np.float32)
+    elif op == "exp":
+        x = np.concatenate([np.linspace(-103, 88.7, 40000), r.uniform(-1, 1, 10000), [0.0, -0.0]]).astype(np.float32)
+    else:
+        x = np.concatenate([np.linspace(-30, 30, 40000), r.uniform(-1, 1, 10000), [0.0, 1e-30, -1e-30]]).astype(
+            np.float32
+        )
+    out = np.empty_like(x)
+    _native.unary(op, x, out)
+    ref = _ref_unary(op, x, 0, 0)
+    tiny = np.finfo(np.float32).tiny
+    normal = np.abs(ref) >= tiny  # subnormal results: compare absolutely
+    rel = np.abs(out[normal] - ref[normal]) / np.abs(ref[normal])
+    assert rel.max() <= 2e-6, f"{op}: max rel err {rel.max():.3g} at x={x[normal][rel.argmax()]!r}"
+    assert np.all(np.abs(out[~normal] - ref[~normal]) <= 2 * 1.4e-45 + 2e-6 * np.abs(ref[~normal]))
+
+
+def test_unary_special_values(isa):
+    inf, nan = np.inf, np.nan
+    x = np.array([inf, -inf, nan, 0.0, -0.0, 1e30, -1e30, 100.0, -100.0], np.float32)
+    expect = {
+        "exp": [inf, 0, nan, 1, 1, inf, 0, inf, 0],
+        "tanh": [1, -1, nan, 0, -0.0, 1, -1, 1, -1],
+        "sigmoid": [1, 0, nan, 0.5, 0.5, 1, 0, 1, 3.7200760e-44],
+        "erf": [1, -1, nan, 0, -0.0, 1, -1, 1, -1],
+        "relu": [inf, 0, nan, 0, 0, 1e30, 0, 100, 0],
+        "softplus": [inf, 0, nan, math.log(2), math.log(2), 1e30, 0, 100, 3.7200760e-44],
+    }
+    for op, ref in expect.items():
+        out = np.empty_like(x)
+        _native.unary(op, x, out)
+        np.testing.assert_allclose(out, np.array(ref, np.float32), rtol=2e-6, atol=0, err_msg=op)
+    out = np.empty_like(x)
+    _native.unary("log", np.array([0.0, -1.0, inf, nan, 1.0, 1e-45, 3e38, 0.5, 2.0], np.float32), out)
+    ref = np.log(np.array([0.0, -1.0, inf, nan, 1.0, 1e-45, 3e38, 0.5, 2.0], np.float64), where=True)
+    with np.errstate(all="ignore"):
+        ref = np.log(np.array([0.0, -1.0, inf, nan, 1.0, 1e-45, 3e38, 0.5, 2.0], np.float64))
+    np.testing.assert_allclose(out, ref, rtol=2e-6)
+
+
+def test_unary_strided_and_nd(isa):
+    base = randn(6, 40, 50, seed=41)
+    for view in (base[:, ::3, 1::2], base.transpose(2, 0, 1), base[::-1]):
+        out = np.empty(view.shape, np.float32)
+        _native.unary("tanh", view, out)
+        np.testing.assert_allclose(out, np.tanh(view.astype(np.float64)), rtol=2e-6, atol=1e-7)
+
+
+def test_unary_errors():
+    x = randn(4)
+    with pytest.raises(ValueError, match="unknown op"):
+        _native.unary("frobnicate", x, np.empty_like(x))
+    with pytest.raises(ValueError, match="shape"):
+        _native.unary("exp", x, np.empty(5, np.float32))
+
+
+# ------------------------------------------------------------------------------------------------ row kernels
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 17), (33, 127), (5, 1000), (2000, 33)])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax(isa, rows, n, log):
+    x = randn(rows, n, seed=n) * 10
+    x[0, 0] = 80.0  # large values must not overflow
+    out = np.empty_like(x)
+    _native.softmax(x, out, log=log)
+    x64 = x.astype(np.float64)
+    lse = np.log(np.exp(x64 - x64.max(1, keepdims=True)).sum(1, keepdims=True)) + x64.max(1, keepdims=True)
+    ref = x64 - lse if log else np.exp(x64 - lse)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 17), (33, 127), (7, 1000)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm(isa, rows, n, with_bias):
+    x = randn(rows, n, seed=50) * 3 + 100  # large mean: a one-pass variance would lose digits
+    scale, bias = randn(n, seed=51), randn(n, seed=52)
+    out = np.empty_like(x)
+    mean, invstd = np.empty(rows, np.float32), np.empty((rows, 1), np.float32)
+    _native.layer_norm(x, scale, bias if with_bias else None, out, 1e-5, mean_out=mean, invstd_out=invstd)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(1, keepdims=True)
+    inv = 1 / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    ref = (x64 - mu) * inv * scale + (bias if with_bias else 0)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mean, mu[:, 0], rtol=1e-6)
+    np.testing.assert_allclose(invstd, inv, rtol=1e-4)
+
+
+def test_layer_norm_strided(isa):
+    base = randn(10, 64, seed=53)
+    x = base[::2, ::2]
+    scale = randn(64, seed=54)[::2]
+    out = np.empty(x.shape, np.float32)
+    _native.layer_norm(x, scale, None, out, 1e-5)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5) * scale
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="scale"):
+        _native.layer_norm(x, randn(3), None, out, 1e-5)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 17), (33, 127), (4, 4096)])
+def test_rms_norm(isa, rows, n):
+    x, scale = randn(rows, n, seed=60), randn(n, seed=61)
+    out = np.empty_like(x)
+    _native.rms_norm(x, scale, out, 1e-6)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(1, keepdims=True) + 1e-6) * scale
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------------- data
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.float16, np.int64, np.bool_, np.complex128])
+def test_copy_views(dtype, threads):
+    base = (rng(70).standard_normal((6, 50, 70)) * 100).astype(dtype)
+    views = {
+        "contiguous": base,
+        "transpose2d": base[0].T,
+        "transpose3d": base.transpose(2, 0, 1),
+        "swap_last": base.transpose(0, 2, 1),
+        "slice_step": base[1:5:2, ::-3, 7:60],
+        "expand": np.broadcast_to(base[:, :1, :], (6, 50, 70)),
+        "scalar": base[2, 3, 4],
+        "empty": base[:, :0],
+        "big_transpose": np.broadcast_to(base[0], (40, 50, 70)).transpose(0, 2, 1),
+    }
+    for name, v in views.items():
+        v = np.asarray(v)
+        out = np.empty(v.shape, dtype)
+        _native.copy(v, out)
+        np.testing.assert_array_equal(out, v, err_msg=name)
+
+
+def test_copy_errors():
+    with pytest.raises(ValueError, match="dtype"):
+        _native.copy(randn(3), np.empty(3, np.float64))
+    with pytest.raises(ValueError, match="shape"):
+        _native.copy(randn(3), np.empty(4, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.float16, np.float32, np.int64])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather(dtype, axis):
+    data = (rng(80).standard_normal((5, 7, 9)) * 50).astype(dtype)
+    idx = np.array([[0, -1, 3], [2, 2, -2]], np.int64)
+    ref = np.take(data, idx, axis=axis)
+    out = np.empty(ref.shape, dtype)
+    _native.gather(data, idx, axis, out)
+    np.testing.assert_array_equal(out, ref)
+    # strided data and indices
+    view = data[:, ::2]
+    idx2 = np.array([0, 1, 2, 3, -4, 1], np.int64)[::2]
+    ref2 = np.take(view, idx2, axis=axis)
+    out2 = np.empty(ref2.shape, dtype)
+    _native.gather(view, idx2, axis, out2)
+    np.testing.assert_array_equal(out2, ref2)
+
+
+def test_gather_large_and_scalar_index(threads):
+    data = randn(50000, 64, seed=81)
+    idx = rng(82).integers(-50000, 50000, 3000).astype(np.int64)
+    out = np.empty((3000, 64), np.float32)
+    _native.gather(data, idx, 0, out)
+    np.testing.assert_array_equal(out, data[idx])
+    out0 = np.empty((64,), np.float32)
+    _native.gather(data, np.array(-1, np.int64), 0, out0)
+    np.testing.assert_array_equal(out0, data[-1])
+
+
+def test_gather_errors():
+    data = randn(4, 3)
+    with pytest.raises(ValueError, match="out of range"):
+        _native.gather(data, np.array([0, 4], np.int64), 0, np.empty((2, 3), np.float32))
+    with pytest.raises(ValueError, match="out of range"):
+        _native.gather(data, np.array([-5], np.int64), 0, np.empty((1, 3), np.float32))
+    with pytest.raises(ValueError, match="int64"):
+        _native.gather(data, np.array([0], np.int32), 0, np.empty((1, 3), np.float32))
+    with pytest.raises(ValueError, match="axis"):
+        _native.gather(data, np.array([0], np.int64), 2, np.empty((1, 3), np.float32))
+
+
+# -------------------------------------------------------------------------------------------------------- CNN
+
+
+def _conv_ref(x, w, bias, strides, pads, dil, group):
+    x = x.astype(np.float64)
+    w = w.astype(np.float64)
+    n, _, h, wd = x.shape
+    cout, cin_g, kh, kw = w.shape
+    sh, sw = strides
+    pt, pl, pb, pr = pads
+    dh, dw = dil
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    ho = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    wo = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, cout, ho, wo))
+    cout_g = cout // group
+    for g in range(group):
+        xs = xp[:, g * cin_g : (g + 1) * cin_g]
+        for ky in range(kh):
+            for kx in range(kw):
+                patch = xs[:, :, ky * dh : ky * dh + sh * (ho - 1) + 1 : sh, kx * dw : kx * dw + sw * (wo - 1) + 1 : sw]
+                wk = w[g * cout_g : (g + 1) * cout_g, :, ky, kx]
+                out[:, g * cout_g : (g + 1) * cout_g] += np.einsum("nchw,oc->nohw", patch, wk)
+    if bias is not None:
+        out += bias.reshape(1, -1, 1, 1)
+    return out
+
+
+ACTS = {
+    "none": lambda y: y,
+    "relu": lambda y: np.maximum(y, 0),
+    "relu6": lambda y: np.clip(y, 0, 6),
+    "silu": lambda y: y / (1 + np.exp(-y)),
+    "sigmoid": lambda y: 1 / (1 + np.exp(-y)),
+}
+
+CONV_CASES = [
+    # (N, C, H, W, Cout, kh, kw, strides, pads, dilations, group)
+    (1, 3, 17, 19, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (2, 16, 9, 9, 33, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # pointwise: no im2col
+    (1, 8, 15, 13, 12, 3, 3, (2, 2), (1, 0, 2, 1), (1, 1), 1),
+    (1, 8, 16, 16, 8, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 2),
+    (2, 12, 11, 10, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 12),  # depthwise
+    (1, 32, 14, 14, 32, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 32),  # depthwise strided
+    (1, 5, 7, 7, 4, 7, 7, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # kernel == input
+    (1, 4, 6, 5, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # strided 1x1
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
+@pytest.mark.parametrize("activation", list(ACTS))
+def test_conv2d(isa, case, activation):
+    n, c, h, wd, cout, kh, kw, strides, pads, dil, group = case
+    x = randn(n, c, h, wd, seed=90)
+    w = randn(cout, c // group, kh, kw, seed=91) * 0.3
+    bias = randn(cout, seed=92)
+    ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, dil, group))
+    out = np.empty(ref.shape, np.float32)
+    _native.conv2d(x, w, bias, out, strides=strides, pads=pads, dilations=dil, group=group, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    packed = _native.prepack_conv(w, group)
+    assert packed.depthwise == (group == c == cout and group > 1)
+    out2 = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, None, out2, strides=strides, pads=pads, dilations=dil, activation=activation)
+    ref2 = ACTS[activation](_conv_ref(x, w, None, strides, pads, dil, group))
+    np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_strided_input_and_errors(isa):
+    x = randn(1, 6, 20, 20, seed=93)[:, ::2, ::2, ::2]
+    w = randn(4, 3, 3, 3, seed=94)
+    out = np.empty((1, 4, 8, 8), np.float32)
+    _native.conv2d(x, w, None, out)
+    np.testing.assert_allclose(out, _conv_ref(x, w, None, (1, 1), (0, 0, 0, 0), (1, 1), 1), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="shape"):
+        _native.conv2d(x, w, None, np.empty((1, 4, 9, 9), np.float32))
+    with pytest.raises(ValueError, match="channels"):
+        _native.conv2d(x, randn(4, 2, 3, 3), None, out)
+    with pytest.raises(ValueError, match="divisible"):
+        _native.conv2d(x, randn(5, 1, 3, 3), None, out, group=3)
+    with pytest.raises(ValueError, match="unknown op"):
+        _native.conv2d(x, w, None, out, activation="swishy")
+
+
+def _pool_ref(x, kernel, strides, pads, dil, mode, count_include_pad=False, out_hw=None):
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    sh, sw = strides
+    pt, pl, pb, pr = pads
+    dh, dw = dil
+    ho, wo = out_hw
+    out = np.zeros((n, c, ho, wo))
+    for oy in range(ho):
+        for ox in range(wo):
+            vals, cnt_pad = [], 0
+            for ky in range(kh):
+                for kx in range(kw):
+                    iy, ix = oy * sh - pt + ky * dh, ox * sw - pl + kx * dw
+                    if -pt <= iy < h + pb and -pl <= ix < w + pr:
+                        cnt_pad += 1
+                    if 0 <= iy < h and 0 <= ix < w:
+                        vals.append(x[:, :, iy, ix].astype(np.float64))
+            if mode == "max":
+                out[:, :, oy, ox] = np.max(vals, axis=0)
+            else:
+                out[:, :, oy, ox] = np.sum(vals, axis=0) / (cnt_pad if count_include_pad else len(vals))
+    return out
+
+
+POOL_CASES = [
+    ((2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (8, 8)),
+    ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (9, 9)),
+    ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (17, 17)),
+    ((3, 2), (2, 1), (1, 0, 1, 1), (2, 1), (7, 18)),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
+def test_pools(case):
+    kernel, strides, pads, dil, (ho, wo) = case
+    x = randn(2, 3, 17, 17, seed=95)
+    out = np.empty((2, 3, ho, wo), np.float32)
+    _native.max_pool2d(x, out, kernel, strides, pads, dil)
+    np.testing.assert_allclose(out, _pool_ref(x, kernel, strides, pads, dil, "max", out_hw=(ho, wo)), rtol=1e-6)
+    if dil == (1, 1):
+        for cip in (False, True):
+            _native.avg_pool2d(x, out, kernel, strides, pads, cip)
+            ref = _pool_ref(x, kernel, strides, pads, dil, "avg", cip, out_hw=(ho, wo))
+            np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_pool_ceil_mode_and_errors():
+    x = randn(1, 2, 6, 6, seed=96)
+    out = np.empty((1, 2, 3, 3), np.float32)  # ceil((6-3)/2)+1 = 3
+    _native.max_pool2d(x, out, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1))
+    np.testing.assert_allclose(out, _pool_ref(x, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1), "max", out_hw=(3, 3)))
+    with pytest.raises(ValueError, match="output spatial size"):
+        _native.max_pool2d(x, np.empty((1, 2, 5, 5), np.float32), (3, 3), (2, 2), (0, 0, 0, 0), (1, 1))
+
+
+def test_global_avg_pool(threads):
+    x = randn(3, 70, 13, 11, seed=97)
+    out = np.empty((3, 70, 1, 1), np.float32)
+    _native.global_avg_pool(x, out)
+    np.testing.assert_allclose(out, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        _native.global_avg_pool(x, np.empty((3, 70, 2, 1), np.float32))
