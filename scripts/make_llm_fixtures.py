@@ -176,7 +176,8 @@ def make(name: str, model_type: str, overrides: dict, tok, seed: int) -> dict:
     eos = tok.token_to_id("<|im_end|>")
     pad = tok.token_to_id("<|endoftext|>")
     overrides = {"max_position_embeddings": 2048, **overrides}
-    config = AutoConfig.for_model(model_type, vocab_size=tok.get_vocab_size(), rms_norm_eps=1e-6, eos_token_id=eos, bos_token_id=pad, **overrides)
+    config = AutoConfig.for_model(model_type, vocab_size=tok.get_vocab_size(), rms_norm_eps=1e-6, eos_token_id=eos,
+                                  bos_token_id=pad, **overrides)
     for attempt in range(20):
         torch.manual_seed(seed + attempt)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
@@ -235,7 +236,8 @@ def main() -> None:
     for name, model_type, overrides in MODELS:
         expected = make(name, model_type, overrides, tok, args.seed)
         size = sum(f.stat().st_size for f in (OUT / name).iterdir())
-        print(f"{name}: {size / 1024:.0f} KiB, seed {expected['seed']}, min greedy gap {expected['min_greedy_gap']:.4f}")
+        gap = expected["min_greedy_gap"]
+        print(f"{name}: {size / 1024:.0f} KiB, seed {expected['seed']}, min greedy gap {gap:.4f}")
 
 
 if __name__ == "__main__":

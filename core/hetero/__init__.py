@@ -10,7 +10,7 @@ Importing hetero loads no plugin: discovery runs on the first query.
 
 from __future__ import annotations
 
-from . import dtypes
+from . import dtypes, llm
 from .backend import API_VERSION
 from .errors import (
     BackendError,
@@ -55,5 +55,6 @@ __all__ = [
     "UnsupportedOp",
     "backends",
     "dtypes",
+    "llm",
     "load",
 ]

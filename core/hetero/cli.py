@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends, run, demo."""
+"""The ``hetero`` command: backends, run, demo; and the LLM commands generate, chat, bench."""
 
 from __future__ import annotations
 
@@ -145,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("-r", "--repeat", type=int, default=20)
     p.set_defaults(func=_cmd_demo)
+
+    from .llm.cli import add_llm_commands  # generate, chat, bench (light: imports nothing heavy until run)
+
+    add_llm_commands(sub)
     return parser
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes  # the low-precision numpy dtypes onnx uses too (bfloat16, float8, int4, ...)
 import numpy as np
 
 from .errors import HeteroError
@@ -28,7 +29,7 @@ class DType:
 
     @property
     def is_float(self) -> bool:
-        return self.name in ("float16", "bfloat16", "float32", "float64")
+        return self.name in _FLOAT_NAMES
 
     def nbytes(self, numel: int) -> int:
         if self.is_block_quantized:
@@ -62,16 +63,31 @@ float16 = _plain("float16", "float16", 10, 2)
 float64 = _plain("float64", "float64", 11, 8)
 uint32 = _plain("uint32", "uint32", 12, 4)
 uint64 = _plain("uint64", "uint64", 13, 8)
-# numpy has no bfloat16: it is carried as uint16 bit patterns and widened by kernels.
-bfloat16 = DType("bfloat16", None, 16, 2)
+complex64 = _plain("complex64", "complex64", 14, 8)
+complex128 = _plain("complex128", "complex128", 15, 16)
+# Low-precision types come from ml_dtypes; sub-byte ones (int4, int2, float4) take one byte per element in memory.
+bfloat16 = DType("bfloat16", np.dtype(ml_dtypes.bfloat16), 16, 2)
+float8e4m3fn = DType("float8e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), 17, 1)
+float8e4m3fnuz = DType("float8e4m3fnuz", np.dtype(ml_dtypes.float8_e4m3fnuz), 18, 1)
+float8e5m2 = DType("float8e5m2", np.dtype(ml_dtypes.float8_e5m2), 19, 1)
+float8e5m2fnuz = DType("float8e5m2fnuz", np.dtype(ml_dtypes.float8_e5m2fnuz), 20, 1)
+uint4 = DType("uint4", np.dtype(ml_dtypes.uint4), 21, 1)
+int4 = DType("int4", np.dtype(ml_dtypes.int4), 22, 1)
+float4e2m1 = DType("float4e2m1", np.dtype(ml_dtypes.float4_e2m1fn), 23, 1)
+float8e8m0 = DType("float8e8m0", np.dtype(ml_dtypes.float8_e8m0fnu), 24, 1)
+uint2 = DType("uint2", np.dtype(ml_dtypes.uint2), 25, 1)
+int2 = DType("int2", np.dtype(ml_dtypes.int2), 26, 1)
+_FLOAT_NAMES = frozenset({"float16", "float32", "float64", "bfloat16", "float8e4m3fn", "float8e4m3fnuz", "float8e5m2",
+                          "float8e5m2fnuz", "float4e2m1", "float8e8m0"})
 
 # Block-quantized weights (hetero's own and GGUF's): 32 elements per block.
 q8_0 = DType("q8_0", None, None, 0, block_size=32, block_bytes=34)
 q4_0 = DType("q4_0", None, None, 0, block_size=32, block_bytes=18)
 
 ALL: tuple[DType, ...] = (
-    float32, uint8, int8, uint16, int16, int32, int64, string, bool_, float16, float64, uint32, uint64, bfloat16,
-    q8_0, q4_0,
+    float32, uint8, int8, uint16, int16, int32, int64, string, bool_, float16, float64, uint32, uint64, complex64,
+    complex128, bfloat16, float8e4m3fn, float8e4m3fnuz, float8e5m2, float8e5m2fnuz, uint4, int4, float4e2m1,
+    float8e8m0, uint2, int2, q8_0, q4_0,
 )
 _BY_NAME = {d.name: d for d in ALL}
 _BY_ONNX = {d.onnx_type: d for d in ALL if d.onnx_type is not None}

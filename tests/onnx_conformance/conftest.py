@@ -40,10 +40,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def expected_failures(backend: str) -> list[tuple[str, str]]:
-    """(glob pattern, reason) pairs for ``backend``, in file order."""
+    """(glob pattern, reason) pairs for ``backend``: its own section first, then [all]."""
     with (HERE / "expected_failures.toml").open("rb") as f:
         table = tomllib.load(f)
-    return [(pattern, str(reason)) for pattern, reason in table.get(backend, {}).items()]
+    sections = [table.get(backend, {}), table.get("all", {})]
+    return [(pattern, str(reason)) for section in sections for pattern, reason in section.items()]
 
 
 def expected_reason(backend: str, name: str) -> str | None:

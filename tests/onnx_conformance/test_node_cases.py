@@ -95,7 +95,10 @@ def test_node(node_case: NodeCase, backend: str) -> None:
     }
     expected = [_array(value, f"output {name!r}") for name, value in zip(output_names, node_case.outputs,
                                                                            strict=True)]
-    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    try:
+        session = hetero.Session(model, backends=[backend], on_fallback="error")
+    except hetero.FallbackError as exc:  # the backend declines some node: not a failure of what it claims
+        pytest.skip(f"{NOT_SUPPORTED}: {backend} declines {exc.message.splitlines()[1].strip()}")
     results = session.run(feeds)
     for name, want in zip(output_names, expected, strict=True):
         got = results[name]

@@ -92,6 +92,8 @@ class _Reader:
             if vi.name in graph.initializers:
                 continue  # old IR versions list initializers among the inputs
             graph.inputs.append(vi.name)
+            if outer and vi.type.WhichOneof("value") is None:
+                continue  # subgraph inputs may leave their type to the enclosing op (Loop/Scan bodies)
             graph.values[vi.name] = self.value_info(vi, "input")
         for vi in proto.output:
             graph.outputs.append(vi.name)
@@ -188,8 +190,6 @@ class _Reader:
             array = numpy_helper.to_array(proto)
         except Exception as exc:
             raise self.fail(f"{where} could not be decoded ({dtype}{dims}): {exc}") from exc
-        if dtype is dtypes.bfloat16:
-            array = np.asarray(array, dtype=np.float32)  # carried as float32 on the host
         return array
 
     def external(self, proto: Any, dtype: dtypes.DType, dims: list[int], where: str) -> np.ndarray:

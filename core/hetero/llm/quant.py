@@ -100,7 +100,8 @@ def format_from_attrs(wtype: str, block_size: int = 32, symmetric: int = 1) -> Q
 
 # -- quantize --------------------------------------------------------------------------------------------------------
 def quantize(w: np.ndarray, fmt: QuantFormat, *, chunk_rows: int = 4096) -> np.ndarray:
-    """Quantize ``w[..., N, K]`` (any float dtype) to ``uint8[..., N, row_bytes(K)]``; rows go in chunks to bound memory."""
+    """Quantize ``w[..., N, K]`` (any float dtype) to ``uint8[..., N, row_bytes(K)]``, in chunks of rows to bound
+    memory."""
     w = np.asarray(w)
     lead, k = w.shape[:-1], w.shape[-1]
     rows = w.reshape(-1, k)
@@ -169,10 +170,8 @@ def dequantize(data: np.ndarray, fmt: QuantFormat, k: int) -> np.ndarray:
     if fmt.bits == 4:
         q = np.concatenate([q & 0x0F, q >> 4], axis=-1)
     if fmt.symmetric:
-        if fmt.bits == 8:
-            values = q.view(np.int8).astype(np.float32) * d
-        else:
-            values = (q.astype(np.float32) - 8.0) * d
+        signed = q.view(np.int8).astype(np.float32) if fmt.bits == 8 else q.astype(np.float32) - 8.0
+        values = signed * d
     else:
         m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
         values = q.astype(np.float32) * d + m

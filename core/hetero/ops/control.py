@@ -40,9 +40,11 @@ def _all_known(ctx: OpContext) -> bool:
 
 def _by_running(ctx: OpContext, reference: Callable[[OpContext], list[np.ndarray]],
                 static: Callable[[OpContext], list[TensorInfo]]) -> list[TensorInfo]:
-    """Exact infos by running the op when every value is known and no outer-scope value is needed."""
+    """Exact infos by running the op when every value is known, and the outer scope too if the bodies read it
+    (the session passes a scoped ``run_subgraph`` at run time; the static pass has none)."""
     subgraphs = [g for g in ctx.node.attrs.values() if isinstance(g, Graph)]
-    if _all_known(ctx) and not any(free_names(g) for g in subgraphs):
+    scope_ok = ctx.run_subgraph is not None or not any(free_names(g) for g in subgraphs)
+    if _all_known(ctx) and scope_ok:
         outs = reference(ctx)
         return [TensorInfo(dtypes.from_numpy(o.dtype), tuple(o.shape)) for o in outs]
     return static(ctx)

@@ -110,7 +110,9 @@ def constant_of_shape(ctx: OpContext) -> list[np.ndarray]:
 
 # -- Range / EyeLike -----------------------------------------------------------------------------------------------
 def _range_len(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> int:
-    return max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
+    # Scalars by the spec; one-element tensors also occur in real models (and ONNX's own expanded functions).
+    first, last, step = (float(np.asarray(v).reshape(-1)[0]) for v in (start, limit, delta))
+    return max(math.ceil((last - first) / step), 0)
 
 
 def _range_infer(ctx: OpContext) -> list[TensorInfo]:

@@ -6,7 +6,7 @@ The same ``infer_node`` serves the static pass at load time (unknown dims allowe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -33,9 +33,10 @@ def infer_node(
     inputs: Sequence[TensorInfo | None],
     values: Sequence[np.ndarray | None],
     opset: int,
+    run_subgraph: Callable[..., list[np.ndarray]] | None = None,
 ) -> list[TensorInfo]:
     """Output infos of one node; any failure becomes a ShapeError naming the node."""
-    ctx = OpContext(node, inputs, values, opset)
+    ctx = OpContext(node, inputs, values, opset, run_subgraph)
     try:
         outs = schema.infer(ctx)
     except HeteroError:

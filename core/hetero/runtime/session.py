@@ -43,8 +43,10 @@ class _Step:
     opset: int = 0
     compiled: Compiled | None = None  # compiled-subgraph steps
     outer: list[str] = field(default_factory=list)  # outer-scope names read by subgraph attributes
+    has_subgraph: bool = False
     key: Any = None
     out_infos: list[TensorInfo] = field(default_factory=list)
+    infer_cache: dict[Any, list[TensorInfo]] = field(default_factory=dict)
     # Outputs that live in the arena are the same views every planned run: made once, reused (None: allocate).
     arena_outs: list[Tensor | None] | None = None
 
@@ -144,6 +146,7 @@ class Session:
                     kernel=backend.kernel(info),
                     opset=info.opset,
                     outer=outer,
+                    has_subgraph=any(isinstance(a, Graph) for a in node.attrs.values()),
                 )
             )
         return steps
@@ -251,6 +254,7 @@ class Session:
         key = tuple(None if t is None else t.shape for t in ins)
         if schema.value_inputs:
             key += tuple(_value_key(ins[i]) for i in schema.value_inputs if i < len(ins))
+        run_subgraph = self._subgraph_runner(step, env) if step.has_subgraph else None
         if key != step.key or schema.data_dependent:
             infos = [None if t is None else t.info for t in ins]
             if schema.data_dependent:
@@ -260,7 +264,13 @@ class Session:
                 for i in schema.value_inputs:
                     if i < len(ins) and ins[i] is not None:
                         values[i] = ins[i].numpy()
-            step.out_infos = infer_node(schema, step.node, infos, values, step.opset)
+            cached = None if schema.data_dependent else step.infer_cache.get(key)
+            if cached is None:
+                cached = infer_node(schema, step.node, infos, values, step.opset, run_subgraph)
+                if len(step.infer_cache) >= 8:  # prefill and decode alternate: keep a few signatures
+                    step.infer_cache.pop(next(iter(step.infer_cache)))
+                step.infer_cache[key] = cached
+            step.out_infos = cached
             step.kernel.prepare(infos, step.out_infos)
             step.key = key
             step.arena_outs = None
@@ -272,20 +282,25 @@ class Session:
                     for t, info in zip(step.arena_outs, step.out_infos, strict=True)]
         else:
             outs = [step.backend.empty(info) for info in step.out_infos]
-        if step.outer:
-            from .evaluate import run_graph
-
-            scope = {n: env[n].numpy() for n in step.outer if n in env}
-
-            def run_subgraph(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-                return run_graph(graph, {**scope, **feeds})
-
+        if run_subgraph is not None:
             step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]
         else:
             step.kernel.run(ins, outs)
         for name, out in zip(step.outputs, outs, strict=False):
             if name:
                 env[name] = out
+
+    def _subgraph_runner(self, step: _Step, env: dict[str, Tensor]):
+        """Runs a subgraph attribute (If/Loop/Scan body) with the enclosing graph's values in scope."""
+        from .evaluate import run_graph
+
+        scope = {n: env[n].numpy() for n in step.outer if n in env}
+        scope.update({n: np.asarray(self.graph.initializers[n]) for n in step.outer if n in self.graph.initializers})
+
+        def run_subgraph(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return run_graph(graph, {**scope, **feeds})
+
+        return run_subgraph
 
     def _bind_inputs(self, feeds: dict[str, Any]) -> dict[str, Tensor]:
         if not isinstance(feeds, dict):

@@ -32,9 +32,18 @@ std::string shape_str(const py::array& a) {
   return s.str();
 }
 
-bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
-bool is_i32(const py::array& a) { return a.dtype().is(py::dtype::of<std::int32_t>()); }
-bool is_i64(const py::array& a) { return a.dtype().is(py::dtype::of<std::int64_t>()); }
+// Compare type numbers, not dtype objects: an array unpickled or made by another library carries its own (equal)
+// dtype instance. Non-native byte order is refused.
+template <typename T>
+bool has_type(const py::array& a) {
+  const py::dtype d = a.dtype();
+  const char native = py::dtype::of<T>().byteorder();
+  const char order = d.byteorder();
+  return d.normalized_num() == py::dtype::of<T>().normalized_num() && (order == native || order == '=' || order == '|');
+}
+bool is_f32(const py::array& a) { return has_type<float>(a); }
+bool is_i32(const py::array& a) { return has_type<std::int32_t>(a); }
+bool is_i64(const py::array& a) { return has_type<std::int64_t>(a); }
 
 void need_f32(const py::array& a, const char* fn, const char* name) {
   if (!is_f32(a))

@@ -17,7 +17,8 @@ from hetero.tensor import Tensor
 from .. import _native
 from .common import CpuKernel
 
-_PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d is not dtypes.string)
+# numpy's own numeric types (ml_dtypes' low-precision ones, kind "V", are left to the reference's cast rules).
+_PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d.np_dtype.kind in "biufc")
 
 
 def _plain_dtypes(node: NodeInfo) -> Support:

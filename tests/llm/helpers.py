@@ -1,0 +1,52 @@
+"""Helpers for the LLM tests: the tiny transformers-made models of tests/fixtures/llm (see
+scripts/make_llm_fixtures.py) and copies of them converted to other weight dtypes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import hetero.llm
+from hetero.llm import safetensors
+from hetero.llm.quant import f32_to_bf16
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "llm"
+FAMILIES = ["qwen2", "qwen3", "qwen3_moe"]
+
+def expected(family: str) -> dict:
+    return json.loads((FIXTURES / family / "expected.json").read_text(encoding="utf-8"))
+
+
+def reference_logits(family: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / family / "logits.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def load(path: Path | str, **kwargs) -> hetero.llm.Llm:
+    kwargs.setdefault("context", 256)
+    kwargs.setdefault("on_fallback", "silent")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return hetero.llm.load(path, **kwargs)
+
+
+def copy_model(family: str, dest: Path, dtype: str = "F32") -> Path:
+    """A copy of a fixture folder (without the expected outputs), its weights re-saved as F32, F16 or BF16."""
+    folder = dest / family
+    folder.mkdir(parents=True)
+    for item in (FIXTURES / family).iterdir():
+        if item.name not in ("model.safetensors", "expected.json", "logits.npz"):
+            shutil.copy(item, folder / item.name)
+    st = safetensors.SafetensorsModel(FIXTURES / family)
+    tensors = {name: st.float32(name) for name in st}
+    if dtype == "F16":
+        tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
+    elif dtype == "BF16":
+        tensors = {k: f32_to_bf16(v) for k, v in tensors.items()}
+    safetensors.write(folder / "model.safetensors", tensors, {"format": "pt"},
+                      bf16=frozenset(tensors) if dtype == "BF16" else frozenset())
+    return folder

@@ -1,0 +1,122 @@
+"""``hetero bench`` / ``generate`` / ``chat`` through their CLI functions, and the synthetic models."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+
+import numpy as np
+import pytest
+
+from hetero.errors import HeteroError
+from hetero.llm import bench as bench_mod
+from hetero.llm.cli import add_llm_commands
+from hetero.llm.synthetic import SyntheticWeights, load_synthetic, synthetic_config
+
+from .helpers import FIXTURES, expected
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="hetero")
+    add_llm_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_bench_markdown_table(capsys):
+    args = parse(["bench", "--synthetic", "tiny", "-p", "8", "-n", "4", "-pg", "8,4", "-r", "2", "-t", "1"])
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == [
+        "model", "size", "params", "backend", "threads", "test", "t/s"]
+    tests = [line.split("|")[6].strip() for line in lines[2:]]
+    assert tests == ["pp8", "tg4", "pp8+tg4"]
+    assert all("±" in line for line in lines[2:])
+    cols = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cols[0] == "qwen3 tiny synthetic q4_sym_b32" and cols[4] == "1"
+
+
+def test_bench_json_on_a_model_folder(capsys):
+    args = parse(["bench", "-m", str(FIXTURES / "qwen2"), "-p", "4,8", "-n", "0", "-r", "3", "--json",
+                  "--no-warmup"])
+    assert args.func(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp4", "pp8"]
+    for r in rows:
+        assert len(r["samples_ts"]) == 3 and r["avg_ts"] > 0 and r["stdev_ts"] >= 0
+        assert r["params"] > 0 and r["size_bytes"] > 0 and r["n_gen"] == 0
+
+
+def test_bench_arguments_are_checked():
+    for argv in (["bench", "--synthetic", "tiny", "-pg", "8"], ["bench", "--synthetic", "tiny", "-p", "x"],
+                 ["bench", "--synthetic", "tiny", "-p", "0", "-n", "0"],
+                 ["bench", "--synthetic", "tiny", "-p", "64", "-c", "16"]):
+        args = parse(argv)
+        with pytest.raises(HeteroError):
+            args.func(args)
+
+
+def test_bench_semantics_counts_tokens():
+    llm = load_synthetic("tiny", context=64, on_fallback="silent", progress=False)
+    calls = []
+    original = llm.forward
+
+    def counting(ids):
+        calls.append(len(ids))
+        return original(ids)
+
+    llm.forward = counting
+    (result,) = bench_mod.bench(llm, [(16, 4)], repetitions=1, warmup=False)
+    assert calls == [16, 1, 1, 1, 1]  # prefill then decode on the same cache
+    assert result.test == "pp16+tg4" and len(result.samples_ts) == 1
+    calls.clear()
+    bench_mod.bench(llm, [(0, 3)], repetitions=1, warmup=False)
+    assert calls == [1, 1, 1, 1]  # one untimed context token, then 3 decode steps
+
+
+def test_generate_command(capsys):
+    prompt = expected("qwen3")["prompts"][0]
+    args = parse(["generate", str(FIXTURES / "qwen3"), prompt["text"], "-n", "6", "--temp", "0"])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    from .helpers import load
+
+    want = load(FIXTURES / "qwen3").detokenize(prompt["greedy"][:6], skip_special_tokens=True)
+    assert captured.out == want + "\n"
+    assert "generated 6 tokens" in captured.err
+
+
+def test_chat_command_reads_turns(capsys):
+    from hetero.llm import cli
+
+    args = parse(["chat", str(FIXTURES / "qwen3"), "-n", "4", "--temp", "0", "--system", "Be brief."])
+    stdin = io.StringIO("Hello!\n/reset\nWhat is the capital of France?\nAnd of Germany?\n/exit\nignored\n")
+    assert cli._cmd_chat(args, stdin=stdin) == 0
+    err = capsys.readouterr().err
+    assert err.count("generated") == 3
+    assert "(0 cached)" in err.splitlines()[2]  # after /reset nothing is reused
+    assert "(0 cached)" not in err.splitlines()[-1]  # the last turn reuses the previous one
+
+
+def test_synthetic_weights_are_deterministic_and_valid():
+    cfg = synthetic_config("tiny")
+    from hetero.llm.quant import QuantFormat, dequantize
+
+    for fmt in (QuantFormat(4, 32, True), QuantFormat(8, 64, False), QuantFormat(8, 32, True)):
+        a = SyntheticWeights(fmt, seed=1).linear("w", 8, cfg.hidden_size).array
+        b = SyntheticWeights(fmt, seed=1).linear("w", 8, cfg.hidden_size).array
+        np.testing.assert_array_equal(a, b)
+        dense = dequantize(a, fmt, cfg.hidden_size)
+        assert np.isfinite(dense).all() and 0.3 < dense.std() * np.sqrt(cfg.hidden_size) < 3
+    qwen = synthetic_config("qwen3-0.6b")
+    assert (qwen.num_layers, qwen.hidden_size, qwen.vocab_size, qwen.num_kv_heads) == (28, 1024, 151936, 8)
+
+
+def test_synthetic_model_runs_and_counts_params():
+    llm = load_synthetic("tiny", context=32, on_fallback="silent", progress=False)
+    cfg = llm.config
+    per_layer = (cfg.hidden_size * cfg.head_dim * (cfg.num_heads * 2 + cfg.num_kv_heads * 2)
+                 + 3 * cfg.hidden_size * cfg.intermediate_size + 2 * cfg.hidden_size + 2 * cfg.head_dim)
+    assert llm.num_params() == cfg.vocab_size * cfg.hidden_size + cfg.num_layers * per_layer + cfg.hidden_size
+    logits = llm.prefill([1, 2, 3])
+    assert logits.shape == (1, cfg.vocab_size) and np.isfinite(logits).all()
