@@ -8,6 +8,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hetero
 from hetero import plugins
+from hetero.ops import OpSchema, register
+from hetero.ops.shapes import same_as_input
+
+# A custom op that only the numpy reference implements: whatever the cpu plugin grows to cover, a node of this op
+# must fall back, which makes it the fixture for fallback behaviour.
+RARE_DOMAIN = "test.hetero"
+register(OpSchema("RareAtan", same_as_input(0), lambda ctx: [np.arctan(ctx.values[0])], domain=RARE_DOMAIN),
+         replace=True)
 
 
 def backend_ok(name: str) -> tuple[bool, str]:
@@ -33,12 +41,17 @@ def make_model(nodes, inputs, outputs, initializers=(), opset: int = 17):
         [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in initializers],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(RARE_DOMAIN, 1)])
+
+
+def rare_node(x: str, y: str, name: str):
+    """A RareAtan node: runs only on the numpy reference backend."""
+    return helper.make_node("RareAtan", [x], [y], name=name, domain=RARE_DOMAIN)
 
 
 @pytest.fixture
 def mlp_model():
-    """x[N,8] -> MatMul -> Add -> Relu -> MatMul -> Atan -> Softmax. Atan has no cpu kernel: it falls back."""
+    """x[N,8] -> MatMul -> Add -> Relu -> MatMul -> RareAtan -> Softmax. RareAtan has no cpu kernel: it falls back."""
     rng = np.random.default_rng(0)
     w1 = rng.normal(size=(8, 16)).astype(np.float32)
     b1 = rng.normal(size=(16,)).astype(np.float32)
@@ -48,7 +61,7 @@ def mlp_model():
         helper.make_node("Add", ["h0", "b1"], ["h1"], name="bias1"),
         helper.make_node("Relu", ["h1"], ["h2"], name="relu1"),
         helper.make_node("MatMul", ["h2", "w2"], ["h3"], name="fc2"),
-        helper.make_node("Atan", ["h3"], ["h4"], name="atan"),
+        rare_node("h3", "h4", name="atan"),
         helper.make_node("Softmax", ["h4"], ["y"], name="softmax", axis=-1),
     ]
     model = make_model(
@@ -73,4 +86,4 @@ def _fresh_plugin_state(monkeypatch):
     monkeypatch.delenv("HETERO_PLUGINS", raising=False)
 
 
-__all__ = ["backend_ok", "hetero", "make_model"]
+__all__ = ["backend_ok", "hetero", "make_model", "rare_node"]

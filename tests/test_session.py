@@ -24,21 +24,21 @@ def test_reference_runs_model(mlp_model):
 def test_cpu_partition_with_reference_fallback(require_cpu, mlp_model):
     model, expected = mlp_model
     x = np.random.default_rng(2).normal(size=(3, 8)).astype(np.float32)
-    with pytest.warns(HeteroWarning, match=r"1/4 nodes on reference: Atan×1"):
+    with pytest.warns(HeteroWarning, match=r"1/4 nodes on reference: RareAtan×1"):
         session = hetero.Session(model, backends=["cpu"])
     placed = {p.name: p for p in session.placement.nodes}
     assert placed["atan"].backend == "reference" and placed["atan"].fallback
-    assert "no cpu kernel for Atan" in placed["atan"].refusals["cpu"]
+    assert "no cpu kernel for RareAtan" in placed["atan"].refusals["cpu"]
     assert all(p.backend == "cpu" for n, p in placed.items() if n != "atan")
     np.testing.assert_allclose(session.run({"x": x})["y"], expected(x), rtol=1e-5, atol=1e-6)
     text = session.explain()
-    assert "atan" in text and "reference (fallback)" in text and "no cpu kernel for Atan" in text
+    assert "atan" in text and "reference (fallback)" in text and "no cpu kernel for RareAtan" in text
     assert "copies: none" in text  # cpu and reference share host memory
 
 
 def test_on_fallback_error_names_the_node(require_cpu, mlp_model):
     model, _ = mlp_model
-    with pytest.raises(FallbackError, match=r"atan \(Atan\) -> reference: cpu: no cpu kernel for Atan"):
+    with pytest.raises(FallbackError, match=r"atan \(RareAtan\) -> reference: cpu: no cpu kernel for RareAtan"):
         hetero.Session(model, backends=["cpu"], on_fallback="error")
 
 

@@ -41,6 +41,12 @@ bool has_type(const py::array& a) {
   const char order = d.byteorder();
   return d.normalized_num() == py::dtype::of<T>().normalized_num() && (order == native || order == '=' || order == '|');
 }
+// Same element type (by type number and size, not dtype object identity; see has_type).
+bool same_dtype(const py::array& a, const py::array& b) {
+  const py::dtype da = a.dtype(), db = b.dtype();
+  return da.normalized_num() == db.normalized_num() && da.itemsize() == db.itemsize() && da.kind() == db.kind() &&
+         da.byteorder() != '>' && db.byteorder() != '>';
+}
 bool is_f32(const py::array& a) { return has_type<float>(a); }
 bool is_i32(const py::array& a) { return has_type<std::int32_t>(a); }
 bool is_i64(const py::array& a) { return has_type<std::int64_t>(a); }
@@ -355,7 +361,7 @@ void py_binary(const std::string& op, const py::array& a, const py::array& b, co
   } else {
     fail("binary: unsupported dtype " + std::string(py::str(out.dtype())) + " (float32, int32, int64)");
   }
-  if (!a.dtype().is(out.dtype()) || !b.dtype().is(out.dtype()))
+  if (!same_dtype(a, out) || !same_dtype(b, out))
     fail("binary: a, b and out must share one dtype, got " + std::string(py::str(a.dtype())) + ", " +
          std::string(py::str(b.dtype())) + ", " + std::string(py::str(out.dtype())));
   if (dt != DType::F32 && id == B_POW) fail("binary: pow is only supported for float32");
@@ -474,7 +480,7 @@ void py_copy(const py::array& src, const py::array& out) {
   const char* fn = "copy";
   need_plain_dtype(src, fn);
   need_out(out, fn);
-  if (!src.dtype().is(out.dtype()))
+  if (!same_dtype(src, out))
     fail("copy: src and out dtypes differ: " + std::string(py::str(src.dtype())) + " vs " +
          std::string(py::str(out.dtype())));
   const std::vector<i64> shp = shape_of(src), ss = strides_of(src);
@@ -491,7 +497,7 @@ void py_gather(const py::array& data, const py::array& indices, i64 axis, const 
   need_plain_dtype(data, fn);
   need_out(out, fn);
   if (!is_i64(indices)) fail("gather: indices must be int64, got " + std::string(py::str(indices.dtype())));
-  if (!data.dtype().is(out.dtype())) fail("gather: out dtype must equal data dtype");
+  if (!same_dtype(data, out)) fail("gather: out dtype must equal data dtype");
   const i64 nd = data.ndim();
   if (nd == 0) fail("gather: data must have at least 1 dimension");
   if (axis < -nd || axis >= nd)

@@ -94,7 +94,9 @@ class Pool {
   }
 
   void worker_loop() {
-    std::uint64_t seen = gen_.load(std::memory_order_acquire);
+    // Generation 0 is the one the pool was built with: a job (or the stop signal) posted before this thread got
+    // scheduled is still seen.
+    std::uint64_t seen = 0;
     for (;;) {
       // Spin ~50 us, then sleep.
       auto t0 = std::chrono::steady_clock::now();

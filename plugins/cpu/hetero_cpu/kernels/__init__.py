@@ -1,10 +1,12 @@
-"""The CPU kernel table: (domain, op) -> kernel class. One module per kernel family."""
+"""The CPU kernel table: (domain, op) -> kernel class. One module per kernel family; native kernels listed after
+the numpy ones replace them."""
 
 from __future__ import annotations
 
-from . import elementwise, matmul, movement, nn
+from . import elementwise, matmul, movement, nn, numpy_ops
 
 KERNELS = {
+    **numpy_ops.KERNELS,
     **elementwise.KERNELS,
     **nn.KERNELS,
     **movement.KERNELS,
