@@ -4,9 +4,11 @@ from . import (  # noqa: F401  (registration side effects)
     attention,
     control,
     creation,
+    detection,
     elementwise,
     fused,
     linalg,
+    linear_attention,
     llm,
     loss,
     nn,
@@ -16,6 +18,7 @@ from . import (  # noqa: F401  (registration side effects)
     rnn,
     shape,
     signal,
+    spatial,
 )
 from .registry import OpContext, OpSchema, all_schemas, find, get, op, register
 

@@ -9,23 +9,29 @@ import numpy as np
 from .. import dtypes
 from ..dtypes import DType
 from ..tensor import TensorInfo
+from . import lowp
 from .registry import OpContext, op
 from .shapes import input_info, int_list, np_dtype, output_dtype_from_attr, shape_of, unknown
 
 
 # -- Cast ----------------------------------------------------------------------------------------------------------
-def _cast(x: np.ndarray, to: DType) -> np.ndarray:
+def _cast(x: np.ndarray, to: DType, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
     target = np_dtype(to)
     if to is dtypes.string:
         # Shortest round-trip text (like printf %.9g for float32), as ONNX casts numbers to strings.
         return np.vectorize(_to_text, otypes=[object])(x) if x.dtype.kind != "O" else x
     if x.dtype.kind in "OSU":
-        return np.array([float(s) if target.kind == "f" else int(s) for s in x.reshape(-1)],
-                        dtype=np.float64 if target.kind == "f" else np.int64).astype(target).reshape(x.shape)
-    if target.kind in "iu" and x.dtype.kind == "f":
+        as_float = lowp.is_float(target)
+        parsed = np.array([float(s) if as_float else int(s) for s in x.reshape(-1)],
+                          dtype=np.float64 if as_float else np.int64).reshape(x.shape)
+        return lowp.to_float(parsed, target, saturate, round_mode) if as_float else parsed.astype(target)
+    if lowp.is_int(target) and lowp.is_float(x.dtype):
         # Out-of-range and NaN conversions are undefined in ONNX; truncate toward zero like C for the in-range ones.
         with np.errstate(invalid="ignore"):
-            return np.trunc(x).astype(target)
+            return np.trunc(lowp.widen(x)).astype(target)
+    if lowp.is_float(target) and x.dtype.kind != "b":
+        # float8 saturation, float8e8m0 rounding modes, float4 clamping; plain astype for the others.
+        return lowp.to_float(x, target, saturate, round_mode)
     with np.errstate(over="ignore", invalid="ignore"):
         return x.astype(target)
 
@@ -50,14 +56,21 @@ def _cast_infer(ctx: OpContext) -> list[TensorInfo]:
 
 @op("Cast", infer=_cast_infer)
 def cast(ctx: OpContext) -> list[np.ndarray]:
-    """Convert to the element type ``to`` (float -> int truncates toward zero)."""
-    return [_cast(ctx.values[0], _cast_infer(ctx)[0].dtype)]
+    """Convert to the element type ``to`` (float -> int truncates toward zero; float8 targets saturate unless
+    ``saturate=0``; float8e8m0 rounds by ``round_mode``)."""
+    return [_cast(ctx.values[0], _cast_infer(ctx)[0].dtype, bool(ctx.attr("saturate", 1)),
+                  _text(ctx.attr("round_mode", "up")))]
 
 
 @op("CastLike", infer=lambda ctx: [TensorInfo(input_info(ctx, 1).dtype, shape_of(ctx, 0))])
 def cast_like(ctx: OpContext) -> list[np.ndarray]:
-    """Convert to the element type of the second input."""
-    return [_cast(ctx.values[0], ctx.inputs[1].dtype)]  # type: ignore[union-attr]
+    """Convert to the element type of the second input (same rules as Cast)."""
+    return [_cast(ctx.values[0], ctx.inputs[1].dtype, bool(ctx.attr("saturate", 1)),  # type: ignore[union-attr]
+                  _text(ctx.attr("round_mode", "up")))]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # -- Constants -----------------------------------------------------------------------------------------------------
@@ -206,3 +219,28 @@ def multinomial(ctx: OpContext) -> list[np.ndarray]:
     rng = _rng(ctx)
     out = np.stack([rng.choice(probs.shape[1], size=n, p=row) for row in probs])
     return [out.astype(np_dtype(_multinomial_infer(ctx)[0].dtype))]
+
+
+# -- BitCast -------------------------------------------------------------------------------------------------------
+_BITS = {"bool": 8, "int4": 4, "uint4": 4, "int2": 2, "uint2": 2, "float4e2m1": 4}
+
+
+def _bitcast_infer(ctx: OpContext) -> list[TensorInfo]:
+    x = input_info(ctx, 0)
+    to = _cast_infer(ctx)[0].dtype
+    src_bits, dst_bits = _BITS.get(x.dtype.name, 8 * x.dtype.itemsize), _BITS.get(to.name, 8 * to.itemsize)
+    if to is dtypes.string or x.dtype is dtypes.string or src_bits != dst_bits:
+        raise ctx.fail(f"cannot bitcast {x.dtype} ({src_bits} bits) to {to} ({dst_bits} bits)")
+    return [TensorInfo(to, x.shape)]
+
+
+@op("BitCast", infer=_bitcast_infer)
+def bitcast(ctx: OpContext) -> list[np.ndarray]:
+    """Reinterpret the bits (little endian) as the type ``to`` of the same width; the shape is unchanged."""
+    x = np.array(ctx.values[0], order="C")
+    target = np_dtype(_bitcast_infer(ctx)[0].dtype)
+    if x.dtype.byteorder == ">":
+        x = x.astype(x.dtype.newbyteorder("<"))
+    if x.dtype.itemsize != target.itemsize:  # sub-byte types are held one per byte: go through the bit pattern
+        raise ctx.fail(f"bitcast between {x.dtype} and {target} is not supported")
+    return [x.view(target).reshape(x.shape)]

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import dtypes
 from ..tensor import Dim, Shape, TensorInfo
+from . import lowp
 from .registry import OpContext, op
 from .shapes import input_info, normalize_axis, same_as_input, unknown
 
@@ -125,7 +126,7 @@ def _conv(ctx: OpContext, x: np.ndarray, w: np.ndarray, acc: np.dtype) -> np.nda
 
 
 def _acc_dtype(x: np.ndarray) -> np.dtype:
-    return np.dtype(np.float64) if x.dtype.kind == "f" else np.dtype(np.int64)
+    return np.dtype(np.float64) if lowp.is_float(x.dtype) else np.dtype(np.int64)
 
 
 @op("Conv", infer=_conv_infer)
@@ -233,8 +234,8 @@ def _pool_taps(ctx: OpContext, x: np.ndarray, fill: float) -> tuple[np.ndarray, 
 def max_pool(ctx: OpContext) -> list[np.ndarray]:
     """Max over each window (padding never wins), with the flat input index of the max as optional Indices."""
     x = ctx.values[0]
-    fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-    wide = x.astype(np.float64) if x.dtype.kind == "f" else x
+    fill = -np.inf if lowp.is_float(x.dtype) else lowp.int_range(x.dtype)[0]
+    wide = x.astype(np.float64) if lowp.is_float(x.dtype) else x
     taps, inside, outs = _pool_taps(ctx, wide, fill)
     taps = np.where(inside[:, None, None], taps, fill)
     which = np.argmax(taps, axis=0)  # first tap wins ties

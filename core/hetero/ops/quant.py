@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import dtypes
 from ..tensor import TensorInfo
+from . import lowp
 from .linalg import _matmul_infer
 from .nn import _acc_dtype, _conv, _conv_infer
 from .registry import OpContext, op
@@ -25,8 +26,8 @@ def _expand_param(ctx: OpContext, param: np.ndarray, x: np.ndarray) -> np.ndarra
 
 
 def _saturate(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    info = np.iinfo(dtype)
-    return np.clip(y, info.min, info.max).astype(dtype)
+    lo, hi = lowp.int_range(dtype)
+    return np.clip(y, lo, hi).astype(dtype)
 
 
 def _quantize_dtype(ctx: OpContext) -> dtypes.DType:
@@ -37,16 +38,32 @@ def _quantize_dtype(ctx: OpContext) -> dtypes.DType:
 
 @op("QuantizeLinear", infer=lambda ctx: [TensorInfo(_quantize_dtype(ctx), shape_of(ctx, 0))])
 def quantize_linear(ctx: OpContext) -> list[np.ndarray]:
-    """y = saturate(round_half_even(x / scale) + zero_point)."""
+    """y = saturate(round(x / scale) + zero_point).
+
+    The division runs in the ``precision`` attribute's type, else in y_scale's type. Integer outputs (8/16-bit, int4,
+    uint4, int2, uint2) round half to even and clamp to the type's range; float8 outputs round to nearest-even and
+    saturate to +/-FLT_MAX unless ``saturate=0``; float4e2m1 always saturates (to +/-6).
+    """
     x, scale = ctx.values[0], ctx.values[1]
-    target = _quantize_dtype(ctx).np_dtype
-    if target is None or target.kind not in "iu":
-        raise ctx.fail(f"quantizing to {_quantize_dtype(ctx)} is not supported")
-    zp = ctx.values[2] if ctx.has_input(2) else np.zeros((), dtype=target)
-    # Divide in the input's float type (as the spec's float32 math does), then round half to even.
-    ftype = np.result_type(x.dtype, scale.dtype, np.float16)
-    q = np.rint(x.astype(ftype) / _expand_param(ctx, scale.astype(ftype), x)).astype(np.float64)
-    return [_saturate(q + _expand_param(ctx, zp.astype(np.int64), x), target)]
+    out = _quantize_dtype(ctx)
+    target = out.np_dtype
+    if target is None or not (lowp.is_int(target) or lowp.is_float(target)):
+        raise ctx.fail(f"quantizing to {out} is not supported")
+    precision = ctx.attr("precision", None)
+    ftype = dtypes.from_onnx(int(precision)).np_dtype if precision else scale.dtype
+    if not lowp.is_float(ftype):
+        ftype = np.dtype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        q = x.astype(ftype) / _expand_param(ctx, scale.astype(ftype), x)
+    zp = ctx.values[2] if ctx.has_input(2) else None
+    if lowp.is_float(target):
+        if zp is not None:
+            q = lowp.widen(q).astype(np.float32) + _expand_param(ctx, lowp.widen(zp).astype(np.float32), x)
+        return [lowp.to_float(q, target, bool(ctx.attr("saturate", 1)))]
+    q = np.rint(lowp.widen(q).astype(np.float64))
+    if zp is not None:
+        q = q + _expand_param(ctx, zp.astype(np.int64), x)
+    return [_saturate(q, target)]
 
 
 def _dequantize_infer(ctx: OpContext) -> list[TensorInfo]:
@@ -59,6 +76,7 @@ def dequantize_linear(ctx: OpContext) -> list[np.ndarray]:
     """y = (x - zero_point) * scale."""
     x, scale = ctx.values[0], ctx.values[1]
     zp = ctx.values[2].astype(np.float64) if ctx.has_input(2) else np.zeros(())
+    # In float64 (exact for the narrow input types), then rounded once to the output type.
     out = (x.astype(np.float64) - _expand_param(ctx, zp, x)) * _expand_param(ctx, scale.astype(np.float64), x)
     return [out.astype(_dequantize_infer(ctx)[0].dtype.np_dtype)]
 

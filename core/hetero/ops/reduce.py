@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..tensor import TensorInfo
+from . import lowp
 from .registry import OpContext, op
 from .shapes import UNKNOWN_VALUE, input_info, normalize_axis, unknown
 
@@ -52,17 +53,17 @@ def _reduce_infer(ctx: OpContext) -> list[TensorInfo]:
 
 def _wide(x: np.ndarray) -> np.ndarray:
     """Accumulate floats in float64 (the result is cast back to the input type)."""
-    return x.astype(np.float64) if x.dtype.kind == "f" else x
+    return x.astype(np.float64) if lowp.is_float(x.dtype) else x
 
 
 def _extreme(x: np.ndarray, largest: bool) -> np.generic:
     """The identity of max (min) reductions over an empty set."""
-    if x.dtype.kind == "f":
+    if lowp.is_float(x.dtype):
         return -np.inf if largest else np.inf
     if x.dtype.kind == "b":
         return not largest
-    info = np.iinfo(x.dtype)
-    return info.min if largest else info.max
+    lo, hi = lowp.int_range(x.dtype)
+    return lo if largest else hi
 
 
 def _max(x: np.ndarray, axis: tuple[int, ...], keep: bool) -> np.ndarray:

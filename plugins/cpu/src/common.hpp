@@ -41,6 +41,8 @@ struct Kernels {
   // Small-M rows (1 <= m <= 4) against one packed B panel over the full K; a rows contiguous along k (lda
   // between rows). Writes the raw m x nr products to t (row stride nr).
   void (*smallm)(int m, i64 k, const float* a, i64 lda, const float* panel, float* t);
+  // One row of A (contiguous) times np (1..4) packed panels, panel i at panels + i*pstride; writes np*nr floats.
+  void (*gemv_panels)(i64 k, const float* a, const float* panels, i64 pstride, int np, float* t);
   // GEMV on an unpacked row-major B: y[0:n] = sum_k a[k] * b[k*ldb + 0:n]  (y overwritten).
   void (*gemv_rows)(i64 k, const float* a, const float* b, i64 ldb, i64 n, float* y);
   // GEMV on an unpacked B^T (n rows of length k): y[j] = dot(a, b[j*ldb : j*ldb+k]).

@@ -9,6 +9,7 @@
 // Threads own disjoint rectangles of C (no synchronisation inside the nest).
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "common.hpp"
 
@@ -18,51 +19,74 @@ namespace {
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 
 // Packs rows [i0, i0+mc) x depth [p0, p0+kc) of A into mr panels (k-major); rows past M are zero.
-void pack_a_block(const MatView& a, i64 i0, i64 mc, i64 p0, i64 kc, int mr, float* dst) {
-  for (i64 ib = 0; ib < mc; ib += mr) {
-    const i64 rows = std::min<i64>(mr, a.rows - (i0 + ib));
-    float* d = dst + (ib / mr) * kc * mr;
-    if (a.cs == 1) {
-      const float* src[32];
-      for (i64 r = 0; r < rows; ++r) src[r] = a.p + (i0 + ib + r) * a.rs + p0;
-      if (rows == mr) {
-        for (i64 k = 0; k < kc; ++k)
-          for (int r = 0; r < mr; ++r) d[k * mr + r] = src[r][k];
-      } else {
-        for (i64 k = 0; k < kc; ++k)
-          for (int r = 0; r < mr; ++r) d[k * mr + r] = r < rows ? src[r][k] : 0.f;
-      }
+// MR is a template parameter so the inner row loop unrolls into straight-line loads/stores.
+template <int MR>
+void pack_a_block_t(const MatView& a, i64 i0, i64 mc, i64 p0, i64 kc, float* dst) {
+  for (i64 ib = 0; ib < mc; ib += MR) {
+    const i64 rows = std::min<i64>(MR, a.rows - (i0 + ib));
+    float* d = dst + (ib / MR) * kc * MR;
+    if (a.cs == 1 && rows == MR) {
+      const float* src[MR];
+      for (int r = 0; r < MR; ++r) src[r] = a.p + (i0 + ib + r) * a.rs + p0;
+      for (i64 k = 0; k < kc; ++k)
+        for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r][k];
     } else {
       for (i64 k = 0; k < kc; ++k)
-        for (int r = 0; r < mr; ++r)
-          d[k * mr + r] = r < rows ? a.p[(i0 + ib + r) * a.rs + (p0 + k) * a.cs] : 0.f;
+        for (int r = 0; r < MR; ++r)
+          d[k * MR + r] = r < rows ? a.p[(i0 + ib + r) * a.rs + (p0 + k) * a.cs] : 0.f;
     }
   }
 }
 
-// One panel (nr columns starting at j0) of B over the full K.
-void pack_b_panel(const MatView& b, i64 j0, int nr, float* d) {
+void pack_a_block(const MatView& a, i64 i0, i64 mc, i64 p0, i64 kc, int mr, float* dst) {
+  switch (mr) {
+    case 4: pack_a_block_t<4>(a, i0, mc, p0, kc, dst); break;
+    case 6: pack_a_block_t<6>(a, i0, mc, p0, kc, dst); break;
+    case 8: pack_a_block_t<8>(a, i0, mc, p0, kc, dst); break;
+    case 12: pack_a_block_t<12>(a, i0, mc, p0, kc, dst); break;
+    default: throw std::logic_error("pack_a_block: unsupported mr");
+  }
+}
+
+// One panel (NR columns starting at j0) of B over the full K.
+template <int NR>
+void pack_b_panel_t(const MatView& b, i64 j0, float* d) {
   const i64 K = b.rows;
-  const i64 cols = std::min<i64>(nr, b.cols - j0);
-  if (b.cs == 1) {
-    for (i64 k = 0; k < K; ++k) {
-      const float* s = b.p + k * b.rs + j0;
-      std::memcpy(d + k * nr, s, cols * sizeof(float));
-      for (i64 j = cols; j < nr; ++j) d[k * nr + j] = 0.f;
-    }
+  const i64 cols = std::min<i64>(NR, b.cols - j0);
+  if (b.cs == 1 && cols == NR) {
+    for (i64 k = 0; k < K; ++k) std::memcpy(d + k * NR, b.p + k * b.rs + j0, NR * sizeof(float));  // fixed size: inlined
   } else if (b.rs == 1) {
     // B^T stored row-major: read each source row sequentially.
-    for (i64 j = 0; j < nr; ++j) {
+    for (i64 j = 0; j < NR; ++j) {
       if (j < cols) {
         const float* s = b.p + (j0 + j) * b.cs;
-        for (i64 k = 0; k < K; ++k) d[k * nr + j] = s[k];
+        for (i64 k = 0; k < K; ++k) d[k * NR + j] = s[k];
       } else {
-        for (i64 k = 0; k < K; ++k) d[k * nr + j] = 0.f;
+        for (i64 k = 0; k < K; ++k) d[k * NR + j] = 0.f;
       }
     }
   } else {
     for (i64 k = 0; k < K; ++k)
-      for (i64 j = 0; j < nr; ++j) d[k * nr + j] = j < cols ? b.p[k * b.rs + (j0 + j) * b.cs] : 0.f;
+      for (i64 j = 0; j < NR; ++j) d[k * NR + j] = j < cols ? b.p[k * b.rs + (j0 + j) * b.cs] : 0.f;
+  }
+}
+
+void pack_b_panel(const MatView& b, i64 j0, int nr, float* d) {
+  switch (nr) {
+    case 12: pack_b_panel_t<12>(b, j0, d); break;
+    case 16: pack_b_panel_t<16>(b, j0, d); break;
+    case 32: pack_b_panel_t<32>(b, j0, d); break;
+    default: throw std::logic_error("pack_b_panel: unsupported nr");
+  }
+}
+
+// Full panels [p0, p1) of a row-major B, source rows read sequentially.
+template <int NR>
+void pack_b_rows_t(const MatView& b, i64 p0, i64 p1, float* dst) {
+  const i64 K = b.rows;
+  for (i64 k = 0; k < K; ++k) {
+    const float* src = b.p + k * b.rs;
+    for (i64 p = p0; p < p1; ++p) std::memcpy(dst + p * K * NR + k * NR, src + p * NR, NR * sizeof(float));
   }
 }
 
@@ -92,8 +116,22 @@ void pack_b_panels(const Kernels& kr, const MatView& b, float* dst, int nthreads
   const i64 K = b.rows;
   if (np == 0) return;
   const int T = std::min<i64>(nthreads, np);
+  const i64 full = b.cols / nr;  // panels without a ragged edge
   parallel_for(T, T, [&](i64 t) {
-    for (i64 p = t * np / T; p < (t + 1) * np / T; ++p) pack_b_panel(b, p * nr, nr, dst + p * K * nr);
+    const i64 p0 = t * np / T, p1 = (t + 1) * np / T;
+    if (b.cs == 1) {
+      // Row-major B: walk each source row once, left to right (sequential reads; one write stream per panel),
+      // instead of panel by panel (nr-float pieces at a large stride, which defeats the prefetchers).
+      const i64 pf = std::min(p1, full);
+      switch (nr) {
+        case 12: pack_b_rows_t<12>(b, p0, pf, dst); break;
+        case 16: pack_b_rows_t<16>(b, p0, pf, dst); break;
+        default: pack_b_rows_t<32>(b, p0, pf, dst); break;
+      }
+      for (i64 p = std::max(pf, p0); p < p1; ++p) pack_b_panel(b, p * nr, nr, dst + p * K * nr);
+      return;
+    }
+    for (i64 p = p0; p < p1; ++p) pack_b_panel(b, p * nr, nr, dst + p * K * nr);
   });
 }
 
@@ -198,6 +236,16 @@ void smallm_packed(const Kernels& kr, i64 m, i64 N, i64 K, const float* a, i64 l
   parallel_for(T, T, [&](i64 t) {
     const i64 p0 = t * np / T, p1 = (t + 1) * np / T;
     alignas(64) float tile[4 * 64];
+    if (m == 1) {
+      for (i64 p = p0; p < p1; p += 4) {
+        const int cnt = static_cast<int>(std::min<i64>(4, p1 - p));
+        kr.gemv_panels(K, a, bp + p * K * NR, K * NR, cnt, tile);
+        const i64 j0 = p * NR, ncols = std::min<i64>(cnt * NR, N - j0);
+        kr.axpby(tile, c + j0, ncols, alpha, beta);
+        apply_epilogue(kr, c + j0, ldc, 0, j0, 1, ncols, ep);
+      }
+      return;
+    }
     for (i64 p = p0; p < p1; ++p) {
       const i64 j0 = p * NR, ncols = std::min<i64>(NR, N - j0);
       kr.smallm(static_cast<int>(m), K, a, lda, bp + p * K * NR, tile);

@@ -343,8 +343,9 @@ void k_softmax_row(const float* x, float* y, i64 n, bool log) {
       map1(x + i, tmp, 1, [&](V v) { return vexp(SIMD::sub(v, vm)); });
       tail += tmp[0];
     }
-    const float lse = mx + std::log(SIMD::hsum(acc) + tail);
-    map1(x, y, n, [&](V v) { return SIMD::sub(v, SIMD::set1(lse)); });
+    // (x - max) - log(sum): subtracting max first keeps results near 0 accurate.
+    const V ls = SIMD::set1(std::log(SIMD::hsum(acc) + tail));
+    map1(x, y, n, [&](V v) { return SIMD::sub(SIMD::sub(v, vm), ls); });
   }
 }
 
@@ -440,8 +441,8 @@ inline void smallm_t(i64 k, const float* a, i64 lda, const float* panel, float* 
   // Two k steps per iteration into separate accumulators: hides FMA latency when MROWS is 1.
   for (; p + 2 <= k; p += 2) {
     // Panels are streamed once from memory: prefetch ~2 KB ahead so several lines are in flight.
-    __builtin_prefetch(panel + (p + 16) * ld, 0, 0);
-    if (ld > 16) __builtin_prefetch(panel + (p + 16) * ld + 16, 0, 0);
+    __builtin_prefetch(panel + (p + 32) * ld, 0, 3);
+    if (ld > 16) __builtin_prefetch(panel + (p + 32) * ld + 16, 0, 3);
     for (int s = 0; s < 2; ++s) {
       const float* bp = panel + (p + s) * ld;
       for (int v = 0; v < NRV; ++v) {
@@ -468,6 +469,36 @@ void k_smallm(int m, i64 k, const float* a, i64 lda, const float* panel, float* 
     case 2: smallm_t<2, NRV>(k, a, lda, panel, t); break;
     case 3: smallm_t<3, NRV>(k, a, lda, panel, t); break;
     default: smallm_t<4, NRV>(k, a, lda, panel, t); break;
+  }
+}
+
+// One row of A times NP packed panels at once (M == 1, the decode GEMV): NP independent memory streams keep
+// more cache misses in flight than a single panel would.
+template <int NP, int NRV>
+inline void gemv_panels_t(i64 k, const float* a, const float* panels, i64 pstride, float* t) {
+  V acc[NP][NRV];
+  for (int q = 0; q < NP; ++q)
+    for (int v = 0; v < NRV; ++v) acc[q][v] = SIMD::zero();
+  const i64 ld = static_cast<i64>(NRV) * W;
+  for (i64 p = 0; p < k; ++p) {
+    const V av = SIMD::set1(a[p]);
+    for (int q = 0; q < NP; ++q) {
+      const float* bp = panels + q * pstride + p * ld;
+      __builtin_prefetch(bp + 32 * ld, 0, 3);
+      for (int v = 0; v < NRV; ++v) acc[q][v] = SIMD::fma(av, SIMD::load(bp + v * W), acc[q][v]);
+    }
+  }
+  for (int q = 0; q < NP; ++q)
+    for (int v = 0; v < NRV; ++v) SIMD::store(t + q * ld + v * W, acc[q][v]);
+}
+
+template <int NRV>
+void k_gemv_panels(i64 k, const float* a, const float* panels, i64 pstride, int np, float* t) {
+  switch (np) {
+    case 1: gemv_panels_t<1, NRV>(k, a, panels, pstride, t); break;
+    case 2: gemv_panels_t<2, NRV>(k, a, panels, pstride, t); break;
+    case 3: gemv_panels_t<3, NRV>(k, a, panels, pstride, t); break;
+    default: gemv_panels_t<4, NRV>(k, a, panels, pstride, t); break;
   }
 }
 

@@ -417,7 +417,7 @@ def test_unary_special_values(isa):
     inf, nan = np.inf, np.nan
     x = np.array([inf, -inf, nan, 0.0, -0.0, 1e30, -1e30, 100.0, -100.0], np.float32)
     expect = {
-        "exp": [inf, 0, nan, 1, 1, inf, 0, inf, 0],
+        "exp": [inf, 0, nan, 1, 1, inf, 0, inf, 3.7200760e-44],
         "tanh": [1, -1, nan, 0, -0.0, 1, -1, 1, -1],
         "sigmoid": [1, 0, nan, 0.5, 0.5, 1, 0, 1, 3.7200760e-44],
         "erf": [1, -1, nan, 0, -0.0, 1, -1, 1, -1],
@@ -427,12 +427,12 @@ def test_unary_special_values(isa):
     for op, ref in expect.items():
         out = np.empty_like(x)
         _native.unary(op, x, out)
-        np.testing.assert_allclose(out, np.array(ref, np.float32), rtol=2e-6, atol=0, err_msg=op)
-    out = np.empty_like(x)
-    _native.unary("log", np.array([0.0, -1.0, inf, nan, 1.0, 1e-45, 3e38, 0.5, 2.0], np.float32), out)
-    ref = np.log(np.array([0.0, -1.0, inf, nan, 1.0, 1e-45, 3e38, 0.5, 2.0], np.float64), where=True)
+        np.testing.assert_allclose(out, np.array(ref, np.float32), rtol=2e-6, atol=3e-45, err_msg=op)  # subnormals
+    xl = np.array([0.0, -1.0, inf, nan, 1.0, 1e-45, 3e38, 0.5, 2.0], np.float32)
+    out = np.empty_like(xl)
+    _native.unary("log", xl, out)
     with np.errstate(all="ignore"):
-        ref = np.log(np.array([0.0, -1.0, inf, nan, 1.0, 1e-45, 3e38, 0.5, 2.0], np.float64))
+        ref = np.log(xl.astype(np.float64))
     np.testing.assert_allclose(out, ref, rtol=2e-6)
 
 
@@ -693,7 +693,7 @@ POOL_CASES = [
     ((2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (8, 8)),
     ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (9, 9)),
     ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (17, 17)),
-    ((3, 2), (2, 1), (1, 0, 1, 1), (2, 1), (7, 18)),
+    ((3, 2), (2, 1), (1, 0, 1, 1), (2, 1), (8, 17)),
 ]
 
 
@@ -727,3 +727,32 @@ def test_global_avg_pool(threads):
     np.testing.assert_allclose(out, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError):
         _native.global_avg_pool(x, np.empty((3, 70, 2, 1), np.float32))
+
+
+def test_concurrent_callers():
+    """Several Python threads (the GIL is released) share the pool without deadlock or wrong results."""
+    import threading
+
+    a, b = randn(200, 300, seed=100), randn(300, 150, seed=101)
+    ref = a.astype(np.float64) @ b
+    errors = []
+
+    def work():
+        try:
+            for _ in range(10):
+                out = np.empty((200, 150), np.float32)
+                _native.gemm(a, b, out)
+                assert_gemm_close(out, ref, 300)
+                y = np.empty_like(a)
+                _native.unary("exp", a, y)
+                np.testing.assert_allclose(y, np.exp(a.astype(np.float64)), rtol=2e-6)
+        except Exception as e:  # surfaced in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert not errors, errors[0]

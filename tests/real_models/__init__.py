@@ -1,0 +1,1 @@
+"""Real ONNX models from PyPI wheels, run through hetero and compared with onnxruntime."""

@@ -1,0 +1,380 @@
+"""Real ONNX models shipped inside PyPI wheels, and realistic inputs for them.
+
+Shared by the tests in this folder and by ``benchmarks/onnx_models.py``. Nothing here installs anything: a model
+whose package is absent reports ``None`` from ``RealModel.file()`` and the caller skips with ``install_hint``.
+
+Packages (CI installs them; the last two with --no-deps: silero-vad requires torch and rapidocr-onnxruntime requires
+opencv for their own Python code, which these tests do not use — only the model files are needed):
+    pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import gzip
+import importlib.util
+import io
+import struct
+import sys
+import tarfile
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """One ONNX file inside an installed package, plus one representative input (for the benchmark)."""
+
+    name: str
+    package: str  # the pip name, for the skip message
+    module: str  # the import name whose folder holds the file
+    relpath: str
+    feeds: Callable[[RealModel], Feeds]
+    pip_flags: str = ""  # e.g. "--no-deps" where the package's own requirements are not needed
+    tags: tuple[str, ...] = field(default=())
+
+    def folder(self) -> Path | None:
+        # find_spec locates the package without importing it: silero_vad's __init__ imports torch.
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        return Path(next(iter(spec.submodule_search_locations)))
+
+    def file(self) -> Path | None:
+        folder = self.folder()
+        path = None if folder is None else folder / self.relpath
+        return path if path is not None and path.is_file() else None
+
+    @property
+    def install_hint(self) -> str:
+        flags = f"{self.pip_flags} " if self.pip_flags else ""
+        return f"{self.name}: package {self.package!r} is not installed (pip install {flags}{self.package})"
+
+
+# -- magika: a byte-level CNN that names a file's content type ------------------------------------------------------
+def _png(width: int, height: int) -> bytes:
+    """A real PNG (8-bit grey gradient), built with zlib as the format specifies."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = b"".join(b"\x00" + bytes((x * 255 // width + y) % 256 for x in range(width)) for y in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buf.getvalue()
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _csv_text() -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["city", "country", "population", "area_km2"])
+    for i in range(60):
+        writer.writerow([f"city{i}", ["FR", "DE", "JP", "BR"][i % 4], 10_000 + 137 * i * i, round(3.5 + i * 1.7, 1)])
+    return out.getvalue().encode()
+
+
+_HTML = b"""<!DOCTYPE html>
+<html lang="en">
+<head><meta charset="utf-8"><title>Release notes</title>
+<link rel="stylesheet" href="style.css"></head>
+<body>
+  <h1>Release 0.1</h1>
+  <ul><li>ONNX models on the CPU</li><li>Fallback to the reference</li></ul>
+  <script>document.querySelectorAll("li").forEach(li => li.classList.add("item"));</script>
+</body>
+</html>
+"""
+
+_SHELL = b"""#!/bin/sh
+# build every plugin, then run the tests
+set -eu
+for dir in plugins/*/; do
+    echo "building $dir"
+    python -m pip install "$dir"
+done
+python -m pytest -q "$@"
+"""
+
+
+def magika_samples() -> dict[str, bytes]:
+    """Contents of real files: on-disk files of the Python installation and formats written by the stdlib."""
+    import json
+
+    text = Path(json.__file__).read_bytes()
+    magika = importlib.util.find_spec("magika")
+    kb = b""
+    if magika is not None and magika.submodule_search_locations:
+        kb_path = Path(next(iter(magika.submodule_search_locations))) / "config" / "content_types_kb.min.json"
+        kb = kb_path.read_bytes() if kb_path.is_file() else b""
+    return {
+        "python": text,
+        "elf": _head_tail(Path(sys.executable).resolve()),
+        "json": kb or json.dumps({"model": "magika", "ok": True, "sizes": list(range(200))}).encode(),
+        "zip": _zip({"readme.txt": text[:3000], "data.csv": _csv_text()}),
+        "gzip": gzip.compress(text),
+        "tar": _tar({"a.py": text[:5000], "b.csv": _csv_text()}),
+        "png": _png(96, 64),
+        "html": _HTML,
+        "csv": _csv_text(),
+        "shell": _SHELL,
+    }
+
+
+def _head_tail(path: Path, block: int = 4096) -> bytes:
+    """The first and last ``block`` bytes: all that magika reads of a large file."""
+    with path.open("rb") as f:
+        head = f.read(block)
+        f.seek(max(0, path.stat().st_size - block))
+        return head + f.read(block)
+
+
+def magika_features(contents: list[bytes]) -> np.ndarray:
+    """The model input [N, 2048] int32, built by magika's own feature extraction (beg + end bytes, padded)."""
+    from magika import Magika
+    from magika.types.seekable import Seekable
+
+    config = _magika_config()
+    rows = []
+    for content in contents:
+        features = Magika._extract_features_from_seekable(
+            Seekable(io.BytesIO(content)), config.beg_size, config.mid_size, config.end_size, config.padding_token,
+            config.block_size, config.use_inputs_at_offsets,
+        )
+        rows.append([*features.beg[: config.beg_size], *features.end[-config.end_size:]])
+    return np.asarray(rows, dtype=np.int32)
+
+
+@functools.cache
+def _magika_config():
+    from magika import Magika
+
+    return Magika()._model_config  # the config magika itself loads next to the model
+
+
+def _magika_feeds(_: RealModel) -> Feeds:
+    return {"bytes": magika_features([magika_samples()["python"]])}
+
+
+# -- silero-vad: a voice activity detector (STFT conv, conv encoder, LSTM), streamed chunk by chunk ----------------
+SILERO_CONTEXT = {16000: 64, 8000: 32}
+SILERO_WINDOW = {16000: 512, 8000: 256}
+
+
+def speech_like_audio(seconds: float, sr: int = 16000, seed: int = 0) -> np.ndarray:
+    """Mono float32 audio: voiced 'syllables' (harmonics of a gliding pitch, shaped by two formant-like resonances and
+    a 4 Hz syllable envelope) between stretches of quiet noise, so a VAD sees both speech-like and silent parts."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sr)) / sr
+    f0 = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)  # pitch glide
+    phase = 2 * np.pi * np.cumsum(f0) / sr
+    voiced = sum(np.sin(k * phase) * _formants(k * f0) / k for k in range(1, 25))
+    syllables = np.clip(np.sin(2 * np.pi * 4 * t), 0, None) ** 0.5
+    talking = (t % 1.6) < 0.9  # 0.9 s of talk, 0.7 s of pause
+    audio = 0.3 * voiced * syllables * talking + 0.003 * rng.standard_normal(t.size)
+    return audio.astype(np.float32)
+
+
+def _formants(freq: np.ndarray) -> np.ndarray:
+    return 1.0 / (1 + ((freq - 700) / 150) ** 2) + 0.5 / (1 + ((freq - 1200) / 200) ** 2) + 0.05
+
+
+def silero_chunks(audio: np.ndarray, sr: int = 16000) -> Iterator[np.ndarray]:
+    """Model inputs [1, context + window]: each window prefixed with the previous window's tail, as silero does."""
+    window, context = SILERO_WINDOW[sr], SILERO_CONTEXT[sr]
+    tail = np.zeros(context, np.float32)
+    for start in range(0, audio.size - window + 1, window):
+        frame = audio[start:start + window]
+        yield np.concatenate([tail, frame])[None, :]
+        tail = frame[-context:]
+
+
+@dataclass(frozen=True)
+class SileroIO:
+    """How one silero variant names its inputs: the recurrent state as one tensor or as LSTM h and c."""
+
+    takes_sr: bool = True
+    state_names: tuple[str, ...] = ("state",)
+    state_out: tuple[str, ...] = ("stateN",)
+    prob_out: str = "output"
+
+
+SILERO_IO: dict[str, SileroIO] = {
+    "silero_vad": SileroIO(),
+    "silero_vad_16k_op15": SileroIO(),
+    "silero_vad_op18_ifless": SileroIO(),
+    "silero_vad_half": SileroIO(takes_sr=False),
+    "silero_vad_openvino_16k": SileroIO(takes_sr=False),
+    "silero_vad_16k_sequence": SileroIO(takes_sr=False, state_names=("h", "c"), state_out=("hn", "cn"),
+                                        prob_out="speech_probs"),
+}
+
+
+def silero_initial_state(io_spec: SileroIO) -> Feeds:
+    shape = (2, 1, 128) if io_spec.state_names == ("state",) else (1, 1, 128)
+    return {name: np.zeros(shape, np.float32) for name in io_spec.state_names}
+
+
+def silero_feeds(io_spec: SileroIO, chunk: np.ndarray, state: Feeds, sr: int) -> Feeds:
+    feeds = {"input": chunk, **state}
+    if io_spec.takes_sr:
+        feeds["sr"] = np.array(sr, dtype=np.int64)
+    return feeds
+
+
+def silero_stream(run: Callable[[Feeds], dict[str, np.ndarray]], io_spec: SileroIO, chunks: list[np.ndarray],
+                  sr: int = 16000) -> tuple[np.ndarray, Feeds]:
+    """Speech probabilities of each chunk, carrying the model's own recurrent state from one call to the next."""
+    state = silero_initial_state(io_spec)
+    probs = []
+    for chunk in chunks:
+        out = run(silero_feeds(io_spec, chunk, state, sr))
+        probs.append(np.asarray(out[io_spec.prob_out]).reshape(-1))
+        state = {name: out[o] for name, o in zip(io_spec.state_names, io_spec.state_out, strict=True)}
+    return np.concatenate(probs), state
+
+
+def _silero_feeds(model: RealModel) -> Feeds:
+    io_spec = SILERO_IO[model.name]
+    chunks = list(silero_chunks(speech_like_audio(0.5)))
+    if model.name == "silero_vad_16k_sequence":  # the batched variant: a block of frames per call
+        return {"input": np.concatenate(chunks), **silero_initial_state(io_spec)}
+    return silero_feeds(io_spec, chunks[len(chunks) // 2], silero_initial_state(io_spec), 16000)
+
+
+# -- rapidocr-onnxruntime: PP-OCRv4 text detection and recognition, PP-OCR mobile direction classifier --------------
+# A 5x7 dot-matrix font: enough glyphs to print text lines the OCR models see as text.
+_FONT = {
+    "A": "01110 10001 10001 11111 10001 10001 10001", "C": "01110 10001 10000 10000 10000 10001 01110",
+    "D": "11110 10001 10001 10001 10001 10001 11110", "E": "11111 10000 10000 11110 10000 10000 11111",
+    "H": "10001 10001 10001 11111 10001 10001 10001", "I": "01110 00100 00100 00100 00100 00100 01110",
+    "L": "10000 10000 10000 10000 10000 10000 11111", "M": "10001 11011 10101 10101 10001 10001 10001",
+    "N": "10001 11001 10101 10011 10001 10001 10001", "O": "01110 10001 10001 10001 10001 10001 01110",
+    "P": "11110 10001 10001 11110 10000 10000 10000", "R": "11110 10001 10001 11110 10100 10010 10001",
+    "S": "01111 10000 10000 01110 00001 00001 11110", "T": "11111 00100 00100 00100 00100 00100 00100",
+    "U": "10001 10001 10001 10001 10001 10001 01110", "X": "10001 10001 01010 00100 01010 10001 10001",
+    "0": "01110 10001 10011 10101 11001 10001 01110", "2": "01110 10001 00001 00010 00100 01000 11111",
+    "6": "00110 01000 10000 11110 10001 10001 01110", " ": "00000 00000 00000 00000 00000 00000 00000",
+}
+PAPER, INK = 236, 28
+
+
+def text_line(text: str, scale: int) -> np.ndarray:
+    """Grey uint8 pixels of ``text`` printed in the dot-matrix font, ``7 * scale`` pixels tall."""
+    glyphs = []
+    for char in text.upper():
+        bits = np.array([[int(b) for b in row] for row in _FONT.get(char, _FONT[" "]).split()], dtype=bool)
+        glyphs += [bits, np.zeros((7, 1), bool)]  # one column of spacing
+    ink = np.kron(np.concatenate(glyphs, axis=1), np.ones((scale, scale), bool))
+    return np.where(ink, INK, PAPER).astype(np.uint8)
+
+
+def text_page(height: int = 480, width: int = 640, seed: int = 0) -> np.ndarray:
+    """A grey page [H, W] uint8 with a few printed lines at different sizes, plus sensor-like noise."""
+    rng = np.random.default_rng(seed)
+    page = np.full((height, width), PAPER, np.uint8)
+    lines = [("HETERO RUNS ONNX", 6, 40, 30), ("ON THE CPU 2026", 4, 130, 60), ("MODEL PLACEMENT", 3, 220, 40),
+             ("SILERO MAGIKA OCR", 5, 300, 20), ("DATA 0 2 6", 3, 400, 300)]
+    for text, scale, top, left in lines:
+        if top >= height or left >= width:
+            continue
+        pixels = text_line(text, scale)[: height - top, : width - left]  # clipped at the page edge
+        page[top:top + pixels.shape[0], left:left + pixels.shape[1]] = pixels
+    noisy = page.astype(np.float32) + rng.normal(0, 4, page.shape)
+    return np.clip(noisy, 0, 255).astype(np.uint8)
+
+
+def ocr_tensor(grey: np.ndarray) -> np.ndarray:
+    """[H, W] uint8 -> [1, 3, H, W] float32 normalised as PP-OCR does: (x / 255 - 0.5) / 0.5 on each channel."""
+    x = grey.astype(np.float32) / 127.5 - 1.0
+    return np.repeat(x[None, None], 3, axis=1)
+
+
+def ocr_crop(text: str, height: int, width: int) -> np.ndarray:
+    """One text line as the recogniser / classifier wants it: [1, 3, height, width], glyphs scaled to the height,
+    right side padded with zeros after normalisation (what rapidocr's resize_norm_img does)."""
+    line = text_line(text, max(1, (height - 8) // 7))
+    canvas = np.full((height, line.shape[1]), PAPER, np.uint8)
+    canvas[4:4 + line.shape[0]] = line
+    tensor = ocr_tensor(canvas[:, :width])
+    padded = np.zeros((1, 3, height, width), np.float32)
+    padded[..., : tensor.shape[-1]] = tensor
+    return padded
+
+
+def _det_feeds(_: RealModel) -> Feeds:
+    return {"x": ocr_tensor(text_page())}
+
+
+def _rec_feeds(_: RealModel) -> Feeds:
+    return {"x": ocr_crop("HETERO 2026", 48, 320)}
+
+
+def _cls_feeds(_: RealModel) -> Feeds:
+    crops = [ocr_crop(t, 48, 192) for t in ("HETERO", "ONNX 2026", "PLACEMENT")]
+    crops.append(crops[0][..., ::-1, ::-1].copy())  # upside down: what the classifier exists to catch
+    return {"x": np.concatenate(crops)}
+
+
+def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
+    return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
+
+
+def _ocr(name: str, relpath: str, feeds: Callable[[RealModel], Feeds], tags: tuple[str, ...] = ()) -> RealModel:
+    return RealModel(name, "rapidocr-onnxruntime", "rapidocr_onnxruntime", relpath, feeds, "--no-deps", tags)
+
+
+MODELS: dict[str, RealModel] = {
+    m.name: m
+    for m in [
+        RealModel("magika", "magika", "magika", "models/standard_v3_3/model.onnx", _magika_feeds),
+        _silero("silero_vad", ("if",)),
+        _silero("silero_vad_16k_op15"),
+        _silero("silero_vad_op18_ifless", ("if",)),
+        _silero("silero_vad_half"),
+        _silero("silero_vad_16k_sequence"),
+        _silero("silero_vad_openvino_16k"),
+        _ocr("ppocr_v4_det", "models/ch_PP-OCRv4_det_infer.onnx", _det_feeds),
+        _ocr("ppocr_v4_rec", "models/ch_PP-OCRv4_rec_infer.onnx", _rec_feeds),
+        _ocr("ppocr_mobile_cls", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", _cls_feeds, ("negative-dims",)),
+    ]
+}
+
+
+def symbolic_dims(model_path: Path):
+    """The ModelProto with ``dim_value: -1`` on graph inputs/outputs rewritten as a named dimension.
+
+    Old paddle2onnx exports (ppocr_mobile_cls) mark dynamic sizes with -1, which onnxruntime reads as 'unknown' and
+    hetero's ONNX front end refuses (see docs/onnx-models.md, known problems)."""
+    import onnx
+
+    proto = onnx.load(str(model_path))
+    for value in [*proto.graph.input, *proto.graph.output]:
+        for i, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                dim.dim_param = f"{value.name}_dim{i}"
+    return proto
