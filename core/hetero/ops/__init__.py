@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (registration side effects)
     shape,
     signal,
     spatial,
+    strings,
 )
 from .registry import OpContext, OpSchema, all_schemas, find, get, op, register
 

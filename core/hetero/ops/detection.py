@@ -45,7 +45,13 @@ def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
 
 
-@op("NonMaxSuppression", infer=lambda ctx: [TensorInfo(dtypes.int64, (None, 3))], data_dependent=True)
+def _nms_infer(ctx: OpContext) -> list[TensorInfo]:
+    if any(ctx.has_input(i) and ctx.value(i) is None for i in range(5)):
+        return [TensorInfo(dtypes.int64, (None, 3))]
+    return [TensorInfo(dtypes.int64, non_max_suppression(ctx)[0].shape)]  # data-dependent: exact once values are known
+
+
+@op("NonMaxSuppression", infer=_nms_infer, data_dependent=True)
 def non_max_suppression(ctx: OpContext) -> list[np.ndarray]:
     """Greedy NMS per batch and class: visit boxes by descending score (ties: lower index first), drop those under
     score_threshold, keep a box unless its IoU with an already kept one is strictly greater than iou_threshold, stop

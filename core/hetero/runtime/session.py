@@ -27,9 +27,12 @@ from ..tensor import Tensor, TensorInfo
 from .infer import fold_and_infer, infer_node
 from .memory import ArenaPlan, Lifetime, plan_arena
 from .partition import Placement, partition
+from .replay import Recorder, Replay
 from .selection import select
 
 ON_FALLBACK = ("warn", "error", "silent")
+# Ops whose output holds the input's data unchanged: on host memory the session makes a view instead of a copy.
+VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}
 
 
 @dataclass
@@ -44,6 +47,7 @@ class _Step:
     compiled: Compiled | None = None  # compiled-subgraph steps
     outer: list[str] = field(default_factory=list)  # outer-scope names read by subgraph attributes
     has_subgraph: bool = False
+    alias: bool = False  # a reshape-like node on host memory: its output is a view of its input, no kernel runs
     key: Any = None
     out_infos: list[TensorInfo] = field(default_factory=list)
     infer_cache: dict[Any, list[TensorInfo]] = field(default_factory=dict)
@@ -94,6 +98,8 @@ class Session:
         self._weights: dict[tuple[str, str], Tensor] = {}
         self._last_use = self._liveness()
         self._graph_outputs = set(self.graph.outputs)
+        self._replayable = self._can_replay()
+        self._replay: Replay | None = None
         # Intermediates of host backends live in one arena, planned from the first run of each input signature.
         self.memory_plan: ArenaPlan | None = None
         self._plan_signature: Any = None
@@ -147,6 +153,8 @@ class Session:
                     opset=info.opset,
                     outer=outer,
                     has_subgraph=any(isinstance(a, Graph) for a in node.attrs.values()),
+                    alias=(node.op_key in VIEW_OPS and backend.memory_domain == "host"
+                           and node.outputs[0] not in self.graph.outputs),
                 )
             )
         return steps
@@ -178,7 +186,26 @@ class Session:
                     last[name] = i
         for name in self.graph.outputs:
             last[name] = len(self._steps)
+        # A view keeps its source's memory alive as long as the view itself is read (backwards: chains of views).
+        for step in reversed(self._steps):
+            if step.alias and step.inputs and step.inputs[0]:
+                src, view = step.inputs[0], step.outputs[0]
+                last[src] = max(last.get(src, 0), last.get(view, 0))
         return last
+
+    def _can_replay(self) -> bool:
+        """Whether a run's work is fixed by its input shapes alone (so a recorded run can be re-issued)."""
+        for step in self._steps:
+            if step.compiled is not None or step.has_subgraph or step.backend.memory_domain != "host":
+                return False
+            schema = step.schema
+            assert schema is not None
+            if schema.data_dependent:
+                return False
+            for i in schema.value_inputs:
+                if i < len(step.inputs) and step.inputs[i] and step.inputs[i] not in self.graph.initializers:
+                    return False
+        return True
 
     # -- running ------------------------------------------------------------------------------------------------
     @property
@@ -201,23 +228,30 @@ class Session:
             if name not in self.graph.outputs:
                 raise InputError(f"{name!r} is not an output of the model; outputs: {self.graph.outputs}")
         env: dict[str, Tensor] = self._bind_inputs(feeds)
-        copies: dict[tuple[str, str], Tensor] = {}
         signature = tuple((name, env[name].shape) for name in self.graph.inputs)
+        if self._replay is not None and self._replay.signature == signature:
+            return self._replay.run(env, wanted)
+        copies: dict[tuple[str, str], Tensor] = {}
         planned = signature == self._plan_signature
         lifetimes: list[Lifetime] | None = None if planned else []
+        recorder = Recorder(env) if planned and self._replayable else None
+        self._replay = None
         for index, step in enumerate(self._steps):
             ins = [self._fetch(env, copies, name, step.backend) if name else None for name in step.inputs]
             if step.compiled is not None:
                 results = step.compiled({n: t for n, t in zip(step.inputs, ins, strict=True) if t is not None})
                 env.update(results)
             else:
-                self._run_kernel(step, ins, env, planned)
-                if lifetimes is not None:
+                self._run_kernel(step, ins, env, planned, recorder)
+                if lifetimes is not None and not step.alias:
                     self._record(lifetimes, index, step, env)
             self._release(env, copies, index)
         if lifetimes is not None:
             self._plan(signature, lifetimes)
-        return {name: self._output(env, name) for name in wanted}
+        outputs = {name: self._output(env, name) for name in self.graph.outputs}
+        if recorder is not None:
+            self._replay = recorder.build(signature, outputs)
+        return {name: outputs[name] for name in wanted}
 
     def _record(self, lifetimes: list[Lifetime], index: int, step: _Step, env: dict[str, Tensor]) -> None:
         if step.backend.memory_domain != "host":
@@ -248,7 +282,8 @@ class Session:
         view = self._arena[offset:offset + nbytes].view(np_dtype).reshape(info.shape)  # type: ignore[index]
         return Tensor(view, info.shape, info.dtype, step.backend)  # type: ignore[arg-type]
 
-    def _run_kernel(self, step: _Step, ins: list[Tensor | None], env: dict[str, Tensor], planned: bool) -> None:
+    def _run_kernel(self, step: _Step, ins: list[Tensor | None], env: dict[str, Tensor], planned: bool,
+                    recorder: Recorder | None = None) -> None:
         assert step.node is not None and step.schema is not None and step.kernel is not None
         schema = step.schema
         key = tuple(None if t is None else t.shape for t in ins)
@@ -274,6 +309,14 @@ class Session:
             step.kernel.prepare(infos, step.out_infos)
             step.key = key
             step.arena_outs = None
+        if step.alias:
+            src, info = ins[0], step.out_infos[0]
+            assert src is not None and info.shape is not None
+            view = Tensor(src.numpy().reshape(info.shape), info.shape, info.dtype, step.backend)
+            env[step.outputs[0]] = view
+            if recorder is not None:
+                recorder.view(src, view, step.backend)
+            return
         if planned:
             if step.arena_outs is None:
                 step.arena_outs = [self._arena_view(step, name, info) for name, info in
@@ -286,6 +329,9 @@ class Session:
             step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]
         else:
             step.kernel.run(ins, outs)
+        if recorder is not None:
+            fresh = [t is None for t in step.arena_outs or [None] * len(outs)]
+            recorder.call(step.kernel.run, ins, outs, fresh, step.out_infos, step.backend)
         for name, out in zip(step.outputs, outs, strict=False):
             if name:
                 env[name] = out

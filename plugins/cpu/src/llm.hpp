@@ -1,0 +1,135 @@
+// LLM kernels of the CPU plugin (the hetero-domain ops of hetero.ops.llm): block-quantized and float GEMV/GEMM,
+// attention over a KV cache owned by the kernel, and the small row ops. Shared declarations.
+//
+// The per-ISA files (llm_kernels_generic/avx2/avx512/avx512vnni.cpp) each fill one `LlmKernels` table; the drivers
+// (llm.cpp) run without special flags and call through the table chosen from the plugin's active ISA
+// (hetero::active(), so `_native.set_isa` switches these kernels too), plus VNNI when the CPU has it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "common.hpp"
+
+namespace hetero {
+namespace llm {
+
+// ---- quantized weights, repacked ("RB16": 16 output rows interleaved) ----
+//
+// The source is hetero's block format (hetero.llm.quant): per row, ceil(K/B) blocks of [f16 d][f16 m]? + quants.
+// Repacked, rows are grouped by 16 (the last group zero-padded) and each (group, block) is one record:
+//   d[16] (f16, one per row) | m[16] (f16, asymmetric formats only) | quants
+// q8: B/4 vectors of 64 bytes; vector t, lane i (4 bytes) = row i's elements 4t..4t+3 as unsigned bytes
+//     (symmetric: the int8 value + 128, i.e. xor 0x80; asymmetric: q as stored).
+// q4: B/8 vectors of 64 bytes; vector t, lane i, byte c: low nibble = row i's element 4t+c, high nibble = element
+//     B/2 + 4t + c (4-bit values 0..15 as stored).
+// So a 4-byte broadcast of the int8 activation against one vector gives 16 rows' partial dot products at once.
+constexpr int QR = 16;  // rows per group
+
+struct QPack {
+  int bits = 4, bs = 32;
+  bool asym = false;
+  i64 n = 0, k = 0, nb = 0;     // rows, logical row length, blocks per row
+  i64 groups = 0;               // ceil(n / 16)
+  i64 rec_bytes = 0;            // bytes per (group, block) record
+  i64 group_bytes = 0;          // nb * rec_bytes
+  i64 header_bytes() const { return asym ? 64 : 32; }
+  // The integer offset folded into the weights: the true dot is isum - offset * sum(xq) (q4 sym: 8; q8 sym: 128).
+  int offset() const { return asym ? 0 : (bits == 4 ? 8 : 128); }
+};
+
+// Activation rows quantized to int8 per block of B (same B as the weights), zero-padded to nb*B.
+struct XQ {
+  const std::int8_t* q;  // [M][nb*B]
+  const float* d;        // [M][nb]   scale
+  const std::int32_t* s; // [M][nb]   sum of the int8 values
+  const float* ds;       // [M][nb]   d * s
+  i64 ldq, nb;           // ldq = nb*B bytes
+};
+
+// Float weight element types of QMatMul / MoE / Embedding.
+enum WType : int { W_F32 = 0, W_F16 = 1, W_BF16 = 2 };
+
+struct LlmKernels {
+  const char* name;
+  int max_mr;  // x rows per qgemm tile call (1..max_mr)
+  // Quantize rows x[m*ldx + 0:k] (m in [0, M)) into XQ buffers (q: [M][nb*bs], d/s/ds: [M][nb]).
+  void (*quantize_x)(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, float* d, std::int32_t* s,
+                     float* ds);
+  // y[m*ldy + g*16 + j] (j < nvalid) = dot(x row m0+m, weight row g*16+j), m < mr, one 16-row group. `group`
+  // points at the group's first record. Overwrites y.
+  void (*qgemm_group)(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+                      int nvalid);
+  // Float weights [N, K] (row stride ldw elements, element type wt): y[m*ldy + j] = dot(x[m], w[j]) for
+  // j in [0, nrows) (nrows <= 4) and m < mr (mr <= 4).
+  void (*fgemm_tile)(int wt, const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, int mr, float* y,
+                     i64 ldy);
+  // n float16 -> float32.
+  void (*f16_to_f32)(const std::uint16_t* src, float* dst, i64 n);
+  void (*f32_to_f16)(const float* src, std::uint16_t* dst, i64 n);
+  // Dense helpers for attention (all f32, contiguous):
+  // s[r*lds + l] = scale * dot(q[r*ldq .. +d], kt[l*d .. +d]) for r < nr (<= 4), l < nk.
+  void (*qk_tile)(const float* q, i64 ldq, int nr, const float* kt, i64 nk, i64 d, float scale, float* s, i64 lds);
+  // o[r*d + :] = o[r*d + :] * corr[r] + sum_l p[r*ldp + l] * v[l*d + :], r < nr (<= 4), l < nk.
+  void (*pv_tile)(const float* p, i64 ldp, int nr, const float* v, i64 nk, i64 d, const float* corr, float* o);
+};
+
+const LlmKernels* llm_kernels_generic();
+const LlmKernels* llm_kernels_avx2();        // nullptr unless x86-64
+const LlmKernels* llm_kernels_avx512();      // nullptr unless x86-64
+const LlmKernels* llm_kernels_avx512vnni();  // nullptr unless x86-64
+
+// ---- portable scalar helpers ----
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
+      bits = sign | (static_cast<std::uint32_t>(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline std::uint16_t float_to_half(float f) {  // round to nearest even
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  std::uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+  if (ax >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (ax < 0x38800000u) {                                                     // subnormal or zero
+    if (ax < 0x33000000u) return static_cast<std::uint16_t>(sign);
+    const std::uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126 - e;  // 14..24
+    std::uint32_t r = m >> shift;
+    const std::uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1))) ++r;
+    return static_cast<std::uint16_t>(sign | r);
+  }
+  std::uint32_t r = ax + 0xfffu + ((ax >> 13) & 1);  // round the 13 dropped bits to nearest even
+  return static_cast<std::uint16_t>(sign | ((r - 0x38000000u) >> 13));
+}
+
+inline float bf16_to_float(std::uint16_t b) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace llm
+}  // namespace hetero

@@ -1,0 +1,128 @@
+// Portable scalar LLM kernels (any CPU; the reference the SIMD paths are tested against through the Python tests).
+#include <cmath>
+#include <cstdint>
+
+#include "llm.hpp"
+
+namespace {
+
+using hetero::i64;
+using namespace hetero::llm;
+
+void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, float* d, std::int32_t* s,
+                float* ds) {
+  const i64 nb = (k + bs - 1) / bs;
+  for (i64 m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    for (i64 b = 0; b < nb; ++b) {
+      const i64 lo = b * bs, hi = lo + bs < k ? lo + bs : k;
+      float amax = 0.f;
+      for (i64 i = lo; i < hi; ++i) amax = std::fmax(amax, std::fabs(xr[i]));
+      const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      std::int8_t* qb = q + m * nb * bs + b * bs;
+      std::int32_t sum = 0;
+      for (i64 i = 0; i < bs; ++i) {
+        int v = 0;
+        if (lo + i < hi) {
+          v = static_cast<int>(std::nearbyint(xr[lo + i] * inv));
+          v = v > 127 ? 127 : (v < -127 ? -127 : v);
+        }
+        qb[i] = static_cast<std::int8_t>(v);
+        sum += v;
+      }
+      d[m * nb + b] = dx;
+      s[m * nb + b] = sum;
+      ds[m * nb + b] = dx * static_cast<float>(sum);
+    }
+  }
+}
+
+void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+                 int nvalid) {
+  const int bs = w.bs, off = w.offset();
+  for (int m = 0; m < mr; ++m) {
+    float acc[QR] = {};
+    const std::int8_t* xq = x.q + (m0 + m) * x.ldq;
+    for (i64 b = 0; b < w.nb; ++b) {
+      const std::uint8_t* rec = group + b * w.rec_bytes;
+      const std::uint16_t* dh = reinterpret_cast<const std::uint16_t*>(rec);
+      const std::uint8_t* qv = rec + w.header_bytes();
+      const std::int8_t* xb = xq + b * bs;
+      const float dx = x.d[(m0 + m) * x.nb + b], dsx = x.ds[(m0 + m) * x.nb + b];
+      const std::int32_t sx = x.s[(m0 + m) * x.nb + b];
+      for (int j = 0; j < QR; ++j) {
+        std::int32_t isum = 0;
+        if (w.bits == 8) {
+          for (int t = 0; t < bs / 4; ++t)
+            for (int c = 0; c < 4; ++c) isum += static_cast<int>(qv[t * 64 + j * 4 + c]) * xb[4 * t + c];
+        } else {
+          for (int t = 0; t < bs / 8; ++t)
+            for (int c = 0; c < 4; ++c) {
+              const int byte = qv[t * 64 + j * 4 + c];
+              isum += (byte & 15) * xb[4 * t + c] + (byte >> 4) * xb[bs / 2 + 4 * t + c];
+            }
+        }
+        isum -= off * sx;
+        acc[j] += half_to_float(dh[j]) * dx * static_cast<float>(isum);
+        if (w.asym) acc[j] += half_to_float(dh[QR + j]) * dsx;
+      }
+    }
+    for (int j = 0; j < nvalid; ++j) y[m * ldy + j] = acc[j];
+  }
+}
+
+inline float load_w(int wt, const void* w, i64 i) {
+  switch (wt) {
+    case W_F16: return half_to_float(static_cast<const std::uint16_t*>(w)[i]);
+    case W_BF16: return bf16_to_float(static_cast<const std::uint16_t*>(w)[i]);
+    default: return static_cast<const float*>(w)[i];
+  }
+}
+
+void fgemm_tile(int wt, const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, int mr, float* y,
+                i64 ldy) {
+  for (int m = 0; m < mr; ++m)
+    for (int j = 0; j < nrows; ++j) {
+      double acc = 0.0;
+      for (i64 i = 0; i < k; ++i) acc += static_cast<double>(load_w(wt, w, j * ldw + i)) * x[m * ldx + i];
+      y[m * ldy + j] = static_cast<float>(acc);
+    }
+}
+
+void f16_to_f32(const std::uint16_t* src, float* dst, i64 n) {
+  for (i64 i = 0; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+
+void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
+  for (i64 i = 0; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+
+void qk_tile(const float* q, i64 ldq, int nr, const float* kt, i64 nk, i64 d, float scale, float* s, i64 lds) {
+  for (int r = 0; r < nr; ++r)
+    for (i64 l = 0; l < nk; ++l) {
+      float acc = 0.f;
+      for (i64 i = 0; i < d; ++i) acc += q[r * ldq + i] * kt[l * d + i];
+      s[r * lds + l] = acc * scale;
+    }
+}
+
+void pv_tile(const float* p, i64 ldp, int nr, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+  for (int r = 0; r < nr; ++r) {
+    float* orow = o + r * d;
+    for (i64 i = 0; i < d; ++i) orow[i] *= corr[r];
+    for (i64 l = 0; l < nk; ++l) {
+      const float pl = p[r * ldp + l];
+      for (i64 i = 0; i < d; ++i) orow[i] += pl * v[l * d + i];
+    }
+  }
+}
+
+const LlmKernels table = {"generic", 4, quantize_x, qgemm_group, fgemm_tile, f16_to_f32, f32_to_f16, qk_tile, pv_tile};
+
+}  // namespace
+
+namespace hetero {
+namespace llm {
+const LlmKernels* llm_kernels_generic() { return &table; }
+}  // namespace llm
+}  // namespace hetero

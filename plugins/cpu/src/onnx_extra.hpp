@@ -1,0 +1,53 @@
+// Extra ONNX kernels of the CPU plugin (reductions, comparisons, Where, ArgMax/TopK, softmax over any axis,
+// instance/group norm, PRelu, depthwise conv rows, Pad, Resize, ConvTranspose, LSTM/GRU).
+//
+// Like the main `Kernels` table (common.hpp), the vector bodies live in onnx_impl.hpp and are compiled once per
+// ISA (onnx_kernels_<isa>.cpp, with that file's -m flags); the drivers in onnx_extra.cpp / rnn.cpp /
+// conv_transpose.cpp are compiled without special flags and call through the table matching the active ISA.
+#pragma once
+#include <cstdint>
+
+#include "common.hpp"
+
+namespace hetero {
+
+enum ReduceOp : int { R_SUM, R_SUMSQ, R_L1, R_MAX, R_MIN, R_PROD, R_COUNT };
+enum CmpOp : int { C_EQ, C_LT, C_LE, C_GT, C_GE, C_COUNT };
+
+struct ExtraKernels {
+  const char* name;
+  // Reduction of one contiguous row (max/min propagate NaN).
+  float (*reduce_row)(int op, const float* x, i64 n);
+  // y[i] = op(y[i], x[i]) (for R_SUMSQ / R_L1 the x term is squared / absolute first).
+  void (*reduce_acc)(int op, float* y, const float* x, i64 n);
+  // sum_i exp(x[i] - shift)
+  float (*sumexp_row)(const float* x, i64 n, float shift);
+  // y[i] += exp(x[i] - shift[i])
+  void (*sumexp_acc)(float* y, const float* x, const float* shift, i64 n);
+  // Softmax (or log-softmax) over the n rows of an (n, inner) block, independently per column. scratch: 2*inner.
+  void (*softmax_cols)(const float* x, float* y, i64 n, i64 inner, bool log, float* scratch);
+  // y = a * x + b
+  void (*affine_row)(const float* x, float* y, i64 n, float a, float b);
+  // Two-pass mean and population variance.
+  void (*mean_var_row)(const float* x, i64 n, float* mean, float* var);
+  // y = x >= 0 ? x : slope * x; slope a scalar (*slope) when slope_vec is false.
+  void (*prelu_row)(const float* x, const float* slope, bool slope_vec, float* y, i64 n);
+  // Depthwise taps: out[oy*Wo + ox] = bias + sum_t w[t] * base[oy*ystride + off[t] + ox] for ox in [0, Wo).
+  void (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+                  i64 Ho, i64 Wo);
+  // y[i] = a[i] op b[i] (mode: BinaryMode of common.hpp), 0/1 bytes.
+  void (*cmp_f32)(int op, int mode, const float* a, const float* b, std::uint8_t* y, i64 n);
+  // out[j] = max over the kh rows (row r at x + r*ld) of x[r*ld + j]; NaN propagates.
+  void (*max_rows)(const float* x, i64 ld, i64 rows, float* out, i64 n);
+};
+
+const ExtraKernels* extra_generic();
+const ExtraKernels* extra_avx2();    // nullptr unless x86-64
+const ExtraKernels* extra_avx512();  // nullptr unless x86-64
+const ExtraKernels* extra_neon();    // nullptr unless aarch64
+
+// The table compiled for the same ISA as `kr` (generic if none).
+const ExtraKernels& extra_for(const Kernels& kr);
+inline const ExtraKernels& extra_active() { return extra_for(active()); }
+
+}  // namespace hetero
