@@ -119,6 +119,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(batch=args.batch, repeats=args.repeat, backends=backends)
 
 
+def _cmd_ops(args: argparse.Namespace) -> int:
+    from .coverage import coverage, markdown
+
+    cov = coverage()
+    if args.markdown:
+        print(markdown(cov), end="")
+        return 0
+    for backend in cov.backends:
+        total = cov.count(backend, domain="")
+        native = cov.count(backend, "native", domain="")
+        print(f"{backend}: {total} ONNX ops ({native} native, {total - native} numpy), "
+              f"{cov.count(backend) - total} hetero-domain ops")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hetero", description="Run models on CPUs, GPUs and NPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -139,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="print the placement of every node")
     p.add_argument("--save-outputs", metavar="DIR", help="save each output as DIR/NAME.npy")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("ops", help="op coverage per backend (native kernels vs numpy)")
+    p.add_argument("--markdown", action="store_true", help="the full table, as in docs/ops.md")
+    p.set_defaults(func=_cmd_ops)
 
     p = sub.add_parser("demo", help="run the built-in CNN on every available backend")
     p.add_argument("-b", "--backend", action="append", default=[])

@@ -3,6 +3,10 @@
 // direct row-accumulate kernel. Bias and activation run in the GEMM epilogue while the block is in cache.
 #include "conv.hpp"
 
+#include <vector>
+
+#include "onnx_extra.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -13,72 +17,115 @@ namespace {
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 // floor division for possibly negative a (b > 0)
 inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+inline float pool_max(float m, float v) { return (v > m || v != v) ? v : m; }  // a NaN, once in, stays
 
-// Packed-B panels of the im2col matrix of one image/group: rows k = (c, ky, kx), columns j = (oy, ox).
-void im2col_pack(const ConvGeom& g, const float* x, i64 cin_g, int nr, float* dst, int nthreads) {
-  const i64 ncols = g.Ho * g.Wo;
+// Work (in flops or element visits) below which a second thread costs more to wake than it saves.
+constexpr double kParallelGrain = 6e4;
+// Target size of one task's packed im2col block (floats): fits in L2 next to the weights' A panels.
+constexpr i64 kConvBlockFloats = 48 * 1024;
+
+// Packed-B panels of columns [j0, j0 + ncols) of the im2col matrix of one image/group: rows k = (c, ky, kx),
+// columns j = (oy, ox). Each panel row is filled segment by segment (a segment = the part of the panel that lies
+// on one output row), so stride-1 convs copy contiguous input runs instead of testing every element.
+void im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst) {
   const i64 K = cin_g * g.kh * g.kw;
   const i64 np = ceil_div(ncols, nr);
-  const int T = static_cast<int>(std::min<i64>(np, nthreads));
-  parallel_for(T, T, [&](i64 t) {
-    i64 oy0[64], ox0[64];  // input origin of each column of the panel (nr <= 64)
-    for (i64 p = t * np / T; p < (t + 1) * np / T; ++p) {
-      float* d = dst + p * K * nr;
-      const i64 j0 = p * nr, cols = std::min<i64>(nr, ncols - j0);
-      for (i64 jj = 0; jj < cols; ++jj) {
-        const i64 j = j0 + jj;
-        oy0[jj] = (j / g.Wo) * g.sh - g.pt;
-        ox0[jj] = (j % g.Wo) * g.sw - g.pl;
-      }
-      i64 k = 0;
-      for (i64 c = 0; c < cin_g; ++c) {
-        const float* plane = x + c * g.H * g.W;
-        for (i64 ky = 0; ky < g.kh; ++ky)
-          for (i64 kx = 0; kx < g.kw; ++kx, ++k) {
-            float* row = d + k * nr;
-            const i64 dy = ky * g.dh, dx = kx * g.dw;
-            for (i64 jj = 0; jj < cols; ++jj) {
-              const i64 iy = oy0[jj] + dy, ix = ox0[jj] + dx;
-              row[jj] = (iy >= 0 && iy < g.H && ix >= 0 && ix < g.W) ? plane[iy * g.W + ix] : 0.f;
-            }
-            for (i64 jj = cols; jj < nr; ++jj) row[jj] = 0.f;
-          }
-      }
+  struct Seg {
+    i64 jj, oy, ox, len;
+  };
+  Seg segs[65];  // nr <= 64 columns -> at most nr segments
+  for (i64 p = 0; p < np; ++p) {
+    float* d = dst + p * K * nr;
+    const i64 pj = j0 + p * nr, cols = std::min<i64>(nr, j0 + ncols - pj);
+    int nseg = 0;
+    for (i64 jj = 0; jj < cols;) {
+      const i64 j = pj + jj, oy = j / g.Wo, ox = j % g.Wo, len = std::min<i64>(g.Wo - ox, cols - jj);
+      segs[nseg++] = Seg{jj, oy, ox, len};
+      jj += len;
     }
-  });
+    i64 k = 0;
+    for (i64 c = 0; c < cin_g; ++c) {
+      const float* plane = x + c * g.H * g.W;
+      for (i64 ky = 0; ky < g.kh; ++ky)
+        for (i64 kx = 0; kx < g.kw; ++kx, ++k) {
+          float* row = d + k * nr;
+          const i64 dy = ky * g.dh - g.pt, dx = kx * g.dw - g.pl;
+          for (int s = 0; s < nseg; ++s) {
+            const Seg& sg = segs[s];
+            float* r = row + sg.jj;
+            const i64 iy = sg.oy * g.sh + dy;
+            if (iy < 0 || iy >= g.H) {
+              std::fill(r, r + sg.len, 0.f);
+              continue;
+            }
+            const float* src = plane + iy * g.W;
+            const i64 ix0 = sg.ox * g.sw + dx;
+            // t in [lo, hi): ix0 + t*sw inside [0, W)
+            const i64 lo = std::min<i64>(sg.len, ix0 >= 0 ? 0 : ceil_div(-ix0, g.sw));
+            const i64 hi = std::max<i64>(lo, std::min<i64>(sg.len, ix0 >= g.W ? 0 : floor_div(g.W - 1 - ix0, g.sw) + 1));
+            std::fill(r, r + lo, 0.f);
+            if (g.sw == 1) {
+              std::memcpy(r + lo, src + ix0 + lo, static_cast<std::size_t>(hi - lo) * sizeof(float));
+            } else {
+              for (i64 t = lo; t < hi; ++t) r[t] = src[ix0 + t * g.sw];
+            }
+            std::fill(r + hi, r + sg.len, 0.f);
+          }
+          std::fill(row + cols, row + nr, 0.f);
+        }
+    }
+  }
 }
 
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
   const float* w = pc.buf.p;
-  const i64 planes = g.N * g.C, HWo = g.Ho * g.Wo;
-  const int T = threads_for(static_cast<double>(planes) * HWo * g.kh * g.kw * 2, 2e5);
+  const i64 planes = g.N * g.C, HWo = g.Ho * g.Wo, sw = g.sw;
+  // Each plane is copied into a zero-padded buffer split into `sw` column phases (phase p holds padded columns
+  // p, p + sw, ...), so that every tap reads a contiguous run of the buffer for consecutive output columns.
+  const i64 Hp = std::max<i64>(g.H + g.pt, (g.Ho - 1) * g.sh + (g.kh - 1) * g.dh + 1);
+  const i64 Wp = std::max<i64>(g.W + g.pl, (g.Wo - 1) * sw + (g.kw - 1) * g.dw + 1);
+  const i64 Wq = ceil_div(Wp, sw), phase = Hp * Wq;
+  const int ntaps = static_cast<int>(g.kh * g.kw);
+  std::vector<i64> off(static_cast<std::size_t>(ntaps));
+  for (i64 ky = 0; ky < g.kh; ++ky)
+    for (i64 kx = 0; kx < g.kw; ++kx)
+      off[static_cast<std::size_t>(ky * g.kw + kx)] = ((kx * g.dw) % sw) * phase + ky * g.dh * Wq + (kx * g.dw) / sw;
+  const int T = threads_for(static_cast<double>(planes) * (HWo * ntaps * 2 + Hp * Wp), kParallelGrain);
   parallel_for(planes, T, [&](i64 q) {
     const i64 c = q % g.C;
     const float* in = x + q * g.H * g.W;
     float* o = out + q * HWo;
-    std::fill(o, o + HWo, bias ? bias[c] : 0.f);
-    for (i64 ky = 0; ky < g.kh; ++ky)
-      for (i64 kx = 0; kx < g.kw; ++kx) {
-        const float wv = w[(c * g.kh + ky) * g.kw + kx];
-        const i64 offx = kx * g.dw - g.pl;
-        // Output columns whose input column ox*sw + offx lies inside [0, W).
-        const i64 ox0 = std::max<i64>(0, ceil_div(std::max<i64>(0, -offx), g.sw));
-        const i64 ox1 = std::min<i64>(g.Wo, floor_div(g.W - 1 - offx, g.sw) + 1);
-        if (ox1 <= ox0) continue;
-        for (i64 oy = 0; oy < g.Ho; ++oy) {
-          const i64 iy = oy * g.sh - g.pt + ky * g.dh;
-          if (iy < 0 || iy >= g.H) continue;
-          const float* irow = in + iy * g.W;
-          float* orow = o + oy * g.Wo;
-          if (g.sw == 1) {
-            kr.dw_row_accum(irow + ox0 + offx, orow + ox0, ox1 - ox0, wv);
-          } else {
-            for (i64 ox = ox0; ox < ox1; ++ox) orow[ox] += wv * irow[ox * g.sw + offx];
-          }
+    float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase));
+    if (sw == 1) {
+      for (i64 y = 0; y < Hp; ++y) {
+        float* r = buf + y * Wq;
+        const i64 iy = y - g.pt;
+        if (iy < 0 || iy >= g.H) {
+          std::fill(r, r + Wq, 0.f);
+          continue;
+        }
+        const i64 ncopy = std::min<i64>(g.W, Wq - g.pl);
+        std::fill(r, r + g.pl, 0.f);
+        std::memcpy(r + g.pl, in + iy * g.W, static_cast<std::size_t>(ncopy) * sizeof(float));
+        std::fill(r + g.pl + ncopy, r + Wq, 0.f);
+      }
+    } else {
+      std::fill(buf, buf + sw * phase, 0.f);
+      for (i64 iy = 0; iy < g.H; ++iy) {
+        const i64 y = iy + g.pt;
+        if (y >= Hp) break;
+        const float* src = in + iy * g.W;
+        for (i64 ix = 0; ix < g.W; ++ix) {
+          const i64 cp = ix + g.pl;
+          if (cp >= Wq * sw) break;
+          buf[(cp % sw) * phase + y * Wq + cp / sw] = src[ix];
         }
       }
+    }
+    xk.dw_taps(buf, g.sh * Wq, off.data(), w + c * ntaps, ntaps, bias ? bias[c] : 0.f, o, g.Ho, g.Wo);
     if (act.act >= 0) kr.unary(act.act, o, o, HWo, act.act_alpha, act.act_beta);
   });
 }
@@ -120,50 +167,96 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   const Kernels& kr = *pc.kr;
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g;
   const i64 K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
-  const int T = num_threads();
   const bool pointwise = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 &&
                          g.pb == 0 && g.pr == 0 && g.Ho == g.H && g.Wo == g.W;
-  float* bp = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(std::max<i64>(1, ceil_div(HWo, kr.nr) * kr.nr * K)));
-  for (i64 n = 0; n < g.N; ++n)
-    for (i64 gi = 0; gi < g.group; ++gi) {
-      const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
-      if (pointwise) {
-        pack_b_panels(kr, MatView{xin, K, HWo, HWo, 1}, bp, threads_for(static_cast<double>(K * HWo), 65536));
-      } else {
-        im2col_pack(g, xin, cin_g, kr.nr, bp, threads_for(static_cast<double>(K * HWo), 65536));
-      }
-      Epilogue ep = act;
-      ep.bias = bias ? bias + gi * cout_g : nullptr;
-      ep.bias_rs = 1;
-      ep.bias_cs = 0;
-      gemm_prepacked_b(kr, cout_g, HWo, K, nullptr, pc.buf.p + gi * pc.group_stride, bp,
-                       out + (n * g.Cout + gi * cout_g) * HWo, HWo, 1.f, 0.f, ep, T);
-    }
+  const int nr = kr.nr;
+  // One task = one block of output columns of one image/group: it packs its own im2col panels (kept in L2 by
+  // the thread that packed them) and runs the whole M x block GEMM on them. One parallel_for per conv: no
+  // barrier between im2col and GEMM, and no per-image thread wake-ups.
+  const i64 np_all = ceil_div(HWo, nr);
+  i64 ppb = std::max<i64>(1, std::min<i64>(np_all, kConvBlockFloats / std::max<i64>(1, K * nr)));
+  const double flops = 2.0 * g.N * g.Cout * HWo * K;
+  const int T = threads_for(flops, kParallelGrain * 4);
+  // Enough tasks for every thread (a little over-decomposition evens out the ragged last block).
+  const i64 images = g.N * g.group;
+  if (T > 1)
+    while (ppb > 1 && images * ceil_div(np_all, ppb) < 2 * T) ppb = (ppb + 1) / 2;
+  const i64 nblk = ceil_div(np_all, ppb);
+  parallel_for(images * nblk, T, [&](i64 task) {
+    const i64 img = task / nblk, blk = task % nblk;
+    const i64 n = img / g.group, gi = img % g.group;
+    const i64 j0 = blk * ppb * nr, ncols = std::min<i64>(ppb * nr, HWo - j0);
+    const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
+    float* bp = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(std::max<i64>(1, ceil_div(ncols, nr) * nr * K)));
+    if (pointwise)
+      pack_b_panels(kr, MatView{xin + j0, K, ncols, HWo, 1}, bp, 1);
+    else
+      im2col_block(g, xin, cin_g, nr, j0, ncols, bp);
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    gemm_prepacked_b(kr, cout_g, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride, bp,
+                     out + (n * g.Cout + gi * cout_g) * HWo + j0, HWo, 1.f, 0.f, ep, 1);
+  });
 }
 
 void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo, i64 kh, i64 kw, i64 sh, i64 sw,
                 i64 pt, i64 pl, i64 dh, i64 dw) {
-  const int T = threads_for(static_cast<double>(NC) * Ho * Wo * kh * kw, 1e5);
-  parallel_for(NC, T, [&](i64 q) {
-    const float* in = x + q * H * W;
-    float* o = out + q * Ho * Wo;
-    for (i64 oy = 0; oy < Ho; ++oy)
-      for (i64 ox = 0; ox < Wo; ++ox) {
-        float m = -std::numeric_limits<float>::infinity();
-        bool nan = false;
-        for (i64 ky = 0; ky < kh; ++ky) {
-          const i64 iy = oy * sh - pt + ky * dh;
-          if (iy < 0 || iy >= H) continue;
+  // Two stages per output row: the vertical max of the window's valid input rows (contiguous, vectorised), then
+  // the horizontal max over the valid taps of that row. NaN propagates (any NaN in a window gives NaN).
+  const ExtraKernels& xk = extra_active();
+  const int T = threads_for(static_cast<double>(NC) * (Ho * Wo * kw + Ho * kh * W), kParallelGrain);
+  // Output columns whose taps all lie inside [0, W).
+  const i64 oxa = std::min<i64>(Wo, ceil_div(pl, sw));
+  const i64 oxb = std::max<i64>(oxa, std::min<i64>(Wo, floor_div(W - 1 + pl - (kw - 1) * dw, sw) + 1));
+  const i64 chunk = std::max<i64>(1, NC / std::max(1, T * 4));
+  parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+    float* vrow = tl_buf(TL_MISC).get(static_cast<std::size_t>(W + 1));
+    for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+      const float* in = x + q * H * W;
+      float* o = out + q * Ho * Wo;
+      for (i64 oy = 0; oy < Ho; ++oy) {
+        float* orow = o + oy * Wo;
+        const i64 y0 = oy * sh - pt;
+        // valid ky range
+        const i64 kya = y0 >= 0 ? 0 : ceil_div(-y0, dh);
+        const i64 kyb = std::min<i64>(kh, y0 >= H ? 0 : floor_div(H - 1 - y0, dh) + 1);
+        if (kyb <= kya) {
+          std::fill(orow, orow + Wo, -std::numeric_limits<float>::infinity());
+          continue;
+        }
+        const float* r0 = in + (y0 + kya * dh) * W;
+        const float* row;
+        if (kyb - kya == 1) {
+          row = r0;
+        } else {
+          xk.max_rows(r0, dh * W, kyb - kya, vrow, W);
+          row = vrow;
+        }
+        auto edge = [&](i64 ox) {
+          float m = -std::numeric_limits<float>::infinity();
           for (i64 kx = 0; kx < kw; ++kx) {
             const i64 ix = ox * sw - pl + kx * dw;
-            if (ix < 0 || ix >= W) continue;
-            const float v = in[iy * W + ix];
-            nan = nan || v != v;
-            m = v > m ? v : m;
+            if (ix >= 0 && ix < W) m = pool_max(m, row[ix]);
+          }
+          orow[ox] = m;
+        };
+        for (i64 ox = 0; ox < oxa; ++ox) edge(ox);
+        if (kw == 2 && sw == 2 && dw == 1) {
+          const float* rr = row - pl;
+          for (i64 ox = oxa; ox < oxb; ++ox) orow[ox] = pool_max(rr[2 * ox], rr[2 * ox + 1]);
+        } else {
+          for (i64 ox = oxa; ox < oxb; ++ox) {
+            const float* rr = row + ox * sw - pl;
+            float m = rr[0];
+            for (i64 kx = 1; kx < kw; ++kx) m = pool_max(m, rr[kx * dw]);
+            orow[ox] = m;
           }
         }
-        o[oy * Wo + ox] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+        for (i64 ox = oxb; ox < Wo; ++ox) edge(ox);
       }
+    }
   });
 }
 

@@ -12,6 +12,7 @@ from hetero.reference import ReferenceBackend, ReferenceKernel
 
 
 class CpuNumpyKernel(ReferenceKernel):
+    implementation = "numpy"  # shown in `hetero ops` / docs/ops.md
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         return ReferenceBackend.supports(None, node)  # type: ignore[arg-type]  (it reads no backend state)

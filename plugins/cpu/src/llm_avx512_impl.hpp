@@ -1,0 +1,275 @@
+// AVX-512 LLM kernels, compiled twice: llm_kernels_avx512.cpp (AVX-512F/BW/DQ/VL: integer dots with
+// vpmaddubsw + vpmaddwd) and llm_kernels_avx512vnni.cpp (HETERO_LLM_VNNI=1, adds -mavx512vnni: vpdpbusd).
+// Everything lives in an anonymous namespace (the two compilations must never be merged by the linker).
+#pragma once
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "llm.hpp"
+
+#ifndef HETERO_LLM_VNNI
+#define HETERO_LLM_VNNI 0
+#endif
+
+namespace {
+
+using hetero::i64;
+using namespace hetero::llm;
+
+// ---------------------------------------------------------------------------------------------- activations
+void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, float* d, std::int32_t* s,
+                float* ds) {
+  const i64 nb = (k + bs - 1) / bs;
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (i64 m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    for (i64 b = 0; b < nb; ++b) {
+      const i64 lo = b * bs;
+      __m512 vmax = _mm512_setzero_ps();
+      for (int i = 0; i < bs; i += 16) {
+        const i64 left = k - (lo + i);
+        const __mmask16 mk = left >= 16 ? static_cast<__mmask16>(0xffff)
+                                        : (left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1));
+        const __m512 v = _mm512_maskz_loadu_ps(mk, xr + lo + i);
+        vmax = _mm512_max_ps(vmax, _mm512_and_ps(v, absmask));
+      }
+      const float amax = _mm512_reduce_max_ps(vmax);
+      const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      const __m512 vinv = _mm512_set1_ps(inv);
+      std::int8_t* qb = q + m * nb * bs + b * bs;
+      __m512i vsum = _mm512_setzero_si512();
+      for (int i = 0; i < bs; i += 16) {
+        const i64 left = k - (lo + i);
+        const __mmask16 mk = left >= 16 ? static_cast<__mmask16>(0xffff)
+                                        : (left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1));
+        const __m512 v = _mm512_maskz_loadu_ps(mk, xr + lo + i);
+        __m512i qi = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT |
+                                                                                    _MM_FROUND_NO_EXC));
+        qi = _mm512_max_epi32(_mm512_min_epi32(qi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        vsum = _mm512_add_epi32(vsum, qi);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + i), _mm512_cvtepi32_epi8(qi));
+      }
+      const std::int32_t sum = _mm512_reduce_add_epi32(vsum);
+      d[m * nb + b] = dx;
+      s[m * nb + b] = sum;
+      ds[m * nb + b] = dx * static_cast<float>(sum);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- quantized GEMM
+// acc (16 x int32) += per-lane dot of 4 unsigned bytes of w with 4 signed bytes of x.
+inline __m512i dot_u8s8(__m512i acc, __m512i w, __m512i x) {
+#if HETERO_LLM_VNNI
+  return _mm512_dpbusd_epi32(acc, w, x);
+#else
+  // w <= 15 here (4-bit), so the pairwise int16 sums of vpmaddubsw cannot saturate.
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+#endif
+}
+
+// 8-bit weights. VNNI: the unsigned bytes directly. Otherwise s = w - 128 (signed) with |s| <= 128 against x
+// with the sign of s moved onto it, so vpmaddubsw's int16 pair sums stay below 32767; the result is then
+// sum((w - 128) x), i.e. the offset moves by 128 (see q8_offset).
+inline __m512i dot_q8(__m512i acc, __m512i w, __m512i x) {
+#if HETERO_LLM_VNNI
+  return _mm512_dpbusd_epi32(acc, w, x);
+#else
+  const __m512i sw = _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+  const __mmask64 neg = _mm512_movepi8_mask(sw);
+  const __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+  return _mm512_add_epi32(
+      acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(sw), sx), _mm512_set1_epi16(1)));
+#endif
+}
+
+inline int effective_offset(const QPack& w) {
+#if HETERO_LLM_VNNI
+  return w.offset();
+#else
+  return w.bits == 8 ? w.offset() - 128 : w.offset();
+#endif
+}
+
+inline __m512i bcast4(const std::int8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <int BITS, bool ASYM, int MR>
+void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
+  const int bs = w.bs;
+  const int nt = BITS == 4 ? bs / 8 : bs / 4;
+  const int off = effective_offset(w);
+  const i64 hdr = ASYM ? 64 : 32;
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  __m512 facc[MR];
+  const std::int8_t* xrow[MR];
+  for (int m = 0; m < MR; ++m) {
+    facc[m] = _mm512_setzero_ps();
+    xrow[m] = x.q + (m0 + m) * x.ldq;
+  }
+  for (i64 b = 0; b < w.nb; ++b) {
+    const std::uint8_t* rec = group + b * w.rec_bytes;
+    const std::uint8_t* qv = rec + hdr;
+    __m512i iacc[MR];
+    for (int m = 0; m < MR; ++m) iacc[m] = _mm512_setzero_si512();
+    const i64 xo = b * bs;
+    for (int t = 0; t < nt; ++t) {
+      const __m512i v = _mm512_loadu_si512(qv + 64 * t);
+      if (BITS == 4) {
+        const __m512i lo = _mm512_and_si512(v, nib);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        for (int m = 0; m < MR; ++m) {
+          iacc[m] = dot_u8s8(iacc[m], lo, bcast4(xrow[m] + xo + 4 * t));
+          iacc[m] = dot_u8s8(iacc[m], hi, bcast4(xrow[m] + xo + bs / 2 + 4 * t));
+        }
+      } else {
+        for (int m = 0; m < MR; ++m) iacc[m] = dot_q8(iacc[m], v, bcast4(xrow[m] + xo + 4 * t));
+      }
+    }
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
+    __m512 mv = _mm512_setzero_ps();
+    if (ASYM) mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
+    for (int m = 0; m < MR; ++m) {
+      const i64 xi = (m0 + m) * x.nb + b;
+      __m512i iv = iacc[m];
+      if (off != 0) iv = _mm512_sub_epi32(iv, _mm512_set1_epi32(off * x.s[xi]));
+      facc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(dv, _mm512_set1_ps(x.d[xi])), facc[m]);
+      if (ASYM) facc[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.ds[xi]), facc[m]);
+    }
+  }
+  const __mmask16 keep = nvalid >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << nvalid) - 1);
+  for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy, keep, facc[m]);
+}
+
+template <int BITS, bool ASYM>
+void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+               int nvalid) {
+  switch (mr) {
+    case 1: qgemm_mr<BITS, ASYM, 1>(w, group, x, m0, y, ldy, nvalid); break;
+    case 2: qgemm_mr<BITS, ASYM, 2>(w, group, x, m0, y, ldy, nvalid); break;
+    case 3: qgemm_mr<BITS, ASYM, 3>(w, group, x, m0, y, ldy, nvalid); break;
+    case 4: qgemm_mr<BITS, ASYM, 4>(w, group, x, m0, y, ldy, nvalid); break;
+    case 5: qgemm_mr<BITS, ASYM, 5>(w, group, x, m0, y, ldy, nvalid); break;
+    case 6: qgemm_mr<BITS, ASYM, 6>(w, group, x, m0, y, ldy, nvalid); break;
+    case 7: qgemm_mr<BITS, ASYM, 7>(w, group, x, m0, y, ldy, nvalid); break;
+    default: qgemm_mr<BITS, ASYM, 8>(w, group, x, m0, y, ldy, nvalid); break;
+  }
+}
+
+void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+                 int nvalid) {
+  if (w.bits == 4)
+    (w.asym ? qgemm_fmt<4, true> : qgemm_fmt<4, false>)(w, group, x, m0, mr, y, ldy, nvalid);
+  else
+    (w.asym ? qgemm_fmt<8, true> : qgemm_fmt<8, false>)(w, group, x, m0, mr, y, ldy, nvalid);
+}
+
+// ---------------------------------------------------------------------------------------------- float GEMM
+template <int WT>
+inline __m512 loadw(const void* w, i64 i, __mmask16 mk) {
+  if (WT == W_F32) return _mm512_maskz_loadu_ps(mk, static_cast<const float*>(w) + i);
+  const __m256i h = _mm256_maskz_loadu_epi16(mk, static_cast<const std::uint16_t*>(w) + i);
+  if (WT == W_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int WT, int MR>
+void fgemm_mr(const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, float* y, i64 ldy) {
+  const int NW = 4;
+  __m512 acc[MR][NW];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NW; ++j) acc[m][j] = _mm512_setzero_ps();
+  i64 wo[NW];
+  for (int j = 0; j < NW; ++j) wo[j] = (j < nrows ? j : nrows - 1) * ldw;
+  for (i64 i = 0; i < k; i += 16) {
+    const __mmask16 mk = k - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (k - i)) - 1);
+    __m512 wv[NW];
+    for (int j = 0; j < NW; ++j) wv[j] = loadw<WT>(w, wo[j] + i, mk);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mk, x + m * ldx + i);
+      for (int j = 0; j < NW; ++j) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < nrows; ++j) y[m * ldy + j] = _mm512_reduce_add_ps(acc[m][j]);
+}
+
+template <int WT>
+void fgemm_wt(const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, int mr, float* y, i64 ldy) {
+  switch (mr) {
+    case 1: fgemm_mr<WT, 1>(w, ldw, nrows, k, x, ldx, y, ldy); break;
+    case 2: fgemm_mr<WT, 2>(w, ldw, nrows, k, x, ldx, y, ldy); break;
+    case 3: fgemm_mr<WT, 3>(w, ldw, nrows, k, x, ldx, y, ldy); break;
+    default: fgemm_mr<WT, 4>(w, ldw, nrows, k, x, ldx, y, ldy); break;
+  }
+}
+
+void fgemm_tile(int wt, const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, int mr, float* y,
+                i64 ldy) {
+  if (wt == W_F16)
+    fgemm_wt<W_F16>(w, ldw, nrows, k, x, ldx, mr, y, ldy);
+  else if (wt == W_BF16)
+    fgemm_wt<W_BF16>(w, ldw, nrows, k, x, ldx, mr, y, ldy);
+  else
+    fgemm_wt<W_F32>(w, ldw, nrows, k, x, ldx, mr, y, ldy);
+}
+
+// ---------------------------------------------------------------------------------------------- conversions
+void f16_to_f32(const std::uint16_t* src, float* dst, i64 n) {
+  i64 i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+
+void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
+  i64 i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+
+// ---------------------------------------------------------------------------------------------- attention
+void qk_tile(const float* q, i64 ldq, int nr, const float* kt, i64 nk, i64 d, float scale, float* s, i64 lds) {
+  float tmp[4 * 4];
+  for (i64 l = 0; l < nk; l += 4) {
+    const int rows = nk - l >= 4 ? 4 : static_cast<int>(nk - l);
+    fgemm_wt<W_F32>(kt + l * d, d, rows, d, q, ldq, nr, tmp, 4);
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < rows; ++j) s[r * lds + l + j] = tmp[r * 4 + j] * scale;
+  }
+}
+
+template <int NR>
+void pv_nr(const float* p, i64 ldp, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+  for (i64 c = 0; c < d; c += 16) {
+    const __mmask16 mk = d - c >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (d - c)) - 1);
+    __m512 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + r * d + c), _mm512_set1_ps(corr[r]));
+    for (i64 l = 0; l < nk; ++l) {
+      const __m512 vv = _mm512_maskz_loadu_ps(mk, v + l * d + c);
+      for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * ldp + l]), vv, acc[r]);
+    }
+    for (int r = 0; r < NR; ++r) _mm512_mask_storeu_ps(o + r * d + c, mk, acc[r]);
+  }
+}
+
+void pv_tile(const float* p, i64 ldp, int nr, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+  switch (nr) {
+    case 1: pv_nr<1>(p, ldp, v, nk, d, corr, o); break;
+    case 2: pv_nr<2>(p, ldp, v, nk, d, corr, o); break;
+    case 3: pv_nr<3>(p, ldp, v, nk, d, corr, o); break;
+    default: pv_nr<4>(p, ldp, v, nk, d, corr, o); break;
+  }
+}
+
+const LlmKernels table = {HETERO_LLM_VNNI ? "avx512vnni" : "avx512", 8, quantize_x, qgemm_group, fgemm_tile,
+                          f16_to_f32, f32_to_f16, qk_tile, pv_tile};
+
+}  // namespace

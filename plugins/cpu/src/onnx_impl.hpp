@@ -1,0 +1,294 @@
+// Vector bodies of the ExtraKernels table (onnx_extra.hpp), written against the `SIMD` traits of the including
+// translation unit, after kernels_impl.hpp (vexp / vlog / row_sum / row_sqdev). Anonymous namespace: the copies
+// compiled with different -m flags must never be merged by the linker.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "onnx_extra.hpp"
+
+namespace {
+
+using hetero::R_L1;
+using hetero::R_MAX;
+using hetero::R_MIN;
+using hetero::R_PROD;
+using hetero::R_SUM;
+using hetero::R_SUMSQ;
+
+inline float s_max(float a, float b) { return (a > b || a != a) ? a : b; }  // NaN in either propagates
+inline float s_min(float a, float b) { return (a < b || a != a) ? a : b; }
+// NaN-propagating vector max/min: the x86 instructions return the second operand when either is NaN.
+inline V v_max(V acc, V x) { return SIMD::select(SIMD::isnan(x), x, SIMD::max(x, acc)); }
+inline V v_min(V acc, V x) { return SIMD::select(SIMD::isnan(x), x, SIMD::min(x, acc)); }
+
+inline float lanes_reduce(int op, V v) {
+  float t[W];
+  SIMD::store(t, v);
+  float r = t[0];
+  for (int i = 1; i < W; ++i) {
+    switch (op) {
+      case R_MAX: r = s_max(r, t[i]); break;
+      case R_MIN: r = s_min(r, t[i]); break;
+      case R_PROD: r *= t[i]; break;
+      default: r += t[i]; break;
+    }
+  }
+  return r;
+}
+
+float x_reduce_row(int op, const float* x, i64 n) {
+  if (n <= 0) return op == R_PROD ? 1.f : 0.f;
+  i64 i = 0;
+  switch (op) {
+    case R_SUM:
+      return row_sum(x, n);
+    case R_SUMSQ:
+      return row_sqdev(x, n, 0.f);
+    case R_L1: {
+      V a0 = SIMD::zero(), a1 = a0;
+      for (; i + 2 * W <= n; i += 2 * W) {
+        a0 = SIMD::add(a0, SIMD::abs(SIMD::load(x + i)));
+        a1 = SIMD::add(a1, SIMD::abs(SIMD::load(x + i + W)));
+      }
+      for (; i + W <= n; i += W) a0 = SIMD::add(a0, SIMD::abs(SIMD::load(x + i)));
+      float s = lanes_reduce(R_SUM, SIMD::add(a0, a1));
+      for (; i < n; ++i) s += std::fabs(x[i]);
+      return s;
+    }
+    case R_PROD: {
+      V a = SIMD::set1(1.f);
+      for (; i + W <= n; i += W) a = SIMD::mul(a, SIMD::load(x + i));
+      float s = lanes_reduce(R_PROD, a);
+      for (; i < n; ++i) s *= x[i];
+      return s;
+    }
+    default: {  // max / min
+      const bool mx = op == R_MAX;
+      if (n < W) {
+        float r = x[0];
+        for (i = 1; i < n; ++i) r = mx ? s_max(r, x[i]) : s_min(r, x[i]);
+        return r;
+      }
+      V a = SIMD::load(x);
+      for (i = W; i + W <= n; i += W) a = mx ? v_max(a, SIMD::load(x + i)) : v_min(a, SIMD::load(x + i));
+      float r = lanes_reduce(op, a);
+      for (; i < n; ++i) r = mx ? s_max(r, x[i]) : s_min(r, x[i]);
+      return r;
+    }
+  }
+}
+
+void x_reduce_acc(int op, float* y, const float* x, i64 n) {
+  i64 i = 0;
+  switch (op) {
+    case R_SUM:
+      for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::add(SIMD::load(y + i), SIMD::load(x + i)));
+      for (; i < n; ++i) y[i] += x[i];
+      return;
+    case R_SUMSQ:
+      for (; i + W <= n; i += W) {
+        V v = SIMD::load(x + i);
+        SIMD::store(y + i, SIMD::fma(v, v, SIMD::load(y + i)));
+      }
+      for (; i < n; ++i) y[i] += x[i] * x[i];
+      return;
+    case R_L1:
+      for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::add(SIMD::load(y + i), SIMD::abs(SIMD::load(x + i))));
+      for (; i < n; ++i) y[i] += std::fabs(x[i]);
+      return;
+    case R_PROD:
+      for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::mul(SIMD::load(y + i), SIMD::load(x + i)));
+      for (; i < n; ++i) y[i] *= x[i];
+      return;
+    case R_MAX:
+      for (; i + W <= n; i += W) SIMD::store(y + i, v_max(SIMD::load(y + i), SIMD::load(x + i)));
+      for (; i < n; ++i) y[i] = s_max(y[i], x[i]);
+      return;
+    default:
+      for (; i + W <= n; i += W) SIMD::store(y + i, v_min(SIMD::load(y + i), SIMD::load(x + i)));
+      for (; i < n; ++i) y[i] = s_min(y[i], x[i]);
+      return;
+  }
+}
+
+float x_sumexp_row(const float* x, i64 n, float shift) {
+  const V vs = SIMD::set1(shift);
+  V a = SIMD::zero();
+  i64 i = 0;
+  for (; i + W <= n; i += W) a = SIMD::add(a, vexp(SIMD::sub(SIMD::load(x + i), vs)));
+  float s = lanes_reduce(R_SUM, a);
+  for (; i < n; ++i) s += std::exp(x[i] - shift);
+  return s;
+}
+
+void x_sumexp_acc(float* y, const float* x, const float* shift, i64 n) {
+  i64 i = 0;
+  for (; i + W <= n; i += W)
+    SIMD::store(y + i, SIMD::add(SIMD::load(y + i), vexp(SIMD::sub(SIMD::load(x + i), SIMD::load(shift + i)))));
+  for (; i < n; ++i) y[i] += std::exp(x[i] - shift[i]);
+}
+
+void x_softmax_cols(const float* x, float* y, i64 n, i64 inner, bool log, float* scratch) {
+  float* m = scratch;
+  float* s = scratch + inner;
+  for (i64 j = 0; j < inner; ++j) {
+    m[j] = x[j];
+    s[j] = 0.f;
+  }
+  for (i64 r = 1; r < n; ++r) x_reduce_acc(R_MAX, m, x + r * inner, inner);
+  for (i64 r = 0; r < n; ++r) {
+    const float* xr = x + r * inner;
+    float* yr = y + r * inner;
+    i64 j = 0;
+    for (; j + W <= inner; j += W) {
+      V e = vexp(SIMD::sub(SIMD::load(xr + j), SIMD::load(m + j)));
+      if (!log) SIMD::store(yr + j, e);
+      SIMD::store(s + j, SIMD::add(SIMD::load(s + j), e));
+    }
+    for (; j < inner; ++j) {
+      const float e = std::exp(xr[j] - m[j]);
+      if (!log) yr[j] = e;
+      s[j] += e;
+    }
+  }
+  if (!log) {
+    for (i64 j = 0; j < inner; ++j) s[j] = 1.f / s[j];
+    for (i64 r = 0; r < n; ++r) {
+      float* yr = y + r * inner;
+      i64 j = 0;
+      for (; j + W <= inner; j += W) SIMD::store(yr + j, SIMD::mul(SIMD::load(yr + j), SIMD::load(s + j)));
+      for (; j < inner; ++j) yr[j] *= s[j];
+    }
+  } else {
+    // (x - max) - log(sum): never x - (max + log(sum)), which loses the low bits for large inputs.
+    for (i64 j = 0; j < inner; ++j) s[j] = std::log(s[j]);
+    for (i64 r = 0; r < n; ++r) {
+      const float* xr = x + r * inner;
+      float* yr = y + r * inner;
+      i64 j = 0;
+      for (; j + W <= inner; j += W)
+        SIMD::store(yr + j, SIMD::sub(SIMD::sub(SIMD::load(xr + j), SIMD::load(m + j)), SIMD::load(s + j)));
+      for (; j < inner; ++j) yr[j] = (xr[j] - m[j]) - s[j];
+    }
+  }
+}
+
+void x_affine_row(const float* x, float* y, i64 n, float a, float b) {
+  const V va = SIMD::set1(a), vb = SIMD::set1(b);
+  i64 i = 0;
+  for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::fma(va, SIMD::load(x + i), vb));
+  for (; i < n; ++i) y[i] = a * x[i] + b;
+}
+
+void x_mean_var_row(const float* x, i64 n, float* mean, float* var) {
+  const float m = n > 0 ? row_sum(x, n) / static_cast<float>(n) : 0.f;
+  *mean = m;
+  *var = n > 0 ? row_sqdev(x, n, m) / static_cast<float>(n) : 0.f;
+}
+
+void x_prelu_row(const float* x, const float* slope, bool slope_vec, float* y, i64 n) {
+  i64 i = 0;
+  if (slope_vec) {
+    for (; i + W <= n; i += W) {
+      V v = SIMD::load(x + i);
+      SIMD::store(y + i, SIMD::select(SIMD::lt(v, SIMD::zero()), SIMD::mul(v, SIMD::load(slope + i)), v));
+    }
+    for (; i < n; ++i) y[i] = x[i] < 0.f ? x[i] * slope[i] : x[i];
+  } else {
+    const float sc = *slope;
+    const V vs = SIMD::set1(sc);
+    for (; i + W <= n; i += W) {
+      V v = SIMD::load(x + i);
+      SIMD::store(y + i, SIMD::select(SIMD::lt(v, SIMD::zero()), SIMD::mul(v, vs), v));
+    }
+    for (; i < n; ++i) y[i] = x[i] < 0.f ? x[i] * sc : x[i];
+  }
+}
+
+void x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+               i64 Ho, i64 Wo) {
+  const V vb = SIMD::set1(bias);
+  for (i64 oy = 0; oy < Ho; ++oy) {
+    const float* b = base + oy * ystride;
+    float* o = out + oy * Wo;
+    i64 ox = 0;
+    for (; ox + 2 * W <= Wo; ox += 2 * W) {
+      V a0 = vb, a1 = vb;
+      for (int t = 0; t < ntaps; ++t) {
+        const V wv = SIMD::set1(w[t]);
+        const float* p = b + off[t] + ox;
+        a0 = SIMD::fma(wv, SIMD::load(p), a0);
+        a1 = SIMD::fma(wv, SIMD::load(p + W), a1);
+      }
+      SIMD::store(o + ox, a0);
+      SIMD::store(o + ox + W, a1);
+    }
+    for (; ox + W <= Wo; ox += W) {
+      V a0 = vb;
+      for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
+      SIMD::store(o + ox, a0);
+    }
+    for (; ox < Wo; ++ox) {
+      float a = bias;
+      for (int t = 0; t < ntaps; ++t) a += w[t] * b[off[t] + ox];
+      o[ox] = a;
+    }
+  }
+}
+
+template <int OP>
+inline std::uint8_t cmp1(float a, float b) {
+  switch (OP) {
+    case hetero::C_EQ: return a == b;
+    case hetero::C_LT: return a < b;
+    case hetero::C_LE: return a <= b;
+    case hetero::C_GT: return a > b;
+    default: return a >= b;
+  }
+}
+
+template <int OP>
+void cmp_t(int mode, const float* a, const float* b, std::uint8_t* y, i64 n) {
+  if (mode == hetero::BM_VV) {
+    for (i64 i = 0; i < n; ++i) y[i] = cmp1<OP>(a[i], b[i]);
+  } else if (mode == hetero::BM_VS) {
+    const float s = *b;
+    for (i64 i = 0; i < n; ++i) y[i] = cmp1<OP>(a[i], s);
+  } else {
+    const float s = *a;
+    for (i64 i = 0; i < n; ++i) y[i] = cmp1<OP>(s, b[i]);
+  }
+}
+
+void x_cmp_f32(int op, int mode, const float* a, const float* b, std::uint8_t* y, i64 n) {
+  switch (op) {
+    case hetero::C_EQ: cmp_t<hetero::C_EQ>(mode, a, b, y, n); break;
+    case hetero::C_LT: cmp_t<hetero::C_LT>(mode, a, b, y, n); break;
+    case hetero::C_LE: cmp_t<hetero::C_LE>(mode, a, b, y, n); break;
+    case hetero::C_GT: cmp_t<hetero::C_GT>(mode, a, b, y, n); break;
+    default: cmp_t<hetero::C_GE>(mode, a, b, y, n); break;
+  }
+}
+
+void x_max_rows(const float* x, i64 ld, i64 rows, float* out, i64 n) {
+  i64 j = 0;
+  for (; j + W <= n; j += W) {
+    V m = SIMD::load(x + j);
+    for (i64 r = 1; r < rows; ++r) m = v_max(m, SIMD::load(x + r * ld + j));
+    SIMD::store(out + j, m);
+  }
+  for (; j < n; ++j) {
+    float m = x[j];
+    for (i64 r = 1; r < rows; ++r) m = s_max(m, x[r * ld + j]);
+    out[j] = m;
+  }
+}
+
+const hetero::ExtraKernels extra_table = {
+    SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,
+};
+
+}  // namespace
