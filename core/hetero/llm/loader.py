@@ -19,7 +19,9 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
          threads: int | None = None, quant: str | QuantFormat | None = None, context: int = 4096, *,
          prefill_chunk: int = 512, all_logits: bool = False, cache: bool = True,
          progress: bool | None = None) -> Llm:
-    """Load a Hugging Face folder (config.json, safetensors, tokenizer files).
+    """Load a Hugging Face folder (config.json, safetensors, tokenizer files) or a GGUF file (``*.gguf``: its
+    tensors memory-mapped in their stored types, its own tokenizer and chat template; ``quant`` then quantizes only
+    the file's float matrices, without a cache).
 
     backends / on_fallback / threads: as in ``hetero.Session``. quant: None keeps the stored float weights
     (memory-mapped); "q8" / "q4" (optionally "_asym", "_b64" / "_b128") quantize at load, cached in
@@ -27,6 +29,11 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     tokens per step (0: all at once). all_logits: return logits for every prompt token (tests), not just the last.
     """
     folder = Path(path)
+    if folder.is_file() and (folder.suffix.lower() == ".gguf" or _is_gguf(folder)):
+        from .gguf_model import load_gguf
+
+        return load_gguf(folder, backends, on_fallback, threads, quant, context, prefill_chunk=prefill_chunk,
+                         all_logits=all_logits, progress=progress)
     if not folder.is_dir():
         raise ModelFormatError(f"{folder} is not a model folder (expected a directory with config.json)")
     if not isinstance(context, int) or context < 1:
@@ -42,6 +49,12 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     return Llm(cfg, graph, tokenizer, context=context, backends=backends, on_fallback=on_fallback, threads=threads,
                prefill_chunk=prefill_chunk, name=name, quant=fmt.name if fmt else _float_type(cfg.torch_dtype),
                path=folder)
+
+
+def _is_gguf(path: Path) -> bool:
+    from .gguf import is_gguf
+
+    return is_gguf(path)
 
 
 def _float_type(torch_dtype: str) -> str:

@@ -45,6 +45,21 @@ class Tokenizer:
             eos.append(self.token_id(self.eos_token))  # type: ignore[arg-type]
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos))
 
+    @classmethod
+    def from_parts(cls, tokenizer: Any, *, chat_template: str | None = None, bos_token: str | None = None,
+                   eos_token: str | None = None, eos_ids: tuple[int, ...] = (),
+                   generation_config: dict[str, Any] | None = None, config: dict[str, Any] | None = None) -> Tokenizer:
+        """A Tokenizer from a ready ``tokenizers.Tokenizer`` and its parts (GGUF files carry no tokenizer.json)."""
+        self = cls.__new__(cls)
+        self._tok = tokenizer
+        self.config = dict(config or {})
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.generation_config = dict(generation_config or {})
+        self.eos_ids = tuple(dict.fromkeys(int(i) for i in eos_ids))
+        return self
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

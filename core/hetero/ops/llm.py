@@ -12,6 +12,11 @@ Weights (``Embedding`` tables, ``QMatMul`` and ``MoE`` matrices) share three att
 
 A float weight is ``[N, K]``; a quantized one is ``uint8[N, ceil(K / block_size) * block_bytes]``, K being read
 from the activation (or the ``dim`` attribute of ``Embedding``).
+
+GGUF's own block layouts are wtypes too, stored as in the file: ``"q5_0"``, ``"q5_1"`` (blocks of 32) and the
+k-quants ``"q4_k"``, ``"q5_k"``, ``"q6_k"`` (blocks of 256); byte layouts in ``hetero.llm.quant``. They take no
+``block_size`` / ``symmetric`` attribute, and K must be a whole number of their blocks. (GGUF's Q8_0, Q4_0 and
+Q4_1 are ``q8`` / ``q4`` with ``block_size`` 32.)
 """
 
 from __future__ import annotations
@@ -32,31 +37,41 @@ _FLOAT_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 
 
 # -- weights ---------------------------------------------------------------------------------------------------------
-def _format(ctx: OpContext) -> quant.QuantFormat | None:
+def _wattrs(ctx: OpContext, prefix: str = "") -> tuple[str, int, int]:
+    """(wtype, block_size, symmetric) of a weight; ``<prefix>wtype`` (MoE: ``gate_``, ``up_``, ``down_``), when
+    present, replaces the shared three with ``<prefix>wtype``, ``<prefix>block_size``, ``<prefix>symmetric``."""
+    if prefix and (prefix + "wtype") in ctx.node.attrs:
+        return ctx.attr(prefix + "wtype"), ctx.attr(prefix + "block_size", 32), ctx.attr(prefix + "symmetric", 1)
+    return ctx.attr("wtype", "f32"), ctx.attr("block_size", 32), ctx.attr("symmetric", 1)
+
+
+def _format(ctx: OpContext, prefix: str = "") -> quant.QuantFormat | quant.GgmlFormat | None:
     try:
-        return quant.format_from_attrs(ctx.attr("wtype", "f32"), ctx.attr("block_size", 32), ctx.attr("symmetric", 1))
+        return quant.format_from_attrs(*_wattrs(ctx, prefix))
     except HeteroError as exc:
         raise ctx.fail(exc.message) from None
 
 
-def _check_weight(ctx: OpContext, index: int, k: Dim, what: str) -> None:
+def _check_weight(ctx: OpContext, index: int, k: Dim, what: str, prefix: str = "") -> None:
     """Check a weight input's dtype and its last dim against K (the logical row length)."""
     info = input_info(ctx, index)
-    wtype = ctx.attr("wtype", "f32")
-    fmt = _format(ctx)
+    wtype = _wattrs(ctx, prefix)[0]
+    fmt = _format(ctx, prefix)
     want_dtype = dtypes.uint8 if fmt is not None else dtypes.from_numpy(_FLOAT_NP[wtype])
     if info.dtype != want_dtype:
         raise ctx.fail(f"{what} of wtype {wtype!r} must be {want_dtype}, got {info.dtype}")
     if info.shape is None or k is None or info.shape[-1] is None:
         return
+    if isinstance(fmt, quant.GgmlFormat) and k % fmt.block_size:
+        raise ctx.fail(f"{what} of wtype {wtype!r} needs rows of a multiple of {fmt.block_size} inputs, got {k}")
     want = fmt.row_bytes(k) if fmt is not None else k
     if info.shape[-1] != want:
         unit = "bytes" if fmt is not None else "elements"
         raise ctx.fail(f"{what} rows hold {info.shape[-1]} {unit}; rows of {k} inputs need {want} {unit}")
 
 
-def _dense(ctx: OpContext, w: np.ndarray, k: int) -> np.ndarray:
-    return quant.weight_to_f32(w, ctx.attr("wtype", "f32"), k, _format(ctx))
+def _dense(ctx: OpContext, w: np.ndarray, k: int, prefix: str = "") -> np.ndarray:
+    return quant.weight_to_f32(w, _wattrs(ctx, prefix)[0], k, _format(ctx, prefix))
 
 
 # -- Embedding -------------------------------------------------------------------------------------------------------
@@ -330,9 +345,9 @@ def _moe_infer(ctx: OpContext) -> list[TensorInfo]:
         if info.shape is not None and (len(info.shape) != 3 or (experts is not None and info.shape[0] != experts)):
             raise ctx.fail(f"{name} must be [{experts}, rows, row] (stacked experts), got {info}")
     inter = None if gate.shape is None else gate.shape[1]
-    _check_weight(ctx, 2, hidden, "gate")
-    _check_weight(ctx, 3, hidden, "up")
-    _check_weight(ctx, 4, inter, "down")
+    _check_weight(ctx, 2, hidden, "gate", "gate_")
+    _check_weight(ctx, 3, hidden, "up", "up_")
+    _check_weight(ctx, 4, inter, "down", "down_")
     top_k = int(ctx.attr("top_k"))
     if experts is not None and not 1 <= top_k <= experts:
         raise ctx.fail(f"top_k {top_k} must be in [1, {experts}]")
@@ -360,7 +375,9 @@ def moe(ctx: OpContext) -> list[np.ndarray]:
     Inputs: x (float32 ``[T, H]``), router (float32 ``[E, H]``), gate and up (stacked experts ``[E, I, H]`` or
     quantized ``[E, I, row_bytes(H)]``), down (``[E, H, I]`` or ``[E, H, row_bytes(I)]``). Output float32 ``[T, H]``.
     Attributes: ``top_k``, ``norm_topk_prob`` (1: the chosen weights are renormalised to sum to 1), ``wtype``,
-    ``block_size``, ``symmetric`` (shared by the three expert tensors).
+    ``block_size``, ``symmetric`` (shared by the three expert tensors). Optional per-tensor overrides (GGUF files
+    mix types, e.g. q4_k gate/up with a q6_k down): ``gate_wtype`` / ``up_wtype`` / ``down_wtype``, each with its
+    own ``<name>_block_size`` / ``<name>_symmetric``, replace the shared three for that tensor when present.
 
     p = softmax(x @ router^T) per token; the top_k experts (ties to the lower index) with weights p (or p / sum);
     y[t] = sum over chosen e of weight * down_e(silu(gate_e(x[t])) * up_e(x[t])), each _e(z) = z @ W_e^T.
@@ -374,7 +391,7 @@ def moe(ctx: OpContext) -> list[np.ndarray]:
     for expert in np.unique(chosen):
         tokens, slot = np.nonzero(chosen == expert)
         xe = x[tokens]
-        h = _silu(xe @ _dense(ctx, gate[expert], hidden).T) * (xe @ _dense(ctx, up[expert], hidden).T)
-        ye = h @ _dense(ctx, down[expert], inter).T
+        h = _silu(xe @ _dense(ctx, gate[expert], hidden, "gate_").T) * (xe @ _dense(ctx, up[expert], hidden, "up_").T)
+        ye = h @ _dense(ctx, down[expert], inter, "down_").T
         np.add.at(out, tokens, ye * weights[tokens, slot][:, None])
     return [out]

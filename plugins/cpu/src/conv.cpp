@@ -34,6 +34,10 @@ void im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, 
     i64 jj, oy, ox, len;
   };
   Seg segs[65];  // nr <= 64 columns -> at most nr segments
+  // Per (segment, kx): the first source column and the valid run [lo, hi) of the segment (divisions hoisted out
+  // of the channel loop: they cost more than the copies for small kernels).
+  thread_local std::vector<i64> cols_tab;
+  cols_tab.resize(static_cast<std::size_t>(65 * g.kw * 3));
   for (i64 p = 0; p < np; ++p) {
     float* d = dst + p * K * nr;
     const i64 pj = j0 + p * nr, cols = std::min<i64>(nr, j0 + ncols - pj);
@@ -43,35 +47,48 @@ void im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, 
       segs[nseg++] = Seg{jj, oy, ox, len};
       jj += len;
     }
+    i64* tab = cols_tab.data();
+    for (int s = 0; s < nseg; ++s)
+      for (i64 kx = 0; kx < g.kw; ++kx) {
+        const Seg& sg = segs[s];
+        const i64 ix0 = sg.ox * g.sw + kx * g.dw - g.pl;
+        // t in [lo, hi): ix0 + t*sw inside [0, W)
+        const i64 lo = std::min<i64>(sg.len, ix0 >= 0 ? 0 : ceil_div(-ix0, g.sw));
+        const i64 hi =
+            std::max<i64>(lo, std::min<i64>(sg.len, ix0 >= g.W ? 0 : floor_div(g.W - 1 - ix0, g.sw) + 1));
+        i64* e = tab + (s * g.kw + kx) * 3;
+        e[0] = ix0;
+        e[1] = lo;
+        e[2] = hi;
+      }
     i64 k = 0;
     for (i64 c = 0; c < cin_g; ++c) {
       const float* plane = x + c * g.H * g.W;
       for (i64 ky = 0; ky < g.kh; ++ky)
         for (i64 kx = 0; kx < g.kw; ++kx, ++k) {
           float* row = d + k * nr;
-          const i64 dy = ky * g.dh - g.pt, dx = kx * g.dw - g.pl;
           for (int s = 0; s < nseg; ++s) {
             const Seg& sg = segs[s];
             float* r = row + sg.jj;
-            const i64 iy = sg.oy * g.sh + dy;
+            const i64 iy = sg.oy * g.sh + ky * g.dh - g.pt;
             if (iy < 0 || iy >= g.H) {
-              std::fill(r, r + sg.len, 0.f);
+              for (i64 t = 0; t < sg.len; ++t) r[t] = 0.f;
               continue;
             }
-            const float* src = plane + iy * g.W;
-            const i64 ix0 = sg.ox * g.sw + dx;
-            // t in [lo, hi): ix0 + t*sw inside [0, W)
-            const i64 lo = std::min<i64>(sg.len, ix0 >= 0 ? 0 : ceil_div(-ix0, g.sw));
-            const i64 hi = std::max<i64>(lo, std::min<i64>(sg.len, ix0 >= g.W ? 0 : floor_div(g.W - 1 - ix0, g.sw) + 1));
-            std::fill(r, r + lo, 0.f);
+            const i64* e = tab + (s * g.kw + kx) * 3;
+            const float* src = plane + iy * g.W + e[0];
+            const i64 lo = e[1], hi = e[2];
+            for (i64 t = 0; t < lo; ++t) r[t] = 0.f;
             if (g.sw == 1) {
-              std::memcpy(r + lo, src + ix0 + lo, static_cast<std::size_t>(hi - lo) * sizeof(float));
+              for (i64 t = lo; t < hi; ++t) r[t] = src[t];
+            } else if (g.sw == 2) {
+              for (i64 t = lo; t < hi; ++t) r[t] = src[2 * t];
             } else {
-              for (i64 t = lo; t < hi; ++t) r[t] = src[ix0 + t * g.sw];
+              for (i64 t = lo; t < hi; ++t) r[t] = src[t * g.sw];
             }
-            std::fill(r + hi, r + sg.len, 0.f);
+            for (i64 t = hi; t < sg.len; ++t) r[t] = 0.f;
           }
-          std::fill(row + cols, row + nr, 0.f);
+          for (i64 t = cols; t < nr; ++t) row[t] = 0.f;
         }
     }
   }
@@ -150,6 +167,8 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
   const i64 cout_g = cout / group, K = cin_g * kh * kw;
   pc->group_stride = ceil_div(cout_g, kr.mr) * kr.mr * K;
   float* d = pc->buf.get(static_cast<std::size_t>(std::max<i64>(1, pc->group_stride * group)));
+  std::memcpy(pc->raw.get(static_cast<std::size_t>(std::max<i64>(1, cout * K))), w,
+              static_cast<std::size_t>(cout * K) * sizeof(float));
   for (i64 gi = 0; gi < group; ++gi) {
     MatView a{w + gi * cout_g * K, cout_g, K, K, 1};
     pack_a_panels(kr, a, d + gi * pc->group_stride);
@@ -182,6 +201,8 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   if (T > 1)
     while (ppb > 1 && images * ceil_div(np_all, ppb) < 2 * T) ppb = (ppb + 1) / 2;
   const i64 nblk = ceil_div(np_all, ppb);
+  const i64 rem = cout_g % kr.mr;
+  const i64 m_main = rem > 0 && rem <= 4 ? cout_g - rem : cout_g;
   parallel_for(images * nblk, T, [&](i64 task) {
     const i64 img = task / nblk, blk = task % nblk;
     const i64 n = img / g.group, gi = img % g.group;
@@ -196,8 +217,17 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
     ep.bias = bias ? bias + gi * cout_g : nullptr;
     ep.bias_rs = 1;
     ep.bias_cs = 0;
-    gemm_prepacked_b(kr, cout_g, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride, bp,
-                     out + (n * g.Cout + gi * cout_g) * HWo + j0, HWo, 1.f, 0.f, ep, 1);
+    float* o = out + (n * g.Cout + gi * cout_g) * HWo + j0;
+    if (m_main > 0) gemm_prepacked_b(kr, m_main, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride, bp, o, HWo, 1.f,
+                                     0.f, ep, 1);
+    if (m_main < cout_g) {
+      // A ragged last row panel of <= 4 rows (Cout = 16 or 64 with mr = 12): the small-M kernel on the same packed
+      // columns, instead of a padded mr-row tile that would be mostly wasted.
+      Epilogue ept = ep;
+      ept.bias = ep.bias ? ep.bias + m_main : nullptr;
+      const MatView at{pc.raw.p + (gi * cout_g + m_main) * K, cout_g - m_main, K, K, 1};
+      gemm_small_m_packed(kr, at, bp, ncols, o + m_main * HWo, HWo, 1.f, 0.f, ept, 1);
+    }
   });
 }
 

@@ -22,6 +22,7 @@ struct PackedConv {
   bool depthwise = false;
   i64 group_stride = 0;  // floats between the packed groups
   AlignedBuf buf;
+  AlignedBuf raw;  // non-depthwise: the (Cout, C/group*kh*kw) weights as given (rows for the small-M tail path)
 };
 
 std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 cout, i64 cin_g, i64 kh, i64 kw,

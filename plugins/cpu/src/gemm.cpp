@@ -9,9 +9,11 @@
 // Threads own disjoint rectangles of C (no synchronisation inside the nest).
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "common.hpp"
+#include "onnx_extra.hpp"
 
 namespace hetero {
 namespace {
@@ -142,6 +144,19 @@ void pack_a_panels(const Kernels& kr, const MatView& a, float* dst) {
 
 void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i64 m, i64 n, const Epilogue& ep) {
   if (ep.empty() || n <= 0) return;
+  if (ep.bias_cs == 0 && (ep.act < 0 || ep.act == U_RELU || ep.act == U_CLIP)) {
+    // Per-row bias (conv channels) and a clamp-type activation: one pass over the block instead of two.
+    const float inf = std::numeric_limits<float>::infinity();
+    const float lo = ep.act == U_RELU ? 0.f : (ep.act == U_CLIP ? ep.act_alpha : -inf);
+    const float hi = ep.act == U_CLIP ? ep.act_beta : inf;
+    const ExtraKernels& xk = extra_for(kr);
+    for (i64 i = 0; i < m; ++i) {
+      const float b = ep.bias ? ep.bias[(row0 + i) * ep.bias_rs] : 0.f;
+      if (ep.act < 0 && b == 0.f) continue;
+      xk.bias_clamp_row(c + i * ldc, n, b, lo, hi);
+    }
+    return;
+  }
   for (i64 i = 0; i < m; ++i) {
     float* row = c + i * ldc;
     if (ep.bias) {
@@ -208,12 +223,8 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
                 kr.ukernel(kc, apan, bpan, cp, ldc, alpha, beta_eff);
               } else {
                 kr.ukernel(kc, apan, bpan, tile, NR, 1.f, 0.f);
-                for (i64 i = 0; i < nrows; ++i)
-                  for (i64 j = 0; j < ncols; ++j) {
-                    float v = alpha * tile[i * NR + j];
-                    float& o = cp[i * ldc + j];
-                    o = beta_eff == 0.f ? v : v + beta_eff * o;
-                  }
+                // Whole rows through the vector axpby (a ragged tile is common: M = 16 or 32 with mr = 12).
+                for (i64 i = 0; i < nrows; ++i) kr.axpby(tile + i * NR, cp + i * ldc, ncols, alpha, beta_eff);
               }
             }
           }

@@ -717,6 +717,8 @@ void py_global_avg_pool(const py::array& x, const py::array& out) {
 
 }  // namespace
 
+void bind_llm(pybind11::module_&);
+
 PYBIND11_MODULE(_native, m) {
   m.doc() = "hetero CPU kernels: packed GEMM, elementwise, normalisation, data movement and CNN ops";
 
@@ -780,4 +782,5 @@ PYBIND11_MODULE(_native, m) {
   m.def("avg_pool2d", &py_avg_pool2d, py::arg("x"), py::arg("out"), py::arg("kernel"), py::arg("strides") = one2,
         py::arg("pads") = zero4, py::arg("count_include_pad") = false);
   m.def("global_avg_pool", &py_global_avg_pool, py::arg("x"), py::arg("out"));
+  bind_llm(m);
 }

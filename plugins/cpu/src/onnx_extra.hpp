@@ -39,6 +39,8 @@ struct ExtraKernels {
   void (*cmp_f32)(int op, int mode, const float* a, const float* b, std::uint8_t* y, i64 n);
   // out[j] = max over the kh rows (row r at x + r*ld) of x[r*ld + j]; NaN propagates.
   void (*max_rows)(const float* x, i64 ld, i64 rows, float* out, i64 n);
+  // y = clamp(y + b, lo, hi) (NaN passes through): the bias + ReLU / ReLU6 / Clip epilogue in one pass.
+  void (*bias_clamp_row)(float* y, i64 n, float b, float lo, float hi);
 };
 
 const ExtraKernels* extra_generic();

@@ -286,9 +286,22 @@ void x_max_rows(const float* x, i64 ld, i64 rows, float* out, i64 n) {
   }
 }
 
+void x_bias_clamp_row(float* y, i64 n, float b, float lo, float hi) {
+  const V vb = SIMD::set1(b), vl = SIMD::set1(lo), vh = SIMD::set1(hi);
+  i64 i = 0;
+  for (; i + W <= n; i += W) {
+    V v = SIMD::add(SIMD::load(y + i), vb);
+    SIMD::store(y + i, vnan_pass(v, SIMD::min(SIMD::max(v, vl), vh)));
+  }
+  for (; i < n; ++i) {
+    const float v = y[i] + b;
+    y[i] = v != v ? v : (v < lo ? lo : (v > hi ? hi : v));
+  }
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row,
 };
 
 }  // namespace

@@ -17,8 +17,10 @@ from hetero.tensor import Tensor
 from .. import _native
 from .common import CpuKernel
 
-# numpy's own numeric types (ml_dtypes' low-precision ones, kind "V", are left to the reference's cast rules).
-_PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d.np_dtype.kind in "biufc")
+# numpy's own numeric types (ml_dtypes' low-precision ones are not builtin: the reference owns their cast rules).
+_PLAIN = tuple(
+    d for d in dtypes.ALL if d.np_dtype is not None and d.np_dtype.isbuiltin == 1 and d.np_dtype.kind in "biufc"
+)
 
 
 def _plain_dtypes(node: NodeInfo) -> Support:
@@ -143,8 +145,7 @@ class CpuCast(CpuKernel):
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
-        if node.attr("saturate", 1) != 1 and node.outputs[0].dtype.is_float:
-            return unsupported("Cast with saturate=0")
+        # Only numpy's own types: casts to float8/float4/int4 follow ONNX's saturation rules (the reference's).
         return _plain_dtypes(node)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:

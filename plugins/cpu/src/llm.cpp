@@ -1,0 +1,818 @@
+// Drivers and pybind11 bindings of the LLM kernels (hetero.ops.llm): threading, argument checks, the weight
+// repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llm.hpp"
+
+namespace py = pybind11;
+
+namespace hetero {
+namespace llm {
+#ifndef HETERO_LLM_X86
+const LlmKernels* llm_kernels_avx2() { return nullptr; }
+const LlmKernels* llm_kernels_avx512() { return nullptr; }
+const LlmKernels* llm_kernels_avx512vnni() { return nullptr; }
+#endif
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+// ------------------------------------------------------------------------------------------------ dispatch
+bool cpu_has(const char* what) {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (std::string(what) == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+  if (std::string(what) == "f16c") return __builtin_cpu_supports("f16c");
+#endif
+  (void)what;
+  return false;
+}
+
+std::atomic<bool> g_use_vnni{true};
+
+const LlmKernels& lk() {
+  static const bool vnni = llm_kernels_avx512vnni() != nullptr && cpu_has("avx512vnni");
+  static const bool f16c = cpu_has("f16c");
+  const Kernels* a = &active();
+  if (a == kernels_avx512() && a != nullptr) {
+    if (vnni && g_use_vnni.load(std::memory_order_relaxed)) return *llm_kernels_avx512vnni();
+    return *llm_kernels_avx512();
+  }
+  if (a == kernels_avx2() && a != nullptr && f16c) return *llm_kernels_avx2();
+  return *llm_kernels_generic();
+}
+
+// ------------------------------------------------------------------------------------------------ scratch
+template <typename T>
+struct Scratch {  // grow-only, 64-byte aligned; grows on the first calls, then never again
+  T* p = nullptr;
+  std::size_t cap = 0;
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(p); }
+  T* get(std::size_t n) {
+    if (n > cap) {
+      std::free(p);
+      std::size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
+      p = static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64));
+      if (!p) throw std::bad_alloc();
+      cap = n;
+    }
+    return p;
+  }
+};
+
+struct XQBuf {
+  Scratch<std::int8_t> q;
+  Scratch<float> d, ds;
+  Scratch<std::int32_t> s;
+  XQ make(const LlmKernels& kr, const float* x, i64 M, i64 ldx, i64 k, int bs, bool parallel) {
+    const i64 nb = (k + bs - 1) / bs;
+    XQ r{q.get(static_cast<std::size_t>(M * nb * bs)), d.get(static_cast<std::size_t>(M * nb)),
+         s.get(static_cast<std::size_t>(M * nb)), ds.get(static_cast<std::size_t>(M * nb)), nb * bs, nb};
+    auto* qp = const_cast<std::int8_t*>(r.q);
+    auto* dp = const_cast<float*>(r.d);
+    auto* sp = const_cast<std::int32_t*>(r.s);
+    auto* dsp = const_cast<float*>(r.ds);
+    const int nt = parallel ? threads_for(static_cast<double>(M * k), 32768.0) : 1;
+    if (nt <= 1) {
+      kr.quantize_x(x, M, ldx, k, bs, qp, dp, sp, dsp);
+    } else {
+      const i64 chunk = (M + nt - 1) / nt;
+      parallel_for(nt, nt, [&](i64 t) {
+        const i64 m0 = t * chunk, m1 = std::min(M, m0 + chunk);
+        if (m0 < m1)
+          kr.quantize_x(x + m0 * ldx, m1 - m0, ldx, k, bs, qp + m0 * r.ldq, dp + m0 * nb, sp + m0 * nb,
+                        dsp + m0 * nb);
+      });
+    }
+    return r;
+  }
+};
+
+XQBuf& tl_xq(int slot) {
+  thread_local XQBuf bufs[2];
+  return bufs[slot];
+}
+
+Scratch<float>& tl_f(int slot) {
+  thread_local Scratch<float> bufs[8];
+  return bufs[slot];
+}
+
+bool is_c(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
+
+template <typename T>
+bool has_type(const py::array& a) {
+  const py::dtype d = a.dtype();
+  return d.normalized_num() == py::dtype::of<T>().normalized_num() && d.byteorder() != '>';
+}
+
+void need_f32c(const py::array& a, const char* fn, const char* name) {
+  if (!has_type<float>(a)) fail(std::string(fn) + ": " + name + " must be float32");
+  if (!is_c(a)) fail(std::string(fn) + ": " + name + " must be C-contiguous");
+}
+
+void need_out(const py::array& a, const char* fn) {
+  need_f32c(a, fn, "out");
+  if (!a.writeable()) fail(std::string(fn) + ": out must be writable");
+}
+
+float* fptr(const py::array& a) { return static_cast<float*>(const_cast<void*>(a.data())); }
+const float* cfptr(const py::array& a) { return static_cast<const float*>(a.data()); }
+
+// ------------------------------------------------------------------------------------------------ weights
+// A weight matrix (or a stack of expert matrices) for QMatMul / MoE: quantized (repacked) or float (read in place).
+struct Weights {
+  bool quant = false;
+  QPack pk;               // quantized
+  std::uint8_t* packed = nullptr;
+  i64 expert_bytes = 0;   // repacked bytes per expert
+  int wt = W_F32;         // float
+  py::object keep;        // float: the source array (kept alive, read in place)
+  const void* fdata = nullptr;
+  i64 experts = 1, n = 0, k = 0;
+  ~Weights() { std::free(packed); }
+
+  const std::uint8_t* group(i64 e, i64 g) const { return packed + e * expert_bytes + g * pk.group_bytes; }
+  const void* frow(i64 e, i64 row) const {
+    const i64 es = wt == W_F32 ? 4 : 2;
+    return static_cast<const char*>(fdata) + ((e * n + row) * k) * es;
+  }
+};
+
+// Repack one expert's [N, row_bytes] source rows into the RB16 layout (see llm.hpp).
+void repack(const QPack& pk, const std::uint8_t* src, std::uint8_t* dst) {
+  const i64 src_blk = (pk.asym ? 4 : 2) + pk.bs * pk.bits / 8;
+  const i64 row_bytes = pk.nb * src_blk;
+  const int bs = pk.bs;
+  std::memset(dst, 0, static_cast<std::size_t>(pk.groups * pk.group_bytes));
+  for (i64 g = 0; g < pk.groups; ++g) {
+    for (i64 b = 0; b < pk.nb; ++b) {
+      std::uint8_t* rec = dst + g * pk.group_bytes + b * pk.rec_bytes;
+      std::uint8_t* qv = rec + pk.header_bytes();
+      for (int j = 0; j < QR; ++j) {
+        const i64 row = g * QR + j;
+        if (row >= pk.n) {
+          // Padding rows: zero scales; quants must still make isum - offset*sx vanish -> store the offset value.
+          if (pk.bits == 8 && !pk.asym)
+            for (int t = 0; t < bs / 4; ++t) std::memset(qv + t * 64 + j * 4, 0x80, 4);
+          if (pk.bits == 4 && !pk.asym)
+            for (int t = 0; t < bs / 8; ++t) std::memset(qv + t * 64 + j * 4, 0x88, 4);
+          continue;
+        }
+        const std::uint8_t* blk = src + row * row_bytes + b * src_blk;
+        std::memcpy(rec + 2 * j, blk, 2);
+        if (pk.asym) std::memcpy(rec + 32 + 2 * j, blk + 2, 2);
+        const std::uint8_t* q = blk + (pk.asym ? 4 : 2);
+        if (pk.bits == 8) {
+          for (int t = 0; t < bs / 4; ++t)
+            for (int c = 0; c < 4; ++c)
+              qv[t * 64 + j * 4 + c] = pk.asym ? q[4 * t + c] : static_cast<std::uint8_t>(q[4 * t + c] ^ 0x80);
+        } else {
+          // Source: byte p holds element p (low) and p + B/2 (high) -- exactly the pairing of the repacked bytes.
+          for (int t = 0; t < bs / 8; ++t)
+            for (int c = 0; c < 4; ++c) qv[t * 64 + j * 4 + c] = q[4 * t + c];
+        }
+      }
+    }
+  }
+}
+
+std::shared_ptr<Weights> make_weights(const py::array& w, const std::string& wtype, int block_size, bool symmetric,
+                                      i64 k) {
+  const char* fn = "llm_weights";
+  auto out = std::make_shared<Weights>();
+  if (w.ndim() != 2 && w.ndim() != 3) fail(std::string(fn) + ": weight must be 2-D [N, row] or 3-D [E, N, row]");
+  if (!is_c(w)) fail(std::string(fn) + ": weight must be C-contiguous");
+  out->experts = w.ndim() == 3 ? w.shape(0) : 1;
+  out->n = w.shape(w.ndim() - 2);
+  out->k = k;
+  if (k < 1) fail(std::string(fn) + ": K must be positive");
+  const i64 row = w.shape(w.ndim() - 1);
+  if (wtype == "q4" || wtype == "q8") {
+    if (!has_type<std::uint8_t>(w)) fail(std::string(fn) + ": quantized weights must be uint8");
+    if (block_size != 32 && block_size != 64 && block_size != 128) fail(std::string(fn) + ": block size 32/64/128");
+    QPack& pk = out->pk;
+    pk.bits = wtype == "q4" ? 4 : 8;
+    pk.bs = block_size;
+    pk.asym = !symmetric;
+    pk.n = out->n;
+    pk.k = k;
+    pk.nb = (k + block_size - 1) / block_size;
+    pk.groups = (pk.n + QR - 1) / QR;
+    pk.rec_bytes = pk.header_bytes() + QR * block_size * pk.bits / 8;
+    pk.group_bytes = pk.nb * pk.rec_bytes;
+    const i64 src_blk = (pk.asym ? 4 : 2) + block_size * pk.bits / 8;
+    if (row != pk.nb * src_blk)
+      fail(std::string(fn) + ": rows hold " + std::to_string(row) + " bytes; K=" + std::to_string(k) + " needs " +
+           std::to_string(pk.nb * src_blk));
+    out->quant = true;
+    out->expert_bytes = pk.groups * pk.group_bytes;
+    const std::size_t total = static_cast<std::size_t>(out->experts * out->expert_bytes);
+    out->packed = static_cast<std::uint8_t*>(std::aligned_alloc(64, ((total + 63) / 64) * 64));
+    if (!out->packed) throw std::bad_alloc();
+    const auto* src = static_cast<const std::uint8_t*>(w.data());
+    const i64 e_src = out->n * row;
+    const i64 E = out->experts;
+    std::uint8_t* dst = out->packed;
+    const i64 eb = out->expert_bytes;
+    py::gil_scoped_release nogil;
+    parallel_for(E, E > 1 ? num_threads() : 1, [&](i64 e) { repack(out->pk, src + e * e_src, dst + e * eb); });
+    return out;
+  }
+  if (wtype == "f32") {
+    if (!has_type<float>(w)) fail(std::string(fn) + ": f32 weights must be float32");
+    out->wt = W_F32;
+  } else if (wtype == "f16") {
+    if (!has_type<std::uint16_t>(w) && w.dtype().kind() != 'f') fail(std::string(fn) + ": f16 weights: float16");
+    if (w.itemsize() != 2) fail(std::string(fn) + ": f16 weights must be float16");
+    out->wt = W_F16;
+  } else if (wtype == "bf16") {
+    if (w.itemsize() != 2) fail(std::string(fn) + ": bf16 weights must be uint16 bit patterns");
+    out->wt = W_BF16;
+  } else {
+    fail(std::string(fn) + ": unknown wtype '" + wtype + "'");
+  }
+  if (row != k) fail(std::string(fn) + ": rows hold " + std::to_string(row) + " elements; K=" + std::to_string(k));
+  out->keep = w;
+  out->fdata = w.data();
+  return out;
+}
+
+// y[M, N] (row stride ldy) = x[M, K] @ W_e^T (+ bias). xq: x already quantized (quantized weights) or nullptr.
+void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const XQ* xq, float* y, i64 ldy,
+                 const float* bias) {
+  const LlmKernels& kr = lk();
+  const i64 N = w.n, K = w.k;
+  if (w.quant) {
+    const QPack& pk = w.pk;
+    const i64 G = pk.groups;
+    const int mr = kr.max_mr;
+    const i64 mchunk = M <= 64 ? M : 64;
+    const double work = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(M <= 4 ? 1 : M);
+    const int nt = threads_for(work, 65536.0);
+    const i64 ntasks = nt <= 1 ? 1 : std::min<i64>(G, static_cast<i64>(nt) * 4);
+    parallel_for(ntasks, nt, [&](i64 t) {
+      const i64 g0 = G * t / ntasks, g1 = G * (t + 1) / ntasks;
+      for (i64 mc = 0; mc < M; mc += mchunk) {
+        const i64 mend = std::min(M, mc + mchunk);
+        for (i64 g = g0; g < g1; ++g) {
+          const int nvalid = static_cast<int>(std::min<i64>(QR, N - g * QR));
+          const std::uint8_t* grp = w.group(e, g);
+          for (i64 m = mc; m < mend; m += mr) {
+            const int r = static_cast<int>(std::min<i64>(mr, mend - m));
+            kr.qgemm_group(pk, grp, *xq, m, r, y + m * ldy + g * QR, ldy, nvalid);
+          }
+        }
+        if (bias)
+          for (i64 m = mc; m < mend; ++m)
+            for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) y[m * ldy + j] += bias[j];
+      }
+    });
+    return;
+  }
+  // Float weights: tiles of 4 weight rows x 4 x rows, blocks of 64 x rows for the cache.
+  const i64 NQ = (N + 3) / 4;
+  const double work = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(M <= 4 ? 1 : M);
+  const int nt = threads_for(work, 65536.0);
+  const i64 ntasks = nt <= 1 ? 1 : std::min<i64>(NQ, static_cast<i64>(nt) * 4);
+  parallel_for(ntasks, nt, [&](i64 t) {
+    const i64 q0 = NQ * t / ntasks, q1 = NQ * (t + 1) / ntasks;
+    float tmp[16];
+    for (i64 mc = 0; mc < M; mc += 64) {
+      const i64 mend = std::min(M, mc + 64);
+      for (i64 q = q0; q < q1; ++q) {
+        const int rows = static_cast<int>(std::min<i64>(4, N - q * 4));
+        for (i64 m = mc; m < mend; m += 4) {
+          const int r = static_cast<int>(std::min<i64>(4, mend - m));
+          kr.fgemm_tile(w.wt, w.frow(e, q * 4), K, rows, K, x + m * ldx, ldx, r, tmp, 4);
+          for (int i = 0; i < r; ++i)
+            for (int j = 0; j < rows; ++j)
+              y[(m + i) * ldy + q * 4 + j] = tmp[i * 4 + j] + (bias ? bias[q * 4 + j] : 0.f);
+        }
+      }
+    }
+  });
+}
+
+void matmul(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, float* y, i64 ldy, const float* bias, int slot) {
+  if (M <= 0) return;
+  if (w.quant) {
+    XQ xq = tl_xq(slot).make(lk(), x, M, ldx, w.k, w.pk.bs, M >= 16);
+    matmul_core(w, e, x, M, ldx, &xq, y, ldy, bias);
+  } else {
+    matmul_core(w, e, x, M, ldx, nullptr, y, ldy, bias);
+  }
+}
+
+struct PyWeights {
+  std::shared_ptr<Weights> w;
+};
+
+void py_qmatmul(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj) {
+  const char* fn = "llm_matmul";
+  const Weights& w = *pw.w;
+  need_f32c(x, fn, "x");
+  need_out(out, fn);
+  if (x.ndim() < 1 || x.shape(x.ndim() - 1) != w.k) fail(std::string(fn) + ": x's last dim must be K");
+  const i64 M = x.ndim() == 0 ? 1 : x.size() / w.k;
+  if (out.size() != M * w.n) fail(std::string(fn) + ": out must hold M x N floats");
+  const float* bias = nullptr;
+  if (!bias_obj.is_none()) {
+    py::array b = py::reinterpret_borrow<py::array>(bias_obj);
+    need_f32c(b, fn, "bias");
+    if (b.size() != w.n) fail(std::string(fn) + ": bias must hold N floats");
+    bias = cfptr(b);
+  }
+  if (w.experts != 1) fail(std::string(fn) + ": a stacked expert weight needs moe()");
+  const float* px = cfptr(x);
+  float* py_ = fptr(out);
+  py::gil_scoped_release nogil;
+  matmul(w, 0, px, M, w.k, py_, w.n, bias, 0);
+}
+
+// ------------------------------------------------------------------------------------------------ small ops
+void py_swiglu(const py::array& gate, const py::array& up, const py::array& out) {
+  const char* fn = "llm_swiglu";
+  need_f32c(gate, fn, "gate");
+  need_f32c(up, fn, "up");
+  need_out(out, fn);
+  if (gate.size() != up.size() || out.size() != gate.size()) fail(std::string(fn) + ": sizes differ");
+  const float* g = cfptr(gate);
+  const float* u = cfptr(up);
+  float* o = fptr(out);
+  const i64 n = gate.size();
+  py::gil_scoped_release nogil;
+  const Kernels& kr = active();
+  const int nt = threads_for(static_cast<double>(n), 16384.0);
+  const i64 chunk = (((n + nt - 1) / nt) + 15) / 16 * 16;
+  parallel_for(nt, nt, [&](i64 t) {
+    const i64 a = t * chunk, b = std::min(n, a + chunk);
+    if (a >= b) return;
+    kr.unary(U_SILU, g + a, o + a, b - a, 0.f, 0.f);
+    kr.binary(B_MUL, BM_VV, o + a, u + a, o + a, b - a);
+  });
+}
+
+// Rotary embedding with a cos/sin table grown on demand (positions x half), shared by the nodes of one model.
+struct RopeTable {
+  std::vector<double> inv_freq;
+  double scale = 1.0;
+  int half = 0;
+  std::vector<float> cs;  // [P][2][half]: cos then sin
+  i64 rows = 0;
+  void ensure(i64 p) {
+    if (p <= rows) return;
+    i64 want = std::max<i64>(p, std::max<i64>(rows * 2, 256));
+    cs.resize(static_cast<std::size_t>(want * 2 * half));
+    for (i64 pos = rows; pos < want; ++pos)
+      for (int i = 0; i < half; ++i) {
+        const double a = static_cast<double>(pos) * inv_freq[static_cast<std::size_t>(i)];
+        cs[static_cast<std::size_t>((pos * 2) * half + i)] = static_cast<float>(std::cos(a) * scale);
+        cs[static_cast<std::size_t>((pos * 2 + 1) * half + i)] = static_cast<float>(std::sin(a) * scale);
+      }
+    rows = want;
+  }
+};
+
+void py_rope(RopeTable& tab, const py::array& x, const py::array& out, i64 past) {
+  const char* fn = "llm_rope";
+  need_f32c(x, fn, "x");
+  need_out(out, fn);
+  if (x.ndim() != 3 || out.size() != x.size()) fail(std::string(fn) + ": x must be [T, heads, head_dim]");
+  const i64 T = x.shape(0), H = x.shape(1), D = x.shape(2);
+  const int half = tab.half;
+  if (2 * half > D) fail(std::string(fn) + ": rotary_dim exceeds head_dim");
+  if (past < 0) fail(std::string(fn) + ": past_len must be >= 0");
+  tab.ensure(past + T);
+  const float* px = cfptr(x);
+  float* po = fptr(out);
+  py::gil_scoped_release nogil;
+  for (i64 t = 0; t < T; ++t) {
+    const float* c = tab.cs.data() + ((past + t) * 2) * half;
+    const float* s = c + half;
+    for (i64 h = 0; h < H; ++h) {
+      const float* xi = px + (t * H + h) * D;
+      float* yo = po + (t * H + h) * D;
+      for (int i = 0; i < half; ++i) {
+        const float x1 = xi[i], x2 = xi[i + half];
+        const float a = x1 * c[i], b = x2 * s[i], e = x2 * c[i], f = x1 * s[i];
+        yo[i] = a - b;
+        yo[i + half] = e + f;
+      }
+      if (xi != yo)
+        for (i64 i = 2 * half; i < D; ++i) yo[i] = xi[i];
+    }
+  }
+}
+
+void py_embedding(const py::array& ids, const py::array& table, const std::string& wtype, int bs, bool sym, i64 dim,
+                  const py::array& out) {
+  const char* fn = "llm_embedding";
+  need_out(out, fn);
+  if (!is_c(ids) || !is_c(table)) fail(std::string(fn) + ": ids and table must be C-contiguous");
+  const bool i64ids = has_type<std::int64_t>(ids);
+  if (!i64ids && !has_type<std::int32_t>(ids)) fail(std::string(fn) + ": ids must be int64 or int32");
+  if (table.ndim() != 2) fail(std::string(fn) + ": table must be 2-D");
+  const i64 n = ids.size(), V = table.shape(0), row = table.shape(1);
+  if (out.size() != n * dim) fail(std::string(fn) + ": out must hold len(ids) x dim floats");
+  std::vector<i64> idx(static_cast<std::size_t>(n));
+  for (i64 i = 0; i < n; ++i) {
+    idx[static_cast<std::size_t>(i)] = i64ids ? static_cast<const std::int64_t*>(ids.data())[i]
+                                              : static_cast<const std::int32_t*>(ids.data())[i];
+    const i64 v = idx[static_cast<std::size_t>(i)];
+    if (v < 0 || v >= V)
+      fail("token id " + std::to_string(v) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  }
+  const auto* base = static_cast<const std::uint8_t*>(table.data());
+  float* po = fptr(out);
+  if (wtype == "f32" || wtype == "f16" || wtype == "bf16") {
+    if (row != dim) fail(std::string(fn) + ": table rows must hold dim elements");
+    const i64 es = wtype == "f32" ? 4 : 2;
+    if (table.itemsize() != es) fail(std::string(fn) + ": table dtype does not match wtype");
+    py::gil_scoped_release nogil;
+    for (i64 i = 0; i < n; ++i) {
+      const std::uint8_t* r = base + idx[static_cast<std::size_t>(i)] * row * es;
+      float* o = po + i * dim;
+      if (es == 4) {
+        std::memcpy(o, r, static_cast<std::size_t>(dim) * 4);
+      } else if (wtype == "f16") {
+        lk().f16_to_f32(reinterpret_cast<const std::uint16_t*>(r), o, dim);
+      } else {
+        const auto* h = reinterpret_cast<const std::uint16_t*>(r);
+        for (i64 j = 0; j < dim; ++j) o[j] = bf16_to_float(h[j]);
+      }
+    }
+    return;
+  }
+  if (wtype != "q4" && wtype != "q8") fail(std::string(fn) + ": unknown wtype '" + wtype + "'");
+  if (!has_type<std::uint8_t>(table)) fail(std::string(fn) + ": a quantized table must be uint8");
+  const int bits = wtype == "q4" ? 4 : 8;
+  const i64 hdr = sym ? 2 : 4, blk = hdr + bs * bits / 8, nb = (dim + bs - 1) / bs;
+  if (row != nb * blk) fail(std::string(fn) + ": quantized rows hold the wrong number of bytes for dim");
+  py::gil_scoped_release nogil;
+  for (i64 i = 0; i < n; ++i) {
+    const std::uint8_t* r = base + idx[static_cast<std::size_t>(i)] * row;
+    float* o = po + i * dim;
+    for (i64 b = 0; b < nb; ++b) {
+      const std::uint8_t* p = r + b * blk;
+      std::uint16_t dh, mh = 0;
+      std::memcpy(&dh, p, 2);
+      if (!sym) std::memcpy(&mh, p + 2, 2);
+      const float d = half_to_float(dh), m = sym ? 0.f : half_to_float(mh);
+      const std::uint8_t* q = p + hdr;
+      for (int j = 0; j < bs; ++j) {
+        const i64 col = b * bs + j;
+        if (col >= dim) break;
+        float v;
+        if (bits == 8) {
+          v = sym ? d * static_cast<float>(static_cast<std::int8_t>(q[j])) : d * static_cast<float>(q[j]) + m;
+        } else {
+          const int nib = j < bs / 2 ? (q[j] & 15) : (q[j - bs / 2] >> 4);
+          v = sym ? d * static_cast<float>(nib - 8) : d * static_cast<float>(nib) + m;
+        }
+        o[col] = v;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ attention
+constexpr i64 KT = 64;   // keys per tile
+constexpr i64 RB = 32;   // query rows (query x group head) per task
+
+struct Attention {
+  i64 hkv = 0, max_ctx = 0, d = 0;
+  bool f16 = true;
+  void* k = nullptr;
+  void* v = nullptr;
+  i64 filled = 0;
+  ~Attention() {
+    std::free(k);
+    std::free(v);
+  }
+  std::size_t esize() const { return f16 ? 2 : 4; }
+  void alloc() {
+    // calloc: zero pages are mapped lazily, so a long context costs memory only as it fills.
+    const std::size_t n = static_cast<std::size_t>(hkv * max_ctx * d);
+    k = std::calloc(n, esize());
+    v = std::calloc(n, esize());
+    if (!k || !v) throw std::bad_alloc();
+  }
+};
+
+void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
+                   float scale, float* out) {
+  const LlmKernels& kr = lk();
+  const Kernels& base = active();
+  const i64 hkv = at.hkv, D = at.d, L = at.max_ctx, group = hq / hkv;
+  // 1. append the new keys / values at [past, past + T)
+  for (i64 t = 0; t < T; ++t)
+    for (i64 h = 0; h < hkv; ++h) {
+      const float* ks = kin + (t * hkv + h) * D;
+      const float* vs = vin + (t * hkv + h) * D;
+      const i64 off = (h * L + past + t) * D;
+      if (at.f16) {
+        kr.f32_to_f16(ks, static_cast<std::uint16_t*>(at.k) + off, D);
+        kr.f32_to_f16(vs, static_cast<std::uint16_t*>(at.v) + off, D);
+      } else {
+        std::memcpy(static_cast<float*>(at.k) + off, ks, static_cast<std::size_t>(D) * 4);
+        std::memcpy(static_cast<float*>(at.v) + off, vs, static_cast<std::size_t>(D) * 4);
+      }
+    }
+  at.filled = past + T;
+  // 2. rows r = t * group + g of kv head h, blocks of RB rows per task.
+  const i64 rows = T * group;
+  const i64 nblk = (rows + RB - 1) / RB;
+  const i64 ntasks = hkv * nblk;
+  const double work = static_cast<double>(rows) * static_cast<double>(past + T) * static_cast<double>(D) * hkv;
+  const int nt = threads_for(work, 32768.0);
+  parallel_for(ntasks, nt, [&](i64 task) {
+    const i64 h = task / nblk, r0 = (task % nblk) * RB, r1 = std::min(rows, r0 + RB);
+    const i64 nr_all = r1 - r0;
+    float* qb = tl_f(0).get(static_cast<std::size_t>(RB * D));
+    float* ob = tl_f(1).get(static_cast<std::size_t>(RB * D));
+    float* sb = tl_f(2).get(static_cast<std::size_t>(RB * KT));
+    float* kf = tl_f(3).get(static_cast<std::size_t>(KT * D));
+    float* vf = tl_f(4).get(static_cast<std::size_t>(KT * D));
+    float mx[RB], sum[RB], corr[RB];
+    i64 limit[RB];
+    for (i64 i = 0; i < nr_all; ++i) {
+      const i64 r = r0 + i, t = r / group, g = r % group;
+      std::memcpy(qb + i * D, q + (t * hq + h * group + g) * D, static_cast<std::size_t>(D) * 4);
+      limit[i] = past + t;
+      mx[i] = -std::numeric_limits<float>::infinity();
+      sum[i] = 0.f;
+    }
+    std::memset(ob, 0, static_cast<std::size_t>(nr_all * D) * 4);
+    const i64 last = limit[nr_all - 1];  // rows are in position order
+    for (i64 l0 = 0; l0 <= last; l0 += KT) {
+      const i64 nk = std::min(KT, last + 1 - l0);
+      const float* kt;
+      const float* vt;
+      if (at.f16) {
+        kr.f16_to_f32(static_cast<const std::uint16_t*>(at.k) + (h * L + l0) * D, kf, nk * D);
+        kr.f16_to_f32(static_cast<const std::uint16_t*>(at.v) + (h * L + l0) * D, vf, nk * D);
+        kt = kf;
+        vt = vf;
+      } else {
+        kt = static_cast<const float*>(at.k) + (h * L + l0) * D;
+        vt = static_cast<const float*>(at.v) + (h * L + l0) * D;
+      }
+      for (i64 i0 = 0; i0 < nr_all; i0 += 4) {
+        const int nr = static_cast<int>(std::min<i64>(4, nr_all - i0));
+        if (limit[i0] < l0) continue;  // every row of this quad is before the tile (rows ascend)
+        const i64 qk = std::min(nk, limit[i0 + nr - 1] + 1 - l0);  // keys any row of the quad sees
+        float* s = sb + i0 * KT;
+        kr.qk_tile(qb + i0 * D, D, nr, kt, qk, D, scale, s, KT);
+        for (int r = 0; r < nr; ++r) {
+          float* sr = s + r * KT;
+          const i64 vis = std::min(qk, limit[i0 + r] + 1 - l0);
+          for (i64 l = vis; l < qk; ++l) sr[l] = -std::numeric_limits<float>::infinity();
+          float m = mx[i0 + r];
+          for (i64 l = 0; l < vis; ++l) m = std::max(m, sr[l]);
+          for (i64 l = 0; l < qk; ++l) sr[l] -= m;
+          base.unary(U_EXP, sr, sr, qk, 0.f, 0.f);
+          float ps = 0.f;
+          for (i64 l = 0; l < qk; ++l) ps += sr[l];
+          corr[i0 + r] = std::exp(mx[i0 + r] - m);
+          sum[i0 + r] = sum[i0 + r] * corr[i0 + r] + ps;
+          mx[i0 + r] = m;
+        }
+        kr.pv_tile(s, KT, nr, vt, qk, D, corr + i0, ob + i0 * D);
+      }
+    }
+    for (i64 i = 0; i < nr_all; ++i) {
+      const i64 r = r0 + i, t = r / group, g = r % group;
+      float* o = out + (t * hq + h * group + g) * D;
+      const float inv = 1.f / sum[i];
+      for (i64 j = 0; j < D; ++j) o[j] = ob[i * D + j] * inv;
+    }
+  });
+}
+
+void py_attention(Attention& at, const py::array& q, const py::array& k, const py::array& v, i64 past, float scale,
+                  const py::array& out) {
+  const char* fn = "llm_attention";
+  need_f32c(q, fn, "q");
+  need_f32c(k, fn, "k");
+  need_f32c(v, fn, "v");
+  need_out(out, fn);
+  if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3) fail(std::string(fn) + ": q, k, v must be [T, heads, dim]");
+  const i64 T = q.shape(0), hq = q.shape(1), D = q.shape(2);
+  if (k.shape(0) != T || v.shape(0) != T || k.shape(1) != at.hkv || v.shape(1) != at.hkv || k.shape(2) != at.d ||
+      v.shape(2) != at.d || D != at.d)
+    fail(std::string(fn) + ": k/v must be [T, " + std::to_string(at.hkv) + ", " + std::to_string(at.d) + "]");
+  if (hq % at.hkv) fail(std::string(fn) + ": query heads must be a multiple of kv heads");
+  if (out.size() != T * hq * D) fail(std::string(fn) + ": out must be [T, heads * dim]");
+  if (past < 0 || past > at.filled)
+    fail("past_len " + std::to_string(past) + " is outside the " + std::to_string(at.filled) + " cached positions");
+  if (past + T > at.max_ctx)
+    fail(std::to_string(past) + " cached + " + std::to_string(T) + " new tokens exceed the context of " +
+         std::to_string(at.max_ctx) + " tokens");
+  if (T == 0) return;
+  if (!at.k) at.alloc();
+  const float* pq = cfptr(q);
+  const float* pk = cfptr(k);
+  const float* pv = cfptr(v);
+  float* po = fptr(out);
+  py::gil_scoped_release nogil;
+  attention_run(at, pq, pk, pv, T, hq, past, scale, po);
+}
+
+// ------------------------------------------------------------------------------------------------ MoE
+struct MoE {
+  std::shared_ptr<Weights> gate, up, down;
+  py::object router_keep;
+  const float* router = nullptr;
+  i64 E = 0, H = 0, I = 0;
+  int top_k = 1;
+  bool norm = true;
+};
+
+void moe_run(const MoE& mo, const float* x, i64 T, float* out) {
+  const i64 E = mo.E, H = mo.H, I = mo.I;
+  const int K = mo.top_k;
+  const LlmKernels& kr = lk();
+  // 1. router logits [T, E] and top-k
+  std::vector<float> logits(static_cast<std::size_t>(T * E));
+  for (i64 m = 0; m < T; m += 4) {
+    const int r = static_cast<int>(std::min<i64>(4, T - m));
+    for (i64 e = 0; e < E; e += 4) {
+      const int rows = static_cast<int>(std::min<i64>(4, E - e));
+      float tmp[16];
+      kr.fgemm_tile(W_F32, mo.router + e * H, H, rows, H, x + m * H, H, r, tmp, 4);
+      for (int i = 0; i < r; ++i)
+        for (int j = 0; j < rows; ++j) logits[static_cast<std::size_t>((m + i) * E + e + j)] = tmp[i * 4 + j];
+    }
+  }
+  std::vector<i64> chosen(static_cast<std::size_t>(T * K));
+  std::vector<float> cw(static_cast<std::size_t>(T * K));
+  std::vector<double> p(static_cast<std::size_t>(E));
+  std::vector<i64> order(static_cast<std::size_t>(E));
+  for (i64 t = 0; t < T; ++t) {
+    const float* lg = logits.data() + t * E;
+    float mxv = lg[0];
+    for (i64 e = 1; e < E; ++e) mxv = std::max(mxv, lg[e]);
+    double tot = 0.0;
+    for (i64 e = 0; e < E; ++e) {
+      p[static_cast<std::size_t>(e)] = std::exp(static_cast<double>(lg[e] - mxv));
+      tot += p[static_cast<std::size_t>(e)];
+    }
+    for (i64 e = 0; e < E; ++e) {
+      p[static_cast<std::size_t>(e)] /= tot;
+      order[static_cast<std::size_t>(e)] = e;
+    }
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](i64 a, i64 b) {
+      const double pa = p[static_cast<std::size_t>(a)], pb = p[static_cast<std::size_t>(b)];
+      return pa > pb || (pa == pb && a < b);
+    });
+    double ws = 0.0;
+    for (int j = 0; j < K; ++j) ws += p[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    for (int j = 0; j < K; ++j) {
+      const i64 e = order[static_cast<std::size_t>(j)];
+      chosen[static_cast<std::size_t>(t * K + j)] = e;
+      const double wv = p[static_cast<std::size_t>(e)];
+      cw[static_cast<std::size_t>(t * K + j)] = static_cast<float>(mo.norm ? wv / ws : wv);
+    }
+  }
+  // 2. tokens grouped by expert: each expert's weights are read once per call.
+  std::vector<std::vector<std::pair<i64, float>>> by(static_cast<std::size_t>(E));
+  for (i64 t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j)
+      by[static_cast<std::size_t>(chosen[static_cast<std::size_t>(t * K + j)])].push_back(
+          {t, cw[static_cast<std::size_t>(t * K + j)]});
+  std::memset(out, 0, static_cast<std::size_t>(T * H) * 4);
+  const Kernels& base = active();
+  for (i64 e = 0; e < E; ++e) {
+    const auto& list = by[static_cast<std::size_t>(e)];
+    if (list.empty()) continue;
+    const i64 n = static_cast<i64>(list.size());
+    float* xe = tl_f(5).get(static_cast<std::size_t>(n * H));
+    float* gu = tl_f(6).get(static_cast<std::size_t>(2 * n * I));
+    float* ye = tl_f(7).get(static_cast<std::size_t>(n * H));
+    for (i64 i = 0; i < n; ++i)
+      std::memcpy(xe + i * H, x + list[static_cast<std::size_t>(i)].first * H, static_cast<std::size_t>(H) * 4);
+    float* g = gu;
+    float* u = gu + n * I;
+    if (mo.gate->quant) {
+      XQ xq = tl_xq(0).make(kr, xe, n, H, H, mo.gate->pk.bs, n >= 16);
+      matmul_core(*mo.gate, e, xe, n, H, &xq, g, I, nullptr);
+      matmul_core(*mo.up, e, xe, n, H, &xq, u, I, nullptr);
+    } else {
+      matmul_core(*mo.gate, e, xe, n, H, nullptr, g, I, nullptr);
+      matmul_core(*mo.up, e, xe, n, H, nullptr, u, I, nullptr);
+    }
+    base.unary(U_SILU, g, g, n * I, 0.f, 0.f);
+    base.binary(B_MUL, BM_VV, g, u, g, n * I);
+    matmul(*mo.down, e, g, n, I, ye, H, nullptr, 1);
+    for (i64 i = 0; i < n; ++i) {
+      const auto& [t, wv] = list[static_cast<std::size_t>(i)];
+      float* o = out + t * H;
+      const float* yr = ye + i * H;
+      for (i64 j = 0; j < H; ++j) o[j] += wv * yr[j];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llm
+}  // namespace hetero
+
+using namespace hetero::llm;
+using hetero::i64;
+
+void bind_llm(py::module_& m) {
+  m.def("llm_isa", [] { return std::string(lk().name); }, "The LLM kernel path in use (avx512vnni/avx512/avx2/generic).");
+  m.def("llm_use_vnni", [](bool on) { g_use_vnni.store(on); }, py::arg("on"),
+        "Allow (default) or forbid the AVX-512 VNNI path (tests of the non-VNNI AVX-512 path).");
+
+  py::class_<PyWeights>(m, "LlmWeights", "A QMatMul/MoE weight: block-quantized (repacked once) or float (in place).")
+      .def_property_readonly("n", [](const PyWeights& w) { return w.w->n; })
+      .def_property_readonly("k", [](const PyWeights& w) { return w.w->k; })
+      .def_property_readonly("experts", [](const PyWeights& w) { return w.w->experts; })
+      .def_property_readonly("nbytes", [](const PyWeights& w) {
+        return w.w->quant ? w.w->experts * w.w->expert_bytes : static_cast<i64>(0);
+      });
+  m.def("llm_weights", [](const py::array& w, const std::string& wtype, int block_size, bool symmetric, i64 k) {
+    return PyWeights{make_weights(w, wtype, block_size, symmetric, k)};
+  }, py::arg("w"), py::arg("wtype"), py::arg("block_size") = 32, py::arg("symmetric") = true, py::arg("k"));
+  m.def("llm_matmul", &py_qmatmul, py::arg("weights"), py::arg("x"), py::arg("out"), py::arg("bias") = py::none(),
+        "out[..., N] = x[..., K] @ W^T (+ bias).");
+  m.def("llm_swiglu", &py_swiglu, py::arg("gate"), py::arg("up"), py::arg("out"));
+
+  py::class_<RopeTable>(m, "LlmRope", "Rotary cos/sin table (grown on demand) for RotaryEmbedding.")
+      .def(py::init([](const py::array_t<double, py::array::c_style | py::array::forcecast>& inv_freq, double scale) {
+             auto t = std::make_unique<RopeTable>();
+             t->inv_freq.assign(inv_freq.data(), inv_freq.data() + inv_freq.size());
+             t->half = static_cast<int>(inv_freq.size());
+             t->scale = scale;
+             return t;
+           }),
+           py::arg("inv_freq"), py::arg("scale") = 1.0)
+      .def("__call__", &py_rope, py::arg("x"), py::arg("out"), py::arg("past_len"));
+  m.def("llm_embedding", &py_embedding, py::arg("ids"), py::arg("table"), py::arg("wtype"), py::arg("block_size"),
+        py::arg("symmetric"), py::arg("dim"), py::arg("out"));
+
+  py::class_<Attention>(m, "LlmAttention", "Causal GQA attention owning one layer's KV cache (float16 or float32).")
+      .def(py::init([](i64 kv_heads, i64 head_dim, i64 max_context, bool f16) {
+             if (kv_heads < 1 || head_dim < 1 || max_context < 1) fail("LlmAttention: sizes must be positive");
+             auto a = std::make_unique<Attention>();
+             a->hkv = kv_heads;
+             a->d = head_dim;
+             a->max_ctx = max_context;
+             a->f16 = f16;
+             return a;
+           }),
+           py::arg("kv_heads"), py::arg("head_dim"), py::arg("max_context"), py::arg("f16") = true)
+      .def_readonly("filled", &Attention::filled)
+      .def_readonly("max_context", &Attention::max_ctx)
+      .def("__call__", &py_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"),
+           py::arg("scale"), py::arg("out"));
+
+  py::class_<MoE>(m, "LlmMoE", "Routed SwiGLU experts (top-k; tokens grouped by expert).")
+      .def(py::init([](const py::array& router, const PyWeights& gate, const PyWeights& up, const PyWeights& down,
+                       int top_k, bool norm) {
+             need_f32c(router, "LlmMoE", "router");
+             auto mo = std::make_unique<MoE>();
+             mo->gate = gate.w;
+             mo->up = up.w;
+             mo->down = down.w;
+             mo->E = router.shape(0);
+             mo->H = router.shape(1);
+             mo->I = gate.w->n;
+             if (gate.w->experts != mo->E || up.w->experts != mo->E || down.w->experts != mo->E ||
+                 gate.w->k != mo->H || up.w->n != mo->I || down.w->n != mo->H || down.w->k != mo->I)
+               fail("LlmMoE: expert weight shapes do not match the router");
+             if (top_k < 1 || top_k > mo->E) fail("LlmMoE: top_k out of range");
+             mo->top_k = top_k;
+             mo->norm = norm;
+             mo->router_keep = router;
+             mo->router = cfptr(router);
+             return mo;
+           }),
+           py::arg("router"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("top_k"), py::arg("norm"))
+      .def("__call__", [](const MoE& mo, const py::array& x, const py::array& out) {
+        need_f32c(x, "llm_moe", "x");
+        need_out(out, "llm_moe");
+        if (x.ndim() != 2 || x.shape(1) != mo.H || out.size() != x.size()) fail("llm_moe: x must be [T, hidden]");
+        const float* px = cfptr(x);
+        float* po = fptr(out);
+        const i64 T = x.shape(0);
+        py::gil_scoped_release nogil;
+        moe_run(mo, px, T, po);
+      }, py::arg("x"), py::arg("out"));
+}

@@ -1,0 +1,282 @@
+// AVX2 + FMA + F16C LLM kernels (compiled with -mavx2 -mfma -mf16c; entered only after the run-time CPU check).
+// Integer dots with vpmaddubsw + vpmaddwd; a 16-row weight group is processed as two 8-row halves.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "llm.hpp"
+
+namespace {
+
+using hetero::i64;
+using namespace hetero::llm;
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i tail_mask(i64 left) {  // lanes < left set (left clamped to [0, 8])
+  const int n = left <= 0 ? 0 : (left >= 8 ? 8 : static_cast<int>(left));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, float* d, std::int32_t* s,
+                float* ds) {
+  const i64 nb = (k + bs - 1) / bs;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (i64 m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    for (i64 b = 0; b < nb; ++b) {
+      const i64 lo = b * bs;
+      __m256 vmax = _mm256_setzero_ps();
+      for (int i = 0; i < bs; i += 8) {
+        const __m256 v = _mm256_maskload_ps(xr + lo + i, tail_mask(k - (lo + i)));
+        vmax = _mm256_max_ps(vmax, _mm256_and_ps(v, absmask));
+      }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float amax = _mm_cvtss_f32(m4);
+      const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      const __m256 vinv = _mm256_set1_ps(inv);
+      std::int8_t* qb = q + m * nb * bs + b * bs;
+      __m256i vsum = _mm256_setzero_si256();
+      for (int i = 0; i < bs; i += 8) {
+        const __m256 v = _mm256_maskload_ps(xr + lo + i, tail_mask(k - (lo + i)));
+        __m256i qi = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT |
+                                                                                  _MM_FROUND_NO_EXC));
+        qi = _mm256_max_epi32(_mm256_min_epi32(qi, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+        vsum = _mm256_add_epi32(vsum, qi);
+        const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+        const __m128i p8 = _mm_packs_epi16(p16, p16);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(qb + i), p8);
+      }
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      const std::int32_t sum = _mm_cvtsi128_si32(s4);
+      d[m * nb + b] = dx;
+      s[m * nb + b] = sum;
+      ds[m * nb + b] = dx * static_cast<float>(sum);
+    }
+  }
+}
+
+inline __m256i bcast4(const std::int8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <int BITS, bool ASYM, int MR>
+void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
+  const int bs = w.bs;
+  const int nt = BITS == 4 ? bs / 8 : bs / 4;
+  // 8-bit: dots of (w - 128) (see below), so the offset moves by 128.
+  const int off = BITS == 8 ? w.offset() - 128 : w.offset();
+  const i64 hdr = ASYM ? 64 : 32;
+  const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const std::int8_t* xrow[MR];
+  for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
+  for (int h = 0; h < 2; ++h) {
+    __m256 facc[MR];
+    for (int m = 0; m < MR; ++m) facc[m] = _mm256_setzero_ps();
+    for (i64 b = 0; b < w.nb; ++b) {
+      const std::uint8_t* rec = group + b * w.rec_bytes;
+      const std::uint8_t* qv = rec + hdr + 32 * h;
+      __m256i iacc[MR];
+      for (int m = 0; m < MR; ++m) iacc[m] = _mm256_setzero_si256();
+      const i64 xo = b * bs;
+      for (int t = 0; t < nt; ++t) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + 64 * t));
+        if (BITS == 4) {
+          const __m256i lo = _mm256_and_si256(v, nib);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+          for (int m = 0; m < MR; ++m) {
+            // 4-bit weights (<= 15): two vpmaddubsw results fit in int16 before widening.
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xrow[m] + xo + 4 * t)),
+                                               _mm256_maddubs_epi16(hi, bcast4(xrow[m] + xo + bs / 2 + 4 * t)));
+            iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p, ones));
+          }
+        } else {
+          // |w - 128| <= 128 against x (|x| <= 127) with the sign moved onto x: no int16 saturation.
+          const __m256i sw = _mm256_xor_si256(v, flip);
+          const __m256i aw = _mm256_sign_epi8(sw, sw);
+          for (int m = 0; m < MR; ++m) {
+            const __m256i sx = _mm256_sign_epi8(bcast4(xrow[m] + xo + 4 * t), sw);
+            iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+          }
+        }
+      }
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
+      __m256 mv = _mm256_setzero_ps();
+      if (ASYM) mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
+      for (int m = 0; m < MR; ++m) {
+        const i64 xi = (m0 + m) * x.nb + b;
+        __m256i iv = iacc[m];
+        if (off != 0) iv = _mm256_sub_epi32(iv, _mm256_set1_epi32(off * x.s[xi]));
+        facc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[xi])), facc[m]);
+        if (ASYM) facc[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.ds[xi]), facc[m]);
+      }
+    }
+    const int nv = nvalid - 8 * h;
+    for (int m = 0; m < MR; ++m) {
+      if (nv >= 8) {
+        _mm256_storeu_ps(y + m * ldy + 8 * h, facc[m]);
+      } else if (nv > 0) {
+        _mm256_maskstore_ps(y + m * ldy + 8 * h, tail_mask(nv), facc[m]);
+      }
+    }
+  }
+}
+
+template <int BITS, bool ASYM>
+void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+               int nvalid) {
+  switch (mr) {
+    case 1: qgemm_mr<BITS, ASYM, 1>(w, group, x, m0, y, ldy, nvalid); break;
+    case 2: qgemm_mr<BITS, ASYM, 2>(w, group, x, m0, y, ldy, nvalid); break;
+    case 3: qgemm_mr<BITS, ASYM, 3>(w, group, x, m0, y, ldy, nvalid); break;
+    default: qgemm_mr<BITS, ASYM, 4>(w, group, x, m0, y, ldy, nvalid); break;
+  }
+}
+
+void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+                 int nvalid) {
+  if (w.bits == 4)
+    (w.asym ? qgemm_fmt<4, true> : qgemm_fmt<4, false>)(w, group, x, m0, mr, y, ldy, nvalid);
+  else
+    (w.asym ? qgemm_fmt<8, true> : qgemm_fmt<8, false>)(w, group, x, m0, mr, y, ldy, nvalid);
+}
+
+template <int WT>
+inline __m256 loadw8(const void* w, i64 i) {
+  if (WT == W_F32) return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(w) + i));
+  if (WT == W_F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <int WT>
+inline float loadw1(const void* w, i64 i) {
+  if (WT == W_F32) return static_cast<const float*>(w)[i];
+  const std::uint16_t h = static_cast<const std::uint16_t*>(w)[i];
+  return WT == W_F16 ? half_to_float(h) : bf16_to_float(h);
+}
+
+template <int WT, int MR>
+void fgemm_mr(const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, float* y, i64 ldy) {
+  const int NW = 4;
+  __m256 acc[MR][NW];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NW; ++j) acc[m][j] = _mm256_setzero_ps();
+  i64 wo[NW];
+  for (int j = 0; j < NW; ++j) wo[j] = (j < nrows ? j : nrows - 1) * ldw;
+  i64 i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256 wv[NW];
+    for (int j = 0; j < NW; ++j) wv[j] = loadw8<WT>(w, wo[j] + i);
+    for (int m = 0; m < MR; ++m) {
+      const __m256 xv = _mm256_loadu_ps(x + m * ldx + i);
+      for (int j = 0; j < NW; ++j) acc[m][j] = _mm256_fmadd_ps(xv, wv[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < nrows; ++j) {
+      float r = hsum8(acc[m][j]);
+      for (i64 t = i; t < k; ++t) r += x[m * ldx + t] * loadw1<WT>(w, wo[j] + t);
+      y[m * ldy + j] = r;
+    }
+}
+
+template <int WT>
+void fgemm_wt(const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, int mr, float* y, i64 ldy) {
+  switch (mr) {
+    case 1: fgemm_mr<WT, 1>(w, ldw, nrows, k, x, ldx, y, ldy); break;
+    case 2: fgemm_mr<WT, 2>(w, ldw, nrows, k, x, ldx, y, ldy); break;
+    default: fgemm_mr<WT, 3>(w, ldw, nrows, k, x, ldx, y, ldy); break;
+  }
+}
+
+void fgemm_tile(int wt, const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, int mr, float* y,
+                i64 ldy) {
+  // 3 x rows x 4 weight rows keep 12 accumulators + 4 weights in the 16 ymm registers.
+  for (int m0 = 0; m0 < mr; m0 += 3) {
+    const int r = mr - m0 < 3 ? mr - m0 : 3;
+    if (wt == W_F16)
+      fgemm_wt<W_F16>(w, ldw, nrows, k, x + m0 * ldx, ldx, r, y + m0 * ldy, ldy);
+    else if (wt == W_BF16)
+      fgemm_wt<W_BF16>(w, ldw, nrows, k, x + m0 * ldx, ldx, r, y + m0 * ldy, ldy);
+    else
+      fgemm_wt<W_F32>(w, ldw, nrows, k, x + m0 * ldx, ldx, r, y + m0 * ldy, ldy);
+  }
+}
+
+void f16_to_f32(const std::uint16_t* src, float* dst, i64 n) {
+  i64 i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+
+void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
+  i64 i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+
+void qk_tile(const float* q, i64 ldq, int nr, const float* kt, i64 nk, i64 d, float scale, float* s, i64 lds) {
+  float tmp[4 * 4];
+  for (i64 l = 0; l < nk; l += 4) {
+    const int rows = nk - l >= 4 ? 4 : static_cast<int>(nk - l);
+    fgemm_tile(W_F32, kt + l * d, d, rows, d, q, ldq, nr, tmp, 4);
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < rows; ++j) s[r * lds + l + j] = tmp[r * 4 + j] * scale;
+  }
+}
+
+template <int NR>
+void pv_nr(const float* p, i64 ldp, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+  i64 c = 0;
+  for (; c + 8 <= d; c += 8) {
+    __m256 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * d + c), _mm256_set1_ps(corr[r]));
+    for (i64 l = 0; l < nk; ++l) {
+      const __m256 vv = _mm256_loadu_ps(v + l * d + c);
+      for (int r = 0; r < NR; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r * ldp + l]), vv, acc[r]);
+    }
+    for (int r = 0; r < NR; ++r) _mm256_storeu_ps(o + r * d + c, acc[r]);
+  }
+  for (; c < d; ++c)
+    for (int r = 0; r < NR; ++r) {
+      float a = o[r * d + c] * corr[r];
+      for (i64 l = 0; l < nk; ++l) a += p[r * ldp + l] * v[l * d + c];
+      o[r * d + c] = a;
+    }
+}
+
+void pv_tile(const float* p, i64 ldp, int nr, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+  switch (nr) {
+    case 1: pv_nr<1>(p, ldp, v, nk, d, corr, o); break;
+    case 2: pv_nr<2>(p, ldp, v, nk, d, corr, o); break;
+    case 3: pv_nr<3>(p, ldp, v, nk, d, corr, o); break;
+    default: pv_nr<4>(p, ldp, v, nk, d, corr, o); break;
+  }
+}
+
+const LlmKernels table = {"avx2", 4, quantize_x, qgemm_group, fgemm_tile, f16_to_f32, f32_to_f16, qk_tile, pv_tile};
+
+}  // namespace
+
+namespace hetero {
+namespace llm {
+const LlmKernels* llm_kernels_avx2() { return &table; }
+}  // namespace llm
+}  // namespace hetero

@@ -1,0 +1,88 @@
+"""Finds OpenCL devices through the ICD loader and creates one backend per device.
+
+Every way of not having a device ends in ``BackendUnavailable`` with the reason and the fix: the native module
+missing or built without OpenCL, libOpenCL absent, no ICD registered, or platforms without devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hetero.backend import Device, Factory
+from hetero.errors import BackendUnavailable
+
+INSTALL_HINT = ("install an OpenCL driver: apt-get install pocl-opencl-icd (CPU), or your GPU vendor's OpenCL ICD; "
+                "check with clinfo -l")
+
+
+def _native():
+    try:
+        from . import _native
+    except ImportError as exc:
+        if "libOpenCL" in str(exc):
+            raise BackendUnavailable(
+                f"the OpenCL ICD loader (libOpenCL.so.1) is missing: {exc}",
+                hint="apt-get install ocl-icd-libopencl1 pocl-opencl-icd",
+            ) from exc
+        raise BackendUnavailable(
+            f"the native module hetero_opencl._native does not import: {exc}",
+            hint="reinstall the plugin from a checkout: pip install --force-reinstall ./plugins/opencl",
+        ) from exc
+    if not _native.built_with_opencl:
+        raise BackendUnavailable(
+            "hetero-opencl was built without the OpenCL headers and ICD loader",
+            hint="apt-get install ocl-icd-opencl-dev opencl-headers, then pip install --force-reinstall ./plugins/opencl",
+        )
+    return _native
+
+
+def list_devices() -> list[Device]:
+    """Every available OpenCL device, numbered in platform order (``opencl:0``, ``opencl:1``...)."""
+    native = _native()
+    try:
+        platforms = native.platforms()
+    except RuntimeError as exc:
+        raise BackendUnavailable(f"OpenCL platform query failed: {exc}", hint=INSTALL_HINT) from exc
+    if not platforms:
+        raise BackendUnavailable("no OpenCL platform: the ICD loader found no driver (no ICD in /etc/OpenCL/vendors "
+                                 "or OCL_ICD_VENDORS)", hint=INSTALL_HINT)
+    devices = []
+    for p, platform in enumerate(platforms):
+        for d, info in enumerate(platform["devices"]):
+            if not info["available"]:
+                continue
+            extensions = set(info["extensions"].split())
+            devices.append(Device(
+                info["name"],
+                kind=info["type"],
+                vendor=info["vendor"],
+                memory_bytes=int(info["global_mem_bytes"]),
+                properties={
+                    "version": f"{info['version']}; {info['opencl_c_version']}; driver {info['driver_version']}",
+                    "fp16": "cl_khr_fp16" in extensions,
+                    "subgroups": bool(extensions & {"cl_khr_subgroups", "cl_intel_subgroups"}),
+                    "platform": platform["name"],
+                    "platform_index": p,
+                    "device_index": d,
+                    "compute_units": int(info["compute_units"]),
+                    "max_work_group_size": int(info["max_work_group_size"]),
+                    "driver_version": info["driver_version"],
+                },
+            ))
+    if not devices:
+        names = ", ".join(p["name"] for p in platforms)
+        raise BackendUnavailable(f"OpenCL platform(s) {names} report no available device", hint=INSTALL_HINT)
+    return devices
+
+
+class OpenCLFactory(Factory):
+    name: ClassVar[str] = "opencl"
+    priority: ClassVar[int] = 20
+
+    def probe(self) -> list[Device]:
+        return list_devices()
+
+    def create(self, device: Device, options: dict[str, Any] | None = None):
+        from .backend import OpenCLBackend
+
+        return OpenCLBackend(device, options)

@@ -1,0 +1,14 @@
+"""Entry point of the hetero-opencl plugin. Pure Python and light: the native module loads only in ``probe``/``create``."""
+
+from __future__ import annotations
+
+from hetero.hookspecs import hookimpl
+
+from .factory import OpenCLFactory
+
+api_version = "1.0"
+
+
+@hookimpl
+def hetero_register_backends(register) -> None:
+    register(OpenCLFactory())
