@@ -345,6 +345,19 @@ def test_automatic_selection_skips_it_with_one_warning(site: Site, monkeypatch: 
     assert issubclass(next(w.category for w in caught if "tplug_ocl" in str(w.message)), hetero.HeteroWarning)
 
 
+def test_backend_whose_create_fails(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = backend_module("tplug_create", priority=5).replace(
+        "return TableBackend(device, options)", "raise ModuleNotFoundError('hetero_tplug_create._native')")
+    site.add("hetero-tplug-create", {"tplug_create.py": source}, {"tplug_create": "tplug_create"})
+    site.reload()
+    with pytest.raises(hetero.BackendUnavailable, match=r"tplug_create: create\(\) failed: ModuleNotFoundError"):
+        hetero.Session(relu_model(), backends=["tplug_create"])
+    monkeypatch.setattr(selection, "_warned_skips", set())
+    with pytest.warns(hetero.HeteroWarning, match=r"backend skipped \(tplug_create: create\(\) failed"):
+        session = hetero.Session(relu_model(), on_fallback="silent")  # automatic: skipped, the rest runs
+    np.testing.assert_array_equal(session.run({"x": X})["y"], np.maximum(X, 0))
+
+
 # -- hooks ---------------------------------------------------------------------------------------------------------
 KERNEL_PLUGIN = """
     import numpy as np

@@ -23,6 +23,7 @@ class NodePlacement:
     refusals: dict[str, str] = field(default_factory=dict)  # backend name -> reason it said no
     fallback: bool = False
     group: int | None = None  # index of the compiled group, for whole-graph backends
+    implementation: str = ""  # what the kernel says it is, e.g. "numpy" for a reference run inside a backend
 
 
 @dataclass(frozen=True)

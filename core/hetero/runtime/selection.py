@@ -69,7 +69,20 @@ def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None
         if device_index >= len(row.devices):
             raise HeteroError(f"backend {name} has {len(row.devices)} device(s); device {device_index} does not exist")
         seen.add(name)
-        chosen.append(row.factory.create(row.devices[device_index], options))
+        try:
+            backend = row.factory.create(row.devices[device_index], options)
+        except HeteroError:
+            raise  # a clear refusal (bad option values): the user must see it
+        except Exception as exc:  # a plugin bug: an explicitly named backend fails loudly, others are skipped
+            reason = f"{name}: create() failed: {type(exc).__name__}: {exc}"
+            if explicit and name in {n for n, _ in names}:
+                raise BackendUnavailable(f"requested backend cannot start: {reason}",
+                                         hint=f"reinstall or report {row.distribution}") from exc
+            if name not in _warned_skips:
+                _warned_skips.add(name)
+                warnings.warn(f"hetero: backend skipped ({reason})", HeteroWarning, stacklevel=3)
+            continue
+        chosen.append(backend)
         if name == "reference":  # it runs every op: nothing after it would ever be asked
             break
     if not chosen:

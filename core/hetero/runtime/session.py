@@ -142,6 +142,8 @@ class Session:
                     steps.append(self._compile_group(backend, self.placement.groups[placed.group][1]))
                 continue
             outer = [n for sub in node.attrs.values() if isinstance(sub, Graph) for n in free_names(sub)]
+            kernel = backend.kernel(info)
+            placed.implementation = getattr(kernel, "implementation", "")
             steps.append(
                 _Step(
                     backend,
@@ -149,7 +151,7 @@ class Session:
                     list(node.outputs),
                     node=node,
                     schema=registry.get(node.domain, node.op_type),
-                    kernel=backend.kernel(info),
+                    kernel=kernel,
                     opset=info.opset,
                     outer=outer,
                     has_subgraph=any(isinstance(a, Graph) for a in node.attrs.values()),
@@ -408,7 +410,8 @@ class Session:
         rows = [("node", "op", "backend", "why not earlier backends")]
         for p in self.placement.nodes:
             why = "; ".join(f"{b}: {r}" for b, r in p.refusals.items())
-            rows.append((p.name, p.op_type, p.backend + (" (fallback)" if p.fallback else ""), why))
+            where = p.backend + (f" ({p.implementation})" if p.implementation else "")
+            rows.append((p.name, p.op_type, where + (" (fallback)" if p.fallback else ""), why))
         widths = [max(len(r[c]) for r in rows) for c in range(3)]
         lines = [f"backends: {', '.join(b.name for b in self.backends)}"]
         lines += ["  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3] for r in rows]

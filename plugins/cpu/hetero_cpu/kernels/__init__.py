@@ -3,7 +3,7 @@ the numpy ones replace them."""
 
 from __future__ import annotations
 
-from . import elementwise, matmul, movement, nn, numpy_ops
+from . import elementwise, llm, matmul, movement, nn, numpy_ops
 
 KERNELS = {
     **numpy_ops.KERNELS,
@@ -13,4 +13,5 @@ KERNELS = {
     ("", "MatMul"): matmul.CpuMatMul,
     ("", "Gemm"): matmul.CpuGemm,
     ("hetero", "FusedMatMul"): matmul.CpuFusedMatMul,
+    **llm.KERNELS,
 }

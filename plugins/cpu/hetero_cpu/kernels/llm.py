@@ -1,0 +1,295 @@
+"""LLM kernels (domain ``hetero``, the ops of ``hetero.ops.llm``) on the native library.
+
+* ``QMatMul`` / ``MoE``: block-quantized weights are repacked once, when the kernel is made (16 rows interleaved, see
+  ``src/llm.hpp``), and multiplied without expanding them to float: the activation rows are quantized to int8 per
+  block on the fly and the dots are integer (AVX-512 VNNI / AVX-512BW / AVX2 / scalar). Float weights (f32 / f16 /
+  bf16) are read in place.
+* ``Attention`` owns its layer's KV cache in native memory: float16 by default, float32 with the node attribute
+  ``kv_dtype="f32"`` or ``HETERO_CPU_KV_CACHE=f32``.
+* ``RotaryEmbedding`` shares one cos/sin table (grown on demand) between all nodes with the same attributes.
+
+``run`` does no allocation: outputs are preallocated by the session; native scratch grows on the first calls only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero import dtypes
+from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.errors import HeteroError
+from hetero.llm import quant
+from hetero.ops.llm import rope_inv_freq
+from hetero.tensor import Tensor, TensorInfo
+
+from .. import _native
+from .common import CpuKernel
+
+_FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+
+
+def _c(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _format_ok(node: NodeInfo) -> Support:
+    try:
+        quant.format_from_attrs(node.attr("wtype", "f32"), node.attr("block_size", 32), node.attr("symmetric", 1))
+    except HeteroError as exc:
+        return unsupported(exc.message)
+    return SUPPORTED
+
+
+def _is_f32(info: TensorInfo | None) -> bool:
+    return info is not None and info.dtype == dtypes.float32
+
+
+def _weights(node: NodeInfo, array: np.ndarray, k: int):
+    """The native weight object for a constant QMatMul / MoE weight (repacked once when quantized)."""
+    wtype = node.attr("wtype", "f32")
+    fmt = quant.format_from_attrs(wtype, node.attr("block_size", 32), node.attr("symmetric", 1))
+    if fmt is None:
+        array = np.ascontiguousarray(array, dtype=_FLOAT_DTYPES[wtype])
+        return _native.llm_weights(array, wtype, k=k)
+    return _native.llm_weights(np.ascontiguousarray(array, dtype=np.uint8), wtype, fmt.block_size, fmt.symmetric,
+                               k)
+
+
+def _fail(node: NodeInfo, exc: ValueError, hint: str = "") -> HeteroError:
+    return HeteroError(f"{node.node.label()}: {exc}", hint=hint or None)
+
+
+class CpuQMatMul(CpuKernel):
+    """y = x @ W^T (+ bias) on a constant weight (quantized: integer dots on the repacked blocks)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if 1 not in node.constants:
+            return unsupported("QMatMul with a weight computed at run time (cpu repacks constant weights)")
+        if not _is_f32(node.inputs[0]):
+            return unsupported("QMatMul on a non-float32 activation")
+        if len(node.inputs) > 2 and node.inputs[2] is not None and not _is_f32(node.inputs[2]):
+            return unsupported("QMatMul with a non-float32 bias")
+        return _format_ok(node)
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        self.w = None
+        bias = node.constants.get(2)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        x = node.inputs[0]
+        if x is not None and x.shape is not None and x.shape[-1] is not None:
+            self.w = _weights(node, node.constants[1], int(x.shape[-1]))
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        k = int(inputs[0].shape[-1])  # type: ignore[union-attr, index]
+        if self.w is None or self.w.k != k:
+            self.w = _weights(self.info, self.info.constants[1], k)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        bias = self.bias
+        if bias is None and len(inputs) > 2 and inputs[2] is not None:
+            bias = _c(inputs[2].buffer)
+        out = outputs[0].buffer
+        if out.size:
+            _native.llm_matmul(self.w, _c(inputs[0].buffer), out, bias)  # type: ignore[union-attr]
+
+
+class CpuEmbedding(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return _format_ok(node)
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        self.wtype = node.attr("wtype", "f32")
+        self.fmt = quant.format_from_attrs(self.wtype, node.attr("block_size", 32), node.attr("symmetric", 1))
+        self.table = node.constants.get(1)
+        if self.table is not None:
+            self.table = np.ascontiguousarray(self.table)
+        self.block = self.fmt.block_size if self.fmt else 32
+        self.sym = self.fmt.symmetric if self.fmt else True
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        table = self.table if self.table is not None else _c(inputs[1].buffer)  # type: ignore[union-attr]
+        dim = out.shape[-1] if out.ndim else 0
+        try:
+            _native.llm_embedding(_c(inputs[0].buffer), table, self.wtype, self.block, self.sym, dim, out)  # type: ignore[union-attr]
+        except ValueError as exc:
+            raise _fail(self.info, exc) from None
+
+
+class CpuRMSNorm(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if not (_is_f32(node.inputs[0]) and _is_f32(node.inputs[1])):
+            return unsupported("RMSNorm on non-float32 tensors")
+        return SUPPORTED
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        self.eps = float(node.attr("epsilon", 1e-6))
+        self.offset = float(node.attr("offset", 0.0))
+        w = node.constants.get(1)
+        self.scale = None if w is None else np.ascontiguousarray(self.offset + np.asarray(w, dtype=np.float32),
+                                                                  dtype=np.float32)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        x = _c(inputs[0].buffer)  # type: ignore[union-attr]
+        scale = self.scale
+        if scale is None:
+            scale = np.ascontiguousarray(self.offset + inputs[1].buffer, dtype=np.float32)  # type: ignore[union-attr]
+        d = x.shape[-1]
+        _native.rms_norm(x.reshape(-1, d), scale, out.reshape(-1, d), self.eps)
+
+
+_ROPE_TABLES: dict[tuple, object] = {}
+
+
+def _rope_table(rotary_dim: int, attrs: dict):
+    key = (rotary_dim, *sorted((k, v) for k, v in attrs.items() if isinstance(v, int | float | str)))
+    table = _ROPE_TABLES.get(key)
+    if table is None:
+        inv_freq, scale = rope_inv_freq(rotary_dim, attrs)
+        table = _ROPE_TABLES[key] = _native.LlmRope(np.ascontiguousarray(inv_freq, dtype=np.float64), scale)
+    return table
+
+
+def _past_len(t: Tensor | None) -> int:
+    return int(t.buffer.reshape(-1)[0]) if t.buffer.ndim else int(t.buffer)  # type: ignore[union-attr]
+
+
+class CpuRotaryEmbedding(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if not _is_f32(x) or x.rank != 3:  # type: ignore[union-attr]
+            return unsupported("RotaryEmbedding on a non-float32 or non-[T, heads, dim] tensor")
+        try:
+            rope_inv_freq(2, node.node.attrs)
+        except HeteroError as exc:
+            return unsupported(exc.message)
+        return SUPPORTED
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        self.table = None
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        head_dim = int(inputs[0].shape[-1])  # type: ignore[union-attr, index]
+        rotary_dim = int(self.attr("rotary_dim", 0)) or head_dim
+        if rotary_dim % 2 or rotary_dim > head_dim:
+            raise HeteroError(f"{self.node.label()}: rotary_dim {rotary_dim} must be even and at most head_dim "
+                              f"{head_dim}")
+        self.table = _rope_table(rotary_dim, self.node.attrs)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size:
+            self.table(_c(inputs[0].buffer), out, _past_len(inputs[1]))  # type: ignore[misc, union-attr]
+
+
+def _kv_f16(node: NodeInfo) -> bool:
+    kind = str(node.attr("kv_dtype", "") or os.environ.get("HETERO_CPU_KV_CACHE", "f16")).lower()
+    if kind not in ("f16", "float16", "f32", "float32"):
+        raise HeteroError(f"{node.node.label()}: KV cache type {kind!r}; expected f16 or f32")
+    return kind in ("f16", "float16")
+
+
+class CpuAttention(CpuKernel):
+    """Causal GQA attention; the KV cache lives in the native object (one per node and session)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        for i in range(3):
+            info = node.inputs[i]
+            if not _is_f32(info) or info.rank != 3:  # type: ignore[union-attr]
+                return unsupported("Attention on non-float32 or non-[T, heads, dim] tensors")
+        k = node.inputs[1]
+        if k.shape is None or k.shape[1] is None or k.shape[2] is None:  # type: ignore[union-attr]
+            return unsupported("Attention with unknown kv heads / head_dim")
+        return SUPPORTED
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        k = node.inputs[1]
+        self.hkv, self.d = int(k.shape[1]), int(k.shape[2])  # type: ignore[union-attr, index]
+        self.max_context = int(node.attr("max_context"))
+        self.scale = float(node.attr("scale", 0.0)) or 1.0 / math.sqrt(self.d)
+        self.cache = _native.LlmAttention(self.hkv, self.d, self.max_context, _kv_f16(node))
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        q = inputs[0].buffer  # type: ignore[union-attr]
+        past = _past_len(inputs[3])
+        cache = self.cache
+        t = q.shape[0]
+        if past < 0 or past > cache.filled:
+            raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {cache.filled} cached positions")
+        if past + t > self.max_context:
+            raise HeteroError(
+                f"{self.node.label()}: {past} cached + {t} new tokens exceed the context of {self.max_context} "
+                "tokens", hint="load the model with a larger context")
+        cache(_c(q), _c(inputs[1].buffer), _c(inputs[2].buffer), past, self.scale, outputs[0].buffer)  # type: ignore[union-attr]
+
+
+class CpuSwiGLU(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if not (_is_f32(node.inputs[0]) and _is_f32(node.inputs[1])):
+            return unsupported("SwiGLU on non-float32 tensors")
+        a, b = node.inputs[0].shape, node.inputs[1].shape  # type: ignore[union-attr]
+        if a is None or b is None or len(a) != len(b):
+            return unsupported("SwiGLU with broadcasting (cpu: same shapes)")
+        return SUPPORTED
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        g, u = inputs[0].buffer, inputs[1].buffer  # type: ignore[union-attr]
+        if g.shape != u.shape:
+            raise HeteroError(f"{self.node.label()}: gate {list(g.shape)} and up {list(u.shape)} differ")
+        _native.llm_swiglu(_c(g), _c(u), outputs[0].buffer)
+
+
+class CpuMoE(CpuKernel):
+    """Routed SwiGLU experts; tokens are grouped by expert so each expert's weights are read once per call."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if any(i not in node.constants for i in (1, 2, 3, 4)):
+            return unsupported("MoE with router / expert weights computed at run time")
+        if not _is_f32(node.inputs[0]):
+            return unsupported("MoE on a non-float32 activation")
+        return _format_ok(node)
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        router = np.ascontiguousarray(node.constants[1], dtype=np.float32)
+        gate, up, down = (node.constants[i] for i in (2, 3, 4))
+        hidden = router.shape[1]
+        inter = gate.shape[1]
+        self.moe = _native.LlmMoE(router, _weights(node, gate, hidden), _weights(node, up, hidden),
+                                  _weights(node, down, inter), int(node.attr("top_k")),
+                                  bool(node.attr("norm_topk_prob", 1)))
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size:
+            self.moe(_c(inputs[0].buffer), out)  # type: ignore[union-attr]
+
+
+KERNELS = {
+    ("hetero", "QMatMul"): CpuQMatMul,
+    ("hetero", "Embedding"): CpuEmbedding,
+    ("hetero", "RMSNorm"): CpuRMSNorm,
+    ("hetero", "RotaryEmbedding"): CpuRotaryEmbedding,
+    ("hetero", "Attention"): CpuAttention,
+    ("hetero", "SwiGLU"): CpuSwiGLU,
+    ("hetero", "MoE"): CpuMoE,
+}

@@ -1,0 +1,159 @@
+// LLM decoder kernels that do not read weights in a block format: RMSNorm, rotary embedding, the KV cache store,
+// attention over the device-resident cache, MoE routing and the MoE combine.
+
+// y = x / sqrt(mean(x^2) + eps) * (offset + w), one work-group per row of length D.
+__kernel void rmsnorm(__global const float* x, __global const float* w, __global float* y, int D, float eps,
+                      float offset, __local float* scratch) {
+  const int lid = get_local_id(0), size = get_local_size(0), row = get_group_id(0);
+  __global const float* xp = x + (long)row * D;
+  __global float* yp = y + (long)row * D;
+  float s = 0.0f;
+  for (int i = lid; i < D; i += size) s += xp[i] * xp[i];
+  const float inv = rsqrt(group_sum(s, scratch, lid, size) / (float)D + eps);
+  for (int i = lid; i < D; i += size) yp[i] = (xp[i] * inv) * (offset + w[i]);
+}
+
+// NeoX rotary embedding on [T, H, D]; table holds cos then sin for each position: table[(pos * 2 + 0/1) * half + i]
+// (already multiplied by the attention factor, computed on the host in float64 like the reference).
+__kernel void rope(__global const float* x, __global float* y, __global const float* table, int H, int D, int rot,
+                   int past_len) {
+  const int i = get_global_id(0), h = get_global_id(1), t = get_global_id(2);
+  if (i >= D || h >= H) return;
+  const long base = ((long)t * H + h) * D;
+  const int half = rot / 2;
+  const long pos = past_len + t;
+  float v = x[base + i];
+  if (i < half) {
+    const float c = table[(pos * 2) * half + i], s = table[(pos * 2 + 1) * half + i];
+    v = v * c - x[base + i + half] * s;
+  } else if (i < rot) {
+    const float c = table[(pos * 2) * half + i - half], s = table[(pos * 2 + 1) * half + i - half];
+    v = v * c + x[base + i - half] * s;
+  }
+  y[base + i] = v;
+}
+
+// cache[h, past_len + t, d] = new[t, h, d] for the K and V caches ([Hkv, max_ctx, D] each).
+__kernel void kv_store(__global const float* k, __global const float* v, __global float* kc, __global float* vc,
+                       int Hkv, int D, int max_ctx, int past_len) {
+  const int d = get_global_id(0), h = get_global_id(1), t = get_global_id(2);
+  if (d >= D || h >= Hkv) return;
+  const long src = ((long)t * Hkv + h) * D + d;
+  const long dst = ((long)h * max_ctx + past_len + t) * D + d;
+  kc[dst] = k[src];
+  vc[dst] = v[src];
+}
+
+#ifndef ATT_WG
+#define ATT_WG 64
+#endif
+#define ATT_MAX_DPT 8
+
+// Causal attention of query row t, head h over cache positions [0, past_len + t], one work-group per (h, t).
+// Keys are walked in tiles of ATT_WG (one score per work-item), with a running max and sum (online softmax), so
+// no score buffer is needed; each work-item owns output dims lid, lid + ATT_WG, ... (head_dim <= 8 * ATT_WG).
+__kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1)))
+void attention(__global const float* q, __global const float* kc, __global const float* vc, __global float* out,
+               int Hq, int Hkv, int D, int max_ctx, int past_len, float scale) {
+  const int lid = get_local_id(0), h = get_group_id(1), t = get_group_id(2);
+  const int kvh = h / (Hq / Hkv);
+  const int L = past_len + t + 1;
+  __local float qs[ATT_WG * ATT_MAX_DPT];
+  __local float p[ATT_WG];
+  __local float red[ATT_WG];
+  __global const float* qp = q + ((long)t * Hq + h) * D;
+  for (int d = lid; d < D; d += ATT_WG) qs[d] = qp[d];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  __global const float* kb = kc + (long)kvh * max_ctx * D;
+  __global const float* vb = vc + (long)kvh * max_ctx * D;
+  float m = -INFINITY, l = 0.0f;
+  float acc[ATT_MAX_DPT];
+  for (int i = 0; i < ATT_MAX_DPT; ++i) acc[i] = 0.0f;
+  for (int j0 = 0; j0 < L; j0 += ATT_WG) {
+    const int j = j0 + lid;
+    float s = -INFINITY;
+    if (j < L) {
+      __global const float* kp = kb + (long)j * D;
+      float4 a4 = 0.0f;
+      int d = 0;
+      if ((D & 3) == 0) {
+        for (; d < D; d += 4) a4 += vload4(0, qs + d) * vload4(0, kp + d);
+      }
+      float a = a4.x + a4.y + a4.z + a4.w;
+      for (; d < D; ++d) a += qs[d] * kp[d];
+      s = a * scale;
+    }
+    const float mt = group_max(s, red, lid, ATT_WG);
+    const float mnew = fmax(m, mt);
+    const float pj = j < L ? exp(s - mnew) : 0.0f;
+    p[lid] = pj;
+    const float st = group_sum(pj, red, lid, ATT_WG);  // its barriers also publish p[]
+    const float corr = exp(m - mnew);
+    l = l * corr + st;
+    const int cnt = min(ATT_WG, L - j0);
+    for (int i = 0; i < ATT_MAX_DPT; ++i) {
+      const int d = lid + i * ATT_WG;
+      if (d < D) {
+        float a = acc[i] * corr;
+        for (int jj = 0; jj < cnt; ++jj) a += p[jj] * vb[(long)(j0 + jj) * D + d];
+        acc[i] = a;
+      }
+    }
+    m = mnew;
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float inv = 1.0f / l;
+  __global float* op = out + ((long)t * Hq + h) * D;
+  for (int i = 0; i < ATT_MAX_DPT; ++i) {
+    const int d = lid + i * ATT_WG;
+    if (d < D) op[d] = acc[i] * inv;
+  }
+}
+
+// MoE routing for token t: softmax over E router logits, top_k by descending probability (ties: lower expert),
+// weights optionally renormalised. chosen/weights are [T, top_k].
+__kernel void moe_route(__global const float* logits, __global int* chosen, __global float* weights, int T, int E,
+                        int top_k, int normalize) {
+  const int t = get_global_id(0);
+  if (t >= T) return;
+  __global const float* lp = logits + (long)t * E;
+  float m = -INFINITY;
+  for (int e = 0; e < E; ++e) m = fmax(m, lp[e]);
+  float s = 0.0f;
+  for (int e = 0; e < E; ++e) s += exp(lp[e] - m);
+  float total = 0.0f;
+  int prev = -1;
+  float prev_v = INFINITY;
+  for (int k = 0; k < top_k; ++k) {
+    int best = -1;
+    float bv = -INFINITY;
+    for (int e = 0; e < E; ++e) {
+      const float v = lp[e];
+      // strictly after the previous pick in (value desc, index asc) order
+      const bool after = v < prev_v || (v == prev_v && e > prev);
+      if (after && (best < 0 || v > bv)) {
+        best = e;
+        bv = v;
+      }
+    }
+    const float pv = exp(bv - m) / s;
+    chosen[t * top_k + k] = best;
+    weights[t * top_k + k] = pv;
+    total += pv;
+    prev = best;
+    prev_v = bv;
+  }
+  if (normalize) {
+    for (int k = 0; k < top_k; ++k) weights[t * top_k + k] /= total;
+  }
+}
+
+// out[t, j] = sum_k weights[t, k] * part[t * top_k + k, j]
+__kernel void moe_combine(__global const float* part, __global const float* weights, __global float* out, int H,
+                          int top_k) {
+  const int j = get_global_id(0), t = get_global_id(1);
+  if (j >= H) return;
+  float acc = 0.0f;
+  for (int k = 0; k < top_k; ++k) acc += weights[t * top_k + k] * part[((long)t * top_k + k) * H + j];
+  out[(long)t * H + j] = acc;
+}
