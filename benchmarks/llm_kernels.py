@@ -70,7 +70,8 @@ def main() -> None:
             x = rng.standard_normal((1, k)).astype(np.float32)
             out = np.empty((1, n), np.float32)
             t = timeit(lambda w=w, x=x, out=out: _native.llm_matmul(w, x, out))
-            line = f"  {name:9s} {n:6d}x{k:<5d} {nbytes / 2**20:7.2f} MiB  {t * 1e6:8.1f} us  {nbytes / t / 1e9:6.1f} GB/s"
+            line = (f"  {name:9s} {n:6d}x{k:<5d} {nbytes / 2**20:7.2f} MiB  {t * 1e6:8.1f} us  "
+                    f"{nbytes / t / 1e9:6.1f} GB/s")
             if name != "lm_head":
                 mult = 4 if name == "k/v_proj" else (2 if name == "gate/up" else 1)
                 total_bytes += nbytes * mult
@@ -89,10 +90,11 @@ def main() -> None:
         q = rng.standard_normal((ctx, 16, 128)).astype(np.float32)
         k = rng.standard_normal((ctx, 8, 128)).astype(np.float32)
         out = np.empty((ctx, 16 * 128), np.float32)
-        t = timeit(lambda: att(q, k, k, 0, 128**-0.5, out), 0.2)
+        t = timeit(lambda att=att, q=q, k=k, out=out: att(q, k, k, 0, 128**-0.5, out), 0.2)
         q1, k1, o1 = q[:1].copy(), k[:1].copy(), out[:1].copy()
-        td = timeit(lambda: att(q1, k1, k1, ctx - 1, 128**-0.5, o1), 0.2)
-        print(f"attention 16q/8kv x 128, f16 cache: prefill {ctx}: {t * 1e3:.2f} ms; decode at {ctx}: {td * 1e6:.1f} us")
+        td = timeit(lambda att=att, q1=q1, k1=k1, o1=o1, ctx=ctx: att(q1, k1, k1, ctx - 1, 128**-0.5, o1), 0.2)
+        print(f"attention 16q/8kv x 128, f16 cache: prefill {ctx}: {t * 1e3:.2f} ms; "
+              f"decode at {ctx}: {td * 1e6:.1f} us")
 
 
 if __name__ == "__main__":

@@ -31,10 +31,19 @@ class ReferenceKernel:
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         pass
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor], run_subgraph: Any = None) -> None:
+    def _compute(self, inputs: Sequence[Tensor | None], run_subgraph: Any) -> list[np.ndarray]:
         values = [None if t is None else t.numpy() for t in inputs]
         infos = [None if t is None else t.info for t in inputs]
-        results = self.schema.reference(OpContext(self.node, infos, values, self.opset, run_subgraph, self.state))
+        return self.schema.reference(OpContext(self.node, infos, values, self.opset, run_subgraph, self.state))
+
+    def run_dynamic(self, inputs: Sequence[Tensor | None], run_subgraph: Any = None) -> list[Tensor]:
+        """For data-dependent ops (NonZero, If, Loop...): compute, and let the results' shapes be the outputs'."""
+        # Copies: a result may alias an input (an If branch returning an outer value), whose memory the session
+        # may reuse once that input is dead.
+        return [Tensor.from_numpy(np.array(r, copy=True)) for r in self._compute(inputs, run_subgraph)]
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor], run_subgraph: Any = None) -> None:
+        results = self._compute(inputs, run_subgraph)
         for out, result in zip(outputs, results, strict=False):
             result = np.asarray(result)
             if result.shape != out.shape:

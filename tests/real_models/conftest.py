@@ -24,16 +24,6 @@ ATOL = 1e-4
 RTOL = 1e-3
 
 # Known hetero bugs these models hit, with the root cause; strict=False so a fix shows up as XPASS, not a failure.
-GATHER_SCALAR_INDEX = pytest.mark.xfail(
-    raises=ValueError, strict=False,
-    reason="hetero_cpu/kernels/movement.py CpuGather.run: np.ascontiguousarray turns a 0-d index into shape (1,), "
-           "so the native gather expects one more output dim than inference gave ('gather: out has shape ...')",
-)
-NEGATIVE_INPUT_DIM = pytest.mark.xfail(
-    raises=hetero.ModelFormatError, strict=False,
-    reason="core/hetero/frontends/onnx.py _Reader.value_info refuses dim_value -1 on graph inputs; "
-           "paddle2onnx writes -1 for a dynamic size and onnxruntime reads it as unknown",
-)
 
 
 @dataclass

@@ -360,21 +360,6 @@ MODELS: dict[str, RealModel] = {
         _silero("silero_vad_openvino_16k"),
         _ocr("ppocr_v4_det", "models/ch_PP-OCRv4_det_infer.onnx", _det_feeds),
         _ocr("ppocr_v4_rec", "models/ch_PP-OCRv4_rec_infer.onnx", _rec_feeds),
-        _ocr("ppocr_mobile_cls", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", _cls_feeds, ("negative-dims",)),
+        _ocr("ppocr_mobile_cls", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", _cls_feeds),
     ]
 }
-
-
-def symbolic_dims(model_path: Path):
-    """The ModelProto with ``dim_value: -1`` on graph inputs/outputs rewritten as a named dimension.
-
-    Old paddle2onnx exports (ppocr_mobile_cls) mark dynamic sizes with -1, which onnxruntime reads as 'unknown' and
-    hetero's ONNX front end refuses (see docs/onnx-models.md, known problems)."""
-    import onnx
-
-    proto = onnx.load(str(model_path))
-    for value in [*proto.graph.input, *proto.graph.output]:
-        for i, dim in enumerate(value.type.tensor_type.shape.dim):
-            if dim.HasField("dim_value") and dim.dim_value < 0:
-                dim.dim_param = f"{value.name}_dim{i}"
-    return proto

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .conftest import GATHER_SCALAR_INDEX, Agreement, hetero_session, model_path, ort_runner
+from .conftest import Agreement, hetero_session, model_path, ort_runner
 from .models import SILERO_IO, silero_chunks, silero_stream, speech_like_audio
 
 pytestmark = pytest.mark.usefixtures("require_cpu")
@@ -20,10 +20,10 @@ STREAMED = [
     pytest.param("silero_vad", 16000, id="silero_vad-16k"),
     pytest.param("silero_vad", 8000, id="silero_vad-8k"),
     pytest.param("silero_vad_16k_op15", 16000, id="op15-16k"),
-    pytest.param("silero_vad_op18_ifless", 16000, id="op18_ifless-16k", marks=GATHER_SCALAR_INDEX),
-    pytest.param("silero_vad_op18_ifless", 8000, id="op18_ifless-8k", marks=GATHER_SCALAR_INDEX),
+    pytest.param("silero_vad_op18_ifless", 16000, id="op18_ifless-16k"),
+    pytest.param("silero_vad_op18_ifless", 8000, id="op18_ifless-8k"),
     pytest.param("silero_vad_half", 16000, id="half-16k"),
-    pytest.param("silero_vad_openvino_16k", 16000, id="openvino-16k", marks=GATHER_SCALAR_INDEX),
+    pytest.param("silero_vad_openvino_16k", 16000, id="openvino-16k"),
 ]
 
 

@@ -166,9 +166,8 @@ class _Reader:
         dtype = self.dtype(tt.elem_type, f"graph {what} {vi.name!r}")
         if not tt.HasField("shape"):
             return TensorInfo(dtype, None)
-        dims = tuple(int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim)
-        if any(d is not None and d < 0 for d in dims):
-            raise self.fail(f"graph {what} {vi.name!r} has a negative dimension {list(dims)}")
+        # Some exporters (old paddle2onnx) write -1 for a dynamic size: it means unknown, as a dim_param would.
+        dims = tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim)
         return TensorInfo(dtype, dims)
 
     def dtype(self, code: int, where: str) -> dtypes.DType:

@@ -16,6 +16,8 @@ memory. Tensor data is never read: ``GgufFile.array`` returns read-only views in
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import mmap
 import os
 import struct
@@ -34,6 +36,7 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NAME = 1 << 12  # tensor names (the spec says 64 bytes; be lenient, but bounded)
 MAX_ARRAY_DEPTH = 4
+MAX_DIM = 1 << 40  # no real dimension comes near; bounds shapes whose other dims are 0
 
 # metadata value types
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
@@ -97,6 +100,17 @@ class TensorInfo:
         return tuple(reversed(self.dims))
 
 
+_U64 = struct.Struct("<Q")
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer; ``what`` names the field for error messages."""
 
@@ -136,6 +150,29 @@ class _Cursor:
         except UnicodeDecodeError:
             raise self.fail(what, "is not valid UTF-8") from None
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """An array's ``count`` strings (the hot loop of a vocabulary: 150k tokens and as many merges)."""
+        buf, pos, size = self.buf, self.pos, self.size
+        unpack = _U64.unpack_from
+        raw: list[bytes] = [b""] * count
+        for i in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                raise self.fail(f"{what}[{i}] (string length)", "needs 8 bytes but the file ends: truncated")
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if n > size - pos:
+                self.pos = pos
+                raise self.fail(f"{what}[{i}]", f"is {n} bytes long but the file ends: truncated or corrupt")
+            raw[i] = buf[pos:pos + n]
+            pos += n
+        self.pos = pos
+        try:
+            return [r.decode("utf-8") for r in raw]
+        except UnicodeDecodeError:
+            bad = next(i for i, r in enumerate(raw) if not _utf8(r))
+            raise self.fail(f"{what}[{bad}]", "is not valid UTF-8") from None
+
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype == BOOL:
             value = self.scalar(UINT8, what)
@@ -165,6 +202,8 @@ class _Cursor:
             minimum = 8 if etype == STRING else 12  # a string's length / a nested array's type + count
             if count * minimum > self.size - self.pos:
                 raise self.fail(what, f"claims {count} elements; the rest of the file cannot hold them")
+            if etype == STRING:
+                return self.strings(count, what)
             return [self.value(etype, what, depth + 1) for _ in range(count)]
         raise self.fail(what, f"has unknown value type {vtype}")
 
@@ -239,6 +278,8 @@ class GgufFile(Mapping[str, TensorInfo]):
             if not 1 <= rank <= MAX_DIMS:
                 raise c.fail(f"{where} n_dims", f"is {rank}; expected 1 to {MAX_DIMS}")
             dims = tuple(c.u64(f"{where} dims[{d}]") for d in range(rank))
+            if any(d > MAX_DIM for d in dims):
+                raise c.fail(f"{where} dims", f"{list(dims)} hold an absurd dimension (above {MAX_DIM})")
             type_id = c.u32(f"{where} type")
             gtype = GGML_TYPES.get(type_id)
             if gtype is None:
@@ -272,7 +313,7 @@ class GgufFile(Mapping[str, TensorInfo]):
                                        f"section ({data_size} bytes): truncated file or bad offset")
             tensors[name] = TensorInfo(name, gtype, dims, data_start + offset, nbytes)
         spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
-        for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
             if begin < end:
                 raise ModelFormatError(f"{self.path}: tensors {first!r} and {second!r} overlap in the data section "
                                        "(bad offsets)")
@@ -311,10 +352,8 @@ class GgufFile(Mapping[str, TensorInfo]):
     def close(self) -> None:
         mapped = getattr(self, "_map", None)
         if mapped is not None:
-            try:
+            with contextlib.suppress(BufferError):  # views of it are still alive: the map goes when they do
                 mapped.close()
-            except BufferError:
-                pass  # views of it are still alive: the map goes when they do
         if getattr(self, "_file", None) is not None:
             self._file.close()
 

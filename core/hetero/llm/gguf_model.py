@@ -365,10 +365,11 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
         raise ModelFormatError(f"{path}: metadata 'tokenizer.ggml.model' = {kind!r}; hetero reads byte-level BPE "
                                "vocabularies ('gpt2')")
     tokens = gf.metadata.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+    if gf.metadata_types.get("tokenizer.ggml.tokens") != gguf.ARRAY or not isinstance(tokens, list) or not tokens \
+            or not isinstance(tokens[0], str):
         raise ModelFormatError(f"{path}: metadata 'tokenizer.ggml.tokens' must be a non-empty array of strings")
     merges = gf.metadata.get("tokenizer.ggml.merges", [])
-    if not isinstance(merges, list) or not all(isinstance(t, str) for t in merges):
+    if not isinstance(merges, list) or (merges and not isinstance(merges[0], str)):
         raise ModelFormatError(f"{path}: metadata 'tokenizer.ggml.merges' must be an array of strings")
     n = len(tokens)
     types = gf.metadata.get("tokenizer.ggml.token_type")
@@ -376,16 +377,13 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
         types = np.full(n, TOKEN_NORMAL, dtype=np.int32)
     elif not isinstance(types, np.ndarray) or types.dtype.kind not in "iu" or types.shape != (n,):
         raise ModelFormatError(f"{path}: metadata 'tokenizer.ggml.token_type' must be {n} integers, one per token")
-    vocab: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        vocab.setdefault(tok, i)
-    pairs, bad = [], []
-    for i, merge in enumerate(merges):
-        parts = merge.split(" ")
-        if len(parts) != 2 or parts[0] not in vocab or parts[1] not in vocab or parts[0] + parts[1] not in vocab:
-            bad.append(i)
-            continue
-        pairs.append((parts[0], parts[1]))
+    vocab = dict(zip(reversed(tokens), range(n - 1, -1, -1), strict=True))  # a repeated token keeps its first id
+    pairs = [tuple(m.split(" ")) for m in merges]
+    bad = [i for i, p in enumerate(pairs) if len(p) != 2 or p[0] not in vocab or p[1] not in vocab
+           or p[0] + p[1] not in vocab]
+    if bad:
+        skip = set(bad)
+        pairs = [p for i, p in enumerate(pairs) if i not in skip]
     if bad:
         warnings.warn(f"hetero: {path.name}: {len(bad)} of the {len(merges)} entries of 'tokenizer.ggml.merges' "
                       f"(first: #{bad[0]} {merges[bad[0]]!r}) are not two tokens of the vocabulary that merge into "
@@ -411,10 +409,10 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(tokens[i], special=True, normalized=False) for i in range(n)
-               if int(types[i]) == TOKEN_CONTROL]
-    user = [AddedToken(tokens[i], special=False, normalized=False) for i in range(n)
-            if int(types[i]) == TOKEN_USER_DEFINED]
+    control = np.flatnonzero(types == TOKEN_CONTROL).tolist()
+    special = [AddedToken(tokens[i], special=True, normalized=False) for i in control]
+    user = [AddedToken(tokens[i], special=False, normalized=False)
+            for i in np.flatnonzero(types == TOKEN_USER_DEFINED).tolist()]
     tok.add_special_tokens(special)
     tok.add_tokens(user)
     bos = m.token_id("tokenizer.ggml.bos_token_id", n)
@@ -429,7 +427,7 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
             single=f"{head}$A:0{tail}", pair=f"{head}$A:0{tail} $B:1{tail}",
             special_tokens=[(tokens[i], i) for i in sorted(used)])
     eos = [i for i in cfg.eos_token_ids if i < n]
-    eos += [i for i in range(n) if int(types[i]) == TOKEN_CONTROL and tokens[i] in EOG_TEXTS]
+    eos += [i for i in control if tokens[i] in EOG_TEXTS]
     template = m.str("tokenizer.chat_template")
     return Tokenizer.from_parts(
         tok, chat_template=template, bos_token=tokens[bos] if bos is not None else None,

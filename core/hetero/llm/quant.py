@@ -117,16 +117,26 @@ def parse_quant(spec: str | QuantFormat | None) -> QuantFormat | None:
     return QuantFormat(int(match["bits"]), int(match["block"] or 32), match["sym"] != "asym")
 
 
-def format_from_attrs(wtype: str, block_size: int = 32, symmetric: int = 1) -> QuantFormat | GgmlFormat | None:
-    """None for float weights; the QuantFormat for q8/q4, the GgmlFormat for GGUF's block types (raises on unknown
-    wtypes; ``block_size`` and ``symmetric`` are ignored for GGUF types)."""
+def format_from_attrs(wtype: str, block_size: int = 32, symmetric: int = 1) -> QuantFormat | None:
+    """None for float weights; the QuantFormat for q8/q4 (raises on unknown wtypes, GGUF's block types included:
+    code that handles those calls ``weight_format``)."""
     if wtype in FLOAT_WTYPES:
         return None
+    if wtype not in QUANT_WTYPES:
+        raise HeteroError(f"weight type {wtype!r}; expected one of {FLOAT_WTYPES + QUANT_WTYPES}")
+    return QuantFormat(int(wtype[1]), int(block_size), bool(symmetric))
+
+
+def weight_format(wtype: str, block_size: int = 32, symmetric: int = 1) -> QuantFormat | GgmlFormat | None:
+    """``format_from_attrs`` that also knows GGUF's block types (``GgmlFormat``; ``block_size`` and ``symmetric``
+    do not apply to them). The op references use this one."""
     if wtype in GGML_FORMATS:
         return GGML_FORMATS[wtype]
-    if wtype not in QUANT_WTYPES:
-        raise HeteroError(f"weight type {wtype!r}; expected one of {FLOAT_WTYPES + QUANT_WTYPES + GGML_WTYPES}")
-    return QuantFormat(int(wtype[1]), int(block_size), bool(symmetric))
+    try:
+        return format_from_attrs(wtype, block_size, symmetric)
+    except HeteroError:
+        raise HeteroError(f"weight type {wtype!r}; expected one of {FLOAT_WTYPES + QUANT_WTYPES + GGML_WTYPES}") \
+            from None
 
 
 # -- quantize --------------------------------------------------------------------------------------------------------

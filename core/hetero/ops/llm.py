@@ -47,7 +47,7 @@ def _wattrs(ctx: OpContext, prefix: str = "") -> tuple[str, int, int]:
 
 def _format(ctx: OpContext, prefix: str = "") -> quant.QuantFormat | quant.GgmlFormat | None:
     try:
-        return quant.format_from_attrs(*_wattrs(ctx, prefix))
+        return quant.weight_format(*_wattrs(ctx, prefix))
     except HeteroError as exc:
         raise ctx.fail(exc.message) from None
 

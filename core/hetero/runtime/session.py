@@ -292,6 +292,14 @@ class Session:
         if schema.value_inputs:
             key += tuple(_value_key(ins[i]) for i in schema.value_inputs if i < len(ins))
         run_subgraph = self._subgraph_runner(step, env) if step.has_subgraph else None
+        if schema.data_dependent and hasattr(step.kernel, "run_dynamic"):
+            # Output shapes come from the data: the kernel computes once and sizes its outputs itself (no infer pass
+            # that would have to compute the same thing first).
+            outs = step.kernel.run_dynamic(ins, run_subgraph=run_subgraph)
+            for name, out in zip(step.outputs, outs, strict=False):
+                if name:
+                    env[name] = out
+            return
         if key != step.key or schema.data_dependent:
             infos = [None if t is None else t.info for t in ins]
             if schema.data_dependent:

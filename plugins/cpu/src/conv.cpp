@@ -24,76 +24,6 @@ constexpr double kParallelGrain = 6e4;
 // Target size of one task's packed im2col block (floats): fits in L2 next to the weights' A panels.
 constexpr i64 kConvBlockFloats = 48 * 1024;
 
-// Packed-B panels of columns [j0, j0 + ncols) of the im2col matrix of one image/group: rows k = (c, ky, kx),
-// columns j = (oy, ox). Each panel row is filled segment by segment (a segment = the part of the panel that lies
-// on one output row), so stride-1 convs copy contiguous input runs instead of testing every element.
-void im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst) {
-  const i64 K = cin_g * g.kh * g.kw;
-  const i64 np = ceil_div(ncols, nr);
-  struct Seg {
-    i64 jj, oy, ox, len;
-  };
-  Seg segs[65];  // nr <= 64 columns -> at most nr segments
-  // Per (segment, kx): the first source column and the valid run [lo, hi) of the segment (divisions hoisted out
-  // of the channel loop: they cost more than the copies for small kernels).
-  thread_local std::vector<i64> cols_tab;
-  cols_tab.resize(static_cast<std::size_t>(65 * g.kw * 3));
-  for (i64 p = 0; p < np; ++p) {
-    float* d = dst + p * K * nr;
-    const i64 pj = j0 + p * nr, cols = std::min<i64>(nr, j0 + ncols - pj);
-    int nseg = 0;
-    for (i64 jj = 0; jj < cols;) {
-      const i64 j = pj + jj, oy = j / g.Wo, ox = j % g.Wo, len = std::min<i64>(g.Wo - ox, cols - jj);
-      segs[nseg++] = Seg{jj, oy, ox, len};
-      jj += len;
-    }
-    i64* tab = cols_tab.data();
-    for (int s = 0; s < nseg; ++s)
-      for (i64 kx = 0; kx < g.kw; ++kx) {
-        const Seg& sg = segs[s];
-        const i64 ix0 = sg.ox * g.sw + kx * g.dw - g.pl;
-        // t in [lo, hi): ix0 + t*sw inside [0, W)
-        const i64 lo = std::min<i64>(sg.len, ix0 >= 0 ? 0 : ceil_div(-ix0, g.sw));
-        const i64 hi =
-            std::max<i64>(lo, std::min<i64>(sg.len, ix0 >= g.W ? 0 : floor_div(g.W - 1 - ix0, g.sw) + 1));
-        i64* e = tab + (s * g.kw + kx) * 3;
-        e[0] = ix0;
-        e[1] = lo;
-        e[2] = hi;
-      }
-    i64 k = 0;
-    for (i64 c = 0; c < cin_g; ++c) {
-      const float* plane = x + c * g.H * g.W;
-      for (i64 ky = 0; ky < g.kh; ++ky)
-        for (i64 kx = 0; kx < g.kw; ++kx, ++k) {
-          float* row = d + k * nr;
-          for (int s = 0; s < nseg; ++s) {
-            const Seg& sg = segs[s];
-            float* r = row + sg.jj;
-            const i64 iy = sg.oy * g.sh + ky * g.dh - g.pt;
-            if (iy < 0 || iy >= g.H) {
-              for (i64 t = 0; t < sg.len; ++t) r[t] = 0.f;
-              continue;
-            }
-            const i64* e = tab + (s * g.kw + kx) * 3;
-            const float* src = plane + iy * g.W + e[0];
-            const i64 lo = e[1], hi = e[2];
-            for (i64 t = 0; t < lo; ++t) r[t] = 0.f;
-            if (g.sw == 1) {
-              for (i64 t = lo; t < hi; ++t) r[t] = src[t];
-            } else if (g.sw == 2) {
-              for (i64 t = lo; t < hi; ++t) r[t] = src[2 * t];
-            } else {
-              for (i64 t = lo; t < hi; ++t) r[t] = src[t * g.sw];
-            }
-            for (i64 t = hi; t < sg.len; ++t) r[t] = 0.f;
-          }
-          for (i64 t = cols; t < nr; ++t) row[t] = 0.f;
-        }
-    }
-  }
-}
-
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -184,6 +114,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
     return;
   }
   const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g;
   const i64 K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
   const bool pointwise = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 &&
@@ -212,7 +143,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
     if (pointwise)
       pack_b_panels(kr, MatView{xin + j0, K, ncols, HWo, 1}, bp, 1);
     else
-      im2col_block(g, xin, cin_g, nr, j0, ncols, bp);
+      xk.im2col_block(g, xin, cin_g, nr, j0, ncols, bp);
     Epilogue ep = act;
     ep.bias = bias ? bias + gi * cout_g : nullptr;
     ep.bias_rs = 1;

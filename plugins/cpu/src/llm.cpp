@@ -491,11 +491,12 @@ void py_embedding(const py::array& ids, const py::array& table, const std::strin
 }
 
 // ------------------------------------------------------------------------------------------------ attention
-constexpr i64 KT = 64;   // keys per tile
-constexpr i64 RB = 32;   // query rows (query x group head) per task
+constexpr i64 RB = 32;  // query rows (query position x head of the group) per task
 
+// The KV cache of one layer: K in tiles of KT positions stored transposed ([head][tile][d][KT]) so that scores for
+// 64 positions are 64-wide vector FMAs, V row by row ([head][position][d]); float16 (default) or float32.
 struct Attention {
-  i64 hkv = 0, max_ctx = 0, d = 0;
+  i64 hkv = 0, max_ctx = 0, d = 0, ntiles = 0;
   bool f16 = true;
   void* k = nullptr;
   void* v = nullptr;
@@ -507,10 +508,16 @@ struct Attention {
   std::size_t esize() const { return f16 ? 2 : 4; }
   void alloc() {
     // calloc: zero pages are mapped lazily, so a long context costs memory only as it fills.
-    const std::size_t n = static_cast<std::size_t>(hkv * max_ctx * d);
-    k = std::calloc(n, esize());
-    v = std::calloc(n, esize());
+    ntiles = (max_ctx + KT - 1) / KT;
+    k = std::calloc(static_cast<std::size_t>(hkv * ntiles * KT * d), esize());
+    v = std::calloc(static_cast<std::size_t>(hkv * max_ctx * d), esize());
     if (!k || !v) throw std::bad_alloc();
+  }
+  const void* ktile(i64 h, i64 tile) const {
+    return static_cast<const char*>(k) + static_cast<std::size_t>(((h * ntiles + tile) * d) * KT) * esize();
+  }
+  const void* vrow(i64 h, i64 pos) const {
+    return static_cast<const char*>(v) + static_cast<std::size_t>((h * max_ctx + pos) * d) * esize();
   }
 };
 
@@ -518,23 +525,33 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
                    float scale, float* out) {
   const LlmKernels& kr = lk();
   const Kernels& base = active();
-  const i64 hkv = at.hkv, D = at.d, L = at.max_ctx, group = hq / hkv;
-  // 1. append the new keys / values at [past, past + T)
-  for (i64 t = 0; t < T; ++t)
-    for (i64 h = 0; h < hkv; ++h) {
-      const float* ks = kin + (t * hkv + h) * D;
-      const float* vs = vin + (t * hkv + h) * D;
-      const i64 off = (h * L + past + t) * D;
-      if (at.f16) {
-        kr.f32_to_f16(ks, static_cast<std::uint16_t*>(at.k) + off, D);
-        kr.f32_to_f16(vs, static_cast<std::uint16_t*>(at.v) + off, D);
-      } else {
-        std::memcpy(static_cast<float*>(at.k) + off, ks, static_cast<std::size_t>(D) * 4);
-        std::memcpy(static_cast<float*>(at.v) + off, vs, static_cast<std::size_t>(D) * 4);
+  const i64 hkv = at.hkv, D = at.d, group = hq / hkv;
+  // 1. append the new keys (scattered into their tile column) and values at [past, past + T)
+  {
+    std::uint16_t* hbuf = reinterpret_cast<std::uint16_t*>(tl_f(0).get(static_cast<std::size_t>(D)));
+    for (i64 t = 0; t < T; ++t)
+      for (i64 h = 0; h < hkv; ++h) {
+        const i64 pos = past + t;
+        const float* ks = kin + (t * hkv + h) * D;
+        const float* vs = vin + (t * hkv + h) * D;
+        char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
+        char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
+        const i64 lane = pos % KT;
+        if (at.f16) {
+          kr.f32_to_f16(ks, hbuf, D);
+          auto* kd = reinterpret_cast<std::uint16_t*>(kt);
+          for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = hbuf[i];
+          kr.f32_to_f16(vs, reinterpret_cast<std::uint16_t*>(vr), D);
+        } else {
+          auto* kd = reinterpret_cast<float*>(kt);
+          for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = ks[i];
+          std::memcpy(vr, vs, static_cast<std::size_t>(D) * 4);
+        }
       }
-    }
+  }
   at.filled = past + T;
-  // 2. rows r = t * group + g of kv head h, blocks of RB rows per task.
+  // 2. rows r = t * group + g of kv head h (ascending positions), blocks of RB rows per task; online softmax over
+  // the key tiles, which every quad of rows of the block reuses from L1.
   const i64 rows = T * group;
   const i64 nblk = (rows + RB - 1) / RB;
   const i64 ntasks = hkv * nblk;
@@ -543,12 +560,10 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
   parallel_for(ntasks, nt, [&](i64 task) {
     const i64 h = task / nblk, r0 = (task % nblk) * RB, r1 = std::min(rows, r0 + RB);
     const i64 nr_all = r1 - r0;
-    float* qb = tl_f(0).get(static_cast<std::size_t>(RB * D));
-    float* ob = tl_f(1).get(static_cast<std::size_t>(RB * D));
-    float* sb = tl_f(2).get(static_cast<std::size_t>(RB * KT));
-    float* kf = tl_f(3).get(static_cast<std::size_t>(KT * D));
-    float* vf = tl_f(4).get(static_cast<std::size_t>(KT * D));
-    float mx[RB], sum[RB], corr[RB];
+    float* qb = tl_f(1).get(static_cast<std::size_t>(RB * D));
+    float* ob = tl_f(2).get(static_cast<std::size_t>(RB * D));
+    float* sb = tl_f(3).get(static_cast<std::size_t>(4 * KT));
+    float mx[RB], sum[RB], corr[4];
     i64 limit[RB];
     for (i64 i = 0; i < nr_all; ++i) {
       const i64 r = r0 + i, t = r / group, g = r % group;
@@ -558,41 +573,30 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
       sum[i] = 0.f;
     }
     std::memset(ob, 0, static_cast<std::size_t>(nr_all * D) * 4);
-    const i64 last = limit[nr_all - 1];  // rows are in position order
+    const i64 last = limit[nr_all - 1];
     for (i64 l0 = 0; l0 <= last; l0 += KT) {
-      const i64 nk = std::min(KT, last + 1 - l0);
-      const float* kt;
-      const float* vt;
-      if (at.f16) {
-        kr.f16_to_f32(static_cast<const std::uint16_t*>(at.k) + (h * L + l0) * D, kf, nk * D);
-        kr.f16_to_f32(static_cast<const std::uint16_t*>(at.v) + (h * L + l0) * D, vf, nk * D);
-        kt = kf;
-        vt = vf;
-      } else {
-        kt = static_cast<const float*>(at.k) + (h * L + l0) * D;
-        vt = static_cast<const float*>(at.v) + (h * L + l0) * D;
-      }
+      const void* kt = at.ktile(h, l0 / KT);
+      const void* vt = at.vrow(h, l0);
       for (i64 i0 = 0; i0 < nr_all; i0 += 4) {
         const int nr = static_cast<int>(std::min<i64>(4, nr_all - i0));
-        if (limit[i0] < l0) continue;  // every row of this quad is before the tile (rows ascend)
-        const i64 qk = std::min(nk, limit[i0 + nr - 1] + 1 - l0);  // keys any row of the quad sees
-        float* s = sb + i0 * KT;
-        kr.qk_tile(qb + i0 * D, D, nr, kt, qk, D, scale, s, KT);
+        if (limit[i0] < l0) continue;  // every row of this quad comes before the tile (rows ascend)
+        const i64 qk = std::min<i64>(KT, limit[i0 + nr - 1] + 1 - l0);  // positions any row of the quad sees
+        kr.qk_tile(qb + i0 * D, D, nr, kt, at.f16, D, scale, sb, KT);
         for (int r = 0; r < nr; ++r) {
-          float* sr = s + r * KT;
+          float* sr = sb + r * KT;
           const i64 vis = std::min(qk, limit[i0 + r] + 1 - l0);
-          for (i64 l = vis; l < qk; ++l) sr[l] = -std::numeric_limits<float>::infinity();
           float m = mx[i0 + r];
           for (i64 l = 0; l < vis; ++l) m = std::max(m, sr[l]);
-          for (i64 l = 0; l < qk; ++l) sr[l] -= m;
-          base.unary(U_EXP, sr, sr, qk, 0.f, 0.f);
+          for (i64 l = 0; l < vis; ++l) sr[l] -= m;
+          base.unary(U_EXP, sr, sr, vis, 0.f, 0.f);
+          for (i64 l = vis; l < qk; ++l) sr[l] = 0.f;
           float ps = 0.f;
-          for (i64 l = 0; l < qk; ++l) ps += sr[l];
-          corr[i0 + r] = std::exp(mx[i0 + r] - m);
-          sum[i0 + r] = sum[i0 + r] * corr[i0 + r] + ps;
+          for (i64 l = 0; l < vis; ++l) ps += sr[l];
+          corr[r] = std::exp(mx[i0 + r] - m);
+          sum[i0 + r] = sum[i0 + r] * corr[r] + ps;
           mx[i0 + r] = m;
         }
-        kr.pv_tile(s, KT, nr, vt, qk, D, corr + i0, ob + i0 * D);
+        kr.pv_tile(sb, KT, nr, vt, at.f16, qk, D, corr, ob + i0 * D);
       }
     }
     for (i64 i = 0; i < nr_all; ++i) {

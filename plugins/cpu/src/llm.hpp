@@ -25,6 +25,7 @@ namespace llm {
 //     B/2 + 4t + c (4-bit values 0..15 as stored).
 // So a 4-byte broadcast of the int8 activation against one vector gives 16 rows' partial dot products at once.
 constexpr int QR = 16;  // rows per group
+constexpr int KT = 64;  // attention: positions per K-cache tile
 
 struct QPack {
   int bits = 4, bs = 32;
@@ -67,11 +68,15 @@ struct LlmKernels {
   // n float16 -> float32.
   void (*f16_to_f32)(const std::uint16_t* src, float* dst, i64 n);
   void (*f32_to_f16)(const float* src, std::uint16_t* dst, i64 n);
-  // Dense helpers for attention (all f32, contiguous):
-  // s[r*lds + l] = scale * dot(q[r*ldq .. +d], kt[l*d .. +d]) for r < nr (<= 4), l < nk.
-  void (*qk_tile)(const float* q, i64 ldq, int nr, const float* kt, i64 nk, i64 d, float scale, float* s, i64 lds);
+  // Attention. The K cache is stored in tiles of KT=64 positions, transposed: tile[d][64] (f16 when kf16, else f32);
+  // the V cache row by row: v[l][d]. q rows are f32 (row stride ldq).
+  // s[r*lds + l] = scale * sum_i q[r][i] * ktile[i*64 + l], r < nr (<= 4), l < 64 (all 64 lanes are written; the
+  // positions past the filled cache hold finite stale values that the caller masks).
+  void (*qk_tile)(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 d, float scale, float* s,
+                  i64 lds);
   // o[r*d + :] = o[r*d + :] * corr[r] + sum_l p[r*ldp + l] * v[l*d + :], r < nr (<= 4), l < nk.
-  void (*pv_tile)(const float* p, i64 ldp, int nr, const float* v, i64 nk, i64 d, const float* corr, float* o);
+  void (*pv_tile)(const float* p, i64 ldp, int nr, const void* v, bool vf16, i64 nk, i64 d, const float* corr,
+                  float* o);
 };
 
 const LlmKernels* llm_kernels_generic();

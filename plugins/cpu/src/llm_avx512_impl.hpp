@@ -236,37 +236,75 @@ void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
 }
 
 // ---------------------------------------------------------------------------------------------- attention
-void qk_tile(const float* q, i64 ldq, int nr, const float* kt, i64 nk, i64 d, float scale, float* s, i64 lds) {
-  float tmp[4 * 4];
-  for (i64 l = 0; l < nk; l += 4) {
-    const int rows = nk - l >= 4 ? 4 : static_cast<int>(nk - l);
-    fgemm_wt<W_F32>(kt + l * d, d, rows, d, q, ldq, nr, tmp, 4);
-    for (int r = 0; r < nr; ++r)
-      for (int j = 0; j < rows; ++j) s[r * lds + l + j] = tmp[r * 4 + j] * scale;
+template <bool F16>
+inline __m512 loadkv(const void* p, i64 i) {
+  if (F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(p) + i)));
+  return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+template <bool F16, int NR>
+void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s, i64 lds) {
+  __m512 acc[NR][4];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (i64 i = 0; i < d; ++i) {
+    __m512 kv[4];
+    for (int j = 0; j < 4; ++j) kv[j] = loadkv<F16>(kt, i * KT + 16 * j);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 qb = _mm512_set1_ps(q[r * ldq + i]);
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(qb, kv[j], acc[r][j]);
+    }
+  }
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(s + r * lds + 16 * j, _mm512_mul_ps(acc[r][j], vs));
+}
+
+template <bool F16>
+void qk_t(const float* q, i64 ldq, int nr, const void* kt, i64 d, float scale, float* s, i64 lds) {
+  switch (nr) {
+    case 1: qk_nr<F16, 1>(q, ldq, kt, d, scale, s, lds); break;
+    case 2: qk_nr<F16, 2>(q, ldq, kt, d, scale, s, lds); break;
+    case 3: qk_nr<F16, 3>(q, ldq, kt, d, scale, s, lds); break;
+    default: qk_nr<F16, 4>(q, ldq, kt, d, scale, s, lds); break;
   }
 }
 
-template <int NR>
-void pv_nr(const float* p, i64 ldp, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 d, float scale, float* s, i64 lds) {
+  (kf16 ? qk_t<true> : qk_t<false>)(q, ldq, nr, ktile, d, scale, s, lds);
+}
+
+template <bool F16, int NR>
+void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* corr, float* o) {
   for (i64 c = 0; c < d; c += 16) {
     const __mmask16 mk = d - c >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (d - c)) - 1);
     __m512 acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + r * d + c), _mm512_set1_ps(corr[r]));
+    for (int r = 0; r < NR; ++r)
+      acc[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + r * d + c), _mm512_set1_ps(corr[r]));
     for (i64 l = 0; l < nk; ++l) {
-      const __m512 vv = _mm512_maskz_loadu_ps(mk, v + l * d + c);
+      __m512 vv;
+      if (F16)
+        vv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, static_cast<const std::uint16_t*>(v) + l * d + c));
+      else
+        vv = _mm512_maskz_loadu_ps(mk, static_cast<const float*>(v) + l * d + c);
       for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * ldp + l]), vv, acc[r]);
     }
     for (int r = 0; r < NR; ++r) _mm512_mask_storeu_ps(o + r * d + c, mk, acc[r]);
   }
 }
 
-void pv_tile(const float* p, i64 ldp, int nr, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+template <bool F16>
+void pv_t(const float* p, i64 ldp, int nr, const void* v, i64 nk, i64 d, const float* corr, float* o) {
   switch (nr) {
-    case 1: pv_nr<1>(p, ldp, v, nk, d, corr, o); break;
-    case 2: pv_nr<2>(p, ldp, v, nk, d, corr, o); break;
-    case 3: pv_nr<3>(p, ldp, v, nk, d, corr, o); break;
-    default: pv_nr<4>(p, ldp, v, nk, d, corr, o); break;
+    case 1: pv_nr<F16, 1>(p, ldp, v, nk, d, corr, o); break;
+    case 2: pv_nr<F16, 2>(p, ldp, v, nk, d, corr, o); break;
+    case 3: pv_nr<F16, 3>(p, ldp, v, nk, d, corr, o); break;
+    default: pv_nr<F16, 4>(p, ldp, v, nk, d, corr, o); break;
   }
+}
+
+void pv_tile(const float* p, i64 ldp, int nr, const void* v, bool vf16, i64 nk, i64 d, const float* corr, float* o) {
+  (vf16 ? pv_t<true> : pv_t<false>)(p, ldp, nr, v, nk, d, corr, o);
 }
 
 const LlmKernels table = {HETERO_LLM_VNNI ? "avx512vnni" : "avx512", 8, quantize_x, qgemm_group, fgemm_tile,

@@ -232,24 +232,54 @@ void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
   for (; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
-void qk_tile(const float* q, i64 ldq, int nr, const float* kt, i64 nk, i64 d, float scale, float* s, i64 lds) {
-  float tmp[4 * 4];
-  for (i64 l = 0; l < nk; l += 4) {
-    const int rows = nk - l >= 4 ? 4 : static_cast<int>(nk - l);
-    fgemm_tile(W_F32, kt + l * d, d, rows, d, q, ldq, nr, tmp, 4);
-    for (int r = 0; r < nr; ++r)
-      for (int j = 0; j < rows; ++j) s[r * lds + l + j] = tmp[r * 4 + j] * scale;
+template <bool F16>
+inline __m256 loadkv(const void* p, i64 i) {
+  if (F16)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(p) + i)));
+  return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+// Rows in pairs and keys in halves of 32: 8 accumulators + 4 key vectors fit the 16 ymm registers.
+template <bool F16, int NR>
+void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s, i64 lds) {
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+    for (i64 i = 0; i < d; ++i) {
+      __m256 kv[4];
+      for (int j = 0; j < 4; ++j) kv[j] = loadkv<F16>(kt, i * KT + 32 * half + 8 * j);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 qb = _mm256_set1_ps(q[r * ldq + i]);
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_fmadd_ps(qb, kv[j], acc[r][j]);
+      }
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(s + r * lds + 32 * half + 8 * j, _mm256_mul_ps(acc[r][j], vs));
   }
 }
 
-template <int NR>
-void pv_nr(const float* p, i64 ldp, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 d, float scale, float* s, i64 lds) {
+  for (int r0 = 0; r0 < nr; r0 += 2) {
+    const bool two = nr - r0 >= 2;
+    const float* qr = q + r0 * ldq;
+    float* sr = s + r0 * lds;
+    if (kf16)
+      (two ? qk_nr<true, 2> : qk_nr<true, 1>)(qr, ldq, ktile, d, scale, sr, lds);
+    else
+      (two ? qk_nr<false, 2> : qk_nr<false, 1>)(qr, ldq, ktile, d, scale, sr, lds);
+  }
+}
+
+template <bool F16, int NR>
+void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* corr, float* o) {
   i64 c = 0;
   for (; c + 8 <= d; c += 8) {
     __m256 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * d + c), _mm256_set1_ps(corr[r]));
     for (i64 l = 0; l < nk; ++l) {
-      const __m256 vv = _mm256_loadu_ps(v + l * d + c);
+      const __m256 vv = loadkv<F16>(v, l * d + c);
       for (int r = 0; r < NR; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r * ldp + l]), vv, acc[r]);
     }
     for (int r = 0; r < NR; ++r) _mm256_storeu_ps(o + r * d + c, acc[r]);
@@ -257,18 +287,27 @@ void pv_nr(const float* p, i64 ldp, const float* v, i64 nk, i64 d, const float* 
   for (; c < d; ++c)
     for (int r = 0; r < NR; ++r) {
       float a = o[r * d + c] * corr[r];
-      for (i64 l = 0; l < nk; ++l) a += p[r * ldp + l] * v[l * d + c];
+      for (i64 l = 0; l < nk; ++l) {
+        const float vv = F16 ? half_to_float(static_cast<const std::uint16_t*>(v)[l * d + c])
+                             : static_cast<const float*>(v)[l * d + c];
+        a += p[r * ldp + l] * vv;
+      }
       o[r * d + c] = a;
     }
 }
 
-void pv_tile(const float* p, i64 ldp, int nr, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+template <bool F16>
+void pv_t(const float* p, i64 ldp, int nr, const void* v, i64 nk, i64 d, const float* corr, float* o) {
   switch (nr) {
-    case 1: pv_nr<1>(p, ldp, v, nk, d, corr, o); break;
-    case 2: pv_nr<2>(p, ldp, v, nk, d, corr, o); break;
-    case 3: pv_nr<3>(p, ldp, v, nk, d, corr, o); break;
-    default: pv_nr<4>(p, ldp, v, nk, d, corr, o); break;
+    case 1: pv_nr<F16, 1>(p, ldp, v, nk, d, corr, o); break;
+    case 2: pv_nr<F16, 2>(p, ldp, v, nk, d, corr, o); break;
+    case 3: pv_nr<F16, 3>(p, ldp, v, nk, d, corr, o); break;
+    default: pv_nr<F16, 4>(p, ldp, v, nk, d, corr, o); break;
   }
+}
+
+void pv_tile(const float* p, i64 ldp, int nr, const void* v, bool vf16, i64 nk, i64 d, const float* corr, float* o) {
+  (vf16 ? pv_t<true> : pv_t<false>)(p, ldp, nr, v, nk, d, corr, o);
 }
 
 const LlmKernels table = {"avx2", 4, quantize_x, qgemm_group, fgemm_tile, f16_to_f32, f32_to_f16, qk_tile, pv_tile};

@@ -97,22 +97,32 @@ void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
   for (i64 i = 0; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
-void qk_tile(const float* q, i64 ldq, int nr, const float* kt, i64 nk, i64 d, float scale, float* s, i64 lds) {
-  for (int r = 0; r < nr; ++r)
-    for (i64 l = 0; l < nk; ++l) {
-      float acc = 0.f;
-      for (i64 i = 0; i < d; ++i) acc += q[r * ldq + i] * kt[l * d + i];
-      s[r * lds + l] = acc * scale;
+void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 d, float scale, float* s, i64 lds) {
+  for (int r = 0; r < nr; ++r) {
+    float acc[KT] = {};
+    for (i64 i = 0; i < d; ++i) {
+      const float qi = q[r * ldq + i];
+      for (int l = 0; l < KT; ++l) {
+        const float kv = kf16 ? half_to_float(static_cast<const std::uint16_t*>(ktile)[i * KT + l])
+                              : static_cast<const float*>(ktile)[i * KT + l];
+        acc[l] += qi * kv;
+      }
     }
+    for (int l = 0; l < KT; ++l) s[r * lds + l] = acc[l] * scale;
+  }
 }
 
-void pv_tile(const float* p, i64 ldp, int nr, const float* v, i64 nk, i64 d, const float* corr, float* o) {
+void pv_tile(const float* p, i64 ldp, int nr, const void* v, bool vf16, i64 nk, i64 d, const float* corr, float* o) {
   for (int r = 0; r < nr; ++r) {
     float* orow = o + r * d;
     for (i64 i = 0; i < d; ++i) orow[i] *= corr[r];
     for (i64 l = 0; l < nk; ++l) {
       const float pl = p[r * ldp + l];
-      for (i64 i = 0; i < d; ++i) orow[i] += pl * v[l * d + i];
+      for (i64 i = 0; i < d; ++i) {
+        const float vv = vf16 ? half_to_float(static_cast<const std::uint16_t*>(v)[l * d + i])
+                              : static_cast<const float*>(v)[l * d + i];
+        orow[i] += pl * vv;
+      }
     }
   }
 }

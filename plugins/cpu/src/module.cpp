@@ -718,6 +718,9 @@ void py_global_avg_pool(const py::array& x, const py::array& out) {
 }  // namespace
 
 void bind_llm(pybind11::module_&);
+namespace hetero {
+void bind_onnx_extra(pybind11::module_& m);
+}
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "hetero CPU kernels: packed GEMM, elementwise, normalisation, data movement and CNN ops";
@@ -783,4 +786,5 @@ PYBIND11_MODULE(_native, m) {
         py::arg("pads") = zero4, py::arg("count_include_pad") = false);
   m.def("global_avg_pool", &py_global_avg_pool, py::arg("x"), py::arg("out"));
   bind_llm(m);
+  hetero::bind_onnx_extra(m);
 }

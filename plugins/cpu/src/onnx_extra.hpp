@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common.hpp"
+#include "conv.hpp"
 
 namespace hetero {
 
@@ -26,8 +27,8 @@ struct ExtraKernels {
   void (*sumexp_acc)(float* y, const float* x, const float* shift, i64 n);
   // Softmax (or log-softmax) over the n rows of an (n, inner) block, independently per column. scratch: 2*inner.
   void (*softmax_cols)(const float* x, float* y, i64 n, i64 inner, bool log, float* scratch);
-  // y = a * x + b
-  void (*affine_row)(const float* x, float* y, i64 n, float a, float b);
+  // y = a * (x - m) + b (centring first keeps large offsets exact)
+  void (*affine_row)(const float* x, float* y, i64 n, float m, float a, float b);
   // Two-pass mean and population variance.
   void (*mean_var_row)(const float* x, i64 n, float* mean, float* var);
   // y = x >= 0 ? x : slope * x; slope a scalar (*slope) when slope_vec is false.
@@ -41,6 +42,8 @@ struct ExtraKernels {
   void (*max_rows)(const float* x, i64 ld, i64 rows, float* out, i64 n);
   // y = clamp(y + b, lo, hi) (NaN passes through): the bias + ReLU / ReLU6 / Clip epilogue in one pass.
   void (*bias_clamp_row)(float* y, i64 n, float b, float lo, float hi);
+  // Packed-B panels (width nr) of columns [j0, j0 + ncols) of the im2col matrix of one image/group (conv.cpp).
+  void (*im2col_block)(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst);
 };
 
 const ExtraKernels* extra_generic();

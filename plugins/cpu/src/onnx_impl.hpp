@@ -5,11 +5,15 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
+
+#include "conv.hpp"
 
 #include "onnx_extra.hpp"
 
 namespace {
 
+using hetero::ConvGeom;
 using hetero::R_L1;
 using hetero::R_MAX;
 using hetero::R_MIN;
@@ -175,11 +179,11 @@ void x_softmax_cols(const float* x, float* y, i64 n, i64 inner, bool log, float*
   }
 }
 
-void x_affine_row(const float* x, float* y, i64 n, float a, float b) {
-  const V va = SIMD::set1(a), vb = SIMD::set1(b);
+void x_affine_row(const float* x, float* y, i64 n, float m, float a, float b) {
+  const V vm = SIMD::set1(m), va = SIMD::set1(a), vb = SIMD::set1(b);
   i64 i = 0;
-  for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::fma(va, SIMD::load(x + i), vb));
-  for (; i < n; ++i) y[i] = a * x[i] + b;
+  for (; i + W <= n; i += W) SIMD::store(y + i, SIMD::fma(va, SIMD::sub(SIMD::load(x + i), vm), vb));
+  for (; i < n; ++i) y[i] = a * (x[i] - m) + b;
 }
 
 void x_mean_var_row(const float* x, i64 n, float* mean, float* var) {
@@ -299,9 +303,83 @@ void x_bias_clamp_row(float* y, i64 n, float b, float lo, float hi) {
   }
 }
 
+// Compiled per ISA so that the run copies below vectorise at the full vector width.
+inline i64 x_ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+inline i64 x_floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// Packed-B panels of columns [j0, j0 + ncols) of the im2col matrix of one image/group: rows k = (c, ky, kx),
+// columns j = (oy, ox). Each panel row is filled segment by segment (a segment = the part of the panel that lies
+// on one output row), so stride-1 convs copy contiguous input runs instead of testing every element.
+void x_im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst) {
+  const i64 K = cin_g * g.kh * g.kw;
+  const i64 np = x_ceil_div(ncols, nr);
+  struct Seg {
+    i64 jj, oy, ox, len;
+  };
+  Seg segs[65];  // nr <= 64 columns -> at most nr segments
+  // Per (segment, kx): the first source column and the valid run [lo, hi) of the segment (divisions hoisted out
+  // of the channel loop: they cost more than the copies for small kernels).
+  thread_local std::vector<i64> cols_tab;
+  cols_tab.resize(static_cast<std::size_t>(65 * g.kw * 3));
+  for (i64 p = 0; p < np; ++p) {
+    float* d = dst + p * K * nr;
+    const i64 pj = j0 + p * nr, cols = std::min<i64>(nr, j0 + ncols - pj);
+    int nseg = 0;
+    for (i64 jj = 0; jj < cols;) {
+      const i64 j = pj + jj, oy = j / g.Wo, ox = j % g.Wo, len = std::min<i64>(g.Wo - ox, cols - jj);
+      segs[nseg++] = Seg{jj, oy, ox, len};
+      jj += len;
+    }
+    i64* tab = cols_tab.data();
+    for (int s = 0; s < nseg; ++s)
+      for (i64 kx = 0; kx < g.kw; ++kx) {
+        const Seg& sg = segs[s];
+        const i64 ix0 = sg.ox * g.sw + kx * g.dw - g.pl;
+        // t in [lo, hi): ix0 + t*sw inside [0, W)
+        const i64 lo = std::min<i64>(sg.len, ix0 >= 0 ? 0 : x_ceil_div(-ix0, g.sw));
+        const i64 hi =
+            std::max<i64>(lo, std::min<i64>(sg.len, ix0 >= g.W ? 0 : x_floor_div(g.W - 1 - ix0, g.sw) + 1));
+        i64* e = tab + (s * g.kw + kx) * 3;
+        e[0] = ix0;
+        e[1] = lo;
+        e[2] = hi;
+      }
+    i64 k = 0;
+    for (i64 c = 0; c < cin_g; ++c) {
+      const float* plane = x + c * g.H * g.W;
+      for (i64 ky = 0; ky < g.kh; ++ky)
+        for (i64 kx = 0; kx < g.kw; ++kx, ++k) {
+          float* row = d + k * nr;
+          for (int s = 0; s < nseg; ++s) {
+            const Seg& sg = segs[s];
+            float* r = row + sg.jj;
+            const i64 iy = sg.oy * g.sh + ky * g.dh - g.pt;
+            if (iy < 0 || iy >= g.H) {
+              for (i64 t = 0; t < sg.len; ++t) r[t] = 0.f;
+              continue;
+            }
+            const i64* e = tab + (s * g.kw + kx) * 3;
+            const float* src = plane + iy * g.W + e[0];
+            const i64 lo = e[1], hi = e[2];
+            for (i64 t = 0; t < lo; ++t) r[t] = 0.f;
+            if (g.sw == 1) {
+              for (i64 t = lo; t < hi; ++t) r[t] = src[t];
+            } else if (g.sw == 2) {
+              for (i64 t = lo; t < hi; ++t) r[t] = src[2 * t];
+            } else {
+              for (i64 t = lo; t < hi; ++t) r[t] = src[t * g.sw];
+            }
+            for (i64 t = hi; t < sg.len; ++t) r[t] = 0.f;
+          }
+          for (i64 t = cols; t < nr; ++t) row[t] = 0.f;
+        }
+    }
+  }
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_im2col_block,
 };
 
 }  // namespace

@@ -36,6 +36,13 @@ def _native():
     return _native
 
 
+def _short_version(info: dict) -> str:
+    """"OpenCL 3.0 PoCL, C 1.2, driver 3.1+debian": what the device implements, its kernel language, the driver."""
+    version = " ".join(info["version"].split()[:3])
+    c_version = " ".join(info["opencl_c_version"].split()[2:3])
+    return f"{version}, C {c_version}, driver {info['driver_version']}"
+
+
 def list_devices() -> list[Device]:
     """Every available OpenCL device, numbered in platform order (``opencl:0``, ``opencl:1``...)."""
     native = _native()
@@ -58,7 +65,7 @@ def list_devices() -> list[Device]:
                 vendor=info["vendor"],
                 memory_bytes=int(info["global_mem_bytes"]),
                 properties={
-                    "version": f"{info['version']}; {info['opencl_c_version']}; driver {info['driver_version']}",
+                    "version": _short_version(info),
                     "fp16": "cl_khr_fp16" in extensions,
                     "subgroups": bool(extensions & {"cl_khr_subgroups", "cl_intel_subgroups"}),
                     "platform": platform["name"],

@@ -1,4 +1,4 @@
-"""Entry point of the hetero-opencl plugin. Pure Python and light: the native module loads only in ``probe``/``create``."""
+"""Entry point of the hetero-opencl plugin. Pure Python and light: the native module loads in ``probe``/``create``."""
 
 from __future__ import annotations
 

@@ -300,6 +300,7 @@ class Context {
   void close() {
     if (queue_) {
       clFinish(queue_);
+      pending_.clear();
       clReleaseCommandQueue(queue_);
       queue_ = nullptr;
     }
@@ -334,14 +335,19 @@ class Context {
     return b;
   }
 
-  void write(Buffer& dst, py::buffer src, size_t offset) {
+  // blocking=false queues the write and keeps `src` alive until the queue next drains (read / finish): the
+  // decode loop uploads its token and position without waiting for the device.
+  void write(Buffer& dst, py::buffer src, size_t offset, bool blocking) {
     live();
     py::buffer_info bi = src.request();
     const size_t n = static_cast<size_t>(bi.size) * static_cast<size_t>(bi.itemsize);
     if (offset + n > dst.cap) throw std::invalid_argument("write past the end of the buffer");
     if (n == 0) return;
-    check(clEnqueueWriteBuffer(queue_, dst.mem, CL_TRUE, offset, n, bi.ptr, 0, nullptr, nullptr),
+    if (!blocking && pending_.size() >= 4096) finish();
+    check(clEnqueueWriteBuffer(queue_, dst.mem, blocking ? CL_TRUE : CL_FALSE, offset, n, bi.ptr, 0, nullptr,
+                               nullptr),
           "clEnqueueWriteBuffer");
+    if (!blocking) pending_.push_back(src);
   }
 
   void read(Buffer& src, py::buffer dst, size_t offset) {
@@ -356,6 +362,7 @@ class Context {
       err = clEnqueueReadBuffer(queue_, src.mem, CL_TRUE, offset, n, bi.ptr, 0, nullptr, nullptr);
     }
     check(err, "clEnqueueReadBuffer");
+    pending_.clear();  // in-order queue: every earlier write has completed
   }
 
   void copy(Buffer& src, Buffer& dst, size_t src_off, size_t dst_off, size_t n) {
@@ -444,8 +451,13 @@ class Context {
 
   void finish() {
     live();
-    py::gil_scoped_release release;
-    check(clFinish(queue_), "clFinish");
+    cl_int err;
+    {
+      py::gil_scoped_release release;
+      err = clFinish(queue_);
+    }
+    check(err, "clFinish");
+    pending_.clear();
   }
   void flush() {
     live();
@@ -475,6 +487,7 @@ class Context {
   cl_context ctx_ = nullptr;
   cl_command_queue queue_ = nullptr;
   std::shared_ptr<Pool> pool_;
+  std::vector<py::object> pending_;  // host sources of queued non-blocking writes
 };
 
 }  // namespace
@@ -505,7 +518,8 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<int, int>(), py::arg("platform"), py::arg("device"))
       .def("info", &Context::info)
       .def("alloc", &Context::alloc)
-      .def("write", &Context::write, py::arg("dst"), py::arg("src"), py::arg("offset") = 0)
+      .def("write", &Context::write, py::arg("dst"), py::arg("src"), py::arg("offset") = 0,
+           py::arg("blocking") = true)
       .def("read", &Context::read, py::arg("src"), py::arg("dst"), py::arg("offset") = 0)
       .def("copy", &Context::copy)
       .def("zero", &Context::zero)

@@ -132,8 +132,9 @@ class CpuGather(CpuKernel):
         return _plain_dtypes(node)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        data = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
-        indices = np.ascontiguousarray(inputs[1].numpy(), dtype=np.int64)  # type: ignore[union-attr]
+        # np.asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray would make a scalar index shape (1,)).
+        data = np.asarray(inputs[0].numpy(), order="C")  # type: ignore[union-attr]
+        indices = np.asarray(inputs[1].numpy(), dtype=np.int64, order="C")  # type: ignore[union-attr]
         out = outputs[0].buffer
         if out.size:
             axis = self.attr("axis", 0)

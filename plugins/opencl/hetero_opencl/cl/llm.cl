@@ -13,22 +13,22 @@ __kernel void rmsnorm(__global const float* x, __global const float* w, __global
   for (int i = lid; i < D; i += size) yp[i] = (xp[i] * inv) * (offset + w[i]);
 }
 
-// NeoX rotary embedding on [T, H, D]; table holds cos then sin for each position: table[(pos * 2 + 0/1) * half + i]
+// NeoX rotary embedding on [T, H, D]; table holds cos then sin for each position: table[(pos * 2 + 0/1) * rot / 2 + i]
 // (already multiplied by the attention factor, computed on the host in float64 like the reference).
 __kernel void rope(__global const float* x, __global float* y, __global const float* table, int H, int D, int rot,
                    int past_len) {
   const int i = get_global_id(0), h = get_global_id(1), t = get_global_id(2);
   if (i >= D || h >= H) return;
   const long base = ((long)t * H + h) * D;
-  const int half = rot / 2;
+  const int hr = rot / 2;
   const long pos = past_len + t;
   float v = x[base + i];
-  if (i < half) {
-    const float c = table[(pos * 2) * half + i], s = table[(pos * 2 + 1) * half + i];
-    v = v * c - x[base + i + half] * s;
+  if (i < hr) {
+    const float c = table[(pos * 2) * hr + i], s = table[(pos * 2 + 1) * hr + i];
+    v = v * c - x[base + i + hr] * s;
   } else if (i < rot) {
-    const float c = table[(pos * 2) * half + i - half], s = table[(pos * 2 + 1) * half + i - half];
-    v = v * c + x[base + i - half] * s;
+    const float c = table[(pos * 2) * hr + i - hr], s = table[(pos * 2 + 1) * hr + i - hr];
+    v = v * c + x[base + i - hr] * s;
   }
   y[base + i] = v;
 }

@@ -107,7 +107,7 @@ __kernel void channel_bias_act(__global float* y, __global const float* bias, in
 
 // 2-D max / average pooling (mode 0 max, 1 average excluding pads, 2 average including pads).
 __kernel void pool2d(__global const float* x, __global float* y, int NC, int H, int W, int OH, int OW, int KH, int KW,
-                     int sh, int sw, int ph, int pw, int dh, int dw, int mode) {
+                     int sh, int sw, int ph, int pw, int ph1, int pw1, int dh, int dw, int mode) {
   const int ox = get_global_id(0), oy = get_global_id(1), nc = get_global_id(2);
   if (ox >= OW || oy >= OH || nc >= NC) return;
   __global const float* xp = x + (long)nc * H * W;
@@ -120,7 +120,7 @@ __kernel void pool2d(__global const float* x, __global float* y, int NC, int H, 
       const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;
       if (mode == 2) {
         // count_include_pad counts pads inside the padded input, not past it (ceil_mode windows)
-        if (iy < H + ph && ix < W + pw) ++count;
+        if (iy < H + ph1 && ix < W + pw1) ++count;
       }
       if (!inside) continue;
       const float v = xp[iy * W + ix];
@@ -203,14 +203,14 @@ __kernel void layernorm(__global const float* x, __global const float* scale, __
   }
 }
 
-// Resize of the last two axes of [NC, H, W]. coord: 0 half_pixel, 1 asymmetric, 2 align_corners,
+// Resize of the last two axes of [NC, H, W] (len_*: the resized length align_corners divides by). coord: 0 half_pixel, 1 asymmetric, 2 align_corners,
 // 3 pytorch_half_pixel, 4 tf_half_pixel_for_nn. mode 0 nearest (nearest: 0 round_prefer_floor, 1 round_prefer_ceil,
 // 2 floor, 3 ceil), 1 linear.
-inline float resize_coord(int o, float scale, int in_len, int out_len, int coord) {
+inline float resize_coord(int o, float scale, int in_len, int out_len, float length, int coord) {
   switch (coord) {
     case 0: return ((float)o + 0.5f) / scale - 0.5f;
     case 1: return (float)o / scale;
-    case 2: return out_len == 1 ? 0.0f : (float)o * (float)(in_len - 1) / (float)(out_len - 1);
+    case 2: return out_len == 1 ? 0.0f : (float)o * (float)(in_len - 1) / (length - 1.0f);
     case 3: return out_len > 1 ? ((float)o + 0.5f) / scale - 0.5f : 0.0f;
     default: return ((float)o + 0.5f) / scale;
   }
@@ -228,11 +228,11 @@ inline int nearest_index(float c, int nearest, int len) {
 }
 
 __kernel void resize2d(__global const float* x, __global float* y, int NC, int H, int W, int OH, int OW,
-                       float scale_h, float scale_w, int mode, int coord, int nearest) {
+                       float scale_h, float scale_w, float len_h, float len_w, int mode, int coord, int nearest) {
   const int ox = get_global_id(0), oy = get_global_id(1), nc = get_global_id(2);
   if (ox >= OW || oy >= OH || nc >= NC) return;
   __global const float* xp = x + (long)nc * H * W;
-  const float cy = resize_coord(oy, scale_h, H, OH, coord), cx = resize_coord(ox, scale_w, W, OW, coord);
+  const float cy = resize_coord(oy, scale_h, H, OH, len_h, coord), cx = resize_coord(ox, scale_w, W, OW, len_w, coord);
   float v;
   if (mode == 0) {
     v = xp[nearest_index(cy, nearest, H) * W + nearest_index(cx, nearest, W)];

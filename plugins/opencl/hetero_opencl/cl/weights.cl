@@ -79,12 +79,13 @@ inline float row_dot(__global const uchar* row, __global const float* x, int K, 
   return acc;
 }
 
-// y[m, n] = x[m] . W[n] (+ bias[n]): one work-group per (row n, QMT tokens); weights read once per QMT tokens.
+// y[m, n] = x[m] . W[n] (+ bias[n]), split-K: one work-group per (row n, QMT tokens), the work-items share the
+// row's 16-element chunks and reduce once at the end (all QMT sums in one tree). Weights read once per QMT tokens.
+// Suits GPUs: neighbouring work-items read neighbouring bytes of a row.
 __kernel void qmatvec(__global const float* x, __global const uchar* W, __global const float* bias,
                       __global float* y, int M, int N, int K, int row_bytes, int has_bias, __local float* red) {
   const int lid = get_local_id(0), size = get_local_size(0);
   const int n = get_group_id(1), m0 = get_group_id(2) * QMT;
-  if (n >= N) return;
   __global const uchar* row = W + (long)n * row_bytes;
   float acc[QMT];
   for (int t = 0; t < QMT; ++t) acc[t] = 0.0f;
@@ -101,10 +102,37 @@ __kernel void qmatvec(__global const float* x, __global const uchar* W, __global
       for (int t = 0; t < mt; ++t) acc[t] += w * x[(long)(m0 + t) * K + k];
     }
   }
-  for (int t = 0; t < QMT; ++t) {
-    const float s = group_sum(acc[t], red, lid, size);
-    if (lid == 0 && t < mt) y[(long)(m0 + t) * N + n] = s + (has_bias ? bias[n] : 0.0f);
+  for (int t = 0; t < QMT; ++t) red[t * size + lid] = acc[t];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = size >> 1; s > 0; s >>= 1) {
+    if (lid < s)
+      for (int t = 0; t < QMT; ++t) red[t * size + lid] += red[t * size + lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
   }
+  if (lid < mt) y[(long)(m0 + lid) * N + n] = red[lid * size] + (has_bias ? bias[n] : 0.0f);
+}
+
+// The same product, one work-item per (row n, QMT tokens) walking the whole row: no local memory, no barriers.
+// Suits CPU devices (PoCL), where a work-group runs as a loop and barriers cost more than they share.
+__kernel void qmatvec_rows(__global const float* x, __global const uchar* W, __global const float* bias,
+                           __global float* y, int M, int N, int K, int row_bytes, int has_bias) {
+  const int n = get_global_id(0), m0 = get_global_id(1) * QMT;
+  if (n >= N || m0 >= M) return;
+  __global const uchar* row = W + (long)n * row_bytes;
+  float acc[QMT];
+  for (int t = 0; t < QMT; ++t) acc[t] = 0.0f;
+  const int mt = min(QMT, M - m0);
+  const int full = K / 16;
+  for (int c = 0; c < full; ++c) {
+    const float16 w = load16(row, c * 16);
+    for (int t = 0; t < QMT; ++t)
+      if (t < mt) acc[t] += dot16(w, vload16(c, x + (long)(m0 + t) * K));
+  }
+  for (int k = full * 16; k < K; ++k) {
+    const float w = load1(row, k);
+    for (int t = 0; t < mt; ++t) acc[t] += w * x[(long)(m0 + t) * K + k];
+  }
+  for (int t = 0; t < mt; ++t) y[(long)(m0 + t) * N + n] = acc[t] + (has_bias ? bias[n] : 0.0f);
 }
 
 // out[n, k] = W[n, k] as float32 (for the matrix-matrix path: dequantize into scratch, then the tiled GEMM).

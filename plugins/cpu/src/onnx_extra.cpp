@@ -1,0 +1,859 @@
+// Drivers and bindings of the extra ONNX kernels: reductions over any axes, ArgMax/ArgMin, TopK, comparisons,
+// logical ops, Where, PRelu, softmax over any axis, instance/group normalisation, Pad and 2-D Resize. The float
+// arithmetic runs in the ISA table of onnx_extra.hpp; conv_transpose.cpp and rnn.cpp add their own bindings.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "nd.hpp"
+#include "onnx_extra.hpp"
+#include "onnx_py.hpp"
+
+namespace hetero {
+namespace {
+
+using namespace pyx;
+
+inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------------------------- N-operand iteration
+
+// Up to NOPS operands over one shape (byte strides); size-1 dims dropped and contiguous neighbours merged.
+template <int NOPS>
+struct NdN {
+  int nd = 0;
+  i64 shape[kMaxDims];
+  i64 st[NOPS][kMaxDims];
+  NdN(int ndim, const i64* shp, const i64* const* strides) {
+    if (ndim > kMaxDims) throw std::invalid_argument("at most 16 dimensions supported");
+    for (int d = 0; d < ndim; ++d) {
+      if (shp[d] == 1) continue;
+      shape[nd] = shp[d];
+      for (int o = 0; o < NOPS; ++o) st[o][nd] = strides[o][d];
+      ++nd;
+    }
+    int w = 0;
+    for (int d = 0; d < nd; ++d) {
+      if (w > 0) {
+        bool merge = true;
+        for (int o = 0; o < NOPS; ++o) merge = merge && st[o][w - 1] == st[o][d] * shape[d];
+        if (merge) {
+          shape[w - 1] *= shape[d];
+          for (int o = 0; o < NOPS; ++o) st[o][w - 1] = st[o][d];
+          continue;
+        }
+      }
+      shape[w] = shape[d];
+      for (int o = 0; o < NOPS; ++o) st[o][w] = st[o][d];
+      ++w;
+    }
+    nd = w;
+    if (nd == 0) {
+      nd = 1;
+      shape[0] = 1;
+      for (int o = 0; o < NOPS; ++o) st[o][0] = 0;
+    }
+  }
+  i64 inner() const { return shape[nd - 1]; }
+  i64 outer() const {
+    i64 n = 1;
+    for (int d = 0; d < nd - 1; ++d) n *= shape[d];
+    return n;
+  }
+};
+
+// Calls row(off, inner_strides, n) over pieces of rows, threaded; off[o] = byte offset of operand o.
+template <int NOPS, class Row>
+void run_rows(const NdN<NOPS>& it, double cost_per_elem, Row row) {
+  const i64 n = it.inner(), rows = it.outer();
+  if (n == 0 || rows == 0) return;
+  constexpr i64 kChunk = 16384;
+  const i64 rpt = std::max<i64>(1, kChunk / std::max<i64>(n, 1));
+  const i64 pieces = n > kChunk ? ceil_div(n, kChunk) : 1;
+  const i64 rtasks = ceil_div(rows, rpt);
+  i64 is[NOPS];
+  for (int o = 0; o < NOPS; ++o) is[o] = it.st[o][it.nd - 1];
+  const int T = threads_for(static_cast<double>(n) * rows * cost_per_elem, 32768);
+  parallel_for(rtasks * pieces, T, [&](i64 t) {
+    const i64 rt = t / pieces, pc = t % pieces;
+    const i64 c0 = pc * kChunk, c1 = std::min<i64>(n, c0 + (pieces > 1 ? kChunk : n));
+    const i64 r0 = rt * rpt, r1 = std::min<i64>(rows, r0 + rpt);
+    i64 idx[kMaxDims] = {};
+    i64 off[NOPS] = {};
+    i64 r = r0;
+    for (int d = it.nd - 2; d >= 0; --d) {
+      idx[d] = r % it.shape[d];
+      r /= it.shape[d];
+      for (int o = 0; o < NOPS; ++o) off[o] += idx[d] * it.st[o][d];
+    }
+    for (i64 q = r0; q < r1; ++q) {
+      i64 o2[NOPS];
+      for (int o = 0; o < NOPS; ++o) o2[o] = off[o] + c0 * is[o];
+      row(o2, is, c1 - c0);
+      for (int d = it.nd - 2; d >= 0; --d) {
+        ++idx[d];
+        for (int o = 0; o < NOPS; ++o) off[o] += it.st[o][d];
+        if (idx[d] < it.shape[d]) break;
+        for (int o = 0; o < NOPS; ++o) off[o] -= idx[d] * it.st[o][d];
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+template <class T>
+inline T ld(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// ------------------------------------------------------------------------------------------------- reductions
+
+int reduce_id(const std::string& op) {
+  static const std::pair<const char*, int> ops[] = {{"sum", R_SUM},   {"mean", R_SUM}, {"sumsq", R_SUMSQ},
+                                                    {"l2", R_SUMSQ},  {"l1", R_L1},    {"max", R_MAX},
+                                                    {"min", R_MIN},   {"prod", R_PROD}, {"logsum", R_SUM}};
+  for (const auto& kv : ops)
+    if (op == kv.first) return kv.second;
+  if (op == "logsumexp") return R_MAX;
+  fail("reduce: unknown op '" + op + "' (sum, mean, sumsq, l1, l2, max, min, prod, logsum, logsumexp)");
+}
+
+float identity(int op) {
+  switch (op) {
+    case R_PROD: return 1.f;
+    case R_MAX: return -std::numeric_limits<float>::infinity();
+    case R_MIN: return std::numeric_limits<float>::infinity();
+    default: return 0.f;
+  }
+}
+
+inline float combine(int op, float a, float b) {
+  switch (op) {
+    case R_MAX: return (b > a || b != b) ? b : a;
+    case R_MIN: return (b < a || b != b) ? b : a;
+    case R_PROD: return a * b;
+    default: return a + b;
+  }
+}
+
+// Input x contiguous with merged dims (shape, reduced flags). Writes out (contiguous over kept dims).
+// shift != nullptr: sum of exp(x - shift[o]) instead of `op`.
+void reduce_core(const ExtraKernels& xk, int op, const float* x, const std::vector<i64>& shape,
+                 const std::vector<char>& red, float* out, const float* shift) {
+  const int nd = static_cast<int>(shape.size());
+  std::vector<i64> st(static_cast<std::size_t>(nd));
+  {
+    i64 s = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      st[static_cast<std::size_t>(d)] = s;
+      s *= shape[static_cast<std::size_t>(d)];
+    }
+  }
+  std::vector<i64> kdim, rdim;  // kept / reduced dims, outermost first
+  for (int d = 0; d < nd; ++d) (red[static_cast<std::size_t>(d)] ? rdim : kdim).push_back(d);
+  const bool last_red = red[static_cast<std::size_t>(nd - 1)] != 0;
+  const i64 L = shape[static_cast<std::size_t>(nd - 1)];
+  // The reduced index space, without the last dim when it is the (contiguous) row.
+  std::vector<i64> rloop(rdim.begin(), rdim.end() - (last_red ? 1 : 0));
+  i64 rcount = 1;
+  for (i64 d : rloop) rcount *= shape[static_cast<std::size_t>(d)];
+  std::vector<i64> kloop(kdim.begin(), kdim.end() - (last_red ? 0 : 1));
+  i64 kcount = 1;
+  for (i64 d : kloop) kcount *= shape[static_cast<std::size_t>(d)];
+  i64 total = 1;
+  for (i64 v : shape) total *= v;
+  auto offset_of = [&](const std::vector<i64>& dims, i64 idx) {
+    i64 off = 0;
+    for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+      const i64 n = shape[static_cast<std::size_t>(*it)];
+      off += (idx % n) * st[static_cast<std::size_t>(*it)];
+      idx /= n;
+    }
+    return off;
+  };
+  // Offsets of every reduced combination (rcount is the number of rows/blocks one output accumulates).
+  std::vector<i64> roff(static_cast<std::size_t>(rcount));
+  for (i64 r = 0; r < rcount; ++r) roff[static_cast<std::size_t>(r)] = offset_of(rloop, r);
+  const int T = threads_for(static_cast<double>(total) * (shift ? 4 : 1), 32768);
+  if (last_red) {
+    // One output element per kept combination: reduce rcount rows of length L.
+    const i64 chunk = std::max<i64>(1, kcount / std::max(1, T * 4));
+    parallel_for(ceil_div(kcount, chunk), T, [&](i64 t) {
+      for (i64 o = t * chunk; o < std::min(kcount, (t + 1) * chunk); ++o) {
+        const float* base = x + offset_of(kloop, o);
+        float acc = shift ? 0.f : identity(op);
+        for (i64 r = 0; r < rcount; ++r) {
+          const float* row = base + roff[static_cast<std::size_t>(r)];
+          acc = shift ? acc + xk.sumexp_row(row, L, shift[o]) : combine(op, acc, xk.reduce_row(op, row, L));
+        }
+        out[o] = acc;
+      }
+    });
+    return;
+  }
+  // The last dim is kept: each output row (length L) accumulates rcount input rows; rows split into column chunks
+  // when there are fewer output rows than threads.
+  const i64 cchunk = kcount >= T ? L : std::max<i64>(256, ceil_div(L, T));
+  const i64 ncc = ceil_div(L, cchunk);
+  parallel_for(kcount * ncc, T, [&](i64 t) {
+    const i64 o = t / ncc, c0 = (t % ncc) * cchunk, n = std::min(L, c0 + cchunk) - c0;
+    const float* base = x + offset_of(kloop, o) + c0;
+    float* y = out + o * L + c0;
+    const float* sh = shift ? shift + o * L + c0 : nullptr;
+    std::fill(y, y + n, shift ? 0.f : identity(op));
+    for (i64 r = 0; r < rcount; ++r) {
+      if (sh)
+        xk.sumexp_acc(y, base + roff[static_cast<std::size_t>(r)], sh, n);
+      else
+        xk.reduce_acc(op, y, base + roff[static_cast<std::size_t>(r)], n);
+    }
+  });
+}
+
+void py_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
+  const char* fn = "reduce";
+  need_f32(x, fn, "x");
+  need_contig(x, fn, "x");
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  const int op = reduce_id(opname);
+  const int nd = static_cast<int>(x.ndim());
+  std::vector<char> red(static_cast<std::size_t>(std::max(nd, 1)), 0);
+  for (i64 a : axes) {
+    if (a < -nd || a >= nd) fail("reduce: axis " + std::to_string(a) + " out of range for rank " + std::to_string(nd));
+    red[static_cast<std::size_t>(a < 0 ? a + nd : a)] = 1;
+  }
+  i64 kept = 1, rsize = 1;
+  for (int d = 0; d < nd; ++d) (red[static_cast<std::size_t>(d)] ? rsize : kept) *= x.shape(d);
+  if (out.size() != kept)
+    fail("reduce: out has " + std::to_string(out.size()) + " elements, expected " + std::to_string(kept));
+  if (rsize == 0) fail("reduce: empty reduction");
+  // Merge neighbouring dims of the same kind; drop size-1 dims.
+  std::vector<i64> shape;
+  std::vector<char> rf;
+  for (int d = 0; d < nd; ++d) {
+    const i64 n = x.shape(d);
+    if (n == 1) continue;
+    const char r = red[static_cast<std::size_t>(d)];
+    if (!shape.empty() && rf.back() == r) {
+      shape.back() *= n;
+    } else {
+      shape.push_back(n);
+      rf.push_back(r);
+    }
+  }
+  if (shape.empty()) {
+    shape.push_back(1);
+    rf.push_back(1);
+  }
+  const float* px = cptr<float>(x);
+  float* po = mptr<float>(out);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  if (x.size() == 0) return;
+  reduce_core(xk, op, px, shape, rf, po, nullptr);
+  if (opname == "logsumexp") {
+    std::vector<float> m(po, po + kept);
+    for (float& v : m)
+      if (!std::isfinite(v)) v = 0.f;  // +-inf / NaN max: exp(x - 0) gives the right inf / NaN / 0 sum
+    reduce_core(xk, R_SUM, px, shape, rf, po, m.data());
+    for (i64 i = 0; i < kept; ++i) po[i] = m[static_cast<std::size_t>(i)] + std::log(po[i]);
+  } else if (opname == "mean") {
+    const float inv = 1.f / static_cast<float>(rsize);
+    for (i64 i = 0; i < kept; ++i) po[i] *= inv;
+  } else if (opname == "l2") {
+    for (i64 i = 0; i < kept; ++i) po[i] = std::sqrt(po[i]);
+  } else if (opname == "logsum") {
+    for (i64 i = 0; i < kept; ++i) po[i] = std::log(po[i]);
+  }
+}
+
+// --------------------------------------------------------------------------------------------- ArgMax / TopK
+
+template <class T>
+inline bool better(T v, T best, bool is_max, bool last) {
+  if (v != v) return !(best != best) || last;  // NaN counts as the extreme (numpy); first one wins unless `last`
+  if (best != best) return false;
+  if (is_max) return last ? v >= best : v > best;
+  return last ? v <= best : v < best;
+}
+
+template <class T>
+void argreduce_t(const T* x, i64 outer, i64 n, i64 inner, std::int64_t* out, bool is_max, bool last) {
+  const int T_ = threads_for(static_cast<double>(outer) * n * inner, 32768);
+  parallel_for(outer, T_, [&](i64 o) {
+    const T* base = x + o * n * inner;
+    std::int64_t* y = out + o * inner;
+    if (inner == 1) {
+      T best = base[0];
+      std::int64_t bi = 0;
+      for (i64 r = 1; r < n; ++r)
+        if (better(base[r], best, is_max, last)) {
+          best = base[r];
+          bi = r;
+        }
+      y[0] = bi;
+      return;
+    }
+    thread_local std::vector<T> bestv;
+    bestv.assign(base, base + inner);
+    std::fill(y, y + inner, 0);
+    for (i64 r = 1; r < n; ++r) {
+      const T* row = base + r * inner;
+      for (i64 j = 0; j < inner; ++j)
+        if (better(row[j], bestv[static_cast<std::size_t>(j)], is_max, last)) {
+          bestv[static_cast<std::size_t>(j)] = row[j];
+          y[j] = r;
+        }
+    }
+  });
+}
+
+void py_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_max, bool select_last) {
+  const char* fn = "argreduce";
+  need_contig(x, fn, "x");
+  need_out(out, fn);
+  if (dkey(out) != "i8") fail("argreduce: out must be int64");
+  const int nd = static_cast<int>(x.ndim());
+  if (nd == 0 || axis < 0 || axis >= nd) fail("argreduce: axis out of range");
+  i64 outer = 1, inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= x.shape(d);
+  for (int d = static_cast<int>(axis) + 1; d < nd; ++d) inner *= x.shape(d);
+  const i64 n = x.shape(static_cast<int>(axis));
+  if (n == 0) fail("argreduce: empty axis");
+  if (out.size() != outer * inner) fail("argreduce: out has the wrong size");
+  const std::string k = dkey(x);
+  if (k != "f4" && k != "f8" && k != "i4" && k != "i8")
+    fail("argreduce: unsupported dtype " + k + " (float32, float64, int32, int64)");
+  auto* po = mptr<std::int64_t>(out);
+  const void* px = x.data();
+  py::gil_scoped_release nogil;
+  if (k == "f4") argreduce_t(static_cast<const float*>(px), outer, n, inner, po, is_max, select_last);
+  else if (k == "f8") argreduce_t(static_cast<const double*>(px), outer, n, inner, po, is_max, select_last);
+  else if (k == "i4") argreduce_t(static_cast<const std::int32_t*>(px), outer, n, inner, po, is_max, select_last);
+  else argreduce_t(static_cast<const std::int64_t*>(px), outer, n, inner, po, is_max, select_last);
+}
+
+template <class T>
+void topk_t(const T* x, i64 outer, i64 n, i64 inner, i64 k, bool largest, T* vals, std::int64_t* idx) {
+  const int T_ = threads_for(static_cast<double>(outer) * inner * n * 4, 32768);
+  parallel_for(outer * inner, T_, [&](i64 t) {
+    const i64 o = t / inner, j = t % inner;
+    thread_local std::vector<std::pair<T, std::int64_t>> buf;
+    buf.resize(static_cast<std::size_t>(n));
+    const T* base = x + o * n * inner + j;
+    for (i64 r = 0; r < n; ++r) buf[static_cast<std::size_t>(r)] = {base[r * inner], r};
+    // Ties: the lower index first (ONNX). NaN sorts as the largest value.
+    auto cmp = [largest](const std::pair<T, std::int64_t>& a, const std::pair<T, std::int64_t>& b) {
+      const bool an = a.first != a.first, bn = b.first != b.first;
+      if (an || bn) {
+        if (an && bn) return a.second < b.second;
+        return largest ? an : bn;
+      }
+      if (a.first != b.first) return largest ? a.first > b.first : a.first < b.first;
+      return a.second < b.second;
+    };
+    std::partial_sort(buf.begin(), buf.begin() + k, buf.end(), cmp);
+    for (i64 r = 0; r < k; ++r) {
+      vals[(o * k + r) * inner + j] = buf[static_cast<std::size_t>(r)].first;
+      idx[(o * k + r) * inner + j] = buf[static_cast<std::size_t>(r)].second;
+    }
+  });
+}
+
+void py_topk(const py::array& x, i64 axis, i64 k, bool largest, const py::array& values, const py::array& indices) {
+  const char* fn = "topk";
+  need_contig(x, fn, "x");
+  need_out(values, fn, "values");
+  need_out(indices, fn, "indices");
+  if (dkey(indices) != "i8") fail("topk: indices must be int64");
+  if (dkey(values) != dkey(x)) fail("topk: values must have x's dtype");
+  const int nd = static_cast<int>(x.ndim());
+  if (nd == 0 || axis < 0 || axis >= nd) fail("topk: axis out of range");
+  const i64 n = x.shape(static_cast<int>(axis));
+  if (k < 0 || k > n) fail("topk: k=" + std::to_string(k) + " out of range for an axis of " + std::to_string(n));
+  i64 outer = 1, inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= x.shape(d);
+  for (int d = static_cast<int>(axis) + 1; d < nd; ++d) inner *= x.shape(d);
+  if (values.size() != outer * k * inner || indices.size() != outer * k * inner) fail("topk: outputs have the wrong size");
+  const std::string key = dkey(x);
+  if (key != "f4" && key != "f8" && key != "i4" && key != "i8") fail("topk: unsupported dtype " + key);
+  const void* px = x.data();
+  void* pv = mptr<void>(values);
+  auto* pi = mptr<std::int64_t>(indices);
+  py::gil_scoped_release nogil;
+  if (k == 0 || outer * inner == 0) return;
+  if (key == "f4") topk_t(static_cast<const float*>(px), outer, n, inner, k, largest, static_cast<float*>(pv), pi);
+  else if (key == "f8") topk_t(static_cast<const double*>(px), outer, n, inner, k, largest, static_cast<double*>(pv), pi);
+  else if (key == "i4")
+    topk_t(static_cast<const std::int32_t*>(px), outer, n, inner, k, largest, static_cast<std::int32_t*>(pv), pi);
+  else
+    topk_t(static_cast<const std::int64_t*>(px), outer, n, inner, k, largest, static_cast<std::int64_t*>(pv), pi);
+}
+
+// -------------------------------------------------------------------------------- comparisons, logic, Where, PRelu
+
+int cmp_id(const std::string& op) {
+  static const std::pair<const char*, int> ops[] = {{"eq", C_EQ}, {"lt", C_LT}, {"le", C_LE}, {"gt", C_GT}, {"ge", C_GE}};
+  for (const auto& kv : ops)
+    if (op == kv.first) return kv.second;
+  fail("compare: unknown op '" + op + "' (eq, lt, le, gt, ge)");
+}
+
+template <class T>
+inline std::uint8_t cmp_s(int op, T a, T b) {
+  switch (op) {
+    case C_EQ: return a == b;
+    case C_LT: return a < b;
+    case C_LE: return a <= b;
+    case C_GT: return a > b;
+    default: return a >= b;
+  }
+}
+
+template <class T>
+void cmp_rows(int op, const char* a, const char* b, std::uint8_t* y, const NdN<3>& it) {
+  run_rows<3>(it, 1.0, [&](const i64* off, const i64* is, i64 n) {
+    const char* pa = a + off[1];
+    const char* pb = b + off[2];
+    std::uint8_t* py_ = y + off[0];
+    for (i64 i = 0; i < n; ++i) py_[i] = cmp_s<T>(op, ld<T>(pa + i * is[1]), ld<T>(pb + i * is[2]));
+  });
+}
+
+void py_compare(const std::string& opname, const py::array& a, const py::array& b, const py::array& out) {
+  const char* fn = "compare";
+  const int op = cmp_id(opname);
+  need_out(out, fn);
+  if (dkey(out) != "b1" && dkey(out) != "u1") fail("compare: out must be bool");
+  const std::string key = dkey(a);
+  if (dkey(b) != key) fail("compare: a and b must share one dtype");
+  const std::vector<i64> shp = shape_of(out);
+  if (shape_of(a) != shp || shape_of(b) != shp) fail("compare: operands must be broadcast to out's shape");
+  const std::vector<i64> so = strides_of(out), sa = strides_of(a), sb = strides_of(b);
+  const i64* st[3] = {so.data(), sa.data(), sb.data()};
+  NdN<3> it(static_cast<int>(shp.size()), shp.data(), st);
+  const char* pa = cptr<char>(a);
+  const char* pb = cptr<char>(b);
+  auto* po = mptr<std::uint8_t>(out);
+  static const char* const kCmpTypes[] = {"f4", "f8", "i8", "i4", "i2", "i1", "u8", "u4", "u2", "u1", "b1"};
+  if (std::find(std::begin(kCmpTypes), std::end(kCmpTypes), key) == std::end(kCmpTypes))
+    fail("compare: unsupported dtype " + key);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  if (key == "f4") {
+    run_rows<3>(it, 1.0, [&](const i64* off, const i64* is, i64 n) {
+      const int ma = is[1] == 0 ? 0 : (is[1] == 4 ? 1 : 2), mb = is[2] == 0 ? 0 : (is[2] == 4 ? 1 : 2);
+      const float* fa = reinterpret_cast<const float*>(pa + off[1]);
+      const float* fb = reinterpret_cast<const float*>(pb + off[2]);
+      std::uint8_t* y = po + off[0];
+      if (ma == 1 && mb == 1) xk.cmp_f32(op, BM_VV, fa, fb, y, n);
+      else if (ma == 1 && mb == 0) xk.cmp_f32(op, BM_VS, fa, fb, y, n);
+      else if (ma == 0 && mb == 1) xk.cmp_f32(op, BM_SV, fa, fb, y, n);
+      else
+        for (i64 i = 0; i < n; ++i)
+          y[i] = cmp_s<float>(op, ld<float>(pa + off[1] + i * is[1]), ld<float>(pb + off[2] + i * is[2]));
+    });
+  } else if (key == "f8") cmp_rows<double>(op, pa, pb, po, it);
+  else if (key == "i8") cmp_rows<std::int64_t>(op, pa, pb, po, it);
+  else if (key == "i4") cmp_rows<std::int32_t>(op, pa, pb, po, it);
+  else if (key == "i2") cmp_rows<std::int16_t>(op, pa, pb, po, it);
+  else if (key == "i1") cmp_rows<std::int8_t>(op, pa, pb, po, it);
+  else if (key == "u8") cmp_rows<std::uint64_t>(op, pa, pb, po, it);
+  else if (key == "u4") cmp_rows<std::uint32_t>(op, pa, pb, po, it);
+  else if (key == "u2") cmp_rows<std::uint16_t>(op, pa, pb, po, it);
+  else cmp_rows<std::uint8_t>(op, pa, pb, po, it);
+}
+
+void py_logical(const std::string& op, const py::array& a, const py::array& b, const py::array& out) {
+  const char* fn = "logical";
+  need_out(out, fn);
+  if (dkey(out) != "b1" || dkey(a) != "b1" || dkey(b) != "b1") fail("logical: operands and out must be bool");
+  const int id = op == "and" ? 0 : op == "or" ? 1 : op == "xor" ? 2 : -1;
+  if (id < 0) fail("logical: unknown op '" + op + "' (and, or, xor)");
+  const std::vector<i64> shp = shape_of(out);
+  if (shape_of(a) != shp || shape_of(b) != shp) fail("logical: operands must be broadcast to out's shape");
+  const std::vector<i64> so = strides_of(out), sa = strides_of(a), sb = strides_of(b);
+  const i64* st[3] = {so.data(), sa.data(), sb.data()};
+  NdN<3> it(static_cast<int>(shp.size()), shp.data(), st);
+  const auto* pa = cptr<std::uint8_t>(a);
+  const auto* pb = cptr<std::uint8_t>(b);
+  auto* po = mptr<std::uint8_t>(out);
+  py::gil_scoped_release nogil;
+  run_rows<3>(it, 0.5, [&](const i64* off, const i64* is, i64 n) {
+    const std::uint8_t* x = pa + off[1];
+    const std::uint8_t* y = pb + off[2];
+    std::uint8_t* o = po + off[0];
+    const i64 sx = is[1], sy = is[2];
+    if (sx == 1 && sy == 1) {
+      if (id == 0) for (i64 i = 0; i < n; ++i) o[i] = (x[i] != 0) & (y[i] != 0);
+      else if (id == 1) for (i64 i = 0; i < n; ++i) o[i] = (x[i] != 0) | (y[i] != 0);
+      else for (i64 i = 0; i < n; ++i) o[i] = (x[i] != 0) ^ (y[i] != 0);
+      return;
+    }
+    for (i64 i = 0; i < n; ++i) {
+      const bool u = x[i * sx] != 0, v = y[i * sy] != 0;
+      o[i] = id == 0 ? (u && v) : id == 1 ? (u || v) : (u != v);
+    }
+  });
+}
+
+void py_logical_not(const py::array& x, const py::array& out) {
+  need_out(out, "logical_not");
+  if (dkey(out) != "b1" || dkey(x) != "b1") fail("logical_not: x and out must be bool");
+  const std::vector<i64> shp = shape_of(out);
+  if (shape_of(x) != shp) fail("logical_not: x must have out's shape");
+  const std::vector<i64> so = strides_of(out), sx = strides_of(x);
+  const i64* st[2] = {so.data(), sx.data()};
+  NdN<2> it(static_cast<int>(shp.size()), shp.data(), st);
+  const auto* px = cptr<std::uint8_t>(x);
+  auto* po = mptr<std::uint8_t>(out);
+  py::gil_scoped_release nogil;
+  run_rows<2>(it, 0.5, [&](const i64* off, const i64* is, i64 n) {
+    for (i64 i = 0; i < n; ++i) po[off[0] + i] = px[off[1] + i * is[1]] == 0;
+  });
+}
+
+template <class T>
+void where_t(const std::uint8_t* c, const char* a, const char* b, char* o, const NdN<4>& it) {
+  run_rows<4>(it, 1.0, [&](const i64* off, const i64* is, i64 n) {
+    const std::uint8_t* pc = c + off[1];
+    const char* pa = a + off[2];
+    const char* pb = b + off[3];
+    T* po = reinterpret_cast<T*>(o + off[0]);
+    if (is[1] == 1 && is[2] == static_cast<i64>(sizeof(T)) && is[3] == static_cast<i64>(sizeof(T))) {
+      const T* ta = reinterpret_cast<const T*>(pa);
+      const T* tb = reinterpret_cast<const T*>(pb);
+      for (i64 i = 0; i < n; ++i) po[i] = pc[i] ? ta[i] : tb[i];
+      return;
+    }
+    for (i64 i = 0; i < n; ++i) po[i] = pc[i * is[1]] ? ld<T>(pa + i * is[2]) : ld<T>(pb + i * is[3]);
+  });
+}
+
+void py_where(const py::array& cond, const py::array& a, const py::array& b, const py::array& out) {
+  const char* fn = "where";
+  need_out(out, fn);
+  if (dkey(cond) != "b1") fail("where: cond must be bool");
+  if (dkey(a) != dkey(out) || dkey(b) != dkey(out)) fail("where: x, y and out must share one dtype");
+  const std::vector<i64> shp = shape_of(out);
+  if (shape_of(cond) != shp || shape_of(a) != shp || shape_of(b) != shp)
+    fail("where: operands must be broadcast to out's shape");
+  const std::vector<i64> so = strides_of(out), sc = strides_of(cond), sa = strides_of(a), sb = strides_of(b);
+  const i64* st[4] = {so.data(), sc.data(), sa.data(), sb.data()};
+  NdN<4> it(static_cast<int>(shp.size()), shp.data(), st);
+  const i64 es = out.itemsize();
+  const auto* pc = cptr<std::uint8_t>(cond);
+  const char* pa = cptr<char>(a);
+  const char* pb = cptr<char>(b);
+  char* po = mptr<char>(out);
+  if (es != 1 && es != 2 && es != 4 && es != 8) fail("where: unsupported item size");
+  py::gil_scoped_release nogil;
+  switch (es) {
+    case 1: where_t<std::uint8_t>(pc, pa, pb, po, it); break;
+    case 2: where_t<std::uint16_t>(pc, pa, pb, po, it); break;
+    case 4: where_t<std::uint32_t>(pc, pa, pb, po, it); break;
+    default: where_t<std::uint64_t>(pc, pa, pb, po, it); break;
+  }
+}
+
+void py_prelu(const py::array& x, const py::array& slope, const py::array& out) {
+  const char* fn = "prelu";
+  need_f32(x, fn, "x");
+  need_f32(slope, fn, "slope");
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  const std::vector<i64> shp = shape_of(out);
+  if (shape_of(x) != shp || shape_of(slope) != shp) fail("prelu: operands must be broadcast to out's shape");
+  const std::vector<i64> so = strides_of(out), sx = strides_of(x), ss = strides_of(slope);
+  const i64* st[3] = {so.data(), sx.data(), ss.data()};
+  NdN<3> it(static_cast<int>(shp.size()), shp.data(), st);
+  const char* px = cptr<char>(x);
+  const char* ps = cptr<char>(slope);
+  char* po = mptr<char>(out);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  run_rows<3>(it, 1.0, [&](const i64* off, const i64* is, i64 n) {
+    float* y = reinterpret_cast<float*>(po + off[0]);
+    if (is[1] == 4 && (is[2] == 4 || is[2] == 0)) {
+      xk.prelu_row(reinterpret_cast<const float*>(px + off[1]), reinterpret_cast<const float*>(ps + off[2]), is[2] == 4,
+                   y, n);
+      return;
+    }
+    for (i64 i = 0; i < n; ++i) {
+      const float v = ld<float>(px + off[1] + i * is[1]), s = ld<float>(ps + off[2] + i * is[2]);
+      y[i] = v < 0.f ? v * s : v;
+    }
+  });
+}
+
+// --------------------------------------------------------------------------------- softmax over a middle axis
+
+void py_softmax_axis(const py::array& x, const py::array& out, bool log) {
+  // x: contiguous (outer, n, inner); softmax over n for every (outer, inner).
+  const char* fn = "softmax_axis";
+  need_f32(x, fn, "x");
+  need_contig(x, fn, "x");
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  if (x.ndim() != 3) fail("softmax_axis: x must be 3-D (outer, axis, inner)");
+  need_shape(out, shape_of(x), fn, "out");
+  const i64 outer = x.shape(0), n = x.shape(1), inner = x.shape(2);
+  const float* px = cptr<float>(x);
+  float* po = mptr<float>(out);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  if (x.size() == 0) return;
+  const int T = threads_for(static_cast<double>(outer) * n * inner * 6, 32768);
+  parallel_for(outer, T, [&](i64 o) {
+    float* scratch = tl_buf(TL_MISC).get(static_cast<std::size_t>(2 * inner));
+    xk.softmax_cols(px + o * n * inner, po + o * n * inner, n, inner, log, scratch);
+  });
+}
+
+// ------------------------------------------------------------------------------------- instance / group norm
+
+void py_group_norm(const py::array& x, const py::array& scale, const py::array& bias, const py::array& out,
+                   i64 groups, float eps) {
+  // x contiguous (N, C, S...) ; scale, bias per channel (C,). groups == C: InstanceNormalization.
+  const char* fn = "group_norm";
+  need_f32(x, fn, "x");
+  need_contig(x, fn, "x");
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  need_shape(out, shape_of(x), fn, "out");
+  if (x.ndim() < 2) fail("group_norm: x must have at least 2 dims");
+  const i64 N = x.shape(0), C = x.shape(1);
+  if (groups < 1 || C % groups != 0) fail("group_norm: channels not divisible by groups");
+  need_f32(scale, fn, "scale");
+  need_f32(bias, fn, "bias");
+  need_contig(scale, fn, "scale");
+  need_contig(bias, fn, "bias");
+  if (scale.size() != C || bias.size() != C) fail("group_norm: scale and bias must have C elements");
+  const i64 S = C == 0 || N == 0 ? 0 : x.size() / (N * C);
+  const float* px = cptr<float>(x);
+  const float* ps = cptr<float>(scale);
+  const float* pb = cptr<float>(bias);
+  float* po = mptr<float>(out);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  if (x.size() == 0) return;
+  const i64 cg = C / groups, len = cg * S;
+  const int T = threads_for(static_cast<double>(x.size()) * 3, 32768);
+  parallel_for(N * groups, T, [&](i64 q) {
+    const i64 g = q % groups;
+    const float* xi = px + q * len;
+    float* yo = po + q * len;
+    float mean, var;
+    xk.mean_var_row(xi, len, &mean, &var);
+    const float inv = 1.f / std::sqrt(var + eps);
+    for (i64 c = 0; c < cg; ++c) {
+      const i64 ch = g * cg + c;
+      xk.affine_row(xi + c * S, yo + c * S, S, mean, inv * ps[ch], pb[ch]);
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------------ Pad
+
+inline i64 pad_map(i64 s, i64 n, int mode) {
+  if (s >= 0 && s < n) return s;
+  switch (mode) {
+    case 1: {  // reflect (no edge repeat); periodic beyond one reflection, like numpy
+      if (n == 1) return 0;
+      const i64 p = 2 * (n - 1);
+      s %= p;
+      if (s < 0) s += p;
+      return s < n ? s : p - s;
+    }
+    case 2: return s < 0 ? 0 : n - 1;  // edge
+    case 3: {                           // wrap
+      s %= n;
+      return s < 0 ? s + n : s;
+    }
+    default: return -1;
+  }
+}
+
+void py_pad(const py::array& x, const std::vector<i64>& begins, const std::string& mode, const py::array& value,
+            const py::array& out) {
+  const char* fn = "pad";
+  need_contig(x, fn, "x");
+  need_out(out, fn);
+  if (dkey(x) != dkey(out)) fail("pad: x and out must share one dtype");
+  const int nd = static_cast<int>(x.ndim());
+  if (static_cast<int>(begins.size()) != nd || out.ndim() != nd) fail("pad: rank mismatch");
+  const int m = mode == "constant" ? 0 : mode == "reflect" ? 1 : mode == "edge" ? 2 : mode == "wrap" ? 3 : -1;
+  if (m < 0) fail("pad: unknown mode '" + mode + "'");
+  const i64 es = x.itemsize();
+  if (value.itemsize() != es || value.size() != 1) fail("pad: value must be one element of x's dtype");
+  const std::vector<i64> is = shape_of(x), os = shape_of(out);
+  for (int d = 0; d < nd; ++d) {
+    const i64 b = begins[static_cast<std::size_t>(d)];
+    // Every output index must map into the input (or be a constant fill).
+    if (m != 0 && is[static_cast<std::size_t>(d)] == 0 && os[static_cast<std::size_t>(d)] > 0)
+      fail("pad: cannot " + mode + "-pad an empty axis");
+    if (b > os[static_cast<std::size_t>(d)] + is[static_cast<std::size_t>(d)] + (1LL << 40)) fail("pad: pads too large");
+  }
+  const char* px = cptr<char>(x);
+  const char* pv = cptr<char>(value);
+  char* po = mptr<char>(out);
+  py::gil_scoped_release nogil;
+  if (out.size() == 0) return;
+  std::vector<i64> ist(static_cast<std::size_t>(nd));
+  {
+    i64 s = es;
+    for (int d = nd - 1; d >= 0; --d) {
+      ist[static_cast<std::size_t>(d)] = s;
+      s *= is[static_cast<std::size_t>(d)];
+    }
+  }
+  const i64 Wo = nd ? os.back() : 1, Wi = nd ? is.back() : 1, bl = nd ? begins.back() : 0;
+  i64 rows = 1;
+  for (int d = 0; d + 1 < nd; ++d) rows *= os[static_cast<std::size_t>(d)];
+  auto fill = [&](char* d, i64 n) {
+    if (es == 4) {
+      std::uint32_t v;
+      std::memcpy(&v, pv, 4);
+      std::fill(reinterpret_cast<std::uint32_t*>(d), reinterpret_cast<std::uint32_t*>(d) + n, v);
+    } else {
+      for (i64 i = 0; i < n; ++i) std::memcpy(d + i * es, pv, static_cast<std::size_t>(es));
+    }
+  };
+  // Valid run of the last dim: output columns [va, vb) copy input columns [va - bl, vb - bl).
+  const i64 va = std::max<i64>(0, std::min<i64>(Wo, bl)), vb = std::max<i64>(va, std::min<i64>(Wo, bl + Wi));
+  const int T = threads_for(static_cast<double>(out.size()), 65536);
+  const i64 chunk = std::max<i64>(1, rows / std::max(1, 4 * T));
+  parallel_for(ceil_div(rows, chunk), T, [&](i64 t) {
+    for (i64 r = t * chunk; r < std::min(rows, (t + 1) * chunk); ++r) {
+      char* orow = po + r * Wo * es;
+      i64 off = 0, rr = r;
+      bool inside = true;
+      for (int d = nd - 2; d >= 0; --d) {
+        const i64 n = os[static_cast<std::size_t>(d)];
+        const i64 o = rr % n;
+        rr /= n;
+        const i64 s = pad_map(o - begins[static_cast<std::size_t>(d)], is[static_cast<std::size_t>(d)], m);
+        if (s < 0) {
+          inside = false;
+          break;
+        }
+        off += s * ist[static_cast<std::size_t>(d)];
+      }
+      if (!inside) {
+        fill(orow, Wo);
+        continue;
+      }
+      const char* irow = px + off;
+      if (vb > va) std::memcpy(orow + va * es, irow + (va - bl) * es, static_cast<std::size_t>((vb - va) * es));
+      for (i64 o = 0; o < Wo; ++o) {
+        if (o == va) o = vb;
+        if (o >= Wo) break;
+        const i64 s = pad_map(o - bl, Wi, m);
+        if (s < 0)
+          std::memcpy(orow + o * es, pv, static_cast<std::size_t>(es));
+        else
+          std::memcpy(orow + o * es, irow + s * es, static_cast<std::size_t>(es));
+      }
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------- Resize 2-D
+
+void py_resize2d(const py::array& x, const py::array& out, const py::array& y0, const py::array& y1,
+                 const py::array& wy, const py::array& x0, const py::array& x1, const py::array& wx) {
+  // x (NC, H, W) contiguous float32 -> out (NC, Ho, Wo). Linear: rows y0/y1 blended by wy, then columns x0/x1 by
+  // wx. Nearest: pass wy = wx = 0 (only y0 / x0 are read).
+  const char* fn = "resize2d";
+  need_f32(x, fn, "x");
+  need_contig(x, fn, "x");
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  if (x.ndim() != 3 || out.ndim() != 3 || out.shape(0) != x.shape(0)) fail("resize2d: x and out must be (NC, H, W)");
+  const i64 NC = x.shape(0), H = x.shape(1), W = x.shape(2), Ho = out.shape(1), Wo = out.shape(2);
+  for (const py::array* a : {&y0, &y1, &x0, &x1}) {
+    if (dkey(*a) != "i8" || !c_contig(*a)) fail("resize2d: index tables must be contiguous int64");
+  }
+  for (const py::array* a : {&wy, &wx}) need_f32(*a, fn, "weights");
+  if (y0.size() != Ho || y1.size() != Ho || wy.size() != Ho || x0.size() != Wo || x1.size() != Wo || wx.size() != Wo)
+    fail("resize2d: table sizes must match the output");
+  const auto* py0 = cptr<std::int64_t>(y0);
+  const auto* py1 = cptr<std::int64_t>(y1);
+  const auto* px0 = cptr<std::int64_t>(x0);
+  const auto* px1 = cptr<std::int64_t>(x1);
+  for (i64 i = 0; i < Ho; ++i)
+    if (py0[i] < 0 || py0[i] >= H || py1[i] < 0 || py1[i] >= H) fail("resize2d: row index out of range");
+  for (i64 i = 0; i < Wo; ++i)
+    if (px0[i] < 0 || px0[i] >= W || px1[i] < 0 || px1[i] >= W) fail("resize2d: column index out of range");
+  const float* pwy = cptr<float>(wy);
+  const float* pwx = cptr<float>(wx);
+  const float* px = cptr<float>(x);
+  float* po = mptr<float>(out);
+  py::gil_scoped_release nogil;
+  if (out.size() == 0) return;
+  bool nearest = true;
+  for (i64 i = 0; i < Ho && nearest; ++i) nearest = pwy[i] == 0.f;
+  for (i64 i = 0; i < Wo && nearest; ++i) nearest = pwx[i] == 0.f;
+  const int T = threads_for(static_cast<double>(NC) * Ho * Wo * (nearest ? 1 : 6), 32768);
+  parallel_for(NC, T, [&](i64 q) {
+    const float* in = px + q * H * W;
+    float* o = po + q * Ho * Wo;
+    float* tmp = tl_buf(TL_MISC).get(static_cast<std::size_t>(W));
+    for (i64 oy = 0; oy < Ho; ++oy) {
+      float* orow = o + oy * Wo;
+      const float* r0 = in + py0[oy] * W;
+      if (nearest) {
+        for (i64 ox = 0; ox < Wo; ++ox) orow[ox] = r0[px0[ox]];
+        continue;
+      }
+      const float* row = r0;
+      const float b = pwy[oy];
+      if (b != 0.f) {
+        const float* r1 = in + py1[oy] * W;
+        const float a = 1.f - b;
+        for (i64 i = 0; i < W; ++i) tmp[i] = a * r0[i] + b * r1[i];
+        row = tmp;
+      }
+      for (i64 ox = 0; ox < Wo; ++ox) {
+        const float w1 = pwx[ox];
+        orow[ox] = (1.f - w1) * row[px0[ox]] + w1 * row[px1[ox]];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void bind_conv_transpose(py::module_& m);
+void bind_rnn(py::module_& m);
+
+void bind_onnx_extra(py::module_& m) {
+  m.def("reduce", &py_reduce, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("out"),
+        "Reduce contiguous float32 x over `axes` into out (kept dims, any shape of that size). op: sum, mean, "
+        "sumsq, l1, l2, max, min, prod, logsum, logsumexp.");
+  m.def("argreduce", &py_argreduce, py::arg("x"), py::arg("axis"), py::arg("out"), py::arg("is_max") = true,
+        py::arg("select_last_index") = false);
+  m.def("topk", &py_topk, py::arg("x"), py::arg("axis"), py::arg("k"), py::arg("largest"), py::arg("values"),
+        py::arg("indices"));
+  m.def("compare", &py_compare, py::arg("op"), py::arg("a"), py::arg("b"), py::arg("out"));
+  m.def("logical", &py_logical, py::arg("op"), py::arg("a"), py::arg("b"), py::arg("out"));
+  m.def("logical_not", &py_logical_not, py::arg("x"), py::arg("out"));
+  m.def("where", &py_where, py::arg("cond"), py::arg("x"), py::arg("y"), py::arg("out"));
+  m.def("prelu", &py_prelu, py::arg("x"), py::arg("slope"), py::arg("out"));
+  m.def("softmax_axis", &py_softmax_axis, py::arg("x"), py::arg("out"), py::arg("log") = false);
+  m.def("group_norm", &py_group_norm, py::arg("x"), py::arg("scale"), py::arg("bias"), py::arg("out"),
+        py::arg("groups"), py::arg("epsilon") = 1e-5f);
+  m.def("pad", &py_pad, py::arg("x"), py::arg("begins"), py::arg("mode"), py::arg("value"), py::arg("out"));
+  m.def("resize2d", &py_resize2d, py::arg("x"), py::arg("out"), py::arg("y0"), py::arg("y1"), py::arg("wy"),
+        py::arg("x0"), py::arg("x1"), py::arg("wx"));
+  bind_conv_transpose(m);
+  bind_rnn(m);
+}
+
+}  // namespace hetero

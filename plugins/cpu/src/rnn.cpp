@@ -1,0 +1,252 @@
+// LSTM and GRU: the input projections of all time steps in one packed GEMM (X (seq*batch, I) times W^T), then
+// the recurrence step by step: H_{t-1} R^T on the packed GEMM (small-M path), gate activations through the ISA
+// table's vector sigmoid / tanh, and the cell update. Directions forward / reverse / bidirectional, per-batch
+// sequence lengths, initial states, LSTM peepholes and input_forget, GRU linear_before_reset, clip.
+// Default activations only (Sigmoid / Tanh); the Python side sends other configurations to the numpy reference.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "onnx_py.hpp"
+
+namespace hetero {
+namespace {
+
+using namespace pyx;
+
+inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+
+struct Packed {
+  i64 k = 0, n = 0;
+  AlignedBuf buf;
+  void pack(const Kernels& kr, const MatView& b) {
+    k = b.rows;
+    n = b.cols;
+    buf.get(static_cast<std::size_t>(std::max<i64>(1, ceil_div(n, kr.nr) * kr.nr * k)));
+    pack_b_panels(kr, b, buf.p, 1);
+  }
+};
+
+struct RnnWeights {
+  const Kernels* kr = nullptr;
+  bool gru = false;
+  i64 dirs = 0, I = 0, H = 0, G = 0;
+  std::vector<std::unique_ptr<Packed>> w, r, rh;  // per direction: W^T, R^T (LSTM: all gates; GRU: z and r), GRU R_h^T
+};
+
+// c (M x N, ldc) = a (M x K view) @ packed + bias row (may be null).
+void gemm_p(const Kernels& kr, const MatView& a, const Packed& p, float* c, i64 ldc, const float* bias, int T) {
+  if (a.rows == 0 || p.n == 0) return;
+  Epilogue ep;
+  if (bias) {
+    ep.bias = bias;
+    ep.bias_rs = 0;
+    ep.bias_cs = 1;
+  }
+  if (a.rows <= 4)
+    gemm_small_m_packed(kr, a, p.buf.p, p.n, c, ldc, 1.f, 0.f, ep, T);
+  else
+    gemm_prepacked_b(kr, a.rows, p.n, p.k, &a, nullptr, p.buf.p, c, ldc, 1.f, 0.f, ep, T);
+}
+
+std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& R, bool gru) {
+  const char* fn = "rnn_prepack";
+  need_f32(W, fn, "W");
+  need_f32(R, fn, "R");
+  need_contig(W, fn, "W");
+  need_contig(R, fn, "R");
+  if (W.ndim() != 3 || R.ndim() != 3) fail("rnn_prepack: W and R must be 3-D (dirs, gates*hidden, ...)");
+  auto p = std::make_shared<RnnWeights>();
+  p->kr = &active();
+  p->gru = gru;
+  p->G = gru ? 3 : 4;
+  p->dirs = W.shape(0);
+  p->H = R.shape(2);
+  p->I = W.shape(2);
+  if (R.shape(0) != p->dirs || W.shape(1) != p->G * p->H || R.shape(1) != p->G * p->H)
+    fail("rnn_prepack: W is " + shape_str(W) + " and R is " + shape_str(R) + ", inconsistent with " +
+         std::to_string(p->G) + " gates");
+  const float* pw = cptr<float>(W);
+  const float* pr = cptr<float>(R);
+  const i64 GH = p->G * p->H, H = p->H, I = p->I;
+  py::gil_scoped_release nogil;
+  for (i64 d = 0; d < p->dirs; ++d) {
+    p->w.push_back(std::make_unique<Packed>());
+    p->w.back()->pack(*p->kr, MatView{pw + d * GH * I, I, GH, 1, I});
+    const float* rd = pr + d * GH * H;
+    p->r.push_back(std::make_unique<Packed>());
+    p->r.back()->pack(*p->kr, MatView{rd, H, gru ? 2 * H : GH, 1, H});
+    p->rh.push_back(std::make_unique<Packed>());
+    if (gru) p->rh.back()->pack(*p->kr, MatView{rd + 2 * H * H, H, H, 1, H});
+  }
+  return p;
+}
+
+const float* opt_f32(const py::object& o, i64 n, const char* fn, const char* name) {
+  if (o.is_none()) return nullptr;
+  py::array a = py::reinterpret_borrow<py::array>(o);
+  need_f32(a, fn, name);
+  need_contig(a, fn, name);
+  if (a.size() != n) fail(std::string(fn) + ": " + name + " must have " + std::to_string(n) + " elements");
+  return cptr<float>(a);
+}
+
+// direction: 0 forward, 1 reverse, 2 bidirectional. X (seq, batch, I); Y (seq, dirs, batch, H) or None;
+// Y_h / Y_c (dirs, batch, H) or None.
+void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, const py::object& lens_obj,
+                const py::object& h0, const py::object& c0, const py::object& P, int direction, float clip,
+                bool input_forget, bool linear_before_reset, const py::object& Y, const py::object& Yh,
+                const py::object& Yc) {
+  const char* fn = "rnn_run";
+  need_f32(X, fn, "X");
+  need_contig(X, fn, "X");
+  if (X.ndim() != 3 || X.shape(2) != p.I) fail("rnn_run: X must be (seq, batch, " + std::to_string(p.I) + ")");
+  const i64 seq = X.shape(0), batch = X.shape(1), H = p.H, G = p.G, GH = G * H, dirs = p.dirs, I = p.I;
+  if ((direction == 2) != (dirs == 2)) fail("rnn_run: direction does not match the packed weights");
+  const float* pB = opt_f32(B, dirs * 2 * GH, fn, "B");
+  const float* ph0 = opt_f32(h0, dirs * batch * H, fn, "initial_h");
+  const float* pc0 = p.gru ? nullptr : opt_f32(c0, dirs * batch * H, fn, "initial_c");
+  const float* pP = p.gru ? nullptr : opt_f32(P, dirs * 3 * H, fn, "P");
+  std::vector<std::int64_t> lens(static_cast<std::size_t>(batch), seq);
+  if (!lens_obj.is_none()) {
+    py::array l = py::reinterpret_borrow<py::array>(lens_obj);
+    if (l.size() != batch) fail("rnn_run: sequence_lens must have batch elements");
+    py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> li(l);
+    for (i64 b = 0; b < batch; ++b) {
+      const std::int64_t v = li.data()[b];
+      if (v < 0 || v > seq) fail("rnn_run: sequence_lens value " + std::to_string(v) + " outside [0, seq]");
+      lens[static_cast<std::size_t>(b)] = v;
+    }
+  }
+  auto out_ptr = [&](const py::object& o, i64 n, const char* name) -> float* {
+    if (o.is_none()) return nullptr;
+    py::array a = py::reinterpret_borrow<py::array>(o);
+    need_f32(a, fn, name);
+    need_out(a, fn, name);
+    if (a.size() != n) fail(std::string(fn) + ": " + name + " must have " + std::to_string(n) + " elements");
+    return mptr<float>(a);
+  };
+  float* pY = out_ptr(Y, seq * dirs * batch * H, "Y");
+  float* pYh = out_ptr(Yh, dirs * batch * H, "Y_h");
+  float* pYc = p.gru ? nullptr : out_ptr(Yc, dirs * batch * H, "Y_c");
+  const float* px = cptr<float>(X);
+  py::gil_scoped_release nogil;
+  const Kernels& kr = *p.kr;
+  const int T = num_threads();
+  const bool do_clip = clip > 0.f;
+  if (pY) std::fill(pY, pY + seq * dirs * batch * H, 0.f);
+  std::vector<float> xw(static_cast<std::size_t>(std::max<i64>(1, seq * batch * GH)));
+  std::vector<float> hr(static_cast<std::size_t>(std::max<i64>(1, batch * GH)));
+  std::vector<float> hh(static_cast<std::size_t>(std::max<i64>(1, batch * H)));
+  std::vector<float> rh(static_cast<std::size_t>(std::max<i64>(1, batch * H)));
+  std::vector<float> h(static_cast<std::size_t>(std::max<i64>(1, batch * H))), c(h.size()), tmp(static_cast<std::size_t>(H + 1));
+  std::vector<float> bx(static_cast<std::size_t>(GH)), brh(static_cast<std::size_t>(H));
+  auto act = [&](int op, float* v, i64 n) {
+    if (do_clip) kr.unary(U_CLIP, v, v, n, -clip, clip);
+    kr.unary(op, v, v, n, 0.f, 0.f);
+  };
+  for (i64 d = 0; d < dirs; ++d) {
+    const bool backward = direction == 1 || d == 1;
+    // Input-side bias: Wb + Rb, except the GRU candidate's Rb under linear_before_reset (applied inside r * (.)).
+    for (i64 j = 0; j < GH; ++j) {
+      const float wb = pB ? pB[d * 2 * GH + j] : 0.f, rb = pB ? pB[d * 2 * GH + GH + j] : 0.f;
+      bx[static_cast<std::size_t>(j)] = (p.gru && linear_before_reset && j >= 2 * H) ? wb : wb + rb;
+    }
+    for (i64 j = 0; j < H; ++j) brh[static_cast<std::size_t>(j)] = pB ? pB[d * 2 * GH + GH + 2 * H + j] : 0.f;
+    gemm_p(kr, MatView{px, seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw.data(), GH, bx.data(), T);
+    if (ph0) std::memcpy(h.data(), ph0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
+    else std::fill(h.begin(), h.end(), 0.f);
+    if (pc0) std::memcpy(c.data(), pc0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
+    else std::fill(c.begin(), c.end(), 0.f);
+    const float* pp = pP ? pP + d * 3 * H : nullptr;
+    const Packed& R = *p.r[static_cast<std::size_t>(d)];
+    for (i64 t = 0; t < seq; ++t) {
+      const MatView hv{h.data(), batch, H, H, 1};
+      const i64 rn = R.n;  // LSTM: 4H, GRU: 2H
+      gemm_p(kr, hv, R, hr.data(), rn, nullptr, T);
+      if (p.gru && linear_before_reset)
+        gemm_p(kr, hv, *p.rh[static_cast<std::size_t>(d)], hh.data(), H, brh.data(), T);
+      for (i64 b = 0; b < batch; ++b) {
+        const i64 len = lens[static_cast<std::size_t>(b)];
+        if (t >= len) continue;
+        const i64 tx = backward ? len - 1 - t : t;
+        float* g = hr.data() + b * rn;
+        const float* xr = xw.data() + (tx * batch + b) * GH;
+        float* hb = h.data() + b * H;
+        float* cb = c.data() + b * H;
+        if (!p.gru) {
+          kr.binary(B_ADD, BM_VV, g, xr, g, GH);
+          float* gi = g;
+          float* go = g + H;
+          float* gf = g + 2 * H;
+          float* gc = g + 3 * H;
+          if (pp)
+            for (i64 j = 0; j < H; ++j) {
+              gi[j] += pp[j] * cb[j];
+              gf[j] += pp[2 * H + j] * cb[j];
+            }
+          act(U_SIGMOID, gi, H);
+          if (!input_forget) act(U_SIGMOID, gf, H);
+          act(U_TANH, gc, H);
+          for (i64 j = 0; j < H; ++j) {
+            const float f = input_forget ? 1.f - gi[j] : gf[j];
+            cb[j] = f * cb[j] + gi[j] * gc[j];
+          }
+          if (pp)
+            for (i64 j = 0; j < H; ++j) go[j] += pp[H + j] * cb[j];
+          act(U_SIGMOID, go, H);
+          kr.unary(U_TANH, cb, tmp.data(), H, 0.f, 0.f);
+          for (i64 j = 0; j < H; ++j) hb[j] = go[j] * tmp[static_cast<std::size_t>(j)];
+        } else {
+          kr.binary(B_ADD, BM_VV, g, xr, g, 2 * H);
+          act(U_SIGMOID, g, 2 * H);  // z, r
+          if (!linear_before_reset) {
+            float* rr = rh.data() + b * H;
+            for (i64 j = 0; j < H; ++j) rr[j] = g[H + j] * hb[j];
+          }
+        }
+      }
+      if (p.gru) {
+        if (!linear_before_reset)
+          gemm_p(kr, MatView{rh.data(), batch, H, H, 1}, *p.rh[static_cast<std::size_t>(d)], hh.data(), H, nullptr, T);
+        for (i64 b = 0; b < batch; ++b) {
+          const i64 len = lens[static_cast<std::size_t>(b)];
+          if (t >= len) continue;
+          const i64 tx = backward ? len - 1 - t : t;
+          const float* g = hr.data() + b * rn;
+          const float* xh = xw.data() + (tx * batch + b) * GH + 2 * H;
+          const float* q = hh.data() + b * H;
+          float* cand = tmp.data();
+          for (i64 j = 0; j < H; ++j) cand[j] = linear_before_reset ? xh[j] + g[H + j] * q[j] : xh[j] + q[j];
+          act(U_TANH, cand, H);
+          float* hb = h.data() + b * H;
+          for (i64 j = 0; j < H; ++j) hb[j] = (1.f - g[j]) * cand[j] + g[j] * hb[j];
+        }
+      }
+      if (pY)
+        for (i64 b = 0; b < batch; ++b) {
+          const i64 len = lens[static_cast<std::size_t>(b)];
+          if (t >= len) continue;
+          const i64 tx = backward ? len - 1 - t : t;
+          std::memcpy(pY + ((tx * dirs + d) * batch + b) * H, h.data() + b * H, static_cast<std::size_t>(H) * sizeof(float));
+        }
+    }
+    if (pYh) std::memcpy(pYh + d * batch * H, h.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
+    if (pYc) std::memcpy(pYc + d * batch * H, c.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void bind_rnn(py::module_& m) {
+  py::class_<RnnWeights, std::shared_ptr<RnnWeights>>(m, "PackedRnn", "LSTM / GRU weights packed once.")
+      .def_property_readonly("hidden_size", [](const RnnWeights& p) { return p.H; })
+      .def_property_readonly("directions", [](const RnnWeights& p) { return p.dirs; });
+  m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"));
+  m.def("rnn_run", &py_rnn_run, py::arg("packed"), py::arg("X"), py::arg("B"), py::arg("sequence_lens"),
+        py::arg("initial_h"), py::arg("initial_c"), py::arg("P"), py::arg("direction"), py::arg("clip"),
+        py::arg("input_forget"), py::arg("linear_before_reset"), py::arg("Y"), py::arg("Y_h"), py::arg("Y_c"));
+}
+
+}  // namespace hetero

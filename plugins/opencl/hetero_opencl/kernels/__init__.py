@@ -1,0 +1,12 @@
+"""The OpenCL kernel table: (domain, op) -> kernel class. One module per kernel family, one .cl program each."""
+
+from __future__ import annotations
+
+from . import elementwise, llm, movement, nn
+
+KERNELS = {
+    **elementwise.KERNELS,
+    **movement.KERNELS,
+    **nn.KERNELS,
+    **llm.KERNELS,
+}

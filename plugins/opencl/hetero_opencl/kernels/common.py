@@ -1,0 +1,138 @@
+"""Pieces shared by the OpenCL kernels: the kernel base class, launch helpers, dtype checks and the activation
+codes of ``cl/common.cl``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hetero import dtypes
+from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.dtypes import DType
+from hetero.tensor import Tensor, TensorInfo
+
+if TYPE_CHECKING:
+    from ..backend import OpenCLBackend
+
+# Unary / activation codes: keep in sync with cl/common.cl (U_*).
+UNARY = {
+    "identity": 0, "relu": 1, "leaky_relu": 2, "elu": 3, "selu": 4, "celu": 5, "sigmoid": 6, "hard_sigmoid": 7,
+    "hard_swish": 8, "tanh": 9, "softplus": 10, "softsign": 11, "exp": 12, "log": 13, "sqrt": 14, "neg": 15,
+    "abs": 16, "reciprocal": 17, "erf": 18, "floor": 19, "ceil": 20, "round": 21, "sin": 22, "cos": 23, "mish": 24,
+    "clip": 25, "gelu": 26, "gelu_tanh": 27, "silu": 28, "sign": 29, "thresholded_relu": 30, "tan": 31,
+}
+
+
+def up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def pow2_at_most(n: int, cap: int) -> int:
+    size = 1
+    while size * 2 <= min(n, cap):
+        size *= 2
+    return size
+
+
+def dtype_check(node: NodeInfo, allowed: Iterable[DType], indices: Sequence[int] | None = None) -> Support:
+    """Supported when the chosen inputs (default: all present) and every output have an allowed dtype."""
+    allowed = tuple(allowed)
+    picked = node.inputs if indices is None else [node.inputs[i] for i in indices if i < len(node.inputs)]
+    for info in [*picked, *node.outputs]:
+        if info is not None and info.dtype not in allowed:
+            names = "/".join(d.name for d in allowed)
+            return unsupported(f"{node.op_type} on {info.dtype} (opencl kernels take {names})")
+    return SUPPORTED
+
+
+def float32_only(node: NodeInfo, indices: Sequence[int] | None = None) -> Support:
+    return dtype_check(node, (dtypes.float32,), indices)
+
+
+def static_rank(node: NodeInfo, index: int = 0) -> int | None:
+    info = node.inputs[index] if index < len(node.inputs) else None
+    return None if info is None else info.rank
+
+
+class ClKernel:
+    """Base: keeps the node and the backend; ``prepare`` does nothing unless a kernel plans by shape."""
+
+    def __init__(self, node: NodeInfo, backend: OpenCLBackend) -> None:
+        self.info = node
+        self.node = node.node
+        self.be = backend
+        self.rt = backend.rt
+        self.ctx = backend.ctx
+        self._meta: dict[str, tuple[Any, Any]] = {}
+
+    def attr(self, name: str, default=None):
+        return self.node.attrs.get(name, default)
+
+    def k(self, program: str, name: str, defines: Sequence[str] = ()) -> Any:
+        return self.rt.kernel(program, name, defines)
+
+    def launch(self, kernel: Any, global_size: Sequence[int], local_size: Sequence[int] | None, *args: Any) -> None:
+        if local_size:
+            global_size = [up(g, loc) for g, loc in zip(global_size, local_size, strict=True)]
+        self.ctx.launch(kernel, list(global_size), list(local_size or []), *args)
+
+    def meta(self, slot: str, values: Sequence[int]) -> Any:
+        """An int32 device buffer holding ``values`` (index metadata), re-uploaded only when they change."""
+        key = tuple(int(v) for v in values)
+        cached = self._meta.get(slot)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        array = np.asarray(key if key else (0,), dtype=np.int32)
+        buf = self.ctx.alloc(array.nbytes)
+        self.ctx.write(buf, array.view(np.uint8))
+        self._meta[slot] = (key, buf)
+        return buf
+
+    def host(self, tensor: Tensor | None) -> np.ndarray | None:
+        return None if tensor is None else self.be.host_value(tensor)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        pass
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        raise NotImplementedError
+
+
+# Fused-activation attribute (hetero.ops.fused) -> (code, alpha attribute, its default, beta attribute, its default)
+_FUSED = {
+    "Relu": ("relu", None, 0.0, None, 0.0),
+    "Clip": ("clip", "activation_min", float("-inf"), "activation_max", float("inf")),
+    "Sigmoid": ("sigmoid", None, 0.0, None, 0.0),
+    "Tanh": ("tanh", None, 0.0, None, 0.0),
+    "LeakyRelu": ("leaky_relu", "activation_alpha", 0.01, None, 0.0),
+    "HardSigmoid": ("hard_sigmoid", "activation_alpha", 0.2, "activation_beta", 0.5),
+    "HardSwish": ("hard_swish", None, 0.0, None, 0.0),
+    "Silu": ("silu", None, 0.0, None, 0.0),
+}
+
+
+def fused_activation(attrs: dict) -> tuple[int, float, float]:
+    """(code, alpha, beta) of a fused node's ``activation`` attribute; identity without one."""
+    name = attrs.get("activation", "")
+    if not name:
+        return 0, 0.0, 0.0
+    op, alpha_key, alpha, beta_key, beta = _FUSED[name]
+    return (UNARY[op], float(attrs.get(alpha_key, alpha)) if alpha_key else alpha,
+            float(attrs.get(beta_key, beta)) if beta_key else beta)
+
+
+def fused_activation_known(node: NodeInfo) -> Support:
+    name = node.attr("activation", "")
+    if name and name not in _FUSED:
+        return unsupported(f"fused activation {name}")
+    return SUPPORTED
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= int(d)
+    return strides[::-1]

@@ -1,0 +1,268 @@
+"""The LLM decoder ops (domain ``hetero``) on OpenCL: Embedding, RMSNorm, RotaryEmbedding, Attention with its KV
+cache in device buffers, QMatMul (matrix-vector kernel for decode, dequantize + tiled GEMM for prefill) and MoE
+(routing, expert MLPs and the weighted sum all on the device). Weight formats: f32, f16, bf16, q8, q4 (cl/weights.cl,
+one program per format)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero import dtypes
+from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.errors import HeteroError
+from hetero.llm import quant
+from hetero.ops.llm import rope_inv_freq
+from hetero.tensor import Tensor
+
+from .common import ClKernel, float32_only, pow2_at_most
+from .nn import gemm
+
+WEIGHTS = "weights.cl"
+LLM = "llm.cl"
+MATVEC_MAX_ROWS = 8  # up to this many tokens use the matrix-vector kernel; more dequantize once and run the GEMM
+_FLOAT_CODES = {"f32": 0, "f16": 1, "bf16": 2}
+
+
+def weight_format(attrs: dict) -> tuple[tuple[str, ...], quant.QuantFormat | None, int]:
+    """(build defines, block format or None, bytes per element for float weights) of a node's weight attributes."""
+    wtype = attrs.get("wtype", "f32")
+    fmt = quant.format_from_attrs(wtype, int(attrs.get("block_size", 32)), int(attrs.get("symmetric", 1)))
+    if fmt is None:
+        return (f"WFMT={_FLOAT_CODES[wtype]}",), None, 4 if wtype == "f32" else 2
+    code = (3 if fmt.bits == 8 else 5) + (0 if fmt.symmetric else 1)
+    return (f"WFMT={code}", f"WBLOCK={fmt.block_size}", f"WBB={fmt.block_bytes}", f"WHDR={fmt.header_bytes}"), fmt, 0
+
+
+def row_bytes(fmt: quant.QuantFormat | None, element_bytes: int, k: int) -> int:
+    return fmt.row_bytes(k) if fmt is not None else element_bytes * k
+
+
+def _known_wtype(node: NodeInfo) -> Support:
+    try:
+        weight_format(node.node.attrs)
+    except (HeteroError, KeyError):
+        return unsupported(f"weight type {node.attr('wtype')!r}")
+    return SUPPORTED
+
+
+class _WeightKernel(ClKernel):
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.defines, self.fmt, self.elem = weight_format(self.node.attrs)
+        self.local = self.rt.native.Local
+
+    def wk(self, name: str):
+        return self.k(WEIGHTS, name, self.defines)
+
+    def tuned_lws(self, key: str, trial) -> int:
+        return self.rt.tuned(f"{key}|{','.join(self.defines)}", [0, 32, 64, 128, 256], trial, 64)
+
+
+class ClEmbedding(_WeightKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return _known_wtype(node)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        ids, table, y = inputs[0], inputs[1], outputs[0]
+        assert ids is not None and table is not None
+        vocab = table.shape[0]
+        if ids.buffer.shadow is not None and ids.size:  # ids came from the host: check them there, for free
+            values = ids.buffer.shadow
+            if values.min() < 0 or values.max() >= vocab:
+                bad = int(values[(values < 0) | (values >= vocab)].reshape(-1)[0])
+                raise HeteroError(f"{self.node.label()}: token id {bad} is outside the vocabulary [0, {vocab})")
+        dim = y.shape[-1]
+        kind = "long" if ids.dtype == dtypes.int64 else "int"
+        self.launch(self.wk(f"embedding_{kind}"), [-(-dim // 16), ids.size], None, ids.buffer, table.buffer,
+                    y.buffer, dim, row_bytes(self.fmt, self.elem, dim), vocab)
+
+
+class ClQMatMul(_WeightKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _known_wtype(node)
+        return float32_only(node, [0]) if verdict else verdict
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.lws: dict[int, int] = {}
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, w, y = inputs[0], inputs[1], outputs[0]
+        assert x is not None and w is not None
+        bias = inputs[2] if len(inputs) > 2 else None
+        k = x.shape[-1]
+        n = w.shape[0]
+        m = x.size // k if k else 0
+        rb = row_bytes(self.fmt, self.elem, k)
+        if m == 0 or n == 0:
+            return
+        bias_buf = self.be.dummy if bias is None else bias.buffer
+        if m <= MATVEC_MAX_ROWS:
+            split, rows = self.wk("qmatvec"), self.wk("qmatvec_rows")
+            groups = -(-m // 4)
+
+            def launch(lws: int) -> None:  # lws 0: the one-row-per-work-item kernel, else split-K with lws items
+                if lws == 0:
+                    self.launch(rows, [n, groups], None, x.buffer, w.buffer, bias_buf, y.buffer, m, n, k, rb,
+                                int(bias is not None))
+                else:
+                    self.launch(split, [lws, n, groups], [lws, 1, 1], x.buffer, w.buffer, bias_buf, y.buffer, m, n,
+                                k, rb, int(bias is not None), self.local(lws * 4 * 4))
+
+            lws = self.lws.get(k)
+            if lws is None:
+                lws = self.lws[k] = self.tuned_lws(f"qmatvec|k{pow2_at_most(max(k, 1), 1 << 20)}", launch)
+            launch(lws)
+            return
+        dense = self.be.scratch("dequant", n * k * 4)
+        self.launch(self.wk("dequant"), [-(-k // 16), n], None, w.buffer, dense, n, k, rb)
+        gemm(self, x.buffer, dense, y.buffer, m, n, k, (k, 1, 1, k), self.meta("offs", (0, 0)),
+             bias=None if bias is None else bias.buffer, bias_strides=(0, 0, 1))
+
+
+class ClRMSNorm(ClKernel):
+    accepts = staticmethod(float32_only)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, w, y = inputs[0], inputs[1], outputs[0]
+        d = x.shape[-1]  # type: ignore[union-attr]
+        rows = x.size // d if d else 0  # type: ignore[union-attr]
+        size = pow2_at_most(max(d, 1), 256)
+        self.launch(self.k(LLM, "rmsnorm"), [rows * size], [size], x.buffer, w.buffer, y.buffer, d,  # type: ignore[union-attr]
+                    float(self.attr("epsilon", 1e-6)), float(self.attr("offset", 0.0)),
+                    self.rt.native.Local(size * 4))
+
+
+def _past_len(kernel: ClKernel, tensor: Tensor | None) -> int:
+    return int(np.asarray(kernel.host(tensor)).reshape(-1)[0])
+
+
+class ClRotary(ClKernel):
+    """The cos/sin table is computed on the host in float64 (as the reference does) and grows by doubling."""
+
+    accepts = staticmethod(lambda node: float32_only(node, [0]))
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.table = None
+        self.capacity = 0
+        self.rot = 0
+
+    def _table(self, needed: int, rot: int):
+        if self.table is None or needed > self.capacity or rot != self.rot:
+            cap = max(256, 1 << (needed - 1).bit_length())
+            inv_freq, scale = rope_inv_freq(rot, self.node.attrs)
+            angles = np.arange(cap, dtype=np.float64)[:, None] * inv_freq[None, :]
+            table = np.stack([np.cos(angles) * scale, np.sin(angles) * scale], axis=1).astype(np.float32)
+            self.table = self.be.upload(table, kind="weights").buffer
+            self.capacity, self.rot = cap, rot
+        return self.table
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, y = inputs[0], outputs[0]
+        assert x is not None
+        t, h, d = x.shape
+        rot = int(self.attr("rotary_dim", 0)) or d
+        if rot % 2 or rot > d:
+            raise HeteroError(f"{self.node.label()}: rotary_dim {rot} must be even and at most head_dim {d}")
+        past = _past_len(self, inputs[1])
+        table = self._table(past + t, rot)
+        self.launch(self.k(LLM, "rope"), [d, h, t], None, x.buffer, y.buffer, table, h, d, rot, past)
+
+
+ATT_WG = 64
+
+
+class ClAttention(ClKernel):
+    """Causal GQA over this node's KV cache, two device buffers [Hkv, max_context, D] allocated at the first run."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = float32_only(node, [0, 1, 2])
+        q = node.inputs[0]
+        if verdict and q is not None and q.shape is not None and isinstance(q.shape[-1], int) \
+                and q.shape[-1] > 8 * ATT_WG:
+            return unsupported(f"head_dim {q.shape[-1]} above {8 * ATT_WG}")
+        return verdict
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.max_context = int(self.attr("max_context"))
+        self.cache: tuple[object, object] | None = None
+        self.cache_shape: tuple[int, int] | None = None
+        self.filled = 0
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        q, k, v, y = inputs[0], inputs[1], inputs[2], outputs[0]
+        assert q is not None and k is not None and v is not None
+        t, hq, d = q.shape
+        hkv = k.shape[1]
+        past = _past_len(self, inputs[3])
+        if past < 0 or past > self.filled:
+            raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {self.filled} cached positions")
+        if past + t > self.max_context:
+            raise HeteroError(
+                f"{self.node.label()}: {past} cached + {t} new tokens exceed the context of {self.max_context} tokens",
+                hint="load the model with a larger context",
+            )
+        if self.cache is None or self.cache_shape != (hkv, d):
+            nbytes = hkv * self.max_context * d * 4
+            self.cache = (self.be.alloc(nbytes, "weights"), self.be.alloc(nbytes, "weights"))
+            self.cache_shape = (hkv, d)
+        kc, vc = self.cache
+        self.launch(self.k(LLM, "kv_store"), [d, hkv, t], None, k.buffer, v.buffer, kc, vc, hkv, d,
+                    self.max_context, past)
+        self.filled = past + t
+        scale = float(self.attr("scale", 0.0)) or 1.0 / math.sqrt(d)
+        self.launch(self.k(LLM, "attention"), [ATT_WG, hq, t], [ATT_WG, 1, 1], q.buffer, kc, vc, y.buffer, hq, hkv,
+                    d, self.max_context, past, scale)
+
+
+class ClMoE(_WeightKernel):
+    """Routing, expert MLPs and the weighted sum on the device: no host round trip for the chosen experts."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _known_wtype(node)
+        return float32_only(node, [0, 1]) if verdict else verdict
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, router, gate, up_w, down, y = (*inputs[:5], outputs[0])
+        assert x is not None and router is not None and gate is not None and up_w is not None and down is not None
+        t, hidden = x.shape
+        experts, inter = gate.shape[0], gate.shape[1]
+        top_k = int(self.attr("top_k"))
+        if t == 0:
+            return
+        be = self.be
+        logits = be.scratch("moe_logits", t * experts * 4)
+        gemm(self, x.buffer, router.buffer, logits, t, experts, hidden, (hidden, 1, 1, hidden),
+             self.meta("offs", (0, 0)))
+        chosen = be.scratch("moe_chosen", t * top_k * 4)
+        weights = be.scratch("moe_weights", t * top_k * 4)
+        self.launch(self.k(LLM, "moe_route"), [t], None, logits, chosen, weights, t, experts, top_k,
+                    int(self.attr("norm_topk_prob", 1)))
+        rows = t * top_k
+        h = be.scratch("moe_h", rows * inter * 4)
+        part = be.scratch("moe_part", rows * hidden * 4)
+        lws = 64
+        self.launch(self.wk("moe_gate_up"), [lws, inter, rows], [lws, 1, 1], x.buffer, chosen, gate.buffer,
+                    up_w.buffer, h, top_k, inter, hidden, row_bytes(self.fmt, self.elem, hidden), self.local(lws * 4))
+        self.launch(self.wk("moe_down"), [lws, hidden, rows], [lws, 1, 1], h, chosen, down.buffer, part, top_k,
+                    hidden, inter, row_bytes(self.fmt, self.elem, inter), self.local(lws * 4))
+        self.launch(self.k(LLM, "moe_combine"), [hidden, t], None, part, weights, y.buffer, hidden, top_k)
+
+
+KERNELS = {
+    ("hetero", "Embedding"): ClEmbedding,
+    ("hetero", "QMatMul"): ClQMatMul,
+    ("hetero", "RMSNorm"): ClRMSNorm,
+    ("hetero", "RotaryEmbedding"): ClRotary,
+    ("hetero", "Attention"): ClAttention,
+    ("hetero", "MoE"): ClMoE,
+}

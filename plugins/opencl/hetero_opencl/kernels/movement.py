@@ -1,0 +1,175 @@
+"""Data movement for any dtype (by element size): reshape-like ops share the input's buffer; Transpose, Slice,
+Concat, Split, Expand run the strided copy of cl/movement.cl; Gather its gather kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero import dtypes
+from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.tensor import Tensor, TensorInfo
+
+from .common import ClKernel, contiguous_strides
+
+PROGRAM = "movement.cl"
+_ELEMENT = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
+MAX_RANK = 8
+
+
+def _element(info: TensorInfo | None) -> str | None:
+    if info is None or info.dtype.np_dtype is None:
+        return None
+    return _ELEMENT.get(np.dtype(info.dtype.np_dtype).itemsize)
+
+
+def _sized(node: NodeInfo) -> Support:
+    info = node.inputs[0]
+    if _element(info) is None:
+        return unsupported(f"{node.op_type} on {None if info is None else info.dtype}")
+    for i in [*node.inputs, *node.outputs]:
+        if i is not None and i.rank is not None and i.rank > MAX_RANK:
+            return unsupported(f"rank above {MAX_RANK}")
+    return SUPPORTED
+
+
+class ClView(ClKernel):
+    """Reshape, Flatten, Squeeze, Unsqueeze, Identity: the output is the input's buffer under a new shape."""
+
+    accepts = staticmethod(_sized)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        outputs[0].buffer = inputs[0].buffer  # type: ignore[union-attr]
+
+
+class _Copy(ClKernel):
+    accepts = staticmethod(_sized)
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.kernel = self.k(PROGRAM, f"copy_nd_{_element(node.inputs[0])}")
+
+    def copy(self, slot: str, x, y, dims: Sequence[int], xstrides: Sequence[int], ystrides: Sequence[int],
+             xbase: int = 0, ybase: int = 0) -> None:
+        n = int(np.prod(dims, dtype=np.int64))
+        if n == 0:
+            return
+        meta = self.meta(slot, [*dims, *xstrides, *ystrides])
+        self.launch(self.kernel, [n], None, x, y, meta, n, len(dims), int(xbase), int(ybase))
+
+
+class ClTranspose(_Copy):
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, y = inputs[0], outputs[0]
+        rank = x.ndim  # type: ignore[union-attr]
+        perm = self.attr("perm") or list(range(rank))[::-1]
+        strides = contiguous_strides(x.shape)  # type: ignore[union-attr]
+        self.copy("t", x.buffer, y.buffer, y.shape, [strides[p] for p in perm], contiguous_strides(y.shape))  # type: ignore[union-attr]
+
+
+class ClSlice(_Copy):
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, y = inputs[0], outputs[0]
+        shape = x.shape  # type: ignore[union-attr]
+        rank = len(shape)
+        if len(inputs) > 1:  # opset >= 10: starts, ends, axes, steps are inputs
+            vals = [None if i >= len(inputs) or inputs[i] is None else self.host(inputs[i]) for i in range(1, 5)]
+            starts, ends = vals[0].reshape(-1).tolist(), vals[1].reshape(-1).tolist()  # type: ignore[union-attr]
+            axes = vals[2].reshape(-1).tolist() if vals[2] is not None else list(range(len(starts)))
+            steps = vals[3].reshape(-1).tolist() if vals[3] is not None else [1] * len(starts)
+        else:
+            starts, ends = list(self.attr("starts")), list(self.attr("ends"))
+            axes = list(self.attr("axes", range(len(starts))))
+            steps = [1] * len(starts)
+        begin, step = [0] * rank, [1] * rank
+        for s, e, a, st in zip(starts, ends, axes, steps, strict=False):
+            a = int(a) + rank if int(a) < 0 else int(a)
+            begin[a] = slice(int(s), int(e), int(st)).indices(shape[a])[0]
+            step[a] = int(st)
+        strides = contiguous_strides(shape)
+        base = sum(b * s for b, s in zip(begin, strides, strict=True))
+        self.copy("s", x.buffer, y.buffer, y.shape, [s * st for s, st in zip(strides, step, strict=True)],  # type: ignore[union-attr]
+                  contiguous_strides(y.shape), xbase=base)
+
+
+class ClExpand(_Copy):
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, y = inputs[0], outputs[0]
+        shape = (1,) * (y.ndim - x.ndim) + tuple(x.shape)  # type: ignore[union-attr]
+        strides = contiguous_strides(shape)
+        xs = [0 if d == 1 and o != 1 else s for d, o, s in zip(shape, y.shape, strides, strict=True)]
+        self.copy("e", x.buffer, y.buffer, y.shape, xs, contiguous_strides(y.shape))  # type: ignore[union-attr]
+
+
+class ClConcat(_Copy):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _sized(node)
+        if verdict and any(i is None or i.dtype != node.inputs[0].dtype for i in node.inputs):  # type: ignore[union-attr]
+            return unsupported("Concat of mixed dtypes")
+        return verdict
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        y = outputs[0]
+        axis = int(self.attr("axis", 0))
+        axis += y.ndim if axis < 0 else 0
+        ystrides = contiguous_strides(y.shape)
+        offset = 0
+        for i, x in enumerate(inputs):
+            assert x is not None
+            self.copy(f"c{i}", x.buffer, y.buffer, x.shape, contiguous_strides(x.shape), ystrides,
+                      ybase=offset * ystrides[axis])
+            offset += x.shape[axis]
+
+
+class ClSplit(_Copy):
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0]
+        assert x is not None
+        axis = int(self.attr("axis", 0))
+        axis += x.ndim if axis < 0 else 0
+        xstrides = contiguous_strides(x.shape)
+        offset = 0
+        for i, y in enumerate(outputs):
+            self.copy(f"s{i}", x.buffer, y.buffer, y.shape, xstrides, contiguous_strides(y.shape),
+                      xbase=offset * xstrides[axis])
+            offset += y.shape[axis]
+
+
+class ClGather(ClKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _sized(node)
+        idx = node.inputs[1] if len(node.inputs) > 1 else None
+        if verdict and (idx is None or idx.dtype not in (dtypes.int64, dtypes.int32)):
+            return unsupported("Gather indices must be int64 or int32")
+        return verdict
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        index = "long" if node.inputs[1].dtype == dtypes.int64 else "int"  # type: ignore[union-attr]
+        self.kernel = self.k(PROGRAM, f"gather_{_element(node.inputs[0])}_{index}")
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        data, idx, y = inputs[0], inputs[1], outputs[0]
+        assert data is not None and idx is not None
+        axis = int(self.attr("axis", 0))
+        axis += data.ndim if axis < 0 else 0
+        inner = int(np.prod(data.shape[axis + 1:], dtype=np.int64))
+        n = y.size
+        if n == 0:
+            return
+        self.launch(self.kernel, [n], None, data.buffer, idx.buffer, y.buffer, n, idx.size, inner,
+                    data.shape[axis])
+
+
+KERNELS = {
+    **{("", op): ClView for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
+    ("", "Transpose"): ClTranspose,
+    ("", "Slice"): ClSlice,
+    ("", "Expand"): ClExpand,
+    ("", "Concat"): ClConcat,
+    ("", "Split"): ClSplit,
+    ("", "Gather"): ClGather,
+}

@@ -1,0 +1,392 @@
+"""The CPU plugin's LLM kernels (hetero_cpu/kernels/llm.py on src/llm*.cpp) against the numpy references of
+hetero.ops.llm, on every LLM ISA path this CPU has (avx512vnni / avx512 / avx2 / generic), and the fixture models
+end to end on cpu with on_fallback="error".
+
+Accuracy contract checked here:
+* float weights: the reference up to float32 rounding;
+* quantized weights: the activation rows are quantized to int8 per weight block (scale amax/127) and the dots are
+  integer, so the result equals ``sum_b dx_b * (xq_b . W_b)`` with the dequantized W (checked to 1e-5 relative),
+  and differs from the float reference by at most ``sum_b amax_b / 254 * sum |W_b|`` per output;
+* attention: float16 KV cache by default (k/v rounded to 11 significant bits), float32 as an option (checked to
+  float32 rounding).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_native = pytest.importorskip(
+    "hetero_cpu._native",
+    reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
+)
+
+from hetero.backend import NodeInfo  # noqa: E402
+from hetero.errors import HeteroError, ShapeError  # noqa: E402
+from hetero.ir.graph import HETERO_DOMAIN, Node  # noqa: E402
+from hetero.llm import quant, safetensors  # noqa: E402
+from hetero.llm.quant import QuantFormat, dequantize, f32_to_bf16, quantize  # noqa: E402
+from hetero.ops import registry  # noqa: E402
+from hetero.ops.registry import OpContext  # noqa: E402
+from hetero.runtime.infer import info_of  # noqa: E402
+from hetero.tensor import Tensor  # noqa: E402
+from hetero_cpu.kernels import KERNELS  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
+FORMATS = [QuantFormat(bits, bs, sym) for bits in (4, 8) for bs in (32, 64, 128) for sym in (True, False)]
+
+
+def _llm_paths() -> list[str]:
+    paths = []
+    for isa in _native.available_isas():
+        if isa == "avx512":
+            _native.set_isa("avx512")
+            _native.llm_use_vnni(True)
+            if _native.llm_isa() == "avx512vnni":
+                paths.append("avx512vnni")
+        paths.append(isa)
+    _native.set_isa(_native.available_isas()[0])
+    return paths
+
+
+PATHS = _llm_paths()
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    """Runs a test once per LLM kernel path (VNNI is a sub-path of avx512)."""
+    before = _native.isa()
+    name = request.param
+    _native.set_isa("avx512" if name == "avx512vnni" else name)
+    _native.llm_use_vnni(name == "avx512vnni")
+    yield name
+    _native.llm_use_vnni(True)
+    _native.set_isa(before)
+
+
+@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
+def threads(request):
+    before = _native.num_threads()
+    _native.set_num_threads(request.param)
+    yield request.param
+    _native.set_num_threads(before)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def f32(*shape, seed=0):
+    return rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# -- harness: a node, its reference, and the cpu kernel -----------------------------------------------------------
+def make(op_type: str, inputs: list, constants: tuple[int, ...] = (), **attrs):
+    node = Node(op_type, [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)], ["y"], attrs,
+                domain=HETERO_DOMAIN)
+    infos = [None if v is None else info_of(v) for v in inputs]
+    schema = registry.get(HETERO_DOMAIN, op_type)
+    (out_info,) = schema.infer(OpContext(node, infos, list(inputs), 1))
+    info = NodeInfo(node, infos, [out_info], {i: inputs[i] for i in constants}, 1)
+    factory = KERNELS[(HETERO_DOMAIN, op_type)]
+    verdict = factory.accepts(info)
+    assert verdict, verdict.reason
+    kernel = factory(info)
+    return node, infos, out_info, kernel, schema
+
+
+def reference(op_type: str, inputs: list, state: dict | None = None, **attrs) -> np.ndarray:
+    node, infos, _, _, schema = make_ref(op_type, inputs, **attrs)
+    (out,) = schema.reference(OpContext(node, infos, list(inputs), 1, None, state))
+    return out
+
+
+def make_ref(op_type: str, inputs: list, **attrs):
+    node = Node(op_type, [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)], ["y"], attrs,
+                domain=HETERO_DOMAIN)
+    infos = [None if v is None else info_of(v) for v in inputs]
+    return node, infos, None, None, registry.get(HETERO_DOMAIN, op_type)
+
+
+def run_kernel(kernel, inputs: list, out_info=None) -> np.ndarray:
+    infos = [None if v is None else info_of(v) for v in inputs]
+    kernel.prepare(infos, [out_info])
+    out = np.full(out_info.shape, np.nan, dtype=np.float32)
+    kernel.run([None if v is None else Tensor.from_numpy(v) for v in inputs], [Tensor.from_numpy(out)])
+    return out
+
+
+def cpu(op_type: str, inputs: list, constants: tuple[int, ...] = (), **attrs) -> np.ndarray:
+    _, _, out_info, kernel, _ = make(op_type, inputs, constants, **attrs)
+    return run_kernel(kernel, inputs, out_info)
+
+
+# -- QMatMul --------------------------------------------------------------------------------------------------------
+def emulate_int8(x: np.ndarray, w_dense: np.ndarray, bs: int) -> tuple[np.ndarray, np.ndarray]:
+    """What the integer kernels compute (activation rows quantized per block) and the bound on its distance from
+    x @ W^T."""
+    m, k = x.shape
+    nb = -(-k // bs)
+    xp = np.zeros((m, nb * bs), np.float32)
+    xp[:, :k] = x
+    wp = np.zeros((w_dense.shape[0], nb * bs), np.float32)
+    wp[:, :k] = w_dense
+    xb = xp.reshape(m, nb, bs)
+    amax = np.abs(xb).max(-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    xq = np.clip(np.rint(xb * inv[..., None]), -127, 127)
+    y = np.einsum("mb,mbi,nbi->mn", d.astype(np.float64), xq.astype(np.float64),
+                  wp.reshape(-1, nb, bs).astype(np.float64))
+    bound = np.einsum("mb,nb->mn", amax.astype(np.float64) / 254, np.abs(wp.reshape(-1, nb, bs)).sum(-1))
+    return y, bound
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("n,k", [(37, 200), (16, 64), (5, 33), (70, 129)])
+def test_qmatmul_quantized(path, fmt, n, k):
+    w = quantize(f32(n, k, seed=n + k), fmt)
+    dense = dequantize(w, fmt, k)
+    for m in (1, 3, 13):
+        x = f32(m, k, seed=m)
+        got = cpu("QMatMul", [x, w], (1,), **fmt.attrs())
+        ref = reference("QMatMul", [x, w], **fmt.attrs())
+        exact, bound = emulate_int8(x, dense, fmt.block_size)
+        scale = np.abs(exact).max() + 1e-3
+        np.testing.assert_allclose(got, exact, rtol=0, atol=2e-5 * scale * math.sqrt(k / 32))
+        assert (np.abs(got - ref) <= bound + 1e-4 * scale).all()
+
+
+@pytest.mark.parametrize("fmt", [QuantFormat(4, 32, True), QuantFormat(8, 64, False)], ids=lambda f: f.name)
+def test_qmatmul_bias_threads_and_big_m(path, threads, fmt):
+    n, k = 100, 96
+    w = quantize(f32(n, k, seed=3), fmt)
+    bias = f32(n, seed=4)
+    for m in (1, 4, 70):  # 70 rows: several row tiles and the 64-row cache blocks
+        x = f32(m, k, seed=m)
+        got = cpu("QMatMul", [x, w, bias], (1, 2), **fmt.attrs())
+        exact, _ = emulate_int8(x, dequantize(w, fmt, k), fmt.block_size)
+        np.testing.assert_allclose(got, exact + bias, rtol=0, atol=1e-4 * np.abs(exact).max())
+
+
+@pytest.mark.parametrize("wtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("n,k", [(37, 200), (5, 33), (64, 16)])
+def test_qmatmul_float(path, threads, wtype, n, k):
+    w32 = f32(n, k, seed=1)
+    w = {"f32": w32, "f16": w32.astype(np.float16), "bf16": f32_to_bf16(w32)}[wtype]
+    for m in (1, 2, 5, 70):
+        x = f32(m, k, seed=m)
+        got = cpu("QMatMul", [x, w], (1,), wtype=wtype)
+        ref = reference("QMatMul", [x, w], wtype=wtype)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_qmatmul_3d_input_and_runtime_weight_refused():
+    fmt = QuantFormat(4, 32, True)
+    w = quantize(f32(8, 64), fmt)
+    x = f32(2, 3, 64)
+    got = cpu("QMatMul", [x, w], (1,), **fmt.attrs())
+    exact, _ = emulate_int8(x.reshape(6, 64), dequantize(w, fmt, 64), 32)
+    np.testing.assert_allclose(got.reshape(6, 8), exact, atol=1e-4)
+    node, infos, out_info, _, _ = make_ref("QMatMul", [x, w], **fmt.attrs())
+    verdict = KERNELS[(HETERO_DOMAIN, "QMatMul")].accepts(NodeInfo(node, infos, [out_info], {}, 1))
+    assert not verdict and "run time" in verdict.reason
+
+
+# -- Embedding, RMSNorm, SwiGLU, RotaryEmbedding --------------------------------------------------------------------
+@pytest.mark.parametrize("wtype", ["f32", "f16", "bf16", *[f.name for f in FORMATS]])
+def test_embedding(path, wtype):
+    table32 = f32(50, 72, seed=2)
+    ids = np.array([[3, 0], [49, 7]], dtype=np.int64)
+    if wtype.startswith("q"):
+        fmt = quant.parse_quant(wtype)
+        table, attrs = quantize(table32, fmt), {**fmt.attrs(), "dim": 72}
+    else:
+        table = {"f32": table32, "f16": table32.astype(np.float16), "bf16": f32_to_bf16(table32)}[wtype]
+        attrs = {"wtype": wtype}
+    for ids_ in (ids, ids.astype(np.int32)):
+        got = cpu("Embedding", [ids_, table], (1,), **attrs)
+        np.testing.assert_array_equal(got, reference("Embedding", [ids_, table], **attrs))
+    with pytest.raises(HeteroError, match="outside the vocabulary"):
+        cpu("Embedding", [np.array([50], dtype=np.int64), table], (1,), **attrs)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rmsnorm(path, offset):
+    x, w = f32(3, 5, 40), f32(40, seed=1)
+    got = cpu("RMSNorm", [x, w], (1,), epsilon=1e-5, offset=offset)
+    np.testing.assert_allclose(got, reference("RMSNorm", [x, w], epsilon=1e-5, offset=offset), rtol=1e-5, atol=1e-6)
+    got = cpu("RMSNorm", [x, w], (), epsilon=1e-5, offset=offset)  # weight given at run time
+    np.testing.assert_allclose(got, reference("RMSNorm", [x, w], epsilon=1e-5, offset=offset), rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu(path, threads):
+    for shape in [(3, 17), (70, 1000)]:
+        g, u = f32(*shape, seed=1) * 4, f32(*shape, seed=2)
+        np.testing.assert_allclose(cpu("SwiGLU", [g, u]), reference("SwiGLU", [g, u]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"theta": 10000.0},
+    {"theta": 1e6, "rotary_dim": 8},
+    {"theta": 10000.0, "scaling": "linear", "factor": 4.0},
+    {"theta": 10000.0, "scaling": "yarn", "factor": 4.0, "original_max_position": 64, "attention_factor": 1.1},
+], ids=["plain", "partial", "linear", "yarn"])
+def test_rotary_embedding(path, attrs):
+    for past in (0, 5, 300):
+        x = f32(7, 3, 16, seed=past)
+        p = np.array(past, dtype=np.int64)
+        got = cpu("RotaryEmbedding", [x, p], (), **attrs)
+        np.testing.assert_allclose(got, reference("RotaryEmbedding", [x, p], **attrs), rtol=1e-5, atol=1e-5)
+
+
+# -- Attention ------------------------------------------------------------------------------------------------------
+class AttnPair:
+    """The cpu kernel and the reference with its state, driven with the same inputs."""
+
+    def __init__(self, hq: int, hkv: int, d: int, max_context: int, kv_dtype: str = "f16") -> None:
+        self.hq, self.hkv, self.d = hq, hkv, d
+        self.attrs = {"max_context": max_context, "kv_dtype": kv_dtype}
+        q, k = f32(1, hq, d), f32(1, hkv, d)
+        _, _, _, self.kernel, _ = make("Attention", [q, k, k, np.array(0, dtype=np.int64)], **self.attrs)
+        self.state: dict = {}
+        self.seed = 0
+
+    def step(self, t: int, past: int) -> tuple[np.ndarray, np.ndarray]:
+        self.seed += 1
+        q, k, v = f32(t, self.hq, self.d, seed=self.seed), f32(t, self.hkv, self.d, seed=self.seed + 100), \
+            f32(t, self.hkv, self.d, seed=self.seed + 200)
+        p = np.array(past, dtype=np.int64)
+        ref = reference("Attention", [q, k, v, p], self.state, **self.attrs)
+        out = np.full((t, self.hq * self.d), np.nan, np.float32)
+        self.kernel.run([Tensor.from_numpy(a) for a in (q, k, v, p)], [Tensor.from_numpy(out)])
+        return out, ref
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 16), (4, 2, 64), (8, 2, 80), (6, 1, 128), (2, 1, 20)])
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_attention_prefill_decode_rollback(path, threads, hq, hkv, d, kv_dtype):
+    tol = 2e-3 if kv_dtype == "f16" else 2e-5
+    a = AttnPair(hq, hkv, d, 200, kv_dtype)
+    schedule = [(70, 0), (1, 70), (1, 71), (5, 72), (3, 40), (1, 43), (130, 44)]  # (T, past): prefill, decode, rollback
+    for t, past in schedule:
+        got, ref = a.step(t, past)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=tol)
+    with pytest.raises(HeteroError, match="exceed the context"):
+        a.step(27, 174)
+    with pytest.raises(HeteroError, match="outside the"):
+        a.step(1, 175)
+
+
+def test_attention_long_prefill_blocks(path):
+    a = AttnPair(4, 2, 32, 600, "f32")
+    got, ref = a.step(300, 0)  # several key tiles and row blocks
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5)
+    got, ref = a.step(1, 300)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5)
+
+
+def test_attention_cache_kinds_refuse_unknown():
+    q, k = f32(1, 2, 8), f32(1, 2, 8)
+    with pytest.raises(HeteroError, match="KV cache type"):
+        make("Attention", [q, k, k, np.array(0, dtype=np.int64)], max_context=8, kv_dtype="int4")
+
+
+# -- MoE ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("wtype", ["f32", "f16", "bf16", "q4_sym_b32", "q8_asym_b64", "q4_asym_b128"])
+@pytest.mark.parametrize("norm", [0, 1])
+def test_moe(path, wtype, norm):
+    e, h, inter, top_k = 6, 64, 40, 2
+    router = f32(e, h, seed=1)
+    gate32, up32, down32 = f32(e, inter, h, seed=2) / 8, f32(e, inter, h, seed=3) / 8, f32(e, h, inter, seed=4) / 6
+    if wtype.startswith("q"):
+        fmt = quant.parse_quant(wtype)
+        gate, up, down = (quantize(w, fmt) for w in (gate32, up32, down32))
+        attrs = fmt.attrs()
+    else:
+        conv = {"f32": lambda w: w, "f16": lambda w: w.astype(np.float16), "bf16": f32_to_bf16}[wtype]
+        gate, up, down = conv(gate32), conv(up32), conv(down32)
+        attrs = {"wtype": wtype}
+    attrs.update(top_k=top_k, norm_topk_prob=norm)
+    for t in (1, 9):
+        x = f32(t, h, seed=10 + t)
+        inputs = [x, router, gate, up, down]
+        got = cpu("MoE", inputs, (1, 2, 3, 4), **attrs)
+        ref = reference("MoE", inputs, **attrs)
+        tol = 1e-4 if not wtype.startswith("q") else 0.03 * np.abs(ref).max()
+        np.testing.assert_allclose(got, ref, rtol=0, atol=tol)
+
+
+# -- the fixture models end to end ----------------------------------------------------------------------------------
+def _copy(family: str, dest: Path, dtype: str) -> Path:
+    folder = dest / f"{family}_{dtype}"
+    folder.mkdir(parents=True)
+    for item in (FIXTURES / family).iterdir():
+        if item.is_file() and item.name not in ("model.safetensors", "expected.json", "logits.npz"):
+            (folder / item.name).write_bytes(item.read_bytes())
+    st = safetensors.SafetensorsModel(FIXTURES / family)
+    tensors = {name: st.float32(name) for name in st}
+    if dtype == "F16":
+        tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
+    elif dtype == "BF16":
+        tensors = {k: f32_to_bf16(v) for k, v in tensors.items()}
+    safetensors.write(folder / "model.safetensors", tensors, {"format": "pt"},
+                      bf16=frozenset(tensors) if dtype == "BF16" else frozenset())
+    return folder
+
+
+def _load(path: Path, **kwargs):
+    import hetero.llm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return hetero.llm.load(path, context=128, **kwargs)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("dtype", ["F32", "F32-kv32", "F16", "BF16", "q8", "q4"])
+def test_fixture_models_on_cpu(tmp_path, monkeypatch, family, dtype):
+    pytest.importorskip("tokenizers")
+    if dtype in ("F16", "BF16"):
+        folder, q = _copy(family, tmp_path, dtype), None
+    else:
+        folder, q = FIXTURES / family, (dtype if dtype.startswith("q") else None)
+    if dtype == "F32-kv32":
+        monkeypatch.setenv("HETERO_CPU_KV_CACHE", "f32")
+    ref = _load(folder, backends=["reference"], quant=q, on_fallback="silent")
+    llm = _load(folder, backends=["cpu"], quant=q, on_fallback="error")
+    assert set(llm.session.placement.counts()) == {"cpu"}
+    prompt = list(range(3, 40))
+    # float16 KV cache: ~5e-3 on these logits (span about +-5); float32 cache: float32 rounding; quantized: the int8
+    # activations move the logits of these tiny random models by up to ~0.2
+    tol = {"F32-kv32": 1e-4, "q8": 0.3, "q4": 0.3}.get(dtype, 1.5e-2)
+    for ids in (prompt, [7], [9, 11]):
+        a, b = ref.forward(ids), llm.forward(ids)
+        assert np.abs(a - b).max() < tol, (family, dtype, np.abs(a - b).max())
+    # roll back and run again: the cache positions are overwritten
+    ref.rollback(10)
+    llm.rollback(10)
+    np.testing.assert_allclose(llm.forward([4, 5]), ref.forward([4, 5]), rtol=0, atol=tol)
+    if dtype.startswith("F32"):
+        from hetero.llm.generate import greedy_tokens
+
+        ref.reset()
+        llm.reset()
+        assert greedy_tokens(llm, prompt[:12], 12) == greedy_tokens(ref, prompt[:12], 12)
+
+
+def test_context_overflow_on_cpu():
+    pytest.importorskip("tokenizers")
+    llm = _load(FIXTURES / "qwen3", backends=["cpu"], on_fallback="error")
+    with pytest.raises(HeteroError, match="context"):
+        llm.forward(list(range(3, 200)))
+
+
+def test_shape_errors_are_schema_errors():
+    fmt = QuantFormat(4, 32, True)
+    with pytest.raises(ShapeError):
+        make("QMatMul", [f32(2, 64), quantize(f32(8, 32), fmt)], (1,), **fmt.attrs())
