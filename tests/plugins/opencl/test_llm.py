@@ -42,19 +42,19 @@ def test_float32_logits_and_greedy_tokens_match_transformers(family):
 @pytest.mark.parametrize("spec", ["q4", "q8_asym_b64"])
 def test_quantized_model_equals_its_dequantized_weights(family, spec, tmp_path):
     quantized = opencl(copy_model(family, tmp_path / "q"), all_logits=True, quant=spec)
-    reference = load(dequantized_copy(family, tmp_path / "dq", spec), all_logits=True, backends=["cpu"])
+    reference = load(dequantized_copy(family, tmp_path / "dq", spec), all_logits=True, backends=["reference"])
     ids = expected(family)["prompts"][1]["ids"]
     np.testing.assert_allclose(quantized.prefill(ids), reference.prefill(ids), atol=1e-4)
-    # then a few decode steps (the matrix-vector kernels) against the same model on cpu
+    # then a few decode steps (the matrix-vector kernels) against the same model on the reference
     for token in (5, 9, 2):
         np.testing.assert_allclose(quantized.forward([token]), reference.forward([token]), atol=1e-4)
 
 
 def test_half_precision_weights(tmp_path):
     folder = copy_model("qwen3", tmp_path, "F16")
-    ours, cpu = opencl(folder, all_logits=True), load(folder, all_logits=True, backends=["cpu"])
+    ours, ref = opencl(folder, all_logits=True), load(folder, all_logits=True, backends=["reference"])
     ids = expected("qwen3")["prompts"][0]["ids"]
-    np.testing.assert_allclose(ours.prefill(ids), cpu.prefill(ids), atol=1e-4)
+    np.testing.assert_allclose(ours.prefill(ids), ref.prefill(ids), atol=1e-4)
 
 
 def test_prefill_in_chunks_matches_one_shot():

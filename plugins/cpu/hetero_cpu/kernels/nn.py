@@ -24,18 +24,22 @@ class CpuSoftmax(CpuKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         info = node.inputs[0]
-        if node.opset >= 13 and info is not None and info.rank is not None:
-            axis = node.attr("axis", -1)
-            if axis not in (-1, info.rank - 1):
-                return unsupported(f"{node.op_type} over axis {axis} of a rank-{info.rank} tensor (cpu: last axis)")
-        elif node.opset >= 13:
+        if node.opset >= 13 and (info is None or info.rank is None):
             return unsupported(f"{node.op_type} on a tensor of unknown rank")
         return float32_only(node)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         shape = inputs[0].shape  # type: ignore[union-attr]
         rank = len(shape)  # type: ignore[arg-type]
+        self.blocks = None
         if self.info.opset >= 13:
+            # Over one axis: the last one is a row kernel; any other runs column-wise on (outer, axis, inner).
+            axis = self.attr("axis", -1)
+            axis = axis + rank if axis < 0 else axis
+            if axis != rank - 1:
+                outer, rest = _rows(shape, axis)  # type: ignore[arg-type]
+                n = int(shape[axis])  # type: ignore[index]
+                self.blocks = (outer, n, rest // n if n else 0)
             axis = rank - 1
         else:  # before opset 13 the input is coerced to 2-D at `axis` (default 1)
             axis = self.attr("axis", 1)
@@ -45,8 +49,13 @@ class CpuSoftmax(CpuKernel):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size:
+            log = self.node.op_type == "LogSoftmax"
+            if self.blocks is not None:
+                x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.blocks)  # type: ignore[union-attr]
+                _native.softmax_axis(x, out.reshape(self.blocks), log=log)
+                return
             x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)  # type: ignore[union-attr]
-            _native.softmax(x, out.reshape(self.rows), log=self.node.op_type == "LogSoftmax")
+            _native.softmax(x, out.reshape(self.rows), log=log)
 
 
 class CpuLayerNorm(CpuKernel):

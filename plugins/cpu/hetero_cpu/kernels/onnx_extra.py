@@ -1,0 +1,634 @@
+"""Native kernels for the ONNX ops that used to run on numpy inside the cpu plugin: reductions, ArgMax/ArgMin, TopK,
+comparisons and logical ops, Where, PRelu, GlobalMaxPool, Instance/GroupNormalization, Pad, Tile, Split,
+DepthToSpace/SpaceToDepth, Resize/Upsample (4-D spatial), ConvTranspose (2-D) and LSTM/GRU.
+
+Each kernel says in ``native_ok`` which configurations its native path covers; anything else (rare attributes,
+other dtypes, empty reductions) still runs on the cpu backend through the numpy reference (``numpy_ops``), so
+no node leaves the backend because of this split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero import dtypes
+from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.tensor import Tensor, TensorInfo
+
+from .. import _native
+from .common import CpuKernel
+from .numpy_ops import CpuNumpyKernel
+
+_PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d.np_dtype.kind in "biuf")
+_F32 = (dtypes.float32,)
+
+
+def _dtypes_in(node: NodeInfo, allowed: Sequence, indices: Sequence[int] | None = None,
+               outputs: bool = True) -> Support:
+    picked = node.inputs if indices is None else [node.inputs[i] for i in indices if i < len(node.inputs)]
+    infos = [*picked, *(node.outputs if outputs else [])]
+    for info in infos:
+        if info is not None and info.dtype not in allowed:
+            return unsupported(f"{node.op_type} on {info.dtype} (native path)")
+    return SUPPORTED
+
+
+class _NativeOrNumpy(CpuKernel):
+    """A native kernel that hands the configurations it does not cover to the numpy reference (still on cpu)."""
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return SUPPORTED
+
+    @classmethod
+    def accepts(cls, node: NodeInfo) -> Support:
+        verdict = cls.native_ok(node)
+        return verdict if verdict else CpuNumpyKernel.accepts(node)
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        self._numpy: CpuNumpyKernel | None = None
+        self.native = bool(self.native_ok(node))
+        if self.native:
+            self.setup()
+
+    def setup(self) -> None:
+        """Native-path initialisation (weights packing); only called when native_ok."""
+
+    def numpy_kernel(self) -> CpuNumpyKernel:
+        if self._numpy is None:
+            self._numpy = CpuNumpyKernel(self.info)
+        return self._numpy
+
+    def run_numpy(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        self.numpy_kernel().run(inputs, outputs)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        if not self.native:
+            self.run_numpy(inputs, outputs)
+            return
+        self.run_native(inputs, outputs)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        raise NotImplementedError
+
+
+def _has(inputs: Sequence[Tensor | None], i: int) -> bool:
+    return i < len(inputs) and inputs[i] is not None
+
+
+def _ints(t: Tensor) -> list[int]:
+    return [int(v) for v in t.numpy().reshape(-1)]
+
+
+# ---------------------------------------------------------------------------------------------------- reductions
+
+_REDUCE = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod",
+           "ReduceL1": "l1", "ReduceL2": "l2", "ReduceSumSquare": "sumsq", "ReduceLogSum": "logsum",
+           "ReduceLogSumExp": "logsumexp"}
+
+
+def _axes_from_input(node: NodeInfo) -> bool:
+    return node.opset >= 18 or (node.op_type == "ReduceSum" and node.opset >= 13)
+
+
+class CpuReduce(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, _F32)
+
+    def setup(self) -> None:
+        self.op = _REDUCE[self.node.op_type]
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if _axes_from_input(self.info):
+            axes = _ints(inputs[1]) if _has(inputs, 1) else []  # type: ignore[arg-type]
+        else:
+            axes = list(self.attr("axes", []) or [])
+        if not axes:
+            if self.attr("noop_with_empty_axes", 0):
+                np.copyto(out, x.reshape(out.shape))
+                return
+            axes = list(range(x.ndim))
+        axes = [a + x.ndim if a < 0 else a for a in axes]
+        if x.size == 0 or any(x.shape[a] == 0 for a in axes):
+            self.run_numpy(inputs, outputs)
+            return
+        _native.reduce(self.op, np.ascontiguousarray(x), axes, out)
+
+
+class CpuGlobalMaxPool(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is None or x.rank is None or x.rank < 3:
+            return unsupported("GlobalMaxPool on rank < 3")
+        return _dtypes_in(node, _F32)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if x.size == 0 or 0 in x.shape[2:]:
+            self.run_numpy(inputs, outputs)
+            return
+        _native.reduce("max", np.ascontiguousarray(x), list(range(2, x.ndim)), out)
+
+
+class CpuArgReduce(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64), outputs=False)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        axis = int(self.attr("axis", 0))
+        axis = axis + x.ndim if axis < 0 else axis
+        if x.ndim == 0 or x.shape[axis] == 0 or out.size == 0:
+            self.run_numpy(inputs, outputs)
+            return
+        _native.argreduce(np.ascontiguousarray(x), axis, out, self.node.op_type == "ArgMax",
+                          bool(self.attr("select_last_index", 0)))
+
+
+class CpuTopK(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64), indices=[0],
+                          outputs=False)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        values, indices = outputs[0].buffer, outputs[1].buffer
+        axis = int(self.attr("axis", -1))
+        axis = axis + x.ndim if axis < 0 else axis
+        k = _ints(inputs[1])[0] if self.info.opset >= 10 else int(self.attr("k"))  # type: ignore[arg-type]
+        largest = bool(self.attr("largest", 1))
+        _native.topk(np.ascontiguousarray(x), axis, k, largest, values, indices)
+
+
+# --------------------------------------------------------------------------------- comparisons, logic, Where, PRelu
+
+_COMPARE = {"Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge"}
+_NUMERIC = tuple(d for d in _PLAIN if d.np_dtype.kind in "biu" or d in (dtypes.float32, dtypes.float64))
+
+
+class CpuCompare(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, _NUMERIC, outputs=False)
+
+    def setup(self) -> None:
+        self.op = _COMPARE[self.node.op_type]
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        a, b = inputs[0].numpy(), inputs[1].numpy()  # type: ignore[union-attr]
+        if a.dtype != b.dtype:
+            self.run_numpy(inputs, outputs)
+            return
+        _native.compare(self.op, np.broadcast_to(a, out.shape), np.broadcast_to(b, out.shape), out)
+
+
+class CpuLogical(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, (dtypes.bool_,))
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        if self.node.op_type == "Not":
+            _native.logical_not(x, out)
+            return
+        y = inputs[1].numpy()  # type: ignore[union-attr]
+        _native.logical(self.node.op_type.lower(), np.broadcast_to(x, out.shape), np.broadcast_to(y, out.shape), out)
+
+
+class CpuWhere(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        verdict = _dtypes_in(node, (dtypes.bool_,), indices=[0], outputs=False)
+        return verdict if not verdict else _dtypes_in(node, _PLAIN, indices=[1, 2])
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        c, x, y = (t.numpy() for t in inputs)  # type: ignore[union-attr]
+        if x.dtype != out.dtype or y.dtype != out.dtype:
+            self.run_numpy(inputs, outputs)
+            return
+        _native.where(np.broadcast_to(c, out.shape), np.broadcast_to(x, out.shape), np.broadcast_to(y, out.shape),
+                      out)
+
+
+class CpuPRelu(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, _F32)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        x, slope = inputs[0].numpy(), inputs[1].numpy()  # type: ignore[union-attr]
+        if x.shape != out.shape:
+            self.run_numpy(inputs, outputs)
+            return
+        _native.prelu(x, np.broadcast_to(slope, out.shape), out)
+
+
+# ------------------------------------------------------------------------------------------------- normalisation
+
+class CpuInstanceNorm(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is None or x.rank is None or x.rank < 3:
+            return unsupported("InstanceNormalization on rank < 3")
+        return _dtypes_in(node, _F32)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if x.size == 0:
+            return
+        scale = np.ascontiguousarray(inputs[1].numpy().reshape(-1))  # type: ignore[union-attr]
+        bias = np.ascontiguousarray(inputs[2].numpy().reshape(-1))  # type: ignore[union-attr]
+        _native.group_norm(x, scale, bias, out, x.shape[1], float(self.attr("epsilon", 1e-5)))
+
+
+class CpuGroupNorm(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is None or x.rank is None or x.rank < 2:
+            return unsupported("GroupNormalization on rank < 2")
+        return _dtypes_in(node, _F32)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if x.size == 0:
+            return
+        g = int(self.attr("num_groups"))
+        c = x.shape[1]
+        scale = inputs[1].numpy().reshape(-1)  # type: ignore[union-attr]
+        bias = inputs[2].numpy().reshape(-1)  # type: ignore[union-attr]
+        if self.info.opset < 21 and scale.size == g and g != c:
+            scale, bias = np.repeat(scale, c // g), np.repeat(bias, c // g)
+        if scale.size != c or c % g:
+            self.run_numpy(inputs, outputs)
+            return
+        _native.group_norm(x, np.ascontiguousarray(scale), np.ascontiguousarray(bias), out, g,
+                           float(self.attr("epsilon", 1e-5)))
+
+
+# ----------------------------------------------------------------------------------------------- data movement
+
+class CpuPad(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        if node.attr("mode", "constant") not in ("constant", "reflect", "edge", "wrap"):
+            return unsupported(f"Pad mode {node.attr('mode')}")
+        return _dtypes_in(node, _PLAIN, indices=[0])
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        rank = x.ndim
+        if self.info.opset >= 11:
+            pads = _ints(inputs[1])  # type: ignore[arg-type]
+            value = inputs[2].numpy().reshape(-1)[0] if _has(inputs, 2) and inputs[2].numpy().size else 0  # type: ignore[union-attr]
+            axes = _ints(inputs[3]) if _has(inputs, 3) else list(range(rank))  # type: ignore[arg-type]
+        else:
+            pads = list(self.attr("pads"))
+            value = self.attr("value", 0.0)
+            axes = list(range(rank))
+        begins = [0] * rank
+        for i, a in enumerate(axes):
+            begins[a + rank if a < 0 else a] = pads[i]
+        mode = self.attr("mode", "constant")
+        if mode != "constant" and any(n == 0 for n in x.shape):
+            self.run_numpy(inputs, outputs)
+            return
+        _native.pad(np.ascontiguousarray(x), begins, mode, np.asarray(value, dtype=x.dtype).reshape(1), out)
+
+
+class CpuTile(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, _PLAIN, indices=[0])
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        reps = _ints(inputs[1])  # type: ignore[arg-type]
+        # out viewed as (r0, d0, r1, d1, ...): x broadcast along every r axis (a stride-0 view, copied natively).
+        inter = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
+        view = np.broadcast_to(x.reshape([v for d in x.shape for v in (1, d)]), inter)
+        _native.copy(view, out.reshape(inter))
+
+
+class CpuSplit(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, _PLAIN, indices=[0])
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        axis = int(self.attr("axis", 0))
+        axis = axis + x.ndim if axis < 0 else axis
+        index = [slice(None)] * x.ndim
+        start = 0
+        for t in outputs:
+            out = t.buffer
+            width = out.shape[axis]
+            index[axis] = slice(start, start + width)
+            if out.size:
+                _native.copy(x[tuple(index)], out)
+            start += width
+
+
+class CpuDepthToSpace(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is None or x.rank != 4:
+            return unsupported(f"{node.op_type} on rank != 4")
+        return _dtypes_in(node, _PLAIN)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        b = int(self.attr("blocksize"))
+        n, c, h, w = x.shape
+        if self.node.op_type == "DepthToSpace":
+            if self.attr("mode", "DCR") == "CRD":
+                view = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+            else:
+                view = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+        else:
+            view = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+        _native.copy(view, out.reshape(view.shape))
+
+
+# ---------------------------------------------------------------------------------------------- Resize / Upsample
+
+_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+                "tf_half_pixel_for_nn")
+
+
+class CpuResize(_NativeOrNumpy):
+    """Nearest / linear resize of the two spatial axes of an NCHW tensor: index and weight tables in numpy (per
+    the coordinate transform), the gather and blend native."""
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is None or x.rank != 4:
+            return unsupported("Resize on rank != 4 (native path: NCHW)")
+        mode = node.attr("mode", "nearest")
+        if mode not in ("nearest", "linear", "bilinear"):
+            return unsupported(f"Resize mode {mode}")
+        coord = node.attr("coordinate_transformation_mode", "half_pixel")
+        if node.op_type == "Resize" and coord not in _COORD_MODES:
+            return unsupported(f"Resize coordinate_transformation_mode {coord}")
+        if node.attr("antialias", 0) or node.attr("axes", None) is not None:
+            return unsupported("Resize with antialias or axes")
+        if node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+            return unsupported("Resize keep_aspect_ratio_policy")
+        return _dtypes_in(node, _F32, indices=[0])
+
+    def _scales(self, inputs: Sequence[Tensor | None]) -> list[float] | None:
+        if self.node.op_type == "Upsample":
+            if self.info.opset >= 9:
+                return [float(v) for v in inputs[1].numpy().reshape(-1)]  # type: ignore[union-attr]
+            return [float(v) for v in self.attr("scales")]
+        idx = 1 if self.info.opset < 11 else 2
+        if _has(inputs, idx) and inputs[idx].numpy().size:  # type: ignore[union-attr]
+            return [float(v) for v in inputs[idx].numpy().reshape(-1)]  # type: ignore[union-attr]
+        return None
+
+    def _coords(self, n_in: int, n_out: int, scale: float, from_scales: bool) -> np.ndarray:
+        upsample = self.node.op_type == "Upsample"
+        mode = "asymmetric" if upsample else self.attr("coordinate_transformation_mode",
+                                                       "half_pixel" if self.info.opset >= 11 else "asymmetric")
+        x = np.arange(n_out, dtype=np.float64)
+        if mode == "half_pixel":
+            return (x + 0.5) / scale - 0.5
+        if mode == "half_pixel_symmetric":
+            adjustment = n_out / (n_in * scale) if from_scales else 1.0
+            return n_in / 2 * (1 - adjustment) + (x + 0.5) / scale - 0.5
+        if mode == "pytorch_half_pixel":
+            return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
+        if mode == "align_corners":
+            length = n_in * scale if from_scales else n_out
+            return x * (n_in - 1) / (length - 1) if n_out > 1 else np.zeros_like(x)
+        if mode == "tf_half_pixel_for_nn":
+            return (x + 0.5) / scale
+        return x / scale
+
+    def _tables(self, n_in: int, n_out: int, scale: float, from_scales: bool):
+        if n_out == n_in and scale == 1.0:
+            idx = np.arange(n_in, dtype=np.int64)
+            return idx, idx, np.zeros(n_out, np.float32)
+        coords = self._coords(n_in, n_out, scale, from_scales)
+        if self.attr("mode", "nearest") == "nearest":
+            legacy = self.node.op_type == "Upsample" or self.info.opset < 11
+            nm = "floor" if legacy else self.attr("nearest_mode", "round_prefer_floor")
+            rounders = {"round_prefer_floor": lambda c: np.ceil(c - 0.5),
+                        "round_prefer_ceil": lambda c: np.floor(c + 0.5), "floor": np.floor, "ceil": np.ceil}
+            rounded = rounders[nm](coords)
+            idx = np.clip(rounded, 0, n_in - 1).astype(np.int64)
+            return idx, idx, np.zeros(n_out, np.float32)
+        c = np.clip(coords, 0.0, n_in - 1.0)
+        lo = np.floor(c)
+        w = (c - lo).astype(np.float32)
+        i0 = lo.astype(np.int64)
+        return i0, np.minimum(i0 + 1, n_in - 1), w
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].numpy()  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        if x.size == 0 or out.shape[:2] != x.shape[:2]:
+            self.run_numpy(inputs, outputs)
+            return
+        scales = self._scales(inputs)
+        if scales is not None and (len(scales) != 4 or scales[0] != 1 or scales[1] != 1):
+            self.run_numpy(inputs, outputs)
+            return
+        tabs = []
+        for a in (2, 3):
+            n_in, n_out = x.shape[a], out.shape[a]
+            scale = scales[a] if scales is not None else n_out / n_in
+            tabs.append(self._tables(n_in, n_out, scale, scales is not None))
+        (y0, y1, wy), (x0, x1, wx) = tabs
+        n, c, h, w = x.shape
+        _native.resize2d(np.ascontiguousarray(x).reshape(n * c, h, w), out.reshape(n * c, *out.shape[2:]),
+                         y0, y1, wy, x0, x1, wx)
+
+
+# --------------------------------------------------------------------------------------------------- ConvTranspose
+
+class CpuConvTranspose(_NativeOrNumpy):
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is None or x.rank != 4:
+            return unsupported("ConvTranspose on rank != 4 (native path: 2-D)")
+        if 1 not in node.constants:
+            return unsupported("ConvTranspose with weights computed at run time")
+        return _dtypes_in(node, _F32)
+
+    def setup(self) -> None:
+        w = np.ascontiguousarray(self.info.constants[1], dtype=np.float32)
+        self.group = int(self.attr("group", 1))
+        self.kernel = list(self.attr("kernel_shape", None) or w.shape[2:])
+        self.strides = list(self.attr("strides", None) or [1, 1])
+        self.dilations = list(self.attr("dilations", None) or [1, 1])
+        self.packed = _native.prepack_conv_transpose(w, self.group)
+        bias = self.info.constants.get(2)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+
+    def _begins(self, spatial: Sequence[int]) -> list[int]:
+        """Begin pads per spatial axis (the ONNX rules for pads / output_shape / auto_pad)."""
+        out_pad = list(self.attr("output_padding", None) or [0, 0])
+        output_shape = self.attr("output_shape", None)
+        auto_pad = self.attr("auto_pad", "NOTSET")
+        pads = list(self.attr("pads", None) or [0, 0, 0, 0])
+        begins = []
+        for i, size in enumerate(spatial):
+            ek = (self.kernel[i] - 1) * self.dilations[i] + 1
+            full = self.strides[i] * (size - 1) + out_pad[i] + ek
+            if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+                target = output_shape[len(output_shape) - 2 + i] if output_shape is not None else size * self.strides[i]
+                total = full - target
+                begins.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+            else:
+                begins.append(pads[i])
+        return begins
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        if self.native:
+            self.begins = self._begins(inputs[0].shape[2:])  # type: ignore[union-attr, index]
+        else:
+            self.numpy_kernel().prepare(inputs, outputs)
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return
+        bias = self.bias
+        if bias is None and _has(inputs, 2):
+            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)  # type: ignore[union-attr]
+        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        if any(b < 0 for b in self.begins):
+            self.run_numpy(inputs, outputs)
+            return
+        _native.conv_transpose2d(x, self.packed, bias, out, self.strides, self.begins, self.dilations)
+
+
+# ------------------------------------------------------------------------------------------------------ LSTM / GRU
+
+_RNN_DEFAULTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
+
+
+class CpuRnn(_NativeOrNumpy):
+    """LSTM and GRU with the default activations: gate GEMMs on the packed GEMM, the recurrence native."""
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        acts = node.attr("activations", None)
+        dirs = 2 if node.attr("direction", "forward") == "bidirectional" else 1
+        if acts is not None and [a.lower() for a in acts] != _RNN_DEFAULTS[node.op_type] * dirs:
+            return unsupported(f"{node.op_type} with activations {list(acts)}")
+        if node.attr("activation_alpha", None) or node.attr("activation_beta", None):
+            return unsupported(f"{node.op_type} with activation parameters")
+        return _dtypes_in(node, _F32, indices=[0, 1, 2, 3, 5, 6, 7])
+
+    def setup(self) -> None:
+        self.gru = self.node.op_type == "GRU"
+        w, r = self.info.constants.get(1), self.info.constants.get(2)
+        self.packed = None
+        if w is not None and r is not None:
+            self.packed = _native.rnn_prepack(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(r, np.float32),
+                                              self.gru)
+        direction = self.attr("direction", "forward")
+        self.direction = {"forward": 0, "reverse": 1, "bidirectional": 2}[direction]
+        clip = self.attr("clip", None)
+        self.clip = 0.0 if clip is None else float(clip)
+        self.layout = int(self.attr("layout", 0))
+
+    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        def arr(i: int, swap: bool = False) -> np.ndarray | None:
+            if not _has(inputs, i) or inputs[i].numpy().size == 0:  # type: ignore[union-attr]
+                return None
+            a = inputs[i].numpy()  # type: ignore[union-attr]
+            return np.ascontiguousarray(np.swapaxes(a, 0, 1) if swap else a, dtype=np.float32 if i != 4 else None)
+
+        layout = self.layout
+        x = arr(0, swap=bool(layout))
+        assert x is not None
+        packed = self.packed
+        if packed is None:
+            packed = _native.rnn_prepack(arr(1), arr(2), self.gru)
+        seq, batch = x.shape[:2]
+        dirs, hidden = packed.directions, packed.hidden_size
+        want = len(outputs)
+        y = np.empty((seq, dirs, batch, hidden), np.float32) if want > 0 else None
+        yh = np.empty((dirs, batch, hidden), np.float32) if want > 1 else None
+        yc = np.empty((dirs, batch, hidden), np.float32) if want > 2 and not self.gru else None
+        _native.rnn_run(packed, x, arr(3), arr(4), arr(5, bool(layout)), None if self.gru else arr(6, bool(layout)),
+                        None if self.gru else arr(7), self.direction, self.clip,
+                        bool(self.attr("input_forget", 0)), bool(self.attr("linear_before_reset", 0)), y, yh, yc)
+        results = [y, yh, yc]
+        for i, t in enumerate(outputs):
+            res = results[i]
+            if res is None or t.buffer.size == 0:
+                continue
+            if layout:
+                res = res.transpose(2, 0, 1, 3) if i == 0 else res.swapaxes(0, 1)
+            _native.copy(res, t.buffer)
+
+
+KERNELS = {
+    **{("", op): CpuReduce for op in _REDUCE},
+    ("", "GlobalMaxPool"): CpuGlobalMaxPool,
+    ("", "ArgMax"): CpuArgReduce,
+    ("", "ArgMin"): CpuArgReduce,
+    ("", "TopK"): CpuTopK,
+    **{("", op): CpuCompare for op in _COMPARE},
+    **{("", op): CpuLogical for op in ("And", "Or", "Xor", "Not")},
+    ("", "Where"): CpuWhere,
+    ("", "PRelu"): CpuPRelu,
+    ("", "InstanceNormalization"): CpuInstanceNorm,
+    ("", "GroupNormalization"): CpuGroupNorm,
+    ("", "Pad"): CpuPad,
+    ("", "Tile"): CpuTile,
+    ("", "Split"): CpuSplit,
+    ("", "DepthToSpace"): CpuDepthToSpace,
+    ("", "SpaceToDepth"): CpuDepthToSpace,
+    ("", "Resize"): CpuResize,
+    ("", "Upsample"): CpuResize,
+    ("", "ConvTranspose"): CpuConvTranspose,
+    ("", "LSTM"): CpuRnn,
+    ("", "GRU"): CpuRnn,
+}
