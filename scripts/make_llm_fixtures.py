@@ -1,4 +1,4 @@
-"""Make the tiny Qwen2 / Qwen3 / Qwen3-MoE fixtures of tests/llm from transformers (the oracle).
+"""Make the tiny Qwen2 / Qwen3 / Qwen3-MoE / Qwen3.5 / Qwen3-Next fixtures of tests/llm from transformers.
 
 Needs torch and transformers (the test suite does not):  pip install torch==2.13.0 transformers
 Run from the repository root:                           python scripts/make_llm_fixtures.py
@@ -97,6 +97,33 @@ MODELS = [
 ]
 
 
+# Hybrid linear-attention families (Gated DeltaNet): the layer pattern mixes linear and full attention, and the
+# prompts below cross several 64-token chunks of the chunked prefill (one ends mid-chunk).
+HYBRID_LINEAR = dict(
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+    linear_conv_kernel_dim=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+)
+HYBRID_MODELS = [
+    ("qwen3_5", "qwen3_5_text", dict(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=4, tie_word_embeddings=True,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        **HYBRID_LINEAR)),
+    ("qwen3_5_moe", "qwen3_5_moe_text", dict(
+        hidden_size=64, num_hidden_layers=3, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], **HYBRID_LINEAR)),
+    # Qwen3-Next (fused, per-key-head interleaved in_proj_qkvz / in_proj_ba), one dense layer (mlp_only_layers)
+    ("qwen3_5_next", "qwen3_next", dict(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=3, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[1], tie_word_embeddings=True,
+        layer_types=["linear_attention", "linear_attention", "full_attention"], **HYBRID_LINEAR)),
+]
+LONG_PROMPTS = [200, 100]  # tokens of the corpus: 3 chunks + 8, and 1 chunk + 36
+LONG_ROWS = 7  # logits of every 7th position (and the last two) of the long prompts: they would be large
+
+
 def train_tokenizer(vocab_size: int):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -149,6 +176,18 @@ def randomize(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) / max(p.shape[-1], 1) ** 0.5 * 1.5)
 
 
+def slow_decay(model, seed: int) -> None:
+    """Gated DeltaNet decay rates A = exp(A_log) between 0.003 and 0.3, so the recurrent state carries across
+    64-token chunks (the random init forgets within a few tokens, which would hide chunk-boundary bugs)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(-5.8, -1.2, generator=gen))
+
+
 def greedy(model, ids: list[int], n: int) -> tuple[list[int], float]:
     """n greedy tokens by full recomputation; also the smallest top-1 / top-2 logit gap met on the way."""
     import torch
@@ -182,6 +221,8 @@ def make(name: str, model_type: str, overrides: dict, tok, seed: int) -> dict:
         torch.manual_seed(seed + attempt)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
         randomize(model, seed + attempt)
+        if name in {m[0] for m in HYBRID_MODELS}:
+            slow_decay(model, seed + attempt)
         prompts = []
         worst = float("inf")
         for text in PROMPTS:
@@ -209,6 +250,16 @@ def make(name: str, model_type: str, overrides: dict, tok, seed: int) -> dict:
             logits[f"prompt{i}"] = model(torch.tensor([p["ids"]])).logits[0].numpy().astype(np.float32)
         # the chat's last position only: its full logits would double the fixture's size
         logits["chat_last"] = model(torch.tensor([chat_ids])).logits[0, -1:].numpy().astype(np.float32)
+    long_prompts = []
+    if name in {m[0] for m in HYBRID_MODELS}:
+        corpus_ids = tok.encode(CORPUS).ids
+        with torch.no_grad():
+            for i, n in enumerate(LONG_PROMPTS):
+                ids = corpus_ids[:n]
+                rows = sorted(set(range(0, n, LONG_ROWS)) | {n - 2, n - 1})
+                logits[f"long{i}"] = model(torch.tensor([ids])).logits[0, rows].numpy().astype(np.float32)
+                tokens, gap = greedy(model, ids, GREEDY_TOKENS)
+                long_prompts.append({"ids": ids, "rows": rows, "greedy": tokens, "gap": gap})
     np.savez_compressed(folder / "logits.npz", **logits)
     thinking_off = hf_tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     expected = {
@@ -218,6 +269,7 @@ def make(name: str, model_type: str, overrides: dict, tok, seed: int) -> dict:
         "prompts": prompts,
         "chat": {"messages": CHAT, "rendered": rendered, "rendered_no_thinking": thinking_off, "ids": chat_ids,
                  "greedy": chat_greedy},
+        **({"long_prompts": long_prompts} if long_prompts else {}),
         "eos_ids": [eos, pad],
         "vocab_size": tok.get_vocab_size(),
         "transformers": __import__("transformers").__version__,
@@ -231,9 +283,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--vocab", type=int, default=320)
+    parser.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
     args = parser.parse_args()
     tok = train_tokenizer(args.vocab)
-    for name, model_type, overrides in MODELS:
+    only = {n for n in args.only.split(",") if n}
+    for name, model_type, overrides in MODELS + HYBRID_MODELS:
+        if only and name not in only:
+            continue
         expected = make(name, model_type, overrides, tok, args.seed)
         size = sum(f.stat().st_size for f in (OUT / name).iterdir())
         gap = expected["min_greedy_gap"]

@@ -144,6 +144,11 @@ class Backend:
     def download(self, tensor: Tensor) -> np.ndarray:
         raise NotImplementedError
 
+    def view(self, tensor: Tensor, info: TensorInfo) -> Tensor | None:
+        """A tensor of ``info``'s shape sharing ``tensor``'s memory (Reshape, Flatten, Squeeze...), or None when the
+        backend cannot; then the op's kernel runs (a copy)."""
+        return None
+
     def copy(self, tensor: Tensor) -> Tensor | None:
         """Copy a tensor of another backend directly (peer copy); None lets the core go through the host."""
         return None
@@ -180,6 +185,12 @@ class HostMemory:
 
     def download(self, tensor: Tensor) -> np.ndarray:
         return tensor.buffer
+
+    def view(self, tensor: Tensor, info: TensorInfo) -> Tensor | None:
+        array = tensor.numpy()
+        if not array.flags.c_contiguous:
+            return None  # a reshape would copy: let the kernel do it
+        return Tensor(array.reshape(info.shape), info.shape, info.dtype, self)  # type: ignore[arg-type]
 
 
 KernelFactory = Callable[[NodeInfo], Kernel]

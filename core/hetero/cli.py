@@ -37,10 +37,15 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
+_DEVICE_FACTS = ("isa", "threads", "version", "compute_units", "fp16", "subgroups")
+
+
 def _device_text(device) -> str:
-    extras = ", ".join(f"{k}={v}" for k, v in device.properties.items() if k in ("isa", "threads", "version", "fp16"))
+    facts = [f"{k}={device.properties[k]}" for k in _DEVICE_FACTS if k in device.properties]
+    if device.memory_bytes:
+        facts.append(f"memory={device.memory_bytes / 2**30:.1f} GiB")
     vendor = f" [{device.vendor}]" if device.vendor else ""
-    return f"{device.name}{vendor}" + (f" ({extras})" if extras else "")
+    return f"{device.name}{vendor}" + (f" ({', '.join(facts)})" if facts else "")
 
 
 def _parse_inputs(specs: Sequence[str]) -> dict[str, np.ndarray]:

@@ -212,6 +212,7 @@ def _probe(template: PluginStatus, factory: Factory) -> PluginStatus:
         row.status, row.reason = UNAVAILABLE, "probe found no device"
         return row
     row.status, row.devices = OK, devices
+    row.priority = getattr(factory, "priority", row.priority)  # a probe may rank itself by what it found
     return row
 
 

@@ -15,8 +15,17 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    # hybrid linear-attention families (Gated DeltaNet + gated full attention), hetero.llm.families.qwen3_5
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
-MODEL_TYPES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+MODEL_TYPES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen3_next": "qwen3_next",
+               "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5", "qwen3_5_moe": "qwen3_5_moe",
+               "qwen3_5_moe_text": "qwen3_5_moe"}
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 
 @dataclass(frozen=True)
@@ -71,10 +80,23 @@ class LlmConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # hybrid families (qwen3_next, qwen3_5, qwen3_5_moe): "linear_attention" / "full_attention" per layer
+    layer_types: tuple[str, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    attn_output_gate: bool = False  # q projection doubled: per head [query, gate], output * sigmoid(gate)
+    shared_expert_intermediate_size: int = 0  # MoE layers add a shared expert, gated by sigmoid(x @ w)
+    norm_offset: float = 0.0  # RMSNorm scales by (offset + weight): 1.0 for zero-centred norm weights
 
     def is_moe_layer(self, layer: int) -> bool:
         return (self.num_experts > 0 and layer not in self.mlp_only_layers
                 and (layer + 1) % max(self.decoder_sparse_step, 1) == 0)
+
+    def is_linear_layer(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
 
 class _Reader:
@@ -148,6 +170,8 @@ def load_config(folder: str | Path) -> LlmConfig:
 
 def parse_config(data: dict[str, Any], path: Path = Path("config.json")) -> LlmConfig:
     family = family_of(data, path)
+    if family in HYBRID_FAMILIES:
+        return _parse_hybrid(data, path, family)
     r = _Reader(data, path)
     hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
     kv_heads = r.int("num_key_value_heads", heads)
@@ -257,3 +281,46 @@ def _rope(data: dict[str, Any], r: _Reader, head_dim: int, max_pos: int) -> Rope
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """YaRN's attention temperature: sqrt(1/t) = 0.1 ln(s) + 1 for a context extended s times."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _parse_hybrid(data: dict[str, Any], path: Path, family: str) -> LlmConfig:
+    """Qwen3-Next / Qwen3.5 (dense or MoE): the text config (nested ``text_config`` in the multimodal checkpoints)
+    with the common keys, plus the layer pattern and the Gated DeltaNet shapes."""
+    import dataclasses
+
+    text = data.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ModelFormatError(f"{path}: key 'text_config' must be an object")
+    merged = {**data, **(text or {})}
+    for key in ("eos_token_id", "bos_token_id", "tie_word_embeddings"):  # top-level values win where both exist
+        if key in data and key not in (text or {}):
+            merged[key] = data[key]
+    r = _Reader(merged, path)
+    experts = merged.get("num_experts", merged.get("num_local_experts", 0))
+    moe = family != "qwen3_5" and isinstance(experts, int) and experts > 0
+    base = {**merged, "architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"]}
+    base.pop("model_type", None)
+    if moe:
+        base.setdefault("intermediate_size", r.int("moe_intermediate_size"))
+        if family == "qwen3_5_moe":  # every layer routed, always renormalised
+            base.update(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    cfg = parse_config(base, path)
+    layers = cfg.num_layers
+    types = merged.get("layer_types")
+    if types is None:
+        interval = r.int("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or \
+            any(t not in ("linear_attention", "full_attention") for t in types):
+        raise r.fail("layer_types", f"a list of {layers} entries, each 'linear_attention' or 'full_attention'")
+    kh, vh = r.int("linear_num_key_heads"), r.int("linear_num_value_heads")
+    if vh % kh:
+        raise r.fail("linear_num_value_heads", f"a multiple of linear_num_key_heads ({kh})")
+    return dataclasses.replace(
+        cfg, family=family, raw=data, qk_norm=True,
+        layer_types=tuple(types), linear_num_key_heads=kh, linear_num_value_heads=vh,
+        linear_key_head_dim=r.int("linear_key_head_dim"), linear_value_head_dim=r.int("linear_value_head_dim"),
+        linear_conv_kernel_dim=r.int("linear_conv_kernel_dim", 4), attn_output_gate=True,
+        shared_expert_intermediate_size=r.int("shared_expert_intermediate_size", 0, positive=False) if moe else 0,
+        norm_offset=1.0,
+    )

@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (registration side effects)
     detection,
     elementwise,
     fused,
+    gated_delta,
     linalg,
     linear_attention,
     llm,

@@ -34,7 +34,6 @@ class _View:
 
     src: Key
     out: Key
-    shape: tuple[int, ...]
     info: TensorInfo
     backend: Backend
 
@@ -71,7 +70,7 @@ class Recorder:
             return  # a view of a fixed tensor (arena, weight) is itself fixed
         self.keys[id(out)] = ("var", id(out))
         self.keep.append(out)
-        self.entries.append(_View(key, ("var", id(out)), out.shape, out.info, backend))
+        self.entries.append(_View(key, ("var", id(out)), out.info, backend))
 
     def build(self, signature: Any, outputs: dict[str, Tensor]) -> Replay:
         resolved = {name: self.keys.get(id(t), t) for name, t in outputs.items()}
@@ -88,9 +87,9 @@ class Replay:
         values: dict[Key, Tensor] = {("feed", name): t for name, t in feeds.items()}
         for entry in self.entries:
             if isinstance(entry, _View):
-                src = values[entry.src]
-                values[entry.out] = Tensor(src.buffer.reshape(entry.shape), entry.shape, entry.info.dtype,
-                                           entry.backend)
+                view = entry.backend.view(values[entry.src], entry.info)
+                assert view is not None  # it made one when recorded, for the same shapes
+                values[entry.out] = view
                 continue
             for pos, key in entry.var_ins:
                 entry.ins[pos] = values[key]

@@ -47,7 +47,8 @@ class _Step:
     compiled: Compiled | None = None  # compiled-subgraph steps
     outer: list[str] = field(default_factory=list)  # outer-scope names read by subgraph attributes
     has_subgraph: bool = False
-    alias: bool = False  # a reshape-like node on host memory: its output is a view of its input, no kernel runs
+    alias: bool = False  # a reshape-like node: its output is a view of its input when the backend can make one
+    const_values: frozenset[int] = frozenset()  # value inputs that are initializers: keyed by name, never read
     key: Any = None
     out_infos: list[TensorInfo] = field(default_factory=list)
     infer_cache: dict[Any, list[TensorInfo]] = field(default_factory=dict)
@@ -155,8 +156,9 @@ class Session:
                     opset=info.opset,
                     outer=outer,
                     has_subgraph=any(isinstance(a, Graph) for a in node.attrs.values()),
-                    alias=(node.op_key in VIEW_OPS and backend.memory_domain == "host"
-                           and node.outputs[0] not in self.graph.outputs),
+                    alias=node.op_key in VIEW_OPS and node.outputs[0] not in self.graph.outputs,
+                    const_values=frozenset(i for i in registry.get(node.domain, node.op_type).value_inputs
+                                           if i < len(node.inputs) and node.inputs[i] in self.graph.initializers),
                 )
             )
         return steps
@@ -290,7 +292,8 @@ class Session:
         schema = step.schema
         key = tuple(None if t is None else t.shape for t in ins)
         if schema.value_inputs:
-            key += tuple(_value_key(ins[i]) for i in schema.value_inputs if i < len(ins))
+            key += tuple(step.inputs[i] if i in step.const_values else _value_key(ins[i])
+                         for i in schema.value_inputs if i < len(ins))
         run_subgraph = self._subgraph_runner(step, env) if step.has_subgraph else None
         if schema.data_dependent and hasattr(step.kernel, "run_dynamic"):
             # Output shapes come from the data: the kernel computes once and sizes its outputs itself (no infer pass
@@ -320,13 +323,14 @@ class Session:
             step.key = key
             step.arena_outs = None
         if step.alias:
-            src, info = ins[0], step.out_infos[0]
-            assert src is not None and info.shape is not None
-            view = Tensor(src.numpy().reshape(info.shape), info.shape, info.dtype, step.backend)
-            env[step.outputs[0]] = view
-            if recorder is not None:
-                recorder.view(src, view, step.backend)
-            return
+            src = ins[0]
+            assert src is not None
+            view = step.backend.view(src, step.out_infos[0])
+            if view is not None:
+                env[step.outputs[0]] = view
+                if recorder is not None:
+                    recorder.view(src, view, step.backend)
+                return
         if planned:
             if step.arena_outs is None:
                 step.arena_outs = [self._arena_view(step, name, info) for name, info in

@@ -99,6 +99,8 @@ inline __m512i bcast4(const std::int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+constexpr i64 kPrefetch = 4096;  // bytes ahead
+
 template <int BITS, bool ASYM, int MR>
 void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
   const int bs = w.bs;
@@ -115,6 +117,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   for (i64 b = 0; b < w.nb; ++b) {
     const std::uint8_t* rec = group + b * w.rec_bytes;
     const std::uint8_t* qv = rec + hdr;
+    if (MR <= 2)  // decode streams the weights from memory: keep more lines in flight than the L2 streamer does
+      for (i64 o = 0; o < w.rec_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + o), _MM_HINT_T0);
     __m512i iacc[MR];
     for (int m = 0; m < MR; ++m) iacc[m] = _mm512_setzero_si512();
     const i64 xo = b * bs;

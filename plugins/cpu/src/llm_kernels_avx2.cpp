@@ -89,6 +89,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
     for (i64 b = 0; b < w.nb; ++b) {
       const std::uint8_t* rec = group + b * w.rec_bytes;
       const std::uint8_t* qv = rec + hdr + 32 * h;
+      if (MR <= 2 && h == 0)  // decode streams the weights from memory: prefetch ahead of the L2 streamer
+        for (i64 o = 0; o < w.rec_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + 4096 + o), _MM_HINT_T0);
       __m256i iacc[MR];
       for (int m = 0; m < MR; ++m) iacc[m] = _mm256_setzero_si256();
       const i64 xo = b * bs;

@@ -15,7 +15,7 @@ import numpy as np
 from hetero import dtypes
 from hetero.backend import Device, KernelTableBackend, NodeInfo, Support, unsupported
 from hetero.errors import BackendError
-from hetero.tensor import Tensor
+from hetero.tensor import Tensor, TensorInfo
 
 from .kernels import KERNELS
 from .kernels.common import ClKernel
@@ -86,6 +86,10 @@ class OpenCLBackend(KernelTableBackend):
         if out.nbytes:
             self.ctx.read(buf, out.reshape(-1).view(np.uint8))
         return out
+
+    def view(self, tensor: Tensor, info: TensorInfo) -> Tensor | None:
+        """Reshape-like ops: the same cl_mem under a new shape (buffers are always dense)."""
+        return Tensor(tensor.buffer, info.shape, info.dtype, self)  # type: ignore[arg-type]
 
     def host_value(self, tensor: Tensor) -> np.ndarray:
         """A small input's values on the host: its shadow when it was uploaded, else a (waiting) download."""

@@ -31,7 +31,8 @@ def _native():
     if not _native.built_with_opencl:
         raise BackendUnavailable(
             "hetero-opencl was built without the OpenCL headers and ICD loader",
-            hint="apt-get install ocl-icd-opencl-dev opencl-headers, then pip install --force-reinstall ./plugins/opencl",
+            hint="apt-get install ocl-icd-opencl-dev opencl-headers; then pip install --force-reinstall "
+                 "./plugins/opencl",
         )
     return _native
 
@@ -87,7 +88,11 @@ class OpenCLFactory(Factory):
     priority: ClassVar[int] = 20
 
     def probe(self) -> list[Device]:
-        return list_devices()
+        devices = list_devices()
+        # An OpenCL device that is the CPU itself (PoCL) is no faster than the native cpu backend: rank it after cpu
+        # for automatic selection; GPUs and accelerators come first. Naming "opencl" explicitly always works.
+        self.priority = 20 if any(d.kind != "cpu" for d in devices) else 60  # type: ignore[misc]
+        return sorted(devices, key=lambda d: d.kind == "cpu")
 
     def create(self, device: Device, options: dict[str, Any] | None = None):
         from .backend import OpenCLBackend

@@ -11,10 +11,10 @@ from .conftest import needs_device
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from hetero.llm.generate import greedy_tokens  # noqa: E402
+from llm.helpers import FAMILIES, FIXTURES, copy_model, expected, load, reference_logits
+from llm.test_llm_parity import dequantized_copy
 
-from llm.helpers import FAMILIES, FIXTURES, copy_model, expected, load, reference_logits  # noqa: E402
-from llm.test_llm_parity import dequantized_copy  # noqa: E402
+from hetero.llm.generate import greedy_tokens
 
 pytestmark = needs_device
 

@@ -8,12 +8,15 @@ from ...errors import ModelFormatError
 from ...ir.graph import Graph
 from ..config import LlmConfig
 from ..weights import WeightSource
-from . import qwen2, qwen3, qwen3_moe
+from . import qwen2, qwen3, qwen3_5, qwen3_moe
 
 BUILDERS: dict[str, Callable[..., Graph]] = {
     "qwen2": qwen2.build,
     "qwen3": qwen3.build,
     "qwen3_moe": qwen3_moe.build,
+    "qwen3_next": qwen3_5.build,
+    "qwen3_5": qwen3_5.build,
+    "qwen3_5_moe": qwen3_5.build,
 }
 
 

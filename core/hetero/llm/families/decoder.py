@@ -7,6 +7,7 @@ The families differ only in switches (QKV bias, q/k norm, routed experts) and te
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +63,10 @@ class _Builder:
 
 
 def build_decoder(cfg: LlmConfig, weights: WeightSource, naming: Naming, *, context: int, all_logits: bool = False,
-                  progress: bool = False) -> Graph:
+                  progress: bool = False, layer: Callable[..., str] | None = None) -> Graph:
+    """``layer``: the per-layer builder (default: attention + MLP/MoE; the hybrid families pass their own), called
+    as ``layer(builder, cfg, weights, naming, index, hidden, shapes, context)`` -> the layer's output name."""
+    layer_fn = layer or _layer
     graph = Graph(inputs=[INPUT_IDS, PAST_LEN], outputs=[LOGITS], name=f"{cfg.family}_decoder",
                   opsets={"": 21, HETERO_DOMAIN: 1})
     graph.values[INPUT_IDS] = TensorInfo(dtypes.int64, (None,))
@@ -77,13 +81,14 @@ def build_decoder(cfg: LlmConfig, weights: WeightSource, naming: Naming, *, cont
     }
     with Progress(f"building {cfg.family}", cfg.num_layers, enabled=progress) as bar:
         for i in range(cfg.num_layers):
-            h = _layer(b, cfg, weights, naming, i, h, shapes, context)
+            h = layer_fn(b, cfg, weights, naming, i, h, shapes, context)
             bar.update(1, f"layer {i + 1}/{cfg.num_layers}")
     if not all_logits:
         last = b.const("last_index", np.array([-1], dtype=np.int64))
         h = b.node("Gather", [h, last], "last_token", {"axis": 0}, domain="")
     norm = b.const(naming.final_norm, weights.vector(naming.final_norm, cfg.hidden_size))
-    h = b.node("RMSNorm", [h, norm], "final_norm", {"epsilon": cfg.rms_norm_eps})
+    h = b.node("RMSNorm", [h, norm], "final_norm", {"epsilon": cfg.rms_norm_eps,
+                                                    **({"offset": cfg.norm_offset} if cfg.norm_offset else {})})
     if cfg.tie_word_embeddings or not weights.has(naming.lm_head):
         if not cfg.tie_word_embeddings:
             raise ModelFormatError(f"tensor {naming.lm_head!r} is missing and the config does not tie embeddings "

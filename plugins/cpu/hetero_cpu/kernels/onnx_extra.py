@@ -384,7 +384,9 @@ class CpuDepthToSpace(_NativeOrNumpy):
             else:
                 view = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
         else:
-            view = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+            t = x.reshape(n, c, h // b, b, w // b, b)
+            crd = self.attr("mode", "DCR") == "CRD"
+            view = t.transpose(0, 1, 3, 5, 2, 4) if crd else t.transpose(0, 3, 5, 1, 2, 4)
         _native.copy(view, out.reshape(view.shape))
 
 

@@ -233,7 +233,7 @@ class ClPool(ClKernel):
             self.mode = 2 if int(self.attr("count_include_pad", 0)) else 1
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        h, w, oh, ow = self.args[:4]
+        oh, ow = self.args[2:4]
         self.launch(self.k(PROGRAM, "pool2d"), [ow, oh, self.nc], None, inputs[0].buffer, outputs[0].buffer,  # type: ignore[union-attr]
                     self.nc, *self.args, self.mode)
 
@@ -351,7 +351,8 @@ class ClResize(ClKernel):
         super().__init__(node, backend)
         self.mode = 0 if _text(self.attr("mode"), "nearest") == "nearest" else 1
         legacy = self.info.opset < 11
-        self.coord = _COORD[_text(self.attr("coordinate_transformation_mode"), "asymmetric" if legacy else "half_pixel")]
+        coord = _text(self.attr("coordinate_transformation_mode"), "asymmetric" if legacy else "half_pixel")
+        self.coord = _COORD[coord]
         self.nearest = _NEAREST["floor" if legacy else _text(self.attr("nearest_mode"), "round_prefer_floor")]
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
