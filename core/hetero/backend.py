@@ -17,7 +17,7 @@ Read docs/backend-authors.md for a walk-through; ``hetero.reference`` is the sma
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -61,6 +61,19 @@ SUPPORTED = Support(True)
 
 def unsupported(reason: str) -> Support:
     return Support(False, reason)
+
+
+def dtype_check(node: NodeInfo, allowed: Iterable[dtypes.DType], backend: str,
+                indices: Sequence[int] | None = None) -> Support:
+    """Supported when the chosen inputs (default: all present) and every output have an allowed dtype; the refusal
+    names the backend and what its kernels take."""
+    allowed = tuple(allowed)
+    picked = node.inputs if indices is None else [node.inputs[i] for i in indices if i < len(node.inputs)]
+    for info in [*picked, *node.outputs]:
+        if info is not None and info.dtype not in allowed:
+            names = "/".join(d.name for d in allowed)
+            return unsupported(f"{node.op_type} on {info.dtype} ({backend} kernels take {names})")
+    return SUPPORTED
 
 
 @dataclass

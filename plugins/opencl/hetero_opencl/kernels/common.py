@@ -10,7 +10,9 @@ import numpy as np
 
 from hetero import dtypes
 from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.backend import dtype_check as backend_dtype_check
 from hetero.dtypes import DType
+from hetero.ops.fused import activation_known, activation_params
 from hetero.tensor import Tensor, TensorInfo
 
 if TYPE_CHECKING:
@@ -37,14 +39,7 @@ def pow2_at_most(n: int, cap: int) -> int:
 
 
 def dtype_check(node: NodeInfo, allowed: Iterable[DType], indices: Sequence[int] | None = None) -> Support:
-    """Supported when the chosen inputs (default: all present) and every output have an allowed dtype."""
-    allowed = tuple(allowed)
-    picked = node.inputs if indices is None else [node.inputs[i] for i in indices if i < len(node.inputs)]
-    for info in [*picked, *node.outputs]:
-        if info is not None and info.dtype not in allowed:
-            names = "/".join(d.name for d in allowed)
-            return unsupported(f"{node.op_type} on {info.dtype} (opencl kernels take {names})")
-    return SUPPORTED
+    return backend_dtype_check(node, allowed, "opencl", indices)
 
 
 def float32_only(node: NodeInfo, indices: Sequence[int] | None = None) -> Support:
@@ -100,34 +95,19 @@ class ClKernel:
         raise NotImplementedError
 
 
-# Fused-activation attribute (hetero.ops.fused) -> (code, alpha attribute, its default, beta attribute, its default)
-_FUSED = {
-    "Relu": ("relu", None, 0.0, None, 0.0),
-    "Clip": ("clip", "activation_min", float("-inf"), "activation_max", float("inf")),
-    "Sigmoid": ("sigmoid", None, 0.0, None, 0.0),
-    "Tanh": ("tanh", None, 0.0, None, 0.0),
-    "LeakyRelu": ("leaky_relu", "activation_alpha", 0.01, None, 0.0),
-    "HardSigmoid": ("hard_sigmoid", "activation_alpha", 0.2, "activation_beta", 0.5),
-    "HardSwish": ("hard_swish", None, 0.0, None, 0.0),
-    "Silu": ("silu", None, 0.0, None, 0.0),
-}
-
-
 def fused_activation(attrs: dict) -> tuple[int, float, float]:
     """(code, alpha, beta) of a fused node's ``activation`` attribute; identity without one."""
-    name = attrs.get("activation", "")
-    if not name:
+    params = activation_params(attrs)
+    if params is None:
         return 0, 0.0, 0.0
-    op, alpha_key, alpha, beta_key, beta = _FUSED[name]
-    return (UNARY[op], float(attrs.get(alpha_key, alpha)) if alpha_key else alpha,
-            float(attrs.get(beta_key, beta)) if beta_key else beta)
+    op_name, alpha, beta = params
+    return UNARY[op_name], alpha, beta
 
 
 def fused_activation_known(node: NodeInfo) -> Support:
-    name = node.attr("activation", "")
-    if name and name not in _FUSED:
-        return unsupported(f"fused activation {name}")
-    return SUPPORTED
+    if activation_known(node.node.attrs):
+        return SUPPORTED
+    return unsupported(f"fused activation {node.attr('activation')}")
 
 
 def contiguous_strides(shape: Sequence[int]) -> list[int]:

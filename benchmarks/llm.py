@@ -1,0 +1,524 @@
+"""hetero against llama.cpp on the same GGUF files: pp512 / tg128 tokens per second, their ratios, peak memory, load
+time, and how close decode comes to the machine's memory-bandwidth bound. Prints a markdown table.
+
+    python benchmarks/llm.py [--models qwen3-0.6b,qwen2.5-1.5b] [--types Q4_0,Q4_K_M,Q8_0] [--threads 2]
+                             [--reps 5] [--skip-build] [--json] [--cache-dir DIR]
+
+Needs ``gguf`` and ``llama-cpp-python`` (PyPI; pip compiles llama.cpp from its source distribution, which takes a
+while on 2 cores). The hetero under test is this checkout: ``core/`` and ``plugins/cpu`` go first on the workers'
+``PYTHONPATH`` (``--installed`` uses the installed packages instead).
+
+Models (built once, kept in ``--cache-dir``, default ``~/.cache/hetero/bench-models``, never in the repository):
+random weights in the shapes of Qwen3-0.6B and Qwen2.5-1.5B with a 32768-token vocabulary (the real ones have ~152k:
+the LM head is ~5x smaller here), tied embeddings as in the real models. Each is written as an F16 GGUF by
+``scripts/make_gguf_fixtures.py``'s ``convert`` (the ``gguf`` package's writer; the tokenizer is the test fixtures'
+byte-level BPE, padded to the vocabulary size), then quantized by llama.cpp's own quantizer
+(``llama_model_quantize``) into Q4_0, Q4_K_M and Q8_0 — the mixes llama.cpp makes (e.g. the tied embedding / LM head
+becomes Q6_K in the Q4_0 and Q8_0 files, as it does for real models). Both runtimes load the same files.
+
+Measurement (each runtime in its own subprocess, one after the other, alternating which goes first):
+
+* the timing core is ``hetero.llm.bench`` (llama-bench semantics) for both runtimes: llama.cpp is driven through a
+  small adapter with the ``Llm`` methods ``bench`` calls (``reset`` / ``prefill`` / ``forward``) that calls
+  ``llama_decode`` on ``llama_batch_get_one`` batches, as llama-bench does (not the high-level ``Llama.eval``, whose
+  Python overhead would flatter hetero). One untimed warm-up run per test, then ``--reps`` timed runs; tokens are
+  seeded random ids; only the last token's logits are computed in a prefill by both.
+* pp512: 512 prompt tokens into an empty cache; tg128: 128 tokens decoded one at a time.
+* t/s: the median of the repetitions (mean ± std alongside); ratios are hetero / llama.cpp of the medians, from this
+  run.
+* peak memory: the worker's ``ru_maxrss`` (resident set high-water mark: the interpreter, the imported modules, the
+  touched pages of the memory-mapped file and everything allocated), and the same taken before loading (``base``).
+* load: the wall time of ``hetero.llm.load`` / ``llama_model_load_from_file`` + ``llama_init_from_model`` on a file
+  already in the page cache.
+* bandwidth: ``--threads`` processes each stream-read (``numpy.max`` over a uint64 view: a single pass with little
+  arithmetic) their own 512 MiB buffer, started together at a barrier; GB/s = all bytes read / (last end - first
+  start), best of 5 trials. Processes, not threads, because numpy runs a reduction on one thread. A decode step reads
+  every weight once (the tied embedding table in full, as the LM head) plus the KV cache, so the bound is
+  bandwidth / bytes per token; "% of bound" = t/s x bytes per token / bandwidth.
+
+The machine is shared (see shared/FACTS.md: a busy neighbour halves the cores): compare ratios from one run, repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("HETERO_BENCH_MODELS", Path.home() / ".cache" / "hetero" / "bench-models"))
+VOCAB = 32768
+PP, TG = 512, 128
+
+# Hugging Face config.json fields of each shape (random weights; the tokenizer comes from the fixture named).
+MODELS: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": dict(
+        tokenizer="qwen3", architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024,
+        intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        rope_theta=1_000_000.0, max_position_embeddings=40960),
+    "qwen2.5-1.5b": dict(
+        tokenizer="qwen2", architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536,
+        intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+        rope_theta=1_000_000.0, max_position_embeddings=32768),
+}
+# llama.cpp's llama_ftype values
+TYPES = {"Q4_0": 2, "Q4_K_M": 15, "Q8_0": 7}
+
+
+def log(msg: str) -> None:
+    print(f"[llm-bench] {msg}", file=sys.stderr, flush=True)
+
+
+# -- model files -------------------------------------------------------------------------------------------------------
+def model_path(cache: Path, model: str, qtype: str) -> Path:
+    return cache / f"{model}-v{VOCAB // 1024}k-{qtype.lower()}.gguf"
+
+
+def _random_folder(dest: Path, model: str, seed: int = 0) -> Path:
+    """A Hugging Face folder (config, the fixture tokenizer, F16 safetensors of random weights) of ``model``."""
+    from hetero.llm import safetensors
+
+    spec = dict(MODELS[model])
+    fixture = ROOT / "tests" / "fixtures" / "llm" / spec.pop("tokenizer")
+    cfg = {**spec, "vocab_size": VOCAB, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "bos_token_id": 0,
+           "eos_token_id": 2, "hidden_act": "silu", "dtype": "bfloat16", "attention_bias": spec["model_type"] == "qwen2"}
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // nq
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.float32(math.sqrt(cols))).astype(np.float16)
+
+    def vec(n: int, mean: float = 1.0, std: float = 0.1) -> np.ndarray:
+        return (mean + std * rng.standard_normal(n, dtype=np.float32)).astype(np.float16)
+
+    tensors = {"model.embed_tokens.weight": mat(VOCAB, h), "model.norm.weight": vec(h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "input_layernorm.weight": vec(h), p + "post_attention_layernorm.weight": vec(h),
+            p + "self_attn.q_proj.weight": mat(nq * hd, h), p + "self_attn.k_proj.weight": mat(nkv * hd, h),
+            p + "self_attn.v_proj.weight": mat(nkv * hd, h), p + "self_attn.o_proj.weight": mat(h, nq * hd),
+            p + "mlp.gate_proj.weight": mat(inter, h), p + "mlp.up_proj.weight": mat(inter, h),
+            p + "mlp.down_proj.weight": mat(h, inter),
+        })
+        if cfg["model_type"] == "qwen3":
+            tensors.update({p + "self_attn.q_norm.weight": vec(hd), p + "self_attn.k_norm.weight": vec(hd)})
+        else:  # Qwen2.5: q/k/v biases
+            tensors.update({p + "self_attn.q_proj.bias": vec(nq * hd, 0.0, 0.02),
+                            p + "self_attn.k_proj.bias": vec(nkv * hd, 0.0, 0.02),
+                            p + "self_attn.v_proj.bias": vec(nkv * hd, 0.0, 0.02)})
+    dest.mkdir(parents=True, exist_ok=True)
+    safetensors.write(dest / "model.safetensors", tensors, {"format": "pt"})
+    del tensors
+    (dest / "config.json").write_text(json.dumps(cfg, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(fixture / name, dest / name)
+    return dest
+
+
+def build_f16(cache: Path, model: str) -> Path:
+    out = model_path(cache, model, "F16")
+    if out.is_file():
+        return out
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import make_gguf_fixtures as fixtures  # the GGUF writer the test fixtures use
+
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        started = time.perf_counter()
+        log(f"{model}: drawing random weights (F16 safetensors) ...")
+        folder = _random_folder(Path(tmp) / model, model)
+        log(f"{model}: writing the F16 GGUF with the gguf package's writer ...")
+        part = Path(tmp) / out.name
+        fixtures.convert(folder, part, "F16")
+        os.replace(part, out)
+    log(f"{model}: {out} ({out.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - started:.0f} s")
+    return out
+
+
+def build_quant(cache: Path, model: str, qtype: str, threads: int) -> Path:
+    out = model_path(cache, model, qtype)
+    if out.is_file():
+        return out
+    src = build_f16(cache, model)
+    part = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    logfile = cache / "quantize.log"
+    log(f"{model}: quantizing to {qtype} with llama.cpp's llama_model_quantize (log: {logfile}) ...")
+    started = time.perf_counter()
+    with open(logfile, "a") as err:
+        done = subprocess.run([sys.executable, __file__, "--worker", "quantize", "--model", str(src), "--out",
+                               str(part), "--ftype", str(TYPES[qtype]), "--threads", str(threads)],
+                              stderr=err, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0 or not part.is_file():
+        part.unlink(missing_ok=True)
+        raise SystemExit(f"llama_model_quantize failed for {model} {qtype} (exit {done.returncode}); see {logfile}")
+    os.replace(part, out)
+    log(f"{model}: {out.name} ({out.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - started:.0f} s")
+    return out
+
+
+def _quantize_worker(args: argparse.Namespace) -> int:
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread = args.threads
+    params.ftype = args.ftype
+    rc = llama_cpp.llama_model_quantize(args.model.encode(), args.out.encode(), ctypes.byref(params))
+    return 1 if rc else 0
+
+
+def file_stats(path: Path, tg: int) -> dict[str, Any]:
+    """Bytes a decode step reads from this file's weights (+ the f16 KV cache at the mean tg context), and the mix."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    arch = str(reader.fields["general.architecture"].contents())
+
+    def meta(key: str) -> int:
+        return int(reader.fields[f"{arch}.{key}"].contents())
+
+    weights = sum(int(t.n_bytes) for name, t in tensors.items() if name != "token_embd.weight")
+    embd = tensors["token_embd.weight"]
+    tied = "output.weight" not in tensors
+    weights += int(embd.n_bytes) if tied else int(embd.n_bytes) // int(embd.shape[-1])  # LM head, or one row
+    layers, kv_heads, heads = meta("block_count"), meta("attention.head_count_kv"), meta("attention.head_count")
+    head_dim = meta("attention.key_length") if f"{arch}.attention.key_length" in reader.fields \
+        else meta("embedding_length") // heads
+    kv = 2 * layers * kv_heads * head_dim * 2 * (tg + 1) / 2
+    mix: dict[str, int] = {}
+    for t in tensors.values():
+        if len(t.shape) > 1:
+            mix[t.tensor_type.name] = mix.get(t.tensor_type.name, 0) + 1
+    return {"file_bytes": path.stat().st_size, "weight_bytes_per_token": weights, "kv_bytes_per_token": int(kv),
+            "bytes_per_token": int(weights + kv), "tensor_types": mix}
+
+
+# -- memory bandwidth --------------------------------------------------------------------------------------------------
+def _read_proc(nbytes: int, reps: int, barrier: Any, out: Any) -> None:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    buf = np.ones(nbytes // 8, dtype=np.uint64)  # written once: every page is resident before timing
+    buf.max()
+    barrier.wait()
+    start = time.perf_counter()  # CLOCK_MONOTONIC: comparable between processes
+    for _ in range(reps):
+        buf.max()
+    out.put((start, time.perf_counter(), nbytes * reps))
+
+
+def bandwidth(procs: int, nbytes: int = 512 << 20, reps: int = 8, trials: int = 5) -> float:
+    """Aggregate read bandwidth in GB/s of ``procs`` processes streaming their own buffers (best of ``trials``)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    best = 0.0
+    for _ in range(trials):
+        barrier, out = ctx.Barrier(procs), ctx.Queue()
+        workers = [ctx.Process(target=_read_proc, args=(nbytes, reps, barrier, out)) for _ in range(procs)]
+        for w in workers:
+            w.start()
+        parts = [out.get() for _ in workers]
+        for w in workers:
+            w.join()
+        span = max(p[1] for p in parts) - min(p[0] for p in parts)
+        best = max(best, sum(p[2] for p in parts) / span / 1e9)
+    return best
+
+
+# -- workers ---------------------------------------------------------------------------------------------------------
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python's low-level API, with the methods ``hetero.llm.bench`` calls on an ``Llm``.
+
+    Every call is one ``llama_decode`` on a ``llama_batch_get_one`` batch followed by ``llama_synchronize``, as in
+    llama-bench (test_prompt / test_gen); the batch asks for the last token's logits only.
+    """
+
+    def __init__(self, path: str, threads: int, n_ctx: int) -> None:
+        import llama_cpp as lc
+
+        self.lc = lc
+        lc.llama_backend_init()
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        self.model = lc.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        self.n_batch = int(cparams.n_batch)
+        self.ctx = lc.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            raise RuntimeError("llama_init_from_model failed")
+        self.memory = lc.llama_get_memory(self.ctx)
+        vocab = lc.llama_model_get_vocab(self.model)
+        self.config = SimpleNamespace(vocab_size=int(lc.llama_vocab_n_tokens(vocab)))
+        self.settings = {"n_ctx": n_ctx, "n_batch": self.n_batch, "n_ubatch": int(cparams.n_ubatch),
+                         "flash_attn_type": int(cparams.flash_attn_type), "type_k": int(cparams.type_k),
+                         "type_v": int(cparams.type_v), "system": lc.llama_print_system_info().decode().strip()}
+        self.name, self.quant, self.threads = Path(path).stem, "", threads
+
+    def reset(self) -> None:
+        self.lc.llama_memory_clear(self.memory, True)
+
+    def forward(self, ids: Sequence[int]) -> None:
+        tokens = (self.lc.llama_token * len(ids))(*ids)
+        rc = self.lc.llama_decode(self.ctx, self.lc.llama_batch_get_one(tokens, len(ids)))
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        self.lc.llama_synchronize(self.ctx)
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        for start in range(0, len(ids), self.n_batch):
+            self.forward(ids[start:start + self.n_batch])
+
+    def size_bytes(self) -> int:
+        return int(self.lc.llama_model_size(self.model))
+
+    def num_params(self) -> int:
+        return int(self.lc.llama_model_n_params(self.model))
+
+    def backend_names(self) -> list[str]:
+        return ["llama.cpp"]
+
+
+def _max_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _bench_worker(args: argparse.Namespace) -> int:
+    base_rss = _max_rss()
+    from hetero.llm.bench import bench, plan
+
+    tests = plan([args.pp], [args.tg], [])
+    n_ctx = args.pp + args.tg + 8
+    info: dict[str, Any] = {}
+    started = time.perf_counter()
+    if args.worker == "hetero":
+        import warnings
+
+        import hetero
+        from hetero.llm import load
+
+        base_rss = _max_rss()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            started = time.perf_counter()
+            llm = load(args.model, backends=["cpu"], on_fallback="silent", threads=args.threads, context=n_ctx,
+                       progress=False)
+        load_s = time.perf_counter() - started
+        import hetero_cpu
+
+        info = {"fallback": llm.session.placement.fallback_summary() or "none",
+                "placement": llm.session.placement.counts(), "hetero": hetero.__file__,
+                "hetero_cpu": hetero_cpu.__file__}
+    else:
+        import llama_cpp  # noqa: F401  (imported before the base RSS is taken, like hetero above)
+
+        base_rss = _max_rss()
+        started = time.perf_counter()
+        llm = LlamaCpp(args.model, args.threads, n_ctx)
+        load_s = time.perf_counter() - started
+        info = dict(llm.settings)
+    results = bench(llm, tests, args.reps, warmup=True, seed=args.seed, threads=args.threads)  # type: ignore[arg-type]
+    print(json.dumps({"load_s": load_s, "base_rss": base_rss, "peak_rss": _max_rss(), "info": info,
+                      "tests": {r.test: r.samples_ts for r in results}}))
+    return 0
+
+
+def run_worker(runtime: str, path: Path, threads: int, reps: int, pp: int, tg: int, installed: bool,
+               timeout: float) -> dict[str, Any]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    if not installed:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "core"), str(ROOT / "plugins" / "cpu"),
+                                             *filter(None, [os.environ.get("PYTHONPATH")])])
+    cmd = [sys.executable, __file__, "--worker", runtime, "--model", str(path), "--threads", str(threads),
+           "--reps", str(reps), "--pp", str(pp), "--tg", str(tg)]
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {done.returncode}: " + " | ".join(tail)}
+    return json.loads(lines[-1])
+
+
+# -- report ------------------------------------------------------------------------------------------------------------
+def summarize(samples: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "mean": statistics.fmean(samples),
+            "std": statistics.stdev(samples) if len(samples) > 1 else 0.0, "n": len(samples)}
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _median(run: dict[str, Any], test: str) -> float | None:
+    stats = run.get("stats", {}).get(test)
+    return stats["median"] if stats else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def markdown(rows: list[dict[str, Any]], bw: dict[int, float], pp: int, tg: int) -> str:
+    pt, gt = f"pp{pp}", f"tg{tg}"
+    head = ["model", "type", "size MiB", "thr", f"{pt} llama.cpp", f"{pt} hetero", "ratio", f"{gt} llama.cpp",
+            f"{gt} hetero", "ratio", f"{gt} % of BW bound (l / h)", "load s (l / h)", "peak RSS MiB (l / h)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
+    for row in rows:
+        lc, he = row["llama.cpp"], row["hetero"]
+        bound = bw.get(row["threads"])
+        per_token = row["file"]["bytes_per_token"]
+
+        def pct(run: dict[str, Any], bound: float | None = bound, per_token: int = per_token) -> str:
+            tps = _median(run, gt)
+            return _fmt(100 * tps * per_token / (bound * 1e9), 0) if tps and bound else "—"
+
+        cells = [row["model"], row["type"], _fmt(row["file"]["file_bytes"] / 2**20, 0), str(row["threads"]),
+                 _fmt(_median(lc, pt)), _fmt(_median(he, pt)), _fmt(_ratio(_median(he, pt), _median(lc, pt)), 2),
+                 _fmt(_median(lc, gt)), _fmt(_median(he, gt)), _fmt(_ratio(_median(he, gt), _median(lc, gt)), 2),
+                 f"{pct(lc)} / {pct(he)}", f"{_fmt(lc.get('load_s'), 2)} / {_fmt(he.get('load_s'), 2)}",
+                 f"{_fmt(lc.get('peak_rss', math.nan) / 2**20, 0)} / {_fmt(he.get('peak_rss', math.nan) / 2**20, 0)}"]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("t/s: median of the repetitions; ratio: hetero / llama.cpp; l / h: llama.cpp / hetero.")
+    for threads, value in sorted(bw.items()):
+        out.append(f"read bandwidth, {threads} process(es): {value:.1f} GB/s")
+    out.append("")
+    out.append("| model | type | thr | runtime | test | median t/s | mean ± std | n |")
+    out.append("|---|---|---:|---|---|---:|---:|---:|")
+    for row in rows:
+        for runtime in ("llama.cpp", "hetero"):
+            run = row[runtime]
+            if "error" in run:
+                out.append(f"| {row['model']} | {row['type']} | {row['threads']} | {runtime} | — | error: "
+                           f"{run['error'][:120]} | | |")
+                continue
+            for test, s in run["stats"].items():
+                out.append(f"| {row['model']} | {row['type']} | {row['threads']} | {runtime} | {test} | "
+                           f"{s['median']:.2f} | {s['mean']:.2f} ± {s['std']:.2f} | {s['n']} |")
+    return "\n".join(out)
+
+
+# -- main --------------------------------------------------------------------------------------------------------------
+def _csv(value: str, allowed: Sequence[str], what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    lookup = {a.lower(): a for a in allowed}
+    bad = [v for v in items if v.lower() not in lookup]
+    if bad:
+        raise SystemExit(f"unknown {what} {bad}; expected some of {list(allowed)}")
+    return [lookup[v.lower()] for v in items]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {list(MODELS)}")
+    ap.add_argument("--types", default=",".join(TYPES), help=f"comma-separated, of {list(TYPES)}")
+    ap.add_argument("--threads", default="2", help="comma-separated thread counts, e.g. 2 or 1,2")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per test (after one warm-up)")
+    ap.add_argument("--pp", type=int, default=PP, help="prompt tokens of the prefill test")
+    ap.add_argument("--tg", type=int, default=TG, help="tokens of the decode test")
+    ap.add_argument("--skip-build", action="store_true", help="use the cached model files; build nothing")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of markdown")
+    ap.add_argument("--cache-dir", type=Path, default=CACHE, help=f"model files (default {CACHE})")
+    ap.add_argument("--runtimes", default="llama.cpp,hetero", help="comma-separated: llama.cpp, hetero")
+    ap.add_argument("--installed", action="store_true", help="benchmark the installed hetero, not this checkout")
+    ap.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per worker before it is abandoned")
+    ap.add_argument("--seed", type=int, default=0)
+    # internal: the subprocesses
+    ap.add_argument("--worker", choices=["hetero", "llama.cpp", "quantize"], help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--ftype", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker == "quantize":
+        args.threads = int(args.threads)
+        return _quantize_worker(args)
+    if args.worker:
+        args.threads = int(args.threads)
+        return _bench_worker(args)
+
+    models = _csv(args.models, list(MODELS), "model(s)")
+    types = _csv(args.types, list(TYPES), "type(s)")
+    runtimes = _csv(args.runtimes, ["llama.cpp", "hetero"], "runtime(s)")
+    threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    paths: dict[tuple[str, str], Path] = {}
+    for model in models:
+        for qtype in types:
+            path = model_path(args.cache_dir, model, qtype)
+            if not path.is_file():
+                if args.skip_build:
+                    raise SystemExit(f"{path} is missing: run once without --skip-build")
+                path = build_quant(args.cache_dir, model, qtype, max(threads))
+            paths[model, qtype] = path
+
+    bw: dict[int, float] = {}
+    if not args.no_bandwidth:
+        for t in sorted(set(threads)):
+            log(f"measuring read bandwidth with {t} process(es) ...")
+            bw[t] = bandwidth(t)
+            log(f"  {bw[t]:.1f} GB/s")
+
+    rows = []
+    order = 0
+    for model in models:
+        for qtype in types:
+            stats = file_stats(paths[model, qtype], args.tg)
+            for t in threads:
+                row: dict[str, Any] = {"model": model, "type": qtype, "threads": t, "file": stats,
+                                       "path": str(paths[model, qtype])}
+                sequence = runtimes if order % 2 == 0 else list(reversed(runtimes))
+                order += 1
+                for runtime in sequence:
+                    log(f"{model} {qtype} threads={t}: {runtime} (pp{args.pp}, tg{args.tg}, {args.reps} reps) ...")
+                    run = run_worker(runtime, paths[model, qtype], t, args.reps, args.pp, args.tg, args.installed,
+                                     args.timeout)
+                    if "tests" in run:
+                        run["stats"] = {test: summarize(s) for test, s in run["tests"].items()}
+                        log("  " + ", ".join(f"{k} {v['median']:.2f} t/s" for k, v in run["stats"].items())
+                            + f"; load {run['load_s']:.2f} s; peak RSS {run['peak_rss'] / 2**20:.0f} MiB")
+                    else:
+                        log(f"  failed: {run['error']}")
+                    row[runtime] = run
+                for runtime in ("llama.cpp", "hetero"):
+                    row.setdefault(runtime, {"error": "not run"})
+                rows.append(row)
+
+    if args.json:
+        print(json.dumps({"vocab": VOCAB, "pp": args.pp, "tg": args.tg, "reps": args.reps,
+                          "bandwidth_gbs": {str(k): v for k, v in bw.items()}, "rows": rows,
+                          "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}}, indent=2))
+    else:
+        print(markdown(rows, bw, args.pp, args.tg))
+        print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+              f"({os.cpu_count()} CPUs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
