@@ -97,7 +97,7 @@ def _axes_from_input(node: NodeInfo) -> bool:
 class CpuReduce(_NativeOrNumpy):
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
-        return _dtypes_in(node, _F32)
+        return _dtypes_in(node, _F32, indices=[0])
 
     def setup(self) -> None:
         self.op = _REDUCE[self.node.op_type]

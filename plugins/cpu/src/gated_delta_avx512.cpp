@@ -1,0 +1,8 @@
+// The gated delta rule's per-head kernel built for the avx512 path (flags per file in gated_delta.cmake).
+#include "gated_delta_impl.hpp"
+
+namespace hetero {
+namespace gd {
+void head_avx512(const HeadArgs& h) { head_impl(h); }
+}  // namespace gd
+}  // namespace hetero

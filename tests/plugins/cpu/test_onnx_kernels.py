@@ -1,0 +1,330 @@
+"""The cpu plugin's native ONNX kernels (kernels/onnx_extra.py, softmax over any axis, the CNN fast paths) against
+hetero's numpy reference: one-node models run with ``backends=["cpu"], on_fallback="error"`` and with
+``backends=["reference"]``, odd shapes, every ISA path the CPU has. The native path must really be taken: a run that
+would hand the node to the numpy reference fails these tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+_native = pytest.importorskip(
+    "hetero_cpu._native",
+    reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
+)
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import hetero  # noqa: E402
+from hetero_cpu.kernels import onnx_extra  # noqa: E402
+
+ISAS = _native.available_isas()
+_ONNX_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
+              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,
+              np.dtype(np.bool_): TensorProto.BOOL, np.dtype(np.uint8): TensorProto.UINT8,
+              np.dtype(np.int8): TensorProto.INT8}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = _native.isa()
+    _native.set_isa(request.param)
+    yield request.param
+    _native.set_isa(before)
+
+
+@pytest.fixture(autouse=True)
+def native_only(monkeypatch):
+    """Any numpy hand-off of an onnx_extra kernel is a test failure (unless a test allows it)."""
+
+    def refuse(self, inputs, outputs):
+        raise AssertionError(f"{self.node.op_type} took the numpy path")
+
+    monkeypatch.setattr(onnx_extra._NativeOrNumpy, "run_numpy", refuse)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def model(op: str, inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray] | None = None,
+          n_out: int = 1, opset: int = 18, **attrs):
+    consts = consts or {}
+    names = [*inputs, *consts]
+    outs = [f"y{i}" for i in range(n_out)]
+    node = helper.make_node(op, names, outs, **attrs)
+    graph = helper.make_graph(
+        [node], "t",
+        [helper.make_tensor_value_info(k, _ONNX_TYPE[v.dtype], list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def check(op: str, inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray] | None = None, n_out: int = 1,
+          opset: int = 18, rtol: float = 1e-5, atol: float = 1e-5, **attrs) -> list[np.ndarray]:
+    m = model(op, inputs, consts, n_out, opset, **attrs)
+    got = hetero.Session(m, backends=["cpu"], on_fallback="error").run(inputs)
+    want = hetero.Session(m, backends=["reference"]).run(inputs)
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        assert got[name].shape == want[name].shape, name
+        if got[name].dtype.kind == "f":
+            np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=f"{op} {name}")
+        else:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{op} {name}")
+    return [got[k] for k in sorted(got)]
+
+
+def f32(*shape, seed=0):
+    return rng(seed).normal(size=shape).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------------ reductions
+
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("shape,axes", [((3, 17, 5), [1]), ((3, 17, 5), [0, 2]), ((2, 3, 4, 33), [-1]),
+                                         ((2, 3, 4, 33), [0]), ((7, 129), None), ((2, 3, 4, 5), [1, 3]),
+                                         ((1, 300, 3), [1])])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce(isa, op, shape, axes, keepdims):
+    x = f32(*shape)
+    if op in ("ReduceLogSum", "ReduceProd"):
+        x = np.abs(x) + 0.5
+    if op == "ReduceProd":
+        x = (x / x.mean()).astype(np.float32)
+    consts = {} if axes is None else {"axes": np.array(axes, np.int64)}
+    check(op, {"x": x}, consts, keepdims=keepdims, rtol=2e-5, atol=1e-5)
+
+
+def test_reduce_max_nan_and_logsumexp_large(isa):
+    x = f32(4, 37)
+    x[1, 5] = np.nan
+    check("ReduceMax", {"x": x}, {"axes": np.array([1], np.int64)})
+    check("ReduceMin", {"x": x}, {"axes": np.array([0], np.int64)})
+    big = (f32(3, 50) * 10 + 1000).astype(np.float32)
+    check("ReduceLogSumExp", {"x": big}, {"axes": np.array([1], np.int64)}, rtol=1e-6)
+    check("ReduceLogSumExp", {"x": big}, {"axes": np.array([0], np.int64)}, rtol=1e-6)
+
+
+def test_reduce_opset13_attribute_axes_and_noop(isa):
+    check("ReduceMean", {"x": f32(3, 4, 5)}, opset=13, axes=[1, 2])
+    check("ReduceSum", {"x": f32(3, 4, 5)}, {"axes": np.zeros(0, np.int64)}, opset=13, noop_with_empty_axes=1)
+
+
+def test_global_max_pool(isa):
+    x = f32(2, 5, 7, 9)
+    x[1, 2, 3, 4] = np.nan
+    check("GlobalMaxPool", {"x": x})
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("last", [0, 1])
+def test_argreduce(isa, op, axis, last):
+    x = rng(1).integers(-3, 3, size=(4, 19, 6)).astype(np.float32)  # ties on purpose
+    check(op, {"x": x}, axis=axis, select_last_index=last, keepdims=axis % 2)
+    check(op, {"x": x.astype(np.int64)}, axis=axis, select_last_index=last)
+
+
+@pytest.mark.parametrize("largest", [0, 1])
+@pytest.mark.parametrize("axis", [1, -1])
+def test_topk(isa, largest, axis):
+    x = rng(2).integers(-5, 5, size=(3, 17, 5)).astype(np.float32)
+    check("TopK", {"x": x}, {"k": np.array([4], np.int64)}, n_out=2, axis=axis, largest=largest)
+    check("TopK", {"x": f32(2, 33)}, {"k": np.array([33], np.int64)}, n_out=2)
+
+
+# ---------------------------------------------------------------------------------------- comparison, logic, Where
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.int32, np.float64])
+def test_compare(isa, op, dtype):
+    a = rng(3).integers(-3, 3, size=(3, 1, 37)).astype(dtype)
+    b = rng(4).integers(-3, 3, size=(5, 37)).astype(dtype)
+    check(op, {"a": a, "b": b})
+    check(op, {"a": a, "b": np.array(1, dtype)})
+    check(op, {"a": a.transpose(2, 1, 0).copy(), "b": b[:1, :3].T.copy()})
+
+
+def test_compare_nan(isa):
+    a = f32(40)
+    a[3] = np.nan
+    for op in ("Equal", "Less", "GreaterOrEqual"):
+        check(op, {"a": a, "b": np.roll(a, 1)})
+
+
+@pytest.mark.parametrize("op", ["And", "Or", "Xor"])
+def test_logical(op):
+    a = rng(5).integers(0, 2, size=(3, 1, 33)).astype(bool)
+    b = rng(6).integers(0, 2, size=(4, 33)).astype(bool)
+    check(op, {"a": a, "b": b})
+
+
+def test_not_and_where():
+    c = rng(7).integers(0, 2, size=(3, 4, 17)).astype(bool)
+    check("Not", {"c": c})
+    for dtype in (np.float32, np.int64, np.uint8, np.float64):
+        x = rng(8).integers(0, 9, size=(4, 17)).astype(dtype)
+        y = rng(9).integers(0, 9, size=(3, 1, 1)).astype(dtype)
+        check("Where", {"c": c, "x": x, "y": y})
+
+
+def test_prelu(isa):
+    check("PRelu", {"x": f32(2, 3, 5, 7)}, {"slope": f32(3, 1, 1, seed=1)})
+    check("PRelu", {"x": f32(2, 37)}, {"slope": f32(37, seed=1)})
+    check("PRelu", {"x": f32(2, 37)}, {"slope": np.array([0.25], np.float32)})
+
+
+# --------------------------------------------------------------------------------------------- softmax / normalisation
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_softmax_any_axis(isa, op, axis):
+    x = (f32(3, 19, 5) * 4).astype(np.float32)
+    check(op, {"x": x}, axis=axis, opset=13, rtol=1e-5, atol=1e-6)
+
+
+def test_logsoftmax_large_numbers(isa):
+    x = np.array([[10000, 10001, 10002, 10003]], np.float32)
+    got = check("LogSoftmax", {"x": x}, opset=13, axis=-1, rtol=1e-6, atol=1e-6)[0]
+    np.testing.assert_allclose(got, [[-3.4401897, -2.4401897, -1.4401897, -0.44018975]], rtol=1e-6)
+    check("LogSoftmax", {"x": np.repeat(x.T, 3, axis=1)}, opset=13, axis=0, rtol=1e-6, atol=1e-6)
+
+
+def test_instance_and_group_norm(isa):
+    x = (f32(2, 6, 5, 7) * 3 + 100).astype(np.float32)  # a large mean must not cost precision
+    check("InstanceNormalization", {"x": x}, {"s": f32(6, seed=1), "b": f32(6, seed=2)}, rtol=1e-4, atol=1e-4)
+    check("GroupNormalization", {"x": x}, {"s": f32(6, seed=1), "b": f32(6, seed=2)}, opset=21, num_groups=3,
+          rtol=1e-4, atol=1e-4)
+    check("GroupNormalization", {"x": f32(2, 6, 9)}, {"s": f32(2, seed=1), "b": f32(2, seed=2)}, opset=18,
+          num_groups=2, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------------- movement
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad(mode):
+    x = f32(2, 5, 7)
+    check("Pad", {"x": x}, {"pads": np.array([0, 2, 3, 1, 1, 4], np.int64), "v": np.array(1.5, np.float32)},
+          mode=mode)
+    check("Pad", {"x": x.astype(np.int64)}, {"pads": np.array([1, 0, 2, 0, 3, 1], np.int64)}, mode=mode)
+    if mode == "constant":  # negative pads crop
+        check("Pad", {"x": x}, {"pads": np.array([0, -1, 2, 0, 1, -3], np.int64)}, mode=mode)
+
+
+def test_tile_split_depth_space():
+    check("Tile", {"x": f32(2, 3, 5)}, {"r": np.array([2, 1, 3], np.int64)})
+    check("Split", {"x": f32(4, 11)}, {"s": np.array([3, 0, 8], np.int64)}, n_out=3, axis=1)
+    check("Split", {"x": f32(7, 3)}, n_out=3, axis=0, num_outputs=3)
+    for mode in ("DCR", "CRD"):
+        check("DepthToSpace", {"x": f32(2, 12, 3, 5)}, blocksize=2, mode=mode)
+    check("SpaceToDepth", {"x": f32(2, 3, 6, 4)}, blocksize=2)
+
+
+# ---------------------------------------------------------------------------------------------------------- Resize
+
+@pytest.mark.parametrize("mode,coord,nearest", [
+    ("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_floor"),
+    ("nearest", "align_corners", "round_prefer_ceil"), ("linear", "half_pixel", "floor"),
+    ("linear", "align_corners", "floor"), ("linear", "pytorch_half_pixel", "floor"),
+    ("linear", "asymmetric", "floor"), ("linear", "half_pixel_symmetric", "floor")])
+@pytest.mark.parametrize("scales", [(1, 1, 2, 2), (1, 1, 0.6, 1.7), (1, 1, 3, 0.5)])
+def test_resize(isa, mode, coord, nearest, scales):
+    x = f32(2, 3, 7, 9)
+    check("Resize", {"x": x}, {"roi": np.zeros(0, np.float32), "scales": np.array(scales, np.float32)}, mode=mode,
+          coordinate_transformation_mode=coord, nearest_mode=nearest, rtol=1e-5, atol=1e-5)
+
+
+def test_resize_sizes():
+    check("Resize", {"x": f32(1, 2, 5, 6)},
+          {"roi": np.zeros(0, np.float32), "scales": np.zeros(0, np.float32), "sizes": np.array([1, 2, 11, 4])},
+          mode="linear")
+
+
+# ---------------------------------------------------------------------------------------------------- ConvTranspose
+
+@pytest.mark.parametrize("group,stride,pads,dil,outpad", [
+    (1, 1, [0, 0, 0, 0], 1, 0), (1, 2, [1, 1, 1, 1], 1, 1), (2, 2, [0, 1, 1, 0], 1, 0), (1, 3, [2, 0, 0, 2], 2, 1),
+    (3, 1, [1, 1, 1, 1], 1, 0)])
+def test_conv_transpose(isa, group, stride, pads, dil, outpad):
+    x = f32(2, 6, 5, 7)
+    w = f32(6, 4, 3, 3, seed=1)
+    b = f32(4 * group, seed=2)
+    check("ConvTranspose", {"x": x}, {"w": w, "b": b}, group=group, strides=[stride, stride], pads=pads,
+          dilations=[dil, dil], output_padding=[outpad, outpad], rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose_output_shape():
+    check("ConvTranspose", {"x": f32(1, 3, 4, 4)}, {"w": f32(3, 2, 3, 3, seed=1)}, strides=[2, 2],
+          output_shape=[9, 10], rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------------- LSTM / GRU
+
+def _rnn_inputs(op, seq, batch, inp, hidden, dirs, seed=0):
+    g = 4 if op == "LSTM" else 3
+    consts = {"W": f32(dirs, g * hidden, inp, seed=seed) * 0.5, "R": f32(dirs, g * hidden, hidden, seed=seed + 1) * 0.5,
+              "B": f32(dirs, 2 * g * hidden, seed=seed + 2) * 0.1}
+    return {k: v.astype(np.float32) for k, v in consts.items()}
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_rnn(isa, op, direction):
+    dirs = 2 if direction == "bidirectional" else 1
+    seq, batch, inp, hidden = 5, 3, 7, 9
+    consts = _rnn_inputs(op, seq, batch, inp, hidden, dirs)
+    consts["lens"] = np.array([5, 2, 4], np.int32)
+    consts["h0"] = f32(dirs, batch, hidden, seed=9) * 0.3
+    n_out = 2
+    if op == "LSTM":
+        consts["c0"] = f32(dirs, batch, hidden, seed=10) * 0.3
+        consts["P"] = f32(dirs, 3 * hidden, seed=11) * 0.2
+        n_out = 3
+    x = f32(seq, batch, inp, seed=12)
+    extra = {"linear_before_reset": 1} if op == "GRU" and direction == "reverse" else {}
+    check(op, {"x": x}, consts, n_out=n_out, opset=14, hidden_size=hidden, direction=direction, rtol=1e-4,
+          atol=1e-5, **extra)
+
+
+def test_rnn_layout_clip_and_single_output(isa):
+    consts = _rnn_inputs("LSTM", 4, 2, 5, 6, 1)
+    check("LSTM", {"x": f32(2, 4, 5)}, consts, n_out=3, opset=14, hidden_size=6, layout=1, clip=0.7,
+          input_forget=1, rtol=1e-4, atol=1e-5)
+    consts = _rnn_inputs("GRU", 4, 2, 5, 6, 1)
+    check("GRU", {"x": f32(4, 2, 5)}, consts, n_out=1, opset=14, hidden_size=6, rtol=1e-4, atol=1e-5)
+
+
+def test_rnn_other_activations_stay_on_cpu(monkeypatch):
+    monkeypatch.undo()  # this one is meant to take the numpy path
+    consts = _rnn_inputs("GRU", 3, 2, 4, 5, 1)
+    check("GRU", {"x": f32(3, 2, 4)}, consts, n_out=2, opset=14, hidden_size=5, activations=["Relu", "Tanh"],
+          rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------- CNN fast paths
+
+@pytest.mark.parametrize("cin,cout,k,stride,pad,group,hw", [
+    (3, 16, 3, 1, 1, 1, 32), (16, 16, 3, 1, 1, 16, 17), (16, 32, 1, 1, 0, 1, 13), (32, 64, 3, 2, 1, 1, 16),
+    (8, 8, 5, 2, 2, 8, 19), (5, 7, 3, 3, 0, 1, 11), (4, 28, 3, 1, 2, 2, 9)])
+def test_conv_shapes(isa, cin, cout, k, stride, pad, group, hw):
+    x = f32(3, cin, hw, hw + 2)
+    w = f32(cout, cin // group, k, k, seed=1)
+    b = f32(cout, seed=2)
+    check("Conv", {"x": x}, {"w": w, "b": b}, strides=[stride, stride], pads=[pad] * 4, group=group,
+          dilations=[1, 1] if k != 3 or stride != 1 else [2, 2] if group > 1 else [1, 1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k,s,p", [(2, 2, 0), (3, 2, 1), (3, 1, 1), (2, 1, 0), (3, 3, 1)])
+def test_max_pool_shapes(isa, k, s, p):
+    x = f32(2, 3, 13, 17)
+    x[0, 1, 4, 5] = np.nan
+    check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
