@@ -95,7 +95,8 @@ def _random_folder(dest: Path, model: str, seed: int = 0) -> Path:
     spec = dict(MODELS[model])
     fixture = ROOT / "tests" / "fixtures" / "llm" / spec.pop("tokenizer")
     cfg = {**spec, "vocab_size": VOCAB, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "bos_token_id": 0,
-           "eos_token_id": 2, "hidden_act": "silu", "dtype": "bfloat16", "attention_bias": spec["model_type"] == "qwen2"}
+           "eos_token_id": 2, "hidden_act": "silu", "dtype": "bfloat16",
+           "attention_bias": spec["model_type"] == "qwen2"}
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // nq

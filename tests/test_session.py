@@ -32,7 +32,7 @@ def test_cpu_partition_with_reference_fallback(require_cpu, mlp_model):
     assert all(p.backend == "cpu" for n, p in placed.items() if n != "atan")
     np.testing.assert_allclose(session.run({"x": x})["y"], expected(x), rtol=1e-5, atol=1e-6)
     text = session.explain()
-    assert "atan" in text and "reference (fallback)" in text and "no cpu kernel for RareAtan" in text
+    assert "atan" in text and "reference (numpy) (fallback)" in text and "no cpu kernel for RareAtan" in text
     assert "copies: none" in text  # cpu and reference share host memory
 
 

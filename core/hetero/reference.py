@@ -22,6 +22,8 @@ api_version = API_VERSION
 
 
 class ReferenceKernel:
+    implementation = "numpy"  # reported in session.explain() and `hetero ops` (other backends reuse this kernel)
+
     def __init__(self, node: NodeInfo) -> None:
         self.node = node.node
         self.opset = node.opset

@@ -98,6 +98,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _counts["failed"] += 1
         elif report.passed:
             _counts["passed"] += 1
+            if dict(report.user_properties).get("native"):
+                _counts["native"] += 1
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
@@ -105,7 +107,8 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
         return
     for backend in _backend_seen:
         line = (
-            f"onnx node tests [{backend}]: {_counts['passed']} passed, {_counts['failed']} failed, "
+            f"onnx node tests [{backend}]: {_counts['passed']} passed ({_counts['native']} on native kernels alone), "
+            f"{_counts['failed']} failed, "
             f"{_counts['expected-fail']} expected-fail, {_counts[NOT_SUPPORTED]} not-supported"
         )
         if _counts["skipped"]:

@@ -89,7 +89,7 @@ def tolerance(backend: str, dtype: np.dtype, case: NodeCase) -> tuple[float, flo
     return rtol, atol
 
 
-def test_node(node_case: NodeCase, backend: str) -> None:
+def test_node(node_case: NodeCase, backend: str, request: pytest.FixtureRequest) -> None:
     model = _model(node_case)
     unknown = _unknown_ops(model)
     if unknown:
@@ -107,6 +107,9 @@ def test_node(node_case: NodeCase, backend: str) -> None:
         session = hetero.Session(model, backends=[backend], on_fallback="error")
     except hetero.FallbackError as exc:  # the backend declines some node: not a failure of what it claims
         pytest.skip(f"{NOT_SUPPORTED}: {backend} declines {exc.message.splitlines()[1].strip()}")
+    # For the summary: did every node run on the backend's own kernels (not numpy inside it)?
+    native = bool(session.placement.nodes) and all(p.implementation != "numpy" for p in session.placement.nodes)
+    request.node.user_properties.append(("native", native))
     results = session.run(feeds)
     for name, want in zip(output_names, expected, strict=True):
         got = results[name]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hetero.backend import Device, HostMemory, KernelTableBackend
+from hetero.backend import Device, HostMemory, Kernel, KernelTableBackend, NodeInfo, Support
 from hetero.errors import HeteroError
 
 from . import _native
 from .kernels import KERNELS
+from .kernels.numpy_ops import CpuNumpyKernel
 
 
 class CpuBackend(HostMemory, KernelTableBackend):
@@ -26,3 +27,15 @@ class CpuBackend(HostMemory, KernelTableBackend):
         isa = self.options.get("isa")
         if isa is not None:
             _native.set_isa(str(isa))
+
+    def supports(self, node: NodeInfo) -> Support:
+        verdict = super().supports(node)
+        if verdict or node.domain != "":
+            return verdict
+        # A native kernel declined this configuration (a dtype, an attribute): numpy runs it inside the plugin.
+        return CpuNumpyKernel.accepts(node)
+
+    def kernel(self, node: NodeInfo) -> Kernel:
+        if super().supports(node):
+            return super().kernel(node)
+        return CpuNumpyKernel(node)

@@ -78,7 +78,7 @@ struct XQBuf {
   Scratch<std::int8_t> q;
   Scratch<float> d, ds;
   Scratch<std::int32_t> s;
-  XQ make(const LlmKernels& kr, const float* x, i64 M, i64 ldx, i64 k, int bs, bool parallel) {
+  XQ make(const LlmKernels& kr, const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, bool parallel) {
     const i64 nb = (k + bs - 1) / bs;
     XQ r{q.get(static_cast<std::size_t>(M * nb * bs)), d.get(static_cast<std::size_t>(M * nb)),
          s.get(static_cast<std::size_t>(M * nb)), ds.get(static_cast<std::size_t>(M * nb)), nb * bs, nb};
@@ -88,14 +88,14 @@ struct XQBuf {
     auto* dsp = const_cast<float*>(r.ds);
     const int nt = parallel ? threads_for(static_cast<double>(M * k), 32768.0) : 1;
     if (nt <= 1) {
-      kr.quantize_x(x, M, ldx, k, bs, qp, dp, sp, dsp);
+      kr.quantize_x(x, M, ldx, k, bs, pair4, qp, dp, sp, dsp);
     } else {
       const i64 chunk = (M + nt - 1) / nt;
       parallel_for(nt, nt, [&](i64 t) {
         const i64 m0 = t * chunk, m1 = std::min(M, m0 + chunk);
         if (m0 < m1)
-          kr.quantize_x(x + m0 * ldx, m1 - m0, ldx, k, bs, qp + m0 * r.ldq, dp + m0 * nb, sp + m0 * nb,
-                        dsp + m0 * nb);
+          kr.quantize_x(x + m0 * ldx, m1 - m0, ldx, k, bs, pair4, qp + m0 * r.ldq, dp + m0 * nb,
+                        sp + m0 * nb, dsp + m0 * nb);
       });
     }
     return r;
@@ -311,7 +311,7 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
 void matmul(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, float* y, i64 ldy, const float* bias, int slot) {
   if (M <= 0) return;
   if (w.quant) {
-    XQ xq = tl_xq(slot).make(lk(), x, M, ldx, w.k, w.pk.bs, M >= 16);
+    XQ xq = tl_xq(slot).make(lk(), x, M, ldx, w.k, w.pk.bs, w.pk.bits == 4, M >= 16);
     matmul_core(w, e, x, M, ldx, &xq, y, ldy, bias);
   } else {
     matmul_core(w, e, x, M, ldx, nullptr, y, ldy, bias);
@@ -713,7 +713,7 @@ void moe_run(const MoE& mo, const float* x, i64 T, float* out) {
     float* g = gu;
     float* u = gu + n * I;
     if (mo.gate->quant) {
-      XQ xq = tl_xq(0).make(kr, xe, n, H, H, mo.gate->pk.bs, n >= 16);
+      XQ xq = tl_xq(0).make(kr, xe, n, H, H, mo.gate->pk.bs, mo.gate->pk.bits == 4, n >= 16);
       matmul_core(*mo.gate, e, xe, n, H, &xq, g, I, nullptr);
       matmul_core(*mo.up, e, xe, n, H, &xq, u, I, nullptr);
     } else {

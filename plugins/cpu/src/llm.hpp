@@ -54,9 +54,11 @@ enum WType : int { W_F32 = 0, W_F16 = 1, W_BF16 = 2 };
 struct LlmKernels {
   const char* name;
   int max_mr;  // x rows per qgemm tile call (1..max_mr)
-  // Quantize rows x[m*ldx + 0:k] (m in [0, M)) into XQ buffers (q: [M][nb*bs], d/s/ds: [M][nb]).
-  void (*quantize_x)(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, float* d, std::int32_t* s,
-                     float* ds);
+  // Quantize rows x[m*ldx + 0:k] (m in [0, M)) into XQ buffers (q: [M][nb*bs], d/s/ds: [M][nb]). pair4 (for
+  // 4-bit weights): within each block, 4-byte word t of the low half and word t of the high half are stored
+  // side by side (words 2t, 2t+1), the order in which the kernels broadcast them.
+  void (*quantize_x)(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
+                     std::int32_t* s, float* ds);
   // y[m*ldy + g*16 + j] (j < nvalid) = dot(x row m0+m, weight row g*16+j), m < mr, one 16-row group. `group`
   // points at the group's first record. Overwrites y.
   void (*qgemm_group)(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
@@ -85,6 +87,18 @@ const LlmKernels* llm_kernels_avx512();      // nullptr unless x86-64
 const LlmKernels* llm_kernels_avx512vnni();  // nullptr unless x86-64
 
 // ---- portable scalar helpers ----
+// The pair4 order of one block of bs int8 values (see LlmKernels::quantize_x).
+inline void pair_words(std::int8_t* qb, int bs) {
+  std::int32_t w[32], out[32];
+  std::memcpy(w, qb, static_cast<std::size_t>(bs));
+  const int h = bs / 8;
+  for (int t = 0; t < h; ++t) {
+    out[2 * t] = w[t];
+    out[2 * t + 1] = w[h + t];
+  }
+  std::memcpy(qb, out, static_cast<std::size_t>(bs));
+}
+
 inline float half_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;

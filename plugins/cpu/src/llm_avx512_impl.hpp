@@ -19,8 +19,8 @@ using hetero::i64;
 using namespace hetero::llm;
 
 // ---------------------------------------------------------------------------------------------- activations
-void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, float* d, std::int32_t* s,
-                float* ds) {
+void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
+                std::int32_t* s, float* ds) {
   const i64 nb = (k + bs - 1) / bs;
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (i64 m = 0; m < M; ++m) {
@@ -52,6 +52,7 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, f
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + i), _mm512_cvtepi32_epi8(qi));
       }
       const std::int32_t sum = _mm512_reduce_add_epi32(vsum);
+      if (pair4) pair_words(qb, bs);
       d[m * nb + b] = dx;
       s[m * nb + b] = sum;
       ds[m * nb + b] = dx * static_cast<float>(sum);
@@ -128,8 +129,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         const __m512i lo = _mm512_and_si512(v, nib);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
         for (int m = 0; m < MR; ++m) {
-          iacc[m] = dot_u8s8(iacc[m], lo, bcast4(xrow[m] + xo + 4 * t));
-          iacc[m] = dot_u8s8(iacc[m], hi, bcast4(xrow[m] + xo + bs / 2 + 4 * t));
+          iacc[m] = dot_u8s8(iacc[m], lo, bcast4(xrow[m] + xo + 8 * t));  // pair4 order
+          iacc[m] = dot_u8s8(iacc[m], hi, bcast4(xrow[m] + xo + 8 * t + 4));
         }
       } else {
         for (int m = 0; m < MR; ++m) iacc[m] = dot_q8(iacc[m], v, bcast4(xrow[m] + xo + 4 * t));
@@ -278,22 +279,36 @@ void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 
   (kf16 ? qk_t<true> : qk_t<false>)(q, ldq, nr, ktile, d, scale, s, lds);
 }
 
+// 4 vectors (64 values of d) x NR rows of accumulators: enough independent FMA chains to hide the latency.
 template <bool F16, int NR>
 void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* corr, float* o) {
-  for (i64 c = 0; c < d; c += 16) {
-    const __mmask16 mk = d - c >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (d - c)) - 1);
-    __m512 acc[NR];
-    for (int r = 0; r < NR; ++r)
-      acc[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + r * d + c), _mm512_set1_ps(corr[r]));
-    for (i64 l = 0; l < nk; ++l) {
-      __m512 vv;
-      if (F16)
-        vv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, static_cast<const std::uint16_t*>(v) + l * d + c));
-      else
-        vv = _mm512_maskz_loadu_ps(mk, static_cast<const float*>(v) + l * d + c);
-      for (int r = 0; r < NR; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r * ldp + l]), vv, acc[r]);
+  for (i64 c = 0; c < d; c += 64) {
+    __mmask16 mk[4];
+    for (int j = 0; j < 4; ++j) {
+      const i64 left = d - c - 16 * j;
+      mk[j] = left >= 16 ? static_cast<__mmask16>(0xffff)
+                         : (left <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << left) - 1));
     }
-    for (int r = 0; r < NR; ++r) _mm512_mask_storeu_ps(o + r * d + c, mk, acc[r]);
+    __m512 acc[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < 4; ++j)
+        acc[r][j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[j], o + r * d + c + 16 * j), _mm512_set1_ps(corr[r]));
+    for (i64 l = 0; l < nk; ++l) {
+      __m512 vv[4];
+      for (int j = 0; j < 4; ++j) {
+        if (F16)
+          vv[j] = _mm512_cvtph_ps(
+              _mm256_maskz_loadu_epi16(mk[j], static_cast<const std::uint16_t*>(v) + l * d + c + 16 * j));
+        else
+          vv[j] = _mm512_maskz_loadu_ps(mk[j], static_cast<const float*>(v) + l * d + c + 16 * j);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const __m512 pb = _mm512_set1_ps(p[r * ldp + l]);
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(pb, vv[j], acc[r][j]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(o + r * d + c + 16 * j, mk[j], acc[r][j]);
   }
 }
 

@@ -24,8 +24,8 @@ inline __m256i tail_mask(i64 left) {  // lanes < left set (left clamped to [0, 8
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, float* d, std::int32_t* s,
-                float* ds) {
+void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
+                std::int32_t* s, float* ds) {
   const i64 nb = (k + bs - 1) / bs;
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (i64 m = 0; m < M; ++m) {
@@ -59,6 +59,7 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, f
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
       const std::int32_t sum = _mm_cvtsi128_si32(s4);
+      if (pair4) pair_words(qb, bs);
       d[m * nb + b] = dx;
       s[m * nb + b] = sum;
       ds[m * nb + b] = dx * static_cast<float>(sum);
@@ -101,8 +102,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
           const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
           for (int m = 0; m < MR; ++m) {
             // 4-bit weights (<= 15): two vpmaddubsw results fit in int16 before widening.
-            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xrow[m] + xo + 4 * t)),
-                                               _mm256_maddubs_epi16(hi, bcast4(xrow[m] + xo + bs / 2 + 4 * t)));
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xrow[m] + xo + 8 * t)),
+                                               _mm256_maddubs_epi16(hi, bcast4(xrow[m] + xo + 8 * t + 4)));
             iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p, ones));
           }
         } else {
@@ -274,9 +275,26 @@ void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 
   }
 }
 
+// 2 vectors (16 values of d) x NR rows of accumulators (NR <= 4 -> 8 chains + 2 loads within 16 registers).
 template <bool F16, int NR>
 void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* corr, float* o) {
   i64 c = 0;
+  for (; c + 16 <= d; c += 16) {
+    __m256 acc[NR][2];
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < 2; ++j)
+        acc[r][j] = _mm256_mul_ps(_mm256_loadu_ps(o + r * d + c + 8 * j), _mm256_set1_ps(corr[r]));
+    for (i64 l = 0; l < nk; ++l) {
+      const __m256 v0 = loadkv<F16>(v, l * d + c), v1 = loadkv<F16>(v, l * d + c + 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 pb = _mm256_set1_ps(p[r * ldp + l]);
+        acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < 2; ++j) _mm256_storeu_ps(o + r * d + c + 8 * j, acc[r][j]);
+  }
   for (; c + 8 <= d; c += 8) {
     __m256 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * d + c), _mm256_set1_ps(corr[r]));

@@ -9,8 +9,8 @@ namespace {
 using hetero::i64;
 using namespace hetero::llm;
 
-void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, float* d, std::int32_t* s,
-                float* ds) {
+void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
+                std::int32_t* s, float* ds) {
   const i64 nb = (k + bs - 1) / bs;
   for (i64 m = 0; m < M; ++m) {
     const float* xr = x + m * ldx;
@@ -30,6 +30,7 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, std::int8_t* q, f
         qb[i] = static_cast<std::int8_t>(v);
         sum += v;
       }
+      if (pair4) pair_words(qb, bs);
       d[m * nb + b] = dx;
       s[m * nb + b] = sum;
       ds[m * nb + b] = dx * static_cast<float>(sum);
@@ -59,7 +60,7 @@ void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0,
           for (int t = 0; t < bs / 8; ++t)
             for (int c = 0; c < 4; ++c) {
               const int byte = qv[t * 64 + j * 4 + c];
-              isum += (byte & 15) * xb[4 * t + c] + (byte >> 4) * xb[bs / 2 + 4 * t + c];
+              isum += (byte & 15) * xb[8 * t + c] + (byte >> 4) * xb[8 * t + 4 + c];  // pair4 order
             }
         }
         isum -= off * sx;

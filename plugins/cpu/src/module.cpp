@@ -718,6 +718,7 @@ void py_global_avg_pool(const py::array& x, const py::array& out) {
 }  // namespace
 
 void bind_llm(pybind11::module_&);
+void bind_gated_delta(pybind11::module_& m);
 namespace hetero {
 void bind_onnx_extra(pybind11::module_& m);
 }
@@ -786,5 +787,6 @@ PYBIND11_MODULE(_native, m) {
         py::arg("pads") = zero4, py::arg("count_include_pad") = false);
   m.def("global_avg_pool", &py_global_avg_pool, py::arg("x"), py::arg("out"));
   bind_llm(m);
+  bind_gated_delta(m);
   hetero::bind_onnx_extra(m);
 }

@@ -1,12 +1,12 @@
-"""The CPU kernel table: (domain, op) -> kernel class. One module per kernel family; native kernels listed after
-the numpy ones replace them."""
+"""The CPU kernel table: (domain, op) -> kernel class. One module per kernel family; every ONNX op starts as numpy
+(numpy_ops) and the native kernels listed after replace it."""
 
 from __future__ import annotations
 
 from . import elementwise, llm, matmul, movement, nn, numpy_ops, onnx_extra
 
 KERNELS = {
-    **numpy_ops.KERNELS,
+    **numpy_ops.onnx_ops(),
     **elementwise.KERNELS,
     **nn.KERNELS,
     **movement.KERNELS,

@@ -1,8 +1,8 @@
-"""Rare ops that the cpu backend runs with hetero's numpy reference instead of a native kernel.
+"""ONNX ops (and op configurations) that the cpu backend runs with hetero's numpy reference, inside the plugin.
 
 They keep whole models on the cpu backend (no fallback, no copies, one placement report) where a native kernel
-would not pay for itself. ``docs/ops.md`` lists which ops are native and which are numpy. A native kernel for any
-of them simply replaces the entry in the table (see kernels/__init__.py).
+would not pay for itself. ``hetero ops`` / ``docs/ops.md`` list which ops are native and which are numpy, and
+``session.explain()`` marks each node that ran as numpy.
 """
 
 from __future__ import annotations
@@ -12,22 +12,15 @@ from hetero.reference import ReferenceBackend, ReferenceKernel
 
 
 class CpuNumpyKernel(ReferenceKernel):
-    implementation = "numpy"  # shown in `hetero ops` / docs/ops.md
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         return ReferenceBackend.supports(None, node)  # type: ignore[arg-type]  (it reads no backend state)
 
 
-# Left out on purpose: random ops (their values follow the reference's generator), training losses, and control
-# flow (If/Loop/Scan), which stays with the reference backend and its subgraph runner.
-NUMPY_OPS = (
-    "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr",
-    "BitwiseXor", "CastLike", "CenterCropPad", "Compress", "ConstantOfShape", "ConvInteger", "Cosh", "CumProd",
-    "CumSum", "DequantizeLinear", "Det", "DynamicQuantizeLinear", "Einsum", "EyeLike", "GatherElements", "GatherND",
-    "GlobalLpPool", "Hardmax", "IsInf", "IsNaN", "LRN", "LpNormalization", "LpPool", "MatMulInteger", "Mean",
-    "MeanVarianceNormalization", "Mod", "NonZero", "OneHot", "QLinearConv", "QLinearMatMul", "QuantizeLinear",
-    "RMSNormalization", "RNN", "Range", "ReverseSequence", "Scatter", "ScatterElements", "ScatterND", "Shape",
-    "Shrink", "Sign", "Sinh", "Size", "Sum", "Swish", "Tan", "ThresholdedRelu", "Trilu", "Unique",
-)
+def onnx_ops() -> dict[tuple[str, str], type[CpuNumpyKernel]]:
+    """Every ONNX-domain op hetero has a schema for: the cpu backend never sends an ONNX node elsewhere. Native
+    kernels replace these entries; a native kernel that declines a configuration (a dtype, an attribute) hands the
+    node back to this kernel (CpuBackend.kernel)."""
+    from hetero.ops import registry
 
-KERNELS = {("", op): CpuNumpyKernel for op in NUMPY_OPS}
+    return {("", s.name): CpuNumpyKernel for s in registry.all_schemas() if s.domain == ""}
