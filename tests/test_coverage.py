@@ -19,6 +19,8 @@ def test_reference_covers_every_op():
 
 def test_docs_ops_md_is_current():
     cov = coverage()
+    # Other tests register ops of their own domains; the document covers hetero's.
+    cov.rows = [row for row in cov.rows if row[0] in ("", "hetero")]
     text = DOC.read_text()
     header = next(line for line in text.splitlines() if line.startswith("| domain | op |"))
     documented = [cell.strip() for cell in header.strip("|").split("|")[2:]]
