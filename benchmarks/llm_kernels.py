@@ -55,21 +55,36 @@ def main() -> None:
     ap.add_argument("--isa", default=None)
     ap.add_argument("--formats", default="q4,q8,q4_asym,q8_b128,f16")
     ap.add_argument("--prefill", type=int, default=128, help="rows of the GEMM test (0: skip)")
+    ap.add_argument("--cold", type=int, default=256, help="MiB of weight copies cycled through so that the GEMV reads "
+                    "memory, not the L3 (0: one hot copy)")
     args = ap.parse_args()
     _native.set_num_threads(args.threads)
     if args.isa:
         _native.set_isa(args.isa)
     print(f"isa {_native.isa()} / llm {_native.llm_isa()}, threads {args.threads}")
     rng = np.random.default_rng(0)
+    # The read roof measured now: a float32 GEMV over 256 MiB (one FMA per 4 bytes: bound by memory, not compute).
+    big = rng.standard_normal((16384, 4096)).astype(np.float32)
+    wbig = _native.llm_weights(big, "f32", k=4096)
+    xb, ob = rng.standard_normal((1, 4096)).astype(np.float32), np.empty((1, 16384), np.float32)
+    troof = timeit(lambda w=wbig: _native.llm_matmul(w, xb, ob))
+    print(f"memory read roof now (f32 GEMV, 256 MiB): {big.nbytes / troof / 1e9:.1f} GB/s")
+    del wbig
     for spec in args.formats.split(","):
         fmt = None if spec in ("f32", "f16", "bf16") else quant.parse_quant(spec)
         total_bytes = total_time = 0.0
         print(f"\n{spec}: GEMV (M=1)  [GB/s of weights]" + (f"; GEMM M={args.prefill} [GOP/s]" if args.prefill else ""))
         for name, n, k in SHAPES:
             w, nbytes = weight(fmt, n, k, rng, spec)
+            copies = [w] + [weight(fmt, n, k, rng, spec)[0] for _ in range(int(args.cold * 2**20 // nbytes))]
             x = rng.standard_normal((1, k)).astype(np.float32)
             out = np.empty((1, n), np.float32)
-            t = timeit(lambda w=w, x=x, out=out: _native.llm_matmul(w, x, out))
+
+            def gemv(copies=copies, x=x, out=out):
+                for c in copies:
+                    _native.llm_matmul(c, x, out)
+
+            t = timeit(gemv) / len(copies)
             line = (f"  {name:9s} {n:6d}x{k:<5d} {nbytes / 2**20:7.2f} MiB  {t * 1e6:8.1f} us  "
                     f"{nbytes / t / 1e9:6.1f} GB/s")
             if name != "lm_head":

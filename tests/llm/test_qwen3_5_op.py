@@ -123,3 +123,30 @@ def test_errors():
         run(inputs(d, 0), {}, v_heads=3)
     with pytest.raises(ShapeError):
         run([d["qkv"][:, :-1], *inputs(d, 0)[1:]], {})
+
+
+def test_moe_shared_expert():
+    """MoE's optional shared-expert inputs: routed experts plus sigmoid(x @ g^T) * SwiGLU shared expert."""
+    r = np.random.default_rng(2)
+    t, h, e, inter, s_inter = 5, 16, 4, 8, 12
+    f = (lambda *s: r.standard_normal(s).astype(np.float32))  # noqa: E731
+    x, router = f(t, h), f(e, h)
+    gate, up, down = f(e, inter, h), f(e, inter, h), f(e, h, inter)
+    sg, su, sd, score = f(s_inter, h), f(s_inter, h), f(h, s_inter), f(1, h)
+    schema = registry.get(HETERO_DOMAIN, "MoE")
+
+    def moe(inputs):
+        node = Node("MoE", [f"i{k}" for k in range(len(inputs))], ["y"], {"top_k": 2}, domain=HETERO_DOMAIN)
+        infos = [info_of(v) for v in inputs]
+        schema.infer(OpContext(node, infos, inputs, 1))
+        return schema.reference(OpContext(node, infos, inputs, 1))[0]
+
+    routed = moe([x, router, gate, up, down])
+    silu = (lambda v: v / (1 + np.exp(-v)))  # noqa: E731
+    shared = (silu(x @ sg.T) * (x @ su.T)) @ sd.T
+    sig = 1 / (1 + np.exp(-(x @ score.T)))
+    np.testing.assert_allclose(moe([x, router, gate, up, down, sg, su, sd, score]), routed + sig * shared,
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(moe([x, router, gate, up, down, sg, su, sd]), routed + shared, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ShapeError):
+        moe([x, router, gate, up, down, sg, su])

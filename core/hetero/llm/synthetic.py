@@ -26,12 +26,36 @@ SHAPES: dict[str, dict[str, int]] = {
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                  head_dim=16),
 }
-LABELS = {"qwen3-0.6b": "0.6B", "tiny": "tiny"}
+LABELS = {"qwen3-0.6b": "0.6B", "tiny": "tiny", "qwen3.5-0.8b": "0.8B", "qwen3.5-2b": "2B", "qwen3.5-tiny": "tiny"}
+
+# Qwen3.5 (hybrid: 3 Gated DeltaNet layers then one gated full-attention layer, repeated; tied embeddings).
+_QWEN35_LINEAR = dict(linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                      linear_value_head_dim=128, linear_conv_kernel_dim=4)
+HYBRID_SHAPES: dict[str, dict[str, int]] = {
+    "qwen3.5-0.8b": dict(vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_layers=24, num_heads=8,
+                         num_kv_heads=2, head_dim=256, **_QWEN35_LINEAR),
+    "qwen3.5-2b": dict(vocab_size=248320, hidden_size=2048, intermediate_size=6144, num_layers=24, num_heads=8,
+                       num_kv_heads=2, head_dim=256, **_QWEN35_LINEAR),
+    "qwen3.5-tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                         num_kv_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4),
+}
 
 
 def synthetic_config(size: str = "qwen3-0.6b") -> LlmConfig:
+    if size in HYBRID_SHAPES:
+        shape = dict(HYBRID_SHAPES[size])
+        layers = shape["num_layers"]
+        return LlmConfig(
+            family="qwen3_5", rms_norm_eps=1e-6, rope=RopeConfig(theta=10_000_000.0, rotary_dim=shape["head_dim"] // 4),
+            max_position_embeddings=262144, tie_word_embeddings=True, qkv_bias=False, o_bias=False, qk_norm=True,
+            torch_dtype="bfloat16", eos_token_ids=(), attn_output_gate=True, norm_offset=1.0,
+            layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)),
+            **shape,
+        )
     if size not in SHAPES:
-        raise HeteroError(f"synthetic model {size!r} is unknown; expected one of {sorted(SHAPES)}")
+        known = sorted(SHAPES) + sorted(HYBRID_SHAPES)
+        raise HeteroError(f"synthetic model {size!r} is unknown; expected one of {known}")
     return LlmConfig(
         family="qwen3", rms_norm_eps=1e-6, rope=RopeConfig(theta=1_000_000.0), max_position_embeddings=40960,
         tie_word_embeddings=True, qkv_bias=False, o_bias=False, qk_norm=True, torch_dtype="bfloat16",
@@ -83,12 +107,19 @@ class SyntheticWeights(WeightSource):
 
 def load_synthetic(size: str = "qwen3-0.6b", quant: str | QuantFormat = "q4", *,
                    backends: Sequence[str] | str | None = None, on_fallback: str = "warn", threads: int | None = None,
-                   context: int = 4096, prefill_chunk: int = 512, seed: int = 0, progress: bool = True) -> Llm:
-    """A synthetic model with the shapes of ``size`` ("qwen3-0.6b" or "tiny"), quantized as ``quant``."""
+                   context: int = 4096, prefill_chunk: int = 512, seed: int = 0, progress: bool = True,
+                   linear_attention_mode: str = "auto") -> Llm:
+    """A synthetic model with the shapes of ``size`` ("qwen3-0.6b", "tiny", or the hybrid "qwen3.5-0.8b",
+    "qwen3.5-2b", "qwen3.5-tiny"), quantized as ``quant``. ``linear_attention_mode`` ("auto", "chunked",
+    "recurrent") sets the GatedDeltaRule nodes' form (measuring the chunked prefill against the recurrence)."""
     fmt = parse_quant(quant)
     if fmt is None:
         raise HeteroError("a synthetic model needs a quantization format, e.g. quant='q4'")
     cfg = synthetic_config(size)
     graph = build_graph(cfg, SyntheticWeights(fmt, seed), context=context, progress=progress)
+    for node in graph.nodes:
+        if node.op_type == "GatedDeltaRule":
+            node.attrs["mode"] = linear_attention_mode
+    family = "qwen3.5" if size in HYBRID_SHAPES else "qwen3"
     return Llm(cfg, graph, None, context=context, backends=backends, on_fallback=on_fallback, threads=threads,
-               prefill_chunk=prefill_chunk, name=f"qwen3 {LABELS[size]} synthetic", quant=fmt.name)
+               prefill_chunk=prefill_chunk, name=f"{family} {LABELS[size]} synthetic", quant=fmt.name)

@@ -292,7 +292,7 @@ def gated_delta_rule(ctx: OpContext) -> list[np.ndarray]:
     w = ctx.values[CONV_W]
     past = int(np.asarray(ctx.values[PAST_LEN]).reshape(-1)[0])
     t = x.shape[0]
-    hk, hv, dk, dv = _dims(attrs)
+    _, hv, dk, dv = _dims(attrs)
     state: dict[str, Any] = ctx.state if ctx.state is not None else {}
     st: DeltaState | None = state.get("delta")
     if st is None:

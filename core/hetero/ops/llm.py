@@ -351,6 +351,18 @@ def _moe_infer(ctx: OpContext) -> list[TensorInfo]:
     top_k = int(ctx.attr("top_k"))
     if experts is not None and not 1 <= top_k <= experts:
         raise ctx.fail(f"top_k {top_k} must be in [1, {experts}]")
+    shared = [ctx.has_input(i) for i in range(5, 9)]
+    if any(shared) and not all(shared[:3]):
+        raise ctx.fail("the shared expert needs shared_gate, shared_up and shared_down (inputs 5-7)")
+    if all(shared[:3]):
+        s_inter = None if input_info(ctx, 5).shape is None else input_info(ctx, 5).shape[0]
+        _check_weight(ctx, 5, hidden, "shared_gate", "shared_gate_")
+        _check_weight(ctx, 6, hidden, "shared_up", "shared_up_")
+        _check_weight(ctx, 7, s_inter, "shared_down", "shared_down_")
+    if shared[3]:
+        sg = input_info(ctx, 8)
+        if sg.dtype != dtypes.float32 or (sg.shape is not None and hidden is not None and sg.shape != (1, hidden)):
+            raise ctx.fail(f"shared_expert_gate must be float32 [1, {hidden}], got {sg}")
     return [TensorInfo(dtypes.float32, x.shape)]
 
 
@@ -382,6 +394,14 @@ def moe(ctx: OpContext) -> list[np.ndarray]:
     p = softmax(x @ router^T) per token; the top_k experts (ties to the lower index) with weights p (or p / sum);
     y[t] = sum over chosen e of weight * down_e(silu(gate_e(x[t])) * up_e(x[t])), each _e(z) = z @ W_e^T.
     Tokens are grouped by expert so each expert's weights are read once per call.
+
+    Shared expert (Qwen2-MoE / Qwen3-Next / Qwen3.5-MoE), optional inputs: shared_gate and shared_up (``[I_s, H]``
+    or quantized rows), shared_down (``[H, I_s]``), all three or none, each with the shared three weight attributes
+    or its own ``shared_gate_`` / ``shared_up_`` / ``shared_down_`` prefixed ones; and shared_expert_gate (float32
+    ``[1, H]``, optional): y[t] += s * down_s(silu(gate_s(x[t])) * up_s(x[t])) with
+    s = sigmoid(x[t] @ shared_expert_gate^T) (s = 1 without it). A backend whose MoE kernel does not implement
+    inputs 5-8 must refuse such nodes; the hybrid families build the shared expert from QMatMul / SwiGLU /
+    Sigmoid / Mul for now.
     """
     x, router, gate, up, down = ctx.values[:5]
     hidden = x.shape[1]
@@ -394,4 +414,13 @@ def moe(ctx: OpContext) -> list[np.ndarray]:
         h = _silu(xe @ _dense(ctx, gate[expert], hidden, "gate_").T) * (xe @ _dense(ctx, up[expert], hidden, "up_").T)
         ye = h @ _dense(ctx, down[expert], inter, "down_").T
         np.add.at(out, tokens, ye * weights[tokens, slot][:, None])
+    if ctx.has_input(5) and ctx.has_input(6) and ctx.has_input(7):
+        sg, su, sd = ctx.values[5], ctx.values[6], ctx.values[7]
+        s_inter = sg.shape[0]
+        h = _silu(x @ _dense(ctx, sg, hidden, "shared_gate_").T) * (x @ _dense(ctx, su, hidden, "shared_up_").T)
+        ys = h @ _dense(ctx, sd, s_inter, "shared_down_").T
+        if ctx.has_input(8):
+            score = x.astype(np.float64) @ ctx.values[8].astype(np.float64).T  # [T, 1]
+            ys = ys * (1.0 / (1.0 + np.exp(-score))).astype(np.float32)
+        out += ys.astype(np.float32)
     return [out]

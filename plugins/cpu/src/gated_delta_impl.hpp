@@ -1,7 +1,7 @@
 // One value head of the gated delta rule, compiled once per ISA (gated_delta_{generic,avx2,avx512}.cpp include
 // this with their own -m flags). Everything here has internal linkage so that no AVX code can be picked by the
 // linker for another translation unit. Plain loops written for the auto-vectoriser: fixed-width register tiles
-// (4 rows x 16 columns) in the small GEMMs, 16 partial sums in dot products.
+// (4 rows x 2 vectors, GCC/Clang vector extension) in the small GEMMs.
 #pragma once
 
 #include <cmath>
@@ -13,25 +13,50 @@ namespace hetero {
 namespace gd {
 namespace {
 
-// C[M, N] += alpha * A[M, K] @ B[K, N] (row-major, leading dimensions given).
+// SIMD vectors through the GCC / Clang vector extension: the width follows this file's -m flags.
+#if defined(__AVX512F__)
+constexpr int W = 16;
+#elif defined(__AVX__)
+constexpr int W = 8;
+#else
+constexpr int W = 4;
+#endif
+typedef float vf __attribute__((vector_size(W * sizeof(float))));
+
+inline vf loadu(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(vf));
+  return v;
+}
+inline void storeu(float* p, vf v) { std::memcpy(p, &v, sizeof(vf)); }
+
+// C[M, N] += alpha * A[M, K] @ B[K, N] (row-major, leading dimensions given): register tiles of 4 rows x 2 vectors.
 inline void gemm_acc(i64 M, i64 N, i64 K, const float* __restrict A, i64 lda, const float* __restrict B, i64 ldb,
                      float* __restrict C, i64 ldc, float alpha) {
-  constexpr int MR = 4, NR = 16;
+  constexpr int MR = 4, NR = 2 * W;
   i64 i0 = 0;
   for (; i0 + MR <= M; i0 += MR) {
     i64 j0 = 0;
     for (; j0 + NR <= N; j0 += NR) {
-      float acc[MR][NR] = {};
+      vf c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
+      const float* a0 = A + i0 * lda;
       for (i64 k = 0; k < K; ++k) {
-        const float* b = B + k * ldb + j0;
-        for (int r = 0; r < MR; ++r) {
-          const float a = A[(i0 + r) * lda + k];
-          for (int j = 0; j < NR; ++j) acc[r][j] += a * b[j];
-        }
+        const vf b0 = loadu(B + k * ldb + j0), b1 = loadu(B + k * ldb + j0 + W);
+        const float x0 = a0[k], x1 = a0[lda + k], x2 = a0[2 * lda + k], x3 = a0[3 * lda + k];
+        c00 += x0 * b0;
+        c01 += x0 * b1;
+        c10 += x1 * b0;
+        c11 += x1 * b1;
+        c20 += x2 * b0;
+        c21 += x2 * b1;
+        c30 += x3 * b0;
+        c31 += x3 * b1;
       }
+      const vf* acc[MR][2] = {{&c00, &c01}, {&c10, &c11}, {&c20, &c21}, {&c30, &c31}};
       for (int r = 0; r < MR; ++r) {
         float* c = C + (i0 + r) * ldc + j0;
-        for (int j = 0; j < NR; ++j) c[j] += alpha * acc[r][j];
+        storeu(c, loadu(c) + alpha * *acc[r][0]);
+        storeu(c + W, loadu(c + W) + alpha * *acc[r][1]);
       }
     }
     for (; j0 < N; ++j0)

@@ -712,13 +712,15 @@ void moe_run(const MoE& mo, const float* x, i64 T, float* out) {
       std::memcpy(xe + i * H, x + list[static_cast<std::size_t>(i)].first * H, static_cast<std::size_t>(H) * 4);
     float* g = gu;
     float* u = gu + n * I;
-    if (mo.gate->quant) {
+    const bool share = mo.gate->quant && mo.up->quant && mo.gate->pk.bs == mo.up->pk.bs &&
+                       mo.gate->pk.bits == mo.up->pk.bits;
+    if (share) {  // gate and up read the same quantized activations
       XQ xq = tl_xq(0).make(kr, xe, n, H, H, mo.gate->pk.bs, mo.gate->pk.bits == 4, n >= 16);
       matmul_core(*mo.gate, e, xe, n, H, &xq, g, I, nullptr);
       matmul_core(*mo.up, e, xe, n, H, &xq, u, I, nullptr);
     } else {
-      matmul_core(*mo.gate, e, xe, n, H, nullptr, g, I, nullptr);
-      matmul_core(*mo.up, e, xe, n, H, nullptr, u, I, nullptr);
+      matmul(*mo.gate, e, xe, n, H, g, I, nullptr, 0);
+      matmul(*mo.up, e, xe, n, H, u, I, nullptr, 0);
     }
     base.unary(U_SILU, g, g, n * I, 0.f, 0.f);
     base.binary(B_MUL, BM_VV, g, u, g, n * I);

@@ -321,6 +321,26 @@ def test_moe(path, wtype, norm):
         np.testing.assert_allclose(got, ref, rtol=0, atol=tol)
 
 
+def test_moe_per_weight_formats_and_shared_expert_refused(path):
+    e, h, inter = 4, 64, 32
+    router = f32(e, h, seed=1)
+    q4, q8 = QuantFormat(4, 32, True), QuantFormat(8, 64, False)
+    gate = quantize(f32(e, inter, h, seed=2) / 8, q4)
+    up = quantize(f32(e, inter, h, seed=3) / 8, q8)
+    down = (f32(e, h, inter, seed=4) / 6).astype(np.float16)
+    attrs = {"top_k": 2, "norm_topk_prob": 1, "gate_wtype": "q4", "gate_block_size": 32, "gate_symmetric": 1,
+             "up_wtype": "q8", "up_block_size": 64, "up_symmetric": 0, "down_wtype": "f16"}
+    x = f32(5, h, seed=9)
+    inputs = [x, router, gate, up, down]
+    ref = reference("MoE", inputs, **attrs)
+    np.testing.assert_allclose(cpu("MoE", inputs, (1, 2, 3, 4), **attrs), ref, rtol=0, atol=0.03 * np.abs(ref).max())
+    sg, su, sd = f32(16, h, seed=5), f32(16, h, seed=6), f32(h, 16, seed=7)
+    node, infos, _, _, _ = make_ref("MoE", [*inputs, sg, su, sd], **attrs)
+    consts = {i: v for i, v in enumerate([*inputs, sg, su, sd]) if i}
+    verdict = KERNELS[(HETERO_DOMAIN, "MoE")].accepts(NodeInfo(node, infos, [info_of(x)], consts, 1))
+    assert not verdict and "shared expert" in verdict.reason
+
+
 # -- the fixture models end to end ----------------------------------------------------------------------------------
 def _copy(family: str, dest: Path, dtype: str) -> Path:
     folder = dest / f"{family}_{dtype}"
@@ -344,7 +364,7 @@ def _load(path: Path, **kwargs):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return hetero.llm.load(path, context=128, **kwargs)
+        return hetero.llm.load(path, context=128, cache=False, **kwargs)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_moe"])

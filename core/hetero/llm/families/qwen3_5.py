@@ -115,7 +115,7 @@ def _linear_attention(b: _Builder, cfg: LlmConfig, w: WeightSource, p: str, x: s
     channels = 2 * key_dim + value_dim
     la = p + "linear_attn."
     hidden = cfg.hidden_size
-    if w.has(la + "in_proj_qkvz.weight"):  # Qwen3-Next: regroup the per-key-head interleaved rows
+    if cfg.family == "qwen3_next":  # fused in_proj_qkvz / in_proj_ba: regroup the per-key-head interleaved rows
         r = hv // hk
         group = 2 * dk + 2 * r * dv
         base = np.arange(hk)[:, None] * group

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from . import elementwise, llm, matmul, movement, nn, numpy_ops, onnx_extra
+from . import elementwise, gated_delta, llm, matmul, movement, nn, numpy_ops, onnx_extra
 
 KERNELS = {
     **numpy_ops.onnx_ops(),
@@ -15,4 +15,5 @@ KERNELS = {
     ("", "Gemm"): matmul.CpuGemm,
     ("hetero", "FusedMatMul"): matmul.CpuFusedMatMul,
     **llm.KERNELS,
+    **gated_delta.KERNELS,
 }

@@ -36,11 +36,19 @@ def _c(a: np.ndarray) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-def _format_ok(node: NodeInfo) -> Support:
-    try:
-        quant.format_from_attrs(node.attr("wtype", "f32"), node.attr("block_size", 32), node.attr("symmetric", 1))
+def _wattrs(node: NodeInfo, prefix: str = "") -> tuple[str, int, int]:
+    """(wtype, block_size, symmetric) of a weight; MoE's ``gate_`` / ``up_`` / ``down_`` prefixed attributes, when
+    present, replace the shared three (as in hetero.ops.llm)."""
+    if prefix and (prefix + "wtype") in node.node.attrs:
+        return node.attr(prefix + "wtype"), node.attr(prefix + "block_size", 32), node.attr(prefix + "symmetric", 1)
+    return node.attr("wtype", "f32"), node.attr("block_size", 32), node.attr("symmetric", 1)
+
+
+def _format_ok(node: NodeInfo, prefix: str = "") -> Support:
+    try:  # hetero's q8/q4 blocks and float weights; GGUF's k-quant / q5 types are refused (reference fallback)
+        quant.format_from_attrs(*_wattrs(node, prefix))
     except HeteroError as exc:
-        return unsupported(exc.message)
+        return unsupported(f"{exc.message} (cpu kernels take f32/f16/bf16/q8/q4)")
     return SUPPORTED
 
 
@@ -48,10 +56,10 @@ def _is_f32(info: TensorInfo | None) -> bool:
     return info is not None and info.dtype == dtypes.float32
 
 
-def _weights(node: NodeInfo, array: np.ndarray, k: int):
+def _weights(node: NodeInfo, array: np.ndarray, k: int, prefix: str = ""):
     """The native weight object for a constant QMatMul / MoE weight (repacked once when quantized)."""
-    wtype = node.attr("wtype", "f32")
-    fmt = quant.format_from_attrs(wtype, node.attr("block_size", 32), node.attr("symmetric", 1))
+    wtype, block_size, symmetric = _wattrs(node, prefix)
+    fmt = quant.format_from_attrs(wtype, block_size, symmetric)
     if fmt is None:
         array = np.ascontiguousarray(array, dtype=_FLOAT_DTYPES[wtype])
         return _native.llm_weights(array, wtype, k=k)
@@ -264,9 +272,15 @@ class CpuMoE(CpuKernel):
     def accepts(node: NodeInfo) -> Support:
         if any(i not in node.constants for i in (1, 2, 3, 4)):
             return unsupported("MoE with router / expert weights computed at run time")
+        if any(i < len(node.inputs) and node.inputs[i] is not None for i in range(5, 9)):
+            return unsupported("MoE with a shared expert (inputs 5-8; the cpu kernel routes experts only)")
         if not _is_f32(node.inputs[0]):
             return unsupported("MoE on a non-float32 activation")
-        return _format_ok(node)
+        for prefix in ("gate_", "up_", "down_"):
+            verdict = _format_ok(node, prefix)
+            if not verdict:
+                return verdict
+        return SUPPORTED
 
     def __init__(self, node: NodeInfo) -> None:
         super().__init__(node)
@@ -274,8 +288,8 @@ class CpuMoE(CpuKernel):
         gate, up, down = (node.constants[i] for i in (2, 3, 4))
         hidden = router.shape[1]
         inter = gate.shape[1]
-        self.moe = _native.LlmMoE(router, _weights(node, gate, hidden), _weights(node, up, hidden),
-                                  _weights(node, down, inter), int(node.attr("top_k")),
+        self.moe = _native.LlmMoE(router, _weights(node, gate, hidden, "gate_"), _weights(node, up, hidden, "up_"),
+                                  _weights(node, down, inter, "down_"), int(node.attr("top_k")),
                                   bool(node.attr("norm_topk_prob", 1)))
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:

@@ -1,0 +1,162 @@
+"""``GatedDeltaRule`` (hetero.ops.gated_delta) on the native library: conv, gating, the recurrence (decode) or
+the chunked WY/UT form (prompts), gated norm, value heads in parallel, on the ISA path chosen at run time.
+
+The node's state lives here: the recurrent state (float32 ``[Hv, Dk, Dv]``), the input history (pre-conv rows
+with K - 1 leading zero rows, so the conv window of any range is a slice; raw a / b rows) and the snapshots; the
+rollback policy is the op's (snapshots every ``snapshot_interval`` positions and after every prompt, replay from
+the newest one at or before the target). ``run`` allocates only when the history grows (doubling).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero import dtypes
+from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.errors import HeteroError
+from hetero.ops.gated_delta import MODES
+from hetero.tensor import Tensor
+
+from .. import _native
+from .common import CpuKernel
+
+# Below this many new tokens the recurrence is faster than the chunked form (measured on AVX-512 / AVX2 hosts with
+# Qwen3.5 head sizes); HETERO_CPU_GDN_CHUNKED_MIN overrides it (benchmarks).
+CHUNKED_MIN = 8
+
+
+def _c32(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.float32 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.float32)
+
+
+class CpuGatedDeltaRule(CpuKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        for i in (0, 2, 3):
+            info = node.inputs[i]
+            if info is None or info.dtype != dtypes.float32:
+                return unsupported("GatedDeltaRule on non-float32 tensors")
+        if 1 not in node.constants:
+            return unsupported("GatedDeltaRule with a conv weight computed at run time")
+        for i in (5, 6, 7, 9):
+            if i < len(node.inputs) and node.inputs[i] is not None and i not in node.constants:
+                return unsupported("GatedDeltaRule with conv_bias / a_log / dt_bias / norm_weight computed at run time")
+        if str(node.attr("mode", "auto")) not in MODES or int(node.attr("chunk_size", 64)) > 1024:
+            return unsupported("GatedDeltaRule mode / chunk_size")
+        return SUPPORTED
+
+    def __init__(self, node: NodeInfo) -> None:
+        super().__init__(node)
+        a = node.node.attrs
+        self.hk, self.hv = int(a["k_heads"]), int(a["v_heads"])
+        self.dk, self.dv = int(a["k_dim"]), int(a["v_dim"])
+        self.channels = 2 * self.hk * self.dk + self.hv * self.dv
+        self.scale = float(a.get("scale", 0.0)) or 1.0 / math.sqrt(self.dk)
+        self.l2norm = bool(int(a.get("qk_l2norm", 1)))
+        self.l2_eps = float(a.get("l2norm_eps", 1e-6))
+        self.norm_eps = float(a.get("norm_eps", 1e-6))
+        self.silu = str(a.get("conv_activation", "silu")) == "silu"
+        self.chunk = int(a.get("chunk_size", 64))
+        self.mode = str(a.get("mode", "auto"))
+        self.interval = int(a.get("snapshot_interval", 256))
+        self.max_snapshots = max(int(a.get("max_snapshots", 8)), 1)
+        self.max_context = int(a.get("max_context", 0))
+        self.chunked_min = int(os.environ.get("HETERO_CPU_GDN_CHUNKED_MIN", CHUNKED_MIN))
+        const = node.constants
+        w = np.asarray(const[1], dtype=np.float32)
+        self.conv_w = _c32(w.reshape(w.shape[0], -1))
+        self.kernel = self.conv_w.shape[1]
+        opt = (lambda i: None if i not in const else _c32(np.asarray(const[i]).reshape(-1)))  # noqa: E731
+        self.conv_b, self.a_log, self.dt_bias, self.norm_w = opt(5), opt(6), opt(7), opt(9)
+        self.state = np.zeros((self.hv, self.dk, self.dv), dtype=np.float32)
+        self.pos = 0
+        self.hist_x = np.zeros((self.kernel - 1 + 64, self.channels), dtype=np.float32)
+        self.hist_a = np.zeros((64, self.hv), dtype=np.float32)
+        self.hist_b = np.zeros((64, self.hv), dtype=np.float32)
+        self.snaps: dict[int, np.ndarray] = {}
+
+    # -- state ----------------------------------------------------------------------------------------------------
+    def _grow(self, end: int) -> None:
+        cap = self.hist_a.shape[0]
+        if end <= cap:
+            return
+        cap = max(end, 2 * cap)
+        k = self.kernel - 1
+        for name, rows in (("hist_x", cap + k), ("hist_a", cap), ("hist_b", cap)):
+            old = getattr(self, name)
+            new = np.zeros((rows, old.shape[1]), dtype=np.float32)
+            new[:old.shape[0]] = old
+            setattr(self, name, new)
+
+    def _snapshot(self) -> None:
+        self.snaps[self.pos] = self.state.copy()
+        while len(self.snaps) > self.max_snapshots:
+            del self.snaps[next(iter(self.snaps))]
+
+    def _advance(self, start: int, end: int, out: np.ndarray | None, z: np.ndarray | None, chunked: bool) -> None:
+        """Positions [start, end) from the state at start; out / z rows are those positions' (or None)."""
+        pos = start
+        while pos < end:
+            stop = end
+            if self.interval > 0:
+                stop = min(end, (pos // self.interval + 1) * self.interval)
+            i, j = pos - start, stop - start
+            first = self.chunk - pos % self.chunk
+            _native.gated_delta(
+                self.hist_x[pos:stop + self.kernel - 1], self.conv_w, self.conv_b, self.hist_a[pos:stop],
+                self.hist_b[pos:stop], self.a_log, self.dt_bias, None if z is None else z[i:j],
+                self.norm_w if z is not None else None, self.state, None if out is None else out[i:j],
+                self.hk, self.hv, self.dk, self.dv, self.chunk if chunked else 0, first, self.scale, self.l2norm,
+                self.silu, self.l2_eps, self.norm_eps)
+            self.pos = pos = stop
+            if self.interval > 0 and stop % self.interval == 0:
+                self._snapshot()
+
+    def _rollback(self, target: int) -> None:
+        if target == self.pos:
+            return
+        for p in [p for p in self.snaps if p > target]:
+            del self.snaps[p]
+        base = max(self.snaps, default=0)
+        if base:
+            np.copyto(self.state, self.snaps[base])
+        else:
+            self.state.fill(0.0)
+        self.pos = base
+        if target > base:
+            self._advance(base, target, None, None, True)
+
+    # -- run ------------------------------------------------------------------------------------------------------
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0].buffer  # type: ignore[union-attr]
+        t = x.shape[0]
+        past_t = inputs[4]
+        past = int(past_t.buffer.reshape(-1)[0])  # type: ignore[union-attr]
+        if past < 0 or past > self.pos:
+            raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {self.pos} positions consumed")
+        if self.max_context and past + t > self.max_context:
+            raise HeteroError(f"{self.node.label()}: {past} cached + {t} new tokens exceed the context of "
+                              f"{self.max_context} tokens", hint="load the model with a larger context")
+        if x.shape[1] != self.channels:
+            raise HeteroError(f"{self.node.label()}: qkv has {x.shape[1]} channels, expected {self.channels}")
+        self._rollback(past)
+        end = past + t
+        self._grow(end)
+        k = self.kernel - 1
+        self.hist_x[past + k:end + k] = x
+        self.hist_a[past:end] = inputs[2].buffer  # type: ignore[union-attr]
+        self.hist_b[past:end] = inputs[3].buffer  # type: ignore[union-attr]
+        z = None
+        if len(inputs) > 8 and inputs[8] is not None:
+            z = _c32(inputs[8].buffer)
+        chunked = self.mode == "chunked" or (self.mode == "auto" and t >= self.chunked_min)
+        self._advance(past, end, outputs[0].buffer, z, chunked)
+        if t > 1:
+            self._snapshot()
+
+
+KERNELS = {("hetero", "GatedDeltaRule"): CpuGatedDeltaRule}

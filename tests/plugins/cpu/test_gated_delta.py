@@ -1,0 +1,151 @@
+"""The CPU plugin's GatedDeltaRule kernel (hetero_cpu/kernels/gated_delta.py on src/gated_delta*.cpp) against the
+numpy reference of hetero.ops.gated_delta (float64), on every ISA path this CPU has, with 1 and several threads:
+the recurrence and the chunked form, calls crossing chunk boundaries, GQA-style head sharing, rollback through the
+snapshots, and the Qwen3.5 fixtures end to end on cpu. Accuracy contract: float32 rounding (1e-4 relative)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_native = pytest.importorskip(
+    "hetero_cpu._native",
+    reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
+)
+if not hasattr(_native, "gated_delta"):
+    pytest.skip("hetero-cpu was built without the gated delta kernels", allow_module_level=True)
+
+from hetero.backend import NodeInfo  # noqa: E402
+from hetero.ir.graph import HETERO_DOMAIN, Node  # noqa: E402
+from hetero.ops import registry  # noqa: E402
+from hetero.ops.registry import OpContext  # noqa: E402
+from hetero.runtime.infer import info_of  # noqa: E402
+from hetero.tensor import Tensor  # noqa: E402
+from hetero_cpu.kernels import KERNELS  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
+CONSTANTS = (1, 5, 6, 7, 9)
+
+
+@pytest.fixture(params=_native.available_isas())
+def isa(request):
+    before = _native.isa()
+    _native.set_isa(request.param)
+    yield request.param
+    _native.set_isa(before)
+
+
+@pytest.fixture(params=[1, 3])
+def threads(request):
+    before = _native.num_threads()
+    _native.set_num_threads(request.param)
+    yield request.param
+    _native.set_num_threads(before)
+
+
+class Pair:
+    """The cpu kernel and the reference, fed the same calls."""
+
+    def __init__(self, hk, hv, dk, dv, k=4, seed=0, bias=False, norm=True, **attrs):
+        self.hk, self.hv, self.dk, self.dv = hk, hv, dk, dv
+        self.c = 2 * hk * dk + hv * dv
+        r = np.random.default_rng(seed)
+        self.w = (0.5 * r.standard_normal((self.c, k))).astype(np.float32)
+        self.bias = (0.1 * r.standard_normal(self.c)).astype(np.float32) if bias else None
+        self.a_log = np.log(r.uniform(0.005, 0.5, hv)).astype(np.float32)
+        self.dt = r.standard_normal(hv).astype(np.float32)
+        self.nw = (1 + 0.1 * r.standard_normal(dv)).astype(np.float32) if norm else None
+        self.attrs = dict(k_heads=hk, v_heads=hv, k_dim=dk, v_dim=dv, **attrs)
+        self.rng = r
+        self.state: dict = {}
+        self.kernel = None
+
+    def inputs(self, t: int, past: int) -> list:
+        r = self.rng
+        f = (lambda *s: r.standard_normal(s).astype(np.float32))  # noqa: E731
+        z = f(t, self.hv * self.dv) if self.nw is not None else None
+        return [f(t, self.c), self.w, f(t, self.hv), f(t, self.hv), np.array(past, dtype=np.int64), self.bias,
+                self.a_log, self.dt, z, self.nw]
+
+    def __call__(self, t: int, past: int) -> tuple[np.ndarray, np.ndarray]:
+        inputs = self.inputs(t, past)
+        node = Node("GatedDeltaRule", [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)], ["y"],
+                    self.attrs, domain=HETERO_DOMAIN)
+        infos = [None if v is None else info_of(v) for v in inputs]
+        schema = registry.get(HETERO_DOMAIN, "GatedDeltaRule")
+        (out_info,) = schema.infer(OpContext(node, infos, inputs, 1))
+        (want,) = schema.reference(OpContext(node, infos, inputs, 1, None, self.state))
+        if self.kernel is None:
+            info = NodeInfo(node, infos, [out_info], {i: inputs[i] for i in CONSTANTS if inputs[i] is not None}, 1)
+            factory = KERNELS[(HETERO_DOMAIN, "GatedDeltaRule")]
+            assert factory.accepts(info)
+            self.kernel = factory(info)
+        got = np.full(out_info.shape, np.nan, dtype=np.float32)
+        self.kernel.prepare(infos, [out_info])
+        self.kernel.run([None if v is None else Tensor.from_numpy(v) for v in inputs], [Tensor.from_numpy(got)])
+        return got, want
+
+
+def close(got, want, tol=1e-4):
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunked", "auto"])
+@pytest.mark.parametrize("shape", [(2, 4, 16, 16), (1, 1, 32, 24), (2, 2, 128, 128)])
+def test_matches_reference(isa, threads, mode, shape):
+    pair = Pair(*shape, mode=mode, bias=shape[0] == 1)
+    past = 0
+    for t in (70, 1, 1, 64, 3, 130):  # crossing 64-position chunks at odd offsets
+        if shape[2] == 128 and t > 64:
+            t //= 2
+        close(*pair(t, past))
+        past += t
+
+
+def test_without_norm_and_gating_inputs(isa):
+    pair = Pair(2, 4, 16, 8, norm=False, mode="chunked")
+    close(*pair(90, 0))
+    close(*pair(1, 90))
+
+
+@pytest.mark.parametrize("interval", [0, 64])
+def test_rollback(isa, interval):
+    pair = Pair(2, 4, 16, 16, snapshot_interval=interval, max_snapshots=2)
+    close(*pair(150, 0))
+    for p in range(150, 160):
+        close(*pair(1, p))
+    close(*pair(40, 97))   # into the middle of the prompt: replay from a snapshot
+    close(*pair(1, 137))
+    close(*pair(20, 5))    # before every snapshot: replay from zero
+    close(*pair(5, 25))
+
+
+def test_refuses_runtime_conv_weight():
+    inputs = Pair(1, 1, 8, 8).inputs(3, 0)
+    node = Node("GatedDeltaRule", [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)], ["y"],
+                dict(k_heads=1, v_heads=1, k_dim=8, v_dim=8), domain=HETERO_DOMAIN)
+    infos = [None if v is None else info_of(v) for v in inputs]
+    info = NodeInfo(node, infos, [None], {}, 1)
+    assert not KERNELS[(HETERO_DOMAIN, "GatedDeltaRule")].accepts(info)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_5_next"])
+def test_fixture_models_on_cpu(family, monkeypatch):
+    import json
+
+    import hetero.llm
+
+    monkeypatch.setenv("HETERO_CPU_KV_CACHE", "f32")
+    exp = json.loads((FIXTURES / family / "expected.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        llm = hetero.llm.load(FIXTURES / family, backends=["cpu"], on_fallback="error", all_logits=True,
+                              context=512)
+    with np.load(FIXTURES / family / "logits.npz") as ref:
+        prompt = exp["long_prompts"][0]
+        logits = llm.prefill(prompt["ids"])
+        assert np.abs(logits[prompt["rows"]] - ref["long0"]).max() < 1e-4
+    assert llm.session.placement.counts().get("cpu") == len(llm.session.graph.nodes)
