@@ -33,7 +33,10 @@ def add_llm_commands(subparsers: Any) -> None:
 
     p = subparsers.add_parser("bench", help="LLM throughput, llama-bench style (default: synthetic Qwen3-0.6B q4)")
     p.add_argument("-m", "--model", help="Hugging Face model folder (default: a synthetic model, see --synthetic)")
-    p.add_argument("--synthetic", default="qwen3-0.6b", help="synthetic shapes without -m: qwen3-0.6b or tiny")
+    p.add_argument("--synthetic", default="qwen3-0.6b",
+                   help="synthetic shapes without -m: qwen3-0.6b, qwen3.5-0.8b, qwen3.5-2b, tiny, qwen3.5-tiny")
+    p.add_argument("--linear-attention-mode", default="auto", choices=["auto", "chunked", "recurrent"],
+                   help="Qwen3.5 synthetic models: GatedDeltaRule prefill form (compare chunked with recurrent)")
     p.add_argument("-p", "--n-prompt", action="append", default=None, help="prefill test sizes, e.g. 512 or 128,512")
     p.add_argument("-n", "--n-gen", action="append", default=None, help="decode test sizes, e.g. 128")
     p.add_argument("-pg", action="append", default=None, metavar="P,N", help="prefill P then decode N")
@@ -191,7 +194,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             from .synthetic import load_synthetic
 
             llm = load_synthetic(args.synthetic, args.quant or "q4", backends=_backends(args), on_fallback="silent",
-                                 threads=args.threads, context=context, progress=not args.json)
+                                 threads=args.threads, context=context, progress=not args.json,
+                                 linear_attention_mode=args.linear_attention_mode)
     results = bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed, threads=args.threads)
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=2))
