@@ -444,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tg", type=int, default=TG, help="tokens of the decode test")
     ap.add_argument("--skip-build", action="store_true", help="use the cached model files; build nothing")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of markdown")
+    ap.add_argument("--save", type=Path, help="also write the JSON results to this file")
     ap.add_argument("--cache-dir", type=Path, default=CACHE, help=f"model files (default {CACHE})")
     ap.add_argument("--runtimes", default="llama.cpp,hetero", help="comma-separated: llama.cpp, hetero")
     ap.add_argument("--installed", action="store_true", help="benchmark the installed hetero, not this checkout")
@@ -510,10 +511,13 @@ def main(argv: list[str] | None = None) -> int:
                     row.setdefault(runtime, {"error": "not run"})
                 rows.append(row)
 
+    document = json.dumps({"vocab": VOCAB, "pp": args.pp, "tg": args.tg, "reps": args.reps,
+                           "bandwidth_gbs": {str(k): v for k, v in bw.items()}, "rows": rows,
+                           "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}}, indent=2)
+    if args.save:
+        args.save.write_text(document)
     if args.json:
-        print(json.dumps({"vocab": VOCAB, "pp": args.pp, "tg": args.tg, "reps": args.reps,
-                          "bandwidth_gbs": {str(k): v for k, v in bw.items()}, "rows": rows,
-                          "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}}, indent=2))
+        print(document)
     else:
         print(markdown(rows, bw, args.pp, args.tg))
         print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "

@@ -134,6 +134,8 @@ def convert(folder: Path, out: Path, qtype: str | Callable[[str, np.ndarray], st
 
     config = json.loads((folder / "config.json").read_text())
     family = config["model_type"]
+    if family in HYBRID_ARCH:
+        return convert_hybrid(folder, out, qtype)
     arch = ARCH[family]
     tensors = read_hf(folder)
     pick = mostly(qtype) if isinstance(qtype, str) else qtype
@@ -178,6 +180,160 @@ def convert(folder: Path, out: Path, qtype: str | Callable[[str, np.ndarray], st
     w.write_tensors_to_file()
     w.close()
     return types
+
+
+# -- Qwen3.5 / Qwen3.5-MoE / Qwen3-Next: the layout of llama.cpp's converter ------------------------------------------
+HYBRID_ARCH = {"qwen3_5": "qwen35", "qwen3_5_text": "qwen35", "qwen3_5_moe": "qwen35moe",
+               "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}
+_HYBRID_MAP = [(re.compile(p), r) for p, r in (
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"blk.\1.post_attention_norm.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_qkv\.weight$", r"blk.\1.attn_qkv.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_z\.weight$", r"blk.\1.attn_gate.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_a\.weight$", r"blk.\1.ssm_alpha.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_b\.weight$", r"blk.\1.ssm_beta.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_ba\.weight$", r"blk.\1.ssm_ba.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.A_log$", r"blk.\1.ssm_a"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.dt_bias$", r"blk.\1.ssm_dt.bias"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.conv1d\.weight$", r"blk.\1.ssm_conv1d.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.norm\.weight$", r"blk.\1.ssm_norm.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.out_proj\.weight$", r"blk.\1.ssm_out.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.shared_expert\.(gate|up|down)_proj\.weight$", r"blk.\1.ffn_\2_shexp.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.shared_expert_gate\.weight$", r"blk.\1.ffn_gate_inp_shexp.weight"),
+)]
+# tensors llama.cpp keeps in float32 whatever the file type
+_KEEP_F32 = ("ssm_conv1d.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_a", "ssm_dt.bias")
+
+
+def _tiled(values: np.ndarray, axis: int, hk: int, r: int, size: int) -> np.ndarray:
+    """Value heads from Hugging Face's grouped order (head k * r + j) to ggml's tiled order (j * hk + k)."""
+    shape = list(values.shape)
+    grid = values.reshape([*shape[:axis], hk, r, size, *shape[axis + 1:]])
+    return np.swapaxes(grid, axis, axis + 1).reshape(shape)
+
+
+def read_hybrid(folder: Path, config: dict) -> dict[str, np.ndarray]:
+    """The folder's tensors under llama.cpp's names, transformed as its converter does (Qwen3NextModel and, for
+    Qwen3.5, the value-head reorder): A -> -exp(A_log), dt_bias -> ssm_dt.bias, conv1d squeezed, every norm weight
+    but the gated one + 1, Qwen3-Next's in_proj_qkvz split into attn_qkv (q | k | v, heads contiguous) and
+    attn_gate, and for qwen35 / qwen35moe with more value than key heads the value heads tiled."""
+    from hetero.llm import safetensors
+
+    family = config["model_type"]
+    hk, hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    r = hv // hk
+    reorder = HYBRID_ARCH[family] != "qwen3next" and hk != hv
+    st = safetensors.SafetensorsModel(folder)
+    tensors: dict[str, np.ndarray] = {}
+    experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+    for hf in st:
+        value = np.array(st.float32(hf), dtype=np.float32)
+        name = hf.replace("model.language_model.", "model.")
+        match = _EXPERT.match(name)
+        if match:
+            experts.setdefault((int(match[1]), match[3]), {})[int(match[2])] = value
+            continue
+        if name.endswith(".A_log"):
+            value = -np.exp(value.astype(np.float64)).astype(np.float32)
+        elif "conv1d" in name:
+            value = value.reshape(value.shape[0], -1)
+        elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            value = value + np.float32(1.0)
+        if reorder and ".linear_attn." in name:
+            qk = 2 * hk * dk
+            if name.endswith("in_proj_qkv.weight") or "conv1d" in name:
+                value = np.concatenate([value[:qk], _tiled(value[qk:], 0, hk, r, dv)])
+            elif name.endswith("in_proj_z.weight"):
+                value = _tiled(value, 0, hk, r, dv)
+            elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
+                value = _tiled(value, 0, hk, r, 1)
+            elif name.endswith("out_proj.weight"):
+                value = _tiled(value, 1, hk, r, dv)
+        if name.endswith("in_proj_qkvz.weight"):
+            grid = value.reshape(hk, 2 * dk + 2 * r * dv, -1)
+            q, k = grid[:, :dk], grid[:, dk:2 * dk]
+            v, z = grid[:, 2 * dk:2 * dk + r * dv], grid[:, 2 * dk + r * dv:]
+            flat = (lambda a: a.reshape(-1, a.shape[-1]))  # noqa: E731
+            layer = re.match(r"^model\.layers\.(\d+)\.", name)[1]
+            tensors[f"blk.{layer}.attn_qkv.weight"] = np.concatenate([flat(q), flat(k), flat(v)])
+            tensors[f"blk.{layer}.attn_gate.weight"] = flat(z)
+            continue
+        for pattern, repl in _HYBRID_MAP:
+            if pattern.match(name):
+                tensors[pattern.sub(repl, name)] = value
+                break
+        else:
+            tensors[gguf_tensor_name(name)] = value
+    for (layer, proj), parts in experts.items():
+        tensors[f"blk.{layer}.ffn_{proj}_exps.weight"] = np.stack([parts[e] for e in sorted(parts)])
+    return tensors
+
+
+def convert_hybrid(folder: Path, out: Path, qtype: str | Callable[[str, np.ndarray], str] = "F32") -> dict[str, str]:
+    """Write a Qwen3.5 / Qwen3.5-MoE / Qwen3-Next folder as llama.cpp's converter would (architectures qwen35,
+    qwen35moe, qwen3next); returns the type of each tensor."""
+    import gguf
+
+    raw = json.loads((folder / "config.json").read_text())
+    config = {**raw, **(raw.get("text_config") or {})}
+    family = config["model_type"]
+    arch = HYBRID_ARCH[family]
+    tensors = read_hybrid(folder, config)
+    base = mostly(qtype) if isinstance(qtype, str) else qtype
+
+    def pick(name: str, value: np.ndarray) -> str:
+        return "F32" if name.endswith(_KEEP_F32) else base(name, value)
+
+    w = gguf.GGUFWriter(str(out), arch)
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    layers = config["num_hidden_layers"]
+    w.add_uint32("general.file_type", FILE_TYPES.get(qtype if isinstance(qtype, str) else qtype.__name__, 0))
+    w.add_string("general.name", folder.name)
+    w.add_uint32(f"{arch}.block_count", layers)
+    w.add_uint32(f"{arch}.context_length", config.get("max_position_embeddings", 32768))
+    w.add_uint32(f"{arch}.embedding_length", hidden)
+    if "intermediate_size" in config:
+        w.add_uint32(f"{arch}.feed_forward_length", config["intermediate_size"])
+    w.add_uint32(f"{arch}.attention.head_count", heads)
+    w.add_uint32(f"{arch}.attention.head_count_kv", config.get("num_key_value_heads", heads))
+    w.add_uint32(f"{arch}.attention.key_length", head_dim)
+    w.add_uint32(f"{arch}.attention.value_length", head_dim)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config.get("rms_norm_eps", 1e-6))
+    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+    w.add_float32(f"{arch}.rope.freq_base", rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
+    w.add_uint32(f"{arch}.rope.dimension_count", int(head_dim * partial))
+    if arch != "qwen3next":
+        w.add_array(f"{arch}.rope.dimension_sections", rope.get("mrope_section", [11, 11, 10, 0]))
+    w.add_uint32(f"{arch}.ssm.conv_kernel", config["linear_conv_kernel_dim"])
+    w.add_uint32(f"{arch}.ssm.state_size", config["linear_key_head_dim"])
+    w.add_uint32(f"{arch}.ssm.group_count", config["linear_num_key_heads"])
+    w.add_uint32(f"{arch}.ssm.time_step_rank", config["linear_num_value_heads"])
+    w.add_uint32(f"{arch}.ssm.inner_size", config["linear_value_head_dim"] * config["linear_num_value_heads"])
+    types = config.get("layer_types") or []
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    interval = config.get("full_attention_interval") or (full[0] + 1 if full else 4)
+    w.add_uint32(f"{arch}.full_attention_interval", interval)
+    if arch != "qwen35":
+        w.add_uint32(f"{arch}.expert_count", config["num_experts"])
+        w.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
+        w.add_uint32(f"{arch}.expert_feed_forward_length", config["moe_intermediate_size"])
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", config["shared_expert_intermediate_size"])
+    _tokenizer(w, folder, config)
+    written: dict[str, str] = {}
+    for name, value in tensors.items():
+        data, used = quantize(value, pick(name, value))
+        written[name] = used
+        if used in ("F32", "F16"):
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[used])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return written
 
 
 def _tokenizer(w, folder: Path, config: dict) -> None:

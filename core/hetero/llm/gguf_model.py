@@ -9,6 +9,7 @@ NeoX layout, as in Hugging Face), so the weights map one to one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -28,6 +29,9 @@ from .weights import Weight, WeightSource
 
 # general.architecture -> hetero family
 ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+# llama.cpp's hybrid Gated DeltaNet architectures (hetero.llm.families.qwen3_5); see _Hybrid below for their layout
+HYBRID_ARCHITECTURES = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe", "qwen3next": "qwen3_next"}
+ARCHITECTURES.update(HYBRID_ARCHITECTURES)
 
 # GGUF tensor type -> (node attributes, the format to dequantize with); float types have no format.
 _Q = {"Q8_0": QuantFormat(8, 32, True), "Q4_0": QuantFormat(4, 32, True), "Q4_1": QuantFormat(4, 32, False)}
@@ -157,7 +161,7 @@ def gguf_config(gf: GgufFile) -> LlmConfig:
         raise ModelFormatError(f"{gf.path}: tensor 'token_embd.weight' has dims {list(embed.dims)}; expected "
                                f"[{hidden}, vocab] ({arch}.embedding_length = {hidden})")
     vocab = embed.dims[1]
-    moe = family == "qwen3_moe"
+    moe = family in ("qwen3_moe", "qwen3_5_moe", "qwen3_next")
     experts = m.int("{arch}.expert_count") if moe else 0
     used = m.int("{arch}.expert_used_count") if moe else 0
     if moe and used > experts:
@@ -172,7 +176,7 @@ def gguf_config(gf: GgufFile) -> LlmConfig:
     file_type = gf.metadata.get("general.file_type")
     raw = {k: v for k, v in gf.metadata.items() if not isinstance(v, (list, np.ndarray))}
     raw["hetero.file_type"] = FILE_TYPES.get(file_type, "") if isinstance(file_type, int) else ""
-    return LlmConfig(
+    cfg = LlmConfig(
         family=family,
         vocab_size=vocab,
         hidden_size=hidden,
@@ -199,6 +203,46 @@ def gguf_config(gf: GgufFile) -> LlmConfig:
         bos_token_id=m.token_id("tokenizer.ggml.bos_token_id", vocab),
         raw=raw,
     )
+    return _hybrid_config(m, cfg) if arch in HYBRID_ARCHITECTURES else cfg
+
+
+def _hybrid_config(m: _Meta, cfg: LlmConfig) -> LlmConfig:
+    """The Gated DeltaNet fields of qwen35 / qwen35moe / qwen3next files (llama.cpp's ``ssm.*`` keys: conv_kernel,
+    state_size = key head size, group_count = key heads, time_step_rank = value heads, inner_size = value heads x
+    value head size). A layer is linear attention when its ``ssm_a`` tensor exists (else every
+    ``full_attention_interval``-th layer is full attention). Norm weights are stored as llama.cpp's converter
+    writes them, already (1 + w): the family's offset is 0 here."""
+    gf = m.gf
+    hk = m.int("{arch}.ssm.group_count")
+    hv = m.int("{arch}.ssm.time_step_rank")
+    dk = m.int("{arch}.ssm.state_size")
+    inner = m.int("{arch}.ssm.inner_size")
+    if hv % hk:
+        raise m.fail(m.key("{arch}.ssm.time_step_rank"), f"a multiple of {m.key('{arch}.ssm.group_count')} ({hk})")
+    if inner % hv:
+        raise m.fail(m.key("{arch}.ssm.inner_size"), f"a multiple of the value head count {hv}")
+    if any(f"blk.{i}.ssm_a" in gf for i in range(cfg.num_layers)):
+        types = tuple("linear_attention" if f"blk.{i}.ssm_a" in gf else "full_attention"
+                      for i in range(cfg.num_layers))
+    else:
+        interval = m.int("{arch}.full_attention_interval", 4)
+        types = tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                      for i in range(cfg.num_layers))
+    moe = cfg.family != "qwen3_5"
+    shared = 0
+    if moe:
+        shexp = gf.tensors.get(next((f"blk.{i}.ffn_gate_shexp.weight" for i in range(cfg.num_layers)
+                                     if f"blk.{i}.ffn_gate_shexp.weight" in gf), ""))
+        shared = m.int("{arch}.expert_shared_feed_forward_length", shexp.dims[1] if shexp is not None else 0,
+                       minimum=0)
+    extra: dict[str, Any] = {}
+    if cfg.family == "qwen3_5_moe":  # every layer routed, always renormalised
+        extra = {"decoder_sparse_step": 1, "mlp_only_layers": (), "norm_topk_prob": True}
+    return dataclasses.replace(
+        cfg, qk_norm=True, layer_types=types, linear_num_key_heads=hk, linear_num_value_heads=hv,
+        linear_key_head_dim=dk, linear_value_head_dim=inner // hv,
+        linear_conv_kernel_dim=m.int("{arch}.ssm.conv_kernel", 4), attn_output_gate=True,
+        shared_expert_intermediate_size=shared, norm_offset=0.0, **extra)
 
 
 def _rope(m: _Meta, head_dim: int, context: int) -> RopeConfig:
@@ -244,9 +288,11 @@ class GgufWeights(WeightSource):
     def __init__(self, gf: GgufFile, quant: QuantFormat | GgmlFormat | None = None) -> None:
         self.gf = gf
         self.quant = quant  # type: ignore[assignment]
+        arch = gf.metadata.get("general.architecture")
+        self.hybrid = _Hybrid(gf, arch) if arch in HYBRID_ARCHITECTURES else None
 
     def _name(self, hf_name: str) -> str:
-        name = gguf_name(hf_name)
+        name = self.hybrid.name(hf_name) if self.hybrid is not None else gguf_name(hf_name)
         if name is None or name not in self.gf:
             shown = name or hf_name
             raise ModelFormatError(f"{self.gf.path}: tensor {shown!r} is missing (needed for {hf_name!r})")
@@ -291,16 +337,30 @@ class GgufWeights(WeightSource):
 
     # -- WeightSource ---------------------------------------------------------------------------------------------
     def has(self, name: str) -> bool:
+        if self.hybrid is not None:
+            return self.hybrid.has(name)
         mapped = gguf_name(name)
         return mapped is not None and mapped in self.gf
 
     def vector(self, name: str, n: int) -> np.ndarray:
+        if self.hybrid is not None:
+            special = self.hybrid.vector(self, name, n)
+            if special is not None:
+                return special
         return self._float32(self._checked(name, (n,)))
 
     def matrix(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if self.hybrid is not None:
+            special = self.hybrid.matrix(self, name, shape)
+            if special is not None:
+                return special
         return self._float32(self._checked(name, shape))
 
     def linear(self, name: str, rows: int, cols: int) -> Weight:
+        if self.hybrid is not None:
+            special = self.hybrid.linear(self, name, rows, cols)
+            if special is not None:
+                return special
         return self._stored(self._checked(name, (rows, cols)))
 
     def experts(self, names: list[str], fused: tuple[str, int] | None, rows: int, cols: int) -> Weight:
@@ -325,6 +385,170 @@ class GgufWeights(WeightSource):
             return dict(self.quant.attrs()) if self.quant is not None else {"wtype": _FLOAT_WTYPE[t]}
         fmt = _FORMATS.get(t)
         return dict(fmt.attrs()) if fmt is not None else {"wtype": "f32"}
+
+
+# Hugging Face name -> GGUF name for the hybrid architectures (checked before the common table).
+_HYBRID_NAMES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
+    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"blk.\1.post_attention_norm.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_qkv\.weight$", r"blk.\1.attn_qkv.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_z\.weight$", r"blk.\1.attn_gate.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_a\.weight$", r"blk.\1.ssm_alpha.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_b\.weight$", r"blk.\1.ssm_beta.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_ba\.weight$", r"blk.\1.ssm_ba.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.A_log$", r"blk.\1.ssm_a"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.dt_bias$", r"blk.\1.ssm_dt.bias"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.conv1d\.weight$", r"blk.\1.ssm_conv1d.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.norm\.weight$", r"blk.\1.ssm_norm.weight"),
+    (r"^model\.layers\.(\d+)\.linear_attn\.out_proj\.weight$", r"blk.\1.ssm_out.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.shared_expert\.(gate|up|down)_proj\.weight$", r"blk.\1.ffn_\2_shexp.weight"),
+    (r"^model\.layers\.(\d+)\.mlp\.shared_expert_gate\.weight$", r"blk.\1.ffn_gate_inp_shexp.weight"),
+)]
+_LINEAR_ATTN = re.compile(r"^model\.layers\.(\d+)\.linear_attn\.(in_proj_qkvz\.weight|in_proj_qkv\.weight|"
+                          r"in_proj_z\.weight|in_proj_[ab]\.weight|A_log|dt_bias|conv1d\.weight|out_proj\.weight)$")
+
+
+class _Hybrid:
+    """llama.cpp's layout of Qwen3.5 / Qwen3-Next (its converter's transforms, undone here so that the family
+    builder gets Hugging Face tensors):
+
+    * ``ssm_a`` holds -exp(A_log) (A_log = log(-ssm_a)); ``ssm_dt.bias`` is dt_bias; ``ssm_conv1d`` is the conv
+      weight squeezed to [C, K]; every ``*norm.weight`` but ``ssm_norm`` is stored as (1 + w) (the config's norm
+      offset is 0 for these files); the residual norm after attention is ``post_attention_norm``;
+    * qwen35 / qwen35moe: when value heads outnumber key heads (r = Hv / Hk), the value heads are stored tiled
+      (position j * Hk + k holds Hugging Face head k * r + j, so that ggml's broadcast repeat pairs them with key
+      head k): the V rows of ``attn_qkv``, the rows of ``attn_gate`` / ``ssm_alpha`` / ``ssm_beta``, ``ssm_a``,
+      ``ssm_dt``, the V channels of ``ssm_conv1d`` and the input columns of ``ssm_out``. Rows are regrouped in
+      their stored type; ``ssm_out``'s columns move as whole quantization blocks when the value head size is a
+      multiple of the block, else (k-quants with 128-wide heads) that matrix is dequantized to float32;
+    * qwen3next: q | k | v as ``attn_qkv`` (heads contiguous) and z as ``attn_gate`` (newer converters), or the
+      Hugging Face interleaved ``ssm_in`` (older files); b / a interleaved per key head as ``ssm_ba``.
+    """
+
+    def __init__(self, gf: GgufFile, arch: str) -> None:
+        m = _Meta(gf, arch)
+        self.gf, self.arch = gf, arch
+        self.hk, self.hv = m.int("{arch}.ssm.group_count"), m.int("{arch}.ssm.time_step_rank")
+        self.dk = m.int("{arch}.ssm.state_size")
+        self.dv = m.int("{arch}.ssm.inner_size") // self.hv
+        self.tiled = arch in ("qwen35", "qwen35moe") and self.hv != self.hk and self.hv % self.hk == 0
+
+    def name(self, hf_name: str) -> str | None:
+        for pattern, replacement in _HYBRID_NAMES:
+            if pattern.match(hf_name):
+                return pattern.sub(replacement, hf_name)
+        return gguf_name(hf_name)
+
+    def has(self, hf_name: str) -> bool:
+        if hf_name.endswith("linear_attn.in_proj_qkvz.weight"):
+            p = hf_name.split(".linear_attn.")[0].replace("model.layers.", "blk.")
+            return f"{p}.ssm_in.weight" in self.gf or f"{p}.attn_qkv.weight" in self.gf
+        mapped = self.name(hf_name)
+        return mapped is not None and mapped in self.gf
+
+    def heads(self, size: int) -> np.ndarray:
+        """Stored row of each Hugging Face value-head row (``size`` rows per head): the inverse of the tiling."""
+        r = self.hv // self.hk
+        h = np.arange(self.hv)
+        src = (h % r) * self.hk + h // r
+        return (src[:, None] * size + np.arange(size)).reshape(-1)
+
+    def _part(self, hf_name: str) -> str | None:
+        match = _LINEAR_ATTN.match(hf_name)
+        return match[2] if match else None
+
+    def vector(self, w: GgufWeights, hf_name: str, n: int) -> np.ndarray | None:
+        part = self._part(hf_name)
+        if part not in ("A_log", "dt_bias"):
+            return None
+        values = w._float32(w._checked(hf_name, (n,)))
+        if part == "A_log":
+            if np.any(values >= 0):
+                raise ModelFormatError(f"{self.gf.path}: tensor {self.name(hf_name)!r} must hold -exp(A_log) "
+                                       "(negative values)")
+            values = np.log(-values.astype(np.float64)).astype(np.float32)
+        return values[self.heads(1)] if self.tiled else values
+
+    def matrix(self, w: GgufWeights, hf_name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        if self._part(hf_name) == "conv1d.weight":
+            channels, kernel = shape[0], shape[-1]
+            info = w._checked(hf_name, (channels, kernel)) if len(shape) == 3 else w._checked(hf_name, shape)
+            conv = w._float32(info).reshape(channels, kernel)
+            if self.tiled:
+                qk = 2 * self.hk * self.dk
+                conv = np.concatenate([conv[:qk], conv[qk:][self.heads(self.dv)]])
+            return conv.reshape(shape)
+        if hf_name.endswith("mlp.shared_expert_gate.weight"):
+            info = self.gf.tensors.get(w._name(hf_name))
+            if info is not None and info.shape == (shape[-1],):  # written as a vector
+                return w._float32(info).reshape(shape)
+        return None
+
+    def linear(self, w: GgufWeights, hf_name: str, rows: int, cols: int) -> Weight | None:
+        part = self._part(hf_name)
+        if part == "in_proj_qkvz.weight":
+            return self._qkvz(w, hf_name, rows, cols)
+        if not self.tiled or part not in ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_a.weight",
+                                          "in_proj_b.weight", "out_proj.weight"):
+            return None
+        weight = w._stored(w._checked(hf_name, (rows, cols)))
+        if part == "out_proj.weight":
+            return self._columns(w, hf_name, weight, rows, cols)
+        if part == "in_proj_qkv.weight":
+            qk = 2 * self.hk * self.dk
+            order = np.concatenate([np.arange(qk), qk + self.heads(self.dv)])
+        else:
+            order = self.heads(self.dv if part == "in_proj_z.weight" else 1)
+        return Weight(np.ascontiguousarray(np.take(weight.array, order, axis=0)), dict(weight.attrs))
+
+    def _columns(self, w: GgufWeights, hf_name: str, weight: Weight, rows: int, cols: int) -> Weight:
+        order = self.heads(self.dv)
+        info = w._checked(hf_name, (rows, cols))
+        t = info.type.name
+        fmt = _FORMATS.get(t)
+        if t in _FLOAT_WTYPE and w.quant is None:
+            return Weight(np.ascontiguousarray(weight.array[:, order]), dict(weight.attrs))
+        if fmt is not None and w.quant is None and self.dv % fmt.block_size == 0:
+            data = weight.array
+            blocks = data.reshape(rows, cols // fmt.block_size, -1)
+            per_head = self.dv // fmt.block_size
+            return Weight(np.ascontiguousarray(blocks[:, self.heads(per_head)].reshape(data.shape)), dict(weight.attrs))
+        dense = w._float32(info)[:, order]
+        if w.quant is not None:
+            return Weight(quantize(np.ascontiguousarray(dense), w.quant), w.quant.attrs())
+        return Weight(np.ascontiguousarray(dense), {"wtype": "f32"})
+
+    def _qkvz(self, w: GgufWeights, hf_name: str, rows: int, cols: int) -> Weight:
+        """Hugging Face's interleaved in_proj_qkvz ([q, k, v..., z...] per key head) from the file's tensors."""
+        p = hf_name.split(".linear_attn.")[0].replace("model.layers.", "blk.")
+        legacy = f"{p}.ssm_in.weight"
+        if legacy in self.gf:
+            return w._stored(self._info(legacy, (rows, cols)))
+        qkv, gate = self._info(f"{p}.attn_qkv.weight", None), self._info(f"{p}.attn_gate.weight", None)
+        r = self.hv // self.hk
+        key, value = self.hk * self.dk, self.hv * self.dv
+        if qkv.shape != (2 * key + value, cols) or gate.shape != (value, cols) or rows != 2 * key + 2 * value:
+            raise ModelFormatError(f"{self.gf.path}: tensors {qkv.name!r} {list(qkv.dims)} and {gate.name!r} "
+                                   f"{list(gate.dims)} do not make the {rows} x {cols} q | k | v | z projection")
+        a, b = w._stored(qkv), w._stored(gate)
+        if a.attrs == b.attrs:
+            both, attrs = np.concatenate([a.array, b.array]), dict(a.attrs)
+        else:
+            both, attrs = np.concatenate([w._float32(qkv), w._float32(gate)]), {"wtype": "f32"}
+        order = []
+        for k in range(self.hk):
+            order += [np.arange(k * self.dk, (k + 1) * self.dk), key + np.arange(k * self.dk, (k + 1) * self.dk),
+                      2 * key + np.arange(k * r * self.dv, (k + 1) * r * self.dv),
+                      2 * key + value + np.arange(k * r * self.dv, (k + 1) * r * self.dv)]
+        return Weight(np.ascontiguousarray(np.take(both, np.concatenate(order), axis=0)), attrs)
+
+    def _info(self, name: str, shape: tuple[int, int] | None) -> gguf.TensorInfo:
+        info = self.gf.tensors.get(name)
+        if info is None:
+            raise ModelFormatError(f"{self.gf.path}: tensor {name!r} is missing")
+        if shape is not None and info.shape != shape:
+            raise ModelFormatError(f"{self.gf.path}: tensor {name!r} has dims {list(info.dims)}; expected "
+                                   f"{list(reversed(shape))} (ggml order) from the metadata")
+        return info
 
 
 def _unsupported(gf: GgufFile, info: gguf.TensorInfo) -> ModelFormatError:

@@ -1,5 +1,8 @@
 // Drivers and pybind11 bindings of the LLM kernels (hetero.ops.llm): threading, argument checks, the weight
 // repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
+// Tuning knobs (read once): HETERO_LLM_TASKS = tasks per thread of a quantized GEMV/GEMM (default 4: dynamic
+// balance when other processes share the cores; 1 = one contiguous stream per thread), HETERO_LLM_PF = bytes
+// the AVX-512 decode kernels prefetch ahead of the weight stream (default 4096).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -264,7 +267,8 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
     const i64 mchunk = M <= 64 ? M : 64;
     const double work = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(M <= 4 ? 1 : M);
     const int nt = threads_for(work, 65536.0);
-    const i64 ntasks = nt <= 1 ? 1 : std::min<i64>(G, static_cast<i64>(nt) * 4);
+    static const int per = [] { const char* e = std::getenv("HETERO_LLM_TASKS"); return e ? std::atoi(e) : 4; }();
+    const i64 ntasks = nt <= 1 ? 1 : std::min<i64>(G, static_cast<i64>(nt) * per);
     parallel_for(ntasks, nt, [&](i64 t) {
       const i64 g0 = G * t / ntasks, g1 = G * (t + 1) / ntasks;
       for (i64 mc = 0; mc < M; mc += mchunk) {

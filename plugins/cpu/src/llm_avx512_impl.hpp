@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "llm.hpp"
 
@@ -100,7 +101,10 @@ inline __m512i bcast4(const std::int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-constexpr i64 kPrefetch = 4096;  // bytes ahead
+inline i64 prefetch_distance() {
+  static const i64 v = [] { const char* e = std::getenv("HETERO_LLM_PF"); return e ? std::atol(e) : 4096L; }();
+  return v;
+}
 
 template <int BITS, bool ASYM, int MR>
 void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
@@ -109,6 +113,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const int off = effective_offset(w);
   const i64 hdr = ASYM ? 64 : 32;
   const __m512i nib = _mm512_set1_epi8(0x0f);
+  const i64 kPrefetch = prefetch_distance();
   __m512 facc[MR];
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) {

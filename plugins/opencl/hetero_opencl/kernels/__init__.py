@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from . import elementwise, llm, movement, nn
+from . import elementwise, gated_delta, llm, movement, nn
 
 KERNELS = {
     **elementwise.KERNELS,
     **movement.KERNELS,
     **nn.KERNELS,
     **llm.KERNELS,
+    **gated_delta.KERNELS,
 }
