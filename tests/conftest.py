@@ -79,6 +79,20 @@ def mlp_model():
     return model, expected
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _quant_cache_outside_the_repo(tmp_path_factory):
+    """Quantized-weight caches go to a temporary folder, never into tests/fixtures (HETERO_CACHE_DIR)."""
+    import os
+
+    previous = os.environ.get("HETERO_CACHE_DIR")
+    os.environ["HETERO_CACHE_DIR"] = str(tmp_path_factory.mktemp("hetero-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("HETERO_CACHE_DIR", None)
+    else:
+        os.environ["HETERO_CACHE_DIR"] = previous
+
+
 @pytest.fixture(autouse=True)
 def _fresh_plugin_state(monkeypatch):
     """Each test sees the environment's plugins, not a previous test's HETERO_* settings."""

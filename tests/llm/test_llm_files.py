@@ -185,7 +185,16 @@ def test_not_a_folder(tmp_path):
 
 
 # -- the quantization cache ------------------------------------------------------------------------------------------
-def test_quant_cache_is_written_then_reused(tmp_path, monkeypatch):
+@pytest.fixture
+def cache_next_to_model():
+    """These tests check the default cache location (the suite moves caches out of the repo with
+    HETERO_CACHE_DIR); separate from the tests' own monkeypatch, which they undo midway."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("HETERO_CACHE_DIR", raising=False)
+        yield
+
+
+def test_quant_cache_is_written_then_reused(tmp_path, monkeypatch, cache_next_to_model):
     folder = copy_model("qwen3", tmp_path)
     first = load(folder, quant="q4_b64", all_logits=True)
     caches = list((folder / weights.CACHE_DIR).glob("*.safetensors"))
@@ -204,7 +213,7 @@ def test_quant_cache_is_written_then_reused(tmp_path, monkeypatch):
     assert len(list((folder / weights.CACHE_DIR).glob("*.safetensors"))) == 2
 
 
-def test_quant_cache_key_follows_source_files(tmp_path):
+def test_quant_cache_key_follows_source_files(tmp_path, cache_next_to_model):
     folder = copy_model("qwen3", tmp_path)
     load(folder, quant="q8")
     shutil.copy(folder / "model.safetensors", tmp_path / "m")
@@ -214,7 +223,7 @@ def test_quant_cache_key_follows_source_files(tmp_path):
     assert len(list((folder / weights.CACHE_DIR).glob("q8*.safetensors"))) == 2
 
 
-def test_damaged_cache_is_rebuilt(tmp_path):
+def test_damaged_cache_is_rebuilt(tmp_path, cache_next_to_model):
     folder = copy_model("qwen3", tmp_path)
     load(folder, quant="q8")
     (cache,) = (folder / weights.CACHE_DIR).glob("*.safetensors")

@@ -95,25 +95,35 @@ def naive_attention(q, keys, values, positions_q):
 
 
 def test_attention_prefill_decode_rollback_and_overflow():
+    """With the exact float32 cache (kv_dtype f32); the float16 cache is checked against it below."""
     state: dict = {}
     q, k, v = f32(6, 4, 8), f32(6, 2, 8), f32(6, 2, 8)
     pl = lambda n: np.array(n, dtype=np.int64)  # noqa: E731
-    out = run("Attention", [q, k, v, pl(0)], state, max_context=8)
+    out = run("Attention", [q, k, v, pl(0)], state, max_context=8, kv_dtype="f32")
     np.testing.assert_allclose(out, naive_attention(q, k, v, np.arange(6)), atol=1e-5)
     # decode one token on top of the cache
     q1, k1, v1 = f32(1, 4, 8), f32(1, 2, 8), f32(1, 2, 8)
     keys, values = np.concatenate([k, k1]), np.concatenate([v, v1])
-    out = run("Attention", [q1, k1, v1, pl(6)], state, max_context=8)
+    out = run("Attention", [q1, k1, v1, pl(6)], state, max_context=8, kv_dtype="f32")
     np.testing.assert_allclose(out, naive_attention(q1, keys, values, [6]), atol=1e-5)
     # roll back to 3 and write different tokens there: positions 3.. are overwritten
     q2, k2, v2 = f32(2, 4, 8), f32(2, 2, 8), f32(2, 2, 8)
-    out = run("Attention", [q2, k2, v2, pl(3)], state, max_context=8)
+    out = run("Attention", [q2, k2, v2, pl(3)], state, max_context=8, kv_dtype="f32")
     keys, values = np.concatenate([k[:3], k2]), np.concatenate([v[:3], v2])
     np.testing.assert_allclose(out, naive_attention(q2, keys, values, [3, 4]), atol=1e-5)
     with pytest.raises(HeteroError, match="exceed the context of 8"):
         run("Attention", [f32(4, 4, 8), f32(4, 2, 8), f32(4, 2, 8), pl(5)], state, max_context=8)
     with pytest.raises(HeteroError, match="outside the 5 cached positions"):
         run("Attention", [q1, k1, v1, pl(6)], state, max_context=8)
+
+
+def test_attention_float16_cache_rounds_keys_and_values():
+    q, k, v = f32(5, 4, 8), f32(5, 2, 8), f32(5, 2, 8)
+    out = run("Attention", [q, k, v, np.array(0, dtype=np.int64)], {}, max_context=8)  # the default: f16
+    half = naive_attention(q, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32),
+                           np.arange(5))
+    np.testing.assert_allclose(out, half, atol=1e-5)
+    assert np.abs(out - naive_attention(q, k, v, np.arange(5))).max() > 0  # it really is rounded
 
 
 def test_attention_rejects_bad_heads():

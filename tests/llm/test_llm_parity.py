@@ -92,8 +92,10 @@ def dequantized_copy(family: str, dest, spec: str):
 
 @pytest.mark.parametrize("spec", ["q8", "q8_asym_b64", "q4", "q4_asym", "q4_b128", "q8_b128"])
 def test_quantized_model_equals_its_dequantized_weights(family, spec, tmp_path):
-    quantized = load(copy_model(family, tmp_path / "q"), all_logits=True, quant=spec)
-    reference = load(dequantized_copy(family, tmp_path / "dq", spec), all_logits=True)
+    # The format's exactness, on the numpy reference; native kernels (int8 activations) are held to their own bounds
+    # against it in tests/plugins/cpu/test_llm_kernels.py.
+    quantized = load(copy_model(family, tmp_path / "q"), all_logits=True, quant=spec, backends=["reference"])
+    reference = load(dequantized_copy(family, tmp_path / "dq", spec), all_logits=True, backends=["reference"])
     ids = expected(family)["prompts"][1]["ids"]
     np.testing.assert_allclose(quantized.prefill(ids), reference.prefill(ids), atol=1e-4)
 

@@ -17,11 +17,6 @@ HYBRID = ["qwen3_5", "qwen3_5_moe", "qwen3_5_next"]
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _f32_kv_cache(monkeypatch):
-    monkeypatch.setenv("HETERO_CPU_KV_CACHE", "f32")  # the cpu plugin's default f16 cache moves logits by ~3e-3
-
-
 @pytest.fixture(params=HYBRID)
 def hybrid(request) -> str:
     return request.param

@@ -662,7 +662,7 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
 # -- load ------------------------------------------------------------------------------------------------------------
 def load_gguf(path: str | os.PathLike, backends: Sequence[str] | str | None = None, on_fallback: str = "warn",
               threads: int | None = None, quant: Any = None, context: int = 4096, *, prefill_chunk: int = 512,
-              all_logits: bool = False, progress: bool | None = None):
+              all_logits: bool = False, progress: bool | None = None, kv_cache: str = "f16"):
     """A GGUF file -> ``Llm`` (see ``hetero.llm.load``)."""
     from .families import build_graph
     from .model import Llm
@@ -681,7 +681,7 @@ def load_gguf(path: str | os.PathLike, backends: Sequence[str] | str | None = No
     if fmt is not None:
         label = f"{label}+{fmt.name}"
     return Llm(cfg, graph, tokenizer, context=context, backends=backends, on_fallback=on_fallback, threads=threads,
-               prefill_chunk=prefill_chunk, name=f"{cfg.family} {file.stem}", quant=label, path=file)
+               prefill_chunk=prefill_chunk, name=f"{cfg.family} {file.stem}", quant=label, path=file, kv_cache=kv_cache)
 
 
 __all__ = ["ARCHITECTURES", "GGML_BY_NAME", "GgufWeights", "gguf_config", "gguf_name", "gguf_tokenizer",

@@ -18,7 +18,7 @@ from .weights import HfWeights
 def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, on_fallback: str = "warn",
          threads: int | None = None, quant: str | QuantFormat | None = None, context: int = 4096, *,
          prefill_chunk: int = 512, all_logits: bool = False, cache: bool = True,
-         progress: bool | None = None) -> Llm:
+         progress: bool | None = None, kv_cache: str = "f16") -> Llm:
     """Load a Hugging Face folder (config.json, safetensors, tokenizer files) or a GGUF file (``*.gguf``: its
     tensors memory-mapped in their stored types, its own tokenizer and chat template; ``quant`` then quantizes only
     the file's float matrices, without a cache).
@@ -27,13 +27,14 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     (memory-mapped); "q8" / "q4" (optionally "_asym", "_b64" / "_b128") quantize at load, cached in
     ``<model>/.hetero-cache`` so the next load is fast. context: KV cache length in tokens. prefill_chunk: prompt
     tokens per step (0: all at once). all_logits: return logits for every prompt token (tests), not just the last.
+    kv_cache: "f16" (default, half the memory) or "f32" (exact) for the keys and values the cache stores.
     """
     folder = Path(path)
     if folder.is_file() and (folder.suffix.lower() == ".gguf" or _is_gguf(folder)):
         from .gguf_model import load_gguf
 
         return load_gguf(folder, backends, on_fallback, threads, quant, context, prefill_chunk=prefill_chunk,
-                         all_logits=all_logits, progress=progress)
+                         all_logits=all_logits, progress=progress, kv_cache=kv_cache)
     if not folder.is_dir():
         raise ModelFormatError(f"{folder} is not a model folder (expected a directory with config.json)")
     if not isinstance(context, int) or context < 1:
@@ -48,7 +49,7 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     name = f"{cfg.family} {folder.name}"
     return Llm(cfg, graph, tokenizer, context=context, backends=backends, on_fallback=on_fallback, threads=threads,
                prefill_chunk=prefill_chunk, name=name, quant=fmt.name if fmt else _float_type(cfg.torch_dtype),
-               path=folder)
+               path=folder, kv_cache=kv_cache)
 
 
 def _is_gguf(path: Path) -> bool:

@@ -48,6 +48,9 @@ class Stats:
                 "decode_tokens_per_second": self.decode_tokens_per_second}
 
 
+# KV cache element types: float16 halves the cache (and decode attention's reads); float32 is exact.
+KV_CACHE_TYPES = ("f16", "f32")
+
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                   "frequency_penalty", "penalty_last_n", "seed")
 
@@ -57,7 +60,10 @@ class Llm:
 
     def __init__(self, config: LlmConfig, graph: Graph, tokenizer: Tokenizer | None, *, context: int,
                  backends: Sequence[str] | str | None = None, on_fallback: str = "warn", threads: int | None = None,
-                 prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None) -> None:
+                 prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
+                 kv_cache: str = "f16") -> None:
+        if kv_cache not in KV_CACHE_TYPES:
+            raise HeteroError(f"kv_cache={kv_cache!r}; expected one of {KV_CACHE_TYPES}")
         if context < 1:
             raise HeteroError(f"context={context}; expected a positive number of tokens")
         if prefill_chunk < 0:
@@ -70,6 +76,10 @@ class Llm:
         self.quant = quant
         self.path = path
         self.threads = threads
+        for node in graph.nodes:
+            if node.op_type == "Attention":
+                node.attrs["kv_dtype"] = kv_cache
+        self.kv_cache = kv_cache
         self.session = Session(graph, backends=backends, on_fallback=on_fallback, threads=threads)
         self.tokens: list[int] = []  # the tokens whose K/V the cache holds, in order
         self.stats = Stats()

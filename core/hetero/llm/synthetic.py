@@ -108,7 +108,7 @@ class SyntheticWeights(WeightSource):
 def load_synthetic(size: str = "qwen3-0.6b", quant: str | QuantFormat = "q4", *,
                    backends: Sequence[str] | str | None = None, on_fallback: str = "warn", threads: int | None = None,
                    context: int = 4096, prefill_chunk: int = 512, seed: int = 0, progress: bool = True,
-                   linear_attention_mode: str = "auto") -> Llm:
+                   linear_attention_mode: str = "auto", kv_cache: str = "f16") -> Llm:
     """A synthetic model with the shapes of ``size`` ("qwen3-0.6b", "tiny", or the hybrid "qwen3.5-0.8b",
     "qwen3.5-2b", "qwen3.5-tiny"), quantized as ``quant``. ``linear_attention_mode`` ("auto", "chunked",
     "recurrent") sets the GatedDeltaRule nodes' form (measuring the chunked prefill against the recurrence)."""
@@ -122,4 +122,5 @@ def load_synthetic(size: str = "qwen3-0.6b", quant: str | QuantFormat = "q4", *,
             node.attrs["mode"] = linear_attention_mode
     family = "qwen3.5" if size in HYBRID_SHAPES else "qwen3"
     return Llm(cfg, graph, None, context=context, backends=backends, on_fallback=on_fallback, threads=threads,
-               prefill_chunk=prefill_chunk, name=f"{family} {LABELS[size]} synthetic", quant=fmt.name)
+               prefill_chunk=prefill_chunk, name=f"{family} {LABELS[size]} synthetic", quant=fmt.name,
+               kv_cache=kv_cache)

@@ -232,7 +232,9 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
 
     Inputs: q (float32 ``[T, Hq, D]``), k and v (float32 ``[T, Hkv, D]``, Hq a multiple of Hkv), past_len (int64
     scalar). Output: float32 ``[T, Hq * D]`` (the heads concatenated, ready for the output projection).
-    Attributes: ``max_context`` (cache length in tokens, required), ``scale`` (default 0 = 1/sqrt(D)).
+    Attributes: ``max_context`` (cache length in tokens, required), ``scale`` (default 0 = 1/sqrt(D)), ``kv_dtype``
+    ("f16", the default: the cache stores k and v rounded to float16 — half the memory and bandwidth of decode's
+    attention; or "f32": exact).
 
     The new k/v rows are written at cache positions [past_len, past_len + T); query row t (position past_len + t)
     attends to cache positions [0, past_len + t] with softmax(q·k * scale); query head h reads kv head
@@ -258,8 +260,12 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
         state["k"] = np.zeros((hkv, max_context, d), dtype=np.float32)
         state["v"] = np.zeros((hkv, max_context, d), dtype=np.float32)
     end = past_len + t
-    state["k"][:, past_len:end] = k.transpose(1, 0, 2)
-    state["v"][:, past_len:end] = v.transpose(1, 0, 2)
+    kv_dtype = str(ctx.attr("kv_dtype", "f16"))
+    if kv_dtype not in ("f16", "f32"):
+        raise ctx.fail(f"kv_dtype {kv_dtype!r}; expected 'f16' or 'f32'")
+    store = np.float16 if kv_dtype == "f16" else np.float32  # kept in float32 arrays, rounded as the cache stores
+    state["k"][:, past_len:end] = k.transpose(1, 0, 2).astype(store)
+    state["v"][:, past_len:end] = v.transpose(1, 0, 2).astype(store)
     state["filled"] = end
     keys, values = state["k"][:, :end], state["v"][:, :end]  # [Hkv, L, D]
     scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(d)

@@ -133,17 +133,16 @@ def test_refuses_runtime_conv_weight():
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_5_next"])
-def test_fixture_models_on_cpu(family, monkeypatch):
+def test_fixture_models_on_cpu(family):
     import json
 
     import hetero.llm
 
-    monkeypatch.setenv("HETERO_CPU_KV_CACHE", "f32")
     exp = json.loads((FIXTURES / family / "expected.json").read_text())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         llm = hetero.llm.load(FIXTURES / family, backends=["cpu"], on_fallback="error", all_logits=True,
-                              context=512)
+                              context=512, kv_cache="f32")
     with np.load(FIXTURES / family / "logits.npz") as ref:
         prompt = exp["long_prompts"][0]
         logits = llm.prefill(prompt["ids"])

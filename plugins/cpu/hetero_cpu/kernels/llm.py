@@ -5,7 +5,7 @@
   block on the fly and the dots are integer (AVX-512 VNNI / AVX-512BW / AVX2 / scalar). Float weights (f32 / f16 /
   bf16) are read in place.
 * ``Attention`` owns its layer's KV cache in native memory: float16 by default, float32 with the node attribute
-  ``kv_dtype="f32"`` or ``HETERO_CPU_KV_CACHE=f32``.
+  ``kv_dtype="f32"`` (``hetero.llm.load(..., kv_cache="f32")``).
 * ``RotaryEmbedding`` shares one cos/sin table (grown on demand) between all nodes with the same attributes.
 
 ``run`` does no allocation: outputs are preallocated by the session; native scratch grows on the first calls only.
@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -206,7 +205,7 @@ class CpuRotaryEmbedding(CpuKernel):
 
 
 def _kv_f16(node: NodeInfo) -> bool:
-    kind = str(node.attr("kv_dtype", "") or os.environ.get("HETERO_CPU_KV_CACHE", "f16")).lower()
+    kind = str(node.attr("kv_dtype", "f16")).lower()
     if kind not in ("f16", "float16", "f32", "float32"):
         raise HeteroError(f"{node.node.label()}: KV cache type {kind!r}; expected f16 or f32")
     return kind in ("f16", "float16")
