@@ -33,15 +33,29 @@ __kernel void rope(__global const float* x, __global float* y, __global const fl
   y[base + i] = v;
 }
 
+// The KV cache element: float16 storage with -DKV_HALF (the Attention op's kv_dtype "f16": vload_half /
+// vstore_half are core OpenCL 1.2, no cl_khr_fp16 needed; stores round to nearest even), else float32.
+#ifdef KV_HALF
+#define KV_T half
+#define KV_LOAD(p, i) vload_half((i), (p))
+#define KV_LOAD4(p, i) vload_half4(0, (p) + (i))
+#define KV_STORE(p, i, x) vstore_half((x), (i), (p))
+#else
+#define KV_T float
+#define KV_LOAD(p, i) ((p)[i])
+#define KV_LOAD4(p, i) vload4(0, (p) + (i))
+#define KV_STORE(p, i, x) ((p)[i] = (x))
+#endif
+
 // cache[h, past_len + t, d] = new[t, h, d] for the K and V caches ([Hkv, max_ctx, D] each).
-__kernel void kv_store(__global const float* k, __global const float* v, __global float* kc, __global float* vc,
+__kernel void kv_store(__global const float* k, __global const float* v, __global KV_T* kc, __global KV_T* vc,
                        int Hkv, int D, int max_ctx, int past_len) {
   const int d = get_global_id(0), h = get_global_id(1), t = get_global_id(2);
   if (d >= D || h >= Hkv) return;
   const long src = ((long)t * Hkv + h) * D + d;
   const long dst = ((long)h * max_ctx + past_len + t) * D + d;
-  kc[dst] = k[src];
-  vc[dst] = v[src];
+  KV_STORE(kc, dst, k[src]);
+  KV_STORE(vc, dst, v[src]);
 }
 
 #ifndef ATT_WG
@@ -53,7 +67,7 @@ __kernel void kv_store(__global const float* k, __global const float* v, __globa
 // Keys are walked in tiles of ATT_WG (one score per work-item), with a running max and sum (online softmax), so
 // no score buffer is needed; each work-item owns output dims lid, lid + ATT_WG, ... (head_dim <= 8 * ATT_WG).
 __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1)))
-void attention(__global const float* q, __global const float* kc, __global const float* vc, __global float* out,
+void attention(__global const float* q, __global const KV_T* kc, __global const KV_T* vc, __global float* out,
                int Hq, int Hkv, int D, int max_ctx, int past_len, float scale) {
   const int lid = get_local_id(0), h = get_group_id(1), t = get_group_id(2);
   const int kvh = h / (Hq / Hkv);
@@ -64,8 +78,8 @@ void attention(__global const float* q, __global const float* kc, __global const
   __global const float* qp = q + ((long)t * Hq + h) * D;
   for (int d = lid; d < D; d += ATT_WG) qs[d] = qp[d];
   barrier(CLK_LOCAL_MEM_FENCE);
-  __global const float* kb = kc + (long)kvh * max_ctx * D;
-  __global const float* vb = vc + (long)kvh * max_ctx * D;
+  __global const KV_T* kb = kc + (long)kvh * max_ctx * D;
+  __global const KV_T* vb = vc + (long)kvh * max_ctx * D;
   float m = -INFINITY, l = 0.0f;
   float acc[ATT_MAX_DPT];
   for (int i = 0; i < ATT_MAX_DPT; ++i) acc[i] = 0.0f;
@@ -73,14 +87,14 @@ void attention(__global const float* q, __global const float* kc, __global const
     const int j = j0 + lid;
     float s = -INFINITY;
     if (j < L) {
-      __global const float* kp = kb + (long)j * D;
+      __global const KV_T* kp = kb + (long)j * D;
       float4 a4 = 0.0f;
       int d = 0;
       if ((D & 3) == 0) {
-        for (; d < D; d += 4) a4 += vload4(0, qs + d) * vload4(0, kp + d);
+        for (; d < D; d += 4) a4 += vload4(0, qs + d) * KV_LOAD4(kp, d);
       }
       float a = a4.x + a4.y + a4.z + a4.w;
-      for (; d < D; ++d) a += qs[d] * kp[d];
+      for (; d < D; ++d) a += qs[d] * KV_LOAD(kp, d);
       s = a * scale;
     }
     const float mt = group_max(s, red, lid, ATT_WG);
@@ -95,7 +109,7 @@ void attention(__global const float* q, __global const float* kc, __global const
       const int d = lid + i * ATT_WG;
       if (d < D) {
         float a = acc[i] * corr;
-        for (int jj = 0; jj < cnt; ++jj) a += p[jj] * vb[(long)(j0 + jj) * D + d];
+        for (int jj = 0; jj < cnt; ++jj) a += p[jj] * KV_LOAD(vb, (long)(j0 + jj) * D + d);
         acc[i] = a;
       }
     }

@@ -184,6 +184,8 @@ class ClAttention(ClKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         verdict = float32_only(node, [0, 1, 2])
+        if verdict and str(node.attr("kv_dtype", "f16")) not in ("f16", "f32"):
+            return unsupported(f"Attention with kv_dtype {node.attr('kv_dtype')!r}")
         q = node.inputs[0]
         if verdict and q is not None and q.shape is not None and isinstance(q.shape[-1], int) \
                 and q.shape[-1] > 8 * ATT_WG:
@@ -193,6 +195,9 @@ class ClAttention(ClKernel):
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
         self.max_context = int(self.attr("max_context"))
+        kv_dtype = str(self.attr("kv_dtype", "f16"))
+        self.defines = ("KV_HALF",) if kv_dtype == "f16" else ()  # the op's semantics: round k/v to float16
+        self.kv_bytes = 2 if kv_dtype == "f16" else 4
         self.cache: tuple[object, object] | None = None
         self.cache_shape: tuple[int, int] | None = None
         self.filled = 0
@@ -211,15 +216,16 @@ class ClAttention(ClKernel):
                 hint="load the model with a larger context",
             )
         if self.cache is None or self.cache_shape != (hkv, d):
-            nbytes = hkv * self.max_context * d * 4
+            nbytes = hkv * self.max_context * d * self.kv_bytes
             self.cache = (self.be.alloc(nbytes, "weights"), self.be.alloc(nbytes, "weights"))
             self.cache_shape = (hkv, d)
         kc, vc = self.cache
-        self.launch(self.k(LLM, "kv_store"), [d, hkv, t], None, k.buffer, v.buffer, kc, vc, hkv, d,
+        self.launch(self.k(LLM, "kv_store", self.defines), [d, hkv, t], None, k.buffer, v.buffer, kc, vc, hkv, d,
                     self.max_context, past)
         self.filled = past + t
         scale = float(self.attr("scale", 0.0)) or 1.0 / math.sqrt(d)
-        self.launch(self.k(LLM, "attention"), [ATT_WG, hq, t], [ATT_WG, 1, 1], q.buffer, kc, vc, y.buffer, hq, hkv,
+        self.launch(self.k(LLM, "attention", self.defines), [ATT_WG, hq, t], [ATT_WG, 1, 1], q.buffer, kc, vc,
+                    y.buffer, hq, hkv,
                     d, self.max_context, past, scale)
 
 
