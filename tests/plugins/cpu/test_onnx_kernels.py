@@ -328,3 +328,18 @@ def test_max_pool_shapes(isa, k, s, p):
     x = f32(2, 3, 13, 17)
     x[0, 1, 4, 5] = np.nan
     check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
+
+
+# ------------------------------------------------------------------------------------------------ 1-D convolution
+
+@pytest.mark.parametrize("attrs", [
+    {"pads": [1, 1]},
+    {"strides": [2], "pads": [2, 0]},
+    {"dilations": [3], "pads": [0, 0]},
+    {"auto_pad": "SAME_UPPER", "strides": [2]},
+    {"group": 4, "pads": [1, 1]},
+])
+def test_conv_1d_runs_as_2d(isa, attrs):
+    group = attrs.get("group", 1)
+    x, w, b = f32(2, 8, 37), f32(12, 8 // group, 3, seed=1), f32(12, seed=2)
+    check("Conv", {"x": x}, {"w": w, "b": b}, rtol=1e-4, atol=1e-4, **attrs)

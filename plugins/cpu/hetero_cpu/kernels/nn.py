@@ -91,9 +91,10 @@ class CpuLayerNorm(CpuKernel):
         _native.layer_norm(x, scale, bias, out.reshape(self.rows), self.eps, mean, invstd)
 
 
-def _conv_pads(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
-               dilations: Sequence[int]) -> tuple[int, int, int, int]:
-    """Explicit (top, left, bottom, right) pads, resolving auto_pad like the ONNX spec does."""
+def _pads_nd(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+             dilations: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Explicit (begin, end) pads per spatial axis, resolving auto_pad like the ONNX spec does."""
+    rank = len(spatial_in)
     auto_pad = node_attrs.get("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pads_begin, pads_end = [], []
@@ -103,11 +104,18 @@ def _conv_pads(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int
             small, big = total // 2, total - total // 2
             pads_begin.append(big if auto_pad == "SAME_LOWER" else small)
             pads_end.append(small if auto_pad == "SAME_LOWER" else big)
-        return pads_begin[0], pads_begin[1], pads_end[0], pads_end[1]
+        return pads_begin, pads_end
     if auto_pad == "VALID":
-        return 0, 0, 0, 0
-    pads = node_attrs.get("pads", [0, 0, 0, 0])
-    return int(pads[0]), int(pads[1]), int(pads[2]), int(pads[3])
+        return [0] * rank, [0] * rank
+    pads = [int(p) for p in node_attrs.get("pads", [0] * (2 * rank))]
+    return pads[:rank], pads[rank:]
+
+
+def _conv_pads(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+               dilations: Sequence[int]) -> tuple[int, int, int, int]:
+    """Explicit (top, left, bottom, right) pads of a 2-D window."""
+    begin, end = _pads_nd(node_attrs, spatial_in, kernel, strides, dilations)
+    return begin[0], begin[1], end[0], end[1]
 
 
 def _spatial_2d(node: NodeInfo) -> Support:
@@ -118,30 +126,43 @@ def _spatial_2d(node: NodeInfo) -> Support:
 
 
 class CpuConv(CpuKernel):
+    """2-D convolution on the native packed kernels; a 1-D one ([N, C, L]) runs as 2-D with H = 1."""
+
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
-        verdict = _spatial_2d(node)
-        if not verdict:
-            return verdict
-        if 1 not in node.constants:
+        weight = node.constants.get(1)
+        if weight is None:
             return unsupported("Conv with weights computed at run time (cpu packs constant weights)")
-        return fused_activation_known(node)
+        # The input's rank equals the weight's (ONNX), which is known even where shape inference lost the input's.
+        if weight.ndim not in (3, 4):
+            return unsupported(f"Conv with {weight.ndim - 2} spatial dims (cpu: 1-D and 2-D)")
+        verdict = float32_only(node)
+        return fused_activation_known(node) if verdict else verdict
 
     def __init__(self, node: NodeInfo) -> None:
         super().__init__(node)
         weight = np.ascontiguousarray(node.constants[1], dtype=np.float32)
+        self.one_d = weight.ndim == 3
         self.group = int(self.attr("group", 1))
         self.kernel_shape = tuple(weight.shape[2:])
-        self.strides = tuple(self.attr("strides", [1, 1]))
-        self.dilations = tuple(self.attr("dilations", [1, 1]))
-        self.packed = _native.prepack_conv(weight, self.group)
+        self.strides = tuple(self.attr("strides", [1] * len(self.kernel_shape)))
+        self.dilations = tuple(self.attr("dilations", [1] * len(self.kernel_shape)))
+        if self.one_d:
+            weight = weight[:, :, None, :]
+        self.packed = _native.prepack_conv(np.ascontiguousarray(weight), self.group)
         bias = node.constants.get(2)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.activation = fused_activation(self.node.attrs)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         spatial = inputs[0].shape[2:]  # type: ignore[index]
-        self.pads = _conv_pads(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
+        begin, end = _pads_nd(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
+        if self.one_d:  # the 2-D view: H = 1 with no padding, W = L
+            self.pads = (0, begin[0], 0, end[0])
+            self.native_strides, self.native_dilations = (1, self.strides[0]), (1, self.dilations[0])
+        else:
+            self.pads = (begin[0], begin[1], end[0], end[1])
+            self.native_strides, self.native_dilations = self.strides, self.dilations
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
@@ -151,9 +172,11 @@ class CpuConv(CpuKernel):
         if bias is None and len(inputs) > 2 and inputs[2] is not None:
             bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
         x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        if self.one_d:
+            x, out = x[:, :, None, :], out[:, :, None, :]
         act, alpha, beta = self.activation
-        _native.conv2d_packed(x, self.packed, bias, out, strides=self.strides, pads=self.pads,
-                              dilations=self.dilations, activation=act, activation_alpha=alpha,
+        _native.conv2d_packed(x, self.packed, bias, out, strides=self.native_strides, pads=self.pads,
+                              dilations=self.native_dilations, activation=act, activation_alpha=alpha,
                               activation_beta=beta)
 
 
