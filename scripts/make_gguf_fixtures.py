@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hetero.llm.gguf_model import HYBRID_NAMES
+
 ROOT = Path(__file__).resolve().parent.parent
 LLM_FIXTURES = ROOT / "tests" / "fixtures" / "llm"
 OUT = ROOT / "tests" / "fixtures" / "gguf"
@@ -185,21 +187,8 @@ def convert(folder: Path, out: Path, qtype: str | Callable[[str, np.ndarray], st
 # -- Qwen3.5 / Qwen3.5-MoE / Qwen3-Next: the layout of llama.cpp's converter ------------------------------------------
 HYBRID_ARCH = {"qwen3_5": "qwen35", "qwen3_5_text": "qwen35", "qwen3_5_moe": "qwen35moe",
                "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}
-_HYBRID_MAP = [(re.compile(p), r) for p, r in (
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"blk.\1.post_attention_norm.weight"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_qkv\.weight$", r"blk.\1.attn_qkv.weight"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_z\.weight$", r"blk.\1.attn_gate.weight"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_a\.weight$", r"blk.\1.ssm_alpha.weight"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_b\.weight$", r"blk.\1.ssm_beta.weight"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_ba\.weight$", r"blk.\1.ssm_ba.weight"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.A_log$", r"blk.\1.ssm_a"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.dt_bias$", r"blk.\1.ssm_dt.bias"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.conv1d\.weight$", r"blk.\1.ssm_conv1d.weight"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.norm\.weight$", r"blk.\1.ssm_norm.weight"),
-    (r"^model\.layers\.(\d+)\.linear_attn\.out_proj\.weight$", r"blk.\1.ssm_out.weight"),
-    (r"^model\.layers\.(\d+)\.mlp\.shared_expert\.(gate|up|down)_proj\.weight$", r"blk.\1.ffn_\2_shexp.weight"),
-    (r"^model\.layers\.(\d+)\.mlp\.shared_expert_gate\.weight$", r"blk.\1.ffn_gate_inp_shexp.weight"),
-)]
+# Hugging Face -> GGUF tensor names of the hybrid architectures: the loader's own table (one source of truth).
+_HYBRID_MAP = HYBRID_NAMES
 # tensors llama.cpp keeps in float32 whatever the file type
 _KEEP_F32 = ("ssm_conv1d.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_a", "ssm_dt.bias")
 

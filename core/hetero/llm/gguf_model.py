@@ -388,7 +388,7 @@ class GgufWeights(WeightSource):
 
 
 # Hugging Face name -> GGUF name for the hybrid architectures (checked before the common table).
-_HYBRID_NAMES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
+HYBRID_NAMES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
     (r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"blk.\1.post_attention_norm.weight"),
     (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_qkv\.weight$", r"blk.\1.attn_qkv.weight"),
     (r"^model\.layers\.(\d+)\.linear_attn\.in_proj_z\.weight$", r"blk.\1.attn_gate.weight"),
@@ -433,7 +433,7 @@ class _Hybrid:
         self.tiled = arch in ("qwen35", "qwen35moe") and self.hv != self.hk and self.hv % self.hk == 0
 
     def name(self, hf_name: str) -> str | None:
-        for pattern, replacement in _HYBRID_NAMES:
+        for pattern, replacement in HYBRID_NAMES:
             if pattern.match(hf_name):
                 return pattern.sub(replacement, hf_name)
         return gguf_name(hf_name)
