@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.backend import NodeInfo, Support, unsupported
+from hetero.ops.unary_forms import UNARY_FORMS, unary_params
 from hetero.tensor import Tensor, TensorInfo
 
 from .common import UNARY, ClKernel, contiguous_strides, float32_only
@@ -15,36 +16,8 @@ PROGRAM = "elementwise.cl"
 # Binary codes: keep in sync with cl/elementwise.cl (B_*).
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Max": 5, "Min": 6, "PRelu": 7}
 
-# ONNX op -> (code, attribute that feeds alpha, its default, attribute that feeds beta, its default)
-_UNARY_OPS: dict[str, tuple[str, str | None, float, str | None, float]] = {
-    "Relu": ("relu", None, 0.0, None, 0.0),
-    "LeakyRelu": ("leaky_relu", "alpha", 0.01, None, 0.0),
-    "Elu": ("elu", "alpha", 1.0, None, 0.0),
-    "Selu": ("selu", "alpha", 1.6732632423543772, "gamma", 1.0507009873554805),
-    "Celu": ("celu", "alpha", 1.0, None, 0.0),
-    "Sigmoid": ("sigmoid", None, 0.0, None, 0.0),
-    "HardSigmoid": ("hard_sigmoid", "alpha", 0.2, "beta", 0.5),
-    "HardSwish": ("hard_swish", None, 0.0, None, 0.0),
-    "Tanh": ("tanh", None, 0.0, None, 0.0),
-    "Softplus": ("softplus", None, 0.0, None, 0.0),
-    "Softsign": ("softsign", None, 0.0, None, 0.0),
-    "Exp": ("exp", None, 0.0, None, 0.0),
-    "Log": ("log", None, 0.0, None, 0.0),
-    "Sqrt": ("sqrt", None, 0.0, None, 0.0),
-    "Neg": ("neg", None, 0.0, None, 0.0),
-    "Abs": ("abs", None, 0.0, None, 0.0),
-    "Reciprocal": ("reciprocal", None, 0.0, None, 0.0),
-    "Erf": ("erf", None, 0.0, None, 0.0),
-    "Floor": ("floor", None, 0.0, None, 0.0),
-    "Ceil": ("ceil", None, 0.0, None, 0.0),
-    "Round": ("round", None, 0.0, None, 0.0),
-    "Sin": ("sin", None, 0.0, None, 0.0),
-    "Cos": ("cos", None, 0.0, None, 0.0),
-    "Tan": ("tan", None, 0.0, None, 0.0),
-    "Mish": ("mish", None, 0.0, None, 0.0),
-    "Sign": ("sign", None, 0.0, None, 0.0),
-    "ThresholdedRelu": ("thresholded_relu", "alpha", 1.0, None, 0.0),
-}
+# Every ONNX unary op of hetero.ops.unary_forms has an OpenCL kernel (cl/common.cl U_* codes).
+_UNARY_OPS = tuple(UNARY_FORMS)
 
 
 def run_unary(kernel: ClKernel, x, y, n: int, op: int, a: float, b: float) -> None:
@@ -63,14 +36,8 @@ class ClUnary(ClKernel):
 
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
-        if node.op_type == "Gelu":
-            self.op = UNARY["gelu_tanh" if self.attr("approximate", "none") == "tanh" else "gelu"]
-            self.alpha = self.beta = 0.0
-        else:
-            name, alpha_name, alpha, beta_name, beta = _UNARY_OPS[node.op_type]
-            self.op = UNARY[name]
-            self.alpha = float(self.attr(alpha_name, alpha)) if alpha_name else alpha
-            self.beta = float(self.attr(beta_name, beta)) if beta_name else beta
+        name, self.alpha, self.beta = unary_params(node.op_type, self.node.attrs)
+        self.op = UNARY[name]
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0]
