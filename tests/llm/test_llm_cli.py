@@ -47,6 +47,18 @@ def test_bench_json_on_a_model_folder(capsys):
         assert r["params"] > 0 and r["size_bytes"] > 0 and r["n_gen"] == 0
 
 
+def test_bench_profile_splits_a_decode_step(capsys):
+    args = parse(["bench", "--synthetic", "tiny", "-p", "8", "-n", "4", "-r", "1", "--json", "--profile"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    profile = out["profile"]
+    assert [r["test"] for r in out["results"]] == ["pp8", "tg4"]
+    assert profile["step_us"] > 0 and 0 <= profile["outside_pct"] <= 100
+    ops = {op["op"]: op for op in profile["ops"]}
+    assert {"QMatMul", "Attention", "RMSNorm"} <= set(ops)  # every kernel of the decoder was timed
+    assert all(op["calls"] > 0 for op in ops.values())
+
+
 def test_bench_arguments_are_checked():
     for argv in (["bench", "--synthetic", "tiny", "-pg", "8"], ["bench", "--synthetic", "tiny", "-p", "x"],
                  ["bench", "--synthetic", "tiny", "-p", "0", "-n", "0"],

@@ -48,6 +48,8 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--profile", action="store_true",
+                   help="after the tests: a decode step's time inside native code vs Python, per op type")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -180,6 +182,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not tests:
         raise HeteroError("bench: nothing to run (all test sizes are 0)")
     needed = max(p + max(n, 1) for p, n in tests) + 1
+    if args.profile:
+        from .profile import context_needed
+
+        needed = max(needed, context_needed())
     context = args.ctx or needed
     if context < needed:
         raise HeteroError(f"bench: the tests need a context of {needed} tokens; -c is {context}")
@@ -197,8 +203,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                                  threads=args.threads, context=context, progress=not args.json,
                                  linear_attention_mode=args.linear_attention_mode)
     results = bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed, threads=args.threads)
+    profile = None
+    if args.profile:
+        from .profile import profile_decode
+
+        profile = profile_decode(llm, seed=args.seed)
     if args.json:
-        print(json.dumps([r.as_dict() for r in results], indent=2))
+        rows = [r.as_dict() for r in results]
+        print(json.dumps({"results": rows, "profile": profile.as_dict()} if profile else rows, indent=2))
     else:
         print(markdown(results))
+        if profile:
+            print()
+            print(profile.markdown())
     return 0

@@ -436,6 +436,15 @@ class Session:
             lines.append("copies: none")
         return "\n".join(line.rstrip() for line in lines)
 
+    def kernels(self) -> list[tuple[Node, Kernel]]:
+        """(node, kernel) of every step that runs a kernel (views and compiled groups excluded): for profilers."""
+        return [(s.node, s.kernel) for s in self._steps if s.node is not None and s.kernel is not None and not s.alias]
+
+    def invalidate_replay(self) -> None:
+        """Forget the recorded steady-state run (recorded again on the next planned run), e.g. after wrapping
+        kernels' ``run`` for timing."""
+        self._replay = None
+
     def close(self) -> None:
         for backend in self.backends:
             backend.close()

@@ -1,0 +1,363 @@
+"""Where an LLM decode step's time goes: inside the backends' native code, or outside it (Python), per op type.
+
+Used by ``hetero bench --profile`` and ``benchmarks/decode_profile.py``.
+
+Method: the same decode step (one token after ``prompt`` cached tokens, the cache rolled back to that point before
+each pass so that every pass sees the same context lengths) is timed three ways, after warm-up steps (so the session
+replays its recorded steady-state run):
+
+1. plain: ``Llm.forward([token])`` with nothing instrumented -> the step time T (median over the steps);
+2. kernels: every kernel's ``run`` wrapped with a timer (an instance attribute, so the session's replay records the
+   wrapper) -> time inside ``kernel.run`` per op type (K);
+3. native: additionally, every call from a kernel into a compiled extension module (the backend's ``_native``: its
+   module-level functions and the native objects a kernel holds, e.g. the attention's KV-cache object) wrapped with
+   a timer -> time inside native code per op type (N).
+
+Each quantity comes from the pass that does not inflate it. ``outside native = T - N`` = ``runtime (T - K)``
+(``Llm.forward``, the session / replay loop, feeds and outputs) + ``kernel wrappers (K - N)`` (the Python in each
+``kernel.run``). numpy calls count as outside. Medians per step, so an interrupted step does not skew them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import sys
+import time
+import types
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import HeteroError
+
+
+@dataclass
+class OpProfile:
+    op: str
+    calls: int  # per step
+    kernel_us: float  # inside kernel.run, per step
+    native_us: float  # inside native calls, per step
+    native_calls: int  # per step
+
+    @property
+    def wrapper_us(self) -> float:
+        return max(0.0, self.kernel_us - self.native_us)
+
+
+@dataclass
+class DecodeProfile:
+    model: str
+    threads: int | None
+    context: int  # cached tokens before the first profiled step
+    steps: int
+    step_us: float  # plain step time (median)
+    kernel_us: float  # sum over ops of the time inside kernel.run (median step)
+    native_us: float  # time inside native calls (median step)
+    ops: list[OpProfile] = field(default_factory=list)
+    native_modules: list[str] = field(default_factory=list)
+    cprofile: str = ""
+
+    @property
+    def outside_us(self) -> float:
+        return max(0.0, self.step_us - self.native_us)
+
+    @property
+    def outside_pct(self) -> float:
+        return 100.0 * self.outside_us / self.step_us if self.step_us else 0.0
+
+    @property
+    def runtime_us(self) -> float:
+        return max(0.0, self.step_us - self.kernel_us)
+
+    @property
+    def wrapper_us(self) -> float:
+        return max(0.0, self.kernel_us - self.native_us)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(outside_us=self.outside_us, outside_pct=self.outside_pct, runtime_us=self.runtime_us,
+                 wrapper_us=self.wrapper_us,
+                 tokens_per_second=1e6 / self.step_us if self.step_us else 0.0)
+        for op, src in zip(d["ops"], self.ops, strict=True):
+            op["wrapper_us"] = src.wrapper_us
+        return d
+
+    def markdown(self) -> str:
+        s = self.step_us
+        lines = [
+            f"decode step of {self.model} (threads={self.threads}, context {self.context}, "
+            f"{self.steps} steps, medians): {s / 1e3:.2f} ms = {1e6 / s:.1f} tokens/s",
+            f"outside native code: {self.outside_us / 1e3:.3f} ms = {self.outside_pct:.1f}% of the step "
+            f"(runtime: session / replay / Llm.forward {self.runtime_us / 1e3:.3f} ms = "
+            f"{100 * self.runtime_us / s:.1f}%; Python in kernel.run {self.wrapper_us / 1e3:.3f} ms = "
+            f"{100 * self.wrapper_us / s:.1f}%)",
+            f"native code ({', '.join(self.native_modules) or 'none found'}): {self.native_us / 1e3:.3f} ms = "
+            f"{100 * self.native_us / s:.1f}%",
+            "",
+            "| op | calls | native calls | in kernel.run µs | in native µs | Python in kernel.run µs | "
+            "% of step outside native | % of step |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for op in sorted(self.ops, key=lambda o: -o.kernel_us):
+            lines.append(f"| {op.op} | {op.calls} | {op.native_calls} | {op.kernel_us:.1f} | {op.native_us:.1f} | "
+                         f"{op.wrapper_us:.1f} | {100 * op.wrapper_us / s:.2f} | {100 * op.kernel_us / s:.1f} |")
+        lines.append(f"| (runtime, between kernels) | | | | | {self.runtime_us:.1f} | "
+                     f"{100 * self.runtime_us / s:.2f} | {100 * self.runtime_us / s:.1f} |")
+        if self.cprofile:
+            lines += ["", "cProfile, top functions by own time (inflated by the profiler):", "```", self.cprofile,
+                      "```"]
+        return "\n".join(lines)
+
+
+# -- instrumentation ------------------------------------------------------------------------------------------------
+class _Clock:
+    """Accumulates time per op for the current step."""
+
+    def __init__(self) -> None:
+        self.current = ""
+        self.kernel: dict[str, float] = defaultdict(float)
+        self.native: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.native_calls: dict[str, int] = defaultdict(int)
+
+    def reset(self) -> None:
+        self.kernel.clear()
+        self.native.clear()
+        self.calls.clear()
+        self.native_calls.clear()
+
+
+class _NativeObject:
+    """A native object held by a kernel (e.g. a KV cache): calls are timed, attributes pass through."""
+
+    def __init__(self, obj: Any, clock: _Clock) -> None:
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_clock", clock)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        clock = self._clock
+        args = tuple(a._obj if isinstance(a, _NativeObject) else a for a in args)
+        t0 = time.perf_counter()
+        try:
+            return self._obj(*args, **kwargs)
+        finally:
+            clock.native[clock.current] += time.perf_counter() - t0
+            clock.native_calls[clock.current] += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._obj, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._obj, name, value)
+
+
+def _timed_native(fn: Callable, clock: _Clock) -> Callable:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(a._obj if isinstance(a, _NativeObject) else a for a in args)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock.native[clock.current] += time.perf_counter() - t0
+            clock.native_calls[clock.current] += 1
+
+    return call
+
+
+class _NativeModule:
+    """Stands in for an extension module in a kernel module's globals: its functions are timed."""
+
+    def __init__(self, module: types.ModuleType, clock: _Clock) -> None:
+        self._module, self._clock, self._cache = module, clock, {}
+
+    def __getattr__(self, name: str) -> Any:
+        cache = self.__dict__["_cache"]
+        if name in cache:
+            return cache[name]
+        value = getattr(self._module, name)
+        if isinstance(value, types.BuiltinFunctionType):
+            value = _timed_native(value, self._clock)
+        cache[name] = value
+        return value
+
+
+def _is_extension(module: Any) -> bool:
+    return isinstance(module, types.ModuleType) and str(getattr(module, "__file__", "") or "").endswith((".so",
+                                                                                                         ".pyd"))
+
+
+def _package(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def _op_name(node: Any) -> str:
+    return f"{node.domain}.{node.op_type}" if node.domain and node.domain not in ("", "hetero") else node.op_type
+
+
+def _wrap_objects(kernel: Any, clock: _Clock, found: set[str]) -> None:
+    """Time the callable native objects a kernel holds (``prepare`` may replace them: checked at every call)."""
+    package = _package(type(kernel).__module__)
+    for name, value in list(vars(kernel).items()):
+        owner = type(value).__module__
+        if (callable(value) and not isinstance(value, (type, _NativeObject)) and _package(owner) == package
+                and _is_extension(sys.modules.get(owner))):
+            setattr(kernel, name, _NativeObject(value, clock))
+            found.add(owner)
+
+
+def _unwrap_objects(kernel: Any) -> None:
+    for name, value in list(vars(kernel).items()):
+        if isinstance(value, _NativeObject):
+            setattr(kernel, name, value._obj)
+
+
+@contextlib.contextmanager
+def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]:
+    """Wrap every kernel's run (and, with ``native``, its calls into its own package's extension modules); undone
+    on exit."""
+    undo: list[Callable[[], None]] = []
+    found: set[str] = set()
+    try:
+        for node, kernel in session.kernels():
+            op = _op_name(node)
+            if native:
+                module = sys.modules.get(type(kernel).__module__)
+                package = _package(type(kernel).__module__)
+                for name, value in list(vars(module).items()) if module else []:
+                    if _is_extension(value) and _package(value.__name__) == package:
+                        setattr(module, name, _NativeModule(value, clock))
+                        undo.append(lambda m=module, n=name, v=value: setattr(m, n, v))
+                        found.add(value.__name__)
+                undo.append(lambda k=kernel: _unwrap_objects(k))
+            run = type(kernel).run.__get__(kernel)
+
+            def timed(ins: Any, outs: Any, *rest: Any, _run: Callable = run, _op: str = op, _kernel: Any = kernel,
+                      **kw: Any) -> None:
+                if native:
+                    _wrap_objects(_kernel, clock, found)
+                previous, clock.current = clock.current, _op
+                t0 = time.perf_counter()
+                try:
+                    _run(ins, outs, *rest, **kw)
+                finally:
+                    clock.kernel[_op] += time.perf_counter() - t0
+                    clock.calls[_op] += 1
+                    clock.current = previous
+
+            kernel.run = timed
+            undo.append(lambda k=kernel: k.__dict__.pop("run", None))
+        session.invalidate_replay()  # re-record the steady-state run with the wrappers
+        yield found
+    finally:
+        for action in reversed(undo):
+            action()
+        session.invalidate_replay()  # and without them
+
+
+def _steps(llm: Any, ids: list[int], prompt: list[int], warmup: int, clock: _Clock | None
+           ) -> tuple[list[float], list[dict[str, float]], list[dict[str, float]], list[dict[str, int]],
+                      list[dict[str, int]]]:
+    llm.reset()
+    llm.prefill(prompt)
+    for token in ids[:warmup]:
+        llm.forward([token])
+    llm.rollback(len(prompt))  # every pass profiles the same positions, with the replay already recorded
+    times, kernel, native, calls, ncalls = [], [], [], [], []
+    for token in ids[warmup:]:
+        if clock is not None:
+            clock.reset()
+        t0 = time.perf_counter()
+        llm.forward([token])
+        times.append(time.perf_counter() - t0)
+        if clock is not None:
+            kernel.append(dict(clock.kernel))
+            native.append(dict(clock.native))
+            calls.append(dict(clock.calls))
+            ncalls.append(dict(clock.native_calls))
+    return times, kernel, native, calls, ncalls
+
+
+def _median_step(per_step: list[dict[str, float]]) -> dict[str, float]:
+    """Per op: the median over steps (seconds)."""
+    ops = {op for step in per_step for op in step}
+    return {op: statistics.median(step.get(op, 0.0) for step in per_step) for op in ops}
+
+
+def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4, seed: int = 0,
+                   cprofile_top: int = 0, rounds: int = 4) -> DecodeProfile:
+    """Profile ``steps`` single-token decode steps of ``llm`` (an ``hetero.llm.Llm``) per way of timing, in
+    ``rounds`` interleaved rounds (plain, kernels, native, plain, ...) so that a busy neighbour hits all three alike.
+    The context must hold ``prompt + warmup + steps / rounds`` tokens. The cache is reset afterwards."""
+    rounds = max(1, min(rounds, steps))
+    per = max(1, steps // rounds)
+    need = prompt + warmup + per
+    if need > llm.context:
+        raise HeteroError(f"profile_decode needs a context of {need} tokens; the model has {llm.context}")
+    rng = np.random.default_rng(seed)
+    vocab = llm.config.vocab_size
+    prompt_ids = rng.integers(0, vocab, size=prompt).tolist()
+    ids = rng.integers(0, vocab, size=warmup + per).tolist()
+    session = llm.session
+    clock = _Clock()
+    plain: list[float] = []
+    kernel: list[dict[str, float]] = []
+    native: list[dict[str, float]] = []
+    calls: list[dict[str, int]] = []
+    ncalls: list[dict[str, int]] = []
+    modules: set[str] = set()
+    for _ in range(rounds):
+        plain += _steps(llm, ids, prompt_ids, warmup, None)[0]
+        with _instrument(session, clock, native=False):
+            _, k, _, c, _ = _steps(llm, ids, prompt_ids, warmup, clock)
+        kernel += k
+        calls += c
+        with _instrument(session, clock, native=True) as found:
+            _, _, n, _, nc = _steps(llm, ids, prompt_ids, warmup, clock)
+        native += n
+        ncalls += nc
+        modules |= found
+    text = ""
+    if cprofile_top:
+        import cProfile
+        import io
+        import pstats
+
+        llm.reset()
+        llm.prefill(prompt_ids)
+        for token in ids[:warmup]:
+            llm.forward([token])
+        llm.rollback(len(prompt_ids))
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for token in ids[warmup:]:
+            llm.forward([token])
+        profiler.disable()
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(cprofile_top)
+        text = "\n".join(line for line in buf.getvalue().splitlines() if line.strip())
+    llm.reset()
+
+    k_ops, n_ops = _median_step(kernel), _median_step(native)
+    ops = []
+    for op in sorted(set(k_ops) | set(n_ops)):
+        ops.append(OpProfile(op, calls=int(statistics.median(c.get(op, 0) for c in calls)),
+                             kernel_us=1e6 * k_ops.get(op, 0.0), native_us=1e6 * n_ops.get(op, 0.0),
+                             native_calls=int(statistics.median(c.get(op, 0) for c in ncalls))))
+    return DecodeProfile(
+        model=f"{llm.name}" + (f" {llm.quant}" if llm.quant else ""), threads=llm.threads, context=prompt,
+        steps=len(plain), step_us=1e6 * statistics.median(plain),
+        kernel_us=1e6 * statistics.median(sum(step.values()) for step in kernel),
+        native_us=1e6 * statistics.median(sum(step.values()) for step in native),
+        ops=ops, native_modules=sorted(modules), cprofile=text)
+
+
+# -- command line ------------------------------------------------------------------------------------------------
+
+
+def context_needed(steps: int = 64, prompt: int = 16, warmup: int = 4, rounds: int = 4) -> int:
+    """The KV-cache length ``profile_decode`` needs with these arguments."""
+    return prompt + warmup + max(1, steps // max(1, min(rounds, steps)))
