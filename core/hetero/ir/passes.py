@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .graph import HETERO_DOMAIN, Graph, Node
+from .graph import HETERO_DOMAIN, Graph, Node, free_names
 
 Pass = Callable[[Graph], int]  # returns how many rewrites it made
 
@@ -26,14 +26,18 @@ def _single_consumer(graph: Graph, name: str) -> Node | None:
 def _rename_input(graph: Graph, old: str, new: str) -> None:
     for node in graph.nodes:
         node.inputs = [new if n == old else n for n in node.inputs]
-        for sub in node.attrs.values():
-            if isinstance(sub, Graph):
-                _rename_input(sub, old, new)
+
+
+def _read_by_subgraphs(graph: Graph) -> set[str]:
+    """Names that control-flow bodies read from this graph: rewrites leave them alone (bodies may be shared)."""
+    return {name for node in graph.nodes for sub in node.attrs.values() if isinstance(sub, Graph)
+            for name in free_names(sub)}
 
 
 def remove_noops(graph: Graph) -> int:
     """Identity, and Dropout in inference (no mask consumer): their consumers read the input directly."""
     count = 0
+    keep = _read_by_subgraphs(graph)
     for node in list(graph.nodes):
         is_noop = node.domain == "" and (
             node.op_type == "Identity"
@@ -41,7 +45,7 @@ def remove_noops(graph: Graph) -> int:
                 and (len(node.outputs) < 2 or not node.outputs[1] or not graph.consumers().get(node.outputs[1]))
                 and len(node.inputs) < 3)
         )
-        if not is_noop or node.outputs[0] in graph.outputs or not node.inputs[0]:
+        if not is_noop or node.outputs[0] in graph.outputs or node.outputs[0] in keep or not node.inputs[0]:
             continue
         graph.nodes.remove(node)
         _rename_input(graph, node.outputs[0], node.inputs[0])

@@ -7,6 +7,7 @@ backend put them; the session copies only where a value crosses memory domains, 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Sequence
@@ -82,6 +83,9 @@ class Session:
             if threads < 1:
                 raise HeteroError(f"threads={threads}; expected a positive number")
             options["threads"] = threads
+        self._options = options
+        # Child sessions of control-flow bodies, by id of the body graph (None: the body runs on the numpy evaluator).
+        self._children: dict[int, Session | None] = {}
         started = time.perf_counter()
         self.graph: Graph = load(model)
         fold_and_infer(self.graph)
@@ -351,16 +355,53 @@ class Session:
                 env[name] = out
 
     def _subgraph_runner(self, step: _Step, env: dict[str, Tensor]):
-        """Runs a subgraph attribute (If/Loop/Scan body) with the enclosing graph's values in scope."""
+        """Runs a subgraph attribute (If/Loop/Scan body) with the enclosing graph's values in scope: as a child
+        session on this session's backends (made once per body, so it plans, fuses and replays like any model),
+        or with the numpy evaluator when the body cannot stand alone (e.g. untyped Loop inputs)."""
         from .evaluate import run_graph
 
         scope = {n: env[n].numpy() for n in step.outer if n in env}
         scope.update({n: np.asarray(self.graph.initializers[n]) for n in step.outer if n in self.graph.initializers})
 
         def run_subgraph(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-            return run_graph(graph, {**scope, **feeds})
+            values = {**scope, **feeds}
+            child = self._child_session(graph, values)
+            if child is not None:
+                try:
+                    results = child.run({name: values[name] for name in child.input_names})
+                    return [results[name] for name in graph.outputs]
+                except InputError:  # the body's inputs changed dtype or rank since the child was made
+                    self._children[id(graph)] = None
+            return run_graph(graph, values)
 
         return run_subgraph
+
+    def _child_session(self, body: Graph, values: dict[str, np.ndarray]) -> Session | None:
+        """A session for a control-flow body, made at its first run: inputs are its own plus the outer values it
+        reads (outer weights become its constants), typed by the values it was first given (dims left free, so later
+        calls may change them)."""
+        key = id(body)
+        if key not in self._children:
+            self._children[key] = None
+            outer = [n for n in free_names(body) if n not in body.inputs]
+            # Outer weights stay constants in the child (kernels pack them); other outer values become inputs.
+            weights = {n: self.graph.initializers[n] for n in outer if n in self.graph.initializers}
+            names = [*body.inputs, *(n for n in outer if n not in weights)]
+            if all(n in values for n in names):
+                infos = {n: TensorInfo(dtypes.from_numpy(np.asarray(values[n]).dtype),
+                                       (None,) * np.ndim(values[n])) for n in names}
+                # Fresh Node objects: the child's graph passes rewrite nodes in place, the body stays as it was.
+                nodes = [Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.domain)
+                         for n in body.nodes]
+                standalone = Graph(
+                    nodes=nodes, inputs=names, outputs=list(body.outputs),
+                    initializers={**weights, **body.initializers}, values={**body.values, **infos},
+                    opsets=dict(body.opsets), name=body.name,
+                )
+                with contextlib.suppress(HeteroError):  # else the numpy evaluator runs the body
+                    self._children[key] = Session(standalone, backends=[b.name for b in self.backends],
+                                                  on_fallback="silent", options=self._options)
+        return self._children[key]
 
     def _bind_inputs(self, feeds: dict[str, Any]) -> dict[str, Tensor]:
         if not isinstance(feeds, dict):
