@@ -140,3 +140,18 @@ def test_arena_reuse_gives_same_results(mlp_model):
         assert not np.shares_memory(first, again)  # outputs never live in the arena
     plan = session.memory_plan
     assert plan is not None and 0 < plan.arena_bytes < plan.unshared_bytes
+
+
+def test_a_graph_passed_in_is_not_rewritten():
+    rng = np.random.default_rng(5)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+         helper.make_node("Relu", ["a"], ["y"])],
+        [("x", TensorProto.FLOAT, [2, 3])], [("y", TensorProto.FLOAT, [2, 4])],
+        [("w", rng.normal(size=(3, 4)).astype(np.float32)), ("b", rng.normal(size=4).astype(np.float32))],
+    )
+    graph = hetero.load(model)
+    before = [(n.op_type, list(n.inputs), list(n.outputs)) for n in graph.nodes]
+    session = hetero.Session(graph, backends=["reference"])
+    assert [n.op_type for n in session.graph.nodes] == ["FusedMatMul"]  # the session's copy was fused
+    assert [(n.op_type, n.inputs, n.outputs) for n in graph.nodes] == before

@@ -48,6 +48,13 @@ class Graph:
     # Names visible from an enclosing graph (subgraphs of If/Loop/Scan read them).
     outer_scope: frozenset[str] = frozenset()
 
+    def copy(self) -> Graph:
+        """A graph that passes may rewrite without touching this one: fresh nodes, lists and dicts; the weight
+        arrays and subgraph attributes are shared (passes never modify them)."""
+        nodes = [Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.domain) for n in self.nodes]
+        return Graph(nodes, list(self.inputs), list(self.outputs), dict(self.initializers), dict(self.values),
+                     dict(self.opsets), self.name, self.outer_scope)
+
     def opset(self, domain: str) -> int:
         return self.opsets.get(domain, self.opsets.get(ONNX_DOMAIN, 21) if domain == ONNX_DOMAIN else 1)
 

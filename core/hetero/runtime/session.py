@@ -87,7 +87,8 @@ class Session:
         # Child sessions of control-flow bodies, by id of the body graph (None: the body runs on the numpy evaluator).
         self._children: dict[int, Session | None] = {}
         started = time.perf_counter()
-        self.graph: Graph = load(model)
+        # A Graph the caller passed stays theirs: the passes below rewrite a copy.
+        self.graph: Graph = model.copy() if isinstance(model, Graph) else load(model)
         fold_and_infer(self.graph)
         self.rewrites: dict[str, int] = {}
         if optimize:
@@ -390,14 +391,11 @@ class Session:
             if all(n in values for n in names):
                 infos = {n: TensorInfo(dtypes.from_numpy(np.asarray(values[n]).dtype),
                                        (None,) * np.ndim(values[n])) for n in names}
-                # Fresh Node objects: the child's graph passes rewrite nodes in place, the body stays as it was.
-                nodes = [Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.domain)
-                         for n in body.nodes]
-                standalone = Graph(
-                    nodes=nodes, inputs=names, outputs=list(body.outputs),
-                    initializers={**weights, **body.initializers}, values={**body.values, **infos},
-                    opsets=dict(body.opsets), name=body.name,
-                )
+                standalone = body.copy()  # the child's passes rewrite nodes: the body stays as it was
+                standalone.inputs = names
+                standalone.initializers = {**weights, **body.initializers}
+                standalone.values = {**body.values, **infos}
+                standalone.outer_scope = frozenset()
                 with contextlib.suppress(HeteroError):  # else the numpy evaluator runs the body
                     self._children[key] = Session(standalone, backends=[b.name for b in self.backends],
                                                   on_fallback="silent", options=self._options)
