@@ -28,25 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from hetero.llm.gguf_model import HYBRID_NAMES
+from hetero.llm.gguf_model import HYBRID_NAMES, NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 LLM_FIXTURES = ROOT / "tests" / "fixtures" / "llm"
 OUT = ROOT / "tests" / "fixtures" / "gguf"
 
 ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
-_MAP = [(re.compile(p), r) for p, r in (
-    (r"^model\.embed_tokens\.weight$", "token_embd.weight"),
-    (r"^model\.norm\.weight$", "output_norm.weight"),
-    (r"^lm_head\.weight$", "output.weight"),
-    (r"^model\.layers\.(\d+)\.input_layernorm\.weight$", r"blk.\1.attn_norm.weight"),
-    (r"^model\.layers\.(\d+)\.post_attention_layernorm\.weight$", r"blk.\1.ffn_norm.weight"),
-    (r"^model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)$", r"blk.\1.attn_\2.\3"),
-    (r"^model\.layers\.(\d+)\.self_attn\.o_proj\.(weight|bias)$", r"blk.\1.attn_output.\2"),
-    (r"^model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight$", r"blk.\1.attn_\2_norm.weight"),
-    (r"^model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$", r"blk.\1.ffn_\2.weight"),
-    (r"^model\.layers\.(\d+)\.mlp\.gate\.weight$", r"blk.\1.ffn_gate_inp.weight"),
-)]
 _EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "q4_k_m": 15, "Q6_K": 18,
               "BF16": 32}
@@ -55,7 +43,7 @@ FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q4_0": "F16", "Q4_1
 
 
 def gguf_tensor_name(hf: str) -> str:
-    for pattern, repl in _MAP:
+    for pattern, repl in NAMES:  # the loader's own table (experts are stacked before this is asked)
         if pattern.match(hf):
             return pattern.sub(repl, hf)
     raise KeyError(f"no GGUF name for {hf!r}")
@@ -78,6 +66,26 @@ def read_hf(folder: Path) -> dict[str, np.ndarray]:
     for (layer, proj), parts in experts.items():
         tensors[f"blk.{layer}.ffn_{proj}_exps.weight"] = np.stack([parts[e] for e in sorted(parts)])
     return tensors
+
+
+def _write_tensors(w, tensors: dict[str, np.ndarray], pick) -> dict[str, str]:
+    """Quantize each tensor to the type ``pick(name, value)`` asks for, write the file, close the writer; returns the
+    type each tensor got (after llama.cpp-style fallbacks)."""
+    import gguf
+
+    types: dict[str, str] = {}
+    for name, value in tensors.items():
+        data, used = quantize(value, pick(name, value))
+        types[name] = used
+        if used in ("F32", "F16"):
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[used])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return types
 
 
 def quantize(values: np.ndarray, qtype: str) -> tuple[np.ndarray, str]:
@@ -169,19 +177,7 @@ def convert(folder: Path, out: Path, qtype: str | Callable[[str, np.ndarray], st
         w.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
         w.add_uint32(f"{arch}.expert_feed_forward_length", config["moe_intermediate_size"])
     _tokenizer(w, folder, config)
-    types: dict[str, str] = {}
-    for name, value in tensors.items():
-        data, used = quantize(value, pick(name, value))
-        types[name] = used
-        if used in ("F32", "F16"):
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[used])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return types
+    return _write_tensors(w, tensors, pick)
 
 
 # -- Qwen3.5 / Qwen3.5-MoE / Qwen3-Next: the layout of llama.cpp's converter ------------------------------------------
@@ -310,19 +306,7 @@ def convert_hybrid(folder: Path, out: Path, qtype: str | Callable[[str, np.ndarr
         w.add_uint32(f"{arch}.expert_feed_forward_length", config["moe_intermediate_size"])
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", config["shared_expert_intermediate_size"])
     _tokenizer(w, folder, config)
-    written: dict[str, str] = {}
-    for name, value in tensors.items():
-        data, used = quantize(value, pick(name, value))
-        written[name] = used
-        if used in ("F32", "F16"):
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[used])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return written
+    return _write_tensors(w, tensors, pick)
 
 
 def _tokenizer(w, folder: Path, config: dict) -> None:

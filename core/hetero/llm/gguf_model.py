@@ -44,7 +44,7 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
               32: "BF16"}
 
 # Hugging Face name (as the family builders ask for it) -> GGUF name
-_NAMES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
+NAMES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
     (r"^model\.embed_tokens\.weight$", "token_embd.weight"),
     (r"^model\.norm\.weight$", "output_norm.weight"),
     (r"^lm_head\.weight$", "output.weight"),
@@ -60,7 +60,7 @@ _NAMES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in (
 
 
 def gguf_name(hf_name: str) -> str | None:
-    for pattern, replacement in _NAMES:
+    for pattern, replacement in NAMES:
         if pattern.match(hf_name):
             return pattern.sub(replacement, hf_name)
     return None
