@@ -80,25 +80,27 @@ struct Scratch {  // grow-only, 64-byte aligned; grows on the first calls, then 
 struct XQBuf {
   Scratch<std::int8_t> q;
   Scratch<float> d, ds;
-  Scratch<std::int32_t> s;
+  Scratch<std::int32_t> s, sl;
   XQ make(const LlmKernels& kr, const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, bool parallel) {
     const i64 nb = (k + bs - 1) / bs;
     XQ r{q.get(static_cast<std::size_t>(M * nb * bs)), d.get(static_cast<std::size_t>(M * nb)),
-         s.get(static_cast<std::size_t>(M * nb)), ds.get(static_cast<std::size_t>(M * nb)), nb * bs, nb};
+         s.get(static_cast<std::size_t>(M * nb)), ds.get(static_cast<std::size_t>(M * nb)),
+         sl.get(static_cast<std::size_t>(M * nb)), nb * bs, nb};
     auto* qp = const_cast<std::int8_t*>(r.q);
     auto* dp = const_cast<float*>(r.d);
     auto* sp = const_cast<std::int32_t*>(r.s);
     auto* dsp = const_cast<float*>(r.ds);
+    auto* slp = const_cast<std::int32_t*>(r.sl);
     const int nt = parallel ? threads_for(static_cast<double>(M * k), 32768.0) : 1;
     if (nt <= 1) {
-      kr.quantize_x(x, M, ldx, k, bs, pair4, qp, dp, sp, dsp);
+      kr.quantize_x(x, M, ldx, k, bs, pair4, qp, dp, sp, dsp, slp);
     } else {
       const i64 chunk = (M + nt - 1) / nt;
       parallel_for(nt, nt, [&](i64 t) {
         const i64 m0 = t * chunk, m1 = std::min(M, m0 + chunk);
         if (m0 < m1)
           kr.quantize_x(x + m0 * ldx, m1 - m0, ldx, k, bs, pair4, qp + m0 * r.ldq, dp + m0 * nb,
-                        sp + m0 * nb, dsp + m0 * nb);
+                        sp + m0 * nb, dsp + m0 * nb, slp + m0 * nb);
       });
     }
     return r;
@@ -205,23 +207,29 @@ std::shared_ptr<Weights> make_weights(const py::array& w, const std::string& wty
   out->k = k;
   if (k < 1) fail(std::string(fn) + ": K must be positive");
   const i64 row = w.shape(w.ndim() - 1);
-  if (wtype == "q4" || wtype == "q8") {
+  QPack& pk = out->pk;
+  pk.n = out->n;
+  pk.k = k;
+  const bool ggml = ggml_pack(wtype, pk);  // GGUF block formats (llm_ggml.cpp)
+  if (ggml || wtype == "q4" || wtype == "q8") {
     if (!has_type<std::uint8_t>(w)) fail(std::string(fn) + ": quantized weights must be uint8");
-    if (block_size != 32 && block_size != 64 && block_size != 128) fail(std::string(fn) + ": block size 32/64/128");
-    QPack& pk = out->pk;
-    pk.bits = wtype == "q4" ? 4 : 8;
-    pk.bs = block_size;
-    pk.asym = !symmetric;
-    pk.n = out->n;
-    pk.k = k;
-    pk.nb = (k + block_size - 1) / block_size;
-    pk.groups = (pk.n + QR - 1) / QR;
-    pk.rec_bytes = pk.header_bytes() + QR * block_size * pk.bits / 8;
-    pk.group_bytes = pk.nb * pk.rec_bytes;
-    const i64 src_blk = (pk.asym ? 4 : 2) + block_size * pk.bits / 8;
-    if (row != pk.nb * src_blk)
+    i64 need = 0;
+    if (ggml) {
+      const i64 per = pk.kq ? 256 : 32;
+      if (k % per) fail(std::string(fn) + ": " + wtype + " rows need a multiple of " + std::to_string(per) +
+                        " elements; K=" + std::to_string(k));
+      need = ggml_row_bytes(pk);
+    } else {
+      if (block_size != 32 && block_size != 64 && block_size != 128) fail(std::string(fn) + ": block size 32/64/128");
+      pk.bits = wtype == "q4" ? 4 : 8;
+      pk.bs = block_size;
+      pk.asym = !symmetric;
+      pk.layout();
+      need = pk.nb * ((pk.asym ? 4 : 2) + block_size * pk.bits / 8);
+    }
+    if (row != need)
       fail(std::string(fn) + ": rows hold " + std::to_string(row) + " bytes; K=" + std::to_string(k) + " needs " +
-           std::to_string(pk.nb * src_blk));
+           std::to_string(need));
     out->quant = true;
     out->expert_bytes = pk.groups * pk.group_bytes;
     const std::size_t total = static_cast<std::size_t>(out->experts * out->expert_bytes);
@@ -233,7 +241,17 @@ std::shared_ptr<Weights> make_weights(const py::array& w, const std::string& wty
     std::uint8_t* dst = out->packed;
     const i64 eb = out->expert_bytes;
     py::gil_scoped_release nogil;
-    parallel_for(E, E > 1 ? num_threads() : 1, [&](i64 e) { repack(out->pk, src + e * e_src, dst + e * eb); });
+    if (ggml) {  // decoding GGUF blocks costs more: spread every expert's groups over the threads, in chunks
+      const i64 G = pk.groups;
+      const int nt = threads_for(static_cast<double>(E * pk.n * k), 1 << 20);
+      const i64 per = std::max<i64>(1, G / (4 * nt)), cpe = (G + per - 1) / per;  // groups per chunk, chunks/expert
+      parallel_for(E * cpe, nt, [&](i64 c) {
+        const i64 e = c / cpe, g0 = (c % cpe) * per;
+        ggml_repack(pk, src + e * e_src, dst + e * eb, g0, std::min(G, g0 + per));
+      });
+    } else {
+      parallel_for(E, E > 1 ? num_threads() : 1, [&](i64 e) { repack(out->pk, src + e * e_src, dst + e * eb); });
+    }
     return out;
   }
   if (wtype == "f32") {
@@ -315,7 +333,7 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
 void matmul(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, float* y, i64 ldy, const float* bias, int slot) {
   if (M <= 0) return;
   if (w.quant) {
-    XQ xq = tl_xq(slot).make(lk(), x, M, ldx, w.k, w.pk.bs, w.pk.bits == 4, M >= 16);
+    XQ xq = tl_xq(slot).make(lk(), x, M, ldx, w.k, w.pk.bs, w.pk.nibbles(), M >= 16);
     matmul_core(w, e, x, M, ldx, &xq, y, ldy, bias);
   } else {
     matmul_core(w, e, x, M, ldx, nullptr, y, ldy, bias);
@@ -460,6 +478,17 @@ void py_embedding(const py::array& ids, const py::array& table, const std::strin
         for (i64 j = 0; j < dim; ++j) o[j] = bf16_to_float(h[j]);
       }
     }
+    return;
+  }
+  QPack gp;
+  gp.n = 1;
+  gp.k = dim;
+  if (ggml_pack(wtype, gp)) {  // GGUF block formats: one row dequantized per token
+    if (!has_type<std::uint8_t>(table)) fail(std::string(fn) + ": a quantized table must be uint8");
+    if (dim % (gp.kq ? 256 : 32) || row != ggml_row_bytes(gp))
+      fail(std::string(fn) + ": " + wtype + " rows hold the wrong number of bytes for dim");
+    py::gil_scoped_release nogil;
+    for (i64 i = 0; i < n; ++i) ggml_dequant_row(gp, base + idx[static_cast<std::size_t>(i)] * row, po + i * dim);
     return;
   }
   if (wtype != "q4" && wtype != "q8") fail(std::string(fn) + ": unknown wtype '" + wtype + "'");
@@ -717,9 +746,9 @@ void moe_run(const MoE& mo, const float* x, i64 T, float* out) {
     float* g = gu;
     float* u = gu + n * I;
     const bool share = mo.gate->quant && mo.up->quant && mo.gate->pk.bs == mo.up->pk.bs &&
-                       mo.gate->pk.bits == mo.up->pk.bits;
+                       mo.gate->pk.nibbles() == mo.up->pk.nibbles();
     if (share) {  // gate and up read the same quantized activations
-      XQ xq = tl_xq(0).make(kr, xe, n, H, H, mo.gate->pk.bs, mo.gate->pk.bits == 4, n >= 16);
+      XQ xq = tl_xq(0).make(kr, xe, n, H, H, mo.gate->pk.bs, mo.gate->pk.nibbles(), n >= 16);
       matmul_core(*mo.gate, e, xe, n, H, &xq, g, I, nullptr);
       matmul_core(*mo.up, e, xe, n, H, &xq, u, I, nullptr);
     } else {

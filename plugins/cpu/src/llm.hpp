@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "common.hpp"
 
@@ -16,37 +17,78 @@ namespace llm {
 
 // ---- quantized weights, repacked ("RB16": 16 output rows interleaved) ----
 //
-// The source is hetero's block format (hetero.llm.quant): per row, ceil(K/B) blocks of [f16 d][f16 m]? + quants.
-// Repacked, rows are grouped by 16 (the last group zero-padded) and each (group, block) is one record:
-//   d[16] (f16, one per row) | m[16] (f16, asymmetric formats only) | quants
-// q8: B/4 vectors of 64 bytes; vector t, lane i (4 bytes) = row i's elements 4t..4t+3 as unsigned bytes
+// Sources: hetero's block formats (hetero.llm.quant: per row, ceil(K/B) blocks of [f16 d][f16 m]? + quants) and
+// GGUF's q5_0 / q5_1 / q4_k / q5_k / q6_k blocks (llm_ggml.cpp). Repacked, rows are grouped by 16 (the last group
+// zero-padded: zero scales) and each (group, block) is one record:
+//   header | quants
+// header, kq == 0: d[16] (f16, one per row) | m[16] (f16, asymmetric formats only)
+//         kq == 1 (q4_k, q5_k): sc[16] | mn[16]     (u8: 6-bit scale and min of this block of 32, per row)
+//         kq == 2 (q6_k):       sc_lo[16] | sc_hi[16] (i8: the scales of the block's first and second 16 elements)
+// k-quant records are grouped by super-block (sub = 8 blocks of 32 = 256 elements), each group of 8 records
+// preceded by the super-block's per-row f16 d[16] (| dmin[16] for kq == 1).
+// quants, 8-bit: B/4 vectors of 64 bytes; vector t, lane i (4 bytes) = row i's elements 4t..4t+3 as unsigned bytes
 //     (symmetric: the int8 value + 128, i.e. xor 0x80; asymmetric: q as stored).
-// q4: B/8 vectors of 64 bytes; vector t, lane i, byte c: low nibble = row i's element 4t+c, high nibble = element
-//     B/2 + 4t + c (4-bit values 0..15 as stored).
+// quants, 4/5/6-bit: B/8 vectors of 64 bytes ("nibble plane"); vector t, lane i, byte c: low nibble = row i's element
+//     4t+c, high nibble = element B/2 + 4t + c (bits 0-3 of the values as stored). 5-bit formats then add one
+//     64-byte vector, byte (i, c) holding bit 4 of element 4t+c in bit t and of element B/2+4t+c in bit 4+t (t < 4);
+//     6-bit formats two, vector v byte (i, c) holding bits 4-5 of element 4t+c in bits 2u..2u+1 and of element
+//     B/2+4t+c in bits 4+2u..5+2u, t = 2v + u.
 // So a 4-byte broadcast of the int8 activation against one vector gives 16 rows' partial dot products at once.
+// Weight values: kq 0 symmetric d * (q - offset), asymmetric d * q + m; kq 1 d*sc * q - dmin*mn; kq 2
+// d*sc * (q - 32).
 constexpr int QR = 16;  // rows per group
 constexpr int KT = 64;  // attention: positions per K-cache tile
 
 struct QPack {
-  int bits = 4, bs = 32;
+  int bits = 4, bs = 32;        // value bits (4/8 hetero; 5 q5_0/q5_1/q5_k; 4 q4_k; 6 q6_k), elements per block
   bool asym = false;
+  int kq = 0;                   // scale layout (see above)
+  int sub = 1;                  // blocks per super-block (k-quants: 8)
+  int ggml = 0;                 // source: 0 = hetero q4/q8, else a GgmlType (llm_ggml.cpp)
   i64 n = 0, k = 0, nb = 0;     // rows, logical row length, blocks per row
   i64 groups = 0;               // ceil(n / 16)
   i64 rec_bytes = 0;            // bytes per (group, block) record
-  i64 group_bytes = 0;          // nb * rec_bytes
-  i64 header_bytes() const { return asym ? 64 : 32; }
-  // The integer offset folded into the weights: the true dot is isum - offset * sum(xq) (q4 sym: 8; q8 sym: 128).
-  int offset() const { return asym ? 0 : (bits == 4 ? 8 : 128); }
+  i64 sb_hdr = 0;               // bytes of a super-block's header (k-quants: 32 or 64; else 0)
+  i64 super_bytes = 0;          // sb_hdr + sub * rec_bytes
+  i64 group_bytes = 0;          // ceil(nb / sub) * super_bytes
+  i64 header_bytes() const { return kq ? 32 : (asym ? 64 : 32); }
+  i64 nibble_bytes() const { return QR * bs / 2; }  // the nibble plane (4/5/6-bit formats)
+  bool nibbles() const { return bits < 8; }         // activations in pair4 order
+  // The integer offset folded into the weights: the true dot is isum - offset * sum(xq) (q4 sym: 8; q5_0: 16;
+  // q6_k: 32 per half block; q8 sym: 128).
+  int offset() const { return asym ? 0 : (bits == 8 ? 128 : 1 << (bits - 1)); }
+  // Record of block b (b in [0, nb)) within a group.
+  const std::uint8_t* record(const std::uint8_t* group, i64 b) const {
+    return group + (b / sub) * super_bytes + sb_hdr + (b % sub) * rec_bytes;
+  }
+  // Fill the layout sizes from bits / bs / asym / kq / sub / n / k.
+  void layout() {
+    nb = (k + bs - 1) / bs;
+    groups = (n + QR - 1) / QR;
+    const i64 quants = bits == 8 ? QR * bs : nibble_bytes() + (bits == 5 ? QR * bs / 8 : bits == 6 ? QR * bs / 4 : 0);
+    rec_bytes = header_bytes() + quants;
+    sb_hdr = kq == 1 ? 64 : (kq == 2 ? 32 : 0);
+    super_bytes = sb_hdr + sub * rec_bytes;
+    group_bytes = ((nb + sub - 1) / sub) * super_bytes;
+  }
 };
 
 // Activation rows quantized to int8 per block of B (same B as the weights), zero-padded to nb*B.
 struct XQ {
-  const std::int8_t* q;  // [M][nb*B]
-  const float* d;        // [M][nb]   scale
-  const std::int32_t* s; // [M][nb]   sum of the int8 values
-  const float* ds;       // [M][nb]   d * s
-  i64 ldq, nb;           // ldq = nb*B bytes
+  const std::int8_t* q;   // [M][nb*B]
+  const float* d;         // [M][nb]   scale
+  const std::int32_t* s;  // [M][nb]   sum of the int8 values
+  const float* ds;        // [M][nb]   d * s
+  const std::int32_t* sl; // [M][nb]   sum of the int8 values of the block's first half (q6_k's per-16 scales)
+  i64 ldq, nb;            // ldq = nb*B bytes
 };
+
+// GGUF block formats (llm_ggml.cpp): the QPack of a GGUF wtype ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k"), false
+// for other names; the bytes of one source row; repacking groups [g0, g1) of one matrix; one row to float.
+bool ggml_pack(const std::string& wtype, QPack& pk);
+i64 ggml_row_bytes(const QPack& pk);
+void ggml_repack(const QPack& pk, const std::uint8_t* src, std::uint8_t* dst, i64 g0, i64 g1);
+void ggml_dequant_row(const QPack& pk, const std::uint8_t* row, float* out);
 
 // Float weight element types of QMatMul / MoE / Embedding.
 enum WType : int { W_F32 = 0, W_F16 = 1, W_BF16 = 2 };
@@ -54,11 +96,11 @@ enum WType : int { W_F32 = 0, W_F16 = 1, W_BF16 = 2 };
 struct LlmKernels {
   const char* name;
   int max_mr;  // x rows per qgemm tile call (1..max_mr)
-  // Quantize rows x[m*ldx + 0:k] (m in [0, M)) into XQ buffers (q: [M][nb*bs], d/s/ds: [M][nb]). pair4 (for
-  // 4-bit weights): within each block, 4-byte word t of the low half and word t of the high half are stored
+  // Quantize rows x[m*ldx + 0:k] (m in [0, M)) into XQ buffers (q: [M][nb*bs], d/s/ds/sl: [M][nb]). pair4 (for
+  // 4/5/6-bit weights): within each block, 4-byte word t of the low half and word t of the high half are stored
   // side by side (words 2t, 2t+1), the order in which the kernels broadcast them.
   void (*quantize_x)(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
-                     std::int32_t* s, float* ds);
+                     std::int32_t* s, float* ds, std::int32_t* sl);
   // y[m*ldy + g*16 + j] (j < nvalid) = dot(x row m0+m, weight row g*16+j), m < mr, one 16-row group. `group`
   // points at the group's first record. Overwrites y.
   void (*qgemm_group)(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,

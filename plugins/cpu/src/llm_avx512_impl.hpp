@@ -4,6 +4,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -21,7 +22,7 @@ using namespace hetero::llm;
 
 // ---------------------------------------------------------------------------------------------- activations
 void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
-                std::int32_t* s, float* ds) {
+                std::int32_t* s, float* ds, std::int32_t* sl) {
   const i64 nb = (k + bs - 1) / bs;
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (i64 m = 0; m < M; ++m) {
@@ -40,7 +41,7 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
       const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
       const __m512 vinv = _mm512_set1_ps(inv);
       std::int8_t* qb = q + m * nb * bs + b * bs;
-      __m512i vsum = _mm512_setzero_si512();
+      __m512i vsum = _mm512_setzero_si512(), vhalf = _mm512_setzero_si512();
       for (int i = 0; i < bs; i += 16) {
         const i64 left = k - (lo + i);
         const __mmask16 mk = left >= 16 ? static_cast<__mmask16>(0xffff)
@@ -50,6 +51,7 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
                                                                                     _MM_FROUND_NO_EXC));
         qi = _mm512_max_epi32(_mm512_min_epi32(qi, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
         vsum = _mm512_add_epi32(vsum, qi);
+        if (i < bs / 2) vhalf = _mm512_add_epi32(vhalf, qi);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + i), _mm512_cvtepi32_epi8(qi));
       }
       const std::int32_t sum = _mm512_reduce_add_epi32(vsum);
@@ -57,6 +59,7 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
       d[m * nb + b] = dx;
       s[m * nb + b] = sum;
       ds[m * nb + b] = dx * static_cast<float>(sum);
+      sl[m * nb + b] = _mm512_reduce_add_epi32(vhalf);
     }
   }
 }
@@ -67,7 +70,7 @@ inline __m512i dot_u8s8(__m512i acc, __m512i w, __m512i x) {
 #if HETERO_LLM_VNNI
   return _mm512_dpbusd_epi32(acc, w, x);
 #else
-  // w <= 15 here (4-bit), so the pairwise int16 sums of vpmaddubsw cannot saturate.
+  // w <= 63 here (4/5/6-bit): the pairwise int16 sums of vpmaddubsw stay below 2 * 63 * 127 < 32767.
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
 #endif
 }
@@ -106,12 +109,39 @@ inline i64 prefetch_distance() {
   return v;
 }
 
-template <int BITS, bool ASYM, int MR>
+// Bits 4-5 of the 5/6-bit values of nibble vector t (t < 4), from the record's high plane(s) (layout in llm.hpp),
+// added to the low (elements 4t+c) and high (B/2+4t+c) nibbles. The 16-bit shifts move bits across byte borders
+// only into bits the masks drop.
+template <int BITS>
+inline void add_high_bits(const std::uint8_t* hp, int t, __m512i& lo, __m512i& hi) {
+  if (BITS == 5) {
+    const __m512i h = _mm512_loadu_si512(hp), m = _mm512_set1_epi8(0x10);
+    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4 - t), m));
+    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, t), m));
+  } else if (BITS == 6) {
+    const __m512i h = _mm512_loadu_si512(hp + 64 * (t / 2)), m = _mm512_set1_epi8(0x30);
+    const int u = 2 * (t % 2);
+    lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4 - u), m));
+    hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi16(h, u), m));
+  }
+}
+
+inline __m512 u8x16_ps(const std::uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+inline __m512 f16x16_ps(const std::uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// One 16-row group against MR activation rows. BITS: 4/5/6/8; KQ: scale layout (llm.hpp).
+template <int BITS, bool ASYM, int KQ, int MR>
 void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
+  constexpr bool NIB = BITS < 8;
   const int bs = w.bs;
-  const int nt = BITS == 4 ? bs / 8 : bs / 4;
+  const int nt = NIB ? bs / 8 : bs / 4;
   const int off = effective_offset(w);
-  const i64 hdr = ASYM ? 64 : 32;
+  const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const __m512i nib = _mm512_set1_epi8(0x0f);
   const i64 kPrefetch = prefetch_distance();
   __m512 facc[MR];
@@ -120,63 +150,98 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
     facc[m] = _mm512_setzero_ps();
     xrow[m] = x.q + (m0 + m) * x.ldq;
   }
-  for (i64 b = 0; b < w.nb; ++b) {
-    const std::uint8_t* rec = group + b * w.rec_bytes;
-    const std::uint8_t* qv = rec + hdr;
-    if (MR <= 2)  // decode streams the weights from memory: keep more lines in flight than the L2 streamer does
-      for (i64 o = 0; o < w.rec_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + o), _MM_HINT_T0);
-    __m512i iacc[MR];
-    for (int m = 0; m < MR; ++m) iacc[m] = _mm512_setzero_si512();
-    const i64 xo = b * bs;
-    for (int t = 0; t < nt; ++t) {
-      const __m512i v = _mm512_loadu_si512(qv + 64 * t);
-      if (BITS == 4) {
-        const __m512i lo = _mm512_and_si512(v, nib);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-        for (int m = 0; m < MR; ++m) {
-          iacc[m] = dot_u8s8(iacc[m], lo, bcast4(xrow[m] + xo + 8 * t));  // pair4 order
-          iacc[m] = dot_u8s8(iacc[m], hi, bcast4(xrow[m] + xo + 8 * t + 4));
+  for (i64 b0 = 0; b0 < w.nb; b0 += w.sub) {
+    const std::uint8_t* sb = group + (b0 / w.sub) * w.super_bytes;
+    __m512 sd = _mm512_setzero_ps(), smin = _mm512_setzero_ps();  // k-quants: the super-block's d (and dmin)
+    if (KQ) sd = f16x16_ps(sb);
+    if (KQ == 1) smin = f16x16_ps(sb + 32);
+    const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
+    for (i64 b = b0; b < b1; ++b) {
+      const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
+      const std::uint8_t* qv = rec + hdr;
+      if (MR <= 2)  // decode streams the weights from memory: keep more lines in flight than the L2 streamer does
+        for (i64 o = 0; o < w.rec_bytes; o += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + o), _MM_HINT_T0);
+      __m512i ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
+      for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = _mm512_setzero_si512();
+      const i64 xo = b * bs;
+      for (int t = 0; t < nt; ++t) {
+        const __m512i v = _mm512_loadu_si512(qv + 64 * t);
+        if (NIB) {
+          __m512i lo = _mm512_and_si512(v, nib);
+          __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+          add_high_bits<BITS>(qv + nib_bytes, t, lo, hi);
+          for (int m = 0; m < MR; ++m) {
+            ilo[m] = dot_u8s8(ilo[m], lo, bcast4(xrow[m] + xo + 8 * t));  // pair4 order
+            __m512i& acc_hi = KQ == 2 ? ihi[m] : ilo[m];
+            acc_hi = dot_u8s8(acc_hi, hi, bcast4(xrow[m] + xo + 8 * t + 4));
+          }
+        } else {
+          for (int m = 0; m < MR; ++m) ilo[m] = dot_q8(ilo[m], v, bcast4(xrow[m] + xo + 4 * t));
         }
-      } else {
-        for (int m = 0; m < MR; ++m) iacc[m] = dot_q8(iacc[m], v, bcast4(xrow[m] + xo + 4 * t));
       }
-    }
-    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
-    __m512 mv = _mm512_setzero_ps();
-    if (ASYM) mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
-    for (int m = 0; m < MR; ++m) {
-      const i64 xi = (m0 + m) * x.nb + b;
-      __m512i iv = iacc[m];
-      if (off != 0) iv = _mm512_sub_epi32(iv, _mm512_set1_epi32(off * x.s[xi]));
-      facc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(dv, _mm512_set1_ps(x.d[xi])), facc[m]);
-      if (ASYM) facc[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.ds[xi]), facc[m]);
+      if (KQ == 0) {
+        const __m512 dv = f16x16_ps(rec);
+        const __m512 mv = ASYM ? f16x16_ps(rec + 32) : _mm512_setzero_ps();
+        for (int m = 0; m < MR; ++m) {
+          const i64 xi = (m0 + m) * x.nb + b;
+          __m512i iv = ilo[m];
+          if (off != 0) iv = _mm512_sub_epi32(iv, _mm512_set1_epi32(off * x.s[xi]));
+          facc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_mul_ps(dv, _mm512_set1_ps(x.d[xi])), facc[m]);
+          if (ASYM) facc[m] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.ds[xi]), facc[m]);
+        }
+      } else if (KQ == 1) {  // d*sc * dot - dmin*mn * dx*sum(xq)
+        const __m512 scv = _mm512_mul_ps(sd, u8x16_ps(rec)), mnv = _mm512_mul_ps(smin, u8x16_ps(rec + 16));
+        for (int m = 0; m < MR; ++m) {
+          const i64 xi = (m0 + m) * x.nb + b;
+          facc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ilo[m]), _mm512_mul_ps(scv, _mm512_set1_ps(x.d[xi])), facc[m]);
+          facc[m] = _mm512_fnmadd_ps(mnv, _mm512_set1_ps(x.ds[xi]), facc[m]);
+        }
+      } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), exact in int32
+        const __m512i sclo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec)));
+        const __m512i schi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16)));
+        for (int m = 0; m < MR; ++m) {
+          const i64 xi = (m0 + m) * x.nb + b;
+          const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
+          const __m512i lo = _mm512_sub_epi32(ilo[m], _mm512_set1_epi32(32 * slo));
+          const __m512i hi = _mm512_sub_epi32(ihi[m], _mm512_set1_epi32(32 * shi));
+          const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(lo, sclo), _mm512_mullo_epi32(hi, schi));
+          facc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(sd, _mm512_set1_ps(x.d[xi])), facc[m]);
+        }
+      }
     }
   }
   const __mmask16 keep = nvalid >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << nvalid) - 1);
   for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy, keep, facc[m]);
 }
 
-template <int BITS, bool ASYM>
+template <int BITS, bool ASYM, int KQ>
 void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
                int nvalid) {
   switch (mr) {
-    case 1: qgemm_mr<BITS, ASYM, 1>(w, group, x, m0, y, ldy, nvalid); break;
-    case 2: qgemm_mr<BITS, ASYM, 2>(w, group, x, m0, y, ldy, nvalid); break;
-    case 3: qgemm_mr<BITS, ASYM, 3>(w, group, x, m0, y, ldy, nvalid); break;
-    case 4: qgemm_mr<BITS, ASYM, 4>(w, group, x, m0, y, ldy, nvalid); break;
-    case 5: qgemm_mr<BITS, ASYM, 5>(w, group, x, m0, y, ldy, nvalid); break;
-    case 6: qgemm_mr<BITS, ASYM, 6>(w, group, x, m0, y, ldy, nvalid); break;
-    case 7: qgemm_mr<BITS, ASYM, 7>(w, group, x, m0, y, ldy, nvalid); break;
-    default: qgemm_mr<BITS, ASYM, 8>(w, group, x, m0, y, ldy, nvalid); break;
+    case 1: qgemm_mr<BITS, ASYM, KQ, 1>(w, group, x, m0, y, ldy, nvalid); break;
+    case 2: qgemm_mr<BITS, ASYM, KQ, 2>(w, group, x, m0, y, ldy, nvalid); break;
+    case 3: qgemm_mr<BITS, ASYM, KQ, 3>(w, group, x, m0, y, ldy, nvalid); break;
+    case 4: qgemm_mr<BITS, ASYM, KQ, 4>(w, group, x, m0, y, ldy, nvalid); break;
+    case 5: qgemm_mr<BITS, ASYM, KQ, 5>(w, group, x, m0, y, ldy, nvalid); break;
+    case 6: qgemm_mr<BITS, ASYM, KQ, 6>(w, group, x, m0, y, ldy, nvalid); break;
+    case 7: qgemm_mr<BITS, ASYM, KQ, 7>(w, group, x, m0, y, ldy, nvalid); break;
+    default: qgemm_mr<BITS, ASYM, KQ, 8>(w, group, x, m0, y, ldy, nvalid); break;
   }
 }
 
 void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
                  int nvalid) {
-  if (w.bits == 4)
-    (w.asym ? qgemm_fmt<4, true> : qgemm_fmt<4, false>)(w, group, x, m0, mr, y, ldy, nvalid);
-  else
-    (w.asym ? qgemm_fmt<8, true> : qgemm_fmt<8, false>)(w, group, x, m0, mr, y, ldy, nvalid);
+  decltype(&qgemm_fmt<4, false, 0>) f;
+  switch (w.kq) {
+    case 1: f = w.bits == 4 ? qgemm_fmt<4, true, 1> : qgemm_fmt<5, true, 1>; break;  // q4_k / q5_k
+    case 2: f = qgemm_fmt<6, false, 2>; break;                                       // q6_k
+    default:
+      if (w.bits == 4) f = w.asym ? qgemm_fmt<4, true, 0> : qgemm_fmt<4, false, 0>;
+      else if (w.bits == 5) f = w.asym ? qgemm_fmt<5, true, 0> : qgemm_fmt<5, false, 0>;  // q5_1 / q5_0
+      else f = w.asym ? qgemm_fmt<8, true, 0> : qgemm_fmt<8, false, 0>;
+  }
+  f(w, group, x, m0, mr, y, ldy, nvalid);
 }
 
 // ---------------------------------------------------------------------------------------------- float GEMM

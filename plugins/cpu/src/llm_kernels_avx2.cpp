@@ -2,6 +2,7 @@
 // Integer dots with vpmaddubsw + vpmaddwd; a 16-row weight group is processed as two 8-row halves.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -19,13 +20,20 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline std::int32_t hsum8i(__m256i v) {
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+  return _mm_cvtsi128_si32(s4);
+}
+
 inline __m256i tail_mask(i64 left) {  // lanes < left set (left clamped to [0, 8])
   const int n = left <= 0 ? 0 : (left >= 8 ? 8 : static_cast<int>(left));
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
-                std::int32_t* s, float* ds) {
+                std::int32_t* s, float* ds, std::int32_t* sl) {
   const i64 nb = (k + bs - 1) / bs;
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (i64 m = 0; m < M; ++m) {
@@ -44,25 +52,24 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
       const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
       const __m256 vinv = _mm256_set1_ps(inv);
       std::int8_t* qb = q + m * nb * bs + b * bs;
-      __m256i vsum = _mm256_setzero_si256();
+      __m256i vsum = _mm256_setzero_si256(), vhalf = _mm256_setzero_si256();
       for (int i = 0; i < bs; i += 8) {
         const __m256 v = _mm256_maskload_ps(xr + lo + i, tail_mask(k - (lo + i)));
         __m256i qi = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, vinv), _MM_FROUND_TO_NEAREST_INT |
                                                                                   _MM_FROUND_NO_EXC));
         qi = _mm256_max_epi32(_mm256_min_epi32(qi, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
         vsum = _mm256_add_epi32(vsum, qi);
+        if (i < bs / 2) vhalf = _mm256_add_epi32(vhalf, qi);
         const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
         const __m128i p8 = _mm_packs_epi16(p16, p16);
         _mm_storel_epi64(reinterpret_cast<__m128i*>(qb + i), p8);
       }
-      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-      const std::int32_t sum = _mm_cvtsi128_si32(s4);
+      const std::int32_t sum = hsum8i(vsum);
       if (pair4) pair_words(qb, bs);
       d[m * nb + b] = dx;
       s[m * nb + b] = sum;
       ds[m * nb + b] = dx * static_cast<float>(sum);
+      sl[m * nb + b] = hsum8i(vhalf);
     }
   }
 }
@@ -73,13 +80,41 @@ inline __m256i bcast4(const std::int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-template <int BITS, bool ASYM, int MR>
+// Bits 4-5 of the 5/6-bit values of nibble vector t, half h (rows 8h..8h+7), from the record's high plane(s)
+// (layout in llm.hpp). The 16-bit shifts move bits across byte borders only into bits the masks drop.
+template <int BITS>
+inline void add_high_bits(const std::uint8_t* hp, int t, int h, __m256i& lo, __m256i& hi) {
+  if (BITS == 5) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hp + 32 * h));
+    const __m256i m = _mm256_set1_epi8(0x10);
+    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - t)), m));
+    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(t)), m));
+  } else if (BITS == 6) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hp + 64 * (t / 2) + 32 * h));
+    const __m256i m = _mm256_set1_epi8(0x30);
+    const int u = 2 * (t % 2);
+    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - u)), m));
+    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(u)), m));
+  }
+}
+
+inline __m256 u8x8_ps(const std::uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+inline __m256 f16x8_ps(const std::uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// One 16-row group (as two 8-row halves) against MR activation rows. BITS: 4/5/6/8; KQ: scale layout (llm.hpp).
+template <int BITS, bool ASYM, int KQ, int MR>
 void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
+  constexpr bool NIB = BITS < 8;
   const int bs = w.bs;
-  const int nt = BITS == 4 ? bs / 8 : bs / 4;
+  const int nt = NIB ? bs / 8 : bs / 4;
   // 8-bit: dots of (w - 128) (see below), so the offset moves by 128.
   const int off = BITS == 8 ? w.offset() - 128 : w.offset();
-  const i64 hdr = ASYM ? 64 : 32;
+  const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const std::int8_t* xrow[MR];
@@ -87,44 +122,80 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   for (int h = 0; h < 2; ++h) {
     __m256 facc[MR];
     for (int m = 0; m < MR; ++m) facc[m] = _mm256_setzero_ps();
-    for (i64 b = 0; b < w.nb; ++b) {
-      const std::uint8_t* rec = group + b * w.rec_bytes;
-      const std::uint8_t* qv = rec + hdr + 32 * h;
-      if (MR <= 2 && h == 0)  // decode streams the weights from memory: prefetch ahead of the L2 streamer
-        for (i64 o = 0; o < w.rec_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + 4096 + o), _MM_HINT_T0);
-      __m256i iacc[MR];
-      for (int m = 0; m < MR; ++m) iacc[m] = _mm256_setzero_si256();
-      const i64 xo = b * bs;
-      for (int t = 0; t < nt; ++t) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + 64 * t));
-        if (BITS == 4) {
-          const __m256i lo = _mm256_and_si256(v, nib);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-          for (int m = 0; m < MR; ++m) {
-            // 4-bit weights (<= 15): two vpmaddubsw results fit in int16 before widening.
-            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xrow[m] + xo + 8 * t)),
-                                               _mm256_maddubs_epi16(hi, bcast4(xrow[m] + xo + 8 * t + 4)));
-            iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(p, ones));
-          }
-        } else {
-          // |w - 128| <= 128 against x (|x| <= 127) with the sign moved onto x: no int16 saturation.
-          const __m256i sw = _mm256_xor_si256(v, flip);
-          const __m256i aw = _mm256_sign_epi8(sw, sw);
-          for (int m = 0; m < MR; ++m) {
-            const __m256i sx = _mm256_sign_epi8(bcast4(xrow[m] + xo + 4 * t), sw);
-            iacc[m] = _mm256_add_epi32(iacc[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+    for (i64 b0 = 0; b0 < w.nb; b0 += w.sub) {
+      const std::uint8_t* sb = group + (b0 / w.sub) * w.super_bytes;
+      __m256 sd = _mm256_setzero_ps(), smin = _mm256_setzero_ps();  // k-quants: the super-block's d (and dmin)
+      if (KQ) sd = f16x8_ps(sb + 16 * h);
+      if (KQ == 1) smin = f16x8_ps(sb + 32 + 16 * h);
+      const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
+      for (i64 b = b0; b < b1; ++b) {
+        const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
+        const std::uint8_t* qv = rec + hdr;
+        if (MR <= 2 && h == 0)  // decode streams the weights from memory: prefetch ahead of the L2 streamer
+          for (i64 o = 0; o < w.rec_bytes; o += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(rec + 4096 + o), _MM_HINT_T0);
+        __m256i ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
+        for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = _mm256_setzero_si256();
+        const i64 xo = b * bs;
+        for (int t = 0; t < nt; ++t) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qv + 64 * t + 32 * h));
+          if (NIB) {
+            __m256i lo = _mm256_and_si256(v, nib);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            add_high_bits<BITS>(qv + nib_bytes, t, h, lo, hi);
+            for (int m = 0; m < MR; ++m) {
+              const __m256i plo = _mm256_maddubs_epi16(lo, bcast4(xrow[m] + xo + 8 * t));  // pair4 order
+              const __m256i phi = _mm256_maddubs_epi16(hi, bcast4(xrow[m] + xo + 8 * t + 4));
+              if (KQ == 2) {
+                ilo[m] = _mm256_add_epi32(ilo[m], _mm256_madd_epi16(plo, ones));
+                ihi[m] = _mm256_add_epi32(ihi[m], _mm256_madd_epi16(phi, ones));
+              } else {
+                // weights <= 31: four products of one lane fit in int16 before widening.
+                ilo[m] = _mm256_add_epi32(ilo[m], _mm256_madd_epi16(_mm256_add_epi16(plo, phi), ones));
+              }
+            }
+          } else {
+            // |w - 128| <= 128 against x (|x| <= 127) with the sign moved onto x: no int16 saturation.
+            const __m256i sw = _mm256_xor_si256(v, flip);
+            const __m256i aw = _mm256_sign_epi8(sw, sw);
+            for (int m = 0; m < MR; ++m) {
+              const __m256i sx = _mm256_sign_epi8(bcast4(xrow[m] + xo + 4 * t), sw);
+              ilo[m] = _mm256_add_epi32(ilo[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+            }
           }
         }
-      }
-      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
-      __m256 mv = _mm256_setzero_ps();
-      if (ASYM) mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h)));
-      for (int m = 0; m < MR; ++m) {
-        const i64 xi = (m0 + m) * x.nb + b;
-        __m256i iv = iacc[m];
-        if (off != 0) iv = _mm256_sub_epi32(iv, _mm256_set1_epi32(off * x.s[xi]));
-        facc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[xi])), facc[m]);
-        if (ASYM) facc[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.ds[xi]), facc[m]);
+        if (KQ == 0) {
+          const __m256 dv = f16x8_ps(rec + 16 * h);
+          const __m256 mv = ASYM ? f16x8_ps(rec + 32 + 16 * h) : _mm256_setzero_ps();
+          for (int m = 0; m < MR; ++m) {
+            const i64 xi = (m0 + m) * x.nb + b;
+            __m256i iv = ilo[m];
+            if (off != 0) iv = _mm256_sub_epi32(iv, _mm256_set1_epi32(off * x.s[xi]));
+            facc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), _mm256_mul_ps(dv, _mm256_set1_ps(x.d[xi])), facc[m]);
+            if (ASYM) facc[m] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.ds[xi]), facc[m]);
+          }
+        } else if (KQ == 1) {  // d*sc * dot - dmin*mn * dx*sum(xq)
+          const __m256 scv = _mm256_mul_ps(sd, u8x8_ps(rec + 8 * h));
+          const __m256 mnv = _mm256_mul_ps(smin, u8x8_ps(rec + 16 + 8 * h));
+          for (int m = 0; m < MR; ++m) {
+            const i64 xi = (m0 + m) * x.nb + b;
+            facc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ilo[m]), _mm256_mul_ps(scv, _mm256_set1_ps(x.d[xi])),
+                                      facc[m]);
+            facc[m] = _mm256_fnmadd_ps(mnv, _mm256_set1_ps(x.ds[xi]), facc[m]);
+          }
+        } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), exact in int32
+          const __m256i sclo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + 8 * h)));
+          const __m256i schi =
+              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + 16 + 8 * h)));
+          for (int m = 0; m < MR; ++m) {
+            const i64 xi = (m0 + m) * x.nb + b;
+            const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
+            const __m256i lo = _mm256_sub_epi32(ilo[m], _mm256_set1_epi32(32 * slo));
+            const __m256i hi = _mm256_sub_epi32(ihi[m], _mm256_set1_epi32(32 * shi));
+            const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, sclo), _mm256_mullo_epi32(hi, schi));
+            facc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(sd, _mm256_set1_ps(x.d[xi])), facc[m]);
+          }
+        }
       }
     }
     const int nv = nvalid - 8 * h;
@@ -138,23 +209,29 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   }
 }
 
-template <int BITS, bool ASYM>
+template <int BITS, bool ASYM, int KQ>
 void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
                int nvalid) {
   switch (mr) {
-    case 1: qgemm_mr<BITS, ASYM, 1>(w, group, x, m0, y, ldy, nvalid); break;
-    case 2: qgemm_mr<BITS, ASYM, 2>(w, group, x, m0, y, ldy, nvalid); break;
-    case 3: qgemm_mr<BITS, ASYM, 3>(w, group, x, m0, y, ldy, nvalid); break;
-    default: qgemm_mr<BITS, ASYM, 4>(w, group, x, m0, y, ldy, nvalid); break;
+    case 1: qgemm_mr<BITS, ASYM, KQ, 1>(w, group, x, m0, y, ldy, nvalid); break;
+    case 2: qgemm_mr<BITS, ASYM, KQ, 2>(w, group, x, m0, y, ldy, nvalid); break;
+    case 3: qgemm_mr<BITS, ASYM, KQ, 3>(w, group, x, m0, y, ldy, nvalid); break;
+    default: qgemm_mr<BITS, ASYM, KQ, 4>(w, group, x, m0, y, ldy, nvalid); break;
   }
 }
 
 void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
                  int nvalid) {
-  if (w.bits == 4)
-    (w.asym ? qgemm_fmt<4, true> : qgemm_fmt<4, false>)(w, group, x, m0, mr, y, ldy, nvalid);
-  else
-    (w.asym ? qgemm_fmt<8, true> : qgemm_fmt<8, false>)(w, group, x, m0, mr, y, ldy, nvalid);
+  decltype(&qgemm_fmt<4, false, 0>) f;
+  switch (w.kq) {
+    case 1: f = w.bits == 4 ? qgemm_fmt<4, true, 1> : qgemm_fmt<5, true, 1>; break;  // q4_k / q5_k
+    case 2: f = qgemm_fmt<6, false, 2>; break;                                       // q6_k
+    default:
+      if (w.bits == 4) f = w.asym ? qgemm_fmt<4, true, 0> : qgemm_fmt<4, false, 0>;
+      else if (w.bits == 5) f = w.asym ? qgemm_fmt<5, true, 0> : qgemm_fmt<5, false, 0>;  // q5_1 / q5_0
+      else f = w.asym ? qgemm_fmt<8, true, 0> : qgemm_fmt<8, false, 0>;
+  }
+  f(w, group, x, m0, mr, y, ldy, nvalid);
 }
 
 template <int WT>

@@ -10,7 +10,7 @@ using hetero::i64;
 using namespace hetero::llm;
 
 void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
-                std::int32_t* s, float* ds) {
+                std::int32_t* s, float* ds, std::int32_t* sl) {
   const i64 nb = (k + bs - 1) / bs;
   for (i64 m = 0; m < M; ++m) {
     const float* xr = x + m * ldx;
@@ -20,7 +20,7 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
       for (i64 i = lo; i < hi; ++i) amax = std::fmax(amax, std::fabs(xr[i]));
       const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
       std::int8_t* qb = q + m * nb * bs + b * bs;
-      std::int32_t sum = 0;
+      std::int32_t sum = 0, half = 0;
       for (i64 i = 0; i < bs; ++i) {
         int v = 0;
         if (lo + i < hi) {
@@ -29,13 +29,26 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
         }
         qb[i] = static_cast<std::int8_t>(v);
         sum += v;
+        if (i < bs / 2) half += v;
       }
       if (pair4) pair_words(qb, bs);
       d[m * nb + b] = dx;
       s[m * nb + b] = sum;
       ds[m * nb + b] = dx * static_cast<float>(sum);
+      sl[m * nb + b] = half;
     }
   }
+}
+
+// Row j's value q (before the offset/scales) of element e (< bs) of a record's quants.
+inline int quant_value(const QPack& w, const std::uint8_t* qv, int j, int e) {
+  if (w.bits == 8) return qv[(e / 4) * 64 + j * 4 + e % 4];
+  const int half = w.bs / 2, hi = e >= half, p = hi ? e - half : e, t = p / 4, c = p % 4;
+  int v = (qv[t * 64 + j * 4 + c] >> (4 * hi)) & 15;
+  const std::uint8_t* hp = qv + w.nibble_bytes();
+  if (w.bits == 5) v |= ((hp[j * 4 + c] >> (t + 4 * hi)) & 1) << 4;
+  if (w.bits == 6) v |= ((hp[(t / 2) * 64 + j * 4 + c] >> (2 * (t % 2) + 4 * hi)) & 3) << 4;
+  return v;
 }
 
 void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
@@ -45,27 +58,31 @@ void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0,
     float acc[QR] = {};
     const std::int8_t* xq = x.q + (m0 + m) * x.ldq;
     for (i64 b = 0; b < w.nb; ++b) {
-      const std::uint8_t* rec = group + b * w.rec_bytes;
+      const std::uint8_t* rec = w.record(group, b);
       const std::uint16_t* dh = reinterpret_cast<const std::uint16_t*>(rec);
+      const std::uint16_t* sbh = reinterpret_cast<const std::uint16_t*>(rec - (b % w.sub) * w.rec_bytes - w.sb_hdr);
       const std::uint8_t* qv = rec + w.header_bytes();
       const std::int8_t* xb = xq + b * bs;
-      const float dx = x.d[(m0 + m) * x.nb + b], dsx = x.ds[(m0 + m) * x.nb + b];
-      const std::int32_t sx = x.s[(m0 + m) * x.nb + b];
+      const i64 xi = (m0 + m) * x.nb + b;
+      const float dx = x.d[xi], dsx = x.ds[xi];
       for (int j = 0; j < QR; ++j) {
-        std::int32_t isum = 0;
-        if (w.bits == 8) {
-          for (int t = 0; t < bs / 4; ++t)
-            for (int c = 0; c < 4; ++c) isum += static_cast<int>(qv[t * 64 + j * 4 + c]) * xb[4 * t + c];
-        } else {
-          for (int t = 0; t < bs / 8; ++t)
-            for (int c = 0; c < 4; ++c) {
-              const int byte = qv[t * 64 + j * 4 + c];
-              isum += (byte & 15) * xb[8 * t + c] + (byte >> 4) * xb[8 * t + 4 + c];  // pair4 order
-            }
+        std::int32_t lo = 0, hi = 0;  // dots over the block's two halves (in the activations' pair4 order)
+        for (int e = 0; e < bs; ++e) {
+          const int xe = w.nibbles() ? (e < bs / 2 ? 8 * (e / 4) + e % 4 : 8 * ((e - bs / 2) / 4) + 4 + e % 4) : e;
+          (e < bs / 2 ? lo : hi) += quant_value(w, qv, j, e) * xb[xe];
         }
-        isum -= off * sx;
-        acc[j] += half_to_float(dh[j]) * dx * static_cast<float>(isum);
-        if (w.asym) acc[j] += half_to_float(dh[QR + j]) * dsx;
+        if (w.kq == 1) {  // d*sc * q - dmin*mn
+          acc[j] += half_to_float(sbh[j]) * static_cast<float>(rec[j]) * dx * static_cast<float>(lo + hi);
+          acc[j] -= half_to_float(sbh[QR + j]) * static_cast<float>(rec[16 + j]) * dsx;
+        } else if (w.kq == 2) {  // d * (sc_lo * (lo - 32 sum_lo) + sc_hi * (hi - 32 sum_hi))
+          const std::int32_t sx_lo = x.sl[xi], sx_hi = x.s[xi] - sx_lo;
+          const std::int32_t isum = static_cast<std::int8_t>(rec[j]) * (lo - off * sx_lo) +
+                                    static_cast<std::int8_t>(rec[16 + j]) * (hi - off * sx_hi);
+          acc[j] += half_to_float(sbh[j]) * dx * static_cast<float>(isum);
+        } else {
+          acc[j] += half_to_float(dh[j]) * dx * static_cast<float>(lo + hi - off * x.s[xi]);
+          if (w.asym) acc[j] += half_to_float(dh[QR + j]) * dsx;
+        }
       }
     }
     for (int j = 0; j < nvalid; ++j) y[m * ldy + j] = acc[j];

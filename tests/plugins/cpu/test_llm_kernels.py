@@ -197,6 +197,91 @@ def test_qmatmul_3d_input_and_runtime_weight_refused():
     assert not verdict and "run time" in verdict.reason
 
 
+# -- GGUF block formats (q5_0, q5_1, q4_k, q5_k, q6_k) -----------------------------------------------------------
+# Offsets of the f16 scale fields in each GGUF block; every other byte (quants, packed 6-bit scales, high bits) is
+# random, so every bit pattern of them is exercised.
+GGML_F16_FIELDS = {"q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+
+
+def random_ggml(wtype: str, n: int, k: int, seed: int = 0, lead: tuple[int, ...] = (),
+                scale: float = 0.02) -> np.ndarray:
+    """uint8[*lead, n, row_bytes(k)] of random GGUF blocks with finite f16 scales of about ``scale``."""
+    fmt = quant.GGML_FORMATS[wtype]
+    r = rng(seed)
+    raw = r.integers(0, 256, (*lead, n, fmt.blocks(k), fmt.block_bytes), dtype=np.uint8)
+    for at in GGML_F16_FIELDS[wtype]:
+        scales = (r.standard_normal((*lead, n, fmt.blocks(k))) * scale).astype(np.float16)
+        raw[..., at:at + 2] = scales[..., None].view(np.uint8)
+    return raw.reshape(*lead, n, fmt.row_bytes(k))
+
+
+def gguf_dequantize(raw: np.ndarray, wtype: str) -> np.ndarray:
+    """The gguf package's own numpy dequantizer (an independent reference)."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (pip install gguf)")
+    return gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, wtype.upper())).astype(np.float32)
+
+
+@pytest.mark.parametrize("wtype", list(quant.GGML_FORMATS))
+@pytest.mark.parametrize("n", [1, 16, 37])
+def test_qmatmul_gguf_blocks(path, wtype, n):
+    k = 512 if wtype.endswith("_k") else 96
+    w = random_ggml(wtype, n, k, seed=n)
+    dense = gguf_dequantize(w, wtype)
+    np.testing.assert_array_equal(quant.dequantize(w, quant.GGML_FORMATS[wtype], k), dense)
+    for m in (1, 2, 5, 9):
+        x = f32(m, k, seed=m)
+        got = cpu("QMatMul", [x, w], (1,), wtype=wtype)
+        exact, bound = emulate_int8(x, dense, 32)
+        scale = np.abs(exact).max() + 1e-3
+        np.testing.assert_allclose(got, exact, rtol=0, atol=2e-5 * scale * math.sqrt(k / 32))
+        assert (np.abs(got - x.astype(np.float64) @ dense.T.astype(np.float64)) <= bound + 1e-4 * scale).all()
+
+
+@pytest.mark.parametrize("wtype", ["q4_k", "q6_k", "q5_0"])
+def test_qmatmul_gguf_blocks_threads_and_prefill(path, threads, wtype):
+    n, k = 70, 768 if wtype.endswith("_k") else 160
+    w = random_ggml(wtype, n, k, seed=3)
+    dense = gguf_dequantize(w, wtype)
+    x = f32(67, k, seed=4)
+    bias = f32(n, seed=5)
+    got = cpu("QMatMul", [x, w, bias], (1, 2), wtype=wtype)
+    exact, _ = emulate_int8(x, dense, 32)
+    np.testing.assert_allclose(got, exact + bias, rtol=0, atol=2e-5 * np.abs(exact).max() * math.sqrt(k / 32))
+
+
+def test_qmatmul_gguf_row_length_checked():
+    w = random_ggml("q4_k", 4, 256)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        _native.llm_weights(w, "q4_k", k=200)
+    with pytest.raises(ValueError, match="bytes"):
+        _native.llm_weights(w[:, :100].copy(), "q4_k", k=256)
+
+
+@pytest.mark.parametrize("wtype", list(quant.GGML_FORMATS))
+def test_embedding_gguf_blocks(path, wtype):
+    dim = 256 if wtype.endswith("_k") else 64
+    table = random_ggml(wtype, 30, dim, seed=6)
+    ids = np.array([[3, 0], [29, 7]], dtype=np.int64)
+    got = cpu("Embedding", [ids, table], (1,), wtype=wtype, dim=dim)
+    np.testing.assert_array_equal(got, gguf_dequantize(table, wtype)[ids])
+
+
+def test_moe_gguf_blocks(path):
+    """A Q4_K_M-like expert mix: q4_k gate / up, q6_k down."""
+    e, h, inter, top_k = 4, 256, 256, 2
+    router = f32(e, h, seed=1)
+    # scales small enough for weights of ~0.01-0.1, as in trained models (SiLU(gate) * up stays moderate)
+    gate, up = (random_ggml("q4_k", inter, h, seed=s, lead=(e,), scale=2e-4) for s in (2, 3))
+    down = random_ggml("q6_k", h, inter, seed=4, lead=(e,), scale=2e-4)
+    attrs = {"top_k": top_k, "norm_topk_prob": 1, "gate_wtype": "q4_k", "up_wtype": "q4_k", "down_wtype": "q6_k"}
+    for t in (1, 7):
+        x = f32(t, h, seed=10 + t)
+        inputs = [x, router, gate, up, down]
+        ref = reference("MoE", inputs, **attrs)
+        np.testing.assert_allclose(cpu("MoE", inputs, (1, 2, 3, 4), **attrs), ref, rtol=0,
+                                   atol=0.03 * np.abs(ref).max())
+
+
 # -- Embedding, RMSNorm, SwiGLU, RotaryEmbedding --------------------------------------------------------------------
 @pytest.mark.parametrize("wtype", ["f32", "f16", "bf16", *[f.name for f in FORMATS]])
 def test_embedding(path, wtype):

@@ -1,9 +1,9 @@
 """LLM kernels (domain ``hetero``, the ops of ``hetero.ops.llm``) on the native library.
 
-* ``QMatMul`` / ``MoE``: block-quantized weights are repacked once, when the kernel is made (16 rows interleaved, see
-  ``src/llm.hpp``), and multiplied without expanding them to float: the activation rows are quantized to int8 per
-  block on the fly and the dots are integer (AVX-512 VNNI / AVX-512BW / AVX2 / scalar). Float weights (f32 / f16 /
-  bf16) are read in place.
+* ``QMatMul`` / ``MoE``: block-quantized weights (hetero's q4 / q8, GGUF's q5_0 / q5_1 / q4_k / q5_k / q6_k) are
+  repacked once, when the kernel is made (16 rows interleaved, see ``src/llm.hpp``), and multiplied without
+  expanding them to float: the activation rows are quantized to int8 per block on the fly and the dots are integer
+  (AVX-512 VNNI / AVX-512BW / AVX2 / scalar). Float weights (f32 / f16 / bf16) are read in place.
 * ``Attention`` owns its layer's KV cache in native memory: float16 by default, float32 with the node attribute
   ``kv_dtype="f32"`` (``hetero.llm.load(..., kv_cache="f32")``).
 * ``RotaryEmbedding`` shares one cos/sin table (grown on demand) between all nodes with the same attributes.
@@ -44,10 +44,10 @@ def _wattrs(node: NodeInfo, prefix: str = "") -> tuple[str, int, int]:
 
 
 def _format_ok(node: NodeInfo, prefix: str = "") -> Support:
-    try:  # hetero's q8/q4 blocks and float weights; GGUF's k-quant / q5 types are refused (reference fallback)
-        quant.format_from_attrs(*_wattrs(node, prefix))
+    try:  # float weights, hetero's q8/q4 blocks and GGUF's q5_0/q5_1/q4_k/q5_k/q6_k blocks
+        quant.weight_format(*_wattrs(node, prefix))
     except HeteroError as exc:
-        return unsupported(f"{exc.message} (cpu kernels take f32/f16/bf16/q8/q4)")
+        return unsupported(exc.message)
     return SUPPORTED
 
 
@@ -58,12 +58,14 @@ def _is_f32(info: TensorInfo | None) -> bool:
 def _weights(node: NodeInfo, array: np.ndarray, k: int, prefix: str = ""):
     """The native weight object for a constant QMatMul / MoE weight (repacked once when quantized)."""
     wtype, block_size, symmetric = _wattrs(node, prefix)
-    fmt = quant.format_from_attrs(wtype, block_size, symmetric)
+    fmt = quant.weight_format(wtype, block_size, symmetric)
     if fmt is None:
         array = np.ascontiguousarray(array, dtype=_FLOAT_DTYPES[wtype])
         return _native.llm_weights(array, wtype, k=k)
-    return _native.llm_weights(np.ascontiguousarray(array, dtype=np.uint8), wtype, fmt.block_size, fmt.symmetric,
-                               k)
+    packed = np.ascontiguousarray(array, dtype=np.uint8)
+    if isinstance(fmt, quant.GgmlFormat):  # GGUF blocks: the layout is implied by the type
+        return _native.llm_weights(packed, wtype, k=k)
+    return _native.llm_weights(packed, wtype, fmt.block_size, fmt.symmetric, k)
 
 
 def _fail(node: NodeInfo, exc: ValueError, hint: str = "") -> HeteroError:
@@ -114,12 +116,12 @@ class CpuEmbedding(CpuKernel):
     def __init__(self, node: NodeInfo) -> None:
         super().__init__(node)
         self.wtype = node.attr("wtype", "f32")
-        self.fmt = quant.format_from_attrs(self.wtype, node.attr("block_size", 32), node.attr("symmetric", 1))
+        fmt = quant.weight_format(self.wtype, node.attr("block_size", 32), node.attr("symmetric", 1))
         self.table = node.constants.get(1)
         if self.table is not None:
             self.table = np.ascontiguousarray(self.table)
-        self.block = self.fmt.block_size if self.fmt else 32
-        self.sym = self.fmt.symmetric if self.fmt else True
+        self.block = fmt.block_size if fmt else 32
+        self.sym = fmt.symmetric if isinstance(fmt, quant.QuantFormat) else True
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
