@@ -673,12 +673,36 @@ void py_attention(Attention& at, const py::array& q, const py::array& k, const p
 // ------------------------------------------------------------------------------------------------ MoE
 struct MoE {
   std::shared_ptr<Weights> gate, up, down;
-  py::object router_keep;
+  std::shared_ptr<Weights> sgate, sup, sdown;  // the shared expert (optional; one "expert" each)
+  py::object router_keep, seg_keep;
   const float* router = nullptr;
-  i64 E = 0, H = 0, I = 0;
+  const float* seg = nullptr;                  // the shared expert's sigmoid gate [H] (optional)
+  i64 E = 0, H = 0, I = 0, Is = 0;
   int top_k = 1;
   bool norm = true;
 };
+
+// y[n, H] = down_e(silu(gate_e(x)) * up_e(x)) for the n rows of x [n, H]; I = the expert's inner size.
+void swiglu_expert(const Weights& gate, const Weights& up, const Weights& down, i64 e, const float* x, i64 n,
+                   i64 H, i64 I, float* y) {
+  const LlmKernels& kr = lk();
+  float* gu = tl_f(6).get(static_cast<std::size_t>(2 * n * I));
+  float* g = gu;
+  float* u = gu + n * I;
+  const bool share = gate.quant && up.quant && gate.pk.bs == up.pk.bs && gate.pk.nibbles() == up.pk.nibbles();
+  if (share) {  // gate and up read the same quantized activations
+    XQ xq = tl_xq(0).make(kr, x, n, H, H, gate.pk.bs, gate.pk.nibbles(), n >= 16);
+    matmul_core(gate, e, x, n, H, &xq, g, I, nullptr);
+    matmul_core(up, e, x, n, H, &xq, u, I, nullptr);
+  } else {
+    matmul(gate, e, x, n, H, g, I, nullptr, 0);
+    matmul(up, e, x, n, H, u, I, nullptr, 0);
+  }
+  const Kernels& base = active();
+  base.unary(U_SILU, g, g, n * I, 0.f, 0.f);
+  base.binary(B_MUL, BM_VV, g, u, g, n * I);
+  matmul(down, e, g, n, I, y, H, nullptr, 1);
+}
 
 void moe_run(const MoE& mo, const float* x, i64 T, float* out) {
   const i64 E = mo.E, H = mo.H, I = mo.I;
@@ -733,36 +757,35 @@ void moe_run(const MoE& mo, const float* x, i64 T, float* out) {
       by[static_cast<std::size_t>(chosen[static_cast<std::size_t>(t * K + j)])].push_back(
           {t, cw[static_cast<std::size_t>(t * K + j)]});
   std::memset(out, 0, static_cast<std::size_t>(T * H) * 4);
-  const Kernels& base = active();
   for (i64 e = 0; e < E; ++e) {
     const auto& list = by[static_cast<std::size_t>(e)];
     if (list.empty()) continue;
     const i64 n = static_cast<i64>(list.size());
     float* xe = tl_f(5).get(static_cast<std::size_t>(n * H));
-    float* gu = tl_f(6).get(static_cast<std::size_t>(2 * n * I));
     float* ye = tl_f(7).get(static_cast<std::size_t>(n * H));
     for (i64 i = 0; i < n; ++i)
       std::memcpy(xe + i * H, x + list[static_cast<std::size_t>(i)].first * H, static_cast<std::size_t>(H) * 4);
-    float* g = gu;
-    float* u = gu + n * I;
-    const bool share = mo.gate->quant && mo.up->quant && mo.gate->pk.bs == mo.up->pk.bs &&
-                       mo.gate->pk.nibbles() == mo.up->pk.nibbles();
-    if (share) {  // gate and up read the same quantized activations
-      XQ xq = tl_xq(0).make(kr, xe, n, H, H, mo.gate->pk.bs, mo.gate->pk.nibbles(), n >= 16);
-      matmul_core(*mo.gate, e, xe, n, H, &xq, g, I, nullptr);
-      matmul_core(*mo.up, e, xe, n, H, &xq, u, I, nullptr);
-    } else {
-      matmul(*mo.gate, e, xe, n, H, g, I, nullptr, 0);
-      matmul(*mo.up, e, xe, n, H, u, I, nullptr, 0);
-    }
-    base.unary(U_SILU, g, g, n * I, 0.f, 0.f);
-    base.binary(B_MUL, BM_VV, g, u, g, n * I);
-    matmul(*mo.down, e, g, n, I, ye, H, nullptr, 1);
+    swiglu_expert(*mo.gate, *mo.up, *mo.down, e, xe, n, H, I, ye);
     for (i64 i = 0; i < n; ++i) {
       const auto& [t, wv] = list[static_cast<std::size_t>(i)];
       float* o = out + t * H;
       const float* yr = ye + i * H;
       for (i64 j = 0; j < H; ++j) o[j] += wv * yr[j];
+    }
+  }
+  // 3. the shared expert on every token, scaled by sigmoid(x . shared_expert_gate) when there is one
+  if (mo.sgate) {
+    float* ys = tl_f(7).get(static_cast<std::size_t>(T * H));
+    swiglu_expert(*mo.sgate, *mo.sup, *mo.sdown, 0, x, T, H, mo.Is, ys);
+    for (i64 t = 0; t < T; ++t) {
+      double s = 1.0;
+      if (mo.seg) {
+        double score = 0.0;
+        for (i64 j = 0; j < H; ++j) score += static_cast<double>(x[t * H + j]) * mo.seg[j];
+        s = 1.0 / (1.0 + std::exp(-score));
+      }
+      const float sf = static_cast<float>(s);
+      for (i64 j = 0; j < H; ++j) out[t * H + j] += sf * ys[t * H + j];
     }
   }
 }
@@ -822,9 +845,10 @@ void bind_llm(py::module_& m) {
       .def("__call__", &py_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"),
            py::arg("scale"), py::arg("out"));
 
-  py::class_<MoE>(m, "LlmMoE", "Routed SwiGLU experts (top-k; tokens grouped by expert).")
+  py::class_<MoE>(m, "LlmMoE", "Routed SwiGLU experts (top-k; tokens grouped by expert) plus an optional shared expert.")
       .def(py::init([](const py::array& router, const PyWeights& gate, const PyWeights& up, const PyWeights& down,
-                       int top_k, bool norm) {
+                       int top_k, bool norm, const PyWeights* sgate, const PyWeights* sup, const PyWeights* sdown,
+                       const py::object& seg) {
              need_f32c(router, "LlmMoE", "router");
              auto mo = std::make_unique<MoE>();
              mo->gate = gate.w;
@@ -841,9 +865,30 @@ void bind_llm(py::module_& m) {
              mo->norm = norm;
              mo->router_keep = router;
              mo->router = cfptr(router);
+             if ((sgate != nullptr) != (sup != nullptr) || (sgate != nullptr) != (sdown != nullptr))
+               fail("LlmMoE: the shared expert needs shared_gate, shared_up and shared_down");
+             if (sgate) {
+               mo->sgate = sgate->w;
+               mo->sup = sup->w;
+               mo->sdown = sdown->w;
+               mo->Is = sgate->w->n;
+               if (sgate->w->k != mo->H || sup->w->k != mo->H || sup->w->n != mo->Is || sdown->w->n != mo->H ||
+                   sdown->w->k != mo->Is)
+                 fail("LlmMoE: shared expert weight shapes do not match [I_s, hidden] / [hidden, I_s]");
+             }
+             if (!seg.is_none()) {
+               if (!sgate) fail("LlmMoE: shared_expert_gate without a shared expert");
+               const py::array a = seg.cast<py::array>();
+               need_f32c(a, "LlmMoE", "shared_expert_gate");
+               if (a.size() != mo->H) fail("LlmMoE: shared_expert_gate must hold hidden floats");
+               mo->seg_keep = a;
+               mo->seg = cfptr(a);
+             }
              return mo;
            }),
-           py::arg("router"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("top_k"), py::arg("norm"))
+           py::arg("router"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("top_k"), py::arg("norm"),
+           py::arg("shared_gate") = nullptr, py::arg("shared_up") = nullptr, py::arg("shared_down") = nullptr,
+           py::arg("shared_expert_gate") = py::none())
       .def("__call__", [](const MoE& mo, const py::array& x, const py::array& out) {
         need_f32c(x, "llm_moe", "x");
         need_out(out, "llm_moe");

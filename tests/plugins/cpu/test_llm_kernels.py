@@ -406,7 +406,7 @@ def test_moe(path, wtype, norm):
         np.testing.assert_allclose(got, ref, rtol=0, atol=tol)
 
 
-def test_moe_per_weight_formats_and_shared_expert_refused(path):
+def test_moe_per_weight_formats(path):
     e, h, inter = 4, 64, 32
     router = f32(e, h, seed=1)
     q4, q8 = QuantFormat(4, 32, True), QuantFormat(8, 64, False)
@@ -419,10 +419,41 @@ def test_moe_per_weight_formats_and_shared_expert_refused(path):
     inputs = [x, router, gate, up, down]
     ref = reference("MoE", inputs, **attrs)
     np.testing.assert_allclose(cpu("MoE", inputs, (1, 2, 3, 4), **attrs), ref, rtol=0, atol=0.03 * np.abs(ref).max())
-    sg, su, sd = f32(16, h, seed=5), f32(16, h, seed=6), f32(h, 16, seed=7)
-    node, infos, _, _, _ = make_ref("MoE", [*inputs, sg, su, sd], **attrs)
-    consts = {i: v for i, v in enumerate([*inputs, sg, su, sd]) if i}
-    verdict = KERNELS[(HETERO_DOMAIN, "MoE")].accepts(NodeInfo(node, infos, [info_of(x)], consts, 1))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("shared_wtype", ["f32", "q8", "q4_k"])
+def test_moe_shared_expert(path, gated, shared_wtype):
+    """Qwen3.5-MoE / Qwen3-Next: routed experts plus a shared expert (its own weight format) with a sigmoid gate."""
+    e, h, inter, s_inter = 4, 256, 32, 256
+    router = f32(e, h, seed=1)
+    gate, up, down = f32(e, inter, h, seed=2) / 8, f32(e, inter, h, seed=3) / 8, f32(e, h, inter, seed=4) / 6
+    dense = [f32(s_inter, h, seed=5) / 16, f32(s_inter, h, seed=6) / 16, f32(h, s_inter, seed=7) / 16]
+    attrs = {"top_k": 2, "norm_topk_prob": 0, "wtype": "f32"}
+    if shared_wtype == "f32":
+        shared = dense
+    elif shared_wtype == "q8":
+        shared = [quantize(w, QuantFormat(8, 32, True)) for w in dense]
+        attrs.update({f"shared_{n}_wtype": "q8" for n in ("gate", "up", "down")})
+    else:
+        shared = [random_ggml("q4_k", s_inter, h, seed=s, scale=2e-4) for s in (5, 6)]
+        shared.append(random_ggml("q6_k", h, s_inter, seed=7, scale=2e-4))
+        attrs.update(shared_gate_wtype="q4_k", shared_up_wtype="q4_k", shared_down_wtype="q6_k")
+    inputs = [None, router, gate, up, down, *shared, f32(1, h, seed=8) / 8 if gated else None]
+    for t in (1, 6):
+        inputs[0] = f32(t, h, seed=10 + t)
+        ref = reference("MoE", inputs, **attrs)
+        got = cpu("MoE", inputs, (1, 2, 3, 4, 5, 6, 7, 8) if gated else (1, 2, 3, 4, 5, 6, 7), **attrs)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=0.03 * np.abs(ref).max())
+
+
+def test_moe_partial_shared_expert_refused():
+    e, h, inter = 4, 64, 32
+    inputs = [f32(2, h), f32(e, h, seed=1), f32(e, inter, h, seed=2), f32(e, inter, h, seed=3),
+              f32(e, h, inter, seed=4), f32(16, h, seed=5), f32(16, h, seed=6)]
+    node, infos, _, _, _ = make_ref("MoE", inputs, top_k=2, wtype="f32")
+    consts = {i: v for i, v in enumerate(inputs) if i}
+    verdict = KERNELS[(HETERO_DOMAIN, "MoE")].accepts(NodeInfo(node, infos, [info_of(inputs[0])], consts, 1))
     assert not verdict and "shared expert" in verdict.reason
 
 

@@ -266,18 +266,27 @@ class CpuSwiGLU(CpuKernel):
         _native.llm_swiglu(_c(g), _c(u), outputs[0].buffer)
 
 
+def _present(node: NodeInfo, i: int) -> bool:
+    return i < len(node.inputs) and node.inputs[i] is not None
+
+
 class CpuMoE(CpuKernel):
-    """Routed SwiGLU experts; tokens are grouped by expert so each expert's weights are read once per call."""
+    """Routed SwiGLU experts (tokens are grouped by expert so each expert's weights are read once per call) plus the
+    optional shared expert and its sigmoid gate (inputs 5-8)."""
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         if any(i not in node.constants for i in (1, 2, 3, 4)):
             return unsupported("MoE with router / expert weights computed at run time")
-        if any(i < len(node.inputs) and node.inputs[i] is not None for i in range(5, 9)):
-            return unsupported("MoE with a shared expert (inputs 5-8; the cpu kernel routes experts only)")
-        if not _is_f32(node.inputs[0]):
-            return unsupported("MoE on a non-float32 activation")
-        for prefix in ("gate_", "up_", "down_"):
+        shared = [_present(node, i) for i in (5, 6, 7)]
+        if any(shared) and not all(shared):
+            return unsupported("MoE with a partial shared expert (inputs 5-7 go together)")
+        if any(_present(node, i) and i not in node.constants for i in (5, 6, 7, 8)):
+            return unsupported("MoE with shared-expert weights computed at run time")
+        if not _is_f32(node.inputs[0]) or (_present(node, 8) and not _is_f32(node.inputs[8])):
+            return unsupported("MoE on a non-float32 activation or shared expert gate")
+        prefixes = ("gate_", "up_", "down_", *(("shared_gate_", "shared_up_", "shared_down_") if all(shared) else ()))
+        for prefix in prefixes:
             verdict = _format_ok(node, prefix)
             if not verdict:
                 return verdict
@@ -289,9 +298,20 @@ class CpuMoE(CpuKernel):
         gate, up, down = (node.constants[i] for i in (2, 3, 4))
         hidden = router.shape[1]
         inter = gate.shape[1]
-        self.moe = _native.LlmMoE(router, _weights(node, gate, hidden, "gate_"), _weights(node, up, hidden, "up_"),
-                                  _weights(node, down, inter, "down_"), int(node.attr("top_k")),
-                                  bool(node.attr("norm_topk_prob", 1)))
+        shared = {}
+        if _present(node, 5):
+            s_gate, s_up, s_down = (node.constants[i] for i in (5, 6, 7))
+            shared = {"shared_gate": _weights(node, s_gate, hidden, "shared_gate_"),
+                      "shared_up": _weights(node, s_up, hidden, "shared_up_"),
+                      "shared_down": _weights(node, s_down, s_gate.shape[0], "shared_down_")}
+            if _present(node, 8):
+                shared["shared_expert_gate"] = np.ascontiguousarray(node.constants[8], dtype=np.float32).reshape(-1)
+        try:
+            self.moe = _native.LlmMoE(router, _weights(node, gate, hidden, "gate_"), _weights(node, up, hidden, "up_"),
+                                      _weights(node, down, inter, "down_"), int(node.attr("top_k")),
+                                      bool(node.attr("norm_topk_prob", 1)), **shared)
+        except ValueError as exc:
+            raise _fail(node, exc) from None
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
