@@ -33,7 +33,12 @@ def timeit(fn, min_time: float = 0.3) -> float:
     return float(np.median(times))
 
 
-def weight(fmt: quant.QuantFormat | None, n: int, k: int, rng: np.random.Generator, wtype: str = "f32"):
+# Byte offsets of the f16 scale fields of the GGUF block formats (the rest of each block is random).
+GGML_F16_FIELDS = {"q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+
+
+def weight(fmt: quant.QuantFormat | quant.GgmlFormat | None, n: int, k: int, rng: np.random.Generator,
+           wtype: str = "f32"):
     if fmt is None:
         w = rng.standard_normal((n, k)).astype(np.float32)
         if wtype == "f16":
@@ -42,6 +47,11 @@ def weight(fmt: quant.QuantFormat | None, n: int, k: int, rng: np.random.Generat
             w = quant.f32_to_bf16(w)
         return _native.llm_weights(w, wtype, k=k), w.nbytes
     blocks = rng.integers(0, 256, size=(n, fmt.blocks(k), fmt.block_bytes), dtype=np.uint8)
+    if isinstance(fmt, quant.GgmlFormat):
+        for at in GGML_F16_FIELDS[fmt.wtype]:
+            blocks[..., at:at + 2] = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)
+        data = blocks.reshape(n, -1)
+        return _native.llm_weights(data, fmt.wtype, k=k), data.nbytes
     blocks[..., 0:2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
     if not fmt.symmetric:
         blocks[..., 2:4] = np.frombuffer(np.float16(-0.05).tobytes(), dtype=np.uint8)
@@ -53,7 +63,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--isa", default=None)
-    ap.add_argument("--formats", default="q4,q8,q4_asym,q8_b128,f16")
+    ap.add_argument("--formats", default="q4,q8,q4_asym,q4_k,q6_k,q5_0,f16",
+                    help="hetero q4/q8 specs, GGUF types (q5_0, q5_1, q4_k, q5_k, q6_k) or f32/f16/bf16")
     ap.add_argument("--prefill", type=int, default=128, help="rows of the GEMM test (0: skip)")
     ap.add_argument("--cold", type=int, default=256, help="MiB of weight copies cycled through so that the GEMV reads "
                     "memory, not the L3 (0: one hot copy)")
@@ -71,7 +82,7 @@ def main() -> None:
     print(f"memory read roof now (f32 GEMV, 256 MiB): {big.nbytes / troof / 1e9:.1f} GB/s")
     del wbig
     for spec in args.formats.split(","):
-        fmt = None if spec in ("f32", "f16", "bf16") else quant.parse_quant(spec)
+        fmt = None if spec in ("f32", "f16", "bf16") else quant.GGML_FORMATS.get(spec) or quant.parse_quant(spec)
         total_bytes = total_time = 0.0
         print(f"\n{spec}: GEMV (M=1)  [GB/s of weights]" + (f"; GEMM M={args.prefill} [GOP/s]" if args.prefill else ""))
         for name, n, k in SHAPES:
