@@ -14,7 +14,8 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,46 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "hetero" / "opencl"
 
 
+@dataclass(frozen=True)
+class Variants:
+    """Which kernel variants a device gets (see cl/common.cl): chosen from what the device reports, never assumed."""
+
+    fp16: bool = False  # native half loads / stores (cl_khr_fp16)
+    subgroups: str | None = None  # "intel" (cl_intel_subgroups) or "khr" (cl_khr_subgroups), for reductions
+    c_std: str = "CL1.2"  # the OpenCL C version programs are built for
+
+    def defines(self) -> list[str]:
+        flags = []
+        if self.fp16:
+            flags.append("HAS_FP16=1")
+        if self.subgroups:
+            flags.append("HAS_SUBGROUPS=1")
+        if self.subgroups == "intel":
+            flags.append("HAS_INTEL_SUBGROUPS=1")
+        return flags
+
+
+def kernel_variants(extensions: str | Iterable[str], opencl_c_version: str = "OpenCL C 1.2",
+                    disabled: Iterable[str] = ()) -> Variants:
+    """The variants for a device with these extensions and this OpenCL C version ("OpenCL C 1.2 ..."): fp16 where
+    cl_khr_fp16 is reported; subgroup reductions where cl_intel_subgroups is reported (its builtins exist in OpenCL
+    C 1.2), or cl_khr_subgroups with OpenCL C 2.0 or later (then programs build as CL2.0, where the khr subgroup
+    builtins live). ``disabled`` ("fp16", "subgroups") turns variants off (HETERO_OPENCL_DISABLE)."""
+    ext = set(extensions.split() if isinstance(extensions, str) else extensions)
+    off = set(disabled)
+    match = re.search(r"(\d+)\.(\d+)", opencl_c_version)
+    c_version = (int(match.group(1)), int(match.group(2))) if match else (1, 2)
+    fp16 = "cl_khr_fp16" in ext and "fp16" not in off
+    subgroups = None
+    c_std = "CL1.2"
+    if "subgroups" not in off:
+        if "cl_intel_subgroups" in ext:
+            subgroups = "intel"
+        elif "cl_khr_subgroups" in ext and c_version >= (2, 0):
+            subgroups, c_std = "khr", "CL2.0"
+    return Variants(fp16, subgroups, c_std)
+
+
 def _source(name: str) -> str:
     return resources.files(__package__).joinpath("cl", name).read_text(encoding="utf-8")
 
@@ -59,8 +100,10 @@ class Runtime:
         self.native = native
         self.info: dict[str, Any] = self.ctx.info()
         ext = set(self.info["extensions"].split())
-        self.fp16 = "cl_khr_fp16" in ext
-        self.subgroups = bool(ext & {"cl_khr_subgroups", "cl_intel_subgroups"})
+        disabled = [v.strip() for v in os.environ.get("HETERO_OPENCL_DISABLE", "").split(",") if v.strip()]
+        self.variants = kernel_variants(ext, self.info.get("opencl_c_version", ""), disabled)
+        self.fp16 = self.variants.fp16
+        self.subgroups = self.variants.subgroups is not None
         self.max_wg = int(self.info["max_work_group_size"])
         identity = f"{self.info['name']}|{self.info['version']}|{self.info['driver_version']}"
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.info['name']}-{self.info['driver_version']}")[:80]
@@ -74,9 +117,7 @@ class Runtime:
 
     # -- programs ----------------------------------------------------------------------------------------------
     def options(self, defines: Sequence[str]) -> str:
-        flags = ["-cl-std=CL1.2"] + [f"-D{d}" for d in defines]
-        if self.fp16:
-            flags.append("-DHAS_FP16=1")
+        flags = [f"-cl-std={self.variants.c_std}"] + [f"-D{d}" for d in [*defines, *self.variants.defines()]]
         return " ".join(flags)
 
     def program(self, name: str, defines: Sequence[str] = ()) -> Any:
@@ -132,14 +173,17 @@ class Runtime:
         best, best_time = candidates[0], float("inf")
         for size in candidates:
             try:
+                start = time.perf_counter()
                 trial(size)  # warm up (and check the size is accepted)
                 self.ctx.finish()
+                # Slow trials (big products on a CPU device) are timed once more, fast ones three times.
+                repeats = 1 if time.perf_counter() - start > 0.05 else 3
                 start = time.perf_counter()
-                for _ in range(3):
+                for _ in range(repeats):
                     trial(size)
                 self.ctx.finish()
-                elapsed = time.perf_counter() - start
-            except RuntimeError:
+                elapsed = (time.perf_counter() - start) / repeats
+            except (RuntimeError, BackendError):
                 continue
             if elapsed < best_time:
                 best, best_time = size, elapsed
@@ -150,6 +194,9 @@ class Runtime:
         except OSError:
             pass
         return best
+
+    def is_tuned(self, key: str) -> bool:
+        return key in self._load_tuning()
 
     def _load_tuning(self) -> dict[str, int]:
         if self._tuning is None:

@@ -273,3 +273,17 @@ def test_moe(spec, t):
               "up": np.stack([u[0] for u in up]), "down": np.stack([d[0] for d in down])}
     check_hetero("MoE", {"x": rand(t, hidden)}, consts, {**gate[0][1], "top_k": top_k, "norm_topk_prob": 1},
                  atol=1e-4)
+
+
+def test_moe_shared_expert_is_refused_not_ignored():
+    """The opencl MoE kernel routes experts only: a node with a shared expert must go to another backend."""
+    experts, hidden, inter = 4, 32, 16
+    consts = {"router": rand(experts, hidden), "gate": rand(experts, inter, hidden), "up": rand(experts, inter, hidden),
+              "down": rand(experts, hidden, inter), "sg": rand(inter, hidden), "su": rand(inter, hidden),
+              "sd": rand(hidden, inter)}
+    feeds = {"x": rand(3, hidden)}
+    attrs = {"wtype": "f32", "top_k": 2}
+    ours = hetero.Session(hetero_graph("MoE", feeds, consts, attrs), backends=["opencl", "cpu"])
+    assert {p.backend for p in ours.placement.nodes} == {"cpu"}
+    ref = hetero.Session(hetero_graph("MoE", feeds, consts, attrs), backends=["reference"])
+    np.testing.assert_allclose(ours.run(feeds)["y"], ref.run(feeds)["y"], rtol=1e-3, atol=1e-3)

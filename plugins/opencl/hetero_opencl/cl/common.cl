@@ -1,7 +1,28 @@
 // Shared by every program (prepended by the host): extension switches and the activation table.
-// fp32 everywhere; HAS_FP16 / HAS_SUBGROUPS are defined by the host only when the device reports the extension.
+// Arithmetic is fp32 everywhere. The host (hetero_opencl.runtime.kernel_variants) defines HAS_FP16 and
+// HAS_SUBGROUPS only when the device reports the extension, so these variants are chosen at run time:
+//   HAS_FP16: half tensors (f16 weights, quantization scales, the f16 KV cache) are read and written as native
+//     half values instead of through vload_half / vstore_half (same values: conversions are exact, stores round to
+//     nearest even either way).
+//   HAS_SUBGROUPS (cl_khr_subgroups on OpenCL C 2.0+, or cl_intel_subgroups): work-group reductions reduce
+//     within each subgroup first (sub_group_reduce_*), then across the subgroups' partials: two barriers instead of
+//     log2(size) rounds through local memory.
 #ifdef HAS_FP16
 #pragma OPENCL EXTENSION cl_khr_fp16 : enable
+#define HALF_LOAD(i, p) ((float)(p)[i])
+#define HALF_LOAD4(i, p) convert_float4(vload4((i), (p)))
+#define HALF_LOAD16(i, p) convert_float16(vload16((i), (p)))
+#define HALF_STORE(x, i, p) ((p)[i] = (half)(x))
+#else
+#define HALF_LOAD(i, p) vload_half((i), (p))
+#define HALF_LOAD4(i, p) vload_half4((i), (p))
+#define HALF_LOAD16(i, p) vload_half16((i), (p))
+#define HALF_STORE(x, i, p) vstore_half((x), (i), (p))
+#endif
+#if defined(HAS_SUBGROUPS) && defined(HAS_INTEL_SUBGROUPS)
+#pragma OPENCL EXTENSION cl_intel_subgroups : enable
+#elif defined(HAS_SUBGROUPS)
+#pragma OPENCL EXTENSION cl_khr_subgroups : enable
 #endif
 
 // Unary / activation codes: keep in sync with hetero_opencl.kernels.common.UNARY.
@@ -80,7 +101,25 @@ inline float activate(float x, int op, float a, float b) {
   }
 }
 
-// Work-group tree reduction of one float per work-item (size a power of two, `scratch` has `size` floats).
+// Work-group reduction of one float per work-item (size a power of two, `scratch` has `size` floats). Every
+// work-item gets the result; the barriers also publish other local writes made before the call.
+#ifdef HAS_SUBGROUPS
+// Subgroup variant: one partial per subgroup in scratch, then every work-item combines the (few) partials.
+#define GROUP_REDUCE(name, sg_op, combine, identity)                                                            \
+  inline float name(float v, __local float* scratch, int lid, int size) {                                      \
+    v = sg_op(v);                                                                                              \
+    if (get_sub_group_local_id() == 0) scratch[get_sub_group_id()] = v;                                        \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                              \
+    float r = identity;                                                                                        \
+    const int groups = (int)get_num_sub_groups();                                                              \
+    for (int i = 0; i < groups; ++i) r = combine(r, scratch[i]);                                               \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                              \
+    return r;                                                                                                  \
+  }
+inline float add_f(float a, float b) { return a + b; }
+GROUP_REDUCE(group_sum, sub_group_reduce_add, add_f, 0.0f)
+GROUP_REDUCE(group_max, sub_group_reduce_max, fmax, -INFINITY)
+#else
 inline float group_sum(float v, __local float* scratch, int lid, int size) {
   scratch[lid] = v;
   barrier(CLK_LOCAL_MEM_FENCE);
@@ -104,6 +143,7 @@ inline float group_max(float v, __local float* scratch, int lid, int size) {
   barrier(CLK_LOCAL_MEM_FENCE);
   return r;
 }
+#endif
 
 // Offset of flat index i (row-major over dims) through strides: meta holds dims[rank] then strides[rank].
 inline long strided_offset(long i, __global const int* dims, __global const int* strides, int rank) {

@@ -86,3 +86,32 @@ __kernel void swiglu1(__global const float* g, __global const float* u, __global
   const float x = g[i];
   y[i] = x / (1.0f + exp(-x)) * u[i];
 }
+
+// Integer Add Sub Mul Div Max Min with broadcasting (shape arithmetic, index math); Div truncates toward zero as
+// ONNX says, and gives 0 for a zero divisor instead of trapping (the reference leaves that case undefined).
+#define INT_BINARY(T)                                                                                            \
+  __kernel void binary_nd_##T(__global const T* a, __global const T* b, __global T* y, __global const int* meta, \
+                              int n, int rank, int op) {                                                         \
+    const int i = get_global_id(0);                                                                              \
+    if (i >= n) return;                                                                                          \
+    long ia = 0, ib = 0, r = i;                                                                                  \
+    for (int d = rank - 1; d >= 0; --d) {                                                                        \
+      const int k = (int)(r % meta[d]);                                                                          \
+      r /= meta[d];                                                                                              \
+      ia += (long)k * meta[rank + d];                                                                            \
+      ib += (long)k * meta[2 * rank + d];                                                                        \
+    }                                                                                                            \
+    const T x = a[ia], z = b[ib];                                                                                \
+    T v;                                                                                                         \
+    switch (op) {                                                                                                \
+      case B_ADD: v = x + z; break;                                                                              \
+      case B_SUB: v = x - z; break;                                                                              \
+      case B_MUL: v = x * z; break;                                                                              \
+      case B_DIV: v = z == 0 ? 0 : x / z; break;                                                                 \
+      case B_MAX: v = max(x, z); break;                                                                          \
+      default: v = min(x, z); break;                                                                             \
+    }                                                                                                            \
+    y[i] = v;                                                                                                    \
+  }
+INT_BINARY(int)
+INT_BINARY(long)

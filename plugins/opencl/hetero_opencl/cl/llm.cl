@@ -33,13 +33,14 @@ __kernel void rope(__global const float* x, __global float* y, __global const fl
   y[base + i] = v;
 }
 
-// The KV cache element: float16 storage with -DKV_HALF (the Attention op's kv_dtype "f16": vload_half /
-// vstore_half are core OpenCL 1.2, no cl_khr_fp16 needed; stores round to nearest even), else float32.
+// The KV cache element: float16 storage with -DKV_HALF (the Attention op's kv_dtype "f16": through vload_half /
+// vstore_half, core OpenCL 1.2, or native half loads and stores where the device has cl_khr_fp16 (HAS_FP16);
+// stores round to nearest even either way), else float32.
 #ifdef KV_HALF
 #define KV_T half
-#define KV_LOAD(p, i) vload_half((i), (p))
-#define KV_LOAD4(p, i) vload_half4(0, (p) + (i))
-#define KV_STORE(p, i, x) vstore_half((x), (i), (p))
+#define KV_LOAD(p, i) HALF_LOAD((i), (p))
+#define KV_LOAD4(p, i) HALF_LOAD4(0, (p) + (i))
+#define KV_STORE(p, i, x) HALF_STORE((x), (i), (p))
 #else
 #define KV_T float
 #define KV_LOAD(p, i) ((p)[i])

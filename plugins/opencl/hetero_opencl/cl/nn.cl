@@ -1,63 +1,5 @@
-// Dense and CNN kernels: tiled GEMM (MatMul, Gemm, FusedMatMul, Conv through im2col), depthwise conv, pooling,
-// Softmax, LayerNormalization, Resize.
-
-#define TM 32
-#define TN 32
-#define TK 16
-
-// C[b] = act(alpha * A[b] @ B[b] + beta * bias) for b = get_global_id(2). Element (m, k) of A[b] is
-// A[offs[2b] + m * sam + k * sak] (strides express transposes), (k, n) of B[b] is B[offs[2b+1] + k * sbk + n * sbn];
-// C is contiguous [M, N] per batch at c_off + b * M * N; bias (m, n) at bias[b * sbb + m * scm + n * scn].
-// Work-group 8x8, each work-item computes a 4x4 block of a 32x32 tile; K is walked 16 at a time through local
-// memory, B rows read as float4.
-__kernel __attribute__((reqd_work_group_size(8, 8, 1)))
-void gemm(__global const float* A, __global const float* B, __global float* C, __global const float* bias,
-          __global const int* offs, int M, int N, int K, int sam, int sak, int sbk, int sbn, int c_off,
-          float alpha, float beta, int has_bias, int sbb, int scm, int scn, int act, float act_a, float act_b) {
-  const int tx = get_local_id(0), ty = get_local_id(1);
-  const int lid = ty * 8 + tx;
-  const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
-  const int batch = get_global_id(2);
-  A += offs[2 * batch];
-  B += offs[2 * batch + 1];
-  C += c_off + (long)batch * M * N;
-  __local float As[TK][TM];
-  __local float Bs[TK][TN];
-  float4 acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
-  for (int k0 = 0; k0 < K; k0 += TK) {
-    for (int i = lid; i < TK * TM; i += 64) {
-      const int m = i / TK, k = i % TK, gm = m0 + m, gk = k0 + k;
-      As[k][m] = (gm < M && gk < K) ? A[(long)gm * sam + (long)gk * sak] : 0.0f;
-    }
-    for (int i = lid; i < TK * TN; i += 64) {
-      const int k = i / TN, n = i % TN, gk = k0 + k, gn = n0 + n;
-      Bs[k][n] = (gk < K && gn < N) ? B[(long)gk * sbk + (long)gn * sbn] : 0.0f;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int k = 0; k < TK; ++k) {
-      const float4 b = vload4(tx, Bs[k]);
-      const float4 a = vload4(ty, As[k]);
-      acc0 += a.x * b;
-      acc1 += a.y * b;
-      acc2 += a.z * b;
-      acc3 += a.w * b;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  float4 acc[4] = {acc0, acc1, acc2, acc3};
-  for (int i = 0; i < 4; ++i) {
-    const int m = m0 + ty * 4 + i;
-    if (m >= M) break;
-    const float vals[4] = {acc[i].x, acc[i].y, acc[i].z, acc[i].w};
-    for (int j = 0; j < 4; ++j) {
-      const int n = n0 + tx * 4 + j;
-      if (n >= N) break;
-      float v = alpha * vals[j];
-      if (has_bias) v += beta * bias[(long)batch * sbb + (long)m * scm + (long)n * scn];
-      C[(long)m * N + n] = activate(v, act, act_a, act_b);
-    }
-  }
-}
+// CNN kernels around the tiled GEMM of gemm.cl: im2col / col2im (Conv, ConvTranspose), depthwise conv, pooling,
+// BatchNormalization, Softmax, LayerNormalization, Resize.
 
 // col[g, (c * KH + ky) * KW + kx, oy * OW + ox] for one image (2-D conv; 1-D convs come as H = 1).
 __kernel void im2col(__global const float* x, __global float* col, int x_off, int C, int H, int W, int KH, int KW,
@@ -246,4 +188,40 @@ __kernel void resize2d(__global const float* x, __global float* y, int NC, int H
     v = top * (1.0f - wy) + bot * wy;
   }
   y[((long)nc * OH + oy) * OW + ox] = v;
+}
+
+// ConvTranspose, second half: the GEMM has written col[g, (co * KH + ky) * KW + kx, iy * W + ix] = sum over the
+// group's input channels of w * x for one image; each output pixel gathers the taps that land on it.
+__kernel void col2im(__global const float* col, __global const float* bias, __global float* y, int has_bias,
+                     int y_off, int G, int MG, int H, int W, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
+                     int pw, int dh, int dw) {
+  const int ox = get_global_id(0), oy = get_global_id(1), c = get_global_id(2);
+  if (ox >= OW || oy >= OH || c >= G * MG) return;
+  const int g = c / MG, co = c % MG;
+  const long P = (long)H * W;
+  __global const float* cp = col + ((long)g * MG + co) * KH * KW * P;
+  float acc = has_bias ? bias[c] : 0.0f;
+  for (int ky = 0; ky < KH; ++ky) {
+    const int ty = oy + ph - ky * dh;
+    if (ty < 0 || ty % sh) continue;
+    const int iy = ty / sh;
+    if (iy >= H) continue;
+    for (int kx = 0; kx < KW; ++kx) {
+      const int tx = ox + pw - kx * dw;
+      if (tx < 0 || tx % sw) continue;
+      const int ix = tx / sw;
+      if (ix < W) acc += cp[(ky * KW + kx) * P + iy * W + ix];
+    }
+  }
+  y[y_off + ((long)c * OH + oy) * OW + ox] = acc;
+}
+
+// BatchNormalization (inference) over [N, C, inner]: y = (x - mean) / sqrt(var + eps) * scale + b per channel.
+__kernel void batchnorm(__global const float* x, __global const float* scale, __global const float* b,
+                        __global const float* mean, __global const float* var, __global float* y, int C, int inner,
+                        int n, float eps) {
+  const int i = get_global_id(0);
+  if (i >= n) return;
+  const int c = (i / inner) % C;
+  y[i] = (x[i] - mean[c]) * rsqrt(var[c] + eps) * scale[c] + b[c];
 }

@@ -15,24 +15,24 @@ inline float16 load16(__global const uchar* row, int k0) {
 #if WFMT == 0
   return vload16(0, (__global const float*)row + k0);
 #elif WFMT == 1
-  return vload_half16(0, (__global const half*)row + k0);
+  return HALF_LOAD16(0, (__global const half*)row + k0);
 #elif WFMT == 2
   return as_float16(convert_uint16(vload16(0, (__global const ushort*)row + k0)) << 16);
 #else
   __global const uchar* blk = row + (k0 / WBLOCK) * WBB;
   const int j0 = k0 % WBLOCK;
-  const float d = vload_half(0, (__global const half*)blk);
+  const float d = HALF_LOAD(0, (__global const half*)blk);
 #if WFMT == 3
   return convert_float16(vload16(0, (__global const char*)(blk + WHDR) + j0)) * d;
 #elif WFMT == 4
-  return convert_float16(vload16(0, blk + WHDR + j0)) * d + vload_half(1, (__global const half*)blk);
+  return convert_float16(vload16(0, blk + WHDR + j0)) * d + HALF_LOAD(1, (__global const half*)blk);
 #else
   const uchar16 b = vload16(0, blk + WHDR + j0 % (WBLOCK / 2));
   const float16 q = convert_float16(j0 >= WBLOCK / 2 ? (b >> (uchar16)(4)) : (b & (uchar16)(15)));
 #if WFMT == 5
   return (q - 8.0f) * d;
 #else
-  return q * d + vload_half(1, (__global const half*)blk);
+  return q * d + HALF_LOAD(1, (__global const half*)blk);
 #endif
 #endif
 #endif
@@ -42,24 +42,24 @@ inline float load1(__global const uchar* row, int k) {
 #if WFMT == 0
   return ((__global const float*)row)[k];
 #elif WFMT == 1
-  return vload_half(k, (__global const half*)row);
+  return HALF_LOAD(k, (__global const half*)row);
 #elif WFMT == 2
   return as_float((uint)(((__global const ushort*)row)[k]) << 16);
 #else
   __global const uchar* blk = row + (k / WBLOCK) * WBB;
   const int j = k % WBLOCK;
-  const float d = vload_half(0, (__global const half*)blk);
+  const float d = HALF_LOAD(0, (__global const half*)blk);
 #if WFMT == 3
   return (float)((__global const char*)(blk + WHDR))[j] * d;
 #elif WFMT == 4
-  return (float)blk[WHDR + j] * d + vload_half(1, (__global const half*)blk);
+  return (float)blk[WHDR + j] * d + HALF_LOAD(1, (__global const half*)blk);
 #else
   const uchar b = blk[WHDR + j % (WBLOCK / 2)];
   const float q = (float)(j >= WBLOCK / 2 ? (b >> 4) : (b & 15));
 #if WFMT == 5
   return (q - 8.0f) * d;
 #else
-  return q * d + vload_half(1, (__global const half*)blk);
+  return q * d + HALF_LOAD(1, (__global const half*)blk);
 #endif
 #endif
 #endif
@@ -102,6 +102,20 @@ __kernel void qmatvec(__global const float* x, __global const uchar* W, __global
       for (int t = 0; t < mt; ++t) acc[t] += w * x[(long)(m0 + t) * K + k];
     }
   }
+#ifdef HAS_SUBGROUPS
+  // Each subgroup reduces its QMT sums in registers; work-item t then adds token t's subgroup partials.
+  const int sg = (int)get_sub_group_id(), groups = (int)get_num_sub_groups();
+  for (int t = 0; t < QMT; ++t) {
+    const float v = sub_group_reduce_add(acc[t]);
+    if (get_sub_group_local_id() == 0) red[t * size + sg] = v;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid < mt) {
+    float v = 0.0f;
+    for (int i = 0; i < groups; ++i) v += red[lid * size + i];
+    y[(long)(m0 + lid) * N + n] = v + (has_bias ? bias[n] : 0.0f);
+  }
+#else
   for (int t = 0; t < QMT; ++t) red[t * size + lid] = acc[t];
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int s = size >> 1; s > 0; s >>= 1) {
@@ -110,6 +124,7 @@ __kernel void qmatvec(__global const float* x, __global const uchar* W, __global
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   if (lid < mt) y[(long)(m0 + lid) * N + n] = red[lid * size] + (has_bias ? bias[n] : 0.0f);
+#endif
 }
 
 // The same product, one work-item per (row n, QMT tokens) walking the whole row: no local memory, no barriers.

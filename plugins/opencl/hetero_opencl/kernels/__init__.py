@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import elementwise, gated_delta, llm, movement, nn
+from . import convert, elementwise, gated_delta, linear_attention, llm, movement, nn, reduce, rnn
 
 KERNELS = {
     **elementwise.KERNELS,
@@ -10,4 +10,8 @@ KERNELS = {
     **nn.KERNELS,
     **llm.KERNELS,
     **gated_delta.KERNELS,
+    **convert.KERNELS,
+    **reduce.KERNELS,
+    **linear_attention.KERNELS,
+    **rnn.KERNELS,
 }

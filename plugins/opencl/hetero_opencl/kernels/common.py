@@ -88,6 +88,24 @@ class ClKernel:
     def host(self, tensor: Tensor | None) -> np.ndarray | None:
         return None if tensor is None else self.be.host_value(tensor)
 
+    def shadows(self, inputs: Sequence[Tensor | None]) -> list[np.ndarray] | None:
+        """The inputs' host copies when every input has one (small values uploaded from the host, or computed from
+        such values): shape arithmetic then stays on the host instead of a launch and a waiting download."""
+        arrays = []
+        for t in inputs:
+            shadow = None if t is None or t.is_host else t.buffer.shadow
+            if shadow is None:
+                return None
+            arrays.append(shadow.reshape(t.shape))  # type: ignore[union-attr]
+        return arrays
+
+    def put_shadow(self, out: Tensor, value: np.ndarray) -> None:
+        """Write a host-computed small result to the device (without waiting) and keep it as the buffer's shadow."""
+        value = np.ascontiguousarray(value, dtype=out.dtype.np_dtype).reshape(out.shape)
+        out.buffer.shadow = value
+        if value.nbytes:
+            self.ctx.write(out.buffer, value.reshape(-1).view(np.uint8), blocking=False)
+
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         pass
 

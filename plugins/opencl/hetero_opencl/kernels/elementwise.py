@@ -6,11 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hetero import dtypes
 from hetero.backend import NodeInfo, Support, unsupported
 from hetero.ops.unary_forms import UNARY_FORMS, unary_params
 from hetero.tensor import Tensor, TensorInfo
 
-from .common import UNARY, ClKernel, contiguous_strides, float32_only
+from .common import UNARY, ClKernel, contiguous_strides, dtype_check, float32_only
 
 PROGRAM = "elementwise.cl"
 # Binary codes: keep in sync with cl/elementwise.cl (B_*).
@@ -61,6 +62,11 @@ class ClClip(ClKernel):
         run_unary(self, inputs[0].buffer, out.buffer, out.size, UNARY["clip"], lo, hi)  # type: ignore[union-attr]
 
 
+# Integer tensors (shape arithmetic, index math) get these ops, broadcasting, one element per work-item.
+_INT_TYPES = {dtypes.int32: "int", dtypes.int64: "long"}
+_INT_OPS = ("Add", "Sub", "Mul", "Div", "Max", "Min")
+
+
 class ClBinary(ClKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
@@ -68,6 +74,9 @@ class ClBinary(ClKernel):
             return unsupported(f"{node.op_type} with {len(node.inputs)} inputs (the opencl kernel takes 2)")
         if any(i is not None and i.rank is not None and i.rank > 8 for i in node.inputs):
             return unsupported("rank above 8")
+        a = node.inputs[0]
+        if a is not None and a.dtype in _INT_TYPES and node.op_type in _INT_OPS:
+            return dtype_check(node, (a.dtype,))
         return float32_only(node)
 
     def __init__(self, node: NodeInfo, backend) -> None:
@@ -75,12 +84,14 @@ class ClBinary(ClKernel):
         self.op = BINARY[node.op_type]
         self.mode = "nd"
         self.meta_values: list[int] = []
+        self.int_type = _INT_TYPES.get(node.inputs[0].dtype) if node.inputs[0] is not None else None
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         a, b = inputs[0].shape, inputs[1].shape  # type: ignore[union-attr]
         out = outputs[0].shape
         n = int(np.prod(out, dtype=np.int64))  # type: ignore[arg-type]
-        if a == out and (b == out or int(np.prod(b, dtype=np.int64)) == 1) and n % 4 == 0:  # type: ignore[arg-type]
+        if self.int_type is None and a == out and (b == out or int(np.prod(b, dtype=np.int64)) == 1) \
+                and n % 4 == 0:
             self.mode = "same" if b == out else "scalar"
             return
         self.mode = "nd"
@@ -95,9 +106,30 @@ class ClBinary(ClKernel):
             self.launch(self.k(PROGRAM, "binary4"), [n // 4], None, a.buffer, b.buffer, y.buffer, n // 4,  # type: ignore[union-attr]
                         self.op, int(self.mode == "scalar"))
             return
+        if n == 0:
+            return
+        if self.int_type is not None and n <= SHADOW_ELEMENTS:
+            host = self.shadows(inputs)
+            if host is not None:  # shape arithmetic on values the host already has: no launch, no later download
+                self.put_shadow(y, _int_binary(self.info.op_type, *host))
+                return
         meta = self.meta("nd", self.meta_values)
-        self.launch(self.k(PROGRAM, "binary_nd"), [n], None, a.buffer, b.buffer, y.buffer, meta, n,  # type: ignore[union-attr]
+        name = "binary_nd" if self.int_type is None else f"binary_nd_{self.int_type}"
+        self.launch(self.k(PROGRAM, name), [n], None, a.buffer, b.buffer, y.buffer, meta, n,  # type: ignore[union-attr]
                     self.rank, self.op)
+
+
+SHADOW_ELEMENTS = 512  # integer results up to this size are computed on the host when their inputs are there
+
+
+def _int_binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The integer kernel's semantics in numpy: Div truncates toward zero and gives 0 for a zero divisor."""
+    if op == "Div":
+        safe = np.where(b == 0, 1, b)
+        q = np.abs(a) // np.abs(safe) * np.sign(a) * np.sign(safe)
+        return np.where(b == 0, 0, q).astype(a.dtype)
+    fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Max": np.maximum, "Min": np.minimum}[op]
+    return fn(a, b).astype(a.dtype)
 
 
 def _broadcast_strides(shape, out) -> list[int]:

@@ -18,7 +18,7 @@ from hetero.ops.llm import rope_inv_freq
 from hetero.tensor import Tensor
 
 from .common import ClKernel, float32_only, pow2_at_most
-from .nn import gemm
+from .gemm import gemm
 
 WEIGHTS = "weights.cl"
 LLM = "llm.cl"
@@ -234,6 +234,8 @@ class ClMoE(_WeightKernel):
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
+        if any(i < len(node.inputs) and node.inputs[i] is not None for i in range(5, 9)):
+            return unsupported("MoE with a shared expert (inputs 5-8; the opencl kernel routes experts only)")
         verdict = _known_wtype(node)
         return float32_only(node, [0, 1]) if verdict else verdict
 

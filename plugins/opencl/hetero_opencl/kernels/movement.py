@@ -9,6 +9,7 @@ import numpy as np
 
 from hetero import dtypes
 from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
+from hetero.errors import HeteroError
 from hetero.tensor import Tensor, TensorInfo
 
 from .common import ClKernel, contiguous_strides
@@ -164,7 +165,95 @@ class ClGather(ClKernel):
                     data.shape[axis])
 
 
+class ClShape(ClKernel):
+    """Shape: the dims are known on the host, so the output is written from there (and kept as its shadow: a
+    Reshape or Slice reading it later needs no download). Nothing runs on the device and the input is never read."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return SUPPORTED
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        dims = inputs[0].shape  # type: ignore[union-attr]
+        rank = len(dims)
+        start, end = int(self.attr("start", 0)), self.attr("end")
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
+        value = np.asarray(dims[start:max(end, start)], dtype=np.int64)
+        buf = outputs[0].buffer
+        buf.shadow = value
+        if value.size:
+            self.ctx.write(buf, value.view(np.uint8), blocking=False)
+
+
+_PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}
+
+
+class ClPad(ClKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _sized(node)
+        mode = node.attr("mode", "constant")
+        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        if verdict and mode not in _PAD_MODES:
+            return unsupported(f"Pad mode {mode!r}")
+        return verdict
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        mode = self.attr("mode", "constant")
+        self.mode = _PAD_MODES[mode.decode() if isinstance(mode, bytes) else str(mode)]
+        self.dtype = node.inputs[0].dtype.np_dtype  # type: ignore[union-attr]
+        self.kernel = self.k(PROGRAM, f"pad_{_element(node.inputs[0])}")
+        self._value: tuple[bytes, object] | None = None
+
+    def _pads(self, inputs: Sequence[Tensor | None], rank: int) -> list[int]:
+        if self.info.opset < 11:
+            return [int(p) for p in self.attr("pads" if self.info.opset >= 2 else "paddings")]
+        pads = [int(p) for p in np.asarray(self.host(inputs[1])).reshape(-1)]
+        if len(inputs) > 3 and inputs[3] is not None:
+            axes = [int(a) % rank for a in np.asarray(self.host(inputs[3])).reshape(-1)]
+            full = [0] * (2 * rank)
+            for i, a in enumerate(axes):
+                full[a], full[a + rank] = pads[i], pads[i + len(axes)]
+            return full
+        return pads
+
+    def _constant(self, inputs: Sequence[Tensor | None]):
+        """A one-element device buffer holding the pad value in the tensor's dtype (re-uploaded when it changes)."""
+        if self.info.opset < 11:
+            value = np.asarray(self.attr("value", 0.0))
+        elif len(inputs) > 2 and inputs[2] is not None and inputs[2].size:
+            value = np.asarray(self.host(inputs[2])).reshape(-1)[0]
+        else:
+            value = np.asarray(0)
+        raw = np.asarray(value).astype(self.dtype).reshape(1).tobytes()
+        if self._value is None or self._value[0] != raw:
+            buf = self.ctx.alloc(len(raw))
+            self.ctx.write(buf, np.frombuffer(raw, np.uint8).copy())
+            self._value = (raw, buf)
+        return self._value[1]
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, y = inputs[0], outputs[0]
+        assert x is not None
+        if y.size == 0:
+            return
+        rank = x.ndim
+        pads = self._pads(inputs, rank)
+        begin = [max(p, 0) for p in pads[:rank]]
+        crop = [max(-p, 0) for p in pads[:rank]]
+        kept = [x.shape[d] - crop[d] - max(-pads[rank + d], 0) for d in range(rank)]
+        if self.mode != 0 and any(k == 0 for k in kept):
+            raise HeteroError(f"{self.node.label()}: Pad mode needs a non-empty input along every padded axis")
+        meta = self.meta("pad", [*y.shape, *contiguous_strides(x.shape), *begin, *crop, *kept])
+        self.launch(self.kernel, [y.size], None, x.buffer, y.buffer, meta, self._constant(inputs), y.size, rank,
+                    self.mode)
+
+
 KERNELS = {
+    ("", "Shape"): ClShape,
+    ("", "Pad"): ClPad,
     **{("", op): ClView for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
     ("", "Transpose"): ClTranspose,
     ("", "Slice"): ClSlice,

@@ -1,5 +1,6 @@
-"""Dense and CNN kernels (cl/nn.cl): MatMul, Gemm, FusedMatMul on the tiled GEMM; Conv / FusedConv (depthwise
-direct, 1x1 straight into the GEMM, others through im2col); pooling; Softmax; LayerNormalization; Resize."""
+"""Dense and CNN kernels (cl/nn.cl; the tiled GEMM of kernels/gemm.py): MatMul, Gemm, FusedMatMul; Conv / FusedConv
+(depthwise direct, 1x1 straight into the GEMM, others through im2col), ConvTranspose (GEMM + col2im); pooling;
+BatchNormalization; Softmax; LayerNormalization; Resize."""
 
 from __future__ import annotations
 
@@ -19,24 +20,11 @@ from .common import (
     fused_activation_known,
     pow2_at_most,
     static_rank,
-    up,
 )
 from .elementwise import _broadcast_strides
+from .gemm import gemm
 
 PROGRAM = "nn.cl"
-
-
-def gemm(kernel: ClKernel, a, b, c, m: int, n: int, k: int, strides: tuple[int, int, int, int], offs,
-         batch: int = 1, *, c_off: int = 0, alpha: float = 1.0, beta: float = 1.0, bias=None,
-         bias_strides: tuple[int, int, int] = (0, 0, 0), act: tuple[int, float, float] = (0, 0.0, 0.0)) -> None:
-    """C[b] = act(alpha * A[b] @ B[b] + beta * bias) through the tiled kernel (see cl/nn.cl for the strides)."""
-    if m == 0 or n == 0 or batch == 0:
-        return
-    sam, sak, sbk, sbn = strides
-    kernel.launch(kernel.k(PROGRAM, "gemm"), [up(n, 32) // 4, up(m, 32) // 4, batch], [8, 8, 1],
-                  a, b, c, kernel.be.dummy if bias is None else bias, offs, m, n, k, sam, sak, sbk, sbn, c_off,
-                  float(alpha), float(beta), int(bias is not None), *bias_strides, act[0], float(act[1]),
-                  float(act[2]))
 
 
 class ClMatMul(ClKernel):
@@ -133,8 +121,10 @@ def _as_2d(values: Sequence[int], fill: int) -> list[int]:
     return [fill, *values] if len(values) == 1 else values
 
 
-def _spatial_ok(node: NodeInfo) -> Support:
+def _spatial_ok(node: NodeInfo, weight: int | None = None) -> Support:
     rank = static_rank(node, 0)
+    if rank is None and weight is not None:
+        rank = static_rank(node, weight)  # a conv's weight has the input's rank (and is a constant, so known)
     if rank not in (3, 4):
         return unsupported(f"{node.op_type} on rank {rank} (opencl: 1-D and 2-D spatial)")
     return SUPPORTED
@@ -145,7 +135,7 @@ class ClConv(ClKernel):
     def accepts(node: NodeInfo) -> Support:
         verdict = float32_only(node)
         if verdict:
-            verdict = _spatial_ok(node)
+            verdict = _spatial_ok(node, weight=1)
         if verdict and node.op_type == "FusedConv":
             verdict = fused_activation_known(node)
         return verdict
@@ -176,6 +166,8 @@ class ClConv(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, w, y = inputs[0], inputs[1], outputs[0]
+        if x.ndim not in (3, 4):  # type: ignore[union-attr]
+            raise BackendError(f"{self.node.label()}: opencl convolves rank 3 and 4 inputs, got {x.shape}")  # type: ignore[union-attr]
         bias = inputs[2] if len(inputs) > 2 else None
         act_code, act_a, act_b = self.act
         if y.size == 0:
@@ -203,6 +195,95 @@ class ClConv(ClKernel):
             offs = self.meta(f"offs{n}", [v for gi in range(g) for v in (gi * m * kk, b_base + gi * kk * p)])
             gemm(self, w.buffer, src, y.buffer, m, p, kk, (kk, 1, p, 1), offs, g, c_off=n * self.cout * p,  # type: ignore[union-attr]
                  bias=bias_buf, bias_strides=(m, 1, 0), act=self.act)
+
+
+def _transpose_begins(attrs: dict, in_sp: Sequence[int], out_sp: Sequence[int], kernel: Sequence[int],
+                      strides: Sequence[int], dilations: Sequence[int]) -> list[int]:
+    """Begin pads of ConvTranspose per spatial axis: from ``pads``, or split from the excess over the requested
+    output size (``output_shape`` / auto_pad SAME_*), as hetero.ops.nn computes the output shape."""
+    n = len(in_sp)
+    auto = _text(attrs.get("auto_pad"), "NOTSET")
+    if attrs.get("output_shape") is None and auto not in ("SAME_UPPER", "SAME_LOWER"):
+        return list(attrs.get("pads") or [0] * (2 * n))[:n]
+    out_pad = list(attrs.get("output_padding") or [0] * n)
+    begins = []
+    for i in range(n):
+        full = strides[i] * (in_sp[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
+        total = full - out_sp[i]
+        begins.append(total // 2 if auto == "SAME_UPPER" else total - total // 2)
+    return begins
+
+
+class ClConvTranspose(ClKernel):
+    """ConvTranspose, 1-D and 2-D, groups: per image, the tiled GEMM computes W^T @ x for every kernel tap (into a
+    scratch buffer), then col2im gathers the taps of each output pixel and adds the bias."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = float32_only(node)
+        return _spatial_ok(node, weight=1) if verdict else verdict
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        x, w, y = inputs[0].shape, inputs[1].shape, outputs[0].shape  # type: ignore[union-attr]
+        nsp = len(x) - 2  # type: ignore[arg-type]
+        if nsp not in (1, 2):
+            raise BackendError(f"{self.node.label()}: opencl ConvTranspose takes rank 3 and 4 inputs, got {x}")
+        kernel = list(self.attr("kernel_shape") or w[2:])  # type: ignore[index]
+        strides = list(self.attr("strides") or [1] * nsp)
+        dil = list(self.attr("dilations") or [1] * nsp)
+        begin = _transpose_begins(self.node.attrs, x[2:], y[2:], kernel, strides, dil)  # type: ignore[index, arg-type]
+        self.n, self.c = x[0], x[1]  # type: ignore[index]
+        self.h, self.w = _as_2d(x[2:], 1)  # type: ignore[index]
+        self.oh, self.ow = _as_2d(y[2:], 1)  # type: ignore[index]
+        self.kh, self.kw = _as_2d(kernel, 1)
+        self.sh, self.sw = _as_2d(strides, 1)
+        self.dh, self.dw = _as_2d(dil, 1)
+        self.ph, self.pw = _as_2d(begin, 0)
+        self.group = int(self.attr("group", 1))
+        self.mg = w[1]  # type: ignore[index]
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, w, y = inputs[0], inputs[1], outputs[0]
+        bias = inputs[2] if len(inputs) > 2 else None
+        if y.size == 0:
+            return
+        g, mg = self.group, self.mg
+        cg = self.c // g
+        m, p = mg * self.kh * self.kw, self.h * self.w
+        col = self.be.scratch("col2im", g * m * p * 4)
+        for n in range(self.n):
+            x_off = n * self.c * p
+            offs = self.meta(f"offs{n}", [v for gi in range(g) for v in (gi * cg * m, x_off + gi * cg * p)])
+            gemm(self, w.buffer, x.buffer, col, m, p, cg, (1, m, p, 1), offs, g)  # type: ignore[union-attr]
+            self.launch(self.k(PROGRAM, "col2im"), [self.ow, self.oh, g * mg], None, col,
+                        self.be.dummy if bias is None else bias.buffer, y.buffer, int(bias is not None),
+                        n * g * mg * self.oh * self.ow, g, mg, self.h, self.w, self.kh, self.kw, self.oh, self.ow,
+                        self.sh, self.sw, self.ph, self.pw, self.dh, self.dw)
+
+
+class ClBatchNorm(ClKernel):
+    """BatchNormalization in inference mode (what is left of it when no Conv precedes it to fold into)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if int(node.attr("training_mode", 0)) or len([o for o in node.node.outputs if o]) > 1:
+            return unsupported("BatchNormalization in training mode")
+        if not int(node.attr("spatial", 1)):
+            return unsupported("BatchNormalization with spatial=0 (per-element statistics)")
+        verdict = float32_only(node)
+        if verdict and static_rank(node, 0) is not None and static_rank(node, 0) < 2:  # type: ignore[operator]
+            return unsupported("BatchNormalization of a rank < 2 input")
+        return verdict
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, y = inputs[0], outputs[0]
+        if y.size == 0:
+            return
+        c = x.shape[1]  # type: ignore[union-attr]
+        inner = y.size // (x.shape[0] * c)  # type: ignore[union-attr]
+        scale, b, mean, var = (t.buffer for t in inputs[1:5])  # type: ignore[union-attr]
+        self.launch(self.k(PROGRAM, "batchnorm"), [y.size], None, x.buffer, scale, b, mean, var, y.buffer, c,  # type: ignore[union-attr]
+                    inner, y.size, float(self.attr("epsilon", 1e-5)))
 
 
 class ClPool(ClKernel):
@@ -379,6 +460,8 @@ KERNELS = {
     ("", "Gemm"): ClGemm,
     ("hetero", "FusedMatMul"): ClFusedMatMul,
     ("", "Conv"): ClConv,
+    ("", "ConvTranspose"): ClConvTranspose,
+    ("", "BatchNormalization"): ClBatchNorm,
     ("hetero", "FusedConv"): ClConv,
     ("", "MaxPool"): ClPool,
     ("", "AveragePool"): ClPool,
