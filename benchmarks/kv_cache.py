@@ -1,0 +1,218 @@
+"""KV cache types compared: the accuracy lost by the float16 and int8 ("q8") caches against the exact float32 one,
+and decode speed at a long context.
+
+    python benchmarks/kv_cache.py accuracy            # fixtures + a longer synthetic run, markdown (or --json)
+    python benchmarks/kv_cache.py speed -d 2048 -n 32 # decode tokens/s after a 2048-token context, f16 vs q8
+
+Accuracy, per model: each cache type's logits against the float32 cache's on the same tokens (teacher forced, every
+position's logits): max and mean |d logit|, top-1 agreement, and the mean negative log-likelihood of the actual next
+tokens (its change is the perplexity cost). Models: the committed transformers fixtures (tests/fixtures/llm, 2
+layers, head_dim 32; their prompts and chat) and a synthetic model with Qwen3-0.6B's shapes (28 layers, 16/8 heads
+of 128; deterministic random q8 weights) over a few hundred tokens of English text (its UTF-8 bytes as token ids).
+Random-weight models attend almost uniformly, which averages quantization noise out; a trained model with peaked
+attention and outlier key channels can lose more — read these numbers as a floor, not a promise.
+
+Speed: the same synthetic model (q4 weights, as ``hetero bench`` uses), the cache prefilled untimed to the depth,
+then N single-token decode steps timed; the median of the repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import hetero.llm
+from hetero.llm.families import build_graph
+from hetero.llm.model import Llm
+from hetero.llm.quant import parse_quant
+from hetero.llm.synthetic import LABELS, SyntheticWeights, synthetic_config
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "llm"
+KINDS = ("f32", "f16", "q8")
+
+TEXT = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps as his father had "
+    "taught him. There were one hundred and twelve of them, worn smooth in the middle by a century of boots. At the "
+    "top he trimmed the wick, polished the great lens with a soft cloth, and struck the match. Out on the water the "
+    "fishing boats turned their bows toward the beam and followed it home through the fog. In winter the storms came "
+    "from the north and the waves broke over the rocks below, throwing spray as high as the gallery rail. He kept a "
+    "logbook of every ship that passed, the weather, the wind, and the hour the lamp was lit. Years later, when the "
+    "light was automated and the keepers were sent ashore, the logbooks were found stacked in a cupboard: forty "
+    "volumes of careful handwriting, a record of the sea that no machine would ever write again."
+)
+
+
+def kv_bytes_per_token_layer(kv_heads: int, head_dim: int, kind: str) -> int:
+    """Bytes one token's K and V take in one layer's cache."""
+    per_row = {"f32": 4 * head_dim, "f16": 2 * head_dim, "q8": head_dim + 4 * -(-head_dim // 32)}[kind]
+    return 2 * kv_heads * per_row
+
+
+# -- accuracy --------------------------------------------------------------------------------------------------------
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def compare(runs: dict[str, list[np.ndarray]], targets: list[np.ndarray]) -> dict[str, dict[str, float]]:
+    """Per cache type: the distance of its logits from the f32 cache's, and the NLL of ``targets`` (the next token
+    of each position; -1 = none)."""
+    out = {}
+    base = np.concatenate(runs["f32"])
+    tgt = np.concatenate(targets)
+    keep = tgt >= 0
+    for kind, chunks in runs.items():
+        logits = np.concatenate(chunks)
+        d = np.abs(logits - base)
+        nll = -_log_softmax(logits[keep])[np.arange(keep.sum()), tgt[keep]]
+        out[kind] = {"max_abs": float(d.max()), "mean_abs": float(d.mean()),
+                     "top1": float((logits.argmax(-1) == base.argmax(-1)).mean()), "nll": float(nll.mean()),
+                     "positions": len(logits), "scored": int(keep.sum()),
+                     "logit_std": float(base.std())}
+    for kind in out:
+        out[kind]["d_nll"] = out[kind]["nll"] - out["f32"]["nll"]
+        out[kind]["ppl_ratio"] = float(np.exp(out[kind]["d_nll"]))
+    return out
+
+
+def fixture_sequences(family: str) -> list[list[int]]:
+    exp = json.loads((FIXTURES / family / "expected.json").read_text(encoding="utf-8"))
+    return [p["ids"] for p in exp["prompts"]] + [exp["chat"]["ids"]]
+
+
+def run_all_logits(llm: Llm, seqs: list[list[int]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    chunks, targets = [], []
+    for ids in seqs:
+        llm.reset()
+        logits = llm.prefill(ids)
+        chunks.append(logits)
+        targets.append(np.array([*ids[1:], -1], dtype=np.int64))
+    return chunks, targets
+
+
+def accuracy_fixture(family: str, backends: list[str] | None) -> dict:
+    seqs = fixture_sequences(family)
+    runs, targets = {}, []
+    for kind in KINDS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            llm = hetero.llm.load(FIXTURES / family, backends=backends, on_fallback="silent", context=512,
+                                  all_logits=True, kv_cache=kind, prefill_chunk=0)
+        runs[kind], targets = run_all_logits(llm, seqs)
+        llm.close()
+    return compare(runs, targets)
+
+
+def synthetic(kind: str, quant: str, context: int, backends: list[str] | None, all_logits: bool) -> Llm:
+    """The synthetic Qwen3-0.6B-shaped model (what ``hetero bench`` runs), optionally returning every position's
+    logits; the prompt is prefilled in chunks of 512 like the library's default."""
+    cfg = synthetic_config("qwen3-0.6b")
+    graph = build_graph(cfg, SyntheticWeights(parse_quant(quant), 0), context=context,
+                        all_logits=all_logits, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Llm(cfg, graph, None, context=context, backends=backends, on_fallback="silent",
+                   name=f"qwen3 {LABELS['qwen3-0.6b']} synthetic", quant=quant, kv_cache=kind)
+
+
+def accuracy_synthetic(tokens: int, backends: list[str] | None) -> dict:
+    ids = list(TEXT.encode("utf-8"))[:tokens]
+    runs, targets = {}, []
+    for kind in KINDS:
+        llm = synthetic(kind, "q8", len(ids) + 1, backends, all_logits=True)
+        runs[kind], targets = run_all_logits(llm, [ids])
+        llm.close()
+    return compare(runs, targets)
+
+
+def accuracy(args: argparse.Namespace) -> dict:
+    results = {}
+    for family in ("qwen2", "qwen3", "qwen3_moe"):
+        results[f"fixture {family}"] = accuracy_fixture(family, args.backend)
+        print(f"done: fixture {family}", file=sys.stderr)
+    results[f"synthetic qwen3-0.6b, {args.tokens} tokens"] = accuracy_synthetic(args.tokens, args.backend)
+    return results
+
+
+def accuracy_markdown(results: dict) -> str:
+    rows = ["| model | cache | positions | max abs d logit | mean abs d logit | top-1 agree | NLL | d NLL "
+            "| ppl ratio |",
+            "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for model, kinds in results.items():
+        for kind in ("f16", "q8"):
+            r = kinds[kind]
+            rows.append(f"| {model} (logit std {r['logit_std']:.2f}) | {kind} | {r['positions']} | "
+                        f"{r['max_abs']:.2e} | {r['mean_abs']:.2e} | {100 * r['top1']:.1f}% | {r['nll']:.4f} | "
+                        f"{r['d_nll']:+.2e} | {r['ppl_ratio']:.5f} |")
+    return "\n".join(rows)
+
+
+# -- speed -----------------------------------------------------------------------------------------------------------
+def speed(args: argparse.Namespace) -> dict:
+    cfg = synthetic_config("qwen3-0.6b")
+    results = {}
+    rng = np.random.default_rng(0)
+    for kind in args.kinds.split(","):
+        llm = synthetic(kind, args.quant, args.depth + args.n_gen + 1, args.backend, all_logits=False)
+        samples = []
+        for rep in range(args.repetitions + 1):  # the first run warms up (kernels prepared, pages mapped)
+            llm.reset()
+            llm.prefill(rng.integers(0, cfg.vocab_size, size=args.depth).tolist())
+            tokens = rng.integers(0, cfg.vocab_size, size=args.n_gen).tolist()
+            started = time.perf_counter()
+            for token in tokens:
+                llm.forward([token])
+            if rep:
+                samples.append(args.n_gen / (time.perf_counter() - started))
+        per_layer = kv_bytes_per_token_layer(cfg.num_kv_heads, cfg.head_dim, kind)
+        results[kind] = {"median_ts": statistics.median(samples), "samples_ts": samples,
+                         "kv_bytes_per_token_per_layer": per_layer,
+                         "kv_mib_at_depth": per_layer * cfg.num_layers * args.depth / 2**20}
+        llm.close()
+        print(f"done: {kind} {results[kind]['median_ts']:.2f} t/s", file=sys.stderr)
+    return {"depth": args.depth, "n_gen": args.n_gen, "quant": args.quant, "results": results}
+
+
+def speed_markdown(out: dict) -> str:
+    rows = [f"| cache | tg{out['n_gen']} at depth {out['depth']}, t/s (median) | KV bytes / token / layer | "
+            f"KV cache at depth (MiB) |", "|---|--:|--:|--:|"]
+    for kind, r in out["results"].items():
+        rows.append(f"| {kind} | {r['median_ts']:.2f} | {r['kv_bytes_per_token_per_layer']} | "
+                    f"{r['kv_mib_at_depth']:.1f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("accuracy")
+    p.add_argument("--tokens", type=int, default=384, help="length of the synthetic model's text run")
+    p = sub.add_parser("speed")
+    p.add_argument("-d", "--depth", type=int, default=2048, help="context prefilled before the timed decode")
+    p.add_argument("-n", "--n-gen", type=int, default=32)
+    p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("-q", "--quant", default="q4")
+    p.add_argument("--kinds", default="f16,q8")
+    for p in sub.choices.values():
+        p.add_argument("-b", "--backend", action="append", default=None, help="backend(s), e.g. cpu")
+        p.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.what == "accuracy":
+        out = accuracy(args)
+        print(json.dumps(out, indent=2) if args.json else accuracy_markdown(out))
+    else:
+        out = speed(args)
+        print(json.dumps(out, indent=2) if args.json else speed_markdown(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
