@@ -1,16 +1,17 @@
 """KV cache types compared: the accuracy lost by the float16 and int8 ("q8") caches against the exact float32 one,
 and decode speed at a long context.
 
-    python benchmarks/kv_cache.py accuracy            # fixtures + a longer synthetic run, markdown (or --json)
+    python benchmarks/kv_cache.py accuracy            # fixtures + the text runs, markdown (or --json)
     python benchmarks/kv_cache.py speed -d 2048 -n 32 # decode tokens/s after a 2048-token context, f16 vs q8
+    python benchmarks/kv_cache.py attention -d 2048   # one layer's decode attention alone, f32 / f16 / q8
 
 Accuracy, per model: each cache type's logits against the float32 cache's on the same tokens (teacher forced, every
 position's logits): max and mean |d logit|, top-1 agreement, and the mean negative log-likelihood of the actual next
-tokens (its change is the perplexity cost). Models: the committed transformers fixtures (tests/fixtures/llm, 2
-layers, head_dim 32; their prompts and chat) and a synthetic model with Qwen3-0.6B's shapes (28 layers, 16/8 heads
-of 128; deterministic random q8 weights) over a few hundred tokens of English text (its UTF-8 bytes as token ids).
-Random-weight models attend almost uniformly, which averages quantization noise out; a trained model with peaked
-attention and outlier key channels can lose more — read these numbers as a floor, not a promise.
+tokens (its change is the perplexity cost). Models: the committed transformers fixtures (tests/fixtures/llm: 2
+layers, heads of 32, float32 weights) on their prompts and chat, and on ~580 tokens of English text through their own
+tokenizer; and, when present, benchmarks/llm.py's Qwen3-0.6B-shaped F16 GGUF (28 layers, 16/8 heads of 128) on the
+same text. All have random weights: they attend almost uniformly, which averages quantization noise out, while a
+trained model with peaked attention and outlier key channels can lose more — read the numbers as a floor.
 
 Speed: the same synthetic model (q4 weights, as ``hetero bench`` uses), the cache prefilled untimed to the depth,
 then N single-token decode steps timed; the median of the repetitions.
@@ -19,6 +20,7 @@ then N single-token decode steps timed; the median of the repetitions.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -29,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import hetero.llm
+from hetero.ir.graph import Graph
 from hetero.llm.families import build_graph
 from hetero.llm.model import Llm
 from hetero.llm.quant import parse_quant
@@ -36,6 +39,7 @@ from hetero.llm.synthetic import LABELS, SyntheticWeights, synthetic_config
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "llm"
 KINDS = ("f32", "f16", "q8")
+DEFAULT_GGUF = Path.home() / ".cache" / "hetero" / "bench-models" / "qwen3-0.6b-v32k-f16.gguf"
 
 TEXT = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps as his father had "
@@ -98,47 +102,71 @@ def run_all_logits(llm: Llm, seqs: list[list[int]]) -> tuple[list[np.ndarray], l
     return chunks, targets
 
 
-def accuracy_fixture(family: str, backends: list[str] | None) -> dict:
-    seqs = fixture_sequences(family)
+def _three_runs(open_model, seqs: list[list[int]]) -> dict:
     runs, targets = {}, []
     for kind in KINDS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            llm = hetero.llm.load(FIXTURES / family, backends=backends, on_fallback="silent", context=512,
-                                  all_logits=True, kv_cache=kind, prefill_chunk=0)
+            llm = open_model(kind)
         runs[kind], targets = run_all_logits(llm, seqs)
         llm.close()
     return compare(runs, targets)
 
 
+def _loader(path: Path, backends: list[str] | None):
+    def open_model(kind: str) -> Llm:
+        return hetero.llm.load(path, backends=backends, on_fallback="silent", context=1024, all_logits=True,
+                               kv_cache=kind, prefill_chunk=0)
+    return open_model
+
+
+def accuracy_fixture(family: str, backends: list[str] | None, text: bool = False) -> dict:
+    """The fixture's prompts and chat, or (text=True) the English text through the fixture's own tokenizer."""
+    open_model = _loader(FIXTURES / family, backends)
+    if not text:
+        return _three_runs(open_model, fixture_sequences(family))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _three_runs(open_model, [open_model("f32").tokenize(TEXT)])
+
+
+def accuracy_gguf(path: Path, backends: list[str] | None) -> dict:
+    """A float-weight GGUF (benchmarks/llm.py's Qwen3-0.6B-shaped F16 file) over the text: 28 layers, heads of 128
+    like the real model, and float GEMVs (int8 activations would add noise of the same order as the cache's)."""
+    open_model = _loader(path, backends)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _three_runs(open_model, [open_model("f32").tokenize(TEXT)])
+
+
+@functools.cache
+def _synthetic_graph(quant: str, context: int, all_logits: bool) -> Graph:
+    return build_graph(synthetic_config("qwen3-0.6b"), SyntheticWeights(parse_quant(quant), 0), context=context,
+                       all_logits=all_logits, progress=False)
+
+
 def synthetic(kind: str, quant: str, context: int, backends: list[str] | None, all_logits: bool) -> Llm:
     """The synthetic Qwen3-0.6B-shaped model (what ``hetero bench`` runs), optionally returning every position's
-    logits; the prompt is prefilled in chunks of 512 like the library's default."""
+    logits; the prompt is prefilled in chunks of 512 like the library's default. The graph is built once per
+    shape (a Session works on its own copy; Llm sets the Attention nodes' kv_dtype before handing it over)."""
     cfg = synthetic_config("qwen3-0.6b")
-    graph = build_graph(cfg, SyntheticWeights(parse_quant(quant), 0), context=context,
-                        all_logits=all_logits, progress=False)
+    graph = _synthetic_graph(quant, context, all_logits)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return Llm(cfg, graph, None, context=context, backends=backends, on_fallback="silent",
                    name=f"qwen3 {LABELS['qwen3-0.6b']} synthetic", quant=quant, kv_cache=kind)
 
 
-def accuracy_synthetic(tokens: int, backends: list[str] | None) -> dict:
-    ids = list(TEXT.encode("utf-8"))[:tokens]
-    runs, targets = {}, []
-    for kind in KINDS:
-        llm = synthetic(kind, "q8", len(ids) + 1, backends, all_logits=True)
-        runs[kind], targets = run_all_logits(llm, [ids])
-        llm.close()
-    return compare(runs, targets)
-
-
 def accuracy(args: argparse.Namespace) -> dict:
     results = {}
     for family in ("qwen2", "qwen3", "qwen3_moe"):
-        results[f"fixture {family}"] = accuracy_fixture(family, args.backend)
+        results[f"fixture {family}, prompts + chat"] = accuracy_fixture(family, args.backend)
+        results[f"fixture {family}, text"] = accuracy_fixture(family, args.backend, text=True)
         print(f"done: fixture {family}", file=sys.stderr)
-    results[f"synthetic qwen3-0.6b, {args.tokens} tokens"] = accuracy_synthetic(args.tokens, args.backend)
+    if args.gguf and Path(args.gguf).exists():
+        results[f"{Path(args.gguf).stem}, text"] = accuracy_gguf(Path(args.gguf), args.backend)
+    elif args.gguf:
+        print(f"skipped: {args.gguf} does not exist (benchmarks/llm.py makes it)", file=sys.stderr)
     return results
 
 
@@ -190,17 +218,48 @@ def speed_markdown(out: dict) -> str:
     return "\n".join(rows)
 
 
+def attention(args: argparse.Namespace) -> dict:
+    """One layer's decode attention alone (the cpu plugin's native cache object, Qwen3-0.6B's 16/8 heads of 128):
+    the cache filled to the depth, then single-token calls timed; the median of the repetitions."""
+    import hetero_cpu._native as native
+
+    hq, hkv, d, calls = 16, 8, 128, 20
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((args.depth, hq, d)).astype(np.float32)
+    k = rng.standard_normal((args.depth, hkv, d)).astype(np.float32)
+    out = np.empty((args.depth, hq * d), np.float32)
+    results = {}
+    for kind in args.kinds.split(","):
+        cache = native.LlmAttention(hkv, d, args.depth + 1, kind)
+        cache(q, k, k, 0, d**-0.5, out)
+        q1, k1, o1 = q[:1].copy(), k[:1].copy(), out[:1].copy()
+        samples = []
+        for _ in range(args.repetitions):
+            started = time.perf_counter()
+            for _ in range(calls):
+                cache(q1, k1, k1, args.depth, d**-0.5, o1)
+            samples.append((time.perf_counter() - started) / calls * 1e6)
+        per_layer = kv_bytes_per_token_layer(hkv, d, kind)
+        results[kind] = {"median_us": statistics.median(samples),
+                         "read_gb_s": per_layer * args.depth / statistics.median(samples) / 1e3}
+    return {"depth": args.depth, "results": results}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("accuracy")
-    p.add_argument("--tokens", type=int, default=384, help="length of the synthetic model's text run")
+    p.add_argument("--gguf", default=str(DEFAULT_GGUF), help="a float-weight GGUF for the deep run ('' to skip)")
     p = sub.add_parser("speed")
     p.add_argument("-d", "--depth", type=int, default=2048, help="context prefilled before the timed decode")
     p.add_argument("-n", "--n-gen", type=int, default=32)
     p.add_argument("-r", "--repetitions", type=int, default=3)
     p.add_argument("-q", "--quant", default="q4")
     p.add_argument("--kinds", default="f16,q8")
+    p = sub.add_parser("attention")
+    p.add_argument("-d", "--depth", type=int, default=2048)
+    p.add_argument("-r", "--repetitions", type=int, default=7)
+    p.add_argument("--kinds", default="f32,f16,q8")
     for p in sub.choices.values():
         p.add_argument("-b", "--backend", action="append", default=None, help="backend(s), e.g. cpu")
         p.add_argument("--json", action="store_true")
@@ -208,9 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "accuracy":
         out = accuracy(args)
         print(json.dumps(out, indent=2) if args.json else accuracy_markdown(out))
-    else:
+    elif args.what == "speed":
         out = speed(args)
         print(json.dumps(out, indent=2) if args.json else speed_markdown(out))
+    else:
+        out = attention(args)
+        rows = [f"| cache | one layer's decode attention at depth {out['depth']} (us, median) | KV read (GB/s) |",
+                "|---|--:|--:|"]
+        rows += [f"| {kind} | {r['median_us']:.0f} | {r['read_gb_s']:.1f} |" for kind, r in out["results"].items()]
+        print(json.dumps(out, indent=2) if args.json else "\n".join(rows))
     return 0
 
 

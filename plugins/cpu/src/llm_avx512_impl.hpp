@@ -246,9 +246,21 @@ void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
 }
 
 // ---------------------------------------------------------------------------------------------- attention
-// 16 cached K/V elements as float (q8: the int8 values, before their block scale); mk masks the tail of a V row.
+// 16 cached K/V elements as float (q8: the int8 values, before their block scale).
 template <int K>
-inline __m512 loadkv(const void* p, i64 i, __mmask16 mk = static_cast<__mmask16>(0xffff)) {
+inline __m512 loadkv(const void* p, i64 i) {
+  if (K == KV_F16)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(p) + i)));
+  if (K == KV_Q8)
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::int8_t*>(p) + i))));
+  return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+// The same with the lanes outside mk zeroed (the tail of a V row). Only where a row may end: GCC does not move the
+// accumulator stores out of a loop that contains masked loads (qk keeps the plain ones: its tiles are full).
+template <int K>
+inline __m512 loadkv_mask(const void* p, i64 i, __mmask16 mk) {
   if (K == KV_F16)
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, static_cast<const std::uint16_t*>(p) + i));
   if (K == KV_Q8)
@@ -317,7 +329,7 @@ void pv_nr(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, 
         acc[r][j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[j], o + r * d + c + 16 * j), _mm512_set1_ps(corr[r]));
     for (i64 l = 0; l < nk; ++l) {
       __m512 vv[4];
-      for (int j = 0; j < 4; ++j) vv[j] = loadkv<K>(v, l * d + c + 16 * j, mk[j]);
+      for (int j = 0; j < 4; ++j) vv[j] = loadkv_mask<K>(v, l * d + c + 16 * j, mk[j]);
       if (K == KV_Q8) {
         const __m512 s0 = _mm512_set1_ps(vscale[l * nb + b0]), s1 = _mm512_set1_ps(vscale[l * nb + b1]);
         vv[0] = _mm512_mul_ps(vv[0], s0);
