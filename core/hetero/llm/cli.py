@@ -50,6 +50,7 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")
+    _kv_option(p)
     p.set_defaults(func=_cmd_bench)
 
 
@@ -59,6 +60,13 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quant", default=None, help="quantize at load: q4 / q8 (+ _asym, _b64, _b128)")
     p.add_argument("-c", "--ctx", type=int, default=4096, help="context length (KV cache) in tokens")
     p.add_argument("--on-fallback", choices=["warn", "error", "silent"], default="silent")
+    _kv_option(p)
+
+
+def _kv_option(p: argparse.ArgumentParser) -> None:
+    # The choices are hetero.llm.model.KV_CACHE_TYPES, spelled out so building the parser imports nothing heavy.
+    p.add_argument("--kv-cache", default="f16", choices=["f16", "f32", "q8"],
+                   help="KV cache element type: f16 (default), f32 (exact) or q8 (int8, about half of f16's memory)")
 
 
 def _sampling_options(p: argparse.ArgumentParser) -> None:
@@ -80,7 +88,7 @@ def _load(args: argparse.Namespace):
     from .loader import load
 
     return load(args.model, backends=_backends(args), on_fallback=args.on_fallback, threads=args.threads,
-                quant=args.quant, context=args.ctx)
+                quant=args.quant, context=args.ctx, kv_cache=args.kv_cache)
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,13 +203,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             from .loader import load
 
             llm = load(args.model, backends=_backends(args), on_fallback="silent", threads=args.threads,
-                       quant=args.quant, context=context)
+                       quant=args.quant, context=context, kv_cache=args.kv_cache)
         else:
             from .synthetic import load_synthetic
 
             llm = load_synthetic(args.synthetic, args.quant or "q4", backends=_backends(args), on_fallback="silent",
                                  threads=args.threads, context=context, progress=not args.json,
-                                 linear_attention_mode=args.linear_attention_mode)
+                                 linear_attention_mode=args.linear_attention_mode, kv_cache=args.kv_cache)
     results = bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed, threads=args.threads)
     profile = None
     if args.profile:

@@ -208,6 +208,38 @@ def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
 
 
 # -- Attention -------------------------------------------------------------------------------------------------------
+KV_DTYPES = ("f16", "f32", "q8")  # the Attention op's kv_dtype values
+KV_Q8_BLOCK = 32  # q8 KV cache: values of a (position, head) row per scale
+
+
+def kv_q8_round(x: np.ndarray) -> np.ndarray:
+    """The values a q8 KV cache holds for rows ``x[..., D]`` (float32 in, float32 out).
+
+    Each row is cut into blocks of 32 values (the last one shorter when D is not a multiple of 32); a block with
+    amax = max |x| stores d = amax / 127 (float32) and q = clamp(round_half_even(x * (127 / amax)), -127, 127) as
+    int8 (q = 0 when amax = 0), and reads back as q * d. Per-block scales keep one outlier channel (common in keys)
+    from flattening the rest of its head.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    d_len = x.shape[-1]
+    nb = -(-d_len // KV_Q8_BLOCK)
+    pad = np.zeros((*x.shape[:-1], nb * KV_Q8_BLOCK), dtype=np.float32)
+    pad[..., :d_len] = x
+    blocks = pad.reshape(*x.shape[:-1], nb, KV_Q8_BLOCK)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    scale = amax / np.float32(127)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    q = np.clip(np.rint(blocks * inv), -127, 127)
+    return (q * scale).astype(np.float32).reshape(pad.shape)[..., :d_len]
+
+
+def kv_round(x: np.ndarray, kv_dtype: str) -> np.ndarray:
+    """``x`` (float32) as a KV cache of type ``kv_dtype`` stores it, read back as float32."""
+    if kv_dtype == "q8":
+        return kv_q8_round(x)
+    return x.astype(np.float16 if kv_dtype == "f16" else np.float32).astype(np.float32)
+
+
 def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
     q, k, v = (input_info(ctx, i) for i in range(3))
     _check_past_len(ctx, 3)
@@ -234,7 +266,8 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
     scalar). Output: float32 ``[T, Hq * D]`` (the heads concatenated, ready for the output projection).
     Attributes: ``max_context`` (cache length in tokens, required), ``scale`` (default 0 = 1/sqrt(D)), ``kv_dtype``
     ("f16", the default: the cache stores k and v rounded to float16 — half the memory and bandwidth of decode's
-    attention; or "f32": exact).
+    attention; "f32": exact; or "q8": int8 with a float32 scale per block of 32 values of a (position, head) row,
+    see ``kv_q8_round`` — 1.125 bytes a value, and a small accuracy loss measured in docs/llm.md).
 
     The new k/v rows are written at cache positions [past_len, past_len + T); query row t (position past_len + t)
     attends to cache positions [0, past_len + t] with softmax(q·k * scale); query head h reads kv head
@@ -261,11 +294,11 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
         state["v"] = np.zeros((hkv, max_context, d), dtype=np.float32)
     end = past_len + t
     kv_dtype = str(ctx.attr("kv_dtype", "f16"))
-    if kv_dtype not in ("f16", "f32"):
-        raise ctx.fail(f"kv_dtype {kv_dtype!r}; expected 'f16' or 'f32'")
-    store = np.float16 if kv_dtype == "f16" else np.float32  # kept in float32 arrays, rounded as the cache stores
-    state["k"][:, past_len:end] = k.transpose(1, 0, 2).astype(store)
-    state["v"][:, past_len:end] = v.transpose(1, 0, 2).astype(store)
+    if kv_dtype not in KV_DTYPES:
+        raise ctx.fail(f"kv_dtype {kv_dtype!r}; expected one of {', '.join(KV_DTYPES)}")
+    # Kept in float32 arrays, holding exactly the values the cache type stores.
+    state["k"][:, past_len:end] = kv_round(k.transpose(1, 0, 2), kv_dtype)
+    state["v"][:, past_len:end] = kv_round(v.transpose(1, 0, 2), kv_dtype)
     state["filled"] = end
     keys, values = state["k"][:, :end], state["v"][:, :end]  # [Hkv, L, D]
     scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(d)

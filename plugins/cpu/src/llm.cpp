@@ -527,32 +527,59 @@ void py_embedding(const py::array& ids, const py::array& table, const std::strin
 constexpr i64 RB = 32;  // query rows (query position x head of the group) per task
 
 // The KV cache of one layer: K in tiles of KT positions stored transposed ([head][tile][d][KT]) so that scores for
-// 64 positions are 64-wide vector FMAs, V row by row ([head][position][d]); float16 (default) or float32.
+// 64 positions are 64-wide vector FMAs, V row by row ([head][position][d]); float16 (default), float32, or int8
+// (q8) with one float scale per block of KVB values of a (position, head) row: a q8 K tile is int8 [d][KT] followed
+// by its scales [nb][KT]; V's scales are an array of their own ([head][position][nb]). Positions are quantized
+// independently, so rolling back (overwriting from any past_len) needs nothing special.
 struct Attention {
   i64 hkv = 0, max_ctx = 0, d = 0, ntiles = 0;
-  bool f16 = true;
+  int kind = KV_F16;
   void* k = nullptr;
   void* v = nullptr;
+  float* vs = nullptr;  // q8: V scales
   i64 filled = 0;
   ~Attention() {
     std::free(k);
     std::free(v);
+    std::free(vs);
   }
-  std::size_t esize() const { return f16 ? 2 : 4; }
+  std::size_t esize() const { return kind == KV_F32 ? 4 : (kind == KV_F16 ? 2 : 1); }
+  i64 nb() const { return (d + KVB - 1) / KVB; }
+  std::size_t tile_bytes() const {
+    return static_cast<std::size_t>(d * KT) * esize() + (kind == KV_Q8 ? static_cast<std::size_t>(nb() * KT) * 4 : 0);
+  }
   void alloc() {
     // calloc: zero pages are mapped lazily, so a long context costs memory only as it fills.
     ntiles = (max_ctx + KT - 1) / KT;
-    k = std::calloc(static_cast<std::size_t>(hkv * ntiles * KT * d), esize());
+    k = std::calloc(static_cast<std::size_t>(hkv * ntiles), tile_bytes());
     v = std::calloc(static_cast<std::size_t>(hkv * max_ctx * d), esize());
-    if (!k || !v) throw std::bad_alloc();
+    if (kind == KV_Q8) vs = static_cast<float*>(std::calloc(static_cast<std::size_t>(hkv * max_ctx * nb()), 4));
+    if (!k || !v || (kind == KV_Q8 && !vs)) throw std::bad_alloc();
   }
   const void* ktile(i64 h, i64 tile) const {
-    return static_cast<const char*>(k) + static_cast<std::size_t>(((h * ntiles + tile) * d) * KT) * esize();
+    return static_cast<const char*>(k) + static_cast<std::size_t>(h * ntiles + tile) * tile_bytes();
   }
   const void* vrow(i64 h, i64 pos) const {
     return static_cast<const char*>(v) + static_cast<std::size_t>((h * max_ctx + pos) * d) * esize();
   }
+  float* vscale(i64 h, i64 pos) const { return vs ? vs + (h * max_ctx + pos) * nb() : nullptr; }
 };
+
+// One row x[0:n] as q8 (hetero.ops.llm.kv_q8_round): per block of KVB, d = amax/127 and
+// q = clamp(round_half_even(x * 127/amax), -127, 127); q[i] goes to q8[i * stride], the block scales to sc[b * sstride].
+void kv_quantize_row(const float* x, i64 n, std::int8_t* q8, i64 stride, float* sc, i64 sstride) {
+  for (i64 b = 0; b * KVB < n; ++b) {
+    const i64 lo = b * KVB, hi = std::min<i64>(n, lo + KVB);
+    float amax = 0.f;
+    for (i64 i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (i64 i = lo; i < hi; ++i) {
+      const float r = std::nearbyint(x[i] * inv);
+      q8[i * stride] = static_cast<std::int8_t>(std::min(127.f, std::max(-127.f, r)));
+    }
+    sc[b * sstride] = amax / 127.f;
+  }
+}
 
 void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
                    float scale, float* out) {
@@ -570,7 +597,11 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
         char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
         char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
         const i64 lane = pos % KT;
-        if (at.f16) {
+        if (at.kind == KV_Q8) {
+          auto* kd = reinterpret_cast<std::int8_t*>(kt);
+          kv_quantize_row(ks, D, kd + lane, KT, reinterpret_cast<float*>(kd + D * KT) + lane, KT);
+          kv_quantize_row(vs, D, reinterpret_cast<std::int8_t*>(vr), 1, at.vscale(h, pos), 1);
+        } else if (at.kind == KV_F16) {
           kr.f32_to_f16(ks, hbuf, D);
           auto* kd = reinterpret_cast<std::uint16_t*>(kt);
           for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = hbuf[i];
@@ -610,11 +641,12 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
     for (i64 l0 = 0; l0 <= last; l0 += KT) {
       const void* kt = at.ktile(h, l0 / KT);
       const void* vt = at.vrow(h, l0);
+      const float* vst = at.vscale(h, l0);
       for (i64 i0 = 0; i0 < nr_all; i0 += 4) {
         const int nr = static_cast<int>(std::min<i64>(4, nr_all - i0));
         if (limit[i0] < l0) continue;  // every row of this quad comes before the tile (rows ascend)
         const i64 qk = std::min<i64>(KT, limit[i0 + nr - 1] + 1 - l0);  // positions any row of the quad sees
-        kr.qk_tile(qb + i0 * D, D, nr, kt, at.f16, D, scale, sb, KT);
+        kr.qk_tile(qb + i0 * D, D, nr, kt, at.kind, D, scale, sb, KT);
         for (int r = 0; r < nr; ++r) {
           float* sr = sb + r * KT;
           const i64 vis = std::min(qk, limit[i0 + r] + 1 - l0);
@@ -629,7 +661,7 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
           sum[i0 + r] = sum[i0 + r] * corr[r] + ps;
           mx[i0 + r] = m;
         }
-        kr.pv_tile(sb, KT, nr, vt, at.f16, qk, D, corr, ob + i0 * D);
+        kr.pv_tile(sb, KT, nr, vt, at.kind, vst, qk, D, corr, ob + i0 * D);
       }
     }
     for (i64 i = 0; i < nr_all; ++i) {
@@ -829,17 +861,30 @@ void bind_llm(py::module_& m) {
   m.def("llm_embedding", &py_embedding, py::arg("ids"), py::arg("table"), py::arg("wtype"), py::arg("block_size"),
         py::arg("symmetric"), py::arg("dim"), py::arg("out"));
 
-  py::class_<Attention>(m, "LlmAttention", "Causal GQA attention owning one layer's KV cache (float16 or float32).")
-      .def(py::init([](i64 kv_heads, i64 head_dim, i64 max_context, bool f16) {
-             if (kv_heads < 1 || head_dim < 1 || max_context < 1) fail("LlmAttention: sizes must be positive");
-             auto a = std::make_unique<Attention>();
-             a->hkv = kv_heads;
-             a->d = head_dim;
-             a->max_ctx = max_context;
-             a->f16 = f16;
-             return a;
+  // kv_dtype: "f16" / "f32" / "q8" (the Attention op's attribute); a bool (True: f16) is still accepted.
+  auto make_attention = [](i64 kv_heads, i64 head_dim, i64 max_context, int kind) {
+    if (kv_heads < 1 || head_dim < 1 || max_context < 1) fail("LlmAttention: sizes must be positive");
+    auto a = std::make_unique<Attention>();
+    a->hkv = kv_heads;
+    a->d = head_dim;
+    a->max_ctx = max_context;
+    a->kind = kind;
+    return a;
+  };
+  py::class_<Attention>(m, "LlmAttention",
+                        "Causal GQA attention owning one layer's KV cache (float16, float32 or int8 'q8').")
+      .def(py::init([make_attention](i64 kv_heads, i64 head_dim, i64 max_context, const std::string& kv_dtype) {
+             int kind = KV_F16;
+             if (kv_dtype == "f32") kind = KV_F32;
+             else if (kv_dtype == "q8") kind = KV_Q8;
+             else if (kv_dtype != "f16") fail("LlmAttention: kv_dtype '" + kv_dtype + "'; expected f16, f32 or q8");
+             return make_attention(kv_heads, head_dim, max_context, kind);
            }),
-           py::arg("kv_heads"), py::arg("head_dim"), py::arg("max_context"), py::arg("f16") = true)
+           py::arg("kv_heads"), py::arg("head_dim"), py::arg("max_context"), py::arg("kv_dtype") = "f16")
+      .def(py::init([make_attention](i64 kv_heads, i64 head_dim, i64 max_context, bool f16) {
+             return make_attention(kv_heads, head_dim, max_context, f16 ? KV_F16 : KV_F32);
+           }),
+           py::arg("kv_heads"), py::arg("head_dim"), py::arg("max_context"), py::arg("f16"))
       .def_readonly("filled", &Attention::filled)
       .def_readonly("max_context", &Attention::max_ctx)
       .def("__call__", &py_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"),

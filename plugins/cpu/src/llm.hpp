@@ -112,21 +112,29 @@ struct LlmKernels {
   // n float16 -> float32.
   void (*f16_to_f32)(const std::uint16_t* src, float* dst, i64 n);
   void (*f32_to_f16)(const float* src, std::uint16_t* dst, i64 n);
-  // Attention. The K cache is stored in tiles of KT=64 positions, transposed: tile[d][64] (f16 when kf16, else f32);
-  // the V cache row by row: v[l][d]. q rows are f32 (row stride ldq).
-  // s[r*lds + l] = scale * sum_i q[r][i] * ktile[i*64 + l], r < nr (<= 4), l < 64 (all 64 lanes are written; the
-  // positions past the filled cache hold finite stale values that the caller masks).
-  void (*qk_tile)(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 d, float scale, float* s,
+  // Attention. The K cache is stored in tiles of KT=64 positions, transposed: tile[d][64] of the element type
+  // `kind` (KvType); a KV_Q8 tile is int8 [d][64] followed by its float scales [ceil(d/32)][64] (scale of block b
+  // of position l's row at [b][l]). The V cache is row by row: v[l][d] (KV_Q8: int8 rows, scales vscale[l][nb]).
+  // q rows are f32 (row stride ldq).
+  // s[r*lds + l] = scale * sum_i q[r][i] * k(i, l), r < nr (<= 4), l < 64, k(i, l) the value the cache holds (for
+  // q8: int8 * its block scale). All 64 lanes are written; the positions past the filled cache hold finite stale
+  // values that the caller masks.
+  void (*qk_tile)(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d, float scale, float* s,
                   i64 lds);
-  // o[r*d + :] = o[r*d + :] * corr[r] + sum_l p[r*ldp + l] * v[l*d + :], r < nr (<= 4), l < nk.
-  void (*pv_tile)(const float* p, i64 ldp, int nr, const void* v, bool vf16, i64 nk, i64 d, const float* corr,
-                  float* o);
+  // o[r*d + :] = o[r*d + :] * corr[r] + sum_l p[r*ldp + l] * v(l, :), r < nr (<= 4), l < nk; vscale (KV_Q8
+  // only, else unused): [nk][ceil(d/32)] block scales of the nk rows.
+  void (*pv_tile)(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
+                  const float* corr, float* o);
 };
 
 const LlmKernels* llm_kernels_generic();
 const LlmKernels* llm_kernels_avx2();        // nullptr unless x86-64
 const LlmKernels* llm_kernels_avx512();      // nullptr unless x86-64
 const LlmKernels* llm_kernels_avx512vnni();  // nullptr unless x86-64
+
+// ---- attention: KV cache element types (the Attention op's kv_dtype), see LlmKernels::qk_tile
+enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2 };
+constexpr int KVB = 32;  // q8 cache: values of a (position, head) row per float scale
 
 // ---- portable scalar helpers ----
 // The pair4 order of one block of bs int8 values (see LlmKernels::quantize_x).

@@ -311,20 +311,42 @@ void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
 }
 
 // ---------------------------------------------------------------------------------------------- attention
-template <bool F16>
+// 16 cached K/V elements as float (q8: the int8 values, before their block scale).
+template <int K>
 inline __m512 loadkv(const void* p, i64 i) {
-  if (F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(p) + i)));
+  if (K == KV_F16)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(p) + i)));
+  if (K == KV_Q8)
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::int8_t*>(p) + i))));
   return _mm512_loadu_ps(static_cast<const float*>(p) + i);
 }
 
-template <bool F16, int NR>
+// The same with the lanes outside mk zeroed (the tail of a V row). Only where a row may end: GCC does not move the
+// accumulator stores out of a loop that contains masked loads (qk keeps the plain ones: its tiles are full).
+template <int K>
+inline __m512 loadkv_mask(const void* p, i64 i, __mmask16 mk) {
+  if (K == KV_F16)
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, static_cast<const std::uint16_t*>(p) + i));
+  if (K == KV_Q8)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, static_cast<const std::int8_t*>(p) + i)));
+  return _mm512_maskz_loadu_ps(mk, static_cast<const float*>(p) + i);
+}
+
+// NR rows x 64 positions: 4*NR accumulators + 4 key vectors. q8 keys are dequantized in registers (int8 -> float
+// times the block's scale, a memory operand from L1); memory traffic, not these extra instructions, bounds decode.
+template <int K, int NR>
 void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s, i64 lds) {
+  const float* ks = reinterpret_cast<const float*>(static_cast<const std::int8_t*>(kt) + d * KT);  // q8 only
   __m512 acc[NR][4];
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
   for (i64 i = 0; i < d; ++i) {
     __m512 kv[4];
-    for (int j = 0; j < 4; ++j) kv[j] = loadkv<F16>(kt, i * KT + 16 * j);
+    for (int j = 0; j < 4; ++j) {
+      kv[j] = loadkv<K>(kt, i * KT + 16 * j);
+      if (K == KV_Q8) kv[j] = _mm512_mul_ps(kv[j], _mm512_loadu_ps(ks + (i / KVB) * KT + 16 * j));
+    }
     for (int r = 0; r < NR; ++r) {
       const __m512 qb = _mm512_set1_ps(q[r * ldq + i]);
       for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(qb, kv[j], acc[r][j]);
@@ -335,23 +357,29 @@ void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(s + r * lds + 16 * j, _mm512_mul_ps(acc[r][j], vs));
 }
 
-template <bool F16>
+template <int K>
 void qk_t(const float* q, i64 ldq, int nr, const void* kt, i64 d, float scale, float* s, i64 lds) {
   switch (nr) {
-    case 1: qk_nr<F16, 1>(q, ldq, kt, d, scale, s, lds); break;
-    case 2: qk_nr<F16, 2>(q, ldq, kt, d, scale, s, lds); break;
-    case 3: qk_nr<F16, 3>(q, ldq, kt, d, scale, s, lds); break;
-    default: qk_nr<F16, 4>(q, ldq, kt, d, scale, s, lds); break;
+    case 1: qk_nr<K, 1>(q, ldq, kt, d, scale, s, lds); break;
+    case 2: qk_nr<K, 2>(q, ldq, kt, d, scale, s, lds); break;
+    case 3: qk_nr<K, 3>(q, ldq, kt, d, scale, s, lds); break;
+    default: qk_nr<K, 4>(q, ldq, kt, d, scale, s, lds); break;
   }
 }
 
-void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 d, float scale, float* s, i64 lds) {
-  (kf16 ? qk_t<true> : qk_t<false>)(q, ldq, nr, ktile, d, scale, s, lds);
+void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d, float scale, float* s, i64 lds) {
+  switch (kind) {
+    case KV_F16: qk_t<KV_F16>(q, ldq, nr, ktile, d, scale, s, lds); break;
+    case KV_Q8: qk_t<KV_Q8>(q, ldq, nr, ktile, d, scale, s, lds); break;
+    default: qk_t<KV_F32>(q, ldq, nr, ktile, d, scale, s, lds); break;
+  }
 }
 
-// 4 vectors (64 values of d) x NR rows of accumulators: enough independent FMA chains to hide the latency.
-template <bool F16, int NR>
-void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* corr, float* o) {
+// 4 vectors (64 values of d) x NR rows of accumulators: enough independent FMA chains to hide the latency. Vector j
+// of a chunk (16 values) lies inside one q8 block of 32, so one broadcast scale dequantizes it.
+template <int K, int NR>
+void pv_nr(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, i64 d, const float* corr, float* o) {
+  const i64 nb = (d + KVB - 1) / KVB;
   for (i64 c = 0; c < d; c += 64) {
     __mmask16 mk[4];
     for (int j = 0; j < 4; ++j) {
@@ -359,18 +387,20 @@ void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* c
       mk[j] = left >= 16 ? static_cast<__mmask16>(0xffff)
                          : (left <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << left) - 1));
     }
+    const i64 b0 = c / KVB, b1 = b0 + 1 < nb ? b0 + 1 : b0;  // blocks of vectors 0-1 and 2-3 (q8)
     __m512 acc[NR][4];
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < 4; ++j)
         acc[r][j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[j], o + r * d + c + 16 * j), _mm512_set1_ps(corr[r]));
     for (i64 l = 0; l < nk; ++l) {
       __m512 vv[4];
-      for (int j = 0; j < 4; ++j) {
-        if (F16)
-          vv[j] = _mm512_cvtph_ps(
-              _mm256_maskz_loadu_epi16(mk[j], static_cast<const std::uint16_t*>(v) + l * d + c + 16 * j));
-        else
-          vv[j] = _mm512_maskz_loadu_ps(mk[j], static_cast<const float*>(v) + l * d + c + 16 * j);
+      for (int j = 0; j < 4; ++j) vv[j] = loadkv_mask<K>(v, l * d + c + 16 * j, mk[j]);
+      if (K == KV_Q8) {
+        const __m512 s0 = _mm512_set1_ps(vscale[l * nb + b0]), s1 = _mm512_set1_ps(vscale[l * nb + b1]);
+        vv[0] = _mm512_mul_ps(vv[0], s0);
+        vv[1] = _mm512_mul_ps(vv[1], s0);
+        vv[2] = _mm512_mul_ps(vv[2], s1);
+        vv[3] = _mm512_mul_ps(vv[3], s1);
       }
       for (int r = 0; r < NR; ++r) {
         const __m512 pb = _mm512_set1_ps(p[r * ldp + l]);
@@ -382,18 +412,24 @@ void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* c
   }
 }
 
-template <bool F16>
-void pv_t(const float* p, i64 ldp, int nr, const void* v, i64 nk, i64 d, const float* corr, float* o) {
+template <int K>
+void pv_t(const float* p, i64 ldp, int nr, const void* v, const float* vscale, i64 nk, i64 d, const float* corr,
+          float* o) {
   switch (nr) {
-    case 1: pv_nr<F16, 1>(p, ldp, v, nk, d, corr, o); break;
-    case 2: pv_nr<F16, 2>(p, ldp, v, nk, d, corr, o); break;
-    case 3: pv_nr<F16, 3>(p, ldp, v, nk, d, corr, o); break;
-    default: pv_nr<F16, 4>(p, ldp, v, nk, d, corr, o); break;
+    case 1: pv_nr<K, 1>(p, ldp, v, vscale, nk, d, corr, o); break;
+    case 2: pv_nr<K, 2>(p, ldp, v, vscale, nk, d, corr, o); break;
+    case 3: pv_nr<K, 3>(p, ldp, v, vscale, nk, d, corr, o); break;
+    default: pv_nr<K, 4>(p, ldp, v, vscale, nk, d, corr, o); break;
   }
 }
 
-void pv_tile(const float* p, i64 ldp, int nr, const void* v, bool vf16, i64 nk, i64 d, const float* corr, float* o) {
-  (vf16 ? pv_t<true> : pv_t<false>)(p, ldp, nr, v, nk, d, corr, o);
+void pv_tile(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
+             const float* corr, float* o) {
+  switch (kind) {
+    case KV_F16: pv_t<KV_F16>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+    case KV_Q8: pv_t<KV_Q8>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+    default: pv_t<KV_F32>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+  }
 }
 
 const LlmKernels table = {HETERO_LLM_VNNI ? "avx512vnni" : "avx512", 8, quantize_x, qgemm_group, fgemm_tile,

@@ -312,23 +312,39 @@ void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
   for (; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
-template <bool F16>
+// 8 cached K/V elements as float (q8: the int8 values, before their block scale).
+template <int K>
 inline __m256 loadkv(const void* p, i64 i) {
-  if (F16)
+  if (K == KV_F16)
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(p) + i)));
+  if (K == KV_Q8)
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const std::int8_t*>(p) + i))));
   return _mm256_loadu_ps(static_cast<const float*>(p) + i);
 }
 
-// Rows in pairs and keys in halves of 32: 8 accumulators + 4 key vectors fit the 16 ymm registers.
-template <bool F16, int NR>
+template <int K>
+inline float loadkv1(const void* p, i64 i) {
+  if (K == KV_F16) return half_to_float(static_cast<const std::uint16_t*>(p)[i]);
+  if (K == KV_Q8) return static_cast<float>(static_cast<const std::int8_t*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+// Rows in pairs and keys in halves of 32: 8 accumulators + 4 key vectors fit the 16 ymm registers. q8 keys are
+// dequantized in registers (int8 -> float times the block's scale, read from L1 as a memory operand).
+template <int K, int NR>
 void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s, i64 lds) {
+  const float* ks = reinterpret_cast<const float*>(static_cast<const std::int8_t*>(kt) + d * KT);  // q8 only
   for (int half = 0; half < 2; ++half) {
     __m256 acc[NR][4];
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
     for (i64 i = 0; i < d; ++i) {
       __m256 kv[4];
-      for (int j = 0; j < 4; ++j) kv[j] = loadkv<F16>(kt, i * KT + 32 * half + 8 * j);
+      for (int j = 0; j < 4; ++j) {
+        kv[j] = loadkv<K>(kt, i * KT + 32 * half + 8 * j);
+        if (K == KV_Q8) kv[j] = _mm256_mul_ps(kv[j], _mm256_loadu_ps(ks + (i / KVB) * KT + 32 * half + 8 * j));
+      }
       for (int r = 0; r < NR; ++r) {
         const __m256 qb = _mm256_set1_ps(q[r * ldq + i]);
         for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_fmadd_ps(qb, kv[j], acc[r][j]);
@@ -340,21 +356,25 @@ void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s
   }
 }
 
-void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 d, float scale, float* s, i64 lds) {
-  for (int r0 = 0; r0 < nr; r0 += 2) {
-    const bool two = nr - r0 >= 2;
-    const float* qr = q + r0 * ldq;
-    float* sr = s + r0 * lds;
-    if (kf16)
-      (two ? qk_nr<true, 2> : qk_nr<true, 1>)(qr, ldq, ktile, d, scale, sr, lds);
-    else
-      (two ? qk_nr<false, 2> : qk_nr<false, 1>)(qr, ldq, ktile, d, scale, sr, lds);
+template <int K>
+void qk_t(const float* q, i64 ldq, int nr, const void* ktile, i64 d, float scale, float* s, i64 lds) {
+  for (int r0 = 0; r0 < nr; r0 += 2)
+    (nr - r0 >= 2 ? qk_nr<K, 2> : qk_nr<K, 1>)(q + r0 * ldq, ldq, ktile, d, scale, s + r0 * lds, lds);
+}
+
+void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d, float scale, float* s, i64 lds) {
+  switch (kind) {
+    case KV_F16: qk_t<KV_F16>(q, ldq, nr, ktile, d, scale, s, lds); break;
+    case KV_Q8: qk_t<KV_Q8>(q, ldq, nr, ktile, d, scale, s, lds); break;
+    default: qk_t<KV_F32>(q, ldq, nr, ktile, d, scale, s, lds); break;
   }
 }
 
-// 2 vectors (16 values of d) x NR rows of accumulators (NR <= 4 -> 8 chains + 2 loads within 16 registers).
-template <bool F16, int NR>
-void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* corr, float* o) {
+// 2 vectors (16 values of d) x NR rows of accumulators (NR <= 4 -> 8 chains + 2 loads within 16 registers). A chunk
+// of 16 (or 8) values never straddles a q8 block of 32, so one scale dequantizes the chunk of a row.
+template <int K, int NR>
+void pv_nr(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, i64 d, const float* corr, float* o) {
+  const i64 nb = (d + KVB - 1) / KVB;
   i64 c = 0;
   for (; c + 16 <= d; c += 16) {
     __m256 acc[NR][2];
@@ -362,7 +382,12 @@ void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* c
       for (int j = 0; j < 2; ++j)
         acc[r][j] = _mm256_mul_ps(_mm256_loadu_ps(o + r * d + c + 8 * j), _mm256_set1_ps(corr[r]));
     for (i64 l = 0; l < nk; ++l) {
-      const __m256 v0 = loadkv<F16>(v, l * d + c), v1 = loadkv<F16>(v, l * d + c + 8);
+      __m256 v0 = loadkv<K>(v, l * d + c), v1 = loadkv<K>(v, l * d + c + 8);
+      if (K == KV_Q8) {
+        const __m256 sc = _mm256_set1_ps(vscale[l * nb + c / KVB]);
+        v0 = _mm256_mul_ps(v0, sc);
+        v1 = _mm256_mul_ps(v1, sc);
+      }
       for (int r = 0; r < NR; ++r) {
         const __m256 pb = _mm256_set1_ps(p[r * ldp + l]);
         acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
@@ -376,7 +401,8 @@ void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* c
     __m256 acc[NR];
     for (int r = 0; r < NR; ++r) acc[r] = _mm256_mul_ps(_mm256_loadu_ps(o + r * d + c), _mm256_set1_ps(corr[r]));
     for (i64 l = 0; l < nk; ++l) {
-      const __m256 vv = loadkv<F16>(v, l * d + c);
+      __m256 vv = loadkv<K>(v, l * d + c);
+      if (K == KV_Q8) vv = _mm256_mul_ps(vv, _mm256_set1_ps(vscale[l * nb + c / KVB]));
       for (int r = 0; r < NR; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r * ldp + l]), vv, acc[r]);
     }
     for (int r = 0; r < NR; ++r) _mm256_storeu_ps(o + r * d + c, acc[r]);
@@ -385,26 +411,32 @@ void pv_nr(const float* p, i64 ldp, const void* v, i64 nk, i64 d, const float* c
     for (int r = 0; r < NR; ++r) {
       float a = o[r * d + c] * corr[r];
       for (i64 l = 0; l < nk; ++l) {
-        const float vv = F16 ? half_to_float(static_cast<const std::uint16_t*>(v)[l * d + c])
-                             : static_cast<const float*>(v)[l * d + c];
+        float vv = loadkv1<K>(v, l * d + c);
+        if (K == KV_Q8) vv *= vscale[l * nb + c / KVB];
         a += p[r * ldp + l] * vv;
       }
       o[r * d + c] = a;
     }
 }
 
-template <bool F16>
-void pv_t(const float* p, i64 ldp, int nr, const void* v, i64 nk, i64 d, const float* corr, float* o) {
+template <int K>
+void pv_t(const float* p, i64 ldp, int nr, const void* v, const float* vscale, i64 nk, i64 d, const float* corr,
+          float* o) {
   switch (nr) {
-    case 1: pv_nr<F16, 1>(p, ldp, v, nk, d, corr, o); break;
-    case 2: pv_nr<F16, 2>(p, ldp, v, nk, d, corr, o); break;
-    case 3: pv_nr<F16, 3>(p, ldp, v, nk, d, corr, o); break;
-    default: pv_nr<F16, 4>(p, ldp, v, nk, d, corr, o); break;
+    case 1: pv_nr<K, 1>(p, ldp, v, vscale, nk, d, corr, o); break;
+    case 2: pv_nr<K, 2>(p, ldp, v, vscale, nk, d, corr, o); break;
+    case 3: pv_nr<K, 3>(p, ldp, v, vscale, nk, d, corr, o); break;
+    default: pv_nr<K, 4>(p, ldp, v, vscale, nk, d, corr, o); break;
   }
 }
 
-void pv_tile(const float* p, i64 ldp, int nr, const void* v, bool vf16, i64 nk, i64 d, const float* corr, float* o) {
-  (vf16 ? pv_t<true> : pv_t<false>)(p, ldp, nr, v, nk, d, corr, o);
+void pv_tile(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
+             const float* corr, float* o) {
+  switch (kind) {
+    case KV_F16: pv_t<KV_F16>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+    case KV_Q8: pv_t<KV_Q8>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+    default: pv_t<KV_F32>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+  }
 }
 
 const LlmKernels table = {"avx2", 4, quantize_x, qgemm_group, fgemm_tile, f16_to_f32, f32_to_f16, qk_tile, pv_tile};

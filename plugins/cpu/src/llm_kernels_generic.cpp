@@ -115,31 +115,43 @@ void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
   for (i64 i = 0; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
-void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, bool kf16, i64 d, float scale, float* s, i64 lds) {
+// One cached K/V element as stored (q8: the int8 value; the caller applies its block scale).
+inline float load_kv(int kind, const void* p, i64 i) {
+  switch (kind) {
+    case KV_F16: return half_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case KV_Q8: return static_cast<float>(static_cast<const std::int8_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d, float scale, float* s, i64 lds) {
+  const float* ks = kind == KV_Q8 ? reinterpret_cast<const float*>(static_cast<const std::int8_t*>(ktile) + d * KT)
+                                  : nullptr;
   for (int r = 0; r < nr; ++r) {
     float acc[KT] = {};
-    for (i64 i = 0; i < d; ++i) {
-      const float qi = q[r * ldq + i];
-      for (int l = 0; l < KT; ++l) {
-        const float kv = kf16 ? half_to_float(static_cast<const std::uint16_t*>(ktile)[i * KT + l])
-                              : static_cast<const float*>(ktile)[i * KT + l];
-        acc[l] += qi * kv;
+    for (i64 i0 = 0; i0 < d; i0 += KVB) {  // q8: one scale per block of KVB values (other kinds: any split works)
+      float part[KT] = {};
+      for (i64 i = i0; i < d && i < i0 + KVB; ++i) {
+        const float qi = q[r * ldq + i];
+        for (int l = 0; l < KT; ++l) part[l] += qi * load_kv(kind, ktile, i * KT + l);
       }
+      for (int l = 0; l < KT; ++l) acc[l] += ks ? part[l] * ks[(i0 / KVB) * KT + l] : part[l];
     }
     for (int l = 0; l < KT; ++l) s[r * lds + l] = acc[l] * scale;
   }
 }
 
-void pv_tile(const float* p, i64 ldp, int nr, const void* v, bool vf16, i64 nk, i64 d, const float* corr, float* o) {
+void pv_tile(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
+             const float* corr, float* o) {
+  const i64 nb = (d + KVB - 1) / KVB;
   for (int r = 0; r < nr; ++r) {
     float* orow = o + r * d;
     for (i64 i = 0; i < d; ++i) orow[i] *= corr[r];
     for (i64 l = 0; l < nk; ++l) {
       const float pl = p[r * ldp + l];
       for (i64 i = 0; i < d; ++i) {
-        const float vv = vf16 ? half_to_float(static_cast<const std::uint16_t*>(v)[l * d + i])
-                              : static_cast<const float*>(v)[l * d + i];
-        orow[i] += pl * vv;
+        const float vv = load_kv(kind, v, l * d + i);
+        orow[i] += kind == KV_Q8 ? pl * (vv * vscale[l * nb + i / KVB]) : pl * vv;
       }
     }
   }

@@ -5,7 +5,8 @@
   expanding them to float: the activation rows are quantized to int8 per block on the fly and the dots are integer
   (AVX-512 VNNI / AVX-512BW / AVX2 / scalar). Float weights (f32 / f16 / bf16) are read in place.
 * ``Attention`` owns its layer's KV cache in native memory: float16 by default, float32 with the node attribute
-  ``kv_dtype="f32"`` (``hetero.llm.load(..., kv_cache="f32")``).
+  ``kv_dtype="f32"`` (``hetero.llm.load(..., kv_cache="f32")``), or int8 with ``"q8"`` (a float scale per 32
+  values of a position's head, dequantized inside the attention tile kernels).
 * ``RotaryEmbedding`` shares one cos/sin table (grown on demand) between all nodes with the same attributes.
 
 ``run`` does no allocation: outputs are preallocated by the session; native scratch grows on the first calls only.
@@ -206,11 +207,16 @@ class CpuRotaryEmbedding(CpuKernel):
             self.table(_c(inputs[0].buffer), out, _past_len(inputs[1]))  # type: ignore[misc, union-attr]
 
 
-def _kv_f16(node: NodeInfo) -> bool:
+_KV_ALIASES = {"float16": "f16", "float32": "f32"}
+
+
+def _kv_dtype(node: NodeInfo) -> str:
+    """The node's KV cache type as the native cache names it: f16, f32 or q8 (int8, a scale per 32 values)."""
     kind = str(node.attr("kv_dtype", "f16")).lower()
-    if kind not in ("f16", "float16", "f32", "float32"):
-        raise HeteroError(f"{node.node.label()}: KV cache type {kind!r}; expected f16 or f32")
-    return kind in ("f16", "float16")
+    kind = _KV_ALIASES.get(kind, kind)
+    if kind not in ("f16", "f32", "q8"):
+        raise HeteroError(f"{node.node.label()}: KV cache type {kind!r}; expected f16, f32 or q8")
+    return kind
 
 
 class CpuAttention(CpuKernel):
@@ -233,7 +239,7 @@ class CpuAttention(CpuKernel):
         self.hkv, self.d = int(k.shape[1]), int(k.shape[2])  # type: ignore[union-attr, index]
         self.max_context = int(node.attr("max_context"))
         self.scale = float(node.attr("scale", 0.0)) or 1.0 / math.sqrt(self.d)
-        self.cache = _native.LlmAttention(self.hkv, self.d, self.max_context, _kv_f16(node))
+        self.cache = _native.LlmAttention(self.hkv, self.d, self.max_context, _kv_dtype(node))
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         q = inputs[0].buffer  # type: ignore[union-attr]
