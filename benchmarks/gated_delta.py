@@ -68,14 +68,20 @@ def main() -> None:
     ap.add_argument("--isa", default=None, help="ISA path (default: the best this CPU has)")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--shape", action="append", default=[], metavar="HK,HV,DK,DV",
+                    help="other head shapes (repeatable), e.g. 2,4,16,16 (the qwen3.5-tiny fixture's)")
     args = ap.parse_args()
+    shapes = dict(SHAPES)
+    for spec in args.shape:
+        hk, hv, dk, dv = (int(x) for x in spec.split(","))
+        shapes[spec] = (hk, hv, dk, dv, 4)
     if args.isa:
         _native.set_isa(args.isa)
     print(f"isa {_native.isa()}, {args.tokens} tokens, medians of {args.reps} runs")
     print("| shape | threads | recurrent t/s | chunked t/s | chunked / recurrent |")
     print("| --- | ---: | ---: | ---: | ---: |")
     before = _native.num_threads()
-    for name, shape in SHAPES.items():
+    for name, shape in shapes.items():
         case = Case(*shape, t=args.tokens)
         for threads in (int(x) for x in args.threads.split(",")):
             _native.set_num_threads(threads)

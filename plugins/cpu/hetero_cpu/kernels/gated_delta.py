@@ -61,7 +61,6 @@ class CpuGatedDeltaRule(CpuKernel):
         self.norm_eps = float(a.get("norm_eps", 1e-6))
         self.silu = str(a.get("conv_activation", "silu")) == "silu"
         self.chunk = int(a.get("chunk_size", 64))
-        self.mode = str(a.get("mode", "auto"))
         self.interval = int(a.get("snapshot_interval", 256))
         self.max_snapshots = max(int(a.get("max_snapshots", 8)), 1)
         self.max_context = int(a.get("max_context", 0))
@@ -153,7 +152,11 @@ class CpuGatedDeltaRule(CpuKernel):
         z = None
         if len(inputs) > 8 and inputs[8] is not None:
             z = _c32(inputs[8].buffer)
-        chunked = self.mode == "chunked" or (self.mode == "auto" and t >= self.chunked_min)
+        # mode is read per call: hetero bench switches a loaded model between the forms to compare them
+        mode = str(self.node.attrs.get("mode", "auto"))
+        if mode not in MODES:
+            raise HeteroError(f"{self.node.label()}: mode {mode!r} is not one of {', '.join(MODES)}")
+        chunked = mode == "chunked" or (mode == "auto" and t >= self.chunked_min)
         self._advance(past, end, outputs[0].buffer, z, chunked)
         if t > 1:
             self._snapshot()
