@@ -1,7 +1,8 @@
 """The GatedDeltaRule op alone on the CPU plugin (``_native.gated_delta``, conv + gating + rule + gated norm): the
 chunked prefill form against the per-token recurrence at the Qwen3.5-0.8B / 2B linear-attention shapes (both have
 16 key and 16 value heads of 128; only the hidden size differs, which this op does not see). Prints medians of
-prompt tokens per second and the chunked / recurrent ratio, for each thread count.
+prompt tokens per second and the chunked / recurrent ratio (median of the per-run ratios of back-to-back runs),
+for each thread count.
 
     PYTHONPATH=core:plugins/cpu python benchmarks/gated_delta.py [--tokens 512] [--threads 1,2] [--isa avx512]
 """
@@ -47,8 +48,8 @@ class Case:
                             1.0 / dk ** 0.5)
 
 
-def medians(case: Case, chunks: tuple[int, ...], reps: int) -> list[float]:
-    """Median seconds of case.run(chunk) per chunk value; the forms alternate run by run, so that a load change on
+def timings(case: Case, chunks: tuple[int, ...], reps: int) -> list[list[float]]:
+    """Seconds of case.run(chunk) per chunk value and run; the forms alternate run by run, so that a load change on
     a shared machine hits both alike."""
     times: list[list[float]] = [[] for _ in chunks]
     for chunk in chunks:
@@ -58,7 +59,7 @@ def medians(case: Case, chunks: tuple[int, ...], reps: int) -> list[float]:
             t0 = time.perf_counter()
             case.run(chunk)
             times[i].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
+    return times
 
 
 def main() -> None:
@@ -77,7 +78,7 @@ def main() -> None:
         shapes[spec] = (hk, hv, dk, dv, 4)
     if args.isa:
         _native.set_isa(args.isa)
-    print(f"isa {_native.isa()}, {args.tokens} tokens, medians of {args.reps} runs")
+    print(f"isa {_native.isa()}, {args.tokens} tokens from an empty state, medians of {args.reps} runs")
     print("| shape | threads | recurrent t/s | chunked t/s | chunked / recurrent |")
     print("| --- | ---: | ---: | ---: | ---: |")
     before = _native.num_threads()
@@ -85,8 +86,10 @@ def main() -> None:
         case = Case(*shape, t=args.tokens)
         for threads in (int(x) for x in args.threads.split(",")):
             _native.set_num_threads(threads)
-            rec, chk = (args.tokens / s for s in medians(case, (0, args.chunk), args.reps))
-            print(f"| {name} | {threads} | {rec:.0f} | {chk:.0f} | {chk / rec:.2f}x |")
+            rec, chk = timings(case, (0, args.chunk), args.reps)
+            gain = statistics.median(r / c for r, c in zip(rec, chk, strict=True))  # paired runs
+            print(f"| {name} | {threads} | {args.tokens / statistics.median(rec):.0f} | "
+                  f"{args.tokens / statistics.median(chk):.0f} | {gain:.2f}x |")
     _native.set_num_threads(before)
 
 

@@ -211,50 +211,41 @@ inline void emit(const Problem& p, const float* o, i64 t, i64 head) {
 
 // Rows [t0, t0 + L) of the causal depthwise conv (+ SiLU) of channels [c0, c0 + n) -> dst [L, n]; then, for q / k
 // parts, the L2 normalisation and the factor f (the q scale). Fused into the head so that the conv output never
-// makes a round trip through memory.
+// makes a round trip through memory; one pass per row with the taps' sum in registers.
 inline void conv_rows(const HeadArgs& h, i64 c0, i64 n, i64 t0, i64 L, float* dst, bool qk, float f) {
   const Problem& p = *h.p;
   const i64 C = 2 * p.hk * p.dk + p.hv * p.dv, K = p.kernel;
-  // Rows of the window lie C floats apart (a page or more): without prefetches every row's first touch waits for
-  // memory (measured ~4x slower); PREFETCH rows ahead covers that latency.
+  // Rows of the window lie C floats apart (a page or more): prefetching PREFETCH rows ahead hides the first
+  // touch's memory latency.
   constexpr i64 PREFETCH = 8;
   const i64 rows = p.T + K - 1;
+  const float* bias = p.conv_b ? p.conv_b + c0 : nullptr;
   for (i64 t = 0; t < L; ++t) {
     const i64 ahead = t0 + t + K - 1 + PREFETCH;
     if (ahead < rows)
       for (i64 i = 0; i < n; i += 16) __builtin_prefetch(p.window + ahead * C + c0 + i, 0, 3);
+    const float* x = p.window + (t0 + t) * C + c0;  // tap j reads row t + j
+    const float* w = h.taps + c0;
     float* d = dst + t * n;
-    if (p.conv_b)
-      std::memcpy(d, p.conv_b + c0, static_cast<std::size_t>(n) * sizeof(float));
-    else
-      std::memset(d, 0, static_cast<std::size_t>(n) * sizeof(float));
-    for (i64 j = 0; j < K; ++j) {
-      const float* x = p.window + (t0 + t + j) * C + c0;
-      const float* w = h.taps + j * C + c0;
-      i64 i = 0;
-      for (; i + W <= n; i += W) storeu(d + i, loadu(d + i) + loadu(w + i) * loadu(x + i));
-      for (; i < n; ++i) d[i] += w[i] * x[i];
-    }
+    vf ssv{};
     i64 i = 0;
-    if (p.conv_silu) {
-      for (; i + W <= n; i += W) {
-        const vf v = loadu(d + i);
-        storeu(d + i, v / (1.f + vexp(-v)));
-      }
-      for (; i < n; ++i) d[i] = d[i] / (1.f + std::exp(-d[i]));
+    for (; i + W <= n; i += W) {
+      vf acc = bias ? loadu(bias + i) : vf{};
+      for (i64 j = 0; j < K; ++j) acc += loadu(w + j * C + i) * loadu(x + j * C + i);
+      if (p.conv_silu) acc = acc / (1.f + vexp(-acc));
+      ssv += acc * acc;
+      storeu(d + i, acc);
+    }
+    float ss = hsum(ssv);
+    for (; i < n; ++i) {
+      float acc = bias ? bias[i] : 0.f;
+      for (i64 j = 0; j < K; ++j) acc += w[j * C + i] * x[j * C + i];
+      if (p.conv_silu) acc = acc / (1.f + std::exp(-acc));
+      ss += acc * acc;
+      d[i] = acc;
     }
     if (!qk) continue;
-    float g = f;
-    if (p.l2norm) {
-      vf acc{};
-      for (i = 0; i + W <= n; i += W) {
-        const vf v = loadu(d + i);
-        acc += v * v;
-      }
-      float ss = hsum(acc);
-      for (; i < n; ++i) ss += d[i] * d[i];
-      g = f / std::sqrt(ss + p.l2_eps);
-    }
+    const float g = p.l2norm ? f / std::sqrt(ss + p.l2_eps) : f;
     if (g != 1.f)
       for (i = 0; i < n; ++i) d[i] *= g;
   }
@@ -391,7 +382,17 @@ void chunk(const HeadArgs& h, i64 t0, i64 L) {
   GD_PHASE(4);
   if (p.out) {
     gemm(L, dv, L, P, CH, U, dv, O, dv, 1.f, 1.f, 2);
-    for (i64 t = 0; t < L; ++t) emit(p, O + t * dv, t0 + t, h.head);
+    for (i64 t = 0; t < L; ++t) {
+      // z and out rows lie Hv * Dv floats apart: prefetch a few rows ahead (out with write intent)
+      if (t + 4 < L) {
+        const i64 row = (t0 + t + 4) * p.hv * dv + h.head * dv;
+        for (i64 j = 0; j < dv; j += 16) {
+          if (p.z) __builtin_prefetch(p.z + row + j, 0, 3);
+          __builtin_prefetch(p.out + row + j, 1, 3);
+        }
+      }
+      emit(p, O + t * dv, t0 + t, h.head);
+    }
   }
   GD_PHASE(5);
   // S = e^{G_L} S + (e^{G_L - G} K)^T U
