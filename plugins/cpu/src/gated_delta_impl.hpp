@@ -89,10 +89,10 @@ inline void exp_row(float* dst, const float* src, float shift, i64 n) {
   i64 i = 0;
   for (; i + W <= n; i += W) storeu(dst + i, vexp(loadu(src + i) + shift));
   if (i < n) {
-    float tmp[W] = {};
-    for (i64 j = i; j < n; ++j) tmp[j - i] = src[j] + shift;
-    const vf e = vexp(loadu(tmp));
-    for (i64 j = i; j < n; ++j) dst[j] = e[j - i];
+    float tmp[W];
+    for (int j = 0; j < W; ++j) tmp[j] = i + j < n ? src[i + j] + shift : 0.f;
+    storeu(tmp, vexp(loadu(tmp)));
+    for (int j = 0; j < W && i + j < n; ++j) dst[i + j] = tmp[j];
   }
 }
 
@@ -301,7 +301,7 @@ void recurrent(const HeadArgs& h, i64 t0, i64 len) {
 
 // Rows of the forward substitution solved one by one inside a block; the blocks below read the solved rows
 // through one product.
-constexpr i64 SOLVE_BLOCK = 16;
+constexpr i64 SOLVE_BLOCK = 8;
 
 // One chunk of L positions starting at t0 (see hetero.ops.gated_delta for the math). With R = βV - (β e^G K) S,
 // U = (I + A)^-1 R is one triangular solve of dv columns (the WY form's two solves folded into one, since the
