@@ -24,9 +24,10 @@ from hetero.tensor import Tensor
 from .. import _native
 from .common import CpuKernel
 
-# Below this many new tokens the recurrence is faster than the chunked form (measured on AVX-512 / AVX2 hosts with
-# Qwen3.5 head sizes); HETERO_CPU_GDN_CHUNKED_MIN overrides it (benchmarks).
-CHUNKED_MIN = 8
+# Below this many new tokens the recurrence is at least as fast as the chunked form (benchmarks/gated_delta.py
+# --tokens N at Qwen3.5's head size, AVX-512 and AVX2: chunked / recurrent 0.8-1.05x at 2-3 tokens, 1.1-1.2x at 4);
+# HETERO_CPU_GDN_CHUNKED_MIN overrides it (benchmarks).
+CHUNKED_MIN = 4
 
 
 def _c32(a: np.ndarray) -> np.ndarray:
