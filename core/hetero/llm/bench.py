@@ -6,6 +6,12 @@
 
 Tokens are seeded random ids and nothing is sampled (the logits are computed, not used), as llama-bench does.
 Each test runs once untimed (warm-up: kernels prepared for the shapes), then ``repetitions`` timed times.
+
+Hybrid models (GatedDeltaRule linear attention, Qwen3.5): with the nodes' ``mode`` left at "auto", every prefill
+test runs twice, in the chunked form and in the recurrent form (the nodes' mode switched for the run, one form then
+the other within each repetition so that a load change on a shared machine hits both alike): the row
+``pp P (recurrent)`` and the chunked row's ``chunked_gain`` (median of the per-repetition ratios chunked t/s /
+recurrent t/s) show what the chunked prefill form buys.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -32,6 +39,8 @@ class BenchResult:
     n_prompt: int
     n_gen: int
     samples_ts: list[float] = field(default_factory=list)
+    linear_attention: str = ""  # GatedDeltaRule form of hybrid models: "chunked", "recurrent" or "auto"
+    chunked_gain: float | None = None  # chunked rows of a comparison: median chunked / recurrent t/s
 
     @property
     def avg_ts(self) -> float:
@@ -72,15 +81,56 @@ def run_test(llm: Llm, n_prompt: int, n_gen: int, rng: np.random.Generator) -> f
     return (n_prompt + n_gen) / elapsed if elapsed > 0 else float("inf")
 
 
+LINEAR_ATTENTION_OP = "GatedDeltaRule"
+
+
+def _linear_attention_nodes(llm: Llm) -> list:
+    session = getattr(llm, "session", None)  # (benchmarks/llm.py also times llama.cpp through this function)
+    if session is None:
+        return []
+    return [node for node in session.graph.nodes if node.op_type == LINEAR_ATTENTION_OP]
+
+
+@contextmanager
+def linear_attention_mode(llm: Llm, mode: str) -> Iterator[None]:
+    """Run the model's GatedDeltaRule nodes in ``mode`` ("chunked", "recurrent", "auto") inside the block: their
+    kernels read the attribute per call, so the loaded session switches forms without a reload."""
+    nodes = _linear_attention_nodes(llm)
+    before = [node.attrs.get("mode") for node in nodes]
+    for node in nodes:
+        node.attrs["mode"] = mode
+    try:
+        yield
+    finally:
+        for node, old in zip(nodes, before, strict=True):
+            if old is None:
+                node.attrs.pop("mode", None)
+            else:
+                node.attrs["mode"] = old
+
+
 def bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int = 5, *, warmup: bool = True,
-          seed: int = 0, threads: int | None = None) -> list[BenchResult]:
+          seed: int = 0, threads: int | None = None, compare_linear_attention: bool | None = None
+          ) -> list[BenchResult]:
+    """The tests in order. compare_linear_attention: prefill tests of a hybrid model in both GatedDeltaRule forms
+    (None: when the nodes' mode is "auto"; see the module doc)."""
     rng = np.random.default_rng(seed)
     backend = ",".join(llm.backend_names())
     shared = dict(model=llm.name + (f" {llm.quant}" if llm.quant else ""), size_bytes=llm.size_bytes(),
                   params=llm.num_params(), backend=backend, threads=threads or llm.threads or os.cpu_count() or 1)
-    results = []
+    nodes = _linear_attention_nodes(llm)
+    modes = {str(node.attrs.get("mode", "auto")) for node in nodes}
+    mode = modes.pop() if len(modes) == 1 else ("mixed" if modes else "")
+    if compare_linear_attention is None:
+        compare_linear_attention = mode == "auto"
+    compare = compare_linear_attention and bool(nodes)
+    results: list[BenchResult] = []
     for n_prompt, n_gen in tests:
-        result = BenchResult(test=label_of(n_prompt, n_gen), n_prompt=n_prompt, n_gen=n_gen, **shared)
+        label = label_of(n_prompt, n_gen)
+        if compare and n_prompt and not n_gen:
+            results.extend(_compare_forms(llm, n_prompt, repetitions, warmup, rng, shared))
+            continue
+        result = BenchResult(test=label, n_prompt=n_prompt, n_gen=n_gen, linear_attention=mode, **shared)
         if warmup:
             run_test(llm, n_prompt, min(n_gen, 1), rng)
         for _ in range(max(1, repetitions)):
@@ -90,13 +140,37 @@ def bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int = 5, *, w
     return results
 
 
+def _compare_forms(llm: Llm, n_prompt: int, repetitions: int, warmup: bool, rng: np.random.Generator,
+                   shared: dict) -> list[BenchResult]:
+    """One prefill test in the chunked and the recurrent form, alternating within each repetition."""
+    label = label_of(n_prompt, 0)
+    chunked = BenchResult(test=label, n_prompt=n_prompt, n_gen=0, linear_attention="chunked", **shared)
+    recurrent = BenchResult(test=f"{label} (recurrent)", n_prompt=n_prompt, n_gen=0, linear_attention="recurrent",
+                            **shared)
+    forms = ((chunked, "chunked"), (recurrent, "recurrent"))
+    if warmup:
+        for _, form in forms:
+            with linear_attention_mode(llm, form):
+                run_test(llm, n_prompt, 0, rng)
+    for _ in range(max(1, repetitions)):
+        for result, form in forms:
+            with linear_attention_mode(llm, form):
+                result.samples_ts.append(run_test(llm, n_prompt, 0, rng))
+    chunked.chunked_gain = statistics.median(c / r for c, r in zip(chunked.samples_ts, recurrent.samples_ts,
+                                                                   strict=True))
+    return [chunked, recurrent]
+
+
 def markdown(results: Sequence[BenchResult]) -> str:
-    rows = [("model", "size", "params", "backend", "threads", "test", "t/s")]
+    hybrid = any(r.linear_attention for r in results)
+    head = ("model", "size", "params", "backend", "threads", "test", "t/s")
+    rows = [(*head[:6], "linear attn", *head[6:]) if hybrid else head]
     for r in results:
-        rows.append((r.model, _size(r.size_bytes), _count(r.params), r.backend, str(r.threads), r.test,
-                     f"{r.avg_ts:.2f} ± {r.stdev_ts:.2f}"))
+        row = (r.model, _size(r.size_bytes), _count(r.params), r.backend, str(r.threads), r.test,
+               f"{r.avg_ts:.2f} ± {r.stdev_ts:.2f}")
+        rows.append((*row[:6], r.linear_attention, *row[6:]) if hybrid else row)
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    right = {1, 2, 4, 6}  # numbers align right, as llama-bench prints them
+    right = {1, 2, 4, len(rows[0]) - 1}  # numbers align right, as llama-bench prints them
 
     def line(row: Sequence[str]) -> str:
         cells = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths,
@@ -104,7 +178,10 @@ def markdown(results: Sequence[BenchResult]) -> str:
         return "| " + " | ".join(cells) + " |"
 
     rule = "| " + " | ".join(("-" * (w - 1) + ":") if c in right else "-" * w for c, w in enumerate(widths)) + " |"
-    return "\n".join([line(rows[0]), rule, *(line(r) for r in rows[1:])])
+    gains = [f"{r.test} {r.chunked_gain:.2f}x" for r in results if r.chunked_gain is not None]
+    notes = [f"\nlinear attention, chunked / recurrent prefill (median of paired runs): {', '.join(gains)}"] if gains \
+        else []
+    return "\n".join([line(rows[0]), rule, *(line(r) for r in rows[1:]), *notes])
 
 
 def _size(nbytes: int) -> str:

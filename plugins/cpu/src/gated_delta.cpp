@@ -1,6 +1,6 @@
-// Driver and bindings of the gated delta rule (hetero.ops.gated_delta.GatedDeltaRule): the causal conv + SiLU,
-// q/k normalisation and gating run here (cheap, O(T * C)); the per-head recurrence or chunked form runs on the
-// ISA path chosen at run time (gated_delta_{avx512,avx2,generic}.cpp), value heads in parallel.
+// Driver and bindings of the gated delta rule (hetero.ops.gated_delta.GatedDeltaRule): the gating runs here
+// (O(T * Hv)); each value head's conv + SiLU + q/k normalisation, recurrence or chunked form and gated norm run on
+// the ISA path chosen at run time (gated_delta_{avx512,avx2,generic}.cpp), heads in parallel.
 #include "gated_delta.hpp"
 
 #include <pybind11/numpy.h>
@@ -19,8 +19,13 @@ namespace hetero {
 namespace gd {
 
 i64 head_scratch_floats(const Problem& p) {
+  // Mirrors the buffer layout at the top of chunk() / recurrent() in gated_delta_impl.hpp (offsets padded to 16
+  // floats, vectors of up to 16 lanes).
+  auto pad = [](i64 n) { return (n + 15) / 16 * 16; };
   const i64 L = std::max<i64>(p.chunk, 1);
-  return 4 * L * p.dk + 3 * L * p.dv + 2 * L * L + 2 * L + 2 * p.dv + 64;
+  const i64 chunked = 3 * pad(L * p.dk) + 2 * pad(L * p.dv) + 2 * pad(L * L) + 3 * pad(L + 16) + 2 * pad(L);
+  const i64 recurrent = 3 * pad(p.dv) + 2 * pad(p.dk);
+  return std::max(chunked, recurrent) + 16;
 }
 
 namespace {
@@ -40,85 +45,35 @@ HeadFn head_for(const char* isa, bool chunked) {
 
 float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 
-// exp(x) without branches (vectorisable): 2^k * p(r), r = x - k ln2 in [-ln2/2, ln2/2], degree-6 Taylor
-// polynomial; relative error < 2e-7 over the clamped range.
-inline float exp_fast(float x) {
-  x = std::fmin(std::fmax(x, -87.0f), 88.0f);
-  const float k = std::floor(x * 1.44269504f + 0.5f);
-  const float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
-  float p = 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const std::int32_t bits = (static_cast<std::int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
 }  // namespace
 
 void run(const Problem& p, const char* isa, int threads) {
   const i64 T = p.T, K = p.kernel, hv = p.hv, C = 2 * p.hk * p.dk + p.hv * p.dv;
   if (T <= 0) return;
   thread_local std::vector<float> buf;
-  const std::size_t need = static_cast<std::size_t>(T * C + 2 * T * hv + K * C);
+  const std::size_t need = static_cast<std::size_t>(2 * T * hv + K * C);
   if (buf.size() < need) buf.resize(need);
-  float* y = buf.data();
-  float* g = y + T * C;
+  float* g = buf.data();
   float* beta = g + T * hv;
-  float* wt = beta + T * hv;  // conv taps transposed: [K, C]
+  float* taps = beta + T * hv;  // [K, C]
   for (i64 c = 0; c < C; ++c)
-    for (i64 j = 0; j < K; ++j) wt[j * C + c] = p.conv_w[c * K + j];
-  const i64 hk = p.hk, dk = p.dk;
-  const i64 rows_per_task = std::max<i64>(1, 4096 / std::max<i64>(C, 1));
-  const i64 tasks = (T + rows_per_task - 1) / rows_per_task;
-  parallel_for(tasks, threads, [&](i64 task) {
-    const i64 t1 = std::min(T, (task + 1) * rows_per_task);
-    for (i64 t = task * rows_per_task; t < t1; ++t) {
-      float* out = y + t * C;
-      if (p.conv_b)
-        std::memcpy(out, p.conv_b, static_cast<std::size_t>(C) * sizeof(float));
-      else
-        std::memset(out, 0, static_cast<std::size_t>(C) * sizeof(float));
-      for (i64 j = 0; j < K; ++j) {
-        const float* x = p.window + (t + j) * C;
-        const float* w = wt + j * C;
-        for (i64 c = 0; c < C; ++c) out[c] += w[c] * x[c];
-      }
-      if (p.conv_silu)
-        for (i64 c = 0; c < C; ++c) out[c] = out[c] / (1.f + exp_fast(-out[c]));
-      for (i64 part = 0; part < 2 * hk; ++part) {  // q heads then k heads
-        float* v = out + part * dk;
-        float f = part < hk ? p.scale : 1.f;
-        if (p.l2norm) {
-          double ss = 0.0;
-          for (i64 i = 0; i < dk; ++i) ss += static_cast<double>(v[i]) * v[i];
-          f = static_cast<float>(f / std::sqrt(ss + p.l2_eps));
-        }
-        for (i64 i = 0; i < dk; ++i) v[i] *= f;
-      }
-      for (i64 h = 0; h < hv; ++h) {
-        const float a = p.a[t * hv + h], b = p.b[t * hv + h];
-        if (p.a_log) {
-          g[t * hv + h] = -std::exp(p.a_log[h]) * softplus(a + p.dt_bias[h]);
-          beta[t * hv + h] = 1.f / (1.f + std::exp(-b));
-        } else {
-          g[t * hv + h] = a;
-          beta[t * hv + h] = b;
-        }
+    for (i64 j = 0; j < K; ++j) taps[j * C + c] = p.conv_w[c * K + j];
+  for (i64 t = 0; t < T; ++t)
+    for (i64 h = 0; h < hv; ++h) {
+      const float a = p.a[t * hv + h], b = p.b[t * hv + h];
+      if (p.a_log) {
+        g[t * hv + h] = -std::exp(p.a_log[h]) * softplus(a + p.dt_bias[h]);
+        beta[t * hv + h] = 1.f / (1.f + std::exp(-b));
+      } else {
+        g[t * hv + h] = a;
+        beta[t * hv + h] = b;
       }
     }
-  });
   const HeadFn fn = head_for(isa, p.chunk > 0);
   const i64 scratch = head_scratch_floats(p);
   parallel_for(hv, threads, [&](i64 head) {
-    thread_local std::vector<float> s;
-    if (static_cast<i64>(s.size()) < scratch) s.resize(static_cast<std::size_t>(scratch));
-    HeadArgs args{&p, y, g, beta, head, s.data()};
+    thread_local AlignedBuf s;
+    HeadArgs args{&p, taps, g, beta, head, s.get(static_cast<std::size_t>(scratch))};
     fn(args);
   });
 }

@@ -37,23 +37,25 @@ struct Problem {
   float l2_eps, norm_eps;
 };
 
-// Per-ISA entry points for one value head (the driver runs heads in parallel).
+// Per-ISA entry points for one value head (the driver runs heads in parallel); each head runs the conv of its own
+// q / k / v channels.
 struct HeadArgs {
   const Problem* p;
-  const float* y;  // [T, C] conv output, q/k normalised and q scaled
-  const float* g;  // [T, hv] gates (log space)
+  const float* taps;  // [K, C] conv taps transposed (channels contiguous per tap)
+  const float* g;     // [T, hv] gates (log space)
   const float* beta;  // [T, hv]
   i64 head;
-  float* scratch;  // per-thread scratch of head_scratch_floats(p) floats
+  float* scratch;  // per-thread scratch of head_scratch_floats(p) floats, 64-byte aligned
 };
 
+// Scratch of one head: the chunked form's buffers (gated_delta_impl.hpp's chunk()) or the recurrence's vectors.
 i64 head_scratch_floats(const Problem& p);
 
 void head_generic(const HeadArgs& h);
 void head_avx2(const HeadArgs& h);
 void head_avx512(const HeadArgs& h);
 
-// The whole problem: conv, gating, heads (parallel), norm. isa: "avx512", "avx2" or anything else (generic).
+// The whole problem: gating, then the heads in parallel (conv, rule, norm). isa: "avx512", "avx2" or anything else (generic).
 void run(const Problem& p, const char* isa, int threads);
 
 }  // namespace gd

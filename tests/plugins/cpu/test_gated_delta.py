@@ -49,13 +49,13 @@ def threads(request):
 class Pair:
     """The cpu kernel and the reference, fed the same calls."""
 
-    def __init__(self, hk, hv, dk, dv, k=4, seed=0, bias=False, norm=True, **attrs):
+    def __init__(self, hk, hv, dk, dv, k=4, seed=0, bias=False, norm=True, gate=(0.005, 0.5), **attrs):
         self.hk, self.hv, self.dk, self.dv = hk, hv, dk, dv
         self.c = 2 * hk * dk + hv * dv
         r = np.random.default_rng(seed)
         self.w = (0.5 * r.standard_normal((self.c, k))).astype(np.float32)
         self.bias = (0.1 * r.standard_normal(self.c)).astype(np.float32) if bias else None
-        self.a_log = np.log(r.uniform(0.005, 0.5, hv)).astype(np.float32)
+        self.a_log = np.log(r.uniform(*gate, hv)).astype(np.float32)  # exp(a_log): the gate's strength
         self.dt = r.standard_normal(hv).astype(np.float32)
         self.nw = (1 + 0.1 * r.standard_normal(dv)).astype(np.float32) if norm else None
         self.attrs = dict(k_heads=hk, v_heads=hv, k_dim=dk, v_dim=dv, **attrs)
@@ -103,6 +103,36 @@ def test_matches_reference(isa, threads, mode, shape):
             t //= 2
         close(*pair(t, past))
         past += t
+
+
+@pytest.mark.parametrize("mode", ["recurrent", "chunked"])
+def test_strong_gates(isa, threads, mode):
+    # Qwen3.5's A_log range: a chunk's cumulative gate reaches -1000, so e^G and the decayed state underflow
+    # through the denormal range (flushed to zero by the kernel) to 0.
+    pair = Pair(2, 2, 128, 128, gate=(1.0, 16.0), mode=mode)
+    past = 0
+    for t in (100, 1, 64, 37):
+        close(*pair(t, past))
+        past += t
+
+
+@pytest.mark.parametrize("chunk_size", [5, 24, 37])
+def test_odd_chunks_and_head_sizes(isa, chunk_size):
+    # sizes that are no multiple of the micro-kernel's tile rows or vector width: every tail path
+    pair = Pair(1, 3, 20, 12, bias=True, mode="chunked", chunk_size=chunk_size)
+    past = 0
+    for t in (41, 2, 19, 60):
+        close(*pair(t, past))
+        past += t
+
+
+def test_caller_keeps_denormals(isa, threads):
+    # the kernel flushes denormals only while it runs: the caller's (and the pool threads') float mode is restored
+    pair = Pair(2, 2, 16, 16, gate=(1.0, 16.0), mode="chunked")
+    pair(70, 0)
+    tiny = np.float32(1e-38)
+    assert tiny / np.float32(16) > 0
+    assert np.sum(np.full(4, tiny) / np.float32(16), dtype=np.float32) > 0
 
 
 def test_without_norm_and_gating_inputs(isa):

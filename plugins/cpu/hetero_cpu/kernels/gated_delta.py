@@ -24,9 +24,10 @@ from hetero.tensor import Tensor
 from .. import _native
 from .common import CpuKernel
 
-# Below this many new tokens the recurrence is faster than the chunked form (measured on AVX-512 / AVX2 hosts with
-# Qwen3.5 head sizes); HETERO_CPU_GDN_CHUNKED_MIN overrides it (benchmarks).
-CHUNKED_MIN = 8
+# Below this many new tokens the recurrence is at least as fast as the chunked form (benchmarks/gated_delta.py
+# --tokens N at Qwen3.5's head size, AVX-512 and AVX2: chunked / recurrent 0.8-1.05x at 2-3 tokens, 1.1-1.2x at 4);
+# HETERO_CPU_GDN_CHUNKED_MIN overrides it (benchmarks).
+CHUNKED_MIN = 4
 
 
 def _c32(a: np.ndarray) -> np.ndarray:
@@ -61,7 +62,6 @@ class CpuGatedDeltaRule(CpuKernel):
         self.norm_eps = float(a.get("norm_eps", 1e-6))
         self.silu = str(a.get("conv_activation", "silu")) == "silu"
         self.chunk = int(a.get("chunk_size", 64))
-        self.mode = str(a.get("mode", "auto"))
         self.interval = int(a.get("snapshot_interval", 256))
         self.max_snapshots = max(int(a.get("max_snapshots", 8)), 1)
         self.max_context = int(a.get("max_context", 0))
@@ -153,7 +153,11 @@ class CpuGatedDeltaRule(CpuKernel):
         z = None
         if len(inputs) > 8 and inputs[8] is not None:
             z = _c32(inputs[8].buffer)
-        chunked = self.mode == "chunked" or (self.mode == "auto" and t >= self.chunked_min)
+        # mode is read per call: hetero bench switches a loaded model between the forms to compare them
+        mode = str(self.node.attrs.get("mode", "auto"))
+        if mode not in MODES:
+            raise HeteroError(f"{self.node.label()}: mode {mode!r} is not one of {', '.join(MODES)}")
+        chunked = mode == "chunked" or (mode == "auto" and t >= self.chunked_min)
         self._advance(past, end, outputs[0].buffer, z, chunked)
         if t > 1:
             self._snapshot()
