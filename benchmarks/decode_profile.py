@@ -21,10 +21,12 @@ replays its recorded steady-state run):
 Each quantity comes from the pass that does not inflate it: N is measured inside the native calls (the wrappers'
 own cost falls outside), K is measured without the native wrappers, T without any. Then
 ``outside native = T - N`` = ``runtime (T - K)`` (``Llm.forward``, the session / replay loop, feeds and outputs) +
-``kernel wrappers (K - N)`` (the Python in each ``kernel.run``: argument unpacking, checks, numpy glue). numpy calls
-count as outside: they are Python-driven, not the backend's kernels. Medians per step, so an interrupted step (the
-machine is shared) does not skew them. ``--cprofile N`` adds cProfile's top N functions by own time over the steps
-(cProfile inflates Python time; use it to see where, not how much).
+``kernel wrappers (K - N)`` (the Python in each ``kernel.run`` or in the call its ``bind`` made for the replay:
+argument unpacking, checks, numpy glue). numpy calls count as outside: they are Python-driven, not the backend's
+kernels. Medians per step, so an interrupted step (the machine is shared) does not skew them; the steps run in
+``--rounds`` interleaved rounds and each way's figures come from its quietest round (a neighbour only adds time).
+``--cprofile N`` adds cProfile's top N functions by own time over the steps (cProfile inflates Python time; use it
+to see where, not how much).
 
 The measurement itself lives in ``hetero.llm.profile`` (``hetero bench --profile`` uses it too).
 """
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=64, help="profiled decode steps per pass")
     ap.add_argument("--prompt", type=int, default=16, help="cached tokens before the profiled steps")
     ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds the steps are split into")
+    ap.add_argument("--rounds", type=int, default=8,
+                    help="interleaved rounds the steps are split into (each way's figures: its quietest round)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N", help="also list cProfile's top N functions")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--installed", action="store_true", help="profile the installed hetero, not this checkout")

@@ -71,5 +71,5 @@ def test_profiler_times_the_bound_calls():
     layers = llm.config.num_layers
     assert ops["QMatMul"].calls == ops["QMatMul"].native_calls == 7 * layers + 1
     assert ops["Attention"].native_calls == layers and ops["RotaryEmbedding"].native_calls == 2 * layers
-    assert result.native_us > 0 and result.paired_outside_us > 0
+    assert result.native_us > 0
     assert llm.session._replay is None or llm.session._replay.bound > 0  # the wrappers were taken off again

@@ -8,14 +8,16 @@ replays its recorded steady-state run):
 
 1. plain: ``Llm.forward([token])`` with nothing instrumented -> the step time T (median over the steps);
 2. kernels: every kernel's ``run`` wrapped with a timer (an instance attribute, so the session's replay records the
-   wrapper) -> time inside ``kernel.run`` per op type (K);
+   wrapper), and every call its ``bind`` makes for the replay (``CpuKernel.bind``) -> time inside the kernels' calls
+   per op type (K);
 3. native: additionally, every call from a kernel into a compiled extension module (the backend's ``_native``: its
    module-level functions and the native objects a kernel holds, e.g. the attention's KV-cache object) wrapped with
    a timer -> time inside native code per op type (N).
 
 Each quantity comes from the pass that does not inflate it. ``outside native = T - N`` = ``runtime (T - K)``
 (``Llm.forward``, the session / replay loop, feeds and outputs) + ``kernel wrappers (K - N)`` (the Python in each
-``kernel.run``). numpy calls count as outside. Medians per step, so an interrupted step does not skew them.
+``kernel.run`` or bound call). numpy calls count as outside. Medians per step, so an interrupted step does not skew
+them, and each way's figures from its quietest round (see ``profile_decode``).
 """
 
 from __future__ import annotations
@@ -215,6 +217,37 @@ def _unwrap_objects(kernel: Any) -> None:
             setattr(kernel, name, value._obj)
 
 
+def _timed(fn: Callable, op: str, clock: _Clock, before: Callable[[], None] | None = None) -> Callable:
+    """``fn`` (a kernel's run, or a bound call) timed as one call of ``op``."""
+
+    def timed(*args: Any, **kw: Any) -> Any:
+        if before is not None:
+            before()
+        previous, clock.current = clock.current, op
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            clock.kernel[op] += time.perf_counter() - t0
+            clock.calls[op] += 1
+            clock.current = previous
+
+    return timed
+
+
+def _timed_bind(bind: Callable, op: str, clock: _Clock, wrap: Callable[[], None] | None) -> Callable:
+    """A kernel's ``bind`` whose bound calls are timed; native objects are wrapped first, so the call holds the
+    timed ones (the module's ``_native`` is already the timed stand-in when the replay is recorded)."""
+
+    def timed_bind(inputs: Any, outputs: Any) -> Callable | None:
+        if wrap is not None:
+            wrap()
+        call = bind(inputs, outputs)
+        return None if call is None else _timed(call, op, clock)
+
+    return timed_bind
+
+
 @contextlib.contextmanager
 def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]:
     """Wrap every kernel's run (and, with ``native``, its calls into its own package's extension modules); undone
@@ -233,23 +266,13 @@ def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]
                         undo.append(lambda m=module, n=name, v=value: setattr(m, n, v))
                         found.add(value.__name__)
                 undo.append(lambda k=kernel: _unwrap_objects(k))
-            run = type(kernel).run.__get__(kernel)
-
-            def timed(ins: Any, outs: Any, *rest: Any, _run: Callable = run, _op: str = op, _kernel: Any = kernel,
-                      **kw: Any) -> None:
-                if native:
-                    _wrap_objects(_kernel, clock, found)
-                previous, clock.current = clock.current, _op
-                t0 = time.perf_counter()
-                try:
-                    _run(ins, outs, *rest, **kw)
-                finally:
-                    clock.kernel[_op] += time.perf_counter() - t0
-                    clock.calls[_op] += 1
-                    clock.current = previous
-
-            kernel.run = timed
+            wrap = (lambda k=kernel: _wrap_objects(k, clock, found)) if native else None
+            kernel.run = _timed(type(kernel).run.__get__(kernel), op, clock, wrap)
             undo.append(lambda k=kernel: k.__dict__.pop("run", None))
+            bind = getattr(type(kernel), "bind", None)
+            if bind is not None:  # the replay calls what bind returns instead of run: time that
+                kernel.bind = _timed_bind(bind.__get__(kernel), op, clock, wrap)
+                undo.append(lambda k=kernel: k.__dict__.pop("bind", None))
         session.invalidate_replay()  # re-record the steady-state run with the wrappers
         yield found
     finally:
@@ -281,6 +304,16 @@ def _steps(llm: Any, ids: list[int], prompt: list[int], warmup: int, clock: _Clo
     return times, kernel, native, calls, ncalls
 
 
+def _total(per_step: list[dict[str, float]]) -> float:
+    """The median over steps of the time summed over ops (seconds)."""
+    return statistics.median(sum(step.values()) for step in per_step)
+
+
+def _quietest(per_round: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """The round with the lowest median step total."""
+    return min(per_round, key=_total)
+
+
 def _median_step(per_step: list[dict[str, float]]) -> dict[str, float]:
     """Per op: the median over steps (seconds)."""
     ops = {op for step in per_step for op in step}
@@ -288,10 +321,12 @@ def _median_step(per_step: list[dict[str, float]]) -> dict[str, float]:
 
 
 def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4, seed: int = 0,
-                   cprofile_top: int = 0, rounds: int = 4) -> DecodeProfile:
+                   cprofile_top: int = 0, rounds: int = 8) -> DecodeProfile:
     """Profile ``steps`` single-token decode steps of ``llm`` (an ``hetero.llm.Llm``) per way of timing, in
     ``rounds`` interleaved rounds (plain, kernels, native, plain, ...) so that a busy neighbour hits all three alike.
-    The context must hold ``prompt + warmup + steps / rounds`` tokens. The cache is reset afterwards."""
+    Each way's figures come from its quietest round (the lowest median step): a neighbour only ever adds time, so
+    the minimum over rounds is the estimate least inflated by one, and every way gets the same chance at a quiet
+    round. The context must hold ``prompt + warmup + steps / rounds`` tokens. The cache is reset afterwards."""
     rounds = max(1, min(rounds, steps))
     per = max(1, steps // rounds)
     need = prompt + warmup + per
@@ -303,21 +338,21 @@ def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4,
     ids = rng.integers(0, vocab, size=warmup + per).tolist()
     session = llm.session
     clock = _Clock()
-    plain: list[float] = []
-    kernel: list[dict[str, float]] = []
-    native: list[dict[str, float]] = []
+    plain: list[list[float]] = []  # per round: step times
+    kernel: list[list[dict[str, float]]] = []  # per round, per step: op -> seconds
+    native: list[list[dict[str, float]]] = []
     calls: list[dict[str, int]] = []
     ncalls: list[dict[str, int]] = []
     modules: set[str] = set()
     for _ in range(rounds):
-        plain += _steps(llm, ids, prompt_ids, warmup, None)[0]
+        plain.append(_steps(llm, ids, prompt_ids, warmup, None)[0])
         with _instrument(session, clock, native=False):
             _, k, _, c, _ = _steps(llm, ids, prompt_ids, warmup, clock)
-        kernel += k
+        kernel.append(k)
         calls += c
         with _instrument(session, clock, native=True) as found:
             _, _, n, _, nc = _steps(llm, ids, prompt_ids, warmup, clock)
-        native += n
+        native.append(n)
         ncalls += nc
         modules |= found
     text = ""
@@ -341,7 +376,9 @@ def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4,
         text = "\n".join(line for line in buf.getvalue().splitlines() if line.strip())
     llm.reset()
 
-    k_ops, n_ops = _median_step(kernel), _median_step(native)
+    step_s = min(statistics.median(r) for r in plain)
+    k_round, n_round = _quietest(kernel), _quietest(native)
+    k_ops, n_ops = _median_step(k_round), _median_step(n_round)
     ops = []
     for op in sorted(set(k_ops) | set(n_ops)):
         ops.append(OpProfile(op, calls=int(statistics.median(c.get(op, 0) for c in calls)),
@@ -349,15 +386,14 @@ def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4,
                              native_calls=int(statistics.median(c.get(op, 0) for c in ncalls))))
     return DecodeProfile(
         model=f"{llm.name}" + (f" {llm.quant}" if llm.quant else ""), threads=llm.threads, context=prompt,
-        steps=len(plain), step_us=1e6 * statistics.median(plain),
-        kernel_us=1e6 * statistics.median(sum(step.values()) for step in kernel),
-        native_us=1e6 * statistics.median(sum(step.values()) for step in native),
+        steps=sum(len(r) for r in plain), step_us=1e6 * step_s,
+        kernel_us=1e6 * _total(k_round), native_us=1e6 * _total(n_round),
         ops=ops, native_modules=sorted(modules), cprofile=text)
 
 
 # -- command line ------------------------------------------------------------------------------------------------
 
 
-def context_needed(steps: int = 64, prompt: int = 16, warmup: int = 4, rounds: int = 4) -> int:
+def context_needed(steps: int = 64, prompt: int = 16, warmup: int = 4, rounds: int = 8) -> int:
     """The KV-cache length ``profile_decode`` needs with these arguments."""
     return prompt + warmup + max(1, steps // max(1, min(rounds, steps)))
