@@ -1,7 +1,7 @@
 """Where an LLM decode step's time goes: inside the backends' native code, or outside it (Python), per op type.
 
     python benchmarks/decode_profile.py [MODEL.gguf | HF folder] [--threads 2] [--steps 64] [--prompt 16] [--json]
-                                        [--synthetic qwen3-0.6b --quant q4] [--cprofile 25]
+                                        [--synthetic qwen3-0.6b --quant q4] [--clock cpu] [--cprofile 25]
 
 Without a model: the Qwen3-0.6B-shaped Q4_0 file that benchmarks/llm.py caches, else hetero's synthetic model.
 The hetero under test is this checkout (``core/`` and ``plugins/cpu`` go first on ``sys.path``; ``--installed``: the
@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=8,
                     help="interleaved rounds the steps are split into (each way's figures: its quietest round)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the calling thread's CPU time (holds on a busy machine; see hetero.llm.profile)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N", help="also list cProfile's top N functions")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--installed", action="store_true", help="profile the installed hetero, not this checkout")
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from hetero.llm.profile import profile_decode  # after sys.path is set: the checkout's hetero
 
     result = profile_decode(llm, steps=args.steps, prompt=args.prompt, warmup=args.warmup,
-                            cprofile_top=args.cprofile, rounds=args.rounds)
+                            cprofile_top=args.cprofile, rounds=args.rounds, clock=args.clock)
     fallback = llm.session.placement.fallback_summary()
     if args.json:
         print(json.dumps({**result.as_dict(), "fallback": fallback or "none"}, indent=2))

@@ -62,6 +62,7 @@ class DecodeProfile:
     ops: list[OpProfile] = field(default_factory=list)
     native_modules: list[str] = field(default_factory=list)
     cprofile: str = ""
+    clock: str = "wall"  # or "cpu": this thread's CPU time (see profile_decode)
 
     @property
     def outside_us(self) -> float:
@@ -92,7 +93,8 @@ class DecodeProfile:
         s = self.step_us
         lines = [
             f"decode step of {self.model} (threads={self.threads}, context {self.context}, "
-            f"{self.steps} steps, medians): {s / 1e3:.2f} ms = {1e6 / s:.1f} tokens/s",
+            f"{self.steps} steps, medians{', CPU time of the calling thread' if self.clock == 'cpu' else ''}): "
+            f"{s / 1e3:.2f} ms = {1e6 / s:.1f} tokens/s",
             f"outside native code: {self.outside_us / 1e3:.3f} ms = {self.outside_pct:.1f}% of the step "
             f"(runtime: session / replay / Llm.forward {self.runtime_us / 1e3:.3f} ms = "
             f"{100 * self.runtime_us / s:.1f}%; Python in kernel.run {self.wrapper_us / 1e3:.3f} ms = "
@@ -116,10 +118,20 @@ class DecodeProfile:
 
 
 # -- instrumentation ------------------------------------------------------------------------------------------------
-class _Clock:
-    """Accumulates time per op for the current step."""
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
-    def __init__(self) -> None:
+
+def _tick(now: Callable[[], float], n: int = 2000) -> float:
+    """What an empty timed window reads (the clock's own cost), subtracted from every window."""
+    return statistics.median(-now() + now() for _ in range(n))
+
+
+class _Clock:
+    """Accumulates time per op for the current step; ``now`` is the clock (wall, or this thread's CPU time)."""
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
+        self.tick = _tick(now)
         self.current = ""
         self.kernel: dict[str, float] = defaultdict(float)
         self.native: dict[str, float] = defaultdict(float)
@@ -143,11 +155,11 @@ class _NativeObject:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         clock = self._clock
         args = tuple(a._obj if isinstance(a, _NativeObject) else a for a in args)
-        t0 = time.perf_counter()
+        t0 = clock.now()
         try:
             return self._obj(*args, **kwargs)
         finally:
-            clock.native[clock.current] += time.perf_counter() - t0
+            clock.native[clock.current] += clock.now() - t0 - clock.tick
             clock.native_calls[clock.current] += 1
 
     def __getattr__(self, name: str) -> Any:
@@ -160,11 +172,11 @@ class _NativeObject:
 def _timed_native(fn: Callable, clock: _Clock) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         args = tuple(a._obj if isinstance(a, _NativeObject) else a for a in args)
-        t0 = time.perf_counter()
+        t0 = clock.now()
         try:
             return fn(*args, **kwargs)
         finally:
-            clock.native[clock.current] += time.perf_counter() - t0
+            clock.native[clock.current] += clock.now() - t0 - clock.tick
             clock.native_calls[clock.current] += 1
 
     return call
@@ -224,11 +236,11 @@ def _timed(fn: Callable, op: str, clock: _Clock, before: Callable[[], None] | No
         if before is not None:
             before()
         previous, clock.current = clock.current, op
-        t0 = time.perf_counter()
+        t0 = clock.now()
         try:
             return fn(*args, **kw)
         finally:
-            clock.kernel[op] += time.perf_counter() - t0
+            clock.kernel[op] += clock.now() - t0 - clock.tick
             clock.calls[op] += 1
             clock.current = previous
 
@@ -281,7 +293,8 @@ def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]
         session.invalidate_replay()  # and without them
 
 
-def _steps(llm: Any, ids: list[int], prompt: list[int], warmup: int, clock: _Clock | None
+def _steps(llm: Any, ids: list[int], prompt: list[int], warmup: int, clock: _Clock | None,
+           now: Callable[[], float] = time.perf_counter
            ) -> tuple[list[float], list[dict[str, float]], list[dict[str, float]], list[dict[str, int]],
                       list[dict[str, int]]]:
     llm.reset()
@@ -293,9 +306,9 @@ def _steps(llm: Any, ids: list[int], prompt: list[int], warmup: int, clock: _Clo
     for token in ids[warmup:]:
         if clock is not None:
             clock.reset()
-        t0 = time.perf_counter()
+        t0 = now()
         llm.forward([token])
-        times.append(time.perf_counter() - t0)
+        times.append(now() - t0)
         if clock is not None:
             kernel.append(dict(clock.kernel))
             native.append(dict(clock.native))
@@ -321,12 +334,16 @@ def _median_step(per_step: list[dict[str, float]]) -> dict[str, float]:
 
 
 def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4, seed: int = 0,
-                   cprofile_top: int = 0, rounds: int = 8) -> DecodeProfile:
+                   cprofile_top: int = 0, rounds: int = 8, clock: str = "wall") -> DecodeProfile:
     """Profile ``steps`` single-token decode steps of ``llm`` (an ``hetero.llm.Llm``) per way of timing, in
     ``rounds`` interleaved rounds (plain, kernels, native, plain, ...) so that a busy neighbour hits all three alike.
     Each way's figures come from its quietest round (the lowest median step): a neighbour only ever adds time, so
     the minimum over rounds is the estimate least inflated by one, and every way gets the same chance at a quiet
-    round. The context must hold ``prompt + warmup + steps / rounds`` tokens. The cache is reset afterwards."""
+    round. ``clock="cpu"`` times everything in this thread's CPU time instead of wall time: time a neighbour takes
+    the core away no longer counts, so the split holds on a busy machine (with 1 thread the step is all this
+    thread's work; with more, the step is this thread's share plus its spinning at the pool's barriers, which is
+    close to the wall time on a quiet machine). The context must hold ``prompt + warmup + steps / rounds`` tokens.
+    The cache is reset afterwards."""
     rounds = max(1, min(rounds, steps))
     per = max(1, steps // rounds)
     need = prompt + warmup + per
@@ -337,7 +354,10 @@ def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4,
     prompt_ids = rng.integers(0, vocab, size=prompt).tolist()
     ids = rng.integers(0, vocab, size=warmup + per).tolist()
     session = llm.session
-    clock = _Clock()
+    if clock not in CLOCKS:
+        raise HeteroError(f"profile_decode: clock={clock!r}; expected one of {sorted(CLOCKS)}")
+    now = CLOCKS[clock]
+    timer = _Clock(now)
     plain: list[list[float]] = []  # per round: step times
     kernel: list[list[dict[str, float]]] = []  # per round, per step: op -> seconds
     native: list[list[dict[str, float]]] = []
@@ -345,13 +365,13 @@ def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4,
     ncalls: list[dict[str, int]] = []
     modules: set[str] = set()
     for _ in range(rounds):
-        plain.append(_steps(llm, ids, prompt_ids, warmup, None)[0])
-        with _instrument(session, clock, native=False):
-            _, k, _, c, _ = _steps(llm, ids, prompt_ids, warmup, clock)
+        plain.append(_steps(llm, ids, prompt_ids, warmup, None, now)[0])
+        with _instrument(session, timer, native=False):
+            _, k, _, c, _ = _steps(llm, ids, prompt_ids, warmup, timer, now)
         kernel.append(k)
         calls += c
-        with _instrument(session, clock, native=True) as found:
-            _, _, n, _, nc = _steps(llm, ids, prompt_ids, warmup, clock)
+        with _instrument(session, timer, native=True) as found:
+            _, _, n, _, nc = _steps(llm, ids, prompt_ids, warmup, timer, now)
         native.append(n)
         ncalls += nc
         modules |= found
@@ -388,7 +408,7 @@ def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4,
         model=f"{llm.name}" + (f" {llm.quant}" if llm.quant else ""), threads=llm.threads, context=prompt,
         steps=sum(len(r) for r in plain), step_us=1e6 * step_s,
         kernel_us=1e6 * _total(k_round), native_us=1e6 * _total(n_round),
-        ops=ops, native_modules=sorted(modules), cprofile=text)
+        ops=ops, native_modules=sorted(modules), cprofile=text, clock=clock)
 
 
 # -- command line ------------------------------------------------------------------------------------------------
