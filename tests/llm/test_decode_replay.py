@@ -73,3 +73,12 @@ def test_profiler_times_the_bound_calls():
     assert ops["Attention"].native_calls == layers and ops["RotaryEmbedding"].native_calls == 2 * layers
     assert result.native_us > 0
     assert llm.session._replay is None or llm.session._replay.bound > 0  # the wrappers were taken off again
+
+
+def test_profiler_cpu_clock_and_its_argument_check():
+    llm = _tiny()
+    result = profile_decode(llm, steps=4, prompt=4, warmup=2, rounds=2, clock="cpu")
+    assert result.clock == "cpu" and result.step_us > 0 and 0 <= result.outside_pct <= 100
+    assert "CPU time" in result.markdown()
+    with pytest.raises(HeteroError, match="clock='gpu'"):
+        profile_decode(llm, steps=4, prompt=4, warmup=2, clock="gpu")
