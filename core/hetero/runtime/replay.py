@@ -1,27 +1,40 @@
-"""Replay: a steady-state run recorded once and then re-issued as a flat list of kernel calls.
+"""Replay: a steady-state run recorded once and then re-issued as a flat list of zero-argument calls.
 
-Once a session has run twice with the same input shapes, every intermediate tensor is a fixed view of the arena and
-every kernel is prepared for those shapes, so the per-node work of the interpreter (shape keys, infer lookups,
-allocation, liveness) is the same each time. The replay keeps, per node, the kernel's ``run`` and its input and
-output lists; a run only swaps in the new feeds and freshly allocated graph outputs, then calls the kernels. That
-keeps Python's share of an LLM decode step small.
+Once a session has run twice with the same input signature, every intermediate tensor is a fixed view of the arena
+and every kernel is prepared for those shapes, so the per-node work of the interpreter (shape keys, infer lookups,
+allocation, liveness) is the same each time. What still changes from run to run is small: the feeds, and the graph
+outputs (fresh arrays, since the caller keeps them). So the replay
+
+* copies each run's feeds into buffers of its own (a few bytes for an LLM step: ``input_ids``, ``past_len``), which
+  makes every kernel input that derives from a feed fixed too;
+* asks each kernel whose inputs and outputs are all fixed for a bound call (the optional ``bind(inputs, outputs)``
+  method: a zero-argument callable doing ``run(inputs, outputs)`` on those exact buffers, typically the native
+  function with its arguments already converted), else binds ``run`` to its argument lists;
+* keeps the rest (kernels writing graph outputs, views of them) as small dynamic entries.
+
+A run is then a copy per feed and one Python call per kernel: that keeps Python's share of an LLM decode step
+small (issue 5 item 4; ``hetero.llm.profile`` measures it).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backend import Backend
+import numpy as np
+
+from ..backend import Backend, Kernel
 from ..tensor import Tensor, TensorInfo
 
 Key = tuple[str, Any]  # ("feed", input name) or ("var", id of the tensor in the recorded run)
+Call = Callable[[], Any]
 
 
 @dataclass
 class _Call:
-    run: Callable[[Sequence[Tensor | None], Sequence[Tensor]], None]
+    kernel: Kernel
     ins: list[Tensor | None]
     outs: list[Tensor]
     var_ins: list[tuple[int, Key]] = field(default_factory=list)
@@ -30,7 +43,7 @@ class _Call:
 
 @dataclass
 class _View:
-    """A reshape-like node whose input changes every run: its output is re-made as a view."""
+    """A reshape-like node whose input was not fixed when recorded: its output is a view made at build or run."""
 
     src: Key
     out: Key
@@ -42,6 +55,7 @@ class Recorder:
     """Collects one planned run; ``build`` turns it into a Replay."""
 
     def __init__(self, feeds: dict[str, Tensor]) -> None:
+        self.feeds = dict(feeds)
         self.keys: dict[int, Key] = {id(t): ("feed", name) for name, t in feeds.items()}
         self.entries: list[_Call | _View] = []
         self.keep: list[Tensor] = list(feeds.values())  # keeps ids unique while recording
@@ -49,9 +63,9 @@ class Recorder:
     def _key(self, tensor: Tensor | None) -> Key | None:
         return None if tensor is None else self.keys.get(id(tensor))
 
-    def call(self, run: Callable, ins: list[Tensor | None], outs: list[Tensor], fresh: list[bool],
+    def call(self, kernel: Kernel, ins: list[Tensor | None], outs: list[Tensor], fresh: list[bool],
              infos: list[TensorInfo], backend: Backend) -> None:
-        entry = _Call(run, list(ins), list(outs))
+        entry = _Call(kernel, list(ins), list(outs))
         for pos, tensor in enumerate(ins):
             key = self._key(tensor)
             if key is not None:
@@ -74,30 +88,90 @@ class Recorder:
 
     def build(self, signature: Any, outputs: dict[str, Tensor]) -> Replay:
         resolved = {name: self.keys.get(id(t), t) for name, t in outputs.items()}
-        return Replay(signature, self.entries, resolved)
+        return Replay(signature, self.feeds, self.entries, resolved)
+
+
+def _own_copy(tensor: Tensor) -> Tensor:
+    array = np.array(tensor.numpy(), copy=True, order="C")
+    return Tensor(array, tensor.shape, tensor.dtype, tensor.backend)
 
 
 class Replay:
-    def __init__(self, signature: Any, entries: list[_Call | _View], outputs: dict[str, Key | Tensor]) -> None:
+    def __init__(self, signature: Any, feeds: dict[str, Tensor], entries: list[_Call | _View],
+                 outputs: dict[str, Key | Tensor]) -> None:
         self.signature = signature
-        self.entries = entries
         self.outputs = outputs
+        self._values: dict[Key, Tensor] = {}  # this run's feeds, fresh outputs and their views
+        fixed: dict[Key, Tensor] = {}
+        self._slots: list[tuple[str, np.ndarray]] = []  # (feed name, the replay's own buffer)
+        for name, tensor in feeds.items():
+            own = fixed[("feed", name)] = _own_copy(tensor)
+            self._slots.append((name, own.buffer))
+        self.program: list[Call] = []
+        self.bound = 0  # kernels called through their own bind()
+        for entry in entries:
+            if isinstance(entry, _View):
+                self._add_view(entry, fixed)
+            else:
+                self._add_call(entry, fixed)
+
+    def _add_view(self, entry: _View, fixed: dict[Key, Tensor]) -> None:
+        # Graph outputs are never views (the session runs their reshape as a kernel), so a view of a fixed tensor
+        # (e.g. of the replay's copy of a feed) only ever reaches kernels: made once here.
+        src = fixed.get(entry.src)
+        view = None if src is None else entry.backend.view(src, entry.info)
+        if view is not None:
+            fixed[entry.out] = view
+        else:
+            self.program.append(functools.partial(_make_view, self._values, entry))
+
+    def _add_call(self, entry: _Call, fixed: dict[Key, Tensor]) -> None:
+        ins = list(entry.ins)
+        var_ins = []
+        for pos, key in entry.var_ins:
+            if key in fixed:
+                ins[pos] = fixed[key]
+            else:
+                var_ins.append((pos, key))
+        kernel = entry.kernel
+        if var_ins or entry.fresh_outs:
+            dynamic = _Call(kernel, ins, list(entry.outs), var_ins, entry.fresh_outs)
+            self.program.append(functools.partial(_run_dynamic, self._values, dynamic))
+            return
+        bind = getattr(kernel, "bind", None)
+        call = bind(ins, entry.outs) if bind is not None else None
+        if call is None:
+            call = functools.partial(kernel.run, ins, entry.outs)
+        else:
+            self.bound += 1
+        self.program.append(call)
 
     def run(self, feeds: dict[str, Tensor], wanted: Sequence[str]) -> dict[str, Tensor]:
-        values: dict[Key, Tensor] = {("feed", name): t for name, t in feeds.items()}
-        for entry in self.entries:
-            if isinstance(entry, _View):
-                view = entry.backend.view(values[entry.src], entry.info)
-                assert view is not None  # it made one when recorded, for the same shapes
-                values[entry.out] = view
-                continue
-            for pos, key in entry.var_ins:
-                entry.ins[pos] = values[key]
-            for pos, key, backend, info in entry.fresh_outs:
-                values[key] = entry.outs[pos] = backend.empty(info)
-            entry.run(entry.ins, entry.outs)
+        values = self._values
+        values.clear()
+        for name, slot in self._slots:
+            tensor = feeds[name]
+            np.copyto(slot, tensor.numpy())
+            values["feed", name] = tensor
+        for call in self.program:
+            call()
         result = {}
         for name in wanted:
             found = self.outputs[name]
             result[name] = found if isinstance(found, Tensor) else values[found]
+        values.clear()  # the caller owns the outputs now
         return result
+
+
+def _make_view(values: dict[Key, Tensor], entry: _View) -> None:
+    view = entry.backend.view(values[entry.src], entry.info)
+    assert view is not None  # it made one when recorded, for the same shapes
+    values[entry.out] = view
+
+
+def _run_dynamic(values: dict[Key, Tensor], entry: _Call) -> None:
+    for pos, key in entry.var_ins:
+        entry.ins[pos] = values[key]
+    for pos, key, backend, info in entry.fresh_outs:
+        values[key] = entry.outs[pos] = backend.empty(info)
+    entry.kernel.run(entry.ins, entry.outs)

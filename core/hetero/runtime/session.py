@@ -237,7 +237,8 @@ class Session:
             if name not in self.graph.outputs:
                 raise InputError(f"{name!r} is not an output of the model; outputs: {self.graph.outputs}")
         env: dict[str, Tensor] = self._bind_inputs(feeds)
-        signature = tuple((name, env[name].shape) for name in self.graph.inputs)
+        # dtypes too: the replay copies feeds into buffers of its own, which must not cast
+        signature = tuple((name, env[name].shape, env[name].dtype) for name in self.graph.inputs)
         if self._replay is not None and self._replay.signature == signature:
             return self._replay.run(env, wanted)
         copies: dict[tuple[str, str], Tensor] = {}
@@ -350,7 +351,7 @@ class Session:
             step.kernel.run(ins, outs)
         if recorder is not None:
             fresh = [t is None for t in step.arena_outs or [None] * len(outs)]
-            recorder.call(step.kernel.run, ins, outs, fresh, step.out_infos, step.backend)
+            recorder.call(step.kernel, ins, outs, fresh, step.out_infos, step.backend)
         for name, out in zip(step.outputs, outs, strict=False):
             if name:
                 env[name] = out

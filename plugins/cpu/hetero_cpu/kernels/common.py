@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from hetero import dtypes
 from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
 from hetero.backend import dtype_check as backend_dtype_check
@@ -20,8 +22,26 @@ def float32_only(node: NodeInfo, indices: Sequence[int] | None = None) -> Suppor
     return dtype_check(node, (dtypes.float32,), indices)
 
 
+def bindable(*arrays: np.ndarray | None) -> bool:
+    """Whether a bound call may keep these buffers as they are: a kernel's ``run`` would copy a non-contiguous
+    input (``np.ascontiguousarray``) on every call, and a bound call must see the buffer's new contents instead."""
+    return all(a is None or a.flags.c_contiguous for a in arrays)
+
+
+def noop() -> None:
+    """The bound call of a kernel with nothing to compute (an empty output)."""
+
+
 class CpuKernel:
-    """Base: keeps the node; ``prepare`` does nothing unless a kernel has shape-dependent plans."""
+    """Base: keeps the node; ``prepare`` does nothing unless a kernel has shape-dependent plans.
+
+    Optional ``bind(inputs, outputs) -> Callable[[], None] | None`` (used by the session's replay,
+    ``hetero.runtime.replay``): a zero-argument callable that does what ``run(inputs, outputs)`` does, for these
+    exact tensors, whose buffers stay while their contents change from call to call (values such as ``past_len``
+    must be read at call time). Typically ``functools.partial`` of the native function, so a replayed decode step
+    spends no Python per kernel. None: the replay calls ``run``. It is asked after ``prepare``, for the shapes
+    prepared.
+    """
 
     def __init__(self, node: NodeInfo) -> None:
         self.info = node

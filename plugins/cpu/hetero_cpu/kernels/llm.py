@@ -10,12 +10,16 @@
 * ``RotaryEmbedding`` shares one cos/sin table (grown on demand) between all nodes with the same attributes.
 
 ``run`` does no allocation: outputs are preallocated by the session; native scratch grows on the first calls only.
+``bind`` (see ``CpuKernel``) gives the session's replay each kernel as one native call with its arguments
+converted once (or a closure reading ``past_len`` at call time), so a replayed decode step has no Python per kernel
+beyond that call.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -27,8 +31,9 @@ from hetero.ops.llm import rope_inv_freq
 from hetero.tensor import Tensor, TensorInfo
 
 from .. import _native
-from .common import CpuKernel
+from .common import CpuKernel, bindable, noop
 
+Bound = Callable[[], None] | None  # what bind() returns
 _FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 
 
@@ -108,6 +113,15 @@ class CpuQMatMul(CpuKernel):
         if out.size:
             _native.llm_matmul(self.w, _c(inputs[0].buffer), out, bias)  # type: ignore[union-attr]
 
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
+        x, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        bias = self.bias
+        if bias is None and len(inputs) > 2 and inputs[2] is not None:
+            bias = inputs[2].buffer
+        if not bindable(x, out, bias):
+            return None
+        return functools.partial(_native.llm_matmul, self.w, x, out, bias) if out.size else noop
+
 
 class CpuEmbedding(CpuKernel):
     @staticmethod
@@ -132,6 +146,22 @@ class CpuEmbedding(CpuKernel):
             _native.llm_embedding(_c(inputs[0].buffer), table, self.wtype, self.block, self.sym, dim, out)  # type: ignore[union-attr]
         except ValueError as exc:
             raise _fail(self.info, exc) from None
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
+        ids, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        table = self.table if self.table is not None else inputs[1].buffer  # type: ignore[union-attr]
+        if not bindable(ids, out, table):
+            return None
+        embed = functools.partial(_native.llm_embedding, ids, table, self.wtype, self.block, self.sym,
+                                  out.shape[-1] if out.ndim else 0, out)
+
+        def call() -> None:
+            try:
+                embed()
+            except ValueError as exc:  # a token id out of range
+                raise _fail(self.info, exc) from None
+
+        return call
 
 
 class CpuRMSNorm(CpuKernel):
@@ -160,6 +190,15 @@ class CpuRMSNorm(CpuKernel):
         d = x.shape[-1]
         _native.rms_norm(x.reshape(-1, d), scale, out.reshape(-1, d), self.eps)
 
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
+        x, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        if self.scale is None or not bindable(x, out):  # a runtime scale is offset and converted per call
+            return None
+        if out.size == 0:
+            return noop
+        d = x.shape[-1]
+        return functools.partial(_native.rms_norm, x.reshape(-1, d), self.scale, out.reshape(-1, d), self.eps)
+
 
 _ROPE_TABLES: dict[tuple, object] = {}
 
@@ -175,6 +214,18 @@ def _rope_table(rotary_dim: int, attrs: dict):
 
 def _past_len(t: Tensor | None) -> int:
     return int(t.buffer.reshape(-1)[0]) if t.buffer.ndim else int(t.buffer)  # type: ignore[union-attr]
+
+
+def _past_reader(t: Tensor | None) -> Callable[[], int] | None:
+    """Reads ``past_len`` from its buffer at call time (it changes every decode step); None if it is not a
+    one-element array that a view can follow."""
+    buf = t.buffer  # type: ignore[union-attr]
+    if not isinstance(buf, np.ndarray) or buf.size != 1:
+        return None
+    flat = buf.reshape(-1)
+    if not np.shares_memory(flat, buf):
+        return None
+    return functools.partial(flat.item, 0)  # .item: a Python int, no numpy scalar
 
 
 class CpuRotaryEmbedding(CpuKernel):
@@ -206,6 +257,21 @@ class CpuRotaryEmbedding(CpuKernel):
         if out.size:
             self.table(_c(inputs[0].buffer), out, _past_len(inputs[1]))  # type: ignore[misc, union-attr]
 
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
+        x, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        past = _past_reader(inputs[1])
+        if past is None or not bindable(x, out):
+            return None
+        if out.size == 0:
+            return noop
+        table = self.table
+        assert table is not None  # prepared
+
+        def call() -> None:
+            table(x, out, past())
+
+        return call
+
 
 _KV_ALIASES = {"float16": "f16", "float32": "f32"}
 
@@ -217,6 +283,13 @@ def _kv_dtype(node: NodeInfo) -> str:
     if kind not in ("f16", "f32", "q8"):
         raise HeteroError(f"{node.node.label()}: KV cache type {kind!r}; expected f16, f32 or q8")
     return kind
+
+
+def _attention_error(label: str, past: int, filled: int, t: int, context: int) -> HeteroError:
+    if past < 0 or past > filled:
+        return HeteroError(f"{label}: past_len {past} is outside the {filled} cached positions")
+    return HeteroError(f"{label}: {past} cached + {t} new tokens exceed the context of {context} tokens",
+                       hint="load the model with a larger context")
 
 
 class CpuAttention(CpuKernel):
@@ -246,13 +319,25 @@ class CpuAttention(CpuKernel):
         past = _past_len(inputs[3])
         cache = self.cache
         t = q.shape[0]
-        if past < 0 or past > cache.filled:
-            raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {cache.filled} cached positions")
-        if past + t > self.max_context:
-            raise HeteroError(
-                f"{self.node.label()}: {past} cached + {t} new tokens exceed the context of {self.max_context} "
-                "tokens", hint="load the model with a larger context")
+        if past < 0 or past > cache.filled or past + t > self.max_context:
+            raise _attention_error(self.node.label(), past, cache.filled, t, self.max_context)
         cache(_c(q), _c(inputs[1].buffer), _c(inputs[2].buffer), past, self.scale, outputs[0].buffer)  # type: ignore[union-attr]
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
+        q, k, v = (inputs[i].buffer for i in range(3))  # type: ignore[union-attr]
+        out = outputs[0].buffer
+        past_len = _past_reader(inputs[3])
+        if past_len is None or not bindable(q, k, v, out):
+            return None
+        cache, scale, t, context, label = self.cache, self.scale, q.shape[0], self.max_context, self.node.label()
+
+        def call() -> None:
+            past = past_len()
+            if past < 0 or past > cache.filled or past + t > context:  # the same checks (and errors) as run
+                raise _attention_error(label, past, cache.filled, t, context)
+            cache(q, k, v, past, scale, out)
+
+        return call
 
 
 class CpuSwiGLU(CpuKernel):
@@ -270,6 +355,12 @@ class CpuSwiGLU(CpuKernel):
         if g.shape != u.shape:
             raise HeteroError(f"{self.node.label()}: gate {list(g.shape)} and up {list(u.shape)} differ")
         _native.llm_swiglu(_c(g), _c(u), outputs[0].buffer)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
+        g, u, out = inputs[0].buffer, inputs[1].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        if g.shape != u.shape or not bindable(g, u, out):
+            return None  # run raises the shape error
+        return functools.partial(_native.llm_swiglu, g, u, out)
 
 
 def _present(node: NodeInfo, i: int) -> bool:
@@ -323,6 +414,12 @@ class CpuMoE(CpuKernel):
         out = outputs[0].buffer
         if out.size:
             self.moe(_c(inputs[0].buffer), out)  # type: ignore[union-attr]
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
+        x, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        if not bindable(x, out):
+            return None
+        return functools.partial(self.moe, x, out) if out.size else noop
 
 
 KERNELS = {
