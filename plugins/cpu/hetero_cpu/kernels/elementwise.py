@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from hetero.ops.unary_forms import UNARY_FORMS, unary_params
 from hetero.tensor import Tensor
 
 from .. import _native
-from .common import CpuKernel, dtype_check, float32_only
+from .common import CpuKernel, bindable, dtype_check, float32_only, noop
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "max", "Min": "min"}
 # Integer paths exist natively for these (ONNX integer Div truncates toward zero, which the native kernel does).
@@ -44,6 +45,16 @@ class CpuBinary(CpuKernel):
             b = np.broadcast_to(b, out.shape)
         _native.binary(self.op, a, b, out)
 
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Callable[[], None] | None:
+        """The replay's bound call (``CpuKernel.bind``) when nothing broadcasts, e.g. the decoder's residual adds."""
+        out = outputs[0].buffer
+        a, b = inputs[0].numpy(), inputs[1].numpy()  # type: ignore[union-attr]
+        if out.size == 0:
+            return noop
+        if a.shape != out.shape or b.shape != out.shape or not bindable(a, b, out):
+            return None
+        return functools.partial(_native.binary, self.op, a, b, out)
+
 
 # The ONNX unary ops whose kernel op the native library implements (their parameters: hetero.ops.unary_forms).
 _UNARY = tuple(op for op, form in UNARY_FORMS.items() if form[0] in set(_native.unary_ops()))
@@ -64,6 +75,15 @@ class CpuUnary(CpuKernel):
         out = outputs[0].buffer
         if out.size:
             _native.unary(self.op, inputs[0].numpy(), out, self.alpha, self.beta)  # type: ignore[union-attr]
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Callable[[], None] | None:
+        """The replay's bound call (``CpuKernel.bind``)."""
+        out, x = outputs[0].buffer, inputs[0].numpy()  # type: ignore[union-attr]
+        if out.size == 0:
+            return noop
+        if not bindable(x, out):
+            return None
+        return functools.partial(_native.unary, self.op, x, out, self.alpha, self.beta)
 
 
 class CpuClip(CpuKernel):
