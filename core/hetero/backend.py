@@ -99,7 +99,14 @@ class NodeInfo:
 
 
 class Kernel(Protocol):
-    """One node on one backend. ``prepare`` runs when input shapes change; ``run`` must not allocate."""
+    """One node on one backend. ``prepare`` runs when input shapes change; ``run`` must not allocate.
+
+    Optional, not part of the protocol's required methods: ``bind(inputs, outputs) -> Callable[[], None] | None``.
+    The session's steady-state replay (``hetero.runtime.replay``) asks for it once per recorded step: a
+    zero-argument callable doing what ``run(inputs, outputs)`` does on these exact tensors, whose buffers stay while
+    their contents change (read values such as ``past_len`` at call time). None, or no ``bind``: the replay calls
+    ``run``.
+    """
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None: ...
 
