@@ -1,18 +1,20 @@
 """hetero against llama.cpp on the same GGUF files: pp512 / tg128 tokens per second, their ratios, peak memory, load
 time, and how close decode comes to the machine's memory-bandwidth bound. Prints a markdown table.
 
-    python benchmarks/llm.py [--models qwen3-0.6b,qwen2.5-1.5b] [--types Q4_0,Q4_K_M,Q8_0] [--threads 2]
-                             [--reps 5] [--skip-build] [--json] [--cache-dir DIR]
+    python benchmarks/llm.py [--models qwen3-0.6b,qwen2.5-1.5b,qwen3.5-0.8b,qwen3.5-2b] [--types Q4_0,Q4_K_M,Q8_0]
+                             [--threads 2] [--reps 5] [--skip-build] [--json] [--cache-dir DIR]
 
 Needs ``gguf`` and ``llama-cpp-python`` (PyPI; pip compiles llama.cpp from its source distribution, which takes a
 while on 2 cores). The hetero under test is this checkout: ``core/`` and ``plugins/cpu`` go first on the workers'
 ``PYTHONPATH`` (``--installed`` uses the installed packages instead).
 
 Models (built once, kept in ``--cache-dir``, default ``~/.cache/hetero/bench-models``, never in the repository):
-random weights in the shapes of Qwen3-0.6B and Qwen2.5-1.5B with a 32768-token vocabulary (the real ones have ~152k:
-the LM head is ~5x smaller here), tied embeddings as in the real models. Each is written as an F16 GGUF by
-``scripts/make_gguf_fixtures.py``'s ``convert`` (the ``gguf`` package's writer; the tokenizer is the test fixtures'
-byte-level BPE, padded to the vocabulary size), then quantized by llama.cpp's own quantizer
+random weights (``scripts/make_gguf_fixtures.py``'s ``random_folder``) in the shapes of Qwen3-0.6B, Qwen2.5-1.5B,
+and Qwen3.5-0.8B / 2B (llama.cpp's ``qwen35`` architecture: 3 Gated DeltaNet layers then a gated full-attention
+layer, repeated) with a 32768-token vocabulary (the real ones have ~152k / ~248k: the LM head is 5-8x smaller here),
+tied embeddings as in the real models. Each is written as an F16 GGUF by ``scripts/make_gguf_fixtures.py``'s
+``convert`` (the ``gguf`` package's writer, in llama.cpp's layout; the tokenizer is the test fixtures' byte-level
+BPE, padded to the vocabulary size), then quantized by llama.cpp's own quantizer
 (``llama_model_quantize``) into Q4_0, Q4_K_M and Q8_0 — the mixes llama.cpp makes (e.g. the tied embedding / LM head
 becomes Q6_K in the Q4_0 and Q8_0 files, as it does for real models). Both runtimes load the same files.
 
@@ -27,13 +29,16 @@ Measurement (each runtime in its own subprocess, one after the other, alternatin
 * t/s: the median of the repetitions (mean ± std alongside); ratios are hetero / llama.cpp of the medians, from this
   run.
 * peak memory: the worker's ``ru_maxrss`` (resident set high-water mark: the interpreter, the imported modules, the
-  touched pages of the memory-mapped file and everything allocated), and the same taken before loading (``base``).
+  touched pages of the memory-mapped file and everything allocated), and the same taken before loading (``base``);
+  the resident set after loading and at the end, split into anonymous memory (repacked weights, caches) and file
+  pages (the mapped model, libraries), from /proc/self/status.
 * load: the wall time of ``hetero.llm.load`` / ``llama_model_load_from_file`` + ``llama_init_from_model`` on a file
   already in the page cache.
 * bandwidth: ``--threads`` processes each stream-read (``numpy.max`` over a uint64 view: a single pass with little
   arithmetic) their own 512 MiB buffer, started together at a barrier; GB/s = all bytes read / (last end - first
   start), best of 5 trials. Processes, not threads, because numpy runs a reduction on one thread. A decode step reads
-  every weight once (the tied embedding table in full, as the LM head) plus the KV cache, so the bound is
+  every weight once (the tied embedding table in full, as the LM head) plus the KV cache (and, for Qwen3.5, the
+  float32 recurrent state of each Gated DeltaNet layer), so the bound is
   bandwidth / bytes per token; "% of bound" = t/s x bytes per token / bandwidth.
 
 The machine is shared (see shared/FACTS.md: a busy neighbour halves the cores): compare ratios from one run, repeat.
@@ -46,7 +51,6 @@ import json
 import math
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -65,6 +69,11 @@ VOCAB = 32768
 PP, TG = 512, 128
 
 # Hugging Face config.json fields of each shape (random weights; the tokenizer comes from the fixture named).
+_QWEN35_LINEAR = dict(linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                      linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+                      layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)],
+                      rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
+                                       "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]})
 MODELS: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": dict(
         tokenizer="qwen3", architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024,
@@ -74,6 +83,16 @@ MODELS: dict[str, dict[str, Any]] = {
         tokenizer="qwen2", architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536,
         intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
         rope_theta=1_000_000.0, max_position_embeddings=32768),
+    # Qwen3.5 (llama.cpp architecture "qwen35"): 3 Gated DeltaNet layers then one gated full-attention layer,
+    # repeated; the shapes of hetero.llm.synthetic.HYBRID_SHAPES.
+    "qwen3.5-0.8b": dict(
+        tokenizer="qwen3", architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_size=1024,
+        intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        max_position_embeddings=262144, **_QWEN35_LINEAR),
+    "qwen3.5-2b": dict(
+        tokenizer="qwen3", architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_size=2048,
+        intermediate_size=6144, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        max_position_embeddings=262144, **_QWEN35_LINEAR),
 }
 # llama.cpp's llama_ftype values
 TYPES = {"Q4_0": 2, "Q4_K_M": 15, "Q8_0": 7}
@@ -88,49 +107,14 @@ def model_path(cache: Path, model: str, qtype: str) -> Path:
     return cache / f"{model}-v{VOCAB // 1024}k-{qtype.lower()}.gguf"
 
 
-def _random_folder(dest: Path, model: str, seed: int = 0) -> Path:
+def _random_folder(dest: Path, model: str, fixtures: Any, seed: int = 0) -> Path:
     """A Hugging Face folder (config, the fixture tokenizer, F16 safetensors of random weights) of ``model``."""
-    from hetero.llm import safetensors
-
     spec = dict(MODELS[model])
-    fixture = ROOT / "tests" / "fixtures" / "llm" / spec.pop("tokenizer")
+    tokenizer = ROOT / "tests" / "fixtures" / "llm" / spec.pop("tokenizer")
     cfg = {**spec, "vocab_size": VOCAB, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "bos_token_id": 0,
            "eos_token_id": 2, "hidden_act": "silu", "dtype": "bfloat16",
            "attention_bias": spec["model_type"] == "qwen2"}
-    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg.get("head_dim") or h // nq
-    rng = np.random.default_rng(seed)
-
-    def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.float32(math.sqrt(cols))).astype(np.float16)
-
-    def vec(n: int, mean: float = 1.0, std: float = 0.1) -> np.ndarray:
-        return (mean + std * rng.standard_normal(n, dtype=np.float32)).astype(np.float16)
-
-    tensors = {"model.embed_tokens.weight": mat(VOCAB, h), "model.norm.weight": vec(h)}
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": vec(h), p + "post_attention_layernorm.weight": vec(h),
-            p + "self_attn.q_proj.weight": mat(nq * hd, h), p + "self_attn.k_proj.weight": mat(nkv * hd, h),
-            p + "self_attn.v_proj.weight": mat(nkv * hd, h), p + "self_attn.o_proj.weight": mat(h, nq * hd),
-            p + "mlp.gate_proj.weight": mat(inter, h), p + "mlp.up_proj.weight": mat(inter, h),
-            p + "mlp.down_proj.weight": mat(h, inter),
-        })
-        if cfg["model_type"] == "qwen3":
-            tensors.update({p + "self_attn.q_norm.weight": vec(hd), p + "self_attn.k_norm.weight": vec(hd)})
-        else:  # Qwen2.5: q/k/v biases
-            tensors.update({p + "self_attn.q_proj.bias": vec(nq * hd, 0.0, 0.02),
-                            p + "self_attn.k_proj.bias": vec(nkv * hd, 0.0, 0.02),
-                            p + "self_attn.v_proj.bias": vec(nkv * hd, 0.0, 0.02)})
-    dest.mkdir(parents=True, exist_ok=True)
-    safetensors.write(dest / "model.safetensors", tensors, {"format": "pt"})
-    del tensors
-    (dest / "config.json").write_text(json.dumps(cfg, indent=2))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(fixture / name, dest / name)
-    return dest
+    return fixtures.random_folder(dest, cfg, seed, tokenizer_from=tokenizer)
 
 
 def build_f16(cache: Path, model: str) -> Path:
@@ -144,7 +128,7 @@ def build_f16(cache: Path, model: str) -> Path:
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         started = time.perf_counter()
         log(f"{model}: drawing random weights (F16 safetensors) ...")
-        folder = _random_folder(Path(tmp) / model, model)
+        folder = _random_folder(Path(tmp) / model, model, fixtures)
         log(f"{model}: writing the F16 GGUF with the gguf package's writer ...")
         part = Path(tmp) / out.name
         fixtures.convert(folder, part, "F16")
@@ -187,30 +171,38 @@ def _quantize_worker(args: argparse.Namespace) -> int:
 
 
 def file_stats(path: Path, tg: int) -> dict[str, Any]:
-    """Bytes a decode step reads from this file's weights (+ the f16 KV cache at the mean tg context), and the mix."""
+    """Bytes a decode step reads from this file's weights (+ the f16 KV cache at the mean tg context, + the float32
+    recurrent state of Gated DeltaNet layers), and the mix of tensor types."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
     arch = str(reader.fields["general.architecture"].contents())
 
-    def meta(key: str) -> int:
-        return int(reader.fields[f"{arch}.{key}"].contents())
+    def meta(key: str, default: int | None = None) -> int:
+        field = reader.fields.get(f"{arch}.{key}")
+        if field is None and default is not None:
+            return default
+        return int(field.contents())  # type: ignore[union-attr]
 
     weights = sum(int(t.n_bytes) for name, t in tensors.items() if name != "token_embd.weight")
     embd = tensors["token_embd.weight"]
     tied = "output.weight" not in tensors
     weights += int(embd.n_bytes) if tied else int(embd.n_bytes) // int(embd.shape[-1])  # LM head, or one row
-    layers, kv_heads, heads = meta("block_count"), meta("attention.head_count_kv"), meta("attention.head_count")
-    head_dim = meta("attention.key_length") if f"{arch}.attention.key_length" in reader.fields \
-        else meta("embedding_length") // heads
-    kv = 2 * layers * kv_heads * head_dim * 2 * (tg + 1) / 2
+    kv_heads, heads = meta("attention.head_count_kv"), meta("attention.head_count")
+    head_dim = meta("attention.key_length", meta("embedding_length") // heads)
+    attention_layers = sum(1 for name in tensors if name.endswith(".attn_k.weight"))  # hybrids: full-attention only
+    kv = 2 * attention_layers * kv_heads * head_dim * 2 * (tg + 1) / 2
+    linear_layers = sum(1 for name in tensors if name.endswith(".ssm_a"))
+    state = linear_layers * meta("ssm.time_step_rank", 0) * meta("ssm.state_size", 0) * 4 * (
+        meta("ssm.inner_size", 0) // max(meta("ssm.time_step_rank", 1), 1))
     mix: dict[str, int] = {}
     for t in tensors.values():
         if len(t.shape) > 1:
             mix[t.tensor_type.name] = mix.get(t.tensor_type.name, 0) + 1
     return {"file_bytes": path.stat().st_size, "weight_bytes_per_token": weights, "kv_bytes_per_token": int(kv),
-            "bytes_per_token": int(weights + kv), "tensor_types": mix}
+            "state_bytes_per_token": int(state), "bytes_per_token": int(weights + kv + state), "tensor_types": mix,
+            "architecture": arch}
 
 
 # -- memory bandwidth --------------------------------------------------------------------------------------------------
@@ -306,6 +298,22 @@ def _max_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def _memory() -> dict[str, int]:
+    """The resident set now, split into anonymous memory (allocations: repacked weights, caches) and file pages
+    (the mapped model file, libraries), from /proc/self/status (Linux; empty elsewhere)."""
+    fields = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "VmHWM": "peak"}
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in fields:
+                    out[fields[key]] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
 def _bench_worker(args: argparse.Namespace) -> int:
     base_rss = _max_rss()
     from hetero.llm.bench import bench, plan
@@ -340,9 +348,10 @@ def _bench_worker(args: argparse.Namespace) -> int:
         llm = LlamaCpp(args.model, args.threads, n_ctx)
         load_s = time.perf_counter() - started
         info = dict(llm.settings)
+    loaded = _memory()
     results = bench(llm, tests, args.reps, warmup=True, seed=args.seed, threads=args.threads)  # type: ignore[arg-type]
-    print(json.dumps({"load_s": load_s, "base_rss": base_rss, "peak_rss": _max_rss(), "info": info,
-                      "tests": {r.test: r.samples_ts for r in results}}))
+    print(json.dumps({"load_s": load_s, "base_rss": base_rss, "peak_rss": _max_rss(), "mem_loaded": loaded,
+                      "mem_end": _memory(), "info": info, "tests": {r.test: r.samples_ts for r in results}}))
     return 0
 
 
@@ -421,6 +430,24 @@ def markdown(rows: list[dict[str, Any]], bw: dict[int, float], pp: int, tg: int)
             for test, s in run["stats"].items():
                 out.append(f"| {row['model']} | {row['type']} | {row['threads']} | {runtime} | {test} | "
                            f"{s['median']:.2f} | {s['mean']:.2f} ± {s['std']:.2f} | {s['n']} |")
+    out.append("")
+    out.append("Memory, MiB (anon: allocated memory; file: resident pages of the mapped model file and libraries):")
+    out.append("")
+    out.append("| model | type | thr | runtime | before load | after load: anon + file | end: anon + file | peak |")
+    out.append("|---|---|---:|---|---:|---:|---:|---:|")
+
+    def mib(value: float | None) -> str:
+        return _fmt(value / 2**20 if value is not None else None, 0)
+
+    for row in rows:
+        for runtime in ("llama.cpp", "hetero"):
+            run = row[runtime]
+            if "error" in run:
+                continue
+            loaded, end = run.get("mem_loaded", {}), run.get("mem_end", {})
+            out.append(f"| {row['model']} | {row['type']} | {row['threads']} | {runtime} | {mib(run['base_rss'])} | "
+                       f"{mib(loaded.get('anon'))} + {mib(loaded.get('file'))} | {mib(end.get('anon'))} + "
+                       f"{mib(end.get('file'))} | {mib(run['peak_rss'])} |")
     return "\n".join(out)
 
 

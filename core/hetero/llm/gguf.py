@@ -12,6 +12,12 @@ File layout (little-endian):
 Every count, length and offset is checked against the file size before anything is allocated from it, so a
 malformed or hostile file raises ``ModelFormatError`` naming the field instead of crashing, hanging or exhausting
 memory. Tensor data is never read: ``GgufFile.array`` returns read-only views into one memory map of the file.
+
+Pages of the map that a process has touched count in its resident set (RSS) until they are unmapped. A backend that
+repacks a quantized weight into its own buffer reads every page of it once and never again, so the model would be
+resident twice (the file's pages + the repacked copy). ``GgufFile.release`` (or ``release(array)`` for any array that
+views a map) drops pages from the process with ``madvise(MADV_DONTNEED)``: they stay in the page cache, and whatever
+still reads them (weights used in place, the numpy reference) faults them back in transparently.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import itertools
 import mmap
 import os
 import struct
+import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +45,8 @@ MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NAME = 1 << 12  # tensor names (the spec says 64 bytes; be lenient, but bounded)
 MAX_ARRAY_DEPTH = 4
 MAX_DIM = 1 << 40  # no real dimension comes near; bounds shapes whose other dims are 0
+# GgufFile.releasing: at ~1-2 GB/s of repacking, 20 ms lets ~40 MB of pages pile up between releases
+RELEASE_INTERVAL = 0.02
 
 # metadata value types
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
@@ -224,6 +234,10 @@ class GgufFile(Mapping[str, TensorInfo]):
                 raise ModelFormatError(f"{self.path}: {self.size} bytes is too short for a GGUF header (24 bytes)")
             self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
             self._file.close()  # the map keeps the file's pages; no descriptor stays open
+            probe = np.frombuffer(self._map, dtype=np.uint8, count=1)
+            self._address = int(probe.ctypes.data)  # where the map starts, to find the pages under a view
+            del probe  # an exported buffer would keep close() from unmapping
+            _OPEN[id(self)] = self
             self._parse()
         except BaseException:
             self.close()
@@ -349,7 +363,53 @@ class GgufFile(Mapping[str, TensorInfo]):
         count = info.nbytes // dtype.itemsize
         return np.frombuffer(self._map, dtype=dtype, count=count, offset=info.offset).reshape(shape)
 
+    def span(self, array: np.ndarray) -> tuple[int, int] | None:
+        """The byte range ``[start, end)`` of the file that ``array``'s memory covers, or None if it is not a view of
+        this file's map."""
+        if getattr(self, "_map", None) is None or self._map.closed or array.size == 0:
+            return None
+        low, high = _byte_bounds(array)
+        if low < self._address or high > self._address + self.size:
+            return None
+        return low - self._address, high - self._address
+
+    def release(self, start: int = 0, end: int | None = None) -> int:
+        """Drop the whole pages of ``[start, end)`` (default: the whole file) from this process's resident set; the
+        data stays readable (pages come back from the page cache on the next read). Returns the bytes advised."""
+        if getattr(self, "_map", None) is None or self._map.closed or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        end = self.size if end is None else min(end, self.size)
+        page = mmap.PAGESIZE
+        first = -(-max(start, 0) // page) * page  # whole pages only: a neighbour's partial page may be in use
+        last = end // page * page if end < self.size else end  # the map's last page may be partial
+        if last <= first:
+            return 0
+        self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+        return last - first
+
+    @contextlib.contextmanager
+    def releasing(self, interval: float = RELEASE_INTERVAL) -> Iterator[None]:
+        """While the block runs, a background thread releases the whole map every ``interval`` seconds, and once
+        more at the end. For building a session: backends that repack weights read each page once, at an
+        unpredictable moment, so the pages they have finished with are dropped shortly after, without a hook in
+        every backend. Harmless to pages still in use (they fault back in), cheap over pages already dropped."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(interval):
+                self.release()
+
+        worker = threading.Thread(target=loop, name=f"hetero-release-{self.path.name}", daemon=True)
+        worker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            worker.join()
+            self.release()
+
     def close(self) -> None:
+        _OPEN.pop(id(self), None)
         mapped = getattr(self, "_map", None)
         if mapped is not None:
             with contextlib.suppress(BufferError):  # views of it are still alive: the map goes when they do
@@ -359,6 +419,26 @@ class GgufFile(Mapping[str, TensorInfo]):
 
     def __repr__(self) -> str:
         return f"<GgufFile {self.path.name} v{self.version}: {len(self.metadata)} keys, {len(self.tensors)} tensors>"
+
+
+try:  # numpy >= 2 moved it
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds
+except ImportError:  # pragma: no cover - numpy 1.26
+    _byte_bounds = np.byte_bounds  # type: ignore[attr-defined]
+
+# The open files by id, for ``release`` (weak: a file nobody holds is unmapped and forgotten; GgufFile is a Mapping,
+# so not hashable).
+_OPEN: weakref.WeakValueDictionary[int, GgufFile] = weakref.WeakValueDictionary()
+
+
+def release(array: np.ndarray) -> int:
+    """Drop the pages under ``array`` from the process if it views an open GGUF file's map (0 otherwise). For a
+    backend that has copied a constant weight into its own format and will not read the array again."""
+    for gf in list(_OPEN.values()):
+        span = gf.span(array)
+        if span is not None:
+            return gf.release(*span)
+    return 0
 
 
 def is_gguf(path: str | os.PathLike) -> bool:

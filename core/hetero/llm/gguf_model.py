@@ -565,6 +565,9 @@ PRE_PATTERNS = {
     "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+",
     "gpt-2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    # Qwen3.5's tokenizer (llama.cpp's converter names it "qwen35"): combining marks stay inside words
+    "qwen35": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+",
 }
 PRE_ALIASES = {"default": "gpt-2", "gpt2": "gpt-2", "llama3": "llama-bpe", "llama-v3": "llama-bpe"}
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -626,7 +629,7 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
                                      fuse_unk=False, byte_fallback=False))
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ModelFormatError(f"{path}: cannot build the BPE tokenizer from the file's vocabulary: {exc}") from None
-    if pre == "qwen2":
+    if pre in ("qwen2", "qwen35"):
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
@@ -680,8 +683,13 @@ def load_gguf(path: str | os.PathLike, backends: Sequence[str] | str | None = No
     label = cfg.raw.get("hetero.file_type") or cfg.torch_dtype
     if fmt is not None:
         label = f"{label}+{fmt.name}"
-    return Llm(cfg, graph, tokenizer, context=context, backends=backends, on_fallback=on_fallback, threads=threads,
-               prefill_chunk=prefill_chunk, name=f"{cfg.family} {file.stem}", quant=label, path=file, kv_cache=kv_cache)
+    # Backends that repack a weight read each of its pages once; dropping the pages while they build their kernels
+    # keeps the file from being resident beside the copies (peak RSS ~ one copy of the model, not two).
+    with gf.releasing():
+        llm = Llm(cfg, graph, tokenizer, context=context, backends=backends, on_fallback=on_fallback,
+                  threads=threads, prefill_chunk=prefill_chunk, name=f"{cfg.family} {file.stem}", quant=label,
+                  path=file, kv_cache=kv_cache)
+    return llm
 
 
 __all__ = ["ARCHITECTURES", "GGML_BY_NAME", "GgufWeights", "gguf_config", "gguf_name", "gguf_tokenizer",
