@@ -33,10 +33,6 @@ def timeit(fn, min_time: float = 0.3) -> float:
     return float(np.median(times))
 
 
-# Byte offsets of the f16 scale fields of the GGUF block formats (the rest of each block is random).
-GGML_F16_FIELDS = {"q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
-
-
 def weight(fmt: quant.QuantFormat | quant.GgmlFormat | None, n: int, k: int, rng: np.random.Generator,
            wtype: str = "f32"):
     if fmt is None:
@@ -48,7 +44,7 @@ def weight(fmt: quant.QuantFormat | quant.GgmlFormat | None, n: int, k: int, rng
         return _native.llm_weights(w, wtype, k=k), w.nbytes
     blocks = rng.integers(0, 256, size=(n, fmt.blocks(k), fmt.block_bytes), dtype=np.uint8)
     if isinstance(fmt, quant.GgmlFormat):
-        for at in GGML_F16_FIELDS[fmt.wtype]:
+        for at in fmt.f16_fields:  # moderate scales; the rest of each block is random
             blocks[..., at:at + 2] = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)
         data = blocks.reshape(n, -1)
         return _native.llm_weights(data, fmt.wtype, k=k), data.nbytes

@@ -268,6 +268,7 @@ class GgmlFormat:
     block_size: int
     block_bytes: int
     ggml: str  # the GGUF type name
+    f16_fields: tuple[int, ...]  # byte offsets of the block's float16 scales (d, and m / dmin where there is one)
 
     @property
     def name(self) -> str:
@@ -284,11 +285,11 @@ class GgmlFormat:
 
 
 GGML_FORMATS: dict[str, GgmlFormat] = {f.wtype: f for f in (
-    GgmlFormat("q5_0", 32, 22, "Q5_0"),
-    GgmlFormat("q5_1", 32, 24, "Q5_1"),
-    GgmlFormat("q4_k", 256, 144, "Q4_K"),
-    GgmlFormat("q5_k", 256, 176, "Q5_K"),
-    GgmlFormat("q6_k", 256, 210, "Q6_K"),
+    GgmlFormat("q5_0", 32, 22, "Q5_0", (0,)),
+    GgmlFormat("q5_1", 32, 24, "Q5_1", (0, 2)),
+    GgmlFormat("q4_k", 256, 144, "Q4_K", (0, 2)),
+    GgmlFormat("q5_k", 256, 176, "Q5_K", (0, 2)),
+    GgmlFormat("q6_k", 256, 210, "Q6_K", (208,)),
 )}
 GGML_WTYPES = tuple(GGML_FORMATS)
 

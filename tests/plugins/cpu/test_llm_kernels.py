@@ -198,18 +198,15 @@ def test_qmatmul_3d_input_and_runtime_weight_refused():
 
 
 # -- GGUF block formats (q5_0, q5_1, q4_k, q5_k, q6_k) -----------------------------------------------------------
-# Offsets of the f16 scale fields in each GGUF block; every other byte (quants, packed 6-bit scales, high bits) is
-# random, so every bit pattern of them is exercised.
-GGML_F16_FIELDS = {"q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
-
-
+# Every byte of a GGUF block but its f16 scales (quants, packed 6-bit scales, high bits) is random, so every bit
+# pattern of them is exercised.
 def random_ggml(wtype: str, n: int, k: int, seed: int = 0, lead: tuple[int, ...] = (),
                 scale: float = 0.02) -> np.ndarray:
     """uint8[*lead, n, row_bytes(k)] of random GGUF blocks with finite f16 scales of about ``scale``."""
     fmt = quant.GGML_FORMATS[wtype]
     r = rng(seed)
     raw = r.integers(0, 256, (*lead, n, fmt.blocks(k), fmt.block_bytes), dtype=np.uint8)
-    for at in GGML_F16_FIELDS[wtype]:
+    for at in fmt.f16_fields:
         scales = (r.standard_normal((*lead, n, fmt.blocks(k))) * scale).astype(np.float16)
         raw[..., at:at + 2] = scales[..., None].view(np.uint8)
     return raw.reshape(*lead, n, fmt.row_bytes(k))
