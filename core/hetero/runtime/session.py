@@ -103,6 +103,12 @@ class Session:
         self._steps = self._build_steps()
         self._weights: dict[tuple[str, str], Tensor] = {}
         self._last_use = self._liveness()
+        # What each step is the last reader of, view sources included (a source outlives its own readers while a
+        # view of it is still read, so it is freed with the view's last reader, not its own).
+        self._frees: list[list[str]] = [[] for _ in self._steps]
+        for name, last in self._last_use.items():
+            if last < len(self._steps):
+                self._frees[last].append(name)
         self._graph_outputs = set(self.graph.outputs)
         self._replayable = self._can_replay()
         self._replay: Replay | None = None
@@ -442,12 +448,10 @@ class Session:
         return tensor
 
     def _release(self, env: dict[str, Tensor], copies: dict[tuple[str, str], Tensor], index: int) -> None:
-        step = self._steps[index]
-        for name in [*step.inputs, *step.outer]:
-            if name and self._last_use.get(name) == index:
-                env.pop(name, None)
-                for key in [k for k in copies if k[0] == name]:
-                    del copies[key]
+        for name in self._frees[index]:
+            env.pop(name, None)
+            for key in [k for k in copies if k[0] == name]:
+                del copies[key]
 
     def _output(self, env: dict[str, Tensor], name: str) -> Tensor:
         if name in env:
