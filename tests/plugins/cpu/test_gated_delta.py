@@ -30,14 +30,6 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
 CONSTANTS = (1, 5, 6, 7, 9)
 
 
-@pytest.fixture(params=_native.available_isas())
-def isa(request):
-    before = _native.isa()
-    _native.set_isa(request.param)
-    yield request.param
-    _native.set_isa(before)
-
-
 @pytest.fixture(params=[1, 3])
 def threads(request):
     before = _native.num_threads()

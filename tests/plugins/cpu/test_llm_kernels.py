@@ -68,14 +68,6 @@ def path(request):
     _native.set_isa(before)
 
 
-@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
-
-
 def rng(seed=0):
     return np.random.default_rng(seed)
 

@@ -35,22 +35,6 @@ from hetero_cpu.kernels import KERNELS  # noqa: E402
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
 
 
-@pytest.fixture(params=_native.available_isas())
-def isa(request):
-    before = _native.isa()
-    _native.set_isa(request.param)
-    yield request.param
-    _native.set_isa(before)
-
-
-@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
-
-
 class Pair:
     """The cpu Attention kernel and the reference (with its own state), fed the same inputs."""
 

@@ -16,23 +16,6 @@ ISAS = _native.available_isas()
 ODD = [1, 3, 17, 33, 127]
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    """Runs the test once per available ISA path (avx512 / avx2 / neon / generic)."""
-    before = _native.isa()
-    _native.set_isa(request.param)
-    yield request.param
-    _native.set_isa(before)
-
-
-@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
-
-
 def rng(seed=0):
     return np.random.default_rng(seed)
 

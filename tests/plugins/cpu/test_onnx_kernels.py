@@ -20,19 +20,10 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import hetero  # noqa: E402
 from hetero_cpu.kernels import onnx_extra  # noqa: E402
 
-ISAS = _native.available_isas()
 _ONNX_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,
               np.dtype(np.bool_): TensorProto.BOOL, np.dtype(np.uint8): TensorProto.UINT8,
               np.dtype(np.int8): TensorProto.INT8}
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = _native.isa()
-    _native.set_isa(request.param)
-    yield request.param
-    _native.set_isa(before)
 
 
 @pytest.fixture(autouse=True)
