@@ -42,6 +42,13 @@ class TensorInfo:
         return f"{self.dtype}[{dims}]"
 
 
+def static_shape(info: TensorInfo | None) -> tuple[int, ...]:
+    """The dims of a value whose shape is fully known, as every ``prepare`` receives them (a ValueError otherwise)."""
+    if info is None or info.shape is None or any(d is None for d in info.shape):
+        raise ValueError(f"{info} has no static shape")
+    return tuple(d for d in info.shape if d is not None)
+
+
 class Tensor:
     """A buffer with a shape and dtype, owned by a backend (``backend=None``: plain host memory)."""
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -52,6 +53,16 @@ class BenchResult:
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "avg_ts": self.avg_ts, "stdev_ts": self.stdev_ts}
+
+
+class _Shared(TypedDict):
+    """The fields of a BenchResult that every test of one run shares."""
+
+    model: str
+    size_bytes: int
+    params: int
+    backend: str
+    threads: int
 
 
 def label_of(n_prompt: int, n_gen: int) -> str:
@@ -116,8 +127,8 @@ def bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int = 5, *, w
     (None: when the nodes' mode is "auto"; see the module doc)."""
     rng = np.random.default_rng(seed)
     backend = ",".join(llm.backend_names())
-    shared = dict(model=llm.name + (f" {llm.quant}" if llm.quant else ""), size_bytes=llm.size_bytes(),
-                  params=llm.num_params(), backend=backend, threads=threads or llm.threads or os.cpu_count() or 1)
+    shared = _Shared(model=llm.name + (f" {llm.quant}" if llm.quant else ""), size_bytes=llm.size_bytes(),
+                     params=llm.num_params(), backend=backend, threads=threads or llm.threads or os.cpu_count() or 1)
     nodes = _linear_attention_nodes(llm)
     modes = {str(node.attrs.get("mode", "auto")) for node in nodes}
     mode = modes.pop() if len(modes) == 1 else ("mixed" if modes else "")
@@ -141,7 +152,7 @@ def bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int = 5, *, w
 
 
 def _compare_forms(llm: Llm, n_prompt: int, repetitions: int, warmup: bool, rng: np.random.Generator,
-                   shared: dict) -> list[BenchResult]:
+                   shared: _Shared) -> list[BenchResult]:
     """One prefill test in the chunked and the recurrent form, alternating within each repetition."""
     label = label_of(n_prompt, 0)
     chunked = BenchResult(test=label, n_prompt=n_prompt, n_gen=0, linear_attention="chunked", **shared)

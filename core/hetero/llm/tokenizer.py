@@ -41,8 +41,8 @@ class Tokenizer:
         self.generation_config: dict[str, Any] = read_json(gen_path) if gen_path.is_file() else {}
         gen_eos = self.generation_config.get("eos_token_id")
         eos += gen_eos if isinstance(gen_eos, list) else [gen_eos] if isinstance(gen_eos, int) else []
-        if self.eos_token is not None and self.token_id(self.eos_token) is not None:
-            eos.append(self.token_id(self.eos_token))  # type: ignore[arg-type]
+        if self.eos_token is not None and (eos_id := self.token_id(self.eos_token)) is not None:
+            eos.append(eos_id)
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos))
 
     @classmethod

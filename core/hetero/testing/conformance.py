@@ -149,6 +149,8 @@ def _check_status(ctx: Context) -> str:
 
 def _check_factory(ctx: Context) -> None:
     factory = ctx.require_ok().factory
+    if factory is None:
+        raise CheckFailed("the backend's status row has no factory")
     if getattr(factory, "name", None) != ctx.name:
         raise CheckFailed(f"factory.name is {getattr(factory, 'name', None)!r}, expected {ctx.name!r}")
     version = getattr(factory, "api_version", None)

@@ -15,7 +15,7 @@ import numpy as np
 from hetero import dtypes
 from hetero.backend import Device, KernelTableBackend, NodeInfo, Support, unsupported
 from hetero.errors import BackendError
-from hetero.tensor import Tensor, TensorInfo
+from hetero.tensor import Tensor, TensorInfo, static_shape
 
 from .kernels import KERNELS
 from .kernels.common import ClKernel
@@ -26,7 +26,7 @@ SHADOW_BYTES = 4096  # uploads up to this size keep a host copy
 
 class OpenCLBackend(KernelTableBackend):
     name: ClassVar[str] = "opencl"
-    kernels = KERNELS
+    kernels = KERNELS  # type: ignore[assignment]  # ClKernel classes take the backend too: see kernel()
 
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
         super().__init__(device, options)
@@ -35,7 +35,7 @@ class OpenCLBackend(KernelTableBackend):
         platform = int(device.properties.get("platform_index", 0))
         index = int(device.properties.get("device_index", 0))
         # One memory domain per device: the session inserts copies where values cross into or out of it.
-        self.memory_domain = f"opencl:{platform}.{index}"  # type: ignore[misc]
+        self.memory_domain = f"opencl:{platform}.{index}"  # type: ignore[misc]  # per device
         self.dummy = self.ctx.alloc(16)  # bound where a kernel's optional buffer argument is absent
         self._scratch: dict[str, Any] = {}
 
@@ -50,7 +50,7 @@ class OpenCLBackend(KernelTableBackend):
         factory = self._table()[(node.domain, node.op_type)]
         if isinstance(factory, type) and issubclass(factory, ClKernel):
             return factory(node, self)
-        return factory(node)
+        return factory(node)  # type: ignore[call-arg]  # mypy: any other class narrows to type[object]
 
     # -- memory -----------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int, kind: str = "arena") -> Any:
@@ -89,7 +89,7 @@ class OpenCLBackend(KernelTableBackend):
 
     def view(self, tensor: Tensor, info: TensorInfo) -> Tensor | None:
         """Reshape-like ops: the same cl_mem under a new shape (buffers are always dense)."""
-        return Tensor(tensor.buffer, info.shape, info.dtype, self)  # type: ignore[arg-type]
+        return Tensor(tensor.buffer, static_shape(info), info.dtype, self)
 
     def host_value(self, tensor: Tensor) -> np.ndarray:
         """A small input's values on the host: its shadow when it was uploaded, else a (waiting) download."""

@@ -14,7 +14,7 @@ from hetero.reference import ReferenceBackend, ReferenceKernel
 class CpuNumpyKernel(ReferenceKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
-        return ReferenceBackend.supports(None, node)  # type: ignore[arg-type]  (it reads no backend state)
+        return ReferenceBackend.supports(None, node)  # type: ignore[arg-type]  # it reads no backend state
 
 
 def onnx_ops() -> dict[tuple[str, str], type[CpuNumpyKernel]]:
