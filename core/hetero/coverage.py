@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import plugins
-from .backend import KernelTableBackend
-from .ops import registry
+from .contract import registry
+from .contract.backend import KernelTableBackend
 
 
 @dataclass

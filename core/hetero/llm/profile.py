@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
 
 
 @dataclass

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
+from ..contract.quant import QuantFormat, parse_quant
 from .config import LlmConfig, RopeConfig
 from .families import build_graph
 from .model import Llm
-from .quant import QuantFormat, parse_quant
 from .weights import Weight, WeightSource
 
 # Keyword arguments of LlmConfig (Any: mypy checks a ** splat against every parameter's type).

@@ -11,9 +11,9 @@ from typing import Literal
 
 import numpy as np
 
-from ..tensor import TensorInfo
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 from . import lowp
-from .registry import OpContext, op
 from .shapes import UNKNOWN_VALUE, _Unknown, input_info, normalize_axis, unknown
 
 # Opset from which each reduction takes its axes as an input.

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from hetero.backend import KernelFactory
+from hetero.contract import KernelFactory
 
 from . import elementwise, gated_delta, llm, matmul, movement, nn, numpy_ops, onnx_extra
 

@@ -13,9 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.tensor import Tensor, TensorInfo, static_shape
+from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, static_shape, unsupported
 
 from .. import _native
 from .common import CpuKernel
