@@ -134,7 +134,7 @@ def _load_one(registry: Registry, manager: pluggy.PluginManager, ep: Any, row: P
         return [row]
 
     declared = getattr(module, "api_version", None)
-    if declared is None or str(declared).split(".")[0] != API_VERSION.split(".")[0]:
+    if declared is None or _major(str(declared)) != _major(API_VERSION):
         row.status = INCOMPATIBLE
         row.reason = (
             f"plugin API {declared} does not match hetero's {API_VERSION}"
@@ -172,16 +172,16 @@ def _load_one(registry: Registry, manager: pluggy.PluginManager, ep: Any, row: P
                 hint=f"report it to the authors of {row.distribution}",
             ))
             continue
-        rows.append(_probe(row, factory))
+        rows.append(_probe(row, factory, str(declared)))
     return rows
 
 
-def _probe(template: PluginStatus, factory: Factory) -> PluginStatus:
+def _probe(template: PluginStatus, factory: Factory, plugin_api: str) -> PluginStatus:
     row = PluginStatus(
         factory.name, template.plugin, template.distribution, template.version, BROKEN,
         factory=factory, priority=getattr(factory, "priority", 50),
     )
-    declared = str(getattr(factory, "api_version", API_VERSION))
+    declared = str(getattr(factory, "api_version", None) or plugin_api)
     if _major(declared) != _major(API_VERSION):
         row.status = INCOMPATIBLE
         row.reason = f"factory {factory.name} targets plugin API {declared}, hetero has {API_VERSION}"
