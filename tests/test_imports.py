@@ -188,6 +188,24 @@ def test_the_contract_imports_nothing_outside_itself() -> None:
     assert not outside, "\n".join(outside)
 
 
+PLUGIN_ROOTS = [*SOURCE_ROOTS[1:], ROOT / "examples" / "hetero-toy"]
+
+
+@pytest.mark.parametrize("root", PLUGIN_ROOTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_plugins_import_the_contract_alone(root: Path) -> None:
+    """Of hetero, a backend package imports ``hetero.contract`` and nothing else (what API_VERSION covers)."""
+    core = set(module_files([ROOT / "core"]))
+    modules = module_files([root])
+    assert modules, f"no package under {root}"
+    outside = sorted(
+        f"{module} imports {name}"
+        for module, path in modules.items() if path.suffix == ".py"
+        for name in dependencies(path, module, core | set(modules))
+        if name.split(".")[0] == "hetero" and name != "hetero.contract" and not name.startswith("hetero.contract.")
+    )
+    assert not outside, "\n".join(outside)
+
+
 @pytest.mark.parametrize("module", ["hetero.contract.dtypes", "hetero.contract.tensor", "hetero.contract.registry"])
 def test_leaf_modules_import_only_leaves_below_them(module: str) -> None:
     """dtypes, tensor info and the op registry are leaves: they reach no backend, discovery, runtime or ops."""
