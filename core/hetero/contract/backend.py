@@ -115,8 +115,8 @@ class Kernel(Protocol):
       shape inference computed. Plan here: choose the algorithm, size scratch memory, upload constants.
     * ``run(inputs, outputs)`` — compute into ``outputs``: tensors the session allocated with the backend's
       ``empty``/``alloc`` (possibly slices of one arena), of the shapes ``prepare`` was given. Write into their
-      buffers; never rebind ``Tensor.buffer`` or allocate results (the conformance kit checks both). An absent
-      optional input is None.
+      buffers; never rebind ``Tensor.buffer``, allocate results or write the inputs, which other nodes read too
+      (the conformance kit checks all three). An absent optional input is None.
 
     Optional (looked up with ``getattr``; a kernel without them is still complete):
 
