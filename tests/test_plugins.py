@@ -473,19 +473,42 @@ OPS_PLUGIN = """
 """
 
 
-def test_register_ops_hook_adds_an_op_models_can_use(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "_SCHEMAS", dict(registry._SCHEMAS))  # forget the op after this test
-    site.add("hetero-tops", {"tops.py": OPS_PLUGIN}, {"tops": "tops"})
-    site.reload()
+def twice_model() -> object:
     node = helper.make_node("Twice", ["x"], ["y"], domain="com.example.tops")
     graph = helper.make_graph(
         [node], "twice",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
     )
-    model = helper.make_model(
+    return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.example.tops", 1)]
     )
+
+
+# A fresh process: the op registry does not start discovery, loading a model does.
+LOAD_CHILD = """
+import sys
+import hetero
+from hetero.contract import registry
+assert registry.find("com.example.tops", "Twice") is None and "tops" not in sys.modules
+graph = hetero.load(sys.stdin.buffer.read())
+print("loaded", [n.op_type for n in graph.nodes])
+"""
+
+
+def test_loading_a_model_discovers_the_ops_plugins_add(site: Site) -> None:
+    site.add("hetero-tops", {"tops.py": OPS_PLUGIN}, {"tops": "tops"})
+    proc = subprocess.run([sys.executable, "-c", LOAD_CHILD], input=twice_model().SerializeToString(),
+                          env=site.subprocess_env(), capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"loaded ['Twice']" in proc.stdout
+
+
+def test_register_ops_hook_adds_an_op_models_can_use(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_SCHEMAS", dict(registry._SCHEMAS))  # forget the op after this test
+    site.add("hetero-tops", {"tops.py": OPS_PLUGIN}, {"tops": "tops"})
+    site.reload()
+    model = twice_model()
     session = hetero.Session(model, backends=["reference"], on_fallback="error")
     np.testing.assert_array_equal(session.run({"x": X})["y"], X * 2)
 

@@ -1,8 +1,11 @@
 """Plugin discovery: entry points of the group ``hetero.backends``, loaded lazily, each inside its own guard.
 
-Nothing here runs during ``import hetero``; the first query (``hetero.backends()``, a Session, an op lookup) loads
-every plugin once. Each outcome lands in the status table: ok / unavailable / incompatible / broken (or disabled
-by ``HETERO_PLUGINS``), with the reason and a hint — a plugin can never take hetero down with it.
+Nothing here runs during ``import hetero``; the first query (``hetero.backends()``, ``hetero.load``, a Session)
+loads every plugin once. Each outcome lands in the status table: ok / unavailable / incompatible / broken (or
+disabled by ``HETERO_PLUGINS``), with the reason and a hint — a plugin can never take hetero down with it.
+
+Discovery fills the contract's tables (op schemas in ``hetero.contract.registry``, added kernels in
+``hetero.contract.backend``); they never start it, so the contract does not depend on this module.
 """
 
 from __future__ import annotations
