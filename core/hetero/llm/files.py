@@ -12,6 +12,7 @@ against them before anything is allocated from it. The bounds sit far above any 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -133,3 +134,37 @@ def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES, root: Path | None = N
     if not isinstance(data, dict):
         raise ModelFormatError(f"{path}: expected a JSON object")
     return data
+
+
+class MappedFiles:
+    """The files whose pages a loaded model may still read (memory-mapped weights), watched for truncation.
+
+    A memory-mapped file that shrinks under a live model turns the next read of a lost page into SIGBUS, which kills
+    the process: Python cannot catch it, and a handler that jumps out of native kernels would leave them in an
+    undefined state. So the fault is *avoided*, not caught: each file is kept open and its size is checked
+    (``fstat``, ~1 us a file) before every step runs, and a file that shrank since loading is a ModelFormatError
+    naming it. A file replaced by a new one (``mv``, what downloaders and converters do) is harmless: the map keeps
+    the old inode. What remains is the race of a truncation *during* one step, which no user-space check closes.
+    """
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.files: list[tuple[Path, int, int]] = []
+        for path in dict.fromkeys(paths):
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                continue  # not there any more: nothing maps it
+            self.files.append((path, fd, os.fstat(fd).st_size))
+
+    def check(self) -> None:
+        for path, fd, size in self.files:
+            now = os.fstat(fd).st_size
+            if now < size:
+                raise ModelFormatError(f"{path} was truncated after loading ({size} -> {now} bytes): reading its "
+                                       "mapped weights would crash the process (SIGBUS)", hint="load the model again")
+
+    def close(self) -> None:
+        for _, fd, _ in self.files:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.files = []

@@ -64,7 +64,7 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
     record.prompt_tokens = list(prompt_ids)
     record.finish_reason = "cancelled"
     eos = set(eos_ids)
-    logits = llm.prefill(prompt_ids)
+    logits = llm._advance(record, list(prompt_ids), stats)
     history = list(prompt_ids)
     emitted = 0  # characters of the decoded text already yielded
     text = ""
@@ -87,15 +87,17 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
                 emitted = hit
                 record.finish_reason = "stop"
                 break
+            # a piece ending inside a UTF-8 sequence waits, and so does what may begin a stop string (judged
+            # without the unfinished character: "wor" + half of "l" must not leak the start of "world")
             end = len(text) if not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
-            end = min(end, matcher.safe_end(text))
+            end = min(end, matcher.safe_end(text[:end]))
             if end > emitted:
                 yield text[emitted:end]
                 emitted = end
             if len(record.tokens) == max_new_tokens:
                 record.finish_reason = "length"
                 break
-            logits = llm.forward([token])
+            logits = llm._advance(record, history)
         else:
             record.finish_reason = "length"
         if emitted < len(text):  # the held-back tail is final now

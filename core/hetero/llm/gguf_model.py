@@ -10,12 +10,10 @@ NeoX layout, as in Hugging Face), so the weights map one to one.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +24,11 @@ from .fields import Fields
 from .files import limit
 from .gguf import GGML_BY_NAME, GgufFile
 from .quant import GGML_FORMATS, GgmlFormat, QuantFormat, bf16_to_f32, dequantize, quantize
+from .sampler import from_gguf
 from .weights import Weight, WeightSource
+
+if TYPE_CHECKING:
+    from .loader import ModelFiles
 
 # general.architecture -> hetero family
 ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
@@ -503,7 +505,7 @@ EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_tu
 
 def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
     """The file's vocabulary (``tokenizer.ggml.*``) as a ``hetero.llm.tokenizer.Tokenizer``."""
-    from .tokenizer import Tokenizer
+    from .tokenizer import Tokenizer, TokenizerPanic, guarded
 
     try:
         from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
@@ -551,8 +553,11 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
         raise ModelFormatError(f"{path}: metadata 'tokenizer.ggml.pre' = {pre!r} is not a pre-tokenizer hetero "
                                f"knows", hint=f"known: {sorted(PRE_PATTERNS)}")
     try:
-        tok = HfTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in ("llama-bpe", "llama3", "llama-v3"),
-                                     fuse_unk=False, byte_fallback=False))
+        tok = guarded(str(path), lambda: HfTokenizer(models.BPE(
+            vocab, pairs, ignore_merges=pre in ("llama-bpe", "llama3", "llama-v3"), fuse_unk=False,
+            byte_fallback=False)))
+    except TokenizerPanic:
+        raise
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ModelFormatError(f"{path}: cannot build the BPE tokenizer from the file's vocabulary: {exc}") from None
     if pre in ("qwen2", "qwen35"):
@@ -588,35 +593,20 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
         config={"source": str(path)})
 
 
-# -- load ------------------------------------------------------------------------------------------------------------
-def load_gguf(path: str | os.PathLike, backends: Sequence[str] | str | None = None, on_fallback: str = "warn",
-              threads: int | None = None, quant: Any = None, context: int = 4096, *, prefill_chunk: int = 512,
-              all_logits: bool = False, progress: bool | None = None, kv_cache: str = "f16"):
-    """A GGUF file -> ``Llm`` (see ``hetero.llm.load``)."""
-    from .families import build_graph
-    from .model import Llm
-    from .quant import parse_quant
+# -- open ----------------------------------------------------------------------------------------------------------
+def open_gguf(path: Path, fmt: QuantFormat | None) -> ModelFiles:
+    """A GGUF file's config, weights, tokenizer and sampling defaults, for ``hetero.llm.load``."""
+    from .loader import ModelFiles
 
-    file = Path(path)
-    if not isinstance(context, int) or context < 1:
-        raise HeteroError(f"context={context!r}; expected a positive number of tokens")
-    gf = GgufFile(file)
+    gf = GgufFile(path)
     cfg = gguf_config(gf)
-    fmt = parse_quant(quant)
-    weights = GgufWeights(gf, fmt)
-    graph = build_graph(cfg, weights, context=context, all_logits=all_logits, progress=bool(progress))
     tokenizer = gguf_tokenizer(gf, cfg) if "tokenizer.ggml.tokens" in gf.metadata else None
     label = cfg.raw.get("hetero.file_type") or cfg.torch_dtype
-    if fmt is not None:
-        label = f"{label}+{fmt.name}"
     # Backends that repack a weight read each of its pages once; dropping the pages while they build their kernels
     # keeps the file from being resident beside the copies (peak RSS ~ one copy of the model, not two).
-    with gf.releasing():
-        llm = Llm(cfg, graph, tokenizer, context=context, backends=backends, on_fallback=on_fallback,
-                  threads=threads, prefill_chunk=prefill_chunk, name=f"{cfg.family} {file.stem}", quant=label,
-                  path=file, kv_cache=kv_cache)
-    return llm
+    return ModelFiles(cfg, GgufWeights(gf, fmt), tokenizer, from_gguf(gf.metadata, path),
+                      f"{cfg.family} {path.stem}", label, path, [path], releasing=gf.releasing)
 
 
 __all__ = ["ARCHITECTURES", "GGML_BY_NAME", "GgufWeights", "gguf_config", "gguf_name", "gguf_tokenizer",
-           "load_gguf"]
+           "open_gguf"]
