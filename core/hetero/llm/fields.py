@@ -60,6 +60,8 @@ class Fields:
     def float(self, name: str, default: float | None = None, *, above: float | None = None) -> float:
         """A finite number (above ``above`` when given)."""
         value = self._value(name, default)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1 << 64:
+            value = math.inf  # a 4000-digit integer: not a float anyone meant
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                 or (above is not None and value <= above):
             raise self.fail(name, "a finite number" if above is None else f"a finite number above {above:g}")

@@ -67,7 +67,7 @@ def checked_file(path: Path, max_bytes: int, root: Path | None = None) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise ModelFormatError(f"{path} does not exist") from None
+        raise ModelFormatError(f"{path} does not exist (cannot open it)") from None
     except OSError as exc:
         raise ModelFormatError(f"{path}: cannot open: {exc.strerror or exc}") from None
     try:
@@ -110,7 +110,7 @@ def parse_json(text: str | bytes, where: str) -> Any:
         raise ModelFormatError(f"{where} is not valid JSON: {exc}") from None
     depth = _depth(data)
     if depth > MAX_JSON_DEPTH:
-        raise ModelFormatError(f"{where}: JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} expected")
+        raise ModelFormatError(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep: refused")
     return data
 
 

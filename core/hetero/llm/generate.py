@@ -55,6 +55,14 @@ class StopMatcher:
         return len(text) - hold
 
 
+def emit_end(text: str, matcher: StopMatcher) -> int:
+    """How much of the decoded ``text`` is final: a piece ending inside a UTF-8 sequence (decoded as U+FFFD) waits,
+    and so does what may begin a stop string — judged without the unfinished character, so "xa" + half of "é" does
+    not leak the "a" of the stop string "aé"."""
+    end = len(text.rstrip("\ufffd")) if text.endswith("\ufffd") else len(text)
+    return min(end, matcher.safe_end(text[:end]))
+
+
 def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler, stop: Sequence[str],
                     eos_ids: Sequence[int], record: Generation,
                     decode: Callable[[list[int]], str]) -> Iterator[str]:
@@ -87,10 +95,7 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
                 emitted = hit
                 record.finish_reason = "stop"
                 break
-            # a piece ending inside a UTF-8 sequence waits, and so does what may begin a stop string (judged
-            # without the unfinished character: "wor" + half of "l" must not leak the start of "world")
-            end = len(text) if not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
-            end = min(end, matcher.safe_end(text[:end]))
+            end = emit_end(text, matcher)
             if end > emitted:
                 yield text[emitted:end]
                 emitted = end

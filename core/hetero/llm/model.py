@@ -191,8 +191,9 @@ class Llm:
         records a prefill (the prompt's); a recomputation after an interruption is not counted."""
         with self._lock:
             if self._owner is owner and len(self.tokens) == len(ids) - 1:
-                return self._forward(ids[-1:])
-            logits = self._prefill(ids, stats or Stats())
+                logits = self.forward(ids[-1:])
+            else:
+                logits = self._prefill(ids, stats or Stats())
             self._owner = owner
             return logits
 
@@ -213,7 +214,7 @@ class Llm:
         step = self.prefill_chunk or len(rest)
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, len(rest), step):
-            logits = self._forward(rest[start:start + step])
+            logits = self.forward(rest[start:start + step])  # the one step every path takes
         stats.prefill_seconds = time.perf_counter() - started
         return logits
 

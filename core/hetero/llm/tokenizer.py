@@ -49,6 +49,7 @@ class Tokenizer:
             raise
         except Exception as exc:  # tokenizers raises its own Exception type
             raise ModelFormatError(f"{path}: cannot load the tokenizer: {str(exc)[:300]}") from None
+        guarded(str(path), self._tok.encode, "Hello, world!")  # a tokenizer that panics on every text fails here
         config_path = folder / "tokenizer_config.json"
         self.config: dict[str, Any] = files.read_json(config_path, root=root) if config_path.exists() else {}
         self.chat_template = _find_template(folder, self.config, root)
