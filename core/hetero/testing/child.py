@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _LEN = struct.Struct("<Q")
+STARTUP_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,19 @@ class ChildRunner:
         if self._proc is None or self._proc.poll() is not None:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "hetero.testing.child", self.target, str(self.memory_mb)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+            assert proc.stdout is not None
+            try:  # the worker says it is ready once imports are done: they do not count in an input's time
+                ready = _read_frame(proc.stdout.fileno(), time.monotonic() + STARTUP_SECONDS)
+            except EOFError:
+                ready = None
+            if ready != b"ready":
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"the fuzz worker for {self.target} did not start (status {proc.returncode})")
+            self._proc = proc
         return self._proc
 
     def run(self, data: bytes) -> Outcome:
@@ -67,10 +78,11 @@ class ChildRunner:
             proc.stdin.flush()
         except BrokenPipeError:
             return self._died(proc)
-        reply = _read_frame(proc.stdout.fileno(), time.monotonic() + self.timeout)
+        try:
+            reply = _read_frame(proc.stdout.fileno(), time.monotonic() + self.timeout)
+        except EOFError:  # the worker died
+            return self._died(proc)
         if reply is None:
-            if proc.poll() is not None:
-                return self._died(proc)
             self._kill()
             return Outcome("timeout", f"no answer in {self.timeout:g} s")
         answer = json.loads(reply)
@@ -113,7 +125,7 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
             return None
         chunk = os.read(fd, n - len(out))
         if not chunk:
-            return None
+            raise EOFError
         out += chunk
     return bytes(out)
 
@@ -137,6 +149,8 @@ def _serve(target: str, memory_mb: int) -> None:
     module, _, name = target.partition(":")
     function = getattr(importlib.import_module(module), name)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(_LEN.pack(5) + b"ready")
+    stdout.flush()
     while True:
         head = stdin.read(_LEN.size)
         if len(head) < _LEN.size:
