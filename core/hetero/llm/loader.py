@@ -18,7 +18,7 @@ from . import files
 from .config import LlmConfig, load_config
 from .families import build_graph
 from .hub import resolve_model
-from .model import KV_CACHE_TYPES, Llm
+from .model import Llm, check_options
 from .quant import QuantFormat, parse_quant
 from .sampler import SamplingDefaults, from_generation_config
 from .tokenizer import Tokenizer
@@ -66,7 +66,7 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     ``role: content`` format instead (the fallback for a model whose template is refused); any other string is a
     Jinja template to use instead of the model's.
     """
-    _check_options(context, prefill_chunk, kv_cache)
+    check_options(context, prefill_chunk, kv_cache)
     fmt = parse_quant(quant)
     source = resolve_model(path)
     if source.is_file() and (source.suffix.lower() == ".gguf" or _is_gguf(source)):
@@ -88,16 +88,6 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
                    on_fallback=on_fallback, threads=threads, prefill_chunk=prefill_chunk, name=model.name,
                    quant=label, path=model.path, kv_cache=kv_cache, sampling=model.sampling,
                    mapped=model.mapped, template=template)
-
-
-def _check_options(context: Any, prefill_chunk: Any, kv_cache: Any) -> None:
-    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
-        raise HeteroError(f"context={context!r}; expected a positive number of tokens")
-    files.limit(context, "positions", "context")
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
-        raise HeteroError(f"prefill_chunk={prefill_chunk!r}; expected 0 (whole prompt) or a positive size")
-    if kv_cache not in KV_CACHE_TYPES:
-        raise HeteroError(f"kv_cache={kv_cache!r}; expected one of {KV_CACHE_TYPES}")
 
 
 def kv_cache_bytes(cfg: LlmConfig, context: int, kv_cache: str) -> int:

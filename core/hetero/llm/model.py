@@ -26,7 +26,7 @@ from ..ir.graph import Graph
 from ..runtime.session import Session
 from .config import LlmConfig
 from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN
-from .files import MappedFiles
+from .files import MappedFiles, limit
 from .generate import Generation, generate_stream
 from .sampler import Sampler, SamplingDefaults, SamplingParams, from_generation_config
 from .template import ChatTemplate
@@ -66,6 +66,17 @@ _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty"
                   "frequency_penalty", "penalty_last_n", "seed")
 
 
+def check_options(context: Any, prefill_chunk: Any, kv_cache: Any) -> None:
+    """The options every way of making an Llm takes, checked before anything is allocated for them."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise HeteroError(f"context={context!r}; expected a positive number of tokens")
+    limit(context, "positions", "context")
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+        raise HeteroError(f"prefill_chunk={prefill_chunk!r}; expected 0 (whole prompt) or a positive size")
+    if kv_cache not in KV_CACHE_TYPES:
+        raise HeteroError(f"kv_cache={kv_cache!r}; expected one of {KV_CACHE_TYPES}")
+
+
 class Llm:
     """A loaded language model. Create it with ``hetero.llm.load``."""
 
@@ -74,12 +85,7 @@ class Llm:
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
                  kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
                  template: ChatTemplate | None = None) -> None:
-        if kv_cache not in KV_CACHE_TYPES:
-            raise HeteroError(f"kv_cache={kv_cache!r}; expected one of {KV_CACHE_TYPES}")
-        if context < 1:
-            raise HeteroError(f"context={context}; expected a positive number of tokens")
-        if prefill_chunk < 0:
-            raise HeteroError(f"prefill_chunk={prefill_chunk}; expected 0 (whole prompt) or a positive size")
+        check_options(context, prefill_chunk, kv_cache)
         self.config = config
         self.tokenizer = tokenizer
         self.context = context
