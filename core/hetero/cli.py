@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import HeteroError
+from .contract.errors import HeteroError
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import hetero.llm
-from hetero.errors import HeteroError, ModelFormatError
+from hetero.contract.errors import HeteroError, ModelFormatError
 from hetero.llm import files, gguf, loader
 from hetero.llm.config import load_config
 from hetero.llm.generate import StopMatcher, emit_end
@@ -306,7 +306,7 @@ def test_truncated_mapped_gguf_is_an_error_not_sigbus(tmp_path):
         import os, warnings
         warnings.simplefilter("ignore")
         import hetero.llm
-        from hetero.errors import HeteroError
+        from hetero.contract.errors import HeteroError
         llm = hetero.llm.load({str(model)!r}, context=32, on_fallback="silent")
         llm.generate([1, 2, 3], max_new_tokens=2, temperature=0)
         os.truncate({str(model)!r}, os.path.getsize({str(model)!r}) // 2)

@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Any
 
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
 
 
 def add_llm_commands(subparsers: Any) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelFormatError
+from ..contract.errors import ModelFormatError
 from . import files
 from .fields import Fields
 

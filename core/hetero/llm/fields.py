@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelFormatError
+from ..contract.errors import ModelFormatError
 from .files import limit
 
 

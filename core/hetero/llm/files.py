@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelFormatError
+from ..contract.errors import ModelFormatError
 
 LIMITS: dict[str, int] = {
     "layers": 4096,

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFormatError
+from ..contract.errors import ModelFormatError
 from .files import checked_file
 
 MAGIC = b"GGUF"

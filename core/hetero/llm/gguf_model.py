@@ -3,7 +3,7 @@ under the Hugging Face names the families use, and the tokenizer and chat templa
 
 Tensors are used as stored (memory-mapped, no conversion): F32 / F16 / BF16 as float weights, Q8_0 / Q4_0 / Q4_1 as
 hetero's ``q8`` / ``q4`` block-32 formats (byte-identical), Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K as the GGUF wtypes of
-``hetero.llm.quant``. llama.cpp's converter permutes nothing for the Qwen families (their rotary embedding is the
+``hetero.contract.quant``. llama.cpp's converter permutes nothing for the Qwen families (their rotary embedding is the
 NeoX layout, as in Hugging Face), so the weights map one to one.
 """
 
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import HeteroError, HeteroWarning, ModelFormatError
+from ..contract.errors import HeteroError, HeteroWarning, ModelFormatError
+from ..contract.quant import GGML_FORMATS, GgmlFormat, QuantFormat, bf16_to_f32, dequantize, quantize
 from . import gguf
 from .config import LlmConfig, RopeConfig, build_rope
 from .fields import Fields
 from .files import limit
 from .gguf import GGML_BY_NAME, GgufFile
-from .quant import GGML_FORMATS, GgmlFormat, QuantFormat, bf16_to_f32, dequantize, quantize
 from .sampler import from_gguf
 from .weights import Weight, WeightSource
 

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import ModelFormatError
+from ..contract.errors import ModelFormatError
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}(@[\w./-]{1,128})?$")
 

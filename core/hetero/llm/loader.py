@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import HeteroError, ModelFormatError
+from ..contract.errors import HeteroError, ModelFormatError
+from ..contract.quant import QuantFormat, parse_quant
 from . import files
 from .config import LlmConfig, load_config
 from .families import build_graph
 from .hub import resolve_model
 from .model import Llm, check_options
-from .quant import QuantFormat, parse_quant
 from .sampler import SamplingDefaults, from_generation_config
 from .tokenizer import Tokenizer
 from .weights import HfWeights, WeightSource

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelFormatError
+from ..contract.errors import ModelFormatError
+from ..contract.quant import bf16_to_f32
 from .files import checked_file, model_root, parse_json, read_json
-from .quant import bf16_to_f32
 
 # safetensors dtype -> (numpy dtype of the stored bits, bytes per element). BF16 is carried as uint16 bits.
 DTYPES: dict[str, np.dtype] = {

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeteroError, ModelFormatError
+from ..contract.errors import HeteroError, ModelFormatError
 from .fields import Fields
 
 

@@ -24,7 +24,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
 
 MAX_STEPS = 1_000_000  # a real template takes ~100 steps per message
 MAX_OUTPUT_CHARS = 1 << 20

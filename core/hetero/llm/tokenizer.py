@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeteroError, ModelFormatError
+from ..contract.errors import HeteroError, ModelFormatError
 from . import files
 from .fields import Fields
 from .template import ChatTemplate, TemplateError

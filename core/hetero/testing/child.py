@@ -144,7 +144,7 @@ def _serve(target: str, memory_mb: int) -> None:
 
     limit = memory_mb << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    from hetero.errors import HeteroError
+    from hetero.contract.errors import HeteroError
 
     module, _, name = target.partition(":")
     function = getattr(importlib.import_module(module), name)
