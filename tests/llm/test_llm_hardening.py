@@ -223,7 +223,8 @@ def test_a_bomb_template_fails_the_load_unless_plain_is_asked_for(tmp_path):
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
     cfg["chat_template"] = BOMBS["nested range"]
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    with pytest.raises(TemplateLimitError, match=r"the chat template: (more than 1000000 steps|rendering took more than 5 s)") as info:
+    bound = r"the chat template: (more than 1000000 steps|rendering took more than 5 s)"  # whichever comes first
+    with pytest.raises(TemplateLimitError, match=bound) as info:
         load(folder)
     assert "chat_template='plain'" in str(info.value)
     llm = load(folder, chat_template="plain")
