@@ -9,18 +9,16 @@ import json
 import numpy as np
 import pytest
 
+from hetero.cli import build_parser
 from hetero.errors import HeteroError
 from hetero.llm import bench as bench_mod
-from hetero.llm.cli import add_llm_commands
 from hetero.llm.synthetic import SyntheticWeights, load_synthetic, synthetic_config
 
 from .helpers import FIXTURES, expected
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="hetero")
-    add_llm_commands(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 def test_bench_markdown_table(capsys):
@@ -105,9 +103,10 @@ def test_chat_command_reads_turns(capsys):
     stdin = io.StringIO("Hello!\n/reset\nWhat is the capital of France?\nAnd of Germany?\n/exit\nignored\n")
     assert cli._cmd_chat(args, stdin=stdin) == 0
     err = capsys.readouterr().err
-    assert err.count("generated") == 3
-    assert "(0 cached)" in err.splitlines()[2]  # after /reset nothing is reused
-    assert "(0 cached)" not in err.splitlines()[-1]  # the last turn reuses the previous one
+    stats = [line for line in err.splitlines() if "generated" in line]
+    assert len(stats) == 3 and "(conversation cleared)" in err
+    assert "(0 cached)" in stats[1]  # after /reset nothing is reused
+    assert "(0 cached)" not in stats[2]  # the last turn reuses the previous one
 
 
 def test_synthetic_weights_are_deterministic_and_valid():

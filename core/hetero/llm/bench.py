@@ -16,6 +16,9 @@ recurrent t/s) show what the chunked prefill form buys.
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import statistics
 import time
@@ -182,6 +185,29 @@ def markdown(results: Sequence[BenchResult]) -> str:
     notes = [f"\nlinear attention, chunked / recurrent prefill (median of paired runs): {', '.join(gains)}"] if gains \
         else []
     return "\n".join([line(rows[0]), rule, *(line(r) for r in rows[1:]), *notes])
+
+
+OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
+
+
+def formatted(results: Sequence[BenchResult], output: str = "md") -> str:
+    """The results as llama-bench's ``-o``: a markdown table, a JSON array, JSON lines, or CSV with a header."""
+    if output == "md":
+        return markdown(results)
+    rows = [r.as_dict() for r in results]
+    if output == "json":
+        return json.dumps(rows, indent=2)
+    if output == "jsonl":
+        return "\n".join(json.dumps(row) for row in rows)
+    if output == "csv":
+        out = io.StringIO()
+        columns = [k for k in (rows[0] if rows else {}) if k != "samples_ts"] + ["samples_ts"]
+        writer = csv.DictWriter(out, columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "samples_ts": ";".join(f"{v:.4f}" for v in row["samples_ts"])})
+        return out.getvalue().rstrip("\n")
+    raise ValueError(f"output format {output!r}; expected one of {OUTPUT_FORMATS}")
 
 
 def _size(nbytes: int) -> str:
