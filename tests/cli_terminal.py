@@ -39,8 +39,12 @@ class Terminal:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
         self.master = master
+        def controlling_terminal() -> None:  # a session of its own whose terminal is the pty: Ctrl-C is SIGINT
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
         self.proc = subprocess.Popen([sys.executable, "-m", "hetero", *args], stdin=slave, stdout=slave,
-                                     stderr=slave, env=cli_env(TERM="xterm", **env), start_new_session=True,
+                                     stderr=slave, env=cli_env(TERM="xterm", **env), preexec_fn=controlling_terminal,
                                      close_fds=True)
         os.close(slave)
         self.output = ""  # everything read so far
