@@ -287,10 +287,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for backends in runs:
         for n_threads in threads:
             llm = _bench_model(args, backends, n_threads, context, show=output == "md")
-            with progress.phase(f"benchmarking {','.join(llm.backend_names())}" +
-                                (f", {n_threads} threads" if n_threads else "")):
-                results += bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed,
-                                 threads=n_threads)
+            results += bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed,
+                             threads=n_threads, progress=output == "md")
             if args.profile and profile is None:
                 from .profile import profile_decode
 
