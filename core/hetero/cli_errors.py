@@ -28,6 +28,7 @@ _PHRASES = (
     (re.compile(r"reset\(\) / shorten the conversation"), "/reset the chat or shorten the conversation"),
     (re.compile(r"pass on_fallback=\"warn\""), "pass --on-fallback warn"),
 )
+_SAMPLING = re.compile(r"\bsampling: (" + "|".join(_FLAGS) + r") ")
 _KEYWORD = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(?=[^=\s])")
 
 
@@ -39,6 +40,7 @@ def cli_text(text: str) -> str:
     """The library's ``keyword=value`` spellings as the command line's ``-flag value``."""
     for pattern, replacement in _PHRASES:
         text = pattern.sub(replacement, text)
+    text = _SAMPLING.sub(lambda m: _FLAGS[m.group(1)] + " ", text)
     return _KEYWORD.sub(lambda m: _FLAGS[m.group(1)] + " ", text)
 
 
@@ -76,9 +78,18 @@ class CommandParser(argparse.ArgumentParser):
     """An argparse parser whose usage errors say which command they belong to and print that command's usage (a
     subcommand's unknown flag is its own error, not the root's)."""
 
+    _intermixing = False
+
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        parsed, extras = super().parse_known_args(args, namespace)
-        if extras and getattr(self, "is_subcommand", False):
+        if not getattr(self, "is_subcommand", False) or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        # Positionals after flags too (`run MODEL -n 8 "prompt"`), which plain argparse refuses with nargs="?".
+        self._intermixing = True
+        try:
+            parsed, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+        if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
 

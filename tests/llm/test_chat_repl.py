@@ -104,7 +104,8 @@ def test_generate_says_it_reads_stdin_on_a_terminal(tmp_path):
     ["generate", "-m", str(GGUF), "The quick brown fox"],
     ["generate", str(GGUF), "The quick brown fox"],
     ["run", str(GGUF), "The quick brown fox"],  # Ollama's: run dispatches on the file's kind
-], ids=["-m -p", "-m prompt", "model prompt", "run"])
+    ["run", str(GGUF), "-c", "64", "The quick brown fox"],  # the prompt after flags
+], ids=["-m -p", "-m prompt", "model prompt", "run", "run flags prompt"])
 def test_llama_cpp_and_ollama_spellings_generate(args):
     result = run_cli([*args, "-n", "4", "--temp", "0", "-c", "64"])
     assert result.returncode == 0, result.stderr
@@ -127,3 +128,9 @@ def test_a_full_context_hint_speaks_the_command_line():
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("hetero: error: ") and "-c N" in line and "context=" not in line
+
+
+def test_onnx_flags_on_an_llm_are_an_error():
+    result = run_cli(["run", str(GGUF), "hi", "-i", "x=y.npy"])
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"hetero: error: {GGUF} is an LLM: -i apply to ONNX models (give a prompt)"

@@ -224,6 +224,10 @@ def _cmd_chat(args: argparse.Namespace, stdin: Any = None) -> int:
 def run_llm(args: argparse.Namespace) -> int:
     """``hetero run MODEL [PROMPT]`` on an LLM, as ``ollama run``: generate from the prompt, else chat on a terminal,
     else generate from stdin."""
+    onnx_only = [flag for flag, given in (("-i", args.input), ("--random-inputs", args.random_inputs),
+                                          ("--explain", args.explain), ("--save-outputs", args.save_outputs)) if given]
+    if onnx_only:
+        raise HeteroError(f"{args.model} is an LLM: {', '.join(onnx_only)} apply to ONNX models (give a prompt)")
     if args.prompt is not None:
         return _generate(args, args.model, args.prompt)
     if sys.stdin.isatty():
