@@ -117,9 +117,9 @@ def _floor(args: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from hetero.contract.quant import parse_quant
     from hetero.llm.families import build_graph
     from hetero.llm.model import Llm
-    from hetero.llm.quant import parse_quant
     from hetero.llm.synthetic import SHAPES, SyntheticWeights, synthetic_config
 
     layers = SHAPES["qwen3-0.6b"]["num_layers"]

@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 import hetero.llm
-from hetero.ir.graph import Graph
+from hetero.contract.graph import Graph
+from hetero.contract.quant import parse_quant
 from hetero.llm.families import build_graph
 from hetero.llm.model import Llm
-from hetero.llm.quant import parse_quant
 from hetero.llm.synthetic import LABELS, SyntheticWeights, synthetic_config
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "llm"

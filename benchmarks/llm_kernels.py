@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from hetero.llm import quant
+from hetero.contract import quant
 from hetero_cpu import _native
 
 # (name, N, K) of one Qwen3-0.6B layer and its tied LM head

@@ -107,8 +107,8 @@ def quantize(values: np.ndarray, qtype: str) -> tuple[np.ndarray, str]:
             break
         qtype = FALLBACK[qtype]
     if qtype in ("Q4_K", "Q5_K", "Q6_K"):
-        from hetero.llm.quant import GGML_FORMATS
-        from hetero.llm.quant import quantize as hetero_quantize
+        from hetero.contract.quant import GGML_FORMATS
+        from hetero.contract.quant import quantize as hetero_quantize
 
         fmt = GGML_FORMATS[qtype.lower()]
         return hetero_quantize(values, fmt), qtype

@@ -177,7 +177,7 @@ def test_a_backend_skipped_automatically_is_not_mentioned(tmp_path, require_cpu)
 
 def test_hints_speak_the_command_line():
     from hetero.cli_errors import error_message
-    from hetero.errors import HeteroError
+    from hetero.contract import HeteroError
 
     exc = HeteroError("the prompt has 90 tokens; the context holds 64", hint="load the model with a larger "
                       "context=...")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hetero.ops import registry
+from hetero.contract import registry
 from hetero.testing import cases, conformance
 from hetero.testing.dist import Site, plugin_site
 
@@ -37,8 +37,8 @@ GOOD = """
 
     import numpy as np
 
-    from hetero.backend import SUPPORTED, Device, Factory, HostMemory, KernelTableBackend, Support
-    from hetero.hookspecs import hookimpl
+    from hetero.contract import SUPPORTED, Device, Factory, HostMemory, KernelTableBackend, Support
+    from hetero.contract import hookimpl
 
     api_version = "1.0"
 

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hetero
 from conftest import make_model
-from hetero.errors import HeteroError, ModelFormatError
+from hetero.contract import HeteroError, ModelFormatError
 
 
 def _relu_model():

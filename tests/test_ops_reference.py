@@ -5,12 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero import dtypes
-from hetero.errors import ShapeError
-from hetero.ir.graph import Graph, Node
-from hetero.ops import registry
+from hetero.contract import ShapeError, TensorInfo, dtypes, registry
+from hetero.contract.graph import Graph, Node
 from hetero.runtime.infer import evaluate_node, infer_node
-from hetero.tensor import TensorInfo
 
 F32 = dtypes.float32
 I64 = dtypes.int64

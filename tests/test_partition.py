@@ -14,11 +14,10 @@ from onnx import TensorProto, helper
 
 import hetero
 from conftest import make_model, rare_node
-from hetero import dtypes, plugins
-from hetero.backend import Backend, Device, Factory, NodeInfo, Support, unsupported
-from hetero.ir.graph import Graph
+from hetero import plugins
+from hetero.contract import Backend, Device, Factory, NodeInfo, Support, Tensor, dtypes, unsupported
+from hetero.contract.graph import Graph
 from hetero.runtime.evaluate import run_graph
-from hetero.tensor import Tensor
 
 
 class _DeviceBuffer:

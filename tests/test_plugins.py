@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 import hetero
 from hetero import plugins
-from hetero.ops import registry
+from hetero.contract import registry
 from hetero.runtime import selection
 from hetero.testing.dist import Site, plugin_site
 
@@ -44,8 +44,8 @@ def backend_module(name: str, *, api: str = "1.0", priority: int = 60, probe: st
         import numpy as np
 
         from hetero import BackendUnavailable
-        from hetero.backend import Device, Factory, HostMemory, KernelTableBackend
-        from hetero.hookspecs import hookimpl
+        from hetero.contract import Device, Factory, HostMemory, KernelTableBackend
+        from hetero.contract import hookimpl
 
         api_version = "{api}"
 
@@ -307,7 +307,7 @@ def test_backend_order_from_priority_and_from_hetero_backends(site: Site) -> Non
     ours = {"talpha", "tbeta", "reference"}
     automatic = hetero.Session(relu_model(), on_fallback="silent")
     assert names(automatic, ours) == ["tbeta", "talpha", "reference"]  # priority 30 < 60 < 100
-    assert automatic.placement.nodes[0].backend == "tbeta"
+    assert automatic.placement.nodes[0].backend == "tbeta", automatic.placement.nodes[0]
 
     site.setenv("HETERO_BACKENDS", "talpha,tbeta")
     ordered = hetero.Session(relu_model(), on_fallback="silent")
@@ -362,7 +362,7 @@ def test_backend_whose_create_fails(site: Site, monkeypatch: pytest.MonkeyPatch)
 KERNEL_PLUGIN = """
     import numpy as np
 
-    from hetero.hookspecs import hookimpl
+    from hetero.contract import hookimpl
 
     api_version = "1.0"
 
@@ -414,7 +414,7 @@ def test_register_kernels_hook_extends_a_table_backend(site: Site) -> None:
 OPS_PLUGIN = """
     import numpy as np
 
-    from hetero.hookspecs import hookimpl
+    from hetero.contract import hookimpl
     from hetero.ops import OpSchema
 
     api_version = "1.0"

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 import hetero
 from conftest import backend_ok, make_model
-from hetero.errors import BackendUnavailable, FallbackError, HeteroError, HeteroWarning, InputError
+from hetero.contract import BackendUnavailable, FallbackError, HeteroError, HeteroWarning, InputError
 
 
 def test_reference_runs_model(mlp_model):

@@ -10,9 +10,11 @@ Importing hetero loads no plugin: discovery runs on the first query.
 
 from __future__ import annotations
 
-from . import dtypes, llm
-from .backend import API_VERSION
-from .errors import (
+from . import llm
+from . import ops as _ops  # noqa: F401  (importing it registers the built-in op schemas)
+from .contract import dtypes
+from .contract.backend import API_VERSION
+from .contract.errors import (
     BackendError,
     BackendUnavailable,
     FallbackError,
@@ -24,9 +26,9 @@ from .errors import (
     ShapeError,
     UnsupportedOp,
 )
+from .contract.tensor import Tensor, TensorInfo
 from .frontends import load
 from .runtime.session import Session
-from .tensor import Tensor, TensorInfo
 
 __version__ = "0.1.0"
 

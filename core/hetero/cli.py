@@ -21,7 +21,7 @@ import numpy as np
 
 from . import __version__, progress
 from .cli_errors import EXIT_ERROR, EXIT_INTERRUPTED, CommandParser, WarningPrinter, report_error
-from .errors import HeteroError
+from .contract.errors import HeteroError
 from .model_files import LLM_KINDS, model_kind
 
 

@@ -13,7 +13,7 @@ import traceback
 import warnings
 from typing import NoReturn, TextIO
 
-from .errors import HeteroError, HeteroWarning
+from .contract.errors import HeteroError, HeteroWarning
 from .progress import clear_line
 
 EXIT_ERROR = 2

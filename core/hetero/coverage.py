@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import plugins
-from .backend import KernelTableBackend
-from .ops import registry
+from .contract import registry
+from .contract.backend import KernelTableBackend
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelFormatError
+from .contract.errors import ModelFormatError
 from .model_files import GGUF, HF_FOLDER, ONNX, model_kind
 
 Facts = dict[str, Any]

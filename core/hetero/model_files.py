@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import ModelFormatError
+from .contract.errors import ModelFormatError
 
 ONNX, GGUF, HF_FOLDER, HF_REPO = "onnx", "gguf", "hf-folder", "hf-repo"
 LLM_KINDS = (GGUF, HF_FOLDER, HF_REPO)

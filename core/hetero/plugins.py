@@ -17,9 +17,10 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
-from .backend import API_VERSION, Device, Factory, KernelFactory
-from .errors import BackendUnavailable, HeteroError
+from .contract import hookspecs
+from .contract import registry as op_registry
+from .contract.backend import API_VERSION, Device, Factory, add_kernel, forget_added_kernels
+from .contract.errors import BackendUnavailable, HeteroError
 
 if sys.version_info >= (3, 12):
     from importlib import metadata
@@ -55,7 +56,6 @@ class PluginStatus:
 @dataclass
 class Registry:
     statuses: list[PluginStatus] = field(default_factory=list)
-    kernels: dict[str, dict[tuple[str, str], KernelFactory]] = field(default_factory=dict)
     loaders: dict[str, Callable[..., Any]] = field(default_factory=dict)
     manager: pluggy.PluginManager | None = None
 
@@ -79,6 +79,7 @@ def reload() -> Registry:
     global _registry
     with _lock:
         _registry = None
+        forget_added_kernels()
         return load_plugins()
 
 
@@ -88,10 +89,6 @@ def statuses() -> list[PluginStatus]:
 
 def status(name: str) -> PluginStatus | None:
     return next((s for s in load_plugins().statuses if s.name == name), None)
-
-
-def extra_kernels(backend_name: str) -> dict[tuple[str, str], KernelFactory]:
-    return load_plugins().kernels.get(backend_name, {})
 
 
 def loaders() -> dict[str, Callable[..., Any]]:
@@ -152,14 +149,7 @@ def _load_one(registry: Registry, manager: pluggy.PluginManager, ep: Any, row: P
         factories: list[Factory] = []
         _call_hook(manager, module, "hetero_register_backends", factories.append)
         _call_hook(manager, module, "hetero_register_ops", _register_op)
-        _call_hook(
-            manager,
-            module,
-            "hetero_register_kernels",
-            lambda backend, domain, op_type, factory: registry.kernels.setdefault(backend, {}).__setitem__(
-                (domain, op_type), factory
-            ),
-        )
+        _call_hook(manager, module, "hetero_register_kernels", add_kernel)
         _call_hook(manager, module, "hetero_register_loaders", registry.loaders.__setitem__)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
@@ -233,10 +223,8 @@ def _upgrade_hint(declared: str | None, distribution: str) -> str:
 
 
 def _register_op(schema: Any) -> None:
-    from .ops import registry
-
     # No replacing: built-in references are the oracle every backend is tested against.
-    registry.register(schema, replace=False)
+    op_registry.register(schema, replace=False)
 
 
 def _unregister(manager: pluggy.PluginManager, module: Any) -> None:

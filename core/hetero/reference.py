@@ -11,12 +11,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .backend import API_VERSION, SUPPORTED, Backend, Device, Factory, HostMemory, NodeInfo, Support, unsupported
-from .errors import BackendError
-from .hookspecs import hookimpl
-from .ops import registry
-from .ops.registry import OpContext
-from .tensor import Tensor, TensorInfo
+from .contract import registry
+from .contract.backend import (
+    API_VERSION,
+    SUPPORTED,
+    Backend,
+    Device,
+    Factory,
+    HostMemory,
+    NodeInfo,
+    Support,
+    unsupported,
+)
+from .contract.errors import BackendError
+from .contract.hookspecs import hookimpl
+from .contract.registry import OpContext
+from .contract.tensor import Tensor, TensorInfo
 
 api_version = API_VERSION
 

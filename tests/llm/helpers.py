@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 import hetero.llm
+from hetero.contract.quant import f32_to_bf16
 from hetero.llm import safetensors
-from hetero.llm.quant import f32_to_bf16
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "llm"
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe"]

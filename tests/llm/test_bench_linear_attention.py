@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from hetero.errors import HeteroError
+from hetero.contract import HeteroError
 from hetero.llm import bench as bench_mod
 from hetero.llm.synthetic import load_synthetic
 

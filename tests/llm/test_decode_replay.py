@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import backend_ok
-from hetero.errors import HeteroError
+from hetero.contract import HeteroError
 from hetero.llm.model import PAST_LEN
 from hetero.llm.profile import profile_decode
 from hetero.llm.synthetic import load_synthetic

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError, ModelFormatError
+from hetero.contract import HeteroError, ModelFormatError
 from hetero.llm.generate import greedy_tokens
 from hetero.llm.gguf import GgufFile
 from hetero.llm.gguf_model import gguf_config, gguf_name

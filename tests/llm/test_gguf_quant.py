@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError, ShapeError
-from hetero.ir.graph import HETERO_DOMAIN, Node
-from hetero.llm.quant import (
+from hetero.contract import HeteroError, ShapeError, registry
+from hetero.contract.graph import HETERO_DOMAIN, Node
+from hetero.contract.quant import (
     GGML_FORMATS,
     GgmlFormat,
     QuantFormat,
@@ -18,8 +18,7 @@ from hetero.llm.quant import (
     quantize,
     weight_format,
 )
-from hetero.ops import registry
-from hetero.ops.registry import OpContext
+from hetero.contract.registry import OpContext
 from hetero.runtime.infer import info_of
 
 rng = np.random.default_rng(11)

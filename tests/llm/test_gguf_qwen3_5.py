@@ -118,8 +118,8 @@ def test_q8_0_weights_regroup_in_their_stored_type(family, converted):
     blocks; the tiled ssm_out, whose 16-wide value heads are narrower than a block, dequantized and regrouped),
     equal the F32 file's up to Q8_0 rounding. (Whole-model logits of these tiny random hybrids move by ~2 under
     any 8-bit quantization, the Hugging Face load with quant="q8" as much, so logits are not the check here.)"""
+    from hetero.contract.quant import dequantize, format_from_attrs
     from hetero.llm.gguf_model import GgufWeights
-    from hetero.llm.quant import dequantize, format_from_attrs
 
     f32, q8 = (GgufWeights(GgufFile(converted(family, t))) for t in ("F32", "Q8_0"))
     for part, rows in NEXT_ATTN if family == "qwen3_5_next" else LINEAR_ATTN:

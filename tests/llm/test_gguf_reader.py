@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError, ModelFormatError
+from hetero.contract import HeteroError, ModelFormatError
 from hetero.llm import gguf
 from hetero.llm.gguf import GgufFile
 

@@ -14,7 +14,7 @@ import argparse
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError
+from hetero.contract import HeteroError
 from hetero.llm import cli
 from hetero.ops.llm import KV_Q8_BLOCK, kv_q8_round, kv_round
 

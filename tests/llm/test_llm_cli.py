@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hetero.cli import build_parser
-from hetero.errors import HeteroError
+from hetero.contract import HeteroError
 from hetero.llm import bench as bench_mod
 from hetero.llm.synthetic import SyntheticWeights, load_synthetic, synthetic_config
 
@@ -111,7 +111,7 @@ def test_chat_command_reads_turns(capsys):
 
 def test_synthetic_weights_are_deterministic_and_valid():
     cfg = synthetic_config("tiny")
-    from hetero.llm.quant import QuantFormat, dequantize
+    from hetero.contract.quant import QuantFormat, dequantize
 
     for fmt in (QuantFormat(4, 32, True), QuantFormat(8, 64, False), QuantFormat(8, 32, True)):
         a = SyntheticWeights(fmt, seed=1).linear("w", 8, cfg.hidden_size).array

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError, ModelFormatError
+from hetero.contract import HeteroError, ModelFormatError
 from hetero.llm import safetensors, weights
 from hetero.llm.config import load_config, parse_config
 

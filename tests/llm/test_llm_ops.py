@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError, ShapeError
-from hetero.ir.graph import HETERO_DOMAIN, Node
-from hetero.llm.quant import QuantFormat, dequantize, f32_to_bf16, quantize
-from hetero.ops import registry
-from hetero.ops.llm import moe_routing, rope_inv_freq
-from hetero.ops.registry import OpContext
+from hetero.contract import HeteroError, ShapeError, registry
+from hetero.contract.graph import HETERO_DOMAIN, Node
+from hetero.contract.opforms import rope_inv_freq
+from hetero.contract.quant import QuantFormat, dequantize, f32_to_bf16, quantize
+from hetero.contract.registry import OpContext
+from hetero.ops.llm import moe_routing
 from hetero.runtime.infer import info_of
 
 rng = np.random.default_rng(7)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hetero.contract.quant import dequantize, parse_quant, quantize
 from hetero.llm import safetensors
 from hetero.llm.generate import greedy_tokens
-from hetero.llm.quant import dequantize, parse_quant, quantize
 
 from .helpers import FIXTURES, copy_model, expected, load, reference_logits
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError
-from hetero.llm.quant import (
+from hetero.contract import HeteroError
+from hetero.contract.quant import (
     QuantFormat,
     bf16_to_f32,
     dequantize,

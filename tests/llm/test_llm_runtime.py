@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError
+from hetero.contract import HeteroError
 from hetero.llm.generate import StopMatcher, greedy_tokens
 
 from .helpers import FIXTURES, expected, load

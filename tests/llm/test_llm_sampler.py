@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero.errors import HeteroError
+from hetero.contract import HeteroError
 from hetero.llm.sampler import Sampler, SamplingParams, apply_penalties, filtered_probs
 
 LOGITS = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hetero
-from hetero.ops import registry
+from hetero.contract import registry
 
 from .cases import NodeCase
 from .conftest import NOT_SUPPORTED

@@ -23,7 +23,7 @@ import pytest
 
 import hetero
 from hetero import plugins
-from hetero.ops.unary_forms import UNARY_FORMS
+from hetero.contract.opforms import UNARY_FORMS
 
 from .models import MODELS, Feeds
 

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelFormatError
-from ..ir.graph import Graph
+from .. import plugins
+from ..contract.errors import ModelFormatError
+from ..contract.graph import Graph
 
 
 def load(model: Any) -> Graph:
@@ -17,6 +18,7 @@ def load(model: Any) -> Graph:
     """
     if isinstance(model, Graph):
         return model
+    plugins.load_plugins()  # the model may use ops, and its path a suffix, that plugins add
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
@@ -33,8 +35,6 @@ def load(model: Any) -> Graph:
 
 
 def _plugin_loaders() -> dict[str, Any]:
-    from .. import plugins
-
     return {suffix.lower(): fn for suffix, fn in plugins.loaders().items()}
 
 

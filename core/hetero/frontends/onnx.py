@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..errors import HeteroError, ModelFormatError, UnsupportedOp
-from ..ir.graph import Graph, Node
-from ..ops import registry
-from ..tensor import TensorInfo
+from ..contract import dtypes, registry
+from ..contract.errors import HeteroError, ModelFormatError, UnsupportedOp
+from ..contract.graph import Graph, Node
+from ..contract.tensor import TensorInfo
 
 
 def load_onnx(model: Any) -> Graph:

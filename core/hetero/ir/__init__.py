@@ -1,5 +1,1 @@
-"""Graph IR and graph passes."""
-
-from .graph import HETERO_DOMAIN, ONNX_DOMAIN, Graph, Node
-
-__all__ = ["HETERO_DOMAIN", "ONNX_DOMAIN", "Graph", "Node"]
+"""Graph passes (the graph IR itself is part of the backend contract: ``hetero.contract.graph``)."""

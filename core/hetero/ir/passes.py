@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .graph import HETERO_DOMAIN, Graph, Node, free_names
+from ..contract.graph import HETERO_DOMAIN, Graph, Node, free_names
 
 Pass = Callable[[Graph], int]  # returns how many rewrites it made
 

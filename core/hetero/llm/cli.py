@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import progress
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
 from .stats import sampling_text, stats_line
 
 MODEL_HELP = "a .gguf file, a Hugging Face model folder, or a repo id found in the local Hugging Face cache"

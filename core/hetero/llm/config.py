@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelFormatError
+from ..contract.errors import ModelFormatError
 
 # architectures (config.json "architectures") and model types -> hetero family name
 ARCHITECTURES = {

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFormatError
+from ..contract.errors import ModelFormatError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

@@ -3,7 +3,7 @@ under the Hugging Face names the families use, and the tokenizer and chat templa
 
 Tensors are used as stored (memory-mapped, no conversion): F32 / F16 / BF16 as float weights, Q8_0 / Q4_0 / Q4_1 as
 hetero's ``q8`` / ``q4`` block-32 formats (byte-identical), Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K as the GGUF wtypes of
-``hetero.llm.quant``. llama.cpp's converter permutes nothing for the Qwen families (their rotary embedding is the
+``hetero.contract.quant``. llama.cpp's converter permutes nothing for the Qwen families (their rotary embedding is the
 NeoX layout, as in Hugging Face), so the weights map one to one.
 """
 
@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeteroError, HeteroWarning, ModelFormatError
+from ..contract.errors import HeteroError, HeteroWarning, ModelFormatError
+from ..contract.quant import GGML_FORMATS, GgmlFormat, QuantFormat, bf16_to_f32, dequantize, quantize
 from . import gguf
 from .config import LlmConfig, RopeConfig, _yarn_mscale
 from .gguf import GGML_BY_NAME, GgufFile
-from .quant import GGML_FORMATS, GgmlFormat, QuantFormat, bf16_to_f32, dequantize, quantize
 from .weights import Weight, WeightSource
 
 # general.architecture -> hetero family
@@ -667,9 +667,9 @@ def load_gguf(path: str | os.PathLike, backends: Sequence[str] | str | None = No
               threads: int | None = None, quant: Any = None, context: int = 4096, *, prefill_chunk: int = 512,
               all_logits: bool = False, progress: bool | None = None, kv_cache: str = "f16"):
     """A GGUF file -> ``Llm`` (see ``hetero.llm.load``)."""
+    from ..contract.quant import parse_quant
     from .families import build_graph
     from .model import Llm
-    from .quant import parse_quant
 
     file = Path(path)
     if not isinstance(context, int) or context < 1:

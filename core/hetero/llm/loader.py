@@ -6,11 +6,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import HeteroError, ModelFormatError
+from ..contract.errors import HeteroError, ModelFormatError
+from ..contract.quant import QuantFormat, parse_quant
 from .config import load_config
 from .families import build_graph
 from .model import Llm
-from .quant import QuantFormat, parse_quant
 from .tokenizer import Tokenizer
 from .weights import HfWeights
 

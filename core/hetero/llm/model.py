@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeteroError
-from ..ir.graph import Graph
+from ..contract.errors import HeteroError
+from ..contract.graph import Graph
 from ..runtime.session import Session
 from .config import LlmConfig
 from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..cli_errors import error_message
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
 from .cli import Loaded, print_stats, sampling, stream_out
 
 BLOCK = '"""'

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelFormatError
-from .quant import bf16_to_f32
+from ..contract.errors import ModelFormatError
+from ..contract.quant import bf16_to_f32
 
 # safetensors dtype -> (numpy dtype of the stored bits, bytes per element). BF16 is carried as uint16 bits.
 DTYPES: dict[str, np.dtype] = {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import HeteroError
+from ..contract.errors import HeteroError
+from ..contract.quant import QuantFormat, parse_quant
 from .config import LlmConfig, RopeConfig
 from .families import build_graph
 from .model import Llm
-from .quant import QuantFormat, parse_quant
 from .weights import Weight, WeightSource
 
 SHAPES: dict[str, dict[str, int]] = {

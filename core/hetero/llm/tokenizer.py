@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeteroError, ModelFormatError
+from ..contract.errors import HeteroError, ModelFormatError
 from .config import read_json
 
 

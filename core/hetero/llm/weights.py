@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeteroWarning, ModelFormatError
+from ..contract.errors import HeteroWarning, ModelFormatError
+from ..contract.quant import QuantFormat, bf16_to_f32, quantize
 from . import safetensors
-from .quant import QuantFormat, bf16_to_f32, quantize
 
 CACHE_DIR = ".hetero-cache"
 CACHE_VERSION = 1

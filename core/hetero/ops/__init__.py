@@ -1,5 +1,6 @@
 """Op schemas (shape inference + numpy reference). Importing this package registers every built-in op."""
 
+from ..contract.registry import OpContext, OpSchema, all_schemas, find, get, op, register
 from . import (  # noqa: F401  (registration side effects)
     attention,
     control,
@@ -22,6 +23,5 @@ from . import (  # noqa: F401  (registration side effects)
     spatial,
     strings,
 )
-from .registry import OpContext, OpSchema, all_schemas, find, get, op, register
 
 __all__ = ["OpContext", "OpSchema", "all_schemas", "find", "get", "op", "register"]

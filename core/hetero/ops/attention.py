@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Dim, TensorInfo
-from .registry import OpContext, op
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, TensorInfo
 from .shapes import input_info, unknown
 
 

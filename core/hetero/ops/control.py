@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import dtypes
-from ..ir.graph import Graph, free_names
-from ..tensor import TensorInfo
-from .registry import OpContext, op
+from ..contract import dtypes
+from ..contract.graph import Graph, free_names
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 
 
 def _runner(ctx: OpContext) -> Callable[[Graph, dict[str, np.ndarray]], list[np.ndarray]]:

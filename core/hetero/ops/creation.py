@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
-from .. import dtypes
-from ..dtypes import DType
-from ..tensor import TensorInfo
+from ..contract import dtypes
+from ..contract.dtypes import DType
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 from . import lowp
-from .registry import OpContext, op
 from .shapes import input_info, int_list, np_dtype, output_dtype_from_attr, shape_of, unknown
 
 

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from .. import dtypes
-from ..tensor import TensorInfo
-from .registry import OpContext, op
+from ..contract import dtypes
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 from .shapes import input_info, shape_of
 
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import dtypes
-from ..tensor import TensorInfo
-from .registry import OpContext, op
+from ..contract import dtypes
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 from .shapes import broadcast_infer, broadcast_shapes, input_info, same_as_input, with_dtype
 
 

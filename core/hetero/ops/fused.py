@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.graph import HETERO_DOMAIN, Node
-from ..tensor import TensorInfo
-from .registry import OpContext, get, op
+from ..contract.graph import HETERO_DOMAIN, Node
+from ..contract.registry import OpContext, get, op
+from ..contract.tensor import TensorInfo
 
 # activation attribute value -> (ONNX op, the attributes it takes from the fused node)
 ACTIVATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -24,34 +24,6 @@ ACTIVATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "HardSwish": ("HardSwish", ()),
     "Silu": ("Silu", ()),  # x * sigmoid(x), matched from the two-node pattern
 }
-
-
-# For kernels: each fused activation as a snake_case unary op with its (alpha, beta) attributes and defaults.
-_KERNEL_FORM: dict[str, tuple[str, str | None, float, str | None, float]] = {
-    "Relu": ("relu", None, 0.0, None, 0.0),
-    "Clip": ("clip", "activation_min", float("-inf"), "activation_max", float("inf")),
-    "Sigmoid": ("sigmoid", None, 0.0, None, 0.0),
-    "Tanh": ("tanh", None, 0.0, None, 0.0),
-    "LeakyRelu": ("leaky_relu", "activation_alpha", 0.01, None, 0.0),
-    "HardSigmoid": ("hard_sigmoid", "activation_alpha", 0.2, "activation_beta", 0.5),
-    "HardSwish": ("hard_swish", None, 0.0, None, 0.0),
-    "Silu": ("silu", None, 0.0, None, 0.0),
-}
-
-
-def activation_params(attrs: dict) -> tuple[str, float, float] | None:
-    """A fused node's activation as a kernel sees it: (unary op, alpha, beta), e.g. ("clip", 0.0, 6.0); None when
-    the node has none. Raises KeyError for an activation this table lacks (check ``activation_known`` first)."""
-    name = attrs.get("activation", "")
-    if not name:
-        return None
-    op_name, alpha_key, alpha, beta_key, beta = _KERNEL_FORM[name]
-    return (op_name, float(attrs.get(alpha_key, alpha)) if alpha_key else alpha,
-            float(attrs.get(beta_key, beta)) if beta_key else beta)
-
-
-def activation_known(attrs: dict) -> bool:
-    return attrs.get("activation", "") in ("", *_KERNEL_FORM)
 
 
 def apply_activation(ctx: OpContext, x: np.ndarray) -> np.ndarray:

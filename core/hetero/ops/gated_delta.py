@@ -40,14 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..errors import HeteroError
-from ..ir.graph import HETERO_DOMAIN
-from ..tensor import TensorInfo
-from .registry import OpContext, op
+from ..contract import dtypes
+from ..contract.errors import HeteroError
+from ..contract.graph import HETERO_DOMAIN
+from ..contract.opforms import GATED_DELTA_MODES
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 from .shapes import input_info
 
-MODES = ("auto", "chunked", "recurrent")
 # inputs
 QKV, CONV_W, DECAY, BETA, PAST_LEN, CONV_B, A_LOG, DT_BIAS, Z, NORM_W = range(10)
 
@@ -64,8 +64,8 @@ def _infer(ctx: OpContext) -> list[TensorInfo]:
         raise ctx.fail(f"k_heads {hk}, v_heads {hv}, k_dim {dk}, v_dim {dv}: all positive, v_heads a multiple of "
                        "k_heads")
     mode = str(ctx.attr("mode", "auto"))
-    if mode not in MODES:
-        raise ctx.fail(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode not in GATED_DELTA_MODES:
+        raise ctx.fail(f"mode {mode!r} is not one of {', '.join(GATED_DELTA_MODES)}")
     if int(ctx.attr("chunk_size", 64)) < 1:
         raise ctx.fail("chunk_size must be positive")
     if str(ctx.attr("conv_activation", "silu")) not in ("silu", "none"):

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Dim, TensorInfo
-from .registry import OpContext, op
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, TensorInfo
 from .shapes import input_info, shape_of
 
 _RULES = ("linear", "gated", "delta", "gated_delta")

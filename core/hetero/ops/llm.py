@@ -7,14 +7,14 @@ the numpy reference below it is the oracle kernels are tested against. Activatio
 Weights (``Embedding`` tables, ``QMatMul`` and ``MoE`` matrices) share three attributes:
 
 * ``wtype``: ``"f32"`` (float32), ``"f16"`` (float16), ``"bf16"`` (bfloat16 bit patterns in a uint16 array), or
-  hetero's block-quantized ``"q8"`` / ``"q4"`` (a uint8 array of blocks, layout in ``hetero.llm.quant``);
+  hetero's block-quantized ``"q8"`` / ``"q4"`` (a uint8 array of blocks, layout in ``hetero.contract.quant``);
 * ``block_size`` (32, 64 or 128) and ``symmetric`` (1, or 0 for a per-block minimum): quantized types only.
 
 A float weight is ``[N, K]``; a quantized one is ``uint8[N, ceil(K / block_size) * block_bytes]``, K being read
 from the activation (or the ``dim`` attribute of ``Embedding``).
 
 GGUF's own block layouts are wtypes too, stored as in the file: ``"q5_0"``, ``"q5_1"`` (blocks of 32) and the
-k-quants ``"q4_k"``, ``"q5_k"``, ``"q6_k"`` (blocks of 256); byte layouts in ``hetero.llm.quant``. They take no
+k-quants ``"q4_k"``, ``"q5_k"``, ``"q6_k"`` (blocks of 256); byte layouts in ``hetero.contract.quant``. They take no
 ``block_size`` / ``symmetric`` attribute, and K must be a whole number of their blocks. (GGUF's Q8_0, Q4_0 and
 Q4_1 are ``q8`` / ``q4`` with ``block_size`` 32.)
 """
@@ -25,12 +25,12 @@ import math
 
 import numpy as np
 
-from .. import dtypes
-from ..errors import HeteroError
-from ..ir.graph import HETERO_DOMAIN
-from ..llm import quant
-from ..tensor import Dim, TensorInfo
-from .registry import OpContext, op
+from ..contract import dtypes, quant
+from ..contract.errors import HeteroError
+from ..contract.graph import HETERO_DOMAIN
+from ..contract.opforms import rope_inv_freq
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, TensorInfo
 from .shapes import input_info
 
 _FLOAT_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
@@ -142,37 +142,6 @@ def _check_past_len(ctx: OpContext, index: int) -> None:
     info = input_info(ctx, index)
     if info.dtype != dtypes.int64 or (info.shape is not None and info.shape not in ((), (1,))):
         raise ctx.fail(f"past_len must be an int64 scalar, got {info}")
-
-
-def rope_inv_freq(rotary_dim: int, attrs: dict) -> tuple[np.ndarray, float]:
-    """The rotation frequencies (float64 ``[rotary_dim / 2]``) and the cos/sin scale for the given attributes."""
-    theta = float(attrs.get("theta", 10000.0))
-    inv_freq = 1.0 / theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
-    scaling = attrs.get("scaling", "none")
-    factor = float(attrs.get("factor", 1.0))
-    if scaling in ("none", "default"):
-        return inv_freq, 1.0
-    if scaling == "linear":
-        return inv_freq / factor, 1.0
-    if scaling != "yarn":
-        raise HeteroError(f"rope scaling {scaling!r} is not supported (none, linear, yarn)")
-    # YaRN: dims that turn many times over the original context keep their frequency (extrapolate), dims that turn
-    # less than once are interpolated (divided by factor), with a linear ramp between the two wavelength bounds.
-    original = float(attrs.get("original_max_position", 4096))
-
-    def dim_for_turns(turns: float) -> float:
-        return rotary_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
-
-    low, high = dim_for_turns(float(attrs.get("beta_fast", 32.0))), dim_for_turns(float(attrs.get("beta_slow", 1.0)))
-    if int(attrs.get("truncate", 1)):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, rotary_dim - 1)
-    if high == low:
-        high += 1e-3
-    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
-    keep = 1.0 - ramp  # 1: extrapolate (original frequency), 0: interpolate
-    inv_freq = inv_freq / factor * (1 - keep) + inv_freq * keep
-    return inv_freq, float(attrs.get("attention_factor", 1.0))
 
 
 @op("RotaryEmbedding", domain=HETERO_DOMAIN, infer=_heads_infer)

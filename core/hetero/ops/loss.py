@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import TensorInfo
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 from .nn import _softmax
-from .registry import OpContext, op
 from .shapes import input_info, shape_of
 
 

@@ -10,10 +10,10 @@ import itertools
 
 import numpy as np
 
-from .. import dtypes
-from ..tensor import Dim, Shape, TensorInfo
+from ..contract import dtypes
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, Shape, TensorInfo
 from . import lowp
-from .registry import OpContext, op
 from .shapes import input_info, normalize_axis, same_as_input, unknown
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes
-from ..tensor import TensorInfo
+from ..contract import dtypes
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 from . import lowp
 from .linalg import _matmul_infer
 from .nn import _acc_dtype, _conv, _conv_infer
-from .registry import OpContext, op
 from .shapes import input_info, normalize_axis, output_dtype_from_attr, shape_of
 
 

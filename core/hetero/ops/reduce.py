@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..tensor import TensorInfo
+from ..contract.registry import OpContext, op
+from ..contract.tensor import TensorInfo
 from . import lowp
-from .registry import OpContext, op
 from .shapes import UNKNOWN_VALUE, input_info, normalize_axis, unknown
 
 # Opset from which each reduction takes its axes as an input.

@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from ..tensor import Dim, Shape, TensorInfo
-from .registry import OpContext, op
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, Shape, TensorInfo
 from .shapes import input_info, normalize_axis, unknown
 
 

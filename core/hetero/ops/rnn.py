@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..tensor import Dim, TensorInfo
-from .registry import OpContext, op
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, TensorInfo
 from .shapes import input_info, unknown
 
 Activation = Callable[[np.ndarray], np.ndarray]

@@ -6,9 +6,9 @@ import itertools
 
 import numpy as np
 
-from .. import dtypes
-from ..tensor import Dim, Shape, TensorInfo
-from .registry import OpContext, op
+from ..contract import dtypes
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, Shape, TensorInfo
 from .shapes import (
     UNKNOWN_VALUE,
     attr_or_input,

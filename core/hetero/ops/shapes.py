@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import dtypes
-from ..dtypes import DType
-from ..tensor import Dim, Shape, TensorInfo
-from .registry import InferFn, OpContext
+from ..contract import dtypes
+from ..contract.dtypes import DType
+from ..contract.registry import InferFn, OpContext
+from ..contract.tensor import Dim, Shape, TensorInfo
 
 
 def input_info(ctx: OpContext, index: int) -> TensorInfo:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes
-from ..tensor import Dim, TensorInfo
-from .registry import OpContext, op
+from ..contract import dtypes
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, TensorInfo
 from .shapes import input_info, np_dtype, output_dtype_from_attr, unknown
 
 

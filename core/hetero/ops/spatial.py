@@ -6,8 +6,8 @@ import itertools
 
 import numpy as np
 
-from ..tensor import Dim, TensorInfo
-from .registry import OpContext, op
+from ..contract.registry import OpContext, op
+from ..contract.tensor import Dim, TensorInfo
 from .shapes import input_info, int_list, shape_of, unknown
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.graph import Graph
-from ..ops import registry
+from ..contract import registry
+from ..contract.graph import Graph
 
 
 def run_graph(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -10,12 +10,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .. import dtypes
-from ..errors import HeteroError, ShapeError
-from ..ir.graph import Graph, Node
-from ..ops import registry
-from ..ops.registry import OpContext, OpSchema
-from ..tensor import TensorInfo
+from ..contract import dtypes, registry
+from ..contract.errors import HeteroError, ShapeError
+from ..contract.graph import Graph, Node
+from ..contract.registry import OpContext, OpSchema
+from ..contract.tensor import TensorInfo
 
 # Constant folding evaluates with the numpy reference; keep results that would bloat the model out of it.
 FOLD_LIMIT_BYTES = 64 << 20
@@ -129,7 +128,7 @@ def prune(graph: Graph) -> None:
             kept.append(node)
             needed.update(n for n in node.inputs if n)
             for sub in _subgraphs(node):
-                from ..ir.graph import free_names
+                from ..contract.graph import free_names
 
                 needed.update(free_names(sub))
     graph.nodes = kept[::-1]

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..backend import Backend, NodeInfo
-from ..errors import HeteroError, UnsupportedOp
-from ..ir.graph import Graph
+from ..contract.backend import Backend, NodeInfo
+from ..contract.errors import HeteroError, UnsupportedOp
+from ..contract.graph import Graph
 
 
 @dataclass

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Backend, Kernel
-from ..tensor import Tensor, TensorInfo
+from ..contract.backend import Backend, Kernel
+from ..contract.tensor import Tensor, TensorInfo
 
 Key = tuple[str, Any]  # ("feed", input name) or ("var", id of the tensor in the recorded run)
 Call = Callable[[], Any]

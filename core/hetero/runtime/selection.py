@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import plugins
-from ..backend import Backend
-from ..errors import BackendUnavailable, HeteroError, HeteroWarning
+from ..contract.backend import Backend
+from ..contract.errors import BackendUnavailable, HeteroError, HeteroWarning
 
 FALLBACK_CHAIN = ("cpu", "reference")
 _warned_skips: set[str] = set()

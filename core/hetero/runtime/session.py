@@ -16,16 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..backend import Backend, Compiled, Kernel, NodeInfo
-from ..errors import FallbackError, HeteroError, HeteroWarning, InputError
+from .. import plugins
+from ..contract import dtypes, registry
+from ..contract.backend import Backend, Compiled, Kernel, NodeInfo
+from ..contract.errors import FallbackError, HeteroError, HeteroWarning, InputError
+from ..contract.graph import Graph, Node, free_names
+from ..contract.registry import OpSchema
+from ..contract.tensor import Tensor, TensorInfo
 from ..frontends import load
 from ..ir import passes
-from ..ir.graph import Graph, Node, free_names
-from ..ops import registry
-from ..ops.registry import OpSchema
 from ..progress import phase
-from ..tensor import Tensor, TensorInfo
 from .infer import fold_and_infer, infer_node
 from .memory import ArenaPlan, Lifetime, plan_arena
 from .partition import Placement, partition
@@ -88,6 +88,7 @@ class Session:
         # Child sessions of control-flow bodies, by id of the body graph (None: the body runs on the numpy evaluator).
         self._children: dict[int, Session | None] = {}
         started = time.perf_counter()
+        plugins.load_plugins()  # before shape inference: the graph may use ops that plugins add
         # A Graph the caller passed stays theirs: the passes below rewrite a copy.
         self.graph: Graph = model.copy() if isinstance(model, Graph) else load(model)
         fold_and_infer(self.graph)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
+from ..contract import dtypes
 
 
 @dataclass(frozen=True)

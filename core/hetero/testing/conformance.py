@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes, plugins
-from ..backend import API_VERSION, Backend, Device, NodeInfo, Support
-from ..ir.graph import Node
-from ..ops import registry
-from ..tensor import Tensor, TensorInfo
+from .. import plugins
+from ..contract import dtypes, registry
+from ..contract.backend import API_VERSION, Backend, Device, NodeInfo, Support
+from ..contract.graph import Node
+from ..contract.tensor import Tensor, TensorInfo
 from . import cases as case_table
 from .cases import Case
 
@@ -158,13 +158,13 @@ def _check_factory(ctx: Context) -> None:
         raise CheckFailed("factory.priority must be an int")
     devices = factory.probe()
     if not isinstance(devices, list) or not devices or not all(isinstance(d, Device) for d in devices):
-        raise CheckFailed(f"probe() must return a non-empty list of hetero.backend.Device, got {devices!r}")
+        raise CheckFailed(f"probe() must return a non-empty list of hetero.contract.Device, got {devices!r}")
 
 
 def _check_create(ctx: Context) -> str:
     backend = ctx.backend()
     if not isinstance(backend, Backend):
-        raise CheckFailed(f"create() returned {type(backend).__name__}, not a hetero.backend.Backend")
+        raise CheckFailed(f"create() returned {type(backend).__name__}, not a hetero.contract.Backend")
     if backend.name != ctx.name:
         raise CheckFailed(f"the backend's name is {backend.name!r}, its factory's {ctx.name!r}")
     if not isinstance(backend.memory_domain, str) or not backend.memory_domain:

@@ -10,8 +10,7 @@ import os
 from typing import Any, ClassVar
 
 from hetero import BackendUnavailable
-from hetero.backend import Backend, Device, Factory
-from hetero.hookspecs import hookimpl
+from hetero.contract import Backend, Device, Factory, hookimpl
 
 # The version of hetero's plugin API this package was written against. hetero refuses a different major version
 # before it calls anything else here, so write the number down: do not copy hetero.API_VERSION.

@@ -7,9 +7,17 @@ from typing import ClassVar
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, HostMemory, KernelTableBackend, NodeInfo, Support, unsupported
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import (
+    SUPPORTED,
+    HostMemory,
+    KernelTableBackend,
+    NodeInfo,
+    Support,
+    Tensor,
+    TensorInfo,
+    dtypes,
+    unsupported,
+)
 
 
 class ToyRelu:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hetero.backend import Device, HostMemory, Kernel, KernelTableBackend, NodeInfo, Support
-from hetero.errors import HeteroError
+from hetero.contract import Device, HeteroError, HostMemory, Kernel, KernelTableBackend, NodeInfo, Support
 
 from . import _native
 from .kernels import KERNELS

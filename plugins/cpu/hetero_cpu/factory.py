@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from hetero.backend import Device, Factory
-from hetero.errors import BackendUnavailable
+from hetero.contract import BackendUnavailable, Device, Factory
 
 
 def _cpu_name() -> str:

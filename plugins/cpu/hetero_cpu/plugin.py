@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hetero.hookspecs import hookimpl
+from hetero.contract import hookimpl
 
 from .factory import CpuFactory
 

@@ -12,10 +12,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import Device, KernelTableBackend, NodeInfo, Support, unsupported
-from hetero.errors import BackendError
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import (
+    BackendError,
+    Device,
+    KernelTableBackend,
+    NodeInfo,
+    Support,
+    Tensor,
+    TensorInfo,
+    dtypes,
+    unsupported,
+)
 
 from .kernels import KERNELS
 from .kernels.common import ClKernel

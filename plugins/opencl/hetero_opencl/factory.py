@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hetero.backend import Device, Factory
-from hetero.errors import BackendUnavailable
+from hetero.contract import BackendUnavailable, Device, Factory
 
 INSTALL_HINT = ("install an OpenCL driver: apt-get install pocl-opencl-icd (CPU), or your GPU vendor's OpenCL ICD; "
                 "check with clinfo -l")

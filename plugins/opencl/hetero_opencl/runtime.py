@@ -20,8 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hetero.backend import Device
-from hetero.errors import BackendError
+from hetero.contract import BackendError, Device
 
 from .factory import _native
 

@@ -18,12 +18,14 @@ _native = pytest.importorskip(
 if not hasattr(_native, "gated_delta"):
     pytest.skip("hetero-cpu was built without the gated delta kernels", allow_module_level=True)
 
-from hetero.backend import NodeInfo  # noqa: E402
-from hetero.ir.graph import HETERO_DOMAIN, Node  # noqa: E402
-from hetero.ops import registry  # noqa: E402
-from hetero.ops.registry import OpContext  # noqa: E402
+from hetero.contract import (  # noqa: E402
+    NodeInfo,
+    Tensor,
+    registry,
+)
+from hetero.contract.graph import HETERO_DOMAIN, Node  # noqa: E402
+from hetero.contract.registry import OpContext  # noqa: E402
 from hetero.runtime.infer import info_of  # noqa: E402
-from hetero.tensor import Tensor  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"

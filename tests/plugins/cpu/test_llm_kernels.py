@@ -25,15 +25,19 @@ _native = pytest.importorskip(
     reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
 )
 
-from hetero.backend import NodeInfo  # noqa: E402
-from hetero.errors import HeteroError, ShapeError  # noqa: E402
-from hetero.ir.graph import HETERO_DOMAIN, Node  # noqa: E402
-from hetero.llm import quant, safetensors  # noqa: E402
-from hetero.llm.quant import QuantFormat, dequantize, f32_to_bf16, quantize  # noqa: E402
-from hetero.ops import registry  # noqa: E402
-from hetero.ops.registry import OpContext  # noqa: E402
+from hetero.contract import (  # noqa: E402
+    HeteroError,
+    NodeInfo,
+    ShapeError,
+    Tensor,
+    quant,
+    registry,
+)
+from hetero.contract.graph import HETERO_DOMAIN, Node  # noqa: E402
+from hetero.contract.quant import QuantFormat, dequantize, f32_to_bf16, quantize  # noqa: E402
+from hetero.contract.registry import OpContext  # noqa: E402
+from hetero.llm import safetensors  # noqa: E402
 from hetero.runtime.infer import info_of  # noqa: E402
-from hetero.tensor import Tensor  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"

@@ -23,13 +23,15 @@ _native = pytest.importorskip(
 )
 
 import hetero.llm  # noqa: E402
-from hetero.backend import NodeInfo  # noqa: E402
-from hetero.errors import HeteroError  # noqa: E402
-from hetero.ir.graph import HETERO_DOMAIN, Node  # noqa: E402
-from hetero.ops import registry  # noqa: E402
-from hetero.ops.registry import OpContext  # noqa: E402
+from hetero.contract import (  # noqa: E402
+    HeteroError,
+    NodeInfo,
+    Tensor,
+    registry,
+)
+from hetero.contract.graph import HETERO_DOMAIN, Node  # noqa: E402
+from hetero.contract.registry import OpContext  # noqa: E402
 from hetero.runtime.infer import info_of  # noqa: E402
-from hetero.tensor import Tensor  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.errors import BackendUnavailable
+from hetero.contract import BackendUnavailable
 
 
 def opencl_unavailable() -> str | None:

@@ -11,10 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import hetero
-from hetero import dtypes
-from hetero.ir.graph import HETERO_DOMAIN, Graph, Node
-from hetero.llm import quant
-from hetero.tensor import TensorInfo
+from hetero.contract import TensorInfo, dtypes, quant
+from hetero.contract.graph import HETERO_DOMAIN, Graph, Node
 
 from .conftest import needs_device
 

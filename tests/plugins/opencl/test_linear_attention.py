@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import hetero
-from hetero import dtypes
-from hetero.ir.graph import Graph, Node
-from hetero.tensor import TensorInfo
+from hetero.contract import TensorInfo, dtypes
+from hetero.contract.graph import Graph, Node
 
 from .conftest import needs_device
 

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import hetero
-from hetero import dtypes
-from hetero.ir.graph import HETERO_DOMAIN, Graph, Node
-from hetero.tensor import TensorInfo
+from hetero.contract import TensorInfo, dtypes
+from hetero.contract.graph import HETERO_DOMAIN, Graph, Node
 
 from .conftest import needs_device
 

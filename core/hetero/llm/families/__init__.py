@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...errors import ModelFormatError
-from ...ir.graph import Graph
+from ...contract.errors import ModelFormatError
+from ...contract.graph import Graph
 from ..config import LlmConfig
 from ..weights import WeightSource
 from . import qwen2, qwen3, qwen3_5, qwen3_moe

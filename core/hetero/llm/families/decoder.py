@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import dtypes
-from ...errors import ModelFormatError
-from ...ir.graph import HETERO_DOMAIN, Graph, Node
-from ...tensor import TensorInfo
+from ...contract import dtypes
+from ...contract.errors import ModelFormatError
+from ...contract.graph import HETERO_DOMAIN, Graph, Node
+from ...contract.tensor import TensorInfo
 from ..config import LlmConfig
 from ..progress import Progress
 from ..weights import Weight, WeightSource

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...errors import ModelFormatError
-from ...ir.graph import Graph
+from ...contract.errors import ModelFormatError
+from ...contract.graph import Graph
 from ..config import LlmConfig
 from ..weights import WeightSource
 from .decoder import Naming, build_decoder

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import ModelFormatError
-from ...ir.graph import Graph
+from ...contract.errors import ModelFormatError
+from ...contract.graph import Graph
 from ..config import LlmConfig
 from ..weights import Weight, WeightSource
 from .decoder import PAST_LEN, Naming, _Builder, _mlp, _moe, build_decoder

@@ -6,12 +6,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.backend import dtype_check as backend_dtype_check
-from hetero.dtypes import DType
-from hetero.ops.fused import activation_known, activation_params
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import dtype_check as backend_dtype_check
+from hetero.contract.dtypes import DType
+from hetero.contract.opforms import activation_known, activation_params
 
 
 def dtype_check(node: NodeInfo, allowed: Iterable[DType], indices: Sequence[int] | None = None) -> Support:

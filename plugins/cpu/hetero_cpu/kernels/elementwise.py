@@ -7,10 +7,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import NodeInfo, Support, unsupported
-from hetero.ops.unary_forms import UNARY_FORMS, unary_params
-from hetero.tensor import Tensor
+from hetero.contract import NodeInfo, Support, Tensor, dtypes, unsupported
+from hetero.contract.opforms import UNARY_FORMS, unary_params
 
 from .. import _native
 from .common import CpuKernel, bindable, dtype_check, float32_only, noop
@@ -56,7 +54,7 @@ class CpuBinary(CpuKernel):
         return functools.partial(_native.binary, self.op, a, b, out)
 
 
-# The ONNX unary ops whose kernel op the native library implements (their parameters: hetero.ops.unary_forms).
+# The ONNX unary ops whose kernel op the native library implements (their parameters: hetero.contract.opforms).
 _UNARY = tuple(op for op, form in UNARY_FORMS.items() if form[0] in set(_native.unary_ops()))
 
 

@@ -15,11 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.errors import HeteroError
-from hetero.ops.gated_delta import MODES
-from hetero.tensor import Tensor
+from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, dtypes, unsupported
+from hetero.contract.opforms import GATED_DELTA_MODES
 
 from .. import _native
 from .common import CpuKernel
@@ -46,7 +43,7 @@ class CpuGatedDeltaRule(CpuKernel):
         for i in (5, 6, 7, 9):
             if i < len(node.inputs) and node.inputs[i] is not None and i not in node.constants:
                 return unsupported("GatedDeltaRule with conv_bias / a_log / dt_bias / norm_weight computed at run time")
-        if str(node.attr("mode", "auto")) not in MODES or int(node.attr("chunk_size", 64)) > 1024:
+        if str(node.attr("mode", "auto")) not in GATED_DELTA_MODES or int(node.attr("chunk_size", 64)) > 1024:
             return unsupported("GatedDeltaRule mode / chunk_size")
         return SUPPORTED
 
@@ -155,8 +152,8 @@ class CpuGatedDeltaRule(CpuKernel):
             z = _c32(inputs[8].buffer)
         # mode is read per call: hetero bench switches a loaded model between the forms to compare them
         mode = str(self.node.attrs.get("mode", "auto"))
-        if mode not in MODES:
-            raise HeteroError(f"{self.node.label()}: mode {mode!r} is not one of {', '.join(MODES)}")
+        if mode not in GATED_DELTA_MODES:
+            raise HeteroError(f"{self.node.label()}: mode {mode!r} is not one of {', '.join(GATED_DELTA_MODES)}")
         chunked = mode == "chunked" or (mode == "auto" and t >= self.chunked_min)
         self._advance(past, end, outputs[0].buffer, z, chunked)
         if t > 1:

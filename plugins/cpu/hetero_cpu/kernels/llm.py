@@ -23,12 +23,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.errors import HeteroError
-from hetero.llm import quant
-from hetero.ops.llm import rope_inv_freq
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, TensorInfo, dtypes, quant, unsupported
+from hetero.contract.opforms import rope_inv_freq
 
 from .. import _native
 from .common import CpuKernel, bindable, noop

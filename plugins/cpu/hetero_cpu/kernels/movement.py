@@ -10,9 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.tensor import Tensor
+from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, dtypes, unsupported
 
 from .. import _native
 from .common import CpuKernel

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, unsupported
 
 from .. import _native
 from .common import CpuKernel, float32_only, fused_activation, fused_activation_known

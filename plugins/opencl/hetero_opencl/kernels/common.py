@@ -8,12 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.backend import dtype_check as backend_dtype_check
-from hetero.dtypes import DType
-from hetero.ops.fused import activation_known, activation_params
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import dtype_check as backend_dtype_check
+from hetero.contract.dtypes import DType
+from hetero.contract.opforms import activation_known, activation_params
 
 if TYPE_CHECKING:
     from ..backend import OpenCLBackend

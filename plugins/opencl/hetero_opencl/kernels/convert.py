@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.dtypes import DType
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract.dtypes import DType
 
 from .common import ClKernel, dtype_check
 from .elementwise import _broadcast_strides

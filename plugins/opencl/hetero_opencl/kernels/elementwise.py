@@ -6,10 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import NodeInfo, Support, unsupported
-from hetero.ops.unary_forms import UNARY_FORMS, unary_params
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract.opforms import UNARY_FORMS, unary_params
 
 from .common import UNARY, ClKernel, contiguous_strides, dtype_check, float32_only
 
@@ -17,7 +15,7 @@ PROGRAM = "elementwise.cl"
 # Binary codes: keep in sync with cl/elementwise.cl (B_*).
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Max": 5, "Min": 6, "PRelu": 7}
 
-# Every ONNX unary op of hetero.ops.unary_forms has an OpenCL kernel (cl/common.cl U_* codes).
+# Every ONNX unary op of hetero.contract.opforms has an OpenCL kernel (cl/common.cl U_* codes).
 _UNARY_OPS = tuple(UNARY_FORMS)
 
 

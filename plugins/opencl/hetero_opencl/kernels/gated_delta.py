@@ -21,10 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.errors import HeteroError
-from hetero.ops.gated_delta import MODES
-from hetero.tensor import Tensor
+from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, unsupported
+from hetero.contract.opforms import GATED_DELTA_MODES
 
 from .common import ClKernel, float32_only
 
@@ -43,7 +41,7 @@ class ClGatedDeltaRule(ClKernel):
         dk = int(a.get("k_dim", 0))
         if not 0 < dk <= MAX_DK:
             return unsupported(f"GatedDeltaRule with k_dim {dk} (opencl kernels take 1..{MAX_DK})")
-        if str(a.get("mode", "auto")) not in MODES:
+        if str(a.get("mode", "auto")) not in GATED_DELTA_MODES:
             return unsupported(f"GatedDeltaRule mode {a.get('mode')!r}")
         w = node.inputs[1]
         if w is None or (w.shape is not None and len(w.shape) not in (2, 3)):

@@ -7,9 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.errors import HeteroError
-from hetero.tensor import Tensor
+from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, unsupported
 
 from .common import ClKernel, float32_only
 

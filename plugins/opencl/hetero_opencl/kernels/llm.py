@@ -10,12 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.errors import HeteroError
-from hetero.llm import quant
-from hetero.ops.llm import rope_inv_freq
-from hetero.tensor import Tensor
+from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, dtypes, quant, unsupported
+from hetero.contract.opforms import rope_inv_freq
 
 from .common import ClKernel, float32_only, pow2_at_most
 from .gemm import gemm

@@ -7,10 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero import dtypes
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.errors import HeteroError
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
 
 from .common import ClKernel, contiguous_strides
 

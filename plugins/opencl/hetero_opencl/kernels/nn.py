@@ -9,9 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.errors import BackendError
-from hetero.tensor import Tensor, TensorInfo
+from hetero.contract import SUPPORTED, BackendError, NodeInfo, Support, Tensor, TensorInfo, unsupported
 
 from .common import (
     ClKernel,

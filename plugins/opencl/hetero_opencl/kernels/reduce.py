@@ -7,9 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.backend import NodeInfo, Support
-from hetero.errors import HeteroError
-from hetero.tensor import Tensor
+from hetero.contract import HeteroError, NodeInfo, Support, Tensor
 
 from .common import ClKernel, contiguous_strides, float32_only, pow2_at_most
 

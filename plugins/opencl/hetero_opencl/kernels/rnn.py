@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetero.backend import SUPPORTED, NodeInfo, Support, unsupported
-from hetero.tensor import Tensor
+from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, unsupported
 
 from .common import ClKernel, float32_only, pow2_at_most
 from .gemm import gemm

@@ -1,5 +1,8 @@
 """Op schemas: for each op, its shape inference and its numpy reference implementation.
 
+A leaf: importing ``hetero.ops`` fills it with the built-in ops, plugin discovery (``hetero.plugins``) with the
+ops of the ``hetero_register_ops`` hook; it never starts discovery itself.
+
 Every op hetero knows has exactly one schema here. Backends implement kernels for ops; the reference
 implementation is the last link of the fallback chain and the oracle backends are tested against.
 
@@ -16,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HeteroError, ShapeError, UnsupportedOp
-from ..ir.graph import Node
-from ..tensor import TensorInfo
+from ..contract.errors import HeteroError, ShapeError, UnsupportedOp
+from ..contract.graph import Node
+from ..contract.tensor import TensorInfo
 
 _REQUIRED = object()
 
@@ -124,12 +127,10 @@ def op(
 def get(domain: str, name: str) -> OpSchema:
     schema = _SCHEMAS.get((domain, name))
     if schema is None:
-        _load_plugin_ops()
-        schema = _SCHEMAS.get((domain, name))
-    if schema is None:
         raise UnsupportedOp(
             f"op {domain or 'ai.onnx'}::{name} is unknown to hetero (no schema, so no backend can run it)",
-            hint="a plugin can add ops through the hetero_register_ops hook",
+            hint="a plugin can add ops through the hetero_register_ops hook (plugins are discovered by hetero.load, "
+            "a Session or hetero.backends())",
         )
     return schema
 
@@ -142,11 +143,6 @@ def find(domain: str, name: str) -> OpSchema | None:
 
 
 def all_schemas() -> list[OpSchema]:
-    _load_plugin_ops()
+    """Every schema registered so far: the built-in ones (``import hetero`` registers them) and, once discovery ran,
+    the plugins' ones."""
     return sorted(_SCHEMAS.values(), key=lambda s: (s.domain, s.name))
-
-
-def _load_plugin_ops() -> None:
-    from .. import plugins  # late: discovery must not run during `import hetero`
-
-    plugins.load_plugins()

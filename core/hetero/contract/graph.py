@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFormatError
-from ..tensor import TensorInfo
+from .errors import ModelFormatError
+from .tensor import TensorInfo
 
 ONNX_DOMAIN = ""  # ai.onnx; "ai.onnx" is normalised to ""
 HETERO_DOMAIN = "hetero"

@@ -13,7 +13,7 @@ hookimpl = pluggy.HookimplMarker("hetero")
 
 @hookspec
 def hetero_register_backends(register: Callable[[Any], None]) -> None:
-    """Register backend factories: ``register(factory)`` with a ``hetero.backend.Factory``."""
+    """Register backend factories: ``register(factory)`` with a ``hetero.contract.Factory``."""
 
 
 @hookspec
@@ -28,4 +28,4 @@ def hetero_register_kernels(register: Callable[[str, str, str, Any], None]) -> N
 
 @hookspec
 def hetero_register_loaders(register: Callable[[str, Any], None]) -> None:
-    """Add model loaders: ``register(suffix, loader)``; ``loader(path) -> hetero.ir.Graph``."""
+    """Add model loaders: ``register(suffix, loader)``; ``loader(path) -> hetero.contract.graph.Graph``."""

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import HeteroError
+from .errors import HeteroError
 
 BLOCK_SIZES = (32, 64, 128)
 FLOAT_WTYPES = ("f32", "f16", "bf16")

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import dtypes
 from .errors import BackendError
-from .ir.graph import Graph, Node
+from .graph import Graph, Node
 from .tensor import Tensor, TensorInfo
 
 API_VERSION = "1.0"
@@ -231,6 +231,21 @@ class Factory:
         raise NotImplementedError
 
 
+# Kernels other plugins add to a table backend (the ``hetero_register_kernels`` hook), by backend name. Discovery
+# (``hetero.plugins``) fills this table before it creates any backend; nothing in the contract starts discovery.
+_added_kernels: dict[str, dict[tuple[str, str], KernelFactory]] = {}
+
+
+def add_kernel(backend_name: str, domain: str, op_type: str, factory: KernelFactory) -> None:
+    """Add a kernel to the table of the backend named ``backend_name`` (what the hook's ``register`` does)."""
+    _added_kernels.setdefault(backend_name, {})[(domain, op_type)] = factory
+
+
+def forget_added_kernels() -> None:
+    """Drop every added kernel (discovery starts again: ``hetero.plugins.reload``)."""
+    _added_kernels.clear()
+
+
 class KernelTableBackend(Backend):
     """A backend whose kernels are looked up by op in a table; kernels registered by other plugins join it.
 
@@ -241,9 +256,7 @@ class KernelTableBackend(Backend):
     kernels: ClassVar[dict[tuple[str, str], KernelFactory]] = {}
 
     def _table(self) -> dict[tuple[str, str], KernelFactory]:
-        from . import plugins  # extra kernels from other plugins, registered by backend name
-
-        return {**self.kernels, **plugins.extra_kernels(self.name)}
+        return {**self.kernels, **_added_kernels.get(self.name, {})}
 
     def supports(self, node: NodeInfo) -> Support:
         factory = self._table().get((node.domain, node.op_type))

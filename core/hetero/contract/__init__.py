@@ -1,0 +1,83 @@
+"""The backend plugin contract: everything a backend package imports from hetero, and nothing else.
+
+``hetero.contract`` imports nothing from the runtime, the frontends or the LLM layer (a test reads its imports from
+the source), so a plugin that imports only this package depends on what ``API_VERSION`` covers and nothing more:
+
+* ``backend`` — ``Factory``, ``Device``, ``Backend``, ``KernelTableBackend``, ``HostMemory``, ``NodeInfo``,
+  ``Support`` and the ``Kernel`` protocol (every method the runtime may call);
+* ``hookspecs`` — the hooks a plugin implements (``hookimpl``);
+* ``tensor``, ``dtypes``, ``graph`` — the values, element types and graph IR a backend receives;
+* ``quant`` and ``opforms`` — the block-quantized weight formats and the op attribute forms kernels read;
+* ``errors`` — the error hierarchy (``BackendUnavailable`` from a probe, ``BackendError`` from a kernel...).
+
+Read docs/backend-authors.md for a walk-through.
+"""
+
+from __future__ import annotations
+
+from . import dtypes, graph, opforms, quant
+from .backend import (
+    API_VERSION,
+    SUPPORTED,
+    Backend,
+    Compiled,
+    Device,
+    Factory,
+    HostMemory,
+    Kernel,
+    KernelFactory,
+    KernelTableBackend,
+    NodeInfo,
+    Support,
+    dtype_check,
+    unsupported,
+)
+from .errors import (
+    BackendError,
+    BackendUnavailable,
+    FallbackError,
+    HeteroError,
+    HeteroWarning,
+    InputError,
+    ModelFormatError,
+    PluginError,
+    ShapeError,
+    UnsupportedOp,
+)
+from .hookspecs import hookimpl, hookspec
+from .tensor import Tensor, TensorInfo
+
+__all__ = [
+    "API_VERSION",
+    "SUPPORTED",
+    "Backend",
+    "BackendError",
+    "BackendUnavailable",
+    "Compiled",
+    "Device",
+    "Factory",
+    "FallbackError",
+    "HeteroError",
+    "HeteroWarning",
+    "HostMemory",
+    "InputError",
+    "Kernel",
+    "KernelFactory",
+    "KernelTableBackend",
+    "ModelFormatError",
+    "NodeInfo",
+    "PluginError",
+    "ShapeError",
+    "Support",
+    "Tensor",
+    "TensorInfo",
+    "UnsupportedOp",
+    "dtype_check",
+    "dtypes",
+    "graph",
+    "hookimpl",
+    "hookspec",
+    "opforms",
+    "quant",
+    "unsupported",
+]

@@ -1,0 +1,121 @@
+"""How kernels read op attributes: the forms every backend (and the numpy reference) reads the same way, once.
+
+* ONNX's elementwise unary ops: a snake_case op name and two float parameters. Each ONNX op maps to (kernel op name,
+  attribute feeding ``alpha``, its default, attribute feeding ``beta``, its default). A backend registers the ONNX
+  ops whose kernel op names it implements.
+* the activation a fused Conv / MatMul node carries (``activation_params``);
+* the rotary embedding's frequencies and scale (``rope_inv_freq``);
+* the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .errors import HeteroError
+
+# ONNX op -> (kernel op, alpha attribute, its default, beta attribute, its default)
+UNARY_FORMS: dict[str, tuple[str, str | None, float, str | None, float]] = {
+    "Relu": ("relu", None, 0.0, None, 0.0),
+    "LeakyRelu": ("leaky_relu", "alpha", 0.01, None, 0.0),
+    "Elu": ("elu", "alpha", 1.0, None, 0.0),
+    "Selu": ("selu", "alpha", 1.6732632423543772, "gamma", 1.0507009873554805),
+    "Celu": ("celu", "alpha", 1.0, None, 0.0),
+    "Sigmoid": ("sigmoid", None, 0.0, None, 0.0),
+    "HardSigmoid": ("hard_sigmoid", "alpha", 0.2, "beta", 0.5),
+    "HardSwish": ("hard_swish", None, 0.0, None, 0.0),
+    "Tanh": ("tanh", None, 0.0, None, 0.0),
+    "Softplus": ("softplus", None, 0.0, None, 0.0),
+    "Softsign": ("softsign", None, 0.0, None, 0.0),
+    "Exp": ("exp", None, 0.0, None, 0.0),
+    "Log": ("log", None, 0.0, None, 0.0),
+    "Sqrt": ("sqrt", None, 0.0, None, 0.0),
+    "Neg": ("neg", None, 0.0, None, 0.0),
+    "Abs": ("abs", None, 0.0, None, 0.0),
+    "Reciprocal": ("reciprocal", None, 0.0, None, 0.0),
+    "Erf": ("erf", None, 0.0, None, 0.0),
+    "Floor": ("floor", None, 0.0, None, 0.0),
+    "Ceil": ("ceil", None, 0.0, None, 0.0),
+    "Round": ("round", None, 0.0, None, 0.0),
+    "Sin": ("sin", None, 0.0, None, 0.0),
+    "Cos": ("cos", None, 0.0, None, 0.0),
+    "Tan": ("tan", None, 0.0, None, 0.0),
+    "Mish": ("mish", None, 0.0, None, 0.0),
+    "Sign": ("sign", None, 0.0, None, 0.0),
+    "ThresholdedRelu": ("thresholded_relu", "alpha", 1.0, None, 0.0),
+}
+
+
+def unary_params(op_type: str, attrs: dict[str, Any]) -> tuple[str, float, float]:
+    """(kernel op, alpha, beta) for an ONNX unary node; Gelu picks "gelu" or "gelu_tanh" by ``approximate``."""
+    if op_type == "Gelu":
+        return ("gelu_tanh" if attrs.get("approximate", "none") == "tanh" else "gelu"), 0.0, 0.0
+    name, alpha_key, alpha, beta_key, beta = UNARY_FORMS[op_type]
+    return (name, float(attrs.get(alpha_key, alpha)) if alpha_key else alpha,
+            float(attrs.get(beta_key, beta)) if beta_key else beta)
+
+
+# For kernels: each fused activation as a snake_case unary op with its (alpha, beta) attributes and defaults.
+_KERNEL_FORM: dict[str, tuple[str, str | None, float, str | None, float]] = {
+    "Relu": ("relu", None, 0.0, None, 0.0),
+    "Clip": ("clip", "activation_min", float("-inf"), "activation_max", float("inf")),
+    "Sigmoid": ("sigmoid", None, 0.0, None, 0.0),
+    "Tanh": ("tanh", None, 0.0, None, 0.0),
+    "LeakyRelu": ("leaky_relu", "activation_alpha", 0.01, None, 0.0),
+    "HardSigmoid": ("hard_sigmoid", "activation_alpha", 0.2, "activation_beta", 0.5),
+    "HardSwish": ("hard_swish", None, 0.0, None, 0.0),
+    "Silu": ("silu", None, 0.0, None, 0.0),
+}
+
+
+def activation_params(attrs: dict) -> tuple[str, float, float] | None:
+    """A fused node's activation as a kernel sees it: (unary op, alpha, beta), e.g. ("clip", 0.0, 6.0); None when
+    the node has none. Raises KeyError for an activation this table lacks (check ``activation_known`` first)."""
+    name = attrs.get("activation", "")
+    if not name:
+        return None
+    op_name, alpha_key, alpha, beta_key, beta = _KERNEL_FORM[name]
+    return (op_name, float(attrs.get(alpha_key, alpha)) if alpha_key else alpha,
+            float(attrs.get(beta_key, beta)) if beta_key else beta)
+
+
+def activation_known(attrs: dict) -> bool:
+    return attrs.get("activation", "") in ("", *_KERNEL_FORM)
+
+
+def rope_inv_freq(rotary_dim: int, attrs: dict) -> tuple[np.ndarray, float]:
+    """The rotation frequencies (float64 ``[rotary_dim / 2]``) and the cos/sin scale for the given attributes."""
+    theta = float(attrs.get("theta", 10000.0))
+    inv_freq = 1.0 / theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    scaling = attrs.get("scaling", "none")
+    factor = float(attrs.get("factor", 1.0))
+    if scaling in ("none", "default"):
+        return inv_freq, 1.0
+    if scaling == "linear":
+        return inv_freq / factor, 1.0
+    if scaling != "yarn":
+        raise HeteroError(f"rope scaling {scaling!r} is not supported (none, linear, yarn)")
+    # YaRN: dims that turn many times over the original context keep their frequency (extrapolate), dims that turn
+    # less than once are interpolated (divided by factor), with a linear ramp between the two wavelength bounds.
+    original = float(attrs.get("original_max_position", 4096))
+
+    def dim_for_turns(turns: float) -> float:
+        return rotary_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_for_turns(float(attrs.get("beta_fast", 32.0))), dim_for_turns(float(attrs.get("beta_slow", 1.0)))
+    if int(attrs.get("truncate", 1)):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if high == low:
+        high += 1e-3
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    keep = 1.0 - ramp  # 1: extrapolate (original frequency), 0: interpolate
+    inv_freq = inv_freq / factor * (1 - keep) + inv_freq * keep
+    return inv_freq, float(attrs.get("attention_factor", 1.0))
+
+
+# The GatedDeltaRule op's ``mode`` attribute: how the recurrence runs over a sequence.
+GATED_DELTA_MODES = ("auto", "chunked", "recurrent")
