@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -271,8 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress.clear_line()
             print(file=sys.stderr)
             return EXIT_INTERRUPTED
-        except BrokenPipeError:  # `hetero ... | head`: the reader left; nothing to report
-            sys.stderr.close()
+        except BrokenPipeError:  # `hetero ... | head`: the reader left; nothing to report, nothing left to flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         except Exception as exc:  # every failure is one line; HETERO_DEBUG=1 adds the traceback
             return report_error(exc, _subject(args))

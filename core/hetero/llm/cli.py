@@ -169,10 +169,17 @@ def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: 
 
 def stream_out(pieces: Iterable[str], started: float) -> float | None:
     """Print ``pieces`` as they come; returns the seconds to the first one (None: nothing came)."""
-    first: float | None = None
-    for piece in pieces:
-        if first is None:
-            first = time.perf_counter() - started
+    iterator = iter(pieces)
+    # The prompt's prefill (and, on a fresh session, memory planning and device program builds) comes before the
+    # first piece: a status line says so on a terminal until it arrives.
+    with progress.phase("processing the prompt"):
+        piece = next(iterator, None)
+    if piece is None:
+        print()
+        return None
+    first = time.perf_counter() - started
+    print(piece, end="", flush=True)
+    for piece in iterator:
         print(piece, end="", flush=True)
     print()
     return first
