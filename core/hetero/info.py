@@ -8,6 +8,7 @@ template, sampling keys. Hugging Face folder: the config's summary, weight files
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,8 @@ def render(facts: Facts) -> str:
         lines.append(f"  sampling  {sampling}")
     else:
         cfg = facts["config"]
-        lines.append("  config    " + ", ".join(f"{k} {v}" for k, v in cfg.items()))
+        config = ", ".join(f"{k} {v}" for k, v in cfg.items())
+        lines.extend(textwrap.wrap(config, 116, initial_indent="  config    ", subsequent_indent=" " * 12))
         lines.append(f"  weights   {facts['weights']['files']} safetensors file(s), {_size(facts['weights']['bytes'])}")
         lines.append(f"  tokenizer {'tokenizer.json' if facts['tokenizer'] else 'none (token ids only)'}")
         lines.append(f"  template  {_template_text(facts['chat_template'])}")

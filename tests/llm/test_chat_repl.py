@@ -134,3 +134,30 @@ def test_onnx_flags_on_an_llm_are_an_error():
     result = run_cli(["run", str(GGUF), "hi", "-i", "x=y.npy"])
     assert result.returncode == 2
     assert result.stderr.strip() == f"hetero: error: {GGUF} is an LLM: -i apply to ONNX models (give a prompt)"
+
+
+def test_ctrl_c_stops_an_answer_and_keeps_the_chat(tmp_path):
+    term = Terminal(["chat", MODEL, "-n", "3500", "--temp", "0.8", "--seed", "1"], HETERO_CACHE_DIR=str(tmp_path))
+    try:
+        term.expect(">>> ")
+        term.send("Tell me a long story\r")
+        term.expect(r"Tell me a long story\r\n")
+        term._read(1.0)  # the answer has started
+        term.send("\x03")
+        term.expect(r"\[stopped\]")
+        term.expect(">>> ")
+        term.send("/bye\r")
+        assert term.wait() == 0
+    finally:
+        term.close()
+    assert "Traceback" not in term.output
+
+
+def test_run_without_a_prompt_chats_on_a_terminal(tmp_path):
+    term = Terminal(["run", str(GGUF), "-c", "64", "-n", "2"], HETERO_CACHE_DIR=str(tmp_path))
+    try:
+        term.expect(r"hetero chat with .*\r\n>>> ")
+        term.send("/bye\r")
+        assert term.wait() == 0
+    finally:
+        term.close()
