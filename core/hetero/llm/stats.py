@@ -34,8 +34,9 @@ def sampling_text(llm: Any, overrides: dict[str, Any]) -> str:
     from_model = [k for k, _ in _FLAGS if k not in given]
     source = _defaults_source(llm)
     if params.temperature == 0:
-        why = "--temp 0" if "temperature" in given else source
-        return f"greedy ({why})"
+        if "temperature" in given:
+            return "greedy (--temp 0)"
+        return source if source.startswith("greedy") else f"greedy ({source})"
     parts = []
     for key, flag in _FLAGS:
         value = getattr(params, key)
