@@ -110,6 +110,7 @@ def test_llama_cpp_and_ollama_spellings_generate(args):
     result = run_cli([*args, "-n", "4", "--temp", "0", "-c", "64"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
+    assert len(result.stderr.strip().splitlines()) == 1  # piped: the stats line only, no progress
     stats = result.stderr.strip().splitlines()[-1]
     assert re.match(r"\[model \d+\.\d MiB Q8_0, loaded in \d+\.\d\d s \| prompt \d+ tokens \(0 cached\), "
                     r"[\d.]+ t/s, first token after \d+\.\d\d s \| generated \d+ tokens, [\d.]+ t/s \| sampling "
@@ -158,6 +159,19 @@ def test_run_without_a_prompt_chats_on_a_terminal(tmp_path):
     try:
         term.expect(r"hetero chat with .*\r\n>>> ")
         term.send("/bye\r")
+        assert term.wait() == 0
+    finally:
+        term.close()
+
+
+def test_loading_shows_its_phases_on_a_terminal(tmp_path):
+    term = Terminal(["generate", "-m", str(GGUF), "-p", "Hi", "-n", "2", "-c", "64"], HETERO_CACHE_DIR=str(tmp_path))
+    try:
+        term.expect(r"loading qwen3-q8_0\.gguf \.\.\.")
+        term.expect(r"building qwen3 \[#+\] 100%")  # the graph, layer by layer
+        term.expect(r"preparing kernels \(repacking weights, building device programs\) \.\.\.")  # after the bar
+        term.expect(r"processing the prompt \.\.\.")
+        term.expect(STATS)
         assert term.wait() == 0
     finally:
         term.close()

@@ -148,7 +148,7 @@ def load_llm(args: argparse.Namespace, model: str) -> Loaded:
     started = time.perf_counter()
     with progress.phase(f"loading {Path(model).name}"):
         llm = load(model, backends=_backends(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
-                   quant=args.quant, context=args.ctx, kv_cache=args.kv_cache)
+                   quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True)  # (terminal only)
     return Loaded(llm, time.perf_counter() - started)
 
 
@@ -324,7 +324,7 @@ def _bench_model(args: argparse.Namespace, backends: list[str] | None, threads: 
                 from .loader import load
 
                 return load(args.model, backends=backends, on_fallback="silent", threads=threads, quant=args.quant,
-                            context=context, kv_cache=args.kv_cache)
+                            context=context, kv_cache=args.kv_cache, progress=show)
             from .synthetic import load_synthetic
 
             return load_synthetic(args.synthetic, args.quant or "q4", backends=backends, on_fallback="silent",
