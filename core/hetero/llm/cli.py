@@ -304,6 +304,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 from .profile import profile_decode
 
                 profile = profile_decode(llm, seed=args.seed)
+            del llm  # freed before the next load: one model in memory at a time
     if output == "json" and profile:
         print(json.dumps({"results": [r.as_dict() for r in results], "profile": profile.as_dict()}, indent=2))
         return 0

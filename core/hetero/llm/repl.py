@@ -63,6 +63,9 @@ class _Input:
                 return input(prompt)
             except EOFError:
                 return None
+        if self.stream.isatty():  # typed at a terminal while stdout goes elsewhere: the prompt goes to stderr
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
         line = self.stream.readline()
         return line.rstrip("\n") if line else None
 
