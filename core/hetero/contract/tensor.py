@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from . import dtypes
 from .dtypes import DType
-
-if TYPE_CHECKING:
-    from .backend import Backend
 
 Dim = int | None  # None: not known before run time
 Shape = tuple[Dim, ...]
@@ -42,6 +39,18 @@ class TensorInfo:
         return f"{self.dtype}[{dims}]"
 
 
+class Owner(Protocol):
+    """What a tensor needs of the backend that owns it (a ``hetero.contract.Backend``); named here so that tensor
+    info stays a leaf module."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def memory_domain(self) -> str: ...
+
+    def download(self, tensor: Tensor) -> np.ndarray: ...
+
+
 def static_shape(info: TensorInfo | None) -> tuple[int, ...]:
     """The dims of a value whose shape is fully known, as every ``prepare`` receives them (a ValueError otherwise)."""
     if info is None or info.shape is None or any(d is None for d in info.shape):
@@ -54,7 +63,7 @@ class Tensor:
 
     __slots__ = ("backend", "buffer", "dtype", "shape")
 
-    def __init__(self, buffer: Any, shape: Sequence[int], dtype: DType, backend: Backend | None = None) -> None:
+    def __init__(self, buffer: Any, shape: Sequence[int], dtype: DType, backend: Owner | None = None) -> None:
         self.buffer = buffer
         self.shape = tuple(int(d) for d in shape)
         self.dtype = dtype

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .loader import load
     from .model import Llm, Stats
-    from .sampler import Sampler, SamplingParams
+    from .sampler import Sampler, SamplingDefaults, SamplingParams
 
 _LAZY = {
     "load": ("loader", "load"),
@@ -22,6 +22,7 @@ _LAZY = {
     "Stats": ("model", "Stats"),
     "Sampler": ("sampler", "Sampler"),
     "SamplingParams": ("sampler", "SamplingParams"),
+    "SamplingDefaults": ("sampler", "SamplingDefaults"),
     "load_synthetic": ("synthetic", "load_synthetic"),
 }
 
@@ -35,4 +36,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Llm", "Sampler", "SamplingParams", "Stats", "load", "load_synthetic"]
+__all__ = ["Llm", "Sampler", "SamplingDefaults", "SamplingParams", "Stats", "load", "load_synthetic"]

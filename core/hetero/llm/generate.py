@@ -9,14 +9,30 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from .sampler import Sampler
 
-if TYPE_CHECKING:
-    from .model import Llm
+
+class _Counters(Protocol):
+    generated_tokens: int
+    decode_seconds: float
+
+
+class Llm(Protocol):
+    """What the loop needs of a model (``hetero.llm.model.Llm``, which imports this module): prefill, one step."""
+
+    @property
+    def stats(self) -> _Counters: ...
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    # stats: the model's own Stats (Any: this module cannot import the model, which imports it)
+    def _advance(self, owner: object, ids: list[int], stats: Any = None) -> np.ndarray: ...
 
 
 @dataclass
@@ -55,6 +71,14 @@ class StopMatcher:
         return len(text) - hold
 
 
+def emit_end(text: str, matcher: StopMatcher) -> int:
+    """How much of the decoded ``text`` is final: a piece ending inside a UTF-8 sequence (decoded as U+FFFD) waits,
+    and so does what may begin a stop string — judged without the unfinished character, so "xa" + half of "é" does
+    not leak the "a" of the stop string "aé"."""
+    end = len(text.rstrip("\ufffd")) if text.endswith("\ufffd") else len(text)
+    return min(end, matcher.safe_end(text[:end]))
+
+
 def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler, stop: Sequence[str],
                     eos_ids: Sequence[int], record: Generation,
                     decode: Callable[[list[int]], str]) -> Iterator[str]:
@@ -64,7 +88,7 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
     record.prompt_tokens = list(prompt_ids)
     record.finish_reason = "cancelled"
     eos = set(eos_ids)
-    logits = llm.prefill(prompt_ids)
+    logits = llm._advance(record, list(prompt_ids), stats)
     history = list(prompt_ids)
     emitted = 0  # characters of the decoded text already yielded
     text = ""
@@ -87,15 +111,14 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
                 emitted = hit
                 record.finish_reason = "stop"
                 break
-            end = len(text) if not text.endswith("\ufffd") else len(text.rstrip("\ufffd"))
-            end = min(end, matcher.safe_end(text))
+            end = emit_end(text, matcher)
             if end > emitted:
                 yield text[emitted:end]
                 emitted = end
             if len(record.tokens) == max_new_tokens:
                 record.finish_reason = "length"
                 break
-            logits = llm.forward([token])
+            logits = llm._advance(record, history)
         else:
             record.finish_reason = "length"
         if emitted < len(text):  # the held-back tail is final now

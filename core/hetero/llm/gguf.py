@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..contract.errors import ModelFormatError
+from .files import checked_file
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -45,6 +46,13 @@ MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NAME = 1 << 12  # tensor names (the spec says 64 bytes; be lenient, but bounded)
 MAX_ARRAY_DEPTH = 4
 MAX_DIM = 1 << 40  # no real dimension comes near; bounds shapes whose other dims are 0
+# Metadata is copied into Python objects, which cost more than the file's bytes: a string array of tiny strings
+# ~7x (a str object is ~50 bytes), a long string 1x (decoded straight from the map). These bound the copies: the
+# largest real vocabularies hold ~260k tokens and ~500k merges; chat templates are ~10 KB, a whole embedded
+# tokenizer.json ~10 MB.
+MAX_STRING = 64 << 20
+MAX_STRINGS = 1 << 21  # strings in one array
+MAX_TOTAL_STRINGS = 1 << 22  # strings in all the metadata
 # GgufFile.releasing: at ~1-2 GB/s of repacking, 20 ms lets ~40 MB of pages pile up between releases
 RELEASE_INTERVAL = 0.02
 
@@ -113,19 +121,12 @@ class TensorInfo:
 _U64 = struct.Struct("<Q")
 
 
-def _utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer; ``what`` names the field for error messages."""
 
     def __init__(self, buf: Any, size: int, path: Path) -> None:
         self.buf, self.size, self.path, self.pos = buf, size, path, 0
+        self.strings_left = MAX_TOTAL_STRINGS
 
     def fail(self, what: str, problem: str) -> ModelFormatError:
         return ModelFormatError(f"{self.path}: {what} {problem} (at byte {self.pos} of {self.size})")
@@ -150,38 +151,46 @@ class _Cursor:
 
     def string(self, what: str, limit: int | None = None) -> str:
         n = self.u64(f"{what} (string length)")
-        if limit is not None and n > limit:
-            raise self.fail(what, f"is {n} bytes long; at most {limit} expected")
         self.need(n, what)
-        raw = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
+        limit = MAX_STRING if limit is None else limit
+        if n > limit:
+            raise self.fail(what, f"is {n} bytes long; at most {limit} expected")
         try:
-            return raw.decode("utf-8")
+            with memoryview(self.buf) as view, view[self.pos:self.pos + n] as raw:
+                text = str(raw, "utf-8")  # decoded from the map: no intermediate bytes copy
         except UnicodeDecodeError:
             raise self.fail(what, "is not valid UTF-8") from None
+        self.pos += n
+        return text
 
     def strings(self, count: int, what: str) -> list[str]:
         """An array's ``count`` strings (the hot loop of a vocabulary: 150k tokens and as many merges)."""
-        buf, pos, size = self.buf, self.pos, self.size
+        if count > MAX_STRINGS or count > self.strings_left:
+            raise self.fail(what, f"holds {count} strings; at most {min(MAX_STRINGS, self.strings_left)} more "
+                            f"allowed ({MAX_TOTAL_STRINGS} in all the metadata)")
+        self.strings_left -= count
+        pos, size, longest = self.pos, self.size, MAX_STRING
         unpack = _U64.unpack_from
-        raw: list[bytes] = [b""] * count
-        for i in range(count):
-            if pos + 8 > size:
-                self.pos = pos
-                raise self.fail(f"{what}[{i}] (string length)", "needs 8 bytes but the file ends: truncated")
-            (n,) = unpack(buf, pos)
-            pos += 8
-            if n > size - pos:
-                self.pos = pos
-                raise self.fail(f"{what}[{i}]", f"is {n} bytes long but the file ends: truncated or corrupt")
-            raw[i] = buf[pos:pos + n]
-            pos += n
+        out: list[str] = [""] * count
+        with memoryview(self.buf) as view:  # each string decoded straight from the map: no bytes copies
+            for i in range(count):
+                if pos + 8 > size:
+                    self.pos = pos
+                    raise self.fail(f"{what}[{i}] (string length)", "needs 8 bytes but the file ends: truncated")
+                (n,) = unpack(view, pos)
+                pos += 8
+                if n > size - pos or n > longest:
+                    self.pos = pos
+                    raise self.fail(f"{what}[{i}]", f"is {n} bytes long but the file ends: truncated or corrupt")
+                try:
+                    with view[pos:pos + n] as raw:
+                        out[i] = str(raw, "utf-8")
+                except UnicodeDecodeError:
+                    self.pos = pos
+                    raise self.fail(f"{what}[{i}]", "is not valid UTF-8") from None
+                pos += n
         self.pos = pos
-        try:
-            return [r.decode("utf-8") for r in raw]
-        except UnicodeDecodeError:
-            bad = next(i for i, r in enumerate(raw) if not _utf8(r))
-            raise self.fail(f"{what}[{bad}]", "is not valid UTF-8") from None
+        return out
 
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype == BOOL:
@@ -214,6 +223,9 @@ class _Cursor:
                 raise self.fail(what, f"claims {count} elements; the rest of the file cannot hold them")
             if etype == STRING:
                 return self.strings(count, what)
+            if count > self.strings_left:  # nested arrays are Python objects too: the same budget
+                raise self.fail(what, f"holds {count} arrays; at most {self.strings_left} more allowed")
+            self.strings_left -= count
             return [self.value(etype, what, depth + 1) for _ in range(count)]
         raise self.fail(what, f"has unknown value type {vtype}")
 
@@ -224,10 +236,8 @@ class GgufFile(Mapping[str, TensorInfo]):
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        try:
-            self._file = open(self.path, "rb")  # noqa: SIM115 - closed once mapped
-        except OSError as exc:
-            raise ModelFormatError(f"{self.path}: cannot open the GGUF file: {exc.strerror or exc}") from None
+        # a regular file only (a FIFO would block, a device never end), opened without blocking
+        self._file = os.fdopen(checked_file(self.path, 1 << 50), "rb")
         try:
             self.size = os.fstat(self._file.fileno()).st_size
             if self.size < 24:
@@ -444,7 +454,7 @@ def release(array: np.ndarray) -> int:
 def is_gguf(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a file that starts with the GGUF magic."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(checked_file(Path(path), 1 << 50), "rb") as f:
             return f.read(4) == MAGIC
-    except OSError:
+    except (OSError, ModelFormatError):
         return False

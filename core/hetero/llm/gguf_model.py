@@ -9,24 +9,26 @@ NeoX layout, as in Hugging Face), so the weights map one to one.
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
-import math
-import os
 import re
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..contract.errors import HeteroError, HeteroWarning, ModelFormatError
 from ..contract.quant import GGML_FORMATS, GgmlFormat, QuantFormat, bf16_to_f32, dequantize, quantize
 from . import gguf
-from .config import LlmConfig, RopeConfig, _yarn_mscale
+from .config import LlmConfig, RopeConfig, build_rope
+from .fields import Fields
+from .files import limit
 from .gguf import GGML_BY_NAME, GgufFile
+from .sampler import from_gguf
 from .weights import Weight, WeightSource
+
+if TYPE_CHECKING:
+    from .loader import ModelFiles
 
 # general.architecture -> hetero family
 ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
@@ -68,68 +70,6 @@ def gguf_name(hf_name: str) -> str | None:
 
 
 # -- config ----------------------------------------------------------------------------------------------------------
-class _Meta:
-    """Typed access to the GGUF metadata; every problem names the key and the file."""
-
-    def __init__(self, gf: GgufFile, arch: str) -> None:
-        self.gf, self.arch = gf, arch
-
-    def key(self, name: str) -> str:
-        return name.format(arch=self.arch)
-
-    def fail(self, key: str, expected: str) -> ModelFormatError:
-        got = self.gf.metadata.get(key, "<missing>")
-        return ModelFormatError(f"{self.gf.path}: metadata {key!r} must be {expected}, got {got!r}")
-
-    def int(self, name: str, default: int | None = None, *, minimum: int = 1) -> int:
-        key = self.key(name)
-        if key not in self.gf.metadata:
-            if default is None:
-                raise ModelFormatError(f"{self.gf.path}: required metadata {key!r} is missing")
-            return default
-        value = self.gf.metadata[key]
-        if self.gf.metadata_types[key] not in gguf.INT_TYPES or value < minimum:
-            raise self.fail(key, f"an integer >= {minimum}")
-        return int(value)
-
-    def float(self, name: str, default: float | None = None) -> float:
-        key = self.key(name)
-        if key not in self.gf.metadata:
-            if default is None:
-                raise ModelFormatError(f"{self.gf.path}: required metadata {key!r} is missing")
-            return default
-        value = self.gf.metadata[key]
-        if self.gf.metadata_types[key] not in (*gguf.INT_TYPES, gguf.FLOAT32, gguf.FLOAT64) \
-                or not math.isfinite(value):
-            raise self.fail(key, "a finite number")
-        return float(value)
-
-    def bool(self, name: str, default: bool) -> bool:
-        key = self.key(name)
-        if key not in self.gf.metadata:
-            return default
-        if self.gf.metadata_types[key] != gguf.BOOL:
-            raise self.fail(key, "a bool")
-        return bool(self.gf.metadata[key])
-
-    def str(self, name: str, default: str | None = None) -> str | None:
-        key = self.key(name)
-        if key not in self.gf.metadata:
-            return default
-        if self.gf.metadata_types[key] != gguf.STRING:
-            raise self.fail(key, "a string")
-        return self.gf.metadata[key]
-
-    def token_id(self, name: builtins.str, vocab: builtins.int) -> builtins.int | None:  # str, int: methods here
-        key = self.key(name)
-        if key not in self.gf.metadata:
-            return None
-        value = self.gf.metadata[key]
-        if self.gf.metadata_types[key] not in gguf.INT_TYPES or not 0 <= value < vocab:
-            raise self.fail(key, f"a token id in [0, {vocab})")
-        return int(value)
-
-
 def gguf_config(gf: GgufFile) -> LlmConfig:
     """``general.architecture`` and ``<arch>.*`` metadata -> LlmConfig (checked against the tensors)."""
     if gf.metadata_types.get("general.architecture") != gguf.STRING:
@@ -139,37 +79,35 @@ def gguf_config(gf: GgufFile) -> LlmConfig:
     if family is None:
         raise ModelFormatError(f"{gf.path}: general.architecture {arch!r} is not supported",
                                hint=f"hetero runs GGUF architectures {sorted(ARCHITECTURES)}")
-    m = _Meta(gf, arch)
-    hidden = m.int("{arch}.embedding_length")
-    heads = m.int("{arch}.attention.head_count")
-    kv_heads = m.int("{arch}.attention.head_count_kv", heads)
+    m = Fields(gf.metadata, gf.path, noun="metadata", arch=arch)
+    hidden = m.int("{arch}.embedding_length", bound="hidden")
+    heads = m.int("{arch}.attention.head_count", bound="heads")
+    kv_heads = m.int("{arch}.attention.head_count_kv", heads, bound="heads")
     if heads % kv_heads:
         raise m.fail(m.key("{arch}.attention.head_count_kv"), f"a divisor of the head count {heads}")
     if f"{arch}.attention.key_length" not in gf.metadata and hidden % heads:
         raise m.fail(m.key("{arch}.embedding_length"), f"a multiple of the head count {heads}")
-    head_dim = m.int("{arch}.attention.key_length", hidden // heads)
-    value_dim = m.int("{arch}.attention.value_length", head_dim)
+    head_dim = m.int("{arch}.attention.key_length", hidden // heads, bound="head_dim")
+    value_dim = m.int("{arch}.attention.value_length", head_dim, bound="head_dim")
     if value_dim != head_dim:
         raise m.fail(m.key("{arch}.attention.value_length"), f"equal to the key length {head_dim}")
-    layers = m.int("{arch}.block_count")
-    if layers > 4096:
-        raise m.fail(m.key("{arch}.block_count"), "at most 4096")
-    context = m.int("{arch}.context_length", 32768)
+    layers = m.int("{arch}.block_count", bound="layers")
+    context = m.int("{arch}.context_length", 32768, bound="positions")
     embed = gf.tensors.get("token_embd.weight")
     if embed is None:
         raise ModelFormatError(f"{gf.path}: tensor 'token_embd.weight' is missing")
     if len(embed.dims) != 2 or embed.dims[0] != hidden:
         raise ModelFormatError(f"{gf.path}: tensor 'token_embd.weight' has dims {list(embed.dims)}; expected "
                                f"[{hidden}, vocab] ({arch}.embedding_length = {hidden})")
-    vocab = embed.dims[1]
+    vocab = limit(embed.dims[1], "vocab", f"{gf.path}: tensor 'token_embd.weight' dims[1] (vocabulary)")
     moe = family in ("qwen3_moe", "qwen3_5_moe", "qwen3_next")
-    experts = m.int("{arch}.expert_count") if moe else 0
-    used = m.int("{arch}.expert_used_count") if moe else 0
+    experts = m.int("{arch}.expert_count", bound="experts") if moe else 0
+    used = m.int("{arch}.expert_used_count", bound="experts") if moe else 0
     if moe and used > experts:
         raise m.fail(m.key("{arch}.expert_used_count"), f"at most the expert count {experts}")
-    moe_inter = m.int("{arch}.expert_feed_forward_length") if moe else 0
+    moe_inter = m.int("{arch}.expert_feed_forward_length", bound="intermediate") if moe else 0
     dense_layers = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in gf) if moe else ()
-    inter = m.int("{arch}.feed_forward_length", moe_inter if moe and not dense_layers else None)
+    inter = m.int("{arch}.feed_forward_length", moe_inter if moe and not dense_layers else None, bound="intermediate")
     qkv_bias = family == "qwen2" or "blk.0.attn_q.bias" in gf
     eos = [i for i in (m.token_id("tokenizer.ggml.eos_token_id", vocab),
                        m.token_id("tokenizer.ggml.eot_token_id", vocab),
@@ -204,20 +142,19 @@ def gguf_config(gf: GgufFile) -> LlmConfig:
         bos_token_id=m.token_id("tokenizer.ggml.bos_token_id", vocab),
         raw=raw,
     )
-    return _hybrid_config(m, cfg) if arch in HYBRID_ARCHITECTURES else cfg
+    return _hybrid_config(gf, m, cfg) if arch in HYBRID_ARCHITECTURES else cfg
 
 
-def _hybrid_config(m: _Meta, cfg: LlmConfig) -> LlmConfig:
+def _hybrid_config(gf: GgufFile, m: Fields, cfg: LlmConfig) -> LlmConfig:
     """The Gated DeltaNet fields of qwen35 / qwen35moe / qwen3next files (llama.cpp's ``ssm.*`` keys: conv_kernel,
     state_size = key head size, group_count = key heads, time_step_rank = value heads, inner_size = value heads x
     value head size). A layer is linear attention when its ``ssm_a`` tensor exists (else every
     ``full_attention_interval``-th layer is full attention). Norm weights are stored as llama.cpp's converter
     writes them, already (1 + w): the family's offset is 0 here."""
-    gf = m.gf
-    hk = m.int("{arch}.ssm.group_count")
-    hv = m.int("{arch}.ssm.time_step_rank")
-    dk = m.int("{arch}.ssm.state_size")
-    inner = m.int("{arch}.ssm.inner_size")
+    hk = m.int("{arch}.ssm.group_count", bound="heads")
+    hv = m.int("{arch}.ssm.time_step_rank", bound="heads")
+    dk = m.int("{arch}.ssm.state_size", bound="head_dim")
+    inner = m.int("{arch}.ssm.inner_size", bound="intermediate")
     if hv % hk:
         raise m.fail(m.key("{arch}.ssm.time_step_rank"), f"a multiple of {m.key('{arch}.ssm.group_count')} ({hk})")
     if inner % hv:
@@ -226,7 +163,7 @@ def _hybrid_config(m: _Meta, cfg: LlmConfig) -> LlmConfig:
         types = tuple("linear_attention" if f"blk.{i}.ssm_a" in gf else "full_attention"
                       for i in range(cfg.num_layers))
     else:
-        interval = m.int("{arch}.full_attention_interval", 4)
+        interval = m.int("{arch}.full_attention_interval", 4, bound="layers")
         types = tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention"
                       for i in range(cfg.num_layers))
     moe = cfg.family != "qwen3_5"
@@ -235,41 +172,30 @@ def _hybrid_config(m: _Meta, cfg: LlmConfig) -> LlmConfig:
         shexp = gf.tensors.get(next((f"blk.{i}.ffn_gate_shexp.weight" for i in range(cfg.num_layers)
                                      if f"blk.{i}.ffn_gate_shexp.weight" in gf), ""))
         shared = m.int("{arch}.expert_shared_feed_forward_length", shexp.dims[1] if shexp is not None else 0,
-                       minimum=0)
+                       minimum=0, bound="intermediate")
     extra: dict[str, Any] = {}
     if cfg.family == "qwen3_5_moe":  # every layer routed, always renormalised
         extra = {"decoder_sparse_step": 1, "mlp_only_layers": (), "norm_topk_prob": True}
     return dataclasses.replace(
         cfg, qk_norm=True, layer_types=types, linear_num_key_heads=hk, linear_num_value_heads=hv,
         linear_key_head_dim=dk, linear_value_head_dim=inner // hv,
-        linear_conv_kernel_dim=m.int("{arch}.ssm.conv_kernel", 4), attn_output_gate=True,
+        linear_conv_kernel_dim=m.int("{arch}.ssm.conv_kernel", 4, bound="conv_kernel"), attn_output_gate=True,
         shared_expert_intermediate_size=shared, norm_offset=0.0, **extra)
 
 
-def _rope(m: _Meta, head_dim: int, context: int) -> RopeConfig:
-    theta = m.float("{arch}.rope.freq_base", 10000.0)
-    if theta <= 1:
-        raise m.fail(m.key("{arch}.rope.freq_base"), "a number above 1")
-    rotary = m.int("{arch}.rope.dimension_count", head_dim)
-    if rotary > head_dim or rotary % 2:
-        raise m.fail(m.key("{arch}.rope.dimension_count"), f"even and at most the head size {head_dim}")
-    base = RopeConfig(theta=theta, rotary_dim=0 if rotary == head_dim else rotary)
-    kind = m.str("{arch}.rope.scaling.type", "none")
+def _rope(m: Fields, head_dim: int, context: int) -> RopeConfig:
+    kind = m.str("{arch}.rope.scaling.type", "none") or "none"
     factor = m.float("{arch}.rope.scaling.factor", 0.0)
-    if kind == "none" or (kind == "linear" and factor in (0.0, 1.0)):
-        return base
-    if factor <= 0:
-        raise m.fail(m.key("{arch}.rope.scaling.factor"), f"a positive number for {kind} scaling")
-    if kind == "linear":
-        return RopeConfig(base.theta, base.rotary_dim, "linear", factor)
-    if kind != "yarn":
-        raise ModelFormatError(f"{m.gf.path}: metadata {m.key('{arch}.rope.scaling.type')!r} = {kind!r} is not "
-                               "supported", hint="hetero knows none, linear and yarn")
-    original = m.int("{arch}.rope.scaling.original_context_length", context)
-    attention = m.float("{arch}.rope.scaling.attn_factor", 0.0) or _yarn_mscale(factor)
-    return RopeConfig(base.theta, base.rotary_dim, "yarn", factor, original,
-                      m.float("{arch}.rope.scaling.yarn_beta_fast", 32.0),
-                      m.float("{arch}.rope.scaling.yarn_beta_slow", 1.0), True, attention)
+    if kind == "linear" and factor in (0.0, 1.0):
+        kind = "none"
+    yarn = kind == "yarn"
+    return build_rope(
+        f"{m.path}: metadata '{m.arch}.rope.*'", head_dim, theta=m.float("{arch}.rope.freq_base", 10000.0, above=1),
+        rotary_dim=m.int("{arch}.rope.dimension_count", head_dim, bound="head_dim"), kind=kind, factor=factor,
+        original=m.int("{arch}.rope.scaling.original_context_length", context, bound="positions") if yarn else 0,
+        attention_factor=m.float("{arch}.rope.scaling.attn_factor", 0.0),
+        beta_fast=m.float("{arch}.rope.scaling.yarn_beta_fast", 32.0),
+        beta_slow=m.float("{arch}.rope.scaling.yarn_beta_slow", 1.0))
 
 
 def _dominant_type(gf: GgufFile) -> str:
@@ -426,11 +352,12 @@ class _Hybrid:
     """
 
     def __init__(self, gf: GgufFile, arch: str) -> None:
-        m = _Meta(gf, arch)
+        m = Fields(gf.metadata, gf.path, noun="metadata", arch=arch)
         self.gf, self.arch = gf, arch
-        self.hk, self.hv = m.int("{arch}.ssm.group_count"), m.int("{arch}.ssm.time_step_rank")
-        self.dk = m.int("{arch}.ssm.state_size")
-        self.dv = m.int("{arch}.ssm.inner_size") // self.hv
+        self.hk = m.int("{arch}.ssm.group_count", bound="heads")
+        self.hv = m.int("{arch}.ssm.time_step_rank", bound="heads")
+        self.dk = m.int("{arch}.ssm.state_size", bound="head_dim")
+        self.dv = m.int("{arch}.ssm.inner_size", bound="intermediate") // self.hv
         self.tiled = arch in ("qwen35", "qwen35moe") and self.hv != self.hk and self.hv % self.hk == 0
 
     def name(self, hf_name: str) -> str | None:
@@ -578,7 +505,7 @@ EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_tu
 
 def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
     """The file's vocabulary (``tokenizer.ggml.*``) as a ``hetero.llm.tokenizer.Tokenizer``."""
-    from .tokenizer import Tokenizer
+    from .tokenizer import Tokenizer, TokenizerPanic, guarded
 
     try:
         from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
@@ -587,7 +514,7 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
         raise HeteroError("the 'tokenizers' package is needed for GGUF vocabularies",
                           hint="pip install tokenizers") from exc
     path = gf.path
-    m = _Meta(gf, gf.metadata.get("general.architecture", ""))
+    m = Fields(gf.metadata, gf.path, noun="metadata", arch=str(gf.metadata.get("general.architecture", "")))
     kind = m.str("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ModelFormatError(f"{path}: metadata 'tokenizer.ggml.model' = {kind!r}; hetero reads byte-level BPE "
@@ -626,8 +553,11 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
         raise ModelFormatError(f"{path}: metadata 'tokenizer.ggml.pre' = {pre!r} is not a pre-tokenizer hetero "
                                f"knows", hint=f"known: {sorted(PRE_PATTERNS)}")
     try:
-        tok = HfTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in ("llama-bpe", "llama3", "llama-v3"),
-                                     fuse_unk=False, byte_fallback=False))
+        tok = guarded(str(path), lambda: HfTokenizer(models.BPE(
+            vocab, pairs, ignore_merges=pre in ("llama-bpe", "llama3", "llama-v3"), fuse_unk=False,
+            byte_fallback=False)))
+    except TokenizerPanic:
+        raise
     except Exception as exc:  # tokenizers raises its own Exception type
         raise ModelFormatError(f"{path}: cannot build the BPE tokenizer from the file's vocabulary: {exc}") from None
     if pre in ("qwen2", "qwen35"):
@@ -663,35 +593,20 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
         config={"source": str(path)})
 
 
-# -- load ------------------------------------------------------------------------------------------------------------
-def load_gguf(path: str | os.PathLike, backends: Sequence[str] | str | None = None, on_fallback: str = "warn",
-              threads: int | None = None, quant: Any = None, context: int = 4096, *, prefill_chunk: int = 512,
-              all_logits: bool = False, progress: bool | None = None, kv_cache: str = "f16"):
-    """A GGUF file -> ``Llm`` (see ``hetero.llm.load``)."""
-    from ..contract.quant import parse_quant
-    from .families import build_graph
-    from .model import Llm
+# -- open ----------------------------------------------------------------------------------------------------------
+def open_gguf(path: Path, fmt: QuantFormat | None) -> ModelFiles:
+    """A GGUF file's config, weights, tokenizer and sampling defaults, for ``hetero.llm.load``."""
+    from .loader import ModelFiles
 
-    file = Path(path)
-    if not isinstance(context, int) or context < 1:
-        raise HeteroError(f"context={context!r}; expected a positive number of tokens")
-    gf = GgufFile(file)
+    gf = GgufFile(path)
     cfg = gguf_config(gf)
-    fmt = parse_quant(quant)
-    weights = GgufWeights(gf, fmt)
-    graph = build_graph(cfg, weights, context=context, all_logits=all_logits, progress=bool(progress))
     tokenizer = gguf_tokenizer(gf, cfg) if "tokenizer.ggml.tokens" in gf.metadata else None
     label = cfg.raw.get("hetero.file_type") or cfg.torch_dtype
-    if fmt is not None:
-        label = f"{label}+{fmt.name}"
     # Backends that repack a weight read each of its pages once; dropping the pages while they build their kernels
     # keeps the file from being resident beside the copies (peak RSS ~ one copy of the model, not two).
-    with gf.releasing():
-        llm = Llm(cfg, graph, tokenizer, context=context, backends=backends, on_fallback=on_fallback,
-                  threads=threads, prefill_chunk=prefill_chunk, name=f"{cfg.family} {file.stem}", quant=label,
-                  path=file, kv_cache=kv_cache)
-    return llm
+    return ModelFiles(cfg, GgufWeights(gf, fmt), tokenizer, from_gguf(gf.metadata, path),
+                      f"{cfg.family} {path.stem}", label, path, [path], releasing=gf.releasing)
 
 
 __all__ = ["ARCHITECTURES", "GGML_BY_NAME", "GgufWeights", "gguf_config", "gguf_name", "gguf_tokenizer",
-           "load_gguf"]
+           "open_gguf"]

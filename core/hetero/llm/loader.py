@@ -1,55 +1,151 @@
-"""``hetero.llm.load``: a Hugging Face model folder -> ``Llm``."""
+"""``hetero.llm.load``: one loader for Hugging Face folders and GGUF files -> ``Llm``.
+
+Each format only opens its files into a ``ModelFiles`` (the config, the weight source, the tokenizer, the sampling
+defaults and the mapped files); the options, the memory check and the graph building are done once, here.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import HeteroError, ModelFormatError
 from ..contract.quant import QuantFormat, parse_quant
-from .config import load_config
+from . import files
+from .config import LlmConfig, load_config
 from .families import build_graph
-from .model import Llm
+from .hub import resolve_model
+from .model import Llm, check_options
+from .sampler import SamplingDefaults, from_generation_config
 from .tokenizer import Tokenizer
-from .weights import HfWeights
+from .weights import HfWeights, WeightSource
+
+if TYPE_CHECKING:
+    from .template import ChatTemplate
+
+# bytes per cached value of each KV cache type (q8: int8 with a float scale per 32 values)
+KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8": 1.125}
+
+
+@dataclass
+class ModelFiles:
+    """What a format's opener found: everything ``load`` needs besides the options."""
+
+    config: LlmConfig
+    weights: WeightSource
+    tokenizer: Tokenizer | None
+    sampling: SamplingDefaults
+    name: str
+    label: str  # weight types, for Llm.quant
+    path: Path
+    mapped: list[Path] = field(default_factory=list)  # files whose pages the model may read at run time
+    progress: bool = False
+    releasing: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
 def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, on_fallback: str = "warn",
          threads: int | None = None, quant: str | QuantFormat | None = None, context: int = 4096, *,
          prefill_chunk: int = 512, all_logits: bool = False, cache: bool = True,
-         progress: bool | None = None, kv_cache: str = "f16") -> Llm:
-    """Load a Hugging Face folder (config.json, safetensors, tokenizer files) or a GGUF file (``*.gguf``: its
+         progress: bool | None = None, kv_cache: str = "f16", chat_template: str | None = None) -> Llm:
+    """Load a Hugging Face folder (config.json, safetensors, tokenizer files), a GGUF file (``*.gguf``: its
     tensors memory-mapped in their stored types, its own tokenizer and chat template; ``quant`` then quantizes only
-    the file's float matrices, without a cache).
+    the file's float matrices, without a cache), or a Hugging Face repo id from the local cache
+    (``"Qwen/Qwen3-0.6B"``, see ``hetero.llm.hub``).
 
     backends / on_fallback / threads: as in ``hetero.Session``. quant: None keeps the stored float weights
     (memory-mapped); "q8" / "q4" (optionally "_asym", "_b64" / "_b128") quantize at load, cached in
-    ``<model>/.hetero-cache`` so the next load is fast. context: KV cache length in tokens. prefill_chunk: prompt
-    tokens per step (0: all at once). all_logits: return logits for every prompt token (tests), not just the last.
-    kv_cache: "f16" (default, half the memory) or "f32" (exact) for the keys and values the cache stores.
+    ``<model>/.hetero-cache`` so the next load is fast. context: KV cache length in tokens (checked against the
+    machine's memory before anything is allocated). prefill_chunk: prompt tokens per step (0: all at once).
+    all_logits: return logits for every prompt token (tests), not just the last. kv_cache: "f16" (default, half
+    the memory), "f32" (exact) or "q8". chat_template: None uses the model's own template (test-rendered at load
+    with bounded time and memory: one that exceeds the bounds is an error); "plain" uses a plain
+    ``role: content`` format instead (the fallback for a model whose template is refused); any other string is a
+    Jinja template to use instead of the model's.
     """
-    folder = Path(path)
-    if folder.is_file() and (folder.suffix.lower() == ".gguf" or _is_gguf(folder)):
-        from .gguf_model import load_gguf
-
-        return load_gguf(folder, backends, on_fallback, threads, quant, context, prefill_chunk=prefill_chunk,
-                         all_logits=all_logits, progress=progress, kv_cache=kv_cache)
-    if not folder.is_dir():
-        raise ModelFormatError(f"{folder} is not a model folder (expected a directory with config.json)")
-    if not isinstance(context, int) or context < 1:
-        raise HeteroError(f"context={context!r}; expected a positive number of tokens")
-    cfg = load_config(folder)
+    check_options(context, prefill_chunk, kv_cache)
     fmt = parse_quant(quant)
+    source = resolve_model(path)
+    if source.is_file() and (source.suffix.lower() == ".gguf" or _is_gguf(source)):
+        from .gguf_model import open_gguf
+
+        model = open_gguf(source, fmt)
+    elif source.is_dir():
+        model = open_folder(source, fmt, cache=cache)
+    else:
+        raise ModelFormatError(f"{source} is not a model folder (expected a directory with config.json) or a "
+                               "GGUF file")
+    check_memory(model.config, context, kv_cache, model.path)
+    template = _template(model, chat_template)
+    graph = build_graph(model.config, model.weights, context=context, all_logits=all_logits,
+                        progress=model.progress if progress is None else progress)
+    label = model.label if fmt is None or model.label == fmt.name else f"{model.label}+{fmt.name}"
+    with model.releasing():
+        return Llm(model.config, graph, model.tokenizer, context=context, backends=backends,
+                   on_fallback=on_fallback, threads=threads, prefill_chunk=prefill_chunk, name=model.name,
+                   quant=label, path=model.path, kv_cache=kv_cache, sampling=model.sampling,
+                   mapped=model.mapped, template=template)
+
+
+def kv_cache_bytes(cfg: LlmConfig, context: int, kv_cache: str) -> int:
+    """Bytes the attention layers' K/V caches take at ``context`` tokens."""
+    attention_layers = sum(1 for i in range(cfg.num_layers) if not cfg.is_linear_layer(i))
+    per_token = attention_layers * 2 * cfg.num_kv_heads * cfg.head_dim * KV_BYTES[kv_cache]
+    return int(per_token * context)
+
+
+def check_memory(cfg: LlmConfig, context: int, kv_cache: str, path: Path) -> None:
+    """Refuse a context whose KV cache alone exceeds the machine's physical memory (it would end in
+    ``std::bad_alloc`` or the OOM killer at the first step, not in a message)."""
+    need = kv_cache_bytes(cfg, context, kv_cache)
+    have = physical_memory()
+    if have and need > have:
+        raise HeteroError(f"{path.name}: context={context} needs {need / 2**30:.1f} GiB of {kv_cache} KV cache; this "
+                          f"machine has {have / 2**30:.1f} GiB", hint="use a smaller context (-c), or kv_cache='q8'")
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no check
+        return 0
+
+
+def open_folder(folder: Path, fmt: QuantFormat | None, *, cache: bool = True) -> ModelFiles:
+    """A Hugging Face model folder's files."""
+    root = files.model_root(folder)
+    cfg = load_config(folder)
     weights = HfWeights(folder, fmt, cache=cache)
-    if progress is None:  # show the bar when the load is slow: quantizing without a cache
-        progress = fmt is not None and not (weights.cache_path is not None and weights.cache_path.is_file())
-    graph = build_graph(cfg, weights, context=context, all_logits=all_logits, progress=progress)
-    tokenizer = Tokenizer(folder, cfg.eos_token_ids) if (folder / "tokenizer.json").is_file() else None
-    name = f"{cfg.family} {folder.name}"
-    return Llm(cfg, graph, tokenizer, context=context, backends=backends, on_fallback=on_fallback, threads=threads,
-               prefill_chunk=prefill_chunk, name=name, quant=fmt.name if fmt else _float_type(cfg.torch_dtype),
-               path=folder, kv_cache=kv_cache)
+    tokenizer = Tokenizer(folder, cfg.eos_token_ids, root=root) if (folder / "tokenizer.json").exists() else None
+    generation = tokenizer.generation_config if tokenizer is not None else {}
+    sampling = from_generation_config(generation, folder / "generation_config.json")
+    mapped = [*weights.st.source_files(), *([weights.cache_path] if weights.cache_path is not None else [])]
+    # show the bar when the load is slow: quantizing without a cache
+    slow = fmt is not None and not (weights.cache_path is not None and weights.cache_path.is_file())
+    label = fmt.name if fmt else _float_type(cfg.torch_dtype)
+    return ModelFiles(cfg, weights, tokenizer, sampling, f"{cfg.family} {folder.name}", label, folder, mapped,
+                      progress=slow)
+
+
+def _template(model: ModelFiles, chat_template: str | None) -> ChatTemplate | None:
+    from .template import ChatTemplate
+
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise HeteroError(f"chat_template={chat_template!r}; expected None, 'plain' or a Jinja template string")
+    tok = model.tokenizer
+    if chat_template == "plain":
+        return ChatTemplate.plain()
+    text = chat_template if chat_template is not None else (tok.chat_template if tok is not None else None)
+    if text is None:
+        return None
+    where = "chat_template=..." if chat_template is not None else f"{model.path}: the chat template"
+    template = ChatTemplate(text, where, bos_token=tok.bos_token if tok else None,
+                            eos_token=tok.eos_token if tok else None)
+    template.probe()
+    return template
 
 
 def _is_gguf(path: Path) -> bool:

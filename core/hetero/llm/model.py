@@ -2,11 +2,18 @@
 
 The cache holds the K/V of ``self.tokens``; a new prompt reuses the longest common prefix and rolls back the rest
 (positions are explicit, so rolling back is running from an earlier ``past_len``).
+
+One ``Llm`` may be used from several threads: every step runs under the model's lock, and each generation states the
+tokens it needs in the cache (``_advance``), so two generations interleaved — from two threads, or a paused stream
+resumed after another ``generate`` — each recompute what the other replaced instead of reading its cache. Both
+work; neither sees the other's tokens.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,8 +26,10 @@ from ..contract.graph import Graph
 from ..runtime.session import Session
 from .config import LlmConfig
 from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN
+from .files import MappedFiles, limit
 from .generate import Generation, generate_stream
-from .sampler import Sampler, SamplingParams
+from .sampler import Sampler, SamplingDefaults, SamplingParams, from_generation_config
+from .template import ChatTemplate
 from .tokenizer import Tokenizer
 
 
@@ -57,19 +66,26 @@ _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty"
                   "frequency_penalty", "penalty_last_n", "seed")
 
 
+def check_options(context: Any, prefill_chunk: Any, kv_cache: Any) -> None:
+    """The options every way of making an Llm takes, checked before anything is allocated for them."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise HeteroError(f"context={context!r}; expected a positive number of tokens")
+    limit(context, "positions", "context")
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+        raise HeteroError(f"prefill_chunk={prefill_chunk!r}; expected 0 (whole prompt) or a positive size")
+    if kv_cache not in KV_CACHE_TYPES:
+        raise HeteroError(f"kv_cache={kv_cache!r}; expected one of {KV_CACHE_TYPES}")
+
+
 class Llm:
     """A loaded language model. Create it with ``hetero.llm.load``."""
 
     def __init__(self, config: LlmConfig, graph: Graph, tokenizer: Tokenizer | None, *, context: int,
                  backends: Sequence[str] | str | None = None, on_fallback: str = "warn", threads: int | None = None,
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
-                 kv_cache: str = "f16") -> None:
-        if kv_cache not in KV_CACHE_TYPES:
-            raise HeteroError(f"kv_cache={kv_cache!r}; expected one of {KV_CACHE_TYPES}")
-        if context < 1:
-            raise HeteroError(f"context={context}; expected a positive number of tokens")
-        if prefill_chunk < 0:
-            raise HeteroError(f"prefill_chunk={prefill_chunk}; expected 0 (whole prompt) or a positive size")
+                 kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
+                 template: ChatTemplate | None = None) -> None:
+        check_options(context, prefill_chunk, kv_cache)
         self.config = config
         self.tokenizer = tokenizer
         self.context = context
@@ -86,6 +102,18 @@ class Llm:
         self.tokens: list[int] = []  # the tokens whose K/V the cache holds, in order
         self.stats = Stats()
         self.last = Generation()
+        if sampling is None:
+            gen = tokenizer.generation_config if tokenizer is not None else {}
+            sampling = from_generation_config(gen, (path or Path(".")) / "generation_config.json")
+        self._sampling = sampling
+        if template is None and tokenizer is not None and tokenizer.chat_template is not None:
+            template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token,
+                                    eos_token=tokenizer.eos_token)
+        self.template = template
+        self._lock = threading.RLock()
+        self._owner: object | None = None  # the generation whose tokens the cache holds
+        self._mapped = MappedFiles(list(mapped))
+        self._finalizer = weakref.finalize(self, self._mapped.close)
 
     # -- text <-> ids ---------------------------------------------------------------------------------------------
     def _tok(self) -> Tokenizer:
@@ -94,7 +122,16 @@ class Llm:
         return self.tokenizer
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok().encode(text, add_special_tokens=add_special_tokens)
+        """Token ids of ``text``. A text that cannot fit the context (longer than ``context`` x the longest token)
+        is refused before the tokenizer's regex engine sees it (100 MB prompts made it panic at ~4 GB)."""
+        tok = self._tok()
+        if not isinstance(text, str):
+            raise HeteroError(f"prompt must be a str or a list of token ids, got {type(text).__name__}")
+        bound = self.context * tok.max_token_chars
+        if len(text) > bound:
+            raise HeteroError(f"the text has {len(text)} characters; at most {bound} can fit the context of "
+                              f"{self.context} tokens", hint="shorten it, or load with a larger context")
+        return tok.encode(text, add_special_tokens=add_special_tokens)
 
     def detokenize(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok().decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -108,17 +145,28 @@ class Llm:
     # -- the cache ------------------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget the cache (the next prompt is prefilled from position 0)."""
-        self.tokens = []
+        with self._lock:
+            self._owner = None
+            self.tokens = []
 
     def rollback(self, length: int) -> None:
         """Keep the first ``length`` cached tokens, forget the rest."""
+        with self._lock:
+            self._owner = None
+            self._rollback(length)
+
+    def _rollback(self, length: int) -> None:
         if not 0 <= length <= len(self.tokens):
             raise HeteroError(f"cannot roll back to {length}: the cache holds {len(self.tokens)} tokens")
         del self.tokens[length:]
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         """Run ``ids`` after the cached tokens; returns float32 logits (the last token's, or all with all_logits)."""
-        ids = [int(i) for i in ids]
+        with self._lock:
+            self._owner = None
+            return self._forward(_token_ids(ids))
+
+    def _forward(self, ids: list[int]) -> np.ndarray:
         if not ids:
             raise HeteroError("forward needs at least one token")
         past = len(self.tokens)
@@ -130,6 +178,7 @@ class Llm:
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
             raise HeteroError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
+        self._mapped.check()
         feeds = {INPUT_IDS: np.asarray(ids, dtype=np.int64), PAST_LEN: np.asarray(past, dtype=np.int64)}
         logits = self.session.run(feeds, [LOGITS])[LOGITS]
         self.tokens.extend(ids)
@@ -138,7 +187,23 @@ class Llm:
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly ``ids``, computing only what is not cached; returns the logits of the last
         computed chunk (its last row is the next-token distribution)."""
-        ids = [int(i) for i in ids]
+        with self._lock:
+            self._owner = None
+            return self._prefill(_token_ids(ids), self.stats)
+
+    def _advance(self, owner: object, ids: list[int], stats: Stats | None = None) -> np.ndarray:
+        """The next-token logits after ``ids`` for the generation ``owner``: one step when the cache holds its
+        tokens (the usual case), a prefill of what differs when another generation ran in between. ``stats``
+        records a prefill (the prompt's); a recomputation after an interruption is not counted."""
+        with self._lock:
+            if self._owner is owner and len(self.tokens) == len(ids) - 1:
+                logits = self.forward(ids[-1:])
+            else:
+                logits = self._prefill(ids, stats or Stats())
+            self._owner = owner
+            return logits
+
+    def _prefill(self, ids: list[int], stats: Stats) -> np.ndarray:
         if not ids:
             raise HeteroError("the prompt is empty: nothing to predict from")
         if len(ids) > self.context:
@@ -146,30 +211,31 @@ class Llm:
                               hint="load the model with a larger context=...")
         common = _common_prefix(self.tokens, ids)
         common = min(common, len(ids) - 1)  # the last token is always run: its logits are the prediction
-        self.rollback(common)
-        self.stats.prompt_tokens = len(ids)
-        self.stats.cached_tokens = common
-        self.stats.prefill_tokens = len(ids) - common
+        self._rollback(common)
+        stats.prompt_tokens = len(ids)
+        stats.cached_tokens = common
+        stats.prefill_tokens = len(ids) - common
         started = time.perf_counter()
         rest = ids[common:]
         step = self.prefill_chunk or len(rest)
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, len(rest), step):
-            logits = self.forward(rest[start:start + step])
-        self.stats.prefill_seconds = time.perf_counter() - started
+            logits = self.forward(rest[start:start + step])  # the one step every path takes
+        stats.prefill_seconds = time.perf_counter() - started
         return logits
 
     # -- generation -----------------------------------------------------------------------------------------------
+    @property
+    def sampling_defaults(self) -> SamplingDefaults:
+        """The sampling settings used where a call sets none, and their source (``str()`` gives one line): a
+        Hugging Face folder's generation_config.json (greedy when it does not sample); a GGUF file's
+        ``general.sampling.*`` metadata, else llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95,
+        min-p 0.05)."""
+        return self._sampling
+
     def sampling_params(self, **overrides: Any) -> SamplingParams:
-        """The model's defaults (generation_config.json when it samples, else greedy) with ``overrides`` on top."""
-        base: dict[str, Any] = {}
-        gen = self.tokenizer.generation_config if self.tokenizer is not None else {}
-        if gen.get("do_sample"):
-            base["temperature"] = float(gen.get("temperature", 1.0))
-            base["top_k"] = int(gen.get("top_k", 50) or 0)
-            for key in ("top_p", "min_p", "repetition_penalty"):
-                if gen.get(key) is not None:
-                    base[key] = float(gen[key])
+        """The model's defaults (``sampling_defaults``) with ``overrides`` on top."""
+        base: dict[str, Any] = dict(self._sampling.settings)
         base.update({k: v for k, v in overrides.items() if v is not None})
         unknown = set(base) - set(_SAMPLING_KEYS)
         if unknown:
@@ -188,23 +254,33 @@ class Llm:
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n,
             seed=seed)
-        ids = self.tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else [int(i) for i in prompt]
+        ids = self.tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else _token_ids(prompt)
         return self._run(ids, max_new_tokens, params, stop, stream)
 
     def chat(self, messages: Sequence[dict[str, Any]], max_new_tokens: int = 512, *, stream: bool = False,
              stop: Sequence[str] | str | None = None, template_kwargs: dict[str, Any] | None = None,
              **sampling: Any) -> str | Iterator[str]:
         """Answer the conversation ``messages`` ([{"role", "content"}, ...]) through the model's chat template.
-        The cache is reused across turns: only tokens after the common prefix are prefilled."""
-        text = self._tok().render_chat(list(messages), add_generation_prompt=True, **(template_kwargs or {}))
+        The cache is reused across turns: only tokens after the common prefix are prefilled. A bare string is
+        refused (not taken as one message): ``chat`` takes a conversation, ``generate`` takes text."""
+        messages = _checked_messages(messages)
+        self._tok()
+        if self.template is None:
+            raise HeteroError(f"model {self.name!r} has no chat template", hint="load it with "
+                              "chat_template='plain' for a plain 'role: content' format, or use generate()")
+        if template_kwargs is not None and not isinstance(template_kwargs, dict):
+            raise HeteroError(f"template_kwargs must be a dict, got {type(template_kwargs).__name__}")
+        text = self.template.render(messages, add_generation_prompt=True, **(template_kwargs or {}))
         ids = self.tokenize(text, add_special_tokens=False)
         return self._run(ids, max_new_tokens, self.sampling_params(**sampling), stop, stream)
 
     def _run(self, ids: list[int], max_new_tokens: int, params: SamplingParams,
              stop: Sequence[str] | str | None, stream: bool) -> str | Iterator[str]:
-        if max_new_tokens < 0:
-            raise HeteroError(f"max_new_tokens={max_new_tokens}; expected >= 0")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
+            raise HeteroError(f"max_new_tokens={max_new_tokens!r}; expected an integer >= 0")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if not all(isinstance(s, str) for s in stops):
+            raise HeteroError(f"stop={stop!r}; expected a string or a list of strings")
         if stops and self.tokenizer is None:
             raise HeteroError("stop strings need a tokenizer")
         self.stats = Stats()
@@ -237,6 +313,7 @@ class Llm:
 
     def close(self) -> None:
         self.session.close()
+        self._mapped.close()
 
     def __enter__(self) -> Llm:
         return self
@@ -246,6 +323,26 @@ class Llm:
 
     def __repr__(self) -> str:
         return f"<Llm {self.name} context={self.context} cached={len(self.tokens)}>"
+
+
+def _token_ids(ids: Sequence[int]) -> list[int]:
+    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence | np.ndarray):
+        raise HeteroError(f"token ids must be a list of integers, got {type(ids).__name__}")
+    if not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids):
+        raise HeteroError("token ids must be integers")
+    return [int(i) for i in ids]
+
+
+def _checked_messages(messages: Any) -> list[dict[str, Any]]:
+    if isinstance(messages, str) or not isinstance(messages, Sequence):
+        raise HeteroError(f"chat() takes a list of messages, got {type(messages).__name__}",
+                          hint='llm.chat([{"role": "user", "content": "hello"}]), or llm.generate("hello")')
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
+                not isinstance(m.get("content", ""), str | list | type(None)):
+            raise HeteroError(f"chat(): message #{i} must be a dict with a 'role' string and a 'content' string, "
+                              f"got {str(m)[:120]!r}")
+    return list(messages)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..contract.errors import ModelFormatError
 from ..contract.quant import bf16_to_f32
+from .files import checked_file, model_root, parse_json, read_json
 
 # safetensors dtype -> (numpy dtype of the stored bits, bytes per element). BF16 is carried as uint16 bits.
 DTYPES: dict[str, np.dtype] = {
@@ -29,6 +30,7 @@ DTYPES: dict[str, np.dtype] = {
 }
 _TO_SAFETENSORS = {np.dtype(v).str: k for k, v in DTYPES.items() if k != "BF16"}
 MAX_HEADER = 100 << 20  # the format's own limit on the JSON header
+MAX_INDEX = 64 << 20  # model.safetensors.index.json (the largest models' are ~100 KB)
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -48,8 +50,9 @@ class SafetensorsFile:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         try:
-            size = self.path.stat().st_size
-            with open(self.path, "rb") as f:
+            fd = checked_file(self.path, 1 << 50)  # a regular file: a FIFO would block, a device never end
+            size = os.fstat(fd).st_size
+            with os.fdopen(fd, "rb") as f:
                 head = f.read(8)
                 if len(head) < 8:
                     raise ModelFormatError(f"{self.path}: truncated safetensors file ({size} bytes, no header)")
@@ -62,13 +65,13 @@ class SafetensorsFile:
                 raw = f.read(n)
         except OSError as exc:
             raise ModelFormatError(f"cannot read {self.path}: {exc.strerror or exc}") from exc
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelFormatError(f"{self.path}: the safetensors header is not valid JSON ({exc})") from None
+        header = parse_json(raw, f"{self.path}: the safetensors header")
         if not isinstance(header, dict):
             raise ModelFormatError(f"{self.path}: the safetensors header must be a JSON object")
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict):
+            raise ModelFormatError(f"{self.path}: the safetensors '__metadata__' must be an object")
+        self.metadata: dict[str, str] = metadata
         data_start, data_size = 8 + n, size - 8 - n
         self.entries = {name: _entry(self.path, name, spec, data_start, data_size) for name, spec in header.items()}
         self._map: np.memmap | None = None
@@ -133,10 +136,7 @@ class SafetensorsModel(Mapping[str, TensorEntry]):
                 self._add(shard)
 
     def _load_index(self, index: Path) -> None:
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ModelFormatError(f"{index}: not a safetensors index with a 'weight_map' ({exc})") from None
+        weight_map = read_json(index, MAX_INDEX, model_root(self.folder)).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ModelFormatError(f"{index}: 'weight_map' must be an object of tensor name -> file")
         for name, filename in weight_map.items():
@@ -150,6 +150,8 @@ class SafetensorsModel(Mapping[str, TensorEntry]):
     def _add(self, shard: Path) -> None:
         if not shard.is_file():
             raise ModelFormatError(f"{shard}: shard file is missing")
+        if not shard.resolve().is_relative_to(model_root(self.folder)):
+            raise ModelFormatError(f"{shard} resolves to {shard.resolve()}, outside the model folder {self.folder}")
         self.files[shard] = file = SafetensorsFile(shard)
         for name in file.entries:
             self._where.setdefault(name, shard)
@@ -199,8 +201,10 @@ def inside(folder: Path, relative: str, what: str) -> Path:
 
     The check is lexical: a file inside the folder may still be a symlink (as in the Hugging Face cache).
     """
-    if not isinstance(relative, str) or not relative or os.path.isabs(relative):
-        raise ModelFormatError(f"{what}: file name {relative!r} must be a relative path inside {folder}")
+    if not isinstance(relative, str) or not relative or os.path.isabs(relative) or "\0" in relative:
+        raise ModelFormatError(f"{what}: file name {str(relative)[:200]!r} must be a relative path inside {folder}")
+    if len(relative) > 1024 or any(len(part) > 255 for part in relative.split("/")):
+        raise ModelFormatError(f"{what}: file name {relative[:80]!r}... is too long (at most 255 bytes a part)")
     joined = os.path.normpath(os.path.join(folder, relative))
     root = os.path.normpath(folder)
     if os.path.commonpath([root, joined]) != root:

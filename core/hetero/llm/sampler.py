@@ -6,13 +6,17 @@ temperature, top-k, top-p, min-p, then a draw from a seeded numpy Generator. tem
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ..contract.errors import HeteroError
+from ..contract.errors import HeteroError, ModelFormatError
+from .fields import Fields
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,18 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise HeteroError(f"sampling: {name}={value!r}; expected a finite number")
+        for name in ("top_k", "penalty_last_n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise HeteroError(f"sampling: {name}={value!r}; expected an integer")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
+                                 or not 0 <= seed < 1 << 64):
+            raise HeteroError(f"sampling: seed={seed!r}; expected None or an integer in [0, 2**64)")
         checks = [
             (self.temperature >= 0, "temperature must be >= 0"),
             (self.top_k >= 0, "top_k must be >= 0"),
@@ -45,6 +61,61 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# llama.cpp's and Ollama's defaults, for GGUF files that carry no sampling metadata
+LLAMA_CPP_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+# GGUF sampling metadata (llama.cpp's ``general.sampling.*``) -> SamplingParams field
+GGUF_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
+                      "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p",
+                      "general.sampling.penalty_last_n": "penalty_last_n",
+                      "general.sampling.penalty_repeat": "repetition_penalty"}
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """The sampling settings a model uses when the caller sets none, and where they come from."""
+
+    settings: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields; empty: greedy
+    source: str = "greedy"
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in self.settings.items()) or "greedy"
+        return f"{shown} ({self.source})"
+
+
+def from_generation_config(gen: Mapping[str, Any], path: Path) -> SamplingDefaults:
+    """A Hugging Face folder's defaults: generation_config.json's when it samples (``do_sample``), else greedy.
+    Ill-typed values are a ModelFormatError naming the file and key."""
+    if not gen:
+        return SamplingDefaults({}, "greedy: no generation_config.json")
+    f = Fields(gen, path)
+    if not f.bool("do_sample", False):
+        return SamplingDefaults({}, f"greedy: {path.name} does not sample")
+    settings: dict[str, Any] = {"temperature": f.float("temperature", 1.0), "top_k": f.int("top_k", 50, minimum=0)}
+    for key in ("top_p", "min_p", "repetition_penalty"):
+        if gen.get(key) is not None:
+            settings[key] = f.float(key)
+    return _checked(settings, path.name)
+
+
+def from_gguf(metadata: Mapping[str, Any], path: Path) -> SamplingDefaults:
+    """A GGUF file's defaults: its ``general.sampling.*`` metadata where present, llama.cpp's defaults for the
+    rest (as llama.cpp and Ollama do)."""
+    f = Fields(metadata, path, noun="metadata")
+    found = {name: (f.int(key, minimum=0) if name in ("top_k", "penalty_last_n") else f.float(key))
+             for key, name in GGUF_SAMPLING_KEYS.items() if key in metadata}
+    if not found:
+        return SamplingDefaults(dict(LLAMA_CPP_DEFAULTS), "llama.cpp defaults")
+    return _checked({**LLAMA_CPP_DEFAULTS, **found}, f"{path.name} general.sampling.* + llama.cpp defaults")
+
+
+def _checked(settings: dict[str, Any], source: str) -> SamplingDefaults:
+    try:
+        SamplingParams(**settings)
+    except HeteroError as exc:
+        raise ModelFormatError(f"{source}: {exc.message}") from None
+    return SamplingDefaults(settings, source)
+
+
 class Sampler:
     def __init__(self, params: SamplingParams | None = None) -> None:
         self.params = params or SamplingParams()
@@ -58,6 +129,9 @@ class Sampler:
         p = self.params
         x = np.array(logits, dtype=np.float64).reshape(-1)
         x = apply_penalties(x, history, p)
+        if not np.isfinite(x).any():
+            raise HeteroError("the model produced no finite logit (NaN or inf everywhere): broken weights or "
+                              "settings")
         if p.greedy:
             return int(np.argmax(x))
         probs = filtered_probs(x, p)
@@ -82,6 +156,7 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
 def filtered_probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """Probabilities after temperature, top-k, top-p and min-p (float64, summing to 1)."""
     x = logits / max(p.temperature, 1e-8)
+
     keep = np.ones(x.size, dtype=bool)
     if 0 < p.top_k < x.size:
         kth = np.partition(x, -p.top_k)[-p.top_k]

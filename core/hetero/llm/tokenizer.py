@@ -3,44 +3,62 @@ the jinja2 chat template from ``tokenizer_config.json`` (or ``chat_template.jinj
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from ..contract.errors import HeteroError, ModelFormatError
-from .config import read_json
+from . import files
+from .fields import Fields
+from .template import ChatTemplate, TemplateError
+
+__all__ = ["TemplateError", "Tokenizer", "TokenizerPanic", "guarded"]
 
 
-class TemplateError(HeteroError):
-    """The chat template refused the messages (its ``raise_exception``) or failed to render."""
+class TokenizerPanic(ModelFormatError):
+    """The ``tokenizers`` library panicked (a Rust panic: ``pyo3_runtime.PanicException``, which is not an
+    ``Exception``) on this model's tokenizer."""
+
+
+def guarded(what: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` with the tokenizers library's panics turned into ``TokenizerPanic``."""
+    try:
+        return call(*args, **kwargs)
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise TokenizerPanic(f"{what}: the tokenizers library panicked: {str(exc)[:300]}") from None
 
 
 class Tokenizer:
-    def __init__(self, folder: str | Path, extra_eos: tuple[int, ...] = ()) -> None:
+    def __init__(self, folder: str | Path, extra_eos: tuple[int, ...] = (), *, root: Path | None = None) -> None:
         folder = Path(folder)
+        root = root or files.model_root(folder)
         path = folder / "tokenizer.json"
         try:
             from tokenizers import Tokenizer as HfTokenizer
         except ImportError as exc:  # a core dependency, but say what to do if it is gone
             raise HeteroError("the 'tokenizers' package is needed to read tokenizer.json",
                               hint="pip install tokenizers") from exc
-        if not path.is_file():
+        if not path.exists():
             raise ModelFormatError(f"{path} does not exist: the model folder has no tokenizer")
+        text = files.read_text(path, files.MAX_TOKENIZER_BYTES, root)
+        files.parse_json(text, str(path))  # its nesting and numbers bounded before the Rust parser sees it
         try:
-            self._tok = HfTokenizer.from_file(str(path))
+            self._tok = guarded(str(path), HfTokenizer.from_str, text)
+        except TokenizerPanic:
+            raise
         except Exception as exc:  # tokenizers raises its own Exception type
-            raise ModelFormatError(f"{path}: cannot load the tokenizer: {exc}") from None
+            raise ModelFormatError(f"{path}: cannot load the tokenizer: {str(exc)[:300]}") from None
+        guarded(str(path), self._tok.encode, "Hello, world!")  # a tokenizer that panics on every text fails here
         config_path = folder / "tokenizer_config.json"
-        self.config: dict[str, Any] = read_json(config_path) if config_path.is_file() else {}
-        self.chat_template = _find_template(folder, self.config)
+        self.config: dict[str, Any] = files.read_json(config_path, root=root) if config_path.exists() else {}
+        self.chat_template = _find_template(folder, self.config, root)
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_token = _token_text(self.config.get("eos_token"))
         eos = list(extra_eos)
         gen_path = folder / "generation_config.json"
-        self.generation_config: dict[str, Any] = read_json(gen_path) if gen_path.is_file() else {}
-        gen_eos = self.generation_config.get("eos_token_id")
-        eos += gen_eos if isinstance(gen_eos, list) else [gen_eos] if isinstance(gen_eos, int) else []
+        self.generation_config: dict[str, Any] = files.read_json(gen_path, root=root) if gen_path.exists() else {}
+        eos += Fields(self.generation_config, gen_path).token_ids("eos_token_id")
         if self.eos_token is not None and (eos_id := self.token_id(self.eos_token)) is not None:
             eos.append(eos_id)
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos))
@@ -67,11 +85,20 @@ class Tokenizer:
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    @property
+    def max_token_chars(self) -> int:
+        """Characters of the longest token: a text longer than ``context x`` this cannot fit a context."""
+        if getattr(self, "_max_token_chars", None) is None:
+            self._max_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+        return self._max_token_chars
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        if not isinstance(text, str):
+            raise HeteroError(f"text to tokenize must be a str, got {type(text).__name__}")
+        return list(guarded("encoding", self._tok.encode, text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return guarded("decoding", self._tok.decode, list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                     **kwargs: Any) -> str:
@@ -79,8 +106,8 @@ class Tokenizer:
         if self.chat_template is None:
             raise ModelFormatError("the model has no chat template (tokenizer_config.json 'chat_template' or "
                                    "chat_template.jinja)")
-        return render_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+        template = ChatTemplate(self.chat_template, bos_token=self.bos_token, eos_token=self.eos_token)
+        return template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
 
 def _token_text(value: Any) -> str | None:
@@ -89,7 +116,7 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _find_template(folder: Path, config: dict[str, Any]) -> str | None:
+def _find_template(folder: Path, config: dict[str, Any], root: Path) -> str | None:
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -97,45 +124,4 @@ def _find_template(folder: Path, config: dict[str, Any]) -> str | None:
     if isinstance(template, str):
         return template
     jinja = folder / "chat_template.jinja"  # transformers 5 saves the template beside the config
-    return jinja.read_text(encoding="utf-8") if jinja.is_file() else None
-
-
-def _raise_exception(message: str) -> None:
-    raise TemplateError(f"chat template: {message}")
-
-
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-_ENV_CACHE: dict[str, Any] = {}
-
-
-def render_template(template: str, messages: list[dict[str, Any]], **context: Any) -> str:
-    """Render a chat template in a sandbox with the names Hugging Face templates use (``raise_exception``,
-    ``tojson``, ``strftime_now``), blocks trimmed as transformers does."""
-    compiled = _ENV_CACHE.get(template)
-    if compiled is None:
-        from jinja2 import TemplateError as JinjaError
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = _strftime_now
-        try:
-            compiled = env.from_string(template)
-        except JinjaError as exc:
-            raise TemplateError(f"the chat template does not compile: {exc}") from None
-        _ENV_CACHE[template] = compiled
-    try:
-        return compiled.render(messages=messages, **context)
-    except TemplateError:
-        raise
-    except Exception as exc:  # jinja2 errors and template type errors alike
-        raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+    return files.read_text(jinja, files.MAX_TEMPLATE_BYTES, root) if jinja.exists() else None

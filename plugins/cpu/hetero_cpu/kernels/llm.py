@@ -26,6 +26,7 @@ import numpy as np
 
 from hetero.contract import (
     SUPPORTED,
+    Backend,
     HeteroError,
     NodeInfo,
     Support,
@@ -99,8 +100,8 @@ class CpuQMatMul(CpuKernel):
             return unsupported("QMatMul with a non-float32 bias")
         return _format_ok(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.w = None
         bias = node.constants.get(2)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
@@ -136,8 +137,8 @@ class CpuEmbedding(CpuKernel):
     def accepts(node: NodeInfo) -> Support:
         return _format_ok(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.wtype = node.attr("wtype", "f32")
         fmt = quant.weight_format(self.wtype, node.attr("block_size", 32), node.attr("symmetric", 1))
         self.table = node.constants.get(1)
@@ -179,8 +180,8 @@ class CpuRMSNorm(CpuKernel):
             return unsupported("RMSNorm on non-float32 tensors")
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.eps = float(node.attr("epsilon", 1e-6))
         self.offset = float(node.attr("offset", 0.0))
         w = node.constants.get(1)
@@ -248,8 +249,8 @@ class CpuRotaryEmbedding(CpuKernel):
             return unsupported(exc.message)
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.table: Any = None  # the native rope table, built in prepare
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
@@ -314,8 +315,8 @@ class CpuAttention(CpuKernel):
             return unsupported("Attention with unknown kv heads / head_dim")
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         k = node.inputs[1].shape
         if k is None or k[1] is None or k[2] is None:  # accepts() refused these
             raise HeteroError(f"{self.node.label()}: unknown kv heads / head_dim")
@@ -399,8 +400,8 @@ class CpuMoE(CpuKernel):
                 return verdict
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         router = np.ascontiguousarray(node.constants[1], dtype=np.float32)
         gate, up, down = (node.constants[i] for i in (2, 3, 4))
         hidden = router.shape[1]
