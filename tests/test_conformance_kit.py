@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from hetero.contract import registry
-from hetero.testing import cases, conformance
+from hetero.testing import cases, conformance, pytest_plugin
 from hetero.testing.dist import Site, plugin_site
 
 
@@ -26,25 +27,28 @@ def test_reference_passes_every_check() -> None:
     report = conformance.check_backend("reference")
     assert report.ok, str(report)
     with_schema = [c for c in cases.CASES if registry.find(c.domain, c.op) is not None]
-    assert report.count(conformance.PASS) == 7 + len(with_schema)
-    skipped = [r for r in report.results if r.status == conformance.SKIP]
-    assert all("no schema" in r.reason for r in skipped), skipped  # the reference claims every op hetero knows
+    contract = [r for r in report.results if r.check.startswith("contract: ")]
+    not_passed = [r.check for r in contract if r.status != conformance.PASS]
+    assert not_passed == ["contract: bind() does what run() does, in place"]  # the reference kernels do not bind
+    assert report.count(conformance.PASS) == len(contract) - 1 + len(with_schema)
+    skipped_ops = [r for r in report.results if r.status == conformance.SKIP and r.check.startswith("op ")]
+    assert all("no schema" in r.reason for r in skipped_ops), skipped_ops  # the reference claims every op it knows
 
 
-# A correct host-memory table backend with Relu and Add; each variant below breaks one thing after it.
+# A correct host-memory table backend with Relu (which also binds) and Add; each variant below breaks one thing.
 GOOD = """
+    import functools
     from typing import ClassVar
 
     import numpy as np
 
-    from hetero.contract import SUPPORTED, Device, Factory, HostMemory, KernelTableBackend, Support
-    from hetero.contract import hookimpl
+    from hetero.contract import SUPPORTED, Device, Factory, HostMemory, KernelTableBackend, Support, Tensor, hookimpl
 
-    api_version = "1.0"
+    api_version = "2.0"
 
 
     class Relu:
-        def __init__(self, node):
+        def __init__(self, node, backend):
             pass
 
         def prepare(self, inputs, outputs):
@@ -53,8 +57,13 @@ GOOD = """
         def run(self, inputs, outputs):
             np.maximum(inputs[0].numpy(), 0, out=outputs[0].numpy())
 
+        def bind(self, inputs, outputs):
+            return functools.partial(np.maximum, inputs[0].numpy(), 0, out=outputs[0].numpy())
+
 
     class Add(Relu):
+        bind = None
+
         def run(self, inputs, outputs):
             np.add(inputs[0].numpy(), inputs[1].numpy(), out=outputs[0].numpy())
 
@@ -100,6 +109,75 @@ BROKEN: dict[str, tuple[str, dict[str, str]]] = {
         TBackend.kernels = {**TBackend.kernels, ("", "Add"): FreshAdd}
         """,
         {"kernels prepare/run": "preallocated outputs"},
+    ),
+    "kernel rebinds its output buffer": (
+        """
+        class AllocatingRelu(Relu):  # the bug: allocates a result and hangs it on the output tensor
+            def run(self, inputs, outputs):
+                outputs[0].buffer = np.maximum(inputs[0].numpy(), 0)
+
+        TBackend.kernels = {**TBackend.kernels, ("", "Relu"): AllocatingRelu}
+        """,
+        {"kernels prepare/run": "rebound outputs[0].buffer instead of writing into it"},
+    ),
+    "kernel replaces its output tensor": (
+        """
+        class ReplacingAdd(Add):  # the bug: puts a new tensor in the outputs list
+            def run(self, inputs, outputs):
+                outputs[0] = Tensor.from_numpy(inputs[0].numpy() + inputs[1].numpy())
+
+        TBackend.kernels = {**TBackend.kernels, ("", "Add"): ReplacingAdd}
+        """,
+        {"kernels prepare/run": "replaced outputs[0] with a new tensor"},
+    ),
+    "kernel writes into its input": (
+        """
+        class InPlaceRelu(Relu):  # the bug: uses its input as scratch memory
+            def run(self, inputs, outputs):
+                x = inputs[0].numpy()
+                np.maximum(x, 0, out=x)
+                outputs[0].numpy()[...] = x
+
+        TBackend.kernels = {**TBackend.kernels, ("", "Relu"): InPlaceRelu}
+        """,
+        {"inputs unchanged": "run() wrote into input 0"},
+    ),
+    "prepare works once only": (
+        """
+        class PlanOnceAdd(Add):  # the bug: a second prepare (new shapes) is refused
+            def prepare(self, inputs, outputs):
+                if getattr(self, "planned", False):
+                    raise RuntimeError("PlanOnceAdd was prepared twice")
+                self.planned = True
+
+        TBackend.kernels = {**TBackend.kernels, ("", "Add"): PlanOnceAdd}
+        """,
+        {"kernels prepare/run": "prepared twice"},
+    ),
+    "bind does something else": (
+        """
+        def bind_abs(self, inputs, outputs):  # the bug: the bound call computes |x|, run() max(x, 0)
+            return functools.partial(np.abs, inputs[0].numpy(), out=outputs[0].numpy())
+
+        Relu.bind = bind_abs
+        """,
+        {"bind()": "output 0 bound call: "},
+    ),
+    "bind returns no callable": (
+        """
+        Relu.bind = lambda self, inputs, outputs: "np.maximum"
+        """,
+        {"bind()": "bind() returned str, not a callable or None"},
+    ),
+    "memory_domain set per instance": (
+        """
+        def init(self, device, options=None):
+            KernelTableBackend.__init__(self, device, options)
+            self.memory_domain = f"host:{device.name}"
+
+        TBackend.__init__ = init
+        """,
+        {"create()": "memory_domain is set on the instance"},
     ),
     "refusal without a reason": (
         """
@@ -161,6 +239,8 @@ def test_a_correct_table_backend_passes_and_skips_what_it_does_not_claim(site: S
     assert by_check["op Relu[7]"].status == conformance.PASS
     assert by_check["op Add[2x1x4,3x1]"].status == conformance.PASS  # broadcasting both ways
     assert by_check["op Add[2x3x4,4 int64]"].status == conformance.PASS
+    assert all(r.status == conformance.PASS for r in report.results if r.check.startswith("contract: "))
+    assert by_check["contract: bind() does what run() does, in place"].reason == "2 bound kernels"  # the Relu cases
     sigmoid = by_check["op Sigmoid[7]"]
     assert sigmoid.status == conformance.SKIP and "no tkit kernel for Sigmoid" in sigmoid.reason
 
@@ -227,26 +307,42 @@ def test_command_line_prints_pass_and_fail(site: Site) -> None:
     assert "PASS" not in bad.stdout  # -q prints failures only
 
 
-PYTEST_MODULE = """
-import pytest
+def documented_test_module(backend: str) -> str:
+    """The test module pytest_plugin's docstring shows, verbatim but for the backend's name."""
+    doc = pytest_plugin.__doc__ or ""
+    block = doc.split("A test module of the backend package::\n", 1)[1].split("\n\n``pytest", 1)[0]
+    assert '@pytest.mark.hetero_backend("mybackend")' in block
+    return textwrap.dedent(block).replace("mybackend", backend)
 
 
-@pytest.mark.hetero_backend("reference")
-def test_conformance(conformance_check):
-    conformance_check()
-"""
+def run_pytest(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )
 
 
 def test_pytest_plugin_makes_one_test_per_check(tmp_path: Path) -> None:
-    (tmp_path / "test_backend.py").write_text(PYTEST_MODULE)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",  # the kit's plugin loads via pytest11
-         "--hetero-op", "Relu", "--hetero-op", "Softmax", str(tmp_path / "test_backend.py")],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )
+    (tmp_path / "test_backend.py").write_text(documented_test_module("reference"))
+    proc = run_pytest(tmp_path, "--hetero-op", "Relu", "--hetero-op", "Softmax", "test_backend.py")
     softmax_known = registry.find("", "Softmax") is not None
-    relu_and_contract = 7 + 2
-    passed = relu_and_contract + (2 if softmax_known else 0)
-    assert f"{passed} passed" in proc.stdout, proc.stdout + proc.stderr
-    if not softmax_known:
-        assert "2 skipped" in proc.stdout, proc.stdout
+    contract = sum(check.name.startswith("contract: ") for check in conformance.plan(["Relu"]))
+    passed = contract - 1 + 2 + (2 if softmax_known else 0)  # the reference does not bind; two Relu cases
+    assert f"{passed} passed, {1 if softmax_known else 3} skipped" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_pytest_plugin_loads_with_dash_p_when_autoloading_is_off(tmp_path: Path) -> None:
+    (tmp_path / "test_backend.py").write_text(documented_test_module("reference"))
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    without = run_pytest(tmp_path, "--hetero-op", "Relu", "test_backend.py", env=env)
+    assert without.returncode != 0 and "unrecognized arguments: --hetero-op" in without.stderr  # the plugin is off
+    proc = run_pytest(tmp_path, "-p", "hetero.testing.pytest_plugin", "--hetero-op", "Relu", "test_backend.py",
+                      env=env)
+    assert proc.returncode == 0 and " passed, 1 skipped" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_listing_the_plugin_in_pytest_plugins_is_the_mistake_the_docs_warn_of(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["hetero.testing.pytest_plugin"]\n')
+    (tmp_path / "test_backend.py").write_text(documented_test_module("reference"))
+    proc = run_pytest(tmp_path, "--hetero-op", "Relu", "test_backend.py")
+    assert proc.returncode != 0 and "already registered" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -104,6 +104,11 @@ def test_toy_passes_the_conformance_kit(site: Site) -> None:
     assert status["op Relu[2x3x4x5]"].status == status["op Add[2x1x4,3x1]"].status == conformance.PASS
     int_add = status["op Add[2x3x4,4 int64]"]
     assert int_add.status == conformance.SKIP and "toy Add runs float32 only" in int_add.reason
+    # The tutorial's transcript of `python -m hetero.testing --backend toy` is this report, line for line.
+    transcript = DOC.read_text(encoding="utf-8").split("$ python -m hetero.testing --backend toy\n", 1)[1]
+    shown = [line for line in transcript.split("```", 1)[0].splitlines() if line and line != "..."]
+    assert len(shown) >= 10
+    assert [line for line in shown if line not in {str(r) for r in report.results}] == []
 
 
 def test_the_example_packages_own_tests_pass(site: Site, tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ import pytest
 
 from hetero.contract import ShapeError, TensorInfo, dtypes, registry
 from hetero.contract.graph import Graph, Node
-from hetero.runtime.infer import evaluate_node, infer_node
+from hetero.runtime.evaluate import evaluate_node
+from hetero.runtime.infer import infer_node
 
 F32 = dtypes.float32
 I64 = dtypes.int64

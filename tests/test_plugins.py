@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 import hetero
 from hetero import plugins
-from hetero.contract import registry
+from hetero.contract import API_VERSION, registry
 from hetero.runtime import selection
 from hetero.testing.dist import Site, plugin_site
 
@@ -31,7 +31,7 @@ def site(tmp_path: Path) -> Iterator[Site]:
         yield s
 
 
-def backend_module(name: str, *, api: str = "1.0", priority: int = 60, probe: str = "", factory_api: str = "") -> str:
+def backend_module(name: str, *, api: str = "2.0", priority: int = 60, probe: str = "", factory_api: str = "") -> str:
     """Source of a plugin module with one host-memory table backend ``name``, whose Relu kernel counts its runs.
 
     ``probe``: the body of ``probe()`` (default: one device). ``factory_api``: a Factory.api_version override.
@@ -53,7 +53,7 @@ def backend_module(name: str, *, api: str = "1.0", priority: int = 60, probe: st
         class CountingRelu:
             runs = 0
 
-            def __init__(self, node):
+            def __init__(self, node, backend):
                 pass
 
             def prepare(self, inputs, outputs):
@@ -138,23 +138,34 @@ BAD: dict[str, Bad] = {
     "newer api_version": Bad(
         {
             # A plugin for a future hetero: even its module-level code must not have pulled in native code.
-            "tplug_newer.py": backend_module("tplug_newer", api="2.1", probe="import tplug_newer_native"),
+            "tplug_newer.py": backend_module("tplug_newer", api="3.1", probe="import tplug_newer_native"),
             "tplug_newer_native.py": NATIVE,
         },
         plugins.INCOMPATIBLE,
-        ["plugin API 2.1", hetero.API_VERSION],
+        ["plugin API 3.1", hetero.API_VERSION],
         ["pip install -U hetero", f"hetero API {hetero.API_VERSION}"],
         native="tplug_newer_native",
     ),
     "factory api_version": Bad(
         {
-            "tplug_factory.py": backend_module("tplug_factory", factory_api="2.0", probe="import tplug_factory_native"),
+            "tplug_factory.py": backend_module("tplug_factory", factory_api="3.0", probe="import tplug_factory_native"),
             "tplug_factory_native.py": NATIVE,
         },
         plugins.INCOMPATIBLE,
-        ["targets plugin API 2.0"],
+        ["factory tplug_factory targets plugin API 3.0"],
         ["pip install -U hetero, or a hetero-tplug-factory release"],
         native="tplug_factory_native",
+    ),
+    "factory older api_version": Bad(
+        {
+            # The module states the current API but its factory was written for the previous one.
+            "tplug_oldfac.py": backend_module("tplug_oldfac", factory_api="1.0", probe="import tplug_oldfac_native"),
+            "tplug_oldfac_native.py": NATIVE,
+        },
+        plugins.INCOMPATIBLE,
+        ["factory tplug_oldfac targets plugin API 1.0", hetero.API_VERSION],
+        ["pip install -U hetero-tplug-oldfac", "older hetero"],
+        native="tplug_oldfac_native",
     ),
     "probe unavailable": Bad(
         {
@@ -284,6 +295,34 @@ def install_pair(site: Site) -> None:
     site.add("hetero-tbeta", {"tbeta.py": backend_module("tbeta", priority=30)}, {"tbeta": "tbeta"})
 
 
+def relu_sigmoid_model() -> object:
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "relu_sigmoid",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.skipif(not CPU_OK, reason="the hetero-cpu plugin is not installed or does not work here")
+def test_a_fallback_is_what_the_user_did_not_ask_for_not_a_lower_priority(site: Site) -> None:
+    # A third-party backend asked before cpu (priority 10 < 50) that runs Relu alone: naming no backend asks for
+    # every working one, so Sigmoid on cpu is no fallback; naming it alone makes cpu a fallback.
+    site.add("hetero-tfirst", {"tfirst.py": backend_module("tfirst", priority=10)}, {"tfirst": "tfirst"})
+    site.reload()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hetero.HeteroWarning)
+        automatic = hetero.Session(relu_sigmoid_model())
+    assert [(p.backend, p.fallback) for p in automatic.placement.nodes] == [("tfirst", False), ("cpu", False)]
+    with pytest.warns(hetero.HeteroWarning, match="1/2 nodes on cpu: Sigmoid"):
+        named = hetero.Session(relu_sigmoid_model(), backends=["tfirst"])
+    assert [(p.backend, p.fallback) for p in named.placement.nodes] == [("tfirst", False), ("cpu", True)]
+    site.setenv("HETERO_BACKENDS", "tfirst")  # the variable is a request too
+    with pytest.warns(hetero.HeteroWarning, match="1/2 nodes on cpu: Sigmoid"):
+        hetero.Session(relu_sigmoid_model())
+
+
 def test_allowlist_disables_the_others(site: Site) -> None:
     install_pair(site)
     site.setenv("HETERO_PLUGINS", "talpha")
@@ -364,13 +403,13 @@ KERNEL_PLUGIN = """
 
     from hetero.contract import hookimpl
 
-    api_version = "1.0"
+    api_version = "2.0"
 
 
     class TableSigmoid:
         runs = 0
 
-        def __init__(self, node):
+        def __init__(self, node, backend):
             pass
 
         def prepare(self, inputs, outputs):
@@ -415,9 +454,9 @@ OPS_PLUGIN = """
     import numpy as np
 
     from hetero.contract import hookimpl
-    from hetero.ops import OpSchema
+    from hetero.contract.registry import OpSchema
 
-    api_version = "1.0"
+    api_version = "2.0"
 
 
     def infer(ctx):
@@ -434,21 +473,57 @@ OPS_PLUGIN = """
 """
 
 
-def test_register_ops_hook_adds_an_op_models_can_use(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "_SCHEMAS", dict(registry._SCHEMAS))  # forget the op after this test
-    site.add("hetero-tops", {"tops.py": OPS_PLUGIN}, {"tops": "tops"})
-    site.reload()
+def twice_model() -> object:
     node = helper.make_node("Twice", ["x"], ["y"], domain="com.example.tops")
     graph = helper.make_graph(
         [node], "twice",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
     )
-    model = helper.make_model(
+    return helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.example.tops", 1)]
     )
+
+
+# A fresh process: the op registry does not start discovery, loading a model does.
+LOAD_CHILD = """
+import sys
+import hetero
+from hetero.contract import registry
+assert registry.find("com.example.tops", "Twice") is None and "tops" not in sys.modules
+graph = hetero.load(sys.stdin.buffer.read())
+print("loaded", [n.op_type for n in graph.nodes])
+"""
+
+
+def test_loading_a_model_discovers_the_ops_plugins_add(site: Site) -> None:
+    site.add("hetero-tops", {"tops.py": OPS_PLUGIN}, {"tops": "tops"})
+    proc = subprocess.run([sys.executable, "-c", LOAD_CHILD], input=twice_model().SerializeToString(),
+                          env=site.subprocess_env(), capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"loaded ['Twice']" in proc.stdout
+
+
+def test_register_ops_hook_adds_an_op_models_can_use(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_SCHEMAS", dict(registry._SCHEMAS))  # forget the op after this test
+    site.add("hetero-tops", {"tops.py": OPS_PLUGIN}, {"tops": "tops"})
+    site.reload()
+    model = twice_model()
     session = hetero.Session(model, backends=["reference"], on_fallback="error")
     np.testing.assert_array_equal(session.run({"x": X})["y"], X * 2)
+
+
+def test_the_in_repo_plugins_state_their_own_api_version(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handshake can fail for them too: their version is a number they wrote down, not the core's."""
+    installed = [r.name for r in plugins.statuses() if r.name in ("cpu", "opencl")]
+    if not installed:
+        pytest.skip("neither the cpu nor the opencl plugin is installed")
+    monkeypatch.setattr(plugins, "API_VERSION", "3.0")  # a hetero one major version ahead of them
+    site.reload()
+    for name in installed:
+        row = plugins.status(name)
+        assert row.status == plugins.INCOMPATIBLE, (name, row.status, row.reason)
+        assert f"plugin API {API_VERSION} does not match hetero's 3.0" in row.reason
 
 
 def test_newer_factory_api_hint_says_upgrade_hetero(site: Site) -> None:

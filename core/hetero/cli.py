@@ -1,19 +1,29 @@
-"""The ``hetero`` command: backends, run, demo; and the LLM commands generate, chat, bench."""
+"""The ``hetero`` command: backends, run, info, demo, ops; and the LLM commands generate, chat, bench.
+
+Every failure ends as one ``hetero: error: ...`` line and exit status 2 (``cli_errors``); progress is drawn on a
+terminal only (``hetero.progress``); ``run`` dispatches on the model's kind (an ONNX graph runs once per repeat, a
+GGUF file or Hugging Face folder generates text, as ``ollama run`` does).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from . import __version__, progress
+from .cli_errors import EXIT_ERROR, EXIT_INTERRUPTED, CommandParser, WarningPrinter, report_error
 from .contract.errors import HeteroError
+from .model_files import LLM_KINDS, model_kind
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
@@ -33,7 +43,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         table.append((r.name, r.version, r.status, devices, r.reason + (f" (hint: {r.hint})" if r.hint else "")))
     widths = [max(len(row[c]) for row in table) for c in range(4)]
     for row in table:
-        print("  ".join(row[c].ljust(widths[c]) for c in range(4)) + "  " + row[4])
+        print(("  ".join(row[c].ljust(widths[c]) for c in range(4)) + "  " + row[4]).rstrip())
     return 0
 
 
@@ -53,11 +63,11 @@ def _parse_inputs(specs: Sequence[str]) -> dict[str, np.ndarray]:
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise HeteroError(f"--input {spec!r}: expected NAME=FILE.npy")
+            raise HeteroError(f"-i {spec!r}: expected NAME=FILE.npy")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise HeteroError(f"--input {name}: cannot read {path!r} as a .npy file: {exc}") from exc
+            raise HeteroError(f"-i {name}: cannot read {path!r} as a .npy file: {exc}") from exc
     return feeds
 
 
@@ -69,11 +79,11 @@ def _random_inputs(session, given: dict[str, np.ndarray], seed: int) -> dict[str
             continue
         info = session.graph.values[name]
         if info.shape is None:
-            raise HeteroError(f"input {name!r} has unknown rank: give it with --input {name}=FILE.npy")
+            raise HeteroError(f"input {name!r} has unknown rank: give it with -i {name}=FILE.npy")
         shape = [d if isinstance(d, int) else 1 for d in info.shape]
         np_dtype = info.dtype.np_dtype
         if np_dtype is None or np_dtype.kind not in "fiub":
-            raise HeteroError(f"input {name!r} ({info}): give it with --input {name}=FILE.npy")
+            raise HeteroError(f"input {name!r} ({info}): give it with -i {name}=FILE.npy")
         if np_dtype.kind == "f":
             feeds[name] = rng.standard_normal(shape).astype(np_dtype)
         elif np_dtype.kind == "b":
@@ -83,25 +93,44 @@ def _random_inputs(session, given: dict[str, np.ndarray], seed: int) -> dict[str
     return feeds
 
 
+def _backends(args: argparse.Namespace) -> list[str] | None:
+    return [b.strip() for spec in args.backend for b in spec.split(",") if b.strip()] or None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    kind = model_kind(args.model)
+    if kind in LLM_KINDS:
+        from .llm.cli import run_llm
+
+        return run_llm(args)
+    if args.prompt is not None:
+        raise HeteroError(f"{args.model} is an ONNX model: a prompt ({args.prompt!r}) needs an LLM (a .gguf file or "
+                          "a Hugging Face folder); give ONNX inputs with -i NAME=FILE.npy")
+    return _run_onnx(args)
+
+
+def _run_onnx(args: argparse.Namespace) -> int:
     from .runtime.session import Session
 
-    backends = [b for spec in args.backend for b in spec.split(",") if b] or None
     started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        session = Session(args.model, backends=backends, on_fallback=args.on_fallback, threads=args.threads)
+    with progress.phase(f"loading {Path(args.model).name}"):
+        session = Session(args.model, backends=_backends(args), on_fallback=args.on_fallback or "warn",
+                          threads=args.threads)
     load_ms = (time.perf_counter() - started) * 1e3
     feeds = _parse_inputs(args.input)
     missing = [n for n in session.input_names if n not in feeds]
     if missing and not args.random_inputs:
-        raise HeteroError(f"missing input(s) {missing}: give --input NAME=FILE.npy, or --random-inputs")
-    feeds = _random_inputs(session, feeds, args.seed)
+        raise HeteroError(f"missing input(s) {missing}: give -i NAME=FILE.npy, or --random-inputs")
+    feeds = _random_inputs(session, feeds, args.seed or 0)
     times = []
     outputs: dict[str, np.ndarray] = {}
-    for _ in range(max(1, args.repeat)):
+    for i in range(max(1, args.repeat)):
         t0 = time.perf_counter()
-        outputs = session.run(feeds)
+        if i == 0:
+            with progress.phase("first run (planning memory, building device programs)"):
+                outputs = session.run(feeds)
+        else:
+            outputs = session.run(feeds)
         times.append((time.perf_counter() - t0) * 1e3)
     if args.explain:
         print(session.explain())
@@ -112,16 +141,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
             Path(args.save_outputs).mkdir(parents=True, exist_ok=True)
             np.save(Path(args.save_outputs) / f"{name.replace('/', '_')}.npy", value)
     counts = ", ".join(f"{b}: {n}" for b, n in session.placement.counts().items())
-    print(f"load {load_ms:.1f} ms; run median {statistics.median(times):.3f} ms over {len(times)} run(s) "
-          f"(first {times[0]:.3f} ms); nodes per backend: {counts}")
+    steady = times[1:] or times
+    print(f"load {load_ms:.1f} ms; first run {times[0]:.3f} ms; then median {statistics.median(steady):.3f} ms over "
+          f"{len(steady)} run(s); nodes per backend: {counts}")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .info import model_info, render
+
+    facts = model_info(args.model)
+    print(json.dumps(facts, indent=2, default=str) if args.json else render(facts))
     return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    backends = [b for spec in args.backend for b in spec.split(",") if b] or None
-    return run_demo(batch=args.batch, repeats=args.repeat, backends=backends)
+    return run_demo(batch=args.batch, repeats=args.repeat, backends=_backends(args))
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:
@@ -139,52 +176,109 @@ def _cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_backend_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-b", "--backend", action="append", default=[], metavar="NAME[,NAME]",
+                   help="backends in preference order, e.g. cpu or opencl,cpu (default: HETERO_BACKENDS, else every "
+                        "working backend); opencl:1 picks a device")
+
+
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    """--quiet / -v on every subcommand (they may also come before it)."""
+    p.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="no progress lines (they only ever show on a terminal)")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="each phase's time, and warnings about backends skipped automatically")
+
+
+def add_command(sub: Any, name: str, help_text: str, func: Callable[[argparse.Namespace], int]
+                ) -> argparse.ArgumentParser:
+    """A subcommand whose unknown flags are its own usage error (see ``CommandParser``)."""
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    p.is_subcommand = True  # type: ignore[attr-defined]
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hetero", description="Run models on CPUs, GPUs and NPUs.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = CommandParser(
+        prog="hetero", description="Run ONNX models and LLMs (GGUF files, Hugging Face folders) on CPUs, GPUs and "
+        "NPUs.", epilog="HETERO_DEBUG=1 prints the traceback of an error. `hetero COMMAND -h` lists its flags.")
+    parser.add_argument("--version", action="version", version=f"hetero {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
 
-    p = sub.add_parser("backends", help="list installed backends: status, devices, reason")
+    def command(name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        return add_command(sub, name, help_text, func)
+
+    p = command("backends", "list installed backends: status, devices, reason", _cmd_backends)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_cmd_backends)
 
-    p = sub.add_parser("run", help="run an ONNX model and print its outputs and timing")
-    p.add_argument("model", help="path to a .onnx file")
-    p.add_argument("-b", "--backend", action="append", default=[], help="backend(s) in preference order, e.g. cpu")
-    p.add_argument("-i", "--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input value")
-    p.add_argument("--random-inputs", action="store_true", help="fill inputs not given with seeded random data")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-r", "--repeat", type=int, default=10, help="runs to time (median reported)")
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("--on-fallback", choices=["warn", "error", "silent"], default="warn")
-    p.add_argument("--explain", action="store_true", help="print the placement of every node")
-    p.add_argument("--save-outputs", metavar="DIR", help="save each output as DIR/NAME.npy")
-    p.set_defaults(func=_cmd_run)
+    p = command("run", "run a model: an ONNX graph (outputs and timing) or an LLM (a .gguf file or Hugging Face "
+                "folder: generates from PROMPT, or chats without one, as `ollama run` does)", _cmd_run)
+    p.add_argument("model", help="an .onnx file, a .gguf file or a Hugging Face model folder")
+    p.add_argument("prompt", nargs="?", help="LLMs: the prompt (default: chat on a terminal, else read stdin)")
+    add_backend_option(p)
+    p.add_argument("-i", "--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="ONNX: an input value (repeatable)")
+    p.add_argument("--random-inputs", action="store_true", help="ONNX: fill inputs not given with seeded random data")
+    p.add_argument("-r", "--repeat", type=int, default=10, help="ONNX: runs to time (the first is reported apart)")
+    p.add_argument("--explain", action="store_true", help="ONNX: print the placement of every node")
+    p.add_argument("--save-outputs", metavar="DIR", help="ONNX: save each output as DIR/NAME.npy")
+    from .llm.cli import add_generation_options
 
-    p = sub.add_parser("ops", help="op coverage per backend (native kernels vs numpy)")
+    add_generation_options(p, seed_help="random inputs (ONNX) or sampling (LLMs) seed")
+
+    p = command("info", "what a model holds: ONNX inputs / outputs / opsets / ops; GGUF architecture, "
+                "quantization mix, context, tokenizer, chat template; Hugging Face config", _cmd_info)
+    p.add_argument("model", help="an .onnx file, a .gguf file or a Hugging Face model folder")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = command("ops", "op coverage per backend (native kernels vs numpy)", _cmd_ops)
     p.add_argument("--markdown", action="store_true", help="the full table, as in docs/ops.md")
-    p.set_defaults(func=_cmd_ops)
 
-    p = sub.add_parser("demo", help="run the built-in CNN on every available backend")
-    p.add_argument("-b", "--backend", action="append", default=[])
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("-r", "--repeat", type=int, default=20)
-    p.set_defaults(func=_cmd_demo)
+    p = command("demo", "run a built-in CNN on every available backend (placement, timing, accuracy)", _cmd_demo)
+    add_backend_option(p)
+    p.add_argument("--batch", type=int, default=4, help="images per run (default 4)")
+    p.add_argument("-r", "--repeat", type=int, default=20, help="runs to time per backend (default 20)")
 
     from .llm.cli import add_llm_commands  # generate, chat, bench (light: imports nothing heavy until run)
 
     add_llm_commands(sub)
+    for p in sub.choices.values():
+        add_output_options(p)
+    add_output_options(parser)
     return parser
 
 
+def _subject(args: argparse.Namespace) -> str:
+    return str(getattr(args, "model", None) or getattr(args, "command", "") or "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except HeteroError as exc:
-        print(f"hetero: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.error("a command is required")
+    verbose, quiet = getattr(args, "verbose", False), getattr(args, "quiet", False)
+    progress.configure(phases=True, quiet=quiet, verbose=verbose)
+    with warnings.catch_warnings():
+        WarningPrinter(verbose=verbose).install()
+        try:
+            return int(args.func(args) or 0)
+        except KeyboardInterrupt:
+            progress.clear_line()
+            print(file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:  # `hetero ... | head`: the reader left; nothing to report, nothing left to flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except Exception as exc:  # every failure is one line; HETERO_DEBUG=1 adds the traceback
+            return report_error(exc, _subject(args))
+        finally:
+            progress.configure(phases=False, quiet=False, verbose=False)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,9 @@ def run_demo(batch: int = 4, repeats: int = 20, backends: list[str] | None = Non
     """Run the CNN on each working backend; returns 0 when every backend matches the reference."""
     import hetero
     from hetero.plugins import statuses
+    from hetero.progress import phase
 
+    repeats = max(1, repeats)
     model = tiny_cnn()
     image = np.random.default_rng(1).normal(size=(batch, 3, 32, 32)).astype(np.float32)
     names = backends or [row.name for row in sorted(statuses(), key=lambda r: r.priority) if row.ok]
@@ -72,21 +74,28 @@ def run_demo(batch: int = 4, repeats: int = 20, backends: list[str] | None = Non
     failures = 0
     for name in names:
         started = time.perf_counter()
-        session = hetero.Session(model, backends=[name], on_fallback="silent")
+        with phase(f"{name}: loading"):
+            session = hetero.Session(model, backends=[name], on_fallback="silent")
         load_ms = (time.perf_counter() - started) * 1e3
         times = []
-        for _ in range(repeats):
+        with phase(f"{name}: first run (planning memory, building device programs)"):
             t0 = time.perf_counter()
             probs = session.run({"image": image})["probs"]
             times.append((time.perf_counter() - t0) * 1e3)
+        with phase(f"{name}: {repeats} timed runs"):
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                probs = session.run({"image": image})["probs"]
+                times.append((time.perf_counter() - t0) * 1e3)
         err = float(np.max(np.abs(probs - expected)))
         ok = err <= 1e-4
         failures += not ok
         out(f"\n== backend {name}  (tiny CNN, batch {batch}, 3x32x32)")
         out(session.explain())
-        out(f"load {load_ms:.1f} ms; run median {statistics.median(times):.3f} ms over {repeats} runs "
-            f"(first {times[0]:.3f} ms); max |diff| vs reference {err:.2e} {'OK' if ok else 'MISMATCH'}")
-    ort_ms = _onnxruntime_median_ms(model, image, repeats)
+        out(f"load {load_ms:.1f} ms; first run {times[0]:.3f} ms; then median {statistics.median(times[1:]):.3f} ms "
+            f"over {repeats} runs; max |diff| vs reference {err:.2e} {'OK' if ok else 'MISMATCH'}")
+    with phase("onnxruntime"):
+        ort_ms = _onnxruntime_median_ms(model, image, repeats)
     if ort_ms is not None:
         out(f"\nonnxruntime (CPU provider, same model and input): run median {ort_ms:.3f} ms")
     return 1 if failures else 0

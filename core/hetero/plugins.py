@@ -1,8 +1,11 @@
 """Plugin discovery: entry points of the group ``hetero.backends``, loaded lazily, each inside its own guard.
 
-Nothing here runs during ``import hetero``; the first query (``hetero.backends()``, a Session, an op lookup) loads
-every plugin once. Each outcome lands in the status table: ok / unavailable / incompatible / broken (or disabled
-by ``HETERO_PLUGINS``), with the reason and a hint — a plugin can never take hetero down with it.
+Nothing here runs during ``import hetero``; the first query (``hetero.backends()``, ``hetero.load``, a Session)
+loads every plugin once. Each outcome lands in the status table: ok / unavailable / incompatible / broken (or
+disabled by ``HETERO_PLUGINS``), with the reason and a hint — a plugin can never take hetero down with it.
+
+Discovery fills the contract's tables (op schemas in ``hetero.contract.registry``, added kernels in
+``hetero.contract.backend``); they never start it, so the contract does not depend on this module.
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ def _load_one(registry: Registry, manager: pluggy.PluginManager, ep: Any, row: P
         return [row]
 
     declared = getattr(module, "api_version", None)
-    if declared is None or str(declared).split(".")[0] != API_VERSION.split(".")[0]:
+    if declared is None or _major(str(declared)) != _major(API_VERSION):
         row.status = INCOMPATIBLE
         row.reason = (
             f"plugin API {declared} does not match hetero's {API_VERSION}"
@@ -172,16 +175,16 @@ def _load_one(registry: Registry, manager: pluggy.PluginManager, ep: Any, row: P
                 hint=f"report it to the authors of {row.distribution}",
             ))
             continue
-        rows.append(_probe(row, factory))
+        rows.append(_probe(row, factory, str(declared)))
     return rows
 
 
-def _probe(template: PluginStatus, factory: Factory) -> PluginStatus:
+def _probe(template: PluginStatus, factory: Factory, plugin_api: str) -> PluginStatus:
     row = PluginStatus(
         factory.name, template.plugin, template.distribution, template.version, BROKEN,
         factory=factory, priority=getattr(factory, "priority", 50),
     )
-    declared = str(getattr(factory, "api_version", API_VERSION))
+    declared = str(getattr(factory, "api_version", None) or plugin_api)
     if _major(declared) != _major(API_VERSION):
         row.status = INCOMPATIBLE
         row.reason = f"factory {factory.name} targets plugin API {declared}, hetero has {API_VERSION}"

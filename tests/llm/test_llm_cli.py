@@ -9,18 +9,16 @@ import json
 import numpy as np
 import pytest
 
+from hetero.cli import build_parser
 from hetero.contract import HeteroError
 from hetero.llm import bench as bench_mod
-from hetero.llm.cli import add_llm_commands
 from hetero.llm.synthetic import SyntheticWeights, load_synthetic, synthetic_config
 
 from .helpers import FIXTURES, expected
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="hetero")
-    add_llm_commands(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 def test_bench_markdown_table(capsys):
@@ -105,9 +103,10 @@ def test_chat_command_reads_turns(capsys):
     stdin = io.StringIO("Hello!\n/reset\nWhat is the capital of France?\nAnd of Germany?\n/exit\nignored\n")
     assert cli._cmd_chat(args, stdin=stdin) == 0
     err = capsys.readouterr().err
-    assert err.count("generated") == 3
-    assert "(0 cached)" in err.splitlines()[2]  # after /reset nothing is reused
-    assert "(0 cached)" not in err.splitlines()[-1]  # the last turn reuses the previous one
+    stats = [line for line in err.splitlines() if "generated" in line]
+    assert len(stats) == 3 and "(conversation cleared)" in err
+    assert "(0 cached)" in stats[1]  # after /reset nothing is reused
+    assert "(0 cached)" not in stats[2]  # the last turn reuses the previous one
 
 
 def test_synthetic_weights_are_deterministic_and_valid():
@@ -132,3 +131,54 @@ def test_synthetic_model_runs_and_counts_params():
     assert llm.num_params() == cfg.vocab_size * cfg.hidden_size + cfg.num_layers * per_layer + cfg.hidden_size
     logits = llm.prefill([1, 2, 3])
     assert logits.shape == (1, cfg.vocab_size) and np.isfinite(logits).all()
+
+
+def test_bench_sweeps_threads_and_backends_in_one_table(capsys):
+    args = parse(["bench", "--synthetic", "tiny", "-p", "8", "-n", "2", "-r", "1", "--no-warmup", "-t", "1,2",
+                  "-o", "json"])
+    assert args.func(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["threads"], r["test"]) for r in rows] == [(1, "pp8"), (1, "tg2"), (2, "pp8"), (2, "tg2")]
+    args = parse(["bench", "--synthetic", "tiny", "-p", "8", "-n", "0", "-r", "1", "--no-warmup", "-a",
+                  "cpu,reference"])
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("|")[4].strip() for line in lines[2:]] == ["cpu", "reference"]  # MNN llm_bench's -a
+
+
+def test_bench_output_formats(capsys):
+    base = ["bench", "--synthetic", "tiny", "-p", "8", "-n", "2", "-r", "2", "--no-warmup", "-t", "1"]
+    args = parse([*base, "-o", "csv"])
+    assert args.func(args) == 0
+    import csv
+
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["test"] for r in rows] == ["pp8", "tg2"]
+    assert all(float(r["avg_ts"]) > 0 and len(r["samples_ts"].split(";")) == 2 for r in rows)
+    args = parse([*base, "-o", "jsonl"])
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [json.loads(line)["test"] for line in lines] == ["pp8", "tg2"]
+
+
+def test_bench_rejects_b_with_a():
+    args = parse(["bench", "--synthetic", "tiny", "-b", "cpu", "-a", "cpu,reference"])
+    with pytest.raises(HeteroError, match="not both"):
+        args.func(args)
+
+
+def test_info_on_a_gguf_file_and_a_model_folder(capsys):
+    from hetero.cli import main
+
+    assert main(["info", str(FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf"), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["architecture"] == "qwen3" and facts["file_type"] == "Q4_K_M" and facts["context_length"] == 2048
+    assert {"Q4_K", "Q6_K"} <= set(facts["quantization_mix"])
+    assert facts["tokenizer"]["model"] == "gpt2" and facts["tokenizer"]["vocab"] == 320
+    assert facts["chat_template"]["style"] == "chatml" and facts["chat_template"]["thinking"]
+    assert main(["info", str(FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf")]) == 0
+    text = capsys.readouterr().out
+    assert "context   2048 tokens" in text and "mix: Q" in text and "template  chatml" in text
+    assert main(["info", str(FIXTURES / "qwen3")]) == 0
+    text = capsys.readouterr().out
+    assert "model_type qwen3" in text and "safetensors" in text and "tokenizer tokenizer.json" in text

@@ -15,6 +15,9 @@ from .helpers import FIXTURES, expected, load, reference_logits
 
 HYBRID = ["qwen3_5", "qwen3_5_moe", "qwen3_5_next"]
 TOL = 1e-4
+# Two hetero runs whose chunked prefills split the same tokens at different offsets sum in a different order: on an
+# AVX2 machine (8-wide accumulators) a few of 34,880 MoE logits differ by 1.1e-4 between them.
+REALIGNED_TOL = 3e-4
 
 
 @pytest.fixture(params=HYBRID)
@@ -70,7 +73,7 @@ def test_rollback_into_previous_turn_equals_fresh_run(hybrid):
     assert llm.stats.cached_tokens == 90
     fresh = load(FIXTURES / hybrid, all_logits=True)
     want = fresh.prefill(turn2)
-    np.testing.assert_allclose(got, want[-got.shape[0]:], atol=TOL)
+    np.testing.assert_allclose(got, want[-got.shape[0]:], atol=REALIGNED_TOL)
     assert greedy_tokens(llm, turn2, 8) == greedy_tokens(fresh, turn2, 8)
     assert answer  # turn 1 really generated
 

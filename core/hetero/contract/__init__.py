@@ -7,6 +7,8 @@ the source), so a plugin that imports only this package depends on what ``API_VE
   ``Support`` and the ``Kernel`` protocol (every method the runtime may call);
 * ``hookspecs`` — the hooks a plugin implements (``hookimpl``);
 * ``tensor``, ``dtypes``, ``graph`` — the values, element types and graph IR a backend receives;
+* ``registry`` — the op schemas (``OpSchema``: shape inference and numpy reference); ``reference`` — that numpy
+  reference as a kernel a backend may run for the ops it leaves out;
 * ``quant`` and ``opforms`` — the block-quantized weight formats and the op attribute forms kernels read;
 * ``errors`` — the error hierarchy (``BackendUnavailable`` from a probe, ``BackendError`` from a kernel...).
 
@@ -15,7 +17,7 @@ Read docs/backend-authors.md for a walk-through.
 
 from __future__ import annotations
 
-from . import dtypes, graph, opforms, quant
+from . import dtypes, graph, opforms, quant, registry
 from .backend import (
     API_VERSION,
     SUPPORTED,
@@ -28,6 +30,7 @@ from .backend import (
     KernelFactory,
     KernelTableBackend,
     NodeInfo,
+    SubgraphRunner,
     Support,
     dtype_check,
     unsupported,
@@ -68,6 +71,7 @@ __all__ = [
     "NodeInfo",
     "PluginError",
     "ShapeError",
+    "SubgraphRunner",
     "Support",
     "Tensor",
     "TensorInfo",
@@ -79,5 +83,6 @@ __all__ = [
     "hookspec",
     "opforms",
     "quant",
+    "registry",
     "unsupported",
 ]

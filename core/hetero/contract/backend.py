@@ -1,16 +1,17 @@
 """The backend plugin contract. A backend package implements these classes; the core never names a backend.
 
 A package exposes, through the entry-point group ``hetero.backends``, a light pure-Python module (no native import
-at its top) that states ``api_version`` and implements the ``hetero_register_backends`` hook (see
-``hookspecs.py``), registering one ``Factory``. Then:
+at its top) that states its own ``api_version`` (a literal: the version of this contract it was written for) and
+implements the ``hetero_register_backends`` hook (see ``hookspecs.py``), registering one ``Factory``. Then:
 
 * ``Factory.probe()`` lists the devices, or raises ``BackendUnavailable`` naming the missing driver and the fix;
 * ``Factory.create(device, options)`` returns a ``Backend`` for one device;
 * the session asks ``Backend.supports(node)`` for every node (after shape inference), then ``Backend.kernel(node)``
   for those it got. A ``Kernel`` is prepared when input shapes change (plan memory, choose the algorithm) and run
-  on preallocated outputs (no allocation on the hot path).
-* memory: ``alloc``/``free``/``upload``/``download`` (and optional ``copy``). Backends that compute on host memory
-  inherit ``HostMemory`` and then share buffers with each other without copies.
+  on preallocated outputs (no allocation on the hot path). ``Kernel`` below lists every method the runtime calls.
+* memory: ``alloc``/``upload``/``download`` (and optional ``view``, ``copy``); ``synchronize`` after the work the
+  session queued on an asynchronous device; ``close``. Backends that compute on host memory inherit ``HostMemory``
+  and then share buffers with each other without copies.
 
 Read docs/backend-authors.md for a walk-through; ``hetero.reference`` is the smallest complete backend.
 """
@@ -28,7 +29,10 @@ from .errors import BackendError
 from .graph import Graph, Node
 from .tensor import Tensor, TensorInfo
 
-API_VERSION = "1.0"
+# The contract's version. A plugin states the version it was written for; a different major version is refused
+# before anything of the plugin runs (hetero.plugins). 2.0: the contract package, kernel factories taking their
+# backend, memory_domain per class, no Backend.free.
+API_VERSION = "2.0"
 
 
 @dataclass(frozen=True)
@@ -98,14 +102,37 @@ class NodeInfo:
         return self.node.attrs.get(name, default)
 
 
-class Kernel(Protocol):
-    """One node on one backend. ``prepare`` runs when input shapes change; ``run`` must not allocate.
+SubgraphRunner = Callable[[Graph, dict[str, np.ndarray]], list[np.ndarray]]
 
-    Optional, not part of the protocol's required methods: ``bind(inputs, outputs) -> Callable[[], None] | None``.
-    The session's steady-state replay (``hetero.runtime.replay``) asks for it once per recorded step: a
-    zero-argument callable doing what ``run(inputs, outputs)`` does on these exact tensors, whose buffers stay while
-    their contents change (read values such as ``past_len`` at call time). None, or no ``bind``: the replay calls
-    ``run``.
+
+class Kernel(Protocol):
+    """One node on one backend: every method the runtime calls on a kernel.
+
+    Required:
+
+    * ``prepare(inputs, outputs)`` — called before the first ``run`` and again whenever the input shapes (or the
+      values of the op's shape-deciding inputs) change, with the static infos of the inputs and of the outputs
+      shape inference computed. Plan here: choose the algorithm, size scratch memory, upload constants.
+    * ``run(inputs, outputs)`` — compute into ``outputs``: tensors the session allocated with the backend's
+      ``empty``/``alloc`` (possibly slices of one arena), of the shapes ``prepare`` was given. Write into their
+      buffers; never rebind ``Tensor.buffer``, allocate results or write the inputs, which other nodes read too
+      (the conformance kit checks all three). An absent optional input is None.
+
+    Optional (looked up with ``getattr``; a kernel without them is still complete):
+
+    * ``run(inputs, outputs, run_subgraph=...)`` — nodes with a graph attribute (If / Loop / Scan bodies) are run
+      with a keyword ``run_subgraph(graph, feeds) -> list[np.ndarray]`` that executes a body with the enclosing
+      graph's values in scope (a ``SubgraphRunner``). Only kernels of such ops receive it.
+    * ``run_dynamic(inputs, run_subgraph=None) -> list[Tensor]`` — for ops whose output shapes depend on the data
+      (``OpSchema.data_dependent``: NonZero, Unique, If, Loop...): compute and return new output tensors, sized by
+      the results, instead of ``prepare`` + ``run``. The one place a kernel allocates; results must not alias the
+      inputs (the session frees inputs at their last reader).
+    * ``bind(inputs, outputs) -> Callable[[], None] | None`` — the session's steady-state replay
+      (``hetero.runtime.replay``) asks for it once per recorded step: a zero-argument callable doing what
+      ``run(inputs, outputs)`` does on these exact tensors, whose buffers stay while their contents change (read
+      values such as ``past_len`` at call time). None, or no ``bind``: the replay calls ``run``.
+    * ``implementation: str`` — what the kernel is when it is not the backend's own (``"numpy"`` for the
+      reference run inside a backend); shown by ``Session.explain()`` and ``hetero ops``.
     """
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None: ...
@@ -120,10 +147,14 @@ class Compiled(Protocol):
 
 
 class Backend:
-    """One device instance of a backend. Subclass it; override what your hardware does."""
+    """One device instance of a backend. Subclass it; override what your hardware does.
+
+    A session holds at most one instance per backend name (``"opencl:1"`` picks the device), so ``memory_domain``
+    is a class attribute: ``"host"`` for numpy memory that every host backend reads directly, or a name of the
+    backend's own (``"opencl"``) for device memory, which other backends reach through copies at segment edges.
+    """
 
     name: ClassVar[str] = "backend"
-    # Backends in the same memory domain read each other's tensors directly; others get copies at boundaries.
     memory_domain: ClassVar[str] = "host"
 
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
@@ -147,11 +178,9 @@ class Backend:
 
     # -- memory --------------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int, kind: str = "arena") -> Any:
-        """A buffer of ``nbytes``; ``kind`` is weights | arena | scratch, a hint for where it should live."""
+        """A buffer of ``nbytes``; ``kind`` is weights | arena | scratch, a hint for where it should live. The buffer
+        is released when the last tensor holding it is dropped (a device backend frees in its buffer's finalizer)."""
         raise NotImplementedError
-
-    def free(self, buffer: Any) -> None:
-        """Release a buffer from ``alloc``; the default lets garbage collection do it."""
 
     def empty(self, info: TensorInfo) -> Tensor:
         assert info.shape is not None and info.is_static, info
@@ -174,7 +203,9 @@ class Backend:
         return None
 
     def synchronize(self) -> None:
-        """Wait for queued work (asynchronous devices)."""
+        """Wait until the work queued on the device so far is done. The session calls it at the end of each
+        segment it ran on this backend, before anything else reads the results; asynchronous devices override it,
+        host backends need not (the default returns at once)."""
 
     def close(self) -> None:
         """Release device resources; the backend is not used afterwards."""
@@ -213,15 +244,19 @@ class HostMemory:
         return Tensor(array.reshape(info.shape), info.shape, info.dtype, self)  # type: ignore[arg-type]
 
 
-KernelFactory = Callable[[NodeInfo], Kernel]
+# A kernel table entry: called with the node and the backend instance the kernel will run on (a kernel class taking
+# ``(node, backend)`` is one). It may define a static ``accepts(node) -> Support`` to refuse configurations.
+KernelFactory = Callable[[NodeInfo, Backend], Kernel]
 
 
 class Factory:
     """One per backend package: finds devices and creates backends. Must be cheap to construct (no native import)."""
 
     name: ClassVar[str] = "backend"
-    api_version: ClassVar[str] = API_VERSION
-    # Lower runs first when the user gives no order: accelerators < 50, cpu 50, the numpy reference 100.
+    # The contract version this factory was written for; None: the one its plugin module states (``api_version``).
+    api_version: ClassVar[str | None] = None
+    # The order of backends when the user names none: lower is asked first (accelerators < 50, cpu 50, the numpy
+    # reference 100). It orders, nothing more: what counts as a fallback is what the user did not ask for.
     priority: ClassVar[int] = 50
 
     def probe(self) -> list[Device]:
@@ -249,8 +284,8 @@ def forget_added_kernels() -> None:
 class KernelTableBackend(Backend):
     """A backend whose kernels are looked up by op in a table; kernels registered by other plugins join it.
 
-    Table entries are kernel classes (or factories) taking a ``NodeInfo``; a class may define a static
-    ``accepts(node) -> Support`` to refuse particular dtypes or attributes.
+    Table entries are ``KernelFactory``s: kernel classes (or functions) called with ``(node, backend)``; a class may
+    define a static ``accepts(node) -> Support`` to refuse particular dtypes or attributes.
     """
 
     kernels: ClassVar[dict[tuple[str, str], KernelFactory]] = {}
@@ -266,4 +301,4 @@ class KernelTableBackend(Backend):
         return accepts(node) if accepts is not None else SUPPORTED
 
     def kernel(self, node: NodeInfo) -> Kernel:
-        return self._table()[(node.domain, node.op_type)](node)
+        return self._table()[(node.domain, node.op_type)](node, self)

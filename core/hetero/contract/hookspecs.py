@@ -18,7 +18,7 @@ def hetero_register_backends(register: Callable[[Any], None]) -> None:
 
 @hookspec
 def hetero_register_ops(register: Callable[[Any], None]) -> None:
-    """Register new op schemas: ``register(hetero.ops.OpSchema(...))`` (custom domains)."""
+    """Register new op schemas: ``register(hetero.contract.registry.OpSchema(...))`` (custom domains)."""
 
 
 @hookspec

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from . import dtypes
 from .dtypes import DType
-
-if TYPE_CHECKING:
-    from .backend import Backend
 
 Dim = int | None  # None: not known before run time
 Shape = tuple[Dim, ...]
@@ -42,12 +39,22 @@ class TensorInfo:
         return f"{self.dtype}[{dims}]"
 
 
+class Owner(Protocol):
+    """What a tensor needs of the backend that owns it (a ``hetero.contract.Backend``); named here so that tensor
+    info stays a leaf module."""
+
+    name: str
+    memory_domain: str
+
+    def download(self, tensor: Tensor) -> np.ndarray: ...
+
+
 class Tensor:
     """A buffer with a shape and dtype, owned by a backend (``backend=None``: plain host memory)."""
 
     __slots__ = ("backend", "buffer", "dtype", "shape")
 
-    def __init__(self, buffer: Any, shape: Sequence[int], dtype: DType, backend: Backend | None = None) -> None:
+    def __init__(self, buffer: Any, shape: Sequence[int], dtype: DType, backend: Owner | None = None) -> None:
         self.buffer = buffer
         self.shape = tuple(int(d) for d in shape)
         self.dtype = dtype

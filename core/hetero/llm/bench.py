@@ -16,6 +16,9 @@ recurrent t/s) show what the chunked prefill form buys.
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import statistics
 import time
@@ -25,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..progress import Progress
 from .model import Llm
 
 
@@ -110,10 +114,17 @@ def linear_attention_mode(llm: Llm, mode: str) -> Iterator[None]:
 
 
 def bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int = 5, *, warmup: bool = True,
-          seed: int = 0, threads: int | None = None, compare_linear_attention: bool | None = None
-          ) -> list[BenchResult]:
+          seed: int = 0, threads: int | None = None, compare_linear_attention: bool | None = None,
+          progress: bool = False) -> list[BenchResult]:
     """The tests in order. compare_linear_attention: prefill tests of a hybrid model in both GatedDeltaRule forms
-    (None: when the nodes' mode is "auto"; see the module doc)."""
+    (None: when the nodes' mode is "auto"; see the module doc). progress: a bar over the tests (on a terminal)."""
+    total = len(tests) * max(1, repetitions)
+    with Progress(f"benchmarking {','.join(llm.backend_names())}", total, enabled=progress) as bar:
+        return _bench(llm, tests, repetitions, warmup, seed, threads, compare_linear_attention, bar)
+
+
+def _bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int, warmup: bool, seed: int,
+           threads: int | None, compare_linear_attention: bool | None, bar: Progress) -> list[BenchResult]:
     rng = np.random.default_rng(seed)
     backend = ",".join(llm.backend_names())
     shared = dict(model=llm.name + (f" {llm.quant}" if llm.quant else ""), size_bytes=llm.size_bytes(),
@@ -127,14 +138,17 @@ def bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int = 5, *, w
     results: list[BenchResult] = []
     for n_prompt, n_gen in tests:
         label = label_of(n_prompt, n_gen)
+        bar.update(0, label)
         if compare and n_prompt and not n_gen:
             results.extend(_compare_forms(llm, n_prompt, repetitions, warmup, rng, shared))
+            bar.update(max(1, repetitions), label)
             continue
         result = BenchResult(test=label, n_prompt=n_prompt, n_gen=n_gen, linear_attention=mode, **shared)
         if warmup:
             run_test(llm, n_prompt, min(n_gen, 1), rng)
-        for _ in range(max(1, repetitions)):
+        for rep in range(max(1, repetitions)):
             result.samples_ts.append(run_test(llm, n_prompt, n_gen, rng))
+            bar.update(1, f"{label} {rep + 1}/{max(1, repetitions)}")
         results.append(result)
     llm.reset()
     return results
@@ -182,6 +196,29 @@ def markdown(results: Sequence[BenchResult]) -> str:
     notes = [f"\nlinear attention, chunked / recurrent prefill (median of paired runs): {', '.join(gains)}"] if gains \
         else []
     return "\n".join([line(rows[0]), rule, *(line(r) for r in rows[1:]), *notes])
+
+
+OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
+
+
+def formatted(results: Sequence[BenchResult], output: str = "md") -> str:
+    """The results as llama-bench's ``-o``: a markdown table, a JSON array, JSON lines, or CSV with a header."""
+    if output == "md":
+        return markdown(results)
+    rows = [r.as_dict() for r in results]
+    if output == "json":
+        return json.dumps(rows, indent=2)
+    if output == "jsonl":
+        return "\n".join(json.dumps(row) for row in rows)
+    if output == "csv":
+        out = io.StringIO()
+        columns = [k for k in (rows[0] if rows else {}) if k != "samples_ts"] + ["samples_ts"]
+        writer = csv.DictWriter(out, columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "samples_ts": ";".join(f"{v:.4f}" for v in row["samples_ts"])})
+        return out.getvalue().rstrip("\n")
+    raise ValueError(f"output format {output!r}; expected one of {OUTPUT_FORMATS}")
 
 
 def _size(nbytes: int) -> str:

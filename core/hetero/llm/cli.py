@@ -1,65 +1,112 @@
-"""``hetero generate``, ``hetero chat`` and ``hetero bench``: added to the main parser by ``add_llm_commands``."""
+"""``hetero generate``, ``hetero chat`` and ``hetero bench`` (and ``hetero run`` on an LLM), with llama.cpp's flag
+names: ``-m/--model``, ``-p/--prompt``, ``-c/--ctx-size``, ``-n/--n-predict``, ``--temp``, ``--top-k``, ``--top-p``,
+``--min-p``, ``--seed``, ``-t/--threads``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
+from .. import progress
 from ..contract.errors import HeteroError
+from .stats import sampling_text, stats_line
+
+MODEL_HELP = "a .gguf file, a Hugging Face model folder, or a repo id found in the local Hugging Face cache"
 
 
 def add_llm_commands(subparsers: Any) -> None:
-    p = subparsers.add_parser("generate", help="continue a prompt with an LLM (Hugging Face folder)")
-    p.add_argument("model", help="path to a Hugging Face model folder")
-    p.add_argument("prompt", nargs="?", help="the prompt text (default: read stdin)")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=128)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--no-stream", action="store_true", help="print the text once it is complete")
-    _model_options(p)
-    _sampling_options(p)
-    p.set_defaults(func=_cmd_generate)
+    """Add generate / chat / bench to the subparsers of the main parser."""
+    from ..cli import add_backend_option, add_command
 
-    p = subparsers.add_parser("chat", help="chat with an LLM interactively (streaming; /reset, /exit)")
-    p.add_argument("model", help="path to a Hugging Face model folder")
-    p.add_argument("--system", help="a system prompt")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=1024)
-    p.add_argument("--no-think", action="store_true", help="ask thinking models not to think (enable_thinking=False)")
-    _model_options(p)
-    _sampling_options(p)
-    p.set_defaults(func=_cmd_chat)
+    def command(name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        return add_command(subparsers, name, help_text, func)
 
-    p = subparsers.add_parser("bench", help="LLM throughput, llama-bench style (default: synthetic Qwen3-0.6B q4)")
-    p.add_argument("-m", "--model", help="Hugging Face model folder (default: a synthetic model, see --synthetic)")
+    p = command("generate", "continue a prompt with an LLM (GGUF file or Hugging Face folder)", _cmd_generate)
+    _model_arguments(p)
+    p.add_argument("prompt", nargs="?", help="the prompt text (same as -p)")
+    p.add_argument("-p", "--prompt", dest="prompt_opt", metavar="TEXT",
+                   help="the prompt text (default: read stdin; on a terminal, end it with Ctrl-D)")
+    p.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", help="read the prompt from FILE")
+    add_backend_option(p)
+    add_generation_options(p, default_n=128)
+
+    p = command("chat", "chat with an LLM in a line editor: history, multi-line input, /help, /reset, /bye",
+                _cmd_chat)
+    _model_arguments(p)
+    add_backend_option(p)
+    add_generation_options(p, default_n=1024)
+
+    p = command("bench", "LLM throughput, llama-bench style: sweeps of prompt / generation sizes, threads and "
+                "backends (default model: a synthetic Qwen3-0.6B in q4)", _cmd_bench)
+    p.add_argument("-m", "--model", help=MODEL_HELP + " (default: a synthetic model, see --synthetic)")
     p.add_argument("--synthetic", default="qwen3-0.6b",
                    help="synthetic shapes without -m: qwen3-0.6b, qwen3.5-0.8b, qwen3.5-2b, tiny, qwen3.5-tiny")
     p.add_argument("--linear-attention-mode", default="auto", choices=["auto", "chunked", "recurrent"],
                    help="Qwen3.5 synthetic models: GatedDeltaRule prefill form (compare chunked with recurrent)")
-    p.add_argument("-p", "--n-prompt", action="append", default=None, help="prefill test sizes, e.g. 512 or 128,512")
-    p.add_argument("-n", "--n-gen", action="append", default=None, help="decode test sizes, e.g. 128")
-    p.add_argument("-pg", action="append", default=None, metavar="P,N", help="prefill P then decode N")
-    p.add_argument("-r", "--repetitions", type=int, default=5)
-    p.add_argument("-b", "--backend", action="append", default=[], help="backend(s) in preference order, e.g. cpu")
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("-q", "--quant", default=None, help="q4 / q8 (+ _asym, _b64, _b128); synthetic default q4")
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context (default: what the tests need)")
-    p.add_argument("--no-warmup", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-p", "--n-prompt", action="append", default=None, metavar="N[,N]",
+                   help="prefill test sizes, e.g. 512 or 128,512 (default 512)")
+    p.add_argument("-n", "--n-gen", action="append", default=None, metavar="N[,N]",
+                   help="decode test sizes, e.g. 128 (default 128)")
+    p.add_argument("-pg", action="append", default=None, metavar="P,N", help="prefill P then decode N (repeatable)")
+    p.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs per test (default 5)")
+    p.add_argument("-b", "--backend", action="append", default=[], metavar="NAME[,NAME]",
+                   help="backends in preference order for every test, e.g. opencl,cpu")
+    p.add_argument("-a", "--backends", dest="compare", action="append", default=[], metavar="A,B",
+                   help="compare backends, one model load each, in one table (MNN llm_bench's -a), e.g. cpu,opencl")
+    p.add_argument("-t", "--threads", action="append", default=None, metavar="N[,N]",
+                   help="thread counts to sweep, e.g. 1,2 (default: the backend's)")
+    p.add_argument("-q", "--quant", default=None,
+                   help="quantize at load: q4 / q8 (+ _asym, _b64, _b128); synthetic default q4")
+    p.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=int, default=None,
+                   help="context in tokens (default: what the tests need)")
+    p.add_argument("--no-warmup", action="store_true", help="time the first run of each test too")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default 0)")
+    p.add_argument("-o", "--output", choices=["md", "json", "csv", "jsonl"], default="md",
+                   help="table format: md (default, as llama-bench prints), json, jsonl or csv")
+    p.add_argument("--json", action="store_true", help="same as -o json")
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")
     _kv_option(p)
-    p.set_defaults(func=_cmd_bench)
 
 
-def _model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-b", "--backend", action="append", default=[], help="backend(s) in preference order, e.g. cpu")
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("-q", "--quant", default=None, help="quantize at load: q4 / q8 (+ _asym, _b64, _b128)")
-    p.add_argument("-c", "--ctx", type=int, default=4096, help="context length (KV cache) in tokens")
-    p.add_argument("--on-fallback", choices=["warn", "error", "silent"], default="silent")
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", help=MODEL_HELP + " (same as -m)")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="MODEL", help=MODEL_HELP)
+
+
+def add_generation_options(p: argparse.ArgumentParser, *, default_n: int = 128,
+                           seed_help: str = "sampling seed (default: random)") -> None:
+    """Flags of every command that loads and samples from an LLM (generate, chat, run)."""
+    p.add_argument("-n", "--n-predict", "--max-new-tokens", dest="max_new_tokens", type=int, default=default_n,
+                   metavar="N", help=f"most tokens to generate (default {default_n})")
+    p.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=int, default=4096, metavar="N",
+                   help="context length (KV cache) in tokens (default 4096)")
+    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="threads of the CPU backend (default: every core)")
+    p.add_argument("-q", "--quant", default=None,
+                   help="quantize float weights at load: q4 / q8 (+ _asym, _b64, _b128); GGUF's own types are kept")
+    p.add_argument("--on-fallback", choices=["warn", "error", "silent"], default=None,
+                   help="nodes that leave the requested backends: one warning, an error, or nothing "
+                        "(default: warn for ONNX models, silent for LLMs)")
+    p.add_argument("--system", help="chat: a system prompt")
+    p.add_argument("--no-think", action="store_true", help="chat: ask thinking models not to think")
+    p.add_argument("--stop", action="append", default=[], help="stop at this text (repeatable)")
+    p.add_argument("--no-stream", action="store_true", help="print the text once it is complete")
+    p.add_argument("--temp", "--temperature", dest="temp", type=float, default=None,
+                   help="temperature; 0 is greedy (default: the model file's sampling keys, else llama.cpp's 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens; 0 is off")
+    p.add_argument("--top-p", type=float, default=None, help="keep the smallest set with this much probability")
+    p.add_argument("--min-p", type=float, default=None, help="drop tokens below this fraction of the best")
+    p.add_argument("--repeat-penalty", type=float, default=None, help="penalize tokens seen recently (1 is off)")
+    p.add_argument("--presence-penalty", type=float, default=None, help="subtracted once from every seen token")
+    p.add_argument("--frequency-penalty", type=float, default=None, help="subtracted per occurrence")
+    p.add_argument("--seed", type=int, default=None, help=seed_help)
     _kv_option(p)
 
 
@@ -69,103 +116,145 @@ def _kv_option(p: argparse.ArgumentParser) -> None:
                    help="KV cache element type: f16 (default), f32 (exact) or q8 (int8, about half of f16's memory)")
 
 
-def _sampling_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temp", type=float, default=None, help="temperature (0: greedy; default: the model's)")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--min-p", type=float, default=None)
-    p.add_argument("--repeat-penalty", type=float, default=None)
-    p.add_argument("--presence-penalty", type=float, default=None)
-    p.add_argument("--frequency-penalty", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-
-
 def _backends(args: argparse.Namespace) -> list[str] | None:
-    return [b for spec in args.backend for b in spec.split(",") if b] or None
+    return [b.strip() for spec in args.backend for b in spec.split(",") if b.strip()] or None
 
 
-def _load(args: argparse.Namespace):
+def _model_path(args: argparse.Namespace) -> str:
+    """The model from -m or the first positional (llama.cpp's and our own habit); with -m, a lone positional is the
+    prompt (``generate -m M "hi"``)."""
+    given, positional = getattr(args, "model_opt", None), args.model
+    if given and positional:
+        if getattr(args, "prompt", None) is not None or not hasattr(args, "prompt"):
+            raise HeteroError(f"two models given: -m {given} and {positional}")
+        args.prompt = positional
+        return given
+    model = given or positional
+    if not model:
+        raise HeteroError("no model given: pass -m MODEL (a .gguf file or a Hugging Face folder)")
+    return model
+
+
+class Loaded:
+    """An Llm with how long loading took (for the stats line)."""
+
+    def __init__(self, llm: Any, seconds: float) -> None:
+        self.llm, self.seconds = llm, seconds
+
+
+def load_llm(args: argparse.Namespace, model: str) -> Loaded:
     from .loader import load
 
-    return load(args.model, backends=_backends(args), on_fallback=args.on_fallback, threads=args.threads,
-                quant=args.quant, context=args.ctx, kv_cache=args.kv_cache)
+    started = time.perf_counter()
+    with progress.phase(f"loading {Path(model).name}"):
+        llm = load(model, backends=_backends(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
+                   quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True)  # (terminal only)
+    return Loaded(llm, time.perf_counter() - started)
 
 
-def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+def _load(args: argparse.Namespace) -> Any:
+    """The model the arguments name, loaded (tests reach the loaded model through this)."""
+    return load_llm(args, _model_path(args)).llm
+
+
+def sampling(args: argparse.Namespace) -> dict[str, Any]:
     return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repetition_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                 frequency_penalty=args.frequency_penalty, seed=args.seed)
 
 
-def _print_stats(llm) -> None:
-    s = llm.stats
-    print(f"\n[prompt {s.prompt_tokens} tokens ({s.cached_tokens} cached), prefill {s.prefill_tokens_per_second:.1f} "
-          f"t/s; generated {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} t/s]", file=sys.stderr)
+def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: float | None) -> None:
+    print(stats_line(loaded.llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
+
+
+def stream_out(pieces: Iterable[str], started: float) -> float | None:
+    """Print ``pieces`` as they come; returns the seconds to the first one (None: nothing came)."""
+    iterator = iter(pieces)
+    # The prompt's prefill (and, on a fresh session, memory planning and device program builds) comes before the
+    # first piece: a status line says so on a terminal until it arrives.
+    with progress.phase("processing the prompt"):
+        piece = next(iterator, None)
+    if piece is None:
+        print()
+        return None
+    first = time.perf_counter() - started
+    print(piece, end="", flush=True)
+    for piece in iterator:
+        print(piece, end="", flush=True)
+    print()
+    return first
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file:
+        try:
+            return Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HeteroError(f"-f {args.prompt_file}: cannot read the prompt ({exc})") from exc
+    if sys.stdin.isatty():
+        print("hetero: reading the prompt from stdin (end it with Ctrl-D; or pass -p TEXT)", file=sys.stderr)
+    return sys.stdin.read()
+
+
+def _generate(args: argparse.Namespace, model: str, prompt: str) -> int:
+    if not prompt.strip():
+        raise HeteroError("the prompt is empty: give it with -p TEXT, -f FILE or on stdin")
+    loaded = load_llm(args, model)
+    overrides = sampling(args)
+    started = time.perf_counter()
+    if args.no_stream:
+        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, **overrides))
+        first = None
+    else:
+        first = stream_out(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, stream=True,
+                                               **overrides), started)
+    print_stats(loaded, overrides, first)
+    return 0
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    llm = _load(args)
-    pieces = llm.generate(prompt, args.max_new_tokens, stop=args.stop, stream=not args.no_stream,
-                          **_sampling(args))
-    if args.no_stream:
-        print(pieces)
-    else:
-        for piece in pieces:
-            print(piece, end="", flush=True)
-        print()
-    _print_stats(llm)
-    return 0
+    model = _model_path(args)
+    if args.prompt is not None and args.prompt_opt is not None:
+        raise HeteroError(f"two prompts given: -p {args.prompt_opt!r} and {args.prompt!r}")
+    prompt = args.prompt if args.prompt is not None else args.prompt_opt
+    return _generate(args, model, prompt if prompt is not None else _read_prompt(args))
 
 
 def _cmd_chat(args: argparse.Namespace, stdin: Any = None) -> int:
-    stdin = stdin or sys.stdin
-    llm = _load(args)
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    messages: list[dict[str, str]] = list(system)
-    template = {"enable_thinking": False} if args.no_think else {}
-    interactive = stdin.isatty()
-    print("hetero chat: /reset clears the conversation, /exit quits", file=sys.stderr)
-    while True:
-        if interactive:
-            print("> ", end="", flush=True)
-        line = stdin.readline()
-        if not line:
-            break
-        text = line.rstrip("\n")
-        if text.strip() in ("/exit", "/quit"):
-            break
-        if text.strip() == "/reset":
-            messages = list(system)
-            llm.reset()
-            continue
-        if not text.strip():
-            continue
-        messages.append({"role": "user", "content": text})
-        reply = []
-        try:
-            for piece in llm.chat(messages, args.max_new_tokens, stream=True, template_kwargs=template,
-                                  **_sampling(args)):
-                reply.append(piece)
-                print(piece, end="", flush=True)
-        except KeyboardInterrupt:
-            print("\n[interrupted]", file=sys.stderr)
-        print()
-        messages.append({"role": "assistant", "content": "".join(reply)})
-        _print_stats(llm)
-    return 0
+    from .repl import ChatRepl
+
+    model = _model_path(args)
+    loaded = load_llm(args, model)
+    return ChatRepl(loaded, args, stdin or sys.stdin).run()
 
 
-def _sizes(values: list[str] | None) -> list[int]:
+def run_llm(args: argparse.Namespace) -> int:
+    """``hetero run MODEL [PROMPT]`` on an LLM, as ``ollama run``: generate from the prompt, else chat on a terminal,
+    else generate from stdin."""
+    onnx_only = [flag for flag, given in (("-i", args.input), ("--random-inputs", args.random_inputs),
+                                          ("--explain", args.explain), ("--save-outputs", args.save_outputs)) if given]
+    if onnx_only:
+        raise HeteroError(f"{args.model} is an LLM: {', '.join(onnx_only)} apply to ONNX models (give a prompt)")
+    if args.prompt is not None:
+        return _generate(args, args.model, args.prompt)
+    if sys.stdin.isatty():
+        args.model_opt = None
+        return _cmd_chat(args)
+    args.prompt_file = None
+    return _generate(args, args.model, _read_prompt(args))
+
+
+# -- bench -------------------------------------------------------------------------------------------------------
+def _sizes(values: list[str] | None, flag: str = "-p") -> list[int]:
     out = []
     for value in values or []:
         for part in value.split(","):
             try:
                 out.append(int(part))
             except ValueError:
-                raise HeteroError(f"bench: {part!r} is not a token count") from None
+                raise HeteroError(f"bench: {flag} {part!r} is not a number") from None
     if any(v < 0 for v in out):
-        raise HeteroError("bench: token counts must be >= 0")
+        raise HeteroError(f"bench: {flag} values must be >= 0")
     return out
 
 
@@ -175,20 +264,26 @@ def _pairs(values: list[str] | None) -> list[tuple[int, int]]:
         parts = value.split(",")
         if len(parts) != 2:
             raise HeteroError(f"bench: -pg {value!r}: expected P,N (e.g. 512,128)")
-        p, n = _sizes(parts)
+        p, n = _sizes(parts, "-pg")
         pairs.append((p, n))
     return pairs
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import bench, markdown, plan
+    from .bench import bench, formatted, plan
 
     if args.n_prompt is None and args.n_gen is None and args.pg is None:
         tests = plan([512], [128], [])
     else:
-        tests = plan(_sizes(args.n_prompt), _sizes(args.n_gen), _pairs(args.pg))
+        tests = plan(_sizes(args.n_prompt, "-p"), _sizes(args.n_gen, "-n"), _pairs(args.pg))
     if not tests:
         raise HeteroError("bench: nothing to run (all test sizes are 0)")
+    threads = _sizes(args.threads, "-t") or [None]
+    if any(t == 0 for t in threads):
+        raise HeteroError("bench: -t values must be >= 1")
+    if args.compare and args.backend:
+        raise HeteroError("bench: give -b (one preference list) or -a (backends to compare), not both")
+    runs = [[b.strip()] for spec in args.compare for b in spec.split(",") if b.strip()] or [_backends(args)]
     needed = max(p + max(n, 1) for p, n in tests) + 1
     if args.profile:
         from .profile import context_needed
@@ -197,31 +292,45 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     context = args.ctx or needed
     if context < needed:
         raise HeteroError(f"bench: the tests need a context of {needed} tokens; -c is {context}")
+    output = "json" if args.json else args.output
+    results = []
+    profile = None
+    for backends in runs:
+        for n_threads in threads:
+            llm = _bench_model(args, backends, n_threads, context, show=output == "md")
+            results += bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed,
+                             threads=n_threads, progress=output == "md")
+            if args.profile and profile is None:
+                from .profile import profile_decode
+
+                profile = profile_decode(llm, seed=args.seed)
+            del llm  # freed before the next load: one model in memory at a time
+    if output == "json" and profile:
+        print(json.dumps({"results": [r.as_dict() for r in results], "profile": profile.as_dict()}, indent=2))
+        return 0
+    print(formatted(results, output))
+    if profile and output == "md":
+        print()
+        print(profile.markdown())
+    return 0
+
+
+def _bench_model(args: argparse.Namespace, backends: list[str] | None, threads: int | None, context: int,
+                 show: bool) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the placement shows in the backend column
-        if args.model:
-            from .loader import load
+        name = Path(args.model).name if args.model else f"synthetic {args.synthetic}"
+        with progress.phase(f"loading {name}"):
+            if args.model:
+                from .loader import load
 
-            llm = load(args.model, backends=_backends(args), on_fallback="silent", threads=args.threads,
-                       quant=args.quant, context=context, kv_cache=args.kv_cache)
-        else:
+                return load(args.model, backends=backends, on_fallback="silent", threads=threads, quant=args.quant,
+                            context=context, kv_cache=args.kv_cache, progress=show)
             from .synthetic import load_synthetic
 
-            llm = load_synthetic(args.synthetic, args.quant or "q4", backends=_backends(args), on_fallback="silent",
-                                 threads=args.threads, context=context, progress=not args.json,
-                                 linear_attention_mode=args.linear_attention_mode, kv_cache=args.kv_cache)
-    results = bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed, threads=args.threads)
-    profile = None
-    if args.profile:
-        from .profile import profile_decode
+            return load_synthetic(args.synthetic, args.quant or "q4", backends=backends, on_fallback="silent",
+                                  threads=threads, context=context, progress=show,
+                                  linear_attention_mode=args.linear_attention_mode, kv_cache=args.kv_cache)
 
-        profile = profile_decode(llm, seed=args.seed)
-    if args.json:
-        rows = [r.as_dict() for r in results]
-        print(json.dumps({"results": rows, "profile": profile.as_dict()} if profile else rows, indent=2))
-    else:
-        print(markdown(results))
-        if profile:
-            print()
-            print(profile.markdown())
-    return 0
+
+__all__ = ["add_generation_options", "add_llm_commands", "run_llm", "sampling", "sampling_text"]

@@ -9,14 +9,27 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .sampler import Sampler
 
-if TYPE_CHECKING:
-    from .model import Llm
+
+class _Counters(Protocol):
+    generated_tokens: int
+    decode_seconds: float
+
+
+class Llm(Protocol):
+    """What the loop needs of a model (``hetero.llm.model.Llm``, which imports this module): prefill, one step."""
+
+    @property
+    def stats(self) -> _Counters: ...
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray: ...
 
 
 @dataclass

@@ -2,16 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from ..contract import registry
-from ..contract.graph import Graph
+from ..contract import dtypes, registry
+from ..contract.errors import HeteroError
+from ..contract.graph import Graph, Node
+from ..contract.registry import OpContext, OpSchema
+from ..contract.tensor import TensorInfo
+
+
+def info_of(array: np.ndarray) -> TensorInfo:
+    return TensorInfo(dtypes.from_numpy(array.dtype), tuple(array.shape))
+
+
+def evaluate_node(
+    schema: OpSchema, node: Node, values: Sequence[np.ndarray | None], opset: int, run_subgraph=None
+) -> list[np.ndarray]:
+    infos = [None if v is None else info_of(v) for v in values]
+    ctx = OpContext(node, infos, values, opset, run_subgraph)
+    try:
+        outs = schema.reference(ctx)
+    except HeteroError:
+        raise
+    except Exception as exc:
+        raise HeteroError(f"{node.label()}: reference implementation failed: {type(exc).__name__}: {exc}") from exc
+    return [np.asarray(o) for o in outs[: len(node.outputs)]]
 
 
 def run_graph(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Evaluate ``graph`` on ``feeds`` (which may also hold outer-scope names); returns the graph outputs in order."""
-    from .infer import evaluate_node
-
     env: dict[str, np.ndarray] = {**graph.initializers, **feeds}
     for node in graph.nodes:
         schema = registry.get(node.domain, node.op_type)

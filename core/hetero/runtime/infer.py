@@ -10,20 +10,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..contract import dtypes, registry
+from ..contract import registry
 from ..contract.errors import HeteroError, ShapeError
 from ..contract.graph import Graph, Node
 from ..contract.registry import OpContext, OpSchema
 from ..contract.tensor import TensorInfo
+from .evaluate import evaluate_node, info_of, run_graph
 
 # Constant folding evaluates with the numpy reference; keep results that would bloat the model out of it.
 FOLD_LIMIT_BYTES = 64 << 20
 # Ops whose outputs depend on their inputs' shapes alone: they fold as soon as those shapes are static.
 SHAPE_ONLY_OPS = {("", "Shape"), ("", "Size")}
-
-
-def info_of(array: np.ndarray) -> TensorInfo:
-    return TensorInfo(dtypes.from_numpy(array.dtype), tuple(array.shape))
 
 
 def infer_node(
@@ -48,24 +45,8 @@ def infer_node(
     return list(outs[:n_out])
 
 
-def evaluate_node(
-    schema: OpSchema, node: Node, values: Sequence[np.ndarray | None], opset: int, run_subgraph=None
-) -> list[np.ndarray]:
-    infos = [None if v is None else info_of(v) for v in values]
-    ctx = OpContext(node, infos, values, opset, run_subgraph)
-    try:
-        outs = schema.reference(ctx)
-    except HeteroError:
-        raise
-    except Exception as exc:
-        raise HeteroError(f"{node.label()}: reference implementation failed: {type(exc).__name__}: {exc}") from exc
-    return [np.asarray(o) for o in outs[: len(node.outputs)]]
-
-
 def fold_and_infer(graph: Graph, fold: bool = True) -> None:
     """Fill ``graph.values`` for every value; with ``fold``, replace constant subgraphs by initializers."""
-    from .evaluate import run_graph
-
     known: dict[str, np.ndarray] = dict(graph.initializers)
     for name, array in graph.initializers.items():
         graph.values[name] = info_of(array)

@@ -23,7 +23,7 @@ _warned_skips: set[str] = set()
 @dataclass
 class Selection:
     backends: list[Backend]  # preference order, fallbacks included
-    preferred: set[str]  # names whose placement is no fallback
+    preferred: set[str]  # what the user asked for: a node placed on any other backend fell back
 
 
 def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None = None) -> Selection:
@@ -87,7 +87,9 @@ def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None
             break
     if not chosen:
         raise BackendUnavailable("no backend could start, not even the numpy reference")
-    preferred = {n for n, _ in names} if explicit else {chosen[0].name}
+    # Named backends (the argument or HETERO_BACKENDS) are what the user asked for. Naming none asks for every
+    # working backend, in priority order, but the core's numpy reference: a node that lands there still fell back.
+    preferred = {n for n, _ in names} if explicit else {n for n, _ in names if n != plugins.CORE_PLUGIN}
     return Selection(chosen, preferred)
 
 

@@ -25,6 +25,7 @@ from ..contract.registry import OpSchema
 from ..contract.tensor import Tensor, TensorInfo
 from ..frontends import load
 from ..ir import passes
+from ..progress import phase
 from .infer import fold_and_infer, infer_node
 from .memory import ArenaPlan, Lifetime, plan_arena
 from .partition import Placement, partition
@@ -101,7 +102,8 @@ class Session:
         self._infos = [self._node_info(node) for node in self.graph.nodes]
         self.placement: Placement = partition(self.graph, self._infos, self.backends, selection.preferred)
         self._report_fallback(on_fallback)
-        self._steps = self._build_steps()
+        with phase("preparing kernels (repacking weights, building device programs)"):
+            self._steps = self._build_steps()
         self._weights: dict[tuple[str, str], Tensor] = {}
         self._last_use = self._liveness()
         # What each step is the last reader of, view sources included (a source outlives its own readers while a

@@ -3,7 +3,7 @@
 * ``hetero.testing.conformance`` — the conformance kit: ``conformance.run(backend="name")`` in a test, or
   ``python -m hetero.testing --backend name`` from a shell;
 * ``hetero.testing.pytest_plugin`` — ``--hetero-backend NAME`` and the ``conformance_check`` fixture, one test per
-  check (add ``pytest_plugins = ["hetero.testing.pytest_plugin"]`` to a conftest.py);
+  check (pytest loads it through hetero's ``pytest11`` entry point: no conftest.py line);
 * ``hetero.testing.dist`` — ``make_distribution``: throwaway installed distributions for plugin tests;
 * ``hetero.testing.cases`` — the op case table behind the kit.
 

@@ -6,6 +6,12 @@
 
 or from a shell: ``python -m hetero.testing --backend mybackend``.
 
+Contract checks call the backend directly: the factory, ``create``, ``supports`` (a ``Support``, with a reason when
+it refuses), memory round trips, and every claimed kernel through the calls a session makes — ``prepare`` (again
+when shapes change), then ``run`` on outputs the kit allocated, which the kernel must write in place: rebinding an
+output's buffer, replacing an output tensor, leaving an output unwritten or writing into an input all fail, as
+does a ``bind()`` whose callable does not do what ``run`` does.
+
 Op checks build a single-node ONNX model per case of ``cases.CASES`` whose op the backend claims (its ``supports``
 answer on the case's ``NodeInfo``), run it through ``Session(..., backends=[name], on_fallback="error")`` and compare
 with the numpy reference backend within the output dtype's tolerance. Ops the backend refuses are SKIPs, not FAILs:
@@ -14,6 +20,7 @@ a backend implements what its hardware does well.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +29,7 @@ import numpy as np
 
 from .. import plugins
 from ..contract import dtypes, registry
-from ..contract.backend import API_VERSION, Backend, Device, NodeInfo, Support
+from ..contract.backend import API_VERSION, Backend, Device, Kernel, NodeInfo, Support
 from ..contract.graph import Node
 from ..contract.tensor import Tensor, TensorInfo
 from . import cases as case_table
@@ -83,11 +90,13 @@ class CheckSkipped(Exception):
 
 
 class Context:
-    """What the checks of one backend share: its status row and one backend instance, created on first use."""
+    """What the checks of one backend share: its status row, one backend instance created on first use, and the
+    reference results of the cases (computed once)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._backend: Backend | None = None
+        self.expected: dict[str, list[np.ndarray]] = {}
 
     def row(self) -> plugins.PluginStatus:
         row = plugins.status(self.name)
@@ -151,8 +160,8 @@ def _check_factory(ctx: Context) -> None:
     factory = ctx.require_ok().factory
     if getattr(factory, "name", None) != ctx.name:
         raise CheckFailed(f"factory.name is {getattr(factory, 'name', None)!r}, expected {ctx.name!r}")
-    version = getattr(factory, "api_version", None)
-    if not isinstance(version, str) or version.split(".")[0] != API_VERSION.split(".")[0]:
+    version = getattr(factory, "api_version", None)  # None: the version its plugin module states
+    if version is not None and (not isinstance(version, str) or version.split(".")[0] != API_VERSION.split(".")[0]):
         raise CheckFailed(f"factory.api_version is {version!r}; hetero's plugin API is {API_VERSION}")
     if not isinstance(getattr(factory, "priority", 50), int):
         raise CheckFailed("factory.priority must be an int")
@@ -169,6 +178,9 @@ def _check_create(ctx: Context) -> str:
         raise CheckFailed(f"the backend's name is {backend.name!r}, its factory's {ctx.name!r}")
     if not isinstance(backend.memory_domain, str) or not backend.memory_domain:
         raise CheckFailed("memory_domain must be a non-empty string")
+    if "memory_domain" in vars(backend):
+        raise CheckFailed(f"memory_domain is set on the instance ({backend.memory_domain!r}); it is a class attribute, "
+                          "the same for every device of the backend")
     return f"{backend!r}, memory domain {backend.memory_domain}"
 
 
@@ -224,44 +236,133 @@ def _check_memory(ctx: Context) -> None:
         raise CheckFailed("alloc(64) returned None")
 
 
-def _check_kernels(ctx: Context, selected: Sequence[Case]) -> str:
+@dataclass
+class _Claimed:
+    """One claimed case, ready for a kernel: its node, uploaded inputs, output infos and the reference results."""
+
+    case: Case
+    info: NodeInfo
+    inputs: list[Tensor | None]
+    out_infos: list[TensorInfo]
+    expected: list[np.ndarray]
+
+
+def _claimed(ctx: Context, selected: Sequence[Case]) -> list[_Claimed]:
     backend = ctx.backend()
     if type(backend).kernel is Backend.kernel:
         raise CheckSkipped("compile-style backend: it has no per-node kernels")
-    ran = 0
+    claimed = []
     for case in selected:
         if not _schema_known(case):
             continue
         model, info = _case_info(case)
         if not backend.supports(info):
             continue
-        feeds, expected = case_table.make_feeds(case), _reference_outputs(model, case)
-        values = {**feeds, **_initializers(model)}
+        if case.id not in ctx.expected:
+            ctx.expected[case.id] = _reference_outputs(model, case)
+        expected = ctx.expected[case.id]
+        values = {**case_table.make_feeds(case), **_initializers(model)}
         inputs = [None if not n else backend.upload(values[n]) for n in info.node.inputs]
         out_infos = [TensorInfo(dtypes.from_numpy(e.dtype), e.shape) for e in expected]
-        kernel = backend.kernel(info)
-        kernel.prepare([None if t is None else t.info for t in inputs], out_infos)
-        outputs = [backend.empty(i) for i in out_infos]
-        _poison(outputs)
-        for _ in range(2):  # twice: a second run on the same outputs must give the same answer
-            kernel.run(inputs, outputs)
-            for index, (out, want) in enumerate(zip(outputs, expected, strict=True)):
-                problem = compare(np.asarray(backend.download(out)), want)
-                if problem:
-                    raise CheckFailed(f"{case.id} output {index} run directly on preallocated outputs: {problem}")
-        ran += 1
-    if not ran:
+        claimed.append(_Claimed(case, info, inputs, out_infos, expected))
+    if not claimed:
         raise CheckSkipped("the backend claims none of the selected cases")
-    return f"{ran} kernels"
+    return claimed
+
+
+def _prepared(backend: Backend, item: _Claimed) -> tuple[Kernel, list[Tensor]]:
+    """A kernel prepared for the case, and poisoned outputs allocated the way a session does."""
+    kernel = backend.kernel(item.info)
+    for method in ("prepare", "run"):
+        if not callable(getattr(kernel, method, None)):
+            raise CheckFailed(f"{item.case.id}: kernel() returned {type(kernel).__name__}, which has no {method}()")
+    kernel.prepare([None if t is None else t.info for t in item.inputs], item.out_infos)
+    return kernel, [backend.empty(i) for i in item.out_infos]
 
 
 def _poison(outputs: list[Tensor]) -> None:
-    # Host outputs start as garbage-looking values so that a kernel that never writes its output is caught.
+    # Host outputs start as garbage-looking values before each call, so that a kernel that does not write its output
+    # (or computes into a buffer of its own) is caught.
     for out in outputs:
         if isinstance(out.buffer, np.ndarray) and out.buffer.dtype.kind == "f":
             out.buffer.fill(np.nan)
         elif isinstance(out.buffer, np.ndarray):
             out.buffer.fill(np.ones((), out.buffer.dtype) * 7)
+
+
+def _expect_written(backend: Backend, item: _Claimed, outputs: list[Tensor], how: str) -> None:
+    for index, (out, want) in enumerate(zip(outputs, item.expected, strict=True)):
+        problem = compare(np.asarray(backend.download(out)), want)
+        if problem:
+            raise CheckFailed(f"{item.case.id} output {index} {how}: {problem}")
+
+
+def _run_in_place(backend: Backend, item: _Claimed, outputs: list[Tensor], call: Callable[[list[Tensor]], Any],
+                  how: str) -> None:
+    """Call the kernel on a copy of ``outputs``; fail unless it wrote the kit's buffers and allocated nothing."""
+    _poison(outputs)
+    given = list(outputs)
+    buffers = [t.buffer for t in outputs]
+    call(given)
+    for index, (out, passed, buffer) in enumerate(zip(outputs, given, buffers, strict=True)):
+        if passed is not out:
+            raise CheckFailed(f"{item.case.id}: {how} replaced outputs[{index}] with a new tensor; write into the "
+                              "tensor given (run must not allocate)")
+        if out.buffer is not buffer:
+            raise CheckFailed(f"{item.case.id}: {how} rebound outputs[{index}].buffer instead of writing into it "
+                              "(run must not allocate)")
+    _expect_written(backend, item, outputs, how)
+
+
+def _check_kernels(ctx: Context, selected: Sequence[Case]) -> str:
+    backend = ctx.backend()
+    claimed = _claimed(ctx, selected)
+    for item in claimed:
+        kernel, outputs = _prepared(backend, item)
+        for attempt in ("run directly on preallocated outputs", "run again after a second prepare()"):
+            _run_in_place(backend, item, outputs, functools.partial(kernel.run, item.inputs), attempt)
+            # A session prepares again whenever shapes (or shape-deciding values) change: it must be repeatable.
+            kernel.prepare([None if t is None else t.info for t in item.inputs], item.out_infos)
+    return f"{len(claimed)} kernels"
+
+
+def _check_inputs_untouched(ctx: Context, selected: Sequence[Case]) -> str:
+    backend = ctx.backend()
+    claimed = _claimed(ctx, selected)
+    for item in claimed:
+        kernel, outputs = _prepared(backend, item)
+        before = [None if t is None else np.array(backend.download(t), copy=True) for t in item.inputs]
+        kernel.run(item.inputs, outputs)
+        for index, (tensor, value) in enumerate(zip(item.inputs, before, strict=True)):
+            if tensor is not None and compare(np.asarray(backend.download(tensor)), value):
+                raise CheckFailed(f"{item.case.id}: run() wrote into input {index} (inputs are read-only: the session "
+                                  "shares them with other readers)")
+    return f"{len(claimed)} kernels"
+
+
+def _without_arguments(call: Callable[[], Any]) -> Callable[[list[Tensor]], Any]:
+    return lambda _outputs: call()  # a bound call works on the tensors it was bound to
+
+
+def _check_bind(ctx: Context, selected: Sequence[Case]) -> str:
+    backend = ctx.backend()
+    bound = 0
+    for item in _claimed(ctx, selected):
+        kernel, outputs = _prepared(backend, item)
+        bind = getattr(kernel, "bind", None)
+        if bind is None:
+            continue
+        call = bind(item.inputs, outputs)
+        if call is None:
+            continue
+        if not callable(call):
+            raise CheckFailed(f"{item.case.id}: bind() returned {type(call).__name__}, not a callable or None")
+        bound += 1
+        for attempt in ("bound call", "bound call again"):  # the replay calls it step after step
+            _run_in_place(backend, item, outputs, _without_arguments(call), attempt)
+    if not bound:
+        raise CheckSkipped("no claimed kernel binds (optional: the replay calls run() instead)")
+    return f"{bound} bound kernels"
 
 
 def _check_close(ctx: Context) -> None:
@@ -364,7 +465,10 @@ def plan(ops: Iterable[str] | None = None) -> list[Check]:
         Check("contract: create() returns a Backend", _check_create),
         Check("contract: supports() answers with a Support and a reason", lambda ctx: _check_supports(ctx, selected)),
         Check("contract: memory round trip", _check_memory),
-        Check("contract: kernels prepare/run on preallocated outputs", lambda ctx: _check_kernels(ctx, selected)),
+        Check("contract: kernels prepare/run on preallocated outputs, in place",
+              lambda ctx: _check_kernels(ctx, selected)),
+        Check("contract: kernels leave their inputs unchanged", lambda ctx: _check_inputs_untouched(ctx, selected)),
+        Check("contract: bind() does what run() does, in place", lambda ctx: _check_bind(ctx, selected)),
         Check("contract: close() is idempotent", _check_close),
         *(Check(f"op {case.id}", _op_check(case)) for case in selected),
     ]

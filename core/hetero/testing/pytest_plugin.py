@@ -1,19 +1,22 @@
 """A pytest plugin: the conformance kit as one pytest test per check.
 
-In a backend package's ``conftest.py``::
+Installing hetero registers this plugin with pytest (the ``pytest11`` entry point ``hetero``), so a backend
+package's tests need no setup to use it. Do not list it in ``pytest_plugins``: pytest would load it a second time
+and stop with "Plugin already registered under a different name". Where plugin autoloading is off
+(``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``), load it with ``pytest -p hetero.testing.pytest_plugin``.
 
-    pytest_plugins = ["hetero.testing.pytest_plugin"]
-
-and in a test module::
+A test module of the backend package::
 
     import pytest
+
 
     @pytest.mark.hetero_backend("mybackend")
     def test_conformance(conformance_check):
         conformance_check()
 
-``pytest --hetero-backend NAME`` (repeatable) checks the named backends instead of the marked one. The
-``hetero_site`` fixture gives a folder for throwaway plugin distributions (see ``hetero.testing.dist``).
+``pytest --hetero-backend NAME`` (repeatable) checks the named backends instead of the marked one, and
+``--hetero-op OP`` (repeatable) limits the op checks. The ``hetero_site`` fixture gives a folder for throwaway
+plugin distributions (see ``hetero.testing.dist``).
 """
 
 from __future__ import annotations

@@ -9,18 +9,17 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from hetero import BackendUnavailable
-from hetero.contract import Backend, Device, Factory, hookimpl
+from hetero.contract import Backend, BackendUnavailable, Device, Factory, hookimpl
 
-# The version of hetero's plugin API this package was written against. hetero refuses a different major version
-# before it calls anything else here, so write the number down: do not copy hetero.API_VERSION.
-api_version = "1.0"
+# The version of hetero's plugin contract (hetero.contract) this package was written against. hetero refuses a
+# different major version before it calls anything else here, so write the number down: never copy
+# hetero.API_VERSION, which would claim every future version too.
+api_version = "2.0"
 
 
 class ToyFactory(Factory):
     name: ClassVar[str] = "toy"
-    api_version: ClassVar[str] = api_version
-    priority: ClassVar[int] = 40  # tried before cpu (50) when the user names no backend
+    priority: ClassVar[int] = 40  # asked before cpu (50) when the user names no backend
 
     def probe(self) -> list[Device]:
         try:

@@ -9,6 +9,7 @@ import numpy as np
 
 from hetero.contract import (
     SUPPORTED,
+    Backend,
     HostMemory,
     KernelTableBackend,
     NodeInfo,
@@ -21,8 +22,8 @@ from hetero.contract import (
 
 
 class ToyRelu:
-    def __init__(self, node: NodeInfo) -> None:
-        self.node = node
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        self.node = node  # a device kernel also keeps its backend: its queue, its allocator
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         pass  # nothing to plan: a real kernel picks its algorithm and sizes its scratch memory here
@@ -38,7 +39,7 @@ class ToyAdd:
             return unsupported("toy Add runs float32 only")
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
         self.node = node
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:

@@ -37,4 +37,4 @@ class CpuBackend(HostMemory, KernelTableBackend):
     def kernel(self, node: NodeInfo) -> Kernel:
         if super().supports(node):
             return super().kernel(node)
-        return CpuNumpyKernel(node)
+        return CpuNumpyKernel(node, self)

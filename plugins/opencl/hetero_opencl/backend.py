@@ -25,7 +25,6 @@ from hetero.contract import (
 )
 
 from .kernels import KERNELS
-from .kernels.common import ClKernel
 from .runtime import runtime_for
 
 SHADOW_BYTES = 4096  # uploads up to this size keep a host copy
@@ -33,16 +32,14 @@ SHADOW_BYTES = 4096  # uploads up to this size keep a host copy
 
 class OpenCLBackend(KernelTableBackend):
     name: ClassVar[str] = "opencl"
+    # Device memory: the session inserts copies where values cross into or out of it (a session holds one device).
+    memory_domain: ClassVar[str] = "opencl"
     kernels = KERNELS
 
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
         super().__init__(device, options)
         self.rt = runtime_for(device)
         self.ctx = self.rt.ctx
-        platform = int(device.properties.get("platform_index", 0))
-        index = int(device.properties.get("device_index", 0))
-        # One memory domain per device: the session inserts copies where values cross into or out of it.
-        self.memory_domain = f"opencl:{platform}.{index}"  # type: ignore[misc]
         self.dummy = self.ctx.alloc(16)  # bound where a kernel's optional buffer argument is absent
         self._scratch: dict[str, Any] = {}
 
@@ -52,12 +49,6 @@ class OpenCLBackend(KernelTableBackend):
             if info is not None and (info.dtype.np_dtype is None or info.dtype.np_dtype.kind in "OSU"):
                 return unsupported(f"{info.dtype} tensors do not live in OpenCL buffers")
         return super().supports(node)
-
-    def kernel(self, node: NodeInfo):
-        factory = self._table()[(node.domain, node.op_type)]
-        if isinstance(factory, type) and issubclass(factory, ClKernel):
-            return factory(node, self)
-        return factory(node)
 
     # -- memory -----------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int, kind: str = "arena") -> Any:

@@ -10,30 +10,10 @@ from typing import Any, ClassVar
 
 from hetero.contract import BackendUnavailable, Device, Factory
 
+from .native import load_native
+
 INSTALL_HINT = ("install an OpenCL driver: apt-get install pocl-opencl-icd (CPU), or your GPU vendor's OpenCL ICD; "
                 "check with clinfo -l")
-
-
-def _native():
-    try:
-        from . import _native
-    except ImportError as exc:
-        if "libOpenCL" in str(exc):
-            raise BackendUnavailable(
-                f"the OpenCL ICD loader (libOpenCL.so.1) is missing: {exc}",
-                hint="apt-get install ocl-icd-libopencl1 pocl-opencl-icd",
-            ) from exc
-        raise BackendUnavailable(
-            f"the native module hetero_opencl._native does not import: {exc}",
-            hint="reinstall the plugin from a checkout: pip install --force-reinstall ./plugins/opencl",
-        ) from exc
-    if not _native.built_with_opencl:
-        raise BackendUnavailable(
-            "hetero-opencl was built without the OpenCL headers and ICD loader",
-            hint="apt-get install ocl-icd-opencl-dev opencl-headers; then pip install --force-reinstall "
-                 "./plugins/opencl",
-        )
-    return _native
 
 
 def _short_version(info: dict) -> str:
@@ -45,7 +25,7 @@ def _short_version(info: dict) -> str:
 
 def list_devices() -> list[Device]:
     """Every available OpenCL device, numbered in platform order (``opencl:0``, ``opencl:1``...)."""
-    native = _native()
+    native = load_native()
     try:
         platforms = native.platforms()
     except RuntimeError as exc:

@@ -6,7 +6,7 @@ from hetero.contract import hookimpl
 
 from .factory import OpenCLFactory
 
-api_version = "1.0"
+api_version = "2.0"  # the hetero.contract version this plugin was written for
 
 
 @hookimpl

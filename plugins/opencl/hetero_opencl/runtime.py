@@ -22,7 +22,7 @@ from typing import Any
 
 from hetero.contract import BackendError, Device
 
-from .factory import _native
+from .native import load_native
 
 _RUNTIMES: dict[tuple[int, int], Runtime] = {}
 
@@ -91,7 +91,7 @@ class Runtime:
     """Context, queue and caches of one OpenCL device."""
 
     def __init__(self, platform: int, device: int) -> None:
-        native = _native()
+        native = load_native()
         try:
             self.ctx = native.Context(platform, device)
         except (RuntimeError, ValueError) as exc:

@@ -19,6 +19,7 @@ if not hasattr(_native, "gated_delta"):
     pytest.skip("hetero-cpu was built without the gated delta kernels", allow_module_level=True)
 
 from hetero.contract import (  # noqa: E402
+    Device,
     NodeInfo,
     Tensor,
     registry,
@@ -26,7 +27,10 @@ from hetero.contract import (  # noqa: E402
 from hetero.contract.graph import HETERO_DOMAIN, Node  # noqa: E402
 from hetero.contract.registry import OpContext  # noqa: E402
 from hetero.runtime.infer import info_of  # noqa: E402
+from hetero_cpu.backend import CpuBackend  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
+
+CPU = CpuBackend(Device("cpu"))  # the backend the kernels under test belong to
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
 CONSTANTS = (1, 5, 6, 7, 9)
@@ -76,7 +80,7 @@ class Pair:
             info = NodeInfo(node, infos, [out_info], {i: inputs[i] for i in CONSTANTS if inputs[i] is not None}, 1)
             factory = KERNELS[(HETERO_DOMAIN, "GatedDeltaRule")]
             assert factory.accepts(info)
-            self.kernel = factory(info)
+            self.kernel = factory(info, CPU)
         got = np.full(out_info.shape, np.nan, dtype=np.float32)
         self.kernel.prepare(infos, [out_info])
         self.kernel.run([None if v is None else Tensor.from_numpy(v) for v in inputs], [Tensor.from_numpy(got)])

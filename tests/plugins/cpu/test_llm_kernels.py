@@ -26,6 +26,7 @@ _native = pytest.importorskip(
 )
 
 from hetero.contract import (  # noqa: E402
+    Device,
     HeteroError,
     NodeInfo,
     ShapeError,
@@ -38,7 +39,10 @@ from hetero.contract.quant import QuantFormat, dequantize, f32_to_bf16, quantize
 from hetero.contract.registry import OpContext  # noqa: E402
 from hetero.llm import safetensors  # noqa: E402
 from hetero.runtime.infer import info_of  # noqa: E402
+from hetero_cpu.backend import CpuBackend  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
+
+CPU = CpuBackend(Device("cpu"))  # the backend the kernels under test belong to
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
 FORMATS = [QuantFormat(bits, bs, sym) for bits in (4, 8) for bs in (32, 64, 128) for sym in (True, False)]
@@ -91,7 +95,7 @@ def make(op_type: str, inputs: list, constants: tuple[int, ...] = (), **attrs):
     factory = KERNELS[(HETERO_DOMAIN, op_type)]
     verdict = factory.accepts(info)
     assert verdict, verdict.reason
-    kernel = factory(info)
+    kernel = factory(info, CPU)
     return node, infos, out_info, kernel, schema
 
 

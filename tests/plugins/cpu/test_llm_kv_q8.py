@@ -24,6 +24,7 @@ _native = pytest.importorskip(
 
 import hetero.llm  # noqa: E402
 from hetero.contract import (  # noqa: E402
+    Device,
     HeteroError,
     NodeInfo,
     Tensor,
@@ -32,7 +33,10 @@ from hetero.contract import (  # noqa: E402
 from hetero.contract.graph import HETERO_DOMAIN, Node  # noqa: E402
 from hetero.contract.registry import OpContext  # noqa: E402
 from hetero.runtime.infer import info_of  # noqa: E402
+from hetero_cpu.backend import CpuBackend  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
+
+CPU = CpuBackend(Device("cpu"))  # the backend the kernels under test belong to
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
 
@@ -51,7 +55,7 @@ class Pair:
         factory = KERNELS[(HETERO_DOMAIN, "Attention")]
         info = NodeInfo(self.node, infos, [out], {}, 1)
         assert factory.accepts(info)
-        self.kernel = factory(info)
+        self.kernel = factory(info, CPU)
         self.state: dict = {}
 
     def step(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int) -> tuple[np.ndarray, np.ndarray]:

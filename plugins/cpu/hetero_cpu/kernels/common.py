@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
 from hetero.contract import dtype_check as backend_dtype_check
 from hetero.contract.dtypes import DType
 from hetero.contract.opforms import activation_known, activation_params
@@ -41,9 +41,10 @@ class CpuKernel:
     prepared.
     """
 
-    def __init__(self, node: NodeInfo) -> None:
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
         self.info = node
         self.node = node.node
+        self.backend = backend
 
     def attr(self, name: str, default=None):
         return self.node.attrs.get(name, default)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetero.contract import NodeInfo, Support, Tensor, dtypes, unsupported
+from hetero.contract import Backend, NodeInfo, Support, Tensor, dtypes, unsupported
 from hetero.contract.opforms import UNARY_FORMS, unary_params
 
 from .. import _native
@@ -27,8 +27,8 @@ class CpuBinary(CpuKernel):
             return dtype_check(node, (dtypes.float32, dtypes.int32, dtypes.int64))
         return float32_only(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.op = _BINARY[node.op_type]
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
@@ -65,8 +65,8 @@ class CpuUnary(CpuKernel):
             return unsupported(f"Gelu approximate={node.attr('approximate')!r}")
         return float32_only(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.op, self.alpha, self.beta = unary_params(node.op_type, self.node.attrs)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:

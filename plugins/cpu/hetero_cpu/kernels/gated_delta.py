@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, dtypes, unsupported
+from hetero.contract import SUPPORTED, Backend, HeteroError, NodeInfo, Support, Tensor, dtypes, unsupported
 from hetero.contract.opforms import GATED_DELTA_MODES
 
 from .. import _native
@@ -47,8 +47,8 @@ class CpuGatedDeltaRule(CpuKernel):
             return unsupported("GatedDeltaRule mode / chunk_size")
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         a = node.node.attrs
         self.hk, self.hv = int(a["k_heads"]), int(a["v_heads"])
         self.dk, self.dv = int(a["k_dim"]), int(a["v_dim"])

@@ -23,7 +23,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, TensorInfo, dtypes, quant, unsupported
+from hetero.contract import (
+    SUPPORTED,
+    Backend,
+    HeteroError,
+    NodeInfo,
+    Support,
+    Tensor,
+    TensorInfo,
+    dtypes,
+    quant,
+    unsupported,
+)
 from hetero.contract.opforms import rope_inv_freq
 
 from .. import _native
@@ -87,8 +98,8 @@ class CpuQMatMul(CpuKernel):
             return unsupported("QMatMul with a non-float32 bias")
         return _format_ok(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.w = None
         bias = node.constants.get(2)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
@@ -124,8 +135,8 @@ class CpuEmbedding(CpuKernel):
     def accepts(node: NodeInfo) -> Support:
         return _format_ok(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.wtype = node.attr("wtype", "f32")
         fmt = quant.weight_format(self.wtype, node.attr("block_size", 32), node.attr("symmetric", 1))
         self.table = node.constants.get(1)
@@ -167,8 +178,8 @@ class CpuRMSNorm(CpuKernel):
             return unsupported("RMSNorm on non-float32 tensors")
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.eps = float(node.attr("epsilon", 1e-6))
         self.offset = float(node.attr("offset", 0.0))
         w = node.constants.get(1)
@@ -236,8 +247,8 @@ class CpuRotaryEmbedding(CpuKernel):
             return unsupported(exc.message)
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.table = None
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
@@ -302,8 +313,8 @@ class CpuAttention(CpuKernel):
             return unsupported("Attention with unknown kv heads / head_dim")
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         k = node.inputs[1]
         self.hkv, self.d = int(k.shape[1]), int(k.shape[2])  # type: ignore[union-attr, index]
         self.max_context = int(node.attr("max_context"))
@@ -385,8 +396,8 @@ class CpuMoE(CpuKernel):
                 return verdict
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         router = np.ascontiguousarray(node.constants[1], dtype=np.float32)
         gate, up, down = (node.constants[i] for i in (2, 3, 4))
         hidden = router.shape[1]

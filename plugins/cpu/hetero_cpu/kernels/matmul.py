@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import NodeInfo, Support, Tensor, TensorInfo, unsupported
+from hetero.contract import Backend, NodeInfo, Support, Tensor, TensorInfo, unsupported
 
 from .. import _native
 from .common import CpuKernel, float32_only, fused_activation, fused_activation_known
@@ -15,8 +15,8 @@ from .common import CpuKernel, float32_only, fused_activation, fused_activation_
 class CpuMatMul(CpuKernel):
     accepts = staticmethod(float32_only)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         weight = node.constants.get(1)
         # A constant 2-D right operand is a weight matrix: pack it once in the micro-kernel's layout.
         self.packed = _native.pack_b(np.ascontiguousarray(weight, dtype=np.float32)) if (
@@ -73,8 +73,8 @@ class CpuFusedMatMul(CpuMatMul):
         verdict = float32_only(node)
         return fused_activation_known(node) if verdict else verdict
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         bias = node.constants.get(2)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.activation = fused_activation(self.node.attrs)
@@ -103,8 +103,8 @@ class CpuGemm(CpuKernel):
     def accepts(node: NodeInfo) -> Support:
         return float32_only(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.trans_a = bool(self.attr("transA", 0))
         self.trans_b = bool(self.attr("transB", 0))
         self.alpha = float(self.attr("alpha", 1.0))

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, unsupported
+from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, unsupported
 
 from .. import _native
 from .common import CpuKernel, float32_only, fused_activation, fused_activation_known
@@ -138,8 +138,8 @@ class CpuConv(CpuKernel):
         verdict = float32_only(node)
         return fused_activation_known(node) if verdict else verdict
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         weight = np.ascontiguousarray(node.constants[1], dtype=np.float32)
         self.one_d = weight.ndim == 3
         self.group = int(self.attr("group", 1))
@@ -191,8 +191,8 @@ class CpuPool(CpuKernel):
             return unsupported("MaxPool with storage_order=1")
         return SUPPORTED
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self.kernel_shape = tuple(self.attr("kernel_shape"))
         self.strides = tuple(self.attr("strides", [1, 1]))
         self.dilations = tuple(self.attr("dilations", [1, 1]))
@@ -244,8 +244,8 @@ class CpuBatchNorm(CpuKernel):
             return unsupported("BatchNormalization on a tensor of unknown rank or rank < 2")
         return float32_only(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         scale, bias, mean, var = (np.asarray(node.constants[i], dtype=np.float64) for i in (1, 2, 3, 4))
         mul = scale / np.sqrt(var + float(self.attr("epsilon", 1e-5)))
         self.mul = mul.astype(np.float32)

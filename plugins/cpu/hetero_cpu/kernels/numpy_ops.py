@@ -7,20 +7,16 @@ would not pay for itself. ``hetero ops`` / ``docs/ops.md`` list which ops are na
 
 from __future__ import annotations
 
-from hetero.contract import NodeInfo, Support
-from hetero.reference import ReferenceBackend, ReferenceKernel
+from hetero.contract import registry
+from hetero.contract.reference import ReferenceKernel, reference_supports
 
 
 class CpuNumpyKernel(ReferenceKernel):
-    @staticmethod
-    def accepts(node: NodeInfo) -> Support:
-        return ReferenceBackend.supports(None, node)  # type: ignore[arg-type]  (it reads no backend state)
+    accepts = staticmethod(reference_supports)
 
 
 def onnx_ops() -> dict[tuple[str, str], type[CpuNumpyKernel]]:
     """Every ONNX-domain op hetero has a schema for: the cpu backend never sends an ONNX node elsewhere. Native
     kernels replace these entries; a native kernel that declines a configuration (a dtype, an attribute) hands the
     node back to this kernel (CpuBackend.kernel)."""
-    from hetero.contract import registry
-
     return {("", s.name): CpuNumpyKernel for s in registry.all_schemas() if s.domain == ""}

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
 
 from .. import _native
 from .common import CpuKernel
@@ -45,8 +45,8 @@ class _NativeOrNumpy(CpuKernel):
         verdict = cls.native_ok(node)
         return verdict if verdict else CpuNumpyKernel.accepts(node)
 
-    def __init__(self, node: NodeInfo) -> None:
-        super().__init__(node)
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
         self._numpy: CpuNumpyKernel | None = None
         self.native = bool(self.native_ok(node))
         if self.native:
@@ -57,7 +57,7 @@ class _NativeOrNumpy(CpuKernel):
 
     def numpy_kernel(self) -> CpuNumpyKernel:
         if self._numpy is None:
-            self._numpy = CpuNumpyKernel(self.info)
+            self._numpy = CpuNumpyKernel(self.info, self.backend)
         return self._numpy
 
     def run_numpy(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:

@@ -1,5 +1,5 @@
 // Kernels that read LLM weights, built once per weight format: WFMT 0 f32, 1 f16, 2 bf16, 3 q8 symmetric,
-// 4 q8 asymmetric, 5 q4 symmetric, 6 q4 asymmetric (block layout in hetero.llm.quant); WBLOCK is the block size,
+// 4 q8 asymmetric, 5 q4 symmetric, 6 q4 asymmetric (block layout in hetero.contract.quant); WBLOCK is the block size,
 // WBB the bytes of a block, WHDR its header bytes. Rows are read 16 elements at a time (a 16-element chunk never
 // straddles a block), dequantized exactly as the numpy reference does, then multiplied in float32.
 

@@ -4,7 +4,7 @@ codes of ``cl/common.cl``."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -13,8 +13,7 @@ from hetero.contract import dtype_check as backend_dtype_check
 from hetero.contract.dtypes import DType
 from hetero.contract.opforms import activation_known, activation_params
 
-if TYPE_CHECKING:
-    from ..backend import OpenCLBackend
+from ..runtime import Runtime
 
 # Unary / activation codes: keep in sync with cl/common.cl (U_*).
 UNARY = {
@@ -49,10 +48,27 @@ def static_rank(node: NodeInfo, index: int = 0) -> int | None:
     return None if info is None else info.rank
 
 
+class ClDevice(Protocol):
+    """What a kernel uses of its backend (``hetero_opencl.backend.OpenCLBackend``), named here so that the kernels
+    do not import the backend that imports them."""
+
+    rt: Runtime
+    ctx: Any  # the device's _native.Context: launches, reads and writes on its one in-order queue
+    dummy: Any  # a small buffer bound where a kernel's optional buffer argument is absent
+
+    def alloc(self, nbytes: int, kind: str = "arena") -> Any: ...
+
+    def upload(self, array: np.ndarray, kind: str = "arena") -> Tensor: ...
+
+    def scratch(self, slot: str, nbytes: int) -> Any: ...
+
+    def host_value(self, tensor: Tensor) -> np.ndarray: ...
+
+
 class ClKernel:
     """Base: keeps the node and the backend; ``prepare`` does nothing unless a kernel plans by shape."""
 
-    def __init__(self, node: NodeInfo, backend: OpenCLBackend) -> None:
+    def __init__(self, node: NodeInfo, backend: ClDevice) -> None:
         self.info = node
         self.node = node.node
         self.be = backend

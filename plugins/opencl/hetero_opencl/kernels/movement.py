@@ -33,12 +33,18 @@ def _sized(node: NodeInfo) -> Support:
 
 
 class ClView(ClKernel):
-    """Reshape, Flatten, Squeeze, Unsqueeze, Identity: the output is the input's buffer under a new shape."""
+    """Reshape, Flatten, Squeeze, Unsqueeze, Identity. The session shares the input's buffer under the new shape
+    (``OpenCLBackend.view``) wherever it can; this kernel runs where it cannot (a graph output): a device copy."""
 
     accepts = staticmethod(_sized)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        outputs[0].buffer = inputs[0].buffer  # type: ignore[union-attr]
+        x, y = inputs[0], outputs[0]
+        assert x is not None
+        nbytes = x.dtype.nbytes(x.size)
+        if nbytes:
+            self.ctx.copy(x.buffer, y.buffer, 0, 0, nbytes)
+        y.buffer.shadow = x.buffer.shadow  # the same values: a small input's host copy holds for the output too
 
 
 class _Copy(ClKernel):
