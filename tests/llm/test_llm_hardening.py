@@ -300,9 +300,15 @@ def test_gguf_string_array_memory_is_a_small_multiple_of_the_file(tmp_path):
 
 
 # -- SIGBUS: a mapped file truncated under a live model ---------------------------------------------------------------
-def test_truncated_mapped_gguf_is_an_error_not_sigbus(tmp_path):
-    model = tmp_path / "m.gguf"
-    shutil.copy(GGUF, model)
+@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
+def test_truncated_mapped_file_is_an_error_not_sigbus(tmp_path, kind):
+    """Run in a child: if the guard failed, SIGBUS would kill it, not the test run."""
+    if kind == "gguf":
+        model = truncated = tmp_path / "m.gguf"
+        shutil.copy(GGUF, model)
+    else:
+        model = shutil.copytree(FIXTURES / "qwen3", tmp_path / "model")
+        truncated = model / "model.safetensors"
     script = textwrap.dedent(f"""
         import os, warnings
         warnings.simplefilter("ignore")
@@ -310,7 +316,7 @@ def test_truncated_mapped_gguf_is_an_error_not_sigbus(tmp_path):
         from hetero.contract.errors import HeteroError
         llm = hetero.llm.load({str(model)!r}, context=32, on_fallback="silent")
         llm.generate([1, 2, 3], max_new_tokens=2, temperature=0)
-        os.truncate({str(model)!r}, os.path.getsize({str(model)!r}) // 2)
+        os.truncate({str(truncated)!r}, os.path.getsize({str(truncated)!r}) // 2)
         try:
             llm.generate([1, 2, 3, 4], max_new_tokens=2, temperature=0)
         except HeteroError as exc:
@@ -318,7 +324,7 @@ def test_truncated_mapped_gguf_is_an_error_not_sigbus(tmp_path):
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
-    assert "was truncated after loading" in result.stdout
+    assert f"{truncated.name} was truncated after loading" in result.stdout
 
 
 # -- generation state -------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import dataclasses
 import re
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -24,11 +24,9 @@ from .config import LlmConfig, RopeConfig, build_rope
 from .fields import Fields
 from .files import limit
 from .gguf import GGML_BY_NAME, GgufFile
+from .model_files import ModelFiles
 from .sampler import from_gguf
 from .weights import Weight, WeightSource
-
-if TYPE_CHECKING:
-    from .loader import ModelFiles
 
 # general.architecture -> hetero family
 ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
@@ -596,8 +594,6 @@ def gguf_tokenizer(gf: GgufFile, cfg: LlmConfig):
 # -- open ----------------------------------------------------------------------------------------------------------
 def open_gguf(path: Path, fmt: QuantFormat | None) -> ModelFiles:
     """A GGUF file's config, weights, tokenizer and sampling defaults, for ``hetero.llm.load``."""
-    from .loader import ModelFiles
-
     gf = GgufFile(path)
     cfg = gguf_config(gf)
     tokenizer = gguf_tokenizer(gf, cfg) if "tokenizer.ggml.tokens" in gf.metadata else None

@@ -1,17 +1,15 @@
 """``hetero.llm.load``: one loader for Hugging Face folders and GGUF files -> ``Llm``.
 
-Each format only opens its files into a ``ModelFiles`` (the config, the weight source, the tokenizer, the sampling
-defaults and the mapped files); the options, the memory check and the graph building are done once, here.
+Each format only opens its files into a ``ModelFiles`` (``model_files.py``); the options, the memory check and the
+graph building are done once, here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..contract.errors import HeteroError, ModelFormatError
 from ..contract.quant import QuantFormat, parse_quant
@@ -20,31 +18,16 @@ from .config import LlmConfig, load_config
 from .families import build_graph
 from .hub import resolve_model
 from .model import Llm, check_options
-from .sampler import SamplingDefaults, from_generation_config
+from .model_files import ModelFiles
+from .sampler import from_generation_config
 from .tokenizer import Tokenizer
-from .weights import HfWeights, WeightSource
+from .weights import HfWeights
 
 if TYPE_CHECKING:
     from .template import ChatTemplate
 
 # bytes per cached value of each KV cache type (q8: int8 with a float scale per 32 values)
 KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8": 1.125}
-
-
-@dataclass
-class ModelFiles:
-    """What a format's opener found: everything ``load`` needs besides the options."""
-
-    config: LlmConfig
-    weights: WeightSource
-    tokenizer: Tokenizer | None
-    sampling: SamplingDefaults
-    name: str
-    label: str  # weight types, for Llm.quant
-    path: Path
-    mapped: list[Path] = field(default_factory=list)  # files whose pages the model may read at run time
-    progress: bool = False
-    releasing: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
 def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, on_fallback: str = "warn",

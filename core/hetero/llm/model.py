@@ -11,6 +11,7 @@ work; neither sees the other's tokens.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 import weakref
@@ -326,11 +327,13 @@ class Llm:
 
 
 def _token_ids(ids: Sequence[int]) -> list[int]:
-    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence | np.ndarray):
+    """``ids`` as Python ints; a string or floats are refused (``operator.index``: ints and numpy integers only)."""
+    if isinstance(ids, str | bytes):
         raise HeteroError(f"token ids must be a list of integers, got {type(ids).__name__}")
-    if not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in ids):
-        raise HeteroError("token ids must be integers")
-    return [int(i) for i in ids]
+    try:
+        return [operator.index(i) for i in ids]
+    except TypeError:
+        raise HeteroError(f"token ids must be a list of integers, got {str(ids)[:80]}") from None
 
 
 def _checked_messages(messages: Any) -> list[dict[str, Any]]:
