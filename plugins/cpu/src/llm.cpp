@@ -1,8 +1,8 @@
 // Drivers and pybind11 bindings of the LLM kernels (hetero.ops.llm): threading, argument checks, the weight
 // repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
-// Tuning knobs (read once): HETERO_LLM_TASKS = tasks per thread of a quantized GEMV/GEMM (default 4: dynamic
-// balance when other processes share the cores; 1 = one contiguous stream per thread), HETERO_LLM_PF = bytes
-// the AVX-512 decode kernels prefetch ahead of the weight stream (default 4096).
+// Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM instead of the default
+// shrinking chunks (split_rows; 1 = one contiguous stream per thread), HETERO_LLM_PF = bytes
+// the decode kernels prefetch ahead of the weight stream (default 4096).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -273,6 +273,28 @@ std::shared_ptr<Weights> make_weights(const py::array& w, const std::string& wty
   return out;
 }
 
+// Task t of a GEMV/GEMM over n row units (16-row groups, 4-row quads) covers [b[t], b[t+1]); the pool's threads
+// claim the tasks in order. Chunks shrink: each is 1/(2 nt) of what is left (at least one unit), so every thread
+// streams long runs first and one that finishes early takes small pieces of the rest instead of waiting on
+// another's long tail (a late wake-up or a neighbour on the core costs at most a small chunk). The results do not
+// depend on the split: every unit is computed whole by one thread.
+std::vector<i64> split_rows(i64 n, int nt) {
+  static const int per = [] { const char* e = std::getenv("HETERO_LLM_TASKS"); return e ? std::atoi(e) : 0; }();
+  std::vector<i64> b{0};
+  if (nt <= 1 || n <= 1) {
+    b.push_back(n);
+  } else if (per > 0) {  // equal tasks
+    const i64 k = std::min<i64>(n, static_cast<i64>(nt) * per);
+    for (i64 t = 1; t <= k; ++t) b.push_back(n * t / k);
+  } else {
+    for (i64 at = 0; at < n;) {
+      at = std::min(n, at + std::max<i64>(1, (n - at) / (2 * nt)));
+      b.push_back(at);
+    }
+  }
+  return b;
+}
+
 // y[M, N] (row stride ldy) = x[M, K] @ W_e^T (+ bias). xq: x already quantized (quantized weights) or nullptr.
 void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const XQ* xq, float* y, i64 ldy,
                  const float* bias) {
@@ -285,10 +307,9 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
     const i64 mchunk = M <= 64 ? M : 64;
     const double work = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(M <= 4 ? 1 : M);
     const int nt = threads_for(work, 65536.0);
-    static const int per = [] { const char* e = std::getenv("HETERO_LLM_TASKS"); return e ? std::atoi(e) : 4; }();
-    const i64 ntasks = nt <= 1 ? 1 : std::min<i64>(G, static_cast<i64>(nt) * per);
-    parallel_for(ntasks, nt, [&](i64 t) {
-      const i64 g0 = G * t / ntasks, g1 = G * (t + 1) / ntasks;
+    const std::vector<i64> split = split_rows(G, nt);
+    parallel_for(static_cast<i64>(split.size()) - 1, nt, [&](i64 t) {
+      const i64 g0 = split[t], g1 = split[t + 1];
       for (i64 mc = 0; mc < M; mc += mchunk) {
         const i64 mend = std::min(M, mc + mchunk);
         for (i64 g = g0; g < g1; ++g) {
@@ -310,9 +331,9 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
   const i64 NQ = (N + 3) / 4;
   const double work = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(M <= 4 ? 1 : M);
   const int nt = threads_for(work, 65536.0);
-  const i64 ntasks = nt <= 1 ? 1 : std::min<i64>(NQ, static_cast<i64>(nt) * 4);
-  parallel_for(ntasks, nt, [&](i64 t) {
-    const i64 q0 = NQ * t / ntasks, q1 = NQ * (t + 1) / ntasks;
+  const std::vector<i64> split = split_rows(NQ, nt);
+  parallel_for(static_cast<i64>(split.size()) - 1, nt, [&](i64 t) {
+    const i64 q0 = split[t], q1 = split[t + 1];
     float tmp[16];
     for (i64 mc = 0; mc < M; mc += 64) {
       const i64 mend = std::min(M, mc + 64);

@@ -1,7 +1,8 @@
 // LLM kernels of the CPU plugin (the hetero-domain ops of hetero.ops.llm): block-quantized and float GEMV/GEMM,
 // attention over a KV cache owned by the kernel, and the small row ops. Shared declarations.
 //
-// The per-ISA files (llm_kernels_generic/avx2/avx512/avx512vnni.cpp) each fill one `LlmKernels` table; the drivers
+// The kernels are written once (llm_impl.hpp) over per-ISA traits (llm_simd_<isa>.hpp); the per-ISA files
+// (llm_kernels_generic/avx2/avx512/avx512vnni.cpp) each instantiate them into one `LlmKernels` table; the drivers
 // (llm.cpp) run without special flags and call through the table chosen from the plugin's active ISA
 // (hetero::active(), so `_native.set_isa` switches these kernels too), plus VNNI when the CPU has it.
 #pragma once

@@ -1,5 +1,10 @@
-// AVX-512 (F/BW/DQ/VL) LLM kernels without VNNI; see llm_avx512_impl.hpp.
-#include "llm_avx512_impl.hpp"
+// The LLM kernels built for AVX-512 F/BW/DQ/VL without VNNI (int8 dots with vpmaddubsw + vpmaddwd).
+#include "llm_simd_avx512.hpp"
+#include "llm_impl.hpp"
+
+namespace {
+const LlmKernels table = llm_table<LlmSimd>("avx512");
+}  // namespace
 
 namespace hetero {
 namespace llm {

@@ -16,6 +16,7 @@
 #include "data.hpp"
 #include "elementwise.hpp"
 #include "nd.hpp"
+#include "threadpool_stats.hpp"
 
 namespace py = pybind11;
 using namespace hetero;
@@ -731,6 +732,26 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_isa", &set_isa, py::arg("name"), "Select an ISA path (tests/benchmarks); ValueError if unavailable.");
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, py::arg("n"));
+  m.def("pool_spin_us", &pool_spin_us, "Microseconds a pool worker spins for the next call before it sleeps.");
+  m.def("set_pool_spin_us", &set_pool_spin_us, py::arg("us"));
+  m.def("pool_stats_enable", &pool_stats_enable, py::arg("on"),
+        "Record the thread pool's statistics (pool_stats); off by default (a few clock reads per call and task).");
+  m.def("pool_stats", [](bool reset) {
+    const PoolStats s = pool_stats(reset);
+    py::dict d;
+    d["calls"] = s.calls;
+    d["tasks"] = s.tasks;
+    d["joins"] = s.joins;
+    d["sleeps"] = s.sleeps;
+    d["late"] = s.late;
+    d["serial_calls"] = s.serial_calls;
+    d["wall_s"] = s.wall_s;
+    d["busy_s"] = s.busy_s;
+    d["wake_s"] = s.wake_s;
+    d["tail_s"] = s.tail_s;
+    d["serial_s"] = s.serial_s;
+    return d;
+  }, py::arg("reset") = false, "The pool's statistics since the last reset (see threadpool_stats.hpp).");
 
   py::class_<PackedB>(m, "PackedB", "B pre-packed in the micro-kernel's panel layout (weights).")
       .def_property_readonly("k", [](const PackedB& p) { return p.k; })

@@ -1,5 +1,6 @@
 // Persistent thread pool. Workers spin briefly after each job (back-to-back kernels in one inference step then
-// start without a futex round trip) and then sleep on a condition variable.
+// start without a futex round trip; HETERO_POOL_SPIN_US, default 50) and then sleep on a condition variable.
+// Optional statistics of the parallel regions (threadpool_stats.hpp).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "threadpool_stats.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -26,6 +28,25 @@ namespace hetero {
 namespace {
 
 thread_local bool tl_in_pool_task = false;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int env_spin_us() {
+  const char* e = std::getenv("HETERO_POOL_SPIN_US");
+  return e ? std::atoi(e) : 50;
+}
+std::atomic<int> g_spin_us{env_spin_us()};
+
+// Pool statistics: relaxed counters (a benchmark reads them between calls, not during).
+std::atomic<bool> g_stats_on{false};
+struct AtomicStats {
+  std::atomic<std::int64_t> calls{0}, tasks{0}, joins{0}, sleeps{0}, late{0}, serial_calls{0};
+  std::atomic<std::int64_t> wall_ns{0}, busy_ns{0}, wake_ns{0}, tail_ns{0}, serial_ns{0};
+} g_stats;
+inline void add(std::atomic<std::int64_t>& a, std::int64_t v) { a.fetch_add(v, std::memory_order_relaxed); }
 
 class Pool {
  public:
@@ -47,6 +68,7 @@ class Pool {
   bool run(i64 ntasks, int max_threads, const std::function<void(i64)>& f) {
     std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
+    const bool stats = g_stats_on.load(std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lk(mu_);
       fn_ = &f;
@@ -56,10 +78,12 @@ class Pool {
       next_.store(0, std::memory_order_relaxed);
       done_.store(0, std::memory_order_relaxed);
       error_ = nullptr;
+      post_ns_ = stats ? now_ns() : 0;
       gen_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
     work();
+    const std::int64_t mine_done = stats ? now_ns() : 0;
     // Wait for every task to finish and for every worker that joined to have let go of fn_.
     for (int spin = 0; spin < 20000; ++spin) {
       if (done_.load(std::memory_order_acquire) == ntasks && in_flight_.load(std::memory_order_acquire) == 0) break;
@@ -72,6 +96,13 @@ class Pool {
       });
       fn_ = nullptr;
     }
+    if (stats) {
+      const std::int64_t end = now_ns();
+      add(g_stats.calls, 1);
+      add(g_stats.tasks, ntasks);
+      add(g_stats.wall_ns, end - post_ns_);
+      add(g_stats.tail_ns, end - mine_done);
+    }
     if (error_) std::rethrow_exception(error_);
     return true;
   }
@@ -79,17 +110,22 @@ class Pool {
  private:
   void work() {
     tl_in_pool_task = true;
+    const bool stats = g_stats_on.load(std::memory_order_relaxed);
+    std::int64_t busy = 0;
     for (;;) {
       i64 t = next_.fetch_add(1, std::memory_order_relaxed);
       if (t >= ntasks_) break;
+      const std::int64_t t0 = stats ? now_ns() : 0;
       try {
         (*fn_)(t);
       } catch (...) {
         std::lock_guard<std::mutex> lk(err_mu_);
         if (!error_) error_ = std::current_exception();
       }
+      if (stats) busy += now_ns() - t0;
       done_.fetch_add(1, std::memory_order_acq_rel);
     }
+    if (stats) add(g_stats.busy_ns, busy);
     tl_in_pool_task = false;
   }
 
@@ -98,18 +134,29 @@ class Pool {
     // scheduled is still seen.
     std::uint64_t seen = 0;
     for (;;) {
-      // Spin ~50 us, then sleep.
+      // Spin a while (g_spin_us), then sleep.
       auto t0 = std::chrono::steady_clock::now();
+      const auto spin = std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed));
       while (gen_.load(std::memory_order_acquire) == seen) {
         HETERO_PAUSE();
-        if (std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(50)) break;
+        if (std::chrono::steady_clock::now() - t0 > spin) break;
       }
+      const bool slept = gen_.load(std::memory_order_acquire) == seen;
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
       seen = gen_.load(std::memory_order_acquire);
       if (stop_) return;
       // Join only if the job still wants helpers (max_threads) and has work left.
-      if (fn_ == nullptr || joiners_ >= max_joiners_ || next_.load(std::memory_order_relaxed) >= ntasks_) continue;
+      const bool stats = g_stats_on.load(std::memory_order_relaxed);
+      if (fn_ == nullptr || joiners_ >= max_joiners_ || next_.load(std::memory_order_relaxed) >= ntasks_) {
+        if (stats && fn_ != nullptr && joiners_ < max_joiners_) add(g_stats.late, 1);
+        continue;
+      }
+      if (stats) {
+        add(g_stats.joins, 1);
+        add(g_stats.sleeps, slept ? 1 : 0);
+        add(g_stats.wake_ns, now_ns() - post_ns_);
+      }
       ++joiners_;
       in_flight_.fetch_add(1, std::memory_order_acq_rel);
       lk.unlock();
@@ -128,6 +175,7 @@ class Pool {
   bool stop_ = false;
   const std::function<void(i64)>* fn_ = nullptr;
   i64 ntasks_ = 0;
+  std::int64_t post_ns_ = 0;  // when the current call was posted (statistics only)
   int max_joiners_ = 0, joiners_ = 0;
   std::atomic<i64> next_{0}, done_{0};
   std::atomic<int> in_flight_{0};
@@ -174,16 +222,52 @@ void set_num_threads(int n) {
   old.reset();
 }
 
+namespace {
+void run_serial(i64 ntasks, const std::function<void(i64)>& f) {
+  const bool stats = g_stats_on.load(std::memory_order_relaxed) && !tl_in_pool_task;
+  const std::int64_t t0 = stats ? now_ns() : 0;
+  for (i64 t = 0; t < ntasks; ++t) f(t);
+  if (stats) {
+    add(g_stats.serial_calls, 1);
+    add(g_stats.serial_ns, now_ns() - t0);
+  }
+}
+}  // namespace
+
 void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f) {
   if (ntasks <= 0) return;
-  if (ntasks == 1 || max_threads <= 1 || tl_in_pool_task) {
-    for (i64 t = 0; t < ntasks; ++t) f(t);
-    return;
-  }
+  if (ntasks == 1 || max_threads <= 1 || tl_in_pool_task) return run_serial(ntasks, f);
   std::shared_ptr<Pool> pool = get_pool();
   if (pool && pool->run(ntasks, max_threads, f)) return;
-  for (i64 t = 0; t < ntasks; ++t) f(t);
+  run_serial(ntasks, f);
 }
+
+void pool_stats_enable(bool on) { g_stats_on.store(on, std::memory_order_relaxed); }
+
+PoolStats pool_stats(bool reset) {
+  auto take = [reset](std::atomic<std::int64_t>& a) {
+    return reset ? a.exchange(0, std::memory_order_relaxed) : a.load(std::memory_order_relaxed);
+  };
+  PoolStats s;
+  s.calls = take(g_stats.calls);
+  s.tasks = take(g_stats.tasks);
+  s.joins = take(g_stats.joins);
+  s.sleeps = take(g_stats.sleeps);
+  s.late = take(g_stats.late);
+  s.serial_calls = take(g_stats.serial_calls);
+  s.wall_s = take(g_stats.wall_ns) * 1e-9;
+  s.busy_s = take(g_stats.busy_ns) * 1e-9;
+  s.wake_s = take(g_stats.wake_ns) * 1e-9;
+  s.tail_s = take(g_stats.tail_ns) * 1e-9;
+  s.serial_s = take(g_stats.serial_ns) * 1e-9;
+  return s;
+}
+
+void set_pool_spin_us(int us) {
+  if (us < 0) throw std::invalid_argument("set_pool_spin_us: us must be >= 0, got " + std::to_string(us));
+  g_spin_us.store(us, std::memory_order_relaxed);
+}
+int pool_spin_us() { return g_spin_us.load(std::memory_order_relaxed); }
 
 AlignedBuf& tl_buf(int slot) {
   thread_local AlignedBuf bufs[TL_NSLOTS];

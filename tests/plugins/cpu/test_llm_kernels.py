@@ -42,31 +42,31 @@ from hetero.runtime.infer import info_of  # noqa: E402
 from hetero_cpu.backend import CpuBackend  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
 
+from .conftest import built_isas, isa_param  # noqa: E402
+
 CPU = CpuBackend(Device("cpu"))  # the backend the kernels under test belong to
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
 FORMATS = [QuantFormat(bits, bs, sym) for bits in (4, 8) for bs in (32, 64, 128) for sym in (True, False)]
 
 
-def _llm_paths() -> list[str]:
-    paths = []
-    for isa in _native.available_isas():
-        if isa == "avx512":
-            _native.set_isa("avx512")
-            _native.llm_use_vnni(True)
-            if _native.llm_isa() == "avx512vnni":
-                paths.append("avx512vnni")
-        paths.append(isa)
-    _native.set_isa(_native.available_isas()[0])
-    return paths
+def _llm_paths() -> list:
+    """The LLM kernel paths built for this architecture (VNNI is a sub-path of avx512), those this CPU cannot run
+    skipped with the reason."""
+    available = list(_native.available_isas())
+    if "avx512" in available:
+        _native.set_isa("avx512")
+        _native.llm_use_vnni(True)
+        if _native.llm_isa() == "avx512vnni":
+            available.insert(0, "avx512vnni")
+        _native.set_isa(_native.available_isas()[0])
+    names = [n for isa in built_isas() for n in (("avx512vnni", isa) if isa == "avx512" else (isa,))]
+    return [isa_param(name, available) for name in names]
 
 
-PATHS = _llm_paths()
-
-
-@pytest.fixture(params=PATHS)
+@pytest.fixture(params=_llm_paths())
 def path(request):
-    """Runs a test once per LLM kernel path (VNNI is a sub-path of avx512)."""
+    """Runs a test once per LLM kernel path."""
     before = _native.isa()
     name = request.param
     _native.set_isa("avx512" if name == "avx512vnni" else name)

@@ -1,0 +1,78 @@
+// Read-bandwidth probe: N threads of one process each stream their own buffer (first touched by that thread)
+// and sum it; prints one JSON line per repetition set. The ceiling a decode step at N threads can reach.
+// Built and run by benchmarks/read_bandwidth.py (g++ -O3, no -march flags: 16-byte loads, 8 independent sums,
+// are enough to keep a core's misses in flight; the prefetchers do the rest).
+//   read_bandwidth THREADS MIB_PER_THREAD REPS
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// A sense-reversing spin barrier: the threads start each pass together, so the pass time is the slowest thread's.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void wait() {
+    const int gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_acq_rel);
+    } else {
+      while (gen_.load(std::memory_order_acquire) == gen) std::this_thread::yield();
+    }
+  }
+
+ private:
+  const int n_;
+  std::atomic<int> count_{0}, gen_{0};
+};
+
+std::uint64_t sum_buffer(const std::uint64_t* p, std::size_t n) {
+  std::uint64_t s[8] = {};
+  for (std::size_t i = 0; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += p[i + j];
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s THREADS MIB_PER_THREAD REPS\n", argv[0]);
+    return 2;
+  }
+  const int nt = std::atoi(argv[1]), reps = std::atoi(argv[3]);
+  const std::size_t words = static_cast<std::size_t>(std::atol(argv[2])) * (1u << 20) / 8;
+  if (nt < 1 || reps < 1 || words < 8) return 2;
+  Barrier barrier(nt + 1);
+  std::vector<double> secs(static_cast<std::size_t>(reps));
+  std::atomic<std::uint64_t> sink{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nt; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<std::uint64_t> buf(words, static_cast<std::uint64_t>(t) + 1);  // first touch: this thread
+      barrier.wait();
+      for (int r = 0; r < reps; ++r) {
+        barrier.wait();
+        sink.fetch_add(sum_buffer(buf.data(), words), std::memory_order_relaxed);
+        barrier.wait();
+      }
+    });
+  barrier.wait();  // buffers allocated
+  for (int r = 0; r < reps; ++r) {
+    barrier.wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    barrier.wait();
+    secs[static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  for (auto& th : threads) th.join();
+  std::printf("{\"threads\": %d, \"bytes_per_pass\": %.0f, \"seconds\": [", nt, 8.0 * words * nt);
+  for (int r = 0; r < reps; ++r) std::printf("%s%.6f", r ? ", " : "", secs[static_cast<std::size_t>(r)]);
+  std::printf("], \"checksum\": %llu}\n", static_cast<unsigned long long>(sink.load()));
+  return 0;
+}

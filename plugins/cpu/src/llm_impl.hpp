@@ -1,0 +1,419 @@
+// The LLM kernels (see LlmKernels in llm.hpp), written once against a traits class S (llm_simd_<isa>.hpp: W float
+// / int32 lanes, W x 4 byte lanes, the ISA's int8 dot). Each llm_kernels_<isa>.cpp includes its traits header
+// and this file and instantiates llm_table<S>, so everything here is compiled once per ISA with that file's
+// flags. Everything lives in an anonymous namespace: the copies compiled with different -m flags must never be
+// merged by the linker.
+//
+// Within each output element the arithmetic (and its order) is the same on every path; W only decides how many
+// elements a step computes, and the register counts (S::QGEMM_MR, ...) how the rows are blocked.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "llm.hpp"
+
+namespace {
+
+using hetero::i64;
+using namespace hetero::llm;
+
+// ---------------------------------------------------------------------------------------------- activations
+template <class S>
+void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
+                std::int32_t* s, float* ds, std::int32_t* sl) {
+  using V = typename S::V;
+  using I = typename S::I;
+  const i64 nb = (k + bs - 1) / bs;
+  for (i64 m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    for (i64 b = 0; b < nb; ++b) {
+      const i64 lo = b * bs;
+      V vmax = S::zero();
+      for (int i = 0; i < bs; i += S::W) vmax = S::max(vmax, S::abs(S::load_n(xr + lo + i, k - (lo + i))));
+      const float amax = S::hmax(vmax);
+      const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      const V vinv = S::set1(inv);
+      std::int8_t* qb = q + m * nb * bs + b * bs;
+      I vsum = S::iset1(0), vhalf = S::iset1(0);
+      for (int i = 0; i < bs; i += S::W) {
+        const I qi = S::iclamp(S::cvt_i(S::round(S::mul(S::load_n(xr + lo + i, k - (lo + i)), vinv))), 127);
+        vsum = S::iadd(vsum, qi);
+        if (i < bs / 2) vhalf = S::iadd(vhalf, qi);
+        S::store_i8(qb + i, qi);
+      }
+      const std::int32_t sum = S::ihsum(vsum);
+      if (pair4) pair_words(qb, bs);
+      d[m * nb + b] = dx;
+      s[m * nb + b] = sum;
+      ds[m * nb + b] = dx * static_cast<float>(sum);
+      sl[m * nb + b] = S::ihsum(vhalf);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- quantized GEMM
+inline i64 prefetch_distance() {  // HETERO_LLM_PF (llm.cpp)
+  static const i64 v = [] { const char* e = std::getenv("HETERO_LLM_PF"); return e ? std::atol(e) : 4096L; }();
+  return v;
+}
+
+// Bits 4-5 of the 5/6-bit values of nibble vector t (t < 4), slice h (rows W*h..), from the record's high
+// plane(s) (layout in llm.hpp), added to the low (elements 4t+c) and high (B/2+4t+c) nibbles. The shifts move
+// bits across byte borders only into bits the masks drop.
+template <class S, int BITS>
+inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& lo, typename S::B& hi) {
+  if (BITS == 5) {
+    const auto v = S::load_b(hp + 4 * S::W * h), m = S::bset8(0x10);
+    lo = S::bor(lo, S::band(S::bsll16(v, 4 - t), m));
+    hi = S::bor(hi, S::band(S::bsrl16(v, t), m));
+  } else if (BITS == 6) {
+    const auto v = S::load_b(hp + 64 * (t / 2) + 4 * S::W * h), m = S::bset8(0x30);
+    const int u = 2 * (t % 2);
+    lo = S::bor(lo, S::band(S::bsll16(v, 4 - u), m));
+    hi = S::bor(hi, S::band(S::bsrl16(v, u), m));
+  }
+}
+
+// One 16-row group, in slices of W rows, against MR activation rows. BITS: 4/5/6/8; KQ: scale layout (llm.hpp).
+template <class S, int BITS, bool ASYM, int KQ, int MR>
+void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
+  using V = typename S::V;
+  using I = typename S::I;
+  using B = typename S::B;
+  constexpr int W = S::W;
+  constexpr bool NIB = BITS < 8;
+  const int bs = w.bs;
+  const int nt = NIB ? bs / 8 : bs / 4;
+  const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
+  const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
+  const i64 pf = prefetch_distance();
+  const B nib = S::bset8(0x0f);
+  const std::int8_t* xrow[MR];
+  for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
+  for (int h = 0; h < QR / W; ++h) {
+    V facc[MR];
+    for (int m = 0; m < MR; ++m) facc[m] = S::zero();
+    for (i64 b0 = 0; b0 < w.nb; b0 += w.sub) {
+      const std::uint8_t* sb = group + (b0 / w.sub) * w.super_bytes;
+      V sd = S::zero(), smin = S::zero();  // k-quants: the super-block's d (and dmin)
+      if (KQ) sd = S::load_f16(sb + 2 * W * h);
+      if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * W * h);
+      const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
+      for (i64 b = b0; b < b1; ++b) {
+        const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
+        const std::uint8_t* qv = rec + hdr;
+        if (MR <= 2 && h == 0)  // decode streams the weights from memory: keep more lines in flight than the L2 streamer does
+          for (i64 o = 0; o < w.rec_bytes; o += 64) S::prefetch(rec + pf + o);
+        I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
+        for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = S::iset1(0);
+        const i64 xo = b * bs;
+        for (int t = 0; t < nt; ++t) {
+          const B v = S::load_b(qv + 64 * t + 4 * W * h);
+          if (NIB) {
+            B lo = S::band(v, nib), hi = S::band(S::bsrl4(v), nib);
+            add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
+            for (int m = 0; m < MR; ++m) {
+              const B xlo = S::bcast4(xrow[m] + xo + 8 * t), xhi = S::bcast4(xrow[m] + xo + 8 * t + 4);  // pair4
+              if (KQ == 2) {
+                ilo[m] = S::dot4(ilo[m], lo, xlo);
+                ihi[m] = S::dot4(ihi[m], hi, xhi);
+              } else {  // values <= 31
+                ilo[m] = S::dot4x2(ilo[m], lo, xlo, hi, xhi);
+              }
+            }
+          } else {
+            const typename S::Q8 wq = S::q8_weights(v);
+            for (int m = 0; m < MR; ++m) ilo[m] = S::dot_q8(ilo[m], wq, S::bcast4(xrow[m] + xo + 4 * t));
+          }
+        }
+        if (KQ == 0) {
+          const V dv = S::load_f16(rec + 2 * W * h);
+          const V mv = ASYM ? S::load_f16(rec + 32 + 2 * W * h) : S::zero();
+          for (int m = 0; m < MR; ++m) {
+            const i64 xi = (m0 + m) * x.nb + b;
+            I iv = ilo[m];
+            if (off != 0) iv = S::isub(iv, S::iset1(off * x.s[xi]));
+            facc[m] = S::fma(S::cvt_f(iv), S::mul(dv, S::set1(x.d[xi])), facc[m]);
+            if (ASYM) facc[m] = S::fma(mv, S::set1(x.ds[xi]), facc[m]);
+          }
+        } else if (KQ == 1) {  // d*sc * dot - dmin*mn * dx*sum(xq)
+          const V scv = S::mul(sd, S::load_u8(rec + W * h)), mnv = S::mul(smin, S::load_u8(rec + 16 + W * h));
+          for (int m = 0; m < MR; ++m) {
+            const i64 xi = (m0 + m) * x.nb + b;
+            facc[m] = S::fma(S::cvt_f(ilo[m]), S::mul(scv, S::set1(x.d[xi])), facc[m]);
+            facc[m] = S::fnma(mnv, S::set1(x.ds[xi]), facc[m]);
+          }
+        } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), exact in int32
+          const I sclo = S::load_i8_i32(rec + W * h), schi = S::load_i8_i32(rec + 16 + W * h);
+          for (int m = 0; m < MR; ++m) {
+            const i64 xi = (m0 + m) * x.nb + b;
+            const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
+            const I lo = S::isub(ilo[m], S::iset1(32 * slo)), hi = S::isub(ihi[m], S::iset1(32 * shi));
+            const I isum = S::iadd(S::imul(lo, sclo), S::imul(hi, schi));
+            facc[m] = S::fma(S::cvt_f(isum), S::mul(sd, S::set1(x.d[xi])), facc[m]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) S::store_n(y + m * ldy + W * h, facc[m], nvalid - W * h);
+  }
+}
+
+template <class S, int BITS, bool ASYM, int KQ>
+void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+               int nvalid) {
+  constexpr int R = S::QGEMM_MR;  // mr <= R (the table's max_mr)
+  switch (mr) {
+    case 1: qgemm_mr<S, BITS, ASYM, KQ, 1>(w, group, x, m0, y, ldy, nvalid); break;
+    case 2: qgemm_mr<S, BITS, ASYM, KQ, std::min(2, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 3: qgemm_mr<S, BITS, ASYM, KQ, std::min(3, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 4: qgemm_mr<S, BITS, ASYM, KQ, std::min(4, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 5: qgemm_mr<S, BITS, ASYM, KQ, std::min(5, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 6: qgemm_mr<S, BITS, ASYM, KQ, std::min(6, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 7: qgemm_mr<S, BITS, ASYM, KQ, std::min(7, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    default: qgemm_mr<S, BITS, ASYM, KQ, std::min(8, R)>(w, group, x, m0, y, ldy, nvalid); break;
+  }
+}
+
+template <class S>
+void qgemm_group(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+                 int nvalid) {
+  decltype(&qgemm_fmt<S, 4, false, 0>) f;
+  switch (w.kq) {
+    case 1: f = w.bits == 4 ? qgemm_fmt<S, 4, true, 1> : qgemm_fmt<S, 5, true, 1>; break;  // q4_k / q5_k
+    case 2: f = qgemm_fmt<S, 6, false, 2>; break;                                          // q6_k
+    default:
+      if (w.bits == 4) f = w.asym ? qgemm_fmt<S, 4, true, 0> : qgemm_fmt<S, 4, false, 0>;
+      else if (w.bits == 5) f = w.asym ? qgemm_fmt<S, 5, true, 0> : qgemm_fmt<S, 5, false, 0>;  // q5_1 / q5_0
+      else f = w.asym ? qgemm_fmt<S, 8, true, 0> : qgemm_fmt<S, 8, false, 0>;
+  }
+  f(w, group, x, m0, mr, y, ldy, nvalid);
+}
+
+// ---------------------------------------------------------------------------------------------- float GEMM
+template <class S, int WT>
+inline typename S::V loadw(const void* w, i64 i) {
+  if (WT == W_F32) return S::load(static_cast<const float*>(w) + i);
+  if (WT == W_F16) return S::load_f16(static_cast<const std::uint16_t*>(w) + i);
+  return S::load_bf16(static_cast<const std::uint16_t*>(w) + i);
+}
+
+template <int WT>
+inline float loadw1(const void* w, i64 i) {
+  if (WT == W_F32) return static_cast<const float*>(w)[i];
+  const std::uint16_t h = static_cast<const std::uint16_t*>(w)[i];
+  return WT == W_F16 ? half_to_float(h) : bf16_to_float(h);
+}
+
+// MR x rows against 4 weight rows; the last k % W elements in scalar after the lanes are summed.
+template <class S, int WT, int MR>
+void fgemm_mr(const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, float* y, i64 ldy) {
+  using V = typename S::V;
+  constexpr int NW = 4;
+  V acc[MR][NW];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NW; ++j) acc[m][j] = S::zero();
+  i64 wo[NW];
+  for (int j = 0; j < NW; ++j) wo[j] = (j < nrows ? j : nrows - 1) * ldw;
+  i64 i = 0;
+  for (; i + S::W <= k; i += S::W) {
+    V wv[NW];
+    for (int j = 0; j < NW; ++j) wv[j] = loadw<S, WT>(w, wo[j] + i);
+    for (int m = 0; m < MR; ++m) {
+      const V xv = S::load(x + m * ldx + i);
+      for (int j = 0; j < NW; ++j) acc[m][j] = S::fma(xv, wv[j], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < nrows; ++j) {
+      float r = S::hsum(acc[m][j]);
+      for (i64 t = i; t < k; ++t) r += x[m * ldx + t] * loadw1<WT>(w, wo[j] + t);
+      y[m * ldy + j] = r;
+    }
+}
+
+template <class S, int WT>
+void fgemm_wt(const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, int mr, float* y, i64 ldy) {
+  constexpr int R = S::FGEMM_MR;
+  for (int m0 = 0; m0 < mr; m0 += R) {
+    const float* xm = x + m0 * ldx;
+    float* ym = y + m0 * ldy;
+    switch (std::min(mr - m0, R)) {
+      case 1: fgemm_mr<S, WT, 1>(w, ldw, nrows, k, xm, ldx, ym, ldy); break;
+      case 2: fgemm_mr<S, WT, std::min(2, R)>(w, ldw, nrows, k, xm, ldx, ym, ldy); break;
+      case 3: fgemm_mr<S, WT, std::min(3, R)>(w, ldw, nrows, k, xm, ldx, ym, ldy); break;
+      default: fgemm_mr<S, WT, std::min(4, R)>(w, ldw, nrows, k, xm, ldx, ym, ldy); break;
+    }
+  }
+}
+
+template <class S>
+void fgemm_tile(int wt, const void* w, i64 ldw, int nrows, i64 k, const float* x, i64 ldx, int mr, float* y,
+                i64 ldy) {
+  if (wt == W_F16) fgemm_wt<S, W_F16>(w, ldw, nrows, k, x, ldx, mr, y, ldy);
+  else if (wt == W_BF16) fgemm_wt<S, W_BF16>(w, ldw, nrows, k, x, ldx, mr, y, ldy);
+  else fgemm_wt<S, W_F32>(w, ldw, nrows, k, x, ldx, mr, y, ldy);
+}
+
+// ---------------------------------------------------------------------------------------------- conversions
+template <class S>
+void f16_to_f32(const std::uint16_t* src, float* dst, i64 n) {
+  i64 i = 0;
+  for (; i + S::W <= n; i += S::W) S::store(dst + i, S::load_f16(src + i));
+  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+
+template <class S>
+void f32_to_f16(const float* src, std::uint16_t* dst, i64 n) {
+  i64 i = 0;
+  for (; i + S::W <= n; i += S::W) S::store_f16(dst + i, S::load(src + i));
+  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+
+// ---------------------------------------------------------------------------------------------- attention
+// W cached K/V elements as float (q8: the int8 values, before their block scale); one in scalar.
+template <class S, int K>
+inline typename S::V loadkv(const void* p, i64 i) {
+  if (K == KV_F16) return S::load_f16(static_cast<const std::uint16_t*>(p) + i);
+  if (K == KV_Q8) return S::load_i8(static_cast<const std::int8_t*>(p) + i);
+  return S::load(static_cast<const float*>(p) + i);
+}
+
+template <int K>
+inline float loadkv1(const void* p, i64 i) {
+  if (K == KV_F16) return half_to_float(static_cast<const std::uint16_t*>(p)[i]);
+  if (K == KV_Q8) return static_cast<float>(static_cast<const std::int8_t*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+// NR rows x the tile's 64 positions, 4 key vectors (4W positions) per pass. q8 keys are dequantized in registers
+// (int8 -> float times the block's scale, a memory operand from L1); memory traffic, not these extra
+// instructions, bounds decode.
+template <class S, int K, int NR>
+void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s, i64 lds) {
+  using V = typename S::V;
+  constexpr int NV = 4, SPAN = NV * S::W;
+  static_assert(KT % SPAN == 0, "a pass covers part of a K tile");
+  const float* ks = reinterpret_cast<const float*>(static_cast<const std::int8_t*>(kt) + d * KT);  // q8 only
+  for (int p0 = 0; p0 < KT; p0 += SPAN) {
+    V acc[NR][NV];
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j] = S::zero();
+    for (i64 i = 0; i < d; ++i) {
+      V kv[NV];
+      for (int j = 0; j < NV; ++j) {
+        kv[j] = loadkv<S, K>(kt, i * KT + p0 + S::W * j);
+        if (K == KV_Q8) kv[j] = S::mul(kv[j], S::load(ks + (i / KVB) * KT + p0 + S::W * j));
+      }
+      for (int r = 0; r < NR; ++r) {
+        const V qb = S::set1(q[r * ldq + i]);
+        for (int j = 0; j < NV; ++j) acc[r][j] = S::fma(qb, kv[j], acc[r][j]);
+      }
+    }
+    const V vs = S::set1(scale);
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < NV; ++j) S::store(s + r * lds + p0 + S::W * j, S::mul(acc[r][j], vs));
+  }
+}
+
+template <class S, int K>
+void qk_t(const float* q, i64 ldq, int nr, const void* kt, i64 d, float scale, float* s, i64 lds) {
+  constexpr int R = S::QK_NR;
+  for (int r0 = 0; r0 < nr; r0 += R) {
+    const float* qr = q + r0 * ldq;
+    float* sr = s + r0 * lds;
+    switch (std::min(nr - r0, R)) {
+      case 1: qk_nr<S, K, 1>(qr, ldq, kt, d, scale, sr, lds); break;
+      case 2: qk_nr<S, K, std::min(2, R)>(qr, ldq, kt, d, scale, sr, lds); break;
+      case 3: qk_nr<S, K, std::min(3, R)>(qr, ldq, kt, d, scale, sr, lds); break;
+      default: qk_nr<S, K, std::min(4, R)>(qr, ldq, kt, d, scale, sr, lds); break;
+    }
+  }
+}
+
+template <class S>
+void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d, float scale, float* s, i64 lds) {
+  switch (kind) {
+    case KV_F16: qk_t<S, KV_F16>(q, ldq, nr, ktile, d, scale, s, lds); break;
+    case KV_Q8: qk_t<S, KV_Q8>(q, ldq, nr, ktile, d, scale, s, lds); break;
+    default: qk_t<S, KV_F32>(q, ldq, nr, ktile, d, scale, s, lds); break;
+  }
+}
+
+// NV vectors of o (NV*W values of d, from c) x NR rows of accumulators over the nk positions. c is a multiple
+// of NV*W and NV*W and KVB are powers of two, so vector j lies in q8 block c/KVB + W*j/KVB (shared scales are
+// loaded once).
+template <class S, int K, int NR, int NV>
+inline void pv_chunk(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, i64 d, i64 nb, i64 c,
+                     const float* corr, float* o) {
+  using V = typename S::V;
+  constexpr int W = S::W;
+  static_assert((NV * W & (NV * W - 1)) == 0 && (KVB & (KVB - 1)) == 0, "powers of two");
+  V acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = S::mul(S::load(o + r * d + c + W * j), S::set1(corr[r]));
+  for (i64 l = 0; l < nk; ++l) {
+    V vv[NV];
+    for (int j = 0; j < NV; ++j) {
+      vv[j] = loadkv<S, K>(v, l * d + c + W * j);
+      if (K == KV_Q8) vv[j] = S::mul(vv[j], S::set1(vscale[l * nb + c / KVB + W * j / KVB]));
+    }
+    for (int r = 0; r < NR; ++r) {
+      const V pb = S::set1(p[r * ldp + l]);
+      for (int j = 0; j < NV; ++j) acc[r][j] = S::fma(pb, vv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NV; ++j) S::store(o + r * d + c + W * j, acc[r][j]);
+}
+
+template <class S, int K, int NR>
+void pv_nr(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, i64 d, const float* corr, float* o) {
+  constexpr int NV = S::PV_VECS, W = S::W;
+  const i64 nb = (d + KVB - 1) / KVB;
+  i64 c = 0;
+  for (; c + NV * W <= d; c += NV * W) pv_chunk<S, K, NR, NV>(p, ldp, v, vscale, nk, d, nb, c, corr, o);
+  for (; c + W <= d; c += W) pv_chunk<S, K, NR, 1>(p, ldp, v, vscale, nk, d, nb, c, corr, o);
+  for (; c < d; ++c)
+    for (int r = 0; r < NR; ++r) {
+      float a = o[r * d + c] * corr[r];
+      for (i64 l = 0; l < nk; ++l) {
+        float vv = loadkv1<K>(v, l * d + c);
+        if (K == KV_Q8) vv *= vscale[l * nb + c / KVB];
+        a += p[r * ldp + l] * vv;
+      }
+      o[r * d + c] = a;
+    }
+}
+
+template <class S, int K>
+void pv_t(const float* p, i64 ldp, int nr, const void* v, const float* vscale, i64 nk, i64 d, const float* corr,
+          float* o) {
+  switch (nr) {
+    case 1: pv_nr<S, K, 1>(p, ldp, v, vscale, nk, d, corr, o); break;
+    case 2: pv_nr<S, K, 2>(p, ldp, v, vscale, nk, d, corr, o); break;
+    case 3: pv_nr<S, K, 3>(p, ldp, v, vscale, nk, d, corr, o); break;
+    default: pv_nr<S, K, 4>(p, ldp, v, vscale, nk, d, corr, o); break;
+  }
+}
+
+template <class S>
+void pv_tile(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
+             const float* corr, float* o) {
+  switch (kind) {
+    case KV_F16: pv_t<S, KV_F16>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+    case KV_Q8: pv_t<S, KV_Q8>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+    default: pv_t<S, KV_F32>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+  }
+}
+
+template <class S>
+constexpr LlmKernels llm_table(const char* name) {
+  return {name,         S::QGEMM_MR,    quantize_x<S>, qgemm_group<S>, fgemm_tile<S>,
+          f16_to_f32<S>, f32_to_f16<S>, qk_tile<S>,    pv_tile<S>};
+}
+
+}  // namespace

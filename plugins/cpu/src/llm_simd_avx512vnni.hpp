@@ -1,0 +1,17 @@
+// AVX-512 VNNI traits of the LLM kernels: the AVX-512 ones with every int8 dot one vpdpbusd (unsigned weight
+// bytes as stored, so 8-bit weights need no shift). Only included by llm_kernels_avx512vnni.cpp (-mavx512vnni).
+#pragma once
+#include "llm_simd_avx512.hpp"
+
+namespace {
+struct LlmSimdVnni : LlmSimd {
+  static constexpr int Q8_SHIFT = 0;
+  static I dot4(I acc, B w, B x) { return _mm512_dpbusd_epi32(acc, w, x); }
+  static I dot4x2(I acc, B w1, B x1, B w2, B x2) { return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, w1, x1), w2, x2); }
+  struct Q8 {
+    B w;
+  };
+  static Q8 q8_weights(B w) { return {w}; }
+  static I dot_q8(I acc, const Q8& w, B x) { return _mm512_dpbusd_epi32(acc, w.w, x); }
+};
+}  // namespace

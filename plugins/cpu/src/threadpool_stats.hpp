@@ -1,0 +1,28 @@
+// What the thread pool's parallel regions cost beyond their tasks (benchmarks/decode_threads.py): off by default,
+// on with pool_stats_enable(true); then each pooled call reads the clock a few times and each task twice.
+#pragma once
+#include <cstdint>
+
+namespace hetero {
+
+struct PoolStats {
+  std::int64_t calls = 0;         // parallel_for calls the pool ran
+  std::int64_t tasks = 0;         // their tasks
+  std::int64_t joins = 0;         // worker joins (a worker took part in a call)
+  std::int64_t sleeps = 0;        // joins that began asleep (the condition variable: a futex round trip)
+  std::int64_t late = 0;          // workers that woke when every task was already taken
+  std::int64_t serial_calls = 0;  // parallel_for calls run on the caller alone (one task, one thread, nested)
+  double wall_s = 0;              // pooled calls, post to the last task's end, as the caller sees them
+  double busy_s = 0;              // inside tasks, summed over the threads
+  double wake_s = 0;              // post to a joining worker's first task, summed over the joins
+  double tail_s = 0;              // the caller out of tasks, waiting for the others (imbalance, late starts)
+  double serial_s = 0;            // the serial calls
+};
+
+void pool_stats_enable(bool on);
+PoolStats pool_stats(bool reset);
+// Microseconds a worker spins for the next call before it sleeps (HETERO_POOL_SPIN_US, default 50).
+void set_pool_spin_us(int us);
+int pool_spin_us();
+
+}  // namespace hetero

@@ -1,0 +1,95 @@
+"""The LLM kernels across threads: the work split changes no result (every 16-row group is computed whole by one
+thread), and the thread pool's statistics (benchmarks/decode_threads.py reads them) account for what ran."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+_native = pytest.importorskip(
+    "hetero_cpu._native",
+    reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
+)
+
+from hetero.llm import quant  # noqa: E402
+
+
+@pytest.fixture
+def pool():
+    before_threads, before_spin = _native.num_threads(), _native.pool_spin_us()
+    _native.pool_stats(True)
+    _native.pool_stats_enable(True)
+    yield
+    _native.pool_stats_enable(False)
+    _native.pool_stats(True)
+    _native.set_pool_spin_us(before_spin)
+    _native.set_num_threads(before_threads)
+
+
+def _weights(spec: str, n: int, k: int):
+    w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
+    if spec == "f16":
+        return _native.llm_weights(w.astype(np.float16), "f16", k=k)
+    fmt = quant.parse_quant(spec)
+    return _native.llm_weights(quant.quantize(w, fmt).reshape(n, -1), fmt.wtype, fmt.block_size, fmt.symmetric, k)
+
+
+@pytest.mark.parametrize("spec", ["q4", "q8_asym", "f16"])
+@pytest.mark.parametrize("n", [16, 1000, 4099])
+@pytest.mark.parametrize("m", [1, 3, 70])
+def test_result_does_not_depend_on_the_thread_count(spec, n, m):
+    k = 512
+    w = _weights(spec, n, k)
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    before = _native.num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            _native.set_num_threads(threads)
+            out = np.empty((m, n), np.float32)
+            _native.llm_matmul(w, x, out)
+            outs.append(out)
+    finally:
+        _native.set_num_threads(before)
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+def test_pool_statistics_account_for_a_parallel_gemv(pool):
+    _native.set_num_threads(2)
+    w = _weights("q4", 8192, 1024)  # 512 groups: well above the split's threshold
+    x = np.ones((1, 1024), np.float32)
+    out = np.empty((1, 8192), np.float32)
+    _native.llm_matmul(w, x, out)
+    s = _native.pool_stats(True)
+    assert s["calls"] == 1
+    assert s["tasks"] > 4  # shrinking chunks: more tasks than threads
+    assert s["joins"] <= 1 and s["sleeps"] <= s["joins"]
+    assert 0 < s["busy_s"] <= 2 * s["wall_s"] + 1e-3
+    assert 0 <= s["tail_s"] <= s["wall_s"]
+    assert _native.pool_stats()["calls"] == 0  # reset
+
+
+def test_pool_statistics_count_serial_calls_and_stay_off_by_default(pool):
+    _native.set_num_threads(1)
+    w = _weights("q4", 256, 256)
+    x = np.ones((1, 256), np.float32)
+    out = np.empty((1, 256), np.float32)
+    _native.llm_matmul(w, x, out)
+    s = _native.pool_stats(True)
+    assert s["calls"] == 0 and s["serial_calls"] >= 1 and s["serial_s"] > 0
+    _native.pool_stats_enable(False)
+    _native.llm_matmul(w, x, out)
+    assert _native.pool_stats()["serial_calls"] == 0
+
+
+def test_pool_spin_is_settable_and_checked(pool):
+    _native.set_pool_spin_us(0)  # workers sleep at once: calls still complete
+    _native.set_num_threads(2)
+    w = _weights("q8", 4096, 1024)
+    x = np.ones((2, 1024), np.float32)
+    out = np.empty((2, 4096), np.float32)
+    for _ in range(3):
+        _native.llm_matmul(w, x, out)
+    assert _native.pool_spin_us() == 0
+    with pytest.raises(ValueError, match="set_pool_spin_us"):
+        _native.set_pool_spin_us(-1)
