@@ -1,7 +1,7 @@
 // Drivers and pybind11 bindings of the LLM kernels (hetero.ops.llm): threading, argument checks, the weight
 // repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
-// Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM instead of the default
-// shrinking chunks (split_rows; 1 = one contiguous stream per thread), HETERO_LLM_PF = bytes
+// Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM (default 4; 1 = one
+// contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes
 // the decode kernels prefetch ahead of the weight stream (default 4096).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -274,12 +274,12 @@ std::shared_ptr<Weights> make_weights(const py::array& w, const std::string& wty
 }
 
 // Task t of a GEMV/GEMM over n row units (16-row groups, 4-row quads) covers [b[t], b[t+1]); the pool's threads
-// claim the tasks in order. Chunks shrink: each is 1/(2 nt) of what is left (at least one unit), so every thread
-// streams long runs first and one that finishes early takes small pieces of the rest instead of waiting on
-// another's long tail (a late wake-up or a neighbour on the core costs at most a small chunk). The results do not
-// depend on the split: every unit is computed whole by one thread.
+// claim the tasks in order. Default: 4 equal tasks per thread (the split every published measurement used).
+// HETERO_LLM_TASKS=0: shrinking chunks, each 1/(2 nt) of what is left (at least one unit), so a thread that finishes
+// early takes small pieces of the rest instead of waiting on another's long tail; not yet measured on a quiet
+// machine, so not the default. The results do not depend on the split: every unit is computed whole by one thread.
 std::vector<i64> split_rows(i64 n, int nt) {
-  static const int per = [] { const char* e = std::getenv("HETERO_LLM_TASKS"); return e ? std::atoi(e) : 0; }();
+  static const int per = [] { const char* e = std::getenv("HETERO_LLM_TASKS"); return e ? std::atoi(e) : 4; }();
   std::vector<i64> b{0};
   if (nt <= 1 || n <= 1) {
     b.push_back(n);
