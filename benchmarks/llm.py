@@ -183,7 +183,7 @@ def file_stats(path: Path, tg: int) -> dict[str, Any]:
         field = reader.fields.get(f"{arch}.{key}")
         if field is None and default is not None:
             return default
-        return int(field.contents())  # type: ignore[union-attr]
+        return int(field.contents())  # type: ignore[union-attr]  # no default: a missing key fails here
 
     weights = sum(int(t.n_bytes) for name, t in tensors.items() if name != "token_embd.weight")
     embd = tensors["token_embd.weight"]
@@ -349,7 +349,7 @@ def _bench_worker(args: argparse.Namespace) -> int:
         load_s = time.perf_counter() - started
         info = dict(llm.settings)
     loaded = _memory()
-    results = bench(llm, tests, args.reps, warmup=True, seed=args.seed, threads=args.threads)  # type: ignore[arg-type]
+    results = bench(llm, tests, args.reps, warmup=True, seed=args.seed, threads=args.threads)
     print(json.dumps({"load_s": load_s, "base_rss": base_rss, "peak_rss": _max_rss(), "mem_loaded": loaded,
                       "mem_end": _memory(), "info": info, "tests": {r.test: r.samples_ts for r in results}}))
     return 0

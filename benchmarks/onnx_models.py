@@ -320,7 +320,7 @@ def main() -> None:
         print(f"skipped {MODELS[n].install_hint}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="hetero-mnn-") as tmp:
         for n in present:  # convert once, in this process, for every thread count
-            mnn_convert(MODELS[n].file(), Path(tmp))  # type: ignore[arg-type]
+            mnn_convert(MODELS[n].file(), Path(tmp))  # type: ignore[arg-type]  # present: file() is a Path
         counts = [int(x) for x in args.threads.split(",")]
         rows = [row for t in counts for row in run_worker(t, present, args, Path(tmp))]
     rows.sort(key=lambda r: (present.index(r["model"]), r["threads"]))

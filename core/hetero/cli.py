@@ -194,7 +194,7 @@ def add_command(sub: Any, name: str, help_text: str, func: Callable[[argparse.Na
                 ) -> argparse.ArgumentParser:
     """A subcommand whose unknown flags are its own usage error (see ``CommandParser``)."""
     p = sub.add_parser(name, help=help_text, description=help_text)
-    p.is_subcommand = True  # type: ignore[attr-defined]
+    p.is_subcommand = True
     p.set_defaults(func=func)
     return p
 

@@ -80,7 +80,7 @@ class CommandParser(argparse.ArgumentParser):
 
     _intermixing = False
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         if not getattr(self, "is_subcommand", False) or self._intermixing:
             return super().parse_known_args(args, namespace)
         # Positionals after flags too (`run MODEL -n 8 "prompt"`), which plain argparse refuses with nargs="?".

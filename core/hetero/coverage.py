@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import plugins
@@ -23,7 +24,7 @@ class Coverage:
                    and (domain is None or d == domain))
 
 
-def _table_of(name: str) -> dict[tuple[str, str], object] | None:
+def _table_of(name: str) -> Mapping[tuple[str, str], object] | None:
     row = plugins.status(name)
     if row is None or not row.ok or row.factory is None:
         return None

@@ -162,7 +162,8 @@ def _read_json(path: Path) -> Facts:
 
 def hf_info(folder: Path) -> Facts:
     config = _read_json(folder / "config.json")
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text_config = config.get("text_config")
+    text = text_config if isinstance(text_config, dict) else {}
     summary = {k: config.get(k, text.get(k)) for k in _CONFIG_KEYS if k in config or k in text}
     files = sorted(folder.glob("*.safetensors"))
     tokenizer_config = folder / "tokenizer_config.json"

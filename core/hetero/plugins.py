@@ -165,7 +165,7 @@ def _load_one(registry: Registry, manager: pluggy.PluginManager, ep: Any, row: P
     if not factories:  # a plugin that only adds ops, kernels or loaders
         row.status, row.reason = OK, "adds ops/kernels/loaders only"
         return [row]
-    rows = []
+    rows: list[PluginStatus] = []
     for factory in factories:
         owner = next((r for r in [*registry.statuses, *rows] if r.name == factory.name and r.factory), None)
         if owner is not None:  # backend names are unique: a second one would shadow the first in every session

@@ -102,7 +102,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                 _counts["native"] += 1
 
 
-def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+def pytest_terminal_summary(terminalreporter) -> None:
     if not _counts:
         return
     for backend in _backend_seen:

@@ -48,7 +48,7 @@ from .errors import (
     UnsupportedOp,
 )
 from .hookspecs import hookimpl, hookspec
-from .tensor import Tensor, TensorInfo
+from .tensor import Tensor, TensorInfo, static_shape
 
 __all__ = [
     "API_VERSION",
@@ -84,5 +84,6 @@ __all__ = [
     "opforms",
     "quant",
     "registry",
+    "static_shape",
     "unsupported",
 ]

@@ -27,7 +27,7 @@ import numpy as np
 from . import dtypes
 from .errors import BackendError
 from .graph import Graph, Node
-from .tensor import Tensor, TensorInfo
+from .tensor import Tensor, TensorInfo, static_shape
 
 # The contract's version. A plugin states the version it was written for; a different major version is refused
 # before anything of the plugin runs (hetero.plugins). 2.0: the contract package, kernel factories taking their
@@ -183,9 +183,9 @@ class Backend:
         raise NotImplementedError
 
     def empty(self, info: TensorInfo) -> Tensor:
-        assert info.shape is not None and info.is_static, info
-        numel = int(np.prod(info.shape, dtype=np.int64))
-        return Tensor(self.alloc(info.dtype.nbytes(numel)), info.shape, info.dtype, self)
+        shape = static_shape(info)
+        numel = int(np.prod(shape, dtype=np.int64))
+        return Tensor(self.alloc(info.dtype.nbytes(numel)), shape, info.dtype, self)
 
     def upload(self, array: np.ndarray, kind: str = "arena") -> Tensor:
         raise NotImplementedError
@@ -214,25 +214,25 @@ class Backend:
         return f"<{type(self).__name__} {self.name} on {self.device}>"
 
 
-class HostMemory:
+class HostMemory(Backend):
     """Memory methods for backends that compute on ordinary host memory (numpy arrays)."""
 
     def alloc(self, nbytes: int, kind: str = "arena") -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)
 
     def empty(self, info: TensorInfo) -> Tensor:
-        assert info.shape is not None and info.is_static, info
+        shape = static_shape(info)
         if info.dtype.np_dtype is None:
             raise BackendError(f"host tensors of {info.dtype} need a backend that knows its layout")
         try:
-            array = np.empty(info.shape, dtype=info.dtype.np_dtype)  # type: ignore[arg-type]
+            array = np.empty(shape, dtype=info.dtype.np_dtype)
         except (MemoryError, ValueError) as exc:
             raise BackendError(f"cannot allocate a {info} tensor on the host: {exc}") from exc
-        return Tensor(array, info.shape, info.dtype, self)  # type: ignore[arg-type]
+        return Tensor(array, shape, info.dtype, self)
 
     def upload(self, array: np.ndarray, kind: str = "arena") -> Tensor:
         array = np.asarray(array)
-        return Tensor(array, array.shape, dtypes.from_numpy(array.dtype), self)  # type: ignore[arg-type]
+        return Tensor(array, array.shape, dtypes.from_numpy(array.dtype), self)
 
     def download(self, tensor: Tensor) -> np.ndarray:
         return tensor.buffer
@@ -241,7 +241,8 @@ class HostMemory:
         array = tensor.numpy()
         if not array.flags.c_contiguous:
             return None  # a reshape would copy: let the kernel do it
-        return Tensor(array.reshape(info.shape), info.shape, info.dtype, self)  # type: ignore[arg-type]
+        shape = static_shape(info)
+        return Tensor(array.reshape(shape), shape, info.dtype, self)
 
 
 # A kernel table entry: called with the node and the backend instance the kernel will run on (a kernel class taking

@@ -108,7 +108,7 @@ def from_onnx(onnx_type: int) -> DType:
         raise HeteroError(f"ONNX element type {onnx_type} is not supported by hetero") from None
 
 
-def from_numpy(dt: np.dtype | type) -> DType:
+def from_numpy(dt: np.dtype | type | str) -> DType:
     dt = np.dtype(dt)
     if dt.kind in ("U", "S", "O"):
         return string

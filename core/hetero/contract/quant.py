@@ -147,16 +147,17 @@ def quantize(w: np.ndarray, fmt: QuantFormat | GgmlFormat, *, chunk_rows: int = 
     lead, k = w.shape[:-1], w.shape[-1]
     rows = w.reshape(-1, k)
     out = np.empty((rows.shape[0], fmt.row_bytes(k)), dtype=np.uint8)
-    rows_of = _quantize_ggml_rows if isinstance(fmt, GgmlFormat) else _quantize_rows
     for start in range(0, rows.shape[0], chunk_rows):
-        out[start:start + chunk_rows] = rows_of(rows[start:start + chunk_rows], fmt)
+        chunk = rows[start:start + chunk_rows]
+        out[start:start + chunk_rows] = (_quantize_ggml_rows(chunk, fmt) if isinstance(fmt, GgmlFormat)
+                                         else _quantize_rows(chunk, fmt))
     return out.reshape(*lead, fmt.row_bytes(k))
 
 
 def _quantize_rows(rows: np.ndarray, fmt: QuantFormat) -> np.ndarray:
     n, k = rows.shape
     bs, nb = fmt.block_size, fmt.blocks(k)
-    x = np.zeros((n, nb * bs), dtype=np.float32)
+    x: np.ndarray = np.zeros((n, nb * bs), dtype=np.float32)
     x[:, :k] = rows
     if not np.isfinite(x).all():
         raise HeteroError("cannot quantize a weight that holds NaN or infinity")

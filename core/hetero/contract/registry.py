@@ -64,6 +64,13 @@ class OpContext:
         """The value of input ``index`` if known (always known when the reference runs), else None."""
         return self.values[index] if index < len(self.values) else None
 
+    def array(self, index: int) -> np.ndarray:
+        """The value of input ``index``, which must be present: what a reference reads of its required inputs."""
+        value = self.value(index)
+        if value is None:
+            raise self.fail(f"input {index} has no value")
+        return value
+
     def fail(self, message: str) -> ShapeError:
         return ShapeError(f"{self.node.label()}: {message}")
 

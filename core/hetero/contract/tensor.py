@@ -43,10 +43,19 @@ class Owner(Protocol):
     """What a tensor needs of the backend that owns it (a ``hetero.contract.Backend``); named here so that tensor
     info stays a leaf module."""
 
-    name: str
-    memory_domain: str
+    @property
+    def name(self) -> str: ...
+    @property
+    def memory_domain(self) -> str: ...
 
     def download(self, tensor: Tensor) -> np.ndarray: ...
+
+
+def static_shape(info: TensorInfo | None) -> tuple[int, ...]:
+    """The dims of a value whose shape is fully known, as every ``prepare`` receives them (a ValueError otherwise)."""
+    if info is None or info.shape is None or any(d is None for d in info.shape):
+        raise ValueError(f"{info} has no static shape")
+    return tuple(d for d in info.shape if d is not None)
 
 
 class Tensor:

@@ -55,7 +55,7 @@ def load_onnx(model: Any) -> Graph:
     return reader.graph(model.graph, outer=frozenset())
 
 
-def _parse(data: bytes, source: str, onnx: Any, decode_error: type) -> Any:
+def _parse(data: bytes, source: str, onnx: Any, decode_error: type[Exception]) -> Any:
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)

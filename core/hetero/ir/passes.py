@@ -162,8 +162,8 @@ def fuse_matmul_bias(graph: Graph) -> int:
                 bias_name = f"{mm.name}/bias"
                 graph.initializers[bias_name] = np.asarray(graph.initializers[other]).reshape(-1)
         spanned: list[Node] = []
-        if bias_name is not None:
-            spanned.append(add)  # type: ignore[arg-type]
+        if bias_name is not None and add is not None:
+            spanned.append(add)
         tail = Node(mm.op_type, mm.inputs, [spanned[-1].outputs[0]] if spanned else mm.outputs)
         found = _activation_of(graph, tail)
         if bias_name is None and found is None:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -56,6 +57,16 @@ class BenchResult:
 
     def as_dict(self) -> dict[str, object]:
         return {**asdict(self), "avg_ts": self.avg_ts, "stdev_ts": self.stdev_ts}
+
+
+class _Shared(TypedDict):
+    """The fields of a BenchResult that every test of one run shares."""
+
+    model: str
+    size_bytes: int
+    params: int
+    backend: str
+    threads: int
 
 
 def label_of(n_prompt: int, n_gen: int) -> str:
@@ -127,8 +138,8 @@ def _bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int, warmup:
            threads: int | None, compare_linear_attention: bool | None, bar: Progress) -> list[BenchResult]:
     rng = np.random.default_rng(seed)
     backend = ",".join(llm.backend_names())
-    shared = dict(model=llm.name + (f" {llm.quant}" if llm.quant else ""), size_bytes=llm.size_bytes(),
-                  params=llm.num_params(), backend=backend, threads=threads or llm.threads or os.cpu_count() or 1)
+    shared = _Shared(model=llm.name + (f" {llm.quant}" if llm.quant else ""), size_bytes=llm.size_bytes(),
+                     params=llm.num_params(), backend=backend, threads=threads or llm.threads or os.cpu_count() or 1)
     nodes = _linear_attention_nodes(llm)
     modes = {str(node.attrs.get("mode", "auto")) for node in nodes}
     mode = modes.pop() if len(modes) == 1 else ("mixed" if modes else "")
@@ -155,7 +166,7 @@ def _bench(llm: Llm, tests: Sequence[tuple[int, int]], repetitions: int, warmup:
 
 
 def _compare_forms(llm: Llm, n_prompt: int, repetitions: int, warmup: bool, rng: np.random.Generator,
-                   shared: dict) -> list[BenchResult]:
+                   shared: _Shared) -> list[BenchResult]:
     """One prefill test in the chunked and the recurrent form, alternating within each repetition."""
     label = label_of(n_prompt, 0)
     chunked = BenchResult(test=label, n_prompt=n_prompt, n_gen=0, linear_attention="chunked", **shared)
@@ -215,8 +226,8 @@ def formatted(results: Sequence[BenchResult], output: str = "md") -> str:
         columns = [k for k in (rows[0] if rows else {}) if k != "samples_ts"] + ["samples_ts"]
         writer = csv.DictWriter(out, columns, lineterminator="\n")
         writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "samples_ts": ";".join(f"{v:.4f}" for v in row["samples_ts"])})
+        for result, row in zip(results, rows, strict=True):
+            writer.writerow({**row, "samples_ts": ";".join(f"{v:.4f}" for v in result.samples_ts)})
         return out.getvalue().rstrip("\n")
     raise ValueError(f"output format {output!r}; expected one of {OUTPUT_FORMATS}")
 

@@ -278,12 +278,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         tests = plan(_sizes(args.n_prompt, "-p"), _sizes(args.n_gen, "-n"), _pairs(args.pg))
     if not tests:
         raise HeteroError("bench: nothing to run (all test sizes are 0)")
-    threads = _sizes(args.threads, "-t") or [None]
+    threads: list[int | None] = [*_sizes(args.threads, "-t")] or [None]
     if any(t == 0 for t in threads):
         raise HeteroError("bench: -t values must be >= 1")
     if args.compare and args.backend:
         raise HeteroError("bench: give -b (one preference list) or -a (backends to compare), not both")
-    runs = [[b.strip()] for spec in args.compare for b in spec.split(",") if b.strip()] or [_backends(args)]
+    runs: list[list[str] | None] = [[b.strip()] for spec in args.compare for b in spec.split(",") if b.strip()]
+    runs = runs or [_backends(args)]
     needed = max(p + max(n, 1) for p, n in tests) + 1
     if args.profile:
         from .profile import context_needed

@@ -184,7 +184,7 @@ def _num_experts(data: dict[str, Any], r: Fields) -> int:
     return r.int(key, bound="experts")
 
 
-def build_rope(where: str, head_dim: int, *, theta: float, rotary_dim: int, kind: str, factor: float = 1.0,
+def build_rope(where: Path | str, head_dim: int, *, theta: float, rotary_dim: int, kind: str, factor: float = 1.0,
                original: int = 0, attention_factor: float = 0.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
                truncate: bool = True) -> RopeConfig:
     """The one place a RopeConfig is made, from either format's values (already type-checked by ``Fields``).

@@ -7,6 +7,7 @@ names the file and the key, and every integer that sizes something is checked ag
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -83,7 +84,8 @@ class Fields:
             raise self.fail(name, "a string")
         return value
 
-    def token_id(self, name: str, vocab: int) -> int | None:
+    # builtins.*: in the class body below, str and int name the methods above
+    def token_id(self, name: builtins.str, vocab: builtins.int) -> builtins.int | None:
         value = self.values.get(self.key(name))
         if value is None:
             return None
@@ -91,7 +93,7 @@ class Fields:
             raise self.fail(name, f"a token id in [0, {vocab})")
         return int(value)
 
-    def token_ids(self, name: str) -> tuple[int, ...]:
+    def token_ids(self, name: builtins.str) -> tuple[builtins.int, ...]:
         """A token id or a list of them (``eos_token_id``)."""
         value = self.values.get(self.key(name))
         if value is None:
@@ -101,7 +103,7 @@ class Fields:
             raise self.fail(name, "a token id or a list of them")
         return tuple(values)
 
-    def object(self, name: str) -> dict[str, Any]:
+    def object(self, name: builtins.str) -> dict[builtins.str, Any]:
         value = self.values.get(self.key(name))
         if value is None:
             return {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,6 +30,9 @@ class Llm(Protocol):
     def prefill(self, ids: Sequence[int]) -> np.ndarray: ...
 
     def forward(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    # stats: the model's own Stats (Any: this module cannot import the model, which imports it)
+    def _advance(self, owner: object, ids: list[int], stats: Any = None) -> np.ndarray: ...
 
 
 @dataclass

@@ -434,7 +434,7 @@ class GgufFile(Mapping[str, TensorInfo]):
 try:  # numpy >= 2 moved it
     from numpy.lib.array_utils import byte_bounds as _byte_bounds
 except ImportError:  # pragma: no cover - numpy 1.26
-    _byte_bounds = np.byte_bounds  # type: ignore[attr-defined]
+    _byte_bounds = np.byte_bounds  # type: ignore[attr-defined]  # numpy < 2 only: numpy 2's stubs lack it
 
 # The open files by id, for ``release`` (weak: a file nobody holds is unmapped and forgotten; GgufFile is a Mapping,
 # so not hashable).

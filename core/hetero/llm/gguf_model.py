@@ -214,7 +214,7 @@ class GgufWeights(WeightSource):
 
     def __init__(self, gf: GgufFile, quant: QuantFormat | GgmlFormat | None = None) -> None:
         self.gf = gf
-        self.quant = quant  # type: ignore[assignment]
+        self.quant = quant  # type: ignore[assignment]  # GGUF also keeps ggml formats; WeightSource says QuantFormat
         arch = gf.metadata.get("general.architecture")
         self.hybrid = _Hybrid(gf, arch) if arch in HYBRID_ARCHITECTURES else None
 
@@ -406,9 +406,9 @@ class _Hybrid:
                 conv = np.concatenate([conv[:qk], conv[qk:][self.heads(self.dv)]])
             return conv.reshape(shape)
         if hf_name.endswith("mlp.shared_expert_gate.weight"):
-            info = self.gf.tensors.get(w._name(hf_name))
-            if info is not None and info.shape == (shape[-1],):  # written as a vector
-                return w._float32(info).reshape(shape)
+            vector = self.gf.tensors.get(w._name(hf_name))
+            if vector is not None and vector.shape == (shape[-1],):  # written as a vector
+                return w._float32(vector).reshape(shape)
         return None
 
     def linear(self, w: GgufWeights, hf_name: str, rows: int, cols: int) -> Weight | None:

@@ -23,6 +23,7 @@ them, and each way's figures from its quietest round (see ``profile_decode``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import sys
 import time
@@ -186,7 +187,8 @@ class _NativeModule:
     """Stands in for an extension module in a kernel module's globals: its functions are timed."""
 
     def __init__(self, module: types.ModuleType, clock: _Clock) -> None:
-        self._module, self._clock, self._cache = module, clock, {}
+        self._module, self._clock = module, clock
+        self._cache: dict[str, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
         cache = self.__dict__["_cache"]
@@ -275,16 +277,16 @@ def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]
                 for name, value in list(vars(module).items()) if module else []:
                     if _is_extension(value) and _package(value.__name__) == package:
                         setattr(module, name, _NativeModule(value, clock))
-                        undo.append(lambda m=module, n=name, v=value: setattr(m, n, v))
+                        undo.append(functools.partial(setattr, module, name, value))
                         found.add(value.__name__)
-                undo.append(lambda k=kernel: _unwrap_objects(k))
-            wrap = (lambda k=kernel: _wrap_objects(k, clock, found)) if native else None
+                undo.append(functools.partial(_unwrap_objects, kernel))
+            wrap = functools.partial(_wrap_objects, kernel, clock, found) if native else None
             kernel.run = _timed(type(kernel).run.__get__(kernel), op, clock, wrap)
-            undo.append(lambda k=kernel: k.__dict__.pop("run", None))
+            undo.append(functools.partial(kernel.__dict__.pop, "run", None))
             bind = getattr(type(kernel), "bind", None)
             if bind is not None:  # the replay calls what bind returns instead of run: time that
                 kernel.bind = _timed_bind(bind.__get__(kernel), op, clock, wrap)
-                undo.append(lambda k=kernel: k.__dict__.pop("bind", None))
+                undo.append(functools.partial(kernel.__dict__.pop, "bind", None))
         session.invalidate_replay()  # re-record the steady-state run with the wrappers
         yield found
     finally:

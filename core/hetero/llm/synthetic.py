@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,8 @@ from .families import build_graph
 from .model import Llm
 from .weights import Weight, WeightSource
 
-SHAPES: dict[str, dict[str, int]] = {
+# Keyword arguments of LlmConfig (Any: mypy checks a ** splat against every parameter's type).
+SHAPES: dict[str, dict[str, Any]] = {
     # Qwen3-0.6B: 28 layers, 16 query / 8 key-value heads of 128, tied embeddings.
     "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
                        num_kv_heads=8, head_dim=128),
@@ -31,7 +33,7 @@ LABELS = {"qwen3-0.6b": "0.6B", "tiny": "tiny", "qwen3.5-0.8b": "0.8B", "qwen3.5
 # Qwen3.5 (hybrid: 3 Gated DeltaNet layers then one gated full-attention layer, repeated; tied embeddings).
 _QWEN35_LINEAR = dict(linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
                       linear_value_head_dim=128, linear_conv_kernel_dim=4)
-HYBRID_SHAPES: dict[str, dict[str, int]] = {
+HYBRID_SHAPES: dict[str, dict[str, Any]] = {
     "qwen3.5-0.8b": dict(vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_layers=24, num_heads=8,
                          num_kv_heads=2, head_dim=256, **_QWEN35_LINEAR),
     "qwen3.5-2b": dict(vocab_size=248320, hidden_size=2048, intermediate_size=6144, num_layers=24, num_heads=8,
@@ -64,6 +66,8 @@ def synthetic_config(size: str = "qwen3-0.6b") -> LlmConfig:
 
 
 class SyntheticWeights(WeightSource):
+    quant: QuantFormat
+
     def __init__(self, fmt: QuantFormat, seed: int = 0) -> None:
         self.quant = fmt
         self.seed = seed
@@ -92,7 +96,7 @@ class SyntheticWeights(WeightSource):
     def _blocks(self, name: str, lead: tuple[int, ...], cols: int) -> np.ndarray:
         fmt = self.quant
         rng = self._rng(name)
-        data = rng.integers(0, 256, size=(*lead, fmt.blocks(cols), fmt.block_bytes), dtype=np.uint8)
+        data: np.ndarray = rng.integers(0, 256, size=(*lead, fmt.blocks(cols), fmt.block_bytes), dtype=np.uint8)
         levels = (1 << fmt.bits) - 1
         spread = np.sqrt((levels + 1) ** 2 / 12.0)  # std of uniform random quants
         d = np.float16(1.0 / (spread * np.sqrt(cols)))

@@ -59,8 +59,8 @@ class Tokenizer:
         gen_path = folder / "generation_config.json"
         self.generation_config: dict[str, Any] = files.read_json(gen_path, root=root) if gen_path.exists() else {}
         eos += Fields(self.generation_config, gen_path).token_ids("eos_token_id")
-        if self.eos_token is not None and self.token_id(self.eos_token) is not None:
-            eos.append(self.token_id(self.eos_token))  # type: ignore[arg-type]
+        if self.eos_token is not None and (eos_id := self.token_id(self.eos_token)) is not None:
+            eos.append(eos_id)
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos))
 
     @classmethod

@@ -30,7 +30,7 @@ def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
         b, sq = q.shape[:2]
         skv = k.shape[1]
         d, dv = _div(k.shape[2], hkv), _div(v.shape[2], hkv)
-    past = ctx.inputs[4].shape if ctx.has_input(4) else None  # type: ignore[union-attr]
+    past = input_info(ctx, 4).shape if ctx.has_input(4) else None
     p = 0 if not ctx.has_input(4) else (None if past is None else past[2])
     total = None if p is None or skv is None else p + skv
     y = (b, hq, sq, dv) if len(q.shape) == 4 else (b, sq, None if hq is None or dv is None else hq * dv)
@@ -38,28 +38,32 @@ def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
             TensorInfo(q.dtype, (b, hq, sq, total))]
 
 
-def _to_4d(x: np.ndarray, heads: int | None) -> np.ndarray:
+def _to_4d(ctx: OpContext, x: np.ndarray, heads: int | None) -> np.ndarray:
     if x.ndim == 4:
         return x
+    if heads is None:
+        raise ctx.fail("3-D inputs need the q_num_heads and kv_num_heads attributes")
     b, s, hidden = x.shape
-    return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)  # type: ignore[operator]
+    return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
 
 
 @op("Attention", infer=_attention_infer)
 def attention(ctx: OpContext) -> list[np.ndarray]:
     """softmax(Q K^T * scale (+ softcap) + mask) V, with grouped heads and an optional past KV cache."""
-    q_in, k_in, v_in = ctx.values[:3]
+    q_in, k_in, v_in = map(ctx.array, range(3))
     hq_attr, hkv_attr = _heads(ctx)
-    q = _to_4d(q_in, hq_attr).astype(np.float64)
-    k = _to_4d(k_in, hkv_attr).astype(np.float64)
-    v = _to_4d(v_in, hkv_attr).astype(np.float64)
-    value = lambda i: ctx.values[i] if ctx.has_input(i) else None  # noqa: E731
+    q = _to_4d(ctx, q_in, hq_attr).astype(np.float64)
+    k = _to_4d(ctx, k_in, hkv_attr).astype(np.float64)
+    v = _to_4d(ctx, v_in, hkv_attr).astype(np.float64)
+    value = lambda i: ctx.array(i) if ctx.has_input(i) else None  # noqa: E731
     mask, past_k, past_v, nonpad = value(3), value(4), value(5), value(6)
     past_len = 0
-    if past_k is not None:
+    if (past_k is None) != (past_v is None):
+        raise ctx.fail("past_key and past_value are given together or not at all")
+    if past_k is not None and past_v is not None:
         past_len = past_k.shape[2]
         k = np.concatenate([past_k.astype(np.float64), k], axis=2)
-        v = np.concatenate([past_v.astype(np.float64), v], axis=2)  # type: ignore[union-attr]
+        v = np.concatenate([past_v.astype(np.float64), v], axis=2)
     present_k, present_v = k, v
     b, hq, sq, d = q.shape
     hkv, total = k.shape[1], k.shape[2]
@@ -119,8 +123,8 @@ def _rotary_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("RotaryEmbedding", infer=_rotary_infer)
 def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
     """Rotate (pairs of) the first rotary_embedding_dim features of each head by position-dependent angles."""
-    x, cos_cache, sin_cache = ctx.values[:3]
-    positions = ctx.values[3] if ctx.has_input(3) else None
+    x, cos_cache, sin_cache = map(ctx.array, range(3))
+    positions = ctx.array(3) if ctx.has_input(3) else None
     # Work in (batch, seq, heads, head_size).
     if x.ndim == 4:
         xs = x.transpose(0, 2, 1, 3)
@@ -145,7 +149,7 @@ def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
 @op("SwiGLU", infer=lambda ctx: [input_info(ctx, 0)])
 def swiglu(ctx: OpContext) -> list[np.ndarray]:
     """Swish(A) * B: the gated activation of LLaMA-style MLPs."""
-    a, b = ctx.values[0], ctx.values[1]
+    a, b = ctx.array(0), ctx.array(1)
     a64 = a.astype(np.float64)
     return [(a64 / (1 + np.exp(-ctx.attr("alpha", 1.0) * a64)) * b).astype(a.dtype)]
 
@@ -153,10 +157,10 @@ def swiglu(ctx: OpContext) -> list[np.ndarray]:
 @op("TensorScatter", infer=lambda ctx: [input_info(ctx, 0)])
 def tensor_scatter(ctx: OpContext) -> list[np.ndarray]:
     """Write ``update`` into a copy of the cache along ``axis`` at each batch entry's write index (circular wraps)."""
-    cache, update = ctx.values[0], ctx.values[1]
+    cache, update = ctx.array(0), ctx.array(1)
     axis = ctx.attr("axis", -2)
     axis = axis + cache.ndim if axis < 0 else axis
-    starts = ctx.values[2].astype(np.int64) if ctx.has_input(2) else np.zeros(cache.shape[0], dtype=np.int64)
+    starts = ctx.array(2).astype(np.int64) if ctx.has_input(2) else np.zeros(cache.shape[0], dtype=np.int64)
     circular = ctx.attr("mode", "linear") == "circular"
     out = cache.copy()
     length, capacity = update.shape[axis], cache.shape[axis]

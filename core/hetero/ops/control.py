@@ -65,7 +65,7 @@ def _if_static(ctx: OpContext) -> list[TensorInfo]:
 
 
 def _if_reference(ctx: OpContext) -> list[np.ndarray]:
-    cond = bool(np.asarray(ctx.values[0]).reshape(-1)[0])
+    cond = bool(np.asarray(ctx.array(0)).reshape(-1)[0])
     branch = ctx.attr("then_branch") if cond else ctx.attr("else_branch")
     return [np.asarray(v) for v in _runner(ctx)(branch, {})]
 
@@ -91,11 +91,11 @@ def _loop_static(ctx: OpContext) -> list[TensorInfo]:
 def _loop_reference(ctx: OpContext) -> list[np.ndarray]:
     body: Graph = ctx.attr("body")
     run = _runner(ctx)
-    trip = ctx.values[0] if ctx.has_input(0) else None
-    cond = ctx.values[1] if ctx.has_input(1) else None
+    trip = ctx.array(0) if ctx.has_input(0) else None
+    cond = ctx.array(1) if ctx.has_input(1) else None
     max_trip = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
     keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
-    carried = [ctx.values[i] for i in range(2, len(ctx.inputs))]
+    carried = [ctx.array(i) for i in range(2, len(ctx.inputs))]
     n_carried = len(carried)
     scans: list[list[np.ndarray]] = [[] for _ in body.outputs[1 + n_carried :]]
     i = 0
@@ -175,21 +175,23 @@ def _scan_reference(ctx: OpContext) -> list[np.ndarray]:
     if ctx.opset < 9:
         # Opset 8: a leading batch axis on every input and an optional sequence_lens input first.
         n_state = len(ctx.inputs) - 1 - n_scan
-        states, xs = ctx.values[1 : 1 + n_state], ctx.values[1 + n_state :]
+        states = [ctx.array(i) for i in range(1, 1 + n_state)]
+        xs = [ctx.array(i) for i in range(1 + n_state, len(ctx.inputs))]
         dirs = list(ctx.attr("directions", None) or [0] * n_scan)
         n_out = len(body.outputs) - n_state
-        per_batch = [_scan_once(ctx, [s[b] for s in states], [x[b] for x in xs], [0] * n_scan, dirs,  # type: ignore
-                                [0] * n_out, [0] * n_out) for b in range(xs[0].shape[0])]  # type: ignore
+        per_batch = [_scan_once(ctx, [s[b] for s in states], [x[b] for x in xs], [0] * n_scan, dirs,
+                                [0] * n_out, [0] * n_out) for b in range(xs[0].shape[0])]
         return [np.stack([r[k] for r in per_batch]) for k in range(len(per_batch[0]))]
     n_state = len(ctx.inputs) - n_scan
-    states, xs = list(ctx.values[:n_state]), list(ctx.values[n_state:])
+    states = [ctx.array(i) for i in range(n_state)]
+    xs = [ctx.array(i) for i in range(n_state, len(ctx.inputs))]
     n_out = len(body.outputs) - n_state
-    in_axes = _axes(ctx, "scan_input_axes", n_scan, [x.ndim for x in xs])  # type: ignore[union-attr]
+    in_axes = _axes(ctx, "scan_input_axes", n_scan, [x.ndim for x in xs])
     in_dirs = list(ctx.attr("scan_input_directions", None) or [0] * n_scan)
     out_axes_raw = list(ctx.attr("scan_output_axes", None) or [0] * n_out)
     out_dirs = list(ctx.attr("scan_output_directions", None) or [0] * n_out)
     # Output axes count in the stacked rank (per-step rank + 1); resolve negatives after stacking.
-    results = _scan_once(ctx, states, xs, in_axes, in_dirs, [0] * n_out, out_dirs)  # type: ignore[arg-type]
+    results = _scan_once(ctx, states, xs, in_axes, in_dirs, [0] * n_out, out_dirs)
     outs = results[:n_state]
     for y, a in zip(results[n_state:], out_axes_raw, strict=True):
         outs.append(np.moveaxis(y, 0, a + y.ndim if a < 0 else a))

@@ -58,14 +58,14 @@ def _cast_infer(ctx: OpContext) -> list[TensorInfo]:
 def cast(ctx: OpContext) -> list[np.ndarray]:
     """Convert to the element type ``to`` (float -> int truncates toward zero; float8 targets saturate unless
     ``saturate=0``; float8e8m0 rounds by ``round_mode``)."""
-    return [_cast(ctx.values[0], _cast_infer(ctx)[0].dtype, bool(ctx.attr("saturate", 1)),
+    return [_cast(ctx.array(0), _cast_infer(ctx)[0].dtype, bool(ctx.attr("saturate", 1)),
                   _text(ctx.attr("round_mode", "up")))]
 
 
 @op("CastLike", infer=lambda ctx: [TensorInfo(input_info(ctx, 1).dtype, shape_of(ctx, 0))])
 def cast_like(ctx: OpContext) -> list[np.ndarray]:
     """Convert to the element type of the second input (same rules as Cast)."""
-    return [_cast(ctx.values[0], ctx.inputs[1].dtype, bool(ctx.attr("saturate", 1)),  # type: ignore[union-attr]
+    return [_cast(ctx.array(0), input_info(ctx, 1).dtype, bool(ctx.attr("saturate", 1)),
                   _text(ctx.attr("round_mode", "up")))]
 
 
@@ -118,7 +118,7 @@ def _constant_of_shape_infer(ctx: OpContext) -> list[TensorInfo]:
 def constant_of_shape(ctx: OpContext) -> list[np.ndarray]:
     """A tensor of the given shape filled with the value attribute (float32 0 by default)."""
     fill = _fill_value(ctx)
-    return [np.full(int_list(ctx.values[0]) or [], fill, dtype=fill.dtype)]
+    return [np.full(int_list(ctx.array(0)) or [], fill, dtype=fill.dtype)]
 
 
 # -- Range / EyeLike -----------------------------------------------------------------------------------------------
@@ -130,10 +130,10 @@ def _range_len(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> int:
 
 def _range_infer(ctx: OpContext) -> list[TensorInfo]:
     dtype = input_info(ctx, 0).dtype
-    vals = [ctx.value(i) for i in range(3)]
-    if any(v is None for v in vals):
+    vals = [v for v in (ctx.value(i) for i in range(3)) if v is not None]
+    if len(vals) < 3:
         return [unknown(dtype, 1)]
-    return [TensorInfo(dtype, (_range_len(*vals),))]  # type: ignore[arg-type]
+    return [TensorInfo(dtype, (_range_len(*vals),))]
 
 
 @op("Range", infer=_range_infer, value_inputs=(0, 1, 2))
@@ -149,8 +149,8 @@ def range_(ctx: OpContext) -> list[np.ndarray]:
                                              shape_of(ctx, 0))])
 def eye_like(ctx: OpContext) -> list[np.ndarray]:
     """A 2-D identity-like tensor of the input's shape, ones on diagonal k."""
-    x = ctx.values[0]
-    dtype = output_dtype_from_attr(ctx, "dtype", ctx.inputs[0].dtype)  # type: ignore[union-attr]
+    x = ctx.array(0)
+    dtype = output_dtype_from_attr(ctx, "dtype", input_info(ctx, 0).dtype)
     return [np.eye(x.shape[0], x.shape[1], k=ctx.attr("k", 0), dtype=np_dtype(dtype))]
 
 
@@ -171,7 +171,7 @@ def _random_infer(like: bool):
 
 
 def _random_shape(ctx: OpContext, like: bool) -> tuple[int, ...]:
-    return ctx.values[0].shape if like else tuple(ctx.attr("shape"))
+    return ctx.array(0).shape if like else tuple(ctx.attr("shape"))
 
 
 def _register_random(name: str, like: bool, normal: bool) -> None:
@@ -198,7 +198,7 @@ _register_random("RandomUniformLike", like=True, normal=False)
 @op("Bernoulli", infer=_random_infer(True), nondeterministic=True)
 def bernoulli(ctx: OpContext) -> list[np.ndarray]:
     """1 with the input's probability per element, else 0."""
-    p = ctx.values[0]
+    p = ctx.array(0)
     dtype = _random_infer(True)(ctx)[0].dtype
     return [(_rng(ctx).uniform(0.0, 1.0, p.shape) < p).astype(np_dtype(dtype))]
 
@@ -212,7 +212,7 @@ def _multinomial_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Multinomial", infer=_multinomial_infer, nondeterministic=True)
 def multinomial(ctx: OpContext) -> list[np.ndarray]:
     """sample_size draws per batch row from the categorical distribution given by unnormalized log-probabilities."""
-    logits = ctx.values[0].astype(np.float64)
+    logits = ctx.array(0).astype(np.float64)
     n = ctx.attr("sample_size", 1)
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
@@ -237,7 +237,7 @@ def _bitcast_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("BitCast", infer=_bitcast_infer)
 def bitcast(ctx: OpContext) -> list[np.ndarray]:
     """Reinterpret the bits (little endian) as the type ``to`` of the same width; the shape is unchanged."""
-    x = np.array(ctx.values[0], order="C")
+    x = np.array(ctx.array(0), order="C")
     target = np_dtype(_bitcast_infer(ctx)[0].dtype)
     if x.dtype.byteorder == ">":
         x = x.astype(x.dtype.newbyteorder("<"))

@@ -19,7 +19,7 @@ def _text(value: object) -> str:
 def _scalar(ctx: OpContext, index: int, default: float) -> float:
     if not ctx.has_input(index):
         return default
-    value = np.asarray(ctx.values[index]).reshape(-1)
+    value = np.asarray(ctx.array(index)).reshape(-1)
     return float(value[0]) if value.size else default
 
 
@@ -57,7 +57,7 @@ def non_max_suppression(ctx: OpContext) -> list[np.ndarray]:
     score_threshold, keep a box unless its IoU with an already kept one is strictly greater than iou_threshold, stop
     at max_output_boxes_per_class (0 or absent: no output). Rows are [batch, class, box], by batch, class, then
     selection order."""
-    boxes, scores = ctx.values[0], ctx.values[1]
+    boxes, scores = ctx.array(0), ctx.array(1)
     limit = int(_scalar(ctx, 2, 0))
     iou_threshold = _scalar(ctx, 3, 0.0)
     score_threshold = _scalar(ctx, 4, -math.inf) if ctx.has_input(4) else None
@@ -113,7 +113,7 @@ def roi_align(ctx: OpContext) -> list[np.ndarray]:
     in 'output_half_pixel' mode RoIs are at least 1x1. The grid has sampling_ratio points per bin side, or
     ceil(roi_size / output_size) when sampling_ratio is 0.
     """
-    x, rois, batch_idx = ctx.values[0], ctx.values[1].astype(np.float64), ctx.values[2].astype(np.int64)
+    x, rois, batch_idx = ctx.array(0), ctx.array(1).astype(np.float64), ctx.array(2).astype(np.int64)
     out_h, out_w = int(ctx.attr("output_height", 1)), int(ctx.attr("output_width", 1))
     scale = float(ctx.attr("spatial_scale", 1.0))
     ratio = int(ctx.attr("sampling_ratio", 0))
@@ -171,7 +171,7 @@ def _max_roi_pool_infer(ctx: OpContext) -> list[TensorInfo]:
 def max_roi_pool(ctx: OpContext) -> list[np.ndarray]:
     """Max pooling over each RoI [batch, x1, y1, x2, y2] (corners scaled by spatial_scale and rounded, inclusive),
     split into pooled_shape bins of floor/ceil integer bounds; empty bins give 0."""
-    x, rois = ctx.values[0], ctx.values[1].astype(np.float64)
+    x, rois = ctx.array(0), ctx.array(1).astype(np.float64)
     ph, pw = (int(v) for v in ctx.attr("pooled_shape"))
     scale = float(ctx.attr("spatial_scale", 1.0))
     height, width = x.shape[2], x.shape[3]

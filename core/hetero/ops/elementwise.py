@@ -15,7 +15,7 @@ from .shapes import broadcast_infer, broadcast_shapes, input_info, same_as_input
 
 def _unary(name: str, fn: Callable[[np.ndarray, OpContext], np.ndarray]) -> None:
     def reference(ctx: OpContext) -> list[np.ndarray]:
-        x = ctx.values[0]
+        x = ctx.array(0)
         return [np.asarray(fn(x, ctx)).astype(x.dtype, copy=False)]
 
     reference.__doc__ = f"{name}, elementwise."
@@ -93,12 +93,12 @@ for _name, _fn in _UNARY.items():
 @op("IsNaN", infer=with_dtype(dtypes.bool_))
 def is_nan(ctx: OpContext) -> list[np.ndarray]:
     """True where the input is NaN."""
-    return [np.isnan(ctx.values[0])]
+    return [np.isnan(ctx.array(0))]
 
 
 def _binary(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], *, boolean: bool = False) -> None:
     def reference(ctx: OpContext) -> list[np.ndarray]:
-        a, b = ctx.values[0], ctx.values[1]
+        a, b = ctx.array(0), ctx.array(1)
         result = np.asarray(fn(a, b))
         return [result if boolean else result.astype(a.dtype, copy=False)]
 
@@ -145,14 +145,14 @@ _binary("BitwiseXor", np.bitwise_xor)
 @op("Mod", infer=broadcast_infer())
 def mod(ctx: OpContext) -> list[np.ndarray]:
     """Remainder: sign of the divisor (fmod=0) or of the dividend (fmod=1, C fmod)."""
-    a, b = ctx.values[0], ctx.values[1]
+    a, b = ctx.array(0), ctx.array(1)
     return [_mod(a, b, bool(ctx.attr("fmod", 0))).astype(a.dtype)]
 
 
 @op("PRelu", infer=broadcast_infer())
 def prelu(ctx: OpContext) -> list[np.ndarray]:
     """x where x >= 0, slope * x elsewhere; slope broadcasts to x."""
-    x, slope = ctx.values[0], ctx.values[1]
+    x, slope = ctx.array(0), ctx.array(1)
     return [np.where(x >= 0, x, x * slope).astype(x.dtype)]
 
 
@@ -186,7 +186,7 @@ def mean(ctx: OpContext) -> list[np.ndarray]:
 @op("Clip", infer=same_as_input(0))
 def clip(ctx: OpContext) -> list[np.ndarray]:
     """Clamp to [min, max] (inputs since opset 11, attributes before)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     lo = ctx.value(1) if ctx.has_input(1) else ctx.attr("min", None)
     hi = ctx.value(2) if ctx.has_input(2) else ctx.attr("max", None)
     out = x
@@ -205,14 +205,14 @@ def _where_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Where", infer=_where_infer)
 def where(ctx: OpContext) -> list[np.ndarray]:
     """Select x where the condition holds, else y."""
-    cond, x, y = ctx.values
+    cond, x, y = map(ctx.array, range(3))
     return [np.where(cond, x, y).astype(x.dtype)]
 
 
 @op("IsInf", infer=with_dtype(dtypes.bool_))
 def is_inf(ctx: OpContext) -> list[np.ndarray]:
     """True where the input is +inf (detect_positive) or -inf (detect_negative)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
     return [(np.isposinf(x) & bool(pos)) | (np.isneginf(x) & bool(neg))]
 
@@ -220,6 +220,6 @@ def is_inf(ctx: OpContext) -> list[np.ndarray]:
 @op("BitShift", infer=broadcast_infer())
 def bit_shift(ctx: OpContext) -> list[np.ndarray]:
     """Shift unsigned integers left or right by the (broadcast) amounts."""
-    x, y = ctx.values[0], ctx.values[1]
+    x, y = ctx.array(0), ctx.array(1)
     shift = np.left_shift if ctx.attr("direction") == "LEFT" else np.right_shift
     return [shift(x, y.astype(x.dtype)).astype(x.dtype)]

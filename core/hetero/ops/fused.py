@@ -57,8 +57,8 @@ def _matmul_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("FusedMatMul", domain=HETERO_DOMAIN, infer=_matmul_infer)
 def fused_matmul(ctx: OpContext) -> list[np.ndarray]:
     """x @ W (W 2-D), plus the optional bias row (input 2), then the optional activation."""
-    x, w = ctx.values[0], ctx.values[1]
+    x, w = ctx.array(0), ctx.array(1)
     y = np.matmul(x, w)
     if ctx.has_input(2):
-        y = y + ctx.values[2]
+        y = y + ctx.array(2)
     return [apply_activation(ctx, y.astype(x.dtype, copy=False))]

@@ -104,11 +104,11 @@ def _softplus(x: np.ndarray) -> np.ndarray:
 def gates(decay: np.ndarray, beta: np.ndarray, a_log: np.ndarray | None, dt_bias: np.ndarray | None
           ) -> tuple[np.ndarray, np.ndarray]:
     """(g, β) in float64: given directly, or from raw projections with Gated DeltaNet's gating
-    g = -exp(A_log) * softplus(a + dt_bias), β = sigmoid(b)."""
+    g = -exp(A_log) * softplus(a + dt_bias), β = sigmoid(b) (no dt_bias: 0)."""
     g, b = decay.astype(np.float64), beta.astype(np.float64)
     if a_log is None:
         return g, b
-    g = -np.exp(a_log.astype(np.float64)) * _softplus(g + dt_bias.astype(np.float64))
+    g = -np.exp(a_log.astype(np.float64)) * _softplus(g if dt_bias is None else g + dt_bias.astype(np.float64))
     return g, 1.0 / (1.0 + np.exp(-b))
 
 
@@ -288,9 +288,9 @@ def gated_delta_rule(ctx: OpContext) -> list[np.ndarray]:
     past_len may be at most the tokens consumed so far; a smaller one rolls the state back (module doc).
     """
     attrs = ctx.node.attrs
-    x = ctx.values[QKV]
-    w = ctx.values[CONV_W]
-    past = int(np.asarray(ctx.values[PAST_LEN]).reshape(-1)[0])
+    x = ctx.array(QKV)
+    w = ctx.array(CONV_W)
+    past = int(np.asarray(ctx.array(PAST_LEN)).reshape(-1)[0])
     t = x.shape[0]
     _, hv, dk, dv = _dims(attrs)
     state: dict[str, Any] = ctx.state if ctx.state is not None else {}
@@ -303,10 +303,10 @@ def gated_delta_rule(ctx: OpContext) -> list[np.ndarray]:
     if max_context and past + t > max_context:
         raise HeteroError(f"{ctx.node.label()}: {past} cached + {t} new tokens exceed the context of {max_context} "
                           "tokens", hint="load the model with a larger context")
-    bias = ctx.values[CONV_B] if ctx.has_input(CONV_B) else None
+    bias = ctx.array(CONV_B) if ctx.has_input(CONV_B) else None
     rollback(st, attrs, w, bias, past)
-    opt = (lambda i: ctx.values[i] if ctx.has_input(i) else None)  # noqa: E731
-    g, beta = gates(ctx.values[DECAY], ctx.values[BETA], opt(A_LOG), opt(DT_BIAS))
+    opt = (lambda i: ctx.array(i) if ctx.has_input(i) else None)  # noqa: E731
+    g, beta = gates(ctx.array(DECAY), ctx.array(BETA), opt(A_LOG), opt(DT_BIAS))
     st.record(x, g, beta)
     out = np.zeros((t, hv, dv))
     mode = resolve_mode(str(attrs.get("mode", "auto")), t, int(attrs.get("chunk_size", 64)))
@@ -314,5 +314,5 @@ def gated_delta_rule(ctx: OpContext) -> list[np.ndarray]:
     if t > 1:
         st.snapshot(int(attrs.get("max_snapshots", 8)))
     if ctx.has_input(Z):
-        out = gated_norm(out, ctx.values[Z].reshape(t, hv, dv), ctx.values[NORM_W], float(attrs.get("norm_eps", 1e-6)))
+        out = gated_norm(out, ctx.array(Z).reshape(t, hv, dv), ctx.array(NORM_W), float(attrs.get("norm_eps", 1e-6)))
     return [out.reshape(t, hv * dv).astype(np.float32)]

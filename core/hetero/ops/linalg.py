@@ -33,7 +33,7 @@ def _matmul_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("MatMul", infer=_matmul_infer)
 def matmul(ctx: OpContext) -> list[np.ndarray]:
     """Matrix product with numpy.matmul semantics (batch dims broadcast)."""
-    a, b = ctx.values[0], ctx.values[1]
+    a, b = ctx.array(0), ctx.array(1)
     return [np.matmul(a, b).astype(a.dtype, copy=False)]
 
 
@@ -56,12 +56,12 @@ def _gemm_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Gemm", infer=_gemm_infer)
 def gemm(ctx: OpContext) -> list[np.ndarray]:
     """Y = alpha * op(A) @ op(B) + beta * C."""
-    a, b = ctx.values[0], ctx.values[1]
+    a, b = ctx.array(0), ctx.array(1)
     if ctx.attr("transA", 0):
         a = a.T
     if ctx.attr("transB", 0):
         b = b.T
     y = ctx.attr("alpha", 1.0) * (a @ b)
     if ctx.has_input(2):
-        y = y + ctx.attr("beta", 1.0) * ctx.values[2]
-    return [np.asarray(y).astype(ctx.values[0].dtype, copy=False)]
+        y = y + ctx.attr("beta", 1.0) * ctx.array(2)
+    return [np.asarray(y).astype(ctx.array(0).dtype, copy=False)]

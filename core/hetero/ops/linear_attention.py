@@ -76,7 +76,7 @@ def _linear_attention_infer(ctx: OpContext) -> list[TensorInfo]:
 def linear_attention(ctx: OpContext) -> list[np.ndarray]:
     """Linear attention recurrence (linear / gated / delta / gated_delta) over 3-D packed heads, with an optional
     recurrent state in and the final state out. See the module docstring for the update rules."""
-    query, key, value = ctx.values[:3]
+    query, key, value = map(ctx.array, range(3))
     hq, hkv = _heads(ctx)
     group = hq // hkv
     rule = _text(ctx.attr("update_rule", "gated_delta"))
@@ -86,18 +86,18 @@ def linear_attention(ctx: OpContext) -> list[np.ndarray]:
     k = key.astype(np.float64).reshape(b, t, hkv, dk)
     v = value.astype(np.float64).reshape(b, t, hkv, dv)
     scale = float(ctx.attr("scale", 0.0)) or 1.0 / np.sqrt(dk)
-    past = ctx.values[3] if ctx.has_input(3) else None
+    past = ctx.array(3) if ctx.has_input(3) else None
     state = np.zeros((b, hkv, dk, dv)) if past is None else past.astype(np.float64).copy()
 
     # Decay as a per-row factor of S: (B, T, H_kv, d_k, 1); a per-head decay is the same factor for every row.
     decay = None
     if rule in ("gated", "gated_delta"):
-        g = ctx.values[4].astype(np.float64)
+        g = ctx.array(4).astype(np.float64)
         gate = np.exp(g.reshape(b, t, hkv, dk) if g.shape[2] == hkv * dk else g.reshape(b, t, hkv, 1))
         decay = np.broadcast_to(gate, (b, t, hkv, dk))[..., None]
     beta = None
     if rule in ("delta", "gated_delta"):
-        bt = ctx.values[5].astype(np.float64)
+        bt = ctx.array(5).astype(np.float64)
         beta = np.broadcast_to(bt.reshape(b, t, -1), (b, t, hkv))[..., None, None]  # (B, T, H_kv, 1, 1)
 
     out = np.empty((b, t, hq, dv))
@@ -147,10 +147,10 @@ def causal_conv_with_state(ctx: OpContext) -> list[np.ndarray]:
     gives ``y[b, c, t] = bias[c] + sum_j weight[c, 0, j] * p[b, c, t + j]`` (then SiLU if activation is silu/swish),
     and ``present_state = p[:, :, -(k - 1):]`` (the last k - 1 values, past and zero padding included).
     """
-    x, w = ctx.values[0], ctx.values[1]
+    x, w = ctx.array(0), ctx.array(1)
     k = w.shape[2]
     b, c, length = x.shape
-    past = ctx.values[3] if ctx.has_input(3) else None
+    past = ctx.array(3) if ctx.has_input(3) else None
     head = np.zeros((b, c, k - 1)) if past is None else past.astype(np.float64)
     p = np.concatenate([head, x.astype(np.float64)], axis=2)
     taps = w.astype(np.float64)[:, 0, :]  # (C, k)
@@ -158,7 +158,7 @@ def causal_conv_with_state(ctx: OpContext) -> list[np.ndarray]:
     for j in range(k):
         y += taps[None, :, j, None] * p[:, :, j : j + length]
     if ctx.has_input(2):
-        y += ctx.values[2].astype(np.float64)[None, :, None]
+        y += ctx.array(2).astype(np.float64)[None, :, None]
     if _text(ctx.attr("activation", "none")) in ("silu", "swish"):
         with np.errstate(over="ignore"):
             y = y / (1 + np.exp(-y))

@@ -96,7 +96,7 @@ def embedding(ctx: OpContext) -> list[np.ndarray]:
     Attributes: ``wtype``, ``block_size``, ``symmetric``; ``dim`` (row length, required when quantized).
     An id outside [0, V) is an error.
     """
-    ids, table = ctx.values[0], ctx.values[1]
+    ids, table = ctx.array(0), ctx.array(1)
     vocab = table.shape[0]
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         bad = int(ids[(ids < 0) | (ids >= vocab)].reshape(-1)[0])
@@ -122,7 +122,7 @@ def rms_norm(ctx: OpContext) -> list[np.ndarray]:
     Attributes: ``epsilon`` (default 1e-6), ``offset`` (default 0.0; 1.0 for models that store weight - 1).
     The mean of squares is accumulated in float32 or wider.
     """
-    x, w = ctx.values[0], ctx.values[1]
+    x, w = ctx.array(0), ctx.array(1)
     eps, offset = float(ctx.attr("epsilon", 1e-6)), float(ctx.attr("offset", 0.0))
     x64 = x.astype(np.float64)
     inv = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
@@ -158,7 +158,7 @@ def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
     per dim between the two, see ``rope_inv_freq``), angle = position * inv_freq[i]:
     y[i] = x[i] cos - x[i + half] sin, y[i + half] = x[i + half] cos + x[i] sin, for 0 <= i < half.
     """
-    x, past_len = ctx.values[0], int(np.asarray(ctx.values[1]).reshape(-1)[0])
+    x, past_len = ctx.array(0), int(np.asarray(ctx.array(1)).reshape(-1)[0])
     head_dim = x.shape[-1]
     rotary_dim = int(ctx.attr("rotary_dim", 0)) or head_dim
     if rotary_dim % 2 or rotary_dim > head_dim:
@@ -243,8 +243,8 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
     h // (Hq / Hkv). past_len may be smaller than what the cache holds (rolling back forgets the rest) but never
     larger; past_len + T > max_context is an error.
     """
-    q, k, v = ctx.values[0], ctx.values[1], ctx.values[2]
-    past_len = int(np.asarray(ctx.values[3]).reshape(-1)[0])
+    q, k, v = ctx.array(0), ctx.array(1), ctx.array(2)
+    past_len = int(np.asarray(ctx.array(3)).reshape(-1)[0])
     t, hq, d = q.shape
     hkv = k.shape[1]
     max_context = int(ctx.attr("max_context"))
@@ -304,7 +304,7 @@ def _silu(x: np.ndarray) -> np.ndarray:
 @op("SwiGLU", domain=HETERO_DOMAIN, infer=_swiglu_infer)
 def swiglu(ctx: OpContext) -> list[np.ndarray]:
     """silu(gate) * up, elementwise, with silu(x) = x / (1 + exp(-x)). Inputs: gate, up (float32, same shape)."""
-    return [(_silu(ctx.values[0]) * ctx.values[1]).astype(np.float32)]
+    return [(_silu(ctx.array(0)) * ctx.array(1)).astype(np.float32)]
 
 
 # -- QMatMul ---------------------------------------------------------------------------------------------------------
@@ -332,10 +332,10 @@ def qmatmul(ctx: OpContext) -> list[np.ndarray]:
     doc), optional bias (float32 ``[N]``). Output float32 ``[..., N]``. Attributes: ``wtype``, ``block_size``,
     ``symmetric``. Kernels read quantized blocks directly and accumulate in float32 (or wider).
     """
-    x, w = ctx.values[0], ctx.values[1]
+    x, w = ctx.array(0), ctx.array(1)
     y = np.matmul(x, _dense(ctx, w, x.shape[-1]).T)
     if ctx.has_input(2):
-        y = y + ctx.values[2]
+        y = y + ctx.array(2)
     return [y.astype(np.float32)]
 
 
@@ -363,7 +363,8 @@ def _moe_infer(ctx: OpContext) -> list[TensorInfo]:
     if any(shared) and not all(shared[:3]):
         raise ctx.fail("the shared expert needs shared_gate, shared_up and shared_down (inputs 5-7)")
     if all(shared[:3]):
-        s_inter = None if input_info(ctx, 5).shape is None else input_info(ctx, 5).shape[0]
+        shared_shape = input_info(ctx, 5).shape
+        s_inter = None if shared_shape is None else shared_shape[0]
         _check_weight(ctx, 5, hidden, "shared_gate", "shared_gate_")
         _check_weight(ctx, 6, hidden, "shared_up", "shared_up_")
         _check_weight(ctx, 7, s_inter, "shared_down", "shared_down_")
@@ -411,7 +412,7 @@ def moe(ctx: OpContext) -> list[np.ndarray]:
     inputs 5-8 must refuse such nodes; the hybrid families build the shared expert from QMatMul / SwiGLU /
     Sigmoid / Mul for now.
     """
-    x, router, gate, up, down = ctx.values[:5]
+    x, router, gate, up, down = map(ctx.array, range(5))
     hidden = x.shape[1]
     inter = gate.shape[1]
     chosen, weights = moe_routing(x, router, int(ctx.attr("top_k")), bool(ctx.attr("norm_topk_prob", 1)))
@@ -423,12 +424,12 @@ def moe(ctx: OpContext) -> list[np.ndarray]:
         ye = h @ _dense(ctx, down[expert], inter, "down_").T
         np.add.at(out, tokens, ye * weights[tokens, slot][:, None])
     if ctx.has_input(5) and ctx.has_input(6) and ctx.has_input(7):
-        sg, su, sd = ctx.values[5], ctx.values[6], ctx.values[7]
+        sg, su, sd = ctx.array(5), ctx.array(6), ctx.array(7)
         s_inter = sg.shape[0]
         h = _silu(x @ _dense(ctx, sg, hidden, "shared_gate_").T) * (x @ _dense(ctx, su, hidden, "shared_up_").T)
         ys = h @ _dense(ctx, sd, s_inter, "shared_down_").T
         if ctx.has_input(8):
-            score = x.astype(np.float64) @ ctx.values[8].astype(np.float64).T  # [T, 1]
+            score = x.astype(np.float64) @ ctx.array(8).astype(np.float64).T  # [T, 1]
             ys = ys * (1.0 / (1.0 + np.exp(-score))).astype(np.float32)
         out += ys.astype(np.float32)
     return [out]

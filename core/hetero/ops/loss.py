@@ -39,15 +39,15 @@ def _nll(ctx: OpContext, logp: np.ndarray, target: np.ndarray, weight: np.ndarra
 @op("NegativeLogLikelihoodLoss", infer=_loss_infer)
 def negative_log_likelihood_loss(ctx: OpContext) -> list[np.ndarray]:
     """Negative log-likelihood of the target classes (input holds log-probabilities on axis 1)."""
-    x, target = ctx.values[0], ctx.values[1]
-    weight = ctx.values[2] if ctx.has_input(2) else None
+    x, target = ctx.array(0), ctx.array(1)
+    weight = ctx.array(2) if ctx.has_input(2) else None
     return [_nll(ctx, x.astype(np.float64), target, weight).astype(x.dtype)]
 
 
 @op("SoftmaxCrossEntropyLoss", infer=_loss_infer)
 def softmax_cross_entropy_loss(ctx: OpContext) -> list[np.ndarray]:
     """NLL of log_softmax(scores, axis=1); the second output is that log-probability tensor."""
-    x, target = ctx.values[0], ctx.values[1]
-    weight = ctx.values[2] if ctx.has_input(2) else None
+    x, target = ctx.array(0), ctx.array(1)
+    weight = ctx.array(2) if ctx.has_input(2) else None
     logp = _softmax(x, (1,), True)
     return [_nll(ctx, logp, target, weight).astype(x.dtype), logp.astype(x.dtype)]

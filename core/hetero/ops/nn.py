@@ -7,6 +7,7 @@ axis the begin/end pads and the output size, from kernel, strides, dilations, pa
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from ..contract import dtypes
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, Shape, TensorInfo
 from . import lowp
-from .shapes import input_info, normalize_axis, same_as_input, unknown
+from .shapes import input_info, normalize_axis, same_as_input, static_dims, unknown
 
 
 # -- window geometry -----------------------------------------------------------------------------------------------
@@ -38,9 +39,12 @@ def _geometry(
     for i, size in enumerate(spatial):
         ek = (kernel[i] - 1) * dilations[i] + 1
         s = strides[i]
+        out: Dim
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             if size is None:
-                outs.append(None), begins.append(None), ends.append(None)  # type: ignore[func-returns-value]
+                outs.append(None)
+                begins.append(None)
+                ends.append(None)
                 continue
             out = -(-size // s)
             total = max((out - 1) * s + ek - size, 0)
@@ -66,8 +70,8 @@ def _geometry(
     return outs, begins, ends
 
 
-def _windows(x: np.ndarray, kernel: list[int], strides: list[int], dilations: list[int], outs: list[int],
-             begins: list[int], fill: float) -> tuple[np.ndarray, np.ndarray]:
+def _windows(x: np.ndarray, kernel: list[int], strides: list[int], dilations: list[int], outs: Sequence[int],
+             begins: Sequence[int], fill: float) -> tuple[np.ndarray, np.ndarray]:
     """All kernel taps: (K, N, C, *out) values and a (K, *out) mask of taps inside the unpadded input."""
     n = len(kernel)
     spatial = x.shape[2:]
@@ -81,7 +85,8 @@ def _windows(x: np.ndarray, kernel: list[int], strides: list[int], dilations: li
     for offs in itertools.product(*[range(k) for k in kernel]):
         sl = tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, s, m in zip(offs, dilations, strides, outs,
                                                                                 strict=True))
-        taps.append(xp[(slice(None), slice(None), *sl)])
+        window = (slice(None), slice(None), *sl)  # a name: mypy misreads a starred tuple inside [] as 3.11 syntax
+        taps.append(xp[window])
         masks.append(inside[sl])
     return np.stack(taps), np.stack(masks)
 
@@ -93,7 +98,7 @@ def _kernel_shape(ctx: OpContext, w_shape: Shape | None, n: int) -> list[int] | 
         return list(kernel)
     if w_shape is None or any(d is None for d in w_shape[2:]):
         return None
-    return list(w_shape[2:])  # type: ignore[arg-type]
+    return [d for d in w_shape[2:] if d is not None]
 
 
 def _conv_infer(ctx: OpContext) -> list[TensorInfo]:
@@ -116,13 +121,13 @@ def _conv(ctx: OpContext, x: np.ndarray, w: np.ndarray, acc: np.dtype) -> np.nda
     strides, dilations = _spatial_attrs(ctx, n, kernel)
     outs, begins, _ = _geometry(ctx, x.shape[2:], kernel)
     group = ctx.attr("group", 1)
-    taps, _ = _windows(x.astype(acc), kernel, strides, dilations, outs, begins, 0)  # type: ignore[arg-type]
+    taps, _ = _windows(x.astype(acc), kernel, strides, dilations, static_dims(ctx, outs), static_dims(ctx, begins), 0)
     k, batch, c = taps.shape[:3]
     m = w.shape[0]
     taps = taps.reshape(k, batch, group, c // group, -1)  # (K, N, G, C/G, P)
     wk = w.astype(acc).reshape(group, m // group, c // group, k)  # (G, M/G, C/G, K)
     out = np.einsum("kngcp,gmck->ngmp", taps, wk, optimize=True)
-    return out.reshape(batch, m, *outs)  # type: ignore[arg-type]
+    return out.reshape(batch, m, *outs)
 
 
 def _acc_dtype(x: np.ndarray) -> np.dtype:
@@ -132,10 +137,10 @@ def _acc_dtype(x: np.ndarray) -> np.dtype:
 @op("Conv", infer=_conv_infer)
 def conv(ctx: OpContext) -> list[np.ndarray]:
     """N-D convolution (cross-correlation) with groups, strides, dilations, pads or auto_pad, optional bias."""
-    x, w = ctx.values[0], ctx.values[1]
+    x, w = ctx.array(0), ctx.array(1)
     y = _conv(ctx, x, w, _acc_dtype(x))
     if ctx.has_input(2):
-        y = y + ctx.values[2].reshape(1, -1, *[1] * (x.ndim - 2))
+        y = y + ctx.array(2).reshape(1, -1, *[1] * (x.ndim - 2))
     return [y.astype(x.dtype)]
 
 
@@ -185,30 +190,33 @@ def _conv_transpose_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("ConvTranspose", infer=_conv_transpose_infer)
 def conv_transpose(ctx: OpContext) -> list[np.ndarray]:
     """Transposed convolution: every input pixel scatters the kernel into a strided, dilated output window."""
-    x, w = ctx.values[0], ctx.values[1]
+    x, w = ctx.array(0), ctx.array(1)
     n = x.ndim - 2
     kernel = _kernel_shape(ctx, w.shape, n)
     assert kernel is not None
     strides, dilations = _spatial_attrs(ctx, n, kernel)
     group = ctx.attr("group", 1)
-    outs, begins = _conv_transpose_geometry(ctx, x.shape[2:], kernel)
+    outs, begins = (static_dims(ctx, dims) for dims in _conv_transpose_geometry(ctx, x.shape[2:], kernel))
     batch, c = x.shape[:2]
     mg = w.shape[1]
     spatial = x.shape[2:]
     full = [max(strides[i] * (spatial[i] - 1) + (kernel[i] - 1) * dilations[i] + 1,
-                begins[i] + outs[i]) for i in range(n)]  # type: ignore[operator]
+                begins[i] + outs[i]) for i in range(n)]
     y = np.zeros((batch, group, mg, *full), dtype=np.float64)
     xg = x.astype(np.float64).reshape(batch, group, c // group, *spatial)
     wg = w.astype(np.float64).reshape(group, c // group, mg, *kernel)
     for offs in itertools.product(*[range(k) for k in kernel]):
-        contrib = np.einsum("ngc...,gcm->ngm...", xg, wg[(slice(None), slice(None), slice(None), *offs)])
+        tap: tuple[slice | int, ...] = (slice(None), slice(None), slice(None), *offs)
+        contrib = np.einsum("ngc...,gcm->ngm...", xg, wg[tap])
         sl = tuple(slice(o * d, o * d + (sz - 1) * s + 1, s) for o, d, s, sz in zip(offs, dilations, strides,
                                                                                   spatial, strict=True))
-        y[(slice(None), slice(None), slice(None), *sl)] += contrib
-    crop = tuple(slice(b, b + o) for b, o in zip(begins, outs, strict=True))  # type: ignore[operator]
-    y = y.reshape(batch, group * mg, *full)[(slice(None), slice(None), *crop)]
+        window = (slice(None), slice(None), slice(None), *sl)
+        y[window] += contrib
+    crop = tuple(slice(b, b + o) for b, o in zip(begins, outs, strict=True))
+    inside = (slice(None), slice(None), *crop)
+    y = y.reshape(batch, group * mg, *full)[inside]
     if ctx.has_input(2):
-        y = y + ctx.values[2].reshape(1, -1, *[1] * n)
+        y = y + ctx.array(2).reshape(1, -1, *[1] * n)
     return [y.astype(x.dtype)]
 
 
@@ -222,18 +230,19 @@ def _pool_infer(ctx: OpContext) -> list[TensorInfo]:
     return [TensorInfo(x.dtype, shape), TensorInfo(dtypes.int64, shape)]
 
 
-def _pool_taps(ctx: OpContext, x: np.ndarray, fill: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def _pool_taps(ctx: OpContext, x: np.ndarray, fill: float) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     kernel = list(ctx.attr("kernel_shape"))
     strides, dilations = _spatial_attrs(ctx, len(kernel), kernel)
-    outs, begins, _ = _geometry(ctx, x.shape[2:], kernel, bool(ctx.attr("ceil_mode", 0)))
-    taps, inside = _windows(x, kernel, strides, dilations, outs, begins, fill)  # type: ignore[arg-type]
-    return taps, inside, outs  # type: ignore[return-value]
+    geometry = _geometry(ctx, x.shape[2:], kernel, bool(ctx.attr("ceil_mode", 0)))
+    outs, begins = static_dims(ctx, geometry[0]), static_dims(ctx, geometry[1])
+    taps, inside = _windows(x, kernel, strides, dilations, outs, begins, fill)
+    return taps, inside, outs
 
 
 @op("MaxPool", infer=_pool_infer)
 def max_pool(ctx: OpContext) -> list[np.ndarray]:
     """Max over each window (padding never wins), with the flat input index of the max as optional Indices."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     fill = -np.inf if lowp.is_float(x.dtype) else lowp.int_range(x.dtype)[0]
     wide = x.astype(np.float64) if lowp.is_float(x.dtype) else x
     taps, inside, outs = _pool_taps(ctx, wide, fill)
@@ -249,12 +258,12 @@ def max_pool(ctx: OpContext) -> list[np.ndarray]:
     offsets = np.array(list(itertools.product(*[range(k) for k in kernel])))  # (K, n)
     spatial = x.shape[2:]
     grids = np.meshgrid(*[np.arange(o) for o in outs], indexing="ij")
-    coords = [grids[i][None, None] * strides[i] + offsets[which, i] * dilations[i] - begins[i]  # type: ignore
+    coords = [grids[i][None, None] * strides[i] + offsets[which, i] * dilations[i] - begins[i]
               for i in range(len(kernel))]
     if ctx.attr("storage_order", 0):
         flat = sum(coords[i] * int(np.prod(spatial[:i])) for i in range(len(kernel)))
     else:
-        flat = np.ravel_multi_index(tuple(coords), spatial)  # type: ignore[arg-type]
+        flat = np.ravel_multi_index(tuple(coords), spatial)
     nc = np.arange(x.shape[0] * x.shape[1]).reshape(x.shape[0], x.shape[1], *[1] * len(kernel))
     return [y, (nc * int(np.prod(spatial)) + flat).astype(np.int64)]
 
@@ -262,14 +271,14 @@ def max_pool(ctx: OpContext) -> list[np.ndarray]:
 @op("AveragePool", infer=_pool_infer)
 def average_pool(ctx: OpContext) -> list[np.ndarray]:
     """Mean over each window; count_include_pad decides whether explicit padding counts in the divisor."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     taps, inside, outs = _pool_taps(ctx, x.astype(np.float64), 0.0)
     if ctx.attr("count_include_pad", 0):
         # Padding counts, but not the extra area ceil_mode adds beyond the end padding.
         kernel = list(ctx.attr("kernel_shape"))
         strides, dilations = _spatial_attrs(ctx, len(kernel), kernel)
         _, begins, ends = _geometry(ctx, x.shape[2:], kernel, bool(ctx.attr("ceil_mode", 0)))
-        padded_shape = tuple(s + b + e for s, b, e in zip(x.shape[2:], begins, ends, strict=True))  # type: ignore
+        padded_shape = tuple(s + b + e for s, b, e in zip(x.shape[2:], begins, ends, strict=True))
         ones = np.ones((1, 1, *padded_shape))
         _, counted = _windows(ones, kernel, strides, dilations, outs, [0] * len(kernel), 0)
         count = counted.sum(axis=0)
@@ -282,7 +291,7 @@ def average_pool(ctx: OpContext) -> list[np.ndarray]:
 @op("LpPool", infer=_pool_infer)
 def lp_pool(ctx: OpContext) -> list[np.ndarray]:
     """The p-norm of each window (padding counts as zeros)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     p = ctx.attr("p", 2)
     taps, _, _ = _pool_taps(ctx, x.astype(np.float64), 0.0)
     return [(np.sum(np.abs(taps) ** p, axis=0) ** (1.0 / p)).astype(x.dtype)]
@@ -302,21 +311,21 @@ def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
 @op("GlobalAveragePool", infer=_global_infer)
 def global_average_pool(ctx: OpContext) -> list[np.ndarray]:
     """Mean over all spatial axes."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     return [np.mean(x.astype(np.float64), axis=_spatial_axes(x), keepdims=True).astype(x.dtype)]
 
 
 @op("GlobalMaxPool", infer=_global_infer)
 def global_max_pool(ctx: OpContext) -> list[np.ndarray]:
     """Max over all spatial axes."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     return [np.max(x, axis=_spatial_axes(x), keepdims=True)]
 
 
 @op("GlobalLpPool", infer=_global_infer)
 def global_lp_pool(ctx: OpContext) -> list[np.ndarray]:
     """p-norm over all spatial axes."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     p = ctx.attr("p", 2)
     s = np.sum(np.abs(x.astype(np.float64)) ** p, axis=_spatial_axes(x), keepdims=True)
     return [(s ** (1.0 / p)).astype(x.dtype)]
@@ -337,7 +346,7 @@ def _bn_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("BatchNormalization", infer=_bn_infer)
 def batch_normalization(ctx: OpContext) -> list[np.ndarray]:
     """Normalize per channel with running statistics, or with batch statistics in training mode."""
-    x, scale, bias, mean, var = ctx.values[:5]
+    x, scale, bias, mean, var = map(ctx.array, range(5))
     eps = ctx.attr("epsilon", 1e-5)
     r = x.ndim
     x64 = x.astype(np.float64)
@@ -358,7 +367,7 @@ def batch_normalization(ctx: OpContext) -> list[np.ndarray]:
 @op("InstanceNormalization", infer=same_as_input(0))
 def instance_normalization(ctx: OpContext) -> list[np.ndarray]:
     """Normalize each (batch, channel) slice over its spatial axes, then scale and shift per channel."""
-    x, scale, bias = ctx.values[:3]
+    x, scale, bias = map(ctx.array, range(3))
     x64 = x.astype(np.float64)
     axes = _spatial_axes(x)
     y = (x64 - x64.mean(axis=axes, keepdims=True)) / np.sqrt(x64.var(axis=axes, keepdims=True)
@@ -379,7 +388,7 @@ def _ln_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("LayerNormalization", infer=_ln_infer)
 def layer_normalization(ctx: OpContext) -> list[np.ndarray]:
     """Normalize over the axes from ``axis`` on; optional Mean and InvStdDev outputs."""
-    x, scale = ctx.values[0], ctx.values[1]
+    x, scale = ctx.array(0), ctx.array(1)
     axis = normalize_axis(ctx, ctx.attr("axis", -1), x.ndim)
     axes = tuple(range(axis, x.ndim))
     x64 = x.astype(np.float64)
@@ -387,7 +396,7 @@ def layer_normalization(ctx: OpContext) -> list[np.ndarray]:
     inv = 1 / np.sqrt(((x64 - mean) ** 2).mean(axis=axes, keepdims=True) + ctx.attr("epsilon", 1e-5))
     y = (x64 - mean) * inv * scale
     if ctx.has_input(2):
-        y = y + ctx.values[2]
+        y = y + ctx.array(2)
     stash = np.dtype(dtypes.from_onnx(ctx.attr("stash_type", 1)).np_dtype)
     return [y.astype(x.dtype), mean.astype(stash), inv.astype(stash)]
 
@@ -395,7 +404,7 @@ def layer_normalization(ctx: OpContext) -> list[np.ndarray]:
 @op("GroupNormalization", infer=same_as_input(0))
 def group_normalization(ctx: OpContext) -> list[np.ndarray]:
     """Normalize over groups of channels (and spatial axes); scale/bias per channel (per group before opset 21)."""
-    x, scale, bias = ctx.values[:3]
+    x, scale, bias = map(ctx.array, range(3))
     g = ctx.attr("num_groups")
     n, c = x.shape[:2]
     xg = x.astype(np.float64).reshape(n, g, -1)
@@ -409,7 +418,7 @@ def group_normalization(ctx: OpContext) -> list[np.ndarray]:
 @op("RMSNormalization", infer=same_as_input(0))
 def rms_normalization(ctx: OpContext) -> list[np.ndarray]:
     """x / sqrt(mean(x^2 over the axes from ``axis``) + epsilon) * scale."""
-    x, scale = ctx.values[0], ctx.values[1]
+    x, scale = ctx.array(0), ctx.array(1)
     axis = normalize_axis(ctx, ctx.attr("axis", -1), x.ndim)
     x64 = x.astype(np.float64)
     rms = np.sqrt(np.mean(x64**2, axis=tuple(range(axis, x.ndim)), keepdims=True) + ctx.attr("epsilon", 1e-5))
@@ -419,7 +428,7 @@ def rms_normalization(ctx: OpContext) -> list[np.ndarray]:
 @op("LpNormalization", infer=same_as_input(0))
 def lp_normalization(ctx: OpContext) -> list[np.ndarray]:
     """Divide by the L1 or L2 norm along ``axis`` (zero vectors stay zero)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     axis = ctx.attr("axis", -1)
     p = ctx.attr("p", 2)
     x64 = x.astype(np.float64)
@@ -432,7 +441,7 @@ def lp_normalization(ctx: OpContext) -> list[np.ndarray]:
 @op("MeanVarianceNormalization", infer=same_as_input(0))
 def mean_variance_normalization(ctx: OpContext) -> list[np.ndarray]:
     """(x - mean) / sqrt(var + 1e-9) over ``axes`` (default N, H, W)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     axes = tuple(ctx.attr("axes", [0, 2, 3]))
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=axes, keepdims=True)
@@ -443,7 +452,7 @@ def mean_variance_normalization(ctx: OpContext) -> list[np.ndarray]:
 @op("LRN", infer=same_as_input(0))
 def lrn(ctx: OpContext) -> list[np.ndarray]:
     """Local response normalization across nearby channels."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     size = ctx.attr("size")
     alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
     sq = x.astype(np.float64) ** 2
@@ -474,7 +483,7 @@ def _softmax(x: np.ndarray, axes: tuple[int, ...], log: bool) -> np.ndarray:
 @op("Softmax", infer=same_as_input(0))
 def softmax(ctx: OpContext) -> list[np.ndarray]:
     """exp(x) / sum(exp(x)) along ``axis``."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     x2, axes = _softmax_axes(ctx, x)
     return [_softmax(x2, axes, False).reshape(x.shape).astype(x.dtype)]
 
@@ -482,7 +491,7 @@ def softmax(ctx: OpContext) -> list[np.ndarray]:
 @op("LogSoftmax", infer=same_as_input(0))
 def log_softmax(ctx: OpContext) -> list[np.ndarray]:
     """log(softmax(x)) along ``axis``, computed stably."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     x2, axes = _softmax_axes(ctx, x)
     return [_softmax(x2, axes, True).reshape(x.shape).astype(x.dtype)]
 
@@ -490,7 +499,7 @@ def log_softmax(ctx: OpContext) -> list[np.ndarray]:
 @op("Hardmax", infer=same_as_input(0))
 def hardmax(ctx: OpContext) -> list[np.ndarray]:
     """1 at the first maximum along ``axis``, 0 elsewhere."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     x2, (axis,) = _softmax_axes(ctx, x)
     idx = np.expand_dims(np.argmax(x2, axis=axis), axis)
     out = np.zeros_like(x2)
@@ -507,10 +516,10 @@ def _dropout_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Dropout", infer=_dropout_infer, nondeterministic=True)
 def dropout(ctx: OpContext) -> list[np.ndarray]:
     """Identity with an all-true mask at inference; in training mode, zero with probability ratio and rescale."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     if ctx.opset >= 12:
-        ratio = float(ctx.values[1]) if ctx.has_input(1) else 0.5
-        training = bool(ctx.values[2]) if ctx.has_input(2) else False
+        ratio = float(ctx.array(1)) if ctx.has_input(1) else 0.5
+        training = bool(ctx.array(2)) if ctx.has_input(2) else False
     else:
         ratio, training = ctx.attr("ratio", 0.5), False
     mask_dtype = bool if ctx.opset >= 10 else x.dtype
@@ -524,7 +533,7 @@ def dropout(ctx: OpContext) -> list[np.ndarray]:
 @op("Shrink", infer=same_as_input(0))
 def shrink(ctx: OpContext) -> list[np.ndarray]:
     """x - bias above lambd, x + bias below -lambd, 0 in between."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     lambd, bias = ctx.attr("lambd", 0.5), ctx.attr("bias", 0.0)
     return [np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0)).astype(x.dtype)]
 
@@ -532,7 +541,7 @@ def shrink(ctx: OpContext) -> list[np.ndarray]:
 @op("Swish", infer=same_as_input(0))
 def swish(ctx: OpContext) -> list[np.ndarray]:
     """x * sigmoid(alpha * x)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     x64 = x.astype(np.float64)
     return [(x64 / (1 + np.exp(-ctx.attr("alpha", 1.0) * x64))).astype(x.dtype)]
 
@@ -564,12 +573,13 @@ def _einsum_terms(equation: str, ranks: list[int | None]) -> tuple[list[str], st
 
 def _einsum_infer(ctx: OpContext) -> list[TensorInfo]:
     infos = [input_info(ctx, i) for i in range(len(ctx.inputs))]
-    if any(i.shape is None for i in infos):
+    shapes = [i.shape for i in infos if i.shape is not None]
+    if len(shapes) < len(infos):
         return [unknown(infos[0].dtype)]
-    terms, out = _einsum_terms(ctx.attr("equation"), [len(i.shape) for i in infos])  # type: ignore[arg-type]
+    terms, out = _einsum_terms(ctx.attr("equation"), [len(s) for s in shapes])
     sizes: dict[str, Dim] = {}
-    for term, info in zip(terms, infos, strict=True):
-        for letter, d in zip(term, info.shape, strict=True):  # type: ignore[arg-type]
+    for term, shape in zip(terms, shapes, strict=True):
+        for letter, d in zip(term, shape, strict=True):
             if d != 1 or letter not in sizes:
                 sizes[letter] = d if sizes.get(letter) in (None, 1) else sizes[letter]
     return [TensorInfo(infos[0].dtype, tuple(sizes[c] for c in out))]
@@ -578,7 +588,7 @@ def _einsum_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Einsum", infer=_einsum_infer)
 def einsum(ctx: OpContext) -> list[np.ndarray]:
     """Einstein summation over the inputs, as the equation says."""
-    values = list(ctx.values)
+    values = [ctx.array(i) for i in range(len(ctx.values))]
     terms, out = _einsum_terms(ctx.attr("equation"), [v.ndim for v in values])
     acc = _acc_dtype(values[0])
     result = np.einsum(f"{','.join(terms)}->{out}", *[v.astype(acc) for v in values], optimize=True)
@@ -593,6 +603,6 @@ def _det_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Det", infer=_det_infer)
 def det(ctx: OpContext) -> list[np.ndarray]:
     """Determinant of the square matrices in the last two axes."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     return [np.asarray(np.linalg.det(x.astype(np.float64))).astype(x.dtype)]
 

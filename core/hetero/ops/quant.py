@@ -44,18 +44,18 @@ def quantize_linear(ctx: OpContext) -> list[np.ndarray]:
     uint4, int2, uint2) round half to even and clamp to the type's range; float8 outputs round to nearest-even and
     saturate to +/-FLT_MAX unless ``saturate=0``; float4e2m1 always saturates (to +/-6).
     """
-    x, scale = ctx.values[0], ctx.values[1]
+    x, scale = ctx.array(0), ctx.array(1)
     out = _quantize_dtype(ctx)
     target = out.np_dtype
     if target is None or not (lowp.is_int(target) or lowp.is_float(target)):
         raise ctx.fail(f"quantizing to {out} is not supported")
     precision = ctx.attr("precision", None)
     ftype = dtypes.from_onnx(int(precision)).np_dtype if precision else scale.dtype
-    if not lowp.is_float(ftype):
+    if ftype is None or not lowp.is_float(ftype):
         ftype = np.dtype(np.float32)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         q = x.astype(ftype) / _expand_param(ctx, scale.astype(ftype), x)
-    zp = ctx.values[2] if ctx.has_input(2) else None
+    zp = ctx.array(2) if ctx.has_input(2) else None
     if lowp.is_float(target):
         if zp is not None:
             q = lowp.widen(q).astype(np.float32) + _expand_param(ctx, lowp.widen(zp).astype(np.float32), x)
@@ -74,8 +74,8 @@ def _dequantize_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("DequantizeLinear", infer=_dequantize_infer)
 def dequantize_linear(ctx: OpContext) -> list[np.ndarray]:
     """y = (x - zero_point) * scale."""
-    x, scale = ctx.values[0], ctx.values[1]
-    zp = ctx.values[2].astype(np.float64) if ctx.has_input(2) else np.zeros(())
+    x, scale = ctx.array(0), ctx.array(1)
+    zp = ctx.array(2).astype(np.float64) if ctx.has_input(2) else np.zeros(())
     # In float64 (exact for the narrow input types), then rounded once to the output type.
     out = (x.astype(np.float64) - _expand_param(ctx, zp, x)) * _expand_param(ctx, scale.astype(np.float64), x)
     return [out.astype(_dequantize_infer(ctx)[0].dtype.np_dtype)]
@@ -88,7 +88,7 @@ def _dynamic_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("DynamicQuantizeLinear", infer=_dynamic_infer)
 def dynamic_quantize_linear(ctx: OpContext) -> list[np.ndarray]:
     """Quantize to uint8 with a scale and zero point chosen from the data's range (always including 0)."""
-    x = ctx.values[0].astype(np.float32)
+    x = ctx.array(0).astype(np.float32)
     lo, hi = min(float(x.min(initial=0)), 0.0), max(float(x.max(initial=0)), 0.0)
     scale = np.float32((hi - lo) / 255)
     zp = _saturate(np.rint(np.float32(0 - lo) / scale if scale else 0.0), np.dtype(np.uint8))
@@ -116,18 +116,18 @@ def _int_matmul_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("MatMulInteger", infer=_int_matmul_infer)
 def matmul_integer(ctx: OpContext) -> list[np.ndarray]:
     """(A - a_zero_point) @ (B - b_zero_point), accumulated in int32."""
-    a, b = ctx.values[0], ctx.values[1]
-    a_zp = ctx.values[2] if ctx.has_input(2) else None
-    b_zp = ctx.values[3] if ctx.has_input(3) else None
+    a, b = ctx.array(0), ctx.array(1)
+    a_zp = ctx.array(2) if ctx.has_input(2) else None
+    b_zp = ctx.array(3) if ctx.has_input(3) else None
     return [np.matmul(_minus_zp(a, a_zp, a.ndim - 2), _minus_zp(b, b_zp, b.ndim - 1)).astype(np.int32)]
 
 
 @op("ConvInteger", infer=lambda ctx: [TensorInfo(dtypes.int32, _conv_infer(ctx)[0].shape)])
 def conv_integer(ctx: OpContext) -> list[np.ndarray]:
     """Convolution of (x - x_zero_point) and (w - w_zero_point), accumulated in int32."""
-    x, w = ctx.values[0], ctx.values[1]
-    x_zp = ctx.values[2] if ctx.has_input(2) else None
-    w_zp = ctx.values[3] if ctx.has_input(3) else None
+    x, w = ctx.array(0), ctx.array(1)
+    x_zp = ctx.array(2) if ctx.has_input(2) else None
+    w_zp = ctx.array(3) if ctx.has_input(3) else None
     xs = _minus_zp(x, x_zp, 1)
     ws = _minus_zp(w, w_zp, 0)
     return [_conv(ctx, xs, ws, np.dtype(np.int64)).astype(np.int32)]
@@ -162,7 +162,7 @@ def _dequant(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int | None)
 @op("QLinearMatMul", infer=_qlinear_matmul_infer)
 def qlinear_matmul(ctx: OpContext) -> list[np.ndarray]:
     """Quantized matmul: dequantize A and B, multiply, requantize with y_scale / y_zero_point."""
-    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = ctx.values[:8]
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = map(ctx.array, range(8))
     real = np.matmul(_dequant(a, a_s, a_zp, a.ndim - 2), _dequant(b, b_s, b_zp, b.ndim - 1))
     return [_requantize(real, y_s, y_zp)]
 
@@ -175,11 +175,11 @@ def _qlinear_conv_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("QLinearConv", infer=_qlinear_conv_infer)
 def qlinear_conv(ctx: OpContext) -> list[np.ndarray]:
     """Quantized convolution (per-tensor or per-output-channel weight scales), int32 bias, requantized output."""
-    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = ctx.values[:8]
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = map(ctx.array, range(8))
     xs = _dequant(x, x_s, x_zp, None)
     ws = _dequant(w, w_s, w_zp, 0)
     real = _conv(ctx, xs, ws, _acc_dtype(xs))
     if len(ctx.values) > 8 and ctx.values[8] is not None:
-        bias = ctx.values[8].astype(np.float64) * x_s.astype(np.float64).reshape(()) * w_s.astype(np.float64)
+        bias = ctx.array(8).astype(np.float64) * x_s.astype(np.float64).reshape(()) * w_s.astype(np.float64)
         real = real + bias.reshape(1, -1, *[1] * (x.ndim - 2))
     return [_requantize(real, y_s, y_zp)]

@@ -7,19 +7,20 @@ all axes, unless ``noop_with_empty_axes`` makes the op an identity.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 
 from ..contract.registry import OpContext, op
 from ..contract.tensor import TensorInfo
 from . import lowp
-from .shapes import UNKNOWN_VALUE, input_info, normalize_axis, unknown
+from .shapes import UNKNOWN_VALUE, _Unknown, input_info, normalize_axis, unknown
 
 # Opset from which each reduction takes its axes as an input.
 _AXES_INPUT_SINCE = {"ReduceSum": 13}
 
 
-def _axes(ctx: OpContext, rank: int) -> list[int] | object | None:
+def _axes(ctx: OpContext, rank: int) -> list[int] | Literal[_Unknown.VALUE] | None:
     """Normalized axes; None: identity (noop_with_empty_axes); UNKNOWN_VALUE: not known statically."""
     if ctx.opset >= _AXES_INPUT_SINCE.get(ctx.node.op_type, 18):
         if ctx.has_input(1):
@@ -47,8 +48,8 @@ def _reduce_infer(ctx: OpContext) -> list[TensorInfo]:
     if axes is UNKNOWN_VALUE:
         return [unknown(x.dtype, len(x.shape) if keep else None)]
     if keep:
-        return [TensorInfo(x.dtype, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))]  # type: ignore
-    return [TensorInfo(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in axes))]  # type: ignore
+        return [TensorInfo(x.dtype, tuple(1 if i in axes else d for i, d in enumerate(x.shape)))]
+    return [TensorInfo(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
@@ -56,7 +57,7 @@ def _wide(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) if lowp.is_float(x.dtype) else x
 
 
-def _extreme(x: np.ndarray, largest: bool) -> np.generic:
+def _extreme(x: np.ndarray, largest: bool) -> int | float:
     """The identity of max (min) reductions over an empty set."""
     if lowp.is_float(x.dtype):
         return -np.inf if largest else np.inf
@@ -100,12 +101,14 @@ _REDUCERS: dict[str, Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]] 
 
 def _register(name: str, fn: Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]) -> None:
     def reference(ctx: OpContext) -> list[np.ndarray]:
-        x = ctx.values[0]
+        x = ctx.array(0)
         axes = _axes(ctx, x.ndim)
         if axes is None:
             return [x]
+        if axes is UNKNOWN_VALUE:
+            raise ctx.fail("input axes has no value")
         with np.errstate(divide="ignore", invalid="ignore"):
-            out = fn(x, tuple(axes), bool(ctx.attr("keepdims", 1)))  # type: ignore[arg-type]
+            out = fn(x, tuple(axes), bool(ctx.attr("keepdims", 1)))
         return [np.asarray(out).astype(x.dtype)]
 
     reference.__doc__ = f"{name} over the given axes (all by default), keeping them as size 1 if keepdims."

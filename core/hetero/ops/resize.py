@@ -7,18 +7,19 @@ result is these matrices applied one axis after the other. Antialiasing stretche
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, Shape, TensorInfo
-from .shapes import input_info, normalize_axis, unknown
+from .shapes import input_info, normalize_axis, static_dims, unknown
 
 
 class _Plan:
     """What the inputs decide: the resized axes with their output size, scale and roi."""
 
-    def __init__(self, axes: list[int], sizes: list[Dim], scales: list[float | None], roi: np.ndarray | None,
+    def __init__(self, axes: list[int], sizes: Sequence[Dim], scales: Sequence[float | None], roi: np.ndarray | None,
                  from_scales: bool) -> None:
         self.axes, self.sizes, self.scales, self.roi, self.from_scales = axes, sizes, scales, roi, from_scales
 
@@ -32,37 +33,40 @@ def _inputs(ctx: OpContext) -> tuple[int | None, int | None, int | None]:
     return 1, 2, 3
 
 
-def _present(ctx: OpContext, index: int | None) -> bool:
+def _present(ctx: OpContext, index: int | None) -> int | None:
+    """``index`` if that input is given and not empty, else None."""
     if index is None or not ctx.has_input(index):
-        return False
+        return None
     info = ctx.inputs[index]
-    return not (info is not None and info.shape is not None and 0 in info.shape)
+    return None if info is not None and info.shape is not None and 0 in info.shape else index
 
 
 def _plan(ctx: OpContext, shape: Shape) -> _Plan | None:
     rank = len(shape)
     roi_i, scales_i, sizes_i = _inputs(ctx)
     axes = [normalize_axis(ctx, a, rank) for a in ctx.attr("axes", None) or range(rank)]
+    dims = [shape[a] for a in axes]
     roi = None
-    if _present(ctx, roi_i):
-        roi = ctx.value(roi_i)  # type: ignore[arg-type]
+    if (roi_i := _present(ctx, roi_i)) is not None:
+        roi = ctx.value(roi_i)
         if roi is None and ctx.attr("coordinate_transformation_mode", "") == "tf_crop_and_resize":
             return None
-    if _present(ctx, sizes_i):
-        value = ctx.value(sizes_i)  # type: ignore[arg-type]
+    if (sizes_i := _present(ctx, sizes_i)) is not None:
+        value = ctx.value(sizes_i)
         if value is None:
             return None
         sizes = [int(v) for v in np.asarray(value).reshape(-1)]
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
         if policy == "stretch":
-            scales = [None if shape[a] is None else s / shape[a] for a, s in zip(axes, sizes, strict=True)]
-            return _Plan(axes, sizes, scales, roi, False)  # type: ignore[arg-type]
-        if any(shape[a] is None for a in axes):
+            return _Plan(axes, sizes, [None if d is None else s / d for d, s in zip(dims, sizes, strict=True)], roi,
+                         False)
+        known = [d for d in dims if d is not None]
+        if len(known) < len(dims):
             return _Plan(axes, [None] * len(axes), [None] * len(axes), roi, False)
-        ratios = [s / shape[a] for a, s in zip(axes, sizes, strict=True)]  # type: ignore[operator]
+        ratios = [s / d for d, s in zip(known, sizes, strict=True)]
         scale = min(ratios) if policy == "not_larger" else max(ratios)
-        out = [math.floor(scale * shape[a] + 0.5) for a in axes]  # type: ignore[operator]
-        return _Plan(axes, out, [scale] * len(axes), roi, False)  # type: ignore[arg-type]
+        out = [math.floor(scale * d + 0.5) for d in known]
+        return _Plan(axes, out, [scale] * len(axes), roi, False)
     if scales_i is None:
         scales = [float(s) for s in ctx.attr("scales")]
     else:
@@ -73,16 +77,16 @@ def _plan(ctx: OpContext, shape: Shape) -> _Plan | None:
     if len(scales) != len(axes):
         raise ctx.fail(f"{len(scales)} scales for {len(axes)} axes")
     out_sizes: list[Dim] = []
-    for i, a in enumerate(axes):
-        if shape[a] is None:
+    for i, d in enumerate(dims):
+        if d is None:
             out_sizes.append(None)
             continue
         extent = 1.0
         if roi is not None and ctx.attr("coordinate_transformation_mode", "") == "tf_crop_and_resize":
             r = np.asarray(roi, dtype=np.float64).reshape(-1)
             extent = r[len(axes) + i] - r[i]
-        out_sizes.append(math.floor(shape[a] * extent * scales[i] + 1e-9))  # type: ignore[operator]
-    return _Plan(axes, out_sizes, scales, roi, True)  # type: ignore[arg-type]
+        out_sizes.append(math.floor(d * extent * scales[i] + 1e-9))
+    return _Plan(axes, out_sizes, scales, roi, True)
 
 
 def _resize_infer(ctx: OpContext) -> list[TensorInfo]:
@@ -187,14 +191,16 @@ def _matrix(ctx: OpContext, n_in: int, n_out: int, scale: float, roi: tuple[floa
 @op("Resize", infer=_resize_infer, value_inputs=(1, 2, 3))
 def resize(ctx: OpContext) -> list[np.ndarray]:
     """Resize with nearest / linear / cubic interpolation, per the coordinate transformation mode."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     plan = _plan(ctx, x.shape)
     assert plan is not None
     y = x.astype(np.float64)
     rank = x.ndim
     roi = None if plan.roi is None else np.asarray(plan.roi, dtype=np.float64).reshape(-1)
     outside_any = np.zeros((), dtype=bool)
-    for i, (a, n_out, scale) in enumerate(zip(plan.axes, plan.sizes, plan.scales, strict=True)):
+    for i, (a, n_out, scale) in enumerate(zip(plan.axes, static_dims(ctx, plan.sizes), plan.scales, strict=True)):
+        if scale is None:
+            raise ctx.fail(f"the scale of axis {a} is not known")
         n_in = x.shape[a]
         if roi is not None and roi.size == 2 * len(plan.axes):
             r = (float(roi[i]), float(roi[len(plan.axes) + i]))
@@ -204,10 +210,10 @@ def resize(ctx: OpContext) -> list[np.ndarray]:
             r = None
         if n_out == n_in and scale == 1.0 and ctx.attr("coordinate_transformation_mode", "") != "tf_crop_and_resize":
             continue
-        w, outside = _matrix(ctx, n_in, n_out, scale, r, plan.from_scales)  # type: ignore[arg-type]
+        w, outside = _matrix(ctx, n_in, n_out, scale, r, plan.from_scales)
         y = np.moveaxis(np.tensordot(w, y, axes=([1], [a])), 0, a)
         shape = [1] * rank
-        shape[a] = n_out  # type: ignore[call-overload]
+        shape[a] = n_out
         outside_any = outside_any | outside.reshape(shape)
     if ctx.attr("coordinate_transformation_mode", "") == "tf_crop_and_resize":
         y = np.where(outside_any, ctx.attr("extrapolation_value", 0.0), y)

@@ -25,16 +25,23 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def _activation(name: str, alpha: float | None, beta: float | None) -> Activation:
     key = name.lower()
+
+    def a(default: float) -> float:  # unset: the default of the ONNX op of the same name
+        return default if alpha is None else alpha
+
+    def b(default: float) -> float:
+        return default if beta is None else beta
+
     table: dict[str, Activation] = {
         "relu": lambda x: np.maximum(x, 0),
         "tanh": np.tanh,
         "sigmoid": _sigmoid,
-        "affine": lambda x: alpha * x + beta,  # type: ignore[operator]
-        "leakyrelu": lambda x: np.where(x >= 0, x, alpha * x),  # type: ignore[operator]
-        "thresholdedrelu": lambda x: np.where(x > alpha, x, 0),
-        "scaledtanh": lambda x: alpha * np.tanh(beta * x),  # type: ignore[operator]
-        "hardsigmoid": lambda x: np.clip(alpha * x + beta, 0, 1),  # type: ignore[operator]
-        "elu": lambda x: np.where(x >= 0, x, alpha * (np.exp(x) - 1)),  # type: ignore[operator]
+        "affine": lambda x: a(1.0) * x + b(0.0),
+        "leakyrelu": lambda x: np.where(x >= 0, x, a(0.01) * x),
+        "thresholdedrelu": lambda x: np.where(x > a(1.0), x, 0),
+        "scaledtanh": lambda x: a(1.0) * np.tanh(b(1.0) * x),
+        "hardsigmoid": lambda x: np.clip(a(0.2) * x + b(0.5), 0, 1),
+        "elu": lambda x: np.where(x >= 0, x, a(1.0) * (np.exp(x) - 1)),
         "softsign": lambda x: x / (1 + np.abs(x)),
         "softplus": lambda x: np.logaddexp(0, x),
     }
@@ -87,21 +94,21 @@ def _run(ctx: OpContext, n_gates: int, n_states: int, make_cell: Callable[[int, 
                                                                                  list[Activation]], Cell],
          defaults: list[str]) -> list[np.ndarray]:
     """The shared driver: layouts, directions, sequence lengths and initial states; ``make_cell`` does one step."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     layout = ctx.attr("layout", 0)
     x64 = np.swapaxes(x, 0, 1) if layout else x  # -> (seq, batch, input)
     x64 = x64.astype(np.float64)
     seq, batch = x64.shape[:2]
-    w, r = ctx.values[1].astype(np.float64), ctx.values[2].astype(np.float64)
+    w, r = ctx.array(1).astype(np.float64), ctx.array(2).astype(np.float64)
     hidden = r.shape[-1]
     dirs = _n_dirs(ctx)
-    b = ctx.values[3].astype(np.float64) if ctx.has_input(3) else np.zeros((dirs, 2 * n_gates * hidden))
-    lens = ctx.values[4].astype(np.int64) if ctx.has_input(4) else np.full(batch, seq, dtype=np.int64)
+    b = ctx.array(3).astype(np.float64) if ctx.has_input(3) else np.zeros((dirs, 2 * n_gates * hidden))
+    lens = ctx.array(4).astype(np.int64) if ctx.has_input(4) else np.full(batch, seq, dtype=np.int64)
     states0 = []
     for k in range(n_states):
         idx = 5 + k
         if ctx.has_input(idx):
-            s = ctx.values[idx].astype(np.float64)
+            s = ctx.array(idx).astype(np.float64)
             states0.append(np.swapaxes(s, 0, 1) if layout else s)
         else:
             states0.append(np.zeros((dirs, batch, hidden)))
@@ -187,7 +194,7 @@ def lstm(ctx: OpContext) -> list[np.ndarray]:
     """Long short-term memory (gates i, o, f, c), optional peepholes P and coupled input/forget gates."""
     clip = _clip(ctx)
     couple = bool(ctx.attr("input_forget", 0))
-    peep = ctx.values[7].astype(np.float64) if ctx.has_input(7) else None
+    peep = ctx.array(7).astype(np.float64) if ctx.has_input(7) else None
 
     def make(d: int, w: np.ndarray, r: np.ndarray, b: np.ndarray, acts: list[Activation]) -> Cell:
         h_n = r.shape[-1]

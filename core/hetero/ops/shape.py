@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -19,6 +21,7 @@ from .shapes import (
     numel,
     same_as_input,
     shape_of,
+    static_dims,
     unknown,
 )
 
@@ -26,7 +29,7 @@ from .shapes import (
 def _prod(dims: tuple[Dim, ...] | list[Dim]) -> int | None:
     if any(d is None for d in dims):
         return None
-    return numel([int(d) for d in dims])  # type: ignore[arg-type]
+    return numel([d for d in dims if d is not None])
 
 
 # -- Reshape / Flatten / Squeeze / Unsqueeze / Transpose -----------------------------------------------------------
@@ -74,8 +77,8 @@ def _reshape_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Reshape", infer=_reshape_infer, value_inputs=(1,))
 def reshape(ctx: OpContext) -> list[np.ndarray]:
     """Reshape to the shape input (0 copies the input dim unless allowzero, -1 is inferred)."""
-    x = ctx.values[0]
-    shape = _reshape_target(ctx, x.shape, int_list(ctx.values[1]) or [])
+    x = ctx.array(0)
+    shape = _reshape_target(ctx, x.shape, int_list(ctx.array(1)) or [])
     return [x.reshape(shape)]
 
 
@@ -92,8 +95,8 @@ def _flatten_shape(ctx: OpContext, shape: Shape | None) -> Shape:
 @op("Flatten", infer=lambda ctx: [TensorInfo(input_info(ctx, 0).dtype, _flatten_shape(ctx, shape_of(ctx, 0)))])
 def flatten(ctx: OpContext) -> list[np.ndarray]:
     """Flatten to 2-D: dims before ``axis`` form the rows, the rest the columns."""
-    x = ctx.values[0]
-    return [x.reshape(_flatten_shape(ctx, x.shape))]  # type: ignore[arg-type]
+    x = ctx.array(0)
+    return [x.reshape(_flatten_shape(ctx, x.shape))]
 
 
 def _squeeze_shape(ctx: OpContext, shape: Shape | None) -> Shape | None:
@@ -104,7 +107,7 @@ def _squeeze_shape(ctx: OpContext, shape: Shape | None) -> Shape | None:
         if any(d is None for d in shape):
             return None
         return tuple(d for d in shape if d != 1)
-    drop = {normalize_axis(ctx, a, len(shape)) for a in axes}  # type: ignore[union-attr]
+    drop = {normalize_axis(ctx, a, len(shape)) for a in axes}
     for a in drop:
         if shape[a] not in (1, None):
             raise ctx.fail(f"cannot squeeze axis {a} of size {shape[a]}")
@@ -115,8 +118,8 @@ def _squeeze_shape(ctx: OpContext, shape: Shape | None) -> Shape | None:
     value_inputs=(1,))
 def squeeze(ctx: OpContext) -> list[np.ndarray]:
     """Remove the listed size-1 axes (all size-1 axes when none are listed)."""
-    x = ctx.values[0]
-    return [x.reshape(_squeeze_shape(ctx, x.shape))]  # type: ignore[arg-type]
+    x = ctx.array(0)
+    return [x.reshape(_squeeze_shape(ctx, x.shape))]
 
 
 def _unsqueeze_shape(ctx: OpContext, shape: Shape | None) -> Shape | None:
@@ -125,8 +128,8 @@ def _unsqueeze_shape(ctx: OpContext, shape: Shape | None) -> Shape | None:
         return None
     if shape is None:
         return None
-    rank = len(shape) + len(axes)  # type: ignore[arg-type]
-    where = sorted(normalize_axis(ctx, a, rank) for a in axes)  # type: ignore[union-attr]
+    rank = len(shape) + len(axes)
+    where = sorted(normalize_axis(ctx, a, rank) for a in axes)
     if len(set(where)) != len(where):
         raise ctx.fail(f"repeated axes {axes}")
     out: list[Dim] = list(shape)
@@ -139,8 +142,8 @@ def _unsqueeze_shape(ctx: OpContext, shape: Shape | None) -> Shape | None:
     value_inputs=(1,))
 def unsqueeze(ctx: OpContext) -> list[np.ndarray]:
     """Insert size-1 axes at the listed positions of the output."""
-    x = ctx.values[0]
-    return [x.reshape(_unsqueeze_shape(ctx, x.shape))]  # type: ignore[arg-type]
+    x = ctx.array(0)
+    return [x.reshape(_unsqueeze_shape(ctx, x.shape))]
 
 
 def _perm(ctx: OpContext, rank: int) -> list[int]:
@@ -164,14 +167,14 @@ def _transpose_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Transpose", infer=_transpose_infer)
 def transpose(ctx: OpContext) -> list[np.ndarray]:
     """Permute axes (reverse them by default)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     return [np.transpose(x, _perm(ctx, x.ndim))]
 
 
 @op("Identity", infer=same_as_input(0))
 def identity(ctx: OpContext) -> list[np.ndarray]:
     """The input, unchanged."""
-    return [ctx.values[0]]
+    return [ctx.array(0)]
 
 
 # -- Concat / Split ------------------------------------------------------------------------------------------------
@@ -187,7 +190,8 @@ def _concat_infer(ctx: OpContext) -> list[TensorInfo]:
     for a in range(rank):
         dims = [None if s is None else s[a] for s in shapes]
         if a == axis:
-            out.append(None if any(d is None for d in dims) else sum(dims))  # type: ignore[arg-type]
+            sizes = [d for d in dims if d is not None]
+            out.append(sum(sizes) if len(sizes) == len(dims) else None)
         else:
             fixed = {d for d in dims if d is not None}
             if len(fixed) > 1:
@@ -203,15 +207,15 @@ def concat(ctx: OpContext) -> list[np.ndarray]:
     return [np.concatenate(values, axis=ctx.attr("axis"))]
 
 
-def _split_sizes(ctx: OpContext, dim: Dim) -> list[Dim] | None:
+def _split_sizes(ctx: OpContext, dim: Dim) -> Sequence[Dim] | None:
     n_out = len(ctx.node.outputs)
     split = attr_or_input(ctx, "split", 1)
     if split is UNKNOWN_VALUE:
         return None
     if split is not None:
-        if len(split) != n_out:  # type: ignore[arg-type]
+        if len(split) != n_out:
             raise ctx.fail(f"split {split} does not match the {n_out} outputs")
-        return list(split)  # type: ignore[arg-type]
+        return list(split)
     if dim is None:
         return [None] * n_out
     num = ctx.attr("num_outputs", None)
@@ -237,10 +241,10 @@ def _split_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Split", infer=_split_infer, value_inputs=(1,))
 def split(ctx: OpContext) -> list[np.ndarray]:
     """Split along ``axis`` into the given sizes (equal parts, the last one smaller, when not given)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
     sizes = _split_sizes(ctx, x.shape[axis])
-    bounds = np.cumsum([0, *sizes])  # type: ignore[list-item]
+    bounds = np.cumsum([0, *static_dims(ctx, sizes)])
     index = [slice(None)] * x.ndim
     outs = []
     for lo, hi in itertools.pairwise(bounds):
@@ -254,9 +258,10 @@ def _slice_args(ctx: OpContext) -> tuple[list[int], list[int], list[int] | None,
     if ctx.opset < 10:
         return ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes", None), None
     vals = [ctx.value(i) if ctx.has_input(i) else None for i in range(1, 5)]
-    if any(ctx.has_input(i) and vals[i - 1] is None for i in range(1, 5)):
+    starts, ends = vals[0], vals[1]
+    if starts is None or ends is None or any(ctx.has_input(i) and vals[i - 1] is None for i in range(3, 5)):
         return None
-    return int_list(vals[0]), int_list(vals[1]), int_list(vals[2]), int_list(vals[3])  # type: ignore[return-value]
+    return int_list(starts), int_list(ends), int_list(vals[2]), int_list(vals[3])
 
 
 def _slices(ctx: OpContext, shape: Shape) -> list[slice | None]:
@@ -293,7 +298,7 @@ def _slice_infer(ctx: OpContext) -> list[TensorInfo]:
     if _slice_args(ctx) is None:
         return [unknown(x.dtype, len(x.shape))]
     dims = tuple(
-        None if s is None else d if s == slice(None) else len(range(*s.indices(d)))  # type: ignore[arg-type]
+        None if s is None or d is None else d if s == slice(None) else len(range(*s.indices(d)))
         for d, s in zip(x.shape, _slices(ctx, x.shape), strict=True)
     )
     return [TensorInfo(x.dtype, dims)]
@@ -302,8 +307,8 @@ def _slice_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Slice", infer=_slice_infer, value_inputs=(1, 2, 3, 4))
 def slice_(ctx: OpContext) -> list[np.ndarray]:
     """Numpy-style strided slicing on the listed axes; out-of-range bounds are clamped."""
-    x = ctx.values[0]
-    return [x[tuple(_slices(ctx, x.shape))]]  # type: ignore[arg-type]
+    x = ctx.array(0)
+    return [x[tuple(_slices(ctx, x.shape))]]
 
 
 # -- Expand / Tile / Pad -------------------------------------------------------------------------------------------
@@ -320,9 +325,9 @@ def _expand_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Expand", infer=_expand_infer, value_inputs=(1,))
 def expand(ctx: OpContext) -> list[np.ndarray]:
     """Broadcast to the given shape (bidirectionally: size-1 target dims keep the input's)."""
-    x = ctx.values[0]
-    shape = broadcast_shapes(ctx, [x.shape, tuple(int_list(ctx.values[1]) or [])])
-    return [np.broadcast_to(x, shape).copy()]  # type: ignore[arg-type]
+    x = ctx.array(0)
+    shape = broadcast_shapes(ctx, [x.shape, tuple(int_list(ctx.array(1)) or [])])
+    return [np.broadcast_to(x, static_dims(ctx, shape)).copy()]
 
 
 def _tile_infer(ctx: OpContext) -> list[TensorInfo]:
@@ -336,7 +341,7 @@ def _tile_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Tile", infer=_tile_infer, value_inputs=(1,))
 def tile(ctx: OpContext) -> list[np.ndarray]:
     """Repeat the input ``repeats[i]`` times along each axis."""
-    return [np.tile(ctx.values[0], int_list(ctx.values[1]))]
+    return [np.tile(ctx.array(0), int_list(ctx.array(1)))]
 
 
 def _pads(ctx: OpContext, rank: int) -> list[int] | None:
@@ -379,7 +384,7 @@ def _pad_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Pad", infer=_pad_infer, value_inputs=(1, 3))
 def pad(ctx: OpContext) -> list[np.ndarray]:
     """Pad (constant, reflect, edge or wrap); negative pads crop."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     rank = x.ndim
     pads = _pads(ctx, rank)
     assert pads is not None
@@ -395,7 +400,8 @@ def pad(ctx: OpContext) -> list[np.ndarray]:
     widths = [(max(pads[i], 0), max(pads[i + rank], 0)) for i in range(rank)]
     if mode == "constant":
         return [np.pad(x, widths, mode="constant", constant_values=np.asarray(constant).astype(x.dtype))]
-    np_mode = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}.get(mode)
+    np_modes: dict[str, Literal["reflect", "edge", "wrap"]] = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+    np_mode = np_modes.get(mode)
     if np_mode is None:
         raise ctx.fail(f"unknown pad mode {mode!r}")
     return [np.pad(x, widths, mode=np_mode)]
@@ -420,7 +426,7 @@ def _shape_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Shape", infer=_shape_infer)
 def shape(ctx: OpContext) -> list[np.ndarray]:
     """The input's shape as int64 (optionally the dims [start, end))."""
-    dims = ctx.values[0].shape
+    dims = ctx.array(0).shape
     start, end = _shape_range(ctx, len(dims))
     return [np.array(dims[start:end], dtype=np.int64)]
 
@@ -428,7 +434,7 @@ def shape(ctx: OpContext) -> list[np.ndarray]:
 @op("Size", infer=lambda ctx: [TensorInfo(dtypes.int64, ())])
 def size(ctx: OpContext) -> list[np.ndarray]:
     """The input's element count as an int64 scalar."""
-    return [np.array(ctx.values[0].size, dtype=np.int64)]
+    return [np.array(ctx.array(0).size, dtype=np.int64)]
 
 
 # -- Gather / Scatter ----------------------------------------------------------------------------------------------
@@ -448,7 +454,7 @@ def _fix_indices(indices: np.ndarray, dim: int | np.ndarray) -> np.ndarray:
 @op("Gather", infer=_gather_infer)
 def gather(ctx: OpContext) -> list[np.ndarray]:
     """Take slices along ``axis`` at the given indices (negative indices count from the end)."""
-    x, idx = ctx.values[0], ctx.values[1]
+    x, idx = ctx.array(0), ctx.array(1)
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
     return [np.take(x, _fix_indices(idx, x.shape[axis]), axis=axis)]
 
@@ -456,7 +462,7 @@ def gather(ctx: OpContext) -> list[np.ndarray]:
 @op("GatherElements", infer=lambda ctx: [TensorInfo(input_info(ctx, 0).dtype, shape_of(ctx, 1))])
 def gather_elements(ctx: OpContext) -> list[np.ndarray]:
     """out[i][j] = x[idx[i][j]][j] along ``axis`` (take_along_axis)."""
-    x, idx = ctx.values[0], ctx.values[1]
+    x, idx = ctx.array(0), ctx.array(1)
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
     return [np.take_along_axis(x, _fix_indices(idx, x.shape[axis]), axis=axis)]
 
@@ -473,12 +479,12 @@ def _gather_nd_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("GatherND", infer=_gather_nd_infer)
 def gather_nd(ctx: OpContext) -> list[np.ndarray]:
     """Gather slices addressed by the last axis of ``indices`` (after ``batch_dims`` shared leading axes)."""
-    x, idx = ctx.values[0], ctx.values[1].astype(np.int64)
+    x, idx = ctx.array(0), ctx.array(1).astype(np.int64)
     b = ctx.attr("batch_dims", 0)
     k = idx.shape[-1]
     batch = x.shape[:b]
-    xb = x.reshape((numel(batch), *x.shape[b:]))
-    ib = idx.reshape((numel(batch), -1, k))
+    xb: np.ndarray = x.reshape((numel(batch), *x.shape[b:]))
+    ib: np.ndarray = idx.reshape((numel(batch), -1, k))
     out = np.empty((xb.shape[0], ib.shape[1], *x.shape[b + k :]), dtype=x.dtype)
     for n in range(xb.shape[0]):
         coords = _fix_indices(ib[n], np.array(x.shape[b : b + k]))
@@ -505,7 +511,7 @@ def _reduction(ctx: OpContext):
 @op("ScatterND", infer=same_as_input(0))
 def scatter_nd(ctx: OpContext) -> list[np.ndarray]:
     """Copy of data with the slices addressed by ``indices`` replaced (or combined) by ``updates``."""
-    x, idx, updates = ctx.values[0], ctx.values[1].astype(np.int64), ctx.values[2]
+    x, idx, updates = ctx.array(0), ctx.array(1).astype(np.int64), ctx.array(2)
     out = x.copy()
     fn = _reduction(ctx)
     k = idx.shape[-1]
@@ -518,7 +524,7 @@ def scatter_nd(ctx: OpContext) -> list[np.ndarray]:
 
 
 def _scatter_elements(ctx: OpContext, reduction: bool) -> list[np.ndarray]:
-    x, idx, updates = ctx.values[0], ctx.values[1], ctx.values[2]
+    x, idx, updates = ctx.array(0), ctx.array(1), ctx.array(2)
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
     fn = _reduction(ctx) if reduction else None
     idx = _fix_indices(idx, x.shape[axis])
@@ -563,7 +569,7 @@ def _d2s_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("DepthToSpace", infer=_d2s_infer)
 def depth_to_space(ctx: OpContext) -> list[np.ndarray]:
     """Move channel blocks into spatial blocks (DCR: depth-column-row order, CRD: column-row-depth)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     b = ctx.attr("blocksize")
     n, c, h, w = x.shape
     if ctx.attr("mode", "DCR") == "DCR":
@@ -576,7 +582,7 @@ def depth_to_space(ctx: OpContext) -> list[np.ndarray]:
 @op("SpaceToDepth", infer=_d2s_infer)
 def space_to_depth(ctx: OpContext) -> list[np.ndarray]:
     """Move spatial blocks into channels (the inverse of DepthToSpace in the same mode)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     b = ctx.attr("blocksize")
     n, c, h, w = x.shape
     t = x.reshape(n, c, h // b, b, w // b, b)
@@ -587,8 +593,8 @@ def space_to_depth(ctx: OpContext) -> list[np.ndarray]:
 @op("Trilu", infer=same_as_input(0))
 def trilu(ctx: OpContext) -> list[np.ndarray]:
     """Keep the upper (default) or lower triangle of the last two axes, shifted by diagonal k."""
-    x = ctx.values[0]
-    k = int(ctx.values[1].reshape(-1)[0]) if ctx.has_input(1) else 0
+    x = ctx.array(0)
+    k = int(ctx.array(1).reshape(-1)[0]) if ctx.has_input(1) else 0
     return [np.triu(x, k) if ctx.attr("upper", 1) else np.tril(x, k)]
 
 
@@ -608,7 +614,7 @@ def _onehot_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("OneHot", infer=_onehot_infer, value_inputs=(1,))
 def one_hot(ctx: OpContext) -> list[np.ndarray]:
     """values[1] where the new axis equals the index (negative indices count from depth), values[0] elsewhere."""
-    idx, depth, values = ctx.values[0], int(np.asarray(ctx.values[1]).reshape(-1)[0]), ctx.values[2]
+    idx, depth, values = ctx.array(0), int(np.asarray(ctx.array(1)).reshape(-1)[0]), ctx.array(2)
     axis = normalize_axis(ctx, ctx.attr("axis", -1), idx.ndim + 1)
     idx = idx.astype(np.int64)
     idx = np.where(idx < 0, idx + depth, idx)
@@ -639,7 +645,7 @@ def _axis_len(ctx: OpContext, shape: Shape, axis: int | None) -> int | None:
 @op("Compress", infer=_compress_infer, data_dependent=True)
 def compress(ctx: OpContext) -> list[np.ndarray]:
     """Keep the slices along ``axis`` (or elements of the flattened input) where the condition is true."""
-    x, cond = ctx.values[0], ctx.values[1].astype(bool)
+    x, cond = ctx.array(0), ctx.array(1).astype(bool)
     axis = ctx.attr("axis", None)
     n = _axis_len(ctx, x.shape, axis)
     return [np.compress(cond[:n], x, axis=axis)]
@@ -658,7 +664,7 @@ def _nonzero_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("NonZero", infer=_nonzero_infer, data_dependent=True)
 def nonzero(ctx: OpContext) -> list[np.ndarray]:
     """Indices of the non-zero elements, one row per axis (row-major order)."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     if x.ndim == 0:
         return [np.zeros((1, int(x != 0)), dtype=np.int64)]
     return [np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)]
@@ -697,13 +703,13 @@ def _unique_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("Unique", infer=_unique_infer, data_dependent=True)
 def unique(ctx: OpContext) -> list[np.ndarray]:
     """Unique elements (or slices along ``axis``), with first indices, inverse indices and counts."""
-    return list(_unique(ctx, ctx.values[0]))
+    return list(_unique(ctx, ctx.array(0)))
 
 
 # -- Scans and sorting ---------------------------------------------------------------------------------------------
 def _cumulative(ctx: OpContext, fn: np.ufunc, identity: int) -> list[np.ndarray]:
-    x = ctx.values[0]
-    axis = normalize_axis(ctx, int(np.asarray(ctx.values[1]).reshape(-1)[0]), x.ndim)
+    x = ctx.array(0)
+    axis = normalize_axis(ctx, int(np.asarray(ctx.array(1)).reshape(-1)[0]), x.ndim)
     exclusive, reverse = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
     y = np.flip(x, axis) if reverse else x
     out = fn.accumulate(y, axis=axis, dtype=x.dtype)
@@ -728,11 +734,11 @@ def cumprod(ctx: OpContext) -> list[np.ndarray]:
 @op("ReverseSequence", infer=same_as_input(0))
 def reverse_sequence(ctx: OpContext) -> list[np.ndarray]:
     """Reverse the first seq_lens[b] elements along time_axis of each batch entry b."""
-    x, lens = ctx.values[0], ctx.values[1]
+    x, lens = ctx.array(0), ctx.array(1)
     t_axis, b_axis = ctx.attr("time_axis", 0), ctx.attr("batch_axis", 1)
     out = x.copy()
     for b, n in enumerate(lens.astype(np.int64)):
-        src = [slice(None)] * x.ndim
+        src: list[int | slice] = [slice(None)] * x.ndim
         src[b_axis], src[t_axis] = b, slice(0, int(n))
         dst = list(src)
         dst[t_axis] = slice(int(n) - 1, None, -1) if n > 0 else slice(0, 0)
@@ -759,9 +765,11 @@ def _topk_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("TopK", infer=_topk_infer, value_inputs=(1,))
 def topk(ctx: OpContext) -> list[np.ndarray]:
     """The k largest (or smallest) elements along ``axis`` and their indices; ties keep the lower index first."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     axis = normalize_axis(ctx, ctx.attr("axis", -1), x.ndim)
     k = _topk_k(ctx)
+    if k is None:
+        raise ctx.fail("input K has no value")
     largest = ctx.attr("largest", 1)
     # A stable sort on the (negated) keys keeps lower indices first among equal values.
     keys = -x if largest and x.dtype.kind != "u" else x
@@ -785,7 +793,7 @@ def _arg_infer(ctx: OpContext) -> list[TensorInfo]:
 
 
 def _arg(ctx: OpContext, fn) -> list[np.ndarray]:
-    x = ctx.values[0]
+    x = ctx.array(0)
     axis = normalize_axis(ctx, ctx.attr("axis", 0), x.ndim)
     last = ctx.attr("select_last_index", 0)
     idx = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis) if last else fn(x, axis=axis)
@@ -822,8 +830,8 @@ def _center_crop_pad_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("CenterCropPad", infer=_center_crop_pad_infer, value_inputs=(1,))
 def center_crop_pad(ctx: OpContext) -> list[np.ndarray]:
     """Crop (window start rounded down) or zero-pad (extra pixel on the right) each listed axis to the target size."""
-    x = ctx.values[0]
-    target = int_list(ctx.values[1]) or []
+    x = ctx.array(0)
+    target = int_list(ctx.array(1)) or []
     axes = [normalize_axis(ctx, a, x.ndim) for a in ctx.attr("axes", None) or range(x.ndim)]
     for a, t in zip(axes, target, strict=True):
         n = x.shape[a]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
+from typing import Final, Literal, overload
 
 import numpy as np
 
@@ -21,15 +23,16 @@ def input_info(ctx: OpContext, index: int) -> TensorInfo:
 
 def broadcast_shapes(ctx: OpContext, shapes: Sequence[Shape | None]) -> Shape | None:
     """Numpy (multidirectional) broadcasting over possibly-unknown dims."""
-    if any(s is None for s in shapes):
+    ranked = [s for s in shapes if s is not None]
+    if len(ranked) < len(shapes):
         return None
-    rank = max((len(s) for s in shapes), default=0)  # type: ignore[arg-type]
+    rank = max((len(s) for s in ranked), default=0)
     out: list[Dim] = []
     for axis in range(rank):
-        dims = [s[len(s) - rank + axis] for s in shapes if len(s) - rank + axis >= 0]  # type: ignore[arg-type]
+        dims = [s[len(s) - rank + axis] for s in ranked if len(s) - rank + axis >= 0]
         known = {d for d in dims if d is not None and d != 1}
         if len(known) > 1:
-            raise ctx.fail(f"shapes {[list(s) for s in shapes]} do not broadcast")  # type: ignore[arg-type]
+            raise ctx.fail(f"shapes {[list(s) for s in ranked]} do not broadcast")
         if known:
             out.append(known.pop())
         elif any(d is None for d in dims):
@@ -72,6 +75,10 @@ def normalize_axis(ctx: OpContext, axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
+@overload
+def int_list(value: np.ndarray | Sequence[int]) -> list[int]: ...
+@overload
+def int_list(value: np.ndarray | Sequence[int] | None) -> list[int] | None: ...
 def int_list(value: np.ndarray | Sequence[int] | None) -> list[int] | None:
     if value is None:
         return None
@@ -87,9 +94,22 @@ def numel(shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
+def static_dims(ctx: OpContext, dims: Sequence[Dim] | None) -> tuple[int, ...]:
+    """``dims`` where every one must be known (a reference's shapes at run time): a failure names the node."""
+    if dims is None or any(d is None for d in dims):
+        raise ctx.fail(f"dims {dims} are not known at run time")
+    return tuple(int(d) for d in dims if d is not None)
+
+
 
 # -- helpers added for the ONNX op set ---------------------------------------------------------------------------
-_UNKNOWN = object()
+class _Unknown(enum.Enum):
+    """The type of ``UNKNOWN_VALUE`` (an enum member, so that ``is UNKNOWN_VALUE`` narrows for type checkers)."""
+
+    VALUE = "unknown value"
+
+
+UNKNOWN_VALUE: Final = _Unknown.VALUE
 
 
 def shape_of(ctx: OpContext, index: int) -> Shape | None:
@@ -103,7 +123,7 @@ def unknown(dtype: DType, rank: int | None = None) -> TensorInfo:
     return TensorInfo(dtype, None if rank is None else (None,) * rank)
 
 
-def attr_or_input(ctx: OpContext, attr: str, index: int) -> list[int] | object | None:
+def attr_or_input(ctx: OpContext, attr: str, index: int) -> list[int] | Literal[_Unknown.VALUE] | None:
     """An int list given as an attribute in old opsets and as an input in new ones.
 
     Returns the list, None when neither is given, or ``UNKNOWN_VALUE`` when the input exists but its value is not
@@ -111,12 +131,10 @@ def attr_or_input(ctx: OpContext, attr: str, index: int) -> list[int] | object |
     """
     if ctx.has_input(index):
         value = ctx.value(index)
-        return _UNKNOWN if value is None else int_list(value)
+        return UNKNOWN_VALUE if value is None else int_list(value)
     found = ctx.attr(attr, None)
     return None if found is None else [int(v) for v in found]
 
-
-UNKNOWN_VALUE = _UNKNOWN
 
 
 def np_dtype(dtype: DType) -> np.dtype:

@@ -18,7 +18,7 @@ def _window_infer(ctx: OpContext) -> list[TensorInfo]:
 
 def _window(name: str, coeffs: tuple[float, ...]) -> None:
     def reference(ctx: OpContext) -> list[np.ndarray]:
-        size = int(np.asarray(ctx.values[0]).reshape(-1)[0])
+        size = int(np.asarray(ctx.array(0)).reshape(-1)[0])
         # Periodic windows have period `size`; symmetric ones end where they start (period size - 1).
         period = size if ctx.attr("periodic", 1) else size - 1
         n = np.arange(size, dtype=np.float64)
@@ -98,7 +98,7 @@ def _from_complex(c: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def dft(ctx: OpContext) -> list[np.ndarray]:
     """Discrete Fourier transform along one signal axis: full complex (onesided=0), real-to-complex one-sided
     (onesided=1), their inverses (scaled by 1/N); dft_length pads with zeros or truncates the signal."""
-    x = ctx.values[0]
+    x = ctx.array(0)
     axis = _dft_axis(ctx, x.ndim)
     assert axis is not None
     n = _dft_length(ctx, x.shape[axis])
@@ -131,7 +131,8 @@ def _stft_infer(ctx: OpContext) -> list[TensorInfo]:
         return [unknown(x.dtype, 4)]
     step = _scalar(ctx.value(1))
     length = _stft_frame_length(ctx, x.shape[1])
-    frames = None if None in (step, length, x.shape[1]) else (x.shape[1] - length) // step + 1  # type: ignore
+    n = x.shape[1]
+    frames = None if step is None or length is None or n is None else (n - length) // step + 1
     onesided = ctx.attr("onesided", 1) and x.shape[2] == 1
     bins = None if length is None else (length // 2 + 1 if onesided else length)
     return [TensorInfo(x.dtype, (x.shape[0], frames, bins, 2))]
@@ -141,10 +142,10 @@ def _stft_infer(ctx: OpContext) -> list[TensorInfo]:
 def stft(ctx: OpContext) -> list[np.ndarray]:
     """Short-time Fourier transform: frames of frame_length every frame_step samples, each multiplied by the window
     (rectangular by default) and transformed (one-sided for real signals unless onesided=0)."""
-    x = ctx.values[0]
-    step = int(_scalar(ctx.values[1]) or 0)
+    x = ctx.array(0)
+    step = int(_scalar(ctx.array(1)) or 0)
     length = int(_stft_frame_length(ctx, x.shape[1]) or 0)
-    window = ctx.values[2].astype(np.float64) if ctx.has_input(2) else np.ones(length)
+    window = ctx.array(2).astype(np.float64) if ctx.has_input(2) else np.ones(length)
     if window.shape[0] != length:
         raise ctx.fail(f"window has {window.shape[0]} values, frame_length is {length}")
     c = _as_complex(x)  # (batch, signal_length)
@@ -173,8 +174,8 @@ def mel_weight_matrix(ctx: OpContext) -> list[np.ndarray]:
     lower_edge_hertz to upper_edge_hertz, and mapped to spectrogram bins floor((dft_length + 1) * f / sample_rate);
     band i rises linearly from edge i to edge i + 1 and falls to edge i + 2.
     """
-    mels, n = int(_scalar(ctx.values[0]) or 0), int(_scalar(ctx.values[1]) or 0)
-    rate = float(np.asarray(ctx.values[2]).reshape(-1)[0])
+    mels, n = int(_scalar(ctx.array(0)) or 0), int(_scalar(ctx.array(1)) or 0)
+    rate = float(np.asarray(ctx.array(2)).reshape(-1)[0])
     low, high = (float(np.asarray(v).reshape(-1)[0]) for v in ctx.values[3:5])
     bins = n // 2 + 1
 

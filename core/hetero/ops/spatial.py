@@ -8,7 +8,7 @@ import numpy as np
 
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, TensorInfo
-from .shapes import input_info, int_list, shape_of, unknown
+from .shapes import input_info, int_list, shape_of, static_dims, unknown
 
 
 def _text(value: object) -> str:
@@ -62,7 +62,7 @@ def grid_sample(ctx: OpContext) -> list[np.ndarray]:
     """Sample X at the normalized positions of ``grid`` (N-D): linear / nearest (ties to even) / cubic
     interpolation, zeros / border / reflection padding, with align_corners choosing whether -1 and 1 are the corner
     pixels' centers or their outer edges. grid's last axis lists coordinates innermost dimension first."""
-    x, grid = ctx.values[0], ctx.values[1].astype(np.float64)
+    x, grid = ctx.array(0), ctx.array(1).astype(np.float64)
     mode = _text(ctx.attr("mode", "linear")).replace("bilinear", "linear").replace("bicubic", "cubic")
     padding = _text(ctx.attr("padding_mode", "zeros"))
     align = bool(ctx.attr("align_corners", 0))
@@ -102,7 +102,8 @@ def grid_sample(ctx: OpContext) -> list[np.ndarray]:
                     idx = _reflect(idx, size, align)
                 idx = np.clip(idx, 0, size - 1)  # border (and, masked below, zeros) reads the nearest edge pixel
                 index.append(idx.astype(np.int64))
-            values = xf[n][(slice(None), *index)]  # (C, *out_spatial)
+            gather = (slice(None), *index)  # a name: mypy misreads a starred tuple inside [] as 3.11 syntax
+            values = xf[n][gather]  # (C, *out_spatial)
             if padding == "zeros":
                 values = np.where(inside, values, 0.0)
             out[n] += weight * values
@@ -127,8 +128,8 @@ def _affine_grid_infer(ctx: OpContext) -> list[TensorInfo]:
 def affine_grid(ctx: OpContext) -> list[np.ndarray]:
     """The sampling grid theta @ (x, y[, z], 1) over evenly spaced normalized positions of the output size
     (coordinates listed innermost dimension first, like GridSample's grid)."""
-    theta = ctx.values[0]
-    dims = int_list(ctx.values[1]) or []
+    theta = ctx.array(0)
+    dims = int_list(ctx.array(1)) or []
     spatial = dims[2:]
     align = bool(ctx.attr("align_corners", 0))
 
@@ -161,8 +162,8 @@ def _col2im_infer(ctx: OpContext) -> list[TensorInfo]:
 def col2im(ctx: OpContext) -> list[np.ndarray]:
     """Sum column blocks (N, C * prod(block), L) back into an image (N, C, *image_shape): the inverse layout of
     im2col with strides, dilations and pads; overlapping entries add up."""
-    x = ctx.values[0]
-    image, block = int_list(ctx.values[1]) or [], int_list(ctx.values[2]) or []
+    x = ctx.array(0)
+    image, block = int_list(ctx.array(1)) or [], int_list(ctx.array(2)) or []
     r = len(image)
     strides = list(ctx.attr("strides", [1] * r))
     dilations = list(ctx.attr("dilations", [1] * r))
@@ -179,9 +180,12 @@ def col2im(ctx: OpContext) -> list[np.ndarray]:
             slice(offs[i] * dilations[i], offs[i] * dilations[i] + strides[i] * (counts[i] - 1) + 1, strides[i])
             for i in range(r)
         )
-        out[(slice(None), slice(None), *where)] += cols[(slice(None), slice(None), *offs)]
+        window = (slice(None), slice(None), *where)
+        tap: tuple[slice | int, ...] = (slice(None), slice(None), *offs)
+        out[window] += cols[tap]
     crop = tuple(slice(pads[i], pads[i] + image[i]) for i in range(r))
-    return [out[(slice(None), slice(None), *crop)].astype(x.dtype)]
+    inside = (slice(None), slice(None), *crop)
+    return [out[inside].astype(x.dtype)]
 
 
 # -- MaxUnpool -------------------------------------------------------------------------------------------------------
@@ -216,13 +220,13 @@ def max_unpool(ctx: OpContext) -> list[np.ndarray]:
     The indices address the shape that kernel_shape / strides / pads give; an explicit output_shape (which makes the
     pads moot) then extends that result with zeros at the end of each axis (or cuts it there).
     """
-    x, indices = ctx.values[0], ctx.values[1]
-    natural = _unpool_shape(ctx, x.shape)
-    out = np.zeros(int(np.prod(natural)), dtype=x.dtype)
+    x, indices = ctx.array(0), ctx.array(1)
+    natural = static_dims(ctx, _unpool_shape(ctx, x.shape))
+    out: np.ndarray = np.zeros(int(np.prod(natural)), dtype=x.dtype)
     out[indices.reshape(-1).astype(np.int64)] = x.reshape(-1)
-    out = out.reshape(natural)  # type: ignore[arg-type]
+    out = out.reshape(natural)
     if ctx.has_input(2):
-        shape = int_list(ctx.values[2]) or []
+        shape = int_list(ctx.array(2)) or []
         out = out[tuple(slice(0, d) for d in shape)]
         out = np.pad(out, [(0, d - have) for d, have in zip(shape, out.shape, strict=True)])
     return [out]

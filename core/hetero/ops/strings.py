@@ -23,7 +23,7 @@ def _strings(x: np.ndarray) -> np.ndarray:
 @op("StringConcat", infer=broadcast_infer())
 def string_concat(ctx: OpContext) -> list[np.ndarray]:
     """Elementwise concatenation of two string tensors, with numpy broadcasting."""
-    a, b = np.broadcast_arrays(_strings(ctx.values[0]), _strings(ctx.values[1]))
+    a, b = np.broadcast_arrays(_strings(ctx.array(0)), _strings(ctx.array(1)))
     out = np.empty(a.shape, dtype=object)
     for i in np.ndindex(a.shape):
         out[i] = a[i] + b[i]
@@ -63,7 +63,7 @@ def _split_infer(ctx: OpContext) -> list[TensorInfo]:
 def string_split(ctx: OpContext) -> list[np.ndarray]:
     """Split each string on ``delimiter`` (empty delimiters kept) or, without one, on runs of whitespace; at most
     ``maxsplit`` splits. Y pads the substrings with "" to the longest split; Z counts each element's substrings."""
-    y, z = _split_all(ctx, ctx.values[0])
+    y, z = _split_all(ctx, ctx.array(0))
     return [y, z]
 
 
@@ -71,7 +71,7 @@ def string_split(ctx: OpContext) -> list[np.ndarray]:
 def regex_full_match(ctx: OpContext) -> list[np.ndarray]:
     """True where the whole string matches ``pattern`` (RE2 syntax; the common subset Python's re shares)."""
     pattern = re.compile(_text(ctx.attr("pattern")))
-    x = ctx.values[0]
+    x = ctx.array(0)
     flat = [pattern.fullmatch(_text(s)) is not None for s in x.reshape(-1)]
     return [np.array(flat, dtype=bool).reshape(x.shape)]
 
@@ -113,4 +113,4 @@ def _normalizer_infer(ctx: OpContext) -> list[TensorInfo]:
 def string_normalizer(ctx: OpContext) -> list[np.ndarray]:
     """Drop stop words (case-insensitively unless is_case_sensitive), then lower- or upper-case; an input left empty
     gives one empty string ([1] or [1, 1])."""
-    return [_normalize(ctx, ctx.values[0])]
+    return [_normalize(ctx, ctx.array(0))]

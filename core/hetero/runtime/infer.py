@@ -14,7 +14,7 @@ from ..contract import registry
 from ..contract.errors import HeteroError, ShapeError
 from ..contract.graph import Graph, Node
 from ..contract.registry import OpContext, OpSchema
-from ..contract.tensor import TensorInfo
+from ..contract.tensor import TensorInfo, static_shape
 from .evaluate import evaluate_node, info_of, run_graph
 
 # Constant folding evaluates with the numpy reference; keep results that would bloat the model out of it.
@@ -83,7 +83,7 @@ def _placeholder(info: TensorInfo) -> np.ndarray | None:
     """A zero-memory array of the right shape, standing in for a value only its shape matters for."""
     if info.dtype.np_dtype is None:
         return None
-    return np.broadcast_to(np.zeros((), info.dtype.np_dtype), info.shape)  # type: ignore[arg-type]
+    return np.broadcast_to(np.zeros((), info.dtype.np_dtype), static_shape(info))
 
 
 def _foldable(schema: OpSchema, node: Node, values: list[np.ndarray | None], outs: list[TensorInfo]) -> bool:
@@ -96,7 +96,7 @@ def _foldable(schema: OpSchema, node: Node, values: list[np.ndarray | None], out
     for info in outs:
         if not info.is_static or info.dtype.np_dtype is None:
             return bool(schema.data_dependent)  # data-dependent shapes are only known by running
-        total += info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
+        total += info.dtype.nbytes(int(np.prod(static_shape(info), dtype=np.int64)))
     return total <= FOLD_LIMIT_BYTES
 
 

@@ -35,6 +35,7 @@ def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None
         if env:
             requested, explicit = [b.strip() for b in env.split(",") if b.strip()], True
     rows: dict[str, plugins.PluginStatus] = {}
+    row: plugins.PluginStatus | None
     for row in plugins.statuses():
         rows.setdefault(row.name, row)  # the first registration of a name owns it (see plugins._load_one)
     if requested is None:

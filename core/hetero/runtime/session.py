@@ -22,7 +22,7 @@ from ..contract.backend import Backend, Compiled, Kernel, NodeInfo
 from ..contract.errors import FallbackError, HeteroError, HeteroWarning, InputError
 from ..contract.graph import Graph, Node, free_names
 from ..contract.registry import OpSchema
-from ..contract.tensor import Tensor, TensorInfo
+from ..contract.tensor import Tensor, TensorInfo, static_shape
 from ..frontends import load
 from ..ir import passes
 from ..progress import phase
@@ -267,10 +267,10 @@ class Session:
             self._release(env, copies, index)
         if lifetimes is not None:
             self._plan(signature, lifetimes)
-        outputs = {name: self._output(env, name) for name in self.graph.outputs}
+        produced = {name: self._output(env, name) for name in self.graph.outputs}
         if recorder is not None:
-            self._replay = recorder.build(signature, outputs)
-        return {name: outputs[name] for name in wanted}
+            self._replay = recorder.build(signature, produced)
+        return {name: produced[name] for name in wanted}
 
     def _record(self, lifetimes: list[Lifetime], index: int, step: _Step, env: dict[str, Tensor]) -> None:
         if step.backend.memory_domain != "host":
@@ -291,21 +291,22 @@ class Session:
     def _arena_view(self, step: _Step, name: str, info: TensorInfo) -> Tensor | None:
         """The arena slice planned for ``name``, or None when it has no slot or its size changed since planning."""
         plan = self.memory_plan
-        if plan is None or name not in plan.offsets or step.backend.memory_domain != "host":
+        if plan is None or self._arena is None or name not in plan.offsets or step.backend.memory_domain != "host":
             return None
         np_dtype = info.dtype.np_dtype
-        nbytes = info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
+        shape = static_shape(info)
+        nbytes = info.dtype.nbytes(int(np.prod(shape, dtype=np.int64)))
         if np_dtype is None or nbytes != plan.sizes[name]:
             return None
         offset = plan.offsets[name]
-        view = self._arena[offset:offset + nbytes].view(np_dtype).reshape(info.shape)  # type: ignore[index]
-        return Tensor(view, info.shape, info.dtype, step.backend)  # type: ignore[arg-type]
+        view = self._arena[offset:offset + nbytes].view(np_dtype).reshape(shape)
+        return Tensor(view, shape, info.dtype, step.backend)
 
     def _run_kernel(self, step: _Step, ins: list[Tensor | None], env: dict[str, Tensor], planned: bool,
                     recorder: Recorder | None = None) -> None:
         assert step.node is not None and step.schema is not None and step.kernel is not None
         schema = step.schema
-        key = tuple(None if t is None else t.shape for t in ins)
+        key: tuple[Any, ...] = tuple(None if t is None else t.shape for t in ins)
         if schema.value_inputs:
             key += tuple(step.inputs[i] if i in step.const_values else _value_key(ins[i])
                          for i in schema.value_inputs if i < len(ins))
@@ -325,8 +326,8 @@ class Session:
             else:
                 values = [None] * len(ins)
                 for i in schema.value_inputs:
-                    if i < len(ins) and ins[i] is not None:
-                        values[i] = ins[i].numpy()
+                    if i < len(ins) and (value := ins[i]) is not None:
+                        values[i] = value.numpy()
             cached = None if schema.data_dependent else step.infer_cache.get(key)
             if cached is None:
                 cached = infer_node(schema, step.node, infos, values, step.opset, run_subgraph)
@@ -355,7 +356,7 @@ class Session:
         else:
             outs = [step.backend.empty(info) for info in step.out_infos]
         if run_subgraph is not None:
-            step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]
+            step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]  # If/Loop/Scan kernels
         else:
             step.kernel.run(ins, outs)
         if recorder is not None:

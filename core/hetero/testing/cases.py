@@ -182,6 +182,8 @@ def build_model(case: Case) -> Any:
             initializers.append(numpy_helper.from_array(_array(spec, rng), name))
         else:
             elem = dtypes.from_numpy(np.dtype(spec.dtype)).onnx_type
+            if elem is None:
+                raise ValueError(f"input {name} of {spec.dtype} has no ONNX type")
             graph_inputs.append(helper.make_tensor_value_info(name, elem, list(spec.shape)))
     outputs = [f"out{i}" for i in range(case.outputs)]
     node = helper.make_node(case.op, names, outputs, name=case.op.lower(), domain=case.domain, **dict(case.attrs))

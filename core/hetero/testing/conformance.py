@@ -158,6 +158,8 @@ def _check_status(ctx: Context) -> str:
 
 def _check_factory(ctx: Context) -> None:
     factory = ctx.require_ok().factory
+    if factory is None:
+        raise CheckFailed("the backend's status row has no factory")
     if getattr(factory, "name", None) != ctx.name:
         raise CheckFailed(f"factory.name is {getattr(factory, 'name', None)!r}, expected {ctx.name!r}")
     version = getattr(factory, "api_version", None)  # None: the version its plugin module states
@@ -334,7 +336,7 @@ def _check_inputs_untouched(ctx: Context, selected: Sequence[Case]) -> str:
         before = [None if t is None else np.array(backend.download(t), copy=True) for t in item.inputs]
         kernel.run(item.inputs, outputs)
         for index, (tensor, value) in enumerate(zip(item.inputs, before, strict=True)):
-            if tensor is not None and compare(np.asarray(backend.download(tensor)), value):
+            if tensor is not None and value is not None and compare(np.asarray(backend.download(tensor)), value):
                 raise CheckFailed(f"{item.case.id}: run() wrote into input {index} (inputs are read-only: the session "
                                   "shares them with other readers)")
     return f"{len(claimed)} kernels"

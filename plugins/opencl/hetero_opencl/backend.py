@@ -21,6 +21,7 @@ from hetero.contract import (
     Tensor,
     TensorInfo,
     dtypes,
+    static_shape,
     unsupported,
 )
 
@@ -34,7 +35,7 @@ class OpenCLBackend(KernelTableBackend):
     name: ClassVar[str] = "opencl"
     # Device memory: the session inserts copies where values cross into or out of it (a session holds one device).
     memory_domain: ClassVar[str] = "opencl"
-    kernels = KERNELS
+    kernels = KERNELS  # type: ignore[assignment]  # its kernels take this backend (a ClDevice), not any Backend
 
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
         super().__init__(device, options)
@@ -87,7 +88,7 @@ class OpenCLBackend(KernelTableBackend):
 
     def view(self, tensor: Tensor, info: TensorInfo) -> Tensor | None:
         """Reshape-like ops: the same cl_mem under a new shape (buffers are always dense)."""
-        return Tensor(tensor.buffer, info.shape, info.dtype, self)  # type: ignore[arg-type]
+        return Tensor(tensor.buffer, static_shape(info), info.dtype, self)
 
     def host_value(self, tensor: Tensor) -> np.ndarray:
         """A small input's values on the host: its shadow when it was uploaded, else a (waiting) download."""

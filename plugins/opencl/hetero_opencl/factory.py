@@ -70,7 +70,7 @@ class OpenCLFactory(Factory):
         devices = list_devices()
         # An OpenCL device that is the CPU itself (PoCL) is no faster than the native cpu backend: rank it after cpu
         # for automatic selection; GPUs and accelerators come first. Naming "opencl" explicitly always works.
-        self.priority = 20 if any(d.kind != "cpu" for d in devices) else 60  # type: ignore[misc]
+        self.priority = 20 if any(d.kind != "cpu" for d in devices) else 60  # type: ignore[misc]  # set per probe
         return sorted(devices, key=lambda d: d.kind == "cpu")
 
     def create(self, device: Device, options: dict[str, Any] | None = None):

@@ -84,7 +84,7 @@ def kernel_variants(extensions: str | Iterable[str], opencl_c_version: str = "Op
 
 
 def _source(name: str) -> str:
-    return resources.files(__package__).joinpath("cl", name).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath("cl").joinpath(name).read_text(encoding="utf-8")
 
 
 class Runtime:

@@ -43,7 +43,7 @@ def _time(kernel, a, b, y, m: int, k: int, n: int, offs, config) -> float:
     return (time.perf_counter() - start) / 3
 
 
-def main(shapes: list[tuple[int, int, int]]) -> None:
+def main(shapes: list[tuple[int, ...]]) -> None:  # each M, K, N
     rng = np.random.default_rng(0)
     for m, k, n in shapes:
         kernel = _kernel(m, k, n)
@@ -62,4 +62,4 @@ def main(shapes: list[tuple[int, int, int]]) -> None:
 
 
 if __name__ == "__main__":
-    main([tuple(int(v) for v in arg.split("x")) for arg in sys.argv[1:]] or list(SHAPES))  # type: ignore[misc]
+    main([tuple(int(v) for v in arg.split("x")) for arg in sys.argv[1:]] or list(SHAPES))

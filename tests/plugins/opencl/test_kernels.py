@@ -196,7 +196,8 @@ def make_weight(spec: str, n: int, k: int) -> tuple[np.ndarray, dict]:
     if spec == "bf16":
         return quant.f32_to_bf16(w), {"wtype": "bf16"}
     fmt = quant.parse_quant(spec)
-    return quant.quantize(w, fmt), fmt.attrs()  # type: ignore[arg-type]
+    assert fmt is not None, spec
+    return quant.quantize(w, fmt), fmt.attrs()
 
 
 @pytest.mark.parametrize("spec", WEIGHT_SPECS)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from hetero.contract import KernelFactory
+
 from . import elementwise, gated_delta, llm, matmul, movement, nn, numpy_ops, onnx_extra
 
-KERNELS = {
+KERNELS: dict[tuple[str, str], KernelFactory] = {
     **numpy_ops.onnx_ops(),
     **elementwise.KERNELS,
     **nn.KERNELS,

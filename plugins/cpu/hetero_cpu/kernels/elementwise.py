@@ -35,7 +35,7 @@ class CpuBinary(CpuKernel):
         out = outputs[0].buffer
         if out.size == 0:
             return
-        a, b = inputs[0].numpy(), inputs[1].numpy()  # type: ignore[union-attr]
+        a, b = inputs[0].numpy(), inputs[1].numpy()
         # broadcast_to costs ~15 us a call: on the decode path (residual adds) both inputs already have out's shape
         if a.shape != out.shape:
             a = np.broadcast_to(a, out.shape)
@@ -46,7 +46,7 @@ class CpuBinary(CpuKernel):
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Callable[[], None] | None:
         """The replay's bound call (``CpuKernel.bind``) when nothing broadcasts, e.g. the decoder's residual adds."""
         out = outputs[0].buffer
-        a, b = inputs[0].numpy(), inputs[1].numpy()  # type: ignore[union-attr]
+        a, b = inputs[0].numpy(), inputs[1].numpy()
         if out.size == 0:
             return noop
         if a.shape != out.shape or b.shape != out.shape or not bindable(a, b, out):
@@ -72,11 +72,11 @@ class CpuUnary(CpuKernel):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size:
-            _native.unary(self.op, inputs[0].numpy(), out, self.alpha, self.beta)  # type: ignore[union-attr]
+            _native.unary(self.op, inputs[0].numpy(), out, self.alpha, self.beta)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Callable[[], None] | None:
         """The replay's bound call (``CpuKernel.bind``)."""
-        out, x = outputs[0].buffer, inputs[0].numpy()  # type: ignore[union-attr]
+        out, x = outputs[0].buffer, inputs[0].numpy()
         if out.size == 0:
             return noop
         if not bindable(x, out):
@@ -94,12 +94,12 @@ class CpuClip(CpuKernel):
         hi = _bound(inputs, 2, self.attr("max", np.inf))
         out = outputs[0].buffer
         if out.size:
-            _native.unary("clip", inputs[0].numpy(), out, lo, hi)  # type: ignore[union-attr]
+            _native.unary("clip", inputs[0].numpy(), out, lo, hi)
 
 
 def _bound(inputs: Sequence[Tensor | None], index: int, default: float) -> float:
     if index < len(inputs) and inputs[index] is not None:
-        return float(inputs[index].numpy())  # type: ignore[union-attr]
+        return float(inputs[index].numpy())
     return float(default)
 
 

@@ -129,10 +129,10 @@ class CpuGatedDeltaRule(CpuKernel):
 
     # -- run ------------------------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].buffer  # type: ignore[union-attr]
+        x = inputs[0].buffer
         t = x.shape[0]
         past_t = inputs[4]
-        past = int(past_t.buffer.reshape(-1)[0])  # type: ignore[union-attr]
+        past = int(past_t.buffer.reshape(-1)[0])
         if past < 0 or past > self.pos:
             raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {self.pos} positions consumed")
         if self.max_context and past + t > self.max_context:
@@ -145,8 +145,8 @@ class CpuGatedDeltaRule(CpuKernel):
         self._grow(end)
         k = self.kernel - 1
         self.hist_x[past + k:end + k] = x
-        self.hist_a[past:end] = inputs[2].buffer  # type: ignore[union-attr]
-        self.hist_b[past:end] = inputs[3].buffer  # type: ignore[union-attr]
+        self.hist_a[past:end] = inputs[2].buffer
+        self.hist_b[past:end] = inputs[3].buffer
         z = None
         if len(inputs) > 8 and inputs[8] is not None:
             z = _c32(inputs[8].buffer)

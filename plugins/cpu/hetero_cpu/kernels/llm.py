@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from hetero.contract import (
     TensorInfo,
     dtypes,
     quant,
+    static_shape,
     unsupported,
 )
 from hetero.contract.opforms import rope_inv_freq
@@ -108,7 +110,7 @@ class CpuQMatMul(CpuKernel):
             self.w = _weights(node, node.constants[1], int(x.shape[-1]))
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        k = int(inputs[0].shape[-1])  # type: ignore[union-attr, index]
+        k = static_shape(inputs[0])[-1]
         if self.w is None or self.w.k != k:
             self.w = _weights(self.info, self.info.constants[1], k)
 
@@ -118,10 +120,10 @@ class CpuQMatMul(CpuKernel):
             bias = _c(inputs[2].buffer)
         out = outputs[0].buffer
         if out.size:
-            _native.llm_matmul(self.w, _c(inputs[0].buffer), out, bias)  # type: ignore[union-attr]
+            _native.llm_matmul(self.w, _c(inputs[0].buffer), out, bias)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
-        x, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        x, out = inputs[0].buffer, outputs[0].buffer
         bias = self.bias
         if bias is None and len(inputs) > 2 and inputs[2] is not None:
             bias = inputs[2].buffer
@@ -147,16 +149,16 @@ class CpuEmbedding(CpuKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
-        table = self.table if self.table is not None else _c(inputs[1].buffer)  # type: ignore[union-attr]
+        table = self.table if self.table is not None else _c(inputs[1].buffer)
         dim = out.shape[-1] if out.ndim else 0
         try:
-            _native.llm_embedding(_c(inputs[0].buffer), table, self.wtype, self.block, self.sym, dim, out)  # type: ignore[union-attr]
+            _native.llm_embedding(_c(inputs[0].buffer), table, self.wtype, self.block, self.sym, dim, out)
         except ValueError as exc:
             raise _fail(self.info, exc) from None
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
-        ids, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
-        table = self.table if self.table is not None else inputs[1].buffer  # type: ignore[union-attr]
+        ids, out = inputs[0].buffer, outputs[0].buffer
+        table = self.table if self.table is not None else inputs[1].buffer
         if not bindable(ids, out, table):
             return None
         embed = functools.partial(_native.llm_embedding, ids, table, self.wtype, self.block, self.sym,
@@ -190,15 +192,15 @@ class CpuRMSNorm(CpuKernel):
         out = outputs[0].buffer
         if out.size == 0:
             return
-        x = _c(inputs[0].buffer)  # type: ignore[union-attr]
+        x = _c(inputs[0].buffer)
         scale = self.scale
         if scale is None:
-            scale = np.ascontiguousarray(self.offset + inputs[1].buffer, dtype=np.float32)  # type: ignore[union-attr]
+            scale = np.ascontiguousarray(self.offset + inputs[1].buffer, dtype=np.float32)
         d = x.shape[-1]
         _native.rms_norm(x.reshape(-1, d), scale, out.reshape(-1, d), self.eps)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
-        x, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        x, out = inputs[0].buffer, outputs[0].buffer
         if self.scale is None or not bindable(x, out):  # a runtime scale is offset and converted per call
             return None
         if out.size == 0:
@@ -220,13 +222,13 @@ def _rope_table(rotary_dim: int, attrs: dict):
 
 
 def _past_len(t: Tensor | None) -> int:
-    return int(t.buffer.reshape(-1)[0]) if t.buffer.ndim else int(t.buffer)  # type: ignore[union-attr]
+    return int(t.buffer.reshape(-1)[0]) if t.buffer.ndim else int(t.buffer)
 
 
 def _past_reader(t: Tensor | None) -> Callable[[], int] | None:
     """Reads ``past_len`` from its buffer at call time (it changes every decode step); None if it is not a
     one-element array that a view can follow."""
-    buf = t.buffer  # type: ignore[union-attr]
+    buf = t.buffer
     if not isinstance(buf, np.ndarray) or buf.size != 1:
         return None
     flat = buf.reshape(-1)
@@ -239,7 +241,7 @@ class CpuRotaryEmbedding(CpuKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         x = node.inputs[0]
-        if not _is_f32(x) or x.rank != 3:  # type: ignore[union-attr]
+        if not _is_f32(x) or x.rank != 3:
             return unsupported("RotaryEmbedding on a non-float32 or non-[T, heads, dim] tensor")
         try:
             rope_inv_freq(2, node.node.attrs)
@@ -249,10 +251,10 @@ class CpuRotaryEmbedding(CpuKernel):
 
     def __init__(self, node: NodeInfo, backend: Backend) -> None:
         super().__init__(node, backend)
-        self.table = None
+        self.table: Any = None  # the native rope table, built in prepare
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        head_dim = int(inputs[0].shape[-1])  # type: ignore[union-attr, index]
+        head_dim = static_shape(inputs[0])[-1]
         rotary_dim = int(self.attr("rotary_dim", 0)) or head_dim
         if rotary_dim % 2 or rotary_dim > head_dim:
             raise HeteroError(f"{self.node.label()}: rotary_dim {rotary_dim} must be even and at most head_dim "
@@ -262,10 +264,10 @@ class CpuRotaryEmbedding(CpuKernel):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size:
-            self.table(_c(inputs[0].buffer), out, _past_len(inputs[1]))  # type: ignore[misc, union-attr]
+            self.table(_c(inputs[0].buffer), out, _past_len(inputs[1]))
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
-        x, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        x, out = inputs[0].buffer, outputs[0].buffer
         past = _past_reader(inputs[1])
         if past is None or not bindable(x, out):
             return None
@@ -306,32 +308,34 @@ class CpuAttention(CpuKernel):
     def accepts(node: NodeInfo) -> Support:
         for i in range(3):
             info = node.inputs[i]
-            if not _is_f32(info) or info.rank != 3:  # type: ignore[union-attr]
+            if not _is_f32(info) or info.rank != 3:
                 return unsupported("Attention on non-float32 or non-[T, heads, dim] tensors")
         k = node.inputs[1]
-        if k.shape is None or k.shape[1] is None or k.shape[2] is None:  # type: ignore[union-attr]
+        if k.shape is None or k.shape[1] is None or k.shape[2] is None:
             return unsupported("Attention with unknown kv heads / head_dim")
         return SUPPORTED
 
     def __init__(self, node: NodeInfo, backend: Backend) -> None:
         super().__init__(node, backend)
-        k = node.inputs[1]
-        self.hkv, self.d = int(k.shape[1]), int(k.shape[2])  # type: ignore[union-attr, index]
+        k = node.inputs[1].shape
+        if k is None or k[1] is None or k[2] is None:  # accepts() refused these
+            raise HeteroError(f"{self.node.label()}: unknown kv heads / head_dim")
+        self.hkv, self.d = k[1], k[2]
         self.max_context = int(node.attr("max_context"))
         self.scale = float(node.attr("scale", 0.0)) or 1.0 / math.sqrt(self.d)
         self.cache = _native.LlmAttention(self.hkv, self.d, self.max_context, _kv_dtype(node))
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        q = inputs[0].buffer  # type: ignore[union-attr]
+        q = inputs[0].buffer
         past = _past_len(inputs[3])
         cache = self.cache
         t = q.shape[0]
         if past < 0 or past > cache.filled or past + t > self.max_context:
             raise _attention_error(self.node.label(), past, cache.filled, t, self.max_context)
-        cache(_c(q), _c(inputs[1].buffer), _c(inputs[2].buffer), past, self.scale, outputs[0].buffer)  # type: ignore[union-attr]
+        cache(_c(q), _c(inputs[1].buffer), _c(inputs[2].buffer), past, self.scale, outputs[0].buffer)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
-        q, k, v = (inputs[i].buffer for i in range(3))  # type: ignore[union-attr]
+        q, k, v = (inputs[i].buffer for i in range(3))
         out = outputs[0].buffer
         past_len = _past_reader(inputs[3])
         if past_len is None or not bindable(q, k, v, out):
@@ -352,19 +356,19 @@ class CpuSwiGLU(CpuKernel):
     def accepts(node: NodeInfo) -> Support:
         if not (_is_f32(node.inputs[0]) and _is_f32(node.inputs[1])):
             return unsupported("SwiGLU on non-float32 tensors")
-        a, b = node.inputs[0].shape, node.inputs[1].shape  # type: ignore[union-attr]
+        a, b = node.inputs[0].shape, node.inputs[1].shape
         if a is None or b is None or len(a) != len(b):
             return unsupported("SwiGLU with broadcasting (cpu: same shapes)")
         return SUPPORTED
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        g, u = inputs[0].buffer, inputs[1].buffer  # type: ignore[union-attr]
+        g, u = inputs[0].buffer, inputs[1].buffer
         if g.shape != u.shape:
             raise HeteroError(f"{self.node.label()}: gate {list(g.shape)} and up {list(u.shape)} differ")
         _native.llm_swiglu(_c(g), _c(u), outputs[0].buffer)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
-        g, u, out = inputs[0].buffer, inputs[1].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        g, u, out = inputs[0].buffer, inputs[1].buffer, outputs[0].buffer
         if g.shape != u.shape or not bindable(g, u, out):
             return None  # run raises the shape error
         return functools.partial(_native.llm_swiglu, g, u, out)
@@ -420,10 +424,10 @@ class CpuMoE(CpuKernel):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size:
-            self.moe(_c(inputs[0].buffer), out)  # type: ignore[union-attr]
+            self.moe(_c(inputs[0].buffer), out)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
-        x, out = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        x, out = inputs[0].buffer, outputs[0].buffer
         if not bindable(x, out):
             return None
         return functools.partial(self.moe, x, out) if out.size else noop

@@ -13,7 +13,9 @@ from .common import CpuKernel, float32_only, fused_activation, fused_activation_
 
 
 class CpuMatMul(CpuKernel):
-    accepts = staticmethod(float32_only)
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return float32_only(node)
 
     def __init__(self, node: NodeInfo, backend: Backend) -> None:
         super().__init__(node, backend)
@@ -24,7 +26,7 @@ class CpuMatMul(CpuKernel):
         ) else None
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        a, b = inputs[0].numpy(), inputs[1].numpy()  # type: ignore[union-attr]
+        a, b = inputs[0].numpy(), inputs[1].numpy()
         out = outputs[0].buffer
         if _empty(a, out):
             return
@@ -80,14 +82,14 @@ class CpuFusedMatMul(CpuMatMul):
         self.activation = fused_activation(self.node.attrs)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        a = inputs[0].numpy()  # type: ignore[union-attr]
+        a = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
             return
         bias = self.bias
         if bias is None and len(inputs) > 2 and inputs[2] is not None:
             bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
-        n = self.packed.n  # type: ignore[union-attr]
+        n = self.packed.n
         flat = out.reshape(-1, n)
         if a.size == 0:
             flat[...] = 0 if bias is None else bias
@@ -122,7 +124,7 @@ class CpuGemm(CpuKernel):
         pass
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        a = inputs[0].numpy()  # type: ignore[union-attr]
+        a = inputs[0].numpy()
         out = outputs[0].buffer
         if _empty(a, out):
             if out.size and len(inputs) > 2 and inputs[2] is not None:
@@ -136,6 +138,6 @@ class CpuGemm(CpuKernel):
             a_op = np.ascontiguousarray(a.T) if self.trans_a else a
             _native.gemm_packed(a_op, self.packed, out, alpha=self.alpha, beta=0.0, bias=bias)
         else:
-            b = inputs[1].numpy()  # type: ignore[union-attr]
+            b = inputs[1].numpy()
             _native.gemm(a, b, out, trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, beta=0.0,
                          bias=bias)

@@ -44,14 +44,14 @@ class CpuReshapeLike(CpuKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
-        _copy(inputs[0].numpy().reshape(out.shape), out)  # type: ignore[union-attr]
+        _copy(inputs[0].numpy().reshape(out.shape), out)
 
 
 class CpuTranspose(CpuKernel):
     accepts = staticmethod(_plain_dtypes)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         perm = self.attr("perm") or list(range(x.ndim))[::-1]
         _copy(x.transpose(perm), outputs[0].buffer)
 
@@ -61,7 +61,7 @@ class CpuExpand(CpuKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
-        _copy(np.broadcast_to(inputs[0].numpy(), out.shape), out)  # type: ignore[union-attr]
+        _copy(np.broadcast_to(inputs[0].numpy(), out.shape), out)
 
 
 class CpuSlice(CpuKernel):
@@ -70,7 +70,7 @@ class CpuSlice(CpuKernel):
     accepts = staticmethod(_plain_dtypes)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         if self.info.opset >= 10:
             starts, ends = (_ints(inputs, i) for i in (1, 2))
             axes = _ints(inputs, 3) if len(inputs) > 3 and inputs[3] is not None else list(range(len(starts)))
@@ -86,7 +86,7 @@ class CpuSlice(CpuKernel):
 
 
 def _ints(inputs: Sequence[Tensor | None], index: int) -> list[int]:
-    return [int(v) for v in inputs[index].numpy().reshape(-1)]  # type: ignore[union-attr]
+    return [int(v) for v in inputs[index].numpy().reshape(-1)]
 
 
 def _clamped_slice(start: int, end: int, step: int, size: int) -> slice:
@@ -131,8 +131,8 @@ class CpuGather(CpuKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         # np.asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray would make a scalar index shape (1,)).
-        data = np.asarray(inputs[0].numpy(), order="C")  # type: ignore[union-attr]
-        indices = np.asarray(inputs[1].numpy(), dtype=np.int64, order="C")  # type: ignore[union-attr]
+        data = np.asarray(inputs[0].numpy(), order="C")
+        indices = np.asarray(inputs[1].numpy(), dtype=np.int64, order="C")
         out = outputs[0].buffer
         if out.size:
             axis = self.attr("axis", 0)
@@ -148,7 +148,7 @@ class CpuCast(CpuKernel):
         return _plain_dtypes(node)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        np.copyto(outputs[0].buffer, inputs[0].numpy(), casting="unsafe")  # type: ignore[union-attr]
+        np.copyto(outputs[0].buffer, inputs[0].numpy(), casting="unsafe")
 
 
 KERNELS = {

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, unsupported
+from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
 
 from .. import _native
 from .common import CpuKernel, float32_only, fused_activation, fused_activation_known
@@ -28,32 +28,32 @@ class CpuSoftmax(CpuKernel):
         return float32_only(node)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        shape = inputs[0].shape  # type: ignore[union-attr]
-        rank = len(shape)  # type: ignore[arg-type]
+        shape = static_shape(inputs[0])
+        rank = len(shape)
         self.blocks = None
         if self.info.opset >= 13:
             # Over one axis: the last one is a row kernel; any other runs column-wise on (outer, axis, inner).
             axis = self.attr("axis", -1)
             axis = axis + rank if axis < 0 else axis
             if axis != rank - 1:
-                outer, rest = _rows(shape, axis)  # type: ignore[arg-type]
-                n = int(shape[axis])  # type: ignore[index]
+                outer, rest = _rows(shape, axis)
+                n = int(shape[axis])
                 self.blocks = (outer, n, rest // n if n else 0)
             axis = rank - 1
         else:  # before opset 13 the input is coerced to 2-D at `axis` (default 1)
             axis = self.attr("axis", 1)
             axis = axis + rank if axis < 0 else axis
-        self.rows = _rows(shape, axis)  # type: ignore[arg-type]
+        self.rows = _rows(shape, axis)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size:
             log = self.node.op_type == "LogSoftmax"
             if self.blocks is not None:
-                x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.blocks)  # type: ignore[union-attr]
+                x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.blocks)
                 _native.softmax_axis(x, out.reshape(self.blocks), log=log)
                 return
-            x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)  # type: ignore[union-attr]
+            x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)
             _native.softmax(x, out.reshape(self.rows), log=log)
 
 
@@ -72,18 +72,18 @@ class CpuLayerNorm(CpuKernel):
         return float32_only(node)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        shape = inputs[0].shape  # type: ignore[union-attr]
+        shape = static_shape(inputs[0])
         axis = self.attr("axis", -1)
-        axis = axis + len(shape) if axis < 0 else axis  # type: ignore[arg-type]
-        self.rows = _rows(shape, axis)  # type: ignore[arg-type]
+        axis = axis + len(shape) if axis < 0 else axis
+        self.rows = _rows(shape, axis)
         self.eps = float(self.attr("epsilon", 1e-5))
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size == 0:
             return
-        x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)  # type: ignore[union-attr]
-        scale = inputs[1].numpy().reshape(-1)  # type: ignore[union-attr]
+        x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)
+        scale = inputs[1].numpy().reshape(-1)
         bias = inputs[2].numpy().reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
         mean = outputs[1].buffer.reshape(-1) if len(outputs) > 1 else None
         invstd = outputs[2].buffer.reshape(-1) if len(outputs) > 2 else None
@@ -154,7 +154,7 @@ class CpuConv(CpuKernel):
         self.activation = fused_activation(self.node.attrs)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        spatial = inputs[0].shape[2:]  # type: ignore[index]
+        spatial = static_shape(inputs[0])[2:]
         begin, end = _pads_nd(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
         if self.one_d:  # the 2-D view: H = 1 with no padding, W = L
             self.pads = (0, begin[0], 0, end[0])
@@ -170,7 +170,7 @@ class CpuConv(CpuKernel):
         bias = self.bias
         if bias is None and len(inputs) > 2 and inputs[2] is not None:
             bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
-        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        x = np.ascontiguousarray(inputs[0].numpy())
         if self.one_d:
             x, out = x[:, :, None, :], out[:, :, None, :]
         act, alpha, beta = self.activation
@@ -198,14 +198,14 @@ class CpuPool(CpuKernel):
         self.dilations = tuple(self.attr("dilations", [1, 1]))
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        spatial = inputs[0].shape[2:]  # type: ignore[index]
+        spatial = static_shape(inputs[0])[2:]
         self.pads = _conv_pads(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size == 0:
             return
-        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        x = np.ascontiguousarray(inputs[0].numpy())
         if self.node.op_type == "MaxPool":
             _native.max_pool2d(x, out, self.kernel_shape, self.strides, self.pads, self.dilations)
         else:
@@ -227,7 +227,7 @@ class CpuGlobalAvgPool(CpuKernel):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size:
-            _native.global_avg_pool(np.ascontiguousarray(inputs[0].numpy()), out)  # type: ignore[union-attr]
+            _native.global_avg_pool(np.ascontiguousarray(inputs[0].numpy()), out)
 
 
 class CpuBatchNorm(CpuKernel):
@@ -252,14 +252,14 @@ class CpuBatchNorm(CpuKernel):
         self.add = (bias - mean * mul).astype(np.float32)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        rank = len(inputs[0].shape)  # type: ignore[union-attr, arg-type]
+        rank = len(static_shape(inputs[0]))
         shape = (1, -1) + (1,) * (rank - 2)
         self.mul_view, self.add_view = self.mul.reshape(shape), self.add.reshape(shape)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
         if out.size:
-            x = inputs[0].numpy()  # type: ignore[union-attr]
+            x = inputs[0].numpy()
             _native.binary("mul", x, np.broadcast_to(self.mul_view, out.shape), out)
             _native.binary("add", out, np.broadcast_to(self.add_view, out.shape), out)
 

@@ -9,11 +9,21 @@ no node leaves the backend because of this split.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import (
+    SUPPORTED,
+    Backend,
+    NodeInfo,
+    Support,
+    Tensor,
+    TensorInfo,
+    dtypes,
+    static_shape,
+    unsupported,
+)
 
 from .. import _native
 from .common import CpuKernel
@@ -77,7 +87,7 @@ def _has(inputs: Sequence[Tensor | None], i: int) -> bool:
     return i < len(inputs) and inputs[i] is not None
 
 
-def _ints(t: Tensor) -> list[int]:
+def _ints(t: Tensor | None) -> list[int]:
     return [int(v) for v in t.numpy().reshape(-1)]
 
 
@@ -101,10 +111,10 @@ class CpuReduce(_NativeOrNumpy):
         self.op = _REDUCE[self.node.op_type]
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         out = outputs[0].buffer
         if _axes_from_input(self.info):
-            axes = _ints(inputs[1]) if _has(inputs, 1) else []  # type: ignore[arg-type]
+            axes = _ints(inputs[1]) if _has(inputs, 1) else []
         else:
             axes = list(self.attr("axes", []) or [])
         if not axes:
@@ -128,7 +138,7 @@ class CpuGlobalMaxPool(_NativeOrNumpy):
         return _dtypes_in(node, _F32)
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         out = outputs[0].buffer
         if x.size == 0 or 0 in x.shape[2:]:
             self.run_numpy(inputs, outputs)
@@ -142,7 +152,7 @@ class CpuArgReduce(_NativeOrNumpy):
         return _dtypes_in(node, (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64), outputs=False)
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         out = outputs[0].buffer
         axis = int(self.attr("axis", 0))
         axis = axis + x.ndim if axis < 0 else axis
@@ -160,11 +170,11 @@ class CpuTopK(_NativeOrNumpy):
                           outputs=False)
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         values, indices = outputs[0].buffer, outputs[1].buffer
         axis = int(self.attr("axis", -1))
         axis = axis + x.ndim if axis < 0 else axis
-        k = _ints(inputs[1])[0] if self.info.opset >= 10 else int(self.attr("k"))  # type: ignore[arg-type]
+        k = _ints(inputs[1])[0] if self.info.opset >= 10 else int(self.attr("k"))
         largest = bool(self.attr("largest", 1))
         _native.topk(np.ascontiguousarray(x), axis, k, largest, values, indices)
 
@@ -187,7 +197,7 @@ class CpuCompare(_NativeOrNumpy):
         out = outputs[0].buffer
         if out.size == 0:
             return
-        a, b = inputs[0].numpy(), inputs[1].numpy()  # type: ignore[union-attr]
+        a, b = inputs[0].numpy(), inputs[1].numpy()
         if a.dtype != b.dtype:
             self.run_numpy(inputs, outputs)
             return
@@ -203,11 +213,11 @@ class CpuLogical(_NativeOrNumpy):
         out = outputs[0].buffer
         if out.size == 0:
             return
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         if self.node.op_type == "Not":
             _native.logical_not(x, out)
             return
-        y = inputs[1].numpy()  # type: ignore[union-attr]
+        y = inputs[1].numpy()
         _native.logical(self.node.op_type.lower(), np.broadcast_to(x, out.shape), np.broadcast_to(y, out.shape), out)
 
 
@@ -221,7 +231,7 @@ class CpuWhere(_NativeOrNumpy):
         out = outputs[0].buffer
         if out.size == 0:
             return
-        c, x, y = (t.numpy() for t in inputs)  # type: ignore[union-attr]
+        c, x, y = (t.numpy() for t in inputs)
         if x.dtype != out.dtype or y.dtype != out.dtype:
             self.run_numpy(inputs, outputs)
             return
@@ -238,7 +248,7 @@ class CpuPRelu(_NativeOrNumpy):
         out = outputs[0].buffer
         if out.size == 0:
             return
-        x, slope = inputs[0].numpy(), inputs[1].numpy()  # type: ignore[union-attr]
+        x, slope = inputs[0].numpy(), inputs[1].numpy()
         if x.shape != out.shape:
             self.run_numpy(inputs, outputs)
             return
@@ -256,12 +266,12 @@ class CpuInstanceNorm(_NativeOrNumpy):
         return _dtypes_in(node, _F32)
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        x = np.ascontiguousarray(inputs[0].numpy())
         out = outputs[0].buffer
         if x.size == 0:
             return
-        scale = np.ascontiguousarray(inputs[1].numpy().reshape(-1))  # type: ignore[union-attr]
-        bias = np.ascontiguousarray(inputs[2].numpy().reshape(-1))  # type: ignore[union-attr]
+        scale = np.ascontiguousarray(inputs[1].numpy().reshape(-1))
+        bias = np.ascontiguousarray(inputs[2].numpy().reshape(-1))
         _native.group_norm(x, scale, bias, out, x.shape[1], float(self.attr("epsilon", 1e-5)))
 
 
@@ -274,14 +284,14 @@ class CpuGroupNorm(_NativeOrNumpy):
         return _dtypes_in(node, _F32)
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+        x = np.ascontiguousarray(inputs[0].numpy())
         out = outputs[0].buffer
         if x.size == 0:
             return
         g = int(self.attr("num_groups"))
         c = x.shape[1]
-        scale = inputs[1].numpy().reshape(-1)  # type: ignore[union-attr]
-        bias = inputs[2].numpy().reshape(-1)  # type: ignore[union-attr]
+        scale = inputs[1].numpy().reshape(-1)
+        bias = inputs[2].numpy().reshape(-1)
         if self.info.opset < 21 and scale.size == g and g != c:
             scale, bias = np.repeat(scale, c // g), np.repeat(bias, c // g)
         if scale.size != c or c % g:
@@ -301,15 +311,15 @@ class CpuPad(_NativeOrNumpy):
         return _dtypes_in(node, _PLAIN, indices=[0])
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
             return
         rank = x.ndim
         if self.info.opset >= 11:
-            pads = _ints(inputs[1])  # type: ignore[arg-type]
-            value = inputs[2].numpy().reshape(-1)[0] if _has(inputs, 2) and inputs[2].numpy().size else 0  # type: ignore[union-attr]
-            axes = _ints(inputs[3]) if _has(inputs, 3) else list(range(rank))  # type: ignore[arg-type]
+            pads = _ints(inputs[1])
+            value = inputs[2].numpy().reshape(-1)[0] if _has(inputs, 2) and inputs[2].numpy().size else 0
+            axes = _ints(inputs[3]) if _has(inputs, 3) else list(range(rank))
         else:
             pads = list(self.attr("pads"))
             value = self.attr("value", 0.0)
@@ -330,11 +340,11 @@ class CpuTile(_NativeOrNumpy):
         return _dtypes_in(node, _PLAIN, indices=[0])
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
             return
-        reps = _ints(inputs[1])  # type: ignore[arg-type]
+        reps = _ints(inputs[1])
         # out viewed as (r0, d0, r1, d1, ...): x broadcast along every r axis (a stride-0 view, copied natively).
         inter = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
         view = np.broadcast_to(x.reshape([v for d in x.shape for v in (1, d)]), inter)
@@ -347,7 +357,7 @@ class CpuSplit(_NativeOrNumpy):
         return _dtypes_in(node, _PLAIN, indices=[0])
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         axis = int(self.attr("axis", 0))
         axis = axis + x.ndim if axis < 0 else axis
         index = [slice(None)] * x.ndim
@@ -370,7 +380,7 @@ class CpuDepthToSpace(_NativeOrNumpy):
         return _dtypes_in(node, _PLAIN)
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
             return
@@ -418,11 +428,11 @@ class CpuResize(_NativeOrNumpy):
     def _scales(self, inputs: Sequence[Tensor | None]) -> list[float] | None:
         if self.node.op_type == "Upsample":
             if self.info.opset >= 9:
-                return [float(v) for v in inputs[1].numpy().reshape(-1)]  # type: ignore[union-attr]
+                return [float(v) for v in inputs[1].numpy().reshape(-1)]
             return [float(v) for v in self.attr("scales")]
         idx = 1 if self.info.opset < 11 else 2
-        if _has(inputs, idx) and inputs[idx].numpy().size:  # type: ignore[union-attr]
-            return [float(v) for v in inputs[idx].numpy().reshape(-1)]  # type: ignore[union-attr]
+        if _has(inputs, idx) and inputs[idx].numpy().size:
+            return [float(v) for v in inputs[idx].numpy().reshape(-1)]
         return None
 
     def _coords(self, n_in: int, n_out: int, scale: float, from_scales: bool) -> np.ndarray:
@@ -452,8 +462,9 @@ class CpuResize(_NativeOrNumpy):
         if self.attr("mode", "nearest") == "nearest":
             legacy = self.node.op_type == "Upsample" or self.info.opset < 11
             nm = "floor" if legacy else self.attr("nearest_mode", "round_prefer_floor")
-            rounders = {"round_prefer_floor": lambda c: np.ceil(c - 0.5),
-                        "round_prefer_ceil": lambda c: np.floor(c + 0.5), "floor": np.floor, "ceil": np.ceil}
+            rounders: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+                "round_prefer_floor": lambda c: np.ceil(c - 0.5), "round_prefer_ceil": lambda c: np.floor(c + 0.5),
+                "floor": np.floor, "ceil": np.ceil}
             rounded = rounders[nm](coords)
             idx = np.clip(rounded, 0, n_in - 1).astype(np.int64)
             return idx, idx, np.zeros(n_out, np.float32)
@@ -464,7 +475,7 @@ class CpuResize(_NativeOrNumpy):
         return i0, np.minimum(i0 + 1, n_in - 1), w
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].numpy()  # type: ignore[union-attr]
+        x = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
             return
@@ -528,7 +539,7 @@ class CpuConvTranspose(_NativeOrNumpy):
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         if self.native:
-            self.begins = self._begins(inputs[0].shape[2:])  # type: ignore[union-attr, index]
+            self.begins = self._begins(static_shape(inputs[0])[2:])
         else:
             self.numpy_kernel().prepare(inputs, outputs)
 
@@ -538,8 +549,8 @@ class CpuConvTranspose(_NativeOrNumpy):
             return
         bias = self.bias
         if bias is None and _has(inputs, 2):
-            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)  # type: ignore[union-attr]
-        x = np.ascontiguousarray(inputs[0].numpy())  # type: ignore[union-attr]
+            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
+        x = np.ascontiguousarray(inputs[0].numpy())
         if any(b < 0 for b in self.begins):
             self.run_numpy(inputs, outputs)
             return
@@ -579,9 +590,9 @@ class CpuRnn(_NativeOrNumpy):
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         def arr(i: int, swap: bool = False) -> np.ndarray | None:
-            if not _has(inputs, i) or inputs[i].numpy().size == 0:  # type: ignore[union-attr]
+            if not _has(inputs, i) or inputs[i].numpy().size == 0:
                 return None
-            a = inputs[i].numpy()  # type: ignore[union-attr]
+            a = inputs[i].numpy()
             return np.ascontiguousarray(np.swapaxes(a, 0, 1) if swap else a, dtype=np.float32 if i != 4 else None)
 
         layout = self.layout

@@ -110,7 +110,7 @@ class ClKernel:
             shadow = None if t is None or t.is_host else t.buffer.shadow
             if shadow is None:
                 return None
-            arrays.append(shadow.reshape(t.shape))  # type: ignore[union-attr]
+            arrays.append(shadow.reshape(t.shape))
         return arrays
 
     def put_shadow(self, out: Tensor, value: np.ndarray) -> None:

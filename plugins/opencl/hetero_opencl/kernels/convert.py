@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, static_shape, unsupported
 from hetero.contract.dtypes import DType
 
 from .common import ClKernel, dtype_check
@@ -41,9 +41,9 @@ class ClCast(ClKernel):
 
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
-        src = CL_TYPE[node.inputs[0].dtype]  # type: ignore[union-attr]
+        src = CL_TYPE[node.inputs[0].dtype]
         dst = CL_TYPE[node.outputs[0].dtype]
-        self.same = node.inputs[0].dtype == node.outputs[0].dtype  # type: ignore[union-attr]
+        self.same = node.inputs[0].dtype == node.outputs[0].dtype
         self.kernel = None if self.same else self.k(PROGRAM, f"cast_{'uchar' if src == 'bool' else src}_{dst}")
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
@@ -73,17 +73,17 @@ class ClCompare(ClKernel):
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
         self.op = COMPARE[node.op_type]
-        self.kernel = self.k(PROGRAM, f"compare_{_COMPARE_TYPES[node.inputs[0].dtype]}")  # type: ignore[union-attr]
+        self.kernel = self.k(PROGRAM, f"compare_{_COMPARE_TYPES[node.inputs[0].dtype]}")
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        out = tuple(outputs[0].shape)  # type: ignore[arg-type]
+        out = static_shape(outputs[0])
         self.rank = len(out)
-        self.meta_values = _binary_meta(inputs[0].shape, inputs[1].shape, out)  # type: ignore[union-attr, arg-type]
+        self.meta_values = _binary_meta(static_shape(inputs[0]), static_shape(inputs[1]), out)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         y = outputs[0]
         if y.size:
-            self.launch(self.kernel, [y.size], None, inputs[0].buffer, inputs[1].buffer, y.buffer,  # type: ignore[union-attr]
+            self.launch(self.kernel, [y.size], None, inputs[0].buffer, inputs[1].buffer, y.buffer,
                         self.meta("nd", self.meta_values), y.size, self.rank, self.op)
 
 
@@ -95,7 +95,7 @@ class ClNot(ClKernel):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         y = outputs[0]
         if y.size:
-            self.launch(self.k(PROGRAM, "logical_not"), [y.size], None, inputs[0].buffer, y.buffer, y.size)  # type: ignore[union-attr]
+            self.launch(self.k(PROGRAM, "logical_not"), [y.size], None, inputs[0].buffer, y.buffer, y.size)
 
 
 class ClWhere(ClKernel):
@@ -108,14 +108,14 @@ class ClWhere(ClKernel):
         return _rank_ok(node) if verdict else verdict
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        out = tuple(outputs[0].shape)  # type: ignore[arg-type]
+        out = static_shape(outputs[0])
         self.rank = len(out)
-        self.meta_values = [*out, *(v for i in inputs for v in _broadcast_strides(i.shape, out))]  # type: ignore[union-attr]
+        self.meta_values = [*out, *(v for i in inputs for v in _broadcast_strides(i.shape, out))]
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         y = outputs[0]
         if y.size:
-            c, a, b = (t.buffer for t in inputs)  # type: ignore[union-attr]
+            c, a, b = (t.buffer for t in inputs)
             self.launch(self.k(PROGRAM, "where_float"), [y.size], None, c, a, b, y.buffer,
                         self.meta("nd", self.meta_values), y.size, self.rank)
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import NodeInfo, Support, Tensor, TensorInfo, dtypes, static_shape, unsupported
 from hetero.contract.opforms import UNARY_FORMS, unary_params
 
 from .common import UNARY, ClKernel, contiguous_strides, dtype_check, float32_only
@@ -40,7 +40,7 @@ class ClUnary(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0]
-        run_unary(self, inputs[0].buffer, out.buffer, out.size, self.op, self.alpha, self.beta)  # type: ignore[union-attr]
+        run_unary(self, inputs[0].buffer, out.buffer, out.size, self.op, self.alpha, self.beta)
 
 
 class ClClip(ClKernel):
@@ -53,11 +53,11 @@ class ClClip(ClKernel):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         lo, hi = float(self.attr("min", -np.inf)), float(self.attr("max", np.inf))
         if len(inputs) > 1 and inputs[1] is not None:
-            lo = float(self.host(inputs[1]).reshape(-1)[0])  # type: ignore[union-attr]
+            lo = float(self.host(inputs[1]).reshape(-1)[0])
         if len(inputs) > 2 and inputs[2] is not None:
-            hi = float(self.host(inputs[2]).reshape(-1)[0])  # type: ignore[union-attr]
+            hi = float(self.host(inputs[2]).reshape(-1)[0])
         out = outputs[0]
-        run_unary(self, inputs[0].buffer, out.buffer, out.size, UNARY["clip"], lo, hi)  # type: ignore[union-attr]
+        run_unary(self, inputs[0].buffer, out.buffer, out.size, UNARY["clip"], lo, hi)
 
 
 # Integer tensors (shape arithmetic, index math) get these ops, broadcasting, one element per work-item.
@@ -85,23 +85,23 @@ class ClBinary(ClKernel):
         self.int_type = _INT_TYPES.get(node.inputs[0].dtype) if node.inputs[0] is not None else None
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        a, b = inputs[0].shape, inputs[1].shape  # type: ignore[union-attr]
-        out = outputs[0].shape
-        n = int(np.prod(out, dtype=np.int64))  # type: ignore[arg-type]
+        a, b = static_shape(inputs[0]), static_shape(inputs[1])
+        out = static_shape(outputs[0])
+        n = int(np.prod(out, dtype=np.int64))
         if self.int_type is None and a == out and (b == out or int(np.prod(b, dtype=np.int64)) == 1) \
                 and n % 4 == 0:
             self.mode = "same" if b == out else "scalar"
             return
         self.mode = "nd"
-        rank = len(out)  # type: ignore[arg-type]
-        self.meta_values = [*out, *_broadcast_strides(a, out), *_broadcast_strides(b, out)]  # type: ignore[arg-type]
+        rank = len(out)
+        self.meta_values = [*out, *_broadcast_strides(a, out), *_broadcast_strides(b, out)]
         self.rank = rank
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         a, b, y = inputs[0], inputs[1], outputs[0]
         n = y.size
         if self.mode != "nd":
-            self.launch(self.k(PROGRAM, "binary4"), [n // 4], None, a.buffer, b.buffer, y.buffer, n // 4,  # type: ignore[union-attr]
+            self.launch(self.k(PROGRAM, "binary4"), [n // 4], None, a.buffer, b.buffer, y.buffer, n // 4,
                         self.op, int(self.mode == "scalar"))
             return
         if n == 0:
@@ -113,7 +113,7 @@ class ClBinary(ClKernel):
                 return
         meta = self.meta("nd", self.meta_values)
         name = "binary_nd" if self.int_type is None else f"binary_nd_{self.int_type}"
-        self.launch(self.k(PROGRAM, name), [n], None, a.buffer, b.buffer, y.buffer, meta, n,  # type: ignore[union-attr]
+        self.launch(self.k(PROGRAM, name), [n], None, a.buffer, b.buffer, y.buffer, meta, n,
                     self.rank, self.op)
 
 
@@ -143,7 +143,7 @@ class ClSwiGLU(ClKernel):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         y = outputs[0]
         n = y.size
-        g, u = inputs[0].buffer, inputs[1].buffer  # type: ignore[union-attr]
+        g, u = inputs[0].buffer, inputs[1].buffer
         if n % 4 == 0:
             self.launch(self.k(PROGRAM, "swiglu4"), [n // 4], None, g, u, y.buffer, n // 4)
         else:

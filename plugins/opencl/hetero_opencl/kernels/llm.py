@@ -126,10 +126,10 @@ class ClRMSNorm(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, w, y = inputs[0], inputs[1], outputs[0]
-        d = x.shape[-1]  # type: ignore[union-attr]
-        rows = x.size // d if d else 0  # type: ignore[union-attr]
+        d = x.shape[-1]
+        rows = x.size // d if d else 0
         size = pow2_at_most(max(d, 1), 256)
-        self.launch(self.k(LLM, "rmsnorm"), [rows * size], [size], x.buffer, w.buffer, y.buffer, d,  # type: ignore[union-attr]
+        self.launch(self.k(LLM, "rmsnorm"), [rows * size], [size], x.buffer, w.buffer, y.buffer, d,
                     float(self.attr("epsilon", 1e-6)), float(self.attr("offset", 0.0)),
                     self.rt.native.Local(size * 4))
 

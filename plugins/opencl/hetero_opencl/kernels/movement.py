@@ -66,20 +66,20 @@ class _Copy(ClKernel):
 class ClTranspose(_Copy):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, y = inputs[0], outputs[0]
-        rank = x.ndim  # type: ignore[union-attr]
+        rank = x.ndim
         perm = self.attr("perm") or list(range(rank))[::-1]
-        strides = contiguous_strides(x.shape)  # type: ignore[union-attr]
-        self.copy("t", x.buffer, y.buffer, y.shape, [strides[p] for p in perm], contiguous_strides(y.shape))  # type: ignore[union-attr]
+        strides = contiguous_strides(x.shape)
+        self.copy("t", x.buffer, y.buffer, y.shape, [strides[p] for p in perm], contiguous_strides(y.shape))
 
 
 class ClSlice(_Copy):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, y = inputs[0], outputs[0]
-        shape = x.shape  # type: ignore[union-attr]
+        shape = x.shape
         rank = len(shape)
         if len(inputs) > 1:  # opset >= 10: starts, ends, axes, steps are inputs
             vals = [None if i >= len(inputs) or inputs[i] is None else self.host(inputs[i]) for i in range(1, 5)]
-            starts, ends = vals[0].reshape(-1).tolist(), vals[1].reshape(-1).tolist()  # type: ignore[union-attr]
+            starts, ends = vals[0].reshape(-1).tolist(), vals[1].reshape(-1).tolist()
             axes = vals[2].reshape(-1).tolist() if vals[2] is not None else list(range(len(starts)))
             steps = vals[3].reshape(-1).tolist() if vals[3] is not None else [1] * len(starts)
         else:
@@ -93,24 +93,24 @@ class ClSlice(_Copy):
             step[a] = int(st)
         strides = contiguous_strides(shape)
         base = sum(b * s for b, s in zip(begin, strides, strict=True))
-        self.copy("s", x.buffer, y.buffer, y.shape, [s * st for s, st in zip(strides, step, strict=True)],  # type: ignore[union-attr]
+        self.copy("s", x.buffer, y.buffer, y.shape, [s * st for s, st in zip(strides, step, strict=True)],
                   contiguous_strides(y.shape), xbase=base)
 
 
 class ClExpand(_Copy):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, y = inputs[0], outputs[0]
-        shape = (1,) * (y.ndim - x.ndim) + tuple(x.shape)  # type: ignore[union-attr]
+        shape = (1,) * (y.ndim - x.ndim) + tuple(x.shape)
         strides = contiguous_strides(shape)
         xs = [0 if d == 1 and o != 1 else s for d, o, s in zip(shape, y.shape, strides, strict=True)]
-        self.copy("e", x.buffer, y.buffer, y.shape, xs, contiguous_strides(y.shape))  # type: ignore[union-attr]
+        self.copy("e", x.buffer, y.buffer, y.shape, xs, contiguous_strides(y.shape))
 
 
 class ClConcat(_Copy):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         verdict = _sized(node)
-        if verdict and any(i is None or i.dtype != node.inputs[0].dtype for i in node.inputs):  # type: ignore[union-attr]
+        if verdict and any(i is None or i.dtype != node.inputs[0].dtype for i in node.inputs):
             return unsupported("Concat of mixed dtypes")
         return verdict
 
@@ -152,7 +152,7 @@ class ClGather(ClKernel):
 
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
-        index = "long" if node.inputs[1].dtype == dtypes.int64 else "int"  # type: ignore[union-attr]
+        index = "long" if node.inputs[1].dtype == dtypes.int64 else "int"
         self.kernel = self.k(PROGRAM, f"gather_{_element(node.inputs[0])}_{index}")
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
@@ -177,7 +177,7 @@ class ClShape(ClKernel):
         return SUPPORTED
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        dims = inputs[0].shape  # type: ignore[union-attr]
+        dims = inputs[0].shape
         rank = len(dims)
         start, end = int(self.attr("start", 0)), self.attr("end")
         start = min(max(start + rank if start < 0 else start, 0), rank)
@@ -206,7 +206,7 @@ class ClPad(ClKernel):
         super().__init__(node, backend)
         mode = self.attr("mode", "constant")
         self.mode = _PAD_MODES[mode.decode() if isinstance(mode, bytes) else str(mode)]
-        self.dtype = node.inputs[0].dtype.np_dtype  # type: ignore[union-attr]
+        self.dtype = node.inputs[0].dtype.np_dtype
         self.kernel = self.k(PROGRAM, f"pad_{_element(node.inputs[0])}")
         self._value: tuple[bytes, object] | None = None
 

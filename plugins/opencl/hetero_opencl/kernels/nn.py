@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, BackendError, NodeInfo, Support, Tensor, TensorInfo, unsupported
+from hetero.contract import SUPPORTED, BackendError, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
 
 from .common import (
     ClKernel,
@@ -29,7 +29,7 @@ class ClMatMul(ClKernel):
     accepts = staticmethod(float32_only)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        a, b = tuple(inputs[0].shape), tuple(inputs[1].shape)  # type: ignore[union-attr, arg-type]
+        a, b = static_shape(inputs[0]), static_shape(inputs[1])
         a2 = (1, *a) if len(a) == 1 else a
         b2 = (*b, 1) if len(b) == 1 else b
         self.m, self.k_, self.n = a2[-2], a2[-1], b2[-1]
@@ -45,7 +45,7 @@ class ClMatMul(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         offs = self.meta("offs", self.offs_values)
-        gemm(self, inputs[0].buffer, inputs[1].buffer, outputs[0].buffer, self.m, self.n, self.k_,  # type: ignore[union-attr]
+        gemm(self, inputs[0].buffer, inputs[1].buffer, outputs[0].buffer, self.m, self.n, self.k_,
              self.strides, offs, self.batch)
 
 
@@ -65,10 +65,10 @@ class ClFusedMatMul(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, w, y = inputs[0], inputs[1], outputs[0]
-        k, n = w.shape  # type: ignore[union-attr]
+        k, n = w.shape
         m = y.size // n if n else 0
         bias = inputs[2].buffer if len(inputs) > 2 and inputs[2] is not None else None
-        gemm(self, x.buffer, w.buffer, y.buffer, m, n, k, (k, 1, n, 1), self.meta("offs", (0, 0)),  # type: ignore[union-attr]
+        gemm(self, x.buffer, w.buffer, y.buffer, m, n, k, (k, 1, n, 1), self.meta("offs", (0, 0)),
              bias=bias, bias_strides=(0, 0, 1), act=self.act)
 
 
@@ -79,7 +79,7 @@ class ClGemm(ClKernel):
         a, b, y = inputs[0], inputs[1], outputs[0]
         m, n = y.shape
         ta, tb = bool(self.attr("transA", 0)), bool(self.attr("transB", 0))
-        k = a.shape[0] if ta else a.shape[1]  # type: ignore[union-attr]
+        k = a.shape[0] if ta else a.shape[1]
         sam, sak = (1, m) if ta else (k, 1)
         sbk, sbn = (1, k) if tb else (n, 1)
         c = inputs[2] if len(inputs) > 2 else None
@@ -87,7 +87,7 @@ class ClGemm(ClKernel):
         if c is not None:
             _, scm, scn = (0, *_broadcast_strides(c.shape, (m, n)))
             bias_strides = (0, scm, scn)
-        gemm(self, a.buffer, b.buffer, y.buffer, m, n, k, (sam, sak, sbk, sbn), self.meta("offs", (0, 0)),  # type: ignore[union-attr]
+        gemm(self, a.buffer, b.buffer, y.buffer, m, n, k, (sam, sak, sbk, sbn), self.meta("offs", (0, 0)),
              alpha=float(self.attr("alpha", 1.0)), beta=float(self.attr("beta", 1.0)),
              bias=None if c is None else c.buffer, bias_strides=bias_strides)
 
@@ -143,20 +143,20 @@ class ClConv(ClKernel):
         self.act = fused_activation(self.node.attrs) if node.op_type == "FusedConv" else (0, 0.0, 0.0)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        x, w, y = inputs[0].shape, inputs[1].shape, outputs[0].shape  # type: ignore[union-attr]
-        nsp = len(x) - 2  # type: ignore[arg-type]
-        kernel = list(w[2:])  # type: ignore[index]
+        x, w, y = static_shape(inputs[0]), static_shape(inputs[1]), static_shape(outputs[0])
+        nsp = len(x) - 2
+        kernel = list(w[2:])
         strides = list(self.attr("strides", [1] * nsp))
         dil = list(self.attr("dilations", [1] * nsp))
-        begin, _ = _spatial_pads(self.node.attrs, x[2:], y[2:], kernel, strides, dil)  # type: ignore[index, arg-type]
-        self.n, self.c = x[0], x[1]  # type: ignore[index]
-        self.h, self.w = _as_2d(x[2:], 1)  # type: ignore[index]
-        self.oh, self.ow = _as_2d(y[2:], 1)  # type: ignore[index]
+        begin, _ = _spatial_pads(self.node.attrs, x[2:], y[2:], kernel, strides, dil)
+        self.n, self.c = x[0], x[1]
+        self.h, self.w = _as_2d(x[2:], 1)
+        self.oh, self.ow = _as_2d(y[2:], 1)
         self.kh, self.kw = _as_2d(kernel, 1)
         self.sh, self.sw = _as_2d(strides, 1)
         self.dh, self.dw = _as_2d(dil, 1)
         self.ph, self.pw = _as_2d(begin, 0)
-        self.cout = w[0]  # type: ignore[index]
+        self.cout = w[0]
         self.group = int(self.attr("group", 1))
         self.depthwise = self.group > 1 and self.group == self.c and self.cout % self.c == 0
         self.pointwise = (self.kh == self.kw == 1 and self.sh == self.sw == 1 and self.ph == self.pw == 0
@@ -164,15 +164,15 @@ class ClConv(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, w, y = inputs[0], inputs[1], outputs[0]
-        if x.ndim not in (3, 4):  # type: ignore[union-attr]
-            raise BackendError(f"{self.node.label()}: opencl convolves rank 3 and 4 inputs, got {x.shape}")  # type: ignore[union-attr]
+        if x.ndim not in (3, 4):
+            raise BackendError(f"{self.node.label()}: opencl convolves rank 3 and 4 inputs, got {x.shape}")
         bias = inputs[2] if len(inputs) > 2 else None
         act_code, act_a, act_b = self.act
         if y.size == 0:
             return
         if self.depthwise:
-            self.launch(self.k(PROGRAM, "depthwise"), [self.ow, self.oh, self.n * self.cout], None, x.buffer,  # type: ignore[union-attr]
-                        w.buffer, self.be.dummy if bias is None else bias.buffer, y.buffer, int(bias is not None),  # type: ignore[union-attr]
+            self.launch(self.k(PROGRAM, "depthwise"), [self.ow, self.oh, self.n * self.cout], None, x.buffer,
+                        w.buffer, self.be.dummy if bias is None else bias.buffer, y.buffer, int(bias is not None),
                         self.n, self.c, self.h, self.w, self.cout // self.c, self.kh, self.kw, self.oh, self.ow,
                         self.sh, self.sw, self.ph, self.pw, self.dh, self.dw, act_code, act_a, act_b)
             return
@@ -184,14 +184,14 @@ class ClConv(ClKernel):
         for n in range(self.n):
             x_off = n * self.c * self.h * self.w
             if self.pointwise:
-                src, b_base = x.buffer, x_off  # type: ignore[union-attr]
+                src, b_base = x.buffer, x_off
             else:
                 src, b_base = self.be.scratch("im2col", self.c * self.kh * self.kw * p * 4), 0
-                self.launch(self.k(PROGRAM, "im2col"), [p, self.c * self.kh * self.kw], None, x.buffer, src,  # type: ignore[union-attr]
+                self.launch(self.k(PROGRAM, "im2col"), [p, self.c * self.kh * self.kw], None, x.buffer, src,
                             x_off, self.c, self.h, self.w, self.kh, self.kw, self.oh, self.ow, self.sh, self.sw,
                             self.ph, self.pw, self.dh, self.dw)
             offs = self.meta(f"offs{n}", [v for gi in range(g) for v in (gi * m * kk, b_base + gi * kk * p)])
-            gemm(self, w.buffer, src, y.buffer, m, p, kk, (kk, 1, p, 1), offs, g, c_off=n * self.cout * p,  # type: ignore[union-attr]
+            gemm(self, w.buffer, src, y.buffer, m, p, kk, (kk, 1, p, 1), offs, g, c_off=n * self.cout * p,
                  bias=bias_buf, bias_strides=(m, 1, 0), act=self.act)
 
 
@@ -222,23 +222,23 @@ class ClConvTranspose(ClKernel):
         return _spatial_ok(node, weight=1) if verdict else verdict
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        x, w, y = inputs[0].shape, inputs[1].shape, outputs[0].shape  # type: ignore[union-attr]
-        nsp = len(x) - 2  # type: ignore[arg-type]
+        x, w, y = static_shape(inputs[0]), static_shape(inputs[1]), static_shape(outputs[0])
+        nsp = len(x) - 2
         if nsp not in (1, 2):
             raise BackendError(f"{self.node.label()}: opencl ConvTranspose takes rank 3 and 4 inputs, got {x}")
-        kernel = list(self.attr("kernel_shape") or w[2:])  # type: ignore[index]
+        kernel = list(self.attr("kernel_shape") or w[2:])
         strides = list(self.attr("strides") or [1] * nsp)
         dil = list(self.attr("dilations") or [1] * nsp)
-        begin = _transpose_begins(self.node.attrs, x[2:], y[2:], kernel, strides, dil)  # type: ignore[index, arg-type]
-        self.n, self.c = x[0], x[1]  # type: ignore[index]
-        self.h, self.w = _as_2d(x[2:], 1)  # type: ignore[index]
-        self.oh, self.ow = _as_2d(y[2:], 1)  # type: ignore[index]
+        begin = _transpose_begins(self.node.attrs, x[2:], y[2:], kernel, strides, dil)
+        self.n, self.c = x[0], x[1]
+        self.h, self.w = _as_2d(x[2:], 1)
+        self.oh, self.ow = _as_2d(y[2:], 1)
         self.kh, self.kw = _as_2d(kernel, 1)
         self.sh, self.sw = _as_2d(strides, 1)
         self.dh, self.dw = _as_2d(dil, 1)
         self.ph, self.pw = _as_2d(begin, 0)
         self.group = int(self.attr("group", 1))
-        self.mg = w[1]  # type: ignore[index]
+        self.mg = w[1]
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, w, y = inputs[0], inputs[1], outputs[0]
@@ -252,7 +252,7 @@ class ClConvTranspose(ClKernel):
         for n in range(self.n):
             x_off = n * self.c * p
             offs = self.meta(f"offs{n}", [v for gi in range(g) for v in (gi * cg * m, x_off + gi * cg * p)])
-            gemm(self, w.buffer, x.buffer, col, m, p, cg, (1, m, p, 1), offs, g)  # type: ignore[union-attr]
+            gemm(self, w.buffer, x.buffer, col, m, p, cg, (1, m, p, 1), offs, g)
             self.launch(self.k(PROGRAM, "col2im"), [self.ow, self.oh, g * mg], None, col,
                         self.be.dummy if bias is None else bias.buffer, y.buffer, int(bias is not None),
                         n * g * mg * self.oh * self.ow, g, mg, self.h, self.w, self.kh, self.kw, self.oh, self.ow,
@@ -269,7 +269,7 @@ class ClBatchNorm(ClKernel):
         if not int(node.attr("spatial", 1)):
             return unsupported("BatchNormalization with spatial=0 (per-element statistics)")
         verdict = float32_only(node)
-        if verdict and static_rank(node, 0) is not None and static_rank(node, 0) < 2:  # type: ignore[operator]
+        if verdict and (rank := static_rank(node, 0)) is not None and rank < 2:
             return unsupported("BatchNormalization of a rank < 2 input")
         return verdict
 
@@ -277,10 +277,10 @@ class ClBatchNorm(ClKernel):
         x, y = inputs[0], outputs[0]
         if y.size == 0:
             return
-        c = x.shape[1]  # type: ignore[union-attr]
-        inner = y.size // (x.shape[0] * c)  # type: ignore[union-attr]
-        scale, b, mean, var = (t.buffer for t in inputs[1:5])  # type: ignore[union-attr]
-        self.launch(self.k(PROGRAM, "batchnorm"), [y.size], None, x.buffer, scale, b, mean, var, y.buffer, c,  # type: ignore[union-attr]
+        c = x.shape[1]
+        inner = y.size // (x.shape[0] * c)
+        scale, b, mean, var = (t.buffer for t in inputs[1:5])
+        self.launch(self.k(PROGRAM, "batchnorm"), [y.size], None, x.buffer, scale, b, mean, var, y.buffer, c,
                     inner, y.size, float(self.attr("epsilon", 1e-5)))
 
 
@@ -297,14 +297,14 @@ class ClPool(ClKernel):
         return verdict
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        x, y = inputs[0].shape, outputs[0].shape  # type: ignore[union-attr]
-        nsp = len(x) - 2  # type: ignore[arg-type]
+        x, y = static_shape(inputs[0]), static_shape(outputs[0])
+        nsp = len(x) - 2
         kernel = list(self.attr("kernel_shape"))
         strides = list(self.attr("strides", [1] * nsp))
         dil = list(self.attr("dilations", [1] * nsp))
-        begin, end = _spatial_pads(self.node.attrs, x[2:], y[2:], kernel, strides, dil)  # type: ignore[index, arg-type]
-        self.nc = x[0] * x[1]  # type: ignore[index]
-        self.args = [*_as_2d(x[2:], 1), *_as_2d(y[2:], 1), *_as_2d(kernel, 1), *_as_2d(strides, 1),  # type: ignore[index]
+        begin, end = _spatial_pads(self.node.attrs, x[2:], y[2:], kernel, strides, dil)
+        self.nc = x[0] * x[1]
+        self.args = [*_as_2d(x[2:], 1), *_as_2d(y[2:], 1), *_as_2d(kernel, 1), *_as_2d(strides, 1),
                      *_as_2d(begin, 0), *_as_2d(end, 0), *_as_2d(dil, 1)]
         if self.node.op_type == "MaxPool":
             self.mode = 0
@@ -313,7 +313,7 @@ class ClPool(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         oh, ow = self.args[2:4]
-        self.launch(self.k(PROGRAM, "pool2d"), [ow, oh, self.nc], None, inputs[0].buffer, outputs[0].buffer,  # type: ignore[union-attr]
+        self.launch(self.k(PROGRAM, "pool2d"), [ow, oh, self.nc], None, inputs[0].buffer, outputs[0].buffer,
                     self.nc, *self.args, self.mode)
 
 
@@ -322,10 +322,10 @@ class ClGlobalPool(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x = inputs[0]
-        rows = x.shape[0] * x.shape[1]  # type: ignore[union-attr]
-        p = x.size // rows if rows else 0  # type: ignore[union-attr]
+        rows = x.shape[0] * x.shape[1]
+        p = x.size // rows if rows else 0
         size = pow2_at_most(max(p, 1), 64)
-        self.launch(self.k(PROGRAM, "global_pool"), [rows * size], [size], x.buffer, outputs[0].buffer, p,  # type: ignore[union-attr]
+        self.launch(self.k(PROGRAM, "global_pool"), [rows * size], [size], x.buffer, outputs[0].buffer, p,
                     int(self.node.op_type == "GlobalAveragePool"), self.ctx_local(size))
 
     def ctx_local(self, size: int) -> Any:
@@ -336,21 +336,21 @@ class ClSoftmax(ClKernel):
     accepts = staticmethod(float32_only)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        shape = inputs[0].shape  # type: ignore[union-attr]
-        rank = len(shape)  # type: ignore[arg-type]
+        shape = static_shape(inputs[0])
+        rank = len(shape)
         legacy = self.info.opset < 13
         axis = int(self.attr("axis", 1 if legacy else -1))
         axis += rank if axis < 0 else 0
-        outer = int(np.prod(shape[:axis], dtype=np.int64))  # type: ignore[index]
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
         if legacy:
-            self.outer, self.len, self.inner = outer, int(np.prod(shape[axis:], dtype=np.int64)), 1  # type: ignore[index]
+            self.outer, self.len, self.inner = outer, int(np.prod(shape[axis:], dtype=np.int64)), 1
         else:
-            self.outer, self.len = outer, shape[axis]  # type: ignore[index]
-            self.inner = int(np.prod(shape[axis + 1:], dtype=np.int64))  # type: ignore[index]
+            self.outer, self.len = outer, shape[axis]
+            self.inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
         self.log = int(self.node.op_type == "LogSoftmax")
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x, y = inputs[0].buffer, outputs[0].buffer  # type: ignore[union-attr]
+        x, y = inputs[0].buffer, outputs[0].buffer
         if outputs[0].size == 0:
             return
         if self.inner == 1:
@@ -371,22 +371,22 @@ class ClLayerNorm(ClKernel):
         x, scale = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
         if verdict and x is not None and scale is not None and x.is_static and scale.is_static:
             axis = int(node.attr("axis", -1))
-            axis += len(x.shape) if axis < 0 else 0  # type: ignore[arg-type]
-            if tuple(scale.shape) != tuple(x.shape[axis:]):  # type: ignore[index]
+            axis += len(static_shape(x)) if axis < 0 else 0
+            if static_shape(scale) != static_shape(x)[axis:]:
                 return unsupported("LayerNormalization with a broadcast scale")
         return verdict
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        shape = inputs[0].shape  # type: ignore[union-attr]
+        shape = static_shape(inputs[0])
         axis = int(self.attr("axis", -1))
-        axis += len(shape) if axis < 0 else 0  # type: ignore[arg-type]
-        self.rows = int(np.prod(shape[:axis], dtype=np.int64))  # type: ignore[index]
-        self.d = int(np.prod(shape[axis:], dtype=np.int64))  # type: ignore[index]
+        axis += len(shape) if axis < 0 else 0
+        self.rows = int(np.prod(shape[:axis], dtype=np.int64))
+        self.d = int(np.prod(shape[axis:], dtype=np.int64))
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         bias = inputs[2] if len(inputs) > 2 else None
         size = pow2_at_most(max(self.d, 1), 128)
-        self.launch(self.k(PROGRAM, "layernorm"), [self.rows * size], [size], inputs[0].buffer, inputs[1].buffer,  # type: ignore[union-attr]
+        self.launch(self.k(PROGRAM, "layernorm"), [self.rows * size], [size], inputs[0].buffer, inputs[1].buffer,
                     self.be.dummy if bias is None else bias.buffer, outputs[0].buffer, self.d,
                     float(self.attr("epsilon", 1e-5)), int(bias is not None), self.rt.native.Local(size * 4))
 
@@ -422,7 +422,7 @@ class ClResize(ClKernel):
         x, y = node.inputs[0], node.outputs[0]
         if x is None or x.rank not in (3, 4):
             return unsupported("Resize of other than rank 3 or 4 (opencl resizes the last two axes)")
-        if x.is_static and y.is_static and tuple(x.shape[:-2]) != tuple(y.shape[:-2]):  # type: ignore[index]
+        if x.is_static and y.is_static and static_shape(x)[:-2] != static_shape(y)[:-2]:
             return unsupported("Resize that scales the batch or channel axes")
         return SUPPORTED
 
@@ -436,9 +436,9 @@ class ClResize(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, y = inputs[0], outputs[0]
-        h, w = x.shape[-2:]  # type: ignore[union-attr]
+        h, w = x.shape[-2:]
         oh, ow = y.shape[-2:]
-        if tuple(x.shape[:-2]) != tuple(y.shape[:-2]):  # type: ignore[union-attr]
+        if tuple(x.shape[:-2]) != tuple(y.shape[:-2]):
             raise BackendError(f"{self.node.label()}: opencl Resize scales only the last two axes")
         index = 1 if self.info.opset < 11 else 2  # Resize-10 takes (X, scales)
         scales = self.host(inputs[index]) if len(inputs) > index and inputs[index] is not None else None
@@ -448,8 +448,8 @@ class ClResize(ClKernel):
         else:
             sh, sw = oh / h, ow / w
             lh, lw = float(oh), float(ow)
-        nc = int(np.prod(x.shape[:-2], dtype=np.int64))  # type: ignore[union-attr]
-        self.launch(self.k(PROGRAM, "resize2d"), [ow, oh, nc], None, x.buffer, y.buffer, nc, h, w, oh, ow,  # type: ignore[union-attr]
+        nc = int(np.prod(x.shape[:-2], dtype=np.int64))
+        self.launch(self.k(PROGRAM, "resize2d"), [ow, oh, nc], None, x.buffer, y.buffer, nc, h, w, oh, ow,
                     sh, sw, lh, lw, self.mode, self.coord, self.nearest)
 
 
