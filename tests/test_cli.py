@@ -229,3 +229,13 @@ def test_progress_draws_on_a_terminal_only(tmp_path):
     assert piped.returncode == 0 and piped.stderr == ""
     verbose = run_cli([*args, "-v"])
     assert re.search(r"^loading cnn\.onnx: \d+\.\d+ s$", verbose.stderr, re.M), verbose.stderr
+
+
+def test_unexpected_exceptions_become_one_line_naming_what_was_given():
+    from hetero.cli_errors import error_message
+
+    assert error_message(KeyError(""), "models/") == "models/: KeyError: '' (an internal error: HETERO_DEBUG=1 " \
+        "shows where; please report it)"
+    assert error_message(AssertionError(), "vad.onnx").startswith("vad.onnx: AssertionError: (no message)")
+    missing = FileNotFoundError(2, "No such file or directory", "x.npy")
+    assert error_message(missing) == "x.npy: No such file or directory"

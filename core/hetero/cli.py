@@ -16,12 +16,12 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from . import __version__, progress
-from .cli_errors import EXIT_ERROR, EXIT_INTERRUPTED, CommandParser, WarningPrinter, report_error
+from .cli_errors import EXIT_ERROR, EXIT_INTERRUPTED, WarningPrinter, report_error
+from .cli_parser import CommandParser, add_backend_option, add_command, add_output_options, backends_of
 from .contract.errors import HeteroError
 from .model_files import LLM_KINDS, model_kind
 
@@ -93,10 +93,6 @@ def _random_inputs(session, given: dict[str, np.ndarray], seed: int) -> dict[str
     return feeds
 
 
-def _backends(args: argparse.Namespace) -> list[str] | None:
-    return [b.strip() for spec in args.backend for b in spec.split(",") if b.strip()] or None
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     kind = model_kind(args.model)
     if kind in LLM_KINDS:
@@ -114,7 +110,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     with progress.phase(f"loading {Path(args.model).name}"):
-        session = Session(args.model, backends=_backends(args), on_fallback=args.on_fallback or "warn",
+        session = Session(args.model, backends=backends_of(args), on_fallback=args.on_fallback or "warn",
                           threads=args.threads)
     load_ms = (time.perf_counter() - started) * 1e3
     feeds = _parse_inputs(args.input)
@@ -158,7 +154,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(batch=args.batch, repeats=args.repeat, backends=_backends(args))
+    return run_demo(batch=args.batch, repeats=args.repeat, backends=backends_of(args))
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:
@@ -174,29 +170,6 @@ def _cmd_ops(args: argparse.Namespace) -> int:
         print(f"{backend}: {total} ONNX ops ({native} native, {total - native} numpy), "
               f"{cov.count(backend) - total} hetero-domain ops")
     return 0
-
-
-def add_backend_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-b", "--backend", action="append", default=[], metavar="NAME[,NAME]",
-                   help="backends in preference order, e.g. cpu or opencl,cpu (default: HETERO_BACKENDS, else every "
-                        "working backend); opencl:1 picks a device")
-
-
-def add_output_options(p: argparse.ArgumentParser) -> None:
-    """--quiet / -v on every subcommand (they may also come before it)."""
-    p.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
-                   help="no progress lines (they only ever show on a terminal)")
-    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="each phase's time, and warnings about backends skipped automatically")
-
-
-def add_command(sub: Any, name: str, help_text: str, func: Callable[[argparse.Namespace], int]
-                ) -> argparse.ArgumentParser:
-    """A subcommand whose unknown flags are its own usage error (see ``CommandParser``)."""
-    p = sub.add_parser(name, help=help_text, description=help_text)
-    p.is_subcommand = True
-    p.set_defaults(func=func)
-    return p
 
 
 def build_parser() -> argparse.ArgumentParser:

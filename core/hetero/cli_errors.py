@@ -5,13 +5,12 @@ into the command line's flags (``-c``). ``HETERO_DEBUG=1`` adds the traceback (a
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
 import traceback
 import warnings
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 from .contract.errors import HeteroError, HeteroWarning
 from .progress import clear_line
@@ -72,34 +71,6 @@ def report_error(exc: BaseException, subject: str = "", stream: TextIO | None = 
         traceback.print_exception(exc, file=stream)
     print(f"hetero: error: {error_message(exc, subject)}", file=stream)
     return EXIT_ERROR
-
-
-class CommandParser(argparse.ArgumentParser):
-    """An argparse parser whose usage errors say which command they belong to and print that command's usage (a
-    subcommand's unknown flag is its own error, not the root's)."""
-
-    _intermixing = False
-
-    def parse_known_args(self, args=None, namespace=None):
-        if not getattr(self, "is_subcommand", False) or self._intermixing:
-            return super().parse_known_args(args, namespace)
-        # Positionals after flags too (`run MODEL -n 8 "prompt"`), which plain argparse refuses with nargs="?".
-        self._intermixing = True
-        try:
-            parsed, extras = self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._intermixing = False
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return parsed, extras
-
-    def error(self, message: str) -> NoReturn:
-        clear_line()
-        self.print_usage(sys.stderr)
-        command = self.prog.removeprefix("hetero").strip()
-        where = f"{command}: " if command else ""
-        sys.stderr.write(f"hetero: error: {where}{message} (see `{self.prog} -h`)\n")
-        sys.exit(EXIT_ERROR)
 
 
 class WarningPrinter:

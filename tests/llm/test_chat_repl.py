@@ -175,3 +175,11 @@ def test_loading_shows_its_phases_on_a_terminal(tmp_path):
         assert term.wait() == 0
     finally:
         term.close()
+
+
+def test_a_gguf_file_without_sampling_keys_samples_as_llama_cpp_does():
+    result = run_cli(["generate", "-m", str(GGUF), "-p", "Hi", "-n", "2", "-c", "64"])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.rstrip().endswith("| sampling temp 0.8 top-k 40 top-p 0.95 min-p 0.05 (llama.cpp defaults)]")
+    folder = run_cli(["generate", "-m", MODEL, "-p", "Hi", "-n", "2"])
+    assert folder.stderr.rstrip().endswith("| sampling greedy: generation_config.json does not sample]")

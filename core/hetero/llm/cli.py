@@ -9,20 +9,20 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .. import progress
+from ..cli_parser import add_backend_option, add_command, backends_of
 from ..contract.errors import HeteroError
-from .stats import sampling_text, stats_line
+from .cli_generation import load_llm, print_stats, sampling, stream_out
 
 MODEL_HELP = "a .gguf file, a Hugging Face model folder, or a repo id found in the local Hugging Face cache"
 
 
 def add_llm_commands(subparsers: Any) -> None:
     """Add generate / chat / bench to the subparsers of the main parser."""
-    from ..cli import add_backend_option, add_command
 
     def command(name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
         return add_command(subparsers, name, help_text, func)
@@ -116,10 +116,6 @@ def _kv_option(p: argparse.ArgumentParser) -> None:
                    help="KV cache element type: f16 (default), f32 (exact) or q8 (int8, about half of f16's memory)")
 
 
-def _backends(args: argparse.Namespace) -> list[str] | None:
-    return [b.strip() for spec in args.backend for b in spec.split(",") if b.strip()] or None
-
-
 def _model_path(args: argparse.Namespace) -> str:
     """The model from -m or the first positional (llama.cpp's and our own habit); with -m, a lone positional is the
     prompt (``generate -m M "hi"``)."""
@@ -135,54 +131,9 @@ def _model_path(args: argparse.Namespace) -> str:
     return model
 
 
-class Loaded:
-    """An Llm with how long loading took (for the stats line)."""
-
-    def __init__(self, llm: Any, seconds: float) -> None:
-        self.llm, self.seconds = llm, seconds
-
-
-def load_llm(args: argparse.Namespace, model: str) -> Loaded:
-    from .loader import load
-
-    started = time.perf_counter()
-    with progress.phase(f"loading {Path(model).name}"):
-        llm = load(model, backends=_backends(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
-                   quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True)  # (terminal only)
-    return Loaded(llm, time.perf_counter() - started)
-
-
 def _load(args: argparse.Namespace) -> Any:
     """The model the arguments name, loaded (tests reach the loaded model through this)."""
     return load_llm(args, _model_path(args)).llm
-
-
-def sampling(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                repetition_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
-                frequency_penalty=args.frequency_penalty, seed=args.seed)
-
-
-def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: float | None) -> None:
-    print(stats_line(loaded.llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
-
-
-def stream_out(pieces: Iterable[str], started: float) -> float | None:
-    """Print ``pieces`` as they come; returns the seconds to the first one (None: nothing came)."""
-    iterator = iter(pieces)
-    # The prompt's prefill (and, on a fresh session, memory planning and device program builds) comes before the
-    # first piece: a status line says so on a terminal until it arrives.
-    with progress.phase("processing the prompt"):
-        piece = next(iterator, None)
-    if piece is None:
-        print()
-        return None
-    first = time.perf_counter() - started
-    print(piece, end="", flush=True)
-    for piece in iterator:
-        print(piece, end="", flush=True)
-    print()
-    return first
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -284,7 +235,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.compare and args.backend:
         raise HeteroError("bench: give -b (one preference list) or -a (backends to compare), not both")
     runs: list[list[str] | None] = [[b.strip()] for spec in args.compare for b in spec.split(",") if b.strip()]
-    runs = runs or [_backends(args)]
+    runs = runs or [backends_of(args)]
     needed = max(p + max(n, 1) for p, n in tests) + 1
     if args.profile:
         from .profile import context_needed
@@ -334,4 +285,4 @@ def _bench_model(args: argparse.Namespace, backends: list[str] | None, threads: 
                                   linear_attention_mode=args.linear_attention_mode, kv_cache=args.kv_cache)
 
 
-__all__ = ["add_generation_options", "add_llm_commands", "run_llm", "sampling", "sampling_text"]
+__all__ = ["add_generation_options", "add_llm_commands", "run_llm"]

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from ..cli_errors import error_message
 from ..contract.errors import HeteroError
-from .cli import Loaded, print_stats, sampling, stream_out
+from .cli_generation import Loaded, print_stats, sampling, stream_out
 
 BLOCK = '"""'
 HELP = """commands (never sent to the model):

@@ -1,5 +1,6 @@
 """The line the LLM commands print after a reply: model size, load time, time to first token, prefill and decode
-speed, and the sampling settings in force with where they came from (the file, or llama.cpp's defaults)."""
+speed, and the sampling settings in force with where they came from (``Llm.sampling_defaults``: the file's keys,
+llama.cpp's defaults, generation_config.json; or the flags)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,12 @@ _OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "pres
         "frequency_penalty": 0.0, "seed": None}
 
 
-def _defaults_source(llm: Any) -> str:
-    """Where the model's own sampling defaults come from. ``Llm.sampling_defaults`` (settings + source) is read
-    defensively: models loaded before it existed have none, and then the source is the generation config."""
-    defaults = getattr(llm, "sampling_defaults", None)
-    if defaults is None:
-        tokenizer = getattr(llm, "tokenizer", None)
-        generation = getattr(tokenizer, "generation_config", None) or {}
-        return "generation_config.json" if generation.get("do_sample") else "hetero's default"
-    if isinstance(defaults, tuple) and len(defaults) == 2:
-        return str(defaults[1])
-    source = getattr(defaults, "source", None) or (defaults.get("source") if isinstance(defaults, dict) else None)
-    return str(source) if source else "the model"
-
-
 def sampling_text(llm: Any, overrides: dict[str, Any]) -> str:
     """``temp 0.8 top-k 40 top-p 0.95 min-p 0.05 (llama.cpp defaults)``, or ``greedy (--temp 0)``."""
     params = llm.sampling_params(**overrides)
     given = {k for k, v in overrides.items() if v is not None}
     from_model = [k for k, _ in _FLAGS if k not in given]
-    source = _defaults_source(llm)
+    source = llm.sampling_defaults.source  # the file's keys, llama.cpp's defaults, generation_config.json
     if params.temperature == 0:
         if "temperature" in given:
             return "greedy (--temp 0)"

@@ -1,0 +1,62 @@
+"""Loading an LLM for a command and printing its replies with the stats line: shared by ``generate`` / ``run`` and
+the ``chat`` REPL."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import progress
+from ..cli_parser import backends_of
+from .stats import stats_line
+
+
+class Loaded:
+    """An Llm with how long loading took (for the stats line)."""
+
+    def __init__(self, llm: Any, seconds: float) -> None:
+        self.llm, self.seconds = llm, seconds
+
+
+def load_llm(args: argparse.Namespace, model: str) -> Loaded:
+    from .loader import load
+
+    started = time.perf_counter()
+    with progress.phase(f"loading {Path(model).name}"):
+        llm = load(model, backends=backends_of(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
+                   quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True)  # (terminal only)
+    return Loaded(llm, time.perf_counter() - started)
+
+
+def sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repetition_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty, seed=args.seed)
+
+
+def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: float | None) -> None:
+    print(stats_line(loaded.llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
+
+
+def stream_out(pieces: Iterable[str], started: float) -> float | None:
+    """Print ``pieces`` as they come; returns the seconds to the first one (None: nothing came)."""
+    iterator = iter(pieces)
+    # The prompt's prefill (and, on a fresh session, memory planning and device program builds) comes before the
+    # first piece: a status line says so on a terminal until it arrives.
+    with progress.phase("processing the prompt"):
+        piece = next(iterator, None)
+    if piece is None:
+        print()
+        return None
+    first = time.perf_counter() - started
+    print(piece, end="", flush=True)
+    for piece in iterator:
+        print(piece, end="", flush=True)
+    print()
+    return first
+
+
