@@ -125,6 +125,8 @@ py::dict describe(cl_device_id d) {
   info["max_alloc_bytes"] = device_value<cl_ulong>(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
   info["compute_units"] = device_value<cl_uint>(d, CL_DEVICE_MAX_COMPUTE_UNITS);
   info["max_work_group_size"] = device_value<size_t>(d, CL_DEVICE_MAX_WORK_GROUP_SIZE);
+  // Sub-buffer origins (a session's arena slices) must be multiples of this many bytes.
+  info["base_align_bytes"] = device_value<cl_uint>(d, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8;
   info["extensions"] = ext;
   info["available"] = device_value<cl_bool>(d, CL_DEVICE_AVAILABLE) != 0;
   return info;
@@ -193,6 +195,8 @@ struct Buffer {
   // A host copy of small uploaded values (past_len, constant indices): kernels that need them on the host read it
   // instead of waiting for the queue. Set by Python at upload; a pooled cl_mem reused later gets a fresh Buffer.
   py::object shadow = py::none();
+  // A sub-buffer (a slice of an arena) keeps its parent alive and is released, not pooled.
+  std::shared_ptr<Buffer> parent;
 
   Buffer() = default;
   Buffer(const Buffer&) = delete;
@@ -332,6 +336,21 @@ class Context {
       check(err, ("clCreateBuffer(" + std::to_string(b->cap) + " bytes)").c_str());
     }
     b->pool = pool_;
+    return b;
+  }
+
+  // A slice of `parent` sharing its memory (clCreateSubBuffer): the session's arena hands these out as tensors.
+  std::shared_ptr<Buffer> sub(const std::shared_ptr<Buffer>& parent, size_t offset, size_t nbytes) {
+    live();
+    if (offset + nbytes > parent->cap) throw std::invalid_argument("sub-buffer past the end of its parent");
+    auto b = std::make_shared<Buffer>();
+    cl_buffer_region region{offset, nbytes == 0 ? 1 : nbytes};
+    cl_int err = CL_SUCCESS;
+    b->mem = clCreateSubBuffer(parent->mem, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    check(err, ("clCreateSubBuffer(" + std::to_string(offset) + ", " + std::to_string(nbytes) + ")").c_str());
+    b->nbytes = nbytes;
+    b->cap = region.size;
+    b->parent = parent;
     return b;
   }
 
@@ -518,6 +537,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<int, int>(), py::arg("platform"), py::arg("device"))
       .def("info", &Context::info)
       .def("alloc", &Context::alloc)
+      .def("sub", &Context::sub, py::arg("parent"), py::arg("offset"), py::arg("nbytes"))
       .def("write", &Context::write, py::arg("dst"), py::arg("src"), py::arg("offset") = 0,
            py::arg("blocking") = true)
       .def("read", &Context::read, py::arg("src"), py::arg("dst"), py::arg("offset") = 0)
