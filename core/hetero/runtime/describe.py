@@ -1,5 +1,6 @@
-"""What a session tells and checks at its edges, in onnxruntime's habits: input / output descriptions, the two
-``run`` call forms, option keys and opsets (see the mapping table in docs/architecture.md)."""
+"""What a session tells and checks at its edges: input / output descriptions and the two ``run`` call forms in
+onnxruntime's habits (see the mapping table in docs/architecture.md), feeds, option keys and opsets checked, and the
+``explain()`` table."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from ..backend import Backend, Segment
 from ..errors import HeteroError, HeteroWarning, InputError
 from ..ir.graph import Graph
+from ..tensor import Tensor, TensorInfo
+from .partition import Placement
 
 # The newest ai.onnx opset whose node tests the conformance suite (tests/onnx_conformance, onnx 1.23) passes.
 NEWEST_ONNX_OPSET = 28
@@ -71,4 +77,56 @@ def check_opsets(graph: Graph) -> None:
     version = graph.opsets.get("", 0)
     if version > NEWEST_ONNX_OPSET:
         warnings.warn(f"hetero: the model asks for ai.onnx opset {version}; hetero's ops follow opsets up to "
-                      f"{NEWEST_ONNX_OPSET}, so newer semantics may differ", HeteroWarning, stacklevel=4)
+                      f"{NEWEST_ONNX_OPSET}, so newer semantics may differ", HeteroWarning, stacklevel=3)
+
+
+def bind_inputs(graph: Graph, feeds: dict[str, Any]) -> dict[str, Tensor]:
+    """The feeds as tensors, checked against the graph's inputs (names, dtypes, ranks, fixed dims)."""
+    if not isinstance(feeds, dict):
+        raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
+    unknown = [n for n in feeds if n not in graph.inputs]
+    if unknown:
+        raise InputError(f"unknown input(s) {unknown}; the model's inputs are {graph.inputs}")
+    env: dict[str, Tensor] = {}
+    for name in graph.inputs:
+        info = graph.values.get(name)
+        if name not in feeds:
+            raise InputError(f"missing input {name!r} ({info})")
+        value = feeds[name]
+        tensor = value if isinstance(value, Tensor) else Tensor.from_numpy(np.asarray(value))
+        if info is not None:
+            check_input(name, tensor, info)
+        env[name] = tensor
+    return env
+
+
+def check_input(name: str, tensor: Tensor, info: TensorInfo) -> None:
+    if tensor.dtype != info.dtype:
+        raise InputError(f"input {name!r} has dtype {tensor.dtype}; the model expects {info.dtype}")
+    if info.shape is None:
+        return
+    if len(tensor.shape) != len(info.shape):
+        raise InputError(f"input {name!r} has shape {list(tensor.shape)}; the model expects rank {len(info.shape)} "
+                         f"({info})")
+    for axis, (got, want) in enumerate(zip(tensor.shape, info.shape, strict=True)):
+        if want is not None and got != want:
+            raise InputError(f"input {name!r} has shape {list(tensor.shape)}; dim {axis} must be {want} ({info})")
+
+
+def explain(graph: Graph, backends: Sequence[Backend], placement: Placement, segments: Sequence[Segment]) -> str:
+    """Node -> backend (and segment), each refusal, and the copies a run makes, as a readable table."""
+    segment_of = {id(info.node): s.index for s in segments for info in s.nodes}
+    rows = [("node", "op", "backend", "segment", "why not earlier backends")]
+    for p in placement.nodes:
+        why = "; ".join(f"{b}: {r}" for b, r in p.refusals.items())
+        where = p.backend + (f" ({p.implementation})" if p.implementation else "")
+        segment = str(segment_of.get(id(graph.nodes[p.index]), ""))
+        rows.append((p.name, p.op_type, where + (" (fallback)" if p.fallback else ""), segment, why))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    lines = [f"backends: {', '.join(b.name for b in backends)}"]
+    lines += ["  ".join(r[c].ljust(widths[c]) for c in range(4)) + "  " + r[4] for r in rows]
+    counts = ", ".join(f"{b}: {n}" for b, n in placement.counts().items())
+    lines.append(f"nodes per backend: {counts}; segments: {len(segments)}")
+    lines.append("copies:" if placement.copies else "copies: none")
+    lines += [f"  {c.value}: {c.src} -> {c.dst}" for c in placement.copies]
+    return "\n".join(line.rstrip() for line in lines)

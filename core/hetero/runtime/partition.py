@@ -6,11 +6,12 @@ The copies between memory domains are planned with the segments (``segments.cut`
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 from ..backend import Backend, NodeInfo
-from ..errors import HeteroError, UnsupportedOp
+from ..errors import FallbackError, HeteroError, HeteroWarning, UnsupportedOp
 from ..ir.graph import Graph
 
 
@@ -77,3 +78,16 @@ def partition(graph: Graph, infos: list[NodeInfo], backends: list[Backend], pref
             reasons = "; ".join(f"{b}: {r}" for b, r in refusals.items())
             raise UnsupportedOp(f"no backend can run {info.node.label()} ({reasons})")
     return Placement(placements)
+
+
+def report_fallback(placement: Placement, on_fallback: str) -> None:
+    """One summary warning ("warn"), a ``FallbackError`` listing every refusal ("error"), or nothing ("silent")."""
+    fallbacks = placement.fallbacks()
+    if not fallbacks or on_fallback == "silent":
+        return
+    if on_fallback == "error":
+        lines = [f"{p.name} ({p.op_type}) -> {p.backend}: " + "; ".join(f"{b}: {r}" for b, r in p.refusals.items())
+                 for p in fallbacks]
+        raise FallbackError(f"{len(fallbacks)} node(s) cannot run on the requested backends:\n  " + "\n  ".join(lines),
+                            hint='pass on_fallback="warn" to let them fall back')
+    warnings.warn(f"hetero: {placement.fallback_summary()}", HeteroWarning, stacklevel=3)

@@ -9,7 +9,6 @@ each program its inputs, copying a value only where the plan made at constructio
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,17 +16,17 @@ import numpy as np
 
 from .. import dtypes
 from ..backend import Backend, Kernel, NodeInfo, Program
-from ..errors import FallbackError, HeteroError, HeteroWarning, InputError
+from ..errors import HeteroError, InputError
 from ..frontends import load
 from ..ir import passes
 from ..ir.graph import Graph, Node
 from ..tensor import Tensor, TensorInfo
 from .control import ControlFlow
-from .describe import ValueInfo, check_opsets, check_options, run_arguments, value_infos
+from .describe import ValueInfo, bind_inputs, check_opsets, check_options, explain, run_arguments, value_infos
 from .executor import KernelProgram
 from .infer import fold_and_infer
 from .memory import ArenaPlan
-from .partition import NodePlacement, Placement, partition
+from .partition import NodePlacement, Placement, partition, report_fallback
 from .segments import Edge, cut
 from .selection import select
 
@@ -68,7 +67,7 @@ class Session:
         check_options(options, (k for b in self.backends for k in b.option_keys))
         infos = [self._node_info(node) for node in self.graph.nodes]
         self.placement: Placement = partition(self.graph, infos, self.backends, selection.preferred)
-        self._report_fallback(on_fallback)
+        report_fallback(self.placement, on_fallback)
         self._control = ControlFlow(self.graph.initializers, [b.name for b in self.backends], options)
         self._weights: dict[tuple[str, str], Tensor] = {}
         self._edges: list[Edge] = cut(self.graph, infos, self.placement, {b.name: b for b in self.backends})
@@ -83,17 +82,6 @@ class Session:
         outputs = [values.get(n, TensorInfo(dtypes.float32, None)) for n in node.outputs]
         constants = {i: self.graph.initializers[n] for i, n in enumerate(node.inputs) if n in self.graph.initializers}
         return NodeInfo(node, inputs, outputs, constants, self.graph.opset(node.domain))
-
-    def _report_fallback(self, on_fallback: str) -> None:
-        fallbacks = self.placement.fallbacks()
-        if not fallbacks or on_fallback == "silent":
-            return
-        if on_fallback == "error":
-            lines = [f"{p.name} ({p.op_type}) -> {p.backend}: " + "; ".join(f"{b}: {r}" for b, r in p.refusals.items())
-                     for p in fallbacks]
-            raise FallbackError(f"{len(fallbacks)} node(s) cannot run on the requested backends:\n  "
-                                + "\n  ".join(lines), hint='pass on_fallback="warn" to let them fall back')
-        warnings.warn(f"hetero: {self.placement.fallback_summary()}", HeteroWarning, stacklevel=3)
 
     def _compile(self, edge: Edge, placed: dict[int, NodePlacement]) -> Program:
         program = edge.backend.compile(edge.segment)
@@ -144,7 +132,7 @@ class Session:
         for name in wanted:
             if name not in self.graph.outputs:
                 raise InputError(f"{name!r} is not an output of the model; outputs: {self.graph.outputs}")
-        env: dict[str, Tensor] = self._bind_inputs(feeds)
+        env: dict[str, Tensor] = bind_inputs(self.graph, feeds)
         moved: dict[tuple[str, str], Tensor] = {}  # values copied into another domain, shared by later segments
         for edge, program in zip(self._edges, self.programs, strict=True):
             backend, domain = edge.backend, edge.backend.memory_domain
@@ -165,24 +153,6 @@ class Session:
                     moved.pop((name, d), None)
         return {name: self._output(env, name) for name in wanted}
 
-    def _bind_inputs(self, feeds: dict[str, Any]) -> dict[str, Tensor]:
-        if not isinstance(feeds, dict):
-            raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
-        unknown = [n for n in feeds if n not in self.graph.inputs]
-        if unknown:
-            raise InputError(f"unknown input(s) {unknown}; the model's inputs are {self.graph.inputs}")
-        env: dict[str, Tensor] = {}
-        for name in self.graph.inputs:
-            info = self.graph.values.get(name)
-            if name not in feeds:
-                raise InputError(f"missing input {name!r} ({info})")
-            value = feeds[name]
-            tensor = value if isinstance(value, Tensor) else Tensor.from_numpy(np.asarray(value))
-            if info is not None:
-                _check_input(name, tensor, info)
-            env[name] = tensor
-        return env
-
     def _output(self, env: dict[str, Tensor], name: str) -> Tensor:
         if name in env:
             return env[name]
@@ -193,21 +163,7 @@ class Session:
     # -- reporting -----------------------------------------------------------------------------------------------
     def explain(self) -> str:
         """Node -> backend (and segment), each refusal, and the copies a run makes, as a readable table."""
-        segment_of = {id(info.node): e.segment.index for e in self._edges for info in e.segment.nodes}
-        rows = [("node", "op", "backend", "segment", "why not earlier backends")]
-        for p in self.placement.nodes:
-            why = "; ".join(f"{b}: {r}" for b, r in p.refusals.items())
-            where = p.backend + (f" ({p.implementation})" if p.implementation else "")
-            segment = str(segment_of.get(id(self.graph.nodes[p.index]), ""))
-            rows.append((p.name, p.op_type, where + (" (fallback)" if p.fallback else ""), segment, why))
-        widths = [max(len(r[c]) for r in rows) for c in range(4)]
-        lines = [f"backends: {', '.join(b.name for b in self.backends)}"]
-        lines += ["  ".join(r[c].ljust(widths[c]) for c in range(4)) + "  " + r[4] for r in rows]
-        counts = ", ".join(f"{b}: {n}" for b, n in self.placement.counts().items())
-        lines.append(f"nodes per backend: {counts}; segments: {len(self._edges)}")
-        lines.append("copies:" if self.placement.copies else "copies: none")
-        lines += [f"  {c.value}: {c.src} -> {c.dst}" for c in self.placement.copies]
-        return "\n".join(line.rstrip() for line in lines)
+        return explain(self.graph, self.backends, self.placement, [e.segment for e in self._edges])
 
     @property
     def memory_plan(self) -> ArenaPlan | None:
@@ -240,16 +196,3 @@ class Session:
 def _move(tensor: Tensor, backend: Backend) -> Tensor:
     moved = backend.copy(tensor)
     return moved if moved is not None else backend.upload(tensor.host_values())
-
-
-def _check_input(name: str, tensor: Tensor, info: TensorInfo) -> None:
-    if tensor.dtype != info.dtype:
-        raise InputError(f"input {name!r} has dtype {tensor.dtype}; the model expects {info.dtype}")
-    if info.shape is None:
-        return
-    if len(tensor.shape) != len(info.shape):
-        raise InputError(f"input {name!r} has shape {list(tensor.shape)}; the model expects rank {len(info.shape)} "
-                         f"({info})")
-    for axis, (got, want) in enumerate(zip(tensor.shape, info.shape, strict=True)):
-        if want is not None and got != want:
-            raise InputError(f"input {name!r} has shape {list(tensor.shape)}; dim {axis} must be {want} ({info})")
