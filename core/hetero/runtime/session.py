@@ -149,8 +149,9 @@ class Session:
             backend.synchronize()  # asynchronous devices: the segment's results are complete from here on
             for name in edge.drop:
                 env.pop(name, None)
-                for d in self._domains:
-                    moved.pop((name, d), None)
+                if moved:
+                    for d in self._domains:
+                        moved.pop((name, d), None)
         return {name: self._output(env, name) for name in wanted}
 
     def _output(self, env: dict[str, Tensor], name: str) -> Tensor:
@@ -194,5 +195,7 @@ class Session:
 
 
 def _move(tensor: Tensor, backend: Backend) -> Tensor:
+    if tensor.backend is not None and tensor.backend.memory_domain == backend.memory_domain:
+        return tensor  # a feed the caller passed already on this device
     moved = backend.copy(tensor)
     return moved if moved is not None else backend.upload(tensor.host_values())
