@@ -107,8 +107,8 @@ class Kernel(Protocol):
     Optional, not part of the protocol's required methods: ``bind(inputs, outputs) -> Callable[[], None] | None``.
     The session's steady-state replay (``hetero.runtime.replay``) asks for it once per recorded step: a
     zero-argument callable doing what ``run(inputs, outputs)`` does on these exact tensors, whose buffers stay while
-    their contents change (read values such as ``past_len`` at call time). None, or no ``bind``: the replay calls
-    ``run``.
+    their contents change (read values such as ``past_len`` at call time), or a list of such callables called in
+    order (one per device launch). None, or no ``bind``: the replay calls ``run``.
     """
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None: ...

@@ -154,7 +154,6 @@ class Replay:
         for name, slot in self._slots:
             tensor = feeds[name]
             write(slot, tensor)
-            slot.host_copy = tensor.host_copy
             values["feed", name] = tensor
         for call in self.program:
             call()

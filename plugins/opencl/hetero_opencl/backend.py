@@ -78,7 +78,12 @@ class OpenCLBackend(KernelTableBackend):
         """Write host values into ``tensor``: small ones (token ids, past_len) are kept as its ``host_copy`` and
         written from there without waiting; larger ones are written before this returns."""
         if array.nbytes <= HOST_COPY_BYTES:
-            tensor.host_copy = np.array(array, order="C")
+            kept = tensor.host_copy
+            if kept is not None and kept.shape == array.shape and kept.dtype == array.dtype:
+                # in place: launches bound for the replay read this array (the queue drained at the last segment end)
+                np.copyto(kept, array)
+            else:
+                tensor.host_copy = np.array(array, order="C")
             if array.nbytes:
                 self.ctx.write(tensor.buffer, tensor.host_copy.reshape(-1).view(np.uint8), blocking=False)
         else:
@@ -92,7 +97,11 @@ class OpenCLBackend(KernelTableBackend):
             return
         if src.dtype.nbytes(src.size):
             self.ctx.copy(src.buffer, dst.buffer, 0, 0, src.dtype.nbytes(src.size))
-        dst.host_copy = src.host_copy
+        kept, value = dst.host_copy, src.host_copy
+        if value is not None and kept is not None and kept.shape == value.shape and kept.dtype == value.dtype:
+            np.copyto(kept, value)  # in place: launches bound for the replay read this array
+        else:
+            dst.host_copy = None if value is None else np.array(value, order="C")
 
     def arena_tensor(self, arena: Any, offset: int, info: TensorInfo) -> Tensor | None:
         """A sub-buffer of the arena (offsets are multiples of the device's base address alignment)."""

@@ -2,6 +2,7 @@
 // OpenCL objects (context, in-order queue, buffers, programs, kernels), pools device buffers so the decode loop does
 // not call clCreateBuffer per op, and turns launch arguments (Buffer / int / float / Local) into clSetKernelArg calls.
 // Everything is enqueued on one in-order queue; only `read` (a download) waits.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -427,7 +428,8 @@ class Context {
     return prog;
   }
 
-  // launch(kernel, global, local, *args): args are Buffer, int (cl_int), float (cl_float) or Local(nbytes).
+  // launch(kernel, global, local, *args): args are Buffer, int (cl_int), float (cl_float), Local(nbytes) or a
+  // one-element int64 numpy array (its current value, as cl_int).
   void launch(Kernel& k, const std::vector<size_t>& global, const std::vector<size_t>& local, py::args args) {
     live();
     cl_uint i = 0;
@@ -444,6 +446,10 @@ class Context {
         err = clSetKernelArg(k.k, i, sizeof(v), &v);
       } else if (py::isinstance<Local>(a)) {
         err = clSetKernelArg(k.k, i, a.cast<Local&>().nbytes, nullptr);
+      } else if (py::isinstance<py::array_t<int64_t>>(a) && a.cast<py::array>().size() == 1) {
+        // a one-element int64 host array: its value now, as a cl_int (a bound launch reads past_len each call)
+        const cl_int v = static_cast<cl_int>(*static_cast<const int64_t*>(a.cast<py::array>().data()));
+        err = clSetKernelArg(k.k, i, sizeof(v), &v);
       } else {
         throw std::invalid_argument(k.name + ": argument " + std::to_string(i) + " has an unsupported type " +
                                     std::string(py::str(py::type::of(a))));

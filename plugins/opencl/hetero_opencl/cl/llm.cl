@@ -73,10 +73,13 @@ __kernel void kv_store(__global const float* k, __global const float* v, __globa
 // no score buffer is needed; each work-item owns output dims lid, lid + ATT_WG, ... (head_dim <= 8 * ATT_WG).
 __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1)))
 void attention(__global const float* q, __global const KV_T* kc, __global const KV_T* vc, __global float* out,
-               int Hq, int Hkv, int D, int max_ctx, __global const long* past_len, float scale) {
+               int Hq, int Hkv, int D, int max_ctx, int past_len, float scale) {
   const int lid = get_local_id(0), h = get_group_id(1), t = get_group_id(2);
   const int kvh = h / (Hq / Hkv);
-  const int L = (int)clamp(past_len[0] + t + 1, 1L, (long)max_ctx);
+  // past_len is a scalar argument (not read from a buffer): the tile loop below holds barriers, and PoCL runs such
+  // loops fast only when their bound is uniform (a kernel argument). A bound replay launch reads it from past_len's
+  // host copy at each call.
+  const int L = clamp(past_len + t + 1, 1, max_ctx);
   __local float qs[ATT_WG * ATT_MAX_DPT];
   __local float p[ATT_WG];
   __local float red[ATT_WG];

@@ -88,9 +88,14 @@ class ClKernel:
 
     def host(self, tensor: Tensor | None) -> np.ndarray | None:
         """A small input's values on the host (``Tensor.host_values``: its host copy, else a waiting download)."""
-        if isinstance(self.ctx, _Recording):
+        if self.recording:
             raise _NotBindable("reads an input on the host")  # a value that may change between replayed runs
         return None if tensor is None else tensor.host_values()
+
+    @property
+    def recording(self) -> bool:
+        """Whether ``bind`` is recording this kernel's launches (then no value is read on the host)."""
+        return isinstance(self.ctx, _Recording)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Any:
         """For the replay: ``run`` on these exact tensors as bound native calls (``ctx.launch`` / ``copy`` / ``zero``
@@ -121,7 +126,7 @@ class ClKernel:
 
     def put_host_result(self, out: Tensor, value: np.ndarray) -> None:
         """A small result computed on the host: written to the device (without waiting) and kept as its host copy."""
-        if isinstance(self.ctx, _Recording):
+        if self.recording:
             raise _NotBindable("computes its result on the host")
         self.be.write_host(out, np.asarray(value, dtype=out.dtype.np_dtype).reshape(out.shape))
 

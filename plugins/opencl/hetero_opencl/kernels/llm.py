@@ -241,8 +241,12 @@ class ClAttention(ClKernel):
         self.filled = past + t
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Any:
-        """The store and the attention read past_len on the device, so the replay re-issues them as they are; the
-        host no longer sees the positions (Llm.forward checks the context), so the filled-positions check stops."""
+        """The store reads past_len on the device and the attention from past_len's host copy at each launch (the
+        replay refills it in place), so the replay re-issues both as they are; the host no longer sees the positions
+        (Llm.forward checks the context), so the filled-positions check stops."""
+        past = inputs[3]
+        if past is None or past.host_copy is None or past.host_copy.dtype != np.int64:
+            return None
         calls = super().bind(inputs, outputs)
         if calls is not None:
             self.filled = self.max_context
@@ -257,8 +261,10 @@ class ClAttention(ClKernel):
         self.launch(self.k(LLM, "kv_store", self.defines), [d, hkv, t], None, k.buffer, v.buffer, kc, vc, hkv, d,
                     self.max_context, past.buffer)
         scale = float(self.attr("scale", 0.0)) or 1.0 / math.sqrt(d)
+        # recorded for the replay: the host copy itself (read at each launch); run: the value
+        position = past.host_copy if self.recording else _past_len(self, past)
         self.launch(self.k(LLM, "attention", self.defines), [ATT_WG, hq, t], [ATT_WG, 1, 1], q.buffer, kc, vc,
-                    y.buffer, hq, hkv, d, self.max_context, past.buffer, scale)
+                    y.buffer, hq, hkv, d, self.max_context, position, scale)
 
 
 class ClMoE(_WeightKernel):
