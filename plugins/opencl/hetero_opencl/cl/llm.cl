@@ -76,9 +76,8 @@ void attention(__global const float* q, __global const KV_T* kc, __global const 
                int Hq, int Hkv, int D, int max_ctx, int past_len, float scale) {
   const int lid = get_local_id(0), h = get_group_id(1), t = get_group_id(2);
   const int kvh = h / (Hq / Hkv);
-  // past_len is a scalar argument (not read from a buffer): the tile loop below holds barriers, and PoCL runs such
-  // loops fast only when their bound is uniform (a kernel argument). A bound replay launch reads it from past_len's
-  // host copy at each call.
+  // past_len stays a scalar argument, so the bound of the tile loop below (which holds barriers) is a uniform
+  // kernel argument; a bound replay launch passes it from past_len's host copy at each call.
   const int L = clamp(past_len + t + 1, 1, max_ctx);
   __local float qs[ATT_WG * ATT_MAX_DPT];
   __local float p[ATT_WG];
