@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 import hetero
 from conftest import make_model, rare_node
 from hetero import plugins
-from hetero.contract import Backend, Device, Factory, NodeInfo, Support, Tensor, dtypes, unsupported
+from hetero.contract import Backend, Device, Factory, NodeInfo, Segment, Support, Tensor, dtypes, unsupported
 from hetero.contract.graph import Graph
 from hetero.runtime.evaluate import run_graph
 
@@ -39,28 +39,14 @@ class SimNpu(Backend):
         self.compiled: list[Graph] = []
 
     def supports(self, node: NodeInfo) -> Support:
-        return unsupported("simnpu runs whole subgraphs only")
+        if node.op_type in self.claims:
+            return Support(True)
+        return unsupported(f"simnpu does not run {node.op_type}")
 
-    def partition(self, graph: Graph, infos) -> list[list[int]]:
-        groups: list[list[int]] = []
-        for i, node in enumerate(graph.nodes):
-            if node.op_type in self.claims:
-                if groups and groups[-1][-1] == i - 1:
-                    groups[-1].append(i)
-                else:
-                    groups.append([i])
-        return groups
-
-    def compile(self, subgraph: Graph):
-        self.compiled.append(subgraph)
-
-        def run(inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-            for name, tensor in inputs.items():
-                assert tensor.backend is self, f"{name} reached the device without a copy"
-            outs = run_graph(subgraph, {n: self.download(t) for n, t in inputs.items()})
-            return {n: self.upload(v) for n, v in zip(subgraph.outputs, outs, strict=True)}
-
-        return run
+    def compile(self, segment: Segment):
+        """The whole segment as one program (the simulated device evaluates its graph)."""
+        self.compiled.append(segment.graph)
+        return _SimProgram(self, segment.graph)
 
     def upload(self, array: np.ndarray, kind: str = "arena") -> Tensor:
         self.uploads += 1
@@ -71,6 +57,17 @@ class SimNpu(Backend):
         self.downloads += 1
         np_dtype = tensor.dtype.np_dtype
         return np.frombuffer(tensor.buffer.data, dtype=np_dtype).reshape(tensor.shape).copy()
+
+
+class _SimProgram:
+    def __init__(self, npu: SimNpu, graph: Graph) -> None:
+        self.npu, self.graph = npu, graph
+
+    def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        for name, tensor in inputs.items():
+            assert tensor.backend is self.npu, f"{name} reached the device without a copy"
+        outs = run_graph(self.graph, {n: self.npu.download(t) for n, t in inputs.items()})
+        return {n: self.npu.upload(v) for n, v in zip(self.graph.outputs, outs, strict=True)}
 
 
 class SimNpuFactory(Factory):
@@ -113,7 +110,7 @@ def _model():
     return model, lambda x: np.arctan(np.maximum(x @ w1 + b, 0)) @ w2
 
 
-def test_groups_are_compiled_and_copies_inserted(simnpu):
+def test_segments_are_compiled_and_copies_inserted(simnpu):
     model, expected = _model()
     session = hetero.Session(model, backends=["simnpu", "reference"], on_fallback="error", optimize=False)
     npu = SimNpuFactory.last
@@ -148,4 +145,4 @@ def test_supports_refusal_reason_is_reported(simnpu):
     model = make_model([rare_node("x", "y", name="only")],
                        [("x", TensorProto.FLOAT, [2])], [("y", TensorProto.FLOAT, [2])])
     session = hetero.Session(model, backends=["simnpu", "reference"], on_fallback="silent")
-    assert session.placement.nodes[0].refusals == {"simnpu": "simnpu runs whole subgraphs only"}
+    assert session.placement.nodes[0].refusals == {"simnpu": "simnpu does not run RareAtan"}

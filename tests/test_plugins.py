@@ -353,7 +353,12 @@ def test_backend_order_from_priority_and_from_hetero_backends(site: Site) -> Non
     assert names(ordered, ours) == ["talpha", "tbeta", "reference"]
     assert ordered.placement.nodes[0].backend == "talpha"
 
-    site.setenv("HETERO_BACKENDS", "tgamma,talpha")  # the variable is an explicit request: a missing one is an error
+    # a preference list: a missing backend is skipped with a warning (onnxruntime's habit), the next one used
+    site.setenv("HETERO_BACKENDS", "tgamma,talpha")
+    with pytest.warns(hetero.HeteroWarning, match="tgamma: not installed"):
+        preferred = hetero.Session(relu_model(), on_fallback="silent")
+    assert preferred.placement.nodes[0].backend == "talpha"
+    site.setenv("HETERO_BACKENDS", "tgamma")  # the only one asked for: an error
     with pytest.raises(hetero.BackendUnavailable, match="tgamma: not installed"):
         hetero.Session(relu_model())
 
@@ -363,10 +368,24 @@ def test_explicit_unavailable_backend_raises_with_the_reason(site: Site) -> None
     install_bad(site, BAD["probe unavailable"])
     site.reload()
     with pytest.raises(hetero.BackendUnavailable) as info:
-        hetero.Session(relu_model(), backends=["tplug_ocl", "reference"])
+        hetero.Session(relu_model(), backends=["tplug_ocl"])
     message = str(info.value)
     assert "tplug_ocl: unavailable: OpenCL ICD loader libOpenCL.so.1 not found" in message
     assert "apt install ocl-icd-libopencl1" in message
+
+
+def test_unavailable_backend_in_a_preference_list_warns_once_and_uses_the_next(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_bad(site, BAD["probe unavailable"])
+    site.reload()
+    monkeypatch.setattr(selection, "_warned_skips", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            session = hetero.Session(relu_model(), backends="tplug_ocl,reference")  # a string, split like -b
+            assert session.get_providers() == ["reference"]
+    skipped = [w for w in caught if "tplug_ocl" in str(w.message)]
+    assert len(skipped) == 1 and "libOpenCL.so.1 not found" in str(skipped[0].message)
 
 
 def test_automatic_selection_skips_it_with_one_warning(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ def _view_model():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_views_survive_arena_reuse_and_replay(backend):
     session = hetero.Session(_view_model(), backends=[backend], on_fallback="silent")
-    assert any(step.alias for step in session._steps)
+    assert any(step.alias for step in session.programs[0].steps)
     rng = np.random.default_rng(0)
     previous = None
     for batch in (2, 2, 2, 2, 3, 3, 3, 2, 2):
@@ -43,7 +43,7 @@ def test_views_survive_arena_reuse_and_replay(backend):
         if previous is not None and previous.shape == y.shape:
             assert not np.shares_memory(previous, y)  # outputs are the caller's, never the arena's
         previous = y
-    assert session._replay is not None and session._replay.signature[0][1] == (2, 6)
+    assert session.programs[0].replay is not None and session.programs[0].replay.signature[0][1] == (2, 6)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -54,7 +54,7 @@ def test_replay_matches_interpreter(backend, mlp_model):
     for _ in range(4):
         x = rng.normal(size=(3, 8)).astype(np.float32)
         np.testing.assert_allclose(session.run({"x": x})["y"], expected(x), rtol=1e-5, atol=1e-6)
-    assert session._replay is not None
+    assert session.programs[0].replay is not None
 
 
 def test_data_dependent_models_do_not_replay():
@@ -64,4 +64,4 @@ def test_data_dependent_models_do_not_replay():
     for values in ([1, 0, 2, 0], [1, 1, 1, 0], [0, 0, 0, 0]):
         y = session.run({"x": np.array(values, np.float32)})["y"]
         np.testing.assert_array_equal(y, np.array(np.nonzero(values)))
-    assert session._replay is None
+    assert session.programs[0].replay is None

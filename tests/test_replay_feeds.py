@@ -39,7 +39,7 @@ def test_feeds_are_copied_and_outputs_stay_the_callers(backend):
         np.testing.assert_allclose(y, np.maximum(x, 0) + x, rtol=1e-6)
         np.testing.assert_array_equal(z, x.reshape(3, 2))
         seen.append((x, y, z))
-    assert session._replay is not None
+    assert session.programs[0].replay is not None
     for x, y, z in seen:  # earlier results were not overwritten by later runs
         np.testing.assert_allclose(y, np.maximum(x, 0) + x, rtol=1e-6)
         np.testing.assert_array_equal(z, x.reshape(3, 2))

@@ -30,10 +30,10 @@ def _decode(llm, prompt, tokens):
 def test_replayed_decode_matches_the_interpreter():
     prompt, tokens = [5, 17, 300, 2], [7, 7, 411, 3, 90, 12, 255, 1]
     replayed, interpreted = _tiny(), _tiny()
-    interpreted.session._replayable = False  # every step through the interpreter
+    interpreted.session.programs[0].replayable = False  # every step through the interpreter
     got, want = _decode(replayed, prompt, tokens), _decode(interpreted, prompt, tokens)
-    replay = replayed.session._replay
-    assert replay is not None and interpreted.session._replay is None
+    replay = replayed.session.programs[0].replay
+    assert replay is not None and interpreted.session.programs[0].replay is None
     # every LLM kernel and residual Add of the step is a bound call (only the last-token Gather and the LM head,
     # which writes a fresh output array, go through run)
     bindable = sum(node.op_type in BOUND_OPS for node, _ in replayed.session.kernels())
@@ -47,7 +47,7 @@ def test_replayed_decode_matches_the_interpreter():
 def test_replayed_step_checks_past_len_like_run():
     llm = _tiny()
     _decode(llm, [1, 2, 3], [4, 5, 6])
-    assert llm.session._replay is not None
+    assert llm.session.programs[0].replay is not None
     ids = np.array([9], dtype=np.int64)
     with pytest.raises(HeteroError, match=r"past_len 40 is outside the 6 cached positions"):
         llm.session.run({"input_ids": ids, PAST_LEN: np.asarray(40, dtype=np.int64)})
@@ -72,7 +72,8 @@ def test_profiler_times_the_bound_calls():
     assert ops["QMatMul"].calls == ops["QMatMul"].native_calls == 7 * layers + 1
     assert ops["Attention"].native_calls == layers and ops["RotaryEmbedding"].native_calls == 2 * layers
     assert result.native_us > 0
-    assert llm.session._replay is None or llm.session._replay.bound > 0  # the wrappers were taken off again
+    replay = llm.session.programs[0].replay
+    assert replay is None or replay.bound > 0  # the wrappers were taken off again
 
 
 def test_profiler_cpu_clock_and_its_argument_check():

@@ -4,7 +4,8 @@
 the source), so a plugin that imports only this package depends on what ``API_VERSION`` covers and nothing more:
 
 * ``backend`` — ``Factory``, ``Device``, ``Backend``, ``KernelTableBackend``, ``HostMemory``, ``NodeInfo``,
-  ``Support`` and the ``Kernel`` protocol (every method the runtime may call);
+  ``Support``, the ``Kernel`` protocol (every method the runtime may call) and, for whole-graph backends, the
+  ``Segment`` a backend compiles and the ``Program`` it returns;
 * ``hookspecs`` — the hooks a plugin implements (``hookimpl``);
 * ``tensor``, ``dtypes``, ``graph`` — the values, element types and graph IR a backend receives;
 * ``registry`` — the op schemas (``OpSchema``: shape inference and numpy reference); ``reference`` — that numpy
@@ -22,7 +23,6 @@ from .backend import (
     API_VERSION,
     SUPPORTED,
     Backend,
-    Compiled,
     Device,
     Factory,
     HostMemory,
@@ -30,6 +30,8 @@ from .backend import (
     KernelFactory,
     KernelTableBackend,
     NodeInfo,
+    Program,
+    Segment,
     SubgraphRunner,
     Support,
     dtype_check,
@@ -56,7 +58,6 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailable",
-    "Compiled",
     "Device",
     "Factory",
     "FallbackError",
@@ -70,6 +71,8 @@ __all__ = [
     "ModelFormatError",
     "NodeInfo",
     "PluginError",
+    "Program",
+    "Segment",
     "ShapeError",
     "SubgraphRunner",
     "Support",

@@ -6,12 +6,15 @@ implements the ``hetero_register_backends`` hook (see ``hookspecs.py``), registe
 
 * ``Factory.probe()`` lists the devices, or raises ``BackendUnavailable`` naming the missing driver and the fix;
 * ``Factory.create(device, options)`` returns a ``Backend`` for one device;
-* the session asks ``Backend.supports(node)`` for every node (after shape inference), then ``Backend.kernel(node)``
-  for those it got. A ``Kernel`` is prepared when input shapes change (plan memory, choose the algorithm) and run
-  on preallocated outputs (no allocation on the hot path). ``Kernel`` below lists every method the runtime calls.
-* memory: ``alloc``/``upload``/``download`` (and optional ``view``, ``copy``); ``synchronize`` after the work the
-  session queued on an asynchronous device; ``close``. Backends that compute on host memory inherit ``HostMemory``
-  and then share buffers with each other without copies.
+* the session asks ``Backend.supports(node)`` for every node (after shape inference), cuts the placed graph into
+  segments (maximal runs of nodes on one backend) and asks ``Backend.compile(segment)`` for a ``Program`` per
+  segment. Kernel-table backends return None and get the core's default program (``hetero.runtime.executor``),
+  which asks ``Backend.kernel(node)`` for each node: a ``Kernel`` is prepared when input shapes change (plan
+  memory, choose the algorithm) and run on preallocated outputs (no allocation on the hot path). ``Kernel`` below
+  lists every method the runtime calls. Whole-graph backends (NPUs) return their own program.
+* memory: ``alloc``/``upload``/``download`` (and optional ``view``, ``copy``); ``synchronize`` at the end of each
+  segment the session queued on an asynchronous device; ``close``. Backends that compute on host memory inherit
+  ``HostMemory`` and then share buffers with each other without copies.
 
 Read docs/backend-authors.md for a walk-through; ``hetero.reference`` is the smallest complete backend.
 """
@@ -130,7 +133,8 @@ class Kernel(Protocol):
     * ``bind(inputs, outputs) -> Callable[[], None] | None`` — the session's steady-state replay
       (``hetero.runtime.replay``) asks for it once per recorded step: a zero-argument callable doing what
       ``run(inputs, outputs)`` does on these exact tensors, whose buffers stay while their contents change (read
-      values such as ``past_len`` at call time). None, or no ``bind``: the replay calls ``run``.
+      values such as ``past_len`` at call time), or a list of such callables called in order (one per device
+      launch). None, or no ``bind``: the replay calls ``run``.
     * ``implementation: str`` — what the kernel is when it is not the backend's own (``"numpy"`` for the
       reference run inside a backend); shown by ``Session.explain()`` and ``hetero ops``.
     """
@@ -140,10 +144,27 @@ class Kernel(Protocol):
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None: ...
 
 
-class Compiled(Protocol):
-    """A whole subgraph compiled by a graph-level backend (NPUs): called with and returning named tensors."""
+@dataclass
+class Segment:
+    """A maximal run of consecutive nodes the session placed on one backend: the unit a backend compiles.
 
-    def __call__(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]: ...
+    ``graph`` holds the nodes; its inputs are the values read from outside (graph inputs and earlier segments'
+    outputs, already in this backend's memory domain when the program runs), its initializers the weights they read,
+    its outputs what later segments read or the caller gets back (``returned``: never placed in memory a later run
+    reuses).
+    """
+
+    index: int
+    graph: Graph
+    nodes: list[NodeInfo]
+    returned: frozenset[str] = frozenset()
+
+
+class Program(Protocol):
+    """A compiled segment: ``run`` takes the segment's inputs by name and returns its outputs by name. It prepares
+    itself when input shapes change and runs without allocating while they stay the same."""
+
+    def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]: ...
 
 
 class Backend:
@@ -157,6 +178,9 @@ class Backend:
     name: ClassVar[str] = "backend"
     memory_domain: ClassVar[str] = "host"
 
+    # Session options this backend reads (beside the core's ``threads``): other keys are refused, naming these.
+    option_keys: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
         self.device = device
         self.options = dict(options or {})
@@ -168,13 +192,11 @@ class Backend:
     def kernel(self, node: NodeInfo) -> Kernel:
         raise NotImplementedError
 
-    # Whole-graph backends override these two: partition() returns groups of node indices they claim, each group is
-    # then compiled once. The default claims nothing, and nodes go one by one through supports()/kernel().
-    def partition(self, graph: Graph, infos: Sequence[NodeInfo]) -> list[list[int]]:
-        return []
-
-    def compile(self, subgraph: Graph) -> Compiled:
-        raise NotImplementedError(f"{self.name} does not compile subgraphs")
+    def compile(self, segment: Segment) -> Program | None:
+        """This backend's program for a segment of nodes it accepted in ``supports``. None (the default): the core's
+        program runs the segment node by node through ``kernel()``, with arena planning and replay. Whole-graph
+        backends (NPUs) override this and return their own."""
+        return None
 
     # -- memory --------------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int, kind: str = "arena") -> Any:
@@ -196,6 +218,19 @@ class Backend:
     def view(self, tensor: Tensor, info: TensorInfo) -> Tensor | None:
         """A tensor of ``info``'s shape sharing ``tensor``'s memory (Reshape, Flatten, Squeeze...), or None when the
         backend cannot; then the op's kernel runs (a copy)."""
+        return None
+
+    def write(self, dst: Tensor, src: Tensor) -> None:
+        """Overwrite ``dst`` (a tensor of this backend) with ``src``'s values (same shape and dtype; host memory or
+        this backend's): how the replay refills its own input buffers. Backends without it are not replayed."""
+        raise NotImplementedError
+
+    # Arena: backends that return tensors here get their intermediates planned into one buffer from ``alloc(n,
+    # "arena")``, offsets aligned to ``arena_align`` bytes. None (the default): outputs come from ``empty`` each run.
+    arena_align: int = 64
+
+    def arena_tensor(self, arena: Any, offset: int, info: TensorInfo) -> Tensor | None:
+        """A tensor of ``info`` sharing ``arena``'s memory from ``offset`` bytes on, or None."""
         return None
 
     def copy(self, tensor: Tensor) -> Tensor | None:
@@ -236,6 +271,17 @@ class HostMemory(Backend):
 
     def download(self, tensor: Tensor) -> np.ndarray:
         return tensor.buffer
+
+    def write(self, dst: Tensor, src: Tensor) -> None:
+        np.copyto(dst.buffer, src.numpy())
+
+    def arena_tensor(self, arena: Any, offset: int, info: TensorInfo) -> Tensor | None:
+        np_dtype = info.dtype.np_dtype
+        if np_dtype is None:
+            return None
+        nbytes = info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
+        view = arena[offset:offset + nbytes].view(np_dtype).reshape(info.shape)
+        return Tensor(view, info.shape, info.dtype, self)  # type: ignore[arg-type]
 
     def view(self, tensor: Tensor, info: TensorInfo) -> Tensor | None:
         array = tensor.numpy()

@@ -47,13 +47,15 @@ class Graph:
     name: str = "graph"
     # Names visible from an enclosing graph (subgraphs of If/Loop/Scan read them).
     outer_scope: frozenset[str] = frozenset()
+    # Symbolic dim names of graph inputs / outputs as the model file gives them ("batch"; None where it gives none).
+    dim_names: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
 
     def copy(self) -> Graph:
         """A graph that passes may rewrite without touching this one: fresh nodes, lists and dicts; the weight
         arrays and subgraph attributes are shared (passes never modify them)."""
         nodes = [Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.domain) for n in self.nodes]
         return Graph(nodes, list(self.inputs), list(self.outputs), dict(self.initializers), dict(self.values),
-                     dict(self.opsets), self.name, self.outer_scope)
+                     dict(self.opsets), self.name, self.outer_scope, dict(self.dim_names))
 
     def opset(self, domain: str) -> int:
         return self.opsets.get(domain, self.opsets.get(ONNX_DOMAIN, 21) if domain == ONNX_DOMAIN else 1)

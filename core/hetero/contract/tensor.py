@@ -59,15 +59,23 @@ def static_shape(info: TensorInfo | None) -> tuple[int, ...]:
 
 
 class Tensor:
-    """A buffer with a shape and dtype, owned by a backend (``backend=None``: plain host memory)."""
+    """A buffer with a shape and dtype, owned by a backend (``backend=None``: plain host memory).
 
-    __slots__ = ("backend", "buffer", "dtype", "shape")
+    ``host_copy``: for a small device tensor that carries shapes or indices (an uploaded ``past_len``, a ``Shape``
+    output, integer shape arithmetic), the backend that produced it may keep its values on the host here. The runtime
+    reads value inputs (Reshape's shape, Slice's starts...) through ``host_values()``, which uses this copy and never
+    waits for the device; a kernel that writes the tensor on the device leaves it None (the executor clears it on
+    reused outputs before each interpreted run).
+    """
+
+    __slots__ = ("backend", "buffer", "dtype", "host_copy", "shape")
 
     def __init__(self, buffer: Any, shape: Sequence[int], dtype: DType, backend: Owner | None = None) -> None:
         self.buffer = buffer
         self.shape = tuple(int(d) for d in shape)
         self.dtype = dtype
         self.backend = backend
+        self.host_copy: np.ndarray | None = None
 
     @classmethod
     def from_numpy(cls, array: np.ndarray | Any) -> Tensor:
@@ -101,6 +109,15 @@ class Tensor:
             return self.buffer
         assert self.backend is not None
         return self.backend.download(self)
+
+    def host_values(self) -> np.ndarray:
+        """The values on the host for reading shapes and indices: the buffer of a host tensor, the producer's
+        ``host_copy`` of a device one, else a download (which waits for the device)."""
+        if self.is_host:
+            return self.buffer
+        if self.host_copy is not None:
+            return self.host_copy
+        return self.numpy()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()

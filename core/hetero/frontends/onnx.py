@@ -94,10 +94,12 @@ class _Reader:
             if outer and vi.type.WhichOneof("value") is None:
                 continue  # subgraph inputs may leave their type to the enclosing op (Loop/Scan bodies)
             graph.values[vi.name] = self.value_info(vi, "input")
+            _keep_dim_names(graph, vi)
         for vi in proto.output:
             graph.outputs.append(vi.name)
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
                 graph.values.setdefault(vi.name, self.value_info(vi, "output"))
+                _keep_dim_names(graph, vi)
         produced: set[str] = set()
         scope = outer | set(graph.inputs) | set(graph.initializers)
         for index, proto_node in enumerate(proto.node):
@@ -223,3 +225,10 @@ class _Reader:
             return np.zeros(dims, dtype=dtype.np_dtype)
         # Memory-mapped: the weights are read from the file on demand, never copied up front.
         return np.memmap(path, dtype=dtype.np_dtype, mode="r", offset=offset, shape=tuple(dims))
+
+
+def _keep_dim_names(graph: Graph, vi: Any) -> None:
+    """Symbolic dims ("batch") of a graph input or output, for ``Session.get_inputs()``."""
+    tt = vi.type.tensor_type
+    if tt.HasField("shape") and any(d.dim_param for d in tt.shape.dim):
+        graph.dim_names[vi.name] = tuple(d.dim_param or None for d in tt.shape.dim)

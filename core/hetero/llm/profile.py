@@ -253,11 +253,13 @@ def _timed_bind(bind: Callable, op: str, clock: _Clock, wrap: Callable[[], None]
     """A kernel's ``bind`` whose bound calls are timed; native objects are wrapped first, so the call holds the
     timed ones (the module's ``_native`` is already the timed stand-in when the replay is recorded)."""
 
-    def timed_bind(inputs: Any, outputs: Any) -> Callable | None:
+    def timed_bind(inputs: Any, outputs: Any) -> Callable | list[Callable] | None:
         if wrap is not None:
             wrap()
         call = bind(inputs, outputs)
-        return None if call is None else _timed(call, op, clock)
+        if call is None or callable(call):
+            return None if call is None else _timed(call, op, clock)
+        return [_timed(c, op, clock) for c in call]  # one bound call per device launch
 
     return timed_bind
 

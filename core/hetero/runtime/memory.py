@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ALIGN = 64  # cache-line and AVX-512 alignment for every tensor in the arena
+ALIGN = 64  # cache-line and AVX-512 alignment: the default for every tensor in the arena
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,16 @@ class ArenaPlan:
                 f"(without reuse {self.unshared_bytes / 1e6:.2f} MB, {saved:.0%} saved)")
 
 
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+def _aligned(n: int, align: int = ALIGN) -> int:
+    return (n + align - 1) // align * align
 
 
-def plan_arena(lifetimes: list[Lifetime]) -> ArenaPlan:
+def plan_arena(lifetimes: list[Lifetime], align: int = ALIGN) -> ArenaPlan:
+    """Offsets are multiples of ``align`` (a device's sub-buffer alignment may be larger than the host's)."""
     placed: list[tuple[int, int, Lifetime]] = []  # (offset, end, lifetime)
     offsets: dict[str, int] = {}
     for life in sorted(lifetimes, key=lambda v: (-v.nbytes, v.first)):
-        size = _aligned(max(life.nbytes, 1))
+        size = _aligned(max(life.nbytes, 1), align)
         busy = sorted((off, end) for off, end, other in placed
                       if other.first <= life.last and life.first <= other.last)
         offset = 0
@@ -53,4 +54,4 @@ def plan_arena(lifetimes: list[Lifetime]) -> ArenaPlan:
         offsets[life.name] = offset
     arena = max((end for _, end, _ in placed), default=0)
     return ArenaPlan(offsets, {v.name: v.nbytes for v in lifetimes}, arena,
-                     sum(_aligned(max(v.nbytes, 1)) for v in lifetimes))
+                     sum(_aligned(max(v.nbytes, 1), align) for v in lifetimes))

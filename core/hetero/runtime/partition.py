@@ -1,16 +1,17 @@
 """Partitioning: each node goes to the first backend (in preference order) that supports it.
 
-Whole-graph backends (NPUs) may first claim groups of nodes through ``Backend.partition``; the rest are placed node
-by node. The result records every refusal and the copies the session will insert where tensors cross memory domains.
+Every backend, whole-graph ones (NPUs) included, answers ``supports`` node by node; the result records every refusal.
+The copies between memory domains are planned with the segments (``segments.cut``) and stored here for reports.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 from ..contract.backend import Backend, NodeInfo
-from ..contract.errors import HeteroError, UnsupportedOp
+from ..contract.errors import FallbackError, HeteroError, HeteroWarning, UnsupportedOp
 from ..contract.graph import Graph
 
 
@@ -22,7 +23,6 @@ class NodePlacement:
     backend: str
     refusals: dict[str, str] = field(default_factory=dict)  # backend name -> reason it said no
     fallback: bool = False
-    group: int | None = None  # index of the compiled group, for whole-graph backends
     implementation: str = ""  # what the kernel says it is, e.g. "numpy" for a reference run inside a backend
 
 
@@ -36,8 +36,7 @@ class CopyEdge:
 @dataclass
 class Placement:
     nodes: list[NodePlacement]
-    copies: list[CopyEdge]
-    groups: list[tuple[str, list[int]]]  # (backend, node indices) compiled as one subgraph
+    copies: list[CopyEdge] = field(default_factory=list)  # filled by segments.cut: exactly the copies a run makes
 
     def counts(self) -> Counter[str]:
         return Counter(p.backend for p in self.nodes)
@@ -58,23 +57,8 @@ class Placement:
 
 
 def partition(graph: Graph, infos: list[NodeInfo], backends: list[Backend], preferred: set[str]) -> Placement:
-    placements: list[NodePlacement | None] = [None] * len(graph.nodes)
-    groups: list[tuple[str, list[int]]] = []
-    for backend in backends:
-        for group in backend.partition(graph, infos):
-            members = [i for i in group if placements[i] is None]
-            if not members:
-                continue
-            gid = len(groups)
-            groups.append((backend.name, members))
-            for i in members:
-                node = graph.nodes[i]
-                placements[i] = NodePlacement(
-                    i, node.name, node.op_type, backend.name, fallback=backend.name not in preferred, group=gid
-                )
+    placements: list[NodePlacement] = []
     for i, info in enumerate(infos):
-        if placements[i] is not None:
-            continue
         refusals: dict[str, str] = {}
         for backend in backends:
             try:
@@ -86,37 +70,24 @@ def partition(graph: Graph, infos: list[NodeInfo], backends: list[Backend], pref
             else:
                 verdict_ok, reason = verdict.ok, verdict.reason
             if verdict_ok:
-                placements[i] = NodePlacement(
-                    i, info.node.name, info.op_type, backend.name, refusals, fallback=backend.name not in preferred
-                )
+                placements.append(NodePlacement(i, info.node.name, info.op_type, backend.name, refusals,
+                                                fallback=backend.name not in preferred))
                 break
             refusals[backend.name] = reason or "not supported"
-        if placements[i] is None:
+        else:
             reasons = "; ".join(f"{b}: {r}" for b, r in refusals.items())
             raise UnsupportedOp(f"no backend can run {info.node.label()} ({reasons})")
-    final = [p for p in placements if p is not None]
-    return Placement(final, _copies(graph, final, backends), groups)
+    return Placement(placements)
 
 
-def _copies(graph: Graph, placed: list[NodePlacement], backends: list[Backend]) -> list[CopyEdge]:
-    domain = {b.name: b.memory_domain for b in backends}
-    producer_backend: dict[str, str] = {}
-    for p in placed:
-        for out in graph.nodes[p.index].outputs:
-            producer_backend[out] = p.backend
-    copies: list[CopyEdge] = []
-    seen: set[tuple[str, str]] = set()
-    for p in placed:
-        for name in graph.nodes[p.index].inputs:
-            src = producer_backend.get(name, "host") if name not in graph.initializers else None
-            if not name or src is None:
-                continue
-            src_domain = domain.get(src, "host")
-            if src_domain != domain[p.backend] and (name, p.backend) not in seen:
-                seen.add((name, p.backend))
-                copies.append(CopyEdge(name, src, p.backend))
-    for out in graph.outputs:
-        src = producer_backend.get(out)
-        if src is not None and domain.get(src, "host") != "host":
-            copies.append(CopyEdge(out, src, "host"))
-    return copies
+def report_fallback(placement: Placement, on_fallback: str) -> None:
+    """One summary warning ("warn"), a ``FallbackError`` listing every refusal ("error"), or nothing ("silent")."""
+    fallbacks = placement.fallbacks()
+    if not fallbacks or on_fallback == "silent":
+        return
+    if on_fallback == "error":
+        lines = [f"{p.name} ({p.op_type}) -> {p.backend}: " + "; ".join(f"{b}: {r}" for b, r in p.refusals.items())
+                 for p in fallbacks]
+        raise FallbackError(f"{len(fallbacks)} node(s) cannot run on the requested backends:\n  " + "\n  ".join(lines),
+                            hint='pass on_fallback="warn" to let them fall back')
+    warnings.warn(f"hetero: {placement.fallback_summary()}", HeteroWarning, stacklevel=3)

@@ -5,11 +5,13 @@ and every kernel is prepared for those shapes, so the per-node work of the inter
 allocation, liveness) is the same each time. What still changes from run to run is small: the feeds, and the graph
 outputs (fresh arrays, since the caller keeps them). So the replay
 
-* copies each run's feeds into buffers of its own (a few bytes for an LLM step: ``input_ids``, ``past_len``), which
+* copies each run's feeds into buffers of its own (``Backend.write``: a numpy copy on the host, a queued write
+  on a device) (a few bytes for an LLM step: ``input_ids``, ``past_len``), which
   makes every kernel input that derives from a feed fixed too;
 * asks each kernel whose inputs and outputs are all fixed for a bound call (the optional ``bind(inputs, outputs)``
   method: a zero-argument callable doing ``run(inputs, outputs)`` on those exact buffers, typically the native
-  function with its arguments already converted), else binds ``run`` to its argument lists;
+  function with its arguments already converted, or a list of such callables, e.g. one per device launch), else
+  binds ``run`` to its argument lists;
 * keeps the rest (kernels writing graph outputs, views of them) as small dynamic entries.
 
 A run is then a copy per feed and one Python call per kernel: that keeps Python's share of an LLM decode step
@@ -22,8 +24,6 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from ..contract.backend import Backend, Kernel
 from ..contract.tensor import Tensor, TensorInfo
@@ -54,8 +54,9 @@ class _View:
 class Recorder:
     """Collects one planned run; ``build`` turns it into a Replay."""
 
-    def __init__(self, feeds: dict[str, Tensor]) -> None:
+    def __init__(self, feeds: dict[str, Tensor], backend: Backend) -> None:
         self.feeds = dict(feeds)
+        self.backend = backend  # whose memory the replay's own input buffers are in
         self.keys: dict[int, Key] = {id(t): ("feed", name) for name, t in feeds.items()}
         self.entries: list[_Call | _View] = []
         self.keep: list[Tensor] = list(feeds.values())  # keeps ids unique while recording
@@ -88,25 +89,22 @@ class Recorder:
 
     def build(self, signature: Any, outputs: dict[str, Tensor]) -> Replay:
         resolved = {name: self.keys.get(id(t), t) for name, t in outputs.items()}
-        return Replay(signature, self.feeds, self.entries, resolved)
-
-
-def _own_copy(tensor: Tensor) -> Tensor:
-    array = np.array(tensor.numpy(), copy=True, order="C")
-    return Tensor(array, tensor.shape, tensor.dtype, tensor.backend)
+        return Replay(signature, self.feeds, self.entries, resolved, self.backend)
 
 
 class Replay:
     def __init__(self, signature: Any, feeds: dict[str, Tensor], entries: list[_Call | _View],
-                 outputs: dict[str, Key | Tensor]) -> None:
+                 outputs: dict[str, Key | Tensor], backend: Backend) -> None:
         self.signature = signature
         self.outputs = outputs
         self._values: dict[Key, Tensor] = {}  # this run's feeds, fresh outputs and their views
         fixed: dict[Key, Tensor] = {}
-        self._slots: list[tuple[str, np.ndarray]] = []  # (feed name, the replay's own buffer)
+        self._write = backend.write
+        self._slots: list[tuple[str, Tensor]] = []  # (feed name, the replay's own buffer)
         for name, tensor in feeds.items():
-            own = fixed[("feed", name)] = _own_copy(tensor)
-            self._slots.append((name, own.buffer))
+            own = fixed[("feed", name)] = backend.empty(tensor.info)
+            backend.write(own, tensor)
+            self._slots.append((name, own))
         self.program: list[Call] = []
         self.bound = 0  # kernels called through their own bind()
         for entry in entries:
@@ -141,17 +139,21 @@ class Replay:
         bind = getattr(kernel, "bind", None)
         call = bind(ins, entry.outs) if bind is not None else None
         if call is None:
-            call = functools.partial(kernel.run, ins, entry.outs)
-        else:
-            self.bound += 1
-        self.program.append(call)
+            self.program.append(functools.partial(kernel.run, ins, entry.outs))
+            return
+        self.bound += 1
+        if callable(call):
+            self.program.append(call)
+        else:  # a kernel of several device launches binds each
+            self.program.extend(call)
 
     def run(self, feeds: dict[str, Tensor], wanted: Sequence[str]) -> dict[str, Tensor]:
         values = self._values
         values.clear()
+        write = self._write
         for name, slot in self._slots:
             tensor = feeds[name]
-            np.copyto(slot, tensor.numpy())
+            write(slot, tensor)
             values["feed", name] = tensor
         for call in self.program:
             call()

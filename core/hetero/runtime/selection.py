@@ -1,7 +1,8 @@
 """Choosing backends for a session: the user's list (or the environment's, or every working one), then the fallbacks.
 
-A backend the user named that cannot start is an error listing each reason; one picked automatically is skipped
-with a single warning per process.
+A single backend the user named that cannot start is an error listing the reason; in a list of several (a
+preference order, as onnxruntime's providers) an unavailable one is skipped with one warning per process, and an
+error only when none of them can start. One picked automatically is skipped with a single warning per process.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ class Selection:
 
 def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None = None) -> Selection:
     if isinstance(requested, str):
-        requested = [requested]
+        requested = split_names(requested)  # "cpu,opencl", as the CLI's -b and HETERO_BACKENDS
     explicit = requested is not None
     if requested is None:
         env = os.environ.get("HETERO_BACKENDS", "").strip()
         if env:
-            requested, explicit = [b.strip() for b in env.split(",") if b.strip()], True
+            requested, explicit = split_names(env), True
     rows: dict[str, plugins.PluginStatus] = {}
     row: plugins.PluginStatus | None
     for row in plugins.statuses():
@@ -51,15 +52,20 @@ def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None
         raise HeteroError("no backend requested")
 
     names: list[tuple[str, int]] = [_split_device(spec) for spec in requested]
-    problems = []
+    problems = {}
     for name, _ in names:
         row = rows.get(name)
         if row is None:
-            problems.append(f"{name}: not installed (installed: {', '.join(sorted(rows)) or 'none'})")
+            problems[name] = f"{name}: not installed (installed: {', '.join(sorted(rows)) or 'none'})"
         elif not row.ok:
-            problems.append(f"{name}: {row.status}: {row.reason}" + (f" (hint: {row.hint})" if row.hint else ""))
+            problems[name] = f"{name}: {row.status}: {row.reason}" + (f" (hint: {row.hint})" if row.hint else "")
     if problems and explicit:
-        raise BackendUnavailable("requested backends cannot start:\n  " + "\n  ".join(problems))
+        if len(problems) == len(names):  # nothing the user asked for can start
+            raise BackendUnavailable("requested backends cannot start:\n  " + "\n  ".join(problems.values()))
+        for name, problem in problems.items():  # a preference list: use the next one, as onnxruntime does
+            if name not in _warned_skips:
+                _warned_skips.add(name)
+                warnings.warn(f"hetero: backend skipped ({problem})", HeteroWarning, stacklevel=3)
 
     chosen: list[Backend] = []
     seen: set[str] = set()
@@ -92,6 +98,10 @@ def select(requested: Sequence[str] | str | None, options: dict[str, Any] | None
     # working backend, in priority order, but the core's numpy reference: a node that lands there still fell back.
     preferred = {n for n, _ in names} if explicit else {n for n, _ in names if n != plugins.CORE_PLUGIN}
     return Selection(chosen, preferred)
+
+
+def split_names(text: str) -> list[str]:
+    return [b.strip() for b in text.split(",") if b.strip()]
 
 
 def _split_device(spec: str) -> tuple[str, int]:

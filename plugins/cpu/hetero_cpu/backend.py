@@ -14,6 +14,7 @@ from .kernels.numpy_ops import CpuNumpyKernel
 class CpuBackend(HostMemory, KernelTableBackend):
     name: ClassVar[str] = "cpu"
     kernels = KERNELS
+    option_keys: ClassVar[tuple[str, ...]] = ("threads", "isa")
 
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
         super().__init__(device, options)

@@ -2,6 +2,7 @@
 // OpenCL objects (context, in-order queue, buffers, programs, kernels), pools device buffers so the decode loop does
 // not call clCreateBuffer per op, and turns launch arguments (Buffer / int / float / Local) into clSetKernelArg calls.
 // Everything is enqueued on one in-order queue; only `read` (a download) waits.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -125,6 +126,8 @@ py::dict describe(cl_device_id d) {
   info["max_alloc_bytes"] = device_value<cl_ulong>(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
   info["compute_units"] = device_value<cl_uint>(d, CL_DEVICE_MAX_COMPUTE_UNITS);
   info["max_work_group_size"] = device_value<size_t>(d, CL_DEVICE_MAX_WORK_GROUP_SIZE);
+  // Sub-buffer origins (a session's arena slices) must be multiples of this many bytes.
+  info["base_align_bytes"] = device_value<cl_uint>(d, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8;
   info["extensions"] = ext;
   info["available"] = device_value<cl_bool>(d, CL_DEVICE_AVAILABLE) != 0;
   return info;
@@ -193,6 +196,8 @@ struct Buffer {
   // A host copy of small uploaded values (past_len, constant indices): kernels that need them on the host read it
   // instead of waiting for the queue. Set by Python at upload; a pooled cl_mem reused later gets a fresh Buffer.
   py::object shadow = py::none();
+  // A sub-buffer (a slice of an arena) keeps its parent alive and is released, not pooled.
+  std::shared_ptr<Buffer> parent;
 
   Buffer() = default;
   Buffer(const Buffer&) = delete;
@@ -335,6 +340,21 @@ class Context {
     return b;
   }
 
+  // A slice of `parent` sharing its memory (clCreateSubBuffer): the session's arena hands these out as tensors.
+  std::shared_ptr<Buffer> sub(const std::shared_ptr<Buffer>& parent, size_t offset, size_t nbytes) {
+    live();
+    if (offset + nbytes > parent->cap) throw std::invalid_argument("sub-buffer past the end of its parent");
+    auto b = std::make_shared<Buffer>();
+    cl_buffer_region region{offset, nbytes == 0 ? 1 : nbytes};
+    cl_int err = CL_SUCCESS;
+    b->mem = clCreateSubBuffer(parent->mem, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    check(err, ("clCreateSubBuffer(" + std::to_string(offset) + ", " + std::to_string(nbytes) + ")").c_str());
+    b->nbytes = nbytes;
+    b->cap = region.size;
+    b->parent = parent;
+    return b;
+  }
+
   // blocking=false queues the write and keeps `src` alive until the queue next drains (read / finish): the
   // decode loop uploads its token and position without waiting for the device.
   void write(Buffer& dst, py::buffer src, size_t offset, bool blocking) {
@@ -408,7 +428,8 @@ class Context {
     return prog;
   }
 
-  // launch(kernel, global, local, *args): args are Buffer, int (cl_int), float (cl_float) or Local(nbytes).
+  // launch(kernel, global, local, *args): args are Buffer, int (cl_int), float (cl_float), Local(nbytes) or a
+  // one-element int64 numpy array (its current value, as cl_int).
   void launch(Kernel& k, const std::vector<size_t>& global, const std::vector<size_t>& local, py::args args) {
     live();
     cl_uint i = 0;
@@ -425,6 +446,10 @@ class Context {
         err = clSetKernelArg(k.k, i, sizeof(v), &v);
       } else if (py::isinstance<Local>(a)) {
         err = clSetKernelArg(k.k, i, a.cast<Local&>().nbytes, nullptr);
+      } else if (py::isinstance<py::array_t<int64_t>>(a) && a.cast<py::array>().size() == 1) {
+        // a one-element int64 host array: its value now, as a cl_int (a bound launch reads past_len each call)
+        const cl_int v = static_cast<cl_int>(*static_cast<const int64_t*>(a.cast<py::array>().data()));
+        err = clSetKernelArg(k.k, i, sizeof(v), &v);
       } else {
         throw std::invalid_argument(k.name + ": argument " + std::to_string(i) + " has an unsupported type " +
                                     std::string(py::str(py::type::of(a))));
@@ -518,6 +543,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<int, int>(), py::arg("platform"), py::arg("device"))
       .def("info", &Context::info)
       .def("alloc", &Context::alloc)
+      .def("sub", &Context::sub, py::arg("parent"), py::arg("offset"), py::arg("nbytes"))
       .def("write", &Context::write, py::arg("dst"), py::arg("src"), py::arg("offset") = 0,
            py::arg("blocking") = true)
       .def("read", &Context::read, py::arg("src"), py::arg("dst"), py::arg("offset") = 0)

@@ -89,8 +89,8 @@ def test_not_and_where():
 
 
 def test_shape_feeds_a_reshape_without_a_download():
-    """Shape on opencl writes its value from the host and keeps it as the buffer's shadow, so the Reshape after it
-    reads the target shape without waiting for the device; start / end slice the dims."""
+    """Shape on opencl writes its value from the host and keeps it as the tensor's host copy, so the Reshape after
+    it reads the target shape without waiting for the device; start / end slice the dims."""
     nodes = [helper.make_node("Shape", ["x"], ["s"], start=1),
              helper.make_node("Concat", ["one", "s"], ["t"], axis=0),
              helper.make_node("Reshape", ["y", "t"], ["z"])]

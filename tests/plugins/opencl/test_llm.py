@@ -87,7 +87,7 @@ def test_decode_downloads_only_the_logits(monkeypatch):
     original = OpenCLBackend.download
 
     def counting(self, tensor):
-        if tensor.buffer.shadow is None:  # a real device read (shadows of small uploads cost nothing)
+        if tensor.host_copy is None:  # a real device read (host copies of small uploads cost nothing)
             downloads.append(tensor.shape)
         return original(self, tensor)
 

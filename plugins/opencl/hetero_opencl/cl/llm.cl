@@ -15,13 +15,15 @@ __kernel void rmsnorm(__global const float* x, __global const float* w, __global
 
 // NeoX rotary embedding on [T, H, D]; table holds cos then sin for each position: table[(pos * 2 + 0/1) * rot / 2 + i]
 // (already multiplied by the attention factor, computed on the host in float64 like the reference).
+// past_len is read on the device (so a recorded launch stays valid from step to step); positions past the table's
+// `cap` rows are clamped (the host checks them where it can; the table holds the session's context).
 __kernel void rope(__global const float* x, __global float* y, __global const float* table, int H, int D, int rot,
-                   int past_len) {
+                   __global const long* past_len, int cap) {
   const int i = get_global_id(0), h = get_global_id(1), t = get_global_id(2);
   if (i >= D || h >= H) return;
   const long base = ((long)t * H + h) * D;
   const int hr = rot / 2;
-  const long pos = past_len + t;
+  const long pos = clamp(past_len[0] + t, 0L, (long)cap - 1);
   float v = x[base + i];
   if (i < hr) {
     const float c = table[(pos * 2) * hr + i], s = table[(pos * 2 + 1) * hr + i];
@@ -48,13 +50,15 @@ __kernel void rope(__global const float* x, __global float* y, __global const fl
 #define KV_STORE(p, i, x) ((p)[i] = (x))
 #endif
 
-// cache[h, past_len + t, d] = new[t, h, d] for the K and V caches ([Hkv, max_ctx, D] each).
+// cache[h, past_len + t, d] = new[t, h, d] for the K and V caches ([Hkv, max_ctx, D] each); rows outside the cache
+// are not written.
 __kernel void kv_store(__global const float* k, __global const float* v, __global KV_T* kc, __global KV_T* vc,
-                       int Hkv, int D, int max_ctx, int past_len) {
+                       int Hkv, int D, int max_ctx, __global const long* past_len) {
   const int d = get_global_id(0), h = get_global_id(1), t = get_global_id(2);
-  if (d >= D || h >= Hkv) return;
+  const long row = past_len[0] + t;
+  if (d >= D || h >= Hkv || row < 0 || row >= max_ctx) return;
   const long src = ((long)t * Hkv + h) * D + d;
-  const long dst = ((long)h * max_ctx + past_len + t) * D + d;
+  const long dst = ((long)h * max_ctx + row) * D + d;
   KV_STORE(kc, dst, k[src]);
   KV_STORE(vc, dst, v[src]);
 }
@@ -72,7 +76,9 @@ void attention(__global const float* q, __global const KV_T* kc, __global const 
                int Hq, int Hkv, int D, int max_ctx, int past_len, float scale) {
   const int lid = get_local_id(0), h = get_group_id(1), t = get_group_id(2);
   const int kvh = h / (Hq / Hkv);
-  const int L = past_len + t + 1;
+  // past_len stays a scalar argument, so the bound of the tile loop below (which holds barriers) is a uniform
+  // kernel argument; a bound replay launch passes it from past_len's host copy at each call.
+  const int L = clamp(past_len + t + 1, 1, max_ctx);
   __local float qs[ATT_WG * ATT_MAX_DPT];
   __local float p[ATT_WG];
   __local float red[ATT_WG];

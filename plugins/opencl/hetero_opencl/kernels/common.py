@@ -3,6 +3,7 @@ codes of ``cl/common.cl``."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -100,31 +101,83 @@ class ClKernel:
         return buf
 
     def host(self, tensor: Tensor | None) -> np.ndarray | None:
-        return None if tensor is None else self.be.host_value(tensor)
+        """A small input's values on the host (``Tensor.host_values``: its host copy, else a waiting download)."""
+        if self.recording:
+            raise _NotBindable("reads an input on the host")  # a value that may change between replayed runs
+        return None if tensor is None else tensor.host_values()
 
-    def shadows(self, inputs: Sequence[Tensor | None]) -> list[np.ndarray] | None:
+    @property
+    def recording(self) -> bool:
+        """Whether ``bind`` is recording this kernel's launches (then no value is read on the host)."""
+        return isinstance(self.ctx, _Recording)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Any:
+        """For the replay: ``run`` on these exact tensors as bound native calls (``ctx.launch`` / ``copy`` / ``zero``
+        with their arguments converted once), found by running ``run`` against a recording context. None when
+        ``run`` does anything else (reads a value on the host, writes from the host, allocates): then the replay
+        calls ``run``."""
+        real = self.ctx
+        recording = self.ctx = _Recording(real)
+        try:
+            self.device_work(inputs, outputs)
+        except _NotBindable:
+            return None
+        finally:
+            self.ctx = real
+        return recording.calls
+
+    @staticmethod
+    def host_copies(inputs: Sequence[Tensor | None]) -> list[np.ndarray] | None:
         """The inputs' host copies when every input has one (small values uploaded from the host, or computed from
         such values): shape arithmetic then stays on the host instead of a launch and a waiting download."""
         arrays = []
         for t in inputs:
-            shadow = None if t is None or t.is_host else t.buffer.shadow
-            if shadow is None:
+            copy = None if t is None or t.is_host else t.host_copy
+            if copy is None:
                 return None
-            arrays.append(shadow.reshape(t.shape))
+            arrays.append(copy.reshape(t.shape))
         return arrays
 
-    def put_shadow(self, out: Tensor, value: np.ndarray) -> None:
-        """Write a host-computed small result to the device (without waiting) and keep it as the buffer's shadow."""
-        value = np.ascontiguousarray(value, dtype=out.dtype.np_dtype).reshape(out.shape)
-        out.buffer.shadow = value
-        if value.nbytes:
-            self.ctx.write(out.buffer, value.reshape(-1).view(np.uint8), blocking=False)
+    def put_host_result(self, out: Tensor, value: np.ndarray) -> None:
+        """A small result computed on the host: written to the device (without waiting) and kept as its host copy."""
+        if self.recording:
+            raise _NotBindable("computes its result on the host")
+        self.be.write_host(out, np.asarray(value, dtype=out.dtype.np_dtype).reshape(out.shape))
+
+    def device_work(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        """What ``bind`` records: ``run`` itself, unless a kernel splits host-side checks off its device work."""
+        self.run(inputs, outputs)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         pass
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         raise NotImplementedError
+
+
+class _NotBindable(Exception):
+    pass
+
+
+class _Recording:
+    """Stands in for the device context while ``ClKernel.bind`` runs a kernel: device work is kept as bound calls
+    (not executed), anything else (host writes and reads, allocation) makes the kernel unbindable."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self.calls: list[Any] = []
+
+    def launch(self, *args: Any) -> None:
+        self.calls.append(functools.partial(self._ctx.launch, *args))
+
+    def copy(self, *args: Any) -> None:
+        self.calls.append(functools.partial(self._ctx.copy, *args))
+
+    def zero(self, *args: Any) -> None:
+        self.calls.append(functools.partial(self._ctx.zero, *args))
+
+    def __getattr__(self, name: str) -> Any:
+        raise _NotBindable(f"calls ctx.{name}")
 
 
 def fused_activation(attrs: dict) -> tuple[int, float, float]:

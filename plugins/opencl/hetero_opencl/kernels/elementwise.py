@@ -106,10 +106,10 @@ class ClBinary(ClKernel):
             return
         if n == 0:
             return
-        if self.int_type is not None and n <= SHADOW_ELEMENTS:
-            host = self.shadows(inputs)
+        if self.int_type is not None and n <= HOST_ELEMENTS:
+            host = self.host_copies(inputs)
             if host is not None:  # shape arithmetic on values the host already has: no launch, no later download
-                self.put_shadow(y, _int_binary(self.info.op_type, *host))
+                self.put_host_result(y, _int_binary(self.info.op_type, *host))
                 return
         meta = self.meta("nd", self.meta_values)
         name = "binary_nd" if self.int_type is None else f"binary_nd_{self.int_type}"
@@ -117,7 +117,7 @@ class ClBinary(ClKernel):
                     self.rank, self.op)
 
 
-SHADOW_ELEMENTS = 512  # integer results up to this size are computed on the host when their inputs are there
+HOST_ELEMENTS = 512  # integer results up to this size are computed on the host when their inputs are there
 
 
 def _int_binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:

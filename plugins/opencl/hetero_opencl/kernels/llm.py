@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -66,8 +67,8 @@ class ClEmbedding(_WeightKernel):
         ids, table, y = inputs[0], inputs[1], outputs[0]
         assert ids is not None and table is not None
         vocab = table.shape[0]
-        if ids.buffer.shadow is not None and ids.size:  # ids came from the host: check them there, for free
-            values = ids.buffer.shadow
+        if ids.host_copy is not None and ids.size:  # ids came from the host: check them there, for free
+            values = ids.host_copy
             if values.min() < 0 or values.max() >= vocab:
                 bad = int(values[(values < 0) | (values >= vocab)].reshape(-1)[0])
                 raise HeteroError(f"{self.node.label()}: token id {bad} is outside the vocabulary [0, {vocab})")
@@ -159,16 +160,32 @@ class ClRotary(ClKernel):
             self.capacity, self.rot = cap, rot
         return self.table
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x, y = inputs[0], outputs[0]
-        assert x is not None
-        t, h, d = x.shape
+    def _rot(self, x: Tensor) -> int:
+        d = x.shape[2]
         rot = int(self.attr("rotary_dim", 0)) or d
         if rot % 2 or rot > d:
             raise HeteroError(f"{self.node.label()}: rotary_dim {rot} must be even and at most head_dim {d}")
-        past = _past_len(self, inputs[1])
-        table = self._table(past + t, rot)
-        self.launch(self.k(LLM, "rope"), [d, h, t], None, x.buffer, y.buffer, table, h, d, rot, past)
+        return rot
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x = inputs[0]
+        assert x is not None
+        self._table(_past_len(self, inputs[1]) + x.shape[0], self._rot(x))
+        self.device_work(inputs, outputs)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Any:
+        """Bound once the table holds every position the session's KV caches can (``be.max_positions``)."""
+        if self.be.max_positions is None or inputs[0] is None:
+            return None
+        self._table(self.be.max_positions, self._rot(inputs[0]))
+        return super().bind(inputs, outputs)
+
+    def device_work(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        x, past, y = inputs[0], inputs[1], outputs[0]
+        assert x is not None and past is not None
+        t, h, d = x.shape
+        self.launch(self.k(LLM, "rope"), [d, h, t], None, x.buffer, y.buffer, self.table, h, d, self._rot(x),
+                    past.buffer, self.capacity)
 
 
 ATT_WG = 64
@@ -197,11 +214,12 @@ class ClAttention(ClKernel):
         self.cache: tuple[object, object] | None = None
         self.cache_shape: tuple[int, int] | None = None
         self.filled = 0
+        backend.max_positions = max(backend.max_positions or 0, self.max_context)  # what ClRotary's table holds
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        q, k, v, y = inputs[0], inputs[1], inputs[2], outputs[0]
-        assert q is not None and k is not None and v is not None
-        t, hq, d = q.shape
+        q, k = inputs[0], inputs[1]
+        assert q is not None and k is not None
+        t, _, d = q.shape
         hkv = k.shape[1]
         past = _past_len(self, inputs[3])
         if past < 0 or past > self.filled:
@@ -215,14 +233,34 @@ class ClAttention(ClKernel):
             nbytes = hkv * self.max_context * d * self.kv_bytes
             self.cache = (self.be.alloc(nbytes, "weights"), self.be.alloc(nbytes, "weights"))
             self.cache_shape = (hkv, d)
+        self.device_work(inputs, outputs)
+        self.filled = past + t
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Any:
+        """The store reads past_len on the device and the attention from past_len's host copy at each launch (the
+        replay refills it in place), so the replay re-issues both as they are; the host no longer sees the positions
+        (Llm.forward checks the context), so the filled-positions check stops."""
+        past = inputs[3]
+        if past is None or past.host_copy is None or past.host_copy.dtype != np.int64:
+            return None
+        calls = super().bind(inputs, outputs)
+        if calls is not None:
+            self.filled = self.max_context
+        return calls
+
+    def device_work(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        q, k, v, past, y = inputs[0], inputs[1], inputs[2], inputs[3], outputs[0]
+        assert q is not None and k is not None and v is not None and past is not None and self.cache is not None
+        t, hq, d = q.shape
+        hkv = k.shape[1]
         kc, vc = self.cache
         self.launch(self.k(LLM, "kv_store", self.defines), [d, hkv, t], None, k.buffer, v.buffer, kc, vc, hkv, d,
-                    self.max_context, past)
-        self.filled = past + t
+                    self.max_context, past.buffer)
         scale = float(self.attr("scale", 0.0)) or 1.0 / math.sqrt(d)
+        # recorded for the replay: the host copy itself (read at each launch); run: the value
+        position = past.host_copy if self.recording else _past_len(self, past)
         self.launch(self.k(LLM, "attention", self.defines), [ATT_WG, hq, t], [ATT_WG, 1, 1], q.buffer, kc, vc,
-                    y.buffer, hq, hkv,
-                    d, self.max_context, past, scale)
+                    y.buffer, hq, hkv, d, self.max_context, position, scale)
 
 
 class ClMoE(_WeightKernel):

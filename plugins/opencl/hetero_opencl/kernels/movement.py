@@ -44,7 +44,7 @@ class ClView(ClKernel):
         nbytes = x.dtype.nbytes(x.size)
         if nbytes:
             self.ctx.copy(x.buffer, y.buffer, 0, 0, nbytes)
-        y.buffer.shadow = x.buffer.shadow  # the same values: a small input's host copy holds for the output too
+        y.host_copy = x.host_copy  # the same values: a small input's host copy holds for the output too
 
 
 class _Copy(ClKernel):
@@ -169,7 +169,7 @@ class ClGather(ClKernel):
 
 
 class ClShape(ClKernel):
-    """Shape: the dims are known on the host, so the output is written from there (and kept as its shadow: a
+    """Shape: the dims are known on the host, so the output is written from there (and kept as its host copy: a
     Reshape or Slice reading it later needs no download). Nothing runs on the device and the input is never read."""
 
     @staticmethod
@@ -182,11 +182,7 @@ class ClShape(ClKernel):
         start, end = int(self.attr("start", 0)), self.attr("end")
         start = min(max(start + rank if start < 0 else start, 0), rank)
         end = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
-        value = np.asarray(dims[start:max(end, start)], dtype=np.int64)
-        buf = outputs[0].buffer
-        buf.shadow = value
-        if value.size:
-            self.ctx.write(buf, value.view(np.uint8), blocking=False)
+        self.put_host_result(outputs[0], np.asarray(dims[start:max(end, start)], dtype=np.int64))
 
 
 _PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}

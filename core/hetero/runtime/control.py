@@ -1,0 +1,80 @@
+"""Control flow: the bodies of If / Loop / Scan nodes run as child sessions on the parent's backends.
+
+A kernel of a node with subgraph attributes receives ``run_subgraph(graph, feeds) -> outputs`` (numpy arrays in and
+out). Each body becomes a child ``Session`` at its first run (so it is optimized, segmented, planned and replayed
+like any model), or runs on the numpy evaluator when it cannot stand alone (e.g. untyped Loop inputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..contract import dtypes
+from ..contract.errors import HeteroError, InputError
+from ..contract.graph import Graph, free_names
+from ..contract.tensor import Tensor, TensorInfo
+
+if TYPE_CHECKING:
+    from .session import Session
+
+SubgraphRunner = Callable[[Graph, dict[str, np.ndarray]], list[np.ndarray]]
+
+
+class ControlFlow:
+    """Makes and keeps the child sessions of one parent session's control-flow bodies."""
+
+    def __init__(self, initializers: dict[str, np.ndarray], backends: Sequence[str], options: dict[str, Any]) -> None:
+        self._initializers = initializers
+        self._backends = list(backends)
+        self._options = options
+        # by id of the body graph; None: the body runs on the numpy evaluator
+        self._children: dict[int, Session | None] = {}
+
+    def runner(self, outer: Sequence[str], env: dict[str, Tensor]) -> SubgraphRunner:
+        """``run_subgraph`` for one node, with the enclosing graph's values it reads (``outer``) in scope."""
+        from .evaluate import run_graph
+
+        scope = {n: env[n].numpy() for n in outer if n in env}
+        scope.update({n: np.asarray(self._initializers[n]) for n in outer if n in self._initializers})
+
+        def run_subgraph(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            values = {**scope, **feeds}
+            child = self._child(graph, values)
+            if child is not None:
+                try:
+                    results = child.run({name: values[name] for name in child.input_names})
+                    return [results[name] for name in graph.outputs]
+                except InputError:  # the body's inputs changed dtype or rank since the child was made
+                    self._children[id(graph)] = None
+            return run_graph(graph, values)
+
+        return run_subgraph
+
+    def _child(self, body: Graph, values: dict[str, np.ndarray]) -> Session | None:
+        """A session for a body, made at its first run: inputs are its own plus the outer values it reads (outer
+        weights become its constants), typed by the values it was first given (dims left free, so later calls may
+        change them)."""
+        from .session import Session
+
+        key = id(body)
+        if key not in self._children:
+            self._children[key] = None
+            outer = [n for n in free_names(body) if n not in body.inputs]
+            weights = {n: self._initializers[n] for n in outer if n in self._initializers}
+            names = [*body.inputs, *(n for n in outer if n not in weights)]
+            if all(n in values for n in names):
+                infos = {n: TensorInfo(dtypes.from_numpy(np.asarray(values[n]).dtype),
+                                       (None,) * np.ndim(values[n])) for n in names}
+                standalone = body.copy()  # the child's passes rewrite nodes: the body stays as it was
+                standalone.inputs = names
+                standalone.initializers = {**weights, **body.initializers}
+                standalone.values = {**body.values, **infos}
+                standalone.outer_scope = frozenset()
+                with contextlib.suppress(HeteroError):  # else the numpy evaluator runs the body
+                    self._children[key] = Session(standalone, backends=self._backends, on_fallback="silent",
+                                                  options=self._options)
+        return self._children[key]

@@ -1,0 +1,268 @@
+"""The default program of a segment: every kernel-table backend gets it unchanged, whatever its memory domain.
+
+``KernelProgram`` runs a segment node by node (the interpreter):
+
+* each kernel is prepared when its input shapes (or the values of its shape-carrying inputs) change; shapes are
+  inferred per input signature by the op schemas and cached. Values that decide shapes are read on the host through
+  ``Tensor.host_values()``: a host tensor's buffer, or the ``host_copy`` its producing backend kept (never a
+  download per run).
+* intermediates are planned into one arena from the first run of each input signature (``memory.plan_arena``),
+  allocated with the backend's own ``alloc`` and sliced with its ``arena_tensor`` (numpy views on the host,
+  sub-buffers on a device); a value is freed with its last reader (a view's source with the view's last reader).
+* the second run of a signature is recorded into a ``replay.Replay`` (a flat list of calls, bound by the kernels
+  where they can) when the work is fixed by the input shapes alone; later runs of that signature re-issue it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..contract import registry
+from ..contract.backend import Backend, Kernel, Segment
+from ..contract.errors import HeteroError
+from ..contract.graph import Graph, Node
+from ..contract.registry import OpSchema
+from ..contract.tensor import Tensor, TensorInfo
+from .control import ControlFlow
+from .infer import infer_node
+from .memory import ArenaPlan, Lifetime, plan_arena
+from .replay import Recorder, Replay
+from .segments import outer_names
+
+# Ops whose output holds the input's data unchanged: the backend makes a view instead of a copy where it can.
+VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}
+WeightCache = Callable[[str, Backend], Tensor]
+
+
+@dataclass
+class _Step:
+    node: Node
+    schema: OpSchema
+    kernel: Kernel
+    opset: int
+    outer: list[str]  # outer-scope names read by subgraph attributes
+    has_subgraph: bool
+    alias: bool  # a reshape-like node: its output is a view of its input when the backend can make one
+    const_values: frozenset[int]  # value inputs that are initializers: keyed by name, never read
+    key: Any = None
+    out_infos: list[TensorInfo] = field(default_factory=list)
+    infer_cache: dict[Any, list[TensorInfo]] = field(default_factory=dict)
+    # Outputs that live in the arena are the same tensors every planned run: made once, reused (None: allocate).
+    arena_outs: list[Tensor | None] | None = None
+
+
+def overrides(backend: Backend, method: str) -> bool:
+    """Whether the backend implements an optional method of the contract (else the base class's default)."""
+    return getattr(type(backend), method) is not getattr(Backend, method)
+
+
+class KernelProgram:
+    """A segment run node by node through the backend's kernels, with arena planning and replay."""
+
+    def __init__(self, segment: Segment, backend: Backend, weights: WeightCache, control: ControlFlow) -> None:
+        self.segment = segment
+        self.backend = backend
+        self._weights = weights
+        self._control = control
+        graph = segment.graph
+        self._constants = graph.initializers
+        self._inputs = list(graph.inputs)
+        self._outputs = list(graph.outputs)
+        self._returned = segment.returned
+        self.steps = [self._step(info) for info in segment.nodes]
+        self._last_use = self._liveness()
+        # What each step is the last reader of, view sources included.
+        self._frees: list[list[str]] = [[] for _ in self.steps]
+        for name, last in self._last_use.items():
+            if last < len(self.steps):
+                self._frees[last].append(name)
+        self.replayable = self._can_replay()
+        self.replay: Replay | None = None
+        self._has_arena = overrides(backend, "arena_tensor")
+        self.memory_plan: ArenaPlan | None = None
+        self._plan_signature: Any = None
+        self._arena: Any = None
+
+    def _step(self, info: Any) -> _Step:
+        node = info.node
+        schema = registry.get(node.domain, node.op_type)
+        return _Step(
+            node, schema, self.backend.kernel(info), info.opset, outer_names(node),
+            has_subgraph=any(isinstance(a, Graph) for a in node.attrs.values()),
+            alias=node.op_key in VIEW_OPS and node.outputs[0] not in self._returned,
+            const_values=frozenset(i for i in schema.value_inputs
+                                   if i < len(node.inputs) and node.inputs[i] in self._constants),
+        )
+
+    def _liveness(self) -> dict[str, int]:
+        last: dict[str, int] = {}
+        for i, step in enumerate(self.steps):
+            for name in [*step.node.inputs, *step.outer]:
+                if name:
+                    last[name] = i
+        for name in self._outputs:
+            last[name] = len(self.steps)
+        # A view keeps its source's memory alive as long as the view itself is read (backwards: chains of views).
+        for step in reversed(self.steps):
+            if step.alias and step.node.inputs and step.node.inputs[0]:
+                src, view = step.node.inputs[0], step.node.outputs[0]
+                last[src] = max(last.get(src, 0), last.get(view, 0))
+        return last
+
+    def _can_replay(self) -> bool:
+        """Whether a run's work is fixed by its input shapes alone (so a recorded run can be re-issued)."""
+        if not overrides(self.backend, "write"):
+            return False  # the replay refills its own input buffers through write()
+        for step in self.steps:
+            schema = step.schema
+            if step.has_subgraph or schema.data_dependent:
+                return False
+            for i in schema.value_inputs:
+                if i < len(step.node.inputs) and step.node.inputs[i] and i not in step.const_values:
+                    return False
+        return True
+
+    # -- running ------------------------------------------------------------------------------------------------
+    def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        # dtypes too: the replay copies inputs into buffers of its own, which must not cast
+        signature = tuple((name, inputs[name].shape, inputs[name].dtype) for name in self._inputs)
+        replay = self.replay
+        if replay is not None and replay.signature == signature:
+            return replay.run(inputs, self._outputs)
+        env = dict(inputs)
+        planned = signature == self._plan_signature
+        lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []
+        recorder = Recorder(env, self.backend) if planned and self.replayable else None
+        self.replay = None
+        for index, step in enumerate(self.steps):
+            ins = [self._value(env, name) if name else None for name in step.node.inputs]
+            self._run_step(step, ins, env, planned, recorder)
+            if lifetimes is not None and not step.alias:
+                self._record(lifetimes, index, step, env)
+            for name in self._frees[index]:
+                env.pop(name, None)
+        if lifetimes is not None:
+            self._plan(signature, lifetimes)
+        elif not self._has_arena:
+            self._plan_signature = signature
+        outputs = {name: self._output(env, name) for name in self._outputs}
+        if recorder is not None:
+            self.replay = recorder.build(signature, outputs)
+        return outputs
+
+    def _value(self, env: dict[str, Tensor], name: str) -> Tensor:
+        tensor = env.get(name)
+        return tensor if tensor is not None else self._weights(name, self.backend)
+
+    def _output(self, env: dict[str, Tensor], name: str) -> Tensor:
+        if name in env:
+            return env[name]
+        raise HeteroError(f"output {name!r} of segment {self.segment.graph.name} was not computed")
+
+    def _record(self, lifetimes: list[Lifetime], index: int, step: _Step, env: dict[str, Tensor]) -> None:
+        for name in step.node.outputs:
+            tensor = env.get(name)
+            if name and tensor is not None and name not in self._returned and tensor.dtype.np_dtype is not None:
+                nbytes = tensor.dtype.nbytes(tensor.size)
+                lifetimes.append(Lifetime(name, nbytes, index, self._last_use.get(name, index)))
+
+    def _plan(self, signature: Any, lifetimes: list[Lifetime]) -> None:
+        self.memory_plan = plan_arena(lifetimes, self.backend.arena_align)
+        self._plan_signature = signature
+        self._arena = None  # the old arena goes before the new one is allocated
+        self._arena = self.backend.alloc(max(self.memory_plan.arena_bytes, 1), "arena")
+        for step in self.steps:
+            step.arena_outs = None
+
+    def _arena_tensor(self, name: str, info: TensorInfo) -> Tensor | None:
+        """The arena slice planned for ``name``, or None when it has no slot or its size changed since planning."""
+        plan = self.memory_plan
+        if plan is None or name not in plan.offsets or info.dtype.np_dtype is None:
+            return None
+        nbytes = info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
+        if nbytes != plan.sizes[name]:
+            return None
+        return self.backend.arena_tensor(self._arena, plan.offsets[name], info)
+
+    def _prepare(self, step: _Step, ins: list[Tensor | None], key: Any, run_subgraph: Any) -> None:
+        schema = step.schema
+        infos = [None if t is None else t.info for t in ins]
+        if schema.data_dependent:
+            values = [None if t is None else t.host_values() for t in ins]
+        else:
+            values = [None] * len(ins)
+            for i in schema.value_inputs:
+                if i < len(ins) and ins[i] is not None:
+                    values[i] = ins[i].host_values()  # type: ignore[union-attr]
+        cached = None if schema.data_dependent else step.infer_cache.get(key)
+        if cached is None:
+            cached = infer_node(schema, step.node, infos, values, step.opset, run_subgraph)
+            if len(step.infer_cache) >= 8:  # prefill and decode alternate: keep a few signatures
+                step.infer_cache.pop(next(iter(step.infer_cache)))
+            step.infer_cache[key] = cached
+        step.out_infos = cached
+        step.kernel.prepare(infos, step.out_infos)
+        step.key = key
+        step.arena_outs = None
+
+    def _run_step(self, step: _Step, ins: list[Tensor | None], env: dict[str, Tensor], planned: bool,
+                  recorder: Recorder | None) -> None:
+        schema, backend, outputs = step.schema, self.backend, step.node.outputs
+        key = tuple(None if t is None else t.shape for t in ins)
+        if schema.value_inputs:
+            key += tuple(step.node.inputs[i] if i in step.const_values else _value_key(ins[i])
+                         for i in schema.value_inputs if i < len(ins))
+        run_subgraph = self._control.runner(step.outer, env) if step.has_subgraph else None
+        if schema.data_dependent and hasattr(step.kernel, "run_dynamic"):
+            # Output shapes come from the data: the kernel computes once and sizes its outputs itself.
+            outs = step.kernel.run_dynamic(ins, run_subgraph=run_subgraph)  # type: ignore[attr-defined]
+            for name, out in zip(outputs, outs, strict=False):
+                if name:
+                    env[name] = out
+            return
+        if key != step.key or schema.data_dependent:
+            self._prepare(step, ins, key, run_subgraph)
+        if step.alias:
+            src = ins[0]
+            assert src is not None
+            view = backend.view(src, step.out_infos[0])
+            if view is not None:
+                env[outputs[0]] = view
+                if recorder is not None:
+                    recorder.view(src, view, backend)
+                return
+        if planned:
+            if step.arena_outs is None:
+                step.arena_outs = [self._arena_tensor(name, info) for name, info in
+                                   zip(outputs, step.out_infos, strict=False)]
+            outs = []
+            for t, info in zip(step.arena_outs, step.out_infos, strict=True):
+                if t is None:
+                    t = backend.empty(info)
+                else:
+                    t.host_copy = None  # a reused tensor: its producer keeps a host copy again if it makes one
+                outs.append(t)
+        else:
+            outs = [backend.empty(info) for info in step.out_infos]
+        if run_subgraph is not None:
+            step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]
+        else:
+            step.kernel.run(ins, outs)
+        if recorder is not None:
+            fresh = [t is None for t in step.arena_outs or [None] * len(outs)]
+            recorder.call(step.kernel, ins, outs, fresh, step.out_infos, backend)
+        for name, out in zip(outputs, outs, strict=False):
+            if name:
+                env[name] = out
+
+
+def _value_key(tensor: Tensor | None) -> Any:
+    """A shape-carrying input's values as a cache key, read on the host (``Tensor.host_values``)."""
+    if tensor is None:
+        return None
+    array = tensor.host_values()
+    return (array.dtype.str, array.shape, array.tobytes())

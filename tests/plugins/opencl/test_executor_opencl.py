@@ -1,0 +1,109 @@
+"""The core's executor on a device domain: arena planning in sub-buffers of one device allocation, shapes that
+depend on values read from host copies (no waiting download), and a decode step replayed as bound native launches
+(no per-kernel Python)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from onnx import TensorProto, helper
+
+import hetero
+from conftest import make_model
+from hetero.llm.synthetic import load_synthetic
+
+from .conftest import needs_device
+
+pytestmark = needs_device
+RNG = np.random.default_rng(11)
+
+
+def _mlp():
+    w1 = RNG.normal(size=(8, 16)).astype(np.float32)
+    w2 = RNG.normal(size=(16, 4)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["m"]), helper.make_node("Sigmoid", ["m"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, ["N", 8])], [("y", TensorProto.FLOAT, ["N", 4])],
+                       [("w1", w1), ("w2", w2)])
+    return model, lambda x: 1 / (1 + np.exp(-(np.maximum(x @ w1, 0) @ w2)))
+
+
+def test_arena_on_the_device():
+    model, expected = _mlp()
+    session = hetero.Session(model, backends=["opencl"], on_fallback="error", optimize=False)
+    (program,) = session.programs
+    for batch in (3, 3, 3, 5, 5, 3, 3):  # the last two: planned again for 3 rows, then recorded
+        x = RNG.normal(size=(batch, 8)).astype(np.float32)
+        np.testing.assert_allclose(session.run({"x": x})["y"], expected(x), rtol=1e-4, atol=1e-5)
+    plan = session.memory_plan
+    assert plan is not None and set(plan.offsets) == {"h", "r", "m"}
+    align = session.backends[0].arena_align
+    assert all(offset % align == 0 for offset in plan.offsets.values())
+    # every planned output is a sub-buffer of the one device allocation
+    arena_outs = [t for step in program.steps for t in step.arena_outs or [] if t is not None]
+    assert len(arena_outs) == 3 and all(t.buffer.capacity <= program._arena.capacity for t in arena_outs)
+    assert program.replay is not None and program.replay.bound == 3  # the graph output's kernel runs dynamically
+
+
+def test_value_dependent_shapes_come_from_host_copies(monkeypatch):
+    """Shape -> Mul -> Reshape on opencl: the target shape is integer arithmetic on host copies, so no value is
+    downloaded to decide a shape, while the input's shape changes from run to run."""
+    from hetero_opencl.backend import OpenCLBackend
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Mul", ["s", "k"], ["t"]),
+             helper.make_node("Reshape", ["y", "t"], ["z"]),
+             helper.make_node("Relu", ["z"], ["out"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, ["A", "B"]), ("y", TensorProto.FLOAT, ["C"])],
+                       [("out", TensorProto.FLOAT, None)], [("k", np.array([2, 1], np.int64))])
+    session = hetero.Session(model, backends=["opencl"], on_fallback="error", optimize=False)
+    assert {p.backend for p in session.placement.nodes} == {"opencl"}
+    waits: list[tuple[int, ...]] = []
+    original = OpenCLBackend.download
+
+    def counting(self, tensor):
+        if tensor.host_copy is None:
+            waits.append(tensor.shape)
+        return original(self, tensor)
+
+    monkeypatch.setattr(OpenCLBackend, "download", counting)
+    for a, b in ((2, 3), (2, 3), (3, 2), (1, 4), (1, 4), (1, 4)):
+        y = RNG.normal(size=(2 * a * b,)).astype(np.float32)
+        out = session.run({"x": np.zeros((a, b), np.float32), "y": y})["out"]
+        np.testing.assert_array_equal(out, np.maximum(y, 0).reshape(2 * a, b))
+    assert waits == [(2 * a, b) for a, b in ((2, 3), (2, 3), (3, 2), (1, 4), (1, 4), (1, 4))]  # the outputs only
+
+
+def _decode(llm, prompt, tokens):
+    llm.reset()
+    llm.prefill(prompt)
+    return [llm.forward([t]).copy() for t in tokens]
+
+
+def test_decode_step_replays_as_bound_native_launches():
+    from hetero_opencl import _native
+
+    def tiny():
+        return load_synthetic("tiny", "q4", backends=["opencl"], on_fallback="error", context=64, progress=False)
+
+    replayed, interpreted = tiny(), tiny()
+    interpreted.session.programs[0].replayable = False
+    prompt, tokens = [5, 17, 300, 2], [7, 7, 411, 3, 90, 12]
+    got, want = _decode(replayed, prompt, tokens), _decode(interpreted, prompt, tokens)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    (program,) = replayed.session.programs
+    replay = program.replay
+    assert replay is not None and interpreted.session.programs[0].replay is None
+    native = [c for c in replay.program if isinstance(c, functools.partial) and c.func.__name__ == "launch"
+              and c.func.__self__.__class__ is _native.Context]
+    # every kernel of the step is bound native launches, except the LM head writing the caller's fresh logits
+    others = [c for c in replay.program if c not in native]
+    assert len(others) == 1 and others[0].args[1].kernel is program.steps[-1].kernel
+    kernels = sum(1 for s in program.steps if not s.alias)
+    assert replay.bound == kernels - 1 and len(native) >= replay.bound
+    # a prefill (another shape) in between is interpreted, then decoding replays again, still equal
+    for a, b in zip(_decode(replayed, [1, 2, 3], [4, 5, 6]), _decode(interpreted, [1, 2, 3], [4, 5, 6]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert program.replay is not None
