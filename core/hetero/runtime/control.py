@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,21 +18,27 @@ from ..contract.errors import HeteroError, InputError
 from ..contract.graph import Graph, free_names
 from ..contract.tensor import Tensor, TensorInfo
 
-if TYPE_CHECKING:
-    from .session import Session
-
 SubgraphRunner = Callable[[Graph, dict[str, np.ndarray]], list[np.ndarray]]
+
+
+class ChildSession(Protocol):
+    """What a body's session offers (a ``Session``; passed in as a factory so this module need not import it)."""
+
+    @property
+    def input_names(self) -> list[str]: ...
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]: ...
 
 
 class ControlFlow:
     """Makes and keeps the child sessions of one parent session's control-flow bodies."""
 
-    def __init__(self, initializers: dict[str, np.ndarray], backends: Sequence[str], options: dict[str, Any]) -> None:
+    def __init__(self, initializers: dict[str, np.ndarray], make_session: Callable[[Graph], ChildSession]) -> None:
+        """make_session: a session on the parent's backends and options for a standalone body graph."""
         self._initializers = initializers
-        self._backends = list(backends)
-        self._options = options
+        self._make_session = make_session
         # by id of the body graph; None: the body runs on the numpy evaluator
-        self._children: dict[int, Session | None] = {}
+        self._children: dict[int, ChildSession | None] = {}
 
     def runner(self, outer: Sequence[str], env: dict[str, Tensor]) -> SubgraphRunner:
         """``run_subgraph`` for one node, with the enclosing graph's values it reads (``outer``) in scope."""
@@ -54,12 +60,10 @@ class ControlFlow:
 
         return run_subgraph
 
-    def _child(self, body: Graph, values: dict[str, np.ndarray]) -> Session | None:
+    def _child(self, body: Graph, values: dict[str, np.ndarray]) -> ChildSession | None:
         """A session for a body, made at its first run: inputs are its own plus the outer values it reads (outer
         weights become its constants), typed by the values it was first given (dims left free, so later calls may
         change them)."""
-        from .session import Session
-
         key = id(body)
         if key not in self._children:
             self._children[key] = None
@@ -75,6 +79,5 @@ class ControlFlow:
                 standalone.values = {**body.values, **infos}
                 standalone.outer_scope = frozenset()
                 with contextlib.suppress(HeteroError):  # else the numpy evaluator runs the body
-                    self._children[key] = Session(standalone, backends=self._backends, on_fallback="silent",
-                                                  options=self._options)
+                    self._children[key] = self._make_session(standalone)
         return self._children[key]

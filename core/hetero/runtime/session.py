@@ -71,7 +71,9 @@ class Session:
         infos = [self._node_info(node) for node in self.graph.nodes]
         self.placement: Placement = partition(self.graph, infos, self.backends, selection.preferred)
         report_fallback(self.placement, on_fallback)
-        self._control = ControlFlow(self.graph.initializers, [b.name for b in self.backends], options)
+        names = [b.name for b in self.backends]
+        self._control = ControlFlow(self.graph.initializers,
+                                    lambda body: Session(body, backends=names, on_fallback="silent", options=options))
         self._weights: dict[tuple[str, str], Tensor] = {}
         self._edges: list[Edge] = cut(self.graph, infos, self.placement, {b.name: b for b in self.backends})
         placed = {id(self.graph.nodes[p.index]): p for p in self.placement.nodes}
