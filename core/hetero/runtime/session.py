@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import dtypes
 from ..backend import Backend, Compiled, Kernel, NodeInfo
-from ..errors import FallbackError, HeteroError, HeteroWarning, InputError
+from ..errors import BackendError, FallbackError, HeteroError, HeteroWarning, InputError
 from ..frontends import load
 from ..ir import passes
 from ..ir.graph import Graph, Node, free_names
@@ -32,6 +32,10 @@ from .replay import Recorder, Replay
 from .selection import select
 
 ON_FALLBACK = ("warn", "error", "silent")
+# What a kernel raises (besides HeteroError) when a malformed model breaks one of its assumptions: re-raised as a
+# BackendError naming the node and the backend.
+KERNEL_FAILURES = (AttributeError, KeyError, TypeError, IndexError, ValueError, ArithmeticError, AssertionError,
+                   RuntimeError, MemoryError)
 # Ops whose output holds the input's data unchanged: on host memory the session makes a view instead of a copy.
 VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}
 
@@ -154,7 +158,11 @@ class Session:
                     steps.append(self._compile_group(backend, self.placement.groups[placed.group][1]))
                 continue
             outer = [n for sub in node.attrs.values() if isinstance(sub, Graph) for n in free_names(sub)]
-            kernel = backend.kernel(info)
+            try:
+                kernel = backend.kernel(info)
+            except KERNEL_FAILURES as exc:
+                raise BackendError(f"{backend.name}: {node.label()}: the kernel cannot be made: "
+                                   f"{type(exc).__name__}: {exc}") from exc
             placed.implementation = getattr(kernel, "implementation", "")
             steps.append(
                 _Step(
@@ -258,7 +266,11 @@ class Session:
                 results = step.compiled({n: t for n, t in zip(step.inputs, ins, strict=True) if t is not None})
                 env.update(results)
             else:
-                self._run_kernel(step, ins, env, planned, recorder)
+                try:
+                    self._run_kernel(step, ins, env, planned, recorder)
+                except KERNEL_FAILURES as exc:  # a model breaking a kernel's assumptions: named, not a traceback
+                    raise BackendError(f"{step.backend.name}: {step.node.label()}: {type(exc).__name__}: "  # type: ignore[union-attr]
+                                       f"{exc}") from exc
                 if lifetimes is not None and not step.alias:
                     self._record(lifetimes, index, step, env)
             self._release(env, copies, index)
@@ -302,7 +314,8 @@ class Session:
                     recorder: Recorder | None = None) -> None:
         assert step.node is not None and step.schema is not None and step.kernel is not None
         schema = step.schema
-        key = tuple(None if t is None else t.shape for t in ins)
+        # dtypes too: a value typed only at run time (untyped If / Scan bodies) may change dtype, not shape
+        key = tuple(None if t is None else (t.shape, t.dtype.name) for t in ins)
         if schema.value_inputs:
             key += tuple(step.inputs[i] if i in step.const_values else _value_key(ins[i])
                          for i in schema.value_inputs if i < len(ins))

@@ -17,6 +17,7 @@ from hetero.backend import Device, KernelTableBackend, NodeInfo, Support, unsupp
 from hetero.errors import BackendError
 from hetero.tensor import Tensor, TensorInfo
 
+from .dtype_guard import DtypeGuard
 from .kernels import KERNELS
 from .kernels.common import ClKernel
 from .runtime import runtime_for
@@ -47,6 +48,9 @@ class OpenCLBackend(KernelTableBackend):
         return super().supports(node)
 
     def kernel(self, node: NodeInfo):
+        return DtypeGuard(node, self, self._make_kernel)
+
+    def _make_kernel(self, node: NodeInfo):
         factory = self._table()[(node.domain, node.op_type)]
         if isinstance(factory, type) and issubclass(factory, ClKernel):
             return factory(node, self)
