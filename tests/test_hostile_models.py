@@ -101,35 +101,31 @@ def test_deeply_nested_if_is_refused_naming_the_node() -> None:
     hetero.load(_nested_if(8))  # a few levels load
 
 
-def test_external_data_location_with_nul(tmp_path) -> None:
+def _external_data_model(folder, location: str, dims: list[int]):
+    """A model file in ``folder`` whose Add weight ``w`` points at external data ``location`` with ``dims``."""
     tensor = numpy_helper.from_array(np.zeros(4, np.float32), "w")
     tensor.ClearField("raw_data")
+    del tensor.dims[:]
+    tensor.dims.extend(dims)
     tensor.data_location = TensorProto.EXTERNAL
     entry = tensor.external_data.add()
-    entry.key, entry.value = "location", "we\0ights.bin"
+    entry.key, entry.value = "location", location
     model = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", shape=[4])], [_vi("y", shape=[4])],
                    [tensor])
-    path = tmp_path / "m.onnx"
+    path = folder / "m.onnx"
     path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_external_data_location_with_nul(tmp_path) -> None:
     with pytest.raises(ModelFormatError, match="NUL character"):
-        hetero.load(path)
+        hetero.load(_external_data_model(tmp_path, "we\0ights.bin", [4]))
 
 
 def test_external_data_with_overflowing_dims(tmp_path) -> None:
     (tmp_path / "w.bin").write_bytes(b"\0" * 64)
-    tensor = numpy_helper.from_array(np.zeros(4, np.float32), "w")
-    tensor.ClearField("raw_data")
-    del tensor.dims[:]
-    tensor.dims.extend([2**40, 2**40])  # 2**80 elements: wraps to 0 in int64
-    tensor.data_location = TensorProto.EXTERNAL
-    entry = tensor.external_data.add()
-    entry.key, entry.value = "location", "w.bin"
-    model = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", shape=[4])], [_vi("y", shape=[4])],
-                   [tensor])
-    path = tmp_path / "m.onnx"
-    path.write_bytes(model.SerializeToString())
-    with pytest.raises(ModelFormatError, match="does not fit"):
-        hetero.load(path)
+    with pytest.raises(ModelFormatError, match="does not fit"):  # 2**80 elements: wrapped to 0 in int64
+        hetero.load(_external_data_model(tmp_path, "w.bin", [2**40, 2**40]))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -12,6 +12,7 @@ makes a session on the case's backend and runs it on generated feeds. ``encode_c
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -283,3 +284,50 @@ def run_case(case: bytes) -> None:
         feeds = feeds_for(session)
         if feeds is not None:
             session.run(feeds)
+
+
+# -- the coverage-guided long run ------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> None:
+    """python -m hetero.testing.onnx_fuzz --backend cpu --seeds DIR [libFuzzer flags]: atheris mutates the choices
+    (first byte: the seed model; the rest: ``ByteChooser``), guided by the coverage of hetero and its plugins.
+    Run it with libFuzzer's fork mode so that each input runs in a child (crashes, hangs and memory bombs are kept
+    as findings): e.g. ``-fork=2 -timeout=60 -rss_limit_mb=6144 -max_total_time=3600 -artifact_prefix=findings/``.
+    Needs ``pip install atheris`` (not a dependency of hetero)."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m hetero.testing.onnx_fuzz", description=main.__doc__)
+    parser.add_argument("--backend", default="cpu", choices=BACKENDS)
+    parser.add_argument("--seeds", type=Path, required=True, help="a folder of .onnx seed models")
+    args, libfuzzer_args = parser.parse_known_args(argv)
+    try:
+        import atheris
+    except ImportError:
+        raise SystemExit("the coverage-guided run needs atheris: pip install atheris") from None
+    import onnx
+
+    import hetero
+    from hetero.errors import HeteroError
+
+    seeds = [p.read_bytes() for p in sorted(args.seeds.glob("*.onnx"))]
+    if not seeds:
+        raise SystemExit(f"no .onnx seed models in {args.seeds}")
+    hetero.backends()  # imports the plugins, so that their Python is instrumented below
+    atheris.instrument_all()
+
+    def one_input(data: bytes) -> None:
+        if not data:
+            return
+        model = onnx.ModelProto()
+        model.ParseFromString(seeds[data[0] % len(seeds)])
+        mutated, _ = mutate(model, ByteChooser(data[1:]))
+        with contextlib.suppress(HeteroError):  # a clean refusal
+            run_case(encode_case(args.backend, mutated.SerializeToString()))
+
+    atheris.Setup([sys.argv[0], *libfuzzer_args], one_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
