@@ -101,7 +101,7 @@ CORPUS = Path(__file__).parent / "fixtures" / "fuzz_onnx"
 EXAMPLES = int(os.environ.get("HETERO_FUZZ_EXAMPLES", "60"))
 BASE_SEED = int(os.environ.get("HETERO_FUZZ_SEED", random.randrange(1 << 30)))
 CASE_TIMEOUT = 60.0  # seconds for one case (loading + placing + running); a hang is a finding
-CHILD_MEMORY = 6 << 30  # RLIMIT_DATA of the worker: a memory bomb ends as MemoryError, a finding
+CHILD_MEMORY_MB = 6144  # the worker's address space: a memory bomb ends as MemoryError, a finding
 
 
 def _available(backend: str) -> bool:
@@ -134,7 +134,7 @@ def _report(findings: list[tuple[str, Outcome, Path]]) -> str:
 def test_graph_mutations_through_a_session(backend: str, tmp_path: Path) -> None:
     seeds = _mutation_seeds()
     findings = []
-    with ChildRunner("hetero.testing.onnx_fuzz:run_case", timeout=CASE_TIMEOUT, memory_bytes=CHILD_MEMORY) as runner:
+    with ChildRunner("hetero.testing.onnx_fuzz:run_case", timeout=CASE_TIMEOUT, memory_mb=CHILD_MEMORY_MB) as runner:
         for i in range(EXAMPLES):
             rng = random.Random(BASE_SEED * 1_000_003 + i)
             seed = onnx.ModelProto()
@@ -158,7 +158,7 @@ def test_regression_corpus(backend: str, tmp_path: Path) -> None:
     """Every model that once crashed, hung, bombed or raised a raw exception now runs or is refused cleanly."""
     assert _corpus(), f"no corpus in {CORPUS}"
     findings = []
-    with ChildRunner("hetero.testing.onnx_fuzz:run_case", timeout=CASE_TIMEOUT, memory_bytes=CHILD_MEMORY) as runner:
+    with ChildRunner("hetero.testing.onnx_fuzz:run_case", timeout=CASE_TIMEOUT, memory_mb=CHILD_MEMORY_MB) as runner:
         for path in _corpus():
             outcome = runner.run(encode_case(backend, path.read_bytes()))
             if outcome.bad:
@@ -166,12 +166,14 @@ def test_regression_corpus(backend: str, tmp_path: Path) -> None:
     assert not findings, _report(findings)
 
 
-def test_child_runner_reports_crashes_and_hangs() -> None:
-    """The runner itself: a native crash, a hang and a raw exception are findings, and the worker comes back."""
-    with ChildRunner("hetero.testing.fuzz:selftest_target", timeout=5) as runner:
-        outcomes = [runner.run(case) for case in (b"crash", b"fine", b"hang", b"raise", b"fine")]
-    assert [o.kind for o in outcomes] == ["crashed", "ok", "hung", "raised", "ok"]
-    assert "SIGSEGV" in outcomes[0].detail and "KeyError: 'selftest'" in outcomes[3].detail
+def test_child_runner_reports_crashes_hangs_and_memory_bombs() -> None:
+    """The runner itself: a native crash, a hang, a raw exception and a memory bomb are findings, and the worker
+    comes back after a crash or a hang."""
+    with ChildRunner("hetero.testing.fuzz:selftest_target", timeout=5, memory_mb=1024) as runner:
+        outcomes = [runner.run(case) for case in (b"crash", b"fine", b"hang", b"raise", b"bomb", b"fine")]
+    assert [o.kind for o in outcomes] == ["crashed", "ok", "hung", "raised", "raised", "ok"]
+    assert "killed by SIGSEGV" in outcomes[0].detail and outcomes[3].detail.startswith("KeyError: 'selftest'")
+    assert outcomes[4].detail.startswith("MemoryError")
     assert runner.restarts == 2
 
 

@@ -1,5 +1,5 @@
 """The LLM front ends as fuzz targets: each takes one file's bytes, writes them where the loader looks, and parses
-them as ``hetero.llm.load`` would (run in a child process by ``hetero.testing.child.ChildRunner``)."""
+them as ``hetero.llm.load`` would (run in a child process by ``hetero.testing.fuzz.ChildRunner``)."""
 
 from __future__ import annotations
 
