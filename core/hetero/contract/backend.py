@@ -346,7 +346,14 @@ class KernelTableBackend(Backend):
         if factory is None:
             return unsupported(f"no {self.name} kernel for {node.op_type}")
         accepts = getattr(factory, "accepts", None)
-        return accepts(node) if accepts is not None else SUPPORTED
+        if accepts is None:
+            return SUPPORTED
+        try:
+            return accepts(node)
+        except (AttributeError, KeyError, TypeError, IndexError, ValueError) as exc:
+            # the check tripped on a malformed node (an input missing, an attribute of the wrong type): not taken
+            # here; the reference's shape inference names what is wrong
+            return unsupported(f"{node.op_type}: {type(exc).__name__} in the kernel's check: {exc}")
 
     def kernel(self, node: NodeInfo) -> Kernel:
         return self._table()[(node.domain, node.op_type)](node, self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,33 +76,38 @@ class Graph:
         yield from enumerate(self.nodes)
 
     def toposort(self) -> None:
-        """Order nodes so each comes after the producers of its inputs; raise on cycles or undefined values."""
+        """Order nodes so each comes after the producers of its inputs (keeping the given order where it already
+        is one); raise on cycles or undefined values. Kahn's algorithm: linear in nodes + edges, whatever the order
+        the file lists them in."""
         available = set(self.inputs) | set(self.initializers) | set(self.outer_scope) | {""}
-        pending = list(self.nodes)
+        producer = {o: i for i, node in enumerate(self.nodes) for o in node.outputs if o}
+        waiting_on = [0] * len(self.nodes)  # producers each node still waits for
+        readers: dict[int, list[int]] = {}
+        for i, node in enumerate(self.nodes):
+            for name in dict.fromkeys([*node.inputs, *_implicit_inputs(node)]):
+                if name in available:
+                    continue
+                p = producer.get(name)
+                if p is None:
+                    raise ModelFormatError(
+                        f"{node.label()} in graph {self.name!r} reads {name!r}, which is neither a graph input, "
+                        "an initializer nor the output of any node",
+                    )
+                waiting_on[i] += 1
+                readers.setdefault(p, []).append(i)
+        ready = [i for i, n in enumerate(waiting_on) if n == 0]
+        heapq.heapify(ready)
         ordered: list[Node] = []
-        while pending:
-            progressed = False
-            rest = []
-            for node in pending:
-                if all(name in available for name in node.inputs) and all(
-                    name in available for name in _implicit_inputs(node)
-                ):
-                    ordered.append(node)
-                    available.update(o for o in node.outputs if o)
-                    progressed = True
-                else:
-                    rest.append(node)
-            if not progressed:
-                node = rest[0]
-                missing = [n for n in [*node.inputs, *_implicit_inputs(node)] if n not in available]
-                produced = {o for n in rest for o in n.outputs}
-                if all(m in produced for m in missing):
-                    raise ModelFormatError(f"graph {self.name!r} has a cycle through {node.label()}")
-                raise ModelFormatError(
-                    f"{node.label()} in graph {self.name!r} reads {missing[0]!r}, which is neither a graph input, "
-                    "an initializer nor the output of any node",
-                )
-            pending = rest
+        while ready:
+            i = heapq.heappop(ready)
+            ordered.append(self.nodes[i])
+            for r in readers.get(i, ()):
+                waiting_on[r] -= 1
+                if waiting_on[r] == 0:
+                    heapq.heappush(ready, r)
+        if len(ordered) < len(self.nodes):
+            stuck = next(n for i, n in enumerate(self.nodes) if waiting_on[i])
+            raise ModelFormatError(f"graph {self.name!r} has a cycle through {stuck.label()}")
         self.nodes = ordered
 
     def validate_outputs(self) -> None:

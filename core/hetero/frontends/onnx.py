@@ -1,4 +1,4 @@
-"""The ONNX front end: ModelProto -> Graph, with weights memory-mapped from external data where possible.
+"""The ONNX front end: ModelProto -> Graph, with weights read from external data files (sizes checked).
 
 Every defect of the file is reported as a ``ModelFormatError`` naming the file and the tensor, node or field. External
 data may only come from files inside the model's own folder.
@@ -6,7 +6,9 @@ data may only come from files inside the model's own folder.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,11 @@ from ..contract import dtypes, registry
 from ..contract.errors import HeteroError, ModelFormatError, UnsupportedOp
 from ..contract.graph import Graph, Node
 from ..contract.tensor import TensorInfo
+
+# If / Loop / Scan bodies nested deeper than this are refused at load: every later stage (free names, shape
+# inference, child sessions) walks the nesting recursively. Real models nest a few levels (and protobuf parses
+# about 30 at most).
+MAX_SUBGRAPH_DEPTH = 16
 
 
 def load_onnx(model: Any) -> Graph:
@@ -75,11 +82,12 @@ class _Reader:
         self.source = source
         self.base_dir = base_dir
         self.opsets = opsets
+        self._onnx_schemas: dict[tuple[str, str, int], Any] = {}  # ONNX's own schema of each op, per opset
 
     def fail(self, message: str) -> ModelFormatError:
         return ModelFormatError(f"{self.source}: {message}")
 
-    def graph(self, proto: Any, outer: frozenset[str]) -> Graph:
+    def graph(self, proto: Any, outer: frozenset[str], depth: int = 0) -> Graph:
         graph = Graph(name=proto.name or "main", opsets=dict(self.opsets), outer_scope=outer)
         for tensor in proto.initializer:
             if not tensor.name:
@@ -103,7 +111,7 @@ class _Reader:
         produced: set[str] = set()
         scope = outer | set(graph.inputs) | set(graph.initializers)
         for index, proto_node in enumerate(proto.node):
-            node = self.node(proto_node, index, scope | produced)
+            node = self.node(proto_node, index, lambda: frozenset(scope | produced), depth)
             for out in node.outputs:
                 if out and (out in produced or out in graph.initializers or out in graph.inputs):
                     raise self.fail(f"value {out!r} is defined twice (again by {node.label()})")
@@ -113,7 +121,9 @@ class _Reader:
         graph.validate_outputs()
         return graph
 
-    def node(self, proto: Any, index: int, scope: frozenset[str] | set[str]) -> Node:
+    def node(self, proto: Any, index: int, scope: Callable[[], frozenset[str]], depth: int) -> Node:
+        """``scope()``: the names visible to the node's subgraphs (made only for a node that has any: building it
+        for every node made loading quadratic in the node count)."""
         domain = _domain(proto.domain)
         name = proto.name or f"{proto.op_type}_{index}"
         node = Node(proto.op_type, list(proto.input), list(proto.output), {}, name, domain)
@@ -125,11 +135,44 @@ class _Reader:
                 "not know",
                 hint="a plugin can add ops through the hetero_register_ops hook",
             )
+        visible: frozenset[str] | None = None
         for attr in proto.attribute:
-            node.attrs[attr.name] = self.attribute(attr, node, frozenset(scope))
+            if attr.type in (attr.GRAPH, attr.GRAPHS) and visible is None:
+                if depth >= MAX_SUBGRAPH_DEPTH:
+                    raise self.fail(f"node {name!r} nests a subgraph {depth + 1} levels deep; hetero reads at most "
+                                    f"{MAX_SUBGRAPH_DEPTH} levels of If / Loop / Scan bodies")
+                visible = scope()
+            node.attrs[attr.name] = self.attribute(attr, node, visible or frozenset(), depth + 1)
+        self.check_signature(node)
         return node
 
-    def attribute(self, attr: Any, node: Node, scope: frozenset[str]) -> Any:
+    def check_signature(self, node: Node) -> None:
+        """The node's required inputs and attributes are there, as ONNX's schema of the op at the model's opset
+        says (kernels and shape inference may take them for granted). Ops ONNX has no schema for are left alone."""
+        opset = self.opsets.get(node.domain, 1)
+        key = (node.domain, node.op_type, opset)
+        if key not in self._onnx_schemas:
+            from onnx import defs
+
+            try:
+                self._onnx_schemas[key] = defs.get_schema(node.op_type, opset, node.domain)
+            except defs.SchemaError:
+                self._onnx_schemas[key] = None
+        schema = self._onnx_schemas[key]
+        if schema is None:
+            return
+        single = schema.inputs[0].option.Single if len(schema.inputs) else None
+        for i, formal in enumerate(schema.inputs[:schema.min_input]):
+            if formal.option == single and (i >= len(node.inputs) or not node.inputs[i]):
+                raise self.fail(f"node {node.name!r} ({node.op_type}) lacks its required input {i} ({formal.name})")
+        if len(node.inputs) < schema.min_input:
+            raise self.fail(f"node {node.name!r} ({node.op_type}) has {len(node.inputs)} inputs; opset {opset} "
+                            f"requires at least {schema.min_input}")
+        for name, attr in schema.attributes.items():
+            if attr.required and name not in node.attrs:
+                raise self.fail(f"node {node.name!r} ({node.op_type}) lacks its required attribute {name!r}")
+
+    def attribute(self, attr: Any, node: Node, scope: frozenset[str], depth: int) -> Any:
         from onnx import AttributeProto as A
 
         where = f"attribute {attr.name!r} of node {node.name!r}"
@@ -143,7 +186,7 @@ class _Reader:
         if kind == A.TENSOR:
             return self.tensor(attr.t, where)
         if kind == A.GRAPH:
-            return self.graph(attr.g, scope)
+            return self.graph(attr.g, scope, depth)
         if kind == A.FLOATS:
             return [float(v) for v in attr.floats]
         if kind == A.INTS:
@@ -153,7 +196,7 @@ class _Reader:
         if kind == A.TENSORS:
             return [self.tensor(t, where) for t in attr.tensors]
         if kind == A.GRAPHS:
-            return [self.graph(g, scope) for g in attr.graphs]
+            return [self.graph(g, scope, depth) for g in attr.graphs]
         if kind == A.TYPE_PROTO:
             return attr.tp
         if kind == A.SPARSE_TENSOR:
@@ -199,6 +242,8 @@ class _Reader:
             raise self.fail(f"{where} has external data without a location")
         if self.base_dir is None:
             raise self.fail(f"{where} uses external data {location!r}, which needs the model loaded from a path")
+        if "\0" in location:
+            raise self.fail(f"{where}: external data location {location!r} holds a NUL character")
         path = (self.base_dir / location).resolve()
         if os.path.isabs(location) or not path.is_relative_to(self.base_dir):
             raise self.fail(
@@ -210,7 +255,7 @@ class _Reader:
             raise self.fail(f"{where}: external data of type {dtype} is not supported")
         try:
             offset = int(info.get("offset", 0))
-            numel = int(np.prod(dims, dtype=np.int64))
+            numel = math.prod(dims)  # Python ints: dims that overflow int64 must not wrap into a small size
             nbytes = numel * dtype.itemsize
             length = int(info.get("length", nbytes))
         except ValueError as exc:
@@ -223,8 +268,17 @@ class _Reader:
             )
         if nbytes == 0:
             return np.zeros(dims, dtype=dtype.np_dtype)
-        # Memory-mapped: the weights are read from the file on demand, never copied up front.
-        return np.memmap(path, dtype=dtype.np_dtype, mode="r", offset=offset, shape=tuple(dims))
+        # Read, not memory-mapped: a mapped file truncated while the model is alive kills the process with SIGBUS at
+        # the next access to a page past the new end, which no Python code can catch (the fault is avoided, not
+        # caught). The cost: the weights live in process memory rather than in the page cache.
+        with path.open("rb") as f:
+            f.seek(offset)
+            array = np.empty(numel, dtype=dtype.np_dtype)
+            got = f.readinto(array.view(np.uint8))
+        if got != nbytes:
+            raise self.fail(f"{where}: external data {location!r} ended after {got} of {nbytes} bytes (the file "
+                            "changed while it was read)")
+        return array.reshape(dims)
 
 
 def _keep_dim_names(graph: Graph, vi: Any) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, TensorInfo
-from .shapes import input_info, shape_of
+from .shapes import expect_shape, input_info, shape_of
 
 _RULES = ("linear", "gated", "delta", "gated_delta")
 
@@ -66,10 +66,27 @@ def _linear_attention_infer(ctx: OpContext) -> list[TensorInfo]:
         raise ctx.fail(f"key's last dim {ks[2]} is not a multiple of kv_num_heads {hkv}")
     batch = next((s[0] for s in (qs, ks, vs) if s is not None and s[0] is not None), None)
     steps = next((s[1] for s in (qs, ks, vs) if s is not None and s[1] is not None), None)
+    if vs is not None and vs[2] is not None and vs[2] % hkv:
+        raise ctx.fail(f"value's last dim {vs[2]} is not a multiple of kv_num_heads {hkv}")
     dk = None if ks is None else _per_head(ks[2], hkv)
     dv = None if vs is None else _per_head(vs[2], hkv)
+    # Every kernel indexes its inputs by these sizes: an input that disagrees would be read past its end.
+    expect_shape(ctx, "query", qs, (batch, steps, None if dk is None else hq * dk))
+    expect_shape(ctx, "key", ks, (batch, steps, None))
+    expect_shape(ctx, "value", vs, (batch, steps, None))
+    if ctx.has_input(3):
+        expect_shape(ctx, "past_state", input_info(ctx, 3).shape, (batch, hkv, dk, dv))
+    if ctx.has_input(4):
+        decay = input_info(ctx, 4).shape  # one value per KV head, or per key dimension of each head
+        per_key = decay is not None and len(decay) == 3 and dk is not None and decay[2] == hkv * dk
+        expect_shape(ctx, "decay", decay, (batch, steps, None if dk is None else hkv * dk if per_key else hkv))
+    if ctx.has_input(5):
+        beta = input_info(ctx, 5).shape
+        expect_shape(ctx, "beta", beta, (batch, steps, 1 if beta is not None and len(beta) == 3 and beta[2] == 1
+                                    else hkv))
     out = TensorInfo(q.dtype, (batch, steps, None if dv is None else hq * dv))
     return [out, TensorInfo(state_dtype, (batch, hkv, dk, dv))]
+
 
 
 @op("LinearAttention", infer=_linear_attention_infer)

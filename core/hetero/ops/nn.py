@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..contract import dtypes
+from ..contract.errors import ShapeError
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, Shape, TensorInfo
 from . import lowp
@@ -33,6 +34,12 @@ def _geometry(
     strides, dilations = _spatial_attrs(ctx, n, kernel)
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     pads = list(ctx.attr("pads", None) or [0] * (2 * n))
+    for what, values, count in (("kernel_shape", kernel, n), ("strides", strides, n), ("dilations", dilations, n),
+                                ("pads", pads, 2 * n)):
+        least = 0 if what == "pads" else 1
+        if len(values) != count or any(int(v) < least for v in values):
+            raise ShapeError(f"{ctx.node.label()}: {what} {list(values)} must hold {count} values >= {least} "
+                             f"for {n} spatial axes")
     outs: list[Dim] = []
     begins: list[int | None] = []
     ends: list[int | None] = []
@@ -64,6 +71,9 @@ def _geometry(
                     out -= 1
             else:
                 out = (size + begin + end - ek) // s + 1
+        if out is not None and out < 1:
+            raise ShapeError(f"{ctx.node.label()}: spatial axis {i} of size {size} (pads {begin}, {end}) is "
+                             f"shorter than the kernel's reach {ek}: the output would have {out} positions")
         outs.append(out)
         begins.append(begin)
         ends.append(end)
@@ -124,7 +134,9 @@ def _conv(ctx: OpContext, x: np.ndarray, w: np.ndarray, acc: np.dtype) -> np.nda
     taps, _ = _windows(x.astype(acc), kernel, strides, dilations, static_dims(ctx, outs), static_dims(ctx, begins), 0)
     k, batch, c = taps.shape[:3]
     m = w.shape[0]
-    taps = taps.reshape(k, batch, group, c // group, -1)  # (K, N, G, C/G, P)
+    # (not -1: a zero batch leaves nothing to infer it from)
+    positions = int(np.prod(static_dims(ctx, outs), dtype=np.int64))
+    taps = taps.reshape(k, batch, group, c // group, positions)  # (K, N, G, C/G, P)
     wk = w.astype(acc).reshape(group, m // group, c // group, k)  # (G, M/G, C/G, K)
     out = np.einsum("kngcp,gmck->ngmp", taps, wk, optimize=True)
     return out.reshape(batch, m, *outs)
@@ -338,6 +350,13 @@ def _channel(v: np.ndarray, rank: int) -> np.ndarray:
 
 def _bn_infer(ctx: OpContext) -> list[TensorInfo]:
     x = input_info(ctx, 0)
+    extra = [o for o in ctx.node.outputs[1:] if o]
+    if extra and ctx.opset >= 14 and not ctx.attr("training_mode", 0):
+        # ONNX: "when training_mode=False, extra outputs are invalid" (opset 14+; earlier opsets took extra outputs
+        # to mean training). Refused at load rather than left unwritten.
+        raise ShapeError(f"{ctx.node.label()}: BatchNormalization in inference mode (training_mode=0) declares the "
+                         f"training-only outputs {extra}; ONNX defines only output 0 (Y) there",
+                         hint="drop the extra outputs, or set training_mode=1 to compute batch statistics")
     c = None if x.shape is None or len(x.shape) < 2 else x.shape[1]
     stat = TensorInfo(input_info(ctx, 3).dtype if ctx.has_input(3) else x.dtype, (c,))
     return [x, stat, stat, stat, stat]

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, TensorInfo
-from .shapes import input_info, unknown
+from .shapes import expect_shape, input_info, unknown
 
 Activation = Callable[[np.ndarray], np.ndarray]
 
@@ -81,10 +81,33 @@ def _rnn_infer(ctx: OpContext) -> list[TensorInfo]:
     if x.shape is None:
         return [unknown(x.dtype, 4), unknown(x.dtype, 3), unknown(x.dtype, 3)]
     layout = ctx.attr("layout", 0)
+    if len(x.shape) != 3:
+        raise ctx.fail(f"X must be 3-D, got shape {list(x.shape)}")
     seq, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
+    _check_weights(ctx, dirs, hidden, batch, x.shape[2])
     y: tuple[Dim, ...] = (batch, seq, dirs, hidden) if layout else (seq, dirs, batch, hidden)
     state: tuple[Dim, ...] = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
     return [TensorInfo(x.dtype, y), TensorInfo(x.dtype, state), TensorInfo(x.dtype, state)]
+
+
+def _check_weights(ctx: OpContext, dirs: int, hidden: Dim, batch: Dim, features: Dim) -> None:
+    """W, R, B, sequence_lens, the initial states and P agree with X, hidden_size and the direction count."""
+    gates = _GATES[ctx.node.op_type]
+    rows = None if hidden is None else gates * hidden
+    if hidden is not None and hidden < 1:
+        raise ctx.fail(f"hidden_size {hidden} must be positive")
+    expect_shape(ctx, "W", input_info(ctx, 1).shape, (dirs, rows, features))
+    expect_shape(ctx, "R", input_info(ctx, 2).shape, (dirs, rows, hidden))
+    state = (batch, dirs, hidden) if ctx.attr("layout", 0) else (dirs, batch, hidden)
+    optional = {3: ("B", (dirs, None if rows is None else 2 * rows)), 4: ("sequence_lens", (batch,)),
+                5: ("initial_h", state), 6: ("initial_c", state), 7: ("P", (dirs, None if hidden is None
+                                                                            else 3 * hidden))}
+    for index, (name, want) in optional.items():
+        if ctx.has_input(index) and (index < 6 or gates == 4):
+            expect_shape(ctx, name, input_info(ctx, index).shape, want)
+
+
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
 Cell = Callable[[np.ndarray, list[np.ndarray], int], list[np.ndarray]]

@@ -215,10 +215,14 @@ def _split_sizes(ctx: OpContext, dim: Dim) -> Sequence[Dim] | None:
     if split is not None:
         if len(split) != n_out:
             raise ctx.fail(f"split {split} does not match the {n_out} outputs")
+        if any(int(s) < 0 for s in split):
+            raise ctx.fail(f"split {split} has a negative size")
         return list(split)
+    num = ctx.attr("num_outputs", None)
+    if num is not None and int(num) != n_out:  # (checked first: the sizes below are a list of num entries)
+        raise ctx.fail(f"num_outputs={num} does not match the node's {n_out} outputs")
     if dim is None:
         return [None] * n_out
-    num = ctx.attr("num_outputs", None)
     if num is not None:
         chunk = -(-dim // int(num))
         sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(int(num))]
@@ -748,9 +752,20 @@ def reverse_sequence(ctx: OpContext) -> list[np.ndarray]:
 
 def _topk_k(ctx: OpContext) -> int | None:
     if ctx.opset < 10:
-        return int(ctx.attr("k"))
-    value = ctx.value(1)
-    return None if value is None else int(np.asarray(value).reshape(-1)[0])
+        k = ctx.attr("k")
+        if not isinstance(k, int):
+            raise ctx.fail(f"attribute k must be an integer, got {k!r}")
+    else:
+        value = ctx.value(1)
+        if value is None:
+            return None
+        flat = np.asarray(value).reshape(-1)
+        if flat.size != 1 or flat.dtype.kind not in "iu":
+            raise ctx.fail(f"K must hold one integer, got {flat.size} value(s) of {flat.dtype}")
+        k = int(flat[0])
+    if k < 0:
+        raise ctx.fail(f"k={k} is negative")
+    return k
 
 
 def _topk_infer(ctx: OpContext) -> list[TensorInfo]:
@@ -758,7 +773,10 @@ def _topk_infer(ctx: OpContext) -> list[TensorInfo]:
     if x.shape is None:
         return [unknown(x.dtype), unknown(dtypes.int64)]
     axis = normalize_axis(ctx, ctx.attr("axis", -1), len(x.shape))
-    shape = (*x.shape[:axis], _topk_k(ctx), *x.shape[axis + 1 :])
+    k = _topk_k(ctx)
+    if k is not None and (dim := x.shape[axis]) is not None and k > dim:
+        raise ctx.fail(f"k={k} is larger than axis {axis} of the input, {x.shape[axis]}")
+    shape = (*x.shape[:axis], k, *x.shape[axis + 1 :])
     return [TensorInfo(x.dtype, shape), TensorInfo(dtypes.int64, shape)]
 
 

@@ -21,6 +21,17 @@ def input_info(ctx: OpContext, index: int) -> TensorInfo:
     return info
 
 
+def expect_shape(ctx: OpContext, name: str, shape: Shape | None, want: Sequence[Dim]) -> None:
+    """``shape`` (of input ``name``) matches ``want`` wherever both are known (None: unknown). Kernels index their
+    inputs by sizes taken from other inputs and attributes: one that disagrees would be read past its end."""
+    if shape is None:
+        return
+    if len(shape) != len(want) or any(a is not None and b is not None and a != b
+                                      for a, b in zip(shape, want, strict=True)):
+        shown = ["?" if d is None else d for d in want]
+        raise ctx.fail(f"{name} has shape {list(shape)}; expected {shown} from the other inputs and the attributes")
+
+
 def broadcast_shapes(ctx: OpContext, shapes: Sequence[Shape | None]) -> Shape | None:
     """Numpy (multidirectional) broadcasting over possibly-unknown dims."""
     ranked = [s for s in shapes if s is not None]

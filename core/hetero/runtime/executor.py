@@ -23,7 +23,7 @@ import numpy as np
 
 from ..contract import registry
 from ..contract.backend import Backend, Kernel, Segment
-from ..contract.errors import HeteroError
+from ..contract.errors import BackendError, HeteroError
 from ..contract.graph import Graph, Node
 from ..contract.registry import OpSchema
 from ..contract.tensor import Tensor, TensorInfo, static_shape
@@ -33,6 +33,10 @@ from .memory import ArenaPlan, Lifetime, plan_arena
 from .replay import Recorder, Replay
 from .segments import outer_names
 
+# What a kernel raises (besides HeteroError) when a malformed model breaks one of its assumptions: re-raised as a
+# BackendError naming the node and the backend.
+KERNEL_FAILURES = (AttributeError, KeyError, TypeError, IndexError, ValueError, ArithmeticError, AssertionError,
+                   RuntimeError, MemoryError)
 # Ops whose output holds the input's data unchanged: the backend makes a view instead of a copy where it can.
 VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}
 WeightCache = Callable[[str, Backend], Tensor]
@@ -90,8 +94,13 @@ class KernelProgram:
     def _step(self, info: Any) -> _Step:
         node = info.node
         schema = registry.get(node.domain, node.op_type)
+        try:
+            kernel = self.backend.kernel(info)
+        except KERNEL_FAILURES as exc:
+            raise BackendError(f"{self.backend.name}: {node.label()}: the kernel cannot be made: "
+                               f"{type(exc).__name__}: {exc}") from exc
         return _Step(
-            node, schema, self.backend.kernel(info), info.opset, outer_names(node),
+            node, schema, kernel, info.opset, outer_names(node),
             has_subgraph=any(isinstance(a, Graph) for a in node.attrs.values()),
             alias=node.op_key in VIEW_OPS and node.outputs[0] not in self._returned,
             const_values=frozenset(i for i in schema.value_inputs
@@ -140,7 +149,10 @@ class KernelProgram:
         self.replay = None
         for index, step in enumerate(self.steps):
             ins = [self._value(env, name) if name else None for name in step.node.inputs]
-            self._run_step(step, ins, env, planned, recorder)
+            try:
+                self._run_step(step, ins, env, planned, recorder)
+            except KERNEL_FAILURES as exc:  # a model breaking a kernel's assumptions: named, not a traceback
+                raise BackendError(f"{self.backend.name}: {step.node.label()}: {type(exc).__name__}: {exc}") from exc
             if lifetimes is not None and not step.alias:
                 self._record(lifetimes, index, step, env)
             for name in self._frees[index]:
@@ -212,7 +224,8 @@ class KernelProgram:
     def _run_step(self, step: _Step, ins: list[Tensor | None], env: dict[str, Tensor], planned: bool,
                   recorder: Recorder | None) -> None:
         schema, backend, outputs = step.schema, self.backend, step.node.outputs
-        key: tuple[Any, ...] = tuple(None if t is None else t.shape for t in ins)
+        # dtypes too: a value typed only at run time (untyped If / Scan bodies) may change dtype, not shape
+        key: tuple[Any, ...] = tuple(None if t is None else (t.shape, t.dtype.name) for t in ins)
         if schema.value_inputs:
             key += tuple(step.node.inputs[i] if i in step.const_values else _value_key(ins[i])
                          for i in schema.value_inputs if i < len(ins))

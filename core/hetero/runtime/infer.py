@@ -6,6 +6,8 @@ The same ``infer_node`` serves the static pass at load time (unknown dims allowe
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -21,6 +23,20 @@ from .evaluate import evaluate_node, info_of, run_graph
 FOLD_LIMIT_BYTES = 64 << 20
 # Ops whose outputs depend on their inputs' shapes alone: they fold as soon as those shapes are static.
 SHAPE_ONLY_OPS = {("", "Shape"), ("", "Size")}
+# The largest tensor a node may produce, checked on its inferred shape before anything is allocated: a model (or a
+# mutated shape input) asking for more is refused with the node named. Raise it with HETERO_MAX_TENSOR_BYTES.
+MAX_TENSOR_BYTES_ENV = "HETERO_MAX_TENSOR_BYTES"
+DEFAULT_MAX_TENSOR_BYTES = 1 << 30
+
+
+def max_tensor_bytes() -> int:
+    raw = os.environ.get(MAX_TENSOR_BYTES_ENV)
+    if not raw:
+        return DEFAULT_MAX_TENSOR_BYTES
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise HeteroError(f"{MAX_TENSOR_BYTES_ENV}={raw!r} is not a number of bytes") from None
 
 
 def infer_node(
@@ -42,7 +58,40 @@ def infer_node(
     n_out = len(node.outputs)
     if len(outs) < n_out:
         raise ShapeError(f"{node.label()} declares {n_out} outputs but {schema.name} produces {len(outs)}")
+    for name, info in zip(node.outputs, outs, strict=False):
+        _check_size(node, name, info)
+    if _all_known(schema, inputs, values):  # (at run time): every output shape must follow
+        for name, info in zip(node.outputs, outs, strict=False):
+            if name and not info.is_static:
+                raise ShapeError(f"{node.label()}: the shape of output {name!r} does not follow from its inputs "
+                                 f"({info}); is an input or attribute missing?")
     return list(outs[:n_out])
+
+
+def _all_known(schema: OpSchema, inputs: Sequence[TensorInfo | None], values: Sequence[np.ndarray | None]) -> bool:
+    """Every input's shape is concrete and every input read by value is given: nothing left to run time."""
+    if schema.data_dependent or any(i is not None and not i.is_static for i in inputs):
+        return False
+    return all(i >= len(inputs) or inputs[i] is None or values[i] is not None for i in schema.value_inputs)
+
+
+def _check_size(node: Node, name: str, info: TensorInfo) -> None:
+    """No negative dims, and no tensor above the size limit (Python ints: dims such as 2**62 must not wrap)."""
+    if info.shape is None:
+        return
+    if any(d is not None and d < 0 for d in info.shape):
+        raise ShapeError(f"{node.label()}: output {name!r} would have the negative shape {list(info.shape)} "
+                         "(the inputs are too small for the op's attributes)")
+    if any(d is None for d in info.shape) or (info.dtype.itemsize == 0 and not info.dtype.is_block_quantized):
+        return
+    numel = math.prod(static_shape(info))
+    nbytes = numel * info.dtype.itemsize if not info.dtype.is_block_quantized else \
+        numel // info.dtype.block_size * info.dtype.block_bytes
+    limit = max_tensor_bytes()
+    if nbytes > limit:
+        raise ShapeError(f"{node.label()}: output {name!r} of shape {list(info.shape)} ({info.dtype}) would take "
+                         f"{nbytes:,} bytes, above the {limit:,}-byte limit on one tensor",
+                         hint=f"set {MAX_TENSOR_BYTES_ENV} to a larger number of bytes if the model really needs it")
 
 
 def fold_and_infer(graph: Graph, fold: bool = True) -> None:

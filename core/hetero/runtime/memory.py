@@ -41,10 +41,15 @@ def plan_arena(lifetimes: list[Lifetime], align: int = ALIGN) -> ArenaPlan:
     """Offsets are multiples of ``align`` (a device's sub-buffer alignment may be larger than the host's)."""
     placed: list[tuple[int, int, Lifetime]] = []  # (offset, end, lifetime)
     offsets: dict[str, int] = {}
+    # The placed values live at each step: a value's conflicts are found among those of its own steps, not among
+    # every placed value (that scan made planning quadratic in the node count: 15 s for a 4,000-node chain).
+    live_at: dict[int, list[int]] = {}
     for life in sorted(lifetimes, key=lambda v: (-v.nbytes, v.first)):
         size = _aligned(max(life.nbytes, 1), align)
-        busy = sorted((off, end) for off, end, other in placed
-                      if other.first <= life.last and life.first <= other.last)
+        overlapping = {i for step in range(life.first, life.last + 1) for i in live_at.get(step, ())}
+        busy = sorted(placed[i][:2] for i in overlapping)
+        for step in range(life.first, life.last + 1):
+            live_at.setdefault(step, []).append(len(placed))
         offset = 0
         for off, end in busy:
             if offset + size <= off:

@@ -16,6 +16,7 @@ import numpy as np
 from hetero.contract import (
     BackendError,
     Device,
+    Kernel,
     KernelTableBackend,
     NodeInfo,
     Support,
@@ -26,6 +27,7 @@ from hetero.contract import (
     unsupported,
 )
 
+from .dtype_guard import DtypeGuard
 from .kernels import KERNELS
 from .runtime import runtime_for
 
@@ -55,6 +57,10 @@ class OpenCLBackend(KernelTableBackend):
             if info is not None and (info.dtype.np_dtype is None or info.dtype.np_dtype.kind in "OSU"):
                 return unsupported(f"{info.dtype} tensors do not live in OpenCL buffers")
         return super().supports(node)
+
+    def kernel(self, node: NodeInfo) -> Kernel:
+        # Built for the load-time dtypes; rebuilt (or refused) when prepare sees others (untyped If / Scan outputs).
+        return DtypeGuard(node, self, super().kernel)
 
     # -- memory -----------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int, kind: str = "arena") -> Any:

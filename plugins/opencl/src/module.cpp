@@ -212,6 +212,15 @@ struct Buffer {
   }
 };
 
+// Every host-side transfer stays inside the buffer's requested size (not only its pooled capacity): a size mismatch
+// between a tensor and its buffer is an error here, never a write past the block (offset + n checked without
+// overflow).
+void check_range(const Buffer& b, size_t offset, size_t n, const char* what) {
+  if (offset > b.nbytes || n > b.nbytes - offset)
+    throw std::out_of_range(std::string(what) + " of " + std::to_string(n) + " bytes at offset " +
+                            std::to_string(offset) + " outside a buffer of " + std::to_string(b.nbytes) + " bytes");
+}
+
 struct Local {
   size_t nbytes;
 };
@@ -361,7 +370,7 @@ class Context {
     live();
     py::buffer_info bi = src.request();
     const size_t n = static_cast<size_t>(bi.size) * static_cast<size_t>(bi.itemsize);
-    if (offset + n > dst.cap) throw std::invalid_argument("write past the end of the buffer");
+    check_range(dst, offset, n, "write");
     if (n == 0) return;
     if (!blocking && pending_.size() >= 4096) finish();
     check(clEnqueueWriteBuffer(queue_, dst.mem, blocking ? CL_TRUE : CL_FALSE, offset, n, bi.ptr, 0, nullptr,
@@ -374,7 +383,7 @@ class Context {
     live();
     py::buffer_info bi = dst.request(true);
     const size_t n = static_cast<size_t>(bi.size) * static_cast<size_t>(bi.itemsize);
-    if (offset + n > src.cap) throw std::invalid_argument("read past the end of the buffer");
+    check_range(src, offset, n, "read");
     if (n == 0) return;
     cl_int err;
     {
@@ -388,13 +397,15 @@ class Context {
   void copy(Buffer& src, Buffer& dst, size_t src_off, size_t dst_off, size_t n) {
     live();
     if (n == 0) return;
-    if (src_off + n > src.cap || dst_off + n > dst.cap) throw std::invalid_argument("copy out of bounds");
+    check_range(src, src_off, n, "copy from");
+    check_range(dst, dst_off, n, "copy to");
     check(clEnqueueCopyBuffer(queue_, src.mem, dst.mem, src_off, dst_off, n, 0, nullptr, nullptr),
           "clEnqueueCopyBuffer");
   }
 
   void zero(Buffer& dst, size_t offset, size_t n) {
     live();
+    check_range(dst, offset, n, "zero");
     if (n == 0) return;
     const cl_uchar pattern = 0;
     check(clEnqueueFillBuffer(queue_, dst.mem, &pattern, 1, offset, n, 0, nullptr, nullptr), "clEnqueueFillBuffer");

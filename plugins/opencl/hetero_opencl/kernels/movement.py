@@ -7,7 +7,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import (
+    SUPPORTED,
+    BackendError,
+    HeteroError,
+    NodeInfo,
+    Support,
+    Tensor,
+    TensorInfo,
+    dtypes,
+    unsupported,
+)
 
 from .common import ClKernel, contiguous_strides
 
@@ -53,14 +63,29 @@ class _Copy(ClKernel):
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
         self.kernel = self.k(PROGRAM, f"copy_nd_{_element(node.inputs[0])}")
+        self.itemsize = node.inputs[0].dtype.itemsize
 
     def copy(self, slot: str, x, y, dims: Sequence[int], xstrides: Sequence[int], ystrides: Sequence[int],
              xbase: int = 0, ybase: int = 0) -> None:
         n = int(np.prod(dims, dtype=np.int64))
         if n == 0:
             return
+        self.check_extent("input", x, dims, xstrides, xbase)
+        self.check_extent("output", y, dims, ystrides, ybase)
         meta = self.meta(slot, [*dims, *xstrides, *ystrides])
         self.launch(self.kernel, [n], None, x, y, meta, n, len(dims), int(xbase), int(ybase))
+
+
+    def check_extent(self, what: str, buf, dims: Sequence[int], strides: Sequence[int], base: int) -> None:
+        """The elements the copy touches lie inside ``buf`` (checked on the host before the launch: a kernel writing
+        past a cl_mem on a CPU device writes into the process heap)."""
+        low = high = int(base)
+        for d, s in zip(dims, strides, strict=True):
+            reach = (int(d) - 1) * int(s)
+            low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+        if low < 0 or (high + 1) * self.itemsize > buf.nbytes:
+            raise BackendError(f"opencl: {self.node.label()}: the copy reaches {what} elements {low}..{high} of "
+                               f"{self.itemsize} bytes, outside its {buf.nbytes}-byte buffer")
 
 
 class ClTranspose(_Copy):
@@ -164,6 +189,9 @@ class ClGather(ClKernel):
         n = y.size
         if n == 0:
             return
+        if data.shape[axis] == 0:  # the kernel clamps indices into the axis: an empty axis has nothing to clamp to
+            raise HeteroError(f"{self.node.label()}: Gather of {idx.size} indices from an empty axis {axis} "
+                              f"(data shape {list(data.shape)})")
         self.launch(self.kernel, [n], None, data.buffer, idx.buffer, y.buffer, n, idx.size, inner,
                     data.shape[axis])
 
