@@ -279,9 +279,10 @@ class HostMemory(Backend):
         np_dtype = info.dtype.np_dtype
         if np_dtype is None:
             return None
-        nbytes = info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
-        view = arena[offset:offset + nbytes].view(np_dtype).reshape(info.shape)
-        return Tensor(view, info.shape, info.dtype, self)  # type: ignore[arg-type]
+        shape = static_shape(info)
+        nbytes = info.dtype.nbytes(int(np.prod(shape, dtype=np.int64)))
+        view = arena[offset:offset + nbytes].view(np_dtype).reshape(shape)
+        return Tensor(view, shape, info.dtype, self)
 
     def view(self, tensor: Tensor, info: TensorInfo) -> Tensor | None:
         array = tensor.numpy()

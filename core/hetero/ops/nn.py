@@ -134,7 +134,8 @@ def _conv(ctx: OpContext, x: np.ndarray, w: np.ndarray, acc: np.dtype) -> np.nda
     taps, _ = _windows(x.astype(acc), kernel, strides, dilations, static_dims(ctx, outs), static_dims(ctx, begins), 0)
     k, batch, c = taps.shape[:3]
     m = w.shape[0]
-    positions = int(np.prod(outs, dtype=np.int64))  # (not -1: a zero batch leaves nothing to infer it from)
+    # (not -1: a zero batch leaves nothing to infer it from)
+    positions = int(np.prod(static_dims(ctx, outs), dtype=np.int64))
     taps = taps.reshape(k, batch, group, c // group, positions)  # (K, N, G, C/G, P)
     wk = w.astype(acc).reshape(group, m // group, c // group, k)  # (G, M/G, C/G, K)
     out = np.einsum("kngcp,gmck->ngmp", taps, wk, optimize=True)

@@ -215,9 +215,9 @@ def _split_sizes(ctx: OpContext, dim: Dim) -> Sequence[Dim] | None:
     if split is not None:
         if len(split) != n_out:
             raise ctx.fail(f"split {split} does not match the {n_out} outputs")
-        if any(int(s) < 0 for s in split):  # type: ignore[union-attr]
+        if any(int(s) < 0 for s in split):
             raise ctx.fail(f"split {split} has a negative size")
-        return list(split)  # type: ignore[arg-type]
+        return list(split)
     num = ctx.attr("num_outputs", None)
     if num is not None and int(num) != n_out:  # (checked first: the sizes below are a list of num entries)
         raise ctx.fail(f"num_outputs={num} does not match the node's {n_out} outputs")
@@ -774,7 +774,7 @@ def _topk_infer(ctx: OpContext) -> list[TensorInfo]:
         return [unknown(x.dtype), unknown(dtypes.int64)]
     axis = normalize_axis(ctx, ctx.attr("axis", -1), len(x.shape))
     k = _topk_k(ctx)
-    if k is not None and x.shape[axis] is not None and k > x.shape[axis]:
+    if k is not None and (dim := x.shape[axis]) is not None and k > dim:
         raise ctx.fail(f"k={k} is larger than axis {axis} of the input, {x.shape[axis]}")
     shape = (*x.shape[:axis], k, *x.shape[axis + 1 :])
     return [TensorInfo(x.dtype, shape), TensorInfo(dtypes.int64, shape)]

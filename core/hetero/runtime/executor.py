@@ -26,7 +26,7 @@ from ..contract.backend import Backend, Kernel, Segment
 from ..contract.errors import BackendError, HeteroError
 from ..contract.graph import Graph, Node
 from ..contract.registry import OpSchema
-from ..contract.tensor import Tensor, TensorInfo
+from ..contract.tensor import Tensor, TensorInfo, static_shape
 from .control import ControlFlow
 from .infer import infer_node
 from .memory import ArenaPlan, Lifetime, plan_arena
@@ -195,7 +195,7 @@ class KernelProgram:
         plan = self.memory_plan
         if plan is None or name not in plan.offsets or info.dtype.np_dtype is None:
             return None
-        nbytes = info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
+        nbytes = info.dtype.nbytes(int(np.prod(static_shape(info), dtype=np.int64)))
         if nbytes != plan.sizes[name]:
             return None
         return self.backend.arena_tensor(self._arena, plan.offsets[name], info)
@@ -208,8 +208,8 @@ class KernelProgram:
         else:
             values = [None] * len(ins)
             for i in schema.value_inputs:
-                if i < len(ins) and ins[i] is not None:
-                    values[i] = ins[i].host_values()  # type: ignore[union-attr]
+                if i < len(ins) and (value := ins[i]) is not None:
+                    values[i] = value.host_values()
         cached = None if schema.data_dependent else step.infer_cache.get(key)
         if cached is None:
             cached = infer_node(schema, step.node, infos, values, step.opset, run_subgraph)
@@ -232,7 +232,7 @@ class KernelProgram:
         run_subgraph = self._control.runner(step.outer, env) if step.has_subgraph else None
         if schema.data_dependent and hasattr(step.kernel, "run_dynamic"):
             # Output shapes come from the data: the kernel computes once and sizes its outputs itself.
-            outs = step.kernel.run_dynamic(ins, run_subgraph=run_subgraph)  # type: ignore[attr-defined]
+            outs = step.kernel.run_dynamic(ins, run_subgraph=run_subgraph)
             for name, out in zip(outputs, outs, strict=False):
                 if name:
                     env[name] = out
@@ -262,7 +262,7 @@ class KernelProgram:
         else:
             outs = [backend.empty(info) for info in step.out_infos]
         if run_subgraph is not None:
-            step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]
+            step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]  # If/Loop/Scan kernels
         else:
             step.kernel.run(ins, outs)
         if recorder is not None:

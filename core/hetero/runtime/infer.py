@@ -84,7 +84,7 @@ def _check_size(node: Node, name: str, info: TensorInfo) -> None:
                          "(the inputs are too small for the op's attributes)")
     if any(d is None for d in info.shape) or (info.dtype.itemsize == 0 and not info.dtype.is_block_quantized):
         return
-    numel = math.prod(int(d) for d in info.shape)  # type: ignore[arg-type]
+    numel = math.prod(static_shape(info))
     nbytes = numel * info.dtype.itemsize if not info.dtype.is_block_quantized else \
         numel // info.dtype.block_size * info.dtype.block_bytes
     limit = max_tensor_bytes()

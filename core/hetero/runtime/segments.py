@@ -81,9 +81,9 @@ def cut(graph: Graph, infos: list[NodeInfo], placement: Placement, backends: dic
             producer[name] = backend.name
         edges.append(edge)
     for name in graph.outputs:
-        src = producer.get(name)
-        if src is not None and _domain(src, backends) != "host":
-            copies.append(CopyEdge(name, src, "host"))
+        last = producer.get(name)
+        if last is not None and _domain(last, backends) != "host":
+            copies.append(CopyEdge(name, last, "host"))
     _plan_drops(edges, outputs)
     placement.copies = copies
     return edges

@@ -175,7 +175,7 @@ class Session:
     @property
     def memory_plan(self) -> ArenaPlan | None:
         """The arena plan of the first segment that has one (every segment of a one-backend model is one)."""
-        return next((p.memory_plan for p in self.programs if getattr(p, "memory_plan", None) is not None), None)
+        return next((plan for p in self.programs if (plan := getattr(p, "memory_plan", None)) is not None), None)
 
     def kernels(self) -> list[tuple[Node, Kernel]]:
         """(node, kernel) of every node run by a kernel (views excluded): for profilers."""

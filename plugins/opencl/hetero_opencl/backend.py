@@ -88,9 +88,9 @@ class OpenCLBackend(KernelTableBackend):
                 # in place: launches bound for the replay read this array (the queue drained at the last segment end)
                 np.copyto(kept, array)
             else:
-                tensor.host_copy = np.array(array, order="C")
+                kept = tensor.host_copy = np.array(array, order="C")
             if array.nbytes:
-                self.ctx.write(tensor.buffer, tensor.host_copy.reshape(-1).view(np.uint8), blocking=False)
+                self.ctx.write(tensor.buffer, kept.reshape(-1).view(np.uint8), blocking=False)
         else:
             tensor.host_copy = None
             if array.nbytes:
@@ -110,8 +110,9 @@ class OpenCLBackend(KernelTableBackend):
 
     def arena_tensor(self, arena: Any, offset: int, info: TensorInfo) -> Tensor | None:
         """A sub-buffer of the arena (offsets are multiples of the device's base address alignment)."""
-        nbytes = info.dtype.nbytes(int(np.prod(info.shape, dtype=np.int64)))  # type: ignore[arg-type]
-        return Tensor(self.ctx.sub(arena, offset, nbytes), info.shape, info.dtype, self)  # type: ignore[arg-type]
+        shape = static_shape(info)
+        nbytes = info.dtype.nbytes(int(np.prod(shape, dtype=np.int64)))
+        return Tensor(self.ctx.sub(arena, offset, nbytes), shape, info.dtype, self)
 
     def download(self, tensor: Tensor) -> np.ndarray:
         buf = tensor.buffer

@@ -58,8 +58,8 @@ class DtypeGuard:
         if actual == self.built_for:
             return
         real = replace(self.info,
-                       inputs=[None if t is None else TensorInfo(t.dtype, tuple(t.shape)) for t in inputs],
-                       outputs=[TensorInfo(t.dtype, tuple(t.shape)) for t in outputs])
+                       inputs=[None if t is None else TensorInfo(t.dtype, t.shape) for t in inputs],
+                       outputs=[TensorInfo(t.dtype, t.shape) for t in outputs])
         node = self.info.node
         where = (f"opencl: node {node.name!r} ({node.op_type}) gets {_names(actual[0])} -> {_names(actual[1])} "
                  f"at run time (its types were not known when the model loaded; the kernel was chosen for "

@@ -56,8 +56,11 @@ class ClDevice(Protocol):
     rt: Runtime
     ctx: Any  # the device's _native.Context: launches, reads and writes on its one in-order queue
     dummy: Any  # a small buffer bound where a kernel's optional buffer argument is absent
+    max_positions: int | None  # the session's context length, when it set one
 
     def alloc(self, nbytes: int, kind: str = "arena") -> Any: ...
+
+    def write_host(self, tensor: Tensor, array: np.ndarray) -> None: ...
 
     def upload(self, array: np.ndarray, kind: str = "arena") -> Tensor: ...
 

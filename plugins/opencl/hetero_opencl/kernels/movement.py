@@ -63,7 +63,7 @@ class _Copy(ClKernel):
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
         self.kernel = self.k(PROGRAM, f"copy_nd_{_element(node.inputs[0])}")
-        self.itemsize = node.inputs[0].dtype.itemsize  # type: ignore[union-attr]
+        self.itemsize = node.inputs[0].dtype.itemsize
 
     def copy(self, slot: str, x, y, dims: Sequence[int], xstrides: Sequence[int], ystrides: Sequence[int],
              xbase: int = 0, ybase: int = 0) -> None:
