@@ -10,7 +10,7 @@ Contract checks call the backend directly: the factory, ``create``, ``supports``
 it refuses), memory round trips, and every claimed kernel through the calls a session makes — ``prepare`` (again
 when shapes change), then ``run`` on outputs the kit allocated, which the kernel must write in place: rebinding an
 output's buffer, replacing an output tensor, leaving an output unwritten or writing into an input all fail, as
-does a ``bind()`` whose callable does not do what ``run`` does.
+does a ``bind()`` whose callable (or list of callables, called in order) does not do what ``run`` does.
 
 Op checks build a single-node ONNX model per case of ``cases.CASES`` whose op the backend claims (its ``supports``
 answer on the case's ``NodeInfo``), run it through ``Session(..., backends=[name], on_fallback="error")`` and compare
@@ -346,6 +346,14 @@ def _without_arguments(call: Callable[[], Any]) -> Callable[[list[Tensor]], Any]
     return lambda _outputs: call()  # a bound call works on the tensors it was bound to
 
 
+def _in_order(calls: list[Callable[[], Any]]) -> Callable[[], None]:
+    def call_all() -> None:
+        for call in calls:
+            call()
+
+    return call_all
+
+
 def _check_bind(ctx: Context, selected: Sequence[Case]) -> str:
     backend = ctx.backend()
     bound = 0
@@ -354,11 +362,14 @@ def _check_bind(ctx: Context, selected: Sequence[Case]) -> str:
         bind = getattr(kernel, "bind", None)
         if bind is None:
             continue
-        call = bind(item.inputs, outputs)
-        if call is None:
+        bound_calls = bind(item.inputs, outputs)
+        if bound_calls is None:
             continue
-        if not callable(call):
-            raise CheckFailed(f"{item.case.id}: bind() returned {type(call).__name__}, not a callable or None")
+        calls = list(bound_calls) if isinstance(bound_calls, (list, tuple)) else [bound_calls]
+        if not calls or not all(callable(c) for c in calls):
+            raise CheckFailed(f"{item.case.id}: bind() returned {type(bound_calls).__name__}, not a callable, a "
+                              "list of callables (one per device launch) or None")
+        call = _in_order(calls)
         bound += 1
         for attempt in ("bound call", "bound call again"):  # the replay calls it step after step
             _run_in_place(backend, item, outputs, _without_arguments(call), attempt)
