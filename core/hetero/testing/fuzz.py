@@ -12,7 +12,8 @@ worker or runs past ``timeout`` the worker is restarted for the next one. Each c
 - ``crashed``: the worker died (the signal or exit status, and the tail of its stderr);
 - ``hung``: no answer within ``timeout`` seconds (a hang or a runaway loop).
 
-The worker runs under an address-space limit (``memory_mb``, RLIMIT_AS), so a memory bomb ends as ``raised:
+The worker runs under an address-space limit (``memory_mb``, RLIMIT_AS; not under AddressSanitizer, whose shadow
+memory needs the address space), so a memory bomb ends as ``raised:
 MemoryError`` (or a crash) instead of a machine-wide swap storm. Its start-up (imports: seconds on a busy machine)
 does not count in a case's time. The child sees the parent's ``sys.path``, so targets may live in a test folder::
 
@@ -211,7 +212,9 @@ def _worker() -> None:
     """The child's loop: read a case, run the target, answer [kind, detail]; stdout carries only frames."""
     module_name, _, function = sys.argv[1].partition(":")
     memory_mb = int(sys.argv[2])
-    if memory_mb:
+    # Under AddressSanitizer (.ci/sanitizers preloads libasan) the process reserves terabytes of shadow address
+    # space at start: an address-space limit would stop it from starting, so the sanitizer's own checks stand in.
+    if memory_mb and "libasan" not in os.environ.get("LD_PRELOAD", ""):
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))

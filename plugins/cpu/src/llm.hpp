@@ -18,7 +18,7 @@ namespace llm {
 
 // ---- quantized weights, repacked ("RB16": 16 output rows interleaved) ----
 //
-// Sources: hetero's block formats (hetero.llm.quant: per row, ceil(K/B) blocks of [f16 d][f16 m]? + quants) and
+// Sources: hetero's block formats (hetero.contract.quant: per row, ceil(K/B) blocks of [f16 d][f16 m]? + quants) and
 // GGUF's q5_0 / q5_1 / q4_k / q5_k / q6_k blocks (llm_ggml.cpp). Repacked, rows are grouped by 16 (the last group
 // zero-padded: zero scales) and each (group, block) is one record:
 //   header | quants

@@ -1,7 +1,7 @@
 // GGUF (ggml) block formats for the LLM kernels: q5_0, q5_1, q4_k, q5_k and q6_k rows, as stored in the file, are
 // decoded block by block (32 elements: values 0..63 plus the block's scale material) and written into the RB16
 // planes layout of llm.hpp, which keeps each format's own scales (no re-quantisation, no float rounding: the kernels
-// compute d * sc exactly in float32) and about its size in bytes. Block layouts as in hetero.llm.quant's reference.
+// compute d * sc exactly in float32) and about its size in bytes. Block layouts as in hetero.contract.quant's reference.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -181,7 +181,7 @@ void ggml_dequant_row(const QPack& pk, const std::uint8_t* row, float* out) {
     decode(pk.ggml, row, b, blk);
     float* o = out + b * 32;
     const float d = half_to_float(blk.d);
-    // The same float operations, in the same order, as hetero.llm.quant.dequantize_ggml (bit-identical results).
+    // The same float operations, in the same order, as hetero.contract.quant.dequantize_ggml (bit-identical results).
     if (pk.kq == 1) {
       const float scale = d * static_cast<float>(blk.sc), off = half_to_float(blk.m) * static_cast<float>(blk.mn);
       for (int l = 0; l < 32; ++l) o[l] = static_cast<float>(blk.q[l]) * scale - off;

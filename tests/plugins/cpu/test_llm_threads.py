@@ -11,7 +11,7 @@ _native = pytest.importorskip(
     reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
 )
 
-from hetero.llm import quant  # noqa: E402
+from hetero.contract import quant  # noqa: E402
 
 
 @pytest.fixture
