@@ -167,7 +167,7 @@ BROKEN: dict[str, tuple[str, dict[str, str]]] = {
         """
         Relu.bind = lambda self, inputs, outputs: "np.maximum"
         """,
-        {"bind()": "bind() returned str, not a callable or None"},
+        {"bind()": "bind() returned str, not a callable, a list of callables"},
     ),
     "memory_domain set per instance": (
         """
