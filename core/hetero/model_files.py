@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 from .contract.errors import ModelFormatError
+from .llm.gguf import is_gguf
 
 ONNX, GGUF, HF_FOLDER, HF_REPO = "onnx", "gguf", "hf-folder", "hf-repo"
 LLM_KINDS = (GGUF, HF_FOLDER, HF_REPO)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # "Qwen/Qwen3-0.6B"
-_GGUF_MAGIC = b"GGUF"
 
 
 def model_kind(path: str) -> str:
@@ -25,7 +25,7 @@ def model_kind(path: str) -> str:
         raise ModelFormatError(f"{path} is a folder without config.json: expected an .onnx or .gguf file, or a "
                                "Hugging Face model folder", hint=hint)
     if p.is_file():
-        if _starts_with(p, _GGUF_MAGIC):
+        if is_gguf(p):  # (a regular file, size-checked: never a FIFO read that blocks)
             return GGUF
         if p.suffix.lower() == ".gguf":
             raise ModelFormatError(f"{path} does not start with the GGUF magic: not a GGUF file (or a truncated one)")
@@ -34,10 +34,3 @@ def model_kind(path: str) -> str:
         return HF_REPO
     raise ModelFormatError(f"{path} does not exist")
 
-
-def _starts_with(path: Path, magic: bytes) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
-    except OSError:
-        return False

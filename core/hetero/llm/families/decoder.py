@@ -16,8 +16,8 @@ from ...contract import dtypes
 from ...contract.errors import ModelFormatError
 from ...contract.graph import HETERO_DOMAIN, Graph, Node
 from ...contract.tensor import TensorInfo
+from ...progress import Progress
 from ..config import LlmConfig
-from ..progress import Progress
 from ..weights import Weight, WeightSource
 
 INPUT_IDS, PAST_LEN, LOGITS = "input_ids", "past_len", "logits"
