@@ -193,9 +193,6 @@ struct Buffer {
   size_t nbytes = 0;
   size_t cap = 0;
   std::shared_ptr<Pool> pool;
-  // A host copy of small uploaded values (past_len, constant indices): kernels that need them on the host read it
-  // instead of waiting for the queue. Set by Python at upload; a pooled cl_mem reused later gets a fresh Buffer.
-  py::object shadow = py::none();
   // A sub-buffer (a slice of an arena) keeps its parent alive and is released, not pooled.
   std::shared_ptr<Buffer> parent;
 
@@ -538,7 +535,6 @@ PYBIND11_MODULE(_native, m) {
   py::class_<Buffer, std::shared_ptr<Buffer>>(m, "Buffer")
       .def_readonly("nbytes", &Buffer::nbytes)
       .def_readonly("capacity", &Buffer::cap)
-      .def_readwrite("shadow", &Buffer::shadow)
       .def("__repr__", [](const Buffer& b) { return "<cl_mem " + std::to_string(b.nbytes) + " bytes>"; });
 
   py::class_<Local>(m, "Local").def(py::init<size_t>()).def_readonly("nbytes", &Local::nbytes);
