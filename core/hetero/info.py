@@ -7,13 +7,13 @@ template, sampling keys. Hugging Face folder: the config's summary, weight files
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from .contract.errors import ModelFormatError
+from .llm.files import MAX_TEMPLATE_BYTES, read_json, read_text
 from .model_files import GGUF, HF_FOLDER, ONNX, model_kind
 
 Facts = dict[str, Any]
@@ -150,28 +150,18 @@ _CONFIG_KEYS = ("model_type", "architectures", "hidden_size", "num_hidden_layers
                 "num_experts", "num_experts_per_tok", "torch_dtype", "tie_word_embeddings", "rope_theta")
 
 
-def _read_json(path: Path) -> Facts:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelFormatError(f"{path}: not readable JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ModelFormatError(f"{path}: expected a JSON object")
-    return data
-
-
 def hf_info(folder: Path) -> Facts:
-    config = _read_json(folder / "config.json")
+    config = read_json(folder / "config.json", root=folder)
     text_config = config.get("text_config")
     text = text_config if isinstance(text_config, dict) else {}
     summary = {k: config.get(k, text.get(k)) for k in _CONFIG_KEYS if k in config or k in text}
     files = sorted(folder.glob("*.safetensors"))
     tokenizer_config = folder / "tokenizer_config.json"
-    template = _read_json(tokenizer_config).get("chat_template") if tokenizer_config.is_file() else None
+    template = read_json(tokenizer_config, root=folder).get("chat_template") if tokenizer_config.is_file() else None
     if template is None and (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() \
-        else {}
+        template = read_text(folder / "chat_template.jinja", MAX_TEMPLATE_BYTES, folder)
+    generation_file = folder / "generation_config.json"
+    generation = read_json(generation_file, root=folder) if generation_file.is_file() else {}
     return {
         "format": "huggingface", "path": str(folder), "config": summary,
         "weights": {"files": len(files), "bytes": sum(f.stat().st_size for f in files)},
