@@ -21,12 +21,23 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hetero.contract import BackendError, HeteroError, HostMemory, NodeInfo, Segment, Support, Tensor, static_shape
+from hetero.contract import (
+    BackendError,
+    HeteroError,
+    HostMemory,
+    Kernel,
+    NodeInfo,
+    Segment,
+    Support,
+    Tensor,
+    static_shape,
+)
+from hetero.contract.reference import ReferenceKernel
 from hetero.contract.vendor_worker import VendorWorker
 
 from . import cache
 from .export import segment_to_onnx
-from .support import rknn_supports
+from .support import LAYOUT_OPS, rknn_supports
 from .toolkit import DEFAULT_TARGET, TARGETS
 
 DTYPES = ("float16", "int8")
@@ -75,10 +86,16 @@ class RknnBackend(HostMemory):
     def supports(self, node: NodeInfo) -> Support:
         return rknn_supports(node)
 
-    def compile(self, segment: Segment) -> RknnProgram:
+    def compile(self, segment: Segment) -> RknnProgram | None:
+        if all(n.domain == "" and n.op_type in LAYOUT_OPS for n in segment.nodes):
+            return None  # only data movement: the core runs it on the host with kernel() below
         program = RknnProgram(self, segment)
         program.prepare()
         return program
+
+    def kernel(self, node: NodeInfo) -> Kernel:
+        """The numpy reference, for the nodes of layout-only segments (host memory: reshapes are views)."""
+        return ReferenceKernel(node, self)
 
     def calibration_for(self, segment: Segment, what: str) -> list[list[np.ndarray]]:
         """Each calibration sample's arrays for the segment's inputs, in order (int8), checked against the shapes."""

@@ -44,8 +44,8 @@ def _conv_limits(node: NodeInfo) -> Support:
     kernel = list(weight.shape[2:]) if weight is not None else []
     strides = list(node.attr("strides", [1] * len(kernel)))
     pads = list(node.attr("pads", [0] * 2 * len(kernel)))
-    if len(kernel) != 2:
-        return unsupported(f"{node.op_type} with a {len(kernel)}-D kernel (the RKNN NPU convolves 2-D)")
+    if len(kernel) not in (1, 2):
+        return unsupported(f"{node.op_type} with a {len(kernel)}-D kernel (the RKNN NPU convolves 1-D and 2-D)")
     if not _within(kernel, 1, 31):
         return unsupported(f"{node.op_type} kernel {kernel} (RKNN NPU limit: 1..31)")
     if node.op_type == "ConvTranspose":
@@ -107,6 +107,11 @@ _LIMITS: dict[str, Callable[[NodeInfo], Support]] = {
     "MaxPool": _pool_limits, "AveragePool": _pool_limits, "Softmax": _softmax_limits, "Slice": _slice_limits,
     "Pad": _pad_limits,
 }
+
+
+# Ops that only move data: a segment of nothing else has no work for the NPU (a worker round trip costs more).
+LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice",
+                        "DepthToSpace", "SpaceToDepth", "Pad"})
 
 
 def rknn_supports(node: NodeInfo) -> Support:
