@@ -289,7 +289,7 @@ class VendorWorker:
     def call(self, method: str, *, context: str, timeout: float | None = None, **args: Any) -> Any:
         """Run ``handlers.method(**args)`` in the worker; ``context`` says what for, in every error."""
         with self._lock:
-            proc = self.proc if self.alive else self._start(context)
+            proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start(context)
             first_line = self._lines
             assert proc.stdin is not None and proc.stdout is not None
             try:
@@ -388,7 +388,7 @@ def _serve(handler_file: str) -> None:
     """Load the handlers, say ready, then answer calls until the input ends."""
     import runpy
 
-    channel_in, channel_out = sys.stdin.buffer.raw.fileno(), os.fdopen(os.dup(1), "wb")  # type: ignore[attr-defined]
+    channel_in, channel_out = sys.stdin.fileno(), os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what the toolkit prints goes to stderr, never into the frames
     sys.stdout = sys.stderr
     namespace = runpy.run_path(handler_file)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero.contract import Segment
+from hetero.contract import BackendError, Segment
 from hetero.contract.graph import HETERO_DOMAIN, Node
 
 RKNN_MAX_OPSET = 19
@@ -91,6 +91,8 @@ def segment_to_onnx(segment: Segment) -> bytes:
 
     def value(name: str) -> Any:
         info = graph.values[name]
+        if info.dtype.onnx_type is None:
+            raise BackendError(f"segment {segment.index}: {name!r} is {info.dtype}, which ONNX cannot carry")
         return helper.make_tensor_value_info(name, info.dtype.onnx_type, list(info.shape or ()))
 
     used = {name for n in nodes for name in n.input}

@@ -124,10 +124,10 @@ def test_a_killed_worker_is_replaced_and_the_model_rebuilt(rknn_cache):
     x = cnn.images(1)[0]
     session = hetero.Session(model, backends=["rknn", "cpu"], on_fallback="silent")
     before = session.run({"x": x})["logits"]
-    process = worker("simulator")
-    assert process.pid is not None
+    process = worker("simulator").proc
+    assert process is not None and process.poll() is None
     os.kill(process.pid, signal.SIGKILL)  # what an out-of-memory kill or a crash in another thread looks like
-    process.proc.wait()  # type: ignore[union-attr]
+    process.wait()
     np.testing.assert_array_equal(session.run({"x": x})["logits"], before)
 
 
