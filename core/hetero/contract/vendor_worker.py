@@ -178,7 +178,7 @@ class VendorEnv:
         where = f"{self.path} ({self.env_var})" if os.environ.get(self.env_var) else str(self.path)
         if not self.python.exists():
             raise BackendUnavailable(f"no {self.name} toolkit environment at {where}",
-                              hint=f"create it: {self.setup_command} (or point {self.env_var} to one)")
+                                     hint=f"create it: {self.setup_command} (or point {self.env_var} to one)")
         try:
             done = subprocess.run([str(self.python), "-c", self.check_code], capture_output=True, text=True,
                                   timeout=timeout, env=_clean_env())
@@ -187,11 +187,11 @@ class VendorEnv:
                                      f"{timeout:g} s", hint=f"recreate it: {self.setup_command} --force") from None
         except OSError as exc:
             raise BackendUnavailable(f"the Python of {where} cannot start: {exc}",
-                              hint=f"recreate it: {self.setup_command} --force") from exc
+                                     hint=f"recreate it: {self.setup_command} --force") from exc
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or [exit_text(done.returncode)])[-1]
             raise BackendUnavailable(f"the {self.name} toolkit in {where} is not usable: {last}",
-                              hint=f"recreate it: {self.setup_command} --force")
+                                     hint=f"recreate it: {self.setup_command} --force")
         return done.stdout.strip()
 
     def create(self, *, force: bool = False, report: Callable[[str], None] = _report_to_stderr) -> Path:
@@ -250,8 +250,10 @@ class VendorEnv:
 
 
 def _clean_env() -> dict[str, str]:
-    """The environment for the vendor's Python: without the user's venv and PYTHONPATH (their numpy would win)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    """The environment for the vendor's Python: without the user's venv and PYTHONPATH (their numpy would win), and
+    writing bytecode (the venv is hetero's own, installed with --no-compile: the first import compiles it once)."""
+    dropped = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
