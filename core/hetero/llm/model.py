@@ -300,6 +300,25 @@ class Llm:
             self._owner = owner
             return logits
 
+    def _verify(self, owner: object, history: list[int], drafts: list[int]) -> np.ndarray:
+        """The logits rows after ``history`` and after each prefix of ``drafts`` (``len(drafts) + 1`` rows) for the
+        generation ``owner``, in one pass when the cache holds ``history[:-1]`` (as ``_advance``)."""
+        with self._lock:
+            if self._owner is not owner or len(self.tokens) != len(history) - 1:
+                if len(history) > 1:
+                    self._prefill(history[:-1], Stats())
+                else:
+                    self._rollback(0)
+            rows = self._forward([history[-1], *drafts])
+            self._owner = owner
+            return rows[-(len(drafts) + 1):]
+
+    def _keep(self, owner: object, length: int) -> None:
+        """After a verify step of ``owner``: keep the first ``length`` cached tokens (the rejected drafts go)."""
+        with self._lock:
+            if self._owner is owner:
+                self._rollback(length)
+
     def _prefill(self, ids: list[int], stats: Stats) -> np.ndarray:
         if not ids:
             raise HeteroError("the prompt is empty: nothing to predict from")
@@ -344,22 +363,26 @@ class Llm:
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, penalty_last_n: int | None = None, seed: int | None = None,
                  stop: Sequence[str] | str | None = None, stream: bool = False,
-                 add_special_tokens: bool = True) -> str | Iterator[str]:
+                 add_special_tokens: bool = True, spec: Any = None) -> str | Iterator[str]:
         """Continue ``prompt`` (text, or token ids). Returns the text, or with ``stream=True`` an iterator of text
-        pieces (closing it cancels). Unset sampling options come from the model's generation_config.json."""
+        pieces (closing it cancels). Unset sampling options come from the model's generation_config.json.
+        ``spec``: speculative decoding (same output distribution, greedy output identical): a
+        ``hetero.llm.speculative.Speculation``, a ``Drafter``, or a name as ``hetero generate --spec`` takes it
+        ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``)."""
         params = self.sampling_params(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n,
             seed=seed)
         ids = self.tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else _token_ids(prompt)
-        return self._run(ids, max_new_tokens, params, stop, stream)
+        return self._run(ids, max_new_tokens, params, stop, stream, spec)
 
     def chat(self, messages: Sequence[dict[str, Any]], max_new_tokens: int = 512, *, stream: bool = False,
              stop: Sequence[str] | str | None = None, template_kwargs: dict[str, Any] | None = None,
-             **sampling: Any) -> str | Iterator[str]:
+             spec: Any = None, **sampling: Any) -> str | Iterator[str]:
         """Answer the conversation ``messages`` ([{"role", "content"}, ...]) through the model's chat template.
         The cache is reused across turns: only tokens after the common prefix are prefilled. A bare string is
-        refused (not taken as one message): ``chat`` takes a conversation, ``generate`` takes text."""
+        refused (not taken as one message): ``chat`` takes a conversation, ``generate`` takes text. ``spec``: as in
+        ``generate``."""
         messages = _checked_messages(messages)
         self._tok()
         if self.template is None:
@@ -369,10 +392,10 @@ class Llm:
             raise HeteroError(f"template_kwargs must be a dict, got {type(template_kwargs).__name__}")
         text = self.template.render(messages, add_generation_prompt=True, **(template_kwargs or {}))
         ids = self.tokenize(text, add_special_tokens=False)
-        return self._run(ids, max_new_tokens, self.sampling_params(**sampling), stop, stream)
+        return self._run(ids, max_new_tokens, self.sampling_params(**sampling), stop, stream, spec)
 
     def _run(self, ids: list[int], max_new_tokens: int, params: SamplingParams,
-             stop: Sequence[str] | str | None, stream: bool) -> str | Iterator[str]:
+             stop: Sequence[str] | str | None, stream: bool, spec: Any = None) -> str | Iterator[str]:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
             raise HeteroError(f"max_new_tokens={max_new_tokens!r}; expected an integer >= 0")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -384,7 +407,13 @@ class Llm:
         self.last = Generation()
         decode = (lambda t: self.detokenize(t, skip_special_tokens=True)) if self.tokenizer is not None \
             else (lambda t: "")
-        pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, self.last, decode)
+        source = None
+        if spec is not None:
+            from .speculative.registry import speculation
+
+            source = speculation(spec, self)
+        pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, self.last, decode,
+                                 source)
         if stream:
             return pieces
         for _ in pieces:

@@ -7,6 +7,11 @@ plain decoding, sampled output with the target's distribution. See docs/speculat
 * ``lookahead.py`` and ``draft_model.py``: the drafters that need no training; ``registry.py``: ``--spec`` names.
 """
 
+from .draft_model import DraftModel
 from .drafter import Draft, Drafter, Hidden, as_draft
+from .lookahead import Lookahead
+from .loop import Speculation
+from .registry import make_drafter, register, speculation
 
-__all__ = ["Draft", "Drafter", "Hidden", "as_draft"]
+__all__ = ["Draft", "DraftModel", "Drafter", "Hidden", "Lookahead", "Speculation", "as_draft", "make_drafter",
+           "register", "speculation"]
