@@ -5,7 +5,8 @@
 
 1. Data (``--data-share`` of the time budget): text chunks from a local corpus (the Python standard library's
    sources and the documentation files under site-packages by default, or ``--corpus`` folders) are tokenized;
-   hetero runs the target on each chunk's first ``--prompt-tokens`` tokens and continues it greedily for
+   hetero runs the target on each chunk's first tokens (a random length up to ``--prompt-tokens``: drafters meet
+   contexts of every length) and continues it greedily for
    ``--gen-tokens`` tokens, recording every position's hidden states at the layers the drafters read and the
    target's greedy prediction. In the generated part the sequence *is* the target's greedy output, which is what a
    drafter must predict at inference.
@@ -18,8 +19,9 @@
    ``training_log.json`` in ``--out`` keeps the curve.
 
 Output: ``OUT/eagle3`` and ``OUT/dflash``, in the published layouts hetero loads with ``--spec eagle:OUT/eagle3`` /
-``--spec dflash:OUT/dflash`` (docs/speculative.md). The target must be a Hugging Face folder (its embedding and LM
-head are read from its safetensors for training; inference shares the target's own in memory).
+``--spec dflash:OUT/dflash`` (docs/speculative.md). The target is a Hugging Face folder or a GGUF file (its
+embedding and LM head are read as float32 for training, from the safetensors or dequantized by the ``gguf``
+package; inference shares the target's own in memory).
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ import torch
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import drafter_torch  # noqa: E402
+import drafter_torch
 
-import hetero.llm  # noqa: E402
-from hetero.llm import safetensors  # noqa: E402
-from hetero.llm.speculative.drafter_files import write_folder  # noqa: E402
-from hetero.llm.speculative.eagle import default_aux_layers  # noqa: E402
+import hetero.llm
+from hetero.llm import safetensors
+from hetero.llm.speculative.drafter_files import write_folder
+from hetero.llm.speculative.eagle import default_aux_layers
 
 
 @dataclass
@@ -80,20 +82,24 @@ def chunks(files: list[Path], rng: random.Random, chars: int):
         yield text[start:start + chars]
 
 
-def make_data(llm, layers: list[int], files: list[Path], seconds: float, args, rng: random.Random) -> list[Sequence]:
+def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: int, gen_tokens: int, args,
+              rng: random.Random) -> list[Sequence]:
+    """Up to ``count`` sequences (or as many as ``seconds`` allow), each continued greedily for ``gen_tokens``."""
     data: list[Sequence] = []
     started = time.perf_counter()
     for text in chunks(files, rng, args.prompt_tokens * 8):
-        if time.perf_counter() - started > seconds:
+        if time.perf_counter() - started > seconds or len(data) >= count:
             break
-        ids = llm.tokenize(text, add_special_tokens=False)[:args.prompt_tokens]
-        if len(ids) < args.prompt_tokens:
+        # prompts of every length up to --prompt-tokens: a drafter meets contexts (and positions) of all sizes
+        want = rng.randint(max(4, args.prompt_tokens // 8), args.prompt_tokens)
+        ids = llm.tokenize(text, add_special_tokens=False)[:want]
+        if len(ids) < want:
             continue
         llm.reset()
         logits = llm.forward(ids)
         predicted = list(np.argmax(logits, axis=-1))
         tokens = list(ids)
-        for _ in range(args.gen_tokens):
+        for _ in range(gen_tokens):
             tokens.append(int(predicted[-1]))
             predicted.append(int(np.argmax(llm.forward(tokens[-1:])[-1])))
         n = len(tokens)
@@ -106,11 +112,27 @@ def make_data(llm, layers: list[int], files: list[Path], seconds: float, args, r
 
 
 def target_matrices(folder: Path, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's embedding table and LM head as float32 (the same tensor when tied), for training only."""
+    if folder.is_file():
+        return gguf_matrices(folder)
     st = safetensors.SafetensorsModel(folder)
     embed = torch.from_numpy(np.array(st.float32("model.embed_tokens.weight")))
     head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in st else \
         torch.from_numpy(np.array(st.float32("lm_head.weight")))
     return embed, head
+
+
+def gguf_matrices(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    import gguf  # the GGUF package dequantizes every tensor type
+
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.name in ("token_embd.weight", "output.weight")}
+
+    def matrix(name: str) -> torch.Tensor:
+        t = tensors[name]
+        return torch.from_numpy(np.ascontiguousarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32))
+
+    embed = matrix("token_embd.weight")
+    return embed, matrix("output.weight") if "output.weight" in tensors else embed
 
 
 def layer_config(cfg, intermediate: int) -> dict:
@@ -134,6 +156,26 @@ class Curve:
         self.points.append(point)
         print(f"  {self.kind} {minutes:5.1f} min, step {steps}: loss {loss:.3f}, {mean:.2f} of {self.depth} drafts "
               f"accepted per verify step (rate {mean / self.depth:.1%}, {accepted.size} anchors)", flush=True)
+
+
+def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, seconds: float) -> Curve:
+    """AdamW on ``loss_of_one_step()`` for ``seconds``, measuring ``accepted()`` every ``--eval-every`` minutes."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    started = last_eval = time.perf_counter()
+    step, loss_avg = 0, 0.0
+    while time.perf_counter() - started < seconds:
+        loss = loss_of_one_step()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        loss_avg = 0.95 * loss_avg + 0.05 * loss.item() if step > 1 else loss.item()
+        if time.perf_counter() - last_eval > args.eval_every * 60:
+            curve.add((time.perf_counter() - started) / 60, step, loss_avg, accepted())
+            last_eval = time.perf_counter()
+    curve.add((time.perf_counter() - started) / 60, step, loss_avg, accepted())
+    return curve
 
 
 def prefix_matches(hits: torch.Tensor) -> torch.Tensor:
@@ -181,31 +223,20 @@ def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, args, s
     model.t2d[torch.from_numpy(keep)] = True
     to_draft = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
     to_draft[torch.from_numpy(keep)] = torch.arange(draft_vocab)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    curve = Curve("eagle3", args.eagle_steps)
-    started, last_eval, step, loss_avg = time.perf_counter(), time.perf_counter(), 0, 0.0
     rng = random.Random(args.seed)
-    while time.perf_counter() - started < seconds:
-        seq = rng.choice(train)
-        feats, emb, labels = eagle_inputs(seq, layers, embed)
+
+    def loss_of_one_step() -> torch.Tensor:
+        feats, emb, labels = eagle_inputs(rng.choice(train), layers, embed)
         target = to_draft[labels]
         loss = torch.zeros(())
         for s, logits in enumerate(model.unrolled(feats, emb, args.eagle_steps)):
             valid = target[s:] >= 0
             if valid.any():
                 loss = loss + 0.8 ** s * F.cross_entropy(logits[s:][valid], target[s:][valid])
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        loss_avg = 0.95 * loss_avg + 0.05 * loss.item() if step > 1 else loss.item()
-        if time.perf_counter() - last_eval > args.eval_every * 60:
-            curve.add((time.perf_counter() - started) / 60, step, loss_avg,
-                      eagle_accepted(model, held, layers, embed, args.eagle_steps))
-            last_eval = time.perf_counter()
-    curve.add((time.perf_counter() - started) / 60, step, loss_avg,
-              eagle_accepted(model, held, layers, embed, args.eagle_steps))
+        return loss
+
+    curve = fit(model, loss_of_one_step, lambda: eagle_accepted(model, held, layers, embed, args.eagle_steps),
+                Curve("eagle3", args.eagle_steps), args, seconds)
     tensors = drafter_torch.state_tensors(model)
     write_folder(args.out / "eagle3", c, tensors)
     return curve
@@ -232,12 +263,15 @@ def dflash_batch(seq: Sequence, layers, embed, block: int, mask_id: int, anchors
     for b, a in enumerate(anchors):
         mask[b * block:(b + 1) * block, :a] = True
         mask[b * block:(b + 1) * block, n + b * block:n + (b + 1) * block] = True
-    labels = torch.tensor([[int(seq.tokens[a + i]) for i in range(1, block)] for a in anchors])
+    # the target's prediction after each position: in the generated part, the next token itself
+    labels = torch.tensor([[int(seq.predicted[a + i - 1]) for i in range(1, block)] for a in anchors])
     return ctx, torch.arange(n), noise, pos, mask, labels
 
 
-def dflash_anchors(seq: Sequence, block: int) -> list[int]:
-    return list(range(max(seq.generated_from - 1, 1), len(seq.tokens) - block + 1))
+def dflash_anchors(seq: Sequence, block: int, *, generated: bool = True) -> list[int]:
+    """Block starts whose labels are the target's greedy continuation (``generated``: what acceptance is measured
+    on), or every start (training on teacher-forced text: the labels are still the target's predictions)."""
+    return list(range(max(seq.generated_from - 1, 1) if generated else 1, len(seq.tokens) - block + 1))
 
 
 def dflash_accepted(model, data, layers, embed, head, block, mask_id) -> np.ndarray:
@@ -262,33 +296,21 @@ def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
          "block_size": block,
          "dflash_config": {"block_size": block, "mask_token_id": mask_id, "target_layer_ids": layers}}
     model = drafter_torch.DFlash(c)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     weights = 0.85 ** torch.arange(block - 1, dtype=torch.float32)  # early positions decide acceptance
-    curve = Curve("dflash", block - 1)
-    started, last_eval, step, loss_avg = time.perf_counter(), time.perf_counter(), 0, 0.0
     rng = random.Random(args.seed + 1)
-    while time.perf_counter() - started < seconds:
-        seq = rng.choice(train)
-        anchors = dflash_anchors(seq, block)
-        if not anchors:
-            continue
+    usable = [seq for seq in train if dflash_anchors(seq, block, generated=False)]
+
+    def loss_of_one_step() -> torch.Tensor:
+        seq = rng.choice(usable)
+        anchors = dflash_anchors(seq, block, generated=False)
         anchors = sorted(rng.sample(anchors, min(len(anchors), args.anchors)))
         ctx, cpos, noise, pos, mask, labels = dflash_batch(seq, layers, embed, block, mask_id, anchors)
         rows = model(ctx, cpos, noise, pos, mask).view(len(anchors), block, -1)[:, 1:]
         ce = F.cross_entropy((rows @ head.T).reshape(-1, head.shape[0]), labels.reshape(-1), reduction="none")
-        loss = (ce.view(len(anchors), block - 1) * weights).sum() / (weights.sum() * len(anchors))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        loss_avg = 0.95 * loss_avg + 0.05 * loss.item() if step > 1 else loss.item()
-        if time.perf_counter() - last_eval > args.eval_every * 60:
-            curve.add((time.perf_counter() - started) / 60, step, loss_avg,
-                      dflash_accepted(model, held, layers, embed, head, block, mask_id))
-            last_eval = time.perf_counter()
-    curve.add((time.perf_counter() - started) / 60, step, loss_avg,
-              dflash_accepted(model, held, layers, embed, head, block, mask_id))
+        return (ce.view(len(anchors), block - 1) * weights).sum() / (weights.sum() * len(anchors))
+
+    curve = fit(model, loss_of_one_step, lambda: dflash_accepted(model, held, layers, embed, head, block, mask_id),
+                Curve("dflash", block - 1), args, seconds)
     write_folder(args.out / "dflash", c, drafter_torch.state_tensors(model))
     return curve
 
@@ -296,7 +318,7 @@ def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("target", type=Path, help="the target model's Hugging Face folder")
+    p.add_argument("target", type=Path, help="the target model: a Hugging Face folder or a GGUF file")
     p.add_argument("--out", type=Path, required=True, help="writes OUT/eagle3 and OUT/dflash")
     p.add_argument("--kind", choices=["both", "eagle", "dflash"], default="both")
     p.add_argument("--minutes", type=float, default=20.0, help="the whole time budget (data + training)")
@@ -304,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, nargs="*", help="folders of text (default: stdlib + site-packages docs)")
     p.add_argument("--prompt-tokens", type=int, default=96)
     p.add_argument("--gen-tokens", type=int, default=32)
+    p.add_argument("--train-gen-tokens", type=int, default=-1,
+                   help="greedy tokens per training sequence (default --gen-tokens; 0 trains on the target's "
+                        "predictions over corpus text only: for targets too slow to generate much)")
     p.add_argument("--held-out", type=int, default=6, help="sequences kept for measuring acceptance")
     p.add_argument("--eagle-steps", type=int, default=4, help="training-time-test depth (= drafting depth)")
     p.add_argument("--draft-vocab", type=int, default=8192)
@@ -338,12 +363,16 @@ def main(argv: list[str] | None = None) -> int:
                           threads=args.threads, hidden_layers=layers)
     print(f"target: {llm.name}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
           f"hidden states of layers {layers}", flush=True)
-    data = make_data(llm, layers, files, budget * args.data_share, args, rng)
+    data_started = time.perf_counter()
+    held = make_data(llm, layers, files, budget * args.data_share / 2, args.held_out, args.gen_tokens, args, rng)
+    train_gen = args.gen_tokens if args.train_gen_tokens < 0 else args.train_gen_tokens
+    train = make_data(llm, layers, files, budget * args.data_share - (time.perf_counter() - data_started), 1 << 30,
+                      train_gen, args, rng)
     llm.close()
-    if len(data) <= args.held_out:
-        p.error(f"only {len(data)} sequences made: raise --minutes or --data-share")
-    held, train = data[:args.held_out], data[args.held_out:]
-    print(f"data: {len(train)} training + {len(held)} held-out sequences of {len(data[0].tokens)} tokens, "
+    if not held or not train:
+        p.error(f"only {len(held)} held-out and {len(train)} training sequences made: raise --minutes")
+    data = held + train
+    print(f"data: {len(train)} training + {len(held)} held-out sequences, {sum(len(s.tokens) for s in data)} tokens, "
           f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
     embed, head = target_matrices(args.target, cfg)
     kinds = ["eagle", "dflash"] if args.kind == "both" else [args.kind]

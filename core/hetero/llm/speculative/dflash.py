@@ -24,6 +24,7 @@ from ...contract.errors import HeteroError
 from .drafter_files import DrafterFolder, LayerShape, layer_ids
 from .drafter_nn import LayerWeights, attention, rms_norm
 from .feature_drafter import FeatureDrafter
+from .registry import register
 from .target_head import TargetHead
 
 if TYPE_CHECKING:
@@ -172,3 +173,12 @@ class DFlashDrafter(FeatureDrafter):
         self._truncate(n)
         rows = self.block_hidden(int(history[-1]))[1:1 + min(k, self.w.block_size - 1)]
         return [int(t) for t in np.argmax(self.logits(rows), axis=-1)]
+
+
+def _dflash(argument: str, target: Llm) -> DFlashDrafter:
+    if not argument:
+        raise HeteroError("--spec dflash:PATH needs the DFlash drafter's folder (config.json + model.safetensors)")
+    return DFlashDrafter.for_target(argument, target)
+
+
+register("dflash", _dflash)

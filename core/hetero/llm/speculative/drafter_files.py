@@ -18,6 +18,7 @@ import numpy as np
 
 from ...contract.errors import ModelFormatError
 from .. import files, safetensors
+from ..config import attention_sizes
 from ..fields import Fields
 from .drafter_nn import LayerWeights, Rope
 
@@ -55,13 +56,7 @@ class DrafterFolder:
 
     def layer_shape(self, f: Fields | None = None) -> LayerShape:
         f = f or self.fields
-        hidden, heads = f.int("hidden_size", bound="hidden"), f.int("num_attention_heads", bound="heads")
-        kv_heads = f.int("num_key_value_heads", heads, bound="heads")
-        if heads % kv_heads:
-            raise f.fail("num_key_value_heads", f"a divisor of num_attention_heads ({heads})")
-        if f.get("head_dim") is None and hidden % heads:
-            raise f.fail("hidden_size", f"a multiple of num_attention_heads ({heads}) when head_dim is not given")
-        head_dim = f.int("head_dim", hidden // heads, bound="head_dim")
+        hidden, heads, kv_heads, head_dim = attention_sizes(f)
         if head_dim % 2:
             raise f.fail("head_dim", "an even number (rotary embedding)")
         return LayerShape(hidden, heads, kv_heads, head_dim, f.int("intermediate_size", bound="intermediate"),

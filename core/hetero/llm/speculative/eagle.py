@@ -29,6 +29,7 @@ from ...contract.errors import HeteroError, ModelFormatError
 from .drafter_files import DrafterFolder, LayerShape, layer_ids
 from .drafter_nn import LayerWeights, attention, rms_norm
 from .feature_drafter import FeatureDrafter
+from .registry import register
 from .target_head import TargetHead
 
 if TYPE_CHECKING:
@@ -289,3 +290,12 @@ class Eagle3Drafter(FeatureDrafter):
         tree.depth.append(depth)
         tree.scores.append(score)
         return len(tree.tokens) - 1
+
+
+def _eagle(argument: str, target: Llm) -> Eagle3Drafter:
+    if not argument:
+        raise HeteroError("--spec eagle:PATH needs the Eagle-3 drafter's folder (config.json + model.safetensors)")
+    return Eagle3Drafter.for_target(argument, target)
+
+
+register("eagle", _eagle)

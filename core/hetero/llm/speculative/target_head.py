@@ -8,6 +8,7 @@ hidden rows, at the cost of one [T, hidden] x [hidden, vocab] product.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,7 +45,7 @@ class TargetHead:
         self._head = Session(_one_node(graph, head, _HIDDEN, TensorInfo(dtypes.float32, (None, self.hidden_size))),
                              backends=list(backends), on_fallback="silent", threads=llm.threads)
 
-    def embed(self, ids: list[int] | np.ndarray) -> np.ndarray:
+    def embed(self, ids: Sequence[int]) -> np.ndarray:
         out = self._embed.run({_IDS: np.asarray(ids, dtype=np.int64)}, [_OUT])[_OUT]
         return np.asarray(out, dtype=np.float32).reshape(-1, self.hidden_size)
 
