@@ -285,15 +285,15 @@ class Llm:
         if stops and self.tokenizer is None:
             raise HeteroError("stop strings need a tokenizer")
         self.stats = Stats()
-        self.last = Generation()
+        record = self.last = Generation()  # this call's own: another thread's call replaces self.last
         decode = (lambda t: self.detokenize(t, skip_special_tokens=True)) if self.tokenizer is not None \
             else (lambda t: "")
-        pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, self.last, decode)
+        pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, record, decode)
         if stream:
             return pieces
         for _ in pieces:
             pass
-        return self.last.text
+        return record.text
 
     # -- reporting ------------------------------------------------------------------------------------------------
     def num_params(self) -> int:
