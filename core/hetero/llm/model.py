@@ -295,6 +295,18 @@ class Llm:
             pass
         return record.text
 
+    def create_completion(self, prompt: str | Sequence[int], **options: Any) -> Any:
+        """OpenAI's completions API on this model (``hetero.llm.openai_api.create_completion``)."""
+        from .openai_api import create_completion
+
+        return create_completion(self, prompt, **options)
+
+    def create_chat_completion(self, messages: Sequence[dict[str, Any]], **options: Any) -> Any:
+        """OpenAI's chat completions API on this model (``hetero.llm.openai_api.create_chat_completion``)."""
+        from .openai_api import create_chat_completion
+
+        return create_chat_completion(self, messages, **options)
+
     # -- reporting ------------------------------------------------------------------------------------------------
     def num_params(self) -> int:
         """Logical parameter count (quantized weights counted by element, tied tables once)."""
