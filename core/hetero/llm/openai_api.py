@@ -43,6 +43,12 @@ class Usage:
     prefill_seconds: float = 0.0  # to the first token
     decode_seconds: float = 0.0  # the rest
 
+    def timings(self) -> dict[str, Any]:
+        """hetero's figures beside OpenAI's ``usage`` (the ``timings`` entry, as llama.cpp's server gives)."""
+        return {"prompt_n": self.prompt_tokens, "prompt_cached": self.cached_tokens,
+                "prompt_ms": self.prefill_seconds * 1e3, "predicted_n": self.completion_tokens,
+                "predicted_ms": self.decode_seconds * 1e3}
+
     def as_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
@@ -64,7 +70,7 @@ class _Request:
     def pieces(self) -> Iterator[str]:
         llm, record = self.llm, self.record
         self.usage.prompt_tokens = len(self.ids)
-        self.usage.cached_tokens = min(_common_prefix(llm.tokens, self.ids), len(self.ids) - 1)
+        self.usage.cached_tokens = min(common_prefix(llm.tokens, self.ids), len(self.ids) - 1)
         decode = (lambda t: llm.detokenize(t, skip_special_tokens=True)) if llm.tokenizer is not None \
             else (lambda t: "")
         started = time.perf_counter()
@@ -94,7 +100,8 @@ class _Request:
         return self.sampler.logprobs[start:min(end, len(self.record.tokens))]
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -232,7 +239,7 @@ def _collect_completion(chunks: Iterator[dict[str, Any]], request: _Request) -> 
     result = {**{k: v for k, v in chunk.items() if k not in ("choices", "usage")},
               "choices": [{"index": 0, "text": "".join(text), "logprobs": logprobs,
                            "finish_reason": last["finish_reason"]}],
-              "usage": request.usage.as_dict()}
+              "usage": request.usage.as_dict(), "timings": request.usage.timings()}
     return result
 
 
@@ -259,15 +266,8 @@ def create_chat_completion(llm: Any, messages: Sequence[Mapping[str, Any]], *, m
     _no_unknown(sampling)
     if tool_choice not in (None, "auto", "none"):
         raise HeteroError(f"tool_choice={tool_choice!r}: only 'auto' and 'none' are supported")
-    if llm.template is None:
-        raise HeteroError(f"model {llm.name!r} has no chat template: use create_completion")
-    kwargs = dict(template_kwargs or {})
     use_tools = bool(tools) and tool_choice != "none"
-    if use_tools:
-        kwargs["tools"] = [dict(t) for t in tools or []]
-    text = llm.template.render([_message(m, i) for i, m in enumerate(messages)], add_generation_prompt=True,
-                               **kwargs)
-    ids = llm.tokenize(text, add_special_tokens=False)
+    ids = chat_prompt(llm, messages, tools if use_tools else None, template_kwargs)
     limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
     request = _prepare(llm, ids, max_tokens=limit, stop=stop, logit_bias=logit_bias,
                        logprobs=(top_logprobs or 0) if logprobs else None,
@@ -291,7 +291,22 @@ def create_chat_completion(llm: Any, messages: Sequence[Mapping[str, Any]], *, m
             "choices": [{"index": 0, "message": message, "finish_reason": finish,
                          "logprobs": _chat_logprobs(llm, request.logprob_entries(0, len(request.record.tokens)))
                          if logprobs else None}],
-            "usage": request.usage.as_dict()}
+            "usage": request.usage.as_dict(), "timings": request.usage.timings()}
+
+
+def chat_prompt(llm: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+                template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+    """The token ids of ``messages`` through the model's chat template, ready for the reply."""
+    if llm.template is None:
+        raise HeteroError(f"model {llm.name!r} has no chat template: use create_completion")
+    if isinstance(messages, str) or not isinstance(messages, Sequence):
+        raise HeteroError(f"messages must be a list of message objects, got {type(messages).__name__}")
+    kwargs = dict(template_kwargs or {})
+    if tools:
+        kwargs["tools"] = [dict(t) for t in tools]
+    text = llm.template.render([_message(m, i) for i, m in enumerate(messages)], add_generation_prompt=True,
+                               **kwargs)
+    return llm.tokenize(text, add_special_tokens=False)
 
 
 def _chat_chunks(llm: Any, request: _Request, base: dict[str, Any], want_logprobs: bool, use_tools: bool,
