@@ -7,7 +7,7 @@ stop string, is held back until the next token decides it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,7 +84,7 @@ def emit_end(text: str, matcher: StopMatcher) -> int:
 
 def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler, stop: Sequence[str],
                     eos_ids: Sequence[int], record: Generation,
-                    decode: Callable[[list[int]], str]) -> Iterator[str]:
+                    decode: Callable[[list[int]], str]) -> Generator[str, None, None]:
     """Yield text pieces; closing the iterator stops generation and leaves the cache consistent."""
     stats = llm.stats
     matcher = StopMatcher(stop)

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from ..contract.errors import HeteroError
@@ -442,6 +443,7 @@ def _no_unknown(sampling: Mapping[str, Any]) -> None:
 
 
 def _fingerprint() -> str:
-    from .. import __version__
-
-    return f"hetero-{__version__}"
+    try:
+        return f"hetero-{metadata.version('hetero')}"
+    except metadata.PackageNotFoundError:  # a source tree on PYTHONPATH
+        return "hetero"

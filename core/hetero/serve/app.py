@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -75,8 +75,9 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
             problem = exc.errors()[0]
             where = ".".join(str(p) for p in problem["loc"])
             raise ApiError(400, f"{where}: {problem['msg']}", param=where or None) from None
-        if getattr(body, "model", "") not in ("", model_id):
-            raise ApiError(404, f"the model {body.model!r} does not exist; this server has {model_id!r}",
+        asked = getattr(body, "model", "")
+        if asked not in ("", model_id):
+            raise ApiError(404, f"the model {asked!r} does not exist; this server has {model_id!r}",
                            code="model_not_found", param="model")
         return body
 
@@ -185,7 +186,7 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
     return app
 
 
-async def _sse(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _sse(first: Any, events: AsyncGenerator[Any, None]) -> AsyncIterator[bytes]:
     """Server-sent events: one ``data:`` line per chunk, then ``[DONE]``; an error after the first chunk (the
     status line is sent) becomes an error event. Leaving early (the client went away) cancels the generation."""
     try:
@@ -200,7 +201,7 @@ async def _sse(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
         yield _event({"error": {"message": "internal server error (see the server's log)", "type": "server_error",
                                 "param": None, "code": None}})
     finally:
-        await events.aclose()  # type: ignore[attr-defined]  # an async generator: frees the slot
+        await events.aclose()  # frees the slot
     yield b"data: [DONE]\n\n"
 
 

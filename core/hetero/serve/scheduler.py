@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._pending)
 
-    async def run(self, work: Work, prompt: list[int] | None = None) -> AsyncIterator[Any]:
+    async def run(self, work: Work, prompt: list[int] | None = None) -> AsyncGenerator[Any, None]:
         """What ``work`` yields, as it comes; leaving early (a client gone) cancels it and frees its slot."""
         job = _Job(work, list(prompt or []), asyncio.get_running_loop())
         with self._lock:
