@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from serve_models import load_model
+from .serve_models import load_model
 
 import hetero.llm
 

@@ -14,8 +14,8 @@ import pytest
 for _module in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
     pytest.importorskip(_module, reason=f"{_module} is not installed (pip install 'hetero[serve]')")
 
-from serve_harness import running  # noqa: E402  (after the skips: it imports uvicorn)
-from serve_models import load_model  # noqa: E402
+from .serve_harness import running  # noqa: E402  (after the skips: it imports uvicorn)
+from .serve_models import load_model  # noqa: E402
 
 HI = [{"role": "user", "content": "hi"}]
 
