@@ -21,6 +21,7 @@ import numpy as np
 from hetero.contract.errors import BackendError, BackendUnavailable
 
 from .cache import cache_root, content_key
+from .hvx_ops import status_error
 
 TARGET_FLAGS = ("--target=hexagon-unknown-linux-musl", "-mv68", "-mhvx", "-mhvx-length=128b")
 # -ffp-contract=off: no fused multiply-add, so the scalar float matches a numpy float32 loop bit for bit
@@ -29,7 +30,6 @@ LINK_FLAGS = ("-nostdlib", "-static", "-fuse-ld=lld", "-Wl,-e,_start")
 QEMU_CPU = "v67"  # QEMU 7.2's newest Hexagon model; it runs v68 HVX integer code
 CLANG_NAMES = ("clang", *(f"clang-{v}" for v in range(19, 13, -1)))
 MAGIC = 0x31585648
-OP_MATVEC_I8, OP_MATVEC_Q4, OP_RMSNORM, OP_ROPE = 1, 2, 3, 4
 RUN_TIMEOUT_S = 120
 
 
@@ -90,63 +90,38 @@ def build_runner(toolchain: Toolchain) -> Path:
     return binary
 
 
-def _request(op: int, args: list[int], arrays: list[np.ndarray]) -> bytes:
-    parts = [struct.pack("<8i", MAGIC, op, *args, *[0] * (6 - len(args)))]
-    offset = 32
-    for a in arrays:
+def _request(method: int, inputs: list[np.ndarray], output_sizes: list[int]) -> bytes:
+    data = [np.ascontiguousarray(a).tobytes() for a in inputs]
+    lengths = [len(d) for d in data] + list(output_sizes)
+    parts = [struct.pack(f"<4i{len(lengths)}i", MAGIC, method, len(inputs), len(output_sizes), *lengths)]
+    offset = len(parts[0])
+    for d in data:
         pad = -offset % 128
-        parts.append(b"\0" * pad)
-        data = np.ascontiguousarray(a).tobytes()
-        parts.append(data)
-        offset += pad + len(data)
+        parts += [b"\0" * pad, d]
+        offset += pad + len(d)
     return b"".join(parts)
 
 
-class QemuHvx:
-    """The HVX kernels, each call one run of the test program under qemu-hexagon (inputs already in HVX layouts)."""
+class QemuTransport:
+    """hetero_hvx calls run one at a time as the test program under qemu-hexagon (``hvx_ops.Transport``)."""
 
     def __init__(self, toolchain: Toolchain | None = None) -> None:
         self.toolchain = toolchain or find_toolchain()
         self.binary = build_runner(self.toolchain)
 
-    def _run(self, op: int, args: list[int], arrays: list[np.ndarray]) -> bytes:
+    def invoke(self, method: int, inputs: list[np.ndarray], output_sizes: list[int]) -> list[bytes]:
         done = subprocess.run(
             [self.toolchain.qemu, "-cpu", QEMU_CPU, str(self.binary)],
-            input=_request(op, args, arrays), capture_output=True, timeout=RUN_TIMEOUT_S,
+            input=_request(method, inputs, output_sizes), capture_output=True, timeout=RUN_TIMEOUT_S,
         )
         if done.returncode != 0:
-            raise BackendError(
-                f"HVX test program (op {op}, args {args}) exited with {done.returncode} under qemu-hexagon: "
-                f"{done.stderr.decode(errors='replace').strip()[-500:] or 'no message'}"
-            )
-        return done.stdout
-
-    def matvec_i8(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """int32 ``w @ x`` for int8 ``w[rows, cols]``, ``x[cols]``, cols a multiple of 128."""
-        rows, cols = w.shape
-        out = self._run(OP_MATVEC_I8, [rows, cols], [w.astype(np.int8), x.astype(np.int8)])
-        return np.frombuffer(out, np.int32, rows)
-
-    def matvec_q4(
-        self, w: np.ndarray, w_scale: np.ndarray, x: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Quantize float ``x`` to int8 blocks, then the q4 product: returns (xq int8, x scales, y float32)."""
-        rows = w.shape[0]
-        cols = x.shape[0]
-        nblocks = cols // 32
-        out = self._run(OP_MATVEC_Q4, [rows, cols], [w, w_scale.astype(np.float32), x.astype(np.float32)])
-        xq = np.frombuffer(out, np.int8, cols)
-        xs = np.frombuffer(out, np.float32, nblocks, cols)
-        y = np.frombuffer(out, np.float32, rows, cols + 4 * nblocks)
-        return xq, xs, y
-
-    def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        n = x.shape[0]
-        eps_bits = int(np.float32(eps).view(np.int32))
-        out = self._run(OP_RMSNORM, [n, eps_bits], [x.astype(np.float32), weight.astype(np.float32)])
-        return np.frombuffer(out, np.float32, n)
-
-    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        dim = x.shape[0]
-        out = self._run(OP_ROPE, [dim], [x.astype(np.float32), cos.astype(np.float32), sin.astype(np.float32)])
-        return np.frombuffer(out, np.float32, dim)
+            stderr = done.stderr.decode(errors="replace").strip()[-500:]
+            where = f"HVX test program under qemu-hexagon (exit {done.returncode}{': ' + stderr if stderr else ''})"
+            raise status_error(where, method, done.returncode)
+        if len(done.stdout) != sum(output_sizes):
+            raise BackendError(f"HVX test program replied {len(done.stdout)} bytes, expected {sum(output_sizes)}")
+        outputs, at = [], 0
+        for size in output_sizes:
+            outputs.append(done.stdout[at : at + size])
+            at += size
+        return outputs
