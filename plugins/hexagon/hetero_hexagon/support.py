@@ -35,13 +35,16 @@ def _always(node: NodeInfo) -> Support:
     return SUPPORTED
 
 
-# op (ONNX domain) -> extra condition. Not here because QNN 2.51's HTP refused them: Erf, Acos, Mish.
+# op (ONNX domain) -> extra condition. Not here because QNN 2.51's HTP refused them: Erf, Acos, Asin, Softsign,
+# ReduceProd (Mish: onnxruntime 1.32 has no schema for it at opset 17).
 ONNX_OPS: dict[str, Callable[[NodeInfo], Support]] = {op: _always for op in (
-    "Abs", "Add", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Conv", "Cos", "Div", "Equal",
-    "Exp", "Flatten", "Floor", "Gather", "Gelu", "GlobalAveragePool", "Greater", "HardSigmoid", "HardSwish",
-    "LayerNormalization", "LeakyRelu", "Log", "MatMul", "Max", "MaxPool", "Min", "Mul", "Neg", "Pow", "ReduceMean",
-    "Relu", "Reshape", "Round", "Sigmoid", "Sign", "Sin", "Slice", "Softmax", "Softplus", "Sqrt", "Sub", "Tanh",
-    "Transpose", "Where",
+    "Abs", "Add", "Atan", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Conv", "ConvTranspose",
+    "Cos", "DepthToSpace", "Div", "Elu", "Equal", "Exp", "Expand", "Flatten", "Floor", "Gather", "Gelu",
+    "GlobalAveragePool", "GlobalMaxPool", "Greater", "HardSigmoid", "HardSwish", "InstanceNormalization",
+    "LayerNormalization", "LeakyRelu", "Log", "LogSoftmax", "MatMul", "Max", "MaxPool", "Min", "Mul", "Neg", "Pad",
+    "Pow", "PRelu", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape", "Resize",
+    "Round", "Selu", "Sigmoid", "Sign", "Sin", "Slice", "Softmax", "Softplus", "SpaceToDepth", "Sqrt", "Squeeze",
+    "Sub", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where",
 )} | {"Gemm": _gemm}
 HETERO_OPS: dict[str, Callable[[NodeInfo], Support]] = {"FusedConv": _fused, "FusedMatMul": _fused}
 
