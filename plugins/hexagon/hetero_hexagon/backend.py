@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hetero.contract import BackendError, HostMemory, NodeInfo, Segment, Support, Tensor, dtypes
+from hetero.contract import BackendError, HostMemory, NodeInfo, Segment, Support, Tensor, dtypes, unsupported
 from hetero.contract.onnx_export import segment_to_onnx
 
 from .qnn import DEFAULT_SOC_MODEL, HtpOptions, QnnRuntime
@@ -20,7 +20,8 @@ class HexagonBackend(HostMemory):
     """The HTP behind QNN. Its tensors are host memory (the worker gets copies), so it shares a domain with cpu."""
 
     name: ClassVar[str] = "hexagon"
-    option_keys: ClassVar[tuple[str, ...]] = ("hexagon_precision", "hexagon_soc_model", "hexagon_calibration")
+    option_keys: ClassVar[tuple[str, ...]] = ("hexagon_precision", "hexagon_soc_model", "hexagon_calibration",
+                                              "hexagon_refuse")
 
     def __init__(self, device: Any, options: dict[str, Any] | None = None) -> None:
         super().__init__(device, options)
@@ -33,8 +34,13 @@ class HexagonBackend(HostMemory):
                                "(dicts of input name -> array) to calibrate the activations' ranges")
         self.htp = HtpOptions(precision, int(self.options.get("hexagon_soc_model", DEFAULT_SOC_MODEL)))
         self.calibration: list[dict[str, np.ndarray]] = list(calibration or [])
+        # op types or node names the user keeps off the HTP: fp16's range ends at 65504, and a sum of squares in a
+        # hand-written LayerNorm (magika's) overflows there; the user sees it and moves that block to cpu
+        self.refuse = frozenset(self.options.get("hexagon_refuse", ()))
 
     def supports(self, node: NodeInfo) -> Support:
+        if node.op_type in self.refuse or node.node.name in self.refuse:
+            return unsupported(f"{node.node.name or node.op_type} kept off the HTP by option hexagon_refuse")
         return htp_supports(node)
 
     def compile(self, segment: Segment) -> HtpProgram:
