@@ -50,6 +50,13 @@ class Param:
         return match.group(1) if match and match.group(1) not in _FIELD_CODES else None
 
 
+    @property
+    def element(self) -> str | None:
+        """The element type a pointer parameter points to ("float" for ``device const float*``), else None."""
+        match = re.fullmatch(r"(?:device|constant)\s+(?:const\s+)?(\w+)\s*\*", self.type.strip())
+        return match.group(1) if match else None
+
+
 @dataclass(frozen=True)
 class ParamStruct:
     name: str

@@ -23,6 +23,10 @@ MAX_THREADS_PER_GROUP = 1024
 SIMD_WIDTH = 32
 
 Argument = np.ndarray | dict[str, float | int]
+# The numpy dtype a kernel's pointer parameter takes, by its MSL element type ("uchar" buffers take any array, as
+# bytes).
+ELEMENT_DTYPES = {"float": np.float32, "half": np.float16, "uint": np.uint32, "int": np.int32, "long": np.int64,
+                  "ushort": np.uint16, "uchar": None}
 
 
 def source(family: str) -> str:
@@ -77,6 +81,12 @@ def dispatch(kernel: str, args: dict[str, Argument], groups: tuple[int, ...], th
                 raise BackendError(f"metal: {kernel}.{param.name} takes the fields of {struct_name} as a dict")
             bound[param.index] = structs[struct_name].pack(value, f"{kernel}.{param.name}")
         elif isinstance(value, np.ndarray):
+            element = param.element
+            wanted = ELEMENT_DTYPES.get(element or "", False)
+            if wanted is False:
+                raise BackendError(f"metal: {kernel}.{param.name} has type {param.type!r}, which no array binds to")
+            if wanted is not None and value.dtype != wanted:
+                raise BackendError(f"metal: {kernel}.{param.name} takes {np.dtype(wanted)} ({element}), got {value.dtype}")
             bound[param.index] = value if value.nbytes else np.zeros(4, np.uint8)  # Metal rejects empty buffers
         else:
             raise BackendError(f"metal: {kernel}.{param.name} takes an array, got {type(value).__name__}")

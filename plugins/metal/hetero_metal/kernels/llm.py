@@ -1,5 +1,5 @@
 """The LLM decoder ops (domain ``hetero``) on Metal: RMSNorm, QMatMul (the fused dequantising matrix-vector kernel
-for decode, dequantise to half + simdgroup_matrix GEMM for prefill), Embedding, RotaryEmbedding and Attention over
+for decode, the simdgroup_matrix GEMM for prefill), Embedding, RotaryEmbedding and Attention over
 a half-precision KV cache owned by the node (msl/quant.metal, msl/attention.metal, msl/norm.metal)."""
 
 from __future__ import annotations
@@ -70,12 +70,17 @@ class MetalQMatMul(MetalKernel):
             return [dispatch("qmatvec", {"x": x, "w": _bytes(w), "bias": placeholder() if bias is None else bias,
                                          "y": y, "p": p},
                              (groups_for(n, MATVEC_ROWS_PER_GROUP),), (32 * MATVEC_ROWS_PER_GROUP,))]
-        dense = self.backend.scratch("dequant_half", n * k, np.float16)
-        return [
-            dispatch("dequant_half", {"w": _bytes(w), "out": dense, "p": p}, (groups_for(k, 32), n), (32, 1)),
-            matmul_dispatch(x, dense, y, m, n, k, (k, 1, 1, k), np.zeros((1, 3), np.uint32), kernel="matmul_f32_f16",
-                            bias=bias, bias_strides=(0, 1)),
-        ]
+        # y = x W^T: B element (k, n) is W[n, k]
+        wtype, steps = str(self.attr("wtype", "f32")), []
+        if wtype in ("f32", "f16"):
+            dense, kernel = w, "matmul_f32" if wtype == "f32" else "matmul_f32_f16"
+        else:
+            dense, kernel = self.backend.scratch("dequant", n * k, np.float32), "matmul_f32"
+            steps.append(dispatch("dequant_f32", {"w": _bytes(w), "out": dense, "p": p}, (groups_for(k, 32), n),
+                                  (32, 1)))
+        steps.append(matmul_dispatch(x, dense, y, m, n, k, (k, 1, 1, k), np.zeros((1, 3), np.uint32), kernel=kernel,
+                                     bias=bias, bias_strides=(0, 1)))
+        return steps
 
 
 class MetalEmbedding(MetalKernel):

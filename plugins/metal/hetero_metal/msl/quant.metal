@@ -2,7 +2,8 @@
 // minimum, blocks of 32/64/128) and float (f32, f16, bf16) rows of W[N, K].
 //   qmatvec       decode's y = x W^T (+ bias) for up to 8 rows of x: one simdgroup per output row, lanes walk the
 //                 row's blocks, dequantise in registers and accumulate in float, simd_sum folds the lanes.
-//   dequant_half  a prefill dequantises W once to half and runs matmul_f32_f16 (matmul.metal).
+//   dequant_f32   a prefill of quantised or bf16 weights dequantises W once to float and runs matmul_f32 (f32 and
+//                 f16 weights go to matmul_f32 / matmul_f32_f16 as they are).
 //   embedding     rows of the table looked up by token id, dequantised to float.
 
 #define MATVEC_MAX_ROWS 8
@@ -93,9 +94,9 @@ kernel void qmatvec(device const float* x [[buffer(0)]], device const uchar* w [
     }
 }
 
-kernel void dequant_half(device const uchar* w [[buffer(0)]], device half* out [[buffer(1)]],
-                         constant WeightParams& p [[buffer(2)]], uint2 pos [[thread_position_in_grid]]) {
-    if (pos.x < p.k && pos.y < p.n) out[pos.y * p.k + pos.x] = half(weight_element(w, pos.y, pos.x, p));
+kernel void dequant_f32(device const uchar* w [[buffer(0)]], device float* out [[buffer(1)]],
+                        constant WeightParams& p [[buffer(2)]], uint2 pos [[thread_position_in_grid]]) {
+    if (pos.x < p.k && pos.y < p.n) out[pos.y * p.k + pos.x] = weight_element(w, pos.y, pos.x, p);
 }
 
 kernel void embedding(device const long* ids [[buffer(0)]], device const uchar* table [[buffer(1)]],
