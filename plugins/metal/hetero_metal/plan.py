@@ -79,7 +79,10 @@ def dispatch(kernel: str, args: dict[str, Argument], groups: tuple[int, ...], th
         if struct_name is not None:
             if not isinstance(value, dict):
                 raise BackendError(f"metal: {kernel}.{param.name} takes the fields of {struct_name} as a dict")
-            bound[param.index] = structs[struct_name].pack(value, f"{kernel}.{param.name}")
+            try:
+                bound[param.index] = structs[struct_name].pack(value, f"{kernel}.{param.name}")
+            except msl_signature.SignatureError as exc:
+                raise BackendError(f"metal: {exc}") from exc
         elif isinstance(value, np.ndarray):
             element = param.element
             wanted = ELEMENT_DTYPES.get(element or "", False)

@@ -31,10 +31,10 @@ inline uint16_t float_to_half_bits(float value) {
     if (abs >= 0x477FF000u) return uint16_t(sign | 0x7C00u);  // rounds to infinity (>= 65520)
     if (abs < 0x38800000u) {  // subnormal half (or zero): scale to an integer number of 2^-24 units, round to even
         if (abs < 0x33000000u) return uint16_t(sign);  // below half the smallest subnormal
-        const uint32_t shift = 126 - (abs >> 23);
+        const uint32_t shift = 126 - (abs >> 23);  // 14..24: value / 2^-24 = mantissa >> shift
         const uint32_t mantissa = (abs & 0x7FFFFFu) | 0x800000u;
-        uint32_t q = mantissa >> (shift + 1);
-        const uint32_t rest = mantissa & ((2u << shift) - 1), halfway = 1u << shift;
+        uint32_t q = mantissa >> shift;
+        const uint32_t rest = mantissa & ((1u << shift) - 1), halfway = 1u << (shift - 1);
         if (rest > halfway || (rest == halfway && (q & 1u))) ++q;
         return uint16_t(sign | q);
     }
