@@ -1,4 +1,4 @@
-"""Matrix products and row normalisations on Metal: MatMul and Gemm on simdgroup_matrix tiles (msl/matmul.metal),
+"""Matrix products and row normalisations on Metal: MatMul, Gemm and FusedMatMul on simdgroup_matrix tiles (msl/matmul.metal),
 Softmax / LogSoftmax, LayerNormalization (msl/norm.metal)."""
 
 from __future__ import annotations
@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from hetero.contract import NodeInfo, Support, dtypes, static_shape, unsupported
+from hetero.contract.opforms import activation_known, activation_params
 
 from ..plan import Dispatch, dispatch
 from .common import MetalKernel, dtype_check, float32_only, placeholder
+from .elementwise import UNARY
 
 TILE = 32
 MATMUL_THREADS = 128
@@ -19,16 +21,18 @@ _MATMUL_KERNELS = {"float32": "matmul_f32", "float16": "matmul_f16"}
 def matmul_dispatch(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, n: int, k: int,
                     strides: tuple[int, int, int, int], batch_offsets: np.ndarray, *, kernel: str = "matmul_f32",
                     bias: np.ndarray | None = None, bias_strides: tuple[int, int] = (0, 0), alpha: float = 1.0,
-                    beta: float = 0.0) -> Dispatch:
+                    beta: float = 1.0, activation: tuple[str, float, float] | None = None) -> Dispatch:
     """C[batch] = alpha * A B + beta * bias over 32x32 output tiles; strides (a_row, a_col, b_row, b_col) and
     batch_offsets ``uint32[batches, 3]`` (A, B, C element offsets) place the operands."""
     batches = batch_offsets.shape[0]
+    act, act_alpha, act_beta = activation or ("identity", 0.0, 0.0)
     return dispatch(kernel, {
         "a": a, "b": b, "bias": placeholder() if bias is None else bias, "c": c,
         "batch_offsets": np.ascontiguousarray(batch_offsets, dtype=np.uint32),
         "p": {"m": m, "n": n, "k": k, "a_row": strides[0], "a_col": strides[1], "b_row": strides[2],
               "b_col": strides[3], "alpha": alpha, "beta": beta, "has_bias": int(bias is not None),
-              "bias_row": bias_strides[0], "bias_col": bias_strides[1]},
+              "bias_row": bias_strides[0], "bias_col": bias_strides[1], "act": UNARY[act], "act_alpha": act_alpha,
+              "act_beta": act_beta},
     }, (-(-n // TILE), -(-m // TILE), batches), (MATMUL_THREADS,))
 
 
@@ -65,6 +69,30 @@ class MetalMatMul(MetalKernel):
             raise ValueError("MatMul operands past 2^32 elements")
         return [matmul_dispatch(a2, b2, y, m, n, k, (k, 1, n, 1), offsets.astype(np.uint32),
                                 kernel=_MATMUL_KERNELS[str(a.dtype)])]
+
+
+class MetalFusedMatMul(MetalKernel):
+    """x @ W (W 2-D) + bias row, then the activation, in the GEMM epilogue."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = float32_only(node)
+        w = node.inputs[1] if len(node.inputs) > 1 else None
+        if verdict and w is not None and w.rank not in (None, 2):
+            return unsupported("FusedMatMul with a weight that is not 2-D")
+        if verdict and not activation_known(node.node.attrs):
+            return unsupported(f"fused activation {node.attr('activation')}")
+        return verdict
+
+    def plan(self, inputs, outputs):
+        x, w, y = inputs[0], inputs[1], outputs[0]
+        bias = inputs[2] if len(inputs) > 2 else None
+        k, n = w.shape
+        m = y.size // n if n else 0
+        if m == 0:
+            return []
+        return [matmul_dispatch(x, w, y, m, n, k, (k, 1, n, 1), np.zeros((1, 3), np.uint32), bias=bias,
+                                bias_strides=(0, 1), activation=activation_params(self.node.attrs))]
 
 
 class MetalGemm(MetalKernel):
@@ -154,6 +182,7 @@ class MetalLayerNorm(MetalKernel):
 KERNELS = {
     ("", "MatMul"): MetalMatMul,
     ("", "Gemm"): MetalGemm,
+    ("hetero", "FusedMatMul"): MetalFusedMatMul,
     ("", "Softmax"): MetalSoftmax,
     ("", "LogSoftmax"): MetalSoftmax,
     ("", "LayerNormalization"): MetalLayerNorm,

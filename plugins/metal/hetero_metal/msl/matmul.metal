@@ -1,5 +1,5 @@
-// Matrix products on simdgroup_matrix tiles: MatMul (batched, broadcast batches), Gemm and the prefill side of
-// QMatMul. A threadgroup of 4 simdgroups computes a 32x32 tile of C; each simdgroup a 16x16 quarter as 2x2 8x8
+// Matrix products on simdgroup_matrix tiles: MatMul (batched, broadcast batches), Gemm, FusedMatMul (bias and
+// activation in the epilogue) and the prefill side of QMatMul. A threadgroup of 4 simdgroups computes a 32x32 tile of C; each simdgroup a 16x16 quarter as 2x2 8x8
 // accumulators in float. A and B tiles (32x16 and 16x32, zero-padded at the edges) are staged in threadgroup memory
 // in their own type (half inputs stay half: half the threadgroup traffic), and C goes through a float staging tile
 // so the edge tiles are written with bounds checks.
@@ -26,6 +26,9 @@ struct MatmulParams {
     uint has_bias;  // C input of Gemm: y = alpha * A B + beta * bias, bias (m, n) at bias[m * bias_row + n * bias_col]
     uint bias_row;
     uint bias_col;
+    uint act;  // a fused activation (unary_op code; 0: none) applied last
+    float act_alpha;
+    float act_beta;
 };
 
 template <typename TA, typename TB, typename TC>
@@ -68,7 +71,7 @@ static inline void matmul_tiles(device const TA* a, device const TB* b, device c
         if (gm >= p.m || gn >= p.n) continue;
         float v = p.alpha * cs[e];
         if (p.has_bias != 0) v += p.beta * bias[gm * p.bias_row + gn * p.bias_col];
-        c[c_offset + gm * p.n + gn] = TC(v);
+        c[c_offset + gm * p.n + gn] = TC(p.act != 0 ? unary_op(v, p.act, p.act_alpha, p.act_beta) : v);
     }
 }
 
