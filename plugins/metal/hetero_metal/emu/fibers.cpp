@@ -1,4 +1,7 @@
 // The fiber scheduler and the threadgroup memory race checker of the Metal compute emulator (see fibers.hpp).
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 700  // macOS keeps the (deprecated) ucontext routines behind it
+#endif
 #include "fibers.hpp"
 
 #include <sys/mman.h>

@@ -52,6 +52,8 @@ class MetalKernel:
         raise NotImplementedError
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        if not self.bindable:
+            self.backend.synchronize()  # the plan reads values on the host: earlier queued work must have landed
         ins = [None if t is None else np.ascontiguousarray(t.numpy()) for t in inputs]
         outs = [t.numpy() for t in outputs]
         dense = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in outs]
