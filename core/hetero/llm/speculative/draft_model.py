@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from ...contract.errors import HeteroError
+from ..generate import greedy_tokens
 from .drafter import Hidden
 from .target import Target
 
@@ -39,15 +38,7 @@ class DraftModel:
         k = min(k, model.context - len(history))
         if k <= 0:
             return []
-        logits = model.prefill(history)
-        out: list[int] = []
-        for i in range(k):
-            token = int(np.argmax(logits[-1]))
-            out.append(token)
-            if i + 1 < k:
-                logits = model.forward([token])
-        return out
-
+        return greedy_tokens(model, list(history), k)
 
 def check_same_vocabulary(draft: Target, target: Target) -> None:
     """Refuse a draft model whose tokenizer maps any token to another id than the target's."""

@@ -20,7 +20,7 @@ from .lookahead import Lookahead
 from .loop import Speculation
 from .target import Target
 
-Factory = Callable[[str, Target], Drafter]
+Factory = Callable[[str, Any], Drafter]  # (argument, the target Llm) -> drafter
 
 _FACTORIES: dict[str, Factory] = {}
 # kinds whose module registers them when imported
