@@ -56,6 +56,9 @@ def load_dflash(path: str | Path, *, target_layers: int | None = None) -> DFlash
         raise HeteroError(f"{folder.path}: DFlash drafter holds {name!r}; hetero's DFlash shares the target's "
                           "embedding and LM head (no second vocabulary matrix)")
     n_target = d.int("num_target_layers", target_layers or (1 << 12), bound="layers")
+    if target_layers is not None and n_target != target_layers:
+        raise HeteroError(f"{folder.config_path}: the DFlash drafter was made for a target of {n_target} layers "
+                          f"(key 'num_target_layers'); this target has {target_layers}")
     layers_used = layer_ids(d, "target_layer_ids", n_target)
     target_hidden = d.int("target_hidden_size", s.hidden, bound="hidden")
     vocab = d.int("vocab_size", bound="vocab")
