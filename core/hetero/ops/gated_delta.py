@@ -31,8 +31,9 @@ end of every call of more than one token (a prompt: the usual point a chat rolls
 the start of the latest call of more than one token after position 0 (a speculative verify step, which usually keeps
 only part of its block). Rolling back to p restores the newest snapshot or checkpoint at or before p (or the zero
 state) and recomputes the tokens from there to p (the checkpoint: only the accepted tokens' recurrence, never the
-layers around it); the conv state at p is the ``K - 1`` history rows before p. So a rollback costs at most ``snapshot_interval`` tokens' worth of recurrence
-(plus the tokens generated since the last prompt), and results after it equal a fresh run up to rounding.
+layers around it); the conv state at p is the ``K - 1`` history rows before p. So a rollback costs at most
+``snapshot_interval`` tokens' worth of recurrence (plus the tokens generated since the last prompt, or a verify
+block's accepted tokens), and results after it equal a fresh run up to rounding.
 """
 
 from __future__ import annotations
