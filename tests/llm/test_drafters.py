@@ -186,6 +186,18 @@ def test_trained_drafters_on_opencl_keep_greedy_output():
         assert list(llm.last.tokens) == want and llm.stats.drafted_tokens > 0
 
 
+def test_trained_drafters_on_a_quantized_gguf_target():
+    """A GGUF target (Q8_0 embedding table, tied LM head): the drafters read its quantized table through hetero's
+    kernels, and greedy output stays that of plain decoding."""
+    llm = load(FIXTURES.parent / "gguf" / "qwen3-q8_0.gguf")
+    want = _plain(llm, PROMPTS[1], 30)
+    for kind, folder in (("eagle", "eagle3"), ("dflash", "dflash")):
+        llm.reset()
+        llm.generate(PROMPTS[1], 30, temperature=0, spec=Speculation(make_drafter(f"{kind}:{TRAINED / folder}", llm),
+                                                                     adaptive=False))
+        assert list(llm.last.tokens) == want and llm.stats.drafted_tokens > 0
+
+
 def test_training_log_records_acceptance_against_minutes():
     log = json.loads((TRAINED / "training_log.json").read_text(encoding="utf-8"))
     for kind in ("eagle3", "dflash"):
