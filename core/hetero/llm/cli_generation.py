@@ -44,7 +44,11 @@ def sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: float | None) -> None:
-    print(stats_line(loaded.llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
+    llm = loaded.llm
+    if llm.last.context_full:
+        print(f"hetero: warning: the context of {llm.context} tokens is full: the reply stops here (load with a "
+              "larger -c/--ctx-size)", file=sys.stderr)
+    print(stats_line(llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
 
 
 def stream_out(pieces: Iterable[str], started: float) -> float | None:

@@ -7,7 +7,7 @@ stop string, is held back until the next token decides it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +31,8 @@ class Llm(Protocol):
 
     def forward(self, ids: Sequence[int]) -> np.ndarray: ...
 
+    context: int  # positions the KV cache holds
+
     # stats: the model's own Stats (Any: this module cannot import the model, which imports it)
     def _advance(self, owner: object, ids: list[int], stats: Any = None) -> np.ndarray: ...
 
@@ -43,6 +45,7 @@ class Generation:
     tokens: list[int] = field(default_factory=list)  # generated ids (an EOS that ended it excluded)
     text: str = ""
     finish_reason: str = ""  # eos | stop | length | cancelled
+    context_full: bool = False  # "length" because the KV cache could hold no more tokens (not max_new_tokens)
 
 
 class StopMatcher:
@@ -88,7 +91,8 @@ class TokenSource(Protocol):
 
 def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler, stop: Sequence[str],
                     eos_ids: Sequence[int], record: Generation,
-                    decode: Callable[[list[int]], str], source: TokenSource | None = None) -> Iterator[str]:
+                    decode: Callable[[list[int]], str], source: TokenSource | None = None
+                    ) -> Generator[str, None, None]:
     """Yield text pieces; closing the iterator stops generation and leaves the cache consistent. ``source``: take
     the tokens from it (speculative decoding; it prefills the prompt) instead of sampling each from a step."""
     stats = llm.stats
@@ -126,6 +130,10 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
                 emitted = end
             if len(record.tokens) == max_new_tokens:
                 record.finish_reason = "length"
+                break
+            if len(history) >= llm.context:  # the cache cannot take the token just sampled: stop, keep the text
+                record.finish_reason = "length"
+                record.context_full = True
                 break
             if tokens is None:
                 logits = llm._advance(record, history)

@@ -404,7 +404,7 @@ class Llm:
         if stops and self.tokenizer is None:
             raise HeteroError("stop strings need a tokenizer")
         self.stats = Stats()
-        self.last = Generation()
+        record = self.last = Generation()  # this call's own: another thread's call replaces self.last
         decode = (lambda t: self.detokenize(t, skip_special_tokens=True)) if self.tokenizer is not None \
             else (lambda t: "")
         source = None
@@ -412,13 +412,25 @@ class Llm:
             from .speculative.registry import speculation
 
             source = speculation(spec, self)
-        pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, self.last, decode,
+        pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, record, decode,
                                  source)
         if stream:
             return pieces
         for _ in pieces:
             pass
-        return self.last.text
+        return record.text
+
+    def create_completion(self, prompt: str | Sequence[int], **options: Any) -> Any:
+        """OpenAI's completions API on this model (``hetero.llm.openai_api.create_completion``)."""
+        from .openai_api import create_completion
+
+        return create_completion(self, prompt, **options)
+
+    def create_chat_completion(self, messages: Sequence[dict[str, Any]], **options: Any) -> Any:
+        """OpenAI's chat completions API on this model (``hetero.llm.openai_api.create_chat_completion``)."""
+        from .openai_api import create_chat_completion
+
+        return create_chat_completion(self, messages, **options)
 
     # -- reporting ------------------------------------------------------------------------------------------------
     def num_params(self) -> int:

@@ -79,6 +79,11 @@ class Tokenizer:
         return self
 
     @property
+    def backend(self) -> Any:
+        """The ``tokenizers.Tokenizer`` underneath (grammar libraries read its JSON form)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

@@ -9,21 +9,18 @@ one-token steps. Its drafts are greedy (q one-hot), which keeps sampled output e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...contract.errors import HeteroError
 from .drafter import Hidden
-
-if TYPE_CHECKING:
-    from ..model import Llm
+from .target import Target
 
 
 class DraftModel:
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: Llm, target: Llm, *, max_draft: int = 6) -> None:
+    def __init__(self, model: Target, target: Target, *, max_draft: int = 6) -> None:
         check_same_vocabulary(model, target)
         self.model = model
         self.max_draft = max_draft
@@ -52,7 +49,7 @@ class DraftModel:
         return out
 
 
-def check_same_vocabulary(draft: Llm, target: Llm) -> None:
+def check_same_vocabulary(draft: Target, target: Target) -> None:
     """Refuse a draft model whose tokenizer maps any token to another id than the target's."""
     where = f"draft model {_where(draft)} and target {_where(target)}"
     a, b = draft.tokenizer, target.tokenizer
@@ -69,5 +66,5 @@ def check_same_vocabulary(draft: Llm, target: Llm) -> None:
                           hint="a draft model must use the target's tokenizer (same family and version)")
 
 
-def _where(llm: Llm) -> str:
+def _where(llm: Target) -> str:
     return str(llm.path) if llm.path is not None else repr(llm.name)

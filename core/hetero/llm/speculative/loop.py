@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..families.decoder import VERIFY_ROWS
 from ..sampler import Sampler
 from .accept import accept
 from .drafter import Drafter, Hidden, as_draft
 from .policy import DraftPolicy
-
-if TYPE_CHECKING:
-    from ..model import Llm
+from .target import Target
 
 
 class Speculation:
@@ -40,12 +38,10 @@ class Speculation:
         self.adaptive = adaptive
         self.policy = DraftPolicy(self.max_draft, adaptive=adaptive, start=self.max_draft if not adaptive else 4)
 
-    def start(self, llm: Llm, record: object, prompt: list[int], sampler: Sampler, stats: Any) -> Iterator[int]:
+    def start(self, llm: Target, record: object, prompt: list[int], sampler: Sampler, stats: Any) -> Iterator[int]:
         """Prefill ``prompt`` now; returns the generation's tokens, computed as they are pulled."""
         drafter = self.drafter
-        if drafter.hidden_layers:
-            llm.expose_hidden(drafter.hidden_layers)
-        layers = llm._layer_indices(drafter.hidden_layers)
+        layers = llm.expose_hidden(drafter.hidden_layers) if drafter.hidden_layers else ()
         logits = llm._advance(record, prompt, stats)
         drafter.reset()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
@@ -53,7 +49,7 @@ class Speculation:
                                   start=self.max_draft if not self.adaptive else 4)
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
 
-    def _tokens(self, llm: Llm, record: object, history: list[int], sampler: Sampler, stats: Any, first: Any,
+    def _tokens(self, llm: Target, record: object, history: list[int], sampler: Sampler, stats: Any, first: Any,
                 layers: tuple[int, ...]) -> Iterator[int]:
         drafter, policy = self.drafter, self.policy
         token = sampler.sample(first, history)
@@ -82,5 +78,5 @@ class Speculation:
             yield from committed
 
 
-def _rows(llm: Llm, layers: tuple[int, ...], start: int, end: int) -> Hidden:
+def _rows(llm: Target, layers: tuple[int, ...], start: int, end: int) -> Hidden:
     return {layer: llm.hidden(layer, start, end) for layer in layers}

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...contract.errors import HeteroError
 from .draft_model import DraftModel
 from .drafter import Drafter
 from .lookahead import Lookahead
 from .loop import Speculation
+from .target import Target
 
-if TYPE_CHECKING:
-    from ..model import Llm
-
-Factory = Callable[[str, "Llm"], Drafter]
+Factory = Callable[[str, Target], Drafter]
 
 _FACTORIES: dict[str, Factory] = {}
 # kinds whose module registers them when imported
@@ -37,7 +35,7 @@ def kinds() -> list[str]:
     return sorted({*_FACTORIES, *_MODULES})
 
 
-def make_drafter(spec: str, target: Llm) -> Drafter:
+def make_drafter(spec: str, target: Target) -> Drafter:
     """The drafter named by ``spec`` (``KIND`` or ``KIND:ARGUMENT``) for ``target``."""
     if not isinstance(spec, str) or not spec:
         raise HeteroError(f"spec={spec!r}; expected a drafter name: {', '.join(_usage())}")
@@ -56,7 +54,7 @@ def make_drafter(spec: str, target: Llm) -> Drafter:
     return factory(argument, target)
 
 
-def speculation(spec: Any, target: Llm, *, max_draft: int | None = None) -> Speculation:
+def speculation(spec: Any, target: Target, *, max_draft: int | None = None) -> Speculation:
     """``spec`` (a ``Speculation``, a ``Drafter`` or a name) as a ``Speculation`` for ``target``."""
     if isinstance(spec, Speculation):
         return spec
@@ -71,17 +69,17 @@ def _usage() -> list[str]:
     return [f"{kind}:PATH" if kind != "lookahead" else kind for kind in kinds()]
 
 
-def _lookahead(argument: str, target: Llm) -> Drafter:
+def _lookahead(argument: str, target: Target) -> Drafter:
     if argument:
         raise HeteroError(f"--spec lookahead takes no argument, got {argument!r}")
     return Lookahead()
 
 
-def _draft_model(argument: str, target: Llm) -> Drafter:
+def _draft_model(argument: str, target: Target) -> Drafter:
     if not argument:
         raise HeteroError("--spec draft:PATH needs the draft model's path (a Hugging Face folder or a GGUF file)")
-    from ..loader import load
-
+    # the loader imports the model, which resolves drafter names here: taken at call time, not imported
+    load = importlib.import_module("hetero.llm.loader").load
     model = load(argument, threads=target.threads, context=target.context, kv_cache=target.kv_cache,
                  **{k: v for k, v in target._session_args.items() if k in ("backends", "on_fallback")})
     return DraftModel(model, target)
