@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,10 +24,8 @@ from .drafter_files import DrafterFolder, LayerShape, layer_ids
 from .drafter_nn import LayerWeights, attention, rms_norm
 from .feature_drafter import FeatureDrafter
 from .registry import register
+from .target import Target
 from .target_head import TargetHead
-
-if TYPE_CHECKING:
-    from ..model import Llm
 
 
 @dataclass
@@ -104,7 +101,7 @@ class DFlashDrafter(FeatureDrafter):
         return len(self.keys[0]) if self.keys else 0
 
     @classmethod
-    def for_target(cls, path: str | Path, llm: Llm) -> DFlashDrafter:
+    def for_target(cls, path: str | Path, llm: Target) -> DFlashDrafter:
         """The drafter in folder ``path`` reading ``llm``'s hidden states, embedding table and LM head."""
         cfg = llm.config
         weights = load_dflash(path, target_layers=cfg.num_layers)
@@ -178,7 +175,7 @@ class DFlashDrafter(FeatureDrafter):
         return [int(t) for t in np.argmax(self.logits(rows), axis=-1)]
 
 
-def _dflash(argument: str, target: Llm) -> DFlashDrafter:
+def _dflash(argument: str, target: Target) -> DFlashDrafter:
     if not argument:
         raise HeteroError("--spec dflash:PATH needs the DFlash drafter's folder (config.json + model.safetensors)")
     return DFlashDrafter.for_target(argument, target)
