@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,10 +29,8 @@ from .drafter_files import DrafterFolder, LayerShape, layer_ids
 from .drafter_nn import LayerWeights, attention, rms_norm
 from .feature_drafter import FeatureDrafter
 from .registry import register
+from .target import Target
 from .target_head import TargetHead
-
-if TYPE_CHECKING:
-    from ..model import Llm
 
 
 @dataclass
@@ -194,7 +191,7 @@ class Eagle3Drafter(FeatureDrafter):
         self.tree = Tree([], [], [], [])
 
     @classmethod
-    def for_target(cls, path: str | Path, llm: Llm, **options: int) -> Eagle3Drafter:
+    def for_target(cls, path: str | Path, llm: Target, **options: int) -> Eagle3Drafter:
         """The drafter in folder ``path`` reading ``llm``'s hidden states and embedding table."""
         weights = load_eagle3(path)
         cfg = llm.config
@@ -292,7 +289,7 @@ class Eagle3Drafter(FeatureDrafter):
         return len(tree.tokens) - 1
 
 
-def _eagle(argument: str, target: Llm) -> Eagle3Drafter:
+def _eagle(argument: str, target: Target) -> Eagle3Drafter:
     if not argument:
         raise HeteroError("--spec eagle:PATH needs the Eagle-3 drafter's folder (config.json + model.safetensors)")
     return Eagle3Drafter.for_target(argument, target)
