@@ -18,7 +18,7 @@ import pytest
 for _module in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
     pytest.importorskip(_module, reason=f"{_module} is not installed (pip install 'hetero[serve]')")
 
-from serve_models import MODEL  # noqa: E402
+from .serve_models import MODEL  # noqa: E402
 
 
 def _free_port() -> int:

@@ -60,8 +60,8 @@ def test_session_run_soak():
 def test_chat_requests_through_the_server_soak():
     for module in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
         pytest.importorskip(module, reason=f"{module} is not installed (pip install 'hetero[serve]')")
-    from serve_harness import running
-    from serve_models import load_model
+    from .serve_harness import running
+    from .serve_models import load_model
 
     llm = load_model(context=256)
     latencies, rss = [], []

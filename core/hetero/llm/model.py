@@ -85,7 +85,7 @@ class Llm:
                  backends: Sequence[str] | str | None = None, on_fallback: str = "warn", threads: int | None = None,
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
                  kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
-                 template: ChatTemplate | None = None) -> None:
+                 template: ChatTemplate | None = None, embeddings: bool = False) -> None:
         check_options(context, prefill_chunk, kv_cache)
         self.config = config
         self.tokenizer = tokenizer
@@ -99,7 +99,11 @@ class Llm:
             if node.op_type == "Attention":
                 node.attrs["kv_dtype"] = kv_cache
         self.kv_cache = kv_cache
+        # embed() reads the final norm's output; as a graph output it is a fresh array every step (not an arena
+        # slot, so decode's replay cannot bind its kernel): only models loaded for embeddings pay for it
+        self._hidden = _expose_hidden(graph) if embeddings else None
         self.session = Session(graph, backends=backends, on_fallback=on_fallback, threads=threads)
+        self._last_hidden: np.ndarray | None = None  # the final norm's output of the last step (embed())
         self.tokens: list[int] = []  # the tokens whose K/V the cache holds, in order
         self.stats = Stats()
         self.last = Generation()
@@ -181,7 +185,11 @@ class Llm:
             raise HeteroError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         self._mapped.check()
         feeds = {INPUT_IDS: np.asarray(ids, dtype=np.int64), PAST_LEN: np.asarray(past, dtype=np.int64)}
-        logits = self.session.run(feeds, [LOGITS])[LOGITS]
+        if self._hidden is None:
+            logits = self.session.run(feeds, [LOGITS])[LOGITS]
+        else:
+            out = self.session.run(feeds, [LOGITS, self._hidden])
+            logits, self._last_hidden = out[LOGITS], out[self._hidden]
         self.tokens.extend(ids)
         return logits
 
@@ -224,6 +232,26 @@ class Llm:
             logits = self.forward(rest[start:start + step])  # the one step every path takes
         stats.prefill_seconds = time.perf_counter() - started
         return logits
+
+    @property
+    def embeddings(self) -> bool:
+        """Whether ``embed`` works (the model was loaded with ``embeddings=True``)."""
+        return self._hidden is not None
+
+    def embed(self, prompt: str | Sequence[int]) -> np.ndarray:
+        """An embedding of ``prompt``: its last token's hidden state after the final norm, L2-normalised (last-token
+        pooling, as Qwen3-Embedding models are read). The cache then holds the prompt, as after ``prefill``."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else _token_ids(prompt)
+        with self._lock:
+            if self._hidden is None:
+                raise HeteroError(f"model {self.name!r} was not loaded for embeddings",
+                                  hint="hetero.llm.load(..., embeddings=True); hetero serve --embeddings")
+            self._owner = None
+            self._prefill(ids, Stats())
+            assert self._last_hidden is not None
+            vector = np.asarray(self._last_hidden, dtype=np.float32).reshape(-1, self.config.hidden_size)[-1]
+        norm = float(np.linalg.norm(vector))
+        return vector / norm if norm > 0 else vector
 
     # -- generation -----------------------------------------------------------------------------------------------
     @property
@@ -336,6 +364,16 @@ class Llm:
 
     def __repr__(self) -> str:
         return f"<Llm {self.name} context={self.context} cached={len(self.tokens)}>"
+
+
+def _expose_hidden(graph: Graph) -> str | None:
+    """Make the final norm's output (the hidden state the LM head reads) a graph output, for ``embed``."""
+    node = next((n for n in graph.nodes if n.name == "final_norm"), None)
+    if node is None or not node.outputs:
+        return None
+    if node.outputs[0] not in graph.outputs:
+        graph.outputs.append(node.outputs[0])
+    return node.outputs[0]
 
 
 def _token_ids(ids: Sequence[int]) -> list[int]:
