@@ -127,7 +127,7 @@ class EmbeddingRequest(_Body):
 
     def inputs(self) -> list[str | list[int]]:
         """Each text or token-id list to embed (one token-id list is one input, as OpenAI reads it)."""
-        value = self.input
-        if isinstance(value, str) or (value and isinstance(value[0], int)):
-            return [value]  # type: ignore[list-item]  # a text, or one list of token ids
-        return list(value)  # type: ignore[arg-type]  # texts, or lists of token ids
+        if isinstance(self.input, str):
+            return [self.input]
+        items: list[Any] = list(self.input)
+        return [items] if items and isinstance(items[0], int) else items
