@@ -134,7 +134,9 @@ def main() -> int:
         url, eos, vocab = server.url, list(models[0].eos_ids), models[0].config.vocab_size
         label = f"{models[0].name} {models[0].quant}, {args.parallel} slot(s), {args.threads} thread(s)"
     try:
-        post(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0})  # warm-up
+        # warm-up with the measured shapes: kernels prepared, arenas planned, decode replay recorded
+        post(url, "/v1/completions", {"prompt": list(range(1, args.prompt + 1)), "max_tokens": args.tokens,
+                                      "temperature": 0})
         rows = [round_of(url, int(n), args, eos, vocab) for n in args.streams.split(",")]
     finally:
         if server is not None:

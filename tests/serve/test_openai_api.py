@@ -28,6 +28,8 @@ def test_a_chat_completion_is_an_openai_object(llm):
     prompt = llm.tokenize(llm.template.render(HI, add_generation_prompt=True), add_special_tokens=False)
     assert usage["prompt_tokens"] == len(prompt) and usage["completion_tokens"] == 5
     assert usage["total_tokens"] == usage["prompt_tokens"] + 5
+    timings = r["timings"]  # the first token's time splits prefill from decode
+    assert timings["predicted_n"] == 5 and timings["prompt_ms"] > 0 and timings["predicted_ms"] > 0
 
 
 def test_streamed_chunks_add_up_to_the_whole_reply(llm):
