@@ -80,7 +80,7 @@ class RknnBackend(HostMemory):
         self.mode = str(device.properties.get("mode", "simulator"))
         default = str(device.properties.get("soc", DEFAULT_TARGET))
         self.target, self.dtype, self.samples, self.timeout = _options(self.options, default)
-        self._worker = worker
+        self.worker = worker  # the process's shared worker for this mode, started on first use
         self.toolkit = toolkit
 
     def supports(self, node: NodeInfo) -> Support:
@@ -108,8 +108,8 @@ class RknnBackend(HostMemory):
                 if name not in sample:
                     raise HeteroError(
                         f"rknn int8 calibration sample {i} has no value {name!r}, which {what} reads",
-                        hint="add it to each sample (compute it with onnxruntime or a float session), or use "
-                             "rknn_dtype='float16'")
+                        hint="add it to each sample (onnxruntime computes it when the value is added to the model's "
+                             "outputs), or use rknn_dtype='float16'")
                 array = np.asarray(sample[name], dtype=np.float32)
                 want = static_shape(segment.graph.values[name])
                 if array.shape != want:
@@ -132,8 +132,7 @@ class RknnProgram:
         self.what = _describe(segment)
         onnx_bytes = segment_to_onnx(segment)
         self.samples = backend.calibration_for(segment, self.what)
-        self.entry = cache.entry(cache.build_key(onnx_bytes, backend.target, backend.dtype, self.samples,
-                                                 backend.toolkit))
+        self.entry = cache.entry(cache.build_key(onnx_bytes, backend.target, backend.dtype, self.samples))
         self.entry.write_onnx(onnx_bytes)
         self._worker_start = -1  # the worker process (its start count) holding this model
 
@@ -143,7 +142,7 @@ class RknnProgram:
 
     def prepare(self) -> None:
         """Build (simulator) or load (board) the model in the current worker process, unless it holds it already."""
-        worker = self.backend._worker()
+        worker = self.backend.worker()
         if worker.alive and worker.starts == self._worker_start:
             return
         b = self.backend
@@ -171,7 +170,7 @@ class RknnProgram:
         b = self.backend
         where = "NPU" if b.mode == "device" else "simulator"
         arrays = [np.asarray(inputs[name].numpy(), dtype=np.float32) for name in self.inputs]
-        outs = b._worker().call("run", context=f"running {self.what} on the {b.target} {where}", timeout=b.timeout,
+        outs = b.worker().call("run", context=f"running {self.what} on the {b.target} {where}", timeout=b.timeout,
                                 key=self.key, inputs=arrays)
         if len(outs) != len(self.outputs):
             raise BackendError(f"rknn returned {len(outs)} outputs for {self.what}; the segment has "

@@ -178,3 +178,26 @@ def test_layout_only_segment_runs_on_the_host_and_replays(rknn_cache):
         want = np.array([[erf(erf(v)) for v in x]], np.float32)
         np.testing.assert_allclose(session.run({"x": x})["y"], want, rtol=1e-6)
     assert not list(rknn_cache.glob("*.rknn"))  # nothing was built
+
+
+def test_real_model_magika_with_a_static_batch(rknn_cache):
+    """magika's content-type model with its batch dimension fixed to 1 (the NPU needs static shapes): most of it
+    on the simulated NPU, its byte embedding (integer Gather, Cast) on cpu; the same label as onnxruntime."""
+    from tests.real_models.models import MODELS
+
+    model = MODELS["magika"]
+    path = model.file()
+    if path is None:
+        pytest.skip(model.install_hint)
+    proto = onnx.load(str(path))
+    for value in [*proto.graph.input, *proto.graph.output]:
+        value.type.tensor_type.shape.dim[0].dim_value = 1
+    session = hetero.Session(proto, backends=["rknn", "cpu"], on_fallback="silent")
+    placed = [line.split()[2] for line in session.explain().splitlines()[2:] if len(line.split()) > 2]
+    assert placed.count("rknn") > 3 * placed.count("cpu") > 0, placed
+    reference = ort.InferenceSession(proto.SerializeToString())
+    for row in model.feeds(model)["bytes"][:3]:
+        feeds = {"bytes": row[None]}
+        got, want = session.run(feeds)["target_label"], reference.run(["target_label"], feeds)[0]
+        assert got.argmax() == want.argmax()
+        np.testing.assert_allclose(got, want, atol=FLOAT_TOLERANCE)
