@@ -80,10 +80,13 @@ def segment_to_onnx(segment: Segment, *, producer: str = "hetero", opset: int | 
 
     def value(name: str) -> Any:
         info = graph.values[name]
+        if info.dtype.onnx_type is None:
+            raise ValueError(f"segment {segment.index}: value {name!r} is {info.dtype}, which ONNX has no type for")
         return helper.make_tensor_value_info(name, info.dtype.onnx_type, list(info.shape or ()))
 
     used = {name for n in nodes for name in n.input}
-    initializers = [numpy_helper.from_array(np.asarray(weights[name]), name) for name in sorted(weights) if name in used]
+    initializers = [numpy_helper.from_array(np.asarray(weights[name]), name)
+                    for name in sorted(weights) if name in used]
     onnx_graph = helper.make_graph(nodes, f"hetero_segment_{segment.index}", [value(n) for n in graph.inputs],
                                    [value(n) for n in graph.outputs], initializers)
     domains = {"": opset or graph.opset("")} | {d: v for d, v in graph.opsets.items() if d not in ("", HETERO_DOMAIN)}

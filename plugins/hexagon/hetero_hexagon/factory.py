@@ -13,9 +13,9 @@ class HexagonFactory(Factory):
     priority: ClassVar[int] = 70
 
     def probe(self) -> list[Device]:
-        from .qnn import QNN_ENV, SOC_ARCH, DEFAULT_SOC_MODEL, mode
+        from .qnn import DEFAULT_SOC_MODEL, SOC_ARCH, check_toolkit, mode
 
-        version = QNN_ENV.check()  # BackendUnavailable with the setup command when the venv is absent or broken
+        version = check_toolkit()  # BackendUnavailable with the fix when the venv is absent, broken or mismatched
         current = mode()
         self.priority = 10 if current == "device" else 70  # type: ignore[misc]  # set per probe, as opencl does
         return [Device("htp", kind="npu", vendor="Qualcomm", properties={
