@@ -47,7 +47,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,7 +274,8 @@ class VendorWorker:
         self.env = {**_clean_env(), **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0  # processes started: a new one after each crash or timeout
-        self._tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._tail: collections.deque[tuple[int, str]] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._lines = 0  # stderr lines read so far: a call's own lines are those after its start
         self._lock = threading.Lock()
 
     @property
@@ -289,7 +289,8 @@ class VendorWorker:
     def call(self, method: str, *, context: str, timeout: float | None = None, **args: Any) -> Any:
         """Run ``handlers.method(**args)`` in the worker; ``context`` says what for, in every error."""
         with self._lock:
-            proc = self.proc if self.alive else self._start(context)
+            proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start(context)
+            first_line = self._lines
             assert proc.stdin is not None and proc.stdout is not None
             try:
                 proc.stdin.write(encode({"call": method, "args": args}))
@@ -307,8 +308,10 @@ class VendorWorker:
                                     f"stopped{self._tail_text()}",
                                     hint="raise the timeout, or simplify the model") from None
             reply = decode(frame)
-        if "error" in reply:
-            raise BackendError(f"{self.name} worker, {context}: {reply['error']}", hint=reply.get("hint"))
+            if "error" in reply:
+                time.sleep(0.05)  # let the stderr reader take what the toolkit printed before it failed
+                raise BackendError(f"{self.name} worker, {context}: {reply['error']}{self._tail_text(first_line)}",
+                                   hint=reply.get("hint"))
         return reply["ok"]
 
     def close(self) -> None:
@@ -324,6 +327,7 @@ class VendorWorker:
 
     def _start(self, context: str) -> subprocess.Popen[bytes]:
         self._tail.clear()
+        self._lines = 0
         try:
             proc = subprocess.Popen([self.python, "-u", __file__, str(self.handlers)], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env,
@@ -345,7 +349,9 @@ class VendorWorker:
 
     def _drain(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
-            self._tail.append(raw.decode("utf-8", errors="replace").rstrip())
+            line = raw.decode("utf-8", errors="replace").rstrip().rsplit("\r", 1)[-1]  # a progress bar's last state
+            self._tail.append((self._lines, line))
+            self._lines += 1
 
     def _died(self, context: str) -> Exception:
         assert self.proc is not None
@@ -366,8 +372,9 @@ class VendorWorker:
             self.proc.wait()
             self.proc = None
 
-    def _tail_text(self) -> str:
-        lines = [line for line in self._tail if line.strip()]
+    def _tail_text(self, since: int = 0) -> str:
+        """The worker's last stderr lines (from line ``since`` on), indented under a message."""
+        lines = [line for n, line in list(self._tail) if n >= since and line.strip()]
         return (":\n    " + "\n    ".join(lines[-12:])) if lines else ""
 
     def __del__(self) -> None:
@@ -381,7 +388,7 @@ def _serve(handler_file: str) -> None:
     """Load the handlers, say ready, then answer calls until the input ends."""
     import runpy
 
-    channel_in, channel_out = sys.stdin.buffer.raw.fileno(), os.fdopen(os.dup(1), "wb")  # type: ignore[attr-defined]
+    channel_in, channel_out = sys.stdin.fileno(), os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what the toolkit prints goes to stderr, never into the frames
     sys.stdout = sys.stderr
     namespace = runpy.run_path(handler_file)
@@ -409,7 +416,6 @@ def _serve(handler_file: str) -> None:
         try:
             send({"ok": handler(**request["args"])})
         except Exception as exc:
-            traceback.print_exc()
             send({"error": f"{type(exc).__name__}: {exc}", "hint": getattr(exc, "hint", None)})
 
 
