@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .backend import Segment
+from .errors import BackendError
 from .graph import HETERO_DOMAIN, Node
 
 
@@ -61,7 +62,7 @@ def onnx_nodes(node: Node, weights: dict[str, np.ndarray]) -> list[Any]:
         if len(node.inputs) > 2:
             nodes.append(helper.make_node("Add", [product, node.inputs[2]], [mid], name=f"{node.name}/bias"))
     else:
-        raise ValueError(f"{node.label()}: no standard ONNX form of hetero.{node.op_type}")
+        raise BackendError(f"{node.label()}: no standard ONNX form of hetero.{node.op_type}")
     if has_activation:
         nodes += _activation_nodes(node, mid, out, weights)
     return nodes
@@ -81,7 +82,7 @@ def segment_to_onnx(segment: Segment, *, producer: str = "hetero", opset: int | 
     def value(name: str) -> Any:
         info = graph.values[name]
         if info.dtype.onnx_type is None:
-            raise ValueError(f"segment {segment.index}: value {name!r} is {info.dtype}, which ONNX has no type for")
+            raise BackendError(f"segment {segment.index}: {name!r} is {info.dtype}, which ONNX cannot carry")
         return helper.make_tensor_value_info(name, info.dtype.onnx_type, list(info.shape or ()))
 
     used = {name for n in nodes for name in n.input}
