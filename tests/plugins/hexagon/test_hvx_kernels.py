@@ -123,7 +123,7 @@ def test_matvec_q4_reads_hetero_q4_weights(hvx):
     rows, cols = 24, 512
     fmt = quant.QuantFormat(bits=4, block_size=32, symmetric=True)
     blocks = quant.quantize(rng.normal(size=(rows, cols)).astype(np.float32), fmt)
-    packed, w_scale, cols_p = layout.repack_q4(blocks, cols)
+    packed, w_scale, _ = layout.repack_q4(blocks, cols)  # 512 columns: no padding
     x = rng.normal(size=cols).astype(np.float32)
     xq, xs, y = hvx.matvec_q4(packed, w_scale, x)
     x_deq = (xq.astype(np.float64).reshape(-1, 32) * xs[:, None]).reshape(-1)
