@@ -110,6 +110,7 @@ class Replay:
             self._slots.append((name, own))
         self.program: list[Call] = []
         self.bound = 0  # kernels called through their own bind()
+        self._output_keys = {key for key in outputs.values() if not isinstance(key, Tensor)}
         for entry in entries:
             if isinstance(entry, _View):
                 self._add_view(entry, fixed)
@@ -120,6 +121,11 @@ class Replay:
         # Graph outputs are never views (the session runs their reshape as a kernel), so a view of a fixed tensor
         # (e.g. of the replay's copy of a feed) only ever reaches kernels: made once here.
         src = fixed.get(entry.src)
+        if entry.out in self._output_keys:
+            # a segment output that is a view of a segment input (a reshape alone in its segment): made from this
+            # run's feed at each run, never the replay's own copy of it (which the next run overwrites)
+            self.program.append(functools.partial(_make_view, self._values, entry))
+            return
         view = None if src is None else entry.backend.view(src, entry.info)
         if view is not None:
             fixed[entry.out] = view
