@@ -83,3 +83,24 @@ def test_broken_environment_says_what_fails(tmp_path, monkeypatch):
                     install_steps=[], check_code="import selftest_toolkit_that_is_not_there")
     with pytest.raises(BackendUnavailable, match="is not usable: ModuleNotFoundError"):
         env.check()
+
+
+def test_create_builds_the_venv_step_by_step_and_names_a_failing_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETERO_SELFTEST_VENV", str(tmp_path / "venv"))
+    lines: list[str] = []
+    env = VendorEnv("selftest", env_var="HETERO_SELFTEST_VENV", setup_command="python -m selftest setup",
+                    install_steps=[["--no-index", "hetero-selftest-package-that-is-nowhere"]],
+                    check_code="import sys; print(sys.version_info.major)")
+    with pytest.raises(BackendError) as info:
+        env.create(report=lines.append)
+    assert lines[0] == f"[1/2] creating the selftest toolkit environment {tmp_path / 'venv'} with {sys.executable}"
+    assert lines[1] == "[2/2] pip install --no-index hetero-selftest-package-that-is-nowhere"
+    assert "No matching distribution found for hetero-selftest-package-that-is-nowhere" in info.value.message
+    assert info.value.hint == "fix the cause, then run python -m selftest setup again"
+    # the venv itself was made: without the failing step the environment is ready and checks
+    env.install_steps = []
+    lines.clear()
+    env.create(report=lines.append)
+    assert lines == [f"[1/1] using the existing environment {tmp_path / 'venv'}",
+                     f"selftest toolkit 3 ready in {tmp_path / 'venv'}"]
+    assert env.check() == "3"

@@ -178,7 +178,7 @@ class VendorEnv:
         where = f"{self.path} ({self.env_var})" if os.environ.get(self.env_var) else str(self.path)
         if not self.python.exists():
             raise BackendUnavailable(f"no {self.name} toolkit environment at {where}",
-                              hint=f"create it: {self.setup_command} (or point {self.env_var} to one)")
+                                     hint=f"create it: {self.setup_command} (or point {self.env_var} to one)")
         try:
             done = subprocess.run([str(self.python), "-c", self.check_code], capture_output=True, text=True,
                                   timeout=timeout, env=_clean_env())
@@ -187,11 +187,11 @@ class VendorEnv:
                                      f"{timeout:g} s", hint=f"recreate it: {self.setup_command} --force") from None
         except OSError as exc:
             raise BackendUnavailable(f"the Python of {where} cannot start: {exc}",
-                              hint=f"recreate it: {self.setup_command} --force") from exc
+                                     hint=f"recreate it: {self.setup_command} --force") from exc
         if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or [_exit_text(done.returncode)])[-1]
+            last = (done.stderr.strip().splitlines() or [exit_text(done.returncode)])[-1]
             raise BackendUnavailable(f"the {self.name} toolkit in {where} is not usable: {last}",
-                              hint=f"recreate it: {self.setup_command} --force")
+                                     hint=f"recreate it: {self.setup_command} --force")
         return done.stdout.strip()
 
     def create(self, *, force: bool = False, report: Callable[[str], None] = _report_to_stderr) -> Path:
@@ -210,7 +210,9 @@ class VendorEnv:
             report(f"[1/{steps}] using the existing environment {self.path}")
         for i, args in enumerate(self.install_steps, start=2):
             report(f"[{i}/{steps}] pip install {' '.join(args)}")
-            self._run([str(self.python), "-m", "pip", "install", "--progress-bar", "off", *args], report)
+            # --no-compile: bytecode is written on first import instead (torch's thousands of files take minutes)
+            self._run([str(self.python), "-m", "pip", "install", "--progress-bar", "off", "--no-compile", *args],
+                      report)
         try:
             version = self.check(timeout=300.0)
         except Exception as exc:
@@ -239,27 +241,51 @@ class VendorEnv:
         for line in proc.stdout:
             line = line.rstrip()
             tail.append(line)
-            if line.startswith(("Collecting", "Installing", "Successfully", "ERROR")):
+            noise = "resolver does not" in line  # pip's note on --no-deps installs, not a failure
+            if line.startswith(("Collecting", "Installing", "Successfully", "ERROR")) and not noise:
                 report(f"    {line}")
         if proc.wait() != 0:
-            raise BackendError(f"{' '.join(args[:4])} ... failed ({_exit_text(proc.returncode)}):\n"
+            raise BackendError(f"{' '.join(args[:4])} ... failed ({exit_text(proc.returncode)}):\n"
                                 + "\n".join(tail), hint=f"fix the cause, then run {self.setup_command} again")
 
 
 def _clean_env() -> dict[str, str]:
-    """The environment for the vendor's Python: without the user's venv and PYTHONPATH (their numpy would win)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    """The environment for the vendor's Python: without the user's venv and PYTHONPATH (their numpy would win), and
+    writing bytecode (the venv is hetero's own, installed with --no-compile: the first import compiles it once)."""
+    dropped = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
-def _exit_text(code: int) -> str:
+def exit_text(code: int) -> str:
+    """A process's end in words: "killed by SIGABRT", "exit status 3"."""
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit status {code}"
+
+
+def kill_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a worker started with ``start_new_session=True`` and everything it started, and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def stop_worker(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """End a worker whose loop stops at the end of its input; kill it if it has not within ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_process_group(proc)
 
 
 class VendorWorker:
@@ -316,13 +342,8 @@ class VendorWorker:
 
     def close(self) -> None:
         with self._lock:
-            if self.alive and self.proc is not None:
-                with contextlib.suppress(OSError):
-                    self.proc.stdin.close()  # type: ignore[union-attr]  # the worker's loop ends at end of input
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._kill()
+            if self.proc is not None:
+                stop_worker(self.proc, timeout=10)
             self.proc = None
 
     def _start(self, context: str) -> subprocess.Popen[bytes]:
@@ -359,7 +380,7 @@ class VendorWorker:
         self.proc = None
         time.sleep(0.05)  # let the stderr reader take the last lines
         return WorkerCrashed(
-            f"the {self.name} worker died ({_exit_text(code)}) while {context}; the process using hetero is "
+            f"the {self.name} worker died ({exit_text(code)}) while {context}; the process using hetero is "
             f"unharmed, the next call starts a new worker{self._tail_text()}",
             hint="this is the vendor toolkit failing on this input: try another target or dtype, or leave this "
                  "segment to the next backend",
@@ -367,9 +388,7 @@ class VendorWorker:
 
     def _kill(self) -> None:
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and anything it started
-            self.proc.wait()
+            kill_process_group(self.proc)
             self.proc = None
 
     def _tail_text(self, since: int = 0) -> str:

@@ -132,8 +132,7 @@ class RknnProgram:
         self.what = _describe(segment)
         onnx_bytes = segment_to_onnx(segment)
         self.samples = backend.calibration_for(segment, self.what)
-        self.entry = cache.entry(cache.build_key(onnx_bytes, backend.target, backend.dtype, self.samples,
-                                                 backend.toolkit))
+        self.entry = cache.entry(cache.build_key(onnx_bytes, backend.target, backend.dtype, self.samples))
         self.entry.write_onnx(onnx_bytes)
         self._worker_start = -1  # the worker process (its start count) holding this model
 

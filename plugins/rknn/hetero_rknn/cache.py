@@ -1,10 +1,12 @@
 """Built RKNN models on disk, by content: ``$HETERO_CACHE_DIR/rknn/<key>.{onnx,rknn,json}``.
 
-The key hashes the segment's ONNX bytes, the target, the dtype, the calibration samples and the toolkit version, so
-an edited model, another SoC or another calibration set builds anew. The ``.rknn`` file is what a board loads; the
+The key hashes the segment's ONNX bytes, the target, the dtype and the calibration samples, so an edited model,
+another SoC or another calibration set builds anew. It leaves out the toolkit version, which a board does not know:
+a board finds the file a PC built for the same session and options. The ``.rknn`` file is what a board loads; the
 ``.onnx`` is what the toolkit converted (kept for ``rknn-toolkit2`` users and bug reports); the ``.json`` says what
-was built, from what, and with what. On a PC the simulator still converts in its own process (it cannot run a loaded
-``.rknn``): there the cache is the board's artifact and a record, the worker keeps built models for the process.
+was built, from what, and with which toolkit. On a PC the simulator still converts in its own process (it cannot
+run a loaded ``.rknn``): there the cache is the board's artifact and a record; the worker keeps built models for the
+process.
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ def cache_dir() -> Path:
     return cache_root() / "rknn"
 
 
-def build_key(onnx_bytes: bytes, target: str, dtype: str, samples: Sequence[Sequence[np.ndarray]],
-              toolkit: str) -> str:
+def build_key(onnx_bytes: bytes, target: str, dtype: str, samples: Sequence[Sequence[np.ndarray]]) -> str:
     digest = hashlib.sha256()
-    digest.update(f"hetero-rknn {FORMAT} {target} {dtype} {toolkit}\n".encode())
+    digest.update(f"hetero-rknn {FORMAT} {target} {dtype}\n".encode())
     digest.update(onnx_bytes)
     for sample in samples:
         for array in sample:

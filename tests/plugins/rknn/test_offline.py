@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 import hetero
-from hetero.contract import Device, HeteroError, NodeInfo, Segment, TensorInfo, dtypes
+from hetero.contract import BackendError, Device, HeteroError, NodeInfo, Segment, TensorInfo, dtypes
 from hetero.contract.graph import Node
 
 from . import cnn
@@ -175,3 +175,19 @@ def test_crashing_toolkit_python_leaves_hetero_working(tmp_path):
     assert status == "unavailable" and reason.endswith("is not usable: killed by SIGSEGV"), reason
     assert done.stdout.splitlines()[1] == "['logits', 'steps']"  # the session ran on cpu
     assert "backend skipped (rknn: unavailable" in done.stderr  # with one warning saying why
+
+
+def test_on_a_board_a_segment_needs_its_file_built_on_a_pc(tmp_path, monkeypatch):
+    """Device mode loads each segment's .rknn from the cache (built by a PC for the same options): without it the
+    error names the segment, the target and the folder, before any worker starts."""
+    from hetero_rknn.factory import RknnFactory
+
+    monkeypatch.setenv("HETERO_CACHE_DIR", os.fspath(tmp_path))
+    backend = RknnFactory().create(Device("rk3588 NPU", kind="npu", properties={"mode": "device", "soc": "rk3588"}))
+    graph = _optimized_cnn()
+    with pytest.raises(BackendError) as info:
+        backend.compile(Segment(0, graph, _node_infos(graph)[:5]))
+    assert info.value.message.startswith("no built RKNN model for segment 0 (5 nodes: ")
+    assert info.value.message.endswith(f"(rk3588, float16) in {tmp_path / 'rknn'}")
+    assert "run the same session there with the rknn backend (simulator)" in info.value.hint
+    assert len(list((tmp_path / "rknn").glob("*.onnx"))) == 1  # what a PC would convert, under the same key
