@@ -179,3 +179,20 @@ def test_unknown_kernel_and_bad_arguments_are_refused():
     with pytest.raises(BackendError, match="threadgroups"):
         dispatch("unary_f32", {"x": np.zeros(4, np.float32), "y": np.zeros(4, np.float32),
                                "p": {"n": 4, "op": 0, "alpha": 0, "beta": 0}}, (1,), (2048,))
+
+
+def test_signature_reader_refuses_what_it_cannot_bind():
+    from hetero_metal.msl_signature import SignatureError, parse
+
+    kernels, structs = parse("struct P { uint n; float s; };\n"
+                             "kernel void k(device const float* x [[buffer(0)]], constant P& p [[buffer(1)]],\n"
+                             "              uint2 pos [[thread_position_in_grid]]) {}")
+    assert [(p.name, p.attribute, p.index) for p in kernels["k"].params] == [
+        ("x", "buffer", 0), ("p", "buffer", 1), ("pos", "thread_position_in_grid", -1)]
+    assert kernels["k"].params[0].element == "float" and kernels["k"].params[1].struct_name == "P"
+    assert structs["P"].pack({"n": 3, "s": 0.5}, "k.p") == np.array([3], np.uint32).tobytes() + \
+        np.array([0.5], np.float32).tobytes()
+    with pytest.raises(SignatureError, match=r"\[\[texture\]\] is not bound"):
+        parse("kernel void k(device float* x [[texture(0)]]) {}")
+    with pytest.raises(SignatureError, match="uint, int or float fields only"):
+        parse("struct Q { half h; };")
