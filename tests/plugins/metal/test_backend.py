@@ -83,7 +83,7 @@ def test_session_places_the_hot_path_on_metal(emulated):
 
 
 LLM_FAMILIES = [
-    "qwen3", pytest.param("qwen2", marks=pytest.mark.slow), pytest.param("qwen3_moe", marks=pytest.mark.slow),
+    "qwen3", *(pytest.param(f, marks=pytest.mark.slow) for f in ("qwen2", "qwen3_moe", "qwen3_5")),
 ]
 
 
