@@ -47,7 +47,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-_DEVICE_FACTS = ("isa", "threads", "version", "compute_units", "fp16", "subgroups")
+_DEVICE_FACTS = ("mode", "isa", "threads", "version", "compute_units", "fp16", "subgroups")
 
 
 def _device_text(device) -> str:
@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .llm.cli import add_llm_commands  # generate, chat, bench (light: imports nothing heavy until run)
 
     add_llm_commands(sub)
+    from .serve.cli import add_serve_command  # light: the server's packages are imported when it runs
+
+    add_serve_command(sub)
     for p in sub.choices.values():
         add_output_options(p)
     add_output_options(parser)

@@ -16,10 +16,10 @@ from .stats import stats_line
 
 
 class Loaded:
-    """An Llm with how long loading took (for the stats line)."""
+    """An Llm with how long loading took (for the stats line) and its speculative decoding (``--spec``), if any."""
 
-    def __init__(self, llm: Any, seconds: float) -> None:
-        self.llm, self.seconds = llm, seconds
+    def __init__(self, llm: Any, seconds: float, spec: Any = None) -> None:
+        self.llm, self.seconds, self.spec = llm, seconds, spec
 
 
 def load_llm(args: argparse.Namespace, model: str) -> Loaded:
@@ -29,7 +29,12 @@ def load_llm(args: argparse.Namespace, model: str) -> Loaded:
     with progress.phase(f"loading {Path(model).name}"):
         llm = load(model, backends=backends_of(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
                    quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True)  # (terminal only)
-    return Loaded(llm, time.perf_counter() - started)
+        spec = None
+        if getattr(args, "spec", None):
+            from .speculative.registry import speculation
+
+            spec = speculation(args.spec, llm, max_draft=args.spec_draft)
+    return Loaded(llm, time.perf_counter() - started, spec)
 
 
 def sampling(args: argparse.Namespace) -> dict[str, Any]:
@@ -39,7 +44,11 @@ def sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: float | None) -> None:
-    print(stats_line(loaded.llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
+    llm = loaded.llm
+    if llm.last.context_full:
+        print(f"hetero: warning: the context of {llm.context} tokens is full: the reply stops here (load with a "
+              "larger -c/--ctx-size)", file=sys.stderr)
+    print(stats_line(llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
 
 
 def stream_out(pieces: Iterable[str], started: float) -> float | None:

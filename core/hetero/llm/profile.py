@@ -264,6 +264,13 @@ def _timed_bind(bind: Callable, op: str, clock: _Clock, wrap: Callable[[], None]
     return timed_bind
 
 
+def _restorer(obj: Any, name: str) -> Callable[[], None]:
+    """Undoes setting ``obj.name``: puts back an instance attribute it replaces, or removes the one it adds."""
+    if name in vars(obj):
+        return functools.partial(setattr, obj, name, vars(obj)[name])
+    return functools.partial(vars(obj).pop, name, None)
+
+
 @contextlib.contextmanager
 def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]:
     """Wrap every kernel's run (and, with ``native``, its calls into its own package's extension modules); undone
@@ -273,22 +280,26 @@ def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]
     try:
         for node, kernel in session.kernels():
             op = _op_name(node)
+            run = kernel.run
+            # The object whose method ``run`` is: the kernel itself, or the one a wrapper forwards to (the opencl
+            # plugin's dtype guard sets ``run`` to its inner kernel's bound method).
+            owner = getattr(run, "__self__", kernel)
             if native:
-                module = sys.modules.get(type(kernel).__module__)
-                package = _package(type(kernel).__module__)
+                module = sys.modules.get(type(owner).__module__)
+                package = _package(type(owner).__module__)
                 for name, value in list(vars(module).items()) if module else []:
                     if _is_extension(value) and _package(value.__name__) == package:
                         setattr(module, name, _NativeModule(value, clock))
                         undo.append(functools.partial(setattr, module, name, value))
                         found.add(value.__name__)
-                undo.append(functools.partial(_unwrap_objects, kernel))
-            wrap = functools.partial(_wrap_objects, kernel, clock, found) if native else None
-            kernel.run = _timed(type(kernel).run.__get__(kernel), op, clock, wrap)
-            undo.append(functools.partial(kernel.__dict__.pop, "run", None))
-            bind = getattr(type(kernel), "bind", None)
+                undo.append(functools.partial(_unwrap_objects, owner))
+            wrap = functools.partial(_wrap_objects, owner, clock, found) if native else None
+            undo.append(_restorer(kernel, "run"))
+            kernel.run = _timed(run, op, clock, wrap)
+            bind = getattr(kernel, "bind", None)
             if bind is not None:  # the replay calls what bind returns instead of run: time that
-                kernel.bind = _timed_bind(bind.__get__(kernel), op, clock, wrap)
-                undo.append(functools.partial(kernel.__dict__.pop, "bind", None))
+                undo.append(_restorer(kernel, "bind"))
+                kernel.bind = _timed_bind(bind, op, clock, wrap)
         session.invalidate_replay()  # re-record the steady-state run with the wrappers
         yield found
     finally:

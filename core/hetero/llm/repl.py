@@ -111,6 +111,25 @@ class ChatRepl:
         finally:
             self.input.save()
 
+    def drop_old_turns(self) -> None:
+        """Forget the oldest turns (the system message stays) while the conversation leaves less than a quarter of
+        the context for the reply, so that a long chat keeps going instead of failing on a full context."""
+        llm, dropped = self.llm, 0
+        if llm.template is None or llm.tokenizer is None:
+            return
+        while len(self.messages) > len(self.system) + 1:
+            text = llm.template.render(self.messages, add_generation_prompt=True, **self.template)
+            if len(llm.tokenize(text, add_special_tokens=False)) <= llm.context * 3 // 4:
+                break
+            first = len(self.system)
+            # a user message and the reply to it go together
+            count = 2 if self.messages[first + 1:first + 2] and self.messages[first + 1]["role"] != "user" else 1
+            del self.messages[first:first + count]
+            dropped += count
+        if dropped:
+            print(f"(the context of {llm.context} tokens is nearly full: the oldest {dropped} message(s) were "
+                  "dropped)", file=sys.stderr)
+
     def read_message(self) -> str | None:
         """One message: a line, lines joined by trailing backslashes, or a \"\"\" block; None at the end of input."""
         line = self.input.line(">>> ")
@@ -152,6 +171,7 @@ class ChatRepl:
 
     def answer(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
+        self.drop_old_turns()
         overrides = sampling(self.args)
         reply: list[str] = []
 
@@ -165,7 +185,7 @@ class ChatRepl:
         try:
             first = stream_out(kept(self.llm.chat(self.messages, self.args.max_new_tokens, stream=True,
                                                   stop=self.args.stop, template_kwargs=self.template,
-                                                  **overrides)), started)
+                                                  spec=self.loaded.spec, **overrides)), started)
         except KeyboardInterrupt:
             print("\n[stopped]", file=sys.stderr)
         except HeteroError as exc:  # e.g. the context is full: say so and keep the chat open

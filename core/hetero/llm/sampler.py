@@ -1,7 +1,10 @@
 """Choosing the next token from logits: penalties, then greedy or temperature + top-k / top-p / min-p sampling.
 
 Order (as transformers and llama.cpp apply them): repetition / presence / frequency penalties on the raw logits,
-temperature, top-k, top-p, min-p, then a draw from a seeded numpy Generator. temperature 0 means greedy.
+an additive ``logit_bias``, a grammar's mask (tokens that would break the output get -inf), temperature, top-k,
+top-p, min-p, then a draw from a seeded numpy Generator. temperature 0 means greedy. Log-probabilities, when asked
+for, are those of the distribution before temperature and truncation (after penalties, bias and mask), as the
+OpenAI API reports them.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -116,10 +119,38 @@ def _checked(settings: dict[str, Any], source: str) -> SamplingDefaults:
     return SamplingDefaults(settings, source)
 
 
+class Constraint(Protocol):
+    """What limits the tokens that may come next (``hetero.llm.grammar``): a mask, then the token chosen."""
+
+    def allowed(self, vocab_size: int) -> np.ndarray: ...  # bool [vocab_size]
+
+    def advance(self, token: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log-probability and the ``top`` most likely alternatives (id, logprob), best first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class Sampler:
-    def __init__(self, params: SamplingParams | None = None) -> None:
+    """Picks tokens with ``params``; ``logit_bias`` ({token id: added logit}), a ``constraint`` and log-probabilities
+    (``top_logprobs``: None for none, else how many alternatives; each choice goes to ``self.logprobs``)."""
+
+    def __init__(self, params: SamplingParams | None = None, *, logit_bias: Mapping[int, float] | None = None,
+                 constraint: Constraint | None = None, top_logprobs: int | None = None) -> None:
         self.params = params or SamplingParams()
         self.rng = np.random.default_rng(self.params.seed)
+        self.bias = _bias_arrays(logit_bias or {})
+        self.constraint = constraint
+        if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                         or top_logprobs < 0):
+            raise HeteroError(f"top_logprobs={top_logprobs!r}; expected None or an integer >= 0")
+        self.top_logprobs = top_logprobs
+        self.logprobs: list[TokenLogprob] = []
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         return self.sample(logits, history)
@@ -132,10 +163,51 @@ class Sampler:
         if not np.isfinite(x).any():
             raise HeteroError("the model produced no finite logit (NaN or inf everywhere): broken weights or "
                               "settings")
+        ids, values = self.bias
+        if ids.size:
+            keep = ids < x.size
+            x[ids[keep]] += values[keep]
+        if self.constraint is not None:
+            allowed = self.constraint.allowed(x.size)
+            if not allowed.any():
+                raise HeteroError("the grammar allows no next token (the output cannot be completed)")
+            x = np.where(allowed, x, -np.inf)
         if p.greedy:
-            return int(np.argmax(x))
-        probs = filtered_probs(x, p)
-        return int(self.rng.choice(probs.size, p=probs))
+            token = int(np.argmax(x))
+        else:
+            probs = filtered_probs(x, p)
+            token = int(self.rng.choice(probs.size, p=probs))
+        if self.top_logprobs is not None:
+            self.logprobs.append(_logprob(x, token, self.top_logprobs))
+        if self.constraint is not None:
+            self.constraint.advance(token)
+        return token
+
+
+def _bias_arrays(bias: Mapping[int, float]) -> tuple[np.ndarray, np.ndarray]:
+    ids, values = [], []
+    for key, value in bias.items():
+        if isinstance(key, bool) or not isinstance(key, int | np.integer) or key < 0:
+            raise HeteroError(f"logit_bias: key {key!r} is not a token id (an integer >= 0)")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise HeteroError(f"logit_bias: the bias of token {key} is {value!r}; expected a number in [-100, 100]")
+        ids.append(int(key))
+        values.append(float(value))
+    return np.asarray(ids, dtype=np.int64), np.asarray(values, dtype=np.float64)
+
+
+def _logprob(x: np.ndarray, token: int, top: int) -> TokenLogprob:
+    finite = np.isfinite(x)
+    shifted = x - np.max(x[finite])
+    log_total = np.log(np.sum(np.exp(shifted[finite])))
+    logprobs = np.where(finite, shifted - log_total, -np.inf)
+    best: tuple[tuple[int, float], ...] = ()
+    if top:
+        count = min(top, x.size)
+        order = np.argpartition(-logprobs, count - 1)[:count]
+        order = order[np.argsort(-logprobs[order], kind="stable")]
+        best = tuple((int(i), float(logprobs[i])) for i in order)
+    return TokenLogprob(token, float(logprobs[token]), best)
 
 
 def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:

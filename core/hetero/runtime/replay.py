@@ -98,7 +98,10 @@ class Replay:
         self.signature = signature
         self.outputs = outputs
         self._values: dict[Key, Tensor] = {}  # this run's feeds, fresh outputs and their views
-        fixed: dict[Key, Tensor] = {}
+        # Tensors made once: the replay's copies of the feeds and views of them, which a segment may pass on as an
+        # output that a later segment reads (a segment of one Unsqueeze between two others).
+        self._fixed: dict[Key, Tensor] = {}
+        fixed = self._fixed
         self._write = backend.write
         self._slots: list[tuple[str, Tensor]] = []  # (feed name, the replay's own buffer)
         for name, tensor in feeds.items():
@@ -166,7 +169,9 @@ class Replay:
         result = {}
         for name in wanted:
             found = self.outputs[name]
-            result[name] = found if isinstance(found, Tensor) else values[found]
+            if not isinstance(found, Tensor):
+                found = values[found] if found in values else self._fixed[found]
+            result[name] = found
         values.clear()  # the caller owns the outputs now
         return result
 

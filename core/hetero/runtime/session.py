@@ -4,10 +4,16 @@ Placement and segmenting happen once, at construction: each maximal run of nodes
 its backend compiles into a program (``Backend.compile``, else the core's ``executor.KernelProgram``). A run hands
 each program its inputs, copying a value only where the plan made at construction says it crosses memory domains
 (``explain()`` lists those copies), and downloads graph outputs that are left on a device.
+
+A session may be shared by threads: runs take turns on a per-session lock. What a run touches is the session's own
+mutable state — each program's arena (one buffer reused by every run of a signature), its prepared kernels (set per
+input shapes), its shape cache and its recorded replay — so two unlocked runs overwrote each other's intermediates
+(19 of 20 magika runs from 4 threads differed). Different sessions run concurrently (native kernels release the GIL).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -80,6 +86,7 @@ class Session:
         with phase("preparing kernels (repacking weights, building device programs)"):
             self.programs: list[Program] = [self._compile(edge, placed) for edge in self._edges]
         self._domains = {b.memory_domain for b in self.backends}
+        self._lock = threading.RLock()  # runs take turns: see the module's docstring
         self.load_seconds = time.perf_counter() - started
 
     def _node_info(self, node: Node) -> NodeInfo:
@@ -134,6 +141,10 @@ class Session:
 
     def run_tensors(self, feeds: dict[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
         """Like ``run`` but leaves outputs where they were computed (device tensors stay on their device)."""
+        with self._lock:
+            return self._run_tensors(feeds, outputs)
+
+    def _run_tensors(self, feeds: dict[str, Any], outputs: Sequence[str] | None) -> dict[str, Tensor]:
         wanted = list(outputs) if outputs is not None else self.graph.outputs
         for name in wanted:
             if name not in self.graph.outputs:
@@ -174,8 +185,16 @@ class Session:
 
     @property
     def memory_plan(self) -> ArenaPlan | None:
-        """The arena plan of the first segment that has one (every segment of a one-backend model is one)."""
-        return next((plan for p in self.programs if (plan := getattr(p, "memory_plan", None)) is not None), None)
+        """The arena plan of the first segment that has one (a one-backend model is one segment); every segment's
+        is in ``memory_plans``."""
+        return next((plan for _, plan in self.memory_plans), None)
+
+    @property
+    def memory_plans(self) -> list[tuple[str, ArenaPlan]]:
+        """(backend name, arena plan) of each segment planned so far, in run order (an arena per segment: each
+        lives in its own backend's memory)."""
+        return [(getattr(getattr(p, "backend", None), "name", "?"), plan) for p in self.programs
+                if (plan := getattr(p, "memory_plan", None)) is not None]
 
     def kernels(self) -> list[tuple[Node, Kernel]]:
         """(node, kernel) of every node run by a kernel (views excluded): for profilers."""
@@ -185,13 +204,15 @@ class Session:
     def invalidate_replay(self) -> None:
         """Forget the recorded steady-state runs (recorded again on the next planned run), e.g. after wrapping
         kernels' ``run`` for timing."""
-        for program in self.programs:
-            if isinstance(program, KernelProgram):
-                program.replay = None
+        with self._lock:
+            for program in self.programs:
+                if isinstance(program, KernelProgram):
+                    program.replay = None
 
     def close(self) -> None:
-        for backend in self.backends:
-            backend.close()
+        with self._lock:  # not under a running call
+            for backend in self.backends:
+                backend.close()
 
     def __enter__(self) -> Session:
         return self

@@ -28,9 +28,7 @@ import contextlib
 import importlib
 import json
 import os
-import select
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -40,9 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from hetero.contract.vendor_worker import LEN as _LEN
+from hetero.contract.vendor_worker import read_frame as _read_frame
+
 BAD_KINDS = ("raised", "crashed", "hung")
 STARTUP_TIMEOUT = 300.0  # seconds for a worker to import its target
-_LEN = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -155,27 +155,6 @@ class ChildRunner:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
-
-
-def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
-    """n bytes from fd, or None at the deadline; EOFError when the writer is gone."""
-    out = bytearray()
-    while len(out) < n:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
-        chunk = os.read(fd, n - len(out))
-        if not chunk:
-            raise EOFError
-        out += chunk
-    return bytes(out)
-
-
-def _read_frame(fd: int, deadline: float) -> bytes | None:
-    head = _read_exact(fd, _LEN.size, deadline)
-    if head is None:
-        return None
-    return _read_exact(fd, _LEN.unpack(head)[0], deadline)
 
 
 def selftest_target(case: bytes) -> None:

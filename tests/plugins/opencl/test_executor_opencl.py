@@ -107,3 +107,28 @@ def test_decode_step_replays_as_bound_native_launches():
     for a, b in zip(_decode(replayed, [1, 2, 3], [4, 5, 6]), _decode(interpreted, [1, 2, 3], [4, 5, 6]), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert program.replay is not None
+
+
+def test_the_decode_profiler_leaves_the_guarded_kernels_working():
+    """The profiler wraps each kernel's ``run`` whatever it is (the dtype guard's is its inner kernel's bound method,
+    an instance attribute) and puts exactly that back: the step still computes what it did."""
+    from hetero.llm.profile import profile_decode
+
+    llm = load_synthetic("tiny", "q4", backends=["opencl"], on_fallback="silent", context=64, progress=False)
+    prompt, tokens = [5, 17, 300, 2], [7, 411, 3]
+
+    def decode():
+        llm.reset()
+        llm.prefill(prompt)
+        return [llm.forward([t]).copy() for t in tokens]
+
+    def runs():
+        return [(getattr(k.run, "__func__", k.run), getattr(k.run, "__self__", None)) for _, k in llm.session.kernels()]
+
+    before, methods = decode(), runs()
+    result = profile_decode(llm, steps=4, prompt=4, warmup=2, rounds=2)
+    ops = {op.op: op for op in result.ops}
+    assert ops["QMatMul"].calls == 7 * llm.config.num_layers + 1
+    assert runs() == methods  # each kernel's own run is back, not a wrapper and not the guard's class default
+    for got, want in zip(decode(), before, strict=True):
+        np.testing.assert_array_equal(got, want)

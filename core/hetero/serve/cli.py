@@ -1,0 +1,54 @@
+"""``hetero serve MODEL``: the OpenAI-compatible server from the command line (flags as llama-server's where they
+overlap: -c, -t, -np, --host, --port, --alias)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..cli_parser import add_backend_option, add_command
+
+
+def add_serve_command(subparsers: Any) -> None:
+    p = add_command(subparsers, "serve", "serve an LLM over HTTP with the OpenAI API (/v1/chat/completions, "
+                    "/v1/completions, /v1/models, /health, /metrics); needs pip install 'hetero[serve]'", _cmd_serve)
+    p.add_argument("model", nargs="?", help="a .gguf file or a Hugging Face model folder")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="MODEL", help="same as the positional MODEL")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
+                   help="slots: requests answered at once, each with its own copy of the model and KV cache "
+                        "(memory grows with N; default 1)")
+    p.add_argument("--queue", type=int, default=16, metavar="N",
+                   help="requests that may wait for a slot; more are answered 429 (default 16)")
+    p.add_argument("--alias", default=None, help="the model id clients use (default: the model's name)")
+    p.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=int, default=4096, metavar="N",
+                   help="context length (KV cache) of each slot in tokens (default 4096)")
+    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="threads of the CPU backend (default: every core)")
+    p.add_argument("-q", "--quant", default=None, help="quantize float weights at load: q4 / q8")
+    p.add_argument("--kv-cache", default="f16", choices=["f16", "f32", "q8"], help="KV cache element type")
+    p.add_argument("--on-fallback", choices=["warn", "error", "silent"], default=None,
+                   help="nodes that leave the requested backends (default: silent)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default info: one line per request)")
+    add_backend_option(p)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from ..contract.errors import HeteroError
+    from ..llm.cli_generation import load_llm
+    from . import _require, run
+
+    _require()  # before minutes of loading
+    model = args.model_opt or args.model
+    if not model:
+        raise HeteroError("no model given: hetero serve MODEL (a .gguf file or a Hugging Face folder)")
+    if args.parallel < 1 or args.queue < 0:
+        raise HeteroError(f"-np {args.parallel} / --queue {args.queue}: expected at least one slot and a queue >= 0")
+    models = [load_llm(args, model).llm for _ in range(args.parallel)]
+    print(f"hetero serve: {models[0].name} on http://{args.host}:{args.port}/v1 ({args.parallel} slot(s), "
+          f"context {args.ctx}, queue {args.queue})", file=sys.stderr, flush=True)
+    run(models, host=args.host, port=args.port, log_level=args.log_level, name=args.alias, max_queue=args.queue)
+    return 0

@@ -1,0 +1,64 @@
+"""The server's Prometheus metrics (``GET /metrics``): requests, tokens, queue depth, busy slots, prefill and decode
+speed, time to first token, KV cache use. Each app has its own registry, so two servers in one process (tests) do
+not share counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+
+class Metrics:
+    def __init__(self, scheduler: Any) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("hetero_requests", "HTTP requests answered, by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("hetero_prompt_tokens", "Prompt tokens received", registry=r)
+        self.cached_tokens = Counter("hetero_prompt_cached_tokens",
+                                     "Prompt tokens whose K/V were reused from a slot's cache", registry=r)
+        self.generated_tokens = Counter("hetero_generated_tokens", "Tokens generated", registry=r)
+        self.prefill_seconds = Counter("hetero_prefill_seconds", "Time spent on prompts (to the first token)",
+                                       registry=r)
+        self.decode_seconds = Counter("hetero_decode_seconds", "Time spent generating after the first token",
+                                      registry=r)
+        self.prefill_speed = Gauge("hetero_prefill_tokens_per_second", "Prompt tokens computed per second, "
+                                   "last request", registry=r)
+        self.decode_speed = Gauge("hetero_decode_tokens_per_second", "Tokens generated per second, last request",
+                                  registry=r)
+        self.first_token = Histogram("hetero_time_to_first_token_seconds", "From a slot taking the request to its "
+                                     "first token", registry=r,
+                                     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        Gauge("hetero_queue_depth", "Requests waiting for a slot", registry=r).set_function(
+            lambda: scheduler.waiting)
+        Gauge("hetero_slots_busy", "Slots running a request", registry=r).set_function(lambda: scheduler.busy)
+        Gauge("hetero_slots", "Slots (models loaded)", registry=r).set(len(scheduler.models))
+        Gauge("hetero_kv_cache_tokens", "Tokens held in the slots' KV caches", registry=r).set_function(
+            scheduler.cache_tokens)
+        capacity = sum(m.context for m in scheduler.models)
+        Gauge("hetero_kv_cache_usage_ratio", "Share of the slots' KV cache positions in use", registry=r
+              ).set_function(lambda: scheduler.cache_tokens() / capacity)
+
+    def count(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+
+    def generation(self, timings: dict[str, Any]) -> None:
+        """A finished (or cancelled) generation's figures (``Usage.timings()``)."""
+        prompt, cached, generated = timings["prompt_n"], timings["prompt_cached"], timings["predicted_n"]
+        prefill, decode = timings["prompt_ms"] / 1e3, timings["predicted_ms"] / 1e3
+        self.prompt_tokens.inc(prompt)
+        self.cached_tokens.inc(cached)
+        self.generated_tokens.inc(generated)
+        self.prefill_seconds.inc(prefill)
+        self.decode_seconds.inc(decode)
+        self.first_token.observe(prefill)
+        if prefill > 0:
+            self.prefill_speed.set((prompt - cached) / prefill)
+        if decode > 0 and generated > 1:
+            self.decode_speed.set((generated - 1) / decode)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

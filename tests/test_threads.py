@@ -1,0 +1,115 @@
+"""One Session shared by threads gives exactly what sequential runs give (runs take turns on the session's lock);
+two sessions run side by side; a kernel that raises mid-run leaves the session usable."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hetero
+from hetero.contract.errors import BackendError
+from hetero.demo import tiny_cnn
+from hetero.runtime.executor import KernelProgram
+
+WORKING = [row.name for row in hetero.backends() if row.ok]
+
+
+def run_in_threads(work, count: int) -> list:
+    """``work(i)`` in ``count`` threads started together; their results in order, or the first exception raised."""
+    results: list = [None] * count
+    errors: list[BaseException] = []
+    start = threading.Barrier(count)
+
+    def body(i: int) -> None:
+        try:
+            start.wait()
+            results[i] = work(i)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _images(count: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(3)
+    # batches of different sizes: each run changes the shapes the kernels were prepared for
+    return [rng.normal(size=(1 + i % 3, 3, 32, 32)).astype(np.float32) for i in range(count)]
+
+
+@pytest.mark.parametrize("backend", WORKING)
+def test_one_session_from_threads_matches_sequential_runs_bit_for_bit(backend):
+    session = hetero.Session(tiny_cnn(), backends=[backend], on_fallback="silent")
+    images = _images(6)
+    want = [session.run({"image": x})["probs"] for x in images]
+
+    def work(i: int) -> list[np.ndarray]:
+        return [session.run({"image": images[(i + k) % len(images)]})["probs"] for k in range(4)]
+
+    for i, outs in enumerate(run_in_threads(work, 4)):
+        for k, got in enumerate(outs):
+            np.testing.assert_array_equal(got, want[(i + k) % len(images)])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("magika") is None, reason="magika is not installed (pip install magika)")
+def test_magika_from_threads_matches_sequential_runs_bit_for_bit():
+    import magika
+
+    model = Path(magika.__file__).parent / "models" / "standard_v3_3" / "model.onnx"
+    if not model.is_file():
+        pytest.skip(f"this magika has no {model.name} at {model.parent}")
+    session = hetero.Session(str(model), backends=["cpu"], on_fallback="silent")
+    name = session.input_names[0]
+    rng = np.random.default_rng(0)
+    feeds = [{name: rng.integers(0, 257, size=(1, 2048)).astype(np.int32)} for _ in range(4)]
+    want = [session.run(f) for f in feeds]
+
+    def work(i: int) -> list[dict[str, np.ndarray]]:
+        return [session.run(feeds[(i + k) % len(feeds)]) for k in range(3)]
+
+    for i, outs in enumerate(run_in_threads(work, 4)):
+        for k, got in enumerate(outs):
+            expected = want[(i + k) % len(feeds)]
+            for out in expected:
+                np.testing.assert_array_equal(got[out], expected[out])
+
+
+def test_two_sessions_in_two_threads_give_what_each_gives_alone():
+    sessions = [hetero.Session(tiny_cnn(seed=s), backends=["cpu"], on_fallback="silent") for s in (1, 2)]
+    images = _images(4)
+    alone = [[s.run({"image": x})["probs"] for x in images] for s in sessions]
+    together = run_in_threads(lambda i: [sessions[i].run({"image": x})["probs"] for x in images * 2], 2)
+    for i in (0, 1):
+        for k, got in enumerate(together[i]):
+            np.testing.assert_array_equal(got, alone[i][k % len(images)])
+
+
+def test_a_kernel_raising_mid_run_names_op_and_backend_and_leaves_the_session_usable():
+    session = hetero.Session(tiny_cnn(), backends=["cpu"], on_fallback="silent")
+    image = _images(1)[0]
+    want = session.run({"image": image})["probs"]
+    session.run({"image": image})  # recorded into the replay: the failure must also drop that
+    step = next(s for p in session.programs if isinstance(p, KernelProgram) for s in p.steps
+                if s.node.op_type == "MaxPool")
+    real_run = step.kernel.run
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("device lost")  # what a driver or a native kernel raises
+
+    step.kernel.run = failing  # type: ignore[method-assign]
+    session.invalidate_replay()  # the replay calls bound kernels directly; the interpreter path calls run()
+    with pytest.raises(BackendError, match=r"cpu: MaxPool node .pool1.: RuntimeError: device lost"):
+        session.run({"image": image})
+    step.kernel.run = real_run  # type: ignore[method-assign]
+    for _ in range(3):  # interpreted, planned and replayed runs all give the answer again
+        np.testing.assert_array_equal(session.run({"image": image})["probs"], want)
