@@ -28,7 +28,7 @@ from ..contract.graph import Graph, Node
 from ..contract.registry import OpSchema
 from ..contract.tensor import Tensor, TensorInfo, static_shape
 from .control import ControlFlow
-from .infer import infer_node
+from .infer import SHAPE_ONLY_OPS, infer_node
 from .memory import ArenaPlan, Lifetime, plan_arena
 from .replay import Recorder, Replay
 from .segments import outer_names
@@ -126,14 +126,28 @@ class KernelProgram:
         """Whether a run's work is fixed by its input shapes alone (so a recorded run can be re-issued)."""
         if not overrides(self.backend, "write"):
             return False  # the replay refills its own input buffers through write()
+        shape_fixed = self._shape_fixed()
         for step in self.steps:
             schema = step.schema
             if step.has_subgraph or schema.data_dependent:
                 return False
             for i in schema.value_inputs:
-                if i < len(step.node.inputs) and step.node.inputs[i] and i not in step.const_values:
+                if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
                     return False
         return True
+
+    def _shape_fixed(self) -> set[str]:
+        """Values decided by the segment's input shapes alone: initializers, Shape / Size outputs, and what
+        deterministic ops compute from those only (a Reshape's target built by Shape -> Gather -> Concat). The
+        replay is keyed on the input shapes, so for it these are constants."""
+        fixed = set(self._constants)
+        for step in self.steps:
+            node, schema = step.node, step.schema
+            if step.has_subgraph or schema.data_dependent or schema.nondeterministic:
+                continue
+            if node.op_key in SHAPE_ONLY_OPS or all(not name or name in fixed for name in node.inputs):
+                fixed.update(name for name in node.outputs if name)
+        return fixed
 
     # -- running ------------------------------------------------------------------------------------------------
     def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
