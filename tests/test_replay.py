@@ -114,7 +114,7 @@ def test_reshape_to_a_fed_shape_does_not_replay():
         assert session.run({"x": x, "shape": np.array(shape, np.int64)})["y"].shape == tuple(shape)
 
 
-REAL_MODELS = ["magika", "ppocr_mobile_cls", "silero_vad_openvino_16k"]
+REAL_MODELS = ["magika", "ppocr_mobile_cls", "silero_vad_openvino_16k", "silero_vad_16k_op15"]
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the cpu backend (hetero_cpu) is not built")
@@ -135,3 +135,68 @@ def test_real_models_replay_what_the_interpreter_computes(name):
         replayed = session.run(feeds)
         for key, value in interpreted.items():
             np.testing.assert_array_equal(replayed[key], value, err_msg=f"{name}: {key}")
+
+
+def _if_on_batch_model(then_nodes, then_out, else_nodes, else_out):
+    """y = If(x.shape[0] == 1, then, else) + 1: the condition follows from the input's shape."""
+    def branch(name, nodes, out):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Equal", ["n", "one"], ["single"]),
+        helper.make_node("If", ["single"], ["b"], then_branch=branch("then", then_nodes, then_out),
+                         else_branch=branch("else", else_nodes, else_out)),
+        helper.make_node("Add", ["b", "onef"], ["y"]),
+    ]
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 4])], [("y", TensorProto.FLOAT, None)],
+                      [("zero", np.array(0, np.int64)), ("one", np.array(1, np.int64)),
+                       ("onef", np.array(1.0, np.float32))])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_input_shapes_replays_and_switches_branch_with_the_shape(backend):
+    model = _if_on_batch_model([helper.make_node("Relu", ["x"], ["r"])], "r",
+                               [helper.make_node("Neg", ["x"], ["g"])], "g")
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    program = session.programs[0]
+    assert program.replayable
+    rng = np.random.default_rng(3)
+    replayed = []
+    for batch in (1, 1, 1, 1, 3, 3, 3, 1):
+        x = rng.normal(size=(batch, 4)).astype(np.float32)
+        replayed.append(program.replay is not None and program.replay.signature[0][1] == x.shape)
+        y = session.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, (np.maximum(x, 0) if batch == 1 else -x) + np.float32(1))
+    assert replayed == [False, False, True, True, False, False, True, False]  # one replay kept: the latest
+
+
+def test_an_if_on_fed_data_does_not_replay():
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "then", [],
+                             [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["g"])], "else", [],
+                              [helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])
+    model = make_model([helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)],
+                       [("x", TensorProto.FLOAT, [4]), ("flag", TensorProto.BOOL, [])],
+                       [("y", TensorProto.FLOAT, None)])
+    session = hetero.Session(model, backends=["reference"])
+    assert not session.programs[0].replayable
+    x = np.arange(4, dtype=np.float32) - 2
+    for flag in (True, True, True, False, True):
+        y = session.run({"x": x, "flag": np.array(flag)})["y"]
+        np.testing.assert_array_equal(y, np.maximum(x, 0) if flag else -x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_replayed_branch_whose_result_changes_shape_falls_back_to_the_interpreter(backend):
+    # the branch is fixed by the shape, but its result's length is not (NonZero): the replay must not reuse stale
+    # buffers of the recorded length
+    model = _if_on_batch_model(
+        [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Cast", ["nz"], ["r"], to=TensorProto.FLOAT)],
+        "r", [helper.make_node("Neg", ["x"], ["g"])], "g")
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    for values in ([1, 0, 2, 0], [1, 0, 2, 0], [1, 0, 2, 0], [1, 1, 1, 0], [0, 0, 0, 0], [3, 0, 0, 3]):
+        x = np.array([values], np.float32)
+        y = session.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, np.array(np.nonzero(x), np.float32) + 1)

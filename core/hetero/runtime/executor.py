@@ -30,7 +30,7 @@ from ..contract.tensor import Tensor, TensorInfo, static_shape
 from .control import ControlFlow
 from .infer import SHAPE_ONLY_OPS, infer_node
 from .memory import ArenaPlan, Lifetime, plan_arena
-from .replay import Recorder, Replay
+from .replay import Recorder, Replay, StaleReplay
 from .segments import outer_names
 
 # What a kernel raises (besides HeteroError) when a malformed model breaks one of its assumptions: re-raised as a
@@ -127,14 +127,23 @@ class KernelProgram:
         if not overrides(self.backend, "write"):
             return False  # the replay refills its own input buffers through write()
         shape_fixed = self._shape_fixed()
+        stateful = any(step.schema.stateful for step in self.steps)
         for step in self.steps:
             schema = step.schema
-            if step.has_subgraph or schema.data_dependent:
+            if (step.has_subgraph or schema.data_dependent) and (stateful or not self._fixed_branch(step, shape_fixed)):
                 return False
             for i in schema.value_inputs:
                 if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
                     return False
         return True
+
+    @staticmethod
+    def _fixed_branch(step: _Step, shape_fixed: set[str]) -> bool:
+        """An If whose condition follows from the input shapes takes the same branch every run of a signature: the
+        replay runs it through its kernel's ``run_dynamic`` (a check of its results' shapes drops the replay, and
+        re-running the interpreter is harmless only without stateful kernels, which the caller rules out)."""
+        return (step.node.op_key == ("", "If") and step.node.inputs[0] in shape_fixed
+                and hasattr(step.kernel, "run_dynamic"))
 
     def _shape_fixed(self) -> set[str]:
         """Values decided by the segment's input shapes alone: initializers, Shape / Size outputs, and what
@@ -155,7 +164,10 @@ class KernelProgram:
         signature = tuple((name, inputs[name].shape, inputs[name].dtype) for name in self._inputs)
         replay = self.replay
         if replay is not None and replay.signature == signature:
-            return replay.run(inputs, self._outputs)
+            try:
+                return replay.run(inputs, self._outputs)
+            except StaleReplay:  # a branch's results changed shape: interpret (and record again)
+                pass
         env = dict(inputs)
         planned = signature == self._plan_signature
         lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []
@@ -250,6 +262,9 @@ class KernelProgram:
             for name, out in zip(outputs, outs, strict=False):
                 if name:
                     env[name] = out
+            if recorder is not None:  # an If of a fixed branch (_can_replay)
+                outer = {name: env[name] for name in step.outer if name in env}
+                recorder.control(step.kernel, ins, outer, list(outs), self._control.runner, backend)
             return
         if key != step.key or schema.data_dependent:
             self._prepare(step, ins, key, run_subgraph)
