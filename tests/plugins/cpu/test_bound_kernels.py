@@ -38,14 +38,20 @@ def _chain_model():
         helper.make_node("Exp", ["gt"], ["y"]),
         helper.make_node("Expand", ["g", "big"], ["e"]),
         helper.make_node("Neg", ["e"], ["z"]),
+        helper.make_node("Pad", ["x", "pads"], ["px"]),
+        helper.make_node("ReduceMean", ["px"], ["rm"], axes=[1]),
+        helper.make_node("Less", ["rm", "zero"], ["lt"]),  # broadcast scalar
+        helper.make_node("Cast", ["lt"], ["v"], to=TensorProto.FLOAT),
     ]
     inits = [("w", rng.normal(size=(4, 3, 3, 3)).astype(f32)), ("b", rng.normal(size=4).astype(f32)),
              ("channel_bias", rng.normal(size=(4, 1, 1)).astype(f32)), ("lo", np.array(-0.5, f32)),
              ("hi", np.array(2.0, f32)), ("starts", np.array([1], np.int64)), ("ends", np.array([3], np.int64)),
              ("axes", np.array([3], np.int64)), ("flat", np.array([0, -1], np.int64)),
-             ("big", np.array([1, 4, 2, 2], np.int64))]
+             ("big", np.array([1, 4, 2, 2], np.int64)), ("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
+             ("zero", np.array(0.0, f32))]
     return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 3, 8, 8]), ("idx", TensorProto.INT64, [2])],
-                      [("y", TensorProto.FLOAT, ["N", 2]), ("z", TensorProto.FLOAT, ["N", 4, 2, 2])], inits)
+                      [("y", TensorProto.FLOAT, ["N", 2]), ("z", TensorProto.FLOAT, ["N", 4, 2, 2]),
+                       ("v", TensorProto.FLOAT, ["N", 10, 10])], inits)
 
 
 def _feeds(seed: int) -> dict[str, np.ndarray]:
@@ -60,13 +66,13 @@ def test_bound_calls_equal_the_interpreter_bit_for_bit():
     session.run(_feeds(0))  # planned and recorded
     replay = session.programs[0].replay
     assert replay is not None
-    # every kernel is bound: no entry left calling a kernel's run (the two writing graph outputs stay dynamic)
+    # every kernel is bound: no entry left calling a kernel's run (the three writing graph outputs stay dynamic)
     unbound = [c for c in replay.program if isinstance(c, functools.partial) and c.func.__name__ == "run"]
     assert not unbound, unbound
-    assert replay.bound >= 15
+    assert replay.bound >= 18
     for seed in (1, 2, 3):
         feeds = _feeds(seed)
         replayed = session.run(feeds)
         interpreted = hetero.Session(model, backends=["cpu"]).run(feeds)
-        for name in ("y", "z"):
+        for name in ("y", "z", "v"):
             np.testing.assert_array_equal(replayed[name], interpreted[name], err_msg=name)
