@@ -172,9 +172,11 @@ class Eagle3Drafter(FeatureDrafter):
     ``j + 1``) is known; ``draft`` extends it to the history given, then grows the tree from the last row."""
 
     def __init__(self, weights: Eagle3Weights, embed: Callable[[Sequence[int]], np.ndarray], *, num_layers: int,
-                 top_k: int = 4, max_draft: int = 6) -> None:
+                 top_k: int = 1, max_draft: int = 6) -> None:
         """``embed(ids) -> [T, hidden]``: the target's embedding table; ``num_layers``: the target's depth;
-        ``top_k``: children kept per tree level (1: a greedy chain); ``max_draft``: the tree's depth."""
+        ``top_k``: children kept per tree level; ``max_draft``: the tree's depth. The default ``top_k=1`` drafts
+        the greedy chain: while the target verifies one chain, a wider tree picked the same chain in every
+        measurement here (tests/fixtures/drafters, top_k 1-8) at up to twice the drafting time."""
         if top_k < 1 or max_draft < 1:
             raise HeteroError(f"Eagle-3 top_k={top_k}, max_draft={max_draft}; expected at least 1 each")
         self.max_draft = max_draft
