@@ -86,7 +86,7 @@ def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: 
               rng: random.Random) -> list[Sequence]:
     """Up to ``count`` sequences (or as many as ``seconds`` allow), each continued greedily for ``gen_tokens``."""
     data: list[Sequence] = []
-    started = time.perf_counter()
+    started = reported = time.perf_counter()
     for text in chunks(files, rng, args.prompt_tokens * 8):
         if time.perf_counter() - started > seconds or len(data) >= count:
             break
@@ -105,7 +105,8 @@ def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: 
         n = len(tokens)
         hidden = {layer: np.array(llm.hidden(layer, 0, n)) for layer in layers}
         data.append(Sequence(np.asarray(tokens), hidden, np.asarray(predicted), len(ids)))
-        if len(data) % 50 == 0:
+        if time.perf_counter() - reported > 30:
+            reported = time.perf_counter()
             print(f"  data: {len(data)} sequences, {sum(len(s.tokens) for s in data)} tokens, "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
     return data
@@ -156,6 +157,39 @@ class Curve:
         self.points.append(point)
         print(f"  {self.kind} {minutes:5.1f} min, step {steps}: loss {loss:.3f}, {mean:.2f} of {self.depth} drafts "
               f"accepted per verify step (rate {mean / self.depth:.1%}, {accepted.size} anchors)", flush=True)
+
+
+def resume(cls, folder: Path, config: dict):
+    """(config, model) of the drafter an earlier run wrote to ``folder`` (its config, and so its draft vocabulary,
+    wins), or a fresh one when there is none."""
+    if not (folder / "model.safetensors").is_file():
+        print(f"  --resume: nothing in {folder}, starting afresh", flush=True)
+        return config, cls(config)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    model = cls(config)
+    st = safetensors.SafetensorsModel(folder)
+    model.load_state_dict({name: torch.from_numpy(np.array(st.raw(name))) for name in st})
+    print(f"  resumed from {folder}", flush=True)
+    return config, model
+
+
+def save_data(path: Path, held: list[Sequence], train: list[Sequence]) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    for i, seq in enumerate(held + train):
+        arrays[f"{i}/tokens"], arrays[f"{i}/predicted"] = seq.tokens, seq.predicted
+        arrays[f"{i}/generated_from"] = np.asarray(seq.generated_from)
+        arrays.update({f"{i}/hidden{layer}": h for layer, h in seq.hidden.items()})
+    np.savez(path, held=np.asarray(len(held)), **arrays)
+
+
+def load_data(path: Path) -> tuple[list[Sequence], list[Sequence]]:
+    with np.load(path) as z:
+        count = 1 + max(int(k.split("/")[0]) for k in z.files if "/" in k)
+        seqs = [Sequence(z[f"{i}/tokens"], {int(k.split("hidden")[1]): z[k] for k in z.files
+                                            if k.startswith(f"{i}/hidden")},
+                         z[f"{i}/predicted"], int(z[f"{i}/generated_from"])) for i in range(count)]
+        held = int(z["held"])
+    return seqs[:held], seqs[held:]
 
 
 def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, seconds: float) -> Curve:
@@ -218,9 +252,13 @@ def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, args, s
          **layer_config(cfg, args.intermediate or cfg.hidden_size * 2), "draft_vocab_size": draft_vocab,
          "target_hidden_size": cfg.hidden_size,
          "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i + 1 for i in layers]}}
-    model = drafter_torch.Eagle3(c)
-    model.d2t.copy_(torch.from_numpy(keep - np.arange(draft_vocab)))
-    model.t2d[torch.from_numpy(keep)] = True
+    c, model = resume(drafter_torch.Eagle3, args.out / "eagle3", c) if args.resume else (c, drafter_torch.Eagle3(c))
+    if args.resume and (args.out / "eagle3").is_dir():
+        keep = (model.d2t + torch.arange(len(model.d2t))).numpy()  # the earlier run's draft vocabulary
+        draft_vocab = len(keep)
+    else:
+        model.d2t.copy_(torch.from_numpy(keep - np.arange(draft_vocab)))
+        model.t2d[torch.from_numpy(keep)] = True
     to_draft = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
     to_draft[torch.from_numpy(keep)] = torch.arange(draft_vocab)
     rng = random.Random(args.seed)
@@ -295,7 +333,7 @@ def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
          **layer_config(cfg, args.intermediate or cfg.intermediate_size), "num_target_layers": cfg.num_layers,
          "block_size": block,
          "dflash_config": {"block_size": block, "mask_token_id": mask_id, "target_layer_ids": layers}}
-    model = drafter_torch.DFlash(c)
+    c, model = resume(drafter_torch.DFlash, args.out / "dflash", c) if args.resume else (c, drafter_torch.DFlash(c))
     weights = 0.85 ** torch.arange(block - 1, dtype=torch.float32)  # early positions decide acceptance
     rng = random.Random(args.seed + 1)
     usable = [seq for seq in train if dflash_anchors(seq, block, generated=False)]
@@ -341,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                "the target's)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-every", type=float, default=2.0, help="minutes between acceptance measurements")
+    p.add_argument("--data", type=Path, help="an .npz of sequences: read if it exists (this run adds to it), "
+                                             "written after making data (runs can share what a slow target made)")
+    p.add_argument("--resume", action="store_true", help="continue training the drafters already in --out")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
@@ -364,11 +405,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target: {llm.name}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
           f"hidden states of layers {layers}", flush=True)
     data_started = time.perf_counter()
-    held = make_data(llm, layers, files, budget * args.data_share / 2, args.held_out, args.gen_tokens, args, rng)
+    held, train = load_data(args.data) if args.data is not None and args.data.is_file() else ([], [])
+    if held or train:
+        print(f"data: {len(train)} + {len(held)} sequences from {args.data}", flush=True)
+    else:
+        held = make_data(llm, layers, files, budget * args.data_share / 2, args.held_out, args.gen_tokens, args, rng)
     train_gen = args.gen_tokens if args.train_gen_tokens < 0 else args.train_gen_tokens
-    train = make_data(llm, layers, files, budget * args.data_share - (time.perf_counter() - data_started), 1 << 30,
-                      train_gen, args, rng)
+    train += make_data(llm, layers, files, budget * args.data_share - (time.perf_counter() - data_started), 1 << 30,
+                       train_gen, args, rng)
     llm.close()
+    if args.data is not None:
+        save_data(args.data, held, train)
     if not held or not train:
         p.error(f"only {len(held)} held-out and {len(train)} training sequences made: raise --minutes")
     data = held + train

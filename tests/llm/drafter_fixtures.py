@@ -23,11 +23,11 @@ def eagle_config(hidden: int = 64, vocab: int = 320, draft_vocab: int = 96, targ
 
 
 def dflash_config(hidden: int = 64, vocab: int = 320, layers: int = 2, block: int = 6,
-                  target_layers: tuple[int, ...] = (0, 1)) -> dict:
+                  target_layers: tuple[int, ...] = (0, 1), target_depth: int = 2) -> dict:
     return {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
             "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
             "num_hidden_layers": layers, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": vocab,
-            "num_target_layers": 2, "block_size": block,
+            "num_target_layers": target_depth, "block_size": block,
             "dflash_config": {"mask_token_id": vocab - 1, "target_layer_ids": list(target_layers)}}
 
 

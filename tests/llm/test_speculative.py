@@ -193,3 +193,23 @@ def test_lookahead_drafts_what_followed_the_latest_match():
     assert la.draft([1, 2, 3, 4, 1, 2, 3, 4, 6], 3) == []  # "4 6" never seen: no draft
     assert la.draft([5, 6, 5, 6], 2) == [5, 6]  # another history: the index starts again
     assert Draft([1]).probs is None
+
+
+def test_generate_and_bench_commands_with_spec(capsys):
+    _backend("cpu")
+    from hetero.cli import main
+
+    text = "def f(x): return x + 1\ndef g(x): return x + 1\ndef f(x): return"
+    assert main(["generate", str(FIXTURES / "qwen3"), "-p", text, "-n", "24", "--temp", "0", "-b", "cpu"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["generate", str(FIXTURES / "qwen3"), "-p", text, "-n", "24", "--temp", "0", "-b", "cpu",
+                 "--spec", "lookahead", "--spec-draft", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain
+    assert "drafts accepted" in captured.err
+    assert main(["bench", "-m", str(FIXTURES / "qwen3"), "--spec", "lookahead", "-n", "8", "-r", "1", "-t", "1",
+                 "-c", "1024", "-b", "cpu"]) == 0
+    table = capsys.readouterr().out
+    assert "| lookahead | code | 8 |" in table and "| lookahead | chat | 8 |" in table and "| NO |" not in table
+    assert main(["generate", str(FIXTURES / "qwen3"), "-p", "x", "-n", "2", "--spec", "medusa:/x"]) != 0
+    assert "unknown drafter 'medusa:/x'" in capsys.readouterr().err

@@ -8,11 +8,11 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from .serve_models import load_model
-
 import hetero.llm
+
+from .serve_models import load_model
 
 
 @pytest.fixture(scope="module")
 def llm() -> hetero.llm.Llm:
-    return load_model()
+    return load_model(embeddings=True)

@@ -13,6 +13,7 @@ for _module in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
 from .serve_harness import running  # noqa: E402
 from .serve_models import load_model  # noqa: E402
 

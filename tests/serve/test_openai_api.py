@@ -28,6 +28,8 @@ def test_a_chat_completion_is_an_openai_object(llm):
     prompt = llm.tokenize(llm.template.render(HI, add_generation_prompt=True), add_special_tokens=False)
     assert usage["prompt_tokens"] == len(prompt) and usage["completion_tokens"] == 5
     assert usage["total_tokens"] == usage["prompt_tokens"] + 5
+    timings = r["timings"]  # the first token's time splits prefill from decode
+    assert timings["predicted_n"] == 5 and timings["prompt_ms"] > 0 and timings["predicted_ms"] > 0
 
 
 def test_streamed_chunks_add_up_to_the_whole_reply(llm):
@@ -140,3 +142,26 @@ def test_bad_requests_are_hetero_errors(llm):
         llm.create_chat_completion([{"content": "no role"}])
     with pytest.raises(HeteroError, match="top_logprobs=21"):
         llm.create_chat_completion(HI, logprobs=True, top_logprobs=21)
+
+
+def test_embed_is_the_hidden_state_the_lm_head_reads(llm):
+    from hetero.llm import safetensors
+
+    from .serve_models import MODEL
+
+    table = safetensors.SafetensorsModel(MODEL).float32("model.embed_tokens.weight")  # tied LM head
+    ids = llm.tokenize("a short text")
+    vector = llm.embed(ids)
+    assert vector.shape == (llm.config.hidden_size,) and np.linalg.norm(vector) == pytest.approx(1, abs=1e-6)
+    llm.reset()
+    logits = np.asarray(llm.prefill(ids)[-1], dtype=np.float64)
+    projected = table.astype(np.float64) @ vector  # the logits, divided by the hidden state's norm
+    scale = float(projected @ logits / (projected @ projected))
+    np.testing.assert_allclose(projected * scale, logits, rtol=1e-4, atol=1e-4 * np.abs(logits).max())
+
+
+def test_embed_needs_a_model_loaded_for_it():
+    from .serve_models import load_model
+
+    with pytest.raises(HeteroError, match="not loaded for embeddings"):
+        load_model(context=32).embed("x")

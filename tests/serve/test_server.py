@@ -9,6 +9,7 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 
 for _module in ("starlette", "uvicorn", "pydantic", "prometheus_client"):
@@ -149,6 +150,8 @@ def test_a_full_queue_is_429_and_a_disconnect_frees_the_slot():
         assert scheduler.busy == 0 and scheduler.waiting == 0
         generated = len(llm.tokens)
         assert generated < 3000  # the cancelled one stopped long before its 3000 tokens
+        status, body = server.post("/v1/embeddings", {"input": "x"})  # loaded without embeddings=True
+        assert status == 400 and body["error"]["code"] == "embeddings_disabled"
 
 
 def test_concurrent_clients_each_get_their_own_answer(server, llm):
@@ -166,3 +169,16 @@ def test_concurrent_clients_each_get_their_own_answer(server, llm):
     for t in threads:
         t.join(timeout=120)
     assert got == want
+
+
+def test_embeddings_are_the_models_pooled_hidden_states(client, llm):
+    r = client.embeddings.create(model="tiny", input=["hello world", "goodbye"])
+    assert [d.index for d in r.data] == [0, 1] and r.usage.prompt_tokens > 0
+    want = llm.embed("goodbye")
+    got = np.asarray(r.data[1].embedding)
+    assert got.shape == (llm.config.hidden_size,) and np.linalg.norm(got) == pytest.approx(1, abs=1e-5)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    short = client.embeddings.create(model="tiny", input="goodbye", dimensions=8, encoding_format="float")
+    assert len(short.data[0].embedding) == 8
+    with pytest.raises(pytest.importorskip("openai").BadRequestError):
+        client.embeddings.create(model="tiny", input="x", dimensions=10_000)

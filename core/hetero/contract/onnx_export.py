@@ -62,7 +62,7 @@ def onnx_nodes(node: Node, weights: dict[str, np.ndarray]) -> list[Any]:
         if len(node.inputs) > 2:
             nodes.append(helper.make_node("Add", [product, node.inputs[2]], [mid], name=f"{node.name}/bias"))
     else:
-        raise ValueError(f"{node.label()}: no standard ONNX form of hetero.{node.op_type}")
+        raise BackendError(f"{node.label()}: no standard ONNX form of hetero.{node.op_type}")
     if has_activation:
         nodes += _activation_nodes(node, mid, out, weights)
     return nodes
@@ -86,8 +86,8 @@ def segment_to_onnx(segment: Segment, *, producer: str = "hetero", opset: int | 
         return helper.make_tensor_value_info(name, info.dtype.onnx_type, list(info.shape or ()))
 
     used = {name for n in nodes for name in n.input}
-    initializers = [numpy_helper.from_array(np.asarray(weights[name]), name) for name in sorted(weights)
-                    if name in used]
+    initializers = [numpy_helper.from_array(np.asarray(weights[name]), name)
+                    for name in sorted(weights) if name in used]
     onnx_graph = helper.make_graph(nodes, f"hetero_segment_{segment.index}", [value(n) for n in graph.inputs],
                                    [value(n) for n in graph.outputs], initializers)
     domains = {"": opset or graph.opset("")} | {d: v for d, v in graph.opsets.items() if d not in ("", HETERO_DOMAIN)}

@@ -28,7 +28,8 @@ def load_llm(args: argparse.Namespace, model: str) -> Loaded:
     started = time.perf_counter()
     with progress.phase(f"loading {Path(model).name}"):
         llm = load(model, backends=backends_of(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
-                   quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True)  # (terminal only)
+                   quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True,  # (terminal only)
+                   embeddings=getattr(args, "embeddings", False))
         spec = None
         if getattr(args, "spec", None):
             from .speculative.registry import speculation

@@ -100,7 +100,8 @@ class Llm:
                  backends: Sequence[str] | str | None = None, on_fallback: str = "warn", threads: int | None = None,
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
                  kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
-                 template: ChatTemplate | None = None, hidden_layers: Sequence[int] = ()) -> None:
+                 template: ChatTemplate | None = None, hidden_layers: Sequence[int] = (),
+                 embeddings: bool = False) -> None:
         check_options(context, prefill_chunk, kv_cache)
         self.config = config
         self.tokenizer = tokenizer
@@ -121,6 +122,10 @@ class Llm:
         self._session_args: dict[str, Any] = {"backends": backends, "on_fallback": on_fallback, "threads": threads}
         self._graph = graph
         self._expose(self._layer_indices(hidden_layers))
+        # embed() reads the final norm's output; as a graph output it is a fresh array every step (not an arena
+        # slot, so decode's replay cannot bind its kernel): only models loaded for embeddings pay for it
+        self._final_norm = _expose_final_norm(graph) if embeddings else None
+        self._last_hidden: np.ndarray | None = None  # the final norm's output of the last step (embed())
         self.session = Session(graph, **self._session_args)
         self.tokens: list[int] = []  # the tokens whose K/V the cache holds, in order
         self.stats = Stats()
@@ -216,9 +221,12 @@ class Llm:
         self._mapped.check()
         feeds = {INPUT_IDS: np.asarray(ids, dtype=np.int64), PAST_LEN: np.asarray(past, dtype=np.int64)}
         names = {layer: self._layer_outputs[layer] for layer in self.hidden_layers}
-        out = self.session.run(feeds, [LOGITS, *names.values()])
+        extra = [self._final_norm] if self._final_norm is not None else []
+        out = self.session.run(feeds, [LOGITS, *names.values(), *extra])
         for layer, name in names.items():
             self._store_hidden(layer, past, out[name])
+        if self._final_norm is not None:
+            self._last_hidden = out[self._final_norm]
         self.tokens.extend(ids)
         return out[LOGITS]
 
@@ -339,6 +347,26 @@ class Llm:
             logits = self.forward(rest[start:start + step])  # the one step every path takes
         stats.prefill_seconds = time.perf_counter() - started
         return logits
+
+    @property
+    def embeddings(self) -> bool:
+        """Whether ``embed`` works (the model was loaded with ``embeddings=True``)."""
+        return self._final_norm is not None
+
+    def embed(self, prompt: str | Sequence[int]) -> np.ndarray:
+        """An embedding of ``prompt``: its last token's hidden state after the final norm, L2-normalised (last-token
+        pooling, as Qwen3-Embedding models are read). The cache then holds the prompt, as after ``prefill``."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else _token_ids(prompt)
+        with self._lock:
+            if self._final_norm is None:
+                raise HeteroError(f"model {self.name!r} was not loaded for embeddings",
+                                  hint="hetero.llm.load(..., embeddings=True); hetero serve --embeddings")
+            self._owner = None
+            self._prefill(ids, Stats())
+            assert self._last_hidden is not None
+            vector = np.asarray(self._last_hidden, dtype=np.float32).reshape(-1, self.config.hidden_size)[-1]
+        norm = float(np.linalg.norm(vector))
+        return vector / norm if norm > 0 else vector
 
     # -- generation -----------------------------------------------------------------------------------------------
     @property
@@ -461,6 +489,16 @@ class Llm:
 
     def __repr__(self) -> str:
         return f"<Llm {self.name} context={self.context} cached={len(self.tokens)}>"
+
+
+def _expose_final_norm(graph: Graph) -> str | None:
+    """Make the final norm's output (the hidden state the LM head reads) a graph output, for ``embed``."""
+    node = next((n for n in graph.nodes if n.name == "final_norm"), None)
+    if node is None or not node.outputs:
+        return None
+    if node.outputs[0] not in graph.outputs:
+        graph.outputs.append(node.outputs[0])
+    return node.outputs[0]
 
 
 def _token_ids(ids: Sequence[int]) -> list[int]:

@@ -56,6 +56,19 @@ class Usage:
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
+class _TimedSampler(Sampler):
+    """A sampler that notes when it chose its first token: the time to first token, even when the first text
+    piece is held back (an unfinished UTF-8 sequence, a possible stop string, a model without a tokenizer)."""
+
+    first_token_at: float | None = None
+
+    def sample(self, logits: Any, history: Sequence[int] = ()) -> int:
+        token = super().sample(logits, history)
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        return token
+
+
 @dataclass
 class _Request:
     """One generation: its prompt ids, sampler, record; the text pieces come from ``pieces()``."""
@@ -63,7 +76,7 @@ class _Request:
     llm: Any
     ids: list[int]
     max_tokens: int
-    sampler: Sampler
+    sampler: _TimedSampler
     stop: list[str]
     record: Generation = field(default_factory=Generation)
     usage: Usage = field(default_factory=Usage)
@@ -75,23 +88,18 @@ class _Request:
         decode = (lambda t: llm.detokenize(t, skip_special_tokens=True)) if llm.tokenizer is not None \
             else (lambda t: "")
         started = time.perf_counter()
-        first: float | None = None
         stream = generate_stream(llm, self.ids, self.max_tokens, self.sampler, self.stop, llm.eos_ids, record, decode)
         try:
             for piece in stream:
-                if first is None:
-                    first = time.perf_counter()
-                    self.usage.prefill_seconds = first - started
                 self.usage.completion_tokens = len(record.tokens)
                 yield piece
         finally:
             stream.close()  # a client gone: the loop stops, the cache stays consistent
             self.usage.completion_tokens = len(record.tokens)
             end = time.perf_counter()
-            if first is None:
-                self.usage.prefill_seconds = end - started
-            else:
-                self.usage.decode_seconds = end - first
+            first = self.sampler.first_token_at or end
+            self.usage.prefill_seconds = first - started
+            self.usage.decode_seconds = end - first
 
     @property
     def finish_reason(self) -> str:
@@ -130,7 +138,7 @@ def _prepare(llm: Any, ids: list[int], *, max_tokens: int | None, stop: Any, log
         raise HeteroError(f"top_logprobs={logprobs}; expected 0 to {MAX_TOP_LOGPROBS}")
     params = llm.sampling_params(**{k: v for k, v in sampling.items() if k in _SAMPLING})
     bias = {_token_key(k): v for k, v in (logit_bias or {}).items()}
-    sampler = Sampler(params, logit_bias=bias, constraint=constraint, top_logprobs=logprobs)
+    sampler = _TimedSampler(params, logit_bias=bias, constraint=constraint, top_logprobs=logprobs)
     return _Request(llm, ids, max_tokens, sampler, stops)
 
 

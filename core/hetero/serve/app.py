@@ -7,6 +7,7 @@ code (the traceback goes to the server's log, never to the client).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -14,6 +15,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -52,6 +54,7 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
     model_id = name or models[0].name
     started = int(time.time())
     first = models[0]
+    embeddings_enabled = all(m.embeddings for m in models)
 
     async def read_body(request: Request, schema: type[BaseModel]) -> Any:
         declared = request.headers.get("content-length")
@@ -128,8 +131,30 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
 
     async def embeddings(request: Request) -> Response:
         body: EmbeddingRequest = await read_body(request, EmbeddingRequest)
-        raise ApiError(501, "embeddings are not available from this server yet", code="not_implemented",
-                       param=f"input ({len(body.input)} item(s))")
+        inputs = body.inputs()
+        if not embeddings_enabled:
+            raise ApiError(400, "this server does not compute embeddings: start it with --embeddings",
+                           code="embeddings_disabled", param="input")
+        if body.dimensions is not None and body.dimensions > first.config.hidden_size:
+            raise ApiError(400, f"dimensions={body.dimensions}; this model's embeddings have "
+                           f"{first.config.hidden_size}", param="dimensions")
+
+        def work(llm: Any) -> Iterator[Any]:
+            yield [(llm.embed(item), len(llm.tokenize(item)) if isinstance(item, str) else len(item))
+                   for item in inputs]
+
+        events = scheduler.run(work)
+        try:
+            vectors = await anext(events)
+        finally:
+            await events.aclose()
+        data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.dimensions, body.encoding_format)}
+                for i, (v, _) in enumerate(vectors)]
+        tokens = sum(n for _, n in vectors)
+        metrics.prompt_tokens.inc(tokens)
+        metrics.count("embeddings", 200)
+        return JSONResponse({"object": "list", "data": data, "model": model_id,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     async def list_models(request: Request) -> Response:
         metrics.count("models", 200)
@@ -207,6 +232,18 @@ async def _sse(first: Any, events: AsyncGenerator[Any, None]) -> AsyncIterator[b
 
 def _event(data: Any) -> bytes:
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _encode(vector: Any, dimensions: int | None, encoding: str) -> Any:
+    """An embedding as OpenAI sends it: truncated to ``dimensions`` and normalised again (Matryoshka-style), as
+    floats or as base64 of little-endian float32."""
+    if dimensions is not None:
+        vector = vector[:dimensions]
+        norm = float(np.linalg.norm(vector))
+        vector = vector / norm if norm > 0 else vector
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+    return [float(x) for x in vector]
 
 
 def _model_card(model_id: str, created: int, llm: Any) -> dict[str, Any]:

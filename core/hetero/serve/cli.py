@@ -23,6 +23,8 @@ def add_serve_command(subparsers: Any) -> None:
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="requests that may wait for a slot; more are answered 429 (default 16)")
     p.add_argument("--alias", default=None, help="the model id clients use (default: the model's name)")
+    p.add_argument("--embeddings", action="store_true",
+                   help="answer /v1/embeddings (the last token's final hidden state; costs a little per step)")
     p.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=int, default=4096, metavar="N",
                    help="context length (KV cache) of each slot in tokens (default 4096)")
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N",

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP = 4
 MAX_TOKENS = 1 << 20
+MAX_EMBEDDING_INPUTS = 256
 
 
 class _Body(BaseModel):
@@ -113,3 +114,20 @@ class EmbeddingRequest(_Body):
     input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if len(value) > MAX_EMBEDDING_INPUTS:
+                raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs")
+            if any(isinstance(v, str | list) and len(v) == 0 for v in value):
+                raise ValueError("an input is empty")
+        return value
+
+    def inputs(self) -> list[str | list[int]]:
+        """Each text or token-id list to embed (one token-id list is one input, as OpenAI reads it)."""
+        if isinstance(self.input, str):
+            return [self.input]
+        items: list[Any] = list(self.input)
+        return [items] if items and isinstance(items[0], int) else items

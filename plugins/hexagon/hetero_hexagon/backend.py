@@ -54,8 +54,9 @@ class HtpProgram:
         self.backend = backend
         self.runtime = QnnRuntime.shared()
         self.model = segment_to_onnx(segment, producer="hetero-hexagon")
-        self.context = (f"segment {segment.index} ({len(segment.nodes)} nodes) on the HTP "
-                        f"{backend.device.properties.get('mode', '')} ({backend.htp.precision}, soc {backend.htp.soc_model})")
+        mode = backend.device.properties.get("mode", "")
+        self.context = (f"segment {segment.index} ({len(segment.nodes)} nodes) on the HTP {mode} "
+                        f"({backend.htp.precision}, soc {backend.htp.soc_model})")
         self.calibration = self._calibration(segment) if backend.htp.precision == "int8" else None
         self._load()
 

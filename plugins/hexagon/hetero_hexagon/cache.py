@@ -1,18 +1,16 @@
-"""Where hetero-hexagon keeps what it builds: ``$HETERO_CACHE_DIR/hexagon`` (default ``~/.cache/hetero/hexagon``)."""
+"""Where hetero-hexagon keeps what it builds: ``$HETERO_CACHE_DIR/hexagon`` (default ``~/.cache/hetero/hexagon``),
+named by content."""
 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
+
+from hetero.contract import vendor_worker
 
 
 def cache_root() -> Path:
-    base = os.environ.get("HETERO_CACHE_DIR")
-    if base:
-        return Path(base) / "hexagon"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "hetero" / "hexagon"
+    return vendor_worker.cache_root() / "hexagon"
 
 
 def content_key(*parts: bytes | str) -> str:

@@ -4,7 +4,24 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hetero.contract import Device, Factory
+from hetero.contract import BackendUnavailable, Device, Factory
+
+
+def hvx_mode() -> str:
+    """Where the HVX kernels can run here: a cDSP through FastRPC, qemu-hexagon (tests only), or nowhere."""
+    from .fastrpc import open_library
+    from .hvx_qemu import find_toolchain
+
+    try:
+        open_library()
+        return "fastrpc"
+    except BackendUnavailable:
+        pass
+    try:
+        find_toolchain()
+        return "qemu-hexagon (tests)"
+    except BackendUnavailable:
+        return "none (no libcdsprpc.so, no clang/lld/qemu-user)"
 
 
 class HexagonFactory(Factory):
@@ -13,14 +30,14 @@ class HexagonFactory(Factory):
     priority: ClassVar[int] = 70
 
     def probe(self) -> list[Device]:
-        from .qnn import QNN_ENV, SOC_ARCH, DEFAULT_SOC_MODEL, mode
+        from .qnn import DEFAULT_SOC_MODEL, SOC_ARCH, check_toolkit, mode
 
-        version = QNN_ENV.check()  # BackendUnavailable with the setup command when the venv is absent or broken
+        version = check_toolkit()  # BackendUnavailable with the fix when the venv is absent, broken or mismatched
         current = mode()
         self.priority = 10 if current == "device" else 70  # type: ignore[misc]  # set per probe, as opencl does
         return [Device("htp", kind="npu", vendor="Qualcomm", properties={
             "mode": current,
-            "version": f"onnxruntime-qnn {version}",
+            "version": f"onnxruntime-qnn {version}; HVX kernels: {hvx_mode()}",
             "soc_model": DEFAULT_SOC_MODEL,
             "htp_arch": SOC_ARCH[DEFAULT_SOC_MODEL],
         })]

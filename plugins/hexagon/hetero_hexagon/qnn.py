@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetero.contract import BackendUnavailable
 from hetero.contract.vendor_worker import VendorEnv, VendorWorker
 
 from .cache import cache_root, content_key
@@ -38,6 +39,19 @@ QNN_ENV = VendorEnv(
     base_pythons=("python3.11",),
     python_tag="3.11",  # the onnxruntime-qnn wheels are cp311
 )
+
+
+def check_toolkit() -> str:
+    """The venv's onnxruntime-qnn version when it is the one this plugin was verified with, else
+    ``BackendUnavailable`` saying what is there and how to replace it."""
+    version = QNN_ENV.check()
+    wanted = QNN_PACKAGE.split("==")[1]
+    if version.split(".")[:2] != wanted.split(".")[:2]:
+        raise BackendUnavailable(
+            f"onnxruntime-qnn {version} in {QNN_ENV.path}; hetero-hexagon's op table was verified with {wanted}",
+            hint=f"recreate the environment: {SETUP_COMMAND} --force",
+        )
+    return version
 
 
 def mode() -> str:
@@ -74,7 +88,7 @@ class QnnRuntime:
     def shared(cls) -> QnnRuntime:
         with cls._lock:
             if cls._shared is None:
-                version = QNN_ENV.check()
+                version = check_toolkit()
                 cls._shared = cls(QNN_ENV.python)
                 cls._shared.version = version
             return cls._shared

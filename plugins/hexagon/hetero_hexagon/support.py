@@ -37,7 +37,8 @@ def _always(node: NodeInfo) -> Support:
 
 # op (ONNX domain) -> extra condition. Not here because QNN 2.51's HTP refused them: Erf, Acos, Asin, Softsign,
 # ReduceProd (Mish: onnxruntime 1.32 has no schema for it at opset 17).
-ONNX_OPS: dict[str, Callable[[NodeInfo], Support]] = {op: _always for op in (
+Check = Callable[[NodeInfo], Support]
+ONNX_OPS: dict[str, Check] = {op: _always for op in (
     "Abs", "Add", "Atan", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Conv", "ConvTranspose",
     "Cos", "DepthToSpace", "Div", "Elu", "Equal", "Exp", "Expand", "Flatten", "Floor", "Gather", "Gelu",
     "GlobalAveragePool", "GlobalMaxPool", "Greater", "HardSigmoid", "HardSwish", "InstanceNormalization",
@@ -45,15 +46,16 @@ ONNX_OPS: dict[str, Callable[[NodeInfo], Support]] = {op: _always for op in (
     "Pow", "PRelu", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape", "Resize",
     "Round", "Selu", "Sigmoid", "Sign", "Sin", "Slice", "Softmax", "Softplus", "SpaceToDepth", "Sqrt", "Squeeze",
     "Sub", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where",
-)} | {"Gemm": _gemm}
-HETERO_OPS: dict[str, Callable[[NodeInfo], Support]] = {"FusedConv": _fused, "FusedMatMul": _fused}
+)}
+ONNX_OPS["Gemm"] = _gemm
+HETERO_OPS: dict[str, Check] = {"FusedConv": _fused, "FusedMatMul": _fused}
 
 
 def htp_supports(node: NodeInfo) -> Support:
     table = HETERO_OPS if node.domain == HETERO_DOMAIN else ONNX_OPS if node.domain == "" else {}
     check = table.get(node.op_type)
     if check is None:
-        return unsupported(f"{node.op_type} is not in the HTP op table (QNN's HTP does not take it, or it is unverified)")
+        return unsupported(f"{node.op_type} is not in the HTP op table (QNN's HTP refuses it, or it is unverified)")
     for info in [*node.inputs, *node.outputs]:
         if info is None:
             continue

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hetero.contract import Device, HostMemory, KernelTableBackend
+from hetero.contract import Device, HostMemory, KernelTableBackend, Tensor
 
 from .kernels import KERNELS
 from .plan import Dispatch
@@ -45,6 +45,10 @@ class MetalBackend(HostMemory, KernelTableBackend):
             self.queue.wait()  # the previous buffer may still be read by queued work
             buf = self._scratch[slot] = np.empty(max(int(count), 1), dtype=dtype)
         return buf[:count]
+
+    def download(self, tensor: Tensor) -> np.ndarray:
+        self.queue.wait()  # the host reads the array the GPU writes
+        return super().download(tensor)
 
     def synchronize(self) -> None:
         self.queue.wait()

@@ -62,7 +62,7 @@ class MetalFactory(Factory):
             # The emulator is the CPU, and slow: asked for by name, never chosen over the cpu backend.
             self.priority = 90  # type: ignore[misc]  # set per probe
             return [emulator_device()]
-        self.priority = 20  # type: ignore[misc]
+        self.priority = 20  # type: ignore[misc]  # set per probe
         return metal_devices()
 
     def create(self, device: Device, options: dict[str, Any] | None = None) -> Backend:

@@ -1,6 +1,8 @@
 """The GPU queue (macOS): compiles each kernel family once per process (common.metal + family source, by Apple's
-compiler), then hands the planned dispatches to the host module, which encodes them into a command buffer with
-pipelines cached per kernel. ``commit`` queues work; ``wait`` blocks until it completed."""
+compiler) and collects the dispatches the kernels submit; ``wait`` — the session's ``synchronize()`` at the end of
+each segment, or a kernel that must read a value on the host — encodes everything collected into one command buffer
+(pipelines cached per kernel), commits it and waits. So a segment is one command buffer, and a replayed decode step
+re-issues dispatches planned once (``bind``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ class MetalQueue:
         except ImportError as exc:
             raise BackendError(f"the Metal host module does not import: {exc}") from exc
         self.native = _metal.Queue(device_index)
+        self.pending: list[Dispatch] = []
 
     def commit(self, dispatches: list[Dispatch]) -> None:
         for family in {d.family for d in dispatches}:
@@ -24,13 +27,13 @@ class MetalQueue:
                     self.native.compile(family, source(family))
                 except RuntimeError as exc:
                     raise BackendError(str(exc)) from exc
-        try:
-            self.native.commit([(d.family, d.kernel, d.buffers, d.groups, d.threads) for d in dispatches])
-        except RuntimeError as exc:
-            raise BackendError(f"metal: {exc}") from exc
+        self.pending.extend(dispatches)
 
     def wait(self) -> None:
+        pending, self.pending = self.pending, []
         try:
+            if pending:
+                self.native.commit([(d.family, d.kernel, d.buffers, d.groups, d.threads) for d in pending])
             self.native.wait()
         except RuntimeError as exc:
             raise BackendError(f"metal: {exc}") from exc

@@ -18,15 +18,17 @@ from hetero.contract import BackendError
 
 from . import msl_signature
 
-FAMILIES = ("elementwise", "norm", "matmul", "quant", "attention", "gated_delta", "movement", "nn")
+FAMILIES = ("elementwise", "norm", "matmul", "quant", "attention", "gated_delta", "nn")
 MAX_THREADS_PER_GROUP = 1024
 SIMD_WIDTH = 32
 
 Argument = np.ndarray | dict[str, float | int]
 # The numpy dtype a kernel's pointer parameter takes, by its MSL element type ("uchar" buffers take any array, as
 # bytes).
-ELEMENT_DTYPES = {"float": np.float32, "half": np.float16, "uint": np.uint32, "int": np.int32, "long": np.int64,
-                  "ushort": np.uint16, "uchar": None}
+ELEMENT_DTYPES: dict[str, type[np.generic] | None] = {
+    "float": np.float32, "half": np.float16, "uint": np.uint32, "int": np.int32, "long": np.int64,
+    "ushort": np.uint16, "uchar": None,
+}
 
 
 def source(family: str) -> str:
@@ -41,7 +43,7 @@ def signatures() -> dict[str, tuple[str, msl_signature.Kernel, dict[str, msl_sig
     """kernel name -> (family, signature, the family's parameter structs), over every family."""
     table = {}
     for family in FAMILIES:
-        text = resources.files(__package__).joinpath("msl", f"{family}.metal").read_text(encoding="utf-8")
+        text = resources.files(__package__).joinpath("msl").joinpath(f"{family}.metal").read_text(encoding="utf-8")
         kernels, structs = msl_signature.parse(text, f"{family}.metal")
         for name, kernel in kernels.items():
             table[name] = (family, kernel, structs)
@@ -84,12 +86,13 @@ def dispatch(kernel: str, args: dict[str, Argument], groups: tuple[int, ...], th
             except msl_signature.SignatureError as exc:
                 raise BackendError(f"metal: {exc}") from exc
         elif isinstance(value, np.ndarray):
-            element = param.element
-            wanted = ELEMENT_DTYPES.get(element or "", False)
-            if wanted is False:
+            element = param.element or ""
+            if element not in ELEMENT_DTYPES:
                 raise BackendError(f"metal: {kernel}.{param.name} has type {param.type!r}, which no array binds to")
+            wanted = ELEMENT_DTYPES[element]
             if wanted is not None and value.dtype != wanted:
-                raise BackendError(f"metal: {kernel}.{param.name} takes {np.dtype(wanted)} ({element}), got {value.dtype}")
+                raise BackendError(f"metal: {kernel}.{param.name} takes {np.dtype(wanted)} ({element}), "
+                                   f"got {value.dtype}")
             bound[param.index] = value if value.nbytes else np.zeros(4, np.uint8)  # Metal rejects empty buffers
         else:
             raise BackendError(f"metal: {kernel}.{param.name} takes an array, got {type(value).__name__}")

@@ -16,13 +16,13 @@ import math
 import sys
 
 import numpy as np
-
-from hetero.contract import BackendError, BackendUnavailable, quant
 from hetero_metal.emulator import EmulatorQueue
 from hetero_metal.factory import metal_devices
 from hetero_metal.kernels.llm import weight_params
 from hetero_metal.kernels.nn import matmul_dispatch, row_threads
 from hetero_metal.plan import Dispatch, dispatch, groups_for
+
+from hetero.contract import BackendError, BackendUnavailable, quant
 
 
 def cases() -> dict[str, list[Dispatch]]:

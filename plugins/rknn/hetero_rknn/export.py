@@ -1,14 +1,13 @@
-"""A segment as the ONNX model the RKNN toolkit loads (``hetero.contract.onnx_export``), at an opset it reads.
+"""A segment as an ONNX model the RKNN toolkit loads (``hetero.contract.onnx_export``: hetero's fused ops written out
+as the standard ops they replaced, its weights, its inputs and outputs with their static shapes).
 
-rknn-toolkit2 2.5 reads opsets up to 19: the model is lowered to 19 when every op of the segment means the same
-there (the same schema version at both opsets); otherwise it keeps the graph's opset and the toolkit says whether it
-reads it.
+The opset is lowered to 19 (the newest rknn-toolkit2 2.5 reads) when every op of the segment means the same there;
+otherwise the model keeps the graph's opset and the toolkit says whether it reads it.
 """
 
 from __future__ import annotations
 
-from hetero.contract import Segment
-from hetero.contract.onnx_export import segment_to_onnx as export
+from hetero.contract import Segment, onnx_export
 
 RKNN_MAX_OPSET = 19
 # What hetero's fused ops are written out as, beside the segment's own ops.
@@ -32,6 +31,8 @@ def _opset(segment: Segment) -> int:
 
 
 def segment_to_onnx(segment: Segment) -> bytes:
-    """The serialized ONNX model of ``segment`` for rknn-toolkit2 (deterministic: a cache key's input)."""
+    """The serialized ONNX model of ``segment`` (deterministic: the same segment gives the same bytes)."""
     opset = _opset(segment)
-    return export(segment, producer="hetero-rknn", opset=opset, ir_version=9 if opset <= 19 else 10)
+    # ir_version: what the toolkit's onnx 1.18 reads for these opsets
+    return onnx_export.segment_to_onnx(segment, producer="hetero-rknn", opset=opset,
+                                       ir_version=9 if opset <= 19 else 10)

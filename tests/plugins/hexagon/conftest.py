@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,14 @@ from hetero.testing.dist import plugin_site
 
 if importlib.util.find_spec("hetero_hexagon") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "plugins" / "hexagon"))
+
+# The test run moves HETERO_CACHE_DIR to a temporary folder (tests/conftest.py), and the QNN venv's default place is
+# under it: pin the venv that exists now, before that happens.
+if "HETERO_QNN_VENV" not in os.environ:
+    from hetero_hexagon.qnn import QNN_ENV
+
+    if QNN_ENV.python.exists():
+        os.environ["HETERO_QNN_VENV"] = str(QNN_ENV.path)
 
 
 def register_hexagon(site) -> None:
@@ -36,6 +45,9 @@ def hexagon_site(tmp_path_factory):
 def hexagon(hexagon_site):
     """The hexagon backend's status row, ok; skips with its reason otherwise."""
     row = plugins.status("hexagon")
+    if row is None or not row.ok:  # a test may have probed with another HETERO_QNN_VENV: ask again
+        plugins.reload()
+        row = plugins.status("hexagon")
     if row is None or not row.ok:
-        pytest.skip(f"hexagon backend: {row.reason if row else 'not installed'}")
+        pytest.skip(f"hexagon backend: {row.reason} ({row.hint})" if row else "hexagon backend: not installed")
     return row

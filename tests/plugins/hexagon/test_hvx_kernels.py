@@ -112,3 +112,20 @@ def test_the_dsp_side_refuses_bad_arguments_by_name(hvx):
         hvx.matvec_i8(np.zeros((2, 100), np.int8), np.zeros(100, np.int8))  # cols not a multiple of 128
     with pytest.raises(BackendError, match=r"method 9 failed: unknown method"):
         hvx.transport.invoke(9, [np.zeros(1, np.int32)], [4])
+
+
+def test_matvec_q4_reads_hetero_q4_weights(hvx):
+    """hetero's own q4 (symmetric, block 32: hetero.contract.quant) is the layout the kernel's repack reads: the HVX
+    product equals hetero's dequantized weights times the HVX-quantized activations, to float32 rounding."""
+    from hetero.contract import quant
+
+    rng = np.random.default_rng(11)
+    rows, cols = 24, 512
+    fmt = quant.QuantFormat(bits=4, block_size=32, symmetric=True)
+    blocks = quant.quantize(rng.normal(size=(rows, cols)).astype(np.float32), fmt)
+    packed, w_scale, _ = layout.repack_q4(blocks, cols)  # 512 columns: no padding
+    x = rng.normal(size=cols).astype(np.float32)
+    xq, xs, y = hvx.matvec_q4(packed, w_scale, x)
+    x_deq = (xq.astype(np.float64).reshape(-1, 32) * xs[:, None]).reshape(-1)
+    expected = quant.dequantize(blocks, fmt, cols).astype(np.float64) @ x_deq
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)

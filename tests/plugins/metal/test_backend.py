@@ -16,7 +16,7 @@ from .conftest import needs_emulator
 
 pytest.importorskip("hetero_metal")
 
-from hetero_metal.factory import EMULATE_VARIABLE, MetalFactory  # noqa: E402
+from hetero_metal.factory import EMULATE_VARIABLE, MetalFactory
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="macOS has Metal: the unavailable path is for other systems")
@@ -82,7 +82,9 @@ def test_session_places_the_hot_path_on_metal(emulated):
         np.testing.assert_allclose(y, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
-LLM_FAMILIES = ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow), pytest.param("qwen3_moe", marks=pytest.mark.slow)]
+LLM_FAMILIES = [
+    "qwen3", *(pytest.param(f, marks=pytest.mark.slow) for f in ("qwen2", "qwen3_moe", "qwen3_5")),
+]
 
 
 @needs_emulator

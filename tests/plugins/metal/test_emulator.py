@@ -12,11 +12,13 @@ import pytest
 from .conftest import needs_emulator
 
 pytestmark = needs_emulator
+pytest.importorskip("hetero_metal", reason="hetero-metal is not installed (pip install ./plugins/metal)")
 
-from hetero.contract import BackendError  # noqa: E402
 from hetero_metal.emulator import EmulatorLibrary, EmulatorQueue, KernelFault  # noqa: E402
 from hetero_metal.emulator_build import build_library, compiler  # noqa: E402
 from hetero_metal.plan import Dispatch, dispatch, groups_for  # noqa: E402
+
+from hetero.contract import BackendError  # noqa: E402
 
 BROKEN = Path(__file__).parent / "broken"
 SEEDS = range(4)
@@ -115,7 +117,7 @@ def test_missing_barrier_is_a_race(test_library, rng, seed):
     x = rng.standard_normal((3, 300)).astype(np.float32)
     y = np.zeros_like(x)
     # thread 0 reads partials before their writers ran (unwritten), or after one did, without a barrier (a race)
-    with pytest.raises(KernelFault, match="race in threadgroup memory|that no thread of the group has written"):
+    with pytest.raises(KernelFault, match=r"race in threadgroup memory|that no thread of the group has written"):
         run(test_library, bind(test_library, "softmax_missing_barrier", [x, y, [300, 1, 0]], (3,), (128,)), seed)
     # the shipped kernel, same shapes and seed: clean and right
     good = np.zeros_like(x)
@@ -177,3 +179,20 @@ def test_unknown_kernel_and_bad_arguments_are_refused():
     with pytest.raises(BackendError, match="threadgroups"):
         dispatch("unary_f32", {"x": np.zeros(4, np.float32), "y": np.zeros(4, np.float32),
                                "p": {"n": 4, "op": 0, "alpha": 0, "beta": 0}}, (1,), (2048,))
+
+
+def test_signature_reader_refuses_what_it_cannot_bind():
+    from hetero_metal.msl_signature import SignatureError, parse
+
+    kernels, structs = parse("struct P { uint n; float s; };\n"
+                             "kernel void k(device const float* x [[buffer(0)]], constant P& p [[buffer(1)]],\n"
+                             "              uint2 pos [[thread_position_in_grid]]) {}")
+    assert [(p.name, p.attribute, p.index) for p in kernels["k"].params] == [
+        ("x", "buffer", 0), ("p", "buffer", 1), ("pos", "thread_position_in_grid", -1)]
+    assert kernels["k"].params[0].element == "float" and kernels["k"].params[1].struct_name == "P"
+    assert structs["P"].pack({"n": 3, "s": 0.5}, "k.p") == np.array([3], np.uint32).tobytes() + \
+        np.array([0.5], np.float32).tobytes()
+    with pytest.raises(SignatureError, match=r"\[\[texture\]\] is not bound"):
+        parse("kernel void k(device float* x [[texture(0)]]) {}")
+    with pytest.raises(SignatureError, match="uint, int or float fields only"):
+        parse("struct Q { half h; };")

@@ -13,6 +13,7 @@ from hetero.contract import quant
 from .conftest import needs_emulator
 
 pytestmark = needs_emulator
+pytest.importorskip("hetero_metal", reason="hetero-metal is not installed (pip install ./plugins/metal)")
 
 from hetero_metal.kernels.elementwise import UNARY, broadcast_strides  # noqa: E402
 from hetero_metal.kernels.llm import weight_params  # noqa: E402

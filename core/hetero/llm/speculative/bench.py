@@ -11,13 +11,10 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...contract.errors import HeteroError
 from .registry import speculation
-
-if TYPE_CHECKING:
-    from ..model import Llm
 
 CODE_PROMPT = '''import math
 from dataclasses import dataclass
@@ -91,7 +88,7 @@ class SpecResult:
         return asdict(self)
 
 
-def bench_speculative(llm: Llm, drafter: str, *, n_gen: int = 64, repetitions: int = 3, threads: int | None = None,
+def bench_speculative(llm: Any, drafter: str, *, n_gen: int = 64, repetitions: int = 3, threads: int | None = None,
                       max_draft: int | None = None, prompts: tuple[str, ...] = PROMPTS) -> list[SpecResult]:
     if llm.tokenizer is None:
         raise HeteroError("bench --spec needs a model with a tokenizer (give -m MODEL: the prompts are text)")

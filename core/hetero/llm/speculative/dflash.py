@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,10 +24,8 @@ from .drafter_files import DrafterFolder, LayerShape, layer_ids
 from .drafter_nn import LayerWeights, attention, rms_norm
 from .feature_drafter import FeatureDrafter
 from .registry import register
+from .target import Target
 from .target_head import TargetHead
-
-if TYPE_CHECKING:
-    from ..model import Llm
 
 
 @dataclass
@@ -56,6 +53,9 @@ def load_dflash(path: str | Path, *, target_layers: int | None = None) -> DFlash
         raise HeteroError(f"{folder.path}: DFlash drafter holds {name!r}; hetero's DFlash shares the target's "
                           "embedding and LM head (no second vocabulary matrix)")
     n_target = d.int("num_target_layers", target_layers or (1 << 12), bound="layers")
+    if target_layers is not None and n_target != target_layers:
+        raise HeteroError(f"{folder.config_path}: the DFlash drafter was made for a target of {n_target} layers "
+                          f"(key 'num_target_layers'); this target has {target_layers}")
     layers_used = layer_ids(d, "target_layer_ids", n_target)
     target_hidden = d.int("target_hidden_size", s.hidden, bound="hidden")
     vocab = d.int("vocab_size", bound="vocab")
@@ -101,7 +101,7 @@ class DFlashDrafter(FeatureDrafter):
         return len(self.keys[0]) if self.keys else 0
 
     @classmethod
-    def for_target(cls, path: str | Path, llm: Llm) -> DFlashDrafter:
+    def for_target(cls, path: str | Path, llm: Target) -> DFlashDrafter:
         """The drafter in folder ``path`` reading ``llm``'s hidden states, embedding table and LM head."""
         cfg = llm.config
         weights = load_dflash(path, target_layers=cfg.num_layers)
@@ -175,7 +175,7 @@ class DFlashDrafter(FeatureDrafter):
         return [int(t) for t in np.argmax(self.logits(rows), axis=-1)]
 
 
-def _dflash(argument: str, target: Llm) -> DFlashDrafter:
+def _dflash(argument: str, target: Target) -> DFlashDrafter:
     if not argument:
         raise HeteroError("--spec dflash:PATH needs the DFlash drafter's folder (config.json + model.safetensors)")
     return DFlashDrafter.for_target(argument, target)

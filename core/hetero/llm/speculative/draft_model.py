@@ -9,21 +9,17 @@ one-token steps. Its drafts are greedy (q one-hot), which keeps sampled output e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-import numpy as np
 
 from ...contract.errors import HeteroError
+from ..generate import greedy_tokens
 from .drafter import Hidden
-
-if TYPE_CHECKING:
-    from ..model import Llm
+from .target import Target
 
 
 class DraftModel:
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: Llm, target: Llm, *, max_draft: int = 6) -> None:
+    def __init__(self, model: Target, target: Target, *, max_draft: int = 6) -> None:
         check_same_vocabulary(model, target)
         self.model = model
         self.max_draft = max_draft
@@ -42,17 +38,9 @@ class DraftModel:
         k = min(k, model.context - len(history))
         if k <= 0:
             return []
-        logits = model.prefill(history)
-        out: list[int] = []
-        for i in range(k):
-            token = int(np.argmax(logits[-1]))
-            out.append(token)
-            if i + 1 < k:
-                logits = model.forward([token])
-        return out
+        return greedy_tokens(model, list(history), k)
 
-
-def check_same_vocabulary(draft: Llm, target: Llm) -> None:
+def check_same_vocabulary(draft: Target, target: Target) -> None:
     """Refuse a draft model whose tokenizer maps any token to another id than the target's."""
     where = f"draft model {_where(draft)} and target {_where(target)}"
     a, b = draft.tokenizer, target.tokenizer
@@ -69,5 +57,5 @@ def check_same_vocabulary(draft: Llm, target: Llm) -> None:
                           hint="a draft model must use the target's tokenizer (same family and version)")
 
 
-def _where(llm: Llm) -> str:
+def _where(llm: Target) -> str:
     return str(llm.path) if llm.path is not None else repr(llm.name)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -72,24 +72,3 @@ def as_draft(proposal: Draft | Sequence[int], k: int, vocab: int) -> Draft:
         tokens.append(int(t))
     probs = draft.probs[:len(tokens)] if draft.probs is not None else None
     return Draft(tokens, probs)
-
-
-class Target(Protocol):
-    """What the verify loop uses of the target model (``hetero.llm.model.Llm``). A protocol, not that class: the
-    model reaches this package when ``generate(spec=...)`` names a drafter, so importing it back here, even for
-    types, would close an import cycle."""
-
-    config: Any  # LlmConfig: vocab_size
-    context: int
-
-    def expose_hidden(self, layers: Sequence[int]) -> tuple[int, ...]: ...
-
-    def hidden(self, layer: int, start: int, end: int) -> np.ndarray: ...
-
-    def _layer_indices(self, layers: Sequence[int]) -> tuple[int, ...]: ...
-
-    def _advance(self, owner: object, ids: list[int], stats: Any = None) -> np.ndarray: ...
-
-    def _verify(self, owner: object, history: list[int], drafts: list[int]) -> np.ndarray: ...
-
-    def _keep(self, owner: object, length: int) -> None: ...

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,10 +29,8 @@ from .drafter_files import DrafterFolder, LayerShape, layer_ids
 from .drafter_nn import LayerWeights, attention, rms_norm
 from .feature_drafter import FeatureDrafter
 from .registry import register
+from .target import Target
 from .target_head import TargetHead
-
-if TYPE_CHECKING:
-    from ..model import Llm
 
 
 @dataclass
@@ -175,9 +172,11 @@ class Eagle3Drafter(FeatureDrafter):
     ``j + 1``) is known; ``draft`` extends it to the history given, then grows the tree from the last row."""
 
     def __init__(self, weights: Eagle3Weights, embed: Callable[[Sequence[int]], np.ndarray], *, num_layers: int,
-                 top_k: int = 4, max_draft: int = 6) -> None:
+                 top_k: int = 1, max_draft: int = 6) -> None:
         """``embed(ids) -> [T, hidden]``: the target's embedding table; ``num_layers``: the target's depth;
-        ``top_k``: children kept per tree level (1: a greedy chain); ``max_draft``: the tree's depth."""
+        ``top_k``: children kept per tree level; ``max_draft``: the tree's depth. The default ``top_k=1`` drafts
+        the greedy chain: while the target verifies one chain, a wider tree picked the same chain in every
+        measurement here (tests/fixtures/drafters, top_k 1-8) at up to twice the drafting time."""
         if top_k < 1 or max_draft < 1:
             raise HeteroError(f"Eagle-3 top_k={top_k}, max_draft={max_draft}; expected at least 1 each")
         self.max_draft = max_draft
@@ -194,7 +193,7 @@ class Eagle3Drafter(FeatureDrafter):
         self.tree = Tree([], [], [], [])
 
     @classmethod
-    def for_target(cls, path: str | Path, llm: Llm, **options: int) -> Eagle3Drafter:
+    def for_target(cls, path: str | Path, llm: Target, **options: int) -> Eagle3Drafter:
         """The drafter in folder ``path`` reading ``llm``'s hidden states and embedding table."""
         weights = load_eagle3(path)
         cfg = llm.config
@@ -292,7 +291,7 @@ class Eagle3Drafter(FeatureDrafter):
         return len(tree.tokens) - 1
 
 
-def _eagle(argument: str, target: Llm) -> Eagle3Drafter:
+def _eagle(argument: str, target: Target) -> Eagle3Drafter:
     if not argument:
         raise HeteroError("--spec eagle:PATH needs the Eagle-3 drafter's folder (config.json + model.safetensors)")
     return Eagle3Drafter.for_target(argument, target)

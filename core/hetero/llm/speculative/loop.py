@@ -20,8 +20,9 @@ from typing import Any
 from ..families.decoder import VERIFY_ROWS
 from ..sampler import Sampler
 from .accept import accept
-from .drafter import Drafter, Hidden, Target, as_draft
+from .drafter import Drafter, Hidden, as_draft
 from .policy import DraftPolicy
+from .target import Target
 
 
 class Speculation:
@@ -40,9 +41,7 @@ class Speculation:
     def start(self, llm: Target, record: object, prompt: list[int], sampler: Sampler, stats: Any) -> Iterator[int]:
         """Prefill ``prompt`` now; returns the generation's tokens, computed as they are pulled."""
         drafter = self.drafter
-        if drafter.hidden_layers:
-            llm.expose_hidden(drafter.hidden_layers)
-        layers = llm._layer_indices(drafter.hidden_layers)
+        layers = llm.expose_hidden(drafter.hidden_layers) if drafter.hidden_layers else ()
         logits = llm._advance(record, prompt, stats)
         drafter.reset()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})

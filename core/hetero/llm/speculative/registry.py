@@ -2,9 +2,9 @@
 
 Built in: ``lookahead`` (prompt lookup, no argument) and ``draft:PATH`` (a smaller model with the target's
 tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backends, threads, context and KV cache
-type). ``draft``, ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``.draft_loader``,
-``.eagle``, ``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the
-factory is called as ``factory(argument, target)`` and returns a ``Drafter``.
+type). ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
+``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the factory is
+called as ``factory(argument, target)`` and returns a ``Drafter``.
 """
 
 from __future__ import annotations
@@ -14,18 +14,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ...contract.errors import HeteroError
-from .drafter import Drafter, Target
+from .draft_model import DraftModel
+from .drafter import Drafter
 from .lookahead import Lookahead
 from .loop import Speculation
+from .target import Target
 
-# factory(argument, target): target is the hetero.llm.model.Llm being decoded (Any: each factory states the type
-# it takes; this module cannot import the model, which imports it)
-Factory = Callable[[str, Any], Drafter]
+Factory = Callable[[str, Any], Drafter]  # (argument, the target Llm) -> drafter
 
 _FACTORIES: dict[str, Factory] = {}
 # kinds whose module registers them when imported
-_MODULES = {"draft": "hetero.llm.speculative.draft_loader", "eagle": "hetero.llm.speculative.eagle",
-            "dflash": "hetero.llm.speculative.dflash"}
+_MODULES = {"eagle": "hetero.llm.speculative.eagle", "dflash": "hetero.llm.speculative.dflash"}
 
 
 def register(kind: str, factory: Factory) -> None:
@@ -76,4 +75,15 @@ def _lookahead(argument: str, target: Target) -> Drafter:
     return Lookahead()
 
 
+def _draft_model(argument: str, target: Target) -> Drafter:
+    if not argument:
+        raise HeteroError("--spec draft:PATH needs the draft model's path (a Hugging Face folder or a GGUF file)")
+    # the loader imports the model, which resolves drafter names here: taken at call time, not imported
+    load = importlib.import_module("hetero.llm.loader").load
+    model = load(argument, threads=target.threads, context=target.context, kv_cache=target.kv_cache,
+                 **{k: v for k, v in target._session_args.items() if k in ("backends", "on_fallback")})
+    return DraftModel(model, target)
+
+
 register("lookahead", _lookahead)
+register("draft", _draft_model)

@@ -9,7 +9,6 @@ hidden rows, at the cost of one [T, hidden] x [hidden, vocab] product.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,9 +18,7 @@ from ...contract.graph import HETERO_DOMAIN, Graph, Node
 from ...contract.tensor import TensorInfo
 from ...runtime.session import Session
 from ..families.decoder import LOGITS
-
-if TYPE_CHECKING:
-    from ..model import Llm
+from .target import Target
 
 _IDS, _HIDDEN, _OUT = "ids", "hidden", "out"
 
@@ -29,8 +26,12 @@ _IDS, _HIDDEN, _OUT = "ids", "hidden", "out"
 class TargetHead:
     """``embed(ids)`` -> ``[T, hidden]`` and ``logits(hidden)`` -> ``[T, vocab]`` with the target's weights."""
 
-    def __init__(self, llm: Llm) -> None:
-        graph = llm.session.graph
+    def __init__(self, llm: Target) -> None:
+        session = getattr(llm, "session", None)  # an Llm's; the Target protocol leaves it out
+        if not isinstance(session, Session):
+            raise HeteroError(f"model {llm.name!r}: a drafter sharing its embedding and LM head needs its graph "
+                              "in a Session (a hetero.llm.Llm)")
+        graph = session.graph
         producers = graph.producers()
         embed = next((n for n in graph.nodes if n.op_type == "Embedding"), None)
         head = producers.get(LOGITS)
@@ -39,7 +40,7 @@ class TargetHead:
                               f"producing {LOGITS!r}; a drafter needs both")
         self.hidden_size = llm.config.hidden_size
         self.vocab_size = llm.config.vocab_size
-        backends = llm.session.placement.counts()
+        backends = session.placement.counts()
         self._embed = Session(_one_node(graph, embed, _IDS, TensorInfo(dtypes.int64, (None,))),
                               backends=list(backends), on_fallback="silent", threads=llm.threads)
         self._head = Session(_one_node(graph, head, _HIDDEN, TensorInfo(dtypes.float32, (None, self.hidden_size))),

@@ -14,6 +14,43 @@
 #include <memory>
 #include <vector>
 
+// Switching fibers: a few instructions that save the callee-saved registers on the current stack and load the
+// other fiber's (x86-64 and arm64), instead of swapcontext, which also saves the signal mask with a system call at
+// every switch. Other machines use ucontext.
+#if (defined(__x86_64__) || defined(__aarch64__)) && !defined(EMU_USE_UCONTEXT)
+#define EMU_OWN_SWITCH 1
+#if defined(__APPLE__)
+#define EMU_SYMBOL(name) "_" #name
+#define EMU_HIDE(name) ".private_extern _" #name "\n"
+#else
+#define EMU_SYMBOL(name) #name
+#define EMU_HIDE(name) ".hidden " #name "\n"
+#endif
+extern "C" void hetero_emu_switch(void** save_sp, void* load_sp);
+#if defined(__x86_64__)
+// rdi: where to save this stack pointer, rsi: the stack pointer to load. Saved: rbp rbx r12-r15 (System V).
+asm(".text\n.globl " EMU_SYMBOL(hetero_emu_switch) "\n" EMU_HIDE(hetero_emu_switch)
+    EMU_SYMBOL(hetero_emu_switch) ":\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n");
+#else
+// x0: where to save this stack pointer, x1: the stack pointer to load. Saved: x19-x30, d8-d15 (AAPCS64).
+asm(".text\n.globl " EMU_SYMBOL(hetero_emu_switch) "\n" EMU_HIDE(hetero_emu_switch) ".p2align 2\n"
+    EMU_SYMBOL(hetero_emu_switch) ":\n"
+    "  sub sp, sp, #160\n"
+    "  stp x19, x20, [sp, #0]\n  stp x21, x22, [sp, #16]\n  stp x23, x24, [sp, #32]\n"
+    "  stp x25, x26, [sp, #48]\n  stp x27, x28, [sp, #64]\n  stp x29, x30, [sp, #80]\n"
+    "  stp d8, d9, [sp, #96]\n  stp d10, d11, [sp, #112]\n  stp d12, d13, [sp, #128]\n  stp d14, d15, [sp, #144]\n"
+    "  mov x2, sp\n  str x2, [x0]\n  mov sp, x1\n"
+    "  ldp x19, x20, [sp, #0]\n  ldp x21, x22, [sp, #16]\n  ldp x23, x24, [sp, #32]\n"
+    "  ldp x25, x26, [sp, #48]\n  ldp x27, x28, [sp, #64]\n  ldp x29, x30, [sp, #80]\n"
+    "  ldp d8, d9, [sp, #96]\n  ldp d10, d11, [sp, #112]\n  ldp d12, d13, [sp, #128]\n  ldp d14, d15, [sp, #144]\n"
+    "  add sp, sp, #160\n  ret\n");
+#endif
+#endif
+
 namespace emu {
 namespace {
 
@@ -24,7 +61,11 @@ constexpr int32_t kNobody = -1;
 enum class State { Ready, AtBarrier, AtSimdBarrier, AtCollective, Done };
 
 struct Thread {
+#if EMU_OWN_SWITCH
+    void* sp = nullptr;  // its saved stack pointer while it waits
+#else
     ucontext_t context;
+#endif
     State state = State::Ready;
     uint32_t index = 0, lane = 0, simd = 0;
     Invocation invocation;
@@ -53,7 +94,7 @@ class Stack {
     ~Stack() { munmap(base_, kStackBytes + page_); }
     Stack(const Stack&) = delete;
     Stack& operator=(const Stack&) = delete;
-    void* top() const { return static_cast<char*>(base_) + page_; }
+    void* bottom() const { return static_cast<char*>(base_) + page_; }  // the lowest usable address
 
   private:
     void* base_;
@@ -71,7 +112,11 @@ struct Scheduler {
     Dim3 groups, threads, group_id;
     DispatchOptions options;
     uint64_t rng = 0;
+#if EMU_OWN_SWITCH
+    void* home = nullptr;
+#else
     ucontext_t home;
+#endif
     std::vector<Thread> pool;
     std::vector<std::unique_ptr<Stack>> stacks;
     Thread* current = nullptr;
@@ -117,14 +162,48 @@ void fiber_main() {
     Scheduler& s = *g_scheduler;
     Thread* t = s.current;
     s.entry(t->invocation);
-    t->state = State::Done;  // uc_link returns to the scheduler
+    t->state = State::Done;
+#if EMU_OWN_SWITCH
+    hetero_emu_switch(&t->sp, s.home);  // never resumed
+    __builtin_unreachable();
+#endif  // (ucontext: uc_link returns to the scheduler)
 }
 
 void yield(State state) {
     Scheduler& s = *g_scheduler;
     Thread* t = s.current;
     t->state = state;
+#if EMU_OWN_SWITCH
+    hetero_emu_switch(&t->sp, s.home);
+#else
     swapcontext(&t->context, &s.home);
+#endif
+}
+
+// A new fiber's stack: a saved frame whose return address is fiber_main, so the first switch to it starts there.
+void start_fiber(Thread& t, void* stack_bottom, void* home) {
+#if EMU_OWN_SWITCH
+    (void)home;
+    auto top = (reinterpret_cast<uintptr_t>(stack_bottom) + kStackBytes) & ~uintptr_t(15);
+    auto* slots = reinterpret_cast<void**>(top);
+#if defined(__x86_64__)
+    slots[-1] = nullptr;                                      // fiber_main's (never used) return address
+    slots[-2] = reinterpret_cast<void*>(&fiber_main);          // where `ret` goes
+    for (int i = 3; i <= 8; ++i) slots[-i] = nullptr;          // rbp rbx r12-r15
+    t.sp = &slots[-8];
+#else
+    void** frame = slots - 20;                                // 160 bytes: x19-x30, d8-d15
+    for (int i = 0; i < 20; ++i) frame[i] = nullptr;
+    frame[11] = reinterpret_cast<void*>(&fiber_main);          // x30: where `ret` goes
+    t.sp = frame;
+#endif
+#else
+    getcontext(&t.context);
+    t.context.uc_stack.ss_sp = stack_bottom;
+    t.context.uc_stack.ss_size = kStackBytes;
+    t.context.uc_link = static_cast<ucontext_t*>(home);
+    makecontext(&t.context, fiber_main, 0);
+#endif
 }
 
 std::string thread_name(const Scheduler& s, uint32_t index) {
@@ -182,11 +261,7 @@ void Scheduler::run_group(Dim3 gid) {
         set(B_threads_per_simdgroup, kSimdWidth, 0, 0);
         set(B_simdgroups_per_threadgroup, static_cast<uint32_t>(simd_epochs.size()), 0, 0);
         t.invocation.buffers = buffers;
-        getcontext(&t.context);
-        t.context.uc_stack.ss_sp = stacks[i]->top();
-        t.context.uc_stack.ss_size = kStackBytes;
-        t.context.uc_link = &home;
-        makecontext(&t.context, fiber_main, 0);
+        start_fiber(t, stacks[i]->bottom(), &home);
     }
     std::vector<uint32_t> order(count);
     for (std::size_t i = 0; i < count; ++i) order[i] = static_cast<uint32_t>(i);
@@ -196,7 +271,11 @@ void Scheduler::run_group(Dim3 gid) {
             Thread& t = pool[i];
             if (t.state != State::Ready) continue;
             current = &t;
+#if EMU_OWN_SWITCH
+            hetero_emu_switch(&home, t.sp);
+#else
             swapcontext(&home, &t.context);
+#endif
         }
         current = nullptr;
         std::size_t live = 0, at_barrier = 0;

@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from . import elementwise, llm, nn
+from . import conv, elementwise, llm, nn
 
-KERNELS = {**elementwise.KERNELS, **nn.KERNELS, **llm.KERNELS}
+KERNELS = {**elementwise.KERNELS, **nn.KERNELS, **conv.KERNELS, **llm.KERNELS}

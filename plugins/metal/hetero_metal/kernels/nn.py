@@ -1,5 +1,5 @@
-"""Matrix products and row normalisations on Metal: MatMul, Gemm and FusedMatMul on simdgroup_matrix tiles (msl/matmul.metal),
-Softmax / LogSoftmax, LayerNormalization (msl/norm.metal)."""
+"""Matrix products and row normalisations on Metal: MatMul, Gemm and FusedMatMul on simdgroup_matrix tiles
+(msl/matmul.metal), Softmax / LogSoftmax, LayerNormalization (msl/norm.metal)."""
 
 from __future__ import annotations
 

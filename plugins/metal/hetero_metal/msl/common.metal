@@ -58,3 +58,15 @@ static inline float unary_op(float x, uint op, float alpha, float beta) {
         default: return NAN;
     }
 }
+
+// Every thread gets the sum (or max) of `v` over the threadgroup. `partials` holds one float per simdgroup.
+static inline float threadgroup_reduce(float v, bool is_max, TG_PTR(float) partials, uint lane, uint simd,
+                                       uint simdgroups) {
+    v = is_max ? simd_max(v) : simd_sum(v);
+    if (lane == 0) partials[simd] = v;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float total = partials[0];
+    for (uint s = 1; s < simdgroups; ++s) total = is_max ? max(total, float(partials[s])) : total + partials[s];
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // the partials are written again by the next reduction
+    return total;
+}

@@ -32,8 +32,8 @@ static inline float quant_element(device const uchar* row, uint j, constant Weig
         q = p.symmetric != 0 ? s8(block[p.header_bytes + i]) : int(block[p.header_bytes + i]);
     } else {
         const uint half_block = p.block_size / 2;
-        const uchar byte = block[p.header_bytes + (i % half_block)];
-        q = int(i < half_block ? (byte & 15) : (byte >> 4));
+        const uchar packed = block[p.header_bytes + (i % half_block)];
+        q = int(i < half_block ? (packed & 15) : (packed >> 4));
         if (p.symmetric != 0) q -= 8;
     }
     return p.symmetric != 0 ? d * float(q) : d * float(q) + f16_at(block, 2);
@@ -75,8 +75,8 @@ kernel void qmatvec(device const float* x [[buffer(0)]], device const uchar* w [
                 if (p.bits == 8) {
                     q = p.symmetric != 0 ? s8(qs[i]) : int(qs[i]);
                 } else {
-                    const uchar byte = qs[i % half_block];
-                    q = int(i < half_block ? (byte & 15) : (byte >> 4)) - (p.symmetric != 0 ? 8 : 0);
+                    const uchar packed = qs[i % half_block];
+                    q = int(i < half_block ? (packed & 15) : (packed >> 4)) - (p.symmetric != 0 ? 8 : 0);
                 }
                 const float v = d * float(q) + mn;
                 for (uint r = 0; r < p.m; ++r) acc[r] += v * x[r * p.k + first + i];

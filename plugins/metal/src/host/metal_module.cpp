@@ -106,7 +106,7 @@ class Queue {
                     encoder->setBytes(bytes.data(), bytes.size(), index);  // constant structs: inline data
                     continue;
                 }
-                py::buffer_info info = arg.second.cast<py::buffer>().request(true);
+                py::buffer_info info = arg.second.cast<py::buffer>().request();  // read-only weights too
                 MTL::Buffer* buffer = wrap(info.ptr, std::size_t(info.size * info.itemsize));
                 wrapped.push_back(buffer);
                 encoder->setBuffer(buffer, 0, index);
