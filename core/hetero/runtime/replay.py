@@ -112,8 +112,8 @@ class Recorder:
             self.keep.append(tensor)
             keys.append((key, tensor.info))
         entry = _Control(kernel, list(ins), dict(outer), keys, runner, backend)
-        entry.var_ins = [(pos, key) for pos, t in enumerate(ins) if (key := self._key(t)) is not None]
-        entry.var_outer = [(name, key) for name, t in outer.items() if (key := self._key(t)) is not None]
+        entry.var_ins = [(pos, k) for pos, t in enumerate(ins) if (k := self._key(t)) is not None]
+        entry.var_outer = [(name, k) for name, t in outer.items() if (k := self._key(t)) is not None]
         self.entries.append(entry)
 
     def view(self, src: Tensor, out: Tensor, backend: Backend) -> None:
