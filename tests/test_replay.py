@@ -8,6 +8,7 @@ from onnx import TensorProto, helper
 
 import hetero
 from conftest import backend_ok, make_model
+from hetero.runtime.executor import KernelProgram
 
 BACKENDS = ["reference"] + (["cpu"] if backend_ok("cpu")[0] else [])
 
@@ -65,3 +66,137 @@ def test_data_dependent_models_do_not_replay():
         y = session.run({"x": np.array(values, np.float32)})["y"]
         np.testing.assert_array_equal(y, np.array(np.nonzero(values)))
     assert session.programs[0].replay is None
+
+
+def _shape_reshape_model():
+    # The Reshape's target is computed from x's shape (Shape -> Gather -> Concat), as exported models do: fixed by the
+    # input shapes, so the run replays; a shape taken from the data of a feed would not be.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Concat", ["n", "minus_one"], ["target"], axis=0),
+        helper.make_node("Exp", ["x"], ["e"]),
+        helper.make_node("Reshape", ["e", "target"], ["flat"]),
+        helper.make_node("Mul", ["flat", "flat"], ["y"]),
+    ]
+    return make_model(
+        nodes, [("x", TensorProto.FLOAT, ["N", 2, 3])], [("y", TensorProto.FLOAT, ["N", 6])],
+        [("zero", np.array([0], np.int64)), ("minus_one", np.array([-1], np.int64))],
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shape_derived_value_inputs_replay_and_replan_on_a_new_shape(backend):
+    session = hetero.Session(_shape_reshape_model(), backends=[backend], on_fallback="silent")
+    program = session.programs[0]
+    assert program.replayable
+    rng = np.random.default_rng(2)
+    replayed = []
+    for batch in (2, 2, 2, 5, 5, 5, 2, 2, 2):
+        x = rng.normal(size=(batch, 2, 3)).astype(np.float32)
+        replayed.append(program.replay is not None and program.replay.signature[0][1] == x.shape)
+        y = session.run({"x": x})["y"]
+        fresh = hetero.Session(_shape_reshape_model(), backends=[backend], on_fallback="silent").run({"x": x})["y"]
+        np.testing.assert_array_equal(y, fresh)  # replayed (or re-planned) == interpreted, bit for bit
+        assert y.shape == (batch, 6)
+    # the third run of a signature replays; a new shape re-plans (interpreted twice) instead of replaying stale calls
+    assert replayed == [False, False, True] * 3
+
+
+def test_reshape_to_a_fed_shape_does_not_replay():
+    model = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                       [("x", TensorProto.FLOAT, [6]), ("shape", TensorProto.INT64, [2])],
+                       [("y", TensorProto.FLOAT, [None, None])])
+    session = hetero.Session(model, backends=["reference"])
+    assert not session.programs[0].replayable
+    x = np.arange(6, dtype=np.float32)
+    for shape in ([2, 3], [3, 2], [2, 3]):
+        assert session.run({"x": x, "shape": np.array(shape, np.int64)})["y"].shape == tuple(shape)
+
+
+REAL_MODELS = ["magika", "ppocr_mobile_cls", "silero_vad_openvino_16k", "silero_vad_16k_op15"]
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the cpu backend (hetero_cpu) is not built")
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_real_models_replay_what_the_interpreter_computes(name):
+    from real_models.models import MODELS
+
+    model = MODELS[name]
+    path = model.file()
+    if path is None:
+        pytest.skip(model.install_hint)
+    feeds = model.feeds(model)
+    session = hetero.Session(str(path), backends=["cpu"], on_fallback="silent")
+    interpreted = session.run(feeds)
+    session.run(feeds)  # planned and recorded
+    assert all(p.replay is not None for p in session.programs if isinstance(p, KernelProgram))
+    for _ in range(2):
+        replayed = session.run(feeds)
+        for key, value in interpreted.items():
+            np.testing.assert_array_equal(replayed[key], value, err_msg=f"{name}: {key}")
+
+
+def _if_on_batch_model(then_nodes, then_out, else_nodes, else_out):
+    """y = If(x.shape[0] == 1, then, else) + 1: the condition follows from the input's shape."""
+    def branch(name, nodes, out):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Equal", ["n", "one"], ["single"]),
+        helper.make_node("If", ["single"], ["b"], then_branch=branch("then", then_nodes, then_out),
+                         else_branch=branch("else", else_nodes, else_out)),
+        helper.make_node("Add", ["b", "onef"], ["y"]),
+    ]
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 4])], [("y", TensorProto.FLOAT, None)],
+                      [("zero", np.array(0, np.int64)), ("one", np.array(1, np.int64)),
+                       ("onef", np.array(1.0, np.float32))])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_input_shapes_replays_and_switches_branch_with_the_shape(backend):
+    model = _if_on_batch_model([helper.make_node("Relu", ["x"], ["r"])], "r",
+                               [helper.make_node("Neg", ["x"], ["g"])], "g")
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    program = session.programs[0]
+    assert program.replayable
+    rng = np.random.default_rng(3)
+    replayed = []
+    for batch in (1, 1, 1, 1, 3, 3, 3, 1):
+        x = rng.normal(size=(batch, 4)).astype(np.float32)
+        replayed.append(program.replay is not None and program.replay.signature[0][1] == x.shape)
+        y = session.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, (np.maximum(x, 0) if batch == 1 else -x) + np.float32(1))
+    assert replayed == [False, False, True, True, False, False, True, False]  # one replay kept: the latest
+
+
+def test_an_if_on_fed_data_does_not_replay():
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "then", [],
+                             [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["g"])], "else", [],
+                              [helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])
+    model = make_model([helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)],
+                       [("x", TensorProto.FLOAT, [4]), ("flag", TensorProto.BOOL, [])],
+                       [("y", TensorProto.FLOAT, None)])
+    session = hetero.Session(model, backends=["reference"])
+    assert not session.programs[0].replayable
+    x = np.arange(4, dtype=np.float32) - 2
+    for flag in (True, True, True, False, True):
+        y = session.run({"x": x, "flag": np.array(flag)})["y"]
+        np.testing.assert_array_equal(y, np.maximum(x, 0) if flag else -x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_replayed_branch_whose_result_changes_shape_falls_back_to_the_interpreter(backend):
+    # the branch is fixed by the shape, but its result's length is not (NonZero): the replay must not reuse stale
+    # buffers of the recorded length
+    model = _if_on_batch_model(
+        [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Cast", ["nz"], ["r"], to=TensorProto.FLOAT)],
+        "r", [helper.make_node("Neg", ["x"], ["g"])], "g")
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    for values in ([1, 0, 2, 0], [1, 0, 2, 0], [1, 0, 2, 0], [1, 1, 1, 0], [0, 0, 0, 0], [3, 0, 0, 3]):
+        x = np.array([values], np.float32)
+        y = session.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, np.array(np.nonzero(x), np.float32) + 1)

@@ -102,3 +102,19 @@ def test_a_value_read_by_two_later_segments_is_copied_once(simnpu):  # noqa: F81
 def test_kernels_lists_every_segments_kernels(backend):
     session = hetero.Session(_alternating(), backends=[backend], on_fallback="silent", optimize=False)
     assert [node.name for node, _ in session.kernels()] == ["r1", "t1", "r2", "t2", "e"]
+
+
+def test_each_segment_plans_its_own_arena():
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r1"), helper.make_node("Relu", ["a"], ["b"], name="r2"),
+             rare_node("b", "c", name="t1"),
+             helper.make_node("Relu", ["c"], ["d"], name="r3"), helper.make_node("Exp", ["d"], ["y"], name="e")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3])], [("y", TensorProto.FLOAT, [2, 3])])
+    session = hetero.Session(model, backends=["cpu"], on_fallback="silent", optimize=False)
+    x = np.random.default_rng(1).normal(size=(2, 3)).astype(np.float32)
+    for _ in range(2):  # the second run is planned
+        session.run({"x": x})
+    plans = session.memory_plans
+    # a value another segment reads lives in its producer's arena (host domains: no copy at the edge)
+    assert [(name, set(plan.offsets)) for name, plan in plans] == [("cpu", {"a", "b"}), ("reference", {"c"}),
+                                                                  ("cpu", {"d"})]
+    assert session.memory_plan is plans[0][1]

@@ -106,10 +106,10 @@ def test_a_kernel_raising_mid_run_names_op_and_backend_and_leaves_the_session_us
     def failing(*args, **kwargs):
         raise RuntimeError("device lost")  # what a driver or a native kernel raises
 
-    step.kernel.run = failing  # type: ignore[method-assign]  # a fault injected into a real kernel
+    step.kernel.run = failing  # type: ignore[method-assign]  # a kernel whose device fails mid-run
     session.invalidate_replay()  # the replay calls bound kernels directly; the interpreter path calls run()
     with pytest.raises(BackendError, match=r"cpu: MaxPool node .pool1.: RuntimeError: device lost"):
         session.run({"image": image})
-    step.kernel.run = real_run  # type: ignore[method-assign]  # the real run put back
+    step.kernel.run = real_run  # type: ignore[method-assign]  # and works again
     for _ in range(3):  # interpreted, planned and replayed runs all give the answer again
         np.testing.assert_array_equal(session.run({"image": image})["probs"], want)

@@ -47,7 +47,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-_DEVICE_FACTS = ("isa", "threads", "version", "compute_units", "fp16", "subgroups")
+_DEVICE_FACTS = ("mode", "isa", "threads", "version", "compute_units", "fp16", "subgroups")
 
 
 def _device_text(device) -> str:

@@ -34,10 +34,10 @@ def test_replayed_decode_matches_the_interpreter():
     got, want = _decode(replayed, prompt, tokens), _decode(interpreted, prompt, tokens)
     replay = replayed.session.programs[0].replay
     assert replay is not None and interpreted.session.programs[0].replay is None
-    # every LLM kernel and residual Add of the step is a bound call (only the last-token Gather and the LM head,
-    # which writes a fresh output array, go through run)
+    # every LLM kernel and residual Add of the step is a bound call, the LM head too (it writes into the arena: the
+    # graph output is the Slice of the last rows after it)
     bindable = sum(node.op_type in BOUND_OPS for node, _ in replayed.session.kernels())
-    assert replay.bound == bindable - 1
+    assert replay.bound >= bindable
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
     # the returned logits are the caller's: a later step does not overwrite them

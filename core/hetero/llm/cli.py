@@ -70,6 +70,11 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("-o", "--output", choices=["md", "json", "csv", "jsonl"], default="md",
                    help="table format: md (default, as llama-bench prints), json, jsonl or csv")
     p.add_argument("--json", action="store_true", help="same as -o json")
+    p.add_argument("--spec", default=None, metavar="DRAFTER",
+                   help="speculative decoding against plain decoding, alternated in one run, on a code-completion "
+                        "and a chat prompt: lookahead, draft:PATH, eagle:PATH, dflash:PATH (-n: tokens per run, "
+                        "default 64; -r: pairs, default 5)")
+    p.add_argument("--spec-draft", type=int, default=None, metavar="N", help="--spec: most tokens per draft")
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")
     _kv_option(p)
@@ -107,6 +112,11 @@ def add_generation_options(p: argparse.ArgumentParser, *, default_n: int = 128,
     p.add_argument("--presence-penalty", type=float, default=None, help="subtracted once from every seen token")
     p.add_argument("--frequency-penalty", type=float, default=None, help="subtracted per occurrence")
     p.add_argument("--seed", type=int, default=None, help=seed_help)
+    p.add_argument("--spec", default=None, metavar="DRAFTER",
+                   help="speculative decoding (same output, greedy identical): lookahead, draft:PATH (a smaller "
+                        "model with the same tokenizer), eagle:PATH or dflash:PATH (docs/speculative.md)")
+    p.add_argument("--spec-draft", type=int, default=None, metavar="N",
+                   help="most tokens drafted per verify step (1..15; default: the drafter's)")
     _kv_option(p)
 
 
@@ -154,11 +164,11 @@ def _generate(args: argparse.Namespace, model: str, prompt: str) -> int:
     overrides = sampling(args)
     started = time.perf_counter()
     if args.no_stream:
-        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, **overrides))
+        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, spec=loaded.spec, **overrides))
         first = None
     else:
         first = stream_out(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, stream=True,
-                                               **overrides), started)
+                                               spec=loaded.spec, **overrides), started)
     print_stats(loaded, overrides, first)
     return 0
 
@@ -223,6 +233,8 @@ def _pairs(values: list[str] | None) -> list[tuple[int, int]]:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench, formatted, plan
 
+    if args.spec:
+        return _bench_spec(args)
     if args.n_prompt is None and args.n_gen is None and args.pg is None:
         tests = plan([512], [128], [])
     else:
@@ -264,6 +276,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if profile and output == "md":
         print()
         print(profile.markdown())
+    return 0
+
+
+def _bench_spec(args: argparse.Namespace) -> int:
+    from .speculative.bench import bench_speculative, spec_table
+
+    if not args.model:
+        raise HeteroError("bench --spec needs -m MODEL (a real model: a synthetic one has no tokenizer to draft with)")
+    n_gen = (_sizes(args.n_gen, "-n") or [64])[-1]
+    threads: list[int | None] = [*_sizes(args.threads, "-t")] or [None]
+    results = []
+    for n_threads in threads:
+        llm = _bench_model(args, backends_of(args), n_threads, args.ctx or 2048, show=args.output == "md")
+        results += bench_speculative(llm, args.spec, n_gen=n_gen, repetitions=args.repetitions, threads=n_threads,
+                                     max_draft=args.spec_draft)
+        del llm
+    if args.json or args.output == "json":
+        print(json.dumps([r.as_dict() for r in results], indent=2))
+    else:
+        print(spec_table(results))
     return 0
 
 

@@ -16,10 +16,10 @@ from .stats import stats_line
 
 
 class Loaded:
-    """An Llm with how long loading took (for the stats line)."""
+    """An Llm with how long loading took (for the stats line) and its speculative decoding (``--spec``), if any."""
 
-    def __init__(self, llm: Any, seconds: float) -> None:
-        self.llm, self.seconds = llm, seconds
+    def __init__(self, llm: Any, seconds: float, spec: Any = None) -> None:
+        self.llm, self.seconds, self.spec = llm, seconds, spec
 
 
 def load_llm(args: argparse.Namespace, model: str) -> Loaded:
@@ -30,7 +30,12 @@ def load_llm(args: argparse.Namespace, model: str) -> Loaded:
         llm = load(model, backends=backends_of(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
                    quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True,  # (terminal only)
                    embeddings=getattr(args, "embeddings", False))
-    return Loaded(llm, time.perf_counter() - started)
+        spec = None
+        if getattr(args, "spec", None):
+            from .speculative.registry import speculation
+
+            spec = speculation(args.spec, llm, max_draft=args.spec_draft)
+    return Loaded(llm, time.perf_counter() - started, spec)
 
 
 def sampling(args: argparse.Namespace) -> dict[str, Any]:

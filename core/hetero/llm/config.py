@@ -134,13 +134,7 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.json")) -> LlmC
     if family in HYBRID_FAMILIES:
         return _parse_hybrid(data, path, family)
     r = Fields(data, path)
-    hidden, heads = r.int("hidden_size", bound="hidden"), r.int("num_attention_heads", bound="heads")
-    kv_heads = r.int("num_key_value_heads", heads, bound="heads")
-    if heads % kv_heads:
-        raise r.fail("num_key_value_heads", f"a divisor of num_attention_heads ({heads})")
-    if data.get("head_dim") is None and hidden % heads:
-        raise r.fail("hidden_size", f"a multiple of num_attention_heads ({heads}) when head_dim is not given")
-    head_dim = r.int("head_dim", hidden // heads, bound="head_dim")
+    hidden, heads, kv_heads, head_dim = attention_sizes(r)
     max_pos = r.int("max_position_embeddings", 32768, bound="positions")
     layers = r.int("num_hidden_layers", bound="layers")
     moe = family == "qwen3_moe"
@@ -176,6 +170,18 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.json")) -> LlmC
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) and 0 <= bos < 1 << 31 else None,
         raw=data,
     )
+
+
+def attention_sizes(r: Fields) -> tuple[int, int, int, int]:
+    """hidden_size, num_attention_heads, num_key_value_heads and head_dim, checked against each other (also read
+    from the speculative drafters' configs)."""
+    hidden, heads = r.int("hidden_size", bound="hidden"), r.int("num_attention_heads", bound="heads")
+    kv_heads = r.int("num_key_value_heads", heads, bound="heads")
+    if heads % kv_heads:
+        raise r.fail("num_key_value_heads", f"a divisor of num_attention_heads ({heads})")
+    if r.get("head_dim") is None and hidden % heads:
+        raise r.fail("hidden_size", f"a multiple of num_attention_heads ({heads}) when head_dim is not given")
+    return hidden, heads, kv_heads, r.int("head_dim", hidden // heads, bound="head_dim")
 
 
 def _num_experts(data: dict[str, Any], r: Fields) -> int:

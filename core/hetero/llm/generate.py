@@ -7,7 +7,7 @@ stop string, is held back until the next token decides it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,23 +82,33 @@ def emit_end(text: str, matcher: StopMatcher) -> int:
     return min(end, matcher.safe_end(text[:end]))
 
 
+class TokenSource(Protocol):
+    """Where tokens come from instead of one sampled step each (``hetero.llm.speculative.Speculation``)."""
+
+    def start(self, llm: Any, record: Generation, prompt: list[int], sampler: Sampler,
+              stats: Any) -> Iterator[int]: ...
+
+
 def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler, stop: Sequence[str],
                     eos_ids: Sequence[int], record: Generation,
-                    decode: Callable[[list[int]], str]) -> Generator[str, None, None]:
-    """Yield text pieces; closing the iterator stops generation and leaves the cache consistent."""
+                    decode: Callable[[list[int]], str], source: TokenSource | None = None
+                    ) -> Generator[str, None, None]:
+    """Yield text pieces; closing the iterator stops generation and leaves the cache consistent. ``source``: take
+    the tokens from it (speculative decoding; it prefills the prompt) instead of sampling each from a step."""
     stats = llm.stats
     matcher = StopMatcher(stop)
     record.prompt_tokens = list(prompt_ids)
     record.finish_reason = "cancelled"
     eos = set(eos_ids)
-    logits = llm._advance(record, list(prompt_ids), stats)
+    tokens = source.start(llm, record, list(prompt_ids), sampler, stats) if source is not None else None
+    logits = llm._advance(record, list(prompt_ids), stats) if tokens is None else np.zeros((1, 0), np.float32)
     history = list(prompt_ids)
     emitted = 0  # characters of the decoded text already yielded
     text = ""
     decode_started = time.perf_counter()
     try:
         for _ in range(max_new_tokens):
-            token = sampler(logits[-1], history)
+            token = sampler(logits[-1], history) if tokens is None else next(tokens)
             if token in eos:
                 record.finish_reason = "eos"
                 break
@@ -125,7 +135,8 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
                 record.finish_reason = "length"
                 record.context_full = True
                 break
-            logits = llm._advance(record, history)
+            if tokens is None:
+                logits = llm._advance(record, history)
         else:
             record.finish_reason = "length"
         if emitted < len(text):  # the held-back tail is final now

@@ -34,7 +34,7 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
          threads: int | None = None, quant: str | QuantFormat | None = None, context: int = 4096, *,
          prefill_chunk: int = 512, all_logits: bool = False, cache: bool = True,
          progress: bool | None = None, kv_cache: str = "f16", chat_template: str | None = None,
-         embeddings: bool = False) -> Llm:
+         hidden_layers: Sequence[int] = (), embeddings: bool = False) -> Llm:
     """Load a Hugging Face folder (config.json, safetensors, tokenizer files), a GGUF file (``*.gguf``: its
     tensors memory-mapped in their stored types, its own tokenizer and chat template; ``quant`` then quantizes only
     the file's float matrices, without a cache), or a Hugging Face repo id from the local cache
@@ -48,8 +48,9 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     the memory), "f32" (exact) or "q8". chat_template: None uses the model's own template (test-rendered at load
     with bounded time and memory: one that exceeds the bounds is an error); "plain" uses a plain
     ``role: content`` format instead (the fallback for a model whose template is refused); any other string is a
-    Jinja template to use instead of the model's. embeddings: let ``Llm.embed`` read the final hidden state (costs
-    a little on every step).
+    Jinja template to use instead of the model's. hidden_layers: decoder layers whose outputs every step also
+    returns (``Llm.hidden``; what Eagle-3 / DFlash drafters read, see ``hetero.llm.speculative``). embeddings: let
+    ``Llm.embed`` read the final hidden state (costs a little on every step).
     """
     check_options(context, prefill_chunk, kv_cache)
     fmt = parse_quant(quant)
@@ -72,7 +73,7 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
         return Llm(model.config, graph, model.tokenizer, context=context, backends=backends,
                    on_fallback=on_fallback, threads=threads, prefill_chunk=prefill_chunk, name=model.name,
                    quant=label, path=model.path, kv_cache=kv_cache, sampling=model.sampling,
-                   mapped=model.mapped, template=template, embeddings=embeddings)
+                   mapped=model.mapped, template=template, hidden_layers=hidden_layers, embeddings=embeddings)
 
 
 def kv_cache_bytes(cfg: LlmConfig, context: int, kv_cache: str) -> int:

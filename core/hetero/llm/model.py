@@ -12,6 +12,7 @@ work; neither sees the other's tokens.
 from __future__ import annotations
 
 import operator
+import re
 import threading
 import time
 import weakref
@@ -26,7 +27,7 @@ from ..contract.errors import HeteroError
 from ..contract.graph import Graph
 from ..runtime.session import Session
 from .config import LlmConfig
-from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN
+from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN, VERIFY_ROWS
 from .files import MappedFiles, limit
 from .generate import Generation, generate_stream
 from .sampler import Sampler, SamplingDefaults, SamplingParams, from_generation_config
@@ -44,6 +45,19 @@ class Stats:
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    # speculative decoding (hetero.llm.speculative): verify steps that carried a draft, tokens drafted, accepted
+    verify_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_verify(self) -> float:
+        """Tokens committed per verify step that carried a draft (accepted drafts + the target's own token)."""
+        return (self.accepted_tokens + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -55,7 +69,8 @@ class Stats:
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "prefill_tokens_per_second": self.prefill_tokens_per_second,
-                "decode_tokens_per_second": self.decode_tokens_per_second}
+                "decode_tokens_per_second": self.decode_tokens_per_second,
+                "acceptance_rate": self.acceptance_rate, "tokens_per_verify": self.tokens_per_verify}
 
 
 # KV cache element types: float16 halves the cache (and decode attention's reads); float32 is exact; q8 (int8 with a
@@ -85,7 +100,8 @@ class Llm:
                  backends: Sequence[str] | str | None = None, on_fallback: str = "warn", threads: int | None = None,
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
                  kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
-                 template: ChatTemplate | None = None, embeddings: bool = False) -> None:
+                 template: ChatTemplate | None = None, hidden_layers: Sequence[int] = (),
+                 embeddings: bool = False) -> None:
         check_options(context, prefill_chunk, kv_cache)
         self.config = config
         self.tokenizer = tokenizer
@@ -99,11 +115,18 @@ class Llm:
             if node.op_type == "Attention":
                 node.attrs["kv_dtype"] = kv_cache
         self.kv_cache = kv_cache
+        self._layer_outputs = _layer_outputs(graph)
+        self.all_logits = not any(node.name == "last_tokens" for node in graph.nodes)
+        self.hidden_layers: tuple[int, ...] = ()
+        self._hidden: dict[int, np.ndarray] = {}  # layer -> [capacity, H] host copy of the cached tokens' rows
+        self._session_args: dict[str, Any] = {"backends": backends, "on_fallback": on_fallback, "threads": threads}
+        self._graph = graph
+        self._expose(self._layer_indices(hidden_layers))
         # embed() reads the final norm's output; as a graph output it is a fresh array every step (not an arena
         # slot, so decode's replay cannot bind its kernel): only models loaded for embeddings pay for it
-        self._hidden = _expose_hidden(graph) if embeddings else None
-        self.session = Session(graph, backends=backends, on_fallback=on_fallback, threads=threads)
+        self._final_norm = _expose_final_norm(graph) if embeddings else None
         self._last_hidden: np.ndarray | None = None  # the final norm's output of the last step (embed())
+        self.session = Session(graph, **self._session_args)
         self.tokens: list[int] = []  # the tokens whose K/V the cache holds, in order
         self.stats = Stats()
         self.last = Generation()
@@ -169,7 +192,19 @@ class Llm:
         """Run ``ids`` after the cached tokens; returns float32 logits (the last token's, or all with all_logits)."""
         with self._lock:
             self._owner = None
-            return self._forward(_token_ids(ids))
+            logits = self._forward(_token_ids(ids))
+            return logits if self.all_logits else logits[-1:]
+
+    def verify(self, ids: Sequence[int]) -> np.ndarray:
+        """Run ``ids`` (at most ``VERIFY_ROWS`` tokens) after the cached tokens in one pass; returns the logits of
+        every one of them, float32 ``[len(ids), vocab]`` (row i: the distribution after ``ids[:i + 1]``). The hidden
+        states of the exposed layers (``expose_hidden``) are then in ``hidden(layer, start, end)``."""
+        ids = _token_ids(ids)
+        if len(ids) > VERIFY_ROWS and not self.all_logits:
+            raise HeteroError(f"verify takes at most {VERIFY_ROWS} tokens at once, got {len(ids)}")
+        with self._lock:
+            self._owner = None
+            return self._forward(ids)[-len(ids):]
 
     def _forward(self, ids: list[int]) -> np.ndarray:
         if not ids:
@@ -185,13 +220,74 @@ class Llm:
             raise HeteroError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         self._mapped.check()
         feeds = {INPUT_IDS: np.asarray(ids, dtype=np.int64), PAST_LEN: np.asarray(past, dtype=np.int64)}
-        if self._hidden is None:
-            logits = self.session.run(feeds, [LOGITS])[LOGITS]
-        else:
-            out = self.session.run(feeds, [LOGITS, self._hidden])
-            logits, self._last_hidden = out[LOGITS], out[self._hidden]
+        names = {layer: self._layer_outputs[layer] for layer in self.hidden_layers}
+        extra = [self._final_norm] if self._final_norm is not None else []
+        out = self.session.run(feeds, [LOGITS, *names.values(), *extra])
+        for layer, name in names.items():
+            self._store_hidden(layer, past, out[name])
+        if self._final_norm is not None:
+            self._last_hidden = out[self._final_norm]
         self.tokens.extend(ids)
-        return logits
+        return out[LOGITS]
+
+    # -- hidden states (speculative drafters) ---------------------------------------------------------------------
+    def _layer_indices(self, layers: Sequence[int]) -> tuple[int, ...]:
+        n = self.config.num_layers
+        out = []
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, int | np.integer) or not -n <= layer < n:
+                raise HeteroError(f"hidden layer {layer!r} is not a layer of {self.name!r} (it has {n}: 0..{n - 1})")
+            out.append(int(layer) % n)
+        return tuple(dict.fromkeys(out))
+
+    def _expose(self, layers: tuple[int, ...]) -> None:
+        for layer in layers:
+            name = self._layer_outputs.get(layer)
+            if name is None:
+                raise HeteroError(f"the graph of {self.name!r} has no output of layer {layer} (node "
+                                  f"'...layers.{layer}.mlp_residual')")
+            if name not in self._graph.outputs:
+                self._graph.outputs.append(name)
+        self.hidden_layers = tuple(sorted({*self.hidden_layers, *layers}))
+
+    def expose_hidden(self, layers: Sequence[int]) -> tuple[int, ...]:
+        """Make every step also return the outputs of decoder ``layers`` (a drafter's ``hidden_layers``; negative
+        indices count from the end); returns them as non-negative indices. Exposing a layer not exposed yet
+        rebuilds the session, which forgets the cache: load with ``hidden_layers=...`` to avoid that."""
+        wanted = self._layer_indices(layers)
+        with self._lock:
+            if set(wanted) - set(self.hidden_layers):
+                self._expose(wanted)
+                self.session.close()
+                self.session = Session(self._graph, **self._session_args)
+                self._owner = None
+                self.tokens = []
+        return wanted
+
+    def hidden(self, layer: int, start: int, end: int) -> np.ndarray:
+        """The output of exposed decoder ``layer`` at cached positions ``[start, end)``, float32 ``[end - start, H]``
+        (a view: copy what you keep)."""
+        layer = self._layer_indices([layer])[0]
+        if layer not in self.hidden_layers:
+            raise HeteroError(f"layer {layer} of {self.name!r} is not exposed", hint="expose_hidden([...]) first")
+        if not 0 <= start <= end <= len(self.tokens):
+            raise HeteroError(f"hidden rows [{start}, {end}) are outside the {len(self.tokens)} cached tokens")
+        store = self._hidden.get(layer)
+        if store is None:
+            return np.zeros((0, self.config.hidden_size), dtype=np.float32)
+        return store[start:end]
+
+    def _store_hidden(self, layer: int, start: int, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.float32).reshape(-1, self.config.hidden_size)
+        end = start + rows.shape[0]
+        store = self._hidden.get(layer)
+        if store is None or store.shape[0] < end:
+            size = min(max(end, 64, 2 * (0 if store is None else store.shape[0])), self.context)
+            grown = np.zeros((size, self.config.hidden_size), dtype=np.float32)
+            if store is not None:
+                grown[:store.shape[0]] = store
+            store = self._hidden[layer] = grown
+        store[start:end] = rows
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly ``ids``, computing only what is not cached; returns the logits of the last
@@ -211,6 +307,25 @@ class Llm:
                 logits = self._prefill(ids, stats or Stats())
             self._owner = owner
             return logits
+
+    def _verify(self, owner: object, history: list[int], drafts: list[int]) -> np.ndarray:
+        """The logits rows after ``history`` and after each prefix of ``drafts`` (``len(drafts) + 1`` rows) for the
+        generation ``owner``, in one pass when the cache holds ``history[:-1]`` (as ``_advance``)."""
+        with self._lock:
+            if self._owner is not owner or len(self.tokens) != len(history) - 1:
+                if len(history) > 1:
+                    self._prefill(history[:-1], Stats())
+                else:
+                    self._rollback(0)
+            rows = self._forward([history[-1], *drafts])
+            self._owner = owner
+            return rows[-(len(drafts) + 1):]
+
+    def _keep(self, owner: object, length: int) -> None:
+        """After a verify step of ``owner``: keep the first ``length`` cached tokens (the rejected drafts go)."""
+        with self._lock:
+            if self._owner is owner:
+                self._rollback(length)
 
     def _prefill(self, ids: list[int], stats: Stats) -> np.ndarray:
         if not ids:
@@ -236,14 +351,14 @@ class Llm:
     @property
     def embeddings(self) -> bool:
         """Whether ``embed`` works (the model was loaded with ``embeddings=True``)."""
-        return self._hidden is not None
+        return self._final_norm is not None
 
     def embed(self, prompt: str | Sequence[int]) -> np.ndarray:
         """An embedding of ``prompt``: its last token's hidden state after the final norm, L2-normalised (last-token
         pooling, as Qwen3-Embedding models are read). The cache then holds the prompt, as after ``prefill``."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else _token_ids(prompt)
         with self._lock:
-            if self._hidden is None:
+            if self._final_norm is None:
                 raise HeteroError(f"model {self.name!r} was not loaded for embeddings",
                                   hint="hetero.llm.load(..., embeddings=True); hetero serve --embeddings")
             self._owner = None
@@ -276,22 +391,26 @@ class Llm:
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, penalty_last_n: int | None = None, seed: int | None = None,
                  stop: Sequence[str] | str | None = None, stream: bool = False,
-                 add_special_tokens: bool = True) -> str | Iterator[str]:
+                 add_special_tokens: bool = True, spec: Any = None) -> str | Iterator[str]:
         """Continue ``prompt`` (text, or token ids). Returns the text, or with ``stream=True`` an iterator of text
-        pieces (closing it cancels). Unset sampling options come from the model's generation_config.json."""
+        pieces (closing it cancels). Unset sampling options come from the model's generation_config.json.
+        ``spec``: speculative decoding (same output distribution, greedy output identical): a
+        ``hetero.llm.speculative.Speculation``, a ``Drafter``, or a name as ``hetero generate --spec`` takes it
+        ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``)."""
         params = self.sampling_params(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n,
             seed=seed)
         ids = self.tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else _token_ids(prompt)
-        return self._run(ids, max_new_tokens, params, stop, stream)
+        return self._run(ids, max_new_tokens, params, stop, stream, spec)
 
     def chat(self, messages: Sequence[dict[str, Any]], max_new_tokens: int = 512, *, stream: bool = False,
              stop: Sequence[str] | str | None = None, template_kwargs: dict[str, Any] | None = None,
-             **sampling: Any) -> str | Iterator[str]:
+             spec: Any = None, **sampling: Any) -> str | Iterator[str]:
         """Answer the conversation ``messages`` ([{"role", "content"}, ...]) through the model's chat template.
         The cache is reused across turns: only tokens after the common prefix are prefilled. A bare string is
-        refused (not taken as one message): ``chat`` takes a conversation, ``generate`` takes text."""
+        refused (not taken as one message): ``chat`` takes a conversation, ``generate`` takes text. ``spec``: as in
+        ``generate``."""
         messages = _checked_messages(messages)
         self._tok()
         if self.template is None:
@@ -301,10 +420,10 @@ class Llm:
             raise HeteroError(f"template_kwargs must be a dict, got {type(template_kwargs).__name__}")
         text = self.template.render(messages, add_generation_prompt=True, **(template_kwargs or {}))
         ids = self.tokenize(text, add_special_tokens=False)
-        return self._run(ids, max_new_tokens, self.sampling_params(**sampling), stop, stream)
+        return self._run(ids, max_new_tokens, self.sampling_params(**sampling), stop, stream, spec)
 
     def _run(self, ids: list[int], max_new_tokens: int, params: SamplingParams,
-             stop: Sequence[str] | str | None, stream: bool) -> str | Iterator[str]:
+             stop: Sequence[str] | str | None, stream: bool, spec: Any = None) -> str | Iterator[str]:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
             raise HeteroError(f"max_new_tokens={max_new_tokens!r}; expected an integer >= 0")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -316,7 +435,13 @@ class Llm:
         record = self.last = Generation()  # this call's own: another thread's call replaces self.last
         decode = (lambda t: self.detokenize(t, skip_special_tokens=True)) if self.tokenizer is not None \
             else (lambda t: "")
-        pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, record, decode)
+        source = None
+        if spec is not None:
+            from .speculative.registry import speculation
+
+            source = speculation(spec, self)
+        pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, record, decode,
+                                 source)
         if stream:
             return pieces
         for _ in pieces:
@@ -366,7 +491,7 @@ class Llm:
         return f"<Llm {self.name} context={self.context} cached={len(self.tokens)}>"
 
 
-def _expose_hidden(graph: Graph) -> str | None:
+def _expose_final_norm(graph: Graph) -> str | None:
     """Make the final norm's output (the hidden state the LM head reads) a graph output, for ``embed``."""
     node = next((n for n in graph.nodes if n.name == "final_norm"), None)
     if node is None or not node.outputs:
@@ -418,3 +543,16 @@ def _logical_size(name: str, array: np.ndarray, cfg: LlmConfig) -> int:
     else:
         k = cfg.hidden_size
     return rows * k
+
+
+_LAYER_OUTPUT = re.compile(r"layers\.(\d+)\.mlp_residual$")
+
+
+def _layer_outputs(graph: Graph) -> dict[int, str]:
+    """Decoder layer index -> the name of its output value (the residual stream after the layer)."""
+    found = {}
+    for node in graph.nodes:
+        match = _LAYER_OUTPUT.search(node.name)
+        if match and node.outputs:
+            found[int(match.group(1))] = node.outputs[0]
+    return found

@@ -185,7 +185,7 @@ class ChatRepl:
         try:
             first = stream_out(kept(self.llm.chat(self.messages, self.args.max_new_tokens, stream=True,
                                                   stop=self.args.stop, template_kwargs=self.template,
-                                                  **overrides)), started)
+                                                  spec=self.loaded.spec, **overrides)), started)
         except KeyboardInterrupt:
             print("\n[stopped]", file=sys.stderr)
         except HeteroError as exc:  # e.g. the context is full: say so and keep the chat open

@@ -44,5 +44,12 @@ def stats_line(llm: Any, load_seconds: float, first_token_seconds: float | None,
     quant = f" {llm.quant}" if getattr(llm, "quant", "") else ""
     return (f"[model {_size(llm.size_bytes())}{quant}, loaded in {load_seconds:.2f} s | prompt {s.prompt_tokens} "
             f"tokens ({s.cached_tokens} cached), {s.prefill_tokens_per_second:.1f} t/s, first token after "
-            f"{first:.2f} s | generated {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} t/s | sampling "
-            f"{sampling_text(llm, overrides)}]")
+            f"{first:.2f} s | generated {s.generated_tokens} tokens, {s.decode_tokens_per_second:.1f} t/s"
+            f"{_speculative(s)} | sampling {sampling_text(llm, overrides)}]")
+
+
+def _speculative(s: Any) -> str:
+    if not getattr(s, "verify_steps", 0):
+        return ""
+    return (f" (speculative: {s.acceptance_rate:.0%} of {s.drafted_tokens} drafts accepted, "
+            f"{s.tokens_per_verify:.2f} tokens per verify step)")

@@ -87,6 +87,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every token (added tokens included) -> its id."""
+        return dict(self._tok.get_vocab(with_added_tokens=True))
+
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

@@ -27,10 +27,13 @@ Rollback. Positions are explicit: ``past_len`` smaller than the tokens consumed 
 the history of its inputs (the pre-convolution ``qkv`` rows, and g, β after gating; like a KV cache, it grows with
 the tokens) and snapshots of the recurrent state: at every multiple of ``snapshot_interval`` positions and at the
 end of every call of more than one token (a prompt: the usual point a chat rolls back to), at most
-``max_snapshots`` of them (the oldest dropped first). Rolling back to p restores the newest snapshot at or before p
-(or the zero state) and recomputes the tokens from there to p with the chunked form; the conv state at p is the
-``K - 1`` history rows before p. So a rollback costs at most ``snapshot_interval`` tokens' worth of recurrence
-(plus the tokens generated since the last prompt), and results after it equal a fresh run up to rounding.
+``max_snapshots`` of them (the oldest dropped first); and, outside that count, a block-start checkpoint: the state at
+the start of the latest call of more than one token after position 0 (a speculative verify step, which usually keeps
+only part of its block). Rolling back to p restores the newest snapshot or checkpoint at or before p (or the zero
+state) and recomputes the tokens from there to p (the checkpoint: only the accepted tokens' recurrence, never the
+layers around it); the conv state at p is the ``K - 1`` history rows before p. So a rollback costs at most
+``snapshot_interval`` tokens' worth of recurrence (plus the tokens generated since the last prompt, or a verify
+block's accepted tokens), and results after it equal a fresh run up to rounding.
 """
 
 from __future__ import annotations
@@ -194,6 +197,7 @@ class DeltaState:
         self.g = np.zeros((0, heads))
         self.beta = np.zeros((0, heads))
         self.snaps: dict[int, np.ndarray] = {}
+        self.block: tuple[int, np.ndarray] | None = None  # block-start checkpoint (module doc)
 
     def record(self, x: np.ndarray, g: np.ndarray, beta: np.ndarray) -> None:
         end = self.pos + x.shape[0]
@@ -247,8 +251,14 @@ def rollback(st: DeltaState, attrs: dict, w: np.ndarray, bias: np.ndarray | None
         return
     for p in [p for p in st.snaps if p > target]:
         del st.snaps[p]
+    if st.block is not None and st.block[0] > target:
+        st.block = None
     base = max(st.snaps, default=0)
-    st.state = st.snaps[base].copy() if base else np.zeros_like(st.state)
+    if st.block is not None and st.block[0] > base:
+        base = st.block[0]
+        st.state = st.block[1].copy()
+    else:
+        st.state = st.snaps[base].copy() if base else np.zeros_like(st.state)
     st.pos = base
     if target > base:
         advance(st, attrs, w, bias, base, target, "chunked", None)
@@ -305,6 +315,8 @@ def gated_delta_rule(ctx: OpContext) -> list[np.ndarray]:
                           "tokens", hint="load the model with a larger context")
     bias = ctx.array(CONV_B) if ctx.has_input(CONV_B) else None
     rollback(st, attrs, w, bias, past)
+    if t > 1 and past > 0:
+        st.block = (past, st.state.copy())
     opt = (lambda i: ctx.array(i) if ctx.has_input(i) else None)  # noqa: E731
     g, beta = gates(ctx.array(DECAY), ctx.array(BETA), opt(A_LOG), opt(DT_BIAS))
     st.record(x, g, beta)

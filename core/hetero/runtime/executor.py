@@ -28,9 +28,9 @@ from ..contract.graph import Graph, Node
 from ..contract.registry import OpSchema
 from ..contract.tensor import Tensor, TensorInfo, static_shape
 from .control import ControlFlow
-from .infer import infer_node
+from .infer import SHAPE_ONLY_OPS, infer_node
 from .memory import ArenaPlan, Lifetime, plan_arena
-from .replay import Recorder, Replay
+from .replay import Recorder, Replay, StaleReplay
 from .segments import outer_names
 
 # What a kernel raises (besides HeteroError) when a malformed model breaks one of its assumptions: re-raised as a
@@ -126,14 +126,37 @@ class KernelProgram:
         """Whether a run's work is fixed by its input shapes alone (so a recorded run can be re-issued)."""
         if not overrides(self.backend, "write"):
             return False  # the replay refills its own input buffers through write()
+        shape_fixed = self._shape_fixed()
+        stateful = any(step.schema.stateful for step in self.steps)
         for step in self.steps:
             schema = step.schema
-            if step.has_subgraph or schema.data_dependent:
+            if (step.has_subgraph or schema.data_dependent) and (stateful or not self._fixed_branch(step, shape_fixed)):
                 return False
             for i in schema.value_inputs:
-                if i < len(step.node.inputs) and step.node.inputs[i] and i not in step.const_values:
+                if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
                     return False
         return True
+
+    @staticmethod
+    def _fixed_branch(step: _Step, shape_fixed: set[str]) -> bool:
+        """An If whose condition follows from the input shapes takes the same branch every run of a signature: the
+        replay runs it through its kernel's ``run_dynamic`` (a check of its results' shapes drops the replay, and
+        re-running the interpreter is harmless only without stateful kernels, which the caller rules out)."""
+        return (step.node.op_key == ("", "If") and step.node.inputs[0] in shape_fixed
+                and hasattr(step.kernel, "run_dynamic"))
+
+    def _shape_fixed(self) -> set[str]:
+        """Values decided by the segment's input shapes alone: initializers, Shape / Size outputs, and what
+        deterministic ops compute from those only (a Reshape's target built by Shape -> Gather -> Concat). The
+        replay is keyed on the input shapes, so for it these are constants."""
+        fixed = set(self._constants)
+        for step in self.steps:
+            node, schema = step.node, step.schema
+            if step.has_subgraph or schema.data_dependent or schema.nondeterministic:
+                continue
+            if node.op_key in SHAPE_ONLY_OPS or all(not name or name in fixed for name in node.inputs):
+                fixed.update(name for name in node.outputs if name)
+        return fixed
 
     # -- running ------------------------------------------------------------------------------------------------
     def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -141,7 +164,10 @@ class KernelProgram:
         signature = tuple((name, inputs[name].shape, inputs[name].dtype) for name in self._inputs)
         replay = self.replay
         if replay is not None and replay.signature == signature:
-            return replay.run(inputs, self._outputs)
+            try:
+                return replay.run(inputs, self._outputs)
+            except StaleReplay:  # a branch's results changed shape: interpret (and record again)
+                pass
         env = dict(inputs)
         planned = signature == self._plan_signature
         lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []
@@ -236,6 +262,9 @@ class KernelProgram:
             for name, out in zip(outputs, outs, strict=False):
                 if name:
                     env[name] = out
+            if recorder is not None:  # an If of a fixed branch (_can_replay)
+                outer = {name: env[name] for name in step.outer if name in env}
+                recorder.control(step.kernel, ins, outer, list(outs), self._control.runner, backend)
             return
         if key != step.key or schema.data_dependent:
             self._prepare(step, ins, key, run_subgraph)

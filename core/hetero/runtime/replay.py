@@ -12,7 +12,11 @@ outputs (fresh arrays, since the caller keeps them). So the replay
   method: a zero-argument callable doing ``run(inputs, outputs)`` on those exact buffers, typically the native
   function with its arguments already converted, or a list of such callables, e.g. one per device launch), else
   binds ``run`` to its argument lists;
-* keeps the rest (kernels writing graph outputs, views of them) as small dynamic entries.
+* keeps the rest (kernels writing graph outputs, views of them) as small dynamic entries;
+* runs an If whose condition follows from the input shapes (so the same branch each run: the executor checks) through
+  its kernel's ``run_dynamic`` with the branch's child session (which replays itself), copying the results into
+  buffers of the replay's own so that the kernels after it stay bound. Results of another shape than recorded raise
+  ``StaleReplay``: the program then drops the replay and interprets.
 
 A run is then a copy per feed and one Python call per kernel: that keeps Python's share of an LLM decode step
 small (issue 5 item 4; ``hetero.llm.profile`` measures it).
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..contract.backend import Backend, Kernel
+from ..contract.errors import HeteroError
 from ..contract.tensor import Tensor, TensorInfo
 
 Key = tuple[str, Any]  # ("feed", input name) or ("var", id of the tensor in the recorded run)
@@ -39,6 +44,25 @@ class _Call:
     outs: list[Tensor]
     var_ins: list[tuple[int, Key]] = field(default_factory=list)
     fresh_outs: list[tuple[int, Key, Backend, TensorInfo]] = field(default_factory=list)
+
+
+@dataclass
+class _Control:
+    """A control-flow node (If) run through its kernel's ``run_dynamic`` with a subgraph runner made each run."""
+
+    kernel: Any
+    ins: list[Tensor | None]
+    outer: dict[str, Tensor]  # enclosing-scope values its bodies read
+    outs: list[tuple[Key, TensorInfo]]
+    runner: Callable[[list[str], dict[str, Tensor]], Any]  # ControlFlow.runner
+    backend: Backend
+    var_ins: list[tuple[int, Key]] = field(default_factory=list)
+    var_outer: list[tuple[str, Key]] = field(default_factory=list)
+    fixed_outs: list[tuple[Key, Tensor]] = field(default_factory=list)  # made by the replay: (key, its buffer)
+
+
+class StaleReplay(HeteroError):
+    """A replayed control-flow node produced shapes other than the recorded run's: the replay no longer applies."""
 
 
 @dataclass
@@ -58,7 +82,7 @@ class Recorder:
         self.feeds = dict(feeds)
         self.backend = backend  # whose memory the replay's own input buffers are in
         self.keys: dict[int, Key] = {id(t): ("feed", name) for name, t in feeds.items()}
-        self.entries: list[_Call | _View] = []
+        self.entries: list[_Call | _View | _Control] = []
         self.keep: list[Tensor] = list(feeds.values())  # keeps ids unique while recording
 
     def _key(self, tensor: Tensor | None) -> Key | None:
@@ -79,6 +103,19 @@ class Recorder:
                 entry.fresh_outs.append((pos, key, backend, infos[pos]))
         self.entries.append(entry)
 
+    def control(self, kernel: Any, ins: list[Tensor | None], outer: dict[str, Tensor], outs: list[Tensor],
+                runner: Callable[[list[str], dict[str, Tensor]], Any], backend: Backend) -> None:
+        keys = []
+        for tensor in outs:
+            key = ("var", id(tensor))
+            self.keys[id(tensor)] = key
+            self.keep.append(tensor)
+            keys.append((key, tensor.info))
+        entry = _Control(kernel, list(ins), dict(outer), keys, runner, backend)
+        entry.var_ins = [(pos, key) for pos, t in enumerate(ins) if (key := self._key(t)) is not None]
+        entry.var_outer = [(name, key) for name, t in outer.items() if (key := self._key(t)) is not None]
+        self.entries.append(entry)
+
     def view(self, src: Tensor, out: Tensor, backend: Backend) -> None:
         key = self._key(src)
         if key is None:
@@ -93,12 +130,15 @@ class Recorder:
 
 
 class Replay:
-    def __init__(self, signature: Any, feeds: dict[str, Tensor], entries: list[_Call | _View],
+    def __init__(self, signature: Any, feeds: dict[str, Tensor], entries: list[_Call | _View | _Control],
                  outputs: dict[str, Key | Tensor], backend: Backend) -> None:
         self.signature = signature
         self.outputs = outputs
         self._values: dict[Key, Tensor] = {}  # this run's feeds, fresh outputs and their views
-        fixed: dict[Key, Tensor] = {}
+        # Tensors made once: the replay's copies of the feeds and views of them, which a segment may pass on as an
+        # output that a later segment reads (a segment of one Unsqueeze between two others).
+        self._fixed: dict[Key, Tensor] = {}
+        fixed = self._fixed
         self._write = backend.write
         self._slots: list[tuple[str, Tensor]] = []  # (feed name, the replay's own buffer)
         for name, tensor in feeds.items():
@@ -107,9 +147,12 @@ class Replay:
             self._slots.append((name, own))
         self.program: list[Call] = []
         self.bound = 0  # kernels called through their own bind()
+        self._output_keys = {key for key in outputs.values() if not isinstance(key, Tensor)}
         for entry in entries:
             if isinstance(entry, _View):
                 self._add_view(entry, fixed)
+            elif isinstance(entry, _Control):
+                self._add_control(entry, fixed)
             else:
                 self._add_call(entry, fixed)
 
@@ -117,11 +160,37 @@ class Replay:
         # Graph outputs are never views (the session runs their reshape as a kernel), so a view of a fixed tensor
         # (e.g. of the replay's copy of a feed) only ever reaches kernels: made once here.
         src = fixed.get(entry.src)
+        if entry.out in self._output_keys:
+            # a segment output that is a view of a segment input (a reshape alone in its segment): made from this
+            # run's feed at each run, never the replay's own copy of it (which the next run overwrites)
+            self.program.append(functools.partial(_make_view, self._values, entry))
+            return
         view = None if src is None else entry.backend.view(src, entry.info)
         if view is not None:
             fixed[entry.out] = view
         else:
             self.program.append(functools.partial(_make_view, self._values, entry))
+
+    def _add_control(self, entry: _Control, fixed: dict[Key, Tensor]) -> None:
+        var_ins = []
+        for pos, key in entry.var_ins:
+            if key in fixed:
+                entry.ins[pos] = fixed[key]
+            else:
+                var_ins.append((pos, key))
+        entry.var_ins = var_ins
+        var_outer = []
+        for name, key in entry.var_outer:
+            if key in fixed:
+                entry.outer[name] = fixed[key]
+            else:
+                var_outer.append((name, key))
+        entry.var_outer = var_outer
+        for key, info in entry.outs:
+            if key not in self._output_keys:  # a graph output stays the run's own result (the caller keeps it)
+                own = fixed[key] = entry.backend.empty(info)
+                entry.fixed_outs.append((key, own))
+        self.program.append(functools.partial(_run_control, self._values, entry))
 
     def _add_call(self, entry: _Call, fixed: dict[Key, Tensor]) -> None:
         ins = list(entry.ins)
@@ -160,7 +229,9 @@ class Replay:
         result = {}
         for name in wanted:
             found = self.outputs[name]
-            result[name] = found if isinstance(found, Tensor) else values[found]
+            if not isinstance(found, Tensor):
+                found = values[found] if found in values else self._fixed[found]
+            result[name] = found
         values.clear()  # the caller owns the outputs now
         return result
 
@@ -177,3 +248,21 @@ def _run_dynamic(values: dict[Key, Tensor], entry: _Call) -> None:
     for pos, key, backend, info in entry.fresh_outs:
         values[key] = entry.outs[pos] = backend.empty(info)
     entry.kernel.run(entry.ins, entry.outs)
+
+
+def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:
+    for pos, key in entry.var_ins:
+        entry.ins[pos] = values[key]
+    for name, key in entry.var_outer:
+        entry.outer[name] = values[key]
+    outs = entry.kernel.run_dynamic(entry.ins, run_subgraph=entry.runner(list(entry.outer), entry.outer))
+    owned = dict(entry.fixed_outs)
+    for (key, _), out in zip(entry.outs, outs, strict=True):
+        own = owned.get(key)
+        if own is None:
+            values[key] = out
+        elif out.shape != own.shape or out.dtype != own.dtype:
+            raise StaleReplay(f"{entry.kernel.node.label()}: a result of shape {list(out.shape)} where the recorded "
+                              f"run had {list(own.shape)}")
+        else:
+            entry.backend.write(own, out)

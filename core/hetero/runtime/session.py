@@ -185,8 +185,16 @@ class Session:
 
     @property
     def memory_plan(self) -> ArenaPlan | None:
-        """The arena plan of the first segment that has one (every segment of a one-backend model is one)."""
-        return next((plan for p in self.programs if (plan := getattr(p, "memory_plan", None)) is not None), None)
+        """The arena plan of the first segment that has one (a one-backend model is one segment); every segment's
+        is in ``memory_plans``."""
+        return next((plan for _, plan in self.memory_plans), None)
+
+    @property
+    def memory_plans(self) -> list[tuple[str, ArenaPlan]]:
+        """(backend name, arena plan) of each segment planned so far, in run order (an arena per segment: each
+        lives in its own backend's memory)."""
+        return [(getattr(getattr(p, "backend", None), "name", "?"), plan) for p in self.programs
+                if (plan := getattr(p, "memory_plan", None)) is not None]
 
     def kernels(self) -> list[tuple[Node, Kernel]]:
         """(node, kernel) of every node run by a kernel (views excluded): for profilers."""

@@ -24,13 +24,9 @@ does not count in a case's time. The child sees the parent's ``sys.path``, so ta
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
-import select
-import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -40,9 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from hetero.contract.vendor_worker import LEN as _LEN
+from hetero.contract.vendor_worker import exit_text, kill_process_group, stop_worker
+from hetero.contract.vendor_worker import read_frame as _read_frame
+
 BAD_KINDS = ("raised", "crashed", "hung")
 STARTUP_TIMEOUT = 300.0  # seconds for a worker to import its target
-_LEN = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -100,13 +99,8 @@ class ChildRunner:
         return Outcome(kind, detail, time.monotonic() - start)
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()  # type: ignore[union-attr]  # the worker's loop ends at end of input
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._kill()
+        if self.proc is not None:
+            stop_worker(self.proc, timeout=5)
         self.proc = None
         self._close_stderr()
 
@@ -131,17 +125,14 @@ class ChildRunner:
     def _died(self, start: float) -> Outcome:
         assert self.proc is not None
         code = self.proc.wait()
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-        detail = f"the worker died ({how}): {self._stderr_tail()}"
+        detail = f"the worker died ({exit_text(code)}): {self._stderr_tail()}"
         self.proc = None
         self.restarts += 1
         return Outcome("crashed", detail, time.monotonic() - start)
 
     def _kill(self) -> None:
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and anything it started
-            self.proc.wait()
+            kill_process_group(self.proc)
             self.proc = None
 
     def _stderr_tail(self, limit: int = 2000) -> str:
@@ -155,27 +146,6 @@ class ChildRunner:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
-
-
-def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
-    """n bytes from fd, or None at the deadline; EOFError when the writer is gone."""
-    out = bytearray()
-    while len(out) < n:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
-        chunk = os.read(fd, n - len(out))
-        if not chunk:
-            raise EOFError
-        out += chunk
-    return bytes(out)
-
-
-def _read_frame(fd: int, deadline: float) -> bytes | None:
-    head = _read_exact(fd, _LEN.size, deadline)
-    if head is None:
-        return None
-    return _read_exact(fd, _LEN.unpack(head)[0], deadline)
 
 
 def selftest_target(case: bytes) -> None:

@@ -1,7 +1,9 @@
 """The Qwen-style decoder as a hetero Graph: embedding, N x (attention + MLP or MoE), final norm, LM head.
 
 Graph inputs: ``input_ids`` (int64 ``[T]``) and ``past_len`` (int64 scalar: tokens already in the KV caches).
-Output: ``logits`` (float32 ``[1, vocab]`` for the last token, or ``[T, vocab]`` with ``all_logits``).
+Output: ``logits`` (float32 ``[min(T, VERIFY_ROWS), vocab]``: the last tokens' rows, so a speculative verify step of
+up to ``VERIFY_ROWS`` tokens gets every row in one pass while a long prefill chunk pays the LM head for only that
+many; ``[T, vocab]`` with ``all_logits``).
 The families differ only in switches (QKV bias, q/k norm, routed experts) and tensor names, given by a ``Naming``.
 """
 
@@ -21,6 +23,7 @@ from ..config import LlmConfig
 from ..weights import Weight, WeightSource
 
 INPUT_IDS, PAST_LEN, LOGITS = "input_ids", "past_len", "logits"
+VERIFY_ROWS = 16  # logits rows of the last tokens of a step (hetero.llm.speculative verifies up to this many)
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,11 @@ def build_decoder(cfg: LlmConfig, weights: WeightSource, naming: Naming, *, cont
             h = layer_fn(b, cfg, weights, naming, i, h, shapes, context)
             bar.update(1, f"layer {i + 1}/{cfg.num_layers}")
     if not all_logits:
-        last = b.const("last_index", np.array([-1], dtype=np.int64))
-        h = b.node("Gather", [h, last], "last_token", {"axis": 0}, domain="")
+        # Slice clamps: a step of T < VERIFY_ROWS tokens keeps all T rows (a decode step: its one row)
+        start = b.const("last_index", np.array([-VERIFY_ROWS], dtype=np.int64))
+        end = b.const("last_index_end", np.array([np.iinfo(np.int64).max], dtype=np.int64))
+        axes = b.const("last_index_axes", np.array([0], dtype=np.int64))
+        h = b.node("Slice", [h, start, end, axes], "last_tokens", domain="")
     norm = b.const(naming.final_norm, weights.vector(naming.final_norm, cfg.hidden_size))
     h = b.node("RMSNorm", [h, norm], "final_norm", {"epsilon": cfg.rms_norm_eps,
                                                     **({"offset": cfg.norm_offset} if cfg.norm_offset else {})})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -24,6 +24,10 @@ def bindable(*arrays: np.ndarray | None) -> bool:
     """Whether a bound call may keep these buffers as they are: a kernel's ``run`` would copy a non-contiguous
     input (``np.ascontiguousarray``) on every call, and a bound call must see the buffer's new contents instead."""
     return all(a is None or a.flags.c_contiguous for a in arrays)
+
+
+Call = Callable[[], None]
+Calls = Call | list[Call]  # one native call, or several (a Concat's copy per input)
 
 
 def noop() -> None:
@@ -65,3 +69,28 @@ def fused_activation_known(node: NodeInfo) -> Support:
     if activation_known(node.node.attrs):
         return SUPPORTED
     return unsupported(f"fused activation {node.attr('activation')}")
+
+
+class CallKernel(CpuKernel):
+    """A kernel whose work is native calls made from its tensors (``calls``): ``run`` makes and issues them, ``bind``
+    hands them to the replay, which issues them with no Python of the kernel's own. ``calls`` must read the buffers
+    it is given in place (views, no copies) whenever they are C-contiguous, which ``bind`` checks first; values that
+    decide the calls (a Slice's starts, a Reshape's shape) are fixed per prepared signature, the replay's premise.
+    """
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        raise NotImplementedError
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        made = self.calls(inputs, outputs)
+        if isinstance(made, list):
+            for call in made:
+                call()
+        else:
+            made()
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        """The replay's bound call(s) (``CpuKernel.bind``)."""
+        if not bindable(*(t.buffer for t in (*inputs, *outputs) if t is not None)):
+            return None
+        return self.calls(inputs, outputs)

@@ -11,14 +11,14 @@ from hetero.contract import Backend, NodeInfo, Support, Tensor, dtypes, unsuppor
 from hetero.contract.opforms import UNARY_FORMS, unary_params
 
 from .. import _native
-from .common import CpuKernel, bindable, dtype_check, float32_only, noop
+from .common import Call, CallKernel, Calls, CpuKernel, bindable, dtype_check, float32_only, noop
 
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "max", "Min": "min"}
 # Integer paths exist natively for these (ONNX integer Div truncates toward zero, which the native kernel does).
 _INT_OK = {"add", "sub", "mul", "div", "max", "min"}
 
 
-class CpuBinary(CpuKernel):
+class CpuBinary(CallKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         if len(node.inputs) != 2:
@@ -31,26 +31,17 @@ class CpuBinary(CpuKernel):
         super().__init__(node, backend)
         self.op = _BINARY[node.op_type]
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         a, b = inputs[0].numpy(), inputs[1].numpy()
-        # broadcast_to costs ~15 us a call: on the decode path (residual adds) both inputs already have out's shape
+        # broadcast_to costs ~15 us a call: on the decode path (residual adds) both inputs already have out's shape;
+        # a replay makes these views once
         if a.shape != out.shape:
             a = np.broadcast_to(a, out.shape)
         if b.shape != out.shape:
             b = np.broadcast_to(b, out.shape)
-        _native.binary(self.op, a, b, out)
-
-    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Callable[[], None] | None:
-        """The replay's bound call (``CpuKernel.bind``) when nothing broadcasts, e.g. the decoder's residual adds."""
-        out = outputs[0].buffer
-        a, b = inputs[0].numpy(), inputs[1].numpy()
-        if out.size == 0:
-            return noop
-        if a.shape != out.shape or b.shape != out.shape or not bindable(a, b, out):
-            return None
         return functools.partial(_native.binary, self.op, a, b, out)
 
 
@@ -84,17 +75,22 @@ class CpuUnary(CpuKernel):
         return functools.partial(_native.unary, self.op, x, out, self.alpha, self.beta)
 
 
-class CpuClip(CpuKernel):
+class CpuClip(CallKernel):
     """Clip with bounds from attributes (opset < 11) or from optional inputs."""
 
     accepts = staticmethod(float32_only)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         lo = _bound(inputs, 1, self.attr("min", -np.inf))
         hi = _bound(inputs, 2, self.attr("max", np.inf))
         out = outputs[0].buffer
-        if out.size:
-            _native.unary("clip", inputs[0].numpy(), out, lo, hi)
+        return functools.partial(_native.unary, "clip", inputs[0].numpy(), out, lo, hi) if out.size else noop
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        """Bounds are read when the call is made: bound only when they are the model's constants."""
+        if any(i < len(inputs) and inputs[i] is not None and i not in self.info.constants for i in (1, 2)):
+            return None
+        return super().bind(inputs, outputs)
 
 
 def _bound(inputs: Sequence[Tensor | None], index: int, default: float) -> float:

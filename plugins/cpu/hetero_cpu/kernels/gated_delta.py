@@ -4,7 +4,8 @@ the chunked WY/UT form (prompts), gated norm, value heads in parallel, on the IS
 The node's state lives here: the recurrent state (float32 ``[Hv, Dk, Dv]``), the input history (pre-conv rows
 with K - 1 leading zero rows, so the conv window of any range is a slice; raw a / b rows) and the snapshots; the
 rollback policy is the op's (snapshots every ``snapshot_interval`` positions and after every prompt, replay from
-the newest one at or before the target). ``run`` allocates only when the history grows (doubling).
+the newest one at or before the target, or the block-start checkpoint of the op's doc). ``run`` allocates only when
+the history grows (doubling).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from hetero.contract.opforms import GATED_DELTA_MODES
 from .. import _native
 from .common import CpuKernel
 
-# Below this many new tokens the recurrence is at least as fast as the chunked form (benchmarks/gated_delta.py
-# --tokens N at Qwen3.5's head size, AVX-512 and AVX2: chunked / recurrent 0.8-1.05x at 2-3 tokens, 1.1-1.2x at 4);
+# Below this many new tokens the recurrence runs, not the chunked form. The chunked form is 1.1-1.2x faster from 4
+# tokens (benchmarks/gated_delta.py --tokens N at Qwen3.5's head size, AVX-512 and AVX2), but blocks of up to 16
+# tokens are speculative verify steps (hetero.llm.speculative, VERIFY_ROWS): run as the recurrence their outputs
+# and states are bitwise those of one-token decode steps, so greedy speculative output equals plain decoding.
 # HETERO_CPU_GDN_CHUNKED_MIN overrides it (benchmarks).
-CHUNKED_MIN = 4
+CHUNKED_MIN = 17
 
 
 def _c32(a: np.ndarray) -> np.ndarray:
@@ -75,6 +78,8 @@ class CpuGatedDeltaRule(CpuKernel):
         self.hist_a = np.zeros((64, self.hv), dtype=np.float32)
         self.hist_b = np.zeros((64, self.hv), dtype=np.float32)
         self.snaps: dict[int, np.ndarray] = {}
+        self.block_pos = -1  # the block-start checkpoint: position (-1: none) and state
+        self.block_state = np.zeros_like(self.state)
 
     # -- state ----------------------------------------------------------------------------------------------------
     def _grow(self, end: int) -> None:
@@ -118,14 +123,19 @@ class CpuGatedDeltaRule(CpuKernel):
             return
         for p in [p for p in self.snaps if p > target]:
             del self.snaps[p]
+        if self.block_pos > target:
+            self.block_pos = -1
         base = max(self.snaps, default=0)
-        if base:
+        if self.block_pos > base:
+            base = self.block_pos
+            np.copyto(self.state, self.block_state)
+        elif base:
             np.copyto(self.state, self.snaps[base])
         else:
             self.state.fill(0.0)
         self.pos = base
-        if target > base:
-            self._advance(base, target, None, None, True)
+        if target > base:  # the same form a run of that many tokens takes (bitwise equal states for short replays)
+            self._advance(base, target, None, None, target - base >= self.chunked_min)
 
     # -- run ------------------------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
@@ -141,6 +151,9 @@ class CpuGatedDeltaRule(CpuKernel):
         if x.shape[1] != self.channels:
             raise HeteroError(f"{self.node.label()}: qkv has {x.shape[1]} channels, expected {self.channels}")
         self._rollback(past)
+        if t > 1 and past > 0:  # a block (a verify step) may be cut short: keep the state at its start
+            np.copyto(self.block_state, self.state)
+            self.block_pos = past
         end = past + t
         self._grow(end)
         k = self.kernel - 1

@@ -6,6 +6,7 @@ threads and cache blocking. Outputs are preallocated, so even Reshape copies: it
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, dtypes, unsupported
 
 from .. import _native
-from .common import CpuKernel
+from .common import Call, CallKernel, Calls, noop
 
 # numpy's own numeric types (ml_dtypes' low-precision ones are not builtin: the reference owns their cast rules).
 _PLAIN = tuple(
@@ -28,48 +29,49 @@ def _plain_dtypes(node: NodeInfo) -> Support:
     return SUPPORTED
 
 
-def _copy(src: np.ndarray, out: np.ndarray) -> None:
+def _copy(src: np.ndarray, out: np.ndarray) -> Call:
+    """The call copying the view ``src`` into ``out``."""
     if not out.size:
-        return
+        return noop
     if out.flags.c_contiguous:
-        _native.copy(src, out)
-    else:  # a window of a larger output (Concat along an inner axis): numpy's strided copy loop
-        np.copyto(out, src)
+        return functools.partial(_native.copy, src, out)
+    # a window of a larger output (Concat along an inner axis): numpy's strided copy loop
+    return functools.partial(np.copyto, out, src)
 
 
-class CpuReshapeLike(CpuKernel):
+class CpuReshapeLike(CallKernel):
     """Reshape, Flatten, Squeeze, Unsqueeze, Identity: the data is unchanged, only the shape differs."""
 
     accepts = staticmethod(_plain_dtypes)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         out = outputs[0].buffer
-        _copy(inputs[0].numpy().reshape(out.shape), out)
+        return _copy(inputs[0].numpy().reshape(out.shape), out)
 
 
-class CpuTranspose(CpuKernel):
+class CpuTranspose(CallKernel):
     accepts = staticmethod(_plain_dtypes)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         x = inputs[0].numpy()
         perm = self.attr("perm") or list(range(x.ndim))[::-1]
-        _copy(x.transpose(perm), outputs[0].buffer)
+        return _copy(x.transpose(perm), outputs[0].buffer)
 
 
-class CpuExpand(CpuKernel):
+class CpuExpand(CallKernel):
     accepts = staticmethod(_plain_dtypes)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         out = outputs[0].buffer
-        _copy(np.broadcast_to(inputs[0].numpy(), out.shape), out)
+        return _copy(np.broadcast_to(inputs[0].numpy(), out.shape), out)
 
 
-class CpuSlice(CpuKernel):
+class CpuSlice(CallKernel):
     """Slice with starts/ends/axes/steps from inputs (opset >= 10) or attributes (opset < 10)."""
 
     accepts = staticmethod(_plain_dtypes)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         x = inputs[0].numpy()
         if self.info.opset >= 10:
             starts, ends = (_ints(inputs, i) for i in (1, 2))
@@ -82,7 +84,7 @@ class CpuSlice(CpuKernel):
         index = [slice(None)] * x.ndim
         for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
             index[axis] = _clamped_slice(start, end, step, x.shape[axis])
-        _copy(x[tuple(index)], outputs[0].buffer)
+        return _copy(x[tuple(index)], outputs[0].buffer)
 
 
 def _ints(inputs: Sequence[Tensor | None], index: int) -> list[int]:
@@ -102,26 +104,28 @@ def _clamped_slice(start: int, end: int, step: int, size: int) -> slice:
     return slice(start, None if end < 0 else end, step)
 
 
-class CpuConcat(CpuKernel):
+class CpuConcat(CallKernel):
     accepts = staticmethod(_plain_dtypes)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         out = outputs[0].buffer
         axis = self.attr("axis")
         axis = axis + out.ndim if axis < 0 else axis
         offset = 0
         index = [slice(None)] * out.ndim
+        copies = []
         for tensor in inputs:
             if tensor is None:
                 continue
             part = tensor.numpy()
             width = part.shape[axis]
             index[axis] = slice(offset, offset + width)
-            _copy(part, out[tuple(index)])
+            copies.append(_copy(part, out[tuple(index)]))
             offset += width
+        return copies
 
 
-class CpuGather(CpuKernel):
+class CpuGather(CallKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         idx = node.inputs[1]
@@ -129,17 +133,22 @@ class CpuGather(CpuKernel):
             return unsupported(f"Gather with {idx.dtype} indices")
         return _plain_dtypes(node)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         # np.asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray would make a scalar index shape (1,)).
         data = np.asarray(inputs[0].numpy(), order="C")
         indices = np.asarray(inputs[1].numpy(), dtype=np.int64, order="C")
         out = outputs[0].buffer
-        if out.size:
-            axis = self.attr("axis", 0)
-            _native.gather(data, indices, axis + data.ndim if axis < 0 else axis, out)
+        if out.size == 0:
+            return noop
+        axis = self.attr("axis", 0)
+        return functools.partial(_native.gather, data, indices, axis + data.ndim if axis < 0 else axis, out)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        """int32 indices are converted when the call is made: bound only for int64 ones (read in place)."""
+        return super().bind(inputs, outputs) if inputs[1].numpy().dtype == np.int64 else None
 
 
-class CpuCast(CpuKernel):
+class CpuCast(CallKernel):
     """Numeric casts between numpy dtypes (numpy's own conversion loops)."""
 
     @staticmethod
@@ -147,8 +156,8 @@ class CpuCast(CpuKernel):
         # Only numpy's own types: casts to float8/float4/int4 follow ONNX's saturation rules (the reference's).
         return _plain_dtypes(node)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        np.copyto(outputs[0].buffer, inputs[0].numpy(), casting="unsafe")
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        return functools.partial(np.copyto, outputs[0].buffer, inputs[0].numpy(), casting="unsafe")
 
 
 KERNELS = {

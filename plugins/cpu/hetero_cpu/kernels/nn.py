@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -9,7 +10,7 @@ import numpy as np
 from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
 
 from .. import _native
-from .common import CpuKernel, float32_only, fused_activation, fused_activation_known
+from .common import Call, CallKernel, Calls, CpuKernel, float32_only, fused_activation, fused_activation_known, noop
 
 
 def _rows(shape: Sequence[int], axis: int) -> tuple[int, int]:
@@ -19,7 +20,7 @@ def _rows(shape: Sequence[int], axis: int) -> tuple[int, int]:
     return outer, inner
 
 
-class CpuSoftmax(CpuKernel):
+class CpuSoftmax(CallKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         info = node.inputs[0]
@@ -45,16 +46,15 @@ class CpuSoftmax(CpuKernel):
             axis = axis + rank if axis < 0 else axis
         self.rows = _rows(shape, axis)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
-        if out.size:
-            log = self.node.op_type == "LogSoftmax"
-            if self.blocks is not None:
-                x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.blocks)
-                _native.softmax_axis(x, out.reshape(self.blocks), log=log)
-                return
-            x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)
-            _native.softmax(x, out.reshape(self.rows), log=log)
+        if out.size == 0:
+            return noop
+        log = self.node.op_type == "LogSoftmax"
+        x = np.ascontiguousarray(inputs[0].numpy())
+        if self.blocks is not None:
+            return functools.partial(_native.softmax_axis, x.reshape(self.blocks), out.reshape(self.blocks), log=log)
+        return functools.partial(_native.softmax, x.reshape(self.rows), out.reshape(self.rows), log=log)
 
 
 class CpuLayerNorm(CpuKernel):
@@ -124,7 +124,7 @@ def _spatial_2d(node: NodeInfo) -> Support:
     return float32_only(node)
 
 
-class CpuConv(CpuKernel):
+class CpuConv(CallKernel):
     """2-D convolution on the native packed kernels; a 1-D one ([N, C, L]) runs as 2-D with H = 1."""
 
     @staticmethod
@@ -163,10 +163,10 @@ class CpuConv(CpuKernel):
             self.pads = (begin[0], begin[1], end[0], end[1])
             self.native_strides, self.native_dilations = self.strides, self.dilations
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         bias = self.bias
         if bias is None and len(inputs) > 2 and inputs[2] is not None:
             bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
@@ -174,12 +174,18 @@ class CpuConv(CpuKernel):
         if self.one_d:
             x, out = x[:, :, None, :], out[:, :, None, :]
         act, alpha, beta = self.activation
-        _native.conv2d_packed(x, self.packed, bias, out, strides=self.native_strides, pads=self.pads,
-                              dilations=self.native_dilations, activation=act, activation_alpha=alpha,
-                              activation_beta=beta)
+        return functools.partial(_native.conv2d_packed, x, self.packed, bias, out, strides=self.native_strides,
+                                 pads=self.pads, dilations=self.native_dilations, activation=act,
+                                 activation_alpha=alpha, activation_beta=beta)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        """A bias computed at run time is bound only where it needs no conversion (a float32 buffer as it is)."""
+        if self.bias is None and len(inputs) > 2 and inputs[2] is not None and inputs[2].numpy().dtype != np.float32:
+            return None
+        return super().bind(inputs, outputs)
 
 
-class CpuPool(CpuKernel):
+class CpuPool(CallKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         verdict = _spatial_2d(node)
@@ -201,16 +207,16 @@ class CpuPool(CpuKernel):
         spatial = static_shape(inputs[0])[2:]
         self.pads = _conv_pads(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         x = np.ascontiguousarray(inputs[0].numpy())
         if self.node.op_type == "MaxPool":
-            _native.max_pool2d(x, out, self.kernel_shape, self.strides, self.pads, self.dilations)
-        else:
-            _native.avg_pool2d(x, out, self.kernel_shape, self.strides, self.pads,
-                               bool(self.attr("count_include_pad", 0)))
+            return functools.partial(_native.max_pool2d, x, out, self.kernel_shape, self.strides, self.pads,
+                                     self.dilations)
+        return functools.partial(_native.avg_pool2d, x, out, self.kernel_shape, self.strides, self.pads,
+                                 bool(self.attr("count_include_pad", 0)))
 
 
 class CpuAvgPool(CpuPool):
@@ -221,13 +227,14 @@ class CpuAvgPool(CpuPool):
         return _spatial_2d(node)
 
 
-class CpuGlobalAvgPool(CpuKernel):
+class CpuGlobalAvgPool(CallKernel):
     accepts = staticmethod(_spatial_2d)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
-        if out.size:
-            _native.global_avg_pool(np.ascontiguousarray(inputs[0].numpy()), out)
+        if out.size == 0:
+            return noop
+        return functools.partial(_native.global_avg_pool, np.ascontiguousarray(inputs[0].numpy()), out)
 
 
 class CpuBatchNorm(CpuKernel):

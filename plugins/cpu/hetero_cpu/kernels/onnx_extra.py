@@ -9,6 +9,7 @@ no node leaves the backend because of this split.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -26,7 +27,7 @@ from hetero.contract import (
 )
 
 from .. import _native
-from .common import CpuKernel
+from .common import Call, CallKernel, Calls, noop
 from .numpy_ops import CpuNumpyKernel
 
 _PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d.np_dtype.kind in "biuf")
@@ -43,8 +44,11 @@ def _dtypes_in(node: NodeInfo, allowed: Sequence, indices: Sequence[int] | None 
     return SUPPORTED
 
 
-class _NativeOrNumpy(CpuKernel):
-    """A native kernel that hands the configurations it does not cover to the numpy reference (still on cpu)."""
+class _NativeOrNumpy(CallKernel):
+    """A native kernel that hands the configurations it does not cover to the numpy reference (still on cpu).
+
+    A kernel implements either ``run_native`` or ``calls`` (``CallKernel``: then the replay binds its native path).
+    """
 
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
@@ -80,7 +84,12 @@ class _NativeOrNumpy(CpuKernel):
         self.run_native(inputs, outputs)
 
     def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        raise NotImplementedError
+        CallKernel.run(self, inputs, outputs)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        if not self.native or type(self).calls is CallKernel.calls:
+            return None
+        return super().bind(inputs, outputs)
 
 
 def _has(inputs: Sequence[Tensor | None], i: int) -> bool:
@@ -110,7 +119,7 @@ class CpuReduce(_NativeOrNumpy):
     def setup(self) -> None:
         self.op = _REDUCE[self.node.op_type]
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         x = inputs[0].numpy()
         out = outputs[0].buffer
         if _axes_from_input(self.info):
@@ -119,14 +128,12 @@ class CpuReduce(_NativeOrNumpy):
             axes = list(self.attr("axes", []) or [])
         if not axes:
             if self.attr("noop_with_empty_axes", 0):
-                np.copyto(out, x.reshape(out.shape))
-                return
+                return functools.partial(np.copyto, out, x.reshape(out.shape))
             axes = list(range(x.ndim))
         axes = [a + x.ndim if a < 0 else a for a in axes]
         if x.size == 0 or any(x.shape[a] == 0 for a in axes):
-            self.run_numpy(inputs, outputs)
-            return
-        _native.reduce(self.op, np.ascontiguousarray(x), axes, out)
+            return functools.partial(self.run_numpy, inputs, outputs)
+        return functools.partial(_native.reduce, self.op, np.ascontiguousarray(x), axes, out)
 
 
 class CpuGlobalMaxPool(_NativeOrNumpy):
@@ -193,15 +200,15 @@ class CpuCompare(_NativeOrNumpy):
     def setup(self) -> None:
         self.op = _COMPARE[self.node.op_type]
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         a, b = inputs[0].numpy(), inputs[1].numpy()
         if a.dtype != b.dtype:
-            self.run_numpy(inputs, outputs)
-            return
-        _native.compare(self.op, np.broadcast_to(a, out.shape), np.broadcast_to(b, out.shape), out)
+            return functools.partial(self.run_numpy, inputs, outputs)
+        return functools.partial(_native.compare, self.op, np.broadcast_to(a, out.shape),
+                                 np.broadcast_to(b, out.shape), out)
 
 
 class CpuLogical(_NativeOrNumpy):
@@ -310,11 +317,11 @@ class CpuPad(_NativeOrNumpy):
             return unsupported(f"Pad mode {node.attr('mode')}")
         return _dtypes_in(node, _PLAIN, indices=[0])
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         x = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         rank = x.ndim
         if self.info.opset >= 11:
             pads = _ints(inputs[1])
@@ -329,9 +336,15 @@ class CpuPad(_NativeOrNumpy):
             begins[a + rank if a < 0 else a] = pads[i]
         mode = self.attr("mode", "constant")
         if mode != "constant" and any(n == 0 for n in x.shape):
-            self.run_numpy(inputs, outputs)
-            return
-        _native.pad(np.ascontiguousarray(x), begins, mode, np.asarray(value, dtype=x.dtype).reshape(1), out)
+            return functools.partial(self.run_numpy, inputs, outputs)
+        return functools.partial(_native.pad, np.ascontiguousarray(x), begins, mode,
+                                 np.asarray(value, dtype=x.dtype).reshape(1), out)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        """The pad value is read when the call is made: bound only when it is absent or the model's constant."""
+        if _has(inputs, 2) and 2 not in self.info.constants:
+            return None
+        return super().bind(inputs, outputs)
 
 
 class CpuTile(_NativeOrNumpy):

@@ -70,6 +70,8 @@ class ClGatedDeltaRule(ClKernel):
         self.kernel_size = 0
         self.pos = 0
         self.snaps: dict[int, object] = {}
+        self.block_pos = -1  # the block-start checkpoint (the op's doc): position (-1: none) and device state
+        self.block_state: object | None = None
         self.weights: dict[str, object] = {}
 
     # -- state ----------------------------------------------------------------------------------------------------
@@ -140,8 +142,13 @@ class ClGatedDeltaRule(ClKernel):
             return
         for p in [p for p in self.snaps if p > target]:
             del self.snaps[p]
+        if self.block_pos > target:
+            self.block_pos = -1
         base = max(self.snaps, default=0)
-        if base:
+        if self.block_pos > base:
+            base = self.block_pos
+            self.ctx.copy(self.block_state, self.state, 0, 0, self.state_bytes)
+        elif base:
             self.ctx.copy(self.snaps[base], self.state, 0, 0, self.state_bytes)
         else:
             self.ctx.zero(self.state, 0, self.state_bytes)
@@ -177,6 +184,11 @@ class ClGatedDeltaRule(ClKernel):
         self._rollback(past)
         if t == 0:
             return
+        if t > 1 and past > 0:  # a block (a verify step) may be cut short: keep the state at its start
+            if self.block_state is None:
+                self.block_state = self.be.alloc(self.state_bytes, "weights")
+            self.ctx.copy(self.state, self.block_state, 0, 0, self.state_bytes)
+            self.block_pos = past
         end = past + t
         self._grow(end)
         c, lead = self.channels, self.kernel_size - 1

@@ -103,7 +103,10 @@ class ClSlice(_Copy):
         shape = x.shape
         rank = len(shape)
         if len(inputs) > 1:  # opset >= 10: starts, ends, axes, steps are inputs
-            vals = [None if i >= len(inputs) or inputs[i] is None else self.host(inputs[i]) for i in range(1, 5)]
+            # constants (the usual case: the decoder's last-rows Slice) are known at load time, so a replay can
+            # bind this kernel; values computed at run time are read on the host
+            vals = [self.info.constants.get(i) if i in self.info.constants
+                    else None if i >= len(inputs) or inputs[i] is None else self.host(inputs[i]) for i in range(1, 5)]
             starts, ends = vals[0].reshape(-1).tolist(), vals[1].reshape(-1).tolist()
             axes = vals[2].reshape(-1).tolist() if vals[2] is not None else list(range(len(starts)))
             steps = vals[3].reshape(-1).tolist() if vals[3] is not None else [1] * len(starts)

@@ -1,0 +1,300 @@
+"""Eagle-3: a one-layer draft head fed with the target's hidden states at three depths, drafting a token tree.
+
+Input of the head at sequence position ``j``: the feature ``fc(concat(h_low[j], h_mid[j], h_high[j]))`` of token
+``j`` (``h_*``: the target's hidden states at three layers) and the embedding of token ``j + 1``; the layer's
+attention reads ``concat(input_norm(embedding), hidden_norm(feature))`` and its residual stream is the feature. Its
+output predicts token ``j + 2`` through the head's own LM head over a reduced draft vocabulary (``d2t`` maps a draft
+id ``i`` to the target id ``i + d2t[i]``). Deeper drafts feed the head its own output instead of a target feature.
+
+Drafting grows a tree: ``top_k`` children of each frontier node, the ``top_k`` best (by cumulative log-probability)
+kept per depth; each node attends to the verified context and to its own ancestors (a tree attention mask). hetero's
+target Attention takes a causal block, not an arbitrary mask, so the target verifies one chain of the tree: the path
+with the largest expected accepted length under the head's own probabilities (``Tree.best_chain``). ``Tree.mask``
+gives the ancestor mask a tree-verifying target would use.
+
+The folder layout (EAGLE-3 authors', ``yuhuili/EAGLE3-*`` on the Hugging Face Hub) is documented in
+docs/speculative.md, "Drafter files".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...contract.errors import HeteroError, ModelFormatError
+from .drafter_files import DrafterFolder, LayerShape, layer_ids
+from .drafter_nn import LayerWeights, attention, rms_norm
+from .feature_drafter import FeatureDrafter
+from .registry import register
+from .target import Target
+from .target_head import TargetHead
+
+
+@dataclass
+class Eagle3Weights:
+    shape: LayerShape
+    fc: np.ndarray  # [3 * target_hidden, hidden] (transposed)
+    hidden_norm: np.ndarray
+    layer: LayerWeights
+    norm: np.ndarray
+    lm_head: np.ndarray  # [hidden, draft_vocab] (transposed)
+    d2t: np.ndarray | None  # [draft_vocab] offsets to target ids; None when the vocabularies are the same
+    vocab_size: int  # the target's
+    target_hidden: int
+    aux_layers: tuple[int, ...] | None  # outputs of these target layers (0-based); None: the authors' default
+
+    def draft_to_target(self, ids: np.ndarray) -> np.ndarray:
+        return ids if self.d2t is None else ids + self.d2t[ids]
+
+
+def load_eagle3(path: str | Path) -> Eagle3Weights:
+    folder = DrafterFolder(path, "Eagle-3")
+    f = folder.fields
+    s = folder.layer_shape()
+    if f.int("num_hidden_layers", 1) != 1:
+        raise f.fail("num_hidden_layers", "1 (an Eagle-3 head is one layer)")
+    vocab = f.int("vocab_size", bound="vocab")
+    draft_vocab = f.int("draft_vocab_size", vocab, bound="vocab")
+    target_hidden = f.int("target_hidden_size", s.hidden, bound="hidden")
+    d2t = None
+    if draft_vocab != vocab or folder.has("d2t"):
+        d2t = folder.integers("d2t", (draft_vocab,))
+        targets = np.arange(draft_vocab) + d2t
+        if targets.min() < 0 or targets.max() >= vocab:
+            raise ModelFormatError(f"{folder.path}: tensor 'd2t' maps draft ids outside the target vocabulary "
+                                   f"[0, {vocab})")
+    aux = None
+    eagle = folder.section("eagle_config")
+    if eagle.get("eagle_aux_hidden_state_layer_ids") is not None:
+        # vLLM / SpecForge convention: the input of layer i, i.e. the output of layer i - 1.
+        ids = layer_ids(eagle, "eagle_aux_hidden_state_layer_ids", 1 << 12, count=3)
+        if min(ids) < 1:
+            raise eagle.fail("eagle_aux_hidden_state_layer_ids", "layer indices >= 1 (the input of that layer)")
+        aux = tuple(i - 1 for i in ids)
+    return Eagle3Weights(
+        shape=s,
+        fc=folder.linear("fc.weight", s.hidden, 3 * target_hidden),
+        hidden_norm=folder.tensor("midlayer.hidden_norm.weight", (s.hidden,)),
+        layer=folder.layer("midlayer.", s, attn_in=2 * s.hidden, qk_norm=False),
+        norm=folder.tensor("norm.weight", (s.hidden,)),
+        lm_head=folder.linear("lm_head.weight", draft_vocab, s.hidden),
+        d2t=d2t, vocab_size=vocab, target_hidden=target_hidden, aux_layers=aux,
+    )
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """The EAGLE-3 authors' choice: the inputs of layers 2, L/2 and L-3 (outputs of layers 1, L/2-1, L-4),
+    clamped for shallow targets."""
+    picks = (2, num_layers // 2, num_layers - 3)
+    return tuple(min(max(i, 1), num_layers) - 1 for i in picks)
+
+
+class Eagle3Head:
+    """The head's arithmetic with its own KV cache (``keys``/``values``: the verified context's rows)."""
+
+    def __init__(self, w: Eagle3Weights) -> None:
+        self.w = w
+        s = w.shape
+        self.keys = np.zeros((0, s.kv_heads, s.head_dim), np.float32)
+        self.values = np.zeros((0, s.kv_heads, s.head_dim), np.float32)
+
+    def project(self, target_hidden: np.ndarray) -> np.ndarray:
+        """Target hidden states ``[T, 3 * target_hidden]`` (low, mid, high concatenated) -> features ``[T, H]``."""
+        return (np.asarray(target_hidden, np.float32) @ self.w.fc).astype(np.float32, copy=False)
+
+    def step(self, features: np.ndarray, embeddings: np.ndarray, positions: np.ndarray, visible: np.ndarray,
+             extra_k: np.ndarray | None = None,
+             extra_v: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One pass of the layer over rows ``[T, H]``. Keys: the cache, then ``extra_*`` (tree nodes), then the
+        rows themselves; ``visible`` ``[T, all keys]``. Returns (output hidden, the rows' keys, their values)."""
+        w, s = self.w, self.w.shape
+        lw = w.layer
+        x = np.concatenate([rms_norm(embeddings, lw.input_norm, s.eps), rms_norm(features, w.hidden_norm, s.eps)],
+                           axis=-1)
+        q = s.rope.apply(lw.heads(x, lw.q, None, s.head_dim, s.eps), positions)
+        k = s.rope.apply(lw.heads(x, lw.k, None, s.head_dim, s.eps), positions)
+        v = lw.heads(x, lw.v, None, s.head_dim, s.eps)
+        keys = [self.keys, *([extra_k] if extra_k is not None else []), k]
+        vals = [self.values, *([extra_v] if extra_v is not None else []), v]
+        h = features + attention(q, np.concatenate(keys), np.concatenate(vals), visible) @ lw.o
+        h = h + lw.mlp(rms_norm(h, lw.post_norm, s.eps))
+        return h.astype(np.float32, copy=False), k, v
+
+    def log_probs(self, hidden: np.ndarray) -> np.ndarray:
+        """Log-probabilities over the draft vocabulary ``[T, draft_vocab]``."""
+        logits = rms_norm(hidden, self.w.norm, self.w.shape.eps) @ self.w.lm_head
+        logits = logits - logits.max(axis=-1, keepdims=True)
+        return logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+
+
+@dataclass
+class Tree:
+    """A drafted token tree: node ``i`` holds target token ``tokens[i]``, child of ``parents[i]`` (-1: a child of
+    the last verified token), at ``depth[i]`` (1-based), with cumulative log-probability ``scores[i]``."""
+
+    tokens: list[int]
+    parents: list[int]
+    depth: list[int]
+    scores: list[float]
+
+    def path(self, node: int) -> list[int]:
+        nodes = []
+        while node >= 0:
+            nodes.append(node)
+            node = self.parents[node]
+        return nodes[::-1]
+
+    def mask(self) -> np.ndarray:
+        """``[N, N]``: node i may attend to node j (j is i or an ancestor of i)."""
+        n = len(self.tokens)
+        out = np.zeros((n, n), dtype=bool)
+        for i in range(n):
+            out[i, self.path(i)] = True
+        return out
+
+    def best_chain(self) -> list[int]:
+        """Tokens of the root-to-node path with the largest expected accepted length (the sum of the path's
+        cumulative probabilities: the chance each prefix is accepted, under the head's own distribution)."""
+        if not self.tokens:
+            return []
+        probs = np.exp(np.asarray(self.scores))
+        gain = [float(probs[self.path(i)].sum()) for i in range(len(self.tokens))]
+        return [self.tokens[i] for i in self.path(int(np.argmax(gain)))]
+
+
+class Eagle3Drafter(FeatureDrafter):
+    """Eagle-3 drafting for one target (a ``Drafter``). ``hidden_layers``: the target layers it reads.
+
+    The head's cache holds one row per sequence position ``j`` whose pair (target feature of token ``j``, token
+    ``j + 1``) is known; ``draft`` extends it to the history given, then grows the tree from the last row."""
+
+    def __init__(self, weights: Eagle3Weights, embed: Callable[[Sequence[int]], np.ndarray], *, num_layers: int,
+                 top_k: int = 1, max_draft: int = 6) -> None:
+        """``embed(ids) -> [T, hidden]``: the target's embedding table; ``num_layers``: the target's depth;
+        ``top_k``: children kept per tree level; ``max_draft``: the tree's depth. The default ``top_k=1`` drafts
+        the greedy chain: while the target verifies one chain, a wider tree picked the same chain in every
+        measurement here (tests/fixtures/drafters, top_k 1-8) at up to twice the drafting time."""
+        if top_k < 1 or max_draft < 1:
+            raise HeteroError(f"Eagle-3 top_k={top_k}, max_draft={max_draft}; expected at least 1 each")
+        self.max_draft = max_draft
+        self.w = weights
+        self.head = Eagle3Head(weights)
+        self.embed = embed
+        self.top_k = top_k
+        layers = weights.aux_layers or default_aux_layers(num_layers)
+        if max(layers) >= num_layers:
+            raise HeteroError(f"the Eagle-3 head reads target layers {list(layers)}; the target has {num_layers}")
+        self.hidden_layers = tuple(layers)
+        self.features = np.zeros((0, weights.shape.hidden), np.float32)  # fc(target hidden) per position
+        self.pairs: list[int] = []  # token j + 1 of each cached row j
+        self.tree = Tree([], [], [], [])
+
+    @classmethod
+    def for_target(cls, path: str | Path, llm: Target, **options: int) -> Eagle3Drafter:
+        """The drafter in folder ``path`` reading ``llm``'s hidden states and embedding table."""
+        weights = load_eagle3(path)
+        cfg = llm.config
+        if weights.vocab_size != cfg.vocab_size or weights.target_hidden != cfg.hidden_size:
+            raise HeteroError(f"Eagle-3 drafter {str(path)!r} was made for a target with vocab_size "
+                              f"{weights.vocab_size} and hidden size {weights.target_hidden}; model {llm.name!r} "
+                              f"has {cfg.vocab_size} and {cfg.hidden_size}")
+        return cls(weights, TargetHead(llm).embed, num_layers=cfg.num_layers, **options)
+
+    def forget(self) -> None:
+        self.features = self.features[:0]
+        self._truncate(0)
+
+    def observe(self, start: int, hidden: np.ndarray) -> None:
+        """The target's hidden states (``[T, 3 * target_hidden]``, ``hidden_layers`` order) of the tokens at
+        positions ``start .. start + T - 1``; anything the drafter held from ``start`` on is replaced."""
+        if not 0 <= start <= len(self.features):
+            raise HeteroError(f"Eagle-3: hidden states from position {start}, but only {len(self.features)} "
+                              "positions are known")
+        self.features = np.concatenate([self.features[:start], self.head.project(hidden)])
+        self._truncate(min(len(self.pairs), start))
+
+    def _truncate(self, rows: int) -> None:
+        del self.pairs[rows:]
+        self.head.keys, self.head.values = self.head.keys[:rows], self.head.values[:rows]
+
+    def _extend(self, history: Sequence[int]) -> np.ndarray:
+        """Cache rows for every known pair of ``history``; returns the output hidden of the last row."""
+        want = min(len(history) - 1, len(self.features))
+        if want < 1:
+            raise HeteroError("Eagle-3 needs the target's hidden states of at least one token before drafting")
+        same = 0
+        while same < min(len(self.pairs), want) and self.pairs[same] == history[same + 1]:
+            same += 1
+        self._truncate(same)
+        start = max(0, min(same, want - 1))  # recompute the last row: its output is what we draft from
+        self._truncate(start)
+        tokens = list(history[start + 1:want + 1])
+        n = len(tokens)
+        positions = np.arange(start, start + n)
+        visible = np.tril(np.ones((n, start + n), dtype=bool), k=start)
+        out, k, v = self.head.step(self.features[start:want], self.embed(tokens), positions, visible)
+        self.head.keys = np.concatenate([self.head.keys, k])
+        self.head.values = np.concatenate([self.head.values, v])
+        self.pairs.extend(tokens)
+        return out[-1:]
+
+    def draft(self, history: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens to follow ``history`` (whose last token the target has not run yet)."""
+        if k < 1:
+            return []
+        root = self._extend(history)
+        self.tree = self.grow(root, len(self.pairs), k)
+        return self.tree.best_chain()
+
+    def grow(self, root_hidden: np.ndarray, position: int, depth: int) -> Tree:
+        """The tree of ``depth`` levels below the last cached row (whose output is ``root_hidden``)."""
+        tree = Tree([], [], [], [])
+        cached = len(self.head.keys)
+        s = self.w.shape
+        tree_k = np.zeros((0, s.kv_heads, s.head_dim), np.float32)
+        tree_v = np.zeros_like(tree_k)
+        logp = self.head.log_probs(root_hidden)[0]
+        frontier_hidden = root_hidden
+        frontier: list[int] = []
+        choices = np.argsort(-logp)[:self.top_k]
+        for c in choices:
+            frontier.append(self._add(tree, int(c), -1, 1, float(logp[c])))
+        for level in range(2, depth + 1):
+            tokens = [tree.tokens[i] for i in frontier]
+            n_old = len(tree_k)
+            rows = len(frontier)
+            visible = np.ones((rows, cached + n_old + rows), dtype=bool)
+            ancestors = tree.mask()  # nodes already run are 0 .. n_old - 1; the frontier is at the end
+            visible[:, cached:cached + n_old] = ancestors[np.asarray(frontier)][:, :n_old]
+            visible[:, cached + n_old:] = np.eye(rows, dtype=bool)
+            hidden_in = np.repeat(frontier_hidden, rows, axis=0) if len(frontier_hidden) == 1 else frontier_hidden
+            out, k, v = self.head.step(hidden_in, self.embed(tokens), np.full(rows, position + level - 2), visible,
+                                       tree_k, tree_v)
+            tree_k, tree_v = np.concatenate([tree_k, k]), np.concatenate([tree_v, v])
+            child_logp = self.head.log_probs(out)
+            scores = np.asarray([tree.scores[i] for i in frontier])[:, None] + child_logp
+            best = np.argsort(-scores, axis=None)[:self.top_k]
+            parent_rows, ids = np.unravel_index(best, scores.shape)
+            frontier = [self._add(tree, int(c), frontier[p], level, float(scores[p, c]))
+                        for p, c in zip(parent_rows, ids, strict=True)]
+            frontier_hidden = out[parent_rows]
+        return tree
+
+    def _add(self, tree: Tree, draft_id: int, parent: int, depth: int, score: float) -> int:
+        tree.tokens.append(int(self.w.draft_to_target(np.asarray(draft_id))))
+        tree.parents.append(parent)
+        tree.depth.append(depth)
+        tree.scores.append(score)
+        return len(tree.tokens) - 1
+
+
+def _eagle(argument: str, target: Target) -> Eagle3Drafter:
+    if not argument:
+        raise HeteroError("--spec eagle:PATH needs the Eagle-3 drafter's folder (config.json + model.safetensors)")
+    return Eagle3Drafter.for_target(argument, target)
+
+
+register("eagle", _eagle)

@@ -1,0 +1,82 @@
+"""The speculative token source: prefill, then verify steps, each committing one or more tokens.
+
+``Speculation`` (a drafter and its policy) is what ``Llm.generate(spec=...)`` takes; ``generate_stream`` pulls
+tokens from ``Speculation.start`` one at a time and handles EOS, stop strings and the token limit as it does for
+plain decoding (so a step's extra tokens past the end are simply never pulled; the cache may hold them, which the
+next prompt's common-prefix check rolls back like any other difference).
+
+A step with k drafts: ``Llm._verify`` runs ``[history[-1], *drafts]`` in one pass (k + 1 logits rows), the
+acceptance rule keeps n drafts and adds the target's token, ``Llm._keep`` rolls the cache back to the
+``len(history) + n`` tokens that are now history (the attention caches by position, the recurrent layers from
+their block-start checkpoint), and the drafter hears what was kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..families.decoder import VERIFY_ROWS
+from ..sampler import Sampler
+from .accept import accept
+from .drafter import Drafter, Hidden, as_draft
+from .policy import DraftPolicy
+from .target import Target
+
+
+class Speculation:
+    """A drafter and how to use it. ``max_draft``: the longest draft (default: the drafter's ``max_draft``, at
+    most 15: one verify step scores at most 16 tokens). ``adaptive``: adapt the draft length to acceptance and
+    switch drafting off while it does not pay (``policy.py``); False drafts ``max_draft`` tokens every step
+    (tests, measurements)."""
+
+    def __init__(self, drafter: Drafter, *, max_draft: int | None = None, adaptive: bool = True) -> None:
+        self.drafter = drafter
+        limit = VERIFY_ROWS - 1
+        self.max_draft = max(1, min(int(max_draft if max_draft is not None else drafter.max_draft), limit))
+        self.adaptive = adaptive
+        self.policy = DraftPolicy(self.max_draft, adaptive=adaptive, start=self.max_draft if not adaptive else 4)
+
+    def start(self, llm: Target, record: object, prompt: list[int], sampler: Sampler, stats: Any) -> Iterator[int]:
+        """Prefill ``prompt`` now; returns the generation's tokens, computed as they are pulled."""
+        drafter = self.drafter
+        layers = llm.expose_hidden(drafter.hidden_layers) if drafter.hidden_layers else ()
+        logits = llm._advance(record, prompt, stats)
+        drafter.reset()
+        drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
+        self.policy = DraftPolicy(self.max_draft, adaptive=self.adaptive,
+                                  start=self.max_draft if not self.adaptive else 4)
+        return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
+
+    def _tokens(self, llm: Target, record: object, history: list[int], sampler: Sampler, stats: Any, first: Any,
+                layers: tuple[int, ...]) -> Iterator[int]:
+        drafter, policy = self.drafter, self.policy
+        token = sampler.sample(first, history)
+        history.append(token)
+        drafter.accept(0, [token], _rows(llm, layers, len(history) - 1, len(history) - 1))
+        produced = 1
+        yield token
+        vocab = llm.config.vocab_size
+        while True:
+            started = time.perf_counter()
+            k = min(policy.length(produced), llm.context - len(history))
+            draft = as_draft(drafter.draft(history, k), k, vocab) if k > 0 else as_draft([], 0, vocab)
+            rows = llm._verify(record, history, draft.tokens)
+            n, token = accept(sampler, rows, draft, history)
+            base = len(history)
+            llm._keep(record, base + n)
+            committed = [*draft.tokens[:n], token]
+            drafter.accept(n, committed, _rows(llm, layers, base - 1, base + n))
+            history.extend(committed)
+            if draft.tokens:
+                stats.verify_steps += 1
+                stats.drafted_tokens += len(draft.tokens)
+                stats.accepted_tokens += n
+            policy.record(len(draft.tokens), n, len(committed), time.perf_counter() - started, produced)
+            produced += len(committed)
+            yield from committed
+
+
+def _rows(llm: Target, layers: tuple[int, ...], start: int, end: int) -> Hidden:
+    return {layer: llm.hidden(layer, start, end) for layer in layers}

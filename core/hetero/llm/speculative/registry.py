@@ -1,0 +1,89 @@
+"""Drafters by name, as ``--spec`` and ``generate(spec="...")`` take them: ``KIND`` or ``KIND:ARGUMENT``.
+
+Built in: ``lookahead`` (prompt lookup, no argument) and ``draft:PATH`` (a smaller model with the target's
+tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backends, threads, context and KV cache
+type). ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
+``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the factory is
+called as ``factory(argument, target)`` and returns a ``Drafter``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from ...contract.errors import HeteroError
+from .draft_model import DraftModel
+from .drafter import Drafter
+from .lookahead import Lookahead
+from .loop import Speculation
+from .target import Target
+
+Factory = Callable[[str, Any], Drafter]  # (argument, the target Llm) -> drafter
+
+_FACTORIES: dict[str, Factory] = {}
+# kinds whose module registers them when imported
+_MODULES = {"eagle": "hetero.llm.speculative.eagle", "dflash": "hetero.llm.speculative.dflash"}
+
+
+def register(kind: str, factory: Factory) -> None:
+    _FACTORIES[kind] = factory
+
+
+def kinds() -> list[str]:
+    return sorted({*_FACTORIES, *_MODULES})
+
+
+def make_drafter(spec: str, target: Target) -> Drafter:
+    """The drafter named by ``spec`` (``KIND`` or ``KIND:ARGUMENT``) for ``target``."""
+    if not isinstance(spec, str) or not spec:
+        raise HeteroError(f"spec={spec!r}; expected a drafter name: {', '.join(_usage())}")
+    kind, _, argument = spec.partition(":")
+    if kind not in _FACTORIES and kind in _MODULES:
+        try:
+            importlib.import_module(_MODULES[kind])
+        except ModuleNotFoundError as exc:
+            if exc.name != _MODULES[kind]:
+                raise
+            raise HeteroError(f"--spec {kind}: the {kind} drafter is not part of this build ({_MODULES[kind]} is "
+                              "missing)") from None
+    factory = _FACTORIES.get(kind)
+    if factory is None:
+        raise HeteroError(f"unknown drafter {spec!r}; expected one of {', '.join(_usage())}")
+    return factory(argument, target)
+
+
+def speculation(spec: Any, target: Target, *, max_draft: int | None = None) -> Speculation:
+    """``spec`` (a ``Speculation``, a ``Drafter`` or a name) as a ``Speculation`` for ``target``."""
+    if isinstance(spec, Speculation):
+        return spec
+    if isinstance(spec, str):
+        return Speculation(make_drafter(spec, target), max_draft=max_draft)
+    if isinstance(spec, Drafter):
+        return Speculation(spec, max_draft=max_draft)
+    raise HeteroError(f"spec={spec!r}; expected a drafter name ({', '.join(_usage())}), a Drafter or a Speculation")
+
+
+def _usage() -> list[str]:
+    return [f"{kind}:PATH" if kind != "lookahead" else kind for kind in kinds()]
+
+
+def _lookahead(argument: str, target: Target) -> Drafter:
+    if argument:
+        raise HeteroError(f"--spec lookahead takes no argument, got {argument!r}")
+    return Lookahead()
+
+
+def _draft_model(argument: str, target: Target) -> Drafter:
+    if not argument:
+        raise HeteroError("--spec draft:PATH needs the draft model's path (a Hugging Face folder or a GGUF file)")
+    # the loader imports the model, which resolves drafter names here: taken at call time, not imported
+    load = importlib.import_module("hetero.llm.loader").load
+    model = load(argument, threads=target.threads, context=target.context, kv_cache=target.kv_cache,
+                 **{k: v for k, v in target._session_args.items() if k in ("backends", "on_fallback")})
+    return DraftModel(model, target)
+
+
+register("lookahead", _lookahead)
+register("draft", _draft_model)

@@ -1,0 +1,219 @@
+"""The LLM decoder ops (domain ``hetero``) on Metal: RMSNorm, QMatMul (the fused dequantising matrix-vector kernel
+for decode, the simdgroup_matrix GEMM for prefill), Embedding, RotaryEmbedding and Attention over
+a half-precision KV cache owned by the node (msl/quant.metal, msl/attention.metal, msl/norm.metal)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, quant, unsupported
+from hetero.contract.opforms import rope_inv_freq
+
+from ..plan import dispatch, groups_for
+from .common import MetalKernel, float32_only, placeholder
+from .nn import matmul_dispatch, row_threads
+
+MATVEC_MAX_ROWS = 8  # rows of x the matrix-vector kernel takes (msl/quant.metal MATVEC_MAX_ROWS)
+MATVEC_ROWS_PER_GROUP = 4  # simdgroups per threadgroup, one output row each
+ATTN_MAX_DIM = 256
+_FLOAT_WTYPES = {"f32": (0, 4), "f16": (1, 2), "bf16": (2, 2)}
+
+
+def weight_params(attrs: dict, k: int) -> dict[str, int]:
+    """The WeightParams fields (msl/quant.metal) that describe a weight's format and row length."""
+    wtype = str(attrs.get("wtype", "f32"))
+    if wtype in _FLOAT_WTYPES:
+        code, size = _FLOAT_WTYPES[wtype]
+        return {"k": k, "row_bytes": size * k, "wtype": code, "bits": 0, "symmetric": 1, "block_size": 1,
+                "block_bytes": size, "header_bytes": 0}
+    fmt = quant.format_from_attrs(wtype, int(attrs.get("block_size", 32)), int(attrs.get("symmetric", 1)))
+    if fmt is None:
+        raise HeteroError(f"weight type {wtype!r}")
+    return {"k": k, "row_bytes": fmt.row_bytes(k), "wtype": 3, "bits": fmt.bits, "symmetric": int(fmt.symmetric),
+            "block_size": fmt.block_size, "block_bytes": fmt.block_bytes, "header_bytes": fmt.header_bytes}
+
+
+def _known_wtype(node: NodeInfo) -> Support:
+    wtype = str(node.attr("wtype", "f32"))
+    if wtype in _FLOAT_WTYPES:
+        return SUPPORTED
+    try:
+        if quant.format_from_attrs(wtype, int(node.attr("block_size", 32)), int(node.attr("symmetric", 1))):
+            return SUPPORTED
+    except HeteroError:
+        pass
+    return unsupported(f"metal has no kernel for weight type {wtype!r}")
+
+
+def _bytes(w: np.ndarray) -> np.ndarray:
+    return w.reshape(-1).view(np.uint8)
+
+
+class MetalQMatMul(MetalKernel):
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _known_wtype(node)
+        return float32_only(node, [0]) if verdict else verdict
+
+    def plan(self, inputs, outputs):
+        x, w, y = inputs[0], inputs[1], outputs[0]
+        bias = inputs[2] if len(inputs) > 2 else None
+        k = x.shape[-1]
+        n = w.shape[0]
+        m = x.size // k if k else 0
+        if m == 0 or n == 0:
+            return []
+        p = {**weight_params(self.node.attrs, k), "m": m, "n": n, "has_bias": int(bias is not None)}
+        if m <= MATVEC_MAX_ROWS:
+            return [dispatch("qmatvec", {"x": x, "w": _bytes(w), "bias": placeholder() if bias is None else bias,
+                                         "y": y, "p": p},
+                             (groups_for(n, MATVEC_ROWS_PER_GROUP),), (32 * MATVEC_ROWS_PER_GROUP,))]
+        # y = x W^T: B element (k, n) is W[n, k]
+        wtype, steps = str(self.attr("wtype", "f32")), []
+        if wtype in ("f32", "f16"):
+            dense, kernel = w, "matmul_f32" if wtype == "f32" else "matmul_f32_f16"
+        else:
+            dense, kernel = self.backend.scratch("dequant", n * k, np.float32), "matmul_f32"
+            steps.append(dispatch("dequant_f32", {"w": _bytes(w), "out": dense, "p": p}, (groups_for(k, 32), n),
+                                  (32, 1)))
+        steps.append(matmul_dispatch(x, dense, y, m, n, k, (k, 1, 1, k), np.zeros((1, 3), np.uint32), kernel=kernel,
+                                     bias=bias, bias_strides=(0, 1)))
+        return steps
+
+
+class MetalEmbedding(MetalKernel):
+    bindable = False  # token ids are checked on the host at each run
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return _known_wtype(node)
+
+    def plan(self, inputs, outputs):
+        ids, table, y = inputs[0], inputs[1], outputs[0]
+        vocab = table.shape[0]
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            bad = int(ids[(ids < 0) | (ids >= vocab)].reshape(-1)[0])
+            raise HeteroError(f"{self.node.label()}: token id {bad} is outside the vocabulary [0, {vocab})")
+        dim = y.shape[-1]
+        if ids.size == 0:
+            return []
+        p = {**weight_params(self.node.attrs, dim), "m": ids.size, "n": vocab, "has_bias": 0}
+        return [dispatch("embedding", {"ids": ids.astype(np.int64).reshape(-1), "table": _bytes(table), "out": y,
+                                       "p": p}, (groups_for(dim, 32), ids.size), (32, 1))]
+
+
+class MetalRMSNorm(MetalKernel):
+    accepts = staticmethod(float32_only)
+
+    def plan(self, inputs, outputs):
+        x, w, y = inputs[0], inputs[1], outputs[0]
+        d = x.shape[-1]
+        rows = x.size // d if d else 0
+        if rows == 0:
+            return []
+        return [dispatch("rmsnorm_f32", {"x": x, "weight": w, "y": y, "p": {
+            "n": d, "epsilon": float(self.attr("epsilon", 1e-6)), "offset": float(self.attr("offset", 0.0)),
+            "has_bias": 0, "save_stats": 0}}, (rows,), (row_threads(d),))]
+
+
+def _past_len(value: np.ndarray | None) -> int:
+    if value is None:
+        raise HeteroError("past_len is missing")
+    return int(np.asarray(value).reshape(-1)[0])
+
+
+class MetalRotary(MetalKernel):
+    """The cos/sin table is computed on the host in float64 (as the reference does) and grows by doubling."""
+
+    accepts = staticmethod(lambda node: float32_only(node, [0]))
+    bindable = False  # past_len is read on the host
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.table: np.ndarray | None = None
+        self.key = (0, 0)
+
+    def _table(self, needed: int, rot: int) -> np.ndarray:
+        if self.table is None or needed > self.key[0] or rot != self.key[1]:
+            cap = max(256, 1 << max(needed - 1, 1).bit_length())
+            inv_freq, scale = rope_inv_freq(rot, self.node.attrs)
+            angles = np.arange(cap, dtype=np.float64)[:, None] * inv_freq[None, :]
+            self.table = np.ascontiguousarray(np.stack([np.cos(angles) * scale, np.sin(angles) * scale], axis=1),
+                                              dtype=np.float32)
+            self.key = (cap, rot)
+        return self.table
+
+    def plan(self, inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        t, h, d = x.shape
+        rot = int(self.attr("rotary_dim", 0)) or d
+        if rot % 2 or rot > d:
+            raise HeteroError(f"{self.node.label()}: rotary_dim {rot} must be even and at most head_dim {d}")
+        past = _past_len(inputs[1])
+        if x.size == 0:
+            return []
+        table = self._table(past + t, rot)
+        return [dispatch("rope", {"x": x, "y": y, "table": table, "p": {
+            "t": t, "heads": h, "dim": d, "rotary_dim": rot, "past_len": past}}, (groups_for(d, 32), h, t), (32, 1, 1))]
+
+
+class MetalAttention(MetalKernel):
+    """Causal GQA over this node's KV cache: two half arrays [Hkv, max_context, D] allocated at the first run."""
+
+    bindable = False  # past_len is read on the host
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = float32_only(node, [0, 1, 2])
+        if verdict and str(node.attr("kv_dtype", "f16")) != "f16":
+            return unsupported(f"Attention with kv_dtype {node.attr('kv_dtype')!r} (metal keeps a half KV cache)")
+        q = node.inputs[0]
+        if verdict and q is not None and q.shape is not None and isinstance(q.shape[-1], int) \
+                and q.shape[-1] > ATTN_MAX_DIM:
+            return unsupported(f"head_dim {q.shape[-1]} above {ATTN_MAX_DIM}")
+        return verdict
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.max_context = int(self.attr("max_context"))
+        self.cache: tuple[np.ndarray, np.ndarray] | None = None
+        self.filled = 0
+
+    def plan(self, inputs, outputs):
+        q, k, v, y = inputs[0], inputs[1], inputs[2], outputs[0]
+        t, hq, d = q.shape
+        hkv = k.shape[1]
+        past = _past_len(inputs[3])
+        if past < 0 or past > self.filled:
+            raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {self.filled} cached positions")
+        if past + t > self.max_context:
+            raise HeteroError(
+                f"{self.node.label()}: {past} cached + {t} new tokens exceed the context of {self.max_context} tokens",
+                hint="load the model with a larger context",
+            )
+        if self.cache is None or self.cache[0].shape != (hkv, self.max_context, d):
+            self.cache = (np.zeros((hkv, self.max_context, d), np.float16),
+                          np.zeros((hkv, self.max_context, d), np.float16))
+        self.filled = past + t
+        if t == 0:
+            return []
+        p = {"t": t, "q_heads": hq, "kv_heads": hkv, "dim": d, "past_len": past, "context": self.max_context,
+             "scale": float(self.attr("scale", 0.0)) or 1.0 / math.sqrt(d)}
+        k_cache, v_cache = self.cache
+        return [
+            dispatch("kv_append", {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "p": p},
+                     (groups_for(d, 32), hkv, t), (32, 1, 1)),
+            dispatch("attention_f16kv", {"q": q, "k_cache": k_cache, "v_cache": v_cache, "out": y, "p": p},
+                     (hq, t), (128,)),
+        ]
+
+
+KERNELS = {
+    ("hetero", "QMatMul"): MetalQMatMul,
+    ("hetero", "Embedding"): MetalEmbedding,
+    ("hetero", "RMSNorm"): MetalRMSNorm,
+    ("hetero", "RotaryEmbedding"): MetalRotary,
+    ("hetero", "Attention"): MetalAttention,
+}

@@ -1,0 +1,441 @@
+"""Distil an Eagle-3 head and a DFlash drafter for a target model from the target's own outputs.
+
+    pip install torch==2.13.0          (a venv of your own; the test suite does not need it)
+    nice -n 19 python scripts/train_drafter.py TARGET_FOLDER --out drafters/ --minutes 20
+
+1. Data (``--data-share`` of the time budget): text chunks from a local corpus (the Python standard library's
+   sources and the documentation files under site-packages by default, or ``--corpus`` folders) are tokenized;
+   hetero runs the target on each chunk's first tokens (a random length up to ``--prompt-tokens``: drafters meet
+   contexts of every length) and continues it greedily for
+   ``--gen-tokens`` tokens, recording every position's hidden states at the layers the drafters read and the
+   target's greedy prediction. In the generated part the sequence *is* the target's greedy output, which is what a
+   drafter must predict at inference.
+2. Eagle-3 (training-time test, ``--eagle-steps`` unrolled depths) and DFlash (blocks of ``--block-size`` anchored
+   in the generated part, the target's frozen LM head on the drafter's rows) train on that data with AdamW,
+   each for half of the remaining time (``--kind`` picks one).
+3. Acceptance on held-out sequences is printed as training goes (and at the end): the mean number of drafted
+   tokens the target accepts per verify step, and the acceptance rate (accepted / drafted). On held-out greedy
+   continuations this equals what greedy speculative decoding accepts from the same positions.
+   ``training_log.json`` in ``--out`` keeps the curve.
+
+Output: ``OUT/eagle3`` and ``OUT/dflash``, in the published layouts hetero loads with ``--spec eagle:OUT/eagle3`` /
+``--spec dflash:OUT/dflash`` (docs/speculative.md). The target is a Hugging Face folder or a GGUF file (its
+embedding and LM head are read as float32 for training, from the safetensors or dequantized by the ``gguf``
+package; inference shares the target's own in memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import drafter_torch
+
+import hetero.llm
+from hetero.llm import safetensors
+from hetero.llm.speculative.drafter_files import write_folder
+from hetero.llm.speculative.eagle import default_aux_layers
+
+
+@dataclass
+class Sequence:
+    tokens: np.ndarray  # [N]
+    hidden: dict[int, np.ndarray]  # layer -> [N, H]
+    predicted: np.ndarray  # [N]: the target's greedy token after position i
+    generated_from: int  # tokens[generated_from:] are the target's greedy continuation
+
+
+def corpus_files(roots: list[Path]) -> list[Path]:
+    found: list[Path] = []
+    for root in roots:
+        for pattern in ("*.py", "*.rst", "*.md", "*.txt"):
+            found.extend(p for p in root.rglob(pattern) if p.is_file() and p.stat().st_size > 2000)
+    return sorted(set(found))
+
+
+def default_roots() -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [stdlib, Path(sysconfig.get_paths()["purelib"])]
+
+
+def chunks(files: list[Path], rng: random.Random, chars: int):
+    while True:
+        path = rng.choice(files)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if len(text) <= chars:
+            continue
+        start = rng.randrange(0, len(text) - chars)
+        yield text[start:start + chars]
+
+
+def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: int, gen_tokens: int, args,
+              rng: random.Random) -> list[Sequence]:
+    """Up to ``count`` sequences (or as many as ``seconds`` allow), each continued greedily for ``gen_tokens``."""
+    data: list[Sequence] = []
+    started = reported = time.perf_counter()
+    for text in chunks(files, rng, args.prompt_tokens * 8):
+        if time.perf_counter() - started > seconds or len(data) >= count:
+            break
+        # prompts of every length up to --prompt-tokens: a drafter meets contexts (and positions) of all sizes
+        want = rng.randint(max(4, args.prompt_tokens // 8), args.prompt_tokens)
+        ids = llm.tokenize(text, add_special_tokens=False)[:want]
+        if len(ids) < want:
+            continue
+        llm.reset()
+        logits = llm.forward(ids)
+        predicted = list(np.argmax(logits, axis=-1))
+        tokens = list(ids)
+        for _ in range(gen_tokens):
+            tokens.append(int(predicted[-1]))
+            predicted.append(int(np.argmax(llm.forward(tokens[-1:])[-1])))
+        n = len(tokens)
+        hidden = {layer: np.array(llm.hidden(layer, 0, n)) for layer in layers}
+        data.append(Sequence(np.asarray(tokens), hidden, np.asarray(predicted), len(ids)))
+        if time.perf_counter() - reported > 30:
+            reported = time.perf_counter()
+            print(f"  data: {len(data)} sequences, {sum(len(s.tokens) for s in data)} tokens, "
+                  f"{time.perf_counter() - started:.0f} s", flush=True)
+    return data
+
+
+def target_matrices(folder: Path, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's embedding table and LM head as float32 (the same tensor when tied), for training only."""
+    if folder.is_file():
+        return gguf_matrices(folder)
+    st = safetensors.SafetensorsModel(folder)
+    embed = torch.from_numpy(np.array(st.float32("model.embed_tokens.weight")))
+    head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in st else \
+        torch.from_numpy(np.array(st.float32("lm_head.weight")))
+    return embed, head
+
+
+def gguf_matrices(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    import gguf  # the GGUF package dequantizes every tensor type
+
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.name in ("token_embd.weight", "output.weight")}
+
+    def matrix(name: str) -> torch.Tensor:
+        t = tensors[name]
+        return torch.from_numpy(np.ascontiguousarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32))
+
+    embed = matrix("token_embd.weight")
+    return embed, matrix("output.weight") if "output.weight" in tensors else embed
+
+
+def layer_config(cfg, intermediate: int) -> dict:
+    return {"hidden_size": cfg.hidden_size, "intermediate_size": intermediate, "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope.theta, "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.max_position_embeddings, "tie_word_embeddings": False}
+
+
+class Curve:
+    """Acceptance against training minutes, printed and kept for training_log.json."""
+
+    def __init__(self, kind: str, depth: int) -> None:
+        self.kind, self.depth, self.points = kind, depth, []
+
+    def add(self, minutes: float, steps: int, loss: float, accepted: np.ndarray) -> None:
+        mean = float(accepted.mean()) if accepted.size else 0.0
+        point = {"minutes": round(minutes, 2), "steps": steps, "loss": round(loss, 4),
+                 "accepted_per_step": round(mean, 3), "acceptance_rate": round(mean / self.depth, 3),
+                 "anchors": int(accepted.size)}
+        self.points.append(point)
+        print(f"  {self.kind} {minutes:5.1f} min, step {steps}: loss {loss:.3f}, {mean:.2f} of {self.depth} drafts "
+              f"accepted per verify step (rate {mean / self.depth:.1%}, {accepted.size} anchors)", flush=True)
+
+
+def resume(cls, folder: Path, config: dict):
+    """(config, model) of the drafter an earlier run wrote to ``folder`` (its config, and so its draft vocabulary,
+    wins), or a fresh one when there is none."""
+    if not (folder / "model.safetensors").is_file():
+        print(f"  --resume: nothing in {folder}, starting afresh", flush=True)
+        return config, cls(config)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    model = cls(config)
+    st = safetensors.SafetensorsModel(folder)
+    model.load_state_dict({name: torch.from_numpy(np.array(st.raw(name))) for name in st})
+    print(f"  resumed from {folder}", flush=True)
+    return config, model
+
+
+def save_data(path: Path, held: list[Sequence], train: list[Sequence]) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    for i, seq in enumerate(held + train):
+        arrays[f"{i}/tokens"], arrays[f"{i}/predicted"] = seq.tokens, seq.predicted
+        arrays[f"{i}/generated_from"] = np.asarray(seq.generated_from)
+        arrays.update({f"{i}/hidden{layer}": h for layer, h in seq.hidden.items()})
+    np.savez(path, held=np.asarray(len(held)), **arrays)
+
+
+def load_data(path: Path) -> tuple[list[Sequence], list[Sequence]]:
+    with np.load(path) as z:
+        count = 1 + max(int(k.split("/")[0]) for k in z.files if "/" in k)
+        seqs = [Sequence(z[f"{i}/tokens"], {int(k.split("hidden")[1]): z[k] for k in z.files
+                                            if k.startswith(f"{i}/hidden")},
+                         z[f"{i}/predicted"], int(z[f"{i}/generated_from"])) for i in range(count)]
+        held = int(z["held"])
+    return seqs[:held], seqs[held:]
+
+
+def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, seconds: float) -> Curve:
+    """AdamW on ``loss_of_one_step()`` for ``seconds``, measuring ``accepted()`` every ``--eval-every`` minutes."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    started = last_eval = time.perf_counter()
+    step, loss_avg = 0, 0.0
+    while time.perf_counter() - started < seconds:
+        loss = loss_of_one_step()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        loss_avg = 0.95 * loss_avg + 0.05 * loss.item() if step > 1 else loss.item()
+        if time.perf_counter() - last_eval > args.eval_every * 60:
+            curve.add((time.perf_counter() - started) / 60, step, loss_avg, accepted())
+            last_eval = time.perf_counter()
+    curve.add((time.perf_counter() - started) / 60, step, loss_avg, accepted())
+    return curve
+
+
+def prefix_matches(hits: torch.Tensor) -> torch.Tensor:
+    """[A, depth] booleans -> [A]: the length of each row's leading run of True."""
+    return hits.to(torch.int64).cumprod(1).sum(1)
+
+
+# -- Eagle-3 ------------------------------------------------------------------------------------------------------
+def eagle_inputs(seq: Sequence, layers: list[int], embed: torch.Tensor):
+    feats = torch.from_numpy(np.concatenate([seq.hidden[layer] for layer in layers], -1)[:-1])
+    nxt = torch.from_numpy(seq.tokens[1:])
+    # row j (feature of token j, token j + 1) predicts token j + 2: the target's prediction after token j + 1
+    return feats, embed[nxt], torch.from_numpy(seq.predicted[1:])
+
+
+def eagle_accepted(model, data: list[Sequence], layers, embed, steps: int) -> np.ndarray:
+    out = []
+    with torch.no_grad():
+        for seq in data:
+            feats, emb, _ = eagle_inputs(seq, layers, embed)
+            preds = [model.d2t[lg.argmax(-1)] + lg.argmax(-1) for lg in model.unrolled(feats, emb, steps)]
+            n = len(seq.tokens)
+            # anchor a: history tokens[0..a]; depth s is predicted by row a - 1 + s and must equal tokens[a + 1 + s]
+            anchors = [a for a in range(max(seq.generated_from - 1, 1), n - 1 - steps)]
+            if not anchors:
+                continue
+            hits = torch.stack([torch.stack([preds[s][a - 1 + s] == int(seq.tokens[a + 1 + s]) for s in range(steps)])
+                                for a in anchors])
+            out.append(prefix_matches(hits).numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, args, seconds: float) -> Curve:
+    cfg = llm.config
+    layers = list(default_aux_layers(cfg.num_layers))
+    counts = np.bincount(np.concatenate([s.predicted for s in train]), minlength=cfg.vocab_size)
+    draft_vocab = min(args.draft_vocab, cfg.vocab_size)
+    keep = np.sort(np.argsort(-counts, kind="stable")[:draft_vocab])
+    c = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+         **layer_config(cfg, args.intermediate or cfg.hidden_size * 2), "draft_vocab_size": draft_vocab,
+         "target_hidden_size": cfg.hidden_size,
+         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i + 1 for i in layers]}}
+    c, model = resume(drafter_torch.Eagle3, args.out / "eagle3", c) if args.resume else (c, drafter_torch.Eagle3(c))
+    if args.resume and (args.out / "eagle3").is_dir():
+        keep = (model.d2t + torch.arange(len(model.d2t))).numpy()  # the earlier run's draft vocabulary
+        draft_vocab = len(keep)
+    else:
+        model.d2t.copy_(torch.from_numpy(keep - np.arange(draft_vocab)))
+        model.t2d[torch.from_numpy(keep)] = True
+    to_draft = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
+    to_draft[torch.from_numpy(keep)] = torch.arange(draft_vocab)
+    rng = random.Random(args.seed)
+
+    def loss_of_one_step() -> torch.Tensor:
+        feats, emb, labels = eagle_inputs(rng.choice(train), layers, embed)
+        target = to_draft[labels]
+        loss = torch.zeros(())
+        for s, logits in enumerate(model.unrolled(feats, emb, args.eagle_steps)):
+            valid = target[s:] >= 0
+            if valid.any():
+                loss = loss + 0.8 ** s * F.cross_entropy(logits[s:][valid], target[s:][valid])
+        return loss
+
+    curve = fit(model, loss_of_one_step, lambda: eagle_accepted(model, held, layers, embed, args.eagle_steps),
+                Curve("eagle3", args.eagle_steps), args, seconds)
+    tensors = drafter_torch.state_tensors(model)
+    write_folder(args.out / "eagle3", c, tensors)
+    return curve
+
+
+# -- DFlash -------------------------------------------------------------------------------------------------------
+def dflash_layers(num_layers: int, count: int) -> list[int]:
+    """``count`` layers spread from the second to the third-last (the DFlash checkpoints' pattern)."""
+    hi = max(num_layers - 3, 1)
+    picks = np.round(np.linspace(min(1, num_layers - 1), hi, min(count, num_layers))).astype(int)
+    return sorted({int(min(p, num_layers - 1)) for p in picks})
+
+
+def dflash_batch(seq: Sequence, layers, embed, block: int, mask_id: int, anchors: list[int]):
+    """Blocks at ``anchors`` in one pass: queries of all blocks, keys = the context rows, then every block's rows;
+    a block sees context rows before its anchor and its own rows."""
+    n = len(seq.tokens)
+    ctx = torch.from_numpy(np.concatenate([seq.hidden[layer] for layer in layers], -1))
+    ids = [[int(seq.tokens[a])] + [mask_id] * (block - 1) for a in anchors]
+    noise = embed[torch.tensor(ids).reshape(-1)]
+    pos = torch.tensor([a + i for a in anchors for i in range(block)])
+    rows = len(anchors) * block
+    mask = torch.zeros(rows, n + rows, dtype=torch.bool)
+    for b, a in enumerate(anchors):
+        mask[b * block:(b + 1) * block, :a] = True
+        mask[b * block:(b + 1) * block, n + b * block:n + (b + 1) * block] = True
+    # the target's prediction after each position: in the generated part, the next token itself
+    labels = torch.tensor([[int(seq.predicted[a + i - 1]) for i in range(1, block)] for a in anchors])
+    return ctx, torch.arange(n), noise, pos, mask, labels
+
+
+def dflash_anchors(seq: Sequence, block: int, *, generated: bool = True) -> list[int]:
+    """Block starts whose labels are the target's greedy continuation (``generated``: what acceptance is measured
+    on), or every start (training on teacher-forced text: the labels are still the target's predictions)."""
+    return list(range(max(seq.generated_from - 1, 1) if generated else 1, len(seq.tokens) - block + 1))
+
+
+def dflash_accepted(model, data, layers, embed, head, block, mask_id) -> np.ndarray:
+    out = []
+    with torch.no_grad():
+        for seq in data:
+            anchors = dflash_anchors(seq, block)
+            if not anchors:
+                continue
+            ctx, cpos, noise, pos, mask, labels = dflash_batch(seq, layers, embed, block, mask_id, anchors)
+            rows = model(ctx, cpos, noise, pos, mask).view(len(anchors), block, -1)[:, 1:]
+            out.append(prefix_matches((rows @ head.T).argmax(-1) == labels).numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
+    cfg = llm.config
+    layers = dflash_layers(cfg.num_layers, args.dflash_target_layers)
+    block, mask_id = args.block_size, args.mask_token_id if args.mask_token_id >= 0 else cfg.vocab_size - 1
+    c = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": args.dflash_layers,
+         **layer_config(cfg, args.intermediate or cfg.intermediate_size), "num_target_layers": cfg.num_layers,
+         "block_size": block,
+         "dflash_config": {"block_size": block, "mask_token_id": mask_id, "target_layer_ids": layers}}
+    c, model = resume(drafter_torch.DFlash, args.out / "dflash", c) if args.resume else (c, drafter_torch.DFlash(c))
+    weights = 0.85 ** torch.arange(block - 1, dtype=torch.float32)  # early positions decide acceptance
+    rng = random.Random(args.seed + 1)
+    usable = [seq for seq in train if dflash_anchors(seq, block, generated=False)]
+
+    def loss_of_one_step() -> torch.Tensor:
+        seq = rng.choice(usable)
+        anchors = dflash_anchors(seq, block, generated=False)
+        anchors = sorted(rng.sample(anchors, min(len(anchors), args.anchors)))
+        ctx, cpos, noise, pos, mask, labels = dflash_batch(seq, layers, embed, block, mask_id, anchors)
+        rows = model(ctx, cpos, noise, pos, mask).view(len(anchors), block, -1)[:, 1:]
+        ce = F.cross_entropy((rows @ head.T).reshape(-1, head.shape[0]), labels.reshape(-1), reduction="none")
+        return (ce.view(len(anchors), block - 1) * weights).sum() / (weights.sum() * len(anchors))
+
+    curve = fit(model, loss_of_one_step, lambda: dflash_accepted(model, held, layers, embed, head, block, mask_id),
+                Curve("dflash", block - 1), args, seconds)
+    write_folder(args.out / "dflash", c, drafter_torch.state_tensors(model))
+    return curve
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", type=Path, help="the target model: a Hugging Face folder or a GGUF file")
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/eagle3 and OUT/dflash")
+    p.add_argument("--kind", choices=["both", "eagle", "dflash"], default="both")
+    p.add_argument("--minutes", type=float, default=20.0, help="the whole time budget (data + training)")
+    p.add_argument("--data-share", type=float, default=0.35, help="share of the budget spent making data")
+    p.add_argument("--corpus", type=Path, nargs="*", help="folders of text (default: stdlib + site-packages docs)")
+    p.add_argument("--prompt-tokens", type=int, default=96)
+    p.add_argument("--gen-tokens", type=int, default=32)
+    p.add_argument("--train-gen-tokens", type=int, default=-1,
+                   help="greedy tokens per training sequence (default --gen-tokens; 0 trains on the target's "
+                        "predictions over corpus text only: for targets too slow to generate much)")
+    p.add_argument("--held-out", type=int, default=6, help="sequences kept for measuring acceptance")
+    p.add_argument("--eagle-steps", type=int, default=4, help="training-time-test depth (= drafting depth)")
+    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--dflash-layers", type=int, default=1)
+    p.add_argument("--dflash-target-layers", type=int, default=3)
+    p.add_argument("--mask-token-id", type=int, default=-1, help="default: the last id of the vocabulary")
+    p.add_argument("--anchors", type=int, default=16, help="DFlash blocks per training step")
+    p.add_argument("--intermediate", type=int, default=0, help="drafter MLP width (default: Eagle 2H, DFlash "
+                                                               "the target's)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-every", type=float, default=2.0, help="minutes between acceptance measurements")
+    p.add_argument("--data", type=Path, help="an .npz of sequences: read if it exists (this run adds to it), "
+                                             "written after making data (runs can share what a slow target made)")
+    p.add_argument("--resume", action="store_true", help="continue training the drafters already in --out")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    started = time.perf_counter()
+    budget = args.minutes * 60
+
+    files = corpus_files(args.corpus or default_roots())
+    if not files:
+        p.error("no corpus files found")
+    print(f"corpus: {len(files)} files", flush=True)
+    probe = hetero.llm.load(args.target, context=16, kv_cache="f32", on_fallback="silent")
+    cfg = probe.config
+    probe.close()
+    layers = sorted({*default_aux_layers(cfg.num_layers), *dflash_layers(cfg.num_layers, args.dflash_target_layers)})
+    llm = hetero.llm.load(args.target, context=args.context, kv_cache="f32", all_logits=True, on_fallback="silent",
+                          threads=args.threads, hidden_layers=layers)
+    print(f"target: {llm.name}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
+          f"hidden states of layers {layers}", flush=True)
+    data_started = time.perf_counter()
+    held, train = load_data(args.data) if args.data is not None and args.data.is_file() else ([], [])
+    if held or train:
+        print(f"data: {len(train)} + {len(held)} sequences from {args.data}", flush=True)
+    else:
+        held = make_data(llm, layers, files, budget * args.data_share / 2, args.held_out, args.gen_tokens, args, rng)
+    train_gen = args.gen_tokens if args.train_gen_tokens < 0 else args.train_gen_tokens
+    train += make_data(llm, layers, files, budget * args.data_share - (time.perf_counter() - data_started), 1 << 30,
+                       train_gen, args, rng)
+    llm.close()
+    if args.data is not None:
+        save_data(args.data, held, train)
+    if not held or not train:
+        p.error(f"only {len(held)} held-out and {len(train)} training sequences made: raise --minutes")
+    data = held + train
+    print(f"data: {len(train)} training + {len(held)} held-out sequences, {sum(len(s.tokens) for s in data)} tokens, "
+          f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
+    embed, head = target_matrices(args.target, cfg)
+    kinds = ["eagle", "dflash"] if args.kind == "both" else [args.kind]
+    log: dict = {"target": str(args.target), "threads": args.threads, "data_minutes":
+                 round((time.perf_counter() - started) / 60, 2), "train_sequences": len(train),
+                 "train_tokens": int(sum(len(s.tokens) for s in train)), "curves": {}}
+    for i, kind in enumerate(kinds):
+        seconds = (budget - (time.perf_counter() - started)) / (len(kinds) - i)
+        curve = train_eagle(llm, train, held, embed, args, seconds) if kind == "eagle" else \
+            train_dflash(llm, train, held, embed, head, args, seconds)
+        log["curves"][curve.kind] = curve.points
+    (args.out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {', '.join(str(args.out / k) for k in ('eagle3', 'dflash') if (args.out / k).is_dir())} in "
+          f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

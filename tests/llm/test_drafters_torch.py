@@ -1,0 +1,175 @@
+"""The numpy Eagle-3 and DFlash drafters against PyTorch references of the same networks (scripts/drafter_torch.py)
+on random weights: layer outputs, tree attention masks, drafted tokens, and the training unroll's agreement with
+what inference drafts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0 for the "
+                                            "drafter reference tests)")
+
+from hetero.llm.speculative.dflash import DFlashDrafter, load_dflash  # noqa: E402
+from hetero.llm.speculative.eagle import Eagle3Drafter, load_eagle3  # noqa: E402
+
+from .drafter_fixtures import dflash_config, dflash_folder, eagle_config, eagle_folder  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import drafter_torch  # noqa: E402
+
+VOCAB, H = 320, 64
+torch.set_num_threads(1)
+
+
+def _torch_model(cls, config: dict, folder: Path):
+    from hetero.llm import safetensors
+
+    model = cls(config)
+    st = safetensors.SafetensorsModel(folder)
+    model.load_state_dict({name: torch.from_numpy(np.array(st.raw(name))) for name in st})
+    return model.eval()
+
+
+@pytest.fixture
+def eagle(tmp_path):
+    config = eagle_config(aux=[1, 2, 3])
+    folder = eagle_folder(tmp_path / "eagle", aux=[1, 2, 3])
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((VOCAB, H)).astype(np.float32)
+    return load_eagle3(folder), _torch_model(drafter_torch.Eagle3, config, folder), table
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def test_eagle_step_matches_torch_under_a_tree_mask(eagle):
+    weights, ref, table = eagle
+    drafter = Eagle3Drafter(weights, lambda ids: table[np.asarray(ids)], num_layers=4)
+    rng = np.random.default_rng(2)
+    past, rows = 7, 5
+    feats = rng.standard_normal((past + rows, H)).astype(np.float32)
+    emb = table[rng.integers(0, VOCAB, past + rows)]
+    pos = np.arange(past + rows)
+    out0, k0, v0 = drafter.head.step(feats[:past], emb[:past], pos[:past], np.tril(np.ones((past, past), bool)))
+    drafter.head.keys, drafter.head.values = k0, v0
+    visible = rng.random((rows, past + rows)) < 0.6
+    visible[np.arange(rows), past + np.arange(rows)] = True  # every row sees itself
+    out, _, _ = drafter.head.step(feats[past:], emb[past:], pos[past:], visible)
+    with torch.no_grad():
+        r0, rk, rv = ref.step(_t(feats[:past]), _t(emb[:past]), _t(pos[:past]), torch.zeros(0, 2, 16),
+                              torch.zeros(0, 2, 16), _t(np.tril(np.ones((past, past), bool))))
+        r, _, _ = ref.step(_t(feats[past:]), _t(emb[past:]), _t(pos[past:]), rk, rv, _t(visible))
+        logits = ref.logits(r)
+    np.testing.assert_allclose(out0, r0.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, r.numpy(), rtol=1e-4, atol=1e-4)
+    lp = drafter.head.log_probs(out)
+    np.testing.assert_allclose(lp, torch.log_softmax(logits, -1).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _torch_chain(ref, table, hidden, tokens, chain):
+    """Torch log-probs after running pairs 0..n-1 (causal) and then ``chain`` (drafted tokens) as a causal chain:
+    the distribution from which the token after the chain is drawn."""
+    n = len(tokens) - 1
+    with torch.no_grad():
+        feat = ref.fc(_t(hidden[:n]))
+        out, k, v = ref.step(feat, _t(table[tokens[1:]]), torch.arange(n), torch.zeros(0, 2, 16),
+                             torch.zeros(0, 2, 16), torch.tril(torch.ones(n, n, dtype=torch.bool)))
+        last = out[-1:]
+        for i, tok in enumerate(chain):
+            mask = torch.ones(1, n + i + 1, dtype=torch.bool)
+            last, k1, v1 = ref.step(last, _t(table[[tok]]), torch.tensor([n + i]), k, v, mask)
+            k, v = torch.cat([k, k1]), torch.cat([v, v1])
+        return torch.log_softmax(ref.logits(last)[0], -1).numpy()
+
+
+def test_eagle_tree_nodes_follow_the_torch_chain_of_their_path(eagle):
+    weights, ref, table = eagle
+    rng = np.random.default_rng(3)
+    n = 9
+    tokens = rng.integers(0, VOCAB, n + 1).tolist()
+    hidden = rng.standard_normal((n, 3 * H)).astype(np.float32)
+    drafter = Eagle3Drafter(weights, lambda ids: table[np.asarray(ids)], num_layers=4, top_k=3)
+    assert drafter.hidden_layers == (0, 1, 2)  # eagle_aux_hidden_state_layer_ids [1, 2, 3]: inputs of those layers
+    drafter.begin(tokens[:n], {0: hidden[:, :H], 1: hidden[:, H:2 * H], 2: hidden[:, 2 * H:]})
+    chain = drafter.draft(tokens, 4)
+    tree = drafter.tree
+    assert 1 <= len(chain) <= 4 and len(tree.tokens) == 3 * 4
+    assert chain in [[tree.tokens[i] for i in tree.path(node)] for node in range(len(tree.tokens))]
+    d2t = weights.d2t
+    assert d2t is not None
+    for node in range(len(tree.tokens)):
+        path = tree.path(node)
+        lp = _torch_chain(ref, table, hidden, tokens, [tree.tokens[i] for i in path[:-1]])
+        draft_id = int(np.flatnonzero(np.arange(len(d2t)) + d2t == tree.tokens[node])[0])
+        parent_score = tree.scores[path[-2]] if len(path) > 1 else 0.0
+        assert tree.scores[node] == pytest.approx(parent_score + lp[draft_id], abs=1e-4)
+    mask = tree.mask()
+    assert mask[np.arange(12), np.arange(12)].all() and mask.sum() == 3 * (1 + 2 + 3 + 4)
+
+
+def test_eagle_greedy_chain_and_training_unroll_agree(eagle):
+    """top_k=1 drafts the argmax chain; the training unroll (teacher-forced on those tokens) predicts the same."""
+    weights, ref, table = eagle
+    rng = np.random.default_rng(4)
+    n = 12
+    hidden = rng.standard_normal((n + 4, 3 * H)).astype(np.float32)
+    prompt = rng.integers(0, VOCAB, n + 1).tolist()
+    drafter = Eagle3Drafter(weights, lambda ids: table[np.asarray(ids)], num_layers=4, top_k=1)
+    drafter.begin(prompt[:n], {0: hidden[:n, :H], 1: hidden[:n, H:2 * H], 2: hidden[:n, 2 * H:]})
+    chain = drafter.draft(prompt, 4)
+    lp = _torch_chain(ref, table, hidden, prompt, [])
+    assert weights.draft_to_target(np.asarray(int(np.argmax(lp)))) == chain[0]
+    seq = prompt + chain
+    with torch.no_grad():
+        # unroll rows j = n - 1 + s (step s) predict token seq[j + 2] = chain[s + 1]
+        logits = ref.unrolled(_t(hidden[:len(seq) - 1]), _t(table[seq[1:]]), steps=3)
+    for s in range(3):
+        pred = int(weights.draft_to_target(np.asarray(int(logits[s][n - 1 + s].argmax()))))
+        assert pred == chain[s]
+
+
+@pytest.fixture
+def dflash(tmp_path):
+    config = dflash_config()
+    folder = dflash_folder(tmp_path / "dflash")
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((VOCAB, H)).astype(np.float32)
+    head = (rng.standard_normal((VOCAB, H)) / 8).astype(np.float32)
+    return load_dflash(folder), _torch_model(drafter_torch.DFlash, config, folder), table, head
+
+
+def test_dflash_block_matches_torch(dflash):
+    weights, ref, table, head = dflash
+    drafter = DFlashDrafter(weights, lambda ids: table[np.asarray(ids)], lambda h: h @ head.T, num_layers=2)
+    rng = np.random.default_rng(6)
+    n = 11
+    hidden = rng.standard_normal((n, 2 * H)).astype(np.float32)
+    tokens = rng.integers(0, VOCAB, n + 1).tolist()
+    drafter.begin(tokens[:n], {0: hidden[:, :H], 1: hidden[:, H:]})
+    rows = drafter.block_hidden(tokens[-1])
+    block = [tokens[-1]] + [weights.mask_token_id] * (weights.block_size - 1)
+    with torch.no_grad():
+        ref_rows = ref(_t(hidden), torch.arange(n), _t(table[block]), torch.arange(n, n + weights.block_size))
+    np.testing.assert_allclose(rows, ref_rows.numpy(), rtol=1e-4, atol=1e-4)
+    drafted = drafter.draft(tokens, 8)
+    assert len(drafted) == weights.block_size - 1
+    assert drafted == np.argmax(ref_rows.numpy()[1:] @ head.T, axis=-1).tolist()
+
+
+def test_dflash_context_built_in_steps_equals_one_pass(dflash):
+    weights, _, table, head = dflash
+    rng = np.random.default_rng(7)
+    hidden = rng.standard_normal((10, 2 * H)).astype(np.float32)
+    tokens = rng.integers(0, VOCAB, 11).tolist()
+    one = DFlashDrafter(weights, lambda ids: table[np.asarray(ids)], lambda h: h @ head.T, num_layers=2)
+    one.begin(tokens[:10], {0: hidden[:, :H], 1: hidden[:, H:]})
+    steps = DFlashDrafter(weights, lambda ids: table[np.asarray(ids)], lambda h: h @ head.T, num_layers=2)
+    steps.begin(tokens[:6], {0: hidden[:6, :H], 1: hidden[:6, H:]})
+    steps.accept(0, tokens[6:7], {0: hidden[:0, :H], 1: hidden[:0, H:]})
+    steps.accept(3, tokens[7:11], {0: hidden[6:10, :H], 1: hidden[6:10, H:]})
+    np.testing.assert_allclose(one.block_hidden(tokens[10]), steps.block_hidden(tokens[10]), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,215 @@
+"""Speculative decoding on the tiny fixtures: greedy output token for token that of plain decoding on every family
+(dense, MoE, hybrid) with drafts accepted in full, in part and not at all; the hybrid models' state after rejected
+drafts against a fresh run; hidden states handed to drafters; the draft model's vocabulary check."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from conftest import backend_ok
+from hetero.contract import HeteroError
+from hetero.llm.speculative import Draft, DraftModel, Lookahead, Speculation, make_drafter
+
+from .helpers import FIXTURES, copy_model, load
+
+ALL = ["qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_next"]
+HYBRID = ["qwen3_5", "qwen3_5_moe", "qwen3_5_next"]
+BACKENDS = ["cpu", "opencl"]
+PROMPT = [5, 17, 300, 2, 9, 44, 81, 5, 17, 300]
+
+
+def _backend(name: str) -> None:
+    ok, why = backend_ok(name)
+    if not ok:
+        pytest.skip(why)
+
+
+class Scripted:
+    """Drafts the plain greedy continuation (known in advance) with scripted mistakes: step i proposes k tokens
+    of which the first ``i % (k + 1)`` are right, so steps accept all, some and none of their draft."""
+
+    def __init__(self, truth: list[int], prompt_len: int, max_draft: int = 4, hidden_layers: Sequence[int] = ()):
+        self.truth, self.prompt_len, self.max_draft = truth, prompt_len, max_draft
+        self.hidden_layers = tuple(hidden_layers)
+        self.steps = 0
+        self.received: list[tuple[int, list[int], dict[int, np.ndarray]]] = []
+        self.prompt_hidden: dict[int, np.ndarray] = {}
+
+    def reset(self) -> None:
+        self.steps = 0
+
+    def begin(self, prompt, hidden) -> None:
+        self.prompt_hidden = {k: v.copy() for k, v in hidden.items()}
+
+    def draft(self, history, k):
+        done = len(history) - self.prompt_len
+        right = self.truth[done:done + k]
+        good = self.steps % (k + 1)
+        self.steps += 1
+        return [t if i < good else (t + 1) % 320 for i, t in enumerate(right)]
+
+    def accept(self, n_accepted, tokens, hidden) -> None:
+        self.received.append((n_accepted, list(tokens), {k: v.copy() for k, v in hidden.items()}))
+
+
+def _plain(llm, prompt, n):
+    llm.reset()
+    llm.generate(prompt, n, temperature=0)
+    return list(llm.last.tokens)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ALL)
+def test_greedy_output_is_plain_decoding(family, backend):
+    _backend(backend)
+    llm = load(FIXTURES / family, backends=[backend], kv_cache="f16")
+    want = _plain(llm, PROMPT, 40)
+    for k in (1, 4, 7):
+        drafter = Scripted(want, len(PROMPT), max_draft=k)
+        llm.reset()
+        llm.generate(PROMPT, 40, temperature=0, spec=Speculation(drafter, adaptive=False))
+        assert list(llm.last.tokens) == want, k
+        assert llm.stats.verify_steps > 0 and 0 < llm.stats.accepted_tokens < llm.stats.drafted_tokens
+    for drafter in (Lookahead(min_ngram=1), Lookahead()):
+        llm.reset()
+        llm.generate(PROMPT, 40, temperature=0, spec=Speculation(drafter, adaptive=False))
+        assert list(llm.last.tokens) == want
+
+
+@pytest.mark.parametrize("family", HYBRID)
+def test_hybrid_state_after_rejected_drafts_is_a_fresh_runs(family):
+    """After a speculative generation (rollbacks into verify blocks all along), the next step's logits equal those
+    of a model that only ever saw the committed tokens."""
+    _backend("cpu")
+    spec_llm = load(FIXTURES / family, backends=["cpu"])
+    want = _plain(load(FIXTURES / family, backends=["cpu"]), PROMPT, 30)
+    drafter = Scripted(want, len(PROMPT), max_draft=5)
+    spec_llm.generate(PROMPT, 30, temperature=0, spec=Speculation(drafter, adaptive=False))
+    assert spec_llm.stats.drafted_tokens > spec_llm.stats.accepted_tokens  # drafts were rejected
+    history = PROMPT + list(spec_llm.last.tokens)
+    fresh = load(FIXTURES / family, backends=["cpu"], prefill_chunk=0)
+    fresh.prefill(history[:-1])
+    expected = fresh.forward(history[-1:])
+    got = spec_llm.forward(history[len(spec_llm.tokens):]) if len(spec_llm.tokens) < len(history) else None
+    if got is None:  # the cache holds more than the history (the last step's extra tokens): roll back to it
+        spec_llm.rollback(len(history) - 1)
+        got = spec_llm.forward(history[-1:])
+    np.testing.assert_allclose(got, expected, atol=2e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_drafters_get_the_hidden_states_of_the_committed_tokens(family):
+    _backend("cpu")
+    llm = load(FIXTURES / family, backends=["cpu"])
+    want = _plain(llm, PROMPT, 20)
+    drafter = Scripted(want, len(PROMPT), max_draft=3, hidden_layers=(0, -1))
+    llm.reset()
+    llm.generate(PROMPT, 20, temperature=0, spec=Speculation(drafter, adaptive=False))
+    last = llm.config.num_layers - 1
+    assert llm.hidden_layers == (0, last)
+    # a reference: every layer output of one pass over the whole sequence
+    ref = load(FIXTURES / family, backends=["cpu"], hidden_layers=[0, last], prefill_chunk=0)
+    sequence = PROMPT + want
+    ref.prefill(sequence)
+    rows = {layer: np.concatenate([drafter.prompt_hidden[layer]] + [h[layer] for _, _, h in drafter.received])
+            for layer in (0, last)}
+    for layer in (0, last):
+        assert rows[layer].shape[0] >= len(sequence) - 1
+        n = len(sequence) - 1
+        np.testing.assert_allclose(rows[layer][:n], ref.hidden(layer, 0, n), atol=2e-4)
+    # each accept: n accepted drafts + the target's token, n + 1 hidden rows
+    for n, tokens, hidden in drafter.received[1:]:
+        assert len(tokens) == n + 1 and all(h.shape[0] == n + 1 for h in hidden.values())
+
+
+def test_verify_scores_every_token_of_the_block_as_decode_steps_do():
+    _backend("cpu")
+    for family in ALL:
+        a, b = load(FIXTURES / family, backends=["cpu"]), load(FIXTURES / family, backends=["cpu"])
+        a.prefill(PROMPT)
+        b.prefill(PROMPT)
+        block = [3, 99, 150, 7, 7, 12]
+        rows = a.verify(block)
+        steps = [b.forward([t])[0] for t in block]
+        np.testing.assert_array_equal(rows, np.stack(steps))
+    with pytest.raises(HeteroError, match="at most 16 tokens"):
+        a.verify(list(range(17)))
+
+
+def test_draft_model_same_tokenizer_accepts_everything(tmp_path):
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = _plain(target, PROMPT, 24)
+    drafter = DraftModel(load(FIXTURES / "qwen3", backends=["cpu"]), target, max_draft=4)
+    target.reset()
+    target.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
+    assert list(target.last.tokens) == want
+    assert target.stats.accepted_tokens == target.stats.drafted_tokens > 0  # the same model drafts exactly
+    # another family with the same tokenizer: drafts mostly rejected, output unchanged; its cache follows along
+    other = make_drafter(f"draft:{FIXTURES / 'qwen3_5'}", target)
+    target.reset()
+    target.generate(PROMPT, 24, temperature=0, spec=Speculation(other, adaptive=False))
+    assert list(target.last.tokens) == want
+
+
+def test_draft_model_with_another_vocabulary_is_refused(tmp_path):
+    _backend("cpu")
+    folder = copy_model("qwen3", tmp_path)
+    tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[40:42]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (folder / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    with pytest.raises(HeteroError, match=r"draft model .*qwen3.* and target .*fixtures.*qwen3.* different vocab"):
+        make_drafter(f"draft:{folder}", target)
+
+
+def test_spec_names_and_errors():
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    assert isinstance(make_drafter("lookahead", target), Lookahead)
+    with pytest.raises(HeteroError, match="unknown drafter 'medusa:x'"):
+        make_drafter("medusa:x", target)
+    with pytest.raises(HeteroError, match="needs the draft model's path"):
+        make_drafter("draft", target)
+    with pytest.raises(HeteroError, match="expected a drafter name"):
+        target.generate(PROMPT, 4, spec=42)
+    with pytest.raises(HeteroError, match="hidden layer 7 is not a layer"):
+        target.expose_hidden([7])
+
+
+def test_lookahead_drafts_what_followed_the_latest_match():
+    la = Lookahead(max_ngram=3, min_ngram=1)
+    history = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    assert la.draft(history, 4) == [4, 5, 9, 2]  # the longest match first: "1 2 3" was followed by 4 5 9 2
+    assert Lookahead(max_ngram=2, min_ngram=1).draft(history, 4) == [7, 8, 1, 2]  # "2 3": latest by 7 8 1 2
+    la = Lookahead(max_ngram=3, min_ngram=2)
+    assert la.draft([1, 2, 3, 4, 1, 2, 3], 3) == [4, 1, 2]
+    assert la.draft([1, 2, 3, 4, 1, 2, 3, 4, 6], 3) == []  # "4 6" never seen: no draft
+    assert la.draft([5, 6, 5, 6], 2) == [5, 6]  # another history: the index starts again
+    assert Draft([1]).probs is None
+
+
+def test_generate_and_bench_commands_with_spec(capsys):
+    _backend("cpu")
+    from hetero.cli import main
+
+    text = "def f(x): return x + 1\ndef g(x): return x + 1\ndef f(x): return"
+    assert main(["generate", str(FIXTURES / "qwen3"), "-p", text, "-n", "24", "--temp", "0", "-b", "cpu"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["generate", str(FIXTURES / "qwen3"), "-p", text, "-n", "24", "--temp", "0", "-b", "cpu",
+                 "--spec", "lookahead", "--spec-draft", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain
+    assert "drafts accepted" in captured.err
+    assert main(["bench", "-m", str(FIXTURES / "qwen3"), "--spec", "lookahead", "-n", "8", "-r", "1", "-t", "1",
+                 "-c", "1024", "-b", "cpu"]) == 0
+    table = capsys.readouterr().out
+    assert "| lookahead | code | 8 |" in table and "| lookahead | chat | 8 |" in table and "| NO |" not in table
+    assert main(["generate", str(FIXTURES / "qwen3"), "-p", "x", "-n", "2", "--spec", "medusa:/x"]) != 0
+    assert "unknown drafter 'medusa:/x'" in capsys.readouterr().err
