@@ -105,15 +105,14 @@ class Recorder:
 
     def control(self, kernel: Any, ins: list[Tensor | None], outer: dict[str, Tensor], outs: list[Tensor],
                 runner: Callable[[list[str], dict[str, Tensor]], Any], backend: Backend) -> None:
-        keys = []
-        for tensor in outs:
-            key = ("var", id(tensor))
-            self.keys[id(tensor)] = key
-            self.keep.append(tensor)
-            keys.append((key, tensor.info))
-        entry = _Control(kernel, list(ins), dict(outer), keys, runner, backend)
+        entry = _Control(kernel, list(ins), dict(outer), [], runner, backend)
         entry.var_ins = [(pos, k) for pos, t in enumerate(ins) if (k := self._key(t)) is not None]
         entry.var_outer = [(name, k) for name, t in outer.items() if (k := self._key(t)) is not None]
+        for tensor in outs:  # keyed after the inputs: an output is never one of them
+            key: Key = ("var", id(tensor))
+            self.keys[id(tensor)] = key
+            self.keep.append(tensor)
+            entry.outs.append((key, tensor.info))
         self.entries.append(entry)
 
     def view(self, src: Tensor, out: Tensor, backend: Backend) -> None:
@@ -135,7 +134,10 @@ class Replay:
         self.signature = signature
         self.outputs = outputs
         self._values: dict[Key, Tensor] = {}  # this run's feeds, fresh outputs and their views
-        fixed: dict[Key, Tensor] = {}
+        # Tensors made once: the replay's copies of the feeds and views of them, which a segment may pass on as an
+        # output that a later segment reads (a segment of one Unsqueeze between two others).
+        self._fixed: dict[Key, Tensor] = {}
+        fixed = self._fixed
         self._write = backend.write
         self._slots: list[tuple[str, Tensor]] = []  # (feed name, the replay's own buffer)
         for name, tensor in feeds.items():
@@ -169,20 +171,8 @@ class Replay:
             self.program.append(functools.partial(_make_view, self._values, entry))
 
     def _add_control(self, entry: _Control, fixed: dict[Key, Tensor]) -> None:
-        var_ins = []
-        for pos, key in entry.var_ins:
-            if key in fixed:
-                entry.ins[pos] = fixed[key]
-            else:
-                var_ins.append((pos, key))
-        entry.var_ins = var_ins
-        var_outer = []
-        for name, key in entry.var_outer:
-            if key in fixed:
-                entry.outer[name] = fixed[key]
-            else:
-                var_outer.append((name, key))
-        entry.var_outer = var_outer
+        entry.var_ins = _take_fixed(entry.var_ins, fixed, entry.ins)
+        entry.var_outer = _take_fixed(entry.var_outer, fixed, entry.outer)
         for key, info in entry.outs:
             if key not in self._output_keys:  # a graph output stays the run's own result (the caller keeps it)
                 own = fixed[key] = entry.backend.empty(info)
@@ -191,12 +181,7 @@ class Replay:
 
     def _add_call(self, entry: _Call, fixed: dict[Key, Tensor]) -> None:
         ins = list(entry.ins)
-        var_ins = []
-        for pos, key in entry.var_ins:
-            if key in fixed:
-                ins[pos] = fixed[key]
-            else:
-                var_ins.append((pos, key))
+        var_ins = _take_fixed(entry.var_ins, fixed, ins)
         kernel = entry.kernel
         if var_ins or entry.fresh_outs:
             dynamic = _Call(kernel, ins, list(entry.outs), var_ins, entry.fresh_outs)
@@ -226,9 +211,22 @@ class Replay:
         result = {}
         for name in wanted:
             found = self.outputs[name]
-            result[name] = found if isinstance(found, Tensor) else values[found]
+            if not isinstance(found, Tensor):
+                found = values[found] if found in values else self._fixed[found]
+            result[name] = found
         values.clear()  # the caller owns the outputs now
         return result
+
+
+def _take_fixed(slots: list[tuple[Any, Key]], fixed: dict[Key, Tensor], target: Any) -> list[tuple[Any, Key]]:
+    """Puts each slot's tensor into ``target[slot]`` where it is fixed; returns the slots left to fill at each run."""
+    left = []
+    for slot, key in slots:
+        if key in fixed:
+            target[slot] = fixed[key]
+        else:
+            left.append((slot, key))
+    return left
 
 
 def _make_view(values: dict[Key, Tensor], entry: _View) -> None:
