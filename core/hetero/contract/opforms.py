@@ -119,3 +119,14 @@ def rope_inv_freq(rotary_dim: int, attrs: dict) -> tuple[np.ndarray, float]:
 
 # The GatedDeltaRule op's ``mode`` attribute: how the recurrence runs over a sequence.
 GATED_DELTA_MODES = ("auto", "chunked", "recurrent")
+
+
+def cache_range_error(label: str, past: int, t: int, filled: int, max_context: int) -> HeteroError | None:
+    """What is wrong with an Attention step of ``t`` new tokens after ``past`` cached ones, when the cache holds
+    ``filled`` positions of ``max_context``: the error every backend raises, or None when the step fits."""
+    if past < 0 or past > filled:
+        return HeteroError(f"{label}: past_len {past} is outside the {filled} cached positions")
+    if past + t > max_context:
+        return HeteroError(f"{label}: {past} cached + {t} new tokens exceed the context of {max_context} tokens",
+                           hint="load the model with a larger context")
+    return None

@@ -28,7 +28,7 @@ import numpy as np
 from ..contract import dtypes, quant
 from ..contract.errors import HeteroError
 from ..contract.graph import HETERO_DOMAIN
-from ..contract.opforms import rope_inv_freq
+from ..contract.opforms import cache_range_error, rope_inv_freq
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, TensorInfo
 from .shapes import input_info
@@ -250,13 +250,9 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
     max_context = int(ctx.attr("max_context"))
     state = ctx.state if ctx.state is not None else {}
     filled = int(state.get("filled", 0))
-    if past_len < 0 or past_len > filled:
-        raise HeteroError(f"{ctx.node.label()}: past_len {past_len} is outside the {filled} cached positions")
-    if past_len + t > max_context:
-        raise HeteroError(
-            f"{ctx.node.label()}: {past_len} cached + {t} new tokens exceed the context of {max_context} tokens",
-            hint="load the model with a larger context",
-        )
+    error = cache_range_error(ctx.node.label(), past_len, t, filled, max_context)
+    if error is not None:
+        raise error
     if "k" not in state or state["k"].shape != (hkv, max_context, d):
         # np.zeros maps fresh pages lazily: a long context costs memory only as it fills.
         state["k"] = np.zeros((hkv, max_context, d), dtype=np.float32)

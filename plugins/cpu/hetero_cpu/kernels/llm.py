@@ -37,7 +37,7 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
-from hetero.contract.opforms import rope_inv_freq
+from hetero.contract.opforms import cache_range_error, rope_inv_freq
 
 from .. import _native
 from .common import CpuKernel, bindable, noop
@@ -295,10 +295,9 @@ def _kv_dtype(node: NodeInfo) -> str:
 
 
 def _attention_error(label: str, past: int, filled: int, t: int, context: int) -> HeteroError:
-    if past < 0 or past > filled:
-        return HeteroError(f"{label}: past_len {past} is outside the {filled} cached positions")
-    return HeteroError(f"{label}: {past} cached + {t} new tokens exceed the context of {context} tokens",
-                       hint="load the model with a larger context")
+    """The error of a step the native kernel refused (it checks the same range)."""
+    return cache_range_error(label, past, t, filled, context) or HeteroError(
+        f"{label}: the attention kernel refused past_len {past} with {t} new tokens")
 
 
 class CpuAttention(CpuKernel):

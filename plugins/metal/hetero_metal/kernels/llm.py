@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, quant, unsupported
-from hetero.contract.opforms import rope_inv_freq
+from hetero.contract.opforms import cache_range_error, rope_inv_freq
 
 from ..plan import dispatch, groups_for
 from .common import MetalKernel, float32_only, placeholder
@@ -186,13 +186,9 @@ class MetalAttention(MetalKernel):
         t, hq, d = q.shape
         hkv = k.shape[1]
         past = _past_len(inputs[3])
-        if past < 0 or past > self.filled:
-            raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {self.filled} cached positions")
-        if past + t > self.max_context:
-            raise HeteroError(
-                f"{self.node.label()}: {past} cached + {t} new tokens exceed the context of {self.max_context} tokens",
-                hint="load the model with a larger context",
-            )
+        error = cache_range_error(self.node.label(), past, t, self.filled, self.max_context)
+        if error is not None:
+            raise error
         if self.cache is None or self.cache[0].shape != (hkv, self.max_context, d):
             self.cache = (np.zeros((hkv, self.max_context, d), np.float16),
                           np.zeros((hkv, self.max_context, d), np.float16))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, dtypes, quant, unsupported
-from hetero.contract.opforms import rope_inv_freq
+from hetero.contract.opforms import cache_range_error, rope_inv_freq
 
 from .common import ClKernel, float32_only, pow2_at_most
 from .gemm import gemm
@@ -222,13 +222,9 @@ class ClAttention(ClKernel):
         t, _, d = q.shape
         hkv = k.shape[1]
         past = _past_len(self, inputs[3])
-        if past < 0 or past > self.filled:
-            raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {self.filled} cached positions")
-        if past + t > self.max_context:
-            raise HeteroError(
-                f"{self.node.label()}: {past} cached + {t} new tokens exceed the context of {self.max_context} tokens",
-                hint="load the model with a larger context",
-            )
+        error = cache_range_error(self.node.label(), past, t, self.filled, self.max_context)
+        if error is not None:
+            raise error
         if self.cache is None or self.cache_shape != (hkv, d):
             nbytes = hkv * self.max_context * d * self.kv_bytes
             self.cache = (self.be.alloc(nbytes, "weights"), self.be.alloc(nbytes, "weights"))
