@@ -35,6 +35,9 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", help="read the prompt from FILE")
     add_backend_option(p)
     add_generation_options(p, default_n=128)
+    p.add_argument("--compress-to", type=int, default=None, metavar="N",
+                   help="fit the prompt into N tokens by keeping its sentences most relevant to its last one "
+                        "(docs/long-context.md; default: off)")
 
     p = command("chat", "chat with an LLM in a line editor: history, multi-line input, /help, /reset, /bye",
                 _cmd_chat)
@@ -78,6 +81,9 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")
     _kv_option(p)
+    from .needle_cli import add_eval_command  # light: the evaluation's modules load when it runs
+
+    add_eval_command(subparsers)
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -162,13 +168,15 @@ def _generate(args: argparse.Namespace, model: str, prompt: str) -> int:
         raise HeteroError("the prompt is empty: give it with -p TEXT, -f FILE or on stdin")
     loaded = load_llm(args, model)
     overrides = sampling(args)
+    options = {"compress_to": args.compress_to} if getattr(args, "compress_to", None) is not None else {}
     started = time.perf_counter()
     if args.no_stream:
-        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, spec=loaded.spec, **overrides))
+        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, spec=loaded.spec, **overrides,
+                                  **options))
         first = None
     else:
         first = stream_out(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, stream=True,
-                                               spec=loaded.spec, **overrides), started)
+                                               spec=loaded.spec, **overrides, **options), started)
     print_stats(loaded, overrides, first)
     return 0
 

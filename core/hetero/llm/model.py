@@ -391,12 +391,19 @@ class Llm:
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, penalty_last_n: int | None = None, seed: int | None = None,
                  stop: Sequence[str] | str | None = None, stream: bool = False,
-                 add_special_tokens: bool = True, spec: Any = None) -> str | Iterator[str]:
+                 add_special_tokens: bool = True, spec: Any = None, compress_to: int | None = None
+                 ) -> str | Iterator[str]:
         """Continue ``prompt`` (text, or token ids). Returns the text, or with ``stream=True`` an iterator of text
         pieces (closing it cancels). Unset sampling options come from the model's generation_config.json.
         ``spec``: speculative decoding (same output distribution, greedy output identical): a
         ``hetero.llm.speculative.Speculation``, a ``Drafter``, or a name as ``hetero generate --spec`` takes it
-        ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``)."""
+        ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``). ``compress_to``: fit a text
+        prompt into this many tokens by keeping the sentences most relevant to its last one (``hetero.llm.compress``;
+        off by default)."""
+        if compress_to is not None:
+            from .compress import compress_for
+
+            prompt = compress_for(self, prompt, compress_to)
         params = self.sampling_params(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n,
