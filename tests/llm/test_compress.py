@@ -74,11 +74,14 @@ def test_budget_in_real_tokens():
             assert FACT in kept
 
 
-def test_without_a_query_the_last_sentence_is_the_question_and_is_kept():
-    text = document() + " " + QUESTION
-    kept = compress_text(text, 60, words)
-    assert kept.endswith(QUESTION) and FACT in kept and words(kept) <= 60
-    with pytest.raises(HeteroError, match="cannot hold the text's last sentence"):
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_without_a_query_the_first_and_last_sentences_are_the_instruction_and_are_kept(where):
+    text = document() + " " + QUESTION if where == "after" else QUESTION + " " + document()
+    kept = compress_text(text, 80, words)
+    assert QUESTION in kept and FACT in kept and words(kept) <= 80
+    first, last = split_units(text)[0].strip(), split_units(text)[-1].strip()
+    assert kept.startswith(first) and kept.rstrip().endswith(last)
+    with pytest.raises(HeteroError, match="cannot hold the text's first and last sentences"):
         compress_text(text, 5, words)
 
 

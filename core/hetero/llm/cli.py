@@ -36,8 +36,8 @@ def add_llm_commands(subparsers: Any) -> None:
     add_backend_option(p)
     add_generation_options(p, default_n=128)
     p.add_argument("--compress-to", type=int, default=None, metavar="N",
-                   help="fit the prompt into N tokens by keeping its sentences most relevant to its last one "
-                        "(docs/long-context.md; default: off)")
+                   help="fit the prompt into N tokens: its first and last sentences and those most relevant to "
+                        "them are kept (docs/long-context.md; default: off)")
 
     p = command("chat", "chat with an LLM in a line editor: history, multi-line input, /help, /reset, /bye",
                 _cmd_chat)

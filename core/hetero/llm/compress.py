@@ -6,7 +6,8 @@ The scoring, chosen to be cheap (no model pass) and predictable:
    keeps its trailing whitespace, so the kept units, concatenated in their original order, read as the text did.
 2. Each unit is scored by BM25 (k1 = 1.2, b = 0.75) against the query's words, the units being the documents: a unit
    that shares the query's rarer words scores highest. The query is the question when the caller has one; else it is
-   the text's last unit (where a plain prompt puts its instruction), which is then always kept.
+   the text's first and last units (where a plain prompt puts its instruction: before the material or after it),
+   which are then always kept.
 3. Units are taken by score, then by closeness (in units) to the nearest unit that matched the query (the context
    around a match), then by position; each is kept if it still fits. What is kept is put back in the original order.
 4. The budget is checked on the tokens of the kept text as a whole (a unit's tokens alone can differ by one at a
@@ -91,7 +92,8 @@ def compress_text(text: str, budget: int, count: Callable[[str], int], query: st
         return text
     forced: set[int] = set()
     if query is None:
-        query, forced = units[-1], {len(units) - 1}
+        forced = {0, len(units) - 1}
+        query = " ".join(units[i] for i in sorted(forced))
     limit = max_unit_chars if max_unit_chars is not None else math.inf
     sizes = [count(u) if len(u) <= limit else budget + 1 for u in units]
     scores = bm25(units, query)
@@ -108,8 +110,9 @@ def compress_text(text: str, budget: int, count: Callable[[str], int], query: st
             taken.append(i)
             used += sizes[i]
         elif i in forced:
-            raise HeteroError(f"compress_to={budget} tokens cannot hold the text's last sentence ({sizes[i]} "
-                              "tokens), which is kept as the question", hint="give a larger budget")
+            raise HeteroError(f"compress_to={budget} tokens cannot hold the text's first and last sentences "
+                              f"({sum(sizes[j] for j in forced)} tokens), which are kept as the instruction",
+                              hint="give a larger budget")
     while taken:
         kept = "".join(units[i] for i in sorted(taken))
         if count(kept) <= budget:
@@ -126,7 +129,8 @@ def token_counter(llm: Any) -> tuple[Callable[[str], int], int]:
 
 
 def compress_for(llm: Any, prompt: Any, budget: Any, query: str | None = None) -> str:
-    """``prompt`` (text) fitted into ``budget`` tokens of ``llm`` (``Llm.generate(compress_to=...)``)."""
+    """``prompt`` (text) fitted into ``budget`` tokens of ``llm`` (``Llm.generate(compress_to=...)``); without a
+    ``query``, the prompt's first and last sentences are the query and are kept."""
     check_budget(budget)
     if not isinstance(prompt, str):
         raise HeteroError("compress_to takes a text prompt, not token ids")
