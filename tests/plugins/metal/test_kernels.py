@@ -22,7 +22,7 @@ from hetero_metal.plan import dispatch, groups_for  # noqa: E402
 
 
 def run(queue, *dispatches):
-    queue.commit(list(dispatches))
+    queue.run(list(dispatches))
 
 
 @pytest.mark.parametrize("op,ref", [
