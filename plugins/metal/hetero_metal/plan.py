@@ -18,7 +18,7 @@ from hetero.contract import BackendError
 
 from . import msl_signature
 
-FAMILIES = ("elementwise", "norm", "matmul", "quant", "attention", "gated_delta", "nn")
+FAMILIES = ("elementwise", "norm", "matmul", "quant", "attention", "gated_delta", "nn", "movement")
 MAX_THREADS_PER_GROUP = 1024
 SIMD_WIDTH = 32
 
