@@ -13,13 +13,12 @@ positions and the snapshots are host bookkeeping.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, unsupported
-from hetero.contract.opforms import GATED_DELTA_MODES
+from hetero.contract.opforms import GatedDeltaAttrs, gated_delta_refusal, gated_delta_restore_point
 
 from ..plan import dispatch, groups_for
 from .common import MetalKernel, float32_only, placeholder
@@ -50,27 +49,17 @@ class MetalGatedDeltaRule(MetalKernel):
         if not (0 < dk <= MAX_KDIM and 0 < dv <= MAX_VDIM):
             return unsupported(f"GatedDeltaRule with k_dim {dk}, v_dim {dv} (metal takes k_dim <= {MAX_KDIM}, "
                                f"v_dim <= {MAX_VDIM})")
-        if str(node.attr("mode", "auto")) not in GATED_DELTA_MODES:
-            return unsupported(f"GatedDeltaRule mode {node.attr('mode')!r}")
         w = node.inputs[1]
-        if w is None or (w.shape is not None and len(w.shape) not in (2, 3)):
-            return unsupported("GatedDeltaRule conv_weight must be [C, K] or [C, 1, K]")
+        refusal = gated_delta_refusal(node.node.attrs, None if w is None or w.shape is None else len(w.shape))
+        if w is None or refusal:
+            return unsupported(refusal or "GatedDeltaRule without a conv_weight")
         return SUPPORTED
 
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
-        a = self.node.attrs
-        self.hk, self.hv = int(a["k_heads"]), int(a["v_heads"])
-        self.dk, self.dv = int(a["k_dim"]), int(a["v_dim"])
-        self.channels = 2 * self.hk * self.dk + self.hv * self.dv
-        self.scale = float(a.get("scale", 0.0)) or 1.0 / math.sqrt(self.dk)
-        self.l2norm = bool(int(a.get("qk_l2norm", 1)))
-        self.l2_eps = float(a.get("l2norm_eps", 1e-6))
-        self.norm_eps = float(a.get("norm_eps", 1e-6))
-        self.silu = str(a.get("conv_activation", "silu")) == "silu"
-        self.interval = int(a.get("snapshot_interval", 256))
-        self.max_snapshots = max(int(a.get("max_snapshots", 8)), 1)
-        self.max_context = int(a.get("max_context", 0))
+        self.attrs = attrs = GatedDeltaAttrs.of(self.node.attrs)
+        self.hk, self.hv, self.dk, self.dv = attrs.k_heads, attrs.v_heads, attrs.k_dim, attrs.v_dim
+        self.channels, self.interval = attrs.channels, attrs.snapshot_interval
         self.state = np.zeros((self.hv, self.dk, self.dv), np.float32)
         self.taps = 0  # the conv kernel size, known at the first run
         self.hist_x = np.zeros((0, self.channels), np.float32)
@@ -99,7 +88,7 @@ class MetalGatedDeltaRule(MetalKernel):
     def _snapshot(self) -> None:
         self.backend.synchronize()  # the state the queued dispatches write
         self.snaps[self.pos] = self.state.copy()
-        while len(self.snaps) > self.max_snapshots:
+        while len(self.snaps) > self.attrs.max_snapshots:
             del self.snaps[next(iter(self.snaps))]
 
     def _advance(self, start: int, end: int, out: np.ndarray | None, z: np.ndarray | None) -> None:
@@ -113,10 +102,10 @@ class MetalGatedDeltaRule(MetalKernel):
             "window": _flat(self.hist_x[start:end + self.taps - 1]), "w": self.conv_w,
             "bias": _given(w["conv_b"]), "out": conv,
             "p": {"t": t, "channels": c, "taps": self.taps, "has_bias": int(w["conv_b"] is not None),
-                  "silu": int(self.silu)}}, (groups_for(c, 64), t), (64, 1))]
-        if self.l2norm:
+                  "silu": int(self.attrs.silu)}}, (groups_for(c, 64), t), (64, 1))]
+        if self.attrs.qk_l2norm:
             steps.append(dispatch("gdn_l2norm", {"x": conv, "p": {
-                "heads": 2 * self.hk, "dim": self.dk, "row": c, "has_gate": 0, "eps": self.l2_eps}},
+                "heads": 2 * self.hk, "dim": self.dk, "row": c, "has_gate": 0, "eps": self.attrs.l2norm_eps}},
                 (2 * self.hk, t), (32, 1)))
         result = out if out is not None else self.backend.scratch("gdn_out", t * self.hv * self.dv, np.float32)
         threads = max(32, -(-self.dv // 32) * 32)
@@ -130,7 +119,7 @@ class MetalGatedDeltaRule(MetalKernel):
                 "beta": _flat(self.hist_beta[pos:stop]), "state": self.state,
                 "out": _flat(result, i * self.hv * self.dv),
                 "p": {"t": j - i, "k_heads": self.hk, "v_heads": self.hv, "k_dim": self.dk, "v_dim": self.dv,
-                      "qk_row": c, "v_row": c, "scale": self.scale}}, (self.hv,), (threads,)))
+                      "qk_row": c, "v_row": c, "scale": self.attrs.scale}}, (self.hv,), (threads,)))
             self.backend.submit(steps)
             steps = []
             self.pos = pos = stop
@@ -140,24 +129,18 @@ class MetalGatedDeltaRule(MetalKernel):
             self.backend.submit([dispatch("gdn_gated_norm", {
                 "o": out, "z": _given(z), "weight": w["norm_w"], "p": {
                     "heads": self.hv, "dim": self.dv, "row": self.hv * self.dv, "has_gate": int(z is not None),
-                    "eps": self.norm_eps}}, (self.hv, t), (32, 1))])
+                    "eps": self.attrs.norm_eps}}, (self.hv, t), (32, 1))])
 
     def _rollback(self, target: int) -> None:
         if target == self.pos:
             return
-        for p in [p for p in self.snaps if p > target]:
-            del self.snaps[p]
-        if self.block_pos > target:
-            self.block_pos = -1
-        base = max(self.snaps, default=0)
+        self.block_pos, base = gated_delta_restore_point(self.snaps, self.block_pos, target)
         self.backend.synchronize()
-        if self.block_pos > base:
-            base = self.block_pos
-            np.copyto(self.state, self.block_state)
-        elif base:
-            np.copyto(self.state, self.snaps[base])
-        else:
+        saved = self.snaps.get(base, self.block_state if base == self.block_pos else None)
+        if saved is None:
             self.state.fill(0.0)
+        else:
+            np.copyto(self.state, saved)
         self.pos = base
         self._advance(base, target, None, None)
 
@@ -180,8 +163,8 @@ class MetalGatedDeltaRule(MetalKernel):
             raise HeteroError(f"{label}: conv_weight kernel changed from {self.taps} to {w.shape[-1]}")
         if past < 0 or past > self.pos:
             raise HeteroError(f"{label}: past_len {past} is outside the {self.pos} positions consumed")
-        if self.max_context and past + t > self.max_context:
-            raise HeteroError(f"{label}: {past} cached + {t} new tokens exceed the context of {self.max_context} "
+        if self.attrs.max_context and past + t > self.attrs.max_context:
+            raise HeteroError(f"{label}: {past} cached + {t} new tokens exceed the context of {self.attrs.max_context} "
                               "tokens", hint="load the model with a larger context")
         opt = (lambda i: arrays[i].reshape(-1) if len(arrays) > i and arrays[i] is not None else None)  # noqa: E731
         self.conv_w = w.reshape(self.channels, self.taps)
