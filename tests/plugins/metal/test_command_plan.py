@@ -96,6 +96,24 @@ def test_session_replay_records_once_and_records_again_for_a_new_shape(emulated)
     assert (queue.recorded, queue.replayed) == (2, 3)
 
 
+@needs_emulator
+def test_replayed_clip_reads_its_bounds_at_every_run(emulated):  # noqa: F811
+    """Clip's bounds are graph inputs: the recorded plan replays with them rewritten into its argument buffer."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    scalar = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in ("lo", "hi")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64]), *scalar],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])])
+    session = hetero.Session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                             backends=["metal"], on_fallback="error")
+    x = np.linspace(-3, 3, 64, dtype=np.float32)
+    for lo, hi in ((-1, 1), (-2, 0.5), (0.25, 2), (-0.5, 0.75), (1, 3)):
+        y = session.run({"x": x, "lo": np.float32(lo), "hi": np.float32(hi)})["y"]
+        np.testing.assert_array_equal(y, np.maximum(np.clip(x, lo, hi), 0))
+    assert _metal_queue(session).replayed == 2
+
+
 DECODE_STEPS = 6
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from . import conv, elementwise, gated_delta, llm, movement, nn
+from . import conv, elementwise, gated_delta, llm, movement, nn, reduce
 
 KERNELS = {**elementwise.KERNELS, **nn.KERNELS, **conv.KERNELS, **llm.KERNELS, **gated_delta.KERNELS,
-           **movement.KERNELS}
+           **movement.KERNELS, **reduce.KERNELS}
