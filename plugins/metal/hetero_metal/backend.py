@@ -7,6 +7,7 @@ The queue is the emulator's (``HETERO_METAL_EMULATE=1``) or the GPU's; kernels d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -34,9 +35,10 @@ class MetalBackend(HostMemory, KernelTableBackend):
             self.queue = MetalQueue(int(device.properties.get("index", 0)))
         self._scratch: dict[str, np.ndarray] = {}
 
-    def submit(self, dispatches: list[Dispatch]) -> None:
+    def submit(self, dispatches: Sequence[Dispatch], bound: bool = False) -> None:
+        """Queue a kernel's dispatches; ``bound``: the same ones at every replayed step (recorded into a plan)."""
         if dispatches:
-            self.queue.commit(dispatches)
+            self.queue.commit(dispatches, bound)
 
     def scratch(self, slot: str, count: int, dtype: Any) -> np.ndarray:
         """A grow-only buffer shared by the kernels of this backend (safe: one in-order queue)."""
