@@ -160,7 +160,24 @@ class CpuCast(CallKernel):
         return functools.partial(np.copyto, outputs[0].buffer, inputs[0].numpy(), casting="unsafe")
 
 
+class CpuShape(CallKernel):
+    """Shape (with opset 15's start / end): the input's dims, fixed per prepared signature (the replay's premise),
+    copied into the output; the input's data is never read."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return SUPPORTED
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        dims = inputs[0].shape
+        rank = len(dims)
+        start, end = (int(self.attr(name, default)) for name, default in (("start", 0), ("end", rank)))
+        start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+        return functools.partial(np.copyto, outputs[0].buffer, np.array(dims[start:end], dtype=np.int64))
+
+
 KERNELS = {
+    ("", "Shape"): CpuShape,
     **{("", op): CpuReshapeLike for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
     ("", "Transpose"): CpuTranspose,
     ("", "Expand"): CpuExpand,
