@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, dtypes, unsupported
+from hetero.contract.opforms import shape_range
 
 from .. import _native
 from .common import Call, CallKernel, Calls, noop
@@ -170,9 +171,7 @@ class CpuShape(CallKernel):
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         dims = inputs[0].shape
-        rank = len(dims)
-        start, end = (int(self.attr(name, default)) for name, default in (("start", 0), ("end", rank)))
-        start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+        start, end = shape_range(self.attr("start", 0), self.attr("end"), len(dims))
         return functools.partial(np.copyto, outputs[0].buffer, np.array(dims[start:end], dtype=np.int64))
 
 
