@@ -7,7 +7,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hetero.contract import BackendError, HostMemory, NodeInfo, Segment, Support, Tensor, dtypes, unsupported
+from hetero.contract import (
+    BackendError,
+    DecoderRequest,
+    HostMemory,
+    LlmDecoder,
+    NodeInfo,
+    Segment,
+    Support,
+    Tensor,
+    dtypes,
+    unsupported,
+)
 from hetero.contract.onnx_export import segment_to_onnx
 
 from .qnn import DEFAULT_SOC_MODEL, HtpOptions, QnnRuntime
@@ -45,6 +56,13 @@ class HexagonBackend(HostMemory):
 
     def compile(self, segment: Segment) -> HtpProgram:
         return HtpProgram(self, segment)
+
+    def llm_decoder(self, request: DecoderRequest) -> LlmDecoder:
+        """The LLM decoder as the HTP's static-shape graphs (``llm_decoder.HtpDecoder``): what ``hetero generate``
+        and ``hetero bench --backend hexagon`` run."""
+        from .llm_decoder import from_request
+
+        return from_request(request, HtpOptions(soc_model=self.htp.soc_model))
 
 
 class HtpProgram:

@@ -1,0 +1,37 @@
+"""The decoder of an ``Llm`` run whole by a backend (``Backend.llm_decoder``: NPUs compile an LLM into their own
+static graphs), when the first backend the user named offers one; otherwise the graph runs through a session."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+from .. import plugins
+from ..contract.decoder import DecoderRequest, LlmDecoder
+from ..contract.errors import HeteroWarning, UnsupportedOp
+from ..contract.quant import QuantFormat
+from ..runtime.selection import select, split_names
+from .model_files import ModelFiles
+
+
+def whole_decoder(backends: Sequence[str] | str | None, model: ModelFiles, context: int,
+                  fmt: QuantFormat | None) -> LlmDecoder | None:
+    """The first named backend's decoder of ``model``; None when no backend was named, the first one cannot start
+    (the session then skips it as usual) or offers none. A decoder it refuses (``UnsupportedOp``) is a warning
+    naming why, and the session runs the model."""
+    names = split_names(backends) if isinstance(backends, str) else list(backends or [])
+    if not names:
+        return None
+    first = names[0]
+    row = plugins.status(first.partition(":")[0])
+    if row is None or not row.ok:
+        return None
+    backend = select([first]).backends[0]
+    request = DecoderRequest(config=model.config.raw, has=model.weights.has, tensor=model.weights.matrix,
+                             context=context, quant=fmt.name if fmt is not None else None)
+    try:
+        return backend.llm_decoder(request)
+    except UnsupportedOp as exc:
+        warnings.warn(f"hetero: {backend.name} does not run {model.name} whole ({exc}); its ops run through a "
+                      "session instead", HeteroWarning, stacklevel=3)
+        return None
