@@ -3,6 +3,7 @@ QNN; the segment then runs as one QNN graph in the worker (a whole-graph backend
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import numpy as np
@@ -58,11 +59,13 @@ class HexagonBackend(HostMemory):
         return HtpProgram(self, segment)
 
     def llm_decoder(self, request: DecoderRequest) -> LlmDecoder:
-        """The LLM decoder as the HTP's static-shape graphs (``llm_decoder.HtpDecoder``): what ``hetero generate``
+        """The LLM decoder as the HTP's static-shape graphs (``llm_decoder.HtpDecoder``), or with
+        ``HETERO_HEXAGON_LLM=hvx`` its decode step on HVX (``hvx_decoder.HvxDecoder``): what ``hetero generate``
         and ``hetero bench --backend hexagon`` run."""
-        from .llm_decoder import from_request
+        from .llm_decoder import ENGINE_ENV, from_request
 
-        return from_request(request, HtpOptions(soc_model=self.htp.soc_model))
+        engine = os.environ.get(ENGINE_ENV, "htp").strip().lower()
+        return from_request(request, HtpOptions(soc_model=self.htp.soc_model), engine)
 
 
 class HtpProgram:

@@ -14,13 +14,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import DecoderRequest, HeteroError
+from hetero.contract import DecoderRequest, HeteroError, LlmDecoder, UnsupportedOp
 
 from .llm_graph import DecoderShape, KvCache, calibration_graph, decoder_graph
 from .llm_quant import WEIGHT_MODES, weight_mode
 from .qnn import HtpOptions, QnnRuntime
 from .qnn import mode as qnn_mode
 
+ENGINE_ENV = "HETERO_HEXAGON_LLM"  # which unit runs hetero.llm's decoder: the HTP graphs (default) or HVX
+ENGINES = ("htp", "hvx")
 CALIBRATION_SEED = 0
 CALIBRATION_CHUNKS = 4  # prefill chunks of seeded random token ids the activation ranges are measured on
 SIMULATOR_NOTE = ("tokens per second on QNN's HTP simulator: x86 emulation of the HTP, not the speed of a "
@@ -125,9 +127,19 @@ def decoder_weights(shape: DecoderShape, request: DecoderRequest) -> dict[str, n
     return {name: np.asarray(request.tensor(name, dims), np.float32) for name, dims in wanted.items()}
 
 
-def from_request(request: DecoderRequest, options: HtpOptions) -> HtpDecoder:
-    """The decoder ``hetero.llm.load`` asked the hexagon backend for: fp16 for the stored float weights, q8 / q4
-    for ``quant``; an UnsupportedOp names a model or quantization the graphs do not cover."""
+def from_request(request: DecoderRequest, options: HtpOptions, engine: str = "htp") -> LlmDecoder:
+    """The decoder ``hetero.llm.load`` asked the hexagon backend for. ``engine`` htp: the HTP graphs, fp16 for the
+    stored float weights, q8 / q4 for ``quant``; hvx: the decode step on HVX (``hvx_decoder``, q4 only). An
+    UnsupportedOp names a model, quantization or engine this does not cover."""
+    if engine not in ENGINES:
+        raise UnsupportedOp(f"{ENGINE_ENV}={engine!r}; expected one of {ENGINES}")
     shape = DecoderShape.from_config(request.config)
     mode = weight_mode(request.quant)
-    return HtpDecoder(shape, decoder_weights(shape, request), context=request.context, mode=mode, options=options)
+    weights = decoder_weights(shape, request)
+    if engine == "hvx":
+        if mode != "q4":
+            raise UnsupportedOp(f"the HVX decoder runs hetero q4 weights; quant is {request.quant!r} (use -q q4)")
+        from .hvx_decoder import HvxDecoder
+
+        return HvxDecoder(shape, weights, context=request.context)
+    return HtpDecoder(shape, weights, context=request.context, mode=mode, options=options)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hetero.cli import build_parser
-from hetero.contract import HeteroWarning
+from hetero.contract import BackendUnavailable, HeteroWarning
 from hetero.llm.generate import greedy_tokens
 from hetero.llm.loader import load
 
@@ -49,3 +49,21 @@ def test_a_model_the_graphs_do_not_cover_runs_on_cpu(hexagon):
     with pytest.warns(HeteroWarning, match="hexagon does not run .* whole .*rope_type 'yarn'"):
         llm = load(FIXTURES / "qwen2", backends=["hexagon", "cpu"], on_fallback="silent", context=32)
     assert llm.decoder is None and llm.backend_names() == ["cpu"]
+
+
+def test_generate_with_the_hvx_decode_step(hexagon, capsys, monkeypatch):
+    from hetero_hexagon.hvx_qemu import find_toolchain
+
+    try:
+        find_toolchain()
+    except BackendUnavailable as e:
+        pytest.skip(e.message)
+    monkeypatch.setenv("HETERO_HEXAGON_LLM", "hvx")
+    folder = FIXTURES / "qwen3"
+    assert run_cli(["generate", str(folder), "Hi", "-n", "3", "--temp", "0", "-c", "16", "-b", "hexagon", "-q",
+                    "q4"]) == 0
+    captured = capsys.readouterr()
+    cpu = load(folder, backends=["cpu"], quant="q4", context=16)
+    want = cpu.detokenize(greedy_tokens(cpu, cpu.tokenize("Hi"), 3), skip_special_tokens=True)
+    assert captured.out == want + "\n"
+    assert "qemu-hexagon" in captured.err
