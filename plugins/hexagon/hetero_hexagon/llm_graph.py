@@ -52,6 +52,9 @@ class DecoderShape:
         if kind != "default":
             raise UnsupportedOp(f"config.json rope_type {kind!r}: the HTP decoder graphs' tables are plain RoPE "
                                 "only (no yarn / linear / dynamic scaling)")
+        if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0 or cfg.get("num_experts"):
+            raise UnsupportedOp("config.json partial_rotary_factor / num_experts: the HTP decoder graphs rotate "
+                                "whole heads of dense models only")
         heads = int(cfg["num_attention_heads"])
         return cls(hidden=int(cfg["hidden_size"]), heads=heads, kv_heads=int(cfg.get("num_key_value_heads", heads)),
                    head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
