@@ -1,7 +1,8 @@
 """Whole-decoder backends: an NPU runs an LLM as its own compiled static-shape graphs (a prefill chunk and a decode
 step with the KV cache as graph inputs and outputs), not as hetero's graph of ops. ``hetero.llm.load`` asks the
-first backend the user named for one (``Backend.llm_decoder``); when it gives one, every step of the ``Llm`` runs
-there, and ``None`` (the default) keeps the usual path through a session.
+first backend the user named for one (``Backend.llm_decoder``) when its device is an NPU or a DSP (``Device.kind``);
+when it gives one, every step of the ``Llm`` runs there, and ``None`` (the default) keeps the usual path through a
+session.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from ..runtime.selection import select, split_names
 from .config import LlmConfig
 from .model_files import ModelFiles
 
+WHOLE_DECODER_KINDS = ("npu", "dsp")
+
 
 def whole_decoder(backends: Sequence[str] | str | None, model: ModelFiles, context: int,
                   fmt: QuantFormat | None) -> LlmDecoder | None:
@@ -25,7 +27,9 @@ def whole_decoder(backends: Sequence[str] | str | None, model: ModelFiles, conte
         return None
     first = names[0]
     row = plugins.status(first.partition(":")[0])
-    if row is None or not row.ok:
+    # only NPU / DSP devices are asked: creating a backend is not free (an OpenCL context), and the session creates
+    # its own
+    if row is None or not row.ok or not any(d.kind in WHOLE_DECODER_KINDS for d in row.devices):
         return None
     backend = select([first]).backends[0]
     request = DecoderRequest(config=config_json(model.config), has=model.weights.has, tensor=model.weights.matrix,
