@@ -267,9 +267,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     output = "json" if args.json else args.output
     results = []
     profile = None
+    notes: list[str] = []  # caveats of what ran (a simulator's speed is not the device's)
     for backends in runs:
         for n_threads in threads:
             llm = _bench_model(args, backends, n_threads, context, show=output == "md")
+            notes += [llm.decoder.note] if llm.decoder is not None and llm.decoder.note not in ("", *notes) else []
             results += bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed,
                              threads=n_threads, progress=output == "md")
             if args.profile and profile is None:
@@ -281,6 +283,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps({"results": [r.as_dict() for r in results], "profile": profile.as_dict()}, indent=2))
         return 0
     print(formatted(results, output))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr if output != "md" else sys.stdout)
     if profile and output == "md":
         print()
         print(profile.markdown())
