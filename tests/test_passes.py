@@ -99,6 +99,43 @@ def test_conv_scale_shift_and_hard_swish_fuse_to_one_node(backend, divide_by_six
     assert session.rewrites["fold_conv_scale_shift"] == 3
 
 
+def _gelu_tanh_nodes(x: str, y: str, constants_first: bool) -> list:
+    """jax2tf's tanh GELU (magika): nine elementwise nodes, the constants on either side."""
+    def mul(a, b, out):
+        return helper.make_node("Mul", [b, a] if constants_first else [a, b], [out])
+
+    return [mul(x, "c_cube", "g0"), helper.make_node("Mul", [x, "g0"], ["g1"]),
+            helper.make_node("Mul", [x, "g1"], ["g2"]), helper.make_node("Add", [x, "g2"], ["g3"]),
+            mul("g3", "c_sqrt", "g4"), helper.make_node("Tanh", ["g4"], ["g5"]),
+            helper.make_node("Add", ["c_one", "g5"] if constants_first else ["g5", "c_one"], ["g6"]),
+            mul("g6", "c_half", "g7"), helper.make_node("Mul", [x, "g7"], [y])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("constants_first", [True, False])
+def test_gelu_tanh_written_out_becomes_one_node(backend, constants_first):
+    f32 = np.float32
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["x", "r"], ["h"]),
+             *_gelu_tanh_nodes("h", "y", constants_first)]
+    inits = [("c_cube", np.array(0.044715, f32)), ("c_sqrt", np.array(np.sqrt(2 / np.pi), f32)),
+             ("c_one", np.array(1.0, f32)), ("c_half", np.array(0.5, f32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3, 40])], [("y", TensorProto.FLOAT, None)], inits)
+    x = np.random.default_rng(6).normal(size=(3, 40)).astype(f32) * 3
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["fuse_gelu_tanh"] == 1
+    assert _ops(session) == ["Relu", "Add", "Gelu"]
+
+
+def test_gelu_tanh_with_a_shared_intermediate_is_left_alone():
+    f32 = np.float32
+    nodes = [*_gelu_tanh_nodes("x", "y", True), helper.make_node("Add", ["y", "g5"], ["z"])]  # tanh read twice
+    inits = [("c_cube", np.array(0.044715, f32)), ("c_sqrt", np.array(np.sqrt(2 / np.pi), f32)),
+             ("c_one", np.array(1.0, f32)), ("c_half", np.array(0.5, f32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 8])], [("z", TensorProto.FLOAT, None)], inits)
+    session = _compare(model, {"x": np.linspace(-3, 3, 16, dtype=f32).reshape(2, 8)}, "reference")
+    assert session.rewrites["fuse_gelu_tanh"] == 0
+
+
 def test_no_scale_fold_of_a_spatial_constant_or_a_divided_constant():
     rng = np.random.default_rng(5)
     f32 = np.float32

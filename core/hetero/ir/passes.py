@@ -7,6 +7,7 @@ graph computes exactly what it computed before.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -278,8 +279,76 @@ def fuse_matmul_bias(graph: Graph) -> int:
     return count
 
 
-DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_conv_activation,
-                                    fuse_matmul_bias)
+def _times_constant(graph: Graph, node: Node | None, want: float) -> str | None:
+    """The other input of ``node`` when it is Mul or Add (by its op) of a one-element constant close to ``want``."""
+    if node is None or node.domain != "" or len(node.inputs) != 2:
+        return None
+    for i in (0, 1):
+        if _constant_is(graph, node.inputs[i], want):
+            return node.inputs[1 - i]
+    return None
+
+
+def _gelu_tanh_span(graph: Graph, tanh: Node, producers: dict[str, Node]) -> tuple[str, list[Node]] | None:
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x * x * x))), as jax2tf writes it (magika): x and the nine
+    nodes from the first product to the last, every intermediate read once."""
+    scaled = producers.get(tanh.inputs[0])
+    if scaled is None or scaled.op_key != ("", "Mul"):
+        return None
+    inner_sum = producers.get(_times_constant(graph, scaled, math.sqrt(2 / math.pi)) or "")
+    if inner_sum is None or inner_sum.op_key != ("", "Add"):
+        return None
+    for x, cube_name in (inner_sum.inputs, inner_sum.inputs[::-1]):
+        chain: list[Node] = []
+        factor = cube_name
+        for _ in range(2):  # x * (x * (0.044715 * x))
+            mul = producers.get(factor)
+            if mul is None or mul.op_key != ("", "Mul") or x not in mul.inputs:
+                break
+            chain.insert(0, mul)
+            factor = mul.inputs[1] if mul.inputs[0] == x else mul.inputs[0]
+        first = producers.get(factor)
+        if len(chain) == 2 and first is not None and first.op_key == ("", "Mul") and \
+                _times_constant(graph, first, 0.044715) == x:
+            break
+    else:
+        return None
+    one_plus = _single_consumer(graph, tanh.outputs[0])
+    if one_plus is None or one_plus.op_key != ("", "Add") or _times_constant(graph, one_plus, 1.0) != tanh.outputs[0]:
+        return None
+    half = _single_consumer(graph, one_plus.outputs[0])
+    if half is None or half.op_key != ("", "Mul") or _times_constant(graph, half, 0.5) != one_plus.outputs[0]:
+        return None
+    last = _single_consumer(graph, half.outputs[0])
+    if last is None or last.op_key != ("", "Mul") or sorted(last.inputs) != sorted([x, half.outputs[0]]):
+        return None
+    span = [first, *chain, inner_sum, scaled, tanh, one_plus, half, last]
+    if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
+        return None
+    return x, span
+
+
+def fuse_gelu_tanh(graph: Graph) -> int:
+    """The tanh approximation of GELU written out in nine elementwise nodes: one ``Gelu(approximate="tanh")``."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for tanh in list(graph.nodes):
+        if tanh.op_key != ("", "Tanh") or tanh not in graph.nodes:
+            continue
+        found = _gelu_tanh_span(graph, tanh, graph.producers())
+        if found is None or any(o in keep for n in found[1][:-1] for o in n.outputs):
+            continue
+        x, span = found
+        gelu = Node("Gelu", [x], list(span[-1].outputs), {"approximate": "tanh"}, name=f"{tanh.name}/gelu")
+        graph.nodes[graph.nodes.index(span[-1])] = gelu
+        for node in span[:-1]:
+            graph.nodes.remove(node)
+        count += 1
+    return count
+
+
+DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
+                                    fuse_conv_activation, fuse_matmul_bias)
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:
