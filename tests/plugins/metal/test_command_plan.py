@@ -62,6 +62,20 @@ def test_queue_replays_a_bound_submission_with_the_argument_buffer_rewritten():
     assert (queue.recorded, queue.replayed) == (1, 2)
 
 
+@needs_emulator
+def test_queue_knows_which_host_memory_queued_work_writes():
+    """A kernel reading a value on the host (past_len, token ids) waits only if queued work writes its memory."""
+    queue = EmulatorQueue(seed=5)
+    arena = np.zeros(64, np.float32)
+    x, y, other = arena[:16], arena[16:32], arena[48:]
+    queue.commit([dispatch("unary_f32", {"x": x, "y": y, "p": {"n": 16, "op": 1, "alpha": 0.0, "beta": 0.0}},
+                           (1,), (16,))])
+    assert queue.writes_pending(y) and queue.writes_pending(arena[20:21])
+    assert not queue.writes_pending(x) and not queue.writes_pending(other)
+    queue.wait()
+    assert not queue.writes_pending(y)
+
+
 def _metal_queue(session: hetero.Session):
     return next(b for b in session.backends if b.name == "metal").queue
 
