@@ -6,7 +6,8 @@
 * the activation a fused Conv / MatMul node carries (``activation_params``);
 * the rotary embedding's frequencies and scale (``rope_inv_freq``);
 * the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``) and its attributes with their defaults
-  (``GatedDeltaAttrs``).
+  (``GatedDeltaAttrs``);
+* the dims a ``Shape`` node returns (``shape_range``).
 """
 
 from __future__ import annotations
@@ -190,3 +191,11 @@ def cache_range_error(label: str, past: int, t: int, filled: int, max_context: i
         return HeteroError(f"{label}: {past} cached + {t} new tokens exceed the context of {max_context} tokens",
                            hint="load the model with a larger context")
     return None
+
+
+def shape_range(start: int, end: int | None, rank: int) -> tuple[int, int]:
+    """The dims [start, end) a ``Shape`` node returns (opset 15's ``start`` / ``end``: negatives count from the
+    back, both clamped into [0, rank], an empty range where end < start)."""
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
+    return start, max(end, start)

@@ -35,6 +35,9 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", help="read the prompt from FILE")
     add_backend_option(p)
     add_generation_options(p, default_n=128)
+    p.add_argument("--compress-to", type=int, default=None, metavar="N",
+                   help="fit the prompt into N tokens: its first and last sentences and those most relevant to "
+                        "them are kept (docs/long-context.md; default: off)")
 
     p = command("chat", "chat with an LLM in a line editor: history, multi-line input, /help, /reset, /bye",
                 _cmd_chat)
@@ -78,6 +81,9 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")
     _kv_option(p)
+    from .needle_cli import add_eval_command  # light: the evaluation's modules load when it runs
+
+    add_eval_command(subparsers)
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -162,13 +168,15 @@ def _generate(args: argparse.Namespace, model: str, prompt: str) -> int:
         raise HeteroError("the prompt is empty: give it with -p TEXT, -f FILE or on stdin")
     loaded = load_llm(args, model)
     overrides = sampling(args)
+    options = {"compress_to": args.compress_to} if getattr(args, "compress_to", None) is not None else {}
     started = time.perf_counter()
     if args.no_stream:
-        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, spec=loaded.spec, **overrides))
+        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, spec=loaded.spec, **overrides,
+                                  **options))
         first = None
     else:
         first = stream_out(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, stream=True,
-                                               spec=loaded.spec, **overrides), started)
+                                               spec=loaded.spec, **overrides, **options), started)
     print_stats(loaded, overrides, first)
     return 0
 
@@ -259,9 +267,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     output = "json" if args.json else args.output
     results = []
     profile = None
+    notes: list[str] = []  # caveats of what ran (a simulator's speed is not the device's)
     for backends in runs:
         for n_threads in threads:
             llm = _bench_model(args, backends, n_threads, context, show=output == "md")
+            notes += [llm.decoder.note] if llm.decoder is not None and llm.decoder.note not in ("", *notes) else []
             results += bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed,
                              threads=n_threads, progress=output == "md")
             if args.profile and profile is None:
@@ -273,6 +283,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps({"results": [r.as_dict() for r in results], "profile": profile.as_dict()}, indent=2))
         return 0
     print(formatted(results, output))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr if output != "md" else sys.stdout)
     if profile and output == "md":
         print()
         print(profile.markdown())

@@ -50,6 +50,8 @@ def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: 
         print(f"hetero: warning: the context of {llm.context} tokens is full: the reply stops here (load with a "
               "larger -c/--ctx-size)", file=sys.stderr)
     print(stats_line(llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
+    if llm.decoder is not None and llm.decoder.note:
+        print(f"hetero: note: {llm.decoder.note}", file=sys.stderr)
 
 
 def stream_out(pieces: Iterable[str], started: float) -> float | None:
