@@ -15,6 +15,7 @@ pytest.importorskip("hetero_metal")
 
 from hetero_metal.command_plan import CONSTANT_ALIGNMENT, CommandPlan
 from hetero_metal.emulator import EmulatorQueue
+from hetero_metal.memory import PAGE, page_aligned
 from hetero_metal.plan import ArgumentBuffer, dispatch
 
 from .test_backend import emulated  # noqa: F401  # the fixture
@@ -33,6 +34,18 @@ def test_plan_packs_constants_aligned_and_binds_views_of_one_array_with_offsets(
     offsets = [b[2] for c in plan.commands for b in c.bindings if b[1] == 0]
     assert offsets == [0, CONSTANT_ALIGNMENT]
     assert plan.written == {1}
+
+
+def test_views_of_backend_memory_bind_whole_pages():
+    """The backend's memory is whole pages of its own, and a view of it binds that memory (by offset): what Metal
+    wraps without a copy."""
+    arena = page_aligned(1000)
+    x = arena[128:192].view(np.float32)
+    plan = CommandPlan([[dispatch("unary_f32", {"x": x, "y": x, "p": {"n": 16, "op": 0, "alpha": 0.0, "beta": 0.0}},
+                                  (1,), (16,))]])
+    root = plan.buffers[1]
+    assert root.ctypes.data % PAGE == 0 and root.nbytes % PAGE == 0 and root.ctypes.data == arena.ctypes.data
+    assert [b for b in plan.commands[0].bindings if b[1] == 1] == [(0, 1, 128), (1, 1, 128)]
 
 
 def test_argument_buffer_checks_its_struct():
