@@ -181,8 +181,8 @@ def _activation_of(graph: Graph, node: Node) -> tuple[dict, list[Node]] | None:
 
 def _constant_is(graph: Graph, name: str, want: float) -> bool:
     value = graph.initializers.get(name)
-    return value is not None and np.size(value) == 1 and np.isclose(float(np.asarray(value).reshape(-1)[0]), want,
-                                                                      rtol=1e-6, atol=0)
+    return value is not None and np.size(value) == 1 and bool(
+        np.isclose(float(np.asarray(value).reshape(-1)[0]), want, rtol=1e-6, atol=0))
 
 
 def _clip_bounds(graph: Graph, clip: Node) -> tuple[float, float] | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import progress
 from ..cli_parser import backends_of
+from ..contract.errors import HeteroError
 from .stats import stats_line
 
 
@@ -72,3 +73,16 @@ def stream_out(pieces: Iterable[str], started: float) -> float | None:
     return first
 
 
+def model_path(args: argparse.Namespace) -> str:
+    """The model from -m or the first positional (llama.cpp's and our own habit); with -m, a lone positional is the
+    prompt (``generate -m M "hi"``)."""
+    given, positional = getattr(args, "model_opt", None), args.model
+    if given and positional:
+        if getattr(args, "prompt", None) is not None or not hasattr(args, "prompt"):
+            raise HeteroError(f"two models given: -m {given} and {positional}")
+        args.prompt = positional
+        return given
+    model = given or positional
+    if not model:
+        raise HeteroError("no model given: pass -m MODEL (a .gguf file or a Hugging Face folder)")
+    return model
