@@ -1,8 +1,8 @@
 """Data movement on Metal (msl/movement.metal): Reshape, Flatten, Squeeze, Unsqueeze, Identity (the session makes
 views of them wherever it can; these kernels run where it cannot, e.g. a graph output), Transpose, Expand, Slice,
-Concat, and Gather. Each copy is numpy's own view of the input (transposed, broadcast, sliced) or of the output (a
-Concat part) turned into a strided copy: dims, element strides and offsets relative to the bound arrays, so numpy's
-indexing rules are the ones applied and the kernel only moves elements."""
+Concat; Gather and Cast. Each copy is numpy's own view of the input (transposed, broadcast, sliced) or of the
+output (a Concat part) turned into a strided copy: dims, element strides and offsets relative to the bound arrays,
+so numpy's indexing rules are the ones applied and the kernel only moves elements."""
 
 from __future__ import annotations
 
@@ -165,6 +165,30 @@ class MetalGather(MetalKernel):
                                       "axis_dim": x.shape[axis]}}, (groups_for(y.size, THREADS),), (THREADS,))]
 
 
+CAST_CODES = {dtypes.float32: 0, dtypes.float16: 1, dtypes.int32: 2, dtypes.int64: 3, dtypes.uint8: 4,
+              dtypes.bool_: 5}
+
+
+class MetalCast(MetalKernel):
+    """Cast between float32, float16, int32, int64, uint8 and bool (msl/movement.metal cast_any)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        for info, what in ((node.inputs[0], "input"), (node.outputs[0], "output")):
+            if info is None or info.dtype not in CAST_CODES:
+                return unsupported(f"metal Cast {what} dtype {None if info is None else info.dtype}")
+        return SUPPORTED
+
+    def plan(self, inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        if y.size == 0:
+            return []
+        codes = [CAST_CODES[dtypes.from_numpy(a.dtype)] for a in (x, y)]
+        return [dispatch("cast_any", {"x": x.reshape(-1).view(np.uint8), "y": y.reshape(-1).view(np.uint8),
+                                      "p": {"n": y.size, "src": codes[0], "dst": codes[1]}},
+                         (groups_for(y.size, THREADS),), (THREADS,))]
+
+
 def _ints(array: np.ndarray) -> list[int]:
     return [int(v) for v in array.reshape(-1)]
 
@@ -176,4 +200,5 @@ KERNELS = {
     ("", "Slice"): MetalSlice,
     ("", "Concat"): MetalConcat,
     ("", "Gather"): MetalGather,
+    ("", "Cast"): MetalCast,
 }

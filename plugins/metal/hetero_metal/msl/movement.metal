@@ -84,3 +84,36 @@ kernel void gather_u64(device const long* x [[buffer(0)]], device const long* id
                        uint e [[thread_position_in_grid]]) {
     if (e < p.n) y[e] = x[gather_source(e, idx, p)];
 }
+
+// Cast between float, half, int, long, uchar (uint8) and bool (one byte, 0 or 1): codes as in CastParams. Floats
+// convert through float, integers through long; float to integer truncates toward zero, as numpy does for finite
+// values in range.
+struct CastParams {
+    uint n;
+    uint src;  // 0 float, 1 half, 2 int, 3 long, 4 uchar, 5 bool
+    uint dst;
+};
+
+kernel void cast_any(device const uchar* x [[buffer(0)]], device uchar* y [[buffer(1)]],
+                     constant CastParams& p [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+    if (i >= p.n) return;
+    float f = 0.0f;
+    long v = 0;
+    const bool from_float = p.src <= 1;
+    switch (p.src) {
+        case 0: f = ((device const float*)x)[i]; break;
+        case 1: f = float(((device const half*)x)[i]); break;
+        case 2: v = ((device const int*)x)[i]; break;
+        case 3: v = ((device const long*)x)[i]; break;
+        case 4: v = x[i]; break;
+        default: v = x[i] != 0 ? 1 : 0; break;
+    }
+    switch (p.dst) {
+        case 0: ((device float*)y)[i] = from_float ? f : float(v); break;
+        case 1: ((device half*)y)[i] = half(from_float ? f : float(v)); break;
+        case 2: ((device int*)y)[i] = from_float ? int(f) : int(v); break;
+        case 3: ((device long*)y)[i] = from_float ? long(f) : v; break;
+        case 4: y[i] = from_float ? uchar(int(f)) : uchar(v); break;
+        default: y[i] = (from_float ? f != 0.0f : v != 0) ? 1 : 0; break;
+    }
+}
