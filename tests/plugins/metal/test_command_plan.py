@@ -15,6 +15,7 @@ pytest.importorskip("hetero_metal")
 
 from hetero_metal.command_plan import CONSTANT_ALIGNMENT, CommandPlan
 from hetero_metal.emulator import EmulatorQueue
+from hetero_metal.memory import PAGE, page_aligned
 from hetero_metal.plan import ArgumentBuffer, dispatch
 
 from .test_backend import emulated  # noqa: F401  # the fixture
@@ -33,6 +34,18 @@ def test_plan_packs_constants_aligned_and_binds_views_of_one_array_with_offsets(
     offsets = [b[2] for c in plan.commands for b in c.bindings if b[1] == 0]
     assert offsets == [0, CONSTANT_ALIGNMENT]
     assert plan.written == {1}
+
+
+def test_views_of_backend_memory_bind_whole_pages():
+    """The backend's memory is whole pages of its own, and a view of it binds that memory (by offset): what Metal
+    wraps without a copy."""
+    arena = page_aligned(1000)
+    x = arena[128:192].view(np.float32)
+    plan = CommandPlan([[dispatch("unary_f32", {"x": x, "y": x, "p": {"n": 16, "op": 0, "alpha": 0.0, "beta": 0.0}},
+                                  (1,), (16,))]])
+    root = plan.buffers[1]
+    assert root.ctypes.data % PAGE == 0 and root.nbytes % PAGE == 0 and root.ctypes.data == arena.ctypes.data
+    assert [b for b in plan.commands[0].bindings if b[1] == 1] == [(0, 1, 128), (1, 1, 128)]
 
 
 def test_argument_buffer_checks_its_struct():
@@ -60,6 +73,20 @@ def test_queue_replays_a_bound_submission_with_the_argument_buffer_rewritten():
         queue.wait()
         np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-7)
     assert (queue.recorded, queue.replayed) == (1, 2)
+
+
+@needs_emulator
+def test_queue_knows_which_host_memory_queued_work_writes():
+    """A kernel reading a value on the host (past_len, token ids) waits only if queued work writes its memory."""
+    queue = EmulatorQueue(seed=5)
+    arena = np.zeros(64, np.float32)
+    x, y, other = arena[:16], arena[16:32], arena[48:]
+    queue.commit([dispatch("unary_f32", {"x": x, "y": y, "p": {"n": 16, "op": 1, "alpha": 0.0, "beta": 0.0}},
+                           (1,), (16,))])
+    assert queue.writes_pending(y) and queue.writes_pending(arena[20:21])
+    assert not queue.writes_pending(x) and not queue.writes_pending(other)
+    queue.wait()
+    assert not queue.writes_pending(y)
 
 
 def _metal_queue(session: hetero.Session):

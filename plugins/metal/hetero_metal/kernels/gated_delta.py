@@ -20,6 +20,7 @@ import numpy as np
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, unsupported
 from hetero.contract.opforms import GatedDeltaAttrs, gated_delta_refusal, gated_delta_restore_point
 
+from ..memory import device_array
 from ..plan import dispatch, groups_for
 from .common import MetalKernel, float32_only, placeholder
 
@@ -60,7 +61,7 @@ class MetalGatedDeltaRule(MetalKernel):
         self.attrs = attrs = GatedDeltaAttrs.of(self.node.attrs)
         self.hk, self.hv, self.dk, self.dv = attrs.k_heads, attrs.v_heads, attrs.k_dim, attrs.v_dim
         self.channels, self.interval = attrs.channels, attrs.snapshot_interval
-        self.state = np.zeros((self.hv, self.dk, self.dv), np.float32)
+        self.state = device_array((self.hv, self.dk, self.dv), np.float32)
         self.taps = 0  # the conv kernel size, known at the first run
         self.hist_x = np.zeros((0, self.channels), np.float32)
         self.hist_g = np.zeros((0, self.hv), np.float32)
@@ -81,7 +82,7 @@ class MetalGatedDeltaRule(MetalKernel):
         self.backend.synchronize()  # queued work may read the old history
         for name, rows in (("hist_x", cap + self.taps - 1), ("hist_g", cap), ("hist_beta", cap)):
             old = getattr(self, name)
-            new = np.zeros((rows, old.shape[1]), np.float32)
+            new = device_array((rows, old.shape[1]), np.float32)
             new[:old.shape[0]] = old
             setattr(self, name, new)
 

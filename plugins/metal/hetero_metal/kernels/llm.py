@@ -11,6 +11,7 @@ import numpy as np
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, quant, unsupported
 from hetero.contract.opforms import cache_range_error, rope_inv_freq
 
+from ..memory import device_array
 from ..plan import ArgumentBuffer, dispatch, groups_for
 from .common import MetalKernel, float32_only, placeholder
 from .nn import matmul_dispatch, row_threads
@@ -157,8 +158,8 @@ class MetalRotary(MetalKernel):
             cap = max(256, 1 << max(needed - 1, 1).bit_length())
             inv_freq, scale = rope_inv_freq(rot, self.node.attrs)
             angles = np.arange(cap, dtype=np.float64)[:, None] * inv_freq[None, :]
-            self.table = np.ascontiguousarray(np.stack([np.cos(angles) * scale, np.sin(angles) * scale], axis=1),
-                                              dtype=np.float32)
+            self.table = device_array((cap, 2, rot // 2), np.float32)
+            self.table[:] = np.stack([np.cos(angles) * scale, np.sin(angles) * scale], axis=1)
             self.key = (cap, rot)
         return self.table
 
@@ -222,8 +223,8 @@ class MetalAttention(MetalKernel):
         self.args.write({"t": t, "q_heads": hq, "kv_heads": hkv, "dim": d, "past_len": past,
                          "context": self.max_context, "scale": float(self.attr("scale", 0.0)) or 1.0 / math.sqrt(d)})
         if self.cache is None or self.cache[0].shape != (hkv, self.max_context, d):
-            self.cache = (np.zeros((hkv, self.max_context, d), np.float16),
-                          np.zeros((hkv, self.max_context, d), np.float16))
+            self.cache = (device_array((hkv, self.max_context, d), np.float16),
+                          device_array((hkv, self.max_context, d), np.float16))
             return False
         return True
 

@@ -1,14 +1,14 @@
 """Data movement on Metal (msl/movement.metal): Reshape, Flatten, Squeeze, Unsqueeze, Identity (the session makes
-views of them wherever it can; these kernels run where it cannot, e.g. a graph output), Transpose, Expand, Slice
-and Concat. Each is numpy's own view of the input (transposed, broadcast, sliced) or of the output (a Concat
-part) turned into a strided copy: dims, element strides and offsets relative to the bound arrays, so numpy's
-indexing rules are the ones applied and the kernel only moves elements."""
+views of them wherever it can; these kernels run where it cannot, e.g. a graph output), Transpose, Expand, Slice,
+Concat; Gather and Cast. Each copy is numpy's own view of the input (transposed, broadcast, sliced) or of the
+output (a Concat part) turned into a strided copy: dims, element strides and offsets relative to the bound arrays,
+so numpy's indexing rules are the ones applied and the kernel only moves elements."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, NodeInfo, Support, dtypes, unsupported
+from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, dtypes, unsupported
 
 from ..plan import Dispatch, dispatch, groups_for
 from .common import MetalKernel
@@ -115,6 +115,80 @@ class MetalConcat(_Copy):
         return copies
 
 
+class MetalGather(MetalKernel):
+    """Gather of 4- and 8-byte elements. The indices are checked on the host and copied, as int64, into a buffer of
+    the kernel's own (its argument buffer for a bound plan)."""
+
+    host_inputs = (1,)
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        x, idx = node.inputs[0], node.inputs[1]
+        if x is None or x.dtype not in _PLAIN or x.dtype.itemsize not in (4, 8):
+            return unsupported(f"metal Gather on {None if x is None else x.dtype} (4- and 8-byte elements)")
+        if idx is None or idx.dtype not in (dtypes.int64, dtypes.int32):
+            return unsupported("metal Gather takes int32 or int64 indices")
+        return SUPPORTED
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.indices = np.zeros(0, np.int64)
+
+    def update(self, inputs) -> bool:
+        x, idx = inputs[0], inputs[1]
+        axis = self._axis(x)
+        dim = x.shape[axis]
+        if idx.size and (idx.min() < -dim or idx.max() >= dim):
+            bad = int(idx[(idx < -dim) | (idx >= dim)].reshape(-1)[0])
+            raise HeteroError(f"{self.node.label()}: index {bad} is outside [-{dim}, {dim}) on axis {axis}")
+        resized = self.indices.size != idx.size
+        if resized:
+            self.indices = np.empty(max(idx.size, 1), np.int64)
+        np.copyto(self.indices[:idx.size], idx.reshape(-1), casting="unsafe")
+        return not resized
+
+    def _axis(self, x: np.ndarray) -> int:
+        axis = int(self.attr("axis", 0))
+        return axis + x.ndim if axis < 0 else axis
+
+    def plan(self, inputs, outputs):
+        self.update(inputs)
+        x, idx, y = inputs[0], inputs[1], outputs[0]
+        if y.size == 0:
+            return []
+        axis = self._axis(x)
+        kernel, element = ("gather_u32", np.uint32) if x.itemsize == 4 else ("gather_u64", np.int64)
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        return [dispatch(kernel, {"x": x.reshape(-1).view(element), "idx": self.indices,
+                                  "y": y.reshape(-1).view(element), "p": {
+                                      "n": y.size, "indices": max(idx.size, 1), "inner": inner,
+                                      "axis_dim": x.shape[axis]}}, (groups_for(y.size, THREADS),), (THREADS,))]
+
+
+CAST_CODES = {dtypes.float32: 0, dtypes.float16: 1, dtypes.int32: 2, dtypes.int64: 3, dtypes.uint8: 4,
+              dtypes.bool_: 5}
+
+
+class MetalCast(MetalKernel):
+    """Cast between float32, float16, int32, int64, uint8 and bool (msl/movement.metal cast_any)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        for info, what in ((node.inputs[0], "input"), (node.outputs[0], "output")):
+            if info is None or info.dtype not in CAST_CODES:
+                return unsupported(f"metal Cast {what} dtype {None if info is None else info.dtype}")
+        return SUPPORTED
+
+    def plan(self, inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        if y.size == 0:
+            return []
+        codes = [CAST_CODES[dtypes.from_numpy(a.dtype)] for a in (x, y)]
+        return [dispatch("cast_any", {"x": x.reshape(-1).view(np.uint8), "y": y.reshape(-1).view(np.uint8),
+                                      "p": {"n": y.size, "src": codes[0], "dst": codes[1]}},
+                         (groups_for(y.size, THREADS),), (THREADS,))]
+
+
 def _ints(array: np.ndarray) -> list[int]:
     return [int(v) for v in array.reshape(-1)]
 
@@ -125,4 +199,6 @@ KERNELS = {
     ("", "Expand"): MetalExpand,
     ("", "Slice"): MetalSlice,
     ("", "Concat"): MetalConcat,
+    ("", "Gather"): MetalGather,
+    ("", "Cast"): MetalCast,
 }

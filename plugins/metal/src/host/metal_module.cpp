@@ -94,6 +94,7 @@ class Queue {
         } catch (const std::exception&) {
         }
         for (auto& entry : plans_) release(entry.second);
+        for (auto& entry : read_only_) entry.second->release();
         for (auto& entry : pipelines_) entry.second->release();
         for (auto& entry : libraries_) entry.second->release();
         queue_->release();
@@ -130,8 +131,9 @@ class Queue {
         for (std::size_t i = 0; i < std::size_t(py::len(arrays)); ++i) {
             const bool writes = std::find(written.begin(), written.end(), i) != written.end();
             py::buffer_info info = arrays[i].cast<py::buffer>().request();
-            Staged staged{nullptr, info.ptr, std::size_t(info.size * info.itemsize), !info.readonly, writes && !info.readonly};
-            MTL::Buffer* buffer = wrap(info.ptr, staged.bytes, staged);
+            const std::size_t bytes = std::size_t(info.size * info.itemsize);
+            Staged staged{nullptr, info.ptr, bytes, !info.readonly, writes && !info.readonly};
+            MTL::Buffer* buffer = info.readonly ? read_only(info.ptr, bytes)->retain() : wrap(info.ptr, bytes, staged);
             if (staged.buffer != nullptr) plan.staged.push_back(staged);
             plan.buffers.push_back(buffer);
             plan.hosts.push_back(info.ptr);
@@ -200,9 +202,16 @@ class Queue {
                 table.push_back(found->second);
                 continue;
             }
+            const std::size_t bytes = std::size_t(info.size * info.itemsize);
+            if (info.readonly) {  // weights: one buffer for the queue's lifetime
+                MTL::Buffer* buffer = read_only(info.ptr, bytes);
+                by_host.emplace(info.ptr, buffer);
+                table.push_back(buffer);
+                continue;
+            }
             const bool writes = std::find(written.begin(), written.end(), i) != written.end();
-            Staged staged{nullptr, info.ptr, std::size_t(info.size * info.itemsize), false, writes && !info.readonly};
-            MTL::Buffer* buffer = wrap(info.ptr, staged.bytes, staged);  // staged: a copy made just now
+            Staged staged{nullptr, info.ptr, bytes, false, writes};
+            MTL::Buffer* buffer = wrap(info.ptr, bytes, staged);  // staged: a copy made just now
             if (staged.buffer != nullptr) staged_.push_back(staged);
             held_.push_back(buffer);
             by_host.emplace(info.ptr, buffer);
@@ -289,6 +298,18 @@ class Queue {
         return state;
     }
 
+    // A read-only host array (weights): wrapped or copied once and kept for the queue's lifetime, keyed by address and
+    // length (numpy cannot write it, so the copy stays right).
+    MTL::Buffer* read_only(void* host, std::size_t bytes) {
+        const auto key = std::make_pair(static_cast<const void*>(host), bytes);
+        auto found = read_only_.find(key);
+        if (found != read_only_.end()) return found->second;
+        Staged ignored{nullptr, host, bytes, false, false};
+        MTL::Buffer* buffer = wrap(host, bytes, ignored);
+        read_only_[key] = buffer;
+        return buffer;
+    }
+
     // A shared-storage buffer over `host`: the array itself where page-aligned (no copy, unified memory), else a
     // copy (made now, holding the host's current contents), described in `staged` (staged.buffer set).
     MTL::Buffer* wrap(void* host, std::size_t bytes, Staged& staged) {
@@ -305,6 +326,7 @@ class Queue {
     std::map<std::string, MTL::Library*> libraries_;
     std::map<std::string, MTL::ComputePipelineState*> pipelines_;
     std::map<std::uint64_t, Plan> plans_;
+    std::map<std::pair<const void*, std::size_t>, MTL::Buffer*> read_only_;
     std::vector<MTL::CommandBuffer*> pending_;
     std::vector<Staged> staged_;  // copied back once the pending command buffers complete
     std::vector<MTL::Buffer*> held_;
