@@ -81,9 +81,6 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")
     _kv_option(p)
-    from .needle_cli import add_eval_command  # light: the evaluation's modules load when it runs
-
-    add_eval_command(subparsers)
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
