@@ -36,7 +36,7 @@ def add_llm_commands(subparsers: Any) -> None:
     add_backend_option(p)
     add_generation_options(p, default_n=128)
     p.add_argument("--compress-to", type=int, default=None, metavar="N",
-                   help="fit the prompt into N tokens: its first and last sentences and those most relevant to "
+                   help="fit the prompt into N tokens: its first two and last two sentences and those most relevant to "
                         "them are kept (docs/long-context.md; default: off)")
 
     p = command("chat", "chat with an LLM in a line editor: history, multi-line input, /help, /reset, /bye",
@@ -81,9 +81,6 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")
     _kv_option(p)
-    from .needle_cli import add_eval_command  # light: the evaluation's modules load when it runs
-
-    add_eval_command(subparsers)
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,8 +6,10 @@ The scoring, chosen to be cheap (no model pass) and predictable:
    keeps its trailing whitespace, so the kept units, concatenated in their original order, read as the text did.
 2. Each unit is scored by BM25 (k1 = 1.2, b = 0.75) against the query's words, the units being the documents: a unit
    that shares the query's rarer words scores highest. The query is the question when the caller has one; else it is
-   the text's first and last units (where a plain prompt puts its instruction: before the material or after it),
-   which are then always kept.
+   the text's first two units and last two (where a plain prompt puts its instruction, before the material or
+   after it: a question and its answer format are often two sentences), which are then always kept; a unit's score
+   is then its best match with one of them, each divided by that unit's match with itself (so that a long sentence
+   among them does not outweigh a short question).
 3. Units are taken by score, then by closeness (in units) to the nearest unit that matched the query (the context
    around a match), then by position; each is kept if it still fits. What is kept is put back in the original order.
 4. The budget is checked on the tokens of the kept text as a whole (a unit's tokens alone can differ by one at a
@@ -73,6 +75,17 @@ def bm25(units: Sequence[str], query: str) -> list[float]:
     return scores
 
 
+def instruction_scores(units: Sequence[str], instruction: set[int]) -> list[float]:
+    """Each unit's best BM25 match with one of the ``instruction`` units, that unit's match with itself counting 1:
+    a long sentence among them would otherwise outweigh a short question."""
+    best = [0.0] * len(units)
+    for i in instruction:
+        scores = bm25(units, units[i])
+        if scores[i] > 0:
+            best = [max(b, s / scores[i]) for b, s in zip(best, scores, strict=True)]
+    return best
+
+
 def check_budget(budget: Any, name: str = "compress_to") -> int:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise HeteroError(f"{name}={budget!r}; expected a positive number of tokens")
@@ -92,11 +105,10 @@ def compress_text(text: str, budget: int, count: Callable[[str], int], query: st
         return text
     forced: set[int] = set()
     if query is None:
-        forced = {0, len(units) - 1}
-        query = " ".join(units[i] for i in sorted(forced))
+        forced = {0, min(1, len(units) - 1), max(len(units) - 2, 0), len(units) - 1}
     limit = max_unit_chars if max_unit_chars is not None else math.inf
     sizes = [count(u) if len(u) <= limit else budget + 1 for u in units]
-    scores = bm25(units, query)
+    scores = bm25(units, query) if query is not None else instruction_scores(units, forced)
     matched = [i for i, s in enumerate(scores) if s > 0]
 
     def distance(i: int) -> int:
@@ -110,8 +122,8 @@ def compress_text(text: str, budget: int, count: Callable[[str], int], query: st
             taken.append(i)
             used += sizes[i]
         elif i in forced:
-            raise HeteroError(f"compress_to={budget} tokens cannot hold the text's first and last sentences "
-                              f"({sum(sizes[j] for j in forced)} tokens), which are kept as the instruction",
+            raise HeteroError(f"compress_to={budget} tokens cannot hold the text's first two and last two "
+                              f"sentences ({sum(sizes[j] for j in forced)} tokens), kept as the instruction",
                               hint="give a larger budget")
     while taken:
         kept = "".join(units[i] for i in sorted(taken))
@@ -130,7 +142,7 @@ def token_counter(llm: Any) -> tuple[Callable[[str], int], int]:
 
 def compress_for(llm: Any, prompt: Any, budget: Any, query: str | None = None) -> str:
     """``prompt`` (text) fitted into ``budget`` tokens of ``llm`` (``Llm.generate(compress_to=...)``); without a
-    ``query``, the prompt's first and last sentences are the query and are kept."""
+    ``query``, the prompt's first two sentences and last two are the query and are kept."""
     check_budget(budget)
     if not isinstance(prompt, str):
         raise HeteroError("compress_to takes a text prompt, not token ids")
@@ -164,4 +176,5 @@ def compress_messages(messages: Sequence[Mapping[str, Any]], budget: int,
     raise HeteroError(f"compress_to={budget} tokens: no part of the last user message fits beside the rest")
 
 
-__all__ = ["bm25", "compress_for", "compress_messages", "compress_text", "split_units", "token_counter"]
+__all__ = ["bm25", "compress_for", "compress_messages", "compress_text", "instruction_scores", "split_units",
+           "token_counter"]

@@ -412,7 +412,7 @@ class Llm:
         ``spec``: speculative decoding (same output distribution, greedy output identical): a
         ``hetero.llm.speculative.Speculation``, a ``Drafter``, or a name as ``hetero generate --spec`` takes it
         ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``). ``compress_to``: fit a text
-        prompt into this many tokens by keeping its first and last sentences and those most relevant to them
+        prompt into this many tokens by keeping its first two and last two sentences and those most relevant to them
         (``hetero.llm.compress``; off by default)."""
         if compress_to is not None:
             from .compress import compress_for

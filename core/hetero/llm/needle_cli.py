@@ -17,7 +17,7 @@ def add_eval_command(subparsers: Any) -> None:
                               description="evaluations of an LLM")
     # argparse cannot mix positionals across a nested subcommand (CommandParser's intermixing): plain parsing here
     p.is_subcommand = False
-    evals = p.add_subparsers(dest="evaluation", metavar="EVALUATION", required=True)
+    evals = p.add_subparsers(dest="evaluation", metavar="EVALUATION", required=True, help="the evaluation to run")
     n = add_command(evals, "needle", "needle in a haystack, NeedleBench style: synthetic facts hidden at depths of a "
                     "prose haystack, retrieval accuracy per context length x depth (docs/long-context.md)",
                     _cmd_needle)

@@ -273,8 +273,8 @@ def create_chat_completion(llm: Any, messages: Sequence[Mapping[str, Any]], *, m
     """OpenAI's ``/v1/chat/completions``: a ``chat.completion`` dict, or with ``stream=True`` an iterator of
     ``chat.completion.chunk`` dicts. With ``tools``, calls the model writes as ``<tool_call>{"name": ...,
     "arguments": {...}}</tool_call>`` come back as ``message.tool_calls`` (finish_reason ``tool_calls``).
-    ``compress_to``: fit the prompt into this many tokens by compressing the last user message (its first and
-    last sentences kept, and those most relevant to them; ``hetero.llm.compress``; off by default)."""
+    ``compress_to``: fit the prompt into this many tokens by compressing the last user message (its first two
+    and last two sentences kept, and those most relevant to them; ``hetero.llm.compress``; off by default)."""
     _no_unknown(sampling)
     if tool_choice not in (None, "auto", "none"):
         raise HeteroError(f"tool_choice={tool_choice!r}: only 'auto' and 'none' are supported")
