@@ -5,12 +5,16 @@
   ops whose kernel op names it implements.
 * the activation a fused Conv / MatMul node carries (``activation_params``);
 * the rotary embedding's frequencies and scale (``rope_inv_freq``);
-* the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``).
+* the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``);
+* a step of several sequences: per-row positions and slots, cut into one-sequence runs (``slot_runs``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -130,3 +134,64 @@ def cache_range_error(label: str, past: int, t: int, filled: int, max_context: i
         return HeteroError(f"{label}: {past} cached + {t} new tokens exceed the context of {max_context} tokens",
                            hint="load the model with a larger context")
     return None
+
+
+# -- several sequences in one step (continuous batching) -------------------------------------------------------------
+# A step of a model serving several sequences (``hetero.llm.batch``) carries per-row positions (int64 ``[T]``) where
+# a one-sequence step has ``past_len``, and its stateful ops an int64 ``[T]`` ``slots`` input: the sequence (the
+# state: KV cache, recurrent state) each row belongs to, one of the node's ``slots`` attribute.
+SLOTS_INPUT = {"Attention": 4, "GatedDeltaRule": 10}  # hetero-domain op type -> index of its optional slots input
+POSITION_INPUT = {"RotaryEmbedding": 1, "Attention": 3, "GatedDeltaRule": 4}  # op type -> its past_len input
+
+
+@dataclass(frozen=True)
+class SlotRun:
+    """Rows ``[start, end)`` of a step: tokens of one sequence (``slot``) at positions ``position ..``."""
+
+    slot: int
+    start: int
+    end: int
+    position: int
+
+
+def per_row_positions(op_type: str, inputs: Sequence[Any]) -> bool:
+    """Whether a node (its op type and input infos) takes one position per row or a slots input: the form of a step of
+    several sequences, which a backend that implements only the one-sequence form must refuse."""
+    slots = SLOTS_INPUT.get(op_type)
+    if slots is not None and slots < len(inputs) and inputs[slots] is not None:
+        return True
+    index = POSITION_INPUT.get(op_type)
+    if index is None or index >= len(inputs) or inputs[index] is None:
+        return False
+    shape = inputs[index].shape
+    return shape is None or shape not in ((), (1,))
+
+
+def one_sequence(node: Any) -> Any:
+    """A backend's answer (``Support``) for a kernel implementing only the one-sequence form of a stateful LLM op:
+    refused for a step of several sequences (``per_row_positions``), which then runs on a backend that has it."""
+    from .backend import SUPPORTED, unsupported  # backend imports nothing of this module; kept local all the same
+
+    if per_row_positions(node.node.op_type, node.inputs):
+        return unsupported(f"{node.node.op_type} of several sequences (per-row positions / slots): one sequence only")
+    return SUPPORTED
+
+
+def slot_runs(label: str, positions: np.ndarray, slots: np.ndarray | None, count: int) -> list[SlotRun]:
+    """The rows of a step cut into runs of one sequence each: consecutive rows of the same slot whose positions follow
+    on one another (``slots`` None: all rows are slot 0). Each run is then an ordinary one-sequence step of its slot,
+    done in row order."""
+    pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+    t = pos.shape[0]
+    slot = np.zeros(t, dtype=np.int64) if slots is None else np.asarray(slots, dtype=np.int64).reshape(-1)
+    if slot.shape[0] != t:
+        raise HeteroError(f"{label}: {slot.shape[0]} slots for {t} positions; expected one per row")
+    if t and (slot.min() < 0 or slot.max() >= count):
+        bad = int(slot[(slot < 0) | (slot >= count)][0])
+        raise HeteroError(f"{label}: slot {bad} is not one of the node's {count} slot(s)")
+    if t and pos.min() < 0:
+        raise HeteroError(f"{label}: position {int(pos.min())} is negative")
+    # a run breaks where the slot changes or the position does not follow the previous row's
+    breaks = np.nonzero((slot[1:] != slot[:-1]) | (pos[1:] != pos[:-1] + 1))[0] + 1
+    edges = [0, *breaks.tolist(), t]
+    return [SlotRun(int(slot[a]), a, b, int(pos[a])) for a, b in itertools.pairwise(edges) if b > a]

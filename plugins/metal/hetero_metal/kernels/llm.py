@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, quant, unsupported
-from hetero.contract.opforms import cache_range_error, rope_inv_freq
+from hetero.contract.opforms import cache_range_error, one_sequence, rope_inv_freq
 
 from ..plan import dispatch, groups_for
 from .common import MetalKernel, float32_only, placeholder
@@ -127,7 +127,7 @@ def _past_len(value: np.ndarray | None) -> int:
 class MetalRotary(MetalKernel):
     """The cos/sin table is computed on the host in float64 (as the reference does) and grows by doubling."""
 
-    accepts = staticmethod(lambda node: float32_only(node, [0]))
+    accepts = staticmethod(lambda node: one_sequence(node) and float32_only(node, [0]))
     bindable = False  # past_len is read on the host
 
     def __init__(self, node: NodeInfo, backend) -> None:
@@ -166,7 +166,7 @@ class MetalAttention(MetalKernel):
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
-        verdict = float32_only(node, [0, 1, 2])
+        verdict = one_sequence(node) and float32_only(node, [0, 1, 2])
         if verdict and str(node.attr("kv_dtype", "f16")) != "f16":
             return unsupported(f"Attention with kv_dtype {node.attr('kv_dtype')!r} (metal keeps a half KV cache)")
         q = node.inputs[0]
