@@ -143,9 +143,10 @@ def test_bad_slots_and_steps_are_refused():
 
 def test_slot_runs_cut_rows_into_one_sequence_runs():
     runs = slot_runs("n", np.array([5, 6, 7, 0, 3, 4, 9]), np.array([0, 0, 0, 1, 2, 2, 0]), 3)
-    assert runs == [SlotRun(0, 0, 3, 5), SlotRun(1, 3, 4, 0), SlotRun(2, 4, 6, 3), SlotRun(0, 6, 7, 9)]
-    assert slot_runs("n", np.array([4, 5, 9]), None, 1) == [SlotRun(0, 0, 2, 4), SlotRun(0, 2, 3, 9)]
-    with pytest.raises(HeteroError, match="slot 3 is not one of the node's 3"):
+    assert runs == (SlotRun(0, 0, 3, 5), SlotRun(1, 3, 4, 0), SlotRun(2, 4, 6, 3), SlotRun(0, 6, 7, 9))
+    assert slot_runs("n", np.array([4, 5, 9]), None, 1) == (SlotRun(0, 0, 2, 4), SlotRun(0, 2, 3, 9))
+    assert slot_runs("n", np.zeros(0, np.int64), np.zeros(0, np.int64), 1) == ()
+    with pytest.raises(HeteroError, match="n: slot 3 is not one of the node's 3"):
         slot_runs("n", np.array([0]), np.array([3]), 3)
     with pytest.raises(HeteroError, match="one per row"):
         slot_runs("n", np.array([0, 1]), np.array([0]), 3)

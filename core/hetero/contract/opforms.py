@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -177,21 +177,35 @@ def one_sequence(node: Any) -> Any:
     return SUPPORTED
 
 
-def slot_runs(label: str, positions: np.ndarray, slots: np.ndarray | None, count: int) -> list[SlotRun]:
+def slot_runs(label: str, positions: np.ndarray, slots: np.ndarray | None, count: int) -> tuple[SlotRun, ...]:
     """The rows of a step cut into runs of one sequence each: consecutive rows of the same slot whose positions follow
     on one another (``slots`` None: all rows are slot 0). Each run is then an ordinary one-sequence step of its slot,
-    done in row order."""
-    pos = np.asarray(positions, dtype=np.int64).reshape(-1)
-    t = pos.shape[0]
-    slot = np.zeros(t, dtype=np.int64) if slots is None else np.asarray(slots, dtype=np.int64).reshape(-1)
-    if slot.shape[0] != t:
-        raise HeteroError(f"{label}: {slot.shape[0]} slots for {t} positions; expected one per row")
-    if t and (slot.min() < 0 or slot.max() >= count):
-        bad = int(slot[(slot < 0) | (slot >= count)][0])
-        raise HeteroError(f"{label}: slot {bad} is not one of the node's {count} slot(s)")
-    if t and pos.min() < 0:
-        raise HeteroError(f"{label}: position {int(pos.min())} is negative")
-    # a run breaks where the slot changes or the position does not follow the previous row's
-    breaks = np.nonzero((slot[1:] != slot[:-1]) | (pos[1:] != pos[:-1] + 1))[0] + 1
-    edges = [0, *breaks.tolist(), t]
-    return [SlotRun(int(slot[a]), a, b, int(pos[a])) for a, b in itertools.pairwise(edges) if b > a]
+    done in row order. Every stateful node of a step asks with the same rows: the answer is cached by value."""
+    pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+    slot = None if slots is None else np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
+    runs = _slot_runs(pos.tobytes(), b"" if slot is None else slot.tobytes(), slot is None, count)
+    if isinstance(runs, str):
+        raise HeteroError(f"{label}: {runs}")
+    return runs
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_runs(pos_bytes: bytes, slot_bytes: bytes, one: bool, count: int) -> tuple[SlotRun, ...] | str:
+    """``slot_runs`` on the rows' bytes: the runs, or what is wrong (plain Python: a few rows)."""
+    pos = np.frombuffer(pos_bytes, dtype=np.int64).tolist()
+    slot = [0] * len(pos) if one else np.frombuffer(slot_bytes, dtype=np.int64).tolist()
+    if len(slot) != len(pos):
+        return f"{len(slot)} slots for {len(pos)} positions; expected one per row"
+    runs: list[SlotRun] = []
+    start = 0
+    for i, (s, p) in enumerate(zip(slot, pos, strict=True)):
+        if not 0 <= s < count:
+            return f"slot {s} is not one of the node's {count} slot(s)"
+        if p < 0:
+            return f"position {p} is negative"
+        if i and (s != slot[i - 1] or p != pos[i - 1] + 1):
+            runs.append(SlotRun(slot[start], start, i, pos[start]))
+            start = i
+    if pos:
+        runs.append(SlotRun(slot[start], start, len(pos), pos[start]))
+    return tuple(runs)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,7 +36,6 @@ from .families.decoder import INPUT_IDS, PAST_LEN
 
 if TYPE_CHECKING:
     from ..runtime.session import Session
-    from .model import Llm
 
 POSITIONS, SLOTS = "positions", "slots"  # the graph inputs of a model serving several sequences
 WINDOW = 0.05  # seconds a batched step waits for the sequences of the previous one (a sequence that stopped)
@@ -212,10 +211,10 @@ def _result(row: _Row) -> dict[str, np.ndarray]:
     return row.result
 
 
-def decode_step(sequences: Sequence[Llm], tokens: Sequence[int]) -> np.ndarray:
+def decode_step(sequences: Sequence[Any], tokens: Sequence[int]) -> np.ndarray:
     """One batched decode step: ``tokens[i]`` goes after ``sequences[i]``'s cached tokens (sequences of one model,
-    ``Llm.sequence``, each at most once); returns each one's next-token logits, float32 ``[len(sequences), vocab]``
-    (row i: sequence i's). What each sequence gets is what ``sequences[i].forward([tokens[i]])`` gives alone."""
+    ``hetero.llm.Llm.sequence``, each at most once); returns each one's next-token logits, float32
+    ``[len(sequences), vocab]`` (row i: sequence i's): what ``sequences[i].forward([tokens[i]])`` gives alone."""
     if not sequences:
         raise HeteroError("decode_step needs at least one sequence")
     if len(tokens) != len(sequences):
