@@ -7,12 +7,15 @@
 * the rotary embedding's frequencies and scale (``rope_inv_freq``);
 * the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``) and its attributes with their defaults
   (``GatedDeltaAttrs``);
-* the dims a ``Shape`` node returns (``shape_range``).
+* the dims a ``Shape`` node returns (``shape_range``);
+* a step of several sequences: per-row positions and slots, cut into one-sequence runs (``slot_runs``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,3 +202,78 @@ def shape_range(start: int, end: int | None, rank: int) -> tuple[int, int]:
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
     return start, max(end, start)
+
+
+# -- several sequences in one step (continuous batching) -------------------------------------------------------------
+# A step of a model serving several sequences (``hetero.llm.batch``) carries per-row positions (int64 ``[T]``) where
+# a one-sequence step has ``past_len``, and its stateful ops an int64 ``[T]`` ``slots`` input: the sequence (the
+# state: KV cache, recurrent state) each row belongs to, one of the node's ``slots`` attribute.
+SLOTS_INPUT = {"Attention": 4, "GatedDeltaRule": 10}  # hetero-domain op type -> index of its optional slots input
+POSITION_INPUT = {"RotaryEmbedding": 1, "Attention": 3, "GatedDeltaRule": 4}  # op type -> its past_len input
+
+
+@dataclass(frozen=True)
+class SlotRun:
+    """Rows ``[start, end)`` of a step: tokens of one sequence (``slot``) at positions ``position ..``."""
+
+    slot: int
+    start: int
+    end: int
+    position: int
+
+
+def per_row_positions(op_type: str, inputs: Sequence[Any]) -> bool:
+    """Whether a node (its op type and input infos) takes one position per row or a slots input: the form of a step of
+    several sequences, which a backend that implements only the one-sequence form must refuse."""
+    slots = SLOTS_INPUT.get(op_type)
+    if slots is not None and slots < len(inputs) and inputs[slots] is not None:
+        return True
+    index = POSITION_INPUT.get(op_type)
+    if index is None or index >= len(inputs) or inputs[index] is None:
+        return False
+    shape = inputs[index].shape
+    return shape is None or shape not in ((), (1,))
+
+
+def one_sequence(node: Any) -> Any:
+    """A backend's answer (``Support``) for a kernel implementing only the one-sequence form of a stateful LLM op:
+    refused for a step of several sequences (``per_row_positions``), which then runs on a backend that has it."""
+    from .backend import SUPPORTED, unsupported  # backend imports nothing of this module; kept local all the same
+
+    if per_row_positions(node.node.op_type, node.inputs):
+        return unsupported(f"{node.node.op_type} of several sequences (per-row positions / slots): one sequence only")
+    return SUPPORTED
+
+
+def slot_runs(label: str, positions: np.ndarray, slots: np.ndarray | None, count: int) -> tuple[SlotRun, ...]:
+    """The rows of a step cut into runs of one sequence each: consecutive rows of the same slot whose positions follow
+    on one another (``slots`` None: all rows are slot 0). Each run is then an ordinary one-sequence step of its slot,
+    done in row order. Every stateful node of a step asks with the same rows: the answer is cached by value."""
+    pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+    slot = None if slots is None else np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
+    runs = _slot_runs(pos.tobytes(), b"" if slot is None else slot.tobytes(), slot is None, count)
+    if isinstance(runs, str):
+        raise HeteroError(f"{label}: {runs}")
+    return runs
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_runs(pos_bytes: bytes, slot_bytes: bytes, one: bool, count: int) -> tuple[SlotRun, ...] | str:
+    """``slot_runs`` on the rows' bytes: the runs, or what is wrong (plain Python: a few rows)."""
+    pos = np.frombuffer(pos_bytes, dtype=np.int64).tolist()
+    slot = [0] * len(pos) if one else np.frombuffer(slot_bytes, dtype=np.int64).tolist()
+    if len(slot) != len(pos):
+        return f"{len(slot)} slots for {len(pos)} positions; expected one per row"
+    runs: list[SlotRun] = []
+    start = 0
+    for i, (s, p) in enumerate(zip(slot, pos, strict=True)):
+        if not 0 <= s < count:
+            return f"slot {s} is not one of the node's {count} slot(s)"
+        if p < 0:
+            return f"position {p} is negative"
+        if i and (s != slot[i - 1] or p != pos[i - 1] + 1):
+            runs.append(SlotRun(slot[start], start, i, pos[start]))
+            start = i
+    if pos:
+        runs.append(SlotRun(slot[start], start, len(pos), pos[start]))
+    return tuple(runs)

@@ -23,14 +23,14 @@ class Loaded:
         self.llm, self.seconds, self.spec = llm, seconds, spec
 
 
-def load_llm(args: argparse.Namespace, model: str) -> Loaded:
+def load_llm(args: argparse.Namespace, model: str, slots: int = 1) -> Loaded:
     from .loader import load
 
     started = time.perf_counter()
     with progress.phase(f"loading {Path(model).name}"):
         llm = load(model, backends=backends_of(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
                    quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True,  # (terminal only)
-                   embeddings=getattr(args, "embeddings", False))
+                   embeddings=getattr(args, "embeddings", False), slots=slots)
         spec = None
         if getattr(args, "spec", None):
             from .speculative.registry import speculation

@@ -11,6 +11,7 @@ work; neither sees the other's tokens.
 
 from __future__ import annotations
 
+import copy
 import operator
 import re
 import threading
@@ -27,6 +28,7 @@ from ..contract.decoder import LlmDecoder
 from ..contract.errors import HeteroError
 from ..contract.graph import Graph
 from ..runtime.session import Session
+from .batch import Batcher, slot_graph
 from .config import LlmConfig
 from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN, VERIFY_ROWS
 from .files import MappedFiles, limit
@@ -83,8 +85,11 @@ _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty"
                   "frequency_penalty", "penalty_last_n", "seed")
 
 
-def check_options(context: Any, prefill_chunk: Any, kv_cache: Any) -> None:
+def check_options(context: Any, prefill_chunk: Any, kv_cache: Any, slots: Any = 1) -> None:
     """The options every way of making an Llm takes, checked before anything is allocated for them."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= VERIFY_ROWS:
+        raise HeteroError(f"slots={slots!r}; expected 1 to {VERIFY_ROWS} sequences (a batched step's logits are "
+                          f"its last {VERIFY_ROWS} rows)")
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise HeteroError(f"context={context!r}; expected a positive number of tokens")
     limit(context, "positions", "context")
@@ -102,11 +107,14 @@ class Llm:
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
                  kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
                  template: ChatTemplate | None = None, hidden_layers: Sequence[int] = (),
-                 embeddings: bool = False, decoder: LlmDecoder | None = None) -> None:
-        check_options(context, prefill_chunk, kv_cache)
+                 embeddings: bool = False, decoder: LlmDecoder | None = None, slots: int = 1) -> None:
+        check_options(context, prefill_chunk, kv_cache, slots)
         if decoder is not None and (hidden_layers or embeddings):
             raise HeteroError(f"{decoder.name} runs the decoder whole: it exposes no hidden layers or embeddings",
                               hint="load on cpu / opencl for hidden_layers= or embeddings=True")
+        if decoder is not None and slots > 1:
+            raise HeteroError(f"{decoder.name} runs the decoder whole, one sequence: it takes no slots={slots}",
+                              hint="load on cpu / opencl for several sequences")
         # A backend's whole decoder (an NPU's compiled graphs, Backend.llm_decoder) runs every step; the session is
         # then on cpu and only answers the reports (sizes, parameters)
         self.decoder = decoder
@@ -134,7 +142,14 @@ class Llm:
         # slot, so decode's replay cannot bind its kernel): only models loaded for embeddings pay for it
         self._final_norm = _expose_final_norm(graph) if embeddings else None
         self._last_hidden: np.ndarray | None = None  # the final norm's output of the last step (embed())
+        # slots > 1: one session serves that many sequences (hetero.llm.batch); this object is slot 0
+        self.slots = slots
+        if slots > 1:
+            slot_graph(graph, slots)
         self.session = Session(graph, **self._session_args)
+        self._batch = Batcher(self.session) if slots > 1 else None
+        self._slot = 0
+        self._sequences: list[Llm | None] = [self, *([None] * (slots - 1))]
         self.tokens: list[int] = []  # the tokens whose K/V the cache holds, in order
         self.stats = Stats()
         self.last = Generation()
@@ -150,6 +165,8 @@ class Llm:
         self._owner: object | None = None  # the generation whose tokens the cache holds
         self._mapped = MappedFiles(list(mapped))
         self._finalizer = weakref.finalize(self, self._mapped.close)
+        self._model: Llm = self  # slot 0, whose finalizer closes the files (what each sequence keeps alive)
+        self._sequences_lock = threading.Lock()
 
     # -- text <-> ids ---------------------------------------------------------------------------------------------
     def _tok(self) -> Tokenizer:
@@ -215,6 +232,21 @@ class Llm:
             return self._forward(ids)[-len(ids):]
 
     def _forward(self, ids: list[int]) -> np.ndarray:
+        past = self._check_step(ids)
+        if self.decoder is not None:  # a backend's whole decoder (Backend.llm_decoder)
+            logits = self.decoder.run(ids, past)
+            self.tokens.extend(ids)
+            return logits
+        wanted = self._step_outputs()
+        if self._batch is not None:  # one of several sequences: the batcher runs it (with others, for one token)
+            out = self._batch.run(self._slot, ids, past, wanted)
+        else:
+            out = self.session.run({INPUT_IDS: np.asarray(ids, dtype=np.int64),
+                                    PAST_LEN: np.asarray(past, dtype=np.int64)}, wanted)
+        return self._took(ids, past, out)
+
+    def _check_step(self, ids: list[int]) -> int:
+        """The position of a step of ``ids`` after the cached tokens, after checking it can run."""
         if not ids:
             raise HeteroError("forward needs at least one token")
         past = len(self.tokens)
@@ -227,20 +259,61 @@ class Llm:
         if bad:
             raise HeteroError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         self._mapped.check()
-        if self.decoder is not None:
-            logits = self.decoder.run(ids, past)
-            self.tokens.extend(ids)
-            return logits
-        feeds = {INPUT_IDS: np.asarray(ids, dtype=np.int64), PAST_LEN: np.asarray(past, dtype=np.int64)}
-        names = {layer: self._layer_outputs[layer] for layer in self.hidden_layers}
+        return past
+
+    def _step_outputs(self) -> list[str]:
+        """The graph outputs a step reads: the logits, the exposed layers', the final norm's (embed)."""
         extra = [self._final_norm] if self._final_norm is not None else []
-        out = self.session.run(feeds, [LOGITS, *names.values(), *extra])
-        for layer, name in names.items():
-            self._store_hidden(layer, past, out[name])
+        return [LOGITS, *(self._layer_outputs[layer] for layer in self.hidden_layers), *extra]
+
+    def _took(self, ids: list[int], past: int, out: dict[str, np.ndarray]) -> np.ndarray:
+        """Keep what a step of ``ids`` at ``past`` returned (hidden states, the cached tokens); its logits."""
+        for layer in self.hidden_layers:
+            self._store_hidden(layer, past, out[self._layer_outputs[layer]])
         if self._final_norm is not None:
             self._last_hidden = out[self._final_norm]
         self.tokens.extend(ids)
         return out[LOGITS]
+
+    # -- several sequences (hetero.llm.batch) ---------------------------------------------------------------------
+    def sequence(self, slot: int) -> Llm:
+        """Slot ``slot`` of a model loaded with ``slots=N``: an ``Llm`` of its own (its KV cache, tokens, stats;
+        ``generate``, ``chat``, ``create_*``) sharing this model's weights and session. Slot 0 is the model itself.
+        Use each from one thread at a time; sequences stepping in different threads at once are batched
+        (``hetero.llm.batch``). ``reset()`` frees the slot's cache for the next sequence."""
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.slots:
+            raise HeteroError(f"slot {slot!r}: {self.name!r} was loaded with {self.slots} slot(s) "
+                              f"(0..{self.slots - 1})", hint="hetero.llm.load(..., slots=N)")
+        with self._sequences_lock:
+            seq = self._sequences[slot]
+            if seq is None:
+                seq = self._sequences[slot] = self._new_sequence(slot)
+            return seq
+
+    def sequences(self) -> list[Llm]:
+        """Every slot's sequence, slot 0 (the model) first."""
+        return [self.sequence(i) for i in range(self.slots)]
+
+    def _new_sequence(self, slot: int) -> Llm:
+        seq = copy.copy(self)  # shares everything ...
+        # ... but what is the sequence's own
+        seq._slot = slot
+        seq.tokens = []
+        seq.stats = Stats()
+        seq.last = Generation()
+        seq._owner = None
+        seq._hidden = {}
+        seq._last_hidden = None
+        seq._lock = threading.RLock()
+        seq._model = self._model  # keeps the model (its finalizer closes the mapped files) alive
+        return seq
+
+    def idle(self) -> None:
+        """Say this sequence takes no step for a while (its generation ended): other sequences' batched steps stop
+        waiting for it. Optional (they wait at most ``hetero.llm.batch.WINDOW`` seconds); a no-op on a model of
+        one sequence."""
+        if self._batch is not None:
+            self._batch.idle(self._slot)
 
     # -- hidden states (speculative drafters) ---------------------------------------------------------------------
     def _layer_indices(self, layers: Sequence[int]) -> tuple[int, ...]:
@@ -270,6 +343,9 @@ class Llm:
         if self.decoder is not None:
             raise HeteroError(f"{self.decoder.name} runs the decoder whole: it exposes no hidden layers")
         with self._lock:
+            if set(wanted) - set(self.hidden_layers) and self.slots > 1:
+                raise HeteroError(f"{self.name!r} serves {self.slots} sequences: its hidden layers are fixed at load",
+                                  hint="hetero.llm.load(..., hidden_layers=[...])")
             if set(wanted) - set(self.hidden_layers):
                 self._expose(wanted)
                 self.session.close()
@@ -499,6 +575,7 @@ class Llm:
         return [self.decoder.name] if self.decoder is not None else list(self.session.placement.counts())
 
     def close(self) -> None:
+        """Free the model (every sequence of it: ``sequence(i).close()`` closes the model too)."""
         if self.decoder is not None:
             self.decoder.close()
         self.session.close()

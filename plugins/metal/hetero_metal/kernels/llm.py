@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, quant, unsupported
-from hetero.contract.opforms import cache_range_error, rope_inv_freq
+from hetero.contract.opforms import cache_range_error, one_sequence, rope_inv_freq
 
 from ..memory import device_array
 from ..plan import ArgumentBuffer, dispatch, groups_for
@@ -144,7 +144,7 @@ class MetalRotary(MetalKernel):
     """The cos/sin table is computed on the host in float64 (as the reference does) and grows by doubling; the
     position (past_len) is in the kernel's argument buffer, rewritten at every step."""
 
-    accepts = staticmethod(lambda node: float32_only(node, [0]))
+    accepts = staticmethod(lambda node: one_sequence(node) and float32_only(node, [0]))
     host_inputs = (1,)
 
     def __init__(self, node: NodeInfo, backend) -> None:
@@ -195,7 +195,7 @@ class MetalAttention(MetalKernel):
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
-        verdict = float32_only(node, [0, 1, 2])
+        verdict = one_sequence(node) and float32_only(node, [0, 1, 2])
         if verdict and str(node.attr("kv_dtype", "f16")) != "f16":
             return unsupported(f"Attention with kv_dtype {node.attr('kv_dtype')!r} (metal keeps a half KV cache)")
         q = node.inputs[0]
