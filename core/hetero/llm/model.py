@@ -30,7 +30,9 @@ from .config import LlmConfig
 from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN, VERIFY_ROWS
 from .files import MappedFiles, limit
 from .generate import Generation, generate_stream
+from .prefix_cache import PrefixCache
 from .sampler import Sampler, SamplingDefaults, SamplingParams, from_generation_config
+from .snapshot import common_prefix
 from .template import ChatTemplate
 from .tokenizer import Tokenizer
 
@@ -140,6 +142,8 @@ class Llm:
         self.template = template
         self._lock = threading.RLock()
         self._owner: object | None = None  # the generation whose tokens the cache holds
+        # computed prompts kept for the next one that starts the same way (hetero.llm.prefix_cache); may be shared
+        self.prefix_cache: PrefixCache | None = None
         self._mapped = MappedFiles(list(mapped))
         self._finalizer = weakref.finalize(self, self._mapped.close)
 
@@ -333,7 +337,9 @@ class Llm:
         if len(ids) > self.context:
             raise HeteroError(f"the prompt has {len(ids)} tokens; the context holds {self.context}",
                               hint="load the model with a larger context=...")
-        common = _common_prefix(self.tokens, ids)
+        if self.prefix_cache is not None:  # slot 0: this model's one sequence
+            self.prefix_cache.restore(self, 0, ids)
+        common = common_prefix(self.tokens, ids)
         common = min(common, len(ids) - 1)  # the last token is always run: its logits are the prediction
         self._rollback(common)
         stats.prompt_tokens = len(ids)
@@ -345,6 +351,8 @@ class Llm:
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, len(rest), step):
             logits = self.forward(rest[start:start + step])  # the one step every path takes
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(self, 0, ids)
         stats.prefill_seconds = time.perf_counter() - started
         return logits
 
@@ -521,14 +529,6 @@ def _checked_messages(messages: Any) -> list[dict[str, Any]]:
             raise HeteroError(f"chat(): message #{i} must be a dict with a 'role' string and a 'content' string, "
                               f"got {str(m)[:120]!r}")
     return list(messages)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
-    return int(diff[0]) if diff.size else n
 
 
 def _logical_size(name: str, array: np.ndarray, cfg: LlmConfig) -> int:
