@@ -53,7 +53,7 @@ def test_a_hybrid_models_state_is_restored_whole_only():
     source.prefill(prompt)
     snap = snapshot.export(source, 0, len(prompt))
     assert snap.recurrent
-    assert snap.usable(prompt + [5, 6]) == len(prompt) and snap.usable(prompt[:30] + [1] * 20) == 0
+    assert snap.usable([*prompt, 5, 6]) == len(prompt) and snap.usable(prompt[:30] + [1] * 20) == 0
     with pytest.raises(HeteroError, match="restores whole"):
         snapshot.restore(fresh, 0, snap, 30)
     snapshot.restore(fresh, 0, snap, len(prompt))
@@ -109,10 +109,10 @@ def test_the_cache_keeps_within_its_bytes_least_recently_used_out_first():
         llm.prefill(prompt)
     assert len(bounded) == 2 and bounded.stats.evicted == 1 and bounded.nbytes <= bounded.max_bytes
     llm.reset()
-    llm.prefill(prompts[0] + [9])  # the evicted one: computed again
+    llm.prefill([*prompts[0], 9])  # the evicted one: computed again
     assert bounded.stats.hits == 0
     llm.reset()
-    llm.prefill(prompts[2] + [9])
+    llm.prefill([*prompts[2], 9])
     assert bounded.stats.hits == 1 and bounded.stats.tokens_saved == 20
 
 

@@ -18,7 +18,6 @@ from .serve_harness import running  # noqa: E402  (after the skips: it imports u
 from .serve_models import load_model  # noqa: E402
 
 
-
 def _request(llm, max_tokens: int = 40) -> dict:
     """A streamed greedy chat of exactly ``max_tokens`` tokens (end-of-sequence banned)."""
     return {"messages": [{"role": "user", "content": "count"}], "max_tokens": max_tokens, "temperature": 0,

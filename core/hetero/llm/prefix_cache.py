@@ -70,7 +70,12 @@ class PrefixCache:
                 self.stats.misses += 1
                 return 0
             self._entries.move_to_end(best_key)
-        snapshot.restore(llm, slot, best, length)
+        try:
+            snapshot.restore(llm, slot, best, length)
+        except HeteroError as exc:  # e.g. a kernel that cannot import: the model computes the prompt from 0
+            self._disabled = str(exc)
+            llm.tokens = []  # its state may be half restored: forget it
+            return 0
         llm.tokens = list(best.tokens[:length])
         with self._lock:
             self.stats.hits += 1

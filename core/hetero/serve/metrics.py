@@ -1,6 +1,6 @@
 """The server's Prometheus metrics (``GET /metrics``): requests, tokens, queue depth, busy slots, prefill and decode
-speed, time to first token, KV cache use, the prefix cache and resumable streams. Each app has its own registry, so two servers in one process (tests) do
-not share counters."""
+speed, time to first token, KV cache use, the prefix cache and resumable streams. Each app has its own registry, so
+two servers in one process (tests) do not share counters."""
 
 from __future__ import annotations
 
