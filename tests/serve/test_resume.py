@@ -5,6 +5,7 @@ its slot at once. Real HTTP clients against the running server."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import time
@@ -101,17 +102,18 @@ def test_unknown_expired_and_malformed_resumes_are_error_objects(model):
         assert status == 404 and "window" in json.loads(raw)["error"]["message"]
 
 
-def test_an_abandoned_stream_is_cancelled_after_its_window(model):
-    with running([model], resume_window=0.5) as server:
+def test_an_abandoned_stream_is_cancelled_after_its_window():
+    llm = load_model(context=4096)
+    with running([llm], resume_window=0.5) as server:
         scheduler = server.app.state.scheduler
-        response = _open(server.port, "POST", "/v1/chat/completions", _request(model, 400))
+        response = _open(server.port, "POST", "/v1/chat/completions", _request(llm, 3000))
         _events(response, 1)
         response.close()
         deadline = time.monotonic() + 20
         while scheduler.busy and time.monotonic() < deadline:
             time.sleep(0.02)
         assert scheduler.busy == 0  # nobody came back: the generation stopped, the slot is free
-        assert len(model.tokens) < 300  # long before its 400 tokens
+        assert len(llm.tokens) < 3000  # long before its 3000 tokens
         status, _, _ = server.request("GET", f"/v1/streams/{response.getheader('X-Stream-Id')}")
         assert status == 404
 
@@ -124,3 +126,26 @@ def test_without_a_window_there_is_nothing_to_resume(model):
         assert stream_id and events[-1][1] == "[DONE]" and all(i is None for i, _ in events)
         status, _, raw = server.request("GET", f"/v1/streams/{stream_id}")
         assert status == 404 and "--resume-window" in json.loads(raw)["error"]["message"]
+
+
+def test_the_store_keeps_bounded_streams_and_bytes():
+    from hetero.serve.streams import DONE, StreamStore
+
+    async def events(n: int, size: int):
+        for i in range(n):
+            yield b"data: " + bytes([97 + i % 26]) * size + b"\n\n"
+        yield DONE
+
+    async def scenario() -> None:
+        store = StreamStore(window=30, max_streams=2, max_bytes=1000)
+        long = store.start("long", events(10, 200))  # 2 kB of events: cut with an error event
+        got = [e async for e in store.follow(long)]
+        assert got[-1] == DONE and b'"error"' in got[-2] and long.nbytes <= 1000 + 200
+        assert got[0].startswith(b"id: 1\ndata: ")
+        short = store.start("short", events(2, 10))
+        assert len([e async for e in store.follow(short)]) == 3
+        third = store.start("third", events(1, 10))  # full: the oldest finished stream makes room
+        assert store.get("long") is None and store.get("short") is short and store.get("third") is third
+        assert [e async for e in store.follow(short, after=2)] == [DONE]
+
+    asyncio.run(scenario())

@@ -123,8 +123,10 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
         except StopAsyncIteration:
             first_chunk = None
         metrics.count(endpoint, 200)
-        stream_id = first_chunk.get("id") if isinstance(first_chunk, dict) else None
-        stream = streams.start(str(stream_id or f"stream-{uuid.uuid4().hex}"), _sse(first_chunk, events))
+        stream_id = str((first_chunk.get("id") if isinstance(first_chunk, dict) else None) or uuid.uuid4().hex)
+        if resume_window <= 0:  # nothing kept: the client's reading drives the generation
+            return _event_stream(_sse(first_chunk, events), stream_id)
+        stream = streams.start(stream_id, _sse(first_chunk, events))
         return _event_stream(streams.follow(stream), stream.id)
 
     async def resume(request: Request) -> Response:

@@ -9,8 +9,8 @@ one are replayed, then the stream follows live, then ``data: [DONE]``. The strea
 Bounds: a stream with no client is cancelled ``window`` seconds after its last client left (its slot freed), and a
 finished one is forgotten ``window`` seconds after it ended; at most ``max_streams`` are kept (the oldest finished
 ones go first; past that a new stream is not resumable) and a stream's events are kept up to ``max_bytes`` (past
-that it ends with an error event rather than grow). ``window`` 0: no resuming — a client gone cancels its
-generation at once.
+that it ends with an error event rather than grow). With ``window`` 0 the app keeps no stream (its client's
+reading drives the generation, and a client gone cancels it at once).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Stream:
 
 
 class StreamStore:
-    def __init__(self, window: float = 0.0, max_streams: int = 256, max_bytes: int = 1 << 20) -> None:
+    def __init__(self, window: float = 0.0, max_streams: int = 64, max_bytes: int = 4 << 20) -> None:
         self.window = window
         self.max_streams = max_streams
         self.max_bytes = max_bytes
