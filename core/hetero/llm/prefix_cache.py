@@ -60,7 +60,9 @@ class PrefixCache:
         if self._disabled or len(prompt) <= self.min_tokens or llm.hidden_layers:
             return 0  # exposed hidden layers keep host copies of their rows, which a snapshot does not hold
         own = common_prefix(llm.tokens, prompt)
-        best, best_key, length = None, (), own
+        best: Snapshot | None = None
+        best_key: tuple[int, ...] = ()
+        length = own
         with self._lock:
             for key, snap in self._entries.items():
                 n = min(snap.usable(prompt), len(prompt) - 1)  # the last token is always run: its logits predict

@@ -126,13 +126,13 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
         stream_id = str((first_chunk.get("id") if isinstance(first_chunk, dict) else None) or uuid.uuid4().hex)
         if resume_window <= 0:  # nothing kept: the client's reading drives the generation
             return _event_stream(_sse(first_chunk, events), stream_id)
-        stream = streams.start(stream_id, _sse(first_chunk, events))
-        return _event_stream(streams.follow(stream), stream.id)
+        kept = streams.start(stream_id, _sse(first_chunk, events))
+        return _event_stream(streams.follow(kept), kept.id)
 
     async def resume(request: Request) -> Response:
         stream_id = request.path_params["stream_id"]
-        stream = streams.get(stream_id)
-        if stream is None:
+        kept = streams.get(stream_id)
+        if kept is None:
             raise ApiError(404, f"no stream {stream_id!r} to resume: unknown, or its {resume_window:g} s window "
                            "has passed" + ("" if resume_window > 0 else " (this server keeps none: --resume-window)"),
                            code="stream_not_found")
@@ -141,7 +141,7 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
             raise ApiError(400, f"Last-Event-ID / after is {after[:40]!r}; expected the number of the last event "
                            "received", param="after")
         streams.resumed += 1
-        return _event_stream(streams.follow(stream, int(after)), stream.id)
+        return _event_stream(streams.follow(kept, int(after)), kept.id)
 
     async def chat_completions(request: Request) -> Response:
         body: ChatCompletionRequest = await read_body(request, ChatCompletionRequest)

@@ -39,7 +39,7 @@ class _Cached:
 class Metrics:
     def __init__(self, scheduler: Any, prefix_cache: Any = None, streams: Any = None) -> None:
         r = self.registry = CollectorRegistry()
-        r.register(_Cached(prefix_cache, streams))  # type: ignore[arg-type]
+        r.register(_Cached(prefix_cache, streams))
         self.requests = Counter("hetero_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("hetero_prompt_tokens", "Prompt tokens received", registry=r)
