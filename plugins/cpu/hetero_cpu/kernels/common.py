@@ -6,19 +6,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from hetero.contract import (
-    SUPPORTED,
-    Backend,
-    HeteroError,
-    NodeInfo,
-    Support,
-    Tensor,
-    TensorInfo,
-    dtypes,
-    unsupported,
-)
+from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
 from hetero.contract import dtype_check as backend_dtype_check
 from hetero.contract.dtypes import DType
+from hetero.contract.errors import HeteroError
 from hetero.contract.opforms import activation_known, activation_params
 
 
