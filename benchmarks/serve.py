@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import shutil
@@ -53,8 +54,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT / "core", ROOT / "plugins" / "cpu"):
-    sys.path.insert(0, str(path))
+if importlib.util.find_spec("hetero") is None:  # else the hetero on PYTHONPATH (another checkout) is measured
+    for path in (ROOT / "core", ROOT / "plugins" / "cpu"):
+        sys.path.insert(0, str(path))
 
 DEFAULT_LLAMA_SERVER = "/work/llama-build/build/bin/llama-server"
 
@@ -264,7 +266,10 @@ def main() -> int:
             models = load_models(args)
             eos = {str(t): -100 for t in models[0].eos_ids}
             running.append(RunningServer(models, max_queue=64))
-            labels["hetero"] = f"hetero {models[0].name} {models[0].quant}, {len(models)} slot(s)"
+            import hetero
+
+            batched = "batched decode" if getattr(models[0], "slots", 1) > 1 else "a model copy per slot"
+            labels["hetero"] = f"hetero ({Path(hetero.__file__).parents[2]}, {batched}), {len(models)} slot(s)"
             servers["hetero"] = (running[-1].url, {"logit_bias": eos})
         binary = find_llama_server(args.llama_server)
         if binary is None:
@@ -283,7 +288,10 @@ def main() -> int:
         return 0
     print(f"{Path(args.model).name}: {args.parallel} slot(s), {args.threads} thread(s), prompt {args.prompt}, "
           f"generate {args.tokens} tokens, medians of {args.repeats} round(s); load average at the end "
-          f"{os.getloadavg()[0]:.1f}\n")
+          f"{os.getloadavg()[0]:.1f}")
+    for label in labels.values():
+        print(f"- {label}")
+    print()
     if "hetero" in results:
         print(table(results))
     return 0
