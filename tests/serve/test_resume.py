@@ -149,3 +149,15 @@ def test_the_store_keeps_bounded_streams_and_bytes():
         assert [e async for e in store.follow(short, after=2)] == [DONE]
 
     asyncio.run(scenario())
+
+
+def test_the_openai_client_reads_resumable_streams(model):
+    openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install openai)")
+    with running([model], resume_window=5) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        body = _request(model, 12)
+        kwargs = {k: body[k] for k in ("messages", "max_tokens", "temperature", "logit_bias")}
+        chunks = list(client.chat.completions.create(model=model.name, stream=True, **kwargs))
+        whole = client.chat.completions.create(model=model.name, **kwargs)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+            whole.choices[0].message.content

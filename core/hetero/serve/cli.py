@@ -59,7 +59,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise HeteroError(f"--prefix-cache {args.prefix_cache} / --resume-window {args.resume_window}: expected >= 0")
     models = [load_llm(args, model).llm for _ in range(args.parallel)]
     print(f"hetero serve: {models[0].name} on http://{args.host}:{args.port}/v1 ({args.parallel} slot(s), "
-          f"context {args.ctx}, queue {args.queue})", file=sys.stderr, flush=True)
+          f"context {args.ctx}, queue {args.queue}, prefix cache {args.prefix_cache} MiB, resume window "
+          f"{args.resume_window:g} s)", file=sys.stderr, flush=True)
     run(models, host=args.host, port=args.port, log_level=args.log_level, name=args.alias, max_queue=args.queue,
         prefix_cache_bytes=args.prefix_cache << 20, resume_window=args.resume_window)
     return 0
