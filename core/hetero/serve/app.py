@@ -233,6 +233,7 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
+        streams.close()
         scheduler.close()
 
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -128,6 +128,12 @@ class StreamStore:
             stream.task.cancel()
         self._streams.pop(stream.id, None)
 
+    def close(self) -> None:
+        """Cancel every kept stream still generating (the server stops)."""
+        for stream in list(self._streams.values()):
+            if not stream.done:
+                self._cancel(stream)
+
     def _expire(self) -> None:
         now = time.monotonic()
         for key in [k for k, s in self._streams.items() if s.done and now - s.ended_at >= self.window]:
