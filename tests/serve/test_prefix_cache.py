@@ -139,3 +139,23 @@ def test_the_server_counts_prefix_cache_hits_in_metrics():
 def _metric(text: str, name: str) -> float:
     line = next(x for x in text.splitlines() if x.startswith(name + " "))
     return float(line.split()[1])
+
+
+def test_a_snapshot_file_restores_and_a_bad_file_is_a_hetero_error(tmp_path):
+    source, fresh, computed = (_load("qwen3_5") for _ in range(3))
+    prompt = _ids(30, 8)
+    source.prefill(prompt)
+    path = tmp_path / "prefix.npz"
+    snapshot.save(snapshot.export(source, 0, len(prompt)), path)
+    snapshot.restore(fresh, 0, snapshot.load(path), len(prompt))
+    fresh.tokens = list(prompt)
+    computed.forward(prompt)
+    assert np.array_equal(fresh.forward([4]), computed.forward([4]))
+    raw = path.read_bytes()
+    for bad in (raw[: len(raw) // 2], b"not a zip", raw[:100] + bytes(200) + raw[300:]):
+        path.write_bytes(bad)
+        with pytest.raises(HeteroError, match=r"prefix\.npz"):
+            snapshot.restore(fresh, 0, snapshot.load(path), len(prompt))
+    np.savez(path, x=np.zeros(3))
+    with pytest.raises(HeteroError, match="not a hetero snapshot"):
+        snapshot.load(path)

@@ -6,13 +6,16 @@ request that starts the same way without computing it again.
 The kernels do the copying (optional kernel methods, see ``hetero.contract.backend.Kernel``):
 ``export_state(slot, length) -> dict[str, np.ndarray]`` and ``import_state(slot, length, state)``. A snapshot is
 plain data — the tokens, and per stateful node a dict of numpy arrays in its kernel's own layout, with the KV cache
-type — so it can be written to a file with ``np.savez`` and read back for the same model and backend.
+type — written to a file by ``save`` (a numpy ``.npz``) and read back by ``load``, for the same model and backend
+(``restore`` checks the model, the kernels the shapes and cache type).
 """
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -99,4 +102,40 @@ def restore(llm: Any, slot: int, snapshot: Snapshot, length: int) -> None:
         kernel.import_state(slot, length, snapshot.states[name])
 
 
-__all__ = ["RECURRENT_OPS", "STATEFUL_OPS", "Snapshot", "common_prefix", "export", "restore"]
+_META = ("__tokens__", "__model__", "__recurrent__")
+_SEP = "::"  # between a node's name and its array's in a file's entries
+
+
+def save(snap: Snapshot, path: str | Path) -> None:
+    """Write ``snap`` to ``path`` (a numpy ``.npz``: the tokens, the model it fits, each node's arrays)."""
+    arrays = {f"{node}{_SEP}{key}": value for node, state in snap.states.items() for key, value in state.items()}
+    np.savez(path, __tokens__=np.asarray(snap.tokens, dtype=np.int64), __model__=np.array(snap.model),
+             __recurrent__=np.array(snap.recurrent), **arrays)
+
+
+def load(path: str | Path) -> Snapshot:
+    """A snapshot written by ``save``; a file that is not one is a ``HeteroError`` naming it."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            names = list(data.files)
+            if not set(_META) <= set(names):
+                raise HeteroError(f"{path}: not a hetero snapshot (it lacks {sorted(set(_META) - set(names))})")
+            states: dict[str, dict[str, np.ndarray]] = {}
+            for name in names:
+                if name not in _META:
+                    node, sep, key = name.rpartition(_SEP)
+                    if not sep:
+                        raise HeteroError(f"{path}: entry {name!r} is not 'node{_SEP}array'")
+                    states.setdefault(node, {})[key] = data[name]
+            tokens = data["__tokens__"]
+            if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+                raise HeteroError(f"{path}: __tokens__ must be a 1-d integer array, got {tokens.dtype} {tokens.shape}")
+            return Snapshot(tuple(int(t) for t in tokens), states, str(data["__model__"]),
+                            bool(data["__recurrent__"]))
+    except HeteroError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise HeteroError(f"{path}: not a readable snapshot file ({type(exc).__name__}: {exc})") from None
+
+
+__all__ = ["RECURRENT_OPS", "STATEFUL_OPS", "Snapshot", "common_prefix", "export", "load", "restore", "save"]

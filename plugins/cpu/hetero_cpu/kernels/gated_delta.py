@@ -158,9 +158,12 @@ class CpuGatedDeltaRule(CpuKernel):
         be cut shorter)."""
         one_slot(self.node.label(), slot)
         k = self.kernel - 1
-        if state["hist_a"].shape != (length, self.hv) or state["hist_x"].shape != (length + k, self.channels) or \
-                state["state"].shape != self.state.shape:
-            raise HeteroError(f"{self.node.label()}: the snapshot is not this node's state at position {length}")
+        shapes = {"state": self.state.shape, "hist_x": (length + k, self.channels), "hist_a": (length, self.hv),
+                  "hist_b": (length, self.hv)}
+        if any(getattr(state.get(name), "shape", None) != shape or state[name].dtype != np.float32
+               for name, shape in shapes.items()):
+            raise HeteroError(f"{self.node.label()}: the snapshot is not this node's float32 state at position "
+                              f"{length}")
         self._grow(length)
         self.hist_x[:length + k] = state["hist_x"]
         self.hist_a[:length] = state["hist_a"]

@@ -359,14 +359,14 @@ class CpuAttention(CpuKernel):
     def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
         """Make the cache hold the first ``length`` positions of an ``export_state`` (of at least that many)."""
         one_slot(self.node.label(), slot)
-        kind = str(state["kv_dtype"])
+        kind = str(state.get("kv_dtype"))
         if kind != _kv_dtype(self.info):
             raise HeteroError(f"{self.node.label()}: a {kind} KV cache snapshot does not fit this "
                               f"{_kv_dtype(self.info)} cache")
         try:
             self.cache.load(length, state["k"], state["v"], state["v_scales"])
-        except ValueError as exc:
-            raise HeteroError(f"{self.node.label()}: {exc}") from None
+        except (ValueError, TypeError, KeyError) as exc:  # not an export of such a cache
+            raise HeteroError(f"{self.node.label()}: the snapshot does not fit its KV cache: {exc}") from None
 
 
 class CpuSwiGLU(CpuKernel):
