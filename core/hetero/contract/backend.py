@@ -136,6 +136,10 @@ class Kernel(Protocol):
       ``run(inputs, outputs)`` does on these exact tensors, whose buffers stay while their contents change (read
       values such as ``past_len`` at call time), or a list of such callables called in order (one per device
       launch). None, or no ``bind``: the replay calls ``run``.
+    * ``export_state(slot, length) -> dict[str, np.ndarray]`` / ``import_state(slot, length, state)`` — a stateful
+      kernel's (Attention's KV cache, GatedDeltaRule's recurrent state) state after the first ``length`` positions
+      of sequence ``slot`` as arrays, and back into a kernel of the same node (of this or another session of the
+      same model): what ``hetero.llm.snapshot`` (the prefix cache) copies. Without them a model has no snapshots.
     * ``implementation: str`` — what the kernel is when it is not the backend's own (``"numpy"`` for the
       reference run inside a backend); shown by ``Session.explain()`` and ``hetero ops``.
     """

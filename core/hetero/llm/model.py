@@ -33,7 +33,9 @@ from .config import LlmConfig
 from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN, VERIFY_ROWS
 from .files import MappedFiles, limit
 from .generate import Generation, generate_stream
+from .prefix_cache import PrefixCache
 from .sampler import Sampler, SamplingDefaults, SamplingParams, from_generation_config
+from .snapshot import common_prefix
 from .template import ChatTemplate
 from .tokenizer import Tokenizer
 
@@ -163,6 +165,8 @@ class Llm:
         self.template = template
         self._lock = threading.RLock()
         self._owner: object | None = None  # the generation whose tokens the cache holds
+        # computed prompts kept for the next one that starts the same way (hetero.llm.prefix_cache); may be shared
+        self.prefix_cache: PrefixCache | None = None
         self._mapped = MappedFiles(list(mapped))
         self._finalizer = weakref.finalize(self, self._mapped.close)
         self._model: Llm = self  # slot 0, whose finalizer closes the files (what each sequence keeps alive)
@@ -423,7 +427,10 @@ class Llm:
         if len(ids) > self.context:
             raise HeteroError(f"the prompt has {len(ids)} tokens; the context holds {self.context}",
                               hint="load the model with a larger context=...")
-        common = _common_prefix(self.tokens, ids)
+        slot = getattr(self, "_slot", 0)  # the sequence's state in the kernels (hetero.llm.batch; else 0)
+        if self.prefix_cache is not None:
+            self.prefix_cache.restore(self, slot, ids)
+        common = common_prefix(self.tokens, ids)
         common = min(common, len(ids) - 1)  # the last token is always run: its logits are the prediction
         self._rollback(common)
         stats.prompt_tokens = len(ids)
@@ -435,6 +442,8 @@ class Llm:
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, len(rest), step):
             logits = self.forward(rest[start:start + step])  # the one step every path takes
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(self, slot, ids)
         stats.prefill_seconds = time.perf_counter() - started
         return logits
 
@@ -621,14 +630,6 @@ def _checked_messages(messages: Any) -> list[dict[str, Any]]:
             raise HeteroError(f"chat(): message #{i} must be a dict with a 'role' string and a 'content' string, "
                               f"got {str(m)[:120]!r}")
     return list(messages)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
-    return int(diff[0]) if diff.size else n
 
 
 def _logical_size(name: str, array: np.ndarray, cfg: LlmConfig) -> int:

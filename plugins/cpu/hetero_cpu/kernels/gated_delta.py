@@ -21,7 +21,7 @@ from hetero.contract import SUPPORTED, Backend, HeteroError, NodeInfo, Support, 
 from hetero.contract.opforms import GATED_DELTA_MODES, slot_runs
 
 from .. import _native
-from .common import CpuKernel
+from .common import CpuKernel, one_slot
 
 # Below this many new tokens the recurrence runs, not the chunked form. The chunked form is 1.1-1.2x faster from 4
 # tokens (benchmarks/gated_delta.py --tokens N at Qwen3.5's head size, AVX-512 and AVX2), but blocks of up to 16
@@ -140,6 +140,43 @@ class CpuGatedDeltaRule(CpuKernel):
         self.pos = base
         if target > base:  # the same form a run of that many tokens takes (bitwise equal states for short replays)
             self._advance(base, target, None, None, target - base >= self.chunked_min)
+
+    # -- the state as arrays (a prefix cache: hetero.llm.snapshot) --------------------------------------------------
+    def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
+        """The recurrent state after positions [0, length) and their input history (copies). The state exists
+        only where it stands now or at a kept snapshot: other lengths are refused."""
+        one_slot(self.node.label(), slot)
+        if length == self.pos:
+            state = self.state
+        elif length in self.snaps:
+            state = self.snaps[length]
+        else:
+            raise HeteroError(f"{self.node.label()}: no recurrent state at position {length} (it stands at "
+                              f"{self.pos}; snapshots at {sorted(self.snaps)})")
+        k = self.kernel - 1
+        return {"state": state.copy(), "hist_x": self.hist_x[:length + k].copy(),
+                "hist_a": self.hist_a[:length].copy(), "hist_b": self.hist_b[:length].copy()}
+
+    def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
+        """Stand at position ``length`` with an ``export_state`` of exactly that length (a recurrent state cannot
+        be cut shorter)."""
+        one_slot(self.node.label(), slot)
+        k = self.kernel - 1
+        shapes = {"state": self.state.shape, "hist_x": (length + k, self.channels), "hist_a": (length, self.hv),
+                  "hist_b": (length, self.hv)}
+        if any(getattr(state.get(name), "shape", None) != shape or state[name].dtype != np.float32
+               for name, shape in shapes.items()):
+            raise HeteroError(f"{self.node.label()}: the snapshot is not this node's float32 state at position "
+                              f"{length}")
+        self._grow(length)
+        self.hist_x[:length + k] = state["hist_x"]
+        self.hist_a[:length] = state["hist_a"]
+        self.hist_b[:length] = state["hist_b"]
+        np.copyto(self.state, state["state"])
+        self.pos = length
+        self.snaps = {}
+        self.block_pos = -1
+        self._snapshot()  # a later rollback to this position needs no replay
 
     # -- run ------------------------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
