@@ -94,7 +94,7 @@ class Queue {
         } catch (const std::exception&) {
         }
         for (auto& entry : plans_) release(entry.second);
-        for (auto& entry : read_only_) entry.second->release();
+        for (auto& entry : read_only_) entry.second.first->release();
         for (auto& entry : pipelines_) entry.second->release();
         for (auto& entry : libraries_) entry.second->release();
         queue_->release();
@@ -204,7 +204,7 @@ class Queue {
             }
             const std::size_t bytes = std::size_t(info.size * info.itemsize);
             if (info.readonly) {  // weights: one buffer for the queue's lifetime
-                MTL::Buffer* buffer = read_only(info.ptr, bytes);
+                MTL::Buffer* buffer = read_only(arrays[i], info.ptr, bytes);
                 by_host.emplace(info.ptr, buffer);
                 table.push_back(buffer);
                 continue;
@@ -299,14 +299,15 @@ class Queue {
     }
 
     // A read-only host array (weights): wrapped or copied once and kept for the queue's lifetime, keyed by address and
-    // length (numpy cannot write it, so the copy stays right).
-    MTL::Buffer* read_only(void* host, std::size_t bytes) {
+    // length (numpy cannot write it, so the copy stays right). The array itself is kept alive with its buffer: were
+    // it freed, a new array at the same address would find the old copy.
+    MTL::Buffer* read_only(const py::handle& owner, void* host, std::size_t bytes) {
         const auto key = std::make_pair(static_cast<const void*>(host), bytes);
         auto found = read_only_.find(key);
-        if (found != read_only_.end()) return found->second;
+        if (found != read_only_.end()) return found->second.first;
         Staged ignored{nullptr, host, bytes, false, false};
         MTL::Buffer* buffer = wrap(host, bytes, ignored);
-        read_only_[key] = buffer;
+        read_only_[key] = {buffer, py::reinterpret_borrow<py::object>(owner)};
         return buffer;
     }
 
@@ -326,7 +327,7 @@ class Queue {
     std::map<std::string, MTL::Library*> libraries_;
     std::map<std::string, MTL::ComputePipelineState*> pipelines_;
     std::map<std::uint64_t, Plan> plans_;
-    std::map<std::pair<const void*, std::size_t>, MTL::Buffer*> read_only_;
+    std::map<std::pair<const void*, std::size_t>, std::pair<MTL::Buffer*, py::object>> read_only_;
     std::vector<MTL::CommandBuffer*> pending_;
     std::vector<Staged> staged_;  // copied back once the pending command buffers complete
     std::vector<MTL::Buffer*> held_;
