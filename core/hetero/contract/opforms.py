@@ -5,13 +5,15 @@
   ops whose kernel op names it implements.
 * the activation a fused Conv / MatMul node carries (``activation_params``);
 * the rotary embedding's frequencies and scale (``rope_inv_freq``);
-* the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``);
+* the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``) and its attributes with their defaults
+  (``GatedDeltaAttrs``);
 * the dims a ``Shape`` node returns (``shape_range``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -120,6 +122,64 @@ def rope_inv_freq(rotary_dim: int, attrs: dict) -> tuple[np.ndarray, float]:
 
 # The GatedDeltaRule op's ``mode`` attribute: how the recurrence runs over a sequence.
 GATED_DELTA_MODES = ("auto", "chunked", "recurrent")
+
+
+@dataclass(frozen=True)
+class GatedDeltaAttrs:
+    """A GatedDeltaRule node's attributes, defaults filled in (hetero.ops.gated_delta documents them)."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    scale: float  # 0 in the node: 1 / sqrt(k_dim)
+    qk_l2norm: bool
+    l2norm_eps: float
+    norm_eps: float
+    silu: bool  # conv_activation
+    chunk_size: int
+    snapshot_interval: int
+    max_snapshots: int  # at least 1
+    max_context: int  # 0: unbounded
+
+    @property
+    def channels(self) -> int:
+        """The packed qkv width: q | k | v."""
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    @staticmethod
+    def of(attrs: dict[str, Any]) -> GatedDeltaAttrs:
+        dk = int(attrs["k_dim"])
+        return GatedDeltaAttrs(
+            int(attrs["k_heads"]), int(attrs["v_heads"]), dk, int(attrs["v_dim"]),
+            float(attrs.get("scale", 0.0)) or 1.0 / math.sqrt(dk), bool(int(attrs.get("qk_l2norm", 1))),
+            float(attrs.get("l2norm_eps", 1e-6)), float(attrs.get("norm_eps", 1e-6)),
+            str(attrs.get("conv_activation", "silu")) == "silu", int(attrs.get("chunk_size", 64)),
+            int(attrs.get("snapshot_interval", 256)), max(int(attrs.get("max_snapshots", 8)), 1),
+            int(attrs.get("max_context", 0)))
+
+
+def gated_delta_refusal(node_attrs: dict[str, Any], conv_weight_rank: int | None) -> str | None:
+    """Why a GatedDeltaRule node is outside what the op defines for kernels (its mode, the conv weight's rank), or
+    None."""
+    if str(node_attrs.get("mode", "auto")) not in GATED_DELTA_MODES:
+        return f"GatedDeltaRule mode {node_attrs.get('mode')!r}"
+    if conv_weight_rank not in (None, 2, 3):
+        return "GatedDeltaRule conv_weight must be [C, K] or [C, 1, K]"
+    return None
+
+
+def gated_delta_restore_point(snapshots: dict[int, Any], block_pos: int, target: int) -> tuple[int, int]:
+    """Rolling a GatedDeltaRule node back to position ``target`` (hetero.ops.gated_delta's policy): drops the
+    snapshots after it from ``snapshots`` (in place) and returns (the block-start checkpoint's position, -1 once it
+    is after ``target``; the position to restore from: a snapshot's, else the checkpoint's when it is newer, else 0
+    for the zero state). The kernel then recomputes the positions from there to ``target``."""
+    for position in [p for p in snapshots if p > target]:
+        del snapshots[position]
+    if block_pos > target:
+        block_pos = -1
+    base = max(snapshots, default=0)
+    return block_pos, block_pos if block_pos > base else base
 
 
 def cache_range_error(label: str, past: int, t: int, filled: int, max_context: int) -> HeteroError | None:

@@ -22,6 +22,7 @@ from .model_files import ModelFiles
 from .sampler import from_generation_config
 from .tokenizer import Tokenizer
 from .weights import HfWeights
+from .whole_decoder import whole_decoder
 
 if TYPE_CHECKING:
     from .template import ChatTemplate
@@ -69,8 +70,9 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     graph = build_graph(model.config, model.weights, context=context, all_logits=all_logits,
                         progress=model.progress if progress is None else progress)
     label = model.label if fmt is None or model.label == fmt.name else f"{model.label}+{fmt.name}"
+    decoder = whole_decoder(backends, model, context, fmt)
     with model.releasing():
-        return Llm(model.config, graph, model.tokenizer, context=context, backends=backends,
+        return Llm(model.config, graph, model.tokenizer, context=context, backends=backends, decoder=decoder,
                    on_fallback=on_fallback, threads=threads, prefill_chunk=prefill_chunk, name=model.name,
                    quant=label, path=model.path, kv_cache=kv_cache, sampling=model.sampling,
                    mapped=model.mapped, template=template, hidden_layers=hidden_layers, embeddings=embeddings)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..contract.decoder import LlmDecoder
 from ..contract.errors import HeteroError
 from ..contract.graph import Graph
 from ..runtime.session import Session
@@ -101,8 +102,14 @@ class Llm:
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
                  kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
                  template: ChatTemplate | None = None, hidden_layers: Sequence[int] = (),
-                 embeddings: bool = False) -> None:
+                 embeddings: bool = False, decoder: LlmDecoder | None = None) -> None:
         check_options(context, prefill_chunk, kv_cache)
+        if decoder is not None and (hidden_layers or embeddings):
+            raise HeteroError(f"{decoder.name} runs the decoder whole: it exposes no hidden layers or embeddings",
+                              hint="load on cpu / opencl for hidden_layers= or embeddings=True")
+        # A backend's whole decoder (an NPU's compiled graphs, Backend.llm_decoder) runs every step; the session is
+        # then on cpu and only answers the reports (sizes, parameters)
+        self.decoder = decoder
         self.config = config
         self.tokenizer = tokenizer
         self.context = context
@@ -119,7 +126,8 @@ class Llm:
         self.all_logits = not any(node.name == "last_tokens" for node in graph.nodes)
         self.hidden_layers: tuple[int, ...] = ()
         self._hidden: dict[int, np.ndarray] = {}  # layer -> [capacity, H] host copy of the cached tokens' rows
-        self._session_args: dict[str, Any] = {"backends": backends, "on_fallback": on_fallback, "threads": threads}
+        self._session_args: dict[str, Any] = {"backends": backends if decoder is None else ["cpu"],
+                                              "on_fallback": on_fallback, "threads": threads}
         self._graph = graph
         self._expose(self._layer_indices(hidden_layers))
         # embed() reads the final norm's output; as a graph output it is a fresh array every step (not an arena
@@ -219,6 +227,10 @@ class Llm:
         if bad:
             raise HeteroError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         self._mapped.check()
+        if self.decoder is not None:
+            logits = self.decoder.run(ids, past)
+            self.tokens.extend(ids)
+            return logits
         feeds = {INPUT_IDS: np.asarray(ids, dtype=np.int64), PAST_LEN: np.asarray(past, dtype=np.int64)}
         names = {layer: self._layer_outputs[layer] for layer in self.hidden_layers}
         extra = [self._final_norm] if self._final_norm is not None else []
@@ -255,6 +267,8 @@ class Llm:
         indices count from the end); returns them as non-negative indices. Exposing a layer not exposed yet
         rebuilds the session, which forgets the cache: load with ``hidden_layers=...`` to avoid that."""
         wanted = self._layer_indices(layers)
+        if self.decoder is not None:
+            raise HeteroError(f"{self.decoder.name} runs the decoder whole: it exposes no hidden layers")
         with self._lock:
             if set(wanted) - set(self.hidden_layers):
                 self._expose(wanted)
@@ -391,12 +405,19 @@ class Llm:
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, penalty_last_n: int | None = None, seed: int | None = None,
                  stop: Sequence[str] | str | None = None, stream: bool = False,
-                 add_special_tokens: bool = True, spec: Any = None) -> str | Iterator[str]:
+                 add_special_tokens: bool = True, spec: Any = None, compress_to: int | None = None
+                 ) -> str | Iterator[str]:
         """Continue ``prompt`` (text, or token ids). Returns the text, or with ``stream=True`` an iterator of text
         pieces (closing it cancels). Unset sampling options come from the model's generation_config.json.
         ``spec``: speculative decoding (same output distribution, greedy output identical): a
         ``hetero.llm.speculative.Speculation``, a ``Drafter``, or a name as ``hetero generate --spec`` takes it
-        ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``)."""
+        ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``). ``compress_to``: fit a text
+        prompt into this many tokens by keeping its first and last sentences and those most relevant to them
+        (``hetero.llm.compress``; off by default)."""
+        if compress_to is not None:
+            from .compress import compress_for
+
+            prompt = compress_for(self, prompt, compress_to)
         params = self.sampling_params(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n,
@@ -475,9 +496,11 @@ class Llm:
         return sum(int(a.nbytes) for a in self.session.graph.initializers.values())
 
     def backend_names(self) -> list[str]:
-        return list(self.session.placement.counts())
+        return [self.decoder.name] if self.decoder is not None else list(self.session.placement.counts())
 
     def close(self) -> None:
+        if self.decoder is not None:
+            self.decoder.close()
         self.session.close()
         self._mapped.close()
 
