@@ -209,6 +209,8 @@ def _hard_swish_of(graph: Graph, x: str, users: list[Node]) -> list[Node] | None
     clip = _single_consumer(graph, add.outputs[0])
     if not _constant_is(graph, three, 3.0) or clip is None or clip.op_key != ("", "Clip"):
         return None
+    if clip.inputs[0] != add.outputs[0]:  # x + 3 as a bound of another Clip
+        return None
     if _clip_bounds(graph, clip) != (0.0, 6.0) or sorted(mul.inputs) != sorted([x, clip.outputs[0]]):
         return None
     if _single_consumer(graph, clip.outputs[0]) is not mul:
