@@ -96,13 +96,12 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_needle(args: argparse.Namespace) -> int:
-    from .cli import _model_path
-    from .cli_generation import load_llm
+    from .cli_generation import load_llm, model_path
     from .heatmap import Panel, write_heatmap
     from .needle import Grid, haystack_sentences, run_grid, table
 
     settings = _settings(args)
-    model = _model_path(args)
+    model = model_path(args)
     sentences, source = haystack_sentences(args.haystack)
     quiet = getattr(args, "quiet", False)
 

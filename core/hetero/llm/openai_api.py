@@ -25,6 +25,7 @@ from typing import Any
 from ..contract.errors import HeteroError
 from .generate import Generation, generate_stream
 from .sampler import Sampler, TokenLogprob
+from .snapshot import common_prefix
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -88,6 +89,7 @@ class _Request:
         decode = (lambda t: llm.detokenize(t, skip_special_tokens=True)) if llm.tokenizer is not None \
             else (lambda t: "")
         started = time.perf_counter()
+        stats = llm.stats  # what generate_stream's prefill records (the prefix cache's restored tokens too)
         stream = generate_stream(llm, self.ids, self.max_tokens, self.sampler, self.stop, llm.eos_ids, record, decode)
         try:
             for piece in stream:
@@ -96,6 +98,8 @@ class _Request:
         finally:
             stream.close()  # a client gone: the loop stops, the cache stays consistent
             self.usage.completion_tokens = len(record.tokens)
+            if stats.prompt_tokens == len(self.ids):
+                self.usage.cached_tokens = max(self.usage.cached_tokens, stats.cached_tokens)
             end = time.perf_counter()
             first = self.sampler.first_token_at or end
             self.usage.prefill_seconds = first - started
@@ -107,16 +111,6 @@ class _Request:
 
     def logprob_entries(self, start: int, end: int) -> list[TokenLogprob]:
         return self.sampler.logprobs[start:min(end, len(self.record.tokens))]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _prepare(llm: Any, ids: list[int], *, max_tokens: int | None, stop: Any, logit_bias: Any, logprobs: int | None,
