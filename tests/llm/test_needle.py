@@ -4,6 +4,7 @@ option errors. A slow test runs a real model (HETERO_NEEDLE_MODEL) and expects i
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import struct
@@ -155,14 +156,18 @@ def test_heatmap_png_is_valid_and_coloured():
 
 
 def test_cli_prints_the_tables_and_writes_the_heatmap(tmp_path, capsys):
-    png = tmp_path / "needle.png"
+    png, replies = tmp_path / "needle.png", tmp_path / "replies.jsonl"
     code = main(["eval", "needle", str(FIXTURES / "qwen3"), "-l", "300,500", "-d", "0,100", "--compress", "0.5",
-                 "--kv-cache", "f16,q8", "--heatmap", str(png), "-n", "2", "--needles", "2", "--quiet"])
+                 "--kv-cache", "f16,q8", "--heatmap", str(png), "-n", "2", "--needles", "2", "--quiet",
+                 "--replies", str(replies)])
     assert code == 0
     out = capsys.readouterr().out
     labels = ["kv f16, uncompressed", "kv f16, compressed to 0.5", "kv q8, uncompressed", "kv q8, compressed to 0.5"]
     assert all(f"\n{label}\n" in out for label in labels)
     assert out.count("| tokens | 0% | 100% | mean |") == 4 and out.count("\n| 300 | ") == 4
+    rows = [json.loads(line) for line in replies.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 4 * 2 * 2 and {r["setting"] for r in rows} == set(labels)
+    assert all(r["prompt_tokens"] <= r["length"] and 0 <= r["score"] <= 1 and "reply" in r for r in rows)
     width, height, _ = read_png(png.read_bytes())
     assert width == LABEL_W + 2 * CELL_W + 4 and height == 4 * 3 * CELL_H + 3 * (CELL_H // 2) + 4
 

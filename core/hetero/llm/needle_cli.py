@@ -42,8 +42,11 @@ def add_eval_command(subparsers: Any) -> None:
     n.add_argument("--haystack", metavar="FILE",
                    help="a plain-text file (default: the Python language reference's prose, shipped with Python)")
     n.add_argument("--heatmap", metavar="FILE.png", help="write the heat map (one panel per table) to this file")
-    n.add_argument("-n", "--max-new-tokens", type=int, default=32, metavar="N",
-                   help="most tokens of each answer (default 32)")
+    n.add_argument("--replies", metavar="FILE.jsonl",
+                   help="write every prompt's setting, cell, tokens read, score and reply, one JSON object a line")
+    n.add_argument("-n", "--max-new-tokens", type=int, default=None, metavar="N",
+                   help=f"most tokens of each answer (default {ANSWER_TOKENS} per needle: a reply such as 'The "
+                        "secret number of the amber river is 123456.' takes ~16 tokens)")
     n.add_argument("--seed", type=int, default=0, help="seed of the needles (default 0)")
     n.add_argument("-t", "--threads", type=int, default=None, metavar="N", help="threads of the CPU backend")
     n.add_argument("-q", "--quant", default=None, help="quantize float weights at load: q4 / q8")
@@ -51,6 +54,9 @@ def add_eval_command(subparsers: Any) -> None:
                    help="nodes that leave the requested backends (default: silent)")
     add_backend_option(n)
     add_output_options(n)
+
+
+ANSWER_TOKENS = 24  # per needle
 
 
 def _numbers(text: str, flag: str, kind: type) -> list[Any]:
@@ -73,6 +79,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         raise HeteroError(f"eval needle: --depths {args.depths}: each must be within 0..100 (percent)")
     if not 1 <= args.needles <= 20:
         raise HeteroError(f"eval needle: --needles {args.needles}: expected 1..20")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = ANSWER_TOKENS * args.needles
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise HeteroError("eval needle: --repeats and --max-new-tokens must be >= 1")
     kv_types = [k.strip() for k in args.kv_cache.split(",") if k.strip()]
@@ -125,11 +133,26 @@ def _cmd_needle(args: argparse.Namespace) -> int:
           f"haystack: {source}; accuracy in % (rows: prompt tokens, columns: needle depth)")
     for grid in grids:
         print(f"\n{grid.label}\n\n{table(grid)}")
+    if args.replies:
+        _write_replies(args.replies, grids)
     if args.heatmap:
         panels = [Panel([str(n) for n in g.lengths], [f"{d:g}" for d in g.depths], g.rows()) for g in grids]
         path = write_heatmap(args.heatmap, panels)
         print(f"\nheat map: {path} (panels top to bottom in the order of the tables)")
     return 0
+
+
+def _write_replies(path: str, grids: list[Any]) -> None:
+    import json
+
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            for grid in grids:
+                for t in grid.trials:
+                    out.write(json.dumps({"setting": grid.label, "length": t.length, "depth": t.depth,
+                                          "prompt_tokens": t.prompt_tokens, "score": t.score, "reply": t.reply}) + "\n")
+    except OSError as exc:
+        raise HeteroError(f"--replies {path}: cannot write it ({exc.strerror or exc})") from exc
 
 
 __all__ = ["add_eval_command"]
