@@ -152,7 +152,8 @@ def test_a_snapshot_file_restores_and_a_bad_file_is_a_hetero_error(tmp_path):
     computed.forward(prompt)
     assert np.array_equal(fresh.forward([4]), computed.forward([4]))
     raw = path.read_bytes()
-    for bad in (raw[: len(raw) // 2], b"not a zip", raw[:100] + bytes(200) + raw[300:]):
+    damaged = [raw[:at] + b"\xa5" * 64 + raw[at + 64:] for at in range(0, len(raw) - 64, len(raw) // 8)]
+    for bad in (raw[: len(raw) // 2], b"not a zip", *damaged):
         path.write_bytes(bad)
         with pytest.raises(HeteroError, match=r"prefix\.npz"):
             snapshot.restore(fresh, 0, snapshot.load(path), len(prompt))

@@ -12,6 +12,7 @@ type — written to a file by ``save`` (a numpy ``.npz``) and read back by ``loa
 
 from __future__ import annotations
 
+import tokenize
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,9 +109,11 @@ _SEP = "::"  # between a node's name and its array's in a file's entries
 
 def save(snap: Snapshot, path: str | Path) -> None:
     """Write ``snap`` to ``path`` (a numpy ``.npz``: the tokens, the model it fits, each node's arrays)."""
-    arrays = {f"{node}{_SEP}{key}": value for node, state in snap.states.items() for key, value in state.items()}
-    np.savez(path, __tokens__=np.asarray(snap.tokens, dtype=np.int64), __model__=np.array(snap.model),
-             __recurrent__=np.array(snap.recurrent), **arrays)
+    arrays: dict[str, Any] = {f"{node}{_SEP}{key}": value for node, state in snap.states.items()
+                              for key, value in state.items()}
+    arrays.update(__tokens__=np.asarray(snap.tokens, dtype=np.int64), __model__=np.array(snap.model),
+                  __recurrent__=np.array(snap.recurrent))
+    np.savez(path, **arrays)
 
 
 def load(path: str | Path) -> Snapshot:
@@ -134,7 +137,8 @@ def load(path: str | Path) -> Snapshot:
                             bool(data["__recurrent__"]))
     except HeteroError:
         raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, KeyError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile) as exc:
+        # numpy parses an entry's header with tokenize / ast: a damaged one raises those
         raise HeteroError(f"{path}: not a readable snapshot file ({type(exc).__name__}: {exc})") from None
 
 
