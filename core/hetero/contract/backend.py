@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from . import dtypes
+from .decoder import DecoderRequest, LlmDecoder
 from .errors import BackendError
 from .graph import Graph, Node
 from .tensor import Tensor, TensorInfo, static_shape
@@ -200,6 +201,12 @@ class Backend:
         """This backend's program for a segment of nodes it accepted in ``supports``. None (the default): the core's
         program runs the segment node by node through ``kernel()``, with arena planning and replay. Whole-graph
         backends (NPUs) override this and return their own."""
+        return None
+
+    def llm_decoder(self, request: DecoderRequest) -> LlmDecoder | None:
+        """A whole LLM decoder compiled by this backend (``hetero.contract.decoder``), or None (the default): the
+        model then runs as hetero's graph through a session. Raise ``UnsupportedOp`` naming what this backend's
+        decoder does not cover (the model then runs through a session too, with a warning)."""
         return None
 
     # -- memory --------------------------------------------------------------------------------------------------

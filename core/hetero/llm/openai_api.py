@@ -262,14 +262,24 @@ def create_chat_completion(llm: Any, messages: Sequence[Mapping[str, Any]], *, m
                            response_format: Mapping[str, Any] | None = None,
                            tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
                            stream_options: Mapping[str, Any] | None = None,
-                           template_kwargs: Mapping[str, Any] | None = None, **sampling: Any) -> Any:
+                           template_kwargs: Mapping[str, Any] | None = None, compress_to: int | None = None,
+                           **sampling: Any) -> Any:
     """OpenAI's ``/v1/chat/completions``: a ``chat.completion`` dict, or with ``stream=True`` an iterator of
     ``chat.completion.chunk`` dicts. With ``tools``, calls the model writes as ``<tool_call>{"name": ...,
-    "arguments": {...}}</tool_call>`` come back as ``message.tool_calls`` (finish_reason ``tool_calls``)."""
+    "arguments": {...}}</tool_call>`` come back as ``message.tool_calls`` (finish_reason ``tool_calls``).
+    ``compress_to``: fit the prompt into this many tokens by compressing the last user message (its first two
+    and last two sentences kept, and those most relevant to them; ``hetero.llm.compress``; off by default)."""
     _no_unknown(sampling)
     if tool_choice not in (None, "auto", "none"):
         raise HeteroError(f"tool_choice={tool_choice!r}: only 'auto' and 'none' are supported")
     use_tools = bool(tools) and tool_choice != "none"
+    if compress_to is not None:
+        from .compress import compress_messages, token_counter
+
+        count, chars = token_counter(llm)
+        messages = compress_messages(messages, compress_to, lambda m: len(chat_prompt(llm, m, tools if use_tools
+                                                                                     else None, template_kwargs)),
+                                     count, max_unit_chars=compress_to * chars)
     ids = chat_prompt(llm, messages, tools if use_tools else None, template_kwargs)
     limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
     request = _prepare(llm, ids, max_tokens=limit, stop=stop, logit_bias=logit_bias,

@@ -18,8 +18,8 @@ def add_serve_command(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
-                   help="slots: requests answered at once, each with its own copy of the model and KV cache "
-                        "(memory grows with N; default 1)")
+                   help="slots: requests answered at once, each with its own KV cache, their decode steps batched "
+                        "through one copy of the model (default 1)")
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="requests that may wait for a slot; more are answered 429 (default 16)")
     p.add_argument("--prefix-cache", type=int, default=256, metavar="MIB",
@@ -57,7 +57,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise HeteroError(f"-np {args.parallel} / --queue {args.queue}: expected at least one slot and a queue >= 0")
     if args.prefix_cache < 0 or args.resume_window < 0:
         raise HeteroError(f"--prefix-cache {args.prefix_cache} / --resume-window {args.resume_window}: expected >= 0")
-    models = [load_llm(args, model).llm for _ in range(args.parallel)]
+    models = load_llm(args, model, slots=args.parallel).llm.sequences()
     print(f"hetero serve: {models[0].name} on http://{args.host}:{args.port}/v1 ({args.parallel} slot(s), "
           f"context {args.ctx}, queue {args.queue}, prefix cache {args.prefix_cache} MiB, resume window "
           f"{args.resume_window:g} s)", file=sys.stderr, flush=True)
