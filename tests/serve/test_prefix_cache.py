@@ -160,3 +160,19 @@ def test_a_snapshot_file_restores_and_a_bad_file_is_a_hetero_error(tmp_path):
     np.savez(path, x=np.zeros(3))
     with pytest.raises(HeteroError, match="not a hetero snapshot"):
         snapshot.load(path)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_a_prefix_moves_between_the_slots_of_one_model(family):
+    batched, alone = _load(family, slots=2), _load(family)
+    cache = PrefixCache(64 << 20, min_tokens=4)
+    first, second = batched.sequence(0), batched.sequence(1)
+    first.prefix_cache = second.prefix_cache = cache
+    prompt = _ids(40, 9)
+    first.prefill(prompt)
+    logits = second.prefill([*prompt, 17])  # slot 1 restores slot 0's prompt, computes one token
+    assert cache.stats.hits == 1 and cache.stats.tokens_saved == len(prompt)
+    alone.prefill(prompt)  # the same split (a recurrent prompt of 40 then 1 is not bitwise one of 41)
+    assert np.array_equal(logits[-1:], alone.prefill([*prompt, 17])[-1:])
+    with pytest.raises(HeteroError, match="slot 2 does not exist"):
+        snapshot.export(batched, 2, 10)

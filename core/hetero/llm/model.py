@@ -427,9 +427,8 @@ class Llm:
         if len(ids) > self.context:
             raise HeteroError(f"the prompt has {len(ids)} tokens; the context holds {self.context}",
                               hint="load the model with a larger context=...")
-        slot = getattr(self, "_slot", 0)  # the sequence's state in the kernels (hetero.llm.batch; else 0)
         if self.prefix_cache is not None:
-            self.prefix_cache.restore(self, slot, ids)
+            self.prefix_cache.restore(self, self._slot, ids)
         common = common_prefix(self.tokens, ids)
         common = min(common, len(ids) - 1)  # the last token is always run: its logits are the prediction
         self._rollback(common)
@@ -443,7 +442,7 @@ class Llm:
         for start in range(0, len(rest), step):
             logits = self.forward(rest[start:start + step])  # the one step every path takes
         if self.prefix_cache is not None:
-            self.prefix_cache.store(self, slot, ids)
+            self.prefix_cache.store(self, self._slot, ids)
         stats.prefill_seconds = time.perf_counter() - started
         return logits
 

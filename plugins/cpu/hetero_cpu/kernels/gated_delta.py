@@ -21,7 +21,7 @@ from hetero.contract import SUPPORTED, Backend, HeteroError, NodeInfo, Support, 
 from hetero.contract.opforms import GATED_DELTA_MODES, slot_runs
 
 from .. import _native
-from .common import CpuKernel, one_slot
+from .common import CpuKernel, check_slot
 
 # Below this many new tokens the recurrence runs, not the chunked form. The chunked form is 1.1-1.2x faster from 4
 # tokens (benchmarks/gated_delta.py --tokens N at Qwen3.5's head size, AVX-512 and AVX2), but blocks of up to 16
@@ -145,7 +145,8 @@ class CpuGatedDeltaRule(CpuKernel):
     def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
         """The recurrent state after positions [0, length) and their input history (copies). The state exists
         only where it stands now or at a kept snapshot: other lengths are refused."""
-        one_slot(self.node.label(), slot)
+        if slot:
+            return self._slot_kernel(slot).export_state(0, length)
         if length == self.pos:
             state = self.state
         elif length in self.snaps:
@@ -160,7 +161,9 @@ class CpuGatedDeltaRule(CpuKernel):
     def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
         """Stand at position ``length`` with an ``export_state`` of exactly that length (a recurrent state cannot
         be cut shorter)."""
-        one_slot(self.node.label(), slot)
+        if slot:
+            self._slot_kernel(slot).import_state(0, length, state)
+            return
         k = self.kernel - 1
         shapes = {"state": self.state.shape, "hist_x": (length + k, self.channels), "hist_a": (length, self.hv),
                   "hist_b": (length, self.hv)}
@@ -178,6 +181,13 @@ class CpuGatedDeltaRule(CpuKernel):
         self.block_pos = -1
         self._snapshot()  # a later rollback to this position needs no replay
 
+    def _slot_kernel(self, slot: int) -> CpuGatedDeltaRule:
+        """The kernel object holding sequence ``slot``'s state."""
+        check_slot(self.node.label(), slot, self.slots)
+        while len(self.per_slot) <= slot:
+            self.per_slot.append(CpuGatedDeltaRule(self.info, self.backend))
+        return self.per_slot[slot]
+
     # -- run ------------------------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, a, b, out = inputs[0].buffer, inputs[2].buffer, inputs[3].buffer, outputs[0].buffer
@@ -186,10 +196,8 @@ class CpuGatedDeltaRule(CpuKernel):
             self._step(x, a, b, int(inputs[4].buffer.reshape(-1)[0]), z, out)
             return
         for run in slot_runs(self.node.label(), inputs[4].buffer, inputs[10].buffer, self.slots):
-            while len(self.per_slot) <= run.slot:
-                self.per_slot.append(CpuGatedDeltaRule(self.info, self.backend))
             i, j = run.start, run.end
-            self.per_slot[run.slot]._step(x[i:j], a[i:j], b[i:j], run.position, None if z is None else z[i:j],
+            self._slot_kernel(run.slot)._step(x[i:j], a[i:j], b[i:j], run.position, None if z is None else z[i:j],
                                           out[i:j])
 
     def _step(self, x: np.ndarray, a: np.ndarray, b: np.ndarray, past: int, z: np.ndarray | None,

@@ -40,7 +40,7 @@ from hetero.contract import (
 from hetero.contract.opforms import cache_range_error, rope_inv_freq, slot_runs
 
 from .. import _native
-from .common import CpuKernel, bindable, noop, one_slot
+from .common import CpuKernel, bindable, check_slot, noop
 
 Bound = Callable[[], None] | None  # what bind() returns
 _FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
@@ -391,19 +391,19 @@ class CpuAttention(CpuKernel):
     # -- the cache as arrays (a prefix cache: hetero.llm.snapshot) --------------------------------------------------
     def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
         """Positions [0, length) of the cache, in its native layout (uint8 rows, one per kv head)."""
-        one_slot(self.node.label(), slot)
-        k, v, scales = self.cache.export(length)
+        check_slot(self.node.label(), slot, self.slots)
+        k, v, scales = self._slot_cache(slot).export(length)
         return {"k": k, "v": v, "v_scales": scales, "kv_dtype": np.array(_kv_dtype(self.info))}
 
     def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
         """Make the cache hold the first ``length`` positions of an ``export_state`` (of at least that many)."""
-        one_slot(self.node.label(), slot)
+        check_slot(self.node.label(), slot, self.slots)
         kind = str(state.get("kv_dtype"))
         if kind != _kv_dtype(self.info):
             raise HeteroError(f"{self.node.label()}: a {kind} KV cache snapshot does not fit this "
                               f"{_kv_dtype(self.info)} cache")
         try:
-            self.cache.load(length, state["k"], state["v"], state["v_scales"])
+            self._slot_cache(slot).load(length, state["k"], state["v"], state["v_scales"])
         except (ValueError, TypeError, KeyError) as exc:  # not an export of such a cache
             raise HeteroError(f"{self.node.label()}: the snapshot does not fit its KV cache: {exc}") from None
 
