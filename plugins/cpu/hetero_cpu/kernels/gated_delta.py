@@ -11,6 +11,7 @@ the history grows (doubling). A node serving several sequences (a ``slots`` inpu
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Sequence
@@ -73,6 +74,20 @@ class CpuGatedDeltaRule(CpuKernel):
         self.kernel = self.conv_w.shape[1]
         opt = (lambda i: None if i not in const else _c32(np.asarray(const[i]).reshape(-1)))  # noqa: E731
         self.conv_b, self.a_log, self.dt_bias, self.norm_w = opt(5), opt(6), opt(7), opt(9)
+        self._fresh_state()
+        self.slotted = len(node.inputs) > 10 and node.inputs[10] is not None
+        self.slots = max(int(a.get("slots", 1)), 1)
+        # slot -> the kernel object holding its state, all made now (a slot's prefill may export or import its
+        # state while a batched step of the others runs)
+        self.per_slot: list[CpuGatedDeltaRule] = [self]
+        for _ in range(1, self.slots if self.slotted else 1):
+            other = copy.copy(self)
+            other._fresh_state()
+            other.slotted, other.per_slot = False, [other]  # one sequence's state
+            self.per_slot.append(other)
+
+    def _fresh_state(self) -> None:
+        """The state of a sequence at position 0."""
         self.state = np.zeros((self.hv, self.dk, self.dv), dtype=np.float32)
         self.pos = 0
         self.hist_x = np.zeros((self.kernel - 1 + 64, self.channels), dtype=np.float32)
@@ -81,9 +96,12 @@ class CpuGatedDeltaRule(CpuKernel):
         self.snaps: dict[int, np.ndarray] = {}
         self.block_pos = -1  # the block-start checkpoint: position (-1: none) and state
         self.block_state = np.zeros_like(self.state)
-        self.slotted = len(node.inputs) > 10 and node.inputs[10] is not None
-        self.slots = int(a.get("slots", 1))
-        self.per_slot: list[CpuGatedDeltaRule] = [self]  # slot -> the kernel object holding its state
+
+    def _of_slot(self, slot: int) -> CpuGatedDeltaRule:
+        if self.slotted and 0 <= slot < self.slots:
+            return self.per_slot[slot]
+        one_slot(self.node.label(), slot)
+        return self
 
     # -- state ----------------------------------------------------------------------------------------------------
     def _grow(self, end: int) -> None:
@@ -145,7 +163,8 @@ class CpuGatedDeltaRule(CpuKernel):
     def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
         """The recurrent state after positions [0, length) and their input history (copies). The state exists
         only where it stands now or at a kept snapshot: other lengths are refused."""
-        one_slot(self.node.label(), slot)
+        if self._of_slot(slot) is not self:
+            return self._of_slot(slot).export_state(0, length)
         if length == self.pos:
             state = self.state
         elif length in self.snaps:
@@ -160,7 +179,9 @@ class CpuGatedDeltaRule(CpuKernel):
     def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
         """Stand at position ``length`` with an ``export_state`` of exactly that length (a recurrent state cannot
         be cut shorter)."""
-        one_slot(self.node.label(), slot)
+        if self._of_slot(slot) is not self:
+            self._of_slot(slot).import_state(0, length, state)
+            return
         k = self.kernel - 1
         shapes = {"state": self.state.shape, "hist_x": (length + k, self.channels), "hist_a": (length, self.hv),
                   "hist_b": (length, self.hv)}
@@ -186,8 +207,6 @@ class CpuGatedDeltaRule(CpuKernel):
             self._step(x, a, b, int(inputs[4].buffer.reshape(-1)[0]), z, out)
             return
         for run in slot_runs(self.node.label(), inputs[4].buffer, inputs[10].buffer, self.slots):
-            while len(self.per_slot) <= run.slot:
-                self.per_slot.append(CpuGatedDeltaRule(self.info, self.backend))
             i, j = run.start, run.end
             self.per_slot[run.slot]._step(x[i:j], a[i:j], b[i:j], run.position, None if z is None else z[i:j],
                                           out[i:j])
