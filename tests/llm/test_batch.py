@@ -93,6 +93,7 @@ def test_a_freed_slot_is_reused_and_a_slot_joins_mid_run():
 def test_threads_generating_on_the_sequences_are_batched_and_get_their_own_text():
     alone = load(FIXTURES / "qwen3", backends=["cpu"])
     multi = load(FIXTURES / "qwen3", backends=["cpu"], slots=4)
+    multi._batch.window = 2.0  # a loaded machine may delay a thread past the 50 ms default: wait for it here
     prompts = ["hello there", "the cat sat on the mat", "one two three", "x"]
     want = [alone.generate(p, max_new_tokens=16, temperature=0.8, seed=3) for p in prompts]
     got: list = [None] * len(prompts)
@@ -114,7 +115,7 @@ def test_threads_generating_on_the_sequences_are_batched_and_get_their_own_text(
         t.join(timeout=120)
     assert not errors and got == want
     batcher = multi._batch
-    assert batcher.rows > 1.5 * batcher.steps  # the one-token steps did go together (4 sequences: ~4 a step)
+    assert batcher.rows > 2 * batcher.steps, (batcher.rows, batcher.steps)  # the one-token steps went together
     for i, seq in enumerate(multi.sequences()):
         assert seq.last.text == want[i] and seq.stats.generated_tokens == 16
 
@@ -174,3 +175,25 @@ def test_backends_without_the_batched_form_fall_back_to_cpu():
             g.append(t)
         rows = list(decode_step(seqs, tokens))
     assert got == want
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_a_slots_state_exports_and_imports_into_another_slot(family):
+    """hetero.llm.snapshot (the server's prefix cache) on a model of several sequences: each slot's own state."""
+    from hetero.llm import snapshot
+
+    alone = load(FIXTURES / family, backends=["cpu"])
+    want = _alone(alone, PROMPTS[2], 3)[0]
+    multi = load(FIXTURES / family, backends=["cpu"], slots=3)
+    a, b, c = multi.sequences()
+    b.prefill(PROMPTS[0])  # another sequence's state, which the export must not take
+    a.prefill(PROMPTS[1])
+    c.prefill(PROMPTS[2])
+    snap = snapshot.export(c, 2, len(PROMPTS[2]))
+    c.prefill(PROMPTS[3])  # slot 2 moves on to another sequence
+    snapshot.restore(b, 1, snap, len(PROMPTS[2]))
+    b.tokens = list(PROMPTS[2])
+    row = b.forward([want[0]])[-1]
+    assert int(np.argmax(row)) == want[1]
+    with pytest.raises(HeteroError, match="slot 3"):
+        snapshot.export(c, 3, 1)

@@ -39,13 +39,14 @@ def _ask_all(server, prompts: list[str], max_tokens: int) -> list[str]:
 def test_concurrent_requests_on_batched_slots_get_what_each_gets_alone(llm):
     want = [llm.create_completion(p, max_tokens=12, temperature=0.7, seed=9)["choices"][0]["text"] for p in PROMPTS]
     model = load_model(slots=4)
+    model._batch.window = 2.0  # a loaded machine may delay a slot's thread past the 50 ms default: wait for it
     with running(model.sequences(), name="tiny", max_queue=8) as server:
         assert _ask_all(server, PROMPTS, 12) == want
         assert _ask_all(server, PROMPTS[::-1], 12) == want[::-1]  # slots reused, with other caches
         status, _, raw = server.request("GET", "/health")
         assert status == 200 and json.loads(raw)["slots"] == 4
     batcher = model._batch
-    assert batcher.rows > 1.5 * batcher.steps  # 4 clients: the decode steps carried several rows
+    assert batcher.rows > 1.5 * batcher.steps, (batcher.rows, batcher.steps)  # steps carried several rows
 
 
 def test_a_disconnect_frees_its_slot_at_once_while_the_others_decode():

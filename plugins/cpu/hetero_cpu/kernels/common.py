@@ -31,10 +31,10 @@ Call = Callable[[], None]
 Calls = Call | list[Call]  # one native call, or several (a Concat's copy per input)
 
 
-def check_slot(label: str, slot: int, slots: int) -> None:
-    """``export_state`` / ``import_state``: ``slot`` is one of the node's ``slots`` sequences."""
-    if not 0 <= slot < slots:
-        raise HeteroError(f"{label}: holds the state of {slots} sequence(s); slot {slot} does not exist")
+def one_slot(label: str, slot: int) -> None:
+    """``export_state`` / ``import_state`` of a kernel holding one sequence's state: slot 0 only."""
+    if slot != 0:
+        raise HeteroError(f"{label}: holds one sequence's state; slot {slot} does not exist")
 
 
 def noop() -> None:

@@ -11,6 +11,7 @@ the history grows (doubling). A node serving several sequences (a ``slots`` inpu
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from hetero.contract import SUPPORTED, Backend, HeteroError, NodeInfo, Support, 
 from hetero.contract.opforms import GATED_DELTA_MODES, slot_runs
 
 from .. import _native
-from .common import CpuKernel, check_slot
+from .common import CpuKernel, one_slot
 
 # Below this many new tokens the recurrence runs, not the chunked form. The chunked form is 1.1-1.2x faster from 4
 # tokens (benchmarks/gated_delta.py --tokens N at Qwen3.5's head size, AVX-512 and AVX2), but blocks of up to 16
@@ -73,6 +74,20 @@ class CpuGatedDeltaRule(CpuKernel):
         self.kernel = self.conv_w.shape[1]
         opt = (lambda i: None if i not in const else _c32(np.asarray(const[i]).reshape(-1)))  # noqa: E731
         self.conv_b, self.a_log, self.dt_bias, self.norm_w = opt(5), opt(6), opt(7), opt(9)
+        self._fresh_state()
+        self.slotted = len(node.inputs) > 10 and node.inputs[10] is not None
+        self.slots = max(int(a.get("slots", 1)), 1)
+        # slot -> the kernel object holding its state, all made now (a slot's prefill may export or import its
+        # state while a batched step of the others runs)
+        self.per_slot: list[CpuGatedDeltaRule] = [self]
+        for _ in range(1, self.slots if self.slotted else 1):
+            other = copy.copy(self)
+            other._fresh_state()
+            other.slotted, other.per_slot = False, [other]  # one sequence's state
+            self.per_slot.append(other)
+
+    def _fresh_state(self) -> None:
+        """The state of a sequence at position 0."""
         self.state = np.zeros((self.hv, self.dk, self.dv), dtype=np.float32)
         self.pos = 0
         self.hist_x = np.zeros((self.kernel - 1 + 64, self.channels), dtype=np.float32)
@@ -81,9 +96,12 @@ class CpuGatedDeltaRule(CpuKernel):
         self.snaps: dict[int, np.ndarray] = {}
         self.block_pos = -1  # the block-start checkpoint: position (-1: none) and state
         self.block_state = np.zeros_like(self.state)
-        self.slotted = len(node.inputs) > 10 and node.inputs[10] is not None
-        self.slots = int(a.get("slots", 1))
-        self.per_slot: list[CpuGatedDeltaRule] = [self]  # slot -> the kernel object holding its state
+
+    def _of_slot(self, slot: int) -> CpuGatedDeltaRule:
+        if self.slotted and 0 <= slot < self.slots:
+            return self.per_slot[slot]
+        one_slot(self.node.label(), slot)
+        return self
 
     # -- state ----------------------------------------------------------------------------------------------------
     def _grow(self, end: int) -> None:
@@ -145,8 +163,8 @@ class CpuGatedDeltaRule(CpuKernel):
     def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
         """The recurrent state after positions [0, length) and their input history (copies). The state exists
         only where it stands now or at a kept snapshot: other lengths are refused."""
-        if slot:
-            return self._slot_kernel(slot).export_state(0, length)
+        if self._of_slot(slot) is not self:
+            return self._of_slot(slot).export_state(0, length)
         if length == self.pos:
             state = self.state
         elif length in self.snaps:
@@ -161,8 +179,8 @@ class CpuGatedDeltaRule(CpuKernel):
     def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
         """Stand at position ``length`` with an ``export_state`` of exactly that length (a recurrent state cannot
         be cut shorter)."""
-        if slot:
-            self._slot_kernel(slot).import_state(0, length, state)
+        if self._of_slot(slot) is not self:
+            self._of_slot(slot).import_state(0, length, state)
             return
         k = self.kernel - 1
         shapes = {"state": self.state.shape, "hist_x": (length + k, self.channels), "hist_a": (length, self.hv),
@@ -181,13 +199,6 @@ class CpuGatedDeltaRule(CpuKernel):
         self.block_pos = -1
         self._snapshot()  # a later rollback to this position needs no replay
 
-    def _slot_kernel(self, slot: int) -> CpuGatedDeltaRule:
-        """The kernel object holding sequence ``slot``'s state."""
-        check_slot(self.node.label(), slot, self.slots)
-        while len(self.per_slot) <= slot:
-            self.per_slot.append(CpuGatedDeltaRule(self.info, self.backend))
-        return self.per_slot[slot]
-
     # -- run ------------------------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, a, b, out = inputs[0].buffer, inputs[2].buffer, inputs[3].buffer, outputs[0].buffer
@@ -197,7 +208,7 @@ class CpuGatedDeltaRule(CpuKernel):
             return
         for run in slot_runs(self.node.label(), inputs[4].buffer, inputs[10].buffer, self.slots):
             i, j = run.start, run.end
-            self._slot_kernel(run.slot)._step(x[i:j], a[i:j], b[i:j], run.position, None if z is None else z[i:j],
+            self.per_slot[run.slot]._step(x[i:j], a[i:j], b[i:j], run.position, None if z is None else z[i:j],
                                           out[i:j])
 
     def _step(self, x: np.ndarray, a: np.ndarray, b: np.ndarray, past: int, z: np.ndarray | None,

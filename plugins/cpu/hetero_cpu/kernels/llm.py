@@ -40,7 +40,7 @@ from hetero.contract import (
 from hetero.contract.opforms import cache_range_error, rope_inv_freq, slot_runs
 
 from .. import _native
-from .common import CpuKernel, bindable, check_slot, noop
+from .common import CpuKernel, bindable, noop, one_slot
 
 Bound = Callable[[], None] | None  # what bind() returns
 _FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
@@ -337,13 +337,16 @@ class CpuAttention(CpuKernel):
         self.cache = _native.LlmAttention(self.hkv, self.d, self.max_context, self.kv_dtype)
         self.slotted = len(node.inputs) > 4 and node.inputs[4] is not None
         self.slots = int(node.attr("slots", 1))
-        # slot -> its cache (native memory is mapped as positions fill: an unused slot costs nothing)
-        self.caches = [self.cache]
+        # slot -> its cache, all made now (a slot's prefill may export or import its cache while a batched step of
+        # the others runs; native memory is mapped as positions fill: an unused slot costs nothing)
+        self.caches = [self.cache, *(_native.LlmAttention(self.hkv, self.d, self.max_context, self.kv_dtype)
+                                     for _ in range(1, self.slots if self.slotted else 1))]
 
     def _slot_cache(self, slot: int) -> Any:
-        while len(self.caches) <= slot:
-            self.caches.append(_native.LlmAttention(self.hkv, self.d, self.max_context, self.kv_dtype))
-        return self.caches[slot]
+        if self.slotted and 0 <= slot < self.slots:
+            return self.caches[slot]
+        one_slot(self.node.label(), slot)
+        return self.cache
 
     def _run_slots(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                    out: np.ndarray) -> None:
@@ -391,19 +394,18 @@ class CpuAttention(CpuKernel):
     # -- the cache as arrays (a prefix cache: hetero.llm.snapshot) --------------------------------------------------
     def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
         """Positions [0, length) of the cache, in its native layout (uint8 rows, one per kv head)."""
-        check_slot(self.node.label(), slot, self.slots)
         k, v, scales = self._slot_cache(slot).export(length)
         return {"k": k, "v": v, "v_scales": scales, "kv_dtype": np.array(_kv_dtype(self.info))}
 
     def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
         """Make the cache hold the first ``length`` positions of an ``export_state`` (of at least that many)."""
-        check_slot(self.node.label(), slot, self.slots)
+        cache = self._slot_cache(slot)
         kind = str(state.get("kv_dtype"))
         if kind != _kv_dtype(self.info):
             raise HeteroError(f"{self.node.label()}: a {kind} KV cache snapshot does not fit this "
                               f"{_kv_dtype(self.info)} cache")
         try:
-            self._slot_cache(slot).load(length, state["k"], state["v"], state["v_scales"])
+            cache.load(length, state["k"], state["v"], state["v_scales"])
         except (ValueError, TypeError, KeyError) as exc:  # not an export of such a cache
             raise HeteroError(f"{self.node.label()}: the snapshot does not fit its KV cache: {exc}") from None
 
