@@ -134,7 +134,8 @@ class Kernel(Protocol):
       (``hetero.runtime.replay``) asks for it once per recorded step: a zero-argument callable doing what
       ``run(inputs, outputs)`` does on these exact tensors, whose buffers stay while their contents change (read
       values such as ``past_len`` at call time), or a list of such callables called in order (one per device
-      launch). None, or no ``bind``: the replay calls ``run``.
+      launch). None, or no ``bind``: the replay calls ``run``. A program keeps replays of several input
+      signatures, so the call must stay valid after the kernel is prepared (and bound) for other shapes.
     * ``implementation: str`` — what the kernel is when it is not the backend's own (``"numpy"`` for the
       reference run inside a backend); shown by ``Session.explain()`` and ``hetero ops``.
     """
