@@ -185,24 +185,29 @@ def _mnn_module(MNN, mnn_path: Path, onnx_path: Path, feeds: Feeds, threads: int
 
 
 # -- timing --------------------------------------------------------------------------------------------------------
-def time_interleaved(runners: dict[str, Runner], repeat: int, warmup: int, min_sample_s: float = 0.005
-                     ) -> dict[str, float]:
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def time_interleaved(runners: dict[str, Runner], repeat: int, warmup: int, min_sample_s: float = 0.005,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median ms per call of each runner, alternating between runners every sample; a sample loops fast runners until
-    it lasts ``min_sample_s`` so that timer resolution does not matter."""
+    it lasts ``min_sample_s`` so that timer resolution does not matter. ``clock=time.thread_time`` counts the calling
+    thread's CPU time only: at 1 thread (both runtimes compute on the caller's thread) it leaves out the time other
+    processes held the core, which wall time on a shared machine does not."""
     loops = {}
     for name, fn in runners.items():
         for _ in range(warmup):
             fn()
-        start = time.perf_counter()
+        start = clock()
         fn()
-        loops[name] = max(1, int(min_sample_s / max(time.perf_counter() - start, 1e-7)))
+        loops[name] = max(1, int(min_sample_s / max(clock() - start, 1e-7)))
     samples: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeat):
         for name, fn in runners.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(loops[name]):
                 fn()
-            samples[name].append((time.perf_counter() - start) / loops[name] * 1e3)
+            samples[name].append((clock() - start) / loops[name] * 1e3)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -217,7 +222,8 @@ def _worst(outs: dict, reference: dict) -> float:
     return worst
 
 
-def bench_model(model: RealModel, threads: int, repeat: int, warmup: int, mnn_dir: Path | None) -> Row:
+def bench_model(model: RealModel, threads: int, repeat: int, warmup: int, mnn_dir: Path | None,
+                clock: str = "wall") -> Row:
     row = Row(model.name, threads)
     path = model.file()
     assert path is not None
@@ -237,7 +243,7 @@ def bench_model(model: RealModel, threads: int, repeat: int, warmup: int, mnn_di
                 runners[name] = runner
             except Exception as exc:
                 row.notes.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    medians = time_interleaved(runners, repeat, warmup)
+    medians = time_interleaved(runners, repeat, warmup, clock=CLOCKS[clock])
     row.ms = {name: medians.get(name) for name in ("hetero", "onnxruntime", "mnn")}
     return row
 
@@ -250,8 +256,9 @@ def _mnn_or_none(model: RealModel, path: Path, feeds: Feeds, threads: int, row: 
     return mnn_runner(mnn_path, path, feeds, threads, row)
 
 
-def worker(threads: int, names: list[str], repeat: int, warmup: int, mnn_dir: str) -> None:
-    rows = [bench_model(MODELS[name], threads, repeat, warmup, Path(mnn_dir) if mnn_dir else None) for name in names]
+def worker(threads: int, names: list[str], repeat: int, warmup: int, mnn_dir: str, clock: str) -> None:
+    rows = [bench_model(MODELS[name], threads, repeat, warmup, Path(mnn_dir) if mnn_dir else None, clock)
+            for name in names]
     print(json.dumps([asdict(r) for r in rows]))
 
 
@@ -261,7 +268,8 @@ def run_worker(threads: int, names: list[str], args: argparse.Namespace, mnn_dir
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HETERO_NUM_THREADS"):
         env[var] = str(threads)
     cmd = [sys.executable, __file__, "--worker", str(threads), "--models", ",".join(names),
-           "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--mnn-dir", str(mnn_dir)]
+           "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--mnn-dir", str(mnn_dir),
+           "--clock", args.clock]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"worker for {threads} thread(s) failed:\n{done.stderr[-4000:]}")
@@ -274,6 +282,10 @@ def _fmt(ms: float | None) -> str:
 
 def _ratio(a: float | None, b: float | None) -> str:
     return "—" if a is None or b is None else f"{a / b:.2f}"
+
+
+def _load(avg: tuple[float, float, float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in avg)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -305,6 +317,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per runtime first")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names from: " + ", ".join(MODELS))
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or the calling thread's CPU time (meaningful at 1 thread on a busy machine)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--mnn-dir", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -313,17 +327,20 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
     if args.worker is not None:
-        worker(args.worker, names, args.repeat, args.warmup, args.mnn_dir)
+        worker(args.worker, names, args.repeat, args.warmup, args.mnn_dir, args.clock)
         return
     present = [n for n in names if MODELS[n].file() is not None]
     for n in sorted(set(names) - set(present)):
         print(f"skipped {MODELS[n].install_hint}", file=sys.stderr)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="hetero-mnn-") as tmp:
         for n in present:  # convert once, in this process, for every thread count
             mnn_convert(MODELS[n].file(), Path(tmp))  # type: ignore[arg-type]  # present: file() is a Path
         counts = [int(x) for x in args.threads.split(",")]
         rows = [row for t in counts for row in run_worker(t, present, args, Path(tmp))]
     rows.sort(key=lambda r: (present.index(r["model"]), r["threads"]))
+    print(f"clock: {args.clock}; load average (1, 5, 15 min) before: {_load(load_before)}, "
+          f"after: {_load(os.getloadavg())}\n")
     print_table(rows)
     print_notes(sorted(rows, key=lambda r: (present.index(r["model"]), r["threads"])))
 

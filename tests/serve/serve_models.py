@@ -11,8 +11,8 @@ import hetero.llm
 MODEL = Path(__file__).resolve().parents[1] / "fixtures" / "llm" / "qwen3"
 
 
-def load_model(context: int = 256, embeddings: bool = False) -> hetero.llm.Llm:
+def load_model(context: int = 256, embeddings: bool = False, slots: int = 1) -> hetero.llm.Llm:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return hetero.llm.load(MODEL, backends=["cpu"], context=context, on_fallback="silent",
-                               embeddings=embeddings)
+                               embeddings=embeddings, slots=slots)

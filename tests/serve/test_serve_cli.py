@@ -36,7 +36,8 @@ def test_hetero_serve_answers_and_stops_on_ctrl_c():
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "hetero", "serve", str(MODEL), "--port", str(port), "-c", "128",
-                             "-t", "1", "--alias", "tiny", "--log-level", "warning"],
+                             "-t", "1", "--alias", "tiny", "--log-level", "warning", "--prefix-cache", "16",
+                             "--resume-window", "5"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -55,11 +56,14 @@ def test_hetero_serve_answers_and_stops_on_ctrl_c():
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as response:
             assert json.loads(response.read())["usage"]["completion_tokens"] == 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            assert b"hetero_prefix_cache_bytes " in response.read()
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert f"on http://127.0.0.1:{port}/v1 (1 slot(s), context 128" in err
+    assert "prefix cache 16 MiB, resume window 5 s" in err
     assert "Traceback" not in err
 
 

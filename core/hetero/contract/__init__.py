@@ -6,6 +6,8 @@ the source), so a plugin that imports only this package depends on what ``API_VE
 * ``backend`` — ``Factory``, ``Device``, ``Backend``, ``KernelTableBackend``, ``HostMemory``, ``NodeInfo``,
   ``Support``, the ``Kernel`` protocol (every method the runtime may call) and, for whole-graph backends, the
   ``Segment`` a backend compiles and the ``Program`` it returns;
+* ``decoder`` — for backends that run an LLM decoder whole (NPUs): the ``DecoderRequest`` ``Backend.llm_decoder``
+  gets and the ``LlmDecoder`` it returns;
 * ``hookspecs`` — the hooks a plugin implements (``hookimpl``);
 * ``tensor``, ``dtypes``, ``graph`` — the values, element types and graph IR a backend receives;
 * ``registry`` — the op schemas (``OpSchema``: shape inference and numpy reference); ``reference`` — that numpy
@@ -37,6 +39,7 @@ from .backend import (
     dtype_check,
     unsupported,
 )
+from .decoder import DecoderRequest, LlmDecoder
 from .errors import (
     BackendError,
     BackendUnavailable,
@@ -58,6 +61,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "DecoderRequest",
     "Device",
     "Factory",
     "FallbackError",
@@ -68,6 +72,7 @@ __all__ = [
     "Kernel",
     "KernelFactory",
     "KernelTableBackend",
+    "LlmDecoder",
     "ModelFormatError",
     "NodeInfo",
     "PluginError",

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from . import dtypes
+from .decoder import DecoderRequest, LlmDecoder
 from .errors import BackendError
 from .graph import Graph, Node
 from .tensor import Tensor, TensorInfo, static_shape
@@ -136,6 +137,10 @@ class Kernel(Protocol):
       values such as ``past_len`` at call time), or a list of such callables called in order (one per device
       launch). None, or no ``bind``: the replay calls ``run``. A program keeps replays of several input
       signatures, so the call must stay valid after the kernel is prepared (and bound) for other shapes.
+    * ``export_state(slot, length) -> dict[str, np.ndarray]`` / ``import_state(slot, length, state)`` — a stateful
+      kernel's (Attention's KV cache, GatedDeltaRule's recurrent state) state after the first ``length`` positions
+      of sequence ``slot`` as arrays, and back into a kernel of the same node (of this or another session of the
+      same model): what ``hetero.llm.snapshot`` (the prefix cache) copies. Without them a model has no snapshots.
     * ``implementation: str`` — what the kernel is when it is not the backend's own (``"numpy"`` for the
       reference run inside a backend); shown by ``Session.explain()`` and ``hetero ops``.
     """
@@ -197,6 +202,12 @@ class Backend:
         """This backend's program for a segment of nodes it accepted in ``supports``. None (the default): the core's
         program runs the segment node by node through ``kernel()``, with arena planning and replay. Whole-graph
         backends (NPUs) override this and return their own."""
+        return None
+
+    def llm_decoder(self, request: DecoderRequest) -> LlmDecoder | None:
+        """A whole LLM decoder compiled by this backend (``hetero.contract.decoder``), or None (the default): the
+        model then runs as hetero's graph through a session. Raise ``UnsupportedOp`` naming what this backend's
+        decoder does not cover (the model then runs through a session too, with a warning)."""
         return None
 
     # -- memory --------------------------------------------------------------------------------------------------

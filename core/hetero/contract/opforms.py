@@ -5,12 +5,18 @@
   ops whose kernel op names it implements.
 * the activation a fused Conv / MatMul node carries (``activation_params``);
 * the rotary embedding's frequencies and scale (``rope_inv_freq``);
-* the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``).
+* the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``) and its attributes with their defaults
+  (``GatedDeltaAttrs``);
+* the dims a ``Shape`` node returns (``shape_range``);
+* a step of several sequences: per-row positions and slots, cut into one-sequence runs (``slot_runs``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -121,6 +127,64 @@ def rope_inv_freq(rotary_dim: int, attrs: dict) -> tuple[np.ndarray, float]:
 GATED_DELTA_MODES = ("auto", "chunked", "recurrent")
 
 
+@dataclass(frozen=True)
+class GatedDeltaAttrs:
+    """A GatedDeltaRule node's attributes, defaults filled in (hetero.ops.gated_delta documents them)."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    scale: float  # 0 in the node: 1 / sqrt(k_dim)
+    qk_l2norm: bool
+    l2norm_eps: float
+    norm_eps: float
+    silu: bool  # conv_activation
+    chunk_size: int
+    snapshot_interval: int
+    max_snapshots: int  # at least 1
+    max_context: int  # 0: unbounded
+
+    @property
+    def channels(self) -> int:
+        """The packed qkv width: q | k | v."""
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    @staticmethod
+    def of(attrs: dict[str, Any]) -> GatedDeltaAttrs:
+        dk = int(attrs["k_dim"])
+        return GatedDeltaAttrs(
+            int(attrs["k_heads"]), int(attrs["v_heads"]), dk, int(attrs["v_dim"]),
+            float(attrs.get("scale", 0.0)) or 1.0 / math.sqrt(dk), bool(int(attrs.get("qk_l2norm", 1))),
+            float(attrs.get("l2norm_eps", 1e-6)), float(attrs.get("norm_eps", 1e-6)),
+            str(attrs.get("conv_activation", "silu")) == "silu", int(attrs.get("chunk_size", 64)),
+            int(attrs.get("snapshot_interval", 256)), max(int(attrs.get("max_snapshots", 8)), 1),
+            int(attrs.get("max_context", 0)))
+
+
+def gated_delta_refusal(node_attrs: dict[str, Any], conv_weight_rank: int | None) -> str | None:
+    """Why a GatedDeltaRule node is outside what the op defines for kernels (its mode, the conv weight's rank), or
+    None."""
+    if str(node_attrs.get("mode", "auto")) not in GATED_DELTA_MODES:
+        return f"GatedDeltaRule mode {node_attrs.get('mode')!r}"
+    if conv_weight_rank not in (None, 2, 3):
+        return "GatedDeltaRule conv_weight must be [C, K] or [C, 1, K]"
+    return None
+
+
+def gated_delta_restore_point(snapshots: dict[int, Any], block_pos: int, target: int) -> tuple[int, int]:
+    """Rolling a GatedDeltaRule node back to position ``target`` (hetero.ops.gated_delta's policy): drops the
+    snapshots after it from ``snapshots`` (in place) and returns (the block-start checkpoint's position, -1 once it
+    is after ``target``; the position to restore from: a snapshot's, else the checkpoint's when it is newer, else 0
+    for the zero state). The kernel then recomputes the positions from there to ``target``."""
+    for position in [p for p in snapshots if p > target]:
+        del snapshots[position]
+    if block_pos > target:
+        block_pos = -1
+    base = max(snapshots, default=0)
+    return block_pos, block_pos if block_pos > base else base
+
+
 def cache_range_error(label: str, past: int, t: int, filled: int, max_context: int) -> HeteroError | None:
     """What is wrong with an Attention step of ``t`` new tokens after ``past`` cached ones, when the cache holds
     ``filled`` positions of ``max_context``: the error every backend raises, or None when the step fits."""
@@ -130,3 +194,86 @@ def cache_range_error(label: str, past: int, t: int, filled: int, max_context: i
         return HeteroError(f"{label}: {past} cached + {t} new tokens exceed the context of {max_context} tokens",
                            hint="load the model with a larger context")
     return None
+
+
+def shape_range(start: int, end: int | None, rank: int) -> tuple[int, int]:
+    """The dims [start, end) a ``Shape`` node returns (opset 15's ``start`` / ``end``: negatives count from the
+    back, both clamped into [0, rank], an empty range where end < start)."""
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
+    return start, max(end, start)
+
+
+# -- several sequences in one step (continuous batching) -------------------------------------------------------------
+# A step of a model serving several sequences (``hetero.llm.batch``) carries per-row positions (int64 ``[T]``) where
+# a one-sequence step has ``past_len``, and its stateful ops an int64 ``[T]`` ``slots`` input: the sequence (the
+# state: KV cache, recurrent state) each row belongs to, one of the node's ``slots`` attribute.
+SLOTS_INPUT = {"Attention": 4, "GatedDeltaRule": 10}  # hetero-domain op type -> index of its optional slots input
+POSITION_INPUT = {"RotaryEmbedding": 1, "Attention": 3, "GatedDeltaRule": 4}  # op type -> its past_len input
+
+
+@dataclass(frozen=True)
+class SlotRun:
+    """Rows ``[start, end)`` of a step: tokens of one sequence (``slot``) at positions ``position ..``."""
+
+    slot: int
+    start: int
+    end: int
+    position: int
+
+
+def per_row_positions(op_type: str, inputs: Sequence[Any]) -> bool:
+    """Whether a node (its op type and input infos) takes one position per row or a slots input: the form of a step of
+    several sequences, which a backend that implements only the one-sequence form must refuse."""
+    slots = SLOTS_INPUT.get(op_type)
+    if slots is not None and slots < len(inputs) and inputs[slots] is not None:
+        return True
+    index = POSITION_INPUT.get(op_type)
+    if index is None or index >= len(inputs) or inputs[index] is None:
+        return False
+    shape = inputs[index].shape
+    return shape is None or shape not in ((), (1,))
+
+
+def one_sequence(node: Any) -> Any:
+    """A backend's answer (``Support``) for a kernel implementing only the one-sequence form of a stateful LLM op:
+    refused for a step of several sequences (``per_row_positions``), which then runs on a backend that has it."""
+    from .backend import SUPPORTED, unsupported  # backend imports nothing of this module; kept local all the same
+
+    if per_row_positions(node.node.op_type, node.inputs):
+        return unsupported(f"{node.node.op_type} of several sequences (per-row positions / slots): one sequence only")
+    return SUPPORTED
+
+
+def slot_runs(label: str, positions: np.ndarray, slots: np.ndarray | None, count: int) -> tuple[SlotRun, ...]:
+    """The rows of a step cut into runs of one sequence each: consecutive rows of the same slot whose positions follow
+    on one another (``slots`` None: all rows are slot 0). Each run is then an ordinary one-sequence step of its slot,
+    done in row order. Every stateful node of a step asks with the same rows: the answer is cached by value."""
+    pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+    slot = None if slots is None else np.ascontiguousarray(slots, dtype=np.int64).reshape(-1)
+    runs = _slot_runs(pos.tobytes(), b"" if slot is None else slot.tobytes(), slot is None, count)
+    if isinstance(runs, str):
+        raise HeteroError(f"{label}: {runs}")
+    return runs
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_runs(pos_bytes: bytes, slot_bytes: bytes, one: bool, count: int) -> tuple[SlotRun, ...] | str:
+    """``slot_runs`` on the rows' bytes: the runs, or what is wrong (plain Python: a few rows)."""
+    pos = np.frombuffer(pos_bytes, dtype=np.int64).tolist()
+    slot = [0] * len(pos) if one else np.frombuffer(slot_bytes, dtype=np.int64).tolist()
+    if len(slot) != len(pos):
+        return f"{len(slot)} slots for {len(pos)} positions; expected one per row"
+    runs: list[SlotRun] = []
+    start = 0
+    for i, (s, p) in enumerate(zip(slot, pos, strict=True)):
+        if not 0 <= s < count:
+            return f"slot {s} is not one of the node's {count} slot(s)"
+        if p < 0:
+            return f"position {p} is negative"
+        if i and (s != slot[i - 1] or p != pos[i - 1] + 1):
+            runs.append(SlotRun(slot[start], start, i, pos[start]))
+            start = i
+    if pos:
+        runs.append(SlotRun(slot[start], start, len(pos), pos[start]))
+    return tuple(runs)

@@ -1,5 +1,5 @@
-"""Graph passes that run after constant folding: no-op removal, Conv+BatchNorm folding, and fusion of a producer
-with its activation (Conv, MatMul+bias) into the hetero-domain ops of ``hetero.ops.fused``.
+"""Graph passes that run after constant folding: no-op removal, Conv+BatchNorm (and constant scale / shift) folding,
+and fusion of a producer with its activation (Conv, MatMul+bias) into the hetero-domain ops of ``hetero.ops.fused``.
 
 Each pass rewrites a node only when the value it removes has a single consumer and is no graph output, so the
 graph computes exactly what it computed before.
@@ -7,6 +7,7 @@ graph computes exactly what it computed before.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -84,6 +85,62 @@ def fold_conv_batchnorm(graph: Graph) -> int:
     return count
 
 
+def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts against an [N, C, ...] tensor of ``rank`` along C alone (or not at all), as one
+    float64 value per channel; None for any other shape."""
+    if value.dtype != np.float32 or value.ndim > rank:
+        return None
+    shape = (1,) * (rank - value.ndim) + value.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.astype(np.float64).reshape(-1), (channels,))
+
+
+def fold_conv_scale_shift(graph: Graph) -> int:
+    """Conv with constant weights followed by Mul / Div / Add / Sub of a per-channel or scalar constant (Paddle's
+    exports write BatchNorm as ``Mul, Add`` by scalars): scale the weights, shift the bias."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for conv in list(graph.nodes):
+        if conv.op_key != ("", "Conv") or len(conv.inputs) < 2 or conv.inputs[1] not in graph.initializers:
+            continue
+        if len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in graph.initializers:
+            continue
+        w = np.asarray(graph.initializers[conv.inputs[1]])
+        if w.dtype != np.float32:
+            continue
+        scale, shift, folded = np.ones(w.shape[0]), np.zeros(w.shape[0]), 0
+        while conv.outputs[0] not in keep:
+            op = _single_consumer(graph, conv.outputs[0])
+            if op is None or op.domain != "" or op.op_type not in ("Mul", "Div", "Add", "Sub") or len(op.inputs) != 2:
+                break
+            at = op.inputs.index(conv.outputs[0])
+            const = op.inputs[1 - at]
+            if const not in graph.initializers or (at == 1 and op.op_type in ("Div", "Sub")):
+                break
+            value = _per_channel(np.asarray(graph.initializers[const]), w.shape[0], w.ndim)
+            if value is None or (op.op_type == "Div" and not np.all(value)):
+                break
+            if op.op_type in ("Mul", "Div"):
+                factor = value if op.op_type == "Mul" else 1.0 / value
+                scale, shift = scale * factor, shift * factor
+            else:
+                shift = shift + (value if op.op_type == "Add" else -value)
+            conv.outputs = [op.outputs[0]]
+            graph.nodes.remove(op)
+            folded += 1
+        if not folded:
+            continue
+        bias = (np.asarray(graph.initializers[conv.inputs[2]], np.float64)
+                if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0]))
+        w_name, b_name = f"{conv.name}/scaled_w", f"{conv.name}/shifted_b"
+        graph.initializers[w_name] = (w * scale.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
+        graph.initializers[b_name] = (bias * scale + shift).astype(np.float32)
+        conv.inputs = [conv.inputs[0], w_name, b_name]
+        count += folded
+    return count
+
+
 _SIMPLE_ACTIVATIONS = {"Relu": (), "Sigmoid": (), "Tanh": (), "HardSwish": (), "LeakyRelu": ("alpha",),
                        "HardSigmoid": ("alpha", "beta")}
 
@@ -94,6 +151,8 @@ def _activation_of(graph: Graph, node: Node) -> tuple[dict, list[Node]] | None:
     users = graph.consumers().get(out, [])
     if out in graph.outputs:
         return None
+    if len(users) == 2 and (hard_swish := _hard_swish_of(graph, out, users)) is not None:
+        return {"activation": "HardSwish"}, hard_swish
     if len(users) == 2:  # x * sigmoid(x), the SiLU pattern: x feeds both the Sigmoid and the Mul
         sig = next((u for u in users if u.op_key == ("", "Sigmoid")), None)
         mul = next((u for u in users if u.op_key == ("", "Mul")), None)
@@ -119,6 +178,50 @@ def _activation_of(graph: Graph, node: Node) -> tuple[dict, list[Node]] | None:
                 bounds[f"activation_{key}"] = float(user.attrs[key])
         return {"activation": "Clip", **bounds}, [user]
     return None
+
+
+def _constant_is(graph: Graph, name: str, want: float) -> bool:
+    value = graph.initializers.get(name)
+    return value is not None and np.size(value) == 1 and bool(
+        np.isclose(float(np.asarray(value).reshape(-1)[0]), want, rtol=1e-6, atol=0))
+
+
+def _clip_bounds(graph: Graph, clip: Node) -> tuple[float, float] | None:
+    bounds = []
+    for i, key, default in ((1, "min", -np.inf), (2, "max", np.inf)):
+        if len(clip.inputs) > i and clip.inputs[i]:
+            value = graph.initializers.get(clip.inputs[i])
+            if value is None or np.size(value) != 1:
+                return None
+            bounds.append(float(np.asarray(value).reshape(-1)[0]))
+        else:
+            bounds.append(float(clip.attrs.get(key, default)))
+    return bounds[0], bounds[1]
+
+
+def _hard_swish_of(graph: Graph, x: str, users: list[Node]) -> list[Node] | None:
+    """x * Clip(x + 3, 0, 6) / 6 (or * 1/6), Paddle's hard-swish: the nodes it spans after x, else None."""
+    add = next((u for u in users if u.op_key == ("", "Add")), None)
+    mul = next((u for u in users if u.op_key == ("", "Mul")), None)
+    if add is None or mul is None or len(add.inputs) != 2:
+        return None
+    three = add.inputs[1] if add.inputs[0] == x else add.inputs[0]
+    clip = _single_consumer(graph, add.outputs[0])
+    if not _constant_is(graph, three, 3.0) or clip is None or clip.op_key != ("", "Clip"):
+        return None
+    if clip.inputs[0] != add.outputs[0]:  # x + 3 as a bound of another Clip
+        return None
+    if _clip_bounds(graph, clip) != (0.0, 6.0) or sorted(mul.inputs) != sorted([x, clip.outputs[0]]):
+        return None
+    if _single_consumer(graph, clip.outputs[0]) is not mul:
+        return None
+    div = _single_consumer(graph, mul.outputs[0])
+    if div is None or div.domain != "" or len(div.inputs) != 2 or div.inputs[0] != mul.outputs[0]:
+        return None
+    if not ((div.op_type == "Div" and _constant_is(graph, div.inputs[1], 6.0))
+            or (div.op_type == "Mul" and _constant_is(graph, div.inputs[1], 1 / 6))):
+        return None
+    return [add, clip, mul, div]
 
 
 def _absorb(graph: Graph, node: Node, spanned: list[Node]) -> None:
@@ -178,7 +281,76 @@ def fuse_matmul_bias(graph: Graph) -> int:
     return count
 
 
-DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fuse_conv_activation, fuse_matmul_bias)
+def _times_constant(graph: Graph, node: Node | None, want: float) -> str | None:
+    """The other input of ``node`` when it is Mul or Add (by its op) of a one-element constant close to ``want``."""
+    if node is None or node.domain != "" or len(node.inputs) != 2:
+        return None
+    for i in (0, 1):
+        if _constant_is(graph, node.inputs[i], want):
+            return node.inputs[1 - i]
+    return None
+
+
+def _gelu_tanh_span(graph: Graph, tanh: Node, producers: dict[str, Node]) -> tuple[str, list[Node]] | None:
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x * x * x))), as jax2tf writes it (magika): x and the nine
+    nodes from the first product to the last, every intermediate read once."""
+    scaled = producers.get(tanh.inputs[0])
+    if scaled is None or scaled.op_key != ("", "Mul"):
+        return None
+    inner_sum = producers.get(_times_constant(graph, scaled, math.sqrt(2 / math.pi)) or "")
+    if inner_sum is None or inner_sum.op_key != ("", "Add"):
+        return None
+    for x, cube_name in (inner_sum.inputs, inner_sum.inputs[::-1]):
+        chain: list[Node] = []
+        factor = cube_name
+        for _ in range(2):  # x * (x * (0.044715 * x))
+            mul = producers.get(factor)
+            if mul is None or mul.op_key != ("", "Mul") or x not in mul.inputs:
+                break
+            chain.insert(0, mul)
+            factor = mul.inputs[1] if mul.inputs[0] == x else mul.inputs[0]
+        first = producers.get(factor)
+        if len(chain) == 2 and first is not None and first.op_key == ("", "Mul") and \
+                _times_constant(graph, first, 0.044715) == x:
+            break
+    else:
+        return None
+    one_plus = _single_consumer(graph, tanh.outputs[0])
+    if one_plus is None or one_plus.op_key != ("", "Add") or _times_constant(graph, one_plus, 1.0) != tanh.outputs[0]:
+        return None
+    half = _single_consumer(graph, one_plus.outputs[0])
+    if half is None or half.op_key != ("", "Mul") or _times_constant(graph, half, 0.5) != one_plus.outputs[0]:
+        return None
+    last = _single_consumer(graph, half.outputs[0])
+    if last is None or last.op_key != ("", "Mul") or sorted(last.inputs) != sorted([x, half.outputs[0]]):
+        return None
+    span = [first, *chain, inner_sum, scaled, tanh, one_plus, half, last]
+    if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
+        return None
+    return x, span
+
+
+def fuse_gelu_tanh(graph: Graph) -> int:
+    """The tanh approximation of GELU written out in nine elementwise nodes: one ``Gelu(approximate="tanh")``."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for tanh in list(graph.nodes):
+        if tanh.op_key != ("", "Tanh") or tanh not in graph.nodes:
+            continue
+        found = _gelu_tanh_span(graph, tanh, graph.producers())
+        if found is None or any(o in keep for n in found[1][:-1] for o in n.outputs):
+            continue
+        x, span = found
+        gelu = Node("Gelu", [x], list(span[-1].outputs), {"approximate": "tanh"}, name=f"{tanh.name}/gelu")
+        graph.nodes[graph.nodes.index(span[-1])] = gelu
+        for node in span[:-1]:
+            graph.nodes.remove(node)
+        count += 1
+    return count
+
+
+DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
+                                    fuse_conv_activation, fuse_matmul_bias)
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .batch import decode_step
     from .loader import load
     from .model import Llm, Stats
     from .sampler import Sampler, SamplingDefaults, SamplingParams
@@ -24,6 +25,7 @@ _LAZY = {
     "SamplingParams": ("sampler", "SamplingParams"),
     "SamplingDefaults": ("sampler", "SamplingDefaults"),
     "load_synthetic": ("synthetic", "load_synthetic"),
+    "decode_step": ("batch", "decode_step"),
 }
 
 
@@ -36,4 +38,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Llm", "Sampler", "SamplingDefaults", "SamplingParams", "Stats", "load", "load_synthetic"]
+__all__ = ["Llm", "Sampler", "SamplingDefaults", "SamplingParams", "Stats", "decode_step", "load", "load_synthetic"]

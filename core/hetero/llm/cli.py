@@ -16,7 +16,7 @@ from typing import Any
 from .. import progress
 from ..cli_parser import add_backend_option, add_command, backends_of
 from ..contract.errors import HeteroError
-from .cli_generation import load_llm, print_stats, sampling, stream_out
+from .cli_generation import load_llm, model_path, print_stats, sampling, stream_out
 
 MODEL_HELP = "a .gguf file, a Hugging Face model folder, or a repo id found in the local Hugging Face cache"
 
@@ -35,6 +35,9 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("-f", "--file", dest="prompt_file", metavar="FILE", help="read the prompt from FILE")
     add_backend_option(p)
     add_generation_options(p, default_n=128)
+    p.add_argument("--compress-to", type=int, default=None, metavar="N",
+                   help="fit the prompt into N tokens: its first two and last two sentences and those most relevant to "
+                        "them are kept (docs/long-context.md; default: off)")
 
     p = command("chat", "chat with an LLM in a line editor: history, multi-line input, /help, /reset, /bye",
                 _cmd_chat)
@@ -126,24 +129,9 @@ def _kv_option(p: argparse.ArgumentParser) -> None:
                    help="KV cache element type: f16 (default), f32 (exact) or q8 (int8, about half of f16's memory)")
 
 
-def _model_path(args: argparse.Namespace) -> str:
-    """The model from -m or the first positional (llama.cpp's and our own habit); with -m, a lone positional is the
-    prompt (``generate -m M "hi"``)."""
-    given, positional = getattr(args, "model_opt", None), args.model
-    if given and positional:
-        if getattr(args, "prompt", None) is not None or not hasattr(args, "prompt"):
-            raise HeteroError(f"two models given: -m {given} and {positional}")
-        args.prompt = positional
-        return given
-    model = given or positional
-    if not model:
-        raise HeteroError("no model given: pass -m MODEL (a .gguf file or a Hugging Face folder)")
-    return model
-
-
 def _load(args: argparse.Namespace) -> Any:
     """The model the arguments name, loaded (tests reach the loaded model through this)."""
-    return load_llm(args, _model_path(args)).llm
+    return load_llm(args, model_path(args)).llm
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -162,19 +150,21 @@ def _generate(args: argparse.Namespace, model: str, prompt: str) -> int:
         raise HeteroError("the prompt is empty: give it with -p TEXT, -f FILE or on stdin")
     loaded = load_llm(args, model)
     overrides = sampling(args)
+    options = {"compress_to": args.compress_to} if getattr(args, "compress_to", None) is not None else {}
     started = time.perf_counter()
     if args.no_stream:
-        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, spec=loaded.spec, **overrides))
+        print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, spec=loaded.spec, **overrides,
+                                  **options))
         first = None
     else:
         first = stream_out(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, stream=True,
-                                               spec=loaded.spec, **overrides), started)
+                                               spec=loaded.spec, **overrides, **options), started)
     print_stats(loaded, overrides, first)
     return 0
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    model = _model_path(args)
+    model = model_path(args)
     if args.prompt is not None and args.prompt_opt is not None:
         raise HeteroError(f"two prompts given: -p {args.prompt_opt!r} and {args.prompt!r}")
     prompt = args.prompt if args.prompt is not None else args.prompt_opt
@@ -184,7 +174,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_chat(args: argparse.Namespace, stdin: Any = None) -> int:
     from .repl import ChatRepl
 
-    model = _model_path(args)
+    model = model_path(args)
     loaded = load_llm(args, model)
     return ChatRepl(loaded, args, stdin or sys.stdin).run()
 
@@ -259,9 +249,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     output = "json" if args.json else args.output
     results = []
     profile = None
+    notes: list[str] = []  # caveats of what ran (a simulator's speed is not the device's)
     for backends in runs:
         for n_threads in threads:
             llm = _bench_model(args, backends, n_threads, context, show=output == "md")
+            notes += [llm.decoder.note] if llm.decoder is not None and llm.decoder.note not in ("", *notes) else []
             results += bench(llm, tests, args.repetitions, warmup=not args.no_warmup, seed=args.seed,
                              threads=n_threads, progress=output == "md")
             if args.profile and profile is None:
@@ -273,6 +265,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps({"results": [r.as_dict() for r in results], "profile": profile.as_dict()}, indent=2))
         return 0
     print(formatted(results, output))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr if output != "md" else sys.stdout)
     if profile and output == "md":
         print()
         print(profile.markdown())

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import progress
 from ..cli_parser import backends_of
+from ..contract.errors import HeteroError
 from .stats import stats_line
 
 
@@ -22,14 +23,14 @@ class Loaded:
         self.llm, self.seconds, self.spec = llm, seconds, spec
 
 
-def load_llm(args: argparse.Namespace, model: str) -> Loaded:
+def load_llm(args: argparse.Namespace, model: str, slots: int = 1) -> Loaded:
     from .loader import load
 
     started = time.perf_counter()
     with progress.phase(f"loading {Path(model).name}"):
         llm = load(model, backends=backends_of(args), on_fallback=args.on_fallback or "silent", threads=args.threads,
                    quant=args.quant, context=args.ctx, kv_cache=args.kv_cache, progress=True,  # (terminal only)
-                   embeddings=getattr(args, "embeddings", False))
+                   embeddings=getattr(args, "embeddings", False), slots=slots)
         spec = None
         if getattr(args, "spec", None):
             from .speculative.registry import speculation
@@ -50,6 +51,8 @@ def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: 
         print(f"hetero: warning: the context of {llm.context} tokens is full: the reply stops here (load with a "
               "larger -c/--ctx-size)", file=sys.stderr)
     print(stats_line(llm, loaded.seconds, first_token_seconds, overrides), file=sys.stderr)
+    if llm.decoder is not None and llm.decoder.note:
+        print(f"hetero: note: {llm.decoder.note}", file=sys.stderr)
 
 
 def stream_out(pieces: Iterable[str], started: float) -> float | None:
@@ -70,3 +73,16 @@ def stream_out(pieces: Iterable[str], started: float) -> float | None:
     return first
 
 
+def model_path(args: argparse.Namespace) -> str:
+    """The model from -m or the first positional (llama.cpp's and our own habit); with -m, a lone positional is the
+    prompt (``generate -m M "hi"``)."""
+    given, positional = getattr(args, "model_opt", None), args.model
+    if given and positional:
+        if getattr(args, "prompt", None) is not None or not hasattr(args, "prompt"):
+            raise HeteroError(f"two models given: -m {given} and {positional}")
+        args.prompt = positional
+        return given
+    model = given or positional
+    if not model:
+        raise HeteroError("no model given: pass -m MODEL (a .gguf file or a Hugging Face folder)")
+    return model

@@ -22,6 +22,7 @@ from .model_files import ModelFiles
 from .sampler import from_generation_config
 from .tokenizer import Tokenizer
 from .weights import HfWeights
+from .whole_decoder import whole_decoder
 
 if TYPE_CHECKING:
     from .template import ChatTemplate
@@ -34,7 +35,7 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
          threads: int | None = None, quant: str | QuantFormat | None = None, context: int = 4096, *,
          prefill_chunk: int = 512, all_logits: bool = False, cache: bool = True,
          progress: bool | None = None, kv_cache: str = "f16", chat_template: str | None = None,
-         hidden_layers: Sequence[int] = (), embeddings: bool = False) -> Llm:
+         hidden_layers: Sequence[int] = (), embeddings: bool = False, slots: int = 1) -> Llm:
     """Load a Hugging Face folder (config.json, safetensors, tokenizer files), a GGUF file (``*.gguf``: its
     tensors memory-mapped in their stored types, its own tokenizer and chat template; ``quant`` then quantizes only
     the file's float matrices, without a cache), or a Hugging Face repo id from the local cache
@@ -50,9 +51,11 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     ``role: content`` format instead (the fallback for a model whose template is refused); any other string is a
     Jinja template to use instead of the model's. hidden_layers: decoder layers whose outputs every step also
     returns (``Llm.hidden``; what Eagle-3 / DFlash drafters read, see ``hetero.llm.speculative``). embeddings: let
-    ``Llm.embed`` read the final hidden state (costs a little on every step).
+    ``Llm.embed`` read the final hidden state (costs a little on every step). slots: sequences served by one copy
+    of the weights, each with its own KV cache (``Llm.sequence(i)``; their decode steps batch, see
+    ``hetero.llm.batch``); the memory check counts every slot's cache.
     """
-    check_options(context, prefill_chunk, kv_cache)
+    check_options(context, prefill_chunk, kv_cache, slots)
     fmt = parse_quant(quant)
     source = resolve_model(path)
     if source.is_file() and (source.suffix.lower() == ".gguf" or _is_gguf(source)):
@@ -64,16 +67,18 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     else:
         raise ModelFormatError(f"{source} is not a model folder (expected a directory with config.json) or a "
                                "GGUF file")
-    check_memory(model.config, context, kv_cache, model.path)
+    check_memory(model.config, context * slots, kv_cache, model.path)
     template = _template(model, chat_template)
     graph = build_graph(model.config, model.weights, context=context, all_logits=all_logits,
                         progress=model.progress if progress is None else progress)
     label = model.label if fmt is None or model.label == fmt.name else f"{model.label}+{fmt.name}"
+    decoder = whole_decoder(backends, model, context, fmt)
     with model.releasing():
-        return Llm(model.config, graph, model.tokenizer, context=context, backends=backends,
+        return Llm(model.config, graph, model.tokenizer, context=context, backends=backends, decoder=decoder,
                    on_fallback=on_fallback, threads=threads, prefill_chunk=prefill_chunk, name=model.name,
                    quant=label, path=model.path, kv_cache=kv_cache, sampling=model.sampling,
-                   mapped=model.mapped, template=template, hidden_layers=hidden_layers, embeddings=embeddings)
+                   mapped=model.mapped, template=template, hidden_layers=hidden_layers, embeddings=embeddings,
+                   slots=slots)
 
 
 def kv_cache_bytes(cfg: LlmConfig, context: int, kv_cache: str) -> int:

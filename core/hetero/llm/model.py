@@ -11,6 +11,7 @@ work; neither sees the other's tokens.
 
 from __future__ import annotations
 
+import copy
 import operator
 import re
 import threading
@@ -23,14 +24,18 @@ from typing import Any
 
 import numpy as np
 
+from ..contract.decoder import LlmDecoder
 from ..contract.errors import HeteroError
 from ..contract.graph import Graph
 from ..runtime.session import Session
+from .batch import Batcher, slot_graph
 from .config import LlmConfig
 from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN, VERIFY_ROWS
 from .files import MappedFiles, limit
 from .generate import Generation, generate_stream
+from .prefix_cache import PrefixCache
 from .sampler import Sampler, SamplingDefaults, SamplingParams, from_generation_config
+from .snapshot import common_prefix
 from .template import ChatTemplate
 from .tokenizer import Tokenizer
 
@@ -82,8 +87,11 @@ _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty"
                   "frequency_penalty", "penalty_last_n", "seed")
 
 
-def check_options(context: Any, prefill_chunk: Any, kv_cache: Any) -> None:
+def check_options(context: Any, prefill_chunk: Any, kv_cache: Any, slots: Any = 1) -> None:
     """The options every way of making an Llm takes, checked before anything is allocated for them."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= VERIFY_ROWS:
+        raise HeteroError(f"slots={slots!r}; expected 1 to {VERIFY_ROWS} sequences (a batched step's logits are "
+                          f"its last {VERIFY_ROWS} rows)")
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise HeteroError(f"context={context!r}; expected a positive number of tokens")
     limit(context, "positions", "context")
@@ -101,8 +109,17 @@ class Llm:
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
                  kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
                  template: ChatTemplate | None = None, hidden_layers: Sequence[int] = (),
-                 embeddings: bool = False) -> None:
-        check_options(context, prefill_chunk, kv_cache)
+                 embeddings: bool = False, decoder: LlmDecoder | None = None, slots: int = 1) -> None:
+        check_options(context, prefill_chunk, kv_cache, slots)
+        if decoder is not None and (hidden_layers or embeddings):
+            raise HeteroError(f"{decoder.name} runs the decoder whole: it exposes no hidden layers or embeddings",
+                              hint="load on cpu / opencl for hidden_layers= or embeddings=True")
+        if decoder is not None and slots > 1:
+            raise HeteroError(f"{decoder.name} runs the decoder whole, one sequence: it takes no slots={slots}",
+                              hint="load on cpu / opencl for several sequences")
+        # A backend's whole decoder (an NPU's compiled graphs, Backend.llm_decoder) runs every step; the session is
+        # then on cpu and only answers the reports (sizes, parameters)
+        self.decoder = decoder
         self.config = config
         self.tokenizer = tokenizer
         self.context = context
@@ -119,14 +136,22 @@ class Llm:
         self.all_logits = not any(node.name == "last_tokens" for node in graph.nodes)
         self.hidden_layers: tuple[int, ...] = ()
         self._hidden: dict[int, np.ndarray] = {}  # layer -> [capacity, H] host copy of the cached tokens' rows
-        self._session_args: dict[str, Any] = {"backends": backends, "on_fallback": on_fallback, "threads": threads}
+        self._session_args: dict[str, Any] = {"backends": backends if decoder is None else ["cpu"],
+                                              "on_fallback": on_fallback, "threads": threads}
         self._graph = graph
         self._expose(self._layer_indices(hidden_layers))
         # embed() reads the final norm's output; as a graph output it is a fresh array every step (not an arena
         # slot, so decode's replay cannot bind its kernel): only models loaded for embeddings pay for it
         self._final_norm = _expose_final_norm(graph) if embeddings else None
         self._last_hidden: np.ndarray | None = None  # the final norm's output of the last step (embed())
+        # slots > 1: one session serves that many sequences (hetero.llm.batch); this object is slot 0
+        self.slots = slots
+        if slots > 1:
+            slot_graph(graph, slots)
         self.session = Session(graph, **self._session_args)
+        self._batch = Batcher(self.session) if slots > 1 else None
+        self._slot = 0
+        self._sequences: list[Llm | None] = [self, *([None] * (slots - 1))]
         self.tokens: list[int] = []  # the tokens whose K/V the cache holds, in order
         self.stats = Stats()
         self.last = Generation()
@@ -140,8 +165,12 @@ class Llm:
         self.template = template
         self._lock = threading.RLock()
         self._owner: object | None = None  # the generation whose tokens the cache holds
+        # computed prompts kept for the next one that starts the same way (hetero.llm.prefix_cache); may be shared
+        self.prefix_cache: PrefixCache | None = None
         self._mapped = MappedFiles(list(mapped))
         self._finalizer = weakref.finalize(self, self._mapped.close)
+        self._model: Llm = self  # slot 0, whose finalizer closes the files (what each sequence keeps alive)
+        self._sequences_lock = threading.Lock()
 
     # -- text <-> ids ---------------------------------------------------------------------------------------------
     def _tok(self) -> Tokenizer:
@@ -207,6 +236,21 @@ class Llm:
             return self._forward(ids)[-len(ids):]
 
     def _forward(self, ids: list[int]) -> np.ndarray:
+        past = self._check_step(ids)
+        if self.decoder is not None:  # a backend's whole decoder (Backend.llm_decoder)
+            logits = self.decoder.run(ids, past)
+            self.tokens.extend(ids)
+            return logits
+        wanted = self._step_outputs()
+        if self._batch is not None:  # one of several sequences: the batcher runs it (with others, for one token)
+            out = self._batch.run(self._slot, ids, past, wanted)
+        else:
+            out = self.session.run({INPUT_IDS: np.asarray(ids, dtype=np.int64),
+                                    PAST_LEN: np.asarray(past, dtype=np.int64)}, wanted)
+        return self._took(ids, past, out)
+
+    def _check_step(self, ids: list[int]) -> int:
+        """The position of a step of ``ids`` after the cached tokens, after checking it can run."""
         if not ids:
             raise HeteroError("forward needs at least one token")
         past = len(self.tokens)
@@ -219,16 +263,61 @@ class Llm:
         if bad:
             raise HeteroError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         self._mapped.check()
-        feeds = {INPUT_IDS: np.asarray(ids, dtype=np.int64), PAST_LEN: np.asarray(past, dtype=np.int64)}
-        names = {layer: self._layer_outputs[layer] for layer in self.hidden_layers}
+        return past
+
+    def _step_outputs(self) -> list[str]:
+        """The graph outputs a step reads: the logits, the exposed layers', the final norm's (embed)."""
         extra = [self._final_norm] if self._final_norm is not None else []
-        out = self.session.run(feeds, [LOGITS, *names.values(), *extra])
-        for layer, name in names.items():
-            self._store_hidden(layer, past, out[name])
+        return [LOGITS, *(self._layer_outputs[layer] for layer in self.hidden_layers), *extra]
+
+    def _took(self, ids: list[int], past: int, out: dict[str, np.ndarray]) -> np.ndarray:
+        """Keep what a step of ``ids`` at ``past`` returned (hidden states, the cached tokens); its logits."""
+        for layer in self.hidden_layers:
+            self._store_hidden(layer, past, out[self._layer_outputs[layer]])
         if self._final_norm is not None:
             self._last_hidden = out[self._final_norm]
         self.tokens.extend(ids)
         return out[LOGITS]
+
+    # -- several sequences (hetero.llm.batch) ---------------------------------------------------------------------
+    def sequence(self, slot: int) -> Llm:
+        """Slot ``slot`` of a model loaded with ``slots=N``: an ``Llm`` of its own (its KV cache, tokens, stats;
+        ``generate``, ``chat``, ``create_*``) sharing this model's weights and session. Slot 0 is the model itself.
+        Use each from one thread at a time; sequences stepping in different threads at once are batched
+        (``hetero.llm.batch``). ``reset()`` frees the slot's cache for the next sequence."""
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.slots:
+            raise HeteroError(f"slot {slot!r}: {self.name!r} was loaded with {self.slots} slot(s) "
+                              f"(0..{self.slots - 1})", hint="hetero.llm.load(..., slots=N)")
+        with self._sequences_lock:
+            seq = self._sequences[slot]
+            if seq is None:
+                seq = self._sequences[slot] = self._new_sequence(slot)
+            return seq
+
+    def sequences(self) -> list[Llm]:
+        """Every slot's sequence, slot 0 (the model) first."""
+        return [self.sequence(i) for i in range(self.slots)]
+
+    def _new_sequence(self, slot: int) -> Llm:
+        seq = copy.copy(self)  # shares everything ...
+        # ... but what is the sequence's own
+        seq._slot = slot
+        seq.tokens = []
+        seq.stats = Stats()
+        seq.last = Generation()
+        seq._owner = None
+        seq._hidden = {}
+        seq._last_hidden = None
+        seq._lock = threading.RLock()
+        seq._model = self._model  # keeps the model (its finalizer closes the mapped files) alive
+        return seq
+
+    def idle(self) -> None:
+        """Say this sequence takes no step for a while (its generation ended): other sequences' batched steps stop
+        waiting for it. Optional (they wait at most ``hetero.llm.batch.WINDOW`` seconds); a no-op on a model of
+        one sequence."""
+        if self._batch is not None:
+            self._batch.idle(self._slot)
 
     # -- hidden states (speculative drafters) ---------------------------------------------------------------------
     def _layer_indices(self, layers: Sequence[int]) -> tuple[int, ...]:
@@ -255,7 +344,12 @@ class Llm:
         indices count from the end); returns them as non-negative indices. Exposing a layer not exposed yet
         rebuilds the session, which forgets the cache: load with ``hidden_layers=...`` to avoid that."""
         wanted = self._layer_indices(layers)
+        if self.decoder is not None:
+            raise HeteroError(f"{self.decoder.name} runs the decoder whole: it exposes no hidden layers")
         with self._lock:
+            if set(wanted) - set(self.hidden_layers) and self.slots > 1:
+                raise HeteroError(f"{self.name!r} serves {self.slots} sequences: its hidden layers are fixed at load",
+                                  hint="hetero.llm.load(..., hidden_layers=[...])")
             if set(wanted) - set(self.hidden_layers):
                 self._expose(wanted)
                 self.session.close()
@@ -333,7 +427,10 @@ class Llm:
         if len(ids) > self.context:
             raise HeteroError(f"the prompt has {len(ids)} tokens; the context holds {self.context}",
                               hint="load the model with a larger context=...")
-        common = _common_prefix(self.tokens, ids)
+        slot = getattr(self, "_slot", 0)  # the sequence's state in the kernels (hetero.llm.batch; else 0)
+        if self.prefix_cache is not None:
+            self.prefix_cache.restore(self, slot, ids)
+        common = common_prefix(self.tokens, ids)
         common = min(common, len(ids) - 1)  # the last token is always run: its logits are the prediction
         self._rollback(common)
         stats.prompt_tokens = len(ids)
@@ -345,6 +442,8 @@ class Llm:
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, len(rest), step):
             logits = self.forward(rest[start:start + step])  # the one step every path takes
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(self, slot, ids)
         stats.prefill_seconds = time.perf_counter() - started
         return logits
 
@@ -391,12 +490,19 @@ class Llm:
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, penalty_last_n: int | None = None, seed: int | None = None,
                  stop: Sequence[str] | str | None = None, stream: bool = False,
-                 add_special_tokens: bool = True, spec: Any = None) -> str | Iterator[str]:
+                 add_special_tokens: bool = True, spec: Any = None, compress_to: int | None = None
+                 ) -> str | Iterator[str]:
         """Continue ``prompt`` (text, or token ids). Returns the text, or with ``stream=True`` an iterator of text
         pieces (closing it cancels). Unset sampling options come from the model's generation_config.json.
         ``spec``: speculative decoding (same output distribution, greedy output identical): a
         ``hetero.llm.speculative.Speculation``, a ``Drafter``, or a name as ``hetero generate --spec`` takes it
-        ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``)."""
+        ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``). ``compress_to``: fit a text
+        prompt into this many tokens by keeping its first two and last two sentences and those most relevant to them
+        (``hetero.llm.compress``; off by default)."""
+        if compress_to is not None:
+            from .compress import compress_for
+
+            prompt = compress_for(self, prompt, compress_to)
         params = self.sampling_params(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n,
@@ -475,9 +581,12 @@ class Llm:
         return sum(int(a.nbytes) for a in self.session.graph.initializers.values())
 
     def backend_names(self) -> list[str]:
-        return list(self.session.placement.counts())
+        return [self.decoder.name] if self.decoder is not None else list(self.session.placement.counts())
 
     def close(self) -> None:
+        """Free the model (every sequence of it: ``sequence(i).close()`` closes the model too)."""
+        if self.decoder is not None:
+            self.decoder.close()
         self.session.close()
         self._mapped.close()
 
@@ -521,14 +630,6 @@ def _checked_messages(messages: Any) -> list[dict[str, Any]]:
             raise HeteroError(f"chat(): message #{i} must be a dict with a 'role' string and a 'content' string, "
                               f"got {str(m)[:120]!r}")
     return list(messages)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
-    return int(diff[0]) if diff.size else n
 
 
 def _logical_size(name: str, array: np.ndarray, cfg: LlmConfig) -> int:

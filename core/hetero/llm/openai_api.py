@@ -25,6 +25,7 @@ from typing import Any
 from ..contract.errors import HeteroError
 from .generate import Generation, generate_stream
 from .sampler import Sampler, TokenLogprob
+from .snapshot import common_prefix
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -88,6 +89,7 @@ class _Request:
         decode = (lambda t: llm.detokenize(t, skip_special_tokens=True)) if llm.tokenizer is not None \
             else (lambda t: "")
         started = time.perf_counter()
+        stats = llm.stats  # what generate_stream's prefill records (the prefix cache's restored tokens too)
         stream = generate_stream(llm, self.ids, self.max_tokens, self.sampler, self.stop, llm.eos_ids, record, decode)
         try:
             for piece in stream:
@@ -96,6 +98,8 @@ class _Request:
         finally:
             stream.close()  # a client gone: the loop stops, the cache stays consistent
             self.usage.completion_tokens = len(record.tokens)
+            if stats.prompt_tokens == len(self.ids):
+                self.usage.cached_tokens = max(self.usage.cached_tokens, stats.cached_tokens)
             end = time.perf_counter()
             first = self.sampler.first_token_at or end
             self.usage.prefill_seconds = first - started
@@ -107,16 +111,6 @@ class _Request:
 
     def logprob_entries(self, start: int, end: int) -> list[TokenLogprob]:
         return self.sampler.logprobs[start:min(end, len(self.record.tokens))]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _prepare(llm: Any, ids: list[int], *, max_tokens: int | None, stop: Any, logit_bias: Any, logprobs: int | None,
@@ -268,14 +262,24 @@ def create_chat_completion(llm: Any, messages: Sequence[Mapping[str, Any]], *, m
                            response_format: Mapping[str, Any] | None = None,
                            tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
                            stream_options: Mapping[str, Any] | None = None,
-                           template_kwargs: Mapping[str, Any] | None = None, **sampling: Any) -> Any:
+                           template_kwargs: Mapping[str, Any] | None = None, compress_to: int | None = None,
+                           **sampling: Any) -> Any:
     """OpenAI's ``/v1/chat/completions``: a ``chat.completion`` dict, or with ``stream=True`` an iterator of
     ``chat.completion.chunk`` dicts. With ``tools``, calls the model writes as ``<tool_call>{"name": ...,
-    "arguments": {...}}</tool_call>`` come back as ``message.tool_calls`` (finish_reason ``tool_calls``)."""
+    "arguments": {...}}</tool_call>`` come back as ``message.tool_calls`` (finish_reason ``tool_calls``).
+    ``compress_to``: fit the prompt into this many tokens by compressing the last user message (its first two
+    and last two sentences kept, and those most relevant to them; ``hetero.llm.compress``; off by default)."""
     _no_unknown(sampling)
     if tool_choice not in (None, "auto", "none"):
         raise HeteroError(f"tool_choice={tool_choice!r}: only 'auto' and 'none' are supported")
     use_tools = bool(tools) and tool_choice != "none"
+    if compress_to is not None:
+        from .compress import compress_messages, token_counter
+
+        count, chars = token_counter(llm)
+        messages = compress_messages(messages, compress_to, lambda m: len(chat_prompt(llm, m, tools if use_tools
+                                                                                     else None, template_kwargs)),
+                                     count, max_unit_chars=compress_to * chars)
     ids = chat_prompt(llm, messages, tools if use_tools else None, template_kwargs)
     limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
     request = _prepare(llm, ids, max_tokens=limit, stop=stop, logit_bias=logit_bias,

@@ -50,9 +50,10 @@ from ..contract.opforms import GATED_DELTA_MODES
 from ..contract.registry import OpContext, op
 from ..contract.tensor import TensorInfo
 from .shapes import input_info
+from .slots import by_slot, check_positions, check_slots, is_multi
 
 # inputs
-QKV, CONV_W, DECAY, BETA, PAST_LEN, CONV_B, A_LOG, DT_BIAS, Z, NORM_W = range(10)
+QKV, CONV_W, DECAY, BETA, PAST_LEN, CONV_B, A_LOG, DT_BIAS, Z, NORM_W, SLOTS = range(11)
 
 
 def _dims(attrs: dict) -> tuple[int, int, int, int]:
@@ -80,9 +81,8 @@ def _infer(ctx: OpContext) -> list[TensorInfo]:
     w = input_info(ctx, CONV_W)
     if w.shape is not None and (len(w.shape) != 2 or w.shape[0] not in (None, channels)):
         raise ctx.fail(f"conv_weight must be [{channels}, kernel], got {w}")
-    info = input_info(ctx, PAST_LEN)
-    if info.dtype != dtypes.int64 or (info.shape is not None and info.shape not in ((), (1,))):
-        raise ctx.fail(f"past_len must be an int64 scalar, got {info}")
+    check_positions(ctx, PAST_LEN)
+    check_slots(ctx)
     t = None if x.shape is None else x.shape[0]
     for index, name in ((DECAY, "decay"), (BETA, "beta")):
         s = input_info(ctx, index).shape
@@ -296,7 +296,13 @@ def gated_delta_rule(ctx: OpContext) -> list[np.ndarray]:
     ``max_context`` (0 = unbounded; else past_len + T beyond it is an error).
 
     past_len may be at most the tokens consumed so far; a smaller one rolls the state back (module doc).
+
+    A step of several sequences (``hetero.llm.batch``): past_len int64 ``[T]`` (each row's position) and the
+    optional input 10 ``slots`` (int64 ``[T]``: which of the node's ``slots`` states, attribute, each row belongs
+    to); each run of rows of one slot at consecutive positions is the step above on that slot's state.
     """
+    if is_multi(ctx):
+        return by_slot(ctx, gated_delta_rule, (QKV, DECAY, BETA, Z))
     attrs = ctx.node.attrs
     x = ctx.array(QKV)
     w = ctx.array(CONV_W)

@@ -32,6 +32,7 @@ from ..contract.opforms import cache_range_error, rope_inv_freq
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, TensorInfo
 from .shapes import input_info
+from .slots import by_slot, check_positions, check_slots, is_multi
 
 _FLOAT_NP = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 
@@ -134,21 +135,16 @@ def _heads_infer(ctx: OpContext) -> list[TensorInfo]:
     x = input_info(ctx, 0)
     if x.rank is not None and x.rank != 3:
         raise ctx.fail(f"x must be [T, heads, head_dim], got rank {x.rank}")
-    _check_past_len(ctx, 1)
+    check_positions(ctx, 1)
     return [x]
-
-
-def _check_past_len(ctx: OpContext, index: int) -> None:
-    info = input_info(ctx, index)
-    if info.dtype != dtypes.int64 or (info.shape is not None and info.shape not in ((), (1,))):
-        raise ctx.fail(f"past_len must be an int64 scalar, got {info}")
 
 
 @op("RotaryEmbedding", domain=HETERO_DOMAIN, infer=_heads_infer)
 def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
     """Rotary position embedding, NeoX (rotate-half) layout, at positions past_len .. past_len + T - 1.
 
-    Inputs: x (float32 ``[T, heads, head_dim]``), past_len (int64 scalar: position of the first row).
+    Inputs: x (float32 ``[T, heads, head_dim]``), past_len (int64 scalar: position of the first row; or int64
+    ``[T]``: the position of each row, in a step of several sequences).
     Attributes: ``theta`` (rope_theta, default 10000), ``rotary_dim`` (default 0 = head_dim; only the first
     rotary_dim dims of each head rotate, the rest pass through), ``scaling`` ("none" | "linear" | "yarn"),
     ``factor``; for YaRN ``original_max_position``, ``beta_fast`` (32), ``beta_slow`` (1), ``truncate`` (1) and
@@ -158,13 +154,15 @@ def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
     per dim between the two, see ``rope_inv_freq``), angle = position * inv_freq[i]:
     y[i] = x[i] cos - x[i + half] sin, y[i + half] = x[i + half] cos + x[i] sin, for 0 <= i < half.
     """
-    x, past_len = ctx.array(0), int(np.asarray(ctx.array(1)).reshape(-1)[0])
+    x, where = ctx.array(0), np.asarray(ctx.array(1))
     head_dim = x.shape[-1]
     rotary_dim = int(ctx.attr("rotary_dim", 0)) or head_dim
     if rotary_dim % 2 or rotary_dim > head_dim:
         raise ctx.fail(f"rotary_dim {rotary_dim} must be even and at most head_dim {head_dim}")
     inv_freq, scale = rope_inv_freq(rotary_dim, ctx.node.attrs)
-    positions = np.arange(past_len, past_len + x.shape[0], dtype=np.float64)
+    first = int(where.reshape(-1)[0]) if where.size else 0
+    positions = where.astype(np.float64).reshape(-1) if where.size > 1 else \
+        np.arange(first, first + x.shape[0], dtype=np.float64)
     angles = positions[:, None] * inv_freq[None, :]
     cos = (np.cos(angles) * scale).astype(np.float32)[:, None, :]
     sin = (np.sin(angles) * scale).astype(np.float32)[:, None, :]
@@ -211,7 +209,8 @@ def kv_round(x: np.ndarray, kv_dtype: str) -> np.ndarray:
 
 def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
     q, k, v = (input_info(ctx, i) for i in range(3))
-    _check_past_len(ctx, 3)
+    check_positions(ctx, 3)
+    check_slots(ctx)
     for name, info in (("q", q), ("k", k), ("v", v)):
         if info.rank is not None and info.rank != 3:
             raise ctx.fail(f"{name} must be [T, heads, head_dim], got {info}")
@@ -242,7 +241,14 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
     attends to cache positions [0, past_len + t] with softmax(q·k * scale); query head h reads kv head
     h // (Hq / Hkv). past_len may be smaller than what the cache holds (rolling back forgets the rest) but never
     larger; past_len + T > max_context is an error.
+
+    A step of several sequences (``hetero.llm.batch``): past_len is int64 ``[T]`` (each row's position) and the
+    optional input 4 ``slots`` (int64 ``[T]``) says which of the node's ``slots`` caches (attribute, default 1) each
+    row belongs to; each run of rows of one slot at consecutive positions is the step above on that slot's cache
+    (``hetero.contract.opforms.slot_runs``).
     """
+    if is_multi(ctx):
+        return by_slot(ctx, attention, (0, 1, 2))
     q, k, v = ctx.array(0), ctx.array(1), ctx.array(2)
     past_len = int(np.asarray(ctx.array(3)).reshape(-1)[0])
     t, hq, d = q.shape

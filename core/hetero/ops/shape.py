@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 
 from ..contract import dtypes
+from ..contract.opforms import shape_range
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, Shape, TensorInfo
 from .shapes import (
@@ -413,10 +414,7 @@ def pad(ctx: OpContext) -> list[np.ndarray]:
 
 # -- Shape queries -------------------------------------------------------------------------------------------------
 def _shape_range(ctx: OpContext, rank: int) -> tuple[int, int]:
-    start, end = ctx.attr("start", 0), ctx.attr("end", None)
-    start = min(max(start + rank if start < 0 else start, 0), rank)
-    end = rank if end is None else min(max(end + rank if end < 0 else end, 0), rank)
-    return start, max(end, start)
+    return shape_range(ctx.attr("start", 0), ctx.attr("end", None), rank)
 
 
 def _shape_infer(ctx: OpContext) -> list[TensorInfo]:

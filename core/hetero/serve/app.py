@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -25,9 +26,11 @@ from starlette.routing import Route
 
 from ..contract.errors import HeteroError
 from ..llm.openai_api import ContextLengthError, chat_prompt, create_chat_completion, create_completion
+from ..llm.prefix_cache import PrefixCache
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .scheduler import QueueFull, Scheduler
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from .streams import StreamStore
 
 log = logging.getLogger("hetero.serve")
 MAX_BODY_BYTES = 4 << 20  # a request body larger than this is refused (413) before it is parsed
@@ -46,11 +49,19 @@ class ApiError(Exception):
 
 
 def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 16,
-               max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+               max_body_bytes: int = MAX_BODY_BYTES, prefix_cache_bytes: int = 0, prefix_min_tokens: int = 32,
+               resume_window: float = 0.0) -> Starlette:
     """An app serving ``models`` (one per slot: copies of one model, each with its own KV cache) under the model
-    id ``name`` (default: the first model's name)."""
+    id ``name`` (default: the first model's name). ``prefix_cache_bytes`` > 0: computed prompts are kept (up to
+    that many bytes, shared by the slots) for the requests that start the same way (``hetero.llm.prefix_cache``).
+    ``resume_window`` > 0: a stream whose client went away keeps going that many seconds, resumable by its id
+    (``hetero.serve.streams``)."""
     scheduler = Scheduler(models, max_queue)
-    metrics = Metrics(scheduler)
+    prefix_cache = PrefixCache(prefix_cache_bytes, prefix_min_tokens) if prefix_cache_bytes > 0 else None
+    for model in models:
+        model.prefix_cache = prefix_cache
+    streams = StreamStore(resume_window)
+    metrics = Metrics(scheduler, prefix_cache, streams)
     model_id = name or models[0].name
     started = int(time.time())
     first = models[0]
@@ -112,8 +123,25 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
         except StopAsyncIteration:
             first_chunk = None
         metrics.count(endpoint, 200)
-        return StreamingResponse(_sse(first_chunk, events), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        stream_id = str((first_chunk.get("id") if isinstance(first_chunk, dict) else None) or uuid.uuid4().hex)
+        if resume_window <= 0:  # nothing kept: the client's reading drives the generation
+            return _event_stream(_sse(first_chunk, events), stream_id)
+        kept = streams.start(stream_id, _sse(first_chunk, events))
+        return _event_stream(streams.follow(kept), kept.id)
+
+    async def resume(request: Request) -> Response:
+        stream_id = request.path_params["stream_id"]
+        kept = streams.get(stream_id)
+        if kept is None:
+            raise ApiError(404, f"no stream {stream_id!r} to resume: unknown, or its {resume_window:g} s window "
+                           "has passed" + ("" if resume_window > 0 else " (this server keeps none: --resume-window)"),
+                           code="stream_not_found")
+        after = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+        if not after.isdigit():
+            raise ApiError(400, f"Last-Event-ID / after is {after[:40]!r}; expected the number of the last event "
+                           "received", param="after")
+        streams.resumed += 1
+        return _event_stream(streams.follow(kept, int(after)), kept.id)
 
     async def chat_completions(request: Request) -> Response:
         body: ChatCompletionRequest = await read_body(request, ChatCompletionRequest)
@@ -196,6 +224,7 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/streams/{stream_id}", resume, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]
@@ -204,6 +233,7 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
+        streams.close()
         scheduler.close()
 
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
@@ -228,6 +258,11 @@ async def _sse(first: Any, events: AsyncGenerator[Any, None]) -> AsyncIterator[b
     finally:
         await events.aclose()  # frees the slot
     yield b"data: [DONE]\n\n"
+
+
+def _event_stream(events: AsyncIterator[bytes], stream_id: str) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Stream-Id": stream_id})
 
 
 def _event(data: Any) -> bytes:

@@ -18,10 +18,16 @@ def add_serve_command(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
-                   help="slots: requests answered at once, each with its own copy of the model and KV cache "
-                        "(memory grows with N; default 1)")
+                   help="slots: requests answered at once, each with its own KV cache, their decode steps batched "
+                        "through one copy of the model (default 1)")
     p.add_argument("--queue", type=int, default=16, metavar="N",
                    help="requests that may wait for a slot; more are answered 429 (default 16)")
+    p.add_argument("--prefix-cache", type=int, default=256, metavar="MIB",
+                   help="memory for computed prompts kept for later requests that start the same way, shared by "
+                        "the slots (default 256 MiB; 0: off)")
+    p.add_argument("--resume-window", type=float, default=0.0, metavar="S",
+                   help="seconds a stream whose client went away keeps going, resumable with GET "
+                        "/v1/streams/ID (default 0: a client gone cancels its generation at once)")
     p.add_argument("--alias", default=None, help="the model id clients use (default: the model's name)")
     p.add_argument("--embeddings", action="store_true",
                    help="answer /v1/embeddings (the last token's final hidden state; costs a little per step)")
@@ -49,8 +55,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise HeteroError("no model given: hetero serve MODEL (a .gguf file or a Hugging Face folder)")
     if args.parallel < 1 or args.queue < 0:
         raise HeteroError(f"-np {args.parallel} / --queue {args.queue}: expected at least one slot and a queue >= 0")
-    models = [load_llm(args, model).llm for _ in range(args.parallel)]
+    if args.prefix_cache < 0 or args.resume_window < 0:
+        raise HeteroError(f"--prefix-cache {args.prefix_cache} / --resume-window {args.resume_window}: expected >= 0")
+    models = load_llm(args, model, slots=args.parallel).llm.sequences()
     print(f"hetero serve: {models[0].name} on http://{args.host}:{args.port}/v1 ({args.parallel} slot(s), "
-          f"context {args.ctx}, queue {args.queue})", file=sys.stderr, flush=True)
-    run(models, host=args.host, port=args.port, log_level=args.log_level, name=args.alias, max_queue=args.queue)
+          f"context {args.ctx}, queue {args.queue}, prefix cache {args.prefix_cache} MiB, resume window "
+          f"{args.resume_window:g} s)", file=sys.stderr, flush=True)
+    run(models, host=args.host, port=args.port, log_level=args.log_level, name=args.alias, max_queue=args.queue,
+        prefix_cache_bytes=args.prefix_cache << 20, resume_window=args.resume_window)
     return 0

@@ -1,20 +1,45 @@
 """The server's Prometheus metrics (``GET /metrics``): requests, tokens, queue depth, busy slots, prefill and decode
-speed, time to first token, KV cache use. Each app has its own registry, so two servers in one process (tests) do
-not share counters."""
+speed, time to first token, KV cache use, the prefix cache and resumable streams. Each app has its own registry, so
+two servers in one process (tests) do not share counters."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 
+class _Cached:
+    """The prefix cache's and the resumable streams' figures, read when scraped."""
+
+    def __init__(self, prefix_cache: Any, streams: Any) -> None:
+        self.prefix_cache, self.streams = prefix_cache, streams
+
+    def collect(self) -> Iterator[Any]:
+        if self.prefix_cache is not None:
+            s, c = self.prefix_cache.stats, self.prefix_cache
+            yield CounterMetricFamily("hetero_prefix_cache_hits", "Prompts that restored a cached prefix", s.hits)
+            yield CounterMetricFamily("hetero_prefix_cache_misses", "Prompts that found no longer cached prefix "
+                                      "than their slot held", s.misses)
+            yield CounterMetricFamily("hetero_prefix_cache_tokens_saved", "Prompt tokens restored from the prefix "
+                                      "cache instead of computed", s.tokens_saved)
+            yield CounterMetricFamily("hetero_prefix_cache_evictions", "Snapshots dropped for room", s.evicted)
+            yield GaugeMetricFamily("hetero_prefix_cache_entries", "Prompts kept in the prefix cache", len(c))
+            yield GaugeMetricFamily("hetero_prefix_cache_bytes", "Bytes of the prefix cache's snapshots", c.nbytes)
+        if self.streams is not None:
+            yield GaugeMetricFamily("hetero_streams_resumable", "Streams kept for resuming", len(self.streams))
+            yield CounterMetricFamily("hetero_streams_resumed", "Reconnections to a stream", self.streams.resumed)
+
+
 class Metrics:
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: Any, prefix_cache: Any = None, streams: Any = None) -> None:
         r = self.registry = CollectorRegistry()
+        r.register(_Cached(prefix_cache, streams))
         self.requests = Counter("hetero_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("hetero_prompt_tokens", "Prompt tokens received", registry=r)

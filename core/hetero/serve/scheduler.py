@@ -1,10 +1,15 @@
-"""Slots and the request queue: each slot is a thread that owns one loaded model and runs one request at a time;
+"""Slots and the request queue: each slot is a thread that runs one request at a time on its sequence of the model;
 requests wait in a bounded queue (full: ``QueueFull``, HTTP 429) and a cancelled request frees its slot at the next
 token.
 
-Each slot's model keeps its KV cache between requests, so a request that starts with what the previous one on that
-slot had (a conversation's earlier turns, a shared system prompt) computes only the new tokens; a request goes to
-the free slot whose cache shares the longest prefix with its prompt.
+The slots' models are the sequences of one model loaded with ``slots=N`` (``Llm.sequences()``: one copy of the
+weights, a KV cache each): the slot threads' decode steps meet in the model's batcher and run as one batched step
+(``hetero.llm.batch``), and a new request's prompt runs between those steps. A list of separately loaded models
+works too (each slot then decodes alone).
+
+Each slot's sequence keeps its KV cache between requests, so a request that starts with what the previous one on
+that slot had (a conversation's earlier turns, a shared system prompt) computes only the new tokens; a request goes
+to the free slot whose cache shares the longest prefix with its prompt.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ class _Job:
 
 
 class Scheduler:
-    """``models``: one per slot (each with its own KV cache); ``max_queue``: requests that may wait for a slot."""
+    """``models``: one per slot (each with its own KV cache: ``llm.sequences()``); ``max_queue``: requests that may
+    wait for a slot."""
 
     def __init__(self, models: list[Any], max_queue: int) -> None:
         if not models:
@@ -110,6 +116,7 @@ class Scheduler:
             try:
                 self._serve(job, model)
             finally:
+                model.idle()  # the batched steps of the other slots stop waiting for this one
                 with self._lock:
                     self.busy -= 1
                     self._free.append(index)

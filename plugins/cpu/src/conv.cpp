@@ -106,9 +106,25 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
   return pc;
 }
 
-void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+namespace {
+
+// A convolution along H alone on a one-column image (an [N, C, L, 1] tensor with a kh x 1 kernel, as magika's
+// exporter writes 1-D convolutions) is the same computation, on the same memory, as one along W on a one-row image.
+// The im2col and depthwise kernels copy runs along W: with W = 1 every run is one element long.
+ConvGeom along_w(const ConvGeom& g) {
+  if (!(g.W == 1 && g.Wo == 1 && g.kw == 1 && g.pl == 0 && g.pr == 0 && g.H > 1)) return g;
+  ConvGeom t = g;
+  t.H = 1, t.W = g.H, t.kh = 1, t.kw = g.kh, t.Ho = 1, t.Wo = g.Ho;
+  t.sh = 1, t.sw = g.sh, t.dh = 1, t.dw = g.dh, t.pt = 0, t.pb = 0, t.pl = g.pt, t.pr = g.pb;
+  return t;
+}
+
+}  // namespace
+
+void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
                    const Epilogue& act) {
-  if (g.N == 0 || g.Cout == 0 || g.Ho == 0 || g.Wo == 0) return;
+  if (geom.N == 0 || geom.Cout == 0 || geom.Ho == 0 || geom.Wo == 0) return;
+  const ConvGeom g = along_w(geom);
   if (pc.depthwise) {
     depthwise(pc, g, x, bias, out, act);
     return;
@@ -124,7 +140,10 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   // the thread that packed them) and runs the whole M x block GEMM on them. One parallel_for per conv: no
   // barrier between im2col and GEMM, and no per-image thread wake-ups.
   const i64 np_all = ceil_div(HWo, nr);
-  i64 ppb = std::max<i64>(1, std::min<i64>(np_all, kConvBlockFloats / std::max<i64>(1, K * nr)));
+  // The GEMM walks the block kc rows at a time, so the L2 budget bounds kc x columns, not K x columns: a deep K
+  // (magika's 1280) still gets enough columns for each packed weight row panel to be reused from L2.
+  const i64 depth = std::min<i64>(K, kr.kc);
+  i64 ppb = std::max<i64>(1, std::min<i64>(np_all, kConvBlockFloats / std::max<i64>(1, depth * nr)));
   const double flops = 2.0 * g.N * g.Cout * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
   // Enough tasks for every thread (a little over-decomposition evens out the ragged last block).

@@ -723,6 +723,52 @@ void py_attention(Attention& at, const py::array& q, const py::array& k, const p
   attention_run(at, pq, pk, pv, T, hq, past, scale, po);
 }
 
+// A prefix of the cache as bytes in its own layout, per kv head (rows): the K tiles covering positions [0, n), V's
+// rows [0, n), and (q8) V's scales. `load` puts them back into a cache of the same heads, head size and type (a
+// prefix cache: one sequence's computed prompt reused by another). A K tile's positions past n are copied as they
+// are: the kernel never reads a position past `filled`.
+py::tuple py_attention_export(const Attention& at, i64 n) {
+  if (n < 0 || n > at.filled)
+    fail("LlmAttention.export: " + std::to_string(n) + " positions; the cache holds " + std::to_string(at.filled));
+  const i64 tiles = (n + KT - 1) / KT;
+  const auto kbytes = static_cast<py::ssize_t>(tiles * static_cast<i64>(at.tile_bytes()));
+  const auto vbytes = static_cast<py::ssize_t>(n * at.d * static_cast<i64>(at.esize()));
+  const auto sbytes = static_cast<py::ssize_t>(at.kind == KV_Q8 ? n * at.nb() * 4 : 0);
+  py::array_t<std::uint8_t> k({static_cast<py::ssize_t>(at.hkv), kbytes});
+  py::array_t<std::uint8_t> v({static_cast<py::ssize_t>(at.hkv), vbytes});
+  py::array_t<std::uint8_t> s({static_cast<py::ssize_t>(at.hkv), sbytes});
+  if (n > 0 && at.k) {
+    for (i64 h = 0; h < at.hkv; ++h) {
+      std::memcpy(k.mutable_data(h, 0), at.ktile(h, 0), static_cast<std::size_t>(kbytes));
+      std::memcpy(v.mutable_data(h, 0), at.vrow(h, 0), static_cast<std::size_t>(vbytes));
+      if (sbytes) std::memcpy(s.mutable_data(h, 0), at.vscale(h, 0), static_cast<std::size_t>(sbytes));
+    }
+  }
+  return py::make_tuple(k, v, s);
+}
+
+void py_attention_load(Attention& at, i64 n, const py::array_t<std::uint8_t, py::array::c_style>& k,
+                       const py::array_t<std::uint8_t, py::array::c_style>& v,
+                       const py::array_t<std::uint8_t, py::array::c_style>& s) {
+  if (n < 0 || n > at.max_ctx)
+    fail("LlmAttention.load: " + std::to_string(n) + " positions; the context holds " + std::to_string(at.max_ctx));
+  const i64 tiles = (n + KT - 1) / KT;
+  const i64 kbytes = tiles * static_cast<i64>(at.tile_bytes()), vbytes = n * at.d * static_cast<i64>(at.esize());
+  const i64 sbytes = at.kind == KV_Q8 ? n * at.nb() * 4 : 0;
+  // an export of at least n positions: its first n are loaded
+  auto shaped = [&](const py::array& a, i64 bytes) { return a.ndim() == 2 && a.shape(0) == at.hkv && a.shape(1) >= bytes; };
+  if (!shaped(k, kbytes) || !shaped(v, vbytes) || !shaped(s, sbytes))
+    fail("LlmAttention.load: the arrays are not an export of " + std::to_string(n) + "+ positions of a cache with " +
+         std::to_string(at.hkv) + " kv heads of " + std::to_string(at.d) + " values in this type");
+  if (!at.k) at.alloc();
+  for (i64 h = 0; h < at.hkv && n > 0; ++h) {
+    std::memcpy(const_cast<void*>(at.ktile(h, 0)), k.data(h, 0), static_cast<std::size_t>(kbytes));
+    std::memcpy(const_cast<void*>(at.vrow(h, 0)), v.data(h, 0), static_cast<std::size_t>(vbytes));
+    if (sbytes) std::memcpy(at.vscale(h, 0), s.data(h, 0), static_cast<std::size_t>(sbytes));
+  }
+  at.filled = n;
+}
+
 // ------------------------------------------------------------------------------------------------ MoE
 struct MoE {
   std::shared_ptr<Weights> gate, up, down;
@@ -909,7 +955,11 @@ void bind_llm(py::module_& m) {
       .def_readonly("filled", &Attention::filled)
       .def_readonly("max_context", &Attention::max_ctx)
       .def("__call__", &py_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"),
-           py::arg("scale"), py::arg("out"));
+           py::arg("scale"), py::arg("out"))
+      .def("export", &py_attention_export, py::arg("n"),
+           "The first n cached positions as (k, v, v_scales) uint8 [kv_heads, bytes] arrays in the cache's layout.")
+      .def("load", &py_attention_load, py::arg("n"), py::arg("k"), py::arg("v"), py::arg("v_scales"),
+           "Make the cache hold the first n positions of an export (of n or more) of a cache of the same shape and type.");
 
   py::class_<MoE>(m, "LlmMoE", "Routed SwiGLU experts (top-k; tokens grouped by expert) plus an optional shared expert.")
       .def(py::init([](const py::array& router, const PyWeights& gate, const PyWeights& up, const PyWeights& down,

@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -307,6 +308,28 @@ void x_bias_clamp_row(float* y, i64 n, float b, float lo, float hi) {
 inline i64 x_ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline i64 x_floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
+// One full panel whose nr columns lie on one output row, every tap inside the image horizontally, stride 1 along W
+// (most panels of a padded stride-1 conv): each of its K rows is nr consecutive floats of one input row, or zeros
+// above / below the image. Fixed-size copies instead of the general segment loop, whose bookkeeping cost more than
+// the copies themselves.
+template <int NR>
+void x_im2col_interior(const ConvGeom& g, const float* x, i64 cin_g, i64 oy, const i64* tab, float* d) {
+  for (i64 c = 0; c < cin_g; ++c) {
+    const float* plane = x + c * g.H * g.W;
+    for (i64 ky = 0; ky < g.kh; ++ky) {
+      const i64 iy = oy * g.sh + ky * g.dh - g.pt;
+      const bool inside = iy >= 0 && iy < g.H;
+      const float* src = plane + iy * g.W;
+      for (i64 kx = 0; kx < g.kw; ++kx, d += NR) {
+        if (inside)
+          std::memcpy(d, src + tab[kx * 3], NR * sizeof(float));
+        else
+          std::memset(d, 0, NR * sizeof(float));
+      }
+    }
+  }
+}
+
 // Packed-B panels of columns [j0, j0 + ncols) of the im2col matrix of one image/group: rows k = (c, ky, kx),
 // columns j = (oy, ox). Each panel row is filled segment by segment (a segment = the part of the panel that lies
 // on one output row), so stride-1 convs copy contiguous input runs instead of testing every element.
@@ -344,6 +367,15 @@ void x_im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0
         e[1] = lo;
         e[2] = hi;
       }
+    bool interior = g.sw == 1 && nseg == 1 && cols == nr && (nr == 16 || nr == 32);
+    for (i64 kx = 0; interior && kx < g.kw; ++kx) interior = tab[kx * 3 + 1] == 0 && tab[kx * 3 + 2] == nr;
+    if (interior) {
+      if (nr == 16)
+        x_im2col_interior<16>(g, x, cin_g, segs[0].oy, tab, d);
+      else
+        x_im2col_interior<32>(g, x, cin_g, segs[0].oy, tab, d);
+      continue;
+    }
     i64 k = 0;
     for (i64 c = 0; c < cin_g; ++c) {
       const float* plane = x + c * g.H * g.W;

@@ -3,11 +3,23 @@ QNN; the segment then runs as one QNN graph in the worker (a whole-graph backend
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import numpy as np
 
-from hetero.contract import BackendError, HostMemory, NodeInfo, Segment, Support, Tensor, dtypes, unsupported
+from hetero.contract import (
+    BackendError,
+    DecoderRequest,
+    HostMemory,
+    LlmDecoder,
+    NodeInfo,
+    Segment,
+    Support,
+    Tensor,
+    dtypes,
+    unsupported,
+)
 from hetero.contract.onnx_export import segment_to_onnx
 
 from .qnn import DEFAULT_SOC_MODEL, HtpOptions, QnnRuntime
@@ -45,6 +57,15 @@ class HexagonBackend(HostMemory):
 
     def compile(self, segment: Segment) -> HtpProgram:
         return HtpProgram(self, segment)
+
+    def llm_decoder(self, request: DecoderRequest) -> LlmDecoder:
+        """The LLM decoder as the HTP's static-shape graphs (``llm_decoder.HtpDecoder``), or with
+        ``HETERO_HEXAGON_LLM=hvx`` its decode step on HVX (``hvx_decoder.HvxDecoder``): what ``hetero generate``
+        and ``hetero bench --backend hexagon`` run."""
+        from .llm_decoder import ENGINE_ENV, from_request
+
+        engine = os.environ.get(ENGINE_ENV, "htp").strip().lower()
+        return from_request(request, HtpOptions(soc_model=self.htp.soc_model), engine)
 
 
 class HtpProgram:

@@ -10,8 +10,9 @@ One graph, ``T`` tokens against a cache of ``C`` positions:
     outputs  logits float32[T, vocab], k_<l> / v_<l> float32[kv_heads, T, head_dim]
 
 Standard ONNX ops only (Gather, MatMul, ReduceMean, Sqrt, Reciprocal, Slice, Concat, Softmax, Sigmoid...), all in
-the HTP table, so QNN compiles the whole step; fp16 on the HTP. Qwen2 / Qwen3-shaped dense models (q/k norms when
-the weights have them, q/k/v biases when they have them), plain RoPE.
+the HTP table, so QNN compiles the whole step; fp16 on the HTP, and with quantized weights (``llm_quant``) every
+linear layer a QDQ MatMul (uint16 activations, int8 / int4 block weights). Qwen2 / Qwen3-shaped dense models (q/k
+norms when the weights have them, q/k/v biases when they have them), plain RoPE.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from hetero.contract import UnsupportedOp
+
+from .llm_quant import activation_scale, block_weight, embedding_table, int4_tensor
 
 MASKED = -1e4  # large enough to vanish in softmax, small enough for fp16
 DENSE_TYPES = ("qwen2", "qwen3")
@@ -44,10 +47,14 @@ class DecoderShape:
         if cfg.get("model_type") not in DENSE_TYPES:
             raise UnsupportedOp(f"config.json model_type {cfg.get('model_type')!r}: the HTP decoder graphs cover "
                                 f"the dense {DENSE_TYPES} only")
-        rope = cfg.get("rope_parameters") or {}
-        if rope.get("rope_type", "default") != "default":
-            raise UnsupportedOp(f"config.json rope_type {rope['rope_type']!r}: the HTP decoder graphs' tables are "
-                                "plain RoPE only (no yarn / linear / dynamic scaling)")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise UnsupportedOp(f"config.json rope_type {kind!r}: the HTP decoder graphs' tables are plain RoPE "
+                                "only (no yarn / linear / dynamic scaling)")
+        if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0 or cfg.get("num_experts"):
+            raise UnsupportedOp("config.json partial_rotary_factor / num_experts: the HTP decoder graphs rotate "
+                                "whole heads of dense models only")
         heads = int(cfg["num_attention_heads"])
         return cls(hidden=int(cfg["hidden_size"]), heads=heads, kv_heads=int(cfg.get("num_key_value_heads", heads)),
                    head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
@@ -57,10 +64,18 @@ class DecoderShape:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    """Collects the nodes and initializers of one graph. ``mode`` fp16 writes float linear layers and records each
+    one's input and output value (``probes``, what calibration measures); q8 / q4 write them as QDQ MatMuls with
+    the calibrated magnitudes ``ranges``."""
+
+    def __init__(self, mode: str = "fp16", ranges: dict[str, float] | None = None) -> None:
         self.nodes: list[Any] = []
         self.weights: dict[str, np.ndarray] = {}
+        self.packed: list[Any] = []  # int4 initializers (TensorProto: numpy has no int4)
         self.count = 0
+        self.mode, self.ranges = mode, ranges or {}
+        self.probes: dict[str, str] = {}  # "<layer>.in" / "<layer>.out" -> value name
+        self._qdq: dict[str, str] = {}  # value -> its uint16 quantize-dequantize
 
     def op(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
         from onnx import helper
@@ -78,25 +93,66 @@ class _Builder:
         return self.const(f"i64_{'_'.join(map(str, values)).replace('-', 'm')}", np.array(values, np.int64))
 
     def rms_norm(self, x: str, weight: str, eps: float) -> str:
-        mean = self.op("ReduceMean", [self.op("Mul", [x, x])], axes=[-1], keepdims=1)
+        mean = self.op("ReduceMean", [self.op("Mul", [x, x]), self.ints(-1)], keepdims=1)
         eps_const = self.const(f"eps_{eps}", np.float32(eps))
         scale = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [mean, eps_const])])])
         return self.op("Mul", [self.op("Mul", [x, scale]), weight])
 
     def linear(self, x: str, w: np.ndarray, name: str, bias: np.ndarray | None = None) -> str:
-        y = self.op("MatMul", [x, self.const(name, w.T.astype(np.float32))])
+        if self.mode == "fp16":
+            y = self.op("MatMul", [x, self.const(name, w.T.astype(np.float32))])
+            self.probes[f"{name}.in"], self.probes[f"{name}.out"] = x, y
+        else:
+            y = self.qdq(self.op("MatMul", [self.qdq(x, f"{name}.in"), self.block_weight(w, name)]), f"{name}.out")
         return y if bias is None else self.op("Add", [y, self.const(f"{name}.bias", bias.astype(np.float32))])
 
+    def block_weight(self, w: np.ndarray, name: str) -> str:
+        """``w[N, K]`` as DequantizeLinear of hetero's block format (int8 / int4, one scale per 32 along K)."""
+        from onnx import numpy_helper
 
-def decoder_graph(shape: DecoderShape, weights: dict[str, np.ndarray], tokens: int, context: int) -> bytes:
-    """The serialized ONNX model of one chunk of ``tokens`` tokens against a ``context``-slot cache."""
+        q, scales = block_weight(w, self.mode)
+        zeros = np.zeros_like(scales, np.int8)
+        if self.mode == "q4":
+            self.packed += [int4_tensor(f"{name}.q", q), int4_tensor(f"{name}.zero", zeros)]
+        else:
+            self.packed += [numpy_helper.from_array(q, f"{name}.q"), numpy_helper.from_array(zeros, f"{name}.zero")]
+        scale = self.const(f"{name}.scale", scales)
+        return self.op("DequantizeLinear", [f"{name}.q", scale, f"{name}.zero"], axis=0, block_size=32)
+
+    def qdq(self, x: str, probe: str) -> str:
+        """``x`` through uint16 QuantizeLinear / DequantizeLinear with the calibrated magnitude of ``probe``."""
+        if x not in self._qdq:
+            if probe not in self.ranges:
+                raise ValueError(f"no calibrated range for {probe}")
+            scale = self.const(f"{probe}.act_scale", np.array(activation_scale(self.ranges[probe])))
+            zero = self.const("act_zero", np.array(32768, np.uint16))
+            self._qdq[x] = self.op("DequantizeLinear", [self.op("QuantizeLinear", [x, scale, zero]), scale, zero])
+        return self._qdq[x]
+
+
+def decoder_graph(shape: DecoderShape, weights: dict[str, np.ndarray], tokens: int, context: int, *,
+                  mode: str = "fp16", ranges: dict[str, float] | None = None) -> bytes:
+    """The serialized ONNX model of one chunk of ``tokens`` tokens against a ``context``-slot cache; ``mode`` q8 /
+    q4 needs ``ranges``, the calibrated magnitude of every linear layer's input and output (``calibration_graph``)."""
+    return _decoder(_Builder(mode, ranges), shape, weights, tokens, context, probes=False)
+
+
+def calibration_graph(shape: DecoderShape, weights: dict[str, np.ndarray], tokens: int,
+                      context: int) -> tuple[bytes, dict[str, str]]:
+    """The float graph with every linear layer's input and output as extra outputs, and the probe -> output map."""
+    builder = _Builder()
+    model = _decoder(builder, shape, weights, tokens, context, probes=True)
+    return model, builder.probes
+
+
+def _decoder(b: _Builder, s: DecoderShape, weights: dict[str, np.ndarray], t: int, context: int, *,
+             probes: bool) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
-    s, b, t = shape, _Builder(), tokens
     half = s.head_dim // 2
     group = s.heads // s.kv_heads
     embed = weights["model.embed_tokens.weight"].astype(np.float32)
-    h = b.op("Gather", [b.const("embed", embed), "ids"], axis=0)  # [T, hidden]
+    h = b.op("Gather", [b.const("embed", embedding_table(embed, b.mode)), "ids"], axis=0)  # [T, hidden]
     graph_outputs = []
 
     def heads(x: str, n: int) -> str:  # [T, n * hd] -> [n, T, hd]
@@ -157,9 +213,12 @@ def decoder_graph(shape: DecoderShape, weights: dict[str, np.ndarray], tokens: i
     outputs = [helper.make_tensor_value_info("logits", f32, [t, s.vocab])]
     outputs += [helper.make_tensor_value_info(f"{kind}_{layer}", f32, [s.kv_heads, t, s.head_dim])
                 for layer in range(s.layers) for kind in "kv"]
+    if probes:
+        outputs += [helper.make_tensor_value_info(value, f32, None) for value in dict.fromkeys(b.probes.values())]
     graph = helper.make_graph(b.nodes, f"decoder_t{t}_c{context}", inputs, outputs,
-                              [numpy_helper.from_array(v, k) for k, v in sorted(b.weights.items())])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(deterministic=True)
+                              [numpy_helper.from_array(v, k) for k, v in sorted(b.weights.items())] + b.packed)
+    # opset 21: block-wise DequantizeLinear and INT4 weights
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString(deterministic=True)
 
 
 class KvCache:
@@ -194,34 +253,3 @@ class KvCache:
             self.k[layer][:, self.length : self.length + n] = outputs[f"k_{layer}"][:, :n]
             self.v[layer][:, self.length : self.length + n] = outputs[f"v_{layer}"][:, :n]
         self.length += n
-
-
-class HtpDecoder:
-    """Greedy generation with the prefill-chunk and decode-step graphs compiled for the HTP (QNN, fp16)."""
-
-    def __init__(self, shape: DecoderShape, weights: dict[str, np.ndarray], *, chunk: int = 8,
-                 context: int = 64) -> None:
-        from .qnn import HtpOptions, QnnRuntime
-
-        self.shape, self.chunk, self.context = shape, chunk, context
-        self.runtime = QnnRuntime.shared()
-        self.steps = {}
-        for tokens in (chunk, 1):
-            what = f"the decoder's {tokens}-token graph ({shape.layers} layers, context {context})"
-            key, names = self.runtime.compile(decoder_graph(shape, weights, tokens, context), HtpOptions(), what)
-            self.steps[tokens] = (key, names["outputs"], what)
-
-    def _run(self, cache: KvCache, ids: list[int], tokens: int) -> np.ndarray:
-        key, names, what = self.steps[tokens]
-        outputs = dict(zip(names, self.runtime.run(key, cache.feeds(ids, tokens), what), strict=True))
-        cache.append(outputs, len(ids))
-        return outputs["logits"][len(ids) - 1]
-
-    def generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
-        cache = KvCache(self.shape, self.context)
-        for start in range(0, len(ids), self.chunk):
-            logits = self._run(cache, ids[start : start + self.chunk], self.chunk)
-        out = [int(np.argmax(logits))]
-        while len(out) < max_new_tokens:
-            out.append(int(np.argmax(self._run(cache, [out[-1]], 1))))
-        return out

@@ -101,13 +101,7 @@ class QnnRuntime:
         """Compile (or find in the cache) the context of ``model`` and load it in the worker; returns its key and
         input / output names."""
         key = content_key(model, repr(options), self.version, *(_feeds_digest(f) for f in calibration or []))
-        folder = cache_root() / "qnn" / key
-        folder.mkdir(parents=True, exist_ok=True)
-        model_path = folder / "model.onnx"
-        if not model_path.exists():
-            scratch = folder / f"model.{os.getpid()}.onnx"
-            scratch.write_bytes(model)
-            scratch.replace(model_path)
+        folder, model_path = _stage(key, model)
         if options.precision == "int8":
             quantized = folder / "model.qdq.onnx"
             if not quantized.exists():
@@ -119,8 +113,29 @@ class QnnRuntime:
                                  provider_options=options.provider_options())
         return key, names
 
+    def load_reference(self, model: bytes, context: str) -> tuple[str, list[str]]:
+        """Load ``model`` on onnxruntime's CPU in the worker (float reference runs: calibration, never a claimed
+        segment); returns its key and output names."""
+        key = content_key(model, "cpu", self.version)
+        _, model_path = _stage(key, model)
+        names = self.worker.call("load_reference", context=f"loading {context} on the CPU", timeout=600, key=key,
+                                 model_path=str(model_path))
+        return key, names["outputs"]
+
     def run(self, key: str, feeds: dict[str, Any], context: str) -> list[Any]:
         return self.worker.call("run", context=f"running {context}", timeout=600, key=key, feeds=feeds)
+
+
+def _stage(key: str, model: bytes) -> tuple[Path, Path]:
+    """The cache folder of ``key`` with ``model.onnx`` written in it (atomically: other processes may read it)."""
+    folder = cache_root() / "qnn" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    model_path = folder / "model.onnx"
+    if not model_path.exists():
+        scratch = folder / f"model.{os.getpid()}.onnx"
+        scratch.write_bytes(model)
+        scratch.replace(model_path)
+    return folder, model_path
 
 
 def _feeds_digest(feeds: dict[str, Any]) -> bytes:

@@ -65,6 +65,16 @@ def compile(key: str, model_path: str, context_path: str, provider_options: dict
     return {"inputs": [i.name for i in session.get_inputs()], "outputs": [o.name for o in session.get_outputs()]}
 
 
+def load_reference(key: str, model_path: str) -> dict[str, Any]:
+    """Load a float model on onnxruntime's CPU (the calibration of the LLM graphs' activations: a reference run,
+    not a claimed segment, so the HTP-only rule does not apply)."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    session = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+    SESSIONS[key] = session
+    return {"outputs": [o.name for o in session.get_outputs()]}
+
+
 def run(key: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return list(SESSIONS[key].run(None, feeds))
 

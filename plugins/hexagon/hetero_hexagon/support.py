@@ -35,6 +35,14 @@ def _always(node: NodeInfo) -> Support:
     return SUPPORTED
 
 
+def _gelu(node: NodeInfo) -> Support:
+    # hetero's passes write a Gelu for a GELU spelled out in elementwise nodes, whatever the model's opset; the
+    # segment is exported at that opset, where ONNX has no Gelu before 20
+    if node.opset < 20:
+        return unsupported(f"Gelu in a model of opset {node.opset} (ONNX has Gelu from opset 20)")
+    return SUPPORTED
+
+
 # op (ONNX domain) -> extra condition. Not here because QNN 2.51's HTP refused them: Erf, Acos, Asin, Softsign,
 # ReduceProd (Mish: onnxruntime 1.32 has no schema for it at opset 17).
 Check = Callable[[NodeInfo], Support]
@@ -48,6 +56,7 @@ ONNX_OPS: dict[str, Check] = {op: _always for op in (
     "Sub", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where",
 )}
 ONNX_OPS["Gemm"] = _gemm
+ONNX_OPS["Gelu"] = _gelu
 HETERO_OPS: dict[str, Check] = {"FusedConv": _fused, "FusedMatMul": _fused}
 
 

@@ -56,6 +56,11 @@ class Param:
         match = re.fullmatch(r"(?:device|constant)\s+(?:const\s+)?(\w+)\s*\*", self.type.strip())
         return match.group(1) if match else None
 
+    @property
+    def writable(self) -> bool:
+        """A ``device`` pointer without ``const``: the kernel may write through it."""
+        return re.fullmatch(r"device\s+\w+\s*\*", self.type.strip()) is not None
+
 
 @dataclass(frozen=True)
 class ParamStruct:
@@ -68,8 +73,13 @@ class ParamStruct:
         if missing or extra:
             raise SignatureError(f"{where}: {self.name} needs fields {missing or 'none missing'}, "
                                  f"unknown {extra or 'none'}")
-        codes = "<" + "".join(_FIELD_CODES[t] for t, _ in self.fields)
-        return struct.pack(codes, *(_cast(t, values[name]) for t, name in self.fields))
+        return struct.pack(self._codes(), *(_cast(t, values[name]) for t, name in self.fields))
+
+    def size(self) -> int:
+        return struct.calcsize(self._codes())
+
+    def _codes(self) -> str:
+        return "<" + "".join(_FIELD_CODES[t] for t, _ in self.fields)
 
 
 def _cast(type_name: str, value: float | int) -> float | int:

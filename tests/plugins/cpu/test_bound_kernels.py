@@ -20,7 +20,7 @@ def _chain_model():
     f32 = np.float32
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-        helper.make_node("Add", ["c", "channel_bias"], ["a"]),  # broadcast [4, 1, 1]
+        helper.make_node("Add", ["c", "row_bias"], ["a"]),  # broadcast [8, 1] (along H: not folded into the conv)
         helper.make_node("Clip", ["a", "lo", "hi"], ["cl"]),
         helper.make_node("MaxPool", ["cl"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("AveragePool", ["cl"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
@@ -44,7 +44,7 @@ def _chain_model():
         helper.make_node("Cast", ["lt"], ["v"], to=TensorProto.FLOAT),
     ]
     inits = [("w", rng.normal(size=(4, 3, 3, 3)).astype(f32)), ("b", rng.normal(size=4).astype(f32)),
-             ("channel_bias", rng.normal(size=(4, 1, 1)).astype(f32)), ("lo", np.array(-0.5, f32)),
+             ("row_bias", rng.normal(size=(8, 1)).astype(f32)), ("lo", np.array(-0.5, f32)),
              ("hi", np.array(2.0, f32)), ("starts", np.array([1], np.int64)), ("ends", np.array([3], np.int64)),
              ("axes", np.array([3], np.int64)), ("flat", np.array([0, -1], np.int64)),
              ("big", np.array([1, 4, 2, 2], np.int64)), ("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
@@ -75,4 +75,67 @@ def test_bound_calls_equal_the_interpreter_bit_for_bit():
         replayed = session.run(feeds)
         interpreted = hetero.Session(model, backends=["cpu"]).run(feeds)
         for name in ("y", "z", "v"):
+            np.testing.assert_array_equal(replayed[name], interpreted[name], err_msg=name)
+
+
+def _dense_model():
+    """The ops of transformer and recurrent models: MatMul (packed weight and two activations), Gemm, LayerNorm,
+    BatchNormalization, LSTM, Split, Shape, GlobalMaxPool; every kernel ends in a bound native call."""
+    rng = np.random.default_rng(1)
+    f32 = np.float32
+    hidden = 8
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),  # [N, 6, 16] @ [16, 12]: packed weight
+        helper.make_node("LayerNormalization", ["h", "ln_scale", "ln_bias"], ["ln"], axis=-1),
+        helper.make_node("Transpose", ["ln"], ["lt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["ln", "lt"], ["scores"]),  # two activations: batched native matmul
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "ln"], ["ctx"]),
+        helper.make_node("Split", ["ctx"], ["s0", "s1"], axis=2, num_outputs=2),
+        helper.make_node("Add", ["s0", "s1"], ["sum"]),  # [N, 6, 6]
+        helper.make_node("Transpose", ["sum"], ["seq"], perm=[1, 0, 2]),  # [6, N, 6]: LSTM's time-major input
+        helper.make_node("LSTM", ["seq", "lstm_w", "lstm_r", "lstm_b"], ["ly", "lyh", "lyc"], hidden_size=hidden),
+        helper.make_node("Reshape", ["lyh", "flat2"], ["hv"]),  # [N, 8]
+        helper.make_node("Gemm", ["hv", "gemm_w", "gemm_b"], ["g"], transB=1, alpha=0.5, beta=2.0),
+        helper.make_node("Unsqueeze", ["g", "ax23"], ["g4"]),  # [N, 5, 1, 1]
+        helper.make_node("BatchNormalization", ["g4", "bn_s", "bn_b", "bn_m", "bn_v"], ["bn"]),
+        helper.make_node("Shape", ["ly"], ["ly_shape"], start=1),
+        helper.make_node("Cast", ["ly_shape"], ["shape_f"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["shape_f"], ["shape_sum"], keepdims=0),
+        helper.make_node("GlobalMaxPool", ["ly"], ["gm"]),  # [6, 1, N, 1] -> [6, 1, 1, 1]
+        helper.make_node("ReduceSum", ["gm"], ["gms"], keepdims=0),
+        helper.make_node("Add", ["gms", "shape_sum"], ["k"]),
+        helper.make_node("Mul", ["bn", "k"], ["y"]),
+        helper.make_node("Add", ["lyc", "k"], ["c"]),
+    ]
+    inits = [("w", rng.normal(size=(16, 12)).astype(f32)), ("ln_scale", rng.normal(size=12).astype(f32)),
+             ("ln_bias", rng.normal(size=12).astype(f32)),
+             ("lstm_w", rng.normal(size=(1, 4 * hidden, 6)).astype(f32) * 0.3),
+             ("lstm_r", rng.normal(size=(1, 4 * hidden, hidden)).astype(f32) * 0.3),
+             ("lstm_b", rng.normal(size=(1, 8 * hidden)).astype(f32) * 0.1),
+             ("flat2", np.array([-1, hidden], np.int64)), ("gemm_w", rng.normal(size=(5, hidden)).astype(f32)),
+             ("gemm_b", rng.normal(size=5).astype(f32)), ("ax23", np.array([2, 3], np.int64)),
+             ("bn_s", rng.normal(size=5).astype(f32)), ("bn_b", rng.normal(size=5).astype(f32)),
+             ("bn_m", rng.normal(size=5).astype(f32)), ("bn_v", rng.uniform(0.5, 2, size=5).astype(f32))]
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 6, 16])],
+                      [("y", TensorProto.FLOAT, ["N", 5, 1, 1]), ("c", TensorProto.FLOAT, [1, "N", hidden])],
+                      inits, opset=18)
+
+
+def test_dense_and_recurrent_ops_replay_bound_and_equal_the_interpreter():
+    model = _dense_model()
+    session = hetero.Session(model, backends=["cpu"], on_fallback="error")
+    feeds = {"x": np.random.default_rng(0).normal(size=(2, 6, 16)).astype(np.float32)}
+    session.run(feeds)
+    session.run(feeds)
+    replay = session.programs[0].replay
+    assert replay is not None
+    unbound = [c.func.__self__.node.op_type for c in replay.program
+               if isinstance(c, functools.partial) and c.func.__name__ == "run"]
+    assert not unbound, unbound
+    for seed in (1, 2):
+        feeds = {"x": np.random.default_rng(seed).normal(size=(2, 6, 16)).astype(np.float32)}
+        replayed = session.run(feeds)
+        interpreted = hetero.Session(model, backends=["cpu"]).run(feeds)
+        for name in ("y", "c"):
             np.testing.assert_array_equal(replayed[name], interpreted[name], err_msg=name)

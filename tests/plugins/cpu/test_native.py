@@ -609,6 +609,14 @@ CONV_CASES = [
     (1, 32, 14, 14, 32, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 32),  # depthwise strided
     (1, 5, 7, 7, 4, 7, 7, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # kernel == input
     (1, 4, 6, 5, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # strided 1x1
+    # wide rows: whole 16- / 32-column panels inside one output row (the im2col's fixed-size copy path)
+    (1, 5, 6, 40, 7, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 4, 5, 72, 6, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 1),
+    # one-column images with a kh x 1 kernel (magika's 1-D convs): run as one-row images along W
+    (1, 6, 40, 1, 10, 5, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (2, 4, 23, 1, 7, 3, 1, (2, 1), (1, 0, 2, 0), (2, 1), 1),
+    (1, 8, 19, 1, 8, 3, 1, (1, 1), (1, 0, 1, 0), (1, 1), 8),  # depthwise
+    (1, 3, 9, 1, 5, 3, 1, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # padded along W too: stays as it is
 ]
 
 

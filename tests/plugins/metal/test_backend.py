@@ -97,6 +97,8 @@ def test_llm_fixture_logits_and_greedy_tokens(emulated, family):
     from hetero.llm.generate import greedy_tokens
 
     llm = load(FIXTURES / family, backends=["metal"], on_fallback="silent", all_logits=True)
+    gated = [p.backend for p in llm.session.placement.nodes if p.op_type == "GatedDeltaRule"]
+    assert set(gated) <= {"metal"}  # Qwen3.5's linear-attention layers run in the Metal kernels
     ref = reference_logits(family)
     prompts = expected(family)["prompts"]
     for i, prompt in enumerate(prompts):

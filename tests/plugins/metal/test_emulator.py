@@ -40,7 +40,7 @@ def bind(library: EmulatorLibrary, kernel: str, buffers: list, groups, threads) 
 
 
 def run(library, d: Dispatch, seed: int = 0) -> None:
-    EmulatorQueue(library, seed=seed).commit([d])
+    EmulatorQueue(library, seed=seed).run([d])
 
 
 def test_half_conversion_rounds_to_nearest_even(test_library):
@@ -121,7 +121,7 @@ def test_missing_barrier_is_a_race(test_library, rng, seed):
         run(test_library, bind(test_library, "softmax_missing_barrier", [x, y, [300, 1, 0]], (3,), (128,)), seed)
     # the shipped kernel, same shapes and seed: clean and right
     good = np.zeros_like(x)
-    EmulatorQueue(seed=seed).commit([dispatch("softmax_f32", {"x": x, "y": good, "p": {"n": 300, "inner": 1,
+    EmulatorQueue(seed=seed).run([dispatch("softmax_f32", {"x": x, "y": good, "p": {"n": 300, "inner": 1,
                                                                                       "log_softmax": 0}},
                                               (3,), (128,))])
     np.testing.assert_allclose(good, softmax(x.astype(np.float64)), rtol=1e-5, atol=1e-7)

@@ -22,7 +22,7 @@ from hetero_metal.plan import dispatch, groups_for  # noqa: E402
 
 
 def run(queue, *dispatches):
-    queue.commit(list(dispatches))
+    queue.run(list(dispatches))
 
 
 @pytest.mark.parametrize("op,ref", [
@@ -244,6 +244,7 @@ def test_gated_delta_chunk_and_decode_step(queue, rng, t):
     out = np.full((t, hv, dv), np.nan, np.float32)
     run(queue, dispatch("gated_delta_chunk", {
         "q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state, "out": out,
-        "p": {"t": t, "k_heads": hk, "v_heads": hv, "k_dim": dk, "v_dim": dv, "scale": 0.2}}, (hv,), (64,)))
+        "p": {"t": t, "k_heads": hk, "v_heads": hv, "k_dim": dk, "v_dim": dv, "qk_row": hk * dk, "v_row": hv * dv,
+              "scale": 0.2}}, (hv,), (64,)))
     np.testing.assert_allclose(out, want_out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(state, want_state, rtol=1e-4, atol=1e-5)

@@ -9,6 +9,7 @@ import numpy as np
 from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
 from hetero.contract import dtype_check as backend_dtype_check
 from hetero.contract.dtypes import DType
+from hetero.contract.errors import HeteroError
 from hetero.contract.opforms import activation_known, activation_params
 
 
@@ -28,6 +29,12 @@ def bindable(*arrays: np.ndarray | None) -> bool:
 
 Call = Callable[[], None]
 Calls = Call | list[Call]  # one native call, or several (a Concat's copy per input)
+
+
+def one_slot(label: str, slot: int) -> None:
+    """``export_state`` / ``import_state`` of a kernel holding one sequence's state: slot 0 only."""
+    if slot != 0:
+        raise HeteroError(f"{label}: holds one sequence's state; slot {slot} does not exist")
 
 
 def noop() -> None:

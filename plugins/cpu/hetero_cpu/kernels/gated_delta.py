@@ -5,7 +5,8 @@ The node's state lives here: the recurrent state (float32 ``[Hv, Dk, Dv]``), the
 with K - 1 leading zero rows, so the conv window of any range is a slice; raw a / b rows) and the snapshots; the
 rollback policy is the op's (snapshots every ``snapshot_interval`` positions and after every prompt, replay from
 the newest one at or before the target, or the block-start checkpoint of the op's doc). ``run`` allocates only when
-the history grows (doubling).
+the history grows (doubling). A node serving several sequences (a ``slots`` input) keeps one such state per slot
+(a kernel object each) and runs each one-sequence run of its rows on its slot's.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import SUPPORTED, Backend, HeteroError, NodeInfo, Support, Tensor, dtypes, unsupported
-from hetero.contract.opforms import GATED_DELTA_MODES
+from hetero.contract.opforms import GATED_DELTA_MODES, slot_runs
 
 from .. import _native
-from .common import CpuKernel
+from .common import CpuKernel, one_slot
 
 # Below this many new tokens the recurrence runs, not the chunked form. The chunked form is 1.1-1.2x faster from 4
 # tokens (benchmarks/gated_delta.py --tokens N at Qwen3.5's head size, AVX-512 and AVX2), but blocks of up to 16
@@ -80,6 +81,9 @@ class CpuGatedDeltaRule(CpuKernel):
         self.snaps: dict[int, np.ndarray] = {}
         self.block_pos = -1  # the block-start checkpoint: position (-1: none) and state
         self.block_state = np.zeros_like(self.state)
+        self.slotted = len(node.inputs) > 10 and node.inputs[10] is not None
+        self.slots = int(a.get("slots", 1))
+        self.per_slot: list[CpuGatedDeltaRule] = [self]  # slot -> the kernel object holding its state
 
     # -- state ----------------------------------------------------------------------------------------------------
     def _grow(self, end: int) -> None:
@@ -137,12 +141,61 @@ class CpuGatedDeltaRule(CpuKernel):
         if target > base:  # the same form a run of that many tokens takes (bitwise equal states for short replays)
             self._advance(base, target, None, None, target - base >= self.chunked_min)
 
+    # -- the state as arrays (a prefix cache: hetero.llm.snapshot) --------------------------------------------------
+    def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
+        """The recurrent state after positions [0, length) and their input history (copies). The state exists
+        only where it stands now or at a kept snapshot: other lengths are refused."""
+        one_slot(self.node.label(), slot)
+        if length == self.pos:
+            state = self.state
+        elif length in self.snaps:
+            state = self.snaps[length]
+        else:
+            raise HeteroError(f"{self.node.label()}: no recurrent state at position {length} (it stands at "
+                              f"{self.pos}; snapshots at {sorted(self.snaps)})")
+        k = self.kernel - 1
+        return {"state": state.copy(), "hist_x": self.hist_x[:length + k].copy(),
+                "hist_a": self.hist_a[:length].copy(), "hist_b": self.hist_b[:length].copy()}
+
+    def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
+        """Stand at position ``length`` with an ``export_state`` of exactly that length (a recurrent state cannot
+        be cut shorter)."""
+        one_slot(self.node.label(), slot)
+        k = self.kernel - 1
+        shapes = {"state": self.state.shape, "hist_x": (length + k, self.channels), "hist_a": (length, self.hv),
+                  "hist_b": (length, self.hv)}
+        if any(getattr(state.get(name), "shape", None) != shape or state[name].dtype != np.float32
+               for name, shape in shapes.items()):
+            raise HeteroError(f"{self.node.label()}: the snapshot is not this node's float32 state at position "
+                              f"{length}")
+        self._grow(length)
+        self.hist_x[:length + k] = state["hist_x"]
+        self.hist_a[:length] = state["hist_a"]
+        self.hist_b[:length] = state["hist_b"]
+        np.copyto(self.state, state["state"])
+        self.pos = length
+        self.snaps = {}
+        self.block_pos = -1
+        self._snapshot()  # a later rollback to this position needs no replay
+
     # -- run ------------------------------------------------------------------------------------------------------
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        x = inputs[0].buffer
+        x, a, b, out = inputs[0].buffer, inputs[2].buffer, inputs[3].buffer, outputs[0].buffer
+        z = inputs[8].buffer if len(inputs) > 8 and inputs[8] is not None else None
+        if not self.slotted:
+            self._step(x, a, b, int(inputs[4].buffer.reshape(-1)[0]), z, out)
+            return
+        for run in slot_runs(self.node.label(), inputs[4].buffer, inputs[10].buffer, self.slots):
+            while len(self.per_slot) <= run.slot:
+                self.per_slot.append(CpuGatedDeltaRule(self.info, self.backend))
+            i, j = run.start, run.end
+            self.per_slot[run.slot]._step(x[i:j], a[i:j], b[i:j], run.position, None if z is None else z[i:j],
+                                          out[i:j])
+
+    def _step(self, x: np.ndarray, a: np.ndarray, b: np.ndarray, past: int, z: np.ndarray | None,
+              out: np.ndarray) -> None:
+        """One sequence's step: rows x / a / b / z (and out) at positions past .. past + T - 1."""
         t = x.shape[0]
-        past_t = inputs[4]
-        past = int(past_t.buffer.reshape(-1)[0])
         if past < 0 or past > self.pos:
             raise HeteroError(f"{self.node.label()}: past_len {past} is outside the {self.pos} positions consumed")
         if self.max_context and past + t > self.max_context:
@@ -158,17 +211,15 @@ class CpuGatedDeltaRule(CpuKernel):
         self._grow(end)
         k = self.kernel - 1
         self.hist_x[past + k:end + k] = x
-        self.hist_a[past:end] = inputs[2].buffer
-        self.hist_b[past:end] = inputs[3].buffer
-        z = None
-        if len(inputs) > 8 and inputs[8] is not None:
-            z = _c32(inputs[8].buffer)
+        self.hist_a[past:end] = a
+        self.hist_b[past:end] = b
+        z = None if z is None else _c32(z)
         # mode is read per call: hetero bench switches a loaded model between the forms to compare them
         mode = str(self.node.attrs.get("mode", "auto"))
         if mode not in GATED_DELTA_MODES:
             raise HeteroError(f"{self.node.label()}: mode {mode!r} is not one of {', '.join(GATED_DELTA_MODES)}")
         chunked = mode == "chunked" or (mode == "auto" and t >= self.chunked_min)
-        self._advance(past, end, outputs[0].buffer, z, chunked)
+        self._advance(past, end, out, z, chunked)
         if t > 1:
             self._snapshot()
 

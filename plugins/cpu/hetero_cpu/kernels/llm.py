@@ -37,10 +37,10 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
-from hetero.contract.opforms import cache_range_error, rope_inv_freq
+from hetero.contract.opforms import cache_range_error, rope_inv_freq, slot_runs
 
 from .. import _native
-from .common import CpuKernel, bindable, noop
+from .common import CpuKernel, bindable, noop, one_slot
 
 Bound = Callable[[], None] | None  # what bind() returns
 _FLOAT_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
@@ -263,12 +263,21 @@ class CpuRotaryEmbedding(CpuKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         out = outputs[0].buffer
-        if out.size:
-            self.table(_c(inputs[0].buffer), out, _past_len(inputs[1]))
+        if not out.size:
+            return
+        x, where = _c(inputs[0].buffer), inputs[1].buffer
+        if where.size <= 1:
+            self.table(x, out, _past_len(inputs[1]))
+            return
+        if where.size != x.shape[0]:
+            raise HeteroError(f"{self.node.label()}: {where.size} positions for {x.shape[0]} rows")
+        # one position per row (a step of several sequences): each run of consecutive positions is one call
+        for run in slot_runs(self.node.label(), where, None, 1):
+            self.table(x[run.start:run.end], out[run.start:run.end], run.position)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
         x, out = inputs[0].buffer, outputs[0].buffer
-        past = _past_reader(inputs[1])
+        past = _past_reader(inputs[1])  # None for per-row positions: run() each time
         if past is None or not bindable(x, out):
             return None
         if out.size == 0:
@@ -301,7 +310,9 @@ def _attention_error(label: str, past: int, filled: int, t: int, context: int) -
 
 
 class CpuAttention(CpuKernel):
-    """Causal GQA attention; the KV cache lives in the native object (one per node and session)."""
+    """Causal GQA attention; the KV cache lives in the native object (one per node and session, or one per slot
+    of a node serving several sequences: its rows are then cut into one-sequence runs, each a call on its slot's
+    cache)."""
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
@@ -322,9 +333,32 @@ class CpuAttention(CpuKernel):
         self.hkv, self.d = k[1], k[2]
         self.max_context = int(node.attr("max_context"))
         self.scale = float(node.attr("scale", 0.0)) or 1.0 / math.sqrt(self.d)
-        self.cache = _native.LlmAttention(self.hkv, self.d, self.max_context, _kv_dtype(node))
+        self.kv_dtype = _kv_dtype(node)
+        self.cache = _native.LlmAttention(self.hkv, self.d, self.max_context, self.kv_dtype)
+        self.slotted = len(node.inputs) > 4 and node.inputs[4] is not None
+        self.slots = int(node.attr("slots", 1))
+        # slot -> its cache (native memory is mapped as positions fill: an unused slot costs nothing)
+        self.caches = [self.cache]
+
+    def _slot_cache(self, slot: int) -> Any:
+        while len(self.caches) <= slot:
+            self.caches.append(_native.LlmAttention(self.hkv, self.d, self.max_context, self.kv_dtype))
+        return self.caches[slot]
+
+    def _run_slots(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+                   out: np.ndarray) -> None:
+        label, scale, context = self.node.label(), self.scale, self.max_context
+        for run in slot_runs(label, positions, slots, self.slots):
+            cache, a, b = self._slot_cache(run.slot), run.start, run.end
+            if run.position > cache.filled or run.position + b - a > context:
+                raise _attention_error(label, run.position, cache.filled, b - a, context)
+            cache(q[a:b], k[a:b], v[a:b], run.position, scale, out[a:b])
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        if self.slotted:
+            self._run_slots(_c(inputs[0].buffer), _c(inputs[1].buffer), _c(inputs[2].buffer), inputs[3].buffer,
+                            inputs[4].buffer, outputs[0].buffer)
+            return
         q = inputs[0].buffer
         past = _past_len(inputs[3])
         cache = self.cache
@@ -336,6 +370,11 @@ class CpuAttention(CpuKernel):
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
         q, k, v = (inputs[i].buffer for i in range(3))
         out = outputs[0].buffer
+        if self.slotted:  # positions and slots are read at call time
+            positions, slots = inputs[3].buffer, inputs[4].buffer
+            if not bindable(q, k, v, out):
+                return None
+            return functools.partial(self._run_slots, q, k, v, positions, slots, out)
         past_len = _past_reader(inputs[3])
         if past_len is None or not bindable(q, k, v, out):
             return None
@@ -348,6 +387,25 @@ class CpuAttention(CpuKernel):
             cache(q, k, v, past, scale, out)
 
         return call
+
+    # -- the cache as arrays (a prefix cache: hetero.llm.snapshot) --------------------------------------------------
+    def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
+        """Positions [0, length) of the cache, in its native layout (uint8 rows, one per kv head)."""
+        one_slot(self.node.label(), slot)
+        k, v, scales = self.cache.export(length)
+        return {"k": k, "v": v, "v_scales": scales, "kv_dtype": np.array(_kv_dtype(self.info))}
+
+    def import_state(self, slot: int, length: int, state: dict[str, np.ndarray]) -> None:
+        """Make the cache hold the first ``length`` positions of an ``export_state`` (of at least that many)."""
+        one_slot(self.node.label(), slot)
+        kind = str(state.get("kv_dtype"))
+        if kind != _kv_dtype(self.info):
+            raise HeteroError(f"{self.node.label()}: a {kind} KV cache snapshot does not fit this "
+                              f"{_kv_dtype(self.info)} cache")
+        try:
+            self.cache.load(length, state["k"], state["v"], state["v_scales"])
+        except (ValueError, TypeError, KeyError) as exc:  # not an export of such a cache
+            raise HeteroError(f"{self.node.label()}: the snapshot does not fit its KV cache: {exc}") from None
 
 
 class CpuSwiGLU(CpuKernel):

@@ -1,18 +1,59 @@
-"""MatMul and Gemm on the native packed GEMM; constant weights are packed once, when the kernel is made."""
+"""MatMul and Gemm on the native packed GEMM; constant weights are packed once, when the kernel is made.
+
+All three are ``CallKernel``s: a steady-state replay issues their GEMM (and a fused activation) with no Python of
+their own. A call that would copy an input first (a broadcast batch, ``transA`` on a packed weight, a scaled ``C``)
+runs through ``run`` instead, which may copy.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 
-from hetero.contract import Backend, NodeInfo, Support, Tensor, TensorInfo, unsupported
+from hetero.contract import Backend, NodeInfo, Support, Tensor, unsupported
 
 from .. import _native
-from .common import CpuKernel, float32_only, fused_activation, fused_activation_known
+from .common import Call, CallKernel, Calls, float32_only, fused_activation, fused_activation_known, noop
 
 
-class CpuMatMul(CpuKernel):
+def _empty(a: np.ndarray, out: np.ndarray) -> Call | None:
+    """Zero-sized products: nothing to compute (an empty K gives zeros)."""
+    if out.size == 0:
+        return noop
+    if a.size == 0:
+        return functools.partial(out.fill, 0)
+    return None
+
+
+def _rows2d(x: np.ndarray) -> np.ndarray:
+    """(..., k) as (rows, k): a view of a contiguous array."""
+    return np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+
+
+def _batched(x: np.ndarray, batch: tuple[int, ...], count: int, rows: int, cols: int) -> np.ndarray:
+    """(..., rows, cols) as (1 or count, rows, cols), materialising only mixed broadcasts."""
+    if int(np.prod(x.shape[:-2], dtype=np.int64)) == 1:
+        return np.ascontiguousarray(x).reshape(1, rows, cols)
+    if x.shape[:-2] == batch:
+        return np.ascontiguousarray(x).reshape(count, rows, cols)
+    return np.ascontiguousarray(np.broadcast_to(x, (*batch, rows, cols))).reshape(count, rows, cols)
+
+
+def _mixed_broadcast(x: np.ndarray, batch: tuple[int, ...]) -> bool:
+    """Whether ``_batched`` copies ``x`` (a batch neither 1 nor the full one): a bound call would read a stale copy."""
+    return int(np.prod(x.shape[:-2], dtype=np.int64)) != 1 and x.shape[:-2] != batch
+
+
+def _with_activation(gemm: Call, flat: np.ndarray, activation: tuple[str, float, float]) -> Calls:
+    act, alpha, beta = activation
+    if act == "none":
+        return gemm
+    return [gemm, functools.partial(_native.unary, act, flat, flat, alpha, beta)]
+
+
+class CpuMatMul(CallKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         return float32_only(node)
@@ -25,44 +66,32 @@ class CpuMatMul(CpuKernel):
             weight is not None and weight.ndim == 2
         ) else None
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         a, b = inputs[0].numpy(), inputs[1].numpy()
         out = outputs[0].buffer
-        if _empty(a, out):
-            return
+        empty = _empty(a, out)
+        if empty is not None:
+            return empty
         if a.ndim == 1:
             a = a[None, :]
         if self.packed is not None:
-            k = a.shape[-1]
-            _native.gemm_packed(np.ascontiguousarray(a).reshape(-1, k), self.packed, out.reshape(-1, self.packed.n))
-            return
-        squeeze_n = b.ndim == 1
-        if squeeze_n:
+            return functools.partial(_native.gemm_packed, _rows2d(a), self.packed, out.reshape(-1, self.packed.n))
+        if b.ndim == 1:
             b = b[:, None]
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         count = int(np.prod(batch, dtype=np.int64))
-        out3 = out.reshape(count, m, n)
-        _native.matmul(_batched(a, batch, count, m, k), _batched(b, batch, count, k, n), out3)
+        return functools.partial(_native.matmul, _batched(a, batch, count, m, k), _batched(b, batch, count, k, n),
+                                 out.reshape(count, m, n))
 
-
-def _empty(a: np.ndarray, out: np.ndarray) -> bool:
-    """Zero-sized products: nothing to compute (an empty K gives zeros)."""
-    if out.size == 0:
-        return True
-    if a.size == 0:
-        out.fill(0)
-        return True
-    return False
-
-
-def _batched(x: np.ndarray, batch: tuple[int, ...], count: int, rows: int, cols: int) -> np.ndarray:
-    """(..., rows, cols) as (1 or count, rows, cols), materialising only mixed broadcasts."""
-    if int(np.prod(x.shape[:-2], dtype=np.int64)) == 1:
-        return np.ascontiguousarray(x).reshape(1, rows, cols)
-    if x.shape[:-2] == batch:
-        return np.ascontiguousarray(x).reshape(count, rows, cols)
-    return np.ascontiguousarray(np.broadcast_to(x, (*batch, rows, cols))).reshape(count, rows, cols)
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        if self.packed is None:
+            a, b = inputs[0].numpy(), inputs[1].numpy()
+            if a.ndim >= 2 and b.ndim >= 2:
+                batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+                if _mixed_broadcast(a, batch) or _mixed_broadcast(b, batch):
+                    return None
+        return super().bind(inputs, outputs)
 
 
 class CpuFusedMatMul(CpuMatMul):
@@ -81,26 +110,31 @@ class CpuFusedMatMul(CpuMatMul):
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.activation = fused_activation(self.node.attrs)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def _bias(self, inputs: Sequence[Tensor | None]) -> np.ndarray | None:
+        if self.bias is None and len(inputs) > 2 and inputs[2] is not None:
+            return np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
+        return self.bias
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         a = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
-            return
-        bias = self.bias
-        if bias is None and len(inputs) > 2 and inputs[2] is not None:
-            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
-        n = self.packed.n
-        flat = out.reshape(-1, n)
+            return noop
+        bias = self._bias(inputs)
+        flat = out.reshape(-1, self.packed.n)
         if a.size == 0:
-            flat[...] = 0 if bias is None else bias
-        else:
-            _native.gemm_packed(np.ascontiguousarray(a).reshape(-1, a.shape[-1]), self.packed, flat, bias=bias)
-        act, alpha, beta = self.activation
-        if act != "none":
-            _native.unary(act, flat, flat, alpha, beta)
+            fill = functools.partial(flat.fill, 0) if bias is None else functools.partial(np.copyto, flat, bias)
+            return _with_activation(fill, flat, self.activation)
+        gemm = functools.partial(_native.gemm_packed, _rows2d(a), self.packed, flat, bias=bias)
+        return _with_activation(gemm, flat, self.activation)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        if self.bias is None and len(inputs) > 2 and inputs[2] is not None and inputs[2].numpy().dtype != np.float32:
+            return None  # a converted bias would be this run's copy
+        return CallKernel.bind(self, inputs, outputs)
 
 
-class CpuGemm(CpuKernel):
+class CpuGemm(CallKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         return float32_only(node)
@@ -120,24 +154,34 @@ class CpuGemm(CpuKernel):
         bias = node.constants.get(2)
         self.bias = None if bias is None else np.ascontiguousarray(bias * self.beta, dtype=np.float32)
 
-    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        pass
+    def _runtime_bias(self, inputs: Sequence[Tensor | None]) -> np.ndarray | None:
+        if self.bias is None and len(inputs) > 2 and inputs[2] is not None:
+            c = inputs[2].numpy()
+            return np.ascontiguousarray(c if self.beta == 1.0 else c * self.beta, dtype=np.float32)
+        return self.bias
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         a = inputs[0].numpy()
         out = outputs[0].buffer
-        if _empty(a, out):
-            if out.size and len(inputs) > 2 and inputs[2] is not None:
-                out[...] = self.beta * inputs[2].numpy()
-            return
-        bias = self.bias
-        if bias is None and len(inputs) > 2 and inputs[2] is not None:
-            c = inputs[2].numpy()
-            bias = np.ascontiguousarray(c if self.beta == 1.0 else c * self.beta, dtype=np.float32)
+        if out.size == 0:
+            return noop
+        if a.size == 0:
+            c = inputs[2] if len(inputs) > 2 else None
+            if c is None:
+                return functools.partial(out.fill, 0)
+            return functools.partial(np.multiply, self.beta, c.numpy(), out=out)
+        bias = self._runtime_bias(inputs)
         if self.packed is not None:
             a_op = np.ascontiguousarray(a.T) if self.trans_a else a
-            _native.gemm_packed(a_op, self.packed, out, alpha=self.alpha, beta=0.0, bias=bias)
-        else:
-            b = inputs[1].numpy()
-            _native.gemm(a, b, out, trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, beta=0.0,
-                         bias=bias)
+            return functools.partial(_native.gemm_packed, a_op, self.packed, out, alpha=self.alpha, beta=0.0,
+                                     bias=bias)
+        return functools.partial(_native.gemm, a, inputs[1].numpy(), out, trans_a=self.trans_a,
+                                 trans_b=self.trans_b, alpha=self.alpha, beta=0.0, bias=bias)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        runtime_c = self.bias is None and len(inputs) > 2 and inputs[2] is not None
+        if runtime_c and (self.beta != 1.0 or inputs[2].numpy().dtype != np.float32):
+            return None  # the bias handed to the GEMM would be this run's scaled copy
+        if self.packed is not None and self.trans_a:
+            return None  # the GEMM reads a transposed copy of A
+        return super().bind(inputs, outputs)

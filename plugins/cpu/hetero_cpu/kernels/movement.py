@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, dtypes, unsupported
+from hetero.contract.opforms import shape_range
 
 from .. import _native
 from .common import Call, CallKernel, Calls, noop
@@ -160,7 +161,22 @@ class CpuCast(CallKernel):
         return functools.partial(np.copyto, outputs[0].buffer, inputs[0].numpy(), casting="unsafe")
 
 
+class CpuShape(CallKernel):
+    """Shape (with opset 15's start / end): the input's dims, fixed per prepared signature (the replay's premise),
+    copied into the output; the input's data is never read."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return SUPPORTED
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        dims = inputs[0].shape
+        start, end = shape_range(self.attr("start", 0), self.attr("end"), len(dims))
+        return functools.partial(np.copyto, outputs[0].buffer, np.array(dims[start:end], dtype=np.int64))
+
+
 KERNELS = {
+    ("", "Shape"): CpuShape,
     **{("", op): CpuReshapeLike for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
     ("", "Transpose"): CpuTranspose,
     ("", "Expand"): CpuExpand,

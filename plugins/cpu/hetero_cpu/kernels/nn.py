@@ -10,7 +10,7 @@ import numpy as np
 from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
 
 from .. import _native
-from .common import Call, CallKernel, Calls, CpuKernel, float32_only, fused_activation, fused_activation_known, noop
+from .common import Call, CallKernel, Calls, float32_only, fused_activation, fused_activation_known, noop
 
 
 def _rows(shape: Sequence[int], axis: int) -> tuple[int, int]:
@@ -57,7 +57,7 @@ class CpuSoftmax(CallKernel):
         return functools.partial(_native.softmax, x.reshape(self.rows), out.reshape(self.rows), log=log)
 
 
-class CpuLayerNorm(CpuKernel):
+class CpuLayerNorm(CallKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         x = node.inputs[0]
@@ -78,16 +78,17 @@ class CpuLayerNorm(CpuKernel):
         self.rows = _rows(shape, axis)
         self.eps = float(self.attr("epsilon", 1e-5))
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)
-        scale = inputs[1].numpy().reshape(-1)
-        bias = inputs[2].numpy().reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+        scale = np.ascontiguousarray(inputs[1].numpy()).reshape(-1)
+        bias = np.ascontiguousarray(inputs[2].numpy()).reshape(-1) if len(inputs) > 2 and inputs[2] is not None \
+            else None
         mean = outputs[1].buffer.reshape(-1) if len(outputs) > 1 else None
         invstd = outputs[2].buffer.reshape(-1) if len(outputs) > 2 else None
-        _native.layer_norm(x, scale, bias, out.reshape(self.rows), self.eps, mean, invstd)
+        return functools.partial(_native.layer_norm, x, scale, bias, out.reshape(self.rows), self.eps, mean, invstd)
 
 
 def _pads_nd(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
@@ -237,7 +238,7 @@ class CpuGlobalAvgPool(CallKernel):
         return functools.partial(_native.global_avg_pool, np.ascontiguousarray(inputs[0].numpy()), out)
 
 
-class CpuBatchNorm(CpuKernel):
+class CpuBatchNorm(CallKernel):
     """Inference-mode BatchNormalization as one per-channel scale and shift (folded from the statistics once)."""
 
     @staticmethod
@@ -263,12 +264,13 @@ class CpuBatchNorm(CpuKernel):
         shape = (1, -1) + (1,) * (rank - 2)
         self.mul_view, self.add_view = self.mul.reshape(shape), self.add.reshape(shape)
 
-    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         out = outputs[0].buffer
-        if out.size:
-            x = inputs[0].numpy()
-            _native.binary("mul", x, np.broadcast_to(self.mul_view, out.shape), out)
-            _native.binary("add", out, np.broadcast_to(self.add_view, out.shape), out)
+        if out.size == 0:
+            return noop
+        x = inputs[0].numpy()
+        return [functools.partial(_native.binary, "mul", x, np.broadcast_to(self.mul_view, out.shape), out),
+                functools.partial(_native.binary, "add", out, np.broadcast_to(self.add_view, out.shape), out)]
 
 
 KERNELS = {

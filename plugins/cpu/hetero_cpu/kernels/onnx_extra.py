@@ -144,13 +144,12 @@ class CpuGlobalMaxPool(_NativeOrNumpy):
             return unsupported("GlobalMaxPool on rank < 3")
         return _dtypes_in(node, _F32)
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         x = inputs[0].numpy()
         out = outputs[0].buffer
         if x.size == 0 or 0 in x.shape[2:]:
-            self.run_numpy(inputs, outputs)
-            return
-        _native.reduce("max", np.ascontiguousarray(x), list(range(2, x.ndim)), out)
+            return functools.partial(self.run_numpy, inputs, outputs)
+        return functools.partial(_native.reduce, "max", np.ascontiguousarray(x), list(range(2, x.ndim)), out)
 
 
 class CpuArgReduce(_NativeOrNumpy):
@@ -369,19 +368,21 @@ class CpuSplit(_NativeOrNumpy):
     def native_ok(cls, node: NodeInfo) -> Support:
         return _dtypes_in(node, _PLAIN, indices=[0])
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         x = inputs[0].numpy()
         axis = int(self.attr("axis", 0))
         axis = axis + x.ndim if axis < 0 else axis
         index = [slice(None)] * x.ndim
         start = 0
+        copies: list[Call] = []
         for t in outputs:
             out = t.buffer
             width = out.shape[axis]
             index[axis] = slice(start, start + width)
             if out.size:
-                _native.copy(x[tuple(index)], out)
+                copies.append(functools.partial(_native.copy, x[tuple(index)], out))
             start += width
+        return copies
 
 
 class CpuDepthToSpace(_NativeOrNumpy):
@@ -601,13 +602,36 @@ class CpuRnn(_NativeOrNumpy):
         self.clip = 0.0 if clip is None else float(clip)
         self.layout = int(self.attr("layout", 0))
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        def arr(i: int, swap: bool = False) -> np.ndarray | None:
-            if not _has(inputs, i) or inputs[i].numpy().size == 0:
-                return None
-            a = inputs[i].numpy()
-            return np.ascontiguousarray(np.swapaxes(a, 0, 1) if swap else a, dtype=np.float32 if i != 4 else None)
+    def _arr(self, inputs: Sequence[Tensor | None], i: int, swap: bool = False) -> np.ndarray | None:
+        if not _has(inputs, i) or inputs[i].numpy().size == 0:
+            return None
+        a = inputs[i].numpy()
+        return np.ascontiguousarray(np.swapaxes(a, 0, 1) if swap else a, dtype=np.float32 if i != 4 else None)
 
+    def _writes_outputs(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> bool:
+        """Whether the recurrence writes straight into the outputs (layout 0, packed weights, some time steps):
+        then its one native call is the kernel's work, and the replay binds it."""
+        return (not self.layout and self.packed is not None and self._arr(inputs, 0) is not None
+                and all(t.buffer.size for t in outputs))
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        if not self._writes_outputs(inputs, outputs):
+            return functools.partial(self._run_copying, inputs, outputs)
+        arr = functools.partial(self._arr, inputs)
+        y, yh, yc = (t.buffer if t is not None else None for t in [*outputs, None, None, None][:3])
+        return functools.partial(
+            _native.rnn_run, self.packed, arr(0), arr(3), arr(4), arr(5), None if self.gru else arr(6),
+            None if self.gru else arr(7), self.direction, self.clip, bool(self.attr("input_forget", 0)),
+            bool(self.attr("linear_before_reset", 0)), y, yh, None if self.gru else yc)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        if not self.native or not self._writes_outputs(inputs, outputs):
+            return None
+        return super().bind(inputs, outputs)
+
+    def _run_copying(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        """The general path: results into fresh arrays (the batch-major layout, weights fed at run time), copied."""
+        arr = functools.partial(self._arr, inputs)
         layout = self.layout
         x = arr(0, swap=bool(layout))
         if x is None:  # no time steps (or no batch): the reference's empty outputs and initial state

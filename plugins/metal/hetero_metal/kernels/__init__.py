@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
-from . import conv, elementwise, llm, nn
+from . import conv, elementwise, gated_delta, llm, movement, nn, reduce
 
-KERNELS = {**elementwise.KERNELS, **nn.KERNELS, **conv.KERNELS, **llm.KERNELS}
+KERNELS = {**elementwise.KERNELS, **nn.KERNELS, **conv.KERNELS, **llm.KERNELS, **gated_delta.KERNELS,
+           **movement.KERNELS, **reduce.KERNELS}

@@ -31,11 +31,15 @@ def float32_only(node: NodeInfo, indices: Sequence[int] | None = None) -> Suppor
 
 
 class MetalKernel:
-    """prepare() keeps the static infos; run() plans and submits; bind() plans once for the replay, when every
-    array the plan holds is the tensor's own buffer (so later contents are seen) and the plan reads nothing from
-    the host at run time (``bindable``)."""
+    """prepare() keeps the static infos; run() plans and submits; bind() plans once for the session's replay and
+    submits the same dispatches at every step, which the queue then records into a command plan once and replays.
+
+    A kernel that reads values on the host (``host_inputs``: past_len, token ids) keeps what changes between steps
+    in ``ArgumentBuffer``s: ``update`` reads the inputs and rewrites them before each bound submission, and says
+    when the plan itself must change (a table that had to grow). ``bindable = False``: planned at each run."""
 
     bindable = True
+    host_inputs: tuple[int, ...] = ()
 
     def __init__(self, node: NodeInfo, backend: Any) -> None:
         self.info = node
@@ -51,10 +55,16 @@ class MetalKernel:
     def plan(self, inputs: list[np.ndarray | None], outputs: list[np.ndarray]) -> list[Dispatch]:
         raise NotImplementedError
 
+    def update(self, inputs: list[np.ndarray | None]) -> bool:
+        """A bound plan's host work before each step: read the host inputs, rewrite the argument buffers. False:
+        the planned dispatches no longer fit (plan again)."""
+        return True
+
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         if not self.bindable:
             self.backend.synchronize()  # the plan reads values on the host: earlier queued work must have landed
         ins = [None if t is None else np.ascontiguousarray(t.numpy()) for t in inputs]
+        self._host_ready(ins)
         outs = [t.numpy() for t in outputs]
         dense = [o if o.flags.c_contiguous else np.empty(o.shape, o.dtype) for o in outs]
         self.backend.submit(self.plan(ins, dense))
@@ -71,9 +81,25 @@ class MetalKernel:
         outs = [t.numpy() for t in outputs]
         if any(a is not None and not a.flags.c_contiguous for a in [*ins, *outs]):
             return None
-        planned = self.plan(ins, outs)
+        self._host_ready(ins)
+        planned = [tuple(self.plan(ins, outs))]
         submit = self.backend.submit
-        return lambda: submit(planned)
+
+        def step() -> None:
+            self._host_ready(ins)
+            if not self.update(ins):
+                planned[0] = tuple(self.plan(ins, outs))  # a new submission: the queue records a new plan
+            submit(planned[0], bound=True)
+
+        return step
+
+    def _host_ready(self, inputs: list[np.ndarray | None]) -> None:
+        """Waits for queued work that writes an input this kernel reads on the host."""
+        for i in self.host_inputs:
+            array = inputs[i] if i < len(inputs) else None
+            if array is not None and self.backend.queue.writes_pending(array):
+                self.backend.synchronize()
+                return
 
 
 def placeholder() -> np.ndarray:

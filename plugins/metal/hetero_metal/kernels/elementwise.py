@@ -8,7 +8,7 @@ import numpy as np
 from hetero.contract import NodeInfo, Support, unsupported
 from hetero.contract.opforms import UNARY_FORMS, unary_params
 
-from ..plan import Dispatch, dispatch, groups_for
+from ..plan import ArgumentBuffer, Dispatch, dispatch, groups_for
 from .common import MetalKernel, float32_only
 
 THREADS = 256
@@ -43,16 +43,30 @@ class MetalUnary(MetalKernel):
 
 
 class MetalClip(MetalKernel):
-    accepts = staticmethod(float32_only)
-    bindable = False  # the bounds are read from the inputs on the host at each run
+    """The bounds (inputs since opset 11) are read on the host and written to the kernel's argument buffer at each
+    run, so a bound plan sees bounds that change between runs."""
 
-    def plan(self, inputs, outputs):
+    accepts = staticmethod(float32_only)
+    host_inputs = (1, 2)
+
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.args = ArgumentBuffer("unary_f32", "p")
+
+    def update(self, inputs) -> bool:
         lo, hi = float(self.attr("min", -np.inf)), float(self.attr("max", np.inf))
         if len(inputs) > 1 and inputs[1] is not None:
             lo = float(inputs[1].reshape(-1)[0])
         if len(inputs) > 2 and inputs[2] is not None:
             hi = float(inputs[2].reshape(-1)[0])
-        return [unary_dispatch(inputs[0], outputs[0], "clip", lo, hi)] if outputs[0].size else []
+        self.args.write({"n": inputs[0].size, "op": UNARY["clip"], "alpha": lo, "beta": hi})
+        return True
+
+    def plan(self, inputs, outputs):
+        self.update(inputs)
+        n = outputs[0].size
+        return [dispatch("unary_f32", {"x": inputs[0], "y": outputs[0], "p": self.args},
+                         (groups_for(n, THREADS),), (THREADS,))] if n else []
 
 
 def broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> list[int]:

@@ -9,9 +9,10 @@ import math
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, quant, unsupported
-from hetero.contract.opforms import cache_range_error, rope_inv_freq
+from hetero.contract.opforms import cache_range_error, one_sequence, rope_inv_freq
 
-from ..plan import dispatch, groups_for
+from ..memory import device_array
+from ..plan import ArgumentBuffer, dispatch, groups_for
 from .common import MetalKernel, float32_only, placeholder
 from .nn import matmul_dispatch, row_threads
 
@@ -84,24 +85,39 @@ class MetalQMatMul(MetalKernel):
 
 
 class MetalEmbedding(MetalKernel):
-    bindable = False  # token ids are checked on the host at each run
+    """Token ids are checked on the host and copied, as int64, into a buffer of the kernel's own (its argument
+    buffer: a bound plan reads the ids from there at every step)."""
+
+    host_inputs = (0,)
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         return _known_wtype(node)
 
-    def plan(self, inputs, outputs):
-        ids, table, y = inputs[0], inputs[1], outputs[0]
-        vocab = table.shape[0]
+    def __init__(self, node: NodeInfo, backend) -> None:
+        super().__init__(node, backend)
+        self.ids = np.zeros(0, np.int64)
+
+    def update(self, inputs) -> bool:
+        ids, vocab = inputs[0], inputs[1].shape[0]
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             bad = int(ids[(ids < 0) | (ids >= vocab)].reshape(-1)[0])
             raise HeteroError(f"{self.node.label()}: token id {bad} is outside the vocabulary [0, {vocab})")
+        resized = self.ids.size != ids.size
+        if resized:
+            self.ids = np.empty(ids.size, np.int64)
+        np.copyto(self.ids, ids.reshape(-1), casting="unsafe")
+        return not resized
+
+    def plan(self, inputs, outputs):
+        self.update(inputs)
+        ids, table, y = inputs[0], inputs[1], outputs[0]
         dim = y.shape[-1]
         if ids.size == 0:
             return []
-        p = {**weight_params(self.node.attrs, dim), "m": ids.size, "n": vocab, "has_bias": 0}
-        return [dispatch("embedding", {"ids": ids.astype(np.int64).reshape(-1), "table": _bytes(table), "out": y,
-                                       "p": p}, (groups_for(dim, 32), ids.size), (32, 1))]
+        p = {**weight_params(self.node.attrs, dim), "m": ids.size, "n": table.shape[0], "has_bias": 0}
+        return [dispatch("embedding", {"ids": self.ids, "table": _bytes(table), "out": y, "p": p},
+                         (groups_for(dim, 32), ids.size), (32, 1))]
 
 
 class MetalRMSNorm(MetalKernel):
@@ -125,48 +141,61 @@ def _past_len(value: np.ndarray | None) -> int:
 
 
 class MetalRotary(MetalKernel):
-    """The cos/sin table is computed on the host in float64 (as the reference does) and grows by doubling."""
+    """The cos/sin table is computed on the host in float64 (as the reference does) and grows by doubling; the
+    position (past_len) is in the kernel's argument buffer, rewritten at every step."""
 
-    accepts = staticmethod(lambda node: float32_only(node, [0]))
-    bindable = False  # past_len is read on the host
+    accepts = staticmethod(lambda node: one_sequence(node) and float32_only(node, [0]))
+    host_inputs = (1,)
 
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
         self.table: np.ndarray | None = None
         self.key = (0, 0)
+        self.args = ArgumentBuffer("rope", "p")
 
     def _table(self, needed: int, rot: int) -> np.ndarray:
         if self.table is None or needed > self.key[0] or rot != self.key[1]:
             cap = max(256, 1 << max(needed - 1, 1).bit_length())
             inv_freq, scale = rope_inv_freq(rot, self.node.attrs)
             angles = np.arange(cap, dtype=np.float64)[:, None] * inv_freq[None, :]
-            self.table = np.ascontiguousarray(np.stack([np.cos(angles) * scale, np.sin(angles) * scale], axis=1),
-                                              dtype=np.float32)
+            self.table = device_array((cap, 2, rot // 2), np.float32)
+            self.table[:] = np.stack([np.cos(angles) * scale, np.sin(angles) * scale], axis=1)
             self.key = (cap, rot)
         return self.table
+
+    def _rotary_dim(self, d: int) -> int:
+        rot = int(self.attr("rotary_dim", 0)) or d
+        if rot % 2 or rot > d:
+            raise HeteroError(f"{self.node.label()}: rotary_dim {rot} must be even and at most head_dim {d}")
+        return rot
+
+    def update(self, inputs) -> bool:
+        t, h, d = inputs[0].shape
+        past = _past_len(inputs[1])
+        self.args.write({"t": t, "heads": h, "dim": d, "rotary_dim": self._rotary_dim(d), "past_len": past})
+        return past + t <= self.key[0]  # else the table must grow: a new plan binds the new one
 
     def plan(self, inputs, outputs):
         x, y = inputs[0], outputs[0]
         t, h, d = x.shape
-        rot = int(self.attr("rotary_dim", 0)) or d
-        if rot % 2 or rot > d:
-            raise HeteroError(f"{self.node.label()}: rotary_dim {rot} must be even and at most head_dim {d}")
-        past = _past_len(inputs[1])
+        self.update(inputs)
         if x.size == 0:
             return []
-        table = self._table(past + t, rot)
-        return [dispatch("rope", {"x": x, "y": y, "table": table, "p": {
-            "t": t, "heads": h, "dim": d, "rotary_dim": rot, "past_len": past}}, (groups_for(d, 32), h, t), (32, 1, 1))]
+        table = self._table(_past_len(inputs[1]) + t, self._rotary_dim(d))
+        return [dispatch("rope", {"x": x, "y": y, "table": table, "p": self.args}, (groups_for(d, 32), h, t),
+                         (32, 1, 1))]
 
 
 class MetalAttention(MetalKernel):
-    """Causal GQA over this node's KV cache: two half arrays [Hkv, max_context, D] allocated at the first run."""
+    """Causal GQA over this node's KV cache: two half arrays [Hkv, max_context, D] allocated at the first run. The
+    step's past_len is checked on the host and written to the kernels' argument buffer (shared by kv_append and
+    attention_f16kv, one AttentionParams)."""
 
-    bindable = False  # past_len is read on the host
+    host_inputs = (3,)
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
-        verdict = float32_only(node, [0, 1, 2])
+        verdict = one_sequence(node) and float32_only(node, [0, 1, 2])
         if verdict and str(node.attr("kv_dtype", "f16")) != "f16":
             return unsupported(f"Attention with kv_dtype {node.attr('kv_dtype')!r} (metal keeps a half KV cache)")
         q = node.inputs[0]
@@ -180,28 +209,38 @@ class MetalAttention(MetalKernel):
         self.max_context = int(self.attr("max_context"))
         self.cache: tuple[np.ndarray, np.ndarray] | None = None
         self.filled = 0
+        self.args = ArgumentBuffer("attention_f16kv", "p")
 
-    def plan(self, inputs, outputs):
-        q, k, v, y = inputs[0], inputs[1], inputs[2], outputs[0]
+    def update(self, inputs) -> bool:
+        q, k = inputs[0], inputs[1]
         t, hq, d = q.shape
         hkv = k.shape[1]
         past = _past_len(inputs[3])
         error = cache_range_error(self.node.label(), past, t, self.filled, self.max_context)
         if error is not None:
             raise error
-        if self.cache is None or self.cache[0].shape != (hkv, self.max_context, d):
-            self.cache = (np.zeros((hkv, self.max_context, d), np.float16),
-                          np.zeros((hkv, self.max_context, d), np.float16))
         self.filled = past + t
+        self.args.write({"t": t, "q_heads": hq, "kv_heads": hkv, "dim": d, "past_len": past,
+                         "context": self.max_context, "scale": float(self.attr("scale", 0.0)) or 1.0 / math.sqrt(d)})
+        if self.cache is None or self.cache[0].shape != (hkv, self.max_context, d):
+            self.cache = (device_array((hkv, self.max_context, d), np.float16),
+                          device_array((hkv, self.max_context, d), np.float16))
+            return False
+        return True
+
+    def plan(self, inputs, outputs):
+        q, k, v, y = inputs[0], inputs[1], inputs[2], outputs[0]
+        t, hq, d = q.shape
+        hkv = k.shape[1]
+        self.update(inputs)
         if t == 0:
             return []
-        p = {"t": t, "q_heads": hq, "kv_heads": hkv, "dim": d, "past_len": past, "context": self.max_context,
-             "scale": float(self.attr("scale", 0.0)) or 1.0 / math.sqrt(d)}
+        assert self.cache is not None  # update() allocated it
         k_cache, v_cache = self.cache
         return [
-            dispatch("kv_append", {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "p": p},
+            dispatch("kv_append", {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "p": self.args},
                      (groups_for(d, 32), hkv, t), (32, 1, 1)),
-            dispatch("attention_f16kv", {"q": q, "k_cache": k_cache, "v_cache": v_cache, "out": y, "p": p},
+            dispatch("attention_f16kv", {"q": q, "k_cache": k_cache, "v_cache": v_cache, "out": y, "p": self.args},
                      (hq, t), (128,)),
         ]
 

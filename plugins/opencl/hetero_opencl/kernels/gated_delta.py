@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, unsupported
-from hetero.contract.opforms import GATED_DELTA_MODES
+from hetero.contract.opforms import GATED_DELTA_MODES, one_sequence
 
 from .common import ClKernel, float32_only
 
@@ -34,7 +34,8 @@ INITIAL_ROWS = 64
 class ClGatedDeltaRule(ClKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
-        verdict = float32_only(node, [i for i in (0, 1, 2, 3, 5, 6, 7, 8, 9) if i < len(node.inputs)])
+        verdict = one_sequence(node) and float32_only(node, [i for i in (0, 1, 2, 3, 5, 6, 7, 8, 9)
+                                                             if i < len(node.inputs)])
         if not verdict:
             return verdict
         a = node.node.attrs

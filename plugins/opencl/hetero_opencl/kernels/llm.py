@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, dtypes, quant, unsupported
-from hetero.contract.opforms import cache_range_error, rope_inv_freq
+from hetero.contract.opforms import cache_range_error, one_sequence, rope_inv_freq
 
 from .common import ClKernel, float32_only, pow2_at_most
 from .gemm import gemm
@@ -142,7 +142,7 @@ def _past_len(kernel: ClKernel, tensor: Tensor | None) -> int:
 class ClRotary(ClKernel):
     """The cos/sin table is computed on the host in float64 (as the reference does) and grows by doubling."""
 
-    accepts = staticmethod(lambda node: float32_only(node, [0]))
+    accepts = staticmethod(lambda node: one_sequence(node) and float32_only(node, [0]))
 
     def __init__(self, node: NodeInfo, backend) -> None:
         super().__init__(node, backend)
@@ -196,7 +196,7 @@ class ClAttention(ClKernel):
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
-        verdict = float32_only(node, [0, 1, 2])
+        verdict = one_sequence(node) and float32_only(node, [0, 1, 2])
         if verdict and str(node.attr("kv_dtype", "f16")) not in ("f16", "f32"):
             return unsupported(f"Attention with kv_dtype {node.attr('kv_dtype')!r}")
         q = node.inputs[0]

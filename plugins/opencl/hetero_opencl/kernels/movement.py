@@ -18,6 +18,7 @@ from hetero.contract import (
     dtypes,
     unsupported,
 )
+from hetero.contract.opforms import shape_range
 
 from .common import ClKernel, contiguous_strides
 
@@ -209,11 +210,8 @@ class ClShape(ClKernel):
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         dims = inputs[0].shape
-        rank = len(dims)
-        start, end = int(self.attr("start", 0)), self.attr("end")
-        start = min(max(start + rank if start < 0 else start, 0), rank)
-        end = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
-        self.put_host_result(outputs[0], np.asarray(dims[start:max(end, start)], dtype=np.int64))
+        start, end = shape_range(self.attr("start", 0), self.attr("end"), len(dims))
+        self.put_host_result(outputs[0], np.asarray(dims[start:end], dtype=np.int64))
 
 
 _PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}
