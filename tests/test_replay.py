@@ -99,8 +99,9 @@ def test_shape_derived_value_inputs_replay_and_replan_on_a_new_shape(backend):
         fresh = hetero.Session(_shape_reshape_model(), backends=[backend], on_fallback="silent").run({"x": x})["y"]
         np.testing.assert_array_equal(y, fresh)  # replayed (or re-planned) == interpreted, bit for bit
         assert y.shape == (batch, 6)
-    # the third run of a signature replays; a new shape re-plans (interpreted twice) instead of replaying stale calls
-    assert replayed == [False, False, True] * 3
+    # the third run of a signature replays; a new shape re-plans (interpreted twice) instead of replaying stale calls;
+    # coming back to batch 2 replays its kept plan at once (before that run the current replay is batch 5's)
+    assert replayed == [False, False, True, False, False, True, False, True, True]
 
 
 def test_reshape_to_a_fed_shape_does_not_replay():
@@ -169,7 +170,36 @@ def test_an_if_on_input_shapes_replays_and_switches_branch_with_the_shape(backen
         replayed.append(program.replay is not None and program.replay.signature[0][1] == x.shape)
         y = session.run({"x": x})["y"]
         np.testing.assert_array_equal(y, (np.maximum(x, 0) if batch == 1 else -x) + np.float32(1))
-    assert replayed == [False, False, True, True, False, False, True, False]  # one replay kept: the latest
+    # the current replay before each run: coming back to batch 1 replays its kept plan (checked: the else branch)
+    assert replayed == [False, False, True, True, False, False, True, False]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_alternating_signatures_each_replay_their_own_kept_plan(backend, monkeypatch):
+    # a decode step and k-token verify steps alternating: each signature's plan and replay are kept, so after two
+    # runs of each, every run replays (no re-planning at each change of shape), bit for bit the interpreter's result
+    session = hetero.Session(_shape_reshape_model(), backends=[backend], on_fallback="silent")
+    program = session.programs[0]
+    fresh = hetero.Session(_shape_reshape_model(), backends=[backend], on_fallback="silent")
+    interpreted_steps = 0
+    run_step = program._run_step
+
+    def counting(*args):
+        nonlocal interpreted_steps
+        interpreted_steps += 1
+        return run_step(*args)
+
+    monkeypatch.setattr(program, "_run_step", counting)
+    rng = np.random.default_rng(4)
+    interpreted = []
+    for batch in (1, 4, 1, 4, 3, 1, 3, 4, 1, 3, 4, 1):
+        x = rng.normal(size=(batch, 2, 3)).astype(np.float32)
+        before = interpreted_steps
+        y = session.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, fresh.run({"x": x})["y"])
+        interpreted.append(interpreted_steps > before)
+    # interpreted: the first two runs of each signature (plan, then record); every later run replays
+    assert interpreted == [True, True, True, True, True, False, True, False, False, False, False, False]
 
 
 def test_an_if_on_fed_data_does_not_replay():

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.llm.speculative.policy import MIN_SPEC_STEPS, DraftPolicy, expected_tokens
+from hetero.llm.speculative.policy import COLD_RUNS, MIN_SPEC_STEPS, DraftPolicy, expected_tokens
 
 
-def _run(policy: DraftPolicy, steps: int, cost, accept) -> list[int]:
-    """Drive the policy: a step of T tokens takes cost(T) seconds; accept(k) drafts of k are kept."""
-    produced, lengths = 0, []
+def _run(policy: DraftPolicy, steps: int, cost, accept, cold: float = 1.0) -> list[int]:
+    """Drive the policy: a step of T tokens takes cost(T) seconds (x ``cold`` for the first COLD_RUNS of each
+    size: the executor plans and records a new shape); accept(k) drafts of k are kept."""
+    produced, lengths, runs = 0, [], {}
     for _ in range(steps):
         k = policy.length(produced)
         lengths.append(k)
         kept = accept(k) if k else 0
         committed = kept + 1
-        policy.record(k, kept, committed, cost(k + 1), produced)
+        runs[k] = runs.get(k, 0) + 1
+        policy.record(k, kept, committed, cost(k + 1) * (cold if runs[k] <= COLD_RUNS else 1.0), produced)
         produced += committed
     return lengths
 
@@ -30,8 +32,19 @@ def test_expected_tokens():
 def test_always_right_and_cheap_steps_draft_long():
     policy = DraftPolicy(8)
     lengths = _run(policy, 40, cost=lambda t: 1 + 0.05 * (t - 1), accept=lambda k: k)
-    assert lengths[0] == 0  # plain decoding measured first
+    assert lengths[:COLD_RUNS + 1] == [0] * (COLD_RUNS + 1)  # plain decoding measured first, until warm
     assert max(lengths) == 8 and policy.switched_off == 0
+
+
+def test_cold_steps_neither_switch_drafting_off_nor_price_plain_decoding():
+    # the first steps of each size run 3x slower (planning, recording): judged on them, drafting would look like a
+    # loss (switched off) and plain decoding too dear (drafting kept where it loses); warm costs decide instead
+    paying = DraftPolicy(4)
+    _run(paying, 40, cost=lambda t: 1 + 0.1 * (t - 1), accept=lambda k: k, cold=3.0)
+    assert paying.switched_off == 0 and paying.plain_cost == 1.0
+    losing = DraftPolicy(4)
+    lengths = _run(losing, 80, cost=lambda t: 1 + 0.5 * (t - 1), accept=lambda k: 0, cold=3.0)
+    assert losing.switched_off >= 1 and lengths[-30:].count(0) >= 25
 
 
 def test_never_right_switches_drafting_off():

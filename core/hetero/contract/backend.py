@@ -135,7 +135,8 @@ class Kernel(Protocol):
       (``hetero.runtime.replay``) asks for it once per recorded step: a zero-argument callable doing what
       ``run(inputs, outputs)`` does on these exact tensors, whose buffers stay while their contents change (read
       values such as ``past_len`` at call time), or a list of such callables called in order (one per device
-      launch). None, or no ``bind``: the replay calls ``run``.
+      launch). None, or no ``bind``: the replay calls ``run``. A program keeps replays of several input
+      signatures, so the call must stay valid after the kernel is prepared (and bound) for other shapes.
     * ``export_state(slot, length) -> dict[str, np.ndarray]`` / ``import_state(slot, length, state)`` — a stateful
       kernel's (Attention's KV cache, GatedDeltaRule's recurrent state) state after the first ``length`` positions
       of sequence ``slot`` as arrays, and back into a kernel of the same node (of this or another session of the

@@ -11,10 +11,15 @@
   sub-buffers on a device); a value is freed with its last reader (a view's source with the view's last reader).
 * the second run of a signature is recorded into a ``replay.Replay`` (a flat list of calls, bound by the kernels
   where they can) when the work is fixed by the input shapes alone; later runs of that signature re-issue it.
+* plans (arena plan, arena, replay) are kept per signature, the ``MAX_PLANS`` most recently run: an LLM's one-token
+  decode steps alternating with k-token speculative verify steps (or prefill chunks) each replay their own plan
+  instead of re-planning at every change of shape. Switching to another signature's replay prepares again the
+  kernels its unbound calls run (``Replay.prepare_kernels``); bound calls hold what they need.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +45,17 @@ KERNEL_FAILURES = (AttributeError, KeyError, TypeError, IndexError, ValueError, 
 # Ops whose output holds the input's data unchanged: the backend makes a view instead of a copy where it can.
 VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}
 WeightCache = Callable[[str, Backend], Tensor]
+# Signatures whose plans a program keeps (least recently run dropped first): decode, a few verify sizes, prefill.
+MAX_PLANS = 8
+
+
+@dataclass
+class _Plan:
+    """What a program keeps for one input signature: its arena plan and arena, and its replay once recorded."""
+
+    memory_plan: ArenaPlan | None = None
+    arena: Any = None
+    replay: Replay | None = None
 
 
 @dataclass
@@ -85,10 +101,10 @@ class KernelProgram:
             if last < len(self.steps):
                 self._frees[last].append(name)
         self.replayable = self._can_replay()
-        self.replay: Replay | None = None
         self._has_arena = overrides(backend, "arena_tensor")
+        self._plans: OrderedDict[Any, _Plan] = OrderedDict()
+        self._current: _Plan | None = None  # the plan the kernels and arena slices are set up for
         self.memory_plan: ArenaPlan | None = None
-        self._plan_signature: Any = None
         self._arena: Any = None
 
     def _step(self, info: Any) -> _Step:
@@ -159,20 +175,36 @@ class KernelProgram:
         return fixed
 
     # -- running ------------------------------------------------------------------------------------------------
+    @property
+    def replay(self) -> Replay | None:
+        """The replay of the signature run last (None while it has none)."""
+        return None if self._current is None else self._current.replay
+
+    @replay.setter
+    def replay(self, value: None) -> None:
+        """``program.replay = None`` forgets every signature's replay (recorded again on its next run)."""
+        if value is not None:
+            raise ValueError("a replay is recorded by the program itself; only None (forget them) can be set")
+        for plan in self._plans.values():
+            plan.replay = None
+
     def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
         # dtypes too: the replay copies inputs into buffers of its own, which must not cast
         signature = tuple((name, inputs[name].shape, inputs[name].dtype) for name in self._inputs)
-        replay = self.replay
-        if replay is not None and replay.signature == signature:
-            try:
-                return replay.run(inputs, self._outputs)
-            except StaleReplay:  # a branch's results changed shape: interpret (and record again)
-                pass
+        plan = self._plans.get(signature)
+        if plan is not None:
+            self._plans.move_to_end(signature)
+            if plan is not self._current:
+                self._switch(plan)
+            if plan.replay is not None:
+                try:
+                    return plan.replay.run(inputs, self._outputs)
+                except StaleReplay:  # a branch's results changed shape: interpret (and record again)
+                    plan.replay = None
         env = dict(inputs)
-        planned = signature == self._plan_signature
+        planned = plan is not None
         lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []
         recorder = Recorder(env, self.backend) if planned and self.replayable else None
-        self.replay = None
         for index, step in enumerate(self.steps):
             ins = [self._value(env, name) if name else None for name in step.node.inputs]
             try:
@@ -184,13 +216,30 @@ class KernelProgram:
             for name in self._frees[index]:
                 env.pop(name, None)
         if lifetimes is not None:
-            self._plan(signature, lifetimes)
-        elif not self._has_arena:
-            self._plan_signature = signature
+            plan = self._plan(signature, lifetimes)
+        elif plan is None:
+            plan = self._remember(signature, _Plan())
         outputs = {name: self._output(env, name) for name in self._outputs}
         if recorder is not None:
-            self.replay = recorder.build(signature, outputs)
+            plan.replay = recorder.build(signature, outputs)
         return outputs
+
+    def _switch(self, plan: _Plan) -> None:
+        """Makes ``plan`` current: its arena for interpreted runs, its replay's unbound kernels prepared again."""
+        self._current = plan
+        self.memory_plan, self._arena = plan.memory_plan, plan.arena
+        for step in self.steps:
+            step.key = None  # an interpreted run prepares every kernel for its own shapes again
+            step.arena_outs = None
+        if plan.replay is not None:
+            plan.replay.prepare_kernels()
+
+    def _remember(self, signature: Any, plan: _Plan) -> _Plan:
+        self._plans[signature] = plan
+        while len(self._plans) > MAX_PLANS:
+            self._plans.popitem(last=False)  # its arena goes with it
+        self._current = plan
+        return plan
 
     def _value(self, env: dict[str, Tensor], name: str) -> Tensor:
         tensor = env.get(name)
@@ -208,13 +257,13 @@ class KernelProgram:
                 nbytes = tensor.dtype.nbytes(tensor.size)
                 lifetimes.append(Lifetime(name, nbytes, index, self._last_use.get(name, index)))
 
-    def _plan(self, signature: Any, lifetimes: list[Lifetime]) -> None:
-        self.memory_plan = plan_arena(lifetimes, self.backend.arena_align)
-        self._plan_signature = signature
-        self._arena = None  # the old arena goes before the new one is allocated
-        self._arena = self.backend.alloc(max(self.memory_plan.arena_bytes, 1), "arena")
+    def _plan(self, signature: Any, lifetimes: list[Lifetime]) -> _Plan:
+        memory_plan = plan_arena(lifetimes, self.backend.arena_align)
+        arena = self.backend.alloc(max(memory_plan.arena_bytes, 1), "arena")
+        self.memory_plan, self._arena = memory_plan, arena
         for step in self.steps:
             step.arena_outs = None
+        return self._remember(signature, _Plan(memory_plan, arena))
 
     def _arena_tensor(self, name: str, info: TensorInfo) -> Tensor | None:
         """The arena slice planned for ``name``, or None when it has no slot or its size changed since planning."""

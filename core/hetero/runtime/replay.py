@@ -44,6 +44,8 @@ class _Call:
     outs: list[Tensor]
     var_ins: list[tuple[int, Key]] = field(default_factory=list)
     fresh_outs: list[tuple[int, Key, Backend, TensorInfo]] = field(default_factory=list)
+    # the shapes the kernel was prepared for when recorded (an unbound call needs them again: prepare_kernels)
+    prepared: tuple[list[TensorInfo | None], list[TensorInfo]] | None = None
 
 
 @dataclass
@@ -90,7 +92,8 @@ class Recorder:
 
     def call(self, kernel: Kernel, ins: list[Tensor | None], outs: list[Tensor], fresh: list[bool],
              infos: list[TensorInfo], backend: Backend) -> None:
-        entry = _Call(kernel, list(ins), list(outs))
+        prepared = ([None if t is None else t.info for t in ins], list(infos))
+        entry = _Call(kernel, list(ins), list(outs), prepared=prepared)
         for pos, tensor in enumerate(ins):
             key = self._key(tensor)
             if key is not None:
@@ -146,6 +149,7 @@ class Replay:
             self._slots.append((name, own))
         self.program: list[Call] = []
         self.bound = 0  # kernels called through their own bind()
+        self._unbound: list[_Call] = []  # kernels whose run() it calls: prepared again by prepare_kernels
         self._output_keys = {key for key in outputs.values() if not isinstance(key, Tensor)}
         for entry in entries:
             if isinstance(entry, _View):
@@ -186,17 +190,26 @@ class Replay:
         if var_ins or entry.fresh_outs:
             dynamic = _Call(kernel, ins, list(entry.outs), var_ins, entry.fresh_outs)
             self.program.append(functools.partial(_run_dynamic, self._values, dynamic))
+            self._unbound.append(entry)
             return
         bind = getattr(kernel, "bind", None)
         call = bind(ins, entry.outs) if bind is not None else None
         if call is None:
             self.program.append(functools.partial(kernel.run, ins, entry.outs))
+            self._unbound.append(entry)
             return
         self.bound += 1
         if callable(call):
             self.program.append(call)
         else:  # a kernel of several device launches binds each
             self.program.extend(call)
+
+    def prepare_kernels(self) -> None:
+        """Prepares the kernels whose ``run`` the replay calls for the recorded shapes again: the program calls it
+        when it comes back to this replay after running other shapes (a bound call holds what it needs)."""
+        for entry in self._unbound:
+            if entry.prepared is not None:
+                entry.kernel.prepare(*entry.prepared)
 
     def run(self, feeds: dict[str, Tensor], wanted: Sequence[str]) -> dict[str, Tensor]:
         values = self._values

@@ -8,6 +8,10 @@ of k drafts commits (1 - α^(k+1)) / (1 - α) tokens on average, so the next k i
 second by that estimate (unmeasured step sizes are interpolated, optimistically at first so they get tried), or 0
 when no k beats a plain step.
 
+The first ``COLD_RUNS`` steps of each size are not steady-state (the executor plans that shape, then records its
+replay: ``runtime/executor.py``): they stand in for the size's cost only until a warm step replaces them, and do not
+count towards judging drafting.
+
 What is really measured also decides: plain decoding's cost is re-sampled at the start and every ``PROBE_EVERY``
 speculative steps, and when the speculative steps' seconds per committed token exceed plain decoding's, drafting is
 switched off for ``backoff`` tokens (doubling each time it fails again, reset when it pays). So a drafter that is
@@ -20,6 +24,7 @@ PROBE_EVERY = 24  # speculative steps between two plain steps that re-measure pl
 MIN_SPEC_STEPS = 4  # speculative steps measured before drafting is judged
 BACKOFF_START, BACKOFF_MAX = 16, 512  # tokens decoded plainly after drafting did not pay
 SMOOTHING = 0.25  # weight of the newest step in the running costs
+COLD_RUNS = 2  # steps of a new size that plan and record it (slower than its steady state)
 DECAY = 0.9  # weight of the past in the acceptance counts
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra token in a step, until steps of that size are measured
 
@@ -30,6 +35,7 @@ class DraftPolicy:
         self.k = min(start, self.max_draft)
         self.adaptive = adaptive
         self.cost: dict[int, float] = {}  # tokens scored in a step -> seconds (running)
+        self.runs: dict[int, int] = {}  # tokens scored in a step -> steps of that size so far
         self.spec_cost: float | None = None  # seconds per committed token of speculative steps (running)
         self.accepted = 0.0  # decayed counts of accepted drafts and of rejections
         self.rejected = 0.0
@@ -47,27 +53,31 @@ class DraftPolicy:
         """Tokens to draft for the next step (0: a plain step), ``produced`` tokens into the generation."""
         if not self.adaptive:
             return self.k
-        if produced < self.off_until or self.plain_cost is None or self.since_probe >= PROBE_EVERY:
-            return 0
+        if produced < self.off_until or self.runs.get(1, 0) <= COLD_RUNS or self.since_probe >= PROBE_EVERY:
+            return 0  # (plain steps first until one is warm: its cost is what drafting must beat)
         return self.k
 
     def record(self, drafted: int, accepted: int, committed: int, seconds: float, produced: int) -> None:
         """One step: ``drafted`` tokens proposed, ``accepted`` kept, ``committed`` tokens out, in ``seconds``."""
         size = drafted + 1
-        self.cost[size] = _smooth(self.cost.get(size), seconds)
+        runs = self.runs[size] = self.runs.get(size, 0) + 1
+        warm = runs > COLD_RUNS
+        # a cold step's time stands for the size until its first warm step replaces it
+        self.cost[size] = _smooth(self.cost.get(size), seconds) if runs > COLD_RUNS + 1 else seconds
         if drafted == 0:
             self.since_probe = 0
             return
-        self.spec_cost = _smooth(self.spec_cost, seconds / max(committed, 1))
         self.since_probe += 1
-        self.spec_steps += 1
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (accepted < drafted)
+        if warm:
+            self.spec_cost = _smooth(self.spec_cost, seconds / max(committed, 1))
+            self.spec_steps += 1
         if not self.adaptive:
             return
         self.k = self._best_length()
         plain = self.plain_cost
-        if self.spec_steps < MIN_SPEC_STEPS or plain is None:
+        if self.spec_steps < MIN_SPEC_STEPS or plain is None or self.spec_cost is None:
             return
         if self.spec_cost > plain:
             self.off_until = produced + self.backoff

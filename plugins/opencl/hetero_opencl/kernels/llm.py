@@ -214,6 +214,9 @@ class ClAttention(ClKernel):
         self.cache: tuple[object, object] | None = None
         self.cache_shape: tuple[int, int] | None = None
         self.filled = 0
+        # Once a replay has bound it, steps it runs unseen by the host move the positions (a program keeps a
+        # replay per step size): the host check stays off from then on.
+        self.bound = False
         backend.max_positions = max(backend.max_positions or 0, self.max_context)  # what ClRotary's table holds
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
@@ -230,7 +233,8 @@ class ClAttention(ClKernel):
             self.cache = (self.be.alloc(nbytes, "weights"), self.be.alloc(nbytes, "weights"))
             self.cache_shape = (hkv, d)
         self.device_work(inputs, outputs)
-        self.filled = past + t
+        if not self.bound:
+            self.filled = past + t
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Any:
         """The store reads past_len on the device and the attention from past_len's host copy at each launch (the
@@ -241,7 +245,7 @@ class ClAttention(ClKernel):
             return None
         calls = super().bind(inputs, outputs)
         if calls is not None:
-            self.filled = self.max_context
+            self.filled, self.bound = self.max_context, True
         return calls
 
     def device_work(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
