@@ -51,7 +51,8 @@ class ApiError(Exception):
 def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 16,
                max_body_bytes: int = MAX_BODY_BYTES, prefix_cache_bytes: int = 0, prefix_min_tokens: int = 32,
                resume_window: float = 0.0) -> Starlette:
-    """An app serving ``models`` (one per slot: copies of one model, each with its own KV cache) under the model
+    """An app serving ``models`` (one per slot: the sequences of one model loaded with ``slots=N``, whose decode
+    steps are batched, or separate models) under the model
     id ``name`` (default: the first model's name). ``prefix_cache_bytes`` > 0: computed prompts are kept (up to
     that many bytes, shared by the slots) for the requests that start the same way (``hetero.llm.prefix_cache``).
     ``resume_window`` > 0: a stream whose client went away keeps going that many seconds, resumable by its id
