@@ -185,6 +185,20 @@ def gated_delta_restore_point(snapshots: dict[int, Any], block_pos: int, target:
     return block_pos, block_pos if block_pos > base else base
 
 
+def layer_norm_broadcast(x_shape: Sequence[int], axis: int, scale_shape: Sequence[int],
+                         bias_shape: Sequence[int] | None) -> str | None:
+    """Why a LayerNormalization whose kernel reads scale and bias as whole ``x_shape[axis:]`` rows cannot run it:
+    a scale or bias that broadcasts into them (None when both have the rows' shape; ``bias_shape`` None: no
+    bias, or not known before run time)."""
+    axis += len(x_shape) if axis < 0 else 0
+    rows = tuple(x_shape[axis:])
+    if tuple(scale_shape) != rows:
+        return "LayerNormalization with a broadcast scale"
+    if bias_shape is not None and tuple(bias_shape) != rows:
+        return "LayerNormalization with a broadcast bias"
+    return None
+
+
 def cache_range_error(label: str, past: int, t: int, filled: int, max_context: int) -> HeteroError | None:
     """What is wrong with an Attention step of ``t`` new tokens after ``past`` cached ones, when the cache holds
     ``filled`` positions of ``max_context``: the error every backend raises, or None when the step fits."""

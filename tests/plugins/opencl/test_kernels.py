@@ -120,6 +120,18 @@ def test_layer_norm():
                consts={"s": rand(37), "b": rand(37)})
 
 
+def test_layer_norm_with_a_broadcast_bias_runs_elsewhere():
+    # the kernel reads the bias as a whole row: a one-element bias would be read past its end
+    feeds = {"x": rand(3, 4, 37)}
+    model = onnx_model("LayerNormalization", feeds, {"axis": -1}, {"s": rand(37), "b": rand(1)}, 17, 1)
+    with pytest.raises(hetero.HeteroError, match="broadcast bias"):
+        hetero.Session(model, backends=["opencl"], on_fallback="error")
+    got = hetero.Session(model, backends=["opencl", "cpu"], on_fallback="silent").run(feeds)
+    want = hetero.Session(model, backends=["reference"]).run(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode,coord", [("nearest", "asymmetric"), ("nearest", "half_pixel"),
                                         ("linear", "half_pixel"), ("linear", "align_corners"),
                                         ("linear", "pytorch_half_pixel")])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetero.contract import NodeInfo, Support, dtypes, static_shape, unsupported
-from hetero.contract.opforms import activation_known, activation_params
+from hetero.contract.opforms import activation_known, activation_params, layer_norm_broadcast
 
 from ..plan import Dispatch, dispatch
 from .common import MetalKernel, dtype_check, float32_only, placeholder
@@ -153,13 +153,11 @@ class MetalLayerNorm(MetalKernel):
         verdict = float32_only(node)
         x, scale = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
         if verdict and x is not None and scale is not None and x.is_static and scale.is_static:
-            axis = int(node.attr("axis", -1))
-            axis += len(static_shape(x)) if axis < 0 else 0
-            if static_shape(scale) != static_shape(x)[axis:]:
-                return unsupported("LayerNormalization with a broadcast scale")
             bias = node.inputs[2] if len(node.inputs) > 2 else None
-            if bias is not None and bias.is_static and static_shape(bias) != static_shape(x)[axis:]:
-                return unsupported("LayerNormalization with a broadcast bias")
+            reason = layer_norm_broadcast(static_shape(x), int(node.attr("axis", -1)), static_shape(scale),
+                                          static_shape(bias) if bias is not None and bias.is_static else None)
+            if reason:
+                return unsupported(reason)
         return verdict
 
     def plan(self, inputs, outputs):

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hetero.contract import SUPPORTED, BackendError, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
+from hetero.contract.opforms import layer_norm_broadcast
 
 from .common import (
     ClKernel,
@@ -370,10 +371,11 @@ class ClLayerNorm(ClKernel):
         verdict = float32_only(node)
         x, scale = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
         if verdict and x is not None and scale is not None and x.is_static and scale.is_static:
-            axis = int(node.attr("axis", -1))
-            axis += len(static_shape(x)) if axis < 0 else 0
-            if static_shape(scale) != static_shape(x)[axis:]:
-                return unsupported("LayerNormalization with a broadcast scale")
+            bias = node.inputs[2] if len(node.inputs) > 2 else None
+            reason = layer_norm_broadcast(static_shape(x), int(node.attr("axis", -1)), static_shape(scale),
+                                          static_shape(bias) if bias is not None and bias.is_static else None)
+            if reason:
+                return unsupported(reason)
         return verdict
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
