@@ -62,17 +62,12 @@ DEFAULT_LLAMA_SERVER = "/work/llama-build/build/bin/llama-server"
 
 
 def load_models(args: argparse.Namespace) -> list[Any]:
-    """The slots' models: one model serving ``--parallel`` sequences where hetero has batched decode
-    (``load(..., slots=N)``), else ``--parallel`` copies."""
-    import inspect
-
+    """The slots' models: one model serving ``--parallel`` sequences, their decode steps batched (as
+    ``hetero serve -np N`` loads it)."""
     import hetero.llm
-    from hetero.llm.model import Llm
 
-    options = dict(backends=["cpu"], threads=args.threads, context=args.context, on_fallback="silent")
-    if "slots" in inspect.signature(Llm.__init__).parameters:
-        return hetero.llm.load(args.model, slots=args.parallel, **options).sequences()
-    return [hetero.llm.load(args.model, **options) for _ in range(args.parallel)]
+    return hetero.llm.load(args.model, slots=args.parallel, backends=["cpu"], threads=args.threads,
+                           context=args.context, on_fallback="silent").sequences()
 
 
 def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float]:
@@ -268,8 +263,8 @@ def main() -> int:
             running.append(RunningServer(models, max_queue=64))
             import hetero
 
-            batched = "batched decode" if getattr(models[0], "slots", 1) > 1 else "a model copy per slot"
-            labels["hetero"] = f"hetero ({Path(hetero.__file__).parents[2]}, {batched}), {len(models)} slot(s)"
+            labels["hetero"] = (f"hetero ({Path(hetero.__file__).parents[2]}, batched decode), "
+                                f"{len(models)} slot(s) of one model")
             servers["hetero"] = (running[-1].url, {"logit_bias": eos})
         binary = find_llama_server(args.llama_server)
         if binary is None:
