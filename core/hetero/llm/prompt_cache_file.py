@@ -8,7 +8,8 @@ Layout (little-endian)::
     12  4   n: bytes of the JSON metadata
     16  8   payload offset (a multiple of 4096: the arrays start on a page)
     24  8   payload bytes
-    32  32  blake2b-256 of every other byte of the file ([0, 32) and [64, end))
+    32  16  blake2b-128 of the header: bytes [0, 32) and [64, payload offset)
+    48  16  blake2b-128 of the payload
     64  n   JSON metadata: the key (model content hash, backend, KV cache type, quantization, the model's shape
             signature), the tokens, whether the state is recurrent, and each array's node, name, dtype, shape and
             offset in the payload (64-byte aligned)
@@ -18,10 +19,11 @@ Reading maps the file (``mmap``) and hands the kernels numpy views of it: nothin
 ``import_state`` copies into the cache. The checks, cheapest first: magic and version (garbage, other formats), the
 sizes against the file's (truncation, appended bytes), the JSON, the key (a file of another model, backend, KV type,
 or of the same path before the model file changed), every array's bounds and dtype (no object arrays, nothing read
-outside the file), then the checksum (a flipped byte anywhere). The checksum detects damage, not an attacker: a
-file rewritten with a valid checksum still cannot make a kernel read outside its arrays (``import_state`` checks
-the shapes), but it can hold made-up state. Writes go to a temporary file beside the target, renamed over it: a
-reader sees the old file or the new one, never half of one.
+outside the file), then the payload's checksum (a flipped byte anywhere; the header's is checked before its JSON
+is read, so damaged metadata is reported as such, not as a file of another model). The checksums detect damage,
+not an attacker: a file rewritten with valid checksums still cannot make a kernel read outside its arrays
+(``import_state`` checks the shapes), but it can hold made-up state. Writes go to a temporary file beside the
+target, renamed over it: a reader sees the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from .snapshot import Snapshot
 
 MAGIC = b"HTPCACHE"
 VERSION = 1
-_FIXED = struct.Struct("<8sIIQQ32s")  # 64 bytes
+_FIXED = struct.Struct("<8sIIQQ16s16s")  # 64 bytes
 PAGE = 4096
 ALIGN = 64
 MAX_META = 64 << 20  # a JSON header larger than this is not one of ours (tokens of a 1M context are ~8 MB)
@@ -123,17 +125,17 @@ def write(path: str | os.PathLike, key: dict[str, Any], snap: Snapshot, logits: 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w+b") as f:
-            digest = hashlib.blake2b(digest_size=32)
-            head = _FIXED.pack(MAGIC, VERSION, len(meta), payload_at, offset, b"\0" * 32)
-            digest.update(head[:32])
-            f.write(head)
-            _put(f, digest, meta + b"\0" * (payload_at - _FIXED.size - len(meta)))
+            fixed = _FIXED.pack(MAGIC, VERSION, len(meta), payload_at, offset, b"", b"")[:32]
+            meta += b"\0" * (payload_at - _FIXED.size - len(meta))
+            f.write(fixed + _blake(fixed, meta) + b"\0" * 16)
+            f.write(meta)
+            digest = hashlib.blake2b(digest_size=16)
             at = 0
             for where, array in arrays:
                 _put(f, digest, b"\0" * (where - at))
                 _put(f, digest, array.reshape(-1).view(np.uint8).data if array.size else b"")
                 at = where + array.nbytes
-            f.seek(32)
+            f.seek(48)
             f.write(digest.digest())
         os.replace(tmp, path)
     except BaseException:
@@ -141,6 +143,13 @@ def write(path: str | os.PathLike, key: dict[str, Any], snap: Snapshot, logits: 
             os.unlink(tmp)
         raise
     return payload_at + offset
+
+
+def _blake(*parts: bytes) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
 
 
 def _put(f: BinaryIO, digest: Any, data: bytes | memoryview) -> None:
@@ -154,14 +163,14 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(_FIXED.size)
-        meta_len, _, payload_len = _check_fixed(Path(path), head, size)
-        return _parse_meta(Path(path), f.read(meta_len), payload_len)
+        meta_len, payload_at, payload_len = _check_fixed(Path(path), head, size)
+        return _parse_meta(Path(path), head, f.read(payload_at - _FIXED.size), meta_len, payload_len)
 
 
 def _check_fixed(path: Path, head: bytes, size: int) -> tuple[int, int, int]:
     if len(head) < _FIXED.size or head[:8] != MAGIC:
         raise BadFile(f"{path}: not a hetero prefix-cache file (no {MAGIC.decode()} header)")
-    _, version, meta_len, payload_at, payload_len, _ = _FIXED.unpack(head)
+    _, version, meta_len, payload_at, payload_len, _, _ = _FIXED.unpack(head)
     if version != VERSION:
         raise BadFile(f"{path}: prefix-cache format version {version}; this hetero reads version {VERSION}")
     if meta_len > MAX_META or payload_at < _FIXED.size + meta_len or payload_at % PAGE:
@@ -171,9 +180,12 @@ def _check_fixed(path: Path, head: bytes, size: int) -> tuple[int, int, int]:
     return meta_len, payload_at, payload_len
 
 
-def _parse_meta(path: Path, raw: bytes, payload_len: int) -> dict[str, Any]:
+def _parse_meta(path: Path, head: bytes, padded: bytes, meta_len: int, payload_len: int) -> dict[str, Any]:
+    """The JSON metadata (``padded``: the bytes from the fixed header to the payload) once its checksum matches."""
+    if _blake(head[:32], padded) != head[32:48]:
+        raise BadFile(f"{path}: header checksum mismatch (damaged metadata)")
     try:
-        meta = json.loads(raw.decode("utf-8"))
+        meta = json.loads(padded[:meta_len].decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise BadFile(f"{path}: damaged metadata (not JSON)") from None
     ok = (isinstance(meta, dict) and isinstance(meta.get("key"), dict) and isinstance(meta.get("tokens"), list)
@@ -222,8 +234,9 @@ def open_file(path: str | os.PathLike, key: dict[str, Any]) -> CacheFile:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            meta_len, payload_at, payload_len = _check_fixed(path, f.read(_FIXED.size), size)
-            meta = _parse_meta(path, f.read(meta_len), payload_len)
+            head = f.read(_FIXED.size)
+            meta_len, payload_at, payload_len = _check_fixed(path, head, size)
+            meta = _parse_meta(path, head, f.read(payload_at - _FIXED.size), meta_len, payload_len)
             why = mismatch(meta["key"], key)
             if why is not None:
                 raise BadFile(f"{path}: written for another model or setting ({why})")
@@ -231,13 +244,10 @@ def open_file(path: str | os.PathLike, key: dict[str, Any]) -> CacheFile:
     except OSError as exc:
         raise BadFile(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
-        view = memoryview(mapped)
-        digest = hashlib.blake2b(view[:32], digest_size=32)
-        digest.update(view[_FIXED.size:])
-        stored = view[32:64].tobytes()
-        view.release()
-        if digest.digest() != stored:
-            raise BadFile(f"{path}: checksum mismatch (the file was damaged or changed)")
+        with memoryview(mapped) as view:
+            matches = hashlib.blake2b(view[payload_at:], digest_size=16).digest() == head[48:64]
+        if not matches:
+            raise BadFile(f"{path}: payload checksum mismatch (the file was damaged or changed)")
         states: dict[str, dict[str, np.ndarray]] = {}
         logits = None
         for entry in meta["arrays"]:
