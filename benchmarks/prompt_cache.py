@@ -105,18 +105,18 @@ def main() -> int:
         started = time.perf_counter()
         file_sha256(Path(args.model))
         memo = time.perf_counter() - started
-        rows = [run(args.model, int(n), args.threads, args.repeats, args.kv_cache, Path(scratch))
-                for n in args.prefix.split(",")]
+        print(f"model {Path(args.model).name}, threads {args.threads or 'all'}, KV cache {args.kv_cache}; content "
+              f"hash {hashing:.2f} s once, then {memo * 1e3:.2f} ms (memoized)", flush=True)
+        print("| prefix tokens | rest | TTFT without file (s) | TTFT with file (s) | speed-up | file (MiB) | "
+              "load (s) | save (s) |")
+        print("|---|---|---|---|---|---|---|---|", flush=True)
+        for n in args.prefix.split(","):
+            r = run(args.model, int(n), args.threads, args.repeats, args.kv_cache, Path(scratch))
+            print(f"| {r['prefix']} | {r['rest']} | {r['without']:.2f} | {r['with']:.3f} | "
+                  f"{r['without'] / r['with']:.0f}x | {r['size'] / 2**20:.1f} | {r['load']:.3f} | {r['save']:.3f} |",
+                  flush=True)
     load = os.getloadavg()
-    print(f"model {Path(args.model).name}, threads {args.threads or 'all'}, KV cache {args.kv_cache}; "
-          f"content hash {hashing:.2f} s once, then {memo * 1e3:.2f} ms (memoized); load average at end "
-          f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
-    print("| prefix tokens | rest | TTFT without file (s) | TTFT with file (s) | speed-up | file (MiB) | "
-          "load (s) | save (s) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['prefix']} | {r['rest']} | {r['without']:.2f} | {r['with']:.3f} | {r['without'] / r['with']:.0f}x "
-              f"| {r['size'] / 2**20:.1f} | {r['load']:.3f} | {r['save']:.3f} |")
+    print(f"load average at end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
     return 0
 
 

@@ -7,6 +7,7 @@ prompt that does not start with the file's tokens computes from 0; writes are at
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -306,3 +307,31 @@ def test_the_content_hash_is_memoized_by_path_size_mtime_and_inode(tmp_path):
 def test_generate_refuses_a_prompt_cache_that_is_not_a_path():
     with pytest.raises(HeteroError, match="expected a file path"):
         _load(FIXTURES / "qwen3").generate([1, 2, 3], 1, prompt_cache=3)
+
+
+def test_generate_and_chat_commands_take_a_prompt_cache(tmp_path, capsys):
+    from hetero.cli import build_parser
+    from hetero.llm import cli
+
+    path = tmp_path / "prompt.hpc"
+    command = ["generate", str(FIXTURES / "qwen3"), "The quick brown fox jumps over the lazy dog. " * 4, "-n", "6",
+               "--temp", "0", "-b", "cpu", "--prompt-cache", str(path)]
+    outputs = []
+    for _ in range(2):
+        args = build_parser().parse_args(command)
+        assert args.func(args) == 0
+        outputs.append(capsys.readouterr())
+    assert path.is_file() and outputs[0].out == outputs[1].out
+    assert "(0 cached)" in outputs[0].err and "(0 cached)" not in outputs[1].err
+    chat = tmp_path / "chat.hpc"
+    errs = []
+    for _ in range(2):
+        args = build_parser().parse_args(["chat", str(FIXTURES / "qwen3"), "-n", "4", "--temp", "0", "--system",
+                                          "Be brief. " * 8, "-b", "cpu", "--prompt-cache", str(chat),
+                                          "--prompt-cache-ro"])
+        assert cli._cmd_chat(args, stdin=io.StringIO("Hello!\n/exit\n")) == 0
+        errs.append(capsys.readouterr().err)
+    assert not chat.exists() and "(0 cached)" in errs[0]  # read-only: never written
+    args = build_parser().parse_args(["generate", str(FIXTURES / "qwen3"), "hi", "--prompt-cache-ro"])
+    with pytest.raises(HeteroError, match="--prompt-cache-ro needs --prompt-cache"):
+        args.func(args)
