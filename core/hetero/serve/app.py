@@ -64,6 +64,9 @@ def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 1
         if prefix_cache_bytes > 0 or prefix_cache_dir is not None else None
     for model in models:
         model.prefix_cache = prefix_cache
+    if prefix_cache_dir is not None:
+        with contextlib.suppress(HeteroError):  # the model's content hash now, not in the first request (seconds
+            models[0].identity.digest()  # for a GB); a model without one is said at the first prompt
     streams = StreamStore(resume_window)
     metrics = Metrics(scheduler, prefix_cache, streams)
     model_id = name or models[0].name
