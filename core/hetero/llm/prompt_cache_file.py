@@ -159,7 +159,8 @@ def _put(f: BinaryIO, digest: Any, data: bytes | memoryview) -> None:
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """A file's metadata (key, tokens, arrays) after the cheap checks (no checksum): for indexing a folder."""
+    """A file's metadata (key, tokens, arrays) after the cheap checks (the header's checksum, not the payload's):
+    for indexing a folder and deciding whether a file helps before reading all of it."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(_FIXED.size)
@@ -173,7 +174,7 @@ def _check_fixed(path: Path, head: bytes, size: int) -> tuple[int, int, int]:
     _, version, meta_len, payload_at, payload_len, _, _ = _FIXED.unpack(head)
     if version != VERSION:
         raise BadFile(f"{path}: prefix-cache format version {version}; this hetero reads version {VERSION}")
-    if meta_len > MAX_META or payload_at < _FIXED.size + meta_len or payload_at % PAGE:
+    if meta_len > MAX_META or payload_at != _align(_FIXED.size + meta_len, PAGE):
         raise BadFile(f"{path}: damaged header (metadata {meta_len} bytes, payload at {payload_at})")
     if payload_at + payload_len != size:
         raise BadFile(f"{path}: {size} bytes, expected {payload_at + payload_len} (truncated or appended to)")
