@@ -117,4 +117,4 @@ def test_a_restarted_server_reuses_the_prompts_of_the_last_one(tmp_path):
     assert status == 200 and again["choices"][0]["message"] == first["choices"][0]["message"]
     # the whole prompt but its last token came from the file
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == first["usage"]["prompt_tokens"] - 1
-    assert "hetero_prefix_cache_hits_total 1.0" in metrics
+    assert "hetero_prefix_cache_hits_total 1.0" in metrics and "hetero_prefix_cache_file_hits_total 1.0" in metrics
