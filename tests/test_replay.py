@@ -230,3 +230,24 @@ def test_a_replayed_branch_whose_result_changes_shape_falls_back_to_the_interpre
         x = np.array([values], np.float32)
         y = session.run({"x": x})["y"]
         np.testing.assert_array_equal(y, np.array(np.nonzero(x), np.float32) + 1)
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs the cpu plugin (bound kernels)")
+def test_small_graph_outputs_are_bound_and_copied_out():
+    # y (small) is a graph output also read by a later kernel: the replay computes it into a buffer of its own (so
+    # its kernel and the Mul after it bind) and hands each run's caller a copy.
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Mul", ["y", "y"], ["z"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3, 4])],
+                       [("y", TensorProto.FLOAT, [3, 4]), ("z", TensorProto.FLOAT, [3, 4])])
+    session = hetero.Session(model, backends=["cpu"], on_fallback="error")
+    rng = np.random.default_rng(5)
+    runs = []
+    for _ in range(4):
+        x = rng.normal(size=(3, 4)).astype(np.float32)
+        runs.append((x, session.run({"x": x})))
+    replay = session.programs[0].replay
+    assert replay is not None and replay.bound == 2 and len(replay.program) == 2
+    for x, out in runs:  # every run's outputs kept their values: none is the replay's buffer
+        np.testing.assert_array_equal(out["y"], np.maximum(x, 0))
+        np.testing.assert_array_equal(out["z"], np.maximum(x, 0) ** 2)
+    assert not np.shares_memory(runs[-1][1]["y"], runs[-2][1]["y"])

@@ -12,7 +12,10 @@ outputs (fresh arrays, since the caller keeps them). So the replay
   method: a zero-argument callable doing ``run(inputs, outputs)`` on those exact buffers, typically the native
   function with its arguments already converted, or a list of such callables, e.g. one per device launch), else
   binds ``run`` to its argument lists;
-* keeps the rest (kernels writing graph outputs, views of them) as small dynamic entries;
+* gives a kernel writing a small graph output (``OWN_OUTPUT_BYTES``, host memory) buffers of the replay's own, so
+  that it binds too, and hands the caller a copy of each at the end of the run (a few bytes: silero-vad's state and
+  probability, cheaper than running the kernel through Python);
+* keeps the rest (kernels writing larger graph outputs, views of them) as small dynamic entries;
 * runs an If whose condition follows from the input shapes (so the same branch each run: the executor checks) through
   its kernel's ``run_dynamic`` with the branch's child session (which replays itself), copying the results into
   buffers of the replay's own so that the kernels after it stay bound. Results of another shape than recorded raise
@@ -34,6 +37,8 @@ from ..contract.errors import HeteroError
 from ..contract.tensor import Tensor, TensorInfo
 
 Key = tuple[str, Any]  # ("feed", input name) or ("var", id of the tensor in the recorded run)
+# Graph outputs up to this size are computed into the replay's own buffers and copied out (see the module doc).
+OWN_OUTPUT_BYTES = 64 * 1024
 Call = Callable[[], Any]
 
 
@@ -151,6 +156,7 @@ class Replay:
         self.bound = 0  # kernels called through their own bind()
         self._unbound: list[_Call] = []  # kernels whose run() it calls: prepared again by prepare_kernels
         self._output_keys = {key for key in outputs.values() if not isinstance(key, Tensor)}
+        self._owned: dict[Key, Backend] = {}  # graph outputs in the replay's own buffers: copied out each run
         for entry in entries:
             if isinstance(entry, _View):
                 self._add_view(entry, fixed)
@@ -187,6 +193,12 @@ class Replay:
         ins = list(entry.ins)
         var_ins = _take_fixed(entry.var_ins, fixed, ins)
         kernel = entry.kernel
+        if not var_ins and entry.fresh_outs and all(_ownable(b, info) for _, _, b, info in entry.fresh_outs):
+            outs = list(entry.outs)
+            for pos, key, backend, info in entry.fresh_outs:
+                outs[pos] = fixed[key] = backend.empty(info)
+                self._owned[key] = backend
+            entry = _Call(kernel, ins, outs, [], [], entry.prepared)
         if var_ins or entry.fresh_outs:
             dynamic = _Call(kernel, ins, list(entry.outs), var_ins, entry.fresh_outs)
             self.program.append(functools.partial(_run_dynamic, self._values, dynamic))
@@ -225,10 +237,28 @@ class Replay:
         for name in wanted:
             found = self.outputs[name]
             if not isinstance(found, Tensor):
-                found = values[found] if found in values else self._fixed[found]
+                backend = self._owned.get(found)
+                if backend is not None:  # the replay's own buffer: the caller gets a copy
+                    own = self._fixed[found]
+                    found = backend.empty(own.info)
+                    backend.write(found, own)
+                else:
+                    found = values[found] if found in values else self._fixed[found]
             result[name] = found
         values.clear()  # the caller owns the outputs now
         return result
+
+
+def _ownable(backend: Backend, info: TensorInfo) -> bool:
+    """Whether a graph output of ``info`` is small enough, and in host memory, to be computed into a buffer of the
+    replay's own and copied out at each run."""
+    dtype = info.dtype
+    if backend.memory_domain != "host" or dtype.np_dtype is None or any(not isinstance(d, int) for d in info.shape):
+        return False
+    numel = 1
+    for d in info.shape:
+        numel *= d
+    return dtype.nbytes(numel) <= OWN_OUTPUT_BYTES
 
 
 def _take_fixed(slots: list[tuple[Any, Key]], fixed: dict[Key, Tensor], target: Any) -> list[tuple[Any, Key]]:

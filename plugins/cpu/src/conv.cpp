@@ -23,6 +23,8 @@ inline float pool_max(float m, float v) { return (v > m || v != v) ? v : m; }  /
 constexpr double kParallelGrain = 6e4;
 // Target size of one task's packed im2col block (floats): fits in L2 next to the weights' A panels.
 constexpr i64 kConvBlockFloats = 48 * 1024;
+// Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
+constexpr i64 kDotMaxOutputs = 8;
 
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
@@ -97,8 +99,12 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
   const i64 cout_g = cout / group, K = cin_g * kh * kw;
   pc->group_stride = ceil_div(cout_g, kr.mr) * kr.mr * K;
   float* d = pc->buf.get(static_cast<std::size_t>(std::max<i64>(1, pc->group_stride * group)));
-  std::memcpy(pc->raw.get(static_cast<std::size_t>(std::max<i64>(1, cout * K))), w,
-              static_cast<std::size_t>(cout * K) * sizeof(float));
+  pc->raw_ld = ceil_div(std::max<i64>(K, 1), 16) * 16;
+  float* raw = pc->raw.get(static_cast<std::size_t>(cout * pc->raw_ld));
+  for (i64 r = 0; r < cout; ++r) {
+    std::memcpy(raw + r * pc->raw_ld, w + r * K, static_cast<std::size_t>(K) * sizeof(float));
+    std::fill(raw + r * pc->raw_ld + K, raw + (r + 1) * pc->raw_ld, 0.f);
+  }
   for (i64 gi = 0; gi < group; ++gi) {
     MatView a{w + gi * cout_g * K, cout_g, K, K, 1};
     pack_a_panels(kr, a, d + gi * pc->group_stride);
@@ -119,6 +125,55 @@ ConvGeom along_w(const ConvGeom& g) {
   return t;
 }
 
+// A few output positions per image (silero-vad's encoder: 1-4 columns; a 32-wide GEMM panel would be mostly zero
+// padding): each output is the dot product of a weight row with that position's input patch. The patches of every
+// image are gathered first (K floats each, zero-padded like the weight rows), then row blocks of the weights run
+// against all of an image's patches at once, so each weight row is read once per image.
+void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+              const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, HWo = g.Ho * g.Wo, ld = pc.raw_ld;
+  const i64 images = g.N * g.group;
+  float* patches = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * HWo * ld));
+  for (i64 img = 0; img < images; ++img) {
+    const i64 n = img / g.group, gi = img % g.group;
+    const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
+    for (i64 j = 0; j < HWo; ++j) {
+      float* d = patches + (img * HWo + j) * ld;
+      const i64 y0 = (j / g.Wo) * g.sh - g.pt, x0 = (j % g.Wo) * g.sw - g.pl;
+      for (i64 c = 0; c < cin_g; ++c) {
+        const float* plane = xin + c * g.H * g.W;
+        for (i64 ky = 0; ky < g.kh; ++ky) {
+          const i64 iy = y0 + ky * g.dh;
+          const bool row_in = iy >= 0 && iy < g.H;
+          for (i64 kx = 0; kx < g.kw; ++kx) {
+            const i64 ix = x0 + kx * g.dw;
+            *d++ = row_in && ix >= 0 && ix < g.W ? plane[iy * g.W + ix] : 0.f;
+          }
+        }
+      }
+      std::fill(d, patches + (img * HWo + j + 1) * ld, 0.f);
+    }
+  }
+  const double flops = 2.0 * images * cout_g * HWo * ld;
+  const int T = threads_for(flops, kParallelGrain * 4);
+  // Row blocks: a multiple of 4 rows, two per thread and image, so that threads share the rows evenly.
+  const i64 rb = std::max<i64>(4, ceil_div(ceil_div(cout_g, 2 * T), 4) * 4);
+  const i64 nrb = ceil_div(cout_g, rb);
+  parallel_for(images * nrb, T, [&](i64 task) {
+    const i64 img = task / nrb, r0 = (task % nrb) * rb, rows = std::min<i64>(rb, cout_g - r0);
+    const i64 n = img / g.group, gi = img % g.group;
+    float* o = out + (n * g.Cout + gi * cout_g + r0) * HWo;
+    xk.dot_nt(pc.raw.p + (gi * cout_g + r0) * ld, ld, rows, patches + img * HWo * ld, ld, HWo, ld, o, HWo);
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    apply_epilogue(kr, o, HWo, r0, 0, rows, HWo, ep);
+  });
+}
+
 }  // namespace
 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
@@ -127,6 +182,10 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const ConvGeom g = along_w(geom);
   if (pc.depthwise) {
     depthwise(pc, g, x, bias, out, act);
+    return;
+  }
+  if (g.Ho * g.Wo <= kDotMaxOutputs) {
+    conv_dot(pc, g, x, bias, out, act);
     return;
   }
   const Kernels& kr = *pc.kr;
@@ -175,7 +234,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       // columns, instead of a padded mr-row tile that would be mostly wasted.
       Epilogue ept = ep;
       ept.bias = ep.bias ? ep.bias + m_main : nullptr;
-      const MatView at{pc.raw.p + (gi * cout_g + m_main) * K, cout_g - m_main, K, K, 1};
+      const MatView at{pc.raw.p + (gi * cout_g + m_main) * pc.raw_ld, cout_g - m_main, K, pc.raw_ld, 1};
       gemm_small_m_packed(kr, at, bp, ncols, o + m_main * HWo, HWo, 1.f, 0.f, ept, 1);
     }
   });
