@@ -391,7 +391,7 @@ def one_hot_matmul_to_gather(graph: Graph) -> int:
         equal = producers.get(cast.inputs[0])
         expanded = None if equal is None or equal.op_key != ("", "Equal") else _iota_of(graph, equal, w.shape[0])
         expand = producers.get(expanded or "")
-        if expand is None or expand.op_key != ("", "Expand") or len(expand.inputs) != 2:
+        if equal is None or expand is None or expand.op_key != ("", "Expand") or len(expand.inputs) != 2:
             continue
         iota_rank = np.ndim(graph.initializers[equal.inputs[1] if equal.inputs[0] == expanded else equal.inputs[0]])
         a, target = expand.inputs
