@@ -174,6 +174,77 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
   });
 }
 
+// Stride 1 along W, a kh x kw kernel (not 1 x 1), rows at least one GEMM panel wide, and Cout close to a whole
+// number of tiles: the GEMM runs on the zero-padded input in place (each tap of each channel is a run of
+// consecutive floats of a padded row), without the im2col copy, which costs as much as the GEMM itself when Cout is
+// small. Measured at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on 120 x 160 16.0 -> 11.6 ms,
+// magika's 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row tiles for 16 rows) was
+// slower (6.5 -> 8.7 ms): there the im2col path's 4-row tail kernel wins, hence the tile-waste bound.
+bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
+  const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr;
+  return !pc.depthwise && g.sw == 1 && g.kh * g.kw > 1 && g.Wo >= pc.kr->nr &&
+         ceil_div(cout_g, mr) * mr * 4 <= cout_g * 5;
+}
+
+// One padded copy of the image's channels (rows padded to Wp, plus nr floats of slack the last tile's loads read
+// past), then tasks of (image/group, output row): every Cout block and panel of columns of that row.
+bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                 const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const int mr = kr.mr, nr = kr.nr;
+  const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
+  const i64 Hp = g.H + g.pt + g.pb, Wp = std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw);
+  const i64 plane = Hp * Wp, images = g.N * g.group;
+  std::vector<i64> off(static_cast<std::size_t>(K));
+  for (i64 c = 0, k = 0; c < cin_g; ++c)
+    for (i64 ky = 0; ky < g.kh; ++ky)
+      for (i64 kx = 0; kx < g.kw; ++kx, ++k) off[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * Wp + kx * g.dw;
+  {  // the tile kernel for this ISA's tile shape (checked once: every call below is the same shape)
+    alignas(64) float probe[64] = {};
+    const i64 zero = 0;
+    if (!xk.conv_tile(mr, nr, 0, probe, probe, &zero, probe, nr, 0, 0)) return false;
+  }
+  const i64 per_image = cin_g * plane;
+  float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * per_image + nr));
+  std::fill(padded + images * per_image, padded + images * per_image + nr, 0.f);
+  const int Tp = threads_for(static_cast<double>(images * per_image), kParallelGrain);
+  parallel_for(images * cin_g, Tp, [&](i64 q) {
+    const i64 img = q / cin_g, c = q % cin_g, n = img / g.group, gi = img % g.group;
+    const float* src = x + ((n * g.C + gi * cin_g + c) * g.H) * g.W;
+    float* dst = padded + img * per_image + c * plane;
+    std::fill(dst, dst + g.pt * Wp, 0.f);
+    for (i64 y = 0; y < g.H; ++y) {
+      float* row = dst + (g.pt + y) * Wp;
+      std::fill(row, row + g.pl, 0.f);
+      std::memcpy(row + g.pl, src + y * g.W, static_cast<std::size_t>(g.W) * sizeof(float));
+      std::fill(row + g.pl + g.W, row + Wp, 0.f);
+    }
+    std::fill(dst + (g.pt + g.H) * Wp, dst + plane, 0.f);
+  });
+  const i64 mp = ceil_div(cout_g, mr);
+  const int T = threads_for(2.0 * images * cout_g * HWo * K, kParallelGrain * 4);
+  parallel_for(images * g.Ho, T, [&](i64 task) {
+    const i64 img = task / g.Ho, oy = task % g.Ho, n = img / g.group, gi = img % g.group;
+    const float* in = padded + img * per_image + oy * g.sh * Wp;
+    float* o = out + (n * g.Cout + gi * cout_g) * HWo + oy * g.Wo;
+    const float* a = pc.buf.p + gi * pc.group_stride;
+    for (i64 x0 = 0; x0 < g.Wo; x0 += nr) {
+      const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
+      for (i64 p = 0; p < mp; ++p) {
+        const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+        xk.conv_tile(mr, nr, K, a + p * K * mr, in + x0, off.data(), o + p * mr * HWo + x0, HWo, nrows, ncols);
+      }
+    }
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    apply_epilogue(kr, o, HWo, 0, 0, cout_g, g.Wo, ep);
+  });
+  return true;
+}
+
 }  // namespace
 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
@@ -188,6 +259,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     conv_dot(pc, g, x, bias, out, act);
     return;
   }
+  if (direct_fits(pc, g) && conv_direct(pc, g, x, bias, out, act)) return;
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g;

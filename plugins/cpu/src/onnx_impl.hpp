@@ -456,10 +456,56 @@ void x_dot_nt(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 n, i6
   }
 }
 
+// Direct convolution tile, stride 1 along W (conv.cpp's conv_direct): c[r][j] = sum_k a[k*MR + r] * base[off[k] + j]
+// for r < MR, j < NRV*W: the GEMM micro-kernel's loop with row k of B read in place from the zero-padded input
+// (off[k]: channel, kernel row and column of tap k) instead of from an im2col copy. Writes nrows x ncols of it.
+template <int MR, int NRV>
+void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
+                   int ncols) {
+  V acc[MR][NRV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NRV; ++v) acc[r][v] = SIMD::zero();
+  for (i64 k = 0; k < K; ++k) {
+    const float* bp = base + off[k];
+    V b[NRV];
+    for (int v = 0; v < NRV; ++v) b[v] = SIMD::load(bp + v * W);
+    const float* ak = a + k * MR;
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const V ar = SIMD::set1(ak[r]);
+      for (int v = 0; v < NRV; ++v) acc[r][v] = SIMD::fma(ar, b[v], acc[r][v]);
+    }
+  }
+  if (nrows == MR && ncols == NRV * W) {
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NRV; ++v) SIMD::store(c + r * ldc + v * W, acc[r][v]);
+    return;
+  }
+  alignas(64) float tile[NRV * W];
+  for (int r = 0; r < nrows; ++r) {
+    for (int v = 0; v < NRV; ++v) SIMD::store(tile + v * W, acc[r][v]);
+    for (int j = 0; j < ncols; ++j) c[r * ldc + j] = tile[j];
+  }
+}
+
+// The tile shapes of the GEMM tables (kernels_*.cpp: mr x nr); false for another.
+bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
+                 int nrows, int ncols) {
+  if (mr == 12 && nr == 2 * W && W >= 16)
+    x_conv_tile_t<12, 2>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 6 && nr == 2 * W && W == 8)
+    x_conv_tile_t<6, 2>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 8 && nr == 3 * W && W == 4)
+    x_conv_tile_t<8, 3>(K, a, base, off, c, ldc, nrows, ncols);
+  else
+    return false;
+  return true;
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_im2col_block,
-    x_dot_nt,
+    x_dot_nt,      x_conv_tile,
 };
 
 }  // namespace

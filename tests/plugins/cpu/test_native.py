@@ -625,6 +625,11 @@ CONV_CASES = [
     (2, 6, 5, 5, 9, 3, 3, (2, 2), (1, 1, 0, 0), (1, 1), 3),  # grouped, 2x2 outputs
     (1, 7, 4, 4, 5, 3, 3, (1, 1), (1, 1, 1, 1), (2, 1), 1),  # 8 outputs, dilated
     (1, 10, 1, 1, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # one output, Cout < 4
+    # rows of >= one GEMM panel, stride 1 along W: the GEMM reads the padded input in place (no im2col), with Cout
+    # off the tile height, strided rows, a ragged last panel, groups and dilation
+    (2, 7, 9, 45, 23, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
+    (1, 8, 6, 37, 22, 3, 5, (1, 1), (1, 2, 1, 2), (1, 2), 2),
+    (1, 96, 5, 64, 24, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # PP-OCRv4 det's 96 -> 24
 ]
 
 
@@ -656,6 +661,16 @@ def test_conv2d_small_output_threads(isa, threads):
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d(x, w, bias, out, strides=(1, 128), activation="relu")
     np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_direct_rows_threads(isa, threads):
+    # the in-place GEMM splits output rows across threads; a deep K (3 x 3 x 40), Cout just under two 12-row tiles
+    x = randn(1, 40, 11, 70, seed=96)
+    w = randn(22, 40, 3, 3, seed=97) * 0.1
+    ref = _conv_ref(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, None, out, pads=(1, 1, 1, 1))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_strided_input_and_errors(isa):
