@@ -179,11 +179,13 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
 // consecutive floats of a padded row), without the im2col copy, which costs as much as the GEMM itself when Cout is
 // small. Measured at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on 120 x 160 16.0 -> 11.6 ms,
 // magika's 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row tiles for 16 rows) was
-// slower (6.5 -> 8.7 ms): there the im2col path's 4-row tail kernel wins, hence the tile-waste bound.
+// slower (6.5 -> 8.7 ms): there the im2col path's 4-row tail kernel wins, hence the tile-waste bound; and so is a
+// 64 -> 64 conv on 40-wide rows (a 32-wide panel and an 8-wide one per row, where im2col's panels span rows), hence
+// the same bound on columns.
 bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
-  const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr;
-  return !pc.depthwise && g.sw == 1 && g.kh * g.kw > 1 && g.Wo >= pc.kr->nr &&
-         ceil_div(cout_g, mr) * mr * 4 <= cout_g * 5;
+  const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
+  return !pc.depthwise && g.sw == 1 && g.kh * g.kw > 1 && g.Wo >= nr &&
+         ceil_div(cout_g, mr) * mr * 4 <= cout_g * 5 && ceil_div(g.Wo, nr) * nr * 4 <= g.Wo * 5;
 }
 
 // One padded copy of the image's channels (rows padded to Wp, plus nr floats of slack the last tile's loads read
