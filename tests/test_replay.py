@@ -242,6 +242,25 @@ def test_an_if_on_a_small_fed_integer_replays_per_value(backend):
         assert len(replay._bodies[0]._bodies) == 1
 
 
+def test_only_integers_that_decide_an_if_join_the_signature():
+    # an LLM's past_len-like scalar feeds arithmetic, not a branch: keying it by value would record a replay per step
+    nodes = [helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "posf"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4]), ("pos", TensorProto.INT64, [])],
+                       [("y", TensorProto.FLOAT, None)])
+    session = hetero.Session(model, backends=["reference"])
+    assert session.programs[0]._keyed == []
+    big = make_model([helper.make_node("ReduceMax", ["flags"], ["any"], keepdims=0),
+                      helper.make_node("Cast", ["any"], ["cond"], to=TensorProto.BOOL),
+                      helper.make_node("If", ["cond"], ["y"], then_branch=_graph("t", [
+                          helper.make_node("Relu", ["x"], ["r"])], "r"), else_branch=_graph("e", [
+                              helper.make_node("Neg", ["x"], ["g"])], "g"))],
+                     [("x", TensorProto.FLOAT, [4]), ("flags", TensorProto.INT64, [64])],
+                     [("y", TensorProto.FLOAT, None)])
+    program = hetero.Session(big, backends=["reference"]).programs[0]
+    assert program._keyed == [] and not program.replayable  # 64 values: more than a branch selector
+
+
 def test_an_if_on_fed_float_data_does_not_replay():
     then = _graph("then", [helper.make_node("Relu", ["x"], ["r"])], "r")
     other = _graph("else", [helper.make_node("Neg", ["x"], ["g"])], "g")
