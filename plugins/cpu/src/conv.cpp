@@ -174,18 +174,24 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
   });
 }
 
+// Row length of conv_direct's zero-padded input copy.
+i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw); }
+
 // Stride 1 along W, a kh x kw kernel (not 1 x 1), rows at least one GEMM panel wide, and Cout close to a whole
 // number of tiles: the GEMM runs on the zero-padded input in place (each tap of each channel is a run of
 // consecutive floats of a padded row), without the im2col copy, which costs as much as the GEMM itself when Cout is
 // small. Measured at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on 120 x 160 16.0 -> 11.6 ms,
 // magika's 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row tiles for 16 rows) was
 // slower (6.5 -> 8.7 ms): there the im2col path's 4-row tail kernel wins, hence the tile-waste bound; and so is a
-// 64 -> 64 conv on 40-wide rows (a 32-wide panel and an 8-wide one per row, where im2col's panels span rows), hence
-// the same bound on columns.
+// 64 -> 64 conv on 40-wide rows, a 32-wide panel and an 8-wide one per row, unless the rows follow each other:
+// with stride 1 along H too, output (y, x) reads the padded input at y * Wp + x + tap offset, so the panels run over
+// the flattened rows (the Wp - Wo columns between them computed and dropped): that case is bounded by Wp / Wo, the
+// strided-rows one by the panel padding of a row.
 bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
-  return !pc.depthwise && g.sw == 1 && g.kh * g.kw > 1 && g.Wo >= nr &&
-         ceil_div(cout_g, mr) * mr * 4 <= cout_g * 5 && ceil_div(g.Wo, nr) * nr * 4 <= g.Wo * 5;
+  if (pc.depthwise || g.sw != 1 || g.kh * g.kw == 1 || ceil_div(cout_g, mr) * mr * 4 > cout_g * 5) return false;
+  if (g.sh == 1) return padded_width(g) * 4 <= g.Wo * 5 && g.Ho * g.Wo >= nr;
+  return g.Wo >= nr && ceil_div(g.Wo, nr) * nr * 4 <= g.Wo * 5;
 }
 
 // One padded copy of the image's channels (rows padded to Wp, plus nr floats of slack the last tile's loads read
@@ -196,7 +202,7 @@ bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const ExtraKernels& xk = extra_for(kr);
   const int mr = kr.mr, nr = kr.nr;
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
-  const i64 Hp = g.H + g.pt + g.pb, Wp = std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw);
+  const i64 Hp = g.H + g.pt + g.pb, Wp = padded_width(g);
   const i64 plane = Hp * Wp, images = g.N * g.group;
   std::vector<i64> off(static_cast<std::size_t>(K));
   for (i64 c = 0, k = 0; c < cin_g; ++c)
@@ -226,6 +232,37 @@ bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   });
   const i64 mp = ceil_div(cout_g, mr);
   const int T = threads_for(2.0 * images * cout_g * HWo * K, kParallelGrain * 4);
+  if (g.sh == 1) {
+    // Panels over the flattened rows: column j is output (j / Wp, j % Wp), dropped where j % Wp >= Wo. Each tile
+    // goes through a buffer (bias and activation applied there) and is scattered in runs of one output row.
+    const i64 nflat = (g.Ho - 1) * Wp + g.Wo, ntile = ceil_div(nflat, nr);
+    parallel_for(images * ntile, T, [&](i64 task) {
+      const i64 img = task / ntile, j0 = (task % ntile) * nr, n = img / g.group, gi = img % g.group;
+      const i64 ncols = std::min<i64>(nr, nflat - j0);
+      const float* in = padded + img * per_image + j0;
+      float* o = out + (n * g.Cout + gi * cout_g) * HWo;
+      const float* a = pc.buf.p + gi * pc.group_stride;
+      Epilogue ep = act;
+      ep.bias = bias ? bias + gi * cout_g : nullptr;
+      ep.bias_rs = 1;
+      ep.bias_cs = 0;
+      alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
+      for (i64 p = 0; p < mp; ++p) {
+        const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+        xk.conv_tile(mr, nr, K, a + p * K * mr, in, off.data(), tile, nr, nrows, nr);
+        apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
+        for (i64 jj = 0; jj < ncols;) {
+          const i64 j = j0 + jj, y = j / Wp, x = j % Wp, len = std::min<i64>(ncols - jj, Wp - x);
+          const i64 valid = x < g.Wo ? std::min<i64>(len, g.Wo - x) : 0;
+          for (int r = 0; r < nrows && valid > 0; ++r)
+            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + x, tile + r * nr + jj,
+                        static_cast<std::size_t>(valid) * sizeof(float));
+          jj += len;
+        }
+      }
+    });
+    return true;
+  }
   parallel_for(images * g.Ho, T, [&](i64 task) {
     const i64 img = task / g.Ho, oy = task % g.Ho, n = img / g.group, gi = img % g.group;
     const float* in = padded + img * per_image + oy * g.sh * Wp;
