@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "llm.hpp"
 
@@ -162,10 +163,15 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   }
 }
 
+#include "llm_qgemm_rows.hpp"  // qgemm_rows: tiles of 2+ rows on vpmaddubsw ISAs
+
 template <class S, int BITS, bool ASYM, int KQ>
 void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
                int nvalid) {
   constexpr int R = S::QGEMM_MR;  // mr <= R (the table's max_mr)
+  if constexpr (HasAcc16<S>::value && BITS < 8) {
+    if (mr >= 2 && rows_kernel_fits(w)) return qgemm_rows_fmt<S, BITS, ASYM, KQ>(w, group, x, m0, mr, y, ldy, nvalid);
+  }
   switch (mr) {
     case 1: qgemm_mr<S, BITS, ASYM, KQ, 1>(w, group, x, m0, y, ldy, nvalid); break;
     case 2: qgemm_mr<S, BITS, ASYM, KQ, std::min(2, R)>(w, group, x, m0, y, ldy, nvalid); break;

@@ -84,6 +84,10 @@ struct LlmSimd : SIMD {
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w1, x1), _mm256_maddubs_epi16(w2, x2));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   }
+  // int16 accumulation (llm_qgemm_rows.hpp): acc += vpmaddubsw(w, x), wrapping adds the caller keeps in range
+  static constexpr bool ACC16 = true;
+  static B dot16(B acc, B w, B x) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)); }
+  static I widen16(B acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
   // 8-bit weights: s = w - 128 (|s| <= 128) against x with the sign of s moved onto it, so no int16 pair sum
   // saturates; the dot is sum((w - 128) x) (Q8_SHIFT). The weight half is prepared once for all x rows.
   struct Q8 {

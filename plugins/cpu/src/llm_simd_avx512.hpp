@@ -69,6 +69,10 @@ struct LlmSimd : SIMD {
     const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(w1, x1), _mm512_maddubs_epi16(w2, x2));
     return _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)));
   }
+  // int16 accumulation (llm_qgemm_rows.hpp): acc += vpmaddubsw(w, x), wrapping adds the caller keeps in range
+  static constexpr bool ACC16 = true;
+  static B dot16(B acc, B w, B x) { return _mm512_add_epi16(acc, _mm512_maddubs_epi16(w, x)); }
+  static I widen16(B acc) { return _mm512_madd_epi16(acc, _mm512_set1_epi16(1)); }
   // 8-bit weights as in llm_simd_avx2.hpp, with a byte mask for the sign.
   struct Q8 {
     B aw;

@@ -6,6 +6,7 @@
 namespace {
 struct LlmSimdVnni : LlmSimd {
   static constexpr int Q8_SHIFT = 0;
+  static constexpr bool ACC16 = false;  // vpdpbusd accumulates int32 directly: qgemm_mr for every tile
   static I dot4(I acc, B w, B x) { return _mm512_dpbusd_epi32(acc, w, x); }
   static I dot4x2(I acc, B w1, B x1, B w2, B x2) { return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, w1, x1), w2, x2); }
   struct Q8 {

@@ -21,8 +21,9 @@ import numpy as np
 
 from ...contract.errors import HeteroError
 from .drafter_files import DrafterFolder, LayerShape, layer_ids
-from .drafter_nn import LayerWeights, attention, rms_norm
+from .drafter_nn import LayerWeights, Linear, attention, rms_norm
 from .feature_drafter import FeatureDrafter
+from .native_linears import compile_for_target
 from .registry import register
 from .target import Target
 from .target_head import TargetHead
@@ -31,7 +32,7 @@ from .target_head import TargetHead
 @dataclass
 class DFlashWeights:
     shape: LayerShape
-    fc: np.ndarray  # [len(target_layers) * target_hidden, hidden] (transposed)
+    fc: Linear  # [len(target_layers) * target_hidden] -> [hidden]
     hidden_norm: np.ndarray
     layers: list[LayerWeights]
     norm: np.ndarray
@@ -101,8 +102,9 @@ class DFlashDrafter(FeatureDrafter):
         return len(self.keys[0]) if self.keys else 0
 
     @classmethod
-    def for_target(cls, path: str | Path, llm: Target) -> DFlashDrafter:
-        """The drafter in folder ``path`` reading ``llm``'s hidden states, embedding table and LM head."""
+    def for_target(cls, path: str | Path, llm: Target, *, linears: str | None = "q8") -> DFlashDrafter:
+        """The drafter in folder ``path`` reading ``llm``'s hidden states, embedding table and LM head; its own
+        linears run on the target's backends with weights in ``linears`` (``native_linears``; None: numpy)."""
         cfg = llm.config
         weights = load_dflash(path, target_layers=cfg.num_layers)
         width = weights.fc.shape[0] // len(weights.target_layers)
@@ -113,7 +115,10 @@ class DFlashDrafter(FeatureDrafter):
             raise HeteroError(f"DFlash drafter {str(path)!r}: mask_token_id {weights.mask_token_id} is outside "
                               f"model {llm.name!r}'s vocabulary of {cfg.vocab_size}")
         head = TargetHead(llm)
-        return cls(weights, head.embed, head.logits, num_layers=cfg.num_layers)
+        drafter = cls(weights, head.embed, head.logits, num_layers=cfg.num_layers)
+        compile_for_target([weights.fc, *(linear for layer in weights.layers for linear in layer.linears())], llm,
+                           linears)
+        return drafter
 
     def forget(self) -> None:
         self._truncate(0)

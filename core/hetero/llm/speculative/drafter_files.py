@@ -3,7 +3,7 @@ safetensors, in the layouts their authors publish (docs/speculative.md, "Drafter
 
 Every tensor is checked against the shape the config implies before it is used, and every problem is a
 ``ModelFormatError`` naming the file and the tensor or key. Float tensors (F32 / F16 / BF16) are read as float32;
-linears are kept transposed (``[in, out]``) for ``x @ w``.
+linears become ``drafter_nn.Linear`` (``x @ linear``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ...contract.errors import ModelFormatError
 from .. import files, safetensors
 from ..config import attention_sizes
 from ..fields import Fields
-from .drafter_nn import LayerWeights, Rope
+from .drafter_nn import LayerWeights, Linear, Rope
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,9 @@ class DrafterFolder:
             raise ModelFormatError(f"{entry.path}: tensor {name!r} has dtype {entry.dtype}; expected F32, F16 or BF16")
         return np.ascontiguousarray(self.tensors.float32(name), dtype=np.float32)
 
-    def linear(self, name: str, out: int, inp: int) -> np.ndarray:
-        """A ``[out, in]`` Linear weight, returned transposed ``[in, out]``."""
-        return np.ascontiguousarray(self.tensor(name, (out, inp)).T)
+    def linear(self, name: str, out: int, inp: int) -> Linear:
+        """A ``[out, in]`` Linear weight."""
+        return Linear(self.tensor(name, (out, inp)).T)
 
     def integers(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """An integer or boolean tensor (Eagle-3's ``d2t`` / ``t2d``) as int64."""

@@ -1,14 +1,16 @@
 """The numpy arithmetic of the model-based drafters (Eagle-3, DFlash): RMSNorm, rotary embedding, attention under an
 arbitrary visibility mask, the SwiGLU MLP, and one decoder layer's weights.
 
-A drafter is one to a few layers run on a handful of rows per step; the target's verify pass dominates a speculative
-step, so float32 numpy (BLAS, one thread under ``OMP_NUM_THREADS=1``) is fast enough and keeps the drafters
-independent of the backends. Conventions follow Hugging Face Llama/Qwen3: ``x @ W.T`` linears, rotate-half RoPE,
-GQA with query head ``h`` reading key-value head ``h // (heads // kv_heads)``.
+Everything here is float32 numpy but the linears: a ``Linear`` runs in numpy until ``native_linears`` hands it to
+the target's backends (block-quantized, through the same QMatMul kernels as the target: a drafter at a real
+target's width is ~50-170 MB of float32 that numpy re-reads for every row block, as slow as a target step).
+Conventions follow Hugging Face Llama/Qwen3: ``x @ W.T`` linears, rotate-half RoPE, GQA with query head ``h``
+reading key-value head ``h // (heads // kv_heads)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,31 +63,62 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray |
     return out.transpose(2, 0, 1, 3).reshape(tq, heads * dim).astype(np.float32, copy=False)
 
 
+class Linear:
+    """A drafter linear with the ``[out, in]`` weight W: ``x @ linear`` is ``x @ W.T`` for ``x`` ``[..., in]``.
+
+    ``weight`` holds W transposed (``[in, out]``, float32) for numpy; ``native_linears.compile_linears`` sets
+    ``run`` (rows ``[T, in]`` -> ``[T, out]`` through a backend) and drops ``weight``."""
+
+    __array_ufunc__ = None  # ``ndarray @ Linear`` defers to __rmatmul__ instead of treating it as an array
+
+    def __init__(self, weight: np.ndarray) -> None:
+        self.weight: np.ndarray | None = np.ascontiguousarray(weight, dtype=np.float32)
+        self.shape: tuple[int, int] = (int(weight.shape[0]), int(weight.shape[1]))  # [in, out]
+        self.run: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        if self.run is None:
+            assert self.weight is not None
+            return x @ self.weight
+        rows = np.ascontiguousarray(x.reshape(-1, self.shape[0]))
+        return np.asarray(self.run(rows), dtype=np.float32).reshape(*x.shape[:-1], self.shape[1])
+
+    def dense(self) -> np.ndarray:
+        """W as ``[out, in]`` float32 (while the numpy copy is held)."""
+        if self.weight is None:
+            raise ValueError("this Linear runs through a backend; its float weight was released")
+        return np.ascontiguousarray(self.weight.T)
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
 @dataclass
 class LayerWeights:
-    """One Llama/Qwen3 decoder layer, linears stored transposed (``[in, out]``) for ``x @ w``. ``q_norm`` and
-    ``k_norm`` are Qwen3's per-head norms (None for Llama-style layers)."""
+    """One Llama/Qwen3 decoder layer (``x @ linear``). ``q_norm`` and ``k_norm`` are Qwen3's per-head norms (None
+    for Llama-style layers)."""
 
     input_norm: np.ndarray
     post_norm: np.ndarray
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    o: np.ndarray
-    gate: np.ndarray
-    up: np.ndarray
-    down: np.ndarray
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear
+    gate: Linear
+    up: Linear
+    down: Linear
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
 
     def mlp(self, x: np.ndarray) -> np.ndarray:
         return (silu(x @ self.gate) * (x @ self.up)) @ self.down
 
-    def heads(self, x: np.ndarray, weight: np.ndarray, norm: np.ndarray | None, head_dim: int,
+    def linears(self) -> list[Linear]:
+        return [self.q, self.k, self.v, self.o, self.gate, self.up, self.down]
+
+    def heads(self, x: np.ndarray, weight: Linear, norm: np.ndarray | None, head_dim: int,
               eps: float) -> np.ndarray:
         """A projection split into ``[T, heads, head_dim]``, per-head normed when the layer has the norm."""
         out = (x @ weight).reshape(x.shape[0], -1, head_dim)

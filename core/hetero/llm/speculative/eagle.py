@@ -26,8 +26,9 @@ import numpy as np
 
 from ...contract.errors import HeteroError, ModelFormatError
 from .drafter_files import DrafterFolder, LayerShape, layer_ids
-from .drafter_nn import LayerWeights, attention, rms_norm
+from .drafter_nn import LayerWeights, Linear, attention, rms_norm
 from .feature_drafter import FeatureDrafter
+from .native_linears import compile_for_target
 from .registry import register
 from .target import Target
 from .target_head import TargetHead
@@ -36,11 +37,11 @@ from .target_head import TargetHead
 @dataclass
 class Eagle3Weights:
     shape: LayerShape
-    fc: np.ndarray  # [3 * target_hidden, hidden] (transposed)
+    fc: Linear  # [3 * target_hidden] -> [hidden]
     hidden_norm: np.ndarray
     layer: LayerWeights
     norm: np.ndarray
-    lm_head: np.ndarray  # [hidden, draft_vocab] (transposed)
+    lm_head: Linear  # [hidden] -> [draft_vocab]
     d2t: np.ndarray | None  # [draft_vocab] offsets to target ids; None when the vocabularies are the same
     vocab_size: int  # the target's
     target_hidden: int
@@ -193,15 +194,19 @@ class Eagle3Drafter(FeatureDrafter):
         self.tree = Tree([], [], [], [])
 
     @classmethod
-    def for_target(cls, path: str | Path, llm: Target, **options: int) -> Eagle3Drafter:
-        """The drafter in folder ``path`` reading ``llm``'s hidden states and embedding table."""
+    def for_target(cls, path: str | Path, llm: Target, *, linears: str | None = "q8",
+                   **options: int) -> Eagle3Drafter:
+        """The drafter in folder ``path`` reading ``llm``'s hidden states and embedding table; its linears run on
+        the target's backends with weights in ``linears`` (``native_linears``; None: float32 numpy)."""
         weights = load_eagle3(path)
         cfg = llm.config
         if weights.vocab_size != cfg.vocab_size or weights.target_hidden != cfg.hidden_size:
             raise HeteroError(f"Eagle-3 drafter {str(path)!r} was made for a target with vocab_size "
                               f"{weights.vocab_size} and hidden size {weights.target_hidden}; model {llm.name!r} "
                               f"has {cfg.vocab_size} and {cfg.hidden_size}")
-        return cls(weights, TargetHead(llm).embed, num_layers=cfg.num_layers, **options)
+        drafter = cls(weights, TargetHead(llm).embed, num_layers=cfg.num_layers, **options)
+        compile_for_target([weights.fc, *weights.layer.linears(), weights.lm_head], llm, linears)
+        return drafter
 
     def forget(self) -> None:
         self.features = self.features[:0]

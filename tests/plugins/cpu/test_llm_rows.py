@@ -1,0 +1,68 @@
+"""The quantized GEMM of a few rows (a speculative verify step of M <= 16 tokens, a batch of decode slots) gives every
+row bitwise what a one-row GEMV of that row gives, for every quantized format and LLM kernel path (the multi-row
+tiles of llm_impl.hpp / llm_qgemm_rows.hpp against the M = 1 path). The greedy identity of speculative decoding
+rests on it: a verify step's rows must be exactly the logits of the decode steps they stand for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+_native = pytest.importorskip(
+    "hetero_cpu._native",
+    reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
+)
+
+from hetero.contract import quant  # noqa: E402
+from hetero.contract.quant import QuantFormat, quantize  # noqa: E402
+
+from .test_llm_kernels import f32, path, random_ggml  # noqa: E402, F401  (path: the per-ISA fixture)
+
+pytestmark = pytest.mark.usefixtures("path")  # every test once per LLM kernel path
+
+HETERO_FORMATS = [QuantFormat(bits, bs, sym) for bits in (4, 8) for bs in (32, 64, 128) for sym in (True, False)]
+ROWS = (2, 3, 4, 5, 6, 7, 8, 11, 16)  # one tile of each size, a tile of 8 plus a remainder, the verify maximum
+
+
+def weights_of(spec: str, n: int, k: int):
+    if spec in quant.GGML_FORMATS:
+        return _native.llm_weights(random_ggml(spec, n, k, seed=n + k), spec, k=k)
+    fmt = next(f for f in HETERO_FORMATS if f.name == spec)
+    return _native.llm_weights(quantize(f32(n, k, seed=n + k), fmt), fmt.wtype, fmt.block_size, fmt.symmetric, k)
+
+
+def check_rows_match_one_row_gemv(w, n: int, k: int, threads: int) -> None:
+    before = _native.num_threads()
+    _native.set_num_threads(threads)
+    try:
+        for m in ROWS:
+            x = f32(m, k, seed=m) * np.float32(3.0)
+            x[0, :7] = 0.0  # a block partly zero, and an all-zero block in the last row when k allows
+            x[-1, :32] = 0.0
+            got = np.full((m, n), np.nan, np.float32)
+            _native.llm_matmul(w, x, got)
+            for r in range(m):
+                one = np.full((1, n), np.nan, np.float32)
+                _native.llm_matmul(w, x[r:r + 1].copy(), one)
+                np.testing.assert_array_equal(got[r], one[0], err_msg=f"row {r} of {m}")
+    finally:
+        _native.set_num_threads(before)
+
+
+@pytest.mark.parametrize("wtype", list(quant.GGML_FORMATS))
+@pytest.mark.parametrize("n", [37, 70])
+def test_gguf_rows_bitwise_one_row(wtype, n):
+    k = 768 if wtype.endswith("_k") else 224
+    check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=1)
+
+
+@pytest.mark.parametrize("spec", [f.name for f in HETERO_FORMATS])
+def test_hetero_formats_rows_bitwise_one_row(spec):
+    n, k = 45, 384  # 3 / 6 / 12 blocks
+    check_rows_match_one_row_gemv(weights_of(spec, n, k), n, k, threads=1)
+
+
+@pytest.mark.parametrize("wtype", ["q4_k", "q6_k", "q5_0"])
+def test_rows_bitwise_one_row_two_threads(wtype):
+    n, k = 100, 512
+    check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=2)
