@@ -85,6 +85,21 @@ def test_files_of_another_kv_type_are_passed_over_and_a_damaged_one_is_deleted(t
     assert not f16.exists()
 
 
+def test_a_link_in_the_folder_is_not_followed(tmp_path):
+    """Only the folder's own files are read: a link (to a valid file elsewhere) is passed over."""
+    elsewhere, folder = tmp_path / "elsewhere", tmp_path / "prefixes"
+    writer = _load("qwen3")
+    writer.prefix_cache = PrefixCache(0, min_tokens=8, directory=elsewhere)
+    prompt = _ids(40, 7)
+    writer.prefill(prompt)
+    folder.mkdir()
+    (folder / ("link" + SUFFIX)).symlink_to(_files(elsewhere)[0])
+    reader = _load("qwen3")
+    reader.prefix_cache = PrefixCache(0, min_tokens=8, directory=folder)
+    reader.prefill([*prompt, 9])
+    assert reader.prefix_cache.stats.file_hits == 0 and reader.stats.cached_tokens == 0
+
+
 def test_the_folder_is_kept_within_its_bytes(tmp_path):
     folder = tmp_path / "prefixes"
     llm = _load("qwen3")

@@ -213,6 +213,8 @@ class PrefixCache:
         found: dict[tuple[int, ...], tuple[Path, bool]] = {}
         wanted = json.loads(text)
         for path in sorted(self.directory.glob("*" + SUFFIX)):
+            if path.is_symlink() or not path.is_file():
+                continue  # only the folder's own files: a link could lead anywhere on the machine
             try:
                 meta = pcf.read_meta(path)
             except (OSError, HeteroError):
