@@ -330,7 +330,8 @@ def main() -> int:
             running.append(LlamaServer(binary, args))
             labels["llama-server"] = f"llama-server {binary} -np {args.parallel}"
             servers["llama-server"] = (running[-1].url, {"ignore_eos": True})
-        results = measure(servers, args, getattr(models[0], "_batch", None) if models else None)
+        batcher = getattr(models[0], "_batch", None) if models else None
+        results = measure(servers, args, batcher if hasattr(batcher, "stats") else None)  # (older checkouts: none)
     finally:
         for server in running:
             server.close()

@@ -1,20 +1,21 @@
-"""Continuous batching: several sequences (slots) on one loaded model, their decode steps run as one batch.
+"""Continuous batching: several sequences (slots) on one loaded model, their steps run together.
 
 A model loaded with ``slots=N`` serves N sequences from one copy of its weights. Its decoder graph takes per-row
 positions and slots (``slot_graph``) where a one-sequence graph takes ``past_len``: row t of a step is a token of
-sequence ``slots[t]`` at position ``positions[t]``. The projections, MLP / MoE and LM head see a ``[B, hidden]``
-activation, so the weights are read once for the B rows (decode is memory-bound: that is where a batch gains), while
-each stateful op (Attention's KV cache, GatedDeltaRule's recurrent and conv state) keeps one state per slot and runs
-each sequence's rows on its own (``hetero.contract.opforms.slot_runs``).
+sequence ``slots[t]`` at position ``positions[t]``, and ``logit_rows`` names the rows whose logits it computes. The
+projections, MLP / MoE and LM head see a ``[T, hidden]`` activation, so the weights are read once for all rows
+(decode is memory-bound: that is where a batch gains), while each stateful op (Attention's KV cache,
+GatedDeltaRule's recurrent and conv state) keeps one state per slot and runs each sequence's rows as that
+sequence's one-sequence step (``hetero.contract.opforms.slot_runs``) — bit for bit what it computes alone.
 
 ``Llm.sequence(i)`` is slot i as an ``Llm`` of its own (its cache, ``generate`` / ``chat`` / ``create_*``), sharing
 the weights and session; slot 0 is the model itself. Two ways to batch:
 
-* ``decode_step(sequences, tokens)``: one batched step, called by one thread (tests, a custom loop);
-* several threads, one per sequence, each generating as usual: the ``Batcher`` gathers the one-token steps that come
-  together into one batched step (waiting up to ``window`` seconds for the sequences of the previous batch), and
-  runs a prompt's chunks alone, alternating with the batched steps, so a new request's prefill interleaves with the
-  others' decoding (``hetero serve -np N``).
+* ``decode_step(sequences, tokens)``: one batched decode step, called by one thread (tests, a custom loop);
+* several threads, one per sequence, each generating as usual (``hetero serve -np N``): the ``Batcher`` runs what
+  they submit as llama.cpp's server does — each step carries every waiting one-token step (decode rows) and,
+  beside them, waiting prompt chunks (``CHUNK`` tokens of a sequence's prompt, ``BUDGET`` tokens in all), so a new
+  request's prompt is computed in the same runs as the others' next tokens instead of between them.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@
 * plans (arena plan, arena, replay) are kept per signature, up to ``MAX_PLANS`` (those never replayed dropped
   first, then the least recently run): an LLM's one-token decode steps alternating with k-token speculative verify
   steps (or prefill chunks, or batched steps of several sequences) each replay their own plan instead of
-  re-planning at every change of shape, and steps of one-off shapes do not push the recurring ones out. Switching to another signature's replay prepares again the
-  kernels its unbound calls run (``Replay.prepare_kernels``); bound calls hold what they need.
+  re-planning at every change of shape, and steps of one-off shapes do not push the recurring ones out. Switching
+  to another signature's replay prepares again the kernels its unbound calls run (``Replay.prepare_kernels``);
+  bound calls hold what they need.
 """
 
 from __future__ import annotations
