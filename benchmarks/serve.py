@@ -4,7 +4,8 @@ decode and end-to-end tokens per second and time to first token (medians of ``--
 and their ratios.
 
     python benchmarks/serve.py --model M.gguf [--llama-server PATH] [--parallel 4] [--threads 2]
-                               [--streams 1,2,4,8] [--tokens 32] [--prompt 64] [--repeats 3] [--json]
+                               [--streams 1,2,4,8] [--tokens 32] [--prompt 64] [--repeats 3] [--stagger S]
+                               [--json]
 
 Both servers get the same requests through the same client: streamed ``/v1/completions`` (server-sent events read
 with ``http.client``), a prompt of ``--prompt`` token ids (distinct per client and request: no shared prefix, so no
@@ -138,6 +139,7 @@ def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, 
     def client(index: int) -> None:
         try:
             start.wait()
+            time.sleep(index * args.stagger)  # --stagger: requests arrive while the earlier ones decode
             for r in range(args.requests):
                 seed = (salt * 1009 + index * 131 + r * 17) % 100003
                 prompt = [(7919 * (seed + i) + 13) % span + 100 for i in range(args.prompt)]  # plain text ids
@@ -300,6 +302,9 @@ def main() -> int:
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens per request (default 64)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of each server (default 2)")
     p.add_argument("--context", type=int, default=1024, help="context per slot (default 1024)")
+    p.add_argument("--stagger", type=float, default=0.0,
+                   help="seconds between the clients' starts (default 0: all at once); with a stagger, prompts "
+                        "arrive while other streams decode")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
