@@ -78,9 +78,10 @@ def load_models(args: argparse.Namespace) -> list[Any]:
                            context=args.context, on_fallback="silent").sequences()
 
 
-def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float, float, float]:
+def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float, float, float, int]:
     """One streamed completion: (tokens generated, seconds from sending to the first token's event, and the
-    ``perf_counter`` times of the first token's event and of the stream's end, ``data: [DONE]``)."""
+    ``perf_counter`` times of the first token's event and of the stream's end, ``data: [DONE]``, and how many events
+    carried text)."""
     parts = urlparse(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=3600)
     try:
@@ -108,7 +109,7 @@ def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float, fl
         tokens = usage["completion_tokens"] if usage else pieces
         end = time.perf_counter()
         first = first if first is not None else end
-        return tokens, first - sent, first, last if last is not None else end
+        return tokens, first - sent, first, last if last is not None else end, pieces
     finally:
         conn.close()
 
@@ -129,7 +130,7 @@ def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, 
     ``tps`` all generated tokens over the round's wall time (prompts included), ``decode_tps`` the tokens after each
     stream's first over the time some stream was decoding (``decode_window``), ``ttft_s`` the median time to first
     token; with ``batcher`` (hetero's) its counts in the round."""
-    results: list[tuple[int, float, float, float]] = []
+    results: list[tuple[int, float, float, float, int]] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
     start = threading.Barrier(clients + 1)
@@ -164,7 +165,10 @@ def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, 
     tokens = sum(r[0] for r in results)
     window = decode_window([(r[2], r[3]) for r in results])
     row = {"streams": clients, "tokens": tokens, "seconds": elapsed, "tps": tokens / elapsed,
-           "decode_tps": sum(r[0] - 1 for r in results) / window if window > 0 else 0.0,
+           # None: a stream whose text came in one event (a server holding back undecodable tokens' text, as
+           # llama-server does on the synthetic models' padded vocabulary) has no decode span to measure
+           "decode_tps": sum(r[0] - 1 for r in results) / window if window > 0 and min(r[4] for r in results) > 1
+           else None,
            "ttft_s": statistics.median(r[1] for r in results), "load": os.getloadavg()[0]}
     if batcher is not None and before is not None:  # what hetero's batcher ran in this round
         got = {k: v - before[k] for k, v in vars(batcher.stats).items()}
@@ -198,14 +202,27 @@ def measure(servers: dict[str, tuple[str, dict[str, Any]]], args: argparse.Names
                     note = (f"; {st['steps']} steps of {st['rows_per_step']:.1f} rows, {st['fused']} fused, "
                             f"session idle {st['idle_ms_per_step']:.1f} ms / step, batcher "
                             f"{st['lead_ms_per_step']:.2f} ms / step")
-                print(f"  {label}: {n} stream(s): decode {row['decode_tps']:.2f} t/s, end to end {row['tps']:.2f} "
+                print(f"  {label}: {n} stream(s): decode {_fmt(row['decode_tps'])} t/s, end to end {row['tps']:.2f} "
                       f"t/s, TTFT {row['ttft_s']:.2f} s (load {row['load']:.1f}){note}", file=sys.stderr, flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
     for label, by_count in runs.items():
-        results[label] = [{"streams": n, **{key: statistics.median(r[key] for r in rounds)
+        results[label] = [{"streams": n, **{key: _median([r[key] for r in rounds])
                                             for key in ("decode_tps", "tps", "ttft_s", "load")}, "rounds": rounds}
                           for n, rounds in by_count.items()]
     return results
+
+
+def _median(values: list[Any]) -> Any:
+    """The median, or None if any round had no figure."""
+    return None if any(v is None for v in values) else statistics.median(values)
+
+
+def _ratio(a: Any, b: Any) -> str:
+    return "n/a" if a is None or not b else f"{a / b:.2f}x"
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def free_port() -> int:
@@ -272,16 +289,16 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
 
     def cells(rows: list[dict[str, Any]], i: int) -> str:
         row, one = rows[i], rows[0]
-        return (f" {row['decode_tps']:.2f} | {row['decode_tps'] / one['decode_tps']:.2f}x | {row['tps']:.2f} | "
-                f"{row['tps'] / one['tps']:.2f}x | {row['ttft_s']:.2f} |")
+        return (f" {_fmt(row['decode_tps'])} | {_ratio(row['decode_tps'], one['decode_tps'])} | {row['tps']:.2f} | "
+                f"{_ratio(row['tps'], one['tps'])} | {row['ttft_s']:.2f} |")
 
     lines = [head, rule]
     for i, row in enumerate(hetero):
         line = f"| {row['streams']} |" + cells(hetero, i)
         if peer:
             other = peer[i]
-            line += (cells(peer, i) + f" {row['decode_tps'] / other['decode_tps']:.2f}x | "
-                     f"{row['tps'] / other['tps']:.2f}x | {row['load']:.1f} / {other['load']:.1f} |")
+            line += (cells(peer, i) + f" {_ratio(row['decode_tps'], other['decode_tps'])} | "
+                     f"{_ratio(row['tps'], other['tps'])} | {row['load']:.1f} / {other['load']:.1f} |")
         else:
             line += f" {row['load']:.1f} |"
         lines.append(line)
