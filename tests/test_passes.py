@@ -203,3 +203,47 @@ def test_tiny_cnn_end_to_end(backend):
     x = np.random.default_rng(4).normal(size=(2, 3, 32, 32)).astype(np.float32)
     session = _compare(tiny_cnn(), {"image": x}, backend, rtol=1e-4, atol=1e-6)
     assert "BatchNormalization" not in _ops(session)
+
+
+def _one_hot_model(w, iota, batch="N"):
+    """jax2tf's one-hot embedding (magika): bytes [N, L] -> [N, L, 1] -> Expand to [N, L, K] (shape computed from
+    the input's) -> Equal iota -> Cast -> MatMul W."""
+    k = iota.shape[-1]
+    nodes = [
+        helper.make_node("Reshape", ["x", "col"], ["x1"]),
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Concat", ["s", "k"], ["target"], axis=0),
+        helper.make_node("Expand", ["x1", "target"], ["wide"]),
+        helper.make_node("Equal", ["wide", "iota"], ["hot"]),
+        helper.make_node("Cast", ["hot"], ["hotf"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["hotf", "w"], ["y"]),
+    ]
+    return make_model(nodes, [("x", TensorProto.INT32, [batch, 6])], [("y", TensorProto.FLOAT, None)],
+                      [("col", np.array([-1, 6, 1], np.int64)), ("k", np.array([k], np.int64)), ("iota", iota),
+                       ("w", w)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_hot_matmul_becomes_a_gather(backend):
+    rng = np.random.default_rng(9)
+    w = rng.normal(size=(5, 3)).astype(np.float32)
+    model = _one_hot_model(w, np.arange(5, dtype=np.int32).reshape(1, 1, 5))
+    # values outside [0, K) (negative ones too: a Gather would wrap them) match no column: zero rows
+    x = np.array([[0, 4, 5, -1, -6, 2], [2**31 - 1, -2**31, 3, 1, 17, 4]], np.int32)
+    session = _compare(model, {"x": x}, backend, rtol=0, atol=0)
+    assert session.rewrites["one_hot_matmul_to_gather"] == 1
+    assert {"Equal", "MatMul"}.isdisjoint(_ops(session)) and "Gather" in _ops(session)
+    want = np.where(((x >= 0) & (x < 5))[..., None], w[np.clip(x, 0, 4)], 0)
+    np.testing.assert_array_equal(session.run({"x": x})["y"], want)
+    assert session.placement.fallback_summary() == "" or backend == "reference"
+
+
+def test_one_hot_matmul_left_alone_unless_exact():
+    w = np.ones((5, 3), np.float32)
+    shuffled = np.array([1, 0, 2, 3, 4], np.int32).reshape(1, 1, 5)  # not 0..K-1 in order
+    nan_w = w.copy()
+    nan_w[2, 1] = np.nan  # 0 * NaN in the GEMM spreads NaN to every row; a Gather would not
+    for model in (_one_hot_model(w, shuffled), _one_hot_model(nan_w, np.arange(5, dtype=np.int32).reshape(1, 1, 5))):
+        x = np.array([[0, 1, 2, 3, 4, 5]], np.int32)
+        session = _compare(model, {"x": x}, "reference")
+        assert session.rewrites["one_hot_matmul_to_gather"] == 0

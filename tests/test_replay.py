@@ -202,20 +202,79 @@ def test_alternating_signatures_each_replay_their_own_kept_plan(backend, monkeyp
     assert interpreted == [True, True, True, True, True, False, True, False, False, False, False, False]
 
 
-def test_an_if_on_fed_data_does_not_replay():
-    then = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "then", [],
-                             [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
-    other = helper.make_graph([helper.make_node("Neg", ["x"], ["g"])], "else", [],
-                              [helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])
-    model = make_model([helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)],
-                       [("x", TensorProto.FLOAT, [4]), ("flag", TensorProto.BOOL, [])],
+def _graph(name, nodes, out):
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+
+def _if_on_rate_model():
+    """silero-vad's pattern: the branch is chosen by a fed integer (``sr == 16000``), and the taken branch holds
+    an If of its own (on the same condition, read from the enclosing scope)."""
+    inner = helper.make_node("If", ["is16k"], ["m"], then_branch=_graph("in_then", [
+        helper.make_node("Mul", ["r", "two"], ["m2"])], "m2"), else_branch=_graph("in_else", [
+            helper.make_node("Sub", ["r", "two"], ["s2"])], "s2"))
+    then = _graph("then", [helper.make_node("Relu", ["x"], ["r"]), inner, helper.make_node("Add", ["m", "x"], ["t"])],
+                  "t")
+    other = _graph("else", [helper.make_node("Neg", ["x"], ["g"])], "g")
+    nodes = [helper.make_node("Equal", ["sr", "rate"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["y"], then_branch=then, else_branch=other)]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, 4]), ("sr", TensorProto.INT64, [])],
+                      [("y", TensorProto.FLOAT, None)],
+                      [("rate", np.array(16000, np.int64)), ("two", np.array(2.0, np.float32))])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_a_small_fed_integer_replays_per_value(backend):
+    session = hetero.Session(_if_on_rate_model(), backends=[backend], on_fallback="silent")
+    program = session.programs[0]
+    assert program.replayable and program._keyed == ["sr"]
+    rng = np.random.default_rng(6)
+    replayed = []
+    for rate in (16000, 16000, 16000, 16000, 8000, 8000, 8000, 16000, 8000):
+        x = rng.normal(size=(2, 4)).astype(np.float32)
+        replayed.append(program.replay is not None and program.replay.signature[-1] == np.int64(rate).tobytes())
+        y = session.run({"x": x, "sr": np.array(rate, np.int64)})["y"]
+        np.testing.assert_array_equal(y, np.maximum(x, 0) * 2 + x if rate == 16000 else -x)
+    assert replayed == [False, False, True, True, False, False, True, False, False]
+    if backend == "cpu":  # bound kernels: both levels of If are issued as the replay's own calls
+        session.run({"x": x, "sr": np.array(16000, np.int64)})
+        replay = program.replay
+        assert replay is not None and replay.inlinable and len(replay._bodies) == 1
+        assert len(replay._bodies[0]._bodies) == 1
+
+
+def test_only_integers_that_decide_an_if_join_the_signature():
+    # an LLM's past_len-like scalar feeds arithmetic, not a branch: keying it by value would record a replay per step
+    nodes = [helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "posf"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4]), ("pos", TensorProto.INT64, [])],
                        [("y", TensorProto.FLOAT, None)])
     session = hetero.Session(model, backends=["reference"])
+    assert session.programs[0]._keyed == []
+    big = make_model([helper.make_node("ReduceMax", ["flags"], ["any"], keepdims=0),
+                      helper.make_node("Cast", ["any"], ["cond"], to=TensorProto.BOOL),
+                      helper.make_node("If", ["cond"], ["y"], then_branch=_graph("t", [
+                          helper.make_node("Relu", ["x"], ["r"])], "r"), else_branch=_graph("e", [
+                              helper.make_node("Neg", ["x"], ["g"])], "g"))],
+                     [("x", TensorProto.FLOAT, [4]), ("flags", TensorProto.INT64, [64])],
+                     [("y", TensorProto.FLOAT, None)])
+    program = hetero.Session(big, backends=["reference"]).programs[0]
+    assert program._keyed == [] and not program.replayable  # 64 values: more than a branch selector
+
+
+def test_an_if_on_fed_float_data_does_not_replay():
+    then = _graph("then", [helper.make_node("Relu", ["x"], ["r"])], "r")
+    other = _graph("else", [helper.make_node("Neg", ["x"], ["g"])], "g")
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["flag"]),
+             helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, None)],
+                       [("zero", np.array(0.0, np.float32))])
+    session = hetero.Session(model, backends=["reference"])
     assert not session.programs[0].replayable
-    x = np.arange(4, dtype=np.float32) - 2
-    for flag in (True, True, True, False, True):
-        y = session.run({"x": x, "flag": np.array(flag)})["y"]
-        np.testing.assert_array_equal(y, np.maximum(x, 0) if flag else -x)
+    for x in ([1, -2, 3, 0], [1, -2, 3, 0], [1, -2, 3, 0], [-5, 1, 1, 1], [2, 2, -1, 0]):
+        x = np.array(x, np.float32)
+        y = session.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, np.maximum(x, 0) if x.sum() > 0 else -x)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -253,3 +312,24 @@ def test_one_off_signatures_do_not_push_out_the_replayed_ones(backend, monkeypat
     before = len(program._plans)
     run(1)
     assert len(program._plans) == before and program.replay is not None  # replayed at once: not planned again
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs the cpu plugin (bound kernels)")
+def test_small_graph_outputs_are_bound_and_copied_out():
+    # y (small) is a graph output also read by a later kernel: the replay computes it into a buffer of its own (so
+    # its kernel and the Mul after it bind) and hands each run's caller a copy.
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Mul", ["y", "y"], ["z"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3, 4])],
+                       [("y", TensorProto.FLOAT, [3, 4]), ("z", TensorProto.FLOAT, [3, 4])])
+    session = hetero.Session(model, backends=["cpu"], on_fallback="error")
+    rng = np.random.default_rng(5)
+    runs = []
+    for _ in range(4):
+        x = rng.normal(size=(3, 4)).astype(np.float32)
+        runs.append((x, session.run({"x": x})))
+    replay = session.programs[0].replay
+    assert replay is not None and replay.bound == 2 and len(replay.program) == 2
+    for x, out in runs:  # every run's outputs kept their values: none is the replay's buffer
+        np.testing.assert_array_equal(out["y"], np.maximum(x, 0))
+        np.testing.assert_array_equal(out["z"], np.maximum(x, 0) ** 2)
+    assert not np.shares_memory(runs[-1][1]["y"], runs[-2][1]["y"])

@@ -3,9 +3,9 @@
 Shared by the tests in this folder and by ``benchmarks/onnx_models.py``. Nothing here installs anything: a model
 whose package is absent reports ``None`` from ``RealModel.file()`` and the caller skips with ``install_hint``.
 
-Packages (CI installs them; the last two with --no-deps: silero-vad requires torch and rapidocr-onnxruntime requires
-opencv for their own Python code, which these tests do not use — only the model files are needed):
-    pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4
+Packages (CI installs them; the last ones with --no-deps: silero-vad requires torch, rapidocr-onnxruntime and
+nudenet opencv for their own Python code, which these tests do not use — only the model files are needed):
+    pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 nudenet==3.4.2
 """
 
 from __future__ import annotations
@@ -340,6 +340,25 @@ def _cls_feeds(_: RealModel) -> Feeds:
     return {"x": np.concatenate(crops)}
 
 
+# -- nudenet: a YOLOv8n object detector (SiLU conv blocks, upsampling, the anchor-free detection head) ----------------
+def scene(size: int = 320, seed: int = 0) -> np.ndarray:
+    """[1, 3, size, size] float32 in [0, 1], as nudenet feeds its detector: a smooth background with a few filled
+    ellipses and rectangles of different colours, plus noise."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    image = np.stack([0.3 + 0.4 * yy, 0.5 - 0.3 * xx, 0.4 + 0.2 * xx * yy])
+    for _ in range(5):
+        cy, cx, ry, rx = rng.uniform(0.2, 0.8), rng.uniform(0.2, 0.8), rng.uniform(0.05, 0.25), rng.uniform(0.05, 0.2)
+        inside = ((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 < 1
+        image[:, inside] = rng.uniform(0, 1, (3, 1))
+    image += rng.normal(0, 0.02, image.shape)
+    return np.clip(image, 0, 1).astype(np.float32)[None]
+
+
+def _detector_feeds(model: RealModel) -> Feeds:
+    return {"images": scene()}
+
+
 def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
     return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
 
@@ -361,5 +380,6 @@ MODELS: dict[str, RealModel] = {
         _ocr("ppocr_v4_det", "models/ch_PP-OCRv4_det_infer.onnx", _det_feeds),
         _ocr("ppocr_v4_rec", "models/ch_PP-OCRv4_rec_infer.onnx", _rec_feeds),
         _ocr("ppocr_mobile_cls", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", _cls_feeds),
+        RealModel("nudenet_yolov8n", "nudenet", "nudenet", "320n.onnx", _detector_feeds, "--no-deps"),
     ]
 }

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Graph, Node, free_names
 
 Pass = Callable[[Graph], int]  # returns how many rewrites it made
@@ -349,8 +350,83 @@ def fuse_gelu_tanh(graph: Graph) -> int:
     return count
 
 
+def _iota_of(graph: Graph, equal: Node, k: int) -> str | None:
+    """The other input of ``equal`` when one is a constant integer [1, ..., 1, k] holding 0, 1, ..., k-1."""
+    for other, name in (equal.inputs, equal.inputs[::-1]):
+        iota = graph.initializers.get(name)
+        if iota is None:
+            continue
+        iota = np.asarray(iota)
+        if iota.dtype.kind in "iu" and iota.ndim >= 1 and iota.shape[-1] == k and \
+                all(d == 1 for d in iota.shape[:-1]) and np.array_equal(iota.reshape(-1), np.arange(k)):
+            return other
+    return None
+
+
+def _last_dim_one(graph: Graph, name: str, rank_at_least: int) -> bool:
+    info = graph.values.get(name)
+    return info is not None and info.shape is not None and len(info.shape) >= rank_at_least and info.shape[-1] == 1
+
+
+def one_hot_matmul_to_gather(graph: Graph) -> int:
+    """``MatMul(Cast(Equal(Expand(a, shape), iota)), W)``: a one-hot encoding of integer values (jax2tf writes
+    ``jax.nn.one_hot`` so; magika's byte embedding) times a constant [K, N] matrix, which picks rows of W by a's
+    values. Rewritten as a Gather of W with a zero row appended, indices clamped to [-1, K] (-1 and K both pick the
+    zero row, as a value outside [0, K) matches no column of the one-hot): passes over a's values instead of a K
+    times larger comparison, cast and GEMM. The Expand stays, to [..., 1] (same leading dims). Exact for finite W."""
+    if graph.opset("") < 13:  # Squeeze's axes as an input
+        return 0
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers = graph.producers()
+    for mm in list(graph.nodes):
+        if mm.op_key != ("", "MatMul") or mm.inputs[1] not in graph.initializers:
+            continue
+        w = np.asarray(graph.initializers[mm.inputs[1]])
+        cast = producers.get(mm.inputs[0])
+        if w.ndim != 2 or w.dtype.kind != "f" or cast is None or cast.op_key != ("", "Cast"):
+            continue
+        if dtypes.from_onnx(int(cast.attrs.get("to", 0))).np_dtype != w.dtype or not np.isfinite(w).all():
+            continue
+        equal = producers.get(cast.inputs[0])
+        expanded = None if equal is None or equal.op_key != ("", "Equal") else _iota_of(graph, equal, w.shape[0])
+        expand = producers.get(expanded or "")
+        if equal is None or expand is None or expand.op_key != ("", "Expand") or len(expand.inputs) != 2:
+            continue
+        iota_rank = np.ndim(graph.initializers[equal.inputs[1] if equal.inputs[0] == expanded else equal.inputs[0]])
+        a, target = expand.inputs
+        chain = (expand, equal, cast)
+        if not _last_dim_one(graph, a, iota_rank) or any(
+                _single_consumer(graph, n.outputs[0]) is None or n.outputs[0] in keep for n in chain):
+            continue
+        p = mm.name or mm.outputs[0]
+        k = w.shape[0]
+        graph.initializers.update({
+            f"{p}/rows": np.concatenate([w, np.zeros((1, w.shape[1]), w.dtype)]),
+            f"{p}/zero": np.array([0], np.int64), f"{p}/minus_one": np.array([-1], np.int64),
+            f"{p}/one": np.array([1], np.int64), f"{p}/lo": np.array(-1, np.float32),
+            f"{p}/hi": np.array(k, np.float32)})
+        # float32 holds every index in [0, K) exactly, and rounding keeps larger values >= K and negative ones < 0
+        new = [
+            Node("Slice", [target, f"{p}/zero", f"{p}/minus_one"], [f"{p}/lead"], name=f"{p}/lead"),
+            Node("Concat", [f"{p}/lead", f"{p}/one"], [f"{p}/target"], {"axis": 0}, name=f"{p}/target"),
+            Node("Expand", [a, f"{p}/target"], [f"{p}/values1"], name=f"{p}/expand"),
+            Node("Squeeze", [f"{p}/values1", f"{p}/minus_one"], [f"{p}/values"], name=f"{p}/squeeze"),
+            Node("Cast", [f"{p}/values"], [f"{p}/valuesf"], {"to": 1}, name=f"{p}/tofloat"),
+            Node("Clip", [f"{p}/valuesf", f"{p}/lo", f"{p}/hi"], [f"{p}/clipped"], name=f"{p}/clip"),
+            Node("Cast", [f"{p}/clipped"], [f"{p}/index"], {"to": 7}, name=f"{p}/toindex"),
+            Node("Gather", [f"{p}/rows", f"{p}/index"], list(mm.outputs), {"axis": 0}, name=f"{p}/gather"),
+        ]
+        at = graph.nodes.index(mm)
+        graph.nodes[at:at + 1] = new
+        for node in chain:
+            graph.nodes.remove(node)
+        count += 1
+    return count
+
+
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
-                                    fuse_conv_activation, fuse_matmul_bias)
+                                    one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias)
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:

@@ -16,7 +16,7 @@ from typing import Any
 from .. import progress
 from ..cli_parser import add_backend_option, add_command, backends_of
 from ..contract.errors import HeteroError
-from .cli_generation import load_llm, model_path, print_stats, sampling, stream_out
+from .cli_generation import load_llm, model_path, print_stats, prompt_cache_options, sampling, stream_out
 
 MODEL_HELP = "a .gguf file, a Hugging Face model folder, or a repo id found in the local Hugging Face cache"
 
@@ -120,6 +120,12 @@ def add_generation_options(p: argparse.ArgumentParser, *, default_n: int = 128,
                         "model with the same tokenizer), eagle:PATH or dflash:PATH (docs/speculative.md)")
     p.add_argument("--spec-draft", type=int, default=None, metavar="N",
                    help="most tokens drafted per verify step (1..15; default: the drafter's)")
+    p.add_argument("--prompt-cache", default=None, metavar="FILE",
+                   help="a prefix-cache file, as llama.cpp's: the part of the prompt it holds is loaded instead of "
+                        "computed, and the computed prompt is saved to it (created when missing; a file of another "
+                        "model, model version, backend or KV type is ignored with a warning; chat: the first prompt)")
+    p.add_argument("--prompt-cache-ro", action="store_true",
+                   help="use --prompt-cache without writing it")
     _kv_option(p)
 
 
@@ -151,6 +157,7 @@ def _generate(args: argparse.Namespace, model: str, prompt: str) -> int:
     loaded = load_llm(args, model)
     overrides = sampling(args)
     options = {"compress_to": args.compress_to} if getattr(args, "compress_to", None) is not None else {}
+    options.update(prompt_cache_options(args))
     started = time.perf_counter()
     if args.no_stream:
         print(loaded.llm.generate(prompt, args.max_new_tokens, stop=args.stop, spec=loaded.spec, **overrides,

@@ -45,6 +45,14 @@ def sampling(args: argparse.Namespace) -> dict[str, Any]:
                 frequency_penalty=args.frequency_penalty, seed=args.seed)
 
 
+def prompt_cache_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--prompt-cache FILE [--prompt-cache-ro]`` as ``generate`` / ``chat`` keywords (none when not given)."""
+    path = getattr(args, "prompt_cache", None)
+    if getattr(args, "prompt_cache_ro", False) and not path:
+        raise HeteroError("--prompt-cache-ro needs --prompt-cache FILE")
+    return {"prompt_cache": path, "prompt_cache_ro": bool(args.prompt_cache_ro)} if path else {}
+
+
 def print_stats(loaded: Loaded, overrides: dict[str, Any], first_token_seconds: float | None) -> None:
     llm = loaded.llm
     if llm.last.context_full:

@@ -34,7 +34,7 @@ class Llm(Protocol):
     context: int  # positions the KV cache holds
 
     # stats: the model's own Stats (Any: this module cannot import the model, which imports it)
-    def _advance(self, owner: object, ids: list[int], stats: Any = None) -> np.ndarray: ...
+    def _advance(self, owner: object, ids: list[int], stats: Any = None, prompt_file: Any = None) -> np.ndarray: ...
 
 
 @dataclass
@@ -91,17 +91,19 @@ class TokenSource(Protocol):
 
 def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler, stop: Sequence[str],
                     eos_ids: Sequence[int], record: Generation,
-                    decode: Callable[[list[int]], str], source: TokenSource | None = None
-                    ) -> Generator[str, None, None]:
+                    decode: Callable[[list[int]], str], source: TokenSource | None = None,
+                    prompt_file: Any = None) -> Generator[str, None, None]:
     """Yield text pieces; closing the iterator stops generation and leaves the cache consistent. ``source``: take
-    the tokens from it (speculative decoding; it prefills the prompt) instead of sampling each from a step."""
+    the tokens from it (speculative decoding; it prefills the prompt) instead of sampling each from a step.
+    ``prompt_file``: the prompt's prefix-cache file (``hetero.llm.prompt_cache.PromptFile``)."""
     stats = llm.stats
     matcher = StopMatcher(stop)
     record.prompt_tokens = list(prompt_ids)
     record.finish_reason = "cancelled"
     eos = set(eos_ids)
     tokens = source.start(llm, record, list(prompt_ids), sampler, stats) if source is not None else None
-    logits = llm._advance(record, list(prompt_ids), stats) if tokens is None else np.zeros((1, 0), np.float32)
+    logits = llm._advance(record, list(prompt_ids), stats, prompt_file) if tokens is None \
+        else np.zeros((1, 0), np.float32)
     history = list(prompt_ids)
     emitted = 0  # characters of the decoded text already yielded
     text = ""

@@ -33,7 +33,11 @@ from .config import LlmConfig
 from .families.decoder import INPUT_IDS, LAST_TOKENS, LOGITS, PAST_LEN, VERIFY_ROWS
 from .files import MappedFiles, limit
 from .generate import Generation, generate_stream
+from .model_hash import ModelIdentity, model_files
 from .prefix_cache import PrefixCache
+from .prompt_cache import PromptFile, prompt_file
+from .prompt_cache import restore as restore_prompt
+from .prompt_cache import save as save_prompt
 from .sampler import Sampler, SamplingDefaults, SamplingParams, from_generation_config
 from .snapshot import common_prefix
 from .template import ChatTemplate
@@ -168,6 +172,9 @@ class Llm:
         # computed prompts kept for the next one that starts the same way (hetero.llm.prefix_cache); may be shared
         self.prefix_cache: PrefixCache | None = None
         self._mapped = MappedFiles(list(mapped))
+        # the model's files and their stat at load: the key of its prefix-cache files (hetero.llm.model_hash)
+        self.identity = ModelIdentity(model_files(path, mapped))
+        self._tail: tuple[list[int], int, np.ndarray] | None = None  # (tokens, their count, the last one's logits)
         self._finalizer = weakref.finalize(self, self._mapped.close)
         self._model: Llm = self  # slot 0, whose finalizer closes the files (what each sequence keeps alive)
         self._sequences_lock = threading.Lock()
@@ -277,7 +284,9 @@ class Llm:
         if self._final_norm is not None:
             self._last_hidden = out[self._final_norm]
         self.tokens.extend(ids)
-        return out[LOGITS]
+        logits = out[LOGITS]
+        self._tail = (self.tokens, len(self.tokens), logits[-1]) if len(logits) else None
+        return logits
 
     # -- several sequences (hetero.llm.batch) ---------------------------------------------------------------------
     def sequence(self, slot: int) -> Llm:
@@ -390,15 +399,17 @@ class Llm:
             self._owner = None
             return self._prefill(_token_ids(ids), self.stats)
 
-    def _advance(self, owner: object, ids: list[int], stats: Stats | None = None) -> np.ndarray:
+    def _advance(self, owner: object, ids: list[int], stats: Stats | None = None,
+                 prompt_file: PromptFile | None = None) -> np.ndarray:
         """The next-token logits after ``ids`` for the generation ``owner``: one step when the cache holds its
         tokens (the usual case), a prefill of what differs when another generation ran in between. ``stats``
-        records a prefill (the prompt's); a recomputation after an interruption is not counted."""
+        records a prefill (the prompt's); a recomputation after an interruption is not counted. ``prompt_file``:
+        the prompt's prefix-cache file (``generate(prompt_cache=...)``)."""
         with self._lock:
             if self._owner is owner and len(self.tokens) == len(ids) - 1:
                 logits = self.forward(ids[-1:])
             else:
-                logits = self._prefill(ids, stats or Stats())
+                logits = self._prefill(ids, stats or Stats(), prompt_file)
             self._owner = owner
             return logits
 
@@ -421,21 +432,27 @@ class Llm:
             if self._owner is owner:
                 self._rollback(length)
 
-    def _prefill(self, ids: list[int], stats: Stats) -> np.ndarray:
+    def _prefill(self, ids: list[int], stats: Stats, prompt_file: PromptFile | None = None) -> np.ndarray:
         if not ids:
             raise HeteroError("the prompt is empty: nothing to predict from")
         if len(ids) > self.context:
             raise HeteroError(f"the prompt has {len(ids)} tokens; the context holds {self.context}",
                               hint="load the model with a larger context=...")
+        started = time.perf_counter()
+        restored = prompt_file.restore(self, ids) if prompt_file is not None else None
+        stats.prompt_tokens = len(ids)
+        if restored is not None and self.tokens == ids:  # the file held the whole prompt and its logits
+            stats.cached_tokens, stats.prefill_tokens = len(ids), 0
+            self._tail = (self.tokens, len(ids), restored[-1])
+            stats.prefill_seconds = time.perf_counter() - started
+            return restored
         if self.prefix_cache is not None:
             self.prefix_cache.restore(self, self._slot, ids)
         common = common_prefix(self.tokens, ids)
         common = min(common, len(ids) - 1)  # the last token is always run: its logits are the prediction
         self._rollback(common)
-        stats.prompt_tokens = len(ids)
         stats.cached_tokens = common
         stats.prefill_tokens = len(ids) - common
-        started = time.perf_counter()
         rest = ids[common:]
         step = self.prefill_chunk or len(rest)
         if self._batch is not None:  # one of several sequences: chunks small enough to ride with others' steps
@@ -445,8 +462,30 @@ class Llm:
             logits = self.forward(rest[start:start + step])  # the one step every path takes
         if self.prefix_cache is not None:
             self.prefix_cache.store(self, self._slot, ids)
+        if prompt_file is not None:
+            prompt_file.store(self, ids, logits[-1])
         stats.prefill_seconds = time.perf_counter() - started
         return logits
+
+    # -- prefix-cache files (hetero.llm.prompt_cache) ------------------------------------------------------------
+    def save_prompt_cache(self, path: str | Path) -> int:
+        """Write the state of the cached tokens (after ``prefill`` / ``generate``: the prompt, and the reply but
+        its last token) to ``path``, for ``load_prompt_cache`` / ``generate(prompt_cache=...)`` in this or a later
+        process (``hetero.llm.prompt_cache_file``: keyed by the model file's content, backend, KV cache type).
+        Written atomically; returns the file's bytes."""
+        with self._lock:
+            tail = self._tail
+            logits = tail[2] if tail is not None and tail[0] is self.tokens and tail[1] == len(self.tokens) else None
+            return save_prompt(self, path, logits)
+
+    def load_prompt_cache(self, path: str | Path) -> int:
+        """Make the cache hold what ``path`` (``save_prompt_cache``) holds; returns the tokens restored (then in
+        ``tokens``). A file that does not fit this model (another model or model file version, backend, KV cache
+        type), or that is damaged, is ignored with a ``PromptCacheWarning`` and 0 is returned. The next prompt that
+        starts with those tokens computes only the rest."""
+        with self._lock:
+            self._owner = None
+            return restore_prompt(self, path, None)[0]
 
     @property
     def embeddings(self) -> bool:
@@ -491,15 +530,18 @@ class Llm:
                  repetition_penalty: float | None = None, presence_penalty: float | None = None,
                  frequency_penalty: float | None = None, penalty_last_n: int | None = None, seed: int | None = None,
                  stop: Sequence[str] | str | None = None, stream: bool = False,
-                 add_special_tokens: bool = True, spec: Any = None, compress_to: int | None = None
-                 ) -> str | Iterator[str]:
+                 add_special_tokens: bool = True, spec: Any = None, compress_to: int | None = None,
+                 prompt_cache: str | Path | None = None, prompt_cache_ro: bool = False) -> str | Iterator[str]:
         """Continue ``prompt`` (text, or token ids). Returns the text, or with ``stream=True`` an iterator of text
         pieces (closing it cancels). Unset sampling options come from the model's generation_config.json.
         ``spec``: speculative decoding (same output distribution, greedy output identical): a
         ``hetero.llm.speculative.Speculation``, a ``Drafter``, or a name as ``hetero generate --spec`` takes it
         ("lookahead", "draft:PATH", ...; see ``hetero.llm.speculative.registry``). ``compress_to``: fit a text
         prompt into this many tokens by keeping its first two and last two sentences and those most relevant to them
-        (``hetero.llm.compress``; off by default)."""
+        (``hetero.llm.compress``; off by default). ``prompt_cache``: a prefix-cache file, as llama.cpp's
+        ``--prompt-cache``: the part of the prompt it holds is loaded instead of computed, and the computed prompt
+        is saved to it (``prompt_cache_ro=True``: not saved); a file that does not fit is ignored with a warning."""
+        cache_file = prompt_file(prompt_cache, prompt_cache_ro)
         if compress_to is not None:
             from .compress import compress_for
 
@@ -509,15 +551,17 @@ class Llm:
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n,
             seed=seed)
         ids = self.tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else _token_ids(prompt)
-        return self._run(ids, max_new_tokens, params, stop, stream, spec)
+        return self._run(ids, max_new_tokens, params, stop, stream, spec, cache_file)
 
     def chat(self, messages: Sequence[dict[str, Any]], max_new_tokens: int = 512, *, stream: bool = False,
              stop: Sequence[str] | str | None = None, template_kwargs: dict[str, Any] | None = None,
-             spec: Any = None, **sampling: Any) -> str | Iterator[str]:
+             spec: Any = None, prompt_cache: str | Path | None = None, prompt_cache_ro: bool = False,
+             **sampling: Any) -> str | Iterator[str]:
         """Answer the conversation ``messages`` ([{"role", "content"}, ...]) through the model's chat template.
         The cache is reused across turns: only tokens after the common prefix are prefilled. A bare string is
-        refused (not taken as one message): ``chat`` takes a conversation, ``generate`` takes text. ``spec``: as in
-        ``generate``."""
+        refused (not taken as one message): ``chat`` takes a conversation, ``generate`` takes text. ``spec``,
+        ``prompt_cache``, ``prompt_cache_ro``: as in ``generate``."""
+        cache_file = prompt_file(prompt_cache, prompt_cache_ro)
         messages = _checked_messages(messages)
         self._tok()
         if self.template is None:
@@ -527,10 +571,11 @@ class Llm:
             raise HeteroError(f"template_kwargs must be a dict, got {type(template_kwargs).__name__}")
         text = self.template.render(messages, add_generation_prompt=True, **(template_kwargs or {}))
         ids = self.tokenize(text, add_special_tokens=False)
-        return self._run(ids, max_new_tokens, self.sampling_params(**sampling), stop, stream, spec)
+        return self._run(ids, max_new_tokens, self.sampling_params(**sampling), stop, stream, spec, cache_file)
 
     def _run(self, ids: list[int], max_new_tokens: int, params: SamplingParams,
-             stop: Sequence[str] | str | None, stream: bool, spec: Any = None) -> str | Iterator[str]:
+             stop: Sequence[str] | str | None, stream: bool, spec: Any = None,
+             cache_file: PromptFile | None = None) -> str | Iterator[str]:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
             raise HeteroError(f"max_new_tokens={max_new_tokens!r}; expected an integer >= 0")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -547,8 +592,13 @@ class Llm:
             from .speculative.registry import speculation
 
             source = speculation(spec, self)
+            if cache_file is not None:
+                with self._lock:  # the drafter prefills the prompt itself: the file's part is loaded before
+                    self._owner = None
+                    cache_file.restore(self, ids)
+                cache_file = None
         pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, record, decode,
-                                 source)
+                                 source, cache_file)
         if stream:
             return pieces
         for _ in pieces:

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from ..cli_errors import error_message
 from ..contract.errors import HeteroError
-from .cli_generation import Loaded, print_stats, sampling, stream_out
+from .cli_generation import Loaded, print_stats, prompt_cache_options, sampling, stream_out
 
 BLOCK = '"""'
 HELP = """commands (never sent to the model):
@@ -86,6 +86,8 @@ class ChatRepl:
         self.system = [{"role": "system", "content": args.system}] if args.system else []
         self.messages: list[dict[str, str]] = list(self.system)
         self.template = {"enable_thinking": False} if args.no_think else {}
+        # --prompt-cache: the chat's first prompt (the system prompt and first message) is loaded / saved
+        self.prompt_cache = prompt_cache_options(args)
 
     def run(self) -> int:
         print(f"hetero chat with {self.llm.name}: /help for help, /bye to leave, \"\"\" or \\ for multi-line input",
@@ -185,7 +187,9 @@ class ChatRepl:
         try:
             first = stream_out(kept(self.llm.chat(self.messages, self.args.max_new_tokens, stream=True,
                                                   stop=self.args.stop, template_kwargs=self.template,
-                                                  spec=self.loaded.spec, **overrides)), started)
+                                                  spec=self.loaded.spec, **self.prompt_cache, **overrides)),
+                               started)
+            self.prompt_cache = {}  # later turns reuse the model's own cache
         except KeyboardInterrupt:
             print("\n[stopped]", file=sys.stderr)
         except HeteroError as exc:  # e.g. the context is full: say so and keep the chat open

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..contract import dtypes
 from ..contract.errors import HeteroError, InputError
-from ..contract.graph import Graph, free_names
+from ..contract.graph import Graph, Node, free_names
 from ..contract.tensor import Tensor, TensorInfo
 
 SubgraphRunner = Callable[[Graph, dict[str, np.ndarray]], list[np.ndarray]]
@@ -59,6 +59,17 @@ class ControlFlow:
             return run_graph(graph, values)
 
         return run_subgraph
+
+    def branch_replay(self, node: Node, cond: Tensor) -> tuple[Any, list[str]] | None:
+        """The replay that the child session of ``node``'s (an If) taken branch recorded last, and the branch's output
+        names, for the parent's replay to inline; None unless that child is one replayed segment."""
+        branch = node.attrs.get("then_branch" if bool(np.asarray(cond.host_values()).reshape(-1)[0]) else "else_branch")
+        child = self._children.get(id(branch))
+        programs = getattr(child, "programs", None)
+        if not isinstance(branch, Graph) or not programs or len(programs) != 1:
+            return None
+        replay = getattr(programs[0], "replay", None)
+        return None if replay is None else (replay, list(branch.outputs))
 
     def _child(self, body: Graph, values: dict[str, np.ndarray]) -> ChildSession | None:
         """A session for a body, made at its first run: inputs are its own plus the outer values it reads (outer

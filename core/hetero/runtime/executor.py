@@ -10,7 +10,9 @@
   allocated with the backend's own ``alloc`` and sliced with its ``arena_tensor`` (numpy views on the host,
   sub-buffers on a device); a value is freed with its last reader (a view's source with the view's last reader).
 * the second run of a signature is recorded into a ``replay.Replay`` (a flat list of calls, bound by the kernels
-  where they can) when the work is fixed by the input shapes alone; later runs of that signature re-issue it.
+  where they can) when the work is fixed by the input shapes alone; later runs of that signature re-issue it. A
+  small integer input that decides an If's branch (silero-vad's sample rate) joins the signature by value, so the
+  If's condition is fixed per signature too.
 * plans (arena plan, arena, replay) are kept per signature, up to ``MAX_PLANS`` (those never replayed dropped
   first, then the least recently run): an LLM's one-token decode steps alternating with k-token speculative verify
   steps (or prefill chunks, or batched steps of several sequences) each replay their own plan instead of
@@ -51,6 +53,8 @@ WeightCache = Callable[[str, Backend], Tensor]
 # decode signature per batch size. Past that, a plan without a replay (a signature run once: the last chunk of a
 # prompt, a batched step carrying one) goes first, then the least recently run.
 MAX_PLANS = 16
+# Elements of an input that an If condition reads, at most, for its values to join the signature (_value_keyed_inputs).
+MAX_KEYED_VALUES = 16
 
 
 @dataclass
@@ -104,6 +108,7 @@ class KernelProgram:
         for name, last in self._last_use.items():
             if last < len(self.steps):
                 self._frees[last].append(name)
+        self._keyed = self._value_keyed_inputs()
         self.replayable = self._can_replay()
         self._has_arena = overrides(backend, "arena_tensor")
         self._plans: OrderedDict[Any, _Plan] = OrderedDict()
@@ -157,6 +162,36 @@ class KernelProgram:
                     return False
         return True
 
+    def _value_keyed_inputs(self) -> list[str]:
+        """Segment inputs whose values decide an If's branch (silero-vad's ``sr == 16000``): small integer or bool
+        tensors of static shape in host memory. Their values join the signature, so that each value gets its own
+        plan and replay, in which they are constants like the shapes."""
+        if self.backend.memory_domain != "host":
+            return []
+        producers = {out: step for step in self.steps for out in step.node.outputs if out}
+        stack = [s.node.inputs[0] for s in self.steps if s.node.op_key == ("", "If") and s.node.inputs[:1] != [""]]
+        seen: set[str] = set()
+        reached: set[str] = set()
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            step = producers.get(name)
+            if step is None:
+                reached.add(name)
+            elif not (step.has_subgraph or step.schema.data_dependent or step.schema.nondeterministic):
+                stack.extend(n for n in step.node.inputs if n)
+        keyed = []
+        for name in self._inputs:
+            info = self.segment.graph.values.get(name)
+            if name not in reached or info is None or info.shape is None or info.dtype.np_dtype is None:
+                continue
+            if info.dtype.np_dtype.kind in "biu" and info.is_static \
+                    and int(np.prod(static_shape(info), dtype=np.int64)) <= MAX_KEYED_VALUES:
+                keyed.append(name)
+        return keyed
+
     @staticmethod
     def _fixed_branch(step: _Step, shape_fixed: set[str]) -> bool:
         """An If whose condition follows from the input shapes takes the same branch every run of a signature: the
@@ -169,7 +204,7 @@ class KernelProgram:
         """Values decided by the segment's input shapes alone: initializers, Shape / Size outputs, and what
         deterministic ops compute from those only (a Reshape's target built by Shape -> Gather -> Concat). The
         replay is keyed on the input shapes, so for it these are constants."""
-        fixed = set(self._constants)
+        fixed = set(self._constants) | set(self._keyed)
         for step in self.steps:
             node, schema = step.node, step.schema
             if step.has_subgraph or schema.data_dependent or schema.nondeterministic:
@@ -194,7 +229,9 @@ class KernelProgram:
 
     def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
         # dtypes too: the replay copies inputs into buffers of its own, which must not cast
-        signature = tuple((name, inputs[name].shape, inputs[name].dtype) for name in self._inputs)
+        signature: tuple[Any, ...] = tuple((name, inputs[name].shape, inputs[name].dtype) for name in self._inputs)
+        if self._keyed:
+            signature += tuple(inputs[name].host_values().tobytes() for name in self._keyed)
         plan = self._plans.get(signature)
         if plan is not None:
             self._plans.move_to_end(signature)
@@ -321,7 +358,9 @@ class KernelProgram:
                     env[name] = out
             if recorder is not None:  # an If of a fixed branch (_can_replay)
                 outer = {name: env[name] for name in step.outer if name in env}
-                recorder.control(step.kernel, ins, outer, list(outs), self._control.runner, backend)
+                cond = ins[0]
+                body = self._control.branch_replay(step.node, cond) if cond is not None else None
+                recorder.control(step.kernel, ins, outer, list(outs), self._control.runner, backend, body)
             return
         if key != step.key or schema.data_dependent:
             self._prepare(step, ins, key, run_subgraph)

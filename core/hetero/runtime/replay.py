@@ -12,10 +12,16 @@ outputs (fresh arrays, since the caller keeps them). So the replay
   method: a zero-argument callable doing ``run(inputs, outputs)`` on those exact buffers, typically the native
   function with its arguments already converted, or a list of such callables, e.g. one per device launch), else
   binds ``run`` to its argument lists;
-* keeps the rest (kernels writing graph outputs, views of them) as small dynamic entries;
-* runs an If whose condition follows from the input shapes (so the same branch each run: the executor checks) through
-  its kernel's ``run_dynamic`` with the branch's child session (which replays itself), copying the results into
-  buffers of the replay's own so that the kernels after it stay bound. Results of another shape than recorded raise
+* gives a kernel writing a small graph output (``OWN_OUTPUT_BYTES``, host memory) buffers of the replay's own, so
+  that it binds too, and hands the caller a copy of each at the end of the run (a few bytes: silero-vad's state and
+  probability, cheaper than running the kernel through Python);
+* keeps the rest (kernels writing larger graph outputs, views of them) as small dynamic entries;
+* inlines an If whose condition follows from the input shapes (so the same branch each run: the executor checks)
+  when its branch's child session replays in full (every call bound, every result in a buffer of its own, host
+  memory): the parent copies the values the body reads into the body replay's input buffers and issues the body's
+  calls as its own; the body's result buffers become the If's outputs. Otherwise such an If runs through its
+  kernel's ``run_dynamic`` with the branch's child session (which replays itself), the results copied into buffers
+  of the replay's own so that the kernels after it stay bound. Results of another shape than recorded raise
   ``StaleReplay``: the program then drops the replay and interprets.
 
 A run is then a copy per feed and one Python call per kernel: that keeps Python's share of an LLM decode step
@@ -29,11 +35,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..contract.backend import Backend, Kernel
 from ..contract.errors import HeteroError
-from ..contract.tensor import Tensor, TensorInfo
+from ..contract.tensor import Tensor, TensorInfo, static_shape
 
 Key = tuple[str, Any]  # ("feed", input name) or ("var", id of the tensor in the recorded run)
+# Graph outputs up to this size are computed into the replay's own buffers and copied out (see the module doc).
+OWN_OUTPUT_BYTES = 64 * 1024
 Call = Callable[[], Any]
 
 
@@ -61,6 +71,8 @@ class _Control:
     var_ins: list[tuple[int, Key]] = field(default_factory=list)
     var_outer: list[tuple[str, Key]] = field(default_factory=list)
     fixed_outs: list[tuple[Key, Tensor]] = field(default_factory=list)  # made by the replay: (key, its buffer)
+    # the taken branch's replay (recorded by its child session in this run) and the branch's output names
+    body: tuple[Replay, list[str]] | None = None
 
 
 class StaleReplay(HeteroError):
@@ -107,8 +119,9 @@ class Recorder:
         self.entries.append(entry)
 
     def control(self, kernel: Any, ins: list[Tensor | None], outer: dict[str, Tensor], outs: list[Tensor],
-                runner: Callable[[list[str], dict[str, Tensor]], Any], backend: Backend) -> None:
-        entry = _Control(kernel, list(ins), dict(outer), [], runner, backend)
+                runner: Callable[[list[str], dict[str, Tensor]], Any], backend: Backend,
+                body: tuple[Replay, list[str]] | None = None) -> None:
+        entry = _Control(kernel, list(ins), dict(outer), [], runner, backend, body=body)
         entry.var_ins = [(pos, k) for pos, t in enumerate(ins) if (k := self._key(t)) is not None]
         entry.var_outer = [(name, k) for name, t in outer.items() if (k := self._key(t)) is not None]
         for tensor in outs:  # keyed after the inputs: an output is never one of them
@@ -151,6 +164,9 @@ class Replay:
         self.bound = 0  # kernels called through their own bind()
         self._unbound: list[_Call] = []  # kernels whose run() it calls: prepared again by prepare_kernels
         self._output_keys = {key for key in outputs.values() if not isinstance(key, Tensor)}
+        self._owned: dict[Key, Backend] = {}  # graph outputs in the replay's own buffers: copied out each run
+        self._bodies: list[Replay] = []  # If branches inlined into this replay
+        self._dynamic = 0  # entries that read this run's values (feeds, fresh outputs): not inlinable
         for entry in entries:
             if isinstance(entry, _View):
                 self._add_view(entry, fixed)
@@ -167,16 +183,21 @@ class Replay:
             # a segment output that is a view of a segment input (a reshape alone in its segment): made from this
             # run's feed at each run, never the replay's own copy of it (which the next run overwrites)
             self.program.append(functools.partial(_make_view, self._values, entry))
+            self._dynamic += 1
             return
         view = None if src is None else entry.backend.view(src, entry.info)
         if view is not None:
             fixed[entry.out] = view
         else:
             self.program.append(functools.partial(_make_view, self._values, entry))
+            self._dynamic += 1
 
     def _add_control(self, entry: _Control, fixed: dict[Key, Tensor]) -> None:
         entry.var_ins = _take_fixed(entry.var_ins, fixed, entry.ins)
         entry.var_outer = _take_fixed(entry.var_outer, fixed, entry.outer)
+        if self._inline(entry, fixed):
+            return
+        self._dynamic += 1
         for key, info in entry.outs:
             if key not in self._output_keys:  # a graph output stays the run's own result (the caller keeps it)
                 own = fixed[key] = entry.backend.empty(info)
@@ -187,10 +208,17 @@ class Replay:
         ins = list(entry.ins)
         var_ins = _take_fixed(entry.var_ins, fixed, ins)
         kernel = entry.kernel
+        if not var_ins and entry.fresh_outs and all(_ownable(b, info) for _, _, b, info in entry.fresh_outs):
+            outs = list(entry.outs)
+            for pos, key, backend, info in entry.fresh_outs:
+                outs[pos] = fixed[key] = backend.empty(info)
+                self._owned[key] = backend
+            entry = _Call(kernel, ins, outs, [], [], entry.prepared)
         if var_ins or entry.fresh_outs:
             dynamic = _Call(kernel, ins, list(entry.outs), var_ins, entry.fresh_outs)
             self.program.append(functools.partial(_run_dynamic, self._values, dynamic))
             self._unbound.append(entry)
+            self._dynamic += 1
             return
         bind = getattr(kernel, "bind", None)
         call = bind(ins, entry.outs) if bind is not None else None
@@ -204,12 +232,56 @@ class Replay:
         else:  # a kernel of several device launches binds each
             self.program.extend(call)
 
+    def _inline(self, entry: _Control, fixed: dict[Key, Tensor]) -> bool:
+        """Issues the taken branch's replay as part of this one (see the module doc); False where it cannot."""
+        if entry.body is None or entry.var_outer or entry.backend.memory_domain != "host":
+            return False
+        body, names = entry.body
+        results = [body.fixed_output(name) for name in names]
+        if not body.inlinable or len(results) != len(entry.outs):
+            return False
+        copies = []
+        for name, slot in body._slots:
+            src = entry.outer.get(name)
+            if src is None or not src.is_host or src.shape != slot.shape or src.dtype != slot.dtype:
+                return False
+            copies.append(functools.partial(np.copyto, slot.buffer, src.buffer))
+        for (_, info), result in zip(entry.outs, results, strict=True):
+            if result is None or result.shape != info.shape or result.dtype != info.dtype:
+                return False
+        for (key, _), result in zip(entry.outs, results, strict=True):
+            assert result is not None
+            fixed[key] = result
+            if key in self._output_keys:  # a graph output: the caller gets a copy
+                self._owned[key] = entry.backend
+        self.program.extend(copies)
+        self.program.extend(body.program)
+        self.bound += body.bound
+        self._bodies.append(body)
+        return True
+
+    @property
+    def inlinable(self) -> bool:
+        """Whether a parent replay may issue this one's calls as its own: every call bound (it holds its buffers),
+        none reads this run's values, every output a buffer of the replay's own."""
+        return not self._dynamic and not self._unbound and all(
+            self.fixed_output(name) is not None for name in self.outputs)
+
+    def fixed_output(self, name: str) -> Tensor | None:
+        """The buffer that holds output ``name`` after every run (None: a fresh tensor each run, or no such output)."""
+        found = self.outputs.get(name)
+        if found is None or isinstance(found, Tensor):
+            return found
+        return self._fixed.get(found)
+
     def prepare_kernels(self) -> None:
         """Prepares the kernels whose ``run`` the replay calls for the recorded shapes again: the program calls it
         when it comes back to this replay after running other shapes (a bound call holds what it needs)."""
         for entry in self._unbound:
             if entry.prepared is not None:
                 entry.kernel.prepare(*entry.prepared)
+        for body in self._bodies:
+            body.prepare_kernels()
 
     def run(self, feeds: dict[str, Tensor], wanted: Sequence[str]) -> dict[str, Tensor]:
         values = self._values
@@ -225,10 +297,24 @@ class Replay:
         for name in wanted:
             found = self.outputs[name]
             if not isinstance(found, Tensor):
-                found = values[found] if found in values else self._fixed[found]
+                backend = self._owned.get(found)
+                if backend is not None:  # the replay's own buffer: the caller gets a copy
+                    own = self._fixed[found]
+                    found = backend.empty(own.info)
+                    backend.write(found, own)
+                else:
+                    found = values[found] if found in values else self._fixed[found]
             result[name] = found
         values.clear()  # the caller owns the outputs now
         return result
+
+
+def _ownable(backend: Backend, info: TensorInfo) -> bool:
+    """Whether a graph output of ``info`` is small enough, and in host memory, to be computed into a buffer of the
+    replay's own and copied out at each run."""
+    if backend.memory_domain != "host" or info.dtype.np_dtype is None or not info.is_static:
+        return False
+    return info.dtype.nbytes(int(np.prod(static_shape(info), dtype=np.int64))) <= OWN_OUTPUT_BYTES
 
 
 def _take_fixed(slots: list[tuple[Any, Key]], fixed: dict[Key, Tensor], target: Any) -> list[tuple[Any, Key]]:

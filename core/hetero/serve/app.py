@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -50,17 +51,22 @@ class ApiError(Exception):
 
 def create_app(models: list[Any], *, name: str | None = None, max_queue: int = 16,
                max_body_bytes: int = MAX_BODY_BYTES, prefix_cache_bytes: int = 0, prefix_min_tokens: int = 32,
-               resume_window: float = 0.0) -> Starlette:
+               resume_window: float = 0.0, prefix_cache_dir: str | os.PathLike | None = None) -> Starlette:
     """An app serving ``models`` (one per slot: the sequences of one model loaded with ``slots=N``, whose decode
     steps are batched, or separate models) under the model
     id ``name`` (default: the first model's name). ``prefix_cache_bytes`` > 0: computed prompts are kept (up to
-    that many bytes, shared by the slots) for the requests that start the same way (``hetero.llm.prefix_cache``).
+    that many bytes, shared by the slots) for the requests that start the same way (``hetero.llm.prefix_cache``);
+    ``prefix_cache_dir``: they are also written there as prefix-cache files, found again after a restart.
     ``resume_window`` > 0: a stream whose client went away keeps going that many seconds, resumable by its id
     (``hetero.serve.streams``)."""
     scheduler = Scheduler(models, max_queue)
-    prefix_cache = PrefixCache(prefix_cache_bytes, prefix_min_tokens) if prefix_cache_bytes > 0 else None
+    prefix_cache = PrefixCache(prefix_cache_bytes, prefix_min_tokens, prefix_cache_dir) \
+        if prefix_cache_bytes > 0 or prefix_cache_dir is not None else None
     for model in models:
         model.prefix_cache = prefix_cache
+    if prefix_cache_dir is not None:
+        with contextlib.suppress(HeteroError):  # the model's content hash now, not in the first request (seconds
+            models[0].identity.digest()  # for a GB); a model without one is said at the first prompt
     streams = StreamStore(resume_window)
     metrics = Metrics(scheduler, prefix_cache, streams)
     model_id = name or models[0].name

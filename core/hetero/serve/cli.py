@@ -25,6 +25,10 @@ def add_serve_command(subparsers: Any) -> None:
     p.add_argument("--prefix-cache", type=int, default=256, metavar="MIB",
                    help="memory for computed prompts kept for later requests that start the same way, shared by "
                         "the slots (default 256 MiB; 0: off)")
+    p.add_argument("--prefix-cache-dir", default=None, metavar="DIR",
+                   help="also write the computed prompts to DIR as prefix-cache files and look them up there, so a "
+                        "restarted server finds them again (files of another model or KV type are passed over; "
+                        "kept under 4 GiB, least recently used deleted first; docs/long-context.md)")
     p.add_argument("--resume-window", type=float, default=0.0, metavar="S",
                    help="seconds a stream whose client went away keeps going, resumable with GET "
                         "/v1/streams/ID (default 0: a client gone cancels its generation at once)")
@@ -59,8 +63,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise HeteroError(f"--prefix-cache {args.prefix_cache} / --resume-window {args.resume_window}: expected >= 0")
     models = load_llm(args, model, slots=args.parallel).llm.sequences()
     print(f"hetero serve: {models[0].name} on http://{args.host}:{args.port}/v1 ({args.parallel} slot(s), "
-          f"context {args.ctx}, queue {args.queue}, prefix cache {args.prefix_cache} MiB, resume window "
+          f"context {args.ctx}, queue {args.queue}, prefix cache {args.prefix_cache} MiB"
+          f"{' + ' + args.prefix_cache_dir if args.prefix_cache_dir else ''}, resume window "
           f"{args.resume_window:g} s)", file=sys.stderr, flush=True)
     run(models, host=args.host, port=args.port, log_level=args.log_level, name=args.alias, max_queue=args.queue,
-        prefix_cache_bytes=args.prefix_cache << 20, resume_window=args.resume_window)
+        prefix_cache_bytes=args.prefix_cache << 20, resume_window=args.resume_window,
+        prefix_cache_dir=args.prefix_cache_dir)
     return 0

@@ -31,6 +31,11 @@ class _Cached:
             yield CounterMetricFamily("hetero_prefix_cache_evictions", "Snapshots dropped for room", s.evicted)
             yield GaugeMetricFamily("hetero_prefix_cache_entries", "Prompts kept in the prefix cache", len(c))
             yield GaugeMetricFamily("hetero_prefix_cache_bytes", "Bytes of the prefix cache's snapshots", c.nbytes)
+            if c.directory is not None:  # --prefix-cache-dir
+                yield CounterMetricFamily("hetero_prefix_cache_file_hits", "Prompts that restored a prefix from a "
+                                          "prefix-cache file (counted in the hits too)", s.file_hits)
+                yield CounterMetricFamily("hetero_prefix_cache_files_written", "Prefix-cache files written",
+                                          s.files_written)
         if self.streams is not None:
             yield GaugeMetricFamily("hetero_streams_resumable", "Streams kept for resuming", len(self.streams))
             yield CounterMetricFamily("hetero_streams_resumed", "Reconnections to a stream", self.streams.resumed)

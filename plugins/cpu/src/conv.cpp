@@ -23,6 +23,8 @@ inline float pool_max(float m, float v) { return (v > m || v != v) ? v : m; }  /
 constexpr double kParallelGrain = 6e4;
 // Target size of one task's packed im2col block (floats): fits in L2 next to the weights' A panels.
 constexpr i64 kConvBlockFloats = 48 * 1024;
+// Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
+constexpr i64 kDotMaxOutputs = 8;
 
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
@@ -97,8 +99,12 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
   const i64 cout_g = cout / group, K = cin_g * kh * kw;
   pc->group_stride = ceil_div(cout_g, kr.mr) * kr.mr * K;
   float* d = pc->buf.get(static_cast<std::size_t>(std::max<i64>(1, pc->group_stride * group)));
-  std::memcpy(pc->raw.get(static_cast<std::size_t>(std::max<i64>(1, cout * K))), w,
-              static_cast<std::size_t>(cout * K) * sizeof(float));
+  pc->raw_ld = ceil_div(std::max<i64>(K, 1), 16) * 16;
+  float* raw = pc->raw.get(static_cast<std::size_t>(cout * pc->raw_ld));
+  for (i64 r = 0; r < cout; ++r) {
+    std::memcpy(raw + r * pc->raw_ld, w + r * K, static_cast<std::size_t>(K) * sizeof(float));
+    std::fill(raw + r * pc->raw_ld + K, raw + (r + 1) * pc->raw_ld, 0.f);
+  }
   for (i64 gi = 0; gi < group; ++gi) {
     MatView a{w + gi * cout_g * K, cout_g, K, K, 1};
     pack_a_panels(kr, a, d + gi * pc->group_stride);
@@ -119,6 +125,165 @@ ConvGeom along_w(const ConvGeom& g) {
   return t;
 }
 
+// A few output positions per image (silero-vad's encoder: 1-4 columns; a 32-wide GEMM panel would be mostly zero
+// padding): each output is the dot product of a weight row with that position's input patch. The patches of every
+// image are gathered first (K floats each, zero-padded like the weight rows), then row blocks of the weights run
+// against all of an image's patches at once, so each weight row is read once per image.
+void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+              const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, HWo = g.Ho * g.Wo, ld = pc.raw_ld;
+  const i64 images = g.N * g.group;
+  float* patches = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * HWo * ld));
+  for (i64 img = 0; img < images; ++img) {
+    const i64 n = img / g.group, gi = img % g.group;
+    const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
+    for (i64 j = 0; j < HWo; ++j) {
+      float* d = patches + (img * HWo + j) * ld;
+      const i64 y0 = (j / g.Wo) * g.sh - g.pt, x0 = (j % g.Wo) * g.sw - g.pl;
+      for (i64 c = 0; c < cin_g; ++c) {
+        const float* plane = xin + c * g.H * g.W;
+        for (i64 ky = 0; ky < g.kh; ++ky) {
+          const i64 iy = y0 + ky * g.dh;
+          const bool row_in = iy >= 0 && iy < g.H;
+          for (i64 kx = 0; kx < g.kw; ++kx) {
+            const i64 ix = x0 + kx * g.dw;
+            *d++ = row_in && ix >= 0 && ix < g.W ? plane[iy * g.W + ix] : 0.f;
+          }
+        }
+      }
+      std::fill(d, patches + (img * HWo + j + 1) * ld, 0.f);
+    }
+  }
+  const double flops = 2.0 * images * cout_g * HWo * ld;
+  const int T = threads_for(flops, kParallelGrain * 4);
+  // Row blocks: a multiple of 4 rows, two per thread and image, so that threads share the rows evenly.
+  const i64 rb = std::max<i64>(4, ceil_div(ceil_div(cout_g, 2 * T), 4) * 4);
+  const i64 nrb = ceil_div(cout_g, rb);
+  parallel_for(images * nrb, T, [&](i64 task) {
+    const i64 img = task / nrb, r0 = (task % nrb) * rb, rows = std::min<i64>(rb, cout_g - r0);
+    const i64 n = img / g.group, gi = img % g.group;
+    float* o = out + (n * g.Cout + gi * cout_g + r0) * HWo;
+    xk.dot_nt(pc.raw.p + (gi * cout_g + r0) * ld, ld, rows, patches + img * HWo * ld, ld, HWo, ld, o, HWo);
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    apply_epilogue(kr, o, HWo, r0, 0, rows, HWo, ep);
+  });
+}
+
+// Row length of conv_direct's zero-padded input copy.
+i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw); }
+
+// Stride 1 along W, a kh x kw kernel (not 1 x 1), rows at least one GEMM panel wide, and Cout close to a whole
+// number of tiles: the GEMM runs on the zero-padded input in place (each tap of each channel is a run of
+// consecutive floats of a padded row), without the im2col copy, which costs as much as the GEMM itself when Cout is
+// small. Measured at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on 120 x 160 16.0 -> 11.6 ms,
+// magika's 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row tiles for 16 rows) was
+// slower (6.5 -> 8.7 ms): there the im2col path's 4-row tail kernel wins, hence the tile-waste bound; and so is a
+// 64 -> 64 conv on 40-wide rows, a 32-wide panel and an 8-wide one per row, unless the rows follow each other:
+// with stride 1 along H too, output (y, x) reads the padded input at y * Wp + x + tap offset, so the panels run over
+// the flattened rows (the Wp - Wo columns between them computed and dropped): that case is bounded by Wp / Wo, the
+// strided-rows one by the panel padding of a row.
+bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
+  const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
+  if (pc.depthwise || g.sw != 1 || g.kh * g.kw == 1 || ceil_div(cout_g, mr) * mr * 4 > cout_g * 5) return false;
+  if (g.sh == 1) return padded_width(g) * 4 <= g.Wo * 5 && g.Ho * g.Wo >= nr;
+  return g.Wo >= nr && ceil_div(g.Wo, nr) * nr * 4 <= g.Wo * 5;
+}
+
+// One padded copy of the image's channels (rows padded to Wp, plus nr floats of slack the last tile's loads read
+// past), then tasks of (image/group, output row): every Cout block and panel of columns of that row.
+bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                 const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const int mr = kr.mr, nr = kr.nr;
+  const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
+  const i64 Hp = g.H + g.pt + g.pb, Wp = padded_width(g);
+  const i64 plane = Hp * Wp, images = g.N * g.group;
+  std::vector<i64> off(static_cast<std::size_t>(K));
+  for (i64 c = 0, k = 0; c < cin_g; ++c)
+    for (i64 ky = 0; ky < g.kh; ++ky)
+      for (i64 kx = 0; kx < g.kw; ++kx, ++k) off[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * Wp + kx * g.dw;
+  {  // the tile kernel for this ISA's tile shape (checked once: every call below is the same shape)
+    alignas(64) float probe[64] = {};
+    const i64 zero = 0;
+    if (!xk.conv_tile(mr, nr, 0, probe, probe, &zero, probe, nr, 0, 0)) return false;
+  }
+  const i64 per_image = cin_g * plane;
+  float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * per_image + nr));
+  std::fill(padded + images * per_image, padded + images * per_image + nr, 0.f);
+  const int Tp = threads_for(static_cast<double>(images * per_image), kParallelGrain);
+  parallel_for(images * cin_g, Tp, [&](i64 q) {
+    const i64 img = q / cin_g, c = q % cin_g, n = img / g.group, gi = img % g.group;
+    const float* src = x + ((n * g.C + gi * cin_g + c) * g.H) * g.W;
+    float* dst = padded + img * per_image + c * plane;
+    std::fill(dst, dst + g.pt * Wp, 0.f);
+    for (i64 y = 0; y < g.H; ++y) {
+      float* row = dst + (g.pt + y) * Wp;
+      std::fill(row, row + g.pl, 0.f);
+      std::memcpy(row + g.pl, src + y * g.W, static_cast<std::size_t>(g.W) * sizeof(float));
+      std::fill(row + g.pl + g.W, row + Wp, 0.f);
+    }
+    std::fill(dst + (g.pt + g.H) * Wp, dst + plane, 0.f);
+  });
+  const i64 mp = ceil_div(cout_g, mr);
+  const int T = threads_for(2.0 * images * cout_g * HWo * K, kParallelGrain * 4);
+  if (g.sh == 1) {
+    // Panels over the flattened rows: column j is output (j / Wp, j % Wp), dropped where j % Wp >= Wo. Each tile
+    // goes through a buffer (bias and activation applied there) and is scattered in runs of one output row.
+    const i64 nflat = (g.Ho - 1) * Wp + g.Wo, ntile = ceil_div(nflat, nr);
+    parallel_for(images * ntile, T, [&](i64 task) {
+      const i64 img = task / ntile, j0 = (task % ntile) * nr, n = img / g.group, gi = img % g.group;
+      const i64 ncols = std::min<i64>(nr, nflat - j0);
+      const float* in = padded + img * per_image + j0;
+      float* o = out + (n * g.Cout + gi * cout_g) * HWo;
+      const float* a = pc.buf.p + gi * pc.group_stride;
+      Epilogue ep = act;
+      ep.bias = bias ? bias + gi * cout_g : nullptr;
+      ep.bias_rs = 1;
+      ep.bias_cs = 0;
+      alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
+      for (i64 p = 0; p < mp; ++p) {
+        const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+        xk.conv_tile(mr, nr, K, a + p * K * mr, in, off.data(), tile, nr, nrows, nr);
+        apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
+        for (i64 jj = 0; jj < ncols;) {
+          const i64 j = j0 + jj, y = j / Wp, x = j % Wp, len = std::min<i64>(ncols - jj, Wp - x);
+          const i64 valid = x < g.Wo ? std::min<i64>(len, g.Wo - x) : 0;
+          for (int r = 0; r < nrows && valid > 0; ++r)
+            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + x, tile + r * nr + jj,
+                        static_cast<std::size_t>(valid) * sizeof(float));
+          jj += len;
+        }
+      }
+    });
+    return true;
+  }
+  parallel_for(images * g.Ho, T, [&](i64 task) {
+    const i64 img = task / g.Ho, oy = task % g.Ho, n = img / g.group, gi = img % g.group;
+    const float* in = padded + img * per_image + oy * g.sh * Wp;
+    float* o = out + (n * g.Cout + gi * cout_g) * HWo + oy * g.Wo;
+    const float* a = pc.buf.p + gi * pc.group_stride;
+    for (i64 x0 = 0; x0 < g.Wo; x0 += nr) {
+      const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
+      for (i64 p = 0; p < mp; ++p) {
+        const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+        xk.conv_tile(mr, nr, K, a + p * K * mr, in + x0, off.data(), o + p * mr * HWo + x0, HWo, nrows, ncols);
+      }
+    }
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    apply_epilogue(kr, o, HWo, 0, 0, cout_g, g.Wo, ep);
+  });
+  return true;
+}
+
 }  // namespace
 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
@@ -129,6 +294,11 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     depthwise(pc, g, x, bias, out, act);
     return;
   }
+  if (g.Ho * g.Wo <= kDotMaxOutputs) {
+    conv_dot(pc, g, x, bias, out, act);
+    return;
+  }
+  if (direct_fits(pc, g) && conv_direct(pc, g, x, bias, out, act)) return;
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g;
@@ -175,7 +345,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       // columns, instead of a padded mr-row tile that would be mostly wasted.
       Epilogue ept = ep;
       ept.bias = ep.bias ? ep.bias + m_main : nullptr;
-      const MatView at{pc.raw.p + (gi * cout_g + m_main) * K, cout_g - m_main, K, K, 1};
+      const MatView at{pc.raw.p + (gi * cout_g + m_main) * pc.raw_ld, cout_g - m_main, K, pc.raw_ld, 1};
       gemm_small_m_packed(kr, at, bp, ncols, o + m_main * HWo, HWo, 1.f, 0.f, ept, 1);
     }
   });

@@ -22,7 +22,10 @@ struct PackedConv {
   bool depthwise = false;
   i64 group_stride = 0;  // floats between the packed groups
   AlignedBuf buf;
-  AlignedBuf raw;  // non-depthwise: the (Cout, C/group*kh*kw) weights as given (rows for the small-M tail path)
+  // non-depthwise: the (Cout, C/group*kh*kw) weights as given, each row zero-padded to raw_ld (a multiple of 16) for
+  // the small-M tail path and the dot-product path of small outputs
+  AlignedBuf raw;
+  i64 raw_ld = 0;
 };
 
 std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 cout, i64 cin_g, i64 kh, i64 kw,

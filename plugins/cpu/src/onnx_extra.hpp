@@ -44,6 +44,14 @@ struct ExtraKernels {
   void (*bias_clamp_row)(float* y, i64 n, float b, float lo, float hi);
   // Packed-B panels (width nr) of columns [j0, j0 + ncols) of the im2col matrix of one image/group (conv.cpp).
   void (*im2col_block)(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst);
+  // c[i*ldc + j] = dot(row i of a, row j of b) for i < m, j < n; k a multiple of 16, both sides zero-padded to it
+  // (the small-output convolution of conv.cpp: weight rows against input patches).
+  void (*dot_nt)(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 n, i64 k, float* c, i64 ldc);
+  // Direct-convolution tile (mr x nr, the GEMM's): c[r][j] = sum_k a[k*mr + r] * base[off[k] + j] (a: one packed A
+  // panel; base + off[k]: row k of B in place in the padded input), nrows x ncols of it stored. False where this
+  // ISA has no kernel for that tile shape.
+  bool (*conv_tile)(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
+                    int nrows, int ncols);
 };
 
 const ExtraKernels* extra_generic();

@@ -409,9 +409,103 @@ void x_im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0
   }
 }
 
+// c[i*ldc + j] = sum_p a[i*lda + p] * b[j*ldb + p] for i < m, j < NB: R rows of A against NB rows of B per block,
+// every row read once per block. k is a multiple of 16 (the caller zero-pads both sides to it).
+template <int NB, int R>
+void x_dot_nt_t(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 k, float* c, i64 ldc) {
+  i64 i = 0;
+  for (; i + R <= m; i += R) {
+    V acc[R][NB];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NB; ++j) acc[r][j] = SIMD::zero();
+    for (i64 p = 0; p < k; p += W) {
+      V bv[NB];
+      for (int j = 0; j < NB; ++j) bv[j] = SIMD::load(b + j * ldb + p);
+      for (int r = 0; r < R; ++r) {
+        const V av = SIMD::load(a + (i + r) * lda + p);
+        for (int j = 0; j < NB; ++j) acc[r][j] = SIMD::fma(av, bv[j], acc[r][j]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NB; ++j) c[(i + r) * ldc + j] = SIMD::hsum(acc[r][j]);
+  }
+  for (; i < m; ++i) {
+    V acc[NB];
+    for (int j = 0; j < NB; ++j) acc[j] = SIMD::zero();
+    for (i64 p = 0; p < k; p += W) {
+      const V av = SIMD::load(a + i * lda + p);
+      for (int j = 0; j < NB; ++j) acc[j] = SIMD::fma(av, SIMD::load(b + j * ldb + p), acc[j]);
+    }
+    for (int j = 0; j < NB; ++j) c[i * ldc + j] = SIMD::hsum(acc[j]);
+  }
+}
+
+// Four rows of A need 4 x NB accumulators: with 16 vector registers (AVX2) and NB > 2 that spills, so two rows.
+constexpr int kDotRows = W >= 16 || W == 1 ? 4 : 2;
+
+void x_dot_nt(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 n, i64 k, float* c, i64 ldc) {
+  for (i64 j = 0; j < n; j += 4) {
+    const float* bj = b + j * ldb;
+    float* cj = c + j;
+    switch (std::min<i64>(4, n - j)) {
+      case 1: x_dot_nt_t<1, 4>(a, lda, m, bj, ldb, k, cj, ldc); break;
+      case 2: x_dot_nt_t<2, 4>(a, lda, m, bj, ldb, k, cj, ldc); break;
+      case 3: x_dot_nt_t<3, kDotRows>(a, lda, m, bj, ldb, k, cj, ldc); break;
+      default: x_dot_nt_t<4, kDotRows>(a, lda, m, bj, ldb, k, cj, ldc); break;
+    }
+  }
+}
+
+// Direct convolution tile, stride 1 along W (conv.cpp's conv_direct): c[r][j] = sum_k a[k*MR + r] * base[off[k] + j]
+// for r < MR, j < NRV*W: the GEMM micro-kernel's loop with row k of B read in place from the zero-padded input
+// (off[k]: channel, kernel row and column of tap k) instead of from an im2col copy. Writes nrows x ncols of it.
+template <int MR, int NRV>
+void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
+                   int ncols) {
+  V acc[MR][NRV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NRV; ++v) acc[r][v] = SIMD::zero();
+  for (i64 k = 0; k < K; ++k) {
+    const float* bp = base + off[k];
+    V b[NRV];
+    for (int v = 0; v < NRV; ++v) b[v] = SIMD::load(bp + v * W);
+    const float* ak = a + k * MR;
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const V ar = SIMD::set1(ak[r]);
+      for (int v = 0; v < NRV; ++v) acc[r][v] = SIMD::fma(ar, b[v], acc[r][v]);
+    }
+  }
+  if (nrows == MR && ncols == NRV * W) {
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NRV; ++v) SIMD::store(c + r * ldc + v * W, acc[r][v]);
+    return;
+  }
+  alignas(64) float tile[NRV * W];
+  for (int r = 0; r < nrows; ++r) {
+    for (int v = 0; v < NRV; ++v) SIMD::store(tile + v * W, acc[r][v]);
+    for (int j = 0; j < ncols; ++j) c[r * ldc + j] = tile[j];
+  }
+}
+
+// The tile shapes of the GEMM tables (kernels_*.cpp: mr x nr); false for another.
+bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
+                 int nrows, int ncols) {
+  if (mr == 12 && nr == 2 * W && W >= 16)
+    x_conv_tile_t<12, 2>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 6 && nr == 2 * W && W == 8)
+    x_conv_tile_t<6, 2>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 8 && nr == 3 * W && W == 4)
+    x_conv_tile_t<8, 3>(K, a, base, off, c, ldc, nrows, ncols);
+  else
+    return false;
+  return true;
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_im2col_block,
+    x_dot_nt,      x_conv_tile,
 };
 
 }  // namespace

@@ -617,6 +617,22 @@ CONV_CASES = [
     (2, 4, 23, 1, 7, 3, 1, (2, 1), (1, 0, 2, 0), (2, 1), 1),
     (1, 8, 19, 1, 8, 3, 1, (1, 1), (1, 0, 1, 0), (1, 1), 8),  # depthwise
     (1, 3, 9, 1, 5, 3, 1, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # padded along W too: stays as it is
+    # <= 8 output positions per image: dot products of weight rows and input patches (silero-vad's encoder), with
+    # K off the 16-float padding, Cout off the 4-row blocks, several images and groups, padding on every side
+    (1, 129, 1, 4, 130, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (2, 64, 1, 4, 66, 1, 3, (1, 2), (0, 1, 0, 1), (1, 1), 1),
+    (1, 1, 1, 640, 258, 1, 256, (1, 128), (0, 0, 0, 0), (1, 1), 1),  # silero's STFT
+    (2, 6, 5, 5, 9, 3, 3, (2, 2), (1, 1, 0, 0), (1, 1), 3),  # grouped, 2x2 outputs
+    (1, 7, 4, 4, 5, 3, 3, (1, 1), (1, 1, 1, 1), (2, 1), 1),  # 8 outputs, dilated
+    (1, 10, 1, 1, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # one output, Cout < 4
+    # rows of >= one GEMM panel, stride 1 along W: the GEMM reads the padded input in place (no im2col), with Cout
+    # off the tile height, strided rows, a ragged last panel, groups and dilation
+    (2, 7, 9, 61, 23, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
+    (1, 8, 6, 64, 22, 3, 5, (1, 1), (1, 2, 1, 2), (1, 2), 2),
+    (1, 96, 5, 64, 24, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),  # PP-OCRv4 det's 96 -> 24
+    # stride 1 both ways on rows narrower than a panel: panels over the flattened padded rows (YOLOv8n's 40 x 40)
+    (2, 16, 10, 12, 23, 3, 3, (1, 1), (1, 1, 1, 1), (2, 1), 1),
+    (1, 64, 13, 13, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
 ]
 
 
@@ -637,6 +653,27 @@ def test_conv2d(isa, case, activation):
     _native.conv2d_packed(x, packed, None, out2, strides=strides, pads=pads, dilations=dil, activation=activation)
     ref2 = ACTS[activation](_conv_ref(x, w, None, strides, pads, dil, group))
     np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_small_output_threads(isa, threads):
+    # silero-vad's STFT (258 x 256 weights, 4 outputs) is large enough to split its weight rows across threads.
+    x = randn(1, 1, 1, 640, seed=93)
+    w = randn(258, 1, 1, 256, seed=94) * 0.1
+    bias = randn(258, seed=95)
+    ref = _conv_ref(x, w, bias, (1, 128), (0, 0, 0, 0), (1, 1), 1)
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(1, 128), activation="relu")
+    np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_direct_rows_threads(isa, threads):
+    # the in-place GEMM splits output rows across threads; a deep K (3 x 3 x 40), Cout just under two 12-row tiles
+    x = randn(1, 40, 11, 60, seed=96)
+    w = randn(22, 40, 3, 3, seed=97) * 0.1
+    ref = _conv_ref(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, None, out, pads=(1, 1, 1, 1))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_strided_input_and_errors(isa):

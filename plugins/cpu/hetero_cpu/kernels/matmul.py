@@ -125,7 +125,8 @@ class CpuFusedMatMul(CpuMatMul):
         if a.size == 0:
             fill = functools.partial(flat.fill, 0) if bias is None else functools.partial(np.copyto, flat, bias)
             return _with_activation(fill, flat, self.activation)
-        gemm = functools.partial(_native.gemm_packed, _rows2d(a), self.packed, flat, bias=bias)
+        # positional arguments throughout: pybind11 matches keywords by name at every call
+        gemm = functools.partial(_native.gemm_packed, _rows2d(a), self.packed, flat, 1.0, 0.0, bias)
         return _with_activation(gemm, flat, self.activation)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
@@ -173,10 +174,9 @@ class CpuGemm(CallKernel):
         bias = self._runtime_bias(inputs)
         if self.packed is not None:
             a_op = np.ascontiguousarray(a.T) if self.trans_a else a
-            return functools.partial(_native.gemm_packed, a_op, self.packed, out, alpha=self.alpha, beta=0.0,
-                                     bias=bias)
-        return functools.partial(_native.gemm, a, inputs[1].numpy(), out, trans_a=self.trans_a,
-                                 trans_b=self.trans_b, alpha=self.alpha, beta=0.0, bias=bias)
+            return functools.partial(_native.gemm_packed, a_op, self.packed, out, self.alpha, 0.0, bias)
+        return functools.partial(_native.gemm, a, inputs[1].numpy(), out, self.trans_a, self.trans_b, self.alpha,
+                                 0.0, bias)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
         runtime_c = self.bias is None and len(inputs) > 2 and inputs[2] is not None
