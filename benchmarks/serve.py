@@ -1,16 +1,24 @@
 """Load generator: ``hetero serve`` against llama.cpp's ``llama-server`` on the same GGUF, the same thread count and
 the same number of parallel slots, at 1, 2, 4 and 8 concurrent streams. Prints one markdown table: aggregate
-decode tokens per second and time to first token (medians of ``--repeats`` rounds) of each server, and their ratios.
+decode and end-to-end tokens per second and time to first token (medians of ``--repeats`` rounds) of each server,
+and their ratios.
 
     python benchmarks/serve.py --model M.gguf [--llama-server PATH] [--parallel 4] [--threads 2]
-                               [--streams 1,2,4,8] [--tokens 32] [--prompt 64] [--repeats 3] [--json]
+                               [--streams 1,2,4,8] [--tokens 32] [--prompt 64] [--repeats 3] [--stagger S]
+                               [--json]
 
 Both servers get the same requests through the same client: streamed ``/v1/completions`` (server-sent events read
 with ``http.client``), a prompt of ``--prompt`` token ids (distinct per client and request: no shared prefix, so no
 prompt cache helps either server), ``max_tokens=--tokens``, greedy, end of sequence ignored (hetero: ``logit_bias``
 -100 on the end-of-sequence ids; llama-server: ``ignore_eos``), so every request decodes exactly ``--tokens`` tokens.
-Aggregate decode t/s is all clients' generated tokens over the round's wall time; TTFT is from sending a request to
-its first token's event, as the client sees it (the wait for a slot included). hetero runs in this process
+Per round: aggregate decode t/s is the tokens after each stream's first, over the time during which at least one
+stream was decoding (the union of the streams' first-to-last-token spans: a prompt computed while others decode
+counts against it, prompts computed before any stream decodes do not); end-to-end t/s is all generated tokens over
+the round's wall time (the prompts' time included); TTFT is from sending a request to its first token's event, as
+the client sees it (the wait for a slot included). For hetero each round also prints what its batcher ran: steps,
+rows per step, steps that fused prompt rows with decode rows, the session's idle time per step (the round's wall
+time outside ``Session.run``, over its steps: HTTP, sampling, the slots' threads) and the batcher's own time per
+step (gathering the rows, building the feeds, handing out the results). hetero runs in this process
 (uvicorn on a loopback port, ``--parallel`` slots); llama-server is started as a subprocess with ``-np --parallel``
 (its context ``-c`` is --context x --parallel: llama-server splits it between the slots), ``--threads`` and
 ``--threads-batch``, and stopped at the end. Without ``--llama-server`` (or when the file is missing) only hetero is
@@ -70,8 +78,10 @@ def load_models(args: argparse.Namespace) -> list[Any]:
                            context=args.context, on_fallback="silent").sequences()
 
 
-def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float]:
-    """One streamed completion: (tokens generated, seconds from sending to the first token's event)."""
+def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float, float, float, int]:
+    """One streamed completion: (tokens generated, seconds from sending to the first token's event, and the
+    ``perf_counter`` times of the first token's event and of the stream's end, ``data: [DONE]``, and how many events
+    carried text)."""
     parts = urlparse(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=3600)
     try:
@@ -81,9 +91,12 @@ def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float]:
         response = conn.getresponse()
         if response.status != 200:
             raise RuntimeError(f"{url}: {response.status} {response.read()[:300]!r}")
-        first, pieces, usage = None, 0, None
+        first, last, pieces, usage = None, None, 0, None
         for line in response:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+            if line.startswith(b"data: [DONE]"):
+                last = time.perf_counter()  # right after the last token (whose text may have been held back)
+                continue
+            if not line.startswith(b"data: "):
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:
@@ -92,26 +105,45 @@ def stream_completion(url: str, payload: dict[str, Any]) -> tuple[int, float]:
             if any(c.get("text") for c in chunk.get("choices") or []):
                 pieces += 1
                 if first is None:
-                    first = time.perf_counter() - sent
+                    first = time.perf_counter()
         tokens = usage["completion_tokens"] if usage else pieces
-        return tokens, first if first is not None else time.perf_counter() - sent
+        end = time.perf_counter()
+        first = first if first is not None else end
+        return tokens, first - sent, first, last if last is not None else end, pieces
     finally:
         conn.close()
 
 
-def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, Any], salt: int) -> dict[str, Any]:
-    """``clients`` clients at once, each sending ``args.requests`` requests one after another; their figures."""
-    results: list[tuple[int, float]] = []
+def decode_window(spans: list[tuple[float, float]]) -> float:
+    """Seconds during which at least one stream was decoding: the union of the [first token, last token] spans."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, Any], salt: int,
+             batcher: Any = None) -> dict[str, Any]:
+    """``clients`` clients at once, each sending ``args.requests`` requests one after another; their figures:
+    ``tps`` all generated tokens over the round's wall time (prompts included), ``decode_tps`` the tokens after each
+    stream's first over the time some stream was decoding (``decode_window``), ``ttft_s`` the median time to first
+    token; with ``batcher`` (hetero's) its counts in the round."""
+    results: list[tuple[int, float, float, float, int]] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
     start = threading.Barrier(clients + 1)
 
+    span = min(20000, getattr(args, "vocab", 20100) - 100)  # ids 100 .. (a test model's vocabulary is small)
+
     def client(index: int) -> None:
         try:
             start.wait()
+            time.sleep(index * args.stagger)  # --stagger: requests arrive while the earlier ones decode
             for r in range(args.requests):
                 seed = (salt * 1009 + index * 131 + r * 17) % 100003
-                prompt = [(7919 * (seed + i) + 13) % 20000 + 100 for i in range(args.prompt)]  # plain text ids
+                prompt = [(7919 * (seed + i) + 13) % span + 100 for i in range(args.prompt)]  # plain text ids
                 got = stream_completion(url, {"prompt": prompt, "max_tokens": args.tokens, "temperature": 0,
                                               "stream_options": {"include_usage": True}, **extra})
                 with lock:
@@ -122,6 +154,7 @@ def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
+    before = dict(vars(batcher.stats)) if batcher is not None else None
     start.wait()
     began = time.perf_counter()
     for t in threads:
@@ -129,34 +162,67 @@ def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, 
     elapsed = time.perf_counter() - began
     if errors:
         raise errors[0]
-    tokens = sum(n for n, _ in results)
-    return {"streams": clients, "tokens": tokens, "seconds": elapsed, "decode_tps": tokens / elapsed,
-            "ttft_s": statistics.median(t for _, t in results), "load": os.getloadavg()[0]}
+    tokens = sum(r[0] for r in results)
+    window = decode_window([(r[2], r[3]) for r in results])
+    row = {"streams": clients, "tokens": tokens, "seconds": elapsed, "tps": tokens / elapsed,
+           # None: a stream whose text came in one event (a server holding back undecodable tokens' text, as
+           # llama-server does on the synthetic models' padded vocabulary) has no decode span to measure
+           "decode_tps": sum(r[0] - 1 for r in results) / window if window > 0 and min(r[4] for r in results) > 1
+           else None,
+           "ttft_s": statistics.median(r[1] for r in results), "load": os.getloadavg()[0]}
+    if batcher is not None and before is not None:  # what hetero's batcher ran in this round
+        got = {k: v - before[k] for k, v in vars(batcher.stats).items()}
+        steps = max(got["steps"], 1)
+        row["batcher"] = {**got, "rows_per_step": got["rows"] / steps,
+                          "idle_ms_per_step": 1e3 * (elapsed - got["run_seconds"]) / steps,
+                          "lead_ms_per_step": 1e3 * (got["step_seconds"] - got["run_seconds"]) / steps}
+    return row
 
 
-def measure(servers: dict[str, tuple[str, dict[str, Any]]], args: argparse.Namespace) -> dict[str, list[dict]]:
+def measure(servers: dict[str, tuple[str, dict[str, Any]]], args: argparse.Namespace,
+            batcher: Any = None) -> dict[str, list[dict]]:
     """Every stream count ``--repeats`` times on every server, interleaved (1, 2, 4, 8, 1, 2, ...; the servers
     alternating round by round, so that a change of the machine's load falls on both); the median round of each.
-    ``servers``: label -> (url, the request fields it needs)."""
+    ``servers``: label -> (url, the request fields it needs); ``batcher``: hetero's, whose counts each of its rounds
+    reports."""
     stream_counts = [int(n) for n in args.streams.split(",")]
     for url, extra in servers.values():  # warm-up: kernels prepared, arenas planned
-        stream_completion(url, {"prompt": list(range(100, 100 + args.prompt)), "max_tokens": args.tokens,
+        stream_completion(url, {"prompt": [100 + i % 200 for i in range(args.prompt)], "max_tokens": args.tokens,
                                 "temperature": 0, **extra})
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {label: {n: [] for n in stream_counts} for label in servers}
     for repeat in range(args.repeats):
         for n in stream_counts:
             for label, (url, extra) in servers.items():
-                row = round_of(url, n, args, extra, salt=repeat * 100 + n)
+                row = round_of(url, n, args, extra, salt=repeat * 100 + n,
+                               batcher=batcher if label == "hetero" else None)
                 runs[label][n].append(row)
-                print(f"  {label}: {n} stream(s): {row['decode_tps']:.2f} t/s, TTFT {row['ttft_s']:.2f} s "
-                      f"(load {row['load']:.1f})", file=sys.stderr, flush=True)
+                note = ""
+                if "batcher" in row:
+                    st = row["batcher"]
+                    note = (f"; {st['steps']} steps of {st['rows_per_step']:.1f} rows, {st['fused']} fused, "
+                            f"session idle {st['idle_ms_per_step']:.1f} ms / step, batcher "
+                            f"{st['lead_ms_per_step']:.2f} ms / step")
+                print(f"  {label}: {n} stream(s): decode {_fmt(row['decode_tps'])} t/s, end to end {row['tps']:.2f} "
+                      f"t/s, TTFT {row['ttft_s']:.2f} s (load {row['load']:.1f}){note}", file=sys.stderr, flush=True)
     results: dict[str, list[dict[str, Any]]] = {}
     for label, by_count in runs.items():
-        results[label] = [{"streams": n, "decode_tps": statistics.median(r["decode_tps"] for r in rounds),
-                           "ttft_s": statistics.median(r["ttft_s"] for r in rounds),
-                           "load": statistics.median(r["load"] for r in rounds), "rounds": rounds}
+        results[label] = [{"streams": n, **{key: _median([r[key] for r in rounds])
+                                            for key in ("decode_tps", "tps", "ttft_s", "load")}, "rounds": rounds}
                           for n, rounds in by_count.items()]
     return results
+
+
+def _median(values: list[Any]) -> Any:
+    """The median, or None if any round had no figure."""
+    return None if any(v is None for v in values) else statistics.median(values)
+
+
+def _ratio(a: Any, b: Any) -> str:
+    return "n/a" if a is None or not b else f"{a / b:.2f}x"
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def free_port() -> int:
@@ -207,25 +273,32 @@ def find_llama_server(given: str | None) -> str | None:
 
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
+    """Markdown: per stream count, each server's decode t/s, end-to-end t/s (each also as a multiple of its own
+    1-stream figure) and TTFT; with llama-server, hetero's ratios to it and both load averages."""
     hetero = results["hetero"]
     peer = results.get("llama-server")
-    head = "| streams | hetero t/s | vs 1 stream | hetero TTFT (s) |"
-    rule = "| ---: | ---: | ---: | ---: |"
+    head = "| streams | hetero decode t/s | vs 1 | hetero t/s | vs 1 | hetero TTFT (s) |"
+    rule = "| ---: | ---: | ---: | ---: | ---: | ---: |"
     if peer:
-        head += " llama-server t/s | vs 1 stream | llama-server TTFT (s) | hetero / llama-server t/s | load |"
-        rule += " ---: | ---: | ---: | ---: | ---: |"
+        head += (" llama-server decode t/s | vs 1 | llama-server t/s | vs 1 | llama-server TTFT (s) | hetero / "
+                 "llama-server decode | hetero / llama-server t/s | load |")
+        rule += " ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     else:
         head += " load |"
         rule += " ---: |"
+
+    def cells(rows: list[dict[str, Any]], i: int) -> str:
+        row, one = rows[i], rows[0]
+        return (f" {_fmt(row['decode_tps'])} | {_ratio(row['decode_tps'], one['decode_tps'])} | {row['tps']:.2f} | "
+                f"{_ratio(row['tps'], one['tps'])} | {row['ttft_s']:.2f} |")
+
     lines = [head, rule]
     for i, row in enumerate(hetero):
-        line = (f"| {row['streams']} | {row['decode_tps']:.2f} | {row['decode_tps'] / hetero[0]['decode_tps']:.2f}x "
-                f"| {row['ttft_s']:.2f} |")
+        line = f"| {row['streams']} |" + cells(hetero, i)
         if peer:
             other = peer[i]
-            line += (f" {other['decode_tps']:.2f} | {other['decode_tps'] / peer[0]['decode_tps']:.2f}x | "
-                     f"{other['ttft_s']:.2f} | {row['decode_tps'] / other['decode_tps']:.2f}x | "
-                     f"{row['load']:.1f} / {other['load']:.1f} |")
+            line += (cells(peer, i) + f" {_ratio(row['decode_tps'], other['decode_tps'])} | "
+                     f"{_ratio(row['tps'], other['tps'])} | {row['load']:.1f} / {other['load']:.1f} |")
         else:
             line += f" {row['load']:.1f} |"
         lines.append(line)
@@ -246,6 +319,9 @@ def main() -> int:
     p.add_argument("--prompt", type=int, default=64, help="prompt tokens per request (default 64)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of each server (default 2)")
     p.add_argument("--context", type=int, default=1024, help="context per slot (default 1024)")
+    p.add_argument("--stagger", type=float, default=0.0,
+                   help="seconds between the clients' starts (default 0: all at once); with a stagger, prompts "
+                        "arrive while other streams decode")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -253,6 +329,7 @@ def main() -> int:
     labels: dict[str, str] = {}
     servers: dict[str, tuple[str, dict[str, Any]]] = {}
     running: list[Any] = []
+    models: list[Any] = []
     try:
         if not args.skip_hetero:
             sys.path.insert(0, str(ROOT / "tests" / "serve"))
@@ -260,6 +337,7 @@ def main() -> int:
 
             models = load_models(args)
             eos = {str(t): -100 for t in models[0].eos_ids}
+            args.vocab = models[0].config.vocab_size
             running.append(RunningServer(models, max_queue=64))
             import hetero
 
@@ -274,7 +352,8 @@ def main() -> int:
             running.append(LlamaServer(binary, args))
             labels["llama-server"] = f"llama-server {binary} -np {args.parallel}"
             servers["llama-server"] = (running[-1].url, {"ignore_eos": True})
-        results = measure(servers, args)
+        batcher = getattr(models[0], "_batch", None) if models else None
+        results = measure(servers, args, batcher if hasattr(batcher, "stats") else None)  # (older checkouts: none)
     finally:
         for server in running:
             server.close()

@@ -291,6 +291,29 @@ def test_a_replayed_branch_whose_result_changes_shape_falls_back_to_the_interpre
         np.testing.assert_array_equal(y, np.array(np.nonzero(x), np.float32) + 1)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_off_signatures_do_not_push_out_the_replayed_ones(backend, monkeypatch):
+    # batched LLM steps: a few recurring signatures (decode steps of 1..4 sequences) replayed, and many shapes run
+    # once (steps carrying a prompt's chunk): those go first when the program keeps too many plans
+    monkeypatch.setattr("hetero.runtime.executor.MAX_PLANS", 4)
+    session = hetero.Session(_shape_reshape_model(), backends=[backend], on_fallback="silent")
+    program = session.programs[0]
+    rng = np.random.default_rng(5)
+
+    def run(batch: int) -> None:
+        session.run({"x": rng.normal(size=(batch, 2, 3)).astype(np.float32)})
+
+    for batch in (1, 2, 1, 2):  # two recurring signatures, replayed from their second run
+        run(batch)
+    for batch in range(10, 20):  # ten one-off shapes: each replaces the previous one-off, never a replayed plan
+        run(batch)
+        kept = {key[0][1][0]: plan.replay is not None for key, plan in program._plans.items()}
+        assert kept[1] and kept[2] and len(kept) <= 4, kept
+    before = len(program._plans)
+    run(1)
+    assert len(program._plans) == before and program.replay is not None  # replayed at once: not planned again
+
+
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="needs the cpu plugin (bound kernels)")
 def test_small_graph_outputs_are_bound_and_copied_out():
     # y (small) is a graph output also read by a later kernel: the replay computes it into a buffer of its own (so

@@ -197,3 +197,82 @@ def test_a_slots_state_exports_and_imports_into_another_slot(family):
     assert int(np.argmax(row)) == want[1]
     with pytest.raises(HeteroError, match="slot 3"):
         snapshot.export(c, 3, 1)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "qwen3_moe"])
+def test_a_prompt_arriving_mid_decode_is_fused_into_the_others_steps(family):
+    """Continuous batching: a new sequence's prompt chunks run in the same steps as the decoding sequences' next
+    tokens (rows of several sequences and positions in one run), and every sequence still gets, token for token,
+    what it gets alone (greedy) — the decoding ones, and the one whose prompt went in pieces beside them."""
+    alone = load(FIXTURES / family, backends=["cpu"])
+    prompts = [PROMPTS[0], PROMPTS[1], [(7 * i) % 50 + 1 for i in range(37)]]
+    want = [_alone(alone, p, 12)[0] for p in prompts]
+    multi = load(FIXTURES / family, backends=["cpu"], slots=3)
+    batcher = multi._batch
+    batcher.window = 5.0  # wait for every sequence of the last step, however loaded the machine
+    batcher.chunk = 8  # the 37-token prompt: 5 chunks, each fused into a decode step of the other two
+    seqs = multi.sequences()
+    got: list = [None] * 3
+    started = threading.Event()
+    errors: list = []
+
+    def decode(i: int) -> None:
+        seq = seqs[i]
+        try:
+            tokens = [int(np.argmax(seq.prefill(prompts[i])[-1]))]
+            for step in range(11):
+                if step == 2 and i == 0:
+                    started.set()  # the others decode: the third sequence's prompt comes now
+                tokens.append(int(np.argmax(seq.forward([tokens[-1]])[-1])))
+            got[i] = tokens
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            seq.idle()
+
+    def late() -> None:
+        started.wait(60)
+        decode(2)
+
+    threads = [threading.Thread(target=decode, args=(0,)), threading.Thread(target=decode, args=(1,)),
+               threading.Thread(target=late)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert got == want
+    stats = batcher.stats
+    assert stats.fused >= 3, stats  # the prompt's chunks went with the others' decode rows
+    assert stats.prompt_rows >= 37 and stats.decode_rows >= 3 * 11, stats
+    assert seqs[2].tokens == prompts[2] + want[2][:-1]
+
+
+def test_prompts_sent_together_are_prefilled_in_one_step():
+    """Requests that come at once while nothing decodes: their prompts run in one step (the gather window), then
+    their decode rows go together; each gets what it gets alone."""
+    alone = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = [_alone(alone, p, 5)[0] for p in PROMPTS[:3]]
+    multi = load(FIXTURES / "qwen3", backends=["cpu"], slots=3)
+    batcher = multi._batch
+    batcher.window = batcher.gather = 5.0  # all three are waited for, however loaded the machine
+    seqs = multi.sequences()
+    got: list = [None] * 3
+    barrier = threading.Barrier(3)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        tokens = [int(np.argmax(seqs[i].prefill(PROMPTS[i])[-1]))]
+        for _ in range(4):
+            tokens.append(int(np.argmax(seqs[i].forward([tokens[-1]])[-1])))
+        got[i] = tokens
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert got == want
+    stats = batcher.stats
+    # one step of the three prompts (5 + 3 + 11 rows), then four steps of three decode rows
+    assert (stats.steps, stats.prompt_rows, stats.decode_rows) == (5, 19, 12), stats

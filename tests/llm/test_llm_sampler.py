@@ -78,3 +78,31 @@ def test_penalties():
 def test_invalid_params(bad):
     with pytest.raises(HeteroError):
         SamplingParams(**bad)
+
+
+def test_greedy_fast_path_picks_what_the_general_path_picks():
+    """Greedy with only a logit bias skips the float64 copy: the same token as the general path (penalties made
+    neutral force it) on ties, biases that overtake or sink the maximum, and non-finite logits."""
+    rng = np.random.default_rng(3)
+    general = SamplingParams(temperature=0.0, presence_penalty=1e-300)  # a no-op penalty: the general path
+    cases = [rng.standard_normal(50).astype(np.float32) for _ in range(200)]
+    tie = np.zeros(50, np.float32)
+    tie[[7, 30]] = 2.0
+    cases += [tie, np.full(50, -np.inf, np.float32), np.where(np.arange(50) == 9, np.nan, 0).astype(np.float32)]
+    inf = np.zeros(50, np.float32)
+    inf[12] = np.inf
+    cases.append(inf)
+    for i, logits in enumerate(cases):
+        bias = {int(b): float(v) for b, v in zip(rng.integers(0, 55, 3), rng.choice([-100.0, 0.5, 3.0, 100.0], 3),
+                                                 strict=True)}
+        if i == 200:
+            bias = {30: 0.0, 40: 2.0}  # ties: the first of the maxima
+        fast, slow = Sampler(SamplingParams(temperature=0.0), logit_bias=bias), Sampler(general, logit_bias=bias)
+        assert fast._plain_greedy and not slow._plain_greedy
+        try:
+            want = slow(logits, [1])
+        except HeteroError:
+            with pytest.raises(HeteroError):
+                fast(logits, [1])
+            continue
+        assert fast(logits, [1]) == want, (i, bias)

@@ -52,8 +52,9 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     Jinja template to use instead of the model's. hidden_layers: decoder layers whose outputs every step also
     returns (``Llm.hidden``; what Eagle-3 / DFlash drafters read, see ``hetero.llm.speculative``). embeddings: let
     ``Llm.embed`` read the final hidden state (costs a little on every step). slots: sequences served by one copy
-    of the weights, each with its own KV cache (``Llm.sequence(i)``; their decode steps batch, see
-    ``hetero.llm.batch``); the memory check counts every slot's cache.
+    of the weights, each with its own KV cache (``Llm.sequence(i)``; their decode steps and prompt chunks batch, see
+    ``hetero.llm.batch``; a prompt runs in chunks of at most ``hetero.llm.batch.CHUNK`` tokens); the memory check
+    counts every slot's cache.
     """
     check_options(context, prefill_chunk, kv_cache, slots)
     fmt = parse_quant(quant)

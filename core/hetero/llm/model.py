@@ -28,9 +28,9 @@ from ..contract.decoder import LlmDecoder
 from ..contract.errors import HeteroError
 from ..contract.graph import Graph
 from ..runtime.session import Session
-from .batch import Batcher, slot_graph
+from .batch import LOGIT_ROWS, Batcher, slot_graph
 from .config import LlmConfig
-from .families.decoder import INPUT_IDS, LOGITS, PAST_LEN, VERIFY_ROWS
+from .families.decoder import INPUT_IDS, LAST_TOKENS, LOGITS, PAST_LEN, VERIFY_ROWS
 from .files import MappedFiles, limit
 from .generate import Generation, generate_stream
 from .model_hash import ModelIdentity, model_files
@@ -137,7 +137,7 @@ class Llm:
                 node.attrs["kv_dtype"] = kv_cache
         self.kv_cache = kv_cache
         self._layer_outputs = _layer_outputs(graph)
-        self.all_logits = not any(node.name == "last_tokens" for node in graph.nodes)
+        self.all_logits = not any(node.name == LAST_TOKENS for node in graph.nodes)
         self.hidden_layers: tuple[int, ...] = ()
         self._hidden: dict[int, np.ndarray] = {}  # layer -> [capacity, H] host copy of the cached tokens' rows
         self._session_args: dict[str, Any] = {"backends": backends if decoder is None else ["cpu"],
@@ -153,7 +153,7 @@ class Llm:
         if slots > 1:
             slot_graph(graph, slots)
         self.session = Session(graph, **self._session_args)
-        self._batch = Batcher(self.session) if slots > 1 else None
+        self._batch = Batcher(self.session, slots, logit_rows=LOGIT_ROWS in graph.inputs) if slots > 1 else None
         self._slot = 0
         self._sequences: list[Llm | None] = [self, *([None] * (slots - 1))]
         self.tokens: list[int] = []  # the tokens whose K/V the cache holds, in order
@@ -455,6 +455,8 @@ class Llm:
         stats.prefill_tokens = len(ids) - common
         rest = ids[common:]
         step = self.prefill_chunk or len(rest)
+        if self._batch is not None:  # one of several sequences: chunks small enough to ride with others' steps
+            step = min(step, self._batch.chunk)
         logits = np.empty(0, dtype=np.float32)
         for start in range(0, len(rest), step):
             logits = self.forward(rest[start:start + step])  # the one step every path takes

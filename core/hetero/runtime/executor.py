@@ -13,10 +13,12 @@
   where they can) when the work is fixed by the input shapes alone; later runs of that signature re-issue it. A
   small integer input that decides an If's branch (silero-vad's sample rate) joins the signature by value, so the
   If's condition is fixed per signature too.
-* plans (arena plan, arena, replay) are kept per signature, the ``MAX_PLANS`` most recently run: an LLM's one-token
-  decode steps alternating with k-token speculative verify steps (or prefill chunks) each replay their own plan
-  instead of re-planning at every change of shape. Switching to another signature's replay prepares again the
-  kernels its unbound calls run (``Replay.prepare_kernels``); bound calls hold what they need.
+* plans (arena plan, arena, replay) are kept per signature, up to ``MAX_PLANS`` (those never replayed dropped
+  first, then the least recently run): an LLM's one-token decode steps alternating with k-token speculative verify
+  steps (or prefill chunks, or batched steps of several sequences) each replay their own plan instead of
+  re-planning at every change of shape, and steps of one-off shapes do not push the recurring ones out. Switching
+  to another signature's replay prepares again the kernels its unbound calls run (``Replay.prepare_kernels``);
+  bound calls hold what they need.
 """
 
 from __future__ import annotations
@@ -47,8 +49,10 @@ KERNEL_FAILURES = (AttributeError, KeyError, TypeError, IndexError, ValueError, 
 # Ops whose output holds the input's data unchanged: the backend makes a view instead of a copy where it can.
 VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}
 WeightCache = Callable[[str, Backend], Tensor]
-# Signatures whose plans a program keeps (least recently run dropped first): decode, a few verify sizes, prefill.
-MAX_PLANS = 8
+# Signatures whose plans a program keeps: decode, a few verify sizes, prefill; a model of several sequences has a
+# decode signature per batch size. Past that, a plan without a replay (a signature run once: the last chunk of a
+# prompt, a batched step carrying one) goes first, then the least recently run.
+MAX_PLANS = 16
 # Elements of an input that an If condition reads, at most, for its values to join the signature (_value_keyed_inputs).
 MAX_KEYED_VALUES = 16
 
@@ -273,8 +277,12 @@ class KernelProgram:
 
     def _remember(self, signature: Any, plan: _Plan) -> _Plan:
         self._plans[signature] = plan
-        while len(self._plans) > MAX_PLANS:
-            self._plans.popitem(last=False)  # its arena goes with it
+        while len(self._plans) > MAX_PLANS:  # its arena goes with it
+            once = next((key for key, kept in self._plans.items() if kept.replay is None and kept is not plan), None)
+            if once is None:
+                self._plans.popitem(last=False)
+            else:
+                del self._plans[once]
         self._current = plan
         return plan
 

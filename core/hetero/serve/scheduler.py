@@ -4,8 +4,8 @@ token.
 
 The slots' models are the sequences of one model loaded with ``slots=N`` (``Llm.sequences()``: one copy of the
 weights, a KV cache each): the slot threads' decode steps meet in the model's batcher and run as one batched step
-(``hetero.llm.batch``), and a new request's prompt runs between those steps. A list of separately loaded models
-works too (each slot then decodes alone).
+(``hetero.llm.batch``), and a new request's prompt runs in chunks within those steps (continuous batching). A list
+of separately loaded models works too (each slot then decodes alone).
 
 Each slot's sequence keeps its KV cache between requests, so a request that starts with what the previous one on
 that slot had (a conversation's earlier turns, a shared system prompt) computes only the new tokens; a request goes

@@ -431,21 +431,12 @@ struct RopeTable {
   }
 };
 
-void py_rope(RopeTable& tab, const py::array& x, const py::array& out, i64 past) {
-  const char* fn = "llm_rope";
-  need_f32c(x, fn, "x");
-  need_out(out, fn);
-  if (x.ndim() != 3 || out.size() != x.size()) fail(std::string(fn) + ": x must be [T, heads, head_dim]");
-  const i64 T = x.shape(0), H = x.shape(1), D = x.shape(2);
+// Rows [0, T) of x [T, H, D] rotated into y: row t at position pos[t] (pos null: past + t).
+void rope_apply(const RopeTable& tab, const float* px, float* po, i64 T, i64 H, i64 D, const std::int64_t* pos,
+                i64 past) {
   const int half = tab.half;
-  if (2 * half > D) fail(std::string(fn) + ": rotary_dim exceeds head_dim");
-  if (past < 0) fail(std::string(fn) + ": past_len must be >= 0");
-  tab.ensure(past + T);
-  const float* px = cfptr(x);
-  float* po = fptr(out);
-  py::gil_scoped_release nogil;
   for (i64 t = 0; t < T; ++t) {
-    const float* c = tab.cs.data() + ((past + t) * 2) * half;
+    const float* c = tab.cs.data() + ((pos ? pos[t] : past + t) * 2) * half;
     const float* s = c + half;
     for (i64 h = 0; h < H; ++h) {
       const float* xi = px + (t * H + h) * D;
@@ -460,6 +451,45 @@ void py_rope(RopeTable& tab, const py::array& x, const py::array& out, i64 past)
         for (i64 i = 2 * half; i < D; ++i) yo[i] = xi[i];
     }
   }
+}
+
+void rope_check(const RopeTable& tab, const py::array& x, const py::array& out, const char* fn) {
+  need_f32c(x, fn, "x");
+  need_out(out, fn);
+  if (x.ndim() != 3 || out.size() != x.size()) fail(std::string(fn) + ": x must be [T, heads, head_dim]");
+  if (2 * tab.half > x.shape(2)) fail(std::string(fn) + ": rotary_dim exceeds head_dim");
+}
+
+void py_rope(RopeTable& tab, const py::array& x, const py::array& out, i64 past) {
+  const char* fn = "llm_rope";
+  rope_check(tab, x, out, fn);
+  if (past < 0) fail(std::string(fn) + ": past_len must be >= 0");
+  const i64 T = x.shape(0);
+  tab.ensure(past + T);
+  const float* px = cfptr(x);
+  float* po = fptr(out);
+  py::gil_scoped_release nogil;
+  rope_apply(tab, px, po, T, x.shape(1), x.shape(2), nullptr, past);
+}
+
+// A step of several sequences: row t at its own position positions[t] (int64 [T]), in one call.
+void py_rope_rows(RopeTable& tab, const py::array& x, const py::array& out, const py::array& positions) {
+  const char* fn = "llm_rope.rows";
+  rope_check(tab, x, out, fn);
+  const i64 T = x.shape(0);
+  if (!has_type<std::int64_t>(positions) || !is_c(positions) || positions.size() != T)
+    fail(std::string(fn) + ": positions must be int64 [T], one per row of x");
+  const auto* pos = static_cast<const std::int64_t*>(positions.data());
+  i64 top = 0;
+  for (i64 t = 0; t < T; ++t) {
+    if (pos[t] < 0) fail(std::string(fn) + ": positions must be >= 0");
+    top = std::max(top, pos[t] + 1);
+  }
+  tab.ensure(top);
+  const float* px = cfptr(x);
+  float* po = fptr(out);
+  py::gil_scoped_release nogil;
+  rope_apply(tab, px, po, T, x.shape(1), x.shape(2), pos, 0);
 }
 
 void py_embedding(const py::array& ids, const py::array& table, const std::string& wtype, int bs, bool sym, i64 dim,
@@ -723,6 +753,58 @@ void py_attention(Attention& at, const py::array& q, const py::array& k, const p
   attention_run(at, pq, pk, pv, T, hq, past, scale, po);
 }
 
+// A step of several sequences in one call (hetero.llm.batch): runs int64 [R, 4] of (cache index, first row, end row,
+// position) — rows [a, b) of q / k / v are the one-sequence step of caches[index] at that position. Each run is
+// attention_run on its own cache, as a call per run would do it, with one GIL release for all; the caller (the
+// Attention kernel) checked each run against its cache's filled positions and the context.
+void py_attention_runs(const py::list& caches, const py::array& q, const py::array& k, const py::array& v,
+                       const py::array& runs, float scale, const py::array& out) {
+  const char* fn = "llm_attention_runs";
+  need_f32c(q, fn, "q");
+  need_f32c(k, fn, "k");
+  need_f32c(v, fn, "v");
+  need_out(out, fn);
+  if (q.ndim() != 3 || k.ndim() != 3 || v.ndim() != 3) fail(std::string(fn) + ": q, k, v must be [T, heads, dim]");
+  if (!has_type<std::int64_t>(runs) || !is_c(runs) || runs.ndim() != 2 || runs.shape(1) != 4)
+    fail(std::string(fn) + ": runs must be int64 [R, 4] (cache, start, end, position)");
+  std::vector<Attention*> at;
+  for (const auto& item : caches) at.push_back(&item.cast<Attention&>());
+  if (at.empty()) fail(std::string(fn) + ": no caches");
+  const i64 T = q.shape(0), hq = q.shape(1), D = q.shape(2), hkv = at[0]->hkv;
+  for (const Attention* a : at)
+    if (a->hkv != hkv || a->d != D) fail(std::string(fn) + ": the caches differ from q / k / v in heads or head size");
+  if (k.shape(0) != T || v.shape(0) != T || k.shape(1) != hkv || v.shape(1) != hkv || k.shape(2) != D ||
+      v.shape(2) != D)
+    fail(std::string(fn) + ": k/v must be [T, " + std::to_string(hkv) + ", " + std::to_string(D) + "]");
+  if (hq % hkv) fail(std::string(fn) + ": query heads must be a multiple of kv heads");
+  if (out.size() != T * hq * D) fail(std::string(fn) + ": out must be [T, heads * dim]");
+  const i64 R = runs.shape(0);
+  const auto* r = static_cast<const std::int64_t*>(runs.data());
+  std::vector<i64> filled;
+  for (const Attention* a : at) filled.push_back(a->filled);
+  for (i64 i = 0; i < R; ++i) {  // the same checks as py_attention's, in run order (a slot may have two runs)
+    const i64 c = r[i * 4], a = r[i * 4 + 1], b = r[i * 4 + 2], past = r[i * 4 + 3];
+    if (c < 0 || c >= static_cast<i64>(at.size()) || a < 0 || b <= a || b > T)
+      fail(std::string(fn) + ": run " + std::to_string(i) + " is outside the rows or the caches");
+    if (past < 0 || past > filled[static_cast<std::size_t>(c)] || past + (b - a) > at[static_cast<std::size_t>(c)]->max_ctx)
+      fail(std::string(fn) + ": run " + std::to_string(i) + " at position " + std::to_string(past) +
+           " does not follow its cache's " + std::to_string(filled[static_cast<std::size_t>(c)]) + " positions");
+    filled[static_cast<std::size_t>(c)] = past + (b - a);
+  }
+  for (Attention* a : at)
+    if (!a->k) a->alloc();
+  const float* pq = cfptr(q);
+  const float* pk = cfptr(k);
+  const float* pv = cfptr(v);
+  float* po = fptr(out);
+  py::gil_scoped_release nogil;
+  for (i64 i = 0; i < R; ++i) {
+    const i64 c = r[i * 4], a = r[i * 4 + 1], b = r[i * 4 + 2], past = r[i * 4 + 3];
+    attention_run(*at[static_cast<std::size_t>(c)], pq + a * hq * D, pk + a * hkv * D, pv + a * hkv * D, b - a, hq,
+                  past, scale, po + a * hq * D);
+  }
+}
+
 // A prefix of the cache as bytes in its own layout, per kv head (rows): the K tiles covering positions [0, n), V's
 // rows [0, n), and (q8) V's scales. `load` puts them back into a cache of the same heads, head size and type (a
 // prefix cache: one sequence's computed prompt reused by another). A K tile's positions past n are copied as they
@@ -924,7 +1006,12 @@ void bind_llm(py::module_& m) {
              return t;
            }),
            py::arg("inv_freq"), py::arg("scale") = 1.0)
-      .def("__call__", &py_rope, py::arg("x"), py::arg("out"), py::arg("past_len"));
+      .def("__call__", &py_rope, py::arg("x"), py::arg("out"), py::arg("past_len"))
+      .def("rows", &py_rope_rows, py::arg("x"), py::arg("out"), py::arg("positions"),
+           "Each row of x at its own position (int64 [T]): a step of several sequences.");
+  m.def("llm_attention_runs", &py_attention_runs, py::arg("caches"), py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("runs"), py::arg("scale"), py::arg("out"),
+        "A step of several sequences: each run (cache index, start, end, position) of rows on its cache, one call.");
   m.def("llm_embedding", &py_embedding, py::arg("ids"), py::arg("table"), py::arg("wtype"), py::arg("block_size"),
         py::arg("symmetric"), py::arg("dim"), py::arg("out"));
 

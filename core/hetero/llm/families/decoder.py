@@ -23,6 +23,7 @@ from ..config import LlmConfig
 from ..weights import Weight, WeightSource
 
 INPUT_IDS, PAST_LEN, LOGITS = "input_ids", "past_len", "logits"
+LAST_TOKENS = "last_tokens"  # the node keeping the LM head's rows (hetero.llm.batch gathers them instead)
 VERIFY_ROWS = 16  # logits rows of the last tokens of a step (hetero.llm.speculative verifies up to this many)
 
 
@@ -91,7 +92,7 @@ def build_decoder(cfg: LlmConfig, weights: WeightSource, naming: Naming, *, cont
         start = b.const("last_index", np.array([-VERIFY_ROWS], dtype=np.int64))
         end = b.const("last_index_end", np.array([np.iinfo(np.int64).max], dtype=np.int64))
         axes = b.const("last_index_axes", np.array([0], dtype=np.int64))
-        h = b.node("Slice", [h, start, end, axes], "last_tokens", domain="")
+        h = b.node("Slice", [h, start, end, axes], LAST_TOKENS, domain="")
     norm = b.const(naming.final_norm, weights.vector(naming.final_norm, cfg.hidden_size))
     h = b.node("RMSNorm", [h, norm], "final_norm", {"epsilon": cfg.rms_norm_eps,
                                                     **({"offset": cfg.norm_offset} if cfg.norm_offset else {})})

@@ -37,7 +37,7 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
-from hetero.contract.opforms import cache_range_error, rope_inv_freq, slot_runs
+from hetero.contract.opforms import SlotRun, cache_range_error, rope_inv_freq, slot_runs
 
 from .. import _native
 from .common import CpuKernel, bindable, noop, one_slot
@@ -271,19 +271,25 @@ class CpuRotaryEmbedding(CpuKernel):
             return
         if where.size != x.shape[0]:
             raise HeteroError(f"{self.node.label()}: {where.size} positions for {x.shape[0]} rows")
-        # one position per row (a step of several sequences): each run of consecutive positions is one call
-        for run in slot_runs(self.node.label(), where, None, 1):
-            self.table(x[run.start:run.end], out[run.start:run.end], run.position)
+        # one position per row (a step of several sequences): every row at its own, in one call
+        self.table.rows(x, out, _c(where.reshape(-1)))
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
         x, out = inputs[0].buffer, outputs[0].buffer
-        past = _past_reader(inputs[1])  # None for per-row positions: run() each time
-        if past is None or not bindable(x, out):
+        if not bindable(x, out):
             return None
         if out.size == 0:
             return noop
         table = self.table
         assert table is not None  # prepared
+        where = inputs[1].buffer
+        if where.size > 1:  # per-row positions (a step of several sequences), read at call time
+            if where.size != x.shape[0] or where.dtype != np.int64 or not where.flags.c_contiguous:
+                return None
+            return functools.partial(table.rows, x, out, where.reshape(-1))
+        past = _past_reader(inputs[1])
+        if past is None:
+            return None
 
         def call() -> None:
             table(x, out, past())
@@ -307,6 +313,14 @@ def _attention_error(label: str, past: int, filled: int, t: int, context: int) -
     """The error of a step the native kernel refused (it checks the same range)."""
     return cache_range_error(label, past, t, filled, context) or HeteroError(
         f"{label}: the attention kernel refused past_len {past} with {t} new tokens")
+
+
+@functools.lru_cache(maxsize=64)
+def _runs_array(runs: tuple[SlotRun, ...]) -> np.ndarray:
+    """``slot_runs``'s runs as ``llm_attention_runs`` takes them: int64 [R, 4] (slot, start, end, position)."""
+    table = np.array([(r.slot, r.start, r.end, r.position) for r in runs], dtype=np.int64).reshape(-1, 4)
+    table.setflags(write=False)
+    return table
 
 
 class CpuAttention(CpuKernel):
@@ -350,12 +364,20 @@ class CpuAttention(CpuKernel):
 
     def _run_slots(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                    out: np.ndarray) -> None:
-        label, scale, context = self.node.label(), self.scale, self.max_context
-        for run in slot_runs(label, positions, slots, self.slots):
-            cache, a, b = self._slot_cache(run.slot), run.start, run.end
-            if run.position > cache.filled or run.position + b - a > context:
-                raise _attention_error(label, run.position, cache.filled, b - a, context)
-            cache(q[a:b], k[a:b], v[a:b], run.position, scale, out[a:b])
+        """Each run of one slot's rows is that slot's one-sequence step; checked here (the errors name the node),
+        then all run in one native call (``llm_attention_runs``: one GIL release, no Python per run)."""
+        label, context = self.node.label(), self.max_context
+        runs = slot_runs(label, positions, slots, self.slots)
+        filled: dict[int, int] = {}
+        for run in runs:
+            b, a = run.end, run.start
+            cache = self._slot_cache(run.slot)
+            have = filled.get(run.slot, cache.filled)
+            if run.position > have or run.position + b - a > context:
+                raise _attention_error(label, run.position, have, b - a, context)
+            filled[run.slot] = run.position + b - a
+        _native.llm_attention_runs(self.caches if self.slotted else [self.cache], q, k, v, _runs_array(runs),
+                                   self.scale, out)
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         if self.slotted:
