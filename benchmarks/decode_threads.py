@@ -27,16 +27,17 @@ TREE). ``--against NAME=VALUE[,...]`` compares this checkout with itself under t
 (``HETERO_LLM_TASKS=0``, ``HETERO_LLM_PF=0``: knobs read once per process). ``--tree TREE`` runs the
 measurement on TREE's packages (what ``--against`` uses).
 
-``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every kernel call of the
-step is timed (``hetero.llm.profile``'s wrappers, labelled by op type and, for QMatMul, the projection: q_proj,
-gate_proj, ..., logits = the LM head) and the pool's account is read after each call, so the step splits per op
-into: ``wall`` the calls' time; ``work/T`` thread-time inside tasks (pooled) or in the call (serial) over the
-thread count; ``wait`` = wall - work/T, thread-average time the op's threads were not computing (wake-ups, the
-barrier at the end, imbalance, for serial calls the idle other threads, and the call's own Python / binding
-cost), of which ``tail`` (the caller waiting
-for the others) and ``wake/T`` (workers' post-to-first-task latency); ``MiB`` weight bytes the op streams per step
-and ``GB/s`` over its wall time, ``%bound`` against the N-thread read bound. The wrappers and the per-call
-statistics read cost ~2 us a call: that pass's step is slower than the plain one (both printed).
+``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every call of the
+session's recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for
+QMatMul, the projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call) and the
+pool's account is read after each call, so the step splits per op into: ``wall`` the calls' time; ``work/T``
+thread-time inside tasks (pooled) or in the call (serial) over the thread count; ``wait`` = wall - work/T, the
+thread-average time the op's threads were not computing (wake-ups, the barrier at the end, imbalance, for serial
+calls the idle other threads, and the call's own Python / binding cost), of which ``tail`` (the caller waiting
+for the others) and ``wake/T`` (workers' post-to-first-task latency); ``MiB`` weight bytes the op streams per
+step and ``GB/s`` over its wall time, ``%bound`` against the N-thread read bound. The wrappers and the per-call
+statistics read cost ~2 us a call: that pass's step is slower than the plain one (both printed). Not in any op:
+the replay loop, ``Llm.forward`` and the session around it (instrumented step - the ops' wall).
 """
 
 from __future__ import annotations
@@ -68,76 +69,122 @@ def weight_bytes(llm) -> int:
     return total
 
 
-def _label(node) -> str:
-    """The per-op bucket: the op type, and for QMatMul which projection (the node's last name part)."""
-    if node.op_type == "QMatMul":
-        return "QMatMul " + node.name.rsplit(".", 1)[-1]
-    return node.op_type
-
-
-def kernel_bytes(llm) -> dict[str, int]:
-    """Weight bytes each per-op bucket streams in one step (each kernel runs once a step)."""
+def _weight_names(llm) -> dict[int, str]:
+    """id(LlmWeights) -> the projection it belongs to (the node's last name part: q_proj, ..., logits)."""
     from hetero_cpu import _native
 
-    out: dict[str, int] = {}
+    names = {}
     for node, kernel in llm.session.kernels():
         for value in vars(kernel).values():
             if isinstance(value, _native.LlmWeights):
-                key = _label(node)
-                out[key] = out.get(key, 0) + value.nbytes
-    return out
+                names[id(value)] = node.name.rsplit(".", 1)[-1]
+    return names
+
+
+_NATIVE_OPS = {"rms_norm": "RMSNorm", "llm_swiglu": "SwiGLU", "llm_embedding": "Embedding", "binary": "Add"}
+
+
+def _label(call, names: dict[int, str]) -> tuple[str, list]:
+    """(per-op bucket, the LlmWeights it streams) of one call of a replay's program: the native function of a bound
+    call (fused ones named after the projections they merge), else the kernel or closure behind it."""
+    func = getattr(call, "func", None)
+    args: tuple[Any, ...] = getattr(call, "args", ())
+    if func is None:  # a kernel's closure (rotary, attention, embedding): CpuAttention.bind.<locals>.call
+        qual = getattr(call, "__qualname__", type(call).__name__)
+        return qual.split(".", 1)[0].removeprefix("Cpu"), []
+    name = getattr(func, "__name__", "")
+    owner = getattr(func, "__self__", None)
+    if name == "_run_dynamic":  # an entry the replay runs through kernel.run each time (e.g. the LM head)
+        owner = args[1].kernel
+    if owner is not None and hasattr(owner, "node"):
+        op = owner.node.op_type
+        w = getattr(owner, "w", None)
+        return (f"{op} {names.get(id(w), '?')}" if op == "QMatMul" else op), ([w] if w is not None else [])
+    if name == "llm_matmul":
+        return f"QMatMul {names.get(id(args[0]), '?')}", [args[0]]
+    if name == "llm_matmul_multi":
+        return "QMatMul " + "+".join(names.get(id(w), "?") for w in args[0]), list(args[0])
+    if name == "llm_matmul_swiglu":
+        return f"QMatMul {names.get(id(args[0]), '?')}+{names.get(id(args[1]), '?')}+SwiGLU", list(args[:2])
+    if name == "llm_matmul_residual":
+        return f"QMatMul {names.get(id(args[0]), '?')}+Add", [args[0]]
+    return _NATIVE_OPS.get(name, name), []
 
 
 STAT_KEYS = ("calls", "serial_calls", "joins", "sleeps", "busy_s", "tail_s", "wake_s", "serial_s", "wall_s")
 
 
+def _replays(llm) -> list:
+    from hetero.runtime.executor import KernelProgram
+
+    return [p.replay for p in llm.session.programs if isinstance(p, KernelProgram) and p.replay is not None]
+
+
 def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int) -> tuple[float, list[dict]]:
     """Per-op split of ``steps`` decode steps at ``threads`` threads (see the module doc): (median instrumented
-    step seconds, rows)."""
-    from hetero.llm.profile import _Clock, _instrument
-
+    step seconds, rows). Every call of the recorded replay (after the backend's fusion) is wrapped."""
     native.set_num_threads(threads)
-    clock = _Clock()
-    acc: dict[str, dict[str, float]] = {}
+    for _ in range(3):  # the replay of a one-token step at this thread count is recorded
+        llm.rollback(prompt)
+        llm.forward([ids[prompt]])
+    names = _weight_names(llm)
+    # per step: label -> wall seconds and the pool's account (medians over steps: a preempted step does not skew)
+    steps_acc: list[dict[str, dict[str, float]]] = []
+    nbytes: dict[str, int] = {}
+    tick = statistics.median(-time.perf_counter() + time.perf_counter() for _ in range(1000))
 
-    def after(op: str) -> None:
-        st = native.pool_stats(True)
-        a = acc.setdefault(op, dict.fromkeys(STAT_KEYS, 0.0))
-        for k in STAT_KEYS:
-            a[k] += st[k]
+    def timed(call, label: str):
+        def run() -> None:
+            t0 = time.perf_counter()
+            call()
+            dt = time.perf_counter() - t0 - tick
+            st = native.pool_stats(True)
+            a = steps_acc[-1].setdefault(label, dict.fromkeys(("wall", "n", *STAT_KEYS), 0.0))
+            a["wall"] += dt
+            a["n"] += 1
+            for k in STAT_KEYS:
+                a[k] += st[k]
 
-    walls: dict[str, float] = {}
-    ncalls: dict[str, int] = {}
-    times = []
-    with _instrument(llm.session, clock, native=False, label=_label):
-        for i in range(steps + 3):  # 3 warm-up steps re-record the replay with the wrappers
+        return run
+
+    replays = _replays(llm)
+    originals = [list(r.program) for r in replays]
+    try:
+        for r in replays:
+            wrapped = []
+            for call in r.program:
+                label, ws = _label(call, names)
+                nbytes[label] = nbytes.get(label, 0) + sum(w.nbytes for w in ws)
+                wrapped.append(timed(call, label))
+            r.program[:] = wrapped
+        times = []
+        for i in range(steps):
             llm.rollback(prompt)
-            if i == 3:
-                clock.after = after
-                native.pool_stats(True)
-                acc.clear()
-            clock.reset()
+            native.pool_stats(True)
+            steps_acc.append({})
             t0 = time.perf_counter()
             llm.forward([ids[prompt + 1 + i % 8]])
-            if i >= 3:
-                times.append(time.perf_counter() - t0)
-                for op, t in clock.kernel.items():
-                    walls[op] = walls.get(op, 0.0) + t
-                    ncalls[op] = ncalls.get(op, 0) + clock.calls[op]
-        clock.after = None
-    nbytes = kernel_bytes(llm)
+            times.append(time.perf_counter() - t0)
+    finally:
+        for r, program in zip(replays, originals, strict=True):
+            r.program[:] = program
     rows: list[dict[str, Any]] = []
-    for op, wall in walls.items():
-        a = acc.get(op, dict.fromkeys(STAT_KEYS, 0.0))
-        w = wall / steps
+    zero = dict.fromkeys(("wall", "n", *STAT_KEYS), 0.0)
+
+    def med(op: str, key: str) -> float:
+        return statistics.median(st.get(op, zero)[key] for st in steps_acc)
+
+    for op in {op for st in steps_acc for op in st}:
+        w = med(op, "wall")
+        pooled, serial = med(op, "calls"), med(op, "serial_calls")
         # Native code outside parallel_for (rotary, embedding) runs on the caller: count the call as one thread's.
-        work = (a["busy_s"] + a["serial_s"] if a["calls"] or a["serial_calls"] else wall) / steps / threads
+        work = (med(op, "busy_s") + med(op, "serial_s") if pooled or serial else w) / threads
+        joins = med(op, "joins")
         b = nbytes.get(op, 0)
-        rows.append(dict(op=op, calls=ncalls[op] / steps, pooled=a["calls"] / steps,
-                         serial=a["serial_calls"] / steps, wall_ms=w * 1e3, work_ms=work * 1e3,
-                         wait_ms=(w - work) * 1e3, tail_ms=a["tail_s"] / steps * 1e3,
-                         wake_ms=a["wake_s"] / steps / threads * 1e3,
-                         slept_pct=100 * a["sleeps"] / a["joins"] if a["joins"] else 0.0,
+        rows.append(dict(op=op, calls=med(op, "n"), pooled=pooled, serial=serial, wall_ms=w * 1e3,
+                         work_ms=work * 1e3, wait_ms=(w - work) * 1e3, tail_ms=med(op, "tail_s") * 1e3,
+                         wake_ms=med(op, "wake_s") / threads * 1e3,
+                         slept_pct=100 * med(op, "sleeps") / joins if joins else 0.0,
                          mib=b / 2**20, gbps=b / w / 1e9 if w > 0 else 0.0))
     rows.sort(key=lambda r: -r["wall_ms"])
     return statistics.median(times), rows

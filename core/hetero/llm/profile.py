@@ -138,9 +138,6 @@ class _Clock:
         self.native: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.native_calls: dict[str, int] = defaultdict(int)
-        # Called with the op's label after each timed kernel call, outside its window (decode_threads.py reads the
-        # thread pool's account of the call there).
-        self.after: Callable[[str], None] | None = None
 
     def reset(self) -> None:
         self.kernel.clear()
@@ -248,8 +245,6 @@ def _timed(fn: Callable, op: str, clock: _Clock, before: Callable[[], None] | No
             clock.kernel[op] += clock.now() - t0 - clock.tick
             clock.calls[op] += 1
             clock.current = previous
-            if clock.after is not None:
-                clock.after(op)
 
     return timed
 
@@ -277,15 +272,14 @@ def _restorer(obj: Any, name: str) -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def _instrument(session: Any, clock: _Clock, native: bool,
-                label: Callable[[Any], str] = _op_name) -> Iterator[set[str]]:
+def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]:
     """Wrap every kernel's run (and, with ``native``, its calls into its own package's extension modules); undone
-    on exit. ``label(node)`` names the bucket a kernel's time goes to (default: its op type)."""
+    on exit."""
     undo: list[Callable[[], None]] = []
     found: set[str] = set()
     try:
         for node, kernel in session.kernels():
-            op = label(node)
+            op = _op_name(node)
             run = kernel.run
             # The object whose method ``run`` is: the kernel itself, or the one a wrapper forwards to (the opencl
             # plugin's dtype guard sets ``run`` to its inner kernel's bound method).
