@@ -51,8 +51,12 @@ def _apart(*arrays: Any) -> bool:
 
 
 def _matmul(call: Call) -> tuple | None:
-    """(w, x, out, bias) of a bound ``llm_matmul`` whose output is x's shape but the last dim."""
-    return _args(call, _native.llm_matmul, 4)
+    """(w, x, out, bias) of a bound ``llm_matmul`` of one row (decode; prefill and multi-row steps keep their
+    calls, whose kernels split the work by rows anyway)."""
+    args = _args(call, _native.llm_matmul, 4)
+    if args is None or not isinstance(args[1], np.ndarray) or args[1].size != args[0].k:
+        return None
+    return args
 
 
 def _residual(mm: tuple, nxt: Call) -> Call | None:

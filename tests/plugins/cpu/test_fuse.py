@@ -232,7 +232,8 @@ def test_fused_outputs_may_reuse_the_input_memory(threads, m):
     residual = [mm(_native.llm_matmul, wo, x, o, None), mm(_native.binary, "add", o, resid, x)]
     for calls, name in ((program, "llm_matmul_swiglu"), (residual, "llm_matmul_residual")):
         fused = fuse.fuse_calls(calls)
-        assert [c.func.__name__ for c in fused] == [name]
+        # one row (decode) is fused; several rows (prefill, verify) keep their calls
+        assert [c.func.__name__ for c in fused] == ([name] if m == 1 else [c.func.__name__ for c in calls])
         results = []
         for run in (calls, fused):
             x[:] = x0
