@@ -3,8 +3,9 @@ bound (benchmarks/read_bandwidth.py), and the native thread pool's own account o
 the tasks, the wake-up of the workers, the caller waiting on a tail (imbalance, a late or descheduled worker),
 the calls that ran on one thread, and what is left outside them (Python, single-threaded native code).
 
-    python benchmarks/decode_threads.py [--synthetic qwen3-0.6b] [--quant q4] [--threads 1,2] [--spin 50]
-                                        [--steps 32] [--rounds 4] [--json]
+    python benchmarks/decode_threads.py [MODEL.gguf] [--synthetic qwen3-0.6b] [--quant q4] [--threads 1,2]
+                                        [--spin 50] [--steps 32] [--rounds 4] [--per-op] [--clock cpu] [--json]
+    python benchmarks/decode_threads.py [MODEL.gguf] --against /path/to/other/checkout [--rounds 6] ...
 
 Every (threads, spin) configuration runs --steps decode steps (the cache rolled back to the same --prompt tokens
 first, so every configuration sees the same context lengths) in each of --rounds interleaved rounds; figures are
@@ -18,6 +19,25 @@ included) over the step time; ``%bound`` that over the best read bandwidth at th
 ``wake`` mean post-to-first-task latency of a joining worker; ``slept`` share of joins that began asleep;
 ``tail`` the caller's wait for the last task; ``outside`` step time not in any parallel region (Python, and the
 native code that runs on the caller without the pool).
+
+``--against TREE`` compares two builds before/after a change: each round runs this script once per checkout (this
+one, then TREE: its ``core/`` and ``plugins/cpu``, extension modules included) in a fresh process, alternating, and
+prints per thread count the median tok/s of each over the rounds and the median of the per-round ratios (this /
+TREE). ``--against NAME=VALUE[,...]`` compares this checkout with itself under those environment settings
+(``HETERO_LLM_TASKS=0``, ``HETERO_LLM_PF=0``: knobs read once per process). ``--tree TREE`` runs the
+measurement on TREE's packages (what ``--against`` uses).
+
+``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every call of the
+session's recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for
+QMatMul, the projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call) and the
+pool's account is read after each call, so the step splits per op into: ``wall`` the calls' time; ``work/T``
+thread-time inside tasks (pooled) or in the call (serial) over the thread count; ``wait`` = wall - work/T, the
+thread-average time the op's threads were not computing (wake-ups, the barrier at the end, imbalance, for serial
+calls the idle other threads, and the call's own Python / binding cost), of which ``tail`` (the caller waiting
+for the others) and ``wake/T`` (workers' post-to-first-task latency); ``MiB`` weight bytes the op streams per
+step and ``GB/s`` over its wall time, ``%bound`` against the N-thread read bound. The wrappers and the per-call
+statistics read cost ~2 us a call: that pass's step is slower than the plain one (both printed). Not in any op:
+the replay loop, ``Llm.forward`` and the session around it (instrumented step - the ops' wall).
 """
 
 from __future__ import annotations
@@ -30,6 +50,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +69,150 @@ def weight_bytes(llm) -> int:
     return total
 
 
-def run_config(llm, native, ids: list[int], prompt: int, steps: int) -> tuple[list[float], dict]:
+def _weight_names(llm) -> dict[int, str]:
+    """id(LlmWeights) -> the projection it belongs to (the node's last name part: q_proj, ..., logits)."""
+    from hetero_cpu import _native
+
+    names = {}
+    for node, kernel in llm.session.kernels():
+        for value in vars(kernel).values():
+            if isinstance(value, _native.LlmWeights):
+                names[id(value)] = node.name.rsplit(".", 1)[-1]
+    return names
+
+
+_NATIVE_OPS = {"rms_norm": "RMSNorm", "llm_swiglu": "SwiGLU", "llm_embedding": "Embedding", "binary": "Add"}
+
+
+def _label(call, names: dict[int, str]) -> tuple[str, list]:
+    """(per-op bucket, the LlmWeights it streams) of one call of a replay's program: the native function of a bound
+    call (fused ones named after the projections they merge), else the kernel or closure behind it."""
+    func = getattr(call, "func", None)
+    args: tuple[Any, ...] = getattr(call, "args", ())
+    if func is None:  # a kernel's closure (rotary, attention, embedding): CpuAttention.bind.<locals>.call
+        qual = getattr(call, "__qualname__", type(call).__name__)
+        return qual.split(".", 1)[0].removeprefix("Cpu"), []
+    name = getattr(func, "__name__", "")
+    owner = getattr(func, "__self__", None)
+    if name == "_run_dynamic":  # an entry the replay runs through kernel.run each time (e.g. the LM head)
+        owner = args[1].kernel
+    if owner is not None and hasattr(owner, "node"):
+        op = owner.node.op_type
+        w = getattr(owner, "w", None)
+        return (f"{op} {names.get(id(w), '?')}" if op == "QMatMul" else op), ([w] if w is not None else [])
+    if name == "llm_matmul":
+        return f"QMatMul {names.get(id(args[0]), '?')}", [args[0]]
+    if name == "llm_matmul_multi":
+        return "QMatMul " + "+".join(names.get(id(w), "?") for w in args[0]), list(args[0])
+    if name == "llm_matmul_swiglu":
+        return f"QMatMul {names.get(id(args[0]), '?')}+{names.get(id(args[1]), '?')}+SwiGLU", list(args[:2])
+    if name == "llm_matmul_residual":
+        return f"QMatMul {names.get(id(args[0]), '?')}+Add", [args[0]]
+    return _NATIVE_OPS.get(name, name), []
+
+
+# --clock cpu: the process's CPU time (all threads). At 1 thread a neighbour taking the core away no longer counts
+# (what is left: the kernels, the Python, and memory contention); at N threads it is about N x the wall time on a
+# quiet machine (workers spin while they wait), so compare wall times there.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+STAT_KEYS = ("calls", "serial_calls", "joins", "sleeps", "busy_s", "tail_s", "wake_s", "serial_s", "wall_s")
+
+
+def _replays(llm) -> list:
+    from hetero.runtime.executor import KernelProgram
+
+    return [p.replay for p in llm.session.programs if isinstance(p, KernelProgram) and p.replay is not None]
+
+
+def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int) -> tuple[float, list[dict]]:
+    """Per-op split of ``steps`` decode steps at ``threads`` threads (see the module doc): (median instrumented
+    step seconds, rows). Every call of the recorded replay (after the backend's fusion) is wrapped."""
+    native.set_num_threads(threads)
+    for _ in range(3):  # the replay of a one-token step at this thread count is recorded
+        llm.rollback(prompt)
+        llm.forward([ids[prompt]])
+    names = _weight_names(llm)
+    # per step: label -> wall seconds and the pool's account (medians over steps: a preempted step does not skew)
+    steps_acc: list[dict[str, dict[str, float]]] = []
+    nbytes: dict[str, int] = {}
+    tick = statistics.median(-time.perf_counter() + time.perf_counter() for _ in range(1000))
+
+    def timed(call, label: str):
+        def run() -> None:
+            t0 = time.perf_counter()
+            call()
+            dt = time.perf_counter() - t0 - tick
+            st = native.pool_stats(True)
+            a = steps_acc[-1].setdefault(label, dict.fromkeys(("wall", "n", *STAT_KEYS), 0.0))
+            a["wall"] += dt
+            a["n"] += 1
+            for k in STAT_KEYS:
+                a[k] += st[k]
+
+        return run
+
+    replays = _replays(llm)
+    originals = [list(r.program) for r in replays]
+    try:
+        for r in replays:
+            wrapped = []
+            for call in r.program:
+                label, ws = _label(call, names)
+                nbytes[label] = nbytes.get(label, 0) + sum(w.nbytes for w in ws)
+                wrapped.append(timed(call, label))
+            r.program[:] = wrapped
+        times = []
+        for i in range(steps):
+            llm.rollback(prompt)
+            native.pool_stats(True)
+            steps_acc.append({})
+            t0 = time.perf_counter()
+            llm.forward([ids[prompt + 1 + i % 8]])
+            times.append(time.perf_counter() - t0)
+    finally:
+        for r, program in zip(replays, originals, strict=True):
+            r.program[:] = program
+    rows: list[dict[str, Any]] = []
+    zero = dict.fromkeys(("wall", "n", *STAT_KEYS), 0.0)
+
+    def med(op: str, key: str) -> float:
+        return statistics.median(st.get(op, zero)[key] for st in steps_acc)
+
+    for op in {op for st in steps_acc for op in st}:
+        w = med(op, "wall")
+        pooled, serial = med(op, "calls"), med(op, "serial_calls")
+        # Native code outside parallel_for (rotary, embedding) runs on the caller: count the call as one thread's.
+        work = (med(op, "busy_s") + med(op, "serial_s") if pooled or serial else w) / threads
+        joins = med(op, "joins")
+        b = nbytes.get(op, 0)
+        rows.append(dict(op=op, calls=med(op, "n"), pooled=pooled, serial=serial, wall_ms=w * 1e3,
+                         work_ms=work * 1e3, wait_ms=(w - work) * 1e3, tail_ms=med(op, "tail_s") * 1e3,
+                         wake_ms=med(op, "wake_s") / threads * 1e3,
+                         slept_pct=100 * med(op, "sleeps") / joins if joins else 0.0,
+                         mib=b / 2**20, gbps=b / w / 1e9 if w > 0 else 0.0))
+    rows.sort(key=lambda r: -r["wall_ms"])
+    return statistics.median(times), rows
+
+
+def print_per_op(threads: int, step_s: float, plain_s: float | None, rows: list[dict], bound: float | None) -> None:
+    tot_w = sum(r["wall_ms"] for r in rows)
+    tot_k = sum(r["work_ms"] for r in rows)
+    plain = f", plain step {plain_s * 1e3:.2f} ms" if plain_s else ""
+    print(f"\nper op, {threads} thread(s): instrumented step {step_s * 1e3:.2f} ms{plain}; in kernel calls "
+          f"{tot_w:.2f} ms = work/T {tot_k:.2f} + wait {tot_w - tot_k:.2f} ms")
+    print("| op | calls | pooled | serial | wall ms | % | work/T ms | wait ms | tail ms | wake/T ms | slept % |"
+          " MiB | GB/s | %bound |")
+    print("|---" * 14 + "|")
+    for r in rows:
+        pct = f"{100 * r['gbps'] / bound:.0f}" if bound and r["mib"] else "-"
+        print(f"| {r['op']} | {r['calls']:.0f} | {r['pooled']:.0f} | {r['serial']:.0f} | {r['wall_ms']:.3f} |"
+              f" {100 * r['wall_ms'] / tot_w:.1f} | {r['work_ms']:.3f} | {r['wait_ms']:.3f} | {r['tail_ms']:.3f} |"
+              f" {r['wake_ms']:.3f} | {r['slept_pct']:.0f} | {r['mib']:.1f} | {r['gbps']:.1f} | {pct} |")
+
+
+def run_config(llm, native, ids: list[int], prompt: int, steps: int,
+               clock=time.perf_counter) -> tuple[list[float], dict]:
     """Step times and the pool statistics summed over ``steps`` decode steps after ``prompt`` cached tokens."""
     llm.rollback(prompt)
     llm.forward([ids[prompt]])  # the first step after a thread-count change rebuilds the pool
@@ -56,25 +220,78 @@ def run_config(llm, native, ids: list[int], prompt: int, steps: int) -> tuple[li
     times = []
     for i in range(steps):
         llm.rollback(prompt)
-        t0 = time.perf_counter()
+        t0 = clock()
         llm.forward([ids[prompt + 1 + i % 8]])
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return times, native.pool_stats(True)
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Alternate fresh processes of this script on this checkout and on ``args.against`` (see the module doc)."""
+    import subprocess
+
+    # The second arm: another checkout, or this one with environment settings (NAME=VALUE[,NAME=VALUE...]).
+    env_b = dict(kv.split("=", 1) for kv in args.against.split(",")) if "=" in args.against else {}
+    trees = [ROOT, ROOT if env_b else Path(args.against).resolve()]
+    envs = [dict(os.environ), {**os.environ, **env_b}]
+    child = [sys.executable, str(Path(__file__).resolve()), "--threads", args.threads,
+             "--spin", args.spin.split(",")[0], "--steps", str(args.steps), "--prompt", str(args.prompt),
+             "--rounds", "1", "--bandwidth-mib", "0", "--json", "--synthetic", args.synthetic, "--clock", args.clock,
+             *(["--quant", args.quant] if args.quant else []), *([args.model] if args.model else [])]
+    load_before = os.getloadavg()
+    tok: dict[tuple[int, int], list[float]] = {}  # (tree, threads) -> tok/s per round
+    name = ""
+    for rnd in range(args.rounds):
+        for i in (0, 1) if rnd % 2 == 0 else (1, 0):
+            out = subprocess.run([*child, "--tree", str(trees[i])], check=True, capture_output=True, text=True,
+                                 env=envs[i])
+            res = json.loads(out.stdout)
+            name = res["model"]
+            for row in res["rows"]:
+                tok.setdefault((i, row["threads"]), []).append(row["tok_s"])
+    load_after = os.getloadavg()
+    result: list[dict[str, Any]] = []
+    for t in [int(x) for x in args.threads.split(",")]:
+        a, b = tok[(0, t)], tok[(1, t)]
+        result.append(dict(threads=t, this=statistics.median(a), against=statistics.median(b),
+                           ratio=statistics.median(x / y for x, y in zip(a, b, strict=True)), this_runs=a,
+                           against_runs=b))
+    if args.json:
+        print(json.dumps(dict(model=name, against=args.against, load_avg=[load_before[0], load_after[0]],
+                              rows=result), indent=2))
+        return 0
+    print(f"{name}: this checkout vs {args.against}, {args.rounds} alternating rounds of {args.steps} steps; "
+          f"load average {load_before[0]:.2f} -> {load_after[0]:.2f}")
+    print("| T | this tok/s | against tok/s | ratio (median of rounds) | this runs | against runs |")
+    print("|---|---|---|---|---|---|")
+    for r in result:
+        print(f"| {r['threads']} | {r['this']:.1f} | {r['against']:.1f} | {r['ratio']:.3f} |"
+              f" {' '.join(f'{x:.1f}' for x in r['this_runs'])} | {' '.join(f'{x:.1f}' for x in r['against_runs'])} |")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", help="a .gguf file or Hugging Face folder (default: a synthetic model)")
     ap.add_argument("--synthetic", default="qwen3-0.6b")
-    ap.add_argument("--quant", default="q4")
+    ap.add_argument("--quant", default=None, help="quantize at load (synthetic default q4)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--spin", default="50", help="comma-separated pool spin times (us) to compare")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--bandwidth-mib", type=int, default=256, help="MiB per thread of the read-bound probe (0: skip)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="cpu: the step's CPU time of the whole process (see above)")
+    ap.add_argument("--per-op", action="store_true", help="also split each thread count's step per op (see above)")
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose core/ and plugins/cpu run")
+    ap.add_argument("--against", default=None, help="compare with this checkout, or with this one under NAME=VALUE "
+                    "environment settings (see above)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    sys.path[:0] = [str(ROOT / "core"), str(ROOT / "plugins" / "cpu"), str(ROOT / "benchmarks")]
+    if args.against is not None:
+        return compare(args)
+    sys.path[:0] = [str(args.tree / "core"), str(args.tree / "plugins" / "cpu"), str(ROOT / "benchmarks")]
     from hetero.llm.synthetic import load_synthetic
     from hetero_cpu import _native
 
@@ -88,8 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         bound = measure(threads, args.bandwidth_mib, reps=5, rounds=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        llm = load_synthetic(args.synthetic, args.quant, backends=["cpu"], on_fallback="silent", threads=max(threads),
-                             context=args.prompt + 16, progress=False)
+        if args.model:
+            from hetero.llm import load
+
+            llm = load(args.model, backends=["cpu"], on_fallback="silent", threads=max(threads), quant=args.quant,
+                       context=args.prompt + 16, progress=False)
+        else:
+            llm = load_synthetic(args.synthetic, args.quant or "q4", backends=["cpu"], on_fallback="silent",
+                                 threads=max(threads), context=args.prompt + 16, progress=False)
     nbytes = weight_bytes(llm)
     ids = list(range(1, args.prompt + 10))
     llm.prefill(ids[:args.prompt])
@@ -102,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
             for t, s in configs:
                 _native.set_num_threads(t)
                 _native.set_pool_spin_us(s)
-                rounds[(t, s)].append(run_config(llm, _native, ids, args.prompt, args.steps))
+                rounds[(t, s)].append(run_config(llm, _native, ids, args.prompt, args.steps, CLOCKS[args.clock]))
+        ops = {}
+        if args.per_op:
+            _native.set_pool_spin_us(spins[0])
+            ops = {t: per_op(llm, _native, ids, args.prompt, args.steps, t) for t in threads}
     finally:
         _native.pool_stats_enable(False)
         _native.set_pool_spin_us(spin_before)
@@ -122,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                          late=st["late"] / n, tail_ms=st["tail_s"] / n * 1e3, serial_ms=st["serial_s"] / n * 1e3,
                          outside_ms=(sum(times) - st["wall_s"] - st["serial_s"]) / n * 1e3))
     result = dict(model=llm.name, weight_mib=nbytes / 2**20, load_avg=[load_before[0], load_after[0]],
-                  read_bound_gbps={t: b["best"] for t, b in bound.items()}, rows=rows)
+                  read_bound_gbps={t: b["best"] for t, b in bound.items()}, rows=rows,
+                  per_op={t: dict(step_ms=s * 1e3, ops=r) for t, (s, r) in ops.items()})
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -138,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
               f" {r['pooled']:.0f} | {r['serial']:.0f} | {r['busy_ms']:.2f} | {r['wall_ms']:.2f} |"
               f" {r['wake_us']:.1f} | {r['slept_pct']:.0f} | {r['tail_ms']:.2f} | {r['serial_ms']:.2f} |"
               f" {r['outside_ms']:.2f} |")
+    for t, (step_s, op_rows) in ops.items():
+        plain = next((r["step_ms"] / 1e3 for r in rows if r["threads"] == t and r["spin_us"] == spins[0]), None)
+        print_per_op(t, step_s, plain, op_rows, bound[t]["best"] if t in bound else None)
     return 0
 
 

@@ -34,9 +34,8 @@ Measurement (each runtime in its own subprocess, one after the other, alternatin
   pages (the mapped model, libraries), from /proc/self/status.
 * load: the wall time of ``hetero.llm.load`` / ``llama_model_load_from_file`` + ``llama_init_from_model`` on a file
   already in the page cache.
-* bandwidth: ``--threads`` processes each stream-read (``numpy.max`` over a uint64 view: a single pass with little
-  arithmetic) their own 512 MiB buffer, started together at a barrier; GB/s = all bytes read / (last end - first
-  start), best of 5 trials. Processes, not threads, because numpy runs a reduction on one thread. A decode step reads
+* bandwidth: the native read probe (``benchmarks/read_bandwidth.py``: N threads of one process each stream their
+  own 256 MiB buffer; best pass), at each thread count of the run. A decode step reads
   every weight once (the tied embedding table in full, as the LM head) plus the KV cache (and, for Qwen3.5, the
   float32 recurrent state of each Gated DeltaNet layer), so the bound is
   bandwidth / bytes per token; "% of bound" = t/s x bytes per token / bandwidth.
@@ -60,8 +59,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("HETERO_BENCH_MODELS", Path.home() / ".cache" / "hetero" / "bench-models"))
@@ -206,34 +203,13 @@ def file_stats(path: Path, tg: int) -> dict[str, Any]:
 
 
 # -- memory bandwidth --------------------------------------------------------------------------------------------------
-def _read_proc(nbytes: int, reps: int, barrier: Any, out: Any) -> None:
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    buf = np.ones(nbytes // 8, dtype=np.uint64)  # written once: every page is resident before timing
-    buf.max()
-    barrier.wait()
-    start = time.perf_counter()  # CLOCK_MONOTONIC: comparable between processes
-    for _ in range(reps):
-        buf.max()
-    out.put((start, time.perf_counter(), nbytes * reps))
+def bandwidth(threads: int) -> float:
+    """Read bandwidth in GB/s of ``threads`` threads of one process (the native probe, benchmarks/read_bandwidth.py),
+    best pass: the ceiling of a decode step at that thread count."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from read_bandwidth import measure
 
-
-def bandwidth(procs: int, nbytes: int = 512 << 20, reps: int = 8, trials: int = 5) -> float:
-    """Aggregate read bandwidth in GB/s of ``procs`` processes streaming their own buffers (best of ``trials``)."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    best = 0.0
-    for _ in range(trials):
-        barrier, out = ctx.Barrier(procs), ctx.Queue()
-        workers = [ctx.Process(target=_read_proc, args=(nbytes, reps, barrier, out)) for _ in range(procs)]
-        for w in workers:
-            w.start()
-        parts = [out.get() for _ in workers]
-        for w in workers:
-            w.join()
-        span = max(p[1] for p in parts) - min(p[0] for p in parts)
-        best = max(best, sum(p[2] for p in parts) / span / 1e9)
-    return best
+    return measure([threads], mib=256, reps=7, rounds=2)[threads]["best"]
 
 
 # -- workers ---------------------------------------------------------------------------------------------------------
@@ -416,7 +392,7 @@ def markdown(rows: list[dict[str, Any]], bw: dict[int, float], pp: int, tg: int)
     out.append("")
     out.append("t/s: median of the repetitions; ratio: hetero / llama.cpp; l / h: llama.cpp / hetero.")
     for threads, value in sorted(bw.items()):
-        out.append(f"read bandwidth, {threads} process(es): {value:.1f} GB/s")
+        out.append(f"read bandwidth, {threads} thread(s) (native probe): {value:.1f} GB/s")
     out.append("")
     out.append("| model | type | thr | runtime | test | median t/s | mean ± std | n |")
     out.append("|---|---|---:|---|---|---:|---:|---:|")
@@ -465,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {list(MODELS)}")
     ap.add_argument("--types", default=",".join(TYPES), help=f"comma-separated, of {list(TYPES)}")
+    ap.add_argument("--files", default="", help="comma-separated GGUF files to run instead of the bench models "
+                    "(e.g. a real model); --models / --types are then ignored")
     ap.add_argument("--threads", default="2", help="comma-separated thread counts, e.g. 2 or 1,2")
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per test (after one warm-up)")
     ap.add_argument("--pp", type=int, default=PP, help="prompt tokens of the prefill test")
@@ -492,12 +470,20 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = int(args.threads)
         return _bench_worker(args)
 
-    models = _csv(args.models, list(MODELS), "model(s)")
-    types = _csv(args.types, list(TYPES), "type(s)")
+    models = _csv(args.models, list(MODELS), "model(s)") if not args.files else []
+    types = _csv(args.types, list(TYPES), "type(s)") if not args.files else []
     runtimes = _csv(args.runtimes, ["llama.cpp", "hetero"], "runtime(s)")
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
     paths: dict[tuple[str, str], Path] = {}
-    for model in models:
+    if args.files:
+        models, types = [], ["file"]
+        for f in args.files.split(","):
+            path = Path(f).expanduser()
+            if not path.is_file():
+                raise SystemExit(f"--files: {path} is not a file")
+            models.append(path.stem)
+            paths[path.stem, "file"] = path
+    for model in models if not args.files else []:
         for qtype in types:
             path = model_path(args.cache_dir, model, qtype)
             if not path.is_file():
@@ -509,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     bw: dict[int, float] = {}
     if not args.no_bandwidth:
         for t in sorted(set(threads)):
-            log(f"measuring read bandwidth with {t} process(es) ...")
+            log(f"measuring read bandwidth with {t} thread(s) ...")
             bw[t] = bandwidth(t)
             log(f"  {bw[t]:.1f} GB/s")
 

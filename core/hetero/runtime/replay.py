@@ -24,6 +24,9 @@ outputs (fresh arrays, since the caller keeps them). So the replay
   of the replay's own so that the kernels after it stay bound. Results of another shape than recorded raise
   ``StaleReplay``: the program then drops the replay and interprets.
 
+* lets the backend merge consecutive bound calls (the optional ``fuse_calls(program) -> program``: the cpu plugin
+  fuses a decode step's q / k / v matmuls, gate + up + SwiGLU, and residual adds into the matmul before them).
+
 A run is then a copy per feed and one Python call per kernel: that keeps Python's share of an LLM decode step
 small (issue 5 item 4; ``hetero.llm.profile`` measures it).
 """
@@ -174,6 +177,11 @@ class Replay:
                 self._add_control(entry, fixed)
             else:
                 self._add_call(entry, fixed)
+        # The backend may merge consecutive bound calls into fewer (the cpu plugin: a decode step's matmuls), each
+        # merged call doing exactly what the calls it replaces did.
+        fuse = getattr(backend, "fuse_calls", None)
+        if fuse is not None:
+            self.program = fuse(self.program)
 
     def _add_view(self, entry: _View, fixed: dict[Key, Tensor]) -> None:
         # Graph outputs are never views (the session runs their reshape as a kernel), so a view of a fixed tensor

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from hetero.contract import Device, HeteroError, HostMemory, Kernel, KernelTableBackend, NodeInfo, Support
 
-from . import _native
+from . import _native, fuse
 from .kernels import KERNELS
 from .kernels.numpy_ops import CpuNumpyKernel
 
@@ -39,3 +41,10 @@ class CpuBackend(HostMemory, KernelTableBackend):
         if super().supports(node):
             return super().kernel(node)
         return CpuNumpyKernel(node, self)
+
+    def fuse_calls(self, program: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:
+        """The replay's bound calls with the decode step's matmul patterns fused (``hetero_cpu.fuse``);
+        ``HETERO_CPU_FUSE=0`` turns it off (to measure the difference)."""
+        if os.environ.get("HETERO_CPU_FUSE", "1") == "0":
+            return list(program)
+        return fuse.fuse_calls(program)

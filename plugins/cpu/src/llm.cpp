@@ -387,6 +387,215 @@ void py_qmatmul(const PyWeights& pw, const py::array& x, const py::array& out, c
   matmul(w, 0, px, M, w.k, py_, w.n, bias, 0);
 }
 
+// silu(g) * u over n elements into o: SwiGLU's two vector passes (py_swiglu runs them per thread chunk).
+inline void swiglu_rows(const Kernels& kr, const float* g, const float* u, float* o, i64 n) {
+  kr.unary(U_SILU, g, o, n, 0.f, 0.f);
+  kr.binary(B_MUL, BM_VV, o, u, o, n);
+}
+
+// ------------------------------------------------------------------------------------------------ fused decode
+// The decode step's matmuls fused so that fewer parallel regions (each a wake-up and a barrier for every thread)
+// and fewer calls run per step; hetero_cpu.fuse makes them from the replay's bound calls. Each computes exactly
+// what the unfused calls compute, with the same kernels on the same values (a 16-row group is one qgemm_group
+// call either way), and writes every output the unfused calls write. The one-row, quantized case (decode) runs
+// in one parallel region; anything else falls back to the unfused calls in order.
+namespace fused {
+
+// Weights of one part, its output and bias; x quantized for its block format.
+struct Part {
+  const Weights* w;
+  float* y;
+  const float* bias;
+  XQ xq;
+};
+
+// One-row outputs y[g*16, ...) of groups [g0, g1) of one part (+ bias): matmul_core's loop for M = 1.
+inline void groups(const LlmKernels& kr, const Part& p, i64 g0, i64 g1) {
+  const i64 N = p.w->n;
+  for (i64 g = g0; g < g1; ++g)
+    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, 1, p.y + g * QR, N,
+                   static_cast<int>(std::min<i64>(QR, N - g * QR)));
+  if (p.bias)
+    for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[j] += p.bias[j];
+}
+
+// x quantized once per distinct block format of the parts (at most 4 distinct ones in a call).
+void quantize_parts(const LlmKernels& kr, const float* x, std::vector<Part>& parts) {
+  thread_local XQBuf bufs[4];
+  std::vector<std::pair<std::pair<int, bool>, int>> made;  // (bs, pair4) -> part holding it
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const QPack& pk = parts[i].w->pk;
+    const std::pair<int, bool> key{pk.bs, pk.nibbles()};
+    auto it = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == key; });
+    if (it != made.end()) {
+      parts[i].xq = parts[static_cast<std::size_t>(it->second)].xq;
+    } else {
+      parts[i].xq = bufs[made.size()].make(kr, x, 1, parts[i].w->k, parts[i].w->k, pk.bs, pk.nibbles(), false);
+      made.push_back({key, static_cast<int>(i)});
+    }
+  }
+}
+
+bool fusable(const std::vector<const Weights*>& ws, i64 M) {
+  if (M != 1 || ws.size() > 4) return false;
+  for (const Weights* w : ws)
+    if (!w->quant || w->experts != 1) return false;
+  return true;
+}
+
+// Tasks over the groups of every part: split_rows per part, so each keeps the split of its own call.
+struct Task {
+  int part;
+  i64 g0, g1;
+};
+std::vector<Task> tasks(const std::vector<Part>& parts, int nt) {
+  std::vector<Task> out;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const std::vector<i64> b = split_rows(parts[p].w->pk.groups, nt);
+    for (std::size_t t = 0; t + 1 < b.size(); ++t) out.push_back({static_cast<int>(p), b[t], b[t + 1]});
+  }
+  return out;
+}
+
+int threads(const std::vector<Part>& parts) {
+  double work = 0;
+  for (const Part& p : parts) work += static_cast<double>(p.w->n) * static_cast<double>(p.w->k);
+  return threads_for(work, 65536.0);
+}
+
+}  // namespace fused
+
+const Weights& weights_of(const py::handle& h, const char* fn) {
+  try {
+    return *h.cast<const PyWeights&>().w;
+  } catch (const py::cast_error&) {
+    fail(std::string(fn) + ": weights must be LlmWeights");
+  }
+}
+
+const float* opt_bias(const py::handle& b, i64 n, const char* fn) {
+  if (b.is_none()) return nullptr;
+  py::array a = py::reinterpret_borrow<py::array>(b);
+  need_f32c(a, fn, "bias");
+  if (a.size() != n) fail(std::string(fn) + ": bias must hold N floats");
+  return cfptr(a);
+}
+
+// outs[i][..., N_i] = x[..., K] @ W_i^T (+ bias_i): several matmuls of one input (q / k / v) in one region.
+void py_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& outs, const py::list& biases) {
+  const char* fn = "llm_matmul_multi";
+  const std::size_t n = ws.size();
+  if (n == 0 || outs.size() != n || biases.size() != n)
+    fail(std::string(fn) + ": weights, outs and biases must be lists of one length (>= 1)");
+  need_f32c(x, fn, "x");
+  std::vector<const Weights*> w(n);
+  std::vector<fused::Part> parts(n);
+  i64 M = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    w[i] = &weights_of(ws[i], fn);
+    if (w[i]->experts != 1) fail(std::string(fn) + ": a stacked expert weight needs moe()");
+    if (x.ndim() < 1 || x.shape(x.ndim() - 1) != w[i]->k) fail(std::string(fn) + ": x's last dim must be K");
+    M = x.size() / w[i]->k;
+    py::array o = py::reinterpret_borrow<py::array>(outs[i]);
+    need_out(o, fn);
+    if (o.size() != M * w[i]->n) fail(std::string(fn) + ": out must hold M x N floats");
+    parts[i] = {w[i], fptr(o), opt_bias(biases[i], w[i]->n, fn), XQ{}};
+  }
+  const float* px = cfptr(x);
+  py::gil_scoped_release nogil;
+  if (!fused::fusable(w, M)) {
+    for (const fused::Part& p : parts) matmul(*p.w, 0, px, M, p.w->k, p.y, p.w->n, p.bias, 0);
+    return;
+  }
+  const LlmKernels& kr = lk();
+  fused::quantize_parts(kr, px, parts);
+  const std::vector<fused::Task> ts = fused::tasks(parts, fused::threads(parts));
+  parallel_for(static_cast<i64>(ts.size()), fused::threads(parts), [&](i64 t) {
+    const fused::Task& k = ts[static_cast<std::size_t>(t)];
+    fused::groups(kr, parts[static_cast<std::size_t>(k.part)], k.g0, k.g1);
+  });
+}
+
+// gate = x @ Wg^T (+ bg), up = x @ Wu^T (+ bu), out = silu(gate) * up (SwiGLU): one region, the activation
+// applied to each task's rows as soon as both halves are computed (gate and up are written too).
+void py_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array& x, const py::array& gate,
+                       const py::array& up, const py::array& out, const py::object& bg, const py::object& bu) {
+  const char* fn = "llm_matmul_swiglu";
+  const Weights& wg = *pg.w;
+  const Weights& wu = *pu.w;
+  need_f32c(x, fn, "x");
+  need_out(gate, fn);
+  need_out(up, fn);
+  need_out(out, fn);
+  if (wg.experts != 1 || wu.experts != 1) fail(std::string(fn) + ": a stacked expert weight needs moe()");
+  if (wg.n != wu.n || wg.k != wu.k) fail(std::string(fn) + ": gate and up weights must have one shape");
+  if (x.ndim() < 1 || x.shape(x.ndim() - 1) != wg.k) fail(std::string(fn) + ": x's last dim must be K");
+  const i64 M = x.size() / wg.k, N = wg.n;
+  if (gate.size() != M * N || up.size() != M * N || out.size() != M * N)
+    fail(std::string(fn) + ": gate, up and out must hold M x N floats");
+  std::vector<fused::Part> parts{{&wg, fptr(gate), opt_bias(bg, N, fn), XQ{}},
+                                 {&wu, fptr(up), opt_bias(bu, N, fn), XQ{}}};
+  float* o = fptr(out);
+  const float* px = cfptr(x);
+  py::gil_scoped_release nogil;
+  const Kernels& base = active();
+  if (!fused::fusable({&wg, &wu}, M)) {
+    matmul(wg, 0, px, M, wg.k, parts[0].y, N, parts[0].bias, 0);
+    matmul(wu, 0, px, M, wu.k, parts[1].y, N, parts[1].bias, 0);
+    swiglu_rows(base, parts[0].y, parts[1].y, o, M * N);
+    return;
+  }
+  const LlmKernels& kr = lk();
+  fused::quantize_parts(kr, px, parts);
+  const int nt = fused::threads(parts);
+  const std::vector<i64> b = split_rows(wg.pk.groups, nt);
+  parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
+    const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
+    fused::groups(kr, parts[0], g0, g1);
+    fused::groups(kr, parts[1], g0, g1);
+    const i64 a = g0 * QR, e = std::min(N, g1 * QR);
+    if (a < e) swiglu_rows(base, parts[0].y + a, parts[1].y + a, o + a, e - a);
+  });
+}
+
+// out = x @ W^T (+ bias), then res_out = residual + out (the residual add in the matmul's epilogue, per task's
+// rows; res_out may be residual itself).
+void py_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj,
+                         const py::array& residual, const py::array& res_out) {
+  const char* fn = "llm_matmul_residual";
+  const Weights& w = *pw.w;
+  need_f32c(x, fn, "x");
+  need_out(out, fn);
+  need_f32c(residual, fn, "residual");
+  need_out(res_out, fn);
+  if (w.experts != 1) fail(std::string(fn) + ": a stacked expert weight needs moe()");
+  if (x.ndim() < 1 || x.shape(x.ndim() - 1) != w.k) fail(std::string(fn) + ": x's last dim must be K");
+  const i64 M = x.size() / w.k, N = w.n;
+  if (out.size() != M * N || residual.size() != M * N || res_out.size() != M * N)
+    fail(std::string(fn) + ": out, residual and res_out must hold M x N floats");
+  std::vector<fused::Part> parts{{&w, fptr(out), opt_bias(bias_obj, N, fn), XQ{}}};
+  const float* r = cfptr(residual);
+  float* ro = fptr(res_out);
+  const float* px = cfptr(x);
+  py::gil_scoped_release nogil;
+  const Kernels& base = active();
+  if (!fused::fusable({&w}, M)) {
+    matmul(w, 0, px, M, w.k, parts[0].y, N, parts[0].bias, 0);
+    base.binary(B_ADD, BM_VV, r, parts[0].y, ro, M * N);
+    return;
+  }
+  const LlmKernels& kr = lk();
+  fused::quantize_parts(kr, px, parts);
+  const int nt = fused::threads(parts);
+  const std::vector<i64> b = split_rows(w.pk.groups, nt);
+  parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
+    const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
+    fused::groups(kr, parts[0], g0, g1);
+    const i64 a = g0 * QR, e = std::min(N, g1 * QR);
+    if (a < e) base.binary(B_ADD, BM_VV, r + a, parts[0].y + a, ro + a, e - a);
+  });
+}
+
 // ------------------------------------------------------------------------------------------------ small ops
 void py_swiglu(const py::array& gate, const py::array& up, const py::array& out) {
   const char* fn = "llm_swiglu";
@@ -405,8 +614,7 @@ void py_swiglu(const py::array& gate, const py::array& up, const py::array& out)
   parallel_for(nt, nt, [&](i64 t) {
     const i64 a = t * chunk, b = std::min(n, a + chunk);
     if (a >= b) return;
-    kr.unary(U_SILU, g + a, o + a, b - a, 0.f, 0.f);
-    kr.binary(B_MUL, BM_VV, o + a, u + a, o + a, b - a);
+    swiglu_rows(kr, g + a, u + a, o + a, b - a);
   });
 }
 
@@ -996,6 +1204,15 @@ void bind_llm(py::module_& m) {
   m.def("llm_matmul", &py_qmatmul, py::arg("weights"), py::arg("x"), py::arg("out"), py::arg("bias") = py::none(),
         "out[..., N] = x[..., K] @ W^T (+ bias).");
   m.def("llm_swiglu", &py_swiglu, py::arg("gate"), py::arg("up"), py::arg("out"));
+  m.def("llm_matmul_multi", &py_qmatmul_multi, py::arg("weights"), py::arg("x"), py::arg("outs"), py::arg("biases"),
+        "outs[i] = x @ W_i^T (+ biases[i]) for every i: the matmuls of one input in one parallel region.");
+  m.def("llm_matmul_swiglu", &py_qmatmul_swiglu, py::arg("gate_weights"), py::arg("up_weights"), py::arg("x"),
+        py::arg("gate"), py::arg("up"), py::arg("out"), py::arg("gate_bias") = py::none(),
+        py::arg("up_bias") = py::none(),
+        "gate = x @ Wg^T, up = x @ Wu^T (+ biases), out = silu(gate) * up: one parallel region.");
+  m.def("llm_matmul_residual", &py_qmatmul_residual, py::arg("weights"), py::arg("x"), py::arg("out"),
+        py::arg("bias"), py::arg("residual"), py::arg("res_out"),
+        "out = x @ W^T (+ bias); res_out = residual + out, in the matmul's epilogue.");
 
   py::class_<RopeTable>(m, "LlmRope", "Rotary cos/sin table (grown on demand) for RotaryEmbedding.")
       .def(py::init([](const py::array_t<double, py::array::c_style | py::array::forcecast>& inv_freq, double scale) {

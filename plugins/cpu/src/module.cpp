@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -752,6 +753,22 @@ PYBIND11_MODULE(_native, m) {
     d["serial_s"] = s.serial_s;
     return d;
   }, py::arg("reset") = false, "The pool's statistics since the last reset (see threadpool_stats.hpp).");
+  m.def("_pool_cover", [](i64 ntasks, int max_threads, int reps, i64 throw_at) {
+    // Test hook: reps parallel_for calls of ntasks tasks; counts how often each task ran (each call must run every
+    // task exactly once); task throw_at (if >= 0) throws in the last call, which must reach the caller.
+    std::vector<std::atomic<i64>> count(static_cast<std::size_t>(ntasks));
+    {
+      py::gil_scoped_release nogil;
+      for (int r = 0; r < reps; ++r)
+        parallel_for(ntasks, max_threads, [&](i64 t) {
+          count[static_cast<std::size_t>(t)].fetch_add(1, std::memory_order_relaxed);
+          if (t == throw_at && r == reps - 1) throw std::runtime_error("task " + std::to_string(t) + " failed");
+        });
+    }
+    py::array_t<i64> out(ntasks);
+    for (i64 t = 0; t < ntasks; ++t) out.mutable_at(t) = count[static_cast<std::size_t>(t)].load();
+    return out;
+  }, py::arg("ntasks"), py::arg("max_threads"), py::arg("reps"), py::arg("throw_at") = -1);
 
   py::class_<PackedB>(m, "PackedB", "B pre-packed in the micro-kernel's panel layout (weights).")
       .def_property_readonly("k", [](const PackedB& p) { return p.k; })

@@ -1,5 +1,5 @@
 // Persistent thread pool. Workers spin briefly after each job (back-to-back kernels in one inference step then
-// start without a futex round trip; HETERO_POOL_SPIN_US, default 50) and then sleep on a condition variable.
+// start without a futex round trip; HETERO_POOL_SPIN_US) and then sleep on a condition variable.
 // Optional statistics of the parallel regions (threadpool_stats.hpp).
 #include <atomic>
 #include <chrono>
@@ -48,16 +48,23 @@ struct AtomicStats {
 } g_stats;
 inline void add(std::atomic<std::int64_t>& a, std::int64_t v) { a.fetch_add(v, std::memory_order_relaxed); }
 
+// Dispatch without locks on the hot path: a call is published by bumping gen_ to an odd value (the job's fields
+// written before, release); a spinning worker sees it, pins the job (in_flight_) and takes tasks from next_; the
+// caller, having run tasks itself, spins until every task is done, closes the job (gen_ even) and waits for the
+// pinned workers to let go of it. Only a worker that spun g_spin_us without a new job sleeps on the condition
+// variable, and only then does a call take the mutex (to notify it). Sequentially consistent atomics order the
+// pin against the close (a worker pins, then re-checks gen_; the caller closes, then reads in_flight_) and the
+// sleep against the post (a worker counts itself in sleepers_, then re-checks gen_ under the mutex).
 class Pool {
  public:
   explicit Pool(int nthreads) : nthreads_(nthreads < 1 ? 1 : nthreads) {
     for (int i = 1; i < nthreads_; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
   ~Pool() {
+    stop_.store(true);
+    gen_.fetch_add(2);  // wakes spinners (a new value) without posting a job (parity unchanged)
     {
       std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-      gen_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -69,33 +76,25 @@ class Pool {
     std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
     const bool stats = g_stats_on.load(std::memory_order_relaxed);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      fn_ = &f;
-      ntasks_ = ntasks;
-      max_joiners_ = max_threads - 1;
-      joiners_ = 0;
-      next_.store(0, std::memory_order_relaxed);
-      done_.store(0, std::memory_order_relaxed);
-      error_ = nullptr;
-      post_ns_ = stats ? now_ns() : 0;
-      gen_.fetch_add(1, std::memory_order_release);
+    fn_ = &f;
+    ntasks_ = ntasks;
+    max_joiners_ = max_threads - 1;
+    joiners_.store(0, std::memory_order_relaxed);
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    error_ = nullptr;
+    post_ns_ = stats ? now_ns() : 0;
+    gen_.fetch_add(1);  // odd: the job is open
+    if (sleepers_.load() > 0) {
+      { std::lock_guard<std::mutex> lk(mu_); }  // a worker between counting itself and waiting holds mu_
+      cv_.notify_all();
     }
-    cv_.notify_all();
     work();
     const std::int64_t mine_done = stats ? now_ns() : 0;
-    // Wait for every task to finish and for every worker that joined to have let go of fn_.
-    for (int spin = 0; spin < 20000; ++spin) {
-      if (done_.load(std::memory_order_acquire) == ntasks && in_flight_.load(std::memory_order_acquire) == 0) break;
-      HETERO_PAUSE();
-    }
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_done_.wait(lk, [&] {
-        return done_.load(std::memory_order_acquire) == ntasks && in_flight_.load(std::memory_order_acquire) == 0;
-      });
-      fn_ = nullptr;
-    }
+    wait_until([&] { return done_.load(std::memory_order_acquire) == ntasks; });
+    gen_.fetch_add(1);  // even: closed; no worker pins it from now on
+    wait_until([&] { return in_flight_.load() == 0; });
+    fn_ = nullptr;
     if (stats) {
       const std::int64_t end = now_ns();
       add(g_stats.calls, 1);
@@ -108,6 +107,18 @@ class Pool {
   }
 
  private:
+  // Spin on cond; after ~20k pauses yield the core (a descheduled worker may need it to finish its task).
+  template <class C>
+  static void wait_until(const C& cond) {
+    for (int spin = 0; !cond(); ++spin) {
+      if (spin < 20000) {
+        HETERO_PAUSE();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
   void work() {
     tl_in_pool_task = true;
     const bool stats = g_stats_on.load(std::memory_order_relaxed);
@@ -129,54 +140,72 @@ class Pool {
     tl_in_pool_task = false;
   }
 
+  // Waits (spinning g_spin_us, then asleep) for gen_ to differ from seen; returns the new value.
+  std::uint64_t await_change(std::uint64_t seen, bool& slept) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto spin = std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed));
+    std::uint64_t g;
+    for (int i = 1;; ++i) {
+      g = gen_.load(std::memory_order_acquire);
+      if (g != seen) return g;
+      HETERO_PAUSE();
+      if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > spin) break;
+    }
+    slept = true;
+    std::unique_lock<std::mutex> lk(mu_);
+    sleepers_.fetch_add(1);
+    cv_.wait(lk, [&] { return gen_.load() != seen; });
+    sleepers_.fetch_sub(1);
+    return gen_.load(std::memory_order_acquire);
+  }
+
   void worker_loop() {
-    // Generation 0 is the one the pool was built with: a job (or the stop signal) posted before this thread got
-    // scheduled is still seen.
+    // Generation 0 is the idle state the pool was built in: a job posted before this thread got scheduled (1) is
+    // still seen.
     std::uint64_t seen = 0;
     for (;;) {
-      // Spin a while (g_spin_us), then sleep.
-      auto t0 = std::chrono::steady_clock::now();
-      const auto spin = std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed));
-      while (gen_.load(std::memory_order_acquire) == seen) {
-        HETERO_PAUSE();
-        if (std::chrono::steady_clock::now() - t0 > spin) break;
-      }
-      const bool slept = gen_.load(std::memory_order_acquire) == seen;
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
-      seen = gen_.load(std::memory_order_acquire);
-      if (stop_) return;
-      // Join only if the job still wants helpers (max_threads) and has work left.
-      const bool stats = g_stats_on.load(std::memory_order_relaxed);
-      if (fn_ == nullptr || joiners_ >= max_joiners_ || next_.load(std::memory_order_relaxed) >= ntasks_) {
-        if (stats && fn_ != nullptr && joiners_ < max_joiners_) add(g_stats.late, 1);
+      bool slept = false;
+      const std::uint64_t g = await_change(seen, slept);
+      seen = g;
+      if (stop_.load()) return;
+      if ((g & 1) == 0) continue;  // a close: keep waiting (the spin starts over)
+      in_flight_.fetch_add(1);     // pin the job, then check that it is still the one seen open
+      if (gen_.load() != g) {
+        in_flight_.fetch_sub(1);
         continue;
       }
-      if (stats) {
-        add(g_stats.joins, 1);
-        add(g_stats.sleeps, slept ? 1 : 0);
-        add(g_stats.wake_ns, now_ns() - post_ns_);
+      const bool stats = g_stats_on.load(std::memory_order_relaxed);
+      // Join only if the job still wants helpers (max_threads) and has work left.
+      if (joiners_.fetch_add(1, std::memory_order_relaxed) >= max_joiners_) {
+        // not wanted (max_threads)
+      } else if (next_.load(std::memory_order_relaxed) >= ntasks_) {
+        if (stats) add(g_stats.late, 1);
+      } else {
+        if (stats) {
+          add(g_stats.joins, 1);
+          add(g_stats.sleeps, slept ? 1 : 0);
+          add(g_stats.wake_ns, now_ns() - post_ns_);
+        }
+        work();
       }
-      ++joiners_;
-      in_flight_.fetch_add(1, std::memory_order_acq_rel);
-      lk.unlock();
-      work();
-      lk.lock();
-      if (in_flight_.fetch_sub(1, std::memory_order_acq_rel) == 1) cv_done_.notify_all();
+      in_flight_.fetch_sub(1, std::memory_order_release);
     }
   }
 
   int nthreads_;
   std::vector<std::thread> workers_;
   std::mutex run_mu_;
-  std::mutex mu_;
-  std::condition_variable cv_, cv_done_;
-  std::atomic<std::uint64_t> gen_{0};
-  bool stop_ = false;
+  std::mutex mu_;  // only for sleeping workers
+  std::condition_variable cv_;
+  std::atomic<std::uint64_t> gen_{0};  // odd: a job is open; even: idle
+  std::atomic<bool> stop_{false};
+  std::atomic<int> sleepers_{0};
+  // The job: written by the caller before gen_ turns odd, read by workers that pinned it.
   const std::function<void(i64)>* fn_ = nullptr;
   i64 ntasks_ = 0;
   std::int64_t post_ns_ = 0;  // when the current call was posted (statistics only)
-  int max_joiners_ = 0, joiners_ = 0;
+  int max_joiners_ = 0;
+  std::atomic<int> joiners_{0};
   std::atomic<i64> next_{0}, done_{0};
   std::atomic<int> in_flight_{0};
   std::mutex err_mu_;

@@ -93,3 +93,44 @@ def test_pool_spin_is_settable_and_checked(pool):
     assert _native.pool_spin_us() == 0
     with pytest.raises(ValueError, match="set_pool_spin_us"):
         _native.set_pool_spin_us(-1)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("spin", [0, 20, 5000])
+def test_pool_runs_every_task_exactly_once(pool, threads, spin):
+    # The lock-free dispatch: every call runs each of its tasks once, whether the workers spin between calls or
+    # sleep (spin 0), for task counts below, at and above the thread count, and with max_threads limiting joiners.
+    _native.set_num_threads(threads)
+    _native.set_pool_spin_us(spin)
+    for ntasks in (2, 3, 7, 64, 1001):
+        for max_threads in (2, threads):
+            counts = _native._pool_cover(ntasks, max_threads, 50)
+            assert counts.tolist() == [50] * ntasks, (ntasks, max_threads)
+    s = _native.pool_stats(True)
+    assert s["calls"] == 5 * 2 * 50 and s["tasks"] == 50 * 2 * (2 + 3 + 7 + 64 + 1001)
+    assert s["joins"] <= s["calls"] * (threads - 1)
+
+
+def test_pool_task_error_reaches_the_caller_and_the_pool_goes_on(pool):
+    _native.set_num_threads(2)
+    with pytest.raises(RuntimeError, match="task 5 failed"):
+        _native._pool_cover(64, 2, 3, throw_at=5)
+    assert _native._pool_cover(64, 2, 10).tolist() == [10] * 64
+
+
+def test_pool_serves_concurrent_callers(pool):
+    # A caller that finds the pool busy runs its tasks alone: nothing is lost or run twice either way.
+    import threading
+
+    _native.set_num_threads(2)
+    results = []
+
+    def call():
+        results.append(_native._pool_cover(257, 2, 200))
+
+    ts = [threading.Thread(target=call) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(results) == 3 and all(r.tolist() == [200] * 257 for r in results)

@@ -1,0 +1,129 @@
+"""Fusing a replay's bound calls (``CpuBackend.fuse_calls``): fewer parallel regions and calls per decode step.
+
+A replayed step is a flat list of zero-argument calls, most of them ``functools.partial`` of a native function with
+its buffers (``CpuKernel.bind``). Three patterns of consecutive calls become one native call each:
+
+* matmuls of one input (q / k / v projections): ``llm_matmul`` x n -> ``llm_matmul_multi``;
+* gate and up of one input, then SwiGLU of their outputs: -> ``llm_matmul_swiglu``;
+* a matmul, then the residual ``Add`` of its output: -> ``llm_matmul_residual``.
+
+A fused call writes every buffer the calls it replaces write (the matmuls' outputs too, so a later reader of them
+is unaffected) with the same kernels on the same values, and the calls were consecutive, so nothing ran between
+them: the result is the unfused one (``tests/plugins/cpu/test_fuse.py``). A pattern is taken only when its buffers
+cannot overlap where the order of the original calls would matter (outputs against each other and against the
+inputs they are computed from). A fused output may overlap the matmuls' input x (the arena reuses x's memory once
+its last reader, up_proj or o_proj, is done): the fused kernels quantize x into their own buffer before any task
+writes, and their fallback (several rows, float weights) runs the original calls in order.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _native
+
+Call = Callable[[], Any]
+
+
+def _args(call: Call, func: Any, n: int) -> tuple | None:
+    """The positional arguments of ``call`` if it is ``partial(func, <n args>)``."""
+    if isinstance(call, functools.partial) and call.func is func and not call.keywords and len(call.args) == n:
+        return call.args
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same memory viewed the same way (the replay may hand two kernels distinct views of one buffer)."""
+    if a is b:
+        return True
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype
+            and a.strides == b.strides and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def _apart(*arrays: Any) -> bool:
+    """No two of the arrays may share memory."""
+    live = [a for a in arrays if a is not None]
+    return not any(np.may_share_memory(live[i], live[j]) for i in range(len(live)) for j in range(i + 1, len(live)))
+
+
+def _matmul(call: Call) -> tuple | None:
+    """(w, x, out, bias) of a bound ``llm_matmul`` of one row (decode; prefill and multi-row steps keep their
+    calls, whose kernels split the work by rows anyway)."""
+    args = _args(call, _native.llm_matmul, 4)
+    if args is None or not isinstance(args[1], np.ndarray) or args[1].size != args[0].k:
+        return None
+    return args
+
+
+def _residual(mm: tuple, nxt: Call) -> Call | None:
+    add = _args(nxt, _native.binary, 4)
+    if add is None or add[0] != "add":
+        return None
+    w, x, out, bias = mm
+    a, b, res_out = add[1], add[2], add[3]
+    if _same(a, out):
+        residual = b
+    elif _same(b, out):
+        residual = a
+    else:
+        return None
+    if not (isinstance(residual, np.ndarray) and residual.shape == out.shape == res_out.shape
+            and residual.dtype == res_out.dtype == np.float32 and residual.flags.c_contiguous
+            and res_out.flags.c_contiguous):
+        return None
+    # res_out may be the residual or out itself (an in-place add), never a partial overlap of either
+    if not _apart(out, x, residual) or not (_same(res_out, residual) or _same(res_out, out)
+                                            or _apart(res_out, residual, out)):
+        return None
+    return functools.partial(_native.llm_matmul_residual, w, x, out, bias, residual, res_out)
+
+
+def _swiglu(g: tuple, u: tuple, nxt: Call) -> Call | None:
+    sw = _args(nxt, _native.llm_swiglu, 3)
+    if sw is None or not _same(g[1], u[1]) or not _same(sw[0], g[2]) or not _same(sw[1], u[2]):
+        return None
+    if g[0].n != u[0].n or g[0].k != u[0].k or not _apart(g[1], g[2], u[2]) or not _apart(g[2], u[2], sw[2]):
+        return None
+    return functools.partial(_native.llm_matmul_swiglu, g[0], u[0], g[1], g[2], u[2], sw[2], g[3], u[3])
+
+
+def fuse_calls(program: Sequence[Call]) -> list[Call]:
+    """``program`` with the patterns above replaced by fused calls (everything else kept, in order)."""
+    out: list[Call] = []
+    i, n = 0, len(program)
+    while i < n:
+        mm = _matmul(program[i])
+        if mm is None:
+            out.append(program[i])
+            i += 1
+            continue
+        if i + 2 < n and (up := _matmul(program[i + 1])) is not None:
+            fused = _swiglu(mm, up, program[i + 2])
+            if fused is not None:
+                out.append(fused)
+                i += 3
+                continue
+        if i + 1 < n:
+            fused = _residual(mm, program[i + 1])
+            if fused is not None:
+                out.append(fused)
+                i += 2
+                continue
+        group = [mm]
+        while i + len(group) < n and len(group) < 4:
+            nxt = _matmul(program[i + len(group)])
+            if nxt is None or not _same(nxt[1], mm[1]):
+                break
+            group.append(nxt)
+        if len(group) > 1 and _apart(mm[1], *(g[2] for g in group)):
+            out.append(functools.partial(_native.llm_matmul_multi, [g[0] for g in group], mm[1],
+                                         [g[2] for g in group], [g[3] for g in group]))
+            i += len(group)
+            continue
+        out.append(program[i])
+        i += 1
+    return out
