@@ -206,6 +206,31 @@ def test_rotated_kv_cache_accuracy_loss_is_bounded(kind):
     assert greedy[:n + same] == greedy_exact[:n + same]  # the first generated tokens agree
 
 
+@pytest.mark.parametrize("kind", ["q4r", "q3r"])
+def test_batched_slots_decode_each_sequence_as_alone(kind):
+    """load(slots=N): each slot has its own cache (and keys' centre); a batched decode step gives every sequence the
+    tokens and logits it gets decoded alone."""
+    from hetero.llm.batch import decode_step
+
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14, 15, 16, 17, 18]]
+    alone = load(FIXTURES / "qwen3", kv_cache=kind)
+    multi = load(FIXTURES / "qwen3", kv_cache=kind, slots=len(prompts))
+    want = []
+    for p in prompts:
+        alone.reset()
+        row, rows = alone.prefill(p)[-1], []
+        for _ in range(4):
+            row = alone.forward([int(np.argmax(row))])[-1]
+            rows.append(row)
+        want.append(rows)
+    seqs = multi.sequences()
+    rows = [s.prefill(p)[-1] for s, p in zip(seqs, prompts, strict=True)]
+    for step in range(4):
+        rows = list(decode_step(seqs, [int(np.argmax(r)) for r in rows]))
+        for i, row in enumerate(rows):
+            np.testing.assert_allclose(row, want[i][step], rtol=0, atol=1e-4)
+
+
 # -- command line ----------------------------------------------------------------------------------------------------
 def test_cli_kv_cache_option_takes_the_rotated_types():
     parser = argparse.ArgumentParser(prog="hetero")
