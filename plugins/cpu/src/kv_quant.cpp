@@ -109,8 +109,7 @@ void set_code(std::uint8_t* packed, int bits, i64 i, int code) {
   }
 }
 
-void decode_generic(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, bool per_lane,
-                    float* out) {
+void decode_generic(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, int period, float* out) {
   const float* cb = codebook(bits);
   for (i64 b = 0; b < nblocks; ++b) {
     const std::uint8_t* p = packed + b * block_bytes(bits);
@@ -119,14 +118,14 @@ void decode_generic(int bits, const std::uint8_t* packed, i64 nblocks, const flo
       int c;
       if (bits == 4) c = (p[j % 16] >> (j < 16 ? 0 : 4)) & 15;
       else c = ((p[j % 8] >> (2 * (j / 8))) & 3) | (((p[8 + j / 8] >> (j % 8)) & 1) << 2);
-      o[j] = cb[c] * (per_lane ? scales[b * kBlock + j] : scales[b]);
+      o[j] = cb[c] * (period ? scales[(b % period) * kBlock + j] : scales[b]);
     }
   }
 }
 
 #ifndef HETERO_KVQ_X86
-void decode_avx2(int bits, const std::uint8_t* p, i64 n, const float* s, bool pl, float* o) { decode_generic(bits, p, n, s, pl, o); }
-void decode_avx512(int bits, const std::uint8_t* p, i64 n, const float* s, bool pl, float* o) { decode_generic(bits, p, n, s, pl, o); }
+void decode_avx2(int bits, const std::uint8_t* p, i64 n, const float* s, int pe, float* o) { decode_generic(bits, p, n, s, pe, o); }
+void decode_avx512(int bits, const std::uint8_t* p, i64 n, const float* s, int pe, float* o) { decode_generic(bits, p, n, s, pe, o); }
 #endif
 
 DecodeFn decoder() {

@@ -38,14 +38,15 @@ void quantize_row(const float* x, i64 d, int bits, float* tmp, std::uint8_t* cod
 // Code `code` of value i of packed blocks (other codes untouched).
 void set_code(std::uint8_t* packed, int bits, i64 i, int code);
 
-// out[j] = level(code j) * scale, for the nblocks * 32 values of packed blocks; scale = scales[j] (per_lane: a K tile
-// row, one scale per position) or scales[j / 32] (a V row, one per block).
-using DecodeFn = void (*)(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, bool per_lane,
+// out[b * 32 + j] = level(code j of block b) * scale, for the nblocks packed blocks; scale = scales[b] when
+// period == 0 (V rows: one scale per block), else scales[(b % period) * 32 + j] (K tile rows: one scale per position,
+// the same 64 for each row of a 32-row block: period 2).
+using DecodeFn = void (*)(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, int period,
                           float* out);
 DecodeFn decoder();  // the active ISA's (avx512 / avx2 / generic)
-void decode_generic(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, bool per_lane, float* out);
-void decode_avx2(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, bool per_lane, float* out);
-void decode_avx512(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, bool per_lane, float* out);
+void decode_generic(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, int period, float* out);
+void decode_avx2(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, int period, float* out);
+void decode_avx512(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, int period, float* out);
 
 }  // namespace kvq
 }  // namespace hetero

@@ -16,7 +16,7 @@ inline __m256 lookup16(__m256 lo, __m256 hi, __m256i idx) {
 
 }  // namespace
 
-void decode_avx2(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, bool per_lane, float* out) {
+void decode_avx2(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, int period, float* out) {
   const float* cbp = codebook(bits);
   const __m256 lo = _mm256_loadu_ps(cbp), hi = _mm256_loadu_ps(cbp + 8);
   const __m256i low4 = _mm256_set1_epi32(15), low2 = _mm256_set1_epi32(3), four = _mm256_set1_epi32(4);
@@ -42,7 +42,7 @@ void decode_avx2(int bits, const std::uint8_t* packed, i64 nblocks, const float*
       }
     }
     for (int k = 0; k < 4; ++k) {
-      const __m256 s = per_lane ? _mm256_loadu_ps(scales + b * kBlock + 8 * k) : _mm256_set1_ps(scales[b]);
+      const __m256 s = period ? _mm256_loadu_ps(scales + (b % period) * kBlock + 8 * k) : _mm256_set1_ps(scales[b]);
       _mm256_storeu_ps(out + b * kBlock + 8 * k, _mm256_mul_ps(v[k], s));
     }
   }

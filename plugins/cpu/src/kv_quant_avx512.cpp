@@ -9,8 +9,7 @@
 namespace hetero {
 namespace kvq {
 
-void decode_avx512(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, bool per_lane,
-                   float* out) {
+void decode_avx512(int bits, const std::uint8_t* packed, i64 nblocks, const float* scales, int period, float* out) {
   const __m512 cb = _mm512_loadu_ps(codebook(bits));
   const __m512i low4 = _mm512_set1_epi32(15), low2 = _mm512_set1_epi32(3), four = _mm512_set1_epi32(4);
   const __m512i sh01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
@@ -35,9 +34,10 @@ void decode_avx512(int bits, const std::uint8_t* packed, i64 nblocks, const floa
       i1 = _mm512_mask_or_epi32(i1, static_cast<__mmask16>(hb >> 16), i1, four);
     }
     __m512 v0 = _mm512_permutexvar_ps(i0, cb), v1 = _mm512_permutexvar_ps(i1, cb);
-    if (per_lane) {
-      v0 = _mm512_mul_ps(v0, _mm512_loadu_ps(scales + b * kBlock));
-      v1 = _mm512_mul_ps(v1, _mm512_loadu_ps(scales + b * kBlock + 16));
+    if (period) {
+      const float* s = scales + (b % period) * kBlock;
+      v0 = _mm512_mul_ps(v0, _mm512_loadu_ps(s));
+      v1 = _mm512_mul_ps(v1, _mm512_loadu_ps(s + 16));
     } else {
       const __m512 s = _mm512_set1_ps(scales[b]);
       v0 = _mm512_mul_ps(v0, s);

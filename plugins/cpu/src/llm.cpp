@@ -660,12 +660,13 @@ void rotated_tile(const Attention& at, kvq::DecodeFn decode, i64 h, i64 l0, i64 
   const int bits = at.bits();
   const auto* kb = static_cast<const std::uint8_t*>(at.ktile(h, l0 / KT));
   const std::size_t rb = at.krow_bytes();
+  // K: the scales [nb][KT], then one call per 32 rows (64 blocks sharing one row of scales); V: the nv rows' scales
+  // and codes are contiguous, one call each
   kr.f16_to_f32(reinterpret_cast<const std::uint16_t*>(kb + static_cast<std::size_t>(D) * rb), sf, nb * KT);
-  for (i64 i = 0; i < D; ++i) decode(bits, kb + static_cast<std::size_t>(i) * rb, 2, sf + (i / KVB) * KT, true, kf + i * KT);
-  for (i64 l = 0; l < nv; ++l) {
-    kr.f16_to_f32(static_cast<const std::uint16_t*>(at.vscale_bytes(h, l0 + l)), sf, nb);
-    decode(bits, static_cast<const std::uint8_t*>(at.vrow(h, l0 + l)), nb, sf, false, vf + l * D);
-  }
+  for (i64 i = 0; i < D; i += KVB)
+    decode(bits, kb + static_cast<std::size_t>(i) * rb, 2 * KVB, sf + (i / KVB) * KT, 2, kf + i * KT);
+  kr.f16_to_f32(static_cast<const std::uint16_t*>(at.vscale_bytes(h, l0)), sf, nv * nb);
+  decode(bits, static_cast<const std::uint8_t*>(at.vrow(h, l0)), nv * nb, sf, 0, vf);
 }
 
 void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
