@@ -291,9 +291,10 @@ def _prose_tokens(llm: Llm, n: int, offset: int) -> list[int]:
 
 def model_accuracy(args: argparse.Namespace) -> dict:
     """Logits over a long prompt and greedy streams, per cache type, against the float32 cache; interleaving is not
-    needed (nothing here is timed)."""
+    needed (nothing here is timed). ``--save DIR``: one process per type (each also saves its raw logits and
+    streams there; ``--from DIR`` then compares the saved runs without a model)."""
     kinds = args.kinds.split(",")
-    if kinds[0] != "f32":
+    if kinds[0] != "f32" and not args.save:
         kinds = ["f32", *[k for k in kinds if k != "f32"]]
     out: dict = {"model": Path(args.path).name, "prompt_tokens": args.prompt_tokens, "scored": args.scored,
                  "gen": args.gen, "prompts": args.prompts, "kinds": {}}
@@ -318,6 +319,9 @@ def model_accuracy(args: argparse.Namespace) -> dict:
         row: dict = {"nll": nll, "prefill_s": time.perf_counter() - started,
                      "kv_bytes_per_token": kv_bytes_per_token_layer(cfg.num_kv_heads, cfg.head_dim, kind)
                      * sum(1 for i in range(cfg.num_layers) if not cfg.is_linear_layer(i))}
+        if args.save:
+            np.savez(Path(args.save) / f"{kind}.npz", logits=logits, targets=targets, nll=nll,
+                     streams=np.array([[]]), bytes=row["kv_bytes_per_token"])
         if base_logits is None:
             base_logits = logits
         d = np.abs(logits - base_logits)
@@ -335,6 +339,9 @@ def model_accuracy(args: argparse.Namespace) -> dict:
                 stream.append(token)
                 step = np.asarray(llm.forward([token]))[-1]
             streams.append(stream)
+        if args.save:
+            np.savez(Path(args.save) / f"{kind}.npz", logits=logits, targets=targets, nll=nll,
+                     streams=np.array(streams), bytes=row["kv_bytes_per_token"])
         if not base_streams:
             base_streams = streams
         row["first_diff"] = [next((i for i, (a, b) in enumerate(zip(s, t, strict=True)) if a != b), len(s))
@@ -344,6 +351,22 @@ def model_accuracy(args: argparse.Namespace) -> dict:
         out["kinds"][kind] = row
         llm.close()
         print(f"done: {kind} ({row['prefill_s']:.0f} s prefill)", file=sys.stderr)
+    return out
+
+
+def model_from(args: argparse.Namespace) -> dict:
+    """The table of runs saved by ``model --save DIR`` (one file per cache type, f32 among them)."""
+    runs = {kind: np.load(Path(args.path) / f"{kind}.npz") for kind in args.kinds.split(",")}
+    base = runs["f32"]
+    out: dict = {"model": str(args.path), "gen": int(base["streams"].shape[1]), "kinds": {}}
+    for kind, r in runs.items():
+        d = np.abs(r["logits"] - base["logits"])
+        s, t = r["streams"], base["streams"]
+        out["kinds"][kind] = {
+            "nll": float(r["nll"]), "kv_bytes_per_token": int(r["bytes"]), "max_abs": float(d.max()),
+            "mean_abs": float(d.mean()), "top1": float((r["logits"].argmax(-1) == base["logits"].argmax(-1)).mean()),
+            "first_diff": [int(np.argmax(a != b)) if np.any(a != b) else len(a) for a, b in zip(s, t, strict=True)],
+            "same_tokens": float((s == t).mean())}
     return out
 
 
@@ -373,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen-context", type=int, default=512, help="tokens of each greedy prompt")
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("--save", default=None, metavar="DIR", help="also save each type's logits and streams there")
+    p.add_argument("--from", dest="from_dir", action="store_true",
+                   help="PATH is a --save folder: compare its runs (no model)")
     p = sub.add_parser("speed")
     p.add_argument("-d", "--depth", type=int, default=2048, help="context prefilled before the timed decode")
     p.add_argument("-n", "--n-gen", type=int, default=32)
@@ -390,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.what == "model":
-        out = model_accuracy(args)
+        out = model_from(args) if args.from_dir else model_accuracy(args)
         print(json.dumps(out, indent=2) if args.json else model_markdown(out))
     elif args.what == "accuracy":
         out = accuracy(args)
