@@ -231,6 +231,24 @@ def test_batched_slots_decode_each_sequence_as_alone(kind):
             np.testing.assert_allclose(row, want[i][step], rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["q4r", "q3r"])
+def test_speculative_decoding_rolls_back_to_plain_greedy(kind):
+    """Drafts accepted in full, in part and not at all: rejected positions are overwritten, the keys' centre stays
+    (set by the prompt's step at position 0), so the tokens are plain greedy decoding's with the same cache."""
+    from hetero.llm.speculative import Speculation
+
+    from .test_speculative import PROMPT, Scripted, _plain
+
+    llm = load(FIXTURES / "qwen3", kv_cache=kind)
+    want = _plain(llm, PROMPT, 30)
+    for k in (1, 4):
+        llm.reset()
+        llm.generate(PROMPT, 30, temperature=0, spec=Speculation(Scripted(want, len(PROMPT), max_draft=k),
+                                                                adaptive=False))
+        assert list(llm.last.tokens) == want, k
+        assert 0 < llm.stats.accepted_tokens < llm.stats.drafted_tokens
+
+
 # -- command line ----------------------------------------------------------------------------------------------------
 def test_cli_kv_cache_option_takes_the_rotated_types():
     parser = argparse.ArgumentParser(prog="hetero")
