@@ -18,7 +18,7 @@ import pytest
 from hetero.contract import HeteroError
 from hetero.contract import kv_rotated as kr
 from hetero.llm import cli
-from hetero.llm.loader import KV_BYTES, kv_cache_bytes
+from hetero.llm.loader import KV_BYTES, check_memory, kv_cache_bytes
 from hetero.ops.llm import kv_round
 
 from .helpers import FIXTURES, expected, load
@@ -129,6 +129,8 @@ def test_memory_per_value_next_to_f16_and_q8():
     cfg = load(FIXTURES / "qwen3").config
     assert kv_cache_bytes(cfg, 1000, "q4r") * 32 == kv_cache_bytes(cfg, 1000, "f16") * 9  # 0.5625 / 2
     assert kv_cache_bytes(cfg, 1000, "q3r") < kv_cache_bytes(cfg, 1000, "q4r") < kv_cache_bytes(cfg, 1000, "q8")
+    with pytest.raises(HeteroError, match=r"needs [\d.]+ GiB of q4r KV cache"):  # the load's memory check counts them
+        check_memory(cfg, 2**42, "q4r", Path("m.gguf"))
 
 
 # -- the Attention op over it ----------------------------------------------------------------------------------------
