@@ -374,7 +374,7 @@ def model_markdown(out: dict) -> str:
     rows = [f"| cache | KV bytes / token | max abs d logit | mean abs d logit | top-1 agree | NLL | d NLL "
             f"| greedy: first differing token of {out['gen']} (per prompt) | same tokens |",
             "|---|--:|--:|--:|--:|--:|--:|---|--:|"]
-    base = out["kinds"]["f32"]["nll"]
+    base = out["kinds"].get("f32", next(iter(out["kinds"].values())))["nll"]
     for kind, r in out["kinds"].items():
         rows.append(f"| {kind} | {r['kv_bytes_per_token']} | {r['max_abs']:.3f} | {r['mean_abs']:.4f} | "
                     f"{100 * r['top1']:.1f}% | {r['nll']:.4f} | {r['nll'] - base:+.4f} | "
