@@ -124,8 +124,12 @@ void decode_generic(int bits, const std::uint8_t* packed, i64 nblocks, const flo
 }
 
 #ifndef HETERO_KVQ_X86
-void decode_avx2(int bits, const std::uint8_t* p, i64 n, const float* s, int pe, float* o) { decode_generic(bits, p, n, s, pe, o); }
-void decode_avx512(int bits, const std::uint8_t* p, i64 n, const float* s, int pe, float* o) { decode_generic(bits, p, n, s, pe, o); }
+void decode_avx2(int bits, const std::uint8_t* p, i64 n, const float* s, int pe, float* o) {
+  decode_generic(bits, p, n, s, pe, o);
+}
+void decode_avx512(int bits, const std::uint8_t* p, i64 n, const float* s, int pe, float* o) {
+  decode_generic(bits, p, n, s, pe, o);
+}
 #endif
 
 DecodeFn decoder() {

@@ -1,6 +1,6 @@
-// The rotated low-bit KV cache formats "q4r" / "q3r" (defined in numpy by core/hetero/contract/kv_rotated.py, which this
-// code matches bit for bit): a (position, head) row of d values (d a multiple of 32) is rotated per group of
-// G = min(largest power of two dividing d, 128) values by fixed random signs and the normalized Walsh-Hadamard
+// The rotated low-bit KV cache formats "q4r" / "q3r" (defined in numpy by core/hetero/contract/kv_rotated.py,
+// which this code matches bit for bit): a (position, head) row of d values (d a multiple of 32) is rotated per group
+// of G = min(largest power of two dividing d, 128) values by fixed random signs and the normalized Walsh-Hadamard
 // transform, then each block of 32 rotated values is stored as a float16 scale (the block's RMS) and 4- or 3-bit
 // indices into a Lloyd-Max codebook of the unit Gaussian.
 //

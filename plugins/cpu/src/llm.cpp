@@ -554,12 +554,12 @@ constexpr i64 RB = 32;  // query rows (query position x head of the group) per t
 // by its scales [nb][KT]; V's scales are an array of their own ([head][position][nb]). The rotated low-bit types
 // (q4r / q3r, kv_quant.hpp) store rotated rows as packed codes with a float16 scale per 32 values: a K tile row
 // (one dimension, 64 positions) is two packed blocks, the tile's scales follow as float16 [nb][KT]; a V row is d/32
-// packed blocks, its scales float16 [head][position][nb]. Their keys are stored centred: k - kmean, kmean (per kv head)
-// the mean of the first (up to 64) keys of the step that wrote position 0 (hetero.contract.kv_rotated.key_mean). Subtracting one
-// vector from every key moves all of a query's scores by the same q . kmean, which the softmax cancels exactly, and
-// it removes the large constant part of real models' keys (a K bias: |k| up to ~360 in Qwen2.5's first layer) that
-// would otherwise set every block's scale. Positions are quantized independently, so rolling back (overwriting from
-// any past_len > 0) needs nothing special; a step at position 0 starts a new mean.
+// packed blocks, its scales float16 [head][position][nb]. Their keys are stored centred: k - kmean, kmean (per kv
+// head) the mean of the first (up to 64) keys of the step that wrote position 0 (hetero.contract.kv_rotated.key_mean).
+// Subtracting one vector from every key moves all of a query's scores by the same q . kmean, which the softmax
+// cancels exactly, and it removes the large constant part of real models' keys (a K bias: |k| up to ~360 in
+// Qwen2.5's first layer) that would otherwise set every block's scale. Positions are quantized independently, so
+// rolling back (overwriting from any past_len > 0) needs nothing special; a step at position 0 starts a new mean.
 struct Attention {
   i64 hkv = 0, max_ctx = 0, d = 0, ntiles = 0;
   int kind = KV_F16;
@@ -817,7 +817,8 @@ void py_attention(Attention& at, const py::array& q, const py::array& k, const p
 }
 
 // A prefix of the cache as bytes in its own layout, per kv head (rows): the K tiles covering positions [0, n) (q4r /
-// q3r: after the head's kmean, d float32), V's rows [0, n), and (q8 / q4r / q3r) V's scales. `load` puts them back into a cache of the same heads, head size and type (a
+// q3r: after the head's kmean, d float32), V's rows [0, n), and (q8 / q4r / q3r) V's scales. `load` puts them back
+// into a cache of the same heads, head size and type (a
 // prefix cache: one sequence's computed prompt reused by another). A K tile's positions past n are copied as they
 // are: the kernel never reads a position past `filled`.
 py::tuple py_attention_export(const Attention& at, i64 n) {
@@ -1026,12 +1027,14 @@ void bind_llm(py::module_& m) {
   m.def("llm_embedding", &py_embedding, py::arg("ids"), py::arg("table"), py::arg("wtype"), py::arg("block_size"),
         py::arg("symmetric"), py::arg("dim"), py::arg("out"));
 
-  // kv_dtype: "f16" / "f32" / "q8" / "q4r" / "q3r" (the Attention op's attribute); a bool (True: f16) is still accepted.
+  // kv_dtype: "f16" / "f32" / "q8" / "q4r" / "q3r" (the Attention op's attribute); a bool (True: f16) is still
+  // accepted.
   auto make_attention = [](i64 kv_heads, i64 head_dim, i64 max_context, int kind) {
     if (kv_heads < 1 || head_dim < 1 || max_context < 1) fail("LlmAttention: sizes must be positive");
     if ((kind == KV_Q4R || kind == KV_Q3R) && (head_dim % hetero::kvq::kBlock || head_dim > 2048))
-      fail("LlmAttention: kv_dtype " + std::string(kind == KV_Q4R ? "'q4r'" : "'q3r'") + " needs head_dim a multiple of " +
-           std::to_string(hetero::kvq::kBlock) + " (at most 2048), got " + std::to_string(head_dim));
+      fail("LlmAttention: kv_dtype " + std::string(kind == KV_Q4R ? "'q4r'" : "'q3r'") +
+           " needs head_dim a multiple of " + std::to_string(hetero::kvq::kBlock) + " (at most 2048), got " +
+           std::to_string(head_dim));
     auto a = std::make_unique<Attention>();
     a->hkv = kv_heads;
     a->d = head_dim;
