@@ -722,6 +722,22 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
   const double work = static_cast<double>(rows) * static_cast<double>(past + T) * static_cast<double>(D) * hkv;
   const int nt = threads_for(work, 32768.0);
   const kvq::DecodeFn decode = kvq::decoder();
+  // q4r / q3r with several row blocks per head (prefill): every tile decoded once, up front, into a shared buffer
+  // (bounded: 32 MiB), instead of once per block of RB rows
+  const i64 used = (past + T + KT - 1) / KT;
+  const std::size_t tile_f = static_cast<std::size_t>(2 * D * KT);  // K [D][KT] then V [KT][D]
+  const bool shared = at.rotated() && nblk > 1 && static_cast<std::size_t>(hkv * used) * tile_f * 4 <= (32u << 20);
+  thread_local Scratch<float> decoded;
+  float* dec = shared ? decoded.get(static_cast<std::size_t>(hkv * used) * tile_f) : nullptr;
+  if (shared) {
+    parallel_for(hkv * used, threads_for(static_cast<double>(hkv * used) * static_cast<double>(tile_f), 32768.0),
+                 [&](i64 job) {
+                   const i64 h = job / used, l0 = (job % used) * KT;
+                   float* kf = dec + static_cast<std::size_t>(job) * tile_f;
+                   float* sf = tl_f(4).get(static_cast<std::size_t>(at.nb() * KT));
+                   rotated_tile(at, decode, h, l0, std::min<i64>(KT, past + T - l0), kf, kf + D * KT, sf);
+                 });
+  }
   parallel_for(ntasks, nt, [&](i64 task) {
     const i64 h = task / nblk, r0 = (task % nblk) * RB, r1 = std::min(rows, r0 + RB);
     const i64 nr_all = r1 - r0;
@@ -750,7 +766,11 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
       const void* kt = at.ktile(h, l0 / KT);
       const void* vt = at.vrow(h, l0);
       const float* vst = at.kind == KV_Q8 ? at.vscale(h, l0) : nullptr;
-      if (rot) {
+      if (shared) {
+        const float* tile = dec + static_cast<std::size_t>(h * used + l0 / KT) * tile_f;
+        kt = tile;
+        vt = tile + D * KT;
+      } else if (rot) {
         rotated_tile(at, decode, h, l0, std::min<i64>(KT, last + 1 - l0), kf, vf, sf);
         kt = kf;
         vt = vf;
