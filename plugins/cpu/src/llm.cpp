@@ -687,7 +687,20 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
           at.kmean[static_cast<std::size_t>(h * D + i)] = static_cast<float>(sum / static_cast<double>(n));
         }
     }
-    for (i64 t = 0; t < T; ++t)
+    if (at.rotated()) {  // rotation + codebook search per row: one task per kv head (heads share no byte)
+      const double rows_work = static_cast<double>(T) * static_cast<double>(hkv) * static_cast<double>(D) * 32.0;
+      parallel_for(hkv, threads_for(rows_work, 32768.0), [&](i64 h) {
+        tl_f(0).get(static_cast<std::size_t>(3 * D));
+        for (i64 t = 0; t < T; ++t) {
+          const i64 pos = past + t;
+          char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
+          char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
+          rotated_append(at, h, kin + (t * hkv + h) * D, vin + (t * hkv + h) * D, kt, vr, pos % KT,
+                         at.vscale_bytes(h, pos));
+        }
+      });
+    }
+    for (i64 t = 0; t < T && !at.rotated(); ++t)
       for (i64 h = 0; h < hkv; ++h) {
         const i64 pos = past + t;
         const float* ks = kin + (t * hkv + h) * D;
@@ -695,9 +708,7 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
         char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
         char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
         const i64 lane = pos % KT;
-        if (at.rotated()) {
-          rotated_append(at, h, ks, vs, kt, vr, lane, at.vscale_bytes(h, pos));
-        } else if (at.kind == KV_Q8) {
+        if (at.kind == KV_Q8) {
           auto* kd = reinterpret_cast<std::int8_t*>(kt);
           kv_quantize_row(ks, D, kd + lane, KT, reinterpret_cast<float*>(kd + D * KT) + lane, KT);
           kv_quantize_row(vs, D, reinterpret_cast<std::int8_t*>(vr), 1, at.vscale(h, pos), 1);
