@@ -1,8 +1,10 @@
-"""KV cache types compared: the accuracy lost by the float16 and int8 ("q8") caches against the exact float32 one,
-and decode speed at a long context.
+"""KV cache types compared: the accuracy lost by the float16, int8 ("q8") and rotated 4 / 3-bit ("q4r" / "q3r")
+caches against the exact float32 one, memory per token, and decode speed at a long context.
 
+    python benchmarks/kv_cache.py model MODEL.gguf    # a real model: logits over a long prompt, greedy streams
     python benchmarks/kv_cache.py accuracy            # fixtures + the text runs, markdown (or --json)
     python benchmarks/kv_cache.py speed -d 2048 -n 32 # decode tokens/s after a 2048-token context, f16 vs q8
+    python benchmarks/kv_cache.py speed -d 2048 --kinds f16,q8,q4r,q3r
     python benchmarks/kv_cache.py attention -d 2048   # one layer's decode attention alone, f32 / f16 / q8
     python benchmarks/kv_cache.py attention -l 28     # 28 layers' (past L3)
 
@@ -17,6 +19,12 @@ trained model with peaked attention and outlier key channels can lose more — r
 Speed: the synthetic Qwen3-0.6B-shaped model (q4 weights, as ``hetero bench`` uses) once per cache type, the types
 interleaved within each repetition: the cache prefilled to the depth (timed on its own), then N single-token decode
 steps timed; the medians of the repetitions.
+
+Model (a real GGUF, e.g. Qwen2.5-Coder-1.5B): per cache type, (1) the logits of the last ``--scored`` positions of
+a ``--prompt-tokens`` prompt (the needle eval's haystack prose, teacher forced) against the float32 cache's: max /
+mean |d logit|, top-1 agreement, NLL of the actual next tokens; (2) ``--gen`` greedy tokens after each of
+``--prompts`` prompts (a slice of the same prose, each ~``--gen-context`` tokens long): the position where the
+stream first differs from the float32 cache's stream; (3) KV bytes per token of the model.
 """
 
 from __future__ import annotations
@@ -57,7 +65,9 @@ TEXT = (
 
 def kv_bytes_per_token_layer(kv_heads: int, head_dim: int, kind: str) -> int:
     """Bytes one token's K and V take in one layer's cache."""
-    per_row = {"f32": 4 * head_dim, "f16": 2 * head_dim, "q8": head_dim + 4 * -(-head_dim // 32)}[kind]
+    blocks = -(-head_dim // 32)
+    per_row = {"f32": 4 * head_dim, "f16": 2 * head_dim, "q8": head_dim + 4 * blocks,
+               "q4r": 16 * blocks + 2 * blocks, "q3r": 12 * blocks + 2 * blocks}[kind]
     return 2 * kv_heads * per_row
 
 
@@ -264,11 +274,131 @@ def attention(args: argparse.Namespace) -> dict:
     return {"depth": args.depth, "layers": args.layers, "results": results}
 
 
+# -- a real model ----------------------------------------------------------------------------------------------------
+def _prose_tokens(llm: Llm, n: int, offset: int) -> list[int]:
+    """``n`` tokens of the needle eval's default haystack (Python's language reference prose), from sentence
+    ``offset`` on."""
+    from hetero.llm.needle import haystack_sentences
+
+    sentences, _ = haystack_sentences()
+    ids: list[int] = []
+    i = offset
+    while len(ids) < n:
+        ids += llm.tokenize(" ".join(sentences[i:i + 40]))
+        i += 40
+    return ids[:n]
+
+
+def model_accuracy(args: argparse.Namespace) -> dict:
+    """Logits over a long prompt and greedy streams, per cache type, against the float32 cache; interleaving is not
+    needed (nothing here is timed). ``--save DIR``: one process per type (each also saves its raw logits and
+    streams there; ``--from DIR`` then compares the saved runs without a model)."""
+    kinds = args.kinds.split(",")
+    if kinds[0] != "f32" and not args.save:
+        kinds = ["f32", *[k for k in kinds if k != "f32"]]
+    out: dict = {"model": Path(args.path).name, "prompt_tokens": args.prompt_tokens, "scored": args.scored,
+                 "gen": args.gen, "prompts": args.prompts, "kinds": {}}
+    base_logits = None
+    base_streams: list[list[int]] = []
+    for kind in kinds:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            llm = hetero.llm.load(args.path, backends=args.backend, on_fallback="silent", threads=args.threads,
+                                  context=max(args.prompt_tokens, args.gen_context + args.gen) + 8,
+                                  all_logits=True, kv_cache=kind)
+        cfg = llm.config
+        ids = _prose_tokens(llm, args.prompt_tokens + 1, 0)
+        started = time.perf_counter()
+        llm.reset()
+        head, tail = ids[:args.prompt_tokens - args.scored], ids[args.prompt_tokens - args.scored:args.prompt_tokens]
+        for i in range(0, len(head), 512):
+            llm.forward(head[i:i + 512])
+        logits = np.asarray(llm.forward(tail), dtype=np.float32)
+        targets = np.array(ids[args.prompt_tokens - args.scored + 1:args.prompt_tokens + 1])
+        nll = float(-_log_softmax(logits)[np.arange(len(targets)), targets].mean())
+        row: dict = {"nll": nll, "prefill_s": time.perf_counter() - started,
+                     "kv_bytes_per_token": kv_bytes_per_token_layer(cfg.num_kv_heads, cfg.head_dim, kind)
+                     * sum(1 for i in range(cfg.num_layers) if not cfg.is_linear_layer(i))}
+        if args.save:
+            np.savez(Path(args.save) / f"{kind}.npz", logits=logits, targets=targets, nll=nll,
+                     streams=np.array([[]]), bytes=row["kv_bytes_per_token"])
+        if base_logits is None:
+            base_logits = logits
+        d = np.abs(logits - base_logits)
+        row.update(max_abs=float(d.max()), mean_abs=float(d.mean()),
+                   top1=float((logits.argmax(-1) == base_logits.argmax(-1)).mean()),
+                   logit_std=float(base_logits.std()))
+        streams = []
+        for p in range(args.prompts):
+            prompt = _prose_tokens(llm, args.gen_context, 200 + 300 * p)
+            llm.reset()
+            stream: list[int] = []
+            step = np.asarray(llm.forward(prompt))[-1]
+            for _ in range(args.gen):
+                token = int(np.argmax(step))
+                stream.append(token)
+                step = np.asarray(llm.forward([token]))[-1]
+            streams.append(stream)
+        if args.save:
+            np.savez(Path(args.save) / f"{kind}.npz", logits=logits, targets=targets, nll=nll,
+                     streams=np.array(streams), bytes=row["kv_bytes_per_token"])
+        if not base_streams:
+            base_streams = streams
+        row["first_diff"] = [next((i for i, (a, b) in enumerate(zip(s, t, strict=True)) if a != b), len(s))
+                             for s, t in zip(streams, base_streams, strict=True)]
+        row["same_tokens"] = float(np.mean([np.mean(np.array(s) == np.array(t))
+                                            for s, t in zip(streams, base_streams, strict=True)]))
+        out["kinds"][kind] = row
+        llm.close()
+        print(f"done: {kind} ({row['prefill_s']:.0f} s prefill)", file=sys.stderr)
+    return out
+
+
+def model_from(args: argparse.Namespace) -> dict:
+    """The table of runs saved by ``model --save DIR`` (one file per cache type, f32 among them)."""
+    runs = {kind: np.load(Path(args.path) / f"{kind}.npz") for kind in args.kinds.split(",")}
+    base = runs["f32"]
+    out: dict = {"model": str(args.path), "gen": int(base["streams"].shape[1]), "kinds": {}}
+    for kind, r in runs.items():
+        d = np.abs(r["logits"] - base["logits"])
+        s, t = r["streams"], base["streams"]
+        out["kinds"][kind] = {
+            "nll": float(r["nll"]), "kv_bytes_per_token": int(r["bytes"]), "max_abs": float(d.max()),
+            "mean_abs": float(d.mean()), "top1": float((r["logits"].argmax(-1) == base["logits"].argmax(-1)).mean()),
+            "first_diff": [int(np.argmax(a != b)) if np.any(a != b) else len(a) for a, b in zip(s, t, strict=True)],
+            "same_tokens": float((s == t).mean())}
+    return out
+
+
+def model_markdown(out: dict) -> str:
+    rows = [f"| cache | KV bytes / token | max abs d logit | mean abs d logit | top-1 agree | NLL | d NLL "
+            f"| greedy: first differing token of {out['gen']} (per prompt) | same tokens |",
+            "|---|--:|--:|--:|--:|--:|--:|---|--:|"]
+    base = out["kinds"].get("f32", next(iter(out["kinds"].values())))["nll"]
+    for kind, r in out["kinds"].items():
+        rows.append(f"| {kind} | {r['kv_bytes_per_token']} | {r['max_abs']:.3f} | {r['mean_abs']:.4f} | "
+                    f"{100 * r['top1']:.1f}% | {r['nll']:.4f} | {r['nll'] - base:+.4f} | "
+                    f"{' / '.join(str(x) for x in r['first_diff'])} | {100 * r['same_tokens']:.0f}% |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("accuracy")
     p.add_argument("--gguf", default=str(DEFAULT_GGUF), help="a float-weight GGUF for the deep run ('' to skip)")
+    p = sub.add_parser("model")
+    p.add_argument("path", help="a GGUF file or model folder")
+    p.add_argument("--kinds", default="f32,f16,q8,q4r,q3r")
+    p.add_argument("--prompt-tokens", type=int, default=2048, help="the teacher-forced prompt's length")
+    p.add_argument("--scored", type=int, default=256, help="its last positions whose logits are compared")
+    p.add_argument("--gen", type=int, default=256, help="greedy tokens per prompt")
+    p.add_argument("--gen-context", type=int, default=512, help="tokens of each greedy prompt")
+    p.add_argument("--prompts", type=int, default=3)
+    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("--save", default=None, metavar="DIR", help="also save each type's logits and streams there")
+    p.add_argument("--from", dest="from_dir", action="store_true",
+                   help="PATH is a --save folder: compare its runs (no model)")
     p = sub.add_parser("speed")
     p.add_argument("-d", "--depth", type=int, default=2048, help="context prefilled before the timed decode")
     p.add_argument("-n", "--n-gen", type=int, default=32)
@@ -285,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("-b", "--backend", action="append", default=None, help="backend(s), e.g. cpu")
         p.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if args.what == "accuracy":
+    if args.what == "model":
+        out = model_from(args) if args.from_dir else model_accuracy(args)
+        print(json.dumps(out, indent=2) if args.json else model_markdown(out))
+    elif args.what == "accuracy":
         out = accuracy(args)
         print(json.dumps(out, indent=2) if args.json else accuracy_markdown(out))
     elif args.what == "speed":

@@ -131,8 +131,9 @@ def add_generation_options(p: argparse.ArgumentParser, *, default_n: int = 128,
 
 def _kv_option(p: argparse.ArgumentParser) -> None:
     # The choices are hetero.llm.model.KV_CACHE_TYPES, spelled out so building the parser imports nothing heavy.
-    p.add_argument("--kv-cache", default="f16", choices=["f16", "f32", "q8"],
-                   help="KV cache element type: f16 (default), f32 (exact) or q8 (int8, about half of f16's memory)")
+    p.add_argument("--kv-cache", default="f16", choices=["f16", "f32", "q8", "q4r", "q3r"],
+                   help="KV cache element type: f16 (default), f32 (exact), q8 (int8, about half of f16's memory), "
+                        "q4r / q3r (rotated 4 / 3-bit, about a quarter / a fifth; cpu)")
 
 
 def _load(args: argparse.Namespace) -> Any:

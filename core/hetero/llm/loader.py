@@ -27,8 +27,9 @@ from .whole_decoder import whole_decoder
 if TYPE_CHECKING:
     from .template import ChatTemplate
 
-# bytes per cached value of each KV cache type (q8: int8 with a float scale per 32 values)
-KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8": 1.125}
+# bytes per cached value of each KV cache type (q8: int8 with a float scale per 32 values; q4r / q3r: 4 / 3-bit codes
+# with a float16 scale per 32 values)
+KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8": 1.125, "q4r": 0.5625, "q3r": 0.4375}
 
 
 def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, on_fallback: str = "warn",
@@ -46,7 +47,8 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     ``<model>/.hetero-cache`` so the next load is fast. context: KV cache length in tokens (checked against the
     machine's memory before anything is allocated). prefill_chunk: prompt tokens per step (0: all at once).
     all_logits: return logits for every prompt token (tests), not just the last. kv_cache: "f16" (default, half
-    the memory), "f32" (exact) or "q8". chat_template: None uses the model's own template (test-rendered at load
+    the memory), "f32" (exact), "q8", or the rotated 4 / 3-bit "q4r" / "q3r" (cpu; docs/long-context.md).
+    chat_template: None uses the model's own template (test-rendered at load
     with bounded time and memory: one that exceeds the bounds is an error); "plain" uses a plain
     ``role: content`` format instead (the fallback for a model whose template is refused); any other string is a
     Jinja template to use instead of the model's. hidden_layers: decoder layers whose outputs every step also
@@ -96,7 +98,8 @@ def check_memory(cfg: LlmConfig, context: int, kv_cache: str, path: Path) -> Non
     have = physical_memory()
     if have and need > have:
         raise HeteroError(f"{path.name}: context={context} needs {need / 2**30:.1f} GiB of {kv_cache} KV cache; this "
-                          f"machine has {have / 2**30:.1f} GiB", hint="use a smaller context (-c), or kv_cache='q8'")
+                          f"machine has {have / 2**30:.1f} GiB",
+                          hint="use a smaller context (-c), or kv_cache='q8' / 'q4r'")
 
 
 def physical_memory() -> int:

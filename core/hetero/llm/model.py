@@ -27,6 +27,7 @@ import numpy as np
 from ..contract.decoder import LlmDecoder
 from ..contract.errors import HeteroError
 from ..contract.graph import Graph
+from ..contract.kv_rotated import KV_ROTATED_BITS, check_head_dim
 from ..runtime.session import Session
 from .batch import LOGIT_ROWS, Batcher, slot_graph
 from .config import LlmConfig
@@ -84,8 +85,9 @@ class Stats:
 
 # KV cache element types: float16 halves the cache (and decode attention's reads); float32 is exact; q8 (int8 with a
 # float scale per 32 values, 1.125 bytes a value) nearly halves it again at a small, measured accuracy cost
-# (docs/llm.md, "KV cache").
-KV_CACHE_TYPES = ("f16", "f32", "q8")
+# (docs/llm.md, "KV cache"); q4r / q3r (Walsh-Hadamard rotated, 4 / 3-bit Lloyd-Max codes, 0.5625 / 0.4375 bytes a
+# value, hetero.contract.kv_rotated) quarter / fifth it, measured in docs/long-context.md.
+KV_CACHE_TYPES = ("f16", "f32", "q8", "q4r", "q3r")
 
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                   "frequency_penalty", "penalty_last_n", "seed")
@@ -132,6 +134,8 @@ class Llm:
         self.quant = quant
         self.path = path
         self.threads = threads
+        if kv_cache in KV_ROTATED_BITS and (why := check_head_dim(config.head_dim, kv_cache)):
+            raise HeteroError(f"{name or config.family}: {why}", hint="use kv_cache='q8' or 'f16'")
         for node in graph.nodes:
             if node.op_type == "Attention":
                 node.attrs["kv_dtype"] = kv_cache

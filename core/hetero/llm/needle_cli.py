@@ -32,7 +32,7 @@ def add_eval_command(subparsers: Any) -> None:
     n.add_argument("-r", "--repeats", type=int, default=1, metavar="N",
                    help="prompts per cell, each with other needles (default 1)")
     n.add_argument("--kv-cache", default="f16", metavar="TYPE[,TYPE]",
-                   help="KV cache types to compare, one model load each: f16, f32, q8 (default f16)")
+                   help="KV cache types to compare, one model load each: f16, f32, q8, q4r, q3r (default f16)")
     n.add_argument("--compress", type=float, default=None, metavar="SHARE",
                    help="also run with the document compressed to this share of its tokens (e.g. 0.5)")
     n.add_argument("--compress-only", action="store_true", help="with --compress: skip the uncompressed runs")

@@ -28,6 +28,7 @@ import numpy as np
 from ..contract import dtypes, quant
 from ..contract.errors import HeteroError
 from ..contract.graph import HETERO_DOMAIN
+from ..contract.kv_rotated import KV_ROTATED_BITS, check_head_dim, key_mean, kv_rotated_round
 from ..contract.opforms import cache_range_error, rope_inv_freq
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, TensorInfo
@@ -175,7 +176,7 @@ def rotary_embedding(ctx: OpContext) -> list[np.ndarray]:
 
 
 # -- Attention -------------------------------------------------------------------------------------------------------
-KV_DTYPES = ("f16", "f32", "q8")  # the Attention op's kv_dtype values
+KV_DTYPES = ("f16", "f32", "q8", "q4r", "q3r")  # the Attention op's kv_dtype values (q4r / q3r: contract.kv_rotated)
 KV_Q8_BLOCK = 32  # q8 KV cache: values of a (position, head) row per scale
 
 
@@ -204,6 +205,8 @@ def kv_round(x: np.ndarray, kv_dtype: str) -> np.ndarray:
     """``x`` (float32) as a KV cache of type ``kv_dtype`` stores it, read back as float32."""
     if kv_dtype == "q8":
         return kv_q8_round(x)
+    if kv_dtype in KV_ROTATED_BITS:
+        return kv_rotated_round(x, kv_dtype)
     return x.astype(np.float16 if kv_dtype == "f16" else np.float32).astype(np.float32)
 
 
@@ -234,8 +237,10 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
     scalar). Output: float32 ``[T, Hq * D]`` (the heads concatenated, ready for the output projection).
     Attributes: ``max_context`` (cache length in tokens, required), ``scale`` (default 0 = 1/sqrt(D)), ``kv_dtype``
     ("f16", the default: the cache stores k and v rounded to float16 — half the memory and bandwidth of decode's
-    attention; "f32": exact; or "q8": int8 with a float32 scale per block of 32 values of a (position, head) row,
-    see ``kv_q8_round`` — 1.125 bytes a value, and a small accuracy loss measured in docs/llm.md).
+    attention; "f32": exact; "q8": int8 with a float32 scale per block of 32 values of a (position, head) row,
+    see ``kv_q8_round`` — 1.125 bytes a value, and a small accuracy loss measured in docs/llm.md; or "q4r" / "q3r":
+    rotated by a Walsh-Hadamard transform and 4 / 3-bit Lloyd-Max codes with a float16 scale per 32 values, see
+    ``hetero.contract.kv_rotated`` — 0.5625 / 0.4375 bytes a value, head_dim a multiple of 32; docs/long-context.md).
 
     The new k/v rows are written at cache positions [past_len, past_len + T); query row t (position past_len + t)
     attends to cache positions [0, past_len + t] with softmax(q·k * scale); query head h reads kv head
@@ -267,8 +272,15 @@ def attention(ctx: OpContext) -> list[np.ndarray]:
     kv_dtype = str(ctx.attr("kv_dtype", "f16"))
     if kv_dtype not in KV_DTYPES:
         raise ctx.fail(f"kv_dtype {kv_dtype!r}; expected one of {', '.join(KV_DTYPES)}")
+    if kv_dtype in KV_ROTATED_BITS and (why := check_head_dim(d, kv_dtype)):
+        raise ctx.fail(why)
+    keys_in = k.transpose(1, 0, 2)
+    if kv_dtype in KV_ROTATED_BITS:  # centred keys (see hetero.contract.kv_rotated): the softmax cancels the shift
+        if past_len == 0 or "kmean" not in state:
+            state["kmean"] = key_mean(k)
+        keys_in = keys_in - state["kmean"][:, None, :]
     # Kept in float32 arrays, holding exactly the values the cache type stores.
-    state["k"][:, past_len:end] = kv_round(k.transpose(1, 0, 2), kv_dtype)
+    state["k"][:, past_len:end] = kv_round(keys_in, kv_dtype)
     state["v"][:, past_len:end] = kv_round(v.transpose(1, 0, 2), kv_dtype)
     state["filled"] = end
     keys, values = state["k"][:, :end], state["v"][:, :end]  # [Hkv, L, D]

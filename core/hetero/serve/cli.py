@@ -40,7 +40,8 @@ def add_serve_command(subparsers: Any) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
                    help="threads of the CPU backend (default: every core)")
     p.add_argument("-q", "--quant", default=None, help="quantize float weights at load: q4 / q8")
-    p.add_argument("--kv-cache", default="f16", choices=["f16", "f32", "q8"], help="KV cache element type")
+    p.add_argument("--kv-cache", default="f16", choices=["f16", "f32", "q8", "q4r", "q3r"],
+                   help="KV cache element type (q4r / q3r: rotated 4 / 3-bit, cpu)")
     p.add_argument("--on-fallback", choices=["warn", "error", "silent"], default=None,
                    help="nodes that leave the requested backends (default: silent)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kv_quant.hpp"
 #include "llm.hpp"
 
 namespace py = pybind11;
@@ -788,40 +789,66 @@ constexpr i64 RB = 32;  // query rows (query position x head of the group) per t
 // The KV cache of one layer: K in tiles of KT positions stored transposed ([head][tile][d][KT]) so that scores for
 // 64 positions are 64-wide vector FMAs, V row by row ([head][position][d]); float16 (default), float32, or int8
 // (q8) with one float scale per block of KVB values of a (position, head) row: a q8 K tile is int8 [d][KT] followed
-// by its scales [nb][KT]; V's scales are an array of their own ([head][position][nb]). Positions are quantized
-// independently, so rolling back (overwriting from any past_len) needs nothing special.
+// by its scales [nb][KT]; V's scales are an array of their own ([head][position][nb]). The rotated low-bit types
+// (q4r / q3r, kv_quant.hpp) store rotated rows as packed codes with a float16 scale per 32 values: a K tile row
+// (one dimension, 64 positions) is two packed blocks, the tile's scales follow as float16 [nb][KT]; a V row is d/32
+// packed blocks, its scales float16 [head][position][nb]. Their keys are stored centred: k - kmean, kmean (per kv
+// head) the mean of the first (up to 64) keys of the step that wrote position 0 (hetero.contract.kv_rotated.key_mean).
+// Subtracting one vector from every key moves all of a query's scores by the same q . kmean, which the softmax
+// cancels exactly, and it removes the large constant part of real models' keys (a K bias: |k| up to ~360 in
+// Qwen2.5's first layer) that would otherwise set every block's scale. Positions are quantized independently, so
+// rolling back (overwriting from any past_len > 0) needs nothing special; a step at position 0 starts a new mean.
 struct Attention {
   i64 hkv = 0, max_ctx = 0, d = 0, ntiles = 0;
   int kind = KV_F16;
   void* k = nullptr;
   void* v = nullptr;
-  float* vs = nullptr;  // q8: V scales
+  void* vs = nullptr;  // q8 / q4r / q3r: V scales
+  std::vector<float> kmean;  // q4r / q3r: [hkv][d], the keys' centre
   i64 filled = 0;
   ~Attention() {
     std::free(k);
     std::free(v);
     std::free(vs);
   }
-  std::size_t esize() const { return kind == KV_F32 ? 4 : (kind == KV_F16 ? 2 : 1); }
+  bool rotated() const { return kind == KV_Q4R || kind == KV_Q3R; }
+  int bits() const { return kind == KV_Q4R ? 4 : 3; }  // rotated types only
   i64 nb() const { return (d + KVB - 1) / KVB; }
+  // bytes of one V row, of one K tile row (64 positions of one dimension), of one row's scales
+  std::size_t vrow_bytes() const {
+    if (rotated()) return static_cast<std::size_t>(nb() * kvq::block_bytes(bits()));
+    return static_cast<std::size_t>(d) * (kind == KV_F32 ? 4 : (kind == KV_F16 ? 2 : 1));
+  }
+  std::size_t krow_bytes() const {
+    if (rotated()) return static_cast<std::size_t>(2 * kvq::block_bytes(bits()));
+    return static_cast<std::size_t>(KT) * (kind == KV_F32 ? 4 : (kind == KV_F16 ? 2 : 1));
+  }
+  std::size_t scale_bytes() const { return kind == KV_Q8 ? 4 : (rotated() ? 2 : 0); }  // per scale
+  std::size_t vs_row_bytes() const { return static_cast<std::size_t>(nb()) * scale_bytes(); }
   std::size_t tile_bytes() const {
-    return static_cast<std::size_t>(d * KT) * esize() + (kind == KV_Q8 ? static_cast<std::size_t>(nb() * KT) * 4 : 0);
+    return static_cast<std::size_t>(d) * krow_bytes() + static_cast<std::size_t>(nb() * KT) * scale_bytes();
   }
   void alloc() {
     // calloc: zero pages are mapped lazily, so a long context costs memory only as it fills.
     ntiles = (max_ctx + KT - 1) / KT;
     k = std::calloc(static_cast<std::size_t>(hkv * ntiles), tile_bytes());
-    v = std::calloc(static_cast<std::size_t>(hkv * max_ctx * d), esize());
-    if (kind == KV_Q8) vs = static_cast<float*>(std::calloc(static_cast<std::size_t>(hkv * max_ctx * nb()), 4));
-    if (!k || !v || (kind == KV_Q8 && !vs)) throw std::bad_alloc();
+    v = std::calloc(static_cast<std::size_t>(hkv * max_ctx), vrow_bytes());
+    if (scale_bytes()) vs = std::calloc(static_cast<std::size_t>(hkv * max_ctx), vs_row_bytes());
+    if (!k || !v || (scale_bytes() && !vs)) throw std::bad_alloc();
+    if (rotated()) kmean.assign(static_cast<std::size_t>(hkv * d), 0.f);
   }
   const void* ktile(i64 h, i64 tile) const {
     return static_cast<const char*>(k) + static_cast<std::size_t>(h * ntiles + tile) * tile_bytes();
   }
   const void* vrow(i64 h, i64 pos) const {
-    return static_cast<const char*>(v) + static_cast<std::size_t>((h * max_ctx + pos) * d) * esize();
+    return static_cast<const char*>(v) + static_cast<std::size_t>(h * max_ctx + pos) * vrow_bytes();
   }
-  float* vscale(i64 h, i64 pos) const { return vs ? vs + (h * max_ctx + pos) * nb() : nullptr; }
+  void* vscale_bytes(i64 h, i64 pos) const {
+    return vs ? static_cast<char*>(vs) + static_cast<std::size_t>(h * max_ctx + pos) * vs_row_bytes() : nullptr;
+  }
+  float* vscale(i64 h, i64 pos) const { return static_cast<float*>(vscale_bytes(h, pos)); }  // q8
+  // bytes an export puts before a head's K tiles (q4r / q3r: its kmean)
+  std::size_t khead_bytes() const { return rotated() ? static_cast<std::size_t>(d) * 4 : 0; }
 };
 
 // One row x[0:n] as q8 (hetero.ops.llm.kv_q8_round): per block of KVB, d = amax/127 and
@@ -840,6 +867,46 @@ void kv_quantize_row(const float* x, i64 n, std::int8_t* q8, i64 stride, float* 
   }
 }
 
+// One position's rotated low-bit K and V rows (q4r / q3r): each rotated and quantized (kvq::quantize_row); K's
+// codes go to the tile's rows at `lane`, its scales to the tile's scale block, V's codes packed into its row.
+void rotated_append(const Attention& at, i64 h, const float* ks, const float* vs, char* kt, char* vr, i64 lane,
+                    void* vscales) {
+  const i64 D = at.d, nb = at.nb();
+  const int bits = at.bits();
+  float* tmp = tl_f(0).get(static_cast<std::size_t>(3 * D));
+  float* centred = tmp + D;
+  auto* codes = reinterpret_cast<std::uint8_t*>(tmp + 2 * D);  // D bytes within the last D floats
+  std::uint16_t sc[64];  // nb <= 64: head_dim <= 2048
+  const float* mu = at.kmean.data() + h * D;
+  for (i64 i = 0; i < D; ++i) centred[i] = ks[i] - mu[i];
+  kvq::quantize_row(centred, D, bits, tmp, codes, sc);
+  auto* kb = reinterpret_cast<std::uint8_t*>(kt);
+  const std::size_t rb = at.krow_bytes();
+  for (i64 i = 0; i < D; ++i) kvq::set_code(kb + static_cast<std::size_t>(i) * rb, bits, lane, codes[i]);
+  auto* ksc = reinterpret_cast<std::uint16_t*>(kb + static_cast<std::size_t>(D) * rb);
+  for (i64 b = 0; b < nb; ++b) ksc[b * KT + lane] = sc[b];
+  kvq::quantize_row(vs, D, bits, tmp, codes, static_cast<std::uint16_t*>(vscales));
+  auto* vb = reinterpret_cast<std::uint8_t*>(vr);
+  for (i64 i = 0; i < D; ++i) kvq::set_code(vb, bits, i, codes[i]);
+}
+
+// Keys and values of tile l0 of kv head h decoded to float (q4r / q3r; still rotated): kf [d][KT] (the tile's 64
+// positions), vf [nv][d] (its first nv rows). sf: nb * KT floats of scratch.
+void rotated_tile(const Attention& at, kvq::DecodeFn decode, i64 h, i64 l0, i64 nv, float* kf, float* vf, float* sf) {
+  const LlmKernels& kr = lk();
+  const i64 D = at.d, nb = at.nb();
+  const int bits = at.bits();
+  const auto* kb = static_cast<const std::uint8_t*>(at.ktile(h, l0 / KT));
+  const std::size_t rb = at.krow_bytes();
+  // K: the scales [nb][KT], then one call per 32 rows (64 blocks sharing one row of scales); V: the nv rows' scales
+  // and codes are contiguous, one call each
+  kr.f16_to_f32(reinterpret_cast<const std::uint16_t*>(kb + static_cast<std::size_t>(D) * rb), sf, nb * KT);
+  for (i64 i = 0; i < D; i += KVB)
+    decode(bits, kb + static_cast<std::size_t>(i) * rb, 2 * KVB, sf + (i / KVB) * KT, 2, kf + i * KT);
+  kr.f16_to_f32(static_cast<const std::uint16_t*>(at.vscale_bytes(h, l0)), sf, nv * nb);
+  decode(bits, static_cast<const std::uint8_t*>(at.vrow(h, l0)), nv * nb, sf, 0, vf);
+}
+
 void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
                    float scale, float* out) {
   const LlmKernels& kr = lk();
@@ -847,8 +914,31 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
   const i64 hkv = at.hkv, D = at.d, group = hq / hkv;
   // 1. append the new keys (scattered into their tile column) and values at [past, past + T)
   {
-    std::uint16_t* hbuf = reinterpret_cast<std::uint16_t*>(tl_f(0).get(static_cast<std::size_t>(D)));
-    for (i64 t = 0; t < T; ++t)
+    // 3 * D: rotated_append's scratch (the same buffer, grown here once)
+    std::uint16_t* hbuf = reinterpret_cast<std::uint16_t*>(tl_f(0).get(static_cast<std::size_t>(3 * D)));
+    if (at.rotated() && past == 0) {  // a new sequence: the keys' centre is the mean of its first keys, per kv head
+      const i64 n = std::min<i64>(T, kvq::kMeanPositions);
+      for (i64 h = 0; h < hkv; ++h)
+        for (i64 i = 0; i < D; ++i) {
+          double sum = 0.0;
+          for (i64 t = 0; t < n; ++t) sum += static_cast<double>(kin[(t * hkv + h) * D + i]);
+          at.kmean[static_cast<std::size_t>(h * D + i)] = static_cast<float>(sum / static_cast<double>(n));
+        }
+    }
+    if (at.rotated()) {  // rotation + codebook search per row: one task per kv head (heads share no byte)
+      const double rows_work = static_cast<double>(T) * static_cast<double>(hkv) * static_cast<double>(D) * 32.0;
+      parallel_for(hkv, threads_for(rows_work, 32768.0), [&](i64 h) {
+        tl_f(0).get(static_cast<std::size_t>(3 * D));
+        for (i64 t = 0; t < T; ++t) {
+          const i64 pos = past + t;
+          char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
+          char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
+          rotated_append(at, h, kin + (t * hkv + h) * D, vin + (t * hkv + h) * D, kt, vr, pos % KT,
+                         at.vscale_bytes(h, pos));
+        }
+      });
+    }
+    for (i64 t = 0; t < T && !at.rotated(); ++t)
       for (i64 h = 0; h < hkv; ++h) {
         const i64 pos = past + t;
         const float* ks = kin + (t * hkv + h) * D;
@@ -880,6 +970,23 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
   const i64 ntasks = hkv * nblk;
   const double work = static_cast<double>(rows) * static_cast<double>(past + T) * static_cast<double>(D) * hkv;
   const int nt = threads_for(work, 32768.0);
+  const kvq::DecodeFn decode = kvq::decoder();
+  // q4r / q3r with several row blocks per head (prefill): every tile decoded once, up front, into a shared buffer
+  // (bounded: 32 MiB), instead of once per block of RB rows
+  const i64 used = (past + T + KT - 1) / KT;
+  const std::size_t tile_f = static_cast<std::size_t>(2 * D * KT);  // K [D][KT] then V [KT][D]
+  const bool shared = at.rotated() && nblk > 1 && static_cast<std::size_t>(hkv * used) * tile_f * 4 <= (32u << 20);
+  thread_local Scratch<float> decoded;
+  float* dec = shared ? decoded.get(static_cast<std::size_t>(hkv * used) * tile_f) : nullptr;
+  if (shared) {
+    parallel_for(hkv * used, threads_for(static_cast<double>(hkv * used) * static_cast<double>(tile_f), 32768.0),
+                 [&](i64 job) {
+                   const i64 h = job / used, l0 = (job % used) * KT;
+                   float* kf = dec + static_cast<std::size_t>(job) * tile_f;
+                   float* sf = tl_f(4).get(static_cast<std::size_t>(at.nb() * KT));
+                   rotated_tile(at, decode, h, l0, std::min<i64>(KT, past + T - l0), kf, kf + D * KT, sf);
+                 });
+  }
   parallel_for(ntasks, nt, [&](i64 task) {
     const i64 h = task / nblk, r0 = (task % nblk) * RB, r1 = std::min(rows, r0 + RB);
     const i64 nr_all = r1 - r0;
@@ -888,24 +995,40 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
     float* sb = tl_f(3).get(static_cast<std::size_t>(4 * KT));
     float mx[RB], sum[RB], corr[4];
     i64 limit[RB];
+    const bool rot = at.rotated();
     for (i64 i = 0; i < nr_all; ++i) {
       const i64 r = r0 + i, t = r / group, g = r % group;
       std::memcpy(qb + i * D, q + (t * hq + h * group + g) * D, static_cast<std::size_t>(D) * 4);
+      if (rot) kvq::rotate(qb + i * D, D);  // q . k = rot(q) . rot(k): the keys stay rotated
       limit[i] = past + t;
       mx[i] = -std::numeric_limits<float>::infinity();
       sum[i] = 0.f;
     }
+    // q4r / q3r: each tile's keys and values decoded once into L1 scratch, then read as a float32 tile
+    float* kf = rot ? tl_f(4).get(static_cast<std::size_t>((2 * D + at.nb()) * KT)) : nullptr;
+    float* vf = rot ? kf + D * KT : nullptr;
+    float* sf = rot ? vf + D * KT : nullptr;
+    const int tkind = rot ? KV_F32 : at.kind;
     std::memset(ob, 0, static_cast<std::size_t>(nr_all * D) * 4);
     const i64 last = limit[nr_all - 1];
     for (i64 l0 = 0; l0 <= last; l0 += KT) {
       const void* kt = at.ktile(h, l0 / KT);
       const void* vt = at.vrow(h, l0);
-      const float* vst = at.vscale(h, l0);
+      const float* vst = at.kind == KV_Q8 ? at.vscale(h, l0) : nullptr;
+      if (shared) {
+        const float* tile = dec + static_cast<std::size_t>(h * used + l0 / KT) * tile_f;
+        kt = tile;
+        vt = tile + D * KT;
+      } else if (rot) {
+        rotated_tile(at, decode, h, l0, std::min<i64>(KT, last + 1 - l0), kf, vf, sf);
+        kt = kf;
+        vt = vf;
+      }
       for (i64 i0 = 0; i0 < nr_all; i0 += 4) {
         const int nr = static_cast<int>(std::min<i64>(4, nr_all - i0));
         if (limit[i0] < l0) continue;  // every row of this quad comes before the tile (rows ascend)
         const i64 qk = std::min<i64>(KT, limit[i0 + nr - 1] + 1 - l0);  // positions any row of the quad sees
-        kr.qk_tile(qb + i0 * D, D, nr, kt, at.kind, D, scale, sb, KT);
+        kr.qk_tile(qb + i0 * D, D, nr, kt, tkind, D, scale, sb, KT);
         for (int r = 0; r < nr; ++r) {
           float* sr = sb + r * KT;
           const i64 vis = std::min(qk, limit[i0 + r] + 1 - l0);
@@ -920,12 +1043,13 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
           sum[i0 + r] = sum[i0 + r] * corr[r] + ps;
           mx[i0 + r] = m;
         }
-        kr.pv_tile(sb, KT, nr, vt, at.kind, vst, qk, D, corr, ob + i0 * D);
+        kr.pv_tile(sb, KT, nr, vt, tkind, vst, qk, D, corr, ob + i0 * D);
       }
     }
     for (i64 i = 0; i < nr_all; ++i) {
       const i64 r = r0 + i, t = r / group, g = r % group;
       float* o = out + (t * hq + h * group + g) * D;
+      if (rot) kvq::unrotate(ob + i * D, D);  // the weighted sum of rotated values, back once per row
       const float inv = 1.f / sum[i];
       for (i64 j = 0; j < D; ++j) o[j] = ob[i * D + j] * inv;
     }
@@ -1013,25 +1137,28 @@ void py_attention_runs(const py::list& caches, const py::array& q, const py::arr
   }
 }
 
-// A prefix of the cache as bytes in its own layout, per kv head (rows): the K tiles covering positions [0, n), V's
-// rows [0, n), and (q8) V's scales. `load` puts them back into a cache of the same heads, head size and type (a
-// prefix cache: one sequence's computed prompt reused by another). A K tile's positions past n are copied as they
-// are: the kernel never reads a position past `filled`.
+// A prefix of the cache as bytes in its own layout, per kv head (rows): the K tiles covering positions [0, n) (q4r /
+// q3r: after the head's kmean, d float32), V's rows [0, n), and (q8 / q4r / q3r) V's scales. `load` puts them back
+// into a cache of the same heads, head size and type (a prefix cache: one sequence's computed prompt reused by
+// another). A K tile's positions past n are copied as they are: the kernel never reads a position past `filled`.
 py::tuple py_attention_export(const Attention& at, i64 n) {
   if (n < 0 || n > at.filled)
     fail("LlmAttention.export: " + std::to_string(n) + " positions; the cache holds " + std::to_string(at.filled));
   const i64 tiles = (n + KT - 1) / KT;
   const auto kbytes = static_cast<py::ssize_t>(tiles * static_cast<i64>(at.tile_bytes()));
-  const auto vbytes = static_cast<py::ssize_t>(n * at.d * static_cast<i64>(at.esize()));
-  const auto sbytes = static_cast<py::ssize_t>(at.kind == KV_Q8 ? n * at.nb() * 4 : 0);
-  py::array_t<std::uint8_t> k({static_cast<py::ssize_t>(at.hkv), kbytes});
+  const auto kh = static_cast<py::ssize_t>(at.khead_bytes());
+  const auto vbytes = static_cast<py::ssize_t>(n * static_cast<i64>(at.vrow_bytes()));
+  const auto sbytes = static_cast<py::ssize_t>(n * static_cast<i64>(at.vs_row_bytes()));
+  py::array_t<std::uint8_t> k({static_cast<py::ssize_t>(at.hkv), kh + kbytes});
   py::array_t<std::uint8_t> v({static_cast<py::ssize_t>(at.hkv), vbytes});
   py::array_t<std::uint8_t> s({static_cast<py::ssize_t>(at.hkv), sbytes});
+  if (kh && !(n > 0 && at.k)) std::memset(k.mutable_data(), 0, static_cast<std::size_t>(k.nbytes()));
   if (n > 0 && at.k) {
     for (i64 h = 0; h < at.hkv; ++h) {
-      std::memcpy(k.mutable_data(h, 0), at.ktile(h, 0), static_cast<std::size_t>(kbytes));
+      if (kh) std::memcpy(k.mutable_data(h, 0), at.kmean.data() + h * at.d, static_cast<std::size_t>(kh));
+      std::memcpy(k.mutable_data(h, kh), at.ktile(h, 0), static_cast<std::size_t>(kbytes));
       std::memcpy(v.mutable_data(h, 0), at.vrow(h, 0), static_cast<std::size_t>(vbytes));
-      if (sbytes) std::memcpy(s.mutable_data(h, 0), at.vscale(h, 0), static_cast<std::size_t>(sbytes));
+      if (sbytes) std::memcpy(s.mutable_data(h, 0), at.vscale_bytes(h, 0), static_cast<std::size_t>(sbytes));
     }
   }
   return py::make_tuple(k, v, s);
@@ -1043,18 +1170,20 @@ void py_attention_load(Attention& at, i64 n, const py::array_t<std::uint8_t, py:
   if (n < 0 || n > at.max_ctx)
     fail("LlmAttention.load: " + std::to_string(n) + " positions; the context holds " + std::to_string(at.max_ctx));
   const i64 tiles = (n + KT - 1) / KT;
-  const i64 kbytes = tiles * static_cast<i64>(at.tile_bytes()), vbytes = n * at.d * static_cast<i64>(at.esize());
-  const i64 sbytes = at.kind == KV_Q8 ? n * at.nb() * 4 : 0;
+  const i64 kh = static_cast<i64>(at.khead_bytes());
+  const i64 kbytes = tiles * static_cast<i64>(at.tile_bytes()), vbytes = n * static_cast<i64>(at.vrow_bytes());
+  const i64 sbytes = n * static_cast<i64>(at.vs_row_bytes());
   // an export of at least n positions: its first n are loaded
   auto shaped = [&](const py::array& a, i64 bytes) { return a.ndim() == 2 && a.shape(0) == at.hkv && a.shape(1) >= bytes; };
-  if (!shaped(k, kbytes) || !shaped(v, vbytes) || !shaped(s, sbytes))
+  if (!shaped(k, kh + kbytes) || !shaped(v, vbytes) || !shaped(s, sbytes))
     fail("LlmAttention.load: the arrays are not an export of " + std::to_string(n) + "+ positions of a cache with " +
          std::to_string(at.hkv) + " kv heads of " + std::to_string(at.d) + " values in this type");
   if (!at.k) at.alloc();
   for (i64 h = 0; h < at.hkv && n > 0; ++h) {
-    std::memcpy(const_cast<void*>(at.ktile(h, 0)), k.data(h, 0), static_cast<std::size_t>(kbytes));
+    if (kh) std::memcpy(at.kmean.data() + h * at.d, k.data(h, 0), static_cast<std::size_t>(kh));
+    std::memcpy(const_cast<void*>(at.ktile(h, 0)), k.data(h, kh), static_cast<std::size_t>(kbytes));
     std::memcpy(const_cast<void*>(at.vrow(h, 0)), v.data(h, 0), static_cast<std::size_t>(vbytes));
-    if (sbytes) std::memcpy(at.vscale(h, 0), s.data(h, 0), static_cast<std::size_t>(sbytes));
+    if (sbytes) std::memcpy(at.vscale_bytes(h, 0), s.data(h, 0), static_cast<std::size_t>(sbytes));
   }
   at.filled = n;
 }
@@ -1232,9 +1361,14 @@ void bind_llm(py::module_& m) {
   m.def("llm_embedding", &py_embedding, py::arg("ids"), py::arg("table"), py::arg("wtype"), py::arg("block_size"),
         py::arg("symmetric"), py::arg("dim"), py::arg("out"));
 
-  // kv_dtype: "f16" / "f32" / "q8" (the Attention op's attribute); a bool (True: f16) is still accepted.
+  // kv_dtype: "f16" / "f32" / "q8" / "q4r" / "q3r" (the Attention op's attribute); a bool (True: f16) is still
+  // accepted.
   auto make_attention = [](i64 kv_heads, i64 head_dim, i64 max_context, int kind) {
     if (kv_heads < 1 || head_dim < 1 || max_context < 1) fail("LlmAttention: sizes must be positive");
+    if ((kind == KV_Q4R || kind == KV_Q3R) && (head_dim % hetero::kvq::kBlock || head_dim > 2048))
+      fail("LlmAttention: kv_dtype " + std::string(kind == KV_Q4R ? "'q4r'" : "'q3r'") +
+           " needs head_dim a multiple of " + std::to_string(hetero::kvq::kBlock) + " (at most 2048), got " +
+           std::to_string(head_dim));
     auto a = std::make_unique<Attention>();
     a->hkv = kv_heads;
     a->d = head_dim;
@@ -1243,12 +1377,16 @@ void bind_llm(py::module_& m) {
     return a;
   };
   py::class_<Attention>(m, "LlmAttention",
-                        "Causal GQA attention owning one layer's KV cache (float16, float32 or int8 'q8').")
+                        "Causal GQA attention owning one layer's KV cache (float16, float32, int8 'q8', or the "
+                        "rotated 4 / 3-bit 'q4r' / 'q3r').")
       .def(py::init([make_attention](i64 kv_heads, i64 head_dim, i64 max_context, const std::string& kv_dtype) {
              int kind = KV_F16;
              if (kv_dtype == "f32") kind = KV_F32;
              else if (kv_dtype == "q8") kind = KV_Q8;
-             else if (kv_dtype != "f16") fail("LlmAttention: kv_dtype '" + kv_dtype + "'; expected f16, f32 or q8");
+             else if (kv_dtype == "q4r") kind = KV_Q4R;
+             else if (kv_dtype == "q3r") kind = KV_Q3R;
+             else if (kv_dtype != "f16")
+               fail("LlmAttention: kv_dtype '" + kv_dtype + "'; expected f16, f32, q8, q4r or q3r");
              return make_attention(kv_heads, head_dim, max_context, kind);
            }),
            py::arg("kv_heads"), py::arg("head_dim"), py::arg("max_context"), py::arg("kv_dtype") = "f16")

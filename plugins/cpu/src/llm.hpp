@@ -134,7 +134,9 @@ const LlmKernels* llm_kernels_avx512();      // nullptr unless x86-64
 const LlmKernels* llm_kernels_avx512vnni();  // nullptr unless x86-64
 
 // ---- attention: KV cache element types (the Attention op's kv_dtype), see LlmKernels::qk_tile
-enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2 };
+// KV_Q4R / KV_Q3R: the rotated low-bit formats of kv_quant.hpp, decoded into a float tile before qk_tile / pv_tile
+// (which then see KV_F32).
+enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2, KV_Q4R = 3, KV_Q3R = 4 };
 constexpr int KVB = 32;  // q8 cache: values of a (position, head) row per float scale
 
 // ---- portable scalar helpers ----

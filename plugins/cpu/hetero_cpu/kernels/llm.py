@@ -5,8 +5,10 @@
   expanding them to float: the activation rows are quantized to int8 per block on the fly and the dots are integer
   (AVX-512 VNNI / AVX-512BW / AVX2 / scalar). Float weights (f32 / f16 / bf16) are read in place.
 * ``Attention`` owns its layer's KV cache in native memory: float16 by default, float32 with the node attribute
-  ``kv_dtype="f32"`` (``hetero.llm.load(..., kv_cache="f32")``), or int8 with ``"q8"`` (a float scale per 32
-  values of a position's head, dequantized inside the attention tile kernels).
+  ``kv_dtype="f32"`` (``hetero.llm.load(..., kv_cache="f32")``), int8 with ``"q8"`` (a float scale per 32
+  values of a position's head, dequantized inside the attention tile kernels), or the rotated 4 / 3-bit ``"q4r"`` /
+  ``"q3r"`` (``hetero.contract.kv_rotated``: the query rotated once per row, each key / value tile decoded into L1
+  scratch, the output un-rotated once).
 * ``RotaryEmbedding`` shares one cos/sin table (grown on demand) between all nodes with the same attributes.
 
 ``run`` does no allocation: outputs are preallocated by the session; native scratch grows on the first calls only.
@@ -37,6 +39,7 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
+from hetero.contract.kv_rotated import KV_ROTATED_BITS, check_head_dim
 from hetero.contract.opforms import SlotRun, cache_range_error, rope_inv_freq, slot_runs
 
 from .. import _native
@@ -301,11 +304,16 @@ _KV_ALIASES = {"float16": "f16", "float32": "f32"}
 
 
 def _kv_dtype(node: NodeInfo) -> str:
-    """The node's KV cache type as the native cache names it: f16, f32 or q8 (int8, a scale per 32 values)."""
+    """The node's KV cache type as the native cache names it: f16, f32, q8 (int8, a scale per 32 values), q4r or
+    q3r (rotated 4 / 3-bit codes, a float16 scale per 32 values; head_dim a multiple of 32)."""
     kind = str(node.attr("kv_dtype", "f16")).lower()
     kind = _KV_ALIASES.get(kind, kind)
-    if kind not in ("f16", "f32", "q8"):
-        raise HeteroError(f"{node.node.label()}: KV cache type {kind!r}; expected f16, f32 or q8")
+    if kind not in ("f16", "f32", "q8", *KV_ROTATED_BITS):
+        raise HeteroError(f"{node.node.label()}: KV cache type {kind!r}; expected f16, f32, q8, q4r or q3r")
+    info = node.inputs[1] if len(node.inputs) > 1 else None
+    k = info.shape if info is not None else None
+    if kind in KV_ROTATED_BITS and k and isinstance(k[-1], int) and (why := check_head_dim(k[-1], kind)):
+        raise HeteroError(f"{node.node.label()}: {why}")
     return kind
 
 
