@@ -78,6 +78,49 @@ inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& l
   }
 }
 
+// A block's per-lane scales (the W weight rows of slice h, shared by every x row) and the float epilogue that adds
+// one x row's int32 dot products with the block to its accumulator. qgemm_mr and qgemm_rows both use it, so their
+// rows stay bitwise equal. sd / smin: the k-quant super-block's d / dmin; off: the weights' zero offset.
+template <class S, bool ASYM, int KQ>
+struct BlockScales {
+  using V = typename S::V;
+  using I = typename S::I;
+  V dv = S::zero(), mv = S::zero(), scv = S::zero(), mnv = S::zero(), sd;
+  I sclo = S::iset1(0), schi = S::iset1(0);
+  int off;
+
+  BlockScales(const std::uint8_t* rec, int h, V sd_, V smin, int off_) : sd(sd_), off(off_) {
+    constexpr int W = S::W;
+    if (KQ == 0) {
+      dv = S::load_f16(rec + 2 * W * h);
+      if (ASYM) mv = S::load_f16(rec + 32 + 2 * W * h);
+    } else if (KQ == 1) {  // d*sc * dot - dmin*mn * dx*sum(xq)
+      scv = S::mul(sd, S::load_u8(rec + W * h));
+      mnv = S::mul(smin, S::load_u8(rec + 16 + W * h));
+    } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), exact in int32
+      sclo = S::load_i8_i32(rec + W * h);
+      schi = S::load_i8_i32(rec + 16 + W * h);
+    }
+  }
+
+  // x row block xi's dot products ilo (q6_k: ilo / ihi, the block's two halves) into facc.
+  inline void apply(V& facc, I ilo, I ihi, const XQ& x, i64 xi) const {
+    if (KQ == 0) {
+      if (off != 0) ilo = S::isub(ilo, S::iset1(off * x.s[xi]));
+      facc = S::fma(S::cvt_f(ilo), S::mul(dv, S::set1(x.d[xi])), facc);
+      if (ASYM) facc = S::fma(mv, S::set1(x.ds[xi]), facc);
+    } else if (KQ == 1) {
+      facc = S::fma(S::cvt_f(ilo), S::mul(scv, S::set1(x.d[xi])), facc);
+      facc = S::fnma(mnv, S::set1(x.ds[xi]), facc);
+    } else {
+      const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
+      const I lo = S::isub(ilo, S::iset1(32 * slo)), hi = S::isub(ihi, S::iset1(32 * shi));
+      const I isum = S::iadd(S::imul(lo, sclo), S::imul(hi, schi));
+      facc = S::fma(S::cvt_f(isum), S::mul(sd, S::set1(x.d[xi])), facc);
+    }
+  }
+};
+
 // One 16-row group, in slices of W rows, against MR activation rows. BITS: 4/5/6/8; KQ: scale layout (llm.hpp).
 template <class S, int BITS, bool ASYM, int KQ, int MR>
 void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
@@ -130,33 +173,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
             for (int m = 0; m < MR; ++m) ilo[m] = S::dot_q8(ilo[m], wq, S::bcast4(xrow[m] + xo + 4 * t));
           }
         }
-        if (KQ == 0) {
-          const V dv = S::load_f16(rec + 2 * W * h);
-          const V mv = ASYM ? S::load_f16(rec + 32 + 2 * W * h) : S::zero();
-          for (int m = 0; m < MR; ++m) {
-            const i64 xi = (m0 + m) * x.nb + b;
-            I iv = ilo[m];
-            if (off != 0) iv = S::isub(iv, S::iset1(off * x.s[xi]));
-            facc[m] = S::fma(S::cvt_f(iv), S::mul(dv, S::set1(x.d[xi])), facc[m]);
-            if (ASYM) facc[m] = S::fma(mv, S::set1(x.ds[xi]), facc[m]);
-          }
-        } else if (KQ == 1) {  // d*sc * dot - dmin*mn * dx*sum(xq)
-          const V scv = S::mul(sd, S::load_u8(rec + W * h)), mnv = S::mul(smin, S::load_u8(rec + 16 + W * h));
-          for (int m = 0; m < MR; ++m) {
-            const i64 xi = (m0 + m) * x.nb + b;
-            facc[m] = S::fma(S::cvt_f(ilo[m]), S::mul(scv, S::set1(x.d[xi])), facc[m]);
-            facc[m] = S::fnma(mnv, S::set1(x.ds[xi]), facc[m]);
-          }
-        } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), exact in int32
-          const I sclo = S::load_i8_i32(rec + W * h), schi = S::load_i8_i32(rec + 16 + W * h);
-          for (int m = 0; m < MR; ++m) {
-            const i64 xi = (m0 + m) * x.nb + b;
-            const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
-            const I lo = S::isub(ilo[m], S::iset1(32 * slo)), hi = S::isub(ihi[m], S::iset1(32 * shi));
-            const I isum = S::iadd(S::imul(lo, sclo), S::imul(hi, schi));
-            facc[m] = S::fma(S::cvt_f(isum), S::mul(sd, S::set1(x.d[xi])), facc[m]);
-          }
-        }
+        const BlockScales<S, ASYM, KQ> scales(rec, h, sd, smin, off);
+        for (int m = 0; m < MR; ++m) scales.apply(facc[m], ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
       }
     }
     for (int m = 0; m < MR; ++m) S::store_n(y + m * ldy + W * h, facc[m], nvalid - W * h);

@@ -67,19 +67,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
           whi[t] = S::band(S::bsrl4(v), nib);
           add_high_bits<S, BITS>(qv + nib_bytes, t, h, wlo[t], whi[t]);
         }
-        // The block's per-row (lane) scales, shared by the x rows.
-        V dv = S::zero(), mv = S::zero(), scv = S::zero(), mnv = S::zero();
-        I sclo = S::iset1(0), schi = S::iset1(0);
-        if (KQ == 0) {
-          dv = S::load_f16(rec + 2 * W * h);
-          if (ASYM) mv = S::load_f16(rec + 32 + 2 * W * h);
-        } else if (KQ == 1) {
-          scv = S::mul(sd, S::load_u8(rec + W * h));
-          mnv = S::mul(smin, S::load_u8(rec + 16 + W * h));
-        } else {
-          sclo = S::load_i8_i32(rec + W * h);
-          schi = S::load_i8_i32(rec + 16 + W * h);
-        }
+        const BlockScales<S, ASYM, KQ> scales(rec, h, sd, smin, off);  // shared by the x rows
         const i64 xo = b * 8 * nt;
         for (int m = 0; m < MR; ++m) {
           const std::int8_t* xb = xrow[m] + xo;
@@ -95,22 +83,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
             ilo = S::iadd(ilo, S::widen16(alo));
             if (KQ == 2) ihi = S::iadd(ihi, S::widen16(ahi));
           }
-          // The epilogue of qgemm_mr for this row, operation for operation.
-          const i64 xi = (m0 + m) * x.nb + b;
-          if (KQ == 0) {
-            I iv = ilo;
-            if (off != 0) iv = S::isub(iv, S::iset1(off * x.s[xi]));
-            facc[m] = S::fma(S::cvt_f(iv), S::mul(dv, S::set1(x.d[xi])), facc[m]);
-            if (ASYM) facc[m] = S::fma(mv, S::set1(x.ds[xi]), facc[m]);
-          } else if (KQ == 1) {
-            facc[m] = S::fma(S::cvt_f(ilo), S::mul(scv, S::set1(x.d[xi])), facc[m]);
-            facc[m] = S::fnma(mnv, S::set1(x.ds[xi]), facc[m]);
-          } else {
-            const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
-            const I lo = S::isub(ilo, S::iset1(32 * slo)), hi = S::isub(ihi, S::iset1(32 * shi));
-            const I isum = S::iadd(S::imul(lo, sclo), S::imul(hi, schi));
-            facc[m] = S::fma(S::cvt_f(isum), S::mul(sd, S::set1(x.d[xi])), facc[m]);
-          }
+          scales.apply(facc[m], ilo, ihi, x, (m0 + m) * x.nb + b);
         }
       }
     }
