@@ -248,7 +248,8 @@ class Replay:
         results = [body.fixed_output(name) for name in names]
         if not body.inlinable or len(results) != len(entry.outs):
             return False
-        copies = []
+        # the values the body reads may still be being written by a device's queued work (metal): wait first
+        copies: list[Call] = [entry.backend.synchronize]
         for name, slot in body._slots:
             src = entry.outer.get(name)
             if src is None or not src.is_host or src.shape != slot.shape or src.dtype != slot.dtype:
@@ -307,6 +308,7 @@ class Replay:
             if not isinstance(found, Tensor):
                 backend = self._owned.get(found)
                 if backend is not None:  # the replay's own buffer: the caller gets a copy
+                    backend.synchronize()  # of what the device's queued work wrote (a no-op on the cpu)
                     own = self._fixed[found]
                     found = backend.empty(own.info)
                     backend.write(found, own)
