@@ -5,36 +5,20 @@ system prompt on another slot, stays within its bytes, and the server counts its
 
 from __future__ import annotations
 
-import warnings
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-import hetero.llm
 from hetero.contract.errors import HeteroError
 from hetero.llm import snapshot
 from hetero.llm.prefix_cache import PrefixCache
 
-from .serve_models import load_model
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llm"
-
-
-def _load(family: str, **options) -> hetero.llm.Llm:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return hetero.llm.load(FIXTURES / family, backends=["cpu"], context=256, on_fallback="silent", **options)
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 200, n)]
+from .serve_models import load_family, load_model, token_ids
 
 
 @pytest.mark.parametrize("kv_cache", ["f16", "f32", "q8"])
 def test_a_restored_prefix_gives_the_logits_of_computing_it(kv_cache):
-    source, fresh, computed = (_load("qwen3", kv_cache=kv_cache) for _ in range(3))
-    prompt = _ids(90, 1)  # over a K tile of 64 positions: a partial tile is restored
+    source, fresh, computed = (load_family("qwen3", kv_cache=kv_cache) for _ in range(3))
+    prompt = token_ids(90, 1)  # over a K tile of 64 positions: a partial tile is restored
     source.prefill(prompt)
     snap = snapshot.export(source, 0, len(prompt))
     assert snap.tokens == tuple(prompt) and not snap.recurrent and snap.nbytes > 0
@@ -48,8 +32,8 @@ def test_a_restored_prefix_gives_the_logits_of_computing_it(kv_cache):
 
 
 def test_a_hybrid_models_state_is_restored_whole_only():
-    source, fresh, computed = (_load("qwen3_5") for _ in range(3))
-    prompt = _ids(40, 2)
+    source, fresh, computed = (load_family("qwen3_5") for _ in range(3))
+    prompt = token_ids(40, 2)
     source.prefill(prompt)
     snap = snapshot.export(source, 0, len(prompt))
     assert snap.recurrent
@@ -66,13 +50,13 @@ def test_a_hybrid_models_state_is_restored_whole_only():
 
 
 def test_snapshots_of_another_model_or_kv_type_are_refused():
-    snap_src = _load("qwen3")
-    snap_src.prefill(_ids(10, 3))
+    snap_src = load_family("qwen3")
+    snap_src.prefill(token_ids(10, 3))
     snap = snapshot.export(snap_src, 0, 10)
     with pytest.raises(HeteroError, match="does not fit"):
-        snapshot.restore(_load("qwen3", kv_cache="q8"), 0, snap, 10)
+        snapshot.restore(load_family("qwen3", kv_cache="q8"), 0, snap, 10)
     with pytest.raises(HeteroError, match="does not fit"):
-        snapshot.restore(_load("qwen2"), 0, snap, 10)
+        snapshot.restore(load_family("qwen2"), 0, snap, 10)
     with pytest.raises(HeteroError, match="cannot snapshot 11 tokens"):
         snapshot.export(snap_src, 0, 11)
 
@@ -96,14 +80,14 @@ def test_a_shared_system_prompt_is_computed_once_across_slots():
 
 
 def test_the_cache_keeps_within_its_bytes_least_recently_used_out_first():
-    llm = _load("qwen3")
+    llm = load_family("qwen3")
     one = PrefixCache(1 << 30, min_tokens=4)
     llm.prefix_cache = one
-    llm.prefill(_ids(20, 4))
+    llm.prefill(token_ids(20, 4))
     size = one.nbytes
     bounded = PrefixCache(2 * size + size // 2, min_tokens=4)  # room for two snapshots of 20 tokens
     llm.prefix_cache = bounded
-    prompts = [_ids(20, seed) for seed in (5, 6, 7)]
+    prompts = [token_ids(20, seed) for seed in (5, 6, 7)]
     for prompt in prompts:
         llm.reset()
         llm.prefill(prompt)
@@ -142,8 +126,8 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_a_snapshot_file_restores_and_a_bad_file_is_a_hetero_error(tmp_path):
-    source, fresh, computed = (_load("qwen3_5") for _ in range(3))
-    prompt = _ids(30, 8)
+    source, fresh, computed = (load_family("qwen3_5") for _ in range(3))
+    prompt = token_ids(30, 8)
     source.prefill(prompt)
     path = tmp_path / "prefix.npz"
     snapshot.save(snapshot.export(source, 0, len(prompt)), path)
@@ -164,11 +148,11 @@ def test_a_snapshot_file_restores_and_a_bad_file_is_a_hetero_error(tmp_path):
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_a_prefix_moves_between_the_slots_of_one_model(family):
-    batched, alone = _load(family, slots=2), _load(family)
+    batched, alone = load_family(family, slots=2), load_family(family)
     cache = PrefixCache(64 << 20, min_tokens=4)
     first, second = batched.sequence(0), batched.sequence(1)
     first.prefix_cache = second.prefix_cache = cache
-    prompt = _ids(40, 9)
+    prompt = token_ids(40, 9)
     first.prefill(prompt)
     logits = second.prefill([*prompt, 17])  # slot 1 restores slot 0's prompt, computes one token
     assert cache.stats.hits == 1 and cache.stats.tokens_saved == len(prompt)

@@ -11,29 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hetero.llm
 from hetero.llm import prompt_cache_file as pcf
 from hetero.llm.prefix_cache import SUFFIX, PrefixCache
 from hetero.llm.prompt_cache_file import PromptCacheWarning
 
-from .serve_models import load_model
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llm"
+from .serve_models import load_family, load_model, token_ids
 
 
 @pytest.fixture(autouse=True)
 def _hash_index(tmp_path, monkeypatch):
     monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path / "hetero-cache"))
-
-
-def _load(family: str, **options) -> hetero.llm.Llm:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return hetero.llm.load(FIXTURES / family, backends=["cpu"], context=256, on_fallback="silent", **options)
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 200, n)]
 
 
 def _files(folder: Path) -> list[Path]:
@@ -43,12 +30,12 @@ def _files(folder: Path) -> list[Path]:
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_a_new_cache_finds_the_prompts_an_earlier_one_wrote(family, tmp_path):
     folder = tmp_path / "prefixes"
-    first = _load(family)
+    first = load_family(family)
     first.prefix_cache = PrefixCache(64 << 20, min_tokens=8, directory=folder)
-    prompt = _ids(40, 1)
+    prompt = token_ids(40, 1)
     first.prefill(prompt)
     assert first.prefix_cache.stats.files_written == 1 and len(_files(folder)) == 1
-    restarted, computed = _load(family), _load(family)
+    restarted, computed = load_family(family), load_family(family)
     cache = restarted.prefix_cache = PrefixCache(64 << 20, min_tokens=8, directory=folder)
     longer = [*prompt, 5, 6, 7]
     with warnings.catch_warnings():
@@ -63,11 +50,11 @@ def test_a_new_cache_finds_the_prompts_an_earlier_one_wrote(family, tmp_path):
 
 def test_files_of_another_kv_type_are_passed_over_and_a_damaged_one_is_deleted(tmp_path):
     folder = tmp_path / "prefixes"
-    writer = _load("qwen3")
+    writer = load_family("qwen3")
     writer.prefix_cache = PrefixCache(64 << 20, min_tokens=8, directory=folder)
-    prompt = _ids(40, 2)
+    prompt = token_ids(40, 2)
     writer.prefill(prompt)
-    other = _load("qwen3", kv_cache="q8")
+    other = load_family("qwen3", kv_cache="q8")
     other.prefix_cache = PrefixCache(64 << 20, min_tokens=8, directory=folder)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PromptCacheWarning)
@@ -77,7 +64,7 @@ def test_files_of_another_kv_type_are_passed_over_and_a_damaged_one_is_deleted(t
     data = bytearray(f16.read_bytes())
     data[-3] ^= 0xFF
     f16.write_bytes(bytes(data))
-    reader, computed = _load("qwen3"), _load("qwen3")
+    reader, computed = load_family("qwen3"), load_family("qwen3")
     reader.prefix_cache = PrefixCache(64 << 20, min_tokens=8, directory=folder)
     with pytest.warns(PromptCacheWarning, match="payload checksum mismatch"):
         got = reader.prefill([*prompt, 9])
@@ -88,13 +75,13 @@ def test_files_of_another_kv_type_are_passed_over_and_a_damaged_one_is_deleted(t
 def test_a_link_in_the_folder_is_not_followed(tmp_path):
     """Only the folder's own files are read: a link (to a valid file elsewhere) is passed over."""
     elsewhere, folder = tmp_path / "elsewhere", tmp_path / "prefixes"
-    writer = _load("qwen3")
+    writer = load_family("qwen3")
     writer.prefix_cache = PrefixCache(0, min_tokens=8, directory=elsewhere)
-    prompt = _ids(40, 7)
+    prompt = token_ids(40, 7)
     writer.prefill(prompt)
     folder.mkdir()
     (folder / ("link" + SUFFIX)).symlink_to(_files(elsewhere)[0])
-    reader = _load("qwen3")
+    reader = load_family("qwen3")
     reader.prefix_cache = PrefixCache(0, min_tokens=8, directory=folder)
     reader.prefill([*prompt, 9])
     assert reader.prefix_cache.stats.file_hits == 0 and reader.stats.cached_tokens == 0
@@ -102,14 +89,14 @@ def test_a_link_in_the_folder_is_not_followed(tmp_path):
 
 def test_the_folder_is_kept_within_its_bytes(tmp_path):
     folder = tmp_path / "prefixes"
-    llm = _load("qwen3")
+    llm = load_family("qwen3")
     llm.prefix_cache = PrefixCache(0, min_tokens=8, directory=folder)  # files only, nothing in memory
-    llm.prefill(_ids(40, 3))
+    llm.prefill(token_ids(40, 3))
     size = _files(folder)[0].stat().st_size
     llm.prefix_cache = cache = PrefixCache(0, min_tokens=8, directory=folder, directory_bytes=2 * size + size // 2)
     for seed in (4, 5, 6):
         llm.reset()
-        llm.prefill(_ids(40, seed))
+        llm.prefill(token_ids(40, seed))
     assert len(cache) == 0 and len(_files(folder)) == 2
     assert sum(p.stat().st_size for p in _files(folder)) <= cache.directory_bytes
 
