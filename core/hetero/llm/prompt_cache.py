@@ -70,8 +70,7 @@ def restore(llm: Any, path: str | os.PathLike, prompt: Sequence[int] | None) -> 
     try:
         if prompt is not None:  # the metadata alone says whether the file helps (no checksum over the payload)
             meta = pcf.read_meta(path)
-            common = common_prefix(meta["tokens"], prompt)
-            if common <= common_prefix(llm.tokens, prompt) or (meta["recurrent"] and common < len(meta["tokens"])):
+            if not _helps(llm, meta["tokens"], meta["recurrent"], prompt):
                 return 0, None
         with pcf.open_file(path, key) as cached:
             length, logits = _usable(llm, cached, prompt)
@@ -96,10 +95,10 @@ def _usable(llm: Any, cached: pcf.CacheFile, prompt: Sequence[int] | None) -> tu
     """How many of the file's tokens to restore for ``prompt``, and its logits when they finish the prompt."""
     if prompt is None:
         return len(cached.tokens), None
-    common = common_prefix(cached.tokens, prompt)
+    common = _helps(llm, cached.tokens, cached.recurrent, prompt)
+    if not common:
+        return 0, None
     whole = common == len(cached.tokens)
-    if common <= common_prefix(llm.tokens, prompt) or (cached.recurrent and not whole):
-        return 0, None  # the model holds as much already, or a recurrent state that is not at a prefix
     if whole and common == len(prompt) and cached.logits is not None:
         return common, cached.logits  # nothing left to compute
     if cached.recurrent:
@@ -107,6 +106,15 @@ def _usable(llm: Any, cached: pcf.CacheFile, prompt: Sequence[int] | None) -> tu
         # token to compute the last one (a replay of the recurrence, still far cheaper than the prompt)
         return common, None
     return min(common, len(prompt) - 1), None  # the last token is run: its logits predict
+
+
+def _helps(llm: Any, tokens: Sequence[int], recurrent: bool, prompt: Sequence[int]) -> int:
+    """The prompt tokens a file of ``tokens`` shares with ``prompt``, or 0 when it cannot help: the model holds as
+    much already, or its state is recurrent and stands past the shared prefix."""
+    common = common_prefix(tokens, prompt)
+    if common <= common_prefix(llm.tokens, prompt) or (recurrent and common < len(tokens)):
+        return 0
+    return common
 
 
 @dataclass
