@@ -1531,10 +1531,12 @@ void bind_llm(py::module_& m) {
       }, py::arg("x"), py::arg("scale"), py::arg("out"), py::arg("epsilon"))
       .def("add_rope", [](LlmStep& s, py::object table, const py::array& x, const py::array& out,
                           const py::array& past) {
+        if (!py::isinstance<RopeTable>(table)) fail("LlmStep.add_rope: table must be an LlmRope");
         s.add(prep_rope_at(table.cast<RopeTable&>(), x, out, past), py::make_tuple(table, x, out, past));
       }, py::arg("table"), py::arg("x"), py::arg("out"), py::arg("past_len"))
       .def("add_attention", [](LlmStep& s, py::object cache, const py::array& q, const py::array& k,
                                const py::array& v, const py::array& past, float scale, const py::array& out) {
+        if (!py::isinstance<Attention>(cache)) fail("LlmStep.add_attention: cache must be an LlmAttention");
         s.add(prep_attention_at(cache.cast<Attention&>(), q, k, v, past, scale, out),
               py::make_tuple(cache, q, k, v, past, out));
       }, py::arg("cache"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"), py::arg("scale"),

@@ -131,6 +131,12 @@ def test_calls_native_code_cannot_take_stay_apart():
     merged = fuse.step_calls(program)
     assert [len(c) if isinstance(c, _native.LlmStep) else c for c in merged] == [3, program[3], 5, program[9], 2]
     assert fuse.step_calls([]) == [] and fuse.step_calls(program[:1]) == program[:1]
+    step = _native.LlmStep()
+    with pytest.raises(ValueError, match="cache must be an LlmAttention"):
+        step.add_attention(object(), buf["q"], buf["k"], buf["v"], past, 1.0, buf["att"])
+    with pytest.raises(ValueError, match="past_len must be a one-element int64 array"):
+        step.add_rope(program[5].func, *program[5].args[:2], past.astype(np.int32))
+    assert len(step) == 0
 
 
 def test_whole_decode_step_in_a_few_calls_and_logits_unchanged(monkeypatch):
