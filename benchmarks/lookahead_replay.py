@@ -13,19 +13,31 @@ length), ``graded`` (hetero's Lookahead and DraftPolicy as the loop drives them)
 and ``tree W x K`` (the W most recent distinct continuations of the longest matches, K deep, merged into a token
 tree and verified in one pass: it commits the longest branch that matches, at the cost of all the tree's nodes).
 
-    PYTHONPATH=core:plugins/cpu python benchmarks/lookahead_replay.py -m qwen2.5-coder-1.5b.gguf [-n 64 128]
+``--stdlib`` adds prompts cut from the Python standard library on this machine (the 60 lines before a point a
+quarter to half-way into a file, to complete; or 25 lines in a chat turn asking for type hints), so that a
+strategy is not tuned to the two bench prompts; the last columns are geometric means over the code and the chat
+prompts.
+
+    PYTHONPATH=core:plugins/cpu python benchmarks/lookahead_replay.py -m qwen2.5-coder-1.5b.gguf [-n 64 128] \
+        [--stdlib]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import random
+import sysconfig
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from hetero.llm.speculative import Lookahead
 from hetero.llm.speculative.bench import CHAT_MESSAGES, CODE_PROMPT
 from hetero.llm.speculative.drafter import as_draft
 from hetero.llm.speculative.policy import COLD_RUNS, DraftPolicy
 
+STDLIB_CODE = ("json/encoder.py", "csv.py", "fractions.py", "dataclasses.py", "statistics.py")
+STDLIB_CHAT = ("shlex.py", "textwrap.py", "heapq.py")
 COST = (1.0, 1.09, 1.48, 1.78, 2.05, 2.31, 2.44, 2.57)  # T = 1..8, Qwen2.5-Coder-1.5B q4_k_m, VNNI, 1 thread
 Strategy = Callable[[list[int]], list[list[int]]]  # history -> candidate continuations (a chain or a tree)
 
@@ -120,17 +132,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-m", "--model", required=True)
     parser.add_argument("-n", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--stdlib", action="store_true", help="add prompts cut from the Python standard library")
     parser.add_argument("--cost", type=float, nargs="+", default=list(COST), help="step cost for T = 1, 2, ...")
     args = parser.parse_args()
     import hetero.llm
 
-    llm = hetero.llm.load(args.model, on_fallback="silent")
+    llm = hetero.llm.load(args.model, on_fallback="silent", context=4096)
     runs = {}
-    for name in ("code", "chat"):
-        if name == "code":
-            llm.generate(CODE_PROMPT, max(args.n), temperature=0)
+    for name, chat, text in _prompts(args.stdlib):
+        if chat:
+            llm.chat([{"role": "user", "content": text}], max(args.n), temperature=0)
         else:
-            llm.chat(CHAT_MESSAGES, max(args.n), temperature=0)
+            llm.generate(text, max(args.n), temperature=0)
         runs[name] = (list(llm.tokens[:llm.stats.prompt_tokens]), list(llm.last.tokens))
     strategies: dict[str, Callable[[list[int], list[int]], float]] = {
         "flat": lambda p, t: replay_policy(p, t, Lookahead(min_ngram=2, graded=False), args.cost),
@@ -139,11 +152,31 @@ def main() -> None:
     }
     for w, k in ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 2), (4, 4)):
         strategies[f"chain {k}" if w == 1 else f"tree {w}x{k}"] = _replayer(tree(w, k), args.cost)
-    print("| strategy | " + " | ".join(f"{name} {n}" for name in runs for n in args.n) + " |")
-    print("|---|" + "---:|" * (len(runs) * len(args.n)))
+    print("| strategy | " + " | ".join(f"{name} {n}" for name in runs for n in args.n) + " | code | chat |")
+    print("|---|" + "---:|" * (len(runs) * len(args.n) + 2))
     for label, fn in strategies.items():
-        cells = [f"{fn(p, t[:n]):.2f}x" for p, t in runs.values() for n in args.n]
+        speed = {(name, n): fn(p, t[:n]) for name, (p, t) in runs.items() for n in args.n}
+        cells = [f"{x:.2f}x" for x in speed.values()]
+        for kind in ("code", "chat"):
+            picked = [math.log(x) for (name, _), x in speed.items() if name.startswith(kind)]
+            cells.append(f"{math.exp(sum(picked) / len(picked)):.2f}x")
         print(f"| {label} | " + " | ".join(cells) + " |")
+
+
+def _prompts(stdlib: bool) -> list[tuple[str, bool, str]]:
+    """(name, is a chat turn, text): the bench's two prompts, and with ``stdlib`` those cut from the library."""
+    prompts = [("code", False, CODE_PROMPT), ("chat", True, CHAT_MESSAGES[0]["content"])]
+    if not stdlib:
+        return prompts
+    lib, rng = Path(sysconfig.get_paths()["stdlib"]), random.Random(1)
+    for file in (*STDLIB_CODE, *STDLIB_CHAT):
+        lines = (lib / file).read_text().splitlines(keepends=True)
+        at = rng.randrange(len(lines) // 4, len(lines) // 2)
+        chat = file in STDLIB_CHAT
+        text = ("Add type hints to this code and show all of it:\n\n```python\n" + "".join(lines[at:at + 25]) + "```"
+                if chat else "".join(lines[at - 60:at]))
+        prompts.append((f"{'chat' if chat else 'code'} {Path(file).stem}", chat, text))
+    return prompts
 
 
 if __name__ == "__main__":

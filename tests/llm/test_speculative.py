@@ -176,6 +176,10 @@ def test_spec_names_and_errors():
     assert isinstance(make_drafter("lookahead", target), Lookahead)
     with pytest.raises(HeteroError, match="unknown drafter 'medusa:x'"):
         make_drafter("medusa:x", target)
+    flat = make_drafter("lookahead:flat", target)
+    assert isinstance(flat, Lookahead) and not flat.graded and make_drafter("lookahead", target).graded
+    with pytest.raises(HeteroError, match="takes no argument"):
+        make_drafter("lookahead:3", target)
     with pytest.raises(HeteroError, match="needs the draft model's path"):
         make_drafter("draft", target)
     with pytest.raises(HeteroError, match="expected a drafter name"):
@@ -240,5 +244,11 @@ def test_generate_and_bench_commands_with_spec(capsys):
                  "-c", "1024", "-b", "cpu"]) == 0
     table = capsys.readouterr().out
     assert "| lookahead | code | 8 |" in table and "| lookahead | chat | 8 |" in table and "| NO |" not in table
+    # two drafters in the same repetitions: one row each per prompt, each against the same plain runs
+    assert main(["bench", "-m", str(FIXTURES / "qwen3"), "--spec", "lookahead:flat", "--spec", "lookahead", "-n", "8",
+                 "-r", "2", "-t", "1", "-c", "1024", "-b", "cpu"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "| code |" in line]
+    assert [row.split(" | ")[2] for row in rows] == ["lookahead:flat", "lookahead"]
+    assert len({row.split(" | ")[5] for row in rows}) == 1 and "| NO |" not in "".join(rows)  # one plain median
     assert main(["generate", str(FIXTURES / "qwen3"), "-p", "x", "-n", "2", "--spec", "medusa:/x"]) != 0
     assert "unknown drafter 'medusa:/x'" in capsys.readouterr().err
