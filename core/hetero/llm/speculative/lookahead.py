@@ -9,7 +9,7 @@ Graded (the default): the match found is extended backwards to its full length (
 the draft carries that length as its ``confidence`` class, so the policy learns how often matches of each length
 are right and drafts long only after long matches. Measured on Qwen2.5-Coder-1.5B's greedy outputs
 (docs/speculative.md): the first draft token is right ~45% of the time after a match of 1-2 tokens, ~60% after
-3-4, ~90% after 5 or more, while one acceptance rate for all matches drafts too long after short ones and too short
+3-4, 75-90% after 5 or more, while one acceptance rate for all matches drafts too long after short ones and too short
 after long ones.
 """
 
