@@ -13,6 +13,7 @@ import pytest
 from conftest import backend_ok
 from hetero.contract import HeteroError
 from hetero.llm.speculative import Draft, DraftModel, Lookahead, Speculation, make_drafter
+from hetero.llm.speculative.lookahead import MAX_MATCH, confidence_class
 
 from .helpers import FIXTURES, copy_model, load
 
@@ -175,6 +176,10 @@ def test_spec_names_and_errors():
     assert isinstance(make_drafter("lookahead", target), Lookahead)
     with pytest.raises(HeteroError, match="unknown drafter 'medusa:x'"):
         make_drafter("medusa:x", target)
+    flat = make_drafter("lookahead:flat", target)
+    assert isinstance(flat, Lookahead) and not flat.graded and make_drafter("lookahead", target).graded
+    with pytest.raises(HeteroError, match="takes no argument"):
+        make_drafter("lookahead:3", target)
     with pytest.raises(HeteroError, match="needs the draft model's path"):
         make_drafter("draft", target)
     with pytest.raises(HeteroError, match="expected a drafter name"):
@@ -184,15 +189,44 @@ def test_spec_names_and_errors():
 
 
 def test_lookahead_drafts_what_followed_the_latest_match():
-    la = Lookahead(max_ngram=3, min_ngram=1)
+    la = Lookahead(max_ngram=3, min_ngram=1, graded=False)
     history = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
     assert la.draft(history, 4) == [4, 5, 9, 2]  # the longest match first: "1 2 3" was followed by 4 5 9 2
-    assert Lookahead(max_ngram=2, min_ngram=1).draft(history, 4) == [7, 8, 1, 2]  # "2 3": latest by 7 8 1 2
-    la = Lookahead(max_ngram=3, min_ngram=2)
+    assert Lookahead(max_ngram=2, min_ngram=1, graded=False).draft(history, 4) == [7, 8, 1, 2]  # "2 3": latest
+    la = Lookahead(max_ngram=3, min_ngram=2, graded=False)
     assert la.draft([1, 2, 3, 4, 1, 2, 3], 3) == [4, 1, 2]
     assert la.draft([1, 2, 3, 4, 1, 2, 3, 4, 6], 3) == []  # "4 6" never seen: no draft
     assert la.draft([5, 6, 5, 6], 2) == [5, 6]  # another history: the index starts again
-    assert Draft([1]).probs is None
+    assert Draft([1]).probs is None and Draft([1]).confidence is None
+
+
+def test_lookahead_grades_a_draft_by_the_full_length_of_its_match():
+    history = [9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7]  # the last 8 tokens repeat "1 .. 7" after 9
+    got = Lookahead(max_ngram=3).draft(history, 3)
+    # found by its last 3 tokens, measured back to the 8 that match (9 1 .. 7): class of 8-15
+    assert got == Draft([8, 9, 1], confidence=confidence_class(8)) and confidence_class(8) == 5
+    assert Lookahead().draft([4, 7, 5, 7], 2) == Draft([5, 7], confidence=0)  # "7" alone: a match of 1
+    assert Lookahead().draft([1, 2, 3], 2) == []  # nothing repeats
+    assert [confidence_class(n) for n in (1, 2, 3, 4, 5, 7, 8, 15, 16, 40)] == [0, 1, 2, 3, 4, 4, 5, 5, 6, 6]
+    long = list(range(50)) * 2
+    assert Lookahead().draft(long, 1).confidence == confidence_class(MAX_MATCH)  # measured up to MAX_MATCH
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "qwen3_5"])
+def test_graded_lookahead_keeps_greedy_output(family, backend):
+    """The adaptive loop with graded drafts (cut per class, some steps plain) on dense, MoE and hybrid fixtures:
+    the output is plain greedy decoding's, token for token."""
+    _backend(backend)
+    llm = load(FIXTURES / family, backends=[backend], kv_cache="f16")
+    prompt = PROMPT * 3
+    want = _plain(llm, prompt, 48)
+    spec = Speculation(Lookahead(), max_draft=6)
+    assert spec.policy.graded
+    llm.reset()
+    llm.generate(prompt, 48, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want
+    assert llm.stats.verify_steps > 0 and spec.policy.classes
 
 
 def test_generate_and_bench_commands_with_spec(capsys):
@@ -211,5 +245,11 @@ def test_generate_and_bench_commands_with_spec(capsys):
                  "-c", "1024", "-b", "cpu"]) == 0
     table = capsys.readouterr().out
     assert "| lookahead | code | 8 |" in table and "| lookahead | chat | 8 |" in table and "| NO |" not in table
+    # two drafters in the same repetitions: one row each per prompt, each against the same plain runs
+    assert main(["bench", "-m", str(FIXTURES / "qwen3"), "--spec", "lookahead:flat", "--spec", "lookahead", "-n", "8",
+                 "-r", "2", "-t", "1", "-c", "1024", "-b", "cpu"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "| code |" in line]
+    assert [row.split(" | ")[2] for row in rows] == ["lookahead:flat", "lookahead"]
+    assert len({row.split(" | ")[5] for row in rows}) == 1 and "| NO |" not in "".join(rows)  # one plain median
     assert main(["generate", str(FIXTURES / "qwen3"), "-p", "x", "-n", "2", "--spec", "medusa:/x"]) != 0
     assert "unknown drafter 'medusa:/x'" in capsys.readouterr().err

@@ -67,3 +67,41 @@ def test_expensive_steps_keep_drafts_short():
 def test_fixed_length_when_not_adaptive():
     policy = DraftPolicy(5, adaptive=False, start=5)
     assert set(_run(policy, 10, cost=lambda t: 1.0, accept=lambda k: 0)) == {5}
+
+
+def test_graded_drafts_are_cut_by_the_acceptance_of_their_class():
+    # class 0 is never right, class 1 always: a step of T tokens costs 1 + 0.1 (T - 1)
+    policy = DraftPolicy(8, graded=True)
+    produced, lengths = 0, {0: [], 1: []}
+    for step in range(80):
+        k = policy.length(produced)
+        confidence = step % 2
+        if k:
+            k = min(k, policy.cut(confidence))
+            lengths[confidence].append(k)
+        kept = k if confidence else 0
+        policy.record(k, kept, kept + 1, 1 + 0.1 * k, produced, confidence if k else None)
+        produced += kept + 1
+    assert policy.length(produced) in (0, 8)  # graded: the loop asks for the longest draft, the class cuts it
+    assert lengths[1][-5:] == [8] * 5  # always right: as long as allowed
+    assert lengths[0][-5:] == [0] * 5  # never right: plain steps (it paid for a while at the prior of 1/2)
+    assert policy.switched_off == 0  # the bad class does not switch drafting off for the good one
+    assert policy.cut(7) == 2  # an unseen class starts at the prior, 1/2: at these costs 2 drafts pay best
+    assert policy.cut(None) == 8  # an unclassed draft is not cut
+    assert DraftPolicy(8, graded=True, adaptive=False).cut(0) == 8  # fixed lengths stay fixed
+
+
+def test_graded_drafts_stop_when_no_length_pays():
+    # half the drafts right, but steps of 2+ tokens cost 3 plain steps: once a step of drafts is measured, the class
+    # is cut to plain steps
+    policy = DraftPolicy(4, graded=True)
+    produced, plain_steps = 0, 0
+    seen = iter(range(10_000))
+    for _ in range(120):
+        k = policy.length(produced)
+        k = min(k, policy.cut(0)) if k else 0
+        kept = sum(1 for _ in range(k) if next(seen) % 2 == 0) if k else 0
+        policy.record(k, kept, kept + 1, 3.0 if k else 1.0, produced, 0 if k else None)
+        produced += kept + 1
+        plain_steps += k == 0
+    assert plain_steps > 100

@@ -73,10 +73,10 @@ def add_llm_commands(subparsers: Any) -> None:
     p.add_argument("-o", "--output", choices=["md", "json", "csv", "jsonl"], default="md",
                    help="table format: md (default, as llama-bench prints), json, jsonl or csv")
     p.add_argument("--json", action="store_true", help="same as -o json")
-    p.add_argument("--spec", default=None, metavar="DRAFTER",
+    p.add_argument("--spec", action="append", default=None, metavar="DRAFTER",
                    help="speculative decoding against plain decoding, alternated in one run, on a code-completion "
                         "and a chat prompt: lookahead, draft:PATH, eagle:PATH, dflash:PATH (-n: tokens per run, "
-                        "default 64; -r: pairs, default 5)")
+                        "default 64; -r: pairs, default 5; repeat --spec to compare drafters in the same run)")
     p.add_argument("--spec-draft", type=int, default=None, metavar="N", help="--spec: most tokens per draft")
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")

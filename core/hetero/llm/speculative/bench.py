@@ -4,6 +4,8 @@ For each prompt (a code completion and a chat turn that quotes code back) the tw
 (plain, speculative, speculative, plain, ...) with greedy sampling, so both produce the same tokens and see the
 same machine; the table gives medians of each and the median of the per-pair speed ratios, the acceptance rate,
 tokens per verify step, whether the outputs were identical, and the load average (the machine may be shared).
+Several drafters (``--spec A --spec B``) join the same repetitions, in a rotating order, each against the plain
+run of its repetition: before / after comparisons of a drafter (``lookahead:flat`` against ``lookahead``).
 """
 
 from __future__ import annotations
@@ -88,11 +90,15 @@ class SpecResult:
         return asdict(self)
 
 
-def bench_speculative(llm: Any, drafter: str, *, n_gen: int = 64, repetitions: int = 3, threads: int | None = None,
-                      max_draft: int | None = None, prompts: tuple[str, ...] = PROMPTS) -> list[SpecResult]:
+def bench_speculative(llm: Any, drafter: str | list[str], *, n_gen: int = 64, repetitions: int = 3,
+                      threads: int | None = None, max_draft: int | None = None,
+                      prompts: tuple[str, ...] = PROMPTS) -> list[SpecResult]:
+    """One ``SpecResult`` per prompt and drafter. Several drafters (a list) run in the same repetitions as plain
+    decoding, the order rotating each time, so their speed-ups compare like for like (before / after a change)."""
     if llm.tokenizer is None:
         raise HeteroError("bench --spec needs a model with a tokenizer (give -m MODEL: the prompts are text)")
-    spec = speculation(drafter, llm, max_draft=max_draft)
+    names = [drafter] if isinstance(drafter, str) else list(drafter)
+    specs = [speculation(name, llm, max_draft=max_draft) for name in names]
     results = []
     for name in prompts:
         if name not in PROMPTS:
@@ -100,40 +106,49 @@ def bench_speculative(llm: Any, drafter: str, *, n_gen: int = 64, repetitions: i
         if name == "chat" and llm.template is None:
             continue  # a model without a chat template: the code prompt only
 
-        def run(with_spec: bool, n: int = n_gen, name: str = name) -> tuple[list[int], Any]:
-            s = spec if with_spec else None
+        def run(s: Any, n: int = n_gen, name: str = name) -> tuple[list[int], Any]:
             if name == "code":
                 llm.generate(CODE_PROMPT, n, temperature=0, spec=s)
             else:
                 llm.chat(CHAT_MESSAGES, n, temperature=0, spec=s)
             return list(llm.last.tokens), llm.stats
 
-        run(False, 4)  # warm-up: the prompt's prefill (cached from here on), plans of both step shapes
-        run(True, 4)
-        plain: list[float] = []
-        fast: list[float] = []
-        ratios: list[float] = []
-        drafted = accepted = verify_steps = 0
-        identical = True
+        run(None, 4)  # warm-up: the prompt's prefill (cached from here on), plans of both step shapes
+        for s in specs:
+            run(s, 4)
+        runs: list[Any] = [None, *specs]  # None: plain decoding
+        speed: list[list[float]] = [[] for _ in runs]
+        ratios: list[list[float]] = [[] for _ in specs]
+        counts = [[0, 0, 0] for _ in specs]  # drafted, accepted, verify steps
+        identical = [True] * len(specs)
         for r in range(repetitions):
-            got: dict[bool, tuple[list[int], float]] = {}
-            for with_spec in ((False, True) if r % 2 == 0 else (True, False)):
-                tokens, stats = run(with_spec)
-                got[with_spec] = (tokens, stats.decode_tokens_per_second)
-                if with_spec:
-                    drafted += stats.drafted_tokens
-                    accepted += stats.accepted_tokens
-                    verify_steps += stats.verify_steps
-            plain.append(got[False][1])
-            fast.append(got[True][1])
-            ratios.append(got[True][1] / got[False][1] if got[False][1] else 0.0)
-            identical &= got[True][0] == got[False][0]
-        results.append(SpecResult(
-            model=llm.name, threads=threads, drafter=drafter, prompt=name, tokens=n_gen,
-            plain_tps=statistics.median(plain), spec_tps=statistics.median(fast), speedup=statistics.median(ratios),
-            acceptance=accepted / drafted if drafted else 0.0,
-            tokens_per_verify=(accepted + verify_steps) / verify_steps if verify_steps else 0.0,
-            identical=identical, pairs=repetitions, load=_load()))
+            order = list(range(len(runs)))
+            shift = r % len(runs)
+            order = order[shift:] + order[:shift]
+            if r % 2:
+                order.reverse()
+            got: dict[int, tuple[list[int], float]] = {}
+            for i in order:
+                tokens, stats = run(runs[i])
+                got[i] = (tokens, stats.decode_tokens_per_second)
+                if i:
+                    counts[i - 1][0] += stats.drafted_tokens
+                    counts[i - 1][1] += stats.accepted_tokens
+                    counts[i - 1][2] += stats.verify_steps
+            for i in range(len(runs)):
+                speed[i].append(got[i][1])
+            for i in range(1, len(runs)):
+                ratios[i - 1].append(got[i][1] / got[0][1] if got[0][1] else 0.0)
+                identical[i - 1] &= got[i][0] == got[0][0]
+        load = _load()
+        for j, drafter_name in enumerate(names):
+            drafted, accepted, verify_steps = counts[j]
+            results.append(SpecResult(
+                model=llm.name, threads=threads, drafter=drafter_name, prompt=name, tokens=n_gen,
+                plain_tps=statistics.median(speed[0]), spec_tps=statistics.median(speed[j + 1]),
+                speedup=statistics.median(ratios[j]), acceptance=accepted / drafted if drafted else 0.0,
+                tokens_per_verify=(accepted + verify_steps) / verify_steps if verify_steps else 0.0,
+                identical=identical[j], pairs=repetitions, load=load))
     return results
 
 

@@ -25,6 +25,9 @@ Rolling back is the drafter's own business: a drafter with a cache (a draft mode
 ``hidden_layers``: decoder layer indices (0-based, negative counts from the end as in Python) whose outputs the
 drafter needs. The target exposes them as graph outputs (``Llm.expose_hidden``); the loop does it before ``begin``.
 ``max_draft``: the longest draft worth verifying (the loop's adaptive length stays at or below it).
+``graded`` (optional, default False): the drafter's drafts cost nothing and carry a ``confidence`` class: the loop
+then asks for ``max_draft`` tokens whenever it drafts and the policy cuts each draft to the length that pays for
+its class (the lookahead drafter: the length of the n-gram match).
 """
 
 from __future__ import annotations
@@ -41,10 +44,13 @@ Hidden = Mapping[int, np.ndarray]
 @dataclass
 class Draft:
     """Proposed tokens and, for drafters that sample, ``probs[i]``: the drafter's distribution (float ``[vocab]``)
-    at the position of ``tokens[i]``, from which it was drawn."""
+    at the position of ``tokens[i]``, from which it was drawn. ``confidence``: a class of how likely the draft is
+    to be right (a small int, e.g. the lookahead match length; None: unclassed); the policy learns the acceptance
+    of each class apart and sizes the draft by it (``policy.py``)."""
 
     tokens: list[int]
     probs: list[np.ndarray] | None = None
+    confidence: int | None = None
 
 
 @runtime_checkable
@@ -71,4 +77,4 @@ def as_draft(proposal: Draft | Sequence[int], k: int, vocab: int) -> Draft:
             break
         tokens.append(int(t))
     probs = draft.probs[:len(tokens)] if draft.probs is not None else None
-    return Draft(tokens, probs)
+    return Draft(tokens, probs, draft.confidence)

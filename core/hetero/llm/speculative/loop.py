@@ -36,7 +36,11 @@ class Speculation:
         limit = VERIFY_ROWS - 1
         self.max_draft = max(1, min(int(max_draft if max_draft is not None else drafter.max_draft), limit))
         self.adaptive = adaptive
-        self.policy = DraftPolicy(self.max_draft, adaptive=adaptive, start=self.max_draft if not adaptive else 4)
+        self.policy = self._policy()
+
+    def _policy(self) -> DraftPolicy:
+        return DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 4,
+                           graded=bool(getattr(self.drafter, "graded", False)))
 
     def start(self, llm: Target, record: object, prompt: list[int], sampler: Sampler, stats: Any) -> Iterator[int]:
         """Prefill ``prompt`` now; returns the generation's tokens, computed as they are pulled."""
@@ -45,8 +49,7 @@ class Speculation:
         logits = llm._advance(record, prompt, stats)
         drafter.reset()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
-        self.policy = DraftPolicy(self.max_draft, adaptive=self.adaptive,
-                                  start=self.max_draft if not self.adaptive else 4)
+        self.policy = self._policy()
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
 
     def _tokens(self, llm: Target, record: object, history: list[int], sampler: Sampler, stats: Any, first: Any,
@@ -62,6 +65,8 @@ class Speculation:
             started = time.perf_counter()
             k = min(policy.length(produced), llm.context - len(history))
             draft = as_draft(drafter.draft(history, k), k, vocab) if k > 0 else as_draft([], 0, vocab)
+            if draft.confidence is not None:  # a graded draft: as long as its class pays for
+                draft = as_draft(draft, policy.cut(draft.confidence), vocab)
             rows = llm._verify(record, history, draft.tokens)
             n, token = accept(sampler, rows, draft, history)
             base = len(history)
@@ -73,7 +78,8 @@ class Speculation:
                 stats.verify_steps += 1
                 stats.drafted_tokens += len(draft.tokens)
                 stats.accepted_tokens += n
-            policy.record(len(draft.tokens), n, len(committed), time.perf_counter() - started, produced)
+            policy.record(len(draft.tokens), n, len(committed), time.perf_counter() - started, produced,
+                          draft.confidence)
             produced += len(committed)
             yield from committed
 

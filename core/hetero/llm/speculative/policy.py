@@ -16,6 +16,11 @@ What is really measured also decides: plain decoding's cost is re-sampled at the
 speculative steps, and when the speculative steps' seconds per committed token exceed plain decoding's, drafting is
 switched off for ``backoff`` tokens (doubling each time it fails again, reset when it pays). So a drafter that is
 rarely right costs a few probe steps, not a slowdown.
+
+Graded drafters (``Drafter.graded``: free drafts with a ``confidence`` class, the lookahead's match length) get
+one acceptance α per class: the loop asks for ``max_draft`` tokens and ``cut(confidence)`` keeps the k that pays
+for that class — none for a class rarely right (the step is then a plain step), long drafts for a class that is
+nearly always right. A class not seen yet starts at α = 1/2.
 """
 
 from __future__ import annotations
@@ -29,11 +34,16 @@ DECAY = 0.9  # weight of the past in the acceptance counts
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra token in a step, until steps of that size are measured
 
 
+PRIOR_CLASS = (1.0, 1.0)  # (accepted, rejected) counts a confidence class starts with
+
+
 class DraftPolicy:
-    def __init__(self, max_draft: int, *, adaptive: bool = True, start: int = 4) -> None:
+    def __init__(self, max_draft: int, *, adaptive: bool = True, start: int = 4, graded: bool = False) -> None:
         self.max_draft = max(int(max_draft), 0)
         self.k = min(start, self.max_draft)
         self.adaptive = adaptive
+        self.graded = graded and adaptive
+        self.classes: dict[int, tuple[float, float]] = {}  # confidence class -> decayed (accepted, rejected)
         self.cost: dict[int, float] = {}  # tokens scored in a step -> seconds (running)
         self.runs: dict[int, int] = {}  # tokens scored in a step -> steps of that size so far
         self.spec_cost: float | None = None  # seconds per committed token of speculative steps (running)
@@ -55,10 +65,19 @@ class DraftPolicy:
             return self.k
         if produced < self.off_until or self.runs.get(1, 0) <= COLD_RUNS or self.since_probe >= PROBE_EVERY:
             return 0  # (plain steps first until one is warm: its cost is what drafting must beat)
-        return self.k
+        return self.max_draft if self.graded else self.k
 
-    def record(self, drafted: int, accepted: int, committed: int, seconds: float, produced: int) -> None:
-        """One step: ``drafted`` tokens proposed, ``accepted`` kept, ``committed`` tokens out, in ``seconds``."""
+    def cut(self, confidence: int | None) -> int:
+        """The longest draft worth scoring for a graded draft of class ``confidence`` (0: a plain step)."""
+        if not self.graded or confidence is None:
+            return self.max_draft
+        accepted, rejected = self.classes.get(confidence, PRIOR_CLASS)
+        return self._best_length(accepted / (accepted + rejected), plain_wins=True)
+
+    def record(self, drafted: int, accepted: int, committed: int, seconds: float, produced: int,
+               confidence: int | None = None) -> None:
+        """One step: ``drafted`` tokens proposed, ``accepted`` kept, ``committed`` tokens out, in ``seconds``
+        (``confidence``: the draft's class, for graded drafters)."""
         size = drafted + 1
         runs = self.runs[size] = self.runs.get(size, 0) + 1
         warm = runs > COLD_RUNS
@@ -70,12 +89,15 @@ class DraftPolicy:
         self.since_probe += 1
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (accepted < drafted)
+        if confidence is not None:
+            a, r = self.classes.get(confidence, PRIOR_CLASS)
+            self.classes[confidence] = (DECAY * a + accepted, DECAY * r + (accepted < drafted))
         if warm:
             self.spec_cost = _smooth(self.spec_cost, seconds / max(committed, 1))
             self.spec_steps += 1
         if not self.adaptive:
             return
-        self.k = self._best_length()
+        self.k = self._best_length(self.accepted / max(self.accepted + self.rejected, 1e-9))
         plain = self.plain_cost
         if self.spec_steps < MIN_SPEC_STEPS or plain is None or self.spec_cost is None:
             return
@@ -88,12 +110,13 @@ class DraftPolicy:
         elif self.spec_steps >= 4 * MIN_SPEC_STEPS:
             self.backoff = BACKOFF_START  # it pays: a later bad stretch starts with a short pause again
 
-    def _best_length(self) -> int:
+    def _best_length(self, alpha: float, plain_wins: bool = False) -> int:
+        """The k with the most tokens per second at acceptance ``alpha``; at least 1 unless ``plain_wins`` (then
+        0 when no k beats a plain step)."""
         plain = self.plain_cost
         if plain is None:
             return self.k
-        alpha = self.accepted / (self.accepted + self.rejected) if self.accepted + self.rejected else 0.0
-        best, best_rate = 1, 0.0
+        best, best_rate = (0, 1.0 / plain) if plain_wins else (1, 0.0)
         for k in range(1, self.max_draft + 1):
             rate = expected_tokens(alpha, k) / self._estimated_cost(k + 1, plain)
             if rate > best_rate:

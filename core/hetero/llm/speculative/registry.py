@@ -1,6 +1,7 @@
 """Drafters by name, as ``--spec`` and ``generate(spec="...")`` take them: ``KIND`` or ``KIND:ARGUMENT``.
 
-Built in: ``lookahead`` (prompt lookup, no argument) and ``draft:PATH`` (a smaller model with the target's
+Built in: ``lookahead`` (prompt lookup, no argument; ``lookahead:flat`` drafts ungraded, as before the
+confidence classes, for comparisons) and ``draft:PATH`` (a smaller model with the target's
 tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backends, threads, context and KV cache
 type). ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
 ``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the factory is
@@ -70,8 +71,10 @@ def _usage() -> list[str]:
 
 
 def _lookahead(argument: str, target: Target) -> Drafter:
+    if argument == "flat":  # the drafter before confidence classes (n-grams of 2-4, one acceptance): comparisons
+        return Lookahead(min_ngram=2, graded=False)
     if argument:
-        raise HeteroError(f"--spec lookahead takes no argument, got {argument!r}")
+        raise HeteroError(f"--spec lookahead takes no argument (or 'flat': ungraded drafts), got {argument!r}")
     return Lookahead()
 
 
