@@ -190,13 +190,20 @@ i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.
 bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
   if (pc.depthwise || g.sw != 1 || g.kh * g.kw == 1 || ceil_div(cout_g, mr) * mr * 4 > cout_g * 5) return false;
+  {  // a tile kernel for this ISA's tile shape
+    alignas(64) float probe[64] = {};
+    const i64 zero = 0;
+    if (!extra_for(*pc.kr).conv_tile(static_cast<int>(mr), static_cast<int>(nr), 0, probe, probe, &zero, probe, nr, 0,
+                                     0))
+      return false;
+  }
   if (g.sh == 1) return padded_width(g) * 4 <= g.Wo * 5 && g.Ho * g.Wo >= nr;
   return g.Wo >= nr && ceil_div(g.Wo, nr) * nr * 4 <= g.Wo * 5;
 }
 
 // One padded copy of the image's channels (rows padded to Wp, plus nr floats of slack the last tile's loads read
 // past), then tasks of (image/group, output row): every Cout block and panel of columns of that row.
-bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                  const Epilogue& act) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
@@ -208,11 +215,6 @@ bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   for (i64 c = 0, k = 0; c < cin_g; ++c)
     for (i64 ky = 0; ky < g.kh; ++ky)
       for (i64 kx = 0; kx < g.kw; ++kx, ++k) off[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * Wp + kx * g.dw;
-  {  // the tile kernel for this ISA's tile shape (checked once: every call below is the same shape)
-    alignas(64) float probe[64] = {};
-    const i64 zero = 0;
-    if (!xk.conv_tile(mr, nr, 0, probe, probe, &zero, probe, nr, 0, 0)) return false;
-  }
   const i64 per_image = cin_g * plane;
   float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * per_image + nr));
   std::fill(padded + images * per_image, padded + images * per_image + nr, 0.f);
@@ -261,7 +263,7 @@ bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         }
       }
     });
-    return true;
+    return;
   }
   parallel_for(images * g.Ho, T, [&](i64 task) {
     const i64 img = task / g.Ho, oy = task % g.Ho, n = img / g.group, gi = img % g.group;
@@ -281,24 +283,40 @@ bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     ep.bias_cs = 0;
     apply_epilogue(kr, o, HWo, 0, 0, cout_g, g.Wo, ep);
   });
-  return true;
 }
 
 }  // namespace
+
+ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
+  const ConvGeom g = along_w(geom);
+  if (pc.depthwise) return ConvAlgo::depthwise;
+  if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
+  if (winograd_fits(pc, g)) return ConvAlgo::winograd;
+  if (direct_fits(pc, g)) return ConvAlgo::direct;
+  return ConvAlgo::gemm;
+}
+
+const char* conv_algorithm_name(ConvAlgo a) {
+  switch (a) {
+    case ConvAlgo::depthwise: return "depthwise";
+    case ConvAlgo::dot: return "dot";
+    case ConvAlgo::winograd: return "winograd";
+    case ConvAlgo::direct: return "direct";
+    default: return "gemm";
+  }
+}
 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
                    const Epilogue& act) {
   if (geom.N == 0 || geom.Cout == 0 || geom.Ho == 0 || geom.Wo == 0) return;
   const ConvGeom g = along_w(geom);
-  if (pc.depthwise) {
-    depthwise(pc, g, x, bias, out, act);
-    return;
+  switch (conv_algorithm(pc, geom)) {
+    case ConvAlgo::depthwise: depthwise(pc, g, x, bias, out, act); return;
+    case ConvAlgo::dot: conv_dot(pc, g, x, bias, out, act); return;
+    case ConvAlgo::winograd: conv_winograd(pc, g, x, bias, out, act); return;
+    case ConvAlgo::direct: conv_direct(pc, g, x, bias, out, act); return;
+    case ConvAlgo::gemm: break;
   }
-  if (g.Ho * g.Wo <= kDotMaxOutputs) {
-    conv_dot(pc, g, x, bias, out, act);
-    return;
-  }
-  if (direct_fits(pc, g) && conv_direct(pc, g, x, bias, out, act)) return;
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g;
