@@ -104,43 +104,49 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   const int T = threads_for(2.0 * 36 * cout * cin * tiles, 6e4 * 4);
   const i64 bc = block_columns(kr, cin, cout, tiles, T, g.N);
   const i64 nblk = ceil_div(tiles, bc);
-  parallel_for(g.N * nblk, T, [&](i64 task) {
-    const i64 n = task / nblk, t0 = (task % nblk) * bc, ncols = std::min<i64>(bc, tiles - t0);
-    const i64 ncp = ceil_div(ncols, nr) * nr;  // padded to whole panels
-    const i64 vstride = ncp * cin, mstride = ncp * cout;
-    float* v = tl_buf(TL_PACK_B).get(static_cast<std::size_t>(36 * vstride));
-    float* m = tl_buf(TL_MISC).get(static_cast<std::size_t>(36 * mstride + 16 * L + 2 * ncp));
-    float* y = m + 36 * mstride;  // 16 x L
-    // Per tile of the block: where its patch starts in a padded channel, where its outputs start. The padding lanes
-    // repeat the block's first tile: their GEMM columns are computed and never written out.
-    auto* in_off = reinterpret_cast<std::int32_t*>(y + 16 * L);
-    auto* out_off = in_off + ncp;
-    for (i64 t = 0; t < ncp; ++t) {
-      const i64 tile = t0 + (t < ncols ? t : 0), ty = tile / tw, tx = tile % tw;
-      in_off[t] = static_cast<std::int32_t>(ty * 4 * Wp + tx * 4);
-      out_off[t] = static_cast<std::int32_t>(ty * 4 * g.Wo + tx * 4);
+  // One block of tiles [t0, t0 + ncols) of image n: its three phases, each over a range of its work items.
+  struct Block {
+    i64 n, t0, ncols, ncp, vstride, mstride;
+    float *v, *m;
+    std::int32_t *in_off, *out_off;
+  };
+  auto setup = [&](Block& b, i64 n, i64 t0, float* v, float* m, std::int32_t* offs) {
+    b.n = n, b.t0 = t0, b.ncols = std::min<i64>(bc, tiles - t0), b.ncp = ceil_div(b.ncols, nr) * nr;
+    b.vstride = b.ncp * cin, b.mstride = b.ncp * cout, b.v = v, b.m = m, b.in_off = offs, b.out_off = offs + b.ncp;
+    // Per tile of the block: where its patch starts in a padded channel, where its outputs start. The padding
+    // lanes repeat the block's first tile: their GEMM columns are computed and never written out.
+    for (i64 t = 0; t < b.ncp; ++t) {
+      const i64 tile = t0 + (t < b.ncols ? t : 0), ty = tile / tw, tx = tile % tw;
+      b.in_off[t] = static_cast<std::int32_t>(ty * 4 * Wp + tx * 4);
+      b.out_off[t] = static_cast<std::int32_t>(ty * 4 * g.Wo + tx * 4);
     }
-    const float* img = padded + n * per_image;
-    // Input transform into the packed-B layout of each position's GEMM: panel p (nr columns) holds rows c, each nr
-    // floats; lanes of tiles [t, t + L) go to panel t / nr, column t % nr.
-    for (i64 c = 0; c < cin; ++c)
-      for (i64 t = 0; t < ncp; t += L)
-        xk.wino_in(img + c * plane, in_off + t, Wp, v + (t / nr) * cin * nr + c * nr + t % nr, vstride);
+  };
+  // Input transform of channels [c0, c1) into the packed-B layout of each position's GEMM: panel p (nr columns)
+  // holds rows c, each nr floats; lanes of tiles [t, t + L) go to panel t / nr, column t % nr.
+  auto transform_in = [&](const Block& b, i64 c0, i64 c1) {
+    const float* img = padded + b.n * per_image;
+    for (i64 c = c0; c < c1; ++c)
+      for (i64 t = 0; t < b.ncp; t += L)
+        xk.wino_in(img + c * plane, b.in_off + t, Wp, b.v + (t / nr) * cin * nr + c * nr + t % nr, b.vstride);
+  };
+  auto products = [&](const Block& b, i64 x0, i64 x1) {
     const Epilogue none;
-    for (int xi = 0; xi < 36; ++xi)
-      gemm_prepacked_b(kr, cout, ncp, cin, nullptr, pc.wino.p + xi * pc.wino_stride, v + xi * vstride,
-                       m + xi * mstride, ncp, 1.f, 0.f, none, 1);
-    // Output transform, bias, activation on L tiles at a time, then the 4 x 4 blocks written (clipped at the edges).
-    float* o = out + n * cout * HWo;
-    for (i64 co = 0; co < cout; ++co) {
-      const float b = bias ? bias[co] : 0.f;
+    for (i64 xi = x0; xi < x1; ++xi)
+      gemm_prepacked_b(kr, cout, b.ncp, cin, nullptr, pc.wino.p + xi * pc.wino_stride, b.v + xi * b.vstride,
+                       b.m + xi * b.mstride, b.ncp, 1.f, 0.f, none, 1);
+  };
+  // Output transform, bias, activation on L tiles at a time, then the 4 x 4 blocks written (clipped at the edges).
+  auto transform_out = [&](const Block& b, i64 co0, i64 co1, float* y) {
+    float* o = out + b.n * cout * HWo;
+    for (i64 co = co0; co < co1; ++co) {
+      const float bv = bias ? bias[co] : 0.f;
       float* plane_o = o + co * HWo;
-      for (i64 t = 0; t < ncols; t += L) {
-        xk.wino_out(m + co * ncp + t, mstride, b, y);
+      for (i64 t = 0; t < b.ncols; t += L) {
+        xk.wino_out(b.m + co * b.ncp + t, b.mstride, bv, y);
         if (act.act >= 0) kr.unary(act.act, y, y, 16 * L, act.act_alpha, act.act_beta);
-        const int lanes = static_cast<int>(std::min<i64>(L, ncols - t));
+        const int lanes = static_cast<int>(std::min<i64>(L, b.ncols - t));
         for (int l = 0; l < lanes; ++l) {
-          const i64 at = out_off[t + l], oy = at / g.Wo, ox = at % g.Wo;
+          const i64 at = b.out_off[t + l], oy = at / g.Wo, ox = at % g.Wo;
           float* dst = plane_o + at;
           const float* src = y + l;
           if (oy + 4 <= g.Ho && ox + 4 <= g.Wo) {
@@ -154,6 +160,42 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
         }
       }
     }
+  };
+  auto scratch = [&](i64 ncp, int slot_v, int slot_m, float*& v, float*& m, float*& y, std::int32_t*& offs) {
+    v = tl_buf(slot_v).get(static_cast<std::size_t>(36 * ncp * cin));
+    m = tl_buf(slot_m).get(static_cast<std::size_t>(36 * ncp * cout + 16 * L + 2 * ncp));
+    y = m + 36 * ncp * cout;
+    offs = reinterpret_cast<std::int32_t*>(y + 16 * L);
+  };
+  if (T > 1 && g.N * nblk < 2 * T) {
+    // Too few blocks to share out (a 20 x 20 map is 25 tiles, one block): each block's three phases run on every
+    // thread in turn, split over channels, positions and output channels.
+    for (i64 n = 0; n < g.N; ++n)
+      for (i64 t0 = 0; t0 < tiles; t0 += bc) {
+        float *v, *m, *y;
+        std::int32_t* offs;
+        scratch(ceil_div(std::min<i64>(bc, tiles - t0), nr) * nr, TL_PACK_B, TL_MISC, v, m, y, offs);
+        Block b;
+        setup(b, n, t0, v, m, offs);
+        parallel_for(T, T, [&](i64 t) { transform_in(b, cin * t / T, cin * (t + 1) / T); });
+        parallel_for(T, T, [&](i64 t) { products(b, 36 * t / T, 36 * (t + 1) / T); });
+        parallel_for(T, T, [&](i64 t) {
+          float* yt = tl_buf(TL_TMP).get(static_cast<std::size_t>(16 * L));
+          transform_out(b, cout * t / T, cout * (t + 1) / T, yt);
+        });
+      }
+    return;
+  }
+  parallel_for(g.N * nblk, T, [&](i64 task) {
+    float *v, *m, *y;
+    std::int32_t* offs;
+    const i64 t0 = (task % nblk) * bc;
+    scratch(ceil_div(std::min<i64>(bc, tiles - t0), nr) * nr, TL_PACK_B, TL_MISC, v, m, y, offs);
+    Block b;
+    setup(b, task / nblk, t0, v, m, offs);
+    transform_in(b, 0, cin);
+    products(b, 0, 36);
+    transform_out(b, 0, cout, y);
   });
 }
 
