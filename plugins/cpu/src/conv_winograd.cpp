@@ -86,21 +86,32 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   const int L = xk.lanes, nr = kr.nr;
   const i64 cin = g.C, cout = g.Cout, HWo = g.Ho * g.Wo;
   const i64 th = ceil_div(g.Ho, 4), tw = ceil_div(g.Wo, 4), tiles = th * tw;
-  // Zero-padded input: rows [-pt, -pt + 4 th + 2), columns [-pl, -pl + 4 tw + 2) of each channel.
-  const i64 Hp = 4 * th + 2, Wp = 4 * tw + 2, plane = Hp * Wp, per_image = cin * plane;
+  // Zero-padded input, rows [-pt, -pt + 4 th + 2) and columns [-pl, -pl + 4 tw + 2) of each channel, split into four
+  // column phases (padded column px in plane px % 4 at px / 4): the patches of consecutive tiles of one tile row then
+  // start at consecutive floats, so 16 tiles' values at one patch position are one vector load, not a gather.
+  const i64 Hp = 4 * th + 2, Wq = tw + 1, qplane = Hp * Wq, plane = 4 * qplane, per_image = cin * plane;
   float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(g.N * per_image));
   const int Tp = threads_for(static_cast<double>(g.N * per_image), 6e4);
   parallel_for(g.N * cin, Tp, [&](i64 q) {
     const float* src = x + q * g.H * g.W;
     float* dst = padded + q * plane;
     std::fill(dst, dst + plane, 0.f);
-    const i64 x0 = std::max<i64>(0, -g.pl), x1 = std::min<i64>(g.W, Wp - g.pl);  // input columns that land inside
+    const i64 x0 = std::max<i64>(0, -g.pl), x1 = std::min<i64>(g.W, 4 * Wq - g.pl);  // columns that land inside
     for (i64 y = 0; y < g.H; ++y) {
       const i64 py = y + g.pt;
-      if (py < 0 || py >= Hp || x1 <= x0) continue;
-      std::memcpy(dst + py * Wp + x0 + g.pl, src + y * g.W + x0, static_cast<std::size_t>(x1 - x0) * sizeof(float));
+      if (py < 0 || py >= Hp) continue;
+      float* row = dst + py * Wq;
+      const float* s_row = src + y * g.W;
+      for (i64 r = 0; r < 4; ++r) {  // phase r: input columns xx with (xx + pl) % 4 == r
+        i64 xx = x0 + (((r - x0 - g.pl) % 4) + 4) % 4;
+        float* d = row + r * qplane + ((xx + g.pl) >> 2);
+        for (; xx < x1; xx += 4) *d++ = s_row[xx];
+      }
     }
   });
+  i64 eoff[36];  // patch position (i, j) of a tile relative to its start
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 6; ++j) eoff[i * 6 + j] = (j & 3) * qplane + i * Wq + (j >> 2);
   const int T = threads_for(2.0 * 36 * cout * cin * tiles, 6e4 * 4);
   const i64 bc = block_columns(kr, cin, cout, tiles, T, g.N);
   const i64 nblk = ceil_div(tiles, bc);
@@ -117,7 +128,7 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
     // lanes repeat the block's first tile: their GEMM columns are computed and never written out.
     for (i64 t = 0; t < b.ncp; ++t) {
       const i64 tile = t0 + (t < b.ncols ? t : 0), ty = tile / tw, tx = tile % tw;
-      b.in_off[t] = static_cast<std::int32_t>(ty * 4 * Wp + tx * 4);
+      b.in_off[t] = static_cast<std::int32_t>(ty * 4 * Wq + tx);
       b.out_off[t] = static_cast<std::int32_t>(ty * 4 * g.Wo + tx * 4);
     }
   };
@@ -125,9 +136,12 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   // holds rows c, each nr floats; lanes of tiles [t, t + L) go to panel t / nr, column t % nr.
   auto transform_in = [&](const Block& b, i64 c0, i64 c1) {
     const float* img = padded + b.n * per_image;
-    for (i64 c = c0; c < c1; ++c)
-      for (i64 t = 0; t < b.ncp; t += L)
-        xk.wino_in(img + c * plane, b.in_off + t, Wp, b.v + (t / nr) * cin * nr + c * nr + t % nr, b.vstride);
+    for (i64 t = 0; t < b.ncp; t += L) {
+      const bool in_row = b.in_off[t + L - 1] - b.in_off[t] == L - 1;  // one tile row: plain loads
+      for (i64 c = c0; c < c1; ++c)
+        xk.wino_in(img + c * plane, b.in_off + t, eoff, in_row, b.v + (t / nr) * cin * nr + c * nr + t % nr,
+                   b.vstride);
+    }
   };
   auto products = [&](const Block& b, i64 x0, i64 x1) {
     const Epilogue none;

@@ -504,7 +504,8 @@ bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const
 
 // Winograd F(4x4, 3x3) transforms (conv_winograd.cpp), on W tiles at once (lane l of every vector is one tile).
 // The transforms are those of Lavin & Gray (interpolation points 0, +-1, +-2 and infinity).
-// wino_in: tile l's 6 x 6 patch starts at chan[off[l]] (rows ld apart) -> v[(i*6 + j)*vstride + l] = (B^T d B)[i][j].
+// wino_in: patch value (i, j) of tile l at chan[off[l] + eoff[i*6 + j]] (`consecutive`: off[l] = off[0] + l, one load)
+// -> v[(i*6 + j)*vstride + l] = (B^T d B)[i][j].
 inline void wino_in_1d(const V* d, V* t) {
   const V four = SIMD::set1(4.f), five = SIMD::set1(5.f), two = SIMD::set1(2.f);
   t[0] = SIMD::add(SIMD::fnma(five, d[2], SIMD::mul(four, d[0])), d[4]);
@@ -517,11 +518,13 @@ inline void wino_in_1d(const V* d, V* t) {
   t[5] = SIMD::add(SIMD::fnma(five, d[3], SIMD::mul(four, d[1])), d[5]);
 }
 
-void x_wino_in(const float* chan, const std::int32_t* off, i64 ld, float* v, i64 vstride) {
+void x_wino_in(const float* chan, const std::int32_t* off, const i64* eoff, bool consecutive, float* v,
+               i64 vstride) {
   V t[6][6];  // t = B^T d: column j of the patches transformed along i
   for (int j = 0; j < 6; ++j) {
     V col[6], r[6];
-    for (int i = 0; i < 6; ++i) col[i] = SIMD::gather(chan + i * ld + j, off);
+    for (int i = 0; i < 6; ++i)
+      col[i] = consecutive ? SIMD::load(chan + eoff[i * 6 + j] + off[0]) : SIMD::gather(chan + eoff[i * 6 + j], off);
     wino_in_1d(col, r);
     for (int i = 0; i < 6; ++i) t[i][j] = r[i];
   }
