@@ -356,7 +356,13 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   switch (conv_algorithm(pc, geom)) {
     case ConvAlgo::depthwise: depthwise(pc, g, x, bias, out, act); return;
     case ConvAlgo::dot: conv_dot(pc, g, x, bias, out, act); return;
-    case ConvAlgo::winograd: conv_winograd(pc, g, x, bias, out, act); return;
+    case ConvAlgo::winograd:
+      if (conv_winograd(pc, g, x, bias, out, act)) return;
+      if (direct_fits(pc, g)) {  // an inf or NaN in the input
+        conv_direct(pc, g, x, bias, out, act);
+        return;
+      }
+      break;
     case ConvAlgo::direct: conv_direct(pc, g, x, bias, out, act); return;
     case ConvAlgo::gemm: break;
   }

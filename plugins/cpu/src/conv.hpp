@@ -46,9 +46,10 @@ enum class ConvAlgo { depthwise, dot, winograd, direct, gemm };
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& g);
 const char* conv_algorithm_name(ConvAlgo a);
 
-// Winograd F(4x4, 3x3) (conv_winograd.cpp): whether it is the faster choice for this shape, and the convolution.
+// Winograd F(4x4, 3x3) (conv_winograd.cpp): whether it is the faster choice for this shape, and the convolution
+// (false, nothing written, when the input holds an inf or NaN: the caller runs another kernel).
 bool winograd_fits(const PackedConv& pc, const ConvGeom& g);
-void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                    const Epilogue& act);
 
 void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo, i64 kh, i64 kw, i64 sh, i64 sw,

@@ -4,6 +4,8 @@
 // stride-1 3x3 convolutions (YOLOv8n's blocks, PP-OCRv4 det's 3x3 layers). The transforms are ISA kernels
 // (onnx_impl.hpp: wino_in / wino_out over SIMD lanes of tiles); the GEMMs are the packed micro-kernel's.
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -78,7 +80,7 @@ bool winograd_fits(const PackedConv& pc, const ConvGeom& g) {
   return g.C >= 8 && g.Cout >= 8 && gain >= 2.0;
 }
 
-void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                    const Epilogue& act) {
   std::call_once(pc.wino_once, [&] { transform_weights(pc); });
   const Kernels& kr = *pc.kr;
@@ -92,9 +94,11 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   const i64 Hp = 4 * th + 2, Wq = tw + 1, qplane = Hp * Wq, plane = 4 * qplane, per_image = cin * plane;
   float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(g.N * per_image));
   const int Tp = threads_for(static_cast<double>(g.N * per_image), 6e4);
+  std::atomic<bool> nonfinite{false};
   parallel_for(g.N * cin, Tp, [&](i64 q) {
     const float* src = x + q * g.H * g.W;
     float* dst = padded + q * plane;
+    bool finite = true;
     std::fill(dst, dst + plane, 0.f);
     const i64 x0 = std::max<i64>(0, -g.pl), x1 = std::min<i64>(g.W, 4 * Wq - g.pl);  // columns that land inside
     for (i64 y = 0; y < g.H; ++y) {
@@ -107,8 +111,14 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
         float* d = row + r * qplane + ((xx + g.pl) >> 2);
         for (; xx < x1; xx += 4) *d++ = s_row[xx];
       }
+      // sum |x| of the row: inf or NaN once an inf or NaN is in it (or, harmlessly, when finite values overflow)
+      if (x1 > x0 && !std::isfinite(xk.reduce_row(R_L1, s_row + x0, x1 - x0))) finite = false;
     }
+    if (!finite) nonfinite.store(true, std::memory_order_relaxed);
   });
+  // The transforms mix every value of a 6 x 6 patch into all 16 outputs of its tile: an inf would turn outputs whose
+  // own windows hold only finite values into NaN. Such inputs take the direct kernels instead (the caller's).
+  if (nonfinite.load()) return false;
   i64 eoff[36];  // patch position (i, j) of a tile relative to its start
   for (int i = 0; i < 6; ++i)
     for (int j = 0; j < 6; ++j) eoff[i * 6 + j] = (j & 3) * qplane + i * Wq + (j >> 2);
@@ -198,7 +208,7 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
           transform_out(b, cout * t / T, cout * (t + 1) / T, yt);
         });
       }
-    return;
+    return true;
   }
   parallel_for(g.N * nblk, T, [&](i64 task) {
     float *v, *m, *y;
@@ -211,6 +221,7 @@ void conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
     products(b, 0, 36);
     transform_out(b, 0, cout, y);
   });
+  return true;
 }
 
 }  // namespace hetero

@@ -350,6 +350,20 @@ def test_conv_winograd_fused_silu(isa):
     np.testing.assert_allclose(got, c, rtol=1e-4, atol=2e-4)
 
 
+def test_conv_winograd_nonfinite_input_stays_local(isa):
+    """An inf in the input reaches only the outputs whose windows hold it (as in a direct convolution): Winograd's
+    transforms would spread it over the whole 4 x 4 tile as NaN, so such inputs take another kernel."""
+    x, wt = f32(1, 16, 20, 20), f32(16, 16, 3, 3, seed=1) * np.float32(0.2)
+    x[0, 3, 5, 7] = np.inf
+    x[0, 9, 12, 2] = np.nan
+    assert _native.prepack_conv(wt).algorithm(list(x.shape), pads=[1, 1, 1, 1]) == "winograd"
+    got = check("Conv", {"x": x}, {"w": wt}, pads=[1, 1, 1, 1], rtol=1e-4, atol=2e-4)[0]
+    finite = np.ones((20, 20), bool)
+    finite[4:7, 6:9] = False
+    finite[11:14, 1:4] = False
+    assert np.isfinite(got[0][:, finite]).all()
+
+
 def test_conv_winograd_not_taken_where_it_loses():
     """Few channels, few tiles (a 10 x 10 map: 9 tiles in a 32-column panel), strides, dilations, groups: the
     other kernels."""
