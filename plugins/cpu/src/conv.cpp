@@ -177,42 +177,65 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
 // Row length of conv_direct's zero-padded input copy.
 i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw); }
 
-// Stride 1 along W, a kh x kw kernel (not 1 x 1), rows at least one GEMM panel wide, and Cout close to a whole
-// number of tiles: the GEMM runs on the zero-padded input in place (each tap of each channel is a run of
-// consecutive floats of a padded row), without the im2col copy, which costs as much as the GEMM itself when Cout is
-// small. Measured at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on 120 x 160 16.0 -> 11.6 ms,
-// magika's 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row tiles for 16 rows) was
-// slower (6.5 -> 8.7 ms): there the im2col path's 4-row tail kernel wins, hence the tile-waste bound; and so is a
-// 64 -> 64 conv on 40-wide rows, a 32-wide panel and an 8-wide one per row, unless the rows follow each other:
-// with stride 1 along H too, output (y, x) reads the padded input at y * Wp + x + tap offset, so the panels run over
-// the flattened rows (the Wp - Wo columns between them computed and dropped): that case is bounded by Wp / Wo, the
-// strided-rows one by the panel padding of a row.
-bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
-  const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
-  if (pc.depthwise || g.sw != 1 || g.kh * g.kw == 1 || ceil_div(cout_g, mr) * mr * 4 > cout_g * 5) return false;
-  if (g.sh == 1) return padded_width(g) * 4 <= g.Wo * 5 && g.Ho * g.Wo >= nr;
-  return g.Wo >= nr && ceil_div(g.Wo, nr) * nr * 4 <= g.Wo * 5;
+// conv_direct's copy of the padded input. Flattened (`flat`): each channel split into sh x sw phase planes of
+// Hq x Wq (padded element (py, px) at phase (py % sh, px % sw), row py / sh, column px / sw), so that with any stride
+// <= 2 output (y, x) reads tap (ky, kx) at phase ((ky dh) % sh, (kx dw) % sw), row y + (ky dh) / sh, column
+// x + (kx dw) / sw: every tap is a run of consecutive floats along the flattened output rows (pitch Wq). Otherwise one
+// plain padded plane (ph = pw = 1), and output rows read at oy * sh * Wq.
+struct DirectLayout {
+  i64 ph, pw, Hq, Wq;
+  bool flat;
+};
+
+DirectLayout direct_layout(const ConvGeom& g, i64 nr) {
+  if (g.sh <= 2 && g.sw <= 2) {
+    const i64 Wq = std::max<i64>(ceil_div(g.W + g.pl + g.pr, g.sw), g.Wo + (g.kw - 1) * g.dw / g.sw);
+    const i64 Hq = std::max<i64>(ceil_div(g.H + g.pt + g.pb, g.sh), g.Ho + (g.kh - 1) * g.dh / g.sh);
+    if (Wq * 4 <= g.Wo * 5 && g.Ho * g.Wo >= nr) return {g.sh, g.sw, Hq, Wq, true};
+  }
+  return {1, 1, g.H + g.pt + g.pb, padded_width(g), false};
 }
 
-// One padded copy of the image's channels (rows padded to Wp, plus nr floats of slack the last tile's loads read
-// past), then tasks of (image/group, output row): every Cout block and panel of columns of that row.
-bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+// A kh x kw kernel (not 1 x 1), Cout close to a whole number of tiles, and output rows that either follow each other
+// in the flattened (phase-split) layout with little waste (Wq / Wo <= 5/4) or, stride 1 along W, are each at least
+// one GEMM panel wide: the GEMM runs on the zero-padded input in place (each tap of each channel is a run of
+// consecutive floats), without the im2col copy, which costs as much as the GEMM itself when Cout is small. Measured
+// at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on 120 x 160 16.0 -> 11.6 ms, magika's
+// 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row tiles for 16 rows) was slower
+// (6.5 -> 8.7 ms): there the im2col path's 4-row tail kernel wins, hence the tile-waste bound. Stride 2 through the
+// phase split: YOLOv8n's 3x3 stride-2 convs (docs/onnx-models.md).
+bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
+  const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
+  if (pc.depthwise || g.kh * g.kw == 1 || ceil_div(cout_g, mr) * mr * 4 > cout_g * 5) return false;
+  {  // a tile kernel for this ISA's tile shape
+    alignas(64) float probe[64] = {};
+    const i64 zero = 0;
+    if (!extra_for(*pc.kr).conv_tile(static_cast<int>(mr), static_cast<int>(nr), 0, probe, probe, &zero, probe, nr, 0,
+                                     0))
+      return false;
+  }
+  if (direct_layout(g, nr).flat) return true;
+  return g.sh != 1 && g.sw == 1 && g.Wo >= nr && ceil_div(g.Wo, nr) * nr * 4 <= g.Wo * 5;
+}
+
+// One padded copy of the image's channels (plus nr floats of slack the last tile's loads read past), then tasks of
+// panels of flattened output positions, or of (image/group, output row).
+void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                  const Epilogue& act) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const int mr = kr.mr, nr = kr.nr;
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
-  const i64 Hp = g.H + g.pt + g.pb, Wp = padded_width(g);
-  const i64 plane = Hp * Wp, images = g.N * g.group;
+  const DirectLayout L = direct_layout(g, nr);
+  const i64 Wp = L.Wq, qplane = L.Hq * L.Wq, plane = L.ph * L.pw * qplane, images = g.N * g.group;
   std::vector<i64> off(static_cast<std::size_t>(K));
   for (i64 c = 0, k = 0; c < cin_g; ++c)
     for (i64 ky = 0; ky < g.kh; ++ky)
-      for (i64 kx = 0; kx < g.kw; ++kx, ++k) off[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * Wp + kx * g.dw;
-  {  // the tile kernel for this ISA's tile shape (checked once: every call below is the same shape)
-    alignas(64) float probe[64] = {};
-    const i64 zero = 0;
-    if (!xk.conv_tile(mr, nr, 0, probe, probe, &zero, probe, nr, 0, 0)) return false;
-  }
+      for (i64 kx = 0; kx < g.kw; ++kx, ++k) {
+        const i64 dy = ky * g.dh, dx = kx * g.dw;
+        off[static_cast<std::size_t>(k)] =
+            c * plane + ((dy % L.ph) * L.pw + dx % L.pw) * qplane + (dy / L.ph) * Wp + dx / L.pw;
+      }
   const i64 per_image = cin_g * plane;
   float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * per_image + nr));
   std::fill(padded + images * per_image, padded + images * per_image + nr, 0.f);
@@ -221,18 +244,40 @@ bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     const i64 img = q / cin_g, c = q % cin_g, n = img / g.group, gi = img % g.group;
     const float* src = x + ((n * g.C + gi * cin_g + c) * g.H) * g.W;
     float* dst = padded + img * per_image + c * plane;
-    std::fill(dst, dst + g.pt * Wp, 0.f);
-    for (i64 y = 0; y < g.H; ++y) {
-      float* row = dst + (g.pt + y) * Wp;
-      std::fill(row, row + g.pl, 0.f);
-      std::memcpy(row + g.pl, src + y * g.W, static_cast<std::size_t>(g.W) * sizeof(float));
-      std::fill(row + g.pl + g.W, row + Wp, 0.f);
+    if (L.ph == 1 && L.pw == 1) {
+      std::fill(dst, dst + g.pt * Wp, 0.f);
+      for (i64 y = 0; y < g.H; ++y) {
+        float* row = dst + (g.pt + y) * Wp;
+        std::fill(row, row + g.pl, 0.f);
+        std::memcpy(row + g.pl, src + y * g.W, static_cast<std::size_t>(g.W) * sizeof(float));
+        std::fill(row + g.pl + g.W, row + Wp, 0.f);
+      }
+      std::fill(dst + (g.pt + g.H) * Wp, dst + plane, 0.f);
+      return;
     }
-    std::fill(dst + (g.pt + g.H) * Wp, dst + plane, 0.f);
+    std::fill(dst, dst + plane, 0.f);
+    for (i64 y = 0; y < g.H; ++y) {
+      const i64 py = y + g.pt;
+      float* prow = dst + (py % L.ph) * L.pw * qplane + (py / L.ph) * Wp;
+      const float* srow = src + y * g.W;
+      if (L.pw == 1) {
+        std::memcpy(prow + g.pl, srow, static_cast<std::size_t>(g.W) * sizeof(float));
+        continue;
+      }
+      // pw == 2: padded column px = xx + pl goes to phase px & 1, column px >> 1
+      float* even = prow + (g.pl & 1) * qplane + (g.pl >> 1);
+      float* odd = prow + ((g.pl + 1) & 1) * qplane + ((g.pl + 1) >> 1);
+      i64 xx = 0;
+      for (; xx + 1 < g.W; xx += 2) {
+        even[xx >> 1] = srow[xx];
+        odd[xx >> 1] = srow[xx + 1];
+      }
+      if (xx < g.W) even[xx >> 1] = srow[xx];
+    }
   });
   const i64 mp = ceil_div(cout_g, mr);
   const int T = threads_for(2.0 * images * cout_g * HWo * K, kParallelGrain * 4);
-  if (g.sh == 1) {
+  if (L.flat) {
     // Panels over the flattened rows: column j is output (j / Wp, j % Wp), dropped where j % Wp >= Wo. Each tile
     // goes through a buffer (bias and activation applied there) and is scattered in runs of one output row.
     const i64 nflat = (g.Ho - 1) * Wp + g.Wo, ntile = ceil_div(nflat, nr);
@@ -261,7 +306,7 @@ bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         }
       }
     });
-    return true;
+    return;
   }
   parallel_for(images * g.Ho, T, [&](i64 task) {
     const i64 img = task / g.Ho, oy = task % g.Ho, n = img / g.group, gi = img % g.group;
@@ -281,24 +326,46 @@ bool conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     ep.bias_cs = 0;
     apply_epilogue(kr, o, HWo, 0, 0, cout_g, g.Wo, ep);
   });
-  return true;
 }
 
 }  // namespace
+
+ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
+  const ConvGeom g = along_w(geom);
+  if (pc.depthwise) return ConvAlgo::depthwise;
+  if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
+  if (winograd_fits(pc, g)) return ConvAlgo::winograd;
+  if (direct_fits(pc, g)) return ConvAlgo::direct;
+  return ConvAlgo::gemm;
+}
+
+const char* conv_algorithm_name(ConvAlgo a) {
+  switch (a) {
+    case ConvAlgo::depthwise: return "depthwise";
+    case ConvAlgo::dot: return "dot";
+    case ConvAlgo::winograd: return "winograd";
+    case ConvAlgo::direct: return "direct";
+    default: return "gemm";
+  }
+}
 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
                    const Epilogue& act) {
   if (geom.N == 0 || geom.Cout == 0 || geom.Ho == 0 || geom.Wo == 0) return;
   const ConvGeom g = along_w(geom);
-  if (pc.depthwise) {
-    depthwise(pc, g, x, bias, out, act);
-    return;
+  switch (conv_algorithm(pc, geom)) {
+    case ConvAlgo::depthwise: depthwise(pc, g, x, bias, out, act); return;
+    case ConvAlgo::dot: conv_dot(pc, g, x, bias, out, act); return;
+    case ConvAlgo::winograd:
+      if (conv_winograd(pc, g, x, bias, out, act)) return;
+      if (direct_fits(pc, g)) {  // an inf or NaN in the input
+        conv_direct(pc, g, x, bias, out, act);
+        return;
+      }
+      break;
+    case ConvAlgo::direct: conv_direct(pc, g, x, bias, out, act); return;
+    case ConvAlgo::gemm: break;
   }
-  if (g.Ho * g.Wo <= kDotMaxOutputs) {
-    conv_dot(pc, g, x, bias, out, act);
-    return;
-  }
-  if (direct_fits(pc, g) && conv_direct(pc, g, x, bias, out, act)) return;
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g;

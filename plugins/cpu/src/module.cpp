@@ -588,23 +588,14 @@ PyPackedConv py_prepack_conv(const py::array& w, i64 group) {
   return PyPackedConv{prepack_conv(active(), pw, cout, cin_g, kh, kw, group)};
 }
 
-void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
-                      const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
-                      const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta) {
-  const char* fn = "conv2d";
-  const PackedConv& pc = *pk.pc;
-  std::vector<float> xkeep;
-  const float* px = nchw_input(x, xkeep, fn);
-  need_f32(out, fn, "out");
-  need_out(out, fn);
-  auto st = int_list(strides_in, 2, fn, "strides");
-  auto pd = int_list(pads_in, 4, fn, "pads");
-  auto dl = int_list(dil_in, 2, fn, "dilations");
+// The convolution geometry of input shape `xs` (NCHW) for packed weights, checked.
+ConvGeom conv_geom(const PackedConv& pc, const std::vector<i64>& xs, const std::vector<i64>& st,
+                   const std::vector<i64>& pd, const std::vector<i64>& dl) {
   ConvGeom g{};
-  g.N = x.shape(0);
-  g.C = x.shape(1);
-  g.H = x.shape(2);
-  g.W = x.shape(3);
+  g.N = xs[0];
+  g.C = xs[1];
+  g.H = xs[2];
+  g.W = xs[3];
   g.Cout = pc.cout;
   g.kh = pc.kh;
   g.kw = pc.kw;
@@ -627,6 +618,22 @@ void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::obje
   if (eh < 0 || ew < 0) fail("conv2d: kernel larger than the padded input");
   g.Ho = eh / g.sh + 1;
   g.Wo = ew / g.sw + 1;
+  return g;
+}
+
+void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
+                      const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
+                      const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta) {
+  const char* fn = "conv2d";
+  const PackedConv& pc = *pk.pc;
+  std::vector<float> xkeep;
+  const float* px = nchw_input(x, xkeep, fn);
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  auto st = int_list(strides_in, 2, fn, "strides");
+  auto pd = int_list(pads_in, 4, fn, "pads");
+  auto dl = int_list(dil_in, 2, fn, "dilations");
+  const ConvGeom g = conv_geom(pc, shape_of(x), st, pd, dl);
   check_out_shape(out, {g.N, g.Cout, g.Ho, g.Wo}, fn);
   Epilogue ep = activation(act, act_alpha, act_beta, fn);
   std::vector<float> bkeep;
@@ -810,7 +817,19 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("in_channels", [](const PyPackedConv& p) { return p.pc->cin_g * p.pc->group; })
       .def_property_readonly("kernel", [](const PyPackedConv& p) { return py::make_tuple(p.pc->kh, p.pc->kw); })
       .def_property_readonly("group", [](const PyPackedConv& p) { return p.pc->group; })
-      .def_property_readonly("depthwise", [](const PyPackedConv& p) { return p.pc->depthwise; });
+      .def_property_readonly("depthwise", [](const PyPackedConv& p) { return p.pc->depthwise; })
+      .def(
+          "algorithm",
+          [](const PyPackedConv& p, const std::vector<i64>& x_shape, const std::vector<i64>& strides,
+             const std::vector<i64>& pads, const std::vector<i64>& dilations) {
+            const char* fn = "PackedConv.algorithm";
+            const ConvGeom g = conv_geom(*p.pc, int_list(x_shape, 4, fn, "x_shape"), int_list(strides, 2, fn, "strides"),
+                                         int_list(pads, 4, fn, "pads"), int_list(dilations, 2, fn, "dilations"));
+            return std::string(conv_algorithm_name(conv_algorithm(*p.pc, g)));
+          },
+          py::arg("x_shape"), py::arg("strides") = std::vector<i64>{1, 1},
+          py::arg("pads") = std::vector<i64>{0, 0, 0, 0}, py::arg("dilations") = std::vector<i64>{1, 1},
+          "The kernel conv2d_packed runs for this input shape: depthwise, dot, winograd, direct or gemm.");
   m.def("prepack_conv", &py_prepack_conv, py::arg("w"), py::arg("group") = 1);
   const std::vector<i64> one2{1, 1}, zero4{0, 0, 0, 0};
   m.def("conv2d", &py_conv2d, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("out"),

@@ -52,6 +52,12 @@ struct ExtraKernels {
   // ISA has no kernel for that tile shape.
   bool (*conv_tile)(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
                     int nrows, int ncols);
+  // Winograd F(4x4, 3x3) input / output transforms of `lanes` tiles at once (conv_winograd.cpp; layouts in
+  // onnx_impl.hpp): lane l of each of the 36 (or 16) vectors belongs to tile l.
+  void (*wino_in)(const float* chan, const std::int32_t* off, const i64* eoff, bool consecutive, float* v,
+                  i64 vstride);
+  void (*wino_out)(const float* m, i64 mstride, float bias, float* y);
+  int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
 };
 
 const ExtraKernels* extra_generic();

@@ -502,10 +502,70 @@ bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const
   return true;
 }
 
+// Winograd F(4x4, 3x3) transforms (conv_winograd.cpp), on W tiles at once (lane l of every vector is one tile).
+// The transforms are those of Lavin & Gray (interpolation points 0, +-1, +-2 and infinity).
+// wino_in: patch value (i, j) of tile l at chan[off[l] + eoff[i*6 + j]] (`consecutive`: off[l] = off[0] + l, one load)
+// -> v[(i*6 + j)*vstride + l] = (B^T d B)[i][j].
+inline void wino_in_1d(const V* d, V* t) {
+  const V four = SIMD::set1(4.f), five = SIMD::set1(5.f), two = SIMD::set1(2.f);
+  t[0] = SIMD::add(SIMD::fnma(five, d[2], SIMD::mul(four, d[0])), d[4]);
+  const V a = SIMD::fnma(four, d[2], d[4]), b = SIMD::fnma(four, d[1], d[3]);  // d4 - 4 d2, d3 - 4 d1
+  t[1] = SIMD::add(a, b);
+  t[2] = SIMD::sub(a, b);
+  const V c = SIMD::sub(d[4], d[2]), e = SIMD::mul(two, SIMD::sub(d[3], d[1]));  // d4 - d2, 2 (d3 - d1)
+  t[3] = SIMD::add(c, e);
+  t[4] = SIMD::sub(c, e);
+  t[5] = SIMD::add(SIMD::fnma(five, d[3], SIMD::mul(four, d[1])), d[5]);
+}
+
+void x_wino_in(const float* chan, const std::int32_t* off, const i64* eoff, bool consecutive, float* v,
+               i64 vstride) {
+  V t[6][6];  // t = B^T d: column j of the patches transformed along i
+  for (int j = 0; j < 6; ++j) {
+    V col[6], r[6];
+    for (int i = 0; i < 6; ++i)
+      col[i] = consecutive ? SIMD::load(chan + eoff[i * 6 + j] + off[0]) : SIMD::gather(chan + eoff[i * 6 + j], off);
+    wino_in_1d(col, r);
+    for (int i = 0; i < 6; ++i) t[i][j] = r[i];
+  }
+  for (int i = 0; i < 6; ++i) {
+    V r[6];
+    wino_in_1d(t[i], r);
+    for (int j = 0; j < 6; ++j) SIMD::store(v + (i * 6 + j) * vstride, r[j]);
+  }
+}
+
+inline void wino_out_1d(const V* m, V* o) {
+  const V two = SIMD::set1(2.f), four = SIMD::set1(4.f), eight = SIMD::set1(8.f);
+  const V s12 = SIMD::add(m[1], m[2]), d12 = SIMD::sub(m[1], m[2]);
+  const V s34 = SIMD::add(m[3], m[4]), d34 = SIMD::sub(m[3], m[4]);
+  o[0] = SIMD::add(SIMD::add(m[0], s12), s34);
+  o[1] = SIMD::fma(two, d34, d12);
+  o[2] = SIMD::fma(four, s34, s12);
+  o[3] = SIMD::add(SIMD::fma(eight, d34, d12), m[5]);
+}
+
+// wino_out: m[(i*6 + j)*mstride + l] (the 6 x 6 products of tile l) -> y[(i*4 + j)*W + l] = (A^T m A)[i][j] + bias.
+void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
+  V t[4][6];
+  for (int j = 0; j < 6; ++j) {
+    V col[6], r[4];
+    for (int i = 0; i < 6; ++i) col[i] = SIMD::load(m + (i * 6 + j) * mstride);
+    wino_out_1d(col, r);
+    for (int i = 0; i < 4; ++i) t[i][j] = r[i];
+  }
+  const V b = SIMD::set1(bias);
+  for (int i = 0; i < 4; ++i) {
+    V r[4];
+    wino_out_1d(t[i], r);
+    for (int j = 0; j < 4; ++j) SIMD::store(y + (i * 4 + j) * W, SIMD::add(r[j], b));
+  }
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_im2col_block,
-    x_dot_nt,      x_conv_tile,
+    x_dot_nt,      x_conv_tile,    x_wino_in,    x_wino_out,   W,
 };
 
 }  // namespace

@@ -11,6 +11,10 @@ struct SIMD {
   using I = __m256i;
   static constexpr int W = 8;
   static V load(const float* p) { return _mm256_loadu_ps(p); }
+  // p[idx[l]] for each lane l (idx: W int32 offsets)
+  static V gather(const float* p, const std::int32_t* idx) {
+    return _mm256_i32gather_ps(p, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)), 4);
+  }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V zero() { return _mm256_setzero_ps(); }

@@ -11,6 +11,10 @@ struct SIMD {
   using I = __m512i;
   static constexpr int W = 16;
   static V load(const float* p) { return _mm512_loadu_ps(p); }
+  // p[idx[l]] for each lane l (idx: W int32 offsets)
+  static V gather(const float* p, const std::int32_t* idx) {
+    return _mm512_i32gather_ps(_mm512_loadu_si512(idx), p, 4);
+  }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V zero() { return _mm512_setzero_ps(); }

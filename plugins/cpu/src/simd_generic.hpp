@@ -12,6 +12,7 @@ struct SIMD {
   using I = std::int32_t;
   static constexpr int W = 1;
   static V load(const float* p) { return *p; }
+  static V gather(const float* p, const std::int32_t* idx) { return p[idx[0]]; }
   static void store(float* p, V v) { *p = v; }
   static V set1(float x) { return x; }
   static V zero() { return 0.f; }

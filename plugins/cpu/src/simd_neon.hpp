@@ -11,6 +11,10 @@ struct SIMD {
   using I = int32x4_t;
   static constexpr int W = 4;
   static V load(const float* p) { return vld1q_f32(p); }
+  static V gather(const float* p, const std::int32_t* idx) {
+    const float t[4] = {p[idx[0]], p[idx[1]], p[idx[2]], p[idx[3]]};
+    return vld1q_f32(t);
+  }
   static void store(float* p, V v) { vst1q_f32(p, v); }
   static V set1(float x) { return vdupq_n_f32(x); }
   static V zero() { return vdupq_n_f32(0.f); }

@@ -646,13 +646,17 @@ def test_conv2d(isa, case, activation):
     ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, dil, group))
     out = np.empty(ref.shape, np.float32)
     _native.conv2d(x, w, bias, out, strides=strides, pads=pads, dilations=dil, group=group, activation=activation)
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     packed = _native.prepack_conv(w, group)
+    # Winograd's transforms round at the scale of the whole output tile, not of each value: its error is a few 1e-6
+    # of the largest output (an output near zero next to large ones is off by more than 1e-4 of itself).
+    winograd = packed.algorithm([n, c, h, wd], strides, pads, dil) == "winograd"
+    atol = 1e-4 + (1e-5 * float(np.abs(ref).max()) if winograd else 0.0)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=atol)
     assert packed.depthwise == (group == c == cout and group > 1)
     out2 = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d_packed(x, packed, None, out2, strides=strides, pads=pads, dilations=dil, activation=activation)
     ref2 = ACTS[activation](_conv_ref(x, w, None, strides, pads, dil, group))
-    np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=atol)
 
 
 def test_conv2d_small_output_threads(isa, threads):

@@ -314,6 +314,68 @@ def test_conv_shapes(isa, cin, cout, k, stride, pad, group, hw):
           dilations=[1, 1] if k != 3 or stride != 1 else [2, 2] if group > 1 else [1, 1], rtol=1e-4, atol=1e-4)
 
 
+# Winograd F(4x4, 3x3): stride-1 3x3 convs with enough channels and tiles. Edge tiles cut by the output border
+# (19 x 23), no padding, uneven padding, Cout not a multiple of the 12-row tile, two images, two threads.
+WINOGRAD_CASES = [
+    # n, cin, cout, h, w, pads
+    (2, 16, 24, 19, 23, [1, 1, 1, 1]),
+    (1, 8, 8, 26, 26, [0, 0, 0, 0]),
+    (1, 12, 13, 17, 30, [0, 2, 2, 1]),
+    (1, 32, 40, 24, 20, [1, 1, 1, 1]),
+]
+
+
+@pytest.mark.parametrize("n,cin,cout,h,w,pads", WINOGRAD_CASES)
+def test_conv_winograd(isa, threads, n, cin, cout, h, w, pads):
+    x = f32(n, cin, h, w)
+    wt = f32(cout, cin, 3, 3, seed=1) * np.float32(0.2)
+    b = f32(cout, seed=2)
+    assert _native.prepack_conv(wt).algorithm([n, cin, h, w], pads=pads) == "winograd"
+    check("Conv", {"x": x}, {"w": wt, "b": b}, pads=pads, rtol=1e-4, atol=2e-4)
+
+
+def test_conv_winograd_fused_silu(isa):
+    """YOLOv8's Conv -> Sigmoid -> Mul: the fused activation runs on the Winograd output tiles."""
+    x, wt, b = f32(1, 16, 21, 22), f32(16, 16, 3, 3, seed=1) * np.float32(0.2), f32(16, seed=2)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(wt, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    session = hetero.Session(m, backends=["cpu"], on_fallback="error")
+    assert [n.op_type for n in session.graph.nodes] == ["FusedConv"]
+    got = session.run({"x": x})["y"]
+    c = hetero.Session(m, backends=["reference"]).run({"x": x})["y"]
+    np.testing.assert_allclose(got, c, rtol=1e-4, atol=2e-4)
+
+
+def test_conv_winograd_nonfinite_input_stays_local(isa):
+    """An inf in the input reaches only the outputs whose windows hold it (as in a direct convolution): Winograd's
+    transforms would spread it over the whole 4 x 4 tile as NaN, so such inputs take another kernel."""
+    x, wt = f32(1, 16, 20, 20), f32(16, 16, 3, 3, seed=1) * np.float32(0.2)
+    x[0, 3, 5, 7] = np.inf
+    x[0, 9, 12, 2] = np.nan
+    assert _native.prepack_conv(wt).algorithm(list(x.shape), pads=[1, 1, 1, 1]) == "winograd"
+    got = check("Conv", {"x": x}, {"w": wt}, pads=[1, 1, 1, 1], rtol=1e-4, atol=2e-4)[0]
+    finite = np.ones((20, 20), bool)
+    finite[4:7, 6:9] = False
+    finite[11:14, 1:4] = False
+    assert np.isfinite(got[0][:, finite]).all()
+
+
+def test_conv_winograd_not_taken_where_it_loses():
+    """Few channels, few tiles (a 10 x 10 map: 9 tiles in a 32-column panel), strides, dilations, groups: the
+    other kernels."""
+    w = np.zeros((16, 16, 3, 3), np.float32)
+    packed = _native.prepack_conv(w)
+    assert packed.algorithm([1, 16, 10, 10], pads=[1, 1, 1, 1]) != "winograd"
+    assert packed.algorithm([1, 16, 40, 40], strides=[2, 2], pads=[1, 1, 1, 1]) != "winograd"
+    assert packed.algorithm([1, 16, 40, 40], dilations=[2, 2], pads=[2, 2, 2, 2]) != "winograd"
+    assert _native.prepack_conv(np.zeros((4, 4, 3, 3), np.float32)).algorithm([1, 4, 40, 40]) != "winograd"
+    assert _native.prepack_conv(np.zeros((16, 8, 3, 3), np.float32), group=2).algorithm([1, 16, 40, 40]) == "gemm"
+
+
 @pytest.mark.parametrize("k,s,p", [(2, 2, 0), (3, 2, 1), (3, 1, 1), (2, 1, 0), (3, 3, 1)])
 def test_max_pool_shapes(isa, k, s, p):
     x = f32(2, 3, 13, 17)
