@@ -171,8 +171,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
         for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = S::iset1(0);
         const i64 xo = b * bs;
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t += NIB || !SPLIT ? 1 : 2) {
+        auto step = [&](int t) {  // step t (8-bit SPLIT: t and t + 1)
           const B v = S::opaque(S::load_b(qv + 64 * t + 4 * W * h));  // one load, however many uses
           if (NIB) {
             B lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
@@ -196,6 +195,13 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
             const typename S::Q8 wq = S::q8_weights(v);
             for (int m = 0; m < MR; ++m) ilo[m] = S::dot_q8(ilo[m], wq, S::bcast4(xrow[m] + xo + 4 * t));
           }
+        };
+        constexpr int TS = NIB || !SPLIT ? 1 : 2;
+        if constexpr (NT != 0) {
+#pragma GCC unroll 8
+          for (int t = 0; t < NT; t += TS) step(t);
+        } else {
+          for (int t = 0; t < nt; t += TS) step(t);  // (unrolled, 3-8 row tiles spilled registers)
         }
         if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
           for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
@@ -207,20 +213,31 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   }
 }
 
-// qgemm_mr for mr in [1, R] rows (R = S::QGEMM_MR), with the step count fixed at compile time for blocks of 32.
-template <class S, int BITS, bool ASYM, int KQ, int NT>
+// One tile of MR rows. Blocks of 32 (every GGUF format) with the step loop unrolled where that measured faster:
+// 1-2 rows (decode) and q6_k; 3-8 rows of the other formats keep the loop (unrolled, the 8-bit tiles ran 10-20%
+// slower on AVX2 / AVX-512, their registers spilling).
+template <class S, int BITS, bool ASYM, int KQ, int MR>
+void qgemm_tile(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
+  if constexpr (MR <= 2 || KQ == 2) {
+    if (w.bs == 32) return qgemm_mr<S, BITS, ASYM, KQ, MR, BITS < 8 ? 4 : 8>(w, group, x, m0, y, ldy, nvalid);
+  }
+  qgemm_mr<S, BITS, ASYM, KQ, MR>(w, group, x, m0, y, ldy, nvalid);
+}
+
+// qgemm_tile for mr in [1, R] rows (R = S::QGEMM_MR).
+template <class S, int BITS, bool ASYM, int KQ>
 void qgemm_mr_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
                   int nvalid) {
   constexpr int R = S::QGEMM_MR;
   switch (mr) {
-    case 1: qgemm_mr<S, BITS, ASYM, KQ, 1, NT>(w, group, x, m0, y, ldy, nvalid); break;
-    case 2: qgemm_mr<S, BITS, ASYM, KQ, std::min(2, R), NT>(w, group, x, m0, y, ldy, nvalid); break;
-    case 3: qgemm_mr<S, BITS, ASYM, KQ, std::min(3, R), NT>(w, group, x, m0, y, ldy, nvalid); break;
-    case 4: qgemm_mr<S, BITS, ASYM, KQ, std::min(4, R), NT>(w, group, x, m0, y, ldy, nvalid); break;
-    case 5: qgemm_mr<S, BITS, ASYM, KQ, std::min(5, R), NT>(w, group, x, m0, y, ldy, nvalid); break;
-    case 6: qgemm_mr<S, BITS, ASYM, KQ, std::min(6, R), NT>(w, group, x, m0, y, ldy, nvalid); break;
-    case 7: qgemm_mr<S, BITS, ASYM, KQ, std::min(7, R), NT>(w, group, x, m0, y, ldy, nvalid); break;
-    default: qgemm_mr<S, BITS, ASYM, KQ, std::min(8, R), NT>(w, group, x, m0, y, ldy, nvalid); break;
+    case 1: qgemm_tile<S, BITS, ASYM, KQ, 1>(w, group, x, m0, y, ldy, nvalid); break;
+    case 2: qgemm_tile<S, BITS, ASYM, KQ, std::min(2, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 3: qgemm_tile<S, BITS, ASYM, KQ, std::min(3, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 4: qgemm_tile<S, BITS, ASYM, KQ, std::min(4, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 5: qgemm_tile<S, BITS, ASYM, KQ, std::min(5, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 6: qgemm_tile<S, BITS, ASYM, KQ, std::min(6, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 7: qgemm_tile<S, BITS, ASYM, KQ, std::min(7, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    default: qgemm_tile<S, BITS, ASYM, KQ, std::min(8, R)>(w, group, x, m0, y, ldy, nvalid); break;
   }
 }
 
@@ -232,8 +249,7 @@ void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, i
   if constexpr (HasAcc16<S>::value && BITS < 8) {
     if (mr >= 2 && rows_kernel_fits(w)) return qgemm_rows_fmt<S, BITS, ASYM, KQ>(w, group, x, m0, mr, y, ldy, nvalid);
   }
-  if (w.bs == 32) return qgemm_mr_fmt<S, BITS, ASYM, KQ, BITS < 8 ? 4 : 8>(w, group, x, m0, mr, y, ldy, nvalid);
-  qgemm_mr_fmt<S, BITS, ASYM, KQ, 0>(w, group, x, m0, mr, y, ldy, nvalid);
+  qgemm_mr_fmt<S, BITS, ASYM, KQ>(w, group, x, m0, mr, y, ldy, nvalid);
 }
 
 template <class S>
