@@ -201,7 +201,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
 #pragma GCC unroll 8
           for (int t = 0; t < NT; t += TS) step(t);
         } else {
-          for (int t = 0; t < nt; t += TS) step(t);  // (unrolled, 3-8 row tiles spilled registers)
+          for (int t = 0; t < nt; t += TS) step(t);  // not unrolled (see qgemm_tile)
         }
         if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
           for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
