@@ -125,8 +125,8 @@ struct BlockScales {
 // NT: the block's steps of 64 bytes when known at compile time (blocks of 32, every GGUF format: the step loop
 // unrolls), else 0 (read from w.bs).
 //
-// Few rows (MR <= 2): each row's int32 dot of a block is summed in two independent chains (the low and the high
-// nibbles, 8-bit weights: even and odd steps), added at the end. The dot is the same integer whichever way it is
+// Few rows (MR <= 2) of 4/5/6-bit weights: each row's int32 dot of a block is summed in two independent chains
+// (the low and the high nibbles), added at the end. The dot is the same integer whichever way it is
 // summed, so this only shortens the chain of dependent int8 dots (latency 4 cycles each) that one row would
 // otherwise wait on; more rows have independent chains already. Where the int8 dot takes unsigned bytes of any size
 // (S::DOT_U8: vpdpbusd sums its four products in int32), 4-bit weights split that way also skip the shift of the
@@ -138,7 +138,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   using B = typename S::B;
   constexpr int W = S::W;
   constexpr bool NIB = BITS < 8;
-  constexpr bool SPLIT = MR <= 2 || KQ == 2;  // two accumulator chains per row (q6_k: its two scaled halves)
+  constexpr bool SPLIT = (MR <= 2 && NIB) || KQ == 2;  // two dot chains per row (q6_k: its two scaled halves)
   constexpr bool HI16 = SPLIT && BITS == 4 && S::DOT_U8;  // high nibbles dotted in place (x16)
   const int bs = w.bs;
   const int nt = NT ? NT : (NIB ? bs / 8 : bs / 4);
@@ -171,8 +171,9 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
         for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = S::iset1(0);
         const i64 xo = b * bs;
-        auto step = [&](int t) {  // step t (8-bit SPLIT: t and t + 1)
-          const B v = S::opaque(S::load_b(qv + 64 * t + 4 * W * h));  // one load, however many uses
+        auto step = [&](int t) {
+          const B v0 = S::load_b(qv + 64 * t + 4 * W * h);
+          const B v = NIB ? S::opaque(v0) : v0;  // nibbles: one load for both masks
           if (NIB) {
             B lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
             add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
@@ -185,23 +186,16 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
                 ilo[m] = S::dot4x2(ilo[m], lo, xlo, hi, xhi);
               }
             }
-          } else if (SPLIT) {  // steps t and t + 1 (nt is even), the second into ihi
-            const typename S::Q8 wq = S::q8_weights(v), wq1 = S::q8_weights(S::load_b(qv + 64 * (t + 1) + 4 * W * h));
-            for (int m = 0; m < MR; ++m) {
-              ilo[m] = S::dot_q8(ilo[m], wq, S::bcast4(xrow[m] + xo + 4 * t));
-              ihi[m] = S::dot_q8(ihi[m], wq1, S::bcast4(xrow[m] + xo + 4 * t + 4));
-            }
           } else {
             const typename S::Q8 wq = S::q8_weights(v);
             for (int m = 0; m < MR; ++m) ilo[m] = S::dot_q8(ilo[m], wq, S::bcast4(xrow[m] + xo + 4 * t));
           }
         };
-        constexpr int TS = NIB || !SPLIT ? 1 : 2;
         if constexpr (NT != 0) {
 #pragma GCC unroll 8
-          for (int t = 0; t < NT; t += TS) step(t);
+          for (int t = 0; t < NT; ++t) step(t);
         } else {
-          for (int t = 0; t < nt; t += TS) step(t);  // not unrolled (see qgemm_tile)
+          for (int t = 0; t < nt; ++t) step(t);  // not unrolled (see qgemm_tile)
         }
         if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
           for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
@@ -214,11 +208,12 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
 }
 
 // One tile of MR rows. Blocks of 32 (every GGUF format) with the step loop unrolled where that measured faster:
-// 1-2 rows (decode) and q6_k; 3-8 rows of the other formats keep the loop (unrolled, the 8-bit tiles ran 10-20%
-// slower on AVX2 / AVX-512, their registers spilling).
+// 1-2 rows (decode) of the 4/5/6-bit formats and q6_k; 3-8 rows of the others keep the loop (unrolled, the 8-bit
+// tiles ran 10-20% slower on AVX2 / AVX-512, their registers spilling), and so do 8-bit 1-2 rows: unrolled and in two
+// chains they were 20% faster from L2 but 1.2-1.4x slower streaming from DRAM (busy machine, not understood).
 template <class S, int BITS, bool ASYM, int KQ, int MR>
 void qgemm_tile(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
-  if constexpr (MR <= 2 || KQ == 2) {
+  if constexpr ((MR <= 2 && BITS < 8) || KQ == 2) {
     if (w.bs == 32) return qgemm_mr<S, BITS, ASYM, KQ, MR, BITS < 8 ? 4 : 8>(w, group, x, m0, y, ldy, nvalid);
   }
   qgemm_mr<S, BITS, ASYM, KQ, MR>(w, group, x, m0, y, ldy, nvalid);
