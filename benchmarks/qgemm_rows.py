@@ -1,10 +1,15 @@
-"""The two quantized GEMM tiles of a few rows against each other (native: benchmarks/native/qgemm_rows.cpp, built
-here against plugins/cpu/src): qgemm_mr (each row widens its int8 dots to int32 every step) and qgemm_rows (int16
-sums over a block, the path AVX2 / AVX-512 without VNNI take for 2+ rows), thread CPU time for M = 2 / 4 / 8 rows
-relative to one row, on the same packed q4_k / q6_k / q4_0 weights, alternated in one process; exits non-zero if
-the two ever differ in a bit. ``--n 256`` keeps the weights in L2 (the compute cost alone).
+"""The quantized GEMM tiles of the CPU plugin at M = 1, 2, 4, 8 activation rows (native:
+benchmarks/native/qgemm_rows.cpp, built here against plugins/cpu/src): the tile the plugin runs for M rows (qgemm_mr,
+or qgemm_rows for 2+ rows on AVX2 / AVX-512 without VNNI), thread CPU time on the same packed q4_k / q6_k / q4_0 /
+q8_0 weights in one process, one thread. Prints M = 1's time and GB/s and each M's cost relative to M = 1; exits
+non-zero if any row of a tile differs in a bit from the one-row GEMV. ``--n 256`` keeps the weights in L2 (the
+compute cost alone).
 
-    python benchmarks/qgemm_rows.py [--n 8960] [--k 1536] [--reps 15]
+``--base REV`` builds the same benchmark a second time against the kernel headers of git revision REV and runs the
+two alternately (``--rounds`` times), printing both, new / base, and whether the one-row outputs are the same bits:
+a before / after that a busy machine's drift affects alike.
+
+    python benchmarks/qgemm_rows.py [--n 8960] [--k 1536] [--reps 15] [--isa avx512vnni] [--base main --rounds 5]
 """
 
 from __future__ import annotations
@@ -13,42 +18,110 @@ import argparse
 import hashlib
 import os
 import shutil
+import statistics
 import subprocess
+import tarfile
 import tempfile
+from io import BytesIO
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "native" / "qgemm_rows.cpp"
 INCLUDE = HERE.parent / "plugins" / "cpu" / "src"
-FLAGS = {"avx2": ["-mavx2", "-mfma", "-mf16c"],
-         "avx512": ["-DROWS_AVX512", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c"]}
+AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c"]
+FLAGS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "avx512": ["-DROWS_AVX512", *AVX512],
+         "avx512vnni": ["-DROWS_VNNI", "-mavx512vnni", *AVX512]}
+
+# One run's result: format -> (n, k, bytes, seconds at M = 1, hash of the one-row outputs, {M: seconds})
+Result = dict[str, tuple[int, int, int, float, str, dict[int, float]]]
 
 
-def build(isa: str) -> Path:
+def build(isa: str, include: Path) -> Path:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         raise SystemExit("qgemm_rows: no C++ compiler found (set CXX)")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *sorted(INCLUDE.glob("llm*.hpp"))]))
+    headers = sorted(include.glob("*.hpp"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *headers]) + isa.encode())
     exe = Path(tempfile.gettempdir()) / f"hetero-qgemm-rows-{isa}-{digest.hexdigest()[:12]}"
     if not exe.exists():
         tmp = exe.with_suffix(".tmp")
-        subprocess.run([cxx, "-O3", "-std=c++17", *FLAGS[isa], f"-I{INCLUDE}", str(SOURCE), "-o", str(tmp)],
+        subprocess.run([cxx, "-O3", "-std=c++17", *FLAGS[isa], f"-I{include}", str(SOURCE), "-o", str(tmp)],
                        check=True)
         tmp.replace(exe)
     return exe
+
+
+def base_headers(rev: str) -> Path:
+    """plugins/cpu/src of git revision rev, extracted into a temporary folder."""
+    repo = HERE.parent
+    data = subprocess.run(["git", "-C", str(repo), "archive", rev, "plugins/cpu/src"], check=True,
+                          capture_output=True).stdout
+    out = Path(tempfile.mkdtemp(prefix="hetero-qgemm-base-"))
+    with tarfile.open(fileobj=BytesIO(data)) as tar:
+        tar.extractall(out, filter="data")
+    return out / "plugins" / "cpu" / "src"
+
+
+def run(exe: Path, n: int, k: int, reps: int) -> Result:
+    out = subprocess.run([str(exe), str(n), str(k), str(reps)], check=True, capture_output=True, text=True).stdout
+    res: Result = {}
+    for line in out.splitlines():
+        f = line.split()
+        res[f[0]] = (int(f[1]), int(f[2]), int(f[3]), float(f[4]), f[5],
+                     {int(f[i]): float(f[i + 1]) for i in range(6, len(f), 2)})
+    return res
+
+
+def median_of(results: list[Result]) -> Result:
+    out: Result = {}
+    for fmt, (n, k, nbytes, _, digest, ms) in results[0].items():
+        out[fmt] = (n, k, nbytes, statistics.median(r[fmt][3] for r in results), digest,
+                    {m: statistics.median(r[fmt][5][m] for r in results) for m in ms})
+    return out
+
+
+def describe(res: Result) -> list[str]:
+    lines = []
+    for fmt, (n, k, nbytes, t1, _, ms) in res.items():
+        cols = [f"M={m} {tm / t1:.2f}x" for m, tm in ms.items()]
+        lines.append(f"  {fmt} {n}x{k}: M=1 {1e3 * t1:.3f} ms ({nbytes / t1 / 1e9:.1f} GB/s) | " + " | ".join(cols))
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=8960)
     parser.add_argument("--k", type=int, default=1536)
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--isa", action="append", choices=sorted(FLAGS), help="default: both (this CPU must run it)")
+    parser.add_argument("--reps", type=int, default=15, help="passes per M within one run (the median is kept)")
+    parser.add_argument("--isa", action="append", choices=sorted(FLAGS),
+                        help="default: all three (this CPU must run them)")
+    parser.add_argument("--base", help="git revision whose kernel headers to compare against, alternated")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated runs of each build (with --base)")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}")
+    base = base_headers(args.base) if args.base else None
     for isa in args.isa or sorted(FLAGS):
-        print(f"{isa}:", flush=True)
-        subprocess.run([str(build(isa)), str(args.n), str(args.k), str(args.reps)], check=True)
+        new_exe = build(isa, INCLUDE)
+        if base is None:
+            print(f"{isa}:", flush=True)
+            print("\n".join(describe(run(new_exe, args.n, args.k, args.reps))), flush=True)
+            continue
+        base_exe = build(isa, base)
+        news, bases = [], []
+        for _ in range(args.rounds):
+            bases.append(run(base_exe, args.n, args.k, args.reps))
+            news.append(run(new_exe, args.n, args.k, args.reps))
+        new, old = median_of(news), median_of(bases)
+        print(f"{isa} base {args.base}:")
+        print("\n".join(describe(old)))
+        print(f"{isa} this tree:")
+        print("\n".join(describe(new)))
+        print(f"{isa} this tree / base (time):")
+        for fmt, (_, _, _, t1, digest, ms) in new.items():
+            o = old[fmt]
+            cols = [f"M={m} {tm / o[5][m]:.2f}" for m, tm in ms.items()]
+            same = "same bits" if digest == o[4] else "other bits"
+            print(f"  {fmt}: M=1 {t1 / o[3]:.2f} | " + " | ".join(cols) + f" | M=1 output {same} as base", flush=True)
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 

@@ -1,8 +1,10 @@
-// A/B of the two quantized GEMM tiles of a few rows (llm_impl.hpp's qgemm_mr, llm_qgemm_rows.hpp's qgemm_rows) on
-// the same packed weights in one process, one thread: thread CPU time per call for M = 1..8 rows, alternated, the
-// median of REPS, and a check that both write the same bits. Built and run by benchmarks/qgemm_rows.py, once per
-// ISA (-DROWS_AVX512 with the AVX-512 flags, else AVX2).
+// The quantized GEMM tiles of the CPU plugin (llm_impl.hpp's qgemm_fmt: the tile the plugin runs for M rows,
+// qgemm_mr or llm_qgemm_rows.hpp's qgemm_rows) on the same packed weights in one process, one thread: thread CPU time
+// per pass over the matrix for M = 1, 2, 4, 8 rows, alternated, the median of REPS, and a check that every row of an
+// M-row tile is bitwise the one-row GEMV. Built and run by benchmarks/qgemm_rows.py, once per ISA (-DROWS_AVX512 /
+// -DROWS_VNNI with the AVX-512 flags, else AVX2) and once per source tree when it compares against a base revision.
 //   qgemm_rows N K REPS
+// Output, one line per format: "<fmt> <N> <K> <bytes> <M=1 seconds> <hash of M=1's output> (<M> <seconds>)...".
 #include <time.h>
 
 #include <algorithm>
@@ -12,10 +14,15 @@
 #include <random>
 #include <vector>
 
-#ifdef ROWS_AVX512
+#if defined(ROWS_VNNI)
+#include "llm_simd_avx512vnni.hpp"
+using T = LlmSimdVnni;
+#elif defined(ROWS_AVX512)
 #include "llm_simd_avx512.hpp"
+using T = LlmSimd;
 #else
 #include "llm_simd_avx2.hpp"
+using T = LlmSimd;
 #endif
 #include "llm_impl.hpp"
 
@@ -27,18 +34,19 @@ double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-using Tile = void (*)(const QPack&, const std::uint8_t*, const XQ&, i64, float*, i64, int);
+using Tile = void (*)(const QPack&, const std::uint8_t*, const XQ&, i64, int, float*, i64, int);
+constexpr int MS[] = {2, 4, 8};
 
 struct Case {
   const char* name;
   QPack pk;
-  Tile mr[9], rows[9];
+  Tile tile;
 };
 
 template <int BITS, bool ASYM, int KQ>
-Case make_case(const char* name, int bits, int kq, int sub, i64 n, i64 k) {
-  Case c{name, {}, {}, {}};
-  c.pk.bits = bits;
+Case make_case(const char* name, int kq, int sub, i64 n, i64 k) {
+  Case c{name, {}, nullptr};
+  c.pk.bits = BITS;
   c.pk.bs = 32;
   c.pk.asym = ASYM;
   c.pk.kq = kq;
@@ -46,13 +54,7 @@ Case make_case(const char* name, int bits, int kq, int sub, i64 n, i64 k) {
   c.pk.n = n;
   c.pk.k = k;
   c.pk.layout();
-  c.mr[1] = qgemm_mr<LlmSimd, BITS, ASYM, KQ, 1>;
-  c.mr[2] = qgemm_mr<LlmSimd, BITS, ASYM, KQ, 2>;
-  c.mr[4] = qgemm_mr<LlmSimd, BITS, ASYM, KQ, 4>;
-  c.mr[8] = qgemm_mr<LlmSimd, BITS, ASYM, KQ, 8>;
-  c.rows[2] = qgemm_rows<LlmSimd, BITS, ASYM, KQ, 2>;
-  c.rows[4] = qgemm_rows<LlmSimd, BITS, ASYM, KQ, 4>;
-  c.rows[8] = qgemm_rows<LlmSimd, BITS, ASYM, KQ, 8>;
+  c.tile = qgemm_fmt<T, BITS, ASYM, KQ>;
   return c;
 }
 
@@ -62,8 +64,8 @@ int main(int argc, char** argv) {
   const i64 n = argc > 1 ? std::atol(argv[1]) : 8960, k = argc > 2 ? std::atol(argv[2]) : 1536;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 15;
   std::mt19937 gen(1);
-  const Case cases[] = {make_case<4, true, 1>("q4_k", 4, 1, 8, n, k), make_case<6, false, 2>("q6_k", 6, 2, 8, n, k),
-                        make_case<4, false, 0>("q4_0", 4, 0, 1, n, k)};
+  const Case cases[] = {make_case<4, true, 1>("q4_k", 1, 8, n, k), make_case<6, false, 2>("q6_k", 2, 8, n, k),
+                        make_case<4, false, 0>("q4_0", 0, 1, n, k), make_case<8, false, 0>("q8_0", 0, 1, n, k)};
   for (const Case& c : cases) {
     const QPack& pk = c.pk;
     std::vector<std::uint8_t> w(static_cast<std::size_t>(pk.groups * pk.group_bytes));
@@ -88,34 +90,39 @@ int main(int argc, char** argv) {
     for (i64 i = 0; i < M * nb; ++i) {
       std::int32_t sum = 0, half = 0;
       for (int j = 0; j < 32; ++j) sum += xq[i * 32 + j], half += j < 16 ? xq[i * 32 + j] : 0;
-      d[i] = 0.01f, s[i] = sum, sl[i] = half, ds[i] = 0.01f * static_cast<float>(sum);
+      d[i] = 0.01f + 0.001f * static_cast<float>(i % 7), s[i] = sum, sl[i] = half;
+      ds[i] = d[i] * static_cast<float>(sum);
     }
     const XQ x{xq.data(), d.data(), s.data(), ds.data(), sl.data(), nb * 32, nb};
-    std::vector<float> ya(M * n), yb(M * n);
-    auto run = [&](Tile f, int mr, std::vector<float>& y) {
+    std::vector<float> y1(M * n), ya(M * n), yb(M * n);
+    auto run = [&](int mr, i64 m0, std::vector<float>& y) {
       const double t0 = cpu_seconds();
       for (i64 g = 0; g < pk.groups; ++g)
-        f(pk, w.data() + g * pk.group_bytes, x, 0, y.data() + g * QR, n, static_cast<int>(std::min<i64>(QR, n - g * QR)));
+        c.tile(pk, w.data() + g * pk.group_bytes, x, m0, mr, y.data() + g * QR, n,
+               static_cast<int>(std::min<i64>(QR, n - g * QR)));
       return cpu_seconds() - t0;
     };
-    std::vector<double> one, tm[9], tr[9];
+    for (i64 m = 0; m < M; ++m) run(1, m, y1), std::memcpy(yb.data() + m * n, y1.data(), sizeof(float) * n);
+    std::uint64_t hash = 1469598103934665603ull;  // FNV-1a of the one-row outputs: the numerics of two builds
+    for (std::size_t i = 0; i < yb.size() * sizeof(float); ++i)
+      hash = (hash ^ reinterpret_cast<const std::uint8_t*>(yb.data())[i]) * 1099511628211ull;
+    std::vector<double> one, tm[9];
     for (int r = 0; r < reps; ++r) {
-      one.push_back(run(c.mr[1], 1, ya));
-      for (int mr : {2, 4, 8}) {
-        tm[mr].push_back(run(c.mr[mr], mr, ya));
-        tr[mr].push_back(run(c.rows[mr], mr, yb));
+      one.push_back(run(1, 0, ya));
+      for (int mr : MS) {
+        tm[mr].push_back(run(mr, 0, ya));
         if (std::memcmp(ya.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(mr * n)) != 0) {
-          std::printf("%s M=%d: qgemm_rows differs from qgemm_mr\n", c.name, mr);
+          std::fprintf(stderr, "%s M=%d: a row of the tile differs from the one-row GEMV\n", c.name, mr);
           return 1;
         }
       }
     }
-    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-    const double t1 = med(one);
-    std::printf("%s %lldx%lld: M=1 %.3f ms", c.name, static_cast<long long>(n), static_cast<long long>(k), 1e3 * t1);
-    for (int mr : {2, 4, 8})
-      std::printf(" | M=%d mr %.2fx rows %.2fx", mr, med(tm[mr]) / t1, med(tr[mr]) / t1);
+    auto med = [](std::vector<double> v) { return std::sort(v.begin(), v.end()), v[v.size() / 2]; };
+    std::printf("%s %lld %lld %lld %.9f %016llx", c.name, static_cast<long long>(n), static_cast<long long>(k),
+                static_cast<long long>(pk.groups * pk.group_bytes), med(one), static_cast<unsigned long long>(hash));
+    for (int mr : MS) std::printf(" %d %.9f", mr, med(tm[mr]));
     std::printf("\n");
+    std::fflush(stdout);
   }
   return 0;
 }

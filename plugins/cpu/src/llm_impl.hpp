@@ -67,11 +67,11 @@ inline i64 prefetch_distance() {  // HETERO_LLM_PF (llm.cpp)
 template <class S, int BITS>
 inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& lo, typename S::B& hi) {
   if (BITS == 5) {
-    const auto v = S::load_b(hp + 4 * S::W * h), m = S::bset8(0x10);
+    const auto v = S::opaque(S::load_b(hp + 4 * S::W * h)), m = S::bset8(0x10);
     lo = S::bor(lo, S::band(S::bsll16(v, 4 - t), m));
     hi = S::bor(hi, S::band(S::bsrl16(v, t), m));
   } else if (BITS == 6) {
-    const auto v = S::load_b(hp + 64 * (t / 2) + 4 * S::W * h), m = S::bset8(0x30);
+    const auto v = S::opaque(S::load_b(hp + 64 * (t / 2) + 4 * S::W * h)), m = S::bset8(0x30);
     const int u = 2 * (t % 2);
     lo = S::bor(lo, S::band(S::bsll16(v, 4 - u), m));
     hi = S::bor(hi, S::band(S::bsrl16(v, u), m));
@@ -122,26 +122,39 @@ struct BlockScales {
 };
 
 // One 16-row group, in slices of W rows, against MR activation rows. BITS: 4/5/6/8; KQ: scale layout (llm.hpp).
-template <class S, int BITS, bool ASYM, int KQ, int MR>
+// NT: the block's steps of 64 bytes when known at compile time (blocks of 32, every GGUF format: the step loop
+// unrolls), else 0 (read from w.bs).
+//
+// Few rows (MR <= 2) of 4/5/6-bit weights: each row's int32 dot of a block is summed in two independent chains
+// (the low and the high nibbles), added at the end. The dot is the same integer whichever way it is
+// summed, so this only shortens the chain of dependent int8 dots (latency 4 cycles each) that one row would
+// otherwise wait on; more rows have independent chains already. Where the int8 dot takes unsigned bytes of any size
+// (S::DOT_U8: vpdpbusd sums its four products in int32), 4-bit weights split that way also skip the shift of the
+// high nibbles: they are dotted in place (16 times their value) and their chain's sum shifted right by 4 once.
+template <class S, int BITS, bool ASYM, int KQ, int MR, int NT = 0>
 void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
   using V = typename S::V;
   using I = typename S::I;
   using B = typename S::B;
   constexpr int W = S::W;
   constexpr bool NIB = BITS < 8;
+  constexpr bool SPLIT = (MR <= 2 && NIB) || KQ == 2;  // two dot chains per row (q6_k: its two scaled halves)
+  constexpr bool HI16 = SPLIT && BITS == 4 && S::DOT_U8;  // high nibbles dotted in place (x16)
   const int bs = w.bs;
-  const int nt = NIB ? bs / 8 : bs / 4;
+  const int nt = NT ? NT : (NIB ? bs / 8 : bs / 4);
+  // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
+  constexpr int PF_LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const i64 pf = prefetch_distance();
-  const B nib = S::bset8(0x0f);
+  const B nib = S::bset8(0x0f), nibhi = S::bset8(0xf0);
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
   for (int h = 0; h < QR / W; ++h) {
     V facc[MR];
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
-    for (i64 b0 = 0; b0 < w.nb; b0 += w.sub) {
-      const std::uint8_t* sb = group + (b0 / w.sub) * w.super_bytes;
+    const std::uint8_t* sb = group;  // the super-block of b0 (a record when w.sub == 1)
+    for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
       V sd = S::zero(), smin = S::zero();  // k-quants: the super-block's d (and dmin)
       if (KQ) sd = S::load_f16(sb + 2 * W * h);
       if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * W * h);
@@ -149,19 +162,24 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (MR <= 2 && h == 0)  // decode streams the weights from memory: keep more lines in flight than the L2 streamer does
-          for (i64 o = 0; o < w.rec_bytes; o += 64) S::prefetch(rec + pf + o);
+        if (MR <= 2 && h == 0) {  // decode streams the weights from memory: more lines in flight than the L2
+          if (NT)                 // streamer keeps (a fixed count: no branch to mispredict)
+            for (int o = 0; o < PF_LINES; ++o) S::prefetch(rec + pf + 64 * o);
+          else
+            for (i64 o = 0; o < w.rec_bytes; o += 64) S::prefetch(rec + pf + o);
+        }
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
         for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = S::iset1(0);
         const i64 xo = b * bs;
-        for (int t = 0; t < nt; ++t) {
-          const B v = S::load_b(qv + 64 * t + 4 * W * h);
+        auto step = [&](int t) {
+          const B v0 = S::load_b(qv + 64 * t + 4 * W * h);
+          const B v = NIB ? S::opaque(v0) : v0;  // nibbles: one load for both masks
           if (NIB) {
-            B lo = S::band(v, nib), hi = S::band(S::bsrl4(v), nib);
+            B lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
             add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
             for (int m = 0; m < MR; ++m) {
               const B xlo = S::bcast4(xrow[m] + xo + 8 * t), xhi = S::bcast4(xrow[m] + xo + 8 * t + 4);  // pair4
-              if (KQ == 2) {
+              if (SPLIT) {
                 ilo[m] = S::dot4(ilo[m], lo, xlo);
                 ihi[m] = S::dot4(ihi[m], hi, xhi);
               } else {  // values <= 31
@@ -172,7 +190,15 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
             const typename S::Q8 wq = S::q8_weights(v);
             for (int m = 0; m < MR; ++m) ilo[m] = S::dot_q8(ilo[m], wq, S::bcast4(xrow[m] + xo + 4 * t));
           }
+        };
+        if constexpr (NT != 0) {
+#pragma GCC unroll 8
+          for (int t = 0; t < NT; ++t) step(t);
+        } else {
+          for (int t = 0; t < nt; ++t) step(t);  // not unrolled (see qgemm_tile)
         }
+        if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
+          for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
         const BlockScales<S, ASYM, KQ> scales(rec, h, sd, smin, off);
         for (int m = 0; m < MR; ++m) scales.apply(facc[m], ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
       }
@@ -181,25 +207,44 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   }
 }
 
+// One tile of MR rows. Blocks of 32 (every GGUF format) with the step loop unrolled where that measured faster:
+// 1-2 rows (decode) of the 4/5/6-bit formats and q6_k; 3-8 rows of the others keep the loop (unrolled, the 8-bit
+// tiles ran 10-20% slower on AVX2 / AVX-512, their registers spilling), and so do 8-bit 1-2 rows: unrolled and in two
+// chains they were 20% faster from L2 but 1.2-1.4x slower streaming from DRAM (busy machine, not understood).
+template <class S, int BITS, bool ASYM, int KQ, int MR>
+void qgemm_tile(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
+  if constexpr ((MR <= 2 && BITS < 8) || KQ == 2) {
+    if (w.bs == 32) return qgemm_mr<S, BITS, ASYM, KQ, MR, BITS < 8 ? 4 : 8>(w, group, x, m0, y, ldy, nvalid);
+  }
+  qgemm_mr<S, BITS, ASYM, KQ, MR>(w, group, x, m0, y, ldy, nvalid);
+}
+
+// qgemm_tile for mr in [1, R] rows (R = S::QGEMM_MR).
+template <class S, int BITS, bool ASYM, int KQ>
+void qgemm_mr_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+                  int nvalid) {
+  constexpr int R = S::QGEMM_MR;
+  switch (mr) {
+    case 1: qgemm_tile<S, BITS, ASYM, KQ, 1>(w, group, x, m0, y, ldy, nvalid); break;
+    case 2: qgemm_tile<S, BITS, ASYM, KQ, std::min(2, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 3: qgemm_tile<S, BITS, ASYM, KQ, std::min(3, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 4: qgemm_tile<S, BITS, ASYM, KQ, std::min(4, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 5: qgemm_tile<S, BITS, ASYM, KQ, std::min(5, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 6: qgemm_tile<S, BITS, ASYM, KQ, std::min(6, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    case 7: qgemm_tile<S, BITS, ASYM, KQ, std::min(7, R)>(w, group, x, m0, y, ldy, nvalid); break;
+    default: qgemm_tile<S, BITS, ASYM, KQ, std::min(8, R)>(w, group, x, m0, y, ldy, nvalid); break;
+  }
+}
+
 #include "llm_qgemm_rows.hpp"  // qgemm_rows: tiles of 2+ rows on vpmaddubsw ISAs
 
 template <class S, int BITS, bool ASYM, int KQ>
 void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
                int nvalid) {
-  constexpr int R = S::QGEMM_MR;  // mr <= R (the table's max_mr)
   if constexpr (HasAcc16<S>::value && BITS < 8) {
     if (mr >= 2 && rows_kernel_fits(w)) return qgemm_rows_fmt<S, BITS, ASYM, KQ>(w, group, x, m0, mr, y, ldy, nvalid);
   }
-  switch (mr) {
-    case 1: qgemm_mr<S, BITS, ASYM, KQ, 1>(w, group, x, m0, y, ldy, nvalid); break;
-    case 2: qgemm_mr<S, BITS, ASYM, KQ, std::min(2, R)>(w, group, x, m0, y, ldy, nvalid); break;
-    case 3: qgemm_mr<S, BITS, ASYM, KQ, std::min(3, R)>(w, group, x, m0, y, ldy, nvalid); break;
-    case 4: qgemm_mr<S, BITS, ASYM, KQ, std::min(4, R)>(w, group, x, m0, y, ldy, nvalid); break;
-    case 5: qgemm_mr<S, BITS, ASYM, KQ, std::min(5, R)>(w, group, x, m0, y, ldy, nvalid); break;
-    case 6: qgemm_mr<S, BITS, ASYM, KQ, std::min(6, R)>(w, group, x, m0, y, ldy, nvalid); break;
-    case 7: qgemm_mr<S, BITS, ASYM, KQ, std::min(7, R)>(w, group, x, m0, y, ldy, nvalid); break;
-    default: qgemm_mr<S, BITS, ASYM, KQ, std::min(8, R)>(w, group, x, m0, y, ldy, nvalid); break;
-  }
+  qgemm_mr_fmt<S, BITS, ASYM, KQ>(w, group, x, m0, mr, y, ldy, nvalid);
 }
 
 template <class S>

@@ -49,8 +49,8 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   for (int h = 0; h < QR / W; ++h) {
     V facc[MR];
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
-    for (i64 b0 = 0; b0 < w.nb; b0 += w.sub) {
-      const std::uint8_t* sb = group + (b0 / w.sub) * w.super_bytes;
+    const std::uint8_t* sb = group;  // as qgemm_mr
+    for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
       V sd = S::zero(), smin = S::zero();
       if (KQ) sd = S::load_f16(sb + 2 * W * h);
       if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * W * h);

@@ -15,6 +15,7 @@ struct LlmSimd : SIMD {
   static constexpr int FGEMM_MR = 3;  // 3 x rows x 4 weight rows: 12 accumulators + 4 weights
   static constexpr int QK_NR = 2;     // attention rows per pass of 4 key vectors: 8 accumulators + 4 keys
   static constexpr int PV_VECS = 2;   // value vectors per row and pass: 4 rows -> 8 accumulators + 2 loads
+  static constexpr bool DOT_U8 = false;  // vpmaddubsw sums byte pairs in int16: dot4 needs weights <= 63
   static constexpr int Q8_SHIFT = 128;  // dot_q8 returns sum((w - 128) x)
 
   // ---- float loads / stores
@@ -67,6 +68,12 @@ struct LlmSimd : SIMD {
     std::int32_t v;
     std::memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
+  }
+  // v kept in a register: GCC would otherwise fold its load into each of the two nibble masks (vpandd m512), and
+  // a second 64-byte load per step costs more than the register (measured: the load ports bound M = 1).
+  static B opaque(B v) {
+    asm("" : "+v"(v));
+    return v;
   }
   static B bset8(std::uint8_t v) { return _mm256_set1_epi8(static_cast<char>(v)); }
   static B band(B a, B b) { return _mm256_and_si256(a, b); }

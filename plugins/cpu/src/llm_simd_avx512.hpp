@@ -15,6 +15,7 @@ struct LlmSimd : SIMD {
   static constexpr int FGEMM_MR = 4;
   static constexpr int QK_NR = 4;
   static constexpr int PV_VECS = 4;
+  static constexpr bool DOT_U8 = false;  // as AVX2: dot4 needs weights <= 63
   static constexpr int Q8_SHIFT = 128;
 
   static __mmask16 tail_mask(hetero::i64 left) {
@@ -54,6 +55,12 @@ struct LlmSimd : SIMD {
     std::int32_t v;
     std::memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
+  }
+  // v kept in a register: GCC would otherwise fold its load into each of the two nibble masks (vpandd m512), and
+  // a second 64-byte load per step costs more than the register (measured: the load ports bound M = 1).
+  static B opaque(B v) {
+    asm("" : "+v"(v));
+    return v;
   }
   static B bset8(std::uint8_t v) { return _mm512_set1_epi8(static_cast<char>(v)); }
   static B band(B a, B b) { return _mm512_and_si512(a, b); }

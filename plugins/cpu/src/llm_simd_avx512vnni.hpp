@@ -5,6 +5,7 @@
 
 namespace {
 struct LlmSimdVnni : LlmSimd {
+  static constexpr bool DOT_U8 = true;  // vpdpbusd: dot4 takes any unsigned bytes (products summed in int32)
   static constexpr int Q8_SHIFT = 0;
   static constexpr bool ACC16 = false;  // vpdpbusd accumulates int32 directly: qgemm_mr for every tile
   static I dot4(I acc, B w, B x) { return _mm512_dpbusd_epi32(acc, w, x); }

@@ -12,6 +12,7 @@ struct LlmSimd : SIMD {
   static constexpr int FGEMM_MR = 4;
   static constexpr int QK_NR = 4;
   static constexpr int PV_VECS = 4;
+  static constexpr bool DOT_U8 = true;  // dot4 takes any unsigned bytes (exact int products)
   static constexpr int Q8_SHIFT = 0;  // dot_q8 multiplies the unsigned bytes as stored
 
   static V load_n(const float* p, hetero::i64 n) { return n > 0 ? *p : 0.f; }
@@ -44,6 +45,7 @@ struct LlmSimd : SIMD {
     std::memcpy(&v, p, 4);
     return v;
   }
+  static B opaque(B v) { return v; }  // (the SIMD paths keep a loaded vector from being loaded twice)
   static B bset8(std::uint8_t v) { return 0x01010101u * v; }
   static B band(B a, B b) { return a & b; }
   static B bor(B a, B b) { return a | b; }

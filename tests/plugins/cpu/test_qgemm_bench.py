@@ -1,0 +1,48 @@
+"""benchmarks/qgemm_rows.py's native tile benchmark, built against plugins/cpu/src for each ISA this CPU runs: it
+exits non-zero when any row of an M = 2 / 4 / 8 tile differs in a bit from the one-row GEMV (q4_k, q6_k, q4_0, q8_0
+at the tile level, odd N), and it must keep compiling against the kernel headers it measures."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+CPU_FLAGS = {"avx2": {"avx2", "fma", "f16c"}, "avx512": {"avx512f", "avx512bw", "avx512dq", "avx512vl"},
+             "avx512vnni": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}}
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def bench_module():
+    spec = importlib.util.spec_from_file_location("qgemm_rows_bench", ROOT / "benchmarks" / "qgemm_rows.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the benchmark's ISAs are x86-64 ones")
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+@pytest.mark.parametrize("isa", sorted(CPU_FLAGS))
+def test_tiles_bitwise_one_row(isa):
+    if not CPU_FLAGS[isa] <= cpu_flags():
+        pytest.skip(f"this CPU does not run {isa}")
+    mod = bench_module()
+    res = mod.run(mod.build(isa, mod.INCLUDE), n=72, k=512, reps=1)  # 5 groups, the last one half full
+    assert sorted(res) == ["q4_0", "q4_k", "q6_k", "q8_0"]
+    for fmt, (n, k, nbytes, t1, digest, ms) in res.items():
+        assert (n, k) == (72, 512) and nbytes > 0 and t1 > 0, fmt
+        assert len(digest) == 16 and sorted(ms) == [2, 4, 8], fmt
