@@ -145,6 +145,27 @@ def test_bad_slots_and_steps_are_refused():
         multi.expose_hidden([0])
 
 
+def test_a_lone_sequence_decodes_as_on_a_one_sequence_model_and_bad_rows_are_refused():
+    """A one-row step (a lone stream) takes the attention's one-row call: bit for bit the one-sequence model's,
+    on any slot, and a row at a position its slot's cache does not reach, or on no slot, is refused by name."""
+    alone = load(FIXTURES / "qwen2", backends=["cpu"])
+    multi = load(FIXTURES / "qwen2", backends=["cpu"], slots=3)
+    tokens, rows = _alone(alone, PROMPTS[2], STEPS)
+    for slot in (2, 0):
+        seq = multi.sequence(slot)
+        got, _ = _alone(seq, PROMPTS[2], STEPS)
+        assert got == tokens
+        seq.rollback(len(PROMPTS[2]) + STEPS - 1)  # the last step again, alone on the model
+        np.testing.assert_array_equal(seq.forward([tokens[-1]])[-1], rows[-1])
+    batcher, wanted = multi._batch, multi._step_outputs()
+    with pytest.raises(HeteroError, match="past_len 40 is outside the 0 cached positions"):
+        batcher.run_rows([(1, 5, 40)], wanted)  # slot 1 holds nothing yet
+    with pytest.raises(HeteroError, match="slot 3 is not one of the node's 3"):
+        batcher.run_rows([(3, 5, 0)], wanted)
+    got, _ = _alone(multi.sequence(1), PROMPTS[2], STEPS)  # the model is fine after the refused steps
+    assert got == tokens
+
+
 def test_slot_runs_cut_rows_into_one_sequence_runs():
     runs = slot_runs("n", np.array([5, 6, 7, 0, 3, 4, 9]), np.array([0, 0, 0, 1, 2, 2, 0]), 3)
     assert runs == (SlotRun(0, 0, 3, 5), SlotRun(1, 3, 4, 0), SlotRun(2, 4, 6, 3), SlotRun(0, 6, 7, 9))

@@ -407,6 +407,10 @@ class CpuAttention(CpuKernel):
             positions, slots = inputs[3].buffer, inputs[4].buffer
             if not bindable(q, k, v, out):
                 return None
+            if q.shape[0] == 1:  # one row (a lone sequence's decode step): its slot's one-sequence call, as is
+                one = self._bind_row(q, k, v, inputs[3], inputs[4], out)
+                if one is not None:
+                    return one
             return functools.partial(self._run_slots, q, k, v, positions, slots, out)
         past_len = _past_reader(inputs[3])
         if past_len is None or not bindable(q, k, v, out):
@@ -417,6 +421,27 @@ class CpuAttention(CpuKernel):
             past = past_len()
             if past < 0 or past > cache.filled or past + t > context:  # the same checks (and errors) as run
                 raise _attention_error(label, past, cache.filled, t, context)
+            cache(q, k, v, past, scale, out)
+
+        return call
+
+    def _bind_row(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: Tensor | None,
+                  slots: Tensor | None, out: np.ndarray) -> Bound:
+        """A one-row step of a node serving several sequences: the row's slot and position read at call time, then
+        that slot's cache called as a one-sequence step (what ``_run_slots`` does for one run, without cutting rows
+        into runs: a lone stream's decode step costs what it costs on a one-sequence model)."""
+        position_at, slot_at = _past_reader(positions), _past_reader(slots)
+        if position_at is None or slot_at is None:
+            return None
+        caches, scale, context, label = self.caches, self.scale, self.max_context, self.node.label()
+
+        def call() -> None:
+            slot, past = slot_at(), position_at()
+            if not 0 <= slot < len(caches):
+                raise HeteroError(f"{label}: slot {slot} is not one of the node's {len(caches)} slot(s)")
+            cache = caches[slot]
+            if past < 0 or past > cache.filled or past + 1 > context:  # the checks (and errors) of _run_slots
+                raise _attention_error(label, past, cache.filled, 1, context)
             cache(q, k, v, past, scale, out)
 
         return call
