@@ -100,9 +100,9 @@ def _poison_embedding(model) -> None:
 
 def test_a_failed_fused_step_fails_only_the_request_whose_input_caused_it(llm):
     openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install openai)")
-    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, POISON, 13], [21, 22, 23]]
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, POISON, 13], [21, 22, 23], [31, 32, 33, 34], [41, 42, 43]]
     want = {i: llm.create_completion(prompts[i], max_tokens=8, temperature=0.7, seed=4)["choices"][0]["text"]
-            for i in (0, 2)}
+            for i in (0, 2, 3)}
     model = load_model(slots=3)
     model._batch.window, model._batch.gather = 2.0, 1.0  # the three prompts go in one step, then decode together
     _poison_embedding(model)
@@ -130,21 +130,22 @@ def test_a_failed_fused_step_fails_only_the_request_whose_input_caused_it(llm):
         assert error.body["type"] == "invalid_request_error"
         again = client.completions.create(model="tiny", prompt=prompts[2], max_tokens=8, temperature=0.7, seed=4)
         assert again.choices[0].text == want[2]  # the server goes on serving
-        # a decode step: the second request's first token is forced to the poison, so its next step fails
+        # a decode step: new prompts (computed together in one step), the second one's first token forced to the
+        # poison, so the decode step carrying both rows fails
         before = model._batch.stats.isolated
         got.clear()
         forced = {"logit_bias": {str(POISON): 100}}
 
         def ask_forced() -> None:
             try:
-                client.completions.create(model="tiny", prompt=prompts[2], max_tokens=8, extra_body=forced)
+                client.completions.create(model="tiny", prompt=prompts[4], max_tokens=8, extra_body=forced)
             except openai.APIStatusError as exc:
-                got[1] = exc
+                got[4] = exc
 
-        threads = [threading.Thread(target=ask, args=(0,)), threading.Thread(target=ask_forced)]
+        threads = [threading.Thread(target=ask, args=(3,)), threading.Thread(target=ask_forced)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=120)
-        assert got[0] == want[0] and isinstance(got[1], openai.BadRequestError)
+        assert got[3] == want[3] and isinstance(got[4], openai.BadRequestError)
         assert model._batch.stats.isolated > before
