@@ -45,6 +45,14 @@ def test_concurrent_requests_on_batched_slots_get_what_each_gets_alone(llm):
         assert _ask_all(server, PROMPTS[::-1], 12) == want[::-1]  # slots reused, with other caches
         status, _, raw = server.request("GET", "/health")
         assert status == 200 and json.loads(raw)["slots"] == 4
+        status, _, raw = server.request("GET", "/metrics")
+        figures = {line.split()[0]: float(line.split()[1]) for line in raw.decode().splitlines()
+                   if line.startswith("hetero_batch_")}
+        stats = model._batch.stats
+        assert figures["hetero_batch_steps_total"] == stats.steps > 0
+        assert figures["hetero_batch_rows_total"] == stats.rows == stats.decode_rows + stats.prompt_rows
+        assert figures["hetero_batch_isolated_steps_total"] == 0
+        assert 0 < figures["hetero_batch_run_seconds_total"] <= figures["hetero_batch_step_seconds_total"]
     batcher = model._batch
     assert batcher.rows > 1.5 * batcher.steps, (batcher.rows, batcher.steps)  # steps carried several rows
 
