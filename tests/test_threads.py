@@ -129,7 +129,7 @@ def test_a_kernel_raising_in_a_replayed_run_is_named_too_and_the_session_recover
             raise RuntimeError("device lost")  # what a driver or a native kernel raises
         return real_run(*args, **kwargs)
 
-    step.kernel.run = run  # type: ignore[method-assign]
+    step.kernel.run = run  # type: ignore[method-assign]  # a kernel that fails when told to
     step.kernel.bind = lambda inputs, outputs: None  # type: ignore[method-assign]  # the replay calls run itself
     session.invalidate_replay()
     image = _images(1)[0]
