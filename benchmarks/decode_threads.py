@@ -29,7 +29,8 @@ measurement on TREE's packages (what ``--against`` uses).
 
 ``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every call of the
 session's recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for
-QMatMul, the projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call) and the
+QMatMul, the projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call; a merged
+``LlmStep`` is timed as the calls it merged, which it runs as one native call in the plain pass) and the
 pool's account is read after each call, so the step splits per op into: ``wall`` the calls' time; ``work/T``
 thread-time inside tasks (pooled) or in the call (serial) over the thread count; ``wait`` = wall - work/T, the
 thread-average time the op's threads were not computing (wake-ups, the barrier at the end, imbalance, for serial
@@ -89,9 +90,11 @@ def _label(call, names: dict[int, str]) -> tuple[str, list]:
     call (fused ones named after the projections they merge), else the kernel or closure behind it."""
     func = getattr(call, "func", None)
     args: tuple[Any, ...] = getattr(call, "args", ())
-    if func is None:  # a kernel's closure (rotary, attention, embedding): CpuAttention.bind.<locals>.call
+    if type(func).__name__ == "LlmRope":  # the rotary's bound call: the table itself
+        return "RotaryEmbedding", []
+    if func is None:  # a kernel's closure (attention, embedding): CpuEmbedding.bind.<locals>.call, AttentionCall
         qual = getattr(call, "__qualname__", type(call).__name__)
-        return qual.split(".", 1)[0].removeprefix("Cpu"), []
+        return qual.split(".", 1)[0].removeprefix("Cpu").removesuffix("Call"), []
     name = getattr(func, "__name__", "")
     owner = getattr(func, "__self__", None)
     if name == "_run_dynamic":  # an entry the replay runs through kernel.run each time (e.g. the LM head)
@@ -157,7 +160,8 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int) -
     try:
         for r in replays:
             wrapped = []
-            for call in r.program:
+            # a merged step (hetero_cpu.fuse.step_calls) is timed as the calls it merged: its fallback
+            for call in (c for step in r.program for c in getattr(step, "fallback", [step])):
                 label, ws = _label(call, names)
                 nbytes[label] = nbytes.get(label, 0) + sum(w.nbytes for w in ws)
                 wrapped.append(timed(call, label))

@@ -43,8 +43,12 @@ class CpuBackend(HostMemory, KernelTableBackend):
         return CpuNumpyKernel(node, self)
 
     def fuse_calls(self, program: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:
-        """The replay's bound calls with the decode step's matmul patterns fused (``hetero_cpu.fuse``);
-        ``HETERO_CPU_FUSE=0`` turns it off (to measure the difference)."""
+        """The replay's bound calls with the decode step's matmul patterns fused, then runs of calls native code
+        takes whole merged into one call each (``hetero_cpu.fuse``); ``HETERO_CPU_FUSE=0`` turns both off,
+        ``HETERO_CPU_STEP=0`` the merge alone (to measure the difference)."""
         if os.environ.get("HETERO_CPU_FUSE", "1") == "0":
             return list(program)
-        return fuse.fuse_calls(program)
+        fused = fuse.fuse_calls(program)
+        if os.environ.get("HETERO_CPU_STEP", "1") == "0":
+            return fused
+        return fuse.step_calls(fused)

@@ -7,6 +7,13 @@ its buffers (``CpuKernel.bind``). Three patterns of consecutive calls become one
 * gate and up of one input, then SwiGLU of their outputs: -> ``llm_matmul_swiglu``;
 * a matmul, then the residual ``Add`` of its output: -> ``llm_matmul_residual``.
 
+Then every run of consecutive calls that native code can take whole (the matmuls above and fused, ``rms_norm``,
+SwiGLU, the rotary embedding and the attention of a one-sequence step, both reading ``past_len`` from the replay's
+int64 buffer when they run) becomes one ``LlmStep`` call (``step_calls``): the ops run in order with the GIL
+released once, so a Qwen decode step is a handful of Python calls instead of ~300. Each op is the call it replaces,
+prepared once; the rotary and attention range checks run natively before any op, and if one refuses, the step runs
+the original calls instead (so the error is the original one). ``HETERO_CPU_STEP=0`` keeps the calls apart.
+
 A fused call writes every buffer the calls it replaces write (the matmuls' outputs too, so a later reader of them
 is unaffected) with the same kernels on the same values, and the calls were consecutive, so nothing ran between
 them: the result is the unfused one (``tests/plugins/cpu/test_fuse.py``). A pattern is taken only when its buffers
@@ -25,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
+from .kernels.llm import AttentionCall
 
 Call = Callable[[], Any]
 
@@ -126,4 +134,58 @@ def fuse_calls(program: Sequence[Call]) -> list[Call]:
             continue
         out.append(program[i])
         i += 1
+    return out
+
+
+def _step_op(call: Call) -> tuple[str, tuple] | None:
+    """(``LlmStep`` method, its arguments) that adds ``call`` to a step, or None if native code cannot take it."""
+    if isinstance(call, AttentionCall):
+        return "add_attention", (call.cache, call.q, call.k, call.v, call.past, call.scale, call.out)
+    if not isinstance(call, functools.partial) or call.keywords:
+        return None
+    func, args = call.func, call.args
+    if isinstance(func, _native.LlmRope) and len(args) == 3 and isinstance(args[2], np.ndarray):
+        return "add_rope", (func, *args)
+    for native, method, n in _STEP_FUNCS:
+        if func is native and len(args) == n:
+            return method, args
+    return None
+
+
+_STEP_FUNCS = ((_native.llm_matmul, "add_matmul", 4), (_native.llm_matmul_multi, "add_matmul_multi", 4),
+               (_native.llm_matmul_swiglu, "add_matmul_swiglu", 8),
+               (_native.llm_matmul_residual, "add_matmul_residual", 6), (_native.llm_swiglu, "add_swiglu", 3),
+               (_native.rms_norm, "add_rms_norm", 4))
+
+
+def step_calls(program: Sequence[Call]) -> list[Call]:
+    """``program`` with every run of two or more calls that native code takes whole replaced by one ``LlmStep``
+    (its ``fallback``: the run's calls). A call whose arguments the step refuses stays a call of its own."""
+    out: list[Call] = []
+    run: list[Call] = []
+    step = _native.LlmStep()
+
+    def flush() -> None:
+        nonlocal step
+        if len(run) > 1:
+            step.fallback = list(run)
+            out.append(step)
+        else:
+            out.extend(run)
+        run.clear()
+        step = _native.LlmStep()
+
+    for call in program:
+        op = _step_op(call)
+        if op is not None:
+            try:
+                getattr(step, op[0])(*op[1])
+            except (ValueError, TypeError):  # arguments native code refuses: the call runs on its own
+                op = None
+        if op is None:
+            flush()
+            out.append(call)
+        else:
+            run.append(call)
+    flush()
     return out

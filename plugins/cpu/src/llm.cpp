@@ -11,11 +11,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "elementwise.hpp"
 #include "kv_quant.hpp"
 #include "llm.hpp"
 
@@ -366,7 +369,19 @@ struct PyWeights {
   std::shared_ptr<Weights> w;
 };
 
-void py_qmatmul(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj) {
+// A call prepared under the GIL (its arguments checked, its pointers taken) and run without it: the py_* entry
+// points run one at once; an LlmStep (below) runs a list of them in one native call. The arrays and weights the
+// pointers point into must outlive the op (the caller's arguments; an LlmStep keeps them).
+using Op = std::function<void()>;
+
+template <class Prep, class... A>
+void run_now(Prep prep, A&&... a) {
+  Op op = prep(std::forward<A>(a)...);
+  py::gil_scoped_release nogil;
+  op();
+}
+
+Op prep_qmatmul(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj) {
   const char* fn = "llm_matmul";
   const Weights& w = *pw.w;
   need_f32c(x, fn, "x");
@@ -384,8 +399,12 @@ void py_qmatmul(const PyWeights& pw, const py::array& x, const py::array& out, c
   if (w.experts != 1) fail(std::string(fn) + ": a stacked expert weight needs moe()");
   const float* px = cfptr(x);
   float* py_ = fptr(out);
-  py::gil_scoped_release nogil;
-  matmul(w, 0, px, M, w.k, py_, w.n, bias, 0);
+  const Weights* wp = &w;
+  return [wp, px, py_, M, bias] { matmul(*wp, 0, px, M, wp->k, py_, wp->n, bias, 0); };
+}
+
+void py_qmatmul(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj) {
+  run_now(prep_qmatmul, pw, x, out, bias_obj);
 }
 
 // silu(g) * u over n elements into o: SwiGLU's two vector passes (py_swiglu runs them per thread chunk).
@@ -483,7 +502,7 @@ const float* opt_bias(const py::handle& b, i64 n, const char* fn) {
 }
 
 // outs[i][..., N_i] = x[..., K] @ W_i^T (+ bias_i): several matmuls of one input (q / k / v) in one region.
-void py_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& outs, const py::list& biases) {
+Op prep_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& outs, const py::list& biases) {
   const char* fn = "llm_matmul_multi";
   const std::size_t n = ws.size();
   if (n == 0 || outs.size() != n || biases.size() != n)
@@ -503,24 +522,29 @@ void py_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& ou
     parts[i] = {w[i], fptr(o), opt_bias(biases[i], w[i]->n, fn), XQ{}};
   }
   const float* px = cfptr(x);
-  py::gil_scoped_release nogil;
-  if (!fused::fusable(w, M)) {
-    for (const fused::Part& p : parts) matmul(*p.w, 0, px, M, p.w->k, p.y, p.w->n, p.bias, 0);
-    return;
-  }
-  const LlmKernels& kr = lk();
-  fused::quantize_parts(kr, px, parts);
-  const std::vector<fused::Task> ts = fused::tasks(parts, fused::threads(parts));
-  parallel_for(static_cast<i64>(ts.size()), fused::threads(parts), [&](i64 t) {
-    const fused::Task& k = ts[static_cast<std::size_t>(t)];
-    fused::groups(kr, parts[static_cast<std::size_t>(k.part)], k.g0, k.g1);
-  });
+  return [w = std::move(w), parts = std::move(parts), px, M]() mutable {
+    if (!fused::fusable(w, M)) {
+      for (const fused::Part& p : parts) matmul(*p.w, 0, px, M, p.w->k, p.y, p.w->n, p.bias, 0);
+      return;
+    }
+    const LlmKernels& kr = lk();
+    fused::quantize_parts(kr, px, parts);
+    const std::vector<fused::Task> ts = fused::tasks(parts, fused::threads(parts));
+    parallel_for(static_cast<i64>(ts.size()), fused::threads(parts), [&](i64 t) {
+      const fused::Task& k = ts[static_cast<std::size_t>(t)];
+      fused::groups(kr, parts[static_cast<std::size_t>(k.part)], k.g0, k.g1);
+    });
+  };
+}
+
+void py_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& outs, const py::list& biases) {
+  run_now(prep_qmatmul_multi, ws, x, outs, biases);
 }
 
 // gate = x @ Wg^T (+ bg), up = x @ Wu^T (+ bu), out = silu(gate) * up (SwiGLU): one region, the activation
 // applied to each task's rows as soon as both halves are computed (gate and up are written too).
-void py_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array& x, const py::array& gate,
-                       const py::array& up, const py::array& out, const py::object& bg, const py::object& bu) {
+Op prep_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array& x, const py::array& gate,
+                        const py::array& up, const py::array& out, const py::object& bg, const py::object& bu) {
   const char* fn = "llm_matmul_swiglu";
   const Weights& wg = *pg.w;
   const Weights& wu = *pu.w;
@@ -538,31 +562,41 @@ void py_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array
                                  {&wu, fptr(up), opt_bias(bu, N, fn), XQ{}}};
   float* o = fptr(out);
   const float* px = cfptr(x);
-  py::gil_scoped_release nogil;
-  const Kernels& base = active();
-  if (!fused::fusable({&wg, &wu}, M)) {
-    matmul(wg, 0, px, M, wg.k, parts[0].y, N, parts[0].bias, 0);
-    matmul(wu, 0, px, M, wu.k, parts[1].y, N, parts[1].bias, 0);
-    swiglu_rows(base, parts[0].y, parts[1].y, o, M * N);
-    return;
-  }
-  const LlmKernels& kr = lk();
-  fused::quantize_parts(kr, px, parts);
-  const int nt = fused::threads(parts);
-  const std::vector<i64> b = split_rows(wg.pk.groups, nt);
-  parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
-    const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
-    fused::groups(kr, parts[0], g0, g1);
-    fused::groups(kr, parts[1], g0, g1);
-    const i64 a = g0 * QR, e = std::min(N, g1 * QR);
-    if (a < e) swiglu_rows(base, parts[0].y + a, parts[1].y + a, o + a, e - a);
-  });
+  const Weights* pwg = &wg;
+  const Weights* pwu = &wu;
+  return [parts = std::move(parts), pwg, pwu, o, px, M, N]() mutable {
+    const Weights& wg = *pwg;
+    const Weights& wu = *pwu;
+    const Kernels& base = active();
+    if (!fused::fusable({&wg, &wu}, M)) {
+      matmul(wg, 0, px, M, wg.k, parts[0].y, N, parts[0].bias, 0);
+      matmul(wu, 0, px, M, wu.k, parts[1].y, N, parts[1].bias, 0);
+      swiglu_rows(base, parts[0].y, parts[1].y, o, M * N);
+      return;
+    }
+    const LlmKernels& kr = lk();
+    fused::quantize_parts(kr, px, parts);
+    const int nt = fused::threads(parts);
+    const std::vector<i64> b = split_rows(wg.pk.groups, nt);
+    parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
+      const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
+      fused::groups(kr, parts[0], g0, g1);
+      fused::groups(kr, parts[1], g0, g1);
+      const i64 a = g0 * QR, e = std::min(N, g1 * QR);
+      if (a < e) swiglu_rows(base, parts[0].y + a, parts[1].y + a, o + a, e - a);
+    });
+  };
+}
+
+void py_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array& x, const py::array& gate,
+                       const py::array& up, const py::array& out, const py::object& bg, const py::object& bu) {
+  run_now(prep_qmatmul_swiglu, pg, pu, x, gate, up, out, bg, bu);
 }
 
 // out = x @ W^T (+ bias), then res_out = residual + out (the residual add in the matmul's epilogue, per task's
 // rows; res_out may be residual itself).
-void py_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj,
-                         const py::array& residual, const py::array& res_out) {
+Op prep_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::array& out,
+                          const py::object& bias_obj, const py::array& residual, const py::array& res_out) {
   const char* fn = "llm_matmul_residual";
   const Weights& w = *pw.w;
   need_f32c(x, fn, "x");
@@ -578,27 +612,36 @@ void py_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::arra
   const float* r = cfptr(residual);
   float* ro = fptr(res_out);
   const float* px = cfptr(x);
-  py::gil_scoped_release nogil;
-  const Kernels& base = active();
-  if (!fused::fusable({&w}, M)) {
-    matmul(w, 0, px, M, w.k, parts[0].y, N, parts[0].bias, 0);
-    base.binary(B_ADD, BM_VV, r, parts[0].y, ro, M * N);
-    return;
-  }
-  const LlmKernels& kr = lk();
-  fused::quantize_parts(kr, px, parts);
-  const int nt = fused::threads(parts);
-  const std::vector<i64> b = split_rows(w.pk.groups, nt);
-  parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
-    const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
-    fused::groups(kr, parts[0], g0, g1);
-    const i64 a = g0 * QR, e = std::min(N, g1 * QR);
-    if (a < e) base.binary(B_ADD, BM_VV, r + a, parts[0].y + a, ro + a, e - a);
-  });
+  const Weights* pw_ = &w;
+  return [parts = std::move(parts), pw_, r, ro, px, M, N]() mutable {
+    const Weights& w = *pw_;
+    const Kernels& base = active();
+    if (!fused::fusable({&w}, M)) {
+      matmul(w, 0, px, M, w.k, parts[0].y, N, parts[0].bias, 0);
+      base.binary(B_ADD, BM_VV, r, parts[0].y, ro, M * N);
+      return;
+    }
+    const LlmKernels& kr = lk();
+    fused::quantize_parts(kr, px, parts);
+    const int nt = fused::threads(parts);
+    const std::vector<i64> b = split_rows(w.pk.groups, nt);
+    parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
+      const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
+      fused::groups(kr, parts[0], g0, g1);
+      const i64 a = g0 * QR, e = std::min(N, g1 * QR);
+      if (a < e) base.binary(B_ADD, BM_VV, r + a, parts[0].y + a, ro + a, e - a);
+    });
+  };
 }
 
+void py_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj,
+                         const py::array& residual, const py::array& res_out) {
+  run_now(prep_qmatmul_residual, pw, x, out, bias_obj, residual, res_out);
+}
+
+
 // ------------------------------------------------------------------------------------------------ small ops
-void py_swiglu(const py::array& gate, const py::array& up, const py::array& out) {
+Op prep_swiglu(const py::array& gate, const py::array& up, const py::array& out) {
   const char* fn = "llm_swiglu";
   need_f32c(gate, fn, "gate");
   need_f32c(up, fn, "up");
@@ -608,15 +651,20 @@ void py_swiglu(const py::array& gate, const py::array& up, const py::array& out)
   const float* u = cfptr(up);
   float* o = fptr(out);
   const i64 n = gate.size();
-  py::gil_scoped_release nogil;
-  const Kernels& kr = active();
-  const int nt = threads_for(static_cast<double>(n), 16384.0);
-  const i64 chunk = (((n + nt - 1) / nt) + 15) / 16 * 16;
-  parallel_for(nt, nt, [&](i64 t) {
-    const i64 a = t * chunk, b = std::min(n, a + chunk);
-    if (a >= b) return;
-    swiglu_rows(kr, g + a, u + a, o + a, b - a);
-  });
+  return [g, u, o, n] {
+    const Kernels& kr = active();
+    const int nt = threads_for(static_cast<double>(n), 16384.0);
+    const i64 chunk = (((n + nt - 1) / nt) + 15) / 16 * 16;
+    parallel_for(nt, nt, [&](i64 t) {
+      const i64 a = t * chunk, b = std::min(n, a + chunk);
+      if (a >= b) return;
+      swiglu_rows(kr, g + a, u + a, o + a, b - a);
+    });
+  };
+}
+
+void py_swiglu(const py::array& gate, const py::array& up, const py::array& out) {
+  run_now(prep_swiglu, gate, up, out);
 }
 
 // Rotary embedding with a cos/sin table grown on demand (positions x half), shared by the nodes of one model.
@@ -679,6 +727,37 @@ void py_rope(RopeTable& tab, const py::array& x, const py::array& out, i64 past)
   float* po = fptr(out);
   py::gil_scoped_release nogil;
   rope_apply(tab, px, po, T, x.shape(1), x.shape(2), nullptr, past);
+}
+
+// An op with a check that must pass, under the GIL and before any op of its step runs, for the op to do what its
+// unfused call would do (false: that call would refuse its arguments; an LlmStep then runs the unfused calls).
+struct StepOp {
+  std::function<bool()> check;  // empty: always runs
+  Op run;
+};
+
+// past_len as the replay holds it: a one-element int64 array, read when the op runs (it changes every step).
+const std::int64_t* past_ptr(const py::array& past, const char* fn) {
+  if (!has_type<std::int64_t>(past) || !is_c(past) || past.size() != 1)
+    fail(std::string(fn) + ": past_len must be a one-element int64 array");
+  return static_cast<const std::int64_t*>(past.data());
+}
+
+// py_rope at the position the array holds when it runs; the check grows the table (shared by the model's nodes).
+StepOp prep_rope_at(RopeTable& tab, const py::array& x, const py::array& out, const py::array& past) {
+  const char* fn = "llm_rope";
+  rope_check(tab, x, out, fn);
+  const std::int64_t* pp = past_ptr(past, fn);
+  const i64 T = x.shape(0), H = x.shape(1), D = x.shape(2);
+  RopeTable* tp = &tab;
+  const float* px = cfptr(x);
+  float* po = fptr(out);
+  return {[tp, pp, T] {
+            if (*pp < 0) return false;
+            tp->ensure(*pp + T);
+            return true;
+          },
+          [tp, px, po, T, H, D, pp] { rope_apply(*tp, px, po, T, H, D, nullptr, *pp); }};
 }
 
 // A step of several sequences: row t at its own position positions[t] (int64 [T]), in one call.
@@ -1056,9 +1135,8 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
   });
 }
 
-void py_attention(Attention& at, const py::array& q, const py::array& k, const py::array& v, i64 past, float scale,
-                  const py::array& out) {
-  const char* fn = "llm_attention";
+void attention_shapes(const Attention& at, const py::array& q, const py::array& k, const py::array& v,
+                      const py::array& out, const char* fn) {
   need_f32c(q, fn, "q");
   need_f32c(k, fn, "k");
   need_f32c(v, fn, "v");
@@ -1070,6 +1148,13 @@ void py_attention(Attention& at, const py::array& q, const py::array& k, const p
     fail(std::string(fn) + ": k/v must be [T, " + std::to_string(at.hkv) + ", " + std::to_string(at.d) + "]");
   if (hq % at.hkv) fail(std::string(fn) + ": query heads must be a multiple of kv heads");
   if (out.size() != T * hq * D) fail(std::string(fn) + ": out must be [T, heads * dim]");
+}
+
+void py_attention(Attention& at, const py::array& q, const py::array& k, const py::array& v, i64 past, float scale,
+                  const py::array& out) {
+  const char* fn = "llm_attention";
+  attention_shapes(at, q, k, v, out, fn);
+  const i64 T = q.shape(0), hq = q.shape(1);
   if (past < 0 || past > at.filled)
     fail("past_len " + std::to_string(past) + " is outside the " + std::to_string(at.filled) + " cached positions");
   if (past + T > at.max_ctx)
@@ -1083,6 +1168,30 @@ void py_attention(Attention& at, const py::array& q, const py::array& k, const p
   float* po = fptr(out);
   py::gil_scoped_release nogil;
   attention_run(at, pq, pk, pv, T, hq, past, scale, po);
+}
+
+// py_attention at the past_len the array holds when it runs; the check is py_attention's range check (the cache's
+// own filled count: only this op writes its cache).
+StepOp prep_attention_at(Attention& at, const py::array& q, const py::array& k, const py::array& v,
+                         const py::array& past, float scale, const py::array& out) {
+  const char* fn = "llm_attention";
+  attention_shapes(at, q, k, v, out, fn);
+  const std::int64_t* pp = past_ptr(past, fn);
+  const i64 T = q.shape(0), hq = q.shape(1);
+  Attention* ap = &at;
+  const float* pq = cfptr(q);
+  const float* pk = cfptr(k);
+  const float* pv = cfptr(v);
+  float* po = fptr(out);
+  return {[ap, pp, T] {
+            const i64 p = *pp;
+            if (p < 0 || p > ap->filled || p + T > ap->max_ctx) return false;
+            if (T > 0 && !ap->k) ap->alloc();
+            return true;
+          },
+          [ap, pp, pq, pk, pv, po, T, hq, scale] {
+            if (T > 0) attention_run(*ap, pq, pk, pv, T, hq, *pp, scale, po);
+          }};
 }
 
 // A step of several sequences in one call (hetero.llm.batch): runs int64 [R, 4] of (cache index, first row, end row,
@@ -1187,6 +1296,49 @@ void py_attention_load(Attention& at, i64 n, const py::array_t<std::uint8_t, py:
   }
   at.filled = n;
 }
+
+// rms_norm (module.cpp) on contiguous rows: the same row kernel through the same driver.
+Op prep_rms_norm(const py::array& x, const py::array& scale, const py::array& out, float eps) {
+  const char* fn = "rms_norm";
+  need_f32c(x, fn, "x");
+  need_f32c(scale, fn, "scale");
+  need_out(out, fn);
+  if (x.ndim() != 2 || scale.ndim() != 1 || scale.shape(0) != x.shape(1) || out.size() != x.size())
+    fail(std::string(fn) + ": x must be (rows, n), scale (n,), out rows x n floats");
+  const i64 rows = x.shape(0), n = x.shape(1);
+  const char* px = static_cast<const char*>(x.data());
+  const float* ps = cfptr(scale);
+  float* po = fptr(out);
+  return [px, ps, po, rows, n, eps] {
+    rows_nd(active(), RowOp::RmsNorm, px, rows, n, n * 4, 4, po, ps, nullptr, eps, nullptr, nullptr, false);
+  };
+}
+
+// ------------------------------------------------------------------------------------------------ step programs
+// A run of a replay's consecutive calls as one native call (hetero_cpu.fuse): each added op is the call it
+// replaces, prepared once; a call checks every op first (under the GIL), then runs them in order with the GIL
+// released once. If a check refuses (past_len out of range: the unfused call would raise), nothing has run and
+// the unfused calls run instead, so the error is theirs.
+struct LlmStep {
+  std::vector<StepOp> ops;
+  std::vector<py::object> keep;  // every argument an op points into
+  py::list fallback;             // the unfused calls, in order
+
+  void add(StepOp op, py::object args) {
+    ops.push_back(std::move(op));
+    keep.push_back(std::move(args));
+  }
+  bool operator()() {
+    for (StepOp& o : ops)
+      if (o.check && !o.check()) {
+        for (const py::handle c : fallback) c();
+        return false;
+      }
+    py::gil_scoped_release nogil;
+    for (StepOp& o : ops) o.run();
+    return true;
+  }
+};
 
 // ------------------------------------------------------------------------------------------------ MoE
 struct MoE {
@@ -1343,6 +1495,53 @@ void bind_llm(py::module_& m) {
         py::arg("bias"), py::arg("residual"), py::arg("res_out"),
         "out = x @ W^T (+ bias); res_out = residual + out, in the matmul's epilogue.");
 
+  py::class_<LlmStep>(m, "LlmStep",
+                      "Consecutive calls of a decode step as one native call (hetero_cpu.fuse): ops run in order, "
+                      "the GIL released once; a refused check runs the unfused calls (`fallback`) instead.")
+      .def(py::init<>())
+      .def("__len__", [](const LlmStep& s) { return s.ops.size(); })
+      .def_readwrite("fallback", &LlmStep::fallback)
+      .def("__call__", &LlmStep::operator(), "Runs the ops; False when a check refused and the fallback ran.")
+      .def("add_matmul", [](LlmStep& s, const PyWeights& w, const py::array& x, const py::array& out,
+                            const py::object& bias) {
+        s.add({{}, prep_qmatmul(w, x, out, bias)}, py::make_tuple(w, x, out, bias));
+      }, py::arg("weights"), py::arg("x"), py::arg("out"), py::arg("bias"))
+      .def("add_matmul_multi", [](LlmStep& s, const py::list& ws, const py::array& x, const py::list& outs,
+                                  const py::list& biases) {
+        s.add({{}, prep_qmatmul_multi(ws, x, outs, biases)}, py::make_tuple(ws, x, outs, biases));
+      }, py::arg("weights"), py::arg("x"), py::arg("outs"), py::arg("biases"))
+      .def("add_matmul_swiglu", [](LlmStep& s, const PyWeights& pg, const PyWeights& pu, const py::array& x,
+                                   const py::array& gate, const py::array& up, const py::array& out,
+                                   const py::object& bg, const py::object& bu) {
+        s.add({{}, prep_qmatmul_swiglu(pg, pu, x, gate, up, out, bg, bu)},
+              py::make_tuple(pg, pu, x, gate, up, out, bg, bu));
+      }, py::arg("gate_weights"), py::arg("up_weights"), py::arg("x"), py::arg("gate"), py::arg("up"),
+         py::arg("out"), py::arg("gate_bias"), py::arg("up_bias"))
+      .def("add_matmul_residual", [](LlmStep& s, const PyWeights& w, const py::array& x, const py::array& out,
+                                     const py::object& bias, const py::array& residual, const py::array& res_out) {
+        s.add({{}, prep_qmatmul_residual(w, x, out, bias, residual, res_out)},
+              py::make_tuple(w, x, out, bias, residual, res_out));
+      }, py::arg("weights"), py::arg("x"), py::arg("out"), py::arg("bias"), py::arg("residual"), py::arg("res_out"))
+      .def("add_swiglu", [](LlmStep& s, const py::array& g, const py::array& u, const py::array& out) {
+        s.add({{}, prep_swiglu(g, u, out)}, py::make_tuple(g, u, out));
+      }, py::arg("gate"), py::arg("up"), py::arg("out"))
+      .def("add_rms_norm", [](LlmStep& s, const py::array& x, const py::array& scale, const py::array& out,
+                              float eps) {
+        s.add({{}, prep_rms_norm(x, scale, out, eps)}, py::make_tuple(x, scale, out));
+      }, py::arg("x"), py::arg("scale"), py::arg("out"), py::arg("epsilon"))
+      .def("add_rope", [](LlmStep& s, py::object table, const py::array& x, const py::array& out,
+                          const py::array& past) {
+        if (!py::isinstance<RopeTable>(table)) fail("LlmStep.add_rope: table must be an LlmRope");
+        s.add(prep_rope_at(table.cast<RopeTable&>(), x, out, past), py::make_tuple(table, x, out, past));
+      }, py::arg("table"), py::arg("x"), py::arg("out"), py::arg("past_len"))
+      .def("add_attention", [](LlmStep& s, py::object cache, const py::array& q, const py::array& k,
+                               const py::array& v, const py::array& past, float scale, const py::array& out) {
+        if (!py::isinstance<Attention>(cache)) fail("LlmStep.add_attention: cache must be an LlmAttention");
+        s.add(prep_attention_at(cache.cast<Attention&>(), q, k, v, past, scale, out),
+              py::make_tuple(cache, q, k, v, past, out));
+      }, py::arg("cache"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"), py::arg("scale"),
+         py::arg("out"));
+
   py::class_<RopeTable>(m, "LlmRope", "Rotary cos/sin table (grown on demand) for RotaryEmbedding.")
       .def(py::init([](const py::array_t<double, py::array::c_style | py::array::forcecast>& inv_freq, double scale) {
              auto t = std::make_unique<RopeTable>();
@@ -1352,6 +1551,14 @@ void bind_llm(py::module_& m) {
              return t;
            }),
            py::arg("inv_freq"), py::arg("scale") = 1.0)
+      // past_len as a one-element int64 array read when it runs (a replay's bound call); before the int overload,
+      // so an array is never converted to an int
+      .def("__call__", [](RopeTable& tab, const py::array& x, const py::array& out, const py::array& past) {
+        StepOp op = prep_rope_at(tab, x, out, past);
+        if (!op.check()) fail("llm_rope: past_len must be >= 0");
+        py::gil_scoped_release nogil;
+        op.run();
+      }, py::arg("x"), py::arg("out"), py::arg("past_len"))
       .def("__call__", &py_rope, py::arg("x"), py::arg("out"), py::arg("past_len"))
       .def("rows", &py_rope_rows, py::arg("x"), py::arg("out"), py::arg("positions"),
            "Each row of x at its own position (int64 [T]): a step of several sequences.");

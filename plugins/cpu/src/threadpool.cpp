@@ -119,10 +119,13 @@ class Pool {
     }
   }
 
+  // Takes tasks until none is left; the tasks it ran are counted into done_ once, when it runs out (one shared
+  // write per thread and call instead of one per task: the caller only needs the total).
   void work() {
     tl_in_pool_task = true;
     const bool stats = g_stats_on.load(std::memory_order_relaxed);
     std::int64_t busy = 0;
+    i64 ran = 0;
     for (;;) {
       i64 t = next_.fetch_add(1, std::memory_order_relaxed);
       if (t >= ntasks_) break;
@@ -134,8 +137,9 @@ class Pool {
         if (!error_) error_ = std::current_exception();
       }
       if (stats) busy += now_ns() - t0;
-      done_.fetch_add(1, std::memory_order_acq_rel);
+      ++ran;
     }
+    if (ran) done_.fetch_add(ran, std::memory_order_acq_rel);  // release: the tasks' writes before the count
     if (stats) add(g_stats.busy_ns, busy);
     tl_in_pool_task = false;
   }
@@ -197,16 +201,20 @@ class Pool {
   std::mutex run_mu_;
   std::mutex mu_;  // only for sleeping workers
   std::condition_variable cv_;
-  std::atomic<std::uint64_t> gen_{0};  // odd: a job is open; even: idle
+  // Cache lines apart: gen_ (what spinning workers poll), the job (read-only while it is open), the task counter
+  // (every claim writes it), and the counts the caller waits on, so a write to one does not take the others' line
+  // away from the thread reading them.
+  alignas(64) std::atomic<std::uint64_t> gen_{0};  // odd: a job is open; even: idle
   std::atomic<bool> stop_{false};
   std::atomic<int> sleepers_{0};
   // The job: written by the caller before gen_ turns odd, read by workers that pinned it.
-  const std::function<void(i64)>* fn_ = nullptr;
+  alignas(64) const std::function<void(i64)>* fn_ = nullptr;
   i64 ntasks_ = 0;
   std::int64_t post_ns_ = 0;  // when the current call was posted (statistics only)
   int max_joiners_ = 0;
+  alignas(64) std::atomic<i64> next_{0};
+  alignas(64) std::atomic<i64> done_{0};
   std::atomic<int> joiners_{0};
-  std::atomic<i64> next_{0}, done_{0};
   std::atomic<int> in_flight_{0};
   std::mutex err_mu_;
   std::exception_ptr error_;

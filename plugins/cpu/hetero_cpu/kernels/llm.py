@@ -240,6 +240,14 @@ def _past_reader(t: Tensor | None) -> Callable[[], int] | None:
     return functools.partial(flat.item, 0)  # .item: a Python int, no numpy scalar
 
 
+def _past_array(t: Tensor | None) -> np.ndarray | None:
+    """``past_len``'s buffer as a one-element int64 array that native code reads when it runs, or None."""
+    buf = t.buffer if t is not None else None
+    if not isinstance(buf, np.ndarray) or buf.size != 1 or buf.dtype != np.int64 or not buf.flags.c_contiguous:
+        return None
+    return buf.reshape(-1)
+
+
 class CpuRotaryEmbedding(CpuKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
@@ -290,6 +298,9 @@ class CpuRotaryEmbedding(CpuKernel):
             if where.size != x.shape[0] or where.dtype != np.int64 or not where.flags.c_contiguous:
                 return None
             return functools.partial(table.rows, x, out, where.reshape(-1))
+        flat = _past_array(inputs[1])
+        if flat is not None:  # native: reads the position when it runs (and an LlmStep can take it)
+            return functools.partial(table, x, out, flat)
         past = _past_reader(inputs[1])
         if past is None:
             return None
@@ -412,8 +423,13 @@ class CpuAttention(CpuKernel):
                 if one is not None:
                     return one
             return functools.partial(self._run_slots, q, k, v, positions, slots, out)
+        if not bindable(q, k, v, out):
+            return None
+        flat = _past_array(inputs[3])
+        if flat is not None:
+            return AttentionCall(self.cache, q, k, v, flat, self.scale, out, self.max_context, self.node.label())
         past_len = _past_reader(inputs[3])
-        if past_len is None or not bindable(q, k, v, out):
+        if past_len is None:
             return None
         cache, scale, t, context, label = self.cache, self.scale, q.shape[0], self.max_context, self.node.label()
 
@@ -463,6 +479,25 @@ class CpuAttention(CpuKernel):
             cache.load(length, state["k"], state["v"], state["v_scales"])
         except (ValueError, TypeError, KeyError) as exc:  # not an export of such a cache
             raise HeteroError(f"{self.node.label()}: the snapshot does not fit its KV cache: {exc}") from None
+
+
+class AttentionCall:
+    """A bound one-sequence attention step whose ``past_len`` is a one-element int64 array read at call time; its
+    fields let ``hetero_cpu.fuse`` put it into an ``LlmStep`` (which checks the same range natively and, when it
+    refuses, runs this call, whose error names the node)."""
+
+    __slots__ = ("cache", "context", "k", "label", "out", "past", "q", "scale", "v")
+
+    def __init__(self, cache: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, past: np.ndarray, scale: float,
+                 out: np.ndarray, context: int, label: str) -> None:
+        self.cache, self.q, self.k, self.v, self.past, self.scale, self.out = cache, q, k, v, past, scale, out
+        self.context, self.label = context, label
+
+    def __call__(self) -> None:
+        past, t, cache = int(self.past[0]), self.q.shape[0], self.cache
+        if past < 0 or past > cache.filled or past + t > self.context:  # the same checks (and errors) as run
+            raise _attention_error(self.label, past, cache.filled, t, self.context)
+        cache(self.q, self.k, self.v, past, self.scale, self.out)
 
 
 class CpuSwiGLU(CpuKernel):
