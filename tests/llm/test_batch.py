@@ -5,6 +5,7 @@ backends that do not implement it."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -157,6 +158,11 @@ def test_a_lone_sequence_decodes_as_on_a_one_sequence_model_and_bad_rows_are_ref
         assert got == tokens
         seq.rollback(len(PROMPTS[2]) + STEPS - 1)  # the last step again, alone on the model
         np.testing.assert_array_equal(seq.forward([tokens[-1]])[-1], rows[-1])
+    replays = [plan.replay for program in multi.session.programs for plan in getattr(program, "_plans", {}).values()
+               if plan.replay is not None]
+    merged = [sum(type(call).__name__ == "LlmStep" for call in r.program) for r in replays]
+    if os.environ.get("HETERO_CPU_STEP", "1") != "0":  # the lone row's step merged as a one-sequence one's
+        assert max(merged) >= 1 and min(len(r.program) for r in replays) < 10
     batcher, wanted = multi._batch, multi._step_outputs()
     with pytest.raises(HeteroError, match="past_len 40 is outside the 0 cached positions"):
         batcher.run_rows([(1, 5, 40)], wanted)  # slot 1 holds nothing yet
