@@ -5,7 +5,7 @@ and their ratios.
 
     python benchmarks/serve.py --model M.gguf [--llama-server PATH] [--parallel 4] [--threads 2]
                                [--streams 1,2,4,8] [--tokens 32] [--prompt 64] [--repeats 3] [--stagger S]
-                               [--json]
+                               [--hetero-process] [--library] [--json]
 
 Both servers get the same requests through the same client: streamed ``/v1/completions`` (server-sent events read
 with ``http.client``), a prompt of ``--prompt`` token ids (distinct per client and request: no shared prefix, so no
@@ -19,7 +19,11 @@ the client sees it (the wait for a slot included). For hetero each round also pr
 rows per step, steps that fused prompt rows with decode rows, the session's idle time per step (the round's wall
 time outside ``Session.run``, over its steps: HTTP, sampling, the slots' threads) and the batcher's own time per
 step (gathering the rows, building the feeds, handing out the results). hetero runs in this process
-(uvicorn on a loopback port, ``--parallel`` slots); llama-server is started as a subprocess with ``-np --parallel``
+(uvicorn on a loopback port, ``--parallel`` slots), or with ``--hetero-process`` as ``python -m hetero serve`` in a
+process of its own, as llama-server runs (its batcher's counts then come from its ``/metrics``): in this process
+the clients' threads share the interpreter with the server's. ``--library`` also times the library's plain decode
+of a one-slot model (``Llm.forward`` in a loop, the same prompt length and tokens) before each 1-stream round: what
+a lone stream through the server is compared with. llama-server is started as a subprocess with ``-np --parallel``
 (its context ``-c`` is --context x --parallel: llama-server splits it between the slots), ``--threads`` and
 ``--threads-batch``, and stopped at the end. Without ``--llama-server`` (or when the file is missing) only hetero is
 measured and the script says so. The machine is shared: the load average is printed with each round; compare rows
@@ -154,7 +158,7 @@ def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
-    before = dict(vars(batcher.stats)) if batcher is not None else None
+    before = batch_counts(batcher) if batcher is not None else None
     start.wait()
     began = time.perf_counter()
     for t in threads:
@@ -171,7 +175,7 @@ def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, 
            else None,
            "ttft_s": statistics.median(r[1] for r in results), "load": os.getloadavg()[0]}
     if batcher is not None and before is not None:  # what hetero's batcher ran in this round
-        got = {k: v - before[k] for k, v in vars(batcher.stats).items()}
+        got = {k: v - before[k] for k, v in batch_counts(batcher).items()}
         steps = max(got["steps"], 1)
         row["batcher"] = {**got, "rows_per_step": got["rows"] / steps,
                           "idle_ms_per_step": 1e3 * (elapsed - got["run_seconds"]) / steps,
@@ -179,19 +183,61 @@ def round_of(url: str, clients: int, args: argparse.Namespace, extra: dict[str, 
     return row
 
 
+_METRICS = {"steps": "hetero_batch_steps_total", "rows": "hetero_batch_rows_total",
+            "fused": "hetero_batch_fused_steps_total", "run_seconds": "hetero_batch_run_seconds_total",
+            "step_seconds": "hetero_batch_step_seconds_total"}
+
+
+def batch_counts(batcher: Any) -> dict[str, float]:
+    """What hetero's batcher has run so far: its ``BatchStats`` (a server in this process), or a server's URL whose
+    ``/metrics`` has them (``hetero serve`` in its own process)."""
+    if not isinstance(batcher, str):
+        return dict(vars(batcher.stats))
+    parts = urlparse(batcher)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("hetero_batch")}
+    return {key: values.get(name, 0.0) for key, name in _METRICS.items()}
+
+
+def plain_decode(llm: Any, args: argparse.Namespace, salt: int) -> float:
+    """The library's own decode of one sequence on a one-slot model (``Llm.forward`` in a loop, greedy): the t/s a
+    lone stream through the server is to be compared with."""
+    import numpy as np
+
+    span = min(20000, llm.config.vocab_size - 100)
+    prompt = [(7919 * (salt + i) + 13) % span + 100 for i in range(args.prompt)]
+    llm.reset()
+    token = int(np.argmax(llm.prefill(prompt)[-1]))
+    started = time.perf_counter()
+    for _ in range(args.tokens - 1):
+        token = int(np.argmax(llm.forward([token])[-1]))
+    return (args.tokens - 1) / (time.perf_counter() - started)
+
+
 def measure(servers: dict[str, tuple[str, dict[str, Any]]], args: argparse.Namespace,
-            batcher: Any = None) -> dict[str, list[dict]]:
+            batcher: Any = None, plain: Any = None) -> dict[str, list[dict]]:
     """Every stream count ``--repeats`` times on every server, interleaved (1, 2, 4, 8, 1, 2, ...; the servers
     alternating round by round, so that a change of the machine's load falls on both); the median round of each.
-    ``servers``: label -> (url, the request fields it needs); ``batcher``: hetero's, whose counts each of its rounds
-    reports."""
+    ``servers``: label -> (url, the request fields it needs); ``batcher``: hetero's (or its server's URL), whose
+    counts each of its rounds reports; ``plain``: a one-slot model whose plain decode is measured before each
+    1-stream round (the ``library`` row)."""
     stream_counts = [int(n) for n in args.streams.split(",")]
     for url, extra in servers.values():  # warm-up: kernels prepared, arenas planned
         stream_completion(url, {"prompt": [100 + i % 200 for i in range(args.prompt)], "max_tokens": args.tokens,
                                 "temperature": 0, **extra})
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {label: {n: [] for n in stream_counts} for label in servers}
+    library: list[float] = []
     for repeat in range(args.repeats):
         for n in stream_counts:
+            if plain is not None and n == 1:
+                library.append(plain_decode(plain, args, salt=repeat * 100 + 7))
+                print(f"  library: plain decode {library[-1]:.2f} t/s (load {os.getloadavg()[0]:.1f})",
+                      file=sys.stderr, flush=True)
             for label, (url, extra) in servers.items():
                 row = round_of(url, n, args, extra, salt=repeat * 100 + n,
                                batcher=batcher if label == "hetero" else None)
@@ -199,7 +245,7 @@ def measure(servers: dict[str, tuple[str, dict[str, Any]]], args: argparse.Names
                 note = ""
                 if "batcher" in row:
                     st = row["batcher"]
-                    note = (f"; {st['steps']} steps of {st['rows_per_step']:.1f} rows, {st['fused']} fused, "
+                    note = (f"; {st['steps']:.0f} steps of {st['rows_per_step']:.1f} rows, {st['fused']:.0f} fused, "
                             f"session idle {st['idle_ms_per_step']:.1f} ms / step, batcher "
                             f"{st['lead_ms_per_step']:.2f} ms / step")
                 print(f"  {label}: {n} stream(s): decode {_fmt(row['decode_tps'])} t/s, end to end {row['tps']:.2f} "
@@ -209,6 +255,8 @@ def measure(servers: dict[str, tuple[str, dict[str, Any]]], args: argparse.Names
         results[label] = [{"streams": n, **{key: _median([r[key] for r in rounds])
                                             for key in ("decode_tps", "tps", "ttft_s", "load")}, "rounds": rounds}
                           for n, rounds in by_count.items()]
+    if library:
+        results["library"] = [{"streams": 1, "decode_tps": statistics.median(library), "rounds": library}]
     return results
 
 
@@ -265,6 +313,50 @@ class LlamaServer:
         self.log.close()
 
 
+class HeteroServer:
+    """``hetero serve`` as a subprocess (this checkout's, or the hetero on PYTHONPATH), stopped on exit: the same
+    conditions as llama-server's (its own process; no prefix cache, which the distinct prompts could not use)."""
+
+    def __init__(self, args: argparse.Namespace, eos_ids: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.eos = {str(t): -100 for t in eos_ids}
+        import hetero
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(Path(hetero.__file__).parents[1]), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]))
+        command = [sys.executable, "-m", "hetero", "serve", args.model, "--host", "127.0.0.1", "--port",
+                   str(self.port), "-np", str(args.parallel), "-c", str(args.context), "-t", str(args.threads),
+                   "-b", "cpu", "--queue", "64", "--prefix-cache", "0", "--log-level", "warning",
+                   "--on-fallback", "silent"]
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"hetero-serve-{self.port}.log", "w")  # noqa: SIM115
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"hetero serve exited with {self.process.returncode}: see {self.log.name}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/v1/models")
+                response = conn.getresponse()
+                if response.status == 200:
+                    response.read()
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"hetero serve did not answer in 600 s: see {self.log.name}")
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
 def find_llama_server(given: str | None) -> str | None:
     candidate = given or DEFAULT_LLAMA_SERVER
     if Path(candidate).is_file() and os.access(candidate, os.X_OK):
@@ -302,6 +394,10 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
         else:
             line += f" {row['load']:.1f} |"
         lines.append(line)
+    if "library" in results:
+        plain = results["library"][0]["decode_tps"]
+        lines.append(f"\nlibrary plain decode (one-slot model, Llm.forward in a loop): {plain:.2f} t/s; hetero's "
+                     f"1-stream decode through the server is {_ratio(hetero[0]['decode_tps'], plain)} of it")
     return "\n".join(lines)
 
 
@@ -322,6 +418,11 @@ def main() -> int:
     p.add_argument("--stagger", type=float, default=0.0,
                    help="seconds between the clients' starts (default 0: all at once); with a stagger, prompts "
                         "arrive while other streams decode")
+    p.add_argument("--hetero-process", action="store_true",
+                   help="run hetero as `python -m hetero serve` in a process of its own (as llama-server runs), "
+                        "its batcher's counts read from /metrics; default: uvicorn in this process")
+    p.add_argument("--library", action="store_true",
+                   help="also measure the library's plain decode of a one-slot model before each 1-stream round")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -330,8 +431,23 @@ def main() -> int:
     servers: dict[str, tuple[str, dict[str, Any]]] = {}
     running: list[Any] = []
     models: list[Any] = []
+    plain = None
     try:
-        if not args.skip_hetero:
+        if args.library or (args.hetero_process and not args.skip_hetero):  # (and the end-of-sequence ids)
+            import hetero.llm
+
+            plain = hetero.llm.load(args.model, backends=["cpu"], threads=args.threads, context=args.context,
+                                    on_fallback="silent")
+            args.vocab = plain.config.vocab_size
+        if not args.skip_hetero and args.hetero_process:
+            assert plain is not None
+            running.append(HeteroServer(args, plain.eos_ids))
+            import hetero
+
+            labels["hetero"] = (f"hetero ({Path(hetero.__file__).parents[2]}, batched decode), `hetero serve "
+                                f"-np {args.parallel}` in its own process")
+            servers["hetero"] = (running[-1].url, {"logit_bias": running[-1].eos})
+        elif not args.skip_hetero:
             sys.path.insert(0, str(ROOT / "tests" / "serve"))
             from serve_harness import RunningServer  # the tests' uvicorn-in-a-thread harness
 
@@ -353,7 +469,11 @@ def main() -> int:
             labels["llama-server"] = f"llama-server {binary} -np {args.parallel}"
             servers["llama-server"] = (running[-1].url, {"ignore_eos": True})
         batcher = getattr(models[0], "_batch", None) if models else None
-        results = measure(servers, args, batcher if hasattr(batcher, "stats") else None)  # (older checkouts: none)
+        if args.hetero_process and "hetero" in servers:
+            batcher = servers["hetero"][0]
+        elif not hasattr(batcher, "stats"):  # older checkouts: none
+            batcher = None
+        results = measure(servers, args, batcher, plain if args.library else None)
     finally:
         for server in running:
             server.close()

@@ -113,3 +113,33 @@ def test_a_kernel_raising_mid_run_names_op_and_backend_and_leaves_the_session_us
     step.kernel.run = real_run  # type: ignore[method-assign]  # and works again
     for _ in range(3):  # interpreted, planned and replayed runs all give the answer again
         np.testing.assert_array_equal(session.run({"image": image})["probs"], want)
+
+
+def test_a_kernel_raising_in_a_replayed_run_is_named_too_and_the_session_recovers():
+    session = hetero.Session(tiny_cnn(), backends=["cpu"], on_fallback="silent")
+    step = next(s for p in session.programs if isinstance(p, KernelProgram) for s in p.steps
+                if s.node.op_type == "MaxPool")
+    real_run = step.kernel.run
+    calls: list[int] = []
+    broken = False
+
+    def run(*args, **kwargs):
+        if broken:
+            calls.append(1)
+            raise RuntimeError("device lost")  # what a driver or a native kernel raises
+        return real_run(*args, **kwargs)
+
+    step.kernel.run = run  # type: ignore[method-assign]  # a kernel that fails when told to
+    step.kernel.bind = lambda inputs, outputs: None  # type: ignore[method-assign]  # the replay calls run itself
+    session.invalidate_replay()
+    image = _images(1)[0]
+    want = session.run({"image": image})["probs"]
+    for _ in range(3):  # interpreted, planned, then replayed
+        session.run({"image": image})
+    broken = True
+    with pytest.raises(BackendError, match=r"cpu: MaxPool node .pool1.: RuntimeError: device lost"):
+        session.run({"image": image})
+    assert len(calls) == 2  # the replayed call, then the interpreted run that names the node
+    broken = False
+    for _ in range(3):
+        np.testing.assert_array_equal(session.run({"image": image})["probs"], want)

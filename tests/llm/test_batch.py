@@ -5,6 +5,7 @@ backends that do not implement it."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -143,6 +144,32 @@ def test_bad_slots_and_steps_are_refused():
     assert b.tokens == [1, 2] and len(a.tokens) == 8
     with pytest.raises(HeteroError, match="fixed at load"):
         multi.expose_hidden([0])
+
+
+def test_a_lone_sequence_decodes_as_on_a_one_sequence_model_and_bad_rows_are_refused():
+    """A one-row step (a lone stream) takes the attention's one-row call: bit for bit the one-sequence model's,
+    on any slot, and a row at a position its slot's cache does not reach, or on no slot, is refused by name."""
+    alone = load(FIXTURES / "qwen2", backends=["cpu"])
+    multi = load(FIXTURES / "qwen2", backends=["cpu"], slots=3)
+    tokens, rows = _alone(alone, PROMPTS[2], STEPS)
+    for slot in (2, 0):
+        seq = multi.sequence(slot)
+        got, _ = _alone(seq, PROMPTS[2], STEPS)
+        assert got == tokens
+        seq.rollback(len(PROMPTS[2]) + STEPS - 1)  # the last step again, alone on the model
+        np.testing.assert_array_equal(seq.forward([tokens[-1]])[-1], rows[-1])
+    replays = [plan.replay for program in multi.session.programs for plan in getattr(program, "_plans", {}).values()
+               if plan.replay is not None]
+    merged = [sum(type(call).__name__ == "LlmStep" for call in r.program) for r in replays]
+    if os.environ.get("HETERO_CPU_STEP", "1") != "0":  # the lone row's step merged as a one-sequence one's
+        assert max(merged) >= 1 and min(len(r.program) for r in replays) < 10
+    batcher, wanted = multi._batch, multi._step_outputs()
+    with pytest.raises(HeteroError, match="past_len 40 is outside the 0 cached positions"):
+        batcher.run_rows([(1, 5, 40)], wanted)  # slot 1 holds nothing yet
+    with pytest.raises(HeteroError, match="slot 3 is not one of the node's 3"):
+        batcher.run_rows([(3, 5, 0)], wanted)
+    got, _ = _alone(multi.sequence(1), PROMPTS[2], STEPS)  # the model is fine after the refused steps
+    assert got == tokens
 
 
 def test_slot_runs_cut_rows_into_one_sequence_runs():

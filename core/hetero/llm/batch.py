@@ -114,7 +114,8 @@ class _Job:
 @dataclass
 class BatchStats:
     """What a Batcher ran: ``steps`` (session runs), their ``rows`` (``decode_rows`` one-token steps,
-    ``prompt_rows`` tokens of several-token ones), ``fused`` steps that carried both, ``run_seconds`` in the
+    ``prompt_rows`` tokens of several-token ones), ``fused`` steps that carried both, ``isolated`` failed steps
+    of several jobs run again one job at a time (only a job failing alone gets the error), ``run_seconds`` in the
     session and ``step_seconds`` from taking a batch to handing out its results (the difference: the batcher's own
     Python per step)."""
 
@@ -123,6 +124,7 @@ class BatchStats:
     decode_rows: int = 0
     prompt_rows: int = 0
     fused: int = 0
+    isolated: int = 0  # failed steps of several jobs run again one job at a time
     run_seconds: float = 0.0
     step_seconds: float = 0.0
 
@@ -192,18 +194,16 @@ class Batcher:
         self._lead(batch, outputs)  # this thread runs everyone's rows and hands each its own
         return _result(job)
 
-    def run_rows(self, rows: Sequence[tuple[int, int, int]], outputs: list[str]) -> dict[str, np.ndarray]:
-        """One batched step of ``(slot, token, position)`` rows, now (waiting only for the session); returns the
-        outputs of all rows, row i of each being ``rows[i]``'s."""
+    def run_rows(self, rows: Sequence[tuple[int, int, int]], outputs: list[str]) -> list[dict[str, np.ndarray]]:
+        """One batched step of ``(slot, token, position)`` rows, now (waiting only for the session); returns each
+        row's outputs, in order (or raises the error of the first row whose step failed)."""
         jobs = [_Job(slot, [token], position) for slot, token, position in rows]
         with self._cond:
             while self._busy:
                 self._cond.wait()
             self._busy = True
-        out = self._lead(jobs, outputs)
-        for job in jobs:
-            _result(job)  # raises the step's error
-        return out
+        self._lead(jobs, outputs)
+        return [_result(job) for job in jobs]
 
     # -- internals ------------------------------------------------------------------------------------------------
     def _take(self, now: float) -> list[_Job] | None:
@@ -239,35 +239,27 @@ class Batcher:
             deadline = min(max(job.arrived for job in self._prompts) + self.gather, first + 3 * self.gather)
         return max(deadline - time.monotonic(), 1e-3)
 
-    def _lead(self, batch: list[_Job], outputs: list[str]) -> dict[str, np.ndarray]:
-        """Runs ``batch`` as one step (the session is this thread's) and hands each job its rows."""
+    def _lead(self, batch: list[_Job], outputs: list[str]) -> None:
+        """Runs ``batch`` as one step (the session is this thread's) and hands each job its rows. A step that fails
+        is run again one job at a time: the sequences whose own step works get their rows, and only a job whose step
+        fails alone gets the error (a state is rewritten at explicit positions, so a run again is the same run)."""
         started = time.perf_counter()
-        out: dict[str, np.ndarray] = {}
         try:
-            ids: list[int] = []
-            positions: list[int] = []
-            slots: list[int] = []
-            picks: list[int] = []
-            spans = []  # per job: its rows [a, b) and its logits rows [pa, pb) among the picks
+            try:
+                self._step(batch, outputs)
+            except Exception:
+                if len(batch) == 1:
+                    raise
+                self.stats.isolated += 1
+                for job in batch:
+                    try:
+                        self._step([job], outputs)
+                    except Exception as own:
+                        job.error = own
+        except BaseException as exc:  # every job of a step that failed alone, or interrupted, gets its error
             for job in batch:
-                a, n = len(ids), len(job.ids)
-                ids.extend(job.ids)
-                positions.extend(range(job.past, job.past + n))
-                slots.extend([job.slot] * n)
-                pa = len(picks)
-                picks.extend(range(a + n - min(n, VERIFY_ROWS), a + n))
-                spans.append((a, a + n, pa, len(picks)))
-            ran = time.perf_counter()
-            out = self.session.run(feeds(ids, positions, slots, picks if self.logit_rows else None), outputs)
-            self._count(batch, len(ids), time.perf_counter() - ran)
-            total, picked = len(ids), len(picks)
-            for job, (a, b, pa, pb) in zip(batch, spans, strict=True):
-                # an output of every row (a layer's) or of the picked rows only (the logits, the final norm's)
-                job.result = {name: value[a:b] if value.shape[0] == total or picked == total else value[pa:pb]
-                              for name, value in out.items()}
-        except BaseException as exc:  # every job of a failed step gets its error
-            for job in batch:
-                job.error = exc
+                if job.result is None and job.error is None:
+                    job.error = exc
         finally:
             with self._cond:
                 for job in batch:
@@ -277,7 +269,30 @@ class Batcher:
                 self._expected = {job.slot for job in batch}
                 self.stats.step_seconds += time.perf_counter() - started
                 self._cond.notify_all()
-        return out
+
+    def _step(self, batch: list[_Job], outputs: list[str]) -> None:
+        """One run of the session carrying ``batch``'s rows; each job gets its rows of the outputs."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        picks: list[int] = []
+        spans = []  # per job: its rows [a, b) and its logits rows [pa, pb) among the picks
+        for job in batch:
+            a, n = len(ids), len(job.ids)
+            ids.extend(job.ids)
+            positions.extend(range(job.past, job.past + n))
+            slots.extend([job.slot] * n)
+            pa = len(picks)
+            picks.extend(range(a + n - min(n, VERIFY_ROWS), a + n))
+            spans.append((a, a + n, pa, len(picks)))
+        ran = time.perf_counter()
+        out = self.session.run(feeds(ids, positions, slots, picks if self.logit_rows else None), outputs)
+        self._count(batch, len(ids), time.perf_counter() - ran)
+        total, picked = len(ids), len(picks)
+        for job, (a, b, pa, pb) in zip(batch, spans, strict=True):
+            # an output of every row (a layer's) or of the picked rows only (the logits, the final norm's)
+            job.result = {name: value[a:b] if value.shape[0] == total or picked == total else value[pa:pb]
+                          for name, value in out.items()}
 
     def _count(self, batch: list[_Job], rows: int, seconds: float) -> None:
         stats = self.stats
@@ -317,11 +332,11 @@ def decode_step(sequences: Sequence[Any], tokens: Sequence[int]) -> np.ndarray:
     try:
         pasts = [s._check_step([int(t)]) for s, t in zip(sequences, tokens, strict=True)]
         wanted = sequences[0]._step_outputs()
-        out = batcher.run_rows(list(zip(slots, [int(t) for t in tokens], pasts, strict=True)), wanted)
+        outs = batcher.run_rows(list(zip(slots, [int(t) for t in tokens], pasts, strict=True)), wanted)
         rows = []
-        for i, (seq, token, past) in enumerate(zip(sequences, tokens, pasts, strict=True)):
+        for seq, token, past, out in zip(sequences, tokens, pasts, outs, strict=True):
             seq._owner = None
-            rows.append(seq._took([int(token)], past, {name: value[i:i + 1] for name, value in out.items()}))
+            rows.append(seq._took([int(token)], past, out))
         return np.concatenate(rows)
     finally:
         for lock in reversed(locks):

@@ -1,7 +1,8 @@
 """The generation loop: sample, feed back, detokenize incrementally, stop on EOS, stop strings or the token limit.
 
 Text is emitted as it becomes final: a piece that ends inside a UTF-8 sequence, or that could be the start of a
-stop string, is held back until the next token decides it.
+stop string, is held back until the next token decides it. Each token is decoded once (``TextDecoder``): decoding
+the whole reply at every token made a long generation quadratic.
 """
 
 from __future__ import annotations
@@ -74,6 +75,38 @@ class StopMatcher:
         return len(text) - hold
 
 
+class TextDecoder:
+    """The text of a growing list of tokens, decoding only the tokens since the last finished character (and those
+    of the piece before it, for tokenizers whose text of a token depends on the one before: SentencePiece's leading
+    space). A piece that ends inside a UTF-8 sequence (decoded as U+FFFD) waits for the tokens that finish it;
+    ``flush`` gives what is left at the end (a sequence that never finished, as U+FFFD, as decoding all would)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.start = 0  # the tokens [start, done) decode to the last piece added to the text ...
+        self.done = 0  # ... and the tokens from done on are not in the text yet
+
+    def add(self, token: int) -> str:
+        """The text that ``token`` finishes (often its own piece; "" while a character is unfinished)."""
+        self.tokens.append(token)
+        before = self.decode(self.tokens[self.start:self.done])
+        after = self.decode(self.tokens[self.start:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self.start, self.done = self.done, len(self.tokens)
+        return after[len(before):]
+
+    def flush(self) -> str:
+        """The text of the tokens still held back (at the end of the generation)."""
+        if self.done == len(self.tokens):
+            return ""
+        before = self.decode(self.tokens[self.start:self.done])
+        after = self.decode(self.tokens[self.start:])
+        self.start = self.done = len(self.tokens)
+        return after[len(before):]
+
+
 def emit_end(text: str, matcher: StopMatcher) -> int:
     """How much of the decoded ``text`` is final: a piece ending inside a UTF-8 sequence (decoded as U+FFFD) waits,
     and so does what may begin a stop string — judged without the unfinished character, so "xa" + half of "é" does
@@ -107,6 +140,7 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
     history = list(prompt_ids)
     emitted = 0  # characters of the decoded text already yielded
     text = ""
+    pieces = TextDecoder(decode)
     decode_started = time.perf_counter()
     try:
         for _ in range(max_new_tokens):
@@ -117,7 +151,7 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
             record.tokens.append(token)
             history.append(token)
             stats.generated_tokens += 1
-            text = decode(record.tokens)
+            text += pieces.add(token)
             hit = matcher.find(text, emitted)
             if hit != -1:
                 text = text[:hit]
@@ -141,6 +175,12 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
                 logits = llm._advance(record, history)
         else:
             record.finish_reason = "length"
+        if record.finish_reason != "stop":
+            text += pieces.flush()
+            hit = matcher.find(text, emitted)
+            if hit != -1:  # the tail finished a stop string
+                text = text[:hit]
+                record.finish_reason = "stop"
         if emitted < len(text):  # the held-back tail is final now
             yield text[emitted:]
             emitted = len(text)

@@ -242,6 +242,8 @@ class KernelProgram:
                     return plan.replay.run(inputs, self._outputs)
                 except StaleReplay:  # a branch's results changed shape: interpret (and record again)
                     plan.replay = None
+                except KERNEL_FAILURES:  # a replayed call names no node: run interpreted, which names it (or works)
+                    plan.replay = None
         env = dict(inputs)
         planned = plan is not None
         lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []

@@ -41,10 +41,36 @@ class _Cached:
             yield CounterMetricFamily("hetero_streams_resumed", "Reconnections to a stream", self.streams.resumed)
 
 
+class _Batched:
+    """The batcher's counts (``hetero.llm.batch.BatchStats``) of a model serving several sequences: what its steps
+    carried and the time in and around the session's runs."""
+
+    def __init__(self, batcher: Any) -> None:
+        self.batcher = batcher
+
+    def collect(self) -> Iterator[Any]:
+        s = self.batcher.stats
+        yield CounterMetricFamily("hetero_batch_steps", "Batched steps run (session runs)", s.steps)
+        yield CounterMetricFamily("hetero_batch_rows", "Rows (tokens) the batched steps carried", s.rows)
+        yield CounterMetricFamily("hetero_batch_decode_rows", "One-token (decode) rows of the batched steps",
+                                  s.decode_rows)
+        yield CounterMetricFamily("hetero_batch_prompt_rows", "Prompt rows of the batched steps", s.prompt_rows)
+        yield CounterMetricFamily("hetero_batch_fused_steps", "Steps that carried prompt and decode rows", s.fused)
+        yield CounterMetricFamily("hetero_batch_isolated_steps", "Failed steps run again one sequence at a time",
+                                  s.isolated)
+        yield CounterMetricFamily("hetero_batch_run_seconds", "Time in the session's runs of the batched steps",
+                                  s.run_seconds)
+        yield CounterMetricFamily("hetero_batch_step_seconds", "Time from taking a batch to handing out its results",
+                                  s.step_seconds)
+
+
 class Metrics:
     def __init__(self, scheduler: Any, prefix_cache: Any = None, streams: Any = None) -> None:
         r = self.registry = CollectorRegistry()
         r.register(_Cached(prefix_cache, streams))
+        batcher = getattr(scheduler.models[0], "_batch", None)
+        if batcher is not None and all(getattr(m, "_batch", None) is batcher for m in scheduler.models):
+            r.register(_Batched(batcher))
         self.requests = Counter("hetero_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("hetero_prompt_tokens", "Prompt tokens received", registry=r)

@@ -9,10 +9,11 @@ its buffers (``CpuKernel.bind``). Three patterns of consecutive calls become one
 
 Then every run of consecutive calls that native code can take whole (the matmuls above and fused, ``rms_norm``,
 SwiGLU, the rotary embedding and the attention of a one-sequence step, both reading ``past_len`` from the replay's
-int64 buffer when they run) becomes one ``LlmStep`` call (``step_calls``): the ops run in order with the GIL
-released once, so a Qwen decode step is a handful of Python calls instead of ~300. Each op is the call it replaces,
-prepared once; the rotary and attention range checks run natively before any op, and if one refuses, the step runs
-the original calls instead (so the error is the original one). ``HETERO_CPU_STEP=0`` keeps the calls apart.
+int64 buffer when they run, and the one-row attention of a model of several sequences, reading its slot too)
+becomes one ``LlmStep`` call (``step_calls``): the ops run in order with the GIL released once, so a Qwen decode
+step is a handful of Python calls instead of ~300. Each op is the call it replaces, prepared once; the rotary and
+attention range checks run natively before any op, and if one refuses, the step runs the original calls instead (so
+the error is the original one). ``HETERO_CPU_STEP=0`` keeps the calls apart.
 
 A fused call writes every buffer the calls it replaces write (the matmuls' outputs too, so a later reader of them
 is unaffected) with the same kernels on the same values, and the calls were consecutive, so nothing ran between
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from .kernels.llm import AttentionCall
+from .kernels.llm import AttentionCall, SlotAttentionCall
 
 Call = Callable[[], Any]
 
@@ -141,6 +142,9 @@ def _step_op(call: Call) -> tuple[str, tuple] | None:
     """(``LlmStep`` method, its arguments) that adds ``call`` to a step, or None if native code cannot take it."""
     if isinstance(call, AttentionCall):
         return "add_attention", (call.cache, call.q, call.k, call.v, call.past, call.scale, call.out)
+    if isinstance(call, SlotAttentionCall):  # a lone stream's row on a model of several sequences
+        return "add_attention_slot", (call.caches, call.q, call.k, call.v, call.past, call.slot, call.scale,
+                                      call.out)
     if not isinstance(call, functools.partial) or call.keywords:
         return None
     func, args = call.func, call.args

@@ -1194,6 +1194,36 @@ StepOp prep_attention_at(Attention& at, const py::array& q, const py::array& k, 
           }};
 }
 
+// A one-row step of a node serving several sequences (a lone stream's decode): its slot and position are
+// one-element int64 arrays read when it runs, the slot choosing the cache — the one-sequence step on that cache.
+StepOp prep_attention_slot_at(const py::list& caches, const py::array& q, const py::array& k, const py::array& v,
+                              const py::array& past, const py::array& slot, float scale, const py::array& out) {
+  const char* fn = "llm_attention";
+  std::vector<Attention*> at;
+  for (const auto& item : caches) at.push_back(&item.cast<Attention&>());
+  if (at.empty()) fail(std::string(fn) + ": no caches");
+  for (Attention* a : at) attention_shapes(*a, q, k, v, out, fn);
+  if (q.shape(0) != 1) fail(std::string(fn) + ": a slot read at run time takes one row");
+  const std::int64_t* pp = past_ptr(past, fn);
+  const std::int64_t* ps = past_ptr(slot, fn);
+  const i64 hq = q.shape(1);
+  const float* pq = cfptr(q);
+  const float* pk = cfptr(k);
+  const float* pv = cfptr(v);
+  float* po = fptr(out);
+  return {[at, pp, ps] {
+            const i64 c = *ps, p = *pp;
+            if (c < 0 || c >= static_cast<i64>(at.size())) return false;
+            Attention* ap = at[static_cast<std::size_t>(c)];
+            if (p < 0 || p > ap->filled || p + 1 > ap->max_ctx) return false;
+            if (!ap->k) ap->alloc();
+            return true;
+          },
+          [at, pp, ps, pq, pk, pv, po, hq, scale] {
+            attention_run(*at[static_cast<std::size_t>(*ps)], pq, pk, pv, 1, hq, *pp, scale, po);
+          }};
+}
+
 // A step of several sequences in one call (hetero.llm.batch): runs int64 [R, 4] of (cache index, first row, end row,
 // position) — rows [a, b) of q / k / v are the one-sequence step of caches[index] at that position. Each run is
 // attention_run on its own cache, as a call per run would do it, with one GIL release for all; the caller (the
@@ -1540,7 +1570,14 @@ void bind_llm(py::module_& m) {
         s.add(prep_attention_at(cache.cast<Attention&>(), q, k, v, past, scale, out),
               py::make_tuple(cache, q, k, v, past, out));
       }, py::arg("cache"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"), py::arg("scale"),
-         py::arg("out"));
+         py::arg("out"))
+      .def("add_attention_slot", [](LlmStep& s, const py::list& caches, const py::array& q, const py::array& k,
+                                    const py::array& v, const py::array& past, const py::array& slot, float scale,
+                                    const py::array& out) {
+        s.add(prep_attention_slot_at(caches, q, k, v, past, slot, scale, out),
+              py::make_tuple(caches, q, k, v, past, slot, out));
+      }, py::arg("caches"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"), py::arg("slot"),
+         py::arg("scale"), py::arg("out"));
 
   py::class_<RopeTable>(m, "LlmRope", "Rotary cos/sin table (grown on demand) for RotaryEmbedding.")
       .def(py::init([](const py::array_t<double, py::array::c_style | py::array::forcecast>& inv_freq, double scale) {

@@ -418,6 +418,10 @@ class CpuAttention(CpuKernel):
             positions, slots = inputs[3].buffer, inputs[4].buffer
             if not bindable(q, k, v, out):
                 return None
+            if q.shape[0] == 1:  # one row (a lone sequence's decode step): its slot's one-sequence call, as is
+                one = self._bind_row(q, k, v, inputs[3], inputs[4], out)
+                if one is not None:
+                    return one
             return functools.partial(self._run_slots, q, k, v, positions, slots, out)
         if not bindable(q, k, v, out):
             return None
@@ -436,6 +440,18 @@ class CpuAttention(CpuKernel):
             cache(q, k, v, past, scale, out)
 
         return call
+
+    def _bind_row(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: Tensor | None,
+                  slots: Tensor | None, out: np.ndarray) -> Bound:
+        """A one-row step of a node serving several sequences: the row's slot and position read at call time, then
+        that slot's cache called as a one-sequence step (what ``_run_slots`` does for one run, without cutting rows
+        into runs: a lone stream's decode step costs what it costs on a one-sequence model, and ``hetero_cpu.fuse``
+        puts it into the step's ``LlmStep`` as it does a one-sequence attention)."""
+        position, slot = _past_array(positions), _past_array(slots)
+        if position is None or slot is None:
+            return None
+        return SlotAttentionCall(list(self.caches), q, k, v, position, slot, self.scale, out, self.max_context,
+                                 self.node.label())
 
     # -- the cache as arrays (a prefix cache: hetero.llm.snapshot) --------------------------------------------------
     def export_state(self, slot: int, length: int) -> dict[str, np.ndarray]:
@@ -472,6 +488,29 @@ class AttentionCall:
         past, t, cache = int(self.past[0]), self.q.shape[0], self.cache
         if past < 0 or past > cache.filled or past + t > self.context:  # the same checks (and errors) as run
             raise _attention_error(self.label, past, cache.filled, t, self.context)
+        cache(self.q, self.k, self.v, past, self.scale, self.out)
+
+
+class SlotAttentionCall:
+    """A bound one-row attention step of a node serving several sequences: its position and slot are one-element
+    int64 arrays read at call time, the slot choosing the cache; ``hetero_cpu.fuse`` puts it into an ``LlmStep``
+    (``add_attention_slot``, which checks the same range natively and, when it refuses, runs this call, whose error
+    names the node)."""
+
+    __slots__ = ("caches", "context", "k", "label", "out", "past", "q", "scale", "slot", "v")
+
+    def __init__(self, caches: list[Any], q: np.ndarray, k: np.ndarray, v: np.ndarray, past: np.ndarray,
+                 slot: np.ndarray, scale: float, out: np.ndarray, context: int, label: str) -> None:
+        self.caches, self.q, self.k, self.v, self.past, self.slot = caches, q, k, v, past, slot
+        self.scale, self.out, self.context, self.label = scale, out, context, label
+
+    def __call__(self) -> None:
+        slot, past = int(self.slot[0]), int(self.past[0])
+        if not 0 <= slot < len(self.caches):
+            raise HeteroError(f"{self.label}: slot {slot} is not one of the node's {len(self.caches)} slot(s)")
+        cache = self.caches[slot]
+        if past < 0 or past > cache.filled or past + 1 > self.context:  # the checks (and errors) of _run_slots
+            raise _attention_error(self.label, past, cache.filled, 1, self.context)
         cache(self.q, self.k, self.v, past, self.scale, self.out)
 
 
