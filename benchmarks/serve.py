@@ -279,30 +279,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class LlamaServer:
-    """llama.cpp's server as a subprocess, stopped on exit."""
+class ServerProcess:
+    """A server as a subprocess on a free local port, its output in a log file, stopped by ``close``."""
 
-    def __init__(self, binary: str, args: argparse.Namespace) -> None:
+    name = "server"
+
+    def _start(self, command: list[str], ready_path: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        command = [binary, "-m", args.model, "--host", "127.0.0.1", "--port", str(self.port),
-                   "-np", str(args.parallel), "-c", str(args.context * args.parallel), "--threads", str(args.threads),
-                   "--threads-batch", str(args.threads), "--no-webui"]
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{self.port}.log", "w")  # noqa: SIM115
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        command = [part.replace("{port}", str(self.port)) for part in command]
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"{self.name}-{self.port}.log", "w")  # noqa: SIM115
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.process.returncode}: see {self.log.name}")
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}: see {self.log.name}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
+                conn.request("GET", ready_path)
+                response = conn.getresponse()
+                response.read()
+                if response.status == 200:
                     return
             except OSError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"llama-server did not answer /health in 600 s: see {self.log.name}")
+        raise RuntimeError(f"{self.name} did not answer {ready_path} in 600 s: see {self.log.name}")
 
     def close(self) -> None:
         self.process.terminate()
@@ -313,48 +315,33 @@ class LlamaServer:
         self.log.close()
 
 
-class HeteroServer:
+class LlamaServer(ServerProcess):
+    """llama.cpp's server as a subprocess, stopped on exit."""
+
+    name = "llama-server"
+
+    def __init__(self, binary: str, args: argparse.Namespace) -> None:
+        self._start([binary, "-m", args.model, "--host", "127.0.0.1", "--port", "{port}",
+                     "-np", str(args.parallel), "-c", str(args.context * args.parallel), "--threads", str(args.threads),
+                     "--threads-batch", str(args.threads), "--no-webui"], "/health")
+
+
+class HeteroServer(ServerProcess):
     """``hetero serve`` as a subprocess (this checkout's, or the hetero on PYTHONPATH), stopped on exit: the same
     conditions as llama-server's (its own process; no prefix cache, which the distinct prompts could not use)."""
 
+    name = "hetero-serve"
+
     def __init__(self, args: argparse.Namespace, eos_ids: Any) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.eos = {str(t): -100 for t in eos_ids}
         import hetero
 
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(Path(hetero.__file__).parents[1]), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]))
-        command = [sys.executable, "-m", "hetero", "serve", args.model, "--host", "127.0.0.1", "--port",
-                   str(self.port), "-np", str(args.parallel), "-c", str(args.context), "-t", str(args.threads),
-                   "-b", "cpu", "--queue", "64", "--prefix-cache", "0", "--log-level", "warning",
-                   "--on-fallback", "silent"]
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"hetero-serve-{self.port}.log", "w")  # noqa: SIM115
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"hetero serve exited with {self.process.returncode}: see {self.log.name}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                conn.request("GET", "/v1/models")
-                response = conn.getresponse()
-                if response.status == 200:
-                    response.read()
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"hetero serve did not answer in 600 s: see {self.log.name}")
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        self.log.close()
+        self._start([sys.executable, "-m", "hetero", "serve", args.model, "--host", "127.0.0.1", "--port", "{port}",
+                     "-np", str(args.parallel), "-c", str(args.context), "-t", str(args.threads),
+                     "-b", "cpu", "--queue", "64", "--prefix-cache", "0", "--log-level", "warning",
+                     "--on-fallback", "silent"], "/v1/models", env)
 
 
 def find_llama_server(given: str | None) -> str | None:

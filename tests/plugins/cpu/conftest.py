@@ -41,9 +41,18 @@ def isa(request):
     _native.set_isa(before)
 
 
-@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
+def thread_counts(*counts: int):
+    """A ``threads`` fixture that runs a test once per thread count (the pool's size restored after); a test file
+    that needs other counts than the default 1 / 2 rebinds ``threads = thread_counts(...)``."""
+
+    @pytest.fixture(params=list(counts), ids=[f"t{c}" for c in counts])
+    def threads(request):
+        before = _native.num_threads()
+        _native.set_num_threads(request.param)
+        yield request.param
+        _native.set_num_threads(before)
+
+    return threads
+
+
+threads = thread_counts(1, 2)

@@ -18,6 +18,8 @@ _native = pytest.importorskip(
 from hetero.contract import quant  # noqa: E402
 from hetero_cpu import fuse  # noqa: E402
 
+from .conftest import thread_counts  # noqa: E402
+
 K = 256
 
 
@@ -41,12 +43,7 @@ def _x(m: int, k: int = K, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32)
 
 
-@pytest.fixture(params=[1, 2, 3])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
+threads = thread_counts(1, 2, 3)
 
 
 # A Q4_K_M-like projection set: q / k in q4_k, v in q6_k (two activation formats in one call), and plain q4 / q8.

@@ -30,18 +30,15 @@ from hetero.runtime.infer import info_of  # noqa: E402
 from hetero_cpu.backend import CpuBackend  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
 
+from .conftest import thread_counts  # noqa: E402
+
 CPU = CpuBackend(Device("cpu"))  # the backend the kernels under test belong to
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
 CONSTANTS = (1, 5, 6, 7, 9)
 
 
-@pytest.fixture(params=[1, 3])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
+threads = thread_counts(1, 3)
 
 
 class Pair:

@@ -20,15 +20,12 @@ from hetero.contract import HeteroError, quant  # noqa: E402
 from hetero_cpu import fuse  # noqa: E402
 from hetero_cpu.kernels.llm import AttentionCall  # noqa: E402
 
+from .conftest import thread_counts  # noqa: E402
+
 H, HEADS, KV_HEADS, D, INTER = 256, 4, 2, 64, 512
 
 
-@pytest.fixture(params=[1, 2, 3])
-def threads(request):
-    before = _native.num_threads()
-    _native.set_num_threads(request.param)
-    yield request.param
-    _native.set_num_threads(before)
+threads = thread_counts(1, 2, 3)
 
 
 def _weights(n: int, k: int, seed: int):
