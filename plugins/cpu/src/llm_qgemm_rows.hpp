@@ -58,7 +58,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (MR <= 2 && h == 0)  // as qgemm_mr: few rows stream the weights from memory
+        if (h == 0)  // as qgemm_mr: the weights stream from memory
           for (i64 o = 0; o < w.rec_bytes; o += 64) S::prefetch(rec + pf + o);
         B wlo[nt], whi[nt];
         for (int t = 0; t < nt; ++t) {  // the block's W rows decoded once for all MR x rows
