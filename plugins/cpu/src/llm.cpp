@@ -986,11 +986,10 @@ void rotated_tile(const Attention& at, kvq::DecodeFn decode, i64 h, i64 l0, i64 
   decode(bits, static_cast<const std::uint8_t*>(at.vrow(h, l0)), nv * nb, sf, 0, vf);
 }
 
-void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
-                   float scale, float* out) {
+// 1. of a run of T rows at `past`: its keys and values appended to the cache (the cache's filled count moves on).
+void attention_append(Attention& at, const float* kin, const float* vin, i64 T, i64 past) {
   const LlmKernels& kr = lk();
-  const Kernels& base = active();
-  const i64 hkv = at.hkv, D = at.d, group = hq / hkv;
+  const i64 hkv = at.hkv, D = at.d;
   // 1. append the new keys (scattered into their tile column) and values at [past, past + T)
   {
     // 3 * D: rotated_append's scratch (the same buffer, grown here once)
@@ -1042,31 +1041,67 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
       }
   }
   at.filled = past + T;
-  // 2. rows r = t * group + g of kv head h (ascending positions), blocks of RB rows per task; online softmax over
-  // the key tiles, which every quad of rows of the block reuses from L1.
-  const i64 rows = T * group;
-  const i64 nblk = (rows + RB - 1) / RB;
-  const i64 ntasks = hkv * nblk;
-  const double work = static_cast<double>(rows) * static_cast<double>(past + T) * static_cast<double>(D) * hkv;
-  const int nt = threads_for(work, 32768.0);
-  const kvq::DecodeFn decode = kvq::decoder();
-  // q4r / q3r with several row blocks per head (prefill): every tile decoded once, up front, into a shared buffer
-  // (bounded: 32 MiB), instead of once per block of RB rows
-  const i64 used = (past + T + KT - 1) / KT;
-  const std::size_t tile_f = static_cast<std::size_t>(2 * D * KT);  // K [D][KT] then V [KT][D]
-  const bool shared = at.rotated() && nblk > 1 && static_cast<std::size_t>(hkv * used) * tile_f * 4 <= (32u << 20);
-  thread_local Scratch<float> decoded;
-  float* dec = shared ? decoded.get(static_cast<std::size_t>(hkv * used) * tile_f) : nullptr;
-  if (shared) {
-    parallel_for(hkv * used, threads_for(static_cast<double>(hkv * used) * static_cast<double>(tile_f), 32768.0),
-                 [&](i64 job) {
-                   const i64 h = job / used, l0 = (job % used) * KT;
-                   float* kf = dec + static_cast<std::size_t>(job) * tile_f;
-                   float* sf = tl_f(4).get(static_cast<std::size_t>(at.nb() * KT));
-                   rotated_tile(at, decode, h, l0, std::min<i64>(KT, past + T - l0), kf, kf + D * KT, sf);
-                 });
+}
+
+// 2. of a run: rows r = t * group + g of kv head h (ascending positions), blocks of RB rows per task; online softmax
+// over the key tiles, which every quad of rows of the block reuses from L1. plan() sizes the tasks (and decodes a
+// q4r / q3r prefill's tiles up front), task(i) computes one; a step of several sequences runs every run's tasks in
+// one parallel loop (py_attention_runs), a run alone in its own (attention_run). A task's rows get the same
+// operations whichever thread runs it, so the outputs are the same either way.
+struct AttentionRun {
+  Attention* at;
+  const float* q;
+  i64 T, hq, past;
+  float scale;
+  float* out;
+  i64 group = 0, rows = 0, nblk = 0, used = 0;
+  std::size_t tile_f = 0;
+  bool shared = false;  // q4r / q3r tiles decoded up front into `dec` (thread-local to the planning thread)
+  float* dec = nullptr;
+  kvq::DecodeFn decode = nullptr;
+
+  i64 tasks() const { return at->hkv * nblk; }
+  double work() const {
+    return static_cast<double>(rows) * static_cast<double>(past + T) * static_cast<double>(at->d) * at->hkv;
   }
-  parallel_for(ntasks, nt, [&](i64 task) {
+  // Whether plan() decodes tiles into the planning thread's buffer (then the run's tasks must run before the next
+  // run is planned).
+  bool decodes_up_front() const {
+    const i64 n = (T * (hq / at->hkv) + RB - 1) / RB, u = (past + T + KT - 1) / KT;
+    return at->rotated() && n > 1 &&
+           static_cast<std::size_t>(at->hkv * u) * static_cast<std::size_t>(2 * at->d * KT) * 4 <= (32u << 20);
+  }
+
+  void plan() {
+    const Attention& a = *at;
+    const i64 hkv = a.hkv, D = a.d;
+    group = hq / hkv;
+    rows = T * group;
+    nblk = (rows + RB - 1) / RB;
+    decode = kvq::decoder();
+    // q4r / q3r with several row blocks per head (prefill): every tile decoded once, up front, into a shared
+    // buffer (bounded: 32 MiB), instead of once per block of RB rows
+    used = (past + T + KT - 1) / KT;
+    tile_f = static_cast<std::size_t>(2 * D * KT);  // K [D][KT] then V [KT][D]
+    shared = decodes_up_front();
+    thread_local Scratch<float> decoded;
+    dec = shared ? decoded.get(static_cast<std::size_t>(hkv * used) * tile_f) : nullptr;
+    if (shared) {
+      parallel_for(hkv * used, threads_for(static_cast<double>(hkv * used) * static_cast<double>(tile_f), 32768.0),
+                   [&](i64 job) {
+                     const i64 h = job / used, l0 = (job % used) * KT;
+                     float* kf = dec + static_cast<std::size_t>(job) * tile_f;
+                     float* sf = tl_f(4).get(static_cast<std::size_t>(a.nb() * KT));
+                     rotated_tile(a, decode, h, l0, std::min<i64>(KT, past + T - l0), kf, kf + D * KT, sf);
+                   });
+    }
+  }
+
+  void task(i64 task) const {
+    const LlmKernels& kr = lk();
+    const Kernels& base = active();
+    const Attention& at = *this->at;
+    const i64 D = at.d;
     const i64 h = task / nblk, r0 = (task % nblk) * RB, r1 = std::min(rows, r0 + RB);
     const i64 nr_all = r1 - r0;
     float* qb = tl_f(1).get(static_cast<std::size_t>(RB * D));
@@ -1132,7 +1167,15 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
       const float inv = 1.f / sum[i];
       for (i64 j = 0; j < D; ++j) o[j] = ob[i * D + j] * inv;
     }
-  });
+  }
+};
+
+void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
+                   float scale, float* out) {
+  attention_append(at, kin, vin, T, past);
+  AttentionRun run{&at, q, T, hq, past, scale, out};
+  run.plan();
+  parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 t) { run.task(t); });
 }
 
 void attention_shapes(const Attention& at, const py::array& q, const py::array& k, const py::array& v,
@@ -1269,11 +1312,38 @@ void py_attention_runs(const py::list& caches, const py::array& q, const py::arr
   const float* pv = cfptr(v);
   float* po = fptr(out);
   py::gil_scoped_release nogil;
+  std::vector<AttentionRun> plan;
+  bool apart = false;  // a run that decodes its tiles up front: each run in its own loop, in order
   for (i64 i = 0; i < R; ++i) {
     const i64 c = r[i * 4], a = r[i * 4 + 1], b = r[i * 4 + 2], past = r[i * 4 + 3];
-    attention_run(*at[static_cast<std::size_t>(c)], pq + a * hq * D, pk + a * hkv * D, pv + a * hkv * D, b - a, hq,
-                  past, scale, po + a * hq * D);
+    plan.push_back({at[static_cast<std::size_t>(c)], pq + a * hq * D, b - a, hq, past, scale, po + a * hq * D});
+    apart = apart || plan.back().decodes_up_front();
   }
+  if (apart) {
+    for (i64 i = 0; i < R; ++i) {
+      const i64 a = r[i * 4 + 1];
+      const AttentionRun& p = plan[static_cast<std::size_t>(i)];
+      attention_run(*p.at, p.q, pk + a * hkv * D, pv + a * hkv * D, p.T, hq, p.past, scale, p.out);
+    }
+    return;
+  }
+  // Every run's keys and values appended first (in run order: a slot's second run follows its first), then all
+  // their tasks in one parallel loop. A run reads only positions up to its own rows', so a later run's appended
+  // positions do not change it.
+  std::vector<i64> first(static_cast<std::size_t>(R) + 1, 0);
+  double work = 0.0;
+  for (i64 i = 0; i < R; ++i) {
+    AttentionRun& p = plan[static_cast<std::size_t>(i)];
+    const i64 a = r[i * 4 + 1];
+    attention_append(*p.at, pk + a * hkv * D, pv + a * hkv * D, p.T, p.past);
+    p.plan();
+    first[static_cast<std::size_t>(i) + 1] = first[static_cast<std::size_t>(i)] + p.tasks();
+    work += p.work();
+  }
+  parallel_for(first.back(), threads_for(work, 32768.0), [&](i64 t) {
+    const auto i = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), t) - first.begin() - 1);
+    plan[i].task(t - first[i]);
+  });
 }
 
 // A prefix of the cache as bytes in its own layout, per kv head (rows): the K tiles covering positions [0, n) (q4r /
