@@ -416,9 +416,10 @@ inline void swiglu_rows(const Kernels& kr, const float* g, const float* u, float
 // ------------------------------------------------------------------------------------------------ fused decode
 // The decode step's matmuls fused so that fewer parallel regions (each a wake-up and a barrier for every thread)
 // and fewer calls run per step; hetero_cpu.fuse makes them from the replay's bound calls. Each computes exactly
-// what the unfused calls compute, with the same kernels on the same values (a 16-row group is one qgemm_group
-// call either way), and writes every output the unfused calls write. The one-row, quantized case (decode) runs
-// in one parallel region; anything else falls back to the unfused calls in order.
+// what the unfused calls compute, with the same kernels on the same values (a 16-row group of up to the table's
+// max_mr activation rows is one qgemm_group call either way), and writes every output the unfused calls write.
+// Quantized weights and at most max_mr rows (decode; a batched step's rows, one per sequence) run in one parallel
+// region; anything else falls back to the unfused calls in order.
 namespace fused {
 
 // Weights of one part, its output and bias; x quantized for its block format.
@@ -429,18 +430,20 @@ struct Part {
   XQ xq;
 };
 
-// One-row outputs y[g*16, ...) of groups [g0, g1) of one part (+ bias): matmul_core's loop for M = 1.
-inline void groups(const LlmKernels& kr, const Part& p, i64 g0, i64 g1) {
+// Outputs y[m, g*16, ...) of the M (<= max_mr) rows, groups [g0, g1) of one part (+ bias): matmul_core's loop
+// for M <= max_mr (one tile of M rows per group).
+inline void groups(const LlmKernels& kr, const Part& p, i64 M, i64 g0, i64 g1) {
   const i64 N = p.w->n;
   for (i64 g = g0; g < g1; ++g)
-    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, 1, p.y + g * QR, N,
+    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, static_cast<int>(M), p.y + g * QR, N,
                    static_cast<int>(std::min<i64>(QR, N - g * QR)));
   if (p.bias)
-    for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[j] += p.bias[j];
+    for (i64 m = 0; m < M; ++m)
+      for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[m * N + j] += p.bias[j];
 }
 
 // x quantized once per distinct block format of the parts (at most 4 distinct ones in a call).
-void quantize_parts(const LlmKernels& kr, const float* x, std::vector<Part>& parts) {
+void quantize_parts(const LlmKernels& kr, const float* x, i64 M, std::vector<Part>& parts) {
   thread_local XQBuf bufs[4];
   std::vector<std::pair<std::pair<int, bool>, int>> made;  // (bs, pair4) -> part holding it
   for (std::size_t i = 0; i < parts.size(); ++i) {
@@ -450,14 +453,14 @@ void quantize_parts(const LlmKernels& kr, const float* x, std::vector<Part>& par
     if (it != made.end()) {
       parts[i].xq = parts[static_cast<std::size_t>(it->second)].xq;
     } else {
-      parts[i].xq = bufs[made.size()].make(kr, x, 1, parts[i].w->k, parts[i].w->k, pk.bs, pk.nibbles(), false);
+      parts[i].xq = bufs[made.size()].make(kr, x, M, parts[i].w->k, parts[i].w->k, pk.bs, pk.nibbles(), false);
       made.push_back({key, static_cast<int>(i)});
     }
   }
 }
 
 bool fusable(const std::vector<const Weights*>& ws, i64 M) {
-  if (M != 1 || ws.size() > 4) return false;
+  if (M < 1 || M > lk().max_mr || ws.size() > 4) return false;
   for (const Weights* w : ws)
     if (!w->quant || w->experts != 1) return false;
   return true;
@@ -477,10 +480,10 @@ std::vector<Task> tasks(const std::vector<Part>& parts, int nt) {
   return out;
 }
 
-int threads(const std::vector<Part>& parts) {
+int threads(const std::vector<Part>& parts, i64 M) {  // matmul_core's count for the parts' work together
   double work = 0;
   for (const Part& p : parts) work += static_cast<double>(p.w->n) * static_cast<double>(p.w->k);
-  return threads_for(work, 65536.0);
+  return threads_for(work * static_cast<double>(M <= 4 ? 1 : M), 65536.0);
 }
 
 }  // namespace fused
@@ -528,11 +531,12 @@ Op prep_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& ou
       return;
     }
     const LlmKernels& kr = lk();
-    fused::quantize_parts(kr, px, parts);
-    const std::vector<fused::Task> ts = fused::tasks(parts, fused::threads(parts));
-    parallel_for(static_cast<i64>(ts.size()), fused::threads(parts), [&](i64 t) {
+    fused::quantize_parts(kr, px, M, parts);
+    const int nt = fused::threads(parts, M);
+    const std::vector<fused::Task> ts = fused::tasks(parts, nt);
+    parallel_for(static_cast<i64>(ts.size()), nt, [&](i64 t) {
       const fused::Task& k = ts[static_cast<std::size_t>(t)];
-      fused::groups(kr, parts[static_cast<std::size_t>(k.part)], k.g0, k.g1);
+      fused::groups(kr, parts[static_cast<std::size_t>(k.part)], M, k.g0, k.g1);
     });
   };
 }
@@ -575,15 +579,16 @@ Op prep_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array
       return;
     }
     const LlmKernels& kr = lk();
-    fused::quantize_parts(kr, px, parts);
-    const int nt = fused::threads(parts);
+    fused::quantize_parts(kr, px, M, parts);
+    const int nt = fused::threads(parts, M);
     const std::vector<i64> b = split_rows(wg.pk.groups, nt);
     parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
       const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
-      fused::groups(kr, parts[0], g0, g1);
-      fused::groups(kr, parts[1], g0, g1);
+      fused::groups(kr, parts[0], M, g0, g1);
+      fused::groups(kr, parts[1], M, g0, g1);
       const i64 a = g0 * QR, e = std::min(N, g1 * QR);
-      if (a < e) swiglu_rows(base, parts[0].y + a, parts[1].y + a, o + a, e - a);
+      for (i64 m = 0; m < M && a < e; ++m)
+        swiglu_rows(base, parts[0].y + m * N + a, parts[1].y + m * N + a, o + m * N + a, e - a);
     });
   };
 }
@@ -622,14 +627,15 @@ Op prep_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::arra
       return;
     }
     const LlmKernels& kr = lk();
-    fused::quantize_parts(kr, px, parts);
-    const int nt = fused::threads(parts);
+    fused::quantize_parts(kr, px, M, parts);
+    const int nt = fused::threads(parts, M);
     const std::vector<i64> b = split_rows(w.pk.groups, nt);
     parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
       const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
-      fused::groups(kr, parts[0], g0, g1);
+      fused::groups(kr, parts[0], M, g0, g1);
       const i64 a = g0 * QR, e = std::min(N, g1 * QR);
-      if (a < e) base.binary(B_ADD, BM_VV, r + a, parts[0].y + a, ro + a, e - a);
+      for (i64 m = 0; m < M && a < e; ++m)
+        base.binary(B_ADD, BM_VV, r + m * N + a, parts[0].y + m * N + a, ro + m * N + a, e - a);
     });
   };
 }
