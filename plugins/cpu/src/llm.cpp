@@ -1070,12 +1070,13 @@ struct AttentionRun {
   double work() const {
     return static_cast<double>(rows) * static_cast<double>(past + T) * static_cast<double>(at->d) * at->hkv;
   }
+  i64 blocks() const { return (T * (hq / at->hkv) + RB - 1) / RB; }  // row blocks per kv head
+  i64 tiles() const { return (past + T + KT - 1) / KT; }              // K tiles the rows see
   // Whether plan() decodes tiles into the planning thread's buffer (then the run's tasks must run before the next
   // run is planned).
   bool decodes_up_front() const {
-    const i64 n = (T * (hq / at->hkv) + RB - 1) / RB, u = (past + T + KT - 1) / KT;
-    return at->rotated() && n > 1 &&
-           static_cast<std::size_t>(at->hkv * u) * static_cast<std::size_t>(2 * at->d * KT) * 4 <= (32u << 20);
+    return at->rotated() && blocks() > 1 &&
+           static_cast<std::size_t>(at->hkv * tiles()) * static_cast<std::size_t>(2 * at->d * KT) * 4 <= (32u << 20);
   }
 
   void plan() {
@@ -1083,11 +1084,11 @@ struct AttentionRun {
     const i64 hkv = a.hkv, D = a.d;
     group = hq / hkv;
     rows = T * group;
-    nblk = (rows + RB - 1) / RB;
+    nblk = blocks();
     decode = kvq::decoder();
     // q4r / q3r with several row blocks per head (prefill): every tile decoded once, up front, into a shared
     // buffer (bounded: 32 MiB), instead of once per block of RB rows
-    used = (past + T + KT - 1) / KT;
+    used = tiles();
     tile_f = static_cast<std::size_t>(2 * D * KT);  // K [D][KT] then V [KT][D]
     shared = decodes_up_front();
     thread_local Scratch<float> decoded;
