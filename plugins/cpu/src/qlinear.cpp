@@ -1,0 +1,554 @@
+// Drivers and bindings of the int8 kernels (qlinear.hpp): B packing, the threaded integer GEMM with its
+// zero-point corrections and output stages (int32, scaled float, requantized 8-bit), im2col for QLinearConv, and
+// DynamicQuantizeLinear. Compiled without ISA flags; the kernels run through qk().
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "onnx_py.hpp"
+#include "qlinear.hpp"
+
+namespace py = pybind11;
+
+namespace hetero {
+namespace qlin {
+#ifndef HETERO_QLIN_X86
+const QKernels* qkernels_avx2() { return nullptr; }
+const QKernels* qkernels_avx512vnni() { return nullptr; }
+#endif
+
+namespace {
+
+using pyx::fail;
+
+bool cpu_has_vnni() {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+template <class T>
+struct AlignedVec {  // 64-byte aligned, for the packed panels' aligned loads
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit AlignedVec(std::size_t count) : n(count) {
+    const std::size_t bytes = ((count * sizeof(T) + 63) / 64) * 64;
+    p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes == 0 ? 64 : bytes);
+  }
+  AlignedVec(const AlignedVec&) = delete;
+  AlignedVec& operator=(const AlignedVec&) = delete;
+  ~AlignedVec() { std::free(p); }
+};
+
+}  // namespace
+
+const QKernels& qk() {
+  static const bool vnni = qkernels_avx512vnni() != nullptr && cpu_has_vnni();
+  const Kernels* a = &active();
+  if (a == kernels_avx512() && a != nullptr && vnni) return *qkernels_avx512vnni();
+  if ((a == kernels_avx512() || a == kernels_avx2()) && a != nullptr && qkernels_avx2()) return *qkernels_avx2();
+  return *qkernels_generic();
+}
+
+// B (K x N, int8 or uint8) in panels, with its zero point(s) and column sums in the b' = int8 domain.
+struct QPacked {
+  i64 k = 0, n = 0, k4 = 0, panels = 0;
+  bool b_unsigned = false;
+  std::unique_ptr<AlignedVec<std::int8_t>> data;
+  std::vector<std::int32_t> colsum;  // sum_k b'[k][n]
+  std::vector<std::int32_t> zb;      // zb'[n]
+  i64 pstride() const { return k4 * 64; }
+};
+
+namespace {
+
+// b: K x N at (rs, cs) element strides; zero point: one or N values.
+void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
+               i64 zp_count) {
+  p.k4 = (p.k + 3) / 4;
+  p.panels = (p.n + kPanel - 1) / kPanel;
+  p.b_unsigned = b_unsigned;
+  p.data = std::make_unique<AlignedVec<std::int8_t>>(static_cast<std::size_t>(p.panels * p.pstride()));
+  p.colsum.assign(static_cast<std::size_t>(p.n), 0);
+  p.zb.assign(static_cast<std::size_t>(p.n), 0);
+  const int shift = b_unsigned ? -128 : 0;
+  for (i64 j = 0; j < p.n; ++j) {
+    std::int8_t* panel = p.data->p + (j / kPanel) * p.pstride();
+    const i64 col = j % kPanel;
+    std::int32_t sum = 0;
+    for (i64 kk = 0; kk < p.k; ++kk) {
+      const std::uint8_t raw = b[kk * rs + j * cs];
+      const int v = (b_unsigned ? static_cast<int>(raw) : static_cast<int>(static_cast<std::int8_t>(raw))) + shift;
+      panel[(kk / 4) * 64 + col * 4 + kk % 4] = static_cast<std::int8_t>(v);
+      sum += v;
+    }
+    p.colsum[static_cast<std::size_t>(j)] = sum;
+    p.zb[static_cast<std::size_t>(j)] = zp[zp_count == 1 ? 0 : j] + shift;
+  }
+}
+
+// How the finished int32 values leave the GEMM.
+struct OutStage {
+  enum Kind { I32, F32, Q8 } kind = I32;
+  void* out = nullptr;
+  i64 rs = 0, cs = 0;                  // element strides of out (row m, column n)
+  const float* scale = nullptr;        // F32: one or N multipliers; Q8: N multipliers
+  i64 scale_count = 1;
+  const float* fbias = nullptr;        // F32: N values added after the multiply
+  const std::int32_t* ibias = nullptr; // Q8: N values added before it
+  int y_zp = 0, qmin = 0, qmax = 255;  // Q8
+  bool y_unsigned = true;
+};
+
+struct AOperand {
+  const std::uint8_t* a;  // rows of a' (uint8), lda bytes apart, K real values then zeros to 4 * k4
+  i64 lda;
+  const std::int32_t* za;  // za'[m] (one value when za_count == 1)
+  i64 za_count;
+};
+
+void finish_row(const QPacked& p, const OutStage& st, i64 m, i64 n0, int ncols, const std::int32_t* raw,
+                std::int32_t rowsum, std::int32_t za) {
+  const std::int32_t kza = static_cast<std::int32_t>(static_cast<std::uint32_t>(p.k) * static_cast<std::uint32_t>(za));
+  for (int j = 0; j < ncols; ++j) {
+    const i64 n = n0 + j;
+    const std::int32_t zb = p.zb[static_cast<std::size_t>(n)];
+    // int32 arithmetic that wraps (unsigned), like an int32 accumulator
+    const std::uint32_t v = static_cast<std::uint32_t>(raw[j]) -
+                            static_cast<std::uint32_t>(za) * static_cast<std::uint32_t>(p.colsum[static_cast<std::size_t>(n)]) -
+                            static_cast<std::uint32_t>(zb) * static_cast<std::uint32_t>(rowsum) +
+                            static_cast<std::uint32_t>(kza) * static_cast<std::uint32_t>(zb);
+    const std::int32_t iv = static_cast<std::int32_t>(v);
+    const i64 at = m * st.rs + n * st.cs;
+    if (st.kind == OutStage::I32) {
+      static_cast<std::int32_t*>(st.out)[at] = iv;
+    } else if (st.kind == OutStage::F32) {
+      float f = static_cast<float>(iv) * st.scale[st.scale_count == 1 ? 0 : n];
+      if (st.fbias) f = f + st.fbias[n];
+      static_cast<float*>(st.out)[at] = f;
+    } else {
+      const std::int32_t b = st.ibias ? static_cast<std::int32_t>(static_cast<std::uint32_t>(iv) +
+                                                                   static_cast<std::uint32_t>(st.ibias[n]))
+                                      : iv;
+      float f = static_cast<float>(b) * st.scale[st.scale_count == 1 ? 0 : n];
+      const float lo = static_cast<float>(st.qmin - st.y_zp), hi = static_cast<float>(st.qmax - st.y_zp);
+      f = f >= lo ? f : lo;
+      f = f <= hi ? f : hi;
+      const int q = static_cast<int>(std::nearbyint(f)) + st.y_zp;
+      if (st.y_unsigned)
+        static_cast<std::uint8_t*>(st.out)[at] = static_cast<std::uint8_t>(q);
+      else
+        static_cast<std::int8_t*>(st.out)[at] = static_cast<std::int8_t>(q);
+    }
+  }
+}
+
+// The GEMM over rows [0, M): tasks are (row block, column block) pairs.
+void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
+  if (M == 0 || p.n == 0) return;
+  const QKernels& kr = qk();
+  const i64 rows_per_block = 64;
+  const i64 mblocks = (M + rows_per_block - 1) / rows_per_block;
+  const i64 panels_per_block = std::max<i64>(kr.np, 4);
+  const i64 nblocks = (p.panels + panels_per_block - 1) / panels_per_block;
+  const double work = static_cast<double>(M) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  const int threads = threads_for(work, 2e6);
+  parallel_for(mblocks * nblocks, threads, [&](i64 task) {
+    const i64 mb = task / nblocks, nb = task % nblocks;
+    const i64 m_end = std::min(M, (mb + 1) * rows_per_block);
+    const i64 p_end = std::min(p.panels, (nb + 1) * panels_per_block);
+    alignas(64) std::int32_t raw[kMR * kNP * kPanel];
+    std::int32_t rowsum[kMR];
+    for (i64 m0 = mb * rows_per_block; m0 < m_end; m0 += kr.mr) {
+      const int mr = static_cast<int>(std::min<i64>(kr.mr, m_end - m0));
+      for (int r = 0; r < mr; ++r) {
+        const std::uint8_t* row = a.a + (m0 + r) * a.lda;
+        std::int32_t s = 0;
+        for (i64 kk = 0; kk < p.k; ++kk) s += row[kk];
+        rowsum[r] = s;
+      }
+      for (i64 p0 = nb * panels_per_block; p0 < p_end; p0 += kr.np) {
+        const int np = static_cast<int>(std::min<i64>(kr.np, p_end - p0));
+        const i64 ldc = np * kPanel;
+        kr.tile(mr, np, p.k4, a.a + m0 * a.lda, a.lda, p.data->p + p0 * p.pstride(), p.pstride(), raw, ldc);
+        const i64 n0 = p0 * kPanel;
+        const int ncols = static_cast<int>(std::min<i64>(ldc, p.n - n0));
+        for (int r = 0; r < mr; ++r)
+          finish_row(p, st, m0 + r, n0, ncols, raw + r * ldc, rowsum[r], a.za[a.za_count == 1 ? 0 : m0 + r]);
+      }
+    }
+  });
+}
+
+bool is_u8(const py::array& a) { return pyx::dkey(a) == "u1"; }
+bool is_s8(const py::array& a) { return pyx::dkey(a) == "i1"; }
+
+void need_8bit(const py::array& a, const char* fn, const char* name) {
+  if (!is_u8(a) && !is_s8(a)) fail(std::string(fn) + ": " + name + " must be uint8 or int8, got " +
+                                   std::string(py::str(a.dtype())));
+}
+
+std::vector<std::int32_t> zero_points(const py::object& zp, const py::array& like, i64 count, const char* fn,
+                                      const char* name) {
+  std::vector<std::int32_t> v;
+  if (zp.is_none()) return {0};
+  const py::array z = py::array::ensure(zp);
+  if (pyx::dkey(z) != pyx::dkey(like))
+    fail(std::string(fn) + ": " + name + " must have the dtype of its operand (" + std::string(py::str(like.dtype())) + ")");
+  const py::array zc = py::array::ensure(z, py::array::c_style);
+  const i64 size = static_cast<i64>(zc.size());
+  if (size != 1 && size != count)
+    fail(std::string(fn) + ": " + name + " has " + std::to_string(size) + " values, expected 1 or " + std::to_string(count));
+  for (i64 i = 0; i < size; ++i)
+    v.push_back(is_u8(zc) ? static_cast<std::int32_t>(static_cast<const std::uint8_t*>(zc.data())[i])
+                          : static_cast<std::int32_t>(static_cast<const std::int8_t*>(zc.data())[i]));
+  return v;
+}
+
+std::shared_ptr<QPacked> py_qpack_b(const py::array& b, const py::object& zp) {
+  need_8bit(b, "qpack_b", "b");
+  if (b.ndim() != 2) fail("qpack_b: b must be 2-D (K, N), got " + pyx::shape_str(b));
+  auto p = std::make_shared<QPacked>();
+  p->k = b.shape(0);
+  p->n = b.shape(1);
+  const std::vector<std::int32_t> z = zero_points(zp, b, p->n, "qpack_b", "b_zero_point");
+  pack_into(*p, static_cast<const std::uint8_t*>(b.data()), b.strides(0), b.strides(1), is_u8(b), z.data(),
+            static_cast<i64>(z.size()));
+  return p;
+}
+
+// A (M x K rows of uint8 / int8) as the GEMM's operand: used in place when it is uint8, C-contiguous and K % 4 == 0
+// (reading whole 4-byte groups stays inside each row), else copied to rows of 4 * k4 bytes (int8 moved to uint8).
+struct APrepared {
+  AOperand op{};
+  std::vector<std::uint8_t> copy;
+  std::vector<std::int32_t> za;
+};
+
+void prepare_a(const py::array& a, i64 M, const QPacked& p, const py::object& zp, APrepared& out) {
+  need_8bit(a, "qgemm", "a");
+  if (!pyx::c_contig(a)) fail("qgemm: a must be C-contiguous");
+  if (a.ndim() < 1 || a.shape(a.ndim() - 1) != p.k)
+    fail("qgemm: a has shape " + pyx::shape_str(a) + ", its last dimension must be K = " + std::to_string(p.k));
+  out.za = zero_points(zp, a, M, "qgemm", "a_zero_point");
+  const bool s8 = is_s8(a);
+  if (s8)
+    for (auto& z : out.za) z += 128;
+  const auto* src = static_cast<const std::uint8_t*>(a.data());
+  if (!s8 && p.k % 4 == 0) {
+    out.op = {src, p.k, out.za.data(), static_cast<i64>(out.za.size())};
+    return;
+  }
+  const i64 lda = p.k4 * 4;
+  out.copy.assign(static_cast<std::size_t>(M * lda + 4), 0);
+  for (i64 m = 0; m < M; ++m)
+    for (i64 kk = 0; kk < p.k; ++kk)
+      out.copy[static_cast<std::size_t>(m * lda + kk)] = static_cast<std::uint8_t>(src[m * p.k + kk] ^ (s8 ? 0x80 : 0));
+  out.op = {out.copy.data(), lda, out.za.data(), static_cast<i64>(out.za.size())};
+}
+
+i64 rows_of(const py::array& a, i64 k) { return k == 0 ? 0 : static_cast<i64>(a.size()) / k; }
+
+void need_out_size(const py::array& out, i64 count, const char* fn) {
+  pyx::need_out(out, fn);
+  if (static_cast<i64>(out.size()) != count)
+    fail(std::string(fn) + ": out has " + std::to_string(out.size()) + " elements, expected " + std::to_string(count));
+}
+
+// out (int32) = (a - a_zp) @ (b - b_zp)
+void py_qgemm_i32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& out) {
+  const i64 M = rows_of(a, p.k);
+  if (pyx::dkey(out) != "i4") fail("qgemm_i32: out must be int32");
+  need_out_size(out, M * p.n, "qgemm_i32");
+  if (p.k == 0) {
+    std::memset(pyx::mptr<void>(out), 0, static_cast<std::size_t>(out.nbytes()));
+    return;
+  }
+  APrepared ap;
+  prepare_a(a, M, p, a_zp, ap);
+  OutStage st;
+  st.out = pyx::mptr<void>(out);
+  st.rs = p.n;
+  st.cs = 1;
+  py::gil_scoped_release nogil;
+  qgemm(p, ap.op, M, st);
+}
+
+// out (float32) = float32((a - a_zp) @ (b - b_zp)) * scale (+ bias): scale one value or N, bias N.
+void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& scale,
+                  const py::object& bias, const py::array& out) {
+  const i64 M = rows_of(a, p.k);
+  pyx::need_f32(out, "qgemm_f32", "out");
+  pyx::need_f32(scale, "qgemm_f32", "scale");
+  pyx::need_contig(scale, "qgemm_f32", "scale");
+  need_out_size(out, M * p.n, "qgemm_f32");
+  if (scale.size() != 1 && static_cast<i64>(scale.size()) != p.n)
+    fail("qgemm_f32: scale has " + std::to_string(scale.size()) + " values, expected 1 or N = " + std::to_string(p.n));
+  OutStage st;
+  st.kind = OutStage::F32;
+  st.out = pyx::mptr<void>(out);
+  st.rs = p.n;
+  st.cs = 1;
+  st.scale = pyx::cptr<float>(scale);
+  st.scale_count = static_cast<i64>(scale.size());
+  py::array bias_arr;
+  if (!bias.is_none()) {
+    bias_arr = py::array::ensure(bias);
+    pyx::need_f32(bias_arr, "qgemm_f32", "bias");
+    pyx::need_contig(bias_arr, "qgemm_f32", "bias");
+    if (static_cast<i64>(bias_arr.size()) != p.n) fail("qgemm_f32: bias must have N = " + std::to_string(p.n) + " values");
+    st.fbias = pyx::cptr<float>(bias_arr);
+  }
+  APrepared ap;
+  if (p.k > 0) prepare_a(a, M, p, a_zp, ap);
+  py::gil_scoped_release nogil;
+  if (p.k == 0) {  // empty sums: 0 * scale + bias
+    float* o = static_cast<float*>(st.out);
+    for (i64 m = 0; m < M; ++m)
+      for (i64 n = 0; n < p.n; ++n) {
+        float f = 0.f * st.scale[st.scale_count == 1 ? 0 : n];
+        o[m * p.n + n] = st.fbias ? f + st.fbias[n] : f;
+      }
+    return;
+  }
+  qgemm(p, ap.op, M, st);
+}
+
+// The requantizing stage of QLinearMatMul / QLinearConv: multiplier[n] = a_scale * b_scale[n] / y_scale (float, as
+// onnxruntime computes it), y = saturate(round_half_even(float(acc (+ bias)) * multiplier) + y_zp).
+void requant_stage(OutStage& st, std::vector<float>& mult, const py::array& a_scale, const py::array& b_scale,
+                   const py::array& y_scale, const py::array& y_zp, i64 n, const char* fn) {
+  for (const py::array* s : {&a_scale, &b_scale, &y_scale}) {
+    pyx::need_f32(*s, fn, "scale");
+    pyx::need_contig(*s, fn, "scale");
+  }
+  if (a_scale.size() != 1 || y_scale.size() != 1) fail(std::string(fn) + ": a / y scales must be single values");
+  if (b_scale.size() != 1 && static_cast<i64>(b_scale.size()) != n)
+    fail(std::string(fn) + ": the weight scale has " + std::to_string(b_scale.size()) + " values, expected 1 or " +
+         std::to_string(n));
+  if (y_zp.size() != 1) fail(std::string(fn) + ": y_zero_point must be a single value");
+  need_8bit(y_zp, fn, "y_zero_point");
+  const float as = pyx::cptr<float>(a_scale)[0], ys = pyx::cptr<float>(y_scale)[0];
+  const float* bs = pyx::cptr<float>(b_scale);
+  mult.resize(static_cast<std::size_t>(n));
+  for (i64 j = 0; j < n; ++j) mult[static_cast<std::size_t>(j)] = as * bs[b_scale.size() == 1 ? 0 : j] / ys;
+  st.kind = OutStage::Q8;
+  st.scale = mult.data();
+  st.scale_count = n;
+  st.y_unsigned = is_u8(y_zp);
+  st.y_zp = st.y_unsigned ? static_cast<int>(pyx::cptr<std::uint8_t>(y_zp)[0])
+                          : static_cast<int>(pyx::cptr<std::int8_t>(y_zp)[0]);
+  st.qmin = st.y_unsigned ? 0 : -128;
+  st.qmax = st.y_unsigned ? 255 : 127;
+}
+
+void py_qgemm_requant(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& a_scale,
+                      const py::array& b_scale, const py::array& y_scale, const py::array& y_zp,
+                      const py::array& out) {
+  const i64 M = rows_of(a, p.k);
+  need_out_size(out, M * p.n, "qgemm_requant");
+  if (pyx::dkey(out) != pyx::dkey(y_zp)) fail("qgemm_requant: out must have y_zero_point's dtype");
+  OutStage st;
+  std::vector<float> mult;
+  requant_stage(st, mult, a_scale, b_scale, y_scale, y_zp, p.n, "qgemm_requant");
+  st.out = pyx::mptr<void>(out);
+  st.rs = p.n;
+  st.cs = 1;
+  APrepared ap;
+  if (p.k > 0) prepare_a(a, M, p, a_zp, ap);
+  py::gil_scoped_release nogil;
+  if (p.k == 0) {
+    std::vector<std::int32_t> zeros(static_cast<std::size_t>(p.n), 0);
+    for (i64 m = 0; m < M; ++m) finish_row(p, st, m, 0, static_cast<int>(p.n), zeros.data(), 0, 0);
+    return;
+  }
+  qgemm(p, ap.op, M, st);
+}
+
+// QLinearConv, 2-D NCHW (a 1-D conv as H = 1): per group, im2col of the input (padding = x's zero point, so padded
+// taps contribute nothing) into rows of output positions, the GEMM against that group's packed weights, requantized
+// straight into the NCHW output (column stride = positions).
+struct QConv {
+  i64 cout = 0, cin_g = 0, kh = 0, kw = 0, groups = 1;
+  std::vector<std::shared_ptr<QPacked>> packed;  // per group: K = cin_g * kh * kw, N = cout / groups
+};
+
+std::shared_ptr<QConv> py_qconv_pack(const py::array& w, const py::object& zp, i64 groups) {
+  need_8bit(w, "qconv_pack", "w");
+  if (w.ndim() != 4) fail("qconv_pack: w must be 4-D (Cout, Cin/groups, kh, kw), got " + pyx::shape_str(w));
+  if (!pyx::c_contig(w)) fail("qconv_pack: w must be C-contiguous");
+  auto c = std::make_shared<QConv>();
+  c->cout = w.shape(0);
+  c->cin_g = w.shape(1);
+  c->kh = w.shape(2);
+  c->kw = w.shape(3);
+  c->groups = groups;
+  if (groups < 1 || c->cout % groups) fail("qconv_pack: Cout must be a multiple of groups");
+  const i64 og = c->cout / groups, K = c->cin_g * c->kh * c->kw;
+  const std::vector<std::int32_t> z = zero_points(zp, w, c->cout, "qconv_pack", "w_zero_point");
+  const auto* src = static_cast<const std::uint8_t*>(w.data());
+  for (i64 g = 0; g < groups; ++g) {
+    auto p = std::make_shared<QPacked>();
+    p->k = K;
+    p->n = og;
+    // B[k][n] = w[g * og + n][k]: row stride 1, column stride K
+    pack_into(*p, src + g * og * K, 1, K, is_u8(w), z.size() == 1 ? z.data() : z.data() + g * og,
+              z.size() == 1 ? 1 : og);
+    c->packed.push_back(p);
+  }
+  return c;
+}
+
+void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const py::array& x_scale,
+              const py::array& w_scale, const py::array& y_scale, const py::array& y_zp, const py::object& bias,
+              const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dilations,
+              const py::array& out) {
+  const char* fn = "qconv";
+  need_8bit(x, fn, "x");
+  pyx::need_contig(x, fn, "x");
+  if (x.ndim() != 4) fail("qconv: x must be 4-D NCHW, got " + pyx::shape_str(x));
+  const i64 N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3);
+  if (C != c.cin_g * c.groups) fail("qconv: x has " + std::to_string(C) + " channels, the weights expect " +
+                                    std::to_string(c.cin_g * c.groups));
+  const i64 sh = strides[0], sw = strides[1], dh = dilations[0], dw = dilations[1];
+  const i64 pt = pads[0], pl = pads[1], pb = pads[2], pr = pads[3];
+  const i64 Ho = (H + pt + pb - dh * (c.kh - 1) - 1) / sh + 1, Wo = (W + pl + pr - dw * (c.kw - 1) - 1) / sw + 1;
+  if (Ho <= 0 || Wo <= 0) fail("qconv: empty output");
+  const i64 P = Ho * Wo, og = c.cout / c.groups, K = c.cin_g * c.kh * c.kw;
+  need_out_size(out, N * c.cout * P, fn);
+  if (pyx::dkey(out) != pyx::dkey(y_zp)) fail("qconv: out must have y_zero_point's dtype");
+  const std::vector<std::int32_t> zx = zero_points(x_zp, x, 1, fn, "x_zero_point");
+  OutStage st;
+  std::vector<float> mult;
+  requant_stage(st, mult, x_scale, w_scale, y_scale, y_zp, c.cout, fn);
+  py::array bias_arr;
+  const std::int32_t* ibias = nullptr;
+  if (!bias.is_none()) {
+    bias_arr = py::array::ensure(bias, py::array::c_style);
+    if (pyx::dkey(bias_arr) != "i4" || static_cast<i64>(bias_arr.size()) != c.cout)
+      fail("qconv: bias must be int32 with Cout values");
+    ibias = pyx::cptr<std::int32_t>(bias_arr);
+  }
+  const bool s8 = is_s8(x);
+  const std::uint8_t flip = s8 ? 0x80 : 0;
+  const std::int32_t za = zx[0] + (s8 ? 128 : 0);
+  const std::uint8_t pad_value = static_cast<std::uint8_t>(za);  // a' of the zero point: contributes nothing
+  const i64 lda = ((K + 3) / 4) * 4;
+  const auto* xs = static_cast<const std::uint8_t*>(x.data());
+  auto* o = static_cast<std::uint8_t*>(pyx::mptr<void>(out));
+  const i64 osize = 1;  // 8-bit output
+  py::gil_scoped_release nogil;
+  std::vector<std::uint8_t> cols(static_cast<std::size_t>(P * lda + 4), 0);
+  for (i64 n = 0; n < N; ++n)
+    for (i64 g = 0; g < c.groups; ++g) {
+      // rows = output positions, K = (ci, ky, kx)
+      for (i64 oy = 0; oy < Ho; ++oy)
+        for (i64 ox = 0; ox < Wo; ++ox) {
+          std::uint8_t* row = cols.data() + (oy * Wo + ox) * lda;
+          i64 kk = 0;
+          for (i64 ci = 0; ci < c.cin_g; ++ci) {
+            const std::uint8_t* plane = xs + ((n * C) + g * c.cin_g + ci) * H * W;
+            for (i64 ky = 0; ky < c.kh; ++ky) {
+              const i64 iy = oy * sh - pt + ky * dh;
+              for (i64 kx = 0; kx < c.kw; ++kx, ++kk) {
+                const i64 ix = ox * sw - pl + kx * dw;
+                row[kk] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? static_cast<std::uint8_t>(plane[iy * W + ix] ^ flip)
+                                                                   : pad_value;
+              }
+            }
+          }
+        }
+      const QPacked& p = *c.packed[static_cast<std::size_t>(g)];
+      OutStage sg = st;
+      sg.scale = mult.data() + g * og;
+      sg.scale_count = og;
+      sg.ibias = ibias ? ibias + g * og : nullptr;
+      sg.out = o + ((n * c.cout) + g * og) * P * osize;
+      sg.rs = 1;
+      sg.cs = P;
+      AOperand ao{cols.data(), lda, &za, 1};
+      qgemm(p, ao, P, sg);
+    }
+}
+
+// y = saturate(round(x / scale) + zp) with scale = (max(x, 0) - min(x, 0)) / 255 and
+// zp = saturate(round(-min / scale)), in float32 arithmetic; an all-zero x gives scale 0, zp 0, y 0.
+void py_dynamic_quantize(const py::array& x, const py::array& y, const py::array& scale, const py::array& zp) {
+  const char* fn = "dynamic_quantize";
+  pyx::need_f32(x, fn, "x");
+  pyx::need_contig(x, fn, "x");
+  pyx::need_out(y, fn, "y");
+  if (!is_u8(y) || y.size() != x.size()) fail("dynamic_quantize: y must be uint8 with x's size");
+  pyx::need_out(scale, fn, "scale");
+  pyx::need_f32(scale, fn, "scale");
+  pyx::need_out(zp, fn, "zero_point");
+  if (!is_u8(zp) || scale.size() != 1 || zp.size() != 1) fail("dynamic_quantize: scale / zero_point: one float32 / uint8");
+  const i64 n = static_cast<i64>(x.size());
+  const float* xs = pyx::cptr<float>(x);
+  auto* ys = static_cast<std::uint8_t*>(pyx::mptr<void>(y));
+  float* s_out = pyx::mptr<float>(scale);
+  auto* z_out = static_cast<std::uint8_t*>(pyx::mptr<void>(zp));
+  py::gil_scoped_release nogil;
+  const QKernels& kr = qk();
+  float lo = 0.f, hi = 0.f;
+  if (n > 0) kr.minmax(xs, n, &lo, &hi);
+  lo = std::min(lo, 0.f);
+  hi = std::max(hi, 0.f);
+  const float s = (hi - lo) / 255.f;
+  int z = 0;
+  if (s != 0.f) {
+    const float zf = std::nearbyint((0.f - lo) / s);
+    z = static_cast<int>(std::min(255.f, std::max(0.f, zf)));
+  }
+  *s_out = s;
+  *z_out = static_cast<std::uint8_t>(z);
+  if (s == 0.f) {
+    std::memset(ys, 0, static_cast<std::size_t>(n));
+    return;
+  }
+  const i64 chunk = 1 << 16;
+  const i64 tasks = (n + chunk - 1) / chunk;
+  parallel_for(tasks, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
+    const i64 b = t * chunk;
+    kr.quantize_u8(xs + b, std::min(chunk, n - b), s, z, ys + b);
+  });
+}
+
+}  // namespace
+
+void bind(py::module_& m) {
+  py::class_<QPacked, std::shared_ptr<QPacked>>(m, "QPacked", "An 8-bit B matrix packed for qgemm_* (qpack_b).")
+      .def_property_readonly("k", [](const QPacked& p) { return p.k; })
+      .def_property_readonly("n", [](const QPacked& p) { return p.n; });
+  py::class_<QConv, std::shared_ptr<QConv>>(m, "QConvWeights", "8-bit conv weights packed per group (qconv_pack).")
+      .def_property_readonly("groups", [](const QConv& c) { return c.groups; });
+  m.def("qlinear_isa", [] { return std::string(qk().name); }, "The int8 kernel path in use (avx512vnni/avx2/generic).");
+  m.def("qpack_b", &py_qpack_b, py::arg("b"), py::arg("b_zero_point") = py::none());
+  m.def("qgemm_i32", &py_qgemm_i32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("out"));
+  m.def("qgemm_f32", &py_qgemm_f32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("scale"),
+        py::arg("bias"), py::arg("out"));
+  m.def("qgemm_requant", &py_qgemm_requant, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"),
+        py::arg("a_scale"), py::arg("b_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("out"));
+  m.def("qconv_pack", &py_qconv_pack, py::arg("w"), py::arg("w_zero_point"), py::arg("groups"));
+  m.def("qconv", &py_qconv, py::arg("x"), py::arg("weights"), py::arg("x_zero_point"), py::arg("x_scale"),
+        py::arg("w_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("bias"), py::arg("strides"),
+        py::arg("pads"), py::arg("dilations"), py::arg("out"));
+  m.def("dynamic_quantize", &py_dynamic_quantize, py::arg("x"), py::arg("y"), py::arg("scale"), py::arg("zero_point"));
+}
+
+}  // namespace qlin
+
+void bind_qlinear(py::module_& m) { qlin::bind(m); }
+
+}  // namespace hetero

@@ -1,0 +1,50 @@
+// 8-bit integer matrix products for the quantized ONNX ops (MatMulInteger, QLinearMatMul, QLinearConv, and the
+// fused MatMulInteger -> Cast -> Mul of dynamically quantized models), and DynamicQuantizeLinear.
+//
+// Exact integer semantics: with a' = a (uint8) or a + 128 (int8, so a' is uint8) and b' = b (int8) or b - 128
+// (uint8, so b' is int8), and the zero points moved the same way,
+//   sum_k (a - za)(b - zb) = sum_k a'b' - za' colsum(b') - zb' rowsum(a') + K za' zb'
+// where every term is int32 (wrapping like onnxruntime's int32 accumulators for absurd K). The raw sums a'b' are
+// computed per ISA (qlinear_<isa>.cpp, instantiated from qlinear_impl.hpp): AVX-512 VNNI `vpdpbusd`; AVX2 widens to
+// 16 bits and uses `vpmaddwd` (exact, unlike `vpmaddubsw`, which saturates pairs of u8 x s8 products); generic C++.
+//
+// Packed B: ceil(N / 16) panels of 16 columns; a panel holds ceil(K / 4) groups of 16 columns x 4 consecutive k
+// (64 bytes, the operand layout of vpdpbusd), zero past K and N.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common.hpp"
+
+namespace hetero {
+namespace qlin {
+
+constexpr int kPanel = 16;  // columns per packed panel
+constexpr int kMR = 4;      // rows per tile
+constexpr int kNP = 4;      // panels per tile (64 columns)
+
+// Raw tile: c[r * ldc + j] = sum_g sum_t a[r * lda + 4 g + t] * panel_p[g][j % 16][t] for r < m, j < np * 16,
+// panels at b + p * pstride (bytes), k4 groups of 4 (a rows padded to 4 k4 bytes).
+using TileFn = void (*)(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
+                        std::int32_t* c, i64 ldc);
+// y[i] = saturate(round_half_even(x[i] / scale) + zp) to uint8 (zp in 0..255); NaN -> 0 like the reference.
+using QuantizeFn = void (*)(const float* x, i64 n, float scale, int zp, std::uint8_t* y);
+// min and max of x[0:n] (n >= 1).
+using MinMaxFn = void (*)(const float* x, i64 n, float* lo, float* hi);
+
+struct QKernels {
+  const char* name;
+  int mr, np;  // the tile this ISA's registers hold: rows, panels
+  TileFn tile;
+  QuantizeFn quantize_u8;
+  MinMaxFn minmax;
+};
+
+const QKernels* qkernels_generic();
+const QKernels* qkernels_avx2();        // nullptr unless x86-64
+const QKernels* qkernels_avx512vnni();  // nullptr unless x86-64
+const QKernels& qk();                   // the active ISA's
+
+}  // namespace qlin
+}  // namespace hetero

@@ -1,0 +1,131 @@
+// The per-ISA kernels of qlinear.hpp: included once by each qlinear_<isa>.cpp, which defines QLIN_ISA_VNNI /
+// QLIN_ISA_AVX2 (or neither: generic C++) before including it, and compiles with that ISA's flags.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+
+#include "qlinear.hpp"
+
+#if defined(QLIN_ISA_VNNI) || defined(QLIN_ISA_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace hetero {
+namespace qlin {
+namespace {
+
+inline std::int32_t load4(const std::uint8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#if defined(QLIN_ISA_VNNI)
+template <int M, int NP>
+void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,
+                i64 ldc) {
+  __m512i acc[M][NP];
+  for (int r = 0; r < M; ++r)
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_si512();
+  for (i64 g = 0; g < k4; ++g) {
+    __m512i bv[NP];
+    for (int p = 0; p < NP; ++p) bv[p] = _mm512_load_si512(reinterpret_cast<const void*>(b + p * pstride + g * 64));
+    for (int r = 0; r < M; ++r) {
+      const __m512i av = _mm512_set1_epi32(load4(a + r * lda + 4 * g));
+      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], av, bv[p]);
+    }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int p = 0; p < NP; ++p) _mm512_storeu_si512(reinterpret_cast<void*>(c + r * ldc + p * 16), acc[r][p]);
+}
+#elif defined(QLIN_ISA_AVX2)
+// A 16-byte quarter of a 64-byte group (4 columns x 4 k) widened to int16 meets the row's 4 bytes of a, widened and
+// repeated; vpmaddwd leaves two partial sums per column (k 0+1, k 2+3), added once at the end of the tile.
+template <int M, int NP>
+void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,
+                i64 ldc) {
+  constexpr int Q = NP * 4;  // quarters of 4 columns
+  __m256i acc[M][Q];
+  for (int r = 0; r < M; ++r)
+    for (int q = 0; q < Q; ++q) acc[r][q] = _mm256_setzero_si256();
+  for (i64 g = 0; g < k4; ++g) {
+    __m256i av[M];
+    for (int r = 0; r < M; ++r) {
+      const __m128i a4 = _mm_cvtsi32_si128(load4(a + r * lda + 4 * g));
+      av[r] = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(a4));
+    }
+    for (int q = 0; q < Q; ++q) {
+      const std::int8_t* src = b + (q / 4) * pstride + g * 64 + (q % 4) * 16;
+      const __m256i bw = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(src)));
+      for (int r = 0; r < M; ++r) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(av[r], bw));
+    }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int q = 0; q < Q; ++q) {
+      alignas(32) std::int32_t t[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(t), acc[r][q]);
+      for (int j = 0; j < 4; ++j) c[r * ldc + q * 4 + j] = t[2 * j] + t[2 * j + 1];
+    }
+}
+#else
+template <int M, int NP>
+void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,
+                i64 ldc) {
+  for (int r = 0; r < M; ++r)
+    for (int p = 0; p < NP; ++p) {
+      std::int32_t acc[16] = {};
+      const std::int8_t* panel = b + p * pstride;
+      const std::uint8_t* row = a + r * lda;
+      for (i64 g = 0; g < k4; ++g)
+        for (int j = 0; j < 16; ++j)
+          for (int t = 0; t < 4; ++t)
+            acc[j] += static_cast<std::int32_t>(row[4 * g + t]) * static_cast<std::int32_t>(panel[g * 64 + j * 4 + t]);
+      for (int j = 0; j < 16; ++j) c[r * ldc + p * 16 + j] = acc[j];
+    }
+}
+#endif
+
+template <int M>
+void tile_m(int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps, std::int32_t* c, i64 ldc) {
+  switch (np) {
+    case 1: return tile_fixed<M, 1>(k4, a, lda, b, ps, c, ldc);
+    case 2: return tile_fixed<M, 2>(k4, a, lda, b, ps, c, ldc);
+    case 3: return tile_fixed<M, 3>(k4, a, lda, b, ps, c, ldc);
+    default: return tile_fixed<M, 4>(k4, a, lda, b, ps, c, ldc);
+  }
+}
+
+void tile(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps, std::int32_t* c,
+          i64 ldc) {
+  switch (m) {
+    case 1: return tile_m<1>(np, k4, a, lda, b, ps, c, ldc);
+    case 2: return tile_m<2>(np, k4, a, lda, b, ps, c, ldc);
+    case 3: return tile_m<3>(np, k4, a, lda, b, ps, c, ldc);
+    default: return tile_m<4>(np, k4, a, lda, b, ps, c, ldc);
+  }
+}
+
+void quantize_u8(const float* x, i64 n, float scale, int zp, std::uint8_t* y) {
+  const float lo = static_cast<float>(-zp), hi = static_cast<float>(255 - zp);
+  for (i64 i = 0; i < n; ++i) {
+    float q = std::nearbyint(x[i] / scale);  // the FP environment's rounding: to nearest, ties to even
+    q = q >= lo ? q : lo;                      // NaN -> lo, i.e. 0 after the zero point (the reference's cast)
+    q = q <= hi ? q : hi;
+    y[i] = static_cast<std::uint8_t>(static_cast<int>(q) + zp);
+  }
+}
+
+void minmax(const float* x, i64 n, float* lo_out, float* hi_out) {
+  float lo = x[0], hi = x[0];
+  for (i64 i = 0; i < n; ++i) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+  }
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+}  // namespace
+}  // namespace qlin
+}  // namespace hetero
