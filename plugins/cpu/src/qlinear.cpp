@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -79,7 +80,8 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
   p.k4 = (p.k + 3) / 4;
   p.panels = (p.n + kPanel - 1) / kPanel;
   p.b_unsigned = b_unsigned;
-  p.data = std::make_unique<AlignedVec<std::int8_t>>(static_cast<std::size_t>(p.panels * p.pstride()));
+  // an even number of panels (the last one zero when N needs an odd count): the AMX block takes them in pairs
+  p.data = std::make_unique<AlignedVec<std::int8_t>>(static_cast<std::size_t>((p.panels + 1) / 2 * 2 * p.pstride()));
   p.colsum.assign(static_cast<std::size_t>(p.n), 0);
   p.zb.assign(static_cast<std::size_t>(p.n), 0);
   const int shift = b_unsigned ? -128 : 0;
@@ -98,19 +100,6 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
   }
 }
 
-// How the finished int32 values leave the GEMM.
-struct OutStage {
-  enum Kind { I32, F32, Q8 } kind = I32;
-  void* out = nullptr;
-  i64 rs = 0, cs = 0;                  // element strides of out (row m, column n)
-  const float* scale = nullptr;        // F32: one or N multipliers; Q8: N multipliers
-  i64 scale_count = 1;
-  const float* fbias = nullptr;        // F32: N values added after the multiply
-  const std::int32_t* ibias = nullptr; // Q8: N values added before it
-  int y_zp = 0, qmin = 0, qmax = 255;  // Q8
-  bool y_unsigned = true;
-};
-
 struct AOperand {
   const std::uint8_t* a;  // rows of a' (uint8), lda bytes apart, K real values then zeros to 4 * k4
   i64 lda;
@@ -118,77 +107,77 @@ struct AOperand {
   i64 za_count;
 };
 
-void finish_row(const QPacked& p, const OutStage& st, i64 m, i64 n0, int ncols, const std::int32_t* raw,
-                std::int32_t rowsum, std::int32_t za) {
-  const std::int32_t kza = static_cast<std::int32_t>(static_cast<std::uint32_t>(p.k) * static_cast<std::uint32_t>(za));
-  for (int j = 0; j < ncols; ++j) {
-    const i64 n = n0 + j;
-    const std::int32_t zb = p.zb[static_cast<std::size_t>(n)];
-    // int32 arithmetic that wraps (unsigned), like an int32 accumulator
-    const std::uint32_t v = static_cast<std::uint32_t>(raw[j]) -
-                            static_cast<std::uint32_t>(za) * static_cast<std::uint32_t>(p.colsum[static_cast<std::size_t>(n)]) -
-                            static_cast<std::uint32_t>(zb) * static_cast<std::uint32_t>(rowsum) +
-                            static_cast<std::uint32_t>(kza) * static_cast<std::uint32_t>(zb);
-    const std::int32_t iv = static_cast<std::int32_t>(v);
-    const i64 at = m * st.rs + n * st.cs;
-    if (st.kind == OutStage::I32) {
-      static_cast<std::int32_t*>(st.out)[at] = iv;
-    } else if (st.kind == OutStage::F32) {
-      float f = static_cast<float>(iv) * st.scale[st.scale_count == 1 ? 0 : n];
-      if (st.fbias) f = f + st.fbias[n];
-      static_cast<float*>(st.out)[at] = f;
-    } else {
-      const std::int32_t b = st.ibias ? static_cast<std::int32_t>(static_cast<std::uint32_t>(iv) +
-                                                                   static_cast<std::uint32_t>(st.ibias[n]))
-                                      : iv;
-      float f = static_cast<float>(b) * st.scale[st.scale_count == 1 ? 0 : n];
-      const float lo = static_cast<float>(st.qmin - st.y_zp), hi = static_cast<float>(st.qmax - st.y_zp);
-      f = f >= lo ? f : lo;
-      f = f <= hi ? f : hi;
-      const int q = static_cast<int>(std::nearbyint(f)) + st.y_zp;
-      if (st.y_unsigned)
-        static_cast<std::uint8_t*>(st.out)[at] = static_cast<std::uint8_t>(q);
-      else
-        static_cast<std::int8_t*>(st.out)[at] = static_cast<std::int8_t>(q);
-    }
-  }
+std::atomic<bool> g_use_amx{true};
+
+// The AMX path: blocks of 32 rows x 2 panels, when the CPU and OS allow it, the active ISA is avx512 and K is whole
+// 64-byte tile rows.
+bool amx_for(const QKernels& kr, const QPacked& p) {
+  return p.k % 64 == 0 && &kr == qkernels_avx512vnni() && g_use_amx.load(std::memory_order_relaxed) &&
+         amx_available();
 }
 
 // The GEMM over rows [0, M): tasks are (row block, column block) pairs.
 void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   if (M == 0 || p.n == 0) return;
   const QKernels& kr = qk();
+  std::vector<std::int32_t> rowsum(static_cast<std::size_t>(M));
+  kr.rowsums(a.a, M, p.k, a.lda, rowsum.data());
+  const Corrections cr{p.colsum.data(), p.zb.data(), rowsum.data(), a.za, a.za_count, p.k};
+  const double work = static_cast<double>(M) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  if (amx_for(kr, p)) {
+    const i64 mblocks = (M + 31) / 32, pairs = (p.panels + 1) / 2, pairs_per_task = 4;
+    const i64 nblocks = (pairs + pairs_per_task - 1) / pairs_per_task;
+    parallel_for(mblocks * nblocks, threads_for(work, 8e6), [&](i64 task) {
+      const i64 m0 = (task / nblocks) * 32, q0 = (task % nblocks) * pairs_per_task;
+      const int rows = static_cast<int>(std::min<i64>(32, M - m0));
+      const std::uint8_t* ablock = a.a + m0 * a.lda;
+      i64 lda = a.lda;
+      thread_local std::vector<std::uint8_t> tail;
+      if (rows < 32) {  // the last rows, zero-padded to the two 16-row tiles
+        tail.assign(static_cast<std::size_t>(32 * p.k), 0);
+        for (int r = 0; r < rows; ++r) std::memcpy(tail.data() + r * p.k, ablock + r * a.lda, static_cast<std::size_t>(p.k));
+        ablock = tail.data();
+        lda = p.k;
+      }
+      alignas(64) std::int32_t raw[32 * 32];
+      amx_begin();
+      for (i64 q = q0; q < std::min(pairs, q0 + pairs_per_task); ++q) {
+        amx_block32(p.k, ablock, lda, p.data->p + 2 * q * p.pstride(), p.pstride(), raw);
+        const i64 n0 = 2 * q * kPanel;
+        kr.finish(st, cr, m0, rows, n0, static_cast<int>(std::min<i64>(32, p.n - n0)), raw, 32);
+      }
+      amx_end();
+    });
+    return;
+  }
   const i64 rows_per_block = 64;
   const i64 mblocks = (M + rows_per_block - 1) / rows_per_block;
   const i64 panels_per_block = std::max<i64>(kr.np, 4);
   const i64 nblocks = (p.panels + panels_per_block - 1) / panels_per_block;
-  const double work = static_cast<double>(M) * static_cast<double>(p.n) * static_cast<double>(p.k);
-  const int threads = threads_for(work, 2e6);
-  parallel_for(mblocks * nblocks, threads, [&](i64 task) {
+  parallel_for(mblocks * nblocks, threads_for(work, 2e6), [&](i64 task) {
     const i64 mb = task / nblocks, nb = task % nblocks;
     const i64 m_end = std::min(M, (mb + 1) * rows_per_block);
     const i64 p_end = std::min(p.panels, (nb + 1) * panels_per_block);
     alignas(64) std::int32_t raw[kMR * kNP * kPanel];
-    std::int32_t rowsum[kMR];
     for (i64 m0 = mb * rows_per_block; m0 < m_end; m0 += kr.mr) {
       const int mr = static_cast<int>(std::min<i64>(kr.mr, m_end - m0));
-      for (int r = 0; r < mr; ++r) {
-        const std::uint8_t* row = a.a + (m0 + r) * a.lda;
-        std::int32_t s = 0;
-        for (i64 kk = 0; kk < p.k; ++kk) s += row[kk];
-        rowsum[r] = s;
-      }
       for (i64 p0 = nb * panels_per_block; p0 < p_end; p0 += kr.np) {
         const int np = static_cast<int>(std::min<i64>(kr.np, p_end - p0));
         const i64 ldc = np * kPanel;
         kr.tile(mr, np, p.k4, a.a + m0 * a.lda, a.lda, p.data->p + p0 * p.pstride(), p.pstride(), raw, ldc);
         const i64 n0 = p0 * kPanel;
-        const int ncols = static_cast<int>(std::min<i64>(ldc, p.n - n0));
-        for (int r = 0; r < mr; ++r)
-          finish_row(p, st, m0 + r, n0, ncols, raw + r * ldc, rowsum[r], a.za[a.za_count == 1 ? 0 : m0 + r]);
+        kr.finish(st, cr, m0, mr, n0, static_cast<int>(std::min<i64>(ldc, p.n - n0)), raw, ldc);
       }
     }
   });
+}
+
+// An empty K: every sum is 0 (the output stage still applies: scale, bias, zero point).
+void qgemm_empty_k(const QPacked& p, i64 M, const OutStage& st) {
+  const std::vector<std::int32_t> zeros(static_cast<std::size_t>(p.n), 0), none(static_cast<std::size_t>(M), 0);
+  const std::int32_t za = 0;
+  const Corrections cr{zeros.data(), zeros.data(), none.data(), &za, 1, 0};
+  for (i64 m = 0; m < M; ++m) qk().finish(st, cr, m, 1, 0, static_cast<int>(p.n), zeros.data(), 0);
 }
 
 bool is_u8(const py::array& a) { return pyx::dkey(a) == "u1"; }
@@ -300,8 +289,9 @@ void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, 
   st.out = pyx::mptr<void>(out);
   st.rs = p.n;
   st.cs = 1;
-  st.scale = pyx::cptr<float>(scale);
-  st.scale_count = static_cast<i64>(scale.size());
+  std::vector<float> scales(static_cast<std::size_t>(p.n), pyx::cptr<float>(scale)[0]);
+  if (scale.size() != 1) std::memcpy(scales.data(), pyx::cptr<float>(scale), static_cast<std::size_t>(p.n) * 4);
+  st.scale = scales.data();
   py::array bias_arr;
   if (!bias.is_none()) {
     bias_arr = py::array::ensure(bias);
@@ -313,15 +303,7 @@ void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, 
   APrepared ap;
   if (p.k > 0) prepare_a(a, M, p, a_zp, ap);
   py::gil_scoped_release nogil;
-  if (p.k == 0) {  // empty sums: 0 * scale + bias
-    float* o = static_cast<float*>(st.out);
-    for (i64 m = 0; m < M; ++m)
-      for (i64 n = 0; n < p.n; ++n) {
-        float f = 0.f * st.scale[st.scale_count == 1 ? 0 : n];
-        o[m * p.n + n] = st.fbias ? f + st.fbias[n] : f;
-      }
-    return;
-  }
+  if (p.k == 0) return qgemm_empty_k(p, M, st);
   qgemm(p, ap.op, M, st);
 }
 
@@ -345,7 +327,6 @@ void requant_stage(OutStage& st, std::vector<float>& mult, const py::array& a_sc
   for (i64 j = 0; j < n; ++j) mult[static_cast<std::size_t>(j)] = as * bs[b_scale.size() == 1 ? 0 : j] / ys;
   st.kind = OutStage::Q8;
   st.scale = mult.data();
-  st.scale_count = n;
   st.y_unsigned = is_u8(y_zp);
   st.y_zp = st.y_unsigned ? static_cast<int>(pyx::cptr<std::uint8_t>(y_zp)[0])
                           : static_cast<int>(pyx::cptr<std::int8_t>(y_zp)[0]);
@@ -368,11 +349,7 @@ void py_qgemm_requant(const py::array& a, const QPacked& p, const py::object& a_
   APrepared ap;
   if (p.k > 0) prepare_a(a, M, p, a_zp, ap);
   py::gil_scoped_release nogil;
-  if (p.k == 0) {
-    std::vector<std::int32_t> zeros(static_cast<std::size_t>(p.n), 0);
-    for (i64 m = 0; m < M; ++m) finish_row(p, st, m, 0, static_cast<int>(p.n), zeros.data(), 0, 0);
-    return;
-  }
+  if (p.k == 0) return qgemm_empty_k(p, M, st);
   qgemm(p, ap.op, M, st);
 }
 
@@ -472,7 +449,6 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
       const QPacked& p = *c.packed[static_cast<std::size_t>(g)];
       OutStage sg = st;
       sg.scale = mult.data() + g * og;
-      sg.scale_count = og;
       sg.ibias = ibias ? ibias + g * og : nullptr;
       sg.out = o + ((n * c.cout) + g * og) * P * osize;
       sg.rs = 1;
@@ -534,6 +510,10 @@ void bind(py::module_& m) {
   py::class_<QConv, std::shared_ptr<QConv>>(m, "QConvWeights", "8-bit conv weights packed per group (qconv_pack).")
       .def_property_readonly("groups", [](const QConv& c) { return c.groups; });
   m.def("qlinear_isa", [] { return std::string(qk().name); }, "The int8 kernel path in use (avx512vnni/avx2/generic).");
+  m.def("qlinear_amx", [] { return amx_available() && g_use_amx.load(); },
+        "Whether the int8 GEMM takes AMX blocks (when the active ISA is avx512 and K is a multiple of 64).");
+  m.def("qlinear_use_amx", [](bool on) { g_use_amx.store(on); }, py::arg("on"),
+        "Allow / forbid the AMX blocks (tests, benchmarks).");
   m.def("qpack_b", &py_qpack_b, py::arg("b"), py::arg("b_zero_point") = py::none());
   m.def("qgemm_i32", &py_qgemm_i32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("out"));
   m.def("qgemm_f32", &py_qgemm_f32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("scale"),

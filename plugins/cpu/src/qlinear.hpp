@@ -33,13 +33,51 @@ using QuantizeFn = void (*)(const float* x, i64 n, float scale, int zp, std::uin
 // min and max of x[0:n] (n >= 1).
 using MinMaxFn = void (*)(const float* x, i64 n, float* lo, float* hi);
 
+// How the finished int32 sums leave the GEMM: value (m, n) = raw - za[m] colsum[n] - zb[n] (rowsum[m] - K za[m]),
+// then int32 as it is, or float32(value) * scale[n] (+ bias[n]), or requantized to 8 bits:
+// saturate(round_half_even(float32(value + ibias[n]) * scale[n]) + y_zp).
+struct OutStage {
+  enum Kind { I32, F32, Q8 } kind = I32;
+  void* out = nullptr;
+  i64 rs = 0, cs = 0;                   // element strides of out (row m, column n)
+  const float* scale = nullptr;         // F32 / Q8: N multipliers
+  const float* fbias = nullptr;         // F32: N values added after the multiply
+  const std::int32_t* ibias = nullptr;  // Q8: N values added before it
+  int y_zp = 0, qmin = 0, qmax = 255;   // Q8
+  bool y_unsigned = true;
+};
+
+// The column terms of one GEMM (from the packed B) and the row terms (from A).
+struct Corrections {
+  const std::int32_t* colsum;  // [N]
+  const std::int32_t* zb;      // [N]
+  const std::int32_t* rowsum;  // [M]
+  const std::int32_t* za;      // [M], or one value when za_count == 1
+  i64 za_count, k;
+};
+
+// Finishes rows [m0, m0 + rows) x columns [n0, n0 + ncols) from raw sums (raw[r * ldraw + j]).
+using FinishFn = void (*)(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0, int ncols,
+                          const std::int32_t* raw, i64 ldraw);
+// rowsum[r] = sum of the first k bytes of row r (rows lda apart).
+using RowSumFn = void (*)(const std::uint8_t* a, i64 rows, i64 k, i64 lda, std::int32_t* rowsum);
+
 struct QKernels {
   const char* name;
   int mr, np;  // the tile this ISA's registers hold: rows, panels
   TileFn tile;
   QuantizeFn quantize_u8;
   MinMaxFn minmax;
+  FinishFn finish;
+  RowSumFn rowsums;
 };
+
+// AMX (qlinear_amx.cpp): whether this CPU has AMX-INT8 and the kernel let this process use the tile registers, and
+// the 32 x 32 block: raw[32][32] (ldraw 32) = A rows [0, 32) (lda apart) . B panels p0, p0 + 1 over k (k % 64 == 0).
+bool amx_available();
+void amx_begin();  // loads the tile configuration on this thread
+void amx_end();    // releases it
+void amx_block32(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);
 
 const QKernels* qkernels_generic();
 const QKernels* qkernels_avx2();        // nullptr unless x86-64

@@ -126,6 +126,78 @@ void minmax(const float* x, i64 n, float* lo_out, float* hi_out) {
   *hi_out = hi;
 }
 
+void rowsums(const std::uint8_t* a, i64 rows, i64 k, i64 lda, std::int32_t* out) {
+  for (i64 r = 0; r < rows; ++r) {
+    const std::uint8_t* row = a + r * lda;
+    std::uint32_t s = 0;
+    for (i64 i = 0; i < k; ++i) s += row[i];
+    out[r] = static_cast<std::int32_t>(s);
+  }
+}
+
+// One row: v[j] = raw[j] - za colsum[n0 + j] - zb[n0 + j] (rowsum - K za), in wrapping int32 (unsigned) arithmetic.
+inline void corrected(const Corrections& cr, i64 m, i64 n0, int ncols, const std::int32_t* raw, std::int32_t* v) {
+  const std::uint32_t za = static_cast<std::uint32_t>(cr.za[cr.za_count == 1 ? 0 : m]);
+  const std::uint32_t rr = static_cast<std::uint32_t>(cr.rowsum[m]) - static_cast<std::uint32_t>(cr.k) * za;
+  const std::int32_t* cs = cr.colsum + n0;
+  const std::int32_t* zb = cr.zb + n0;
+  for (int j = 0; j < ncols; ++j)
+    v[j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(raw[j]) - za * static_cast<std::uint32_t>(cs[j]) -
+                                     static_cast<std::uint32_t>(zb[j]) * rr);
+}
+
+void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0, int ncols, const std::int32_t* raw,
+            i64 ldraw) {
+  alignas(64) std::int32_t v[256];
+  alignas(64) float f[256];
+  for (int r = 0; r < rows; ++r) {
+    const i64 m = m0 + r;
+    for (int c0 = 0; c0 < ncols; c0 += 256) {
+      const int nc = ncols - c0 < 256 ? ncols - c0 : 256;
+      const i64 n = n0 + c0;
+      corrected(cr, m, n, nc, raw + r * ldraw + c0, v);
+      if (st.kind == OutStage::I32) {
+        std::int32_t* o = static_cast<std::int32_t*>(st.out) + m * st.rs + n * st.cs;
+        if (st.cs == 1) std::memcpy(o, v, static_cast<std::size_t>(nc) * 4);
+        else for (int j = 0; j < nc; ++j) o[j * st.cs] = v[j];
+        continue;
+      }
+      if (st.kind == OutStage::F32) {
+        const float* sc = st.scale + n;
+        for (int j = 0; j < nc; ++j) f[j] = static_cast<float>(v[j]) * sc[j];
+        if (st.fbias) {
+          const float* b = st.fbias + n;
+          for (int j = 0; j < nc; ++j) f[j] = f[j] + b[j];
+        }
+        float* o = static_cast<float*>(st.out) + m * st.rs + n * st.cs;
+        if (st.cs == 1) std::memcpy(o, f, static_cast<std::size_t>(nc) * 4);
+        else for (int j = 0; j < nc; ++j) o[j * st.cs] = f[j];
+        continue;
+      }
+      if (st.ibias) {
+        const std::int32_t* b = st.ibias + n;
+        for (int j = 0; j < nc; ++j)
+          v[j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(v[j]) + static_cast<std::uint32_t>(b[j]));
+      }
+      const float lo = static_cast<float>(st.qmin - st.y_zp), hi = static_cast<float>(st.qmax - st.y_zp);
+      const float* sc = st.scale + n;
+      for (int j = 0; j < nc; ++j) {
+        float x = static_cast<float>(v[j]) * sc[j];
+        x = x >= lo ? x : lo;
+        x = x <= hi ? x : hi;
+        v[j] = static_cast<std::int32_t>(std::nearbyint(x)) + st.y_zp;
+      }
+      if (st.y_unsigned) {
+        std::uint8_t* o = static_cast<std::uint8_t*>(st.out) + m * st.rs + n * st.cs;
+        for (int j = 0; j < nc; ++j) o[j * st.cs] = static_cast<std::uint8_t>(v[j]);
+      } else {
+        std::int8_t* o = static_cast<std::int8_t*>(st.out) + m * st.rs + n * st.cs;
+        for (int j = 0; j < nc; ++j) o[j * st.cs] = static_cast<std::int8_t>(v[j]);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qlin
 }  // namespace hetero

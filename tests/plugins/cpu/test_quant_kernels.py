@@ -18,7 +18,16 @@ from hetero.ir import passes
 
 from .conftest import _native
 
-SHAPES = [(1, 4, 16), (3, 5, 7), (4, 64, 64), (9, 33, 70), (70, 129, 200), (130, 256, 48)]
+SHAPES = [(1, 4, 16), (3, 5, 7), (4, 64, 64), (9, 33, 70), (70, 129, 200), (130, 256, 48), (33, 128, 70),
+          (40, 192, 130)]
+
+
+@pytest.fixture(params=["amx", "no-amx"])
+def amx(request):
+    """With and without the AMX blocks (taken on the avx512 path when the CPU has AMX-INT8 and K % 64 == 0)."""
+    _native.qlinear_use_amx(request.param == "amx")
+    yield request.param
+    _native.qlinear_use_amx(True)
 
 
 def _rand8(rng: np.random.Generator, shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -43,7 +52,7 @@ def test_qlinear_isa_follows_the_active_isa(isa):
 @pytest.mark.parametrize("adt,bdt", [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8),
                                      (np.int8, np.uint8)])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_qgemm_i32_exact(isa, threads, adt, bdt, shape):
+def test_qgemm_i32_exact(isa, amx, threads, adt, bdt, shape):
     m, k, n = shape
     rng = np.random.default_rng(m * 1000 + k + n)
     a, b = _rand8(rng, (m, k), adt), _rand8(rng, (k, n), bdt)
@@ -59,7 +68,7 @@ def test_qgemm_i32_exact(isa, threads, adt, bdt, shape):
     np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
 
 
-def test_qgemm_extremes_do_not_saturate(isa):
+def test_qgemm_extremes_do_not_saturate(isa, amx):
     """255 x -128 summed over K = 1024: pairs of u8 x s8 products overflow int16 (vpmaddubsw would saturate)."""
     a = np.full((5, 1024), 255, np.uint8)
     b = np.full((1024, 20), -128, np.int8)
@@ -70,9 +79,9 @@ def test_qgemm_extremes_do_not_saturate(isa):
 
 
 @pytest.mark.parametrize("per_column", [False, True])
-def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, threads, per_column):
+def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column):
     rng = np.random.default_rng(1)
-    m, k, n = 37, 96, 80
+    m, k, n = 37, 128, 80
     a, b = _rand8(rng, (m, k), np.uint8), _rand8(rng, (k, n), np.int8)
     scale = rng.uniform(1e-4, 1e-2, (n,) if per_column else ()).astype(np.float32)
     bias = rng.normal(size=n).astype(np.float32)
@@ -93,9 +102,9 @@ def _requant(acc: np.ndarray, mult: np.ndarray, zp: int, dtype: type) -> np.ndar
 
 
 @pytest.mark.parametrize("ydt", [np.uint8, np.int8])
-def test_qgemm_requant(isa, threads, ydt):
+def test_qgemm_requant(isa, amx, threads, ydt):
     rng = np.random.default_rng(2)
-    m, k, n = 19, 72, 40
+    m, k, n = 19, 64, 40
     a, b = _rand8(rng, (m, k), np.uint8), _rand8(rng, (k, n), np.int8)
     a_s, b_s, y_s = np.float32(0.02), rng.uniform(0.001, 0.01, n).astype(np.float32), np.float32(0.5)
     y_zp = np.array(7 if ydt is np.uint8 else -5, ydt)
