@@ -478,9 +478,33 @@ def fuse_matmul_integer_scale(graph: Graph) -> int:
     return count
 
 
+def pow_to_mul(graph: Graph) -> int:
+    """Pow(x, 2) -> Mul(x, x) and Pow(x, 3) -> Mul(Mul(x, x), x) for float x and a constant scalar exponent (T5's
+    RMS norm and its tanh GELU): a product instead of a call to pow per element. x * x is the correctly rounded
+    square, as numpy's power computes it; the cube rounds twice, as onnxruntime computes it (powf: within an ulp)."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op_key != ("", "Pow") or len(node.inputs) != 2 or node.inputs[1] not in graph.initializers:
+            continue
+        exponent = np.asarray(graph.initializers[node.inputs[1]])
+        if exponent.ndim != 0 or exponent.dtype.kind != "f" or float(exponent) not in (2.0, 3.0):
+            continue
+        x = node.inputs[0]
+        node.op_type, node.attrs = "Mul", {}
+        if float(exponent) == 2.0:
+            node.inputs = [x, x]
+        else:
+            square = f"{node.name or node.outputs[0]}/square"
+            at = graph.nodes.index(node)
+            graph.nodes.insert(at, Node("Mul", [x, x], [square], name=square))
+            node.inputs = [square, x]
+        count += 1
+    return count
+
+
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
                                     one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias,
-                                    fuse_matmul_integer_scale)
+                                    fuse_matmul_integer_scale, pow_to_mul)
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:

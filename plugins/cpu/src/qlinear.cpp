@@ -133,8 +133,9 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
       const std::uint8_t* ablock = a.a + m0 * a.lda;
       i64 lda = a.lda;
       thread_local std::vector<std::uint8_t> tail;
-      if (rows < 32) {  // the last rows, zero-padded to the two 16-row tiles
-        tail.assign(static_cast<std::size_t>(32 * p.k), 0);
+      const int tile_rows = rows <= 16 ? 16 : 32;
+      if (rows < tile_rows) {  // the last rows, zero-padded to whole 16-row tiles
+        tail.assign(static_cast<std::size_t>(tile_rows * p.k), 0);
         for (int r = 0; r < rows; ++r) std::memcpy(tail.data() + r * p.k, ablock + r * a.lda, static_cast<std::size_t>(p.k));
         ablock = tail.data();
         lda = p.k;
@@ -142,7 +143,8 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
       alignas(64) std::int32_t raw[32 * 32];
       amx_begin();
       for (i64 q = q0; q < std::min(pairs, q0 + pairs_per_task); ++q) {
-        amx_block32(p.k, ablock, lda, p.data->p + 2 * q * p.pstride(), p.pstride(), raw);
+        (tile_rows == 16 ? amx_block16 : amx_block32)(p.k, ablock, lda, p.data->p + 2 * q * p.pstride(), p.pstride(),
+                                                      raw);
         const i64 n0 = 2 * q * kPanel;
         kr.finish(st, cr, m0, rows, n0, static_cast<int>(std::min<i64>(32, p.n - n0)), raw, 32);
       }

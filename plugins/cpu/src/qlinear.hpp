@@ -78,6 +78,7 @@ bool amx_available();
 void amx_begin();  // loads the tile configuration on this thread
 void amx_end();    // releases it
 void amx_block32(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);
+void amx_block16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);  // rows 0-15
 
 const QKernels* qkernels_generic();
 const QKernels* qkernels_avx2();        // nullptr unless x86-64

@@ -79,8 +79,23 @@ void amx_block32(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i6
   _tile_stored(2, raw + 16 * 32, 32 * 4);
   _tile_stored(3, raw + 16 * 32 + 16, 32 * 4);
 }
+void amx_block16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw) {
+  _tile_zero(0);
+  _tile_zero(1);
+  const std::int8_t* b1 = b + pstride;
+  for (i64 k0 = 0; k0 < k; k0 += 64) {
+    _tile_loadd(4, a + k0, lda);
+    _tile_loadd(6, b + k0 * 16, 64);
+    _tile_loadd(7, b1 + k0 * 16, 64);
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+  }
+  _tile_stored(0, raw, 32 * 4);
+  _tile_stored(1, raw + 16, 32 * 4);
+}
 #else
 bool amx_available() { return false; }
+void amx_block16(i64, const std::uint8_t*, i64, const std::int8_t*, i64, std::int32_t*) {}
 void amx_begin() {}
 void amx_end() {}
 void amx_block32(i64, const std::uint8_t*, i64, const std::int8_t*, i64, std::int32_t*) {}

@@ -108,7 +108,29 @@ void tile(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8
 
 void quantize_u8(const float* x, i64 n, float scale, int zp, std::uint8_t* y) {
   const float lo = static_cast<float>(-zp), hi = static_cast<float>(255 - zp);
-  for (i64 i = 0; i < n; ++i) {
+  i64 i = 0;
+#if defined(QLIN_ISA_VNNI)
+  // maxps / minps return their second operand when the first is NaN: NaN -> lo, as below
+  const __m512 vs = _mm512_set1_ps(scale), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+  const __m512i vzp = _mm512_set1_epi32(zp);
+  for (; i + 16 <= n; i += 16) {
+    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_min_ps(_mm512_max_ps(q, vlo), vhi);
+    const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(q), vzp);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(v));
+  }
+#elif defined(QLIN_ISA_AVX2)
+  const __m256 vs = _mm256_set1_ps(scale), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+  const __m256i vzp = _mm256_set1_epi32(zp);
+  for (; i + 8 <= n; i += 8) {
+    __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_min_ps(_mm256_max_ps(q, vlo), vhi);
+    alignas(32) std::int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi32(_mm256_cvtps_epi32(q), vzp));
+    for (int j = 0; j < 8; ++j) y[i + j] = static_cast<std::uint8_t>(t[j]);
+  }
+#endif
+  for (; i < n; ++i) {
     float q = std::nearbyint(x[i] / scale);  // the FP environment's rounding: to nearest, ties to even
     q = q >= lo ? q : lo;                      // NaN -> lo, i.e. 0 after the zero point (the reference's cast)
     q = q <= hi ? q : hi;
@@ -118,7 +140,36 @@ void quantize_u8(const float* x, i64 n, float scale, int zp, std::uint8_t* y) {
 
 void minmax(const float* x, i64 n, float* lo_out, float* hi_out) {
   float lo = x[0], hi = x[0];
-  for (i64 i = 0; i < n; ++i) {
+  i64 i = 0;
+#if defined(QLIN_ISA_VNNI)
+  if (n >= 16) {  // minps(x, acc) keeps acc where x is NaN, as the scalar loop does
+    __m512 vlo = _mm512_set1_ps(lo), vhi = vlo;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i);
+      vlo = _mm512_min_ps(v, vlo);
+      vhi = _mm512_max_ps(v, vhi);
+    }
+    lo = _mm512_reduce_min_ps(vlo);
+    hi = _mm512_reduce_max_ps(vhi);
+  }
+#elif defined(QLIN_ISA_AVX2)
+  if (n >= 8) {
+    __m256 vlo = _mm256_set1_ps(lo), vhi = vlo;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      vlo = _mm256_min_ps(v, vlo);
+      vhi = _mm256_max_ps(v, vhi);
+    }
+    alignas(32) float a[8], b[8];
+    _mm256_store_ps(a, vlo);
+    _mm256_store_ps(b, vhi);
+    for (int j = 0; j < 8; ++j) {
+      lo = a[j] < lo ? a[j] : lo;
+      hi = b[j] > hi ? b[j] : hi;
+    }
+  }
+#endif
+  for (; i < n; ++i) {
     lo = x[i] < lo ? x[i] : lo;
     hi = x[i] > hi ? x[i] : hi;
   }
@@ -146,8 +197,41 @@ inline void corrected(const Corrections& cr, i64 m, i64 n0, int ncols, const std
                                      static_cast<std::uint32_t>(zb[j]) * rr);
 }
 
+// The float stage of one contiguous row, in one pass: out[j] = float32(corrected sum) * scale[j] (+ bias[j]).
+template <bool Bias>
+void finish_f32_row(const Corrections& cr, i64 m, i64 n, int nc, const std::int32_t* raw, const float* sc,
+                    const float* bias, float* o) {
+  const std::uint32_t za = static_cast<std::uint32_t>(cr.za[cr.za_count == 1 ? 0 : m]);
+  const std::uint32_t rr = static_cast<std::uint32_t>(cr.rowsum[m]) - static_cast<std::uint32_t>(cr.k) * za;
+  const std::int32_t* cs = cr.colsum + n;
+  const std::int32_t* zb = cr.zb + n;
+  for (int j = 0; j < nc; ++j) {
+    const std::int32_t v = static_cast<std::int32_t>(static_cast<std::uint32_t>(raw[j]) -
+                                                     za * static_cast<std::uint32_t>(cs[j]) -
+                                                     static_cast<std::uint32_t>(zb[j]) * rr);
+    const float f = static_cast<float>(v) * sc[j];
+    o[j] = Bias ? f + bias[j] : f;
+  }
+}
+
 void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0, int ncols, const std::int32_t* raw,
             i64 ldraw) {
+  if (st.cs == 1 && st.kind != OutStage::Q8) {  // contiguous rows: straight into the output
+    for (int r = 0; r < rows; ++r) {
+      const i64 m = m0 + r;
+      const std::int32_t* rw = raw + r * ldraw;
+      if (st.kind == OutStage::I32) {
+        corrected(cr, m, n0, ncols, rw, static_cast<std::int32_t*>(st.out) + m * st.rs + n0);
+      } else {
+        float* o = static_cast<float*>(st.out) + m * st.rs + n0;
+        if (st.fbias)
+          finish_f32_row<true>(cr, m, n0, ncols, rw, st.scale + n0, st.fbias + n0, o);
+        else
+          finish_f32_row<false>(cr, m, n0, ncols, rw, st.scale + n0, nullptr, o);
+      }
+    }
+    return;
+  }
   alignas(64) std::int32_t v[256];
   alignas(64) float f[256];
   for (int r = 0; r < rows; ++r) {
