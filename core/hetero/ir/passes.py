@@ -451,7 +451,9 @@ def fuse_matmul_integer_scale(graph: Graph) -> int:
             continue
         w = np.asarray(graph.initializers[mm.inputs[1]])
         cast = _single_consumer(graph, mm.outputs[0])
-        if w.ndim != 2 or cast is None or cast.op_key != ("", "Cast") or cast.attrs.get("to") != dtypes.float32.onnx_type:
+        if w.ndim != 2 or cast is None or cast.op_key != ("", "Cast"):
+            continue
+        if cast.attrs.get("to") != dtypes.float32.onnx_type:
             continue
         mul = _single_consumer(graph, cast.outputs[0])
         if mul is None or mul.op_key != ("", "Mul") or len(mul.inputs) != 2:

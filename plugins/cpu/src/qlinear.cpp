@@ -125,28 +125,31 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   const Corrections cr{p.colsum.data(), p.zb.data(), rowsum.data(), a.za, a.za_count, p.k};
   const double work = static_cast<double>(M) * static_cast<double>(p.n) * static_cast<double>(p.k);
   if (amx_for(kr, p)) {
-    const i64 mblocks = (M + 31) / 32, pairs = (p.panels + 1) / 2, pairs_per_task = 4;
-    const i64 nblocks = (pairs + pairs_per_task - 1) / pairs_per_task;
-    parallel_for(mblocks * nblocks, threads_for(work, 8e6), [&](i64 task) {
-      const i64 m0 = (task / nblocks) * 32, q0 = (task % nblocks) * pairs_per_task;
-      const int rows = static_cast<int>(std::min<i64>(32, M - m0));
-      const std::uint8_t* ablock = a.a + m0 * a.lda;
-      i64 lda = a.lda;
-      thread_local std::vector<std::uint8_t> tail;
-      const int tile_rows = rows <= 16 ? 16 : 32;
-      if (rows < tile_rows) {  // the last rows, zero-padded to whole 16-row tiles
-        tail.assign(static_cast<std::size_t>(tile_rows * p.k), 0);
-        for (int r = 0; r < rows; ++r) std::memcpy(tail.data() + r * p.k, ablock + r * a.lda, static_cast<std::size_t>(p.k));
-        ablock = tail.data();
-        lda = p.k;
-      }
+    // Tasks are column groups; each runs its panel pairs over every row block, so a pair (2 x K x 16 bytes) is read
+    // from memory once and stays in L1 while the row blocks pass. The last rows (M % 32) are copied once, zero-padded
+    // to whole 16-row tiles.
+    const i64 full = M / 32 * 32, rest = M - full;
+    const int tail_rows = rest == 0 ? 0 : (rest <= 16 ? 16 : 32);
+    std::vector<std::uint8_t> tail(static_cast<std::size_t>(tail_rows * p.k), 0);
+    for (i64 r = 0; r < rest; ++r)
+      std::memcpy(tail.data() + r * p.k, a.a + (full + r) * a.lda, static_cast<std::size_t>(p.k));
+    const i64 pairs = (p.panels + 1) / 2, pairs_per_task = 2;
+    const i64 tasks = (pairs + pairs_per_task - 1) / pairs_per_task;
+    parallel_for(tasks, threads_for(work, 8e6), [&](i64 task) {
       alignas(64) std::int32_t raw[32 * 32];
       amx_begin();
-      for (i64 q = q0; q < std::min(pairs, q0 + pairs_per_task); ++q) {
-        (tile_rows == 16 ? amx_block16 : amx_block32)(p.k, ablock, lda, p.data->p + 2 * q * p.pstride(), p.pstride(),
-                                                      raw);
+      for (i64 q = task * pairs_per_task; q < std::min(pairs, (task + 1) * pairs_per_task); ++q) {
+        const std::int8_t* b = p.data->p + 2 * q * p.pstride();
         const i64 n0 = 2 * q * kPanel;
-        kr.finish(st, cr, m0, rows, n0, static_cast<int>(std::min<i64>(32, p.n - n0)), raw, 32);
+        const int ncols = static_cast<int>(std::min<i64>(32, p.n - n0));
+        for (i64 m0 = 0; m0 < full; m0 += 32) {
+          amx_block32(p.k, a.a + m0 * a.lda, a.lda, b, p.pstride(), raw);
+          kr.finish(st, cr, m0, 32, n0, ncols, raw, 32);
+        }
+        if (rest) {
+          (tail_rows == 16 ? amx_block16 : amx_block32)(p.k, tail.data(), p.k, b, p.pstride(), raw);
+          kr.finish(st, cr, full, static_cast<int>(rest), n0, ncols, raw, 32);
+        }
       }
       amx_end();
     });

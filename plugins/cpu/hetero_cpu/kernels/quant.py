@@ -21,6 +21,7 @@ from .. import _native
 from .common import Call, CallKernel, noop
 from .nn import _pads_nd
 
+
 def _constant_8bit(node: NodeInfo, index: int, what: str, ndim: tuple[int, ...]) -> Support:
     value = node.constants.get(index)
     if value is None:
@@ -39,10 +40,8 @@ def _single_values(node: NodeInfo, indices: tuple[int, ...]) -> Support:
     """The scales / zero points the native stage takes as one value each (a per-row one stays on the reference)."""
     for i in indices:
         info = node.inputs[i] if i < len(node.inputs) else None
-        if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape) and (
-            int(np.prod(info.shape, dtype=np.int64)) != 1
-        ):
-            return unsupported(f"{node.op_type} with input {i} of shape {tuple(info.shape)} (cpu: one value)")
+        if info is not None and info.is_static and int(np.prod(static_shape(info), dtype=np.int64)) != 1:
+            return unsupported(f"{node.op_type} with input {i} of shape {static_shape(info)} (cpu: one value)")
     return SUPPORTED
 
 
