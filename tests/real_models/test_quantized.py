@@ -61,3 +61,15 @@ def test_minilm_int8_weights(agreement: Agreement, length: int) -> None:
     for seed in (0, 1):
         feeds = minilm_feeds(length, seed)
         agreement.check_all(session.run(feeds), ort_run(feeds))
+
+
+def test_magika_qlinearconv(agreement: Agreement) -> None:
+    """magika with its convolution quantized by onnxruntime's quantize_static (scripts/quantize_models.py): the
+    QLinearConv, QuantizeLinear and DequantizeLinear run natively; the float tolerance of every real model here."""
+    path = model_path("magika_qlinearconv")
+    ort_run, session = ort_runner(path), hetero_session(path, agreement, "cpu")
+    assert not agreement.placement, f"fell back: {agreement.placement}"
+    assert "QLinearConv" in {n.op_type for n in session.graph.nodes}
+    model = MODELS["magika_qlinearconv"]
+    feeds = model.feeds(model)
+    agreement.check_all(session.run(feeds), ort_run(feeds))

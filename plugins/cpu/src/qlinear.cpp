@@ -432,23 +432,60 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
   const i64 osize = 1;  // 8-bit output
   py::gil_scoped_release nogil;
   std::vector<std::uint8_t> cols(static_cast<std::size_t>(P * lda + 4), 0);
+  std::vector<std::uint8_t> kmajor(static_cast<std::size_t>(K * P));
   for (i64 n = 0; n < N; ++n)
     for (i64 g = 0; g < c.groups; ++g) {
-      // rows = output positions, K = (ci, ky, kx)
-      for (i64 oy = 0; oy < Ho; ++oy)
-        for (i64 ox = 0; ox < Wo; ++ox) {
-          std::uint8_t* row = cols.data() + (oy * Wo + ox) * lda;
-          i64 kk = 0;
-          for (i64 ci = 0; ci < c.cin_g; ++ci) {
-            const std::uint8_t* plane = xs + ((n * C) + g * c.cin_g + ci) * H * W;
-            for (i64 ky = 0; ky < c.kh; ++ky) {
-              const i64 iy = oy * sh - pt + ky * dh;
-              for (i64 kx = 0; kx < c.kw; ++kx, ++kk) {
-                const i64 ix = ox * sw - pl + kx * dw;
-                row[kk] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? static_cast<std::uint8_t>(plane[iy * W + ix] ^ flip)
-                                                                   : pad_value;
+      // K-major first: row kk = (ci, ky, kx) holds that tap for every output position, copied in runs along the
+      // input rows; then transposed in 32 x 32 blocks into the GEMM's rows of positions.
+      for (i64 ci = 0; ci < c.cin_g; ++ci) {
+        const std::uint8_t* plane = xs + ((n * C) + g * c.cin_g + ci) * H * W;
+        for (i64 ky = 0; ky < c.kh; ++ky)
+          for (i64 kx = 0; kx < c.kw; ++kx) {
+            std::uint8_t* dst = kmajor.data() + ((ci * c.kh + ky) * c.kw + kx) * P;
+            // output columns whose input column ox * sw - pl + kx * dw lies in [0, W)
+            const i64 off = kx * dw - pl;
+            i64 lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+            i64 hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / sw + 1;
+            lo = std::min(lo, Wo);
+            hi = std::max(lo, std::min(hi, Wo));
+            if (Wo == 1 && W == 1) {  // a one-column image (a 1-D signal along H): the tap is a run along H
+              const bool inside = lo < hi;  // this kx lands on the column
+              const i64 tap = ky * dh - pt;  // iy = oy * sh + tap
+              for (i64 oy = 0; oy < Ho; ++oy) {
+                const i64 iy = oy * sh + tap;
+                dst[oy] = inside && iy >= 0 && iy < H ? static_cast<std::uint8_t>(plane[iy] ^ flip) : pad_value;
               }
+              continue;
             }
+            for (i64 oy = 0; oy < Ho; ++oy) {
+              std::uint8_t* d = dst + oy * Wo;
+              const i64 iy = oy * sh - pt + ky * dh;
+              if (iy < 0 || iy >= H) {
+                std::memset(d, pad_value, static_cast<std::size_t>(Wo));
+                continue;
+              }
+              const std::uint8_t* srow = plane + iy * W + off;
+              if (Wo < 16) {  // short rows (a kh x 1 conv on a one-column image): no calls per row
+                for (i64 ox = 0; ox < Wo; ++ox)
+                  d[ox] = ox >= lo && ox < hi ? static_cast<std::uint8_t>(srow[ox * sw] ^ flip) : pad_value;
+                continue;
+              }
+              std::memset(d, pad_value, static_cast<std::size_t>(lo));
+              if (sw == 1 && !flip) {
+                std::memcpy(d + lo, srow + lo, static_cast<std::size_t>(hi - lo));
+              } else {
+                for (i64 ox = lo; ox < hi; ++ox) d[ox] = static_cast<std::uint8_t>(srow[ox * sw] ^ flip);
+              }
+              std::memset(d + hi, pad_value, static_cast<std::size_t>(Wo - hi));
+            }
+          }
+      }
+      for (i64 p0 = 0; p0 < P; p0 += 32)
+        for (i64 k0 = 0; k0 < K; k0 += 32) {
+          const i64 p1 = std::min(P, p0 + 32), k1 = std::min(K, k0 + 32);
+          for (i64 pp = p0; pp < p1; ++pp) {
+            std::uint8_t* d = cols.data() + pp * lda;
+            for (i64 kk = k0; kk < k1; ++kk) d[kk] = kmajor[static_cast<std::size_t>(kk * P + pp)];
           }
         }
       const QPacked& p = *c.packed[static_cast<std::size_t>(g)];
@@ -502,8 +539,54 @@ void py_dynamic_quantize(const py::array& x, const py::array& y, const py::array
   const i64 tasks = (n + chunk - 1) / chunk;
   parallel_for(tasks, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
     const i64 b = t * chunk;
-    kr.quantize_u8(xs + b, std::min(chunk, n - b), s, z, ys + b);
+    kr.quantize8(xs + b, std::min(chunk, n - b), s, z, 0, 255, ys + b);
   });
+}
+
+// QuantizeLinear / DequantizeLinear with one scale and zero point (float32 <-> uint8 / int8).
+void py_quantize_linear(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y) {
+  const char* fn = "quantize_linear";
+  pyx::need_f32(x, fn, "x");
+  pyx::need_contig(x, fn, "x");
+  pyx::need_f32(scale, fn, "scale");
+  need_8bit(y, fn, "y");
+  need_out_size(y, static_cast<i64>(x.size()), fn);
+  const std::vector<std::int32_t> z = zero_points(zp, y, 1, fn, "zero_point");
+  const float s = pyx::cptr<float>(scale)[0];
+  const bool u8 = is_u8(y);
+  const i64 n = static_cast<i64>(x.size());
+  const float* xs = pyx::cptr<float>(x);
+  auto* ys = static_cast<std::uint8_t*>(pyx::mptr<void>(y));
+  py::gil_scoped_release nogil;
+  const QKernels& kr = qk();
+  const i64 chunk = 1 << 16;
+  parallel_for((n + chunk - 1) / chunk, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
+    const i64 b = t * chunk;
+    kr.quantize8(xs + b, std::min(chunk, n - b), s, z[0], u8 ? 0 : -128, u8 ? 255 : 127, ys + b);
+  });
+}
+
+void py_dequantize_linear(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y) {
+  const char* fn = "dequantize_linear";
+  need_8bit(x, fn, "x");
+  pyx::need_contig(x, fn, "x");
+  pyx::need_f32(scale, fn, "scale");
+  pyx::need_f32(y, fn, "y");
+  need_out_size(y, static_cast<i64>(x.size()), fn);
+  const std::vector<std::int32_t> z = zero_points(zp, x, 1, fn, "zero_point");
+  const float s = pyx::cptr<float>(scale)[0];
+  const i64 n = static_cast<i64>(x.size());
+  float* ys = pyx::mptr<float>(y);
+  const int zero = z[0];
+  py::gil_scoped_release nogil;
+  // (x - zp) is exact and its product with the float32 scale rounds once: the reference's float64 result rounded
+  if (is_u8(x)) {
+    const std::uint8_t* xs = pyx::cptr<std::uint8_t>(x);
+    for (i64 i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int>(xs[i]) - zero) * s;
+  } else {
+    const std::int8_t* xs = pyx::cptr<std::int8_t>(x);
+    for (i64 i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int>(xs[i]) - zero) * s;
+  }
 }
 
 }  // namespace
@@ -529,6 +612,9 @@ void bind(py::module_& m) {
   m.def("qconv", &py_qconv, py::arg("x"), py::arg("weights"), py::arg("x_zero_point"), py::arg("x_scale"),
         py::arg("w_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("bias"), py::arg("strides"),
         py::arg("pads"), py::arg("dilations"), py::arg("out"));
+  m.def("quantize_linear", &py_quantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("y"));
+  m.def("dequantize_linear", &py_dequantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"),
+        py::arg("y"));
   m.def("dynamic_quantize", &py_dynamic_quantize, py::arg("x"), py::arg("y"), py::arg("scale"), py::arg("zero_point"));
 }
 

@@ -28,8 +28,9 @@ constexpr int kNP = 4;      // panels per tile (64 columns)
 // panels at b + p * pstride (bytes), k4 groups of 4 (a rows padded to 4 k4 bytes).
 using TileFn = void (*)(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
                         std::int32_t* c, i64 ldc);
-// y[i] = saturate(round_half_even(x[i] / scale) + zp) to uint8 (zp in 0..255); NaN -> 0 like the reference.
-using QuantizeFn = void (*)(const float* x, i64 n, float scale, int zp, std::uint8_t* y);
+// y[i] = saturate(round_half_even(x[i] / scale) + zp) to [qmin, qmax] (uint8: 0, 255; int8: -128, 127), stored as
+// bytes; NaN -> qmin (what the reference gives for uint8: its float -> int cast of NaN reads 0).
+using QuantizeFn = void (*)(const float* x, i64 n, float scale, int zp, int qmin, int qmax, std::uint8_t* y);
 // min and max of x[0:n] (n >= 1).
 using MinMaxFn = void (*)(const float* x, i64 n, float* lo, float* hi);
 
@@ -66,7 +67,7 @@ struct QKernels {
   const char* name;
   int mr, np;  // the tile this ISA's registers hold: rows, panels
   TileFn tile;
-  QuantizeFn quantize_u8;
+  QuantizeFn quantize8;
   MinMaxFn minmax;
   FinishFn finish;
   RowSumFn rowsums;

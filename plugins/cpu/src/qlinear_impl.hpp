@@ -106,8 +106,8 @@ void tile(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8
   }
 }
 
-void quantize_u8(const float* x, i64 n, float scale, int zp, std::uint8_t* y) {
-  const float lo = static_cast<float>(-zp), hi = static_cast<float>(255 - zp);
+void quantize8(const float* x, i64 n, float scale, int zp, int qmin, int qmax, std::uint8_t* y) {
+  const float lo = static_cast<float>(qmin - zp), hi = static_cast<float>(qmax - zp);
   i64 i = 0;
 #if defined(QLIN_ISA_VNNI)
   // maxps / minps return their second operand when the first is NaN: NaN -> lo, as below

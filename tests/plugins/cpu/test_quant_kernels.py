@@ -245,3 +245,19 @@ def test_fusion_pass_leaves_other_patterns_alone():
     graph.nodes.append(Node("Identity", ["accf"], ["extra"]))
     graph.outputs.append("extra")
     assert passes.fuse_matmul_integer_scale(graph) == 0
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_quantize_dequantize_linear_match_reference(isa, threads, dtype):
+    rng = np.random.default_rng(7)
+    scale = np.array(0.05, np.float32)
+    zp = np.array(3 if dtype is np.uint8 else -4, dtype)
+    # ties (k + 0.5 steps), values far outside the range, and ordinary ones
+    x = np.concatenate([(np.arange(-300, 300) + 0.5) * scale, rng.normal(0, 4, 70_001).astype(np.float32),
+                        np.array([1e9, -1e9, 0.0], np.float32)]).astype(np.float32)
+    y = np.empty(x.shape, dtype)
+    _native.quantize_linear(x, scale, zp, y)
+    np.testing.assert_array_equal(y, _reference("QuantizeLinear", [x, scale, zp])[0])
+    back = np.empty(x.shape, np.float32)
+    _native.dequantize_linear(y, scale, zp, back)
+    np.testing.assert_array_equal(back, _reference("DequantizeLinear", [y, scale, zp])[0])

@@ -1,4 +1,5 @@
-"""Quantized ONNX ops on the native int8 kernels (``src/qlinear*.cpp``): DynamicQuantizeLinear, MatMulInteger,
+"""Quantized ONNX ops on the native int8 kernels (``src/qlinear*.cpp``): QuantizeLinear / DequantizeLinear (one scale
+and zero point), DynamicQuantizeLinear, MatMulInteger,
 the fused MatMulInteger -> Cast -> Mul of dynamically quantized models (``hetero::MatMulIntegerScaled``, made by
 ``hetero.ir.passes.fuse_matmul_integer_scale``), QLinearMatMul and QLinearConv.
 
@@ -65,6 +66,49 @@ class CpuDynamicQuantizeLinear(CallKernel):
         x = np.ascontiguousarray(inputs[0].numpy())
         return functools.partial(_native.dynamic_quantize, x, outputs[0].buffer, outputs[1].buffer,
                                  outputs[2].buffer)
+
+
+def _per_tensor(node: NodeInfo, x_types: tuple, what: str) -> Support:
+    """QuantizeLinear / DequantizeLinear with one scale and zero point, float32 on the float side, 8-bit integers on
+    the other (per-axis / blocked parameters, other types and ``precision`` stay on the reference)."""
+    x = node.inputs[0]
+    if x is not None and x.dtype not in x_types:
+        return unsupported(f"{node.op_type} of {x.dtype} (cpu: {what})")
+    if node.attr("block_size", 0) or node.attr("precision", 0):
+        return unsupported(f"{node.op_type} with block_size / precision (cpu: one scale)")
+    scale = node.inputs[1] if len(node.inputs) > 1 else None
+    if scale is not None and scale.dtype != dtypes.float32:
+        return unsupported(f"{node.op_type} with a {scale.dtype} scale (cpu: float32)")
+    for out in node.outputs:
+        if out.dtype not in (dtypes.float32, dtypes.uint8, dtypes.int8):
+            return unsupported(f"{node.op_type} to {out.dtype} (cpu: float32 / uint8 / int8)")
+    return _single_values(node, (1, 2))
+
+
+class CpuQuantizeLinear(CallKernel):
+    """float32 -> uint8 / int8 with one scale and zero point: round half to even, saturate."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return _per_tensor(node, (dtypes.float32,), "float32 in")
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        return functools.partial(_native.quantize_linear, np.ascontiguousarray(inputs[0].numpy()),
+                                 np.ascontiguousarray(inputs[1].numpy()), zp, outputs[0].buffer)
+
+
+class CpuDequantizeLinear(CallKernel):
+    """uint8 / int8 -> float32 with one scale and zero point."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return _per_tensor(node, (dtypes.uint8, dtypes.int8), "uint8 / int8 in")
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        return functools.partial(_native.dequantize_linear, np.ascontiguousarray(inputs[0].numpy()),
+                                 np.ascontiguousarray(inputs[1].numpy()), zp, outputs[0].buffer)
 
 
 class CpuMatMulInteger(CallKernel):
@@ -183,6 +227,8 @@ class CpuQLinearConv(CallKernel):
 
 
 KERNELS = {
+    ("", "QuantizeLinear"): CpuQuantizeLinear,
+    ("", "DequantizeLinear"): CpuDequantizeLinear,
     ("", "DynamicQuantizeLinear"): CpuDynamicQuantizeLinear,
     ("", "MatMulInteger"): CpuMatMulInteger,
     ("hetero", "MatMulIntegerScaled"): CpuMatMulIntegerScaled,
