@@ -135,7 +135,7 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
       std::memcpy(tail.data() + r * p.k, a.a + (full + r) * a.lda, static_cast<std::size_t>(p.k));
     const i64 pairs = (p.panels + 1) / 2, pairs_per_task = 2;
     const i64 tasks = (pairs + pairs_per_task - 1) / pairs_per_task;
-    parallel_for(tasks, threads_for(work, 8e6), [&](i64 task) {
+    parallel_for(tasks, threads_for(work, 4e6), [&](i64 task) {
       alignas(64) std::int32_t raw[32 * 32];
       amx_begin();
       for (i64 q = task * pairs_per_task; q < std::min(pairs, (task + 1) * pairs_per_task); ++q) {
