@@ -364,6 +364,7 @@ void py_qgemm_requant(const py::array& a, const QPacked& p, const py::object& a_
 struct QConv {
   i64 cout = 0, cin_g = 0, kh = 0, kw = 0, groups = 1;
   std::vector<std::shared_ptr<QPacked>> packed;  // per group: K = cin_g * kh * kw, N = cout / groups
+  std::vector<std::int32_t> depthwise;           // one channel per group: w - w_zero_point, [cout][kh * kw]
 };
 
 std::shared_ptr<QConv> py_qconv_pack(const py::array& w, const py::object& zp, i64 groups) {
@@ -389,7 +390,40 @@ std::shared_ptr<QConv> py_qconv_pack(const py::array& w, const py::object& zp, i
               z.size() == 1 ? 1 : og);
     c->packed.push_back(p);
   }
+  if (c->cin_g == 1 && og == 1) {  // depthwise: taps accumulated directly (a GEMM per channel would have N = 1)
+    const bool u8 = is_u8(w);
+    for (i64 o = 0; o < c->cout; ++o)
+      for (i64 t = 0; t < K; ++t) {
+        const std::uint8_t raw = src[o * K + t];
+        const int v = u8 ? static_cast<int>(raw) : static_cast<int>(static_cast<std::int8_t>(raw));
+        c->depthwise.push_back(v - z[z.size() == 1 ? 0 : o]);
+      }
+  }
   return c;
+}
+
+// Depthwise QLinearConv, one channel of one image: acc[P] = sum over taps of (x - x_zp) (w - w_zp), exact int32.
+template <class T>
+void depthwise_channel(const T* plane, i64 H, i64 W, const std::int32_t* w, i64 kh, i64 kw, i64 sh, i64 sw, i64 dh,
+                       i64 dw, i64 pt, i64 pl, i64 Ho, i64 Wo, std::int32_t zx, std::int32_t* acc) {
+  std::fill(acc, acc + Ho * Wo, 0);
+  for (i64 ky = 0; ky < kh; ++ky)
+    for (i64 kx = 0; kx < kw; ++kx) {
+      const std::int32_t wt = w[ky * kw + kx];
+      const i64 off = kx * dw - pl;
+      const i64 lo = std::min(Wo, off >= 0 ? i64{0} : (-off + sw - 1) / sw);
+      const i64 hi = std::max(lo, std::min(Wo, W - 1 - off < 0 ? i64{0} : (W - 1 - off) / sw + 1));
+      for (i64 oy = 0; oy < Ho; ++oy) {
+        const i64 iy = oy * sh - pt + ky * dh;
+        if (iy < 0 || iy >= H) continue;  // padding: x - x_zp = 0
+        const T* srow = plane + iy * W + off;
+        std::int32_t* a = acc + oy * Wo;
+        if (sw == 1)
+          for (i64 ox = lo; ox < hi; ++ox) a[ox] += (static_cast<std::int32_t>(srow[ox]) - zx) * wt;
+        else
+          for (i64 ox = lo; ox < hi; ++ox) a[ox] += (static_cast<std::int32_t>(srow[ox * sw]) - zx) * wt;
+      }
+    }
 }
 
 void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const py::array& x_scale,
@@ -431,6 +465,32 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
   auto* o = static_cast<std::uint8_t*>(pyx::mptr<void>(out));
   const i64 osize = 1;  // 8-bit output
   py::gil_scoped_release nogil;
+  if (!c.depthwise.empty()) {
+    // per channel: exact sums, then the output stage with this channel's multiplier and bias along the positions
+    const std::vector<std::int32_t> zeros(static_cast<std::size_t>(std::max(P, c.cout)), 0);  // no corrections
+    const Corrections cr{zeros.data(), zeros.data(), zeros.data(), zeros.data(), 1, 0};
+    parallel_for(N * c.cout, threads_for(static_cast<double>(N * c.cout * P * K), 2e5), [&](i64 task) {
+      const i64 n = task / c.cout, ch = task % c.cout;
+      std::vector<std::int32_t> acc(static_cast<std::size_t>(P));
+      std::vector<float> sc(static_cast<std::size_t>(P), mult[static_cast<std::size_t>(ch)]);
+      std::vector<std::int32_t> ib(static_cast<std::size_t>(P), ibias ? ibias[ch] : 0);
+      const std::int32_t* w = c.depthwise.data() + ch * K;
+      if (s8)
+        depthwise_channel(reinterpret_cast<const std::int8_t*>(xs) + (n * C + ch) * H * W, H, W, w, c.kh, c.kw, sh,
+                          sw, dh, dw, pt, pl, Ho, Wo, zx[0], acc.data());
+      else
+        depthwise_channel(xs + (n * C + ch) * H * W, H, W, w, c.kh, c.kw, sh, sw, dh, dw, pt, pl, Ho, Wo, zx[0],
+                          acc.data());
+      OutStage sc_st = st;  // row = the channel, columns = its positions
+      sc_st.scale = sc.data();
+      sc_st.ibias = ib.data();
+      sc_st.out = o + (n * c.cout) * P * osize;
+      sc_st.rs = P;
+      sc_st.cs = 1;
+      qk().finish(sc_st, cr, ch, 1, 0, static_cast<int>(P), acc.data(), P);
+    });
+    return;
+  }
   std::vector<std::uint8_t> cols(static_cast<std::size_t>(P * lda + 4), 0);
   std::vector<std::uint8_t> kmajor(static_cast<std::size_t>(K * P));
   for (i64 n = 0; n < N; ++n)

@@ -162,6 +162,8 @@ def _qconv_want(x, w, xzp, wzp, x_s, w_s, y_s, y_zp, bias, attrs):
     dict(x=(2, 16, 10, 10), w=(24, 16, 1, 1)),
     dict(x=(1, 8, 12, 12), w=(16, 8, 3, 3), strides=[2, 2], pads=[1, 0, 1, 2]),
     dict(x=(1, 8, 9, 9), w=(8, 1, 3, 3), group=8, pads=[1, 1, 1, 1]),
+    dict(x=(2, 12, 17, 20), w=(12, 1, 5, 3), group=12, strides=[2, 3], pads=[2, 0, 1, 1], dilations=[1, 2]),
+    dict(x=(1, 6, 7, 7), w=(12, 1, 3, 3), group=6, pads=[1, 1, 1, 1]),  # two outputs per channel: a GEMM each
     dict(x=(1, 6, 10, 10), w=(4, 3, 3, 3), group=2, dilations=[2, 2]),
     dict(x=(1, 4, 30), w=(6, 4, 5), pads=[2, 2]),
 ])
