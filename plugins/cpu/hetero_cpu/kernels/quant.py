@@ -119,6 +119,9 @@ class CpuMatMulInteger(CallKernel):
         verdict = _constant_8bit(node, 1, "B", (2,))
         if verdict:
             verdict = _optional_is_constant(node, 3, "b_zero_point")
+        a = node.inputs[0]
+        if verdict and (a is None or a.rank is None or a.rank > 2):  # per-row zero points are rows of a 2-D A
+            verdict = _single_values(node, (2,))
         return verdict
 
     def __init__(self, node: NodeInfo, backend: Backend) -> None:
