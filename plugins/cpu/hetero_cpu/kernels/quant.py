@@ -85,30 +85,33 @@ def _per_tensor(node: NodeInfo, x_types: tuple, what: str) -> Support:
     return _single_values(node, (1, 2))
 
 
-class CpuQuantizeLinear(CallKernel):
+class _PerTensorKernel(CallKernel):
+    """x -> y with one scale and zero point, by the native function ``convert``."""
+
+    convert = staticmethod(_native.quantize_linear)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        return functools.partial(self.convert, np.ascontiguousarray(inputs[0].numpy()),
+                                 np.ascontiguousarray(inputs[1].numpy()), zp, outputs[0].buffer)
+
+
+class CpuQuantizeLinear(_PerTensorKernel):
     """float32 -> uint8 / int8 with one scale and zero point: round half to even, saturate."""
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         return _per_tensor(node, (dtypes.float32,), "float32 in")
 
-    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
-        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
-        return functools.partial(_native.quantize_linear, np.ascontiguousarray(inputs[0].numpy()),
-                                 np.ascontiguousarray(inputs[1].numpy()), zp, outputs[0].buffer)
 
-
-class CpuDequantizeLinear(CallKernel):
+class CpuDequantizeLinear(_PerTensorKernel):
     """uint8 / int8 -> float32 with one scale and zero point."""
+
+    convert = staticmethod(_native.dequantize_linear)
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         return _per_tensor(node, (dtypes.uint8, dtypes.int8), "uint8 / int8 in")
-
-    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
-        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
-        return functools.partial(_native.dequantize_linear, np.ascontiguousarray(inputs[0].numpy()),
-                                 np.ascontiguousarray(inputs[1].numpy()), zp, outputs[0].buffer)
 
 
 class CpuMatMulInteger(CallKernel):
