@@ -247,3 +247,21 @@ def test_one_hot_matmul_left_alone_unless_exact():
         x = np.array([[0, 1, 2, 3, 4, 5]], np.int32)
         session = _compare(model, {"x": x}, "reference")
         assert session.rewrites["one_hot_matmul_to_gather"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pow_by_two_or_three_becomes_products(backend):
+    f32 = np.float32
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]), helper.make_node("Pow", ["x", "three"], ["cube"]),
+             helper.make_node("Pow", ["x", "half"], ["root"]), helper.make_node("Pow", ["x", "twos"], ["sq1"])]
+    inits = [("two", np.array(2.0, f32)), ("three", np.array(3.0, f32)), ("half", np.array(0.5, f32)),
+             ("twos", np.array([2.0], f32))]  # a 1-element vector may broadcast a scalar x: left alone
+    outs = [(n, TensorProto.FLOAT, None) for n in ("sq", "cube", "root", "sq1")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4, 33])], outs, inits)
+    x = np.abs(np.random.default_rng(8).normal(size=(4, 33)).astype(f32)) * 3
+    session = _compare(model, {"x": x}, backend, rtol=2e-7, atol=0)  # the cube: two roundings, not powf's one
+    assert session.rewrites["pow_to_mul"] == 2
+    assert sorted(_ops(session)) == ["Mul", "Mul", "Mul", "Pow", "Pow"]
+    got = session.run({"x": x})
+    np.testing.assert_array_equal(got["sq"], x * x)
+    np.testing.assert_array_equal(got["cube"], x * x * x)
