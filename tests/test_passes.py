@@ -265,3 +265,21 @@ def test_pow_by_two_or_three_becomes_products(backend):
     got = session.run({"x": x})
     np.testing.assert_array_equal(got["sq"], x * x)
     np.testing.assert_array_equal(got["cube"], x * x * x)
+
+
+def test_fold_and_infer_orders_a_graph_a_rewrite_left_unordered():
+    # A pass that inserts a producer after its reader must not lose it: inference and pruning (which walks the
+    # node list backwards) used to drop the producer, the model then failing or computing something else.
+    from hetero.contract import dtypes
+    from hetero.contract.graph import Graph, Node
+    from hetero.contract.tensor import TensorInfo
+    from hetero.runtime.infer import fold_and_infer
+
+    graph = Graph(
+        nodes=[Node("Relu", ["t"], ["y"], name="reader"), Node("Neg", ["x"], ["t"], name="producer")],
+        inputs=["x"], outputs=["y"],
+    )
+    graph.values["x"] = TensorInfo(dtypes.float32, (2, 3))
+    fold_and_infer(graph)
+    assert [n.name for n in graph.nodes] == ["producer", "reader"]
+    assert graph.values["y"].shape == (2, 3)
