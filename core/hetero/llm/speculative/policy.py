@@ -13,7 +13,8 @@ replay: ``runtime/executor.py``): they stand in for the size's cost only until a
 count towards judging drafting.
 
 What is really measured also decides: plain decoding's cost is re-sampled at the start and every ``PROBE_EVERY``
-speculative steps, and when the speculative steps' seconds per committed token exceed plain decoding's, drafting is
+speculative steps, and when the recent speculative steps' seconds per committed token (their summed seconds over
+their summed tokens, decayed) exceed plain decoding's, drafting is
 switched off for ``backoff`` tokens (doubling each time it fails again, reset when it pays). So a drafter that is
 rarely right costs a few probe steps, not a slowdown.
 
@@ -43,6 +44,7 @@ DECAY = 0.9  # weight of the past in the acceptance counts
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra token in a step, until steps of that size are measured
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.5, 2.0  # a class's first draft position starts at 1/2 with the weight of 2 drafts
 RATE_DECAY = 0.95  # weight of the past in the generation's tokens per second (λ)
+SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per token (judging drafting)
 
 
 class DraftPolicy:
@@ -56,7 +58,7 @@ class DraftPolicy:
         self.tokens_done = self.seconds_done = 0.0  # decayed, warm steps: the generation's rate λ
         self.cost: dict[int, float] = {}  # tokens scored in a step -> seconds (running)
         self.runs: dict[int, int] = {}  # tokens scored in a step -> steps of that size so far
-        self.spec_cost: float | None = None  # seconds per committed token of speculative steps (running)
+        self.spec_tokens = self.spec_seconds = 0.0  # decayed, warm speculative steps since the last judgement
         self.accepted = 0.0  # decayed counts of accepted drafts and of rejections
         self.rejected = 0.0
         self.spec_steps = 0  # since the last judgement
@@ -113,6 +115,12 @@ class DraftPolicy:
         return out
 
     @property
+    def spec_cost(self) -> float | None:
+        """Seconds per committed token of the recent warm speculative steps (a ratio of decayed sums: one long
+        draft rejected at once weighs by its seconds, not as one of a few equal votes), None before one."""
+        return self.spec_seconds / self.spec_tokens if self.spec_tokens > 0 else None
+
+    @property
     def rate(self) -> float:
         """The generation's recent committed tokens per second (0 before a warm step)."""
         return self.tokens_done / self.seconds_done if self.seconds_done > 0 else 0.0
@@ -143,20 +151,22 @@ class DraftPolicy:
                 counts[i][0] = DECAY * counts[i][0] + (i < accepted)
                 counts[i][1] = DECAY * counts[i][1] + 1
         if warm:
-            self.spec_cost = _smooth(self.spec_cost, seconds / max(committed, 1))
+            self.spec_tokens = SPEC_DECAY * self.spec_tokens + committed
+            self.spec_seconds = SPEC_DECAY * self.spec_seconds + seconds
             self.spec_steps += 1
         if not self.adaptive:
             return
         self.k = self._best_length(self.accepted / max(self.accepted + self.rejected, 1e-9))
         plain = self.plain_cost
-        if self.spec_steps < MIN_SPEC_STEPS or plain is None or self.spec_cost is None:
+        spec = self.spec_cost
+        if self.spec_steps < MIN_SPEC_STEPS or plain is None or spec is None:
             return
-        if self.spec_cost > plain:
+        if spec > plain:
             self.off_until = produced + self.backoff
             self.backoff = min(2 * self.backoff, BACKOFF_MAX)
             self.switched_off += 1
             self.spec_steps = 0
-            self.spec_cost = None
+            self.spec_tokens = self.spec_seconds = 0.0
         elif self.spec_steps >= 4 * MIN_SPEC_STEPS:
             self.backoff = BACKOFF_START  # it pays: a later bad stretch starts with a short pause again
 
