@@ -156,3 +156,12 @@ def test_cut_maximizes_the_expected_gain_at_the_generations_rate():
     assert cut(0.5, 0.6) == 3  # below plain decoding's rate: judged at plain decoding's
     assert cut(None, 0.1) == 0  # 0.1 < 0.2: a plain step
     assert cut(None, 0.95) == 8  # 0.95^8 = 0.66 > 0.2: as long as allowed
+
+
+def test_a_step_is_never_priced_below_a_smaller_one():
+    # steps of 9 tokens happened to be timed fast (noise): 8 drafts must not look cheaper than 3
+    policy = _priced(8, 0.2)
+    policy.cost[9] = 1.1
+    policy.classes[0] = [[600.0, 1000.0]] * 8  # 60% per position: 3 drafts pay at the true costs (test above)
+    assert policy.cut(0) == 3
+    assert policy._estimated_cost(9, 1.0) == pytest.approx(2.4)  # the 8-token step's cost, not the 1.1 measured

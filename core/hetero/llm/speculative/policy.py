@@ -183,14 +183,18 @@ class DraftPolicy:
         return best
 
     def _estimated_cost(self, size: int, plain: float) -> float:
+        """The seconds of a step of ``size`` tokens: measured, interpolated or extrapolated, and never below a
+        smaller step's (a size whose few timings came out low on a noisy machine would otherwise be drafted for
+        exactly that noise)."""
+        floor = max((c for s, c in self.cost.items() if s < size), default=0.0)
         if size in self.cost:
-            return self.cost[size]
+            return max(self.cost[size], floor)
         below = max((s for s in self.cost if s < size), default=1)
         above = min((s for s in self.cost if s > size), default=None)
         low = self.cost.get(below, plain)
         if above is not None:  # between two measured sizes: linear
-            return low + (self.cost[above] - low) * (size - below) / (above - below)
-        return low + plain * PRIOR_SLOPE * (size - below)
+            return max(low + (self.cost[above] - low) * (size - below) / (above - below), floor)
+        return max(low + plain * PRIOR_SLOPE * (size - below), floor)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
