@@ -14,23 +14,23 @@ count towards judging drafting.
 
 What is really measured also decides: plain decoding's cost is re-sampled at the start and every ``PROBE_EVERY``
 speculative steps, and when the recent speculative steps' seconds per committed token (their summed seconds over
-their summed tokens, decayed) exceed plain decoding's, drafting is
-switched off for ``backoff`` tokens (doubling each time it fails again, reset when it pays). So a drafter that is
-rarely right costs a few probe steps, not a slowdown.
+their summed tokens, decayed) exceed plain decoding's, drafting is switched off for ``backoff`` tokens (doubling
+each time it fails again, reset when it pays). So a drafter that is rarely right costs a few probe steps, not a
+slowdown.
 
 Graded drafters (``Drafter.graded``: free drafts with a ``confidence`` class, the lookahead's match length): the
 loop asks for ``max_draft`` tokens and ``cut(confidence)`` keeps the k with the largest expected gain. Each class
-keeps the acceptance of each draft position apart (p_i: the chance that draft token i is right once tokens
-0 .. i-1 were; decayed counts; a position not seen yet starts at the one before it, the first at the nearest lower
-class's, at least 1/2): a draft that has run on for a few tokens usually runs on further, which one α per class
-cannot say. A step of k drafts
-commits E(k) = 1 + p_0 + p_0 p_1 + ... + p_0 .. p_(k-1) tokens and costs C(k + 1) seconds (the measured step
-costs); its gain is E(k) - λ C(k + 1), where λ is the tokens per second the generation reaches (decayed over its
-recent steps, never below plain decoding's 1 / C(1)). Maximizing that gain step by step maximizes the tokens per
-second of the whole generation (the renewal-reward / Dinkelbach argument), where maximizing each step's own
-E(k) / C(k + 1) would cut strong drafts too short: the k-th draft token is worth scoring while
-p_0 .. p_(k-1) > λ (C(k + 1) - C(k)), i.e. while the chance it is committed pays for its row of the verify step
-at the rate the generation already reaches. k = 0 (a plain step) wins when no draft has a positive gain over it.
+keeps the acceptance of each draft position apart (p_i: the chance that draft token i is right once tokens 0 .. i-1
+were; decayed counts; a position not seen yet starts at the one before it, the first at the nearest lower class's,
+at least 1/2): a draft that has run on for a few tokens usually runs on further, which one α per class cannot say. A
+step of k drafts commits E(k) = 1 + p_0 + p_0 p_1 + ... + p_0 .. p_(k-1) tokens and costs C(k + 1) seconds (the
+measured step costs, never below a smaller step's); its gain is E(k) - λ C(k + 1), where λ is the tokens per second
+the generation reaches (decayed over its recent steps, never below plain decoding's 1 / C(1)). Maximizing that gain
+step by step maximizes the tokens per second of the whole generation (the renewal-reward / Dinkelbach argument),
+where maximizing each step's own E(k) / C(k + 1) would cut strong drafts too short: the k-th draft token is worth
+scoring while p_0 .. p_(k-1) > λ (C(k + 1) - C(k)), i.e. while the chance it is committed pays for its row of the
+verify step at the rate the generation already reaches. k = 0 (a plain step) wins when no draft has a positive gain
+over it.
 """
 
 from __future__ import annotations
