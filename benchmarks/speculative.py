@@ -99,6 +99,8 @@ def main() -> None:
     args = parser.parse_args()
     blocks = [int(b) for b in args.blocks.split(",")]
     if args.live:
+        if not args.gguf:
+            parser.error("--live needs --gguf MODEL (a real model: the prompts are text)")
         live(args.gguf, args.threads, args.n, args.reps)
         return
     for threads in args.threads:
