@@ -394,7 +394,8 @@ class KernelProgram:
             step.kernel.run(ins, outs)
         if recorder is not None:
             fresh = [t is None for t in step.arena_outs or [None] * len(outs)]
-            recorder.call(step.kernel, ins, outs, fresh, step.out_infos, backend)
+            value_inputs = [i for i in schema.value_inputs if i not in step.const_values]
+            recorder.call(step.kernel, ins, outs, fresh, step.out_infos, backend, value_inputs)
         for name, out in zip(outputs, outs, strict=False):
             if name:
                 env[name] = out
