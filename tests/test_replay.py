@@ -155,12 +155,12 @@ def test_reshape_to_a_fed_shape_does_not_replay():
         assert session.run({"x": x, "shape": np.array(shape, np.int64)})["y"].shape == tuple(shape)
 
 
-REAL_MODELS = ["magika", "ppocr_mobile_cls", "silero_vad_openvino_16k", "silero_vad_16k_op15"]
+REAL_MODELS = ["magika", "ppocr_mobile_cls", "silero_vad_openvino_16k", "silero_vad_16k_op15", "minilm_l3"]
 
 
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="the cpu backend (hetero_cpu) is not built")
 @pytest.mark.parametrize("name", REAL_MODELS)
-def test_real_models_replay_what_the_interpreter_computes(name):
+def test_real_models_replay_what_the_interpreter_computes(name, monkeypatch):
     from real_models.models import MODELS
 
     model = MODELS[name]
@@ -171,11 +171,17 @@ def test_real_models_replay_what_the_interpreter_computes(name):
     session = hetero.Session(str(path), backends=["cpu"], on_fallback="silent")
     interpreted = session.run(feeds)
     session.run(feeds)  # planned and recorded
-    assert all(p.replay is not None for p in session.programs if isinstance(p, KernelProgram))
+    programs = [p for p in session.programs if isinstance(p, KernelProgram)]
+    assert all(p.replay is not None for p in programs)
+    steps: list[object] = []  # a replay that failed would run (and record) interpreted again
+    for program in programs:
+        run_step = program._run_step
+        monkeypatch.setattr(program, "_run_step", lambda step, *a, run=run_step: steps.append(step) or run(step, *a))
     for _ in range(2):
         replayed = session.run(feeds)
         for key, value in interpreted.items():
             np.testing.assert_array_equal(replayed[key], value, err_msg=f"{name}: {key}")
+    assert not steps, f"{name}: {len(steps)} interpreted steps after the replay was recorded"
 
 
 def _if_on_batch_model(then_nodes, then_out, else_nodes, else_out):
