@@ -289,3 +289,39 @@ def test_one_hot_matmul_left_alone_unless_exact():
         x = np.array([[0, 1, 2, 3, 4, 5]], np.int32)
         session = _compare(model, {"x": x}, "reference")
         assert session.rewrites["one_hot_matmul_to_gather"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pow_by_two_or_three_becomes_products(backend):
+    f32 = np.float32
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]), helper.make_node("Pow", ["x", "three"], ["cube"]),
+             helper.make_node("Pow", ["x", "half"], ["root"]), helper.make_node("Pow", ["x", "twos"], ["sq1"])]
+    inits = [("two", np.array(2.0, f32)), ("three", np.array(3.0, f32)), ("half", np.array(0.5, f32)),
+             ("twos", np.array([2.0], f32))]  # a 1-element vector may broadcast a scalar x: left alone
+    outs = [(n, TensorProto.FLOAT, None) for n in ("sq", "cube", "root", "sq1")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4, 33])], outs, inits)
+    x = np.abs(np.random.default_rng(8).normal(size=(4, 33)).astype(f32)) * 3
+    session = _compare(model, {"x": x}, backend, rtol=2e-7, atol=0)  # the cube: two roundings, not powf's one
+    assert session.rewrites["pow_to_mul"] == 2
+    assert sorted(_ops(session)) == ["Mul", "Mul", "Mul", "Pow", "Pow"]
+    got = session.run({"x": x})
+    np.testing.assert_array_equal(got["sq"], x * x)
+    np.testing.assert_array_equal(got["cube"], x * x * x)
+
+
+def test_fold_and_infer_orders_a_graph_a_rewrite_left_unordered():
+    # A pass that inserts a producer after its reader must not lose it: inference and pruning (which walks the
+    # node list backwards) used to drop the producer, the model then failing or computing something else.
+    from hetero.contract import dtypes
+    from hetero.contract.graph import Graph, Node
+    from hetero.contract.tensor import TensorInfo
+    from hetero.runtime.infer import fold_and_infer
+
+    graph = Graph(
+        nodes=[Node("Relu", ["t"], ["y"], name="reader"), Node("Neg", ["x"], ["t"], name="producer")],
+        inputs=["x"], outputs=["y"],
+    )
+    graph.values["x"] = TensorInfo(dtypes.float32, (2, 3))
+    fold_and_infer(graph)
+    assert [n.name for n in graph.nodes] == ["producer", "reader"]
+    assert graph.values["y"].shape == (2, 3)
