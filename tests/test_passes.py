@@ -136,6 +136,48 @@ def test_gelu_tanh_with_a_shared_intermediate_is_left_alone():
     assert session.rewrites["fuse_gelu_tanh"] == 0
 
 
+def _gelu_erf_nodes(x: str, y: str, form: str) -> list:
+    """Exact GELU as PyTorch exports it: x / sqrt(2) (or * 1/sqrt(2)), Erf, + 1, and the halving in one of three
+    places."""
+    mul = helper.make_node
+    scale = (mul("Div", [x, "c_sqrt2"], ["e0"]) if form != "mul_first" else mul("Mul", ["c_rsqrt2", x], ["e0"]))
+    head = [scale, mul("Erf", ["e0"], ["e1"]), mul("Add", ["e1", "c_one"], ["e2"])]
+    if form == "half_last":  # (x * (1 + erf)) * 0.5: BERT's export
+        return [*head, mul("Mul", [x, "e2"], ["e3"]), mul("Mul", ["e3", "c_half"], [y])]
+    if form == "half_inner":  # x * ((1 + erf) * 0.5)
+        return [*head, mul("Mul", ["c_half", "e2"], ["e3"]), mul("Mul", ["e3", x], [y])]
+    return [mul("Mul", [x, "c_half"], ["h"]), *head, mul("Mul", ["h", "e2"], [y])]  # (x * 0.5) * (1 + erf)
+
+
+_GELU_ERF_CONSTANTS = [("c_sqrt2", np.array(np.sqrt(2), np.float32)), ("c_rsqrt2", np.array(np.sqrt(0.5), np.float32)),
+                       ("c_one", np.array(1.0, np.float32)), ("c_half", np.array(0.5, np.float32))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form", ["half_last", "half_inner", "mul_first"])
+def test_gelu_erf_written_out_becomes_one_node(backend, form):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sub", ["x", "r"], ["g"]),
+             *_gelu_erf_nodes("g", "y", form)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3, 40])], [("y", TensorProto.FLOAT, None)],
+                       _GELU_ERF_CONSTANTS)
+    x = np.random.default_rng(7).normal(size=(3, 40)).astype(np.float32) * 3
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["fuse_gelu_erf"] == 1
+    assert _ops(session) == ["Relu", "Sub", "Gelu"]
+
+
+def test_gelu_erf_with_a_wrong_constant_or_a_shared_intermediate_is_left_alone():
+    x = {"x": np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)}
+    shared = [*_gelu_erf_nodes("x", "y", "half_last"), helper.make_node("Add", ["y", "e1"], ["z"])]  # erf read twice
+    model = make_model(shared, [("x", TensorProto.FLOAT, [2, 8])], [("z", TensorProto.FLOAT, None)],
+                       _GELU_ERF_CONSTANTS)
+    assert _compare(model, x, "reference").rewrites["fuse_gelu_erf"] == 0
+    wrong = [(name, np.array(0.25, np.float32) if name == "c_half" else v) for name, v in _GELU_ERF_CONSTANTS]
+    model = make_model(_gelu_erf_nodes("x", "y", "half_last"), [("x", TensorProto.FLOAT, [2, 8])],
+                       [("y", TensorProto.FLOAT, None)], wrong)
+    assert _compare(model, x, "reference").rewrites["fuse_gelu_erf"] == 0
+
+
 def test_no_scale_fold_of_a_spatial_constant_or_a_divided_constant():
     rng = np.random.default_rng(5)
     f32 = np.float32
@@ -247,3 +289,39 @@ def test_one_hot_matmul_left_alone_unless_exact():
         x = np.array([[0, 1, 2, 3, 4, 5]], np.int32)
         session = _compare(model, {"x": x}, "reference")
         assert session.rewrites["one_hot_matmul_to_gather"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pow_by_two_or_three_becomes_products(backend):
+    f32 = np.float32
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]), helper.make_node("Pow", ["x", "three"], ["cube"]),
+             helper.make_node("Pow", ["x", "half"], ["root"]), helper.make_node("Pow", ["x", "twos"], ["sq1"])]
+    inits = [("two", np.array(2.0, f32)), ("three", np.array(3.0, f32)), ("half", np.array(0.5, f32)),
+             ("twos", np.array([2.0], f32))]  # a 1-element vector may broadcast a scalar x: left alone
+    outs = [(n, TensorProto.FLOAT, None) for n in ("sq", "cube", "root", "sq1")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4, 33])], outs, inits)
+    x = np.abs(np.random.default_rng(8).normal(size=(4, 33)).astype(f32)) * 3
+    session = _compare(model, {"x": x}, backend, rtol=2e-7, atol=0)  # the cube: two roundings, not powf's one
+    assert session.rewrites["pow_to_mul"] == 2
+    assert sorted(_ops(session)) == ["Mul", "Mul", "Mul", "Pow", "Pow"]
+    got = session.run({"x": x})
+    np.testing.assert_array_equal(got["sq"], x * x)
+    np.testing.assert_array_equal(got["cube"], x * x * x)
+
+
+def test_fold_and_infer_orders_a_graph_a_rewrite_left_unordered():
+    # A pass that inserts a producer after its reader must not lose it: inference and pruning (which walks the
+    # node list backwards) used to drop the producer, the model then failing or computing something else.
+    from hetero.contract import dtypes
+    from hetero.contract.graph import Graph, Node
+    from hetero.contract.tensor import TensorInfo
+    from hetero.runtime.infer import fold_and_infer
+
+    graph = Graph(
+        nodes=[Node("Relu", ["t"], ["y"], name="reader"), Node("Neg", ["x"], ["t"], name="producer")],
+        inputs=["x"], outputs=["y"],
+    )
+    graph.values["x"] = TensorInfo(dtypes.float32, (2, 3))
+    fold_and_infer(graph)
+    assert [n.name for n in graph.nodes] == ["producer", "reader"]
+    assert graph.values["y"].shape == (2, 3)

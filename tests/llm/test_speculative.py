@@ -212,14 +212,18 @@ def test_lookahead_grades_a_draft_by_the_full_length_of_its_match():
     assert Lookahead().draft(long, 1).confidence == confidence_class(MAX_MATCH)  # measured up to MAX_MATCH
 
 
+# a prompt with repeats of several lengths (long, short, none), so drafts of several classes and lengths are cut
+MIXED = [*PROMPT, 61, 3, 250, *PROMPT[2:7], 8, 190, 61, 3, 44, 81, 5, 17, 12, 61, 3, 250, 7]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "qwen3_5"])
-def test_graded_lookahead_keeps_greedy_output(family, backend):
-    """The adaptive loop with graded drafts (cut per class, some steps plain) on dense, MoE and hybrid fixtures:
-    the output is plain greedy decoding's, token for token."""
+@pytest.mark.parametrize("prompt", [PROMPT * 3, MIXED], ids=["periodic", "mixed"])
+def test_graded_lookahead_keeps_greedy_output(family, backend, prompt):
+    """The adaptive loop with graded drafts (cut per class by the expected gain, some steps plain) on dense, MoE
+    and hybrid fixtures: the output is plain greedy decoding's, token for token."""
     _backend(backend)
     llm = load(FIXTURES / family, backends=[backend], kv_cache="f16")
-    prompt = PROMPT * 3
     want = _plain(llm, prompt, 48)
     spec = Speculation(Lookahead(), max_draft=6)
     assert spec.policy.graded

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.llm.speculative.policy import COLD_RUNS, MIN_SPEC_STEPS, DraftPolicy, expected_tokens
+from hetero.llm.speculative.policy import COLD_RUNS, DECAY, MIN_SPEC_STEPS, DraftPolicy, expected_tokens
 
 
 def _run(policy: DraftPolicy, steps: int, cost, accept, cold: float = 1.0) -> list[int]:
@@ -86,7 +86,7 @@ def test_graded_drafts_are_cut_by_the_acceptance_of_their_class():
     assert lengths[1][-5:] == [8] * 5  # always right: as long as allowed
     assert lengths[0][-5:] == [0] * 5  # never right: plain steps (it paid for a while at the prior of 1/2)
     assert policy.switched_off == 0  # the bad class does not switch drafting off for the good one
-    assert policy.cut(7) == 2  # an unseen class starts at the prior, 1/2: at these costs 2 drafts pay best
+    assert policy.cut(7) == 8  # an unseen class starts where the nearest lower class seen (1: always right) is
     assert policy.cut(None) == 8  # an unclassed draft is not cut
     assert DraftPolicy(8, graded=True, adaptive=False).cut(0) == 8  # fixed lengths stay fixed
 
@@ -105,3 +105,63 @@ def test_graded_drafts_stop_when_no_length_pays():
         produced += kept + 1
         plain_steps += k == 0
     assert plain_steps > 100
+
+
+def _priced(max_draft: int, slope: float, rate: float | None = None) -> DraftPolicy:
+    """A graded policy whose steps of T tokens cost 1 + slope (T - 1) seconds (warm), reaching ``rate`` tokens per
+    second so far (None: nothing but plain steps yet)."""
+    policy = DraftPolicy(max_draft, graded=True)
+    policy.cost = {t: 1 + slope * (t - 1) for t in range(1, max_draft + 2)}
+    if rate is not None:
+        policy.tokens_done, policy.seconds_done = 10 * rate, 10.0
+    return policy
+
+
+def test_acceptance_is_kept_per_draft_position():
+    policy = _priced(4, 0.2)
+    policy.record(4, 2, 3, 1.6, 0, confidence=0)  # positions 0 and 1 right, 2 wrong, 3 never tried
+    # each position starts at the one before it with the weight of 2 drafts; the first at 1/2
+    p0 = (1 + 2 * 0.5) / 3
+    p1 = (1 + 2 * p0) / 3
+    p2 = (0 + 2 * p1) / 3
+    assert policy.acceptance(0) == pytest.approx([p0, p1, p2, p2])
+    policy.record(2, 2, 3, 1.4, 3, confidence=0)  # both right: the older counts decay
+    q0 = (DECAY * 1 + 1 + 2 * 0.5) / (DECAY + 1 + 2)
+    q1 = (DECAY * 1 + 1 + 2 * q0) / (DECAY + 1 + 2)
+    q2 = (0 + 2 * q1) / (1 + 2)  # not tried this time: its counts neither grow nor decay
+    assert policy.acceptance(0) == pytest.approx([q0, q1, q2, q2])
+
+
+def test_an_unseen_class_starts_at_the_nearest_lower_class_seen():
+    policy = _priced(3, 0.2)
+    for _ in range(20):
+        policy.record(3, 3, 4, 1.6, 0, confidence=2)  # class 2: always right
+        policy.record(3, 0, 1, 1.6, 0, confidence=5)  # class 5: never
+    assert policy.acceptance(4)[0] == pytest.approx(policy.acceptance(2)[0])  # 4 is above 2 (and below 5)
+    assert policy.acceptance(2)[0] > 0.9 and policy.acceptance(1) == pytest.approx([0.5] * 3)  # nothing below 1
+    assert policy.acceptance(6)[0] == 0.5  # above a class never right: the plain prior, not less
+
+
+def test_cut_maximizes_the_expected_gain_at_the_generations_rate():
+    # every draft position right 60% of the time, each extra token in a step costs 0.2 of a plain step. At rate
+    # λ = 1 token per plain step the k-th draft token is worth its row while 0.6^k > 0.2 (0.6, 0.36, 0.216; not
+    # 0.13): 3 tokens, where the best tokens per second of the step alone would be 2 (E / C = 1.33, 1.40, 1.36)
+    def cut(rate: float | None, p: float) -> int:
+        policy = _priced(8, 0.2, rate)
+        policy.classes[0] = [[1000 * p, 1000.0]] * 8
+        return policy.cut(0)
+
+    assert cut(None, 0.6) == 3
+    assert cut(1.4, 0.6) == 2  # a generation already at 1.4 tokens per step: 0.216 < 1.4 x 0.2
+    assert cut(0.5, 0.6) == 3  # below plain decoding's rate: judged at plain decoding's
+    assert cut(None, 0.1) == 0  # 0.1 < 0.2: a plain step
+    assert cut(None, 0.95) == 8  # 0.95^8 = 0.66 > 0.2: as long as allowed
+
+
+def test_a_step_is_never_priced_below_a_smaller_one():
+    # steps of 9 tokens happened to be timed fast (noise): 8 drafts must not look cheaper than 3
+    policy = _priced(8, 0.2)
+    policy.cost[9] = 1.1
+    policy.classes[0] = [[600.0, 1000.0]] * 8  # 60% per position: 3 drafts pay at the true costs (test above)
+    assert policy.cut(0) == 3
+    assert policy._estimated_cost(9, 1.0) == pytest.approx(2.4)  # the 8-token step's cost, not the 1.1 measured

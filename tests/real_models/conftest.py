@@ -158,10 +158,12 @@ def hot_path_fallbacks(session: hetero.Session, backend: str) -> list[str]:
     return found
 
 
-def ort_runner(model: Path | bytes) -> Callable[[Feeds], dict[str, np.ndarray]]:
-    """onnxruntime's CPU provider as a feeds -> {output name: array} function."""
+def ort_runner(model: Path | bytes, optimization: str = "ORT_ENABLE_ALL") -> Callable[[Feeds], dict[str, np.ndarray]]:
+    """onnxruntime's CPU provider as a feeds -> {output name: array} function (``optimization``: the name of an
+    ``onnxruntime.GraphOptimizationLevel``; its default is onnxruntime's)."""
     ort = pytest.importorskip("onnxruntime")
     options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, optimization)
     options.log_severity_level = 3  # the silero exports carry unused initializers ort warns about
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options,
                                    providers=["CPUExecutionProvider"])

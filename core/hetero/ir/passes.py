@@ -1,5 +1,7 @@
 """Graph passes that run after constant folding: no-op removal, Conv+BatchNorm (and constant scale / shift) folding,
-and fusion of a producer with its activation (Conv, MatMul+bias) into the hetero-domain ops of ``hetero.ops.fused``.
+and fusion of a producer with its activation (Conv, MatMul+bias) into the hetero-domain ops of ``hetero.ops.fused``;
+the MatMulInteger -> Cast -> Mul chains of dynamically quantized models into ``MatMulIntegerScaled``
+(``hetero.ops.quant``), and Pow by a constant 2 or 3 into products.
 
 Each pass rewrites a node only when the value it removes has a single consumer and is no graph output, so the
 graph computes exactly what it computed before.
@@ -350,6 +352,66 @@ def fuse_gelu_tanh(graph: Graph) -> int:
     return count
 
 
+def _gelu_erf_span(graph: Graph, erf: Node, producers: dict[str, Node]) -> tuple[str, list[Node]] | None:
+    """x * 0.5 * (1 + erf(x / sqrt(2))), as PyTorch exports exact GELU (BERT encoders): x and the nodes from the
+    scaling to the last product, every intermediate read once. x / sqrt(2) may be a Div or a Mul by 1/sqrt(2); the
+    halving may come first (on x, or on 1 + erf) or last."""
+    scaled = producers.get(erf.inputs[0])
+    if scaled is None or scaled.domain != "" or len(scaled.inputs) != 2:
+        return None
+    if scaled.op_type == "Div" and _constant_is(graph, scaled.inputs[1], math.sqrt(2)):
+        x = scaled.inputs[0]
+    elif scaled.op_type == "Mul" and (found := _times_constant(graph, scaled, 1 / math.sqrt(2))) is not None:
+        x = found
+    else:
+        return None
+    one_plus = _single_consumer(graph, erf.outputs[0])
+    if one_plus is None or one_plus.op_key != ("", "Add") or _times_constant(graph, one_plus, 1.0) != erf.outputs[0]:
+        return None
+    span = [scaled, erf, one_plus]
+    first = _single_consumer(graph, one_plus.outputs[0])
+    if first is None or first.op_key != ("", "Mul") or len(first.inputs) != 2:
+        return None
+    other = first.inputs[1] if first.inputs[0] == one_plus.outputs[0] else first.inputs[0]
+    if other == x:  # (x * (1 + erf)) * 0.5
+        last = _single_consumer(graph, first.outputs[0])
+        if last is None or last.op_key != ("", "Mul") or _times_constant(graph, last, 0.5) != first.outputs[0]:
+            return None
+        span += [first, last]
+    elif _constant_is(graph, other, 0.5):  # x * ((1 + erf) * 0.5)
+        last = _single_consumer(graph, first.outputs[0])
+        if last is None or last.op_key != ("", "Mul") or sorted(last.inputs) != sorted([x, first.outputs[0]]):
+            return None
+        span += [first, last]
+    else:  # (x * 0.5) * (1 + erf)
+        half = producers.get(other)
+        if half is None or half.op_key != ("", "Mul") or _times_constant(graph, half, 0.5) != x:
+            return None
+        span = [half, *span, first]
+    if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
+        return None
+    return x, span
+
+
+def fuse_gelu_erf(graph: Graph) -> int:
+    """Exact GELU written out with Erf (five elementwise nodes): one ``Gelu``."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for erf in list(graph.nodes):
+        if erf.op_key != ("", "Erf") or erf not in graph.nodes:
+            continue
+        found = _gelu_erf_span(graph, erf, graph.producers())
+        if found is None or any(o in keep for n in found[1][:-1] for o in n.outputs):
+            continue
+        x, span = found
+        gelu = Node("Gelu", [x], list(span[-1].outputs), {}, name=f"{erf.name}/gelu")
+        graph.nodes[graph.nodes.index(span[-1])] = gelu
+        for node in span[:-1]:
+            graph.nodes.remove(node)
+        count += 1
+    return count
+
+
 def _iota_of(graph: Graph, equal: Node, k: int) -> str | None:
     """The other input of ``equal`` when one is a constant integer [1, ..., 1, k] holding 0, 1, ..., k-1."""
     for other, name in (equal.inputs, equal.inputs[::-1]):
@@ -425,8 +487,88 @@ def one_hot_matmul_to_gather(graph: Graph) -> int:
     return count
 
 
+def _per_column_float(graph: Graph, name: str, columns: int, producers: dict[str, Node]) -> bool:
+    """Whether ``name`` is a float scale of one value or one per column: a constant of that size, a
+    DynamicQuantizeLinear's scale, or the Mul of two such (quantize_dynamic's activation scale x weight scale)."""
+    if name in graph.initializers:
+        value = np.asarray(graph.initializers[name])
+        return value.dtype == np.float32 and (value.size == 1 or value.shape in ((columns,), (1, columns)))
+    node = producers.get(name)
+    if node is None or node.domain != "":
+        return False
+    if node.op_type == "DynamicQuantizeLinear":
+        return len(node.outputs) > 1 and node.outputs[1] == name
+    return node.op_type == "Mul" and len(node.inputs) == 2 and all(
+        i != name and _per_column_float(graph, i, columns, producers) for i in node.inputs)
+
+
+def fuse_matmul_integer_scale(graph: Graph) -> int:
+    """MatMulInteger by a constant 2-D weight, Cast to float, Mul by a scale of one value or one per column, maybe Add
+    of a constant bias row: one ``MatMulIntegerScaled`` (the pattern of onnxruntime's quantize_dynamic), whose kernel
+    scales the int32 sums on the way out instead of writing them."""
+    count = 0
+    producers = graph.producers()
+    for mm in list(graph.nodes):
+        if mm.op_key != ("", "MatMulInteger") or mm.inputs[1] not in graph.initializers:
+            continue
+        w = np.asarray(graph.initializers[mm.inputs[1]])
+        cast = _single_consumer(graph, mm.outputs[0])
+        if w.ndim != 2 or cast is None or cast.op_key != ("", "Cast"):
+            continue
+        if cast.attrs.get("to") != dtypes.float32.onnx_type:
+            continue
+        mul = _single_consumer(graph, cast.outputs[0])
+        if mul is None or mul.op_key != ("", "Mul") or len(mul.inputs) != 2:
+            continue
+        scale = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
+        if scale == cast.outputs[0] or not _per_column_float(graph, scale, w.shape[1], producers):
+            continue
+        spanned, bias = [cast, mul], []
+        add = _single_consumer(graph, mul.outputs[0])
+        if add is not None and add.op_key == ("", "Add") and len(add.inputs) == 2:
+            other = add.inputs[1] if add.inputs[0] == mul.outputs[0] else add.inputs[0]
+            value = graph.initializers.get(other)
+            if value is not None and value.dtype == np.float32 and np.shape(value) in ((w.shape[1],), (1, w.shape[1])):
+                bias = [f"{mm.name or mm.outputs[0]}/bias"]
+                graph.initializers[bias[0]] = np.asarray(value).reshape(-1)
+                spanned.append(add)
+        zero_points = [*mm.inputs[2:4], *[""] * (4 - len(mm.inputs))]
+        mm.op_type, mm.domain = "MatMulIntegerScaled", HETERO_DOMAIN
+        mm.inputs = [*mm.inputs[:2], *zero_points, scale, *bias]
+        _absorb(graph, mm, spanned)
+        count += 1
+    if count:
+        graph.toposort()  # the scale may be computed after the MatMulInteger it now feeds
+    return count
+
+
+def pow_to_mul(graph: Graph) -> int:
+    """Pow(x, 2) -> Mul(x, x) and Pow(x, 3) -> Mul(Mul(x, x), x) for float x and a constant scalar exponent (T5's
+    RMS norm and its tanh GELU): a product instead of a call to pow per element. x * x is the correctly rounded
+    square, as numpy's power computes it; the cube rounds twice, as onnxruntime computes it (powf: within an ulp)."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op_key != ("", "Pow") or len(node.inputs) != 2 or node.inputs[1] not in graph.initializers:
+            continue
+        exponent = np.asarray(graph.initializers[node.inputs[1]])
+        if exponent.ndim != 0 or exponent.dtype.kind != "f" or float(exponent) not in (2.0, 3.0):
+            continue
+        x = node.inputs[0]
+        node.op_type, node.attrs = "Mul", {}
+        if float(exponent) == 2.0:
+            node.inputs = [x, x]
+        else:
+            square = f"{node.name or node.outputs[0]}/square"
+            at = graph.nodes.index(node)
+            graph.nodes.insert(at, Node("Mul", [x, x], [square], name=square))
+            node.inputs = [square, x]
+        count += 1
+    return count
+
+
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
-                                    one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias)
+                                    fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias,
+                                    fuse_matmul_integer_scale, pow_to_mul)
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:

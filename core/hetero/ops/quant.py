@@ -1,11 +1,13 @@
 """Linear quantization: QuantizeLinear / DequantizeLinear (per tensor, per axis, per block), dynamic quantization,
-and the integer matmul / conv ops (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv)."""
+the integer matmul / conv ops (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv), and the fused
+``hetero::MatMulIntegerScaled`` of dynamically quantized models."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..contract import dtypes
+from ..contract.graph import HETERO_DOMAIN
 from ..contract.registry import OpContext, op
 from ..contract.tensor import TensorInfo
 from . import lowp
@@ -89,9 +91,10 @@ def _dynamic_infer(ctx: OpContext) -> list[TensorInfo]:
 def dynamic_quantize_linear(ctx: OpContext) -> list[np.ndarray]:
     """Quantize to uint8 with a scale and zero point chosen from the data's range (always including 0)."""
     x = ctx.array(0).astype(np.float32)
-    lo, hi = min(float(x.min(initial=0)), 0.0), max(float(x.max(initial=0)), 0.0)
-    scale = np.float32((hi - lo) / 255)
-    zp = _saturate(np.rint(np.float32(0 - lo) / scale if scale else 0.0), np.dtype(np.uint8))
+    # float32 arithmetic throughout (the spec's and onnxruntime's): the scale is (hi - lo) / 255 rounded once
+    lo, hi = np.minimum(x.min(initial=0), np.float32(0)), np.maximum(x.max(initial=0), np.float32(0))
+    scale = np.float32(np.float32(hi - lo) / np.float32(255))
+    zp = _saturate(np.rint(np.float32(0 - lo) / scale if scale else np.float32(0)), np.dtype(np.uint8))
     y = _saturate(np.rint(x / scale if scale else x * 0) + zp.astype(np.int64), np.dtype(np.uint8))
     return [y, np.array(scale, dtype=np.float32), np.array(zp, dtype=np.uint8)]
 
@@ -183,3 +186,19 @@ def qlinear_conv(ctx: OpContext) -> list[np.ndarray]:
         bias = ctx.array(8).astype(np.float64) * x_s.astype(np.float64).reshape(()) * w_s.astype(np.float64)
         real = real + bias.reshape(1, -1, *[1] * (x.ndim - 2))
     return [_requantize(real, y_s, y_zp)]
+
+
+def _scaled_infer(ctx: OpContext) -> list[TensorInfo]:
+    return [TensorInfo(input_info(ctx, 4).dtype, _matmul_infer(ctx)[0].shape)]
+
+
+@op("MatMulIntegerScaled", domain=HETERO_DOMAIN, infer=_scaled_infer)
+def matmul_integer_scaled(ctx: OpContext) -> list[np.ndarray]:
+    """MatMulInteger (inputs 0-3), Cast to the scale's type, times ``scale`` (input 4), plus the optional ``bias``
+    (input 5): what ``hetero.ir.passes.fuse_matmul_integer_scale`` replaces, computed the way those nodes compute it."""
+    (acc,) = matmul_integer(ctx)
+    scale = ctx.array(4)
+    y = acc.astype(scale.dtype) * scale
+    if ctx.has_input(5):
+        y = y + ctx.array(5)
+    return [y.astype(scale.dtype, copy=False)]

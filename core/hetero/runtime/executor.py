@@ -81,6 +81,7 @@ class _Step:
     infer_cache: dict[Any, list[TensorInfo]] = field(default_factory=dict)
     # Outputs that live in the arena are the same tensors every planned run: made once, reused (None: allocate).
     arena_outs: list[Tensor | None] | None = None
+    per_signature: bool = False  # outputs fixed by the signature: computed when recorded, not replayed
 
 
 def overrides(backend: Backend, method: str) -> bool:
@@ -110,6 +111,8 @@ class KernelProgram:
                 self._frees[last].append(name)
         self._keyed = self._value_keyed_inputs()
         self.replayable = self._can_replay()
+        if self.replayable and backend.memory_domain == "host":
+            self._mark_per_signature()
         self._has_arena = overrides(backend, "arena_tensor")
         self._plans: OrderedDict[Any, _Plan] = OrderedDict()
         self._current: _Plan | None = None  # the plan the kernels and arena slices are set up for
@@ -161,6 +164,19 @@ class KernelProgram:
                 if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
                     return False
         return True
+
+    def _mark_per_signature(self) -> None:
+        """Steps whose outputs follow from the signature alone (input shapes, value-keyed inputs, initializers), none
+        of them a segment output: the recorded run copies their results into buffers the replay keeps, and the
+        replay skips them (exported models' Shape -> Gather -> Unsqueeze -> Concat chains: over a hundred calls per
+        run in a BERT encoder, dozens in silero-vad's sub-millisecond runs)."""
+        fixed = self._shape_fixed()
+        for step in self.steps:
+            schema, outs = step.schema, [name for name in step.node.outputs if name]
+            if step.alias or step.has_subgraph or schema.data_dependent or schema.nondeterministic or schema.stateful:
+                continue
+            step.per_signature = bool(outs) and all(
+                name in fixed and name not in self._returned and name not in self._outputs for name in outs)
 
     def _value_keyed_inputs(self) -> list[str]:
         """Segment inputs whose values decide an If's branch (silero-vad's ``sr == 16000``): small integer or bool
@@ -392,9 +408,15 @@ class KernelProgram:
             step.kernel.run(ins, outs, run_subgraph=run_subgraph)  # type: ignore[call-arg]  # If/Loop/Scan kernels
         else:
             step.kernel.run(ins, outs)
-        if recorder is not None:
+        if recorder is not None and step.per_signature:  # the replay keeps copies and does not run the step
+            copies = [backend.empty(t.info) for t in outs]
+            for copy, t in zip(copies, outs, strict=True):
+                backend.write(copy, t)
+            outs = copies
+        elif recorder is not None:
             fresh = [t is None for t in step.arena_outs or [None] * len(outs)]
-            recorder.call(step.kernel, ins, outs, fresh, step.out_infos, backend)
+            value_inputs = [i for i in schema.value_inputs if i not in step.const_values]
+            recorder.call(step.kernel, ins, outs, fresh, step.out_infos, backend, value_inputs)
         for name, out in zip(outputs, outs, strict=False):
             if name:
                 env[name] = out

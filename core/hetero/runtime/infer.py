@@ -96,6 +96,9 @@ def _check_size(node: Node, name: str, info: TensorInfo) -> None:
 
 def fold_and_infer(graph: Graph, fold: bool = True) -> None:
     """Fill ``graph.values`` for every value; with ``fold``, replace constant subgraphs by initializers."""
+    # A rewrite may leave a producer after its reader; inferring (and pruning, which walks backwards) in list order
+    # would then drop the producer without a word.
+    graph.toposort()
     known: dict[str, np.ndarray] = dict(graph.initializers)
     for name, array in graph.initializers.items():
         graph.values[name] = info_of(array)

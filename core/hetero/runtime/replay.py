@@ -106,13 +106,19 @@ class Recorder:
         return None if tensor is None else self.keys.get(id(tensor))
 
     def call(self, kernel: Kernel, ins: list[Tensor | None], outs: list[Tensor], fresh: list[bool],
-             infos: list[TensorInfo], backend: Backend) -> None:
+             infos: list[TensorInfo], backend: Backend, value_inputs: Sequence[int] = ()) -> None:
+        """``value_inputs``: positions whose values the kernel reads when it binds (Slice's ends, Reshape's shape).
+        They follow from the input shapes (the executor checks), but an arena slot holding one may be reused by a
+        later node before the replay binds: such an input is bound to a copy taken now."""
         prepared = ([None if t is None else t.info for t in ins], list(infos))
         entry = _Call(kernel, list(ins), list(outs), prepared=prepared)
         for pos, tensor in enumerate(ins):
             key = self._key(tensor)
             if key is not None:
                 entry.var_ins.append((pos, key))
+            elif tensor is not None and pos in value_inputs:
+                entry.ins[pos] = copy = backend.empty(tensor.info)
+                backend.write(copy, tensor)
         for pos, (tensor, is_fresh) in enumerate(zip(outs, fresh, strict=True)):
             if is_fresh:
                 key = ("var", id(tensor))

@@ -41,10 +41,16 @@ void transpose_block(const char* s, i64 sc, char* d, i64 R, i64 C, i64 r0, i64 r
     const i64 re = std::min(r1, rb + B);
     for (i64 cb = 0; cb < C; cb += B) {
       const i64 ce = std::min(C, cb + B);
-      for (i64 c = cb; c < ce; ++c) {
-        const T* sp = reinterpret_cast<const T*>(s + c * sc);
-        T* dp = reinterpret_cast<T*>(d) + c;
-        for (i64 r = rb; r < re; ++r) dp[r * C] = sp[r];
+      // Through a B x B buffer, so that each destination row's B values are written at once: writing one value
+      // of each of B rows per source row needs B destination lines to stay in L1, and with a power-of-two row
+      // pitch (magika's 512) they fall into two cache sets (a 512 x 256 transpose took 270 us, numpy's 110).
+      alignas(64) T tmp[B * B];
+      for (i64 c = cb; c < ce; ++c)
+        std::memcpy(tmp + (c - cb) * B, s + c * sc + rb * static_cast<i64>(sizeof(T)),
+                    static_cast<std::size_t>(re - rb) * sizeof(T));
+      for (i64 r = rb; r < re; ++r) {
+        T* dp = reinterpret_cast<T*>(d) + r * C;
+        for (i64 c = cb; c < ce; ++c) dp[c] = tmp[(c - cb) * B + (r - rb)];
       }
     }
   }

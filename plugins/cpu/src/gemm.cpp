@@ -212,10 +212,20 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
             ablk = abuf;
             a_panel_stride = kc * MR;
           }
+          const i64 ntiles = ceil_div(mc, MR), lines = kc * NR / 16;  // 64-byte lines of a panel's kc rows
           for (i64 jr = jc; jr < jc + nc; jr += NR) {
             const float* bpan = bp + (jr / NR) * K * NR + pc * NR;
             const i64 ncols = std::min<i64>(NR, N - jr);
+            // The next panel's rows, fetched into L2 while this panel's tiles run: the panels lie K * NR floats
+            // apart, a jump the hardware prefetcher does not follow, and weights too large for L2 (a transformer's
+            // FFN: 2.4 MB) otherwise come from L3 at the start of every panel (~15 % slower than from L2).
+            const float* next = jr + NR < jc + nc ? bpan + K * NR : nullptr;
+            i64 fetched = 0;
             for (i64 ir = ic; ir < ic + mc; ir += MR) {
+              if (next != nullptr) {
+                const i64 upto = lines * ((ir - ic) / MR + 1) / ntiles;
+                for (; fetched < upto; ++fetched) __builtin_prefetch(next + fetched * 16, 0, 2);
+              }
               const float* apan = ablk + ((ir - ic) / MR) * a_panel_stride;
               const i64 nrows = std::min<i64>(MR, M - ir);
               float* cp = c + ir * ldc + jr;

@@ -16,6 +16,11 @@ void ukernel(i64 kc, const float* a, const float* b, float* c, i64 ldc, float al
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NRV; ++v) acc[i][v] = _mm512_setzero_ps();
   for (int i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+  // Without this barrier GCC keeps the twelve row addresses of C from the prefetches live through the k loop (for
+  // store_tile): out of general registers, it parks them in zmm28-31 and spills b1 to the stack, so every other FMA
+  // reads its B operand from memory (the loop ran at ~60 % of the FMA rate). Hiding c's value here makes it
+  // recompute the addresses after the loop.
+  asm volatile("" : "+r"(c));
   for (i64 k = 0; k < kc; ++k) {
     const V b0 = _mm512_loadu_ps(b);
     const V b1 = _mm512_loadu_ps(b + 16);

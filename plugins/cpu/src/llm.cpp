@@ -282,8 +282,14 @@ std::shared_ptr<Weights> make_weights(const py::array& w, const std::string& wty
 // HETERO_LLM_TASKS=0: shrinking chunks, each 1/(2 nt) of what is left (at least one unit), so a thread that finishes
 // early takes small pieces of the rest instead of waiting on another's long tail; not yet measured on a quiet
 // machine, so not the default. The results do not depend on the split: every unit is computed whole by one thread.
-std::vector<i64> split_rows(i64 n, int nt) {
+int split_tasks_per_thread() {
   static const int per = [] { const char* e = std::getenv("HETERO_LLM_TASKS"); return e ? std::atoi(e) : 4; }();
+  return per;
+}
+bool split_shrinks() { return split_tasks_per_thread() <= 0; }
+
+std::vector<i64> split_rows(i64 n, int nt) {
+  const int per = split_tasks_per_thread();
   std::vector<i64> b{0};
   if (nt <= 1 || n <= 1) {
     b.push_back(n);
@@ -466,17 +472,35 @@ bool fusable(const std::vector<const Weights*>& ws, i64 M) {
   return true;
 }
 
-// Tasks over the groups of every part: split_rows per part, so each keeps the split of its own call.
+// Tasks over the groups of every part. Equal tasks (the default split): split_rows per part, so each keeps the
+// split of its own call (q / k / v: the small k and v tasks come last). Shrinking chunks (HETERO_LLM_TASKS=0): one
+// split_rows over the parts' groups laid end to end, a chunk that straddles two parts cut in two, so the chunks
+// shrink towards the end of the whole region, not of each part.
 struct Task {
   int part;
   i64 g0, g1;
 };
 std::vector<Task> tasks(const std::vector<Part>& parts, int nt) {
   std::vector<Task> out;
-  for (std::size_t p = 0; p < parts.size(); ++p) {
-    const std::vector<i64> b = split_rows(parts[p].w->pk.groups, nt);
-    for (std::size_t t = 0; t + 1 < b.size(); ++t) out.push_back({static_cast<int>(p), b[t], b[t + 1]});
+  if (!split_shrinks()) {
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      const std::vector<i64> b = split_rows(parts[p].w->pk.groups, nt);
+      for (std::size_t t = 0; t + 1 < b.size(); ++t) out.push_back({static_cast<int>(p), b[t], b[t + 1]});
+    }
+    return out;
   }
+  i64 total = 0;
+  for (const Part& p : parts) total += p.w->pk.groups;
+  const std::vector<i64> b = split_rows(total, nt);
+  std::size_t p = 0;
+  i64 base = 0;  // part p holds the groups [base, base + its groups) of the whole
+  for (std::size_t t = 0; t + 1 < b.size(); ++t)
+    for (i64 a = b[t]; a < b[t + 1];) {
+      while (a >= base + parts[p].w->pk.groups) base += parts[p++].w->pk.groups;
+      const i64 e = std::min(b[t + 1], base + parts[p].w->pk.groups);
+      out.push_back({static_cast<int>(p), a - base, e - base});
+      a = e;
+    }
   return out;
 }
 

@@ -121,6 +121,32 @@ struct BlockScales {
   }
 };
 
+// What qgemm_mr and qgemm_rows read per super-block and per record besides the quants (one code for both, so
+// their rows stay bitwise equal and their prefetch the same).
+//
+// The d (and dmin) of a k-quant super-block sb for slice h (rows W*h..); zero for other formats.
+template <class S, int KQ>
+inline void super_scales(const std::uint8_t* sb, int h, typename S::V& sd, typename S::V& smin) {
+  sd = smin = S::zero();
+  if (KQ) sd = S::load_f16(sb + 2 * S::W * h);
+  if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * S::W * h);
+}
+
+// Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance()). The weights stream from memory and want
+// more lines in flight than the L2 streamer keeps: decode's 1-2 x rows, and a batched step's 4-8 too (their tiles
+// took 0.6-0.85x the time with it streaming from memory, benchmarks/qgemm_rows.py, docs/serving.md). NT, the block's steps of 64 bytes when known
+// at compile time, makes the line count a constant (no loop branch to mispredict); else it is w.rec_bytes / 64,
+// rounded up (the same count).
+template <class S, int BITS, bool ASYM, int KQ, int NT>
+inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf) {
+  // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
+  constexpr int LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;
+  if constexpr (NT != 0)
+    for (int o = 0; o < LINES; ++o) S::prefetch(rec + pf + 64 * o);
+  else
+    for (i64 o = 0; o < w.rec_bytes; o += 64) S::prefetch(rec + pf + o);
+}
+
 // One 16-row group, in slices of W rows, against MR activation rows. BITS: 4/5/6/8; KQ: scale layout (llm.hpp).
 // NT: the block's steps of 64 bytes when known at compile time (blocks of 32, every GGUF format: the step loop
 // unrolls), else 0 (read from w.bs).
@@ -142,8 +168,6 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   constexpr bool HI16 = SPLIT && BITS == 4 && S::DOT_U8;  // high nibbles dotted in place (x16)
   const int bs = w.bs;
   const int nt = NT ? NT : (NIB ? bs / 8 : bs / 4);
-  // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
-  constexpr int PF_LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const i64 pf = prefetch_distance();
@@ -155,19 +179,13 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
     const std::uint8_t* sb = group;  // the super-block of b0 (a record when w.sub == 1)
     for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
-      V sd = S::zero(), smin = S::zero();  // k-quants: the super-block's d (and dmin)
-      if (KQ) sd = S::load_f16(sb + 2 * W * h);
-      if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * W * h);
+      V sd, smin;  // k-quants: the super-block's d (and dmin)
+      super_scales<S, KQ>(sb, h, sd, smin);
       const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (h == 0) {  // the weights stream from memory: more lines in flight than the L2 streamer keeps (a fixed
-          if (NT)      // count: no branch to mispredict). Every tile size: 4-8 rows wait on memory too (0.6x)
-            for (int o = 0; o < PF_LINES; ++o) S::prefetch(rec + pf + 64 * o);
-          else
-            for (i64 o = 0; o < w.rec_bytes; o += 64) S::prefetch(rec + pf + o);
-        }
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf);  // every tile size (see prefetch_record)
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
         for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = S::iset1(0);
         const i64 xo = b * bs;

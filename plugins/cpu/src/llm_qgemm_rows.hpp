@@ -51,15 +51,13 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
     const std::uint8_t* sb = group;  // as qgemm_mr
     for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
-      V sd = S::zero(), smin = S::zero();
-      if (KQ) sd = S::load_f16(sb + 2 * W * h);
-      if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * W * h);
+      V sd, smin;
+      super_scales<S, KQ>(sb, h, sd, smin);
       const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (h == 0)  // as qgemm_mr: the weights stream from memory
-          for (i64 o = 0; o < w.rec_bytes; o += 64) S::prefetch(rec + pf + o);
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt>(w, rec, pf);  // as qgemm_mr
         B wlo[nt], whi[nt];
         for (int t = 0; t < nt; ++t) {  // the block's W rows decoded once for all MR x rows
           const B v = S::load_b(qv + 64 * t + 4 * W * h);

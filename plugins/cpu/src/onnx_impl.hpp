@@ -22,7 +22,7 @@ using hetero::R_PROD;
 using hetero::R_SUM;
 using hetero::R_SUMSQ;
 
-inline float s_max(float a, float b) { return (a > b || a != a) ? a : b; }  // NaN in either propagates
+inline float s_max(float a, float b) { return ((a > b) | (a != a)) ? a : b; }  // NaN in either propagates; no branch (conv.cpp pool_max)
 inline float s_min(float a, float b) { return (a < b || a != a) ? a : b; }
 // NaN-propagating vector max/min: the x86 instructions return the second operand when either is NaN.
 inline V v_max(V acc, V x) { return SIMD::select(SIMD::isnan(x), x, SIMD::max(x, acc)); }

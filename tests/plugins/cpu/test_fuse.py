@@ -245,3 +245,20 @@ def test_fused_outputs_may_reuse_the_input_memory(threads, m):
             results.append((arena.copy(), g.copy(), u.copy(), o.copy()))
         for a, b in zip(*results, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("tasks", ["0", "1"])
+def test_fused_calls_under_other_work_splits(tasks):
+    """HETERO_LLM_TASKS (read once per process) changes only which thread computes which 16-row groups: shrinking
+    chunks (0; the fused q / k / v split as one sequence over the parts, chunks cut at part borders) and one task
+    per thread (1) give the same bits as the unfused calls. The fused-call tests above, in a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HETERO_LLM_TASKS=tasks)
+    tests = "matmul_multi_equals or matmul_swiglu_equals or matmul_residual_equals or fused_outputs_may_reuse"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", tests],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout

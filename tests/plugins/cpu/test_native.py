@@ -726,6 +726,8 @@ POOL_CASES = [
     ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (9, 9)),
     ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (17, 17)),
     ((3, 2), (2, 1), (1, 0, 1, 1), (2, 1), (8, 17)),
+    ((5, 5), (1, 1), (2, 2, 2, 2), (1, 1), (17, 17)),  # YOLOv8's SPPF: stride 1, the taps as shifted rows
+    ((3, 3), (1, 1), (2, 2, 2, 2), (2, 2), (17, 17)),  # stride 1, dilated
 ]
 
 
@@ -741,6 +743,17 @@ def test_pools(case):
             _native.avg_pool2d(x, out, kernel, strides, pads, cip)
             ref = _pool_ref(x, kernel, strides, pads, dil, "avg", cip, out_hw=(ho, wo))
             np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
+def test_max_pool_propagates_nan(case):
+    """A NaN anywhere in a window makes that output NaN (and only those), wherever the window lies."""
+    kernel, strides, pads, dil, (ho, wo) = case
+    x = randn(2, 3, 17, 17, seed=98)
+    x[0, 0, 0, 0] = x[0, 1, 8, 9] = x[1, 2, 16, 3] = x[1, 0, 5, 16] = np.nan
+    out = np.empty((2, 3, ho, wo), np.float32)
+    _native.max_pool2d(x, out, kernel, strides, pads, dil)
+    np.testing.assert_allclose(out, _pool_ref(x, kernel, strides, pads, dil, "max", out_hw=(ho, wo)), rtol=1e-6)
 
 
 def test_pool_ceil_mode_and_errors():

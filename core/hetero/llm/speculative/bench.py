@@ -52,6 +52,27 @@ class Vector3:
     def __add__(self, other: "Vector3") -> "Vector3":
 '''
 
+# a second code completion, not in the default set: ``prompts=ALL_PROMPTS`` (benchmarks/speculative.py --live)
+CODE2_PROMPT = '''import unittest
+
+from shapes import Circle, Rectangle, Square
+
+
+class TestCircle(unittest.TestCase):
+    def test_area(self):
+        self.assertAlmostEqual(Circle(1.0).area(), 3.141592653589793)
+
+    def test_perimeter(self):
+        self.assertAlmostEqual(Circle(1.0).perimeter(), 6.283185307179586)
+
+    def test_negative_radius(self):
+        with self.assertRaises(ValueError):
+            Circle(-1.0)
+
+
+class TestRectangle(unittest.TestCase):
+'''
+
 CHAT_CODE = '''def parse_config(path):
     with open(path) as f:
         lines = f.read().splitlines()
@@ -68,6 +89,7 @@ CHAT_MESSAGES = [{"role": "user", "content": "Add type hints and a docstring to 
                                              f"function:\n\n```python\n{CHAT_CODE}\n```"}]
 
 PROMPTS = ("code", "chat")
+ALL_PROMPTS = (*PROMPTS, "code2")
 
 
 @dataclass
@@ -101,14 +123,14 @@ def bench_speculative(llm: Any, drafter: str | list[str], *, n_gen: int = 64, re
     specs = [speculation(name, llm, max_draft=max_draft) for name in names]
     results = []
     for name in prompts:
-        if name not in PROMPTS:
-            raise HeteroError(f"bench --spec: unknown prompt {name!r}; expected one of {PROMPTS}")
+        if name not in ALL_PROMPTS:
+            raise HeteroError(f"bench --spec: unknown prompt {name!r}; expected one of {ALL_PROMPTS}")
         if name == "chat" and llm.template is None:
             continue  # a model without a chat template: the code prompt only
 
         def run(s: Any, n: int = n_gen, name: str = name) -> tuple[list[int], Any]:
-            if name == "code":
-                llm.generate(CODE_PROMPT, n, temperature=0, spec=s)
+            if name != "chat":
+                llm.generate(CODE_PROMPT if name == "code" else CODE2_PROMPT, n, temperature=0, spec=s)
             else:
                 llm.chat(CHAT_MESSAGES, n, temperature=0, spec=s)
             return list(llm.last.tokens), llm.stats

@@ -13,14 +13,24 @@ replay: ``runtime/executor.py``): they stand in for the size's cost only until a
 count towards judging drafting.
 
 What is really measured also decides: plain decoding's cost is re-sampled at the start and every ``PROBE_EVERY``
-speculative steps, and when the speculative steps' seconds per committed token exceed plain decoding's, drafting is
-switched off for ``backoff`` tokens (doubling each time it fails again, reset when it pays). So a drafter that is
-rarely right costs a few probe steps, not a slowdown.
+speculative steps, and when the recent speculative steps' seconds per committed token (their summed seconds over
+their summed tokens, decayed) exceed plain decoding's, drafting is switched off for ``backoff`` tokens (doubling
+each time it fails again, reset when it pays). So a drafter that is rarely right costs a few probe steps, not a
+slowdown.
 
-Graded drafters (``Drafter.graded``: free drafts with a ``confidence`` class, the lookahead's match length) get
-one acceptance α per class: the loop asks for ``max_draft`` tokens and ``cut(confidence)`` keeps the k that pays
-for that class — none for a class rarely right (the step is then a plain step), long drafts for a class that is
-nearly always right. A class not seen yet starts at α = 1/2.
+Graded drafters (``Drafter.graded``: free drafts with a ``confidence`` class, the lookahead's match length): the
+loop asks for ``max_draft`` tokens and ``cut(confidence)`` keeps the k with the largest expected gain. Each class
+keeps the acceptance of each draft position apart (p_i: the chance that draft token i is right once tokens 0 .. i-1
+were; decayed counts; a position not seen yet starts at the one before it, the first at the nearest lower class's,
+at least 1/2): a draft that has run on for a few tokens usually runs on further, which one α per class cannot say. A
+step of k drafts commits E(k) = 1 + p_0 + p_0 p_1 + ... + p_0 .. p_(k-1) tokens and costs C(k + 1) seconds (the
+measured step costs, never below a smaller step's); its gain is E(k) - λ C(k + 1), where λ is the tokens per second
+the generation reaches (decayed over its recent steps, never below plain decoding's 1 / C(1)). Maximizing that gain
+step by step maximizes the tokens per second of the whole generation (the renewal-reward / Dinkelbach argument),
+where maximizing each step's own E(k) / C(k + 1) would cut strong drafts too short: the k-th draft token is worth
+scoring while p_0 .. p_(k-1) > λ (C(k + 1) - C(k)), i.e. while the chance it is committed pays for its row of the
+verify step at the rate the generation already reaches. k = 0 (a plain step) wins when no draft has a positive gain
+over it.
 """
 
 from __future__ import annotations
@@ -32,9 +42,9 @@ SMOOTHING = 0.25  # weight of the newest step in the running costs
 COLD_RUNS = 2  # steps of a new size that plan and record it (slower than its steady state)
 DECAY = 0.9  # weight of the past in the acceptance counts
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra token in a step, until steps of that size are measured
-
-
-PRIOR_CLASS = (1.0, 1.0)  # (accepted, rejected) counts a confidence class starts with
+PRIOR_ACCEPT, PRIOR_WEIGHT = 0.5, 2.0  # a class's first draft position starts at 1/2 with the weight of 2 drafts
+RATE_DECAY = 0.95  # weight of the past in the generation's tokens per second (λ)
+SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per token (judging drafting)
 
 
 class DraftPolicy:
@@ -43,10 +53,12 @@ class DraftPolicy:
         self.k = min(start, self.max_draft)
         self.adaptive = adaptive
         self.graded = graded and adaptive
-        self.classes: dict[int, tuple[float, float]] = {}  # confidence class -> decayed (accepted, rejected)
+        # confidence class -> per draft position, decayed [right, tried] (tried: every earlier position was right)
+        self.classes: dict[int, list[list[float]]] = {}
+        self.tokens_done = self.seconds_done = 0.0  # decayed, warm steps: the generation's rate λ
         self.cost: dict[int, float] = {}  # tokens scored in a step -> seconds (running)
         self.runs: dict[int, int] = {}  # tokens scored in a step -> steps of that size so far
-        self.spec_cost: float | None = None  # seconds per committed token of speculative steps (running)
+        self.spec_tokens = self.spec_seconds = 0.0  # decayed, warm speculative steps since the last judgement
         self.accepted = 0.0  # decayed counts of accepted drafts and of rejections
         self.rejected = 0.0
         self.spec_steps = 0  # since the last judgement
@@ -68,11 +80,50 @@ class DraftPolicy:
         return self.max_draft if self.graded else self.k
 
     def cut(self, confidence: int | None) -> int:
-        """The longest draft worth scoring for a graded draft of class ``confidence`` (0: a plain step)."""
+        """The draft length with the largest expected gain for a graded draft of class ``confidence`` (0: a plain
+        step)."""
         if not self.graded or confidence is None:
             return self.max_draft
-        accepted, rejected = self.classes.get(confidence, PRIOR_CLASS)
-        return self._best_length(accepted / (accepted + rejected), plain_wins=True)
+        plain = self.plain_cost
+        if plain is None:
+            return self.max_draft
+        rate = max(self.rate, 1.0 / plain)
+        best, best_gain = 0, 1.0 - rate * plain
+        kept, expected = 1.0, 1.0  # P(draft tokens 0 .. k-1 all right), E(k)
+        for k, p in enumerate(self.acceptance(confidence), 1):
+            kept *= p
+            expected += kept
+            gain = expected - rate * self._estimated_cost(k + 1, plain)
+            if gain > best_gain:
+                best, best_gain = k, gain
+        return best
+
+    def acceptance(self, confidence: int) -> list[float]:
+        """p_i for draft positions 0 .. max_draft - 1 of class ``confidence``: the chance that draft token i is
+        right when tokens 0 .. i-1 were. Classes are ordered (a longer match is a higher class), so a class's first
+        position starts at the estimate of the nearest lower class seen (at least ``PRIOR_ACCEPT``): a strong class
+        seen for the first time is not taken for a coin toss."""
+        first = PRIOR_ACCEPT
+        for c in (*sorted(c for c in self.classes if c < confidence), confidence):
+            out, prior = [], first
+            counts = self.classes.get(c, [])
+            for i in range(self.max_draft):
+                right, tried = counts[i] if i < len(counts) else (0.0, 0.0)
+                prior = (right + PRIOR_WEIGHT * prior) / (tried + PRIOR_WEIGHT)
+                out.append(prior)
+            first = max(PRIOR_ACCEPT, out[0])
+        return out
+
+    @property
+    def spec_cost(self) -> float | None:
+        """Seconds per committed token of the recent warm speculative steps (a ratio of decayed sums: one long
+        draft rejected at once weighs by its seconds, not as one of a few equal votes), None before one."""
+        return self.spec_seconds / self.spec_tokens if self.spec_tokens > 0 else None
+
+    @property
+    def rate(self) -> float:
+        """The generation's recent committed tokens per second (0 before a warm step)."""
+        return self.tokens_done / self.seconds_done if self.seconds_done > 0 else 0.0
 
     def record(self, drafted: int, accepted: int, committed: int, seconds: float, produced: int,
                confidence: int | None = None) -> None:
@@ -83,6 +134,9 @@ class DraftPolicy:
         warm = runs > COLD_RUNS
         # a cold step's time stands for the size until its first warm step replaces it
         self.cost[size] = _smooth(self.cost.get(size), seconds) if runs > COLD_RUNS + 1 else seconds
+        if warm:
+            self.tokens_done = RATE_DECAY * self.tokens_done + committed
+            self.seconds_done = RATE_DECAY * self.seconds_done + seconds
         if drafted == 0:
             self.since_probe = 0
             return
@@ -90,33 +144,38 @@ class DraftPolicy:
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (accepted < drafted)
         if confidence is not None:
-            a, r = self.classes.get(confidence, PRIOR_CLASS)
-            self.classes[confidence] = (DECAY * a + accepted, DECAY * r + (accepted < drafted))
+            counts = self.classes.setdefault(confidence, [])
+            for i in range(min(accepted + 1, drafted)):  # positions tried: up to the first wrong one
+                if i == len(counts):
+                    counts.append([0.0, 0.0])
+                counts[i][0] = DECAY * counts[i][0] + (i < accepted)
+                counts[i][1] = DECAY * counts[i][1] + 1
         if warm:
-            self.spec_cost = _smooth(self.spec_cost, seconds / max(committed, 1))
+            self.spec_tokens = SPEC_DECAY * self.spec_tokens + committed
+            self.spec_seconds = SPEC_DECAY * self.spec_seconds + seconds
             self.spec_steps += 1
         if not self.adaptive:
             return
         self.k = self._best_length(self.accepted / max(self.accepted + self.rejected, 1e-9))
         plain = self.plain_cost
-        if self.spec_steps < MIN_SPEC_STEPS or plain is None or self.spec_cost is None:
+        spec = self.spec_cost
+        if self.spec_steps < MIN_SPEC_STEPS or plain is None or spec is None:
             return
-        if self.spec_cost > plain:
+        if spec > plain:
             self.off_until = produced + self.backoff
             self.backoff = min(2 * self.backoff, BACKOFF_MAX)
             self.switched_off += 1
             self.spec_steps = 0
-            self.spec_cost = None
+            self.spec_tokens = self.spec_seconds = 0.0
         elif self.spec_steps >= 4 * MIN_SPEC_STEPS:
             self.backoff = BACKOFF_START  # it pays: a later bad stretch starts with a short pause again
 
-    def _best_length(self, alpha: float, plain_wins: bool = False) -> int:
-        """The k with the most tokens per second at acceptance ``alpha``; at least 1 unless ``plain_wins`` (then
-        0 when no k beats a plain step)."""
+    def _best_length(self, alpha: float) -> int:
+        """The k (at least 1) with the most tokens per second at acceptance ``alpha``."""
         plain = self.plain_cost
         if plain is None:
             return self.k
-        best, best_rate = (0, 1.0 / plain) if plain_wins else (1, 0.0)
+        best, best_rate = 1, 0.0
         for k in range(1, self.max_draft + 1):
             rate = expected_tokens(alpha, k) / self._estimated_cost(k + 1, plain)
             if rate > best_rate:
@@ -124,14 +183,18 @@ class DraftPolicy:
         return best
 
     def _estimated_cost(self, size: int, plain: float) -> float:
+        """The seconds of a step of ``size`` tokens: measured, interpolated or extrapolated, and never below a
+        smaller step's (a size whose few timings came out low on a noisy machine would otherwise be drafted for
+        exactly that noise)."""
+        floor = max((c for s, c in self.cost.items() if s < size), default=0.0)
         if size in self.cost:
-            return self.cost[size]
+            return max(self.cost[size], floor)
         below = max((s for s in self.cost if s < size), default=1)
         above = min((s for s in self.cost if s > size), default=None)
         low = self.cost.get(below, plain)
         if above is not None:  # between two measured sizes: linear
-            return low + (self.cost[above] - low) * (size - below) / (above - below)
-        return low + plain * PRIOR_SLOPE * (size - below)
+            return max(low + (self.cost[above] - low) * (size - below) / (above - below), floor)
+        return max(low + plain * PRIOR_SLOPE * (size - below), floor)
 
 
 def expected_tokens(alpha: float, k: int) -> float:

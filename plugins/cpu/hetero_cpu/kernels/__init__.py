@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hetero.contract import KernelFactory
 
-from . import elementwise, gated_delta, llm, matmul, movement, nn, numpy_ops, onnx_extra
+from . import elementwise, gated_delta, llm, matmul, movement, nn, numpy_ops, onnx_extra, quant
 
 KERNELS: dict[tuple[str, str], KernelFactory] = {
     **numpy_ops.onnx_ops(),
@@ -13,6 +13,7 @@ KERNELS: dict[tuple[str, str], KernelFactory] = {
     **nn.KERNELS,
     **movement.KERNELS,
     **onnx_extra.KERNELS,
+    **quant.KERNELS,
     ("", "MatMul"): matmul.CpuMatMul,
     ("", "Gemm"): matmul.CpuGemm,
     ("hetero", "FusedMatMul"): matmul.CpuFusedMatMul,

@@ -488,18 +488,18 @@ class CpuResize(_NativeOrNumpy):
         i0 = lo.astype(np.int64)
         return i0, np.minimum(i0 + 1, n_in - 1), w
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        # the tables follow from the shapes and the scales / sizes inputs (values fixed per replayed signature), so
+        # the replay binds the native gather with them made once (YOLOv8n's two upsamples: ~0.15 ms of Python each)
         x = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         if x.size == 0 or out.shape[:2] != x.shape[:2]:
-            self.run_numpy(inputs, outputs)
-            return
+            return functools.partial(self.run_numpy, inputs, outputs)
         scales = self._scales(inputs)
         if scales is not None and (len(scales) != 4 or scales[0] != 1 or scales[1] != 1):
-            self.run_numpy(inputs, outputs)
-            return
+            return functools.partial(self.run_numpy, inputs, outputs)
         tabs = []
         for a in (2, 3):
             n_in, n_out = x.shape[a], out.shape[a]
@@ -507,8 +507,8 @@ class CpuResize(_NativeOrNumpy):
             tabs.append(self._tables(n_in, n_out, scale, scales is not None))
         (y0, y1, wy), (x0, x1, wx) = tabs
         n, c, h, w = x.shape
-        _native.resize2d(np.ascontiguousarray(x).reshape(n * c, h, w), out.reshape(n * c, *out.shape[2:]),
-                         y0, y1, wy, x0, x1, wx)
+        return functools.partial(_native.resize2d, np.ascontiguousarray(x).reshape(n * c, h, w),
+                                 out.reshape(n * c, *out.shape[2:]), y0, y1, wy, x0, x1, wx)
 
 
 # --------------------------------------------------------------------------------------------------- ConvTranspose

@@ -1,0 +1,243 @@
+"""Quantized ONNX ops on the native int8 kernels (``src/qlinear*.cpp``): QuantizeLinear / DequantizeLinear (one scale
+and zero point), DynamicQuantizeLinear, MatMulInteger,
+the fused MatMulInteger -> Cast -> Mul of dynamically quantized models (``hetero::MatMulIntegerScaled``, made by
+``hetero.ir.passes.fuse_matmul_integer_scale``), QLinearMatMul and QLinearConv.
+
+Constant weights are packed once (8-bit panels, column sums and zero points), when the kernel is made. Integer
+results are exact; the requantizing ops round like onnxruntime (float32 multiplier ``a_scale * b_scale / y_scale``,
+ties to even, saturated). Configurations they decline (weights computed at run time, scales per row of A, 3-D
+convolutions) stay on the numpy reference.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, dtypes, static_shape, unsupported
+
+from .. import _native
+from .common import Call, CallKernel, noop
+from .nn import _pads_nd
+
+
+def _constant_8bit(node: NodeInfo, index: int, what: str, ndim: tuple[int, ...]) -> Support:
+    value = node.constants.get(index)
+    if value is None:
+        return unsupported(f"{node.op_type} with {what} computed at run time (cpu packs constant weights)")
+    if value.dtype not in (np.uint8, np.int8) or value.ndim not in ndim:
+        return unsupported(f"{node.op_type} {what} of dtype {value.dtype}, rank {value.ndim}")
+    return SUPPORTED
+
+
+def _constant_or_none(node: NodeInfo, index: int) -> np.ndarray | None:
+    """A constant optional input (None when absent); a run-time value there makes ``accepts`` refuse first."""
+    return node.constants.get(index)
+
+
+def _single_values(node: NodeInfo, indices: tuple[int, ...]) -> Support:
+    """The scales / zero points the native stage takes as one value each (a per-row one stays on the reference)."""
+    for i in indices:
+        info = node.inputs[i] if i < len(node.inputs) else None
+        if info is not None and info.is_static and int(np.prod(static_shape(info), dtype=np.int64)) != 1:
+            return unsupported(f"{node.op_type} with input {i} of shape {static_shape(info)} (cpu: one value)")
+    return SUPPORTED
+
+
+def _optional_is_constant(node: NodeInfo, index: int, what: str) -> Support:
+    if len(node.node.inputs) > index and node.node.inputs[index] and index not in node.constants:
+        return unsupported(f"{node.op_type} with {what} computed at run time")
+    return SUPPORTED
+
+
+class CpuDynamicQuantizeLinear(CallKernel):
+    """min / max of x, then x quantized to uint8 with the scale and zero point they give (float32 arithmetic)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is not None and x.dtype != dtypes.float32:
+            return unsupported(f"DynamicQuantizeLinear on {x.dtype} (cpu kernels take float32)")
+        return SUPPORTED
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        x = np.ascontiguousarray(inputs[0].numpy())
+        return functools.partial(_native.dynamic_quantize, x, outputs[0].buffer, outputs[1].buffer,
+                                 outputs[2].buffer)
+
+
+def _per_tensor(node: NodeInfo, x_types: tuple, what: str) -> Support:
+    """QuantizeLinear / DequantizeLinear with one scale and zero point, float32 on the float side, 8-bit integers on
+    the other (per-axis / blocked parameters, other types and ``precision`` stay on the reference)."""
+    x = node.inputs[0]
+    if x is not None and x.dtype not in x_types:
+        return unsupported(f"{node.op_type} of {x.dtype} (cpu: {what})")
+    if node.attr("block_size", 0) or node.attr("precision", 0):
+        return unsupported(f"{node.op_type} with block_size / precision (cpu: one scale)")
+    scale = node.inputs[1] if len(node.inputs) > 1 else None
+    if scale is not None and scale.dtype != dtypes.float32:
+        return unsupported(f"{node.op_type} with a {scale.dtype} scale (cpu: float32)")
+    for out in node.outputs:
+        if out.dtype not in (dtypes.float32, dtypes.uint8, dtypes.int8):
+            return unsupported(f"{node.op_type} to {out.dtype} (cpu: float32 / uint8 / int8)")
+    return _single_values(node, (1, 2))
+
+
+class _PerTensorKernel(CallKernel):
+    """x -> y with one scale and zero point, by the native function ``convert``."""
+
+    convert = staticmethod(_native.quantize_linear)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        return functools.partial(self.convert, np.ascontiguousarray(inputs[0].numpy()),
+                                 np.ascontiguousarray(inputs[1].numpy()), zp, outputs[0].buffer)
+
+
+class CpuQuantizeLinear(_PerTensorKernel):
+    """float32 -> uint8 / int8 with one scale and zero point: round half to even, saturate."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return _per_tensor(node, (dtypes.float32,), "float32 in")
+
+
+class CpuDequantizeLinear(_PerTensorKernel):
+    """uint8 / int8 -> float32 with one scale and zero point."""
+
+    convert = staticmethod(_native.dequantize_linear)
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return _per_tensor(node, (dtypes.uint8, dtypes.int8), "uint8 / int8 in")
+
+
+class CpuMatMulInteger(CallKernel):
+    """(A - a_zero_point) @ (B - b_zero_point) in int32, B a constant 2-D weight packed once."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _constant_8bit(node, 1, "B", (2,))
+        if verdict:
+            verdict = _optional_is_constant(node, 3, "b_zero_point")
+        a = node.inputs[0]
+        if verdict and (a is None or a.rank is None or a.rank > 2):  # per-row zero points are rows of a 2-D A
+            verdict = _single_values(node, (2,))
+        return verdict
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        self.packed = _native.qpack_b(np.ascontiguousarray(node.constants[1]), _constant_or_none(node, 3))
+
+    def _a(self, inputs: Sequence[Tensor | None]) -> tuple[np.ndarray, np.ndarray | None]:
+        a = np.ascontiguousarray(inputs[0].numpy())
+        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        return a, zp
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        a, zp = self._a(inputs)
+        return functools.partial(_native.qgemm_i32, a, self.packed, zp, out)
+
+
+class CpuMatMulIntegerScaled(CpuMatMulInteger):
+    """float32(MatMulInteger) * scale (one value or one per column), plus an optional bias row: no int32 tensor."""
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        a, zp = self._a(inputs)
+        scale = np.ascontiguousarray(inputs[4].numpy())
+        bias = inputs[5].numpy() if len(inputs) > 5 and inputs[5] is not None else None
+        return functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, out)
+
+
+def _requant_params(inputs: Sequence[Tensor | None], scale_a: int, scale_b: int, y: int) -> tuple[np.ndarray, ...]:
+    return tuple(np.ascontiguousarray(inputs[i].numpy()) for i in (scale_a, scale_b, y, y + 1))
+
+
+class CpuQLinearMatMul(CallKernel):
+    """Quantized A @ constant quantized B, requantized to y_scale / y_zero_point."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _constant_8bit(node, 3, "B", (2,))
+        if verdict:
+            verdict = _optional_is_constant(node, 5, "b_zero_point")
+        return _single_values(node, (1, 2, 6, 7)) if verdict else verdict
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        self.packed = _native.qpack_b(np.ascontiguousarray(node.constants[3]), _constant_or_none(node, 5))
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        a = np.ascontiguousarray(inputs[0].numpy())
+        a_s, b_s, y_s, y_zp = _requant_params(inputs, 1, 4, 6)
+        return functools.partial(_native.qgemm_requant, a, self.packed, inputs[2].numpy(), a_s, b_s, y_s, y_zp, out)
+
+
+class CpuQLinearConv(CallKernel):
+    """2-D quantized convolution (1-D as H = 1): im2col padded with x's zero point, the int8 GEMM per group, the
+    int32 bias, requantized into the NCHW output."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = _constant_8bit(node, 3, "w", (3, 4))
+        for index, what in ((5, "w_zero_point"), (8, "bias")):
+            if verdict:
+                verdict = _optional_is_constant(node, index, what)
+        return _single_values(node, (1, 2, 6, 7)) if verdict else verdict
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        weight = np.ascontiguousarray(node.constants[3])
+        self.one_d = weight.ndim == 3
+        if self.one_d:
+            weight = np.ascontiguousarray(weight[:, :, None, :])
+        self.kernel_shape = tuple(node.constants[3].shape[2:])
+        self.strides = tuple(self.attr("strides", [1] * len(self.kernel_shape)))
+        self.dilations = tuple(self.attr("dilations", [1] * len(self.kernel_shape)))
+        self.weights = _native.qconv_pack(weight, _constant_or_none(node, 5), int(self.attr("group", 1)))
+        bias = _constant_or_none(node, 8)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.int32)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        spatial = static_shape(inputs[0])[2:]
+        begin, end = _pads_nd(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
+        if self.one_d:
+            self.pads = (0, begin[0], 0, end[0])
+            self.native = ((1, self.strides[0]), (1, self.dilations[0]))
+        else:
+            self.pads = (begin[0], begin[1], end[0], end[1])
+            self.native = (self.strides, self.dilations)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        x = np.ascontiguousarray(inputs[0].numpy())
+        if self.one_d:
+            x, out = x[:, :, None, :], out[:, :, None, :]
+        x_s, w_s, y_s, y_zp = _requant_params(inputs, 1, 4, 6)
+        strides, dilations = self.native
+        return functools.partial(_native.qconv, x, self.weights, inputs[2].numpy(), x_s, w_s, y_s, y_zp, self.bias,
+                                 strides, self.pads, dilations, out)
+
+
+KERNELS = {
+    ("", "QuantizeLinear"): CpuQuantizeLinear,
+    ("", "DequantizeLinear"): CpuDequantizeLinear,
+    ("", "DynamicQuantizeLinear"): CpuDynamicQuantizeLinear,
+    ("", "MatMulInteger"): CpuMatMulInteger,
+    ("hetero", "MatMulIntegerScaled"): CpuMatMulIntegerScaled,
+    ("", "QLinearMatMul"): CpuQLinearMatMul,
+    ("", "QLinearConv"): CpuQLinearConv,
+}

@@ -1,0 +1,685 @@
+// Drivers and bindings of the int8 kernels (qlinear.hpp): B packing, the threaded integer GEMM with its
+// zero-point corrections and output stages (int32, scaled float, requantized 8-bit), im2col for QLinearConv, and
+// DynamicQuantizeLinear. Compiled without ISA flags; the kernels run through qk().
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "onnx_py.hpp"
+#include "qlinear.hpp"
+
+namespace py = pybind11;
+
+namespace hetero {
+namespace qlin {
+#ifndef HETERO_QLIN_X86
+const QKernels* qkernels_avx2() { return nullptr; }
+const QKernels* qkernels_avx512vnni() { return nullptr; }
+#endif
+
+namespace {
+
+using pyx::fail;
+
+bool cpu_has_vnni() {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+template <class T>
+struct AlignedVec {  // 64-byte aligned, for the packed panels' aligned loads
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit AlignedVec(std::size_t count) : n(count) {
+    const std::size_t bytes = ((count * sizeof(T) + 63) / 64) * 64;
+    p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes == 0 ? 64 : bytes);
+  }
+  AlignedVec(const AlignedVec&) = delete;
+  AlignedVec& operator=(const AlignedVec&) = delete;
+  ~AlignedVec() { std::free(p); }
+};
+
+}  // namespace
+
+const QKernels& qk() {
+  static const bool vnni = qkernels_avx512vnni() != nullptr && cpu_has_vnni();
+  const Kernels* a = &active();
+  if (a == kernels_avx512() && a != nullptr && vnni) return *qkernels_avx512vnni();
+  if ((a == kernels_avx512() || a == kernels_avx2()) && a != nullptr && qkernels_avx2()) return *qkernels_avx2();
+  return *qkernels_generic();
+}
+
+// B (K x N, int8 or uint8) in panels, with its zero point(s) and column sums in the b' = int8 domain.
+struct QPacked {
+  i64 k = 0, n = 0, k4 = 0, panels = 0;
+  bool b_unsigned = false;
+  std::unique_ptr<AlignedVec<std::int8_t>> data;
+  std::vector<std::int32_t> colsum;  // sum_k b'[k][n]
+  std::vector<std::int32_t> zb;      // zb'[n]
+  i64 pstride() const { return k4 * 64; }
+};
+
+namespace {
+
+// b: K x N at (rs, cs) element strides; zero point: one or N values.
+void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
+               i64 zp_count) {
+  p.k4 = (p.k + 3) / 4;
+  p.panels = (p.n + kPanel - 1) / kPanel;
+  p.b_unsigned = b_unsigned;
+  // an even number of panels (the last one zero when N needs an odd count): the AMX block takes them in pairs
+  p.data = std::make_unique<AlignedVec<std::int8_t>>(static_cast<std::size_t>((p.panels + 1) / 2 * 2 * p.pstride()));
+  p.colsum.assign(static_cast<std::size_t>(p.n), 0);
+  p.zb.assign(static_cast<std::size_t>(p.n), 0);
+  const int shift = b_unsigned ? -128 : 0;
+  for (i64 j = 0; j < p.n; ++j) {
+    std::int8_t* panel = p.data->p + (j / kPanel) * p.pstride();
+    const i64 col = j % kPanel;
+    std::int32_t sum = 0;
+    for (i64 kk = 0; kk < p.k; ++kk) {
+      const std::uint8_t raw = b[kk * rs + j * cs];
+      const int v = (b_unsigned ? static_cast<int>(raw) : static_cast<int>(static_cast<std::int8_t>(raw))) + shift;
+      panel[(kk / 4) * 64 + col * 4 + kk % 4] = static_cast<std::int8_t>(v);
+      sum += v;
+    }
+    p.colsum[static_cast<std::size_t>(j)] = sum;
+    p.zb[static_cast<std::size_t>(j)] = zp[zp_count == 1 ? 0 : j] + shift;
+  }
+}
+
+struct AOperand {
+  const std::uint8_t* a;  // rows of a' (uint8), lda bytes apart, K real values then zeros to 4 * k4
+  i64 lda;
+  const std::int32_t* za;  // za'[m] (one value when za_count == 1)
+  i64 za_count;
+};
+
+std::atomic<bool> g_use_amx{true};
+
+// The AMX path: blocks of 32 rows x 2 panels, when the CPU and OS allow it, the active ISA is avx512 and K is whole
+// 64-byte tile rows.
+bool amx_for(const QKernels& kr, const QPacked& p) {
+  return p.k % 64 == 0 && &kr == qkernels_avx512vnni() && g_use_amx.load(std::memory_order_relaxed) &&
+         amx_available();
+}
+
+// The GEMM over rows [0, M): tasks are (row block, column block) pairs.
+void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
+  if (M == 0 || p.n == 0) return;
+  const QKernels& kr = qk();
+  std::vector<std::int32_t> rowsum(static_cast<std::size_t>(M));
+  kr.rowsums(a.a, M, p.k, a.lda, rowsum.data());
+  const Corrections cr{p.colsum.data(), p.zb.data(), rowsum.data(), a.za, a.za_count, p.k};
+  const double work = static_cast<double>(M) * static_cast<double>(p.n) * static_cast<double>(p.k);
+  if (amx_for(kr, p)) {
+    // Tasks are column groups; each runs its panel pairs over every row block, so a pair (2 x K x 16 bytes) is read
+    // from memory once and stays in L1 while the row blocks pass. The last rows (M % 32) are copied once, zero-padded
+    // to whole 16-row tiles.
+    const i64 full = M / 32 * 32, rest = M - full;
+    const int tail_rows = rest == 0 ? 0 : (rest <= 16 ? 16 : 32);
+    std::vector<std::uint8_t> tail(static_cast<std::size_t>(tail_rows * p.k), 0);
+    for (i64 r = 0; r < rest; ++r)
+      std::memcpy(tail.data() + r * p.k, a.a + (full + r) * a.lda, static_cast<std::size_t>(p.k));
+    const i64 pairs = (p.panels + 1) / 2, pairs_per_task = 2;
+    const i64 tasks = (pairs + pairs_per_task - 1) / pairs_per_task;
+    parallel_for(tasks, threads_for(work, 4e6), [&](i64 task) {
+      alignas(64) std::int32_t raw[32 * 32];
+      amx_begin();
+      for (i64 q = task * pairs_per_task; q < std::min(pairs, (task + 1) * pairs_per_task); ++q) {
+        const std::int8_t* b = p.data->p + 2 * q * p.pstride();
+        const i64 n0 = 2 * q * kPanel;
+        const int ncols = static_cast<int>(std::min<i64>(32, p.n - n0));
+        for (i64 m0 = 0; m0 < full; m0 += 32) {
+          amx_block32(p.k, a.a + m0 * a.lda, a.lda, b, p.pstride(), raw);
+          kr.finish(st, cr, m0, 32, n0, ncols, raw, 32);
+        }
+        if (rest) {
+          (tail_rows == 16 ? amx_block16 : amx_block32)(p.k, tail.data(), p.k, b, p.pstride(), raw);
+          kr.finish(st, cr, full, static_cast<int>(rest), n0, ncols, raw, 32);
+        }
+      }
+      amx_end();
+    });
+    return;
+  }
+  const i64 rows_per_block = 64;
+  const i64 mblocks = (M + rows_per_block - 1) / rows_per_block;
+  const i64 panels_per_block = std::max<i64>(kr.np, 4);
+  const i64 nblocks = (p.panels + panels_per_block - 1) / panels_per_block;
+  parallel_for(mblocks * nblocks, threads_for(work, 2e6), [&](i64 task) {
+    const i64 mb = task / nblocks, nb = task % nblocks;
+    const i64 m_end = std::min(M, (mb + 1) * rows_per_block);
+    const i64 p_end = std::min(p.panels, (nb + 1) * panels_per_block);
+    alignas(64) std::int32_t raw[kMR * kNP * kPanel];
+    for (i64 m0 = mb * rows_per_block; m0 < m_end; m0 += kr.mr) {
+      const int mr = static_cast<int>(std::min<i64>(kr.mr, m_end - m0));
+      for (i64 p0 = nb * panels_per_block; p0 < p_end; p0 += kr.np) {
+        const int np = static_cast<int>(std::min<i64>(kr.np, p_end - p0));
+        const i64 ldc = np * kPanel;
+        kr.tile(mr, np, p.k4, a.a + m0 * a.lda, a.lda, p.data->p + p0 * p.pstride(), p.pstride(), raw, ldc);
+        const i64 n0 = p0 * kPanel;
+        kr.finish(st, cr, m0, mr, n0, static_cast<int>(std::min<i64>(ldc, p.n - n0)), raw, ldc);
+      }
+    }
+  });
+}
+
+// An empty K: every sum is 0 (the output stage still applies: scale, bias, zero point).
+void qgemm_empty_k(const QPacked& p, i64 M, const OutStage& st) {
+  const std::vector<std::int32_t> zeros(static_cast<std::size_t>(p.n), 0), none(static_cast<std::size_t>(M), 0);
+  const std::int32_t za = 0;
+  const Corrections cr{zeros.data(), zeros.data(), none.data(), &za, 1, 0};
+  for (i64 m = 0; m < M; ++m) qk().finish(st, cr, m, 1, 0, static_cast<int>(p.n), zeros.data(), 0);
+}
+
+bool is_u8(const py::array& a) { return pyx::dkey(a) == "u1"; }
+bool is_s8(const py::array& a) { return pyx::dkey(a) == "i1"; }
+
+void need_8bit(const py::array& a, const char* fn, const char* name) {
+  if (!is_u8(a) && !is_s8(a)) fail(std::string(fn) + ": " + name + " must be uint8 or int8, got " +
+                                   std::string(py::str(a.dtype())));
+}
+
+std::vector<std::int32_t> zero_points(const py::object& zp, const py::array& like, i64 count, const char* fn,
+                                      const char* name) {
+  std::vector<std::int32_t> v;
+  if (zp.is_none()) return {0};
+  const py::array z = py::array::ensure(zp);
+  if (pyx::dkey(z) != pyx::dkey(like))
+    fail(std::string(fn) + ": " + name + " must have the dtype of its operand (" + std::string(py::str(like.dtype())) + ")");
+  const py::array zc = py::array::ensure(z, py::array::c_style);
+  const i64 size = static_cast<i64>(zc.size());
+  if (size != 1 && size != count)
+    fail(std::string(fn) + ": " + name + " has " + std::to_string(size) + " values, expected 1 or " + std::to_string(count));
+  for (i64 i = 0; i < size; ++i)
+    v.push_back(is_u8(zc) ? static_cast<std::int32_t>(static_cast<const std::uint8_t*>(zc.data())[i])
+                          : static_cast<std::int32_t>(static_cast<const std::int8_t*>(zc.data())[i]));
+  return v;
+}
+
+std::shared_ptr<QPacked> py_qpack_b(const py::array& b, const py::object& zp) {
+  need_8bit(b, "qpack_b", "b");
+  if (b.ndim() != 2) fail("qpack_b: b must be 2-D (K, N), got " + pyx::shape_str(b));
+  auto p = std::make_shared<QPacked>();
+  p->k = b.shape(0);
+  p->n = b.shape(1);
+  const std::vector<std::int32_t> z = zero_points(zp, b, p->n, "qpack_b", "b_zero_point");
+  pack_into(*p, static_cast<const std::uint8_t*>(b.data()), b.strides(0), b.strides(1), is_u8(b), z.data(),
+            static_cast<i64>(z.size()));
+  return p;
+}
+
+// A (M x K rows of uint8 / int8) as the GEMM's operand: used in place when it is uint8, C-contiguous and K % 4 == 0
+// (reading whole 4-byte groups stays inside each row), else copied to rows of 4 * k4 bytes (int8 moved to uint8).
+struct APrepared {
+  AOperand op{};
+  std::vector<std::uint8_t> copy;
+  std::vector<std::int32_t> za;
+};
+
+void prepare_a(const py::array& a, i64 M, const QPacked& p, const py::object& zp, APrepared& out) {
+  need_8bit(a, "qgemm", "a");
+  if (!pyx::c_contig(a)) fail("qgemm: a must be C-contiguous");
+  if (a.ndim() < 1 || a.shape(a.ndim() - 1) != p.k)
+    fail("qgemm: a has shape " + pyx::shape_str(a) + ", its last dimension must be K = " + std::to_string(p.k));
+  out.za = zero_points(zp, a, M, "qgemm", "a_zero_point");
+  const bool s8 = is_s8(a);
+  if (s8)
+    for (auto& z : out.za) z += 128;
+  const auto* src = static_cast<const std::uint8_t*>(a.data());
+  if (!s8 && p.k % 4 == 0) {
+    out.op = {src, p.k, out.za.data(), static_cast<i64>(out.za.size())};
+    return;
+  }
+  const i64 lda = p.k4 * 4;
+  out.copy.assign(static_cast<std::size_t>(M * lda + 4), 0);
+  for (i64 m = 0; m < M; ++m)
+    for (i64 kk = 0; kk < p.k; ++kk)
+      out.copy[static_cast<std::size_t>(m * lda + kk)] = static_cast<std::uint8_t>(src[m * p.k + kk] ^ (s8 ? 0x80 : 0));
+  out.op = {out.copy.data(), lda, out.za.data(), static_cast<i64>(out.za.size())};
+}
+
+i64 rows_of(const py::array& a, i64 k) { return k == 0 ? 0 : static_cast<i64>(a.size()) / k; }
+
+void need_out_size(const py::array& out, i64 count, const char* fn) {
+  pyx::need_out(out, fn);
+  if (static_cast<i64>(out.size()) != count)
+    fail(std::string(fn) + ": out has " + std::to_string(out.size()) + " elements, expected " + std::to_string(count));
+}
+
+// out (int32) = (a - a_zp) @ (b - b_zp)
+void py_qgemm_i32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& out) {
+  const i64 M = rows_of(a, p.k);
+  if (pyx::dkey(out) != "i4") fail("qgemm_i32: out must be int32");
+  need_out_size(out, M * p.n, "qgemm_i32");
+  if (p.k == 0) {
+    std::memset(pyx::mptr<void>(out), 0, static_cast<std::size_t>(out.nbytes()));
+    return;
+  }
+  APrepared ap;
+  prepare_a(a, M, p, a_zp, ap);
+  OutStage st;
+  st.out = pyx::mptr<void>(out);
+  st.rs = p.n;
+  st.cs = 1;
+  py::gil_scoped_release nogil;
+  qgemm(p, ap.op, M, st);
+}
+
+// out (float32) = float32((a - a_zp) @ (b - b_zp)) * scale (+ bias): scale one value or N, bias N.
+void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& scale,
+                  const py::object& bias, const py::array& out) {
+  const i64 M = rows_of(a, p.k);
+  pyx::need_f32(out, "qgemm_f32", "out");
+  pyx::need_f32(scale, "qgemm_f32", "scale");
+  pyx::need_contig(scale, "qgemm_f32", "scale");
+  need_out_size(out, M * p.n, "qgemm_f32");
+  if (scale.size() != 1 && static_cast<i64>(scale.size()) != p.n)
+    fail("qgemm_f32: scale has " + std::to_string(scale.size()) + " values, expected 1 or N = " + std::to_string(p.n));
+  OutStage st;
+  st.kind = OutStage::F32;
+  st.out = pyx::mptr<void>(out);
+  st.rs = p.n;
+  st.cs = 1;
+  std::vector<float> scales(static_cast<std::size_t>(p.n), pyx::cptr<float>(scale)[0]);
+  if (scale.size() != 1) std::memcpy(scales.data(), pyx::cptr<float>(scale), static_cast<std::size_t>(p.n) * 4);
+  st.scale = scales.data();
+  py::array bias_arr;
+  if (!bias.is_none()) {
+    bias_arr = py::array::ensure(bias);
+    pyx::need_f32(bias_arr, "qgemm_f32", "bias");
+    pyx::need_contig(bias_arr, "qgemm_f32", "bias");
+    if (static_cast<i64>(bias_arr.size()) != p.n) fail("qgemm_f32: bias must have N = " + std::to_string(p.n) + " values");
+    st.fbias = pyx::cptr<float>(bias_arr);
+  }
+  APrepared ap;
+  if (p.k > 0) prepare_a(a, M, p, a_zp, ap);
+  py::gil_scoped_release nogil;
+  if (p.k == 0) return qgemm_empty_k(p, M, st);
+  qgemm(p, ap.op, M, st);
+}
+
+// The requantizing stage of QLinearMatMul / QLinearConv: multiplier[n] = a_scale * b_scale[n] / y_scale (float, as
+// onnxruntime computes it), y = saturate(round_half_even(float(acc (+ bias)) * multiplier) + y_zp).
+void requant_stage(OutStage& st, std::vector<float>& mult, const py::array& a_scale, const py::array& b_scale,
+                   const py::array& y_scale, const py::array& y_zp, i64 n, const char* fn) {
+  for (const py::array* s : {&a_scale, &b_scale, &y_scale}) {
+    pyx::need_f32(*s, fn, "scale");
+    pyx::need_contig(*s, fn, "scale");
+  }
+  if (a_scale.size() != 1 || y_scale.size() != 1) fail(std::string(fn) + ": a / y scales must be single values");
+  if (b_scale.size() != 1 && static_cast<i64>(b_scale.size()) != n)
+    fail(std::string(fn) + ": the weight scale has " + std::to_string(b_scale.size()) + " values, expected 1 or " +
+         std::to_string(n));
+  if (y_zp.size() != 1) fail(std::string(fn) + ": y_zero_point must be a single value");
+  need_8bit(y_zp, fn, "y_zero_point");
+  const float as = pyx::cptr<float>(a_scale)[0], ys = pyx::cptr<float>(y_scale)[0];
+  const float* bs = pyx::cptr<float>(b_scale);
+  mult.resize(static_cast<std::size_t>(n));
+  for (i64 j = 0; j < n; ++j) mult[static_cast<std::size_t>(j)] = as * bs[b_scale.size() == 1 ? 0 : j] / ys;
+  st.kind = OutStage::Q8;
+  st.scale = mult.data();
+  st.y_unsigned = is_u8(y_zp);
+  st.y_zp = st.y_unsigned ? static_cast<int>(pyx::cptr<std::uint8_t>(y_zp)[0])
+                          : static_cast<int>(pyx::cptr<std::int8_t>(y_zp)[0]);
+  st.qmin = st.y_unsigned ? 0 : -128;
+  st.qmax = st.y_unsigned ? 255 : 127;
+}
+
+void py_qgemm_requant(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& a_scale,
+                      const py::array& b_scale, const py::array& y_scale, const py::array& y_zp,
+                      const py::array& out) {
+  const i64 M = rows_of(a, p.k);
+  need_out_size(out, M * p.n, "qgemm_requant");
+  if (pyx::dkey(out) != pyx::dkey(y_zp)) fail("qgemm_requant: out must have y_zero_point's dtype");
+  OutStage st;
+  std::vector<float> mult;
+  requant_stage(st, mult, a_scale, b_scale, y_scale, y_zp, p.n, "qgemm_requant");
+  st.out = pyx::mptr<void>(out);
+  st.rs = p.n;
+  st.cs = 1;
+  APrepared ap;
+  if (p.k > 0) prepare_a(a, M, p, a_zp, ap);
+  py::gil_scoped_release nogil;
+  if (p.k == 0) return qgemm_empty_k(p, M, st);
+  qgemm(p, ap.op, M, st);
+}
+
+// QLinearConv, 2-D NCHW (a 1-D conv as H = 1): per group, im2col of the input (padding = x's zero point, so padded
+// taps contribute nothing) into rows of output positions, the GEMM against that group's packed weights, requantized
+// straight into the NCHW output (column stride = positions).
+struct QConv {
+  i64 cout = 0, cin_g = 0, kh = 0, kw = 0, groups = 1;
+  std::vector<std::shared_ptr<QPacked>> packed;  // per group: K = cin_g * kh * kw, N = cout / groups
+  std::vector<std::int32_t> depthwise;           // one channel per group: w - w_zero_point, [cout][kh * kw]
+};
+
+std::shared_ptr<QConv> py_qconv_pack(const py::array& w, const py::object& zp, i64 groups) {
+  need_8bit(w, "qconv_pack", "w");
+  if (w.ndim() != 4) fail("qconv_pack: w must be 4-D (Cout, Cin/groups, kh, kw), got " + pyx::shape_str(w));
+  if (!pyx::c_contig(w)) fail("qconv_pack: w must be C-contiguous");
+  auto c = std::make_shared<QConv>();
+  c->cout = w.shape(0);
+  c->cin_g = w.shape(1);
+  c->kh = w.shape(2);
+  c->kw = w.shape(3);
+  c->groups = groups;
+  if (groups < 1 || c->cout % groups) fail("qconv_pack: Cout must be a multiple of groups");
+  const i64 og = c->cout / groups, K = c->cin_g * c->kh * c->kw;
+  const std::vector<std::int32_t> z = zero_points(zp, w, c->cout, "qconv_pack", "w_zero_point");
+  const auto* src = static_cast<const std::uint8_t*>(w.data());
+  for (i64 g = 0; g < groups; ++g) {
+    auto p = std::make_shared<QPacked>();
+    p->k = K;
+    p->n = og;
+    // B[k][n] = w[g * og + n][k]: row stride 1, column stride K
+    pack_into(*p, src + g * og * K, 1, K, is_u8(w), z.size() == 1 ? z.data() : z.data() + g * og,
+              z.size() == 1 ? 1 : og);
+    c->packed.push_back(p);
+  }
+  if (c->cin_g == 1 && og == 1) {  // depthwise: taps accumulated directly (a GEMM per channel would have N = 1)
+    const bool u8 = is_u8(w);
+    for (i64 o = 0; o < c->cout; ++o)
+      for (i64 t = 0; t < K; ++t) {
+        const std::uint8_t raw = src[o * K + t];
+        const int v = u8 ? static_cast<int>(raw) : static_cast<int>(static_cast<std::int8_t>(raw));
+        c->depthwise.push_back(v - z[z.size() == 1 ? 0 : o]);
+      }
+  }
+  return c;
+}
+
+// Depthwise QLinearConv, one channel of one image: acc[P] = sum over taps of (x - x_zp) (w - w_zp), exact int32.
+template <class T>
+void depthwise_channel(const T* plane, i64 H, i64 W, const std::int32_t* w, i64 kh, i64 kw, i64 sh, i64 sw, i64 dh,
+                       i64 dw, i64 pt, i64 pl, i64 Ho, i64 Wo, std::int32_t zx, std::int32_t* acc) {
+  std::fill(acc, acc + Ho * Wo, 0);
+  for (i64 ky = 0; ky < kh; ++ky)
+    for (i64 kx = 0; kx < kw; ++kx) {
+      const std::int32_t wt = w[ky * kw + kx];
+      const i64 off = kx * dw - pl;
+      const i64 lo = std::min(Wo, off >= 0 ? i64{0} : (-off + sw - 1) / sw);
+      const i64 hi = std::max(lo, std::min(Wo, W - 1 - off < 0 ? i64{0} : (W - 1 - off) / sw + 1));
+      for (i64 oy = 0; oy < Ho; ++oy) {
+        const i64 iy = oy * sh - pt + ky * dh;
+        if (iy < 0 || iy >= H) continue;  // padding: x - x_zp = 0
+        const T* srow = plane + iy * W + off;
+        std::int32_t* a = acc + oy * Wo;
+        if (sw == 1)
+          for (i64 ox = lo; ox < hi; ++ox) a[ox] += (static_cast<std::int32_t>(srow[ox]) - zx) * wt;
+        else
+          for (i64 ox = lo; ox < hi; ++ox) a[ox] += (static_cast<std::int32_t>(srow[ox * sw]) - zx) * wt;
+      }
+    }
+}
+
+void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const py::array& x_scale,
+              const py::array& w_scale, const py::array& y_scale, const py::array& y_zp, const py::object& bias,
+              const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dilations,
+              const py::array& out) {
+  const char* fn = "qconv";
+  need_8bit(x, fn, "x");
+  pyx::need_contig(x, fn, "x");
+  if (x.ndim() != 4) fail("qconv: x must be 4-D NCHW, got " + pyx::shape_str(x));
+  const i64 N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3);
+  if (C != c.cin_g * c.groups) fail("qconv: x has " + std::to_string(C) + " channels, the weights expect " +
+                                    std::to_string(c.cin_g * c.groups));
+  const i64 sh = strides[0], sw = strides[1], dh = dilations[0], dw = dilations[1];
+  const i64 pt = pads[0], pl = pads[1], pb = pads[2], pr = pads[3];
+  const i64 Ho = (H + pt + pb - dh * (c.kh - 1) - 1) / sh + 1, Wo = (W + pl + pr - dw * (c.kw - 1) - 1) / sw + 1;
+  if (Ho <= 0 || Wo <= 0) fail("qconv: empty output");
+  const i64 P = Ho * Wo, og = c.cout / c.groups, K = c.cin_g * c.kh * c.kw;
+  need_out_size(out, N * c.cout * P, fn);
+  if (pyx::dkey(out) != pyx::dkey(y_zp)) fail("qconv: out must have y_zero_point's dtype");
+  const std::vector<std::int32_t> zx = zero_points(x_zp, x, 1, fn, "x_zero_point");
+  OutStage st;
+  std::vector<float> mult;
+  requant_stage(st, mult, x_scale, w_scale, y_scale, y_zp, c.cout, fn);
+  py::array bias_arr;
+  const std::int32_t* ibias = nullptr;
+  if (!bias.is_none()) {
+    bias_arr = py::array::ensure(bias, py::array::c_style);
+    if (pyx::dkey(bias_arr) != "i4" || static_cast<i64>(bias_arr.size()) != c.cout)
+      fail("qconv: bias must be int32 with Cout values");
+    ibias = pyx::cptr<std::int32_t>(bias_arr);
+  }
+  const bool s8 = is_s8(x);
+  const std::uint8_t flip = s8 ? 0x80 : 0;
+  const std::int32_t za = zx[0] + (s8 ? 128 : 0);
+  const std::uint8_t pad_value = static_cast<std::uint8_t>(za);  // a' of the zero point: contributes nothing
+  const i64 lda = ((K + 3) / 4) * 4;
+  const auto* xs = static_cast<const std::uint8_t*>(x.data());
+  auto* o = static_cast<std::uint8_t*>(pyx::mptr<void>(out));
+  const i64 osize = 1;  // 8-bit output
+  py::gil_scoped_release nogil;
+  if (!c.depthwise.empty()) {
+    // per channel: exact sums, then the output stage with this channel's multiplier and bias along the positions
+    const std::vector<std::int32_t> zeros(static_cast<std::size_t>(std::max(P, c.cout)), 0);  // no corrections
+    const Corrections cr{zeros.data(), zeros.data(), zeros.data(), zeros.data(), 1, 0};
+    parallel_for(N * c.cout, threads_for(static_cast<double>(N * c.cout * P * K), 2e5), [&](i64 task) {
+      const i64 n = task / c.cout, ch = task % c.cout;
+      std::vector<std::int32_t> acc(static_cast<std::size_t>(P));
+      std::vector<float> sc(static_cast<std::size_t>(P), mult[static_cast<std::size_t>(ch)]);
+      std::vector<std::int32_t> ib(static_cast<std::size_t>(P), ibias ? ibias[ch] : 0);
+      const std::int32_t* w = c.depthwise.data() + ch * K;
+      if (s8)
+        depthwise_channel(reinterpret_cast<const std::int8_t*>(xs) + (n * C + ch) * H * W, H, W, w, c.kh, c.kw, sh,
+                          sw, dh, dw, pt, pl, Ho, Wo, zx[0], acc.data());
+      else
+        depthwise_channel(xs + (n * C + ch) * H * W, H, W, w, c.kh, c.kw, sh, sw, dh, dw, pt, pl, Ho, Wo, zx[0],
+                          acc.data());
+      OutStage sc_st = st;  // row = the channel, columns = its positions
+      sc_st.scale = sc.data();
+      sc_st.ibias = ib.data();
+      sc_st.out = o + (n * c.cout) * P * osize;
+      sc_st.rs = P;
+      sc_st.cs = 1;
+      qk().finish(sc_st, cr, ch, 1, 0, static_cast<int>(P), acc.data(), P);
+    });
+    return;
+  }
+  std::vector<std::uint8_t> cols(static_cast<std::size_t>(P * lda + 4), 0);
+  std::vector<std::uint8_t> kmajor(static_cast<std::size_t>(K * P));
+  for (i64 n = 0; n < N; ++n)
+    for (i64 g = 0; g < c.groups; ++g) {
+      // K-major first: row kk = (ci, ky, kx) holds that tap for every output position, copied in runs along the
+      // input rows; then transposed in 32 x 32 blocks into the GEMM's rows of positions.
+      for (i64 ci = 0; ci < c.cin_g; ++ci) {
+        const std::uint8_t* plane = xs + ((n * C) + g * c.cin_g + ci) * H * W;
+        for (i64 ky = 0; ky < c.kh; ++ky)
+          for (i64 kx = 0; kx < c.kw; ++kx) {
+            std::uint8_t* dst = kmajor.data() + ((ci * c.kh + ky) * c.kw + kx) * P;
+            // output columns whose input column ox * sw - pl + kx * dw lies in [0, W)
+            const i64 off = kx * dw - pl;
+            i64 lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+            i64 hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / sw + 1;
+            lo = std::min(lo, Wo);
+            hi = std::max(lo, std::min(hi, Wo));
+            if (Wo == 1 && W == 1) {  // a one-column image (a 1-D signal along H): the tap is a run along H
+              const bool inside = lo < hi;  // this kx lands on the column
+              const i64 tap = ky * dh - pt;  // iy = oy * sh + tap
+              for (i64 oy = 0; oy < Ho; ++oy) {
+                const i64 iy = oy * sh + tap;
+                dst[oy] = inside && iy >= 0 && iy < H ? static_cast<std::uint8_t>(plane[iy] ^ flip) : pad_value;
+              }
+              continue;
+            }
+            for (i64 oy = 0; oy < Ho; ++oy) {
+              std::uint8_t* d = dst + oy * Wo;
+              const i64 iy = oy * sh - pt + ky * dh;
+              if (iy < 0 || iy >= H) {
+                std::memset(d, pad_value, static_cast<std::size_t>(Wo));
+                continue;
+              }
+              const std::uint8_t* srow = plane + iy * W + off;
+              if (Wo < 16) {  // short rows (a kh x 1 conv on a one-column image): no calls per row
+                for (i64 ox = 0; ox < Wo; ++ox)
+                  d[ox] = ox >= lo && ox < hi ? static_cast<std::uint8_t>(srow[ox * sw] ^ flip) : pad_value;
+                continue;
+              }
+              std::memset(d, pad_value, static_cast<std::size_t>(lo));
+              if (sw == 1 && !flip) {
+                std::memcpy(d + lo, srow + lo, static_cast<std::size_t>(hi - lo));
+              } else {
+                for (i64 ox = lo; ox < hi; ++ox) d[ox] = static_cast<std::uint8_t>(srow[ox * sw] ^ flip);
+              }
+              std::memset(d + hi, pad_value, static_cast<std::size_t>(Wo - hi));
+            }
+          }
+      }
+      for (i64 p0 = 0; p0 < P; p0 += 32)
+        for (i64 k0 = 0; k0 < K; k0 += 32) {
+          const i64 p1 = std::min(P, p0 + 32), k1 = std::min(K, k0 + 32);
+          for (i64 pp = p0; pp < p1; ++pp) {
+            std::uint8_t* d = cols.data() + pp * lda;
+            for (i64 kk = k0; kk < k1; ++kk) d[kk] = kmajor[static_cast<std::size_t>(kk * P + pp)];
+          }
+        }
+      const QPacked& p = *c.packed[static_cast<std::size_t>(g)];
+      OutStage sg = st;
+      sg.scale = mult.data() + g * og;
+      sg.ibias = ibias ? ibias + g * og : nullptr;
+      sg.out = o + ((n * c.cout) + g * og) * P * osize;
+      sg.rs = 1;
+      sg.cs = P;
+      AOperand ao{cols.data(), lda, &za, 1};
+      qgemm(p, ao, P, sg);
+    }
+}
+
+// y = saturate(round(x / scale) + zp) with scale = (max(x, 0) - min(x, 0)) / 255 and
+// zp = saturate(round(-min / scale)), in float32 arithmetic; an all-zero x gives scale 0, zp 0, y 0.
+void py_dynamic_quantize(const py::array& x, const py::array& y, const py::array& scale, const py::array& zp) {
+  const char* fn = "dynamic_quantize";
+  pyx::need_f32(x, fn, "x");
+  pyx::need_contig(x, fn, "x");
+  pyx::need_out(y, fn, "y");
+  if (!is_u8(y) || y.size() != x.size()) fail("dynamic_quantize: y must be uint8 with x's size");
+  pyx::need_out(scale, fn, "scale");
+  pyx::need_f32(scale, fn, "scale");
+  pyx::need_out(zp, fn, "zero_point");
+  if (!is_u8(zp) || scale.size() != 1 || zp.size() != 1) fail("dynamic_quantize: scale / zero_point: one float32 / uint8");
+  const i64 n = static_cast<i64>(x.size());
+  const float* xs = pyx::cptr<float>(x);
+  auto* ys = static_cast<std::uint8_t*>(pyx::mptr<void>(y));
+  float* s_out = pyx::mptr<float>(scale);
+  auto* z_out = static_cast<std::uint8_t*>(pyx::mptr<void>(zp));
+  py::gil_scoped_release nogil;
+  const QKernels& kr = qk();
+  float lo = 0.f, hi = 0.f;
+  if (n > 0) kr.minmax(xs, n, &lo, &hi);
+  lo = std::min(lo, 0.f);
+  hi = std::max(hi, 0.f);
+  const float s = (hi - lo) / 255.f;
+  int z = 0;
+  if (s != 0.f) {
+    const float zf = std::nearbyint((0.f - lo) / s);
+    z = static_cast<int>(std::min(255.f, std::max(0.f, zf)));
+  }
+  *s_out = s;
+  *z_out = static_cast<std::uint8_t>(z);
+  if (s == 0.f) {
+    std::memset(ys, 0, static_cast<std::size_t>(n));
+    return;
+  }
+  const i64 chunk = 1 << 16;
+  const i64 tasks = (n + chunk - 1) / chunk;
+  parallel_for(tasks, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
+    const i64 b = t * chunk;
+    kr.quantize8(xs + b, std::min(chunk, n - b), s, z, 0, 255, ys + b);
+  });
+}
+
+// QuantizeLinear / DequantizeLinear with one scale and zero point (float32 <-> uint8 / int8).
+void py_quantize_linear(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y) {
+  const char* fn = "quantize_linear";
+  pyx::need_f32(x, fn, "x");
+  pyx::need_contig(x, fn, "x");
+  pyx::need_f32(scale, fn, "scale");
+  need_8bit(y, fn, "y");
+  need_out_size(y, static_cast<i64>(x.size()), fn);
+  const std::vector<std::int32_t> z = zero_points(zp, y, 1, fn, "zero_point");
+  const float s = pyx::cptr<float>(scale)[0];
+  const bool u8 = is_u8(y);
+  const i64 n = static_cast<i64>(x.size());
+  const float* xs = pyx::cptr<float>(x);
+  auto* ys = static_cast<std::uint8_t*>(pyx::mptr<void>(y));
+  py::gil_scoped_release nogil;
+  const QKernels& kr = qk();
+  const i64 chunk = 1 << 16;
+  parallel_for((n + chunk - 1) / chunk, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
+    const i64 b = t * chunk;
+    kr.quantize8(xs + b, std::min(chunk, n - b), s, z[0], u8 ? 0 : -128, u8 ? 255 : 127, ys + b);
+  });
+}
+
+void py_dequantize_linear(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y) {
+  const char* fn = "dequantize_linear";
+  need_8bit(x, fn, "x");
+  pyx::need_contig(x, fn, "x");
+  pyx::need_f32(scale, fn, "scale");
+  pyx::need_f32(y, fn, "y");
+  need_out_size(y, static_cast<i64>(x.size()), fn);
+  const std::vector<std::int32_t> z = zero_points(zp, x, 1, fn, "zero_point");
+  const float s = pyx::cptr<float>(scale)[0];
+  const i64 n = static_cast<i64>(x.size());
+  float* ys = pyx::mptr<float>(y);
+  const int zero = z[0];
+  py::gil_scoped_release nogil;
+  // (x - zp) is exact and its product with the float32 scale rounds once: the reference's float64 result rounded
+  if (is_u8(x)) {
+    const std::uint8_t* xs = pyx::cptr<std::uint8_t>(x);
+    for (i64 i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int>(xs[i]) - zero) * s;
+  } else {
+    const std::int8_t* xs = pyx::cptr<std::int8_t>(x);
+    for (i64 i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int>(xs[i]) - zero) * s;
+  }
+}
+
+}  // namespace
+
+void bind(py::module_& m) {
+  py::class_<QPacked, std::shared_ptr<QPacked>>(m, "QPacked", "An 8-bit B matrix packed for qgemm_* (qpack_b).")
+      .def_property_readonly("k", [](const QPacked& p) { return p.k; })
+      .def_property_readonly("n", [](const QPacked& p) { return p.n; });
+  py::class_<QConv, std::shared_ptr<QConv>>(m, "QConvWeights", "8-bit conv weights packed per group (qconv_pack).")
+      .def_property_readonly("groups", [](const QConv& c) { return c.groups; });
+  m.def("qlinear_isa", [] { return std::string(qk().name); }, "The int8 kernel path in use (avx512vnni/avx2/generic).");
+  m.def("qlinear_amx", [] { return amx_available() && g_use_amx.load(); },
+        "Whether the int8 GEMM takes AMX blocks (when the active ISA is avx512 and K is a multiple of 64).");
+  m.def("qlinear_use_amx", [](bool on) { g_use_amx.store(on); }, py::arg("on"),
+        "Allow / forbid the AMX blocks (tests, benchmarks).");
+  m.def("qpack_b", &py_qpack_b, py::arg("b"), py::arg("b_zero_point") = py::none());
+  m.def("qgemm_i32", &py_qgemm_i32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("out"));
+  m.def("qgemm_f32", &py_qgemm_f32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("scale"),
+        py::arg("bias"), py::arg("out"));
+  m.def("qgemm_requant", &py_qgemm_requant, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"),
+        py::arg("a_scale"), py::arg("b_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("out"));
+  m.def("qconv_pack", &py_qconv_pack, py::arg("w"), py::arg("w_zero_point"), py::arg("groups"));
+  m.def("qconv", &py_qconv, py::arg("x"), py::arg("weights"), py::arg("x_zero_point"), py::arg("x_scale"),
+        py::arg("w_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("bias"), py::arg("strides"),
+        py::arg("pads"), py::arg("dilations"), py::arg("out"));
+  m.def("quantize_linear", &py_quantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("y"));
+  m.def("dequantize_linear", &py_dequantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"),
+        py::arg("y"));
+  m.def("dynamic_quantize", &py_dynamic_quantize, py::arg("x"), py::arg("y"), py::arg("scale"), py::arg("zero_point"));
+}
+
+}  // namespace qlin
+
+void bind_qlinear(py::module_& m) { qlin::bind(m); }
+
+}  // namespace hetero

@@ -1,0 +1,90 @@
+// 8-bit integer matrix products for the quantized ONNX ops (MatMulInteger, QLinearMatMul, QLinearConv, and the
+// fused MatMulInteger -> Cast -> Mul of dynamically quantized models), and DynamicQuantizeLinear.
+//
+// Exact integer semantics: with a' = a (uint8) or a + 128 (int8, so a' is uint8) and b' = b (int8) or b - 128
+// (uint8, so b' is int8), and the zero points moved the same way,
+//   sum_k (a - za)(b - zb) = sum_k a'b' - za' colsum(b') - zb' rowsum(a') + K za' zb'
+// where every term is int32 (wrapping like onnxruntime's int32 accumulators for absurd K). The raw sums a'b' are
+// computed per ISA (qlinear_<isa>.cpp, instantiated from qlinear_impl.hpp): AVX-512 VNNI `vpdpbusd`; AVX2 widens to
+// 16 bits and uses `vpmaddwd` (exact, unlike `vpmaddubsw`, which saturates pairs of u8 x s8 products); generic C++.
+//
+// Packed B: ceil(N / 16) panels of 16 columns; a panel holds ceil(K / 4) groups of 16 columns x 4 consecutive k
+// (64 bytes, the operand layout of vpdpbusd), zero past K and N.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common.hpp"
+
+namespace hetero {
+namespace qlin {
+
+constexpr int kPanel = 16;  // columns per packed panel
+constexpr int kMR = 4;      // rows per tile
+constexpr int kNP = 4;      // panels per tile (64 columns)
+
+// Raw tile: c[r * ldc + j] = sum_g sum_t a[r * lda + 4 g + t] * panel_p[g][j % 16][t] for r < m, j < np * 16,
+// panels at b + p * pstride (bytes), k4 groups of 4 (a rows padded to 4 k4 bytes).
+using TileFn = void (*)(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
+                        std::int32_t* c, i64 ldc);
+// y[i] = saturate(round_half_even(x[i] / scale) + zp) to [qmin, qmax] (uint8: 0, 255; int8: -128, 127), stored as
+// bytes; NaN -> qmin (what the reference gives for uint8: its float -> int cast of NaN reads 0).
+using QuantizeFn = void (*)(const float* x, i64 n, float scale, int zp, int qmin, int qmax, std::uint8_t* y);
+// min and max of x[0:n] (n >= 1).
+using MinMaxFn = void (*)(const float* x, i64 n, float* lo, float* hi);
+
+// How the finished int32 sums leave the GEMM: value (m, n) = raw - za[m] colsum[n] - zb[n] (rowsum[m] - K za[m]),
+// then int32 as it is, or float32(value) * scale[n] (+ bias[n]), or requantized to 8 bits:
+// saturate(round_half_even(float32(value + ibias[n]) * scale[n]) + y_zp).
+struct OutStage {
+  enum Kind { I32, F32, Q8 } kind = I32;
+  void* out = nullptr;
+  i64 rs = 0, cs = 0;                   // element strides of out (row m, column n)
+  const float* scale = nullptr;         // F32 / Q8: N multipliers
+  const float* fbias = nullptr;         // F32: N values added after the multiply
+  const std::int32_t* ibias = nullptr;  // Q8: N values added before it
+  int y_zp = 0, qmin = 0, qmax = 255;   // Q8
+  bool y_unsigned = true;
+};
+
+// The column terms of one GEMM (from the packed B) and the row terms (from A).
+struct Corrections {
+  const std::int32_t* colsum;  // [N]
+  const std::int32_t* zb;      // [N]
+  const std::int32_t* rowsum;  // [M]
+  const std::int32_t* za;      // [M], or one value when za_count == 1
+  i64 za_count, k;
+};
+
+// Finishes rows [m0, m0 + rows) x columns [n0, n0 + ncols) from raw sums (raw[r * ldraw + j]).
+using FinishFn = void (*)(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0, int ncols,
+                          const std::int32_t* raw, i64 ldraw);
+// rowsum[r] = sum of the first k bytes of row r (rows lda apart).
+using RowSumFn = void (*)(const std::uint8_t* a, i64 rows, i64 k, i64 lda, std::int32_t* rowsum);
+
+struct QKernels {
+  const char* name;
+  int mr, np;  // the tile this ISA's registers hold: rows, panels
+  TileFn tile;
+  QuantizeFn quantize8;
+  MinMaxFn minmax;
+  FinishFn finish;
+  RowSumFn rowsums;
+};
+
+// AMX (qlinear_amx.cpp): whether this CPU has AMX-INT8 and the kernel let this process use the tile registers, and
+// the 32 x 32 block: raw[32][32] (ldraw 32) = A rows [0, 32) (lda apart) . B panels p0, p0 + 1 over k (k % 64 == 0).
+bool amx_available();
+void amx_begin();  // loads the tile configuration on this thread
+void amx_end();    // releases it
+void amx_block32(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);
+void amx_block16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);  // rows 0-15
+
+const QKernels* qkernels_generic();
+const QKernels* qkernels_avx2();        // nullptr unless x86-64
+const QKernels* qkernels_avx512vnni();  // nullptr unless x86-64
+const QKernels& qk();                   // the active ISA's
+
+}  // namespace qlin
+}  // namespace hetero

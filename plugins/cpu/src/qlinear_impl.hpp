@@ -1,0 +1,287 @@
+// The per-ISA kernels of qlinear.hpp: included once by each qlinear_<isa>.cpp, which defines QLIN_ISA_VNNI /
+// QLIN_ISA_AVX2 (or neither: generic C++) before including it, and compiles with that ISA's flags.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+
+#include "qlinear.hpp"
+
+#if defined(QLIN_ISA_VNNI) || defined(QLIN_ISA_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace hetero {
+namespace qlin {
+namespace {
+
+inline std::int32_t load4(const std::uint8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#if defined(QLIN_ISA_VNNI)
+template <int M, int NP>
+void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,
+                i64 ldc) {
+  __m512i acc[M][NP];
+  for (int r = 0; r < M; ++r)
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_si512();
+  for (i64 g = 0; g < k4; ++g) {
+    __m512i bv[NP];
+    for (int p = 0; p < NP; ++p) bv[p] = _mm512_load_si512(reinterpret_cast<const void*>(b + p * pstride + g * 64));
+    for (int r = 0; r < M; ++r) {
+      const __m512i av = _mm512_set1_epi32(load4(a + r * lda + 4 * g));
+      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], av, bv[p]);
+    }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int p = 0; p < NP; ++p) _mm512_storeu_si512(reinterpret_cast<void*>(c + r * ldc + p * 16), acc[r][p]);
+}
+#elif defined(QLIN_ISA_AVX2)
+// A 16-byte quarter of a 64-byte group (4 columns x 4 k) widened to int16 meets the row's 4 bytes of a, widened and
+// repeated; vpmaddwd leaves two partial sums per column (k 0+1, k 2+3), added once at the end of the tile.
+template <int M, int NP>
+void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,
+                i64 ldc) {
+  constexpr int Q = NP * 4;  // quarters of 4 columns
+  __m256i acc[M][Q];
+  for (int r = 0; r < M; ++r)
+    for (int q = 0; q < Q; ++q) acc[r][q] = _mm256_setzero_si256();
+  for (i64 g = 0; g < k4; ++g) {
+    __m256i av[M];
+    for (int r = 0; r < M; ++r) {
+      const __m128i a4 = _mm_cvtsi32_si128(load4(a + r * lda + 4 * g));
+      av[r] = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(a4));
+    }
+    for (int q = 0; q < Q; ++q) {
+      const std::int8_t* src = b + (q / 4) * pstride + g * 64 + (q % 4) * 16;
+      const __m256i bw = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(src)));
+      for (int r = 0; r < M; ++r) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(av[r], bw));
+    }
+  }
+  for (int r = 0; r < M; ++r)
+    for (int q = 0; q < Q; ++q) {
+      alignas(32) std::int32_t t[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(t), acc[r][q]);
+      for (int j = 0; j < 4; ++j) c[r * ldc + q * 4 + j] = t[2 * j] + t[2 * j + 1];
+    }
+}
+#else
+template <int M, int NP>
+void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,
+                i64 ldc) {
+  for (int r = 0; r < M; ++r)
+    for (int p = 0; p < NP; ++p) {
+      std::int32_t acc[16] = {};
+      const std::int8_t* panel = b + p * pstride;
+      const std::uint8_t* row = a + r * lda;
+      for (i64 g = 0; g < k4; ++g)
+        for (int j = 0; j < 16; ++j)
+          for (int t = 0; t < 4; ++t)
+            acc[j] += static_cast<std::int32_t>(row[4 * g + t]) * static_cast<std::int32_t>(panel[g * 64 + j * 4 + t]);
+      for (int j = 0; j < 16; ++j) c[r * ldc + p * 16 + j] = acc[j];
+    }
+}
+#endif
+
+template <int M>
+void tile_m(int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps, std::int32_t* c, i64 ldc) {
+  switch (np) {
+    case 1: return tile_fixed<M, 1>(k4, a, lda, b, ps, c, ldc);
+    case 2: return tile_fixed<M, 2>(k4, a, lda, b, ps, c, ldc);
+    case 3: return tile_fixed<M, 3>(k4, a, lda, b, ps, c, ldc);
+    default: return tile_fixed<M, 4>(k4, a, lda, b, ps, c, ldc);
+  }
+}
+
+void tile(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps, std::int32_t* c,
+          i64 ldc) {
+  switch (m) {
+    case 1: return tile_m<1>(np, k4, a, lda, b, ps, c, ldc);
+    case 2: return tile_m<2>(np, k4, a, lda, b, ps, c, ldc);
+    case 3: return tile_m<3>(np, k4, a, lda, b, ps, c, ldc);
+    default: return tile_m<4>(np, k4, a, lda, b, ps, c, ldc);
+  }
+}
+
+void quantize8(const float* x, i64 n, float scale, int zp, int qmin, int qmax, std::uint8_t* y) {
+  const float lo = static_cast<float>(qmin - zp), hi = static_cast<float>(qmax - zp);
+  i64 i = 0;
+#if defined(QLIN_ISA_VNNI)
+  // maxps / minps return their second operand when the first is NaN: NaN -> lo, as below
+  const __m512 vs = _mm512_set1_ps(scale), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+  const __m512i vzp = _mm512_set1_epi32(zp);
+  for (; i + 16 <= n; i += 16) {
+    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_min_ps(_mm512_max_ps(q, vlo), vhi);
+    const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(q), vzp);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(v));
+  }
+#elif defined(QLIN_ISA_AVX2)
+  const __m256 vs = _mm256_set1_ps(scale), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+  const __m256i vzp = _mm256_set1_epi32(zp);
+  for (; i + 8 <= n; i += 8) {
+    __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_min_ps(_mm256_max_ps(q, vlo), vhi);
+    alignas(32) std::int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi32(_mm256_cvtps_epi32(q), vzp));
+    for (int j = 0; j < 8; ++j) y[i + j] = static_cast<std::uint8_t>(t[j]);
+  }
+#endif
+  for (; i < n; ++i) {
+    float q = std::nearbyint(x[i] / scale);  // the FP environment's rounding: to nearest, ties to even
+    q = q >= lo ? q : lo;                      // NaN -> lo, i.e. 0 after the zero point (the reference's cast)
+    q = q <= hi ? q : hi;
+    y[i] = static_cast<std::uint8_t>(static_cast<int>(q) + zp);
+  }
+}
+
+void minmax(const float* x, i64 n, float* lo_out, float* hi_out) {
+  float lo = x[0], hi = x[0];
+  i64 i = 0;
+#if defined(QLIN_ISA_VNNI)
+  if (n >= 16) {  // minps(x, acc) keeps acc where x is NaN, as the scalar loop does
+    __m512 vlo = _mm512_set1_ps(lo), vhi = vlo;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i);
+      vlo = _mm512_min_ps(v, vlo);
+      vhi = _mm512_max_ps(v, vhi);
+    }
+    lo = _mm512_reduce_min_ps(vlo);
+    hi = _mm512_reduce_max_ps(vhi);
+  }
+#elif defined(QLIN_ISA_AVX2)
+  if (n >= 8) {
+    __m256 vlo = _mm256_set1_ps(lo), vhi = vlo;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      vlo = _mm256_min_ps(v, vlo);
+      vhi = _mm256_max_ps(v, vhi);
+    }
+    alignas(32) float a[8], b[8];
+    _mm256_store_ps(a, vlo);
+    _mm256_store_ps(b, vhi);
+    for (int j = 0; j < 8; ++j) {
+      lo = a[j] < lo ? a[j] : lo;
+      hi = b[j] > hi ? b[j] : hi;
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+  }
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+void rowsums(const std::uint8_t* a, i64 rows, i64 k, i64 lda, std::int32_t* out) {
+  for (i64 r = 0; r < rows; ++r) {
+    const std::uint8_t* row = a + r * lda;
+    std::uint32_t s = 0;
+    for (i64 i = 0; i < k; ++i) s += row[i];
+    out[r] = static_cast<std::int32_t>(s);
+  }
+}
+
+// One row: v[j] = raw[j] - za colsum[n0 + j] - zb[n0 + j] (rowsum - K za), in wrapping int32 (unsigned) arithmetic.
+inline void corrected(const Corrections& cr, i64 m, i64 n0, int ncols, const std::int32_t* raw, std::int32_t* v) {
+  const std::uint32_t za = static_cast<std::uint32_t>(cr.za[cr.za_count == 1 ? 0 : m]);
+  const std::uint32_t rr = static_cast<std::uint32_t>(cr.rowsum[m]) - static_cast<std::uint32_t>(cr.k) * za;
+  const std::int32_t* cs = cr.colsum + n0;
+  const std::int32_t* zb = cr.zb + n0;
+  for (int j = 0; j < ncols; ++j)
+    v[j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(raw[j]) - za * static_cast<std::uint32_t>(cs[j]) -
+                                     static_cast<std::uint32_t>(zb[j]) * rr);
+}
+
+// The float stage of one contiguous row, in one pass: out[j] = float32(corrected sum) * scale[j] (+ bias[j]).
+template <bool Bias>
+void finish_f32_row(const Corrections& cr, i64 m, i64 n, int nc, const std::int32_t* raw, const float* sc,
+                    const float* bias, float* o) {
+  const std::uint32_t za = static_cast<std::uint32_t>(cr.za[cr.za_count == 1 ? 0 : m]);
+  const std::uint32_t rr = static_cast<std::uint32_t>(cr.rowsum[m]) - static_cast<std::uint32_t>(cr.k) * za;
+  const std::int32_t* cs = cr.colsum + n;
+  const std::int32_t* zb = cr.zb + n;
+  for (int j = 0; j < nc; ++j) {
+    const std::int32_t v = static_cast<std::int32_t>(static_cast<std::uint32_t>(raw[j]) -
+                                                     za * static_cast<std::uint32_t>(cs[j]) -
+                                                     static_cast<std::uint32_t>(zb[j]) * rr);
+    const float f = static_cast<float>(v) * sc[j];
+    o[j] = Bias ? f + bias[j] : f;
+  }
+}
+
+void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0, int ncols, const std::int32_t* raw,
+            i64 ldraw) {
+  if (st.cs == 1 && st.kind != OutStage::Q8) {  // contiguous rows: straight into the output
+    for (int r = 0; r < rows; ++r) {
+      const i64 m = m0 + r;
+      const std::int32_t* rw = raw + r * ldraw;
+      if (st.kind == OutStage::I32) {
+        corrected(cr, m, n0, ncols, rw, static_cast<std::int32_t*>(st.out) + m * st.rs + n0);
+      } else {
+        float* o = static_cast<float*>(st.out) + m * st.rs + n0;
+        if (st.fbias)
+          finish_f32_row<true>(cr, m, n0, ncols, rw, st.scale + n0, st.fbias + n0, o);
+        else
+          finish_f32_row<false>(cr, m, n0, ncols, rw, st.scale + n0, nullptr, o);
+      }
+    }
+    return;
+  }
+  alignas(64) std::int32_t v[256];
+  alignas(64) float f[256];
+  for (int r = 0; r < rows; ++r) {
+    const i64 m = m0 + r;
+    for (int c0 = 0; c0 < ncols; c0 += 256) {
+      const int nc = ncols - c0 < 256 ? ncols - c0 : 256;
+      const i64 n = n0 + c0;
+      corrected(cr, m, n, nc, raw + r * ldraw + c0, v);
+      if (st.kind == OutStage::I32) {
+        std::int32_t* o = static_cast<std::int32_t*>(st.out) + m * st.rs + n * st.cs;
+        if (st.cs == 1) std::memcpy(o, v, static_cast<std::size_t>(nc) * 4);
+        else for (int j = 0; j < nc; ++j) o[j * st.cs] = v[j];
+        continue;
+      }
+      if (st.kind == OutStage::F32) {
+        const float* sc = st.scale + n;
+        for (int j = 0; j < nc; ++j) f[j] = static_cast<float>(v[j]) * sc[j];
+        if (st.fbias) {
+          const float* b = st.fbias + n;
+          for (int j = 0; j < nc; ++j) f[j] = f[j] + b[j];
+        }
+        float* o = static_cast<float*>(st.out) + m * st.rs + n * st.cs;
+        if (st.cs == 1) std::memcpy(o, f, static_cast<std::size_t>(nc) * 4);
+        else for (int j = 0; j < nc; ++j) o[j * st.cs] = f[j];
+        continue;
+      }
+      if (st.ibias) {
+        const std::int32_t* b = st.ibias + n;
+        for (int j = 0; j < nc; ++j)
+          v[j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(v[j]) + static_cast<std::uint32_t>(b[j]));
+      }
+      const float lo = static_cast<float>(st.qmin - st.y_zp), hi = static_cast<float>(st.qmax - st.y_zp);
+      const float* sc = st.scale + n;
+      for (int j = 0; j < nc; ++j) {
+        float x = static_cast<float>(v[j]) * sc[j];
+        x = x >= lo ? x : lo;
+        x = x <= hi ? x : hi;
+        v[j] = static_cast<std::int32_t>(std::nearbyint(x)) + st.y_zp;
+      }
+      if (st.y_unsigned) {
+        std::uint8_t* o = static_cast<std::uint8_t*>(st.out) + m * st.rs + n * st.cs;
+        for (int j = 0; j < nc; ++j) o[j * st.cs] = static_cast<std::uint8_t>(v[j]);
+      } else {
+        std::int8_t* o = static_cast<std::int8_t*>(st.out) + m * st.rs + n * st.cs;
+        for (int j = 0; j < nc; ++j) o[j * st.cs] = static_cast<std::int8_t>(v[j]);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qlin
+}  // namespace hetero

