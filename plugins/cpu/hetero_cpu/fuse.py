@@ -59,11 +59,17 @@ def _apart(*arrays: Any) -> bool:
     return not any(np.may_share_memory(live[i], live[j]) for i in range(len(live)) for j in range(i + 1, len(live)))
 
 
+# Activation rows a fused matmul takes: a decode step's one, or a batched step's one per sequence (hetero.llm.batch);
+# the native kernels run up to their tile's rows (8 on x86, 4 generic) in one region and fall back to the unfused
+# calls past that. Prefill keeps its calls: its kernels split the work by rows anyway.
+ROWS = 8
+
+
 def _matmul(call: Call) -> tuple | None:
-    """(w, x, out, bias) of a bound ``llm_matmul`` of one row (decode; prefill and multi-row steps keep their
-    calls, whose kernels split the work by rows anyway)."""
+    """(w, x, out, bias) of a bound ``llm_matmul`` of at most ``ROWS`` rows."""
     args = _args(call, _native.llm_matmul, 4)
-    if args is None or not isinstance(args[1], np.ndarray) or args[1].size != args[0].k:
+    if args is None or not isinstance(args[1], np.ndarray) or args[1].size % args[0].k \
+            or not 0 < args[1].size // args[0].k <= ROWS:
         return None
     return args
 

@@ -422,9 +422,10 @@ inline void swiglu_rows(const Kernels& kr, const float* g, const float* u, float
 // ------------------------------------------------------------------------------------------------ fused decode
 // The decode step's matmuls fused so that fewer parallel regions (each a wake-up and a barrier for every thread)
 // and fewer calls run per step; hetero_cpu.fuse makes them from the replay's bound calls. Each computes exactly
-// what the unfused calls compute, with the same kernels on the same values (a 16-row group is one qgemm_group
-// call either way), and writes every output the unfused calls write. The one-row, quantized case (decode) runs
-// in one parallel region; anything else falls back to the unfused calls in order.
+// what the unfused calls compute, with the same kernels on the same values (a 16-row group of up to the table's
+// max_mr activation rows is one qgemm_group call either way), and writes every output the unfused calls write.
+// Quantized weights and at most max_mr rows (decode; a batched step's rows, one per sequence) run in one parallel
+// region; anything else falls back to the unfused calls in order.
 namespace fused {
 
 // Weights of one part, its output and bias; x quantized for its block format.
@@ -435,18 +436,20 @@ struct Part {
   XQ xq;
 };
 
-// One-row outputs y[g*16, ...) of groups [g0, g1) of one part (+ bias): matmul_core's loop for M = 1.
-inline void groups(const LlmKernels& kr, const Part& p, i64 g0, i64 g1) {
+// Outputs y[m, g*16, ...) of the M (<= max_mr) rows, groups [g0, g1) of one part (+ bias): matmul_core's loop
+// for M <= max_mr (one tile of M rows per group).
+inline void groups(const LlmKernels& kr, const Part& p, i64 M, i64 g0, i64 g1) {
   const i64 N = p.w->n;
   for (i64 g = g0; g < g1; ++g)
-    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, 1, p.y + g * QR, N,
+    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, static_cast<int>(M), p.y + g * QR, N,
                    static_cast<int>(std::min<i64>(QR, N - g * QR)));
   if (p.bias)
-    for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[j] += p.bias[j];
+    for (i64 m = 0; m < M; ++m)
+      for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[m * N + j] += p.bias[j];
 }
 
 // x quantized once per distinct block format of the parts (at most 4 distinct ones in a call).
-void quantize_parts(const LlmKernels& kr, const float* x, std::vector<Part>& parts) {
+void quantize_parts(const LlmKernels& kr, const float* x, i64 M, std::vector<Part>& parts) {
   thread_local XQBuf bufs[4];
   std::vector<std::pair<std::pair<int, bool>, int>> made;  // (bs, pair4) -> part holding it
   for (std::size_t i = 0; i < parts.size(); ++i) {
@@ -456,14 +459,14 @@ void quantize_parts(const LlmKernels& kr, const float* x, std::vector<Part>& par
     if (it != made.end()) {
       parts[i].xq = parts[static_cast<std::size_t>(it->second)].xq;
     } else {
-      parts[i].xq = bufs[made.size()].make(kr, x, 1, parts[i].w->k, parts[i].w->k, pk.bs, pk.nibbles(), false);
+      parts[i].xq = bufs[made.size()].make(kr, x, M, parts[i].w->k, parts[i].w->k, pk.bs, pk.nibbles(), false);
       made.push_back({key, static_cast<int>(i)});
     }
   }
 }
 
 bool fusable(const std::vector<const Weights*>& ws, i64 M) {
-  if (M != 1 || ws.size() > 4) return false;
+  if (M < 1 || M > lk().max_mr || ws.size() > 4) return false;
   for (const Weights* w : ws)
     if (!w->quant || w->experts != 1) return false;
   return true;
@@ -501,10 +504,10 @@ std::vector<Task> tasks(const std::vector<Part>& parts, int nt) {
   return out;
 }
 
-int threads(const std::vector<Part>& parts) {
+int threads(const std::vector<Part>& parts, i64 M) {  // matmul_core's count for the parts' work together
   double work = 0;
   for (const Part& p : parts) work += static_cast<double>(p.w->n) * static_cast<double>(p.w->k);
-  return threads_for(work, 65536.0);
+  return threads_for(work * static_cast<double>(M <= 4 ? 1 : M), 65536.0);
 }
 
 }  // namespace fused
@@ -552,11 +555,12 @@ Op prep_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& ou
       return;
     }
     const LlmKernels& kr = lk();
-    fused::quantize_parts(kr, px, parts);
-    const std::vector<fused::Task> ts = fused::tasks(parts, fused::threads(parts));
-    parallel_for(static_cast<i64>(ts.size()), fused::threads(parts), [&](i64 t) {
+    fused::quantize_parts(kr, px, M, parts);
+    const int nt = fused::threads(parts, M);
+    const std::vector<fused::Task> ts = fused::tasks(parts, nt);
+    parallel_for(static_cast<i64>(ts.size()), nt, [&](i64 t) {
       const fused::Task& k = ts[static_cast<std::size_t>(t)];
-      fused::groups(kr, parts[static_cast<std::size_t>(k.part)], k.g0, k.g1);
+      fused::groups(kr, parts[static_cast<std::size_t>(k.part)], M, k.g0, k.g1);
     });
   };
 }
@@ -599,15 +603,16 @@ Op prep_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array
       return;
     }
     const LlmKernels& kr = lk();
-    fused::quantize_parts(kr, px, parts);
-    const int nt = fused::threads(parts);
+    fused::quantize_parts(kr, px, M, parts);
+    const int nt = fused::threads(parts, M);
     const std::vector<i64> b = split_rows(wg.pk.groups, nt);
     parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
       const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
-      fused::groups(kr, parts[0], g0, g1);
-      fused::groups(kr, parts[1], g0, g1);
+      fused::groups(kr, parts[0], M, g0, g1);
+      fused::groups(kr, parts[1], M, g0, g1);
       const i64 a = g0 * QR, e = std::min(N, g1 * QR);
-      if (a < e) swiglu_rows(base, parts[0].y + a, parts[1].y + a, o + a, e - a);
+      for (i64 m = 0; m < M && a < e; ++m)
+        swiglu_rows(base, parts[0].y + m * N + a, parts[1].y + m * N + a, o + m * N + a, e - a);
     });
   };
 }
@@ -646,14 +651,15 @@ Op prep_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::arra
       return;
     }
     const LlmKernels& kr = lk();
-    fused::quantize_parts(kr, px, parts);
-    const int nt = fused::threads(parts);
+    fused::quantize_parts(kr, px, M, parts);
+    const int nt = fused::threads(parts, M);
     const std::vector<i64> b = split_rows(w.pk.groups, nt);
     parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
       const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
-      fused::groups(kr, parts[0], g0, g1);
+      fused::groups(kr, parts[0], M, g0, g1);
       const i64 a = g0 * QR, e = std::min(N, g1 * QR);
-      if (a < e) base.binary(B_ADD, BM_VV, r + a, parts[0].y + a, ro + a, e - a);
+      for (i64 m = 0; m < M && a < e; ++m)
+        base.binary(B_ADD, BM_VV, r + m * N + a, parts[0].y + m * N + a, ro + m * N + a, e - a);
     });
   };
 }
@@ -1010,11 +1016,10 @@ void rotated_tile(const Attention& at, kvq::DecodeFn decode, i64 h, i64 l0, i64 
   decode(bits, static_cast<const std::uint8_t*>(at.vrow(h, l0)), nv * nb, sf, 0, vf);
 }
 
-void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
-                   float scale, float* out) {
+// 1. of a run of T rows at `past`: its keys and values appended to the cache (the cache's filled count moves on).
+void attention_append(Attention& at, const float* kin, const float* vin, i64 T, i64 past) {
   const LlmKernels& kr = lk();
-  const Kernels& base = active();
-  const i64 hkv = at.hkv, D = at.d, group = hq / hkv;
+  const i64 hkv = at.hkv, D = at.d;
   // 1. append the new keys (scattered into their tile column) and values at [past, past + T)
   {
     // 3 * D: rotated_append's scratch (the same buffer, grown here once)
@@ -1066,31 +1071,68 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
       }
   }
   at.filled = past + T;
-  // 2. rows r = t * group + g of kv head h (ascending positions), blocks of RB rows per task; online softmax over
-  // the key tiles, which every quad of rows of the block reuses from L1.
-  const i64 rows = T * group;
-  const i64 nblk = (rows + RB - 1) / RB;
-  const i64 ntasks = hkv * nblk;
-  const double work = static_cast<double>(rows) * static_cast<double>(past + T) * static_cast<double>(D) * hkv;
-  const int nt = threads_for(work, 32768.0);
-  const kvq::DecodeFn decode = kvq::decoder();
-  // q4r / q3r with several row blocks per head (prefill): every tile decoded once, up front, into a shared buffer
-  // (bounded: 32 MiB), instead of once per block of RB rows
-  const i64 used = (past + T + KT - 1) / KT;
-  const std::size_t tile_f = static_cast<std::size_t>(2 * D * KT);  // K [D][KT] then V [KT][D]
-  const bool shared = at.rotated() && nblk > 1 && static_cast<std::size_t>(hkv * used) * tile_f * 4 <= (32u << 20);
-  thread_local Scratch<float> decoded;
-  float* dec = shared ? decoded.get(static_cast<std::size_t>(hkv * used) * tile_f) : nullptr;
-  if (shared) {
-    parallel_for(hkv * used, threads_for(static_cast<double>(hkv * used) * static_cast<double>(tile_f), 32768.0),
-                 [&](i64 job) {
-                   const i64 h = job / used, l0 = (job % used) * KT;
-                   float* kf = dec + static_cast<std::size_t>(job) * tile_f;
-                   float* sf = tl_f(4).get(static_cast<std::size_t>(at.nb() * KT));
-                   rotated_tile(at, decode, h, l0, std::min<i64>(KT, past + T - l0), kf, kf + D * KT, sf);
-                 });
+}
+
+// 2. of a run: rows r = t * group + g of kv head h (ascending positions), blocks of RB rows per task; online softmax
+// over the key tiles, which every quad of rows of the block reuses from L1. plan() sizes the tasks (and decodes a
+// q4r / q3r prefill's tiles up front), task(i) computes one; a step of several sequences runs every run's tasks in
+// one parallel loop (py_attention_runs), a run alone in its own (attention_run). A task's rows get the same
+// operations whichever thread runs it, so the outputs are the same either way.
+struct AttentionRun {
+  Attention* at;
+  const float* q;
+  i64 T, hq, past;
+  float scale;
+  float* out;
+  i64 group = 0, rows = 0, nblk = 0, used = 0;
+  std::size_t tile_f = 0;
+  bool shared = false;  // q4r / q3r tiles decoded up front into `dec` (thread-local to the planning thread)
+  float* dec = nullptr;
+  kvq::DecodeFn decode = nullptr;
+
+  i64 tasks() const { return at->hkv * nblk; }
+  double work() const {
+    return static_cast<double>(rows) * static_cast<double>(past + T) * static_cast<double>(at->d) * at->hkv;
   }
-  parallel_for(ntasks, nt, [&](i64 task) {
+  i64 blocks() const { return (T * (hq / at->hkv) + RB - 1) / RB; }  // row blocks per kv head
+  i64 tiles() const { return (past + T + KT - 1) / KT; }              // K tiles the rows see
+  // Whether plan() decodes tiles into the planning thread's buffer (then the run's tasks must run before the next
+  // run is planned).
+  bool decodes_up_front() const {
+    return at->rotated() && blocks() > 1 &&
+           static_cast<std::size_t>(at->hkv * tiles()) * static_cast<std::size_t>(2 * at->d * KT) * 4 <= (32u << 20);
+  }
+
+  void plan() {
+    const Attention& a = *at;
+    const i64 hkv = a.hkv, D = a.d;
+    group = hq / hkv;
+    rows = T * group;
+    nblk = blocks();
+    decode = kvq::decoder();
+    // q4r / q3r with several row blocks per head (prefill): every tile decoded once, up front, into a shared
+    // buffer (bounded: 32 MiB), instead of once per block of RB rows
+    used = tiles();
+    tile_f = static_cast<std::size_t>(2 * D * KT);  // K [D][KT] then V [KT][D]
+    shared = decodes_up_front();
+    thread_local Scratch<float> decoded;
+    dec = shared ? decoded.get(static_cast<std::size_t>(hkv * used) * tile_f) : nullptr;
+    if (shared) {
+      parallel_for(hkv * used, threads_for(static_cast<double>(hkv * used) * static_cast<double>(tile_f), 32768.0),
+                   [&](i64 job) {
+                     const i64 h = job / used, l0 = (job % used) * KT;
+                     float* kf = dec + static_cast<std::size_t>(job) * tile_f;
+                     float* sf = tl_f(4).get(static_cast<std::size_t>(a.nb() * KT));
+                     rotated_tile(a, decode, h, l0, std::min<i64>(KT, past + T - l0), kf, kf + D * KT, sf);
+                   });
+    }
+  }
+
+  void task(i64 task) const {
+    const LlmKernels& kr = lk();
+    const Kernels& base = active();
+    const Attention& at = *this->at;
+    const i64 D = at.d;
     const i64 h = task / nblk, r0 = (task % nblk) * RB, r1 = std::min(rows, r0 + RB);
     const i64 nr_all = r1 - r0;
     float* qb = tl_f(1).get(static_cast<std::size_t>(RB * D));
@@ -1156,7 +1198,15 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
       const float inv = 1.f / sum[i];
       for (i64 j = 0; j < D; ++j) o[j] = ob[i * D + j] * inv;
     }
-  });
+  }
+};
+
+void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
+                   float scale, float* out) {
+  attention_append(at, kin, vin, T, past);
+  AttentionRun run{&at, q, T, hq, past, scale, out};
+  run.plan();
+  parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 t) { run.task(t); });
 }
 
 void attention_shapes(const Attention& at, const py::array& q, const py::array& k, const py::array& v,
@@ -1293,11 +1343,38 @@ void py_attention_runs(const py::list& caches, const py::array& q, const py::arr
   const float* pv = cfptr(v);
   float* po = fptr(out);
   py::gil_scoped_release nogil;
+  std::vector<AttentionRun> plan;
+  bool apart = false;  // a run that decodes its tiles up front: each run in its own loop, in order
   for (i64 i = 0; i < R; ++i) {
     const i64 c = r[i * 4], a = r[i * 4 + 1], b = r[i * 4 + 2], past = r[i * 4 + 3];
-    attention_run(*at[static_cast<std::size_t>(c)], pq + a * hq * D, pk + a * hkv * D, pv + a * hkv * D, b - a, hq,
-                  past, scale, po + a * hq * D);
+    plan.push_back({at[static_cast<std::size_t>(c)], pq + a * hq * D, b - a, hq, past, scale, po + a * hq * D});
+    apart = apart || plan.back().decodes_up_front();
   }
+  if (apart) {
+    for (i64 i = 0; i < R; ++i) {
+      const i64 a = r[i * 4 + 1];
+      const AttentionRun& p = plan[static_cast<std::size_t>(i)];
+      attention_run(*p.at, p.q, pk + a * hkv * D, pv + a * hkv * D, p.T, hq, p.past, scale, p.out);
+    }
+    return;
+  }
+  // Every run's keys and values appended first (in run order: a slot's second run follows its first), then all
+  // their tasks in one parallel loop. A run reads only positions up to its own rows', so a later run's appended
+  // positions do not change it.
+  std::vector<i64> first(static_cast<std::size_t>(R) + 1, 0);
+  double work = 0.0;
+  for (i64 i = 0; i < R; ++i) {
+    AttentionRun& p = plan[static_cast<std::size_t>(i)];
+    const i64 a = r[i * 4 + 1];
+    attention_append(*p.at, pk + a * hkv * D, pv + a * hkv * D, p.T, p.past);
+    p.plan();
+    first[static_cast<std::size_t>(i) + 1] = first[static_cast<std::size_t>(i)] + p.tasks();
+    work += p.work();
+  }
+  parallel_for(first.back(), threads_for(work, 32768.0), [&](i64 t) {
+    const auto i = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), t) - first.begin() - 1);
+    plan[i].task(t - first[i]);
+  });
 }
 
 // A prefix of the cache as bytes in its own layout, per kv head (rows): the K tiles covering positions [0, n) (q4r /

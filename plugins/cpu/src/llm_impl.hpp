@@ -132,8 +132,9 @@ inline void super_scales(const std::uint8_t* sb, int h, typename S::V& sd, typen
   if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * S::W * h);
 }
 
-// Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance()). Few x rows (decode) stream the weights
-// from memory and want more lines in flight than the L2 streamer keeps. NT, the block's steps of 64 bytes when known
+// Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance()). The weights stream from memory and want
+// more lines in flight than the L2 streamer keeps: decode's 1-2 x rows, and a batched step's 4-8 too (their tiles
+// took 0.6-0.85x the time with it streaming from memory, benchmarks/qgemm_rows.py, docs/serving.md). NT, the block's steps of 64 bytes when known
 // at compile time, makes the line count a constant (no loop branch to mispredict); else it is w.rec_bytes / 64,
 // rounded up (the same count).
 template <class S, int BITS, bool ASYM, int KQ, int NT>
@@ -184,7 +185,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (MR <= 2 && h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf);  // decode
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf);  // every tile size (see prefetch_record)
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
         for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = S::iset1(0);
         const i64 xo = b * bs;

@@ -12,6 +12,8 @@ _native = pytest.importorskip(
     reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
 )
 
+from .conftest import thread_counts  # noqa: E402
+
 rng = np.random.default_rng(11)
 HQ, HKV, D, CONTEXT = 4, 2, 64, 96
 
@@ -24,10 +26,17 @@ def _caches(n: int, kind: str) -> list:
     return [_native.LlmAttention(HKV, D, CONTEXT, kind) for _ in range(n)]
 
 
-@pytest.mark.parametrize("kind", ["f16", "f32", "q8"])
-def test_attention_runs_equal_one_call_per_sequence(kind):
+# Every run's tasks go in one parallel loop (a step of decode rows and short chunks); a q4r / q3r chunk of several
+# row blocks (CHUNK rows: its tiles decoded up front) sends the step run by run. Both at 1, 2 and 3 threads.
+threads = thread_counts(1, 2, 3)
+CHUNK = 20  # 20 x 2 query heads per kv head = 40 rows: two blocks of 32
+
+
+@pytest.mark.parametrize("kind", ["f16", "f32", "q8", "q4r", "q3r"])
+@pytest.mark.parametrize("chunk", [5, CHUNK])
+def test_attention_runs_equal_one_call_per_sequence(kind, chunk, threads):
     # three sequences prefilled to different lengths (one past a 64-position K tile), then one step holding a decode
-    # row of sequence 0, a 5-token chunk of sequence 2 and decode rows of 1 and (again, later) 0's next position
+    # row of sequence 0, a chunk of sequence 2 and decode rows of 1 and (again, later) 0's next position
     lengths = [70, 9, 0]
     one, many = _caches(3, kind), _caches(3, kind)
     scale = 1.0 / np.sqrt(D)
@@ -36,8 +45,9 @@ def test_attention_runs_equal_one_call_per_sequence(kind):
             q, k, v = f32(n, HQ, D), f32(n, HKV, D), f32(n, HKV, D)
             for caches in (one, many):
                 caches[i](q, k, v, 0, scale, np.empty((n, HQ * D), np.float32))
-    runs = np.array([[0, 0, 1, 70], [2, 1, 6, 0], [1, 6, 7, 9], [0, 7, 8, 71]], dtype=np.int64)
-    t = 8
+    runs = np.array([[0, 0, 1, 70], [2, 1, 1 + chunk, 0], [1, 1 + chunk, 2 + chunk, 9], [0, 2 + chunk, 3 + chunk, 71]],
+                    dtype=np.int64)
+    t = 3 + chunk
     q, k, v = f32(t, HQ, D), f32(t, HKV, D), f32(t, HKV, D)
     want = np.empty((t, HQ * D), np.float32)
     for c, a, b, pos in runs:
@@ -45,7 +55,7 @@ def test_attention_runs_equal_one_call_per_sequence(kind):
     got = np.empty_like(want)
     _native.llm_attention_runs(many, q, k, v, runs, scale, got)
     np.testing.assert_array_equal(got, want)
-    assert [c.filled for c in many] == [c.filled for c in one] == [72, 10, 5]
+    assert [c.filled for c in many] == [c.filled for c in one] == [72, 10, chunk]
 
 
 def test_attention_runs_refuse_a_run_past_its_cache_before_writing():
