@@ -191,12 +191,19 @@ def _mnn_module(MNN, mnn_path: Path, onnx_path: Path, feeds: Feeds, threads: int
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
-def time_interleaved(runners: dict[str, Runner], repeat: int, warmup: int, min_sample_s: float = 0.005,
-                     clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+def time_interleaved(runners: dict[str, Runner], repeat: int, warmup: int, min_sample_s: float = 0.1,
+                     clock: Callable[[], float] = time.perf_counter, settle_s: float = 0.05) -> dict[str, float]:
     """Median ms per call of each runner, alternating between runners every sample; a sample loops fast runners until
     it lasts ``min_sample_s`` so that timer resolution does not matter. ``clock=time.thread_time`` counts the calling
     thread's CPU time only: at 1 thread (both runtimes compute on the caller's thread) it leaves out the time other
-    processes held the core, which wall time on a shared machine does not."""
+    processes held the core, which wall time on a shared machine does not.
+
+    Each sample starts ``settle_s`` after the previous one: a runtime's pool threads spin-wait for a while after a call
+    (onnxruntime's do by default), and on a machine with as many cores as threads that spin would otherwise run
+    during the next runtime's sample and take a core from it (measured: PP-OCRv4 det at 2 threads, hetero 52.8 ms
+    interleaved without the pause against 31.9 ms alone). After the pause the pools' threads wake from sleep: samples
+    of at least 0.1 s make that wake-up small next to the sample (with 5 ms samples and the pause, MiniLM-L3 measured
+    twice its time alone on both runtimes)."""
     loops = {}
     for name, fn in runners.items():
         for _ in range(warmup):
@@ -207,6 +214,7 @@ def time_interleaved(runners: dict[str, Runner], repeat: int, warmup: int, min_s
     samples: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeat):
         for name, fn in runners.items():
+            time.sleep(settle_s)
             start = clock()
             for _ in range(loops[name]):
                 fn()
