@@ -131,27 +131,22 @@ class CpuMatMulInteger(CallKernel):
         super().__init__(node, backend)
         self.packed = _native.qpack_b(np.ascontiguousarray(node.constants[1]), _constant_or_none(node, 3))
 
-    def _a(self, inputs: Sequence[Tensor | None]) -> tuple[np.ndarray, np.ndarray | None]:
-        a = np.ascontiguousarray(inputs[0].numpy())
-        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
-        return a, zp
-
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
             return noop
-        a, zp = self._a(inputs)
+        a = np.ascontiguousarray(inputs[0].numpy())
+        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        return self._gemm(a, zp, inputs, out)
+
+    def _gemm(self, a: np.ndarray, zp: np.ndarray | None, inputs: Sequence[Tensor | None], out: np.ndarray) -> Call:
         return functools.partial(_native.qgemm_i32, a, self.packed, zp, out)
 
 
 class CpuMatMulIntegerScaled(CpuMatMulInteger):
     """float32(MatMulInteger) * scale (one value or one per column), plus an optional bias row: no int32 tensor."""
 
-    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
-        out = outputs[0].buffer
-        if out.size == 0:
-            return noop
-        a, zp = self._a(inputs)
+    def _gemm(self, a: np.ndarray, zp: np.ndarray | None, inputs: Sequence[Tensor | None], out: np.ndarray) -> Call:
         scale = np.ascontiguousarray(inputs[4].numpy())
         bias = inputs[5].numpy() if len(inputs) > 5 and inputs[5] is not None else None
         return functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, out)
