@@ -13,7 +13,7 @@ import numpy as np
 
 from .backend import Segment
 from .errors import BackendError
-from .graph import HETERO_DOMAIN, Node
+from .graph import HETERO_DOMAIN, ONNX_DOMAIN, Node
 
 
 def _activation_nodes(node: Node, src: str, dst: str, weights: dict[str, np.ndarray]) -> list[Any]:
@@ -41,13 +41,35 @@ def _activation_nodes(node: Node, src: str, dst: str, weights: dict[str, np.ndar
     return [helper.make_node(kind, [src], [dst], name=f"{name}/{kind.lower()}", **extra)]
 
 
-def onnx_nodes(node: Node, weights: dict[str, np.ndarray]) -> list[Any]:
-    """``node`` as standard ONNX nodes (one, or the op plus its bias and activation for a fused node); constants
-    the expansion needs are added to ``weights``."""
+GELU_SINCE = 20  # the opset that added Gelu; hetero's passes fuse the erf form into it at any opset
+
+
+def _gelu_erf_nodes(node: Node, weights: dict[str, np.ndarray]) -> list[Any]:
+    """Gelu as the erf form it was fused from, x * 0.5 * (1 + erf(x / sqrt 2)), for an opset without Gelu."""
+    from onnx import helper
+
+    if node.attrs.get("approximate", "none") != "none":
+        raise BackendError(f"{node.label()}: Gelu(approximate={node.attrs['approximate']!r}) has no form before "
+                           f"opset {GELU_SINCE}")
+    (x,), (y,), name = node.inputs, node.outputs, node.name or node.outputs[0]
+    for constant, value in (("sqrt2", np.sqrt(2.0)), ("half", 0.5), ("one", 1.0)):
+        weights[f"{name}/{constant}"] = np.array(value, dtype=np.float32)
+    return [helper.make_node("Div", [x, f"{name}/sqrt2"], [f"{name}/scaled"], name=f"{name}/div"),
+            helper.make_node("Erf", [f"{name}/scaled"], [f"{name}/erf"], name=f"{name}/erf"),
+            helper.make_node("Add", [f"{name}/erf", f"{name}/one"], [f"{name}/erf1"], name=f"{name}/add"),
+            helper.make_node("Mul", [x, f"{name}/erf1"], [f"{name}/xerf1"], name=f"{name}/mul"),
+            helper.make_node("Mul", [f"{name}/xerf1", f"{name}/half"], [y], name=f"{name}/half")]
+
+
+def onnx_nodes(node: Node, weights: dict[str, np.ndarray], opset: int | None = None) -> list[Any]:
+    """``node`` as standard ONNX nodes of ``opset`` (one, or the op plus its bias and activation for a fused node);
+    constants the expansion needs are added to ``weights``."""
     from onnx import helper, numpy_helper
 
     plain = {k: (numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v)
              for k, v in node.attrs.items() if not k.startswith("activation")}
+    if node.domain == ONNX_DOMAIN and node.op_type == "Gelu" and opset is not None and opset < GELU_SINCE:
+        return _gelu_erf_nodes(node, weights)
     if node.domain != HETERO_DOMAIN:
         return [helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name, domain=node.domain or None,
                                  **plain)]
@@ -76,8 +98,9 @@ def segment_to_onnx(segment: Segment, *, producer: str = "hetero", opset: int | 
     from onnx import helper, numpy_helper
 
     graph = segment.graph
+    target = opset or graph.opset("")
     weights = dict(graph.initializers)
-    nodes = [n for node in graph.nodes for n in onnx_nodes(node, weights)]
+    nodes = [n for node in graph.nodes for n in onnx_nodes(node, weights, target)]
 
     def value(name: str) -> Any:
         info = graph.values[name]
@@ -90,7 +113,7 @@ def segment_to_onnx(segment: Segment, *, producer: str = "hetero", opset: int | 
                     for name in sorted(weights) if name in used]
     onnx_graph = helper.make_graph(nodes, f"hetero_segment_{segment.index}", [value(n) for n in graph.inputs],
                                    [value(n) for n in graph.outputs], initializers)
-    domains = {"": opset or graph.opset("")} | {d: v for d, v in graph.opsets.items() if d not in ("", HETERO_DOMAIN)}
+    domains = {"": target} | {d: v for d, v in graph.opsets.items() if d not in ("", HETERO_DOMAIN)}
     model = helper.make_model(onnx_graph, producer_name=producer,
                               opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(domains.items())])
     if ir_version is not None:

@@ -79,8 +79,10 @@ int num_threads();
 void set_num_threads(int n);
 // Runs f(task) for task in [0, ntasks) on at most max_threads threads (the caller takes part). Falls back to a
 // serial loop when ntasks or max_threads is 1, when called from inside a pool task, or while another Python
-// thread is using the pool (so concurrent callers never deadlock).
-void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f);
+// thread is using the pool (so concurrent callers never deadlock). With wake_sleepers false the tasks run on the
+// caller alone when every worker is asleep: for work smaller than waking one costs (a futex wake of an idle core,
+// tens of microseconds on a virtual machine). The tasks are the same either way, so the results are too.
+void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers = true);
 
 // Threads worth using for `work` units of cost when one thread should get at least `grain` units.
 inline int threads_for(double work, double grain) {

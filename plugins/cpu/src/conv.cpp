@@ -23,6 +23,9 @@ inline float pool_max(float m, float v) { return ((v > m) | (v != v)) ? v : m; }
 
 // Work (in flops or element visits) below which a second thread costs more to wake than it saves.
 constexpr double kParallelGrain = 6e4;
+// GEMM convolutions below this many flops (~20-40 us on one core) run on the caller alone when the pool's workers
+// are asleep: waking one costs about as much (silero-vad's one parallel conv per chunk: ~8 us of work, ~39 us wall).
+constexpr double kWakeFlops = 4e6;
 // Target size of one task's packed im2col block (floats): fits in L2 next to the weights' A panels.
 constexpr i64 kConvBlockFloats = 48 * 1024;
 // Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
@@ -173,7 +176,7 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
     ep.bias_rs = 1;
     ep.bias_cs = 0;
     apply_epilogue(kr, o, HWo, r0, 0, rows, HWo, ep);
-  });
+  }, flops >= kWakeFlops);
 }
 
 // Row length of conv_direct's zero-padded input copy.
@@ -284,7 +287,8 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     }
   });
   const i64 mp = ceil_div(cout_g, mr);
-  const int T = threads_for(2.0 * images * cout_g * HWo * K, kParallelGrain * 4);
+  const double flops = 2.0 * images * cout_g * HWo * K;
+  const int T = threads_for(flops, kParallelGrain * 4);
   if (L.flat) {
     // Panels over the flattened rows: column j is output (j / Wp, j % Wp), dropped where j % Wp >= Wo. Each tile
     // goes through a buffer (bias and activation applied there) and is scattered in runs of one output row.
@@ -313,7 +317,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
           jj += len;
         }
       }
-    });
+    }, flops >= kWakeFlops);
     return;
   }
   parallel_for(images * g.Ho, T, [&](i64 task) {
@@ -333,7 +337,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     ep.bias_rs = 1;
     ep.bias_cs = 0;
     apply_epilogue(kr, o, HWo, 0, 0, cout_g, g.Wo, ep);
-  });
+  }, flops >= kWakeFlops);
 }
 
 }  // namespace
@@ -423,7 +427,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       const MatView at{pc.raw.p + (gi * cout_g + m_main) * pc.raw_ld, cout_g - m_main, K, pc.raw_ld, 1};
       gemm_small_m_packed(kr, at, bp, ncols, o + m_main * HWo, HWo, 1.f, 0.f, ept, 1);
     }
-  });
+  }, flops >= kWakeFlops);
 }
 
 void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo, i64 kh, i64 kw, i64 sh, i64 sw,

@@ -70,6 +70,7 @@ class Pool {
     for (auto& t : workers_) t.join();
   }
   int size() const { return nthreads_; }
+  bool all_asleep() const { return sleepers_.load(std::memory_order_relaxed) >= nthreads_ - 1; }
 
   // Returns false (nothing run) when the pool is busy with another caller.
   bool run(i64 ntasks, int max_threads, const std::function<void(i64)>& f) {
@@ -271,11 +272,11 @@ void run_serial(i64 ntasks, const std::function<void(i64)>& f) {
 }
 }  // namespace
 
-void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f) {
+void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers) {
   if (ntasks <= 0) return;
   if (ntasks == 1 || max_threads <= 1 || tl_in_pool_task) return run_serial(ntasks, f);
   std::shared_ptr<Pool> pool = get_pool();
-  if (pool && pool->run(ntasks, max_threads, f)) return;
+  if (pool && (wake_sleepers || !pool->all_asleep()) && pool->run(ntasks, max_threads, f)) return;
   run_serial(ntasks, f);
 }
 
