@@ -56,3 +56,16 @@ def thread_counts(*counts: int):
 
 
 threads = thread_counts(1, 2)
+
+
+@pytest.fixture
+def pool():
+    """Pool statistics on and reset; the thread count and the workers' spin restored afterwards."""
+    before_threads, before_spin = _native.num_threads(), _native.pool_spin_us()
+    _native.pool_stats(True)
+    _native.pool_stats_enable(True)
+    yield
+    _native.pool_stats_enable(False)
+    _native.pool_stats(True)
+    _native.set_pool_spin_us(before_spin)
+    _native.set_num_threads(before_threads)

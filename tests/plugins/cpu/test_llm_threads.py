@@ -14,18 +14,6 @@ _native = pytest.importorskip(
 from hetero.contract import quant  # noqa: E402
 
 
-@pytest.fixture
-def pool():
-    before_threads, before_spin = _native.num_threads(), _native.pool_spin_us()
-    _native.pool_stats(True)
-    _native.pool_stats_enable(True)
-    yield
-    _native.pool_stats_enable(False)
-    _native.pool_stats(True)
-    _native.set_pool_spin_us(before_spin)
-    _native.set_num_threads(before_threads)
-
-
 def _weights(spec: str, n: int, k: int):
     w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
     if spec == "f16":

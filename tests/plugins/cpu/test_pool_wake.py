@@ -18,18 +18,6 @@ import hetero  # noqa: E402
 from conftest import make_model  # noqa: E402
 
 
-@pytest.fixture
-def sleeping_pool():
-    before_threads, before_spin = _native.num_threads(), _native.pool_spin_us()
-    _native.set_pool_spin_us(0)  # workers sleep as soon as a call ends
-    _native.pool_stats_enable(True)
-    yield
-    _native.pool_stats_enable(False)
-    _native.pool_stats(True)
-    _native.set_pool_spin_us(before_spin)
-    _native.set_num_threads(before_threads)
-
-
 def _conv(channels: int, size: int):
     rng = np.random.default_rng(channels)
     w = rng.standard_normal((channels, channels, 3, 3)).astype(np.float32)
@@ -41,7 +29,8 @@ def _conv(channels: int, size: int):
 
 
 @pytest.mark.parametrize("channels, size, wakes", [(16, 16, False), (64, 32, True)])  # 1.2 / 75 MFLOP
-def test_a_worker_is_woken_only_for_enough_work(sleeping_pool, channels, size, wakes):
+def test_a_worker_is_woken_only_for_enough_work(pool, channels, size, wakes):
+    _native.set_pool_spin_us(0)  # workers sleep as soon as a call ends (the fixture restores the spin)
     model, feeds = _conv(channels, size)
     alone = hetero.Session(model, backends=["cpu"], threads=1).run(feeds)["y"]
     session = hetero.Session(model, backends=["cpu"], threads=2)
