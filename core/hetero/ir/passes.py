@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -333,23 +334,32 @@ def _gelu_tanh_span(graph: Graph, tanh: Node, producers: dict[str, Node]) -> tup
     return x, span
 
 
-def fuse_gelu_tanh(graph: Graph) -> int:
-    """The tanh approximation of GELU written out in nine elementwise nodes: one ``Gelu(approximate="tanh")``."""
+GeluSpan = Callable[[Graph, Node, dict[str, Node]], tuple[str, list[Node]] | None]
+
+
+def _fuse_gelu_spans(graph: Graph, around: str, find_span: GeluSpan, attrs: dict[str, Any]) -> int:
+    """Every GELU written out around an ``around`` node (its span found by ``find_span``: x and the nodes, the last
+    one's outputs kept) replaced by one ``Gelu`` with ``attrs``, unless a subgraph reads one of its intermediates."""
     count = 0
     keep = _read_by_subgraphs(graph)
-    for tanh in list(graph.nodes):
-        if tanh.op_key != ("", "Tanh") or tanh not in graph.nodes:
+    for anchor in list(graph.nodes):
+        if anchor.op_key != ("", around) or anchor not in graph.nodes:
             continue
-        found = _gelu_tanh_span(graph, tanh, graph.producers())
+        found = find_span(graph, anchor, graph.producers())
         if found is None or any(o in keep for n in found[1][:-1] for o in n.outputs):
             continue
         x, span = found
-        gelu = Node("Gelu", [x], list(span[-1].outputs), {"approximate": "tanh"}, name=f"{tanh.name}/gelu")
+        gelu = Node("Gelu", [x], list(span[-1].outputs), dict(attrs), name=f"{anchor.name}/gelu")
         graph.nodes[graph.nodes.index(span[-1])] = gelu
         for node in span[:-1]:
             graph.nodes.remove(node)
         count += 1
     return count
+
+
+def fuse_gelu_tanh(graph: Graph) -> int:
+    """The tanh approximation of GELU written out in nine elementwise nodes: one ``Gelu(approximate="tanh")``."""
+    return _fuse_gelu_spans(graph, "Tanh", _gelu_tanh_span, {"approximate": "tanh"})
 
 
 def _gelu_erf_span(graph: Graph, erf: Node, producers: dict[str, Node]) -> tuple[str, list[Node]] | None:
@@ -395,21 +405,7 @@ def _gelu_erf_span(graph: Graph, erf: Node, producers: dict[str, Node]) -> tuple
 
 def fuse_gelu_erf(graph: Graph) -> int:
     """Exact GELU written out with Erf (five elementwise nodes): one ``Gelu``."""
-    count = 0
-    keep = _read_by_subgraphs(graph)
-    for erf in list(graph.nodes):
-        if erf.op_key != ("", "Erf") or erf not in graph.nodes:
-            continue
-        found = _gelu_erf_span(graph, erf, graph.producers())
-        if found is None or any(o in keep for n in found[1][:-1] for o in n.outputs):
-            continue
-        x, span = found
-        gelu = Node("Gelu", [x], list(span[-1].outputs), {}, name=f"{erf.name}/gelu")
-        graph.nodes[graph.nodes.index(span[-1])] = gelu
-        for node in span[:-1]:
-            graph.nodes.remove(node)
-        count += 1
-    return count
+    return _fuse_gelu_spans(graph, "Erf", _gelu_erf_span, {})
 
 
 def _iota_of(graph: Graph, equal: Node, k: int) -> str | None:
