@@ -39,7 +39,7 @@ from ..contract.tensor import Tensor, TensorInfo, static_shape
 from .control import ControlFlow
 from .infer import SHAPE_ONLY_OPS, infer_node
 from .memory import ArenaPlan, Lifetime, plan_arena
-from .replay import Recorder, Replay, StaleReplay
+from .replay import Recorder, Replay, StaleReplay, own_copy
 from .segments import outer_names
 
 # What a kernel raises (besides HeteroError) when a malformed model breaks one of its assumptions: re-raised as a
@@ -409,10 +409,7 @@ class KernelProgram:
         else:
             step.kernel.run(ins, outs)
         if recorder is not None and step.per_signature:  # the replay keeps copies and does not run the step
-            copies = [backend.empty(t.info) for t in outs]
-            for copy, t in zip(copies, outs, strict=True):
-                backend.write(copy, t)
-            outs = copies
+            outs = [own_copy(backend, t) for t in outs]
         elif recorder is not None:
             fresh = [t is None for t in step.arena_outs or [None] * len(outs)]
             value_inputs = [i for i in schema.value_inputs if i not in step.const_values]

@@ -117,8 +117,7 @@ class Recorder:
             if key is not None:
                 entry.var_ins.append((pos, key))
             elif tensor is not None and pos in value_inputs:
-                entry.ins[pos] = copy = backend.empty(tensor.info)
-                backend.write(copy, tensor)
+                entry.ins[pos] = own_copy(backend, tensor)
         for pos, (tensor, is_fresh) in enumerate(zip(outs, fresh, strict=True)):
             if is_fresh:
                 key = ("var", id(tensor))
@@ -166,8 +165,7 @@ class Replay:
         self._write = backend.write
         self._slots: list[tuple[str, Tensor]] = []  # (feed name, the replay's own buffer)
         for name, tensor in feeds.items():
-            own = fixed[("feed", name)] = backend.empty(tensor.info)
-            backend.write(own, tensor)
+            own = fixed[("feed", name)] = own_copy(backend, tensor)
             self._slots.append((name, own))
         self.program: list[Call] = []
         self.bound = 0  # kernels called through their own bind()
@@ -315,14 +313,19 @@ class Replay:
                 backend = self._owned.get(found)
                 if backend is not None:  # the replay's own buffer: the caller gets a copy
                     backend.synchronize()  # of what the device's queued work wrote (a no-op on the cpu)
-                    own = self._fixed[found]
-                    found = backend.empty(own.info)
-                    backend.write(found, own)
+                    found = own_copy(backend, self._fixed[found])
                 else:
                     found = values[found] if found in values else self._fixed[found]
             result[name] = found
         values.clear()  # the caller owns the outputs now
         return result
+
+
+def own_copy(backend: Backend, tensor: Tensor) -> Tensor:
+    """A tensor of ``backend`` holding ``tensor``'s values now, which later runs cannot overwrite."""
+    own = backend.empty(tensor.info)
+    backend.write(own, tensor)
+    return own
 
 
 def _ownable(backend: Backend, info: TensorInfo) -> bool:
