@@ -114,22 +114,35 @@ class CpuDequantizeLinear(_PerTensorKernel):
         return _per_tensor(node, (dtypes.uint8, dtypes.int8), "uint8 / int8 in")
 
 
-class CpuMatMulInteger(CallKernel):
+class _PackedBMatMul(CallKernel):
+    """A matmul whose B (input ``b``, zero point input ``b_zero_point``) is a constant 2-D 8-bit weight, packed once
+    for the native int8 GEMM."""
+
+    b = b_zero_point = 0
+
+    @classmethod
+    def _b_is_constant(cls, node: NodeInfo) -> Support:
+        verdict = _constant_8bit(node, cls.b, "B", (2,))
+        return _optional_is_constant(node, cls.b_zero_point, "b_zero_point") if verdict else verdict
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        self.packed = _native.qpack_b(np.ascontiguousarray(node.constants[self.b]),
+                                      _constant_or_none(node, self.b_zero_point))
+
+
+class CpuMatMulInteger(_PackedBMatMul):
     """(A - a_zero_point) @ (B - b_zero_point) in int32, B a constant 2-D weight packed once."""
 
-    @staticmethod
-    def accepts(node: NodeInfo) -> Support:
-        verdict = _constant_8bit(node, 1, "B", (2,))
-        if verdict:
-            verdict = _optional_is_constant(node, 3, "b_zero_point")
+    b, b_zero_point = 1, 3
+
+    @classmethod
+    def accepts(cls, node: NodeInfo) -> Support:
+        verdict = cls._b_is_constant(node)
         a = node.inputs[0]
         if verdict and (a is None or a.rank is None or a.rank > 2):  # per-row zero points are rows of a 2-D A
             verdict = _single_values(node, (2,))
         return verdict
-
-    def __init__(self, node: NodeInfo, backend: Backend) -> None:
-        super().__init__(node, backend)
-        self.packed = _native.qpack_b(np.ascontiguousarray(node.constants[1]), _constant_or_none(node, 3))
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
@@ -156,19 +169,15 @@ def _requant_params(inputs: Sequence[Tensor | None], scale_a: int, scale_b: int,
     return tuple(np.ascontiguousarray(inputs[i].numpy()) for i in (scale_a, scale_b, y, y + 1))
 
 
-class CpuQLinearMatMul(CallKernel):
+class CpuQLinearMatMul(_PackedBMatMul):
     """Quantized A @ constant quantized B, requantized to y_scale / y_zero_point."""
 
-    @staticmethod
-    def accepts(node: NodeInfo) -> Support:
-        verdict = _constant_8bit(node, 3, "B", (2,))
-        if verdict:
-            verdict = _optional_is_constant(node, 5, "b_zero_point")
-        return _single_values(node, (1, 2, 6, 7)) if verdict else verdict
+    b, b_zero_point = 3, 5
 
-    def __init__(self, node: NodeInfo, backend: Backend) -> None:
-        super().__init__(node, backend)
-        self.packed = _native.qpack_b(np.ascontiguousarray(node.constants[3]), _constant_or_none(node, 5))
+    @classmethod
+    def accepts(cls, node: NodeInfo) -> Support:
+        verdict = cls._b_is_constant(node)
+        return _single_values(node, (1, 2, 6, 7)) if verdict else verdict
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
