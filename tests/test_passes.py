@@ -136,6 +136,99 @@ def test_gelu_tanh_with_a_shared_intermediate_is_left_alone():
     assert session.rewrites["fuse_gelu_tanh"] == 0
 
 
+def _gelu_tanh_torch_nodes(x: str, y: str) -> list:
+    """PyTorch's tanh GELU (HF NewGELU, T5): (x * 0.5) * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * Pow(x, 3))))."""
+    mk = helper.make_node
+    return [mk("Mul", [x, "c_half"], ["t0"]), mk("Pow", [x, "c_three"], ["t1"]), mk("Mul", ["t1", "c_cube"], ["t2"]),
+            mk("Add", [x, "t2"], ["t3"]), mk("Mul", ["t3", "c_sqrt"], ["t4"]), mk("Tanh", ["t4"], ["t5"]),
+            mk("Add", ["t5", "c_one"], ["t6"]), mk("Mul", ["t0", "t6"], [y])]
+
+
+_GELU_TANH_CONSTANTS = [("c_cube", np.array(0.044715, np.float32)), ("c_sqrt", np.array(np.sqrt(2 / np.pi), np.float32)),
+                        ("c_one", np.array(1.0, np.float32)), ("c_half", np.array(0.5, np.float32)),
+                        ("c_three", np.array(3.0, np.float32))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gelu_tanh_as_pytorch_writes_it_becomes_one_node(backend):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["x", "r"], ["h"]),
+             *_gelu_tanh_torch_nodes("h", "y")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3, 40])], [("y", TensorProto.FLOAT, None)],
+                       _GELU_TANH_CONSTANTS)
+    x = np.random.default_rng(6).normal(size=(3, 40)).astype(np.float32) * 3
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["fuse_gelu_tanh"] == 1
+    assert _ops(session) == ["Relu", "Add", "Gelu"]
+
+
+def test_gelu_tanh_as_pytorch_writes_it_left_alone_when_x_is_not_the_halved_value():
+    nodes = [helper.make_node("Neg", ["x"], ["n"]), *_gelu_tanh_torch_nodes("x", "y")]
+    nodes[1] = helper.make_node("Mul", ["n", "c_half"], ["t0"])  # halves -x: not a GELU
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 8])], [("y", TensorProto.FLOAT, None)],
+                       _GELU_TANH_CONSTANTS)
+    session = _compare(model, {"x": np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)}, "reference")
+    assert session.rewrites["fuse_gelu_tanh"] == 0
+
+
+def _rms_norm_nodes(x: str, y: str, form: str, weight: bool = True) -> list:
+    """RMS norm written out: mean of squares over the last axis, + eps, Sqrt, then the division in one of three
+    forms, then maybe the weight."""
+    mk = helper.make_node
+    square = mk("Pow", [x, "c_two"], ["r0"]) if form == "pow" else mk("Mul", [x, x], ["r0"])
+    head = [square, mk("ReduceMean", ["r0", "c_axes"], ["r1"]), mk("Add", ["r1", "c_eps"], ["r2"]),
+            mk("Sqrt", ["r2"], ["r3"])]
+    out = y if not weight else "r5"
+    if form == "divide":  # x / sqrt
+        body = [mk("Div", [x, "r3"], [out])]
+    elif form == "reciprocal":
+        body = [mk("Reciprocal", ["r3"], ["r4"]), mk("Mul", ["r4", x], [out])]
+    else:  # T5: x * (1 / sqrt)
+        body = [mk("Div", ["c_one", "r3"], ["r4"]), mk("Mul", [x, "r4"], [out])]
+    return [*head, *body, *([mk("Mul", ["c_weight", "r5"], [y])] if weight else [])]
+
+
+def _rms_constants(width: int, axis: int = -1) -> list:
+    w = np.random.default_rng(11).uniform(0.5, 2, width).astype(np.float32)
+    return [("c_two", np.array(2.0, np.float32)), ("c_axes", np.array([axis], np.int64)),
+            ("c_eps", np.array(1e-6, np.float32)), ("c_one", np.array(1.0, np.float32)), ("c_weight", w)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form, weight", [("t5", True), ("pow", True), ("divide", True), ("reciprocal", False)])
+@pytest.mark.parametrize("width", [40, 77, 512])
+def test_rms_norm_written_out_becomes_one_node(backend, form, weight, width):
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sub", ["x", "a"], ["h"]),
+             *_rms_norm_nodes("h", "y", form, weight)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 5, width])], [("y", TensorProto.FLOAT, None)],
+                       _rms_constants(width), opset=18)
+    x = np.random.default_rng(12).normal(size=(2, 5, width)).astype(np.float32) * 4
+    session = _compare(model, {"x": x}, backend, rtol=2e-6, atol=1e-6)
+    assert session.rewrites["fuse_rms_norm"] == 1
+    assert _ops(session) == ["Relu", "Sub", "RMSNorm"]
+    if backend == "cpu" and form in ("t5", "pow"):
+        # The fused kernel rounds as the written-out nodes do on this backend (each square rounded, the row summed
+        # in the same lane order, mean * (1 / n), + eps, 1 / sqrt, two products): bit for bit. A dynamically
+        # quantized model re-quantizes from each activation's min / max, so a last-bit change moves whole steps.
+        plain = hetero.Session(model, backends=["cpu"], optimize=False).run({"x": x})["y"]
+        np.testing.assert_array_equal(session.run({"x": x})["y"], plain)
+
+
+def test_rms_norm_left_alone_unless_over_the_last_axis_with_private_intermediates():
+    x = {"x": np.random.default_rng(13).normal(size=(2, 3, 8)).astype(np.float32)}
+    model = make_model(_rms_norm_nodes("x", "y", "t5"), [("x", TensorProto.FLOAT, [2, 3, 8])],
+                       [("y", TensorProto.FLOAT, None)], _rms_constants(8, axis=1), opset=18)  # over axis 1
+    assert _compare(model, x, "reference").rewrites["fuse_rms_norm"] == 0
+    shared = [*_rms_norm_nodes("x", "y", "t5"), helper.make_node("Add", ["y", "r3"], ["z"])]  # the root read twice
+    model = make_model(shared, [("x", TensorProto.FLOAT, [2, 3, 8])], [("z", TensorProto.FLOAT, None)],
+                       _rms_constants(8), opset=18)
+    assert _compare(model, x, "reference").rewrites["fuse_rms_norm"] == 0
+    wrong = [*_rms_norm_nodes("x", "y", "t5")]
+    wrong[5] = helper.make_node("Mul", ["a", "r4"], ["r5"])  # normalises another tensor by x's root mean square
+    model = make_model([helper.make_node("Neg", ["x"], ["a"]), *wrong], [("x", TensorProto.FLOAT, [2, 3, 8])],
+                       [("y", TensorProto.FLOAT, None)], _rms_constants(8), opset=18)
+    assert _compare(model, x, "reference").rewrites["fuse_rms_norm"] == 0
+
+
 def _gelu_erf_nodes(x: str, y: str, form: str) -> list:
     """Exact GELU as PyTorch exports it: x / sqrt(2) (or * 1/sqrt(2)), Erf, + 1, and the halving in one of three
     places."""
@@ -238,6 +331,16 @@ def test_identity_and_dropout_are_removed():
     )
     session = _compare(model, {"x": np.arange(4, dtype=np.float32)}, "reference")
     assert _ops(session) == ["Neg"]
+
+
+def test_a_cast_to_its_own_type_is_removed():
+    model = make_model(
+        [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
+         helper.make_node("Cast", ["b"], ["c"], to=TensorProto.INT32), helper.make_node("Neg", ["c"], ["y"])],
+        [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.INT32, [4])],
+    )
+    session = _compare(model, {"x": np.array([1.5, -2.5, 3.0, 0.0], np.float32)}, "reference")
+    assert _ops(session) == ["Neg", "Cast", "Neg"]  # the float -> int32 Cast stays
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -39,13 +39,21 @@ def _read_by_subgraphs(graph: Graph) -> set[str]:
             for name in free_names(sub)}
 
 
+def _cast_to_own_type(graph: Graph, cast: Node) -> bool:
+    """A Cast to the type its input already has (T5's export casts float32 residuals to float32)."""
+    info = graph.values.get(cast.inputs[0]) if cast.inputs else None
+    return info is not None and info.dtype.onnx_type is not None and info.dtype.onnx_type == cast.attrs.get("to")
+
+
 def remove_noops(graph: Graph) -> int:
-    """Identity, and Dropout in inference (no mask consumer): their consumers read the input directly."""
+    """Identity, a Cast to its input's own type, and Dropout in inference (no mask consumer): their consumers read
+    the input directly."""
     count = 0
     keep = _read_by_subgraphs(graph)
     for node in list(graph.nodes):
         is_noop = node.domain == "" and (
             node.op_type == "Identity"
+            or (node.op_type == "Cast" and _cast_to_own_type(graph, node))
             or (node.op_type == "Dropout" and not node.attrs.get("training_mode")
                 and (len(node.outputs) < 2 or not node.outputs[1] or not graph.consumers().get(node.outputs[1]))
                 and len(node.inputs) < 3)
@@ -295,18 +303,18 @@ def _times_constant(graph: Graph, node: Node | None, want: float) -> str | None:
     return None
 
 
-def _gelu_tanh_span(graph: Graph, tanh: Node, producers: dict[str, Node]) -> tuple[str, list[Node]] | None:
-    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x * x * x))), as jax2tf writes it (magika): x and the nine
-    nodes from the first product to the last, every intermediate read once."""
-    scaled = producers.get(tanh.inputs[0])
-    if scaled is None or scaled.op_key != ("", "Mul"):
+def _cube_term(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, list[Node]] | None:
+    """0.044715 * x^3 computed into ``name``: x and its nodes, as jax2tf writes it (x * (x * (0.044715 * x))) or as
+    PyTorch does (Pow(x, 3) * 0.044715)."""
+    top = producers.get(name)
+    if top is None or top.op_key != ("", "Mul"):
         return None
-    inner_sum = producers.get(_times_constant(graph, scaled, math.sqrt(2 / math.pi)) or "")
-    if inner_sum is None or inner_sum.op_key != ("", "Add"):
-        return None
-    for x, cube_name in (inner_sum.inputs, inner_sum.inputs[::-1]):
+    power = producers.get(_times_constant(graph, top, 0.044715) or "")
+    if power is not None and power.op_key == ("", "Pow") and _constant_is(graph, power.inputs[1], 3.0):
+        return power.inputs[0], [power, top]
+    for x in top.inputs:
         chain: list[Node] = []
-        factor = cube_name
+        factor = name
         for _ in range(2):  # x * (x * (0.044715 * x))
             mul = producers.get(factor)
             if mul is None or mul.op_key != ("", "Mul") or x not in mul.inputs:
@@ -316,19 +324,43 @@ def _gelu_tanh_span(graph: Graph, tanh: Node, producers: dict[str, Node]) -> tup
         first = producers.get(factor)
         if len(chain) == 2 and first is not None and first.op_key == ("", "Mul") and \
                 _times_constant(graph, first, 0.044715) == x:
+            return x, [first, *chain]
+    return None
+
+
+def _gelu_tanh_span(graph: Graph, tanh: Node, producers: dict[str, Node]) -> tuple[str, list[Node]] | None:
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))): x and the nodes from the first product to the last,
+    every intermediate read once. The halving either follows the sum (jax2tf, magika: x * ((1 + tanh) * 0.5)) or
+    precedes it (PyTorch's GELU "tanh" / NewGELU, T5: (x * 0.5) * (1 + tanh))."""
+    scaled = producers.get(tanh.inputs[0])
+    if scaled is None or scaled.op_key != ("", "Mul"):
+        return None
+    inner_sum = producers.get(_times_constant(graph, scaled, math.sqrt(2 / math.pi)) or "")
+    if inner_sum is None or inner_sum.op_key != ("", "Add") or len(inner_sum.inputs) != 2:
+        return None
+    for x, cube_name in (inner_sum.inputs, inner_sum.inputs[::-1]):
+        cube = _cube_term(graph, cube_name, producers)
+        if cube is not None and cube[0] == x:
             break
     else:
         return None
     one_plus = _single_consumer(graph, tanh.outputs[0])
     if one_plus is None or one_plus.op_key != ("", "Add") or _times_constant(graph, one_plus, 1.0) != tanh.outputs[0]:
         return None
-    half = _single_consumer(graph, one_plus.outputs[0])
-    if half is None or half.op_key != ("", "Mul") or _times_constant(graph, half, 0.5) != one_plus.outputs[0]:
+    after = _single_consumer(graph, one_plus.outputs[0])
+    if after is None or after.op_key != ("", "Mul") or len(after.inputs) != 2:
         return None
-    last = _single_consumer(graph, half.outputs[0])
-    if last is None or last.op_key != ("", "Mul") or sorted(last.inputs) != sorted([x, half.outputs[0]]):
-        return None
-    span = [first, *chain, inner_sum, scaled, tanh, one_plus, half, last]
+    if _times_constant(graph, after, 0.5) == one_plus.outputs[0]:  # x * ((1 + tanh) * 0.5)
+        last = _single_consumer(graph, after.outputs[0])
+        if last is None or last.op_key != ("", "Mul") or sorted(last.inputs) != sorted([x, after.outputs[0]]):
+            return None
+        head, tail = [], [after, last]
+    else:  # (x * 0.5) * (1 + tanh)
+        half = producers.get(after.inputs[1] if after.inputs[0] == one_plus.outputs[0] else after.inputs[0])
+        if half is None or half.op_key != ("", "Mul") or _times_constant(graph, half, 0.5) != x:
+            return None
+        head, tail = [half], [after]
+    span = [*head, *cube[1], inner_sum, scaled, tanh, one_plus, *tail]
     if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
         return None
     return x, span
@@ -538,6 +570,109 @@ def fuse_matmul_integer_scale(graph: Graph) -> int:
     return count
 
 
+def _squares(graph: Graph, node: Node | None) -> str | None:
+    """x when ``node`` is Mul(x, x) or Pow(x, 2)."""
+    if node is None or node.domain != "" or len(node.inputs) != 2:
+        return None
+    if node.op_type == "Mul" and node.inputs[0] == node.inputs[1]:
+        return node.inputs[0]
+    return node.inputs[0] if node.op_type == "Pow" and _constant_is(graph, node.inputs[1], 2.0) else None
+
+
+def _reduces_last_axis(graph: Graph, mean: Node, rank: int) -> bool:
+    """ReduceMean over the last axis alone, dims kept."""
+    if not mean.attrs.get("keepdims", 1):
+        return False
+    if len(mean.inputs) > 1 and mean.inputs[1]:
+        axes = graph.initializers.get(mean.inputs[1])
+        if axes is None:
+            return False
+        axes = np.asarray(axes).reshape(-1).tolist()
+    else:
+        axes = list(mean.attrs.get("axes", []))
+    return len(axes) == 1 and int(axes[0]) in (-1, rank - 1)
+
+
+def _rms_norm_span(graph: Graph, mean: Node, producers: dict[str, Node]
+                   ) -> tuple[str, np.ndarray, float, list[Node]] | None:
+    """x * 1 / sqrt(mean(x^2, last axis) + eps) [* weight] written out (T5, LLaMA exports: the reciprocal as
+    Div(1, .) or Reciprocal, or x divided by the root): x, the weight (ones if none), eps and the nodes from the
+    square to the last product."""
+    square = producers.get(mean.inputs[0])
+    x = _squares(graph, square)
+    info = graph.values.get(x or "")
+    if x is None or square is None or info is None or info.dtype != dtypes.float32 or info.rank is None:
+        return None
+    if info.rank < 1 or not isinstance(info.shape[-1], int) or not _reduces_last_axis(graph, mean, info.rank):
+        return None
+    width = info.shape[-1]
+    add = _single_consumer(graph, mean.outputs[0])
+    eps_name = _times_constant_any(graph, add, "Add", mean.outputs[0])
+    root = _single_consumer(graph, add.outputs[0]) if add is not None and eps_name is not None else None
+    if root is None or root.op_key != ("", "Sqrt"):
+        return None
+    eps = float(np.asarray(graph.initializers[eps_name]).reshape(-1)[0])
+    span = [square, mean, add, root]
+    step = _single_consumer(graph, root.outputs[0])
+    if step is not None and step.op_key == ("", "Div") and step.inputs == [x, root.outputs[0]]:
+        normed = step  # x / sqrt(...)
+    else:
+        if step is not None and step.op_key == ("", "Div") and step.inputs[1] == root.outputs[0] and \
+                _constant_is(graph, step.inputs[0], 1.0):
+            pass  # 1 / sqrt(...)
+        elif step is None or step.op_key != ("", "Reciprocal"):
+            return None
+        span.append(step)
+        normed = _single_consumer(graph, step.outputs[0])
+        if normed is None or normed.op_key != ("", "Mul") or sorted(normed.inputs) != sorted([x, step.outputs[0]]):
+            return None
+    span.append(normed)
+    weight = np.ones(width, np.float32)
+    scale = _single_consumer(graph, normed.outputs[0])
+    if scale is not None and scale.op_key == ("", "Mul") and len(scale.inputs) == 2:
+        other = scale.inputs[1] if scale.inputs[0] == normed.outputs[0] else scale.inputs[0]
+        value = graph.initializers.get(other)
+        if value is not None and value.dtype == np.float32 and value.shape == (width,):
+            weight = np.asarray(value)
+            span.append(scale)
+    if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
+        return None
+    return x, weight, eps, span
+
+
+def _times_constant_any(graph: Graph, node: Node | None, op: str, operand: str) -> str | None:
+    """The one-element float constant that ``node`` (an ``op`` of two inputs, one of them ``operand``) combines
+    with ``operand``, else None."""
+    if node is None or node.op_key != ("", op) or len(node.inputs) != 2 or operand not in node.inputs:
+        return None
+    other = node.inputs[1] if node.inputs[0] == operand else node.inputs[0]
+    value = graph.initializers.get(other)
+    return other if value is not None and np.size(value) == 1 and np.asarray(value).dtype.kind == "f" else None
+
+
+def fuse_rms_norm(graph: Graph) -> int:
+    """RMS normalisation written out in seven or eight elementwise nodes and a ReduceMean: one ``hetero::RMSNorm``
+    (one pass over each row instead of eight)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for mean in list(graph.nodes):
+        if mean.op_key != ("", "ReduceMean") or mean not in graph.nodes:
+            continue
+        found = _rms_norm_span(graph, mean, graph.producers())
+        if found is None or any(o in keep for n in found[3][:-1] for o in n.outputs):
+            continue
+        x, weight, eps, span = found
+        name = f"{mean.name or mean.outputs[0]}/rms_weight"
+        graph.initializers[name] = weight
+        node = Node("RMSNorm", [x, name], list(span[-1].outputs), {"epsilon": eps}, name=f"{mean.name}/rms_norm",
+                    domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(span[-1])] = node
+        for other in span[:-1]:
+            graph.nodes.remove(other)
+        count += 1
+    return count
+
+
 def pow_to_mul(graph: Graph) -> int:
     """Pow(x, 2) -> Mul(x, x) and Pow(x, 3) -> Mul(Mul(x, x), x) for float x and a constant scalar exponent (T5's
     RMS norm and its tanh GELU): a product instead of a call to pow per element. x * x is the correctly rounded
@@ -564,7 +699,7 @@ def pow_to_mul(graph: Graph) -> int:
 
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
                                     fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias,
-                                    fuse_matmul_integer_scale, pow_to_mul)
+                                    fuse_matmul_integer_scale, fuse_rms_norm, pow_to_mul)
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:

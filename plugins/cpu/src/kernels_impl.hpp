@@ -397,8 +397,37 @@ void k_layernorm_row(const float* x, const float* scale, const float* bias, floa
   for (; i < n; ++i) y[i] = (x[i] - mean) * inv * scale[i] + (bias ? bias[i] : 0.f);
 }
 
-void k_rmsnorm_row(const float* x, const float* scale, float* y, i64 n, float eps) {
-  const float ms = n > 0 ? row_sqdev(x, n, 0.f) / static_cast<float>(n) : 0.f;
+// Sum of squares with each square rounded to float before it is added (no FMA), in row_sum's lane order: what a
+// written-out Mul(x, x) -> ReduceMean computes, and what onnxruntime's RMS norm of exported models agrees with
+// bit for bit. Dynamically quantized models (the T5 encoder) re-quantize activations from their own min / max, where
+// one ulp of difference moves a whole quantization step and grows through the layers.
+#if defined(__GNUC__) && !defined(__clang__)
+#define HETERO_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define HETERO_NO_FP_CONTRACT
+#endif
+HETERO_NO_FP_CONTRACT inline float row_sum_squares(const float* x, i64 n) {
+  V a0 = SIMD::zero(), a1 = a0;
+  i64 i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const V v0 = SIMD::load(x + i), v1 = SIMD::load(x + i + W);
+    a0 = SIMD::add(a0, SIMD::mul(v0, v0));
+    a1 = SIMD::add(a1, SIMD::mul(v1, v1));
+  }
+  for (; i + W <= n; i += W) {
+    const V v0 = SIMD::load(x + i);
+    a0 = SIMD::add(a0, SIMD::mul(v0, v0));
+  }
+  float s = SIMD::hsum(SIMD::add(a0, a1));
+  for (; i < n; ++i) {
+    const float q = x[i] * x[i];
+    s += q;
+  }
+  return s;
+}
+
+HETERO_NO_FP_CONTRACT void k_rmsnorm_row(const float* x, const float* scale, float* y, i64 n, float eps) {  // mean + eps rounded twice
+  const float ms = n > 0 ? row_sum_squares(x, n) * (1.f / static_cast<float>(n)) : 0.f;
   const float inv = 1.f / std::sqrt(ms + eps);
   const V vi = SIMD::set1(inv);
   i64 i = 0;
