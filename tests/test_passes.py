@@ -144,9 +144,9 @@ def _gelu_tanh_torch_nodes(x: str, y: str) -> list:
             mk("Add", ["t5", "c_one"], ["t6"]), mk("Mul", ["t0", "t6"], [y])]
 
 
-_GELU_TANH_CONSTANTS = [("c_cube", np.array(0.044715, np.float32)), ("c_sqrt", np.array(np.sqrt(2 / np.pi), np.float32)),
-                        ("c_one", np.array(1.0, np.float32)), ("c_half", np.array(0.5, np.float32)),
-                        ("c_three", np.array(3.0, np.float32))]
+_GELU_TANH_CONSTANTS = [("c_cube", np.array(0.044715, np.float32)),
+                        ("c_sqrt", np.array(np.sqrt(2 / np.pi), np.float32)), ("c_one", np.array(1.0, np.float32)),
+                        ("c_half", np.array(0.5, np.float32)), ("c_three", np.array(3.0, np.float32))]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
