@@ -583,14 +583,29 @@ def _reduces_last_axis(graph: Graph, mean: Node, rank: int) -> bool:
     """ReduceMean over the last axis alone, dims kept."""
     if not mean.attrs.get("keepdims", 1):
         return False
+    axes: list[int] = [int(a) for a in mean.attrs.get("axes", [])]
     if len(mean.inputs) > 1 and mean.inputs[1]:
-        axes = graph.initializers.get(mean.inputs[1])
-        if axes is None:
+        given = graph.initializers.get(mean.inputs[1])
+        if given is None:
             return False
-        axes = np.asarray(axes).reshape(-1).tolist()
-    else:
-        axes = list(mean.attrs.get("axes", []))
-    return len(axes) == 1 and int(axes[0]) in (-1, rank - 1)
+        axes = [int(a) for a in np.asarray(given).reshape(-1)]
+    return len(axes) == 1 and axes[0] in (-1, rank - 1)
+
+
+def _rms_division(graph: Graph, x: str, root: Node) -> list[Node] | None:
+    """x / root, x * (1 / root) or x * Reciprocal(root): the nodes after the root, else None."""
+    step = _single_consumer(graph, root.outputs[0])
+    if step is None or step.domain != "":
+        return None
+    if step.op_type == "Div" and step.inputs == [x, root.outputs[0]]:
+        return [step]
+    if not ((step.op_type == "Div" and step.inputs[1] == root.outputs[0] and _constant_is(graph, step.inputs[0], 1.0))
+            or step.op_type == "Reciprocal"):
+        return None
+    normed = _single_consumer(graph, step.outputs[0])
+    if normed is None or normed.op_key != ("", "Mul") or sorted(normed.inputs) != sorted([x, step.outputs[0]]):
+        return None
+    return [step, normed]
 
 
 def _rms_norm_span(graph: Graph, mean: Node, producers: dict[str, Node]
@@ -601,43 +616,31 @@ def _rms_norm_span(graph: Graph, mean: Node, producers: dict[str, Node]
     square = producers.get(mean.inputs[0])
     x = _squares(graph, square)
     info = graph.values.get(x or "")
-    if x is None or square is None or info is None or info.dtype != dtypes.float32 or info.rank is None:
-        return None
-    if info.rank < 1 or not isinstance(info.shape[-1], int) or not _reduces_last_axis(graph, mean, info.rank):
+    if x is None or square is None or info is None or info.dtype != dtypes.float32 or not info.shape:
         return None
     width = info.shape[-1]
+    if not isinstance(width, int) or not _reduces_last_axis(graph, mean, len(info.shape)):
+        return None
     add = _single_consumer(graph, mean.outputs[0])
     eps_name = _times_constant_any(graph, add, "Add", mean.outputs[0])
     root = _single_consumer(graph, add.outputs[0]) if add is not None and eps_name is not None else None
-    if root is None or root.op_key != ("", "Sqrt"):
+    if add is None or eps_name is None or root is None or root.op_key != ("", "Sqrt"):
         return None
-    eps = float(np.asarray(graph.initializers[eps_name]).reshape(-1)[0])
-    span = [square, mean, add, root]
-    step = _single_consumer(graph, root.outputs[0])
-    if step is not None and step.op_key == ("", "Div") and step.inputs == [x, root.outputs[0]]:
-        normed = step  # x / sqrt(...)
-    else:
-        if step is not None and step.op_key == ("", "Div") and step.inputs[1] == root.outputs[0] and \
-                _constant_is(graph, step.inputs[0], 1.0):
-            pass  # 1 / sqrt(...)
-        elif step is None or step.op_key != ("", "Reciprocal"):
-            return None
-        span.append(step)
-        normed = _single_consumer(graph, step.outputs[0])
-        if normed is None or normed.op_key != ("", "Mul") or sorted(normed.inputs) != sorted([x, step.outputs[0]]):
-            return None
-    span.append(normed)
+    division = _rms_division(graph, x, root)
+    if division is None:
+        return None
+    span = [square, mean, add, root, *division]
     weight = np.ones(width, np.float32)
-    scale = _single_consumer(graph, normed.outputs[0])
+    scale = _single_consumer(graph, span[-1].outputs[0])
     if scale is not None and scale.op_key == ("", "Mul") and len(scale.inputs) == 2:
-        other = scale.inputs[1] if scale.inputs[0] == normed.outputs[0] else scale.inputs[0]
+        other = scale.inputs[1] if scale.inputs[0] == span[-1].outputs[0] else scale.inputs[0]
         value = graph.initializers.get(other)
         if value is not None and value.dtype == np.float32 and value.shape == (width,):
             weight = np.asarray(value)
             span.append(scale)
     if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
         return None
-    return x, weight, eps, span
+    return x, weight, float(np.asarray(graph.initializers[eps_name]).reshape(-1)[0]), span
 
 
 def _times_constant_any(graph: Graph, node: Node | None, op: str, operand: str) -> str | None:
