@@ -676,6 +676,101 @@ def fuse_rms_norm(graph: Graph) -> int:
     return count
 
 
+def _rank(graph: Graph, name: str) -> int | None:
+    info = graph.values.get(name)
+    return None if info is None else info.rank
+
+
+def _through_transpose(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, list[int], list[Node]]:
+    """The tensor a 4-D Transpose read to make ``name`` (read by nothing else), with its perm; else ``name`` itself."""
+    node = producers.get(name)
+    perm = [int(p) for p in node.attrs.get("perm", [])] if node is not None else []
+    if node is None or node.op_key != ("", "Transpose") or sorted(perm) != [0, 1, 2, 3] or \
+            _single_consumer(graph, name) is None:
+        return name, [0, 1, 2, 3], []
+    return node.inputs[0], perm, [node]
+
+
+def _scores(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[Node, dict[str, float], list[Node]] | None:
+    """``name`` as MatMul(Q, K) of 4-D operands, maybe times or divided by a float32 scalar constant: the MatMul, the
+    scale attribute and the nodes from the MatMul on."""
+    node = producers.get(name)
+    attrs: dict[str, float] = {}
+    span: list[Node] = []
+    if node is not None and node.domain == "" and node.op_type in ("Mul", "Div") and len(node.inputs) == 2:
+        constant = node.inputs[1] if node.op_type == "Div" else next(
+            (i for i in node.inputs if i in graph.initializers), "")
+        value = graph.initializers.get(constant)
+        if value is None or np.size(value) != 1 or np.asarray(value).dtype != np.float32:
+            return None
+        attrs["divisor" if node.op_type == "Div" else "scale"] = float(np.asarray(value).reshape(-1)[0])
+        span = [node]
+        node = producers.get(node.inputs[0] if node.inputs[1] == constant else node.inputs[1])
+    if node is None or node.op_key != ("", "MatMul") or any(_rank(graph, i) != 4 for i in node.inputs):
+        return None
+    return node, attrs, [node, *span]
+
+
+def _attention_span(graph: Graph, softmax: Node, producers: dict[str, Node]) -> tuple[Node, list[Node]] | None:
+    """Softmax(MatMul(Q, K) [* or / a scalar] [+ mask], last axis) @ V [then Transpose], on 4-D operands: the fused
+    node and the nodes it replaces (the one last in the graph last)."""
+    default_axis = -1 if graph.opset("") >= 13 else 1  # before 13: coerced to 2-D at the axis, the same on the last
+    if _rank(graph, softmax.inputs[0]) != 4 or int(softmax.attrs.get("axis", default_axis)) not in (-1, 3):
+        return None
+    pv = _single_consumer(graph, softmax.outputs[0])
+    if pv is None or pv.op_key != ("", "MatMul") or pv.inputs[0] != softmax.outputs[0] or _rank(graph, pv.inputs[1]) != 4:
+        return None
+    found = _scores(graph, softmax.inputs[0], producers)
+    mask: list[str] = []
+    add = producers.get(softmax.inputs[0])
+    if found is None and add is not None and add.op_key == ("", "Add") and len(add.inputs) == 2:
+        for chain, other in (add.inputs, add.inputs[::-1]):
+            info = graph.values.get(other)
+            if chain != other and info is not None and info.dtype == dtypes.float32 and (info.rank or 5) <= 4 and \
+                    (found := _scores(graph, chain, producers)) is not None:
+                mask = [other]
+                found = (found[0], found[1], [*found[2], add])
+                break
+    if found is None:
+        return None
+    qk, scale, scored = found
+    span = [*scored, softmax, pv]
+    attrs: dict[str, Any] = dict(scale)
+    q, attrs["q_perm"], q_nodes = _through_transpose(graph, qk.inputs[0], producers)
+    k, attrs["k_perm"], k_nodes = _through_transpose(graph, qk.inputs[1], producers)
+    v, attrs["v_perm"], v_nodes = _through_transpose(graph, pv.inputs[1], producers)
+    out = _single_consumer(graph, pv.outputs[0])
+    out_perm = [int(p) for p in out.attrs.get("perm", [])] if out is not None else []
+    if out is not None and out.op_key == ("", "Transpose") and sorted(out_perm) == [0, 1, 2, 3]:
+        attrs["out_perm"] = out_perm
+        span.append(out)
+    if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
+        return None
+    fused = Node("FusedAttention", [q, k, v, *mask], list(span[-1].outputs), attrs, name=f"{softmax.name}/attention",
+                 domain=HETERO_DOMAIN)
+    return fused, [*q_nodes, *k_nodes, *v_nodes, *span]
+
+
+def fuse_attention(graph: Graph) -> int:
+    """An encoder's attention written out (MatMul of the transposed Q and K, scaled, plus a mask, Softmax, MatMul by
+    the transposed V, transposed back): one ``FusedAttention``, which reads Q, K and V where they lie (no Transpose
+    copies) and keeps each head's scores in cache instead of writing them four times."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for softmax in list(graph.nodes):
+        if softmax.op_key != ("", "Softmax") or softmax not in graph.nodes:
+            continue
+        found = _attention_span(graph, softmax, graph.producers())
+        if found is None or any(o in keep for n in found[1] if n is not found[1][-1] for o in n.outputs):
+            continue
+        fused, span = found
+        graph.nodes[graph.nodes.index(span[-1])] = fused
+        for node in span[:-1]:
+            graph.nodes.remove(node)
+        count += 1
+    return count
+
+
 def pow_to_mul(graph: Graph) -> int:
     """Pow(x, 2) -> Mul(x, x) and Pow(x, 3) -> Mul(Mul(x, x), x) for float x and a constant scalar exponent (T5's
     RMS norm and its tanh GELU): a product instead of a call to pow per element. x * x is the correctly rounded
@@ -702,7 +797,8 @@ def pow_to_mul(graph: Graph) -> int:
 
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
                                     fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias,
-                                    fuse_matmul_integer_scale, fuse_rms_norm, pow_to_mul)
+                                    fuse_matmul_integer_scale, fuse_rms_norm, fuse_attention,
+                                    pow_to_mul)
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:

@@ -12,6 +12,7 @@ import numpy as np
 from ..contract.graph import HETERO_DOMAIN, Node
 from ..contract.registry import OpContext, get, op
 from ..contract.tensor import TensorInfo
+from .shapes import input_info, unknown
 
 # activation attribute value -> (ONNX op, the attributes it takes from the fused node)
 ACTIVATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -62,3 +63,45 @@ def fused_matmul(ctx: OpContext) -> list[np.ndarray]:
     if ctx.has_input(2):
         y = y + ctx.array(2)
     return [apply_activation(ctx, y.astype(x.dtype, copy=False))]
+
+
+def _perm(ctx: OpContext, name: str) -> list[int]:
+    perm = [int(p) for p in ctx.attr(name, [0, 1, 2, 3])]
+    if sorted(perm) != [0, 1, 2, 3]:
+        raise ctx.fail(f"{name}={perm} must be a permutation of the four axes")
+    return perm
+
+
+def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
+    q, v = input_info(ctx, 0), input_info(ctx, 2)
+    if q.shape is None or v.shape is None or len(q.shape) != 4 or len(v.shape) != 4:
+        return [unknown(q.dtype, 4)]
+    qs = [q.shape[p] for p in _perm(ctx, "q_perm")]
+    vs = [v.shape[p] for p in _perm(ctx, "v_perm")]
+    logical = (qs[0], qs[1], qs[2], vs[3])  # [B, H, S, dv]
+    out = _perm(ctx, "out_perm")
+    return [TensorInfo(q.dtype, tuple(logical[p] for p in out))]
+
+
+@op("FusedAttention", domain=HETERO_DOMAIN, infer=_attention_infer)
+def fused_attention(ctx: OpContext) -> list[np.ndarray]:
+    """An exported encoder's attention in one node: ``Transpose(Softmax((Q @ K) * scale / divisor + mask, -1) @ V,
+    out_perm)`` with ``Q = Transpose(q, q_perm)`` ([B, H, S, d]), ``K = Transpose(k, k_perm)`` ([B, H, d, T]: the
+    MatMul's right operand), ``V = Transpose(v, v_perm)`` ([B, H, T, dv]) and the optional additive ``mask`` (input
+    3) broadcast to [B, H, S, T]; ``scale`` and ``divisor`` default to 1 (what the written-out graph multiplied or
+    divided the scores by). The steps round as the unfused MatMul, Mul / Div, Add, Softmax, MatMul, Transpose do."""
+    q = np.transpose(ctx.array(0), _perm(ctx, "q_perm"))
+    k = np.transpose(ctx.array(1), _perm(ctx, "k_perm"))
+    v = np.transpose(ctx.array(2), _perm(ctx, "v_perm"))
+    scores = np.matmul(q, k)
+    scale, divisor = ctx.attr("scale", 1.0), ctx.attr("divisor", 1.0)
+    if scale != 1.0:
+        scores = scores * np.float32(scale)
+    if divisor != 1.0:
+        scores = scores / np.float32(divisor)
+    if ctx.has_input(3):
+        scores = scores + ctx.array(3)
+    softmax = Node("Softmax", ["x"], ["y"], {"axis": -1}, name=f"{ctx.node.name}/Softmax")
+    info = TensorInfo(ctx.inputs[0].dtype, scores.shape) if ctx.inputs[0] is not None else None
+    (probs,) = get("", "Softmax").reference(OpContext(softmax, [info], [scores.astype(q.dtype)], 13))
+    return [np.ascontiguousarray(np.transpose(np.matmul(probs, v), _perm(ctx, "out_perm"))).astype(q.dtype)]

@@ -731,6 +731,7 @@ void bind_gated_delta(pybind11::module_& m);
 namespace hetero {
 void bind_onnx_extra(pybind11::module_& m);
 void bind_qlinear(pybind11::module_& m);
+void bind_attention(pybind11::module_& m);
 }
 
 PYBIND11_MODULE(_native, m) {
@@ -848,4 +849,5 @@ PYBIND11_MODULE(_native, m) {
   bind_gated_delta(m);
   hetero::bind_onnx_extra(m);
   hetero::bind_qlinear(m);
+  hetero::bind_attention(m);
 }

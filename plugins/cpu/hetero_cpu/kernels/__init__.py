@@ -17,6 +17,7 @@ KERNELS: dict[tuple[str, str], KernelFactory] = {
     ("", "MatMul"): matmul.CpuMatMul,
     ("", "Gemm"): matmul.CpuGemm,
     ("hetero", "FusedMatMul"): matmul.CpuFusedMatMul,
+    ("hetero", "FusedAttention"): matmul.CpuFusedAttention,
     **llm.KERNELS,
     **gated_delta.KERNELS,
 }

@@ -185,3 +185,26 @@ class CpuGemm(CallKernel):
         if self.packed is not None and self.trans_a:
             return None  # the GEMM reads a transposed copy of A
         return super().bind(inputs, outputs)
+
+
+class CpuFusedAttention(CallKernel):
+    """``hetero::FusedAttention`` on the native kernel: Q, K, V, the mask and the output are handed over as strided
+    views (the perms absorbed from the graph's Transposes, the mask broadcast by strides), never copied."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        return float32_only(node)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        perm = {name: [int(p) for p in self.attr(name, [0, 1, 2, 3])] for name in ("q_perm", "k_perm", "v_perm")}
+        q = np.transpose(inputs[0].buffer, perm["q_perm"])
+        k = np.transpose(inputs[1].buffer, perm["k_perm"])
+        v = np.transpose(inputs[2].buffer, perm["v_perm"])
+        mask = None
+        if len(inputs) > 3 and inputs[3] is not None:
+            m = inputs[3].buffer
+            mask = np.broadcast_to(m.reshape((1,) * (4 - m.ndim) + m.shape), (*q.shape[:3], k.shape[3]))
+        # the output buffer seen in the [B, H, S, dv] order: out_perm's inverse
+        out = np.transpose(outputs[0].buffer, np.argsort([int(p) for p in self.attr("out_perm", [0, 1, 2, 3])]))
+        return functools.partial(_native.fused_attention, q, k, v, mask, out, float(self.attr("scale", 1.0)),
+                                 float(self.attr("divisor", 1.0)))

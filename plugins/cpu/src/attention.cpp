@@ -1,0 +1,111 @@
+// FusedAttention (hetero.ops.fused): softmax(Q K * scale / divisor + mask) V per (batch, head), with Q, K, V, the
+// mask and the output read / written through their strides (the transposes of the exported graph never copied), and
+// each head's scores kept in a per-thread buffer instead of four passes over a [B, H, S, T] tensor. The steps are
+// the unfused kernels' (the packed GEMM, the vector binary ops, the softmax row kernel), so the result rounds as the
+// written-out MatMul / Mul / Div / Add / Softmax / MatMul did on this backend.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "onnx_py.hpp"
+
+namespace py = pybind11;
+
+namespace hetero {
+namespace {
+
+using pyx::fail;
+
+struct View4 {  // a float32 tensor of four dims through element strides (0 for a broadcast dim)
+  float* p = nullptr;
+  i64 dim[4] = {0, 0, 0, 0}, st[4] = {0, 0, 0, 0};
+};
+
+View4 view4(const py::array& a, const char* name) {
+  const char* fn = "fused_attention";
+  pyx::need_f32(a, fn, name);
+  if (a.ndim() != 4) fail(std::string(fn) + ": " + name + " must have 4 dims, got shape " + pyx::shape_str(a));
+  View4 v;
+  v.p = pyx::mptr<float>(a);
+  for (int d = 0; d < 4; ++d) {
+    v.dim[d] = a.shape(d);
+    const i64 bytes = a.strides(d);
+    if (bytes < 0 || bytes % 4 != 0) fail(std::string(fn) + ": " + name + " has a negative or unaligned stride");
+    v.st[d] = bytes / 4;
+  }
+  return v;
+}
+
+void need_dims(const View4& v, i64 d0, i64 d1, i64 d2, i64 d3, const char* name) {
+  if (v.dim[0] != d0 || v.dim[1] != d1 || v.dim[2] != d2 || v.dim[3] != d3)
+    fail(std::string("fused_attention: ") + name + " is [" + std::to_string(v.dim[0]) + ", " + std::to_string(v.dim[1]) +
+         ", " + std::to_string(v.dim[2]) + ", " + std::to_string(v.dim[3]) + "], expected [" + std::to_string(d0) +
+         ", " + std::to_string(d1) + ", " + std::to_string(d2) + ", " + std::to_string(d3) + "]");
+}
+
+// q [B, H, S, d], k [B, H, d, T], v [B, H, T, dv], mask [B, H, S, T] (a broadcast view) or None, out [B, H, S, dv]
+// (a view of the output buffer whose last dim is contiguous).
+void py_fused_attention(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
+                        const py::array& out, float scale, float divisor) {
+  const View4 Q = view4(q, "q"), K = view4(k, "k"), V = view4(v, "v"), O = view4(out, "out");
+  const i64 B = Q.dim[0], H = Q.dim[1], S = Q.dim[2], D = Q.dim[3], T = K.dim[3], DV = V.dim[3];
+  need_dims(K, B, H, D, T, "k");
+  need_dims(V, B, H, T, DV, "v");
+  need_dims(O, B, H, S, DV, "out");
+  if (!out.writeable()) fail("fused_attention: out must be writable");
+  if (O.st[3] != 1 && DV > 1) fail("fused_attention: out's last dim must be contiguous");
+  View4 M;
+  const bool masked = !mask.is_none();
+  if (masked) {
+    M = view4(py::array::ensure(mask), "mask");
+    need_dims(M, B, H, S, T, "mask");
+    if (M.st[3] > 1) fail("fused_attention: mask's last dim must be contiguous or broadcast");
+  }
+  const Kernels& kr = active();
+  py::gil_scoped_release nogil;
+  if (B * H * S * DV == 0) return;
+  const double flops = 2.0 * static_cast<double>(B * H * S) * static_cast<double>(T) * static_cast<double>(D + DV);
+  parallel_for(
+      B * H, threads_for(flops, 1e6),
+      [&](i64 task) {
+        const i64 b = task / H, h = task % H;
+        float* o = O.p + b * O.st[0] + h * O.st[1];
+        if (T == 0) {  // softmax over nothing: no weights, an empty sum
+          for (i64 i = 0; i < S; ++i)
+            for (i64 j = 0; j < DV; ++j) o[i * O.st[2] + j] = 0.f;
+          return;
+        }
+        static thread_local AlignedBuf scratch;
+        float* scores = scratch.get(static_cast<std::size_t>(S * T));
+        const MatView qa{Q.p + b * Q.st[0] + h * Q.st[1], S, D, Q.st[2], Q.st[3]};
+        const MatView kb{K.p + b * K.st[0] + h * K.st[1], D, T, K.st[2], K.st[3]};
+        gemm_views(kr, qa, kb, scores, T, 1.f, 0.f, Epilogue{}, 1);
+        for (i64 i = 0; i < S; ++i) {
+          float* row = scores + i * T;
+          if (scale != 1.f) kr.binary(B_MUL, BM_VS, row, &scale, row, T);
+          if (divisor != 1.f) kr.binary(B_DIV, BM_VS, row, &divisor, row, T);
+          if (masked) {
+            const float* m = M.p + b * M.st[0] + h * M.st[1] + i * M.st[2];
+            kr.binary(B_ADD, M.st[3] == 1 ? BM_VV : BM_VS, row, m, row, T);
+          }
+          kr.softmax_row(row, row, T, false);
+        }
+        const MatView pa{scores, S, T, T, 1};
+        const MatView vb{V.p + b * V.st[0] + h * V.st[1], T, DV, V.st[2], V.st[3]};
+        gemm_views(kr, pa, vb, o, O.st[2], 1.f, 0.f, Epilogue{}, 1);
+      },
+      flops >= 4e6);
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  m.def("fused_attention", &py_fused_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
+        py::arg("out"), py::arg("scale") = 1.0f, py::arg("divisor") = 1.0f,
+        "softmax(q @ k * scale / divisor + mask) @ v per (batch, head) into out; q [B, H, S, d], k [B, H, d, T], "
+        "v [B, H, T, dv], mask [B, H, S, T] (broadcast view) or None, out [B, H, S, dv]: any strides (the last dim "
+        "of out contiguous).");
+}
+
+}  // namespace hetero
