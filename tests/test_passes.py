@@ -428,3 +428,113 @@ def test_fold_and_infer_orders_a_graph_a_rewrite_left_unordered():
     fold_and_infer(graph)
     assert [n.name for n in graph.nodes] == ["producer", "reader"]
     assert graph.values["y"].shape == (2, 3)
+
+
+def _attention_model(mask: str, scaling: str, transposes: bool, batch: int = 2, seq: int = 7, heads: int = 3,
+                     width: int = 8):
+    """An exported encoder's self-attention: q, k, v [B, S, H*d] reshaped to heads, transposed, Q K^T scaled, plus
+    a mask, Softmax, times V, transposed back and reshaped; ``transposes=False`` feeds [B, H, S, d] directly."""
+    mk = helper.make_node
+    b, s, h, d = batch, seq, heads, width
+    nodes: list = []
+    if transposes:
+        nodes += [mk("Reshape", [n, "c_heads"], [f"{n}4"]) for n in ("q", "k", "v")]
+        nodes += [mk("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+                  mk("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]), mk("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3])]
+        q, k, v = "qt", "kt", "vt"
+    else:
+        nodes.append(mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]))  # [B, H, S, d] -> [B, H, d, S]
+        q, k, v = "q", "kt", "v"
+    nodes.append(mk("MatMul", [q, k], ["s0"]))
+    scores = "s0"
+    if scaling == "div":
+        nodes.append(mk("Div", ["s0", "c_root"], ["s1"]))
+        scores = "s1"
+    elif scaling == "mul":
+        nodes.append(mk("Mul", ["c_inv_root", "s0"], ["s1"]))  # the constant first
+        scores = "s1"
+    if mask != "none":
+        nodes.append(mk("Add", ["m", scores] if mask == "heads" else [scores, "m"], ["s2"]))
+        scores = "s2"
+    nodes += [mk("Softmax", [scores], ["p"], axis=-1), mk("MatMul", ["p", v], ["o"])]
+    if transposes:
+        nodes += [mk("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]), mk("Reshape", ["ot", "c_flat"], ["y"])]
+    else:
+        nodes.append(mk("Identity", ["o"], ["y"]))
+    shape = [b, s, h * d] if transposes else [b, h, s, d]
+    inputs = [(n, TensorProto.FLOAT, shape) for n in ("q", "k", "v")]
+    mask_shape = {"padding": [b, 1, 1, s], "heads": [1, h, s, s], "none": None}[mask]
+    if mask_shape is not None:
+        inputs.append(("m", TensorProto.FLOAT, mask_shape))
+    f32 = np.float32
+    inits = [("c_heads", np.array([b, s, h, d], np.int64)), ("c_flat", np.array([b, s, h * d], np.int64)),
+             ("c_root", np.array(np.sqrt(d), f32)), ("c_inv_root", np.array(1 / np.sqrt(d), f32))]
+    model = make_model(nodes, inputs, [("y", TensorProto.FLOAT, None)], inits)
+    rng = np.random.default_rng(14)
+    feeds = {n: rng.normal(size=shape).astype(f32) for n in ("q", "k", "v")}
+    if mask_shape is not None:
+        feeds["m"] = np.where(rng.random(mask_shape) < 0.3, -10000.0, rng.normal(size=mask_shape)).astype(f32)
+    return model, feeds
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mask, scaling, transposes", [
+    ("padding", "div", True), ("heads", "none", True), ("none", "mul", True), ("padding", "mul", False),
+    ("heads", "div", False)])
+@pytest.mark.parametrize("seq", [3, 7, 37])
+def test_attention_written_out_becomes_one_node(backend, mask, scaling, transposes, seq):
+    model, feeds = _attention_model(mask, scaling, transposes, seq=seq)
+    session = _compare(model, feeds, backend, rtol=1e-5, atol=1e-6)
+    assert session.rewrites["fuse_attention"] == 1
+    ops = _ops(session)
+    assert "FusedAttention" in ops and {"Softmax", "MatMul", "Div", "Add"}.isdisjoint(ops)
+    assert "Transpose" not in ops  # read through strides instead (K's [0, 1, 3, 2] too)
+    if backend == "cpu" and seq > 4:
+        # The native kernel runs the unfused kernels' steps (the packed GEMM per head, the vector binary ops, the
+        # softmax row kernel): the same bits as the written-out nodes on this backend. (At S <= 4 the GEMM takes its
+        # GEMV path, which sums in another order for K^T read through strides.)
+        plain = hetero.Session(model, backends=["cpu"], optimize=False).run(feeds)["y"]
+        np.testing.assert_array_equal(session.run(feeds)["y"], plain)
+
+
+def test_attention_left_alone_when_scores_or_probabilities_are_read_elsewhere():
+    model, feeds = _attention_model("padding", "div", True)
+    model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, None))  # the probabilities out
+    session = _compare(model, feeds, "reference")
+    assert session.rewrites["fuse_attention"] == 0
+    model, feeds = _attention_model("padding", "div", True)
+    model.graph.node.append(helper.make_node("Mul", ["s0", "s0"], ["extra"]))  # the raw scores read twice
+    model.graph.output.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, None))
+    assert _compare(model, feeds, "reference").rewrites["fuse_attention"] == 0
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu plugin not built")
+def test_fused_attention_kernel_rejects_mismatched_operands():
+    from hetero_cpu import _native
+
+    q = np.zeros((1, 2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match="fused_attention: k is"):
+        _native.fused_attention(q, np.zeros((1, 2, 5, 3), np.float32), np.zeros((1, 2, 3, 4), np.float32), None,
+                                np.zeros((1, 2, 3, 4), np.float32))
+    with pytest.raises(ValueError, match="mask is"):
+        _native.fused_attention(q, np.zeros((1, 2, 4, 3), np.float32), np.zeros((1, 2, 3, 4), np.float32),
+                                np.zeros((1, 2, 3, 2), np.float32), np.zeros((1, 2, 3, 4), np.float32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_with_pytorchs_nan_cleanup_becomes_one_node(backend):
+    """torch.export's scaled_dot_product_attention: Where(IsNaN(p), 0, p) after the Softmax; a fully masked row
+    (all -inf) gives NaN probabilities there, zeros after."""
+    model, feeds = _attention_model("padding", "mul", True, seq=9)
+    softmax = next(n for n in model.graph.node if n.op_type == "Softmax")
+    at = list(model.graph.node).index(softmax) + 1
+    model.graph.node.insert(at, helper.make_node("IsNaN", ["p"], ["isnan"]))
+    model.graph.node.insert(at + 1, helper.make_node("Where", ["isnan", "c_zero", "p"], ["p0"]))
+    next(n for n in model.graph.node if n.op_type == "MatMul" and n.input[0] == "p").input[0] = "p0"
+    model.graph.initializer.append(helper.make_tensor("c_zero", TensorProto.FLOAT, [], [0.0]))
+    feeds["m"][1] = -np.inf  # the second sequence masked out entirely: its rows are NaN, then 0
+    session = _compare(model, feeds, backend)
+    assert session.rewrites["fuse_attention"] == 1
+    assert {"IsNaN", "Where", "Softmax"}.isdisjoint(_ops(session))
+    y = session.run(feeds)["y"]
+    assert np.all(y[1] == 0) and np.all(np.isfinite(y))

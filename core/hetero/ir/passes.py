@@ -711,14 +711,32 @@ def _scores(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[Node, 
     return node, attrs, [node, *span]
 
 
+def _nan_cleanup(graph: Graph, probs: str) -> list[Node]:
+    """Where(IsNaN(p), 0, p) as the only readers of the probabilities ``p`` (PyTorch's exported scaled_dot_product_
+    attention: a fully masked row's NaNs become zeros): those two nodes, else none."""
+    users = graph.consumers().get(probs, [])
+    if probs in graph.outputs or len(users) != 2:
+        return []
+    isnan = next((u for u in users if u.op_key == ("", "IsNaN")), None)
+    where = next((u for u in users if u.op_key == ("", "Where")), None)
+    if isnan is None or where is None or len(where.inputs) != 3 or where.inputs[0] != isnan.outputs[0] or \
+            where.inputs[2] != probs or not _constant_is(graph, where.inputs[1], 0.0) or \
+            _single_consumer(graph, isnan.outputs[0]) is not where:
+        return []
+    return [isnan, where]
+
+
 def _attention_span(graph: Graph, softmax: Node, producers: dict[str, Node]) -> tuple[Node, list[Node]] | None:
     """Softmax(MatMul(Q, K) [* or / a scalar] [+ mask], last axis) @ V [then Transpose], on 4-D operands: the fused
     node and the nodes it replaces (the one last in the graph last)."""
     default_axis = -1 if graph.opset("") >= 13 else 1  # before 13: coerced to 2-D at the axis, the same on the last
     if _rank(graph, softmax.inputs[0]) != 4 or int(softmax.attrs.get("axis", default_axis)) not in (-1, 3):
         return None
-    pv = _single_consumer(graph, softmax.outputs[0])
-    if pv is None or pv.op_key != ("", "MatMul") or pv.inputs[0] != softmax.outputs[0] or _rank(graph, pv.inputs[1]) != 4:
+    probs, cleanup = softmax.outputs[0], _nan_cleanup(graph, softmax.outputs[0])
+    if cleanup:
+        probs = cleanup[-1].outputs[0]
+    pv = _single_consumer(graph, probs)
+    if pv is None or pv.op_key != ("", "MatMul") or pv.inputs[0] != probs or _rank(graph, pv.inputs[1]) != 4:
         return None
     found = _scores(graph, softmax.inputs[0], producers)
     mask: list[str] = []
@@ -734,8 +752,10 @@ def _attention_span(graph: Graph, softmax: Node, producers: dict[str, Node]) -> 
     if found is None:
         return None
     qk, scale, scored = found
-    span = [*scored, softmax, pv]
+    span = [*scored, softmax, *cleanup, pv]
     attrs: dict[str, Any] = dict(scale)
+    if cleanup:
+        attrs["nan_to_zero"] = 1
     q, attrs["q_perm"], q_nodes = _through_transpose(graph, qk.inputs[0], producers)
     k, attrs["k_perm"], k_nodes = _through_transpose(graph, qk.inputs[1], producers)
     v, attrs["v_perm"], v_nodes = _through_transpose(graph, pv.inputs[1], producers)
@@ -744,7 +764,7 @@ def _attention_span(graph: Graph, softmax: Node, producers: dict[str, Node]) -> 
     if out is not None and out.op_key == ("", "Transpose") and sorted(out_perm) == [0, 1, 2, 3]:
         attrs["out_perm"] = out_perm
         span.append(out)
-    if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
+    if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1] if n is not softmax or not cleanup):
         return None
     fused = Node("FusedAttention", [q, k, v, *mask], list(span[-1].outputs), attrs, name=f"{softmax.name}/attention",
                  domain=HETERO_DOMAIN)

@@ -89,7 +89,8 @@ def fused_attention(ctx: OpContext) -> list[np.ndarray]:
     out_perm)`` with ``Q = Transpose(q, q_perm)`` ([B, H, S, d]), ``K = Transpose(k, k_perm)`` ([B, H, d, T]: the
     MatMul's right operand), ``V = Transpose(v, v_perm)`` ([B, H, T, dv]) and the optional additive ``mask`` (input
     3) broadcast to [B, H, S, T]; ``scale`` and ``divisor`` default to 1 (what the written-out graph multiplied or
-    divided the scores by). The steps round as the unfused MatMul, Mul / Div, Add, Softmax, MatMul, Transpose do."""
+    divided the scores by); ``nan_to_zero`` (PyTorch's export) sets NaN probabilities (a fully masked row) to 0.
+    The steps round as the unfused MatMul, Mul / Div, Add, Softmax, MatMul and Transpose do."""
     q = np.transpose(ctx.array(0), _perm(ctx, "q_perm"))
     k = np.transpose(ctx.array(1), _perm(ctx, "k_perm"))
     v = np.transpose(ctx.array(2), _perm(ctx, "v_perm"))
@@ -104,4 +105,6 @@ def fused_attention(ctx: OpContext) -> list[np.ndarray]:
     softmax = Node("Softmax", ["x"], ["y"], {"axis": -1}, name=f"{ctx.node.name}/Softmax")
     info = TensorInfo(ctx.inputs[0].dtype, scores.shape) if ctx.inputs[0] is not None else None
     (probs,) = get("", "Softmax").reference(OpContext(softmax, [info], [scores.astype(q.dtype)], 13))
+    if ctx.attr("nan_to_zero", 0):
+        probs = np.where(np.isnan(probs), np.zeros((), probs.dtype), probs)
     return [np.ascontiguousarray(np.transpose(np.matmul(probs, v), _perm(ctx, "out_perm"))).astype(q.dtype)]

@@ -47,7 +47,7 @@ void need_dims(const View4& v, i64 d0, i64 d1, i64 d2, i64 d3, const char* name)
 // q [B, H, S, d], k [B, H, d, T], v [B, H, T, dv], mask [B, H, S, T] (a broadcast view) or None, out [B, H, S, dv]
 // (a view of the output buffer whose last dim is contiguous).
 void py_fused_attention(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
-                        const py::array& out, float scale, float divisor) {
+                        const py::array& out, float scale, float divisor, bool nan_to_zero) {
   const View4 Q = view4(q, "q"), K = view4(k, "k"), V = view4(v, "v"), O = view4(out, "out");
   const i64 B = Q.dim[0], H = Q.dim[1], S = Q.dim[2], D = Q.dim[3], T = K.dim[3], DV = V.dim[3];
   need_dims(K, B, H, D, T, "k");
@@ -90,6 +90,8 @@ void py_fused_attention(const py::array& q, const py::array& k, const py::array&
             kr.binary(B_ADD, M.st[3] == 1 ? BM_VV : BM_VS, row, m, row, T);
           }
           kr.softmax_row(row, row, T, false);
+          if (nan_to_zero)
+            for (i64 j = 0; j < T; ++j) row[j] = row[j] != row[j] ? 0.f : row[j];
         }
         const MatView pa{scores, S, T, T, 1};
         const MatView vb{V.p + b * V.st[0] + h * V.st[1], T, DV, V.st[2], V.st[3]};
@@ -102,10 +104,10 @@ void py_fused_attention(const py::array& q, const py::array& k, const py::array&
 
 void bind_attention(py::module_& m) {
   m.def("fused_attention", &py_fused_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
-        py::arg("out"), py::arg("scale") = 1.0f, py::arg("divisor") = 1.0f,
+        py::arg("out"), py::arg("scale") = 1.0f, py::arg("divisor") = 1.0f, py::arg("nan_to_zero") = false,
         "softmax(q @ k * scale / divisor + mask) @ v per (batch, head) into out; q [B, H, S, d], k [B, H, d, T], "
         "v [B, H, T, dv], mask [B, H, S, T] (broadcast view) or None, out [B, H, S, dv]: any strides (the last dim "
-        "of out contiguous).");
+        "of out contiguous); nan_to_zero: NaN probabilities (a fully masked row) become 0.");
 }
 
 }  // namespace hetero
