@@ -440,7 +440,8 @@ def _attention_model(mask: str, scaling: str, transposes: bool, batch: int = 2, 
     if transposes:
         nodes += [mk("Reshape", [n, "c_heads"], [f"{n}4"]) for n in ("q", "k", "v")]
         nodes += [mk("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
-                  mk("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]), mk("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3])]
+                  mk("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+                  mk("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1])]
         q, k, v = "qt", "kt", "vt"
     else:
         nodes.append(mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]))  # [B, H, S, d] -> [B, H, d, S]
