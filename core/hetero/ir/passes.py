@@ -533,7 +533,8 @@ def _per_column_float(graph: Graph, name: str, columns: int, producers: dict[str
 def fuse_matmul_integer_scale(graph: Graph) -> int:
     """MatMulInteger by a constant 2-D weight, Cast to float, Mul by a scale of one value or one per column, maybe Add
     of a constant bias row: one ``MatMulIntegerScaled`` (the pattern of onnxruntime's quantize_dynamic), whose kernel
-    scales the int32 sums on the way out instead of writing them."""
+    scales the int32 sums on the way out instead of writing them. A scale computed as the product of two (the
+    activation's and the weight's) is absorbed too: its factors become inputs 4 and 6."""
     count = 0
     producers = graph.producers()
     for mm in list(graph.nodes):
@@ -560,9 +561,16 @@ def fuse_matmul_integer_scale(graph: Graph) -> int:
                 bias = [f"{mm.name or mm.outputs[0]}/bias"]
                 graph.initializers[bias[0]] = np.asarray(value).reshape(-1)
                 spanned.append(add)
+        factors = [scale]
+        product = producers.get(scale)
+        if product is not None and product.op_key == ("", "Mul") and len(product.inputs) == 2 and \
+                product.inputs[0] != product.inputs[1] and _single_consumer(graph, scale) is mul and \
+                all(_per_column_float(graph, i, w.shape[1], producers) for i in product.inputs):
+            factors = list(product.inputs)  # activation scale x weight scale: multiplied by the kernel
+            spanned.insert(0, product)
         zero_points = [*mm.inputs[2:4], *[""] * (4 - len(mm.inputs))]
         mm.op_type, mm.domain = "MatMulIntegerScaled", HETERO_DOMAIN
-        mm.inputs = [*mm.inputs[:2], *zero_points, scale, *bias]
+        mm.inputs = [*mm.inputs[:2], *zero_points, factors[0], *(bias or [""] * (len(factors) - 1)), *factors[1:]]
         _absorb(graph, mm, spanned)
         count += 1
     if count:

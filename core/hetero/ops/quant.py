@@ -194,10 +194,13 @@ def _scaled_infer(ctx: OpContext) -> list[TensorInfo]:
 
 @op("MatMulIntegerScaled", domain=HETERO_DOMAIN, infer=_scaled_infer)
 def matmul_integer_scaled(ctx: OpContext) -> list[np.ndarray]:
-    """MatMulInteger (inputs 0-3), Cast to the scale's type, times ``scale`` (input 4), plus the optional ``bias``
-    (input 5): what ``hetero.ir.passes.fuse_matmul_integer_scale`` replaces, computed the way those nodes compute it."""
+    """MatMulInteger (inputs 0-3), Cast to the scale's type, times ``scale`` (input 4; times the optional ``factor``,
+    input 6, first: the activation scale x weight scale product), plus the optional ``bias`` (input 5): what
+    ``hetero.ir.passes.fuse_matmul_integer_scale`` replaces, computed the way those nodes compute it."""
     (acc,) = matmul_integer(ctx)
     scale = ctx.array(4)
+    if ctx.has_input(6):
+        scale = scale * ctx.array(6)
     y = acc.astype(scale.dtype) * scale
     if ctx.has_input(5):
         y = y + ctx.array(5)

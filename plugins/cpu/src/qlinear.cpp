@@ -280,8 +280,10 @@ void py_qgemm_i32(const py::array& a, const QPacked& p, const py::object& a_zp, 
 }
 
 // out (float32) = float32((a - a_zp) @ (b - b_zp)) * scale (+ bias): scale one value or N, bias N.
+// out = float(acc) * scale [* factor] [+ bias]; scale and factor: one value or N (their product rounded to float32
+// first, as the graph's Mul of the activation scale and the weight scale computed it).
 void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& scale,
-                  const py::object& bias, const py::array& out) {
+                  const py::object& bias, const py::array& out, const py::object& factor) {
   const i64 M = rows_of(a, p.k);
   pyx::need_f32(out, "qgemm_f32", "out");
   pyx::need_f32(scale, "qgemm_f32", "scale");
@@ -296,6 +298,15 @@ void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, 
   st.cs = 1;
   std::vector<float> scales(static_cast<std::size_t>(p.n), pyx::cptr<float>(scale)[0]);
   if (scale.size() != 1) std::memcpy(scales.data(), pyx::cptr<float>(scale), static_cast<std::size_t>(p.n) * 4);
+  if (!factor.is_none()) {
+    const py::array f = py::array::ensure(factor);
+    pyx::need_f32(f, "qgemm_f32", "factor");
+    pyx::need_contig(f, "qgemm_f32", "factor");
+    if (f.size() != 1 && static_cast<i64>(f.size()) != p.n)
+      fail("qgemm_f32: factor has " + std::to_string(f.size()) + " values, expected 1 or N = " + std::to_string(p.n));
+    const float* fv = pyx::cptr<float>(f);
+    for (i64 j = 0; j < p.n; ++j) scales[static_cast<std::size_t>(j)] *= fv[f.size() == 1 ? 0 : j];
+  }
   st.scale = scales.data();
   py::array bias_arr;
   if (!bias.is_none()) {
@@ -665,7 +676,7 @@ void bind(py::module_& m) {
   m.def("qpack_b", &py_qpack_b, py::arg("b"), py::arg("b_zero_point") = py::none());
   m.def("qgemm_i32", &py_qgemm_i32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("out"));
   m.def("qgemm_f32", &py_qgemm_f32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("scale"),
-        py::arg("bias"), py::arg("out"));
+        py::arg("bias"), py::arg("out"), py::arg("factor") = py::none());
   m.def("qgemm_requant", &py_qgemm_requant, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"),
         py::arg("a_scale"), py::arg("b_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("out"));
   m.def("qconv_pack", &py_qconv_pack, py::arg("w"), py::arg("w_zero_point"), py::arg("groups"));

@@ -196,7 +196,7 @@ def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
     np.testing.assert_array_equal(got, want)
 
 
-def _dynamic_matmul_model(k: int, n: int, bias: bool):
+def _dynamic_matmul_model(k: int, n: int, bias: bool, per_column: bool = False):
     """onnxruntime's quantize_dynamic pattern: DynamicQuantizeLinear, MatMulInteger by int8 weights, Cast, Mul by
     (activation scale x weight scale), Add of the bias."""
     from onnx import TensorProto, helper, numpy_helper
@@ -211,7 +211,8 @@ def _dynamic_matmul_model(k: int, n: int, bias: bool):
         helper.make_node("Mul", ["accf", "s"], ["y0" if bias else "y"]),
     ]
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(2, np.int8), "wz"),
-             numpy_helper.from_array(np.array(0.013, np.float32), "ws")]
+             numpy_helper.from_array(rng.uniform(0.005, 0.02, n).astype(np.float32) if per_column
+                                     else np.array(0.013, np.float32), "ws")]
     if bias:
         nodes.append(helper.make_node("Add", ["y0", "bias"], ["y"]))
         inits.append(numpy_helper.from_array(rng.normal(size=n).astype(np.float32), "bias"))
@@ -220,14 +221,15 @@ def _dynamic_matmul_model(k: int, n: int, bias: bool):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_dynamic_quantized_matmul_fused_and_against_onnxruntime(threads, bias):
+@pytest.mark.parametrize("bias, per_column", [(False, False), (True, False), (True, True)])
+def test_dynamic_quantized_matmul_fused_and_against_onnxruntime(threads, bias, per_column):
     ort = pytest.importorskip("onnxruntime")
-    model = _dynamic_matmul_model(96, 50, bias)
+    model = _dynamic_matmul_model(96, 50, bias, per_column)
     session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
     ops = [n.op_type for n in session.graph.nodes]
-    assert ops == ["DynamicQuantizeLinear", "Mul", "MatMulIntegerScaled"] or sorted(ops) == sorted(
-        ["DynamicQuantizeLinear", "Mul", "MatMulIntegerScaled"]), ops
+    assert ops == ["DynamicQuantizeLinear", "MatMulIntegerScaled"], ops  # the scales' Mul absorbed too
+    fused = session.graph.nodes[1]
+    assert fused.inputs[4] == "xs" and fused.inputs[6] == "ws" and bool(fused.inputs[5]) == bias
     x = np.random.default_rng(6).normal(size=(33, 96)).astype(np.float32)
     got = session.run({"x": x})["y"]
     options = ort.SessionOptions()

@@ -157,12 +157,14 @@ class CpuMatMulInteger(_PackedBMatMul):
 
 
 class CpuMatMulIntegerScaled(CpuMatMulInteger):
-    """float32(MatMulInteger) * scale (one value or one per column), plus an optional bias row: no int32 tensor."""
+    """float32(MatMulInteger) * scale [* factor] (one value or one per column each), plus an optional bias row: no
+    int32 tensor."""
 
     def _gemm(self, a: np.ndarray, zp: np.ndarray | None, inputs: Sequence[Tensor | None], out: np.ndarray) -> Call:
         scale = np.ascontiguousarray(inputs[4].numpy())
         bias = inputs[5].numpy() if len(inputs) > 5 and inputs[5] is not None else None
-        return functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, out)
+        factor = np.ascontiguousarray(inputs[6].numpy()) if len(inputs) > 6 and inputs[6] is not None else None
+        return functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, out, factor)
 
 
 def _requant_params(inputs: Sequence[Tensor | None], scale_a: int, scale_b: int, y: int) -> tuple[np.ndarray, ...]:
