@@ -539,3 +539,17 @@ def test_attention_with_pytorchs_nan_cleanup_becomes_one_node(backend):
     assert {"IsNaN", "Where", "Softmax"}.isdisjoint(_ops(session))
     y = session.run(feeds)["y"]
     assert np.all(y[1] == 0) and np.all(np.isfinite(y))
+
+
+def test_fusions_into_ops_the_backend_lacks_are_left_out():
+    from hetero.ir import passes
+
+    kept = passes.for_backend(lambda key: key != ("hetero", "FusedAttention"))
+    assert passes.fuse_attention not in kept and passes.fuse_rms_norm in kept and passes.fuse_gelu_erf in kept
+    if not backend_ok("opencl")[0]:
+        return
+    model, feeds = _attention_model("padding", "div", True)  # no FusedAttention kernel on opencl: written out
+    session = hetero.Session(model, backends=["opencl"], on_fallback="error")
+    assert "fuse_attention" not in session.rewrites and "FusedAttention" not in _ops(session)
+    plain = hetero.Session(model, backends=["reference"], optimize=False).run(feeds)["y"]
+    np.testing.assert_allclose(session.run(feeds)["y"], plain, rtol=1e-4, atol=1e-5)

@@ -829,6 +829,18 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv
                                     pow_to_mul)
 
 
+# Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
+# backend lacks the kernel (the written-out nodes then stay on it instead of one fused node falling back).
+FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "FusedAttention"),
+                                         "fuse_rms_norm": (HETERO_DOMAIN, "RMSNorm")}
+
+
+def for_backend(has_kernel: Callable[[tuple[str, str]], bool],
+                passes: tuple[Pass, ...] = DEFAULT_PASSES) -> tuple[Pass, ...]:
+    """``passes`` less those whose fused op (``FUSED_OPS``) ``has_kernel`` says the backend cannot run."""
+    return tuple(p for p in passes if p.__name__ not in FUSED_OPS or has_kernel(FUSED_OPS[p.__name__]))
+
+
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:
     """Run each pass once; returns the number of rewrites per pass (for reports and tests)."""
     return {p.__name__: p(graph) for p in passes}

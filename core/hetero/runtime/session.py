@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import plugins
 from ..contract import dtypes
-from ..contract.backend import Backend, Kernel, NodeInfo, Program
+from ..contract.backend import Backend, Kernel, KernelTableBackend, NodeInfo, Program
 from ..contract.errors import HeteroError, InputError
 from ..contract.graph import Graph, Node
 from ..contract.tensor import Tensor, TensorInfo
@@ -68,10 +68,12 @@ class Session:
         check_opsets(self.graph)
         fold_and_infer(self.graph)
         self.rewrites: dict[str, int] = {}
-        if optimize:
-            self.rewrites = passes.optimize(self.graph)
-            fold_and_infer(self.graph)  # infer the fused nodes, drop weights the rewrites orphaned
         selection = select(backends, options)
+        if optimize:
+            first = selection.backends[0] if selection.backends else None
+            table = first._table() if isinstance(first, KernelTableBackend) else None
+            self.rewrites = passes.optimize(self.graph, passes.for_backend(lambda key: table is None or key in table))
+            fold_and_infer(self.graph)  # infer the fused nodes, drop weights the rewrites orphaned
         self.backends = selection.backends
         check_options(options, (k for b in self.backends for k in b.option_keys))
         infos = [self._node_info(node) for node in self.graph.nodes]
