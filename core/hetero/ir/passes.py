@@ -242,6 +242,17 @@ def _absorb(graph: Graph, node: Node, spanned: list[Node]) -> None:
         graph.nodes.remove(other)
 
 
+def _replace_span(graph: Graph, span: list[Node], node: Node, keep: set[str]) -> bool:
+    """``node`` in place of ``span`` (the last of which it takes the place of, its outputs already the span's), unless
+    a subgraph reads one of the span's intermediates (``keep``): whether it replaced it."""
+    if any(o in keep for other in span[:-1] for o in other.outputs):
+        return False
+    graph.nodes[graph.nodes.index(span[-1])] = node
+    for other in span[:-1]:
+        graph.nodes.remove(other)
+    return True
+
+
 def fuse_conv_activation(graph: Graph) -> int:
     count = 0
     for conv in list(graph.nodes):
@@ -378,14 +389,10 @@ def _fuse_gelu_spans(graph: Graph, around: str, find_span: GeluSpan, attrs: dict
         if anchor.op_key != ("", around) or anchor not in graph.nodes:
             continue
         found = find_span(graph, anchor, graph.producers())
-        if found is None or any(o in keep for n in found[1][:-1] for o in n.outputs):
-            continue
-        x, span = found
-        gelu = Node("Gelu", [x], list(span[-1].outputs), dict(attrs), name=f"{anchor.name}/gelu")
-        graph.nodes[graph.nodes.index(span[-1])] = gelu
-        for node in span[:-1]:
-            graph.nodes.remove(node)
-        count += 1
+        if found is not None:
+            x, span = found
+            count += _replace_span(graph, span, Node("Gelu", [x], list(span[-1].outputs), dict(attrs),
+                                                     name=f"{anchor.name}/gelu"), keep)
     return count
 
 
@@ -670,17 +677,15 @@ def fuse_rms_norm(graph: Graph) -> int:
         if mean.op_key != ("", "ReduceMean") or mean not in graph.nodes:
             continue
         found = _rms_norm_span(graph, mean, graph.producers())
-        if found is None or any(o in keep for n in found[3][:-1] for o in n.outputs):
+        if found is None:
             continue
         x, weight, eps, span = found
         name = f"{mean.name or mean.outputs[0]}/rms_weight"
-        graph.initializers[name] = weight
         node = Node("RMSNorm", [x, name], list(span[-1].outputs), {"epsilon": eps}, name=f"{mean.name}/rms_norm",
                     domain=HETERO_DOMAIN)
-        graph.nodes[graph.nodes.index(span[-1])] = node
-        for other in span[:-1]:
-            graph.nodes.remove(other)
-        count += 1
+        if _replace_span(graph, span, node, keep):
+            graph.initializers[name] = weight
+            count += 1
     return count
 
 
@@ -789,13 +794,8 @@ def fuse_attention(graph: Graph) -> int:
         if softmax.op_key != ("", "Softmax") or softmax not in graph.nodes:
             continue
         found = _attention_span(graph, softmax, graph.producers())
-        if found is None or any(o in keep for n in found[1] if n is not found[1][-1] for o in n.outputs):
-            continue
-        fused, span = found
-        graph.nodes[graph.nodes.index(span[-1])] = fused
-        for node in span[:-1]:
-            graph.nodes.remove(node)
-        count += 1
+        if found is not None:
+            count += _replace_span(graph, found[1], found[0], keep)
     return count
 
 
