@@ -553,3 +553,15 @@ def test_fusions_into_ops_the_backend_lacks_are_left_out():
     assert "fuse_attention" not in session.rewrites and "FusedAttention" not in _ops(session)
     plain = hetero.Session(model, backends=["reference"], optimize=False).run(feeds)["y"]
     np.testing.assert_allclose(session.run(feeds)["y"], plain, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_whose_mask_broadcasts_the_batch_up(backend):
+    """q, k, v of one sequence, a mask of three: the written-out Add broadcasts the scores to three batches, and so
+    does the fused node (its shape inference and the kernel's stride-0 views)."""
+    model, feeds = _attention_model("padding", "div", False, batch=1, seq=6)
+    model.graph.input[3].type.tensor_type.shape.dim[0].dim_value = 3
+    feeds["m"] = np.random.default_rng(15).normal(size=(3, 1, 1, 6)).astype(np.float32)
+    session = _compare(model, feeds, backend)
+    assert session.rewrites["fuse_attention"] == 1
+    assert session.run(feeds)["y"].shape == (3, 3, 6, 8)

@@ -774,7 +774,7 @@ def _attention_span(graph: Graph, softmax: Node, producers: dict[str, Node]) -> 
     v, attrs["v_perm"], v_nodes = _through_transpose(graph, pv.inputs[1], producers)
     out = _single_consumer(graph, pv.outputs[0])
     out_perm = [int(p) for p in out.attrs.get("perm", [])] if out is not None else []
-    if out is not None and out.op_key == ("", "Transpose") and sorted(out_perm) == [0, 1, 2, 3]:
+    if out is not None and out.op_key == ("", "Transpose") and sorted(out_perm) == [0, 1, 2, 3] and out_perm[3] == 3:
         attrs["out_perm"] = out_perm
         span.append(out)
     if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1] if n is not softmax or not cleanup):

@@ -12,7 +12,7 @@ import numpy as np
 from ..contract.graph import HETERO_DOMAIN, Node
 from ..contract.registry import OpContext, get, op
 from ..contract.tensor import TensorInfo
-from .shapes import input_info, unknown
+from .shapes import broadcast_shapes, input_info, unknown
 
 # activation attribute value -> (ONNX op, the attributes it takes from the fused node)
 ACTIVATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -73,14 +73,16 @@ def _perm(ctx: OpContext, name: str) -> list[int]:
 
 
 def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
-    q, v = input_info(ctx, 0), input_info(ctx, 2)
-    if q.shape is None or v.shape is None or len(q.shape) != 4 or len(v.shape) != 4:
+    q, k, v = (input_info(ctx, i) for i in range(3))
+    mask = input_info(ctx, 3).shape if ctx.has_input(3) else ()
+    if q.shape is None or k.shape is None or v.shape is None or mask is None or \
+            not len(q.shape) == len(k.shape) == len(v.shape) == 4:
         return [unknown(q.dtype, 4)]
-    qs = [q.shape[p] for p in _perm(ctx, "q_perm")]
-    vs = [v.shape[p] for p in _perm(ctx, "v_perm")]
-    logical = (qs[0], qs[1], qs[2], vs[3])  # [B, H, S, dv]
-    out = _perm(ctx, "out_perm")
-    return [TensorInfo(q.dtype, tuple(logical[p] for p in out))]
+    qs, ks, vs = ([x.shape[p] for p in _perm(ctx, name)] for x, name in ((q, "q_perm"), (k, "k_perm"), (v, "v_perm")))
+    batch = broadcast_shapes(ctx, [tuple(qs[:2]), tuple(ks[:2])]) or (None, None)
+    scores = broadcast_shapes(ctx, [(*batch, qs[2], ks[3]), mask]) or (None,) * 4  # the mask may broadcast them up
+    logical = (*(broadcast_shapes(ctx, [scores[:2], tuple(vs[:2])]) or (None, None)), scores[2], vs[3])
+    return [TensorInfo(q.dtype, tuple(logical[p] for p in _perm(ctx, "out_perm")))]
 
 
 @op("FusedAttention", domain=HETERO_DOMAIN, infer=_attention_infer)
@@ -88,9 +90,10 @@ def fused_attention(ctx: OpContext) -> list[np.ndarray]:
     """An exported encoder's attention in one node: ``Transpose(Softmax((Q @ K) * scale / divisor + mask, -1) @ V,
     out_perm)`` with ``Q = Transpose(q, q_perm)`` ([B, H, S, d]), ``K = Transpose(k, k_perm)`` ([B, H, d, T]: the
     MatMul's right operand), ``V = Transpose(v, v_perm)`` ([B, H, T, dv]) and the optional additive ``mask`` (input
-    3) broadcast to [B, H, S, T]; ``scale`` and ``divisor`` default to 1 (what the written-out graph multiplied or
-    divided the scores by); ``nan_to_zero`` (PyTorch's export) sets NaN probabilities (a fully masked row) to 0.
-    The steps round as the unfused MatMul, Mul / Div, Add, Softmax, MatMul and Transpose do."""
+    3), broadcast as the written-out Add and MatMuls broadcast; ``scale`` and ``divisor`` default to 1 (what the
+    written-out graph multiplied or divided the scores by); ``nan_to_zero`` (PyTorch's export) sets NaN
+    probabilities (a fully masked row) to 0. The steps round as the unfused MatMul, Mul / Div, Add, Softmax, MatMul
+    and Transpose do."""
     q = np.transpose(ctx.array(0), _perm(ctx, "q_perm"))
     k = np.transpose(ctx.array(1), _perm(ctx, "k_perm"))
     v = np.transpose(ctx.array(2), _perm(ctx, "v_perm"))

@@ -189,22 +189,27 @@ class CpuGemm(CallKernel):
 
 class CpuFusedAttention(CallKernel):
     """``hetero::FusedAttention`` on the native kernel: Q, K, V, the mask and the output are handed over as strided
-    views (the perms absorbed from the graph's Transposes, the mask broadcast by strides), never copied."""
+    views (the perms absorbed from the graph's Transposes; batch, head and mask broadcasting as stride 0), never
+    copied."""
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
+        if [int(p) for p in node.attr("out_perm", [0, 1, 2, 3])][3] != 3:
+            return unsupported("FusedAttention whose out_perm moves the last axis (the kernel writes rows of dv)")
         return float32_only(node)
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
-        perm = {name: [int(p) for p in self.attr(name, [0, 1, 2, 3])] for name in ("q_perm", "k_perm", "v_perm")}
-        q = np.transpose(inputs[0].buffer, perm["q_perm"])
-        k = np.transpose(inputs[1].buffer, perm["k_perm"])
-        v = np.transpose(inputs[2].buffer, perm["v_perm"])
-        mask = None
-        if len(inputs) > 3 and inputs[3] is not None:
-            m = inputs[3].buffer
-            mask = np.broadcast_to(m.reshape((1,) * (4 - m.ndim) + m.shape), (*q.shape[:3], k.shape[3]))
+        q, k, v = (np.transpose(inputs[i].buffer, [int(p) for p in self.attr(name, [0, 1, 2, 3])])
+                   for i, name in enumerate(("q_perm", "k_perm", "v_perm")))
+        m = inputs[3].buffer if len(inputs) > 3 and inputs[3] is not None else None
+        m = None if m is None else m.reshape((1,) * (4 - m.ndim) + m.shape)
+        # the shapes the written-out MatMul, Add and MatMul broadcast to: [B, H, S, T] scores, [B, H, S, dv] out
+        scores = np.broadcast_shapes((*np.broadcast_shapes(q.shape[:2], k.shape[:2]), q.shape[2], k.shape[3]),
+                                     m.shape if m is not None else ())
+        b, h, s, t = (*np.broadcast_shapes(scores[:2], v.shape[:2]), *scores[2:])
+        views = (np.broadcast_to(q, (b, h, s, q.shape[3])), np.broadcast_to(k, (b, h, k.shape[2], t)),
+                 np.broadcast_to(v, (b, h, t, v.shape[3])), None if m is None else np.broadcast_to(m, (b, h, s, t)))
         # the output buffer seen in the [B, H, S, dv] order: out_perm's inverse
         out = np.transpose(outputs[0].buffer, np.argsort([int(p) for p in self.attr("out_perm", [0, 1, 2, 3])]))
-        return functools.partial(_native.fused_attention, q, k, v, mask, out, float(self.attr("scale", 1.0)),
+        return functools.partial(_native.fused_attention, *views, out, float(self.attr("scale", 1.0)),
                                  float(self.attr("divisor", 1.0)), bool(self.attr("nan_to_zero", 0)))
