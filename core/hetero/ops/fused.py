@@ -78,7 +78,8 @@ def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
     if q.shape is None or k.shape is None or v.shape is None or mask is None or \
             not len(q.shape) == len(k.shape) == len(v.shape) == 4:
         return [unknown(q.dtype, 4)]
-    qs, ks, vs = ([x.shape[p] for p in _perm(ctx, name)] for x, name in ((q, "q_perm"), (k, "k_perm"), (v, "v_perm")))
+    qs, ks, vs = ([shape[p] for p in _perm(ctx, name)]
+                  for shape, name in ((q.shape, "q_perm"), (k.shape, "k_perm"), (v.shape, "v_perm")))
     batch = broadcast_shapes(ctx, [tuple(qs[:2]), tuple(ks[:2])]) or (None, None)
     scores = broadcast_shapes(ctx, [(*batch, qs[2], ks[3]), mask]) or (None,) * 4  # the mask may broadcast them up
     logical = (*(broadcast_shapes(ctx, [scores[:2], tuple(vs[:2])]) or (None, None)), scores[2], vs[3])
