@@ -180,9 +180,17 @@ void minmax(const float* x, i64 n, float* lo_out, float* hi_out) {
 void rowsums(const std::uint8_t* a, i64 rows, i64 k, i64 lda, std::int32_t* out) {
   for (i64 r = 0; r < rows; ++r) {
     const std::uint8_t* row = a + r * lda;
-    std::uint32_t s = 0;
-    for (i64 i = 0; i < k; ++i) s += row[i];
-    out[r] = static_cast<std::int32_t>(s);
+    std::uint64_t s = 0;  // the low 32 bits: the wrapping uint32 sum
+    i64 i = 0;
+#if defined(QLIN_ISA_VNNI)
+    // vpsadbw against zero: the sums of each 8 bytes in 64-bit lanes (the scalar loop below was 7 % of a T5 GEMM)
+    __m512i acc = _mm512_setzero_si512();
+    for (; i + 64 <= k; i += 64)
+      acc = _mm512_add_epi64(acc, _mm512_sad_epu8(_mm512_loadu_si512(row + i), _mm512_setzero_si512()));
+    s = static_cast<std::uint64_t>(_mm512_reduce_add_epi64(acc));
+#endif
+    for (; i < k; ++i) s += row[i];
+    out[r] = static_cast<std::int32_t>(static_cast<std::uint32_t>(s));
   }
 }
 
