@@ -37,11 +37,15 @@ View4 view4(const py::array& a, const char* name) {
   return v;
 }
 
+std::string dims_str(i64 d0, i64 d1, i64 d2, i64 d3) {
+  return "[" + std::to_string(d0) + ", " + std::to_string(d1) + ", " + std::to_string(d2) + ", " + std::to_string(d3) +
+         "]";
+}
+
 void need_dims(const View4& v, i64 d0, i64 d1, i64 d2, i64 d3, const char* name) {
   if (v.dim[0] != d0 || v.dim[1] != d1 || v.dim[2] != d2 || v.dim[3] != d3)
-    fail(std::string("fused_attention: ") + name + " is [" + std::to_string(v.dim[0]) + ", " + std::to_string(v.dim[1]) +
-         ", " + std::to_string(v.dim[2]) + ", " + std::to_string(v.dim[3]) + "], expected [" + std::to_string(d0) +
-         ", " + std::to_string(d1) + ", " + std::to_string(d2) + ", " + std::to_string(d3) + "]");
+    fail(std::string("fused_attention: ") + name + " is " + dims_str(v.dim[0], v.dim[1], v.dim[2], v.dim[3]) +
+         ", expected " + dims_str(d0, d1, d2, d3));
 }
 
 // q [B, H, S, d], k [B, H, d, T], v [B, H, T, dv], mask [B, H, S, T] (a broadcast view) or None, out [B, H, S, dv]

@@ -426,7 +426,8 @@ HETERO_NO_FP_CONTRACT inline float row_sum_squares(const float* x, i64 n) {
   return s;
 }
 
-HETERO_NO_FP_CONTRACT void k_rmsnorm_row(const float* x, const float* scale, float* y, i64 n, float eps) {  // mean + eps rounded twice
+// The mean and mean + eps rounded separately (no FMA), as ReduceMean then Add.
+HETERO_NO_FP_CONTRACT void k_rmsnorm_row(const float* x, const float* scale, float* y, i64 n, float eps) {
   const float ms = n > 0 ? row_sum_squares(x, n) * (1.f / static_cast<float>(n)) : 0.f;
   const float inv = 1.f / std::sqrt(ms + eps);
   const V vi = SIMD::set1(inv);

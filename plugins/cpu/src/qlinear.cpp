@@ -279,9 +279,8 @@ void py_qgemm_i32(const py::array& a, const QPacked& p, const py::object& a_zp, 
   qgemm(p, ap.op, M, st);
 }
 
-// out (float32) = float32((a - a_zp) @ (b - b_zp)) * scale (+ bias): scale one value or N, bias N.
-// out = float(acc) * scale [* factor] [+ bias]; scale and factor: one value or N (their product rounded to float32
-// first, as the graph's Mul of the activation scale and the weight scale computed it).
+// out (float32) = float32((a - a_zp) @ (b - b_zp)) * scale [* factor] (+ bias): scale and factor one value or N
+// (their product rounded to float32 first, as the graph's Mul of the activation and weight scales computed it), bias N.
 void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& scale,
                   const py::object& bias, const py::array& out, const py::object& factor) {
   const i64 M = rows_of(a, p.k);
