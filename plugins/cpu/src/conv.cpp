@@ -287,6 +287,9 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     }
   });
   const i64 mp = ceil_div(cout_g, mr);
+  // A last tile of at most one vector of columns runs the one-vector-wide tile (every ISA with a tile kernel has
+  // it): YOLOv8n's 20 x 20 stride-2 maps are 109 flattened columns, 128 in 32-wide tiles, 112 with a 16-wide tail.
+  const auto tile_nr = [&](i64 ncols) { return ncols <= xk.lanes ? xk.lanes : nr; };
   const double flops = 2.0 * images * cout_g * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
   if (L.flat) {
@@ -306,7 +309,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
       alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
       for (i64 p = 0; p < mp; ++p) {
         const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
-        xk.conv_tile(mr, nr, K, a + p * K * mr, in, off.data(), tile, nr, nrows, nr);
+        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in, off.data(), tile, nr, nrows, static_cast<int>(ncols));
         apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
         for (i64 jj = 0; jj < ncols;) {
           const i64 j = j0 + jj, y = j / Wp, x = j % Wp, len = std::min<i64>(ncols - jj, Wp - x);
@@ -329,7 +332,8 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
       const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
       for (i64 p = 0; p < mp; ++p) {
         const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
-        xk.conv_tile(mr, nr, K, a + p * K * mr, in + x0, off.data(), o + p * mr * HWo + x0, HWo, nrows, ncols);
+        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in + x0, off.data(), o + p * mr * HWo + x0, HWo, nrows,
+                     ncols);
       }
     }
     Epilogue ep = act;

@@ -488,15 +488,22 @@ void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, flo
   }
 }
 
-// The tile shapes of the GEMM tables (kernels_*.cpp: mr x nr); false for another.
+// The tile shapes of the GEMM tables (kernels_*.cpp: mr x nr), and mr x W (one vector of columns: the ragged last
+// tile of a row or map, where a full-width tile would be mostly waste); false for another.
 bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
                  int nrows, int ncols) {
   if (mr == 12 && nr == 2 * W && W >= 16)
     x_conv_tile_t<12, 2>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 12 && nr == W && W >= 16)
+    x_conv_tile_t<12, 1>(K, a, base, off, c, ldc, nrows, ncols);
   else if (mr == 6 && nr == 2 * W && W == 8)
     x_conv_tile_t<6, 2>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 6 && nr == W && W == 8)
+    x_conv_tile_t<6, 1>(K, a, base, off, c, ldc, nrows, ncols);
   else if (mr == 8 && nr == 3 * W && W == 4)
     x_conv_tile_t<8, 3>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 8 && nr == W && W == 4)
+    x_conv_tile_t<8, 1>(K, a, base, off, c, ldc, nrows, ncols);
   else
     return false;
   return true;
