@@ -157,8 +157,12 @@ void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i6
     }
     return;
   }
+  const ExtraKernels& xk = extra_for(kr);
   for (i64 i = 0; i < m; ++i) {
     float* row = c + i * ldc;
+    if (ep.bias_cs == 0 && ep.act >= 0 &&
+        xk.bias_act_row(row, n, ep.bias ? ep.bias[(row0 + i) * ep.bias_rs] : 0.f, ep.act))
+      continue;
     if (ep.bias) {
       const float* bp = ep.bias + (row0 + i) * ep.bias_rs + col0 * ep.bias_cs;
       kr.binary(B_ADD, ep.bias_cs == 0 ? BM_VS : BM_VV, row, bp, row, n);

@@ -154,6 +154,13 @@ inline V vsigmoid(V x) {
   return vnan_pass(x, SIMD::select(SIMD::ge(x, SIMD::zero()), r, SIMD::mul(e, r)));
 }
 
+inline V vsilu(V x) { return SIMD::mul(x, vsigmoid(x)); }
+
+inline V vhard_swish(V x) {
+  const V h = SIMD::max(SIMD::min(SIMD::fma(SIMD::set1(1.f / 6.f), x, SIMD::set1(0.5f)), SIMD::set1(1.f)), SIMD::zero());
+  return vnan_pass(x, SIMD::mul(x, h));
+}
+
 inline V verf(V x) {
   V a = SIMD::abs(x);
   // |x| < 0.5: Maclaurin series in x^2 (error < 1e-9).
@@ -245,13 +252,8 @@ void k_unary(int op, const float* x, float* y, i64 n, float alpha, float beta) {
     case hetero::U_HARD_SIGMOID:
       map1(x, y, n, [&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vb), one), zero)); });
       break;
-    case hetero::U_HARD_SWISH:
-      map1(x, y, n, [&](V v) {
-        V h = S::max(S::min(S::fma(S::set1(1.f / 6.f), v, S::set1(0.5f)), one), zero);
-        return vnan_pass(v, S::mul(v, h));
-      });
-      break;
-    case hetero::U_SILU: map1(x, y, n, [&](V v) { return S::mul(v, vsigmoid(v)); }); break;
+    case hetero::U_HARD_SWISH: map1(x, y, n, [&](V v) { return vhard_swish(v); }); break;
+    case hetero::U_SILU: map1(x, y, n, [&](V v) { return vsilu(v); }); break;
     case hetero::U_GELU:
       map1(x, y, n, [&](V v) {
         V e = verf(S::mul(v, S::set1(0.70710678118654752f)));

@@ -42,6 +42,9 @@ struct ExtraKernels {
   void (*max_rows)(const float* x, i64 ld, i64 rows, float* out, i64 n);
   // y = clamp(y + b, lo, hi) (NaN passes through): the bias + ReLU / ReLU6 / Clip epilogue in one pass.
   void (*bias_clamp_row)(float* y, i64 n, float b, float lo, float hi);
+  // y = act(y + b) in one pass for the activations conv models fuse most (SiLU, sigmoid, hard-swish); false, y
+  // untouched, for another act.
+  bool (*bias_act_row)(float* y, i64 n, float b, int act);
   // Packed-B panels (width nr) of columns [j0, j0 + ncols) of the im2col matrix of one image/group (conv.cpp).
   void (*im2col_block)(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst);
   // c[i*ldc + j] = dot(row i of a, row j of b) for i < m, j < n; k a multiple of 16, both sides zero-padded to it

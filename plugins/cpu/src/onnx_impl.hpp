@@ -304,6 +304,16 @@ void x_bias_clamp_row(float* y, i64 n, float b, float lo, float hi) {
   }
 }
 
+bool x_bias_act_row(float* y, i64 n, float b, int act) {
+  const V vb = SIMD::set1(b);
+  switch (act) {
+    case hetero::U_SILU: map1(y, y, n, [&](V v) { return vsilu(SIMD::add(v, vb)); }); return true;
+    case hetero::U_SIGMOID: map1(y, y, n, [&](V v) { return vsigmoid(SIMD::add(v, vb)); }); return true;
+    case hetero::U_HARD_SWISH: map1(y, y, n, [&](V v) { return vhard_swish(SIMD::add(v, vb)); }); return true;
+    default: return false;
+  }
+}
+
 // Compiled per ISA so that the run copies below vectorise at the full vector width.
 inline i64 x_ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline i64 x_floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
@@ -571,7 +581,7 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
 
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_im2col_block,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row, x_im2col_block,
     x_dot_nt,      x_conv_tile,    x_wino_in,    x_wino_out,   W,
 };
 

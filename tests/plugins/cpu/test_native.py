@@ -597,6 +597,7 @@ ACTS = {
     "relu6": lambda y: np.clip(y, 0, 6),
     "silu": lambda y: y / (1 + np.exp(-y)),
     "sigmoid": lambda y: 1 / (1 + np.exp(-y)),
+    "hard_swish": lambda y: y * np.clip(y / 6 + 0.5, 0, 1),
 }
 
 CONV_CASES = [
