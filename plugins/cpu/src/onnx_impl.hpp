@@ -468,8 +468,9 @@ void x_dot_nt(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 n, i6
 
 // Direct convolution tile, stride 1 along W (conv.cpp's conv_direct): c[r][j] = sum_k a[k*MR + r] * base[off[k] + j]
 // for r < MR, j < NRV*W: the GEMM micro-kernel's loop with row k of B read in place from the zero-padded input
-// (off[k]: channel, kernel row and column of tap k) instead of from an im2col copy. Writes nrows x ncols of it.
-template <int MR, int NRV>
+// (off[k]: channel, kernel row and column of tap k) instead of from an im2col copy. Writes nrows x ncols of it. A is
+// one packed panel whose rows lie AS floats apart (AS > MR: the first MR rows of a taller panel).
+template <int MR, int NRV, int AS = MR>
 void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
                    int ncols) {
   V acc[MR][NRV];
@@ -479,7 +480,7 @@ void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, flo
     const float* bp = base + off[k];
     V b[NRV];
     for (int v = 0; v < NRV; ++v) b[v] = SIMD::load(bp + v * W);
-    const float* ak = a + k * MR;
+    const float* ak = a + k * AS;
 #pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
       const V ar = SIMD::set1(ak[r]);
@@ -498,14 +499,27 @@ void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, flo
   }
 }
 
+// The last row panel of a Cout off the 12-row tile (YOLOv8n's 32, 64, 80, 128 channels: 8 or 4 rows left) runs an
+// 8- or 4-row tile on the same packed panel instead of multiplying zero rows.
+template <int MR, int NRV>
+void x_conv_tile_rows(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
+                      int ncols) {
+  if (MR == 12 && nrows <= 4)
+    x_conv_tile_t<4, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (MR == 12 && nrows <= 8)
+    x_conv_tile_t<8, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols);
+  else
+    x_conv_tile_t<MR, NRV>(K, a, base, off, c, ldc, nrows, ncols);
+}
+
 // The tile shapes of the GEMM tables (kernels_*.cpp: mr x nr), and mr x W (one vector of columns: the ragged last
 // tile of a row or map, where a full-width tile would be mostly waste); false for another.
 bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
                  int nrows, int ncols) {
   if (mr == 12 && nr == 2 * W && W >= 16)
-    x_conv_tile_t<12, 2>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_rows<12, 2>(K, a, base, off, c, ldc, nrows, ncols);
   else if (mr == 12 && nr == W && W >= 16)
-    x_conv_tile_t<12, 1>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_rows<12, 1>(K, a, base, off, c, ldc, nrows, ncols);
   else if (mr == 6 && nr == 2 * W && W == 8)
     x_conv_tile_t<6, 2>(K, a, base, off, c, ldc, nrows, ncols);
   else if (mr == 6 && nr == W && W == 8)
