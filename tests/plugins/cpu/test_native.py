@@ -635,10 +635,11 @@ CONV_CASES = [
     (2, 16, 10, 12, 23, 3, 3, (1, 1), (1, 1, 1, 1), (2, 1), 1),
     (1, 64, 13, 13, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
     # a last tile of at most one vector of columns runs the one-vector tile: YOLOv8n's stride-2 20 x 20 -> 10 x 10
-    # (109 flattened columns: a 13-column tail at 32-wide tiles), a 10 x 10 map (118: 6 at 16-wide), rows of 80 (16)
-    (1, 32, 20, 20, 24, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    # (109 flattened columns: a 13-column tail at 32-wide tiles), a 10 x 10 map (118: 6 at 16-wide), rows of 80 (16);
+    # Cout 20 and 40 leave 8 and 4 rows of the last 12-row panel (the shorter tiles)
+    (1, 32, 20, 20, 20, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (1, 16, 10, 10, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
-    (1, 6, 7, 80, 24, 3, 3, (3, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 6, 7, 80, 40, 3, 3, (3, 1), (1, 1, 1, 1), (1, 1), 1),
 ]
 
 
