@@ -444,6 +444,30 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
   const i64 oxa = std::min<i64>(Wo, ceil_div(pl, sw));
   const i64 oxb = std::max<i64>(oxa, std::min<i64>(Wo, floor_div(W - 1 + pl - (kw - 1) * dw, sw) + 1));
   const i64 chunk = std::max<i64>(1, NC / std::max(1, T * 4));
+  if (sh == 1 && sw == 1) {
+    // Stride 1 (YOLOv8's SPPF: 5 x 5 on 10 x 10 maps, rows shorter than a vector): the plane copied into a -inf
+    // padded one of pitch Wp, then two passes of shifted-row maxima over the whole flattened plane (along the row,
+    // then down the column; the values past Wo in each row are never read), instead of one short row at a time.
+    const i64 Wp = std::max<i64>(W + pl, Wo + (kw - 1) * dw), Hp = std::max<i64>(H + pt, Ho + (kh - 1) * dh);
+    const i64 nh = (Hp - 1) * Wp + Wo, nv = (Ho - 1) * Wp + Wo;
+    parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+      float* padded = tl_buf(TL_MISC).get(static_cast<std::size_t>(Hp * Wp + nh + nv));
+      float* hmax = padded + Hp * Wp;
+      float* vmax = hmax + nh;
+      std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
+      for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+        const float* in = x + q * H * W;
+        for (i64 y = 0; y < H; ++y)
+          std::memcpy(padded + (y + pt) * Wp + pl, in + y * W, static_cast<std::size_t>(W) * sizeof(float));
+        xk.max_rows(padded, dw, kw, hmax, nh);
+        xk.max_rows(hmax, dh * Wp, kh, vmax, nv);
+        float* o = out + q * Ho * Wo;
+        for (i64 oy = 0; oy < Ho; ++oy)
+          std::memcpy(o + oy * Wo, vmax + oy * Wp, static_cast<std::size_t>(Wo) * sizeof(float));
+      }
+    });
+    return;
+  }
   parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
     float* vrow = tl_buf(TL_MISC).get(static_cast<std::size_t>(W + 1));
     for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
