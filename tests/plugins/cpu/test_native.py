@@ -55,7 +55,7 @@ def test_threads_roundtrip():
 # --------------------------------------------------------------------------------------------------------- gemm
 
 
-@pytest.mark.parametrize("m", [*ODD, 2, 4, 5, 12, 64])
+@pytest.mark.parametrize("m", [*ODD, 2, 4, 5, 12, 32, 64])  # 32, 64: 8 and 4 rows past the 12-row tiles
 @pytest.mark.parametrize("n", [1, 17, 33, 100])
 @pytest.mark.parametrize("k", [1, 3, 127, 300])
 def test_gemm_shapes(isa, m, n, k):
