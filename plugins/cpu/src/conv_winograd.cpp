@@ -19,6 +19,18 @@ namespace {
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 
+// src[4 i + r] -> d[r][i] for i < groups: one row of the input into the four column phases. The restrict pointers
+// let GCC vectorise it (shuffles); the strided scalar copy it replaces was 2-3 % of YOLOv8n.
+void deinterleave4(const float* __restrict src, i64 groups, float* __restrict d0, float* __restrict d1,
+                   float* __restrict d2, float* __restrict d3) {
+  for (i64 i = 0; i < groups; ++i) {
+    d0[i] = src[4 * i];
+    d1[i] = src[4 * i + 1];
+    d2[i] = src[4 * i + 2];
+    d3[i] = src[4 * i + 3];
+  }
+}
+
 // HETERO_CPU_WINOGRAD=0 turns the path off (to compare it with the others, or to rule it out).
 bool winograd_enabled() {
   static const bool on = [] {
@@ -109,11 +121,14 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
       if (py < 0 || py >= Hp) continue;
       float* row = dst + py * Wq;
       const float* s_row = src + y * g.W;
-      for (i64 r = 0; r < 4; ++r) {  // phase r: input columns xx with (xx + pl) % 4 == r
-        i64 xx = x0 + (((r - x0 - g.pl) % 4) + 4) % 4;
-        float* d = row + r * qplane + ((xx + g.pl) >> 2);
-        for (; xx < x1; xx += 4) *d++ = s_row[xx];
-      }
+      // input column xx -> padded column px = xx + pl -> phase px % 4, column px / 4: whole groups of four from
+      // the first px % 4 == 0 on, the columns before and after one at a time
+      const auto put = [&](i64 xx) { row[((xx + g.pl) & 3) * qplane + ((xx + g.pl) >> 2)] = s_row[xx]; };
+      i64 xx = x0;
+      for (; xx < x1 && ((xx + g.pl) & 3) != 0; ++xx) put(xx);
+      const i64 groups = (x1 - xx) / 4, c = (xx + g.pl) >> 2;
+      deinterleave4(s_row + xx, groups, row + c, row + qplane + c, row + 2 * qplane + c, row + 3 * qplane + c);
+      for (xx += 4 * groups; xx < x1; ++xx) put(xx);
     }
   });
   // The transforms mix every value of a 6 x 6 patch into all 16 outputs of its tile: an inf would turn outputs whose
