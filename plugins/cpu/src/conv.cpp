@@ -31,6 +31,17 @@ constexpr i64 kConvBlockFloats = 48 * 1024;
 // Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
 constexpr i64 kDotMaxOutputs = 8;
 
+// src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all). The restrict pointers let GCC vectorise it
+// (shuffles): the phase split of a stride-2 conv's input was 15 % of YOLOv8n's 16 -> 32 conv on 160 x 160.
+void deinterleave(const float* __restrict src, i64 n, float* __restrict even, float* __restrict odd) {
+  const i64 half = n / 2;
+  for (i64 i = 0; i < half; ++i) {
+    even[i] = src[2 * i];
+    odd[i] = src[2 * i + 1];
+  }
+  if (n % 2) even[half] = src[n - 1];
+}
+
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -52,7 +63,9 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     const i64 c = q % g.C;
     const float* in = x + q * g.H * g.W;
     float* o = out + q * HWo;
-    float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase));
+    // plus the slack dw_taps' last vector of a row may read
+    float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
+    std::fill(buf + sw * phase, buf + sw * phase + xk.lanes, 0.f);
     if (sw == 1) {
       for (i64 y = 0; y < Hp; ++y) {
         float* r = buf + y * Wq;
@@ -68,14 +81,20 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       }
     } else {
       std::fill(buf, buf + sw * phase, 0.f);
+      const i64 ncols = std::min<i64>(g.W, Wq * sw - g.pl);  // input columns that land in the buffer
       for (i64 iy = 0; iy < g.H; ++iy) {
         const i64 y = iy + g.pt;
         if (y >= Hp) break;
         const float* src = in + iy * g.W;
-        for (i64 ix = 0; ix < g.W; ++ix) {
-          const i64 cp = ix + g.pl;
-          if (cp >= Wq * sw) break;
-          buf[(cp % sw) * phase + y * Wq + cp / sw] = src[ix];
+        float* row = buf + y * Wq;
+        if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
+          deinterleave(src, ncols, row + (g.pl & 1) * phase + (g.pl >> 1),
+                       row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
+          continue;
+        }
+        for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncols; ++ix) {  // padded column ix + pl
+          row[p * phase + col] = src[ix];
+          if (++p == sw) p = 0, ++col;
         }
       }
     }
@@ -181,17 +200,6 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
 
 // Row length of conv_direct's zero-padded input copy.
 i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw); }
-
-// src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all). The restrict pointers let GCC vectorise it
-// (shuffles): the phase split of a stride-2 conv's input was 15 % of YOLOv8n's 16 -> 32 conv on 160 x 160.
-void deinterleave(const float* __restrict src, i64 n, float* __restrict even, float* __restrict odd) {
-  const i64 half = n / 2;
-  for (i64 i = 0; i < half; ++i) {
-    even[i] = src[2 * i];
-    odd[i] = src[2 * i + 1];
-  }
-  if (n % 2) even[half] = src[n - 1];
-}
 
 // conv_direct's copy of the padded input. Flattened (`flat`): each channel split into sh x sw phase planes of
 // Hq x Wq (padded element (py, px) at phase (py % sh, px % sw), row py / sh, column px / sw), so that with any stride

@@ -33,7 +33,8 @@ struct ExtraKernels {
   void (*mean_var_row)(const float* x, i64 n, float* mean, float* var);
   // y = x >= 0 ? x : slope * x; slope a scalar (*slope) when slope_vec is false.
   void (*prelu_row)(const float* x, const float* slope, bool slope_vec, float* y, i64 n);
-  // Depthwise taps: out[oy*Wo + ox] = bias + sum_t w[t] * base[oy*ystride + off[t] + ox] for ox in [0, Wo).
+  // Depthwise taps: out[oy*Wo + ox] = bias + sum_t w[t] * base[oy*ystride + off[t] + ox] for ox in [0, Wo). The last
+  // columns of a row run as one whole vector: base must be readable `lanes` floats past the last value a tap reads.
   void (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
                   i64 Ho, i64 Wo);
   // y[i] = a[i] op b[i] (mode: BinaryMode of common.hpp), 0/1 bytes.

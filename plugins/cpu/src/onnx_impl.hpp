@@ -235,10 +235,12 @@ void x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, i
       for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
       SIMD::store(o + ox, a0);
     }
-    for (; ox < Wo; ++ox) {
-      float a = bias;
-      for (int t = 0; t < ntaps; ++t) a += w[t] * b[off[t] + ox];
-      o[ox] = a;
+    if (ox < Wo) {  // the row's last columns: one vector (the rest of its lanes read slack and are dropped)
+      V a0 = vb;
+      for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
+      alignas(64) float tail[W];
+      SIMD::store(tail, a0);
+      for (i64 j = 0; ox + j < Wo; ++j) o[ox + j] = tail[j];
     }
   }
 }

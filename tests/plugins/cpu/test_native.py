@@ -608,6 +608,9 @@ CONV_CASES = [
     (1, 8, 16, 16, 8, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 2),
     (2, 12, 11, 10, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 12),  # depthwise
     (1, 32, 14, 14, 32, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 32),  # depthwise strided
+    (1, 6, 13, 15, 6, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise stride 2: odd pad and width (deinterleave)
+    (1, 4, 11, 17, 4, 3, 3, (3, 3), (1, 2, 0, 1), (1, 1), 4),  # depthwise stride 3
+    (2, 3, 9, 37, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 3),  # depthwise, rows ending in a part vector
     (1, 5, 7, 7, 4, 7, 7, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # kernel == input
     (1, 4, 6, 5, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # strided 1x1
     # wide rows: whole 16- / 32-column panels inside one output row (the im2col's fixed-size copy path)
