@@ -253,6 +253,15 @@ def test_conv_transpose(isa, group, stride, pads, dil, outpad):
           dilations=[dil, dil], output_padding=[outpad, outpad], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("group,outpad,bias", [(1, 0, True), (2, 0, True), (1, 0, False), (1, 1, True)])
+def test_conv_transpose_2x2_stride_2(isa, group, outpad, bias):
+    """PP-OCRv4 det's upsampling: a 2 x 2 kernel at stride 2 (each output from one input, written interleaved), and
+    with output padding (the general path)."""
+    consts = {"w": f32(6, 4, 2, 2, seed=1), **({"b": f32(4 * group, seed=2)} if bias else {})}
+    check("ConvTranspose", {"x": f32(2, 6, 5, 7)}, consts, group=group, strides=[2, 2],
+          output_padding=[outpad, outpad], rtol=1e-4, atol=1e-4)
+
+
 def test_conv_transpose_output_shape():
     check("ConvTranspose", {"x": f32(1, 3, 4, 4)}, {"w": f32(3, 2, 3, 3, seed=1)}, strides=[2, 2],
           output_shape=[9, 10], rtol=1e-4, atol=1e-4)
