@@ -227,7 +227,7 @@ def test_tile_split_depth_space():
     ("nearest", "align_corners", "round_prefer_ceil"), ("linear", "half_pixel", "floor"),
     ("linear", "align_corners", "floor"), ("linear", "pytorch_half_pixel", "floor"),
     ("linear", "asymmetric", "floor"), ("linear", "half_pixel_symmetric", "floor")])
-@pytest.mark.parametrize("scales", [(1, 1, 2, 2), (1, 1, 3, 3), (1, 1, 0.6, 1.7), (1, 1, 3, 0.5)])  # 2x, 3x: whole factors
+@pytest.mark.parametrize("scales", [(1, 1, 2, 2), (1, 1, 3, 3), (1, 1, 0.6, 1.7), (1, 1, 3, 0.5)])  # 2x, 3x: whole
 def test_resize(isa, mode, coord, nearest, scales):
     x = f32(2, 3, 7, 9)
     check("Resize", {"x": x}, {"roi": np.zeros(0, np.float32), "scales": np.array(scales, np.float32)}, mode=mode,
