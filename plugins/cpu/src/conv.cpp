@@ -221,14 +221,13 @@ DirectLayout direct_layout(const ConvGeom& g, i64 nr) {
 }
 
 // A kh x kw kernel (not 1 x 1), Cout close to a whole number of tiles (any Cout with the 12-row tile, below), and
-// output rows that either follow each other
-// in the flattened (phase-split) layout with little waste (Wq / Wo <= 5/4) or, stride 1 along W, are each at least
-// one GEMM panel wide: the GEMM runs on the zero-padded input in place (each tap of each channel is a run of
-// consecutive floats), without the im2col copy, which costs as much as the GEMM itself when Cout is small. Measured
-// at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on 120 x 160 16.0 -> 11.6 ms, magika's
-// 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row tiles for 16 rows) was slower
-// (6.5 -> 8.7 ms) while it had no shorter tile: there the im2col path's 4-row tail kernel won. Stride 2 through the
-// phase split: YOLOv8n's 3x3 stride-2 convs (docs/onnx-models.md).
+// output rows that either follow each other in the flattened (phase-split) layout with little waste (Wq / Wo <= 5/4)
+// or, stride 1 along W, are each at least one GEMM panel wide: the GEMM runs on the zero-padded input in place (each
+// tap of each channel is a run of consecutive floats), without the im2col copy, which costs as much as the GEMM
+// itself when Cout is small. Measured at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on
+// 120 x 160 16.0 -> 11.6 ms, magika's 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row
+// tiles for 16 rows) was slower (6.5 -> 8.7 ms) while it had no shorter tile: there the im2col path's 4-row tail
+// kernel won. Stride 2 through the phase split: YOLOv8n's 3x3 stride-2 convs (docs/onnx-models.md).
 bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
   // The 12-row tile has 8- and 4-row variants for the last panel (onnx_impl.hpp x_conv_tile_rows), which beat the

@@ -157,7 +157,8 @@ inline V vsigmoid(V x) {
 inline V vsilu(V x) { return SIMD::mul(x, vsigmoid(x)); }
 
 inline V vhard_swish(V x) {
-  const V h = SIMD::max(SIMD::min(SIMD::fma(SIMD::set1(1.f / 6.f), x, SIMD::set1(0.5f)), SIMD::set1(1.f)), SIMD::zero());
+  const V h =
+      SIMD::max(SIMD::min(SIMD::fma(SIMD::set1(1.f / 6.f), x, SIMD::set1(0.5f)), SIMD::set1(1.f)), SIMD::zero());
   return vnan_pass(x, SIMD::mul(x, h));
 }
 

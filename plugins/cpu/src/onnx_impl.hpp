@@ -597,8 +597,8 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
 
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row, x_im2col_block,
-    x_dot_nt,      x_conv_tile,    x_wino_in,    x_wino_out,   W,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
+    x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   W,
 };
 
 }  // namespace
