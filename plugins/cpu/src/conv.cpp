@@ -31,6 +31,17 @@ constexpr i64 kConvBlockFloats = 48 * 1024;
 // Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
 constexpr i64 kDotMaxOutputs = 8;
 
+// src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all). The restrict pointers let GCC vectorise it
+// (shuffles): the phase split of a stride-2 conv's input was 15 % of YOLOv8n's 16 -> 32 conv on 160 x 160.
+void deinterleave(const float* __restrict src, i64 n, float* __restrict even, float* __restrict odd) {
+  const i64 half = n / 2;
+  for (i64 i = 0; i < half; ++i) {
+    even[i] = src[2 * i];
+    odd[i] = src[2 * i + 1];
+  }
+  if (n % 2) even[half] = src[n - 1];
+}
+
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -52,7 +63,9 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     const i64 c = q % g.C;
     const float* in = x + q * g.H * g.W;
     float* o = out + q * HWo;
-    float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase));
+    // plus the slack dw_taps' last vector of a row may read
+    float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
+    std::fill(buf + sw * phase, buf + sw * phase + xk.lanes, 0.f);
     if (sw == 1) {
       for (i64 y = 0; y < Hp; ++y) {
         float* r = buf + y * Wq;
@@ -68,14 +81,20 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       }
     } else {
       std::fill(buf, buf + sw * phase, 0.f);
+      const i64 ncols = std::min<i64>(g.W, Wq * sw - g.pl);  // input columns that land in the buffer
       for (i64 iy = 0; iy < g.H; ++iy) {
         const i64 y = iy + g.pt;
         if (y >= Hp) break;
         const float* src = in + iy * g.W;
-        for (i64 ix = 0; ix < g.W; ++ix) {
-          const i64 cp = ix + g.pl;
-          if (cp >= Wq * sw) break;
-          buf[(cp % sw) * phase + y * Wq + cp / sw] = src[ix];
+        float* row = buf + y * Wq;
+        if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
+          deinterleave(src, ncols, row + (g.pl & 1) * phase + (g.pl >> 1),
+                       row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
+          continue;
+        }
+        for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncols; ++ix) {  // padded column ix + pl
+          row[p * phase + col] = src[ix];
+          if (++p == sw) p = 0, ++col;
         }
       }
     }
@@ -182,17 +201,6 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
 // Row length of conv_direct's zero-padded input copy.
 i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw); }
 
-// src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all). The restrict pointers let GCC vectorise it
-// (shuffles): the phase split of a stride-2 conv's input was 15 % of YOLOv8n's 16 -> 32 conv on 160 x 160.
-void deinterleave(const float* __restrict src, i64 n, float* __restrict even, float* __restrict odd) {
-  const i64 half = n / 2;
-  for (i64 i = 0; i < half; ++i) {
-    even[i] = src[2 * i];
-    odd[i] = src[2 * i + 1];
-  }
-  if (n % 2) even[half] = src[n - 1];
-}
-
 // conv_direct's copy of the padded input. Flattened (`flat`): each channel split into sh x sw phase planes of
 // Hq x Wq (padded element (py, px) at phase (py % sh, px % sw), row py / sh, column px / sw), so that with any stride
 // <= 2 output (y, x) reads tap (ky, kx) at phase ((ky dh) % sh, (kx dw) % sw), row y + (ky dh) / sh, column
@@ -212,17 +220,22 @@ DirectLayout direct_layout(const ConvGeom& g, i64 nr) {
   return {1, 1, g.H + g.pt + g.pb, padded_width(g), false};
 }
 
-// A kh x kw kernel (not 1 x 1), Cout close to a whole number of tiles, and output rows that either follow each other
-// in the flattened (phase-split) layout with little waste (Wq / Wo <= 5/4) or, stride 1 along W, are each at least
-// one GEMM panel wide: the GEMM runs on the zero-padded input in place (each tap of each channel is a run of
-// consecutive floats), without the im2col copy, which costs as much as the GEMM itself when Cout is small. Measured
-// at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on 120 x 160 16.0 -> 11.6 ms, magika's
-// 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row tiles for 16 rows) was slower
-// (6.5 -> 8.7 ms): there the im2col path's 4-row tail kernel wins, hence the tile-waste bound. Stride 2 through the
-// phase split: YOLOv8n's 3x3 stride-2 convs (docs/onnx-models.md).
+// A kh x kw kernel (not 1 x 1), Cout close to a whole number of tiles (any Cout with the 12-row tile, below), and
+// output rows that either follow each other in the flattened (phase-split) layout with little waste (Wq / Wo <= 5/4)
+// or, stride 1 along W, are each at least one GEMM panel wide: the GEMM runs on the zero-padded input in place (each
+// tap of each channel is a run of consecutive floats), without the im2col copy, which costs as much as the GEMM
+// itself when Cout is small. Measured at 1 thread (AVX-512, thread time): PP-OCRv4 det's 96 -> 24 3x3 conv on
+// 120 x 160 16.0 -> 11.6 ms, magika's 256 -> 512 5-tap conv 7.6-8.6 -> 6.8-7.0 ms; a 16 -> 16 3x3 conv (two 12-row
+// tiles for 16 rows) was slower (6.5 -> 8.7 ms) while it had no shorter tile: there the im2col path's 4-row tail
+// kernel won. Stride 2 through the phase split: YOLOv8n's 3x3 stride-2 convs (docs/onnx-models.md).
 bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
-  if (pc.depthwise || g.kh * g.kw == 1 || ceil_div(cout_g, mr) * mr * 4 > cout_g * 5) return false;
+  // The 12-row tile has 8- and 4-row variants for the last panel (onnx_impl.hpp x_conv_tile_rows), which beat the
+  // im2col path at every Cout measured (thread time, 1 thread, fused SiLU; im2col -> direct: YOLOv8n's first conv
+  // 3 -> 16 on 320 x 320 stride 2 593 -> 522 us, 16 -> 16 on 160 x 160 stride 2 580 -> 381, 4 -> 16 on 80 x 80
+  // 144 -> 111, 16 -> 28 stride 2 188 -> 122, 32 -> 4 210 -> 101, 24 -> 8 118 -> 46); other tiles keep the bound.
+  const bool short_tiles = mr == 12;
+  if (pc.depthwise || g.kh * g.kw == 1 || (!short_tiles && ceil_div(cout_g, mr) * mr * 4 > cout_g * 5)) return false;
   {  // a tile kernel for this ISA's tile shape
     alignas(64) float probe[64] = {};
     const i64 zero = 0;
@@ -287,6 +300,9 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     }
   });
   const i64 mp = ceil_div(cout_g, mr);
+  // A last tile of at most one vector of columns runs the one-vector-wide tile (every ISA with a tile kernel has
+  // it): YOLOv8n's 20 x 20 stride-2 maps are 109 flattened columns, 128 in 32-wide tiles, 112 with a 16-wide tail.
+  const auto tile_nr = [&](i64 ncols) { return ncols <= xk.lanes ? xk.lanes : nr; };
   const double flops = 2.0 * images * cout_g * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
   if (L.flat) {
@@ -306,7 +322,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
       alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
       for (i64 p = 0; p < mp; ++p) {
         const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
-        xk.conv_tile(mr, nr, K, a + p * K * mr, in, off.data(), tile, nr, nrows, nr);
+        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in, off.data(), tile, nr, nrows, static_cast<int>(ncols));
         apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
         for (i64 jj = 0; jj < ncols;) {
           const i64 j = j0 + jj, y = j / Wp, x = j % Wp, len = std::min<i64>(ncols - jj, Wp - x);
@@ -329,7 +345,8 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
       const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
       for (i64 p = 0; p < mp; ++p) {
         const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
-        xk.conv_tile(mr, nr, K, a + p * K * mr, in + x0, off.data(), o + p * mr * HWo + x0, HWo, nrows, ncols);
+        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in + x0, off.data(), o + p * mr * HWo + x0, HWo, nrows,
+                     ncols);
       }
     }
     Epilogue ep = act;
@@ -440,6 +457,30 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
   const i64 oxa = std::min<i64>(Wo, ceil_div(pl, sw));
   const i64 oxb = std::max<i64>(oxa, std::min<i64>(Wo, floor_div(W - 1 + pl - (kw - 1) * dw, sw) + 1));
   const i64 chunk = std::max<i64>(1, NC / std::max(1, T * 4));
+  if (sh == 1 && sw == 1) {
+    // Stride 1 (YOLOv8's SPPF: 5 x 5 on 10 x 10 maps, rows shorter than a vector): the plane copied into a -inf
+    // padded one of pitch Wp, then two passes of shifted-row maxima over the whole flattened plane (along the row,
+    // then down the column; the values past Wo in each row are never read), instead of one short row at a time.
+    const i64 Wp = std::max<i64>(W + pl, Wo + (kw - 1) * dw), Hp = std::max<i64>(H + pt, Ho + (kh - 1) * dh);
+    const i64 nh = (Hp - 1) * Wp + Wo, nv = (Ho - 1) * Wp + Wo;
+    parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+      float* padded = tl_buf(TL_MISC).get(static_cast<std::size_t>(Hp * Wp + nh + nv));
+      float* hmax = padded + Hp * Wp;
+      float* vmax = hmax + nh;
+      std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
+      for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+        const float* in = x + q * H * W;
+        for (i64 y = 0; y < H; ++y)
+          std::memcpy(padded + (y + pt) * Wp + pl, in + y * W, static_cast<std::size_t>(W) * sizeof(float));
+        xk.max_rows(padded, dw, kw, hmax, nh);
+        xk.max_rows(hmax, dh * Wp, kh, vmax, nv);
+        float* o = out + q * Ho * Wo;
+        for (i64 oy = 0; oy < Ho; ++oy)
+          std::memcpy(o + oy * Wo, vmax + oy * Wp, static_cast<std::size_t>(Wo) * sizeof(float));
+      }
+    });
+    return;
+  }
   parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
     float* vrow = tl_buf(TL_MISC).get(static_cast<std::size_t>(W + 1));
     for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 
+#include "conv.hpp"
 #include "onnx_py.hpp"
 
 namespace hetero {
@@ -15,10 +16,22 @@ using namespace pyx;
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
+// d[2 i] = a[i] + b, d[2 i + 1] = c[i] + b (the restrict pointers let GCC vectorise it).
+void interleave_add(const float* __restrict a, const float* __restrict c, i64 n, float b, float* __restrict d) {
+  for (i64 i = 0; i < n; ++i) {
+    d[2 * i] = a[i] + b;
+    d[2 * i + 1] = c[i] + b;
+  }
+}
+
 struct PackedConvT {
   const Kernels* kr = nullptr;
   i64 C = 0, cout_g = 0, kh = 0, kw = 0, group = 1, Mg = 0, group_stride = 0;
   AlignedBuf buf;
+  // W^T as the weights of a 1 x 1 convolution with Mg outputs per group: a kernel no larger than its strides is that
+  // convolution followed by a scatter of each (co, ky, kx) plane (conv2d_packed picks the kernel for the shape: the
+  // small-M one for PP-OCRv4 det's 24 -> 1 upsampling, whose 4 rows the GEMM above would pad to 12).
+  std::unique_ptr<PackedConv> pointwise;
 };
 
 std::shared_ptr<PackedConvT> py_prepack(const py::array& w, i64 group) {
@@ -40,8 +53,14 @@ std::shared_ptr<PackedConvT> py_prepack(const py::array& w, i64 group) {
   float* d = p->buf.get(static_cast<std::size_t>(std::max<i64>(1, p->group_stride * group)));
   const float* pw = cptr<float>(w);
   py::gil_scoped_release nogil;
-  for (i64 g = 0; g < group; ++g)  // A = W_g^T: element (m, c) at W_g[c * Mg + m]
+  std::vector<float> wt(static_cast<std::size_t>(group * p->Mg * cg));
+  for (i64 g = 0; g < group; ++g) {  // A = W_g^T: element (m, c) at W_g[c * Mg + m]
     pack_a_panels(*p->kr, MatView{pw + g * cg * p->Mg, p->Mg, cg, 1, p->Mg}, d + g * p->group_stride);
+    for (i64 m = 0; m < p->Mg; ++m)
+      for (i64 c = 0; c < cg; ++c)
+        wt[static_cast<std::size_t>((g * p->Mg + m) * cg + c)] = pw[(g * cg + c) * p->Mg + m];
+  }
+  p->pointwise = prepack_conv(*p->kr, wt.data(), group * p->Mg, cg, 1, 1, group);
   return p;
 }
 
@@ -78,6 +97,26 @@ void py_conv_transpose(const py::array& x, const PackedConvT& p, const py::objec
   const i64 cg = p.C / p.group, HW = H * W, HWo = Ho * Wo, Mg = p.Mg;
   const int T = num_threads();
   AlignedBuf bbuf, cols;
+  // A 2 x 2 kernel at stride 2, unpadded and undilated (PP-OCRv4 det's upsampling): every output takes exactly one
+  // value, output row iy sh + ky of channel co being the rows of planes (co, ky, 0) and (co, ky, 1) interleaved.
+  if (p.kw == 2 && sw == 2 && dw == 1 && pl == 0 && Wo == 2 * W && p.kh == sh && dh == 1 && pt == 0 &&
+      Ho == sh * H && HW > 0 && cg > 0) {
+    float* cm = cols.get(static_cast<std::size_t>(p.group * Mg * HW));
+    const ConvGeom geom{1, C, H, W, p.group * Mg, 1, 1, H, W, 1, 1, 0, 0, 0, 0, 1, 1, p.group};
+    const int Tc = threads_for(static_cast<double>(Cout) * HWo, 65536);
+    for (i64 n = 0; n < N; ++n) {
+      conv2d_packed(*p.pointwise, geom, px + n * C * HW, nullptr, cm, Epilogue{});
+      parallel_for(Cout, Tc, [&](i64 oc) {  // oc = g * cout_g + co: its planes start at (g Mg + co kh kw) HW
+        const float b = pb ? pb[oc] : 0.f;
+        const float* planes = cm + ((oc / p.cout_g) * Mg + (oc % p.cout_g) * p.kh * 2) * HW;
+        for (i64 ky = 0; ky < p.kh; ++ky)
+          for (i64 iy = 0; iy < H; ++iy)
+            interleave_add(planes + 2 * ky * HW + iy * W, planes + (2 * ky + 1) * HW + iy * W, W, b,
+                           po + (n * Cout + oc) * HWo + (iy * sh + ky) * Wo);
+      });
+    }
+    return;
+  }
   float* bp = bbuf.get(static_cast<std::size_t>(std::max<i64>(1, ceil_div(HW, kr.nr) * kr.nr * cg)));
   float* cm = cols.get(static_cast<std::size_t>(std::max<i64>(1, Mg * HW)));
   for (i64 n = 0; n < N; ++n)

@@ -157,8 +157,12 @@ void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i6
     }
     return;
   }
+  const ExtraKernels& xk = extra_for(kr);
   for (i64 i = 0; i < m; ++i) {
     float* row = c + i * ldc;
+    if (ep.bias_cs == 0 && ep.act >= 0 &&
+        xk.bias_act_row(row, n, ep.bias ? ep.bias[(row0 + i) * ep.bias_rs] : 0.f, ep.act))
+      continue;
     if (ep.bias) {
       const float* bp = ep.bias + (row0 + i) * ep.bias_rs + col0 * ep.bias_cs;
       kr.binary(B_ADD, ep.bias_cs == 0 ? BM_VS : BM_VV, row, bp, row, n);
@@ -186,6 +190,11 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
   int tm, tn;
   split_grid(mt, nt, T, tm, tn);
   const i64 KC = kr.kc, MC = kr.mc, NC = kr.nc;
+  // A ragged last row panel (M = 32, 64, 80, 128 with mr = 12: 8 or 4 rows) runs the direct-conv tile on the packed
+  // panels (row k of B at k * NR), whose 8- and 4-row variants skip the zero rows the full kernel would multiply.
+  const ExtraKernels& xk = extra_for(kr);
+  std::vector<i64> b_rows(static_cast<std::size_t>(M % MR != 0 && alpha == 1.f ? std::min(K, KC) : 0));
+  for (std::size_t k = 0; k < b_rows.size(); ++k) b_rows[k] = static_cast<i64>(k) * NR;
 
   parallel_for(static_cast<i64>(tm) * tn, tm * tn, [&](i64 task) {
     const i64 ti = task / tn, tj = task % tn;
@@ -231,6 +240,9 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
               float* cp = c + ir * ldc + jr;
               if (nrows == MR && ncols == NR) {
                 kr.ukernel(kc, apan, bpan, cp, ldc, alpha, beta_eff);
+              } else if (nrows < MR && beta_eff == 0.f && !b_rows.empty() &&
+                         xk.conv_tile(MR, NR, kc, apan, bpan, b_rows.data(), cp, ldc, static_cast<int>(nrows),
+                                      static_cast<int>(ncols))) {
               } else {
                 kr.ukernel(kc, apan, bpan, tile, NR, 1.f, 0.f);
                 // Whole rows through the vector axpby (a ragged tile is common: M = 16 or 32 with mr = 12).

@@ -800,6 +800,11 @@ void py_resize2d(const py::array& x, const py::array& out, const py::array& y0, 
   bool nearest = true;
   for (i64 i = 0; i < Ho && nearest; ++i) nearest = pwy[i] == 0.f;
   for (i64 i = 0; i < Wo && nearest; ++i) nearest = pwx[i] == 0.f;
+  // Nearest by an integer factor f along W (column ox reads ox / f: YOLO's 2x upsampling) writes each input value
+  // f times without the index table; an output row that reads the same input row as the one before it is a copy.
+  i64 fw = Wo % W == 0 ? Wo / W : 0;
+  for (i64 i = 0; i < Wo && fw > 0; ++i)
+    if (px0[i] != i / fw) fw = 0;
   const int T = threads_for(static_cast<double>(NC) * Ho * Wo * (nearest ? 1 : 6), 32768);
   parallel_for(NC, T, [&](i64 q) {
     const float* in = px + q * H * W;
@@ -809,7 +814,14 @@ void py_resize2d(const py::array& x, const py::array& out, const py::array& y0, 
       float* orow = o + oy * Wo;
       const float* r0 = in + py0[oy] * W;
       if (nearest) {
-        for (i64 ox = 0; ox < Wo; ++ox) orow[ox] = r0[px0[ox]];
+        if (oy > 0 && py0[oy] == py0[oy - 1])
+          std::memcpy(orow, orow - Wo, static_cast<std::size_t>(Wo) * sizeof(float));
+        else if (fw == 2)
+          for (i64 i = 0; i < W; ++i) orow[2 * i] = orow[2 * i + 1] = r0[i];
+        else if (fw > 0)
+          for (i64 i = 0; i < W; ++i) std::fill(orow + i * fw, orow + (i + 1) * fw, r0[i]);
+        else
+          for (i64 ox = 0; ox < Wo; ++ox) orow[ox] = r0[px0[ox]];
         continue;
       }
       const float* row = r0;

@@ -33,7 +33,8 @@ struct ExtraKernels {
   void (*mean_var_row)(const float* x, i64 n, float* mean, float* var);
   // y = x >= 0 ? x : slope * x; slope a scalar (*slope) when slope_vec is false.
   void (*prelu_row)(const float* x, const float* slope, bool slope_vec, float* y, i64 n);
-  // Depthwise taps: out[oy*Wo + ox] = bias + sum_t w[t] * base[oy*ystride + off[t] + ox] for ox in [0, Wo).
+  // Depthwise taps: out[oy*Wo + ox] = bias + sum_t w[t] * base[oy*ystride + off[t] + ox] for ox in [0, Wo). The last
+  // columns of a row run as one whole vector: base must be readable `lanes` floats past the last value a tap reads.
   void (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
                   i64 Ho, i64 Wo);
   // y[i] = a[i] op b[i] (mode: BinaryMode of common.hpp), 0/1 bytes.
@@ -42,6 +43,9 @@ struct ExtraKernels {
   void (*max_rows)(const float* x, i64 ld, i64 rows, float* out, i64 n);
   // y = clamp(y + b, lo, hi) (NaN passes through): the bias + ReLU / ReLU6 / Clip epilogue in one pass.
   void (*bias_clamp_row)(float* y, i64 n, float b, float lo, float hi);
+  // y = act(y + b) in one pass for the activations conv models fuse most (SiLU, sigmoid, hard-swish); false, y
+  // untouched, for another act.
+  bool (*bias_act_row)(float* y, i64 n, float b, int act);
   // Packed-B panels (width nr) of columns [j0, j0 + ncols) of the im2col matrix of one image/group (conv.cpp).
   void (*im2col_block)(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst);
   // c[i*ldc + j] = dot(row i of a, row j of b) for i < m, j < n; k a multiple of 16, both sides zero-padded to it

@@ -235,10 +235,12 @@ void x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, i
       for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
       SIMD::store(o + ox, a0);
     }
-    for (; ox < Wo; ++ox) {
-      float a = bias;
-      for (int t = 0; t < ntaps; ++t) a += w[t] * b[off[t] + ox];
-      o[ox] = a;
+    if (ox < Wo) {  // the row's last columns: one vector (the rest of its lanes read slack and are dropped)
+      V a0 = vb;
+      for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
+      alignas(64) float tail[W];
+      SIMD::store(tail, a0);
+      for (i64 j = 0; ox + j < Wo; ++j) o[ox + j] = tail[j];
     }
   }
 }
@@ -301,6 +303,16 @@ void x_bias_clamp_row(float* y, i64 n, float b, float lo, float hi) {
   for (; i < n; ++i) {
     const float v = y[i] + b;
     y[i] = v != v ? v : (v < lo ? lo : (v > hi ? hi : v));
+  }
+}
+
+bool x_bias_act_row(float* y, i64 n, float b, int act) {
+  const V vb = SIMD::set1(b);
+  switch (act) {
+    case hetero::U_SILU: map1(y, y, n, [&](V v) { return vsilu(SIMD::add(v, vb)); }); return true;
+    case hetero::U_SIGMOID: map1(y, y, n, [&](V v) { return vsigmoid(SIMD::add(v, vb)); }); return true;
+    case hetero::U_HARD_SWISH: map1(y, y, n, [&](V v) { return vhard_swish(SIMD::add(v, vb)); }); return true;
+    default: return false;
   }
 }
 
@@ -458,8 +470,9 @@ void x_dot_nt(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 n, i6
 
 // Direct convolution tile, stride 1 along W (conv.cpp's conv_direct): c[r][j] = sum_k a[k*MR + r] * base[off[k] + j]
 // for r < MR, j < NRV*W: the GEMM micro-kernel's loop with row k of B read in place from the zero-padded input
-// (off[k]: channel, kernel row and column of tap k) instead of from an im2col copy. Writes nrows x ncols of it.
-template <int MR, int NRV>
+// (off[k]: channel, kernel row and column of tap k) instead of from an im2col copy. Writes nrows x ncols of it. A is
+// one packed panel whose rows lie AS floats apart (AS > MR: the first MR rows of a taller panel).
+template <int MR, int NRV, int AS = MR>
 void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
                    int ncols) {
   V acc[MR][NRV];
@@ -469,7 +482,7 @@ void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, flo
     const float* bp = base + off[k];
     V b[NRV];
     for (int v = 0; v < NRV; ++v) b[v] = SIMD::load(bp + v * W);
-    const float* ak = a + k * MR;
+    const float* ak = a + k * AS;
 #pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
       const V ar = SIMD::set1(ak[r]);
@@ -488,15 +501,35 @@ void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, flo
   }
 }
 
-// The tile shapes of the GEMM tables (kernels_*.cpp: mr x nr); false for another.
+// The last row panel of a Cout off the 12-row tile (YOLOv8n's 32, 64, 80, 128 channels: 8 or 4 rows left) runs an
+// 8- or 4-row tile on the same packed panel instead of multiplying zero rows.
+template <int MR, int NRV>
+void x_conv_tile_rows(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
+                      int ncols) {
+  if (MR == 12 && nrows <= 4)
+    x_conv_tile_t<4, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (MR == 12 && nrows <= 8)
+    x_conv_tile_t<8, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols);
+  else
+    x_conv_tile_t<MR, NRV>(K, a, base, off, c, ldc, nrows, ncols);
+}
+
+// The tile shapes of the GEMM tables (kernels_*.cpp: mr x nr), and mr x W (one vector of columns: the ragged last
+// tile of a row or map, where a full-width tile would be mostly waste); false for another.
 bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
                  int nrows, int ncols) {
   if (mr == 12 && nr == 2 * W && W >= 16)
-    x_conv_tile_t<12, 2>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_rows<12, 2>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 12 && nr == W && W >= 16)
+    x_conv_tile_rows<12, 1>(K, a, base, off, c, ldc, nrows, ncols);
   else if (mr == 6 && nr == 2 * W && W == 8)
     x_conv_tile_t<6, 2>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 6 && nr == W && W == 8)
+    x_conv_tile_t<6, 1>(K, a, base, off, c, ldc, nrows, ncols);
   else if (mr == 8 && nr == 3 * W && W == 4)
     x_conv_tile_t<8, 3>(K, a, base, off, c, ldc, nrows, ncols);
+  else if (mr == 8 && nr == W && W == 4)
+    x_conv_tile_t<8, 1>(K, a, base, off, c, ldc, nrows, ncols);
   else
     return false;
   return true;
@@ -564,8 +597,8 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
 
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_im2col_block,
-    x_dot_nt,      x_conv_tile,    x_wino_in,    x_wino_out,   W,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
+    x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   W,
 };
 
 }  // namespace

@@ -22,6 +22,7 @@ struct SIMD {
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V rcp(V a) { return _mm256_rcp_ps(a); }  // 1/a within 1.5 * 2^-12
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V fnma(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }

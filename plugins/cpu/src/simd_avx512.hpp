@@ -22,6 +22,8 @@ struct SIMD {
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V rcp(V a) { return _mm512_rcp14_ps(a); }  // 1/a within 2^-14
+  static V scalef(V a, V n) { return _mm512_scalef_ps(a, n); }  // a 2^floor(n), one rounding
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V fnma(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }

@@ -20,6 +20,7 @@ struct SIMD {
   static V sub(V a, V b) { return a - b; }
   static V mul(V a, V b) { return a * b; }
   static V div(V a, V b) { return a / b; }
+  static V rcp(V a) { return 1.f / a; }
   static V fma(V a, V b, V c) { return a * b + c; }   // a*b + c
   static V fnma(V a, V b, V c) { return c - a * b; }  // c - a*b
   // max/min follow the x86 convention: the second operand is returned when either is NaN.

@@ -22,6 +22,11 @@ struct SIMD {
   static V sub(V a, V b) { return vsubq_f32(a, b); }
   static V mul(V a, V b) { return vmulq_f32(a, b); }
   static V div(V a, V b) { return vdivq_f32(a, b); }
+  // 1/a within ~2^-16: the 8-bit estimate and one Newton step
+  static V rcp(V a) {
+    const V e = vrecpeq_f32(a);
+    return vmulq_f32(e, vrecpsq_f32(a, e));
+  }
   static V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
   static V fnma(V a, V b, V c) { return vfmsq_f32(c, a, b); }
   // Keep the x86 semantics (second operand on NaN) so the shared code's NaN fix-ups stay valid.

@@ -55,7 +55,7 @@ def test_threads_roundtrip():
 # --------------------------------------------------------------------------------------------------------- gemm
 
 
-@pytest.mark.parametrize("m", [*ODD, 2, 4, 5, 12, 64])
+@pytest.mark.parametrize("m", [*ODD, 2, 4, 5, 12, 32, 64])  # 32, 64: 8 and 4 rows past the 12-row tiles
 @pytest.mark.parametrize("n", [1, 17, 33, 100])
 @pytest.mark.parametrize("k", [1, 3, 127, 300])
 def test_gemm_shapes(isa, m, n, k):
@@ -597,6 +597,7 @@ ACTS = {
     "relu6": lambda y: np.clip(y, 0, 6),
     "silu": lambda y: y / (1 + np.exp(-y)),
     "sigmoid": lambda y: 1 / (1 + np.exp(-y)),
+    "hard_swish": lambda y: y * np.clip(y / 6 + 0.5, 0, 1),
 }
 
 CONV_CASES = [
@@ -607,6 +608,9 @@ CONV_CASES = [
     (1, 8, 16, 16, 8, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 2),
     (2, 12, 11, 10, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 12),  # depthwise
     (1, 32, 14, 14, 32, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 32),  # depthwise strided
+    (1, 6, 13, 15, 6, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise stride 2: odd pad and width (deinterleave)
+    (1, 4, 11, 17, 4, 3, 3, (3, 3), (1, 2, 0, 1), (1, 1), 4),  # depthwise stride 3
+    (2, 3, 9, 37, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 3),  # depthwise, rows ending in a part vector
     (1, 5, 7, 7, 4, 7, 7, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # kernel == input
     (1, 4, 6, 5, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # strided 1x1
     # wide rows: whole 16- / 32-column panels inside one output row (the im2col's fixed-size copy path)
@@ -633,6 +637,12 @@ CONV_CASES = [
     # stride 1 both ways on rows narrower than a panel: panels over the flattened padded rows (YOLOv8n's 40 x 40)
     (2, 16, 10, 12, 23, 3, 3, (1, 1), (1, 1, 1, 1), (2, 1), 1),
     (1, 64, 13, 13, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    # a last tile of at most one vector of columns runs the one-vector tile: YOLOv8n's stride-2 20 x 20 -> 10 x 10
+    # (109 flattened columns: a 13-column tail at 32-wide tiles), a 10 x 10 map (118: 6 at 16-wide), rows of 80 (16);
+    # Cout 20 and 40 leave 8 and 4 rows of the last 12-row panel (the shorter tiles)
+    (1, 32, 20, 20, 20, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (1, 16, 10, 10, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 6, 7, 80, 40, 3, 3, (3, 1), (1, 1, 1, 1), (1, 1), 1),
 ]
 
 
