@@ -509,6 +509,25 @@ def test_attention_left_alone_when_scores_or_probabilities_are_read_elsewhere():
     assert _compare(model, feeds, "reference").rewrites["fuse_attention"] == 0
 
 
+def test_float64_attention_left_alone():
+    # The fused kernels are float32 only: a double-precision attention keeps its nodes (fusing it made the cpu
+    # backend decline the fused node and the whole span fall back to the reference backend).
+    mk = helper.make_node
+    nodes = [mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), mk("MatMul", ["q", "kt"], ["s"]),
+             mk("Softmax", ["s"], ["p"], axis=-1), mk("MatMul", ["p", "v"], ["y"])]
+    shape = [1, 2, 5, 4]
+    model = make_model(nodes, [(n, TensorProto.DOUBLE, shape) for n in ("q", "k", "v")],
+                       [("y", TensorProto.DOUBLE, None)], [])
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.normal(size=shape) for n in ("q", "k", "v")}
+    scores = feeds["q"] @ feeds["k"].transpose(0, 1, 3, 2)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = probs / probs.sum(-1, keepdims=True) @ feeds["v"]
+    session = hetero.Session(model)
+    assert session.rewrites["fuse_attention"] == 0
+    np.testing.assert_allclose(session.run(feeds)["y"], expected, rtol=1e-12)
+
+
 @pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu plugin not built")
 def test_fused_attention_kernel_rejects_mismatched_operands():
     from hetero_cpu import _native

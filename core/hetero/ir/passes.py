@@ -743,6 +743,9 @@ def _attention_span(graph: Graph, softmax: Node, producers: dict[str, Node]) -> 
     """Softmax(MatMul(Q, K) [* or / a scalar] [+ mask], last axis) @ V [then Transpose], on 4-D operands: the fused
     node and the nodes it replaces (the one last in the graph last)."""
     default_axis = -1 if graph.opset("") >= 13 else 1  # before 13: coerced to 2-D at the axis, the same on the last
+    scores_info = graph.values.get(softmax.inputs[0])
+    if scores_info is None or scores_info.dtype != dtypes.float32:  # the fused kernels are float32 only
+        return None
     if _rank(graph, softmax.inputs[0]) != 4 or int(softmax.attrs.get("axis", default_axis)) not in (-1, 3):
         return None
     probs, cleanup = softmax.outputs[0], _nan_cleanup(graph, softmax.outputs[0])
