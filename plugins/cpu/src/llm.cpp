@@ -1016,15 +1016,43 @@ void rotated_tile(const Attention& at, kvq::DecodeFn decode, i64 h, i64 l0, i64 
   decode(bits, static_cast<const std::uint8_t*>(at.vrow(h, l0)), nv * nb, sf, 0, vf);
 }
 
-// 1. of a run of T rows at `past`: its keys and values appended to the cache (the cache's filled count moves on).
-void attention_append(Attention& at, const float* kin, const float* vin, i64 T, i64 past) {
+// The keys and values of kv head h of a run of T rows at `past` appended to a float16 / float32 / q8 cache (not the
+// rotated kinds): the head's K tile columns and V rows, which no other head's append touches.
+void append_head(Attention& at, i64 h, const float* kin, const float* vin, i64 T, i64 past) {
   const LlmKernels& kr = lk();
   const i64 hkv = at.hkv, D = at.d;
-  // 1. append the new keys (scattered into their tile column) and values at [past, past + T)
-  {
-    // 3 * D: rotated_append's scratch (the same buffer, grown here once)
-    std::uint16_t* hbuf = reinterpret_cast<std::uint16_t*>(tl_f(0).get(static_cast<std::size_t>(3 * D)));
-    if (at.rotated() && past == 0) {  // a new sequence: the keys' centre is the mean of its first keys, per kv head
+  std::uint16_t* hbuf = reinterpret_cast<std::uint16_t*>(tl_f(0).get(static_cast<std::size_t>(3 * D)));
+  for (i64 t = 0; t < T; ++t) {
+    const i64 pos = past + t;
+    const float* ks = kin + (t * hkv + h) * D;
+    const float* vs = vin + (t * hkv + h) * D;
+    char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
+    char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
+    const i64 lane = pos % KT;
+    if (at.kind == KV_Q8) {
+      auto* kd = reinterpret_cast<std::int8_t*>(kt);
+      kv_quantize_row(ks, D, kd + lane, KT, reinterpret_cast<float*>(kd + D * KT) + lane, KT);
+      kv_quantize_row(vs, D, reinterpret_cast<std::int8_t*>(vr), 1, at.vscale(h, pos), 1);
+    } else if (at.kind == KV_F16) {
+      kr.f32_to_f16(ks, hbuf, D);
+      auto* kd = reinterpret_cast<std::uint16_t*>(kt);
+      for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = hbuf[i];
+      kr.f32_to_f16(vs, reinterpret_cast<std::uint16_t*>(vr), D);
+    } else {
+      auto* kd = reinterpret_cast<float*>(kt);
+      for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = ks[i];
+      std::memcpy(vr, vs, static_cast<std::size_t>(D) * 4);
+    }
+  }
+}
+
+// 1. of a run of T rows at `past`: its keys and values appended to the cache (the cache's filled count moves on).
+void attention_append(Attention& at, const float* kin, const float* vin, i64 T, i64 past) {
+  const i64 hkv = at.hkv, D = at.d;
+  if (!at.rotated()) {
+    for (i64 h = 0; h < hkv; ++h) append_head(at, h, kin, vin, T, past);
+  } else {
+    if (past == 0) {  // a new sequence: the keys' centre is the mean of its first keys, per kv head
       const i64 n = std::min<i64>(T, kvq::kMeanPositions);
       for (i64 h = 0; h < hkv; ++h)
         for (i64 i = 0; i < D; ++i) {
@@ -1033,42 +1061,18 @@ void attention_append(Attention& at, const float* kin, const float* vin, i64 T, 
           at.kmean[static_cast<std::size_t>(h * D + i)] = static_cast<float>(sum / static_cast<double>(n));
         }
     }
-    if (at.rotated()) {  // rotation + codebook search per row: one task per kv head (heads share no byte)
-      const double rows_work = static_cast<double>(T) * static_cast<double>(hkv) * static_cast<double>(D) * 32.0;
-      parallel_for(hkv, threads_for(rows_work, 32768.0), [&](i64 h) {
-        tl_f(0).get(static_cast<std::size_t>(3 * D));
-        for (i64 t = 0; t < T; ++t) {
-          const i64 pos = past + t;
-          char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
-          char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
-          rotated_append(at, h, kin + (t * hkv + h) * D, vin + (t * hkv + h) * D, kt, vr, pos % KT,
-                         at.vscale_bytes(h, pos));
-        }
-      });
-    }
-    for (i64 t = 0; t < T && !at.rotated(); ++t)
-      for (i64 h = 0; h < hkv; ++h) {
+    // rotation + codebook search per row: one task per kv head (heads share no byte)
+    const double rows_work = static_cast<double>(T) * static_cast<double>(hkv) * static_cast<double>(D) * 32.0;
+    parallel_for(hkv, threads_for(rows_work, 32768.0), [&](i64 h) {
+      tl_f(0).get(static_cast<std::size_t>(3 * D));  // rotated_append's scratch
+      for (i64 t = 0; t < T; ++t) {
         const i64 pos = past + t;
-        const float* ks = kin + (t * hkv + h) * D;
-        const float* vs = vin + (t * hkv + h) * D;
         char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
         char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
-        const i64 lane = pos % KT;
-        if (at.kind == KV_Q8) {
-          auto* kd = reinterpret_cast<std::int8_t*>(kt);
-          kv_quantize_row(ks, D, kd + lane, KT, reinterpret_cast<float*>(kd + D * KT) + lane, KT);
-          kv_quantize_row(vs, D, reinterpret_cast<std::int8_t*>(vr), 1, at.vscale(h, pos), 1);
-        } else if (at.kind == KV_F16) {
-          kr.f32_to_f16(ks, hbuf, D);
-          auto* kd = reinterpret_cast<std::uint16_t*>(kt);
-          for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = hbuf[i];
-          kr.f32_to_f16(vs, reinterpret_cast<std::uint16_t*>(vr), D);
-        } else {
-          auto* kd = reinterpret_cast<float*>(kt);
-          for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = ks[i];
-          std::memcpy(vr, vs, static_cast<std::size_t>(D) * 4);
-        }
+        rotated_append(at, h, kin + (t * hkv + h) * D, vin + (t * hkv + h) * D, kt, vr, pos % KT,
+                       at.vscale_bytes(h, pos));
       }
+    });
   }
   at.filled = past + T;
 }
@@ -1203,8 +1207,20 @@ struct AttentionRun {
 
 void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
                    float scale, float* out) {
-  attention_append(at, kin, vin, T, past);
   AttentionRun run{&at, q, T, hq, past, scale, out};
+  if (!at.rotated() && run.blocks() == 1) {
+    // One block of rows per kv head (a decode step): task h appends head h's keys and values, then computes its
+    // rows, so the append runs on every thread too (its scattered K stores cost about a tile of scores per head).
+    run.plan();
+    const double append = static_cast<double>(T * at.hkv * at.d * KT);
+    parallel_for(run.tasks(), threads_for(run.work() + append, 32768.0), [&](i64 h) {
+      append_head(at, h, kin, vin, T, past);
+      run.task(h);
+    });
+    at.filled = past + T;
+    return;
+  }
+  attention_append(at, kin, vin, T, past);
   run.plan();
   parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 t) { run.task(t); });
 }
