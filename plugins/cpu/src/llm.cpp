@@ -2,7 +2,8 @@
 // repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
 // Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM (default 4; 1 = one
 // contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes
-// the decode kernels prefetch ahead of the weight stream (default 4096).
+// the decode kernels prefetch ahead of the weight stream (default 4096), HETERO_LLM_HUGE=0 = the repacked weights on
+// the allocator's ordinary pages (see WeightArena).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -14,13 +15,19 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "elementwise.hpp"
 #include "kv_quant.hpp"
 #include "llm.hpp"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace py = pybind11;
 
@@ -143,17 +150,62 @@ float* fptr(const py::array& a) { return static_cast<float*>(const_cast<void*>(a
 const float* cfptr(const py::array& a) { return static_cast<const float*>(a.data()); }
 
 // ------------------------------------------------------------------------------------------------ weights
+// Memory of the repacked weights: what a decode step streams, ~all of its bytes. On 4 KiB pages the stream crosses
+// a page (a TLB miss, a two-level page walk under a hypervisor) every 64 cache lines; on 2 MiB pages every 32768.
+// Weights are carved, 64-byte aligned and back to back, out of 2 MiB-aligned chunks of at least 32 MiB that ask
+// Linux for transparent huge pages (madvise: the default "madvise" THP mode grants them; "never" leaves 4 KiB
+// pages, as does any other system). Untouched chunk space is never resident; a chunk is freed with the last weight
+// carved from it. HETERO_LLM_HUGE=0: one ordinary aligned allocation per weight (as before).
+struct WeightArena {
+  static constexpr std::size_t kPage = std::size_t{1} << 21, kChunk = std::size_t{32} << 20;
+  std::mutex mu;
+  std::shared_ptr<std::uint8_t> chunk;  // the chunk being carved
+  std::size_t used = 0, cap = 0;
+
+  static bool on() {
+    static const bool huge = [] { const char* e = std::getenv("HETERO_LLM_HUGE"); return !e || std::atoi(e) != 0; }();
+    return huge;
+  }
+  // bytes (64-byte aligned) and the owner that keeps them alive
+  std::pair<std::uint8_t*, std::shared_ptr<std::uint8_t>> take(std::size_t bytes) {
+    bytes = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+    if (!on()) {
+      auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(64, bytes));
+      if (!p) throw std::bad_alloc();
+      return {p, std::shared_ptr<std::uint8_t>(p, [](std::uint8_t* q) { std::free(q); })};
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    if (!chunk || cap - used < bytes) {
+      cap = std::max(kChunk, (bytes + kPage - 1) / kPage * kPage);
+      auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(kPage, cap));
+      if (!p) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+      madvise(p, cap, MADV_HUGEPAGE);  // advice: refused or unsupported leaves ordinary pages
+#endif
+      chunk = std::shared_ptr<std::uint8_t>(p, [](std::uint8_t* q) { std::free(q); });
+      used = 0;
+    }
+    std::uint8_t* p = chunk.get() + used;
+    used += bytes;
+    return {p, chunk};
+  }
+};
+WeightArena& weight_arena() {
+  static WeightArena* arena = new WeightArena();  // never destroyed: weights may outlive static destruction
+  return *arena;
+}
+
 // A weight matrix (or a stack of expert matrices) for QMatMul / MoE: quantized (repacked) or float (read in place).
 struct Weights {
   bool quant = false;
   QPack pk;               // quantized
   std::uint8_t* packed = nullptr;
+  std::shared_ptr<std::uint8_t> mem;  // what holds `packed` (WeightArena)
   i64 expert_bytes = 0;   // repacked bytes per expert
   int wt = W_F32;         // float
   py::object keep;        // float: the source array (kept alive, read in place)
   const void* fdata = nullptr;
   i64 experts = 1, n = 0, k = 0;
-  ~Weights() { std::free(packed); }
 
   const std::uint8_t* group(i64 e, i64 g) const { return packed + e * expert_bytes + g * pk.group_bytes; }
   const void* frow(i64 e, i64 row) const {
@@ -237,8 +289,7 @@ std::shared_ptr<Weights> make_weights(const py::array& w, const std::string& wty
     out->quant = true;
     out->expert_bytes = pk.groups * pk.group_bytes;
     const std::size_t total = static_cast<std::size_t>(out->experts * out->expert_bytes);
-    out->packed = static_cast<std::uint8_t*>(std::aligned_alloc(64, ((total + 63) / 64) * 64));
-    if (!out->packed) throw std::bad_alloc();
+    std::tie(out->packed, out->mem) = weight_arena().take(total);
     const auto* src = static_cast<const std::uint8_t*>(w.data());
     const i64 e_src = out->n * row;
     const i64 E = out->experts;

@@ -132,7 +132,7 @@ def test_attention_does_not_depend_on_the_thread_count(kv_dtype, hq, hkv, d):
     count: prefill, decode steps across a key tile's end, a rollback, a short chunk; the cache's bytes too."""
     rng = np.random.default_rng(2)
     schedule = [(9, 0), *((1, p) for p in range(9, 70)), (1, 30), (4, 31), (1, 35)]  # (T, past)
-    steps = [tuple(rng.standard_normal((t, h, d)).astype(np.float32) for h in (hq, hkv, hkv)) + (past,)
+    steps = [(*(rng.standard_normal((t, h, d)).astype(np.float32) for h in (hq, hkv, hkv)), past)
              for t, past in schedule]
     before = _native.num_threads()
     runs = []
