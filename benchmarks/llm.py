@@ -35,10 +35,10 @@ Measurement (each runtime in its own subprocess, one after the other, alternatin
 * load: the wall time of ``hetero.llm.load`` / ``llama_model_load_from_file`` + ``llama_init_from_model`` on a file
   already in the page cache.
 * bandwidth: the native read probe (``benchmarks/read_bandwidth.py``: N threads of one process each stream their
-  own 256 MiB buffer; best pass), at each thread count of the run. A decode step reads
-  every weight once (the tied embedding table in full, as the LM head) plus the KV cache (and, for Qwen3.5, the
-  float32 recurrent state of each Gated DeltaNet layer), so the bound is
-  bandwidth / bytes per token; "% of bound" = t/s x bytes per token / bandwidth.
+  own 256 MiB buffer, on 4 KiB and on 2 MiB pages; best pass of either), at each thread count of the run. A decode
+  step reads every weight once (the tied embedding table in full, as the LM head) plus the KV cache (and, for
+  Qwen3.5, the float32 recurrent state of each Gated DeltaNet layer), so the bound is bandwidth / bytes per token;
+  "% of bound" = t/s x bytes per token / bandwidth.
 
 The machine is shared (see shared/FACTS.md: a busy neighbour halves the cores): compare ratios from one run, repeat.
 """
