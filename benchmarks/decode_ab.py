@@ -83,7 +83,7 @@ def quantile(values: list[float], q: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="a .gguf file")
-    ap.add_argument("against", help="arm B: TREE[:NAME=VALUE,...] (arm A is this checkout, or --a)")
+    ap.add_argument("against", nargs="?", help="arm B: TREE[:NAME=VALUE,...] (arm A is this checkout, or --a)")
     ap.add_argument("--a", default=str(ROOT), help="arm A: TREE[:NAME=VALUE,...] (default: this checkout)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--blocks", type=int, default=30, help="block pairs (the order alternates)")
@@ -94,6 +94,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         return worker(args.worker, args.model, args.threads, args.prompt)
+    if not args.against:
+        ap.error("the second arm (against) is required")
     arms = [args.a, args.against]
     procs = [spawn(arm, args) for arm in arms]
     load_before = os.getloadavg()[0]
