@@ -9,7 +9,8 @@ steps long, so both arms see the same neighbours within seconds of each other: e
 the script prints the median of those ratios (arm B's step time over arm A's: > 1 means A is faster) beside each
 arm's minimum, 10th percentile and median step. On a machine shared with other work the median step measures the
 neighbours; the minimum and 10th percentile are the steps that had the cores. Each step decodes one token after
-``--prompt`` cached tokens (rolled back each step, so every step sees the same context).
+``--prompt`` cached tokens (rolled back each step, so every step sees the same context); with ``--prefill N`` a step
+is instead a prefill of N tokens into an empty cache.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def worker(tree: Path, model: str, threads: int, prompt: int) -> int:
-    """Loads the model from ``tree``, then for each line "N" of stdin runs N steps and prints their seconds."""
+def worker(tree: Path, model: str, threads: int, prompt: int, prefill: int) -> int:
+    """Loads the model from ``tree``, then for each line "N" of stdin runs N steps (decode steps, or prefills of
+    ``prefill`` tokens) and prints their seconds."""
     sys.path[:0] = [str(tree / "core"), str(tree / "plugins" / "cpu")]
     import hetero_cpu
     from hetero.llm import load
@@ -37,9 +39,9 @@ def worker(tree: Path, model: str, threads: int, prompt: int) -> int:
         raise SystemExit(f"decode_ab: {tree} did not provide hetero_cpu ({hetero_cpu.__file__})")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        llm = load(model, backends=["cpu"], on_fallback="silent", threads=threads, context=prompt + 32,
+        llm = load(model, backends=["cpu"], on_fallback="silent", threads=threads, context=max(prompt, prefill) + 32,
                    progress=False)
-    ids = list(range(100, 100 + prompt + 16))
+    ids = list(range(100, 100 + max(prompt, prefill) + 16))
     llm.prefill(ids[:prompt])
     for _ in range(4):  # the replay of a one-token step is recorded
         llm.rollback(prompt)
@@ -48,9 +50,12 @@ def worker(tree: Path, model: str, threads: int, prompt: int) -> int:
     for line in sys.stdin:
         times = []
         for i in range(int(line)):
-            llm.rollback(prompt)
+            llm.rollback(0 if prefill else prompt)
             t0 = time.perf_counter()
-            llm.forward([ids[prompt + 1 + i % 8]])
+            if prefill:
+                llm.prefill(ids[:prefill])
+            else:
+                llm.forward([ids[prompt + 1 + i % 8]])
             times.append(time.perf_counter() - t0)
         print(json.dumps(times), flush=True)
     return 0
@@ -60,7 +65,7 @@ def spawn(arm: str, args: argparse.Namespace) -> subprocess.Popen[str]:
     tree, _, settings = arm.partition(":")
     env = {**os.environ, **dict(kv.split("=", 1) for kv in settings.split(",") if kv)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(Path(tree).resolve()), args.model,
-           "--threads", str(args.threads), "--prompt", str(args.prompt)]
+           "--threads", str(args.threads), "--prompt", str(args.prompt), "--prefill", str(args.prefill)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
@@ -89,11 +94,12 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=30, help="block pairs (the order alternates)")
     ap.add_argument("--steps", type=int, default=6, help="decode steps per block")
     ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--prefill", type=int, default=0, help="time prefills of this many tokens instead of decode steps")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.worker, args.model, args.threads, args.prompt)
+        return worker(args.worker, args.model, args.threads, args.prompt, args.prefill)
     if not args.against:
         ap.error("the second arm (against) is required")
     arms = [args.a, args.against]
@@ -117,15 +123,17 @@ def main() -> int:
     load_after = os.getloadavg()[0]
     rows = [dict(arm=arm, min_ms=min(t) * 1e3, p10_ms=quantile(t, 0.1) * 1e3, median_ms=statistics.median(t) * 1e3)
             for arm, t in zip(arms, times, strict=True)]
-    summary = dict(model=Path(args.model).name, threads=args.threads, prompt=args.prompt, blocks=args.blocks,
+    summary = dict(model=Path(args.model).name, threads=args.threads, prompt=args.prompt, prefill=args.prefill,
+                   blocks=args.blocks,
                    steps=args.steps, load_avg=[load_before, load_after], arms=rows,
                    ratio_median=statistics.median(ratios), ratio_p10=rows[1]["p10_ms"] / rows[0]["p10_ms"],
                    ratio_min=rows[1]["min_ms"] / rows[0]["min_ms"])
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    print(f"{summary['model']}, {args.threads} thread(s), {args.blocks} x 2 alternating blocks of {args.steps} steps "
-          f"after {args.prompt} tokens; load average {load_before:.2f} -> {load_after:.2f}")
+    what = f"prefills of {args.prefill} tokens" if args.prefill else f"steps after {args.prompt} tokens"
+    print(f"{summary['model']}, {args.threads} thread(s), {args.blocks} x 2 alternating blocks of {args.steps} {what}; "
+          f"load average {load_before:.2f} -> {load_after:.2f}")
     print("| arm | min ms | p10 ms | median ms |")
     print("|---|---:|---:|---:|")
     for r in rows:
