@@ -166,23 +166,25 @@ struct WeightArena {
     static const bool huge = [] { const char* e = std::getenv("HETERO_LLM_HUGE"); return !e || std::atoi(e) != 0; }();
     return huge;
   }
+  static std::shared_ptr<std::uint8_t> alloc(std::size_t align, std::size_t bytes) {
+    auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(align, bytes));
+    if (!p) throw std::bad_alloc();
+    return {p, [](std::uint8_t* q) { std::free(q); }};
+  }
   // bytes (64-byte aligned) and the owner that keeps them alive
   std::pair<std::uint8_t*, std::shared_ptr<std::uint8_t>> take(std::size_t bytes) {
     bytes = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
     if (!on()) {
-      auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(64, bytes));
-      if (!p) throw std::bad_alloc();
-      return {p, std::shared_ptr<std::uint8_t>(p, [](std::uint8_t* q) { std::free(q); })};
+      std::shared_ptr<std::uint8_t> own = alloc(64, bytes);
+      return {own.get(), own};
     }
     std::lock_guard<std::mutex> lk(mu);
     if (!chunk || cap - used < bytes) {
       cap = std::max(kChunk, (bytes + kPage - 1) / kPage * kPage);
-      auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(kPage, cap));
-      if (!p) throw std::bad_alloc();
+      chunk = alloc(kPage, cap);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-      madvise(p, cap, MADV_HUGEPAGE);  // advice: refused or unsupported leaves ordinary pages
+      madvise(chunk.get(), cap, MADV_HUGEPAGE);  // advice: refused or unsupported leaves ordinary pages
 #endif
-      chunk = std::shared_ptr<std::uint8_t>(p, [](std::uint8_t* q) { std::free(q); });
       used = 0;
     }
     std::uint8_t* p = chunk.get() + used;
