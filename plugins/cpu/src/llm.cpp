@@ -1263,10 +1263,11 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
   AttentionRun run{&at, q, T, hq, past, scale, out};
   if (!at.rotated() && run.blocks() == 1) {
     // One block of rows per kv head (a decode step): task h appends head h's keys and values, then computes its
-    // rows, so the append runs on every thread too (its scattered K stores cost about a tile of scores per head).
+    // rows, so when the attention runs on several threads the append does too. The thread count is the
+    // attention's own: a context too short for it stays on the caller (a region more per layer cost more than it
+    // saved on a shared machine, where each region may wait on a descheduled worker).
     run.plan();
-    const double append = static_cast<double>(T * at.hkv * at.d * KT);
-    parallel_for(run.tasks(), threads_for(run.work() + append, 32768.0), [&](i64 h) {
+    parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 h) {
       append_head(at, h, kin, vin, T, past);
       run.task(h);
     });
