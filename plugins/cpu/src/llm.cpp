@@ -155,11 +155,12 @@ const float* cfptr(const py::array& a) { return static_cast<const float*>(a.data
 // Weights are carved, 64-byte aligned and back to back, out of 2 MiB-aligned chunks of at least 32 MiB that ask
 // Linux for transparent huge pages (madvise: the default "madvise" THP mode grants them; "never" leaves 4 KiB
 // pages, as does any other system). Untouched chunk space is never resident; a chunk is freed with the last weight
-// carved from it. HETERO_LLM_HUGE=0: one ordinary aligned allocation per weight (as before).
+// carved from it (the arena itself keeps none alive). HETERO_LLM_HUGE=0: one ordinary aligned allocation per
+// weight (as before).
 struct WeightArena {
   static constexpr std::size_t kPage = std::size_t{1} << 21, kChunk = std::size_t{32} << 20;
   std::mutex mu;
-  std::shared_ptr<std::uint8_t> chunk;  // the chunk being carved
+  std::weak_ptr<std::uint8_t> chunk;  // the chunk being carved (freed with its weights: the arena does not hold it)
   std::size_t used = 0, cap = 0;
 
   static bool on() {
@@ -179,17 +180,19 @@ struct WeightArena {
       return {own.get(), own};
     }
     std::lock_guard<std::mutex> lk(mu);
-    if (!chunk || cap - used < bytes) {
+    std::shared_ptr<std::uint8_t> cur = chunk.lock();
+    if (!cur || cap - used < bytes) {
       cap = std::max(kChunk, (bytes + kPage - 1) / kPage * kPage);
-      chunk = alloc(kPage, cap);
+      cur = alloc(kPage, cap);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-      madvise(chunk.get(), cap, MADV_HUGEPAGE);  // advice: refused or unsupported leaves ordinary pages
+      madvise(cur.get(), cap, MADV_HUGEPAGE);  // advice: refused or unsupported leaves ordinary pages
 #endif
+      chunk = cur;
       used = 0;
     }
-    std::uint8_t* p = chunk.get() + used;
+    std::uint8_t* p = cur.get() + used;
     used += bytes;
-    return {p, chunk};
+    return {p, cur};
   }
 };
 WeightArena& weight_arena() {

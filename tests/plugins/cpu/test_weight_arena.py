@@ -50,16 +50,18 @@ def digest() -> str:
     return h.hexdigest()
 
 
-def _arms(function: str) -> dict[str, str]:
-    """What this module's ``function()`` prints in a fresh process with the arena (HETERO_LLM_HUGE=1) and without."""
+def _fresh(function: str, huge: str) -> str:
+    """What this module's ``function()`` returns in a fresh process with HETERO_LLM_HUGE=huge (read once)."""
     root = Path(__file__).resolve().parents[3]
     code = f"from tests.plugins.cpu.test_weight_arena import {function} as f; print(f())"
-    got = {}
-    for huge in ("1", "0"):
-        env = {**os.environ, "HETERO_LLM_HUGE": huge, "HETERO_NUM_THREADS": "2"}
-        got[huge] = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, check=True, capture_output=True,
-                                   text=True).stdout.strip()
-    return got
+    env = {**os.environ, "HETERO_LLM_HUGE": huge, "HETERO_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _arms(function: str) -> dict[str, str]:
+    """``_fresh`` with the arena (HETERO_LLM_HUGE=1) and without."""
+    return {huge: _fresh(function, huge) for huge in ("1", "0")}
 
 
 def test_weights_compute_the_same_bits_with_and_without_the_arena():
@@ -79,11 +81,30 @@ def test_weights_keep_their_bytes_when_their_neighbours_are_freed():
     assert all(np.isfinite(_run(w, k, n)).all() for w, n, k in fresh)
 
 
-def _anon_huge_kib() -> int:
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-        if line.startswith("AnonHugePages:"):
+def _kib(path: str, key: str) -> int:
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(key):
             return int(line.split()[1])
     return 0
+
+
+def _anon_huge_kib() -> int:
+    return _kib("/proc/self/smaps_rollup", "AnonHugePages:")
+
+
+def kib_given_back() -> int:
+    """RssAnon (KiB) this process gives back when its only weight (~17 MiB repacked) is freed."""
+    w = _weights("q8", 4096, 4096, 9)
+    gc.collect()
+    held = _kib("/proc/self/status", "RssAnon:")
+    del w
+    gc.collect()
+    return held - _kib("/proc/self/status", "RssAnon:")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_freed_weights_give_their_memory_back():
+    assert int(_fresh("kib_given_back", "1")) >= 12 * 1024  # the chunk went with its last weight
 
 
 def huge_kib_of_a_weight() -> int:
