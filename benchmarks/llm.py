@@ -35,10 +35,10 @@ Measurement (each runtime in its own subprocess, one after the other, alternatin
 * load: the wall time of ``hetero.llm.load`` / ``llama_model_load_from_file`` + ``llama_init_from_model`` on a file
   already in the page cache.
 * bandwidth: the native read probe (``benchmarks/read_bandwidth.py``: N threads of one process each stream their
-  own 256 MiB buffer; best pass), at each thread count of the run. A decode step reads
-  every weight once (the tied embedding table in full, as the LM head) plus the KV cache (and, for Qwen3.5, the
-  float32 recurrent state of each Gated DeltaNet layer), so the bound is
-  bandwidth / bytes per token; "% of bound" = t/s x bytes per token / bandwidth.
+  own 256 MiB buffer, on 4 KiB and on 2 MiB pages; best pass of either), at each thread count of the run. A decode
+  step reads every weight once (the tied embedding table in full, as the LM head) plus the KV cache (and, for
+  Qwen3.5, the float32 recurrent state of each Gated DeltaNet layer), so the bound is bandwidth / bytes per token;
+  "% of bound" = t/s x bytes per token / bandwidth.
 
 The machine is shared (see shared/FACTS.md: a busy neighbour halves the cores): compare ratios from one run, repeat.
 """
@@ -203,13 +203,14 @@ def file_stats(path: Path, tg: int) -> dict[str, Any]:
 
 
 # -- memory bandwidth --------------------------------------------------------------------------------------------------
-def bandwidth(threads: int) -> float:
-    """Read bandwidth in GB/s of ``threads`` threads of one process (the native probe, benchmarks/read_bandwidth.py),
-    best pass: the ceiling of a decode step at that thread count."""
+def bandwidth(threads: int) -> dict[str, float]:
+    """Read bandwidth in GB/s of ``threads`` threads of one process (the native probe, benchmarks/read_bandwidth.py):
+    "best" (the best pass on either page size: the ceiling of a decode step at that thread count), "best_4k",
+    "best_2m"."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from read_bandwidth import measure
 
-    return measure([threads], mib=256, reps=7, rounds=2)[threads]["best"]
+    return measure([threads], mib=256, reps=7, rounds=2)[threads]
 
 
 # -- workers ---------------------------------------------------------------------------------------------------------
@@ -496,8 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_bandwidth:
         for t in sorted(set(threads)):
             log(f"measuring read bandwidth with {t} thread(s) ...")
-            bw[t] = bandwidth(t)
-            log(f"  {bw[t]:.1f} GB/s")
+            probe = bandwidth(t)
+            bw[t] = probe["best"]
+            log(f"  {bw[t]:.1f} GB/s (4 KiB pages {probe['best_4k']:.1f}, 2 MiB pages {probe['best_2m']:.1f})")
 
     rows = []
     order = 0

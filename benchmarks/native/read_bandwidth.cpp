@@ -1,15 +1,21 @@
 // Read-bandwidth probe: N threads of one process each stream their own buffer (first touched by that thread)
 // and sum it; prints one JSON line per repetition set. The ceiling a decode step at N threads can reach.
 // Built and run by benchmarks/read_bandwidth.py (g++ -O3, no -march flags: 16-byte loads, 8 independent sums,
-// are enough to keep a core's misses in flight; the prefetchers do the rest).
-//   read_bandwidth THREADS MIB_PER_THREAD REPS
+// are enough to keep a core's misses in flight; the prefetchers do the rest). PAGES: 4k (the allocator's ordinary
+// pages) or 2m (2 MiB-aligned buffers that ask Linux for transparent huge pages, as hetero's repacked weights do:
+// fewer TLB misses, which cost a two-level page walk under a hypervisor).
+//   read_bandwidth THREADS MIB_PER_THREAD REPS [PAGES]
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace {
 
@@ -42,10 +48,11 @@ std::uint64_t sum_buffer(const std::uint64_t* p, std::size_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s THREADS MIB_PER_THREAD REPS\n", argv[0]);
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: %s THREADS MIB_PER_THREAD REPS [4k|2m]\n", argv[0]);
     return 2;
   }
+  const bool huge = argc == 5 && std::strcmp(argv[4], "2m") == 0;
   const int nt = std::atoi(argv[1]), reps = std::atoi(argv[3]);
   const std::size_t words = static_cast<std::size_t>(std::atol(argv[2])) * (1u << 20) / 8;
   if (nt < 1 || reps < 1 || words < 8) return 2;
@@ -55,13 +62,20 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int t = 0; t < nt; ++t)
     threads.emplace_back([&, t] {
-      std::vector<std::uint64_t> buf(words, static_cast<std::uint64_t>(t) + 1);  // first touch: this thread
+      const std::size_t page = std::size_t{1} << 21, bytes = (words * 8 + page - 1) / page * page;
+      auto* buf = static_cast<std::uint64_t*>(std::aligned_alloc(page, bytes));
+      if (!buf) std::abort();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+      if (huge) madvise(buf, bytes, MADV_HUGEPAGE);
+#endif
+      for (std::size_t i = 0; i < words; ++i) buf[i] = static_cast<std::uint64_t>(t) + 1;  // first touch: this thread
       barrier.wait();
       for (int r = 0; r < reps; ++r) {
         barrier.wait();
-        sink.fetch_add(sum_buffer(buf.data(), words), std::memory_order_relaxed);
+        sink.fetch_add(sum_buffer(buf, words), std::memory_order_relaxed);
         barrier.wait();
       }
+      std::free(buf);
     });
   barrier.wait();  // buffers allocated
   for (int r = 0; r < reps; ++r) {

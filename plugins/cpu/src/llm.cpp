@@ -2,7 +2,8 @@
 // repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
 // Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM (default 4; 1 = one
 // contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes
-// the decode kernels prefetch ahead of the weight stream (default 4096).
+// the decode kernels prefetch ahead of the weight stream (default 4096), HETERO_LLM_HUGE=0 = the repacked weights on
+// the allocator's ordinary pages (see WeightArena).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -14,13 +15,19 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "elementwise.hpp"
 #include "kv_quant.hpp"
 #include "llm.hpp"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace py = pybind11;
 
@@ -143,17 +150,67 @@ float* fptr(const py::array& a) { return static_cast<float*>(const_cast<void*>(a
 const float* cfptr(const py::array& a) { return static_cast<const float*>(a.data()); }
 
 // ------------------------------------------------------------------------------------------------ weights
+// Memory of the repacked weights: what a decode step streams, ~all of its bytes. On 4 KiB pages the stream crosses
+// a page (a TLB miss, a two-level page walk under a hypervisor) every 64 cache lines; on 2 MiB pages every 32768.
+// Weights are carved, 64-byte aligned and back to back, out of 2 MiB-aligned chunks of at least 32 MiB that ask
+// Linux for transparent huge pages (madvise: the default "madvise" THP mode grants them; "never" leaves 4 KiB
+// pages, as does any other system). Untouched chunk space is never resident; a chunk is freed with the last weight
+// carved from it (the arena itself keeps none alive). HETERO_LLM_HUGE=0: one ordinary aligned allocation per
+// weight (as before).
+struct WeightArena {
+  static constexpr std::size_t kPage = std::size_t{1} << 21, kChunk = std::size_t{32} << 20;
+  std::mutex mu;
+  std::weak_ptr<std::uint8_t> chunk;  // the chunk being carved (freed with its weights: the arena does not hold it)
+  std::size_t used = 0, cap = 0;
+
+  static bool on() {
+    static const bool huge = [] { const char* e = std::getenv("HETERO_LLM_HUGE"); return !e || std::atoi(e) != 0; }();
+    return huge;
+  }
+  static std::shared_ptr<std::uint8_t> alloc(std::size_t align, std::size_t bytes) {
+    auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(align, bytes));
+    if (!p) throw std::bad_alloc();
+    return {p, [](std::uint8_t* q) { std::free(q); }};
+  }
+  // bytes (64-byte aligned) and the owner that keeps them alive
+  std::pair<std::uint8_t*, std::shared_ptr<std::uint8_t>> take(std::size_t bytes) {
+    bytes = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+    if (!on()) {
+      std::shared_ptr<std::uint8_t> own = alloc(64, bytes);
+      return {own.get(), own};
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    std::shared_ptr<std::uint8_t> cur = chunk.lock();
+    if (!cur || cap - used < bytes) {
+      cap = std::max(kChunk, (bytes + kPage - 1) / kPage * kPage);
+      cur = alloc(kPage, cap);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+      madvise(cur.get(), cap, MADV_HUGEPAGE);  // advice: refused or unsupported leaves ordinary pages
+#endif
+      chunk = cur;
+      used = 0;
+    }
+    std::uint8_t* p = cur.get() + used;
+    used += bytes;
+    return {p, cur};
+  }
+};
+WeightArena& weight_arena() {
+  static WeightArena* arena = new WeightArena();  // never destroyed: weights may outlive static destruction
+  return *arena;
+}
+
 // A weight matrix (or a stack of expert matrices) for QMatMul / MoE: quantized (repacked) or float (read in place).
 struct Weights {
   bool quant = false;
   QPack pk;               // quantized
   std::uint8_t* packed = nullptr;
+  std::shared_ptr<std::uint8_t> mem;  // what holds `packed` (WeightArena)
   i64 expert_bytes = 0;   // repacked bytes per expert
   int wt = W_F32;         // float
   py::object keep;        // float: the source array (kept alive, read in place)
   const void* fdata = nullptr;
   i64 experts = 1, n = 0, k = 0;
-  ~Weights() { std::free(packed); }
 
   const std::uint8_t* group(i64 e, i64 g) const { return packed + e * expert_bytes + g * pk.group_bytes; }
   const void* frow(i64 e, i64 row) const {
@@ -237,8 +294,7 @@ std::shared_ptr<Weights> make_weights(const py::array& w, const std::string& wty
     out->quant = true;
     out->expert_bytes = pk.groups * pk.group_bytes;
     const std::size_t total = static_cast<std::size_t>(out->experts * out->expert_bytes);
-    out->packed = static_cast<std::uint8_t*>(std::aligned_alloc(64, ((total + 63) / 64) * 64));
-    if (!out->packed) throw std::bad_alloc();
+    std::tie(out->packed, out->mem) = weight_arena().take(total);
     const auto* src = static_cast<const std::uint8_t*>(w.data());
     const i64 e_src = out->n * row;
     const i64 E = out->experts;
@@ -1016,15 +1072,43 @@ void rotated_tile(const Attention& at, kvq::DecodeFn decode, i64 h, i64 l0, i64 
   decode(bits, static_cast<const std::uint8_t*>(at.vrow(h, l0)), nv * nb, sf, 0, vf);
 }
 
-// 1. of a run of T rows at `past`: its keys and values appended to the cache (the cache's filled count moves on).
-void attention_append(Attention& at, const float* kin, const float* vin, i64 T, i64 past) {
+// The keys and values of kv head h of a run of T rows at `past` appended to a float16 / float32 / q8 cache (not the
+// rotated kinds): the head's K tile columns and V rows, which no other head's append touches.
+void append_head(Attention& at, i64 h, const float* kin, const float* vin, i64 T, i64 past) {
   const LlmKernels& kr = lk();
   const i64 hkv = at.hkv, D = at.d;
-  // 1. append the new keys (scattered into their tile column) and values at [past, past + T)
-  {
-    // 3 * D: rotated_append's scratch (the same buffer, grown here once)
-    std::uint16_t* hbuf = reinterpret_cast<std::uint16_t*>(tl_f(0).get(static_cast<std::size_t>(3 * D)));
-    if (at.rotated() && past == 0) {  // a new sequence: the keys' centre is the mean of its first keys, per kv head
+  std::uint16_t* hbuf = reinterpret_cast<std::uint16_t*>(tl_f(0).get(static_cast<std::size_t>(3 * D)));
+  for (i64 t = 0; t < T; ++t) {
+    const i64 pos = past + t;
+    const float* ks = kin + (t * hkv + h) * D;
+    const float* vs = vin + (t * hkv + h) * D;
+    char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
+    char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
+    const i64 lane = pos % KT;
+    if (at.kind == KV_Q8) {
+      auto* kd = reinterpret_cast<std::int8_t*>(kt);
+      kv_quantize_row(ks, D, kd + lane, KT, reinterpret_cast<float*>(kd + D * KT) + lane, KT);
+      kv_quantize_row(vs, D, reinterpret_cast<std::int8_t*>(vr), 1, at.vscale(h, pos), 1);
+    } else if (at.kind == KV_F16) {
+      kr.f32_to_f16(ks, hbuf, D);
+      auto* kd = reinterpret_cast<std::uint16_t*>(kt);
+      for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = hbuf[i];
+      kr.f32_to_f16(vs, reinterpret_cast<std::uint16_t*>(vr), D);
+    } else {
+      auto* kd = reinterpret_cast<float*>(kt);
+      for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = ks[i];
+      std::memcpy(vr, vs, static_cast<std::size_t>(D) * 4);
+    }
+  }
+}
+
+// 1. of a run of T rows at `past`: its keys and values appended to the cache (the cache's filled count moves on).
+void attention_append(Attention& at, const float* kin, const float* vin, i64 T, i64 past) {
+  const i64 hkv = at.hkv, D = at.d;
+  if (!at.rotated()) {
+    for (i64 h = 0; h < hkv; ++h) append_head(at, h, kin, vin, T, past);
+  } else {
+    if (past == 0) {  // a new sequence: the keys' centre is the mean of its first keys, per kv head
       const i64 n = std::min<i64>(T, kvq::kMeanPositions);
       for (i64 h = 0; h < hkv; ++h)
         for (i64 i = 0; i < D; ++i) {
@@ -1033,42 +1117,18 @@ void attention_append(Attention& at, const float* kin, const float* vin, i64 T, 
           at.kmean[static_cast<std::size_t>(h * D + i)] = static_cast<float>(sum / static_cast<double>(n));
         }
     }
-    if (at.rotated()) {  // rotation + codebook search per row: one task per kv head (heads share no byte)
-      const double rows_work = static_cast<double>(T) * static_cast<double>(hkv) * static_cast<double>(D) * 32.0;
-      parallel_for(hkv, threads_for(rows_work, 32768.0), [&](i64 h) {
-        tl_f(0).get(static_cast<std::size_t>(3 * D));
-        for (i64 t = 0; t < T; ++t) {
-          const i64 pos = past + t;
-          char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
-          char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
-          rotated_append(at, h, kin + (t * hkv + h) * D, vin + (t * hkv + h) * D, kt, vr, pos % KT,
-                         at.vscale_bytes(h, pos));
-        }
-      });
-    }
-    for (i64 t = 0; t < T && !at.rotated(); ++t)
-      for (i64 h = 0; h < hkv; ++h) {
+    // rotation + codebook search per row: one task per kv head (heads share no byte)
+    const double rows_work = static_cast<double>(T) * static_cast<double>(hkv) * static_cast<double>(D) * 32.0;
+    parallel_for(hkv, threads_for(rows_work, 32768.0), [&](i64 h) {
+      tl_f(0).get(static_cast<std::size_t>(3 * D));  // rotated_append's scratch
+      for (i64 t = 0; t < T; ++t) {
         const i64 pos = past + t;
-        const float* ks = kin + (t * hkv + h) * D;
-        const float* vs = vin + (t * hkv + h) * D;
         char* kt = static_cast<char*>(const_cast<void*>(at.ktile(h, pos / KT)));
         char* vr = static_cast<char*>(const_cast<void*>(at.vrow(h, pos)));
-        const i64 lane = pos % KT;
-        if (at.kind == KV_Q8) {
-          auto* kd = reinterpret_cast<std::int8_t*>(kt);
-          kv_quantize_row(ks, D, kd + lane, KT, reinterpret_cast<float*>(kd + D * KT) + lane, KT);
-          kv_quantize_row(vs, D, reinterpret_cast<std::int8_t*>(vr), 1, at.vscale(h, pos), 1);
-        } else if (at.kind == KV_F16) {
-          kr.f32_to_f16(ks, hbuf, D);
-          auto* kd = reinterpret_cast<std::uint16_t*>(kt);
-          for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = hbuf[i];
-          kr.f32_to_f16(vs, reinterpret_cast<std::uint16_t*>(vr), D);
-        } else {
-          auto* kd = reinterpret_cast<float*>(kt);
-          for (i64 i = 0; i < D; ++i) kd[i * KT + lane] = ks[i];
-          std::memcpy(vr, vs, static_cast<std::size_t>(D) * 4);
-        }
+        rotated_append(at, h, kin + (t * hkv + h) * D, vin + (t * hkv + h) * D, kt, vr, pos % KT,
+                       at.vscale_bytes(h, pos));
       }
+    });
   }
   at.filled = past + T;
 }
@@ -1203,8 +1263,21 @@ struct AttentionRun {
 
 void attention_run(Attention& at, const float* q, const float* kin, const float* vin, i64 T, i64 hq, i64 past,
                    float scale, float* out) {
-  attention_append(at, kin, vin, T, past);
   AttentionRun run{&at, q, T, hq, past, scale, out};
+  if (!at.rotated() && run.blocks() == 1) {
+    // One block of rows per kv head (a decode step): task h appends head h's keys and values, then computes its
+    // rows, so when the attention runs on several threads the append does too. The thread count is the
+    // attention's own: a context too short for it stays on the caller (a region more per layer cost more than it
+    // saved on a shared machine, where each region may wait on a descheduled worker).
+    run.plan();
+    parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 h) {
+      append_head(at, h, kin, vin, T, past);
+      run.task(h);
+    });
+    at.filled = past + T;
+    return;
+  }
+  attention_append(at, kin, vin, T, past);
   run.plan();
   parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 t) { run.task(t); });
 }

@@ -122,3 +122,33 @@ def test_pool_serves_concurrent_callers(pool):
     for t in ts:
         t.join()
     assert len(results) == 3 and all(r.tolist() == [200] * 257 for r in results)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32", "q8", "q4r"])
+@pytest.mark.parametrize("hq,hkv,d", [(16, 8, 128), (12, 2, 128), (4, 4, 32), (3, 1, 64)])  # q4r: d % 32 == 0
+def test_attention_does_not_depend_on_the_thread_count(kv_dtype, hq, hkv, d):
+    """A decode step's attention runs one task per kv head that appends the head's keys and values, then computes
+    its rows (llm.cpp attention_run); a prefill appends every head first. Both give the same bits at any thread
+    count: prefill, decode steps across a key tile's end, a rollback, a short chunk; the cache's bytes too."""
+    rng = np.random.default_rng(2)
+    schedule = [(9, 0), *((1, p) for p in range(9, 70)), (1, 30), (4, 31), (1, 35)]  # (T, past)
+    steps = [(*(rng.standard_normal((t, h, d)).astype(np.float32) for h in (hq, hkv, hkv)), past)
+             for t, past in schedule]
+    before = _native.num_threads()
+    runs = []
+    try:
+        for threads in (1, 2, 3):
+            _native.set_num_threads(threads)
+            cache = _native.LlmAttention(hkv, d, 80, kv_dtype)
+            outs = []
+            for q, k, v, past in steps:
+                out = np.full((q.shape[0], hq * d), np.nan, np.float32)
+                cache(q, k, v, past, 0.1, out)
+                outs.append(out)
+            runs.append((outs, [a.copy() for a in cache.export(cache.filled)]))
+    finally:
+        _native.set_num_threads(before)
+    for outs, cached in runs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0][0], outs, strict=True))
+        assert all(np.array_equal(a, b) for a, b in zip(runs[0][1], cached, strict=True))
+    assert not np.isnan(np.concatenate([o.ravel() for o in runs[0][0]])).any()
