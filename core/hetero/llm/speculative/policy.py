@@ -148,8 +148,11 @@ class DraftPolicy:
     @property
     def recent_plain(self) -> float | None:
         """Seconds of the warm plain steps taken in the stretch the speculative steps are judged over (decayed
-        alike), None when it has none."""
-        return self.plain_seconds / self.plain_steps if self.plain_steps > 0 else None
+        alike), None when it has none recent enough: their decayed count under that of one plain step
+        ``MIN_SPEC_STEPS`` steps ago (a ratio of decayed sums keeps an old step's time however old it is)."""
+        if self.plain_steps < SPEC_DECAY ** MIN_SPEC_STEPS:
+            return None
+        return self.plain_seconds / self.plain_steps
 
     @property
     def rate(self) -> float:
