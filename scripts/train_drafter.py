@@ -166,8 +166,8 @@ class Curve:
 
     def add(self, minutes: float, steps: int, loss: float, accepted: np.ndarray) -> None:
         mean = float(accepted.mean()) if accepted.size else 0.0
-        point = {"minutes": round(minutes, 2), "steps": steps, "seconds_per_step": round(60 * minutes / max(steps, 1), 3),
-                 "loss": round(loss, 4),
+        point = {"minutes": round(minutes, 2), "steps": steps, "loss": round(loss, 4),
+                 "seconds_per_step": round(60 * minutes / max(steps, 1), 3),
                  "accepted_per_step": round(mean, 3), "acceptance_rate": round(mean / self.depth, 3),
                  "anchors": int(accepted.size)}
         self.points.append(point)

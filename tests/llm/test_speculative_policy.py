@@ -228,12 +228,9 @@ def test_drafting_is_judged_against_plain_steps_of_the_same_moment():
     assert policy.plain_cost is not None and policy.plain_cost > 1.5  # the probes re-measured plain decoding
     # and a drafter that loses at the same moment is still switched off
     losing = DraftPolicy(2)
-    produced = 0
-    for step in range(120):
-        k = losing.length(produced)
-        slow = 2.0 if step >= 8 else 1.0
-        losing.record(k, 0, 1, slow * (1 + 0.3 * k), produced)
-        produced += 1
+    for step in range(120):  # every step commits one token: ``step`` tokens produced so far
+        k = losing.length(step)
+        losing.record(k, 0, 1, (2.0 if step >= 8 else 1.0) * (1 + 0.3 * k), step)
     assert losing.switched_off >= 1
 
 

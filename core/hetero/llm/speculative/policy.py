@@ -18,9 +18,9 @@ their summed tokens, decayed) exceed plain decoding's, drafting is switched off 
 each time it fails again, reset when it pays). So a drafter that is rarely right costs a few probe steps, not a
 slowdown. Both sides of that comparison are taken in the same stretch of time: plain steps are summed with the
 same decay, step by step, as the speculative ones; when the recent stretch has no plain step the policy takes one
-(a probe) before it judges, and every periodic probe is such a judgement. A shared machine's speed moves 2x within a second (a neighbour taking the second
-core doubles a 2-thread step); a plain cost measured before such a change made drafting look like a loss after
-it (or a win where it lost) and locked the generation into the wrong mode for the rest of its backoff.
+(a probe) before it judges, and every periodic probe is such a judgement. A shared machine's speed moves 2x
+within a second (a neighbour taking the second core doubles a 2-thread step); a plain cost measured before such a
+change made drafting look like a loss after it (or a win where it lost).
 
 The step costs of the sizes are kept relative to plain decoding's cost when they were measured (a verify width
 timed while the machine was slow is not dear once it is fast again), and scaled by the current plain cost when
