@@ -127,28 +127,31 @@ def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: 
     return data
 
 
-def target_matrices(folder: Path, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's embedding table and LM head as float32 (the same tensor when tied), for training only."""
+def target_matrices(folder: Path, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target's embedding table, LM head (the same tensor when tied) and final norm as float32, for training
+    only (the norm starts the drafters' own final norm: both feed the target's LM head, or rows of it)."""
     if folder.is_file():
         return gguf_matrices(folder)
     st = safetensors.SafetensorsModel(folder)
     embed = torch.from_numpy(np.array(st.float32("model.embed_tokens.weight")))
     head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in st else \
         torch.from_numpy(np.array(st.float32("lm_head.weight")))
-    return embed, head
+    return embed, head, torch.from_numpy(np.array(st.float32("model.norm.weight")))
 
 
-def gguf_matrices(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+def gguf_matrices(path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     import gguf  # the GGUF package dequantizes every tensor type
 
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.name in ("token_embd.weight", "output.weight")}
+    names = ("token_embd.weight", "output.weight", "output_norm.weight")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.name in names}
 
     def matrix(name: str) -> torch.Tensor:
         t = tensors[name]
         return torch.from_numpy(np.ascontiguousarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32))
 
     embed = matrix("token_embd.weight")
-    return embed, matrix("output.weight") if "output.weight" in tensors else embed
+    head = matrix("output.weight") if "output.weight" in tensors else embed
+    return embed, head, matrix("output_norm.weight").reshape(-1)
 
 
 def layer_config(cfg, intermediate: int) -> dict:
@@ -294,7 +297,7 @@ def eagle_accepted(model, data: list[Sequence], layers, embed, steps: int) -> np
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, args, seconds: float) -> Curve:
+def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, head, norm, args, seconds: float) -> Curve:
     cfg = llm.config
     layers = list(default_aux_layers(cfg.num_layers))
     counts = np.bincount(np.concatenate([s.predicted for s in train]), minlength=cfg.vocab_size)
@@ -311,6 +314,15 @@ def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, args, s
     else:
         model.d2t.copy_(torch.from_numpy(keep - np.arange(draft_vocab)))
         model.t2d[torch.from_numpy(keep)] = True
+        # a warm start: the head's output side is the target's (its final norm, its LM head's rows of the draft
+        # vocabulary) and fc passes the highest target layer through, so the head begins where the target's own
+        # prediction is and learns the step beyond it, not a vocabulary from random weights
+        with torch.no_grad():
+            model.lm_head.weight.copy_(head[torch.from_numpy(keep)])
+            model.norm.weight.copy_(norm)
+            h = cfg.hidden_size
+            model.fc.weight.zero_()
+            model.fc.weight[:, 2 * h:3 * h] = torch.eye(h)
     to_draft = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
     to_draft[torch.from_numpy(keep)] = torch.arange(draft_vocab)
     rng = random.Random(args.seed)
@@ -320,6 +332,10 @@ def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, args, s
         feats, emb, labels = eagle_inputs(seq, layers, embed)
         target = to_draft[labels]
         runs = agree_runs(seq)[:-1]  # row j, depth s: the text after the anchor j - s was the target's own
+        if args.window and len(target) > args.window:  # a random window: more, cheaper steps
+            w0 = rng.randrange(len(target) - args.window + 1)
+            cut = slice(w0, w0 + args.window)
+            feats, emb, target, runs = feats[cut], emb[cut], target[cut], runs[cut]
         loss = torch.zeros(())
         for s, logits in enumerate(model.unrolled(feats, emb, args.eagle_steps)):
             valid = (target[s:] >= 0) & (runs[s:] >= s)
@@ -380,7 +396,7 @@ def dflash_accepted(model, data, layers, embed, head, block, mask_id) -> np.ndar
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
+def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> Curve:
     cfg = llm.config
     layers = dflash_layers(cfg.num_layers, args.dflash_target_layers)
     block, mask_id = args.block_size, args.mask_token_id if args.mask_token_id >= 0 else cfg.vocab_size - 1
@@ -389,6 +405,9 @@ def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
          "block_size": block,
          "dflash_config": {"block_size": block, "mask_token_id": mask_id, "target_layer_ids": layers}}
     c, model = resume(drafter_torch.DFlash, args.out / "dflash", c) if args.resume else (c, drafter_torch.DFlash(c))
+    if not (args.resume and (args.out / "dflash").is_dir()):
+        with torch.no_grad():
+            model.norm.weight.copy_(norm)  # its rows go through the target's LM head, as the target's own do
     weights = 0.85 ** torch.arange(block - 1, dtype=torch.float32)  # early positions decide acceptance
     rng = random.Random(args.seed + 1)
     usable = [seq for seq in train if dflash_anchors(seq, block, generated=False)]
@@ -442,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dflash-target-layers", type=int, default=3)
     p.add_argument("--mask-token-id", type=int, default=-1, help="default: the last id of the vocabulary")
     p.add_argument("--anchors", type=int, default=16, help="DFlash blocks per training step")
+    p.add_argument("--window", type=int, default=128, help="Eagle-3: rows of a sequence per training step (0: all)")
     p.add_argument("--negatives", type=int, default=1024,
                    help="DFlash: LM head rows outside the labels' tokens added to each step's logits")
     p.add_argument("--train-tokens", type=int, default=0,
@@ -493,15 +513,15 @@ def main(argv: list[str] | None = None) -> int:
     data = held + train
     print(f"data: {len(train)} training + {len(held)} held-out sequences, {sum(len(s.tokens) for s in data)} tokens, "
           f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
-    embed, head = target_matrices(args.target, cfg)
+    embed, head, norm = target_matrices(args.target, cfg)
     kinds = ["eagle", "dflash"] if args.kind == "both" else [args.kind]
     log: dict = {"target": str(args.target), "threads": args.threads, "data_minutes":
                  round((time.perf_counter() - started) / 60, 2), "train_sequences": len(train),
                  "train_tokens": int(sum(len(s.tokens) for s in train)), "curves": {}}
     for i, kind in enumerate(kinds):
         seconds = (budget - (time.perf_counter() - started)) / (len(kinds) - i)
-        curve = train_eagle(llm, train, held, embed, args, seconds) if kind == "eagle" else \
-            train_dflash(llm, train, held, embed, head, args, seconds)
+        curve = train_eagle(llm, train, held, embed, head, norm, args, seconds) if kind == "eagle" else \
+            train_dflash(llm, train, held, embed, head, norm, args, seconds)
         log["curves"][curve.kind] = curve.points
     (args.out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {', '.join(str(args.out / k) for k in ('eagle3', 'dflash') if (args.out / k).is_dir())} in "
