@@ -253,7 +253,7 @@ class VocabSubset:
     whole head."""
 
     def __init__(self, head: torch.Tensor, labels: np.ndarray, negatives: int, rng: torch.Generator) -> None:
-        ids = np.unique(labels)
+        ids = np.unique(labels) if negatives >= 0 else np.arange(head.shape[0])  # < 0: the whole vocabulary
         self.rows = head[torch.from_numpy(ids)].contiguous()
         self.index = torch.full((head.shape[0],), -1, dtype=torch.long)
         self.index[torch.from_numpy(ids)] = torch.arange(len(ids))
@@ -266,7 +266,7 @@ class VocabSubset:
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """[R, len(self) + negatives]; a label's column is ``self.index[label]``."""
         out = rows @ self.rows.T
-        if self.negatives and len(self.rest):
+        if self.negatives > 0 and len(self.rest):
             pick = self.rest[torch.randint(len(self.rest), (self.negatives,), generator=self.rng)]
             out = torch.cat([out, rows @ self.head[pick].T], -1)
         return out
@@ -413,7 +413,7 @@ def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> C
     usable = [seq for seq in train if dflash_anchors(seq, block, generated=False)]
     vocab = VocabSubset(head, np.concatenate([seq.predicted for seq in usable]), args.negatives,
                         torch.Generator().manual_seed(args.seed))
-    print(f"  dflash: logits over {len(vocab)} tokens the labels use + {args.negatives} others per step "
+    print(f"  dflash: logits over {len(vocab)} tokens the labels use + {max(args.negatives, 0)} others per step "
           f"(of {head.shape[0]})", flush=True)
     depth = torch.arange(1, block)
 
@@ -463,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--anchors", type=int, default=16, help="DFlash blocks per training step")
     p.add_argument("--window", type=int, default=128, help="Eagle-3: rows of a sequence per training step (0: all)")
     p.add_argument("--negatives", type=int, default=1024,
-                   help="DFlash: LM head rows outside the labels' tokens added to each step's logits")
+                   help="DFlash: LM head rows outside the labels' tokens added to each step's logits (-1: train "
+                        "over the whole vocabulary, as before)")
     p.add_argument("--train-tokens", type=int, default=0,
                    help="longest training sequence (default --prompt-tokens); with --train-gen-tokens 0 each is one "
                         "prefill of corpus text, so long ones make data fastest")
