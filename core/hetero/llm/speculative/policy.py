@@ -9,8 +9,10 @@ second by that estimate (unmeasured step sizes are interpolated, optimistically 
 when no k beats a plain step.
 
 The first ``COLD_RUNS`` steps of each size are not steady-state (the executor plans that shape, then records its
-replay: ``runtime/executor.py``): they stand in for the size's cost only until a warm step replaces them, and do not
-count towards judging drafting.
+replay: ``runtime/executor.py``): they do not price their size (it counts as unmeasured until a warm step:
+interpolated, or the prior) and do not count towards judging drafting. Priced at a cold step's time (~2x a plain
+step at 2 threads), a graded draft was cut to nothing, its size never timed warm, and the generation stayed in
+plain steps.
 
 What is really measured also decides: plain decoding's cost is re-sampled at the start and every ``PROBE_EVERY``
 speculative steps, and when the recent speculative steps' seconds per committed token (their summed seconds over
@@ -168,8 +170,8 @@ class DraftPolicy:
         self.steps += 1
         self.measured_at[size] = self.steps
         warm = runs > COLD_RUNS
-        # a cold step's time stands for the size until its first warm step replaces it; other sizes than 1 are
-        # kept at the plain cost of their time (``_scaled``)
+        # a cold step's time is kept (the first warm one replaces it) but prices nothing (``_estimated_cost``);
+        # sizes other than 1 are kept at the plain cost of their time (``_scaled``)
         plain = self.plain_cost
         previous = self._scaled(size) if size in self.cost else None
         self.cost[size] = _smooth(previous, seconds) if runs > COLD_RUNS + 1 else seconds
