@@ -173,7 +173,7 @@ class DraftPolicy:
         # a cold step's time is kept (the first warm one replaces it) but prices nothing (``_estimated_cost``);
         # sizes other than 1 are kept at the plain cost of their time (``_scaled``)
         plain = self.plain_cost
-        previous = self._scaled(size) if size in self.cost else None
+        previous = self._scaled(size, fade=False) if size in self.cost else None
         self.cost[size] = _smooth(previous, seconds) if runs > COLD_RUNS + 1 else seconds
         if size > 1 and plain is not None:
             self.cost_at[size] = plain
@@ -267,9 +267,10 @@ class DraftPolicy:
             return max(low + (cost[above] - low) * (size - below) / (above - below), floor)
         return max(low + plain * PRIOR_SLOPE * (size - below), floor)
 
-    def _scaled(self, size: int) -> float:
+    def _scaled(self, size: int, fade: bool = True) -> float:
         """The running seconds of a step of ``size`` tokens at the current plain cost: measured at another plain
-        cost (the machine slower or faster then), they are scaled by the ratio."""
+        cost (the machine slower or faster then), they are scaled by the ratio. ``fade``: as an estimate to draft
+        by (below); not when a new timing is averaged in."""
         at, plain = self.cost_at.get(size), self.plain_cost
         if at is None or plain is None or at <= 0:
             return self.cost[size]
@@ -277,7 +278,7 @@ class DraftPolicy:
         # dearer than the prior: the estimate fades back towards the prior as it ages, so a size timed in a bad
         # moment (a neighbour's burst on one step) is tried again rather than never drafted again
         prior = plain * (1 + PRIOR_SLOPE * (size - 1))
-        if cost > prior:
+        if fade and cost > prior:
             warm = max(self.runs.get(size, 0) - COLD_RUNS, 1)  # timed often: trusted longer
             memory = COST_MEMORY ** ((self.steps - self.measured_at.get(size, self.steps)) / warm)
             cost = memory * cost + (1 - memory) * prior
