@@ -51,9 +51,20 @@ from hetero.llm.speculative.eagle import default_aux_layers
 @dataclass
 class Sequence:
     tokens: np.ndarray  # [N]
-    hidden: dict[int, np.ndarray]  # layer -> [N, H]
+    hidden: dict[int, np.ndarray]  # layer -> [N, H], float16 (the cache of a corpus; float32 when trained on)
     predicted: np.ndarray  # [N]: the target's greedy token after position i
     generated_from: int  # tokens[generated_from:] are the target's greedy continuation
+
+    def agree(self) -> np.ndarray:
+        """[N]: True where the text's next token is the target's prediction (always so in the generated part). A
+        label deeper in a draft is the target's prediction after the *text*; it is what drafting there must predict
+        only where the text up to it is what the earlier draft tokens were: the target's predictions."""
+        out = np.zeros(len(self.tokens), dtype=bool)
+        out[:-1] = self.tokens[1:] == self.predicted[:-1]
+        return out
+
+    def features(self, layers: list[int]) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate([self.hidden[layer] for layer in layers], -1).astype(np.float32))
 
 
 def corpus_files(roots: list[Path]) -> list[Path]:
@@ -83,15 +94,19 @@ def chunks(files: list[Path], rng: random.Random, chars: int):
 
 
 def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: int, gen_tokens: int, args,
-              rng: random.Random) -> list[Sequence]:
-    """Up to ``count`` sequences (or as many as ``seconds`` allow), each continued greedily for ``gen_tokens``."""
+              rng: random.Random, longest: int = 0) -> list[Sequence]:
+    """Up to ``count`` sequences (or as many as ``seconds`` allow), each continued greedily for ``gen_tokens``
+    after a prompt of up to ``longest`` tokens (default ``--prompt-tokens``). With ``gen_tokens`` = 0 a sequence is
+    one prefill of corpus text (every position's prediction at once: a few times the tokens per second of
+    generating them)."""
     data: list[Sequence] = []
+    longest = longest or args.prompt_tokens
     started = reported = time.perf_counter()
-    for text in chunks(files, rng, args.prompt_tokens * 8):
+    for text in chunks(files, rng, longest * 8):
         if time.perf_counter() - started > seconds or len(data) >= count:
             break
-        # prompts of every length up to --prompt-tokens: a drafter meets contexts (and positions) of all sizes
-        want = rng.randint(max(4, args.prompt_tokens // 8), args.prompt_tokens)
+        # prompts of every length up to the longest: a drafter meets contexts (and positions) of all sizes
+        want = rng.randint(max(4, longest // 8), longest)
         ids = llm.tokenize(text, add_special_tokens=False)[:want]
         if len(ids) < want:
             continue
@@ -103,7 +118,7 @@ def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: 
             tokens.append(int(predicted[-1]))
             predicted.append(int(np.argmax(llm.forward(tokens[-1:])[-1])))
         n = len(tokens)
-        hidden = {layer: np.array(llm.hidden(layer, 0, n)) for layer in layers}
+        hidden = {layer: np.asarray(llm.hidden(layer, 0, n), dtype=np.float16) for layer in layers}
         data.append(Sequence(np.asarray(tokens), hidden, np.asarray(predicted), len(ids)))
         if time.perf_counter() - reported > 30:
             reported = time.perf_counter()
@@ -112,28 +127,31 @@ def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: 
     return data
 
 
-def target_matrices(folder: Path, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's embedding table and LM head as float32 (the same tensor when tied), for training only."""
+def target_matrices(folder: Path, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target's embedding table, LM head (the same tensor when tied) and final norm as float32, for training
+    only (the norm starts the drafters' own final norm: both feed the target's LM head, or rows of it)."""
     if folder.is_file():
         return gguf_matrices(folder)
     st = safetensors.SafetensorsModel(folder)
     embed = torch.from_numpy(np.array(st.float32("model.embed_tokens.weight")))
     head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in st else \
         torch.from_numpy(np.array(st.float32("lm_head.weight")))
-    return embed, head
+    return embed, head, torch.from_numpy(np.array(st.float32("model.norm.weight")))
 
 
-def gguf_matrices(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+def gguf_matrices(path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     import gguf  # the GGUF package dequantizes every tensor type
 
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.name in ("token_embd.weight", "output.weight")}
+    names = ("token_embd.weight", "output.weight", "output_norm.weight")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.name in names}
 
     def matrix(name: str) -> torch.Tensor:
         t = tensors[name]
         return torch.from_numpy(np.ascontiguousarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32))
 
     embed = matrix("token_embd.weight")
-    return embed, matrix("output.weight") if "output.weight" in tensors else embed
+    head = matrix("output.weight") if "output.weight" in tensors else embed
+    return embed, head, matrix("output_norm.weight").reshape(-1)
 
 
 def layer_config(cfg, intermediate: int) -> dict:
@@ -152,10 +170,12 @@ class Curve:
     def add(self, minutes: float, steps: int, loss: float, accepted: np.ndarray) -> None:
         mean = float(accepted.mean()) if accepted.size else 0.0
         point = {"minutes": round(minutes, 2), "steps": steps, "loss": round(loss, 4),
+                 "seconds_per_step": round(60 * minutes / max(steps, 1), 3),
                  "accepted_per_step": round(mean, 3), "acceptance_rate": round(mean / self.depth, 3),
                  "anchors": int(accepted.size)}
         self.points.append(point)
-        print(f"  {self.kind} {minutes:5.1f} min, step {steps}: loss {loss:.3f}, {mean:.2f} of {self.depth} drafts "
+        print(f"  {self.kind} {minutes:5.1f} min, step {steps} ({60 * minutes / max(steps, 1):.2f} s/step): "
+              f"loss {loss:.3f}, {mean:.2f} of {self.depth} drafts "
               f"accepted per verify step (rate {mean / self.depth:.1%}, {accepted.size} anchors)", flush=True)
 
 
@@ -217,9 +237,44 @@ def prefix_matches(hits: torch.Tensor) -> torch.Tensor:
     return hits.to(torch.int64).cumprod(1).sum(1)
 
 
+def agree_runs(seq: Sequence) -> torch.Tensor:
+    """[N]: how many positions up to and including i in a row the text followed the target's prediction."""
+    run, out = 0, np.zeros(len(seq.tokens), dtype=np.int64)
+    for i, ok in enumerate(seq.agree()):
+        run = run + 1 if ok else 0
+        out[i] = run
+    return torch.from_numpy(out)
+
+
+class VocabSubset:
+    """Training logits over the tokens the corpus' labels use (the target's LM head rows gathered once) plus a few
+    random other rows per step (so the rest of the vocabulary is pushed down too), instead of all of a 151k
+    vocabulary: the LM head's matmul was most of a DFlash training step. Acceptance is still measured with the
+    whole head."""
+
+    def __init__(self, head: torch.Tensor, labels: np.ndarray, negatives: int, rng: torch.Generator) -> None:
+        ids = np.unique(labels) if negatives >= 0 else np.arange(head.shape[0])  # < 0: the whole vocabulary
+        self.rows = head[torch.from_numpy(ids)].contiguous()
+        self.index = torch.full((head.shape[0],), -1, dtype=torch.long)
+        self.index[torch.from_numpy(ids)] = torch.arange(len(ids))
+        rest = np.setdiff1d(np.arange(head.shape[0]), ids)
+        self.rest, self.head, self.negatives, self.rng = torch.from_numpy(rest), head, negatives, rng
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """[R, len(self) + negatives]; a label's column is ``self.index[label]``."""
+        out = rows @ self.rows.T
+        if self.negatives > 0 and len(self.rest):
+            pick = self.rest[torch.randint(len(self.rest), (self.negatives,), generator=self.rng)]
+            out = torch.cat([out, rows @ self.head[pick].T], -1)
+        return out
+
+
 # -- Eagle-3 ------------------------------------------------------------------------------------------------------
 def eagle_inputs(seq: Sequence, layers: list[int], embed: torch.Tensor):
-    feats = torch.from_numpy(np.concatenate([seq.hidden[layer] for layer in layers], -1)[:-1])
+    feats = seq.features(layers)[:-1]
     nxt = torch.from_numpy(seq.tokens[1:])
     # row j (feature of token j, token j + 1) predicts token j + 2: the target's prediction after token j + 1
     return feats, embed[nxt], torch.from_numpy(seq.predicted[1:])
@@ -242,7 +297,7 @@ def eagle_accepted(model, data: list[Sequence], layers, embed, steps: int) -> np
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, args, seconds: float) -> Curve:
+def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, head, norm, args, seconds: float) -> Curve:
     cfg = llm.config
     layers = list(default_aux_layers(cfg.num_layers))
     counts = np.bincount(np.concatenate([s.predicted for s in train]), minlength=cfg.vocab_size)
@@ -259,16 +314,31 @@ def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, args, s
     else:
         model.d2t.copy_(torch.from_numpy(keep - np.arange(draft_vocab)))
         model.t2d[torch.from_numpy(keep)] = True
+        # a warm start: the head's output side is the target's (its final norm, its LM head's rows of the draft
+        # vocabulary) and fc passes the highest target layer through, so the head begins where the target's own
+        # prediction is and learns the step beyond it, not a vocabulary from random weights
+        with torch.no_grad():
+            model.lm_head.weight.copy_(head[torch.from_numpy(keep)])
+            model.norm.weight.copy_(norm)
+            h = cfg.hidden_size
+            model.fc.weight.zero_()
+            model.fc.weight[:, 2 * h:3 * h] = torch.eye(h)
     to_draft = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
     to_draft[torch.from_numpy(keep)] = torch.arange(draft_vocab)
     rng = random.Random(args.seed)
 
     def loss_of_one_step() -> torch.Tensor:
-        feats, emb, labels = eagle_inputs(rng.choice(train), layers, embed)
+        seq = rng.choice(train)
+        feats, emb, labels = eagle_inputs(seq, layers, embed)
         target = to_draft[labels]
+        runs = agree_runs(seq)[:-1]  # row j, depth s: the text after the anchor j - s was the target's own
+        if args.window and len(target) > args.window:  # a random window: more, cheaper steps
+            w0 = rng.randrange(len(target) - args.window + 1)
+            cut = slice(w0, w0 + args.window)
+            feats, emb, target, runs = feats[cut], emb[cut], target[cut], runs[cut]
         loss = torch.zeros(())
         for s, logits in enumerate(model.unrolled(feats, emb, args.eagle_steps)):
-            valid = target[s:] >= 0
+            valid = (target[s:] >= 0) & (runs[s:] >= s)
             if valid.any():
                 loss = loss + 0.8 ** s * F.cross_entropy(logits[s:][valid], target[s:][valid])
         return loss
@@ -292,7 +362,7 @@ def dflash_batch(seq: Sequence, layers, embed, block: int, mask_id: int, anchors
     """Blocks at ``anchors`` in one pass: queries of all blocks, keys = the context rows, then every block's rows;
     a block sees context rows before its anchor and its own rows."""
     n = len(seq.tokens)
-    ctx = torch.from_numpy(np.concatenate([seq.hidden[layer] for layer in layers], -1))
+    ctx = seq.features(layers)
     ids = [[int(seq.tokens[a])] + [mask_id] * (block - 1) for a in anchors]
     noise = embed[torch.tensor(ids).reshape(-1)]
     pos = torch.tensor([a + i for a in anchors for i in range(block)])
@@ -321,11 +391,12 @@ def dflash_accepted(model, data, layers, embed, head, block, mask_id) -> np.ndar
                 continue
             ctx, cpos, noise, pos, mask, labels = dflash_batch(seq, layers, embed, block, mask_id, anchors)
             rows = model(ctx, cpos, noise, pos, mask).view(len(anchors), block, -1)[:, 1:]
-            out.append(prefix_matches((rows @ head.T).argmax(-1) == labels).numpy())
+            drafted = torch.cat([(part @ head.T).argmax(-1) for part in rows.split(16)])  # the whole head
+            out.append(prefix_matches(drafted == labels).numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
+def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> Curve:
     cfg = llm.config
     layers = dflash_layers(cfg.num_layers, args.dflash_target_layers)
     block, mask_id = args.block_size, args.mask_token_id if args.mask_token_id >= 0 else cfg.vocab_size - 1
@@ -334,9 +405,17 @@ def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
          "block_size": block,
          "dflash_config": {"block_size": block, "mask_token_id": mask_id, "target_layer_ids": layers}}
     c, model = resume(drafter_torch.DFlash, args.out / "dflash", c) if args.resume else (c, drafter_torch.DFlash(c))
+    if not (args.resume and (args.out / "dflash").is_dir()):
+        with torch.no_grad():
+            model.norm.weight.copy_(norm)  # its rows go through the target's LM head, as the target's own do
     weights = 0.85 ** torch.arange(block - 1, dtype=torch.float32)  # early positions decide acceptance
     rng = random.Random(args.seed + 1)
     usable = [seq for seq in train if dflash_anchors(seq, block, generated=False)]
+    vocab = VocabSubset(head, np.concatenate([seq.predicted for seq in usable]), args.negatives,
+                        torch.Generator().manual_seed(args.seed))
+    print(f"  dflash: logits over {len(vocab)} tokens the labels use + {max(args.negatives, 0)} others per step "
+          f"(of {head.shape[0]})", flush=True)
+    depth = torch.arange(1, block)
 
     def loss_of_one_step() -> torch.Tensor:
         seq = rng.choice(usable)
@@ -344,8 +423,15 @@ def train_dflash(llm, train, held, embed, head, args, seconds: float) -> Curve:
         anchors = sorted(rng.sample(anchors, min(len(anchors), args.anchors)))
         ctx, cpos, noise, pos, mask, labels = dflash_batch(seq, layers, embed, block, mask_id, anchors)
         rows = model(ctx, cpos, noise, pos, mask).view(len(anchors), block, -1)[:, 1:]
-        ce = F.cross_entropy((rows @ head.T).reshape(-1, head.shape[0]), labels.reshape(-1), reduction="none")
-        return (ce.view(len(anchors), block - 1) * weights).sum() / (weights.sum() * len(anchors))
+        # block row i (label: the prediction after anchor + i - 1) counts where the text from the anchor on was the
+        # target's own predictions, as an accepted draft's would be
+        runs = agree_runs(seq)
+        at = torch.tensor(anchors)[:, None] + depth[None, :] - 2
+        valid = (depth[None, :] == 1) | (runs[at.clamp(min=0)] >= depth[None, :] - 1)
+        ce = F.cross_entropy(vocab.logits(rows.reshape(-1, rows.shape[-1])), vocab.index[labels.reshape(-1)],
+                             reduction="none").view(len(anchors), block - 1)
+        w = weights[None, :] * valid
+        return (ce * w).sum() / w.sum().clamp(min=1e-6)
 
     curve = fit(model, loss_of_one_step, lambda: dflash_accepted(model, held, layers, embed, head, block, mask_id),
                 Curve("dflash", block - 1), args, seconds)
@@ -375,6 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dflash-target-layers", type=int, default=3)
     p.add_argument("--mask-token-id", type=int, default=-1, help="default: the last id of the vocabulary")
     p.add_argument("--anchors", type=int, default=16, help="DFlash blocks per training step")
+    p.add_argument("--window", type=int, default=128, help="Eagle-3: rows of a sequence per training step (0: all)")
+    p.add_argument("--negatives", type=int, default=1024,
+                   help="DFlash: LM head rows outside the labels' tokens added to each step's logits (-1: train "
+                        "over the whole vocabulary, as before)")
+    p.add_argument("--train-tokens", type=int, default=0,
+                   help="longest training sequence (default --prompt-tokens); with --train-gen-tokens 0 each is one "
+                        "prefill of corpus text, so long ones make data fastest")
     p.add_argument("--intermediate", type=int, default=0, help="drafter MLP width (default: Eagle 2H, DFlash "
                                                                "the target's)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -412,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         held = make_data(llm, layers, files, budget * args.data_share / 2, args.held_out, args.gen_tokens, args, rng)
     train_gen = args.gen_tokens if args.train_gen_tokens < 0 else args.train_gen_tokens
     train += make_data(llm, layers, files, budget * args.data_share - (time.perf_counter() - data_started), 1 << 30,
-                       train_gen, args, rng)
+                       train_gen, args, rng, args.train_tokens)
     llm.close()
     if args.data is not None:
         save_data(args.data, held, train)
@@ -421,15 +514,15 @@ def main(argv: list[str] | None = None) -> int:
     data = held + train
     print(f"data: {len(train)} training + {len(held)} held-out sequences, {sum(len(s.tokens) for s in data)} tokens, "
           f"{(time.perf_counter() - started) / 60:.1f} min", flush=True)
-    embed, head = target_matrices(args.target, cfg)
+    embed, head, norm = target_matrices(args.target, cfg)
     kinds = ["eagle", "dflash"] if args.kind == "both" else [args.kind]
     log: dict = {"target": str(args.target), "threads": args.threads, "data_minutes":
                  round((time.perf_counter() - started) / 60, 2), "train_sequences": len(train),
                  "train_tokens": int(sum(len(s.tokens) for s in train)), "curves": {}}
     for i, kind in enumerate(kinds):
         seconds = (budget - (time.perf_counter() - started)) / (len(kinds) - i)
-        curve = train_eagle(llm, train, held, embed, args, seconds) if kind == "eagle" else \
-            train_dflash(llm, train, held, embed, head, args, seconds)
+        curve = train_eagle(llm, train, held, embed, head, norm, args, seconds) if kind == "eagle" else \
+            train_dflash(llm, train, held, embed, head, norm, args, seconds)
         log["curves"][curve.kind] = curve.points
     (args.out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {', '.join(str(args.out / k) for k in ('eagle3', 'dflash') if (args.out / k).is_dir())} in "

@@ -257,3 +257,26 @@ def test_generate_and_bench_commands_with_spec(capsys):
     assert len({row.split(" | ")[5] for row in rows}) == 1 and "| NO |" not in "".join(rows)  # one plain median
     assert main(["generate", str(FIXTURES / "qwen3"), "-p", "x", "-n", "2", "--spec", "medusa:/x"]) != 0
     assert "unknown drafter 'medusa:/x'" in capsys.readouterr().err
+
+
+def test_step_log_accounts_for_every_step(tmp_path, monkeypatch):
+    # HETERO_SPEC_LOG: one line per decode step; the lines of a generation add up to what it produced, and each
+    # speculative line's draft and acceptance are the scripted drafter's
+    log = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("HETERO_SPEC_LOG", str(log))
+    llm = load(FIXTURES / "qwen3", backends=["cpu"], kv_cache="f16")
+    want = _plain(llm, PROMPT, 24)
+    drafter = Scripted(want, len(PROMPT), max_draft=3)
+    llm.reset()
+    llm.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
+    lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    starts = [i for i, e in enumerate(lines) if e["kind"] == "start"]
+    assert [lines[i]["spec"] for i in starts] == [False, True]
+    plain, spec = lines[starts[0] + 1:starts[1]], lines[starts[1] + 1:]
+    assert [e["kind"] for e in plain] == ["plain"] * 23  # the first token comes from the prompt's prefill
+    assert [e["produced"] for e in plain] == list(range(1, 24))
+    assert {e["kind"] for e in spec} == {"spec"} and all(0 < e["drafted"] <= 3 for e in spec)
+    # what the drafter heard after each step ([0]: the first token, from the prefill)
+    assert [(e["accepted"], e["committed"]) for e in spec] == [(n, len(t)) for n, t, _ in drafter.received[1:]]
+    assert 1 + sum(e["committed"] for e in spec) >= 24 > 1 + sum(e["committed"] for e in spec[:-1])
+    assert all(e["seconds"] > 0 and "plain_cost" in e for e in spec)

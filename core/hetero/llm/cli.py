@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -16,6 +17,7 @@ from typing import Any
 from .. import progress
 from ..cli_parser import add_backend_option, add_command, backends_of
 from ..contract.errors import HeteroError
+from . import steplog
 from .cli_generation import load_llm, model_path, print_stats, prompt_cache_options, sampling, stream_out
 
 MODEL_HELP = "a .gguf file, a Hugging Face model folder, or a repo id found in the local Hugging Face cache"
@@ -78,6 +80,9 @@ def add_llm_commands(subparsers: Any) -> None:
                         "and a chat prompt: lookahead, draft:PATH, eagle:PATH, dflash:PATH (-n: tokens per run, "
                         "default 64; -r: pairs, default 5; repeat --spec to compare drafters in the same run)")
     p.add_argument("--spec-draft", type=int, default=None, metavar="N", help="--spec: most tokens per draft")
+    p.add_argument("--spec-log", default=None, metavar="PATH",
+                   help="--spec: append one JSON line per decode step to PATH (draft lengths, times, the policy's "
+                        "state: hetero.llm.steplog; the same as HETERO_SPEC_LOG=PATH)")
     p.add_argument("--profile", action="store_true",
                    help="after the tests: a decode step's time inside native code vs Python, per op type")
     _kv_option(p)
@@ -286,6 +291,8 @@ def _bench_spec(args: argparse.Namespace) -> int:
 
     if not args.model:
         raise HeteroError("bench --spec needs -m MODEL (a real model: a synthetic one has no tokenizer to draft with)")
+    if args.spec_log:
+        os.environ[steplog.ENV] = args.spec_log
     n_gen = (_sizes(args.n_gen, "-n") or [64])[-1]
     threads: list[int | None] = [*_sizes(args.threads, "-t")] or [None]
     results = []

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import steplog
 from .sampler import Sampler
 
 
@@ -138,6 +139,9 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
     logits = llm._advance(record, list(prompt_ids), stats, prompt_file) if tokens is None \
         else np.zeros((1, 0), np.float32)
     history = list(prompt_ids)
+    log = steplog.active()
+    if log:
+        steplog.write("start", spec=source is not None, prompt_tokens=len(prompt_ids), max_new_tokens=max_new_tokens)
     emitted = 0  # characters of the decoded text already yielded
     text = ""
     pieces = TextDecoder(decode)
@@ -172,7 +176,10 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
                 record.context_full = True
                 break
             if tokens is None:
+                step_started = time.perf_counter()
                 logits = llm._advance(record, history)
+                if log:
+                    steplog.write("plain", produced=len(record.tokens), seconds=time.perf_counter() - step_started)
         else:
             record.finish_reason = "length"
         if record.finish_reason != "stop":

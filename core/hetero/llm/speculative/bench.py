@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ...contract.errors import HeteroError
+from .. import steplog
 from .registry import speculation
 
 CODE_PROMPT = '''import math
@@ -135,6 +136,7 @@ def bench_speculative(llm: Any, drafter: str | list[str], *, n_gen: int = 64, re
                 llm.chat(CHAT_MESSAGES, n, temperature=0, spec=s)
             return list(llm.last.tokens), llm.stats
 
+        steplog.write("run", prompt=name, drafter="warm-up", repetition=-1, threads=threads)
         run(None, 4)  # warm-up: the prompt's prefill (cached from here on), plans of both step shapes
         for s in specs:
             run(s, 4)
@@ -151,6 +153,8 @@ def bench_speculative(llm: Any, drafter: str | list[str], *, n_gen: int = 64, re
                 order.reverse()
             got: dict[int, tuple[list[int], float]] = {}
             for i in order:
+                steplog.write("run", prompt=name, drafter=names[i - 1] if i else "plain", repetition=r,
+                              threads=threads)
                 tokens, stats = run(runs[i])
                 got[i] = (tokens, stats.decode_tokens_per_second)
                 if i:

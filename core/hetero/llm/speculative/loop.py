@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .. import steplog
 from ..families.decoder import VERIFY_ROWS
 from ..sampler import Sampler
 from .accept import accept
@@ -61,10 +62,12 @@ class Speculation:
         produced = 1
         yield token
         vocab = llm.config.vocab_size
+        log = steplog.active()
         while True:
             started = time.perf_counter()
             k = min(policy.length(produced), llm.context - len(history))
             draft = as_draft(drafter.draft(history, k), k, vocab) if k > 0 else as_draft([], 0, vocab)
+            offered = len(draft.tokens)
             if draft.confidence is not None:  # a graded draft: as long as its class pays for
                 draft = as_draft(draft, policy.cut(draft.confidence), vocab)
             rows = llm._verify(record, history, draft.tokens)
@@ -78,8 +81,12 @@ class Speculation:
                 stats.verify_steps += 1
                 stats.drafted_tokens += len(draft.tokens)
                 stats.accepted_tokens += n
-            policy.record(len(draft.tokens), n, len(committed), time.perf_counter() - started, produced,
-                          draft.confidence)
+            seconds = time.perf_counter() - started
+            policy.record(len(draft.tokens), n, len(committed), seconds, produced, draft.confidence)
+            if log:
+                steplog.write("spec", produced=produced, asked=k, offered=offered, drafted=len(draft.tokens),
+                              confidence=draft.confidence, accepted=n, committed=len(committed), seconds=seconds,
+                              **policy.state())
             produced += len(committed)
             yield from committed
 

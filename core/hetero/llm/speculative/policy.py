@@ -9,14 +9,25 @@ second by that estimate (unmeasured step sizes are interpolated, optimistically 
 when no k beats a plain step.
 
 The first ``COLD_RUNS`` steps of each size are not steady-state (the executor plans that shape, then records its
-replay: ``runtime/executor.py``): they stand in for the size's cost only until a warm step replaces them, and do not
-count towards judging drafting.
+replay: ``runtime/executor.py``): they do not price their size (it counts as unmeasured until a warm step:
+interpolated, or the prior) and do not count towards judging drafting. Priced at a cold step's time (~2x a plain
+step at 2 threads), a graded draft was cut to nothing, its size never timed warm, and the generation stayed in
+plain steps.
 
 What is really measured also decides: plain decoding's cost is re-sampled at the start and every ``PROBE_EVERY``
 speculative steps, and when the recent speculative steps' seconds per committed token (their summed seconds over
 their summed tokens, decayed) exceed plain decoding's, drafting is switched off for ``backoff`` tokens (doubling
 each time it fails again, reset when it pays). So a drafter that is rarely right costs a few probe steps, not a
-slowdown.
+slowdown. Both sides of that comparison are taken in the same stretch of time: plain steps are summed with the
+same decay, step by step, as the speculative ones; when the recent stretch has no plain step the policy takes one
+(a probe) before it judges, and every periodic probe is such a judgement. A shared machine's speed moves 2x
+within a second (a neighbour taking the second core doubles a 2-thread step); a plain cost measured before such a
+change made drafting look like a loss after it (or a win where it lost).
+
+The step costs of the sizes are kept relative to plain decoding's cost when they were measured (a verify width
+timed while the machine was slow is not dear once it is fast again), and scaled by the current plain cost when
+drafts are cut: a width measured in a noisy moment does not keep drafts short (or long) for the rest of the
+generation.
 
 Graded drafters (``Drafter.graded``: free drafts with a ``confidence`` class, the lookahead's match length): the
 loop asks for ``max_draft`` tokens and ``cut(confidence)`` keeps the k with the largest expected gain. Each class
@@ -35,6 +46,8 @@ over it.
 
 from __future__ import annotations
 
+from typing import Any
+
 PROBE_EVERY = 24  # speculative steps between two plain steps that re-measure plain decoding
 MIN_SPEC_STEPS = 4  # speculative steps measured before drafting is judged
 BACKOFF_START, BACKOFF_MAX = 16, 512  # tokens decoded plainly after drafting did not pay
@@ -45,6 +58,7 @@ PRIOR_SLOPE = 0.15  # assumed extra cost per extra token in a step, until steps 
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.5, 2.0  # a class's first draft position starts at 1/2 with the weight of 2 drafts
 RATE_DECAY = 0.95  # weight of the past in the generation's tokens per second (λ)
 SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per token (judging drafting)
+COST_MEMORY = 0.98  # per step: how a step size's cost above the prior fades back towards the prior
 
 
 class DraftPolicy:
@@ -57,8 +71,13 @@ class DraftPolicy:
         self.classes: dict[int, list[list[float]]] = {}
         self.tokens_done = self.seconds_done = 0.0  # decayed, warm steps: the generation's rate λ
         self.cost: dict[int, float] = {}  # tokens scored in a step -> seconds (running)
+        self.cost_at: dict[int, float] = {}  # tokens scored in a step -> the plain cost its seconds were taken at
+        self.measured_at: dict[int, int] = {}  # tokens scored in a step -> ``steps`` when last timed
+        self.steps = 0
         self.runs: dict[int, int] = {}  # tokens scored in a step -> steps of that size so far
         self.spec_tokens = self.spec_seconds = 0.0  # decayed, warm speculative steps since the last judgement
+        self.plain_steps = self.plain_seconds = 0.0  # decayed alike: the warm plain steps of the same stretch
+        self.probe_now = False  # judging drafting waits for a plain step in the recent stretch
         self.accepted = 0.0  # decayed counts of accepted drafts and of rejections
         self.rejected = 0.0
         self.spec_steps = 0  # since the last judgement
@@ -71,11 +90,19 @@ class DraftPolicy:
     def plain_cost(self) -> float | None:
         return self.cost.get(1)
 
+    def state(self) -> dict[str, Any]:
+        """What the policy decides by, for the step log (``hetero.llm.steplog``)."""
+        return {"plain_cost": self.plain_cost, "spec_cost": self.spec_cost, "recent_plain": self.recent_plain,
+                "rate": self.rate,
+                "off_until": self.off_until, "switched_off": self.switched_off,
+                "costs": {str(size): round(c, 6) for size, c in sorted(self.cost.items())}}
+
     def length(self, produced: int) -> int:
         """Tokens to draft for the next step (0: a plain step), ``produced`` tokens into the generation."""
         if not self.adaptive:
             return self.k
-        if produced < self.off_until or self.runs.get(1, 0) <= COLD_RUNS or self.since_probe >= PROBE_EVERY:
+        if (produced < self.off_until or self.runs.get(1, 0) <= COLD_RUNS or self.since_probe >= PROBE_EVERY
+                or self.probe_now):
             return 0  # (plain steps first until one is warm: its cost is what drafting must beat)
         return self.max_draft if self.graded else self.k
 
@@ -121,6 +148,15 @@ class DraftPolicy:
         return self.spec_seconds / self.spec_tokens if self.spec_tokens > 0 else None
 
     @property
+    def recent_plain(self) -> float | None:
+        """Seconds of the warm plain steps taken in the stretch the speculative steps are judged over (decayed
+        alike), None when it has none recent enough: their decayed count under that of one plain step
+        ``MIN_SPEC_STEPS`` steps ago (a ratio of decayed sums keeps an old step's time however old it is)."""
+        if self.plain_steps < SPEC_DECAY ** MIN_SPEC_STEPS:
+            return None
+        return self.plain_seconds / self.plain_steps
+
+    @property
     def rate(self) -> float:
         """The generation's recent committed tokens per second (0 before a warm step)."""
         return self.tokens_done / self.seconds_done if self.seconds_done > 0 else 0.0
@@ -131,13 +167,28 @@ class DraftPolicy:
         (``confidence``: the draft's class, for graded drafters)."""
         size = drafted + 1
         runs = self.runs[size] = self.runs.get(size, 0) + 1
+        self.steps += 1
+        self.measured_at[size] = self.steps
         warm = runs > COLD_RUNS
-        # a cold step's time stands for the size until its first warm step replaces it
-        self.cost[size] = _smooth(self.cost.get(size), seconds) if runs > COLD_RUNS + 1 else seconds
+        # a cold step's time is kept (the first warm one replaces it) but prices nothing (``_estimated_cost``);
+        # sizes other than 1 are kept at the plain cost of their time (``_scaled``)
+        plain = self.plain_cost
+        previous = self._scaled(size, fade=False) if size in self.cost else None
+        self.cost[size] = _smooth(previous, seconds) if runs > COLD_RUNS + 1 else seconds
+        if size > 1 and plain is not None:
+            self.cost_at[size] = plain
         if warm:
             self.tokens_done = RATE_DECAY * self.tokens_done + committed
             self.seconds_done = RATE_DECAY * self.seconds_done + seconds
+            self._decay_stretch()
         if drafted == 0:
+            if warm:
+                self.plain_steps += 1
+                self.plain_seconds += seconds
+                # a probe (asked for, or the periodic one): drafting is judged against it
+                if (self.probe_now or self.since_probe >= PROBE_EVERY) and self.spec_steps >= MIN_SPEC_STEPS:
+                    self._judge(produced)
+                self.probe_now = False
             self.since_probe = 0
             return
         self.since_probe += 1
@@ -151,24 +202,41 @@ class DraftPolicy:
                 counts[i][0] = DECAY * counts[i][0] + (i < accepted)
                 counts[i][1] = DECAY * counts[i][1] + 1
         if warm:
-            self.spec_tokens = SPEC_DECAY * self.spec_tokens + committed
-            self.spec_seconds = SPEC_DECAY * self.spec_seconds + seconds
+            self.spec_tokens += committed
+            self.spec_seconds += seconds
             self.spec_steps += 1
         if not self.adaptive:
             return
         self.k = self._best_length(self.accepted / max(self.accepted + self.rejected, 1e-9))
-        plain = self.plain_cost
         spec = self.spec_cost
         if self.spec_steps < MIN_SPEC_STEPS or plain is None or spec is None:
             return
-        if spec > plain:
+        if spec > (self.recent_plain or plain):
+            if self.recent_plain is None:
+                self.probe_now = True  # judged against a plain step of this stretch, not one of another moment
+            else:
+                self._judge(produced)
+        elif self.spec_steps >= 4 * MIN_SPEC_STEPS:
+            self.backoff = BACKOFF_START  # it pays: a later bad stretch starts with a short pause again
+
+    def _decay_stretch(self) -> None:
+        """One warm step later: the speculative and the plain steps of the judged stretch fade alike."""
+        self.spec_tokens *= SPEC_DECAY
+        self.spec_seconds *= SPEC_DECAY
+        self.plain_steps *= SPEC_DECAY
+        self.plain_seconds *= SPEC_DECAY
+
+    def _judge(self, produced: int) -> None:
+        """Drafting against plain decoding over the same recent stretch: off for ``backoff`` tokens when it loses,
+        and a fresh stretch either way."""
+        spec, plain = self.spec_cost, self.recent_plain
+        if spec is not None and plain is not None and spec > plain:
             self.off_until = produced + self.backoff
             self.backoff = min(2 * self.backoff, BACKOFF_MAX)
             self.switched_off += 1
-            self.spec_steps = 0
-            self.spec_tokens = self.spec_seconds = 0.0
-        elif self.spec_steps >= 4 * MIN_SPEC_STEPS:
-            self.backoff = BACKOFF_START  # it pays: a later bad stretch starts with a short pause again
+        self.spec_steps = 0
+        self.spec_tokens = self.spec_seconds = 0.0
+        self.plain_steps = self.plain_seconds = 0.0
 
     def _best_length(self, alpha: float) -> int:
         """The k (at least 1) with the most tokens per second at acceptance ``alpha``."""
@@ -186,15 +254,35 @@ class DraftPolicy:
         """The seconds of a step of ``size`` tokens: measured, interpolated or extrapolated, and never below a
         smaller step's (a size whose few timings came out low on a noisy machine would otherwise be drafted for
         exactly that noise)."""
-        floor = max((c for s, c in self.cost.items() if s < size), default=0.0)
-        if size in self.cost:
-            return max(self.cost[size], floor)
-        below = max((s for s in self.cost if s < size), default=1)
-        above = min((s for s in self.cost if s > size), default=None)
-        low = self.cost.get(below, plain)
+        # sizes timed only cold (planned, recorded) count as unmeasured: priced at those times, a graded draft was
+        # cut to nothing from then on and the size never timed warm (the generation locked into plain steps)
+        cost = {s: self._scaled(s) for s in self.cost if s == 1 or self.runs.get(s, COLD_RUNS + 1) > COLD_RUNS}
+        floor = max((c for s, c in cost.items() if s < size), default=0.0)
+        if size in cost:
+            return max(cost[size], floor)
+        below = max((s for s in cost if s < size), default=1)
+        above = min((s for s in cost if s > size), default=None)
+        low = cost.get(below, plain)
         if above is not None:  # between two measured sizes: linear
-            return max(low + (self.cost[above] - low) * (size - below) / (above - below), floor)
+            return max(low + (cost[above] - low) * (size - below) / (above - below), floor)
         return max(low + plain * PRIOR_SLOPE * (size - below), floor)
+
+    def _scaled(self, size: int, fade: bool = True) -> float:
+        """The running seconds of a step of ``size`` tokens at the current plain cost: measured at another plain
+        cost (the machine slower or faster then), they are scaled by the ratio. ``fade``: as an estimate to draft
+        by (below); not when a new timing is averaged in."""
+        at, plain = self.cost_at.get(size), self.plain_cost
+        if at is None or plain is None or at <= 0:
+            return self.cost[size]
+        cost = self.cost[size] * plain / at
+        # dearer than the prior: the estimate fades back towards the prior as it ages, so a size timed in a bad
+        # moment (a neighbour's burst on one step) is tried again rather than never drafted again
+        prior = plain * (1 + PRIOR_SLOPE * (size - 1))
+        if fade and cost > prior:
+            warm = max(self.runs.get(size, 0) - COLD_RUNS, 1)  # timed often: trusted longer
+            memory = COST_MEMORY ** ((self.steps - self.measured_at.get(size, self.steps)) / warm)
+            cost = memory * cost + (1 - memory) * prior
+        return cost
 
 
 def expected_tokens(alpha: float, k: int) -> float:
