@@ -253,6 +253,26 @@ def _replace_span(graph: Graph, span: list[Node], node: Node, keep: set[str]) ->
     return True
 
 
+# What a span-fusing pass finds around one anchor node: the fused node, the nodes it replaces (the last one's
+# outputs kept) and any constants the fused node reads.
+Fusion = tuple[Node, list[Node], dict[str, np.ndarray]]
+
+
+def _fuse_around(graph: Graph, anchor_op: str, find: Callable[[Graph, Node, dict[str, Node]], Fusion | None]) -> int:
+    """Every span ``find`` recognises around an ``anchor_op`` node replaced by its fused node, unless a subgraph
+    reads one of the span's intermediates: the number replaced."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for anchor in list(graph.nodes):
+        if anchor.op_key != ("", anchor_op) or anchor not in graph.nodes:
+            continue
+        found = find(graph, anchor, graph.producers())
+        if found is not None and _replace_span(graph, found[1], found[0], keep):
+            graph.initializers.update(found[2])
+            count += 1
+    return count
+
+
 def fuse_conv_activation(graph: Graph) -> int:
     count = 0
     for conv in list(graph.nodes):
@@ -382,18 +402,14 @@ GeluSpan = Callable[[Graph, Node, dict[str, Node]], tuple[str, list[Node]] | Non
 
 def _fuse_gelu_spans(graph: Graph, around: str, find_span: GeluSpan, attrs: dict[str, Any]) -> int:
     """Every GELU written out around an ``around`` node (its span found by ``find_span``: x and the nodes, the last
-    one's outputs kept) replaced by one ``Gelu`` with ``attrs``, unless a subgraph reads one of its intermediates."""
-    count = 0
-    keep = _read_by_subgraphs(graph)
-    for anchor in list(graph.nodes):
-        if anchor.op_key != ("", around) or anchor not in graph.nodes:
-            continue
-        found = find_span(graph, anchor, graph.producers())
-        if found is not None:
-            x, span = found
-            count += _replace_span(graph, span, Node("Gelu", [x], list(span[-1].outputs), dict(attrs),
-                                                     name=f"{anchor.name}/gelu"), keep)
-    return count
+    one's outputs kept) replaced by one ``Gelu`` with ``attrs``."""
+    def gelu(graph: Graph, anchor: Node, producers: dict[str, Node]) -> Fusion | None:
+        found = find_span(graph, anchor, producers)
+        if found is None:
+            return None
+        x, span = found
+        return Node("Gelu", [x], list(span[-1].outputs), dict(attrs), name=f"{anchor.name}/gelu"), span, {}
+    return _fuse_around(graph, around, gelu)
 
 
 def fuse_gelu_tanh(graph: Graph) -> int:
@@ -671,22 +687,16 @@ def _times_constant_any(graph: Graph, node: Node | None, op: str, operand: str) 
 def fuse_rms_norm(graph: Graph) -> int:
     """RMS normalisation written out in seven or eight elementwise nodes and a ReduceMean: one ``hetero::RMSNorm``
     (one pass over each row instead of eight)."""
-    count = 0
-    keep = _read_by_subgraphs(graph)
-    for mean in list(graph.nodes):
-        if mean.op_key != ("", "ReduceMean") or mean not in graph.nodes:
-            continue
-        found = _rms_norm_span(graph, mean, graph.producers())
+    def rms_norm(graph: Graph, mean: Node, producers: dict[str, Node]) -> Fusion | None:
+        found = _rms_norm_span(graph, mean, producers)
         if found is None:
-            continue
+            return None
         x, weight, eps, span = found
         name = f"{mean.name or mean.outputs[0]}/rms_weight"
         node = Node("RMSNorm", [x, name], list(span[-1].outputs), {"epsilon": eps}, name=f"{mean.name}/rms_norm",
                     domain=HETERO_DOMAIN)
-        if _replace_span(graph, span, node, keep):
-            graph.initializers[name] = weight
-            count += 1
-    return count
+        return node, span, {name: weight}
+    return _fuse_around(graph, "ReduceMean", rms_norm)
 
 
 def _rank(graph: Graph, name: str) -> int | None:
@@ -791,15 +801,10 @@ def fuse_attention(graph: Graph) -> int:
     """An encoder's attention written out (MatMul of the transposed Q and K, scaled, plus a mask, Softmax, MatMul by
     the transposed V, transposed back): one ``FusedAttention``, which reads Q, K and V where they lie (no Transpose
     copies) and keeps each head's scores in cache instead of writing them four times."""
-    count = 0
-    keep = _read_by_subgraphs(graph)
-    for softmax in list(graph.nodes):
-        if softmax.op_key != ("", "Softmax") or softmax not in graph.nodes:
-            continue
-        found = _attention_span(graph, softmax, graph.producers())
-        if found is not None:
-            count += _replace_span(graph, found[1], found[0], keep)
-    return count
+    def attention(graph: Graph, softmax: Node, producers: dict[str, Node]) -> Fusion | None:
+        found = _attention_span(graph, softmax, producers)
+        return None if found is None else (found[0], found[1], {})
+    return _fuse_around(graph, "Softmax", attention)
 
 
 def pow_to_mul(graph: Graph) -> int:
