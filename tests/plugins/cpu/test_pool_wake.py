@@ -41,3 +41,74 @@ def test_a_worker_is_woken_only_for_enough_work(pool, channels, size, wakes):
     stats = _native.pool_stats(True)
     assert (stats["calls"] >= 1) == wakes, stats
     assert np.array_equal(out, alone)
+
+
+def _one_node(op: str, shape: list[int], **attrs):
+    outs = ["y", "y_scale", "y_zero_point"] if op == "DynamicQuantizeLinear" else ["y"]
+    ys = [(name, TensorProto.UINT8 if name != "y_scale" and op == "DynamicQuantizeLinear" else TensorProto.FLOAT,
+           None) for name in outs]
+    model = make_model([helper.make_node(op, ["x"], outs, **attrs)], [("x", TensorProto.FLOAT, shape)], ys)
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    return model, {"x": x}
+
+
+def _mul(shape: list[int]):
+    model = make_model([helper.make_node("Mul", ["x", "x"], ["y"])], [("x", TensorProto.FLOAT, shape)],
+                       [("y", TensorProto.FLOAT, None)])
+    return model, {"x": np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)}
+
+
+# The elementwise and row kernels (elementwise.cpp) and DynamicQuantizeLinear (qlinear.cpp) split work of two threads'
+# grain or more, but wake a sleeping worker only from kWakeElementWork (common.hpp) on: the small shapes below go
+# parallel while a worker spins and run on the caller while it sleeps (T5-encoder sized: 70 x 512 / 70 x 1024).
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("make, shape, wakes", [
+    (_mul, [70, 1024], False), (_mul, [512, 1024], True),
+    (lambda s: _one_node("Softmax", s, axis=-1), [70, 512], False),
+    (lambda s: _one_node("Softmax", s, axis=-1), [512, 512], True),
+    (lambda s: _one_node("Tanh", s), [70, 512], False), (lambda s: _one_node("Tanh", s), [512, 512], True),
+    (lambda s: _one_node("DynamicQuantizeLinear", s), [400, 500], False),
+    (lambda s: _one_node("DynamicQuantizeLinear", s), [512, 1024], True),
+], ids=["mul-small", "mul-large", "softmax-small", "softmax-large", "tanh-small", "tanh-large", "dql-small",
+        "dql-large"])
+def test_elementwise_kernels_wake_only_for_enough_work(pool, threads, make, shape, wakes):
+    model, feeds = make(shape)
+    alone = hetero.Session(model, backends=["cpu"], threads=1).run(feeds)
+    session = hetero.Session(model, backends=["cpu"], threads=threads)
+    session.run(feeds)
+    _native.set_pool_spin_us(1_000_000)  # awake: the call goes parallel
+    session.run(feeds)
+    _native.pool_stats(True)
+    spun = session.run(feeds)
+    assert _native.pool_stats(True)["calls"] >= 1
+    _native.set_pool_spin_us(0)
+    session.run(feeds)
+    time.sleep(0.05)  # let the workers fall asleep
+    _native.pool_stats(True)
+    slept = session.run(feeds)
+    assert (_native.pool_stats(True)["calls"] >= 1) == wakes
+    for name, want in alone.items():
+        assert np.array_equal(spun[name], want), name
+        assert np.array_equal(slept[name], want), name
+
+
+# The AMX int8 GEMM gives a thread at least 1e7 multiply-adds: the T5 encoder's 70 x 512 x 384 GEMMs run on one
+# thread even with a worker spinning, its 70 x 512 x 1024 ones on two; exact either way.
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("m, k, n, parallel", [(70, 512, 384, False), (70, 512, 1024, True)])
+def test_amx_gemm_splits_only_above_its_grain(pool, threads, m, k, n, parallel):
+    if not _native.qlinear_amx() or _native.qlinear_isa() != "avx512vnni":
+        pytest.skip("no AMX-INT8 on this CPU: the AMX GEMM's split is not reachable")
+    rng = np.random.default_rng(m + k + n)
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    packed = _native.qpack_b(b, np.array(3, np.int8))
+    want = ((a.astype(np.int64) - 7) @ (b.astype(np.int64) - 3)).astype(np.int32)
+    _native.set_num_threads(threads)
+    _native.set_pool_spin_us(1_000_000)
+    out = np.empty((m, n), np.int32)
+    _native.qgemm_i32(a, packed, np.array(7, np.uint8), out)
+    _native.pool_stats(True)
+    _native.qgemm_i32(a, packed, np.array(7, np.uint8), out)
+    assert (_native.pool_stats(True)["calls"] >= 1) == parallel
+    np.testing.assert_array_equal(out, want)
