@@ -133,13 +133,9 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
     std::vector<std::uint8_t> tail(static_cast<std::size_t>(tail_rows * p.k), 0);
     for (i64 r = 0; r < rest; ++r)
       std::memcpy(tail.data() + r * p.k, a.a + (full + r) * a.lda, static_cast<std::size_t>(p.k));
-    // A thread gets at least 1e7 multiply-adds (~10 us on AMX): below that the second thread's share of the work is
-    // smaller than what it costs to join (each thread reads all of A and its output goes back to the caller's
-    // core; the T5 encoder's 70 x 512 x 384 GEMMs, ~15 us, ran slower split in two). The tasks do not depend on
-    // the thread count, so neither do the results.
     const i64 pairs = (p.panels + 1) / 2, pairs_per_task = 2;
     const i64 tasks = (pairs + pairs_per_task - 1) / pairs_per_task;
-    parallel_for(tasks, threads_for(work, 1e7), [&](i64 task) {
+    parallel_for(tasks, threads_for(work, 4e6), [&](i64 task) {
       alignas(64) std::int32_t raw[32 * 32];
       amx_begin();
       for (i64 q = task * pairs_per_task; q < std::min(pairs, (task + 1) * pairs_per_task); ++q) {

@@ -91,24 +91,3 @@ def test_elementwise_kernels_wake_only_for_enough_work(pool, threads, make, shap
         assert np.array_equal(spun[name], want), name
         assert np.array_equal(slept[name], want), name
 
-
-# The AMX int8 GEMM gives a thread at least 1e7 multiply-adds: the T5 encoder's 70 x 512 x 384 GEMMs run on one
-# thread even with a worker spinning, its 70 x 512 x 1024 ones on two; exact either way.
-@pytest.mark.parametrize("threads", [2, 3])
-@pytest.mark.parametrize("m, k, n, parallel", [(70, 512, 384, False), (70, 512, 1024, True)])
-def test_amx_gemm_splits_only_above_its_grain(pool, threads, m, k, n, parallel):
-    if not _native.qlinear_amx() or _native.qlinear_isa() != "avx512vnni":
-        pytest.skip("no AMX-INT8 on this CPU: the AMX GEMM's split is not reachable")
-    rng = np.random.default_rng(m + k + n)
-    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
-    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
-    packed = _native.qpack_b(b, np.array(3, np.int8))
-    want = ((a.astype(np.int64) - 7) @ (b.astype(np.int64) - 3)).astype(np.int32)
-    _native.set_num_threads(threads)
-    _native.set_pool_spin_us(1_000_000)
-    out = np.empty((m, n), np.int32)
-    _native.qgemm_i32(a, packed, np.array(7, np.uint8), out)
-    _native.pool_stats(True)
-    _native.qgemm_i32(a, packed, np.array(7, np.uint8), out)
-    assert (_native.pool_stats(True)["calls"] >= 1) == parallel
-    np.testing.assert_array_equal(out, want)
