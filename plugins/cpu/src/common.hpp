@@ -92,6 +92,13 @@ inline int threads_for(double work, double grain) {
   return want < t ? static_cast<int>(want) : t;
 }
 
+// Work below which a call runs on the caller alone when every pool worker is asleep (parallel_for's wake_sleepers):
+// about what waking one costs on a virtual machine (20-40 us of one core). In fp32 flops (GEMM convolutions), and
+// in the elementwise / row kernels' cost units (the `work` they pass to threads_for: element visits, x4 for
+// transcendental and row ops).
+constexpr double kWakeFlops = 4e6;
+constexpr double kWakeElementWork = 2.5e5;
+
 // ---- aligned, grow-only scratch buffers ----
 struct AlignedBuf {
   float* p = nullptr;

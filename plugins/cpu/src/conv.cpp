@@ -23,9 +23,8 @@ inline float pool_max(float m, float v) { return ((v > m) | (v != v)) ? v : m; }
 
 // Work (in flops or element visits) below which a second thread costs more to wake than it saves.
 constexpr double kParallelGrain = 6e4;
-// GEMM convolutions below this many flops (~20-40 us on one core) run on the caller alone when the pool's workers
-// are asleep: waking one costs about as much (silero-vad's one parallel conv per chunk: ~8 us of work, ~39 us wall).
-constexpr double kWakeFlops = 4e6;
+// GEMM convolutions below kWakeFlops (common.hpp) run on the caller alone when the pool's workers are asleep:
+// waking one costs about as much (silero-vad's one parallel conv per chunk: ~8 us of work, ~39 us wall).
 // Target size of one task's packed im2col block (floats): fits in L2 next to the weights' A panels.
 constexpr i64 kConvBlockFloats = 48 * 1024;
 // Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).

@@ -129,7 +129,7 @@ void binary_nd(const Kernels& kr, int op, DType dt, const char* a, const i64* sa
         case DType::I64: int_row<std::int64_t>(op, pa, ia, pb, ib, reinterpret_cast<std::int64_t*>(py), len); break;
       }
     });
-  });
+  }, static_cast<double>(total) >= kWakeElementWork);
 }
 
 void unary_nd(const Kernels& kr, int op, const char* x, const i64* sx, float* out, int ndim, const i64* shape,
@@ -137,7 +137,8 @@ void unary_nd(const Kernels& kr, int op, const char* x, const i64* sx, float* ou
   i64 total = 1;
   for (int d = 0; d < ndim; ++d) total *= shape[d];
   if (total == 0) return;
-  const int T = threads_for(static_cast<double>(total) * 4, 65536);  // transcendental ops cost ~4 adds
+  const double work = static_cast<double>(total) * 4;  // transcendental ops cost ~4 adds
+  const int T = threads_for(work, 65536);
   bool contiguous = true;
   {
     i64 s = 4;
@@ -156,14 +157,15 @@ void unary_nd(const Kernels& kr, int op, const char* x, const i64* sx, float* ou
   parallel_for(ntasks, T, [&](i64 t) {
     const i64 i0 = t * kChunk, n = std::min<i64>(kChunk, total - i0);
     kr.unary(op, src + i0, out + i0, n, alpha, beta);
-  });
+  }, work >= kWakeElementWork);
 }
 
 void rows_nd(const Kernels& kr, RowOp rop, const char* x, i64 rows, i64 n, i64 row_stride, i64 col_stride,
              float* out, const float* scale, const float* bias, float eps, float* mean_out, float* invstd_out,
              bool log) {
   if (rows == 0) return;
-  const int T = threads_for(static_cast<double>(rows) * n * 4, 32768);
+  const double work = static_cast<double>(rows) * n * 4;
+  const int T = threads_for(work, 32768);
   const i64 rpt = std::max<i64>(1, 16384 / std::max<i64>(n, 1));
   const i64 ntasks = (rows + rpt - 1) / rpt;
   parallel_for(ntasks, T, [&](i64 t) {
@@ -184,7 +186,7 @@ void rows_nd(const Kernels& kr, RowOp rop, const char* x, i64 rows, i64 n, i64 r
         case RowOp::RmsNorm: kr.rmsnorm_row(xr, scale, yr, n, eps); break;
       }
     }
-  });
+  }, work >= kWakeElementWork);
 }
 
 }  // namespace hetero

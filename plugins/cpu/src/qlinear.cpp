@@ -610,7 +610,7 @@ void py_dynamic_quantize(const py::array& x, const py::array& y, const py::array
   parallel_for(tasks, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
     const i64 b = t * chunk;
     kr.quantize8(xs + b, std::min(chunk, n - b), s, z, 0, 255, ys + b);
-  });
+  }, static_cast<double>(n) >= kWakeElementWork);
 }
 
 // QuantizeLinear / DequantizeLinear with one scale and zero point (float32 <-> uint8 / int8).
@@ -633,7 +633,7 @@ void py_quantize_linear(const py::array& x, const py::array& scale, const py::ob
   parallel_for((n + chunk - 1) / chunk, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
     const i64 b = t * chunk;
     kr.quantize8(xs + b, std::min(chunk, n - b), s, z[0], u8 ? 0 : -128, u8 ? 255 : 127, ys + b);
-  });
+  }, static_cast<double>(n) >= kWakeElementWork);
 }
 
 void py_dequantize_linear(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y) {

@@ -41,3 +41,58 @@ def test_a_worker_is_woken_only_for_enough_work(pool, channels, size, wakes):
     stats = _native.pool_stats(True)
     assert (stats["calls"] >= 1) == wakes, stats
     assert np.array_equal(out, alone)
+
+
+def _one_node(op: str, shape: list[int], **attrs):
+    outs = ["y", "y_scale", "y_zero_point"] if op == "DynamicQuantizeLinear" else ["y"]
+    ys = [(name, TensorProto.UINT8 if name != "y_scale" and op == "DynamicQuantizeLinear" else TensorProto.FLOAT,
+           None) for name in outs]
+    model = make_model([helper.make_node(op, ["x"], outs, **attrs)], [("x", TensorProto.FLOAT, shape)], ys)
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    return model, {"x": x}
+
+
+def _mul(shape: list[int]):
+    model = make_model([helper.make_node("Mul", ["x", "x"], ["y"])], [("x", TensorProto.FLOAT, shape)],
+                       [("y", TensorProto.FLOAT, None)])
+    return model, {"x": np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)}
+
+
+# The elementwise and row kernels (elementwise.cpp) and DynamicQuantizeLinear (qlinear.cpp) split work of two threads'
+# grain or more, but wake a sleeping worker only from kWakeElementWork (common.hpp) on: the small shapes below go
+# parallel while a worker spins and run on the caller while it sleeps (T5-encoder sized: 70 x 512 / 70 x 1024).
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("make, shape, wakes", [
+    (_mul, [70, 1024], False), (_mul, [512, 1024], True),
+    (lambda s: _one_node("Softmax", s, axis=-1), [70, 512], False),
+    (lambda s: _one_node("Softmax", s, axis=-1), [512, 512], True),
+    (lambda s: _one_node("Tanh", s), [70, 512], False), (lambda s: _one_node("Tanh", s), [512, 512], True),
+    (lambda s: _one_node("DynamicQuantizeLinear", s), [400, 500], False),
+    (lambda s: _one_node("DynamicQuantizeLinear", s), [512, 1024], True),
+], ids=["mul-small", "mul-large", "softmax-small", "softmax-large", "tanh-small", "tanh-large", "dql-small",
+        "dql-large"])
+def test_elementwise_kernels_wake_only_for_enough_work(pool, threads, make, shape, wakes):
+    model, feeds = make(shape)
+    alone = hetero.Session(model, backends=["cpu"], threads=1).run(feeds)
+    session = hetero.Session(model, backends=["cpu"], threads=threads)
+    session.run(feeds)
+    _native.set_pool_spin_us(1_000_000)  # awake: the call goes parallel
+    for _ in range(100):  # a woken worker may take a while to be scheduled on a busy machine
+        _native._pool_cover(64, threads, 20)  # wakes the workers (a plain parallel_for), which then spin
+        time.sleep(0.01)
+        _native.pool_stats(True)
+        spun = session.run(feeds)
+        if _native.pool_stats(True)["calls"] >= 1:
+            break
+    else:
+        pytest.fail("the call never went parallel while the workers spun")
+    _native.set_pool_spin_us(0)
+    session.run(feeds)
+    time.sleep(0.05)  # let the workers fall asleep
+    _native.pool_stats(True)
+    slept = session.run(feeds)
+    assert (_native.pool_stats(True)["calls"] >= 1) == wakes
+    for name, want in alone.items():
+        assert np.array_equal(spun[name], want), name
+        assert np.array_equal(slept[name], want), name
+
