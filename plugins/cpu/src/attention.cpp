@@ -61,8 +61,10 @@ void py_fused_attention(const py::array& q, const py::array& k, const py::array&
   if (O.st[3] != 1 && DV > 1) fail("fused_attention: out's last dim must be contiguous");
   View4 M;
   const bool masked = !mask.is_none();
+  const py::array mask_array = masked ? py::array::ensure(mask) : py::array();  // alive while M points into it
   if (masked) {
-    M = view4(py::array::ensure(mask), "mask");
+    if (!mask_array) fail("fused_attention: mask must be an array or None");
+    M = view4(mask_array, "mask");
     need_dims(M, B, H, S, T, "mask");
     if (M.st[3] > 1) fail("fused_attention: mask's last dim must be contiguous or broadcast");
   }
