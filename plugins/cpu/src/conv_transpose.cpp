@@ -53,14 +53,16 @@ std::shared_ptr<PackedConvT> py_prepack(const py::array& w, i64 group) {
   float* d = p->buf.get(static_cast<std::size_t>(std::max<i64>(1, p->group_stride * group)));
   const float* pw = cptr<float>(w);
   py::gil_scoped_release nogil;
-  std::vector<float> wt(static_cast<std::size_t>(group * p->Mg * cg));
-  for (i64 g = 0; g < group; ++g) {  // A = W_g^T: element (m, c) at W_g[c * Mg + m]
+  for (i64 g = 0; g < group; ++g)  // A = W_g^T: element (m, c) at W_g[c * Mg + m]
     pack_a_panels(*p->kr, MatView{pw + g * cg * p->Mg, p->Mg, cg, 1, p->Mg}, d + g * p->group_stride);
-    for (i64 m = 0; m < p->Mg; ++m)
-      for (i64 c = 0; c < cg; ++c)
-        wt[static_cast<std::size_t>((g * p->Mg + m) * cg + c)] = pw[(g * cg + c) * p->Mg + m];
+  if (p->kw == 2) {  // only a kernel two wide can take the 1 x 1 path (stride 2 along W): no second copy otherwise
+    std::vector<float> wt(static_cast<std::size_t>(group * p->Mg * cg));
+    for (i64 g = 0; g < group; ++g)
+      for (i64 m = 0; m < p->Mg; ++m)
+        for (i64 c = 0; c < cg; ++c)
+          wt[static_cast<std::size_t>((g * p->Mg + m) * cg + c)] = pw[(g * cg + c) * p->Mg + m];
+    p->pointwise = prepack_conv(*p->kr, wt.data(), group * p->Mg, cg, 1, 1, group);
   }
-  p->pointwise = prepack_conv(*p->kr, wt.data(), group * p->Mg, cg, 1, 1, group);
   return p;
 }
 
@@ -99,7 +101,7 @@ void py_conv_transpose(const py::array& x, const PackedConvT& p, const py::objec
   AlignedBuf bbuf, cols;
   // A 2 x 2 kernel at stride 2, unpadded and undilated (PP-OCRv4 det's upsampling): every output takes exactly one
   // value, output row iy sh + ky of channel co being the rows of planes (co, ky, 0) and (co, ky, 1) interleaved.
-  if (p.kw == 2 && sw == 2 && dw == 1 && pl == 0 && Wo == 2 * W && p.kh == sh && dh == 1 && pt == 0 &&
+  if (p.pointwise && p.kw == 2 && sw == 2 && dw == 1 && pl == 0 && Wo == 2 * W && p.kh == sh && dh == 1 && pt == 0 &&
       Ho == sh * H && HW > 0 && cg > 0) {
     float* cm = cols.get(static_cast<std::size_t>(p.group * Mg * HW));
     const ConvGeom geom{1, C, H, W, p.group * Mg, 1, 1, H, W, 1, 1, 0, 0, 0, 0, 1, 1, p.group};
