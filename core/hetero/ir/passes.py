@@ -45,9 +45,29 @@ def _cast_to_own_type(graph: Graph, cast: Node) -> bool:
     return info is not None and info.dtype.onnx_type is not None and info.dtype.onnx_type == cast.attrs.get("to")
 
 
+def _slice_keeps_all(graph: Graph, node: Node) -> bool:
+    """A Slice whose constant starts are 0, steps 1 and ends reach past each sliced axis's known length (magika's
+    export slices ``[:, :, :, :1]`` of a last axis of length 1): it copies its whole input."""
+    info = graph.values.get(node.inputs[0]) if node.inputs else None
+    consts = [np.asarray(graph.initializers[n]) if n in graph.initializers else None if n else False
+              for n in (node.inputs + ["", "", "", ""])[1:5]]
+    starts, ends, axes, steps = consts
+    if info is None or info.shape is None or starts is None or ends is None or starts is False or ends is False:
+        return False
+    rank = len(info.shape)
+    axes = np.arange(len(starts)) if axes is False else axes
+    if axes is None or (steps is not False and (steps is None or np.any(steps != 1))) or len(axes) != len(starts):
+        return False
+    for axis, start, end in zip(axes.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        dim = info.shape[axis % rank] if -rank <= axis < rank else None
+        if start != 0 or not (end >= 2**31 - 1 or (isinstance(dim, int) and end >= dim)):
+            return False
+    return True
+
+
 def remove_noops(graph: Graph) -> int:
-    """Identity, a Cast to its input's own type, and Dropout in inference (no mask consumer): their consumers read
-    the input directly."""
+    """Identity, a Cast to its input's own type, Dropout in inference (no mask consumer) and a Slice that keeps its
+    whole input: their consumers read the input directly."""
     count = 0
     keep = _read_by_subgraphs(graph)
     for node in list(graph.nodes):
@@ -57,6 +77,7 @@ def remove_noops(graph: Graph) -> int:
             or (node.op_type == "Dropout" and not node.attrs.get("training_mode")
                 and (len(node.outputs) < 2 or not node.outputs[1] or not graph.consumers().get(node.outputs[1]))
                 and len(node.inputs) < 3)
+            or (node.op_type == "Slice" and _slice_keeps_all(graph, node))
         )
         if not is_noop or node.outputs[0] in graph.outputs or node.outputs[0] in keep or not node.inputs[0]:
             continue

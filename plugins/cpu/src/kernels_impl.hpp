@@ -262,9 +262,11 @@ void k_unary(int op, const float* x, float* y, i64 n, float alpha, float beta) {
       });
       break;
     case hetero::U_GELU_TANH:
+      // 0.5 x (1 + tanh u) = x sigmoid(2u): one exp and a reciprocal estimate instead of tanh's expm1 (a series and
+      // an exp) and a division (magika's two GELUs, 0.74 ns a value), and no cancellation in 1 + tanh u for x < 0.
       map1(x, y, n, [&](V v) {
-        V u = S::mul(S::set1(0.7978845608028654f), S::fma(S::mul(S::set1(0.044715f), v), S::mul(v, v), v));
-        return S::mul(S::mul(S::set1(0.5f), v), S::add(one, vtanh(u)));
+        V u2 = S::mul(S::set1(2.f * 0.7978845608028654f), S::fma(S::mul(S::set1(0.044715f), v), S::mul(v, v), v));
+        return S::mul(v, vsigmoid(u2));
       });
       break;
     case hetero::U_TANH: map1(x, y, n, [&](V v) { return vtanh(v); }); break;
