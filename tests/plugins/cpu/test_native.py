@@ -396,6 +396,24 @@ def test_unary_accuracy_wide_range(isa, op):
     assert np.all(np.abs(out[~normal] - ref[~normal]) <= 2 * 1.4e-45 + 2e-6 * np.abs(ref[~normal]))
 
 
+def test_gelu_tanh_wide_range(isa):
+    # x sigmoid(2u) with |2u| clamped at 80: relative accuracy where the value is not tiny, absolute (the tanh form's
+    # own 0) where 2u < -80, and inf / nan as the tanh form gives them.
+    x = np.concatenate([np.linspace(-300, 300, 60001), rng(41).uniform(-8, 8, 20000),
+                        [0.0, -0.0, 1e-30, -1e-30, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    out = np.empty_like(x)
+    _native.unary("gelu_tanh", x, out)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = _ref_unary("gelu_tanh", x, 0, 0)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    fin = np.isfinite(ref)
+    np.testing.assert_array_equal(out[~fin & ~np.isnan(ref)], ref[~fin & ~np.isnan(ref)])
+    big = fin & (np.abs(ref) >= 1e-6)
+    rel = np.abs(out[big] - ref[big]) / np.abs(ref[big])
+    assert rel.max() <= 4e-6, f"max rel err {rel.max():.3g} at x={x[big][rel.argmax()]!r}"
+    assert np.all(np.abs(out[fin & ~big] - ref[fin & ~big]) <= 1e-6)
+
+
 def test_unary_special_values(isa):
     inf, nan = np.inf, np.nan
     x = np.array([inf, -inf, nan, 0.0, -0.0, 1e30, -1e30, 100.0, -100.0], np.float32)
