@@ -333,6 +333,28 @@ def test_identity_and_dropout_are_removed():
     assert _ops(session) == ["Neg"]
 
 
+@pytest.mark.parametrize("ends, axes, steps, removed", [
+    ([2**31 - 1, 1], [1, 3], None, True),  # magika's [:, :, :, :1] of a last axis of length 1
+    ([2, 7], None, None, True),  # no axes: the first two, each kept whole
+    ([1, 7], None, None, False),  # axis 0 (length 2) cut to 1
+    ([2**31 - 1, 1], [-3, -1], [1, 1], True),
+    ([2**31 - 1, 1], [1, 3], [1, 2], False),  # a step of 2
+    ([4, 1], [1, 3], None, False),  # ends short of axis 1's length 5
+])
+def test_a_slice_that_keeps_its_whole_input_is_removed(ends, axes, steps, removed):
+    inputs = ["x", "starts", "ends"] + (["axes"] if axes is not None else []) + (["steps"] if steps else [])
+    consts = [("starts", np.zeros(len(ends), np.int64)), ("ends", np.array(ends, np.int64))]
+    consts += [("axes", np.array(axes, np.int64))] if axes is not None else []
+    consts += [("steps", np.array(steps, np.int64))] if steps else []
+    model = make_model(
+        [helper.make_node("Slice", inputs, ["a"]), helper.make_node("Neg", ["a"], ["y"])],
+        [("x", TensorProto.FLOAT, [2, 5, 3, 1])], [("y", TensorProto.FLOAT, None)], consts,
+    )
+    x = np.arange(30, dtype=np.float32).reshape(2, 5, 3, 1)
+    session = _compare(model, {"x": x}, "reference")
+    assert _ops(session) == (["Neg"] if removed else ["Slice", "Neg"])
+
+
 def test_a_cast_to_its_own_type_is_removed():
     model = make_model(
         [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),

@@ -49,17 +49,21 @@ def _slice_keeps_all(graph: Graph, node: Node) -> bool:
     """A Slice whose constant starts are 0, steps 1 and ends reach past each sliced axis's known length (magika's
     export slices ``[:, :, :, :1]`` of a last axis of length 1): it copies its whole input."""
     info = graph.values.get(node.inputs[0]) if node.inputs else None
-    consts = [np.asarray(graph.initializers[n]) if n in graph.initializers else None if n else False
-              for n in (node.inputs + ["", "", "", ""])[1:5]]
-    starts, ends, axes, steps = consts
-    if info is None or info.shape is None or starts is None or ends is None or starts is False or ends is False:
+    names = [*node.inputs[1:], "", "", "", ""][:4]  # starts, ends, axes, steps ("": absent)
+    if info is None or info.shape is None or any(n and n not in graph.initializers for n in names):
         return False
+    if not names[0] or not names[1]:
+        return False
+    starts, ends = (np.asarray(graph.initializers[n]).reshape(-1).tolist() for n in names[:2])
     rank = len(info.shape)
-    axes = np.arange(len(starts)) if axes is False else axes
-    if axes is None or (steps is not False and (steps is None or np.any(steps != 1))) or len(axes) != len(starts):
+    axes = np.asarray(graph.initializers[names[2]]).reshape(-1).tolist() if names[2] else list(range(len(starts)))
+    steps = np.asarray(graph.initializers[names[3]]).reshape(-1).tolist() if names[3] else [1] * len(starts)
+    if not len(axes) == len(starts) == len(ends) == len(steps) or any(step != 1 for step in steps):
         return False
-    for axis, start, end in zip(axes.tolist(), starts.tolist(), ends.tolist(), strict=True):
-        dim = info.shape[axis % rank] if -rank <= axis < rank else None
+    for axis, start, end in zip(axes, starts, ends, strict=True):
+        if not -rank <= axis < rank:
+            return False
+        dim = info.shape[axis % rank]
         if start != 0 or not (end >= 2**31 - 1 or (isinstance(dim, int) and end >= dim)):
             return False
     return True
