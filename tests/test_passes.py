@@ -271,6 +271,26 @@ def test_gelu_erf_with_a_wrong_constant_or_a_shared_intermediate_is_left_alone()
     assert _compare(model, x, "reference").rewrites["fuse_gelu_erf"] == 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("axes, bias_shape, folded", [
+    ([3], (1, 4, 1), True),  # magika: Conv [N, C, L, 1], Squeeze the last axis, Add a [1, C, 1] bias
+    ([-1], (4, 1), True),
+    ([3], (1, 1, 6), False),  # varies along L: not per channel
+    ([0], (4, 1, 1), False),  # the batch axis dropped: the channel axis moves
+])
+def test_conv_bias_folds_through_a_squeeze_of_a_spatial_axis(backend, axes, bias_shape, folded):
+    rng = np.random.default_rng(6)
+    f32 = np.float32
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Squeeze", ["c", "axes"], ["s"]),
+             helper.make_node("Add", ["s", "b"], ["y"])]
+    inits = [("w", rng.normal(size=(4, 3, 3, 1)).astype(f32)), ("axes", np.array(axes, np.int64)),
+             ("b", rng.normal(size=bias_shape).astype(f32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 3, 8, 1])], [("y", TensorProto.FLOAT, None)], inits)
+    session = _compare(model, {"x": rng.normal(size=(1, 3, 8, 1)).astype(f32)}, backend)
+    assert session.rewrites["fold_conv_scale_shift"] == int(folded)
+    assert ("Add" in _ops(session)) != folded
+
+
 def test_no_scale_fold_of_a_spatial_constant_or_a_divided_constant():
     rng = np.random.default_rng(5)
     f32 = np.float32

@@ -133,6 +133,22 @@ def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | No
     return np.broadcast_to(value.astype(np.float64).reshape(-1), (channels,))
 
 
+def _squeezed_spatial_axes(graph: Graph, op: Node, rank: int) -> int:
+    """How many axes a Squeeze with constant axes drops from a Conv output of ``rank``, when all are spatial (the
+    batch and channel axes stay where they are); 0 for anything else."""
+    if op.op_key != ("", "Squeeze"):
+        return 0
+    if len(op.inputs) > 1 and op.inputs[1]:
+        if op.inputs[1] not in graph.initializers:
+            return 0
+        axes = np.asarray(graph.initializers[op.inputs[1]]).reshape(-1).tolist()
+    else:
+        axes = list(op.attrs.get("axes", []))
+    if not axes or any(not -rank <= a < rank for a in axes):
+        return 0
+    return len(axes) if all(a % rank >= 2 for a in axes) else 0
+
+
 def fold_conv_scale_shift(graph: Graph) -> int:
     """Conv with constant weights followed by Mul / Div / Add / Sub of a per-channel or scalar constant (Paddle's
     exports write BatchNorm as ``Mul, Add`` by scalars): scale the weights, shift the bias."""
@@ -147,15 +163,21 @@ def fold_conv_scale_shift(graph: Graph) -> int:
         if w.dtype != np.float32:
             continue
         scale, shift, folded = np.ones(w.shape[0]), np.zeros(w.shape[0]), 0
-        while conv.outputs[0] not in keep:
-            op = _single_consumer(graph, conv.outputs[0])
+        tail, rank = conv, w.ndim  # the node whose output the next op reads, and that output's rank
+        while tail.outputs[0] not in keep:
+            op = _single_consumer(graph, tail.outputs[0])
+            if op is not None and tail is conv and (dropped := _squeezed_spatial_axes(graph, op, rank)):
+                tail, rank = op, rank - dropped  # magika: Conv, Squeeze of a spatial axis of 1, Add of the bias
+                continue
             if op is None or op.domain != "" or op.op_type not in ("Mul", "Div", "Add", "Sub") or len(op.inputs) != 2:
                 break
-            at = op.inputs.index(conv.outputs[0])
+            at = op.inputs.index(tail.outputs[0])
             const = op.inputs[1 - at]
             if const not in graph.initializers or (at == 1 and op.op_type in ("Div", "Sub")):
                 break
-            value = _per_channel(np.asarray(graph.initializers[const]), w.shape[0], w.ndim)
+            if np.ndim(graph.initializers[const]) > rank:
+                break
+            value = _per_channel(np.asarray(graph.initializers[const]), w.shape[0], rank)
             if value is None or (op.op_type == "Div" and not np.all(value)):
                 break
             if op.op_type in ("Mul", "Div"):
@@ -163,7 +185,7 @@ def fold_conv_scale_shift(graph: Graph) -> int:
                 scale, shift = scale * factor, shift * factor
             else:
                 shift = shift + (value if op.op_type == "Add" else -value)
-            conv.outputs = [op.outputs[0]]
+            tail.outputs = [op.outputs[0]]
             graph.nodes.remove(op)
             folded += 1
         if not folded:
