@@ -198,7 +198,7 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
   // Columns split across threads (tn > 1: a transformer's weight GEMMs, M = a few hundred tokens, split along N)
   // would each pack the same rows of A. Pack them once, the row panels shared out, into the caller's buffer (the
   // tasks then read A pre-packed and leave their own TL_PACK_A alone); same panels, same micro-kernel calls, same
-  // bits. Up to 1M floats (4 MB) of A: a larger A is split along M anyway.
+  // bits. Up to 1M floats (4 MB) of A (the buffer stays with the calling thread); a larger A keeps per-task packing.
   if (a_packed == nullptr && a != nullptr && tn > 1 && mt * MR * K <= (i64{1} << 20)) {
     float* shared = tl_buf(TL_PACK_A).get(static_cast<std::size_t>(mt * MR * K));
     const int TP = static_cast<int>(std::min<i64>(T, mt));
