@@ -195,6 +195,19 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
   const ExtraKernels& xk = extra_for(kr);
   std::vector<i64> b_rows(static_cast<std::size_t>(M % MR != 0 && alpha == 1.f ? std::min(K, KC) : 0));
   for (std::size_t k = 0; k < b_rows.size(); ++k) b_rows[k] = static_cast<i64>(k) * NR;
+  // Columns split across threads (tn > 1: a transformer's weight GEMMs, M = a few hundred tokens, split along N)
+  // would each pack the same rows of A. Pack them once, the row panels shared out, into the caller's buffer (the
+  // tasks then read A pre-packed and leave their own TL_PACK_A alone); same panels, same micro-kernel calls, same
+  // bits. Up to 1M floats (4 MB) of A (the buffer stays with the calling thread); a larger A keeps per-task packing.
+  if (a_packed == nullptr && a != nullptr && tn > 1 && mt * MR * K <= (i64{1} << 20)) {
+    float* shared = tl_buf(TL_PACK_A).get(static_cast<std::size_t>(mt * MR * K));
+    const int TP = static_cast<int>(std::min<i64>(T, mt));
+    parallel_for(TP, TP, [&](i64 t) {
+      const i64 p0 = mt * t / TP, p1 = mt * (t + 1) / TP;
+      if (p1 > p0) pack_a_block(*a, p0 * MR, (p1 - p0) * MR, 0, K, MR, shared + p0 * K * MR);
+    });
+    a_packed = shared;
+  }
 
   parallel_for(static_cast<i64>(tm) * tn, tm * tn, [&](i64 task) {
     const i64 ti = task / tn, tj = task % tn;

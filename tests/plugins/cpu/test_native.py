@@ -125,6 +125,32 @@ def test_gemm_large_threads(isa, threads):
     assert_gemm_close(out1, a1.astype(np.float64) @ b1, 2048)
 
 
+@pytest.mark.parametrize("m,k,n", [(128, 384, 384), (37, 70, 300), (130, 1536, 65)])
+def test_gemm_column_split_same_bits_at_1_2_3_threads(isa, m, k, n):
+    # Few row panels, many column panels: the threads split N and share A, packed once (strided A, alpha, beta and a
+    # bias through the same path). The bits must not depend on the thread count.
+    a = randn(m + 3, 2 * k, seed=16)[3:, ::2]
+    b, bias, c0 = randn(k, n, seed=17), randn(n, seed=18), randn(m, n, seed=19)
+    packed = _native.pack_b(b)
+    before = _native.num_threads()
+    outs = []
+    try:
+        for t in (1, 2, 3):
+            _native.set_num_threads(t)
+            out = c0.copy()
+            _native.gemm(a, b, out, alpha=0.5, beta=2.0, bias=bias)
+            out_p = np.empty((m, n), np.float32)
+            _native.gemm_packed(a, packed, out_p)
+            outs.append((out, out_p))
+    finally:
+        _native.set_num_threads(before)
+    assert_gemm_close(outs[0][0], 0.5 * (a.astype(np.float64) @ b) + 2.0 * c0 + bias, k)
+    assert_gemm_close(outs[0][1], a.astype(np.float64) @ b, k)
+    for out, out_p in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0][0])
+        np.testing.assert_array_equal(out_p, outs[0][1])
+
+
 def test_gemm_k_zero(isa):
     a, b = np.empty((3, 0), np.float32), np.empty((0, 4), np.float32)
     out = np.full((3, 4), 7.0, np.float32)
