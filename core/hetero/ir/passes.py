@@ -17,6 +17,7 @@ import numpy as np
 
 from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Graph, Node, free_names
+from ..ops.shapes import int_list
 
 Pass = Callable[[Graph], int]  # returns how many rewrites it made
 
@@ -45,6 +46,15 @@ def _cast_to_own_type(graph: Graph, cast: Node) -> bool:
     return info is not None and info.dtype.onnx_type is not None and info.dtype.onnx_type == cast.attrs.get("to")
 
 
+def _constant_axes(graph: Graph, node: Node) -> list[int] | None:
+    """A Squeeze's or a reduction's axes: its second input when given (newer opsets), which must be a constant
+    (None when it is computed), else its ``axes`` attribute ([] when it has none)."""
+    if len(node.inputs) > 1 and node.inputs[1]:
+        given = graph.initializers.get(node.inputs[1])
+        return None if given is None else int_list(given)
+    return [int(a) for a in node.attrs.get("axes", [])]
+
+
 def _slice_keeps_all(graph: Graph, node: Node) -> bool:
     """A Slice whose constant starts are 0, steps 1 and ends reach past each sliced axis's known length (magika's
     export slices ``[:, :, :, :1]`` of a last axis of length 1): it copies its whole input."""
@@ -54,10 +64,10 @@ def _slice_keeps_all(graph: Graph, node: Node) -> bool:
         return False
     if not names[0] or not names[1]:
         return False
-    starts, ends = (np.asarray(graph.initializers[n]).reshape(-1).tolist() for n in names[:2])
+    starts, ends = (int_list(graph.initializers[n]) for n in names[:2])
     rank = len(info.shape)
-    axes = np.asarray(graph.initializers[names[2]]).reshape(-1).tolist() if names[2] else list(range(len(starts)))
-    steps = np.asarray(graph.initializers[names[3]]).reshape(-1).tolist() if names[3] else [1] * len(starts)
+    axes = int_list(graph.initializers[names[2]]) if names[2] else list(range(len(starts)))
+    steps = int_list(graph.initializers[names[3]]) if names[3] else [1] * len(starts)
     if not len(axes) == len(starts) == len(ends) == len(steps) or any(step != 1 for step in steps):
         return False
     for axis, start, end in zip(axes, starts, ends, strict=True):
@@ -136,14 +146,7 @@ def _per_channel(value: np.ndarray, channels: int, rank: int) -> np.ndarray | No
 def _squeezed_spatial_axes(graph: Graph, op: Node, rank: int) -> int:
     """How many axes a Squeeze with constant axes drops from a Conv output of ``rank``, when all are spatial (the
     batch and channel axes stay where they are); 0 for anything else."""
-    if op.op_key != ("", "Squeeze"):
-        return 0
-    if len(op.inputs) > 1 and op.inputs[1]:
-        if op.inputs[1] not in graph.initializers:
-            return 0
-        axes = np.asarray(graph.initializers[op.inputs[1]]).reshape(-1).tolist()
-    else:
-        axes = list(op.attrs.get("axes", []))
+    axes = _constant_axes(graph, op) if op.op_key == ("", "Squeeze") else None
     if not axes or any(not -rank <= a < rank for a in axes):
         return 0
     return len(axes) if all(a % rank >= 2 for a in axes) else 0
@@ -659,15 +662,8 @@ def _squares(graph: Graph, node: Node | None) -> str | None:
 
 def _reduces_last_axis(graph: Graph, mean: Node, rank: int) -> bool:
     """ReduceMean over the last axis alone, dims kept."""
-    if not mean.attrs.get("keepdims", 1):
-        return False
-    axes: list[int] = [int(a) for a in mean.attrs.get("axes", [])]
-    if len(mean.inputs) > 1 and mean.inputs[1]:
-        given = graph.initializers.get(mean.inputs[1])
-        if given is None:
-            return False
-        axes = [int(a) for a in np.asarray(given).reshape(-1)]
-    return len(axes) == 1 and axes[0] in (-1, rank - 1)
+    axes = _constant_axes(graph, mean)
+    return bool(mean.attrs.get("keepdims", 1)) and axes is not None and len(axes) == 1 and axes[0] in (-1, rank - 1)
 
 
 def _rms_division(graph: Graph, x: str, root: Node) -> list[Node] | None:
