@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
 ENV = "HETERO_SPEC_LOG"
 
 _files: dict[str, TextIO] = {}
+_lock = threading.Lock()  # generations on several threads (a server's slots) share the files
 _probe: Callable[[], dict[str, Any]] | None = None
 
 
@@ -37,11 +39,12 @@ def write(kind: str, **fields: Any) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    out = _files.get(path)
-    if out is None:
-        out = _files[path] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the process)
     line = {"kind": kind, **fields}
     if _probe is not None and kind != "start":
         line.update(_probe())
-    out.write(json.dumps(line) + "\n")
-    out.flush()
+    with _lock:  # one open file per path, whole lines
+        out = _files.get(path)
+        if out is None:
+            out = _files[path] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the process)
+        out.write(json.dumps(line) + "\n")
+        out.flush()
