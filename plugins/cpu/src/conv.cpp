@@ -8,6 +8,7 @@
 #include "onnx_extra.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -246,6 +247,29 @@ bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
   return g.sh != 1 && g.sw == 1 && g.Wo >= nr && ceil_div(g.Wo, nr) * nr * 4 <= g.Wo * 5;
 }
 
+// Output columns computed per image: tiles along each output row (nr wide, a last one of <= lanes columns one vector
+// wide) against tiles along the flattened rows (conv_direct's two task shapes).
+i64 row_tile_cols(i64 Wo, i64 nr, i64 lanes) {
+  const i64 rem = Wo % nr;
+  return Wo - rem + (rem == 0 ? 0 : rem <= lanes ? lanes : nr);
+}
+
+// Whether a phase-split (flattened) conv_direct runs as row tiles: they write each tile straight into the output,
+// where flattened tiles go through a buffer and a scatter, which costs about as much as the tile's arithmetic at
+// small K (YOLOv8n's first conv, K = 27). Taken where row tiles compute no more columns than flattened ones (Wo a
+// multiple of the vector width, 80 or 160 at nr 32: alone, 1 thread, 16 -> 32 on 160 x 160 stride 2 625 -> 565 us;
+// on 80 x 80 -> 40 x 40 rows lost, 32 + 16 columns a row for 40), or HETERO_CPU_CONV_ROWS=1 / 0 forces it (to
+// compare the two).
+bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes) {
+  static const int forced = [] {
+    const char* v = std::getenv("HETERO_CPU_CONV_ROWS");
+    return v == nullptr ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
+  }();
+  if (forced >= 0) return forced == 1;
+  const i64 nflat = (g.Ho - 1) * L.Wq + g.Wo;
+  return g.Ho * row_tile_cols(g.Wo, nr, lanes) <= (nflat - nflat % nr) + row_tile_cols(nflat % nr, nr, lanes);
+}
+
 // One padded copy of the image's channels (plus nr floats of slack the last tile's loads read past), then tasks of
 // panels of flattened output positions, or of (image/group, output row).
 void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
@@ -304,7 +328,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const auto tile_nr = [&](i64 ncols) { return ncols <= xk.lanes ? xk.lanes : nr; };
   const double flops = 2.0 * images * cout_g * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
-  if (L.flat) {
+  if (L.flat && !rows_beat_flat(g, L, nr, xk.lanes)) {
     // Panels over the flattened rows: column j is output (j / Wp, j % Wp), dropped where j % Wp >= Wo. Each tile
     // goes through a buffer (bias and activation applied there) and is scattered in runs of one output row.
     const i64 nflat = (g.Ho - 1) * Wp + g.Wo, ntile = ceil_div(nflat, nr);
@@ -335,9 +359,12 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     }, flops >= kWakeFlops);
     return;
   }
+  // One task per output row: its tiles are written straight into the output (no tile buffer, no scatter). In the
+  // phase-split layout output row oy starts at phase row oy; in the plain one at padded row oy * sh.
+  const i64 row_pitch = L.flat ? Wp : g.sh * Wp;
   parallel_for(images * g.Ho, T, [&](i64 task) {
     const i64 img = task / g.Ho, oy = task % g.Ho, n = img / g.group, gi = img % g.group;
-    const float* in = padded + img * per_image + oy * g.sh * Wp;
+    const float* in = padded + img * per_image + oy * row_pitch;
     float* o = out + (n * g.Cout + gi * cout_g) * HWo + oy * g.Wo;
     const float* a = pc.buf.p + gi * pc.group_stride;
     for (i64 x0 = 0; x0 < g.Wo; x0 += nr) {
