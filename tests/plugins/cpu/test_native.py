@@ -687,6 +687,12 @@ CONV_CASES = [
     (1, 32, 20, 20, 20, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (1, 16, 10, 10, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
     (1, 6, 7, 80, 40, 3, 3, (3, 1), (1, 1, 1, 1), (1, 1), 1),
+    # phase-split (stride 2) maps whose output rows are whole vectors: row tiles written straight into the output
+    # (YOLOv8n's 160 x 160 -> 80 x 80), with a 16-column tail tile (Wo 48), groups and two images, stride (2, 1)
+    (1, 16, 20, 64, 20, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (1, 5, 12, 96, 28, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (2, 8, 10, 64, 12, 3, 3, (2, 2), (0, 1, 1, 0), (1, 1), 2),
+    (1, 6, 9, 32, 16, 3, 3, (2, 1), (1, 1, 1, 1), (1, 1), 1),
 ]
 
 
@@ -711,6 +717,17 @@ def test_conv2d(isa, case, activation):
     _native.conv2d_packed(x, packed, None, out2, strides=strides, pads=pads, dilations=dil, activation=activation)
     ref2 = ACTS[activation](_conv_ref(x, w, None, strides, pads, dil, group))
     np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=atol)
+
+
+def test_conv2d_winograd_needs_channels():
+    # Winograd's 36 GEMMs need C x Cout >= 512 to pay for the transforms (16 -> 16 on 80 x 80 ran faster direct)
+    def algorithm(c, cout):
+        return _native.prepack_conv(randn(cout, c, 3, 3, seed=98), 1).algorithm([1, c, 80, 80], (1, 1), (1, 1, 1, 1))
+
+    assert algorithm(16, 16) == "direct"
+    assert algorithm(8, 16) == "direct"
+    assert algorithm(16, 32) == "winograd"
+    assert algorithm(32, 16) == "winograd"
 
 
 def test_conv2d_small_output_threads(isa, threads):
