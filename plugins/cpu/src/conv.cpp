@@ -270,8 +270,47 @@ bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes)
   return g.Ho * row_tile_cols(g.Wo, nr, lanes) <= (nflat - nflat % nr) + row_tile_cols(nflat % nr, nr, lanes);
 }
 
-// One padded copy of the image's channels (plus nr floats of slack the last tile's loads read past), then tasks of
-// panels of flattened output positions, or of (image/group, output row).
+// One channel's padded rows py0 .. py0 + hq * ph - 1 (py0 a multiple of ph) in conv_direct's layout: ph x pw phase
+// planes of hq x Wq floats, qplane apart. Rows outside the input and the columns around it are zeros.
+void pad_channel(const ConvGeom& g, const DirectLayout& L, const float* src, float* dst, i64 py0, i64 hq) {
+  const i64 Wp = L.Wq, qplane = hq * Wp;
+  if (L.ph == 1 && L.pw == 1) {
+    for (i64 q = 0; q < hq; ++q) {
+      float* row = dst + q * Wp;
+      const i64 y = py0 + q - g.pt;
+      if (y < 0 || y >= g.H) {
+        std::fill(row, row + Wp, 0.f);
+        continue;
+      }
+      std::fill(row, row + g.pl, 0.f);
+      std::memcpy(row + g.pl, src + y * g.W, static_cast<std::size_t>(g.W) * sizeof(float));
+      std::fill(row + g.pl + g.W, row + Wp, 0.f);
+    }
+    return;
+  }
+  std::fill(dst, dst + L.ph * L.pw * qplane, 0.f);
+  for (i64 q = std::max<i64>(0, g.pt - py0); q < hq * L.ph && py0 + q - g.pt < g.H; ++q) {
+    float* prow = dst + (q % L.ph) * L.pw * qplane + (q / L.ph) * Wp;
+    const float* srow = src + (py0 + q - g.pt) * g.W;
+    if (L.pw == 1) {
+      std::memcpy(prow + g.pl, srow, static_cast<std::size_t>(g.W) * sizeof(float));
+      continue;
+    }
+    // pw == 2: padded column px = xx + pl goes to phase px & 1, column px >> 1
+    float* even = prow + (g.pl & 1) * qplane + (g.pl >> 1);
+    float* odd = prow + ((g.pl + 1) & 1) * qplane + ((g.pl + 1) >> 1);
+    deinterleave(srow, g.W, even, odd);
+  }
+}
+
+// Floats of one row band's padded copy (all of an image's channels) that conv_direct's tasks aim for: the copy stays
+// in L2 while the band's tiles read it. One copy of the whole image (YOLOv8n's 16 x 160 x 160 input: 1.7 MB) was
+// written to and read back from L3 inside the model (the conv took 0.8-1.1 ms there against 0.54 ms repeated).
+constexpr i64 kBandFloats = 64 * 1024;
+
+// Tasks of bands of output rows, each over a padded copy of its own input rows (plus nr floats of slack the last
+// tile's loads read past) in the thread's buffer: tiles along each output row written straight into the output, or
+// (flattened layouts whose rows would waste columns) panels over the band's flattened rows through a tile buffer.
 void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                  const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -279,7 +318,18 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const int mr = kr.mr, nr = kr.nr;
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
   const DirectLayout L = direct_layout(g, nr);
-  const i64 Wp = L.Wq, qplane = L.Hq * L.Wq, plane = L.ph * L.pw * qplane, images = g.N * g.group;
+  const i64 Wp = L.Wq, images = g.N * g.group;
+  const bool rows = !L.flat || rows_beat_flat(g, L, nr, xk.lanes);
+  // Output rows [oy0, oy0 + band) read padded rows [oy0 sh, (oy0 + band - 1) sh + (kh - 1) dh], hq of each phase
+  // plane. At least 4 rows a band (each band copies its (kh - 1) dh halo rows again), 2 bands a thread.
+  const auto band_hq = [&](i64 band) { return ceil_div((band - 1) * g.sh + (g.kh - 1) * g.dh + 1, L.ph); };
+  const double flops = 2.0 * images * cout_g * HWo * K;
+  const int T = threads_for(flops, kParallelGrain * 4);
+  i64 band = g.Ho;
+  while (band > 4 && cin_g * L.ph * L.pw * band_hq(band) * Wp > kBandFloats) band = (band + 1) / 2;
+  while (T > 1 && band > 1 && images * ceil_div(g.Ho, band) < 2 * T) band = (band + 1) / 2;
+  const i64 hq = band_hq(band), nbands = ceil_div(g.Ho, band);
+  const i64 qplane = hq * Wp, plane = L.ph * L.pw * qplane, per_band = cin_g * plane;
   std::vector<i64> off(static_cast<std::size_t>(K));
   for (i64 c = 0, k = 0; c < cin_g; ++c)
     for (i64 ky = 0; ky < g.kh; ++ky)
@@ -288,98 +338,63 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         off[static_cast<std::size_t>(k)] =
             c * plane + ((dy % L.ph) * L.pw + dx % L.pw) * qplane + (dy / L.ph) * Wp + dx / L.pw;
       }
-  const i64 per_image = cin_g * plane;
-  float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * per_image + nr));
-  std::fill(padded + images * per_image, padded + images * per_image + nr, 0.f);
-  const int Tp = threads_for(static_cast<double>(images * per_image), kParallelGrain);
-  parallel_for(images * cin_g, Tp, [&](i64 q) {
-    const i64 img = q / cin_g, c = q % cin_g, n = img / g.group, gi = img % g.group;
-    const float* src = x + ((n * g.C + gi * cin_g + c) * g.H) * g.W;
-    float* dst = padded + img * per_image + c * plane;
-    if (L.ph == 1 && L.pw == 1) {
-      std::fill(dst, dst + g.pt * Wp, 0.f);
-      for (i64 y = 0; y < g.H; ++y) {
-        float* row = dst + (g.pt + y) * Wp;
-        std::fill(row, row + g.pl, 0.f);
-        std::memcpy(row + g.pl, src + y * g.W, static_cast<std::size_t>(g.W) * sizeof(float));
-        std::fill(row + g.pl + g.W, row + Wp, 0.f);
-      }
-      std::fill(dst + (g.pt + g.H) * Wp, dst + plane, 0.f);
-      return;
-    }
-    std::fill(dst, dst + plane, 0.f);
-    for (i64 y = 0; y < g.H; ++y) {
-      const i64 py = y + g.pt;
-      float* prow = dst + (py % L.ph) * L.pw * qplane + (py / L.ph) * Wp;
-      const float* srow = src + y * g.W;
-      if (L.pw == 1) {
-        std::memcpy(prow + g.pl, srow, static_cast<std::size_t>(g.W) * sizeof(float));
-        continue;
-      }
-      // pw == 2: padded column px = xx + pl goes to phase px & 1, column px >> 1
-      float* even = prow + (g.pl & 1) * qplane + (g.pl >> 1);
-      float* odd = prow + ((g.pl + 1) & 1) * qplane + ((g.pl + 1) >> 1);
-      deinterleave(srow, g.W, even, odd);
-    }
-  });
   const i64 mp = ceil_div(cout_g, mr);
   // A last tile of at most one vector of columns runs the one-vector-wide tile (every ISA with a tile kernel has
   // it): YOLOv8n's 20 x 20 stride-2 maps are 109 flattened columns, 128 in 32-wide tiles, 112 with a 16-wide tail.
   const auto tile_nr = [&](i64 ncols) { return ncols <= xk.lanes ? xk.lanes : nr; };
-  const double flops = 2.0 * images * cout_g * HWo * K;
-  const int T = threads_for(flops, kParallelGrain * 4);
-  if (L.flat && !rows_beat_flat(g, L, nr, xk.lanes)) {
-    // Panels over the flattened rows: column j is output (j / Wp, j % Wp), dropped where j % Wp >= Wo. Each tile
-    // goes through a buffer (bias and activation applied there) and is scattered in runs of one output row.
-    const i64 nflat = (g.Ho - 1) * Wp + g.Wo, ntile = ceil_div(nflat, nr);
-    parallel_for(images * ntile, T, [&](i64 task) {
-      const i64 img = task / ntile, j0 = (task % ntile) * nr, n = img / g.group, gi = img % g.group;
-      const i64 ncols = std::min<i64>(nr, nflat - j0);
-      const float* in = padded + img * per_image + j0;
-      float* o = out + (n * g.Cout + gi * cout_g) * HWo;
-      const float* a = pc.buf.p + gi * pc.group_stride;
-      Epilogue ep = act;
-      ep.bias = bias ? bias + gi * cout_g : nullptr;
-      ep.bias_rs = 1;
-      ep.bias_cs = 0;
-      alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
-      for (i64 p = 0; p < mp; ++p) {
-        const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
-        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in, off.data(), tile, nr, nrows, static_cast<int>(ncols));
-        apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
-        for (i64 jj = 0; jj < ncols;) {
-          const i64 j = j0 + jj, y = j / Wp, x = j % Wp, len = std::min<i64>(ncols - jj, Wp - x);
-          const i64 valid = x < g.Wo ? std::min<i64>(len, g.Wo - x) : 0;
-          for (int r = 0; r < nrows && valid > 0; ++r)
-            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + x, tile + r * nr + jj,
-                        static_cast<std::size_t>(valid) * sizeof(float));
-          jj += len;
-        }
-      }
-    }, flops >= kWakeFlops);
-    return;
-  }
-  // One task per output row: its tiles are written straight into the output (no tile buffer, no scatter). In the
-  // phase-split layout output row oy starts at phase row oy; in the plain one at padded row oy * sh.
+  // In the phase-split layout output row oy starts at phase row oy - oy0 of the band; in the plain one at padded
+  // row (oy - oy0) sh.
   const i64 row_pitch = L.flat ? Wp : g.sh * Wp;
-  parallel_for(images * g.Ho, T, [&](i64 task) {
-    const i64 img = task / g.Ho, oy = task % g.Ho, n = img / g.group, gi = img % g.group;
-    const float* in = padded + img * per_image + oy * row_pitch;
-    float* o = out + (n * g.Cout + gi * cout_g) * HWo + oy * g.Wo;
+  parallel_for(images * nbands, T, [&](i64 task) {
+    const i64 img = task / nbands, oy0 = (task % nbands) * band, n = img / g.group, gi = img % g.group;
+    const i64 oy1 = std::min<i64>(g.Ho, oy0 + band);
+    float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(per_band + nr));
+    std::fill(padded + per_band, padded + per_band + nr, 0.f);
+    for (i64 c = 0; c < cin_g; ++c)
+      pad_channel(g, L, x + ((n * g.C + gi * cin_g + c) * g.H) * g.W, padded + c * plane, oy0 * g.sh, hq);
     const float* a = pc.buf.p + gi * pc.group_stride;
-    for (i64 x0 = 0; x0 < g.Wo; x0 += nr) {
-      const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
-      for (i64 p = 0; p < mp; ++p) {
-        const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
-        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in + x0, off.data(), o + p * mr * HWo + x0, HWo, nrows,
-                     ncols);
-      }
-    }
+    float* o = out + (n * g.Cout + gi * cout_g) * HWo;
     Epilogue ep = act;
     ep.bias = bias ? bias + gi * cout_g : nullptr;
     ep.bias_rs = 1;
     ep.bias_cs = 0;
-    apply_epilogue(kr, o, HWo, 0, 0, cout_g, g.Wo, ep);
+    if (rows) {
+      for (i64 oy = oy0; oy < oy1; ++oy) {
+        const float* in = padded + (oy - oy0) * row_pitch;
+        float* orow = o + oy * g.Wo;
+        for (i64 x0 = 0; x0 < g.Wo; x0 += nr) {
+          const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
+          for (i64 p = 0; p < mp; ++p) {
+            const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+            xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in + x0, off.data(), orow + p * mr * HWo + x0, HWo,
+                         nrows, ncols);
+          }
+        }
+        apply_epilogue(kr, orow, HWo, 0, 0, cout_g, g.Wo, ep);
+      }
+      return;
+    }
+    // Panels over the band's flattened rows: column j is output (oy0 + j / Wp, j % Wp), dropped where j % Wp >= Wo.
+    // Each tile goes through a buffer (bias and activation applied there) and is scattered in runs of one row.
+    const i64 nflat = (oy1 - oy0 - 1) * Wp + g.Wo;
+    alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
+    for (i64 j0 = 0; j0 < nflat; j0 += nr) {
+      const i64 ncols = std::min<i64>(nr, nflat - j0);
+      for (i64 p = 0; p < mp; ++p) {
+        const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, padded + j0, off.data(), tile, nr, nrows,
+                     static_cast<int>(ncols));
+        apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
+        for (i64 jj = 0; jj < ncols;) {
+          const i64 j = j0 + jj, y = oy0 + j / Wp, xx = j % Wp, len = std::min<i64>(ncols - jj, Wp - xx);
+          const i64 valid = xx < g.Wo ? std::min<i64>(len, g.Wo - xx) : 0;
+          for (int r = 0; r < nrows && valid > 0; ++r)
+            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + xx, tile + r * nr + jj,
+                        static_cast<std::size_t>(valid) * sizeof(float));
+          jj += len;
+        }
+      }
+    }
   }, flops >= kWakeFlops);
 }
 

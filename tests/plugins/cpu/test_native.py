@@ -693,6 +693,11 @@ CONV_CASES = [
     (1, 5, 12, 96, 28, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (2, 8, 10, 64, 12, 3, 3, (2, 2), (0, 1, 1, 0), (1, 1), 2),
     (1, 6, 9, 32, 16, 3, 3, (2, 1), (1, 1, 1, 1), (1, 1), 1),
+    # inputs whose padded copy spans several row bands (64K floats each, halo rows copied again): flattened tiles,
+    # row tiles on the phase split, row tiles on the plain padded layout (stride 3)
+    (1, 64, 40, 40, 20, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (1, 32, 64, 64, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (1, 40, 60, 64, 8, 3, 3, (3, 1), (1, 1, 1, 1), (1, 1), 1),
 ]
 
 
