@@ -321,13 +321,15 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const i64 Wp = L.Wq, images = g.N * g.group;
   const bool rows = !L.flat || rows_beat_flat(g, L, nr, xk.lanes);
   // Output rows [oy0, oy0 + band) read padded rows [oy0 sh, (oy0 + band - 1) sh + (kh - 1) dh], hq of each phase
-  // plane. At least 4 rows a band (each band copies its (kh - 1) dh halo rows again), 2 bands a thread.
+  // plane. At least 4 rows a band (each band copies its (kh - 1) dh halo rows again); 2 bands a thread for row
+  // tiles, 1 for flattened ones (a band's flattened columns end in a part tile: YOLOv8n's 10 x 10 maps at 2
+  // threads are 2 x 64 columns in two bands, 4 x 48 in four).
   const auto band_hq = [&](i64 band) { return ceil_div((band - 1) * g.sh + (g.kh - 1) * g.dh + 1, L.ph); };
   const double flops = 2.0 * images * cout_g * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
   i64 band = g.Ho;
   while (band > 4 && cin_g * L.ph * L.pw * band_hq(band) * Wp > kBandFloats) band = (band + 1) / 2;
-  while (T > 1 && band > 1 && images * ceil_div(g.Ho, band) < 2 * T) band = (band + 1) / 2;
+  while (T > 1 && band > 1 && images * ceil_div(g.Ho, band) < (rows ? 2 : 1) * T) band = (band + 1) / 2;
   const i64 hq = band_hq(band), nbands = ceil_div(g.Ho, band);
   const i64 qplane = hq * Wp, plane = L.ph * L.pw * qplane, per_band = cin_g * plane;
   std::vector<i64> off(static_cast<std::size_t>(K));
