@@ -724,17 +724,6 @@ def test_conv2d(isa, case, activation):
     np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=atol)
 
 
-def test_conv2d_winograd_needs_channels():
-    # Winograd's 36 GEMMs need C x Cout >= 512 to pay for the transforms (16 -> 16 on 80 x 80 ran faster direct)
-    def algorithm(c, cout):
-        return _native.prepack_conv(randn(cout, c, 3, 3, seed=98), 1).algorithm([1, c, 80, 80], (1, 1), (1, 1, 1, 1))
-
-    assert algorithm(16, 16) == "direct"
-    assert algorithm(8, 16) == "direct"
-    assert algorithm(16, 32) == "winograd"
-    assert algorithm(32, 16) == "winograd"
-
-
 def test_conv2d_small_output_threads(isa, threads):
     # silero-vad's STFT (258 x 256 weights, 4 outputs) is large enough to split its weight rows across threads.
     x = randn(1, 1, 1, 640, seed=93)

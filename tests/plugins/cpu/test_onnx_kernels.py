@@ -323,13 +323,13 @@ def test_conv_shapes(isa, cin, cout, k, stride, pad, group, hw):
           dilations=[1, 1] if k != 3 or stride != 1 else [2, 2] if group > 1 else [1, 1], rtol=1e-4, atol=1e-4)
 
 
-# Winograd F(4x4, 3x3): stride-1 3x3 convs with enough channels and tiles. Edge tiles cut by the output border
-# (19 x 23), no padding, uneven padding, Cout not a multiple of the 12-row tile, two images, two threads.
+# Winograd F(4x4, 3x3): stride-1 3x3 convs with enough channels (C x Cout >= 512) and tiles. Edge tiles cut by the
+# output border (19 x 23), no padding, uneven padding, Cout not a multiple of the 12-row tile, two images, two threads.
 WINOGRAD_CASES = [
     # n, cin, cout, h, w, pads
-    (2, 16, 24, 19, 23, [1, 1, 1, 1]),
-    (1, 8, 8, 26, 26, [0, 0, 0, 0]),
-    (1, 12, 13, 17, 30, [0, 2, 2, 1]),
+    (2, 16, 40, 19, 23, [1, 1, 1, 1]),
+    (1, 16, 32, 26, 26, [0, 0, 0, 0]),
+    (1, 24, 25, 17, 30, [0, 2, 2, 1]),
     (1, 32, 40, 24, 20, [1, 1, 1, 1]),
 ]
 
@@ -362,7 +362,7 @@ def test_conv_winograd_fused_silu(isa):
 def test_conv_winograd_nonfinite_input_stays_local(isa):
     """An inf in the input reaches only the outputs whose windows hold it (as in a direct convolution): Winograd's
     transforms would spread it over the whole 4 x 4 tile as NaN, so such inputs take another kernel."""
-    x, wt = f32(1, 16, 20, 20), f32(16, 16, 3, 3, seed=1) * np.float32(0.2)
+    x, wt = f32(1, 16, 20, 20), f32(32, 16, 3, 3, seed=1) * np.float32(0.2)
     x[0, 3, 5, 7] = np.inf
     x[0, 9, 12, 2] = np.nan
     assert _native.prepack_conv(wt).algorithm(list(x.shape), pads=[1, 1, 1, 1]) == "winograd"
@@ -374,10 +374,14 @@ def test_conv_winograd_nonfinite_input_stays_local(isa):
 
 
 def test_conv_winograd_not_taken_where_it_loses():
-    """Few channels, few tiles (a 10 x 10 map: 9 tiles in a 32-column panel), strides, dilations, groups: the
-    other kernels."""
-    w = np.zeros((16, 16, 3, 3), np.float32)
+    """Few channels (C x Cout < 512: YOLOv8n's 16 -> 16 on 80 x 80 ran faster direct), few tiles (a 10 x 10 map: 9
+    tiles in a 32-column panel), strides, dilations, groups: the other kernels."""
+    w = np.zeros((32, 16, 3, 3), np.float32)
     packed = _native.prepack_conv(w)
+    assert packed.algorithm([1, 16, 80, 80], pads=[1, 1, 1, 1]) == "winograd"
+    assert _native.prepack_conv(np.zeros((16, 32, 3, 3), np.float32)).algorithm([1, 32, 80, 80]) == "winograd"
+    assert _native.prepack_conv(np.zeros((16, 16, 3, 3), np.float32)).algorithm([1, 16, 80, 80]) == "direct"
+    assert _native.prepack_conv(np.zeros((16, 8, 3, 3), np.float32)).algorithm([1, 8, 80, 80]) == "direct"
     assert packed.algorithm([1, 16, 10, 10], pads=[1, 1, 1, 1]) != "winograd"
     assert packed.algorithm([1, 16, 40, 40], strides=[2, 2], pads=[1, 1, 1, 1]) != "winograd"
     assert packed.algorithm([1, 16, 40, 40], dilations=[2, 2], pads=[2, 2, 2, 2]) != "winograd"
