@@ -263,7 +263,7 @@ i64 row_tile_cols(i64 Wo, i64 nr, i64 lanes) {
 bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes) {
   static const int forced = [] {
     const char* v = std::getenv("HETERO_CPU_CONV_ROWS");
-    return v == nullptr ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
+    return v == nullptr || *v == '\0' ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
   }();
   if (forced >= 0) return forced == 1;
   const i64 nflat = (g.Ho - 1) * L.Wq + g.Wo;

@@ -735,13 +735,17 @@ def test_conv2d_small_output_threads(isa, threads):
     np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
 
 
-def test_conv2d_direct_rows_threads(isa, threads):
-    # the in-place GEMM splits output rows across threads; a deep K (3 x 3 x 40), Cout just under two 12-row tiles
-    x = randn(1, 40, 11, 60, seed=96)
-    w = randn(22, 40, 3, 3, seed=97) * 0.1
-    ref = _conv_ref(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+@pytest.mark.parametrize("shape", [(20, 11, 60, 1), (48, 10, 10, 1), (24, 40, 40, 2)])
+def test_conv2d_direct_rows_threads(isa, threads, shape):
+    # the direct tile splits bands of output rows across threads; Cout just under two 12-row tiles: row tiles (60
+    # columns; 20 x 22 channels keep it off Winograd), flattened tiles on a 10 x 10 map and on a stride-2 40 x 40 one
+    c, h, wd, s = shape
+    x = randn(1, c, h, wd, seed=96)
+    w = randn(22, c, 3, 3, seed=97) * 0.1
+    assert _native.prepack_conv(w).algorithm(list(x.shape), (s, s), (1, 1, 1, 1)) != "winograd"
+    ref = _conv_ref(x, w, None, (s, s), (1, 1, 1, 1), (1, 1), 1)
     out = np.full(ref.shape, np.nan, np.float32)
-    _native.conv2d(x, w, None, out, pads=(1, 1, 1, 1))
+    _native.conv2d(x, w, None, out, strides=(s, s), pads=(1, 1, 1, 1))
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
