@@ -380,10 +380,13 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     // Each tile goes through a buffer (bias and activation applied there) and is scattered in runs of one row.
     const i64 nflat = (oy1 - oy0 - 1) * Wp + g.Wo;
     alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
-    for (i64 j0 = 0; j0 < nflat; j0 += nr) {
-      const i64 ncols = std::min<i64>(nr, nflat - j0);
-      for (i64 p = 0; p < mp; ++p) {
-        const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+    // Weight panels outside, tiles inside: each panel (12 rows x K) is read once a band, from L1 for every tile after
+    // the first, where tiles outside read all the weights once a tile (YOLOv8n's 128 -> 256 stride-2 conv: 1.2 MB
+    // of weights, 4 tiles; inside the model 634 -> 576 us, the 10 x 10 maps' 3 x 3 convs 5-8 % faster).
+    for (i64 p = 0; p < mp; ++p) {
+      const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+      for (i64 j0 = 0; j0 < nflat; j0 += nr) {
+        const i64 ncols = std::min<i64>(nr, nflat - j0);
         xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, padded + j0, off.data(), tile, nr, nrows,
                      static_cast<int>(ncols));
         apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
