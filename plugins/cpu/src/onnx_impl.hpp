@@ -599,10 +599,17 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
 // product per value (the exact float weight the int8 form was found from: gemm.cpp's find_s8_columns).
 template <int NR>
 void dequant_panel_t(const std::int8_t* q, const float* scale, i64 rows, float* dst) {
-  float s[NR];
-  for (int j = 0; j < NR; ++j) s[j] = scale[j];
+  if constexpr (NR % W != 0) {  // not a width this ISA's GEMM uses
+    for (i64 k = 0; k < rows; ++k)
+      for (int j = 0; j < NR; ++j) dst[k * NR + j] = static_cast<float>(q[k * NR + j]) * scale[j];
+    return;
+  }
+  constexpr int NV = NR / W > 0 ? NR / W : 1;
+  V s[NV];
+  for (int v = 0; v < NV; ++v) s[v] = SIMD::load(scale + v * W);
   for (i64 k = 0; k < rows; ++k)
-    for (int j = 0; j < NR; ++j) dst[k * NR + j] = static_cast<float>(q[k * NR + j]) * s[j];
+    for (int v = 0; v < NV; ++v)
+      SIMD::store(dst + k * NR + v * W, SIMD::mul(SIMD::cvt_f(SIMD::load_s8(q + k * NR + v * W)), s[v]));
 }
 
 void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int nr, float* dst) {
