@@ -151,8 +151,10 @@ inline std::uint32_t bits_of(float x) {
 bool s8_column_fits(const MatView& b, i64 j, float s) {
   for (i64 k = 0; k < b.rows; ++k) {
     const float x = b.p[k * b.rs + j * b.cs];
-    const float q = std::nearbyint(x / s);
-    if (!(q >= -128.f && q <= 127.f) || bits_of(q * s) != bits_of(x)) return false;
+    const float r = std::nearbyint(x / s);
+    if (!(r >= -128.f && r <= 127.f)) return false;
+    const float q = static_cast<float>(static_cast<int>(r));  // the int8 value as the kernel sees it (-0 -> +0)
+    if (bits_of(q * s) != bits_of(x)) return false;
   }
   return true;
 }
