@@ -166,6 +166,11 @@ def _qconv_want(x, w, xzp, wzp, x_s, w_s, y_s, y_zp, bias, attrs):
     dict(x=(1, 6, 7, 7), w=(12, 1, 3, 3), group=6, pads=[1, 1, 1, 1]),  # two outputs per channel: a GEMM each
     dict(x=(1, 6, 10, 10), w=(4, 3, 3, 3), group=2, dilations=[2, 2]),
     dict(x=(1, 4, 30), w=(6, 4, 5), pads=[2, 2]),
+    # magika's shape class: a kh x 1 conv on a one-column image, channels past one 32-block, K = 192 (AMX's whole
+    # 64-byte rows) and 480 (not), positions past one 16-row task of the im2col
+    dict(x=(1, 64, 50, 1), w=(40, 64, 3, 1), pads=[1, 0, 1, 0]),
+    dict(x=(2, 96, 41, 1), w=(33, 96, 5, 1), pads=[2, 0, 2, 0], strides=[2, 1]),
+    dict(x=(1, 48, 9, 13), w=(20, 48, 3, 3), pads=[1, 1, 1, 1]),
 ])
 @pytest.mark.parametrize("xdt,wdt", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
 def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
