@@ -85,7 +85,7 @@ def test_int8_trans_b():
 
 @pytest.mark.parametrize("change", ["float", "minus_zero", "nan", "inf", "off_grid", "wide", "small"])
 def test_not_int8_stays_float(change, monkeypatch):
-    w, _, s = int8_weights(256, 64, seed=4)
+    w, _, _ = int8_weights(256, 64, seed=4)
     if change == "float":
         w = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
     elif change == "minus_zero":
@@ -110,7 +110,6 @@ def test_not_int8_stays_float(change, monkeypatch):
         np.testing.assert_array_equal(np.isfinite(out), np.isfinite(ref))
     else:
         assert_gemm_close(out, ref, w.shape[0])
-    del s
     monkeypatch.setenv("HETERO_CPU_INT8_WEIGHTS", "0")
     assert not _native.pack_b(int8_weights(256, 64)[0]).int8
 
@@ -118,10 +117,11 @@ def test_not_int8_stays_float(change, monkeypatch):
 def test_session_matmul_on_int8_initializer(isa, threads):
     # MatMul(x, Cast(int8 initializer) * scale): constant folding makes the float weight, the cpu MatMul packs it
     # as int8; the outputs against onnxruntime's (the same float products, its own summation order).
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    import hetero
     from onnx import TensorProto, helper, numpy_helper
+
+    import hetero
 
     _, q, s = int8_weights(384, 160, seed=11)
     nodes = [helper.make_node("Cast", ["wq"], ["wf"], to=TensorProto.FLOAT),
@@ -137,4 +137,3 @@ def test_session_matmul_on_int8_initializer(isa, threads):
     got = hetero.Session(data, backends=["cpu"], on_fallback="error").run({"x": x})["y"]
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
-    del onnx

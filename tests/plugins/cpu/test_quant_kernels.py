@@ -269,7 +269,7 @@ def test_quantize_near_half_steps_as_division(isa, scale):
         near += [up, down]
     rng = np.random.default_rng(int(abs(scale) * 1e6) % 1000)
     far = (rng.uniform(-3e6, 3e6, 4001).astype(np.float32) + np.float32(0.5)) * s
-    x = np.concatenate(near + [far, np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32)]).astype(np.float32)
+    x = np.concatenate([*near, far, np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32)]).astype(np.float32)
     for dtype, zp in ((np.uint8, 3), (np.int8, -4)):
         y = np.empty(x.shape, dtype)
         _native.quantize_linear(x, np.array(s), np.array(zp, dtype), y)
