@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "common.hpp"
 #include "onnx_extra.hpp"
@@ -147,30 +148,28 @@ inline std::uint32_t bits_of(float x) {
   return u;
 }
 
-// Column j of b holds float(q) * s for some int8 q and this s, bit for bit?
-bool s8_column_fits(const MatView& b, i64 j, float s) {
-  for (i64 k = 0; k < b.rows; ++k) {
-    const float x = b.p[k * b.rs + j * b.cs];
-    const float r = std::nearbyint(x / s);
-    if (!(r >= -128.f && r <= 127.f)) return false;
-    const float q = static_cast<float>(static_cast<int>(r));  // the int8 value as the kernel sees it (-0 -> +0)
-    if (bits_of(q * s) != bits_of(x)) return false;
-  }
+// q (an int8 value, as a float) with float(q) * s == x bit for bit, or NaN where there is none.
+inline float s8_value(float x, float s) {
+  const float r = std::nearbyint(x / s);
+  if (!(r >= -128.f && r <= 127.f)) return std::numeric_limits<float>::quiet_NaN();
+  const float q = static_cast<float>(static_cast<int>(r));  // the int8 value as the kernel sees it (-0 -> +0)
+  return bits_of(q * s) == bits_of(x) ? q : std::numeric_limits<float>::quiet_NaN();
+}
+
+// Rows [0, rows) of column j of b are float(q) * s for int8 q?
+bool s8_column_fits(const MatView& b, i64 j, float s, i64 rows) {
+  for (i64 k = 0; k < rows; ++k)
+    if (std::isnan(s8_value(b.p[k * b.rs + j * b.cs], s))) return false;
   return true;
 }
 
-// A scale s > 0 with column j of b == float(q) * s exactly for int8 q, or 0 if there is none this finds. A
-// quantiser's scale puts the largest |value| at |q| = 127 (symmetric) or near it: s is tried around amax / qm for
-// qm = 127, 128, 126, ..., 1 (the float quotient, and its neighbours, since amax = fl(qm * s) need not divide back
-// to s). Whatever s is found is checked on every element, so it is exact whether or not it is the quantiser's.
-float find_s8_scale(const MatView& b, i64 j) {
-  float amax = 0.f;
-  for (i64 k = 0; k < b.rows; ++k) {
-    const float x = b.p[k * b.rs + j * b.cs];
-    if (!std::isfinite(x)) return 0.f;
-    amax = std::max(amax, std::fabs(x));
-  }
-  if (amax == 0.f) return s8_column_fits(b, j, 1.f) ? 1.f : 0.f;  // all +0 (a -0 has no int8 form here)
+// A scale s > 0 with rows [0, rows) of column j == float(q) * s exactly for int8 q (amax: the column's largest
+// |value|), or 0 if there is none this finds. A quantiser's scale puts the largest |value| at |q| = 127
+// (symmetric) or near it: s is tried around amax / qm for qm = 127, 128, 126, ..., 1 (the float quotient, and its
+// neighbours, since amax = fl(qm * s) need not divide back to s). Whatever s is used is checked on every element
+// (pack_b_panels_s8), so it is exact whether or not it is the quantiser's.
+float find_s8_scale(const MatView& b, i64 j, float amax, i64 rows) {
+  if (amax == 0.f) return s8_column_fits(b, j, 1.f, rows) ? 1.f : 0.f;  // all +0 (a -0 has no int8 form here)
   const float inf = std::numeric_limits<float>::infinity();
   for (int i = 0; i < 128; ++i) {
     const int qm = i == 0 ? 127 : (i == 1 ? 128 : 128 - i);
@@ -179,7 +178,7 @@ float find_s8_scale(const MatView& b, i64 j) {
     cand[3] = std::nextafter(cand[1], inf);
     cand[4] = std::nextafter(cand[2], 0.f);
     for (float c : cand)
-      if (c > 0.f && std::isfinite(c) && s8_column_fits(b, j, c)) return c;
+      if (c > 0.f && std::isfinite(c) && s8_column_fits(b, j, c, rows)) return c;
   }
   return 0.f;
 }
@@ -189,14 +188,45 @@ float find_s8_scale(const MatView& b, i64 j) {
 bool pack_b_panels_s8(const Kernels& kr, const MatView& b, std::int8_t* dst, float* scale) {
   const int nr = kr.nr;
   const i64 K = b.rows, N = b.cols, np = ceil_div(N, nr);
+  // Whole passes over b go in the order it lies in memory (a column of a row-major weight is K cache lines).
+  const bool by_rows = !(b.rs == 1 && b.cs != 1);
+  auto each = [&](auto&& f) {
+    if (by_rows) {
+      for (i64 k = 0; k < K; ++k)
+        for (i64 j = 0; j < N; ++j) f(k, j);
+    } else {
+      for (i64 j = 0; j < N; ++j)
+        for (i64 k = 0; k < K; ++k) f(k, j);
+    }
+  };
+  // A scale per column from its first 32 values (a float weight fails here, having read 32 rows); every value is
+  // then checked as it is packed, and a column where that scale does not hold is searched again on all its values.
+  auto column_max = [&](i64 j, i64 rows) {
+    float m = 0.f;
+    for (i64 k = 0; k < rows; ++k) m = std::max(m, std::fabs(b.p[k * b.rs + j * b.cs]));
+    return m;  // NaN / inf: no scale is found (s8_value fails on them)
+  };
+  const i64 probe = std::min<i64>(K, 32);
   for (i64 j = 0; j < np * nr; ++j) {
-    float s = 0.f;
-    if (j < N && (s = find_s8_scale(b, j)) == 0.f) return false;
-    scale[j] = s;  // 0 past N: the padding columns come out as +0, as the float panels' do
-    std::int8_t* d = dst + (j / nr) * K * nr + j % nr;
-    for (i64 k = 0; k < K; ++k)
-      d[k * nr] = j < N ? static_cast<std::int8_t>(std::nearbyint(b.p[k * b.rs + j * b.cs] / s)) : 0;
+    scale[j] = j < N ? find_s8_scale(b, j, column_max(j, probe), probe) : 0.f;  // 0: padding columns -> +0
+    if (j < N && scale[j] == 0.f) return false;
   }
+  auto at = [&](i64 k, i64 j) -> std::int8_t& { return dst[(j / nr) * K * nr + k * nr + j % nr]; };
+  std::vector<char> redo(static_cast<std::size_t>(N), 0);
+  each([&](i64 k, i64 j) {
+    const float q = s8_value(b.p[k * b.rs + j * b.cs], scale[j]);
+    if (std::isnan(q)) redo[static_cast<std::size_t>(j)] = 1;
+    at(k, j) = std::isnan(q) ? 0 : static_cast<std::int8_t>(q);
+  });
+  for (i64 j = 0; j < N; ++j) {
+    if (!redo[static_cast<std::size_t>(j)]) continue;
+    const float s = find_s8_scale(b, j, column_max(j, K), K);
+    if (s == 0.f) return false;
+    scale[j] = s;
+    for (i64 k = 0; k < K; ++k) at(k, j) = static_cast<std::int8_t>(s8_value(b.p[k * b.rs + j * b.cs], s));
+  }
+  for (i64 j = N; j < np * nr; ++j)
+    for (i64 k = 0; k < K; ++k) at(k, j) = 0;
   return true;
 }
 

@@ -72,6 +72,25 @@ def test_int8_scale_found_when_not_the_quantisers():
     np.testing.assert_array_equal(o8, of)
 
 
+def test_int8_scale_checked_past_the_probe():
+    # The scale is chosen on a column's first 32 values and checked on all: a column whose first 32 are multiples of
+    # 5 steps (a coarser scale fits them) and a column off the grid at row 100 must come out exact / stay float.
+    w, q, s = int8_weights(300, 64, seed=12)
+    q[:32, 3] = np.resize(np.array([0, 5, -10, 5], np.int8), 32)
+    w[:, 3] = q[:, 3].astype(np.float32) * s[0, 3]
+    p = _native.pack_b(w)
+    assert p.int8
+    a = np.random.default_rng(8).standard_normal((20, 300)).astype(np.float32)
+    o8, of = np.empty((20, 64), np.float32), np.empty((20, 64), np.float32)
+    _native.gemm_packed(a, p, o8)
+    _native.gemm_packed(a, _native.pack_b(w, int8=False), of)
+    np.testing.assert_array_equal(o8, of)
+    for row, col, value in ((100, 9, np.nextafter(w[100, 9], np.float32(1))), (200, 10, np.nan), (250, 11, np.inf)):
+        bad = w.copy()
+        bad[row, col] = value
+        assert not _native.pack_b(bad).int8
+
+
 def test_int8_trans_b():
     w, _, _ = int8_weights(200, 120, seed=2)
     p = _native.pack_b(np.ascontiguousarray(w.T), trans_b=True)
