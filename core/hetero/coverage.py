@@ -30,7 +30,7 @@ def _table_of(name: str) -> Mapping[tuple[str, str], object] | None:
         return None
     backend = row.factory.create(row.devices[0], {})
     try:
-        return backend._table() if isinstance(backend, KernelTableBackend) else None
+        return backend.kernel_table() if isinstance(backend, KernelTableBackend) else None
     finally:
         backend.close()
 

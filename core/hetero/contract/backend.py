@@ -352,11 +352,13 @@ class KernelTableBackend(Backend):
 
     kernels: ClassVar[dict[tuple[str, str], KernelFactory]] = {}
 
-    def _table(self) -> dict[tuple[str, str], KernelFactory]:
+    def kernel_table(self) -> dict[tuple[str, str], KernelFactory]:
+        """Every kernel this backend has, its own and the ones other plugins added, by ``(domain, op_type)``. The
+        session reads it to apply only the graph rewrites whose fused op this backend runs."""
         return {**self.kernels, **_added_kernels.get(self.name, {})}
 
     def supports(self, node: NodeInfo) -> Support:
-        factory = self._table().get((node.domain, node.op_type))
+        factory = self.kernel_table().get((node.domain, node.op_type))
         if factory is None:
             return unsupported(f"no {self.name} kernel for {node.op_type}")
         accepts = getattr(factory, "accepts", None)
@@ -370,4 +372,4 @@ class KernelTableBackend(Backend):
             return unsupported(f"{node.op_type}: {type(exc).__name__} in the kernel's check: {exc}")
 
     def kernel(self, node: NodeInfo) -> Kernel:
-        return self._table()[(node.domain, node.op_type)](node, self)
+        return self.kernel_table()[(node.domain, node.op_type)](node, self)

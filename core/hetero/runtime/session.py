@@ -71,7 +71,7 @@ class Session:
         selection = select(backends, options)
         if optimize:
             first = selection.backends[0] if selection.backends else None
-            table = first._table() if isinstance(first, KernelTableBackend) else None
+            table = first.kernel_table() if isinstance(first, KernelTableBackend) else None
             self.rewrites = passes.optimize(self.graph, passes.for_backend(lambda key: table is None or key in table))
             fold_and_infer(self.graph)  # infer the fused nodes, drop weights the rewrites orphaned
         self.backends = selection.backends

@@ -107,6 +107,11 @@ struct AlignedBuf {
   AlignedBuf(const AlignedBuf&) = delete;
   AlignedBuf& operator=(const AlignedBuf&) = delete;
   ~AlignedBuf() { std::free(p); }
+  void reset() {
+    std::free(p);
+    p = nullptr;
+    cap = 0;
+  }
   float* get(std::size_t n) {
     if (n > cap) {
       std::free(p);
@@ -122,7 +127,9 @@ struct AlignedBuf {
 
 // Thread-local scratch slots (one per purpose, reused across calls).
 AlignedBuf& tl_buf(int slot);
-enum { TL_PACK_A = 0, TL_PACK_B = 1, TL_TMP = 2, TL_SMALLA = 3, TL_IM2COL = 4, TL_MISC = 5, TL_NSLOTS = 6 };
+enum {
+  TL_PACK_A = 0, TL_PACK_B = 1, TL_TMP = 2, TL_SMALLA = 3, TL_IM2COL = 4, TL_MISC = 5, TL_DEQUANT = 6, TL_NSLOTS = 7
+};
 
 // ---- GEMM (gemm.cpp) ----
 
@@ -143,14 +150,29 @@ struct MatView {
 
 // Packs B (K x N view) into the panel layout of `kr`; dst holds ceil(N/nr)*nr*K floats.
 void pack_b_panels(const Kernels& kr, const MatView& b, float* dst, int nthreads);
+
+// A packed B held as int8 with one fp32 scale per column: the float panel layout with int8 values (ceil(N/nr)
+// panels of K x nr), scale padded to whole panels. For weights that are int8 x scale exactly (a constant-folded
+// Cast + Mul or DequantizeLinear): the GEMM turns each panel back into the same floats (one fp32 product per value)
+// just before the micro-kernel reads it, so the results are those of the float panels, bit for bit, and a weight
+// read from L3 or memory is a quarter of the bytes.
+struct S8Panels {
+  const std::int8_t* q;
+  const float* scale;
+};
+// Packs b into dst (ceil(N/nr)*nr*K bytes) and scale (ceil(N/nr)*nr floats) when every column j is
+// float(q) * scale[j] with q in [-128, 127], bit for bit (a -0 or a non-finite value is not); false otherwise
+// (dst / scale then undefined).
+bool pack_b_panels_s8(const Kernels& kr, const MatView& b, std::int8_t* dst, float* scale);
 // Packs A (M x K view) into full-K mr panels; dst holds ceil(M/mr)*mr*K floats.
 void pack_a_panels(const Kernels& kr, const MatView& a, float* dst);
 
 // C (M x N, row stride ldc) = alpha * A @ Bp + beta * C, then epilogue. A is a strided view (packed per block)
 // or, when a_packed != nullptr, full-K mr panels. Bp is full-K nr panels.
+// With s8 set, B is int8 panels (bp unused).
 void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, const float* a_packed,
                       const float* bp, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep,
-                      int nthreads);
+                      int nthreads, const S8Panels* s8 = nullptr);
 
 // Full GEMM from strided views; chooses GEMV / small-M / blocked paths.
 void gemm_views(const Kernels& kr, const MatView& a, const MatView& b, float* c, i64 ldc, float alpha, float beta,
@@ -158,7 +180,7 @@ void gemm_views(const Kernels& kr, const MatView& a, const MatView& b, float* c,
 
 // m (<= 4) rows of A times pre-packed B (the GEMV / decode path for packed weights).
 void gemm_small_m_packed(const Kernels& kr, const MatView& a, const float* bp, i64 N, float* c, i64 ldc, float alpha,
-                         float beta, const Epilogue& ep, int nthreads);
+                         float beta, const Epilogue& ep, int nthreads, const S8Panels* s8 = nullptr);
 
 // Applies the epilogue to an m x n block of c.
 void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i64 m, i64 n, const Epilogue& ep);

@@ -8,9 +8,11 @@
 //
 // Threads own disjoint rectangles of C (no synchronisation inside the nest).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "common.hpp"
 #include "onnx_extra.hpp"
@@ -137,6 +139,97 @@ void pack_b_panels(const Kernels& kr, const MatView& b, float* dst, int nthreads
   });
 }
 
+namespace {
+
+// The float's bits (for the exact comparisons of find_s8_scale: -0 differs from +0).
+inline std::uint32_t bits_of(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// q (an int8 value, as a float) with float(q) * s == x bit for bit, or NaN where there is none.
+inline float s8_value(float x, float s) {
+  const float r = std::nearbyint(x / s);
+  if (!(r >= -128.f && r <= 127.f)) return std::numeric_limits<float>::quiet_NaN();
+  const float q = static_cast<float>(static_cast<int>(r));  // the int8 value as the kernel sees it (-0 -> +0)
+  return bits_of(q * s) == bits_of(x) ? q : std::numeric_limits<float>::quiet_NaN();
+}
+
+// Rows [0, rows) of column j of b are float(q) * s for int8 q?
+bool s8_column_fits(const MatView& b, i64 j, float s, i64 rows) {
+  for (i64 k = 0; k < rows; ++k)
+    if (std::isnan(s8_value(b.p[k * b.rs + j * b.cs], s))) return false;
+  return true;
+}
+
+// A scale s > 0 with rows [0, rows) of column j == float(q) * s exactly for int8 q (amax: the column's largest
+// |value|), or 0 if there is none this finds. A quantiser's scale puts the largest |value| at |q| = 127
+// (symmetric) or near it: s is tried around amax / qm for qm = 127, 128, 126, ..., 1 (the float quotient, and its
+// neighbours, since amax = fl(qm * s) need not divide back to s). Whatever s is used is checked on every element
+// (pack_b_panels_s8), so it is exact whether or not it is the quantiser's.
+float find_s8_scale(const MatView& b, i64 j, float amax, i64 rows) {
+  if (amax == 0.f) return s8_column_fits(b, j, 1.f, rows) ? 1.f : 0.f;  // all +0 (a -0 has no int8 form here)
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < 128; ++i) {
+    const int qm = i == 0 ? 127 : (i == 1 ? 128 : 128 - i);
+    float s = amax / static_cast<float>(qm);
+    float cand[5] = {s, std::nextafter(s, inf), std::nextafter(s, 0.f), 0.f, 0.f};
+    cand[3] = std::nextafter(cand[1], inf);
+    cand[4] = std::nextafter(cand[2], 0.f);
+    for (float c : cand)
+      if (c > 0.f && std::isfinite(c) && s8_column_fits(b, j, c, rows)) return c;
+  }
+  return 0.f;
+}
+
+}  // namespace
+
+bool pack_b_panels_s8(const Kernels& kr, const MatView& b, std::int8_t* dst, float* scale) {
+  const int nr = kr.nr;
+  const i64 K = b.rows, N = b.cols, np = ceil_div(N, nr);
+  // Whole passes over b go in the order it lies in memory (a column of a row-major weight is K cache lines).
+  const bool by_rows = !(b.rs == 1 && b.cs != 1);
+  auto each = [&](auto&& f) {
+    if (by_rows) {
+      for (i64 k = 0; k < K; ++k)
+        for (i64 j = 0; j < N; ++j) f(k, j);
+    } else {
+      for (i64 j = 0; j < N; ++j)
+        for (i64 k = 0; k < K; ++k) f(k, j);
+    }
+  };
+  // A scale per column from its first 32 values (a float weight fails here, having read 32 rows); every value is
+  // then checked as it is packed, and a column where that scale does not hold is searched again on all its values.
+  auto column_max = [&](i64 j, i64 rows) {
+    float m = 0.f;
+    for (i64 k = 0; k < rows; ++k) m = std::max(m, std::fabs(b.p[k * b.rs + j * b.cs]));
+    return m;  // NaN / inf: no scale is found (s8_value fails on them)
+  };
+  const i64 probe = std::min<i64>(K, 32);
+  for (i64 j = 0; j < np * nr; ++j) {
+    scale[j] = j < N ? find_s8_scale(b, j, column_max(j, probe), probe) : 0.f;  // 0: padding columns -> +0
+    if (j < N && scale[j] == 0.f) return false;
+  }
+  auto at = [&](i64 k, i64 j) -> std::int8_t& { return dst[(j / nr) * K * nr + k * nr + j % nr]; };
+  std::vector<char> redo(static_cast<std::size_t>(N), 0);
+  each([&](i64 k, i64 j) {
+    const float q = s8_value(b.p[k * b.rs + j * b.cs], scale[j]);
+    if (std::isnan(q)) redo[static_cast<std::size_t>(j)] = 1;
+    at(k, j) = std::isnan(q) ? 0 : static_cast<std::int8_t>(q);
+  });
+  for (i64 j = 0; j < N; ++j) {
+    if (!redo[static_cast<std::size_t>(j)]) continue;
+    const float s = find_s8_scale(b, j, column_max(j, K), K);
+    if (s == 0.f) return false;
+    scale[j] = s;
+    for (i64 k = 0; k < K; ++k) at(k, j) = static_cast<std::int8_t>(s8_value(b.p[k * b.rs + j * b.cs], s));
+  }
+  for (i64 j = N; j < np * nr; ++j)
+    for (i64 k = 0; k < K; ++k) at(k, j) = 0;
+  return true;
+}
+
 void pack_a_panels(const Kernels& kr, const MatView& a, float* dst) {
   const i64 mp = ceil_div(a.rows, kr.mr);
   pack_a_block(a, 0, mp * kr.mr, 0, a.cols, kr.mr, dst);
@@ -173,7 +266,7 @@ void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i6
 
 void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, const float* a_packed,
                       const float* bp, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep,
-                      int nthreads) {
+                      int nthreads, const S8Panels* s8) {
   if (M <= 0 || N <= 0) return;
   const int MR = kr.mr, NR = kr.nr;
   if (K == 0) {
@@ -215,6 +308,8 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
     const i64 n0 = (nt * tj / tn) * NR, n1 = std::min<i64>(N, (nt * (tj + 1) / tn) * NR);
     if (m0 >= m1 || n0 >= n1) return;
     float* abuf = a_packed ? nullptr : tl_buf(TL_PACK_A).get(static_cast<std::size_t>(MC) * KC);
+    // int8 B: each kc x NR piece of a panel is made floats here (L1-sized) before its row tiles run.
+    float* deq = s8 ? tl_buf(TL_DEQUANT).get(static_cast<std::size_t>(KC) * NR) : nullptr;
     alignas(64) float tile[32 * 32];
     for (i64 jc = n0; jc < n1; jc += NC) {
       const i64 nc = std::min<i64>(NC, n1 - jc);
@@ -234,19 +329,25 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
             ablk = abuf;
             a_panel_stride = kc * MR;
           }
-          const i64 ntiles = ceil_div(mc, MR), lines = kc * NR / 16;  // 64-byte lines of a panel's kc rows
+          // 64-byte lines of a panel's kc rows
+          const i64 ntiles = ceil_div(mc, MR), lines = kc * NR * (s8 ? 1 : 4) / 64;
           for (i64 jr = jc; jr < jc + nc; jr += NR) {
-            const float* bpan = bp + (jr / NR) * K * NR + pc * NR;
+            const i64 poff = (jr / NR) * K * NR + pc * NR;  // this panel's kc rows, in elements
+            const float* bpan = s8 ? deq : bp + poff;
+            if (s8) xk.dequant_panel_s8(s8->q + poff, s8->scale + jr, kc, NR, deq);
             const i64 ncols = std::min<i64>(NR, N - jr);
-            // The next panel's rows, fetched into L2 while this panel's tiles run: the panels lie K * NR floats
+            // The next panel's rows, fetched into L2 while this panel's tiles run: the panels lie K * NR values
             // apart, a jump the hardware prefetcher does not follow, and weights too large for L2 (a transformer's
             // FFN: 2.4 MB) otherwise come from L3 at the start of every panel (~15 % slower than from L2).
-            const float* next = jr + NR < jc + nc ? bpan + K * NR : nullptr;
+            const char* next = nullptr;
+            if (jr + NR < jc + nc)
+              next = s8 ? reinterpret_cast<const char*>(s8->q + poff + K * NR)
+                        : reinterpret_cast<const char*>(bp + poff + K * NR);
             i64 fetched = 0;
             for (i64 ir = ic; ir < ic + mc; ir += MR) {
               if (next != nullptr) {
                 const i64 upto = lines * ((ir - ic) / MR + 1) / ntiles;
-                for (; fetched < upto; ++fetched) __builtin_prefetch(next + fetched * 16, 0, 2);
+                for (; fetched < upto; ++fetched) __builtin_prefetch(next + fetched * 64, 0, 2);
               }
               const float* apan = ablk + ((ir - ic) / MR) * a_panel_stride;
               const i64 nrows = std::min<i64>(MR, M - ir);
@@ -274,18 +375,27 @@ namespace {
 
 // m (<= 4) rows of A (contiguous along k, row stride lda) times pre-packed B.
 void smallm_packed(const Kernels& kr, i64 m, i64 N, i64 K, const float* a, i64 lda, const float* bp, float* c,
-                   i64 ldc, float alpha, float beta, const Epilogue& ep, int nthreads) {
+                   i64 ldc, float alpha, float beta, const Epilogue& ep, int nthreads, const S8Panels* s8) {
   const int NR = kr.nr;
   const i64 np = ceil_div(N, NR);
   int T = std::min<int>(nthreads, threads_for(2.0 * m * N * K, 1e6));
   T = static_cast<int>(std::min<i64>(T, np));
+  const ExtraKernels& xk = extra_for(kr);
   parallel_for(T, T, [&](i64 t) {
     const i64 p0 = t * np / T, p1 = (t + 1) * np / T;
     alignas(64) float tile[4 * 64];
+    // cnt (<= 4) whole panels from p on, K * NR floats apart (int8 ones made floats in this thread's buffer).
+    float* deq = s8 ? tl_buf(TL_DEQUANT).get(static_cast<std::size_t>(4 * K * NR)) : nullptr;
+    auto panels = [&](i64 p, int cnt) -> const float* {
+      if (!s8) return bp + p * K * NR;
+      for (int i = 0; i < cnt; ++i)
+        xk.dequant_panel_s8(s8->q + (p + i) * K * NR, s8->scale + (p + i) * NR, K, NR, deq + i * K * NR);
+      return deq;
+    };
     if (m == 1) {
       for (i64 p = p0; p < p1; p += 4) {
         const int cnt = static_cast<int>(std::min<i64>(4, p1 - p));
-        kr.gemv_panels(K, a, bp + p * K * NR, K * NR, cnt, tile);
+        kr.gemv_panels(K, a, panels(p, cnt), K * NR, cnt, tile);
         const i64 j0 = p * NR, ncols = std::min<i64>(cnt * NR, N - j0);
         kr.axpby(tile, c + j0, ncols, alpha, beta);
         apply_epilogue(kr, c + j0, ldc, 0, j0, 1, ncols, ep);
@@ -294,7 +404,7 @@ void smallm_packed(const Kernels& kr, i64 m, i64 N, i64 K, const float* a, i64 l
     }
     for (i64 p = p0; p < p1; ++p) {
       const i64 j0 = p * NR, ncols = std::min<i64>(NR, N - j0);
-      kr.smallm(static_cast<int>(m), K, a, lda, bp + p * K * NR, tile);
+      kr.smallm(static_cast<int>(m), K, a, lda, panels(p, 1), tile);
       for (i64 i = 0; i < m; ++i) {
         if (ncols == NR) {
           kr.axpby(tile + i * NR, c + i * ldc + j0, ncols, alpha, beta);
@@ -326,10 +436,10 @@ const float* contiguous_rows(const MatView& a, i64& lda) {
 }  // namespace
 
 void gemm_small_m_packed(const Kernels& kr, const MatView& a, const float* bp, i64 N, float* c, i64 ldc, float alpha,
-                         float beta, const Epilogue& ep, int nthreads) {
+                         float beta, const Epilogue& ep, int nthreads, const S8Panels* s8) {
   i64 lda;
   const float* ap = contiguous_rows(a, lda);
-  smallm_packed(kr, a.rows, N, a.cols, ap, lda, bp, c, ldc, alpha, beta, ep, nthreads);
+  smallm_packed(kr, a.rows, N, a.cols, ap, lda, bp, c, ldc, alpha, beta, ep, nthreads, s8);
 }
 
 void gemm_views(const Kernels& kr, const MatView& a, const MatView& b, float* c, i64 ldc, float alpha, float beta,

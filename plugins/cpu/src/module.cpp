@@ -180,30 +180,53 @@ void bias_view(const py::object& bias_obj, i64 M, i64 N, Epilogue& ep, std::vect
   ep.bias_cs = cs;
 }
 
-// Opaque pre-packed B (weights).
+// Opaque pre-packed B (weights): float panels, or int8 panels + column scales (S8Panels in common.hpp) when the
+// weights are exactly int8 x a per-column scale.
 struct PackedB {
   const Kernels* kr;
   i64 k, n;
-  AlignedBuf buf;
+  AlignedBuf buf;   // the float panels (empty when int8)
+  AlignedBuf qbuf;  // int8: the panels' bytes (in a float-sized buffer) and, after them, the scales
+  bool int8 = false;
+  S8Panels s8() const {
+    const i64 np = (n + kr->nr - 1) / kr->nr;
+    return S8Panels{reinterpret_cast<const std::int8_t*>(qbuf.p), qbuf.p + (np * kr->nr * k + 3) / 4};
+  }
 };
 
-std::unique_ptr<PackedB> make_packed(const MatView& b) {
+// Weights below this many floats stay float: an L2-resident B gains nothing from fewer bytes, and the int8 form
+// costs one conversion per panel value per GEMM call.
+constexpr i64 kS8MinWeights = 16384;
+
+// `int8`: use the int8 form where it is exact (HETERO_CPU_INT8_WEIGHTS=0 turns that off).
+std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true) {
   auto pb = std::make_unique<PackedB>();
   pb->kr = &active();
   pb->k = b.rows;
   pb->n = b.cols;
-  const i64 np = (b.cols + pb->kr->nr - 1) / pb->kr->nr;
-  pb->buf.get(static_cast<std::size_t>(std::max<i64>(1, np * pb->kr->nr * b.rows)));
+  const i64 np = (b.cols + pb->kr->nr - 1) / pb->kr->nr, values = np * pb->kr->nr * b.rows;
+  const char* env = std::getenv("HETERO_CPU_INT8_WEIGHTS");
+  if (int8 && b.rows * b.cols >= kS8MinWeights && !(env != nullptr && std::string(env) == "0")) {
+    float* q = pb->qbuf.get(static_cast<std::size_t>((values + 3) / 4 + np * pb->kr->nr));
+    if (pack_b_panels_s8(*pb->kr, b, reinterpret_cast<std::int8_t*>(q), q + (values + 3) / 4)) {
+      pb->int8 = true;
+      return pb;
+    }
+    pb->qbuf.reset();
+  }
+  pb->buf.get(static_cast<std::size_t>(std::max<i64>(1, values)));
   pack_b_panels(*pb->kr, b, pb->buf.p, num_threads());
   return pb;
 }
 
 void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep) {
   const int T = num_threads();
+  const S8Panels s8 = pb.s8();
+  const S8Panels* q = pb.int8 ? &s8 : nullptr;
   if (a.rows <= 4)
-    gemm_small_m_packed(*pb.kr, a, pb.buf.p, pb.n, c, ldc, alpha, beta, ep, T);
+    gemm_small_m_packed(*pb.kr, a, pb.buf.p, pb.n, c, ldc, alpha, beta, ep, T, q);
   else
-    gemm_prepacked_b(*pb.kr, a.rows, pb.n, pb.k, &a, nullptr, pb.buf.p, c, ldc, alpha, beta, ep, T);
+    gemm_prepacked_b(*pb.kr, a.rows, pb.n, pb.k, &a, nullptr, pb.buf.p, c, ldc, alpha, beta, ep, T, q);
 }
 
 void check_out_shape(const py::array& out, const std::vector<i64>& want, const char* fn) {
@@ -242,12 +265,12 @@ void py_gemm(const py::array& a, const py::array& b, const py::array& out, bool 
   gemm_views(active(), av, bv, c, bv.cols, alpha, beta, ep, num_threads());
 }
 
-std::unique_ptr<PackedB> py_pack_b(const py::array& b, bool trans_b) {
+std::unique_ptr<PackedB> py_pack_b(const py::array& b, bool trans_b, bool int8) {
   need_f32(b, "pack_b", "b");
   need_ndim(b, 2, "pack_b", "b");
   MatView bv = mat_view(b, trans_b, "pack_b");
   py::gil_scoped_release nogil;
-  return make_packed(bv);
+  return make_packed(bv, int8);
 }
 
 void py_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out, float alpha, float beta,
@@ -783,7 +806,9 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("k", [](const PackedB& p) { return p.k; })
       .def_property_readonly("n", [](const PackedB& p) { return p.n; })
       .def_property_readonly("isa", [](const PackedB& p) { return std::string(p.kr->name); })
-      .def_property_readonly("nbytes", [](const PackedB& p) { return static_cast<i64>(p.buf.cap * sizeof(float)); })
+      .def_property_readonly("nbytes",
+                             [](const PackedB& p) { return static_cast<i64>((p.buf.cap + p.qbuf.cap) * sizeof(float)); })
+      .def_property_readonly("int8", [](const PackedB& p) { return p.int8; })
       .def("__repr__", [](const PackedB& p) {
         return "<PackedB k=" + std::to_string(p.k) + " n=" + std::to_string(p.n) + " isa=" + p.kr->name + ">";
       });
@@ -791,7 +816,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("gemm", &py_gemm, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f, py::arg("bias") = py::none(),
         "out = alpha * op(a) @ op(b) + beta * out + bias (bias broadcastable to (M, N)).");
-  m.def("pack_b", &py_pack_b, py::arg("b"), py::arg("trans_b") = false);
+  m.def("pack_b", &py_pack_b, py::arg("b"), py::arg("trans_b") = false, py::arg("int8") = true);
   m.def("gemm_packed", &py_gemm_packed, py::arg("a"), py::arg("packed"), py::arg("out"), py::arg("alpha") = 1.0f,
         py::arg("beta") = 0.0f, py::arg("bias") = py::none());
   m.def("matmul", &py_matmul, py::arg("a"), py::arg("b"), py::arg("out"),

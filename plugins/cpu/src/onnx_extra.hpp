@@ -61,6 +61,8 @@ struct ExtraKernels {
   void (*wino_in)(const float* chan, const std::int32_t* off, const i64* eoff, bool consecutive, float* v,
                   i64 vstride);
   void (*wino_out)(const float* m, i64 mstride, float bias, float* y);
+  // dst[k*nr + j] = float(q[k*nr + j]) * scale[j] for k < rows, j < nr: an int8 weight panel as the GEMM's floats.
+  void (*dequant_panel_s8)(const std::int8_t* q, const float* scale, i64 rows, int nr, float* dst);
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
 };
 

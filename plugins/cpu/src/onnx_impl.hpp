@@ -595,10 +595,38 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
   }
 }
 
+// Rows of an int8 B panel (nr values each) as floats: dst[k*nr + j] = float(q[k*nr + j]) * scale[j], one fp32
+// product per value (the exact float weight the int8 form was found from: gemm.cpp's find_s8_columns).
+template <int NR>
+void dequant_panel_t(const std::int8_t* q, const float* scale, i64 rows, float* dst) {
+  if constexpr (NR % W != 0) {  // not a width this ISA's GEMM uses
+    for (i64 k = 0; k < rows; ++k)
+      for (int j = 0; j < NR; ++j) dst[k * NR + j] = static_cast<float>(q[k * NR + j]) * scale[j];
+    return;
+  }
+  constexpr int NV = NR / W > 0 ? NR / W : 1;
+  V s[NV];
+  for (int v = 0; v < NV; ++v) s[v] = SIMD::load(scale + v * W);
+  for (i64 k = 0; k < rows; ++k)
+    for (int v = 0; v < NV; ++v)
+      SIMD::store(dst + k * NR + v * W, SIMD::mul(SIMD::cvt_f(SIMD::load_s8(q + k * NR + v * W)), s[v]));
+}
+
+void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int nr, float* dst) {
+  switch (nr) {
+    case 12: dequant_panel_t<12>(q, scale, rows, dst); break;
+    case 16: dequant_panel_t<16>(q, scale, rows, dst); break;
+    case 32: dequant_panel_t<32>(q, scale, rows, dst); break;
+    default:
+      for (i64 k = 0; k < rows; ++k)
+        for (int j = 0; j < nr; ++j) dst[k * nr + j] = static_cast<float>(q[k * nr + j]) * scale[j];
+  }
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
-    x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   W,
+    x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   x_dequant_panel_s8, W,
 };
 
 }  // namespace

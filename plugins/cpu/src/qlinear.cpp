@@ -391,13 +391,19 @@ std::shared_ptr<QConv> py_qconv_pack(const py::array& w, const py::object& zp, i
   const i64 og = c->cout / groups, K = c->cin_g * c->kh * c->kw;
   const std::vector<std::int32_t> z = zero_points(zp, w, c->cout, "qconv_pack", "w_zero_point");
   const auto* src = static_cast<const std::uint8_t*>(w.data());
+  // The GEMM's k runs over (ky, kx, ci), channels innermost: py_qconv's rows of A are then runs of an image
+  // position's channels (the integer sums do not depend on the order of k).
+  const i64 taps = c->kh * c->kw;
+  std::vector<std::uint8_t> wk(static_cast<std::size_t>(og * K));
   for (i64 g = 0; g < groups; ++g) {
+    for (i64 n = 0; n < og; ++n)
+      for (i64 ci = 0; ci < c->cin_g; ++ci)
+        for (i64 t = 0; t < taps; ++t) wk[static_cast<std::size_t>(n * K + t * c->cin_g + ci)] = src[(g * og + n) * K + ci * taps + t];
     auto p = std::make_shared<QPacked>();
     p->k = K;
     p->n = og;
-    // B[k][n] = w[g * og + n][k]: row stride 1, column stride K
-    pack_into(*p, src + g * og * K, 1, K, is_u8(w), z.size() == 1 ? z.data() : z.data() + g * og,
-              z.size() == 1 ? 1 : og);
+    // B[k][n] = wk[n][k]: row stride 1, column stride K
+    pack_into(*p, wk.data(), 1, K, is_u8(w), z.size() == 1 ? z.data() : z.data() + g * og, z.size() == 1 ? 1 : og);
     c->packed.push_back(p);
   }
   if (c->cin_g == 1 && og == 1) {  // depthwise: taps accumulated directly (a GEMM per channel would have N = 1)
@@ -502,62 +508,43 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
     return;
   }
   std::vector<std::uint8_t> cols(static_cast<std::size_t>(P * lda + 4), 0);
-  std::vector<std::uint8_t> kmajor(static_cast<std::size_t>(K * P));
+  const i64 HW = H * W, cg = c.cin_g;
+  std::vector<std::uint8_t> hwc(static_cast<std::size_t>(HW * cg));
+  const double work = static_cast<double>(P * K + HW * cg);
+  const int T = threads_for(work, 1 << 17);
+  const bool wake = work >= kWakeElementWork;
   for (i64 n = 0; n < N; ++n)
     for (i64 g = 0; g < c.groups; ++g) {
-      // K-major first: row kk = (ci, ky, kx) holds that tap for every output position, copied in runs along the
-      // input rows; then transposed in 32 x 32 blocks into the GEMM's rows of positions.
-      for (i64 ci = 0; ci < c.cin_g; ++ci) {
-        const std::uint8_t* plane = xs + ((n * C) + g * c.cin_g + ci) * H * W;
-        for (i64 ky = 0; ky < c.kh; ++ky)
-          for (i64 kx = 0; kx < c.kw; ++kx) {
-            std::uint8_t* dst = kmajor.data() + ((ci * c.kh + ky) * c.kw + kx) * P;
-            // output columns whose input column ox * sw - pl + kx * dw lies in [0, W)
-            const i64 off = kx * dw - pl;
-            i64 lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
-            i64 hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / sw + 1;
-            lo = std::min(lo, Wo);
-            hi = std::max(lo, std::min(hi, Wo));
-            if (Wo == 1 && W == 1) {  // a one-column image (a 1-D signal along H): the tap is a run along H
-              const bool inside = lo < hi;  // this kx lands on the column
-              const i64 tap = ky * dh - pt;  // iy = oy * sh + tap
-              for (i64 oy = 0; oy < Ho; ++oy) {
-                const i64 iy = oy * sh + tap;
-                dst[oy] = inside && iy >= 0 && iy < H ? static_cast<std::uint8_t>(plane[iy] ^ flip) : pad_value;
-              }
-              continue;
-            }
-            for (i64 oy = 0; oy < Ho; ++oy) {
-              std::uint8_t* d = dst + oy * Wo;
-              const i64 iy = oy * sh - pt + ky * dh;
-              if (iy < 0 || iy >= H) {
-                std::memset(d, pad_value, static_cast<std::size_t>(Wo));
-                continue;
-              }
-              const std::uint8_t* srow = plane + iy * W + off;
-              if (Wo < 16) {  // short rows (a kh x 1 conv on a one-column image): no calls per row
-                for (i64 ox = 0; ox < Wo; ++ox)
-                  d[ox] = ox >= lo && ox < hi ? static_cast<std::uint8_t>(srow[ox * sw] ^ flip) : pad_value;
-                continue;
-              }
-              std::memset(d, pad_value, static_cast<std::size_t>(lo));
-              if (sw == 1 && !flip) {
-                std::memcpy(d + lo, srow + lo, static_cast<std::size_t>(hi - lo));
-              } else {
-                for (i64 ox = lo; ox < hi; ++ox) d[ox] = static_cast<std::uint8_t>(srow[ox * sw] ^ flip);
-              }
-              std::memset(d + hi, pad_value, static_cast<std::size_t>(Wo - hi));
-            }
-          }
-      }
-      for (i64 p0 = 0; p0 < P; p0 += 32)
-        for (i64 k0 = 0; k0 < K; k0 += 32) {
-          const i64 p1 = std::min(P, p0 + 32), k1 = std::min(K, k0 + 32);
+      // The group's channels moved innermost (hwc[position][ci], a' = x ^ flip), in 32 x 32 blocks; then row p of
+      // A is, tap by tap, that tap's input position's channels (one copy of cin_g bytes) or the zero point's a'.
+      const std::uint8_t* planes = xs + ((n * C) + g * cg) * HW;
+      const i64 pblocks = (HW + 31) / 32;
+      parallel_for(pblocks, T, [&](i64 pb) {
+        const i64 p0 = pb * 32, p1 = std::min(HW, p0 + 32);
+        for (i64 c0 = 0; c0 < cg; c0 += 32) {
+          const i64 c1 = std::min(cg, c0 + 32);
           for (i64 pp = p0; pp < p1; ++pp) {
-            std::uint8_t* d = cols.data() + pp * lda;
-            for (i64 kk = k0; kk < k1; ++kk) d[kk] = kmajor[static_cast<std::size_t>(kk * P + pp)];
+            std::uint8_t* d = hwc.data() + pp * cg;
+            for (i64 ci = c0; ci < c1; ++ci) d[ci] = static_cast<std::uint8_t>(planes[ci * HW + pp] ^ flip);
           }
         }
+      }, wake);
+      parallel_for((P + 15) / 16, T, [&](i64 rb) {
+        for (i64 pp = rb * 16; pp < std::min(P, rb * 16 + 16); ++pp) {
+          const i64 oy = pp / Wo, ox = pp % Wo;
+          std::uint8_t* d = cols.data() + pp * lda;
+          for (i64 ky = 0; ky < c.kh; ++ky) {
+            const i64 iy = oy * sh - pt + ky * dh;
+            for (i64 kx = 0; kx < c.kw; ++kx, d += cg) {
+              const i64 ix = ox * sw - pl + kx * dw;
+              if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                std::memcpy(d, hwc.data() + (iy * W + ix) * cg, static_cast<std::size_t>(cg));
+              else
+                std::memset(d, pad_value, static_cast<std::size_t>(cg));
+            }
+          }
+        }
+      }, wake);
       const QPacked& p = *c.packed[static_cast<std::size_t>(g)];
       OutStage sg = st;
       sg.scale = mult.data() + g * og;

@@ -113,10 +113,34 @@ void quantize8(const float* x, i64 n, float scale, int zp, int qmin, int qmax, s
   // maxps / minps return their second operand when the first is NaN: NaN -> lo, as below
   const __m512 vs = _mm512_set1_ps(scale), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
   const __m512i vzp = _mm512_set1_epi32(zp);
+  constexpr int kNear = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  // x * (1 / scale) in place of x / scale (a division per 16 values bounds the loop): the product is within 3 ulps
+  // of the quotient (1 / scale and the product round once each). Clamped to [lo, hi] (integers, |.| <= 383, where
+  // 3 ulps < 2^-12) it rounds (cvtps2dq: to nearest even) to the quotient's integer unless it lies within 2^-10 of
+  // a half step; those lanes (~0.2 %) are divided as before, so the bytes are the division's, bit for bit. Clamping
+  // before rounding is the same as after (the bounds are integers); a product clamped from beyond a bound has the
+  // quotient beyond it less 3 ulps, which rounds to the bound too. maxps returns its second operand for NaN: NaN ->
+  // lo. Taken where scale and 1 / scale are normal floats (else every lane divides).
+  const float r = 1.f / scale;
+  const bool by_mul = std::isnormal(scale) && std::isnormal(r);
+  const __m512 vr = _mm512_set1_ps(r), edge = _mm512_set1_ps(0.5f - 1.f / 1024.f);
   for (; i + 16 <= n; i += 16) {
-    __m512 q = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    q = _mm512_min_ps(_mm512_max_ps(q, vlo), vhi);
-    const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(q), vzp);
+    const __m512 xv = _mm512_loadu_ps(x + i);
+    __m512i v;
+    if (by_mul) {
+      const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(xv, vr), vlo), vhi);
+      v = _mm512_cvtps_epi32(y);
+      const __m512 off = _mm512_abs_ps(_mm512_sub_ps(y, _mm512_cvtepi32_ps(v)));
+      const __mmask16 near = _mm512_cmp_ps_mask(off, edge, _CMP_GE_OQ);
+      if (near) {
+        const __m512 q = _mm512_roundscale_ps(_mm512_div_ps(xv, vs), kNear);
+        v = _mm512_mask_mov_epi32(v, near, _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, vlo), vhi)));
+      }
+    } else {
+      const __m512 q = _mm512_roundscale_ps(_mm512_div_ps(xv, vs), kNear);
+      v = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, vlo), vhi));
+    }
+    v = _mm512_add_epi32(v, vzp);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(v));
   }
 #elif defined(QLIN_ISA_AVX2)
@@ -143,14 +167,23 @@ void minmax(const float* x, i64 n, float* lo_out, float* hi_out) {
   i64 i = 0;
 #if defined(QLIN_ISA_VNNI)
   if (n >= 16) {  // minps(x, acc) keeps acc where x is NaN, as the scalar loop does
-    __m512 vlo = _mm512_set1_ps(lo), vhi = vlo;
+    // four accumulators each (one min / max chain is bound by the instruction's latency, 4 cycles per 16 values)
+    __m512 vlo[4], vhi[4];
+    for (int u = 0; u < 4; ++u) vlo[u] = vhi[u] = _mm512_set1_ps(lo);
+    for (; i + 64 <= n; i += 64)
+      for (int u = 0; u < 4; ++u) {
+        const __m512 v = _mm512_loadu_ps(x + i + 16 * u);
+        vlo[u] = _mm512_min_ps(v, vlo[u]);
+        vhi[u] = _mm512_max_ps(v, vhi[u]);
+      }
     for (; i + 16 <= n; i += 16) {
       const __m512 v = _mm512_loadu_ps(x + i);
-      vlo = _mm512_min_ps(v, vlo);
-      vhi = _mm512_max_ps(v, vhi);
+      vlo[0] = _mm512_min_ps(v, vlo[0]);
+      vhi[0] = _mm512_max_ps(v, vhi[0]);
     }
-    lo = _mm512_reduce_min_ps(vlo);
-    hi = _mm512_reduce_max_ps(vhi);
+    // NaN reaches an accumulator only from x[0] (all four then NaN): combining them keeps it
+    lo = _mm512_reduce_min_ps(_mm512_min_ps(_mm512_min_ps(vlo[0], vlo[1]), _mm512_min_ps(vlo[2], vlo[3])));
+    hi = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(vhi[0], vhi[1]), _mm512_max_ps(vhi[2], vhi[3])));
   }
 #elif defined(QLIN_ISA_AVX2)
   if (n >= 8) {

@@ -11,6 +11,8 @@ struct SIMD {
   using I = __m512i;
   static constexpr int W = 16;
   static V load(const float* p) { return _mm512_loadu_ps(p); }
+  // W int8 values sign-extended to int32
+  static I load_s8(const std::int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   // p[idx[l]] for each lane l (idx: W int32 offsets)
   static V gather(const float* p, const std::int32_t* idx) {
     return _mm512_i32gather_ps(_mm512_loadu_si512(idx), p, 4);

@@ -12,6 +12,7 @@ struct SIMD {
   using I = std::int32_t;
   static constexpr int W = 1;
   static V load(const float* p) { return *p; }
+  static I load_s8(const std::int8_t* p) { return *p; }  // W int8 values sign-extended to int32
   static V gather(const float* p, const std::int32_t* idx) { return p[idx[0]]; }
   static void store(float* p, V v) { *p = v; }
   static V set1(float x) { return x; }

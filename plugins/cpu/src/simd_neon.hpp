@@ -11,6 +11,10 @@ struct SIMD {
   using I = int32x4_t;
   static constexpr int W = 4;
   static V load(const float* p) { return vld1q_f32(p); }
+  static I load_s8(const std::int8_t* p) {  // W int8 values sign-extended to int32
+    const std::int32_t t[4] = {p[0], p[1], p[2], p[3]};
+    return vld1q_s32(t);
+  }
   static V gather(const float* p, const std::int32_t* idx) {
     const float t[4] = {p[idx[0]], p[idx[1]], p[idx[2]], p[idx[3]]};
     return vld1q_f32(t);

@@ -166,6 +166,11 @@ def _qconv_want(x, w, xzp, wzp, x_s, w_s, y_s, y_zp, bias, attrs):
     dict(x=(1, 6, 7, 7), w=(12, 1, 3, 3), group=6, pads=[1, 1, 1, 1]),  # two outputs per channel: a GEMM each
     dict(x=(1, 6, 10, 10), w=(4, 3, 3, 3), group=2, dilations=[2, 2]),
     dict(x=(1, 4, 30), w=(6, 4, 5), pads=[2, 2]),
+    # magika's shape class: a kh x 1 conv on a one-column image, channels past one 32-block, K = 192 (AMX's whole
+    # 64-byte rows) and 480 (not), positions past one 16-row task of the im2col
+    dict(x=(1, 64, 50, 1), w=(40, 64, 3, 1), pads=[1, 0, 1, 0]),
+    dict(x=(2, 96, 41, 1), w=(33, 96, 5, 1), pads=[2, 0, 2, 0], strides=[2, 1]),
+    dict(x=(1, 48, 9, 13), w=(20, 48, 3, 3), pads=[1, 1, 1, 1]),
 ])
 @pytest.mark.parametrize("xdt,wdt", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
 def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
@@ -249,6 +254,31 @@ def test_fusion_pass_leaves_other_patterns_alone():
     graph.nodes.append(Node("Identity", ["accf"], ["extra"]))
     graph.outputs.append("extra")
     assert passes.fuse_matmul_integer_scale(graph) == 0
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.0123, 3.3e-3, 7.0, 1e-30, 1e30, -0.07, 1.5e-38])
+def test_quantize_near_half_steps_as_division(isa, scale):
+    # The avx512 path multiplies by 1 / scale and divides only the lanes near a half step: values at, and up to 40
+    # ulps either side of, every half step of the range (and of steps far outside it) must quantize as x / scale does.
+    s = np.float32(scale)
+    half = (np.arange(-400, 400, dtype=np.float32) + np.float32(0.5)) * s
+    near = [half]
+    up, down = half.copy(), half.copy()
+    for _ in range(40):
+        up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(-np.inf))
+        near += [up, down]
+    rng = np.random.default_rng(int(abs(scale) * 1e6) % 1000)
+    far = (rng.uniform(-3e6, 3e6, 4001).astype(np.float32) + np.float32(0.5)) * s
+    x = np.concatenate([*near, far, np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32)]).astype(np.float32)
+    for dtype, zp in ((np.uint8, 3), (np.int8, -4)):
+        y = np.empty(x.shape, dtype)
+        _native.quantize_linear(x, np.array(s), np.array(zp, dtype), y)
+        info = np.iinfo(dtype)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            q = np.rint(x / s)  # float32 division, ties to even
+        q = np.where(np.isnan(q), np.float32(info.min - zp), q)
+        want = (np.clip(q, info.min - zp, info.max - zp).astype(np.int32) + zp).astype(dtype)
+        np.testing.assert_array_equal(y, want)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])

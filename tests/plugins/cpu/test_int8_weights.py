@@ -1,0 +1,158 @@
+"""Packed weights held as int8 with a per-column scale (``pack_b``'s int8 form, gemm.cpp ``pack_b_panels_s8``).
+
+A float weight matrix that is exactly ``float32(q) * scale[column]`` for int8 q (what constant folding makes of an
+int8 initializer's ``Cast + Mul`` or ``DequantizeLinear``) is packed as int8 and turned back into the same floats
+inside the GEMM. The results must be the float path's bit for bit (every GEMM route: small M, whole tiles, the
+ragged last rows, K past one kc block, ragged column panels, 1 / 2 threads, every ISA), and anything that is not
+exactly such a matrix must stay float.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.plugins.cpu.test_native import assert_gemm_close
+
+_native = pytest.importorskip(
+    "hetero_cpu._native",
+    reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
+)
+
+
+def int8_weights(k: int, n: int, seed: int = 0, qmax: int = 127) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(w, q, s): w = float32(q) * s per column, q in [-qmax - 1, qmax] with both extremes present."""
+    r = np.random.default_rng(seed)
+    q = r.integers(-qmax - 1, qmax + 1, (k, n)).astype(np.int8)
+    q[0, :], q[1, :] = qmax, -qmax - 1
+    s = (r.random((1, n)) * 0.05 + 1e-3).astype(np.float32)
+    return q.astype(np.float32) * s, q, s
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 12, 64, 70, 200])  # 64 / 70: 4 / 10 rows past the 12-row tiles
+@pytest.mark.parametrize("k,n", [(384, 384), (300, 100), (600, 33)])  # K past one 256-deep block, ragged panels
+def test_int8_panels_same_bits_as_float(isa, threads, m, k, n):
+    w, q, s = int8_weights(k, n, seed=k + n)
+    a = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+    p8, pf = _native.pack_b(w), _native.pack_b(w, int8=False)
+    assert p8.int8 and not pf.int8
+    assert p8.nbytes < pf.nbytes / 3
+    bias = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    for alpha, beta, b in ((1.0, 0.0, None), (0.5, 2.0, bias)):
+        c0 = np.random.default_rng(7).standard_normal((m, n)).astype(np.float32)
+        o8, of = c0.copy(), c0.copy()
+        _native.gemm_packed(a, p8, o8, alpha, beta, b)
+        _native.gemm_packed(a, pf, of, alpha, beta, b)
+        np.testing.assert_array_equal(o8.view(np.int32), of.view(np.int32))
+        ref = alpha * (a.astype(np.float64) @ (q.astype(np.float64) * s.astype(np.float64))) + beta * c0
+        assert_gemm_close(o8, ref + (0 if b is None else b), k)
+
+
+def test_int8_panels_batched_matmul(isa):
+    # matmul_packed (a 3-D A against one packed weight) takes the same route.
+    w, _, _ = int8_weights(256, 96, seed=3)
+    a = np.random.default_rng(4).standard_normal((3, 20, 256)).astype(np.float32)
+    o8, of = np.empty((3, 20, 96), np.float32), np.empty((3, 20, 96), np.float32)
+    _native.matmul_packed(a, _native.pack_b(w), o8)
+    _native.matmul_packed(a, _native.pack_b(w, int8=False), of)
+    np.testing.assert_array_equal(o8, of)
+
+
+def test_int8_scale_found_when_not_the_quantisers():
+    # |q| well below 127 (the largest value is 5 * s): the scale found differs from s, the values must not.
+    w, _, _ = int8_weights(256, 80, seed=9, qmax=5)
+    w[:, 7] = 0.0  # an all-zero column
+    w[:, 8] = np.arange(256, dtype=np.float32) % 3 - 1.0  # small integers: scale 1
+    p = _native.pack_b(w)
+    assert p.int8
+    a = np.random.default_rng(1).standard_normal((16, 256)).astype(np.float32)
+    o8, of = np.empty((16, 80), np.float32), np.empty((16, 80), np.float32)
+    _native.gemm_packed(a, p, o8)
+    _native.gemm_packed(a, _native.pack_b(w, int8=False), of)
+    np.testing.assert_array_equal(o8, of)
+
+
+def test_int8_scale_checked_past_the_probe():
+    # The scale is chosen on a column's first 32 values and checked on all: a column whose first 32 are multiples of
+    # 5 steps (a coarser scale fits them) and a column off the grid at row 100 must come out exact / stay float.
+    w, q, s = int8_weights(300, 64, seed=12)
+    q[:32, 3] = np.resize(np.array([0, 5, -10, 5], np.int8), 32)
+    w[:, 3] = q[:, 3].astype(np.float32) * s[0, 3]
+    p = _native.pack_b(w)
+    assert p.int8
+    a = np.random.default_rng(8).standard_normal((20, 300)).astype(np.float32)
+    o8, of = np.empty((20, 64), np.float32), np.empty((20, 64), np.float32)
+    _native.gemm_packed(a, p, o8)
+    _native.gemm_packed(a, _native.pack_b(w, int8=False), of)
+    np.testing.assert_array_equal(o8, of)
+    for row, col, value in ((100, 9, np.nextafter(w[100, 9], np.float32(1))), (200, 10, np.nan), (250, 11, np.inf)):
+        bad = w.copy()
+        bad[row, col] = value
+        assert not _native.pack_b(bad).int8
+
+
+def test_int8_trans_b():
+    w, _, _ = int8_weights(200, 120, seed=2)
+    p = _native.pack_b(np.ascontiguousarray(w.T), trans_b=True)
+    assert p.int8
+    a = np.random.default_rng(2).standard_normal((30, 200)).astype(np.float32)
+    o8, of = np.empty((30, 120), np.float32), np.empty((30, 120), np.float32)
+    _native.gemm_packed(a, p, o8)
+    _native.gemm_packed(a, _native.pack_b(w, int8=False), of)
+    np.testing.assert_array_equal(o8, of)
+
+
+@pytest.mark.parametrize("change", ["float", "minus_zero", "nan", "inf", "off_grid", "wide", "small"])
+def test_not_int8_stays_float(change, monkeypatch):
+    w, _, _ = int8_weights(256, 64, seed=4)
+    if change == "float":
+        w = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
+    elif change == "minus_zero":
+        w[10, 3] = -0.0  # float(0) * s is +0: no int8 value gives -0 bit for bit
+    elif change == "nan":
+        w[5, 5] = np.nan
+    elif change == "inf":
+        w[5, 5] = np.inf
+    elif change == "off_grid":
+        w[7, 9] = np.nextafter(w[7, 9], np.float32(1))  # one value one ulp off its column's grid
+    elif change == "wide":
+        w[:, 2] = np.arange(256, dtype=np.float32) - 100.0  # integers up to 155: not int8 at any scale
+    else:
+        w = w[:64, :64].copy()  # below the size that gains from fewer bytes
+    p = _native.pack_b(w)
+    assert not p.int8
+    a = np.random.default_rng(3).standard_normal((8, w.shape[0])).astype(np.float32)
+    out = np.empty((8, w.shape[1]), np.float32)
+    _native.gemm_packed(a, p, out)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    if change in ("nan", "inf"):
+        np.testing.assert_array_equal(np.isfinite(out), np.isfinite(ref))
+    else:
+        assert_gemm_close(out, ref, w.shape[0])
+    monkeypatch.setenv("HETERO_CPU_INT8_WEIGHTS", "0")
+    assert not _native.pack_b(int8_weights(256, 64)[0]).int8
+
+
+def test_session_matmul_on_int8_initializer(isa, threads):
+    # MatMul(x, Cast(int8 initializer) * scale): constant folding makes the float weight, the cpu MatMul packs it
+    # as int8; the outputs against onnxruntime's (the same float products, its own summation order).
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    import hetero
+
+    _, q, s = int8_weights(384, 160, seed=11)
+    nodes = [helper.make_node("Cast", ["wq"], ["wf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["wf", "s"], ["w"]),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 70, 384])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 70, 160])],
+                              [numpy_helper.from_array(q, "wq"), numpy_helper.from_array(s, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    x = np.random.default_rng(6).standard_normal((1, 70, 384)).astype(np.float32)
+    got = hetero.Session(data, backends=["cpu"], on_fallback="error").run({"x": x})["y"]
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
