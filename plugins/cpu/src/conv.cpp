@@ -329,7 +329,18 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const int T = threads_for(flops, kParallelGrain * 4);
   i64 band = g.Ho;
   while (band > 4 && cin_g * L.ph * L.pw * band_hq(band) * Wp > kBandFloats) band = (band + 1) / 2;
-  while (T > 1 && band > 1 && images * ceil_div(g.Ho, band) < (rows ? 2 : 1) * T) band = (band + 1) / 2;
+  const i64 mp = ceil_div(cout_g, mr);
+  // At 2+ threads, where the weights outweigh the input (small maps, many channels: YOLOv8n's 128 -> 256 stride-2
+  // conv reads 1.2 MB of weights for a 10 x 10 output), tasks split the weight panels instead of the rows: each
+  // thread reads its share of the weights and pads the band's input itself, instead of every thread reading all of
+  // the weights for its share of the rows. The same tiles compute each output element either way.
+  i64 groups = 1;
+  if (T > 1 && mp > 1 && cout_g * K > cin_g * L.ph * L.pw * band_hq(band) * Wp)
+    groups = std::min<i64>(mp, ceil_div(T, images * ceil_div(g.Ho, band)));
+  else
+    while (T > 1 && band > 1 && images * ceil_div(g.Ho, band) < (rows ? 2 : 1) * T) band = (band + 1) / 2;
+  const i64 pg = ceil_div(mp, groups);
+  groups = ceil_div(mp, pg);
   const i64 hq = band_hq(band), nbands = ceil_div(g.Ho, band);
   const i64 qplane = hq * Wp, plane = L.ph * L.pw * qplane, per_band = cin_g * plane;
   std::vector<i64> off(static_cast<std::size_t>(K));
@@ -340,15 +351,17 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         off[static_cast<std::size_t>(k)] =
             c * plane + ((dy % L.ph) * L.pw + dx % L.pw) * qplane + (dy / L.ph) * Wp + dx / L.pw;
       }
-  const i64 mp = ceil_div(cout_g, mr);
   // A last tile of at most one vector of columns runs the one-vector-wide tile (every ISA with a tile kernel has
   // it): YOLOv8n's 20 x 20 stride-2 maps are 109 flattened columns, 128 in 32-wide tiles, 112 with a 16-wide tail.
   const auto tile_nr = [&](i64 ncols) { return ncols <= xk.lanes ? xk.lanes : nr; };
   // In the phase-split layout output row oy starts at phase row oy - oy0 of the band; in the plain one at padded
   // row (oy - oy0) sh.
   const i64 row_pitch = L.flat ? Wp : g.sh * Wp;
-  parallel_for(images * nbands, T, [&](i64 task) {
-    const i64 img = task / nbands, oy0 = (task % nbands) * band, n = img / g.group, gi = img % g.group;
+  parallel_for(images * nbands * groups, T, [&](i64 task) {
+    const i64 p0 = (task % groups) * pg, p1 = std::min<i64>(mp, p0 + pg), r0 = p0 * mr,
+              r1 = std::min<i64>(cout_g, p1 * mr);
+    const i64 img = task / groups / nbands, oy0 = (task / groups % nbands) * band, n = img / g.group,
+              gi = img % g.group;
     const i64 oy1 = std::min<i64>(g.Ho, oy0 + band);
     float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(per_band + nr));
     std::fill(padded + per_band, padded + per_band + nr, 0.f);
@@ -366,13 +379,13 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         float* orow = o + oy * g.Wo;
         for (i64 x0 = 0; x0 < g.Wo; x0 += nr) {
           const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
-          for (i64 p = 0; p < mp; ++p) {
+          for (i64 p = p0; p < p1; ++p) {
             const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
             xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in + x0, off.data(), orow + p * mr * HWo + x0, HWo,
                          nrows, ncols);
           }
         }
-        apply_epilogue(kr, orow, HWo, 0, 0, cout_g, g.Wo, ep);
+        apply_epilogue(kr, orow + r0 * HWo, HWo, r0, 0, r1 - r0, g.Wo, ep);
       }
       return;
     }
@@ -383,7 +396,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     // Weight panels outside, tiles inside: each panel (12 rows x K) is read once a band, from L1 for every tile after
     // the first, where tiles outside read all the weights once a tile (YOLOv8n's 128 -> 256 stride-2 conv: 1.2 MB
     // of weights, 4 tiles; inside the model 634 -> 576 us, the 10 x 10 maps' 3 x 3 convs 5-8 % faster).
-    for (i64 p = 0; p < mp; ++p) {
+    for (i64 p = p0; p < p1; ++p) {
       const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
       for (i64 j0 = 0; j0 < nflat; j0 += nr) {
         const i64 ncols = std::min<i64>(nr, nflat - j0);
@@ -460,13 +473,23 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const int T = threads_for(flops, kParallelGrain * 4);
   // Enough tasks for every thread (a little over-decomposition evens out the ragged last block).
   const i64 images = g.N * g.group;
-  if (T > 1)
-    while (ppb > 1 && images * ceil_div(np_all, ppb) < 2 * T) ppb = (ppb + 1) / 2;
-  const i64 nblk = ceil_div(np_all, ppb);
   const i64 rem = cout_g % kr.mr;
   const i64 m_main = rem > 0 && rem <= 4 ? cout_g - rem : cout_g;
-  parallel_for(images * nblk, T, [&](i64 task) {
-    const i64 img = task / nblk, blk = task % nblk;
+  const i64 mp = ceil_div(m_main, kr.mr);
+  // As in conv_direct: where the weights outweigh the packed input (more output channels than positions: YOLOv8n's
+  // 1x1 convs on 10 x 10 maps), threads split the weight panels (each packs the same columns) instead of the columns.
+  i64 groups = 1;
+  if (T > 1 && mp > 1 && ppb == np_all && cout_g > np_all * nr)
+    groups = std::min<i64>(mp, ceil_div(T, images));
+  else if (T > 1)
+    while (ppb > 1 && images * ceil_div(np_all, ppb) < 2 * T) ppb = (ppb + 1) / 2;
+  const i64 pg = ceil_div(mp, groups);
+  groups = ceil_div(mp, pg);
+  const i64 nblk = ceil_div(np_all, ppb);
+  parallel_for(images * nblk * groups, T, [&](i64 task) {
+    const i64 r0 = (task % groups) * pg * kr.mr, r1 = std::min<i64>(m_main, r0 + pg * kr.mr);
+    const bool tail = task % groups == groups - 1;
+    const i64 img = task / groups / nblk, blk = task / groups % nblk;
     const i64 n = img / g.group, gi = img % g.group;
     const i64 j0 = blk * ppb * nr, ncols = std::min<i64>(ppb * nr, HWo - j0);
     const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
@@ -480,9 +503,13 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     ep.bias_rs = 1;
     ep.bias_cs = 0;
     float* o = out + (n * g.Cout + gi * cout_g) * HWo + j0;
-    if (m_main > 0) gemm_prepacked_b(kr, m_main, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride, bp, o, HWo, 1.f,
-                                     0.f, ep, 1);
-    if (m_main < cout_g) {
+    if (r1 > r0) {
+      Epilogue epm = ep;
+      epm.bias = ep.bias ? ep.bias + r0 : nullptr;
+      gemm_prepacked_b(kr, r1 - r0, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride + r0 * K, bp, o + r0 * HWo,
+                       HWo, 1.f, 0.f, epm, 1);
+    }
+    if (tail && m_main < cout_g) {
       // A ragged last row panel of <= 4 rows (Cout = 16 or 64 with mr = 12): the small-M kernel on the same packed
       // columns, instead of a padded mr-row tile that would be mostly wasted.
       Epilogue ept = ep;

@@ -749,6 +749,38 @@ def test_conv2d_direct_rows_threads(isa, threads, shape):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
+# (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
+# weight panels (each thread all positions): flattened tiles on a 10 x 10 map, stride 2 onto 10 x 10, row tiles at
+# stride (3, 1), a 1x1 conv through the GEMM with a ragged 8-row last panel and one with a 4-row tail (small-M kernel)
+PANEL_SPLIT_CASES = [
+    (64, 10, 10, 100, 3, (1, 1), (1, 1, 1, 1)),
+    (48, 20, 20, 136, 3, (2, 2), (1, 1, 1, 1)),
+    (8, 12, 32, 100, 3, (3, 1), (1, 1, 1, 1)),
+    (96, 10, 10, 140, 1, (1, 1), (0, 0, 0, 0)),
+    (64, 7, 7, 100, 1, (1, 1), (0, 0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("case", PANEL_SPLIT_CASES, ids=[str(i) for i in range(len(PANEL_SPLIT_CASES))])
+def test_conv2d_panel_split_threads(isa, threads, case):
+    c, h, wd, cout, k, strides, pads = case
+    x = randn(1, c, h, wd, seed=98)
+    w = randn(cout, c, k, k, seed=99) * 0.1
+    bias = randn(cout, seed=100)
+    algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
+    assert algo == ("gemm" if k == 1 or isa == "generic" else "direct")
+    ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation="silu")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    # each output element is computed by the same tile whichever way the work is split: the same bits at 1 thread
+    _native.set_num_threads(1)
+    one = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, one, strides=strides, pads=pads, activation="silu")
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
 def test_conv2d_strided_input_and_errors(isa):
     x = randn(1, 6, 20, 20, seed=93)[:, ::2, ::2, ::2]
     w = randn(4, 3, 3, 3, seed=94)
