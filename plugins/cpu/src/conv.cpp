@@ -475,7 +475,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const i64 images = g.N * g.group;
   const i64 rem = cout_g % kr.mr;
   const i64 m_main = rem > 0 && rem <= 4 ? cout_g - rem : cout_g;
-  const i64 mp = ceil_div(m_main, kr.mr);
+  const i64 mp = std::max<i64>(1, ceil_div(m_main, kr.mr));  // 0 where Cout <= 4 (the small-M kernel alone)
   // As in conv_direct: where the weights outweigh the packed input (more output channels than positions: YOLOv8n's
   // 1x1 convs on 10 x 10 maps), threads split the weight panels (each packs the same columns) instead of the columns.
   i64 groups = 1;
