@@ -337,7 +337,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   i64 groups = 1;
   if (T > 1 && mp > 1 && cout_g * K > cin_g * L.ph * L.pw * band_hq(band) * Wp)
     groups = std::min<i64>(mp, ceil_div(T, images * ceil_div(g.Ho, band)));
-  else
+  if (groups == 1)
     while (T > 1 && band > 1 && images * ceil_div(g.Ho, band) < (rows ? 2 : 1) * T) band = (band + 1) / 2;
   const i64 pg = ceil_div(mp, groups);
   groups = ceil_div(mp, pg);
