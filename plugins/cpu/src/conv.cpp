@@ -303,6 +303,14 @@ void pad_channel(const ConvGeom& g, const DirectLayout& L, const float* src, flo
   }
 }
 
+// Splits mp weight panels into at most `groups` groups of pg whole panels each: returns pg, and sets groups to the
+// number of non-empty groups.
+i64 panel_groups(i64 mp, i64& groups) {
+  const i64 pg = ceil_div(mp, groups);
+  groups = ceil_div(mp, pg);
+  return pg;
+}
+
 // Floats of one row band's padded copy (all of an image's channels) that conv_direct's tasks aim for: the copy stays
 // in L2 while the band's tiles read it. One copy of the whole image (YOLOv8n's 16 x 160 x 160 input: 1.7 MB) was
 // written to and read back from L3 inside the model (the conv took 0.8-1.1 ms there against 0.54 ms repeated).
@@ -339,8 +347,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     groups = std::min<i64>(mp, ceil_div(T, images * ceil_div(g.Ho, band)));
   if (groups == 1)
     while (T > 1 && band > 1 && images * ceil_div(g.Ho, band) < (rows ? 2 : 1) * T) band = (band + 1) / 2;
-  const i64 pg = ceil_div(mp, groups);
-  groups = ceil_div(mp, pg);
+  const i64 pg = panel_groups(mp, groups);
   const i64 hq = band_hq(band), nbands = ceil_div(g.Ho, band);
   const i64 qplane = hq * Wp, plane = L.ph * L.pw * qplane, per_band = cin_g * plane;
   std::vector<i64> off(static_cast<std::size_t>(K));
@@ -483,8 +490,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     groups = std::min<i64>(mp, ceil_div(T, images));
   else if (T > 1)
     while (ppb > 1 && images * ceil_div(np_all, ppb) < 2 * T) ppb = (ppb + 1) / 2;
-  const i64 pg = ceil_div(mp, groups);
-  groups = ceil_div(mp, pg);
+  const i64 pg = panel_groups(mp, groups);
   const i64 nblk = ceil_div(np_all, ppb);
   parallel_for(images * nblk * groups, T, [&](i64 task) {
     const i64 r0 = (task % groups) * pg * kr.mr, r1 = std::min<i64>(m_main, r0 + pg * kr.mr);
