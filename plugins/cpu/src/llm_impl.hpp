@@ -78,45 +78,79 @@ inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& l
   }
 }
 
-// A block's per-lane scales (the W weight rows of slice h, shared by every x row) and the float epilogue that adds
-// one x row's int32 dot products with the block to its accumulator. qgemm_mr and qgemm_rows both use it, so their
-// rows stay bitwise equal. sd / smin: the k-quant super-block's d / dmin; off: the weights' zero offset.
+// A k-quant super-block's d (and dmin) for slice h (rows W*h..), and each times 2^23 (exact) for S::u8_scaled.
+template <class S>
+struct SuperScales {
+  using V = typename S::V;
+  V sd = S::zero(), smin = S::zero(), sd23 = S::zero(), smin23 = S::zero();
+};
+
+// S::U8_SCALED: the traits compute d * p[i] (rounded once) from the u8 scales at p in fewer operations than
+// load_u8 and mul (llm_simd_avx512.hpp); else the plain form.
+template <class S, class = void>
+struct HasU8Scaled : std::false_type {};
+template <class S>
+struct HasU8Scaled<S, std::enable_if_t<S::U8_SCALED>> : std::true_type {};
+
+// d * (float)p[i] for the W u8 values at p, one rounding (bitwise the product of the plain form for finite d).
+template <class S>
+inline typename S::V u8_scaled(const std::uint8_t* p, typename S::V d, typename S::V d23) {
+  if constexpr (HasU8Scaled<S>::value) return S::u8_scaled(p, d, d23);
+  else return (void)d23, S::mul(d, S::load_u8(p));
+}
+
+// A block's per-lane scales (the W weight rows of slice h, shared by every x row), the start of each x row's int32
+// dots (the weights' zero offset folded in) and the float epilogue that adds one x row's dot products with the block
+// to its accumulator. qgemm_mr and qgemm_rows both use it, so their rows stay bitwise equal. off: the weights' zero
+// offset.
 template <class S, bool ASYM, int KQ>
 struct BlockScales {
   using V = typename S::V;
   using I = typename S::I;
-  V dv = S::zero(), mv = S::zero(), scv = S::zero(), mnv = S::zero(), sd;
-  I sclo = S::iset1(0), schi = S::iset1(0);
+  V dv = S::zero(), mv = S::zero(), scv = S::zero(), mnv = S::zero(), sd, sclo = S::zero(), schi = S::zero();
   int off;
 
-  BlockScales(const std::uint8_t* rec, int h, V sd_, V smin, int off_) : sd(sd_), off(off_) {
+  BlockScales(const std::uint8_t* rec, int h, const SuperScales<S>& ss, int off_) : sd(ss.sd), off(off_) {
     constexpr int W = S::W;
     if (KQ == 0) {
       dv = S::load_f16(rec + 2 * W * h);
       if (ASYM) mv = S::load_f16(rec + 32 + 2 * W * h);
     } else if (KQ == 1) {  // d*sc * dot - dmin*mn * dx*sum(xq)
-      scv = S::mul(sd, S::load_u8(rec + W * h));
-      mnv = S::mul(smin, S::load_u8(rec + 16 + W * h));
-    } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), exact in int32
-      sclo = S::load_i8_i32(rec + W * h);
-      schi = S::load_i8_i32(rec + 16 + W * h);
+      scv = u8_scaled<S>(rec + W * h, ss.sd, ss.sd23);
+      mnv = u8_scaled<S>(rec + 16 + W * h, ss.smin, ss.smin23);
+    } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), see apply
+      sclo = S::cvt_f(S::load_i8_i32(rec + W * h));
+      schi = S::cvt_f(S::load_i8_i32(rec + 16 + W * h));
     }
   }
 
-  // x row block xi's dot products ilo (q6_k: ilo / ihi, the block's two halves) into facc.
+  // The values x row block xi's int32 dots start from: the weights' zero offset times the x sums, subtracted up
+  // front (the same int32 as subtracting it after the dots; no operation left for the epilogue). q6_k: ilo / ihi,
+  // the block's two halves.
+  inline void start(I& ilo, I& ihi, const XQ& x, i64 xi) const {
+    ilo = ihi = S::iset1(0);
+    if (KQ == 0 && off != 0) {
+      ilo = S::iset1(-off * x.s[xi]);
+    } else if (KQ == 2) {
+      const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
+      ilo = S::iset1(-32 * slo), ihi = S::iset1(-32 * shi);
+    }
+  }
+
+  // x row block xi's dot products ilo (q6_k: ilo / ihi, the block's two halves), from start(), into facc.
   inline void apply(V& facc, I ilo, I ihi, const XQ& x, i64 xi) const {
     if (KQ == 0) {
-      if (off != 0) ilo = S::isub(ilo, S::iset1(off * x.s[xi]));
       facc = S::fma(S::cvt_f(ilo), S::mul(dv, S::set1(x.d[xi])), facc);
       if (ASYM) facc = S::fma(mv, S::set1(x.ds[xi]), facc);
     } else if (KQ == 1) {
       facc = S::fma(S::cvt_f(ilo), S::mul(scv, S::set1(x.d[xi])), facc);
       facc = S::fnma(mnv, S::set1(x.ds[xi]), facc);
     } else {
-      const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
-      const I lo = S::isub(ilo, S::iset1(32 * slo)), hi = S::isub(ihi, S::iset1(32 * shi));
-      const I isum = S::iadd(S::imul(lo, sclo), S::imul(hi, schi));
-      facc = S::fma(S::cvt_f(isum), S::mul(sd, S::set1(x.d[xi])), facc);
+      // sc_lo * lo + sc_hi * hi in float is the int32 sum exactly: |lo|, |hi| <= 16 * 32 * 127 = 65024 and
+      // |sc| <= 128, so every product and the sum (<= 16646144 < 2^24) are integers a float holds; as cvt_f of the
+      // int32 sum, without the two int32 multiplies (two operations each, on one port).
+      const V isum = S::fma(S::cvt_f(ihi), schi, S::mul(S::cvt_f(ilo), sclo));
+      facc = S::fma(isum, S::mul(sd, S::set1(x.d[xi])), facc);
     }
   }
 };
@@ -126,10 +160,16 @@ struct BlockScales {
 //
 // The d (and dmin) of a k-quant super-block sb for slice h (rows W*h..); zero for other formats.
 template <class S, int KQ>
-inline void super_scales(const std::uint8_t* sb, int h, typename S::V& sd, typename S::V& smin) {
-  sd = smin = S::zero();
-  if (KQ) sd = S::load_f16(sb + 2 * S::W * h);
-  if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * S::W * h);
+inline SuperScales<S> super_scales(const std::uint8_t* sb, int h) {
+  SuperScales<S> ss;
+  if (!KQ) return ss;
+  const typename S::V two23 = S::set1(8388608.f);
+  ss.sd = S::load_f16(sb + 2 * S::W * h);
+  if (KQ == 1) {
+    ss.smin = S::load_f16(sb + 32 + 2 * S::W * h);
+    if constexpr (HasU8Scaled<S>::value) ss.sd23 = S::mul(ss.sd, two23), ss.smin23 = S::mul(ss.smin, two23);
+  }
+  return ss;
 }
 
 // Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance()). The weights stream from memory and want
@@ -179,15 +219,15 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
     const std::uint8_t* sb = group;  // the super-block of b0 (a record when w.sub == 1)
     for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
-      V sd, smin;  // k-quants: the super-block's d (and dmin)
-      super_scales<S, KQ>(sb, h, sd, smin);
+      const SuperScales<S> ss = super_scales<S, KQ>(sb, h);  // k-quants: the super-block's d (and dmin)
       const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
         if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf);  // every tile size (see prefetch_record)
+        const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
-        for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = S::iset1(0);
+        for (int m = 0; m < MR; ++m) scales.start(ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
         const i64 xo = b * bs;
         auto step = [&](int t) {
           const B v0 = S::load_b(qv + 64 * t + 4 * W * h);
@@ -217,7 +257,6 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         }
         if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
           for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
-        const BlockScales<S, ASYM, KQ> scales(rec, h, sd, smin, off);
         for (int m = 0; m < MR; ++m) scales.apply(facc[m], ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
       }
     }
