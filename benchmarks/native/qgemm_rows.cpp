@@ -80,16 +80,21 @@ int main(int argc, char** argv) {
     const QPack& pk = c.pk;
     std::vector<std::uint8_t> w(static_cast<std::size_t>(pk.groups * pk.group_bytes));
     for (auto& b : w) b = static_cast<std::uint8_t>(gen());
-    // Finite f16 scales: every d / dmin field 0x2000 (~0.0078); the quants and 6/8-bit scales stay random.
+    // Finite f16 scales: every d / dmin field of either sign, 2^-9..2^-6 (bits 0x1800-0x27ff: a random exponent and
+    // mantissa); the quants and 6/8-bit scales stay random.
+    auto f16 = [&](std::uint8_t* p) {
+      const unsigned h = (gen() & 0x8000u) | (0x1800u + gen() % 0x1000u);
+      p[0] = static_cast<std::uint8_t>(h), p[1] = static_cast<std::uint8_t>(h >> 8);
+    };
     for (i64 g = 0; g < pk.groups; ++g)
       for (i64 b = 0; b < pk.nb; ++b) {
         std::uint8_t* grp = w.data() + g * pk.group_bytes;
         if (pk.kq) {
           if (b % pk.sub == 0)
-            for (i64 i = 0; i < pk.sb_hdr; i += 2) grp[(b / pk.sub) * pk.super_bytes + i] = 0, grp[(b / pk.sub) * pk.super_bytes + i + 1] = 0x20;
+            for (i64 i = 0; i < pk.sb_hdr; i += 2) f16(grp + (b / pk.sub) * pk.super_bytes + i);
         } else {
           std::uint8_t* rec = const_cast<std::uint8_t*>(pk.record(grp, b));
-          for (i64 i = 0; i < pk.header_bytes(); i += 2) rec[i] = 0, rec[i + 1] = 0x20;
+          for (i64 i = 0; i < pk.header_bytes(); i += 2) f16(rec + i);
         }
       }
     const i64 M = 8, nb = pk.nb;

@@ -191,8 +191,8 @@ inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf) {
 // NT: the block's steps of 64 bytes when known at compile time (blocks of 32, every GGUF format: the step loop
 // unrolls), else 0 (read from w.bs).
 //
-// Few rows (MR <= 2) of 4/5/6-bit weights: each row's int32 dot of a block is summed in two independent chains
-// (the low and the high nibbles), added at the end. The dot is the same integer whichever way it is
+// Few rows (MR <= 2): each row's int32 dot of a block is summed in two independent chains (4/5/6-bit weights: the
+// low and the high nibbles; 8-bit: the even and the odd steps), added at the end. The dot is the same integer whichever way it is
 // summed, so this only shortens the chain of dependent int8 dots (latency 4 cycles each) that one row would
 // otherwise wait on; more rows have independent chains already. Where the int8 dot takes unsigned bytes of any size
 // (S::DOT_U8: vpdpbusd sums its four products in int32), 4-bit weights split that way also skip the shift of the
@@ -204,7 +204,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   using B = typename S::B;
   constexpr int W = S::W;
   constexpr bool NIB = BITS < 8;
-  constexpr bool SPLIT = (MR <= 2 && NIB) || KQ == 2;  // two dot chains per row (q6_k: its two scaled halves)
+  constexpr bool SPLIT = MR <= 2 || KQ == 2;  // two dot chains per row (q6_k: its two scaled halves)
   constexpr bool HI16 = SPLIT && BITS == 4 && S::DOT_U8;  // high nibbles dotted in place (x16)
   const int bs = w.bs;
   const int nt = NT ? NT : (NIB ? bs / 8 : bs / 4);
@@ -246,7 +246,10 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
             }
           } else {
             const typename S::Q8 wq = S::q8_weights(v);
-            for (int m = 0; m < MR; ++m) ilo[m] = S::dot_q8(ilo[m], wq, S::bcast4(xrow[m] + xo + 4 * t));
+            for (int m = 0; m < MR; ++m) {  // SPLIT: even steps into ilo, odd into ihi
+              I& acc = SPLIT && (t & 1) ? ihi[m] : ilo[m];
+              acc = S::dot_q8(acc, wq, S::bcast4(xrow[m] + xo + 4 * t));
+            }
           }
         };
         if constexpr (NT != 0) {
@@ -265,12 +268,14 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
 }
 
 // One tile of MR rows. Blocks of 32 (every GGUF format) with the step loop unrolled where that measured faster:
-// 1-2 rows (decode) of the 4/5/6-bit formats and q6_k; 3-8 rows of the others keep the loop (unrolled, the 8-bit
-// tiles ran 10-20% slower on AVX2 / AVX-512, their registers spilling), and so do 8-bit 1-2 rows: unrolled and in two
-// chains they were 20% faster from L2 but 1.2-1.4x slower streaming from DRAM (busy machine, not understood).
+// 1-2 rows (decode) of every format, and q6_k; 3-8 rows of the others keep the loop (unrolled, the 8-bit tiles ran
+// 10-20% slower on AVX2 / AVX-512, their registers spilling). 8-bit 1-2 rows, unrolled in two chains, were 20% faster
+// from L2 but 1.2-1.4x slower streaming from DRAM on the AMD machine of 2026-12-02 (busy, not understood); on the
+// Intel Xeon of 2026-12-03 they are 1.1-1.25x faster from L2 and paired decode of a Q8_0 file is not slower
+// (docs/llm-benchmarks.md, branch dec8), so they unroll too.
 template <class S, int BITS, bool ASYM, int KQ, int MR>
 void qgemm_tile(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
-  if constexpr ((MR <= 2 && BITS < 8) || KQ == 2) {
+  if constexpr (MR <= 2 || KQ == 2) {
     if (w.bs == 32) return qgemm_mr<S, BITS, ASYM, KQ, MR, BITS < 8 ? 4 : 8>(w, group, x, m0, y, ldy, nvalid);
   }
   qgemm_mr<S, BITS, ASYM, KQ, MR>(w, group, x, m0, y, ldy, nvalid);
