@@ -8,10 +8,11 @@
 // STREAM_MIB > 0: the one-row GEMV streamed from memory instead: THREADS threads each fill a buffer of about
 // STREAM_MIB MiB on 2 MiB pages (as the plugin's WeightArena) with copies of the packed matrix and run M = 1 over all
 // of them per pass, the passes started together (wall time until the slowest thread ends); <bytes> is what all the
-// threads read per pass, and no M columns follow.
+// threads read per pass, and no M columns follow; exits non-zero if a thread's output is not the one-row GEMV's.
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
     if (stream_mib > 0) {
       const std::size_t mbytes = w.size(), copies = std::max<std::size_t>(1, (stream_mib << 20) / mbytes);
       bench::Barrier barrier(nthreads + 1);
+      std::atomic<bool> differs{false};  // a thread's output over its last copy is not the one-row GEMV's
       std::vector<double> secs;
       std::vector<std::thread> threads;
       for (int t = 0; t < nthreads; ++t)
@@ -140,6 +142,7 @@ int main(int argc, char** argv) {
                        static_cast<int>(std::min<i64>(QR, n - g * QR)));
             barrier.wait();
           }
+          if (std::memcmp(yt.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(n)) != 0) differs = true;
           std::free(buf);
         });
       for (int r = 0; r <= reps; ++r) {
@@ -149,6 +152,10 @@ int main(int argc, char** argv) {
         if (r) secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
       for (auto& th : threads) th.join();
+      if (differs) {
+        std::fprintf(stderr, "%s: the streamed GEMV differs from the one-row GEMV\n", c.name);
+        return 1;
+      }
       std::printf("%s %lld %lld %lld %.9f %016llx\n", c.name, static_cast<long long>(n), static_cast<long long>(k),
                   static_cast<long long>(copies * mbytes * nthreads), med(secs),
                   static_cast<unsigned long long>(hash));
