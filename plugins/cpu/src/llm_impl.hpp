@@ -124,14 +124,13 @@ struct BlockScales {
     }
   }
 
-  // The values x row block xi's int32 dots start from: the weights' zero offset times the x sums, subtracted up
-  // front (the same int32 as subtracting it after the dots; no operation left for the epilogue). q6_k: ilo / ihi,
-  // the block's two halves.
+  // The values x row block xi's int32 dots start from: q6_k's zero offset (32) times the x sums of the block's two
+  // halves, subtracted up front (the same int32 as subtracting it after the dots, two operations fewer in the
+  // epilogue); zero for the other formats, whose offset the epilogue subtracts (up front, the x sum's load and
+  // broadcast led each record's dot chain: q4_0 decode measured 3-8% slower, docs/llm-benchmarks.md).
   inline void start(I& ilo, I& ihi, const XQ& x, i64 xi) const {
     ilo = ihi = S::iset1(0);
-    if (KQ == 0 && off != 0) {
-      ilo = S::iset1(-off * x.s[xi]);
-    } else if (KQ == 2) {
+    if (KQ == 2) {
       const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
       ilo = S::iset1(-32 * slo), ihi = S::iset1(-32 * shi);
     }
@@ -140,6 +139,7 @@ struct BlockScales {
   // x row block xi's dot products ilo (q6_k: ilo / ihi, the block's two halves), from start(), into facc.
   inline void apply(V& facc, I ilo, I ihi, const XQ& x, i64 xi) const {
     if (KQ == 0) {
+      if (off != 0) ilo = S::isub(ilo, S::iset1(off * x.s[xi]));
       facc = S::fma(S::cvt_f(ilo), S::mul(dv, S::set1(x.d[xi])), facc);
       if (ASYM) facc = S::fma(mv, S::set1(x.ds[xi]), facc);
     } else if (KQ == 1) {
