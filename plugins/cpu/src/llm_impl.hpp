@@ -100,8 +100,8 @@ inline typename S::V u8_scaled(const std::uint8_t* p, typename S::V d, typename 
 }
 
 // A block's per-lane scales (the W weight rows of slice h, shared by every x row), the start of each x row's int32
-// dots (the weights' zero offset folded in) and the float epilogue that adds one x row's dot products with the block
-// to its accumulator. qgemm_mr and qgemm_rows both use it, so their rows stay bitwise equal. off: the weights' zero
+// dots (q6_k: its zero offset folded in) and the float epilogue that adds one x row's dot products with the block to
+// its accumulator. qgemm_mr and qgemm_rows both use it, so their rows stay bitwise equal. off: the weights' zero
 // offset.
 template <class S, bool ASYM, int KQ>
 struct BlockScales {
@@ -192,8 +192,8 @@ inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf) {
 // unrolls), else 0 (read from w.bs).
 //
 // Few rows (MR <= 2): each row's int32 dot of a block is summed in two independent chains (4/5/6-bit weights: the
-// low and the high nibbles; 8-bit: the even and the odd steps), added at the end. The dot is the same integer whichever way it is
-// summed, so this only shortens the chain of dependent int8 dots (latency 4 cycles each) that one row would
+// low and the high nibbles; 8-bit: the even and the odd steps), added at the end. The dot is the same integer
+// whichever way it is summed, so this only shortens the chain of dependent int8 dots (latency 4 cycles each) that one row would
 // otherwise wait on; more rows have independent chains already. Where the int8 dot takes unsigned bytes of any size
 // (S::DOT_U8: vpdpbusd sums its four products in int32), 4-bit weights split that way also skip the shift of the
 // high nibbles: they are dotted in place (16 times their value) and their chain's sum shifted right by 4 once.
