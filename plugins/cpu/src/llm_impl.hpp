@@ -194,9 +194,10 @@ inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf) {
 // Few rows (MR <= 2): each row's int32 dot of a block is summed in two independent chains (4/5/6-bit weights: the
 // low and the high nibbles; 8-bit: the even and the odd steps), added at the end. The dot is the same integer
 // whichever way it is summed, so this only shortens the chain of dependent int8 dots (latency 4 cycles each) that
-// one row would otherwise wait on; more rows have independent chains already. Where the int8 dot takes unsigned bytes of any size
-// (S::DOT_U8: vpdpbusd sums its four products in int32), 4-bit weights split that way also skip the shift of the
-// high nibbles: they are dotted in place (16 times their value) and their chain's sum shifted right by 4 once.
+// one row would otherwise wait on; more rows have independent chains already. Where the int8 dot takes unsigned
+// bytes of any size (S::DOT_U8: vpdpbusd sums its four products in int32), 4-bit weights split that way also skip
+// the shift of the high nibbles: they are dotted in place (16 times their value) and their chain's sum shifted right
+// by 4 once.
 template <class S, int BITS, bool ASYM, int KQ, int MR, int NT = 0>
 void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
   using V = typename S::V;
