@@ -12,10 +12,15 @@
    drafter must predict at inference.
 2. Eagle-3 (training-time test, ``--eagle-steps`` unrolled depths) and DFlash (blocks of ``--block-size`` anchored
    in the generated part, the target's frozen LM head on the drafter's rows) train on that data with AdamW,
-   each for half of the remaining time (``--kind`` picks one).
+   each for half of the remaining time (``--kind`` picks one). ``--init-from-target`` starts the drafters' decoder
+   layer(s) as the target's last one(s) (dequantized; a narrower MLP keeps the units that contribute most) with
+   ``fc`` passing the highest target layer through; the copied weights then stay frozen for ``--warm-share`` of
+   the time and train at ``--target-lr``, the rest at ``--lr``. ``--position-decay`` weights the loss towards the
+   first draft positions (they decide acceptance).
 3. Acceptance on held-out sequences is printed as training goes (and at the end): the mean number of drafted
    tokens the target accepts per verify step, and the acceptance rate (accepted / drafted). On held-out greedy
-   continuations this equals what greedy speculative decoding accepts from the same positions.
+   continuations this equals what greedy speculative decoding accepts from the same positions. The curve's clock is
+   the process' CPU time spent training (evaluations not counted), so runs on a shared machine compare.
    ``training_log.json`` in ``--out`` keeps the curve.
 
 Output: ``OUT/eagle3`` and ``OUT/dflash``, in the published layouts hetero loads with ``--spec eagle:OUT/eagle3`` /
