@@ -254,7 +254,8 @@ class Curve:
         """``minutes``: the process' CPU time spent training (what a free core would take; the machine is
         shared), ``wall``: the wall-clock minutes of it."""
         mean = float(accepted.mean()) if accepted.size else 0.0
-        point = {"minutes": round(minutes, 2), "wall_minutes": round(wall, 2), "steps": steps, "loss": round(loss, 4),
+        point = {"minutes": round(minutes, 2), "wall_minutes": round(wall, 2), "steps": steps,
+                 "loss": round(loss, 4) if steps else None,
                  "seconds_per_step": round(60 * minutes / max(steps, 1), 3),
                  "accepted_per_step": round(mean, 3), "acceptance_rate": round(mean / self.depth, 3),
                  "anchors": int(accepted.size)}
