@@ -179,10 +179,6 @@ def target_layer(target: Path, index: int) -> dict[str, torch.Tensor]:
             for hf in LAYER_TENSORS for kind in ("weight", "bias") if f"model.layers.{index}.{hf}.{kind}" in st}
 
 
-def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
 def init_from_target(layer: drafter_torch.Layer, w: dict[str, torch.Tensor], rows: torch.Tensor, eps: float,
                      attn_in: slice) -> list[torch.nn.Parameter]:
     """Start a drafter layer as a target layer: its attention and norms copied (the attention reading the
@@ -194,7 +190,7 @@ def init_from_target(layer: drafter_torch.Layer, w: dict[str, torch.Tensor], row
     attention logits keep about the target's scale. Returns the parameters copied from the target."""
     a, m = layer.self_attn, layer.mlp
     with torch.no_grad():
-        x = rms(rows, w["input_layernorm.weight"], eps)
+        x = drafter_torch.rms_norm(rows, w["input_layernorm.weight"], eps)
         for name in ("q_proj", "k_proj", "v_proj"):
             lin = getattr(a, name)
             lin.weight.zero_()
@@ -210,7 +206,7 @@ def init_from_target(layer: drafter_torch.Layer, w: dict[str, torch.Tensor], row
         layer.input_layernorm.weight.copy_(w["input_layernorm.weight"])
         layer.post_attention_layernorm.weight.copy_(w["post_attention_layernorm.weight"])
         gate, up, down = (w[f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
-        xm = rms(rows, w["post_attention_layernorm.weight"], eps)
+        xm = drafter_torch.rms_norm(rows, w["post_attention_layernorm.weight"], eps)
         contribution = (F.silu(xm @ gate.T) * (xm @ up.T)).abs().mean(0) * down.norm(dim=0)
         n = min(m.gate_proj.weight.shape[0], len(contribution))  # a wider MLP's extra units start silent
         keep = torch.sort(torch.topk(contribution, n).indices).values
