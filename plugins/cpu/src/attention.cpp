@@ -82,13 +82,15 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
   const i64 S = q.rows, D = q.cols, T = kt.cols, DV = v.cols, mr = kr.mr, w = xk.lanes;
   const i64 tp = ceil_div(T, w) * w, dvp = ceil_div(DV, w) * w, ap_n = ceil_div(S, mr) * mr;
   const bool v_in_place = v.cs == 1 && DV % w == 0;
-  static thread_local AlignedBuf buf;  // this thread's heads: panels, K^T, scores, (V), row offsets; no allocation
-  float* qp = buf.get(static_cast<std::size_t>(ap_n * std::max(D, T) + D * tp + ap_n * tp +
-                                               (v_in_place ? 0 : T * dvp) + 2 * (D + T)));
-  float* kp = qp + ap_n * std::max(D, T);
-  float* scores = kp + D * tp;  // ap_n x tp: whole tiles stored (the padding columns are 0 x q, never read)
-  float* vp = scores + ap_n * tp;
-  i64* off = reinterpret_cast<i64*>(vp + (v_in_place ? 0 : T * dvp));
+  // This thread's heads: panels, K^T, scores, (V), row offsets, each 64-byte aligned; no allocation per head.
+  const i64 line = 16, n_qp = ceil_div(ap_n * std::max(D, T), line) * line, n_kp = D * tp, n_sc = ap_n * tp,
+            n_vp = v_in_place ? 0 : T * dvp;
+  static thread_local AlignedBuf buf;
+  float* qp = buf.get(static_cast<std::size_t>(n_qp + n_kp + n_sc + n_vp + 2 * std::max(D, T)));
+  float* kp = qp + n_qp;
+  float* scores = kp + n_kp;  // ap_n x tp: whole tiles stored (the padding columns are 0 x q, never read)
+  float* vp = scores + n_sc;
+  i64* off = reinterpret_cast<i64*>(vp + n_vp);
   for (i64 d = 0; d < D; ++d) {
     float* row = kp + d * tp;
     for (i64 t = T; t < tp; ++t) row[t] = 0.f;
