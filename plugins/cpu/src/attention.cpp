@@ -1,8 +1,8 @@
 // FusedAttention (hetero.ops.fused): softmax(Q K * scale / divisor + mask) V per (batch, head), with Q, K, V, the
 // mask and the output read / written through their strides (the transposes of the exported graph never copied), and
 // each head's scores kept in a per-thread buffer instead of four passes over a [B, H, S, T] tensor. The steps are
-// the unfused kernels' (the packed GEMM, the vector binary ops, the softmax row kernel), so the result rounds as the
-// written-out MatMul / Mul / Div / Add / Softmax / MatMul did on this backend.
+// the unfused kernels' (the GEMM's tiles, with its FMA chain per value; the vector binary ops; the softmax row
+// kernel), so the result rounds as the written-out MatMul / Mul / Div / Add / Softmax / MatMul did on this backend.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -58,8 +58,8 @@ void need_dims(const View4& v, i64 d0, i64 d1, i64 d2, i64 d3, const char* name)
 // the last columns (70 of T5's = 32 + 32 + 16, not 3 x 32); a tile reads whole vectors, so B's rows must be readable
 // up to n rounded up to the lanes. Each value is the micro-kernel's FMA chain over k from zero, as in the packed
 // GEMM: the same bits, without packing B or the GEMM's per-call set-up. False (nothing written) where this ISA has
-// no such tile.
-// padded: c has whole panels of rows and n rounded up to the lanes (every tile stored whole, no partial copies).
+// no such tile. padded: c has whole panels of rows and n is a multiple of the lanes (every tile stored whole, no
+// partial copies).
 bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, const float* ap, const float* base,
                const i64* off, float* c, i64 ldc, bool padded) {
   const int mr = kr.mr, nr = kr.nr, w = xk.lanes;
