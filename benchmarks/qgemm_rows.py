@@ -9,7 +9,13 @@ compute cost alone).
 two alternately (``--rounds`` times), printing both, new / base, and whether the one-row outputs are the same bits:
 a before / after that a busy machine's drift affects alike.
 
+``--stream-mib MIB --threads 1,2`` streams the one-row GEMV from memory instead: each thread runs it over its own
+~MIB MiB of copies of the packed matrix on 2 MiB pages (as the plugin's repacked weights), the passes started
+together; printed as GB/s of weight bytes per core and as a share of the native read probe
+(benchmarks/read_bandwidth.py, 2 MiB pages) measured at the same thread count in the same rounds, alternated.
+
     python benchmarks/qgemm_rows.py [--n 8960] [--k 1536] [--reps 15] [--isa avx512vnni] [--base main --rounds 5]
+    python benchmarks/qgemm_rows.py --isa avx512vnni --stream-mib 256 --threads 1,2 [--base main] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "native" / "qgemm_rows.cpp"
+NATIVE_HEADERS = [HERE / "native" / "bench_threads.hpp"]
 INCLUDE = HERE.parent / "plugins" / "cpu" / "src"
 AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c"]
 FLAGS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "avx512": ["-DROWS_AVX512", *AVX512],
@@ -40,12 +47,12 @@ def build(isa: str, include: Path) -> Path:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         raise SystemExit("qgemm_rows: no C++ compiler found (set CXX)")
-    headers = sorted(include.glob("*.hpp"))
+    headers = [*NATIVE_HEADERS, *sorted(include.glob("*.hpp"))]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *headers]) + isa.encode())
     exe = Path(tempfile.gettempdir()) / f"hetero-qgemm-rows-{isa}-{digest.hexdigest()[:12]}"
     if not exe.exists():
         tmp = exe.with_suffix(".tmp")
-        subprocess.run([cxx, "-O3", "-std=c++17", *FLAGS[isa], f"-I{include}", str(SOURCE), "-o", str(tmp)],
+        subprocess.run([cxx, "-O3", "-std=c++17", "-pthread", *FLAGS[isa], f"-I{include}", str(SOURCE), "-o", str(tmp)],
                        check=True)
         tmp.replace(exe)
     return exe
@@ -62,8 +69,11 @@ def base_headers(rev: str) -> Path:
     return out / "plugins" / "cpu" / "src"
 
 
-def run(exe: Path, n: int, k: int, reps: int) -> Result:
-    out = subprocess.run([str(exe), str(n), str(k), str(reps)], check=True, capture_output=True, text=True).stdout
+def run(exe: Path, n: int, k: int, reps: int, stream_mib: int = 0, threads: int = 1) -> Result:
+    """One run of the binary; stream_mib > 0: the streamed one-row GEMV on `threads` threads (no M columns; bytes:
+    all threads' per pass)."""
+    cmd = [str(exe), str(n), str(k), str(reps)] + ([str(stream_mib), str(threads)] if stream_mib > 0 else [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     res: Result = {}
     for line in out.splitlines():
         f = line.split()
@@ -88,6 +98,33 @@ def describe(res: Result) -> list[str]:
     return lines
 
 
+def stream(args: argparse.Namespace, base: Path | None) -> None:
+    """--stream-mib: per ISA and thread count, the streamed one-row GEMV of this tree (and of --base), alternated
+    with the read probe over --rounds rounds; medians of the rounds."""
+    from read_bandwidth import measure
+
+    threads = [int(t) for t in args.threads.split(",")]
+    for isa in args.isa or sorted(FLAGS):
+        exes = {"this tree": build(isa, INCLUDE)}
+        if base is not None:
+            exes[f"base {args.base}"] = build(isa, base)
+        runs: dict[tuple[str, int], list[Result]] = {(name, t): [] for name in exes for t in threads}
+        bound: dict[int, list[float]] = {t: [] for t in threads}
+        for _ in range(args.rounds):
+            for t in threads:
+                bound[t].append(measure([t], mib=args.stream_mib, reps=5, rounds=1)[t]["best_2m"])
+                for name, exe in exes.items():
+                    runs[name, t].append(run(exe, args.n, args.k, args.reps, args.stream_mib, t))
+        for t in threads:
+            gbs = statistics.median(bound[t])
+            print(f"{isa}, {t} thread{'s' if t > 1 else ''}: read probe {gbs:.1f} GB/s (2 MiB pages, median of rounds)")
+            for name in exes:
+                res = median_of(runs[name, t])
+                cols = [f"{fmt} {nbytes / t1 / 1e9 / t:5.1f} GB/s/core ({100 * nbytes / t1 / 1e9 / gbs:3.0f}%)"
+                        for fmt, (_, _, nbytes, t1, _, _) in res.items()]
+                print(f"  {name:>16}: " + " | ".join(cols), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=8960)
@@ -97,9 +134,16 @@ def main() -> None:
                         help="default: all three (this CPU must run them)")
     parser.add_argument("--base", help="git revision whose kernel headers to compare against, alternated")
     parser.add_argument("--rounds", type=int, default=3, help="alternated runs of each build (with --base)")
+    parser.add_argument("--stream-mib", type=int, default=0,
+                        help="stream the one-row GEMV from ~MIB MiB of weights per thread (2 MiB pages)")
+    parser.add_argument("--threads", default="1", help="comma-separated thread counts (with --stream-mib)")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}")
     base = base_headers(args.base) if args.base else None
+    if args.stream_mib > 0:
+        stream(args, base)
+        print(f"load average {os.getloadavg()[0]:.2f}")
+        return
     for isa in args.isa or sorted(FLAGS):
         new_exe = build(isa, INCLUDE)
         if base is None:

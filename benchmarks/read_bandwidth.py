@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "native" / "read_bandwidth.cpp"
+HEADER = SOURCE.with_name("bench_threads.hpp")
 
 
 def build() -> Path:
@@ -32,7 +33,7 @@ def build() -> Path:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         raise SystemExit("read_bandwidth: no C++ compiler found (set CXX)")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(SOURCE.read_bytes() + HEADER.read_bytes()).hexdigest()[:12]
     exe = Path(tempfile.gettempdir()) / f"hetero-read-bandwidth-{digest}"
     if not exe.exists():
         tmp = exe.with_suffix(".tmp")

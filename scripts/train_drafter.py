@@ -12,10 +12,15 @@
    drafter must predict at inference.
 2. Eagle-3 (training-time test, ``--eagle-steps`` unrolled depths) and DFlash (blocks of ``--block-size`` anchored
    in the generated part, the target's frozen LM head on the drafter's rows) train on that data with AdamW,
-   each for half of the remaining time (``--kind`` picks one).
+   each for half of the remaining time (``--kind`` picks one). ``--init-from-target`` starts the drafters' decoder
+   layer(s) as the target's last one(s) (dequantized; a narrower MLP keeps the units that contribute most) with
+   ``fc`` passing the highest target layer through; the copied weights then stay frozen for ``--warm-share`` of
+   the time and train at ``--target-lr``, the rest at ``--lr``. ``--position-decay`` weights the loss towards the
+   first draft positions (they decide acceptance).
 3. Acceptance on held-out sequences is printed as training goes (and at the end): the mean number of drafted
    tokens the target accepts per verify step, and the acceptance rate (accepted / drafted). On held-out greedy
-   continuations this equals what greedy speculative decoding accepts from the same positions.
+   continuations this equals what greedy speculative decoding accepts from the same positions. The curve's clock is
+   the process' CPU time spent training (evaluations not counted), so runs on a shared machine compare.
    ``training_log.json`` in ``--out`` keeps the curve.
 
 Output: ``OUT/eagle3`` and ``OUT/dflash``, in the published layouts hetero loads with ``--spec eagle:OUT/eagle3`` /
@@ -139,19 +144,93 @@ def target_matrices(folder: Path, cfg) -> tuple[torch.Tensor, torch.Tensor, torc
     return embed, head, torch.from_numpy(np.array(st.float32("model.norm.weight")))
 
 
-def gguf_matrices(path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gguf_tensors(path: Path, names: set[str]) -> dict[str, torch.Tensor]:
+    """The GGUF's tensors of ``names`` (those it has) dequantized to float32, in numpy's [out, in] order."""
     import gguf  # the GGUF package dequantizes every tensor type
 
-    names = ("token_embd.weight", "output.weight", "output_norm.weight")
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.name in names}
+    return {t.name: torch.from_numpy(np.ascontiguousarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32))
+            for t in gguf.GGUFReader(path).tensors if t.name in names}
 
-    def matrix(name: str) -> torch.Tensor:
-        t = tensors[name]
-        return torch.from_numpy(np.ascontiguousarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32))
 
-    embed = matrix("token_embd.weight")
-    head = matrix("output.weight") if "output.weight" in tensors else embed
-    return embed, head, matrix("output_norm.weight").reshape(-1)
+def gguf_matrices(path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t = gguf_tensors(path, {"token_embd.weight", "output.weight", "output_norm.weight"})
+    embed = t["token_embd.weight"]
+    return embed, t.get("output.weight", embed), t["output_norm.weight"].reshape(-1)
+
+
+# a decoder layer's tensors: Hugging Face name (under model.layers.{i}.) -> GGUF name (under blk.{i}.)
+LAYER_TENSORS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                 "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+
+
+def target_layer(target: Path, index: int) -> dict[str, torch.Tensor]:
+    """The target's decoder layer ``index`` as float32 (dequantized from a GGUF), by Hugging Face name under
+    ``model.layers.{index}.`` (``self_attn.q_proj.weight``, ``.bias`` where the target has one, ...)."""
+    if target.is_file():
+        got = gguf_tensors(target, {f"blk.{index}.{g}.{kind}" for g in LAYER_TENSORS.values()
+                                    for kind in ("weight", "bias")})
+        return {f"{hf}.{kind}": got[f"blk.{index}.{g}.{kind}"].reshape(-1) if "norm" in hf else
+                got[f"blk.{index}.{g}.{kind}"] for hf, g in LAYER_TENSORS.items() for kind in ("weight", "bias")
+                if f"blk.{index}.{g}.{kind}" in got}
+    st = safetensors.SafetensorsModel(target)
+    return {f"{hf}.{kind}": torch.from_numpy(np.array(st.float32(f"model.layers.{index}.{hf}.{kind}")))
+            for hf in LAYER_TENSORS for kind in ("weight", "bias") if f"model.layers.{index}.{hf}.{kind}" in st}
+
+
+def init_from_target(layer: drafter_torch.Layer, w: dict[str, torch.Tensor], rows: torch.Tensor, eps: float,
+                     attn_in: slice) -> list[torch.nn.Parameter]:
+    """Start a drafter layer as a target layer: its attention and norms copied (the attention reading the
+    columns ``attn_in`` of the drafter's input; other input columns start at zero), its MLP the target's units
+    that contribute most on ``rows`` (residual-stream rows of the target, [R, H]) when the drafter's MLP is
+    narrower (a wider one's other units start with a zero output). The target's q/k/v biases have no place in
+    the published layouts and are dropped; where the layer has q/k norms (DFlash) they are the target's (Qwen3) or,
+    for a target without them (Qwen2), start at the target's per-dimension RMS of q and k on ``rows``, so the
+    attention logits keep about the target's scale. Returns the parameters copied from the target."""
+    a, m = layer.self_attn, layer.mlp
+    with torch.no_grad():
+        x = drafter_torch.rms_norm(rows, w["input_layernorm.weight"], eps)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            lin = getattr(a, name)
+            lin.weight.zero_()
+            lin.weight[:, attn_in] = w[f"self_attn.{name}.weight"]
+        a.o_proj.weight.copy_(w["self_attn.o_proj.weight"])
+        if a.qk_norm:
+            for name, norm in (("q", a.q_norm), ("k", a.k_norm)):
+                if f"self_attn.{name}_norm.weight" in w:
+                    norm.weight.copy_(w[f"self_attn.{name}_norm.weight"])
+                    continue
+                proj = x @ w[f"self_attn.{name}_proj.weight"].T + w.get(f"self_attn.{name}_proj.bias", 0.0)
+                norm.weight.copy_(proj.view(-1, a.head_dim).pow(2).mean(0).sqrt())
+        layer.input_layernorm.weight.copy_(w["input_layernorm.weight"])
+        layer.post_attention_layernorm.weight.copy_(w["post_attention_layernorm.weight"])
+        gate, up, down = (w[f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+        xm = drafter_torch.rms_norm(rows, w["post_attention_layernorm.weight"], eps)
+        contribution = (F.silu(xm @ gate.T) * (xm @ up.T)).abs().mean(0) * down.norm(dim=0)
+        n = min(m.gate_proj.weight.shape[0], len(contribution))  # a wider MLP's extra units start silent
+        keep = torch.sort(torch.topk(contribution, n).indices).values
+        m.gate_proj.weight[:n] = gate[keep]
+        m.up_proj.weight[:n] = up[keep]
+        m.down_proj.weight.zero_()
+        m.down_proj.weight[:, :n] = down[:, keep]
+    return [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, m.gate_proj.weight,
+            m.up_proj.weight, m.down_proj.weight]
+
+
+def param_groups(model: torch.nn.Module, copied: list[torch.nn.Parameter], args) -> list[dict] | None:
+    """With ``--init-from-target``: the parameters copied from the target train at ``--target-lr`` after
+    ``--warm-share`` of the time, the rest (fc, norms, heads) at ``--lr`` from the start."""
+    if not copied:
+        return None
+    ids = {id(p) for p in copied}
+    return [{"params": [p for p in model.parameters() if id(p) not in ids], "lr": args.lr},
+            {"params": copied, "lr": args.target_lr, "warm": args.warm_share}]
+
+
+def context_rows(train: list[Sequence], layer: int, count: int = 2048) -> torch.Tensor:
+    """Up to ``count`` rows of the target's hidden states at ``layer`` from the training sequences."""
+    return torch.from_numpy(np.concatenate([s.hidden[layer] for s in train])[:count].astype(np.float32))
 
 
 def layer_config(cfg, intermediate: int) -> dict:
@@ -167,15 +246,18 @@ class Curve:
     def __init__(self, kind: str, depth: int) -> None:
         self.kind, self.depth, self.points = kind, depth, []
 
-    def add(self, minutes: float, steps: int, loss: float, accepted: np.ndarray) -> None:
+    def add(self, minutes: float, wall: float, steps: int, loss: float, accepted: np.ndarray) -> None:
+        """``minutes``: the process' CPU time spent training (what a free core would take; the machine is
+        shared), ``wall``: the wall-clock minutes of it."""
         mean = float(accepted.mean()) if accepted.size else 0.0
-        point = {"minutes": round(minutes, 2), "steps": steps, "loss": round(loss, 4),
+        point = {"minutes": round(minutes, 2), "wall_minutes": round(wall, 2), "steps": steps,
+                 "loss": round(loss, 4) if steps else None,
                  "seconds_per_step": round(60 * minutes / max(steps, 1), 3),
                  "accepted_per_step": round(mean, 3), "acceptance_rate": round(mean / self.depth, 3),
                  "anchors": int(accepted.size)}
         self.points.append(point)
-        print(f"  {self.kind} {minutes:5.1f} min, step {steps} ({60 * minutes / max(steps, 1):.2f} s/step): "
-              f"loss {loss:.3f}, {mean:.2f} of {self.depth} drafts "
+        print(f"  {self.kind} {minutes:5.1f} CPU min ({wall:.1f} wall), step {steps} "
+              f"({60 * minutes / max(steps, 1):.2f} CPU s/step): loss {loss:.3f}, {mean:.2f} of {self.depth} drafts "
               f"accepted per verify step (rate {mean / self.depth:.1%}, {accepted.size} anchors)", flush=True)
 
 
@@ -212,23 +294,37 @@ def load_data(path: Path) -> tuple[list[Sequence], list[Sequence]]:
     return seqs[:held], seqs[held:]
 
 
-def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, seconds: float) -> Curve:
-    """AdamW on ``loss_of_one_step()`` for ``seconds``, measuring ``accepted()`` every ``--eval-every`` minutes."""
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    started = last_eval = time.perf_counter()
+def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, seconds: float,
+        groups: list[dict] | None = None) -> Curve:
+    """AdamW on ``loss_of_one_step()`` for ``seconds`` of wall-clock training, measuring ``accepted()`` at the start
+    and every ``--eval-every`` minutes of it. The curve's clock is the process' CPU time spent training (the
+    measurements' own time is not counted): acceptance per CPU-minute of training, comparable between runs that
+    got different shares of a busy machine. ``groups``: parameter groups, each with its own ``lr`` and optionally
+    ``warm``, the share of ``seconds`` during which a group stays frozen (the other groups train alone)."""
+    groups = groups or [{"params": list(model.parameters()), "lr": args.lr}]
+    opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "warm"} for g in groups], weight_decay=0.0)
+    params = [p for g in groups for p in g["params"]]
+    wall = cpu = since_eval = 0.0
     step, loss_avg = 0, 0.0
-    while time.perf_counter() - started < seconds:
+    curve.add(0.0, 0.0, 0, float("nan"), accepted())
+    while wall < seconds:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for g in groups:  # a frozen group gets no gradients (and costs no weight-gradient matmuls)
+            for p in g["params"]:
+                p.requires_grad_(wall >= g.get("warm", 0.0) * seconds)
         loss = loss_of_one_step()
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         loss_avg = 0.95 * loss_avg + 0.05 * loss.item() if step > 1 else loss.item()
-        if time.perf_counter() - last_eval > args.eval_every * 60:
-            curve.add((time.perf_counter() - started) / 60, step, loss_avg, accepted())
-            last_eval = time.perf_counter()
-    curve.add((time.perf_counter() - started) / 60, step, loss_avg, accepted())
+        wall += time.perf_counter() - t0
+        cpu += time.process_time() - c0
+        if wall - since_eval > args.eval_every * 60:
+            curve.add(cpu / 60, wall / 60, step, loss_avg, accepted())
+            since_eval = wall
+    curve.add(cpu / 60, wall / 60, step, loss_avg, accepted())
     return curve
 
 
@@ -308,6 +404,7 @@ def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, head, n
          "target_hidden_size": cfg.hidden_size,
          "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i + 1 for i in layers]}}
     c, model = resume(drafter_torch.Eagle3, args.out / "eagle3", c) if args.resume else (c, drafter_torch.Eagle3(c))
+    copied: list[torch.nn.Parameter] = []
     if args.resume and (args.out / "eagle3").is_dir():
         keep = (model.d2t + torch.arange(len(model.d2t))).numpy()  # the earlier run's draft vocabulary
         draft_vocab = len(keep)
@@ -323,6 +420,13 @@ def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, head, n
             h = cfg.hidden_size
             model.fc.weight.zero_()
             model.fc.weight[:, 2 * h:3 * h] = torch.eye(h)
+        if args.init_from_target:  # the layer's attention reads the feature half of its input, as the target's
+            copied = init_from_target(model.midlayer, target_layer(args.target, cfg.num_layers - 1),
+                                      context_rows(train, layers[-1]), cfg.rms_norm_eps, slice(h, 2 * h))
+            with torch.no_grad():
+                model.midlayer.hidden_norm.weight.copy_(model.midlayer.input_layernorm.weight)
+                model.midlayer.input_layernorm.weight.fill_(1.0)
+    decay = args.position_decay or 0.8
     to_draft = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
     to_draft[torch.from_numpy(keep)] = torch.arange(draft_vocab)
     rng = random.Random(args.seed)
@@ -340,11 +444,11 @@ def train_eagle(llm, train: list[Sequence], held: list[Sequence], embed, head, n
         for s, logits in enumerate(model.unrolled(feats, emb, args.eagle_steps)):
             valid = (target[s:] >= 0) & (runs[s:] >= s)
             if valid.any():
-                loss = loss + 0.8 ** s * F.cross_entropy(logits[s:][valid], target[s:][valid])
+                loss = loss + decay ** s * F.cross_entropy(logits[s:][valid], target[s:][valid])
         return loss
 
     curve = fit(model, loss_of_one_step, lambda: eagle_accepted(model, held, layers, embed, args.eagle_steps),
-                Curve("eagle3", args.eagle_steps), args, seconds)
+                Curve("eagle3", args.eagle_steps), args, seconds, param_groups(model, copied, args))
     tensors = drafter_torch.state_tensors(model)
     write_folder(args.out / "eagle3", c, tensors)
     return curve
@@ -405,10 +509,23 @@ def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> C
          "block_size": block,
          "dflash_config": {"block_size": block, "mask_token_id": mask_id, "target_layer_ids": layers}}
     c, model = resume(drafter_torch.DFlash, args.out / "dflash", c) if args.resume else (c, drafter_torch.DFlash(c))
+    copied: list[torch.nn.Parameter] = []
     if not (args.resume and (args.out / "dflash").is_dir()):
         with torch.no_grad():
             model.norm.weight.copy_(norm)  # its rows go through the target's LM head, as the target's own do
-    weights = 0.85 ** torch.arange(block - 1, dtype=torch.float32)  # early positions decide acceptance
+        if args.init_from_target:
+            # fc passes the highest target layer through and hidden_norm is the copied layer's input norm: the
+            # context keys / values start as the target's last layers would make them from that layer's output
+            h, rows = cfg.hidden_size, context_rows(train, layers[-1])
+            for i, layer in enumerate(model.layers):
+                w = target_layer(args.target, cfg.num_layers - len(model.layers) + i)
+                copied += init_from_target(layer, w, rows, cfg.rms_norm_eps, slice(0, h))
+            with torch.no_grad():
+                model.fc.weight.zero_()
+                model.fc.weight[:, (len(layers) - 1) * h:] = torch.eye(h)
+                model.hidden_norm.weight.copy_(model.layers[0].input_layernorm.weight)
+    # early positions decide acceptance
+    weights = (args.position_decay or 0.85) ** torch.arange(block - 1, dtype=torch.float32)
     rng = random.Random(args.seed + 1)
     usable = [seq for seq in train if dflash_anchors(seq, block, generated=False)]
     vocab = VocabSubset(head, np.concatenate([seq.predicted for seq in usable]), args.negatives,
@@ -434,7 +551,7 @@ def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> C
         return (ce * w).sum() / w.sum().clamp(min=1e-6)
 
     curve = fit(model, loss_of_one_step, lambda: dflash_accepted(model, held, layers, embed, head, block, mask_id),
-                Curve("dflash", block - 1), args, seconds)
+                Curve("dflash", block - 1), args, seconds, param_groups(model, copied, args))
     write_folder(args.out / "dflash", c, drafter_torch.state_tensors(model))
     return curve
 
@@ -471,6 +588,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intermediate", type=int, default=0, help="drafter MLP width (default: Eagle 2H, DFlash "
                                                                "the target's)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--init-from-target", action="store_true",
+                   help="start the drafter's layer(s) as the target's last decoder layer(s) (dequantized), fc passing "
+                        "the highest target layer through")
+    p.add_argument("--target-lr", type=float, default=2e-4, help="with --init-from-target: the learning rate of "
+                                                                 "the weights copied from the target")
+    p.add_argument("--warm-share", type=float, default=0.1, help="with --init-from-target: the share of the time "
+                                                                 "the copied weights stay frozen at first")
+    p.add_argument("--position-decay", type=float, default=0.0,
+                   help="loss weight decay per draft position (default DFlash 0.85, Eagle-3 0.8 per depth)")
     p.add_argument("--eval-every", type=float, default=2.0, help="minutes between acceptance measurements")
     p.add_argument("--data", type=Path, help="an .npz of sequences: read if it exists (this run adds to it), "
                                              "written after making data (runs can share what a slow target made)")
@@ -504,11 +630,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         held = make_data(llm, layers, files, budget * args.data_share / 2, args.held_out, args.gen_tokens, args, rng)
     train_gen = args.gen_tokens if args.train_gen_tokens < 0 else args.train_gen_tokens
-    train += make_data(llm, layers, files, budget * args.data_share - (time.perf_counter() - data_started), 1 << 30,
-                       train_gen, args, rng, args.train_tokens)
+    made = make_data(llm, layers, files, budget * args.data_share - (time.perf_counter() - data_started), 1 << 30,
+                     train_gen, args, rng, args.train_tokens)
     llm.close()
-    if args.data is not None:
-        save_data(args.data, held, train)
+    if args.data is not None and (made or not args.data.is_file()):
+        save_data(args.data, held, train + made)
+    train += made
     if not held or not train:
         p.error(f"only {len(held)} held-out and {len(train)} training sequences made: raise --minutes")
     data = held + train

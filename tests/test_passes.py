@@ -540,6 +540,19 @@ def test_attention_written_out_becomes_one_node(backend, mask, scaling, transpos
         np.testing.assert_array_equal(session.run(feeds)["y"], plain)
 
 
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="cpu plugin not built")
+@pytest.mark.parametrize("seq, width, transposes", [(70, 64, True), (19, 20, True), (33, 32, False), (5, 48, False)])
+def test_fused_attention_tiles_keep_the_unfused_bits(seq, width, transposes):
+    """The native kernel runs each head on the direct tiles (K^T copied once, V read in place when its rows are
+    whole vectors, else copied padded; whole tiles into padded scores): T5's shape (70 tokens, d 64) and widths with
+    and without a ragged vector, against the written-out nodes on the cpu backend, bit for bit."""
+    model, feeds = _attention_model("heads", "div", transposes, batch=1, seq=seq, heads=2, width=width)
+    session = _compare(model, feeds, "cpu", rtol=1e-5, atol=1e-6)
+    assert session.rewrites["fuse_attention"] == 1
+    plain = hetero.Session(model, backends=["cpu"], optimize=False).run(feeds)["y"]
+    np.testing.assert_array_equal(session.run(feeds)["y"], plain)
+
+
 def test_attention_left_alone_when_scores_or_probabilities_are_read_elsewhere():
     model, feeds = _attention_model("padding", "div", True)
     model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, None))  # the probabilities out

@@ -3,16 +3,25 @@
 // per pass over the matrix for M = 1, 2, 4, 8 rows, alternated, the median of REPS, and a check that every row of an
 // M-row tile is bitwise the one-row GEMV. Built and run by benchmarks/qgemm_rows.py, once per ISA (-DROWS_AVX512 /
 // -DROWS_VNNI with the AVX-512 flags, else AVX2) and once per source tree when it compares against a base revision.
-//   qgemm_rows N K REPS
+//   qgemm_rows N K REPS [STREAM_MIB THREADS]
 // Output, one line per format: "<fmt> <N> <K> <bytes> <M=1 seconds> <hash of M=1's output> (<M> <seconds>)...".
+// STREAM_MIB > 0: the one-row GEMV streamed from memory instead: THREADS threads each fill a buffer of about
+// STREAM_MIB MiB on 2 MiB pages (as the plugin's WeightArena) with copies of the packed matrix and run M = 1 over all
+// of them per pass, the passes started together (wall time until the slowest thread ends); <bytes> is what all the
+// threads read per pass, and no M columns follow; exits non-zero if a thread's output is not the one-row GEMV's.
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
+
+#include "bench_threads.hpp"
 
 #if defined(ROWS_VNNI)
 #include "llm_simd_avx512vnni.hpp"
@@ -63,6 +72,8 @@ Case make_case(const char* name, int kq, int sub, i64 n, i64 k) {
 int main(int argc, char** argv) {
   const i64 n = argc > 1 ? std::atol(argv[1]) : 8960, k = argc > 2 ? std::atol(argv[2]) : 1536;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 15;
+  const i64 stream_mib = argc > 4 ? std::atol(argv[4]) : 0;
+  const int nthreads = argc > 5 ? std::max(1, std::atoi(argv[5])) : 1;
   std::mt19937 gen(1);
   const Case cases[] = {make_case<4, true, 1>("q4_k", 1, 8, n, k), make_case<6, false, 2>("q6_k", 2, 8, n, k),
                         make_case<4, false, 0>("q4_0", 0, 1, n, k), make_case<8, false, 0>("q8_0", 0, 1, n, k)};
@@ -70,16 +81,21 @@ int main(int argc, char** argv) {
     const QPack& pk = c.pk;
     std::vector<std::uint8_t> w(static_cast<std::size_t>(pk.groups * pk.group_bytes));
     for (auto& b : w) b = static_cast<std::uint8_t>(gen());
-    // Finite f16 scales: every d / dmin field 0x2000 (~0.0078); the quants and 6/8-bit scales stay random.
+    // Finite f16 scales: every d / dmin field of either sign, 2^-9..2^-6 (bits 0x1800-0x27ff: a random exponent and
+    // mantissa); the quants and 6/8-bit scales stay random.
+    auto f16 = [&](std::uint8_t* p) {
+      const unsigned h = (gen() & 0x8000u) | (0x1800u + gen() % 0x1000u);
+      p[0] = static_cast<std::uint8_t>(h), p[1] = static_cast<std::uint8_t>(h >> 8);
+    };
     for (i64 g = 0; g < pk.groups; ++g)
       for (i64 b = 0; b < pk.nb; ++b) {
         std::uint8_t* grp = w.data() + g * pk.group_bytes;
         if (pk.kq) {
           if (b % pk.sub == 0)
-            for (i64 i = 0; i < pk.sb_hdr; i += 2) grp[(b / pk.sub) * pk.super_bytes + i] = 0, grp[(b / pk.sub) * pk.super_bytes + i + 1] = 0x20;
+            for (i64 i = 0; i < pk.sb_hdr; i += 2) f16(grp + (b / pk.sub) * pk.super_bytes + i);
         } else {
           std::uint8_t* rec = const_cast<std::uint8_t*>(pk.record(grp, b));
-          for (i64 i = 0; i < pk.header_bytes(); i += 2) rec[i] = 0, rec[i + 1] = 0x20;
+          for (i64 i = 0; i < pk.header_bytes(); i += 2) f16(rec + i);
         }
       }
     const i64 M = 8, nb = pk.nb;
@@ -106,6 +122,46 @@ int main(int argc, char** argv) {
     std::uint64_t hash = 1469598103934665603ull;  // FNV-1a of the one-row outputs: the numerics of two builds
     for (std::size_t i = 0; i < yb.size() * sizeof(float); ++i)
       hash = (hash ^ reinterpret_cast<const std::uint8_t*>(yb.data())[i]) * 1099511628211ull;
+    auto med = [](std::vector<double> v) { return std::sort(v.begin(), v.end()), v[v.size() / 2]; };
+    if (stream_mib > 0) {
+      const std::size_t mbytes = w.size(), copies = std::max<std::size_t>(1, (stream_mib << 20) / mbytes);
+      bench::Barrier barrier(nthreads + 1);
+      std::atomic<bool> differs{false};  // a thread's output over its last copy is not the one-row GEMV's
+      std::vector<double> secs;
+      std::vector<std::thread> threads;
+      for (int t = 0; t < nthreads; ++t)
+        threads.emplace_back([&] {
+          auto* buf = static_cast<std::uint8_t*>(bench::page_alloc(copies * mbytes, true));
+          for (std::size_t j = 0; j < copies; ++j) std::memcpy(buf + j * mbytes, w.data(), mbytes);  // first touch
+          std::vector<float> yt(static_cast<std::size_t>(n));
+          for (int r = 0; r <= reps; ++r) {  // pass 0: warm-up
+            barrier.wait();
+            for (std::size_t j = 0; j < copies; ++j)
+              for (i64 g = 0; g < pk.groups; ++g)
+                c.tile(pk, buf + j * mbytes + g * pk.group_bytes, x, 0, 1, yt.data() + g * QR, n,
+                       static_cast<int>(std::min<i64>(QR, n - g * QR)));
+            barrier.wait();
+          }
+          if (std::memcmp(yt.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(n)) != 0) differs = true;
+          std::free(buf);
+        });
+      for (int r = 0; r <= reps; ++r) {
+        barrier.wait();
+        const auto t0 = std::chrono::steady_clock::now();
+        barrier.wait();
+        if (r) secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      for (auto& th : threads) th.join();
+      if (differs) {
+        std::fprintf(stderr, "%s: the streamed GEMV differs from the one-row GEMV\n", c.name);
+        return 1;
+      }
+      std::printf("%s %lld %lld %lld %.9f %016llx\n", c.name, static_cast<long long>(n), static_cast<long long>(k),
+                  static_cast<long long>(copies * mbytes * nthreads), med(secs),
+                  static_cast<unsigned long long>(hash));
+      std::fflush(stdout);
+      continue;
+    }
     std::vector<double> one, tm[9];
     for (int r = 0; r < reps; ++r) {
       one.push_back(run(1, 0, ya));
@@ -117,7 +173,6 @@ int main(int argc, char** argv) {
         }
       }
     }
-    auto med = [](std::vector<double> v) { return std::sort(v.begin(), v.end()), v[v.size() / 2]; };
     std::printf("%s %lld %lld %lld %.9f %016llx", c.name, static_cast<long long>(n), static_cast<long long>(k),
                 static_cast<long long>(pk.groups * pk.group_bytes), med(one), static_cast<unsigned long long>(hash));
     for (int mr : MS) std::printf(" %d %.9f", mr, med(tm[mr]));

@@ -13,30 +13,10 @@
 #include <cstring>
 #include <thread>
 #include <vector>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+
+#include "bench_threads.hpp"
 
 namespace {
-
-// A sense-reversing spin barrier: the threads start each pass together, so the pass time is the slowest thread's.
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    const int gen = gen_.load(std::memory_order_acquire);
-    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
-      count_.store(0, std::memory_order_relaxed);
-      gen_.fetch_add(1, std::memory_order_acq_rel);
-    } else {
-      while (gen_.load(std::memory_order_acquire) == gen) std::this_thread::yield();
-    }
-  }
-
- private:
-  const int n_;
-  std::atomic<int> count_{0}, gen_{0};
-};
 
 std::uint64_t sum_buffer(const std::uint64_t* p, std::size_t n) {
   std::uint64_t s[8] = {};
@@ -56,18 +36,13 @@ int main(int argc, char** argv) {
   const int nt = std::atoi(argv[1]), reps = std::atoi(argv[3]);
   const std::size_t words = static_cast<std::size_t>(std::atol(argv[2])) * (1u << 20) / 8;
   if (nt < 1 || reps < 1 || words < 8) return 2;
-  Barrier barrier(nt + 1);
+  bench::Barrier barrier(nt + 1);
   std::vector<double> secs(static_cast<std::size_t>(reps));
   std::atomic<std::uint64_t> sink{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < nt; ++t)
     threads.emplace_back([&, t] {
-      const std::size_t page = std::size_t{1} << 21, bytes = (words * 8 + page - 1) / page * page;
-      auto* buf = static_cast<std::uint64_t*>(std::aligned_alloc(page, bytes));
-      if (!buf) std::abort();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-      if (huge) madvise(buf, bytes, MADV_HUGEPAGE);
-#endif
+      auto* buf = static_cast<std::uint64_t*>(bench::page_alloc(words * 8, huge));
       for (std::size_t i = 0; i < words; ++i) buf[i] = static_cast<std::uint64_t>(t) + 1;  // first touch: this thread
       barrier.wait();
       for (int r = 0; r < reps; ++r) {

@@ -173,3 +173,37 @@ def test_dflash_context_built_in_steps_equals_one_pass(dflash):
     steps.accept(0, tokens[6:7], {0: hidden[:0, :H], 1: hidden[:0, H:]})
     steps.accept(3, tokens[7:11], {0: hidden[6:10, :H], 1: hidden[6:10, H:]})
     np.testing.assert_allclose(one.block_hidden(tokens[10]), steps.block_hidden(tokens[10]), rtol=1e-5, atol=1e-5)
+
+
+def test_dflash_started_from_the_targets_last_layer_is_that_layer():
+    """train_drafter's --init-from-target on the Qwen3 fixture (full MLP width, fc passing the second-last layer's
+    output through): fed the target's own hidden states before its last layer, under a causal mask, the drafter's
+    rows through the target's LM head are the target's logits (hetero's run of the model is the reference)."""
+    import train_drafter as td
+
+    from .helpers import FIXTURES, load
+
+    folder = FIXTURES / "qwen3"
+    llm = load(folder, all_logits=True, hidden_layers=[0])
+    cfg = llm.config
+    ids = [5, 17, 99, 3, 250, 41, 7, 7, 64, 12, 300]
+    logits = np.array(llm.forward(ids))
+    before_last = np.array(llm.hidden(0, 0, len(ids)))
+    llm.close()
+    _, head, norm = td.target_matrices(folder, cfg)
+    c = {**td.layer_config(cfg, cfg.intermediate_size), "num_hidden_layers": 1,
+         "dflash_config": {"block_size": 4, "mask_token_id": 0, "target_layer_ids": [0]}}
+    model = drafter_torch.DFlash(c)
+    rows = _t(before_last)
+    td.init_from_target(model.layers[0], td.target_layer(folder, cfg.num_layers - 1), rows, cfg.rms_norm_eps,
+                        slice(0, cfg.hidden_size))
+    with torch.no_grad():
+        model.fc.weight.copy_(torch.eye(cfg.hidden_size))
+        model.hidden_norm.weight.copy_(model.layers[0].input_layernorm.weight)
+        model.norm.weight.copy_(norm)
+        ctx, n = 6, len(ids)
+        mask = torch.zeros(n - ctx, n, dtype=torch.bool)
+        mask[:, :ctx] = True
+        mask[:, ctx:] = torch.tril(torch.ones(n - ctx, n - ctx, dtype=torch.bool))
+        out = model(rows[:ctx], torch.arange(ctx), rows[ctx:], torch.arange(ctx, n), mask)
+    np.testing.assert_allclose((out @ head.T).numpy(), logits[ctx:], rtol=1e-3, atol=1e-3)

@@ -1,13 +1,16 @@
 // FusedAttention (hetero.ops.fused): softmax(Q K * scale / divisor + mask) V per (batch, head), with Q, K, V, the
 // mask and the output read / written through their strides (the transposes of the exported graph never copied), and
 // each head's scores kept in a per-thread buffer instead of four passes over a [B, H, S, T] tensor. The steps are
-// the unfused kernels' (the packed GEMM, the vector binary ops, the softmax row kernel), so the result rounds as the
-// written-out MatMul / Mul / Div / Add / Softmax / MatMul did on this backend.
+// the unfused kernels' (the GEMM's tiles, with its FMA chain per value; the vector binary ops; the softmax row
+// kernel), so the result rounds as the written-out MatMul / Mul / Div / Add / Softmax / MatMul did on this backend.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <functional>
 #include <string>
 
+#include "onnx_extra.hpp"
 #include "onnx_py.hpp"
 
 namespace py = pybind11;
@@ -16,6 +19,8 @@ namespace hetero {
 namespace {
 
 using pyx::fail;
+
+inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 
 struct View4 {  // a float32 tensor of four dims through element strides (0 for a broadcast dim)
   float* p = nullptr;
@@ -48,6 +53,72 @@ void need_dims(const View4& v, i64 d0, i64 d1, i64 d2, i64 d3, const char* name)
          ", expected " + dims_str(d0, d1, d2, d3));
 }
 
+// C (m x n, row stride ldc) = A @ B with A in full-K row panels (pack_a_panels) and row k of B read in place at
+// base + off[k], on the direct-convolution tiles (onnx_impl.hpp x_conv_tile): nr-wide tiles, then one-vector ones for
+// the last columns (70 of T5's = 32 + 32 + 16, not 3 x 32); a tile reads whole vectors, so B's rows must be readable
+// up to n rounded up to the lanes. Each value is the micro-kernel's FMA chain over k from zero, as in the packed
+// GEMM: the same bits, without packing B or the GEMM's per-call set-up. False (nothing written) where this ISA has
+// no such tile. padded: c has whole panels of rows and n is a multiple of the lanes (every tile stored whole, no
+// partial copies).
+bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, const float* ap, const float* base,
+               const i64* off, float* c, i64 ldc, bool padded) {
+  const int mr = kr.mr, nr = kr.nr, w = xk.lanes;
+  for (i64 i = 0; i < m; i += mr) {
+    // padded: the last panel's rows rounded up to the 4- / 8-row tile variants (x_conv_tile_rows), not to mr
+    const i64 left = m - i;
+    const int rows = static_cast<int>(std::min<i64>(mr, padded ? (left <= 4 ? 4 : left <= 8 ? 8 : mr) : left));
+    const float* a = ap + (i / mr) * k * mr;
+    for (i64 j = 0; j < n;) {
+      const int width = n - j >= nr ? nr : w, cols = padded ? width : static_cast<int>(std::min<i64>(width, n - j));
+      if (!xk.conv_tile(mr, width, k, a, base + j, off, c + i * ldc + j, ldc, rows, cols)) return false;
+      j += cols;
+    }
+  }
+  return true;
+}
+
+// One head on the tiles: Q panels, K^T copied once into rows of T (zero-padded to the lanes), V read in place (or
+// padded rows when dv is not a multiple of the lanes). False where the tiles are missing (the caller runs the GEMMs).
+bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, const MatView& kt, const MatView& v,
+                   float* o, i64 ldo, const std::function<void(float*, i64)>& rows_softmax) {
+  const i64 S = q.rows, D = q.cols, T = kt.cols, DV = v.cols, mr = kr.mr, w = xk.lanes;
+  const i64 tp = ceil_div(T, w) * w, dvp = ceil_div(DV, w) * w, ap_n = ceil_div(S, mr) * mr;
+  const bool v_in_place = v.cs == 1 && DV % w == 0;
+  // This thread's heads: panels, K^T, scores, (V), row offsets, each 64-byte aligned; no allocation per head.
+  const i64 line = 16, n_qp = ceil_div(ap_n * std::max(D, T), line) * line, n_kp = D * tp, n_sc = ap_n * tp,
+            n_vp = v_in_place ? 0 : T * dvp;
+  static thread_local AlignedBuf buf;
+  float* qp = buf.get(static_cast<std::size_t>(n_qp + n_kp + n_sc + n_vp + 2 * std::max(D, T)));
+  float* kp = qp + n_qp;
+  float* scores = kp + n_kp;  // ap_n x tp: whole tiles stored (the padding columns are 0 x q, never read)
+  float* vp = scores + n_sc;
+  i64* off = reinterpret_cast<i64*>(vp + n_vp);
+  for (i64 d = 0; d < D; ++d) {
+    float* row = kp + d * tp;
+    for (i64 t = T; t < tp; ++t) row[t] = 0.f;
+    off[d] = d * tp;
+  }
+  for (i64 t = 0; t < T; ++t)  // along d in the inner loop: K's rows are contiguous in an exported graph
+    for (i64 d = 0; d < D; ++d) kp[d * tp + t] = kt.p[d * kt.rs + t * kt.cs];
+  pack_a_panels(kr, q, qp);
+  if (!tile_gemm(kr, xk, S, tp, D, qp, kp, off, scores, tp, true)) return false;
+  rows_softmax(scores, tp);
+  pack_a_panels(kr, MatView{scores, S, T, tp, 1}, qp);  // the probabilities as A (Q's panels are done with)
+  const float* vbase = v.p;
+  if (v_in_place) {
+    for (i64 t = 0; t < T; ++t) off[t] = t * v.rs;
+  } else {
+    for (i64 t = 0; t < T; ++t) {
+      float* row = vp + t * dvp;
+      for (i64 j = 0; j < DV; ++j) row[j] = v.p[t * v.rs + j * v.cs];
+      for (i64 j = DV; j < dvp; ++j) row[j] = 0.f;
+      off[t] = t * dvp;
+    }
+    vbase = vp;
+  }
+  return tile_gemm(kr, xk, S, DV, T, qp, vbase, off, o, ldo, false);
+}
+
 // q [B, H, S, d], k [B, H, d, T], v [B, H, T, dv], mask [B, H, S, T] (a broadcast view) or None, out [B, H, S, dv]
 // (a view of the output buffer whose last dim is contiguous).
 void py_fused_attention(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
@@ -69,6 +140,14 @@ void py_fused_attention(const py::array& q, const py::array& k, const py::array&
     if (M.st[3] > 1) fail("fused_attention: mask's last dim must be contiguous or broadcast");
   }
   const Kernels& kr = active();
+  const ExtraKernels& xk = extra_for(kr);
+  bool tiles;  // this ISA has the GEMM's tile shapes as direct tiles (checked once: a tile of nothing)
+  {
+    alignas(64) float probe[64] = {};
+    const i64 zero = 0;
+    tiles = xk.conv_tile(kr.mr, kr.nr, 0, probe, probe, &zero, probe, kr.nr, 0, 0) &&
+            xk.conv_tile(kr.mr, xk.lanes, 0, probe, probe, &zero, probe, kr.nr, 0, 0);
+  }
   py::gil_scoped_release nogil;
   if (B * H * S * DV == 0) return;
   const double flops = 2.0 * static_cast<double>(B * H * S) * static_cast<double>(T) * static_cast<double>(D + DV);
@@ -82,26 +161,29 @@ void py_fused_attention(const py::array& q, const py::array& k, const py::array&
             for (i64 j = 0; j < DV; ++j) o[i * O.st[2] + j] = 0.f;
           return;
         }
-        static thread_local AlignedBuf scratch;
-        float* scores = scratch.get(static_cast<std::size_t>(S * T));
         const MatView qa{Q.p + b * Q.st[0] + h * Q.st[1], S, D, Q.st[2], Q.st[3]};
         const MatView kb{K.p + b * K.st[0] + h * K.st[1], D, T, K.st[2], K.st[3]};
-        gemm_views(kr, qa, kb, scores, T, 1.f, 0.f, Epilogue{}, 1);
-        for (i64 i = 0; i < S; ++i) {
-          float* row = scores + i * T;
-          if (scale != 1.f) kr.binary(B_MUL, BM_VS, row, &scale, row, T);
-          if (divisor != 1.f) kr.binary(B_DIV, BM_VS, row, &divisor, row, T);
-          if (masked) {
-            const float* m = M.p + b * M.st[0] + h * M.st[1] + i * M.st[2];
-            kr.binary(B_ADD, M.st[3] == 1 ? BM_VV : BM_VS, row, m, row, T);
-          }
-          kr.softmax_row(row, row, T, false);
-          if (nan_to_zero)
-            for (i64 j = 0; j < T; ++j) row[j] = row[j] != row[j] ? 0.f : row[j];
-        }
-        const MatView pa{scores, S, T, T, 1};
         const MatView vb{V.p + b * V.st[0] + h * V.st[1], T, DV, V.st[2], V.st[3]};
-        gemm_views(kr, pa, vb, o, O.st[2], 1.f, 0.f, Epilogue{}, 1);
+        const auto rows_softmax = [&](float* sc, i64 ld) {
+          for (i64 i = 0; i < S; ++i) {
+            float* row = sc + i * ld;
+            if (scale != 1.f) kr.binary(B_MUL, BM_VS, row, &scale, row, T);
+            if (divisor != 1.f) kr.binary(B_DIV, BM_VS, row, &divisor, row, T);
+            if (masked) {
+              const float* m = M.p + b * M.st[0] + h * M.st[1] + i * M.st[2];
+              kr.binary(B_ADD, M.st[3] == 1 ? BM_VV : BM_VS, row, m, row, T);
+            }
+            kr.softmax_row(row, row, T, false);
+            if (nan_to_zero)
+              for (i64 j = 0; j < T; ++j) row[j] = row[j] != row[j] ? 0.f : row[j];
+          }
+        };
+        if (tiles && head_on_tiles(kr, xk, qa, kb, vb, o, O.st[2], rows_softmax)) return;
+        static thread_local AlignedBuf scratch;
+        float* scores = scratch.get(static_cast<std::size_t>(S * T));
+        gemm_views(kr, qa, kb, scores, T, 1.f, 0.f, Epilogue{}, 1);
+        rows_softmax(scores, T);
+        gemm_views(kr, MatView{scores, S, T, T, 1}, vb, o, O.st[2], 1.f, 0.f, Epilogue{}, 1);
       },
       flops >= 4e6);
 }

@@ -78,32 +78,65 @@ inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& l
   }
 }
 
-// A block's per-lane scales (the W weight rows of slice h, shared by every x row) and the float epilogue that adds
-// one x row's int32 dot products with the block to its accumulator. qgemm_mr and qgemm_rows both use it, so their
-// rows stay bitwise equal. sd / smin: the k-quant super-block's d / dmin; off: the weights' zero offset.
+// A k-quant super-block's d (and dmin) for slice h (rows W*h..), and each times 2^23 (exact) for S::u8_scaled.
+template <class S>
+struct SuperScales {
+  using V = typename S::V;
+  V sd = S::zero(), smin = S::zero(), sd23 = S::zero(), smin23 = S::zero();
+};
+
+// S::U8_SCALED: the traits compute d * p[i] (rounded once) from the u8 scales at p in fewer operations than
+// load_u8 and mul (llm_simd_avx512.hpp); else the plain form.
+template <class S, class = void>
+struct HasU8Scaled : std::false_type {};
+template <class S>
+struct HasU8Scaled<S, std::enable_if_t<S::U8_SCALED>> : std::true_type {};
+
+// d * (float)p[i] for the W u8 values at p, one rounding (bitwise the product of the plain form for finite d).
+template <class S>
+inline typename S::V u8_scaled(const std::uint8_t* p, typename S::V d, typename S::V d23) {
+  if constexpr (HasU8Scaled<S>::value) return S::u8_scaled(p, d, d23);
+  else return (void)d23, S::mul(d, S::load_u8(p));
+}
+
+// A block's per-lane scales (the W weight rows of slice h, shared by every x row), the start of each x row's int32
+// dots (q6_k: its zero offset folded in) and the float epilogue that adds one x row's dot products with the block to
+// its accumulator. qgemm_mr and qgemm_rows both use it, so their rows stay bitwise equal. off: the weights' zero
+// offset.
 template <class S, bool ASYM, int KQ>
 struct BlockScales {
   using V = typename S::V;
   using I = typename S::I;
-  V dv = S::zero(), mv = S::zero(), scv = S::zero(), mnv = S::zero(), sd;
-  I sclo = S::iset1(0), schi = S::iset1(0);
+  V dv = S::zero(), mv = S::zero(), scv = S::zero(), mnv = S::zero(), sd, sclo = S::zero(), schi = S::zero();
   int off;
 
-  BlockScales(const std::uint8_t* rec, int h, V sd_, V smin, int off_) : sd(sd_), off(off_) {
+  BlockScales(const std::uint8_t* rec, int h, const SuperScales<S>& ss, int off_) : sd(ss.sd), off(off_) {
     constexpr int W = S::W;
     if (KQ == 0) {
       dv = S::load_f16(rec + 2 * W * h);
       if (ASYM) mv = S::load_f16(rec + 32 + 2 * W * h);
     } else if (KQ == 1) {  // d*sc * dot - dmin*mn * dx*sum(xq)
-      scv = S::mul(sd, S::load_u8(rec + W * h));
-      mnv = S::mul(smin, S::load_u8(rec + 16 + W * h));
-    } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), exact in int32
-      sclo = S::load_i8_i32(rec + W * h);
-      schi = S::load_i8_i32(rec + 16 + W * h);
+      scv = u8_scaled<S>(rec + W * h, ss.sd, ss.sd23);
+      mnv = u8_scaled<S>(rec + 16 + W * h, ss.smin, ss.smin23);
+    } else {  // d * (sc_lo * (dot_lo - 32 sum_lo) + sc_hi * (dot_hi - 32 sum_hi)), see apply
+      sclo = S::cvt_f(S::load_i8_i32(rec + W * h));
+      schi = S::cvt_f(S::load_i8_i32(rec + 16 + W * h));
     }
   }
 
-  // x row block xi's dot products ilo (q6_k: ilo / ihi, the block's two halves) into facc.
+  // The values x row block xi's int32 dots start from: q6_k's zero offset (32) times the x sums of the block's two
+  // halves, subtracted up front (the same int32 as subtracting it after the dots, two operations fewer in the
+  // epilogue); zero for the other formats, whose offset the epilogue subtracts (up front, the x sum's load and
+  // broadcast led each record's dot chain: q4_0 decode measured 3-8% slower, docs/llm-benchmarks.md).
+  inline void start(I& ilo, I& ihi, const XQ& x, i64 xi) const {
+    ilo = ihi = S::iset1(0);
+    if (KQ == 2) {
+      const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
+      ilo = S::iset1(-32 * slo), ihi = S::iset1(-32 * shi);
+    }
+  }
+
+  // x row block xi's dot products ilo (q6_k: ilo / ihi, the block's two halves), from start(), into facc.
   inline void apply(V& facc, I ilo, I ihi, const XQ& x, i64 xi) const {
     if (KQ == 0) {
       if (off != 0) ilo = S::isub(ilo, S::iset1(off * x.s[xi]));
@@ -113,10 +146,11 @@ struct BlockScales {
       facc = S::fma(S::cvt_f(ilo), S::mul(scv, S::set1(x.d[xi])), facc);
       facc = S::fnma(mnv, S::set1(x.ds[xi]), facc);
     } else {
-      const std::int32_t slo = x.sl[xi], shi = x.s[xi] - slo;
-      const I lo = S::isub(ilo, S::iset1(32 * slo)), hi = S::isub(ihi, S::iset1(32 * shi));
-      const I isum = S::iadd(S::imul(lo, sclo), S::imul(hi, schi));
-      facc = S::fma(S::cvt_f(isum), S::mul(sd, S::set1(x.d[xi])), facc);
+      // sc_lo * lo + sc_hi * hi in float is the int32 sum exactly: |lo|, |hi| <= 16 * 32 * 127 = 65024 and
+      // |sc| <= 128, so every product and the sum (<= 16646144 < 2^24) are integers a float holds; as cvt_f of the
+      // int32 sum, without the two int32 multiplies (two operations each, on one port).
+      const V isum = S::fma(S::cvt_f(ihi), schi, S::mul(S::cvt_f(ilo), sclo));
+      facc = S::fma(isum, S::mul(sd, S::set1(x.d[xi])), facc);
     }
   }
 };
@@ -126,10 +160,16 @@ struct BlockScales {
 //
 // The d (and dmin) of a k-quant super-block sb for slice h (rows W*h..); zero for other formats.
 template <class S, int KQ>
-inline void super_scales(const std::uint8_t* sb, int h, typename S::V& sd, typename S::V& smin) {
-  sd = smin = S::zero();
-  if (KQ) sd = S::load_f16(sb + 2 * S::W * h);
-  if (KQ == 1) smin = S::load_f16(sb + 32 + 2 * S::W * h);
+inline SuperScales<S> super_scales(const std::uint8_t* sb, int h) {
+  SuperScales<S> ss;
+  if (!KQ) return ss;
+  const typename S::V two23 = S::set1(8388608.f);
+  ss.sd = S::load_f16(sb + 2 * S::W * h);
+  if (KQ == 1) {
+    ss.smin = S::load_f16(sb + 32 + 2 * S::W * h);
+    if constexpr (HasU8Scaled<S>::value) ss.sd23 = S::mul(ss.sd, two23), ss.smin23 = S::mul(ss.smin, two23);
+  }
+  return ss;
 }
 
 // Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance()). The weights stream from memory and want
@@ -151,12 +191,13 @@ inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf) {
 // NT: the block's steps of 64 bytes when known at compile time (blocks of 32, every GGUF format: the step loop
 // unrolls), else 0 (read from w.bs).
 //
-// Few rows (MR <= 2) of 4/5/6-bit weights: each row's int32 dot of a block is summed in two independent chains
-// (the low and the high nibbles), added at the end. The dot is the same integer whichever way it is
-// summed, so this only shortens the chain of dependent int8 dots (latency 4 cycles each) that one row would
-// otherwise wait on; more rows have independent chains already. Where the int8 dot takes unsigned bytes of any size
-// (S::DOT_U8: vpdpbusd sums its four products in int32), 4-bit weights split that way also skip the shift of the
-// high nibbles: they are dotted in place (16 times their value) and their chain's sum shifted right by 4 once.
+// Few rows (MR <= 2): each row's int32 dot of a block is summed in two independent chains (4/5/6-bit weights: the
+// low and the high nibbles; 8-bit: the even and the odd steps), added at the end. The dot is the same integer
+// whichever way it is summed, so this only shortens the chain of dependent int8 dots (latency 4 cycles each) that
+// one row would otherwise wait on; more rows have independent chains already. Where the int8 dot takes unsigned
+// bytes of any size (S::DOT_U8: vpdpbusd sums its four products in int32), 4-bit weights split that way also skip
+// the shift of the high nibbles: they are dotted in place (16 times their value) and their chain's sum shifted right
+// by 4 once.
 template <class S, int BITS, bool ASYM, int KQ, int MR, int NT = 0>
 void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
   using V = typename S::V;
@@ -164,7 +205,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   using B = typename S::B;
   constexpr int W = S::W;
   constexpr bool NIB = BITS < 8;
-  constexpr bool SPLIT = (MR <= 2 && NIB) || KQ == 2;  // two dot chains per row (q6_k: its two scaled halves)
+  constexpr bool SPLIT = MR <= 2 || KQ == 2;  // two dot chains per row (q6_k: its two scaled halves)
   constexpr bool HI16 = SPLIT && BITS == 4 && S::DOT_U8;  // high nibbles dotted in place (x16)
   const int bs = w.bs;
   const int nt = NT ? NT : (NIB ? bs / 8 : bs / 4);
@@ -179,15 +220,15 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
     const std::uint8_t* sb = group;  // the super-block of b0 (a record when w.sub == 1)
     for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
-      V sd, smin;  // k-quants: the super-block's d (and dmin)
-      super_scales<S, KQ>(sb, h, sd, smin);
+      const SuperScales<S> ss = super_scales<S, KQ>(sb, h);  // k-quants: the super-block's d (and dmin)
       const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
         if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf);  // every tile size (see prefetch_record)
+        const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
-        for (int m = 0; m < MR; ++m) ilo[m] = ihi[m] = S::iset1(0);
+        for (int m = 0; m < MR; ++m) scales.start(ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
         const i64 xo = b * bs;
         auto step = [&](int t) {
           const B v0 = S::load_b(qv + 64 * t + 4 * W * h);
@@ -206,7 +247,10 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
             }
           } else {
             const typename S::Q8 wq = S::q8_weights(v);
-            for (int m = 0; m < MR; ++m) ilo[m] = S::dot_q8(ilo[m], wq, S::bcast4(xrow[m] + xo + 4 * t));
+            for (int m = 0; m < MR; ++m) {  // SPLIT: even steps into ilo, odd into ihi
+              I& acc = SPLIT && (t & 1) ? ihi[m] : ilo[m];
+              acc = S::dot_q8(acc, wq, S::bcast4(xrow[m] + xo + 4 * t));
+            }
           }
         };
         if constexpr (NT != 0) {
@@ -217,7 +261,6 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         }
         if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
           for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
-        const BlockScales<S, ASYM, KQ> scales(rec, h, sd, smin, off);
         for (int m = 0; m < MR; ++m) scales.apply(facc[m], ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
       }
     }
@@ -226,12 +269,14 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
 }
 
 // One tile of MR rows. Blocks of 32 (every GGUF format) with the step loop unrolled where that measured faster:
-// 1-2 rows (decode) of the 4/5/6-bit formats and q6_k; 3-8 rows of the others keep the loop (unrolled, the 8-bit
-// tiles ran 10-20% slower on AVX2 / AVX-512, their registers spilling), and so do 8-bit 1-2 rows: unrolled and in two
-// chains they were 20% faster from L2 but 1.2-1.4x slower streaming from DRAM (busy machine, not understood).
+// 1-2 rows (decode) of every format, and q6_k; 3-8 rows of the others keep the loop (unrolled, the 8-bit tiles ran
+// 10-20% slower on AVX2 / AVX-512, their registers spilling). 8-bit 1-2 rows, unrolled in two chains, were 20% faster
+// from L2 but 1.2-1.4x slower streaming from DRAM on the AMD machine of 2026-12-02 (busy, not understood); on the
+// Intel Xeon of 2026-12-03 they are 1.1-1.25x faster from L2 and paired decode of a Q8_0 file is not slower
+// (docs/llm-benchmarks.md, branch dec8), so they unroll too.
 template <class S, int BITS, bool ASYM, int KQ, int MR>
 void qgemm_tile(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
-  if constexpr ((MR <= 2 && BITS < 8) || KQ == 2) {
+  if constexpr (MR <= 2 || KQ == 2) {
     if (w.bs == 32) return qgemm_mr<S, BITS, ASYM, KQ, MR, BITS < 8 ? 4 : 8>(w, group, x, m0, y, ldy, nvalid);
   }
   qgemm_mr<S, BITS, ASYM, KQ, MR>(w, group, x, m0, y, ldy, nvalid);

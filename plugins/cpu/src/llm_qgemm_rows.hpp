@@ -51,8 +51,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
     const std::uint8_t* sb = group;  // as qgemm_mr
     for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
-      V sd, smin;
-      super_scales<S, KQ>(sb, h, sd, smin);
+      const SuperScales<S> ss = super_scales<S, KQ>(sb, h);
       const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
@@ -65,11 +64,12 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
           whi[t] = S::band(S::bsrl4(v), nib);
           add_high_bits<S, BITS>(qv + nib_bytes, t, h, wlo[t], whi[t]);
         }
-        const BlockScales<S, ASYM, KQ> scales(rec, h, sd, smin, off);  // shared by the x rows
+        const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);  // shared by the x rows
         const i64 xo = b * 8 * nt;
         for (int m = 0; m < MR; ++m) {
           const std::int8_t* xb = xrow[m] + xo;
-          I ilo = S::iset1(0), ihi = S::iset1(0);
+          I ilo, ihi;
+          scales.start(ilo, ihi, x, (m0 + m) * x.nb + b);
           for (int t0 = 0; t0 < nt; t0 += TC) {
             B alo = zero16, ahi = zero16;
             for (int t = t0; t < t0 + TC; ++t) {

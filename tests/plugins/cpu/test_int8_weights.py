@@ -29,6 +29,17 @@ def int8_weights(k: int, n: int, seed: int = 0, qmax: int = 127) -> tuple[np.nda
     return q.astype(np.float32) * s, q, s
 
 
+def assert_int8_packing_exact(a: np.ndarray, b: np.ndarray, trans_b: bool = False) -> None:
+    """b packs as int8, and a @ it gives the float-packed weight's bits."""
+    packed = _native.pack_b(b, trans_b=trans_b)
+    assert packed.int8
+    n = b.shape[0] if trans_b else b.shape[1]
+    o8, of = np.empty((a.shape[0], n), np.float32), np.empty((a.shape[0], n), np.float32)
+    _native.gemm_packed(a, packed, o8)
+    _native.gemm_packed(a, _native.pack_b(b, trans_b=trans_b, int8=False), of)
+    np.testing.assert_array_equal(o8, of)
+
+
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 12, 64, 70, 200])  # 64 / 70: 4 / 10 rows past the 12-row tiles
 @pytest.mark.parametrize("k,n", [(384, 384), (300, 100), (600, 33)])  # K past one 256-deep block, ragged panels
 def test_int8_panels_same_bits_as_float(isa, threads, m, k, n):
@@ -63,13 +74,8 @@ def test_int8_scale_found_when_not_the_quantisers():
     w, _, _ = int8_weights(256, 80, seed=9, qmax=5)
     w[:, 7] = 0.0  # an all-zero column
     w[:, 8] = np.arange(256, dtype=np.float32) % 3 - 1.0  # small integers: scale 1
-    p = _native.pack_b(w)
-    assert p.int8
     a = np.random.default_rng(1).standard_normal((16, 256)).astype(np.float32)
-    o8, of = np.empty((16, 80), np.float32), np.empty((16, 80), np.float32)
-    _native.gemm_packed(a, p, o8)
-    _native.gemm_packed(a, _native.pack_b(w, int8=False), of)
-    np.testing.assert_array_equal(o8, of)
+    assert_int8_packing_exact(a, w)
 
 
 def test_int8_scale_checked_past_the_probe():
@@ -78,13 +84,8 @@ def test_int8_scale_checked_past_the_probe():
     w, q, s = int8_weights(300, 64, seed=12)
     q[:32, 3] = np.resize(np.array([0, 5, -10, 5], np.int8), 32)
     w[:, 3] = q[:, 3].astype(np.float32) * s[0, 3]
-    p = _native.pack_b(w)
-    assert p.int8
     a = np.random.default_rng(8).standard_normal((20, 300)).astype(np.float32)
-    o8, of = np.empty((20, 64), np.float32), np.empty((20, 64), np.float32)
-    _native.gemm_packed(a, p, o8)
-    _native.gemm_packed(a, _native.pack_b(w, int8=False), of)
-    np.testing.assert_array_equal(o8, of)
+    assert_int8_packing_exact(a, w)
     for row, col, value in ((100, 9, np.nextafter(w[100, 9], np.float32(1))), (200, 10, np.nan), (250, 11, np.inf)):
         bad = w.copy()
         bad[row, col] = value
@@ -93,13 +94,8 @@ def test_int8_scale_checked_past_the_probe():
 
 def test_int8_trans_b():
     w, _, _ = int8_weights(200, 120, seed=2)
-    p = _native.pack_b(np.ascontiguousarray(w.T), trans_b=True)
-    assert p.int8
     a = np.random.default_rng(2).standard_normal((30, 200)).astype(np.float32)
-    o8, of = np.empty((30, 120), np.float32), np.empty((30, 120), np.float32)
-    _native.gemm_packed(a, p, o8)
-    _native.gemm_packed(a, _native.pack_b(w, int8=False), of)
-    np.testing.assert_array_equal(o8, of)
+    assert_int8_packing_exact(a, np.ascontiguousarray(w.T), trans_b=True)
 
 
 @pytest.mark.parametrize("change", ["float", "minus_zero", "nan", "inf", "off_grid", "wide", "small"])

@@ -1,6 +1,8 @@
 """benchmarks/qgemm_rows.py's native tile benchmark, built against plugins/cpu/src for each ISA this CPU runs: it
 exits non-zero when any row of an M = 2 / 4 / 8 tile differs in a bit from the one-row GEMV (q4_k, q6_k, q4_0, q8_0
-at the tile level, odd N), and it must keep compiling against the kernel headers it measures."""
+at the tile level, odd N), and it must keep compiling against the kernel headers it measures. Its streamed mode (2
+threads, each over copies of the matrix on 2 MiB pages) exits non-zero when a thread's output is not the one-row
+GEMV's."""
 
 from __future__ import annotations
 
@@ -46,3 +48,21 @@ def test_tiles_bitwise_one_row(isa):
     for fmt, (n, k, nbytes, t1, digest, ms) in res.items():
         assert (n, k) == (72, 512) and nbytes > 0 and t1 > 0, fmt
         assert len(digest) == 16 and sorted(ms) == [2, 4, 8], fmt
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the benchmark's ISAs are x86-64 ones")
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+def test_streamed_gemv_is_the_one_row_gemv():
+    isa = "avx512vnni" if CPU_FLAGS["avx512vnni"] <= cpu_flags() else "avx2"
+    if not CPU_FLAGS[isa] <= cpu_flags():
+        pytest.skip("this CPU runs neither AVX2 nor AVX-512 VNNI")
+    mod = bench_module()
+    exe = mod.build(isa, mod.INCLUDE)
+    plain = mod.run(exe, n=72, k=512, reps=1)
+    streamed = mod.run(exe, n=72, k=512, reps=2, stream_mib=1, threads=2)
+    assert sorted(streamed) == sorted(plain)
+    for fmt, (n, k, nbytes, t1, digest, ms) in streamed.items():
+        copies = max(1, (1 << 20) // plain[fmt][2])
+        assert (n, k, nbytes, ms) == (72, 512, 2 * copies * plain[fmt][2], {}), fmt
+        assert t1 > 0 and digest == plain[fmt][4], fmt
