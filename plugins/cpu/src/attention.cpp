@@ -20,8 +20,6 @@ namespace {
 
 using pyx::fail;
 
-inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
 struct View4 {  // a float32 tensor of four dims through element strides (0 for a broadcast dim)
   float* p = nullptr;
   i64 dim[4] = {0, 0, 0, 0}, st[4] = {0, 0, 0, 0};

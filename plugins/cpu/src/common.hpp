@@ -84,6 +84,8 @@ void set_num_threads(int n);
 // tens of microseconds on a virtual machine). The tasks are the same either way, so the results are too.
 void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers = true);
 
+inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }  // a, b > 0
+
 // Threads worth using for `work` units of cost when one thread should get at least `grain` units.
 inline int threads_for(double work, double grain) {
   int t = num_threads();

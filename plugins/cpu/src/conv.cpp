@@ -16,7 +16,6 @@
 namespace hetero {
 namespace {
 
-inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 // floor division for possibly negative a (b > 0)
 inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 // A NaN, once in, stays. Branch-free (bitwise |, not ||): with || GCC branches on each compare, which on real data

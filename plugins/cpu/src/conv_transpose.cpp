@@ -13,7 +13,6 @@ namespace {
 
 using namespace pyx;
 
-inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 // d[2 i] = a[i] + b, d[2 i + 1] = c[i] + b (the restrict pointers let GCC vectorise it).

@@ -17,8 +17,6 @@
 namespace hetero {
 namespace {
 
-inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
 // src[4 i + r] -> d[r][i] for i < groups: one row of the input into the four column phases. The restrict pointers
 // let GCC vectorise it (shuffles); the strided scalar copy it replaces was 2-3 % of YOLOv8n.
 void deinterleave4(const float* __restrict src, i64 groups, float* __restrict d0, float* __restrict d1,

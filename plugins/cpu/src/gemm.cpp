@@ -20,8 +20,6 @@
 namespace hetero {
 namespace {
 
-inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
 // Packs rows [i0, i0+mc) x depth [p0, p0+kc) of A into mr panels (k-major); rows past M are zero.
 // MR is a template parameter so the inner row loop unrolls into straight-line loads/stores.
 template <int MR>

@@ -188,10 +188,9 @@ struct PackedB {
   AlignedBuf buf;   // the float panels (empty when int8)
   AlignedBuf qbuf;  // int8: the panels' bytes (in a float-sized buffer) and, after them, the scales
   bool int8 = false;
-  S8Panels s8() const {
-    const i64 np = (n + kr->nr - 1) / kr->nr;
-    return S8Panels{reinterpret_cast<const std::int8_t*>(qbuf.p), qbuf.p + (np * kr->nr * k + 3) / 4};
-  }
+  i64 panel_values() const { return ceil_div(n, kr->nr) * kr->nr * k; }  // whole panels of k x nr
+  i64 scales_at() const { return (panel_values() + 3) / 4; }  // in qbuf's floats: after the int8 panels
+  S8Panels s8() const { return S8Panels{reinterpret_cast<const std::int8_t*>(qbuf.p), qbuf.p + scales_at()}; }
 };
 
 // Weights below this many floats stay float: an L2-resident B gains nothing from fewer bytes, and the int8 form
@@ -204,11 +203,11 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true) {
   pb->kr = &active();
   pb->k = b.rows;
   pb->n = b.cols;
-  const i64 np = (b.cols + pb->kr->nr - 1) / pb->kr->nr, values = np * pb->kr->nr * b.rows;
+  const i64 values = pb->panel_values();
   const char* env = std::getenv("HETERO_CPU_INT8_WEIGHTS");
   if (int8 && b.rows * b.cols >= kS8MinWeights && !(env != nullptr && std::string(env) == "0")) {
-    float* q = pb->qbuf.get(static_cast<std::size_t>((values + 3) / 4 + np * pb->kr->nr));
-    if (pack_b_panels_s8(*pb->kr, b, reinterpret_cast<std::int8_t*>(q), q + (values + 3) / 4)) {
+    float* q = pb->qbuf.get(static_cast<std::size_t>(pb->scales_at() + ceil_div(b.cols, pb->kr->nr) * pb->kr->nr));
+    if (pack_b_panels_s8(*pb->kr, b, reinterpret_cast<std::int8_t*>(q), q + pb->scales_at())) {
       pb->int8 = true;
       return pb;
     }
@@ -806,8 +805,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("k", [](const PackedB& p) { return p.k; })
       .def_property_readonly("n", [](const PackedB& p) { return p.n; })
       .def_property_readonly("isa", [](const PackedB& p) { return std::string(p.kr->name); })
-      .def_property_readonly("nbytes",
-                             [](const PackedB& p) { return static_cast<i64>((p.buf.cap + p.qbuf.cap) * sizeof(float)); })
+      .def_property_readonly(
+          "nbytes", [](const PackedB& p) { return static_cast<i64>((p.buf.cap + p.qbuf.cap) * sizeof(float)); })
       .def_property_readonly("int8", [](const PackedB& p) { return p.int8; })
       .def("__repr__", [](const PackedB& p) {
         return "<PackedB k=" + std::to_string(p.k) + " n=" + std::to_string(p.n) + " isa=" + p.kr->name + ">";

@@ -17,8 +17,6 @@ namespace {
 
 using namespace pyx;
 
-inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
 // ---------------------------------------------------------------------------------------------- N-operand iteration
 
 // Up to NOPS operands over one shape (byte strides); size-1 dims dropped and contiguous neighbours merged.

@@ -317,7 +317,6 @@ bool x_bias_act_row(float* y, i64 n, float b, int act) {
 }
 
 // Compiled per ISA so that the run copies below vectorise at the full vector width.
-inline i64 x_ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline i64 x_floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 // One full panel whose nr columns lie on one output row, every tap inside the image horizontally, stride 1 along W
@@ -347,7 +346,7 @@ void x_im2col_interior(const ConvGeom& g, const float* x, i64 cin_g, i64 oy, con
 // on one output row), so stride-1 convs copy contiguous input runs instead of testing every element.
 void x_im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst) {
   const i64 K = cin_g * g.kh * g.kw;
-  const i64 np = x_ceil_div(ncols, nr);
+  const i64 np = hetero::ceil_div(ncols, nr);
   struct Seg {
     i64 jj, oy, ox, len;
   };
@@ -371,7 +370,7 @@ void x_im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0
         const Seg& sg = segs[s];
         const i64 ix0 = sg.ox * g.sw + kx * g.dw - g.pl;
         // t in [lo, hi): ix0 + t*sw inside [0, W)
-        const i64 lo = std::min<i64>(sg.len, ix0 >= 0 ? 0 : x_ceil_div(-ix0, g.sw));
+        const i64 lo = std::min<i64>(sg.len, ix0 >= 0 ? 0 : hetero::ceil_div(-ix0, g.sw));
         const i64 hi =
             std::max<i64>(lo, std::min<i64>(sg.len, ix0 >= g.W ? 0 : x_floor_div(g.W - 1 - ix0, g.sw) + 1));
         i64* e = tab + (s * g.kw + kx) * 3;
@@ -596,12 +595,16 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
 }
 
 // Rows of an int8 B panel (nr values each) as floats: dst[k*nr + j] = float(q[k*nr + j]) * scale[j], one fp32
-// product per value (the exact float weight the int8 form was found from: gemm.cpp's find_s8_columns).
+// product per value (the exact float weight the int8 form was found from: gemm.cpp's find_s8_scale).
+void dequant_panel_scalar(const std::int8_t* q, const float* scale, i64 rows, int nr, float* dst) {
+  for (i64 k = 0; k < rows; ++k)
+    for (int j = 0; j < nr; ++j) dst[k * nr + j] = static_cast<float>(q[k * nr + j]) * scale[j];
+}
+
 template <int NR>
 void dequant_panel_t(const std::int8_t* q, const float* scale, i64 rows, float* dst) {
   if constexpr (NR % W != 0) {  // not a width this ISA's GEMM uses
-    for (i64 k = 0; k < rows; ++k)
-      for (int j = 0; j < NR; ++j) dst[k * NR + j] = static_cast<float>(q[k * NR + j]) * scale[j];
+    dequant_panel_scalar(q, scale, rows, NR, dst);
     return;
   }
   constexpr int NV = NR / W > 0 ? NR / W : 1;
@@ -617,9 +620,7 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
     case 12: dequant_panel_t<12>(q, scale, rows, dst); break;
     case 16: dequant_panel_t<16>(q, scale, rows, dst); break;
     case 32: dequant_panel_t<32>(q, scale, rows, dst); break;
-    default:
-      for (i64 k = 0; k < rows; ++k)
-        for (int j = 0; j < nr; ++j) dst[k * nr + j] = static_cast<float>(q[k * nr + j]) * scale[j];
+    default: dequant_panel_scalar(q, scale, rows, nr, dst);
   }
 }
 

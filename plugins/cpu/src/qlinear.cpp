@@ -398,7 +398,8 @@ std::shared_ptr<QConv> py_qconv_pack(const py::array& w, const py::object& zp, i
   for (i64 g = 0; g < groups; ++g) {
     for (i64 n = 0; n < og; ++n)
       for (i64 ci = 0; ci < c->cin_g; ++ci)
-        for (i64 t = 0; t < taps; ++t) wk[static_cast<std::size_t>(n * K + t * c->cin_g + ci)] = src[(g * og + n) * K + ci * taps + t];
+        for (i64 t = 0; t < taps; ++t)
+          wk[static_cast<std::size_t>(n * K + t * c->cin_g + ci)] = src[(g * og + n) * K + ci * taps + t];
     auto p = std::make_shared<QPacked>();
     p->k = K;
     p->n = og;

@@ -124,6 +124,10 @@ void quantize8(const float* x, i64 n, float scale, int zp, int qmin, int qmax, s
   const float r = 1.f / scale;
   const bool by_mul = std::isnormal(scale) && std::isnormal(r);
   const __m512 vr = _mm512_set1_ps(r), edge = _mm512_set1_ps(0.5f - 1.f / 1024.f);
+  const auto divided = [&](__m512 xv) {  // round(x / scale) clamped to [lo, hi]
+    const __m512 q = _mm512_roundscale_ps(_mm512_div_ps(xv, vs), kNear);
+    return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, vlo), vhi));
+  };
   for (; i + 16 <= n; i += 16) {
     const __m512 xv = _mm512_loadu_ps(x + i);
     __m512i v;
@@ -132,13 +136,9 @@ void quantize8(const float* x, i64 n, float scale, int zp, int qmin, int qmax, s
       v = _mm512_cvtps_epi32(y);
       const __m512 off = _mm512_abs_ps(_mm512_sub_ps(y, _mm512_cvtepi32_ps(v)));
       const __mmask16 near = _mm512_cmp_ps_mask(off, edge, _CMP_GE_OQ);
-      if (near) {
-        const __m512 q = _mm512_roundscale_ps(_mm512_div_ps(xv, vs), kNear);
-        v = _mm512_mask_mov_epi32(v, near, _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, vlo), vhi)));
-      }
+      if (near) v = _mm512_mask_mov_epi32(v, near, divided(xv));
     } else {
-      const __m512 q = _mm512_roundscale_ps(_mm512_div_ps(xv, vs), kNear);
-      v = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, vlo), vhi));
+      v = divided(xv);
     }
     v = _mm512_add_epi32(v, vzp);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(v));

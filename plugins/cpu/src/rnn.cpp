@@ -15,8 +15,6 @@ namespace {
 
 using namespace pyx;
 
-inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
-
 struct Packed {
   i64 k = 0, n = 0;
   AlignedBuf buf;
