@@ -65,8 +65,9 @@ bool bf16x3_available();
 // Packs b (K x N) into hi / lo (bf16x3_b_values each); false, nothing usable, when b has a value the split does not
 // take (NaN, inf, |b| >= 2^128 (1 - 2^-9)).
 bool bf16x3_pack_b(const MatView& b, std::uint16_t* hi, std::uint16_t* lo, float* max_abs);
-// Rows of A below which the fp32 kernels run (set by measurement: docs/onnx-models.md, "bf16x3").
-constexpr i64 kBf16x3MinRows = 16;
+// Rows of A below which the fp32 kernels run: M <= 4 is the GEMV / small-M path (B streamed once); from M = 5 on
+// bf16x3 measured faster at every shape tried (docs/onnx-models.md, "bf16x3").
+constexpr i64 kBf16x3MinRows = 5;
 // Whether an M x N x K product is worth the path (measured: docs/onnx-models.md).
 bool bf16x3_worth(i64 M, i64 N, i64 K);
 // C (M x N, row stride ldc) = alpha * A @ B + beta * C, then the epilogue, by bf16x3. Returns false with C untouched
