@@ -120,8 +120,8 @@ def print_precision(rows: list[dict]) -> None:
           "max err / sum|a||b|: high | normal |")
     print("|---|---:|---:|---:|---:|---|---:|---:|")
     for r in rows:
-        print(f"| {r['shape']} | {r['threads']} | {r['high']:.1f} | {r['normal']:.1f} | {r['normal'] / r['high']:.2f} | "
-              f"{'yes' if r['bf16x3'] else 'no'} | {r['err_high']:.1e} | {r['err_normal']:.1e} |")
+        print(f"| {r['shape']} | {r['threads']} | {r['high']:.1f} | {r['normal']:.1f} | "
+              f"{r['normal'] / r['high']:.2f} | {'yes' if r['bf16x3'] else 'no'} | {r['err_high']:.1e} | {r['err_normal']:.1e} |")
 
 
 def main() -> None:

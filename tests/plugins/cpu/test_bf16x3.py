@@ -77,8 +77,9 @@ def test_bound_is_tight_enough_to_catch_a_missing_term():
     rng = np.random.default_rng(1)
     a = rng.standard_normal((64, 384)).astype(np.float32)
     b = rng.standard_normal((384, 96)).astype(np.float32)
-    hi = lambda x: (x.view(np.uint32) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1) & 0xFFFF0000).view(np.float32)  # noqa: E731
-    two_terms = hi(a).astype(np.float64) @ b.astype(np.float64)
+    u = a.view(np.uint32)
+    a_hi = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+    two_terms = a_hi.astype(np.float64) @ b.astype(np.float64)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert (np.abs(two_terms - ref) > bound(a, b)).any()
     assert (np.abs(run(a, pair(b)[0]) - ref) <= bound(a, b)).all()
@@ -211,3 +212,42 @@ def test_precision_environment_bad_value():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "HETERO_CPU_PRECISION": "low"},
                          capture_output=True, text=True)
     assert out.returncode != 0 and "HETERO_CPU_PRECISION=low" in out.stderr
+
+
+def _matmul_gemm_model() -> bytes:
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(12)
+    w1 = rng.standard_normal((96, 64)).astype(np.float32)
+    w2 = rng.standard_normal((48, 64)).astype(np.float32)  # Gemm with transB
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Gemm", ["h", "w2"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 96])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40, 48])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_session_precision_option():
+    import hetero
+    from hetero.contract import HeteroError
+
+    data = _matmul_gemm_model()
+    import onnx
+    from onnx import numpy_helper
+
+    x = np.random.default_rng(13).standard_normal((40, 96)).astype(np.float32)
+    run_with = {p: hetero.Session(data, backends=["cpu"], on_fallback="error", options={"precision": p}).run(
+        {"x": x})["y"] for p in ("high", "normal")}
+    w1, w2 = (numpy_helper.to_array(t) for t in onnx.load_from_string(data).graph.initializer)
+    h = (x.astype(np.float64) @ w1).astype(np.float32)
+    ref = h.astype(np.float64) @ w2.T.astype(np.float64)
+    # high: the fp32 kernels (tight); normal: within bf16x3's bound of the second product (and of the first, carried)
+    np.testing.assert_allclose(run_with["high"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    np.testing.assert_allclose(run_with["normal"], ref, rtol=1e-3, atol=2e-4 * np.abs(ref).max())
+    assert np.array_equal(run_with["high"], run_with["normal"]) != _native.bf16x3_available()
+    with pytest.raises(HeteroError, match="precision='fast'"):
+        hetero.Session(data, backends=["cpu"], options={"precision": "fast"})
