@@ -121,7 +121,8 @@ def print_precision(rows: list[dict]) -> None:
     print("|---|---:|---:|---:|---:|---|---:|---:|")
     for r in rows:
         print(f"| {r['shape']} | {r['threads']} | {r['high']:.1f} | {r['normal']:.1f} | "
-              f"{r['normal'] / r['high']:.2f} | {'yes' if r['bf16x3'] else 'no'} | {r['err_high']:.1e} | {r['err_normal']:.1e} |")
+              f"{r['normal'] / r['high']:.2f} | {'yes' if r['bf16x3'] else 'no'} | {r['err_high']:.1e} | "
+              f"{r['err_normal']:.1e} |")
 
 
 def main() -> None:
