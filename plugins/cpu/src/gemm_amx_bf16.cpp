@@ -77,17 +77,19 @@ void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, co
     _tile_loadd(5, blo + k0 * 16, 64);
     _tile_loadd(6, bhi + bstride + k0 * 16, 64);
     _tile_loadd(7, blo + bstride + k0 * 16, 64);
-    // The small terms first into each k block's sum.
-    _tile_dpbf16ps(0, 3, 4);
-    _tile_dpbf16ps(0, 2, 5);
+    // hi x hi, hi x lo, lo x hi per k block. (A 32 x 32 block, four accumulators reusing four operand tiles, measured
+    // 40 % slower: a tile reloaded waits for the products still reading it.)
     _tile_dpbf16ps(0, 2, 4);
-    _tile_dpbf16ps(1, 3, 6);
-    _tile_dpbf16ps(1, 2, 7);
     _tile_dpbf16ps(1, 2, 6);
+    _tile_dpbf16ps(0, 2, 5);
+    _tile_dpbf16ps(1, 2, 7);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_dpbf16ps(1, 3, 6);
   }
   _tile_stored(0, c, ldc * 4);
   _tile_stored(1, c + 16, ldc * 4);
 }
+
 #else
 std::uint32_t bf16x3_split_rows(const float*, i64, i64, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
   return 0xffffffffu;
