@@ -569,7 +569,7 @@ bool bf16x3_gemm(const Kernels& kr, const Bf16x3B& b, const MatView& a, float* c
     const i64 ti = task / tn, tj = task % tn;
     const i64 m0 = mt * ti / tm, m1 = mt * (ti + 1) / tm, n0 = nt * tj / tn, n1 = nt * (tj + 1) / tn;
     if (m0 >= m1 || n0 >= n1) return;
-    alignas(64) float tile[16 * 32];
+    alignas(64) float tile[32 * 32];
     bf16x3_tiles_begin();
     for (i64 ic = m0; ic < m1; ic += mct) {
       const i64 ie = std::min(m1, ic + mct);
@@ -578,17 +578,21 @@ bool bf16x3_gemm(const Kernels& kr, const Bf16x3B& b, const MatView& a, float* c
         const std::uint16_t* bh = b.hi + jt * 32 * kp;
         const std::uint16_t* bl = b.lo + jt * 32 * kp;
         const i64 ncols = std::min<i64>(32, N - jt * 32);
-        for (i64 it = ic; it < ie; ++it) {
-          const i64 nrows = std::min<i64>(16, M - it * 16);
+        // Row tiles in pairs (four accumulators), a last odd one alone: the same products per element either way.
+        for (i64 it = ic; it < ie;) {
+          const bool pair = it + 1 < ie;
+          const i64 nrows = std::min<i64>(pair ? 32 : 16, M - it * 16);
           float* cp = c + it * 16 * ldc + jt * 32;
           const std::uint16_t* ah = ahi + it * 16 * kp;
           const std::uint16_t* al = alo + it * 16 * kp;
-          if (direct && nrows == 16 && ncols == 32) {
-            bf16x3_block(kp, ah, al, bh, bl, cp, ldc);
+          auto* block = pair ? bf16x3_block32 : bf16x3_block;
+          if (direct && nrows == (pair ? 32 : 16) && ncols == 32) {
+            block(kp, ah, al, bh, bl, cp, ldc);
           } else {
-            bf16x3_block(kp, ah, al, bh, bl, tile, 32);
+            block(kp, ah, al, bh, bl, tile, 32);
             for (i64 i = 0; i < nrows; ++i) kr.axpby(tile + i * 32, cp + i * ldc, ncols, alpha, beta);
           }
+          it += pair ? 2 : 1;
         }
         apply_epilogue(kr, c + ic * 16 * ldc + jt * 32, ldc, ic * 16, jt * 32, rows, ncols, ep);
       }

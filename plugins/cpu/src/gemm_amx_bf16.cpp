@@ -1,7 +1,7 @@
 // AMX-BF16 kernels of the fp32 GEMM's bf16x3 path (gemm_bf16x3.hpp): the split of A into hi / lo bf16 rows and the
-// 16 x 32 tile block. Compiled with -mamx-tile -mamx-bf16 and AVX-512 (CMakeLists.txt); entered only after
-// bf16x3_available() (gemm.cpp). Tiles (all 16 rows x 64 bytes, amx.hpp): 0-1 the two 16 x 16 fp32 accumulators,
-// 2-3 A hi / lo (16 rows x 32 k), 4-5 B hi / lo of the left 16 columns, 6-7 of the right 16.
+// 16 x 32 and 32 x 32 tile blocks. Compiled with -mamx-tile -mamx-bf16 and AVX-512 (CMakeLists.txt); entered only after
+// bf16x3_available() (gemm.cpp). Tiles all 16 rows x 64 bytes (amx.hpp): 16 x 16 fp32 accumulators, 16 rows x 32 k of
+// A, 32 k x 16 columns of B (bf16 pairs).
 #include "gemm_bf16x3.hpp"
 
 #if defined(HETERO_GEMM_AMX_BF16)
@@ -77,8 +77,7 @@ void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, co
     _tile_loadd(5, blo + k0 * 16, 64);
     _tile_loadd(6, bhi + bstride + k0 * 16, 64);
     _tile_loadd(7, blo + bstride + k0 * 16, 64);
-    // hi x hi, hi x lo, lo x hi per k block. (A 32 x 32 block, four accumulators reusing four operand tiles, measured
-    // 40 % slower: a tile reloaded waits for the products still reading it.)
+    // hi x hi, hi x lo, lo x hi per k block (bf16x3_block32's order).
     _tile_dpbf16ps(0, 2, 4);
     _tile_dpbf16ps(1, 2, 6);
     _tile_dpbf16ps(0, 2, 5);
@@ -90,6 +89,45 @@ void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, co
   _tile_stored(1, c + 16, ldc * 4);
 }
 
+
+void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                    const std::uint16_t* blo, float* c, i64 ldc) {
+  const i64 lda = kp * 2, bstride = kp * 16, a1 = 16 * kp;  // A rows in bytes; B's right tile; A's rows 16-31
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (i64 k0 = 0; k0 < kp; k0 += 32) {
+    // hi x hi, then hi x lo (B's lo in 6-7), then lo x hi (A's lo in 4-5, B's hi again): four independent sums,
+    // each element's products in bf16x3_block's order.
+    _tile_loadd(4, ahi + k0, lda);
+    _tile_loadd(5, ahi + a1 + k0, lda);
+    _tile_loadd(6, bhi + k0 * 16, 64);
+    _tile_loadd(7, bhi + bstride + k0 * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(6, blo + k0 * 16, 64);
+    _tile_loadd(7, blo + bstride + k0 * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(4, alo + k0, lda);
+    _tile_loadd(5, alo + a1 + k0, lda);
+    _tile_loadd(6, bhi + k0 * 16, 64);
+    _tile_loadd(7, bhi + bstride + k0 * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  _tile_stored(2, c + 16 * ldc, ldc * 4);
+  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
 #else
 std::uint32_t bf16x3_split_rows(const float*, i64, i64, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
   return 0xffffffffu;
@@ -98,6 +136,8 @@ void bf16x3_tiles_begin() {}
 void bf16x3_tiles_end() {}
 void bf16x3_block(i64, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, float*,
                   i64) {}
+void bf16x3_block32(i64, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*,
+                    float*, i64) {}
 #endif
 
 }  // namespace hetero

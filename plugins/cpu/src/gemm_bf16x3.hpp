@@ -52,6 +52,10 @@ void bf16x3_tiles_end();
 // block of B at bhi / blo, over kp / 32 k blocks.
 void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
                   const std::uint16_t* blo, float* c, i64 ldc);
+// The same for 32 rows (A's rows 16-31 at 16 * kp): four accumulators, each element's products in bf16x3_block's
+// order (hi x hi, hi x lo, lo x hi per k block), so the two give the same bits.
+void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                    const std::uint16_t* blo, float* c, i64 ldc);
 
 // ---- gemm.cpp ----
 struct Bf16x3B {
