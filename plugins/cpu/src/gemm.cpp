@@ -545,7 +545,8 @@ bool bf16x3_gemm(const Kernels& kr, const Bf16x3B& b, const MatView& a, float* c
   parallel_for(TS, TS, [&](i64 t) {
     const i64 r0 = mt * t / TS * 16, r1 = std::min<i64>(M, mt * (t + 1) / TS * 16);
     if (r1 <= r0) return;
-    const std::uint32_t m = bf16x3_split_rows(a.p + r0 * a.rs, a.rs, a.cs, r1 - r0, K, kp, ahi + r0 * kp, alo + r0 * kp);
+    const std::uint32_t m =
+        bf16x3_split_rows(a.p + r0 * a.rs, a.rs, a.cs, r1 - r0, K, kp, ahi + r0 * kp, alo + r0 * kp);
     std::uint32_t seen = amax.load();
     while (m > seen && !amax.compare_exchange_weak(seen, m)) {
     }

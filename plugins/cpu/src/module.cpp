@@ -223,7 +223,8 @@ Precision default_precision() {
   int p = g_precision.load();
   if (p < 0) {
     const char* env = std::getenv("HETERO_CPU_PRECISION");
-    p = static_cast<int>(env != nullptr && *env != 0 ? parse_precision(env, "HETERO_CPU_PRECISION") : Precision::Normal);
+    const bool set = env != nullptr && *env != 0;
+    p = static_cast<int>(set ? parse_precision(env, "HETERO_CPU_PRECISION") : Precision::Normal);
     g_precision.store(p);
   }
   return static_cast<Precision>(p);
@@ -241,8 +242,9 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
   pb->n = b.cols;
   if (precision == Precision::Normal && pb->kr == kernels_avx512() && bf16x3_available() &&
       bf16x3_worth(kBf16x3MinRows, b.cols, b.rows)) {
-    auto* hi = reinterpret_cast<std::uint16_t*>(pb->bf.get(static_cast<std::size_t>(bf16x3_b_values(b.rows, b.cols))));
-    pb->bf16x3 = bf16x3_pack_b(b, hi, hi + bf16x3_b_values(b.rows, b.cols), &pb->bf_max);
+    const i64 part = bf16x3_b_values(b.rows, b.cols);  // uint16 values of hi, then of lo: `part` floats in all
+    auto* hi = reinterpret_cast<std::uint16_t*>(pb->bf.get(static_cast<std::size_t>(part)));
+    pb->bf16x3 = bf16x3_pack_b(b, hi, hi + part, &pb->bf_max);
     if (!pb->bf16x3) pb->bf.reset();
   }
   const i64 values = pb->panel_values();
@@ -264,7 +266,8 @@ void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float al
   const int T = num_threads();
   const S8Panels s8 = pb.s8();
   const S8Panels* q = pb.int8 ? &s8 : nullptr;
-  if (pb.bf16x3 && bf16x3_worth(a.rows, pb.n, pb.k) && bf16x3_gemm(*pb.kr, pb.bf16x3_b(), a, c, ldc, alpha, beta, ep, T))
+  if (pb.bf16x3 && bf16x3_worth(a.rows, pb.n, pb.k) &&
+      bf16x3_gemm(*pb.kr, pb.bf16x3_b(), a, c, ldc, alpha, beta, ep, T))
     return;
   if (a.rows <= 4)
     gemm_small_m_packed(*pb.kr, a, pb.buf.p, pb.n, c, ldc, alpha, beta, ep, T, q);
@@ -312,7 +315,8 @@ std::unique_ptr<PackedB> py_pack_b(const py::array& b, bool trans_b, bool int8, 
   need_f32(b, "pack_b", "b");
   need_ndim(b, 2, "pack_b", "b");
   MatView bv = mat_view(b, trans_b, "pack_b");
-  const Precision p = precision.is_none() ? default_precision() : parse_precision(py::str(precision), "pack_b: precision");
+  const Precision p =
+      precision.is_none() ? default_precision() : parse_precision(py::str(precision), "pack_b: precision");
   py::gil_scoped_release nogil;
   return make_packed(bv, int8, p);
 }
@@ -851,7 +855,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("n", [](const PackedB& p) { return p.n; })
       .def_property_readonly("isa", [](const PackedB& p) { return std::string(p.kr->name); })
       .def_property_readonly(
-          "nbytes", [](const PackedB& p) { return static_cast<i64>((p.buf.cap + p.qbuf.cap + p.bf.cap) * sizeof(float)); })
+          "nbytes",
+          [](const PackedB& p) { return static_cast<i64>((p.buf.cap + p.qbuf.cap + p.bf.cap) * sizeof(float)); })
       .def_property_readonly("int8", [](const PackedB& p) { return p.int8; })
       .def_property_readonly("bf16x3", [](const PackedB& p) { return p.bf16x3; },
                              "Whether large enough products run bf16x3 on AMX-BF16 (precision normal).")
@@ -867,8 +872,10 @@ PYBIND11_MODULE(_native, m) {
         "precision: \"high\" (fp32 kernels) or \"normal\" (bf16x3 on AMX-BF16 where it gains); None: precision().");
   m.def("precision", [] { return std::string(precision_name(default_precision())); },
         "The process default of pack_b's precision: HETERO_CPU_PRECISION, else \"normal\", or set_precision's.");
-  m.def("set_precision", [](const std::string& v) { g_precision.store(static_cast<int>(parse_precision(v, "precision"))); },
-        py::arg("precision"));
+  m.def(
+      "set_precision",
+      [](const std::string& v) { g_precision.store(static_cast<int>(parse_precision(v, "precision"))); },
+      py::arg("precision"));
   m.def("bf16x3_available", &bf16x3_available, "Whether this CPU and process can run the bf16x3 GEMM (AMX-BF16).");
   m.def("gemm_packed", &py_gemm_packed, py::arg("a"), py::arg("packed"), py::arg("out"), py::arg("alpha") = 1.0f,
         py::arg("beta") = 0.0f, py::arg("bias") = py::none());
