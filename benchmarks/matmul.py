@@ -14,6 +14,11 @@ which makes numpy's OpenBLAS run a slower code path than the CPU supports. Unset
     env -u OPENBLAS_CORETYPE python benchmarks/matmul.py
 
 (the script warns when it is set). Run on a quiet machine; the numbers in a shared session are noisy.
+
+``--precision`` instead compares the packed GEMM's two precisions on a transformer encoder's weight shapes
+(MiniLM: M = tokens, K x N = 384 x 384, 384 x 1536, 1536 x 384): ``pack_b(precision="high")`` (the fp32 kernels)
+against ``"normal"`` (bf16x3 on AMX-BF16 where the CPU has it, docs/onnx-models.md), interleaved, with the largest
+error of each against a float64 product relative to sum |a| |b|.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 import time
 
 SHAPES = [(1, 1024, 4096), (512, 1024, 1024)]
+PRECISION_SHAPES = [(m, k, n) for m in (16, 32, 64, 128, 256) for k, n in ((384, 384), (384, 1536), (1536, 384))]
 
 
 def _time_interleaved(fns: dict, reps: int, min_time: float) -> dict:
@@ -85,15 +91,50 @@ def worker(threads: int, reps: int) -> list[dict]:
     return rows
 
 
+def precision_worker(threads: int, reps: int) -> list[dict]:
+    import numpy as np
+
+    from hetero_cpu import _native
+
+    _native.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    for m, k, n in PRECISION_SHAPES:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        outs = {p: np.empty((m, n), np.float32) for p in ("high", "normal")}
+        packs = {p: _native.pack_b(b, precision=p) for p in outs}
+        fns = {p: lambda a=a, q=packs[p], o=outs[p]: _native.gemm_packed(a, q, o) for p in outs}
+        med = _time_interleaved(fns, reps, min_time=0.02)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+        flops = 2.0 * m * k * n
+        rows.append({"shape": f"{m}x{k}x{n}", "threads": threads, "bf16x3": packs["normal"].bf16x3,
+                     **{p: flops / med[p] / 1e9 for p in outs},
+                     **{f"err_{p}": float(np.max(np.abs(outs[p] - ref) / scale)) for p in outs}})
+    return rows
+
+
+def print_precision(rows: list[dict]) -> None:
+    print("| shape (MxKxN) | threads | high (fp32) GFLOP/s | normal GFLOP/s | normal/high | bf16x3 | "
+          "max err / sum|a||b|: high | normal |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['threads']} | {r['high']:.1f} | {r['normal']:.1f} | "
+              f"{r['normal'] / r['high']:.2f} | {'yes' if r['bf16x3'] else 'no'} | {r['err_high']:.1e} | "
+              f"{r['err_normal']:.1e} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions per measurement")
+    ap.add_argument("--precision", action="store_true", help="fp32 against bf16x3 on MiniLM's weight shapes")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.worker is not None:
-        print(json.dumps(worker(args.worker, args.reps)))
+        print(json.dumps((precision_worker if args.precision else worker)(args.worker, args.reps)))
         return
 
     if os.environ.get("OPENBLAS_CORETYPE"):
@@ -108,7 +149,8 @@ def main() -> None:
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HETERO_NUM_THREADS"):
             env[var] = str(t)
         res = subprocess.run(
-            [sys.executable, __file__, "--worker", str(t), "--reps", str(args.reps)],
+            [sys.executable, __file__, "--worker", str(t), "--reps", str(args.reps)]
+            + (["--precision"] if args.precision else []),
             env=env,
             check=True,
             capture_output=True,
@@ -118,6 +160,10 @@ def main() -> None:
 
     from hetero_cpu import _native
 
+    if args.precision:
+        print(f"load average {os.getloadavg()[0]:.2f}; bf16x3 available: {_native.bf16x3_available()}\n")
+        print_precision(rows)
+        return
     print(f"hetero isa: {_native.isa()}  (numpy {__import__('numpy').__version__})\n")
     print("| shape (MxKxN) | threads | B | hetero GFLOP/s | numpy GFLOP/s | hetero/numpy |")
     print("|---|---:|---|---:|---:|---:|")

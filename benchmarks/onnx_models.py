@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -65,12 +65,15 @@ def _model_input(model: RealModel, path: Path):
     return str(path)
 
 
-def hetero_runner(model: RealModel, path: Path, feeds: Feeds, threads: int, row: Row) -> Callable[[], dict]:
+def hetero_runner(model: RealModel, path: Path, feeds: Feeds, threads: int, row: Row,
+                  precision: str = "") -> Callable[[], dict]:
     import hetero
 
+    options = {"precision": precision} if precision else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", hetero.HeteroWarning)
-        session = hetero.Session(_model_input(model, path), backends=["cpu"], on_fallback="silent", threads=threads)
+        session = hetero.Session(_model_input(model, path), backends=["cpu"], on_fallback="silent", threads=threads,
+                                 options=options)
     session.run(feeds)
     session.run(feeds)  # the arena is planned from the first run of an input signature
     row.fallback = session.placement.fallback_summary() or "none"
@@ -233,16 +236,23 @@ def _worst(outs: dict, reference: dict) -> float:
     return worst
 
 
+def hetero_name(precision: str) -> str:
+    """The runtime's name in the table: hetero, or hetero[high] / hetero[normal] with --precision."""
+    return f"hetero[{precision}]" if precision else "hetero"
+
+
 def bench_model(model: RealModel, threads: int, repeat: int, warmup: int, mnn_dir: Path | None,
-                clock: str = "wall") -> Row:
+                clock: str = "wall", precisions: Sequence[str] = ("",)) -> Row:
     row = Row(model.name, threads)
     path = model.file()
     assert path is not None
     feeds = model.feeds(model)
     runners: dict[str, Runner] = {"onnxruntime": ort_runner(model, path, feeds, threads)}
     reference = runners["onnxruntime"]()
-    for name, make in (("hetero", lambda: hetero_runner(model, path, feeds, threads, row)),
-                       ("mnn", lambda: _mnn_or_none(model, path, feeds, threads, row, mnn_dir))):
+    makers: list[tuple[str, Callable[[], Runner | None]]] = [
+        (hetero_name(p), lambda p=p: hetero_runner(model, path, feeds, threads, row, p)) for p in precisions]
+    makers.append(("mnn", lambda: _mnn_or_none(model, path, feeds, threads, row, mnn_dir)))
+    for name, make in makers:
         try:
             runner = make()
         except Exception as exc:  # a runtime that cannot load or run the model gets a note, not a crash
@@ -255,7 +265,7 @@ def bench_model(model: RealModel, threads: int, repeat: int, warmup: int, mnn_di
             except Exception as exc:
                 row.notes.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
     medians = time_interleaved(runners, repeat, warmup, clock=CLOCKS[clock])
-    row.ms = {name: medians.get(name) for name in ("hetero", "onnxruntime", "mnn")}
+    row.ms = {name: medians.get(name) for name in (*(hetero_name(p) for p in precisions), "onnxruntime", "mnn")}
     return row
 
 
@@ -267,8 +277,9 @@ def _mnn_or_none(model: RealModel, path: Path, feeds: Feeds, threads: int, row: 
     return mnn_runner(mnn_path, path, feeds, threads, row)
 
 
-def worker(threads: int, names: list[str], repeat: int, warmup: int, mnn_dir: str, clock: str) -> None:
-    rows = [bench_model(MODELS[name], threads, repeat, warmup, Path(mnn_dir) if mnn_dir else None, clock)
+def worker(threads: int, names: list[str], repeat: int, warmup: int, mnn_dir: str, clock: str,
+           precisions: Sequence[str]) -> None:
+    rows = [bench_model(MODELS[name], threads, repeat, warmup, Path(mnn_dir) if mnn_dir else None, clock, precisions)
             for name in names]
     print(json.dumps([asdict(r) for r in rows]))
 
@@ -280,7 +291,7 @@ def run_worker(threads: int, names: list[str], args: argparse.Namespace, mnn_dir
         env[var] = str(threads)
     cmd = [sys.executable, __file__, "--worker", str(threads), "--models", ",".join(names),
            "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--mnn-dir", str(mnn_dir),
-           "--clock", args.clock]
+           "--clock", args.clock, "--precision", args.precision]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"worker for {threads} thread(s) failed:\n{done.stderr[-4000:]}")
@@ -300,13 +311,16 @@ def _load(avg: tuple[float, float, float]) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| model | threads | hetero ms | onnxruntime ms | mnn ms | hetero/ort | hetero/mnn |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    heteros = [k for k in rows[0]["ms"] if k.startswith("hetero")] if rows else ["hetero"]
+    print(f"| model | threads | {' | '.join(f'{h} ms' for h in heteros)} | onnxruntime ms | mnn ms | "
+          f"{' | '.join(f'{h}/ort' for h in heteros)} | {heteros[0]}/mnn |")
+    print("|---|---:|" + "---:|" * (2 * len(heteros) + 3))
     for r in rows:
         ms = r["ms"]
         mnn = _fmt(ms["mnn"]) + (" (module)" if r["mnn_api"] == "module" and ms["mnn"] is not None else "")
-        print(f"| {r['model']} | {r['threads']} | {_fmt(ms['hetero'])} | {_fmt(ms['onnxruntime'])} | {mnn} | "
-              f"{_ratio(ms['hetero'], ms['onnxruntime'])} | {_ratio(ms['hetero'], ms['mnn'])} |")
+        print(f"| {r['model']} | {r['threads']} | {' | '.join(_fmt(ms[h]) for h in heteros)} | "
+              f"{_fmt(ms['onnxruntime'])} | {mnn} | {' | '.join(_ratio(ms[h], ms['onnxruntime']) for h in heteros)} | "
+              f"{_ratio(ms[heteros[0]], ms['mnn'])} |")
 
 
 def print_notes(rows: list[dict]) -> None:
@@ -330,6 +344,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names from: " + ", ".join(MODELS))
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or the calling thread's CPU time (meaningful at 1 thread on a busy machine)")
+    parser.add_argument("--precision", default="",
+                        help="comma-separated cpu precisions to run side by side (high,normal); default: the session's")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--mnn-dir", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -338,7 +354,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
     if args.worker is not None:
-        worker(args.worker, names, args.repeat, args.warmup, args.mnn_dir, args.clock)
+        worker(args.worker, names, args.repeat, args.warmup, args.mnn_dir, args.clock, args.precision.split(","))
         return
     present = [n for n in names if MODELS[n].file() is not None]
     for n in sorted(set(names) - set(present)):

@@ -16,7 +16,8 @@ from .kernels.numpy_ops import CpuNumpyKernel
 class CpuBackend(HostMemory, KernelTableBackend):
     name: ClassVar[str] = "cpu"
     kernels = KERNELS
-    option_keys: ClassVar[tuple[str, ...]] = ("threads", "isa")
+    option_keys: ClassVar[tuple[str, ...]] = ("threads", "isa", "precision")
+    precisions: ClassVar[tuple[str, ...]] = ("high", "normal")
 
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
         super().__init__(device, options)
@@ -26,6 +27,10 @@ class CpuBackend(HostMemory, KernelTableBackend):
                 raise HeteroError(f"cpu backend: threads={threads}; expected a positive number")
             # The pool is per process: the last session to set it wins, like OMP_NUM_THREADS.
             _native.set_num_threads(int(threads))
+        precision = self.options.get("precision")
+        if precision is not None and precision not in self.precisions:
+            raise HeteroError(f"cpu backend: precision={precision!r}; expected one of {self.precisions} (\"high\": "
+                              "fp32 GEMMs; \"normal\": bf16x3 on CPUs with AMX-BF16, docs/onnx-models.md)")
         isa = self.options.get("isa")
         if isa is not None:
             _native.set_isa(str(isa))

@@ -131,7 +131,8 @@ struct AlignedBuf {
 // Thread-local scratch slots (one per purpose, reused across calls).
 AlignedBuf& tl_buf(int slot);
 enum {
-  TL_PACK_A = 0, TL_PACK_B = 1, TL_TMP = 2, TL_SMALLA = 3, TL_IM2COL = 4, TL_MISC = 5, TL_DEQUANT = 6, TL_NSLOTS = 7
+  TL_PACK_A = 0, TL_PACK_B = 1, TL_TMP = 2, TL_SMALLA = 3, TL_IM2COL = 4, TL_MISC = 5, TL_DEQUANT = 6, TL_BF16 = 7,
+  TL_NSLOTS = 8
 };
 
 // ---- GEMM (gemm.cpp) ----

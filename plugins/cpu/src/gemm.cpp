@@ -8,13 +8,16 @@
 //
 // Threads own disjoint rectangles of C (no synchronisation inside the nest).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <vector>
 
+#include "amx.hpp"
 #include "common.hpp"
+#include "gemm_bf16x3.hpp"
 #include "onnx_extra.hpp"
 
 namespace hetero {
@@ -487,6 +490,117 @@ void gemm_views(const Kernels& kr, const MatView& a, const MatView& b, float* c,
     return;
   }
   gemm_prepacked_b(kr, M, N, K, &a, nullptr, bp, c, ldc, alpha, beta, ep, nthreads);
+}
+
+// ---------------------------------------------------------------------------------------------- bf16x3 (AMX-BF16)
+
+// Flops per thread; the fp32 path's grain (the AMX blocks do the same work in less time, but the split's wake-up
+// cost is the same).
+constexpr double kBf16x3Grain = 4e6;
+
+bool bf16x3_available() {
+  static const bool ok = kernels_avx512() != nullptr && amx_usable(AMX_BF16);
+  return ok;
+}
+
+bool bf16x3_worth(i64 M, i64 N, i64 K) { return M >= kBf16x3MinRows && N >= 32 && K >= 32; }
+
+bool bf16x3_pack_b(const MatView& b, std::uint16_t* hi, std::uint16_t* lo, float* max_abs) {
+  const i64 K = b.rows, N = b.cols, kp = bf16x3_kp(K);
+  const std::size_t values = static_cast<std::size_t>(bf16x3_b_values(K, N));
+  std::memset(hi, 0, values * sizeof(std::uint16_t));
+  std::memset(lo, 0, values * sizeof(std::uint16_t));
+  std::uint32_t mx = 0;
+  auto put = [&](i64 k, i64 j) {
+    const float x = b.p[k * b.rs + j * b.cs];
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    mx = std::max(mx, u & 0x7fffffffu);
+    const i64 at = (j / 16) * kp * 16 + (k / 2) * 32 + (j % 16) * 2 + k % 2;
+    bf16x3_split(x, hi[at], lo[at]);
+  };
+  if (b.rs == 1 && b.cs != 1) {  // B^T stored row-major: walk it in memory order
+    for (i64 j = 0; j < N; ++j)
+      for (i64 k = 0; k < K; ++k) put(k, j);
+  } else {
+    for (i64 k = 0; k < K; ++k)
+      for (i64 j = 0; j < N; ++j) put(k, j);
+  }
+  std::memcpy(max_abs, &mx, sizeof mx);
+  return mx <= kBf16x3MaxBits;
+}
+
+bool bf16x3_gemm(const Kernels& kr, const Bf16x3B& b, const MatView& a, float* c, i64 ldc, float alpha, float beta,
+                 const Epilogue& ep, int nthreads) {
+  if (&kr != kernels_avx512() || !bf16x3_available()) return false;
+  const i64 M = a.rows, N = b.n, K = b.k, kp = bf16x3_kp(K);
+  const i64 mt = ceil_div(M, 16), nt = ceil_div(N, 32);
+  // A as hi / lo rows (all of it, shared by the tasks: a column split would otherwise split the same rows twice).
+  const std::size_t avals = static_cast<std::size_t>(mt * 16 * kp);
+  auto* ahi = reinterpret_cast<std::uint16_t*>(tl_buf(TL_BF16).get(avals));  // avals floats: hi and lo
+  std::uint16_t* alo = ahi + avals;
+  int T = std::min<int>(nthreads, threads_for(2.0 * M * N * K, kBf16x3Grain));
+  const int TS = static_cast<int>(std::min<i64>(T, mt));
+  std::atomic<std::uint32_t> amax{0};
+  parallel_for(TS, TS, [&](i64 t) {
+    const i64 r0 = mt * t / TS * 16, r1 = std::min<i64>(M, mt * (t + 1) / TS * 16);
+    if (r1 <= r0) return;
+    const std::uint32_t m =
+        bf16x3_split_rows(a.p + r0 * a.rs, a.rs, a.cs, r1 - r0, K, kp, ahi + r0 * kp, alo + r0 * kp);
+    std::uint32_t seen = amax.load();
+    while (m > seen && !amax.compare_exchange_weak(seen, m)) {
+    }
+  });
+  std::memset(ahi + M * kp, 0, static_cast<std::size_t>((mt * 16 - M) * kp) * sizeof(std::uint16_t));
+  std::memset(alo + M * kp, 0, static_cast<std::size_t>((mt * 16 - M) * kp) * sizeof(std::uint16_t));
+  // NaN / inf / a value whose hi would round to inf: fp32 (the caller). So is any product that could overflow a
+  // partial sum: every partial sum is below K * max|a| * max|b| * (1 + 2^-7).
+  const std::uint32_t abits = amax.load();
+  if (abits > kBf16x3MaxBits) return false;
+  float amaxf;
+  std::memcpy(&amaxf, &abits, sizeof amaxf);
+  if (static_cast<double>(K) * amaxf * b.max_abs * 1.01 >= 0x1p127) return false;
+
+  int tm, tn;
+  split_grid(mt, nt, T, tm, tn);
+  const bool direct = alpha == 1.f && beta == 0.f;
+  // Row tiles per chunk: the chunk's A (hi + lo) about 512 KB, staying in L2 across the column blocks.
+  const i64 mct = std::max<i64>(1, (i64{1} << 19) / (kp * 4 * 16));
+  parallel_for(static_cast<i64>(tm) * tn, tm * tn, [&](i64 task) {
+    const i64 ti = task / tn, tj = task % tn;
+    const i64 m0 = mt * ti / tm, m1 = mt * (ti + 1) / tm, n0 = nt * tj / tn, n1 = nt * (tj + 1) / tn;
+    if (m0 >= m1 || n0 >= n1) return;
+    alignas(64) float tile[32 * 32];
+    bf16x3_tiles_begin();
+    for (i64 ic = m0; ic < m1; ic += mct) {
+      const i64 ie = std::min(m1, ic + mct);
+      const i64 rows = std::min<i64>(M, ie * 16) - ic * 16;
+      for (i64 jt = n0; jt < n1; ++jt) {
+        const std::uint16_t* bh = b.hi + jt * 32 * kp;
+        const std::uint16_t* bl = b.lo + jt * 32 * kp;
+        const i64 ncols = std::min<i64>(32, N - jt * 32);
+        // Row tiles in pairs (four accumulators), a last odd one alone: the same products per element either way.
+        for (i64 it = ic; it < ie;) {
+          const bool pair = it + 1 < ie;
+          const i64 nrows = std::min<i64>(pair ? 32 : 16, M - it * 16);
+          float* cp = c + it * 16 * ldc + jt * 32;
+          const std::uint16_t* ah = ahi + it * 16 * kp;
+          const std::uint16_t* al = alo + it * 16 * kp;
+          auto* block = pair ? bf16x3_block32 : bf16x3_block;
+          if (direct && nrows == (pair ? 32 : 16) && ncols == 32) {
+            block(kp, ah, al, bh, bl, cp, ldc);
+          } else {
+            block(kp, ah, al, bh, bl, tile, 32);
+            for (i64 i = 0; i < nrows; ++i) kr.axpby(tile + i * 32, cp + i * ldc, ncols, alpha, beta);
+          }
+          it += pair ? 2 : 1;
+        }
+        apply_epilogue(kr, c + ic * 16 * ldc + jt * 32, ldc, ic * 16, jt * 32, rows, ncols, ep);
+      }
+    }
+    bf16x3_tiles_end();
+  });
+  return true;
 }
 
 }  // namespace hetero

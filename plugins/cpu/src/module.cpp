@@ -16,6 +16,7 @@
 #include "conv.hpp"
 #include "data.hpp"
 #include "elementwise.hpp"
+#include "gemm_bf16x3.hpp"
 #include "nd.hpp"
 #include "threadpool_stats.hpp"
 
@@ -188,6 +189,14 @@ struct PackedB {
   AlignedBuf buf;   // the float panels (empty when int8)
   AlignedBuf qbuf;  // int8: the panels' bytes (in a float-sized buffer) and, after them, the scales
   bool int8 = false;
+  // precision "normal" on a CPU with AMX-BF16: B also as bf16 hi / lo tiles (gemm_bf16x3.hpp), empty otherwise
+  AlignedBuf bf;
+  float bf_max = 0.f;
+  bool bf16x3 = false;
+  Bf16x3B bf16x3_b() const {
+    const auto* hi = reinterpret_cast<const std::uint16_t*>(bf.p);
+    return Bf16x3B{hi, hi + bf16x3_b_values(k, n), k, n, bf_max};
+  }
   i64 panel_values() const { return ceil_div(n, kr->nr) * kr->nr * k; }  // whole panels of k x nr
   i64 scales_at() const { return (panel_values() + 3) / 4; }  // in qbuf's floats: after the int8 panels
   S8Panels s8() const { return S8Panels{reinterpret_cast<const std::int8_t*>(qbuf.p), qbuf.p + scales_at()}; }
@@ -197,12 +206,47 @@ struct PackedB {
 // costs one conversion per panel value per GEMM call.
 constexpr i64 kS8MinWeights = 16384;
 
-// `int8`: use the int8 form where it is exact (HETERO_CPU_INT8_WEIGHTS=0 turns that off).
-std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true) {
+// The precision of the float GEMMs on packed weights: "high" (the fp32 kernels: fp32 products and sums) or "normal"
+// (bf16x3 where the CPU has AMX-BF16 and the product is large enough: gemm_bf16x3.hpp). A process default (the
+// HETERO_CPU_PRECISION environment variable, else "normal"; set_precision), and per pack_b call.
+enum class Precision { High, Normal };
+
+Precision parse_precision(const std::string& v, const char* what) {
+  if (v == "high") return Precision::High;
+  if (v == "normal") return Precision::Normal;
+  fail(std::string(what) + "=" + v + ": expected \"high\" or \"normal\"");
+}
+
+std::atomic<int> g_precision{-1};  // -1: not read from the environment yet
+
+Precision default_precision() {
+  int p = g_precision.load();
+  if (p < 0) {
+    const char* env = std::getenv("HETERO_CPU_PRECISION");
+    const bool set = env != nullptr && *env != 0;
+    p = static_cast<int>(set ? parse_precision(env, "HETERO_CPU_PRECISION") : Precision::Normal);
+    g_precision.store(p);
+  }
+  return static_cast<Precision>(p);
+}
+
+const char* precision_name(Precision p) { return p == Precision::High ? "high" : "normal"; }
+
+// `int8`: use the int8 form where it is exact (HETERO_CPU_INT8_WEIGHTS=0 turns that off). `precision` normal: also
+// the bf16x3 form, where the CPU has AMX-BF16 (the int8 or float form stays: the fp32 kernels run the calls
+// bf16x3 does not take).
+std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precision precision = Precision::High) {
   auto pb = std::make_unique<PackedB>();
   pb->kr = &active();
   pb->k = b.rows;
   pb->n = b.cols;
+  if (precision == Precision::Normal && pb->kr == kernels_avx512() && bf16x3_available() &&
+      bf16x3_worth(kBf16x3MinRows, b.cols, b.rows)) {
+    const i64 part = bf16x3_b_values(b.rows, b.cols);  // uint16 values of hi, then of lo: `part` floats in all
+    auto* hi = reinterpret_cast<std::uint16_t*>(pb->bf.get(static_cast<std::size_t>(part)));
+    pb->bf16x3 = bf16x3_pack_b(b, hi, hi + part, &pb->bf_max);
+    if (!pb->bf16x3) pb->bf.reset();
+  }
   const i64 values = pb->panel_values();
   const char* env = std::getenv("HETERO_CPU_INT8_WEIGHTS");
   if (int8 && b.rows * b.cols >= kS8MinWeights && !(env != nullptr && std::string(env) == "0")) {
@@ -222,6 +266,9 @@ void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float al
   const int T = num_threads();
   const S8Panels s8 = pb.s8();
   const S8Panels* q = pb.int8 ? &s8 : nullptr;
+  if (pb.bf16x3 && bf16x3_worth(a.rows, pb.n, pb.k) &&
+      bf16x3_gemm(*pb.kr, pb.bf16x3_b(), a, c, ldc, alpha, beta, ep, T))
+    return;
   if (a.rows <= 4)
     gemm_small_m_packed(*pb.kr, a, pb.buf.p, pb.n, c, ldc, alpha, beta, ep, T, q);
   else
@@ -264,12 +311,14 @@ void py_gemm(const py::array& a, const py::array& b, const py::array& out, bool 
   gemm_views(active(), av, bv, c, bv.cols, alpha, beta, ep, num_threads());
 }
 
-std::unique_ptr<PackedB> py_pack_b(const py::array& b, bool trans_b, bool int8) {
+std::unique_ptr<PackedB> py_pack_b(const py::array& b, bool trans_b, bool int8, const py::object& precision) {
   need_f32(b, "pack_b", "b");
   need_ndim(b, 2, "pack_b", "b");
   MatView bv = mat_view(b, trans_b, "pack_b");
+  const Precision p =
+      precision.is_none() ? default_precision() : parse_precision(py::str(precision), "pack_b: precision");
   py::gil_scoped_release nogil;
-  return make_packed(bv, int8);
+  return make_packed(bv, int8, p);
 }
 
 void py_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out, float alpha, float beta,
@@ -806,8 +855,11 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("n", [](const PackedB& p) { return p.n; })
       .def_property_readonly("isa", [](const PackedB& p) { return std::string(p.kr->name); })
       .def_property_readonly(
-          "nbytes", [](const PackedB& p) { return static_cast<i64>((p.buf.cap + p.qbuf.cap) * sizeof(float)); })
+          "nbytes",
+          [](const PackedB& p) { return static_cast<i64>((p.buf.cap + p.qbuf.cap + p.bf.cap) * sizeof(float)); })
       .def_property_readonly("int8", [](const PackedB& p) { return p.int8; })
+      .def_property_readonly("bf16x3", [](const PackedB& p) { return p.bf16x3; },
+                             "Whether large enough products run bf16x3 on AMX-BF16 (precision normal).")
       .def("__repr__", [](const PackedB& p) {
         return "<PackedB k=" + std::to_string(p.k) + " n=" + std::to_string(p.n) + " isa=" + p.kr->name + ">";
       });
@@ -815,7 +867,16 @@ PYBIND11_MODULE(_native, m) {
   m.def("gemm", &py_gemm, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f, py::arg("bias") = py::none(),
         "out = alpha * op(a) @ op(b) + beta * out + bias (bias broadcastable to (M, N)).");
-  m.def("pack_b", &py_pack_b, py::arg("b"), py::arg("trans_b") = false, py::arg("int8") = true);
+  m.def("pack_b", &py_pack_b, py::arg("b"), py::arg("trans_b") = false, py::arg("int8") = true,
+        py::arg("precision") = py::none(),
+        "precision: \"high\" (fp32 kernels) or \"normal\" (bf16x3 on AMX-BF16 where it gains); None: precision().");
+  m.def("precision", [] { return std::string(precision_name(default_precision())); },
+        "The process default of pack_b's precision: HETERO_CPU_PRECISION, else \"normal\", or set_precision's.");
+  m.def(
+      "set_precision",
+      [](const std::string& v) { g_precision.store(static_cast<int>(parse_precision(v, "precision"))); },
+      py::arg("precision"));
+  m.def("bf16x3_available", &bf16x3_available, "Whether this CPU and process can run the bf16x3 GEMM (AMX-BF16).");
   m.def("gemm_packed", &py_gemm_packed, py::arg("a"), py::arg("packed"), py::arg("out"), py::arg("alpha") = 1.0f,
         py::arg("beta") = 0.0f, py::arg("bias") = py::none());
   m.def("matmul", &py_matmul, py::arg("a"), py::arg("b"), py::arg("out"),

@@ -67,6 +67,13 @@ class CpuKernel:
         raise NotImplementedError
 
 
+def weight_precision(backend: Backend) -> str | None:
+    """The session's ``precision`` option for packed weights: "high" (fp32 kernels) or "normal" (bf16x3 on AMX-BF16
+    where it gains); None: the process default (``HETERO_CPU_PRECISION``, else "normal")."""
+    precision = backend.options.get("precision")
+    return None if precision is None else str(precision)
+
+
 def fused_activation(attrs: dict) -> tuple[str, float, float]:
     """The native (op, alpha, beta) of a fused node's ``activation`` attribute; ("none", 0, 0) without one."""
     return activation_params(attrs) or ("none", 0.0, 0.0)

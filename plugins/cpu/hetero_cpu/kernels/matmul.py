@@ -15,7 +15,16 @@ import numpy as np
 from hetero.contract import Backend, NodeInfo, Support, Tensor, unsupported
 
 from .. import _native
-from .common import Call, CallKernel, Calls, float32_only, fused_activation, fused_activation_known, noop
+from .common import (
+    Call,
+    CallKernel,
+    Calls,
+    float32_only,
+    fused_activation,
+    fused_activation_known,
+    noop,
+    weight_precision,
+)
 
 
 def _empty(a: np.ndarray, out: np.ndarray) -> Call | None:
@@ -62,9 +71,8 @@ class CpuMatMul(CallKernel):
         super().__init__(node, backend)
         weight = node.constants.get(1)
         # A constant 2-D right operand is a weight matrix: pack it once in the micro-kernel's layout.
-        self.packed = _native.pack_b(np.ascontiguousarray(weight, dtype=np.float32)) if (
-            weight is not None and weight.ndim == 2
-        ) else None
+        self.packed = _native.pack_b(np.ascontiguousarray(weight, dtype=np.float32), False, True,
+                                     weight_precision(backend)) if (weight is not None and weight.ndim == 2) else None
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         a, b = inputs[0].numpy(), inputs[1].numpy()
@@ -148,7 +156,8 @@ class CpuGemm(CallKernel):
         self.beta = float(self.attr("beta", 1.0))
         weight = node.constants.get(1)
         self.packed = (
-            _native.pack_b(np.ascontiguousarray(weight, dtype=np.float32), trans_b=self.trans_b)
+            _native.pack_b(np.ascontiguousarray(weight, dtype=np.float32), self.trans_b, True,
+                           weight_precision(backend))
             if weight is not None
             else None
         )

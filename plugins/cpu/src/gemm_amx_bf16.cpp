@@ -1,0 +1,143 @@
+// AMX-BF16 kernels of the fp32 GEMM's bf16x3 path (gemm_bf16x3.hpp): the split of A into hi / lo bf16 rows and the
+// 16 x 32 and 32 x 32 tile blocks. Compiled with -mamx-tile -mamx-bf16 and AVX-512 (CMakeLists.txt); entered only after
+// bf16x3_available() (gemm.cpp). Tiles all 16 rows x 64 bytes (amx.hpp): 16 x 16 fp32 accumulators, 16 rows x 32 k of
+// A, 32 k x 16 columns of B (bf16 pairs).
+#include "gemm_bf16x3.hpp"
+
+#if defined(HETERO_GEMM_AMX_BF16)
+#include <immintrin.h>
+
+#include "amx.hpp"
+#endif
+
+namespace hetero {
+
+#if defined(HETERO_GEMM_AMX_BF16)
+namespace {
+
+// Round to nearest even to bf16, as 32-bit lanes holding the bf16 in the high half (bf16x3_split, 16 lanes).
+inline __m512i rne16(__m512i u) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+  return _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+}  // namespace
+
+std::uint32_t bf16x3_split_rows(const float* a, i64 rs, i64 cs, i64 rows, i64 K, i64 kp, std::uint16_t* hi,
+                                std::uint16_t* lo) {
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+  __m512i vmax = _mm512_setzero_si512();
+  std::uint32_t smax = 0;
+  for (i64 i = 0; i < rows; ++i) {
+    const float* src = a + i * rs;
+    std::uint16_t* h = hi + i * kp;
+    std::uint16_t* l = lo + i * kp;
+    if (cs == 1) {
+      for (i64 k = 0; k < kp; k += 16) {
+        const __mmask16 m = k + 16 <= K ? static_cast<__mmask16>(0xffff)
+                                        : (k >= K ? static_cast<__mmask16>(0)
+                                                  : static_cast<__mmask16>((1u << (K - k)) - 1));
+        const __m512 x = _mm512_maskz_loadu_ps(m, src + k);  // columns past K: +0
+        const __m512i u = _mm512_castps_si512(x);
+        vmax = _mm512_max_epu32(vmax, _mm512_and_si512(u, absmask));
+        const __m512i uh = rne16(u);
+        const __m512i ul = rne16(_mm512_castps_si512(_mm512_sub_ps(x, _mm512_castsi512_ps(uh))));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(uh, 16)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(ul, 16)));
+      }
+    } else {
+      for (i64 k = 0; k < kp; ++k) {
+        const float x = k < K ? src[k * cs] : 0.f;
+        std::uint32_t u;
+        std::memcpy(&u, &x, sizeof u);
+        if ((u & 0x7fffffffu) > smax) smax = u & 0x7fffffffu;
+        bf16x3_split(x, h[k], l[k]);
+      }
+    }
+  }
+  alignas(64) std::uint32_t lanes[16];  // (GCC 12 warns inside its own _mm512_reduce_max_epu32)
+  _mm512_store_si512(lanes, vmax);
+  for (std::uint32_t v : lanes) smax = v > smax ? v : smax;
+  return smax;
+}
+
+void bf16x3_tiles_begin() { amx_load_tiles16x64(); }
+void bf16x3_tiles_end() { _tile_release(); }
+
+void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                  const std::uint16_t* blo, float* c, i64 ldc) {
+  const i64 lda = kp * 2, bstride = kp * 16;  // A rows in bytes; B's second 16-column tile, in values
+  _tile_zero(0);
+  _tile_zero(1);
+  for (i64 k0 = 0; k0 < kp; k0 += 32) {
+    _tile_loadd(2, ahi + k0, lda);
+    _tile_loadd(3, alo + k0, lda);
+    _tile_loadd(4, bhi + k0 * 16, 64);  // 16 pairs of k from k0 / 2: 64 bytes each
+    _tile_loadd(5, blo + k0 * 16, 64);
+    _tile_loadd(6, bhi + bstride + k0 * 16, 64);
+    _tile_loadd(7, blo + bstride + k0 * 16, 64);
+    // hi x hi, hi x lo, lo x hi per k block (bf16x3_block32's order).
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(1, 2, 6);
+    _tile_dpbf16ps(0, 2, 5);
+    _tile_dpbf16ps(1, 2, 7);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_dpbf16ps(1, 3, 6);
+  }
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+}
+
+
+void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                    const std::uint16_t* blo, float* c, i64 ldc) {
+  const i64 lda = kp * 2, bstride = kp * 16, a1 = 16 * kp;  // A rows in bytes; B's right tile; A's rows 16-31
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (i64 k0 = 0; k0 < kp; k0 += 32) {
+    // hi x hi, then hi x lo (B's lo in 6-7), then lo x hi (A's lo in 4-5, B's hi again): four independent sums,
+    // each element's products in bf16x3_block's order.
+    _tile_loadd(4, ahi + k0, lda);
+    _tile_loadd(5, ahi + a1 + k0, lda);
+    _tile_loadd(6, bhi + k0 * 16, 64);
+    _tile_loadd(7, bhi + bstride + k0 * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(6, blo + k0 * 16, 64);
+    _tile_loadd(7, blo + bstride + k0 * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(4, alo + k0, lda);
+    _tile_loadd(5, alo + a1 + k0, lda);
+    _tile_loadd(6, bhi + k0 * 16, 64);
+    _tile_loadd(7, bhi + bstride + k0 * 16, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+  _tile_stored(2, c + 16 * ldc, ldc * 4);
+  _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
+}
+#else
+std::uint32_t bf16x3_split_rows(const float*, i64, i64, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
+  return 0xffffffffu;
+}
+void bf16x3_tiles_begin() {}
+void bf16x3_tiles_end() {}
+void bf16x3_block(i64, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, float*,
+                  i64) {}
+void bf16x3_block32(i64, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*,
+                    float*, i64) {}
+#endif
+
+}  // namespace hetero
