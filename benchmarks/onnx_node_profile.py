@@ -134,7 +134,8 @@ def main() -> None:
     for op, ms in ort.values():
         by_op_o[op] += ms
     print(f"\n{args.model}, {args.threads} thread(s), median of {args.runs} runs per node (wall ms)")
-    print(f"hetero total {sum(v for _, v in het.values()):.3f} ms, onnxruntime total {sum(v for _, v in ort.values()):.3f}")
+    het_total, ort_total = sum(v for _, v in het.values()), sum(v for _, v in ort.values())
+    print(f"hetero total {het_total:.3f} ms, onnxruntime total {ort_total:.3f}")
     print("\nby op (hetero / onnxruntime):")
     for op in sorted(set(by_op_h) | set(by_op_o), key=lambda o: -max(by_op_h.get(o, 0), by_op_o.get(o, 0))):
         print(f"  {op:24s} {by_op_h.get(op, 0):8.3f} {by_op_o.get(op, 0):8.3f}")
