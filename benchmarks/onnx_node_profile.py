@@ -7,7 +7,8 @@ hetero: each kernel's bound call is wrapped with a timer (``time.perf_counter``)
 run times every native call; the median per node over ``--runs`` runs. onnxruntime: ``enable_profiling``, the
 median ``dur`` of each node's kernel event over the same number of runs (its fused nodes keep their fused names: a
 Conv with a fused activation is one event, where hetero fuses SiLU into its Conv too). Wall time at any thread count:
-quote it only from a quiet machine, or as ratios of one run. The load average is printed.
+quote it only from a quiet machine, or as ratios of one run; ``--clock thread`` times hetero's calls in the calling
+thread's CPU time (1 thread on a busy machine: A/B of two builds with ``--hetero-only``). The load average is printed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +48,8 @@ def _label(kernel, ins) -> str:
             f"{' g' + str(packed.group) if packed.group > 1 else ''} on {x[2]}x{x[3]} {algo}")
 
 
-def hetero_profile(path: str, feeds: dict, threads: int, runs: int) -> dict[str, tuple[str, float]]:
+def hetero_profile(path: str, feeds: dict, threads: int, runs: int,
+                   clock: Callable[[], float] = time.perf_counter) -> dict[str, tuple[str, float]]:
     import hetero
 
     with warnings.catch_warnings():
@@ -58,9 +61,9 @@ def hetero_profile(path: str, feeds: dict, threads: int, runs: int) -> dict[str,
 
     def timed(name: str, call):
         def run() -> None:
-            t0 = time.perf_counter()
+            t0 = clock()
             call()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
         return run
 
     for node, kernel in session.kernels():
@@ -117,6 +120,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--top", type=int, default=30, help="nodes listed, slowest hetero first")
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="hetero's timer: wall, or the calling thread's CPU time (1 thread, a busy machine)")
+    parser.add_argument("--hetero-only", action="store_true", help="skip onnxruntime (A/B of hetero builds)")
     args = parser.parse_args()
     model = MODELS[args.model]
     path = model.file()
@@ -124,8 +130,9 @@ def main() -> None:
         raise SystemExit(f"{args.model} is not installed: {model.install_hint()}")
     feeds = {k: np.asarray(v) for k, v in model.feeds(model).items()}
     print(f"load average before: {os.getloadavg()}")
-    het = hetero_profile(str(path), feeds, args.threads, args.runs)
-    ort = ort_profile(str(path), feeds, args.threads, args.runs)
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    het = hetero_profile(str(path), feeds, args.threads, args.runs, clock)
+    ort = {} if args.hetero_only else ort_profile(str(path), feeds, args.threads, args.runs)
     print(f"load average after: {os.getloadavg()}")
     by_op_h: dict[str, float] = defaultdict(float)
     by_op_o: dict[str, float] = defaultdict(float)
