@@ -490,7 +490,6 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const i64 ppb = std::max<i64>(1, std::min<i64>(np_all, kConvBlockFloats / std::max<i64>(1, depth * nr)));
   const double flops = 2.0 * g.N * g.Cout * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
-  // Enough tasks for every thread (a little over-decomposition evens out the ragged last block).
   const i64 images = g.N * g.group;
   const i64 rem = cout_g % kr.mr;
   const i64 m_main = rem > 0 && rem <= 4 ? cout_g - rem : cout_g;
