@@ -643,7 +643,8 @@ def test_attention_whose_mask_broadcasts_the_batch_up(backend):
 
 # (Conv attributes, group, input chain, rewrites, ops left): PP-LCNetV3's learnable affine block (``s * h + t`` of
 # scalars after an activation) before a 1x1 conv folds whole; before a padded conv (a depthwise one too) the scale
-# folds and an Add of t / s stays; a lone Mul or Add (the constant first or second) folds where it may.
+# folds and an Add of t / s stays; a lone Mul or Add (the constant first or second) folds where it may; a value read
+# twice, or a constant of rank > 1, stays.
 INPUT_AFFINE_CASES = [
     ({}, 1, "mul_add", 2, ["Conv", "Relu"]),
     ({"pads": [1, 1, 1, 1]}, 1, "mul_add", 1, ["Add", "Conv", "Relu"]),
@@ -653,6 +654,7 @@ INPUT_AFFINE_CASES = [
     ({"pads": [1, 1, 1, 1]}, 1, "add_only", 0, ["Add", "Conv", "Relu"]),
     ({"pads": [1, 1, 1, 1]}, 1, "mul_first", 1, ["Conv", "Relu"]),
     ({}, 1, "mul_add_shared", 0, ["Add", "Add", "Conv", "Mul", "Relu"]),
+    ({}, 1, "mul_add_rank4", 1, ["Conv", "Mul", "Relu"]),  # a [1, 1, 1, 1] scale: only the Add folds
 ]
 
 
@@ -678,7 +680,7 @@ def test_conv_input_affine_folds(backend, attrs, group, chain, rewrites, left):
         nodes.append(helper.make_node("Add", ["a", "a"], ["z"]))
         outputs.append(("z", TensorProto.FLOAT, None))
     inits = [("w", rng.normal(size=(6, 4 // group, k, k)).astype(f32)), ("b", rng.normal(size=6).astype(f32)),
-             ("s", np.array([0.75], f32)), ("t", np.array(-0.4, f32))]
+             ("s", np.full((1, 1, 1, 1) if chain.endswith("rank4") else (1,), 0.75, f32)), ("t", np.array(-0.4, f32))]
     if group == 4:
         inits[0] = ("w", rng.normal(size=(4, 1, k, k)).astype(f32))
         inits[1] = ("b", rng.normal(size=4).astype(f32))

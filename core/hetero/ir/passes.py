@@ -203,14 +203,14 @@ def fold_conv_scale_shift(graph: Graph) -> int:
     return count
 
 
-def _scalar_operand(graph: Graph, node: Node, op: str, rank: int) -> tuple[str, float] | None:
+def _scalar_operand(graph: Graph, node: Node, op: str) -> tuple[str, float] | None:
     """(the other input, the value) of an ``op`` node of two inputs, one of them a float constant of one element
-    and of rank <= ``rank`` (so that it does not broadcast the other to a higher rank)."""
+    and of rank <= 1 (so that the result has the other input's shape)."""
     if node.op_key != ("", op) or len(node.inputs) != 2:
         return None
     for at in (0, 1):
         const = graph.initializers.get(node.inputs[1 - at])
-        if const is not None and np.size(const) == 1 and np.ndim(const) <= rank and const.dtype == np.float32:
+        if const is not None and np.size(const) == 1 and np.ndim(const) <= 1 and const.dtype == np.float32:
             value = float(np.asarray(const).reshape(-1)[0])
             return (node.inputs[at], value) if math.isfinite(value) else None
     return None
@@ -239,12 +239,12 @@ def fold_conv_input_affine(graph: Graph) -> int:
             return node if node is not None and name not in keep and _single_consumer(graph, name) is user else None
 
         add = sole_user(conv.inputs[0], conv)
-        shifted = _scalar_operand(graph, add, "Add", w.ndim) if add is not None else None
+        shifted = _scalar_operand(graph, add, "Add") if add is not None else None
         if shifted is None:
             add = None
         h, t = shifted if shifted is not None else (conv.inputs[0], 0.0)
         mul = sole_user(h, add if add is not None else conv)
-        scaled = _scalar_operand(graph, mul, "Mul", w.ndim) if mul is not None else None
+        scaled = _scalar_operand(graph, mul, "Mul") if mul is not None else None
         if scaled is None:
             mul = None
         if mul is None and add is None:
