@@ -1,7 +1,7 @@
 """Graph passes that run after constant folding: no-op removal, Conv+BatchNorm (and constant scale / shift) folding,
-and fusion of a producer with its activation (Conv, MatMul+bias) into the hetero-domain ops of ``hetero.ops.fused``;
-the MatMulInteger -> Cast -> Mul chains of dynamically quantized models into ``MatMulIntegerScaled``
-(``hetero.ops.quant``), and Pow by a constant 2 or 3 into products.
+a scalar affine of a Conv's input folded into it, and fusion of a producer with its activation (Conv, MatMul+bias)
+into the hetero-domain ops of ``hetero.ops.fused``; the MatMulInteger -> Cast -> Mul chains of dynamically quantized
+models into ``MatMulIntegerScaled`` (``hetero.ops.quant``), and Pow by a constant 2 or 3 into products.
 
 Each pass rewrites a node only when the value it removes has a single consumer and is no graph output, so the
 graph computes exactly what it computed before.
