@@ -639,3 +639,52 @@ def test_attention_whose_mask_broadcasts_the_batch_up(backend):
     session = _compare(model, feeds, backend)
     assert session.rewrites["fuse_attention"] == 1
     assert session.run(feeds)["y"].shape == (3, 3, 6, 8)
+
+
+# (Conv attributes, group, input chain, rewrites, ops left): PP-LCNetV3's learnable affine block (``s * h + t`` of
+# scalars after an activation) before a 1x1 conv folds whole; before a padded conv (a depthwise one too) the scale
+# folds and an Add of t / s stays; a lone Mul or Add (the constant first or second) folds where it may; a value read
+# twice, or a constant of rank > 1, stays.
+INPUT_AFFINE_CASES = [
+    ({}, 1, "mul_add", 2, ["Conv", "Relu"]),
+    ({"pads": [1, 1, 1, 1]}, 1, "mul_add", 1, ["Add", "Conv", "Relu"]),
+    ({"pads": [1, 1, 1, 1]}, 4, "mul_add", 1, ["Add", "Conv", "Relu"]),
+    ({"auto_pad": "SAME_UPPER"}, 1, "mul_add", 1, ["Add", "Conv", "Relu"]),
+    ({}, 1, "add_first", 1, ["Conv", "Relu"]),
+    ({"pads": [1, 1, 1, 1]}, 1, "add_only", 0, ["Add", "Conv", "Relu"]),
+    ({"pads": [1, 1, 1, 1]}, 1, "mul_first", 1, ["Conv", "Relu"]),
+    ({}, 1, "mul_add_shared", 0, ["Add", "Add", "Conv", "Mul", "Relu"]),
+    ({}, 1, "mul_add_rank4", 1, ["Conv", "Mul", "Relu"]),  # a [1, 1, 1, 1] scale: only the Add folds
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("attrs, group, chain, rewrites, left", INPUT_AFFINE_CASES,
+                         ids=[str(i) for i in range(len(INPUT_AFFINE_CASES))])
+def test_conv_input_affine_folds(backend, attrs, group, chain, rewrites, left):
+    rng = np.random.default_rng(8)
+    f32 = np.float32
+    k = 1 if not attrs else 3
+    nodes = [helper.make_node("Relu", ["x"], ["h"])]
+    if chain.startswith("mul_add"):
+        nodes += [helper.make_node("Mul", ["s", "h"], ["m"]), helper.make_node("Add", ["m", "t"], ["a"])]
+    elif chain == "add_first":
+        nodes += [helper.make_node("Add", ["t", "h"], ["a"])]
+    elif chain == "add_only":
+        nodes += [helper.make_node("Add", ["h", "t"], ["a"])]
+    else:
+        nodes += [helper.make_node("Mul", ["h", "s"], ["a"])]
+    nodes.append(helper.make_node("Conv", ["a", "w", "b"], ["y"], group=group, **attrs))
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if chain == "mul_add_shared":  # the Add's output is read twice: nothing folds
+        nodes.append(helper.make_node("Add", ["a", "a"], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    inits = [("w", rng.normal(size=(6, 4 // group, k, k)).astype(f32)), ("b", rng.normal(size=6).astype(f32)),
+             ("s", np.full((1, 1, 1, 1) if chain.endswith("rank4") else (1,), 0.75, f32)), ("t", np.array(-0.4, f32))]
+    if group == 4:
+        inits[0] = ("w", rng.normal(size=(4, 1, k, k)).astype(f32))
+        inits[1] = ("b", rng.normal(size=4).astype(f32))
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 4, 7, 9])], outputs, inits)
+    session = _compare(model, {"x": rng.normal(size=(2, 4, 7, 9)).astype(f32)}, backend)
+    assert session.rewrites["fold_conv_input_affine"] == rewrites
+    assert sorted(_ops(session)) == left

@@ -103,6 +103,18 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
 
 }  // namespace
 
+Blocks balanced_blocks(i64 n, i64 max_per_block, i64 images, int T, i64 min_per_thread) {
+  Blocks b;
+  b.n = std::max<i64>(n, 1);
+  b.nb = ceil_div(b.n, std::max<i64>(max_per_block, 1));
+  if (T > 1) {
+    b.nb = std::max<i64>(b.nb, ceil_div(min_per_thread * T, std::max<i64>(images, 1)));
+    while ((images * b.nb) % T != 0 && b.nb < b.n) ++b.nb;
+  }
+  b.nb = std::min(b.nb, b.n);
+  return b;
+}
+
 std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 cout, i64 cin_g, i64 kh, i64 kw,
                                          i64 group) {
   auto pc = std::make_unique<PackedConv>();
@@ -343,10 +355,11 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   i64 groups = 1;
   if (T > 1 && mp > 1 && cout_g * K > cin_g * L.ph * L.pw * band_hq(band) * Wp)
     groups = std::min<i64>(mp, ceil_div(T, images * ceil_div(g.Ho, band)));
-  if (groups == 1)
-    while (T > 1 && band > 1 && images * ceil_div(g.Ho, band) < (rows ? 2 : 1) * T) band = (band + 1) / 2;
   const i64 pg = panel_groups(mp, groups);
-  const i64 hq = band_hq(band), nbands = ceil_div(g.Ho, band);
+  // Bands of at most `band` rows, sizes differing by one at most; without the weight split, at 2+ threads 2 bands a
+  // thread for row tiles, 1 for flattened ones, their count a multiple of T.
+  const Blocks bands = balanced_blocks(g.Ho, band, images, groups == 1 ? T : 1, rows ? 2 : 1);
+  const i64 hq = band_hq(bands.size(0)), nbands = bands.nb;
   const i64 qplane = hq * Wp, plane = L.ph * L.pw * qplane, per_band = cin_g * plane;
   std::vector<i64> off(static_cast<std::size_t>(K));
   for (i64 c = 0, k = 0; c < cin_g; ++c)
@@ -365,9 +378,8 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   parallel_for(images * nbands * groups, T, [&](i64 task) {
     const i64 p0 = (task % groups) * pg, p1 = std::min<i64>(mp, p0 + pg), r0 = p0 * mr,
               r1 = std::min<i64>(cout_g, p1 * mr);
-    const i64 img = task / groups / nbands, oy0 = (task / groups % nbands) * band, n = img / g.group,
-              gi = img % g.group;
-    const i64 oy1 = std::min<i64>(g.Ho, oy0 + band);
+    const i64 img = task / groups / nbands, b = task / groups % nbands, n = img / g.group, gi = img % g.group;
+    const i64 oy0 = bands.begin(b), oy1 = oy0 + bands.size(b);
     float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(per_band + nr));
     std::fill(padded + per_band, padded + per_band + nr, 0.f);
     for (i64 c = 0; c < cin_g; ++c)
@@ -473,10 +485,9 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   // The GEMM walks the block kc rows at a time, so the L2 budget bounds kc x columns, not K x columns: a deep K
   // (magika's 1280) still gets enough columns for each packed weight row panel to be reused from L2.
   const i64 depth = std::min<i64>(K, kr.kc);
-  i64 ppb = std::max<i64>(1, std::min<i64>(np_all, kConvBlockFloats / std::max<i64>(1, depth * nr)));
+  const i64 ppb = std::max<i64>(1, std::min<i64>(np_all, kConvBlockFloats / std::max<i64>(1, depth * nr)));
   const double flops = 2.0 * g.N * g.Cout * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
-  // Enough tasks for every thread (a little over-decomposition evens out the ragged last block).
   const i64 images = g.N * g.group;
   const i64 rem = cout_g % kr.mr;
   const i64 m_main = rem > 0 && rem <= 4 ? cout_g - rem : cout_g;
@@ -484,12 +495,12 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   // As in conv_direct: where the weights outweigh the packed input (more output channels than positions: YOLOv8n's
   // 1x1 convs on 10 x 10 maps), threads split the weight panels (each packs the same columns) instead of the columns.
   i64 groups = 1;
-  if (T > 1 && mp > 1 && ppb == np_all && cout_g > np_all * nr)
-    groups = std::min<i64>(mp, ceil_div(T, images));
-  else if (T > 1)
-    while (ppb > 1 && images * ceil_div(np_all, ppb) < 2 * T) ppb = (ppb + 1) / 2;
+  if (T > 1 && mp > 1 && ppb == np_all && cout_g > np_all * nr) groups = std::min<i64>(mp, ceil_div(T, images));
   const i64 pg = panel_groups(mp, groups);
-  const i64 nblk = ceil_div(np_all, ppb);
+  // Column blocks of at most ppb panels; at 2+ threads (no weight split) two tasks a thread, their count a multiple
+  // of T (PP-OCRv4 rec's 1x1 convs on 480 positions: 5 blocks of 3 panels -> 4 of 4 / 4 / 4 / 3).
+  const Blocks blocks = balanced_blocks(np_all, ppb, images, groups == 1 ? T : 1, 2);
+  const i64 nblk = blocks.nb;
   static std::atomic<std::uint64_t> calls{0};
   const std::uint64_t call = ++calls;  // this call's id (the packed-block check below)
   parallel_for(images * nblk * groups, T, [&](i64 task) {
@@ -497,7 +508,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     const bool tail = task % groups == groups - 1;
     const i64 img = task / groups / nblk, blk = task / groups % nblk;
     const i64 n = img / g.group, gi = img % g.group;
-    const i64 j0 = blk * ppb * nr, ncols = std::min<i64>(ppb * nr, HWo - j0);
+    const i64 j0 = blocks.begin(blk) * nr, ncols = std::min<i64>(blocks.size(blk) * nr, HWo - j0);
     const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
     float* bp = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(std::max<i64>(1, ceil_div(ncols, nr) * nr * K)));
     // A thread that runs several weight groups of one block in a row (the caller alone, where the worker did not

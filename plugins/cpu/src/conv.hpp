@@ -1,5 +1,6 @@
 // Convolution and pooling entry points (conv.cpp). All tensors NCHW float32, contiguous.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <mutex>
 
@@ -33,6 +34,19 @@ struct PackedConv {
   mutable AlignedBuf wino;
   mutable i64 wino_stride = 0;
 };
+
+// n units of equal cost (column panels, output rows) split into nb blocks whose sizes differ by at most one, the
+// larger first, for tasks that T threads claim in turn: where images x nb is not a multiple of T, the tasks of the
+// last round leave threads idle (five blocks of three panels on two threads ran as 3 + 2 blocks: 60 % of the work
+// on one thread, where 8 + 7 panels is 53 %).
+struct Blocks {
+  i64 n = 0, nb = 1;
+  i64 begin(i64 b) const { return b * (n / nb) + std::min<i64>(b, n % nb); }
+  i64 size(i64 b) const { return n / nb + (b < n % nb ? 1 : 0); }
+};
+// At least ceil(n / max_per_block) blocks; at 2+ threads at least min_per_thread tasks a thread (over `images`
+// images), and the task count a multiple of T where n allows.
+Blocks balanced_blocks(i64 n, i64 max_per_block, i64 images, int T, i64 min_per_thread);
 
 std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 cout, i64 cin_g, i64 kh, i64 kw,
                                          i64 group);

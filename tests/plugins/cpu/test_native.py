@@ -781,6 +781,43 @@ def test_conv2d_panel_split_threads(isa, threads, case):
     np.testing.assert_array_equal(out, one)
 
 
+# (N, C, H, W, Cout, kernel, strides, pads): at 2+ threads the tasks are column blocks (GEMM path) or row bands
+# (direct tile) whose sizes differ by one, their count a multiple of the thread count: 15 column panels (PP-OCRv4
+# rec's 480 positions) in 8 + 7 at 2 threads and 3 / 3 / 3 / 2 / 2 / 2 at 3, two images of 7.5 panels, row bands of
+# 11 and 13 rows (row tiles), a stride-2 map on flattened tiles and three images of a 1x1 conv.
+BLOCK_CASES = [
+    (1, 48, 6, 80, 40, 1, (1, 1), (0, 0, 0, 0)),
+    (2, 32, 3, 80, 24, 1, (1, 1), (0, 0, 0, 0)),
+    (1, 20, 11, 64, 22, 3, (1, 1), (1, 1, 1, 1)),
+    (2, 12, 13, 96, 28, 3, (1, 1), (1, 1, 1, 1)),
+    (1, 16, 42, 42, 20, 3, (2, 2), (1, 1, 1, 1)),
+    (3, 32, 9, 9, 48, 1, (1, 1), (0, 0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("nthreads", [2, 3])
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=[str(i) for i in range(len(BLOCK_CASES))])
+def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
+    n, c, h, wd, cout, k, strides, pads = case
+    x = randn(n, c, h, wd, seed=101)
+    w = randn(cout, c, k, k, seed=102) * 0.1
+    bias = randn(cout, seed=103)
+    algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
+    assert algo == ("gemm" if k == 1 or isa == "generic" else "direct")
+    ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
+    before = _native.num_threads()
+    outs = {}
+    try:
+        for t in (1, nthreads):
+            _native.set_num_threads(t)
+            outs[t] = np.full(ref.shape, np.nan, np.float32)
+            _native.conv2d(x, w, bias, outs[t], strides=strides, pads=pads, activation="silu")
+    finally:
+        _native.set_num_threads(before)
+    np.testing.assert_allclose(outs[nthreads], ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(outs[nthreads], outs[1])  # the same tiles whichever way the work is split
+
+
 def test_conv2d_strided_input_and_errors(isa):
     x = randn(1, 6, 20, 20, seed=93)[:, ::2, ::2, ::2]
     w = randn(4, 3, 3, 3, seed=94)
