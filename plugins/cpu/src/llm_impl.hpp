@@ -56,8 +56,13 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
 }
 
 // ---------------------------------------------------------------------------------------------- quantized GEMM
-inline i64 prefetch_distance() {  // HETERO_LLM_PF (llm.cpp)
-  static const i64 v = [] { const char* e = std::getenv("HETERO_LLM_PF"); return e ? std::atol(e) : 4096L; }();
+// How far ahead of the weight stream the decode tiles prefetch (HETERO_LLM_PF, llm.cpp), into L2 (S::prefetch). 3 KiB
+// into L2 rather than 4 KiB into L1: a prefetch into L1 that misses to DRAM holds one of the core's few L1 fill
+// buffers for the whole memory latency, so 64 lines ahead stalled the tile's own loads (one-row tiles streaming
+// from DRAM: 60-66% of the read probe with the old 4 KiB into L1, 84-96% with 3 KiB into L2; docs/llm-benchmarks.md,
+// branch dec11).
+inline i64 prefetch_distance() {
+  static const i64 v = [] { const char* e = std::getenv("HETERO_LLM_PF"); return e ? std::atol(e) : 3072L; }();
   return v;
 }
 
