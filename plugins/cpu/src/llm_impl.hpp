@@ -182,9 +182,8 @@ inline SuperScales<S> super_scales(const std::uint8_t* sb, int h) {
 // Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance(L2)), into L2 (L2) or L1. The weights stream
 // from memory and want more lines in flight than the L2 streamer keeps: decode's 1-2 x rows, and a batched step's 4-8
 // too (their tiles took 0.6-0.85x the time with it streaming from memory, benchmarks/qgemm_rows.py,
-// docs/serving.md). NT, the
-// block's steps of 64 bytes when known at compile time, makes the line count a constant (no loop branch to
-// mispredict); else it is w.rec_bytes / 64, rounded up (the same count).
+// docs/serving.md). NT, the block's steps of 64 bytes when known at compile time, makes the line count a constant
+// (no loop branch to mispredict); else it is w.rec_bytes / 64, rounded up (the same count).
 template <class S, int BITS, bool ASYM, int KQ, int NT, bool L2>
 inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf) {
   // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
