@@ -3,6 +3,7 @@ tree, each with optional environment settings) take turns running short blocks o
 
     python benchmarks/decode_ab.py MODEL.gguf /tmp/base-tree --threads 2 --blocks 30 --steps 6
     python benchmarks/decode_ab.py MODEL.gguf .:HETERO_LLM_HUGE=0 --threads 1     # this checkout, a setting off
+    python benchmarks/decode_ab.py MODEL.gguf /tmp/base-tree --threads 1 --clock cpu  # CPU time per step
 
 Unlike ``decode_threads.py --against`` (a fresh process per round), both models stay loaded and the turns are a few
 steps long, so both arms see the same neighbours within seconds of each other: each block pair gives a ratio, and
@@ -28,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def worker(tree: Path, model: str, threads: int, prompt: int, prefill: int) -> int:
+def worker(tree: Path, model: str, threads: int, prompt: int, prefill: int, clock: str = "wall") -> int:
     """Loads the model from ``tree``, then for each line "N" of stdin runs N steps (decode steps, or prefills of
     ``prefill`` tokens) and prints their seconds."""
     sys.path[:0] = [str(tree / "core"), str(tree / "plugins" / "cpu")]
@@ -47,16 +48,17 @@ def worker(tree: Path, model: str, threads: int, prompt: int, prefill: int) -> i
         llm.rollback(prompt)
         llm.forward([ids[prompt]])
     print("ready", flush=True)
+    now = time.perf_counter if clock == "wall" else time.process_time
     for line in sys.stdin:
         times = []
         for i in range(int(line)):
             llm.rollback(0 if prefill else prompt)
-            t0 = time.perf_counter()
+            t0 = now()
             if prefill:
                 llm.prefill(ids[:prefill])
             else:
                 llm.forward([ids[prompt + 1 + i % 8]])
-            times.append(time.perf_counter() - t0)
+            times.append(now() - t0)
         print(json.dumps(times), flush=True)
     return 0
 
@@ -65,7 +67,8 @@ def spawn(arm: str, args: argparse.Namespace) -> subprocess.Popen[str]:
     tree, _, settings = arm.partition(":")
     env = {**os.environ, **dict(kv.split("=", 1) for kv in settings.split(",") if kv)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(Path(tree).resolve()), args.model,
-           "--threads", str(args.threads), "--prompt", str(args.prompt), "--prefill", str(args.prefill)]
+           "--threads", str(args.threads), "--prompt", str(args.prompt), "--prefill", str(args.prefill),
+           "--clock", args.clock]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
@@ -95,11 +98,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6, help="decode steps per block")
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--prefill", type=int, default=0, help="time prefills of this many tokens instead of decode steps")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: the process's CPU time per step instead of wall time (1 thread on a busy machine: the "
+                         "step without the time it was descheduled; at 2+ threads it also counts the workers' spins)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.worker, args.model, args.threads, args.prompt, args.prefill)
+        return worker(args.worker, args.model, args.threads, args.prompt, args.prefill, args.clock)
     if not args.against:
         ap.error("the second arm (against) is required")
     arms = [args.a, args.against]
@@ -125,14 +131,15 @@ def main() -> int:
             for arm, t in zip(arms, times, strict=True)]
     summary = dict(model=Path(args.model).name, threads=args.threads, prompt=args.prompt, prefill=args.prefill,
                    blocks=args.blocks,
-                   steps=args.steps, load_avg=[load_before, load_after], arms=rows,
+                   steps=args.steps, clock=args.clock, load_avg=[load_before, load_after], arms=rows,
                    ratio_median=statistics.median(ratios), ratio_p10=rows[1]["p10_ms"] / rows[0]["p10_ms"],
                    ratio_min=rows[1]["min_ms"] / rows[0]["min_ms"])
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     what = f"prefills of {args.prefill} tokens" if args.prefill else f"steps after {args.prompt} tokens"
-    print(f"{summary['model']}, {args.threads} thread(s), {args.blocks} x 2 alternating blocks of {args.steps} {what}; "
+    print(f"{summary['model']}, {args.threads} thread(s), {args.blocks} x 2 alternating blocks of {args.steps} {what}"
+          f"{' (CPU time)' if args.clock == 'cpu' else ''}; "
           f"load average {load_before:.2f} -> {load_after:.2f}")
     print("| arm | min ms | p10 ms | median ms |")
     print("|---|---:|---:|---:|")

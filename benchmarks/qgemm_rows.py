@@ -16,6 +16,7 @@ together; printed as GB/s of weight bytes per core and as a share of the native 
 
     python benchmarks/qgemm_rows.py [--n 8960] [--k 1536] [--reps 15] [--isa avx512vnni] [--base main --rounds 5]
     python benchmarks/qgemm_rows.py --isa avx512vnni --stream-mib 256 --threads 1,2 [--base main] [--rounds 3]
+        [--clock cpu]
 """
 
 from __future__ import annotations
@@ -69,14 +70,18 @@ def base_headers(rev: str) -> Path:
     return out / "plugins" / "cpu" / "src"
 
 
-def run(exe: Path, n: int, k: int, reps: int, stream_mib: int = 0, threads: int = 1) -> Result:
+def run(exe: Path, n: int, k: int, reps: int, stream_mib: int = 0, threads: int = 1, clock: str = "wall") -> Result:
     """One run of the binary; stream_mib > 0: the streamed one-row GEMV on `threads` threads (no M columns; bytes:
-    all threads' per pass)."""
+    all threads' per pass; clock "cpu": the seconds are the best pass's slowest thread's CPU time, not the median
+    pass's wall time)."""
     cmd = [str(exe), str(n), str(k), str(reps)] + ([str(stream_mib), str(threads)] if stream_mib > 0 else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     res: Result = {}
     for line in out.splitlines():
         f = line.split()
+        if len(f) > 6 and f[6] == "cpu":  # streamed: "... cpu <seconds>"
+            res[f[0]] = (int(f[1]), int(f[2]), int(f[3]), float(f[7] if clock == "cpu" else f[4]), f[5], {})
+            continue
         res[f[0]] = (int(f[1]), int(f[2]), int(f[3]), float(f[4]), f[5],
                      {int(f[i]): float(f[i + 1]) for i in range(6, len(f), 2)})
     return res
@@ -112,12 +117,13 @@ def stream(args: argparse.Namespace, base: Path | None) -> None:
         bound: dict[int, list[float]] = {t: [] for t in threads}
         for _ in range(args.rounds):
             for t in threads:
-                bound[t].append(measure([t], mib=args.stream_mib, reps=5, rounds=1)[t]["best_2m"])
+                bound[t].append(measure([t], mib=args.stream_mib, reps=5, rounds=1, clock=args.clock)[t]["best_2m"])
                 for name, exe in exes.items():
-                    runs[name, t].append(run(exe, args.n, args.k, args.reps, args.stream_mib, t))
+                    runs[name, t].append(run(exe, args.n, args.k, args.reps, args.stream_mib, t, args.clock))
         for t in threads:
             gbs = statistics.median(bound[t])
-            print(f"{isa}, {t} thread{'s' if t > 1 else ''}: read probe {gbs:.1f} GB/s (2 MiB pages, median of rounds)")
+            print(f"{isa}, {t} thread{'s' if t > 1 else ''}: read probe {gbs:.1f} GB/s (2 MiB pages, median of rounds"
+                  f"{', CPU time' if args.clock == 'cpu' else ''})")
             for name in exes:
                 res = median_of(runs[name, t])
                 cols = [f"{fmt} {nbytes / t1 / 1e9 / t:5.1f} GB/s/core ({100 * nbytes / t1 / 1e9 / gbs:3.0f}%)"
@@ -137,6 +143,9 @@ def main() -> None:
     parser.add_argument("--stream-mib", type=int, default=0,
                         help="stream the one-row GEMV from ~MIB MiB of weights per thread (2 MiB pages)")
     parser.add_argument("--threads", default="1", help="comma-separated thread counts (with --stream-mib)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="with --stream-mib: cpu = each pass timed by its slowest thread's CPU time, the tiles' "
+                             "best pass and the probe's (a busy machine: without the time a thread was descheduled)")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}")
     base = base_headers(args.base) if args.base else None

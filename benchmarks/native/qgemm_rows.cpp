@@ -8,7 +8,9 @@
 // STREAM_MIB > 0: the one-row GEMV streamed from memory instead: THREADS threads each fill a buffer of about
 // STREAM_MIB MiB on 2 MiB pages (as the plugin's WeightArena) with copies of the packed matrix and run M = 1 over all
 // of them per pass, the passes started together (wall time until the slowest thread ends); <bytes> is what all the
-// threads read per pass, and no M columns follow; exits non-zero if a thread's output is not the one-row GEMV's.
+// threads read per pass, the M=1 seconds are the median pass's wall time, and "cpu <seconds>" follows instead of M
+// columns: the best pass's slowest thread's CPU time (on a busy machine the pass without the time a thread was
+// descheduled); exits non-zero if a thread's output is not the one-row GEMV's.
 #include <time.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -127,7 +130,8 @@ int main(int argc, char** argv) {
       const std::size_t mbytes = w.size(), copies = std::max<std::size_t>(1, (stream_mib << 20) / mbytes);
       bench::Barrier barrier(nthreads + 1);
       std::atomic<bool> differs{false};  // a thread's output over its last copy is not the one-row GEMV's
-      std::vector<double> secs;
+      std::vector<double> secs, cpu(static_cast<std::size_t>(reps), 0.0);  // cpu: the slowest thread's CPU time
+      std::mutex cpu_mu;
       std::vector<std::thread> threads;
       for (int t = 0; t < nthreads; ++t)
         threads.emplace_back([&] {
@@ -136,10 +140,16 @@ int main(int argc, char** argv) {
           std::vector<float> yt(static_cast<std::size_t>(n));
           for (int r = 0; r <= reps; ++r) {  // pass 0: warm-up
             barrier.wait();
+            const double c0 = cpu_seconds();
             for (std::size_t j = 0; j < copies; ++j)
               for (i64 g = 0; g < pk.groups; ++g)
                 c.tile(pk, buf + j * mbytes + g * pk.group_bytes, x, 0, 1, yt.data() + g * QR, n,
                        static_cast<int>(std::min<i64>(QR, n - g * QR)));
+            const double c1 = cpu_seconds() - c0;
+            {
+              std::lock_guard<std::mutex> lock(cpu_mu);
+              if (r) cpu[static_cast<std::size_t>(r - 1)] = std::max(cpu[static_cast<std::size_t>(r - 1)], c1);
+            }
             barrier.wait();
           }
           if (std::memcmp(yt.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(n)) != 0) differs = true;
@@ -156,9 +166,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s: the streamed GEMV differs from the one-row GEMV\n", c.name);
         return 1;
       }
-      std::printf("%s %lld %lld %lld %.9f %016llx\n", c.name, static_cast<long long>(n), static_cast<long long>(k),
-                  static_cast<long long>(copies * mbytes * nthreads), med(secs),
-                  static_cast<unsigned long long>(hash));
+      std::printf("%s %lld %lld %lld %.9f %016llx cpu %.9f\n", c.name, static_cast<long long>(n),
+                  static_cast<long long>(k), static_cast<long long>(copies * mbytes * nthreads), med(secs),
+                  static_cast<unsigned long long>(hash), *std::min_element(cpu.begin(), cpu.end()));
       std::fflush(stdout);
       continue;
     }

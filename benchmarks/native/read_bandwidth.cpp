@@ -5,12 +5,16 @@
 // pages) or 2m (2 MiB-aligned buffers that ask Linux for transparent huge pages, as hetero's repacked weights do:
 // fewer TLB misses, which cost a two-level page walk under a hypervisor).
 //   read_bandwidth THREADS MIB_PER_THREAD REPS [PAGES]
+#include <time.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -25,6 +29,12 @@ std::uint64_t sum_buffer(const std::uint64_t* p, std::size_t n) {
   return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
 }
 
+double cpu_seconds() {  // this thread's CPU time: on a shared machine, the pass without the time it was descheduled
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -37,7 +47,8 @@ int main(int argc, char** argv) {
   const std::size_t words = static_cast<std::size_t>(std::atol(argv[2])) * (1u << 20) / 8;
   if (nt < 1 || reps < 1 || words < 8) return 2;
   bench::Barrier barrier(nt + 1);
-  std::vector<double> secs(static_cast<std::size_t>(reps));
+  std::vector<double> secs(static_cast<std::size_t>(reps)), cpu(secs.size(), 0.0);  // cpu: the slowest thread's
+  std::mutex cpu_mu;
   std::atomic<std::uint64_t> sink{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < nt; ++t)
@@ -47,7 +58,13 @@ int main(int argc, char** argv) {
       barrier.wait();
       for (int r = 0; r < reps; ++r) {
         barrier.wait();
+        const double c0 = cpu_seconds();
         sink.fetch_add(sum_buffer(buf, words), std::memory_order_relaxed);
+        const double c1 = cpu_seconds() - c0;
+        {
+          std::lock_guard<std::mutex> lock(cpu_mu);
+          cpu[static_cast<std::size_t>(r)] = std::max(cpu[static_cast<std::size_t>(r)], c1);
+        }
         barrier.wait();
       }
       std::free(buf);
@@ -62,6 +79,8 @@ int main(int argc, char** argv) {
   for (auto& th : threads) th.join();
   std::printf("{\"threads\": %d, \"bytes_per_pass\": %.0f, \"seconds\": [", nt, 8.0 * words * nt);
   for (int r = 0; r < reps; ++r) std::printf("%s%.6f", r ? ", " : "", secs[static_cast<std::size_t>(r)]);
+  std::printf("], \"cpu_seconds\": [");
+  for (int r = 0; r < reps; ++r) std::printf("%s%.6f", r ? ", " : "", cpu[static_cast<std::size_t>(r)]);
   std::printf("], \"checksum\": %llu}\n", static_cast<unsigned long long>(sink.load()));
   return 0;
 }

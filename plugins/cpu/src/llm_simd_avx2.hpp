@@ -109,5 +109,6 @@ struct LlmSimd : SIMD {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w.aw, sx), _mm256_set1_epi16(1)));
   }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  static void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }  // not into L1
 };
 }  // namespace

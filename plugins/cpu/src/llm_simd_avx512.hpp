@@ -106,5 +106,6 @@ struct LlmSimd : SIMD {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w.aw, sx), _mm512_set1_epi16(1)));
   }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  static void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }  // not into L1
 };
 }  // namespace

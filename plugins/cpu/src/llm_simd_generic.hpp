@@ -66,5 +66,6 @@ struct LlmSimd : SIMD {
   static Q8 q8_weights(B w) { return {w}; }
   static I dot_q8(I acc, const Q8& w, B x) { return dot4(acc, w.w, x); }
   static void prefetch(const void*) {}
+  static void prefetch_l2(const void*) {}
 };
 }  // namespace
