@@ -396,6 +396,18 @@ def test_max_pool_shapes(isa, k, s, p):
     check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
 
 
+@pytest.mark.parametrize("k,auto_pad,hw", [(3, "SAME_UPPER", 46), (3, "VALID", 21), (2, "SAME_UPPER", 9), (5, "NOTSET", 30),
+                                           (4, "VALID", 23)])
+def test_max_pool_stride2_phases(isa, k, auto_pad, hw):
+    """Stride-2 pools whose rows split into even / odd columns (MTCNN's R-Net / O-Net pools: 3 x 3 / 2 with SAME_UPPER
+    and VALID padding), kernels of odd and even width, NaN in an even and an odd column."""
+    x = f32(2, 5, hw, hw + 3)
+    x[0, 1, 4, 6] = np.nan
+    x[1, 3, 7, 9] = np.nan
+    pads = {"pads": [1, 2, 2, 1]} if auto_pad == "NOTSET" else {}
+    check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], auto_pad=auto_pad, **pads)
+
+
 # ------------------------------------------------------------------------------------------------ 1-D convolution
 
 @pytest.mark.parametrize("attrs", [
