@@ -639,3 +639,56 @@ def test_attention_whose_mask_broadcasts_the_batch_up(backend):
     session = _compare(model, feeds, backend)
     assert session.rewrites["fuse_attention"] == 1
     assert session.run(feeds)["y"].shape == (3, 3, 6, 8)
+
+
+def _stepwise_projection(steps: int, trans_b: int = 1, shared: bool = True, alpha: float = 1.0,
+                         extra_output: bool = False):
+    """An RNN exported step by step: h_t = tanh(Gemm(Gather(X, t), W, b) + h_{t-1}), the sum of the h_t the output
+    (and each step's gathered row too, where ``extra_output``)."""
+    rng = np.random.default_rng(7)
+    k, n = 6, 5
+    nodes, inits = [], [("b", rng.normal(size=n).astype(np.float32)), ("h0", np.zeros((2, n), np.float32))]
+    w_shape = (n, k) if trans_b else (k, n)
+    inits += [(f"w{t}", rng.normal(size=w_shape).astype(np.float32)) for t in range(1 if shared else steps)]
+    outputs = [("y", TensorProto.FLOAT, [2, n])]
+    h = "h0"
+    for t in range(steps):
+        inits.append((f"i{t}", np.array(t, np.int64)))
+        nodes += [helper.make_node("Gather", ["x", f"i{t}"], [f"row{t}"], axis=0),
+                  helper.make_node("Gemm", [f"row{t}", "w0" if shared else f"w{t}", "b"], [f"p{t}"], transB=trans_b,
+                                   alpha=alpha),
+                  helper.make_node("Add", [f"p{t}", h], [f"s{t}"]), helper.make_node("Tanh", [f"s{t}"], [f"h{t + 1}"])]
+        h = f"h{t + 1}"
+    nodes.append(helper.make_node("Sum", [f"h{t + 1}" for t in range(steps)], ["y"]))
+    if extra_output:
+        outputs.append(("row1", TensorProto.FLOAT, [2, k]))
+    return make_model(nodes, [("x", TensorProto.FLOAT, [steps + 1, 2, k])], outputs, inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemms_of_gathered_rows_sharing_a_weight_become_one_matmul(backend, trans_b):
+    model = _stepwise_projection(5, trans_b)
+    x = np.random.default_rng(8).normal(size=(6, 2, 6)).astype(np.float32)
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["batch_gathered_gemms"] == 5
+    ops = _ops(session)
+    assert "Gemm" not in ops and ops.count("Gather") == 5 and ops.count("FusedMatMul") == 1  # its bias fused
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 3}, {"steps": 5, "shared": False}, {"steps": 5, "alpha": 0.5}])
+def test_gemms_of_gathered_rows_left_alone_when_few_or_different(kwargs):
+    model = _stepwise_projection(**kwargs)
+    steps = kwargs["steps"]
+    x = np.random.default_rng(9).normal(size=(steps + 1, 2, 6)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference")
+    assert session.rewrites["batch_gathered_gemms"] == 0
+    assert _ops(session).count("Gemm") == steps
+
+
+def test_gemms_of_gathered_rows_keep_a_gathered_row_read_elsewhere():
+    model = _stepwise_projection(5, extra_output=True)
+    x = np.random.default_rng(10).normal(size=(6, 2, 6)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference")
+    assert session.rewrites["batch_gathered_gemms"] == 5
+    assert _ops(session).count("Gather") == 6  # the five rows of the product, and the graph output row1

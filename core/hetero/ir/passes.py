@@ -339,6 +339,68 @@ def fuse_conv_activation(graph: Graph) -> int:
     return count
 
 
+def _gathered_row(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, int] | None:
+    """(X, i) when ``name`` is Gather(X, constant scalar i, axis=0) of a float32 X of rank 3, else None."""
+    gather = producers.get(name)
+    if gather is None or gather.op_key != ("", "Gather") or int(gather.attrs.get("axis", 0)) != 0:
+        return None
+    index = graph.initializers.get(gather.inputs[1])
+    info = graph.values.get(gather.inputs[0])
+    if index is None or np.ndim(index) != 0 or np.asarray(index).dtype.kind not in "iu" or info is None \
+            or info.dtype != dtypes.float32 or info.rank != 3:
+        return None
+    return gather.inputs[0], int(index)
+
+
+def batch_gathered_gemms(graph: Graph) -> int:
+    """Gemm(Gather(X, i, axis=0), W, b) for several constant i of one X [T, B, K], all with the same constant W and
+    b: one MatMul of all of X (then Add b) and a Gather of row i from it for each. An unrolled RNN exported step by step
+    (captcha_whisperer's CRNN: 20 steps x 2 directions) computes its input projection this way, one [B, K] x [K, 4H]
+    product per step, which reads W once per step (6.5 MB at K = 4096); batched, the weight is read once and the
+    GEMM runs with T * B rows. Needs at least four such Gemms of distinct rows (the batched product computes every
+    row of X, including any no Gemm read)."""
+    groups: dict[tuple[str, str, str, int], list[tuple[Node, int]]] = {}
+    producers = graph.producers()
+    keep = _read_by_subgraphs(graph)
+    for gemm in graph.nodes:
+        if gemm.op_key != ("", "Gemm") or len(gemm.inputs) != 3 or gemm.attrs.get("transA", 0) \
+                or float(gemm.attrs.get("alpha", 1.0)) != 1.0 or float(gemm.attrs.get("beta", 1.0)) != 1.0:
+            continue
+        w, b = (graph.initializers.get(n) for n in gemm.inputs[1:])
+        row = _gathered_row(graph, gemm.inputs[0], producers)
+        if w is None or b is None or row is None or np.ndim(w) != 2 or w.dtype != np.float32 or \
+                np.asarray(b).dtype != np.float32 or gemm.inputs[0] in keep:
+            continue
+        n = w.shape[0] if gemm.attrs.get("transB", 0) else w.shape[1]
+        if np.asarray(b).shape not in ((n,), (1, n)):
+            continue
+        key = (row[0], gemm.inputs[1], gemm.inputs[2], int(gemm.attrs.get("transB", 0)))
+        groups.setdefault(key, []).append((gemm, row[1]))
+    count = 0
+    for (x, w_name, b_name, trans_b), members in groups.items():
+        if len({i for _, i in members}) != len(members) or len(members) < 4:
+            continue
+        base = f"{w_name}/batched_rows"
+        w = np.asarray(graph.initializers[w_name])
+        graph.initializers[f"{base}/weight"] = np.ascontiguousarray(w.T if trans_b else w)
+        graph.initializers[f"{base}/bias"] = np.asarray(graph.initializers[b_name]).reshape(-1)
+        at = min(graph.nodes.index(g) for g, _ in members)
+        graph.nodes.insert(at, Node("MatMul", [x, f"{base}/weight"], [f"{base}/product"], name=f"{base}/matmul"))
+        graph.nodes.insert(at + 1, Node("Add", [f"{base}/product", f"{base}/bias"], [f"{base}/rows"],
+                                        name=f"{base}/add"))
+        for gemm, i in members:
+            index = f"{base}/index{i}"
+            graph.initializers[index] = np.array(i, np.int64)
+            gemm.op_type, gemm.attrs, gemm.inputs = "Gather", {"axis": 0}, [f"{base}/rows", index]
+        count += len(members)
+    if count:
+        graph.toposort()  # X may be produced after the first Gemm's position in the list
+        users = graph.consumers()  # the Gathers that fed the Gemms, unless something else reads them
+        graph.nodes = [n for n in graph.nodes if n.op_key != ("", "Gather") or users.get(n.outputs[0])
+                       or n.outputs[0] in graph.outputs]
+    return count
+
+
 def fuse_matmul_bias(graph: Graph) -> int:
     """MatMul by a constant 2-D weight, then Add of a constant row [N], then maybe an activation."""
     count = 0
@@ -875,7 +937,8 @@ def pow_to_mul(graph: Graph) -> int:
 
 
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
-                                    fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias,
+                                    fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation, batch_gathered_gemms,
+                                    fuse_matmul_bias,
                                     fuse_matmul_integer_scale, fuse_rms_norm, fuse_attention,
                                     pow_to_mul)
 
