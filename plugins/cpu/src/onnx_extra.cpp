@@ -684,14 +684,13 @@ void py_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
   need_contig(x, fn, "x");
   need_out(out, fn);
   if (dkey(x) != dkey(out)) fail("pad: x and out must share one dtype");
-  const int nd = static_cast<int>(x.ndim());
-  if (static_cast<int>(begins.size()) != nd || out.ndim() != nd) fail("pad: rank mismatch");
+  const int nd_in = static_cast<int>(x.ndim());
+  if (static_cast<int>(begins.size()) != nd_in || out.ndim() != nd_in) fail("pad: rank mismatch");
   const int m = mode == "constant" ? 0 : mode == "reflect" ? 1 : mode == "edge" ? 2 : mode == "wrap" ? 3 : -1;
   if (m < 0) fail("pad: unknown mode '" + mode + "'");
-  const i64 es = x.itemsize();
-  if (value.itemsize() != es || value.size() != 1) fail("pad: value must be one element of x's dtype");
+  if (value.itemsize() != x.itemsize() || value.size() != 1) fail("pad: value must be one element of x's dtype");
   const std::vector<i64> is = shape_of(x), os = shape_of(out);
-  for (int d = 0; d < nd; ++d) {
+  for (int d = 0; d < nd_in; ++d) {
     const i64 b = begins[static_cast<std::size_t>(d)];
     // Every output index must map into the input (or be a constant fill).
     if (m != 0 && is[static_cast<std::size_t>(d)] == 0 && os[static_cast<std::size_t>(d)] > 0)
@@ -699,10 +698,21 @@ void py_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
     if (b > os[static_cast<std::size_t>(d)] + is[static_cast<std::size_t>(d)] + (1LL << 40)) fail("pad: pads too large");
   }
   const char* px = cptr<char>(x);
-  const char* pv = cptr<char>(value);
   char* po = mptr<char>(out);
   py::gil_scoped_release nogil;
   if (out.size() == 0) return;
+  // Trailing axes without padding travel as one wider element (openWakeWord pads axis 2 of [N, 76, 32, 1]: rows of
+  // one value each otherwise), the pad value repeated across it.
+  int nd = nd_in;
+  i64 es = x.itemsize();
+  while (nd > 1 && begins[static_cast<std::size_t>(nd - 1)] == 0 &&
+         is[static_cast<std::size_t>(nd - 1)] == os[static_cast<std::size_t>(nd - 1)]) {
+    es *= is[static_cast<std::size_t>(--nd)];
+  }
+  std::vector<char> pattern(static_cast<std::size_t>(es));
+  for (i64 i = 0; i < es; i += x.itemsize())
+    std::memcpy(pattern.data() + i, cptr<char>(value), static_cast<std::size_t>(x.itemsize()));
+  const char* pv = pattern.data();
   std::vector<i64> ist(static_cast<std::size_t>(nd));
   {
     i64 s = es;
@@ -711,7 +721,8 @@ void py_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
       s *= is[static_cast<std::size_t>(d)];
     }
   }
-  const i64 Wo = nd ? os.back() : 1, Wi = nd ? is.back() : 1, bl = nd ? begins.back() : 0;
+  const std::size_t last = static_cast<std::size_t>(std::max(nd - 1, 0));
+  const i64 Wo = nd ? os[last] : 1, Wi = nd ? is[last] : 1, bl = nd ? begins[last] : 0;
   i64 rows = 1;
   for (int d = 0; d + 1 < nd; ++d) rows *= os[static_cast<std::size_t>(d)];
   auto fill = [&](char* d, i64 n) {

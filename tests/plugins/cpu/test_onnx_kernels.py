@@ -211,6 +211,19 @@ def test_pad(mode):
         check("Pad", {"x": x}, {"pads": np.array([0, -1, 2, 0, 1, -3], np.int64)}, mode=mode)
 
 
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad_with_unpadded_trailing_axes(mode):
+    """Trailing axes without padding are copied as one wider element (openWakeWord's [N, 76, 32, 1] padded on axis
+    2): the pad value repeated across them, int and float, one or two such axes."""
+    x = f32(2, 7, 5, 1)
+    check("Pad", {"x": x}, {"pads": np.array([0, 0, 1, 0, 0, 0, 1, 0], np.int64), "v": np.array(-2.5, np.float32)},
+          mode=mode)
+    check("Pad", {"x": f32(3, 4, 2, 3)}, {"pads": np.array([1, 2, 0, 0, 0, 1, 0, 0], np.int64),
+                                         "v": np.array(0.75, np.float32)}, mode=mode)
+    check("Pad", {"x": (f32(2, 6, 3) * 100).astype(np.int64)}, {"pads": np.array([0, 2, 0, 1, 1, 0], np.int64),
+                                                                "v": np.array(-7, np.int64)}, mode=mode)
+
+
 def test_tile_split_depth_space():
     check("Tile", {"x": f32(2, 3, 5)}, {"r": np.array([2, 1, 3], np.int64)})
     check("Split", {"x": f32(4, 11)}, {"s": np.array([3, 0, 8], np.int64)}, n_out=3, axis=1)
