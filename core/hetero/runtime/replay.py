@@ -76,6 +76,9 @@ class _Control:
     fixed_outs: list[tuple[Key, Tensor]] = field(default_factory=list)  # made by the replay: (key, its buffer)
     # the taken branch's replay (recorded by its child session in this run) and the branch's output names
     body: tuple[Replay, list[str]] | None = None
+    # an If whose condition comes from the data: the replay of the branch a condition takes (as ``body``), if that
+    # branch's child session has one; the replay issues its calls directly instead of running the child session
+    branch_of: Callable[[Tensor], tuple[Replay, list[str]] | None] | None = None
 
 
 class StaleReplay(HeteroError):
@@ -128,8 +131,9 @@ class Recorder:
 
     def control(self, kernel: Any, ins: list[Tensor | None], outer: dict[str, Tensor], outs: list[Tensor],
                 runner: Callable[[list[str], dict[str, Tensor]], Any], backend: Backend,
-                body: tuple[Replay, list[str]] | None = None) -> None:
-        entry = _Control(kernel, list(ins), dict(outer), [], runner, backend, body=body)
+                body: tuple[Replay, list[str]] | None = None,
+                branch_of: Callable[[Tensor], tuple[Replay, list[str]] | None] | None = None) -> None:
+        entry = _Control(kernel, list(ins), dict(outer), [], runner, backend, body=body, branch_of=branch_of)
         entry.var_ins = [(pos, k) for pos, t in enumerate(ins) if (k := self._key(t)) is not None]
         entry.var_outer = [(name, k) for name, t in outer.items() if (k := self._key(t)) is not None]
         for tensor in outs:  # keyed after the inputs: an output is never one of them
@@ -366,7 +370,9 @@ def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:
         entry.ins[pos] = values[key]
     for name, key in entry.var_outer:
         entry.outer[name] = values[key]
-    outs = entry.kernel.run_dynamic(entry.ins, run_subgraph=entry.runner(list(entry.outer), entry.outer))
+    outs = _run_branch_replay(entry)
+    if outs is None:
+        outs = entry.kernel.run_dynamic(entry.ins, run_subgraph=entry.runner(list(entry.outer), entry.outer))
     owned = dict(entry.fixed_outs)
     for (key, _), out in zip(entry.outs, outs, strict=True):
         own = owned.get(key)
@@ -377,3 +383,29 @@ def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:
                               f"run had {list(own.shape)}")
         else:
             entry.backend.write(own, out)
+
+
+def _run_branch_replay(entry: _Control) -> list[Tensor] | None:
+    """A data-dependent If run by issuing its taken branch's replay directly (the values it reads copied into that
+    replay's input buffers, its results copied out: the next run of the branch overwrites them), without the child
+    session's run; None where the branch has no such replay yet or its recorded shapes differ from this run's."""
+    cond = entry.ins[0]
+    if entry.branch_of is None or cond is None or entry.backend.memory_domain != "host":
+        return None
+    found = entry.branch_of(cond)
+    if found is None or not found[0].inlinable:
+        return None
+    body, names = found
+    for name, slot in body._slots:
+        src = entry.outer.get(name)
+        if src is None or not src.is_host or src.shape != slot.shape or src.dtype != slot.dtype:
+            return None
+    results = [body.fixed_output(name) for name in names]
+    if any(r is None for r in results):
+        return None
+    entry.backend.synchronize()
+    for name, slot in body._slots:
+        np.copyto(slot.buffer, entry.outer[name].buffer)
+    for call in body.program:
+        call()
+    return [own_copy(entry.backend, r) for r in results if r is not None]
