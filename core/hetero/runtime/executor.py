@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import functools
-
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
