@@ -229,6 +229,41 @@ def test_rms_norm_left_alone_unless_over_the_last_axis_with_private_intermediate
     assert _compare(model, x, "reference").rewrites["fuse_rms_norm"] == 0
 
 
+def _layer_norm_nodes(form: str, weight: bool, bias: bool) -> list:
+    """Layer norm as exporters before opset 17 write it: d = x - mean(x), the RMS span of d, then maybe a bias."""
+    mk = helper.make_node
+    tail = [mk("Add", ["n", "c_bias"], ["y"])] if bias else []
+    return [mk("ReduceMean", ["x", "c_axes"], ["m"]), mk("Sub", ["x", "m"], ["d"]),
+            *_rms_norm_nodes("d", "n" if bias else "y", form, weight), *tail]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form, weight, bias", [("pow", True, True), ("divide", True, True), ("t5", False, True),
+                                                ("divide", True, False)])
+def test_layer_norm_written_out_becomes_one_node(backend, form, weight, bias):
+    width = 96
+    b = np.random.default_rng(14).normal(size=width).astype(np.float32)
+    model = make_model(_layer_norm_nodes(form, weight, bias), [("x", TensorProto.FLOAT, [3, 4, width])],
+                       [("y", TensorProto.FLOAT, None)], [*_rms_constants(width), ("c_bias", b)], opset=18)
+    x = (np.random.default_rng(15).normal(size=(3, 4, width)) * 3 + 5).astype(np.float32)
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["fuse_layer_norm"] == 1
+    assert _ops(session) == ["LayerNormalization"]
+
+
+def test_layer_norm_left_alone_when_the_centred_values_are_read_elsewhere():
+    x = {"x": np.random.default_rng(16).normal(size=(2, 3, 8)).astype(np.float32)}
+    b = np.zeros(8, np.float32)
+    nodes = [*_layer_norm_nodes("pow", True, True), helper.make_node("Add", ["y", "d"], ["z"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 8])], [("z", TensorProto.FLOAT, None)],
+                       [*_rms_constants(8), ("c_bias", b)], opset=18)
+    session = _compare(model, x, "reference")
+    assert session.rewrites["fuse_layer_norm"] == 0 and "LayerNormalization" not in _ops(session)
+    model = make_model(_layer_norm_nodes("pow", True, True), [("x", TensorProto.FLOAT, [2, 3, 8])],
+                       [("y", TensorProto.FLOAT, None)], [*_rms_constants(8, axis=1), ("c_bias", b)], opset=18)
+    assert _compare(model, x, "reference").rewrites["fuse_layer_norm"] == 0  # over axis 1
+
+
 def _gelu_erf_nodes(x: str, y: str, form: str) -> list:
     """Exact GELU as PyTorch exports it: x / sqrt(2) (or * 1/sqrt(2)), Erf, + 1, and the halving in one of three
     places."""

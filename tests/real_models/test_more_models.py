@@ -21,17 +21,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import hetero
+
 from .conftest import Agreement, hetero_session, model_path, ort_runner
 from .models import MODELS, Feeds, face_image, oww_audio, oww_features
 
 
-def _check(name: str, agreement: Agreement, feeds_list: list[Feeds]) -> None:
+def _check(name: str, agreement: Agreement, feeds_list: list[Feeds]) -> hetero.Session:
     path = model_path(name)
     ort_run, session = ort_runner(path), hetero_session(path, agreement, "cpu")
     assert not agreement.placement, f"fell back: {agreement.placement}"
     for feeds in feeds_list:
         for _ in range(2):  # the second run replays the recorded program
             agreement.check_all(session.run(feeds), ort_run(feeds))
+    return session
 
 
 def _catalogue_feeds(name: str) -> Feeds:
@@ -59,7 +62,9 @@ def test_oww_wake_word_heads(agreement: Agreement, name: str) -> None:
     feeds = _catalogue_feeds(name)
     (input_name, features), = feeds.items()
     loud = np.random.default_rng(2).standard_normal(features.shape).astype(np.float32)  # hey_jarvis: p1 0.86
-    _check(name, agreement, [feeds, {input_name: loud}])
+    session = _check(name, agreement, [feeds, {input_name: loud}])
+    if name == "oww_hey_jarvis":  # its two layer norms are written out (opset 13): each fused into one node
+        assert session.rewrites["fuse_layer_norm"] == 2
 
 
 def test_hey_jarvis_takes_both_branches() -> None:
@@ -94,4 +99,5 @@ def test_orientation_classifiers(agreement: Agreement, name: str) -> None:
 def test_captcha_crnn(agreement: Agreement) -> None:
     feeds = _catalogue_feeds("captcha_crnn")
     batch = np.concatenate([feeds["image"], feeds["image"][..., ::-1].copy()])
-    _check("captcha_crnn", agreement, [feeds, {"image": batch}])
+    session = _check("captcha_crnn", agreement, [feeds, {"image": batch}])
+    assert session.rewrites["batch_gathered_gemms"] == 40  # each direction's 20 input projections: one MatMul

@@ -804,6 +804,46 @@ def fuse_rms_norm(graph: Graph) -> int:
     return _fuse_around(graph, "ReduceMean", rms_norm)
 
 
+def fuse_layer_norm(graph: Graph) -> int:
+    """Layer normalisation written out as exporters before opset 17 write it: d = x - ReduceMean(x), then d divided by
+    sqrt(ReduceMean(d^2) + eps) (the RMS span of ``_rms_norm_span`` on d), times a weight, plus a bias: one
+    ``LayerNormalization`` over the last axis (openWakeWord's heads, PyTorch encoders exported at opset < 17)."""
+    def layer_norm(graph: Graph, mean: Node, producers: dict[str, Node]) -> Fusion | None:
+        x = mean.inputs[0]
+        info = graph.values.get(x)
+        if info is None or info.dtype != dtypes.float32 or not info.shape or \
+                not _reduces_last_axis(graph, mean, len(info.shape)):
+            return None
+        sub = _single_consumer(graph, mean.outputs[0])
+        if sub is None or sub.op_key != ("", "Sub") or sub.inputs != [x, mean.outputs[0]]:
+            return None
+        users = graph.consumers().get(sub.outputs[0], [])
+        square = next((u for u in users if _squares(graph, u) == sub.outputs[0]), None)
+        mean2 = _single_consumer(graph, square.outputs[0]) if square is not None else None
+        if mean2 is None or mean2.op_key != ("", "ReduceMean"):
+            return None
+        found = _rms_norm_span(graph, mean2, producers)
+        if found is None or found[0] != sub.outputs[0]:
+            return None
+        _, weight, eps, span = found
+        if any(u not in span for u in users) or sub.outputs[0] in graph.outputs:
+            return None  # the centred values are read elsewhere too
+        width = weight.shape[0]
+        bias = np.zeros(width, np.float32)
+        add = _single_consumer(graph, span[-1].outputs[0])
+        if add is not None and add.op_key == ("", "Add") and len(add.inputs) == 2:
+            other = add.inputs[1] if add.inputs[0] == span[-1].outputs[0] else add.inputs[0]
+            value = graph.initializers.get(other)
+            if value is not None and value.dtype == np.float32 and value.shape == (width,):
+                bias = np.asarray(value)
+                span = [*span, add]
+        base = mean.name or mean.outputs[0]
+        node = Node("LayerNormalization", [x, f"{base}/ln_scale", f"{base}/ln_bias"], list(span[-1].outputs),
+                    {"axis": -1, "epsilon": eps}, name=f"{base}/layer_norm")
+        return node, [mean, sub, *span], {f"{base}/ln_scale": weight, f"{base}/ln_bias": bias}
+    return _fuse_around(graph, "ReduceMean", layer_norm)
+
+
 def _rank(graph: Graph, name: str) -> int | None:
     info = graph.values.get(name)
     return None if info is None else info.rank
@@ -939,7 +979,7 @@ def pow_to_mul(graph: Graph) -> int:
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
                                     fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation, batch_gathered_gemms,
                                     fuse_matmul_bias,
-                                    fuse_matmul_integer_scale, fuse_rms_norm, fuse_attention,
+                                    fuse_matmul_integer_scale, fuse_layer_norm, fuse_rms_norm, fuse_attention,
                                     pow_to_mul)
 
 
