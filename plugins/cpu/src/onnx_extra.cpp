@@ -657,6 +657,37 @@ void py_group_norm(const py::array& x, const py::array& scale, const py::array& 
   });
 }
 
+void py_channel_affine(const py::array& x, const py::array& mul, const py::array& add, const py::array& out) {
+  // out[n, c, s...] = x[n, c, s...] * mul[c] + add[c]: inference BatchNormalization in one pass (it was a Mul and an
+  // Add over the whole tensor, each a pass).
+  const char* fn = "channel_affine";
+  need_f32(x, fn, "x");
+  need_contig(x, fn, "x");
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  need_shape(out, shape_of(x), fn, "out");
+  if (x.ndim() < 2) fail("channel_affine: x must have at least 2 dims");
+  const i64 N = x.shape(0), C = x.shape(1);
+  need_f32(mul, fn, "mul");
+  need_f32(add, fn, "add");
+  need_contig(mul, fn, "mul");
+  need_contig(add, fn, "add");
+  if (mul.size() != C || add.size() != C) fail("channel_affine: mul and add must have C elements");
+  const i64 S = C == 0 || N == 0 ? 0 : x.size() / (N * C);
+  const float* px = cptr<float>(x);
+  const float* pm = cptr<float>(mul);
+  const float* pa = cptr<float>(add);
+  float* po = mptr<float>(out);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  if (x.size() == 0) return;
+  const int T = threads_for(static_cast<double>(x.size()), 65536);
+  parallel_for(N * C, T, [&](i64 q) {
+    const i64 c = q % C;
+    xk.affine_row(px + q * S, po + q * S, S, 0.f, pm[c], pa[c]);
+  });
+}
+
 // ------------------------------------------------------------------------------------------------------ Pad
 
 inline i64 pad_map(i64 s, i64 n, int mode) {
@@ -870,6 +901,7 @@ void bind_onnx_extra(py::module_& m) {
   m.def("softmax_axis", &py_softmax_axis, py::arg("x"), py::arg("out"), py::arg("log") = false);
   m.def("group_norm", &py_group_norm, py::arg("x"), py::arg("scale"), py::arg("bias"), py::arg("out"),
         py::arg("groups"), py::arg("epsilon") = 1e-5f);
+  m.def("channel_affine", &py_channel_affine, py::arg("x"), py::arg("mul"), py::arg("add"), py::arg("out"));
   m.def("pad", &py_pad, py::arg("x"), py::arg("begins"), py::arg("mode"), py::arg("value"), py::arg("out"));
   m.def("resize2d", &py_resize2d, py::arg("x"), py::arg("out"), py::arg("y0"), py::arg("y1"), py::arg("wy"),
         py::arg("x0"), py::arg("x1"), py::arg("wx"));

@@ -224,6 +224,18 @@ def test_pad_with_unpadded_trailing_axes(mode):
                                                                 "v": np.array(-7, np.int64)}, mode=mode)
 
 
+@pytest.mark.parametrize("shape", [(4, 5), (2, 5, 7), (2, 24, 74, 32), (1, 3, 4, 5, 6)])
+def test_batch_norm_one_pass(shape):
+    """Inference BatchNormalization as one per-channel x * mul + add pass (openWakeWord's, after a ReLU): ranks 2-5,
+    NaN and infinities pass through."""
+    x = f32(*shape)
+    x.reshape(-1)[[3, 17]] = [np.nan, np.inf]
+    r = rng(5)
+    c = shape[1]
+    stats = {"s": r.uniform(0.5, 1.5, c), "b": r.normal(size=c), "m": r.normal(size=c), "v": r.uniform(0.5, 2, c)}
+    check("BatchNormalization", {"x": x}, {k: v.astype(np.float32) for k, v in stats.items()}, epsilon=1e-3)
+
+
 def test_tile_split_depth_space():
     check("Tile", {"x": f32(2, 3, 5)}, {"r": np.array([2, 1, 3], np.int64)})
     check("Split", {"x": f32(4, 11)}, {"s": np.array([3, 0, 8], np.int64)}, n_out=3, axis=1)
