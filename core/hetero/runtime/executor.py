@@ -224,8 +224,8 @@ class KernelProgram:
     def _same_shape_branches(step: _Step) -> bool:
         """An If whose condition comes from the data but whose two branches declare outputs of the same static
         shapes and dtypes (openWakeWord's hey_jarvis runs a verifier MLP when its first score passes 0.5, else returns
-        that score): the replay runs it through ``run_dynamic`` each time, the branch chosen by the run's own value,
-        and its check of the results' shapes still guards the declared ones."""
+        that score): the replay runs the branch the run's own condition picks (that branch's replay, or
+        ``run_dynamic``), and its check of the results' shapes still guards the declared ones."""
         node = step.node
         then, other = node.attrs.get("then_branch"), node.attrs.get("else_branch")
         if node.op_key != ("", "If") or not hasattr(step.kernel, "run_dynamic") or not isinstance(then, Graph) \
