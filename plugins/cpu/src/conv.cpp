@@ -571,16 +571,44 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
     });
     return;
   }
-  // Stride 2 (MTCNN's and most CNNs' 3 x 3 / 2 pools): the row split into its even and odd columns, so that every
-  // tap of consecutive outputs is a contiguous run of one phase (the scalar loop's per-tap select was ~4 ns a tap).
-  const bool phases = sw == 2 && dw == 1 && oxb - oxa >= 4;
-  const i64 nph = oxb - oxa + kw;  // floats per phase / partial-max row
+  if (sw == 2 && dw == 1) {
+    // Stride 2 (3 x 3 / 2 and 2 x 2 / 2 pools: MTCNN's, most CNN stems'): whole-plane passes as in the stride-1 path,
+    // instead of short rows (MTCNN's 23-output rows were mostly scalar tails, and a per-tap select ~4 ns a tap). The
+    // plane goes into a -inf padded one of even pitch Wp; the vertical max of kh rows over every row an output reads;
+    // its columns split into even and odd phases (a row of pitch Wp becomes one of pitch Wq = Wp / 2 in each); tap 2i
+    // of output column j is even[j + i], tap 2i + 1 is odd[j + i]; then every sh-th row copied out.
+    const i64 Wp = 2 * ceil_div(std::max<i64>(W + pl, 2 * (Wo - 1) + kw), 2), Wq = Wp / 2;
+    const i64 Hp = std::max<i64>(H + pt, (Ho - 1) * sh + (kh - 1) * dh + 1);
+    const i64 rows_v = (Ho - 1) * sh + 1, nv = rows_v * Wp;
+    const i64 nh = (rows_v - 1) * Wq + Wo, ne = (kw + 1) / 2, no = kw / 2;
+    parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+      float* padded = tl_buf(TL_MISC).get(static_cast<std::size_t>(Hp * Wp + 2 * nv + 2 * nh));
+      float* vmax = padded + Hp * Wp;
+      float* even = vmax + nv;
+      float* odd = even + nv / 2;
+      float* emax = odd + nv / 2;
+      float* omax = emax + nh;
+      std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
+      for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+        const float* in = x + q * H * W;
+        for (i64 y = 0; y < H; ++y)
+          std::memcpy(padded + (y + pt) * Wp + pl, in + y * W, static_cast<std::size_t>(W) * sizeof(float));
+        xk.max_rows(padded, dh * Wp, kh, vmax, nv);
+        deinterleave(vmax, nv, even, odd);
+        xk.max_rows(even, 1, ne, emax, nh);
+        if (no) {
+          xk.max_rows(odd, 1, no, omax, nh);
+          xk.max_rows(emax, omax - emax, 2, emax, nh);
+        }
+        float* o = out + q * Ho * Wo;
+        for (i64 oy = 0; oy < Ho; ++oy)
+          std::memcpy(o + oy * Wo, emax + oy * sh * Wq, static_cast<std::size_t>(Wo) * sizeof(float));
+      }
+    });
+    return;
+  }
   parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
-    float* vrow = tl_buf(TL_MISC).get(static_cast<std::size_t>(W + 1 + (phases ? 4 * nph : 0)));
-    float* even = vrow + W + 1;
-    float* odd = even + nph;
-    float* emax = odd + nph;
-    float* omax = emax + nph;
+    float* vrow = tl_buf(TL_MISC).get(static_cast<std::size_t>(W + 1));
     for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
       const float* in = x + q * H * W;
       float* o = out + q * Ho * Wo;
@@ -613,18 +641,6 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
         for (i64 ox = 0; ox < oxa; ++ox) edge(ox);
         if (sw == 1 && oxb > oxa) {  // the taps of consecutive outputs are consecutive: shifted rows, vectorised
           xk.max_rows(row + oxa - pl, dw, kw, orow + oxa, oxb - oxa);
-        } else if (phases) {
-          // Output oxa + j reads rr[2j .. 2j + kw - 1]: taps 2i from even[j + i], taps 2i + 1 from odd[j + i].
-          const i64 n = oxb - oxa, ne = (kw + 1) / 2, no = kw / 2;
-          deinterleave(row + 2 * oxa - pl, 2 * (n - 1) + kw, even, odd);
-          xk.max_rows(even, 1, ne, no ? emax : orow + oxa, n);
-          if (no) {
-            xk.max_rows(odd, 1, no, omax, n);
-            xk.max_rows(emax, omax - emax, 2, orow + oxa, n);
-          }
-        } else if (kw == 2 && sw == 2 && dw == 1) {
-          const float* rr = row - pl;
-          for (i64 ox = oxa; ox < oxb; ++ox) orow[ox] = pool_max(rr[2 * ox], rr[2 * ox + 1]);
         } else {
           for (i64 ox = oxa; ox < oxb; ++ox) {
             const float* rr = row + ox * sw - pl;

@@ -431,6 +431,10 @@ def test_max_pool_stride2_phases(isa, k, auto_pad, hw):
     x[1, 3, 7, 9] = np.nan
     pads = {"pads": [1, 2, 2, 1]} if auto_pad == "NOTSET" else {}
     check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], auto_pad=auto_pad, **pads)
+    if auto_pad == "NOTSET":  # ceil mode (a last window past the padded edge), a row stride of 3, dilated columns
+        check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], ceil_mode=1, **pads)
+        check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[3, 2], **pads)
+        check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], dilations=[1, 2], **pads)
 
 
 # ------------------------------------------------------------------------------------------------ 1-D convolution
