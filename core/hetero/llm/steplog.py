@@ -15,12 +15,11 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
 
 ENV = "HETERO_SPEC_LOG"
 
-_files: dict[str, TextIO] = {}
-_lock = threading.Lock()  # generations on several threads (a server's slots) share the files
+_lock = threading.Lock()  # generations on several threads (a server's slots) append to one file
 _probe: Callable[[], dict[str, Any]] | None = None
 
 
@@ -42,9 +41,8 @@ def write(kind: str, **fields: Any) -> None:
     line = {"kind": kind, **fields}
     if _probe is not None and kind != "start":
         line.update(_probe())
-    with _lock:  # one open file per path, whole lines
-        out = _files.get(path)
-        if out is None:
-            out = _files[path] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the process)
-        out.write(json.dumps(line) + "\n")
-        out.flush()
+    text = json.dumps(line) + "\n"
+    # Opened per line (microseconds against a step's milliseconds): no file held open for the process, and a path
+    # changed between generations is honoured.
+    with _lock, open(path, "a", encoding="utf-8") as out:
+        out.write(text)

@@ -85,6 +85,7 @@ void set_num_threads(int n);
 void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers = true);
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }  // a, b > 0
+inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // b > 0, a of either sign
 
 // Threads worth using for `work` units of cost when one thread should get at least `grain` units.
 inline int threads_for(double work, double grain) {

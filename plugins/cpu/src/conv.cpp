@@ -16,8 +16,6 @@
 namespace hetero {
 namespace {
 
-// floor division for possibly negative a (b > 0)
-inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 // A NaN, once in, stays. Branch-free (bitwise |, not ||): with || GCC branches on each compare, which on real data
 // mispredicts about every other tap (SPPF's 5x5 max pool on 128 x 10 x 10 took 250 us).
 inline float pool_max(float m, float v) { return ((v > m) | (v != v)) ? v : m; }

@@ -13,8 +13,6 @@ namespace {
 
 using namespace pyx;
 
-inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-
 // d[2 i] = a[i] + b, d[2 i + 1] = c[i] + b (the restrict pointers let GCC vectorise it).
 void interleave_add(const float* __restrict a, const float* __restrict c, i64 n, float b, float* __restrict d) {
   for (i64 i = 0; i < n; ++i) {

@@ -317,7 +317,6 @@ bool x_bias_act_row(float* y, i64 n, float b, int act) {
 }
 
 // Compiled per ISA so that the run copies below vectorise at the full vector width.
-inline i64 x_floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 // One full panel whose nr columns lie on one output row, every tap inside the image horizontally, stride 1 along W
 // (most panels of a padded stride-1 conv): each of its K rows is nr consecutive floats of one input row, or zeros
@@ -372,7 +371,7 @@ void x_im2col_block(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0
         // t in [lo, hi): ix0 + t*sw inside [0, W)
         const i64 lo = std::min<i64>(sg.len, ix0 >= 0 ? 0 : hetero::ceil_div(-ix0, g.sw));
         const i64 hi =
-            std::max<i64>(lo, std::min<i64>(sg.len, ix0 >= g.W ? 0 : x_floor_div(g.W - 1 - ix0, g.sw) + 1));
+            std::max<i64>(lo, std::min<i64>(sg.len, ix0 >= g.W ? 0 : hetero::floor_div(g.W - 1 - ix0, g.sw) + 1));
         i64* e = tab + (s * g.kw + kx) * 3;
         e[0] = ix0;
         e[1] = lo;
