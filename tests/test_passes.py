@@ -677,7 +677,7 @@ def test_attention_whose_mask_broadcasts_the_batch_up(backend):
 
 
 def _stepwise_projection(steps: int, trans_b: int = 1, shared: bool = True, alpha: float = 1.0,
-                         extra_output: bool = False):
+                         extra_output: bool = False, rows: int | str | None = None):
     """An RNN exported step by step: h_t = tanh(Gemm(Gather(X, t), W, b) + h_{t-1}), the sum of the h_t the output
     (and each step's gathered row too, where ``extra_output``)."""
     rng = np.random.default_rng(7)
@@ -697,13 +697,13 @@ def _stepwise_projection(steps: int, trans_b: int = 1, shared: bool = True, alph
     nodes.append(helper.make_node("Sum", [f"h{t + 1}" for t in range(steps)], ["y"]))
     if extra_output:
         outputs.append(("row1", TensorProto.FLOAT, [2, k]))
-    return make_model(nodes, [("x", TensorProto.FLOAT, [steps + 1, 2, k])], outputs, inits)
+    return make_model(nodes, [("x", TensorProto.FLOAT, [rows or steps + 1, 2, k])], outputs, inits)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("trans_b", [0, 1])
-def test_gemms_of_gathered_rows_sharing_a_weight_become_one_matmul(backend, trans_b):
-    model = _stepwise_projection(5, trans_b)
+@pytest.mark.parametrize("trans_b, rows", [(0, None), (1, None), (1, "T")])
+def test_gemms_of_gathered_rows_sharing_a_weight_become_one_matmul(backend, trans_b, rows):
+    model = _stepwise_projection(5, trans_b, rows=rows)  # X of 6 rows, or of a free length T (rows 0-4 read)
     x = np.random.default_rng(8).normal(size=(6, 2, 6)).astype(np.float32)
     session = _compare(model, {"x": x}, backend)
     assert session.rewrites["batch_gathered_gemms"] == 5
@@ -711,11 +711,13 @@ def test_gemms_of_gathered_rows_sharing_a_weight_become_one_matmul(backend, tran
     assert "Gemm" not in ops and ops.count("Gather") == 5 and ops.count("FusedMatMul") == 1  # its bias fused
 
 
-@pytest.mark.parametrize("kwargs", [{"steps": 3}, {"steps": 5, "shared": False}, {"steps": 5, "alpha": 0.5}])
+@pytest.mark.parametrize("kwargs", [{"steps": 3}, {"steps": 5, "shared": False}, {"steps": 5, "alpha": 0.5},
+                                    {"steps": 5, "rows": 16}])
 def test_gemms_of_gathered_rows_left_alone_when_few_or_different(kwargs):
+    """Fewer than four, other weights, a scaled Gemm, or 5 of X's 16 rows (the batched product would compute all)."""
     model = _stepwise_projection(**kwargs)
     steps = kwargs["steps"]
-    x = np.random.default_rng(9).normal(size=(steps + 1, 2, 6)).astype(np.float32)
+    x = np.random.default_rng(9).normal(size=(kwargs.get("rows", steps + 1), 2, 6)).astype(np.float32)
     session = _compare(model, {"x": x}, "reference")
     assert session.rewrites["batch_gathered_gemms"] == 0
     assert _ops(session).count("Gemm") == steps

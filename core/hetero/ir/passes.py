@@ -357,8 +357,8 @@ def batch_gathered_gemms(graph: Graph) -> int:
     b: one MatMul of all of X (then Add b) and a Gather of row i from it for each. An unrolled RNN exported step by step
     (captcha_whisperer's CRNN: 20 steps x 2 directions) computes its input projection this way, one [B, K] x [K, 4H]
     product per step, which reads W once per step (6.5 MB at K = 4096); batched, the weight is read once and the
-    GEMM runs with T * B rows. Needs at least four such Gemms of distinct rows (the batched product computes every
-    row of X, including any no Gemm read)."""
+    GEMM runs with T * B rows. Needs at least four such Gemms of distinct rows, and since the batched product computes
+    every row of X, at least half of T's rows when T is known, else rows 0, 1, ... k-1 (an unrolled RNN's steps)."""
     groups: dict[tuple[str, str, str, int], list[tuple[Node, int]]] = {}
     producers = graph.producers()
     keep = _read_by_subgraphs(graph)
@@ -378,8 +378,11 @@ def batch_gathered_gemms(graph: Graph) -> int:
         groups.setdefault(key, []).append((gemm, row[1]))
     count = 0
     for (x, w_name, b_name, trans_b), members in groups.items():
-        if len({i for _, i in members}) != len(members) or len(members) < 4:
-            continue
+        rows = sorted(i for _, i in members)
+        steps = graph.values[x].shape[0]  # type: ignore[index]  # rank 3 (_gathered_row)
+        if len(set(rows)) != len(rows) or len(rows) < 4 or (
+                rows != list(range(len(rows))) if not isinstance(steps, int) else 2 * len(rows) < steps):
+            continue  # every row of X is computed: at least half of a known length, else rows 0..k-1 (an RNN's steps)
         base = f"{w_name}/batched_rows"
         w = np.asarray(graph.initializers[w_name])
         graph.initializers[f"{base}/weight"] = np.ascontiguousarray(w.T if trans_b else w)
