@@ -260,12 +260,10 @@ class Replay:
         if not body.inlinable or len(results) != len(entry.outs):
             return False
         # the values the body reads may still be being written by a device's queued work (metal): wait first
+        if not _fits_slots(body, entry.outer):
+            return False
         copies: list[Call] = [entry.backend.synchronize]
-        for name, slot in body._slots:
-            src = entry.outer.get(name)
-            if src is None or not src.is_host or src.shape != slot.shape or src.dtype != slot.dtype:
-                return False
-            copies.append(functools.partial(np.copyto, slot.buffer, src.buffer))
+        copies += [functools.partial(np.copyto, slot.buffer, entry.outer[name].buffer) for name, slot in body._slots]
         for (_, info), result in zip(entry.outs, results, strict=True):
             if result is None or result.shape != info.shape or result.dtype != info.dtype:
                 return False
@@ -388,6 +386,16 @@ def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:
             entry.backend.write(own, out)
 
 
+def _fits_slots(body: Replay, outer: dict[str, Tensor]) -> bool:
+    """Whether the enclosing scope holds, in host memory, every value a branch's replay reads, of the shapes and
+    dtypes it recorded (so that they can be copied into its input buffers)."""
+    for name, slot in body._slots:
+        src = outer.get(name)
+        if src is None or not src.is_host or src.shape != slot.shape or src.dtype != slot.dtype:
+            return False
+    return True
+
+
 def _run_branch_replay(entry: _Control) -> list[Tensor] | None:
     """A data-dependent If run by issuing its taken branch's replay directly (the values it reads copied into that
     replay's input buffers, its results copied out: the next run of the branch overwrites them), without the child
@@ -399,10 +407,8 @@ def _run_branch_replay(entry: _Control) -> list[Tensor] | None:
     if found is None or not found[0].inlinable:
         return None
     body, names = found
-    for name, slot in body._slots:
-        src = entry.outer.get(name)
-        if src is None or not src.is_host or src.shape != slot.shape or src.dtype != slot.dtype:
-            return None
+    if not _fits_slots(body, entry.outer):
+        return None
     results = [body.fixed_output(name) for name in names]
     if any(r is None for r in results):
         return None
