@@ -422,10 +422,12 @@ def test_max_pool_shapes(isa, k, s, p):
 
 
 @pytest.mark.parametrize("k,auto_pad,hw", [(3, "SAME_UPPER", 46), (3, "VALID", 21), (2, "SAME_UPPER", 9),
-                                           (5, "NOTSET", 30), (4, "VALID", 23)])
+                                           (5, "NOTSET", 30), (4, "VALID", 23), (2, "NOTSET", 70),
+                                           (3, "SAME_UPPER", 67)])
 def test_max_pool_stride2_phases(isa, k, auto_pad, hw):
     """Stride-2 pools whose rows split into even / odd columns (MTCNN's R-Net / O-Net pools: 3 x 3 / 2 with SAME_UPPER
-    and VALID padding), kernels of odd and even width, NaN in an even and an odd column."""
+    and VALID padding), kernels of odd and even width, maps narrower and wider than four vectors (the vertical max
+    over the whole plane, or per output row), NaN in an even and an odd column."""
     x = f32(2, 5, hw, hw + 3)
     x[0, 1, 4, 6] = np.nan
     x[1, 3, 7, 9] = np.nan
