@@ -229,6 +229,41 @@ def test_rms_norm_left_alone_unless_over_the_last_axis_with_private_intermediate
     assert _compare(model, x, "reference").rewrites["fuse_rms_norm"] == 0
 
 
+def _layer_norm_nodes(form: str, weight: bool, bias: bool) -> list:
+    """Layer norm as exporters before opset 17 write it: d = x - mean(x), the RMS span of d, then maybe a bias."""
+    mk = helper.make_node
+    tail = [mk("Add", ["n", "c_bias"], ["y"])] if bias else []
+    return [mk("ReduceMean", ["x", "c_axes"], ["m"]), mk("Sub", ["x", "m"], ["d"]),
+            *_rms_norm_nodes("d", "n" if bias else "y", form, weight), *tail]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form, weight, bias", [("pow", True, True), ("divide", True, True), ("t5", False, True),
+                                                ("divide", True, False)])
+def test_layer_norm_written_out_becomes_one_node(backend, form, weight, bias):
+    width = 96
+    b = np.random.default_rng(14).normal(size=width).astype(np.float32)
+    model = make_model(_layer_norm_nodes(form, weight, bias), [("x", TensorProto.FLOAT, [3, 4, width])],
+                       [("y", TensorProto.FLOAT, None)], [*_rms_constants(width), ("c_bias", b)], opset=18)
+    x = (np.random.default_rng(15).normal(size=(3, 4, width)) * 3 + 5).astype(np.float32)
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["fuse_layer_norm"] == 1
+    assert _ops(session) == ["LayerNormalization"]
+
+
+def test_layer_norm_left_alone_when_the_centred_values_are_read_elsewhere():
+    x = {"x": np.random.default_rng(16).normal(size=(2, 3, 8)).astype(np.float32)}
+    b = np.zeros(8, np.float32)
+    nodes = [*_layer_norm_nodes("pow", True, True), helper.make_node("Add", ["y", "d"], ["z"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 8])], [("z", TensorProto.FLOAT, None)],
+                       [*_rms_constants(8), ("c_bias", b)], opset=18)
+    session = _compare(model, x, "reference")
+    assert session.rewrites["fuse_layer_norm"] == 0 and "LayerNormalization" not in _ops(session)
+    model = make_model(_layer_norm_nodes("pow", True, True), [("x", TensorProto.FLOAT, [2, 3, 8])],
+                       [("y", TensorProto.FLOAT, None)], [*_rms_constants(8, axis=1), ("c_bias", b)], opset=18)
+    assert _compare(model, x, "reference").rewrites["fuse_layer_norm"] == 0  # over axis 1
+
+
 def _gelu_erf_nodes(x: str, y: str, form: str) -> list:
     """Exact GELU as PyTorch exports it: x / sqrt(2) (or * 1/sqrt(2)), Erf, + 1, and the halving in one of three
     places."""
@@ -688,3 +723,58 @@ def test_conv_input_affine_folds(backend, attrs, group, chain, rewrites, left):
     session = _compare(model, {"x": rng.normal(size=(2, 4, 7, 9)).astype(f32)}, backend)
     assert session.rewrites["fold_conv_input_affine"] == rewrites
     assert sorted(_ops(session)) == left
+
+
+def _stepwise_projection(steps: int, trans_b: int = 1, shared: bool = True, alpha: float = 1.0,
+                         extra_output: bool = False, rows: int | str | None = None):
+    """An RNN exported step by step: h_t = tanh(Gemm(Gather(X, t), W, b) + h_{t-1}), the sum of the h_t the output
+    (and each step's gathered row too, where ``extra_output``)."""
+    rng = np.random.default_rng(7)
+    k, n = 6, 5
+    nodes, inits = [], [("b", rng.normal(size=n).astype(np.float32)), ("h0", np.zeros((2, n), np.float32))]
+    w_shape = (n, k) if trans_b else (k, n)
+    inits += [(f"w{t}", rng.normal(size=w_shape).astype(np.float32)) for t in range(1 if shared else steps)]
+    outputs = [("y", TensorProto.FLOAT, [2, n])]
+    h = "h0"
+    for t in range(steps):
+        inits.append((f"i{t}", np.array(t, np.int64)))
+        nodes += [helper.make_node("Gather", ["x", f"i{t}"], [f"row{t}"], axis=0),
+                  helper.make_node("Gemm", [f"row{t}", "w0" if shared else f"w{t}", "b"], [f"p{t}"], transB=trans_b,
+                                   alpha=alpha),
+                  helper.make_node("Add", [f"p{t}", h], [f"s{t}"]), helper.make_node("Tanh", [f"s{t}"], [f"h{t + 1}"])]
+        h = f"h{t + 1}"
+    nodes.append(helper.make_node("Sum", [f"h{t + 1}" for t in range(steps)], ["y"]))
+    if extra_output:
+        outputs.append(("row1", TensorProto.FLOAT, [2, k]))
+    return make_model(nodes, [("x", TensorProto.FLOAT, [rows or steps + 1, 2, k])], outputs, inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("trans_b, rows", [(0, None), (1, None), (1, "T")])
+def test_gemms_of_gathered_rows_sharing_a_weight_become_one_matmul(backend, trans_b, rows):
+    model = _stepwise_projection(5, trans_b, rows=rows)  # X of 6 rows, or of a free length T (rows 0-4 read)
+    x = np.random.default_rng(8).normal(size=(6, 2, 6)).astype(np.float32)
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["batch_gathered_gemms"] == 5
+    ops = _ops(session)
+    assert "Gemm" not in ops and ops.count("Gather") == 5 and ops.count("FusedMatMul") == 1  # its bias fused
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 3}, {"steps": 5, "shared": False}, {"steps": 5, "alpha": 0.5},
+                                    {"steps": 5, "rows": 16}])
+def test_gemms_of_gathered_rows_left_alone_when_few_or_different(kwargs):
+    """Fewer than four, other weights, a scaled Gemm, or 5 of X's 16 rows (the batched product would compute all)."""
+    model = _stepwise_projection(**kwargs)
+    steps = kwargs["steps"]
+    x = np.random.default_rng(9).normal(size=(kwargs.get("rows", steps + 1), 2, 6)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference")
+    assert session.rewrites["batch_gathered_gemms"] == 0
+    assert _ops(session).count("Gemm") == steps
+
+
+def test_gemms_of_gathered_rows_keep_a_gathered_row_read_elsewhere():
+    model = _stepwise_projection(5, extra_output=True)
+    x = np.random.default_rng(10).normal(size=(6, 2, 6)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference")
+    assert session.rewrites["batch_gathered_gemms"] == 5
+    assert _ops(session).count("Gather") == 6  # the five rows of the product, and the graph output row1

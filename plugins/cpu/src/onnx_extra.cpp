@@ -657,6 +657,37 @@ void py_group_norm(const py::array& x, const py::array& scale, const py::array& 
   });
 }
 
+void py_channel_affine(const py::array& x, const py::array& mul, const py::array& add, const py::array& out) {
+  // out[n, c, s...] = x[n, c, s...] * mul[c] + add[c]: inference BatchNormalization in one pass (it was a Mul and an
+  // Add over the whole tensor, each a pass).
+  const char* fn = "channel_affine";
+  need_f32(x, fn, "x");
+  need_contig(x, fn, "x");
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  need_shape(out, shape_of(x), fn, "out");
+  if (x.ndim() < 2) fail("channel_affine: x must have at least 2 dims");
+  const i64 N = x.shape(0), C = x.shape(1);
+  need_f32(mul, fn, "mul");
+  need_f32(add, fn, "add");
+  need_contig(mul, fn, "mul");
+  need_contig(add, fn, "add");
+  if (mul.size() != C || add.size() != C) fail("channel_affine: mul and add must have C elements");
+  const i64 S = C == 0 || N == 0 ? 0 : x.size() / (N * C);
+  const float* px = cptr<float>(x);
+  const float* pm = cptr<float>(mul);
+  const float* pa = cptr<float>(add);
+  float* po = mptr<float>(out);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  if (x.size() == 0) return;
+  const int T = threads_for(static_cast<double>(x.size()), 65536);
+  parallel_for(N * C, T, [&](i64 q) {
+    const i64 c = q % C;
+    xk.affine_row(px + q * S, po + q * S, S, 0.f, pm[c], pa[c]);
+  });
+}
+
 // ------------------------------------------------------------------------------------------------------ Pad
 
 inline i64 pad_map(i64 s, i64 n, int mode) {
@@ -684,14 +715,13 @@ void py_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
   need_contig(x, fn, "x");
   need_out(out, fn);
   if (dkey(x) != dkey(out)) fail("pad: x and out must share one dtype");
-  const int nd = static_cast<int>(x.ndim());
-  if (static_cast<int>(begins.size()) != nd || out.ndim() != nd) fail("pad: rank mismatch");
+  const int nd_in = static_cast<int>(x.ndim());
+  if (static_cast<int>(begins.size()) != nd_in || out.ndim() != nd_in) fail("pad: rank mismatch");
   const int m = mode == "constant" ? 0 : mode == "reflect" ? 1 : mode == "edge" ? 2 : mode == "wrap" ? 3 : -1;
   if (m < 0) fail("pad: unknown mode '" + mode + "'");
-  const i64 es = x.itemsize();
-  if (value.itemsize() != es || value.size() != 1) fail("pad: value must be one element of x's dtype");
+  if (value.itemsize() != x.itemsize() || value.size() != 1) fail("pad: value must be one element of x's dtype");
   const std::vector<i64> is = shape_of(x), os = shape_of(out);
-  for (int d = 0; d < nd; ++d) {
+  for (int d = 0; d < nd_in; ++d) {
     const i64 b = begins[static_cast<std::size_t>(d)];
     // Every output index must map into the input (or be a constant fill).
     if (m != 0 && is[static_cast<std::size_t>(d)] == 0 && os[static_cast<std::size_t>(d)] > 0)
@@ -699,10 +729,21 @@ void py_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
     if (b > os[static_cast<std::size_t>(d)] + is[static_cast<std::size_t>(d)] + (1LL << 40)) fail("pad: pads too large");
   }
   const char* px = cptr<char>(x);
-  const char* pv = cptr<char>(value);
   char* po = mptr<char>(out);
   py::gil_scoped_release nogil;
   if (out.size() == 0) return;
+  // Trailing axes without padding travel as one wider element (openWakeWord pads axis 2 of [N, 76, 32, 1]: rows of
+  // one value each otherwise), the pad value repeated across it.
+  int nd = nd_in;
+  i64 es = x.itemsize();
+  while (nd > 1 && begins[static_cast<std::size_t>(nd - 1)] == 0 &&
+         is[static_cast<std::size_t>(nd - 1)] == os[static_cast<std::size_t>(nd - 1)]) {
+    es *= is[static_cast<std::size_t>(--nd)];
+  }
+  std::vector<char> pattern(static_cast<std::size_t>(es));
+  for (i64 i = 0; i < es; i += x.itemsize())
+    std::memcpy(pattern.data() + i, cptr<char>(value), static_cast<std::size_t>(x.itemsize()));
+  const char* pv = pattern.data();
   std::vector<i64> ist(static_cast<std::size_t>(nd));
   {
     i64 s = es;
@@ -711,7 +752,8 @@ void py_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
       s *= is[static_cast<std::size_t>(d)];
     }
   }
-  const i64 Wo = nd ? os.back() : 1, Wi = nd ? is.back() : 1, bl = nd ? begins.back() : 0;
+  const std::size_t last = static_cast<std::size_t>(std::max(nd - 1, 0));
+  const i64 Wo = nd ? os[last] : 1, Wi = nd ? is[last] : 1, bl = nd ? begins[last] : 0;
   i64 rows = 1;
   for (int d = 0; d + 1 < nd; ++d) rows *= os[static_cast<std::size_t>(d)];
   auto fill = [&](char* d, i64 n) {
@@ -859,6 +901,7 @@ void bind_onnx_extra(py::module_& m) {
   m.def("softmax_axis", &py_softmax_axis, py::arg("x"), py::arg("out"), py::arg("log") = false);
   m.def("group_norm", &py_group_norm, py::arg("x"), py::arg("scale"), py::arg("bias"), py::arg("out"),
         py::arg("groups"), py::arg("epsilon") = 1e-5f);
+  m.def("channel_affine", &py_channel_affine, py::arg("x"), py::arg("mul"), py::arg("add"), py::arg("out"));
   m.def("pad", &py_pad, py::arg("x"), py::arg("begins"), py::arg("mode"), py::arg("value"), py::arg("out"));
   m.def("resize2d", &py_resize2d, py::arg("x"), py::arg("out"), py::arg("y0"), py::arg("y1"), py::arg("wy"),
         py::arg("x0"), py::arg("x1"), py::arg("wx"));

@@ -139,3 +139,31 @@ def test_dense_and_recurrent_ops_replay_bound_and_equal_the_interpreter():
         interpreted = hetero.Session(model, backends=["cpu"]).run(feeds)
         for name in ("y", "c"):
             np.testing.assert_array_equal(replayed[name], interpreted[name], err_msg=name)
+
+
+@pytest.mark.parametrize("bounds", ["min", "both", "min_and_constant_max"])
+def test_clip_with_bounds_computed_at_run_time_binds(bounds):
+    """openWakeWord's melspectrogram clips at its own maximum minus 80: a lower bound computed from the data. The
+    replay binds it (Max / Min with the bound's buffer, read when the call is made) and equals the interpreter on new
+    data, NaN included."""
+    f32 = np.float32
+    nodes = [helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0),
+             helper.make_node("Sub", ["top", "eighty"], ["lo"]),
+             helper.make_node("ReduceMin", ["x"], ["bottom"], keepdims=0),
+             helper.make_node("Add", ["bottom", "eighty"], ["hi"])]
+    upper = {"min": "", "both": "hi", "min_and_constant_max": "cap"}[bounds]
+    nodes.append(helper.make_node("Clip", ["x", "lo", upper] if upper else ["x", "lo"], ["c"]))
+    nodes.append(helper.make_node("Neg", ["c"], ["y"]))  # the clip's output read by a bound kernel too
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3, 40])], [("y", TensorProto.FLOAT, [3, 40])],
+                       [("eighty", np.array(80.0, f32)), ("cap", np.array(150.0, f32))], opset=13)
+    session = hetero.Session(model, backends=["cpu"])
+    rng = np.random.default_rng(4)
+    for i in range(5):
+        x = (rng.normal(size=(3, 40)) * 60).astype(f32)
+        x[1, 3] = np.nan if i == 4 else x[1, 3]
+        got = session.run({"x": x})["y"]
+        want = hetero.Session(model, backends=["reference"]).run({"x": x})["y"]
+        np.testing.assert_array_equal(got, want)
+    replay = session.programs[0].replay
+    assert replay is not None
+    assert not [c for c in replay.program if isinstance(c, functools.partial) and c.func.__name__ == "run"]

@@ -211,6 +211,31 @@ def test_pad(mode):
         check("Pad", {"x": x}, {"pads": np.array([0, -1, 2, 0, 1, -3], np.int64)}, mode=mode)
 
 
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad_with_unpadded_trailing_axes(mode):
+    """Trailing axes without padding are copied as one wider element (openWakeWord's [N, 76, 32, 1] padded on axis
+    2): the pad value repeated across them, int and float, one or two such axes."""
+    x = f32(2, 7, 5, 1)
+    check("Pad", {"x": x}, {"pads": np.array([0, 0, 1, 0, 0, 0, 1, 0], np.int64), "v": np.array(-2.5, np.float32)},
+          mode=mode)
+    check("Pad", {"x": f32(3, 4, 2, 3)}, {"pads": np.array([1, 2, 0, 0, 0, 1, 0, 0], np.int64),
+                                         "v": np.array(0.75, np.float32)}, mode=mode)
+    check("Pad", {"x": (f32(2, 6, 3) * 100).astype(np.int64)}, {"pads": np.array([0, 2, 0, 1, 1, 0], np.int64),
+                                                                "v": np.array(-7, np.int64)}, mode=mode)
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (2, 5, 7), (2, 24, 74, 32), (1, 3, 4, 5, 6)])
+def test_batch_norm_one_pass(shape):
+    """Inference BatchNormalization as one per-channel x * mul + add pass (openWakeWord's, after a ReLU): ranks 2-5,
+    NaN and infinities pass through."""
+    x = f32(*shape)
+    x.reshape(-1)[[3, 17]] = [np.nan, np.inf]
+    r = rng(5)
+    c = shape[1]
+    stats = {"s": r.uniform(0.5, 1.5, c), "b": r.normal(size=c), "m": r.normal(size=c), "v": r.uniform(0.5, 2, c)}
+    check("BatchNormalization", {"x": x}, {k: v.astype(np.float32) for k, v in stats.items()}, epsilon=1e-3)
+
+
 def test_tile_split_depth_space():
     check("Tile", {"x": f32(2, 3, 5)}, {"r": np.array([2, 1, 3], np.int64)})
     check("Split", {"x": f32(4, 11)}, {"s": np.array([3, 0, 8], np.int64)}, n_out=3, axis=1)
@@ -394,6 +419,24 @@ def test_max_pool_shapes(isa, k, s, p):
     x = f32(2, 3, 13, 17)
     x[0, 1, 4, 5] = np.nan
     check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
+
+
+@pytest.mark.parametrize("k,auto_pad,hw", [(3, "SAME_UPPER", 46), (3, "VALID", 21), (2, "SAME_UPPER", 9),
+                                           (5, "NOTSET", 30), (4, "VALID", 23), (2, "NOTSET", 70),
+                                           (3, "SAME_UPPER", 67)])
+def test_max_pool_stride2_phases(isa, k, auto_pad, hw):
+    """Stride-2 pools whose rows split into even / odd columns (MTCNN's R-Net / O-Net pools: 3 x 3 / 2 with SAME_UPPER
+    and VALID padding), kernels of odd and even width, maps narrower and wider than four vectors (the vertical max
+    over the whole plane, or per output row), NaN in an even and an odd column."""
+    x = f32(2, 5, hw, hw + 3)
+    x[0, 1, 4, 6] = np.nan
+    x[1, 3, 7, 9] = np.nan
+    pads = {"pads": [1, 2, 2, 1]} if auto_pad == "NOTSET" else {}
+    check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], auto_pad=auto_pad, **pads)
+    if auto_pad == "NOTSET":  # ceil mode (a last window past the padded edge), a row stride of 3, dilated columns
+        check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], ceil_mode=1, **pads)
+        check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[3, 2], **pads)
+        check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], dilations=[1, 2], **pads)
 
 
 # ------------------------------------------------------------------------------------------------ 1-D convolution

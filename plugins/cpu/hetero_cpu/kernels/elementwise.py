@@ -87,10 +87,22 @@ class CpuClip(CallKernel):
         return functools.partial(_native.unary, "clip", inputs[0].numpy(), out, lo, hi) if out.size else noop
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
-        """Bounds are read when the call is made: bound only when they are the model's constants."""
-        if any(i < len(inputs) and inputs[i] is not None and i not in self.info.constants for i in (1, 2)):
+        """Constant bounds: one native clip. A bound computed at run time (openWakeWord's melspectrogram clips at its
+        maximum minus 80 dB) is read natively when the call is made: Max with the lower bound's buffer broadcast, then
+        Min with the upper's (NaN passes through both, and a lower bound above the upper gives the upper, as Clip
+        does)."""
+        bounds = [(i, op) for i, op in ((1, "max"), (2, "min")) if i < len(inputs) and inputs[i] is not None]
+        if all(i in self.info.constants for i, _ in bounds):
+            return super().bind(inputs, outputs)
+        out, x = outputs[0].buffer, inputs[0].numpy()
+        values = [inputs[i].numpy() for i, _ in bounds]
+        if out.size == 0 or any(v.size != 1 for v in values) or not bindable(x, out, *values):
             return None
-        return super().bind(inputs, outputs)
+        calls: list[Call] = []
+        for (_, op), value in zip(bounds, values, strict=True):
+            calls.append(functools.partial(_native.binary, op, x, np.broadcast_to(value.reshape(()), out.shape), out))
+            x = out
+        return calls
 
 
 def _bound(inputs: Sequence[Tensor | None], index: int, default: float) -> float:

@@ -269,6 +269,8 @@ class CpuBatchNorm(CallKernel):
         if out.size == 0:
             return noop
         x = inputs[0].numpy()
+        if x.flags.c_contiguous:  # one pass: x * mul[c] + add[c] (openWakeWord's BatchNormalization after a ReLU)
+            return functools.partial(_native.channel_affine, x, self.mul, self.add, out)
         return [functools.partial(_native.binary, "mul", x, np.broadcast_to(self.mul_view, out.shape), out),
                 functools.partial(_native.binary, "add", out, np.broadcast_to(self.add_view, out.shape), out)]
 
