@@ -101,20 +101,27 @@ def remove_noops(graph: Graph) -> int:
     return count
 
 
+def _constant_conv_weight(graph: Graph, node: Node) -> np.ndarray | None:
+    """The weight of a Conv whose weight (and bias, where it has one) are constants; None for any other node."""
+    if node.op_key != ("", "Conv") or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
+        return None
+    if len(node.inputs) > 2 and node.inputs[2] and node.inputs[2] not in graph.initializers:
+        return None
+    return np.asarray(graph.initializers[node.inputs[1]])
+
+
 def fold_conv_batchnorm(graph: Graph) -> int:
     """Conv with constant weights followed by inference BatchNormalization: scale the weights, shift the bias."""
     count = 0
     for conv in list(graph.nodes):
-        if conv.op_key != ("", "Conv") or len(conv.inputs) < 2 or conv.inputs[1] not in graph.initializers:
+        w = _constant_conv_weight(graph, conv)
+        if w is None:
             continue
         bn = _single_consumer(graph, conv.outputs[0])
         if bn is None or bn.op_key != ("", "BatchNormalization") or bn.attrs.get("training_mode"):
             continue
         if len([o for o in bn.outputs if o]) != 1 or not all(n in graph.initializers for n in bn.inputs[1:5]):
             continue
-        if len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in graph.initializers:
-            continue
-        w = np.asarray(graph.initializers[conv.inputs[1]])
         scale, shift, mean, var = (np.asarray(graph.initializers[n], np.float64) for n in bn.inputs[1:5])
         if w.dtype != np.float32 or scale.shape != (w.shape[0],):
             continue
@@ -158,12 +165,8 @@ def fold_conv_scale_shift(graph: Graph) -> int:
     count = 0
     keep = _read_by_subgraphs(graph)
     for conv in list(graph.nodes):
-        if conv.op_key != ("", "Conv") or len(conv.inputs) < 2 or conv.inputs[1] not in graph.initializers:
-            continue
-        if len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in graph.initializers:
-            continue
-        w = np.asarray(graph.initializers[conv.inputs[1]])
-        if w.dtype != np.float32:
+        w = _constant_conv_weight(graph, conv)
+        if w is None or w.dtype != np.float32:
             continue
         scale, shift, folded = np.ones(w.shape[0]), np.zeros(w.shape[0]), 0
         tail, rank = conv, w.ndim  # the node whose output the next op reads, and that output's rank
@@ -226,12 +229,8 @@ def fold_conv_input_affine(graph: Graph) -> int:
     keep = _read_by_subgraphs(graph) | set(graph.outputs)
     producers = {out: node for node in graph.nodes for out in node.outputs}
     for conv in list(graph.nodes):
-        if conv.op_key != ("", "Conv") or len(conv.inputs) < 2 or conv.inputs[1] not in graph.initializers:
-            continue
-        if len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] not in graph.initializers:
-            continue
-        w = np.asarray(graph.initializers[conv.inputs[1]])
-        if w.dtype != np.float32:
+        w = _constant_conv_weight(graph, conv)
+        if w is None or w.dtype != np.float32:
             continue
 
         def sole_user(name: str, user: Node) -> Node | None:
