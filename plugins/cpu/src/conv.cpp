@@ -470,11 +470,12 @@ bool bf16x3_conv_fits(const PackedConv& pc, const ConvGeom& g) {
   // Measured per conv shape inside the models at 1 thread (thread time, medians of 3 interleaved runs; the table in
   // docs/onnx-models.md, "bf16x3"): the path gains where the weights are large next to the input's share of the
   // work (the transposes and the split of A cost per input and output value, the AMX products save per multiply-add):
-  // 1x1 convs with Cout/group and K both >= 360 (PP-OCRv4 rec's 480 -> 480 on 3 x 80 0.62x, det's 384 -> 360 on
-  // 15 x 20 0.70x; 192 -> 192 or 128 -> 128 lose 1.5-2x) and one-row kernels (1-D convs) with K >= 1024 (magika's
-  // 256 -> 512 5-tap 0.59x, rec's 960 -> 60 1x3 0.78x). YOLOv8n's 3x3 convs (direct / Winograd) did not gain
-  // reliably (128 -> 128 on 10 x 10: 0.45-2.4x between runs), nor did anything with K or Cout below ~240.
-  if (g.kh * g.kw == 1) return cout_g >= 360 && K >= 360;
+  // 1x1 convs with Cout/group and K both >= 400 (PP-OCRv4 rec's 480 -> 480 on 3 x 80 0.62x, on 6 x 80 0.72x;
+  // det's 384 -> 384 on 15 x 20 0.96x (0.58-1.28x between runs) and the whole det model no faster: left out;
+  // 192 -> 192 or 128 -> 128 lose 1.5-2x) and one-row kernels (1-D convs) with K >= 1024 (magika's 256 -> 512
+  // 5-tap 0.59x, rec's 960 -> 60 1x3 0.78x). YOLOv8n's 3x3 convs (direct / Winograd) did not gain reliably
+  // (128 -> 128 on 10 x 10: 0.45-2.4x between runs), nor did anything with K or Cout below ~240.
+  if (g.kh * g.kw == 1) return cout_g >= 400 && K >= 400;
   return g.kh == 1 && K >= 1024;
 }
 

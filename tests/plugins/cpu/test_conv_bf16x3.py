@@ -77,10 +77,10 @@ def data(n, c, h, w_, cout, kh, kw, group, seed=0):
     return x, w, b
 
 
-# Shapes the rule routes: 1x1 with Cout, K >= 360; one-row kernels with K >= 1024 (pads, stride 2).
+# Shapes the rule routes: 1x1 with Cout, K >= 400; one-row kernels with K >= 1024 (pads, stride 2).
 ROUTED = [
     # n, c, h, w, cout, kh, kw, stride, pads
-    (1, 384, 6, 7, 400, 1, 1, (1, 1), (0, 0, 0, 0)),
+    (1, 416, 6, 7, 400, 1, 1, (1, 1), (0, 0, 0, 0)),
     (2, 480, 3, 20, 480, 1, 1, (1, 1), (0, 0, 0, 0)),
     (1, 256, 1, 45, 96, 1, 5, (1, 1), (0, 2, 0, 2)),
     (1, 400, 1, 41, 64, 1, 3, (1, 2), (0, 1, 0, 0)),
@@ -113,10 +113,12 @@ def test_same_bits_at_1_2_3_threads(shape):
 
 
 @amx
-@pytest.mark.parametrize("shape", [(1, 64, 12, 12, 64, 3, 3, (1, 1), (1, 1, 1, 1)), (1, 32, 20, 20, 64, 1, 1,
-                                                                                     (1, 1), (0, 0, 0, 0))])
+@pytest.mark.parametrize("shape", [(1, 64, 12, 12, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+                                   (1, 32, 20, 20, 64, 1, 1, (1, 1), (0, 0, 0, 0)),
+                                   (1, 384, 6, 7, 384, 1, 1, (1, 1), (0, 0, 0, 0))])
 def test_not_routed_is_precision_high(shape, threads):
-    # below the measured rule (3x3 kernels, K or Cout < 360 for 1x1): precision normal runs the fp32 kernels, bit for bit
+    # below the measured rule (3x3 kernels, K or Cout < 400 for 1x1): precision normal runs the fp32 kernels, bit
+    # for bit
     n, c, h, w_, cout, kh, kw, stride, pads = shape
     x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=2)
     pn, normal = run(x, w, b, stride, pads, 1, "relu", "normal")
