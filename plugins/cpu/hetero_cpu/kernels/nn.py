@@ -10,8 +10,16 @@ import numpy as np
 from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
 
 from .. import _native
-from .common import (Call, CallKernel, Calls, float32_only, fused_activation, fused_activation_known, noop,
-                     weight_precision)
+from .common import (
+    Call,
+    CallKernel,
+    Calls,
+    float32_only,
+    fused_activation,
+    fused_activation_known,
+    noop,
+    weight_precision,
+)
 
 
 def _rows(shape: Sequence[int], axis: int) -> tuple[int, int]:
