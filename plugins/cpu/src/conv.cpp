@@ -228,6 +228,18 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
   }, flops >= kWakeFlops);
 }
 
+// A rule's override from the environment: -1 unset (the rule decides), 1 set to anything but "0", 0 for "0".
+int env_override(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
+}
+
+// A 1x1 stride-1 unpadded conv: the input plane is the GEMM operand as it is.
+bool is_pointwise(const ConvGeom& g) {
+  return g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 && g.pb == 0 && g.pr == 0 &&
+         g.Ho == g.H && g.Wo == g.W;
+}
+
 // Row length of conv_direct's zero-padded input copy.
 i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw); }
 
@@ -291,10 +303,7 @@ i64 row_tile_cols(i64 Wo, i64 nr, i64 lanes) {
 // on 80 x 80 -> 40 x 40 rows lost, 32 + 16 columns a row for 40), or HETERO_CPU_CONV_ROWS=1 / 0 forces it (to
 // compare the two).
 bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes) {
-  static const int forced = [] {
-    const char* v = std::getenv("HETERO_CPU_CONV_ROWS");
-    return v == nullptr || *v == '\0' ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
-  }();
+  static const int forced = env_override("HETERO_CPU_CONV_ROWS");
   if (forced >= 0) return forced == 1;
   const i64 nflat = (g.Ho - 1) * L.Wq + g.Wo;
   return g.Ho * row_tile_cols(g.Wo, nr, lanes) <= (nflat - nflat % nr) + row_tile_cols(nflat % nr, nr, lanes);
@@ -462,10 +471,7 @@ bool bf16x3_conv_fits(const PackedConv& pc, const ConvGeom& g) {
   if (!pc.bf16x3) return false;
   const i64 cout_g = g.Cout / g.group, K = pc.cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
   if (!bf16x3_worth(HWo, cout_g, K) || HWo <= kDotMaxOutputs) return false;
-  static const int forced = [] {
-    const char* v = std::getenv("HETERO_CPU_CONV_BF16X3");
-    return v == nullptr || *v == '\0' ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
-  }();
+  static const int forced = env_override("HETERO_CPU_CONV_BF16X3");
   if (forced >= 0) return forced == 1;
   // Measured per conv shape inside the models at 1 thread (thread time, medians of 3 interleaved runs; the table in
   // docs/onnx-models.md, "bf16x3"): the path gains where the weights are large next to the input's share of the
@@ -489,7 +495,7 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const Kernels& kr = *pc.kr;
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, taps = g.kh * g.kw, K = cin_g * taps;
   const i64 HW = g.H * g.W, HWo = g.Ho * g.Wo;
-  const bool pointwise = taps == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 && g.Ho == g.H && g.Wo == g.W;
+  const bool pointwise = is_pointwise(g);
   const i64 band = std::min<i64>(HWo, std::max<i64>(64, kBf16x3BandValues / K / 32 * 32));
   const i64 nb = ceil_div(HWo, band);
   const int T = num_threads();
@@ -601,8 +607,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g;
   const i64 K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
-  const bool pointwise = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 &&
-                         g.pb == 0 && g.pr == 0 && g.Ho == g.H && g.Wo == g.W;
+  const bool pointwise = is_pointwise(g);
   const int nr = kr.nr;
   // One task = one block of output columns of one image/group: it packs its own im2col panels (kept in L2 by
   // the thread that packed them) and runs the whole M x block GEMM on them. One parallel_for per conv: no
