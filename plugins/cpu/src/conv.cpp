@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "gemm_bf16x3.hpp"
 #include "onnx_extra.hpp"
 
 #include <algorithm>
@@ -116,7 +117,7 @@ Blocks balanced_blocks(i64 n, i64 max_per_block, i64 images, int T, i64 min_per_
 }
 
 std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 cout, i64 cin_g, i64 kh, i64 kw,
-                                         i64 group) {
+                                         i64 group, bool bf16x3) {
   auto pc = std::make_unique<PackedConv>();
   pc->kr = &kr;
   pc->cout = cout;
@@ -142,6 +143,25 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
   for (i64 gi = 0; gi < group; ++gi) {
     MatView a{w + gi * cout_g * K, cout_g, K, K, 1};
     pack_a_panels(kr, a, d + gi * pc->group_stride);
+  }
+  if (bf16x3 && &kr == kernels_avx512() && bf16x3_available() && bf16x3_worth(kBf16x3MinRows, cout_g, K)) {
+    // W^T per group with K in (tap, channel) order, the order of conv_bf16x3's channels-last im2col rows.
+    const i64 taps = kh * kw, part = bf16x3_b_values(K, cout_g);
+    pc->bf_stride = 2 * part;
+    auto* hi = reinterpret_cast<std::uint16_t*>(pc->bf.get(static_cast<std::size_t>(part * group)));
+    std::vector<float> wt(static_cast<std::size_t>(cout_g * K));
+    pc->bf16x3 = true;
+    for (i64 gi = 0; gi < group && pc->bf16x3; ++gi) {
+      for (i64 co = 0; co < cout_g; ++co)
+        for (i64 c = 0; c < cin_g; ++c)
+          for (i64 t = 0; t < taps; ++t)
+            wt[static_cast<std::size_t>(co * K + t * cin_g + c)] = w[(gi * cout_g + co) * K + c * taps + t];
+      float mx = 0.f;
+      std::uint16_t* h = hi + gi * pc->bf_stride;
+      pc->bf16x3 = bf16x3_pack_b(MatView{wt.data(), K, cout_g, 1, K}, h, h + part, &mx);
+      pc->bf_max = std::max(pc->bf_max, mx);
+    }
+    if (!pc->bf16x3) pc->bf.reset();
   }
   return pc;
 }
@@ -208,6 +228,18 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
   }, flops >= kWakeFlops);
 }
 
+// A rule's override from the environment: -1 unset (the rule decides), 1 set to anything but "0", 0 for "0".
+int env_override(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
+}
+
+// A 1x1 stride-1 unpadded conv: the input plane is the GEMM operand as it is.
+bool is_pointwise(const ConvGeom& g) {
+  return g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 && g.pb == 0 && g.pr == 0 &&
+         g.Ho == g.H && g.Wo == g.W;
+}
+
 // Row length of conv_direct's zero-padded input copy.
 i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.Wo + (g.kw - 1) * g.dw); }
 
@@ -271,10 +303,7 @@ i64 row_tile_cols(i64 Wo, i64 nr, i64 lanes) {
 // on 80 x 80 -> 40 x 40 rows lost, 32 + 16 columns a row for 40), or HETERO_CPU_CONV_ROWS=1 / 0 forces it (to
 // compare the two).
 bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes) {
-  static const int forced = [] {
-    const char* v = std::getenv("HETERO_CPU_CONV_ROWS");
-    return v == nullptr || *v == '\0' ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
-  }();
+  static const int forced = env_override("HETERO_CPU_CONV_ROWS");
   if (forced >= 0) return forced == 1;
   const i64 nflat = (g.Ho - 1) * L.Wq + g.Wo;
   return g.Ho * row_tile_cols(g.Wo, nr, lanes) <= (nflat - nflat % nr) + row_tile_cols(nflat % nr, nr, lanes);
@@ -433,15 +462,111 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   }, flops >= kWakeFlops);
 }
 
-}  // namespace
+// Output positions per band of conv_bf16x3: the band's split rows (hi + lo, 4 bytes a value) about 1 MB.
+constexpr i64 kBf16x3BandValues = 256 * 1024;
 
-ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
-  const ConvGeom g = along_w(geom);
+// Whether conv_bf16x3 runs this (along_w) shape. HETERO_CPU_CONV_BF16X3=1 / 0 forces it on (where the weights have
+// the bf16x3 form and the product is one the GEMM takes) / off, to compare.
+bool bf16x3_conv_fits(const PackedConv& pc, const ConvGeom& g) {
+  if (!pc.bf16x3) return false;
+  const i64 cout_g = g.Cout / g.group, K = pc.cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
+  if (!bf16x3_worth(HWo, cout_g, K) || HWo <= kDotMaxOutputs) return false;
+  static const int forced = env_override("HETERO_CPU_CONV_BF16X3");
+  if (forced >= 0) return forced == 1;
+  // Measured per conv shape inside the models at 1 thread (thread time, medians of 3 interleaved runs; the table in
+  // docs/onnx-models.md, "bf16x3"): the path gains where the weights are large next to the input's share of the
+  // work (the transposes and the split of A cost per input and output value, the AMX products save per multiply-add):
+  // 1x1 convs with Cout/group and K both >= 400 (PP-OCRv4 rec's 480 -> 480 on 3 x 80 0.62x, on 6 x 80 0.72x;
+  // det's 384 -> 384 on 15 x 20 0.96x (0.58-1.28x between runs) and the whole det model no faster: left out;
+  // 192 -> 192 or 128 -> 128 lose 1.5-2x) and one-row kernels (1-D convs) with K >= 1024 (magika's 256 -> 512
+  // 5-tap 0.59x, rec's 960 -> 60 1x3 0.78x). YOLOv8n's 3x3 convs (direct / Winograd) did not gain reliably
+  // (128 -> 128 on 10 x 10: 0.45-2.4x between runs), nor did anything with K or Cout below ~240.
+  if (g.kh * g.kw == 1) return cout_g >= 400 && K >= 400;
+  return g.kh == 1 && K >= 1024;
+}
+
+// The transposed product out^T (HWo x Cout/group) = col^T (HWo x K) x W^T (K x Cout/group) by bf16x3, per image,
+// group and band of output positions: the input transposed to channels-last once per image and group, each band's
+// im2col rows (K in (tap, channel) order: runs of cin_g channels) copied from it (1x1 stride-1 convs read it as A
+// directly), bias and activation applied in the GEMM's epilogue, the band transposed back into NCHW. False (the
+// output partly written) where bf16x3_gemm declines (a NaN / inf / huge input): the caller runs the fp32 path.
+bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                 const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, taps = g.kh * g.kw, K = cin_g * taps;
+  const i64 HW = g.H * g.W, HWo = g.Ho * g.Wo;
+  const bool pointwise = is_pointwise(g);
+  const i64 band = std::min<i64>(HWo, std::max<i64>(64, kBf16x3BandValues / K / 32 * 32));
+  const i64 nb = ceil_div(HWo, band);
+  const int T = num_threads();
+  float* nhwc = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(HW * cin_g + (pointwise ? 0 : band * K) +
+                                                               band * cout_g));
+  float* col = nhwc + HW * cin_g;
+  float* cbuf = col + (pointwise ? 0 : band * K);
+  const auto* bhi = reinterpret_cast<const std::uint16_t*>(pc.bf.p);
+  constexpr i64 kRun = 256;  // positions a transpose / im2col task handles
+  for (i64 n = 0; n < g.N; ++n)
+    for (i64 gi = 0; gi < g.group; ++gi) {
+      const float* xin = x + (n * g.C + gi * cin_g) * HW;
+      parallel_for(ceil_div(HW, kRun), threads_for(static_cast<double>(HW) * cin_g, kParallelGrain), [&](i64 t) {
+        const i64 p0 = t * kRun, p1 = std::min<i64>(HW, p0 + kRun);
+        for (i64 c = 0; c < cin_g; ++c)
+          for (i64 p = p0; p < p1; ++p) nhwc[p * cin_g + c] = xin[c * HW + p];
+      });
+      Epilogue ep = act;
+      ep.bias = bias ? bias + gi * cout_g : nullptr;
+      ep.bias_rs = 0;
+      ep.bias_cs = 1;
+      const std::uint16_t* h = bhi + gi * pc.bf_stride;
+      const Bf16x3B b{h, h + pc.bf_stride / 2, K, cout_g, pc.bf_max};
+      float* o = out + (n * g.Cout + gi * cout_g) * HWo;
+      for (i64 bi = 0; bi < nb; ++bi) {
+        const i64 j0 = bi * band, rows = std::min<i64>(band, HWo - j0);
+        MatView a{nhwc + j0 * cin_g, rows, K, cin_g, 1};
+        if (!pointwise) {
+          parallel_for(ceil_div(rows, kRun), threads_for(static_cast<double>(rows) * K, kParallelGrain), [&](i64 t) {
+            for (i64 j = j0 + t * kRun; j < std::min<i64>(j0 + rows, j0 + (t + 1) * kRun); ++j) {
+              const i64 oy = j / g.Wo, ox = j % g.Wo;
+              float* d = col + (j - j0) * K;
+              for (i64 ky = 0; ky < g.kh; ++ky) {
+                const i64 iy = oy * g.sh - g.pt + ky * g.dh;
+                for (i64 kx = 0; kx < g.kw; ++kx, d += cin_g) {
+                  const i64 ix = ox * g.sw - g.pl + kx * g.dw;
+                  if (iy >= 0 && iy < g.H && ix >= 0 && ix < g.W)
+                    std::memcpy(d, nhwc + (iy * g.W + ix) * cin_g, static_cast<std::size_t>(cin_g) * sizeof(float));
+                  else
+                    std::fill(d, d + cin_g, 0.f);
+                }
+              }
+            }
+          });
+          a = MatView{col, rows, K, K, 1};
+        }
+        if (!bf16x3_gemm(kr, b, a, cbuf, cout_g, 1.f, 0.f, ep, T)) return false;
+        parallel_for(ceil_div(cout_g, 16), threads_for(static_cast<double>(rows) * cout_g, kParallelGrain),
+                     [&](i64 t) {
+          for (i64 co = t * 16; co < std::min<i64>(cout_g, (t + 1) * 16); ++co)
+            for (i64 j = 0; j < rows; ++j) o[co * HWo + j0 + j] = cbuf[j * cout_g + co];
+        });
+      }
+    }
+  return true;
+}
+
+// The fp32 kernels' choice for this (along_w) shape.
+ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (pc.depthwise) return ConvAlgo::depthwise;
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
   if (direct_fits(pc, g)) return ConvAlgo::direct;
   return ConvAlgo::gemm;
+}
+
+}  // namespace
+
+ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
+  const ConvGeom g = along_w(geom);
+  return bf16x3_conv_fits(pc, g) ? ConvAlgo::bf16x3 : fp32_algorithm(pc, g);
 }
 
 const char* conv_algorithm_name(ConvAlgo a) {
@@ -450,6 +575,7 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::dot: return "dot";
     case ConvAlgo::winograd: return "winograd";
     case ConvAlgo::direct: return "direct";
+    case ConvAlgo::bf16x3: return "bf16x3";
     default: return "gemm";
   }
 }
@@ -458,7 +584,12 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
                    const Epilogue& act) {
   if (geom.N == 0 || geom.Cout == 0 || geom.Ho == 0 || geom.Wo == 0) return;
   const ConvGeom g = along_w(geom);
-  switch (conv_algorithm(pc, geom)) {
+  ConvAlgo algo = conv_algorithm(pc, geom);
+  if (algo == ConvAlgo::bf16x3) {
+    if (conv_bf16x3(pc, g, x, bias, out, act)) return;
+    algo = fp32_algorithm(pc, g);
+  }
+  switch (algo) {
     case ConvAlgo::depthwise: depthwise(pc, g, x, bias, out, act); return;
     case ConvAlgo::dot: conv_dot(pc, g, x, bias, out, act); return;
     case ConvAlgo::winograd:
@@ -469,14 +600,14 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       }
       break;
     case ConvAlgo::direct: conv_direct(pc, g, x, bias, out, act); return;
-    case ConvAlgo::gemm: break;
+    case ConvAlgo::gemm:
+    case ConvAlgo::bf16x3: break;
   }
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g;
   const i64 K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
-  const bool pointwise = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 &&
-                         g.pb == 0 && g.pr == 0 && g.Ho == g.H && g.Wo == g.W;
+  const bool pointwise = is_pointwise(g);
   const int nr = kr.nr;
   // One task = one block of output columns of one image/group: it packs its own im2col panels (kept in L2 by
   // the thread that packed them) and runs the whole M x block GEMM on them. One parallel_for per conv: no

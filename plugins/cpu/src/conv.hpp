@@ -33,6 +33,13 @@ struct PackedConv {
   mutable std::once_flag wino_once;
   mutable AlignedBuf wino;
   mutable i64 wino_stride = 0;
+  // precision "normal" on AMX-BF16 (gemm_bf16x3.hpp): per group the transposed weights W^T (K x Cout/group, K in
+  // (ky, kx, c) order: conv_bf16x3's channels-last im2col rows) as packed bf16x3 B, hi then lo, bf_stride uint16
+  // values a group; empty (bf16x3 false) otherwise
+  AlignedBuf bf;
+  i64 bf_stride = 0;
+  float bf_max = 0.f;
+  bool bf16x3 = false;
 };
 
 // n units of equal cost (column panels, output rows) split into nb blocks whose sizes differ by at most one, the
@@ -48,15 +55,16 @@ struct Blocks {
 // images), and the task count a multiple of T where n allows.
 Blocks balanced_blocks(i64 n, i64 max_per_block, i64 images, int T, i64 min_per_thread);
 
+// bf16x3: also pack the bf16x3 form (precision "normal"), where the CPU has AMX-BF16 and the shape could take it.
 std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 cout, i64 cin_g, i64 kh, i64 kw,
-                                         i64 group);
+                                         i64 group, bool bf16x3 = false);
 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                    const Epilogue& act);
 
 // Which kernel conv2d_packed runs for this shape (chosen by rule, per call): exposed so tests can check that a shape
 // meant for a path takes it.
-enum class ConvAlgo { depthwise, dot, winograd, direct, gemm };
+enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3 };
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& g);
 const char* conv_algorithm_name(ConvAlgo a);
 

@@ -638,7 +638,7 @@ struct PyPackedConv {
   std::unique_ptr<PackedConv> pc;
 };
 
-PyPackedConv py_prepack_conv(const py::array& w, i64 group) {
+PyPackedConv py_prepack_conv(const py::array& w, i64 group, const py::object& precision) {
   const char* fn = "prepack_conv";
   need_f32(w, fn, "w");
   need_ndim(w, 4, fn, "w");
@@ -655,8 +655,10 @@ PyPackedConv py_prepack_conv(const py::array& w, i64 group) {
     pw = keep.data();
   }
   const i64 cin_g = w.shape(1), kh = w.shape(2), kw = w.shape(3);
+  const Precision p =
+      precision.is_none() ? default_precision() : parse_precision(py::str(precision), "prepack_conv: precision");
   py::gil_scoped_release nogil;
-  return PyPackedConv{prepack_conv(active(), pw, cout, cin_g, kh, kw, group)};
+  return PyPackedConv{prepack_conv(active(), pw, cout, cin_g, kh, kw, group, p == Precision::Normal)};
 }
 
 // The convolution geometry of input shape `xs` (NCHW) for packed weights, checked.
@@ -721,7 +723,7 @@ void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::obje
 void py_conv2d(const py::array& x, const py::array& w, const py::object& bias, const py::array& out,
                const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil, i64 group,
                const std::string& act, float act_alpha, float act_beta) {
-  PyPackedConv pk = py_prepack_conv(w, group);
+  PyPackedConv pk = py_prepack_conv(w, group, py::none());
   py_conv2d_packed(x, pk, bias, out, strides, pads, dil, act, act_alpha, act_beta);
 }
 
@@ -905,6 +907,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("kernel", [](const PyPackedConv& p) { return py::make_tuple(p.pc->kh, p.pc->kw); })
       .def_property_readonly("group", [](const PyPackedConv& p) { return p.pc->group; })
       .def_property_readonly("depthwise", [](const PyPackedConv& p) { return p.pc->depthwise; })
+      .def_property_readonly("bf16x3", [](const PyPackedConv& p) { return p.pc->bf16x3; },
+                             "Whether the weights also have the bf16x3 form (precision normal, AMX-BF16).")
       .def(
           "algorithm",
           [](const PyPackedConv& p, const std::vector<i64>& x_shape, const std::vector<i64>& strides,
@@ -916,8 +920,9 @@ PYBIND11_MODULE(_native, m) {
           },
           py::arg("x_shape"), py::arg("strides") = std::vector<i64>{1, 1},
           py::arg("pads") = std::vector<i64>{0, 0, 0, 0}, py::arg("dilations") = std::vector<i64>{1, 1},
-          "The kernel conv2d_packed runs for this input shape: depthwise, dot, winograd, direct or gemm.");
-  m.def("prepack_conv", &py_prepack_conv, py::arg("w"), py::arg("group") = 1);
+          "The kernel conv2d_packed runs for this input shape: depthwise, dot, winograd, direct, gemm or bf16x3.");
+  m.def("prepack_conv", &py_prepack_conv, py::arg("w"), py::arg("group") = 1, py::arg("precision") = py::none(),
+        "precision: \"high\" (fp32 kernels) or \"normal\" (bf16x3 on AMX-BF16 where it gains); None: precision().");
   const std::vector<i64> one2{1, 1}, zero4{0, 0, 0, 0};
   m.def("conv2d", &py_conv2d, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("out"),
         py::arg("strides") = one2, py::arg("pads") = zero4, py::arg("dilations") = one2, py::arg("group") = 1,

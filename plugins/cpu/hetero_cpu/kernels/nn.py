@@ -10,7 +10,16 @@ import numpy as np
 from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
 
 from .. import _native
-from .common import Call, CallKernel, Calls, float32_only, fused_activation, fused_activation_known, noop
+from .common import (
+    Call,
+    CallKernel,
+    Calls,
+    float32_only,
+    fused_activation,
+    fused_activation_known,
+    noop,
+    weight_precision,
+)
 
 
 def _rows(shape: Sequence[int], axis: int) -> tuple[int, int]:
@@ -149,7 +158,7 @@ class CpuConv(CallKernel):
         self.dilations = tuple(self.attr("dilations", [1] * len(self.kernel_shape)))
         if self.one_d:
             weight = weight[:, :, None, :]
-        self.packed = _native.prepack_conv(np.ascontiguousarray(weight), self.group)
+        self.packed = _native.prepack_conv(np.ascontiguousarray(weight), self.group, weight_precision(backend))
         bias = node.constants.get(2)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.activation = fused_activation(self.node.attrs)
