@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--bandwidth-mib", type=int, default=256, help="MiB per thread of the read-bound probe (0: skip)")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                    help="cpu: the step's CPU time of the whole process (see above)")
+                    help="cpu: the step's CPU time of the whole process over the thread count (see CLOCKS)")
     ap.add_argument("--per-op", action="store_true", help="also split each thread count's step per op (see above)")
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose core/ and plugins/cpu run")
     ap.add_argument("--against", default=None, help="compare with this checkout, or with this one under NAME=VALUE "
