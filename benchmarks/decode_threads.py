@@ -116,7 +116,9 @@ def _label(call, names: dict[int, str]) -> tuple[str, list]:
 
 # --clock cpu: the process's CPU time (all threads). At 1 thread a neighbour taking the core away no longer counts
 # (what is left: the kernels, the Python, and memory contention); at N threads it is about N x the wall time on a
-# quiet machine (workers spin while they wait), so compare wall times there.
+# quiet machine (workers spin while they wait): the step's (and --per-op's ops') CPU time is divided by the thread
+# count, and the read bound is the probe's CPU-time figure (each pass timed by its slowest thread's CPU time), so the
+# GB/s compare with it. The pool's own figures (busy, wake, tail, serial) stay wall-clock ones.
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 STAT_KEYS = ("calls", "serial_calls", "joins", "sleeps", "busy_s", "tail_s", "wake_s", "serial_s", "wall_s")
@@ -128,9 +130,13 @@ def _replays(llm) -> list:
     return [p.replay for p in llm.session.programs if isinstance(p, KernelProgram) and p.replay is not None]
 
 
-def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int) -> tuple[float, list[dict]]:
+def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
+           clock: str = "wall") -> tuple[float, list[dict]]:
     """Per-op split of ``steps`` decode steps at ``threads`` threads (see the module doc): (median instrumented
-    step seconds, rows). Every call of the recorded replay (after the backend's fusion) is wrapped."""
+    step seconds, rows). Every call of the recorded replay (after the backend's fusion) is wrapped. clock "cpu":
+    an op's (and the step's) time is the process's CPU time over it divided by ``threads`` (see CLOCKS)."""
+    now = CLOCKS[clock]
+    per = threads if clock == "cpu" else 1
     native.set_num_threads(threads)
     for _ in range(3):  # the replay of a one-token step at this thread count is recorded
         llm.rollback(prompt)
@@ -139,13 +145,13 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int) -
     # per step: label -> wall seconds and the pool's account (medians over steps: a preempted step does not skew)
     steps_acc: list[dict[str, dict[str, float]]] = []
     nbytes: dict[str, int] = {}
-    tick = statistics.median(-time.perf_counter() + time.perf_counter() for _ in range(1000))
+    tick = statistics.median(-now() + now() for _ in range(1000))
 
     def timed(call, label: str):
         def run() -> None:
-            t0 = time.perf_counter()
+            t0 = now()
             call()
-            dt = time.perf_counter() - t0 - tick
+            dt = (now() - t0 - tick) / per
             st = native.pool_stats(True)
             a = steps_acc[-1].setdefault(label, dict.fromkeys(("wall", "n", *STAT_KEYS), 0.0))
             a["wall"] += dt
@@ -171,9 +177,9 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int) -
             llm.rollback(prompt)
             native.pool_stats(True)
             steps_acc.append({})
-            t0 = time.perf_counter()
+            t0 = now()
             llm.forward([ids[prompt + 1 + i % 8]])
-            times.append(time.perf_counter() - t0)
+            times.append((now() - t0) / per)
     finally:
         for r, program in zip(replays, originals, strict=True):
             r.program[:] = program
@@ -216,8 +222,9 @@ def print_per_op(threads: int, step_s: float, plain_s: float | None, rows: list[
 
 
 def run_config(llm, native, ids: list[int], prompt: int, steps: int,
-               clock=time.perf_counter) -> tuple[list[float], dict]:
-    """Step times and the pool statistics summed over ``steps`` decode steps after ``prompt`` cached tokens."""
+               clock=time.perf_counter, per: int = 1) -> tuple[list[float], dict]:
+    """Step times (``clock``'s seconds / ``per``) and the pool statistics summed over ``steps`` decode steps after
+    ``prompt`` cached tokens."""
     llm.rollback(prompt)
     llm.forward([ids[prompt]])  # the first step after a thread-count change rebuilds the pool
     native.pool_stats(True)
@@ -226,7 +233,7 @@ def run_config(llm, native, ids: list[int], prompt: int, steps: int,
         llm.rollback(prompt)
         t0 = clock()
         llm.forward([ids[prompt + 1 + i % 8]])
-        times.append(clock() - t0)
+        times.append((clock() - t0) / per)
     return times, native.pool_stats(True)
 
 
@@ -286,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--bandwidth-mib", type=int, default=256, help="MiB per thread of the read-bound probe (0: skip)")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                    help="cpu: the step's CPU time of the whole process (see above)")
+                    help="cpu: the step's CPU time of the whole process over the thread count (see CLOCKS)")
     ap.add_argument("--per-op", action="store_true", help="also split each thread count's step per op (see above)")
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose core/ and plugins/cpu run")
     ap.add_argument("--against", default=None, help="compare with this checkout, or with this one under NAME=VALUE "
@@ -306,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bandwidth_mib:
         from read_bandwidth import measure
 
-        bound = measure(threads, args.bandwidth_mib, reps=5, rounds=2)
+        bound = measure(threads, args.bandwidth_mib, reps=5, rounds=2, clock=args.clock)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if args.model:
@@ -329,11 +336,12 @@ def main(argv: list[str] | None = None) -> int:
             for t, s in configs:
                 _native.set_num_threads(t)
                 _native.set_pool_spin_us(s)
-                rounds[(t, s)].append(run_config(llm, _native, ids, args.prompt, args.steps, CLOCKS[args.clock]))
+                rounds[(t, s)].append(run_config(llm, _native, ids, args.prompt, args.steps, CLOCKS[args.clock],
+                                                 t if args.clock == "cpu" else 1))
         ops = {}
         if args.per_op:
             _native.set_pool_spin_us(spins[0])
-            ops = {t: per_op(llm, _native, ids, args.prompt, args.steps, t) for t in threads}
+            ops = {t: per_op(llm, _native, ids, args.prompt, args.steps, t, args.clock) for t in threads}
     finally:
         _native.pool_stats_enable(False)
         _native.set_pool_spin_us(spin_before)
