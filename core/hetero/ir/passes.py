@@ -1054,10 +1054,12 @@ def pow_to_mul(graph: Graph) -> int:
     return count
 
 
-DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fold_conv_input_affine,
-                                    fuse_gelu_tanh, fuse_gelu_erf, one_hot_matmul_to_gather, fuse_conv_activation,
-                                    batch_gathered_gemms, fuse_matmul_bias, fuse_matmul_integer_scale, fuse_layer_norm,
-                                    fuse_rms_norm, fuse_attention,
+# fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
+# affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
+DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
+                                    fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
+                                    fuse_conv_activation, batch_gathered_gemms, fuse_matmul_bias,
+                                    fuse_matmul_integer_scale, fuse_layer_norm, fuse_rms_norm, fuse_attention,
                                     pow_to_mul)
 
 
