@@ -845,16 +845,26 @@ def _rms_norm_span(graph: Graph, mean: Node, producers: dict[str, Node]
         return None
     span = [square, mean, add, root, *division]
     weight = np.ones(width, np.float32)
-    scale = _single_consumer(graph, span[-1].outputs[0])
-    if scale is not None and scale.op_key == ("", "Mul") and len(scale.inputs) == 2:
-        other = scale.inputs[1] if scale.inputs[0] == span[-1].outputs[0] else scale.inputs[0]
-        value = graph.initializers.get(other)
-        if value is not None and value.dtype == np.float32 and value.shape == (width,):
-            weight = np.asarray(value)
-            span.append(scale)
+    scaled = _per_column_operand(graph, span[-1].outputs[0], "Mul", width)
+    if scaled is not None:
+        span.append(scaled[0])
+        weight = scaled[1]
     if any(_single_consumer(graph, n.outputs[0]) is None for n in span[:-1]):
         return None
     return x, weight, float(np.asarray(graph.initializers[eps_name]).reshape(-1)[0]), span
+
+
+def _per_column_operand(graph: Graph, value: str, op: str, width: int) -> tuple[Node, np.ndarray] | None:
+    """The sole consumer of ``value`` when it is an ``op`` of it and a float32 constant of shape (width,), with that
+    constant (a norm's weight or bias), else None."""
+    node = _single_consumer(graph, value)
+    if node is None or node.op_key != ("", op) or len(node.inputs) != 2:
+        return None
+    other = node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+    constant = graph.initializers.get(other)
+    if constant is None or constant.dtype != np.float32 or constant.shape != (width,):
+        return None
+    return node, np.asarray(constant)
 
 
 def _times_constant_any(graph: Graph, node: Node | None, op: str, operand: str) -> str | None:
@@ -908,13 +918,10 @@ def fuse_layer_norm(graph: Graph) -> int:
             return None  # the centred values are read elsewhere too
         width = weight.shape[0]
         bias = np.zeros(width, np.float32)
-        add = _single_consumer(graph, span[-1].outputs[0])
-        if add is not None and add.op_key == ("", "Add") and len(add.inputs) == 2:
-            other = add.inputs[1] if add.inputs[0] == span[-1].outputs[0] else add.inputs[0]
-            value = graph.initializers.get(other)
-            if value is not None and value.dtype == np.float32 and value.shape == (width,):
-                bias = np.asarray(value)
-                span = [*span, add]
+        shifted = _per_column_operand(graph, span[-1].outputs[0], "Add", width)
+        if shifted is not None:
+            span = [*span, shifted[0]]
+            bias = shifted[1]
         base = mean.name or mean.outputs[0]
         node = Node("LayerNormalization", [x, f"{base}/ln_scale", f"{base}/ln_bias"], list(span[-1].outputs),
                     {"axis": -1, "epsilon": eps}, name=f"{base}/layer_norm")
