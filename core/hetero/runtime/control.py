@@ -63,13 +63,19 @@ class ControlFlow:
     def branch_replay(self, node: Node, cond: Tensor) -> tuple[Any, list[str]] | None:
         """The replay that the child session of ``node``'s (an If) taken branch recorded last, and the branch's output
         names, for the parent's replay to inline; None unless that child is one replayed segment."""
+        found = self.branch_program(node, cond)
+        replay = None if found is None else getattr(found[0], "replay", None)
+        return None if replay is None or found is None else (replay, found[1])
+
+    def branch_program(self, node: Node, cond: Tensor) -> tuple[Any, list[str]] | None:
+        """The one program (segment) of the child session of ``node``'s (an If) taken branch, and the branch's output
+        names; None unless that child exists and is one segment."""
         branch = node.attrs.get("then_branch" if bool(np.asarray(cond.host_values()).reshape(-1)[0]) else "else_branch")
         child = self._children.get(id(branch))
         programs = getattr(child, "programs", None)
         if not isinstance(branch, Graph) or not programs or len(programs) != 1:
             return None
-        replay = getattr(programs[0], "replay", None)
-        return None if replay is None else (replay, list(branch.outputs))
+        return programs[0], list(branch.outputs)
 
     def _child(self, body: Graph, values: dict[str, np.ndarray]) -> ChildSession | None:
         """A session for a body, made at its first run: inputs are its own plus the outer values it reads (outer

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,12 +275,9 @@ class KernelProgram:
             if plan is not self._current:
                 self._switch(plan)
             if plan.replay is not None:
-                try:
-                    return plan.replay.run(inputs, self._outputs)
-                except StaleReplay:  # a branch's results changed shape: interpret (and record again)
-                    plan.replay = None
-                except KERNEL_FAILURES:  # a replayed call names no node: run interpreted, which names it (or works)
-                    plan.replay = None
+                result = self._issue(plan, plan.replay.run, inputs, self._outputs)
+                if result is not None:
+                    return result
         env = dict(inputs)
         planned = plan is not None
         lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []
@@ -303,6 +300,33 @@ class KernelProgram:
         if recorder is not None:
             plan.replay = recorder.build(signature, outputs)
         return outputs
+
+    @staticmethod
+    def _issue(plan: _Plan, run: Callable[..., Any], *args: Any) -> Any:
+        """``run(*args)`` (the plan's replay), or None when the replay failed and was dropped (then interpret)."""
+        try:
+            return run(*args)
+        except StaleReplay:  # a branch's results changed shape: interpret (and record again)
+            plan.replay = None
+        except KERNEL_FAILURES:  # a replayed call names no node: run interpreted, which names it (or works)
+            plan.replay = None
+        return None
+
+    def fast_replay(self) -> Replay | None:
+        """The replay of the signature run last, where another run of that signature may issue it with numpy feeds
+        (``run_arrays``): no value-keyed inputs, a replay that ``takes_arrays``."""
+        replay = None if self._keyed or self._current is None else self._current.replay
+        return replay if replay is not None and replay.takes_arrays else None
+
+    def run_arrays(self, replay: Replay, feeds: dict[str, np.ndarray],
+                   wanted: Sequence[str]) -> list[np.ndarray] | None:
+        """Issues ``replay`` (from ``fast_replay``) with feeds of its signature (the caller checked them): the outputs
+        as numpy arrays, or None when it is no longer the current one or failed (then ``run`` the tensors)."""
+        plan = self._current
+        if plan is None or plan.replay is not replay:
+            return None
+        result: list[np.ndarray] | None = self._issue(plan, replay.run_arrays, feeds, wanted)
+        return result
 
     def _switch(self, plan: _Plan) -> None:
         """Makes ``plan`` current: its arena for interpreted runs, its replay's unbound kernels prepared again."""
@@ -399,7 +423,7 @@ class KernelProgram:
                 outer = {name: env[name] for name in step.outer if name in env}
                 cond = ins[0]
                 body = self._control.branch_replay(step.node, cond) if cond is not None and step.fixed_cond else None
-                branch_of = None if step.fixed_cond else functools.partial(self._control.branch_replay, step.node)
+                branch_of = None if step.fixed_cond else functools.partial(self._control.branch_program, step.node)
                 recorder.control(step.kernel, ins, outer, list(outs), self._control.runner, backend, body, branch_of)
             return
         if key != step.key or schema.data_dependent:

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ..contract.backend import Backend, Kernel
+from ..contract.backend import Backend, HostMemory, Kernel
 from ..contract.errors import HeteroError
 from ..contract.tensor import Tensor, TensorInfo, static_shape
 
@@ -76,12 +76,27 @@ class _Control:
     backend: Backend
     var_ins: list[tuple[int, Key]] = field(default_factory=list)
     var_outer: list[tuple[str, Key]] = field(default_factory=list)
-    fixed_outs: list[tuple[Key, Tensor]] = field(default_factory=list)  # made by the replay: (key, its buffer)
+    fixed_outs: dict[Key, Tensor] = field(default_factory=dict)  # made by the replay: key -> its buffer
     # the taken branch's replay (recorded by its child session in this run) and the branch's output names
     body: tuple[Replay, list[str]] | None = None
-    # an If whose condition comes from the data: the replay of the branch a condition takes (as ``body``), if that
-    # branch's child session has one; the replay issues its calls directly instead of running the child session
-    branch_of: Callable[[Tensor], tuple[Replay, list[str]] | None] | None = None
+    # an If whose condition comes from the data: the program of the branch a condition takes (its child session's
+    # one segment, whose replay the replay issues directly instead of running the child session) and the branch's
+    # output names, once that child exists; found once per branch (``branches``, by the condition's value)
+    branch_of: Callable[[Tensor], tuple[Any, list[str]] | None] | None = None
+    branches: dict[bool, _Branch] = field(default_factory=dict)
+
+
+@dataclass
+class _Branch:
+    """One branch of a data-dependent If as the replay issues it: the branch's program (its ``replay`` read at each
+    run: the child may record again) and, once checked to fit this If (inlinable, the values it reads of the
+    recorded shapes, every result in a buffer of its own), that replay, its input copies and its result buffers."""
+
+    program: Any
+    names: list[str]
+    replay: Replay | None = None
+    copies: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (the body's input buffer, outer name)
+    results: list[Tensor] = field(default_factory=list)
 
 
 class StaleReplay(HeteroError):
@@ -135,7 +150,7 @@ class Recorder:
     def control(self, kernel: Any, ins: list[Tensor | None], outer: dict[str, Tensor], outs: list[Tensor],
                 runner: Callable[[list[str], dict[str, Tensor]], Any], backend: Backend,
                 body: tuple[Replay, list[str]] | None = None,
-                branch_of: Callable[[Tensor], tuple[Replay, list[str]] | None] | None = None) -> None:
+                branch_of: Callable[[Tensor], tuple[Any, list[str]] | None] | None = None) -> None:
         entry = _Control(kernel, list(ins), dict(outer), [], runner, backend, body=body, branch_of=branch_of)
         entry.var_ins = [(pos, k) for pos, t in enumerate(ins) if (k := self._key(t)) is not None]
         entry.var_outer = [(name, k) for name, t in outer.items() if (k := self._key(t)) is not None]
@@ -170,6 +185,8 @@ class Replay:
         self._fixed: dict[Key, Tensor] = {}
         fixed = self._fixed
         self._write = backend.write
+        # plain host buffers written by numpy copies: what run_arrays needs
+        self._numpy_buffers = _numpy_buffers(backend)
         self._slots: list[tuple[str, Tensor]] = []  # (feed name, the replay's own buffer)
         for name, tensor in feeds.items():
             own = fixed[("feed", name)] = own_copy(backend, tensor)
@@ -181,6 +198,7 @@ class Replay:
         self._owned: dict[Key, Backend] = {}  # graph outputs in the replay's own buffers: copied out each run
         self._bodies: list[Replay] = []  # If branches inlined into this replay
         self._dynamic = 0  # entries that read this run's values (feeds, fresh outputs): not inlinable
+        self._reads_feeds = False  # an entry reads this run's feed tensors themselves (run_arrays has none)
         for entry in entries:
             if isinstance(entry, _View):
                 self._add_view(entry, fixed)
@@ -203,6 +221,7 @@ class Replay:
             # run's feed at each run, never the replay's own copy of it (which the next run overwrites)
             self.program.append(functools.partial(_make_view, self._values, entry))
             self._dynamic += 1
+            self._reads_feeds |= entry.src[0] == "feed"
             return
         view = None if src is None else entry.backend.view(src, entry.info)
         if view is not None:
@@ -210,6 +229,7 @@ class Replay:
         else:
             self.program.append(functools.partial(_make_view, self._values, entry))
             self._dynamic += 1
+            self._reads_feeds |= entry.src[0] == "feed"
 
     def _add_control(self, entry: _Control, fixed: dict[Key, Tensor]) -> None:
         entry.var_ins = _take_fixed(entry.var_ins, fixed, entry.ins)
@@ -220,7 +240,7 @@ class Replay:
         for key, info in entry.outs:
             if key not in self._output_keys:  # a graph output stays the run's own result (the caller keeps it)
                 own = fixed[key] = entry.backend.empty(info)
-                entry.fixed_outs.append((key, own))
+                entry.fixed_outs[key] = own
         self.program.append(functools.partial(_run_control, self._values, entry))
 
     def _add_call(self, entry: _Call, fixed: dict[Key, Tensor]) -> None:
@@ -325,12 +345,51 @@ class Replay:
         values.clear()  # the caller owns the outputs now
         return result
 
+    @property
+    def takes_arrays(self) -> bool:
+        """Whether ``run_arrays`` may run it: host buffers (written by numpy copies), no entry reading the feed
+        tensors themselves."""
+        return self._numpy_buffers and not self._reads_feeds
+
+    def run_arrays(self, feeds: dict[str, np.ndarray], wanted: Sequence[str]) -> list[np.ndarray]:
+        """``run`` for feeds that are numpy arrays of the recorded shapes and dtypes (the caller checked them) on a
+        replay that ``takes_arrays``: the outputs as numpy arrays in ``wanted`` order, each the caller's own (a copy
+        of a buffer of the replay's, else a fresh result). The session's fast path for repeated calls."""
+        values = self._values
+        values.clear()
+        for name, slot in self._slots:
+            slot.buffer[...] = feeds[name]  # same shape and dtype (checked): np.copyto's work, called faster
+        for call in self.program:
+            call()
+        result = []
+        fixed, owned = self._fixed, self._owned
+        for name in wanted:
+            found = self.outputs[name]
+            if isinstance(found, Tensor):
+                result.append(found.numpy())
+            elif found in owned:
+                result.append(fixed[found].buffer.copy())
+            else:
+                result.append((values[found] if found in values else fixed[found]).numpy())
+        values.clear()
+        return result
+
 
 def own_copy(backend: Backend, tensor: Tensor) -> Tensor:
     """A tensor of ``backend`` holding ``tensor``'s values now, which later runs cannot overwrite."""
+    buffer = tensor.buffer
+    if tensor.is_host and _numpy_buffers(backend) and isinstance(buffer, np.ndarray) and buffer.shape == tensor.shape \
+            and buffer.dtype == tensor.dtype.np_dtype:
+        return Tensor(buffer.copy(), tensor.shape, tensor.dtype, backend)  # what empty() + write() make, in one call
     own = backend.empty(tensor.info)
     backend.write(own, tensor)
     return own
+
+
+def _numpy_buffers(backend: Backend) -> bool:
+    """Whether ``backend``'s tensors are numpy arrays of their own shape and dtype, written by numpy copies."""
+    return isinstance(backend, HostMemory) and type(backend).write is HostMemory.write \
+        and type(backend).empty is HostMemory.empty
 
 
 def _ownable(backend: Backend, info: TensorInfo) -> bool:
@@ -372,13 +431,14 @@ def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:
     for name, key in entry.var_outer:
         entry.outer[name] = values[key]
     outs = _run_branch_replay(entry)
+    borrowed = outs is not None  # the branch replay's own buffers, which its next run overwrites
     if outs is None:
         outs = entry.kernel.run_dynamic(entry.ins, run_subgraph=entry.runner(list(entry.outer), entry.outer))
-    owned = dict(entry.fixed_outs)
+    owned = entry.fixed_outs
     for (key, _), out in zip(entry.outs, outs, strict=True):
         own = owned.get(key)
         if own is None:
-            values[key] = out
+            values[key] = own_copy(entry.backend, out) if borrowed else out
         elif out.shape != own.shape or out.dtype != own.dtype:
             raise StaleReplay(f"{entry.kernel.node.label()}: a result of shape {list(out.shape)} where the recorded "
                               f"run had {list(own.shape)}")
@@ -398,23 +458,41 @@ def _fits_slots(body: Replay, outer: dict[str, Tensor]) -> bool:
 
 def _run_branch_replay(entry: _Control) -> list[Tensor] | None:
     """A data-dependent If run by issuing its taken branch's replay directly (the values it reads copied into that
-    replay's input buffers, its results copied out: the next run of the branch overwrites them), without the child
-    session's run; None where the branch has no such replay yet or its recorded shapes differ from this run's."""
+    replay's input buffers), without the child session's run: its results are that replay's buffers, which the
+    caller copies (the next run of the branch overwrites them); None where the branch has no such replay yet or its
+    recorded shapes differ from this run's. The parent replay's shapes are fixed, so a branch's replay checked once
+    to fit stays fit while the child keeps it."""
     cond = entry.ins[0]
     if entry.branch_of is None or cond is None or entry.backend.memory_domain != "host":
         return None
-    found = entry.branch_of(cond)
-    if found is None or not found[0].inlinable:
+    flag = bool(cond.host_values().item(0))
+    branch = entry.branches.get(flag)
+    if branch is None:
+        found = entry.branch_of(cond)
+        if found is None:
+            return None
+        branch = entry.branches[flag] = _Branch(*found)
+    body = branch.program.replay
+    if body is None:
         return None
-    body, names = found
-    if not _fits_slots(body, entry.outer):
-        return None
-    results = [body.fixed_output(name) for name in names]
-    if any(r is None for r in results):
+    if body is not branch.replay and not _fit_branch(branch, body, entry.outer):
         return None
     entry.backend.synchronize()
-    for name, slot in body._slots:
-        np.copyto(slot.buffer, entry.outer[name].buffer)
+    outer = entry.outer
+    for buffer, name in branch.copies:
+        buffer[...] = outer[name].buffer  # same shape and dtype (_fits_slots)
     for call in body.program:
         call()
-    return [own_copy(entry.backend, r) for r in results if r is not None]
+    return branch.results
+
+
+def _fit_branch(branch: _Branch, body: Replay, outer: dict[str, Tensor]) -> bool:
+    """Checks that ``body`` (the branch program's replay now) can be issued by the If (see ``_Branch``); keeps it."""
+    if not body.inlinable or not _fits_slots(body, outer):
+        return False
+    results = [body.fixed_output(name) for name in branch.names]
+    if any(r is None for r in results):
+        return False
+    branch.replay, branch.results = body, [r for r in results if r is not None]
+    branch.copies = [(slot.buffer, name) for name, slot in body._slots]
+    return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from .executor import KernelProgram
 from .infer import fold_and_infer
 from .memory import ArenaPlan
 from .partition import NodePlacement, Placement, partition, report_fallback
+from .replay import Replay
 from .segments import Edge, cut
 from .selection import select
 
@@ -89,6 +91,7 @@ class Session:
             self.programs: list[Program] = [self._compile(edge, placed) for edge in self._edges]
         self._domains = {b.memory_domain for b in self.backends}
         self._lock = threading.RLock()  # runs take turns: see the module's docstring
+        self._fast: _FastRun | None = None  # set by each checked run (_fast_path)
         self.load_seconds = time.perf_counter() - started
 
     def _node_info(self, node: Node) -> NodeInfo:
@@ -136,10 +139,50 @@ class Session:
     def run(self, feeds: Any, second: Any = None, outputs: Sequence[str] | None = None) -> Any:
         """``run(feeds)`` / ``run(feeds, outputs=[...])``: a dict of numpy arrays (default: every output);
         ``run(output_names | None, feeds)`` as onnxruntime: a list in ``output_names`` order."""
+        fast = self._fast
+        if fast is not None and outputs is None:  # repeated calls of one signature: see _FastRun
+            if second is None and type(feeds) is dict:
+                arrays = self._run_fast(fast, feeds)
+                if arrays is not None:
+                    return dict(zip(self.graph.outputs, arrays, strict=True))
+            elif feeds is None and type(second) is dict:
+                arrays = self._run_fast(fast, second)
+                if arrays is not None:
+                    return arrays
         feeds, wanted, as_list = run_arguments(feeds, second, outputs)
         tensors = self.run_tensors(feeds, wanted)
         arrays = {name: np.asarray(t.numpy()) for name, t in tensors.items()}
         return list(arrays.values()) if as_list else arrays
+
+    def _run_fast(self, fast: _FastRun, feeds: dict[str, Any]) -> list[np.ndarray] | None:
+        """Every output (graph order) when ``feeds`` are exactly the numpy arrays of ``fast``'s signature and its
+        replay is still the program's current one; else None (the caller takes the checked path)."""
+        if len(feeds) != len(fast.feeds):
+            return None
+        for name, shape, dtype in fast.feeds:
+            array = feeds.get(name)
+            if type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype:
+                return None
+        with self._lock:
+            return fast.program.run_arrays(fast.replay, feeds, self.graph.outputs)
+
+    def _fast_path(self, env: dict[str, Tensor]) -> _FastRun | None:
+        """The fast path for runs like the one just made (feeds ``env``), where the whole model is one host program
+        whose current replay takes numpy feeds and computes every output."""
+        if len(self.programs) != 1 or not isinstance(self.programs[0], KernelProgram) \
+                or any(copy for _, copy in self._edges[0].sources):
+            return None
+        program = self.programs[0]
+        replay = program.fast_replay()
+        if replay is None or any(name not in replay.outputs for name in self.graph.outputs):
+            return None
+        feeds = []
+        for name in self.graph.inputs:
+            tensor = env[name]
+            if not tensor.is_host or tensor.dtype.np_dtype is None:
+                return None
+            feeds.append((name, tensor.shape, tensor.dtype.np_dtype))
+        return _FastRun(program, replay, tuple(feeds))
 
     def run_tensors(self, feeds: dict[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
         """Like ``run`` but leaves outputs where they were computed (device tensors stay on their device)."""
@@ -152,6 +195,7 @@ class Session:
             if name not in self.graph.outputs:
                 raise InputError(f"{name!r} is not an output of the model; outputs: {self.graph.outputs}")
         env: dict[str, Tensor] = bind_inputs(self.graph, feeds)
+        bound = dict(env)
         moved: dict[tuple[str, str], Tensor] = {}  # values copied into another domain, shared by later segments
         for edge, program in zip(self._edges, self.programs, strict=True):
             backend, domain = edge.backend, edge.backend.memory_domain
@@ -171,6 +215,7 @@ class Session:
                 if moved:
                     for d in self._domains:
                         moved.pop((name, d), None)
+        self._fast = self._fast_path(bound)
         return {name: self._output(env, name) for name in wanted}
 
     def _output(self, env: dict[str, Tensor], name: str) -> Tensor:
@@ -221,6 +266,19 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class _FastRun:
+    """``run`` of repeated calls with one signature without the checked path's work (argument forms, feeds bound to
+    tensors and checked, the segment loop, the program's signature key): when the feeds are a dict of exactly the
+    model's inputs as numpy arrays of the shapes and dtypes of the checked run that made it (which passed every
+    check), the program's replay of that signature is issued directly (``KernelProgram.run_arrays``: still the
+    current replay, else the checked path runs). Outputs are the caller's own arrays, as on the checked path."""
+
+    program: KernelProgram
+    replay: Replay
+    feeds: tuple[tuple[str, tuple[int, ...], np.dtype], ...]  # (input name, shape, dtype), the graph's order
 
 
 def _move(tensor: Tensor, backend: Backend) -> Tensor:

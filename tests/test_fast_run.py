@@ -1,0 +1,172 @@
+"""Session.run's fast path for repeated calls of one signature (``session._FastRun``): the same results as the checked
+path and the numpy formulas, outputs the caller's own, every bad call still answered by the checked path's errors,
+shape changes and invalidated replays handled, threads taking turns."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import hetero
+from conftest import backend_ok, make_model
+from hetero.contract.errors import InputError
+from hetero.runtime import session as session_module
+
+BACKENDS = ["reference"] + (["cpu"] if backend_ok("cpu")[0] else [])
+
+
+def _model():
+    # y = relu(x @ w + b) (an output read again by z, so the replay keeps it in a buffer of its own), z = y * s
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"]), helper.make_node("Mul", ["y", "s"], ["z"])]
+    weights = [("w", rng.normal(size=(6, 5)).astype(np.float32)), ("b", rng.normal(size=(5,)).astype(np.float32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, ["N", 6]), ("s", TensorProto.FLOAT, [1])],
+                       [("y", TensorProto.FLOAT, ["N", 5]), ("z", TensorProto.FLOAT, ["N", 5])], weights)
+    w, b = (value for _, value in weights)
+
+    def want(x: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        y = np.maximum(x @ w + b, 0)
+        return y, y * s
+
+    return model, want
+
+
+def _count_checked_runs(monkeypatch) -> list[int]:
+    calls = [0]
+    bind = session_module.bind_inputs
+
+    def counting(graph, feeds):
+        calls[0] += 1
+        return bind(graph, feeds)
+
+    monkeypatch.setattr(session_module, "bind_inputs", counting)
+    return calls
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_repeated_runs_take_the_fast_path_and_match_the_formulas(backend, monkeypatch):
+    model, want = _model()
+    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    checked = _count_checked_runs(monkeypatch)
+    rng = np.random.default_rng(2)
+    results = []
+    for i in range(6):
+        x, s = rng.normal(size=(3, 6)).astype(np.float32), np.array([0.5 + i], np.float32)
+        out = session.run({"x": x, "s": s})
+        assert list(out) == ["y", "z"]
+        results.append((x, s, out))
+    assert checked[0] == 2  # planned, recorded; then every run is a fast one
+    for x, s, out in results:  # earlier runs' outputs kept their values: none is a buffer a later run wrote
+        y, z = want(x, s)
+        np.testing.assert_allclose(out["y"], y, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["z"], z, rtol=1e-5, atol=1e-6)
+    last, before = results[-1][2], results[-2][2]
+    assert not np.shares_memory(last["y"], before["y"]) and not np.shares_memory(last["z"], before["z"])
+    last["y"][:] = -1  # the caller's own array: writing it changes nothing the session computes
+    x, s, _ = results[0]
+    np.testing.assert_allclose(session.run({"x": x, "s": s})["z"], want(x, s)[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_onnxruntime_call_form_on_the_fast_path(backend):
+    model, want = _model()
+    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    x, s = np.ones((2, 6), np.float32), np.array([2.0], np.float32)
+    for _ in range(4):
+        y, z = session.run(None, {"x": x, "s": s})
+        np.testing.assert_allclose(y, want(x, s)[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(z, want(x, s)[1], rtol=1e-5, atol=1e-6)
+    (z_only,) = session.run(["z"], {"x": x, "s": s})  # a subset of outputs: the checked path
+    np.testing.assert_allclose(z_only, want(x, s)[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_calls_off_the_signature_take_the_checked_path(backend):
+    model, want = _model()
+    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    x, s = np.ones((2, 6), np.float32), np.array([2.0], np.float32)
+    for _ in range(3):
+        session.run({"x": x, "s": s})
+    assert session._fast is not None
+    with pytest.raises(InputError, match="dtype"):
+        session.run({"x": x.astype(np.float64), "s": s})
+    with pytest.raises(InputError, match="missing input"):
+        session.run({"x": x})
+    with pytest.raises(InputError, match="unknown input"):
+        session.run({"x": x, "s": s, "extra": s})
+    with pytest.raises(InputError, match="dim 1 must be 6"):
+        session.run({"x": np.ones((2, 7), np.float32), "s": s})
+    # a strided view (the fast path copies it like any feed), another batch size: right answers
+    wide = np.arange(24, dtype=np.float32).reshape(2, 12)
+    for feed in (wide[:, ::2], np.ones((5, 6), np.float32), x):
+        got = session.run({"x": feed, "s": s})
+        np.testing.assert_allclose(got["z"], want(np.asarray(feed, np.float32), s)[1], rtol=1e-5, atol=1e-5)
+    assert session._fast is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_fast_path_follows_the_current_replay(backend, monkeypatch):
+    model, want = _model()
+    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    s = np.array([1.5], np.float32)
+    small, large = np.ones((1, 6), np.float32), np.full((4, 6), -0.5, np.float32)
+    for x in (small, small, small, large, large, small, large, small):  # each switch leaves the other's fast path
+        np.testing.assert_allclose(session.run({"x": x, "s": s})["z"], want(x, s)[1], rtol=1e-5, atol=1e-6)
+    checked = _count_checked_runs(monkeypatch)
+    session.invalidate_replay()  # e.g. a profiler wrapping kernels: the fast path must not issue a forgotten replay
+    for _ in range(3):
+        np.testing.assert_allclose(session.run({"x": small, "s": s})["z"], want(small, s)[1], rtol=1e-5, atol=1e-6)
+    assert checked[0] == 1  # the kept plan records a replay again at once; then fast runs
+
+
+def test_one_session_from_threads_on_the_fast_path():
+    model, want = _model()
+    session = hetero.Session(model, backends=["cpu" if "cpu" in BACKENDS else "reference"], on_fallback="error")
+    rng = np.random.default_rng(4)
+    feeds = [(rng.normal(size=(3, 6)).astype(np.float32), np.array([i + 1.0], np.float32)) for i in range(8)]
+    for x, s in feeds[:3]:
+        session.run({"x": x, "s": s})
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def work(i: int) -> None:
+        try:
+            start.wait()
+            for k in range(200):
+                x, s = feeds[(i + k) % len(feeds)]
+                out = session.run({"x": x, "s": s})
+                np.testing.assert_allclose(out["z"], want(x, s)[1], rtol=1e-5, atol=1e-6)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_data_whose_result_is_a_graph_output_hands_out_copies(backend):
+    # the taken branch's replay writes its result into its own buffer every run: each caller must get a copy
+    def branch(name, node, out):
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [4])])
+
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["flag"]),
+             helper.make_node("If", ["flag"], ["y"], then_branch=branch("then", helper.make_node("Relu", ["x"], ["r"]),
+                                                                         "r"),
+                              else_branch=branch("else", helper.make_node("Neg", ["x"], ["g"]), "g"))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, [4])],
+                       [("zero", np.array(0.0, np.float32))])
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    rows = [[1, -2, 3, 0], [2, -2, 3, 0], [-5, 1, 1, 1], [3, 2, -1, 0], [-1, -1, 0, 0], [4, -1, 0, 0],
+            [-3, 0, 0, 1], [5, 1, 0, 0], [-2, -2, 1, 0]]
+    runs = [(x := np.array(r, np.float32), session.run({"x": x})["y"]) for r in rows]
+    for x, y in runs:
+        np.testing.assert_array_equal(y, np.maximum(x, 0) if x.sum() > 0 else -x)
