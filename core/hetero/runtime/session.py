@@ -151,8 +151,8 @@ class Session:
                     return arrays
         feeds, wanted, as_list = run_arguments(feeds, second, outputs)
         tensors = self.run_tensors(feeds, wanted)
-        arrays = {name: np.asarray(t.numpy()) for name, t in tensors.items()}
-        return list(arrays.values()) if as_list else arrays
+        results = {name: np.asarray(t.numpy()) for name, t in tensors.items()}
+        return list(results.values()) if as_list else results
 
     def _run_fast(self, fast: _FastRun, feeds: dict[str, Any]) -> list[np.ndarray] | None:
         """Every output (graph order) when ``feeds`` are exactly the numpy arrays of ``fast``'s signature and its
