@@ -13,7 +13,6 @@ from onnx import TensorProto, helper
 import hetero
 from conftest import backend_ok, make_model
 from hetero.contract.errors import InputError
-from hetero.runtime import session as session_module
 
 BACKENDS = ["reference"] + (["cpu"] if backend_ok("cpu")[0] else [])
 
@@ -35,15 +34,16 @@ def _model():
     return model, want
 
 
-def _count_checked_runs(monkeypatch) -> list[int]:
+def _count_checked_runs(monkeypatch, session) -> list[int]:
+    """A counter of ``session``'s runs through the checked path (its If bodies' sessions not counted)."""
     calls = [0]
-    bind = session_module.bind_inputs
+    checked = session._run_tensors
 
-    def counting(graph, feeds):
+    def counting(feeds, outputs):
         calls[0] += 1
-        return bind(graph, feeds)
+        return checked(feeds, outputs)
 
-    monkeypatch.setattr(session_module, "bind_inputs", counting)
+    monkeypatch.setattr(session, "_run_tensors", counting)
     return calls
 
 
@@ -51,7 +51,7 @@ def _count_checked_runs(monkeypatch) -> list[int]:
 def test_repeated_runs_take_the_fast_path_and_match_the_formulas(backend, monkeypatch):
     model, want = _model()
     session = hetero.Session(model, backends=[backend], on_fallback="error")
-    checked = _count_checked_runs(monkeypatch)
+    checked = _count_checked_runs(monkeypatch, session)
     rng = np.random.default_rng(2)
     results = []
     for i in range(6):
@@ -116,7 +116,7 @@ def test_the_fast_path_follows_the_current_replay(backend, monkeypatch):
     small, large = np.ones((1, 6), np.float32), np.full((4, 6), -0.5, np.float32)
     for x in (small, small, small, large, large, small, large, small):  # each switch leaves the other's fast path
         np.testing.assert_allclose(session.run({"x": x, "s": s})["z"], want(x, s)[1], rtol=1e-5, atol=1e-6)
-    checked = _count_checked_runs(monkeypatch)
+    checked = _count_checked_runs(monkeypatch, session)
     session.invalidate_replay()  # e.g. a profiler wrapping kernels: the fast path must not issue a forgotten replay
     for _ in range(3):
         np.testing.assert_allclose(session.run({"x": small, "s": s})["z"], want(small, s)[1], rtol=1e-5, atol=1e-6)
@@ -170,3 +170,29 @@ def test_an_if_on_data_whose_result_is_a_graph_output_hands_out_copies(backend):
     runs = [(x := np.array(r, np.float32), session.run({"x": x})["y"]) for r in rows]
     for x, y in runs:
         np.testing.assert_array_equal(y, np.maximum(x, 0) if x.sum() > 0 else -x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_that_selects_a_branch_keys_the_fast_path_by_value(backend, monkeypatch):
+    # silero-vad's sample rate: the fast path of one value must not run when the other value is fed
+    def branch(name, factor):
+        node = helper.make_node("Mul", ["x", factor], ["m" + name])
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info("m" + name, TensorProto.FLOAT, [4])])
+
+    nodes = [helper.make_node("Equal", ["sr", "k16"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["y"], then_branch=branch("then", "two"),
+                              else_branch=branch("else", "three"))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4]), ("sr", TensorProto.INT64, [])],
+                       [("y", TensorProto.FLOAT, [4])],
+                       [("k16", np.array(16000, np.int64)), ("two", np.array(2.0, np.float32)),
+                        ("three", np.array(3.0, np.float32))])
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    assert session.programs[0].keyed_inputs == ["sr"]
+    checked = _count_checked_runs(monkeypatch, session)
+    x = np.arange(4, dtype=np.float32)
+    rates = [16000, 16000, 16000, 8000, 8000, 8000, 16000, 8000, 16000, 16000]
+    for rate in rates:
+        got = session.run({"x": x, "sr": np.array(rate, np.int64)})["y"]
+        np.testing.assert_array_equal(got, x * (2 if rate == 16000 else 3))
+    assert session._fast is not None and session._fast.keyed == (("sr", np.array(16000, np.int64).tobytes()),)
+    assert checked[0] < len(rates)  # the runs repeating the last value took the fast path

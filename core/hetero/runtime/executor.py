@@ -312,10 +312,16 @@ class KernelProgram:
             plan.replay = None
         return None
 
+    @property
+    def keyed_inputs(self) -> list[str]:
+        """Inputs whose values join the signature (``_value_keyed_inputs``): a run of the same signature feeds the
+        same values in them."""
+        return list(self._keyed)
+
     def fast_replay(self) -> Replay | None:
-        """The replay of the signature run last, where another run of that signature may issue it with numpy feeds
-        (``run_arrays``): no value-keyed inputs, a replay that ``takes_arrays``."""
-        replay = None if self._keyed or self._current is None else self._current.replay
+        """The replay of the signature run last, where another run of that signature (the same values in
+        ``keyed_inputs``) may issue it with numpy feeds (``run_arrays``): a replay that ``takes_arrays``."""
+        replay = None if self._current is None else self._current.replay
         return replay if replay is not None and replay.takes_arrays else None
 
     def run_arrays(self, replay: Replay, feeds: dict[str, np.ndarray],

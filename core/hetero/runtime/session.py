@@ -163,6 +163,9 @@ class Session:
             array = feeds.get(name)
             if type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype:
                 return None
+        for name, value in fast.keyed:
+            if feeds[name].tobytes() != value:
+                return None
         with self._lock:
             return fast.program.run_arrays(fast.replay, feeds, self.graph.outputs)
 
@@ -176,13 +179,18 @@ class Session:
         replay = program.fast_replay()
         if replay is None or any(name not in replay.outputs for name in self.graph.outputs):
             return None
+        kept = self._fast
+        if kept is not None and kept.replay is replay and all(
+                env[name].shape == shape for name, shape, _ in kept.feeds):
+            return kept  # the same replay: the same signature (dtypes, the keyed values), a graph input unread by it
         feeds = []
         for name in self.graph.inputs:
             tensor = env[name]
             if not tensor.is_host or tensor.dtype.np_dtype is None:
                 return None
             feeds.append((name, tensor.shape, tensor.dtype.np_dtype))
-        return _FastRun(program, replay, tuple(feeds))
+        keyed = tuple((name, env[name].host_values().tobytes()) for name in program.keyed_inputs)
+        return _FastRun(program, replay, tuple(feeds), keyed)
 
     def run_tensors(self, feeds: dict[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
         """Like ``run`` but leaves outputs where they were computed (device tensors stay on their device)."""
@@ -273,12 +281,14 @@ class _FastRun:
     """``run`` of repeated calls with one signature without the checked path's work (argument forms, feeds bound to
     tensors and checked, the segment loop, the program's signature key): when the feeds are a dict of exactly the
     model's inputs as numpy arrays of the shapes and dtypes of the checked run that made it (which passed every
-    check), the program's replay of that signature is issued directly (``KernelProgram.run_arrays``: still the
-    current replay, else the checked path runs). Outputs are the caller's own arrays, as on the checked path."""
+    check), and the same values in the inputs that select an If's branch (silero-vad's sample rate), the program's
+    replay of that signature is issued directly (``KernelProgram.run_arrays``: still the current replay, else the
+    checked path runs). Outputs are the caller's own arrays, as on the checked path."""
 
     program: KernelProgram
     replay: Replay
     feeds: tuple[tuple[str, tuple[int, ...], np.dtype], ...]  # (input name, shape, dtype), the graph's order
+    keyed: tuple[tuple[str, bytes], ...]  # (input name, its values' bytes) of the program's value-keyed inputs
 
 
 def _move(tensor: Tensor, backend: Backend) -> Tensor:
