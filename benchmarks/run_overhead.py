@@ -6,8 +6,9 @@ Three runners, interleaved sample by sample (``onnx_models.time_interleaved``: m
 default since at 1 thread both runtimes compute on the calling thread), the load average printed:
 
 - ``hetero``: ``session.run(feeds)``, repeated calls of one signature (the fast path: ``session._FastRun``);
-- ``hetero checked``: ``session.run(feeds, outputs=every output)``, which takes the checked path (feeds bound to
-  tensors and checked, the segment loop, the program's signature key) before the same replay: the fast path's A/B;
+- ``hetero checked``: ``session.run_tensors(feeds)`` and the outputs as numpy arrays, what ``run`` does off the fast
+  path (feeds bound to tensors and checked, the segment loop, the program's signature key) before the same replay:
+  the fast path's A/B;
 - ``onnxruntime``: ``session.run(None, feeds)`` (CPU provider, the same thread count).
 
 ``add`` and ``identity`` are one-node models of a [1, 16] float input (pure per-call cost); the others come from
@@ -77,8 +78,11 @@ def measure(name: str, args: argparse.Namespace) -> str:
         got = session.run(feeds)
     for a, b in zip(want, (got[n] for n in names), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-4)  # the same model computed, not a broken one
-    ms = time_interleaved({"hetero": functools.partial(session.run, feeds),
-                           "checked": functools.partial(session.run, feeds, outputs=names),
+
+    def checked() -> dict[str, np.ndarray]:  # what run() does past the fast path
+        return {name: np.asarray(t.numpy()) for name, t in session.run_tensors(feeds).items()}
+
+    ms = time_interleaved({"hetero": functools.partial(session.run, feeds), "checked": checked,
                            "ort": functools.partial(peer.run, None, feeds)},
                           args.repeat, warmup=20, min_sample_s=0.05, clock=CLOCKS[args.clock], settle_s=0.01)
     us = {k: v * 1e3 for k, v in ms.items()}

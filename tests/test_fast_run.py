@@ -72,7 +72,7 @@ def test_repeated_runs_take_the_fast_path_and_match_the_formulas(backend, monkey
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_onnxruntime_call_form_on_the_fast_path(backend):
+def test_onnxruntime_call_form_on_the_fast_path(backend, monkeypatch):
     model, want = _model()
     session = hetero.Session(model, backends=[backend], on_fallback="error")
     x, s = np.ones((2, 6), np.float32), np.array([2.0], np.float32)
@@ -80,8 +80,21 @@ def test_onnxruntime_call_form_on_the_fast_path(backend):
         y, z = session.run(None, {"x": x, "s": s})
         np.testing.assert_allclose(y, want(x, s)[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(z, want(x, s)[1], rtol=1e-5, atol=1e-6)
-    (z_only,) = session.run(["z"], {"x": x, "s": s})  # a subset of outputs: the checked path
-    np.testing.assert_allclose(z_only, want(x, s)[1], rtol=1e-5, atol=1e-6)
+    checked = _count_checked_runs(monkeypatch, session)
+    for _ in range(2):  # output names in any order, a subset: fast too
+        z, y = session.run(["z", "y"], {"x": x, "s": s})
+        (z_only,) = session.run(("z",), {"x": x, "s": s})
+        picked = session.run({"x": x, "s": s}, outputs=["z"])
+        also = session.run({"x": x, "s": s}, ["y"])
+        np.testing.assert_allclose(y, want(x, s)[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(also["y"], want(x, s)[0], rtol=1e-5, atol=1e-6)
+        for got in (z, z_only, picked["z"]):
+            np.testing.assert_allclose(got, want(x, s)[1], rtol=1e-5, atol=1e-6)
+        assert list(picked) == ["z"] and list(also) == ["y"]
+    assert checked[0] == 0
+    with pytest.raises(InputError, match="not an output"):  # an unknown name: the checked path's error
+        session.run(["w"], {"x": x, "s": s})
+    assert len(session.run(["z", "z"], {"x": x, "s": s})) == 1  # duplicates: as the checked path answers
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

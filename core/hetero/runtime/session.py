@@ -140,13 +140,15 @@ class Session:
         """``run(feeds)`` / ``run(feeds, outputs=[...])``: a dict of numpy arrays (default: every output);
         ``run(output_names | None, feeds)`` as onnxruntime: a list in ``output_names`` order."""
         fast = self._fast
-        if fast is not None and outputs is None:  # repeated calls of one signature: see _FastRun
-            if second is None and type(feeds) is dict:
-                arrays = self._run_fast(fast, feeds)
+        if fast is not None:  # repeated calls of one signature: see _FastRun
+            if type(feeds) is dict and (second is None or outputs is None):
+                wanted = outputs if second is None else second
+                wanted = self.graph.outputs if wanted is None else wanted
+                arrays = self._run_fast(fast, feeds, wanted)
                 if arrays is not None:
-                    return dict(zip(self.graph.outputs, arrays, strict=True))
-            elif feeds is None and type(second) is dict:
-                arrays = self._run_fast(fast, second)
+                    return dict(zip(wanted, arrays, strict=True))
+            elif type(second) is dict and outputs is None:
+                arrays = self._run_fast(fast, second, self.graph.outputs if feeds is None else feeds)
                 if arrays is not None:
                     return arrays
         feeds, wanted, as_list = run_arguments(feeds, second, outputs)
@@ -154,10 +156,13 @@ class Session:
         results = {name: np.asarray(t.numpy()) for name, t in tensors.items()}
         return list(results.values()) if as_list else results
 
-    def _run_fast(self, fast: _FastRun, feeds: dict[str, Any]) -> list[np.ndarray] | None:
-        """Every output (graph order) when ``feeds`` are exactly the numpy arrays of ``fast``'s signature and its
-        replay is still the program's current one; else None (the caller takes the checked path)."""
-        if len(feeds) != len(fast.feeds):
+    def _run_fast(self, fast: _FastRun, feeds: dict[str, Any], wanted: Any) -> list[np.ndarray] | None:
+        """The ``wanted`` outputs, in that order, when ``feeds`` are exactly the numpy arrays of ``fast``'s signature,
+        ``wanted`` a list or tuple of output names and the replay still the program's current one; else None (the
+        caller takes the checked path, which also names what is wrong)."""
+        if len(feeds) != len(fast.feeds) or (wanted is not self.graph.outputs and not (
+                type(wanted) in (list, tuple) and all(name in fast.outputs for name in wanted)
+                and len(set(wanted)) == len(wanted))):
             return None
         for name, shape, dtype in fast.feeds:
             array = feeds.get(name)
@@ -167,7 +172,7 @@ class Session:
             if feeds[name].tobytes() != value:
                 return None
         with self._lock:
-            return fast.program.run_arrays(fast.replay, feeds, self.graph.outputs)
+            return fast.program.run_arrays(fast.replay, feeds, wanted)
 
     def _fast_path(self, env: dict[str, Tensor]) -> _FastRun | None:
         """The fast path for runs like the one just made (feeds ``env``), where the whole model is one host program
@@ -190,7 +195,7 @@ class Session:
                 return None
             feeds.append((name, tensor.shape, tensor.dtype.np_dtype))
         keyed = tuple((name, env[name].host_values().tobytes()) for name in program.keyed_inputs)
-        return _FastRun(program, replay, tuple(feeds), keyed)
+        return _FastRun(program, replay, tuple(feeds), keyed, frozenset(self.graph.outputs))
 
     def run_tensors(self, feeds: dict[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
         """Like ``run`` but leaves outputs where they were computed (device tensors stay on their device)."""
@@ -289,6 +294,7 @@ class _FastRun:
     replay: Replay
     feeds: tuple[tuple[str, tuple[int, ...], np.dtype], ...]  # (input name, shape, dtype), the graph's order
     keyed: tuple[tuple[str, bytes], ...]  # (input name, its values' bytes) of the program's value-keyed inputs
+    outputs: frozenset[str]  # the model's outputs: a call may ask for any of them, in any order
 
 
 def _move(tensor: Tensor, backend: Backend) -> Tensor:
