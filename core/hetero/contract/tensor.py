@@ -78,6 +78,14 @@ class Tensor:
         self.host_copy: np.ndarray | None = None
 
     @classmethod
+    def of_layout(cls, buffer: Any, shape: tuple[int, ...], dtype: DType, backend: Owner | None = None) -> Tensor:
+        """The constructor for a ``shape`` already a tuple of ints (another tensor's): none converted (hot paths)."""
+        tensor = cls.__new__(cls)
+        tensor.buffer, tensor.shape, tensor.dtype, tensor.backend = buffer, shape, dtype, backend
+        tensor.host_copy = None
+        return tensor
+
+    @classmethod
     def from_numpy(cls, array: np.ndarray | Any) -> Tensor:
         array = np.asarray(array)
         return cls(array, array.shape, dtypes.from_numpy(array.dtype))

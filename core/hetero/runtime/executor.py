@@ -275,9 +275,12 @@ class KernelProgram:
             if plan is not self._current:
                 self._switch(plan)
             if plan.replay is not None:
-                result = self._issue(plan, plan.replay.run, inputs, self._outputs)
-                if result is not None:
-                    return result
+                try:
+                    return plan.replay.run(inputs, self._outputs)
+                except StaleReplay:  # a branch's results changed shape: interpret (and record again)
+                    plan.replay = None
+                except KERNEL_FAILURES:  # a replayed call names no node: run interpreted, which names it (or works)
+                    plan.replay = None
         env = dict(inputs)
         planned = plan is not None
         lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []
@@ -301,17 +304,6 @@ class KernelProgram:
             plan.replay = recorder.build(signature, outputs)
         return outputs
 
-    @staticmethod
-    def _issue(plan: _Plan, run: Callable[..., Any], *args: Any) -> Any:
-        """``run(*args)`` (the plan's replay), or None when the replay failed and was dropped (then interpret)."""
-        try:
-            return run(*args)
-        except StaleReplay:  # a branch's results changed shape: interpret (and record again)
-            plan.replay = None
-        except KERNEL_FAILURES:  # a replayed call names no node: run interpreted, which names it (or works)
-            plan.replay = None
-        return None
-
     @property
     def keyed_inputs(self) -> list[str]:
         """Inputs whose values join the signature (``_value_keyed_inputs``): a run of the same signature feeds the
@@ -331,8 +323,11 @@ class KernelProgram:
         plan = self._current
         if plan is None or plan.replay is not replay:
             return None
-        result: list[np.ndarray] | None = self._issue(plan, replay.run_arrays, feeds, wanted)
-        return result
+        try:
+            return replay.run_arrays(feeds, wanted)
+        except (StaleReplay, *KERNEL_FAILURES):  # as in run(): dropped, and the caller's checked run interprets
+            plan.replay = None
+        return None
 
     def _switch(self, plan: _Plan) -> None:
         """Makes ``plan`` current: its arena for interpreted runs, its replay's unbound kernels prepared again."""

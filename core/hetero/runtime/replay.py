@@ -378,9 +378,9 @@ class Replay:
 def own_copy(backend: Backend, tensor: Tensor) -> Tensor:
     """A tensor of ``backend`` holding ``tensor``'s values now, which later runs cannot overwrite."""
     buffer = tensor.buffer
-    if tensor.is_host and _numpy_buffers(backend) and isinstance(buffer, np.ndarray) and buffer.shape == tensor.shape \
-            and buffer.dtype == tensor.dtype.np_dtype:
-        return Tensor(buffer.copy(), tensor.shape, tensor.dtype, backend)  # what empty() + write() make, in one call
+    if type(buffer) is np.ndarray and _numpy_buffers(backend) and tensor.is_host and buffer.shape == tensor.shape \
+            and buffer.dtype == tensor.dtype.np_dtype:  # what empty() + write() make, in one call
+        return Tensor.of_layout(buffer.copy(), tensor.shape, tensor.dtype, backend)
     own = backend.empty(tensor.info)
     backend.write(own, tensor)
     return own
@@ -388,8 +388,15 @@ def own_copy(backend: Backend, tensor: Tensor) -> Tensor:
 
 def _numpy_buffers(backend: Backend) -> bool:
     """Whether ``backend``'s tensors are numpy arrays of their own shape and dtype, written by numpy copies."""
-    return isinstance(backend, HostMemory) and type(backend).write is HostMemory.write \
-        and type(backend).empty is HostMemory.empty
+    cls = type(backend)
+    found = _NUMPY_BUFFER_CLASSES.get(cls)
+    if found is None:
+        found = _NUMPY_BUFFER_CLASSES[cls] = isinstance(backend, HostMemory) and cls.write is HostMemory.write \
+            and cls.empty is HostMemory.empty
+    return found
+
+
+_NUMPY_BUFFER_CLASSES: dict[type, bool] = {}  # by backend class: _numpy_buffers is on the replay's hot path
 
 
 def _ownable(backend: Backend, info: TensorInfo) -> bool:

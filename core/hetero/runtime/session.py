@@ -143,12 +143,12 @@ class Session:
         if fast is not None:  # repeated calls of one signature: see _FastRun
             if type(feeds) is dict and (second is None or outputs is None):
                 wanted = outputs if second is None else second
-                wanted = self.graph.outputs if wanted is None else wanted
+                wanted = fast.names if wanted is None else wanted
                 arrays = self._run_fast(fast, feeds, wanted)
                 if arrays is not None:
                     return dict(zip(wanted, arrays, strict=True))
             elif type(second) is dict and outputs is None:
-                arrays = self._run_fast(fast, second, self.graph.outputs if feeds is None else feeds)
+                arrays = self._run_fast(fast, second, fast.names if feeds is None else feeds)
                 if arrays is not None:
                     return arrays
         feeds, wanted, as_list = run_arguments(feeds, second, outputs)
@@ -160,13 +160,14 @@ class Session:
         """The ``wanted`` outputs, in that order, when ``feeds`` are exactly the numpy arrays of ``fast``'s signature,
         ``wanted`` a list or tuple of output names and the replay still the program's current one; else None (the
         caller takes the checked path, which also names what is wrong)."""
-        if len(feeds) != len(fast.feeds) or (wanted is not self.graph.outputs and not (
+        if len(feeds) != len(fast.feeds) or (wanted is not fast.names and not (
                 type(wanted) in (list, tuple) and all(name in fast.outputs for name in wanted)
                 and len(set(wanted)) == len(wanted))):
             return None
         for name, shape, dtype in fast.feeds:
             array = feeds.get(name)
-            if type(array) is not np.ndarray or array.shape != shape or array.dtype != dtype:
+            if type(array) is not np.ndarray or array.shape != shape or (array.dtype is not dtype
+                                                                          and array.dtype != dtype):
                 return None
         for name, value in fast.keyed:
             if feeds[name].tobytes() != value:
@@ -195,7 +196,7 @@ class Session:
                 return None
             feeds.append((name, tensor.shape, tensor.dtype.np_dtype))
         keyed = tuple((name, env[name].host_values().tobytes()) for name in program.keyed_inputs)
-        return _FastRun(program, replay, tuple(feeds), keyed, frozenset(self.graph.outputs))
+        return _FastRun(program, replay, tuple(feeds), keyed, frozenset(self.graph.outputs), list(self.graph.outputs))
 
     def run_tensors(self, feeds: dict[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
         """Like ``run`` but leaves outputs where they were computed (device tensors stay on their device)."""
@@ -295,6 +296,7 @@ class _FastRun:
     feeds: tuple[tuple[str, tuple[int, ...], np.dtype], ...]  # (input name, shape, dtype), the graph's order
     keyed: tuple[tuple[str, bytes], ...]  # (input name, its values' bytes) of the program's value-keyed inputs
     outputs: frozenset[str]  # the model's outputs: a call may ask for any of them, in any order
+    names: list[str]  # every output, the graph's order: what run(feeds) answers
 
 
 def _move(tensor: Tensor, backend: Backend) -> Tensor:
