@@ -209,3 +209,24 @@ def test_an_input_that_selects_a_branch_keys_the_fast_path_by_value(backend, mon
         np.testing.assert_array_equal(got, x * (2 if rate == 16000 else 3))
     assert session._fast is not None and session._fast.keyed == (("sr", np.array(16000, np.int64).tobytes()),)
     assert checked[0] < len(rates)  # the runs repeating the last value took the fast path
+
+
+def test_a_backend_with_queued_work_or_its_own_buffers_keeps_the_checked_path():
+    # metal computes in host memory but asynchronously, and allocates its own buffers: the fast path's numpy copies
+    # (and the If's result copies) would read results before they are written
+    from hetero.contract.backend import Device
+    from hetero.contract.tensor import TensorInfo
+    from hetero.reference import ReferenceBackend
+    from hetero.runtime.replay import _numpy_buffers
+
+    class Queued(ReferenceBackend):
+        def synchronize(self) -> None:
+            pass
+
+    class OwnBuffers(ReferenceBackend):
+        def empty(self, info: TensorInfo):
+            return super().empty(info)
+
+    device = Device("numpy", kind="cpu")
+    assert _numpy_buffers(ReferenceBackend(device, {}))
+    assert not _numpy_buffers(Queued(device, {})) and not _numpy_buffers(OwnBuffers(device, {}))

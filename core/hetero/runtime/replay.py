@@ -387,12 +387,13 @@ def own_copy(backend: Backend, tensor: Tensor) -> Tensor:
 
 
 def _numpy_buffers(backend: Backend) -> bool:
-    """Whether ``backend``'s tensors are numpy arrays of their own shape and dtype, written by numpy copies."""
+    """Whether ``backend``'s tensors are numpy arrays of their own shape and dtype, written by numpy copies, and its
+    kernels done when they return (no ``synchronize`` of its own: metal's queued work is not)."""
     cls = type(backend)
     found = _NUMPY_BUFFER_CLASSES.get(cls)
     if found is None:
         found = _NUMPY_BUFFER_CLASSES[cls] = isinstance(backend, HostMemory) and cls.write is HostMemory.write \
-            and cls.empty is HostMemory.empty
+            and cls.empty is HostMemory.empty and cls.synchronize is Backend.synchronize
     return found
 
 
