@@ -3,7 +3,8 @@
 Built in: ``lookahead`` (prompt lookup, no argument; ``lookahead:flat`` drafts ungraded, as before the
 confidence classes, for comparisons) and ``draft:PATH`` (a smaller model with the target's
 tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backends, threads, context and KV cache
-type). ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
+type; ``draft:PATH,vocab=N`` drafts over the N lowest token ids, ``vocab=all`` over the whole vocabulary, default
+``DRAFT_VOCAB``: ``draft_model.py``). ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
 ``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the factory is
 called as ``factory(argument, target)`` and returns a ``Drafter``.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...contract.errors import HeteroError
-from .draft_model import DraftModel
+from .draft_model import DRAFT_VOCAB, DraftModel, draft_vocabulary
 from .drafter import Drafter
 from .lookahead import Lookahead
 from .loop import Speculation
@@ -79,13 +80,28 @@ def _lookahead(argument: str, target: Target) -> Drafter:
 
 
 def _draft_model(argument: str, target: Target) -> Drafter:
-    if not argument:
+    path, size = _draft_options(argument)
+    if not path:
         raise HeteroError("--spec draft:PATH needs the draft model's path (a Hugging Face folder or a GGUF file)")
     # the loader imports the model, which resolves drafter names here: taken at call time, not imported
     load = importlib.import_module("hetero.llm.loader").load
-    model = load(argument, threads=target.threads, context=target.context, kv_cache=target.kv_cache,
+    rows = draft_vocabulary(target.tokenizer, target.config.vocab_size, size)  # checked the draft's below
+    model = load(path, threads=target.threads, context=target.context, kv_cache=target.kv_cache, head_rows=rows,
                  **{k: v for k, v in target._session_args.items() if k in ("backends", "on_fallback")})
     return DraftModel(model, target)
+
+
+def _draft_options(argument: str) -> tuple[str, int]:
+    """``PATH[,vocab=N|all]`` -> (path, draft vocabulary size; 0: all)."""
+    path, _, option = argument.rpartition(",vocab=")
+    if not path:
+        return argument, DRAFT_VOCAB
+    if option == "all":
+        return path, 0
+    if not option.isdigit() or int(option) < 256:
+        raise HeteroError(f"--spec draft:{argument}: vocab={option!r}; expected a number of tokens (at least 256) "
+                          "or 'all'")
+    return path, int(option)
 
 
 register("lookahead", _lookahead)
