@@ -4,9 +4,9 @@ Built in: ``lookahead`` (prompt lookup, no argument; ``lookahead:flat`` drafts u
 confidence classes, for comparisons) and ``draft:PATH`` (a smaller model with the target's
 tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backends, threads, context and KV cache
 type; ``draft:PATH,vocab=N`` drafts over the N lowest token ids, ``vocab=all`` over the whole vocabulary, default
-``DRAFT_VOCAB``: ``draft_model.py``). ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
-``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the factory is
-called as ``factory(argument, target)`` and returns a ``Drafter``.
+``DRAFT_VOCAB``: ``draft_model.py``). ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules
+(``hetero.llm.speculative.eagle`` / ``.dflash``), imported at their first use. A module adds a kind with
+``register(kind, factory)``; the factory is called as ``factory(argument, target)`` and returns a ``Drafter``.
 """
 
 from __future__ import annotations
