@@ -178,6 +178,14 @@ def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
     for _ in range(4):
         reference.append(int(rows[np.argmax(full.prefill(reference)[-1][rows])]))
     assert drafts == reference[len(history):]
+    # p_min: the draft ends after its first token the draft model is less sure of than p_min
+    probs = []
+    for i in range(4):
+        row = full.prefill(reference[:len(history) + i])[-1][rows].astype(np.float64)
+        probs.append(float(np.exp(row.max() - row.max()) / np.exp(row - row.max()).sum()))
+    p_min = float(np.median(probs))
+    unsure = next(i for i, p in enumerate(probs) if p < p_min)
+    assert DraftModel(sub, target, max_draft=4, p_min=p_min).draft(history, 4) == drafts[:unsure + 1]
     target.reset()
     target.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
     assert list(target.last.tokens) == want and target.stats.accepted_tokens > 0
@@ -188,6 +196,12 @@ def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
             load(FIXTURES / "qwen3", backends=["cpu"], head_rows=bad)
     assert make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256", target).rows is not None
     assert make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=all", target).rows is None
+    options = make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=all,p_min=0.25,max=9", target)
+    assert (options.rows, options.p_min, options.max_draft) == (None, 0.25, 9)
+    with pytest.raises(HeteroError, match="max='16'; expected 1 to 15 tokens"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},max=16", target)
+    with pytest.raises(HeteroError, match=r"p_min='1.5'; expected a probability in \[0, 1\)"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},p_min=1.5", target)
     with pytest.raises(HeteroError, match="vocab='ten'; expected a number of tokens"):
         make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=ten", target)
 

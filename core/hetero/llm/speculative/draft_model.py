@@ -26,15 +26,18 @@ from .drafter import Hidden
 from .target import Target
 
 DRAFT_VOCAB = 32768  # default draft vocabulary: the lowest ids (plus added tokens); 0 or None: the whole vocabulary
+MAX_DRAFT = 6  # the longest draft (the loop's policy drafts fewer at lower acceptance)
+P_MIN = 0.0  # a draft ends after a token the draft model gives less than this probability (0: never)
 
 
 class DraftModel:
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: Target, target: Target, *, max_draft: int = 6) -> None:
+    def __init__(self, model: Target, target: Target, *, max_draft: int = MAX_DRAFT, p_min: float = P_MIN) -> None:
         check_same_vocabulary(model, target)
         self.model = model
         self.max_draft = max_draft
+        self.p_min = p_min
         rows = getattr(model, "head_rows", None)
         self.rows: np.ndarray | None = None if rows is None else np.asarray(rows, dtype=np.int64)
 
@@ -55,14 +58,18 @@ class DraftModel:
         logits = model.prefill(list(history))  # the tokens the cache lacks (one or two), in one step
         out: list[int] = []
         while True:
-            out.append(self._token(logits[-1]))
-            if len(out) == k:
-                return out
+            row = logits[-1]
+            best = int(np.argmax(row))
+            out.append(best if self.rows is None else int(self.rows[best]))
+            if len(out) == k or (self.p_min > 0 and _top_probability(row, best) < self.p_min):
+                return out  # (an unsure token is still drafted: it is the step's best guess, and rows are cheap)
             logits = model.forward(out[-1:])
 
-    def _token(self, row: np.ndarray) -> int:
-        best = int(np.argmax(row))
-        return best if self.rows is None else int(self.rows[best])
+
+def _top_probability(row: np.ndarray, best: int) -> float:
+    """softmax(row)[best], without materializing the softmax's copy beyond one exp pass."""
+    top = row[best]
+    return float(1.0 / np.exp(row - top).sum())
 
 
 def draft_vocabulary(tokenizer: object, vocab_size: int, size: int | None) -> np.ndarray | None:

@@ -67,6 +67,7 @@ class Speculation:
             started = time.perf_counter()
             k = min(policy.length(produced), llm.context - len(history))
             draft = as_draft(drafter.draft(history, k), k, vocab) if k > 0 else as_draft([], 0, vocab)
+            drafted_at = time.perf_counter()
             offered = len(draft.tokens)
             if draft.confidence is not None:  # a graded draft: as long as its class pays for
                 draft = as_draft(draft, policy.cut(draft.confidence), vocab)
@@ -86,6 +87,7 @@ class Speculation:
             if log:
                 steplog.write("spec", produced=produced, asked=k, offered=offered, drafted=len(draft.tokens),
                               confidence=draft.confidence, accepted=n, committed=len(committed), seconds=seconds,
+                              draft_seconds=drafted_at - started,
                               **policy.state())
             produced += len(committed)
             yield from committed
