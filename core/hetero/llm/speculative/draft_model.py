@@ -1,6 +1,7 @@
 """Draft model: a smaller model with the target's tokenizer drafts greedily with its own KV cache.
 
-The draft model's cache follows the history: each ``draft`` call prefills the history against what the cache holds
+The draft model prefills the prompt in ``begin`` (the loop counts it as prefill time, as the target's); then its
+cache follows the history: each ``draft`` call prefills the history against what the cache holds
 (``Llm.prefill`` keeps the common prefix and rolls back the rest, recurrent state included), which after a verify
 step is one or two tokens (the target's own token, and the last draft when all were accepted) in one step whose
 logits give the first draft token, then runs k - 1 one-token steps. Its drafts are greedy (q one-hot), which keeps
@@ -45,7 +46,7 @@ class DraftModel:
         pass  # the draft cache is matched against each history by prefill()
 
     def begin(self, prompt: Sequence[int], hidden: Hidden) -> None:
-        pass
+        self.model.prefill(list(prompt))  # the prompt's cache now, with the target's (counted as prefill time)
 
     def accept(self, n_accepted: int, tokens: Sequence[int], hidden: Hidden) -> None:
         pass  # the next draft() prefill rolls the cache back to what was kept

@@ -49,7 +49,9 @@ class Speculation:
         layers = llm.expose_hidden(drafter.hidden_layers) if drafter.hidden_layers else ()
         logits = llm._advance(record, prompt, stats)
         drafter.reset()
+        started = time.perf_counter()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
+        stats.prefill_seconds += time.perf_counter() - started  # the drafter's own prompt work (a draft model's prefill)
         self.policy = self._policy()
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
 
