@@ -51,7 +51,7 @@ class Speculation:
         drafter.reset()
         started = time.perf_counter()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
-        stats.prefill_seconds += time.perf_counter() - started  # the drafter's own prompt work (a draft model's prefill)
+        stats.prefill_seconds += time.perf_counter() - started  # the drafter's prompt work (a draft model's)
         self.policy = self._policy()
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
 
@@ -85,7 +85,8 @@ class Speculation:
                 stats.drafted_tokens += len(draft.tokens)
                 stats.accepted_tokens += n
             seconds = time.perf_counter() - started
-            policy.record(len(draft.tokens), n, len(committed), seconds, produced, draft.confidence)
+            policy.record(len(draft.tokens), n, len(committed), seconds, produced, draft.confidence,
+                          drafted_at - started)
             if log:
                 steplog.write("spec", produced=produced, asked=k, offered=offered, drafted=len(draft.tokens),
                               confidence=draft.confidence, accepted=n, committed=len(committed), seconds=seconds,
