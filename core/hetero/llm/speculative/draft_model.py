@@ -68,9 +68,8 @@ class DraftModel:
 
 
 def _top_probability(row: np.ndarray, best: int) -> float:
-    """softmax(row)[best], without materializing the softmax's copy beyond one exp pass."""
-    top = row[best]
-    return float(1.0 / np.exp(row - top).sum())
+    """softmax(row)[best] (``best``: the row's argmax)."""
+    return float(1.0 / np.exp(row - row[best]).sum())
 
 
 def draft_vocabulary(tokenizer: object, vocab_size: int, size: int | None) -> np.ndarray | None:
