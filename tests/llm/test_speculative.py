@@ -13,6 +13,7 @@ import pytest
 from conftest import backend_ok
 from hetero.contract import HeteroError
 from hetero.llm.speculative import Draft, DraftModel, Lookahead, Speculation, make_drafter
+from hetero.llm.speculative.draft_model import draft_vocabulary
 from hetero.llm.speculative.lookahead import MAX_MATCH, confidence_class
 
 from .helpers import FIXTURES, copy_model, load
@@ -155,6 +156,54 @@ def test_draft_model_same_tokenizer_accepts_everything(tmp_path):
     target.reset()
     target.generate(PROMPT, 24, temperature=0, spec=Speculation(other, adaptive=False))
     assert list(target.last.tokens) == want
+
+
+def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
+    """A draft model loaded with head_rows= (a tied head here: the embedding table stays whole) returns the full
+    model's logits of those tokens, drafts their argmax, and the target's output stays plain decoding's."""
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = _plain(target, PROMPT, 24)
+    vocab = target.config.vocab_size
+    rows = draft_vocabulary(target.tokenizer, vocab, 200)
+    assert rows is not None and list(rows) == list(range(200))  # the added tokens (ids 0-4) are among them
+    assert draft_vocabulary(target.tokenizer, vocab, 0) is None
+    assert draft_vocabulary(target.tokenizer, vocab, vocab) is None
+    full = load(FIXTURES / "qwen3", backends=["cpu"])
+    sub = load(FIXTURES / "qwen3", backends=["cpu"], head_rows=rows)
+    np.testing.assert_allclose(sub.prefill(PROMPT)[-1], full.prefill(PROMPT)[-1][rows], rtol=1e-5, atol=1e-5)
+    drafter = DraftModel(sub, target, max_draft=4)
+    history = [*PROMPT, *want[:5]]
+    reference, drafts = list(history), drafter.draft(history, 4)
+    for _ in range(4):
+        reference.append(int(rows[np.argmax(full.prefill(reference)[-1][rows])]))
+    assert drafts == reference[len(history):]
+    # p_min: the draft ends after its first token the draft model is less sure of than p_min
+    probs = []
+    for i in range(4):
+        row = full.prefill(reference[:len(history) + i])[-1][rows].astype(np.float64)
+        probs.append(float(np.exp(row.max() - row.max()) / np.exp(row - row.max()).sum()))
+    p_min = float(np.median(probs))
+    unsure = next(i for i, p in enumerate(probs) if p < p_min)
+    assert DraftModel(sub, target, max_draft=4, p_min=p_min).draft(history, 4) == drafts[:unsure + 1]
+    target.reset()
+    target.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
+    assert list(target.last.tokens) == want and target.stats.accepted_tokens > 0
+    with pytest.raises(HeteroError, match="loaded with head_rows"):
+        sub.generate(PROMPT, 2)
+    for bad, why in (([0, 0], "repeated ids"), ([5, vocab], f"id {vocab} is outside"), ([], "empty")):
+        with pytest.raises(HeteroError, match=why):
+            load(FIXTURES / "qwen3", backends=["cpu"], head_rows=bad)
+    assert make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256", target).rows is not None
+    assert make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=all", target).rows is None
+    options = make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=all,p_min=0.25,max=9", target)
+    assert (options.rows, options.p_min, options.max_draft) == (None, 0.25, 9)
+    with pytest.raises(HeteroError, match="max='16'; expected 1 to 15 tokens"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},max=16", target)
+    with pytest.raises(HeteroError, match=r"p_min='1.5'; expected a probability in \[0, 1\)"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},p_min=1.5", target)
+    with pytest.raises(HeteroError, match="vocab='ten'; expected a number of tokens"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=ten", target)
 
 
 def test_draft_model_with_another_vocabulary_is_refused(tmp_path):

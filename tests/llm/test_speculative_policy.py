@@ -255,3 +255,36 @@ def test_step_costs_follow_the_plain_cost_and_fade_back_to_the_prior():
     late = policy._estimated_cost(5, plain)
     prior = plain * (1 + 0.15 * 4)
     assert prior < late < early
+
+
+@pytest.mark.parametrize("draft", [0.0, 0.45])
+def test_drafting_seconds_price_every_length(draft):
+    """A draft model's drafts cost ``draft`` plain steps per token: the policy prices a draft of k as k of those
+    plus the verify pass of k + 1 tokens (each timed apart), so lengths it has not tried are priced with their
+    drafting too. Steps of 3 drafts only, 2 of them kept (α = 2/3): at 0.45 per draft token the best length is 1
+    (expected tokens over seconds, computed here from the same costs); with free drafts it is 3."""
+    policy = DraftPolicy(10, start=3)
+
+    def verify(size: int) -> float:
+        return 1.0 + 0.1 * (size - 1)
+
+    produced = 0
+    for _ in range(COLD_RUNS + 1):
+        policy.record(0, 0, 1, 1.0, produced)
+        produced += 1
+    for _ in range(12):
+        policy.record(3, 2, 3, 3 * draft + verify(4), produced, draft_seconds=3 * draft)
+        produced += 3
+    assert policy.cost[4] == pytest.approx(verify(4))  # the verify pass alone
+    assert policy.draft_cost == (pytest.approx(draft) if draft else None)
+    alpha = policy.accepted / (policy.accepted + policy.rejected)
+    assert alpha == pytest.approx(2 / 3, abs=0.02)
+
+    def price(k: int) -> float:  # the policy's own estimates of unmeasured verify sizes: the prior slope
+        size = k + 1
+        return k * draft + (verify(4) if size == 4 else verify(4) + 0.15 * (size - 4) if size > 4 else
+                            1.0 + (verify(4) - 1.0) * (size - 1) / 3)
+
+    best = max(range(1, 11), key=lambda k: expected_tokens(alpha, k) / price(k))
+    assert policy.k == best
+    assert best == (1 if draft else 3)

@@ -11,11 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..contract.errors import HeteroError, ModelFormatError
 from ..contract.quant import QuantFormat, parse_quant
 from . import files
 from .config import LlmConfig, load_config
 from .families import build_graph
+from .families.decoder import restrict_head
 from .hub import resolve_model
 from .model import Llm, check_options
 from .model_files import ModelFiles
@@ -36,7 +39,8 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
          threads: int | None = None, quant: str | QuantFormat | None = None, context: int = 4096, *,
          prefill_chunk: int = 512, all_logits: bool = False, cache: bool = True,
          progress: bool | None = None, kv_cache: str = "f16", chat_template: str | None = None,
-         hidden_layers: Sequence[int] = (), embeddings: bool = False, slots: int = 1) -> Llm:
+         hidden_layers: Sequence[int] = (), embeddings: bool = False, slots: int = 1,
+         head_rows: Sequence[int] | None = None) -> Llm:
     """Load a Hugging Face folder (config.json, safetensors, tokenizer files), a GGUF file (``*.gguf``: its
     tensors memory-mapped in their stored types, its own tokenizer and chat template; ``quant`` then quantizes only
     the file's float matrices, without a cache), or a Hugging Face repo id from the local cache
@@ -56,7 +60,9 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     ``Llm.embed`` read the final hidden state (costs a little on every step). slots: sequences served by one copy
     of the weights, each with its own KV cache (``Llm.sequence(i)``; their decode steps and prompt chunks batch, see
     ``hetero.llm.batch``; a prompt runs in chunks of at most ``hetero.llm.batch.CHUNK`` tokens); the memory check
-    counts every slot's cache.
+    counts every slot's cache. head_rows: token ids whose LM head rows are kept (a draft vocabulary): the logits'
+    column j is then token ``head_rows[j]`` (``Llm.head_rows``); such a model drafts (``hetero.llm.speculative``),
+    it does not generate.
     """
     check_options(context, prefill_chunk, kv_cache, slots)
     fmt = parse_quant(quant)
@@ -74,14 +80,20 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     template = _template(model, chat_template)
     graph = build_graph(model.config, model.weights, context=context, all_logits=all_logits,
                         progress=model.progress if progress is None else progress)
+    rows = _head_rows(head_rows, model.config.vocab_size, model.path)
+    if rows is not None:
+        restrict_head(graph, rows)
     label = model.label if fmt is None or model.label == fmt.name else f"{model.label}+{fmt.name}"
     decoder = whole_decoder(backends, model, context, fmt)
+    if decoder is not None and rows is not None:
+        raise HeteroError(f"{model.path}: {decoder.name} runs the decoder whole: it takes no head_rows=",
+                          hint="load the draft model on cpu / opencl")
     with model.releasing():
         return Llm(model.config, graph, model.tokenizer, context=context, backends=backends, decoder=decoder,
                    on_fallback=on_fallback, threads=threads, prefill_chunk=prefill_chunk, name=model.name,
                    quant=label, path=model.path, kv_cache=kv_cache, sampling=model.sampling,
                    mapped=model.mapped, template=template, hidden_layers=hidden_layers, embeddings=embeddings,
-                   slots=slots)
+                   slots=slots, head_rows=rows)
 
 
 def kv_cache_bytes(cfg: LlmConfig, context: int, kv_cache: str) -> int:
@@ -141,6 +153,20 @@ def _template(model: ModelFiles, chat_template: str | None) -> ChatTemplate | No
                             eos_token=tok.eos_token if tok else None)
     template.probe()
     return template
+
+
+def _head_rows(rows: Sequence[int] | None, vocab: int, path: Path) -> np.ndarray | None:
+    if rows is None:
+        return None
+    try:
+        ids = np.asarray(rows, dtype=np.int64).reshape(-1)
+    except (TypeError, ValueError):
+        raise HeteroError(f"{path}: head_rows must be token ids, got {type(rows).__name__}") from None
+    bad = ids[(ids < 0) | (ids >= vocab)]
+    if not len(ids) or len(bad) or len(np.unique(ids)) != len(ids):
+        what = f"id {int(bad[0])} is outside [0, {vocab})" if len(bad) else "empty" if not len(ids) else "repeated ids"
+        raise HeteroError(f"{path}: head_rows: {what}; expected distinct token ids of the model's vocabulary")
+    return ids
 
 
 def _is_gguf(path: Path) -> bool:

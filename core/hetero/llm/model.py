@@ -115,7 +115,8 @@ class Llm:
                  prefill_chunk: int = 512, name: str = "", quant: str = "", path: Path | None = None,
                  kv_cache: str = "f16", sampling: SamplingDefaults | None = None, mapped: Sequence[Path] = (),
                  template: ChatTemplate | None = None, hidden_layers: Sequence[int] = (),
-                 embeddings: bool = False, decoder: LlmDecoder | None = None, slots: int = 1) -> None:
+                 embeddings: bool = False, decoder: LlmDecoder | None = None, slots: int = 1,
+                 head_rows: np.ndarray | None = None) -> None:
         check_options(context, prefill_chunk, kv_cache, slots)
         if decoder is not None and (hidden_layers or embeddings):
             raise HeteroError(f"{decoder.name} runs the decoder whole: it exposes no hidden layers or embeddings",
@@ -143,6 +144,8 @@ class Llm:
         self._layer_outputs = _layer_outputs(graph)
         self.all_logits = not any(node.name == LAST_TOKENS for node in graph.nodes)
         self.hidden_layers: tuple[int, ...] = ()
+        # load(head_rows=...): the logits' columns are these token ids only (a drafter's draft vocabulary)
+        self.head_rows = head_rows
         self._hidden: dict[int, np.ndarray] = {}  # layer -> [capacity, H] host copy of the cached tokens' rows
         self._session_args: dict[str, Any] = {"backends": backends if decoder is None else ["cpu"],
                                               "on_fallback": on_fallback, "threads": threads}
@@ -587,6 +590,9 @@ class Llm:
             raise HeteroError(f"stop={stop!r}; expected a string or a list of strings")
         if stops and self.tokenizer is None:
             raise HeteroError("stop strings need a tokenizer")
+        if self.head_rows is not None:
+            raise HeteroError(f"model {self.name!r} was loaded with head_rows= (logits of {len(self.head_rows)} "
+                              "tokens only): it drafts for another model, it does not generate")
         self.stats = Stats()
         record = self.last = Generation()  # this call's own: another thread's call replaces self.last
         decode = (lambda t: self.detokenize(t, skip_special_tokens=True)) if self.tokenizer is not None \

@@ -170,3 +170,21 @@ def _moe(b: _Builder, cfg: LlmConfig, w: WeightSource, nm: Naming, p: str, x: st
         inputs.append(b.const(f"{p}experts.{name}", weight.array))
     attrs = {**gate.attrs, "top_k": cfg.num_experts_per_tok, "norm_topk_prob": int(cfg.norm_topk_prob)}
     return b.node("MoE", inputs, f"{p}moe", attrs)
+
+
+def restrict_head(graph: Graph, rows: np.ndarray) -> None:
+    """Keep only the LM head rows of the token ids ``rows`` (int64, unique, in range): the ``logits`` output's
+    column j is then token ``rows[j]`` (a drafter's argmax over a draft vocabulary, as Eagle-3 drafts; the head
+    reads a fraction of its bytes). The sliced rows are a copy; the full table stays only where another node reads
+    it (tied embeddings)."""
+    node = next(n for n in graph.nodes if n.name == LOGITS)
+    weight = node.inputs[1]
+    kept = f"{weight}.rows"
+    graph.initializers[kept] = np.ascontiguousarray(graph.initializers[weight][rows])
+    if len(node.inputs) > 2 and node.inputs[2]:
+        bias = node.inputs[2]
+        graph.initializers[f"{bias}.rows"] = np.ascontiguousarray(graph.initializers[bias][rows])
+        node.inputs[2] = f"{bias}.rows"
+    node.inputs[1] = kept
+    if not any(weight in n.inputs for n in graph.nodes):
+        del graph.initializers[weight]

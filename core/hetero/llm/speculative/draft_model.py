@@ -1,34 +1,52 @@
 """Draft model: a smaller model with the target's tokenizer drafts greedily with its own KV cache.
 
-The draft model's cache follows the history: each ``draft`` call prefills the history against what the cache holds
+The draft model prefills the prompt in ``begin`` (the loop counts it as prefill time, as the target's); then its
+cache follows the history: each ``draft`` call prefills the history against what the cache holds
 (``Llm.prefill`` keeps the common prefix and rolls back the rest, recurrent state included), which after a verify
-step is one or two tokens (the target's own token, and the last draft when all were accepted), then runs k - 1
-one-token steps. Its drafts are greedy (q one-hot), which keeps sampled output exact (``accept.py``).
+step is one or two tokens (the target's own token, and the last draft when all were accepted) in one step whose
+logits give the first draft token, then runs k - 1 one-token steps. Its drafts are greedy (q one-hot), which keeps
+sampled output exact (``accept.py``).
+
+**Draft vocabulary** (``vocab``): the draft model can be loaded with its LM head cut to the ``vocab`` lowest token
+ids plus the tokenizer's added (special) tokens (``load(head_rows=...)``), as Eagle-3 drafts over a draft
+vocabulary: its argmax is then over those tokens only. A small model's LM head is a large share of the bytes a
+decode step reads (Qwen2.5-0.5B: 136 M of its 494 M parameters), so each draft token costs less; a token outside
+the subset is never drafted (the target rejects the draft there and commits its own token), which is all it can
+cost: the output stays the target's. BPE ids follow the merge order, so the lowest ids are the most frequent
+pieces of the tokenizer's training text (docs/speculative.md: the coverage and acceptance measured).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ...contract.errors import HeteroError
-from ..generate import greedy_tokens
 from .drafter import Hidden
 from .target import Target
+
+DRAFT_VOCAB = 32768  # default draft vocabulary: the lowest ids (plus added tokens); 0 or None: the whole vocabulary
+MAX_DRAFT = 10  # the longest draft (the loop's policy drafts fewer at lower acceptance)
+P_MIN = 0.0  # a draft ends after a token the draft model gives less than this probability (0: never)
 
 
 class DraftModel:
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: Target, target: Target, *, max_draft: int = 6) -> None:
+    def __init__(self, model: Target, target: Target, *, max_draft: int = MAX_DRAFT, p_min: float = P_MIN) -> None:
         check_same_vocabulary(model, target)
         self.model = model
         self.max_draft = max_draft
+        self.p_min = p_min
+        rows = getattr(model, "head_rows", None)
+        self.rows: np.ndarray | None = None if rows is None else np.asarray(rows, dtype=np.int64)
 
     def reset(self) -> None:
         pass  # the draft cache is matched against each history by prefill()
 
     def begin(self, prompt: Sequence[int], hidden: Hidden) -> None:
-        pass
+        self.model.prefill(list(prompt))  # the prompt's cache now, with the target's (counted as prefill time)
 
     def accept(self, n_accepted: int, tokens: Sequence[int], hidden: Hidden) -> None:
         pass  # the next draft() prefill rolls the cache back to what was kept
@@ -38,7 +56,32 @@ class DraftModel:
         k = min(k, model.context - len(history))
         if k <= 0:
             return []
-        return greedy_tokens(model, list(history), k)
+        logits = model.prefill(list(history))  # the tokens the cache lacks (one or two), in one step
+        out: list[int] = []
+        while True:
+            row = logits[-1]
+            best = int(np.argmax(row))
+            out.append(best if self.rows is None else int(self.rows[best]))
+            if len(out) == k or (self.p_min > 0 and _top_probability(row, best) < self.p_min):
+                return out  # (an unsure token is still drafted: it is the step's best guess, and rows are cheap)
+            logits = model.forward(out[-1:])
+
+
+def _top_probability(row: np.ndarray, best: int) -> float:
+    """softmax(row)[best] (``best``: the row's argmax)."""
+    return float(1.0 / np.exp(row - row[best]).sum())
+
+
+def draft_vocabulary(tokenizer: object, vocab_size: int, size: int | None) -> np.ndarray | None:
+    """The token ids a draft model's head keeps: ids below ``size`` and the tokenizer's added tokens (EOS, the chat
+    markers); None (the whole head) when ``size`` is 0 / None or covers the vocabulary."""
+    if not size or size >= vocab_size:
+        return None
+    backend = getattr(tokenizer, "backend", None)
+    added = backend.get_added_tokens_decoder() if backend is not None else {}
+    extra = sorted(i for i in added if size <= i < vocab_size)
+    return np.asarray([*range(size), *extra], dtype=np.int64)
+
 
 def check_same_vocabulary(draft: Target, target: Target) -> None:
     """Refuse a draft model whose tokenizer maps any token to another id than the target's."""

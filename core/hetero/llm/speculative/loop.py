@@ -49,7 +49,9 @@ class Speculation:
         layers = llm.expose_hidden(drafter.hidden_layers) if drafter.hidden_layers else ()
         logits = llm._advance(record, prompt, stats)
         drafter.reset()
+        started = time.perf_counter()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
+        stats.prefill_seconds += time.perf_counter() - started  # the drafter's prompt work (a draft model's)
         self.policy = self._policy()
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
 
@@ -67,6 +69,7 @@ class Speculation:
             started = time.perf_counter()
             k = min(policy.length(produced), llm.context - len(history))
             draft = as_draft(drafter.draft(history, k), k, vocab) if k > 0 else as_draft([], 0, vocab)
+            drafted_at = time.perf_counter()
             offered = len(draft.tokens)
             if draft.confidence is not None:  # a graded draft: as long as its class pays for
                 draft = as_draft(draft, policy.cut(draft.confidence), vocab)
@@ -82,10 +85,12 @@ class Speculation:
                 stats.drafted_tokens += len(draft.tokens)
                 stats.accepted_tokens += n
             seconds = time.perf_counter() - started
-            policy.record(len(draft.tokens), n, len(committed), seconds, produced, draft.confidence)
+            policy.record(len(draft.tokens), n, len(committed), seconds, produced, draft.confidence,
+                          drafted_at - started)
             if log:
                 steplog.write("spec", produced=produced, asked=k, offered=offered, drafted=len(draft.tokens),
                               confidence=draft.confidence, accepted=n, committed=len(committed), seconds=seconds,
+                              draft_seconds=drafted_at - started,
                               **policy.state())
             produced += len(committed)
             yield from committed

@@ -85,6 +85,8 @@ class DraftPolicy:
         self.off_until = 0  # decoded-token count until which drafting is off
         self.backoff = BACKOFF_START
         self.switched_off = 0  # how many times drafting was switched off (reported)
+        self.draft_cost: float | None = None  # seconds per drafted token (drafters whose drafts cost time)
+        self.draft_steps = 0
 
     @property
     def plain_cost(self) -> float | None:
@@ -93,7 +95,7 @@ class DraftPolicy:
     def state(self) -> dict[str, Any]:
         """What the policy decides by, for the step log (``hetero.llm.steplog``)."""
         return {"plain_cost": self.plain_cost, "spec_cost": self.spec_cost, "recent_plain": self.recent_plain,
-                "rate": self.rate,
+                "rate": self.rate, "draft_cost": self.draft_cost,
                 "off_until": self.off_until, "switched_off": self.switched_off,
                 "costs": {str(size): round(c, 6) for size, c in sorted(self.cost.items())}}
 
@@ -120,7 +122,7 @@ class DraftPolicy:
         for k, p in enumerate(self.acceptance(confidence), 1):
             kept *= p
             expected += kept
-            gain = expected - rate * self._estimated_cost(k + 1, plain)
+            gain = expected - rate * self._step_cost(k, plain)
             if gain > best_gain:
                 best, best_gain = k, gain
         return best
@@ -162,10 +164,16 @@ class DraftPolicy:
         return self.tokens_done / self.seconds_done if self.seconds_done > 0 else 0.0
 
     def record(self, drafted: int, accepted: int, committed: int, seconds: float, produced: int,
-               confidence: int | None = None) -> None:
+               confidence: int | None = None, draft_seconds: float = 0.0) -> None:
         """One step: ``drafted`` tokens proposed, ``accepted`` kept, ``committed`` tokens out, in ``seconds``
-        (``confidence``: the draft's class, for graded drafters)."""
+        (``confidence``: the draft's class, for graded drafters; ``draft_seconds``: the part of ``seconds`` spent
+        drafting: a step size is priced by its verify pass, the drafting by its seconds per draft token)."""
         size = drafted + 1
+        if drafted and draft_seconds > 0:
+            self.draft_steps += 1
+            if self.draft_steps > COLD_RUNS:  # the drafter's own first steps plan and record its shapes
+                self.draft_cost = _smooth(self.draft_cost, draft_seconds / drafted)
+        total, seconds = seconds, seconds - min(draft_seconds, seconds)
         runs = self.runs[size] = self.runs.get(size, 0) + 1
         self.steps += 1
         self.measured_at[size] = self.steps
@@ -179,7 +187,7 @@ class DraftPolicy:
             self.cost_at[size] = plain
         if warm:
             self.tokens_done = RATE_DECAY * self.tokens_done + committed
-            self.seconds_done = RATE_DECAY * self.seconds_done + seconds
+            self.seconds_done = RATE_DECAY * self.seconds_done + total
             self._decay_stretch()
         if drafted == 0:
             if warm:
@@ -203,7 +211,7 @@ class DraftPolicy:
                 counts[i][1] = DECAY * counts[i][1] + 1
         if warm:
             self.spec_tokens += committed
-            self.spec_seconds += seconds
+            self.spec_seconds += total
             self.spec_steps += 1
         if not self.adaptive:
             return
@@ -245,10 +253,14 @@ class DraftPolicy:
             return self.k
         best, best_rate = 1, 0.0
         for k in range(1, self.max_draft + 1):
-            rate = expected_tokens(alpha, k) / self._estimated_cost(k + 1, plain)
+            rate = expected_tokens(alpha, k) / self._step_cost(k, plain)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
+
+    def _step_cost(self, drafted: int, plain: float) -> float:
+        """The seconds of a step of ``drafted`` drafts: drafting them and verifying ``drafted + 1`` tokens."""
+        return drafted * (self.draft_cost or 0.0) + self._estimated_cost(drafted + 1, plain)
 
     def _estimated_cost(self, size: int, plain: float) -> float:
         """The seconds of a step of ``size`` tokens: measured, interpolated or extrapolated, and never below a

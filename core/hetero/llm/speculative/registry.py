@@ -3,7 +3,10 @@
 Built in: ``lookahead`` (prompt lookup, no argument; ``lookahead:flat`` drafts ungraded, as before the
 confidence classes, for comparisons) and ``draft:PATH`` (a smaller model with the target's
 tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backends, threads, context and KV cache
-type). ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
+type; ``draft:PATH,vocab=N`` drafts over the N lowest token ids, ``vocab=all`` over the whole vocabulary, default
+``DRAFT_VOCAB``; ``,p_min=X`` ends a draft after a token drafted at a probability under X; ``,max=N``: the
+longest draft (``--spec-draft`` overrides it): ``draft_model.py``).
+``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
 ``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the factory is
 called as ``factory(argument, target)`` and returns a ``Drafter``.
 """
@@ -15,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...contract.errors import HeteroError
-from .draft_model import DraftModel
+from ..families.decoder import VERIFY_ROWS
+from .draft_model import DRAFT_VOCAB, MAX_DRAFT, P_MIN, DraftModel, draft_vocabulary
 from .drafter import Drafter
 from .lookahead import Lookahead
 from .loop import Speculation
@@ -79,13 +83,38 @@ def _lookahead(argument: str, target: Target) -> Drafter:
 
 
 def _draft_model(argument: str, target: Target) -> Drafter:
-    if not argument:
+    path, options = _draft_options(argument)
+    if not path:
         raise HeteroError("--spec draft:PATH needs the draft model's path (a Hugging Face folder or a GGUF file)")
     # the loader imports the model, which resolves drafter names here: taken at call time, not imported
     load = importlib.import_module("hetero.llm.loader").load
-    model = load(argument, threads=target.threads, context=target.context, kv_cache=target.kv_cache,
+    rows = draft_vocabulary(target.tokenizer, target.config.vocab_size, int(options["vocab"]))  # the draft's: checked
+    model = load(path, threads=target.threads, context=target.context, kv_cache=target.kv_cache, head_rows=rows,
                  **{k: v for k, v in target._session_args.items() if k in ("backends", "on_fallback")})
-    return DraftModel(model, target)
+    return DraftModel(model, target, p_min=options["p_min"], max_draft=int(options["max"]))
+
+
+def _draft_options(argument: str) -> tuple[str, dict[str, float]]:
+    """``PATH[,vocab=N|all][,p_min=X][,max=N]`` -> (path, {"vocab": draft vocabulary size (0: all), "p_min": ...,
+    "max": the longest draft})."""
+    path, options = argument, {"vocab": float(DRAFT_VOCAB), "p_min": P_MIN, "max": float(MAX_DRAFT)}
+    while True:
+        head, _, tail = path.rpartition(",")
+        key, eq, value = tail.partition("=")
+        if not head or not eq or key not in options:
+            return path, options
+        try:
+            number = 0.0 if key == "vocab" and value == "all" else float(value)
+        except ValueError:
+            number = -1.0
+        if key == "vocab" and number != 0 and (number < 256 or not value.isdigit()):
+            raise HeteroError(f"--spec draft:{argument}: vocab={value!r}; expected a number of tokens (at least 256) "
+                              "or 'all'")
+        if key == "max" and not (value.isdigit() and 1 <= number <= VERIFY_ROWS - 1):
+            raise HeteroError(f"--spec draft:{argument}: max={value!r}; expected 1 to {VERIFY_ROWS - 1} tokens")
+        if key == "p_min" and not 0 <= number < 1:
+            raise HeteroError(f"--spec draft:{argument}: p_min={value!r}; expected a probability in [0, 1)")
+        options[key], path = number, head
 
 
 register("lookahead", _lookahead)
