@@ -179,15 +179,17 @@ inline SuperScales<S> super_scales(const std::uint8_t* sb, int h) {
   return ss;
 }
 
-// The super-block walk of qgemm_mr and qgemm_rows: blocks per super-block, its header bytes and its size. Formats
-// without super-blocks (KQ == 0: QPack::sub is 1) get them as constants, so the walk's two loops collapse into one
-// over the records (read from w, the per-record loop bookkeeping spilled to the stack: q5_0's one-row tile measured
-// 1.2x slower than q5_k's in L2, whose 8 records share one pass of the outer loop).
-template <int KQ>
+// The super-block walk of qgemm_mr and qgemm_rows: blocks per super-block, its header bytes and its size. FLAT
+// (4/5-bit formats without super-blocks, KQ == 0: QPack::sub is 1) gets them as constants, so the walk's two loops
+// collapse into one over the records (read from w, the per-record loop bookkeeping spilled to the stack: q5_0's
+// one-row tile measured 1.2x slower than q5_k's in L2, whose 8 records share one pass of the outer loop; flat, q5_0 /
+// q5_1 / q4_0 one-row tiles 0.81 / 0.82 / 0.92x the time in L2). Not 8-bit: q8_0's one-row tile measured 1.13x
+// slower flat (docs/llm-benchmarks.md, branch q5d13).
+template <bool FLAT>
 struct SuperWalk {
   i64 sub, hdr, bytes;
   explicit SuperWalk(const QPack& w)
-      : sub(KQ ? w.sub : 1), hdr(KQ ? w.sb_hdr : 0), bytes(KQ ? w.super_bytes : w.rec_bytes) {}
+      : sub(FLAT ? 1 : w.sub), hdr(FLAT ? 0 : w.sb_hdr), bytes(FLAT ? w.rec_bytes : w.super_bytes) {}
 };
 
 // Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance()) into L2. The weights stream
@@ -230,7 +232,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const i64 pf = prefetch_distance();
-  const SuperWalk<KQ> walk(w);
+  const SuperWalk<KQ == 0 && BITS < 8> walk(w);
   const B nib = S::bset8(0x0f), nibhi = S::bset8(0xf0);
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;

@@ -42,7 +42,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const int off = w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const i64 pf = prefetch_distance();
-  const SuperWalk<KQ> walk(w);
+  const SuperWalk<KQ == 0> walk(w);  // BITS < 8 here
   const B nib = S::bset8(0x0f);
   const B zero16 = S::bset8(0);
   const std::int8_t* xrow[MR];
