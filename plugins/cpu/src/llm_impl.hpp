@@ -179,6 +179,19 @@ inline SuperScales<S> super_scales(const std::uint8_t* sb, int h) {
   return ss;
 }
 
+// The super-block walk of qgemm_mr and qgemm_rows: blocks per super-block, its header bytes and its size. FLAT
+// (4/5-bit formats without super-blocks, KQ == 0: QPack::sub is 1) gets them as constants, so the walk's two loops
+// collapse into one over the records (read from w, the per-record loop bookkeeping spilled to the stack: q5_0's
+// one-row tile measured 1.2x slower than q5_k's in L2, whose 8 records share one pass of the outer loop; flat, q5_0 /
+// q5_1 / q4_0 one-row tiles 0.81 / 0.82 / 0.92x the time in L2). Not 8-bit: q8_0's one-row tile measured 1.13x
+// slower flat (docs/llm-benchmarks.md, branch q5d13).
+template <bool FLAT>
+struct SuperWalk {
+  i64 sub, hdr, bytes;
+  explicit SuperWalk(const QPack& w)
+      : sub(FLAT ? 1 : w.sub), hdr(FLAT ? 0 : w.sb_hdr), bytes(FLAT ? w.rec_bytes : w.super_bytes) {}
+};
+
 // Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance()) into L2. The weights stream
 // from memory and want more lines in flight than the L2 streamer keeps: decode's 1-2 x rows, and a batched step's 4-8
 // too (their tiles took 0.6-0.85x the time with it streaming from memory, benchmarks/qgemm_rows.py,
@@ -219,18 +232,19 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const i64 pf = prefetch_distance();
+  const SuperWalk<KQ == 0 && BITS < 8> walk(w);
   const B nib = S::bset8(0x0f), nibhi = S::bset8(0xf0);
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
   for (int h = 0; h < QR / W; ++h) {
     V facc[MR];
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
-    const std::uint8_t* sb = group;  // the super-block of b0 (a record when w.sub == 1)
-    for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
+    const std::uint8_t* sb = group;  // the super-block of b0 (a record when KQ == 0)
+    for (i64 b0 = 0; b0 < w.nb; b0 += walk.sub, sb += walk.bytes) {
       const SuperScales<S> ss = super_scales<S, KQ>(sb, h);  // k-quants: the super-block's d (and dmin)
-      const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
+      const i64 b1 = std::min<i64>(w.nb, b0 + walk.sub);
       for (i64 b = b0; b < b1; ++b) {
-        const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
+        const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
         if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf);  // every tile size
         const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);

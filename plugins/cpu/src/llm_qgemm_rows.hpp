@@ -42,6 +42,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const int off = w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const i64 pf = prefetch_distance();
+  const SuperWalk<KQ == 0> walk(w);  // BITS < 8 here
   const B nib = S::bset8(0x0f);
   const B zero16 = S::bset8(0);
   const std::int8_t* xrow[MR];
@@ -50,11 +51,11 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
     V facc[MR];
     for (int m = 0; m < MR; ++m) facc[m] = S::zero();
     const std::uint8_t* sb = group;  // as qgemm_mr
-    for (i64 b0 = 0; b0 < w.nb; b0 += w.sub, sb += w.super_bytes) {
+    for (i64 b0 = 0; b0 < w.nb; b0 += walk.sub, sb += walk.bytes) {
       const SuperScales<S> ss = super_scales<S, KQ>(sb, h);
-      const i64 b1 = std::min<i64>(w.nb, b0 + w.sub);
+      const i64 b1 = std::min<i64>(w.nb, b0 + walk.sub);
       for (i64 b = b0; b < b1; ++b) {
-        const std::uint8_t* rec = sb + w.sb_hdr + (b - b0) * w.rec_bytes;
+        const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
         if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt>(w, rec, pf);  // as qgemm_mr
         B wlo[nt], whi[nt];

@@ -246,6 +246,23 @@ def test_qmatmul_gguf_blocks_threads_and_prefill(path, threads, wtype):
     np.testing.assert_allclose(got, exact + bias, rtol=0, atol=2e-5 * np.abs(exact).max() * math.sqrt(k / 32))
 
 
+@pytest.mark.parametrize("wtype", ["q5_0", "q5_1"])
+@pytest.mark.parametrize("n,k", [(128, 896), (37, 896), (21, 160)])
+def test_qmatmul_gguf_q5_decode_shapes(path, wtype, n, k):
+    """Qwen2.5-0.5B's q5_0 matrices (K = 896: 28 blocks, not a multiple of 256; 896 -> 128 for k/v), a 16-row group
+    tail (37, 21 rows), at the decode and verify tile sizes (1-8 rows, one tile each) against the gguf package's
+    dequantized weights with the int8 activations emulated."""
+    w = random_ggml(wtype, n, k, seed=n + k)
+    dense = gguf_dequantize(w, wtype)
+    for m in (1, 2, 3, 4, 7, 8):
+        x = f32(m, k, seed=m + 10)
+        got = cpu("QMatMul", [x, w], (1,), wtype=wtype)
+        exact, bound = emulate_int8(x, dense, 32)
+        scale = np.abs(exact).max() + 1e-3
+        np.testing.assert_allclose(got, exact, rtol=0, atol=2e-5 * scale * math.sqrt(k / 32))
+        assert (np.abs(got - x.astype(np.float64) @ dense.T.astype(np.float64)) <= bound + 1e-4 * scale).all()
+
+
 def test_qmatmul_gguf_row_length_checked():
     w = random_ggml("q4_k", 4, 256)
     with pytest.raises(ValueError, match="multiple of 256"):

@@ -66,3 +66,9 @@ def test_hetero_formats_rows_bitwise_one_row(spec):
 def test_rows_bitwise_one_row_two_threads(wtype):
     n, k = 100, 512
     check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=2)
+
+
+@pytest.mark.parametrize("wtype", ["q5_0", "q5_1"])
+def test_q5_rows_bitwise_one_row_at_qwen_width(wtype):
+    n, k = 131, 896  # Qwen2.5-0.5B's width (28 blocks), a group tail of 3 rows
+    check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=1)
