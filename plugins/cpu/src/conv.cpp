@@ -58,47 +58,42 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     for (i64 kx = 0; kx < g.kw; ++kx)
       off[static_cast<std::size_t>(ky * g.kw + kx)] = ((kx * g.dw) % sw) * phase + ky * g.dh * Wq + (kx * g.dw) / sw;
   const int T = threads_for(static_cast<double>(planes) * (HWo * ntaps * 2 + Hp * Wp), kParallelGrain);
-  parallel_for(planes, T, [&](i64 q) {
-    const i64 c = q % g.C;
-    const float* in = x + q * g.H * g.W;
-    float* o = out + q * HWo;
+  // Planes in chunks (one a thread, or four a thread where there are many: a busy core's share is taken by the
+  // other): the padded buffer's zeros (borders, column phases' gaps, slack) are written once a chunk, as each plane
+  // writes the same positions; a plane's rows are copied by plain loops, where memset / memcpy calls for every short
+  // row (a 14 x 14 plane: 54 calls) cost as much as its taps.
+  const i64 nchunks = T <= 1 ? 1 : std::min<i64>(planes, planes >= 8 * T ? 4 * T : T);
+  const Blocks chunks{planes, nchunks};
+  const i64 ncopy = sw == 1 ? std::min<i64>(g.W, Wq - g.pl) : std::min<i64>(g.W, Wq * sw - g.pl);
+  parallel_for(nchunks, T, [&](i64 ch) {
     // plus the slack dw_taps' last vector of a row may read
     float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
-    std::fill(buf + sw * phase, buf + sw * phase + xk.lanes, 0.f);
-    if (sw == 1) {
-      for (i64 y = 0; y < Hp; ++y) {
-        float* r = buf + y * Wq;
-        const i64 iy = y - g.pt;
-        if (iy < 0 || iy >= g.H) {
-          std::fill(r, r + Wq, 0.f);
-          continue;
-        }
-        const i64 ncopy = std::min<i64>(g.W, Wq - g.pl);
-        std::fill(r, r + g.pl, 0.f);
-        std::memcpy(r + g.pl, in + iy * g.W, static_cast<std::size_t>(ncopy) * sizeof(float));
-        std::fill(r + g.pl + ncopy, r + Wq, 0.f);
-      }
-    } else {
-      std::fill(buf, buf + sw * phase, 0.f);
-      const i64 ncols = std::min<i64>(g.W, Wq * sw - g.pl);  // input columns that land in the buffer
+    std::fill(buf, buf + sw * phase + xk.lanes, 0.f);
+    for (i64 q = chunks.begin(ch), qe = q + chunks.size(ch); q < qe; ++q) {
+      const i64 c = q % g.C;
+      const float* in = x + q * g.H * g.W;
+      float* o = out + q * HWo;
       for (i64 iy = 0; iy < g.H; ++iy) {
         const i64 y = iy + g.pt;
         if (y >= Hp) break;
-        const float* src = in + iy * g.W;
-        float* row = buf + y * Wq;
-        if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
-          deinterleave(src, ncols, row + (g.pl & 1) * phase + (g.pl >> 1),
+        const float* __restrict src = in + iy * g.W;
+        float* __restrict row = buf + y * Wq;
+        if (sw == 1) {
+          std::memcpy(row + g.pl, src, static_cast<std::size_t>(ncopy) * sizeof(float));
+        } else if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
+          deinterleave(src, ncopy, row + (g.pl & 1) * phase + (g.pl >> 1),
                        row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
-          continue;
-        }
-        for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncols; ++ix) {  // padded column ix + pl
-          row[p * phase + col] = src[ix];
-          if (++p == sw) p = 0, ++col;
+        } else {
+          for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
+            row[p * phase + col] = src[ix];
+            if (++p == sw) p = 0, ++col;
+          }
         }
       }
+      if (!xk.dw_taps(buf, g.sh * Wq, off.data(), w + c * ntaps, ntaps, bias ? bias[c] : 0.f, o, g.Ho, g.Wo, act.act,
+                      act.act_alpha, act.act_beta))
+        kr.unary(act.act, o, o, HWo, act.act_alpha, act.act_beta);
     }
-    xk.dw_taps(buf, g.sh * Wq, off.data(), w + c * ntaps, ntaps, bias ? bias[c] : 0.f, o, g.Ho, g.Wo);
-    if (act.act >= 0) kr.unary(act.act, o, o, HWo, act.act_alpha, act.act_beta);
   });
 }
 

@@ -35,8 +35,10 @@ struct ExtraKernels {
   void (*prelu_row)(const float* x, const float* slope, bool slope_vec, float* y, i64 n);
   // Depthwise taps: out[oy*Wo + ox] = bias + sum_t w[t] * base[oy*ystride + off[t] + ox] for ox in [0, Wo). The last
   // columns of a row run as one whole vector: base must be readable `lanes` floats past the last value a tap reads.
-  void (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
-                  i64 Ho, i64 Wo);
+  // Then the activation `act` (UnaryOp, -1 none; alpha / beta as k_unary's) where it is one the kernel applies in
+  // registers (ReLU, Clip, HardSwish, HardSigmoid, SiLU): true; false leaves it to the caller.
+  bool (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+                  i64 Ho, i64 Wo, int act, float alpha, float beta);
   // y[i] = a[i] op b[i] (mode: BinaryMode of common.hpp), 0/1 bytes.
   void (*cmp_f32)(int op, int mode, const float* a, const float* b, std::uint8_t* y, i64 n);
   // out[j] = max over the kh rows (row r at x + r*ld) of x[r*ld + j]; NaN propagates.

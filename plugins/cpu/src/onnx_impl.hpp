@@ -212,36 +212,94 @@ void x_prelu_row(const float* x, const float* slope, bool slope_vec, float* y, i
   }
 }
 
-void x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
-               i64 Ho, i64 Wo) {
-  const V vb = SIMD::set1(bias);
-  for (i64 oy = 0; oy < Ho; ++oy) {
-    const float* b = base + oy * ystride;
-    float* o = out + oy * Wo;
-    i64 ox = 0;
-    for (; ox + 2 * W <= Wo; ox += 2 * W) {
-      V a0 = vb, a1 = vb;
-      for (int t = 0; t < ntaps; ++t) {
-        const V wv = SIMD::set1(w[t]);
-        const float* p = b + off[t] + ox;
-        a0 = SIMD::fma(wv, SIMD::load(p), a0);
-        a1 = SIMD::fma(wv, SIMD::load(p + W), a1);
+// R output rows x NV vectors of columns from ox: R * NV independent FMA chains (one chain a row left the FMA's latency
+// exposed: a 14 x 14 plane's rows are one vector each, and 256 ch 5x5 on 14 x 14 ran at a quarter of the FMA rate).
+// Each vector holds at least one column of the row. Stores go row by row; where the block spans whole rows (`whole`)
+// a store may run past its row's end (the next rows, stored after it, overwrite that) but never past `oend` (the
+// plane's end: another task's output); other partial stores go through a buffer.
+template <int R, int NV, class F>
+__attribute__((always_inline)) inline void dw_block(const float* b, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* o, i64 Wo,
+                     i64 ox, bool whole, const float* oend, F act) {
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = vb;
+  for (int t = 0; t < ntaps; ++t) {
+    const V wv = SIMD::set1(w[t]);
+    const float* p = b + off[t] + ox;
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = SIMD::fma(wv, SIMD::load(p + r * ystride + v * W), acc[r][v]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = act(acc[r][v]);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) {
+      float* dst = o + r * Wo + ox + v * W;
+      const i64 n = std::min<i64>(W, Wo - ox - v * W);
+      if (n == W || (whole && dst + W <= oend)) {
+        SIMD::store(dst, acc[r][v]);
+      } else {
+        alignas(64) float tail[W];
+        SIMD::store(tail, acc[r][v]);
+        for (i64 j = 0; j < n; ++j) dst[j] = tail[j];
       }
-      SIMD::store(o + ox, a0);
-      SIMD::store(o + ox + W, a1);
     }
-    for (; ox + W <= Wo; ox += W) {
-      V a0 = vb;
-      for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
-      SIMD::store(o + ox, a0);
-    }
-    if (ox < Wo) {  // the row's last columns: one vector (the rest of its lanes read slack and are dropped)
-      V a0 = vb;
-      for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
-      alignas(64) float tail[W];
-      SIMD::store(tail, a0);
-      for (i64 j = 0; ox + j < Wo; ++j) o[ox + j] = tail[j];
-    }
+}
+
+// R rows of columns [0, Wo): two vectors a step, the last one alone where one is left.
+template <int R, class F>
+__attribute__((always_inline)) inline void dw_row_block(const float* b, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* o,
+                         i64 Wo, const float* oend, F act) {
+  const bool whole = false && Wo <= 2 * W;
+  i64 ox = 0;
+  for (; Wo - ox > W; ox += 2 * W) dw_block<R, 2>(b, ystride, off, w, ntaps, vb, o, Wo, ox, whole, oend, act);
+  if (ox < Wo) dw_block<R, 1>(b, ystride, off, w, ntaps, vb, o, Wo, ox, whole, oend, act);
+}
+
+// Rows in blocks of R, the leftover rows in blocks of R / 2, R / 4, ... (14 rows: 8 + 4 + 2).
+template <int R, class F>
+__attribute__((always_inline)) inline void dw_rows(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* out, i64 Ho,
+             i64 Wo, const float* oend, F act) {
+  i64 oy = 0;
+  for (; oy + R <= Ho; oy += R)
+    dw_row_block<R>(base + oy * ystride, ystride, off, w, ntaps, vb, out + oy * Wo, Wo, oend, act);
+  if constexpr (R > 1)
+    if (oy < Ho) dw_rows<R / 2>(base + oy * ystride, ystride, off, w, ntaps, vb, out + oy * Wo, Ho - oy, Wo, oend, act);
+}
+
+template <class F>
+void dw_plane(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+              i64 Ho, i64 Wo, F act) {
+  const V vb = SIMD::set1(bias);
+  const float* oend = out + Ho * Wo;
+  // eight chains: 8 rows of one vector (rows up to W wide), else 4 rows of two
+  if (Wo <= W)
+    dw_rows<8>(base, ystride, off, w, ntaps, vb, out, Ho, Wo, oend, act);
+  else
+    dw_rows<4>(base, ystride, off, w, ntaps, vb, out, Ho, Wo, oend, act);
+}
+
+bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+               i64 Ho, i64 Wo, int act, float alpha, float beta) {
+  using S = SIMD;
+  const V zero = S::zero(), va = S::set1(alpha), vbeta = S::set1(beta), one = S::set1(1.f);
+  switch (act) {
+    case -1: dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [](V v) { return v; }); return true;
+    case hetero::U_RELU:
+      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [&](V v) { return vnan_pass(v, S::max(v, zero)); });
+      return true;
+    case hetero::U_CLIP:
+      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo,
+               [&](V v) { return vnan_pass(v, S::min(S::max(v, va), vbeta)); });
+      return true;
+    case hetero::U_HARD_SWISH:
+      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [](V v) { return vhard_swish(v); });
+      return true;
+    case hetero::U_HARD_SIGMOID:
+      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo,
+               [&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vbeta), one), zero)); });
+      return true;
+    case hetero::U_SILU: dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [](V v) { return vsilu(v); }); return true;
+    default: dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [](V v) { return v; }); return false;
   }
 }
 
