@@ -60,8 +60,8 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const int T = threads_for(static_cast<double>(planes) * (HWo * ntaps * 2 + Hp * Wp), kParallelGrain);
   // Planes in chunks (one a thread, or four a thread where there are many: a busy core's share is taken by the
   // other): the padded buffer's zeros (borders, column phases' gaps, slack) are written once a chunk, as each plane
-  // writes the same positions; a plane's rows are copied by plain loops, where memset / memcpy calls for every short
-  // row (a 14 x 14 plane: 54 calls) cost as much as its taps.
+  // writes the same positions (memset / memcpy calls for every short row, 54 on a 14 x 14 plane, cost as much as
+  // its taps).
   const i64 nchunks = T <= 1 ? 1 : std::min<i64>(planes, planes >= 8 * T ? 4 * T : T);
   const Blocks chunks{planes, nchunks};
   const i64 ncopy = sw == 1 ? std::min<i64>(g.W, Wq - g.pl) : std::min<i64>(g.W, Wq * sw - g.pl);
@@ -73,20 +73,21 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       const i64 c = q % g.C;
       const float* in = x + q * g.H * g.W;
       float* o = out + q * HWo;
-      for (i64 iy = 0; iy < g.H; ++iy) {
-        const i64 y = iy + g.pt;
-        if (y >= Hp) break;
-        const float* __restrict src = in + iy * g.W;
-        float* __restrict row = buf + y * Wq;
-        if (sw == 1) {
-          std::memcpy(row + g.pl, src, static_cast<std::size_t>(ncopy) * sizeof(float));
-        } else if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
-          deinterleave(src, ncopy, row + (g.pl & 1) * phase + (g.pl >> 1),
-                       row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
-        } else {
-          for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
-            row[p * phase + col] = src[ix];
-            if (++p == sw) p = 0, ++col;
+      const i64 rows = std::min<i64>(g.H, Hp - g.pt);
+      if (sw == 1) {
+        xk.copy_rows(in, g.W, buf + g.pt * Wq + g.pl, Wq, rows, ncopy);
+      } else {
+        for (i64 iy = 0; iy < rows; ++iy) {
+          const float* src = in + iy * g.W;
+          float* row = buf + (iy + g.pt) * Wq;
+          if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
+            deinterleave(src, ncopy, row + (g.pl & 1) * phase + (g.pl >> 1),
+                         row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
+          } else {
+            for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
+              row[p * phase + col] = src[ix];
+              if (++p == sw) p = 0, ++col;
+            }
           }
         }
       }

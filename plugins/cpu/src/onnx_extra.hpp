@@ -39,6 +39,9 @@ struct ExtraKernels {
   // registers (ReLU, Clip, HardSwish, HardSigmoid, SiLU): true; false leaves it to the caller.
   bool (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
                   i64 Ho, i64 Wo, int act, float alpha, float beta);
+  // dst[r*ld_dst + i] = src[r*ld_src + i] for r < rows, i < n: a plane's rows into its padded copy, where a memcpy
+  // call for each short row cost as much as the depthwise taps.
+  void (*copy_rows)(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n);
   // y[i] = a[i] op b[i] (mode: BinaryMode of common.hpp), 0/1 bytes.
   void (*cmp_f32)(int op, int mode, const float* a, const float* b, std::uint8_t* y, i64 n);
   // out[j] = max over the kh rows (row r at x + r*ld) of x[r*ld + j]; NaN propagates.

@@ -303,6 +303,14 @@ bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, i
   }
 }
 
+void x_copy_rows(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n) {
+  for (i64 r = 0; r < rows; ++r, src += ld_src, dst += ld_dst) {
+    i64 i = 0;
+    for (; i + W <= n; i += W) SIMD::store(dst + i, SIMD::load(src + i));
+    for (; i < n; ++i) dst[i] = src[i];
+  }
+}
+
 template <int OP>
 inline std::uint8_t cmp1(float a, float b) {
   switch (OP) {
@@ -683,7 +691,7 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
 
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   x_dequant_panel_s8, W,
 };
 
