@@ -41,10 +41,40 @@ void deinterleave(const float* __restrict src, i64 n, float* __restrict even, fl
   if (n % 2) even[half] = src[n - 1];
 }
 
+int env_override(const char* name);
+
+// Channel-blocked depthwise (ExtraKernels::dw_nchwc): output rows narrower than a vector (PP-LCNet's 7 x 7 and
+// stride-2 maps), where the row kernel leaves lanes idle and its per-plane copy and calls dominate.
+bool depthwise_blocked_fits(const ExtraKernels& xk, const ConvGeom& g) {
+  static const int forced = env_override("HETERO_CPU_DW_BLOCKED");
+  if (forced >= 0) return forced == 1 && xk.lanes > 1;
+  return xk.lanes > 1 && g.Wo < xk.lanes && g.C >= xk.lanes / 2 && g.H * g.W * xk.lanes < (i64{1} << 30);
+}
+
+void depthwise_blocked(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                       const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 L = xk.lanes, cb = ceil_div(g.C, L), HW = g.H * g.W, HWo = g.Ho * g.Wo;
+  const std::size_t scratch = static_cast<std::size_t>(dw_nchwc_scratch(g, xk.lanes));
+  const int T = threads_for(static_cast<double>(g.N * g.C) * (HWo * g.kh * g.kw * 2 + 2 * HW), kParallelGrain);
+  parallel_for(g.N * cb, T, [&](i64 task) {
+    const i64 n = task / cb, c0 = task % cb * L, nc = std::min<i64>(L, g.C - c0);
+    float* o = out + n * g.C * HWo;
+    if (!xk.dw_nchwc(g, x + n * g.C * HW, pc.buf.p, bias, c0, nc, o, tl_buf(TL_IM2COL).get(scratch), act.act,
+                     act.act_alpha, act.act_beta))
+      kr.unary(act.act, o + c0 * HWo, o + c0 * HWo, nc * HWo, act.act_alpha, act.act_beta);
+  });
+}
+
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
+  if (depthwise_blocked_fits(xk, g)) {
+    depthwise_blocked(pc, g, x, bias, out, act);
+    return;
+  }
   const float* w = pc.buf.p;
   const i64 planes = g.N * g.C, HWo = g.Ho * g.Wo, sw = g.sw;
   // Each plane is copied into a zero-padded buffer split into `sw` column phases (phase p holds padded columns

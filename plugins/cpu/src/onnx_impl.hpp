@@ -303,6 +303,94 @@ bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, i
   }
 }
 
+// Depthwise convolution of channels [c0, c0 + nc) (nc <= W) of one image, channel-blocked: the W channels' padded
+// planes interleaved (position-major, a vector of channels per position), so each output position is one vector
+// and every lane does work whatever the plane's width (the row kernel above fills 7 of 16 lanes on a 7 x 7 map).
+// scratch: dw_nchwc_scratch floats.
+template <int R, class F>
+__attribute__((always_inline)) inline void dwc_block(const float* P, const i64* base, const i64* toff, const float* wt,
+                                                     int ntaps, V vb, float* tile, F act) {
+  V acc[R];
+  for (int j = 0; j < R; ++j) acc[j] = vb;
+  for (int t = 0; t < ntaps; ++t) {
+    const V wv = SIMD::load(wt + t * W);
+    for (int j = 0; j < R; ++j) acc[j] = SIMD::fma(wv, SIMD::load(P + base[j] + toff[t]), acc[j]);
+  }
+  for (int j = 0; j < R; ++j) SIMD::store(tile + j * W, act(acc[j]));
+}
+
+template <int R, class F>
+__attribute__((always_inline)) inline void dwc_positions(const float* P, const i64* base, i64 n, const i64* toff,
+                                                         const float* wt, int ntaps, V vb, float* tile, F act) {
+  i64 p = 0;
+  for (; p + R <= n; p += R) dwc_block<R>(P, base + p, toff, wt, ntaps, vb, tile + p * W, act);
+  if constexpr (R > 1)
+    if (p < n) dwc_positions<R / 2>(P, base + p, n - p, toff, wt, ntaps, vb, tile + p * W, act);
+}
+
+template <class F>
+void dwc_run(const ConvGeom& g, const float* x, const float* w, const float* bias, i64 c0, i64 nc, float* out,
+             float* scratch, F act) {
+  const i64 HW = g.H * g.W, HWo = g.Ho * g.Wo;
+  const i64 Hp = (g.Ho - 1) * g.sh + (g.kh - 1) * g.dh + 1, Wp = (g.Wo - 1) * g.sw + (g.kw - 1) * g.dw + 1;
+  const int ntaps = static_cast<int>(g.kh * g.kw);
+  float* P = scratch;                  // Hp x Wp x W
+  float* wt = P + Hp * Wp * W;         // ntaps x W
+  float* tile = wt + ntaps * W;        // HWo x W
+  i64* toff = reinterpret_cast<i64*>(tile + ((HWo * W + 1) & ~i64{1}));  // ntaps (8-byte aligned)
+  i64* base = toff + ntaps;                             // HWo
+  std::int32_t idx[W];
+  float bl[W];
+  for (int l = 0; l < W; ++l) {
+    const i64 c = c0 + std::min<i64>(l, nc - 1);  // lanes past nc repeat the last channel and are dropped
+    idx[l] = static_cast<std::int32_t>((c - c0) * HW);
+    bl[l] = bias ? bias[c] : 0.f;
+    for (int t = 0; t < ntaps; ++t) wt[t * W + l] = w[c * ntaps + t];
+  }
+  const V vb = SIMD::load(bl);
+  const float* xc = x + c0 * HW;
+  for (i64 py = 0; py < Hp; ++py) {
+    const i64 iy = py - g.pt;
+    float* row = P + py * Wp * W;
+    for (i64 px = 0; px < Wp; ++px) {
+      const i64 ix = px - g.pl;
+      const bool in = iy >= 0 && iy < g.H && ix >= 0 && ix < g.W;
+      SIMD::store(row + px * W, in ? SIMD::gather(xc + iy * g.W + ix, idx) : SIMD::zero());
+    }
+  }
+  for (i64 ky = 0; ky < g.kh; ++ky)
+    for (i64 kx = 0; kx < g.kw; ++kx) toff[ky * g.kw + kx] = (ky * g.dh * Wp + kx * g.dw) * W;
+  for (i64 oy = 0, p = 0; oy < g.Ho; ++oy)
+    for (i64 ox = 0; ox < g.Wo; ++ox, ++p) base[p] = (oy * g.sh * Wp + ox * g.sw) * W;
+  dwc_positions<8>(P, base, HWo, toff, wt, ntaps, vb, tile, act);
+  for (i64 l = 0; l < nc; ++l) {
+    float* o = out + (c0 + l) * HWo;
+    for (i64 p = 0; p < HWo; ++p) o[p] = tile[p * W + l];
+  }
+}
+
+bool x_dw_nchwc(const ConvGeom& g, const float* x, const float* w, const float* bias, i64 c0, i64 nc, float* out,
+                float* scratch, int act, float alpha, float beta) {
+  using S = SIMD;
+  const V zero = S::zero(), va = S::set1(alpha), vbeta = S::set1(beta), one = S::set1(1.f);
+  switch (act) {
+    case -1: dwc_run(g, x, w, bias, c0, nc, out, scratch, [](V v) { return v; }); return true;
+    case hetero::U_RELU:
+      dwc_run(g, x, w, bias, c0, nc, out, scratch, [&](V v) { return vnan_pass(v, S::max(v, zero)); });
+      return true;
+    case hetero::U_CLIP:
+      dwc_run(g, x, w, bias, c0, nc, out, scratch, [&](V v) { return vnan_pass(v, S::min(S::max(v, va), vbeta)); });
+      return true;
+    case hetero::U_HARD_SWISH: dwc_run(g, x, w, bias, c0, nc, out, scratch, [](V v) { return vhard_swish(v); }); return true;
+    case hetero::U_HARD_SIGMOID:
+      dwc_run(g, x, w, bias, c0, nc, out, scratch,
+              [&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vbeta), one), zero)); });
+      return true;
+    case hetero::U_SILU: dwc_run(g, x, w, bias, c0, nc, out, scratch, [](V v) { return vsilu(v); }); return true;
+    default: dwc_run(g, x, w, bias, c0, nc, out, scratch, [](V v) { return v; }); return false;
+  }
+}
+
 void x_copy_rows(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n) {
   for (i64 r = 0; r < rows; ++r, src += ld_src, dst += ld_dst) {
     i64 i = 0;
@@ -691,7 +779,7 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
 
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_dw_nchwc,   x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   x_dequant_panel_s8, W,
 };
 

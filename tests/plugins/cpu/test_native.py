@@ -664,6 +664,11 @@ CONV_CASES = [
     (1, 3, 11, 20, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
     (1, 2, 13, 40, 2, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
     (1, 6, 14, 14, 6, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 6),
+    # rows narrower than a vector, >= half a vector of channels: channel-blocked (a vector of channels a position;
+    # the last block part-filled), two images, stride 2 with uneven pads, dilation
+    (2, 20, 7, 7, 20, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 20),
+    (1, 24, 13, 11, 24, 3, 3, (2, 2), (1, 0, 1, 1), (1, 1), 24),
+    (1, 17, 9, 9, 17, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 17),
     (1, 5, 7, 7, 4, 7, 7, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # kernel == input
     (1, 4, 6, 5, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # strided 1x1
     # wide rows: whole 16- / 32-column panels inside one output row (the im2col's fixed-size copy path)
