@@ -655,9 +655,9 @@ CONV_CASES = [
     (1, 6, 13, 15, 6, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise stride 2: odd pad and width (deinterleave)
     (1, 4, 11, 17, 4, 3, 3, (3, 3), (1, 2, 0, 1), (1, 1), 4),  # depthwise stride 3
     (2, 3, 9, 37, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 3),  # depthwise, rows ending in a part vector
-    # depthwise row blocks (8 rows of one vector up to 16 columns, else 4 rows of two, the rest in 4 / 2 / 1): PP-LCNet's
-    # 7 x 7 and 14 x 14 5x5 maps, 19 rows (8 + 8 + 2 + 1), 20 columns (two vectors a row, the second part), 40 (a
-    # part third vector), stride 2 onto 7 x 7
+    # depthwise row blocks (8 rows of one vector up to 16 columns, else 4 rows of two, the rest in 4 / 2 / 1):
+    # PP-LCNet's 7 x 7 and 14 x 14 5x5 maps, 19 rows (8 + 8 + 2 + 1), 20 columns (two vectors a row, the second
+    # part), 40 (a part third vector), stride 2 onto 7 x 7
     (1, 5, 7, 7, 5, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 5),
     (2, 4, 14, 14, 4, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 4),
     (1, 3, 19, 9, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
