@@ -30,17 +30,6 @@ constexpr i64 kConvBlockFloats = 48 * 1024;
 // Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
 constexpr i64 kDotMaxOutputs = 8;
 
-// src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all). The restrict pointers let GCC vectorise it
-// (shuffles): the phase split of a stride-2 conv's input was 15 % of YOLOv8n's 16 -> 32 conv on 160 x 160.
-void deinterleave(const float* __restrict src, i64 n, float* __restrict even, float* __restrict odd) {
-  const i64 half = n / 2;
-  for (i64 i = 0; i < half; ++i) {
-    even[i] = src[2 * i];
-    odd[i] = src[2 * i + 1];
-  }
-  if (n % 2) even[half] = src[n - 1];
-}
-
 int env_override(const char* name);
 
 // Channel-blocked depthwise (ExtraKernels::dw_nchwc): output rows narrower than a vector (PP-LCNet's 7 x 7 and
@@ -111,8 +100,8 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
           const float* src = in + iy * g.W;
           float* row = buf + (iy + g.pt) * Wq;
           if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
-            deinterleave(src, ncopy, row + (g.pl & 1) * phase + (g.pl >> 1),
-                         row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
+            xk.deinterleave(src, ncopy, row + (g.pl & 1) * phase + (g.pl >> 1),
+                            row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
           } else {
             for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
               row[p * phase + col] = src[ix];
@@ -337,7 +326,8 @@ bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes)
 
 // One channel's padded rows py0 .. py0 + hq * ph - 1 (py0 a multiple of ph) in conv_direct's layout: ph x pw phase
 // planes of hq x Wq floats, qplane apart. Rows outside the input and the columns around it are zeros.
-void pad_channel(const ConvGeom& g, const DirectLayout& L, const float* src, float* dst, i64 py0, i64 hq) {
+void pad_channel(const ExtraKernels& xk, const ConvGeom& g, const DirectLayout& L, const float* src, float* dst, i64 py0,
+                 i64 hq) {
   const i64 Wp = L.Wq, qplane = hq * Wp;
   if (L.ph == 1 && L.pw == 1) {
     for (i64 q = 0; q < hq; ++q) {
@@ -364,7 +354,7 @@ void pad_channel(const ConvGeom& g, const DirectLayout& L, const float* src, flo
     // pw == 2: padded column px = xx + pl goes to phase px & 1, column px >> 1
     float* even = prow + (g.pl & 1) * qplane + (g.pl >> 1);
     float* odd = prow + ((g.pl + 1) & 1) * qplane + ((g.pl + 1) >> 1);
-    deinterleave(srow, g.W, even, odd);
+    xk.deinterleave(srow, g.W, even, odd);
   }
 }
 
@@ -438,7 +428,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(per_band + nr));
     std::fill(padded + per_band, padded + per_band + nr, 0.f);
     for (i64 c = 0; c < cin_g; ++c)
-      pad_channel(g, L, x + ((n * g.C + gi * cin_g + c) * g.H) * g.W, padded + c * plane, oy0 * g.sh, hq);
+      pad_channel(xk, g, L, x + ((n * g.C + gi * cin_g + c) * g.H) * g.W, padded + c * plane, oy0 * g.sh, hq);
     const float* a = pc.buf.p + gi * pc.group_stride;
     float* o = out + (n * g.Cout + gi * cout_g) * HWo;
     Epilogue ep = act;
@@ -769,7 +759,7 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
         } else {
           xk.max_rows(padded, dh * Wp, kh, vmax, nv);
         }
-        deinterleave(vmax, nv, even, odd);
+        xk.deinterleave(vmax, nv, even, odd);
         xk.max_rows(even, 1, ne, emax, nh);
         if (no) {
           xk.max_rows(odd, 1, no, omax, nh);

@@ -42,6 +42,8 @@ struct ExtraKernels {
   // dst[r*ld_dst + i] = src[r*ld_src + i] for r < rows, i < n: a plane's rows into its padded copy, where a memcpy
   // call for each short row cost as much as the depthwise taps.
   void (*copy_rows)(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n);
+  // src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all): the column phases of stride-2 convs / pools.
+  void (*deinterleave)(const float* src, i64 n, float* even, float* odd);
   // Depthwise conv of channels [c0, c0 + nc), nc <= lanes, of one image (x, out: the image's NCHW planes; w: the
   // (C, kh*kw) weights), channel-blocked: a vector of nc channels per output position (small planes, where a row is
   // less than a vector). Activation as dw_taps (false: the caller applies it). scratch: dw_nchwc_scratch floats.
