@@ -716,13 +716,11 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
       std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
       for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
         const float* in = x + q * H * W;
-        for (i64 y = 0; y < H; ++y)
-          std::memcpy(padded + (y + pt) * Wp + pl, in + y * W, static_cast<std::size_t>(W) * sizeof(float));
+        xk.copy_rows(in, W, padded + pt * Wp + pl, Wp, H, W);
         xk.max_rows(padded, dw, kw, hmax, nh);
         xk.max_rows(hmax, dh * Wp, kh, vmax, nv);
         float* o = out + q * Ho * Wo;
-        for (i64 oy = 0; oy < Ho; ++oy)
-          std::memcpy(o + oy * Wo, vmax + oy * Wp, static_cast<std::size_t>(Wo) * sizeof(float));
+        xk.copy_rows(vmax, Wp, o, Wo, Ho, Wo);
       }
     });
     return;
@@ -752,8 +750,7 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
       std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
       for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
         const float* in = x + q * H * W;
-        for (i64 y = 0; y < H; ++y)
-          std::memcpy(padded + (y + pt) * Wp + pl, in + y * W, static_cast<std::size_t>(W) * sizeof(float));
+        xk.copy_rows(in, W, padded + pt * Wp + pl, Wp, H, W);
         if (wide) {
           for (i64 oy = 0; oy < Ho; ++oy) xk.max_rows(padded + oy * sh * Wp, dh * Wp, kh, vmax + oy * Wp, Wp);
         } else {
@@ -766,8 +763,7 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
           xk.max_rows(emax, omax - emax, 2, emax, nh);
         }
         float* o = out + q * Ho * Wo;
-        for (i64 oy = 0; oy < Ho; ++oy)
-          std::memcpy(o + oy * Wo, emax + oy * vstep * Wq, static_cast<std::size_t>(Wo) * sizeof(float));
+        xk.copy_rows(emax, vstep * Wq, o, Wo, Ho, Wo);
       }
     });
     return;
