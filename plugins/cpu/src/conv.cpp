@@ -326,8 +326,8 @@ bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes)
 
 // One channel's padded rows py0 .. py0 + hq * ph - 1 (py0 a multiple of ph) in conv_direct's layout: ph x pw phase
 // planes of hq x Wq floats, qplane apart. Rows outside the input and the columns around it are zeros.
-void pad_channel(const ExtraKernels& xk, const ConvGeom& g, const DirectLayout& L, const float* src, float* dst, i64 py0,
-                 i64 hq) {
+void pad_channel(const ExtraKernels& xk, const ConvGeom& g, const DirectLayout& L, const float* src, float* dst,
+                 i64 py0, i64 hq) {
   const i64 Wp = L.Wq, qplane = hq * Wp;
   if (L.ph == 1 && L.pw == 1) {
     for (i64 q = 0; q < hq; ++q) {

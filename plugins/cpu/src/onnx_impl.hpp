@@ -12,6 +12,9 @@
 
 #include "onnx_extra.hpp"
 
+// Small helpers the depthwise kernels need inlined: as calls taking vectors by value they cost more than their FMAs.
+#define HETERO_INLINE __attribute__((always_inline)) inline
+
 namespace {
 
 using hetero::ConvGeom;
@@ -218,8 +221,8 @@ void x_prelu_row(const float* x, const float* slope, bool slope_vec, float* y, i
 // a store may run past its row's end (the next rows, stored after it, overwrite that) but never past `oend` (the
 // plane's end: another task's output); other partial stores go through a buffer.
 template <int R, int NV, class F>
-__attribute__((always_inline)) inline void dw_block(const float* b, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* o, i64 Wo,
-                     i64 ox, bool whole, const float* oend, F act) {
+HETERO_INLINE void dw_block(const float* b, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* o,
+                            i64 Wo, i64 ox, bool whole, const float* oend, F act) {
   V acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = vb;
@@ -247,9 +250,9 @@ __attribute__((always_inline)) inline void dw_block(const float* b, i64 ystride,
 
 // R rows of columns [0, Wo): two vectors a step, the last one alone where one is left.
 template <int R, class F>
-__attribute__((always_inline)) inline void dw_row_block(const float* b, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* o,
+HETERO_INLINE void dw_row_block(const float* b, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* o,
                          i64 Wo, const float* oend, F act) {
-  const bool whole = false && Wo <= 2 * W;
+  const bool whole = Wo <= 2 * W;
   i64 ox = 0;
   for (; Wo - ox > W; ox += 2 * W) dw_block<R, 2>(b, ystride, off, w, ntaps, vb, o, Wo, ox, whole, oend, act);
   if (ox < Wo) dw_block<R, 1>(b, ystride, off, w, ntaps, vb, o, Wo, ox, whole, oend, act);
@@ -257,8 +260,8 @@ __attribute__((always_inline)) inline void dw_row_block(const float* b, i64 ystr
 
 // Rows in blocks of R, the leftover rows in blocks of R / 2, R / 4, ... (14 rows: 8 + 4 + 2).
 template <int R, class F>
-__attribute__((always_inline)) inline void dw_rows(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* out, i64 Ho,
-             i64 Wo, const float* oend, F act) {
+HETERO_INLINE void dw_rows(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, V vb,
+                           float* out, i64 Ho, i64 Wo, const float* oend, F act) {
   i64 oy = 0;
   for (; oy + R <= Ho; oy += R)
     dw_row_block<R>(base + oy * ystride, ystride, off, w, ntaps, vb, out + oy * Wo, Wo, oend, act);
@@ -278,29 +281,29 @@ void dw_plane(const float* base, i64 ystride, const i64* off, const float* w, in
     dw_rows<4>(base, ystride, off, w, ntaps, vb, out, Ho, Wo, oend, act);
 }
 
-bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
-               i64 Ho, i64 Wo, int act, float alpha, float beta) {
+// run(f) with f the activation `act` as a vector function (alpha / beta as k_unary's), for the ones the depthwise
+// kernels apply in registers: true; any other runs with the identity and returns false (the caller applies it).
+template <class Run>
+bool dw_act_dispatch(int act, float alpha, float beta, Run&& run) {
   using S = SIMD;
   const V zero = S::zero(), va = S::set1(alpha), vbeta = S::set1(beta), one = S::set1(1.f);
   switch (act) {
-    case -1: dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [](V v) { return v; }); return true;
-    case hetero::U_RELU:
-      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [&](V v) { return vnan_pass(v, S::max(v, zero)); });
-      return true;
-    case hetero::U_CLIP:
-      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo,
-               [&](V v) { return vnan_pass(v, S::min(S::max(v, va), vbeta)); });
-      return true;
-    case hetero::U_HARD_SWISH:
-      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [](V v) { return vhard_swish(v); });
-      return true;
+    case -1: run([](V v) { return v; }); return true;
+    case hetero::U_RELU: run([&](V v) { return vnan_pass(v, S::max(v, zero)); }); return true;
+    case hetero::U_CLIP: run([&](V v) { return vnan_pass(v, S::min(S::max(v, va), vbeta)); }); return true;
+    case hetero::U_HARD_SWISH: run([](V v) { return vhard_swish(v); }); return true;
     case hetero::U_HARD_SIGMOID:
-      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo,
-               [&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vbeta), one), zero)); });
+      run([&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vbeta), one), zero)); });
       return true;
-    case hetero::U_SILU: dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [](V v) { return vsilu(v); }); return true;
-    default: dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, [](V v) { return v; }); return false;
+    case hetero::U_SILU: run([](V v) { return vsilu(v); }); return true;
+    default: run([](V v) { return v; }); return false;
   }
+}
+
+bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+               i64 Ho, i64 Wo, int act, float alpha, float beta) {
+  return dw_act_dispatch(act, alpha, beta,
+                         [&](auto f) { dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, f); });
 }
 
 // Depthwise convolution of channels [c0, c0 + nc) (nc <= W) of one image, channel-blocked: the W channels' padded
@@ -308,7 +311,7 @@ bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, i
 // and every lane does work whatever the plane's width (the row kernel above fills 7 of 16 lanes on a 7 x 7 map).
 // scratch: dw_nchwc_scratch floats.
 template <int R, class F>
-__attribute__((always_inline)) inline void dwc_block(const float* P, const i64* base, const i64* toff, const float* wt,
+HETERO_INLINE void dwc_block(const float* P, const i64* base, const i64* toff, const float* wt,
                                                      int ntaps, V vb, float* tile, F act) {
   V acc[R];
   for (int j = 0; j < R; ++j) acc[j] = vb;
@@ -320,7 +323,7 @@ __attribute__((always_inline)) inline void dwc_block(const float* P, const i64* 
 }
 
 template <int R, class F>
-__attribute__((always_inline)) inline void dwc_positions(const float* P, const i64* base, i64 n, const i64* toff,
+HETERO_INLINE void dwc_positions(const float* P, const i64* base, i64 n, const i64* toff,
                                                          const float* wt, int ntaps, V vb, float* tile, F act) {
   i64 p = 0;
   for (; p + R <= n; p += R) dwc_block<R>(P, base + p, toff, wt, ntaps, vb, tile + p * W, act);
@@ -371,24 +374,7 @@ void dwc_run(const ConvGeom& g, const float* x, const float* w, const float* bia
 
 bool x_dw_nchwc(const ConvGeom& g, const float* x, const float* w, const float* bias, i64 c0, i64 nc, float* out,
                 float* scratch, int act, float alpha, float beta) {
-  using S = SIMD;
-  const V zero = S::zero(), va = S::set1(alpha), vbeta = S::set1(beta), one = S::set1(1.f);
-  switch (act) {
-    case -1: dwc_run(g, x, w, bias, c0, nc, out, scratch, [](V v) { return v; }); return true;
-    case hetero::U_RELU:
-      dwc_run(g, x, w, bias, c0, nc, out, scratch, [&](V v) { return vnan_pass(v, S::max(v, zero)); });
-      return true;
-    case hetero::U_CLIP:
-      dwc_run(g, x, w, bias, c0, nc, out, scratch, [&](V v) { return vnan_pass(v, S::min(S::max(v, va), vbeta)); });
-      return true;
-    case hetero::U_HARD_SWISH: dwc_run(g, x, w, bias, c0, nc, out, scratch, [](V v) { return vhard_swish(v); }); return true;
-    case hetero::U_HARD_SIGMOID:
-      dwc_run(g, x, w, bias, c0, nc, out, scratch,
-              [&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vbeta), one), zero)); });
-      return true;
-    case hetero::U_SILU: dwc_run(g, x, w, bias, c0, nc, out, scratch, [](V v) { return vsilu(v); }); return true;
-    default: dwc_run(g, x, w, bias, c0, nc, out, scratch, [](V v) { return v; }); return false;
-  }
+  return dw_act_dispatch(act, alpha, beta, [&](auto f) { dwc_run(g, x, w, bias, c0, nc, out, scratch, f); });
 }
 
 // src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all). The restrict pointers let GCC vectorise it at
@@ -791,7 +777,8 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
 
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_dw_nchwc,   x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_dw_nchwc,   x_cmp_f32,
+    x_max_rows,     x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   x_dequant_panel_s8, W,
 };
 
