@@ -30,21 +30,40 @@ constexpr i64 kConvBlockFloats = 48 * 1024;
 // Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
 constexpr i64 kDotMaxOutputs = 8;
 
-// src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all). The restrict pointers let GCC vectorise it
-// (shuffles): the phase split of a stride-2 conv's input was 15 % of YOLOv8n's 16 -> 32 conv on 160 x 160.
-void deinterleave(const float* __restrict src, i64 n, float* __restrict even, float* __restrict odd) {
-  const i64 half = n / 2;
-  for (i64 i = 0; i < half; ++i) {
-    even[i] = src[2 * i];
-    odd[i] = src[2 * i + 1];
-  }
-  if (n % 2) even[half] = src[n - 1];
+int env_override(const char* name);
+
+// Channel-blocked depthwise (ExtraKernels::dw_nchwc): output rows narrower than a vector (PP-LCNet's 7 x 7 and
+// stride-2 maps), where the row kernel leaves lanes idle and its per-plane copy and calls dominate.
+bool depthwise_blocked_fits(const ExtraKernels& xk, const ConvGeom& g) {
+  static const int forced = env_override("HETERO_CPU_DW_BLOCKED");
+  if (forced >= 0) return forced == 1 && xk.lanes > 1;
+  return xk.lanes > 1 && g.Wo < xk.lanes && g.C >= xk.lanes / 2 && g.H * g.W * xk.lanes < (i64{1} << 30);
+}
+
+void depthwise_blocked(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                       const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 L = xk.lanes, cb = ceil_div(g.C, L), HW = g.H * g.W, HWo = g.Ho * g.Wo;
+  const std::size_t scratch = static_cast<std::size_t>(dw_nchwc_scratch(g, xk.lanes));
+  const int T = threads_for(static_cast<double>(g.N * g.C) * (HWo * g.kh * g.kw * 2 + 2 * HW), kParallelGrain);
+  parallel_for(g.N * cb, T, [&](i64 task) {
+    const i64 n = task / cb, c0 = task % cb * L, nc = std::min<i64>(L, g.C - c0);
+    float* o = out + n * g.C * HWo;
+    if (!xk.dw_nchwc(g, x + n * g.C * HW, pc.buf.p, bias, c0, nc, o, tl_buf(TL_IM2COL).get(scratch), act.act,
+                     act.act_alpha, act.act_beta))
+      kr.unary(act.act, o + c0 * HWo, o + c0 * HWo, nc * HWo, act.act_alpha, act.act_beta);
+  });
 }
 
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
+  if (depthwise_blocked_fits(xk, g)) {
+    depthwise_blocked(pc, g, x, bias, out, act);
+    return;
+  }
   const float* w = pc.buf.p;
   const i64 planes = g.N * g.C, HWo = g.Ho * g.Wo, sw = g.sw;
   // Each plane is copied into a zero-padded buffer split into `sw` column phases (phase p holds padded columns
@@ -58,47 +77,43 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     for (i64 kx = 0; kx < g.kw; ++kx)
       off[static_cast<std::size_t>(ky * g.kw + kx)] = ((kx * g.dw) % sw) * phase + ky * g.dh * Wq + (kx * g.dw) / sw;
   const int T = threads_for(static_cast<double>(planes) * (HWo * ntaps * 2 + Hp * Wp), kParallelGrain);
-  parallel_for(planes, T, [&](i64 q) {
-    const i64 c = q % g.C;
-    const float* in = x + q * g.H * g.W;
-    float* o = out + q * HWo;
+  // Planes in chunks (one a thread, or four a thread where there are many: a busy core's share is taken by the
+  // other): the padded buffer's zeros (borders, column phases' gaps, slack) are written once a chunk, as each plane
+  // writes the same positions (memset / memcpy calls for every short row, 54 on a 14 x 14 plane, cost as much as
+  // its taps).
+  const i64 nchunks = T <= 1 ? 1 : std::min<i64>(planes, planes >= 8 * T ? 4 * T : T);
+  const Blocks chunks{planes, nchunks};
+  const i64 ncopy = sw == 1 ? std::min<i64>(g.W, Wq - g.pl) : std::min<i64>(g.W, Wq * sw - g.pl);
+  parallel_for(nchunks, T, [&](i64 ch) {
     // plus the slack dw_taps' last vector of a row may read
     float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
-    std::fill(buf + sw * phase, buf + sw * phase + xk.lanes, 0.f);
-    if (sw == 1) {
-      for (i64 y = 0; y < Hp; ++y) {
-        float* r = buf + y * Wq;
-        const i64 iy = y - g.pt;
-        if (iy < 0 || iy >= g.H) {
-          std::fill(r, r + Wq, 0.f);
-          continue;
-        }
-        const i64 ncopy = std::min<i64>(g.W, Wq - g.pl);
-        std::fill(r, r + g.pl, 0.f);
-        std::memcpy(r + g.pl, in + iy * g.W, static_cast<std::size_t>(ncopy) * sizeof(float));
-        std::fill(r + g.pl + ncopy, r + Wq, 0.f);
-      }
-    } else {
-      std::fill(buf, buf + sw * phase, 0.f);
-      const i64 ncols = std::min<i64>(g.W, Wq * sw - g.pl);  // input columns that land in the buffer
-      for (i64 iy = 0; iy < g.H; ++iy) {
-        const i64 y = iy + g.pt;
-        if (y >= Hp) break;
-        const float* src = in + iy * g.W;
-        float* row = buf + y * Wq;
-        if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
-          deinterleave(src, ncols, row + (g.pl & 1) * phase + (g.pl >> 1),
-                       row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
-          continue;
-        }
-        for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncols; ++ix) {  // padded column ix + pl
-          row[p * phase + col] = src[ix];
-          if (++p == sw) p = 0, ++col;
+    std::fill(buf, buf + sw * phase + xk.lanes, 0.f);
+    for (i64 q = chunks.begin(ch), qe = q + chunks.size(ch); q < qe; ++q) {
+      const i64 c = q % g.C;
+      const float* in = x + q * g.H * g.W;
+      float* o = out + q * HWo;
+      const i64 rows = std::min<i64>(g.H, Hp - g.pt);
+      if (sw == 1) {
+        xk.copy_rows(in, g.W, buf + g.pt * Wq + g.pl, Wq, rows, ncopy);
+      } else {
+        for (i64 iy = 0; iy < rows; ++iy) {
+          const float* src = in + iy * g.W;
+          float* row = buf + (iy + g.pt) * Wq;
+          if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
+            xk.deinterleave(src, ncopy, row + (g.pl & 1) * phase + (g.pl >> 1),
+                            row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
+          } else {
+            for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
+              row[p * phase + col] = src[ix];
+              if (++p == sw) p = 0, ++col;
+            }
+          }
         }
       }
+      if (!xk.dw_taps(buf, g.sh * Wq, off.data(), w + c * ntaps, ntaps, bias ? bias[c] : 0.f, o, g.Ho, g.Wo, act.act,
+                      act.act_alpha, act.act_beta))
+        kr.unary(act.act, o, o, HWo, act.act_alpha, act.act_beta);
     }
-    xk.dw_taps(buf, g.sh * Wq, off.data(), w + c * ntaps, ntaps, bias ? bias[c] : 0.f, o, g.Ho, g.Wo);
-    if (act.act >= 0) kr.unary(act.act, o, o, HWo, act.act_alpha, act.act_beta);
   });
 }
 
@@ -311,7 +326,8 @@ bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes)
 
 // One channel's padded rows py0 .. py0 + hq * ph - 1 (py0 a multiple of ph) in conv_direct's layout: ph x pw phase
 // planes of hq x Wq floats, qplane apart. Rows outside the input and the columns around it are zeros.
-void pad_channel(const ConvGeom& g, const DirectLayout& L, const float* src, float* dst, i64 py0, i64 hq) {
+void pad_channel(const ExtraKernels& xk, const ConvGeom& g, const DirectLayout& L, const float* src, float* dst,
+                 i64 py0, i64 hq) {
   const i64 Wp = L.Wq, qplane = hq * Wp;
   if (L.ph == 1 && L.pw == 1) {
     for (i64 q = 0; q < hq; ++q) {
@@ -338,7 +354,7 @@ void pad_channel(const ConvGeom& g, const DirectLayout& L, const float* src, flo
     // pw == 2: padded column px = xx + pl goes to phase px & 1, column px >> 1
     float* even = prow + (g.pl & 1) * qplane + (g.pl >> 1);
     float* odd = prow + ((g.pl + 1) & 1) * qplane + ((g.pl + 1) >> 1);
-    deinterleave(srow, g.W, even, odd);
+    xk.deinterleave(srow, g.W, even, odd);
   }
 }
 
@@ -412,7 +428,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(per_band + nr));
     std::fill(padded + per_band, padded + per_band + nr, 0.f);
     for (i64 c = 0; c < cin_g; ++c)
-      pad_channel(g, L, x + ((n * g.C + gi * cin_g + c) * g.H) * g.W, padded + c * plane, oy0 * g.sh, hq);
+      pad_channel(xk, g, L, x + ((n * g.C + gi * cin_g + c) * g.H) * g.W, padded + c * plane, oy0 * g.sh, hq);
     const float* a = pc.buf.p + gi * pc.group_stride;
     float* o = out + (n * g.Cout + gi * cout_g) * HWo;
     Epilogue ep = act;
@@ -700,13 +716,11 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
       std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
       for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
         const float* in = x + q * H * W;
-        for (i64 y = 0; y < H; ++y)
-          std::memcpy(padded + (y + pt) * Wp + pl, in + y * W, static_cast<std::size_t>(W) * sizeof(float));
+        xk.copy_rows(in, W, padded + pt * Wp + pl, Wp, H, W);
         xk.max_rows(padded, dw, kw, hmax, nh);
         xk.max_rows(hmax, dh * Wp, kh, vmax, nv);
         float* o = out + q * Ho * Wo;
-        for (i64 oy = 0; oy < Ho; ++oy)
-          std::memcpy(o + oy * Wo, vmax + oy * Wp, static_cast<std::size_t>(Wo) * sizeof(float));
+        xk.copy_rows(vmax, Wp, o, Wo, Ho, Wo);
       }
     });
     return;
@@ -736,22 +750,20 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
       std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
       for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
         const float* in = x + q * H * W;
-        for (i64 y = 0; y < H; ++y)
-          std::memcpy(padded + (y + pt) * Wp + pl, in + y * W, static_cast<std::size_t>(W) * sizeof(float));
+        xk.copy_rows(in, W, padded + pt * Wp + pl, Wp, H, W);
         if (wide) {
           for (i64 oy = 0; oy < Ho; ++oy) xk.max_rows(padded + oy * sh * Wp, dh * Wp, kh, vmax + oy * Wp, Wp);
         } else {
           xk.max_rows(padded, dh * Wp, kh, vmax, nv);
         }
-        deinterleave(vmax, nv, even, odd);
+        xk.deinterleave(vmax, nv, even, odd);
         xk.max_rows(even, 1, ne, emax, nh);
         if (no) {
           xk.max_rows(odd, 1, no, omax, nh);
           xk.max_rows(emax, omax - emax, 2, emax, nh);
         }
         float* o = out + q * Ho * Wo;
-        for (i64 oy = 0; oy < Ho; ++oy)
-          std::memcpy(o + oy * Wo, emax + oy * vstep * Wq, static_cast<std::size_t>(Wo) * sizeof(float));
+        xk.copy_rows(emax, vstep * Wq, o, Wo, Ho, Wo);
       }
     });
     return;

@@ -35,8 +35,20 @@ struct ExtraKernels {
   void (*prelu_row)(const float* x, const float* slope, bool slope_vec, float* y, i64 n);
   // Depthwise taps: out[oy*Wo + ox] = bias + sum_t w[t] * base[oy*ystride + off[t] + ox] for ox in [0, Wo). The last
   // columns of a row run as one whole vector: base must be readable `lanes` floats past the last value a tap reads.
-  void (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
-                  i64 Ho, i64 Wo);
+  // Then the activation `act` (UnaryOp, -1 none; alpha / beta as k_unary's) where it is one the kernel applies in
+  // registers (ReLU, Clip, HardSwish, HardSigmoid, SiLU): true; false leaves it to the caller.
+  bool (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+                  i64 Ho, i64 Wo, int act, float alpha, float beta);
+  // dst[r*ld_dst + i] = src[r*ld_src + i] for r < rows, i < n: a plane's rows into its padded copy, where a memcpy
+  // call for each short row cost as much as the depthwise taps.
+  void (*copy_rows)(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n);
+  // src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all): the column phases of stride-2 convs / pools.
+  void (*deinterleave)(const float* src, i64 n, float* even, float* odd);
+  // Depthwise conv of channels [c0, c0 + nc), nc <= lanes, of one image (x, out: the image's NCHW planes; w: the
+  // (C, kh*kw) weights), channel-blocked: a vector of nc channels per output position (small planes, where a row is
+  // less than a vector). Activation as dw_taps (false: the caller applies it). scratch: dw_nchwc_scratch floats.
+  bool (*dw_nchwc)(const ConvGeom& g, const float* x, const float* w, const float* bias, i64 c0, i64 nc, float* out,
+                   float* scratch, int act, float alpha, float beta);
   // y[i] = a[i] op b[i] (mode: BinaryMode of common.hpp), 0/1 bytes.
   void (*cmp_f32)(int op, int mode, const float* a, const float* b, std::uint8_t* y, i64 n);
   // out[j] = max over the kh rows (row r at x + r*ld) of x[r*ld + j]; NaN propagates.
@@ -65,6 +77,12 @@ struct ExtraKernels {
   void (*dequant_panel_s8)(const std::int8_t* q, const float* scale, i64 rows, int nr, float* dst);
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
 };
+
+// Floats of scratch dw_nchwc needs at `lanes` channels (the interleaved padded planes, weights, output tile, offsets).
+inline i64 dw_nchwc_scratch(const ConvGeom& g, int lanes) {
+  const i64 Hp = (g.Ho - 1) * g.sh + (g.kh - 1) * g.dh + 1, Wp = (g.Wo - 1) * g.sw + (g.kw - 1) * g.dw + 1;
+  return (Hp * Wp + g.kh * g.kw + g.Ho * g.Wo) * lanes + 2 * (g.kh * g.kw + g.Ho * g.Wo) + 16;
+}
 
 const ExtraKernels* extra_generic();
 const ExtraKernels* extra_avx2();    // nullptr unless x86-64

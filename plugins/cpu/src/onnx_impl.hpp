@@ -12,6 +12,9 @@
 
 #include "onnx_extra.hpp"
 
+// Small helpers the depthwise kernels need inlined: as calls taking vectors by value they cost more than their FMAs.
+#define HETERO_INLINE __attribute__((always_inline)) inline
+
 namespace {
 
 using hetero::ConvGeom;
@@ -212,36 +215,185 @@ void x_prelu_row(const float* x, const float* slope, bool slope_vec, float* y, i
   }
 }
 
-void x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
-               i64 Ho, i64 Wo) {
-  const V vb = SIMD::set1(bias);
-  for (i64 oy = 0; oy < Ho; ++oy) {
-    const float* b = base + oy * ystride;
-    float* o = out + oy * Wo;
-    i64 ox = 0;
-    for (; ox + 2 * W <= Wo; ox += 2 * W) {
-      V a0 = vb, a1 = vb;
-      for (int t = 0; t < ntaps; ++t) {
-        const V wv = SIMD::set1(w[t]);
-        const float* p = b + off[t] + ox;
-        a0 = SIMD::fma(wv, SIMD::load(p), a0);
-        a1 = SIMD::fma(wv, SIMD::load(p + W), a1);
+// R output rows x NV vectors of columns from ox: R * NV independent FMA chains (one chain a row left the FMA's latency
+// exposed: a 14 x 14 plane's rows are one vector each, and 256 ch 5x5 on 14 x 14 ran at a quarter of the FMA rate).
+// Each vector holds at least one column of the row. Stores go row by row; where the block spans whole rows (`whole`)
+// a store may run past its row's end (the next rows, stored after it, overwrite that) but never past `oend` (the
+// plane's end: another task's output); other partial stores go through a buffer.
+template <int R, int NV, class F>
+HETERO_INLINE void dw_block(const float* b, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* o,
+                            i64 Wo, i64 ox, bool whole, const float* oend, F act) {
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = vb;
+  for (int t = 0; t < ntaps; ++t) {
+    const V wv = SIMD::set1(w[t]);
+    const float* p = b + off[t] + ox;
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = SIMD::fma(wv, SIMD::load(p + r * ystride + v * W), acc[r][v]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = act(acc[r][v]);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) {
+      float* dst = o + r * Wo + ox + v * W;
+      const i64 n = std::min<i64>(W, Wo - ox - v * W);
+      if (n == W || (whole && dst + W <= oend)) {
+        SIMD::store(dst, acc[r][v]);
+      } else {
+        alignas(64) float tail[W];
+        SIMD::store(tail, acc[r][v]);
+        for (i64 j = 0; j < n; ++j) dst[j] = tail[j];
       }
-      SIMD::store(o + ox, a0);
-      SIMD::store(o + ox + W, a1);
     }
-    for (; ox + W <= Wo; ox += W) {
-      V a0 = vb;
-      for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
-      SIMD::store(o + ox, a0);
+}
+
+// R rows of columns [0, Wo): two vectors a step, the last one alone where one is left.
+template <int R, class F>
+HETERO_INLINE void dw_row_block(const float* b, i64 ystride, const i64* off, const float* w, int ntaps, V vb, float* o,
+                         i64 Wo, const float* oend, F act) {
+  const bool whole = Wo <= 2 * W;
+  i64 ox = 0;
+  for (; Wo - ox > W; ox += 2 * W) dw_block<R, 2>(b, ystride, off, w, ntaps, vb, o, Wo, ox, whole, oend, act);
+  if (ox < Wo) dw_block<R, 1>(b, ystride, off, w, ntaps, vb, o, Wo, ox, whole, oend, act);
+}
+
+// Rows in blocks of R, the leftover rows in blocks of R / 2, R / 4, ... (14 rows: 8 + 4 + 2).
+template <int R, class F>
+HETERO_INLINE void dw_rows(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, V vb,
+                           float* out, i64 Ho, i64 Wo, const float* oend, F act) {
+  i64 oy = 0;
+  for (; oy + R <= Ho; oy += R)
+    dw_row_block<R>(base + oy * ystride, ystride, off, w, ntaps, vb, out + oy * Wo, Wo, oend, act);
+  if constexpr (R > 1)
+    if (oy < Ho) dw_rows<R / 2>(base + oy * ystride, ystride, off, w, ntaps, vb, out + oy * Wo, Ho - oy, Wo, oend, act);
+}
+
+template <class F>
+void dw_plane(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+              i64 Ho, i64 Wo, F act) {
+  const V vb = SIMD::set1(bias);
+  const float* oend = out + Ho * Wo;
+  // eight chains: 8 rows of one vector (rows up to W wide), else 4 rows of two
+  if (Wo <= W)
+    dw_rows<8>(base, ystride, off, w, ntaps, vb, out, Ho, Wo, oend, act);
+  else
+    dw_rows<4>(base, ystride, off, w, ntaps, vb, out, Ho, Wo, oend, act);
+}
+
+// run(f) with f the activation `act` as a vector function (alpha / beta as k_unary's), for the ones the depthwise
+// kernels apply in registers: true; any other runs with the identity and returns false (the caller applies it).
+template <class Run>
+bool dw_act_dispatch(int act, float alpha, float beta, Run&& run) {
+  using S = SIMD;
+  const V zero = S::zero(), va = S::set1(alpha), vbeta = S::set1(beta), one = S::set1(1.f);
+  switch (act) {
+    case -1: run([](V v) { return v; }); return true;
+    case hetero::U_RELU: run([&](V v) { return vnan_pass(v, S::max(v, zero)); }); return true;
+    case hetero::U_CLIP: run([&](V v) { return vnan_pass(v, S::min(S::max(v, va), vbeta)); }); return true;
+    case hetero::U_HARD_SWISH: run([](V v) { return vhard_swish(v); }); return true;
+    case hetero::U_HARD_SIGMOID:
+      run([&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vbeta), one), zero)); });
+      return true;
+    case hetero::U_SILU: run([](V v) { return vsilu(v); }); return true;
+    default: run([](V v) { return v; }); return false;
+  }
+}
+
+bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
+               i64 Ho, i64 Wo, int act, float alpha, float beta) {
+  return dw_act_dispatch(act, alpha, beta,
+                         [&](auto f) { dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, f); });
+}
+
+// Depthwise convolution of channels [c0, c0 + nc) (nc <= W) of one image, channel-blocked: the W channels' padded
+// planes interleaved (position-major, a vector of channels per position), so each output position is one vector
+// and every lane does work whatever the plane's width (the row kernel above fills 7 of 16 lanes on a 7 x 7 map).
+// scratch: dw_nchwc_scratch floats.
+template <int R, class F>
+HETERO_INLINE void dwc_block(const float* P, const i64* base, const i64* toff, const float* wt,
+                                                     int ntaps, V vb, float* tile, F act) {
+  V acc[R];
+  for (int j = 0; j < R; ++j) acc[j] = vb;
+  for (int t = 0; t < ntaps; ++t) {
+    const V wv = SIMD::load(wt + t * W);
+    for (int j = 0; j < R; ++j) acc[j] = SIMD::fma(wv, SIMD::load(P + base[j] + toff[t]), acc[j]);
+  }
+  for (int j = 0; j < R; ++j) SIMD::store(tile + j * W, act(acc[j]));
+}
+
+template <int R, class F>
+HETERO_INLINE void dwc_positions(const float* P, const i64* base, i64 n, const i64* toff,
+                                                         const float* wt, int ntaps, V vb, float* tile, F act) {
+  i64 p = 0;
+  for (; p + R <= n; p += R) dwc_block<R>(P, base + p, toff, wt, ntaps, vb, tile + p * W, act);
+  if constexpr (R > 1)
+    if (p < n) dwc_positions<R / 2>(P, base + p, n - p, toff, wt, ntaps, vb, tile + p * W, act);
+}
+
+template <class F>
+void dwc_run(const ConvGeom& g, const float* x, const float* w, const float* bias, i64 c0, i64 nc, float* out,
+             float* scratch, F act) {
+  const i64 HW = g.H * g.W, HWo = g.Ho * g.Wo;
+  const i64 Hp = (g.Ho - 1) * g.sh + (g.kh - 1) * g.dh + 1, Wp = (g.Wo - 1) * g.sw + (g.kw - 1) * g.dw + 1;
+  const int ntaps = static_cast<int>(g.kh * g.kw);
+  float* P = scratch;                  // Hp x Wp x W
+  float* wt = P + Hp * Wp * W;         // ntaps x W
+  float* tile = wt + ntaps * W;        // HWo x W
+  i64* toff = reinterpret_cast<i64*>(tile + ((HWo * W + 1) & ~i64{1}));  // ntaps (8-byte aligned)
+  i64* base = toff + ntaps;                             // HWo
+  std::int32_t idx[W];
+  float bl[W];
+  for (int l = 0; l < W; ++l) {
+    const i64 c = c0 + std::min<i64>(l, nc - 1);  // lanes past nc repeat the last channel and are dropped
+    idx[l] = static_cast<std::int32_t>((c - c0) * HW);
+    bl[l] = bias ? bias[c] : 0.f;
+    for (int t = 0; t < ntaps; ++t) wt[t * W + l] = w[c * ntaps + t];
+  }
+  const V vb = SIMD::load(bl);
+  const float* xc = x + c0 * HW;
+  for (i64 py = 0; py < Hp; ++py) {
+    const i64 iy = py - g.pt;
+    float* row = P + py * Wp * W;
+    for (i64 px = 0; px < Wp; ++px) {
+      const i64 ix = px - g.pl;
+      const bool in = iy >= 0 && iy < g.H && ix >= 0 && ix < g.W;
+      SIMD::store(row + px * W, in ? SIMD::gather(xc + iy * g.W + ix, idx) : SIMD::zero());
     }
-    if (ox < Wo) {  // the row's last columns: one vector (the rest of its lanes read slack and are dropped)
-      V a0 = vb;
-      for (int t = 0; t < ntaps; ++t) a0 = SIMD::fma(SIMD::set1(w[t]), SIMD::load(b + off[t] + ox), a0);
-      alignas(64) float tail[W];
-      SIMD::store(tail, a0);
-      for (i64 j = 0; ox + j < Wo; ++j) o[ox + j] = tail[j];
-    }
+  }
+  for (i64 ky = 0; ky < g.kh; ++ky)
+    for (i64 kx = 0; kx < g.kw; ++kx) toff[ky * g.kw + kx] = (ky * g.dh * Wp + kx * g.dw) * W;
+  for (i64 oy = 0, p = 0; oy < g.Ho; ++oy)
+    for (i64 ox = 0; ox < g.Wo; ++ox, ++p) base[p] = (oy * g.sh * Wp + ox * g.sw) * W;
+  dwc_positions<8>(P, base, HWo, toff, wt, ntaps, vb, tile, act);
+  for (i64 l = 0; l < nc; ++l) {
+    float* o = out + (c0 + l) * HWo;
+    for (i64 p = 0; p < HWo; ++p) o[p] = tile[p * W + l];
+  }
+}
+
+bool x_dw_nchwc(const ConvGeom& g, const float* x, const float* w, const float* bias, i64 c0, i64 nc, float* out,
+                float* scratch, int act, float alpha, float beta) {
+  return dw_act_dispatch(act, alpha, beta, [&](auto f) { dwc_run(g, x, w, bias, c0, nc, out, scratch, f); });
+}
+
+// src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all). The restrict pointers let GCC vectorise it at
+// this ISA's width (the phase split of a stride-2 conv's input was 15 % of YOLOv8n's 16 -> 32 conv on 160 x 160; at
+// SSE width, compiled with conv.cpp, it took longer than a 3x3 stride-2 depthwise conv's taps on 112 x 112).
+void x_deinterleave(const float* __restrict src, i64 n, float* __restrict even, float* __restrict odd) {
+  const i64 half = n / 2;
+  for (i64 i = 0; i < half; ++i) {
+    even[i] = src[2 * i];
+    odd[i] = src[2 * i + 1];
+  }
+  if (n % 2) even[half] = src[n - 1];
+}
+
+void x_copy_rows(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n) {
+  for (i64 r = 0; r < rows; ++r, src += ld_src, dst += ld_dst) {
+    i64 i = 0;
+    for (; i + W <= n; i += W) SIMD::store(dst + i, SIMD::load(src + i));
+    for (; i < n; ++i) dst[i] = src[i];
   }
 }
 
@@ -625,7 +777,8 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
 
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_cmp_f32,    x_max_rows,   x_bias_clamp_row, x_bias_act_row,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_dw_nchwc,   x_cmp_f32,
+    x_max_rows,     x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   x_dequant_panel_s8, W,
 };
 

@@ -655,6 +655,20 @@ CONV_CASES = [
     (1, 6, 13, 15, 6, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise stride 2: odd pad and width (deinterleave)
     (1, 4, 11, 17, 4, 3, 3, (3, 3), (1, 2, 0, 1), (1, 1), 4),  # depthwise stride 3
     (2, 3, 9, 37, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 3),  # depthwise, rows ending in a part vector
+    # depthwise row blocks (8 rows of one vector up to 16 columns, else 4 rows of two, the rest in 4 / 2 / 1):
+    # PP-LCNet's 7 x 7 and 14 x 14 5x5 maps, 19 rows (8 + 8 + 2 + 1), 20 columns (two vectors a row, the second
+    # part), 40 (a part third vector), stride 2 onto 7 x 7
+    (1, 5, 7, 7, 5, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 5),
+    (2, 4, 14, 14, 4, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 4),
+    (1, 3, 19, 9, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
+    (1, 3, 11, 20, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
+    (1, 2, 13, 40, 2, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    (1, 6, 14, 14, 6, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 6),
+    # rows narrower than a vector, >= half a vector of channels: channel-blocked (a vector of channels a position;
+    # the last block part-filled), two images, stride 2 with uneven pads, dilation
+    (2, 20, 7, 7, 20, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 20),
+    (1, 24, 13, 11, 24, 3, 3, (2, 2), (1, 0, 1, 1), (1, 1), 24),
+    (1, 17, 9, 9, 17, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 17),
     (1, 5, 7, 7, 4, 7, 7, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # kernel == input
     (1, 4, 6, 5, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # strided 1x1
     # wide rows: whole 16- / 32-column panels inside one output row (the im2col's fixed-size copy path)
@@ -722,6 +736,26 @@ def test_conv2d(isa, case, activation):
     _native.conv2d_packed(x, packed, None, out2, strides=strides, pads=pads, dilations=dil, activation=activation)
     ref2 = ACTS[activation](_conv_ref(x, w, None, strides, pads, dil, group))
     np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=atol)
+
+
+@pytest.mark.parametrize("activation,alpha,beta", [
+    ("hard_sigmoid", 0.2, 0.5), ("clip", -0.5, 0.7), ("leaky_relu", 0.1, 0.0), ("relu6", 0.0, 0.0)])
+def test_depthwise_threads_activations(isa, threads, activation, alpha, beta):
+    # Planes in chunks across threads (the padded buffer zeroed once a chunk), two images, NaN passing through, and
+    # the activations applied in registers (HardSigmoid, Clip) or after the taps (LeakyRelu): against float64.
+    x = randn(2, 37, 14, 14, seed=95)
+    x[1, 5, 3, 4] = np.nan
+    w = randn(37, 1, 5, 5, seed=96) * 0.3
+    bias = randn(37, seed=97)
+    acts = {"hard_sigmoid": lambda y: np.clip(alpha * y + beta, 0, 1), "clip": lambda y: np.clip(y, alpha, beta),
+            "leaky_relu": lambda y: np.where(y < 0, alpha * y, y), "relu6": lambda y: np.clip(y, 0, 6)}
+    ref = acts[activation](_conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (1, 1), (2, 2, 2, 2), (1, 1),
+                                     37))
+    out = np.empty(ref.shape, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(1, 1), pads=(2, 2, 2, 2), group=37, activation=activation,
+                   activation_alpha=alpha, activation_beta=beta)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    assert np.isnan(out[1, 5, 1:6, 2:7]).all() and not np.isnan(np.delete(out, 5, axis=1)).any()
 
 
 def test_conv2d_small_output_threads(isa, threads):
