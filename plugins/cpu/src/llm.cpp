@@ -154,7 +154,7 @@ const float* cfptr(const py::array& a) { return static_cast<const float*>(a.data
 // Memory of the repacked weights: what a decode step streams, ~all of its bytes. On 4 KiB pages the stream crosses
 // a page (a TLB miss, a two-level page walk under a hypervisor) every 64 cache lines; on 2 MiB pages every 32768.
 // Weights are carved, 64-byte aligned and back to back, out of 2 MiB-aligned chunks of at least 32 MiB that ask
-// Linux for transparent huge pages (huge_zeroed). A chunk is freed with the last weight carved from it (the arena
+// Linux for transparent huge pages (advise_huge). A chunk is freed with the last weight carved from it (the arena
 // itself keeps none alive). HETERO_LLM_HUGE=0: one ordinary aligned allocation per weight (as before), and the KV
 // cache on ordinary pages.
 bool huge_pages_on() {
@@ -164,10 +164,21 @@ bool huge_pages_on() {
 
 constexpr std::size_t kHugePage = std::size_t{1} << 21;
 
-// `bytes` of zeroed memory starting at a 2 MiB boundary, mapped lazily: a page is resident once touched. On Linux
-// (unless HETERO_LLM_HUGE=0) the range asks for transparent huge pages (madvise: the default "madvise" THP mode
-// grants them for each whole 2 MiB of the range when first touched; "never" leaves 4 KiB pages); the mapping is not
-// rounded up, so a small cache or chunk tail stays on 4 KiB pages and costs no more than before.
+// Asks Linux for transparent huge pages on [p, p + len) (unless HETERO_LLM_HUGE=0): the default "madvise" THP mode
+// grants them for each whole, 2 MiB-aligned 2 MiB of the range when first touched; "never" leaves 4 KiB pages, as
+// does any other system. Advice: refused or unsupported, nothing changes.
+void advise_huge(void* p, std::size_t len) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (huge_pages_on()) madvise(p, len, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)len;
+#endif
+}
+
+// `bytes` of zeroed memory starting at a 2 MiB boundary, mapped lazily (a page is resident once touched) and
+// advised huge; the mapping is not rounded up to 2 MiB, so its tail stays on 4 KiB pages and costs no more than
+// calloc's would.
 std::shared_ptr<std::uint8_t> huge_zeroed(std::size_t bytes) {
   bytes = std::max<std::size_t>(bytes, 1);
 #if defined(__unix__) || defined(__APPLE__)
@@ -179,9 +190,7 @@ std::shared_ptr<std::uint8_t> huge_zeroed(std::size_t bytes) {
   std::uint8_t* p = base + head;
   if (head) munmap(base, head);                            // the slack before the boundary
   if (kHugePage - head) munmap(p + len, kHugePage - head);  // and after the range
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (huge_pages_on()) madvise(p, len, MADV_HUGEPAGE);  // advice: refused or unsupported leaves ordinary pages
-#endif
+  advise_huge(p, len);
   return {p, [len](std::uint8_t* q) { munmap(q, len); }};
 #else
   auto* base = static_cast<std::uint8_t*>(std::calloc(1, bytes + kHugePage));
@@ -197,20 +206,24 @@ struct WeightArena {
   std::weak_ptr<std::uint8_t> chunk;  // the chunk being carved (freed with its weights: the arena does not hold it)
   std::size_t used = 0, cap = 0;
 
-  // bytes (64-byte aligned) and the owner that keeps them alive
+  static std::shared_ptr<std::uint8_t> alloc(std::size_t align, std::size_t bytes) {
+    auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(align, bytes));
+    if (!p) throw std::bad_alloc();
+    return {p, [](std::uint8_t* q) { std::free(q); }};
+  }
+  // bytes (64-byte aligned, not zeroed) and the owner that keeps them alive
   std::pair<std::uint8_t*, std::shared_ptr<std::uint8_t>> take(std::size_t bytes) {
     bytes = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
     if (!huge_pages_on()) {
-      auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(64, bytes));
-      if (!p) throw std::bad_alloc();
-      std::shared_ptr<std::uint8_t> own{p, [](std::uint8_t* q) { std::free(q); }};
-      return {p, own};
+      std::shared_ptr<std::uint8_t> own = alloc(64, bytes);
+      return {own.get(), own};
     }
     std::lock_guard<std::mutex> lk(mu);
     std::shared_ptr<std::uint8_t> cur = chunk.lock();
     if (!cur || cap - used < bytes) {
       cap = std::max(kChunk, (bytes + kHugePage - 1) / kHugePage * kHugePage);
-      cur = huge_zeroed(cap);
+      cur = alloc(kHugePage, cap);
+      advise_huge(cur.get(), cap);
       chunk = cur;
       used = 0;
     }
@@ -988,10 +1001,10 @@ constexpr i64 RB = 32;  // query rows (query position x head of the group) per t
 // otherwise set every block's scale. Positions are quantized independently, so rolling back (overwriting from any
 // past_len > 0) needs nothing special; a step at position 0 starts a new mean.
 // Memory: position-ordered blocks of KT positions, each holding every kv head's [K tile | V rows | V scales] (64-byte
-// aligned parts), in one lazily mapped range on 2 MiB pages (huge_zeroed): a step at position p touches the pages
-// of blocks <= p / KT only, one 2 MiB page holds several blocks of all heads (a decode step's attention reads its
-// layer's whole cache through one or a few TLB entries instead of a 4 KiB page per 64 lines), and a long context
-// costs memory only as it fills.
+// aligned parts), in one lazily mapped range on 2 MiB pages (huge_zeroed; a cache under 2 MiB is carved from the
+// weight arena's chunks instead): a step at position p touches the pages of blocks <= p / KT only, one 2 MiB page
+// holds several blocks of all heads (a decode step's attention reads its layer's whole cache through one or a few
+// TLB entries instead of a 4 KiB page per 64 lines), and a long context costs memory only as it fills.
 struct Attention {
   i64 hkv = 0, max_ctx = 0, d = 0, ntiles = 0;
   int kind = KV_F16;
@@ -1023,7 +1036,16 @@ struct Attention {
     soff = voff + up64(static_cast<std::size_t>(KT) * vrow_bytes());
     head_bytes = soff + up64(static_cast<std::size_t>(KT) * vs_row_bytes());
     block_bytes = static_cast<std::size_t>(hkv) * head_bytes;
-    mem = huge_zeroed(static_cast<std::size_t>(ntiles) * block_bytes);
+    const std::size_t bytes = static_cast<std::size_t>(ntiles) * block_bytes;
+    if (bytes < kHugePage && huge_pages_on()) {
+      // a short context: carved from the weight arena's huge chunks, so the caches of all layers share 2 MiB
+      // pages; resident from the start (zeroed here), at most 2 MiB a layer
+      auto [p, owner] = weight_arena().take(bytes);
+      std::memset(p, 0, bytes);
+      mem = std::shared_ptr<std::uint8_t>(owner, p);
+    } else {
+      mem = huge_zeroed(bytes);
+    }
     if (rotated()) kmean.assign(static_cast<std::size_t>(hkv * d), 0.f);
   }
   bool allocated() const { return mem != nullptr; }
