@@ -11,12 +11,15 @@ the script prints the median of those ratios (arm B's step time over arm A's: > 
 arm's minimum, 10th percentile and median step. On a machine shared with other work the median step measures the
 neighbours; the minimum and 10th percentile are the steps that had the cores. Each step decodes one token after
 ``--prompt`` cached tokens (rolled back each step, so every step sees the same context); with ``--prefill N`` a step
-is instead a prefill of N tokens into an empty cache.
+is instead a prefill of N tokens into an empty cache. Before timing, each arm hashes the float32 logits of a
+prefill (of ``--prefill`` tokens, or the prompt) and of 16 greedy decode steps after the prompt; the script says
+whether the two arms' logits are bit-identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -43,11 +46,20 @@ def worker(tree: Path, model: str, threads: int, prompt: int, prefill: int, cloc
         llm = load(model, backends=["cpu"], on_fallback="silent", threads=threads, context=max(prompt, prefill) + 32,
                    progress=False)
     ids = list(range(100, 100 + max(prompt, prefill) + 16))
-    llm.prefill(ids[:prompt])
+    digest = hashlib.sha256()  # the logits of a prefill and of greedy decode steps: equal builds hash equal
+    if prefill:
+        digest.update(llm.prefill(ids[:prefill])[-1].astype("<f4").tobytes())
+        llm.rollback(0)
+    digest.update(llm.prefill(ids[:prompt])[-1].astype("<f4").tobytes())
+    token = ids[prompt]
+    for _ in range(16):
+        logits = llm.forward([token])[-1]
+        digest.update(logits.astype("<f4").tobytes())
+        token = int(logits.argmax())
     for _ in range(4):  # the replay of a one-token step is recorded
         llm.rollback(prompt)
         llm.forward([ids[prompt]])
-    print("ready", flush=True)
+    print("ready", digest.hexdigest()[:16], flush=True)
     now = time.perf_counter if clock == "wall" else time.process_time
     for line in sys.stdin:
         times = []
@@ -63,7 +75,8 @@ def worker(tree: Path, model: str, threads: int, prompt: int, prefill: int, cloc
     return 0
 
 
-def spawn(arm: str, args: argparse.Namespace) -> subprocess.Popen[str]:
+def spawn(arm: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+    """The arm's worker, loaded, and the hash of its logits."""
     tree, _, settings = arm.partition(":")
     env = {**os.environ, **dict(kv.split("=", 1) for kv in settings.split(",") if kv)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(Path(tree).resolve()), args.model,
@@ -71,9 +84,10 @@ def spawn(arm: str, args: argparse.Namespace) -> subprocess.Popen[str]:
            "--clock", args.clock]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
+    ready, _, digest = proc.stdout.readline().strip().partition(" ")
+    if ready != "ready":
         raise SystemExit(f"decode_ab: the {arm} worker failed to start")
-    return proc
+    return proc, digest
 
 
 def run_block(proc: subprocess.Popen[str], steps: int) -> list[float]:
@@ -109,7 +123,7 @@ def main() -> int:
     if not args.against:
         ap.error("the second arm (against) is required")
     arms = [args.a, args.against]
-    procs = [spawn(arm, args) for arm in arms]
+    procs, digests = zip(*(spawn(arm, args) for arm in arms), strict=True)
     load_before = os.getloadavg()[0]
     times: list[list[float]] = [[], []]
     ratios = []
@@ -133,7 +147,7 @@ def main() -> int:
                    blocks=args.blocks,
                    steps=args.steps, clock=args.clock, load_avg=[load_before, load_after], arms=rows,
                    ratio_median=statistics.median(ratios), ratio_p10=rows[1]["p10_ms"] / rows[0]["p10_ms"],
-                   ratio_min=rows[1]["min_ms"] / rows[0]["min_ms"])
+                   ratio_min=rows[1]["min_ms"] / rows[0]["min_ms"], logits_identical=digests[0] == digests[1])
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -147,6 +161,8 @@ def main() -> int:
         print(f"| {r['arm']} | {r['min_ms']:.2f} | {r['p10_ms']:.2f} | {r['median_ms']:.2f} |")
     print(f"B / A step time: median of block ratios {summary['ratio_median']:.3f}, p10 {summary['ratio_p10']:.3f}, "
           f"min {summary['ratio_min']:.3f} (> 1: A faster)")
+    print("logits (a prefill and 16 greedy steps):",
+          "bit-identical" if digests[0] == digests[1] else f"DIFFER ({digests[0]} vs {digests[1]})")
     return 0
 
 

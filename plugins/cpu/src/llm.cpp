@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -25,7 +26,7 @@
 #include "kv_quant.hpp"
 #include "llm.hpp"
 
-#if defined(__linux__)
+#if defined(__unix__) || defined(__APPLE__)
 #include <sys/mman.h>
 #endif
 
@@ -153,40 +154,76 @@ const float* cfptr(const py::array& a) { return static_cast<const float*>(a.data
 // Memory of the repacked weights: what a decode step streams, ~all of its bytes. On 4 KiB pages the stream crosses
 // a page (a TLB miss, a two-level page walk under a hypervisor) every 64 cache lines; on 2 MiB pages every 32768.
 // Weights are carved, 64-byte aligned and back to back, out of 2 MiB-aligned chunks of at least 32 MiB that ask
-// Linux for transparent huge pages (madvise: the default "madvise" THP mode grants them; "never" leaves 4 KiB
-// pages, as does any other system). Untouched chunk space is never resident; a chunk is freed with the last weight
-// carved from it (the arena itself keeps none alive). HETERO_LLM_HUGE=0: one ordinary aligned allocation per
-// weight (as before).
+// Linux for transparent huge pages (advise_huge). A chunk is freed with the last weight carved from it (the arena
+// itself keeps none alive). HETERO_LLM_HUGE=0: one ordinary aligned allocation per weight (as before), and the KV
+// cache on ordinary pages.
+bool huge_pages_on() {
+  static const bool huge = [] { const char* e = std::getenv("HETERO_LLM_HUGE"); return !e || std::atoi(e) != 0; }();
+  return huge;
+}
+
+constexpr std::size_t kHugePage = std::size_t{1} << 21;
+
+// Asks Linux for transparent huge pages on [p, p + len) (unless HETERO_LLM_HUGE=0): the default "madvise" THP mode
+// grants them for each whole, 2 MiB-aligned 2 MiB of the range when first touched; "never" leaves 4 KiB pages, as
+// does any other system. Advice: refused or unsupported, nothing changes.
+void advise_huge(void* p, std::size_t len) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (huge_pages_on()) madvise(p, len, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)len;
+#endif
+}
+
+// `bytes` of zeroed memory starting at a 2 MiB boundary, mapped lazily (a page is resident once touched) and
+// advised huge; the mapping is not rounded up to 2 MiB, so its tail stays on 4 KiB pages and costs no more than
+// calloc's would.
+std::shared_ptr<std::uint8_t> huge_zeroed(std::size_t bytes) {
+  bytes = std::max<std::size_t>(bytes, 1);
+#if defined(__unix__) || defined(__APPLE__)
+  const std::size_t len = (bytes + 4095) / 4096 * 4096;
+  void* m = mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  auto* base = static_cast<std::uint8_t*>(m);
+  const std::size_t head = (kHugePage - reinterpret_cast<std::uintptr_t>(base) % kHugePage) % kHugePage;
+  std::uint8_t* p = base + head;
+  if (head) munmap(base, head);                            // the slack before the boundary
+  if (kHugePage - head) munmap(p + len, kHugePage - head);  // and after the range
+  advise_huge(p, len);
+  return {p, [len](std::uint8_t* q) { munmap(q, len); }};
+#else
+  auto* base = static_cast<std::uint8_t*>(std::calloc(1, bytes + kHugePage));
+  if (!base) throw std::bad_alloc();
+  std::uint8_t* p = base + (kHugePage - reinterpret_cast<std::uintptr_t>(base) % kHugePage) % kHugePage;
+  return {p, [base](std::uint8_t*) { std::free(base); }};
+#endif
+}
+
 struct WeightArena {
-  static constexpr std::size_t kPage = std::size_t{1} << 21, kChunk = std::size_t{32} << 20;
+  static constexpr std::size_t kChunk = std::size_t{32} << 20;
   std::mutex mu;
   std::weak_ptr<std::uint8_t> chunk;  // the chunk being carved (freed with its weights: the arena does not hold it)
   std::size_t used = 0, cap = 0;
 
-  static bool on() {
-    static const bool huge = [] { const char* e = std::getenv("HETERO_LLM_HUGE"); return !e || std::atoi(e) != 0; }();
-    return huge;
-  }
   static std::shared_ptr<std::uint8_t> alloc(std::size_t align, std::size_t bytes) {
     auto* p = static_cast<std::uint8_t*>(std::aligned_alloc(align, bytes));
     if (!p) throw std::bad_alloc();
     return {p, [](std::uint8_t* q) { std::free(q); }};
   }
-  // bytes (64-byte aligned) and the owner that keeps them alive
+  // bytes (64-byte aligned, not zeroed) and the owner that keeps them alive
   std::pair<std::uint8_t*, std::shared_ptr<std::uint8_t>> take(std::size_t bytes) {
     bytes = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
-    if (!on()) {
+    if (!huge_pages_on()) {
       std::shared_ptr<std::uint8_t> own = alloc(64, bytes);
       return {own.get(), own};
     }
     std::lock_guard<std::mutex> lk(mu);
     std::shared_ptr<std::uint8_t> cur = chunk.lock();
     if (!cur || cap - used < bytes) {
-      cap = std::max(kChunk, (bytes + kPage - 1) / kPage * kPage);
-      cur = alloc(kPage, cap);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-      madvise(cur.get(), cap, MADV_HUGEPAGE);  // advice: refused or unsupported leaves ordinary pages
-#endif
+      cap = std::max(kChunk, (bytes + kHugePage - 1) / kHugePage * kHugePage);
+      cur = alloc(kHugePage, cap);
+      advise_huge(cur.get(), cap);
       chunk = cur;
       used = 0;
     }
@@ -951,31 +988,30 @@ void py_embedding(const py::array& ids, const py::array& table, const std::strin
 // ------------------------------------------------------------------------------------------------ attention
 constexpr i64 RB = 32;  // query rows (query position x head of the group) per task
 
-// The KV cache of one layer: K in tiles of KT positions stored transposed ([head][tile][d][KT]) so that scores for
-// 64 positions are 64-wide vector FMAs, V row by row ([head][position][d]); float16 (default), float32, or int8
-// (q8) with one float scale per block of KVB values of a (position, head) row: a q8 K tile is int8 [d][KT] followed
-// by its scales [nb][KT]; V's scales are an array of their own ([head][position][nb]). The rotated low-bit types
-// (q4r / q3r, kv_quant.hpp) store rotated rows as packed codes with a float16 scale per 32 values: a K tile row
-// (one dimension, 64 positions) is two packed blocks, the tile's scales follow as float16 [nb][KT]; a V row is d/32
-// packed blocks, its scales float16 [head][position][nb]. Their keys are stored centred: k - kmean, kmean (per kv
-// head) the mean of the first (up to 64) keys of the step that wrote position 0 (hetero.contract.kv_rotated.key_mean).
-// Subtracting one vector from every key moves all of a query's scores by the same q . kmean, which the softmax
-// cancels exactly, and it removes the large constant part of real models' keys (a K bias: |k| up to ~360 in
-// Qwen2.5's first layer) that would otherwise set every block's scale. Positions are quantized independently, so
-// rolling back (overwriting from any past_len > 0) needs nothing special; a step at position 0 starts a new mean.
+// The KV cache of one layer: K in tiles of KT positions stored transposed ([d][KT]) so that scores for 64 positions
+// are 64-wide vector FMAs, V row by row ([position][d]); float16 (default), float32, or int8 (q8) with one float
+// scale per block of KVB values of a (position, head) row: a q8 K tile is int8 [d][KT] followed by its scales
+// [nb][KT]; V's scales are rows of their own ([position][nb]). The rotated low-bit types (q4r / q3r, kv_quant.hpp)
+// store rotated rows as packed codes with a float16 scale per 32 values: a K tile row (one dimension, 64 positions)
+// is two packed blocks, the tile's scales follow as float16 [nb][KT]; a V row is d/32 packed blocks, its scales
+// float16 [position][nb]. Their keys are stored centred: k - kmean, kmean (per kv head) the mean of the first (up to
+// 64) keys of the step that wrote position 0 (hetero.contract.kv_rotated.key_mean). Subtracting one vector from
+// every key moves all of a query's scores by the same q . kmean, which the softmax cancels exactly, and it removes
+// the large constant part of real models' keys (a K bias: |k| up to ~360 in Qwen2.5's first layer) that would
+// otherwise set every block's scale. Positions are quantized independently, so rolling back (overwriting from any
+// past_len > 0) needs nothing special; a step at position 0 starts a new mean.
+// Memory: position-ordered blocks of KT positions, each holding every kv head's [K tile | V rows | V scales] (64-byte
+// aligned parts), in one lazily mapped range on 2 MiB pages (huge_zeroed; a cache under 2 MiB is carved from the
+// weight arena's chunks instead): a step at position p touches the pages of blocks <= p / KT only, one 2 MiB page
+// holds several blocks of all heads (a decode step's attention reads its layer's whole cache through one or a few
+// TLB entries instead of a 4 KiB page per 64 lines), and a long context costs memory only as it fills.
 struct Attention {
   i64 hkv = 0, max_ctx = 0, d = 0, ntiles = 0;
   int kind = KV_F16;
-  void* k = nullptr;
-  void* v = nullptr;
-  void* vs = nullptr;  // q8 / q4r / q3r: V scales
+  std::shared_ptr<std::uint8_t> mem;  // the blocks (allocated at the first write)
+  std::size_t voff = 0, soff = 0, head_bytes = 0, block_bytes = 0;  // within a block: a head's V rows, V scales; sizes
   std::vector<float> kmean;  // q4r / q3r: [hkv][d], the keys' centre
   i64 filled = 0;
-  ~Attention() {
-    std::free(k);
-    std::free(v);
-    std::free(vs);
-  }
   bool rotated() const { return kind == KV_Q4R || kind == KV_Q3R; }
   int bits() const { return kind == KV_Q4R ? 4 : 3; }  // rotated types only
   i64 nb() const { return (d + KVB - 1) / KVB; }
@@ -994,22 +1030,37 @@ struct Attention {
     return static_cast<std::size_t>(d) * krow_bytes() + static_cast<std::size_t>(nb() * KT) * scale_bytes();
   }
   void alloc() {
-    // calloc: zero pages are mapped lazily, so a long context costs memory only as it fills.
+    auto up64 = [](std::size_t b) { return (b + 63) / 64 * 64; };
     ntiles = (max_ctx + KT - 1) / KT;
-    k = std::calloc(static_cast<std::size_t>(hkv * ntiles), tile_bytes());
-    v = std::calloc(static_cast<std::size_t>(hkv * max_ctx), vrow_bytes());
-    if (scale_bytes()) vs = std::calloc(static_cast<std::size_t>(hkv * max_ctx), vs_row_bytes());
-    if (!k || !v || (scale_bytes() && !vs)) throw std::bad_alloc();
+    voff = up64(tile_bytes());
+    soff = voff + up64(static_cast<std::size_t>(KT) * vrow_bytes());
+    head_bytes = soff + up64(static_cast<std::size_t>(KT) * vs_row_bytes());
+    block_bytes = static_cast<std::size_t>(hkv) * head_bytes;
+    const std::size_t bytes = static_cast<std::size_t>(ntiles) * block_bytes;
+    if (bytes < kHugePage && huge_pages_on()) {
+      // a short context: carved from the weight arena's huge chunks, so the caches of all layers share 2 MiB
+      // pages; resident from the start (zeroed here), at most 2 MiB a layer
+      auto [p, owner] = weight_arena().take(bytes);
+      std::memset(p, 0, bytes);
+      mem = std::shared_ptr<std::uint8_t>(owner, p);
+    } else {
+      mem = huge_zeroed(bytes);
+    }
     if (rotated()) kmean.assign(static_cast<std::size_t>(hkv * d), 0.f);
   }
-  const void* ktile(i64 h, i64 tile) const {
-    return static_cast<const char*>(k) + static_cast<std::size_t>(h * ntiles + tile) * tile_bytes();
+  bool allocated() const { return mem != nullptr; }
+  char* head_block(i64 h, i64 tile) const {
+    return reinterpret_cast<char*>(mem.get()) + static_cast<std::size_t>(tile) * block_bytes +
+           static_cast<std::size_t>(h) * head_bytes;
   }
+  // K tile `tile` of head h; V row `pos` of head h (the rows of one tile are contiguous, the next tile's are not)
+  const void* ktile(i64 h, i64 tile) const { return head_block(h, tile); }
   const void* vrow(i64 h, i64 pos) const {
-    return static_cast<const char*>(v) + static_cast<std::size_t>(h * max_ctx + pos) * vrow_bytes();
+    return head_block(h, pos / KT) + voff + static_cast<std::size_t>(pos % KT) * vrow_bytes();
   }
   void* vscale_bytes(i64 h, i64 pos) const {
-    return vs ? static_cast<char*>(vs) + static_cast<std::size_t>(h * max_ctx + pos) * vs_row_bytes() : nullptr;
+    return scale_bytes() ? head_block(h, pos / KT) + soff + static_cast<std::size_t>(pos % KT) * vs_row_bytes()
+                         : nullptr;
   }
   float* vscale(i64 h, i64 pos) const { return static_cast<float*>(vscale_bytes(h, pos)); }  // q8
   // bytes an export puts before a head's K tiles (q4r / q3r: its kmean)
@@ -1308,7 +1359,7 @@ void py_attention(Attention& at, const py::array& q, const py::array& k, const p
     fail(std::to_string(past) + " cached + " + std::to_string(T) + " new tokens exceed the context of " +
          std::to_string(at.max_ctx) + " tokens");
   if (T == 0) return;
-  if (!at.k) at.alloc();
+  if (!at.allocated()) at.alloc();
   const float* pq = cfptr(q);
   const float* pk = cfptr(k);
   const float* pv = cfptr(v);
@@ -1333,7 +1384,7 @@ StepOp prep_attention_at(Attention& at, const py::array& q, const py::array& k, 
   return {[ap, pp, T] {
             const i64 p = *pp;
             if (p < 0 || p > ap->filled || p + T > ap->max_ctx) return false;
-            if (T > 0 && !ap->k) ap->alloc();
+            if (T > 0 && !ap->allocated()) ap->alloc();
             return true;
           },
           [ap, pp, pq, pk, pv, po, T, hq, scale] {
@@ -1363,7 +1414,7 @@ StepOp prep_attention_slot_at(const py::list& caches, const py::array& q, const 
             if (c < 0 || c >= static_cast<i64>(at.size())) return false;
             Attention* ap = at[static_cast<std::size_t>(c)];
             if (p < 0 || p > ap->filled || p + 1 > ap->max_ctx) return false;
-            if (!ap->k) ap->alloc();
+            if (!ap->allocated()) ap->alloc();
             return true;
           },
           [at, pp, ps, pq, pk, pv, po, hq, scale] {
@@ -1410,7 +1461,7 @@ void py_attention_runs(const py::list& caches, const py::array& q, const py::arr
     filled[static_cast<std::size_t>(c)] = past + (b - a);
   }
   for (Attention* a : at)
-    if (!a->k) a->alloc();
+    if (!a->allocated()) a->alloc();
   const float* pq = cfptr(q);
   const float* pk = cfptr(k);
   const float* pv = cfptr(v);
@@ -1450,6 +1501,19 @@ void py_attention_runs(const py::list& caches, const py::array& q, const py::arr
   });
 }
 
+// The parts of kv head h's first n positions, tile by tile, as f(part, cache bytes, offset in the export's part,
+// bytes): part 0 the K tiles (back to back in an export), 1 the V rows, 2 (q8 / q4r / q3r) the V scales.
+template <class F>
+void export_parts(const Attention& at, i64 h, i64 n, F&& f) {
+  const std::size_t tb = at.tile_bytes(), vb = at.vrow_bytes(), sb = at.vs_row_bytes();
+  for (i64 t = 0; t * KT < n; ++t) {
+    const auto rows = static_cast<std::size_t>(std::min<i64>(KT, n - t * KT)), first = static_cast<std::size_t>(t * KT);
+    f(0, const_cast<void*>(at.ktile(h, t)), static_cast<std::size_t>(t) * tb, tb);
+    f(1, const_cast<void*>(at.vrow(h, t * KT)), first * vb, rows * vb);
+    if (sb) f(2, at.vscale_bytes(h, t * KT), first * sb, rows * sb);
+  }
+}
+
 // A prefix of the cache as bytes in its own layout, per kv head (rows): the K tiles covering positions [0, n) (q4r /
 // q3r: after the head's kmean, d float32), V's rows [0, n), and (q8 / q4r / q3r) V's scales. `load` puts them back
 // into a cache of the same heads, head size and type (a prefix cache: one sequence's computed prompt reused by
@@ -1465,13 +1529,14 @@ py::tuple py_attention_export(const Attention& at, i64 n) {
   py::array_t<std::uint8_t> k({static_cast<py::ssize_t>(at.hkv), kh + kbytes});
   py::array_t<std::uint8_t> v({static_cast<py::ssize_t>(at.hkv), vbytes});
   py::array_t<std::uint8_t> s({static_cast<py::ssize_t>(at.hkv), sbytes});
-  if (kh && !(n > 0 && at.k)) std::memset(k.mutable_data(), 0, static_cast<std::size_t>(k.nbytes()));
-  if (n > 0 && at.k) {
+  if (kh && !(n > 0 && at.allocated())) std::memset(k.mutable_data(), 0, static_cast<std::size_t>(k.nbytes()));
+  if (n > 0 && at.allocated()) {
     for (i64 h = 0; h < at.hkv; ++h) {
       if (kh) std::memcpy(k.mutable_data(h, 0), at.kmean.data() + h * at.d, static_cast<std::size_t>(kh));
-      std::memcpy(k.mutable_data(h, kh), at.ktile(h, 0), static_cast<std::size_t>(kbytes));
-      std::memcpy(v.mutable_data(h, 0), at.vrow(h, 0), static_cast<std::size_t>(vbytes));
-      if (sbytes) std::memcpy(s.mutable_data(h, 0), at.vscale_bytes(h, 0), static_cast<std::size_t>(sbytes));
+      std::uint8_t* parts[3] = {k.mutable_data(h, kh), v.mutable_data(h, 0), sbytes ? s.mutable_data(h, 0) : nullptr};
+      export_parts(at, h, n, [&](int part, void* cache, std::size_t at_byte, std::size_t bytes) {
+        std::memcpy(parts[part] + at_byte, cache, bytes);
+      });
     }
   }
   return py::make_tuple(k, v, s);
@@ -1491,12 +1556,13 @@ void py_attention_load(Attention& at, i64 n, const py::array_t<std::uint8_t, py:
   if (!shaped(k, kh + kbytes) || !shaped(v, vbytes) || !shaped(s, sbytes))
     fail("LlmAttention.load: the arrays are not an export of " + std::to_string(n) + "+ positions of a cache with " +
          std::to_string(at.hkv) + " kv heads of " + std::to_string(at.d) + " values in this type");
-  if (!at.k) at.alloc();
+  if (!at.allocated()) at.alloc();
   for (i64 h = 0; h < at.hkv && n > 0; ++h) {
     if (kh) std::memcpy(at.kmean.data() + h * at.d, k.data(h, 0), static_cast<std::size_t>(kh));
-    std::memcpy(const_cast<void*>(at.ktile(h, 0)), k.data(h, kh), static_cast<std::size_t>(kbytes));
-    std::memcpy(const_cast<void*>(at.vrow(h, 0)), v.data(h, 0), static_cast<std::size_t>(vbytes));
-    if (sbytes) std::memcpy(at.vscale_bytes(h, 0), s.data(h, 0), static_cast<std::size_t>(sbytes));
+    const std::uint8_t* parts[3] = {k.data(h, kh), v.data(h, 0), sbytes ? s.data(h, 0) : nullptr};
+    export_parts(at, h, n, [&](int part, void* cache, std::size_t at_byte, std::size_t bytes) {
+      std::memcpy(cache, parts[part] + at_byte, bytes);
+    });
   }
   at.filled = n;
 }
