@@ -97,7 +97,7 @@ struct XQBuf {
     const i64 nb = (k + bs - 1) / bs;
     XQ r{q.get(static_cast<std::size_t>(M * nb * bs)), d.get(static_cast<std::size_t>(M * nb)),
          s.get(static_cast<std::size_t>(M * nb)), ds.get(static_cast<std::size_t>(M * nb)),
-         sl.get(static_cast<std::size_t>(M * nb)), nb * bs, nb};
+         sl.get(static_cast<std::size_t>(M * nb)), nb * bs, nb, M};
     auto* qp = const_cast<std::int8_t*>(r.q);
     auto* dp = const_cast<float*>(r.d);
     auto* sp = const_cast<std::int32_t*>(r.s);

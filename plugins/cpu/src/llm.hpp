@@ -82,6 +82,7 @@ struct XQ {
   const float* ds;        // [M][nb]   d * s
   const std::int32_t* sl; // [M][nb]   sum of the int8 values of the block's first half (q6_k's per-16 scales)
   i64 ldq, nb;            // ldq = nb*B bytes
+  i64 rows = 0;           // M, the call's rows: where its tiles prefetch the weights (llm_impl.hpp, prefetch_distance)
 };
 
 // GGUF block formats (llm_ggml.cpp): the QPack of a GGUF wtype ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k"), false

@@ -56,16 +56,21 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
 }
 
 // ---------------------------------------------------------------------------------------------- quantized GEMM
-// How far ahead of the weight stream the quantized tiles prefetch: 3 KiB, into L2 (S::prefetch_l2; HETERO_LLM_PF,
-// llm.cpp). A prefetch into L1 that misses to DRAM holds one of the core's few L1 fill buffers for the whole memory
-// latency, so 4 KiB (64 lines) ahead into L1 stalled the tile's own loads (one-row tiles streaming from DRAM: 74-88%
-// of the read probe with it, 92-98% into L2; docs/llm-benchmarks.md, branch dec11). Every tile size: a speculative
-// verify step's 3-8-row tiles stream their weights once from DRAM like decode's (lookahead on the real 1.5B at 2
-// threads 1.29x with them prefetching into L1, 1.63x into L2; docs/speculative.md); prefill's tiles, arithmetic-bound,
-// measured ~2% slower with it on a busy machine (dec11).
-inline i64 prefetch_distance() {
+// How far ahead of the weight stream the quantized tiles prefetch, and where to. Calls of up to 8 rows (decode's 1-2,
+// a speculative verify step's or a batched step's 3-8: little arithmetic per weight byte, the weights streamed once
+// from DRAM) 3 KiB ahead into L2 (S::prefetch_l2; HETERO_LLM_PF, llm.cpp): a prefetch into L1 that misses to DRAM
+// holds one of the core's few L1 fill buffers for the whole memory latency, so 4 KiB (64 lines) ahead into L1
+// stalled the tile's own loads (one-row tiles streaming from DRAM: 74-88% of the read probe with it, 92-98% into
+// L2; docs/llm-benchmarks.md, branch dec11; lookahead on the real 1.5B at 2 threads 1.29x with its 3-8-row tiles
+// into L1, 1.63x into L2; docs/speculative.md). Larger calls (prefill: arithmetic-bound, the weights often in L2 /
+// L3) keep 4 KiB into L1: into L2 a 512-token prefill of the real 1.5B ran 1.6-3.3% slower (dec13, paired). Tiles of
+// MR <= 2 rows (decode's) always prefetch into L2: the condition folds at compile time there (chosen at run time in
+// them, decode measured ~2.5% slower, dec13), so only the tiles of 3+ rows test the call's rows.
+template <int MR>
+inline bool prefetch_into_l2(const XQ& x) { return MR <= 2 || x.rows <= 8; }
+inline i64 prefetch_distance(bool l2) {
   static const i64 v = [] { const char* e = std::getenv("HETERO_LLM_PF"); return e ? std::atol(e) : 3072L; }();
-  return v;
+  return l2 ? v : 4096;
 }
 
 // Bits 4-5 of the 5/6-bit values of nibble vector t (t < 4), slice h (rows W*h..), from the record's high
@@ -192,19 +197,20 @@ struct SuperWalk {
       : sub(FLAT ? 1 : w.sub), hdr(FLAT ? 0 : w.sb_hdr), bytes(FLAT ? w.rec_bytes : w.super_bytes) {}
 };
 
-// Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance()) into L2. The weights stream
+// Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance(l2)) into L2 (l2) or L1. The weights stream
 // from memory and want more lines in flight than the L2 streamer keeps: decode's 1-2 x rows, and a batched step's 4-8
 // too (their tiles took 0.6-0.85x the time with it streaming from memory, benchmarks/qgemm_rows.py,
 // docs/serving.md). NT, the block's steps of 64 bytes when known at compile time, makes the line count a constant
 // (no loop branch to mispredict); else it is w.rec_bytes / 64, rounded up (the same count).
 template <class S, int BITS, bool ASYM, int KQ, int NT>
-inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf) {
+inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf, bool l2) {
   // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
   constexpr int LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;
+  const auto fetch = [l2](const std::uint8_t* p) { l2 ? S::prefetch_l2(p) : S::prefetch(p); };
   if constexpr (NT != 0)
-    for (int o = 0; o < LINES; ++o) S::prefetch_l2(rec + pf + 64 * o);
+    for (int o = 0; o < LINES; ++o) fetch(rec + pf + 64 * o);
   else
-    for (i64 o = 0; o < w.rec_bytes; o += 64) S::prefetch_l2(rec + pf + o);
+    for (i64 o = 0; o < w.rec_bytes; o += 64) fetch(rec + pf + o);
 }
 
 // One 16-row group, in slices of W rows, against MR activation rows. BITS: 4/5/6/8; KQ: scale layout (llm.hpp).
@@ -231,7 +237,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const int nt = NT ? NT : (NIB ? bs / 8 : bs / 4);
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
-  const i64 pf = prefetch_distance();
+  const bool l2 = prefetch_into_l2<MR>(x);
+  const i64 pf = prefetch_distance(l2);
   const SuperWalk<KQ == 0 && BITS < 8> walk(w);
   const B nib = S::bset8(0x0f), nibhi = S::bset8(0xf0);
   const std::int8_t* xrow[MR];
@@ -246,7 +253,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf);  // every tile size
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf, l2);
         const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
         for (int m = 0; m < MR; ++m) scales.start(ilo[m], ihi[m], x, (m0 + m) * x.nb + b);

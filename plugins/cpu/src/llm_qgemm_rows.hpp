@@ -41,7 +41,8 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   constexpr int nt = ROWS_NT;
   const int off = w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
-  const i64 pf = prefetch_distance();
+  const bool l2 = prefetch_into_l2<MR>(x);
+  const i64 pf = prefetch_distance(l2);
   const SuperWalk<KQ == 0> walk(w);  // BITS < 8 here
   const B nib = S::bset8(0x0f);
   const B zero16 = S::bset8(0);
@@ -57,7 +58,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt>(w, rec, pf);  // as qgemm_mr
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt>(w, rec, pf, l2);  // as qgemm_mr
         B wlo[nt], whi[nt];
         for (int t = 0; t < nt; ++t) {  // the block's W rows decoded once for all MR x rows
           const B v = S::load_b(qv + 64 * t + 4 * W * h);
