@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -250,6 +251,12 @@ def test_a_prompt_arriving_mid_decode_is_fused_into_the_others_steps(family):
             for step in range(11):
                 if step == 2 and i == 0:
                     started.set()  # the others decode: the third sequence's prompt comes now
+                if step == 3 and i == 0:
+                    # and is queued before the next decode step (on a loaded machine the two could otherwise finish
+                    # before the late thread runs: nothing to fuse); sequence 1 waits for 0 (the window)
+                    deadline = time.monotonic() + 60
+                    while not batcher._prompts and time.monotonic() < deadline:
+                        time.sleep(1e-3)
                 tokens.append(int(np.argmax(seq.forward([tokens[-1]])[-1])))
             got[i] = tokens
         except Exception as exc:  # pragma: no cover - reported below
