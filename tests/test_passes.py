@@ -778,3 +778,59 @@ def test_gemms_of_gathered_rows_keep_a_gathered_row_read_elsewhere():
     session = _compare(model, {"x": x}, "reference")
     assert session.rewrites["batch_gathered_gemms"] == 5
     assert _ops(session).count("Gather") == 6  # the five rows of the product, and the graph output row1
+
+
+# Max / Min by a scalar after a conv: (the activation nodes, the clamps, the ops left, the rewrites). The clamps
+# tighten a Relu's or a Clip's bounds (a Max above a Clip's max makes the output constant); a LeakyRelu, a constant
+# of more than one value, a clamp read twice or a second input computed stay.
+CLAMP_CASES = [
+    ([], [("Max", "c_neg")], ["FusedConv"], 1),
+    (["Relu"], [("Max", "c_neg")], ["FusedConv"], 1),
+    (["Relu"], [("Max", "c_pos"), ("Min", "c_six")], ["FusedConv"], 2),
+    (["Clip"], [("Max", "c_big")], ["FusedConv"], 1),
+    ([], [("Min", "c_rank4")], ["FusedConv"], 1),
+    (["LeakyRelu"], [("Max", "c_neg")], ["FusedConv", "Max"], 0),
+    ([], [("Max", "c_vector")], ["Conv", "Max"], 0),
+    (["Relu"], [("Max", "shared")], ["FusedConv", "Max"], 0),  # the Relu fuses, its output a graph output
+    (["Relu"], [("Max", "x2")], ["FusedConv", "Max"], 0),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("acts, clamps, left, rewrites", CLAMP_CASES, ids=[str(i) for i in range(len(CLAMP_CASES))])
+def test_max_or_min_by_a_constant_after_a_conv_folds_into_its_clip(backend, acts, clamps, left, rewrites):
+    rng = np.random.default_rng(3)
+    f32 = np.float32
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["v0"], pads=[0, 1, 0, 1])]
+    for i, act in enumerate(acts):
+        extra = {"alpha": 0.2} if act == "LeakyRelu" else {}
+        inputs = [f"v{i}", "lo", "hi"] if act == "Clip" else [f"v{i}"]
+        nodes.append(helper.make_node(act, inputs, [f"v{i + 1}"], **extra))
+    last = f"v{len(acts)}"
+    outputs = [("y", TensorProto.FLOAT, None)]
+    for j, (op, const) in enumerate(clamps):
+        out = "y" if j == len(clamps) - 1 else f"m{j}"
+        if const == "shared":  # the Relu's output is read by the Max and by a graph output
+            nodes.append(helper.make_node(op, [last, "c_neg"], [out]))
+            outputs.append((last, TensorProto.FLOAT, None))
+        elif const == "x2":  # Max of the conv and another input
+            nodes.append(helper.make_node(op, ["x2", last], [out]))
+        else:
+            nodes.append(helper.make_node(op, [const, last] if j % 2 else [last, const], [out]))
+        last = out
+    inits = [("w", rng.normal(size=(5, 4, 1, 3)).astype(f32)), ("b", rng.normal(size=5).astype(f32)),
+             ("lo", np.array(-1.0, f32)), ("hi", np.array(1.5, f32)), ("c_neg", np.array([-0.4], f32)),
+             ("c_pos", np.array(0.3, f32)), ("c_six", np.array(2.0, f32)), ("c_big", np.array(2.5, f32)),
+             ("c_rank4", np.full((1, 1, 1, 1), 0.5, f32)), ("c_vector", np.linspace(-1, 1, 7).astype(f32))]
+    inputs = [("x", TensorProto.FLOAT, [2, 4, 6, 7])]
+    feeds = {"x": rng.normal(size=(2, 4, 6, 7)).astype(f32)}
+    if clamps[0][1] == "x2":
+        inputs.append(("x2", TensorProto.FLOAT, [2, 5, 6, 7]))
+        feeds["x2"] = rng.normal(size=(2, 5, 6, 7)).astype(f32)
+    model = make_model(nodes, inputs, outputs, inits)
+    session = _compare(model, feeds, backend)
+    assert session.rewrites["fold_conv_clamp"] == rewrites
+    assert sorted(_ops(session)) == sorted(left)
+    if rewrites:
+        y = session.run(feeds)["y"]
+        assert y.min() < y.max() or clamps == [("Max", "c_big")]  # the clamps do not make every value one bound

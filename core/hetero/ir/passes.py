@@ -414,6 +414,49 @@ def fuse_conv_activation(graph: Graph) -> int:
     return count
 
 
+def _conv_bounds(conv: Node) -> tuple[float, float] | None:
+    """(lo, hi) of the clamp a Conv or FusedConv applies last: none, Relu or Clip; None for another activation."""
+    if conv.op_key == ("", "Conv"):
+        return -math.inf, math.inf
+    if conv.op_key != (HETERO_DOMAIN, "FusedConv"):
+        return None
+    activation = conv.attrs.get("activation", "")
+    if activation == "Relu":
+        return 0.0, math.inf
+    if activation == "Clip":
+        return float(conv.attrs.get("activation_min", -math.inf)), float(conv.attrs.get("activation_max", math.inf))
+    return (-math.inf, math.inf) if not activation else None
+
+
+def fold_conv_clamp(graph: Graph) -> int:
+    """Max / Min by a scalar constant after a Conv with no activation, a Relu or a Clip (Keras exports write
+    ``tf.maximum(x, c)`` after a conv): the bounds tighten into the conv's Clip, ``max(clip(x, lo, hi), c) =
+    clip(x, max(lo, c), max(hi, c))`` and ``min(clip(x, lo, hi), c) = clip(x, min(lo, c), min(hi, c))``."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for conv in list(graph.nodes):
+        bounds = _conv_bounds(conv)
+        while bounds is not None and conv.outputs[0] not in keep:
+            op = _single_consumer(graph, conv.outputs[0])
+            if op is None or op.domain != "" or op.op_type not in ("Max", "Min"):
+                break
+            const = graph.initializers.get(op.inputs[1 - op.inputs.index(conv.outputs[0])]) if len(
+                op.inputs) == 2 else None
+            rank = _rank(graph, conv.outputs[0]) or 1  # a constant of no higher rank keeps the conv's shape
+            if const is None or const.dtype != np.float32 or np.size(const) != 1 or np.ndim(const) > rank:
+                break
+            c = float(np.asarray(const).reshape(-1)[0])
+            if math.isnan(c):
+                break
+            lo, hi = bounds
+            bounds = (max(lo, c), max(hi, c)) if op.op_type == "Max" else (min(lo, c), min(hi, c))
+            conv.op_type, conv.domain = "FusedConv", HETERO_DOMAIN
+            conv.attrs.update({"activation": "Clip", "activation_min": bounds[0], "activation_max": bounds[1]})
+            _absorb(graph, conv, [op])
+            count += 1
+    return count
+
+
 def _gathered_row(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, int] | None:
     """(X, i) when ``name`` is Gather(X, constant scalar i, axis=0) of a float32 X of rank 3, else None."""
     gather = producers.get(name)
@@ -1065,7 +1108,7 @@ def pow_to_mul(graph: Graph) -> int:
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
                                     fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
-                                    fuse_conv_activation, batch_gathered_gemms, fuse_matmul_bias,
+                                    fuse_conv_activation, fold_conv_clamp, batch_gathered_gemms, fuse_matmul_bias,
                                     fuse_matmul_integer_scale, fuse_layer_norm, fuse_rms_norm, fuse_attention,
                                     pow_to_mul)
 
