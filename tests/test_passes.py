@@ -781,15 +781,17 @@ def test_gemms_of_gathered_rows_keep_a_gathered_row_read_elsewhere():
 
 
 # Max / Min by a scalar after a conv: (the activation nodes, the clamps, the ops left, the rewrites). The clamps
-# tighten a Relu's or a Clip's bounds (a Max above a Clip's max makes the output constant); a LeakyRelu, a constant
-# of more than one value, a clamp read twice or a second input computed stay.
+# tighten a Relu's or a Clip's bounds (a Max above a Clip's max makes the output constant) or floor a LeakyRelu; a
+# Min after a LeakyRelu, a constant of more than one value, a clamp read twice or a second input computed stay.
 CLAMP_CASES = [
     ([], [("Max", "c_neg")], ["FusedConv"], 1),
     (["Relu"], [("Max", "c_neg")], ["FusedConv"], 1),
     (["Relu"], [("Max", "c_pos"), ("Min", "c_six")], ["FusedConv"], 2),
     (["Clip"], [("Max", "c_big")], ["FusedConv"], 1),
     ([], [("Min", "c_rank4")], ["FusedConv"], 1),
-    (["LeakyRelu"], [("Max", "c_neg")], ["FusedConv", "Max"], 0),
+    (["LeakyRelu"], [("Max", "c_neg")], ["FusedConv"], 1),
+    (["LeakyRelu"], [("Max", "c_neg"), ("Max", "c_pos")], ["FusedConv"], 2),
+    (["LeakyRelu"], [("Min", "c_pos")], ["FusedConv", "Min"], 0),
     ([], [("Max", "c_vector")], ["Conv", "Max"], 0),
     (["Relu"], [("Max", "shared")], ["FusedConv", "Max"], 0),  # the Relu fuses, its output a graph output
     (["Relu"], [("Max", "x2")], ["FusedConv", "Max"], 0),

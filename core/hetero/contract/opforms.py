@@ -71,6 +71,8 @@ _KERNEL_FORM: dict[str, tuple[str, str | None, float, str | None, float]] = {
     "Sigmoid": ("sigmoid", None, 0.0, None, 0.0),
     "Tanh": ("tanh", None, 0.0, None, 0.0),
     "LeakyRelu": ("leaky_relu", "activation_alpha", 0.01, None, 0.0),
+    # max(LeakyRelu(x), min): a LeakyRelu and a Max by a constant after it (fold_conv_clamp)
+    "LeakyReluMin": ("leaky_relu_min", "activation_alpha", 0.01, "activation_min", float("-inf")),
     "HardSigmoid": ("hard_sigmoid", "activation_alpha", 0.2, "activation_beta", 0.5),
     "HardSwish": ("hard_swish", None, 0.0, None, 0.0),
     "Silu": ("silu", None, 0.0, None, 0.0),

@@ -415,12 +415,15 @@ def fuse_conv_activation(graph: Graph) -> int:
 
 
 def _conv_bounds(conv: Node) -> tuple[float, float] | None:
-    """(lo, hi) of the clamp a Conv or FusedConv applies last: none, Relu or Clip; None for another activation."""
+    """(lo, hi) of the clamp a Conv or FusedConv applies last: none, Relu or Clip (a LeakyRelu's: its floor, inf);
+    None for another activation."""
     if conv.op_key == ("", "Conv"):
         return -math.inf, math.inf
     if conv.op_key != (HETERO_DOMAIN, "FusedConv"):
         return None
     activation = conv.attrs.get("activation", "")
+    if activation in ("LeakyRelu", "LeakyReluMin"):
+        return float(conv.attrs.get("activation_min", -math.inf)), math.inf
     if activation == "Relu":
         return 0.0, math.inf
     if activation == "Clip":
@@ -431,7 +434,8 @@ def _conv_bounds(conv: Node) -> tuple[float, float] | None:
 def fold_conv_clamp(graph: Graph) -> int:
     """Max / Min by a scalar constant after a Conv with no activation, a Relu or a Clip (Keras exports write
     ``tf.maximum(x, c)`` after a conv): the bounds tighten into the conv's Clip, ``max(clip(x, lo, hi), c) =
-    clip(x, max(lo, c), max(hi, c))`` and ``min(clip(x, lo, hi), c) = clip(x, min(lo, c), min(hi, c))``."""
+    clip(x, max(lo, c), max(hi, c))`` and ``min(clip(x, lo, hi), c) = clip(x, min(lo, c), min(hi, c))``. A Max
+    after a fused LeakyRelu makes it ``LeakyReluMin``, ``max(LeakyRelu(x), c)`` (openWakeWord's embedding net)."""
     count = 0
     keep = _read_by_subgraphs(graph)
     for conv in list(graph.nodes):
@@ -449,9 +453,15 @@ def fold_conv_clamp(graph: Graph) -> int:
             if math.isnan(c):
                 break
             lo, hi = bounds
+            leaky = conv.attrs.get("activation", "").startswith("LeakyRelu")
+            if leaky and op.op_type == "Min":  # min(LeakyRelu(x), c): no form of the kernels
+                break
             bounds = (max(lo, c), max(hi, c)) if op.op_type == "Max" else (min(lo, c), min(hi, c))
             conv.op_type, conv.domain = "FusedConv", HETERO_DOMAIN
-            conv.attrs.update({"activation": "Clip", "activation_min": bounds[0], "activation_max": bounds[1]})
+            if leaky:
+                conv.attrs.update({"activation": "LeakyReluMin", "activation_min": bounds[0]})
+            else:
+                conv.attrs.update({"activation": "Clip", "activation_min": bounds[0], "activation_max": bounds[1]})
             _absorb(graph, conv, [op])
             count += 1
     return count

@@ -21,6 +21,7 @@ ACTIVATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "Sigmoid": ("Sigmoid", ()),
     "Tanh": ("Tanh", ()),
     "LeakyRelu": ("LeakyRelu", ("alpha",)),
+    "LeakyReluMin": ("LeakyRelu", ("alpha",)),  # then Max by ``activation_min``
     "HardSigmoid": ("HardSigmoid", ("alpha", "beta")),
     "HardSwish": ("HardSwish", ()),
     "Silu": ("Silu", ()),  # x * sigmoid(x), matched from the two-node pattern
@@ -37,7 +38,8 @@ def apply_activation(ctx: OpContext, x: np.ndarray) -> np.ndarray:
     attrs = {p: ctx.node.attrs[f"activation_{p}"] for p in params if f"activation_{p}" in ctx.node.attrs}
     inner = Node(op_type, ["x"], ["y"], attrs, name=f"{ctx.node.name}/{op_type}")
     info = TensorInfo(ctx.inputs[0].dtype, x.shape) if ctx.inputs[0] is not None else None
-    return get("", op_type).reference(OpContext(inner, [info], [x], ctx.opset))[0]
+    y = get("", op_type).reference(OpContext(inner, [info], [x], ctx.opset))[0]
+    return np.maximum(y, np.asarray(ctx.attr("activation_min", -np.inf), y.dtype)) if name == "LeakyReluMin" else y
 
 
 def _conv_infer(ctx: OpContext) -> list[TensorInfo]:

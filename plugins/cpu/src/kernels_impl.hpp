@@ -237,6 +237,9 @@ void k_unary(int op, const float* x, float* y, i64 n, float alpha, float beta) {
     case hetero::U_LEAKY_RELU:
       map1(x, y, n, [&](V v) { return S::select(S::lt(v, zero), S::mul(v, va), v); });
       break;
+    case hetero::U_LEAKY_RELU_MIN:  // max(leaky_relu(x), beta): a fused conv's LeakyRelu and Max by a constant
+      map1(x, y, n, [&](V v) { return vnan_pass(v, S::max(S::select(S::lt(v, zero), S::mul(v, va), v), vb)); });
+      break;
     case hetero::U_ELU:
       map1(x, y, n, [&](V v) { return S::select(S::lt(v, zero), S::mul(va, vexpm1(v)), v); });
       break;

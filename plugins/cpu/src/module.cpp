@@ -107,6 +107,7 @@ const std::unordered_map<std::string, int>& unary_ops() {
       {"softsign", U_SOFTSIGN}, {"exp", U_EXP}, {"log", U_LOG}, {"sqrt", U_SQRT}, {"rsqrt", U_RSQRT},
       {"neg", U_NEG}, {"abs", U_ABS}, {"reciprocal", U_RECIPROCAL}, {"erf", U_ERF}, {"floor", U_FLOOR},
       {"ceil", U_CEIL}, {"round", U_ROUND}, {"sin", U_SIN}, {"cos", U_COS}, {"clip", U_CLIP}, {"mish", U_MISH},
+      {"leaky_relu_min", U_LEAKY_RELU_MIN},
   };
   return m;
 }

@@ -341,6 +341,7 @@ def _ref_unary(op, x, alpha, beta):
         return {
             "relu": lambda: np.maximum(x, 0),
             "leaky_relu": lambda: np.where(x < 0, alpha * x, x),
+            "leaky_relu_min": lambda: np.maximum(np.where(x < 0, alpha * x, x), beta),
             "elu": lambda: np.where(x < 0, alpha * np.expm1(x), x),
             "selu": lambda: beta * np.where(x > 0, x, alpha * np.expm1(x)),
             "celu": lambda: np.maximum(0, x) + np.minimum(0, alpha * np.expm1(x / alpha)),
@@ -373,6 +374,7 @@ def _ref_unary(op, x, alpha, beta):
 
 UNARY_PARAMS = {
     "leaky_relu": (0.1, 0.0),
+    "leaky_relu_min": (0.2, -0.4),
     "elu": (1.3, 0.0),
     "selu": (1.6732632, 1.0507010),
     "celu": (0.7, 0.0),

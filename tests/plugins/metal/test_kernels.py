@@ -38,6 +38,16 @@ def test_unary(queue, rng, op, ref):
     np.testing.assert_allclose(y, ref(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
 
 
+def test_leaky_relu_min(queue, rng):
+    """max(LeakyRelu(x), beta), the fused conv activation of a LeakyRelu and a Max by a constant; NaN stays NaN."""
+    x = rng.standard_normal(1000).astype(np.float32) * 4
+    x[7] = np.nan
+    y = np.full_like(x, 1.0)
+    run(queue, dispatch("unary_f32", {"x": x, "y": y, "p": {"n": x.size, "op": UNARY["leaky_relu_min"], "alpha": 0.2,
+                                                            "beta": -0.4}}, (groups_for(x.size, 256),), (256,)))
+    np.testing.assert_allclose(y, np.maximum(np.where(x < 0, 0.2 * x, x), np.float32(-0.4)), rtol=1e-6)
+
+
 def test_binary_broadcast(queue, rng):
     a = rng.standard_normal((3, 1, 5)).astype(np.float32)
     b = rng.standard_normal((4, 1)).astype(np.float32)

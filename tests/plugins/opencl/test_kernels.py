@@ -76,6 +76,26 @@ def test_conv(shape, w, attrs):
     check_onnx("Conv", {"x": rand(*shape)}, attrs, consts={"w": rand(*w), "b": rand(w[0])})
 
 
+@pytest.mark.parametrize("act", ["LeakyRelu", "Relu"])
+def test_fused_conv_with_a_max_by_a_constant(act):
+    """fold_conv_clamp turns Conv, LeakyRelu (or Relu), Max by a constant into one FusedConv on opencl."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[0, 1, 0, 1]),
+             helper.make_node(act, ["c"], ["r"], **({"alpha": 0.2} if act == "LeakyRelu" else {})),
+             helper.make_node("Max", ["r", "c0"], ["y"])]
+    inits = {"w": rand(5, 3, 1, 3), "b": rand(5), "c0": np.full((1, 1, 1, 1), -0.4 if act == "LeakyRelu" else 0.3,
+                                                                  np.float32)}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rand(1, 3, 6, 7, scale=2.0)}
+    session = hetero.Session(model, backends=["opencl"], on_fallback="error")
+    assert [p.op_type for p in session.placement.nodes] == ["FusedConv"]
+    np.testing.assert_allclose(session.run(feeds)["y"], hetero.Session(model, backends=["reference"],
+                                                                       optimize=False).run(feeds)["y"],
+                               rtol=1e-4, atol=1e-5)
+
+
 def test_fused_conv_and_matmul_with_activations():
     """Graph passes fuse Conv+Relu and MatMul+Add+Clip; both must stay on opencl."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])

@@ -18,6 +18,7 @@ UNARY = {
     "hard_swish": 8, "tanh": 9, "softplus": 10, "softsign": 11, "exp": 12, "log": 13, "sqrt": 14, "neg": 15,
     "abs": 16, "reciprocal": 17, "floor": 19, "ceil": 20, "round": 21, "sin": 22, "cos": 23, "mish": 24,
     "clip": 25, "gelu_tanh": 27, "silu": 28, "sign": 29, "thresholded_relu": 30, "tan": 31,
+    "leaky_relu_min": 32,
 }
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Max": 5, "Min": 6, "PRelu": 7}
 MAX_RANK = 8

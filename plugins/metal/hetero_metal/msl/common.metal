@@ -55,6 +55,7 @@ static inline float unary_op(float x, uint op, float alpha, float beta) {
         case 29: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);           // sign (NaN stays NaN)
         case 30: return x > alpha ? x : 0.0f;                                // thresholded_relu
         case 31: return tan(x);
+        case 32: return isnan(x) ? x : max(x >= 0.0f ? x : alpha * x, beta);  // leaky_relu_min
         default: return NAN;
     }
 }

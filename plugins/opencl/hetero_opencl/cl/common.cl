@@ -58,6 +58,7 @@
 #define U_SIGN 29
 #define U_THRESHOLDED_RELU 30
 #define U_TAN 31
+#define U_LEAKY_RELU_MIN 32
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + exp(-x)); }
 
@@ -68,6 +69,7 @@ inline float activate(float x, int op, float a, float b) {
     case U_IDENTITY: return x;
     case U_RELU: return fmax(x, 0.0f);
     case U_LEAKY_RELU: return x < 0.0f ? a * x : x;
+    case U_LEAKY_RELU_MIN: return isnan(x) ? x : fmax(x < 0.0f ? a * x : x, b);
     case U_ELU: return x < 0.0f ? a * (exp(x) - 1.0f) : x;
     case U_SELU: return x <= 0.0f ? b * (a * exp(x) - a) : b * x;
     case U_CELU: return fmax(0.0f, x) + fmin(0.0f, a * (exp(x / a) - 1.0f));
