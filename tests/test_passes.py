@@ -679,7 +679,8 @@ def test_attention_whose_mask_broadcasts_the_batch_up(backend):
 # (Conv attributes, group, input chain, rewrites, ops left): PP-LCNetV3's learnable affine block (``s * h + t`` of
 # scalars after an activation) before a 1x1 conv folds whole; before a padded conv (a depthwise one too) the scale
 # folds and an Add of t / s stays; a lone Mul or Add (the constant first or second) folds where it may; a value read
-# twice, or a constant of rank > 1, stays.
+# twice, or a constant along another axis than the channels, stays. Per-channel constants and an inference
+# BatchNormalization fold the same way (a BatchNormalization before a padded conv stays).
 INPUT_AFFINE_CASES = [
     ({}, 1, "mul_add", 2, ["Conv", "Relu"]),
     ({"pads": [1, 1, 1, 1]}, 1, "mul_add", 1, ["Add", "Conv", "Relu"]),
@@ -689,7 +690,14 @@ INPUT_AFFINE_CASES = [
     ({"pads": [1, 1, 1, 1]}, 1, "add_only", 0, ["Add", "Conv", "Relu"]),
     ({"pads": [1, 1, 1, 1]}, 1, "mul_first", 1, ["Conv", "Relu"]),
     ({}, 1, "mul_add_shared", 0, ["Add", "Add", "Conv", "Mul", "Relu"]),
-    ({}, 1, "mul_add_rank4", 1, ["Conv", "Mul", "Relu"]),  # a [1, 1, 1, 1] scale: only the Add folds
+    ({}, 1, "mul_add_rank4", 2, ["Conv", "Relu"]),  # a [1, 1, 1, 1] scale against the rank-4 map
+    ({}, 1, "mul_add_channels", 2, ["Conv", "Relu"]),  # per-channel s and t
+    ({}, 2, "mul_add_channels", 2, ["Conv", "Relu"]),  # grouped: each output channel's own input channels
+    ({"pads": [1, 1, 1, 1]}, 1, "mul_add_channels", 1, ["Add", "Conv", "Relu"]),  # an Add of t / s per channel
+    ({}, 1, "mul_add_width", 0, ["Add", "Conv", "Mul", "Relu"]),  # constants along the width: no fold
+    ({}, 1, "batchnorm", 1, ["Conv", "Relu"]),
+    ({}, 4, "batchnorm", 1, ["Conv", "Relu"]),
+    ({"pads": [1, 1, 1, 1]}, 1, "batchnorm", 0, ["BatchNormalization", "Conv", "Relu"]),  # zero padding: stays
 ]
 
 
@@ -703,6 +711,8 @@ def test_conv_input_affine_folds(backend, attrs, group, chain, rewrites, left):
     nodes = [helper.make_node("Relu", ["x"], ["h"])]
     if chain.startswith("mul_add"):
         nodes += [helper.make_node("Mul", ["s", "h"], ["m"]), helper.make_node("Add", ["m", "t"], ["a"])]
+    elif chain == "batchnorm":
+        nodes += [helper.make_node("BatchNormalization", ["h", "bs", "bb", "bm", "bv"], ["a"], epsilon=1e-3)]
     elif chain == "add_first":
         nodes += [helper.make_node("Add", ["t", "h"], ["a"])]
     elif chain == "add_only":
@@ -715,7 +725,14 @@ def test_conv_input_affine_folds(backend, attrs, group, chain, rewrites, left):
         nodes.append(helper.make_node("Add", ["a", "a"], ["z"]))
         outputs.append(("z", TensorProto.FLOAT, None))
     inits = [("w", rng.normal(size=(6, 4 // group, k, k)).astype(f32)), ("b", rng.normal(size=6).astype(f32)),
-             ("s", np.full((1, 1, 1, 1) if chain.endswith("rank4") else (1,), 0.75, f32)), ("t", np.array(-0.4, f32))]
+             ("s", np.full((1, 1, 1, 1) if chain.endswith("rank4") else (1,), 0.75, f32)), ("t", np.array(-0.4, f32)),
+             *[(n, rng.uniform(0.5, 1.5, 4).astype(f32)) for n in ("bs", "bv")],
+             *[(n, rng.normal(size=4).astype(f32)) for n in ("bb", "bm")]]
+    if chain == "mul_add_channels":
+        inits[2:4] = [("s", rng.uniform(-1.5, 1.5, (4, 1, 1)).astype(f32)),
+                      ("t", rng.normal(size=(1, 4, 1, 1)).astype(f32))]
+    elif chain == "mul_add_width":
+        inits[2:4] = [("s", rng.uniform(0.5, 1.5, 9).astype(f32)), ("t", rng.normal(size=(1, 1, 9)).astype(f32))]
     if group == 4:
         inits[0] = ("w", rng.normal(size=(4, 1, k, k)).astype(f32))
         inits[1] = ("b", rng.normal(size=4).astype(f32))

@@ -206,25 +206,45 @@ def fold_conv_scale_shift(graph: Graph) -> int:
     return count
 
 
-def _scalar_operand(graph: Graph, node: Node, op: str) -> tuple[str, float] | None:
-    """(the other input, the value) of an ``op`` node of two inputs, one of them a float constant of one element
-    and of rank <= 1 (so that the result has the other input's shape)."""
+def _channel_operand(graph: Graph, node: Node, op: str, channels: int, rank: int) -> tuple[str, np.ndarray] | None:
+    """(the other input, one float64 value per channel) of an ``op`` node of two inputs, one of them a finite
+    float32 constant that broadcasts along the channel axis alone (or is a scalar) against the other input, of
+    ``rank``, so that the result has the other input's shape."""
     if node.op_key != ("", op) or len(node.inputs) != 2:
         return None
     for at in (0, 1):
         const = graph.initializers.get(node.inputs[1 - at])
-        if const is not None and np.size(const) == 1 and np.ndim(const) <= 1 and const.dtype == np.float32:
-            value = float(np.asarray(const).reshape(-1)[0])
-            return (node.inputs[at], value) if math.isfinite(value) else None
+        if const is None or _rank(graph, node.inputs[at]) != rank:
+            continue
+        value = _per_channel(np.asarray(const), channels, rank)
+        if value is not None and np.all(np.isfinite(value)):
+            return node.inputs[at], value
     return None
 
 
+def _batchnorm_affine(graph: Graph, bn: Node, channels: int, rank: int) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(input, scale, shift) of an inference BatchNormalization of constant statistics over ``channels``."""
+    if bn.op_key != ("", "BatchNormalization") or bn.attrs.get("training_mode") or _rank(graph, bn.inputs[0]) != rank:
+        return None
+    if len([o for o in bn.outputs if o]) != 1 or not all(n in graph.initializers for n in bn.inputs[1:5]):
+        return None
+    scale, bias, mean, var = (np.asarray(graph.initializers[n], np.float64) for n in bn.inputs[1:5])
+    if any(a.shape != (channels,) for a in (scale, bias, mean, var)):
+        return None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+    t = bias - mean * s
+    return (bn.inputs[0], s, t) if np.all(np.isfinite(s)) and np.all(np.isfinite(t)) else None
+
+
 def fold_conv_input_affine(graph: Graph) -> int:
-    """Conv with constant weights whose input is ``s * h + t`` of scalar constants (PP-LCNetV3's learnable affine
-    blocks after each activation: PP-OCRv4 rec runs a Mul and an Add over every activation map): the scale folds
-    into the weights, ``s W``, the shift into the bias, ``b + t sum(W)``, where the conv pads nothing. Zero padding
-    is not shifted, so a padded conv keeps an ``Add`` of ``t / s`` before it and takes only the scale (``s h + t =
-    s (h + t / s)``): one pass over the map instead of two."""
+    """Conv with constant weights whose input is ``s * h + t`` of scalar or per-channel constants (PP-LCNetV3's
+    learnable affine blocks after each activation: PP-OCRv4 rec runs a Mul and an Add over every activation map), or
+    an inference BatchNormalization (a Keras ``Conv, ReLU, BatchNormalization, Conv``): the scale folds into the
+    weights, ``s W`` per input channel, the shift into the bias, ``b + sum(W t)``, where the conv pads nothing. Zero
+    padding is not shifted, so a padded conv keeps an ``Add`` of ``t / s`` before it and takes only the scale (``s h
+    + t = s (h + t / s)``, every s nonzero): one pass over the map instead of two; a BatchNormalization before a
+    padded conv stays."""
     count = 0
     keep = _read_by_subgraphs(graph) | set(graph.outputs)
     producers = {out: node for node in graph.nodes for out in node.outputs}
@@ -232,36 +252,50 @@ def fold_conv_input_affine(graph: Graph) -> int:
         w = _constant_conv_weight(graph, conv)
         if w is None or w.dtype != np.float32:
             continue
+        group, rank = int(conv.attrs.get("group", 1)), w.ndim
+        channels = w.shape[1] * group
 
         def sole_user(name: str, user: Node) -> Node | None:
             node = producers.get(name)
             return node if node is not None and name not in keep and _single_consumer(graph, name) is user else None
 
-        add = sole_user(conv.inputs[0], conv)
-        shifted = _scalar_operand(graph, add, "Add") if add is not None else None
-        if shifted is None:
-            add = None
-        h, t = shifted if shifted is not None else (conv.inputs[0], 0.0)
-        mul = sole_user(h, add if add is not None else conv)
-        scaled = _scalar_operand(graph, mul, "Mul") if mul is not None else None
-        if scaled is None:
-            mul = None
-        if mul is None and add is None:
-            continue
-        h, s = scaled if scaled is not None else (h, 1.0)
         padded = any(int(p) for p in conv.attrs.get("pads", [])) or conv.attrs.get("auto_pad", "NOTSET") not in (
             "NOTSET", "VALID")
-        if padded and (mul is None or s == 0.0):
-            continue
+        first = sole_user(conv.inputs[0], conv)
+        bn = _batchnorm_affine(graph, first, channels, rank) if first is not None and not padded else None
+        mul = add = None
+        if bn is not None:
+            h, s, t = bn
+        else:
+            add = first
+            shifted = _channel_operand(graph, add, "Add", channels, rank) if add is not None else None
+            if shifted is None:
+                add = None
+            h, t = shifted if shifted is not None else (conv.inputs[0], np.zeros(channels))
+            mul = sole_user(h, add if add is not None else conv)
+            scaled = _channel_operand(graph, mul, "Mul", channels, rank) if mul is not None else None
+            if scaled is None:
+                mul = None
+            if mul is None and add is None:
+                continue
+            h, s = scaled if scaled is not None else (h, np.ones(channels))
+            if padded and (mul is None or not np.all(s)):
+                continue
+        # each output channel's input channels: s and t as [Cout, Cin / group, 1...] against the weights
+        per_group = w.shape[0] // group
+        taps = ((np.arange(w.shape[0]) // per_group)[:, None] * w.shape[1] + np.arange(w.shape[1])[None, :]).reshape(
+            *w.shape[:2], *([1] * (rank - 2)))
         w64 = np.asarray(w, np.float64)
         w_name = f"{conv.name}/input_scaled_w"
-        graph.initializers[w_name] = (w64 * s).astype(np.float32)
+        graph.initializers[w_name] = (w64 * s[taps]).astype(np.float32)
         bias = conv.inputs[2:3]
-        removed = [n for n in (mul, None if padded else add) if n is not None]
+        removed = [n for n in (first if bn is not None else None, mul, None if padded else add) if n is not None]
         if padded:
             if add is not None:  # the Add stays, of t / s, on h
                 t_name = f"{conv.name}/input_shift"
-                graph.initializers[t_name] = np.asarray(t / s, np.float32)
+                shift = t / s
+                graph.initializers[t_name] = (np.asarray(shift[0], np.float32) if np.all(shift == shift[0]) else
+                                              shift.reshape(channels, *([1] * (rank - 2))).astype(np.float32))
                 add.inputs = [h, t_name]
             else:
                 conv.inputs[0] = h
@@ -269,7 +303,8 @@ def fold_conv_input_affine(graph: Graph) -> int:
             b64 = (np.asarray(graph.initializers[bias[0]], np.float64) if bias and bias[0]
                    else np.zeros(w.shape[0]))
             b_name = f"{conv.name}/input_shifted_b"
-            graph.initializers[b_name] = (b64 + t * w64.reshape(w.shape[0], -1).sum(axis=1)).astype(np.float32)
+            graph.initializers[b_name] = (b64 + (w64 * t[taps]).reshape(w.shape[0], -1).sum(axis=1)).astype(
+                np.float32)
             conv.inputs[0], bias = h, [b_name]
         conv.inputs = [conv.inputs[0], w_name, *bias]
         for node in removed:
