@@ -118,20 +118,14 @@ def fold_conv_batchnorm(graph: Graph) -> int:
         if w is None:
             continue
         bn = _single_consumer(graph, conv.outputs[0])
-        if bn is None or bn.op_key != ("", "BatchNormalization") or bn.attrs.get("training_mode"):
+        if bn is None or w.dtype != np.float32 or (affine := _batchnorm_affine(graph, bn, w.shape[0], None)) is None:
             continue
-        if len([o for o in bn.outputs if o]) != 1 or not all(n in graph.initializers for n in bn.inputs[1:5]):
-            continue
-        scale, shift, mean, var = (np.asarray(graph.initializers[n], np.float64) for n in bn.inputs[1:5])
-        if w.dtype != np.float32 or scale.shape != (w.shape[0],):
-            continue
+        _, mul, shift = affine
         bias = (np.asarray(graph.initializers[conv.inputs[2]], np.float64)
                 if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0]))
-        with np.errstate(invalid="ignore", divide="ignore"):  # a broken model's statistics stay its own problem
-            mul = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
         w_name, b_name = f"{conv.name}/folded_w", f"{conv.name}/folded_b"
         graph.initializers[w_name] = (w * mul.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
-        graph.initializers[b_name] = ((bias - mean) * mul + shift).astype(np.float32)
+        graph.initializers[b_name] = (bias * mul + shift).astype(np.float32)
         conv.inputs = [conv.inputs[0], w_name, b_name]
         conv.outputs = [bn.outputs[0]]
         graph.nodes.remove(bn)
@@ -222,9 +216,14 @@ def _channel_operand(graph: Graph, node: Node, op: str, channels: int, rank: int
     return None
 
 
-def _batchnorm_affine(graph: Graph, bn: Node, channels: int, rank: int) -> tuple[str, np.ndarray, np.ndarray] | None:
-    """(input, scale, shift) of an inference BatchNormalization of constant statistics over ``channels``."""
-    if bn.op_key != ("", "BatchNormalization") or bn.attrs.get("training_mode") or _rank(graph, bn.inputs[0]) != rank:
+def _batchnorm_affine(graph: Graph, bn: Node, channels: int, rank: int | None
+                      ) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(input, scale, shift) of an inference BatchNormalization of constant statistics over ``channels`` (and an
+    input of ``rank`` where one is given): ``bn(x) = scale * x + shift``; None for any other node, or for statistics
+    that make either non-finite (such a node stays as it is)."""
+    if bn.op_key != ("", "BatchNormalization") or bn.attrs.get("training_mode"):
+        return None
+    if rank is not None and _rank(graph, bn.inputs[0]) != rank:
         return None
     if len([o for o in bn.outputs if o]) != 1 or not all(n in graph.initializers for n in bn.inputs[1:5]):
         return None
