@@ -1,8 +1,8 @@
 """benchmarks/qgemm_rows.py's native tile benchmark, built against plugins/cpu/src for each ISA this CPU runs: it
-exits non-zero when any row of an M = 2 / 4 / 8 tile differs in a bit from the one-row GEMV (q4_k, q6_k, q4_0, q8_0
-at the tile level, odd N), and it must keep compiling against the kernel headers it measures. Its streamed mode (2
-threads, each over copies of the matrix on 2 MiB pages) exits non-zero when a thread's output is not the one-row
-GEMV's."""
+exits non-zero when any row of an M = 2 / 4 / 8 tile differs in a bit from the one-row GEMV (q4_k, q6_k, q4_0, q8_0,
+q5_0, q5_1, q5_k at the tile level, odd N), and it must keep compiling against the kernel headers it measures. Its
+streamed mode (2 threads, each over copies of the matrix on 2 MiB pages) exits non-zero when a thread's output is not
+the one-row GEMV's."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_tiles_bitwise_one_row(isa):
         pytest.skip(f"this CPU does not run {isa}")
     mod = bench_module()
     res = mod.run(mod.build(isa, mod.INCLUDE), n=72, k=512, reps=1)  # 5 groups, the last one half full
-    assert sorted(res) == ["q4_0", "q4_k", "q6_k", "q8_0"]
+    assert sorted(res) == ["q4_0", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q8_0"]
     for fmt, (n, k, nbytes, t1, digest, ms) in res.items():
         assert (n, k) == (72, 512) and nbytes > 0 and t1 > 0, fmt
         assert len(digest) == 16 and sorted(ms) == [2, 4, 8], fmt
