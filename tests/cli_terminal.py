@@ -79,11 +79,17 @@ class Terminal:
     def send(self, text: str) -> None:
         os.write(self.master, text.encode())
 
-    def wait(self, timeout: float = TIMEOUT) -> int:
-        """The exit status, after reading what is left."""
+    def exited(self, timeout: float) -> bool:
+        """Whether the command ends within ``timeout`` seconds (reading its output meanwhile)."""
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None and time.monotonic() < deadline:
             self._read(0.2)
+        return self.proc.poll() is not None
+
+    def wait(self, timeout: float = TIMEOUT) -> int:
+        """The exit status, after reading what is left."""
+        deadline = time.monotonic() + timeout
+        self.exited(timeout)
         while self._read(0.1):
             pass
         code = self.proc.wait(max(0.1, deadline - time.monotonic()))
