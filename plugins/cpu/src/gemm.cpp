@@ -293,10 +293,10 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
   const i64 KC = kr.kc, MC = kr.mc, NC = kr.nc;
   // A ragged last row panel (M = 32, 64, 80, 128 with mr = 12: 8 or 4 rows) runs the direct-conv tile on the packed
   // panels (row k of B at k * NR), whose 8- and 4-row variants skip the zero rows the full kernel would multiply;
-  // a ragged last column panel of at most one vector (a 1x1 conv on 14 x 14 or 28 x 28: 4 or 16 of 32 columns) its
+  // a ragged last column panel of at most one vector (a 1x1 conv on 28 x 28: 16 of 32 columns) its
   // one-vector variant, which skips the zero half, both storing straight into C (no tile and axpby pass).
   const ExtraKernels& xk = extra_for(kr);
-  const bool ragged = M % MR != 0 || N % NR != 0;
+  const bool ragged = M % MR != 0 || (N % NR != 0 && N % NR <= xk.lanes);
   std::vector<i64> b_rows(static_cast<std::size_t>(ragged && alpha == 1.f ? std::min(K, KC) : 0));
   for (std::size_t k = 0; k < b_rows.size(); ++k) b_rows[k] = static_cast<i64>(k) * NR;
   // Columns split across threads (tn > 1: a transformer's weight GEMMs, M = a few hundred tokens, split along N)
@@ -365,7 +365,7 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
               float* cp = c + ir * ldc + jr;
               if (nrows == MR && ncols == NR) {
                 kr.ukernel(kc, apan, bpan, cp, ldc, alpha, beta_eff);
-              } else if (beta_eff == 0.f && !b_rows.empty() &&
+              } else if ((nrows < MR || ncols <= xk.lanes) && beta_eff == 0.f && !b_rows.empty() &&
                          xk.conv_tile(MR, ncols <= xk.lanes ? xk.lanes : NR, kc, apan, bpan, b_rows.data(), cp, ldc,
                                       static_cast<int>(nrows), static_cast<int>(ncols))) {
               } else {
