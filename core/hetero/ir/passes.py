@@ -478,10 +478,10 @@ def fold_conv_clamp(graph: Graph) -> int:
             op = _single_consumer(graph, conv.outputs[0])
             if op is None or op.domain != "" or op.op_type not in ("Max", "Min"):
                 break
-            const = graph.initializers.get(op.inputs[1 - op.inputs.index(conv.outputs[0])]) if len(
-                op.inputs) == 2 else None
+            name = _times_constant_any(graph, op, op.op_type, conv.outputs[0])
+            const = None if name is None else graph.initializers[name]
             rank = _rank(graph, conv.outputs[0]) or 1  # a constant of no higher rank keeps the conv's shape
-            if const is None or const.dtype != np.float32 or np.size(const) != 1 or np.ndim(const) > rank:
+            if const is None or const.dtype != np.float32 or np.ndim(const) > rank:
                 break
             c = float(np.asarray(const).reshape(-1)[0])
             if math.isnan(c):
