@@ -2,8 +2,8 @@
 // repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
 // Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM (default 4; 1 = one
 // contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes the decode kernels
-// prefetch ahead of the weight stream, into L2 (default 3072, every tile size), HETERO_LLM_HUGE=0 =
-// the repacked weights on the allocator's ordinary pages (see WeightArena).
+// prefetch ahead of the weight stream, into L2 (default 3072; calls of more than 8 rows: 4096 into L1),
+// HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
