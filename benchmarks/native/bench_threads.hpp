@@ -1,10 +1,14 @@
-// What the native benchmarks share: a spin barrier that starts N threads' passes together, and buffers on 2 MiB
-// pages (as hetero's repacked weights, plugins/cpu/src/llm.cpp's WeightArena). Header-only, no -m flags.
+// What the native benchmarks share: a spin barrier that starts N threads' passes together, the passes' wall times
+// as the threads themselves saw them, and buffers on 2 MiB pages (as hetero's repacked weights,
+// plugins/cpu/src/llm.cpp's WeightArena). Header-only, no -m flags.
 #pragma once
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -28,6 +32,33 @@ class Barrier {
  private:
   const int n_;
   std::atomic<int> count_{0}, gen_{0};
+};
+
+// The wall time of each pass of N threads: every thread stamps its own start and end, a pass lasts from the first
+// start to the last end. Only the worker threads take part: a timing thread of its own (the previous design) was a
+// third runnable thread on a 2-core machine, and when it was scheduled late its start stamp fell after the workers'
+// pass (a 2-thread probe of 64 MiB once read "1303 GB/s") while its spinning took a core from them.
+class PassClock {
+ public:
+  PassClock(int threads, int passes)
+      : passes_(passes), start_(static_cast<std::size_t>(threads * passes)), end_(start_.size()) {}
+  void start(int thread, int pass) { start_[slot(thread, pass)] = now(); }
+  void end(int thread, int pass) { end_[slot(thread, pass)] = now(); }
+  // After the threads are joined: the pass's seconds.
+  double seconds(int pass) const {
+    double first = 1e300, last = -1e300;
+    for (std::size_t i = static_cast<std::size_t>(pass); i < start_.size(); i += static_cast<std::size_t>(passes_))
+      first = std::min(first, start_[i]), last = std::max(last, end_[i]);
+    return last - first;
+  }
+
+ private:
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  std::size_t slot(int thread, int pass) const { return static_cast<std::size_t>(thread * passes_ + pass); }
+  const int passes_;
+  std::vector<double> start_, end_;
 };
 
 // A buffer of at least `bytes`, 2 MiB-aligned; huge: ask Linux for transparent huge pages (advice only: a refusal

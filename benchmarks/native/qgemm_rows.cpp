@@ -130,24 +130,27 @@ int main(int argc, char** argv) {
     auto med = [](std::vector<double> v) { return std::sort(v.begin(), v.end()), v[v.size() / 2]; };
     if (stream_mib > 0) {
       const std::size_t mbytes = w.size(), copies = std::max<std::size_t>(1, (stream_mib << 20) / mbytes);
-      bench::Barrier barrier(nthreads + 1);
+      bench::Barrier barrier(nthreads);
+      bench::PassClock clock(nthreads, reps + 1);
       std::atomic<bool> differs{false};  // a thread's output over its last copy is not the one-row GEMV's
       std::vector<double> secs, cpu(static_cast<std::size_t>(reps), 0.0);  // cpu: the slowest thread's CPU time
       std::mutex cpu_mu;
       std::vector<std::thread> threads;
       for (int t = 0; t < nthreads; ++t)
-        threads.emplace_back([&] {
+        threads.emplace_back([&, t] {
           auto* buf = static_cast<std::uint8_t*>(bench::page_alloc(copies * mbytes, true));
           for (std::size_t j = 0; j < copies; ++j) std::memcpy(buf + j * mbytes, w.data(), mbytes);  // first touch
           std::vector<float> yt(static_cast<std::size_t>(n));
           for (int r = 0; r <= reps; ++r) {  // pass 0: warm-up
             barrier.wait();
+            clock.start(t, r);
             const double c0 = cpu_seconds();
             for (std::size_t j = 0; j < copies; ++j)
               for (i64 g = 0; g < pk.groups; ++g)
                 c.tile(pk, buf + j * mbytes + g * pk.group_bytes, x, 0, 1, yt.data() + g * QR, n,
                        static_cast<int>(std::min<i64>(QR, n - g * QR)));
             const double c1 = cpu_seconds() - c0;
+            clock.end(t, r);
             {
               std::lock_guard<std::mutex> lock(cpu_mu);
               if (r) cpu[static_cast<std::size_t>(r - 1)] = std::max(cpu[static_cast<std::size_t>(r - 1)], c1);
@@ -157,13 +160,8 @@ int main(int argc, char** argv) {
           if (std::memcmp(yt.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(n)) != 0) differs = true;
           std::free(buf);
         });
-      for (int r = 0; r <= reps; ++r) {
-        barrier.wait();
-        const auto t0 = std::chrono::steady_clock::now();
-        barrier.wait();
-        if (r) secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
       for (auto& th : threads) th.join();
+      for (int r = 1; r <= reps; ++r) secs.push_back(clock.seconds(r));
       if (differs) {
         std::fprintf(stderr, "%s: the streamed GEMV differs from the one-row GEMV\n", c.name);
         return 1;

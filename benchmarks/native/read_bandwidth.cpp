@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -46,8 +45,9 @@ int main(int argc, char** argv) {
   const int nt = std::atoi(argv[1]), reps = std::atoi(argv[3]);
   const std::size_t words = static_cast<std::size_t>(std::atol(argv[2])) * (1u << 20) / 8;
   if (nt < 1 || reps < 1 || words < 8) return 2;
-  bench::Barrier barrier(nt + 1);
-  std::vector<double> secs(static_cast<std::size_t>(reps)), cpu(secs.size(), 0.0);  // cpu: the slowest thread's
+  bench::Barrier barrier(nt);
+  bench::PassClock clock(nt, reps);
+  std::vector<double> cpu(static_cast<std::size_t>(reps), 0.0);  // the slowest thread's
   std::mutex cpu_mu;
   std::atomic<std::uint64_t> sink{0};
   std::vector<std::thread> threads;
@@ -55,12 +55,13 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, t] {
       auto* buf = static_cast<std::uint64_t*>(bench::page_alloc(words * 8, huge));
       for (std::size_t i = 0; i < words; ++i) buf[i] = static_cast<std::uint64_t>(t) + 1;  // first touch: this thread
-      barrier.wait();
       for (int r = 0; r < reps; ++r) {
         barrier.wait();
+        clock.start(t, r);
         const double c0 = cpu_seconds();
         sink.fetch_add(sum_buffer(buf, words), std::memory_order_relaxed);
         const double c1 = cpu_seconds() - c0;
+        clock.end(t, r);
         {
           std::lock_guard<std::mutex> lock(cpu_mu);
           cpu[static_cast<std::size_t>(r)] = std::max(cpu[static_cast<std::size_t>(r)], c1);
@@ -69,16 +70,9 @@ int main(int argc, char** argv) {
       }
       std::free(buf);
     });
-  barrier.wait();  // buffers allocated
-  for (int r = 0; r < reps; ++r) {
-    barrier.wait();
-    const auto t0 = std::chrono::steady_clock::now();
-    barrier.wait();
-    secs[static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
   for (auto& th : threads) th.join();
   std::printf("{\"threads\": %d, \"bytes_per_pass\": %.0f, \"seconds\": [", nt, 8.0 * words * nt);
-  for (int r = 0; r < reps; ++r) std::printf("%s%.6f", r ? ", " : "", secs[static_cast<std::size_t>(r)]);
+  for (int r = 0; r < reps; ++r) std::printf("%s%.6f", r ? ", " : "", clock.seconds(r));
   std::printf("], \"cpu_seconds\": [");
   for (int r = 0; r < reps; ++r) std::printf("%s%.6f", r ? ", " : "", cpu[static_cast<std::size_t>(r)]);
   std::printf("], \"checksum\": %llu}\n", static_cast<unsigned long long>(sink.load()));
