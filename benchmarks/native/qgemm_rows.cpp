@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   std::mt19937 gen(1);
   const Case cases[] = {make_case<4, true, 1>("q4_k", 1, 8, n, k), make_case<6, false, 2>("q6_k", 2, 8, n, k),
                         make_case<4, false, 0>("q4_0", 0, 1, n, k), make_case<8, false, 0>("q8_0", 0, 1, n, k),
-                        make_case<5, false, 0>("q5_0", 0, 1, n, k), make_case<5, true, 0>("q5_1", 0, 1, n, k),
+                        make_case<5, false, 0>("q5_0", 0, 8, n, k), make_case<5, true, 0>("q5_1", 0, 8, n, k),
                         make_case<5, true, 1>("q5_k", 1, 8, n, k)};
   for (const Case& c : cases) {
     const QPack& pk = c.pk;
