@@ -78,9 +78,10 @@ int main(int argc, char** argv) {
   const i64 stream_mib = argc > 4 ? std::atol(argv[4]) : 0;
   const int nthreads = argc > 5 ? std::max(1, std::atoi(argv[5])) : 1;
   std::mt19937 gen(1);
+  // sub as the plugin packs them (llm_ggml.cpp's ggml_pack: q5_0 / q5_1 in runs of 8 records; hetero's q4 / q8: 1)
   const Case cases[] = {make_case<4, true, 1>("q4_k", 1, 8, n, k), make_case<6, false, 2>("q6_k", 2, 8, n, k),
                         make_case<4, false, 0>("q4_0", 0, 1, n, k), make_case<8, false, 0>("q8_0", 0, 1, n, k),
-                        make_case<5, false, 0>("q5_0", 0, 1, n, k), make_case<5, true, 0>("q5_1", 0, 1, n, k),
+                        make_case<5, false, 0>("q5_0", 0, 8, n, k), make_case<5, true, 0>("q5_1", 0, 8, n, k),
                         make_case<5, true, 1>("q5_k", 1, 8, n, k)};
   for (const Case& c : cases) {
     const QPack& pk = c.pk;

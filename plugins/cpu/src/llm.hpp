@@ -26,7 +26,10 @@ namespace llm {
 //         kq == 1 (q4_k, q5_k): sc[16] | mn[16]     (u8: 6-bit scale and min of this block of 32, per row)
 //         kq == 2 (q6_k):       sc_lo[16] | sc_hi[16] (i8: the scales of the block's first and second 16 elements)
 // k-quant records are grouped by super-block (sub = 8 blocks of 32 = 256 elements), each group of 8 records
-// preceded by the super-block's per-row f16 d[16] (| dmin[16] for kq == 1).
+// preceded by the super-block's per-row f16 d[16] (| dmin[16] for kq == 1). GGUF q5_0 / q5_1 records are walked in
+// runs of sub = 8 too, with no header between them (sb_hdr 0: the same bytes as one run of records; the last run of a
+// group may be shorter): their tiles streamed from memory at 82-84% of the read probe walking the records one by one,
+// 86-91% in runs of 8 (docs/llm-benchmarks.md, branch dsm15).
 // quants, 8-bit: B/4 vectors of 64 bytes; vector t, lane i (4 bytes) = row i's elements 4t..4t+3 as unsigned bytes
 //     (symmetric: the int8 value + 128, i.e. xor 0x80; asymmetric: q as stored).
 // quants, 4/5/6-bit: B/8 vectors of 64 bytes ("nibble plane"); vector t, lane i, byte c: low nibble = row i's element
@@ -51,7 +54,7 @@ struct QPack {
   i64 rec_bytes = 0;            // bytes per (group, block) record
   i64 sb_hdr = 0;               // bytes of a super-block's header (k-quants: 32 or 64; else 0)
   i64 super_bytes = 0;          // sb_hdr + sub * rec_bytes
-  i64 group_bytes = 0;          // ceil(nb / sub) * super_bytes
+  i64 group_bytes = 0;          // ceil(nb / sub) * sb_hdr + nb * rec_bytes (the last super-block may be short)
   i64 header_bytes() const { return kq ? 32 : (asym ? 64 : 32); }
   i64 nibble_bytes() const { return QR * bs / 2; }  // the nibble plane (4/5/6-bit formats)
   bool nibbles() const { return bits < 8; }         // activations in pair4 order
@@ -70,7 +73,7 @@ struct QPack {
     rec_bytes = header_bytes() + quants;
     sb_hdr = kq == 1 ? 64 : (kq == 2 ? 32 : 0);
     super_bytes = sb_hdr + sub * rec_bytes;
-    group_bytes = ((nb + sub - 1) / sub) * super_bytes;
+    group_bytes = ((nb + sub - 1) / sub) * sb_hdr + nb * rec_bytes;
   }
 };
 

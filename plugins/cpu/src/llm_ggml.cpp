@@ -131,7 +131,7 @@ bool ggml_pack(const std::string& wtype, QPack& pk) {
   pk.bits = type == G_Q4_K ? 4 : (type == G_Q6_K ? 6 : 5);
   pk.asym = type == G_Q5_1 || type == G_Q4_K || type == G_Q5_K;
   pk.kq = type == G_Q4_K || type == G_Q5_K ? 1 : (type == G_Q6_K ? 2 : 0);
-  pk.sub = pk.kq ? 8 : 1;
+  pk.sub = 8;  // k-quants: super-blocks; q5_0 / q5_1: runs of 8 records without a header (llm.hpp)
   pk.layout();
   return true;
 }

@@ -185,11 +185,12 @@ inline SuperScales<S> super_scales(const std::uint8_t* sb, int h) {
 }
 
 // The super-block walk of qgemm_mr and qgemm_rows: blocks per super-block, its header bytes and its size. FLAT
-// (4/5-bit formats without super-blocks, KQ == 0: QPack::sub is 1) gets them as constants, so the walk's two loops
-// collapse into one over the records (read from w, the per-record loop bookkeeping spilled to the stack: q5_0's
-// one-row tile measured 1.2x slower than q5_k's in L2, whose 8 records share one pass of the outer loop; flat, q5_0 /
-// q5_1 / q4_0 one-row tiles 0.81 / 0.82 / 0.92x the time in L2). Not 8-bit: q8_0's one-row tile measured 1.13x
-// slower flat (docs/llm-benchmarks.md, branch q5d13).
+// (hetero's 4-bit formats, QPack::sub 1) gets them as constants, so the walk's two loops collapse into one over the
+// records (read from w with sub 1, the per-record loop bookkeeping spilled to the stack: q5_0's one-row tile measured
+// 1.2x slower than q5_k's in L2; flat, 0.81x; branch q5d13). GGUF q5_0 / q5_1 walk runs of 8 records read from w
+// (QPack::sub 8, no header): as fast as flat in L2 and 1.05-1.10x faster streaming from memory (flat: 82-84% of
+// the read probe, runs of 8 from w 91%, runs of 8 as constants 86-87%; branch dsm15). Not 8-bit: q8_0's one-row
+// tile measured 1.13x slower flat (docs/llm-benchmarks.md, branch q5d13).
 template <bool FLAT>
 struct SuperWalk {
   i64 sub, hdr, bytes;
@@ -239,7 +240,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const bool l2 = prefetch_into_l2<MR>(x);
   const i64 pf = prefetch_distance(l2);
-  const SuperWalk<KQ == 0 && BITS < 8> walk(w);
+  const SuperWalk<KQ == 0 && BITS == 4> walk(w);
   const B nib = S::bset8(0x0f), nibhi = S::bset8(0xf0);
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;

@@ -247,11 +247,12 @@ def test_qmatmul_gguf_blocks_threads_and_prefill(path, threads, wtype):
 
 
 @pytest.mark.parametrize("wtype", ["q5_0", "q5_1"])
-@pytest.mark.parametrize("n,k", [(128, 896), (37, 896), (21, 160)])
+@pytest.mark.parametrize("n,k", [(128, 896), (37, 896), (21, 160), (37, 1536)])
 def test_qmatmul_gguf_q5_decode_shapes(path, wtype, n, k):
     """Qwen2.5-0.5B's q5_0 matrices (K = 896: 28 blocks, not a multiple of 256; 896 -> 128 for k/v), a 16-row group
     tail (37, 21 rows), at the decode and verify tile sizes (1-8 rows, one tile each) against the gguf package's
-    dequantized weights with the int8 activations emulated."""
+    dequantized weights with the int8 activations emulated. The tiles walk a group's records in runs of 8 (llm.hpp):
+    K = 896 ends on a run of 4, 160 is one short run (5 blocks), 1536 (Qwen2.5-1.5B's width) six full runs."""
     w = random_ggml(wtype, n, k, seed=n + k)
     dense = gguf_dequantize(w, wtype)
     for m in (1, 2, 3, 4, 7, 8):
