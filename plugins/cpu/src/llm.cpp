@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include "elementwise.hpp"
 #include "kv_quant.hpp"
 #include "llm.hpp"
+#include "threadpool_stats.hpp"
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <sys/mman.h>
@@ -33,6 +35,7 @@
 namespace py = pybind11;
 
 namespace hetero {
+pybind11::dict pool_stats_dict(const PoolStats& s);  // module.cpp
 namespace llm {
 #ifndef HETERO_LLM_X86
 const LlmKernels* llm_kernels_avx2() { return nullptr; }
@@ -1589,10 +1592,14 @@ Op prep_rms_norm(const py::array& x, const py::array& scale, const py::array& ou
 // replaces, prepared once; a call checks every op first (under the GIL), then runs them in order with the GIL
 // released once. If a check refuses (past_len out of range: the unfused call would raise), nothing has run and
 // the unfused calls run instead, so the error is theirs.
+// With `timing` on (benchmarks/decode_threads.py --per-op), each op's wall time and the pool's account of it
+// (pool_stats, read and reset after each op) are summed per op: the split of the step as it runs, back to back.
 struct LlmStep {
   std::vector<StepOp> ops;
   std::vector<py::object> keep;  // every argument an op points into
   py::list fallback;             // the unfused calls, in order
+  bool timing = false;
+  std::vector<std::pair<std::int64_t, PoolStats>> times;  // per op: wall ns, pool statistics (timing on)
 
   void add(StepOp op, py::object args) {
     ops.push_back(std::move(op));
@@ -1605,8 +1612,28 @@ struct LlmStep {
         return false;
       }
     py::gil_scoped_release nogil;
-    for (StepOp& o : ops) o.run();
+    if (!timing) {
+      for (StepOp& o : ops) o.run();
+      return true;
+    }
+    times.resize(ops.size());
+    pool_stats(true);
+    auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      ops[i].run();
+      const auto t1 = std::chrono::steady_clock::now();
+      times[i].first += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      times[i].second += pool_stats(true);
+      t0 = t1;
+    }
     return true;
+  }
+  py::list take_times() {  // [(seconds, pool_stats dict)] per op since the last call; resets
+    py::list out;
+    for (const auto& t : times)
+      out.append(py::make_tuple(static_cast<double>(t.first) * 1e-9, pool_stats_dict(t.second)));
+    times.assign(times.size(), {});
+    return out;
   }
 };
 
@@ -1771,6 +1798,10 @@ void bind_llm(py::module_& m) {
       .def(py::init<>())
       .def("__len__", [](const LlmStep& s) { return s.ops.size(); })
       .def_readwrite("fallback", &LlmStep::fallback)
+      .def_readwrite("timing", &LlmStep::timing, "Sum each op's wall time and pool statistics (take_times).")
+      .def("take_times", &LlmStep::take_times,
+           "[(seconds, pool_stats dict)] per op since the last take (timing on; the pool's statistics need "
+           "pool_stats_enable); resets them.")
       .def("__call__", &LlmStep::operator(), "Runs the ops; False when a check refused and the fallback ran.")
       .def("add_matmul", [](LlmStep& s, const PyWeights& w, const py::array& x, const py::array& out,
                             const py::object& bias) {
