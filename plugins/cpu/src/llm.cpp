@@ -405,9 +405,9 @@ namespace bsplit {
 
 // ---- the decode split by bytes (default; HETERO_LLM_BLOCKS=0: the equal tasks above) ----
 // A call's weights are segments of units (16-row groups; gate + up: one unit = both matrices' group g) laid end to
-// end; thread t's block is the t-th nt-th of their bytes, which it claims in chunks of ~32 KiB from the front, one
-// contiguous stream; a thread out of its block takes chunks from the back of the others' (a late or descheduled
-// thread's share is not waited for). Then it prefetches into L2 the start of its block of the step's next matmul
+// end; thread t's block is the t-th nt-th of their bytes, which it claims in chunks of ~32 KiB, one contiguous
+// stream; a thread out of its block goes on with the chunks left in the next blocks (a late or descheduled thread's
+// share is not waited for). Then it prefetches into L2 the start of its block of the step's next matmul
 // (LlmStep sets tl_next; HETERO_LLM_PFNEXT bytes, default 0 KiB), which it reads next: the read overlaps the wait for
 // the other threads, the norms, the rotary and the attention between the two calls. The results do not depend on
 // the split: every unit is computed whole by one thread, with the kernels the equal tasks use.
@@ -514,31 +514,19 @@ void run_blocks(const Plan& plan, int nt, const F& f) {
   for (const Seg& s : plan) total += static_cast<double>(s.units() * s.unit_bytes());
   const i64 chunk = std::max<i64>(1, static_cast<i64>(32768.0 * static_cast<double>(lay.first.back()) / total));
   struct alignas(64) Cursor {
-    std::atomic<std::uint64_t> fb;  // front << 32 | back: the block's units not yet claimed
+    std::atomic<i64> at;  // the block's next unit not yet claimed
   };
   std::unique_ptr<Cursor[]> cur(new Cursor[static_cast<std::size_t>(nt)]);
-  for (int t = 0; t < nt; ++t)
-    cur[t].fb.store(static_cast<std::uint64_t>(lay.cut[static_cast<std::size_t>(t)]) << 32 |
-                        static_cast<std::uint64_t>(lay.cut[static_cast<std::size_t>(t) + 1]),
-                    std::memory_order_relaxed);
-  // Claims up to `chunk` units of a cursor, from the front (its owner) or the back (a thief); false when empty.
-  auto claim = [&](Cursor& c, bool front, i64& a, i64& b) {
-    std::uint64_t v = c.fb.load(std::memory_order_relaxed);
-    for (;;) {
-      const i64 f = static_cast<i64>(v >> 32), e = static_cast<i64>(v & 0xffffffffu);
-      if (f >= e) return false;
-      a = front ? f : std::max(f, e - chunk);
-      b = front ? std::min(e, f + chunk) : e;
-      const std::uint64_t nv = front ? static_cast<std::uint64_t>(b) << 32 | static_cast<std::uint64_t>(e)
-                                     : static_cast<std::uint64_t>(f) << 32 | static_cast<std::uint64_t>(a);
-      if (c.fb.compare_exchange_weak(v, nv, std::memory_order_relaxed)) return true;
-    }
+  for (int t = 0; t < nt; ++t) cur[t].at.store(lay.cut[static_cast<std::size_t>(t)], std::memory_order_relaxed);
+  // Chunks of block u in order, whoever claims them: a thread that finished its own block and takes the next
+  // block's chunks (a late or descheduled owner) reads on where its own block ended, one forward stream.
+  auto drain = [&](i64 u) {
+    const i64 end = lay.cut[static_cast<std::size_t>(u) + 1];
+    for (i64 a; (a = cur[u].at.fetch_add(chunk, std::memory_order_relaxed)) < end;)
+      lay.each(a, std::min(end, a + chunk), f);
   };
   parallel_for(nt, nt, [&](i64 t) {
-    i64 a, b;
-    while (claim(cur[t], true, a, b)) lay.each(a, b, f);
-    for (i64 d = 1; d < nt; ++d)
-      while (claim(cur[(t + d) % nt], false, a, b)) lay.each(a, b, f);
+    for (i64 d = 0; d < nt; ++d) drain((t + d) % nt);
     if (pf) prefetch_block(*next, static_cast<int>(t), nt, pf);
   });
 }
