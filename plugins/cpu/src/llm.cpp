@@ -406,8 +406,7 @@ namespace bsplit {
 // ---- the decode split by bytes (default; HETERO_LLM_BLOCKS=0: the equal tasks above) ----
 // A call's weights are segments of units (16-row groups; gate + up: one unit = both matrices' group g) laid end to
 // end; thread t's block is the t-th nt-th of their bytes, which it claims in chunks of ~32 KiB, one contiguous
-// stream; a thread out of its block goes on with the chunks left in the next blocks (a late or descheduled thread's
-// share is not waited for). Then it prefetches into L2 the start of its block of the step's next matmul
+// stream; a thread out of its block takes the back half of what is left of another's (see run_blocks). Then it prefetches into L2 the start of its block of the step's next matmul
 // (LlmStep sets tl_next; HETERO_LLM_PFNEXT bytes, default 0 KiB), which it reads next: the read overlaps the wait for
 // the other threads, the norms, the rotary and the attention between the two calls. The results do not depend on
 // the split: every unit is computed whole by one thread, with the kernels the equal tasks use.
@@ -514,19 +513,46 @@ void run_blocks(const Plan& plan, int nt, const F& f) {
   for (const Seg& s : plan) total += static_cast<double>(s.units() * s.unit_bytes());
   const i64 chunk = std::max<i64>(1, static_cast<i64>(32768.0 * static_cast<double>(lay.first.back()) / total));
   struct alignas(64) Cursor {
-    std::atomic<i64> at;  // the block's next unit not yet claimed
+    std::atomic<std::uint64_t> fb;  // front << 32 | back: the units of the thread's range not yet claimed
   };
   std::unique_ptr<Cursor[]> cur(new Cursor[static_cast<std::size_t>(nt)]);
-  for (int t = 0; t < nt; ++t) cur[t].at.store(lay.cut[static_cast<std::size_t>(t)], std::memory_order_relaxed);
-  // Chunks of block u in order, whoever claims them: a thread that finished its own block and takes the next
-  // block's chunks (a late or descheduled owner) reads on where its own block ended, one forward stream.
-  auto drain = [&](i64 u) {
-    const i64 end = lay.cut[static_cast<std::size_t>(u) + 1];
-    for (i64 a; (a = cur[u].at.fetch_add(chunk, std::memory_order_relaxed)) < end;)
-      lay.each(a, std::min(end, a + chunk), f);
+  const auto pack = [](i64 f, i64 b) { return static_cast<std::uint64_t>(f) << 32 | static_cast<std::uint64_t>(b); };
+  for (int t = 0; t < nt; ++t)
+    cur[t].fb.store(pack(lay.cut[static_cast<std::size_t>(t)], lay.cut[static_cast<std::size_t>(t) + 1]),
+                    std::memory_order_relaxed);
+  // The owner claims a chunk from the front of its range; a thread out of work takes the back half of another's
+  // range (all of it when that is one chunk or less) and makes it its own: one contiguous stream each, a new one
+  // only per steal (the halving keeps steals few), and no thread waits on a late or descheduled one's share.
+  const auto claim_front = [&](Cursor& c, i64& a, i64& b) {
+    std::uint64_t v = c.fb.load(std::memory_order_relaxed);
+    for (;;) {
+      const i64 f = static_cast<i64>(v >> 32), e = static_cast<i64>(v & 0xffffffffu);
+      if (f >= e) return false;
+      a = f;
+      b = std::min(e, f + chunk);
+      if (c.fb.compare_exchange_weak(v, pack(b, e), std::memory_order_relaxed)) return true;
+    }
+  };
+  const auto steal_half = [&](Cursor& c, i64& a, i64& b) {
+    std::uint64_t v = c.fb.load(std::memory_order_relaxed);
+    for (;;) {
+      const i64 f = static_cast<i64>(v >> 32), e = static_cast<i64>(v & 0xffffffffu);
+      if (f >= e) return false;
+      a = e - f <= chunk ? f : f + (e - f) / 2;
+      b = e;
+      if (c.fb.compare_exchange_weak(v, pack(f, a), std::memory_order_relaxed)) return true;
+    }
   };
   parallel_for(nt, nt, [&](i64 t) {
-    for (i64 d = 0; d < nt; ++d) drain((t + d) % nt);
+    Cursor& mine = cur[t];
+    for (;;) {
+      i64 a, b;
+      while (claim_front(mine, a, b)) lay.each(a, b, f);
+      bool stole = false;
+      for (i64 d = 1; d < nt && !stole; ++d) stole = steal_half(cur[(t + d) % nt], a, b);
+      if (!stole) break;
+      mine.fb.store(pack(a, b), std::memory_order_relaxed);  // empty until now: no one else writes it
+    }
     if (pf) prefetch_block(*next, static_cast<int>(t), nt, pf);
   });
 }
