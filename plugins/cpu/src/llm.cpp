@@ -3,6 +3,9 @@
 // Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM (default 4; 1 = one
 // contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes the decode kernels
 // prefetch ahead of the weight stream, into L2 (default 3072; calls of more than 8 rows: 4096 into L1),
+// HETERO_LLM_BLOCKS=1 = decode GEMVs split by bytes, one block per thread (bsplit::run_blocks; the tasks knob then
+// does not apply to them), HETERO_LLM_PFNEXT = bytes of the next merged-step matmul's block prefetched after one
+// (with BLOCKS=1; default 0),
 // HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -403,7 +406,8 @@ std::vector<i64> split_rows(i64 n, int nt) {
 
 namespace bsplit {
 
-// ---- the decode split by bytes (default; HETERO_LLM_BLOCKS=0: the equal tasks above) ----
+// ---- the decode split by bytes (HETERO_LLM_BLOCKS=1; off by default: on a busy 2-core machine it measured 0.3-4%
+// slower than the equal tasks at 2 threads by CPU time, equal at 1 thread; docs/llm-benchmarks.md, dec15) ----
 // A call's weights are segments of units (16-row groups; gate + up: one unit = both matrices' group g) laid end to
 // end; thread t's block is the t-th nt-th of their bytes, which it claims in chunks of ~32 KiB, one contiguous
 // stream; a thread out of its block takes the back half of what is left of another's (see run_blocks). Then it prefetches into L2 the start of its block of the step's next matmul
@@ -430,7 +434,7 @@ Plan plan_of(const std::vector<const Weights*>& ws, bool paired = false) {
 }
 
 bool blocks_on() {
-  static const bool on = [] { const char* e = std::getenv("HETERO_LLM_BLOCKS"); return !e || std::atoi(e) != 0; }();
+  static const bool on = [] { const char* e = std::getenv("HETERO_LLM_BLOCKS"); return e && std::atoi(e) != 0; }();
   return on;
 }
 std::size_t pf_next_bytes() {
