@@ -404,6 +404,30 @@ std::vector<i64> split_rows(i64 n, int nt) {
   return b;
 }
 
+namespace fused {
+
+// Weights of one part, its output and bias; x quantized for its block format.
+struct Part {
+  const Weights* w;
+  float* y;
+  const float* bias;
+  XQ xq;
+};
+
+// Outputs y[m, g*16, ...) of the M (<= max_mr) rows, groups [g0, g1) of one part (+ bias): matmul_core's loop
+// for M <= max_mr (one tile of M rows per group).
+inline void groups(const LlmKernels& kr, const Part& p, i64 M, i64 g0, i64 g1) {
+  const i64 N = p.w->n;
+  for (i64 g = g0; g < g1; ++g)
+    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, static_cast<int>(M), p.y + g * QR, N,
+                   static_cast<int>(std::min<i64>(QR, N - g * QR)));
+  if (p.bias)
+    for (i64 m = 0; m < M; ++m)
+      for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[m * N + j] += p.bias[j];
+}
+
+}  // namespace fused
+
 namespace bsplit {
 
 // ---- the decode split by bytes (HETERO_LLM_BLOCKS=1; off by default: on a busy 2-core machine it measured 0.3-4%
@@ -576,13 +600,9 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
     const double work = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(M <= 4 ? 1 : M);
     const int nt = threads_for(work, 65536.0);
     if (M <= mr && e == 0 && w.experts == 1 && ldy == N && bsplit::blocks_on()) {  // decode: fused::groups' loop
+      const fused::Part part{&w, y, bias, *xq};
       bsplit::run_blocks(bsplit::Plan{{{&w, nullptr}}}, nt, [&](int, i64 g0, i64 g1) {
-        for (i64 g = g0; g < g1; ++g)
-          kr.qgemm_group(pk, w.group(0, g), *xq, 0, static_cast<int>(M), y + g * QR, N,
-                         static_cast<int>(std::min<i64>(QR, N - g * QR)));
-        if (bias)
-          for (i64 m = 0; m < M; ++m)
-            for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) y[m * N + j] += bias[j];
+        fused::groups(kr, part, M, g0, g1);
       });
       return;
     }
@@ -696,26 +716,6 @@ inline void swiglu_rows(const Kernels& kr, const float* g, const float* u, float
 // Quantized weights and at most max_mr rows (decode; a batched step's rows, one per sequence) run in one parallel
 // region; anything else falls back to the unfused calls in order.
 namespace fused {
-
-// Weights of one part, its output and bias; x quantized for its block format.
-struct Part {
-  const Weights* w;
-  float* y;
-  const float* bias;
-  XQ xq;
-};
-
-// Outputs y[m, g*16, ...) of the M (<= max_mr) rows, groups [g0, g1) of one part (+ bias): matmul_core's loop
-// for M <= max_mr (one tile of M rows per group).
-inline void groups(const LlmKernels& kr, const Part& p, i64 M, i64 g0, i64 g1) {
-  const i64 N = p.w->n;
-  for (i64 g = g0; g < g1; ++g)
-    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, static_cast<int>(M), p.y + g * QR, N,
-                   static_cast<int>(std::min<i64>(QR, N - g * QR)));
-  if (p.bias)
-    for (i64 m = 0; m < M; ++m)
-      for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[m * N + j] += p.bias[j];
-}
 
 // x quantized once per distinct block format of the parts (at most 4 distinct ones in a call).
 void quantize_parts(const LlmKernels& kr, const float* x, i64 M, std::vector<Part>& parts) {
