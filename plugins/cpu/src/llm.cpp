@@ -434,10 +434,11 @@ namespace bsplit {
 // slower than the equal tasks at 2 threads by CPU time, equal at 1 thread; docs/llm-benchmarks.md, dec15) ----
 // A call's weights are segments of units (16-row groups; gate + up: one unit = both matrices' group g) laid end to
 // end; thread t's block is the t-th nt-th of their bytes, which it claims in chunks of ~32 KiB, one contiguous
-// stream; a thread out of its block takes the back half of what is left of another's (see run_blocks). Then it prefetches into L2 the start of its block of the step's next matmul
-// (LlmStep sets tl_next; HETERO_LLM_PFNEXT bytes, default 0 KiB), which it reads next: the read overlaps the wait for
-// the other threads, the norms, the rotary and the attention between the two calls. The results do not depend on
-// the split: every unit is computed whole by one thread, with the kernels the equal tasks use.
+// stream; a thread out of its block takes the back half of what is left of another's (see run_blocks). Then it
+// prefetches into L2 the start of its block of the step's next matmul (LlmStep sets tl_next; HETERO_LLM_PFNEXT
+// bytes, default 0), which it reads next: the read overlaps the wait for the other threads, the norms, the rotary
+// and the attention between the two calls. The results do not depend on the split: every unit is computed whole by
+// one thread, with the kernels the equal tasks use.
 struct Seg {
   const Weights* w[2];  // w[1]: a second matrix read at the same groups (SwiGLU's up), or nullptr
   i64 units() const { return w[0]->pk.groups; }
@@ -472,8 +473,8 @@ std::size_t pf_next_bytes() {
 struct Layout {
   std::vector<i64> first;  // unit index where segment p starts (size P + 1)
   std::vector<i64> cut;    // block boundaries (size nt + 1)
+  double total = 0;        // bytes
   Layout(const Plan& plan, int nt) : first{0}, cut{0} {
-    double total = 0;
     for (const Seg& s : plan) {
       first.push_back(first.back() + s.units());
       total += static_cast<double>(s.units() * s.unit_bytes());
@@ -515,7 +516,8 @@ void prefetch_block(const Plan& plan, int t, int nt, std::size_t bytes) {
   if (plan_threads(plan) != nt) return;  // that call splits otherwise: another thread's bytes
   const Layout lay(plan, nt);
   std::size_t left = bytes;
-  lay.each(lay.cut[static_cast<std::size_t>(t)], lay.cut[static_cast<std::size_t>(t) + 1], [&](int p, i64 u0, i64 u1) {
+  const std::size_t b = static_cast<std::size_t>(t);
+  lay.each(lay.cut[b], lay.cut[b + 1], [&](int p, i64 u0, i64 u1) {
     for (i64 u = u0; u < u1 && left > 0; ++u)
       for (const Weights* w : plan[static_cast<std::size_t>(p)].w) {
         if (!w) continue;
@@ -537,9 +539,7 @@ void run_blocks(const Plan& plan, int nt, const F& f) {
     if (pf) prefetch_block(*next, 0, 1, pf);
     return;
   }
-  double total = 0;
-  for (const Seg& s : plan) total += static_cast<double>(s.units() * s.unit_bytes());
-  const i64 chunk = std::max<i64>(1, static_cast<i64>(32768.0 * static_cast<double>(lay.first.back()) / total));
+  const i64 chunk = std::max<i64>(1, static_cast<i64>(32768.0 * static_cast<double>(lay.first.back()) / lay.total));
   struct alignas(64) Cursor {
     std::atomic<std::uint64_t> fb;  // front << 32 | back: the units of the thread's range not yet claimed
   };
