@@ -29,16 +29,17 @@ measurement on TREE's packages (what ``--against`` uses).
 
 ``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every call of the
 session's recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for
-QMatMul, the projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call; a merged
-``LlmStep`` is timed as the calls it merged, which it runs as one native call in the plain pass) and the
-pool's account is read after each call, so the step splits per op into: ``wall`` the calls' time; ``work/T``
-thread-time inside tasks (pooled) or in the call (serial) over the thread count; ``wait`` = wall - work/T, the
-thread-average time the op's threads were not computing (wake-ups, the barrier at the end, imbalance, for serial
-calls the idle other threads, and the call's own Python / binding cost), of which ``tail`` (the caller waiting
-for the others) and ``wake/T`` (workers' post-to-first-task latency); ``MiB`` weight bytes the op streams per
-step and ``GB/s`` over its wall time, ``%bound`` against the N-thread read bound. The wrappers and the per-call
-statistics read cost ~2 us a call: that pass's step is slower than the plain one (both printed). Not in any op:
-the replay loop, ``Llm.forward`` and the session around it (instrumented step - the ops' wall).
+QMatMul, the projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call; the ops of
+a merged ``LlmStep`` are timed natively as it runs them back to back: ``LlmStep.timing``, wall clock whatever
+--clock says) and the pool's account is read after each call, so the step splits per op into: ``wall`` the
+calls' time; ``work/T`` thread-time inside tasks (pooled) or in the call (serial) over the thread count; ``wait``
+= wall - work/T, the thread-average time the op's threads were not computing (wake-ups, the barrier at the end,
+imbalance, for serial calls the idle other threads, and the call's own Python / binding cost), of which ``tail``
+(the caller waiting for the others) and ``wake/T`` (workers' post-to-first-task latency); ``MiB`` weight bytes
+the op streams per step and ``GB/s`` over its wall time, ``%bound`` against the N-thread read bound. The
+wrappers and the per-call statistics read cost ~2 us a call outside merged steps (~0.2 us inside): that pass's
+step is slower than the plain one (both printed). Not in any op: the replay loop, ``Llm.forward`` and the
+session around it (instrumented step - the ops' wall).
 """
 
 from __future__ import annotations
@@ -147,30 +148,41 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
     nbytes: dict[str, int] = {}
     tick = statistics.median(-now() + now() for _ in range(1000))
 
+    def account(label: str, dt: float, st: dict) -> None:
+        a = steps_acc[-1].setdefault(label, dict.fromkeys(("wall", "n", *STAT_KEYS), 0.0))
+        a["wall"] += dt
+        a["n"] += 1
+        for k in STAT_KEYS:
+            a[k] += st[k]
+
     def timed(call, label: str):
         def run() -> None:
             t0 = now()
             call()
             dt = (now() - t0 - tick) / per
-            st = native.pool_stats(True)
-            a = steps_acc[-1].setdefault(label, dict.fromkeys(("wall", "n", *STAT_KEYS), 0.0))
-            a["wall"] += dt
-            a["n"] += 1
-            for k in STAT_KEYS:
-                a[k] += st[k]
+            account(label, dt, native.pool_stats(True))
 
         return run
 
+    def labelled(call) -> str:
+        label, ws = _label(call, names)
+        nbytes[label] = nbytes.get(label, 0) + sum(w.nbytes for w in ws)
+        return label
+
     replays = _replays(llm)
     originals = [list(r.program) for r in replays]
+    merged: list[tuple[Any, list[str]]] = []  # the LlmSteps, timed natively, and their ops' labels
     try:
         for r in replays:
             wrapped = []
-            # a merged step (hetero_cpu.fuse.step_calls) is timed as the calls it merged: its fallback
-            for call in (c for step in r.program for c in getattr(step, "fallback", [step])):
-                label, ws = _label(call, names)
-                nbytes[label] = nbytes.get(label, 0) + sum(w.nbytes for w in ws)
-                wrapped.append(timed(call, label))
+            for call in r.program:
+                if hasattr(call, "take_times"):  # a merged step (hetero_cpu.fuse.step_calls): its ops, one a call
+                    call.timing = True
+                    call.take_times()
+                    merged.append((call, [labelled(c) for c in call.fallback]))
+                    wrapped.append(call)
+                else:
+                    wrapped.append(timed(call, labelled(call)))
             r.program[:] = wrapped
         times = []
         for i in range(steps):
@@ -180,7 +192,12 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
             t0 = now()
             llm.forward([ids[prompt + 1 + i % 8]])
             times.append((now() - t0) / per)
+            for step, labels in merged:
+                for label, (dt, st) in zip(labels, step.take_times(), strict=False):
+                    account(label, dt, st)
     finally:
+        for step, _ in merged:
+            step.timing = False
         for r, program in zip(replays, originals, strict=True):
             r.program[:] = program
     rows: list[dict[str, Any]] = []

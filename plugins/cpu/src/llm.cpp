@@ -3,12 +3,16 @@
 // Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM (default 4; 1 = one
 // contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes the decode kernels
 // prefetch ahead of the weight stream, into L2 (default 3072; calls of more than 8 rows: 4096 into L1),
+// HETERO_LLM_BLOCKS=1 = decode GEMVs split by bytes, one block per thread (bsplit::run_blocks; the tasks knob then
+// does not apply to them), HETERO_LLM_PFNEXT = bytes of the next merged-step matmul's block prefetched after one
+// (with BLOCKS=1; default 0),
 // HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +29,7 @@
 #include "elementwise.hpp"
 #include "kv_quant.hpp"
 #include "llm.hpp"
+#include "threadpool_stats.hpp"
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <sys/mman.h>
@@ -33,6 +38,7 @@
 namespace py = pybind11;
 
 namespace hetero {
+pybind11::dict pool_stats_dict(const PoolStats& s);  // module.cpp
 namespace llm {
 #ifndef HETERO_LLM_X86
 const LlmKernels* llm_kernels_avx2() { return nullptr; }
@@ -398,6 +404,189 @@ std::vector<i64> split_rows(i64 n, int nt) {
   return b;
 }
 
+namespace fused {
+
+// Weights of one part, its output and bias; x quantized for its block format.
+struct Part {
+  const Weights* w;
+  float* y;
+  const float* bias;
+  XQ xq;
+};
+
+// Outputs y[m, g*16, ...) of the M (<= max_mr) rows, groups [g0, g1) of one part (+ bias): matmul_core's loop
+// for M <= max_mr (one tile of M rows per group).
+inline void groups(const LlmKernels& kr, const Part& p, i64 M, i64 g0, i64 g1) {
+  const i64 N = p.w->n;
+  for (i64 g = g0; g < g1; ++g)
+    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, static_cast<int>(M), p.y + g * QR, N,
+                   static_cast<int>(std::min<i64>(QR, N - g * QR)));
+  if (p.bias)
+    for (i64 m = 0; m < M; ++m)
+      for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[m * N + j] += p.bias[j];
+}
+
+}  // namespace fused
+
+namespace bsplit {
+
+// ---- the decode split by bytes (HETERO_LLM_BLOCKS=1; off by default: on a busy 2-core machine it measured 0.3-4%
+// slower than the equal tasks at 2 threads by CPU time, equal at 1 thread; docs/llm-benchmarks.md, dec15) ----
+// A call's weights are segments of units (16-row groups; gate + up: one unit = both matrices' group g) laid end to
+// end; thread t's block is the t-th nt-th of their bytes, which it claims in chunks of ~32 KiB, one contiguous
+// stream; a thread out of its block takes the back half of what is left of another's (see run_blocks). Then it
+// prefetches into L2 the start of its block of the step's next matmul (LlmStep sets tl_next; HETERO_LLM_PFNEXT
+// bytes, default 0), which it reads next: the read overlaps the wait for the other threads, the norms, the rotary
+// and the attention between the two calls. The results do not depend on the split: every unit is computed whole by
+// one thread, with the kernels the equal tasks use.
+struct Seg {
+  const Weights* w[2];  // w[1]: a second matrix read at the same groups (SwiGLU's up), or nullptr
+  i64 units() const { return w[0]->pk.groups; }
+  i64 unit_bytes() const { return w[0]->pk.group_bytes + (w[1] ? w[1]->pk.group_bytes : 0); }
+};
+using Plan = std::vector<Seg>;
+thread_local const Plan* tl_next = nullptr;  // the weights of the next matmul op of the LlmStep running
+
+// The plan of a decode call of these weights (paired: one segment reading both, SwiGLU's gate and up); empty when
+// they do not take the split (float or stacked weights).
+Plan plan_of(const std::vector<const Weights*>& ws, bool paired = false) {
+  Plan p;
+  for (const Weights* w : ws)
+    if (!w->quant || w->experts != 1) return {};
+  if (paired && ws.size() == 2) return {{{ws[0], ws[1]}}};
+  for (const Weights* w : ws) p.push_back({{w, nullptr}});
+  return p;
+}
+
+bool blocks_on() {
+  static const bool on = [] { const char* e = std::getenv("HETERO_LLM_BLOCKS"); return e && std::atoi(e) != 0; }();
+  return on;
+}
+std::size_t pf_next_bytes() {
+  static const std::size_t b = [] {
+    const char* e = std::getenv("HETERO_LLM_PFNEXT");
+    return e ? static_cast<std::size_t>(std::max(0, std::atoi(e))) : std::size_t{0};
+  }();
+  return b;
+}
+
+struct Layout {
+  std::vector<i64> first;  // unit index where segment p starts (size P + 1)
+  std::vector<i64> cut;    // block boundaries (size nt + 1)
+  double total = 0;        // bytes
+  Layout(const Plan& plan, int nt) : first{0}, cut{0} {
+    for (const Seg& s : plan) {
+      first.push_back(first.back() + s.units());
+      total += static_cast<double>(s.units() * s.unit_bytes());
+    }
+    for (int t = 1; t < nt; ++t) {  // the unit nearest the byte t / nt of the whole
+      double at = total * t / nt;
+      std::size_t p = 0;
+      while (p + 1 < plan.size() && at >= static_cast<double>(plan[p].units() * plan[p].unit_bytes())) {
+        at -= static_cast<double>(plan[p].units() * plan[p].unit_bytes());
+        ++p;
+      }
+      const i64 u = first[p] + static_cast<i64>(at / static_cast<double>(plan[p].unit_bytes()) + 0.5);
+      cut.push_back(std::clamp(u, cut.back(), first.back()));
+    }
+    cut.push_back(first.back());
+  }
+  // f(segment, u0, u1) for the units [a, b) of the whole, cut at the segments' ends
+  template <class F>
+  void each(i64 a, i64 b, F&& f) const {
+    for (std::size_t p = 0; p + 1 < first.size() && a < b; ++p)
+      if (a < first[p + 1]) {
+        const i64 e = std::min(b, first[p + 1]);
+        f(static_cast<int>(p), a - first[p], e - first[p]);
+        a = e;
+      }
+  }
+};
+
+int plan_threads(const Plan& plan) {  // fused::threads() for a one-row call of these weights
+  double work = 0;
+  for (const Seg& s : plan)
+    for (const Weights* w : s.w)
+      if (w) work += static_cast<double>(w->n) * static_cast<double>(w->k);
+  return threads_for(work, 65536.0);
+}
+
+// Into L2: the first `bytes` of thread t's block of the plan at nt threads.
+void prefetch_block(const Plan& plan, int t, int nt, std::size_t bytes) {
+  if (plan_threads(plan) != nt) return;  // that call splits otherwise: another thread's bytes
+  const Layout lay(plan, nt);
+  std::size_t left = bytes;
+  const std::size_t b = static_cast<std::size_t>(t);
+  lay.each(lay.cut[b], lay.cut[b + 1], [&](int p, i64 u0, i64 u1) {
+    for (i64 u = u0; u < u1 && left > 0; ++u)
+      for (const Weights* w : plan[static_cast<std::size_t>(p)].w) {
+        if (!w) continue;
+        const char* g = reinterpret_cast<const char*>(w->group(0, u));
+        for (i64 o = 0; o < w->pk.group_bytes; o += 64) __builtin_prefetch(g + o, 0, 2);
+        left -= std::min<std::size_t>(left, static_cast<std::size_t>(w->pk.group_bytes));
+      }
+  });
+}
+
+// Runs f(segment, u0, u1) over every unit of the plan once, split across nt threads as above.
+template <class F>
+void run_blocks(const Plan& plan, int nt, const F& f) {
+  const Plan* next = tl_next;
+  const std::size_t pf = next ? pf_next_bytes() : 0;
+  const Layout lay(plan, nt);
+  if (nt <= 1) {
+    lay.each(0, lay.first.back(), f);
+    if (pf) prefetch_block(*next, 0, 1, pf);
+    return;
+  }
+  const i64 chunk = std::max<i64>(1, static_cast<i64>(32768.0 * static_cast<double>(lay.first.back()) / lay.total));
+  struct alignas(64) Cursor {
+    std::atomic<std::uint64_t> fb;  // front << 32 | back: the units of the thread's range not yet claimed
+  };
+  std::unique_ptr<Cursor[]> cur(new Cursor[static_cast<std::size_t>(nt)]);
+  const auto pack = [](i64 f, i64 b) { return static_cast<std::uint64_t>(f) << 32 | static_cast<std::uint64_t>(b); };
+  for (int t = 0; t < nt; ++t)
+    cur[t].fb.store(pack(lay.cut[static_cast<std::size_t>(t)], lay.cut[static_cast<std::size_t>(t) + 1]),
+                    std::memory_order_relaxed);
+  // The owner claims a chunk from the front of its range; a thread out of work takes the back half of another's
+  // range (all of it when that is one chunk or less) and makes it its own: one contiguous stream each, a new one
+  // only per steal (the halving keeps steals few), and no thread waits on a late or descheduled one's share.
+  const auto claim_front = [&](Cursor& c, i64& a, i64& b) {
+    std::uint64_t v = c.fb.load(std::memory_order_relaxed);
+    for (;;) {
+      const i64 f = static_cast<i64>(v >> 32), e = static_cast<i64>(v & 0xffffffffu);
+      if (f >= e) return false;
+      a = f;
+      b = std::min(e, f + chunk);
+      if (c.fb.compare_exchange_weak(v, pack(b, e), std::memory_order_relaxed)) return true;
+    }
+  };
+  const auto steal_half = [&](Cursor& c, i64& a, i64& b) {
+    std::uint64_t v = c.fb.load(std::memory_order_relaxed);
+    for (;;) {
+      const i64 f = static_cast<i64>(v >> 32), e = static_cast<i64>(v & 0xffffffffu);
+      if (f >= e) return false;
+      a = e - f <= chunk ? f : f + (e - f) / 2;
+      b = e;
+      if (c.fb.compare_exchange_weak(v, pack(f, a), std::memory_order_relaxed)) return true;
+    }
+  };
+  parallel_for(nt, nt, [&](i64 t) {
+    Cursor& mine = cur[t];
+    for (;;) {
+      i64 a, b;
+      while (claim_front(mine, a, b)) lay.each(a, b, f);
+      bool stole = false;
+      for (i64 d = 1; d < nt && !stole; ++d) stole = steal_half(cur[(t + d) % nt], a, b);
+      if (!stole) break;
+      mine.fb.store(pack(a, b), std::memory_order_relaxed);  // empty until now: no one else writes it
+    }
+    if (pf) prefetch_block(*next, static_cast<int>(t), nt, pf);
+  });
+}
+
+}  // namespace bsplit
+
 // y[M, N] (row stride ldy) = x[M, K] @ W_e^T (+ bias). xq: x already quantized (quantized weights) or nullptr.
 void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const XQ* xq, float* y, i64 ldy,
                  const float* bias) {
@@ -410,6 +599,13 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
     const i64 mchunk = M <= 64 ? M : 64;
     const double work = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(M <= 4 ? 1 : M);
     const int nt = threads_for(work, 65536.0);
+    if (M <= mr && e == 0 && w.experts == 1 && ldy == N && bsplit::blocks_on()) {  // decode: fused::groups' loop
+      const fused::Part part{&w, y, bias, *xq};
+      bsplit::run_blocks(bsplit::Plan{{{&w, nullptr}}}, nt, [&](int, i64 g0, i64 g1) {
+        fused::groups(kr, part, M, g0, g1);
+      });
+      return;
+    }
     const std::vector<i64> split = split_rows(G, nt);
     parallel_for(static_cast<i64>(split.size()) - 1, nt, [&](i64 t) {
       const i64 g0 = split[t], g1 = split[t + 1];
@@ -521,26 +717,6 @@ inline void swiglu_rows(const Kernels& kr, const float* g, const float* u, float
 // region; anything else falls back to the unfused calls in order.
 namespace fused {
 
-// Weights of one part, its output and bias; x quantized for its block format.
-struct Part {
-  const Weights* w;
-  float* y;
-  const float* bias;
-  XQ xq;
-};
-
-// Outputs y[m, g*16, ...) of the M (<= max_mr) rows, groups [g0, g1) of one part (+ bias): matmul_core's loop
-// for M <= max_mr (one tile of M rows per group).
-inline void groups(const LlmKernels& kr, const Part& p, i64 M, i64 g0, i64 g1) {
-  const i64 N = p.w->n;
-  for (i64 g = g0; g < g1; ++g)
-    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, static_cast<int>(M), p.y + g * QR, N,
-                   static_cast<int>(std::min<i64>(QR, N - g * QR)));
-  if (p.bias)
-    for (i64 m = 0; m < M; ++m)
-      for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[m * N + j] += p.bias[j];
-}
-
 // x quantized once per distinct block format of the parts (at most 4 distinct ones in a call).
 void quantize_parts(const LlmKernels& kr, const float* x, i64 M, std::vector<Part>& parts) {
   thread_local XQBuf bufs[4];
@@ -642,7 +818,8 @@ Op prep_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& ou
     parts[i] = {w[i], fptr(o), opt_bias(biases[i], w[i]->n, fn), XQ{}};
   }
   const float* px = cfptr(x);
-  return [w = std::move(w), parts = std::move(parts), px, M]() mutable {
+  bsplit::Plan plan = bsplit::plan_of(w);
+  return [w = std::move(w), parts = std::move(parts), plan = std::move(plan), px, M]() mutable {
     if (!fused::fusable(w, M)) {
       for (const fused::Part& p : parts) matmul(*p.w, 0, px, M, p.w->k, p.y, p.w->n, p.bias, 0);
       return;
@@ -650,6 +827,12 @@ Op prep_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& ou
     const LlmKernels& kr = lk();
     fused::quantize_parts(kr, px, M, parts);
     const int nt = fused::threads(parts, M);
+    if (bsplit::blocks_on()) {
+      bsplit::run_blocks(plan, nt, [&](int p, i64 g0, i64 g1) {
+        fused::groups(kr, parts[static_cast<std::size_t>(p)], M, g0, g1);
+      });
+      return;
+    }
     const std::vector<fused::Task> ts = fused::tasks(parts, nt);
     parallel_for(static_cast<i64>(ts.size()), nt, [&](i64 t) {
       const fused::Task& k = ts[static_cast<std::size_t>(t)];
@@ -698,14 +881,20 @@ Op prep_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array
     const LlmKernels& kr = lk();
     fused::quantize_parts(kr, px, M, parts);
     const int nt = fused::threads(parts, M);
-    const std::vector<i64> b = split_rows(wg.pk.groups, nt);
-    parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
-      const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
+    auto range = [&](i64 g0, i64 g1) {
       fused::groups(kr, parts[0], M, g0, g1);
       fused::groups(kr, parts[1], M, g0, g1);
       const i64 a = g0 * QR, e = std::min(N, g1 * QR);
       for (i64 m = 0; m < M && a < e; ++m)
         swiglu_rows(base, parts[0].y + m * N + a, parts[1].y + m * N + a, o + m * N + a, e - a);
+    };
+    if (bsplit::blocks_on()) {
+      bsplit::run_blocks(bsplit::Plan{{{&wg, &wu}}}, nt, [&](int, i64 g0, i64 g1) { range(g0, g1); });
+      return;
+    }
+    const std::vector<i64> b = split_rows(wg.pk.groups, nt);
+    parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
+      range(b[static_cast<std::size_t>(t)], b[static_cast<std::size_t>(t) + 1]);
     });
   };
 }
@@ -746,13 +935,19 @@ Op prep_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::arra
     const LlmKernels& kr = lk();
     fused::quantize_parts(kr, px, M, parts);
     const int nt = fused::threads(parts, M);
-    const std::vector<i64> b = split_rows(w.pk.groups, nt);
-    parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
-      const i64 g0 = b[static_cast<std::size_t>(t)], g1 = b[static_cast<std::size_t>(t) + 1];
+    auto range = [&](i64 g0, i64 g1) {
       fused::groups(kr, parts[0], M, g0, g1);
       const i64 a = g0 * QR, e = std::min(N, g1 * QR);
       for (i64 m = 0; m < M && a < e; ++m)
         base.binary(B_ADD, BM_VV, r + m * N + a, parts[0].y + m * N + a, ro + m * N + a, e - a);
+    };
+    if (bsplit::blocks_on()) {
+      bsplit::run_blocks(bsplit::Plan{{{&w, nullptr}}}, nt, [&](int, i64 g0, i64 g1) { range(g0, g1); });
+      return;
+    }
+    const std::vector<i64> b = split_rows(w.pk.groups, nt);
+    parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
+      range(b[static_cast<std::size_t>(t)], b[static_cast<std::size_t>(t) + 1]);
     });
   };
 }
@@ -1589,14 +1784,29 @@ Op prep_rms_norm(const py::array& x, const py::array& scale, const py::array& ou
 // replaces, prepared once; a call checks every op first (under the GIL), then runs them in order with the GIL
 // released once. If a check refuses (past_len out of range: the unfused call would raise), nothing has run and
 // the unfused calls run instead, so the error is theirs.
+// With `timing` on (benchmarks/decode_threads.py --per-op), each op's wall time and the pool's account of it
+// (pool_stats, read and reset after each op) are summed per op: the split of the step as it runs, back to back.
 struct LlmStep {
   std::vector<StepOp> ops;
   std::vector<py::object> keep;  // every argument an op points into
+  std::vector<bsplit::Plan> plans;  // per op: the weights it streams (empty: none)
+  std::vector<const bsplit::Plan*> next;  // per op: the plan of the next op that streams weights (or nullptr)
   py::list fallback;             // the unfused calls, in order
+  bool timing = false;
+  std::vector<std::pair<std::int64_t, PoolStats>> times;  // per op: wall ns, pool statistics (timing on)
 
-  void add(StepOp op, py::object args) {
+  void add(StepOp op, py::object args, bsplit::Plan plan = {}) {
     ops.push_back(std::move(op));
     keep.push_back(std::move(args));
+    plans.push_back(std::move(plan));
+    next.assign(ops.size(), nullptr);
+    for (std::size_t i = ops.size() - 1; i > 0; --i)
+      next[i - 1] = plans[i].empty() ? next[i] : &plans[i];
+  }
+  // Runs op i with tl_next set (the split's prefetch of the next weights).
+  void run_op(std::size_t i) {
+    bsplit::tl_next = next[i];
+    ops[i].run();
   }
   bool operator()() {
     for (StepOp& o : ops)
@@ -1605,8 +1815,31 @@ struct LlmStep {
         return false;
       }
     py::gil_scoped_release nogil;
-    for (StepOp& o : ops) o.run();
+    struct Reset {
+      ~Reset() { bsplit::tl_next = nullptr; }
+    } reset;
+    if (!timing) {
+      for (std::size_t i = 0; i < ops.size(); ++i) run_op(i);
+      return true;
+    }
+    times.resize(ops.size());
+    pool_stats(true);
+    auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      run_op(i);
+      const auto t1 = std::chrono::steady_clock::now();
+      times[i].first += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      times[i].second += pool_stats(true);
+      t0 = t1;
+    }
     return true;
+  }
+  py::list take_times() {  // [(seconds, pool_stats dict)] per op since the last call; resets
+    py::list out;
+    for (const auto& t : times)
+      out.append(py::make_tuple(static_cast<double>(t.first) * 1e-9, pool_stats_dict(t.second)));
+    times.assign(times.size(), {});
+    return out;
   }
 };
 
@@ -1771,26 +2004,32 @@ void bind_llm(py::module_& m) {
       .def(py::init<>())
       .def("__len__", [](const LlmStep& s) { return s.ops.size(); })
       .def_readwrite("fallback", &LlmStep::fallback)
+      .def_readwrite("timing", &LlmStep::timing, "Sum each op's wall time and pool statistics (take_times).")
+      .def("take_times", &LlmStep::take_times,
+           "[(seconds, pool_stats dict)] per op since the last take (timing on; the pool's statistics need "
+           "pool_stats_enable); resets them.")
       .def("__call__", &LlmStep::operator(), "Runs the ops; False when a check refused and the fallback ran.")
       .def("add_matmul", [](LlmStep& s, const PyWeights& w, const py::array& x, const py::array& out,
                             const py::object& bias) {
-        s.add({{}, prep_qmatmul(w, x, out, bias)}, py::make_tuple(w, x, out, bias));
+        s.add({{}, prep_qmatmul(w, x, out, bias)}, py::make_tuple(w, x, out, bias), bsplit::plan_of({w.w.get()}));
       }, py::arg("weights"), py::arg("x"), py::arg("out"), py::arg("bias"))
       .def("add_matmul_multi", [](LlmStep& s, const py::list& ws, const py::array& x, const py::list& outs,
                                   const py::list& biases) {
-        s.add({{}, prep_qmatmul_multi(ws, x, outs, biases)}, py::make_tuple(ws, x, outs, biases));
+        std::vector<const Weights*> w;
+        for (const py::handle h : ws) w.push_back(&weights_of(h, "LlmStep.add_matmul_multi"));
+        s.add({{}, prep_qmatmul_multi(ws, x, outs, biases)}, py::make_tuple(ws, x, outs, biases), bsplit::plan_of(w));
       }, py::arg("weights"), py::arg("x"), py::arg("outs"), py::arg("biases"))
       .def("add_matmul_swiglu", [](LlmStep& s, const PyWeights& pg, const PyWeights& pu, const py::array& x,
                                    const py::array& gate, const py::array& up, const py::array& out,
                                    const py::object& bg, const py::object& bu) {
         s.add({{}, prep_qmatmul_swiglu(pg, pu, x, gate, up, out, bg, bu)},
-              py::make_tuple(pg, pu, x, gate, up, out, bg, bu));
+              py::make_tuple(pg, pu, x, gate, up, out, bg, bu), bsplit::plan_of({pg.w.get(), pu.w.get()}, true));
       }, py::arg("gate_weights"), py::arg("up_weights"), py::arg("x"), py::arg("gate"), py::arg("up"),
          py::arg("out"), py::arg("gate_bias"), py::arg("up_bias"))
       .def("add_matmul_residual", [](LlmStep& s, const PyWeights& w, const py::array& x, const py::array& out,
                                      const py::object& bias, const py::array& residual, const py::array& res_out) {
         s.add({{}, prep_qmatmul_residual(w, x, out, bias, residual, res_out)},
-              py::make_tuple(w, x, out, bias, residual, res_out));
+              py::make_tuple(w, x, out, bias, residual, res_out), bsplit::plan_of({w.w.get()}));
       }, py::arg("weights"), py::arg("x"), py::arg("out"), py::arg("bias"), py::arg("residual"), py::arg("res_out"))
       .def("add_swiglu", [](LlmStep& s, const py::array& g, const py::array& u, const py::array& out) {
         s.add({{}, prep_swiglu(g, u, out)}, py::make_tuple(g, u, out));

@@ -801,6 +801,24 @@ void py_global_avg_pool(const py::array& x, const py::array& out) {
 }  // namespace
 
 void bind_llm(pybind11::module_&);
+
+namespace hetero {
+pybind11::dict pool_stats_dict(const PoolStats& s) {
+  pybind11::dict d;
+  d["calls"] = s.calls;
+  d["tasks"] = s.tasks;
+  d["joins"] = s.joins;
+  d["sleeps"] = s.sleeps;
+  d["late"] = s.late;
+  d["serial_calls"] = s.serial_calls;
+  d["wall_s"] = s.wall_s;
+  d["busy_s"] = s.busy_s;
+  d["wake_s"] = s.wake_s;
+  d["tail_s"] = s.tail_s;
+  d["serial_s"] = s.serial_s;
+  return d;
+}
+}  // namespace hetero
 void bind_gated_delta(pybind11::module_& m);
 namespace hetero {
 void bind_onnx_extra(pybind11::module_& m);
@@ -820,22 +838,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_pool_spin_us", &set_pool_spin_us, py::arg("us"));
   m.def("pool_stats_enable", &pool_stats_enable, py::arg("on"),
         "Record the thread pool's statistics (pool_stats); off by default (a few clock reads per call and task).");
-  m.def("pool_stats", [](bool reset) {
-    const PoolStats s = pool_stats(reset);
-    py::dict d;
-    d["calls"] = s.calls;
-    d["tasks"] = s.tasks;
-    d["joins"] = s.joins;
-    d["sleeps"] = s.sleeps;
-    d["late"] = s.late;
-    d["serial_calls"] = s.serial_calls;
-    d["wall_s"] = s.wall_s;
-    d["busy_s"] = s.busy_s;
-    d["wake_s"] = s.wake_s;
-    d["tail_s"] = s.tail_s;
-    d["serial_s"] = s.serial_s;
-    return d;
-  }, py::arg("reset") = false, "The pool's statistics since the last reset (see threadpool_stats.hpp).");
+  m.def("pool_stats", [](bool reset) { return pool_stats_dict(pool_stats(reset)); }, py::arg("reset") = false,
+        "The pool's statistics since the last reset (see threadpool_stats.hpp).");
   m.def("_pool_cover", [](i64 ntasks, int max_threads, int reps, i64 throw_at) {
     // Test hook: reps parallel_for calls of ntasks tasks; counts how often each task ran (each call must run every
     // task exactly once); task throw_at (if >= 0) throws in the last call, which must reach the caller.

@@ -19,6 +19,21 @@ struct PoolStats {
   double serial_s = 0;            // the serial calls
 };
 
+inline PoolStats& operator+=(PoolStats& a, const PoolStats& b) {
+  a.calls += b.calls;
+  a.tasks += b.tasks;
+  a.joins += b.joins;
+  a.sleeps += b.sleeps;
+  a.late += b.late;
+  a.serial_calls += b.serial_calls;
+  a.wall_s += b.wall_s;
+  a.busy_s += b.busy_s;
+  a.wake_s += b.wake_s;
+  a.tail_s += b.tail_s;
+  a.serial_s += b.serial_s;
+  return a;
+}
+
 void pool_stats_enable(bool on);
 PoolStats pool_stats(bool reset);
 // Microseconds a worker spins for the next call before it sleeps (HETERO_POOL_SPIN_US, default 50).

@@ -247,18 +247,26 @@ def test_fused_outputs_may_reuse_the_input_memory(threads, m):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("tasks", ["0", "1"])
-def test_fused_calls_under_other_work_splits(tasks):
-    """HETERO_LLM_TASKS (read once per process) changes only which thread computes which 16-row groups: shrinking
-    chunks (0; the fused q / k / v split as one sequence over the parts, chunks cut at part borders) and one task
-    per thread (1) give the same bits as the unfused calls. The fused-call tests above, in a fresh process."""
+@pytest.mark.parametrize("settings", [dict(HETERO_LLM_TASKS="0"), dict(HETERO_LLM_TASKS="1"),
+                                      dict(HETERO_LLM_BLOCKS="1"),
+                                      dict(HETERO_LLM_BLOCKS="1", HETERO_LLM_PFNEXT="65536")])
+def test_fused_calls_under_other_work_splits(settings):
+    """The split settings (read once per process) change only which thread computes which 16-row groups: shrinking
+    chunks (TASKS=0; the fused q / k / v split as one sequence over the parts, chunks cut at part borders), one task
+    per thread (1), the split by bytes (BLOCKS=1: one block per thread, q / k / v laid end to end, a late thread's
+    share taken by halves) and that with the next call's weights prefetched (PFNEXT, inside merged steps) give the
+    same bits as the unfused calls. The fused-call, merged-step and thread-split tests, in a fresh process."""
     import os
     import subprocess
     import sys
+    from pathlib import Path
 
-    env = dict(os.environ, HETERO_LLM_TASKS=tasks)
+    env = dict(os.environ, **settings)
     tests = "matmul_multi_equals or matmul_swiglu_equals or matmul_residual_equals or fused_outputs_may_reuse"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", tests],
+    tests += " or decoder_layer or whole_decode_step or late_workers or does_not_depend_on_the_thread_count"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                        *(str(Path(__file__).with_name(f)) for f in ("test_step.py", "test_llm_threads.py")),
+                        "-k", tests],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout

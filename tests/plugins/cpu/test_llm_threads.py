@@ -50,11 +50,33 @@ def test_pool_statistics_account_for_a_parallel_gemv(pool):
     _native.llm_matmul(w, x, out)
     s = _native.pool_stats(True)
     assert s["calls"] == 1
-    assert s["tasks"] > 4  # shrinking chunks: more tasks than threads
+    assert s["tasks"] >= 2  # equal tasks (4 a thread), or one block of bytes a thread (HETERO_LLM_BLOCKS=1)
     assert s["joins"] <= 1 and s["sleeps"] <= s["joins"]
     assert 0 < s["busy_s"] <= 2 * s["wall_s"] + 1e-3
     assert 0 <= s["tail_s"] <= s["wall_s"]
     assert _native.pool_stats()["calls"] == 0  # reset
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("spec", ["q4", "q8", "q4_asym"])
+def test_decode_split_with_late_workers_changes_no_result(pool, threads, spec):
+    """One-row GEMVs across threads with the workers asleep (spin 0: the caller takes their share before they wake,
+    or part of it) and spinning: every row comes out bitwise as at one thread, the bias added once. Under
+    HETERO_LLM_BLOCKS=1 (test_fuse.py runs this test so) the split by bytes: the caller takes the back half of a
+    late worker's block, then of what is left, and so on."""
+    w = _weights(spec, 3001, 768)  # 188 groups, the last one short
+    bias = np.linspace(-2, 2, 3001, dtype=np.float32)
+    x = np.random.default_rng(3).standard_normal((1, 768)).astype(np.float32)
+    _native.set_num_threads(1)
+    want = np.empty((1, 3001), np.float32)
+    _native.llm_matmul(w, x, want, bias)
+    _native.set_num_threads(threads)
+    for spin in (0, 50):
+        _native.set_pool_spin_us(spin)
+        for _ in range(20):
+            out = np.full((1, 3001), np.nan, np.float32)
+            _native.llm_matmul(w, x, out, bias)
+            assert np.array_equal(out, want)
 
 
 def test_pool_statistics_count_serial_calls_and_stay_off_by_default(pool):
