@@ -12,8 +12,9 @@ import pytest
 
 from conftest import backend_ok
 from hetero.contract import HeteroError
+from hetero.contract.quant import dequantize, weight_format
 from hetero.llm.speculative import Draft, DraftModel, Lookahead, Speculation, make_drafter
-from hetero.llm.speculative.draft_model import draft_vocabulary
+from hetero.llm.speculative.draft_model import MAX_DRAFT, draft_vocabulary
 from hetero.llm.speculative.lookahead import MAX_MATCH, confidence_class
 
 from .helpers import FIXTURES, copy_model, load
@@ -204,6 +205,67 @@ def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
         make_drafter(f"draft:{FIXTURES / 'qwen3'},p_min=1.5", target)
     with pytest.raises(HeteroError, match="vocab='ten'; expected a number of tokens"):
         make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=ten", target)
+
+
+def test_requantized_draft_model_rounds_only_wider_matrices():
+    """load(requantize="q4") (a draft model's default, ``draft:PATH,quant=q4``): every matrix stored in a format of
+    more bits per weight (q8, q5_k, q6_k here) becomes q4 within q4's rounding of its stored values; q4_k matrices,
+    the embedding table and the other weights stay byte for byte; greedy output drafted by it is plain decoding's."""
+    _backend("cpu")
+    path = FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf"
+    target = load(path, backends=["cpu"])
+    want = _plain(target, PROMPT, 24)
+    small = load(path, backends=["cpu"], requantize="q4")
+    assert small.quant.endswith(">q4_sym_b32")
+    before, after = target._graph, small._graph
+    q4 = weight_format("q4")
+    seen = set()
+    for old, new in zip(before.nodes, after.nodes, strict=True):
+        assert old.op_type == new.op_type
+        if old.op_type != "QMatMul":
+            assert old.attrs == new.attrs and old.inputs == new.inputs
+            continue
+        w_old, w_new = before.initializers[old.inputs[1]], after.initializers[new.inputs[1]]
+        fmt = weight_format(**old.attrs)
+        seen.add(old.attrs["wtype"])
+        if fmt.bits_per_weight <= q4.bits_per_weight:  # q4_k: as stored
+            assert new.attrs == old.attrs and np.array_equal(w_old, w_new)
+            continue
+        assert new.attrs == q4.attrs()
+        k = w_old.shape[-1] // fmt.block_bytes * fmt.block_size
+        values = dequantize(w_old, fmt, k).reshape(-1, k // 32, 32)
+        rounded = dequantize(w_new, q4, k).reshape(values.shape)
+        # q4: d = (the block's value of largest magnitude) / -8 in f16: every value within one step (+ the f16
+        # rounding of d, times up to 8 levels) of its own
+        step = np.abs(values).max(axis=-1, keepdims=True) / 8 * (1 + 2 ** -7)
+        assert np.all(np.abs(rounded - values) <= step + 1e-7)
+        assert not np.array_equal(rounded, values)  # really re-rounded
+    assert seen >= {"q8", "q5_k", "q6_k", "q4_k"}
+    for name, array in before.initializers.items():
+        if not any(name == n.inputs[1] for n in before.nodes if n.op_type == "QMatMul"):
+            assert np.array_equal(after.initializers[name], array), name
+    drafter = make_drafter(f"draft:{path}", target)  # the default: quant=q4
+    assert drafter.model.quant == small.quant and drafter.max_draft == MAX_DRAFT
+    assert make_drafter(f"draft:{path},quant=none", target).model.quant == target.quant
+    target.reset()
+    target.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
+    assert list(target.last.tokens) == want and target.stats.accepted_tokens > 0
+    with pytest.raises(HeteroError, match="quant='q3' is not a quantization spec"):
+        make_drafter(f"draft:{path},quant=q3", target)
+
+
+def test_requantize_keeps_a_shared_table_for_its_other_reader():
+    """A tied head (the q8 embedding table, read by the Embedding node too) gets a q4 copy; the table stays."""
+    _backend("cpu")
+    q8 = load(FIXTURES / "qwen3", backends=["cpu"], quant="q8")
+    q4 = load(FIXTURES / "qwen3", backends=["cpu"], quant="q8", requantize="q4")
+    head_old = next(n for n in q8._graph.nodes if n.name == "logits")
+    head_new = next(n for n in q4._graph.nodes if n.name == "logits")
+    embed = next(n for n in q4._graph.nodes if n.op_type == "Embedding")
+    assert head_old.inputs[1] == embed.inputs[1] != head_new.inputs[1]
+    assert embed.attrs["wtype"] == "q8" and head_new.attrs["wtype"] == "q4"
+    np.testing.assert_array_equal(q4._graph.initializers[embed.inputs[1]], q8._graph.initializers[embed.inputs[1]])
+    assert q4.prefill(PROMPT).shape == q8.prefill(PROMPT).shape
 
 
 def test_draft_model_with_another_vocabulary_is_refused(tmp_path):

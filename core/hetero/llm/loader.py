@@ -18,6 +18,7 @@ from ..contract.quant import QuantFormat, parse_quant
 from . import files
 from .config import LlmConfig, load_config
 from .families import build_graph
+from .families.decoder import requantize as requantize_graph
 from .families.decoder import restrict_head
 from .hub import resolve_model
 from .model import Llm, check_options
@@ -40,7 +41,7 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
          prefill_chunk: int = 512, all_logits: bool = False, cache: bool = True,
          progress: bool | None = None, kv_cache: str = "f16", chat_template: str | None = None,
          hidden_layers: Sequence[int] = (), embeddings: bool = False, slots: int = 1,
-         head_rows: Sequence[int] | None = None) -> Llm:
+         head_rows: Sequence[int] | None = None, requantize: str | QuantFormat | None = None) -> Llm:
     """Load a Hugging Face folder (config.json, safetensors, tokenizer files), a GGUF file (``*.gguf``: its
     tensors memory-mapped in their stored types, its own tokenizer and chat template; ``quant`` then quantizes only
     the file's float matrices, without a cache), or a Hugging Face repo id from the local cache
@@ -62,10 +63,13 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     ``hetero.llm.batch``; a prompt runs in chunks of at most ``hetero.llm.batch.CHUNK`` tokens); the memory check
     counts every slot's cache. head_rows: token ids whose LM head rows are kept (a draft vocabulary): the logits'
     column j is then token ``head_rows[j]`` (``Llm.head_rows``); such a model drafts (``hetero.llm.speculative``),
-    it does not generate.
+    it does not generate. requantize: re-quantize the matrices stored in a block format of more bits per weight
+    (q5_0, q6_k, q8...) to this one ("q4"...; after ``head_rows``, so only the kept rows): fewer bytes per token for
+    a second rounding, which is what a draft model can afford (its drafts are checked: ``hetero.llm.speculative``).
     """
     check_options(context, prefill_chunk, kv_cache, slots)
     fmt = parse_quant(quant)
+    wider = parse_quant(requantize)
     source = resolve_model(path)
     if source.is_file() and (source.suffix.lower() == ".gguf" or _is_gguf(source)):
         from .gguf_model import open_gguf
@@ -83,10 +87,15 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     rows = _head_rows(head_rows, model.config.vocab_size, model.path)
     if rows is not None:
         restrict_head(graph, rows)
+    if wider is not None:
+        requantize_graph(graph, wider)
     label = model.label if fmt is None or model.label == fmt.name else f"{model.label}+{fmt.name}"
+    if wider is not None:
+        label = f"{label}>{wider.name}"
     decoder = whole_decoder(backends, model, context, fmt)
-    if decoder is not None and rows is not None:
-        raise HeteroError(f"{model.path}: {decoder.name} runs the decoder whole: it takes no head_rows=",
+    if decoder is not None and (rows is not None or wider is not None):
+        what = "head_rows=" if rows is not None else "requantize="
+        raise HeteroError(f"{model.path}: {decoder.name} runs the decoder whole: it takes no {what}",
                           hint="load the draft model on cpu / opencl")
     with model.releasing():
         return Llm(model.config, graph, model.tokenizer, context=context, backends=backends, decoder=decoder,

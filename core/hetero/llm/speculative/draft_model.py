@@ -27,6 +27,7 @@ from .drafter import Hidden
 from .target import Target
 
 DRAFT_VOCAB = 32768  # default draft vocabulary: the lowest ids (plus added tokens); 0 or None: the whole vocabulary
+DRAFT_QUANT = "q4"  # the draft model's matrices stored in wider formats are re-quantized to this at load (None: kept)
 MAX_DRAFT = 10  # the longest draft (the loop's policy drafts fewer at lower acceptance)
 P_MIN = 0.0  # a draft ends after a token the draft model gives less than this probability (0: never)
 
