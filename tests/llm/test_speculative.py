@@ -16,6 +16,7 @@ from hetero.contract.quant import dequantize, weight_format
 from hetero.llm.speculative import Draft, DraftModel, Lookahead, Speculation, make_drafter
 from hetero.llm.speculative.draft_model import MAX_DRAFT, draft_vocabulary
 from hetero.llm.speculative.lookahead import MAX_MATCH, confidence_class
+from hetero.llm.speculative.policy import COLD_RUNS
 
 from .helpers import FIXTURES, copy_model, load
 
@@ -157,6 +158,32 @@ def test_draft_model_same_tokenizer_accepts_everything(tmp_path):
     target.reset()
     target.generate(PROMPT, 24, temperature=0, spec=Speculation(other, adaptive=False))
     assert list(target.last.tokens) == want
+
+
+def test_the_next_generation_drafts_from_its_first_step():
+    """A Speculation used again (hetero chat's turns, bench repetitions) starts with the step costs of its last
+    generation: the first generation takes plain steps until plain decoding's cost is warm, the next drafts at its
+    first step; the output stays plain decoding's."""
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = _plain(target, PROMPT, 24)
+    firsts: list[int] = []
+
+    class Watched(DraftModel):
+        def reset(self) -> None:
+            firsts.append(-1)
+
+        def draft(self, history, k):
+            if firsts[-1] < 0:
+                firsts[-1] = len(history) - len(PROMPT)  # tokens generated before the generation's first draft
+            return super().draft(history, k)
+
+    spec = Speculation(Watched(load(FIXTURES / "qwen3", backends=["cpu"]), target, max_draft=4))
+    for _ in range(2):
+        target.reset()
+        target.generate(PROMPT, 24, temperature=0, spec=spec)
+        assert list(target.last.tokens) == want
+    assert firsts == [1 + COLD_RUNS + 1, 1]  # (the prefill's token, then the plain steps until one is warm)
 
 
 def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
