@@ -234,11 +234,12 @@ def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
         make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=ten", target)
 
 
-def test_requantized_draft_model_rounds_only_wider_matrices():
+def test_requantized_draft_model_rounds_only_wider_matrices(tmp_path, monkeypatch):
     """load(requantize="q4") (a draft model's default, ``draft:PATH,quant=q4``): every matrix stored in a format of
     more bits per weight (q8, q5_k, q6_k here) becomes q4 within q4's rounding of its stored values; q4_k matrices,
     the embedding table and the other weights stay byte for byte; greedy output drafted by it is plain decoding's."""
     _backend("cpu")
+    monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path))
     path = FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf"
     target = load(path, backends=["cpu"])
     want = _plain(target, PROMPT, 24)
@@ -279,6 +280,30 @@ def test_requantized_draft_model_rounds_only_wider_matrices():
     assert list(target.last.tokens) == want and target.stats.accepted_tokens > 0
     with pytest.raises(HeteroError, match="quant='q3' is not a quantization spec"):
         make_drafter(f"draft:{path},quant=q3", target)
+
+
+def test_requantized_matrices_are_cached_per_file_format_and_head(tmp_path, monkeypatch):
+    """The re-quantized matrices of a GGUF file are written once to $HETERO_CACHE_DIR/requantized and mapped by
+    the next load (the same bytes); another head or format is another file; a damaged file is recomputed."""
+    _backend("cpu")
+    monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path))
+    path = FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf"
+    first = load(path, backends=["cpu"], requantize="q4")
+    files = sorted((tmp_path / "requantized").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("qwen3k-q4_k_m-q4_sym_b32-")
+    again = load(path, backends=["cpu"], requantize="q4")
+    names = [n.inputs[1] for n in first._graph.nodes if n.op_type == "QMatMul" and n.attrs["wtype"] == "q4"]
+    assert names and all(isinstance(again._graph.initializers[n], np.memmap) or
+                         isinstance(again._graph.initializers[n].base, np.memmap) for n in names)
+    for n in names:
+        np.testing.assert_array_equal(again._graph.initializers[n], first._graph.initializers[n])
+    np.testing.assert_array_equal(again.prefill(PROMPT), first.prefill(PROMPT))
+    load(path, backends=["cpu"], requantize="q4", head_rows=list(range(100)))
+    assert len(list((tmp_path / "requantized").iterdir())) == 2
+    files[0].write_bytes(files[0].read_bytes()[:100])  # damaged: recomputed (and rewritten)
+    third = load(path, backends=["cpu"], requantize="q4")
+    np.testing.assert_array_equal(third.prefill(PROMPT), first.prefill(PROMPT))
+    assert files[0].stat().st_size > 100
 
 
 def test_requantize_keeps_a_shared_table_for_its_other_reader():

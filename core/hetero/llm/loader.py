@@ -6,16 +6,21 @@ graph building are done once, here.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..contract.errors import HeteroError, ModelFormatError
+from ..contract.errors import HeteroError, HeteroWarning, ModelFormatError
+from ..contract.graph import Graph
 from ..contract.quant import QuantFormat, parse_quant
-from . import files
+from ..contract.vendor_worker import cache_root
+from . import files, safetensors
 from .config import LlmConfig, load_config
 from .families import build_graph
 from .families.decoder import requantize as requantize_graph
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 
 # bytes per cached value of each KV cache type (q8: int8 with a float scale per 32 values; q4r / q3r: 4 / 3-bit codes
 # with a float16 scale per 32 values)
+REQUANT_VERSION = 1  # of the re-quantized matrices' cache (load(requantize=))
 KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8": 1.125, "q4r": 0.5625, "q3r": 0.4375}
 
 
@@ -88,7 +94,7 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     if rows is not None:
         restrict_head(graph, rows)
     if wider is not None:
-        requantize_graph(graph, wider)
+        _requantize(graph, wider, model.path, rows)
     label = model.label if fmt is None or model.label == fmt.name else f"{model.label}+{fmt.name}"
     if wider is not None:
         label = f"{label}>{wider.name}"
@@ -162,6 +168,36 @@ def _template(model: ModelFiles, chat_template: str | None) -> ChatTemplate | No
                             eos_token=tok.eos_token if tok else None)
     template.probe()
     return template
+
+
+def _requantize(graph: Graph, fmt: QuantFormat, path: Path, rows: np.ndarray | None) -> None:
+    """``load(requantize=fmt)``: the graph's wider matrices re-quantized, kept for a GGUF file in
+    ``$HETERO_CACHE_DIR/requantized`` (default ``~/.cache/hetero``; keyed by the file's path, size and modification
+    time, the format and the head rows), so the next load of the same draft model maps them instead of
+    computing them again (seconds per 100 M weights in numpy). A damaged or unwritable cache is recomputed."""
+    cache = None
+    if path.is_file():
+        info = path.stat()
+        heads = hashlib.sha256(rows.tobytes()).hexdigest() if rows is not None else ""
+        key = hashlib.sha256(json.dumps([REQUANT_VERSION, str(path.resolve()), info.st_size, info.st_mtime_ns,
+                                         fmt.name, heads]).encode()).hexdigest()[:16]
+        cache = cache_root() / "requantized" / f"{path.stem}-{fmt.name}-{key}.safetensors"
+    known: dict[str, np.ndarray] = {}
+    if cache is not None and cache.is_file():
+        try:
+            stored = safetensors.SafetensorsFile(cache)
+            known = {name: stored.raw(name) for name in stored.entries}
+        except ModelFormatError:
+            known = {}
+    made = requantize_graph(graph, fmt, known)
+    if cache is None or not made or all(made[name] is known.get(name) for name in made):
+        return
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        safetensors.write(cache, made, {"hetero": f"requantized v{REQUANT_VERSION}", "format": fmt.name})
+    except OSError as exc:
+        warnings.warn(f"hetero: cannot write {cache}: {exc}; the next load re-quantizes again", HeteroWarning,
+                      stacklevel=3)
 
 
 def _head_rows(rows: Sequence[int] | None, vocab: int, path: Path) -> np.ndarray | None:
