@@ -320,6 +320,60 @@ def test_requantize_keeps_a_shared_table_for_its_other_reader():
     assert q4.prefill(PROMPT).shape == q8.prefill(PROMPT).shape
 
 
+def _watch_steps(model) -> tuple[dict[str, int], list[int]]:
+    """Count ``model``'s forward / verify calls, and the tokens each rollback drops."""
+    calls, dropped = {"forward": 0, "verify": 0}, []
+    run = {name: getattr(model, name) for name in (*calls, "rollback")}
+
+    def forward(ids):
+        calls["forward"] += 1
+        return run["forward"](ids)
+
+    def verify(ids):
+        calls["verify"] += 1
+        return run["verify"](ids)
+
+    def rollback(length):
+        dropped.append(len(model.tokens) - length)
+        run["rollback"](length)
+
+    model.forward, model.verify, model.rollback = forward, verify, rollback
+    return calls, dropped
+
+
+def test_draft_model_lookup_drafts_the_same_tokens_in_fewer_steps():
+    """``lookup``: n-gram guesses of the draft model's next tokens, checked by it in one step, keep exactly the
+    greedy draft of one token per step (right and wrong guesses, with and without a draft vocabulary and p_min) in
+    fewer draft-model steps where the text repeats; the target's output stays plain decoding's."""
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = _plain(target, PROMPT, 40)
+    rows = draft_vocabulary(target.tokenizer, target.config.vocab_size, 256)
+    for head in (None, rows):
+        model = load(FIXTURES / "qwen3", backends=["cpu"], head_rows=head)
+        calls, dropped = _watch_steps(model)
+        steps = 0
+        for p_min in (0.0, 0.3):
+            plain, guessed = DraftModel(model, target, lookup=0, p_min=p_min), DraftModel(model, target, p_min=p_min)
+            for cut in range(len(PROMPT) + 2, len(PROMPT) + 30, 3):
+                history = [*PROMPT, *want][:cut]
+                before = dict(calls)
+                expected = plain.draft(history, 10)
+                single = calls["forward"] - before["forward"]
+                before = dict(calls)
+                assert guessed.draft(history, 10) == expected, (head is None, p_min, cut)
+                steps += single - (calls["forward"] - before["forward"] + calls["verify"] - before["verify"])
+        assert calls["verify"] > 0 and steps > 0  # guesses were checked, and they saved draft-model steps
+        assert any(dropped) and not all(dropped)  # some guesses were wrong, some right
+    drafter = make_drafter(f"draft:{FIXTURES / 'qwen3'}", target)
+    assert drafter.lookup is not None and make_drafter(f"draft:{FIXTURES / 'qwen3'},lookup=0", target).lookup is None
+    target.reset()
+    target.generate(PROMPT, 40, temperature=0, spec=Speculation(drafter, adaptive=False))
+    assert list(target.last.tokens) == want
+    with pytest.raises(HeteroError, match="lookup='5'; expected 0 \\(off\\) to 4 tokens"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},lookup=5", target)
+
+
 def test_draft_model_with_another_vocabulary_is_refused(tmp_path):
     _backend("cpu")
     folder = copy_model("qwen3", tmp_path)
