@@ -184,6 +184,13 @@ def test_the_next_generation_drafts_from_its_first_step():
         target.generate(PROMPT, 24, temperature=0, spec=spec)
         assert list(target.last.tokens) == want
     assert firsts == [1 + COLD_RUNS + 1, 1]  # (the prefill's token, then the plain steps until one is warm)
+    # graded (free) drafts start each generation afresh (with carried costs the lookahead drafted shorter)
+    lookahead = Speculation(Lookahead())
+    for _ in range(2):
+        target.reset()
+        target.generate(PROMPT, 24, temperature=0, spec=lookahead)
+        assert list(target.last.tokens) == want and lookahead.policy.steps > 0
+        assert sum(lookahead.policy.runs.values()) == lookahead.policy.steps  # timings of this generation only
 
 
 def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():

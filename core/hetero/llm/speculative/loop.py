@@ -55,7 +55,9 @@ class Speculation:
         started = time.perf_counter()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
         stats.prefill_seconds += time.perf_counter() - started  # the drafter's prompt work (a draft model's)
-        self.policy = self._policy(self.policy)
+        # a drafter whose drafts cost time starts with the last generation's step costs; graded (free) drafts start
+        # fresh: with the measured widths' costs the lookahead drafted shorter (docs/speculative.md)
+        self.policy = self._policy(None if self.policy.graded else self.policy)
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
 
     def _tokens(self, llm: Target, record: object, history: list[int], sampler: Sampler, stats: Any, first: Any,
