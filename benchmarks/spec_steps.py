@@ -5,7 +5,8 @@
     PYTHONPATH=core:plugins/cpu python benchmarks/spec_steps.py --summary steps.jsonl      # an earlier log again
 
 Per run (plain or speculative, in the bench's alternated order): tokens/s, the steps by width (tokens scored)
-with their median milliseconds, the plain steps a speculative run took (before a plain step was warm, probes,
+with their median milliseconds (the verify pass alone: a draft model's drafting is given apart, per draft
+token), the plain steps a speculative run took (before a plain step was warm, probes,
 drafting switched off or cut to nothing), how often the policy switched drafting off, and the pool's joins that
 began asleep (a worker woken through the condition variable) per step of each kind.
 """
@@ -56,7 +57,8 @@ def summary(path: Path) -> None:
             runs.append(current)
         elif e["kind"] in ("plain", "spec") and current is not None:
             current["steps"].append(e)
-    print("| prompt | threads | rep | run | tokens | s | tok/s | steps by width: count x median ms | plain steps in "
+    print("| prompt | threads | rep | run | tokens | s | tok/s | steps by width: count x median ms (verify pass; "
+          "draft ms per token) | plain steps in "
           "spec (cold / probe / off / cut) | switched off | asleep joins per step (plain / verify) |")
     print("|---|---|---|---|---:|---:|---:|---|---|---:|---|")
     for r in runs:
@@ -66,9 +68,15 @@ def summary(path: Path) -> None:
         seconds = sum(s["seconds"] for s in steps)
         tokens = sum(s.get("committed", 1) for s in steps)
         by_width: dict[int, list[float]] = defaultdict(list)
+        drafting: list[float] = []  # ms per drafted token (drafters whose drafts cost time: a draft model)
         for s in steps:
-            by_width[s.get("drafted", 0) + 1].append(1e3 * s["seconds"])
+            draft_ms = 1e3 * s.get("draft_seconds", 0.0)
+            if s.get("drafted", 0) and draft_ms > 0:
+                drafting.append(draft_ms / s["drafted"])
+            by_width[s.get("drafted", 0) + 1].append(1e3 * s["seconds"] - draft_ms)  # the verify pass alone
         widths = " ".join(f"{w}:{len(v)}x{statistics.median(v):.1f}" for w, v in sorted(by_width.items()))
+        if drafting:
+            widths += f" draft:{len(drafting)}x{statistics.median(drafting):.1f}/token"
         plain_in_spec = "-"
         off = "-"
         if r["drafter"] != "plain":

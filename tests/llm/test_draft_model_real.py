@@ -30,7 +30,9 @@ def test_real_draft_model_keeps_the_output_and_is_accepted():
     prompt = "def fibonacci(n):\n"
     want = target.generate(prompt, 16, temperature=0)
     tokens = list(target.last.tokens)
-    for vocab in ("", ",vocab=all"):  # the default draft vocabulary, and the whole head
+    # the defaults (draft vocabulary, re-quantized to q4, its own lookup); the whole head; the stored formats, one
+    # token per draft-model step
+    for vocab in ("", ",vocab=all", ",quant=none,lookup=0"):
         spec = Speculation(make_drafter(f"draft:{DRAFT}{vocab}", target), max_draft=4, adaptive=False)
         target.generate(prompt, 16, temperature=0, spec=spec)
         assert list(target.last.tokens) == tokens and target.last.text == want, vocab

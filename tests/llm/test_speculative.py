@@ -12,9 +12,11 @@ import pytest
 
 from conftest import backend_ok
 from hetero.contract import HeteroError
+from hetero.contract.quant import dequantize, weight_format
 from hetero.llm.speculative import Draft, DraftModel, Lookahead, Speculation, make_drafter
-from hetero.llm.speculative.draft_model import draft_vocabulary
+from hetero.llm.speculative.draft_model import MAX_DRAFT, draft_vocabulary
 from hetero.llm.speculative.lookahead import MAX_MATCH, confidence_class
+from hetero.llm.speculative.policy import COLD_RUNS
 
 from .helpers import FIXTURES, copy_model, load
 
@@ -158,6 +160,39 @@ def test_draft_model_same_tokenizer_accepts_everything(tmp_path):
     assert list(target.last.tokens) == want
 
 
+def test_the_next_generation_drafts_from_its_first_step():
+    """A Speculation used again (hetero chat's turns, bench repetitions) starts with the step costs of its last
+    generation: the first generation takes plain steps until plain decoding's cost is warm, the next drafts at its
+    first step; the output stays plain decoding's."""
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = _plain(target, PROMPT, 24)
+    firsts: list[int] = []
+
+    class Watched(DraftModel):
+        def reset(self) -> None:
+            firsts.append(-1)
+
+        def draft(self, history, k):
+            if firsts[-1] < 0:
+                firsts[-1] = len(history) - len(PROMPT)  # tokens generated before the generation's first draft
+            return super().draft(history, k)
+
+    spec = Speculation(Watched(load(FIXTURES / "qwen3", backends=["cpu"]), target, max_draft=4))
+    for _ in range(2):
+        target.reset()
+        target.generate(PROMPT, 24, temperature=0, spec=spec)
+        assert list(target.last.tokens) == want
+    assert firsts == [1 + COLD_RUNS + 1, 1]  # (the prefill's token, then the plain steps until one is warm)
+    # graded (free) drafts start each generation afresh (with carried costs the lookahead drafted shorter)
+    lookahead = Speculation(Lookahead())
+    for _ in range(2):
+        target.reset()
+        target.generate(PROMPT, 24, temperature=0, spec=lookahead)
+        assert list(target.last.tokens) == want and lookahead.policy.steps > 0
+        assert sum(lookahead.policy.runs.values()) == lookahead.policy.steps  # timings of this generation only
+
+
 def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
     """A draft model loaded with head_rows= (a tied head here: the embedding table stays whole) returns the full
     model's logits of those tokens, drafts their argmax, and the target's output stays plain decoding's."""
@@ -204,6 +239,146 @@ def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
         make_drafter(f"draft:{FIXTURES / 'qwen3'},p_min=1.5", target)
     with pytest.raises(HeteroError, match="vocab='ten'; expected a number of tokens"):
         make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=ten", target)
+
+
+def test_requantized_draft_model_rounds_only_wider_matrices(tmp_path, monkeypatch):
+    """load(requantize="q4") (a draft model's default, ``draft:PATH,quant=q4``): every matrix stored in a format of
+    more bits per weight (q8, q5_k, q6_k here) becomes q4 within q4's rounding of its stored values; q4_k matrices,
+    the embedding table and the other weights stay byte for byte; greedy output drafted by it is plain decoding's."""
+    _backend("cpu")
+    monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path))
+    path = FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf"
+    target = load(path, backends=["cpu"])
+    want = _plain(target, PROMPT, 24)
+    small = load(path, backends=["cpu"], requantize="q4")
+    assert small.quant.endswith(">q4_sym_b32")
+    before, after = target._graph, small._graph
+    q4 = weight_format("q4")
+    seen = set()
+    for old, new in zip(before.nodes, after.nodes, strict=True):
+        assert old.op_type == new.op_type
+        if old.op_type != "QMatMul":
+            assert old.attrs == new.attrs and old.inputs == new.inputs
+            continue
+        w_old, w_new = before.initializers[old.inputs[1]], after.initializers[new.inputs[1]]
+        fmt = weight_format(**old.attrs)
+        seen.add(old.attrs["wtype"])
+        if fmt.bits_per_weight <= q4.bits_per_weight:  # q4_k: as stored
+            assert new.attrs == old.attrs and np.array_equal(w_old, w_new)
+            continue
+        assert new.attrs == q4.attrs()
+        k = w_old.shape[-1] // fmt.block_bytes * fmt.block_size
+        values = dequantize(w_old, fmt, k).reshape(-1, k // 32, 32)
+        rounded = dequantize(w_new, q4, k).reshape(values.shape)
+        # q4: d = (the block's value of largest magnitude) / -8 in f16: every value within one step (+ the f16
+        # rounding of d, times up to 8 levels) of its own
+        step = np.abs(values).max(axis=-1, keepdims=True) / 8 * (1 + 2 ** -7)
+        assert np.all(np.abs(rounded - values) <= step + 1e-7)
+        assert not np.array_equal(rounded, values)  # really re-rounded
+    assert seen >= {"q8", "q5_k", "q6_k", "q4_k"}
+    for name, array in before.initializers.items():
+        if not any(name == n.inputs[1] for n in before.nodes if n.op_type == "QMatMul"):
+            assert np.array_equal(after.initializers[name], array), name
+    drafter = make_drafter(f"draft:{path}", target)  # the default: quant=q4
+    assert drafter.model.quant == small.quant and drafter.max_draft == MAX_DRAFT
+    assert make_drafter(f"draft:{path},quant=none", target).model.quant == target.quant
+    target.reset()
+    target.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
+    assert list(target.last.tokens) == want and target.stats.accepted_tokens > 0
+    with pytest.raises(HeteroError, match="quant='q3' is not a quantization spec"):
+        make_drafter(f"draft:{path},quant=q3", target)
+
+
+def test_requantized_matrices_are_cached_per_file_format_and_head(tmp_path, monkeypatch):
+    """The re-quantized matrices of a GGUF file are written once to $HETERO_CACHE_DIR/requantized and mapped by
+    the next load (the same bytes); another head or format is another file; a damaged file is recomputed."""
+    _backend("cpu")
+    monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path))
+    path = FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf"
+    first = load(path, backends=["cpu"], requantize="q4")
+    files = sorted((tmp_path / "requantized").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("qwen3k-q4_k_m-q4_sym_b32-")
+    again = load(path, backends=["cpu"], requantize="q4")
+    names = [n.inputs[1] for n in first._graph.nodes if n.op_type == "QMatMul" and n.attrs["wtype"] == "q4"]
+    assert names and all(isinstance(again._graph.initializers[n], np.memmap) or
+                         isinstance(again._graph.initializers[n].base, np.memmap) for n in names)
+    for n in names:
+        np.testing.assert_array_equal(again._graph.initializers[n], first._graph.initializers[n])
+    np.testing.assert_array_equal(again.prefill(PROMPT), first.prefill(PROMPT))
+    load(path, backends=["cpu"], requantize="q4", head_rows=list(range(100)))
+    assert len(list((tmp_path / "requantized").iterdir())) == 2
+    files[0].write_bytes(files[0].read_bytes()[:100])  # damaged: recomputed (and rewritten)
+    third = load(path, backends=["cpu"], requantize="q4")
+    np.testing.assert_array_equal(third.prefill(PROMPT), first.prefill(PROMPT))
+    assert files[0].stat().st_size > 100
+
+
+def test_requantize_keeps_a_shared_table_for_its_other_reader():
+    """A tied head (the q8 embedding table, read by the Embedding node too) gets a q4 copy; the table stays."""
+    _backend("cpu")
+    q8 = load(FIXTURES / "qwen3", backends=["cpu"], quant="q8")
+    q4 = load(FIXTURES / "qwen3", backends=["cpu"], quant="q8", requantize="q4")
+    head_old = next(n for n in q8._graph.nodes if n.name == "logits")
+    head_new = next(n for n in q4._graph.nodes if n.name == "logits")
+    embed = next(n for n in q4._graph.nodes if n.op_type == "Embedding")
+    assert head_old.inputs[1] == embed.inputs[1] != head_new.inputs[1]
+    assert embed.attrs["wtype"] == "q8" and head_new.attrs["wtype"] == "q4"
+    np.testing.assert_array_equal(q4._graph.initializers[embed.inputs[1]], q8._graph.initializers[embed.inputs[1]])
+    assert q4.prefill(PROMPT).shape == q8.prefill(PROMPT).shape
+
+
+def _watch_steps(model) -> tuple[dict[str, int], list[int]]:
+    """Count ``model``'s forward / verify calls, and the tokens each rollback drops."""
+    calls, dropped = {"forward": 0, "verify": 0}, []
+    run = {name: getattr(model, name) for name in (*calls, "rollback")}
+
+    def forward(ids):
+        calls["forward"] += 1
+        return run["forward"](ids)
+
+    def verify(ids):
+        calls["verify"] += 1
+        return run["verify"](ids)
+
+    def rollback(length):
+        dropped.append(len(model.tokens) - length)
+        run["rollback"](length)
+
+    model.forward, model.verify, model.rollback = forward, verify, rollback
+    return calls, dropped
+
+
+def test_draft_model_lookup_drafts_the_same_tokens_in_fewer_steps():
+    """``lookup``: n-gram guesses of the draft model's next tokens, checked by it in one step, keep exactly the
+    greedy draft of one token per step (right and wrong guesses, with and without a draft vocabulary and p_min) in
+    fewer draft-model steps where the text repeats; the target's output stays plain decoding's."""
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = _plain(target, PROMPT, 40)
+    rows = draft_vocabulary(target.tokenizer, target.config.vocab_size, 256)
+    for head in (None, rows):
+        model = load(FIXTURES / "qwen3", backends=["cpu"], head_rows=head)
+        calls, dropped = _watch_steps(model)
+        steps = 0
+        for p_min in (0.0, 0.3):
+            plain, guessed = DraftModel(model, target, lookup=0, p_min=p_min), DraftModel(model, target, p_min=p_min)
+            for cut in range(len(PROMPT) + 2, len(PROMPT) + 30, 3):
+                history = [*PROMPT, *want][:cut]
+                before = dict(calls)
+                expected = plain.draft(history, 10)
+                single = calls["forward"] - before["forward"]
+                before = dict(calls)
+                assert guessed.draft(history, 10) == expected, (head is None, p_min, cut)
+                steps += single - (calls["forward"] - before["forward"] + calls["verify"] - before["verify"])
+        assert calls["verify"] > 0 and steps > 0  # guesses were checked, and they saved draft-model steps
+        assert any(dropped) and not all(dropped)  # some guesses were wrong, some right
+    drafter = make_drafter(f"draft:{FIXTURES / 'qwen3'}", target)
+    assert drafter.lookup is not None and make_drafter(f"draft:{FIXTURES / 'qwen3'},lookup=0", target).lookup is None
+    target.reset()
+    target.generate(PROMPT, 40, temperature=0, spec=Speculation(drafter, adaptive=False))
+    assert list(target.last.tokens) == want
+    with pytest.raises(HeteroError, match="lookup='5'; expected 0 \\(off\\) to 4 tokens"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},lookup=5", target)
 
 
 def test_draft_model_with_another_vocabulary_is_refused(tmp_path):

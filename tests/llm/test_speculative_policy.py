@@ -288,3 +288,24 @@ def test_drafting_seconds_price_every_length(draft):
     best = max(range(1, 11), key=lambda k: expected_tokens(alpha, k) / price(k))
     assert policy.k == best
     assert best == (1 if draft else 3)
+
+
+def test_a_new_generation_starts_with_the_step_costs_of_the_last():
+    """``carry_costs``: the next generation of the same drafter drafts from its first step, priced by the costs
+    measured before (steps and draft tokens); acceptance and the judging of drafting start afresh."""
+    first = DraftPolicy(8)
+    lengths = _run(first, 40, cost=lambda t: 1 + 0.05 * (t - 1), accept=lambda k: k, cold=3.0)
+    assert lengths[:COLD_RUNS + 1] == [0] * (COLD_RUNS + 1) and max(lengths) == 8
+    first.record(4, 4, 5, 2.0, 200, draft_seconds=0.8)  # a draft token's seconds too
+    second = DraftPolicy(8)
+    second.carry_costs(first)
+    assert second.cost == first.cost and second.runs == first.runs and second.draft_cost == first.draft_cost
+    assert second.accepted == second.rejected == 0 and second.spec_steps == 0 and second.switched_off == 0
+    assert second.length(0) == 4  # drafting at once: plain decoding's cost is known and warm
+    second.cost[9] *= 5  # as measured: the costs price the lengths (here the longest made dear)
+    assert _run(second, 12, cost=lambda t: 1 + 0.05 * (t - 1) + 4 * (t == 9), accept=lambda k: k)[1:].count(8) == 0
+    # a drafter that is never right is still switched off, judged against fresh plain steps
+    losing = DraftPolicy(8)
+    losing.carry_costs(first)
+    tail = _run(losing, 60, cost=lambda t: 1 + 0.3 * (t - 1), accept=lambda k: 0)
+    assert losing.switched_off >= 1 and tail[-20:].count(0) >= 15

@@ -96,6 +96,10 @@ class QuantFormat:
     def row_bytes(self, k: int) -> int:
         return self.blocks(k) * self.block_bytes
 
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.block_bytes / self.block_size
+
     def attrs(self) -> dict[str, object]:
         """The node attributes that describe this format (see ``hetero.ops.llm``)."""
         return {"wtype": self.wtype, "block_size": self.block_size, "symmetric": int(self.symmetric)}
@@ -280,6 +284,10 @@ class GgmlFormat:
 
     def row_bytes(self, k: int) -> int:
         return self.blocks(k) * self.block_bytes
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.block_bytes / self.block_size
 
     def attrs(self) -> dict[str, object]:
         return {"wtype": self.wtype}

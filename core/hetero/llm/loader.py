@@ -6,18 +6,24 @@ graph building are done once, here.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..contract.errors import HeteroError, ModelFormatError
+from ..contract.errors import HeteroError, HeteroWarning, ModelFormatError
+from ..contract.graph import Graph
 from ..contract.quant import QuantFormat, parse_quant
-from . import files
+from ..contract.vendor_worker import cache_root
+from . import files, safetensors
 from .config import LlmConfig, load_config
 from .families import build_graph
+from .families.decoder import requantize as requantize_graph
 from .families.decoder import restrict_head
 from .hub import resolve_model
 from .model import Llm, check_options
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
 
 # bytes per cached value of each KV cache type (q8: int8 with a float scale per 32 values; q4r / q3r: 4 / 3-bit codes
 # with a float16 scale per 32 values)
+REQUANT_VERSION = 1  # of the re-quantized matrices' cache (load(requantize=))
 KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8": 1.125, "q4r": 0.5625, "q3r": 0.4375}
 
 
@@ -40,7 +47,7 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
          prefill_chunk: int = 512, all_logits: bool = False, cache: bool = True,
          progress: bool | None = None, kv_cache: str = "f16", chat_template: str | None = None,
          hidden_layers: Sequence[int] = (), embeddings: bool = False, slots: int = 1,
-         head_rows: Sequence[int] | None = None) -> Llm:
+         head_rows: Sequence[int] | None = None, requantize: str | QuantFormat | None = None) -> Llm:
     """Load a Hugging Face folder (config.json, safetensors, tokenizer files), a GGUF file (``*.gguf``: its
     tensors memory-mapped in their stored types, its own tokenizer and chat template; ``quant`` then quantizes only
     the file's float matrices, without a cache), or a Hugging Face repo id from the local cache
@@ -62,10 +69,13 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     ``hetero.llm.batch``; a prompt runs in chunks of at most ``hetero.llm.batch.CHUNK`` tokens); the memory check
     counts every slot's cache. head_rows: token ids whose LM head rows are kept (a draft vocabulary): the logits'
     column j is then token ``head_rows[j]`` (``Llm.head_rows``); such a model drafts (``hetero.llm.speculative``),
-    it does not generate.
+    it does not generate. requantize: re-quantize the matrices stored in a block format of more bits per weight
+    (q5_0, q6_k, q8...) to this one ("q4"...; after ``head_rows``, so only the kept rows): fewer bytes per token for
+    a second rounding, which is what a draft model can afford (its drafts are checked: ``hetero.llm.speculative``).
     """
     check_options(context, prefill_chunk, kv_cache, slots)
     fmt = parse_quant(quant)
+    wider = parse_quant(requantize)
     source = resolve_model(path)
     if source.is_file() and (source.suffix.lower() == ".gguf" or _is_gguf(source)):
         from .gguf_model import open_gguf
@@ -83,10 +93,15 @@ def load(path: str | os.PathLike, backends: Sequence[str] | str | None = None, o
     rows = _head_rows(head_rows, model.config.vocab_size, model.path)
     if rows is not None:
         restrict_head(graph, rows)
+    if wider is not None:
+        _requantize(graph, wider, model.path, rows)
     label = model.label if fmt is None or model.label == fmt.name else f"{model.label}+{fmt.name}"
+    if wider is not None:
+        label = f"{label}>{wider.name}"
     decoder = whole_decoder(backends, model, context, fmt)
-    if decoder is not None and rows is not None:
-        raise HeteroError(f"{model.path}: {decoder.name} runs the decoder whole: it takes no head_rows=",
+    if decoder is not None and (rows is not None or wider is not None):
+        what = "head_rows=" if rows is not None else "requantize="
+        raise HeteroError(f"{model.path}: {decoder.name} runs the decoder whole: it takes no {what}",
                           hint="load the draft model on cpu / opencl")
     with model.releasing():
         return Llm(model.config, graph, model.tokenizer, context=context, backends=backends, decoder=decoder,
@@ -153,6 +168,36 @@ def _template(model: ModelFiles, chat_template: str | None) -> ChatTemplate | No
                             eos_token=tok.eos_token if tok else None)
     template.probe()
     return template
+
+
+def _requantize(graph: Graph, fmt: QuantFormat, path: Path, rows: np.ndarray | None) -> None:
+    """``load(requantize=fmt)``: the graph's wider matrices re-quantized, kept for a GGUF file in
+    ``$HETERO_CACHE_DIR/requantized`` (default ``~/.cache/hetero``; keyed by the file's path, size and modification
+    time, the format and the head rows), so the next load of the same draft model maps them instead of
+    computing them again (seconds per 100 M weights in numpy). A damaged or unwritable cache is recomputed."""
+    cache = None
+    if path.is_file():
+        info = path.stat()
+        heads = hashlib.sha256(rows.tobytes()).hexdigest() if rows is not None else ""
+        key = hashlib.sha256(json.dumps([REQUANT_VERSION, str(path.resolve()), info.st_size, info.st_mtime_ns,
+                                         fmt.name, heads]).encode()).hexdigest()[:16]
+        cache = cache_root() / "requantized" / f"{path.stem}-{fmt.name}-{key}.safetensors"
+    known: dict[str, np.ndarray] = {}
+    if cache is not None and cache.is_file():
+        try:
+            stored = safetensors.SafetensorsFile(cache)
+            known = {name: stored.raw(name) for name in stored.entries}
+        except ModelFormatError:
+            known = {}
+    made = requantize_graph(graph, fmt, known)
+    if cache is None or not made or all(made[name] is known.get(name) for name in made):
+        return
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        safetensors.write(cache, made, {"hetero": f"requantized v{REQUANT_VERSION}", "format": fmt.name})
+    except OSError as exc:
+        warnings.warn(f"hetero: cannot write {cache}: {exc}; the next load re-quantizes again", HeteroWarning,
+                      stacklevel=3)
 
 
 def _head_rows(rows: Sequence[int] | None, vocab: int, path: Path) -> np.ndarray | None:

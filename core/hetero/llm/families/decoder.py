@@ -9,7 +9,7 @@ The families differ only in switches (QKV bias, q/k norm, routed experts) and te
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +17,7 @@ import numpy as np
 from ...contract import dtypes
 from ...contract.errors import ModelFormatError
 from ...contract.graph import HETERO_DOMAIN, Graph, Node
+from ...contract.quant import FLOAT_WTYPES, QuantFormat, dequantize, quantize, weight_format
 from ...contract.tensor import TensorInfo
 from ...progress import Progress
 from ..config import LlmConfig
@@ -188,3 +189,49 @@ def restrict_head(graph: Graph, rows: np.ndarray) -> None:
     node.inputs[1] = kept
     if not any(weight in n.inputs for n in graph.nodes):
         del graph.initializers[weight]
+
+
+def requantize(graph: Graph, fmt: QuantFormat, known: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Re-quantize every ``QMatMul`` weight stored in a block format of more bits per weight than ``fmt`` (q5_0,
+    q6_k, q8... -> q4) to ``fmt``: fewer bytes read per decode step, at the cost of a second rounding (a draft
+    model's weights: the target checks every draft, so only acceptance can suffer). Float weights, MoE experts and
+    embedding tables are left as they are. A weight another node also reads (a tied head) is kept for it and the
+    matrix gets a re-quantized copy. ``known``: results of an earlier call on the same weights (a cache), used
+    where their shapes fit. Returns the re-quantized matrices by their new initializer names."""
+    readers: dict[str, int] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            readers[name] = readers.get(name, 0) + 1
+    done: dict[str, str] = {}
+    made: dict[str, np.ndarray] = {}
+    for node in graph.nodes:
+        wtype = node.attrs.get("wtype")
+        if node.op_type != "QMatMul" or not isinstance(wtype, str) or wtype in FLOAT_WTYPES:
+            continue
+        source = weight_format(wtype, int(node.attrs.get("block_size", 32)), int(node.attrs.get("symmetric", 1)))
+        if source is None or source.bits_per_weight <= fmt.bits_per_weight:
+            continue
+        # the stored rows hold whole blocks: their element count is K rounded up to the source's block, which gives
+        # the same number of blocks of ``fmt`` as K only when fmt's block is a multiple of the source's (ggml
+        # formats hold whole blocks, K exactly)
+        if isinstance(source, QuantFormat) and fmt.block_size % source.block_size:
+            continue
+        weight = node.inputs[1]
+        if weight not in done:
+            data = graph.initializers[weight]
+            k = data.shape[-1] // source.block_bytes * source.block_size
+            name = f"{weight}.{fmt.name}" if readers[weight] > 1 else weight
+            cached = (known or {}).get(name)
+            shape = (*data.shape[:-1], fmt.row_bytes(k))
+            if cached is None or cached.shape != shape or cached.dtype != np.uint8:
+                cached = quantize(dequantize(data, source, k), fmt)
+            graph.initializers[name] = made[name] = cached
+            done[weight] = name
+        node.inputs[1] = done[weight]
+        for key in ("wtype", "block_size", "symmetric"):
+            node.attrs.pop(key, None)
+        node.attrs.update(fmt.attrs())
+    for weight, name in done.items():
+        if name != weight and not any(weight in n.inputs for n in graph.nodes):
+            del graph.initializers[weight]
+    return made

@@ -14,6 +14,12 @@ decode step reads (Qwen2.5-0.5B: 136 M of its 494 M parameters), so each draft t
 the subset is never drafted (the target rejects the draft there and commits its own token), which is all it can
 cost: the output stays the target's. BPE ids follow the merge order, so the lowest ids are the most frequent
 pieces of the tokenizer's training text (docs/speculative.md: the coverage and acceptance measured).
+
+**Re-quantized** (``quant``, default q4: ``load(requantize=...)``): matrices stored wider than q4 (q5_0, q6_k, q8)
+are rounded to q4 at load, ~20% fewer bytes per draft token for the small model. **Its own lookup** (``lookup``):
+n-gram continuations of what it drafted so far are checked by it in one multi-token step (``draft``), the same
+drafts in fewer steps where the text repeats. (The n-gram index follows the drafts; after a rejected draft the
+history is another one and it is rebuilt: a dictionary insert per token and n-gram size.)
 """
 
 from __future__ import annotations
@@ -23,24 +29,33 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...contract.errors import HeteroError
-from .drafter import Hidden
+from ..families.decoder import VERIFY_ROWS
+from .drafter import Draft, Hidden
+from .lookahead import Lookahead
 from .target import Target
 
 DRAFT_VOCAB = 32768  # default draft vocabulary: the lowest ids (plus added tokens); 0 or None: the whole vocabulary
+DRAFT_QUANT = "q4"  # the draft model's matrices stored in wider formats are re-quantized to this at load (None: kept)
 MAX_DRAFT = 10  # the longest draft (the loop's policy drafts fewer at lower acceptance)
+LOOKUP, LOOKUP_MAX = 3, 4  # n-gram lengths whose continuations are guessed for the draft model to check (0: off)
 P_MIN = 0.0  # a draft ends after a token the draft model gives less than this probability (0: never)
 
 
 class DraftModel:
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: Target, target: Target, *, max_draft: int = MAX_DRAFT, p_min: float = P_MIN) -> None:
+    def __init__(self, model: Target, target: Target, *, max_draft: int = MAX_DRAFT, p_min: float = P_MIN,
+                 lookup: int = LOOKUP) -> None:
         check_same_vocabulary(model, target)
         self.model = model
         self.max_draft = max_draft
         self.p_min = p_min
         rows = getattr(model, "head_rows", None)
         self.rows: np.ndarray | None = None if rows is None else np.asarray(rows, dtype=np.int64)
+        # lookup > 0: n-gram guesses (of at least ``lookup`` tokens) of its next tokens, checked in one step (draft)
+        if not 0 <= lookup <= LOOKUP_MAX:
+            raise HeteroError(f"draft model: lookup={lookup}; expected 0 (off) to {LOOKUP_MAX} tokens of n-gram")
+        self.lookup = Lookahead(min_ngram=lookup, max_ngram=LOOKUP_MAX, graded=False) if lookup else None
 
     def reset(self) -> None:
         pass  # the draft cache is matched against each history by prefill()
@@ -52,19 +67,54 @@ class DraftModel:
         pass  # the next draft() prefill rolls the cache back to what was kept
 
     def draft(self, history: Sequence[int], k: int) -> list[int]:
+        """The draft model's greedy continuation of ``history``, ``k`` tokens (fewer when ``p_min`` ends it). With
+        ``lookup``, where the tokens drafted so far end with an n-gram of at least ``lookup`` tokens seen earlier
+        (prompt lookup, as the lookahead drafter), the tokens that followed it are guessed and the draft model
+        scores them in one step (``Llm.verify``): it keeps the guesses its own argmax agrees with, and the row after
+        the last kept one gives its next token. The draft is the one of a token per step (the rows of a multi-token
+        step are those of single steps), for fewer steps where the text repeats itself."""
         model = self.model
         k = min(k, model.context - len(history))
         if k <= 0:
             return []
-        logits = model.prefill(list(history))  # the tokens the cache lacks (one or two), in one step
+        row = model.prefill(list(history))[-1]  # the tokens the cache lacks (one or two), in one step
         out: list[int] = []
         while True:
-            row = logits[-1]
-            best = int(np.argmax(row))
-            out.append(best if self.rows is None else int(self.rows[best]))
-            if len(out) == k or (self.p_min > 0 and _top_probability(row, best) < self.p_min):
+            out.append(self._token(row))
+            if len(out) == k or self._unsure(row):
                 return out  # (an unsure token is still drafted: it is the step's best guess, and rows are cheap)
-            logits = model.forward(out[-1:])
+            guess = self._guess([*history, *out], k - len(out))
+            if not guess:
+                row = model.forward(out[-1:])[-1]
+                continue
+            rows = model.verify([out[-1], *guess])  # row i: what the draft model drafts after guess[:i]
+            kept = 0
+            while kept < len(guess) and self._token(rows[kept]) == guess[kept]:
+                out.append(guess[kept])
+                kept += 1
+                if len(out) == k or self._unsure(rows[kept - 1]):
+                    break
+            model.rollback(len(model.tokens) - (len(guess) - kept))  # the guesses it would not have drafted
+            if len(out) == k or (kept and self._unsure(rows[kept - 1])):
+                return out
+            row = rows[kept]
+
+    def _token(self, row: np.ndarray) -> int:
+        """The token of the row's argmax (a draft vocabulary's column mapped back to its id)."""
+        best = int(np.argmax(row))
+        return best if self.rows is None else int(self.rows[best])
+
+    def _unsure(self, row: np.ndarray) -> bool:
+        """``p_min``: the draft ends after a token the draft model gave less than that probability."""
+        return self.p_min > 0 and _top_probability(row, int(np.argmax(row))) < self.p_min
+
+    def _guess(self, history: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens (at most a verify step's) that followed the latest earlier occurrence of the last
+        ``lookup`` or more tokens of ``history``; none without ``lookup`` or when nothing repeats."""
+        if self.lookup is None:
+            return []
+        guess = self.lookup.draft(history, min(k, VERIFY_ROWS - 1))
+        return guess.tokens if isinstance(guess, Draft) else list(guess)
 
 
 def _top_probability(row: np.ndarray, best: int) -> float:

@@ -39,9 +39,12 @@ class Speculation:
         self.adaptive = adaptive
         self.policy = self._policy()
 
-    def _policy(self) -> DraftPolicy:
-        return DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 4,
-                           graded=bool(getattr(self.drafter, "graded", False)))
+    def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
+        policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 4,
+                             graded=bool(getattr(self.drafter, "graded", False)))
+        if previous is not None:  # the step costs of the last generation (same model and drafter)
+            policy.carry_costs(previous)
+        return policy
 
     def start(self, llm: Target, record: object, prompt: list[int], sampler: Sampler, stats: Any) -> Iterator[int]:
         """Prefill ``prompt`` now; returns the generation's tokens, computed as they are pulled."""
@@ -52,7 +55,9 @@ class Speculation:
         started = time.perf_counter()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
         stats.prefill_seconds += time.perf_counter() - started  # the drafter's prompt work (a draft model's)
-        self.policy = self._policy()
+        # a drafter whose drafts cost time starts with the last generation's step costs; graded (free) drafts start
+        # fresh: with the measured widths' costs the lookahead drafted shorter (docs/speculative.md)
+        self.policy = self._policy(None if self.policy.graded else self.policy)
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
 
     def _tokens(self, llm: Target, record: object, history: list[int], sampler: Sampler, stats: Any, first: Any,

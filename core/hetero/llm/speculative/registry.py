@@ -5,7 +5,10 @@ confidence classes, for comparisons) and ``draft:PATH`` (a smaller model with th
 tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backends, threads, context and KV cache
 type; ``draft:PATH,vocab=N`` drafts over the N lowest token ids, ``vocab=all`` over the whole vocabulary, default
 ``DRAFT_VOCAB``; ``,p_min=X`` ends a draft after a token drafted at a probability under X; ``,max=N``: the
-longest draft (``--spec-draft`` overrides it): ``draft_model.py``).
+longest draft (``--spec-draft`` overrides it); ``,quant=q4`` (default ``DRAFT_QUANT``) re-quantizes the draft's
+matrices stored in wider formats (q5_0, q6_k, q8) to q4 at load, ``,quant=none`` keeps them; ``,lookup=N``
+(default ``LOOKUP``, 0: off): n-gram guesses of the draft model's own next tokens checked in one step of it:
+``draft_model.py``).
 ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
 ``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the factory is
 called as ``factory(argument, target)`` and returns a ``Drafter``.
@@ -18,8 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ...contract.errors import HeteroError
+from ...contract.quant import parse_quant
 from ..families.decoder import VERIFY_ROWS
-from .draft_model import DRAFT_VOCAB, MAX_DRAFT, P_MIN, DraftModel, draft_vocabulary
+from .draft_model import DRAFT_QUANT, DRAFT_VOCAB, LOOKUP, LOOKUP_MAX, MAX_DRAFT, P_MIN, DraftModel, draft_vocabulary
 from .drafter import Drafter
 from .lookahead import Lookahead
 from .loop import Speculation
@@ -90,19 +94,29 @@ def _draft_model(argument: str, target: Target) -> Drafter:
     load = importlib.import_module("hetero.llm.loader").load
     rows = draft_vocabulary(target.tokenizer, target.config.vocab_size, int(options["vocab"]))  # the draft's: checked
     model = load(path, threads=target.threads, context=target.context, kv_cache=target.kv_cache, head_rows=rows,
+                 requantize=options["quant"] or None,
                  **{k: v for k, v in target._session_args.items() if k in ("backends", "on_fallback")})
-    return DraftModel(model, target, p_min=options["p_min"], max_draft=int(options["max"]))
+    return DraftModel(model, target, p_min=float(options["p_min"]), max_draft=int(options["max"]),
+                      lookup=int(options["lookup"]))
 
 
-def _draft_options(argument: str) -> tuple[str, dict[str, float]]:
-    """``PATH[,vocab=N|all][,p_min=X][,max=N]`` -> (path, {"vocab": draft vocabulary size (0: all), "p_min": ...,
-    "max": the longest draft})."""
-    path, options = argument, {"vocab": float(DRAFT_VOCAB), "p_min": P_MIN, "max": float(MAX_DRAFT)}
+def _draft_options(argument: str) -> tuple[str, dict[str, Any]]:
+    """``PATH[,vocab=N|all][,p_min=X][,max=N][,quant=q4|none][,lookup=N]`` -> (path, {"vocab": draft vocabulary size
+    (0: all), "p_min": ..., "max": the longest draft, "quant": the format its wider matrices are re-quantized to ("":
+    none), "lookup": the shortest n-gram match whose continuation the draft model checks in one step (0: off)})."""
+    path = argument
+    options: dict[str, Any] = {"vocab": float(DRAFT_VOCAB), "p_min": P_MIN, "max": float(MAX_DRAFT),
+                               "quant": DRAFT_QUANT or "", "lookup": float(LOOKUP)}
     while True:
         head, _, tail = path.rpartition(",")
         key, eq, value = tail.partition("=")
         if not head or not eq or key not in options:
             return path, options
+        if key == "quant":
+            if value != "none":
+                parse_quant(value)  # a clear error for a bad format
+            options[key], path = "" if value == "none" else value, head
+            continue
         try:
             number = 0.0 if key == "vocab" and value == "all" else float(value)
         except ValueError:
@@ -112,6 +126,8 @@ def _draft_options(argument: str) -> tuple[str, dict[str, float]]:
                               "or 'all'")
         if key == "max" and not (value.isdigit() and 1 <= number <= VERIFY_ROWS - 1):
             raise HeteroError(f"--spec draft:{argument}: max={value!r}; expected 1 to {VERIFY_ROWS - 1} tokens")
+        if key == "lookup" and not (value.isdigit() and 0 <= number <= LOOKUP_MAX):
+            raise HeteroError(f"--spec draft:{argument}: lookup={value!r}; expected 0 (off) to {LOOKUP_MAX} tokens")
         if key == "p_min" and not 0 <= number < 1:
             raise HeteroError(f"--spec draft:{argument}: p_min={value!r}; expected a probability in [0, 1)")
         options[key], path = number, head

@@ -19,6 +19,7 @@ class Target(Protocol):
     tokenizer: Any
     template: Any
     config: Any  # LlmConfig: vocab_size, num_layers, hidden_size
+    tokens: list[int]  # the cached tokens
     _session_args: dict[str, Any]
 
     @property
@@ -30,6 +31,10 @@ class Target(Protocol):
     def prefill(self, ids: Sequence[int]) -> np.ndarray: ...
 
     def forward(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    def verify(self, ids: Sequence[int]) -> np.ndarray: ...
+
+    def rollback(self, length: int) -> None: ...
 
     def expose_hidden(self, layers: Sequence[int]) -> tuple[int, ...]: ...
 
