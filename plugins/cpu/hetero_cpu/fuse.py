@@ -159,6 +159,9 @@ def _step_op(call: Call) -> tuple[str, tuple] | None:
     for native, method, n in _STEP_FUNCS:
         if func is native and len(args) == n:
             return method, args
+    name = getattr(func, "__name__", None)
+    if name is not None and _PREPARED.get(name) is func:  # an ONNX kernel's call (LlmStep.add_call)
+        return "add_call", (name, args)
     return None
 
 
@@ -166,6 +169,9 @@ _STEP_FUNCS = ((_native.llm_matmul, "add_matmul", 4), (_native.llm_matmul_multi,
                (_native.llm_matmul_swiglu, "add_matmul_swiglu", 8),
                (_native.llm_matmul_residual, "add_matmul_residual", 6), (_native.llm_swiglu, "add_swiglu", 3),
                (_native.rms_norm, "add_rms_norm", 4))
+# The other native functions a step takes, prepared from their arguments (``_native.step_ops``: the ONNX kernels'
+# GEMMs, convolutions, pools, norms and elementwise ops): a replayed ONNX model of tiny nodes runs as one call.
+_PREPARED = {name: getattr(_native, name) for name in _native.step_ops()}
 
 
 def step_calls(program: Sequence[Call]) -> list[Call]:
