@@ -265,6 +265,10 @@ i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.
 // <= 2 output (y, x) reads tap (ky, kx) at phase ((ky dh) % sh, (kx dw) % sw), row y + (ky dh) / sh, column
 // x + (kx dw) / sw: every tap is a run of consecutive floats along the flattened output rows (pitch Wq). Otherwise one
 // plain padded plane (ph = pw = 1), and output rows read at oy * sh * Wq.
+// Stride 1 along W: consecutive rows share their zero columns (a row's right padding is read from the next row's
+// left padding), so a row is W + max(pl, pr) floats, not W + pl + pr: the flattened columns computed and dropped
+// are fewer (openWakeWord's 1x3 convs, pads 1 / 1, on 8-wide maps: 9 a row instead of 10; on 4-wide ones 5, which
+// makes the direct path fit them at all).
 struct DirectLayout {
   i64 ph, pw, Hq, Wq;
   bool flat;
@@ -272,7 +276,8 @@ struct DirectLayout {
 
 DirectLayout direct_layout(const ConvGeom& g, i64 nr) {
   if (g.sh <= 2 && g.sw <= 2) {
-    const i64 Wq = std::max<i64>(ceil_div(g.W + g.pl + g.pr, g.sw), g.Wo + (g.kw - 1) * g.dw / g.sw);
+    const i64 Wq = g.sw == 1 ? std::max<i64>(g.W + std::max(g.pl, g.pr), g.Wo)
+                             : std::max<i64>(ceil_div(g.W + g.pl + g.pr, g.sw), g.Wo + (g.kw - 1) * g.dw / g.sw);
     const i64 Hq = std::max<i64>(ceil_div(g.H + g.pt + g.pb, g.sh), g.Ho + (g.kh - 1) * g.dh / g.sh);
     if (Wq * 4 <= g.Wo * 5 && g.Ho * g.Wo >= nr) return {g.sh, g.sw, Hq, Wq, true};
   }

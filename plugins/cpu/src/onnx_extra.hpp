@@ -57,7 +57,7 @@ struct ExtraKernels {
   void (*bias_clamp_row)(float* y, i64 n, float b, float lo, float hi);
   // y = act(y + b) in one pass for the activations conv models fuse most (SiLU, sigmoid, hard-swish); false, y
   // untouched, for another act.
-  bool (*bias_act_row)(float* y, i64 n, float b, int act);
+  bool (*bias_act_row)(float* y, i64 n, float b, int act, float alpha, float beta);
   // Packed-B panels (width nr) of columns [j0, j0 + ncols) of the im2col matrix of one image/group (conv.cpp).
   void (*im2col_block)(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst);
   // c[i*ldc + j] = dot(row i of a, row j of b) for i < m, j < n; k a multiple of 16, both sides zero-padded to it

@@ -725,6 +725,14 @@ CONV_CASES = [
     (1, 8, 3, 7, 14, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (1, 20, 28, 28, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (2, 32, 7, 7, 48, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2),
+    # flattened rows sharing their zero columns (stride 1 along W: W + max(pl, pr) a row): openWakeWord's 1x3 convs
+    # on 8- and 4-wide maps, pads only on the right, uneven pads with stride 2 along H (phase planes), dilated along
+    # W, two images
+    (1, 24, 10, 8, 30, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (2, 20, 14, 4, 26, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (1, 8, 10, 8, 12, 1, 3, (1, 1), (0, 0, 0, 2), (1, 1), 1),
+    (1, 6, 15, 9, 14, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
+    (1, 5, 12, 10, 13, 1, 3, (1, 1), (0, 2, 0, 2), (1, 2), 1),
 ]
 
 
@@ -769,6 +777,27 @@ def test_depthwise_threads_activations(isa, threads, activation, alpha, beta):
                    activation_alpha=alpha, activation_beta=beta)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     assert np.isnan(out[1, 5, 1:6, 2:7]).all() and not np.isnan(np.delete(out, 5, axis=1)).any()
+
+
+@pytest.mark.parametrize("activation", ["leaky_relu", "leaky_relu_min"])
+@pytest.mark.parametrize("shape", [(24, 30, 10, 8, 1, 3, (0, 1, 0, 1)), (12, 16, 9, 9, 3, 3, (1, 1, 1, 1)),
+                                   (40, 24, 8, 2, 1, 3, (0, 1, 0, 1)), (8, 5, 2, 2, 3, 3, (1, 1, 1, 1))])
+def test_conv2d_leaky_epilogue(isa, activation, shape):
+    # LeakyRelu and LeakyReluMin (openWakeWord's conv + LeakyRelu + Max) applied with the bias in one pass over each
+    # output row (bias_act_row), on the direct, GEMM and dot paths, NaN passing through: against float64.
+    c, cout, h, wd, kh, kw, pads = shape
+    x = randn(1, c, h, wd, seed=98)
+    x[0, 1, 1, 1] = np.nan
+    w = randn(cout, c, kh, kw, seed=99) * 0.3
+    bias = randn(cout, seed=100)
+    y = _conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (1, 1), pads, (1, 1), 1)
+    ref = np.where(y < 0, 0.2 * y, y)
+    if activation == "leaky_relu_min":
+        ref = np.maximum(ref, -0.4)
+    out = np.empty(ref.shape, np.float32)
+    _native.conv2d(x, w, bias, out, pads=pads, activation=activation, activation_alpha=0.2, activation_beta=-0.4)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    assert np.isnan(out).any() and (np.isnan(out) == np.isnan(ref)).all()
 
 
 def test_conv2d_small_output_threads(isa, threads):
