@@ -200,31 +200,37 @@ ConvGeom along_w(const ConvGeom& g) {
 // padding): each output is the dot product of a weight row with that position's input patch. The patches of every
 // image are gathered first (K floats each, zero-padded like the weight rows), then row blocks of the weights run
 // against all of an image's patches at once, so each weight row is read once per image.
+// The input patch of output position j of one image and group (xin: its first channel), K = cin_g x kh x kw values
+// in the weights' (c, ky, kx) order, value k at d[k * step]; zeros where the patch reads padding.
+void gather_patch(const ConvGeom& g, const float* xin, i64 cin_g, i64 j, float* d, i64 step) {
+  const i64 y0 = (j / g.Wo) * g.sh - g.pt, x0 = (j % g.Wo) * g.sw - g.pl;
+  for (i64 c = 0; c < cin_g; ++c) {
+    const float* plane = xin + c * g.H * g.W;
+    for (i64 ky = 0; ky < g.kh; ++ky) {
+      const i64 iy = y0 + ky * g.dh;
+      const bool row_in = iy >= 0 && iy < g.H;
+      for (i64 kx = 0; kx < g.kw; ++kx, d += step) {
+        const i64 ix = x0 + kx * g.dw;
+        *d = row_in && ix >= 0 && ix < g.W ? plane[iy * g.W + ix] : 0.f;
+      }
+    }
+  }
+}
+
 void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
               const Epilogue& act) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, HWo = g.Ho * g.Wo, ld = pc.raw_ld;
-  const i64 images = g.N * g.group;
+  const i64 K = cin_g * g.kh * g.kw, images = g.N * g.group;
   float* patches = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * HWo * ld));
   for (i64 img = 0; img < images; ++img) {
     const i64 n = img / g.group, gi = img % g.group;
     const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
     for (i64 j = 0; j < HWo; ++j) {
       float* d = patches + (img * HWo + j) * ld;
-      const i64 y0 = (j / g.Wo) * g.sh - g.pt, x0 = (j % g.Wo) * g.sw - g.pl;
-      for (i64 c = 0; c < cin_g; ++c) {
-        const float* plane = xin + c * g.H * g.W;
-        for (i64 ky = 0; ky < g.kh; ++ky) {
-          const i64 iy = y0 + ky * g.dh;
-          const bool row_in = iy >= 0 && iy < g.H;
-          for (i64 kx = 0; kx < g.kw; ++kx) {
-            const i64 ix = x0 + kx * g.dw;
-            *d++ = row_in && ix >= 0 && ix < g.W ? plane[iy * g.W + ix] : 0.f;
-          }
-        }
-      }
-      std::fill(d, patches + (img * HWo + j + 1) * ld, 0.f);
+      gather_patch(g, xin, cin_g, j, d, 1);
+      std::fill(d + K, d + ld, 0.f);
     }
   }
   const double flops = 2.0 * images * cout_g * HWo * ld;
@@ -576,10 +582,96 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   return true;
 }
 
+// Small maps with many channels (openWakeWord's 96 -> 96 1x3 / 3x1 convs on 10 x 2, 8 x 2 maps: 12-20 positions;
+// MTCNN's 2x2 convs onto 3 x 3): the GEMM's 32- or 16-column panels along the positions were mostly padding, and its
+// one-vector tiles load-bound. Transposed, out^T (HWo x Cout/group) = patches (HWo x K) x W^T (K x Cout/group): the
+// positions are the rows (12-row tiles, 8- / 4-row variants for the last), the output channels whole 32-column
+// panels. Measured alone, 1 thread (thread time, against the path before): 96 -> 96 1x3 on 10 x 2 0.030 -> 0.017 ms,
+// 3x1 on 8 x 2 0.019 -> 0.011, 64 -> 128 2x2 on 4 x 4 (4 images) 0.070 -> 0.042, 48 -> 64 2x2 on 4 x 4 (16 images)
+// 0.150 -> 0.072. Up to 24 positions, or up to 56 where the direct path's flattened rows would carry padding columns
+// (1x3 convs padded along W on 4-wide maps: 0.036-0.038 -> 0.029-0.031 ms; without padding columns, 14 x 4 3x1,
+// the two measured the same, and on 8 x 8 (64 positions) the direct path won, 0.18 against 0.22 ms); at least two
+// column panels of channels. HETERO_CPU_CONV_TRANSPOSED=1 / 0 forces it on / off.
+constexpr i64 kTransposedMaxOutputs = 24;
+constexpr i64 kTransposedMaxPadded = 56;
+
+bool transposed_fits(const PackedConv& pc, const ConvGeom& g) {
+  const i64 cout_g = g.Cout / g.group, HWo = g.Ho * g.Wo, nr = pc.kr->nr;
+  if (pc.depthwise || HWo <= kDotMaxOutputs || pc.kr->mr != 12) return false;
+  static const int forced = env_override("HETERO_CPU_CONV_TRANSPOSED");
+  if (forced >= 0) return forced == 1;
+  if (cout_g < 2 * nr) return false;
+  return HWo <= kTransposedMaxOutputs || (HWo <= kTransposedMaxPadded && direct_layout(g, nr).Wq > g.Wo);
+}
+
+// Per image and group: the input copied into zero-padded planes, the patches gathered from them straight into the
+// GEMM's packed A panels (12 positions a panel: value k of the panel's positions is 12 consecutive floats; no bounds
+// test per value, which cost as much as the product), the product into a positions x channels buffer, transposed
+// into the output, then bias and activation per channel.
+void conv_transposed(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                     const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, HWo = g.Ho * g.Wo, K = cin_g * g.kh * g.kw;
+  const int mr = kr.mr, nr = kr.nr;
+  std::call_once(pc.wt_once, [&] {
+    pc.wt_stride = ceil_div(cout_g, nr) * nr * K;
+    float* d = pc.wt.get(static_cast<std::size_t>(pc.wt_stride * g.group));
+    for (i64 gi = 0; gi < g.group; ++gi)
+      pack_b_panels(kr, MatView{pc.raw.p + gi * cout_g * pc.raw_ld, K, cout_g, 1, pc.raw_ld}, d + gi * pc.wt_stride, 1);
+  });
+  const i64 mp = ceil_div(HWo, mr), Hp = g.H + g.pt + g.pb, Wp = g.W + g.pl + g.pr, plane = Hp * Wp;
+  float* apan = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(mp * mr * K + HWo * cout_g + cin_g * plane));
+  float* cbuf = apan + mp * mr * K;
+  float* padded = cbuf + HWo * cout_g;
+  std::fill(padded, padded + cin_g * plane, 0.f);
+  std::vector<i64> koff(static_cast<std::size_t>(K)), joff(static_cast<std::size_t>(HWo));
+  for (i64 c = 0, k = 0; c < cin_g; ++c)
+    for (i64 ky = 0; ky < g.kh; ++ky)
+      for (i64 kx = 0; kx < g.kw; ++kx, ++k) koff[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * Wp + kx * g.dw;
+  for (i64 j = 0; j < HWo; ++j) joff[static_cast<std::size_t>(j)] = (j / g.Wo) * g.sh * Wp + (j % g.Wo) * g.sw;
+  const double flops = 2.0 * HWo * cout_g * K;
+  // Threads take whole column panels of the channels (a task: the same packed patches, its own panels).
+  const int T = static_cast<int>(std::min<i64>(threads_for(flops, kParallelGrain * 4), ceil_div(cout_g, nr)));
+  const i64 pp = ceil_div(ceil_div(cout_g, nr), T);
+  const Epilogue none;
+  for (i64 img = 0; img < g.N * g.group; ++img) {
+    const i64 n = img / g.group, gi = img % g.group;
+    const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
+    for (i64 c = 0; c < cin_g; ++c)  // rows of 2-14 floats: one memcpy call each cost more than the product
+      xk.copy_rows(xin + c * g.H * g.W, g.W, padded + c * plane + g.pt * Wp + g.pl, Wp, g.H, g.W);
+    for (i64 p = 0; p < mp; ++p) {
+      const i64 rows = std::min<i64>(mr, HWo - p * mr);
+      const i64* jo = joff.data() + p * mr;
+      for (i64 k = 0; k < K; ++k) {
+        float* d = apan + (p * K + k) * mr;
+        const float* src = padded + koff[static_cast<std::size_t>(k)];
+        for (i64 r = 0; r < rows; ++r) d[r] = src[jo[r]];
+        for (i64 r = rows; r < mr; ++r) d[r] = 0.f;
+      }
+    }
+    parallel_for(T, T, [&](i64 t) {
+      const i64 c0 = t * pp * nr, c1 = std::min<i64>(cout_g, (t + 1) * pp * nr);
+      if (c0 < c1)
+        gemm_prepacked_b(kr, HWo, c1 - c0, K, nullptr, apan, pc.wt.p + gi * pc.wt_stride + c0 * K, cbuf + c0,
+                         cout_g, 1.f, 0.f, none, 1);
+    }, flops >= kWakeFlops);
+    float* o = out + (n * g.Cout + gi * cout_g) * HWo;
+    for (i64 co = 0; co < cout_g; ++co)
+      for (i64 j = 0; j < HWo; ++j) o[co * HWo + j] = cbuf[j * cout_g + co];
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    apply_epilogue(kr, o, HWo, 0, 0, cout_g, HWo, ep);
+  }
+}
+
 // The fp32 kernels' choice for this (along_w) shape.
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (pc.depthwise) return ConvAlgo::depthwise;
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
+  if (transposed_fits(pc, g)) return ConvAlgo::transposed;
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
   if (direct_fits(pc, g)) return ConvAlgo::direct;
   return ConvAlgo::gemm;
@@ -599,6 +691,7 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::winograd: return "winograd";
     case ConvAlgo::direct: return "direct";
     case ConvAlgo::bf16x3: return "bf16x3";
+    case ConvAlgo::transposed: return "transposed";
     default: return "gemm";
   }
 }
@@ -623,6 +716,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       }
       break;
     case ConvAlgo::direct: conv_direct(pc, g, x, bias, out, act); return;
+    case ConvAlgo::transposed: conv_transposed(pc, g, x, bias, out, act); return;
     case ConvAlgo::gemm:
     case ConvAlgo::bf16x3: break;
   }

@@ -733,6 +733,14 @@ CONV_CASES = [
     (1, 8, 10, 8, 12, 1, 3, (1, 1), (0, 0, 0, 2), (1, 1), 1),
     (1, 6, 15, 9, 14, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
     (1, 5, 12, 10, 13, 1, 3, (1, 1), (0, 2, 0, 2), (1, 2), 1),
+    # small maps, many channels: the transposed product (positions as rows, channels as columns; 12-row tiles): 16
+    # positions, 20 of two images with a ragged channel panel, grouped, 56 positions of a padded 1x3, stride 2, 1x1
+    (1, 40, 8, 2, 64, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (2, 24, 5, 4, 70, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 16, 4, 4, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    (1, 30, 14, 4, 64, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (1, 20, 9, 9, 64, 2, 2, (2, 2), (0, 0, 0, 0), (1, 1), 1),
+    (1, 64, 4, 4, 80, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
 ]
 
 
@@ -823,6 +831,25 @@ def test_conv2d_direct_rows_threads(isa, threads, shape):
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d(x, w, None, out, strides=(s, s), pads=(1, 1, 1, 1))
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(96, 10, 2, 96, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 200, 2, 2, (0, 0, 0, 0))])
+def test_conv2d_transposed_threads(isa, threads, shape):
+    # small maps: threads take whole 32-channel panels of the transposed product, the same bits as at 1 thread
+    c, h, wd, cout, kh, kw, pads = shape
+    x = randn(3, c, h, wd, seed=101)
+    w = randn(cout, c, kh, kw, seed=102) * 0.1
+    bias = randn(cout, seed=103)
+    assert (_native.prepack_conv(w).algorithm(list(x.shape), (1, 1), pads) == "transposed") == (isa == "avx512")
+    ref = ACTS["silu"](_conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, pads=pads, activation="silu")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    _native.set_num_threads(1)
+    one = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, one, pads=pads, activation="silu")
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
