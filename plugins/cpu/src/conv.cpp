@@ -433,6 +433,24 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   // In the phase-split layout output row oy starts at phase row oy - oy0 of the band; in the plain one at padded
   // row (oy - oy0) sh.
   const i64 row_pitch = L.flat ? Wp : g.sh * Wp;
+  // Bias and activation in the tile's registers where the kernel applies this activation there (conv_tile_ep;
+  // K = 0 and no rows: a probe that computes nothing): no second pass over each output row or tile, which at
+  // K = 72 (openWakeWord's 24-channel 1x3 / 3x1 convs) cost ~10 % of the conv.
+  const bool fused = [&] {
+    const i64 zero = 0;
+    float dummy = 0.f;
+    return xk.conv_tile_ep(mr, nr, 0, &dummy, &dummy, &zero, &dummy, nr, 0, 0, nullptr, act.act, act.act_alpha,
+                           act.act_beta);
+  }();
+  const auto tile = [&](i64 p, int ncols, const float* a, const float* in, float* c, i64 ldc, const Epilogue& ep) {
+    const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+    if (fused)
+      xk.conv_tile_ep(mr, tile_nr(ncols), K, a + p * K * mr, in, off.data(), c, ldc, nrows, ncols,
+                      ep.bias ? ep.bias + p * mr : nullptr, ep.act, ep.act_alpha, ep.act_beta);
+    else
+      xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in, off.data(), c, ldc, nrows, ncols);
+    return nrows;
+  };
   parallel_for(images * nbands * groups, T, [&](i64 task) {
     const i64 p0 = (task % groups) * pg, p1 = std::min<i64>(mp, p0 + pg), r0 = p0 * mr,
               r1 = std::min<i64>(cout_g, p1 * mr);
@@ -454,35 +472,29 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         float* orow = o + oy * g.Wo;
         for (i64 x0 = 0; x0 < g.Wo; x0 += nr) {
           const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
-          for (i64 p = p0; p < p1; ++p) {
-            const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
-            xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in + x0, off.data(), orow + p * mr * HWo + x0, HWo,
-                         nrows, ncols);
-          }
+          for (i64 p = p0; p < p1; ++p) tile(p, ncols, a, in + x0, orow + p * mr * HWo + x0, HWo, ep);
         }
-        apply_epilogue(kr, orow + r0 * HWo, HWo, r0, 0, r1 - r0, g.Wo, ep);
+        if (!fused) apply_epilogue(kr, orow + r0 * HWo, HWo, r0, 0, r1 - r0, g.Wo, ep);
       }
       return;
     }
     // Panels over the band's flattened rows: column j is output (oy0 + j / Wp, j % Wp), dropped where j % Wp >= Wo.
     // Each tile goes through a buffer (bias and activation applied there) and is scattered in runs of one row.
     const i64 nflat = (oy1 - oy0 - 1) * Wp + g.Wo;
-    alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
+    alignas(64) float buf[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
     // Weight panels outside, tiles inside: each panel (12 rows x K) is read once a band, from L1 for every tile after
     // the first, where tiles outside read all the weights once a tile (YOLOv8n's 128 -> 256 stride-2 conv: 1.2 MB
     // of weights, 4 tiles; inside the model 634 -> 576 us, the 10 x 10 maps' 3 x 3 convs 5-8 % faster).
     for (i64 p = p0; p < p1; ++p) {
-      const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
       for (i64 j0 = 0; j0 < nflat; j0 += nr) {
         const i64 ncols = std::min<i64>(nr, nflat - j0);
-        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, padded + j0, off.data(), tile, nr, nrows,
-                     static_cast<int>(ncols));
-        apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
+        const int nrows = tile(p, static_cast<int>(ncols), a, padded + j0, buf, nr, ep);
+        if (!fused) apply_epilogue(kr, buf, nr, p * mr, 0, nrows, ncols, ep);
         for (i64 jj = 0; jj < ncols;) {
           const i64 j = j0 + jj, y = oy0 + j / Wp, xx = j % Wp, len = std::min<i64>(ncols - jj, Wp - xx);
           const i64 valid = xx < g.Wo ? std::min<i64>(len, g.Wo - xx) : 0;
           for (int r = 0; r < nrows && valid > 0; ++r)
-            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + xx, tile + r * nr + jj,
+            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + xx, buf + r * nr + jj,
                         static_cast<std::size_t>(valid) * sizeof(float));
           jj += len;
         }
