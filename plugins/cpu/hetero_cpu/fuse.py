@@ -15,6 +15,12 @@ step is a handful of Python calls instead of ~300. Each op is the call it replac
 attention range checks run natively before any op, and if one refuses, the step runs the original calls instead (so
 the error is the original one). ``HETERO_CPU_STEP=0`` keeps the calls apart.
 
+ONNX kernels' calls join steps too (``_native.step_ops()``: GEMM, convolution, max pool, layer norm, elementwise,
+compare, channel affine, pad, copy; ``LlmStep.add_call``): the native entry point's checks run once, when the step is
+made, and the op reads its arrays' values when it runs, so a replayed model of tiny nodes (openWakeWord's heads, 9
+calls) is one Python call. An operand the entry point would copy at each call (a strided conv input, a strided bias)
+is refused and its call stays apart (``tests/plugins/cpu/test_step_onnx.py``).
+
 A fused call writes every buffer the calls it replaces write (the matmuls' outputs too, so a later reader of them
 is unaffected) with the same kernels on the same values, and the calls were consecutive, so nothing ran between
 them: the result is the unfused one (``tests/plugins/cpu/test_fuse.py``). A pattern is taken only when its buffers
