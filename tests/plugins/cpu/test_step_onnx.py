@@ -119,7 +119,7 @@ def test_calls_a_step_cannot_prepare_stay_apart():
     strided = mm(_native.conv2d_packed, wide[..., ::2], program[5].args[1], *program[5].args[2:])  # copied once
     as_list = mm(_native.unary, "relu", outs["ln"].tolist(), outs["act"], 0.0, 0.0)  # a list: converted per call
     softmax = mm(_native.softmax, outs["ln"], outs["act"], False)  # not a prepared function
-    calls = program[:2] + [strided] + program[2:4] + [as_list, softmax] + program[4:]
+    calls = [*program[:2], strided, *program[2:4], as_list, softmax, *program[4:]]
     merged = fuse.step_calls(calls)
     assert [len(c) if isinstance(c, _native.LlmStep) else c for c in merged] == \
         [2, strided, 2, as_list, softmax, len(program) - 4]
@@ -207,7 +207,7 @@ def test_a_replayed_model_is_one_step_with_the_unmerged_outputs(monkeypatch):
                 got = merged.run(feeds[i])
                 for name in ("y", "q"):
                     np.testing.assert_array_equal(got[name], expected[i][name])
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # reported below
             errors.append(e)
 
     pool = [threading.Thread(target=worker, args=(i,)) for i in range(len(feeds))]
