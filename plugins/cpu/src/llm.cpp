@@ -469,14 +469,8 @@ struct PyWeights {
   std::shared_ptr<Weights> w;
 };
 
-// Op (step.hpp): the py_* entry points run one at once; an LlmStep (below) runs a list of them in one native call.
-
-template <class Prep, class... A>
-void run_now(Prep prep, A&&... a) {
-  Op op = prep(std::forward<A>(a)...);
-  py::gil_scoped_release nogil;
-  op();
-}
+// Op and run_now (step.hpp): the py_* entry points run one at once; an LlmStep (below) runs a list of them in one
+// native call.
 
 Op prep_qmatmul(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj) {
   const char* fn = "llm_matmul";

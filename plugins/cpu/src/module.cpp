@@ -354,9 +354,7 @@ Op prep_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out,
 
 void py_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out, float alpha, float beta,
                     const py::object& bias) {
-  Op op = prep_gemm_packed(a, pb, out, alpha, beta, bias, true);
-  py::gil_scoped_release nogil;
-  op();
+  run_now(prep_gemm_packed, a, pb, out, alpha, beta, bias, true);
 }
 
 void py_matmul(const py::array& a, const py::array& b, const py::array& out) {
@@ -471,9 +469,7 @@ Op prep_binary(const std::string& op, const py::array& a, const py::array& b, co
 }
 
 void py_binary(const std::string& op, const py::array& a, const py::array& b, const py::array& out) {
-  Op f = prep_binary(op, a, b, out);
-  py::gil_scoped_release nogil;
-  f();
+  run_now(prep_binary, op, a, b, out);
 }
 
 Op prep_unary(const std::string& op, const py::array& x, const py::array& out, float alpha, float beta) {
@@ -493,9 +489,7 @@ Op prep_unary(const std::string& op, const py::array& x, const py::array& out, f
 }
 
 void py_unary(const std::string& op, const py::array& x, const py::array& out, float alpha, float beta) {
-  Op f = prep_unary(op, x, out, alpha, beta);
-  py::gil_scoped_release nogil;
-  f();
+  run_now(prep_unary, op, x, out, alpha, beta);
 }
 
 // Row-wise ops: x is a 2-D (rows, n) float32 view, out a contiguous (rows, n).
@@ -566,9 +560,7 @@ Op prep_layer_norm(const py::array& x, const py::array& scale, const py::object&
 
 void py_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
                    float eps, const py::object& mean_out, const py::object& invstd_out) {
-  Op op = prep_layer_norm(x, scale, bias, out, eps, mean_out, invstd_out, true);
-  py::gil_scoped_release nogil;
-  op();
+  run_now(prep_layer_norm, x, scale, bias, out, eps, mean_out, invstd_out, true);
 }
 
 void py_rms_norm(const py::array& x, const py::array& scale, const py::array& out, float eps) {
@@ -608,9 +600,7 @@ Op prep_copy(const py::array& src, const py::array& out) {
 }
 
 void py_copy(const py::array& src, const py::array& out) {
-  Op op = prep_copy(src, out);
-  py::gil_scoped_release nogil;
-  op();
+  run_now(prep_copy, src, out);
 }
 
 void py_gather(const py::array& data, const py::array& indices, i64 axis, const py::array& out) {
@@ -772,9 +762,7 @@ Op prep_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::obje
 void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
                       const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
                       const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta) {
-  Op op = prep_conv2d_packed(x, pk, bias, out, strides_in, pads_in, dil_in, act, act_alpha, act_beta, true);
-  py::gil_scoped_release nogil;
-  op();
+  run_now(prep_conv2d_packed, x, pk, bias, out, strides_in, pads_in, dil_in, act, act_alpha, act_beta, true);
 }
 
 void py_conv2d(const py::array& x, const py::array& w, const py::object& bias, const py::array& out,
@@ -836,9 +824,7 @@ Op prep_max_pool2d(const py::array& x, const py::array& out, const std::vector<i
 
 void py_max_pool2d(const py::array& x, const py::array& out, const std::vector<i64>& kernel,
                    const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil) {
-  Op op = prep_max_pool2d(x, out, kernel, strides, pads, dil, true);
-  py::gil_scoped_release nogil;
-  op();
+  run_now(prep_max_pool2d, x, out, kernel, strides, pads, dil, true);
 }
 
 void py_avg_pool2d(const py::array& x, const py::array& out, const std::vector<i64>& kernel,

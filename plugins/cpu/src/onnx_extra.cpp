@@ -476,9 +476,7 @@ Op prep_compare(const std::string& opname, const py::array& a, const py::array& 
 }
 
 void py_compare(const std::string& opname, const py::array& a, const py::array& b, const py::array& out) {
-  Op f = prep_compare(opname, a, b, out);
-  py::gil_scoped_release nogil;
-  f();
+  run_now(prep_compare, opname, a, b, out);
 }
 
 void py_logical(const std::string& op, const py::array& a, const py::array& b, const py::array& out) {
@@ -704,9 +702,7 @@ Op prep_channel_affine(const py::array& x, const py::array& mul, const py::array
 }
 
 void py_channel_affine(const py::array& x, const py::array& mul, const py::array& add, const py::array& out) {
-  Op f = prep_channel_affine(x, mul, add, out);
-  py::gil_scoped_release nogil;
-  f();
+  run_now(prep_channel_affine, x, mul, add, out);
 }
 
 // ------------------------------------------------------------------------------------------------------ Pad
@@ -836,9 +832,7 @@ Op prep_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
 
 void py_pad(const py::array& x, const std::vector<i64>& begins, const std::string& mode, const py::array& value,
             const py::array& out) {
-  Op f = prep_pad(x, begins, mode, value, out);
-  py::gil_scoped_release nogil;
-  f();
+  run_now(prep_pad, x, begins, mode, value, out);
 }
 
 // ------------------------------------------------------------------------------------------------- Resize 2-D

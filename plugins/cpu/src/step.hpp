@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hetero {
@@ -15,6 +16,14 @@ namespace hetero {
 // A call prepared under the GIL (its arguments checked, its pointers taken) and run without it. The arrays and
 // weights the pointers point into must outlive the op (the caller's arguments; an LlmStep keeps them).
 using Op = std::function<void()>;
+
+// An entry point's call: prepares the op (under the GIL) and runs it without the GIL.
+template <class Prep, class... A>
+void run_now(Prep prep, A&&... a) {
+  Op op = prep(std::forward<A>(a)...);
+  pybind11::gil_scoped_release nogil;
+  op();
+}
 
 // Prepares `args` (a replay's bound call's positional arguments) for a call of a native function, to run again
 // and again on the values its arrays hold then. Throws std::invalid_argument (ValueError) where the function's own
