@@ -104,7 +104,13 @@ def test_shape_derived_value_inputs_replay_and_replan_on_a_new_shape(backend):
     assert replayed == [False, False, True, False, False, True, False, True, True]
     if backend == "cpu":  # a host backend: the shape chain is computed once per signature, not replayed
         assert [s.node.op_type for s in program.steps if s.per_signature] == ["Shape", "Gather", "Concat"]
-        assert program.replay is not None and len(program.replay.program) == 2  # Exp, Mul (Reshape: a view)
+        assert program.replay is not None and _calls(program.replay) == 2  # Exp, Mul (Reshape: a view)
+
+
+def _calls(replay) -> int:
+    """The replay's bound calls, those a backend merged into one (the cpu plugin's steps: their ``fallback``)
+    counted one by one."""
+    return sum(len(getattr(call, "fallback", [call])) for call in replay.program)
 
 
 def _position_slice_model():
@@ -425,7 +431,7 @@ def test_small_graph_outputs_are_bound_and_copied_out():
         x = rng.normal(size=(3, 4)).astype(np.float32)
         runs.append((x, session.run({"x": x})))
     replay = session.programs[0].replay
-    assert replay is not None and replay.bound == 2 and len(replay.program) == 2
+    assert replay is not None and replay.bound == 2 and _calls(replay) == 2
     for x, out in runs:  # every run's outputs kept their values: none is the replay's buffer
         np.testing.assert_array_equal(out["y"], np.maximum(x, 0))
         np.testing.assert_array_equal(out["z"], np.maximum(x, 0) ** 2)

@@ -15,6 +15,12 @@ step is a handful of Python calls instead of ~300. Each op is the call it replac
 attention range checks run natively before any op, and if one refuses, the step runs the original calls instead (so
 the error is the original one). ``HETERO_CPU_STEP=0`` keeps the calls apart.
 
+ONNX kernels' calls join steps too (``_native.step_ops()``: GEMM, convolution, max pool, layer norm, elementwise,
+compare, channel affine, pad, copy; ``LlmStep.add_call``): the native entry point's checks run once, when the step is
+made, and the op reads its arrays' values when it runs, so a replayed model of tiny nodes (openWakeWord's heads, 9
+calls) is one Python call. An operand the entry point would copy at each call (a strided conv input, a strided bias)
+is refused and its call stays apart (``tests/plugins/cpu/test_step_onnx.py``).
+
 A fused call writes every buffer the calls it replaces write (the matmuls' outputs too, so a later reader of them
 is unaffected) with the same kernels on the same values, and the calls were consecutive, so nothing ran between
 them: the result is the unfused one (``tests/plugins/cpu/test_fuse.py``). A pattern is taken only when its buffers
@@ -159,6 +165,9 @@ def _step_op(call: Call) -> tuple[str, tuple] | None:
     for native, method, n in _STEP_FUNCS:
         if func is native and len(args) == n:
             return method, args
+    name = getattr(func, "__name__", None)
+    if name is not None and _PREPARED.get(name) is func:  # an ONNX kernel's call (LlmStep.add_call)
+        return "add_call", (name, args)
     return None
 
 
@@ -166,6 +175,9 @@ _STEP_FUNCS = ((_native.llm_matmul, "add_matmul", 4), (_native.llm_matmul_multi,
                (_native.llm_matmul_swiglu, "add_matmul_swiglu", 8),
                (_native.llm_matmul_residual, "add_matmul_residual", 6), (_native.llm_swiglu, "add_swiglu", 3),
                (_native.rms_norm, "add_rms_norm", 4))
+# The other native functions a step takes, prepared from their arguments (``_native.step_ops``: the ONNX kernels'
+# GEMMs, convolutions, pools, norms and elementwise ops): a replayed ONNX model of tiny nodes runs as one call.
+_PREPARED = {name: getattr(_native, name) for name in _native.step_ops()}
 
 
 def step_calls(program: Sequence[Call]) -> list[Call]:

@@ -200,31 +200,37 @@ ConvGeom along_w(const ConvGeom& g) {
 // padding): each output is the dot product of a weight row with that position's input patch. The patches of every
 // image are gathered first (K floats each, zero-padded like the weight rows), then row blocks of the weights run
 // against all of an image's patches at once, so each weight row is read once per image.
+// The input patch of output position j of one image and group (xin: its first channel), K = cin_g x kh x kw values
+// in the weights' (c, ky, kx) order, value k at d[k * step]; zeros where the patch reads padding.
+void gather_patch(const ConvGeom& g, const float* xin, i64 cin_g, i64 j, float* d, i64 step) {
+  const i64 y0 = (j / g.Wo) * g.sh - g.pt, x0 = (j % g.Wo) * g.sw - g.pl;
+  for (i64 c = 0; c < cin_g; ++c) {
+    const float* plane = xin + c * g.H * g.W;
+    for (i64 ky = 0; ky < g.kh; ++ky) {
+      const i64 iy = y0 + ky * g.dh;
+      const bool row_in = iy >= 0 && iy < g.H;
+      for (i64 kx = 0; kx < g.kw; ++kx, d += step) {
+        const i64 ix = x0 + kx * g.dw;
+        *d = row_in && ix >= 0 && ix < g.W ? plane[iy * g.W + ix] : 0.f;
+      }
+    }
+  }
+}
+
 void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
               const Epilogue& act) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, HWo = g.Ho * g.Wo, ld = pc.raw_ld;
-  const i64 images = g.N * g.group;
+  const i64 K = cin_g * g.kh * g.kw, images = g.N * g.group;
   float* patches = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * HWo * ld));
   for (i64 img = 0; img < images; ++img) {
     const i64 n = img / g.group, gi = img % g.group;
     const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
     for (i64 j = 0; j < HWo; ++j) {
       float* d = patches + (img * HWo + j) * ld;
-      const i64 y0 = (j / g.Wo) * g.sh - g.pt, x0 = (j % g.Wo) * g.sw - g.pl;
-      for (i64 c = 0; c < cin_g; ++c) {
-        const float* plane = xin + c * g.H * g.W;
-        for (i64 ky = 0; ky < g.kh; ++ky) {
-          const i64 iy = y0 + ky * g.dh;
-          const bool row_in = iy >= 0 && iy < g.H;
-          for (i64 kx = 0; kx < g.kw; ++kx) {
-            const i64 ix = x0 + kx * g.dw;
-            *d++ = row_in && ix >= 0 && ix < g.W ? plane[iy * g.W + ix] : 0.f;
-          }
-        }
-      }
-      std::fill(d, patches + (img * HWo + j + 1) * ld, 0.f);
+      gather_patch(g, xin, cin_g, j, d, 1);
+      std::fill(d + K, d + ld, 0.f);
     }
   }
   const double flops = 2.0 * images * cout_g * HWo * ld;
@@ -265,6 +271,10 @@ i64 padded_width(const ConvGeom& g) { return std::max<i64>(g.W + g.pl + g.pr, g.
 // <= 2 output (y, x) reads tap (ky, kx) at phase ((ky dh) % sh, (kx dw) % sw), row y + (ky dh) / sh, column
 // x + (kx dw) / sw: every tap is a run of consecutive floats along the flattened output rows (pitch Wq). Otherwise one
 // plain padded plane (ph = pw = 1), and output rows read at oy * sh * Wq.
+// Stride 1 along W: consecutive rows share their zero columns (a row's right padding is read from the next row's
+// left padding), so a row is W + max(pl, pr) floats, not W + pl + pr: the flattened columns computed and dropped
+// are fewer (openWakeWord's 1x3 convs, pads 1 / 1, on 8-wide maps: 9 a row instead of 10; on 4-wide ones 5, which
+// makes the direct path fit them at all).
 struct DirectLayout {
   i64 ph, pw, Hq, Wq;
   bool flat;
@@ -272,7 +282,8 @@ struct DirectLayout {
 
 DirectLayout direct_layout(const ConvGeom& g, i64 nr) {
   if (g.sh <= 2 && g.sw <= 2) {
-    const i64 Wq = std::max<i64>(ceil_div(g.W + g.pl + g.pr, g.sw), g.Wo + (g.kw - 1) * g.dw / g.sw);
+    const i64 Wq = g.sw == 1 ? std::max<i64>(g.W + std::max(g.pl, g.pr), g.Wo)
+                             : std::max<i64>(ceil_div(g.W + g.pl + g.pr, g.sw), g.Wo + (g.kw - 1) * g.dw / g.sw);
     const i64 Hq = std::max<i64>(ceil_div(g.H + g.pt + g.pb, g.sh), g.Ho + (g.kh - 1) * g.dh / g.sh);
     if (Wq * 4 <= g.Wo * 5 && g.Ho * g.Wo >= nr) return {g.sh, g.sw, Hq, Wq, true};
   }
@@ -422,6 +433,24 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   // In the phase-split layout output row oy starts at phase row oy - oy0 of the band; in the plain one at padded
   // row (oy - oy0) sh.
   const i64 row_pitch = L.flat ? Wp : g.sh * Wp;
+  // Bias and activation in the tile's registers where the kernel applies this activation there (conv_tile_ep;
+  // K = 0 and no rows: a probe that computes nothing): no second pass over each output row or tile, which at
+  // K = 72 (openWakeWord's 24-channel 1x3 / 3x1 convs) cost ~10 % of the conv.
+  const bool fused = [&] {
+    const i64 zero = 0;
+    float dummy = 0.f;
+    return xk.conv_tile_ep(mr, nr, 0, &dummy, &dummy, &zero, &dummy, nr, 0, 0, nullptr, act.act, act.act_alpha,
+                           act.act_beta);
+  }();
+  const auto tile = [&](i64 p, int ncols, const float* a, const float* in, float* c, i64 ldc, const Epilogue& ep) {
+    const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+    if (fused)
+      xk.conv_tile_ep(mr, tile_nr(ncols), K, a + p * K * mr, in, off.data(), c, ldc, nrows, ncols,
+                      ep.bias ? ep.bias + p * mr : nullptr, ep.act, ep.act_alpha, ep.act_beta);
+    else
+      xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in, off.data(), c, ldc, nrows, ncols);
+    return nrows;
+  };
   parallel_for(images * nbands * groups, T, [&](i64 task) {
     const i64 p0 = (task % groups) * pg, p1 = std::min<i64>(mp, p0 + pg), r0 = p0 * mr,
               r1 = std::min<i64>(cout_g, p1 * mr);
@@ -443,35 +472,29 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         float* orow = o + oy * g.Wo;
         for (i64 x0 = 0; x0 < g.Wo; x0 += nr) {
           const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
-          for (i64 p = p0; p < p1; ++p) {
-            const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
-            xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, in + x0, off.data(), orow + p * mr * HWo + x0, HWo,
-                         nrows, ncols);
-          }
+          for (i64 p = p0; p < p1; ++p) tile(p, ncols, a, in + x0, orow + p * mr * HWo + x0, HWo, ep);
         }
-        apply_epilogue(kr, orow + r0 * HWo, HWo, r0, 0, r1 - r0, g.Wo, ep);
+        if (!fused) apply_epilogue(kr, orow + r0 * HWo, HWo, r0, 0, r1 - r0, g.Wo, ep);
       }
       return;
     }
     // Panels over the band's flattened rows: column j is output (oy0 + j / Wp, j % Wp), dropped where j % Wp >= Wo.
     // Each tile goes through a buffer (bias and activation applied there) and is scattered in runs of one row.
     const i64 nflat = (oy1 - oy0 - 1) * Wp + g.Wo;
-    alignas(64) float tile[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
+    alignas(64) float buf[16 * 64];  // mr x nr <= 12 x 32 (avx512), 6 x 16 (avx2), 8 x 12 (neon)
     // Weight panels outside, tiles inside: each panel (12 rows x K) is read once a band, from L1 for every tile after
     // the first, where tiles outside read all the weights once a tile (YOLOv8n's 128 -> 256 stride-2 conv: 1.2 MB
     // of weights, 4 tiles; inside the model 634 -> 576 us, the 10 x 10 maps' 3 x 3 convs 5-8 % faster).
     for (i64 p = p0; p < p1; ++p) {
-      const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
       for (i64 j0 = 0; j0 < nflat; j0 += nr) {
         const i64 ncols = std::min<i64>(nr, nflat - j0);
-        xk.conv_tile(mr, tile_nr(ncols), K, a + p * K * mr, padded + j0, off.data(), tile, nr, nrows,
-                     static_cast<int>(ncols));
-        apply_epilogue(kr, tile, nr, p * mr, 0, nrows, ncols, ep);
+        const int nrows = tile(p, static_cast<int>(ncols), a, padded + j0, buf, nr, ep);
+        if (!fused) apply_epilogue(kr, buf, nr, p * mr, 0, nrows, ncols, ep);
         for (i64 jj = 0; jj < ncols;) {
           const i64 j = j0 + jj, y = oy0 + j / Wp, xx = j % Wp, len = std::min<i64>(ncols - jj, Wp - xx);
           const i64 valid = xx < g.Wo ? std::min<i64>(len, g.Wo - xx) : 0;
           for (int r = 0; r < nrows && valid > 0; ++r)
-            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + xx, tile + r * nr + jj,
+            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + xx, buf + r * nr + jj,
                         static_cast<std::size_t>(valid) * sizeof(float));
           jj += len;
         }
@@ -571,10 +594,96 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   return true;
 }
 
+// Small maps with many channels (openWakeWord's 96 -> 96 1x3 / 3x1 convs on 10 x 2, 8 x 2 maps: 12-20 positions;
+// MTCNN's 2x2 convs onto 3 x 3): the GEMM's 32- or 16-column panels along the positions were mostly padding, and its
+// one-vector tiles load-bound. Transposed, out^T (HWo x Cout/group) = patches (HWo x K) x W^T (K x Cout/group): the
+// positions are the rows (12-row tiles, 8- / 4-row variants for the last), the output channels whole 32-column
+// panels. Measured alone, 1 thread (thread time, against the path before): 96 -> 96 1x3 on 10 x 2 0.030 -> 0.017 ms,
+// 3x1 on 8 x 2 0.019 -> 0.011, 64 -> 128 2x2 on 4 x 4 (4 images) 0.070 -> 0.042, 48 -> 64 2x2 on 4 x 4 (16 images)
+// 0.150 -> 0.072. Up to 24 positions, or up to 56 where the direct path's flattened rows would carry padding columns
+// (1x3 convs padded along W on 4-wide maps: 0.036-0.038 -> 0.029-0.031 ms; without padding columns, 14 x 4 3x1,
+// the two measured the same, and on 8 x 8 (64 positions) the direct path won, 0.18 against 0.22 ms); at least two
+// column panels of channels. HETERO_CPU_CONV_TRANSPOSED=1 / 0 forces it on / off.
+constexpr i64 kTransposedMaxOutputs = 24;
+constexpr i64 kTransposedMaxPadded = 56;
+
+bool transposed_fits(const PackedConv& pc, const ConvGeom& g) {
+  const i64 cout_g = g.Cout / g.group, HWo = g.Ho * g.Wo, nr = pc.kr->nr;
+  if (pc.depthwise || HWo <= kDotMaxOutputs || pc.kr->mr != 12) return false;
+  static const int forced = env_override("HETERO_CPU_CONV_TRANSPOSED");
+  if (forced >= 0) return forced == 1;
+  if (cout_g < 2 * nr) return false;
+  return HWo <= kTransposedMaxOutputs || (HWo <= kTransposedMaxPadded && direct_layout(g, nr).Wq > g.Wo);
+}
+
+// Per image and group: the input copied into zero-padded planes, the patches gathered from them straight into the
+// GEMM's packed A panels (12 positions a panel: value k of the panel's positions is 12 consecutive floats; no bounds
+// test per value, which cost as much as the product), the product into a positions x channels buffer, transposed
+// into the output, then bias and activation per channel.
+void conv_transposed(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                     const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, HWo = g.Ho * g.Wo, K = cin_g * g.kh * g.kw;
+  const int mr = kr.mr, nr = kr.nr;
+  std::call_once(pc.wt_once, [&] {
+    pc.wt_stride = ceil_div(cout_g, nr) * nr * K;
+    float* d = pc.wt.get(static_cast<std::size_t>(pc.wt_stride * g.group));
+    for (i64 gi = 0; gi < g.group; ++gi)
+      pack_b_panels(kr, MatView{pc.raw.p + gi * cout_g * pc.raw_ld, K, cout_g, 1, pc.raw_ld}, d + gi * pc.wt_stride, 1);
+  });
+  const i64 mp = ceil_div(HWo, mr), Hp = g.H + g.pt + g.pb, Wp = g.W + g.pl + g.pr, plane = Hp * Wp;
+  float* apan = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(mp * mr * K + HWo * cout_g + cin_g * plane));
+  float* cbuf = apan + mp * mr * K;
+  float* padded = cbuf + HWo * cout_g;
+  std::fill(padded, padded + cin_g * plane, 0.f);
+  std::vector<i64> koff(static_cast<std::size_t>(K)), joff(static_cast<std::size_t>(HWo));
+  for (i64 c = 0, k = 0; c < cin_g; ++c)
+    for (i64 ky = 0; ky < g.kh; ++ky)
+      for (i64 kx = 0; kx < g.kw; ++kx, ++k) koff[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * Wp + kx * g.dw;
+  for (i64 j = 0; j < HWo; ++j) joff[static_cast<std::size_t>(j)] = (j / g.Wo) * g.sh * Wp + (j % g.Wo) * g.sw;
+  const double flops = 2.0 * HWo * cout_g * K;
+  // Threads take whole column panels of the channels (a task: the same packed patches, its own panels).
+  const int T = static_cast<int>(std::min<i64>(threads_for(flops, kParallelGrain * 4), ceil_div(cout_g, nr)));
+  const i64 pp = ceil_div(ceil_div(cout_g, nr), T);
+  const Epilogue none;
+  for (i64 img = 0; img < g.N * g.group; ++img) {
+    const i64 n = img / g.group, gi = img % g.group;
+    const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
+    for (i64 c = 0; c < cin_g; ++c)  // rows of 2-14 floats: one memcpy call each cost more than the product
+      xk.copy_rows(xin + c * g.H * g.W, g.W, padded + c * plane + g.pt * Wp + g.pl, Wp, g.H, g.W);
+    for (i64 p = 0; p < mp; ++p) {
+      const i64 rows = std::min<i64>(mr, HWo - p * mr);
+      const i64* jo = joff.data() + p * mr;
+      for (i64 k = 0; k < K; ++k) {
+        float* d = apan + (p * K + k) * mr;
+        const float* src = padded + koff[static_cast<std::size_t>(k)];
+        for (i64 r = 0; r < rows; ++r) d[r] = src[jo[r]];
+        for (i64 r = rows; r < mr; ++r) d[r] = 0.f;
+      }
+    }
+    parallel_for(T, T, [&](i64 t) {
+      const i64 c0 = t * pp * nr, c1 = std::min<i64>(cout_g, (t + 1) * pp * nr);
+      if (c0 < c1)
+        gemm_prepacked_b(kr, HWo, c1 - c0, K, nullptr, apan, pc.wt.p + gi * pc.wt_stride + c0 * K, cbuf + c0,
+                         cout_g, 1.f, 0.f, none, 1);
+    }, flops >= kWakeFlops);
+    float* o = out + (n * g.Cout + gi * cout_g) * HWo;
+    for (i64 co = 0; co < cout_g; ++co)
+      for (i64 j = 0; j < HWo; ++j) o[co * HWo + j] = cbuf[j * cout_g + co];
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    apply_epilogue(kr, o, HWo, 0, 0, cout_g, HWo, ep);
+  }
+}
+
 // The fp32 kernels' choice for this (along_w) shape.
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (pc.depthwise) return ConvAlgo::depthwise;
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
+  if (transposed_fits(pc, g)) return ConvAlgo::transposed;
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
   if (direct_fits(pc, g)) return ConvAlgo::direct;
   return ConvAlgo::gemm;
@@ -594,6 +703,7 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::winograd: return "winograd";
     case ConvAlgo::direct: return "direct";
     case ConvAlgo::bf16x3: return "bf16x3";
+    case ConvAlgo::transposed: return "transposed";
     default: return "gemm";
   }
 }
@@ -618,6 +728,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       }
       break;
     case ConvAlgo::direct: conv_direct(pc, g, x, bias, out, act); return;
+    case ConvAlgo::transposed: conv_transposed(pc, g, x, bias, out, act); return;
     case ConvAlgo::gemm:
     case ConvAlgo::bf16x3: break;
   }
@@ -729,6 +840,26 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
   const i64 oxa = std::min<i64>(Wo, ceil_div(pl, sw));
   const i64 oxb = std::max<i64>(oxa, std::min<i64>(Wo, floor_div(W - 1 + pl - (kw - 1) * dw, sw) + 1));
   const i64 chunk = std::max<i64>(1, NC / std::max(1, T * 4));
+  if (kw == 2 && sw == 2 && kh == sh && kh <= 2 && pt == 0 && pl == 0 && dh == 1 && dw == 1 && W == 2 * Wo &&
+      H == kh * Ho) {
+    // 1 x 2 / (1, 2) and 2 x 2 / 2 windows tiling the planes (openWakeWord's pools): output row g of all planes
+    // together reads input rows kh g .. kh g + kh - 1 of the tensor taken as one stack of rows. A task's input rows
+    // split into even and odd columns, one max of the two (1 x 2: the output), then (2 x 2) the max of each pair of
+    // rows: a few calls a task instead of several a plane (96 planes of 10 x 4: 8.3 -> 1.3 us).
+    const i64 rows = NC * Ho, per = std::max<i64>(1, std::max<i64>(1024, ceil_div(rows * Wo, 4 * T)) / Wo);
+    parallel_for(ceil_div(rows, per), T, [&](i64 t) {
+      const i64 g0 = t * per, ng = std::min<i64>(per, rows - g0), m = ng * kh * Wo;
+      float* even = tl_buf(TL_MISC).get(static_cast<std::size_t>(2 * m));
+      xk.deinterleave(x + g0 * kh * W, 2 * m, even, even + m);
+      if (kh == 1) {
+        xk.max_rows(even, m, 2, out + g0 * Wo, m);
+        return;
+      }
+      xk.max_rows(even, m, 2, even, m);
+      for (i64 g = 0; g < ng; ++g) xk.max_rows(even + 2 * g * Wo, Wo, 2, out + (g0 + g) * Wo, Wo);
+    });
+    return;
+  }
   if (sh == 1 && sw == 1) {
     // Stride 1 (YOLOv8's SPPF: 5 x 5 on 10 x 10 maps, rows shorter than a vector): the plane copied into a -inf
     // padded one of pitch Wp, then two passes of shifted-row maxima over the whole flattened plane (along the row,

@@ -33,6 +33,11 @@ struct PackedConv {
   mutable std::once_flag wino_once;
   mutable AlignedBuf wino;
   mutable i64 wino_stride = 0;
+  // per group W^T (K x Cout/group) as packed B panels, for conv_transposed (small maps); made from `raw` on the
+  // first call that takes that path, wt_stride floats a group
+  mutable std::once_flag wt_once;
+  mutable AlignedBuf wt;
+  mutable i64 wt_stride = 0;
   // precision "normal" on AMX-BF16 (gemm_bf16x3.hpp): per group the transposed weights W^T (K x Cout/group, K in
   // (ky, kx, c) order: conv_bf16x3's channels-last im2col rows) as packed bf16x3 B, hi then lo, bf_stride uint16
   // values a group; empty (bf16x3 false) otherwise
@@ -64,7 +69,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
 
 // Which kernel conv2d_packed runs for this shape (chosen by rule, per call): exposed so tests can check that a shape
 // meant for a path takes it.
-enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3 };
+enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed };
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& g);
 const char* conv_algorithm_name(ConvAlgo a);
 

@@ -262,7 +262,8 @@ void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i6
   for (i64 i = 0; i < m; ++i) {
     float* row = c + i * ldc;
     if (ep.bias_cs == 0 && ep.act >= 0 &&
-        xk.bias_act_row(row, n, ep.bias ? ep.bias[(row0 + i) * ep.bias_rs] : 0.f, ep.act))
+        xk.bias_act_row(row, n, ep.bias ? ep.bias[(row0 + i) * ep.bias_rs] : 0.f, ep.act, ep.act_alpha,
+                         ep.act_beta))
       continue;
     if (ep.bias) {
       const float* bp = ep.bias + (row0 + i) * ep.bias_rs + col0 * ep.bias_cs;

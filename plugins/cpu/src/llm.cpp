@@ -29,6 +29,7 @@
 #include "elementwise.hpp"
 #include "kv_quant.hpp"
 #include "llm.hpp"
+#include "step.hpp"
 #include "threadpool_stats.hpp"
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -664,17 +665,8 @@ struct PyWeights {
   std::shared_ptr<Weights> w;
 };
 
-// A call prepared under the GIL (its arguments checked, its pointers taken) and run without it: the py_* entry
-// points run one at once; an LlmStep (below) runs a list of them in one native call. The arrays and weights the
-// pointers point into must outlive the op (the caller's arguments; an LlmStep keeps them).
-using Op = std::function<void()>;
-
-template <class Prep, class... A>
-void run_now(Prep prep, A&&... a) {
-  Op op = prep(std::forward<A>(a)...);
-  py::gil_scoped_release nogil;
-  op();
-}
+// Op and run_now (step.hpp): the py_* entry points run one at once; an LlmStep (below) runs a list of them in one
+// native call.
 
 Op prep_qmatmul(const PyWeights& pw, const py::array& x, const py::array& out, const py::object& bias_obj) {
   const char* fn = "llm_matmul";
@@ -2056,7 +2048,12 @@ void bind_llm(py::module_& m) {
         s.add(prep_attention_slot_at(caches, q, k, v, past, slot, scale, out),
               py::make_tuple(caches, q, k, v, past, slot, out));
       }, py::arg("caches"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("past_len"), py::arg("slot"),
-         py::arg("scale"), py::arg("out"));
+         py::arg("scale"), py::arg("out"))
+      .def("add_call", [](LlmStep& s, const std::string& name, const py::tuple& args) {
+        s.add({{}, hetero::prepare_step_op(name, args)}, args);
+      }, py::arg("name"), py::arg("args"),
+         "Adds the call _native.<name>(*args) (one of step_ops()), prepared now, run on its arrays' values "
+         "when the step runs.");
 
   py::class_<RopeTable>(m, "LlmRope", "Rotary cos/sin table (grown on demand) for RotaryEmbedding.")
       .def(py::init([](const py::array_t<double, py::array::c_style | py::array::forcecast>& inv_freq, double scale) {

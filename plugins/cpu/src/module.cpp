@@ -4,8 +4,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -18,6 +20,7 @@
 #include "elementwise.hpp"
 #include "gemm_bf16x3.hpp"
 #include "nd.hpp"
+#include "step.hpp"
 #include "threadpool_stats.hpp"
 
 namespace py = pybind11;
@@ -322,8 +325,14 @@ std::unique_ptr<PackedB> py_pack_b(const py::array& b, bool trans_b, bool int8, 
   return make_packed(bv, int8, p);
 }
 
-void py_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out, float alpha, float beta,
-                    const py::object& bias) {
+// A prepared op (step.hpp) refuses an operand its call would copy once: the copy would not follow later values.
+void no_copy(bool once, bool copied, const char* fn) {
+  if (copied && !once) fail(std::string(fn) + ": a strided operand is copied at each call; it cannot be prepared");
+}
+
+// `once`: the op runs at once (the py_* entry points), so an operand may be copied into it.
+Op prep_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out, float alpha, float beta,
+                    const py::object& bias, bool once) {
   const char* fn = "gemm_packed";
   need_f32(a, fn, "a");
   need_f32(out, fn, "out");
@@ -334,12 +343,18 @@ void py_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out,
          std::to_string(pb.k));
   check_out_shape(out, {a.shape(0), pb.n}, fn);
   Epilogue ep;
-  std::vector<float> keep;
-  bias_view(bias, a.shape(0), pb.n, ep, keep, fn);
+  auto keep = std::make_shared<std::vector<float>>();
+  bias_view(bias, a.shape(0), pb.n, ep, *keep, fn);
+  no_copy(once, !keep->empty(), fn);
   MatView av = mat_view(a, false, fn);
   float* c = static_cast<float*>(const_cast<void*>(out.data()));
-  py::gil_scoped_release nogil;
-  run_packed(pb, av, c, pb.n, alpha, beta, ep);
+  const PackedB* p = &pb;
+  return [p, av, c, alpha, beta, ep, keep] { run_packed(*p, av, c, p->n, alpha, beta, ep); };
+}
+
+void py_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out, float alpha, float beta,
+                    const py::object& bias) {
+  run_now(prep_gemm_packed, a, pb, out, alpha, beta, bias, true);
 }
 
 void py_matmul(const py::array& a, const py::array& b, const py::array& out) {
@@ -421,7 +436,7 @@ void py_matmul_packed(const py::array& a, const PackedB& pk, const py::array& ou
 
 // --------------------------------------------------------------------------------------------------- elementwise
 
-void py_binary(const std::string& op, const py::array& a, const py::array& b, const py::array& out) {
+Op prep_binary(const std::string& op, const py::array& a, const py::array& b, const py::array& out) {
   const char* fn = "binary";
   const int id = binary_id(op);
   need_out(out, fn);
@@ -448,11 +463,16 @@ void py_binary(const std::string& op, const py::array& a, const py::array& b, co
   const char* pa = static_cast<const char*>(a.data());
   const char* pb = static_cast<const char*>(b.data());
   char* po = static_cast<char*>(const_cast<void*>(out.data()));
-  py::gil_scoped_release nogil;
-  binary_nd(active(), id, dt, pa, sa.data(), pb, sb.data(), po, static_cast<int>(shp.size()), shp.data());
+  return [id, dt, pa, sa, pb, sb, po, shp] {
+    binary_nd(active(), id, dt, pa, sa.data(), pb, sb.data(), po, static_cast<int>(shp.size()), shp.data());
+  };
 }
 
-void py_unary(const std::string& op, const py::array& x, const py::array& out, float alpha, float beta) {
+void py_binary(const std::string& op, const py::array& a, const py::array& b, const py::array& out) {
+  run_now(prep_binary, op, a, b, out);
+}
+
+Op prep_unary(const std::string& op, const py::array& x, const py::array& out, float alpha, float beta) {
   const char* fn = "unary";
   const int id = unary_id(op, fn);
   need_f32(x, fn, "x");
@@ -463,8 +483,13 @@ void py_unary(const std::string& op, const py::array& x, const py::array& out, f
   const std::vector<i64> sx = strides_of(x);
   const char* px = static_cast<const char*>(x.data());
   float* po = static_cast<float*>(const_cast<void*>(out.data()));
-  py::gil_scoped_release nogil;
-  unary_nd(active(), id, px, sx.data(), po, static_cast<int>(shp.size()), shp.data(), alpha, beta);
+  return [id, px, sx, po, shp, alpha, beta] {
+    unary_nd(active(), id, px, sx.data(), po, static_cast<int>(shp.size()), shp.data(), alpha, beta);
+  };
+}
+
+void py_unary(const std::string& op, const py::array& x, const py::array& out, float alpha, float beta) {
+  run_now(prep_unary, op, x, out, alpha, beta);
 }
 
 // Row-wise ops: x is a 2-D (rows, n) float32 view, out a contiguous (rows, n).
@@ -510,25 +535,32 @@ void py_softmax(const py::array& x, const py::array& out, bool log) {
   rows_nd(active(), RowOp::Softmax, px, rows, n, rs, cs, po, nullptr, nullptr, 0.f, nullptr, nullptr, log);
 }
 
-void py_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
-                   float eps, const py::object& mean_out, const py::object& invstd_out) {
+Op prep_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
+                   float eps, const py::object& mean_out, const py::object& invstd_out, bool once) {
   const char* fn = "layer_norm";
   rows_common(fn, x, out);
   const i64 rows = x.shape(0), n = x.shape(1);
-  std::vector<float> ks, kb;
-  const float* ps = vec_param(scale, n, ks, fn, "scale");
+  auto ks = std::make_shared<std::vector<float>>(), kb = std::make_shared<std::vector<float>>();
+  const float* ps = vec_param(scale, n, *ks, fn, "scale");
   const float* pb = nullptr;
   if (!bias.is_none()) {
     if (!py::isinstance<py::array>(bias)) fail("layer_norm: bias must be a numpy array or None");
-    pb = vec_param(py::reinterpret_borrow<py::array>(bias), n, kb, fn, "bias");
+    pb = vec_param(py::reinterpret_borrow<py::array>(bias), n, *kb, fn, "bias");
   }
+  no_copy(once, !ks->empty() || !kb->empty(), fn);
   float* pm = stat_out(mean_out, rows, fn, "mean_out");
   float* pi = stat_out(invstd_out, rows, fn, "invstd_out");
   const char* px = static_cast<const char*>(x.data());
   float* po = static_cast<float*>(const_cast<void*>(out.data()));
   const i64 rs = x.strides(0), cs = x.strides(1);
-  py::gil_scoped_release nogil;
-  rows_nd(active(), RowOp::LayerNorm, px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, false);
+  return [px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, ks, kb] {
+    rows_nd(active(), RowOp::LayerNorm, px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, false);
+  };
+}
+
+void py_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
+                   float eps, const py::object& mean_out, const py::object& invstd_out) {
+  run_now(prep_layer_norm, x, scale, bias, out, eps, mean_out, invstd_out, true);
 }
 
 void py_rms_norm(const py::array& x, const py::array& scale, const py::array& out, float eps) {
@@ -550,7 +582,7 @@ void need_plain_dtype(const py::array& a, const char* fn) {
   if (a.dtype().kind() == 'O') fail(std::string(fn) + ": object arrays are not supported");
 }
 
-void py_copy(const py::array& src, const py::array& out) {
+Op prep_copy(const py::array& src, const py::array& out) {
   const char* fn = "copy";
   need_plain_dtype(src, fn);
   need_out(out, fn);
@@ -562,8 +594,13 @@ void py_copy(const py::array& src, const py::array& out) {
   const char* ps = static_cast<const char*>(src.data());
   char* po = static_cast<char*>(const_cast<void*>(out.data()));
   const i64 elem = src.itemsize();
-  py::gil_scoped_release nogil;
-  copy_strided(ps, static_cast<int>(shp.size()), shp.data(), ss.data(), po, elem, num_threads());
+  return [ps, shp, ss, po, elem] {
+    copy_strided(ps, static_cast<int>(shp.size()), shp.data(), ss.data(), po, elem, num_threads());
+  };
+}
+
+void py_copy(const py::array& src, const py::array& out) {
+  run_now(prep_copy, src, out);
 }
 
 void py_gather(const py::array& data, const py::array& indices, i64 axis, const py::array& out) {
@@ -695,13 +732,14 @@ ConvGeom conv_geom(const PackedConv& pc, const std::vector<i64>& xs, const std::
   return g;
 }
 
-void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
+Op prep_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
                       const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
-                      const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta) {
+                      const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta,
+                      bool once) {
   const char* fn = "conv2d";
   const PackedConv& pc = *pk.pc;
-  std::vector<float> xkeep;
-  const float* px = nchw_input(x, xkeep, fn);
+  auto xkeep = std::make_shared<std::vector<float>>(), bkeep = std::make_shared<std::vector<float>>();
+  const float* px = nchw_input(x, *xkeep, fn);
   need_f32(out, fn, "out");
   need_out(out, fn);
   auto st = int_list(strides_in, 2, fn, "strides");
@@ -710,15 +748,21 @@ void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::obje
   const ConvGeom g = conv_geom(pc, shape_of(x), st, pd, dl);
   check_out_shape(out, {g.N, g.Cout, g.Ho, g.Wo}, fn);
   Epilogue ep = activation(act, act_alpha, act_beta, fn);
-  std::vector<float> bkeep;
   const float* pb = nullptr;
   if (!bias.is_none()) {
     if (!py::isinstance<py::array>(bias)) fail("conv2d: bias must be a numpy array or None");
-    pb = vec_param(py::reinterpret_borrow<py::array>(bias), g.Cout, bkeep, fn, "bias");
+    pb = vec_param(py::reinterpret_borrow<py::array>(bias), g.Cout, *bkeep, fn, "bias");
   }
+  no_copy(once, !xkeep->empty() || !bkeep->empty(), fn);
   float* po = static_cast<float*>(const_cast<void*>(out.data()));
-  py::gil_scoped_release nogil;
-  conv2d_packed(pc, g, px, pb, po, ep);
+  const PackedConv* p = &pc;
+  return [p, g, px, pb, po, ep, xkeep, bkeep] { conv2d_packed(*p, g, px, pb, po, ep); };
+}
+
+void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
+                      const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
+                      const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta) {
+  run_now(prep_conv2d_packed, x, pk, bias, out, strides_in, pads_in, dil_in, act, act_alpha, act_beta, true);
 }
 
 void py_conv2d(const py::array& x, const py::array& w, const py::object& bias, const py::array& out,
@@ -761,18 +805,26 @@ void check_pool_out(const PoolGeom& p, i64 kh, i64 kw, i64 sh, i64 sw, const std
          std::to_string(wf) + "), or (" + std::to_string(hc) + ", " + std::to_string(wc) + ") with ceil_mode)");
 }
 
-void py_max_pool2d(const py::array& x, const py::array& out, const std::vector<i64>& kernel,
-                   const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil) {
+Op prep_max_pool2d(const py::array& x, const py::array& out, const std::vector<i64>& kernel,
+                   const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil,
+                   bool once) {
   const char* fn = "max_pool2d";
-  std::vector<float> keep;
-  PoolGeom p = pool_common(x, out, keep, fn);
+  auto keep = std::make_shared<std::vector<float>>();
+  PoolGeom p = pool_common(x, out, *keep, fn);
+  no_copy(once, !keep->empty(), fn);
   auto k = int_list(kernel, 2, fn, "kernel");
   auto s = int_list(strides, 2, fn, "strides");
   auto pd = int_list(pads, 4, fn, "pads");
   auto d = int_list(dil, 2, fn, "dilations");
   check_pool_out(p, k[0], k[1], s[0], s[1], pd, d[0], d[1], fn);
-  py::gil_scoped_release nogil;
-  max_pool2d(p.x, p.out, p.NC, p.H, p.W, p.Ho, p.Wo, k[0], k[1], s[0], s[1], pd[0], pd[1], d[0], d[1]);
+  return [p, k, s, pd, d, keep] {
+    max_pool2d(p.x, p.out, p.NC, p.H, p.W, p.Ho, p.Wo, k[0], k[1], s[0], s[1], pd[0], pd[1], d[0], d[1]);
+  };
+}
+
+void py_max_pool2d(const py::array& x, const py::array& out, const std::vector<i64>& kernel,
+                   const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil) {
+  run_now(prep_max_pool2d, x, out, kernel, strides, pads, dil, true);
 }
 
 void py_avg_pool2d(const py::array& x, const py::array& out, const std::vector<i64>& kernel,
@@ -796,6 +848,105 @@ void py_global_avg_pool(const py::array& x, const py::array& out) {
   if (p.Ho != 1 || p.Wo != 1) fail("global_avg_pool: out must have shape (N, C, 1, 1), got " + shape_str(out));
   py::gil_scoped_release nogil;
   global_avg_pool(p.x, p.out, p.NC, p.H * p.W);
+}
+
+// ------------------------------------------------------------------------------------------------ step preparers
+// A bound call's positional arguments as the entry point takes them (trailing defaults may be left out).
+
+void step_arity(const py::tuple& a, std::size_t lo, std::size_t hi, const char* fn) {
+  if (a.size() < lo || a.size() > hi)
+    fail(std::string(fn) + ": " + std::to_string(a.size()) + " arguments, expected " + std::to_string(lo) + " to " +
+         std::to_string(hi));
+}
+
+py::object step_obj(const py::tuple& a, std::size_t i) { return i < a.size() ? py::object(a[i]) : py::object(py::none()); }
+
+template <class T>
+T step_val(const py::tuple& a, std::size_t i, T dflt) {
+  return i < a.size() ? a[i].cast<T>() : dflt;
+}
+
+}  // namespace
+
+namespace hetero {
+
+py::array step_array(const py::tuple& a, std::size_t i, const char* fn) {
+  if (i >= a.size() || !py::isinstance<py::array>(a[i]))
+    fail(std::string(fn) + ": argument " + std::to_string(i) + " must be a numpy array");
+  return py::reinterpret_borrow<py::array>(a[i]);
+}
+
+namespace {
+std::unordered_map<std::string, StepPreparer>& step_preparers() {
+  static std::unordered_map<std::string, StepPreparer> m;
+  return m;
+}
+}  // namespace
+
+void register_step_op(const char* name, StepPreparer prep) { step_preparers()[name] = prep; }
+
+Op prepare_step_op(const std::string& name, const py::tuple& args) {
+  const auto it = step_preparers().find(name);
+  if (it == step_preparers().end()) fail("LlmStep.add_call: " + name + " cannot be prepared");
+  try {
+    return it->second(args);
+  } catch (const py::cast_error& e) {
+    fail(name + ": " + e.what());
+  }
+}
+
+std::vector<std::string> step_op_names() {
+  std::vector<std::string> v;
+  for (const auto& [name, prep] : step_preparers()) v.push_back(name);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace hetero
+
+namespace {
+
+void register_step_ops() {
+  static const std::vector<i64> one2{1, 1}, zero4{0, 0, 0, 0};
+  register_step_op("gemm_packed", [](const py::tuple& a) {
+    step_arity(a, 3, 6, "gemm_packed");
+    return prep_gemm_packed(step_array(a, 0, "gemm_packed"), a[1].cast<const PackedB&>(),
+                            step_array(a, 2, "gemm_packed"), step_val(a, 3, 1.f), step_val(a, 4, 0.f),
+                            step_obj(a, 5), false);
+  });
+  register_step_op("binary", [](const py::tuple& a) {
+    step_arity(a, 4, 4, "binary");
+    return prep_binary(a[0].cast<std::string>(), step_array(a, 1, "binary"), step_array(a, 2, "binary"),
+                       step_array(a, 3, "binary"));
+  });
+  register_step_op("unary", [](const py::tuple& a) {
+    step_arity(a, 3, 5, "unary");
+    return prep_unary(a[0].cast<std::string>(), step_array(a, 1, "unary"), step_array(a, 2, "unary"),
+                      step_val(a, 3, 0.f), step_val(a, 4, 0.f));
+  });
+  register_step_op("layer_norm", [](const py::tuple& a) {
+    step_arity(a, 4, 7, "layer_norm");
+    return prep_layer_norm(step_array(a, 0, "layer_norm"), step_array(a, 1, "layer_norm"), a[2],
+                           step_array(a, 3, "layer_norm"), step_val(a, 4, 1e-5f), step_obj(a, 5), step_obj(a, 6),
+                           false);
+  });
+  register_step_op("copy", [](const py::tuple& a) {
+    step_arity(a, 2, 2, "copy");
+    return prep_copy(step_array(a, 0, "copy"), step_array(a, 1, "copy"));
+  });
+  register_step_op("conv2d_packed", [](const py::tuple& a) {
+    step_arity(a, 4, 10, "conv2d_packed");
+    return prep_conv2d_packed(step_array(a, 0, "conv2d"), a[1].cast<const PyPackedConv&>(), a[2],
+                              step_array(a, 3, "conv2d"), step_val(a, 4, one2), step_val(a, 5, zero4),
+                              step_val(a, 6, one2), step_val(a, 7, std::string("none")), step_val(a, 8, 0.f),
+                              step_val(a, 9, 0.f), false);
+  });
+  register_step_op("max_pool2d", [](const py::tuple& a) {
+    step_arity(a, 3, 6, "max_pool2d");
+    return prep_max_pool2d(step_array(a, 0, "max_pool2d"), step_array(a, 1, "max_pool2d"),
+                           a[2].cast<std::vector<i64>>(), step_val(a, 3, one2), step_val(a, 4, zero4),
+                           step_val(a, 5, one2), false);
+  });
 }
 
 }  // namespace
@@ -828,6 +979,8 @@ void bind_attention(pybind11::module_& m);
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "hetero CPU kernels: packed GEMM, elementwise, normalisation, data movement and CNN ops";
+  register_step_ops();
+  m.def("step_ops", &step_op_names, "The native functions an LlmStep takes as prepared ops (LlmStep.add_call).");
 
   m.def("isa", &isa_name, "The active instruction-set path: avx512, avx2, neon or generic.");
   m.def("available_isas", &available_isas, "ISA paths this CPU can run, best first.");

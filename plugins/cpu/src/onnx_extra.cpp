@@ -11,6 +11,7 @@
 #include "nd.hpp"
 #include "onnx_extra.hpp"
 #include "onnx_py.hpp"
+#include "step.hpp"
 
 namespace hetero {
 namespace {
@@ -424,26 +425,13 @@ void cmp_rows(int op, const char* a, const char* b, std::uint8_t* y, const NdN<3
   });
 }
 
-void py_compare(const std::string& opname, const py::array& a, const py::array& b, const py::array& out) {
-  const char* fn = "compare";
-  const int op = cmp_id(opname);
-  need_out(out, fn);
-  if (dkey(out) != "b1" && dkey(out) != "u1") fail("compare: out must be bool");
-  const std::string key = dkey(a);
-  if (dkey(b) != key) fail("compare: a and b must share one dtype");
-  const std::vector<i64> shp = shape_of(out);
-  if (shape_of(a) != shp || shape_of(b) != shp) fail("compare: operands must be broadcast to out's shape");
-  const std::vector<i64> so = strides_of(out), sa = strides_of(a), sb = strides_of(b);
+// compare's work on prepared operands (prep_compare): out = a op b, every operand broadcast to out's shape.
+void run_compare(int op, const std::string& key, const std::vector<i64>& shp, const std::vector<i64>& so,
+                 const std::vector<i64>& sa, const std::vector<i64>& sb, const char* pa, const char* pb,
+                 std::uint8_t* po) {
   const i64* st[3] = {so.data(), sa.data(), sb.data()};
   NdN<3> it(static_cast<int>(shp.size()), shp.data(), st);
-  const char* pa = cptr<char>(a);
-  const char* pb = cptr<char>(b);
-  auto* po = mptr<std::uint8_t>(out);
-  static const char* const kCmpTypes[] = {"f4", "f8", "i8", "i4", "i2", "i1", "u8", "u4", "u2", "u1", "b1"};
-  if (std::find(std::begin(kCmpTypes), std::end(kCmpTypes), key) == std::end(kCmpTypes))
-    fail("compare: unsupported dtype " + key);
   const ExtraKernels& xk = extra_active();
-  py::gil_scoped_release nogil;
   if (key == "f4") {
     run_rows<3>(it, 1.0, [&](const i64* off, const i64* is, i64 n) {
       const int ma = is[1] == 0 ? 0 : (is[1] == 4 ? 1 : 2), mb = is[2] == 0 ? 0 : (is[2] == 4 ? 1 : 2);
@@ -466,6 +454,29 @@ void py_compare(const std::string& opname, const py::array& a, const py::array& 
   else if (key == "u4") cmp_rows<std::uint32_t>(op, pa, pb, po, it);
   else if (key == "u2") cmp_rows<std::uint16_t>(op, pa, pb, po, it);
   else cmp_rows<std::uint8_t>(op, pa, pb, po, it);
+}
+
+Op prep_compare(const std::string& opname, const py::array& a, const py::array& b, const py::array& out) {
+  const char* fn = "compare";
+  const int op = cmp_id(opname);
+  need_out(out, fn);
+  if (dkey(out) != "b1" && dkey(out) != "u1") fail("compare: out must be bool");
+  const std::string key = dkey(a);
+  if (dkey(b) != key) fail("compare: a and b must share one dtype");
+  const std::vector<i64> shp = shape_of(out);
+  if (shape_of(a) != shp || shape_of(b) != shp) fail("compare: operands must be broadcast to out's shape");
+  const std::vector<i64> so = strides_of(out), sa = strides_of(a), sb = strides_of(b);
+  const char* pa = cptr<char>(a);
+  const char* pb = cptr<char>(b);
+  auto* po = mptr<std::uint8_t>(out);
+  static const char* const kCmpTypes[] = {"f4", "f8", "i8", "i4", "i2", "i1", "u8", "u4", "u2", "u1", "b1"};
+  if (std::find(std::begin(kCmpTypes), std::end(kCmpTypes), key) == std::end(kCmpTypes))
+    fail("compare: unsupported dtype " + key);
+  return [op, key, shp, so, sa, sb, pa, pb, po] { run_compare(op, key, shp, so, sa, sb, pa, pb, po); };
+}
+
+void py_compare(const std::string& opname, const py::array& a, const py::array& b, const py::array& out) {
+  run_now(prep_compare, opname, a, b, out);
 }
 
 void py_logical(const std::string& op, const py::array& a, const py::array& b, const py::array& out) {
@@ -657,7 +668,7 @@ void py_group_norm(const py::array& x, const py::array& scale, const py::array& 
   });
 }
 
-void py_channel_affine(const py::array& x, const py::array& mul, const py::array& add, const py::array& out) {
+Op prep_channel_affine(const py::array& x, const py::array& mul, const py::array& add, const py::array& out) {
   // out[n, c, s...] = x[n, c, s...] * mul[c] + add[c]: inference BatchNormalization in one pass (it was a Mul and an
   // Add over the whole tensor, each a pass).
   const char* fn = "channel_affine";
@@ -678,14 +689,20 @@ void py_channel_affine(const py::array& x, const py::array& mul, const py::array
   const float* pm = cptr<float>(mul);
   const float* pa = cptr<float>(add);
   float* po = mptr<float>(out);
-  const ExtraKernels& xk = extra_active();
-  py::gil_scoped_release nogil;
-  if (x.size() == 0) return;
-  const int T = threads_for(static_cast<double>(x.size()), 65536);
-  parallel_for(N * C, T, [&](i64 q) {
-    const i64 c = q % C;
-    xk.affine_row(px + q * S, po + q * S, S, 0.f, pm[c], pa[c]);
-  });
+  const i64 size = x.size();
+  return [px, pm, pa, po, N, C, S, size] {
+    if (size == 0) return;
+    const ExtraKernels& xk = extra_active();
+    const int T = threads_for(static_cast<double>(size), 65536);
+    parallel_for(N * C, T, [&](i64 q) {
+      const i64 c = q % C;
+      xk.affine_row(px + q * S, po + q * S, S, 0.f, pm[c], pa[c]);
+    });
+  };
+}
+
+void py_channel_affine(const py::array& x, const py::array& mul, const py::array& add, const py::array& out) {
+  run_now(prep_channel_affine, x, mul, add, out);
 }
 
 // ------------------------------------------------------------------------------------------------------ Pad
@@ -709,40 +726,20 @@ inline i64 pad_map(i64 s, i64 n, int mode) {
   }
 }
 
-void py_pad(const py::array& x, const std::vector<i64>& begins, const std::string& mode, const py::array& value,
-            const py::array& out) {
-  const char* fn = "pad";
-  need_contig(x, fn, "x");
-  need_out(out, fn);
-  if (dkey(x) != dkey(out)) fail("pad: x and out must share one dtype");
-  const int nd_in = static_cast<int>(x.ndim());
-  if (static_cast<int>(begins.size()) != nd_in || out.ndim() != nd_in) fail("pad: rank mismatch");
-  const int m = mode == "constant" ? 0 : mode == "reflect" ? 1 : mode == "edge" ? 2 : mode == "wrap" ? 3 : -1;
-  if (m < 0) fail("pad: unknown mode '" + mode + "'");
-  if (value.itemsize() != x.itemsize() || value.size() != 1) fail("pad: value must be one element of x's dtype");
-  const std::vector<i64> is = shape_of(x), os = shape_of(out);
-  for (int d = 0; d < nd_in; ++d) {
-    const i64 b = begins[static_cast<std::size_t>(d)];
-    // Every output index must map into the input (or be a constant fill).
-    if (m != 0 && is[static_cast<std::size_t>(d)] == 0 && os[static_cast<std::size_t>(d)] > 0)
-      fail("pad: cannot " + mode + "-pad an empty axis");
-    if (b > os[static_cast<std::size_t>(d)] + is[static_cast<std::size_t>(d)] + (1LL << 40)) fail("pad: pads too large");
-  }
-  const char* px = cptr<char>(x);
-  char* po = mptr<char>(out);
-  py::gil_scoped_release nogil;
-  if (out.size() == 0) return;
+// pad's work on prepared operands (prep_pad).
+void run_pad(const char* px, char* po, const char* pval, i64 item, i64 out_size, int nd_in,
+             const std::vector<i64>& begins, const std::vector<i64>& is, const std::vector<i64>& os, int m) {
+  if (out_size == 0) return;
   // Trailing axes without padding travel as one wider element (openWakeWord pads axis 2 of [N, 76, 32, 1]: rows of
   // one value each otherwise), the pad value repeated across it.
   int nd = nd_in;
-  i64 es = x.itemsize();
+  i64 es = item;
   while (nd > 1 && begins[static_cast<std::size_t>(nd - 1)] == 0 &&
          is[static_cast<std::size_t>(nd - 1)] == os[static_cast<std::size_t>(nd - 1)]) {
     es *= is[static_cast<std::size_t>(--nd)];
   }
   std::vector<char> pattern(static_cast<std::size_t>(es));
-  for (i64 i = 0; i < es; i += x.itemsize())
-    std::memcpy(pattern.data() + i, cptr<char>(value), static_cast<std::size_t>(x.itemsize()));
+  for (i64 i = 0; i < es; i += item) std::memcpy(pattern.data() + i, pval, static_cast<std::size_t>(item));
   const char* pv = pattern.data();
   std::vector<i64> ist(static_cast<std::size_t>(nd));
   {
@@ -767,7 +764,7 @@ void py_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
   };
   // Valid run of the last dim: output columns [va, vb) copy input columns [va - bl, vb - bl).
   const i64 va = std::max<i64>(0, std::min<i64>(Wo, bl)), vb = std::max<i64>(va, std::min<i64>(Wo, bl + Wi));
-  const int T = threads_for(static_cast<double>(out.size()), 65536);
+  const int T = threads_for(static_cast<double>(out_size), 65536);
   const i64 chunk = std::max<i64>(1, rows / std::max(1, 4 * T));
   parallel_for(ceil_div(rows, chunk), T, [&](i64 t) {
     for (i64 r = t * chunk; r < std::min(rows, (t + 1) * chunk); ++r) {
@@ -802,6 +799,40 @@ void py_pad(const py::array& x, const std::vector<i64>& begins, const std::strin
       }
     }
   });
+}
+
+// The value is read when the op runs (a prepared op: Pad's constant_value may be computed).
+Op prep_pad(const py::array& x, const std::vector<i64>& begins, const std::string& mode, const py::array& value,
+            const py::array& out) {
+  const char* fn = "pad";
+  need_contig(x, fn, "x");
+  need_out(out, fn);
+  if (dkey(x) != dkey(out)) fail("pad: x and out must share one dtype");
+  const int nd_in = static_cast<int>(x.ndim());
+  if (static_cast<int>(begins.size()) != nd_in || out.ndim() != nd_in) fail("pad: rank mismatch");
+  const int m = mode == "constant" ? 0 : mode == "reflect" ? 1 : mode == "edge" ? 2 : mode == "wrap" ? 3 : -1;
+  if (m < 0) fail("pad: unknown mode '" + mode + "'");
+  if (value.itemsize() != x.itemsize() || value.size() != 1) fail("pad: value must be one element of x's dtype");
+  const std::vector<i64> is = shape_of(x), os = shape_of(out);
+  for (int d = 0; d < nd_in; ++d) {
+    const i64 b = begins[static_cast<std::size_t>(d)];
+    // Every output index must map into the input (or be a constant fill).
+    if (m != 0 && is[static_cast<std::size_t>(d)] == 0 && os[static_cast<std::size_t>(d)] > 0)
+      fail("pad: cannot " + mode + "-pad an empty axis");
+    if (b > os[static_cast<std::size_t>(d)] + is[static_cast<std::size_t>(d)] + (1LL << 40)) fail("pad: pads too large");
+  }
+  const char* px = cptr<char>(x);
+  char* po = mptr<char>(out);
+  const char* pval = cptr<char>(value);
+  const i64 item = x.itemsize(), out_size = out.size();
+  return [px, po, pval, item, out_size, nd_in, begins, is, os, m] {
+    run_pad(px, po, pval, item, out_size, nd_in, begins, is, os, m);
+  };
+}
+
+void py_pad(const py::array& x, const std::vector<i64>& begins, const std::string& mode, const py::array& value,
+            const py::array& out) {
+  run_now(prep_pad, x, begins, mode, value, out);
 }
 
 // ------------------------------------------------------------------------------------------------- Resize 2-D
@@ -886,6 +917,21 @@ void bind_conv_transpose(py::module_& m);
 void bind_rnn(py::module_& m);
 
 void bind_onnx_extra(py::module_& m) {
+  register_step_op("compare", [](const py::tuple& a) {
+    if (a.size() != 4) fail("compare: 4 arguments expected");
+    return prep_compare(a[0].cast<std::string>(), step_array(a, 1, "compare"), step_array(a, 2, "compare"),
+                        step_array(a, 3, "compare"));
+  });
+  register_step_op("pad", [](const py::tuple& a) {
+    if (a.size() != 5) fail("pad: 5 arguments expected");
+    return prep_pad(step_array(a, 0, "pad"), a[1].cast<std::vector<i64>>(), a[2].cast<std::string>(),
+                    step_array(a, 3, "pad"), step_array(a, 4, "pad"));
+  });
+  register_step_op("channel_affine", [](const py::tuple& a) {
+    if (a.size() != 4) fail("channel_affine: 4 arguments expected");
+    return prep_channel_affine(step_array(a, 0, "channel_affine"), step_array(a, 1, "channel_affine"),
+                               step_array(a, 2, "channel_affine"), step_array(a, 3, "channel_affine"));
+  });
   m.def("reduce", &py_reduce, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("out"),
         "Reduce contiguous float32 x over `axes` into out (kept dims, any shape of that size). op: sum, mean, "
         "sumsq, l1, l2, max, min, prod, logsum, logsumexp.");

@@ -57,7 +57,7 @@ struct ExtraKernels {
   void (*bias_clamp_row)(float* y, i64 n, float b, float lo, float hi);
   // y = act(y + b) in one pass for the activations conv models fuse most (SiLU, sigmoid, hard-swish); false, y
   // untouched, for another act.
-  bool (*bias_act_row)(float* y, i64 n, float b, int act);
+  bool (*bias_act_row)(float* y, i64 n, float b, int act, float alpha, float beta);
   // Packed-B panels (width nr) of columns [j0, j0 + ncols) of the im2col matrix of one image/group (conv.cpp).
   void (*im2col_block)(const ConvGeom& g, const float* x, i64 cin_g, int nr, i64 j0, i64 ncols, float* dst);
   // c[i*ldc + j] = dot(row i of a, row j of b) for i < m, j < n; k a multiple of 16, both sides zero-padded to it
@@ -68,6 +68,11 @@ struct ExtraKernels {
   // ISA has no kernel for that tile shape.
   bool (*conv_tile)(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
                     int nrows, int ncols);
+  // conv_tile with the epilogue in registers: c = act(tile + bias[r]) (bias[r] for tile row r; null: none), act one
+  // of those the depthwise kernels apply in registers (-1 none, ReLU, Clip, LeakyRelu, LeakyReluMin, HardSwish,
+  // HardSigmoid, SiLU). False, nothing computed, for another activation or tile shape.
+  bool (*conv_tile_ep)(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c,
+                       i64 ldc, int nrows, int ncols, const float* bias, int act, float alpha, float beta);
   // Winograd F(4x4, 3x3) input / output transforms of `lanes` tiles at once (conv_winograd.cpp; layouts in
   // onnx_impl.hpp): lane l of each of the 36 (or 16) vectors belongs to tile l.
   void (*wino_in)(const float* chan, const std::int32_t* off, const i64* eoff, bool consecutive, float* v,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "conv.hpp"
@@ -291,6 +292,10 @@ bool dw_act_dispatch(int act, float alpha, float beta, Run&& run) {
     case -1: run([](V v) { return v; }); return true;
     case hetero::U_RELU: run([&](V v) { return vnan_pass(v, S::max(v, zero)); }); return true;
     case hetero::U_CLIP: run([&](V v) { return vnan_pass(v, S::min(S::max(v, va), vbeta)); }); return true;
+    case hetero::U_LEAKY_RELU: run([&](V v) { return S::select(S::lt(v, zero), S::mul(v, va), v); }); return true;
+    case hetero::U_LEAKY_RELU_MIN:
+      run([&](V v) { return vnan_pass(v, S::max(S::select(S::lt(v, zero), S::mul(v, va), v), vbeta)); });
+      return true;
     case hetero::U_HARD_SWISH: run([](V v) { return vhard_swish(v); }); return true;
     case hetero::U_HARD_SIGMOID:
       run([&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vbeta), one), zero)); });
@@ -458,9 +463,22 @@ void x_bias_clamp_row(float* y, i64 n, float b, float lo, float hi) {
   }
 }
 
-bool x_bias_act_row(float* y, i64 n, float b, int act) {
-  const V vb = SIMD::set1(b);
+bool x_bias_act_row(float* y, i64 n, float b, int act, float alpha, float beta) {
+  using S = SIMD;
+  const V vb = S::set1(b), va = S::set1(alpha), vbeta = S::set1(beta), zero = S::zero();
   switch (act) {
+    case hetero::U_LEAKY_RELU:
+      map1(y, y, n, [&](V v) {
+        v = S::add(v, vb);
+        return S::select(S::lt(v, zero), S::mul(v, va), v);
+      });
+      return true;
+    case hetero::U_LEAKY_RELU_MIN:  // openWakeWord's convs: LeakyRelu and a Max by a constant, fused
+      map1(y, y, n, [&](V v) {
+        v = S::add(v, vb);
+        return vnan_pass(v, S::max(S::select(S::lt(v, zero), S::mul(v, va), v), vbeta));
+      });
+      return true;
     case hetero::U_SILU: map1(y, y, n, [&](V v) { return vsilu(SIMD::add(v, vb)); }); return true;
     case hetero::U_SIGMOID: map1(y, y, n, [&](V v) { return vsigmoid(SIMD::add(v, vb)); }); return true;
     case hetero::U_HARD_SWISH: map1(y, y, n, [&](V v) { return vhard_swish(SIMD::add(v, vb)); }); return true;
@@ -622,9 +640,10 @@ void x_dot_nt(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 n, i6
 // for r < MR, j < NRV*W: the GEMM micro-kernel's loop with row k of B read in place from the zero-padded input
 // (off[k]: channel, kernel row and column of tap k) instead of from an im2col copy. Writes nrows x ncols of it. A is
 // one packed panel whose rows lie AS floats apart (AS > MR: the first MR rows of a taller panel).
-template <int MR, int NRV, int AS = MR>
+// With `f` (the epilogue, conv_tile_ep): each row's bias[r] (bias non-null) added and f applied before the store.
+template <int MR, int NRV, int AS = MR, class F = std::nullptr_t>
 void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
-                   int ncols) {
+                   int ncols, const float* bias = nullptr, F f = nullptr) {
   V acc[MR][NRV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NRV; ++v) acc[r][v] = SIMD::zero();
@@ -637,6 +656,12 @@ void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, flo
     for (int r = 0; r < MR; ++r) {
       const V ar = SIMD::set1(ak[r]);
       for (int v = 0; v < NRV; ++v) acc[r][v] = SIMD::fma(ar, b[v], acc[r][v]);
+    }
+  }
+  if constexpr (!std::is_same_v<F, std::nullptr_t>) {
+    for (int r = 0; r < MR; ++r) {
+      const V vb = SIMD::set1(bias != nullptr && r < nrows ? bias[r] : 0.f);
+      for (int v = 0; v < NRV; ++v) acc[r][v] = f(SIMD::add(acc[r][v], vb));
     }
   }
   if (nrows == MR && ncols == NRV * W) {
@@ -653,36 +678,54 @@ void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, flo
 
 // The last row panel of a Cout off the 12-row tile (YOLOv8n's 32, 64, 80, 128 channels: 8 or 4 rows left) runs an
 // 8- or 4-row tile on the same packed panel instead of multiplying zero rows.
-template <int MR, int NRV>
+template <int MR, int NRV, class F>
 void x_conv_tile_rows(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
-                      int ncols) {
+                      int ncols, const float* bias, F f) {
   if (MR == 12 && nrows <= 4)
-    x_conv_tile_t<4, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_t<4, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else if (MR == 12 && nrows <= 8)
-    x_conv_tile_t<8, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_t<8, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else
-    x_conv_tile_t<MR, NRV>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_t<MR, NRV>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
 }
 
 // The tile shapes of the GEMM tables (kernels_*.cpp: mr x nr), and mr x W (one vector of columns: the ragged last
 // tile of a row or map, where a full-width tile would be mostly waste); false for another.
-bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
-                 int nrows, int ncols) {
+template <class F>
+bool x_conv_tile_f(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
+                   int nrows, int ncols, const float* bias, F f) {
   if (mr == 12 && nr == 2 * W && W >= 16)
-    x_conv_tile_rows<12, 2>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_rows<12, 2>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else if (mr == 12 && nr == W && W >= 16)
-    x_conv_tile_rows<12, 1>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_rows<12, 1>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else if (mr == 6 && nr == 2 * W && W == 8)
-    x_conv_tile_t<6, 2>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_t<6, 2>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else if (mr == 6 && nr == W && W == 8)
-    x_conv_tile_t<6, 1>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_t<6, 1>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else if (mr == 8 && nr == 3 * W && W == 4)
-    x_conv_tile_t<8, 3>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_t<8, 3>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else if (mr == 8 && nr == W && W == 4)
-    x_conv_tile_t<8, 1>(K, a, base, off, c, ldc, nrows, ncols);
+    x_conv_tile_t<8, 1>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else
     return false;
   return true;
+}
+
+bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
+                 int nrows, int ncols) {
+  return x_conv_tile_f(mr, nr, K, a, base, off, c, ldc, nrows, ncols, nullptr, nullptr);
+}
+
+// conv_tile with the epilogue in registers: c = act(tile + bias[r]) (bias null: none). False, nothing computed,
+// where this ISA has no kernel for the tile shape or the activation is not one applied in registers.
+bool x_conv_tile_ep(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
+                    int nrows, int ncols, const float* bias, int act, float alpha, float beta) {
+  if (!dw_act_dispatch(act, alpha, beta, [](auto) {})) return false;
+  bool done = false;
+  dw_act_dispatch(act, alpha, beta, [&](auto f) {
+    done = x_conv_tile_f(mr, nr, K, a, base, off, c, ldc, nrows, ncols, bias, f);
+  });
+  return done;
 }
 
 // Winograd F(4x4, 3x3) transforms (conv_winograd.cpp), on W tiles at once (lane l of every vector is one tile).
@@ -779,7 +822,7 @@ const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_dw_nchwc,   x_cmp_f32,
     x_max_rows,     x_bias_clamp_row, x_bias_act_row,
-    x_im2col_block, x_dot_nt,      x_conv_tile,  x_wino_in,    x_wino_out,   x_dequant_panel_s8, W,
+    x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_wino_in,    x_wino_out,   x_dequant_panel_s8, W,
 };
 
 }  // namespace

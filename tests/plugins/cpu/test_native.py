@@ -725,6 +725,22 @@ CONV_CASES = [
     (1, 8, 3, 7, 14, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (1, 20, 28, 28, 16, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (2, 32, 7, 7, 48, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2),
+    # flattened rows sharing their zero columns (stride 1 along W: W + max(pl, pr) a row): openWakeWord's 1x3 convs
+    # on 8- and 4-wide maps, pads only on the right, uneven pads with stride 2 along H (phase planes), dilated along
+    # W, two images
+    (1, 24, 10, 8, 30, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (2, 20, 14, 4, 26, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (1, 8, 10, 8, 12, 1, 3, (1, 1), (0, 0, 0, 2), (1, 1), 1),
+    (1, 6, 15, 9, 14, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
+    (1, 5, 12, 10, 13, 1, 3, (1, 1), (0, 2, 0, 2), (1, 2), 1),
+    # small maps, many channels: the transposed product (positions as rows, channels as columns; 12-row tiles): 16
+    # positions, 20 of two images with a ragged channel panel, grouped, 56 positions of a padded 1x3, stride 2, 1x1
+    (1, 40, 8, 2, 64, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (2, 24, 5, 4, 70, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 16, 4, 4, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    (1, 30, 14, 4, 64, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    (1, 20, 9, 9, 64, 2, 2, (2, 2), (0, 0, 0, 0), (1, 1), 1),
+    (1, 64, 4, 4, 80, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
 ]
 
 
@@ -771,6 +787,27 @@ def test_depthwise_threads_activations(isa, threads, activation, alpha, beta):
     assert np.isnan(out[1, 5, 1:6, 2:7]).all() and not np.isnan(np.delete(out, 5, axis=1)).any()
 
 
+@pytest.mark.parametrize("activation", ["leaky_relu", "leaky_relu_min"])
+@pytest.mark.parametrize("shape", [(24, 30, 10, 8, 1, 3, (0, 1, 0, 1)), (12, 16, 9, 9, 3, 3, (1, 1, 1, 1)),
+                                   (40, 24, 8, 2, 1, 3, (0, 1, 0, 1)), (8, 5, 2, 2, 3, 3, (1, 1, 1, 1))])
+def test_conv2d_leaky_epilogue(isa, activation, shape):
+    # LeakyRelu and LeakyReluMin (openWakeWord's conv + LeakyRelu + Max) applied with the bias in one pass over each
+    # output row (bias_act_row), on the direct, GEMM and dot paths, NaN passing through: against float64.
+    c, cout, h, wd, kh, kw, pads = shape
+    x = randn(1, c, h, wd, seed=98)
+    x[0, 1, 1, 1] = np.nan
+    w = randn(cout, c, kh, kw, seed=99) * 0.3
+    bias = randn(cout, seed=100)
+    y = _conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (1, 1), pads, (1, 1), 1)
+    ref = np.where(y < 0, 0.2 * y, y)
+    if activation == "leaky_relu_min":
+        ref = np.maximum(ref, -0.4)
+    out = np.empty(ref.shape, np.float32)
+    _native.conv2d(x, w, bias, out, pads=pads, activation=activation, activation_alpha=0.2, activation_beta=-0.4)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    assert np.isnan(out).any() and (np.isnan(out) == np.isnan(ref)).all()
+
+
 def test_conv2d_small_output_threads(isa, threads):
     # silero-vad's STFT (258 x 256 weights, 4 outputs) is large enough to split its weight rows across threads.
     x = randn(1, 1, 1, 640, seed=93)
@@ -794,6 +831,25 @@ def test_conv2d_direct_rows_threads(isa, threads, shape):
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d(x, w, None, out, strides=(s, s), pads=(1, 1, 1, 1))
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(96, 10, 2, 96, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 200, 2, 2, (0, 0, 0, 0))])
+def test_conv2d_transposed_threads(isa, threads, shape):
+    # small maps: threads take whole 32-channel panels of the transposed product, the same bits as at 1 thread
+    c, h, wd, cout, kh, kw, pads = shape
+    x = randn(3, c, h, wd, seed=101)
+    w = randn(cout, c, kh, kw, seed=102) * 0.1
+    bias = randn(cout, seed=103)
+    assert (_native.prepack_conv(w).algorithm(list(x.shape), (1, 1), pads) == "transposed") == (isa == "avx512")
+    ref = ACTS["silu"](_conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, pads=pads, activation="silu")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    _native.set_num_threads(1)
+    one = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, one, pads=pads, activation="silu")
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
@@ -929,6 +985,21 @@ def test_pools(case):
             _native.avg_pool2d(x, out, kernel, strides, pads, cip)
             ref = _pool_ref(x, kernel, strides, pads, dil, "avg", cip, out_hw=(ho, wo))
             np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kh", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 3, 6, 16), (1, 96, 10, 4), (1, 700, 4, 8), (1, 3, 6, 2)])
+def test_max_pool_tiling_windows(isa, threads, shape, kh):
+    # 1 x 2 / (1, 2) and 2 x 2 / 2 windows tiling the planes: the tensor as one stack of rows (tasks of >= 1024
+    # outputs across threads), NaN passing through: against the reference
+    x = randn(*shape, seed=99)
+    x.reshape(-1)[[0, 7, min(2 * 1024 + 1, x.size - 3), x.size - 1]] = np.nan
+    n, c, h, w = shape
+    out = np.empty((n, c, h // kh, w // 2), np.float32)
+    _native.max_pool2d(x, out, (kh, 2), (kh, 2), (0, 0, 0, 0), (1, 1))
+    ref = _pool_ref(x, (kh, 2), (kh, 2), (0, 0, 0, 0), (1, 1), "max", out_hw=(h // kh, w // 2))
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+    assert (np.isnan(out) == np.isnan(ref)).all() and np.isnan(out).any()
 
 
 @pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
