@@ -586,14 +586,10 @@ DirectLayout cblk_layout(const ConvGeom& g) {
   return {1, 1, std::max<i64>(g.H + g.pt + g.pb, (g.Ho - 1) * g.sh + (g.kh - 1) * g.dh + 1),
           std::max<i64>(g.W + g.pl + g.pr, (g.Wo - 1) * g.sw + (g.kw - 1) * g.dw + 1), false};
 }
-i64 cblk_padded_plane(const ConvGeom& g) {
-  const DirectLayout L = cblk_layout(g);
-  return L.Hq * L.Wq;
-}
-// Floats of an image's padded copy at most for conv_cblk: it stays in L2 while every block's tiles read it. Inside
-// nudenet (thread time) the 16 -> 32 stride-2 conv on 160 x 160 (a 6.6 MB copy) went 0.64 -> 0.74 ms with it, the
-// 32 -> 64 one on 80 x 80 (0.86 MB) 0.555 -> 0.534 only, where alone they ran 0.96 and 0.87 of conv_direct's time
-// (which pads row bands of at most kBandFloats).
+// Floats of an image's padded copy at most that conv_cblk makes once for all of its tasks (it stays in L2 while every
+// block's tiles read it); a larger input is padded in row bands by each task. One copy of the whole image inside
+// nudenet (thread time): the 16 -> 32 stride-2 conv on 160 x 160 (6.6 MB) 0.64 -> 0.74 ms, the 32 -> 64 one on
+// 80 x 80 (0.86 MB) 0.555 -> 0.534 only, where alone they ran 0.96 and 0.87 of conv_direct's time.
 constexpr i64 kCblkInputFloats = 128 * 1024;
 
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
@@ -601,8 +597,7 @@ bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 lanes = extra_for(*pc.kr).lanes;
   if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
   if (forced == 1) return true;
-  return g.kh * g.kw > 1 && pc.cin_g * g.kh * g.kw >= 64 && g.Cout % (2 * lanes) == 0 &&
-         g.C * cblk_padded_plane(g) <= kCblkInputFloats;
+  return g.kh * g.kw > 1 && pc.cin_g * g.kh * g.kw >= 64 && g.Cout % (2 * lanes) == 0;
 }
 
 // The weights in conv_cblk's layout: block b (output channels b cb .. b cb + cb - 1), row k, channel j at
@@ -636,6 +631,42 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const i64 plane = pw ? g.H * g.W : L.Hq * L.Wq, ld = pw ? g.W : L.Wq;
   const double flops = 2.0 * g.N * g.Cout * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
+  std::vector<float> vb(static_cast<std::size_t>(nblk * cb), 0.f);
+  if (bias != nullptr) std::copy(bias, bias + g.Cout, vb.begin());
+  std::atomic<bool> act_left{false};
+  if (!pw && g.C * plane > kCblkInputFloats) {
+    // A large input (YOLOv8n's 80 x 80 and 160 x 160 maps): tasks of bands of output rows, each padding its own
+    // input rows into the thread's buffer (at most kBandFloats where the band can shrink to 4 rows, as conv_direct's)
+    // and running every block of channels on them (the weights of these few-channel convs are small).
+    const auto band_hq = [&](i64 band) { return (band - 1) * g.sh + (g.kh - 1) * g.dh + 1; };
+    i64 band = g.Ho;
+    while (band > 4 && g.C * band_hq(band) * L.Wq > kBandFloats) band = (band + 1) / 2;
+    const Blocks bands = balanced_blocks(g.Ho, band, g.N, T, 2);
+    const i64 hq = band_hq(bands.size(0)), bplane = hq * L.Wq;
+    std::vector<i64> boff(static_cast<std::size_t>(K));
+    for (i64 c = 0, k = 0; c < pc.cin_g; ++c)
+      for (i64 ky = 0; ky < g.kh; ++ky)
+        for (i64 kx = 0; kx < g.kw; ++kx, ++k)
+          boff[static_cast<std::size_t>(k)] = c * bplane + ky * g.dh * L.Wq + kx * g.dw;
+    parallel_for(g.N * bands.nb, T, [&](i64 task) {
+      const i64 n = task / bands.nb, oy0 = bands.begin(task % bands.nb), oy1 = oy0 + bands.size(task % bands.nb);
+      float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(g.C * bplane));
+      for (i64 c = 0; c < g.C; ++c)
+        pad_channel(xk, g, L, x + (n * g.C + c) * g.H * g.W, padded + c * bplane, oy0 * g.sh, hq);
+      for (i64 b = 0; b < nblk; ++b) {
+        const i64 co0 = b * cb;
+        const int nc = static_cast<int>(std::min<i64>(cb, g.Cout - co0));
+        float* o = out + (n * g.Cout + co0) * HWo;
+        for (i64 oy = oy0; oy < oy1; ++oy)
+          if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, padded + (oy - oy0) * g.sh * L.Wq,
+                            boff.data(), vb.data() + co0, nc, o + oy * g.Wo, HWo, g.Wo, act.act, act.act_alpha,
+                            act.act_beta))
+            act_left = true;
+      }
+    }, flops >= kWakeFlops);
+    if (act_left) kr.unary(act.act, out, out, g.N * g.Cout * HWo, act.act_alpha, act.act_beta);
+    return;
+  }
   const float* in = x;
   if (!pw) {
     float* padded = tl_buf(TL_MISC).get(static_cast<std::size_t>(g.N * g.C * plane));
@@ -646,15 +677,12 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   for (i64 c = 0, k = 0; c < pc.cin_g; ++c)
     for (i64 ky = 0; ky < g.kh; ++ky)
       for (i64 kx = 0; kx < g.kw; ++kx, ++k) off[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * ld + kx * g.dw;
-  std::vector<float> vb(static_cast<std::size_t>(nblk * cb), 0.f);
-  if (bias != nullptr) std::copy(bias, bias + g.Cout, vb.begin());
   // Rows: the output rows (row r at input row r sh); a pointwise conv's map as `rows` runs of whole tiles.
   const i64 groups = T > 1 ? ceil_div(2 * T, nblk) : 1;
   const i64 rows = pw ? std::min<i64>(groups, ceil_div(HWo, 12)) : g.Ho;
   const i64 row_len = pw ? ceil_div(ceil_div(HWo, rows), 12) * 12 : g.Wo;
   const i64 in_pitch = pw ? row_len : g.sh * ld;
   const Blocks rgroups{rows, std::min<i64>(rows, groups)};
-  std::atomic<bool> act_left{false};
   parallel_for(g.N * nblk * rgroups.nb, T, [&](i64 task) {
     const i64 grp = task % rgroups.nb, b = task / rgroups.nb % nblk, n = task / rgroups.nb / nblk;
     const i64 co0 = b * cb;
