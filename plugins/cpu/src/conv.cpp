@@ -571,16 +571,6 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   return true;
 }
 
-// The fp32 kernels' choice for this (along_w) shape.
-// Channel-blocked direct convolution (ExtraKernels::conv_cblk: the vector along 2 x lanes output channels, input
-// values broadcast, each tile stored transposed into NCHW): for small maps, where the position-vectorised tiles of
-// conv_direct / the GEMM waste columns (YOLOv8n's 10 x 10 maps: 100 of 128 flattened columns, 12-row panels over
-// 64 / 128 channels) and a stride-2 conv needs its phase split. One group, stride along W 1 or 2, a vector ISA.
-// Taken (after Winograd) for kh x kw > 1, K >= 64 and whole blocks of channels. Measured alone against the old choice
-// (1 thread, thread time, SiLU, AVX-512, two alternations; docs/onnx-models.md): YOLOv8n's 3x3 convs on 10 x 10
-// 0.71-0.77, its stride-2 ones 0.77-0.87 (20 x 20 to 80 x 80 inputs), 0.96 on 160 x 160; slower where it would
-// waste half a block (16 output channels: 1.5-1.8), at K = 27 (1.13) and on 1x1 convs (1.1-1.2 against the GEMM,
-// which reads whole vectors of positions). HETERO_CPU_CONV_CBLK=1 / 0 forces it on (every shape it can run) / off.
 // conv_cblk's zero-padded copy of one input channel: rows x columns.
 DirectLayout cblk_layout(const ConvGeom& g) {
   return {1, 1, std::max<i64>(g.H + g.pt + g.pb, (g.Ho - 1) * g.sh + (g.kh - 1) * g.dh + 1),
@@ -592,6 +582,15 @@ DirectLayout cblk_layout(const ConvGeom& g) {
 // 80 x 80 (0.86 MB) 0.555 -> 0.534 only, where alone they ran 0.96 and 0.87 of conv_direct's time.
 constexpr i64 kCblkInputFloats = 128 * 1024;
 
+// Channel-blocked direct convolution (ExtraKernels::conv_cblk: the vector along 2 x lanes output channels, input
+// values broadcast, each tile stored transposed into NCHW): for small maps, where the position-vectorised tiles of
+// conv_direct / the GEMM waste columns (YOLOv8n's 10 x 10 maps: 100 of 128 flattened columns, 12-row panels over
+// 64 / 128 channels) and a stride-2 conv needs its phase split. One group, stride along W 1 or 2, a vector ISA.
+// Taken (after Winograd) for kh x kw > 1, K >= 64 and whole blocks of channels. Measured alone against the old choice
+// (1 thread, thread time, SiLU, AVX-512, two alternations; docs/onnx-models.md): YOLOv8n's 3x3 convs on 10 x 10
+// 0.71-0.77, its stride-2 ones 0.77-0.87 (20 x 20 to 80 x 80 inputs), 0.96 on 160 x 160; slower where it would
+// waste half a block (16 output channels: 1.5-1.8), at K = 27 (1.13) and on 1x1 convs (1.1-1.2 against the GEMM,
+// which reads whole vectors of positions). HETERO_CPU_CONV_CBLK=1 / 0 forces it on (every shape it can run) / off.
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
@@ -633,7 +632,28 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const int T = threads_for(flops, kParallelGrain * 4);
   std::vector<float> vb(static_cast<std::size_t>(nblk * cb), 0.f);
   if (bias != nullptr) std::copy(bias, bias + g.Cout, vb.begin());
+  // tap k = (c, ky, kx) of a position at c * channel_floats + ky dh row_floats + kx dw from its first
+  const auto tap_offsets = [&](i64 channel_floats, i64 row_floats) {
+    std::vector<i64> off(static_cast<std::size_t>(K));
+    for (i64 c = 0, k = 0; c < pc.cin_g; ++c)
+      for (i64 ky = 0; ky < g.kh; ++ky)
+        for (i64 kx = 0; kx < g.kw; ++kx, ++k)
+          off[static_cast<std::size_t>(k)] = c * channel_floats + ky * g.dh * row_floats + kx * g.dw;
+    return off;
+  };
+  // One run of n positions (input at `base`, output at `o`) of block b; an activation the kernel does not apply in
+  // registers runs over the whole output at the end.
   std::atomic<bool> act_left{false};
+  const auto run = [&](i64 b, const float* base, const i64* offs, float* o, i64 n) {
+    const i64 co0 = b * cb;
+    if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, base, offs, vb.data() + co0,
+                      static_cast<int>(std::min<i64>(cb, g.Cout - co0)), o + co0 * HWo, HWo, n, act.act,
+                      act.act_alpha, act.act_beta))
+      act_left = true;
+  };
+  const auto finish = [&] {
+    if (act_left) kr.unary(act.act, out, out, g.N * g.Cout * HWo, act.act_alpha, act.act_beta);
+  };
   if (!pw && g.C * plane > kCblkInputFloats) {
     // A large input (YOLOv8n's 80 x 80 and 160 x 160 maps): tasks of bands of output rows, each padding its own
     // input rows into the thread's buffer (at most kBandFloats where the band can shrink to 4 rows, as conv_direct's)
@@ -643,28 +663,17 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     while (band > 4 && g.C * band_hq(band) * L.Wq > kBandFloats) band = (band + 1) / 2;
     const Blocks bands = balanced_blocks(g.Ho, band, g.N, T, 2);
     const i64 hq = band_hq(bands.size(0)), bplane = hq * L.Wq;
-    std::vector<i64> boff(static_cast<std::size_t>(K));
-    for (i64 c = 0, k = 0; c < pc.cin_g; ++c)
-      for (i64 ky = 0; ky < g.kh; ++ky)
-        for (i64 kx = 0; kx < g.kw; ++kx, ++k)
-          boff[static_cast<std::size_t>(k)] = c * bplane + ky * g.dh * L.Wq + kx * g.dw;
+    const std::vector<i64> boff = tap_offsets(bplane, L.Wq);
     parallel_for(g.N * bands.nb, T, [&](i64 task) {
       const i64 n = task / bands.nb, oy0 = bands.begin(task % bands.nb), oy1 = oy0 + bands.size(task % bands.nb);
       float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(g.C * bplane));
       for (i64 c = 0; c < g.C; ++c)
         pad_channel(xk, g, L, x + (n * g.C + c) * g.H * g.W, padded + c * bplane, oy0 * g.sh, hq);
-      for (i64 b = 0; b < nblk; ++b) {
-        const i64 co0 = b * cb;
-        const int nc = static_cast<int>(std::min<i64>(cb, g.Cout - co0));
-        float* o = out + (n * g.Cout + co0) * HWo;
+      for (i64 b = 0; b < nblk; ++b)
         for (i64 oy = oy0; oy < oy1; ++oy)
-          if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, padded + (oy - oy0) * g.sh * L.Wq,
-                            boff.data(), vb.data() + co0, nc, o + oy * g.Wo, HWo, g.Wo, act.act, act.act_alpha,
-                            act.act_beta))
-            act_left = true;
-      }
+          run(b, padded + (oy - oy0) * g.sh * L.Wq, boff.data(), out + n * g.Cout * HWo + oy * g.Wo, g.Wo);
     }, flops >= kWakeFlops);
-    if (act_left) kr.unary(act.act, out, out, g.N * g.Cout * HWo, act.act_alpha, act.act_beta);
+    finish();
     return;
   }
   const float* in = x;
@@ -673,11 +682,9 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     for (i64 q = 0; q < g.N * g.C; ++q) pad_channel(xk, g, L, x + q * g.H * g.W, padded + q * plane, 0, L.Hq);
     in = padded;
   }
-  std::vector<i64> off(static_cast<std::size_t>(K));
-  for (i64 c = 0, k = 0; c < pc.cin_g; ++c)
-    for (i64 ky = 0; ky < g.kh; ++ky)
-      for (i64 kx = 0; kx < g.kw; ++kx, ++k) off[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * ld + kx * g.dw;
-  // Rows: the output rows (row r at input row r sh); a pointwise conv's map as `rows` runs of whole tiles.
+  const std::vector<i64> off = tap_offsets(plane, ld);
+  // Rows: the output rows (row r at input row r sh); a pointwise conv's map (forced on: the rule leaves 1x1 convs to
+  // the GEMM) as `rows` runs of a multiple of 12 positions (AVX-512's tile).
   const i64 groups = T > 1 ? ceil_div(2 * T, nblk) : 1;
   const i64 rows = pw ? std::min<i64>(groups, ceil_div(HWo, 12)) : g.Ho;
   const i64 row_len = pw ? ceil_div(ceil_div(HWo, rows), 12) * 12 : g.Wo;
@@ -685,21 +692,15 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const Blocks rgroups{rows, std::min<i64>(rows, groups)};
   parallel_for(g.N * nblk * rgroups.nb, T, [&](i64 task) {
     const i64 grp = task % rgroups.nb, b = task / rgroups.nb % nblk, n = task / rgroups.nb / nblk;
-    const i64 co0 = b * cb;
-    const int nc = static_cast<int>(std::min<i64>(cb, g.Cout - co0));
-    const float* img = in + n * g.C * plane;
-    float* o = out + (n * g.Cout + co0) * HWo;
     for (i64 r = rgroups.begin(grp), re = r + rgroups.size(grp); r < re; ++r) {
       const i64 len = std::min<i64>(row_len, HWo - r * row_len);
-      if (len <= 0) continue;
-      if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, img + r * in_pitch, off.data(), vb.data() + co0,
-                        nc, o + r * row_len, HWo, len, act.act, act.act_alpha, act.act_beta))
-        act_left = true;
+      if (len > 0) run(b, in + n * g.C * plane + r * in_pitch, off.data(), out + n * g.Cout * HWo + r * row_len, len);
     }
   }, flops >= kWakeFlops);
-  if (act_left) kr.unary(act.act, out, out, g.N * g.Cout * HWo, act.act_alpha, act.act_beta);
+  finish();
 }
 
+// The fp32 kernels' choice for this (along_w) shape.
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (pc.depthwise) return ConvAlgo::depthwise;
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
