@@ -590,13 +590,16 @@ constexpr i64 kCblkInputFloats = 128 * 1024;
 // (1 thread, thread time, SiLU, AVX-512, two alternations; docs/onnx-models.md): YOLOv8n's 3x3 convs on 10 x 10
 // 0.71-0.77, its stride-2 ones 0.77-0.87 (20 x 20 to 80 x 80 inputs), 0.96 on 160 x 160; slower where it would
 // waste half a block (16 output channels: 1.5-1.8), at K = 27 (1.13) and on 1x1 convs (1.1-1.2 against the GEMM,
-// which reads whole vectors of positions). HETERO_CPU_CONV_CBLK=1 / 0 forces it on (every shape it can run) / off.
+// which reads whole vectors of positions). AVX-512 only: AVX2's tile (16 channels x 6 positions, 2 weight loads and
+// 6 broadcasts a step for 12 FMAs) ran 1.00-1.04 of conv_direct on the 10 x 10 maps and 1.18-1.23 on the stride-2
+// ones; it runs where the switch forces it. HETERO_CPU_CONV_CBLK=1 / 0 forces the kernel on (every shape it can
+// run) / off.
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
   if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
   if (forced == 1) return true;
-  return g.kh * g.kw > 1 && pc.cin_g * g.kh * g.kw >= 64 && g.Cout % (2 * lanes) == 0;
+  return lanes >= 16 && g.kh * g.kw > 1 && pc.cin_g * g.kh * g.kw >= 64 && g.Cout % (2 * lanes) == 0;
 }
 
 // The weights in conv_cblk's layout: block b (output channels b cb .. b cb + cb - 1), row k, channel j at
