@@ -679,12 +679,145 @@ void conv_transposed(const PackedConv& pc, const ConvGeom& g, const float* x, co
   }
 }
 
+// conv_cblk's zero-padded copy of one input channel: rows x columns.
+DirectLayout cblk_layout(const ConvGeom& g) {
+  return {1, 1, std::max<i64>(g.H + g.pt + g.pb, (g.Ho - 1) * g.sh + (g.kh - 1) * g.dh + 1),
+          std::max<i64>(g.W + g.pl + g.pr, (g.Wo - 1) * g.sw + (g.kw - 1) * g.dw + 1), false};
+}
+// Floats of an image's padded copy at most that conv_cblk makes once for all of its tasks (it stays in L2 while every
+// block's tiles read it); a larger input is padded in row bands by each task. One copy of the whole image inside
+// nudenet (thread time): the 16 -> 32 stride-2 conv on 160 x 160 (6.6 MB) 0.64 -> 0.74 ms, the 32 -> 64 one on
+// 80 x 80 (0.86 MB) 0.555 -> 0.534 only, where alone they ran 0.96 and 0.87 of conv_direct's time.
+constexpr i64 kCblkInputFloats = 128 * 1024;
+
+// Channel-blocked direct convolution (ExtraKernels::conv_cblk: the vector along 2 x lanes output channels, input
+// values broadcast, each tile stored transposed into NCHW): for small maps, where the position-vectorised tiles of
+// conv_direct / the GEMM waste columns (YOLOv8n's 10 x 10 maps: 100 of 128 flattened columns, 12-row panels over
+// 64 / 128 channels) and a stride-2 conv needs its phase split. One group, stride along W 1 or 2, a vector ISA.
+// Taken (after Winograd) for kh x kw > 1, K >= 64 and whole blocks of channels. Measured alone against the old choice
+// (1 thread, thread time, SiLU, AVX-512, two alternations; docs/onnx-models.md): YOLOv8n's 3x3 convs on 10 x 10
+// 0.71-0.77, its stride-2 ones 0.77-0.87 (20 x 20 to 80 x 80 inputs), 0.96 on 160 x 160; slower where it would
+// waste half a block (16 output channels: 1.5-1.8), at K = 27 (1.13) and on 1x1 convs (1.1-1.2 against the GEMM,
+// which reads whole vectors of positions). AVX-512 only: AVX2's tile (16 channels x 6 positions, 2 weight loads and
+// 6 broadcasts a step for 12 FMAs) ran 1.00-1.04 of conv_direct on the 10 x 10 maps and 1.18-1.23 on the stride-2
+// ones; it runs where the switch forces it. HETERO_CPU_CONV_CBLK=1 / 0 forces the kernel on (every shape it can
+// run) / off.
+bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
+  static const int forced = env_override("HETERO_CPU_CONV_CBLK");
+  const i64 lanes = extra_for(*pc.kr).lanes;
+  if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
+  if (forced == 1) return true;
+  return lanes >= 16 && g.kh * g.kw > 1 && pc.cin_g * g.kh * g.kw >= 64 && g.Cout % (2 * lanes) == 0;
+}
+
+// The weights in conv_cblk's layout: block b (output channels b cb .. b cb + cb - 1), row k, channel j at
+// ((b K) + k) cb + j.
+const float* cblk_weights(const PackedConv& pc, i64 cb) {
+  std::call_once(pc.cblk_once, [&] {
+    const i64 K = pc.cin_g * pc.kh * pc.kw, nblk = ceil_div(pc.cout, cb);
+    float* d = pc.cblk.get(static_cast<std::size_t>(nblk * K * cb));
+    for (i64 b = 0; b < nblk; ++b)
+      for (i64 k = 0; k < K; ++k)
+        for (i64 j = 0; j < cb; ++j) {
+          const i64 co = b * cb + j;
+          d[(b * K + k) * cb + j] = co < pc.cout ? pc.raw.p[co * pc.raw_ld + k] : 0.f;
+        }
+  });
+  return pc.cblk.p;
+}
+
+// Tasks of (image, block of cb output channels, group of output rows); the input zero-padded once (a pointwise
+// conv reads it in place, its map as rows of whole tiles). At 1 thread one task a block (its weights read from L2
+// for every row); at 2+ the blocks are split first (each thread reads its share of the weights), rows where there are
+// fewer than two blocks a thread.
+void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+               const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 cb = 2 * xk.lanes, K = pc.cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo, nblk = ceil_div(g.Cout, cb);
+  const float* wp = cblk_weights(pc, cb);
+  const bool pw = is_pointwise(g);
+  const DirectLayout L = cblk_layout(g);
+  const i64 plane = pw ? g.H * g.W : L.Hq * L.Wq, ld = pw ? g.W : L.Wq;
+  const double flops = 2.0 * g.N * g.Cout * HWo * K;
+  const int T = threads_for(flops, kParallelGrain * 4);
+  std::vector<float> vb(static_cast<std::size_t>(nblk * cb), 0.f);
+  if (bias != nullptr) std::copy(bias, bias + g.Cout, vb.begin());
+  // tap k = (c, ky, kx) of a position at c * channel_floats + ky dh row_floats + kx dw from its first
+  const auto tap_offsets = [&](i64 channel_floats, i64 row_floats) {
+    std::vector<i64> off(static_cast<std::size_t>(K));
+    for (i64 c = 0, k = 0; c < pc.cin_g; ++c)
+      for (i64 ky = 0; ky < g.kh; ++ky)
+        for (i64 kx = 0; kx < g.kw; ++kx, ++k)
+          off[static_cast<std::size_t>(k)] = c * channel_floats + ky * g.dh * row_floats + kx * g.dw;
+    return off;
+  };
+  // One run of n positions (input at `base`, output at `o`) of block b; an activation the kernel does not apply in
+  // registers runs over the whole output at the end.
+  std::atomic<bool> act_left{false};
+  const auto run = [&](i64 b, const float* base, const i64* offs, float* o, i64 n) {
+    const i64 co0 = b * cb;
+    if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, base, offs, vb.data() + co0,
+                      static_cast<int>(std::min<i64>(cb, g.Cout - co0)), o + co0 * HWo, HWo, n, act.act,
+                      act.act_alpha, act.act_beta))
+      act_left = true;
+  };
+  const auto finish = [&] {
+    if (act_left) kr.unary(act.act, out, out, g.N * g.Cout * HWo, act.act_alpha, act.act_beta);
+  };
+  if (!pw && g.C * plane > kCblkInputFloats) {
+    // A large input (YOLOv8n's 80 x 80 and 160 x 160 maps): tasks of bands of output rows, each padding its own
+    // input rows into the thread's buffer (at most kBandFloats where the band can shrink to 4 rows, as conv_direct's)
+    // and running every block of channels on them (the weights of these few-channel convs are small).
+    const auto band_hq = [&](i64 band) { return (band - 1) * g.sh + (g.kh - 1) * g.dh + 1; };
+    i64 band = g.Ho;
+    while (band > 4 && g.C * band_hq(band) * L.Wq > kBandFloats) band = (band + 1) / 2;
+    const Blocks bands = balanced_blocks(g.Ho, band, g.N, T, 2);
+    const i64 hq = band_hq(bands.size(0)), bplane = hq * L.Wq;
+    const std::vector<i64> boff = tap_offsets(bplane, L.Wq);
+    parallel_for(g.N * bands.nb, T, [&](i64 task) {
+      const i64 n = task / bands.nb, oy0 = bands.begin(task % bands.nb), oy1 = oy0 + bands.size(task % bands.nb);
+      float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(g.C * bplane));
+      for (i64 c = 0; c < g.C; ++c)
+        pad_channel(xk, g, L, x + (n * g.C + c) * g.H * g.W, padded + c * bplane, oy0 * g.sh, hq);
+      for (i64 b = 0; b < nblk; ++b)
+        for (i64 oy = oy0; oy < oy1; ++oy)
+          run(b, padded + (oy - oy0) * g.sh * L.Wq, boff.data(), out + n * g.Cout * HWo + oy * g.Wo, g.Wo);
+    }, flops >= kWakeFlops);
+    finish();
+    return;
+  }
+  const float* in = x;
+  if (!pw) {
+    float* padded = tl_buf(TL_MISC).get(static_cast<std::size_t>(g.N * g.C * plane));
+    for (i64 q = 0; q < g.N * g.C; ++q) pad_channel(xk, g, L, x + q * g.H * g.W, padded + q * plane, 0, L.Hq);
+    in = padded;
+  }
+  const std::vector<i64> off = tap_offsets(plane, ld);
+  // Rows: the output rows (row r at input row r sh); a pointwise conv's map (forced on: the rule leaves 1x1 convs to
+  // the GEMM) as `rows` runs of a multiple of 12 positions (AVX-512's tile).
+  const i64 groups = T > 1 ? ceil_div(2 * T, nblk) : 1;
+  const i64 rows = pw ? std::min<i64>(groups, ceil_div(HWo, 12)) : g.Ho;
+  const i64 row_len = pw ? ceil_div(ceil_div(HWo, rows), 12) * 12 : g.Wo;
+  const i64 in_pitch = pw ? row_len : g.sh * ld;
+  const Blocks rgroups{rows, std::min<i64>(rows, groups)};
+  parallel_for(g.N * nblk * rgroups.nb, T, [&](i64 task) {
+    const i64 grp = task % rgroups.nb, b = task / rgroups.nb % nblk, n = task / rgroups.nb / nblk;
+    for (i64 r = rgroups.begin(grp), re = r + rgroups.size(grp); r < re; ++r) {
+      const i64 len = std::min<i64>(row_len, HWo - r * row_len);
+      if (len > 0) run(b, in + n * g.C * plane + r * in_pitch, off.data(), out + n * g.Cout * HWo + r * row_len, len);
+    }
+  }, flops >= kWakeFlops);
+  finish();
+}
+
 // The fp32 kernels' choice for this (along_w) shape.
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (pc.depthwise) return ConvAlgo::depthwise;
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
   if (transposed_fits(pc, g)) return ConvAlgo::transposed;
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
+  if (cblk_fits(pc, g)) return ConvAlgo::cblk;
   if (direct_fits(pc, g)) return ConvAlgo::direct;
   return ConvAlgo::gemm;
 }
@@ -704,6 +837,7 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::direct: return "direct";
     case ConvAlgo::bf16x3: return "bf16x3";
     case ConvAlgo::transposed: return "transposed";
+    case ConvAlgo::cblk: return "cblk";
     default: return "gemm";
   }
 }
@@ -729,6 +863,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       break;
     case ConvAlgo::direct: conv_direct(pc, g, x, bias, out, act); return;
     case ConvAlgo::transposed: conv_transposed(pc, g, x, bias, out, act); return;
+    case ConvAlgo::cblk: conv_cblk(pc, g, x, bias, out, act); return;
     case ConvAlgo::gemm:
     case ConvAlgo::bf16x3: break;
   }

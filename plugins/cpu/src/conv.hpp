@@ -38,6 +38,10 @@ struct PackedConv {
   mutable std::once_flag wt_once;
   mutable AlignedBuf wt;
   mutable i64 wt_stride = 0;
+  // conv_cblk's weights (ExtraKernels::conv_cblk): per block of cblk_width output channels, K x cblk_width (zero past
+  // the last channel), made from `raw` on the first call that takes that path.
+  mutable std::once_flag cblk_once;
+  mutable AlignedBuf cblk;
   // precision "normal" on AMX-BF16 (gemm_bf16x3.hpp): per group the transposed weights W^T (K x Cout/group, K in
   // (ky, kx, c) order: conv_bf16x3's channels-last im2col rows) as packed bf16x3 B, hi then lo, bf_stride uint16
   // values a group; empty (bf16x3 false) otherwise
@@ -69,7 +73,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
 
 // Which kernel conv2d_packed runs for this shape (chosen by rule, per call): exposed so tests can check that a shape
 // meant for a path takes it.
-enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed };
+enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed, cblk };
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& g);
 const char* conv_algorithm_name(ConvAlgo a);
 

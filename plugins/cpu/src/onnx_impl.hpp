@@ -728,6 +728,75 @@ bool x_conv_tile_ep(int mr, int nr, i64 K, const float* a, const float* base, co
   return done;
 }
 
+// Channel-blocked direct convolution (conv.cpp's conv_cblk): the vector along 2 W output channels, P output
+// positions of one output row a tile (acc[p][v]: 2 P accumulators), every input value broadcast. On small maps (10 x 10,
+// 20 x 20: YOLOv8n's neck and head) no position is wasted, where the position-vectorised tiles above fill 100 of 128
+// columns, and a stride-2 conv reads its taps in place (position p of a row at base + p * SW), with no phase split.
+// w: one block's packed weights, K x 2 W (zero past the last channel); bias: 2 W floats. The tile goes out
+// transposed: out[c * ldo + p] for the block's channels c < nc.
+template <int P, int SW, class F>
+HETERO_INLINE void cblk_tile(i64 K, const float* w, const float* base, const i64* off, const float* bias, int nc,
+                             float* out, i64 ldo, F act) {
+  V acc[P][2];
+  for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = SIMD::zero();
+  for (i64 k = 0; k < K; ++k) {
+    const float* bp = base + off[k];
+    const V w0 = SIMD::load(w + k * 2 * W), w1 = SIMD::load(w + k * 2 * W + W);
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) {
+      const V xv = SIMD::set1(bp[p * SW]);
+      acc[p][0] = SIMD::fma(xv, w0, acc[p][0]);
+      acc[p][1] = SIMD::fma(xv, w1, acc[p][1]);
+    }
+  }
+  const V b0 = SIMD::load(bias), b1 = SIMD::load(bias + W);
+  alignas(64) float t[P * 2 * W];
+  for (int p = 0; p < P; ++p) {
+    SIMD::store(t + p * 2 * W, act(SIMD::add(acc[p][0], b0)));
+    SIMD::store(t + p * 2 * W + W, act(SIMD::add(acc[p][1], b1)));
+  }
+  for (int c = 0; c < nc; ++c)
+    for (int p = 0; p < P; ++p) out[c * ldo + p] = t[p * 2 * W + c];
+}
+
+// Positions per tile: 2 P accumulators, two weight vectors and a broadcast in the 32 (AVX-512) or 16 registers.
+constexpr int kCblkP = W >= 16 ? 12 : 6;
+
+// The last n < PM positions of a row: the tile of exactly n.
+template <int PM, int SW, class F>
+HETERO_INLINE void cblk_rest(int n, i64 K, const float* w, const float* base, const i64* off, const float* bias,
+                             int nc, float* out, i64 ldo, F act) {
+  if constexpr (PM > 1) {
+    if (n == PM - 1) {
+      cblk_tile<PM - 1, SW>(K, w, base, off, bias, nc, out, ldo, act);
+      return;
+    }
+    cblk_rest<PM - 1, SW>(n, K, w, base, off, bias, nc, out, ldo, act);
+  }
+}
+
+template <int SW, class F>
+void cblk_row(i64 K, const float* w, const float* base, const i64* off, const float* bias, int nc, float* out,
+              i64 ldo, i64 n, F act) {
+  i64 p = 0;
+  for (; p + kCblkP <= n; p += kCblkP)
+    cblk_tile<kCblkP, SW>(K, w, base + p * SW, off, bias, nc, out + p, ldo, act);
+  if (p < n) cblk_rest<kCblkP, SW>(static_cast<int>(n - p), K, w, base + p * SW, off, bias, nc, out + p, ldo, act);
+}
+
+// One output row of n positions (position p's taps at base + off[k] + p * sw, sw 1 or 2: the caller checks) for one
+// block of 2 W output channels (nc <= 2 W of them stored), bias and activation in registers: true; false where the
+// activation is not one dw_taps applies (bias alone applied: the caller runs the activation).
+bool x_conv_cblk(int sw, i64 K, const float* w, const float* base, const i64* off, const float* bias, int nc,
+                 float* out, i64 ldo, i64 n, int act, float alpha, float beta) {
+  return dw_act_dispatch(act, alpha, beta, [&](auto f) {
+    if (sw == 1)
+      cblk_row<1>(K, w, base, off, bias, nc, out, ldo, n, f);
+    else
+      cblk_row<2>(K, w, base, off, bias, nc, out, ldo, n, f);
+  });
+}
+
 // Winograd F(4x4, 3x3) transforms (conv_winograd.cpp), on W tiles at once (lane l of every vector is one tile).
 // The transforms are those of Lavin & Gray (interpolation points 0, +-1, +-2 and infinity).
 // wino_in: patch value (i, j) of tile l at chan[off[l] + eoff[i*6 + j]] (`consecutive`: off[l] = off[0] + l, one load)
@@ -822,7 +891,8 @@ const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_dw_nchwc,   x_cmp_f32,
     x_max_rows,     x_bias_clamp_row, x_bias_act_row,
-    x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_wino_in,    x_wino_out,   x_dequant_panel_s8, W,
+    x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
+    x_dequant_panel_s8, W,
 };
 
 }  // namespace

@@ -922,6 +922,90 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
     np.testing.assert_array_equal(outs[nthreads], outs[1])  # the same tiles whichever way the work is split
 
 
+# (N, C, H, W, Cout, kh, kw, strides, pads, dilations): shapes the channel-blocked direct kernel (conv_cblk: 2 x lanes
+# output channels a vector, input values broadcast, tiles stored transposed) takes by its rule on AVX-512 (AVX2's tile
+# runs in test_conv2d_cblk_forced)
+# (kh x kw > 1, K >= 64, whole blocks of channels, a small padded input): YOLOv8n's 3x3 on 10 x 10 and stride 2 onto
+# 10 x 10, stride 2 on an odd map (the last taps reading the padding), a 5 x 3 kernel with uneven pads, dilation 2,
+# strides (1, 2) and (3, 1), two images, a 2 x 2 kernel on a 9 x 9 map (on 4 x 4 the transposed path takes it: onnxw15), rows of 1-25 positions (tiles of 12 and the
+# shorter last ones); inputs over 128K padded floats, padded in row bands by each task (stride 2 on 100 x 100, two
+# images; a 5 x 5 kernel on 130 x 130).
+CBLK_CASES = [
+    (2, 16, 100, 100, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 8, 130, 130, 32, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1)),
+    (1, 64, 10, 10, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 32, 20, 20, 96, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (2, 16, 15, 13, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 8, 11, 9, 64, 5, 3, (1, 1), (2, 0, 1, 2), (1, 1)),
+    (1, 16, 12, 12, 32, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2)),
+    (1, 12, 9, 16, 32, 3, 3, (1, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 12, 16, 9, 32, 3, 3, (3, 1), (0, 1, 1, 1), (1, 1)),
+    (1, 64, 9, 9, 128, 2, 2, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (1, 8, 3, 25, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", CBLK_CASES, ids=[str(i) for i in range(len(CBLK_CASES))])
+@pytest.mark.parametrize("activation", list(ACTS))
+def test_conv2d_cblk(isa, threads, case, activation):
+    # against float64, and the same bits at 1 thread (each tile computes the same outputs however the blocks and
+    # rows are split); sigmoid is applied after the kernel (not one it applies in registers)
+    n, c, h, wd, cout, kh, kw, strides, pads, dil = case
+    x = randn(n, c, h, wd, seed=104)
+    w = randn(cout, c, kh, kw, seed=105) * 0.1
+    bias = randn(cout, seed=106)
+    algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads, dil)
+    assert (algo == "cblk") == (isa == "avx512"), algo
+    ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, dil, 1))
+    packed = _native.prepack_conv(w)
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, strides=strides, pads=pads, dilations=dil, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    _native.set_num_threads(1)
+    one = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, one, strides=strides, pads=pads, dilations=dil, activation=activation)
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
+def test_conv2d_cblk_forced():
+    # HETERO_CPU_CONV_CBLK=1: every conv the kernel can run takes it (partial blocks of output channels, 1x1 convs,
+    # large maps, K < 64), each CONV_CASES shape against float64 on every ISA, in a fresh process (the switch is read
+    # once).
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HETERO_CPU_CONV_CBLK="1")
+    code = "import tests.plugins.cpu.test_native as t; t.cblk_forced_checks()"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "cblk" in r.stdout
+
+
+def cblk_forced_checks():
+    taken = 0
+    for isa in ISAS:
+        _native.set_isa(isa)
+        for case in CONV_CASES:
+            n, c, h, wd, cout, kh, kw, strides, pads, dil, group = case
+            x = randn(n, c, h, wd, seed=90)
+            w = randn(cout, c // group, kh, kw, seed=91) * 0.3
+            bias = randn(cout, seed=92)
+            packed = _native.prepack_conv(w, group)
+            algo = packed.algorithm([n, c, h, wd], strides, pads, dil)
+            taken += algo == "cblk"
+            for activation in ("silu", "sigmoid"):
+                ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, dil, group))
+                atol = 1e-4 + (1e-5 * float(np.abs(ref).max()) if algo == "winograd" else 0.0)
+                out = np.full(ref.shape, np.nan, np.float32)
+                _native.conv2d_packed(x, packed, bias, out, strides=strides, pads=pads, dilations=dil,
+                                      activation=activation)
+                np.testing.assert_allclose(out, ref, rtol=1e-4, atol=atol, err_msg=f"{isa} {case} {algo}")
+    assert taken > 0
+    print("cblk", taken)
+
+
 def test_conv2d_strided_input_and_errors(isa):
     x = randn(1, 6, 20, 20, seed=93)[:, ::2, ::2, ::2]
     w = randn(4, 3, 3, 3, seed=94)
