@@ -719,6 +719,22 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   }, flops >= kWakeFlops);
 }
 
+namespace {
+
+// Whether a stride-2 (along W, dilation 1, kw <= 3) max pool runs one output row at a time (max_pool_s2_row) rather
+// than as whole-plane passes: on rows of 64 inputs or more. Alone, 1 thread, thread time (whole-plane -> rows;
+// onnxruntime's NCHW kernel): OriNet's 2x2 / 2 on 32 x 160 x 160 304 -> 140 us (441), 64 x 80 x 80 139 -> 71 (201),
+// MTCNN P-Net's on 10 x 214 x 286 270 -> 135 (182); on 40-wide rows and narrower the calls per row cost more than
+// they save (128 x 40 x 40: 62 -> 85 us; O-Net's 3x3 / 2 on 4 x 32 x 46 x 46: 100 -> 268). HETERO_CPU_POOL_ROWS=1 / 0
+// forces either (to compare them).
+bool max_pool_rows_fit(i64 H, i64 W, i64 Wo, i64 kw, i64 pl) {
+  if (kw > 3 || pl >= kw || H <= 0 || W <= 0 || Wo <= 0) return false;
+  static const int forced = env_override("HETERO_CPU_POOL_ROWS");
+  return forced >= 0 ? forced == 1 : W >= 64;
+}
+
+}  // namespace
+
 void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo, i64 kh, i64 kw, i64 sh, i64 sw,
                 i64 pt, i64 pl, i64 dh, i64 dw) {
   // Two stages per output row: the vertical max of the window's valid input rows (contiguous, vectorised), then
@@ -747,6 +763,31 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
         xk.max_rows(hmax, dh * Wp, kh, vmax, nv);
         float* o = out + q * Ho * Wo;
         xk.copy_rows(vmax, Wp, o, Wo, Ho, Wo);
+      }
+    });
+    return;
+  }
+  if (sw == 2 && dw == 1 && max_pool_rows_fit(H, W, Wo, kw, pl)) {
+    // Stride 2 along W, one output row at a time: the vertical max of its valid input rows straight from the input,
+    // then the stride-2 horizontal max, in one kernel call (max_pool_s2_row), without a padded copy of the plane.
+    // The -inf borders of the row buffer are written once a task.
+    const i64 nv = std::max<i64>(pl + W, 2 * Wo + kw) + xk.lanes;
+    parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+      float* v = tl_buf(TL_MISC).get(static_cast<std::size_t>(nv + 2 * Wo + 2));
+      std::fill(v, v + nv, -std::numeric_limits<float>::infinity());
+      for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+        const float* in = x + q * H * W;
+        float* o = out + q * Ho * Wo;
+        for (i64 oy = 0; oy < Ho; ++oy) {
+          const i64 y0 = oy * sh - pt;
+          const i64 kya = y0 >= 0 ? 0 : ceil_div(-y0, dh);
+          const i64 kyb = std::min<i64>(kh, y0 >= H ? 0 : floor_div(H - 1 - y0, dh) + 1);
+          if (kyb <= kya) {
+            std::fill(o + oy * Wo, o + (oy + 1) * Wo, -std::numeric_limits<float>::infinity());
+            continue;
+          }
+          xk.max_pool_s2_row(in + (y0 + kya * dh) * W, dh * W, kyb - kya, W, pl, kw, v, o + oy * Wo, Wo, v + nv);
+        }
       }
     });
     return;

@@ -439,6 +439,25 @@ def test_max_pool_stride2_phases(isa, k, auto_pad, hw):
         check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], dilations=[1, 2], **pads)
 
 
+@pytest.mark.parametrize("k,strides,pads,extra,w", [
+    ((2, 2), (2, 2), [0, 0, 0, 0], {}, 160),  # OriNet's 2x2 / 2
+    ((3, 3), (2, 2), [0, 0, 1, 1], {}, 67),  # SAME_UPPER-like: the last window past the right edge
+    ((3, 3), (2, 2), [1, 1, 1, 1], {}, 64),
+    ((3, 1), (2, 2), [1, 0, 1, 0], {}, 65),  # one tap per row
+    ((3, 3), (3, 2), [2, 2, 2, 2], {"dilations": [2, 1]}, 70),  # left padding 2, dilated rows, row stride 3
+    ((2, 3), (1, 2), [0, 1, 1, 1], {"ceil_mode": 1}, 77),
+    ((1, 2), (2, 2), [0, 0, 0, 0], {}, 99),  # an odd width: the last column unread
+])
+def test_max_pool_stride2_rows(isa, k, strides, pads, extra, w):
+    """Stride-2 pools on rows of 64+ inputs, one output row at a time (conv.cpp max_pool_rows_fit: the vertical max
+    of the valid rows, then even / odd phases): left and right padding, 1-3 taps, NaN at a row's first and last
+    column and in the middle, -inf values."""
+    x = f32(2, 3, 11, w)
+    x[0, 0, 0, 0] = x[0, 1, 5, w - 1] = x[1, 2, 10, w // 2] = np.nan
+    x[1, 0, 3, :7] = -np.inf
+    check("MaxPool", {"x": x}, kernel_shape=list(k), strides=list(strides), pads=pads, **extra)
+
+
 # ------------------------------------------------------------------------------------------------ 1-D convolution
 
 @pytest.mark.parametrize("attrs", [
