@@ -458,6 +458,18 @@ def test_max_pool_stride2_rows(isa, k, strides, pads, extra, w):
     check("MaxPool", {"x": x}, kernel_shape=list(k), strides=list(strides), pads=pads, **extra)
 
 
+@pytest.mark.parametrize("k,auto_pad,hw", [(3, "VALID", 9), (3, "SAME_UPPER", 8), (2, "SAME_UPPER", 8),
+                                           (2, "VALID", 13), (3, "SAME_UPPER", 21)])
+def test_max_pool_stride2_stacked_planes(isa, k, auto_pad, hw, threads):
+    """Narrow stride-2 pools of many planes (MTCNN's 4 x 64 x 8 x 8, 16 x 48 x 9 x 9): several planes' padded copies
+    in one buffer and each pass over all of them (conv.cpp kPoolStackFloats); NaN and -inf in the first, a middle
+    and the last plane, the last group of planes shorter than the others."""
+    x = f32(3, 37, hw, hw)
+    x[0, 0, 0, 0] = x[1, 17, hw // 2, hw - 1] = x[2, 36, hw - 1, 1] = np.nan
+    x[1, 5, :, :3] = -np.inf
+    check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], auto_pad=auto_pad)
+
+
 # ------------------------------------------------------------------------------------------------ 1-D convolution
 
 @pytest.mark.parametrize("attrs", [
