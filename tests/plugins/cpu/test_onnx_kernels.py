@@ -356,6 +356,12 @@ WINOGRAD_CASES = [
     (1, 16, 32, 26, 26, [0, 0, 0, 0]),
     (1, 24, 25, 17, 30, [0, 2, 2, 1]),
     (1, 32, 40, 24, 20, [1, 1, 1, 1]),
+    # batches whose blocks of tiles span images (each image alone pads its tiles to a 32-column panel and would take
+    # the direct kernel): MTCNN O-Net's 32 -> 64 on 4 x 23 x 23, 64 -> 64 on 4 x 10 x 10, R-Net's 28 -> 48 on 16 x 11 x 11
+    (4, 32, 64, 23, 23, [0, 0, 0, 0]),
+    (4, 64, 64, 10, 10, [0, 0, 0, 0]),
+    (16, 28, 48, 11, 11, [0, 0, 0, 0]),
+    (5, 16, 36, 9, 14, [1, 0, 1, 2]),
 ]
 
 
@@ -384,6 +390,16 @@ def test_conv_winograd_fused_silu(isa):
     np.testing.assert_allclose(got, c, rtol=1e-4, atol=2e-4)
 
 
+def test_conv_winograd_batch_nonfinite_image(isa):
+    """An inf in one image of a batch whose tiles share blocks across images: the whole conv takes the direct kernel,
+    and the other images' outputs are the finite ones of the reference."""
+    x, wt = f32(4, 32, 23, 23), f32(64, 32, 3, 3, seed=1) * np.float32(0.2)
+    x[2, 7, 11, 3] = np.inf
+    assert _native.prepack_conv(wt).algorithm(list(x.shape)) == "winograd"
+    got = check("Conv", {"x": x}, {"w": wt}, rtol=1e-4, atol=2e-4)[0]
+    assert np.isfinite(got[[0, 1, 3]]).all()
+
+
 def test_conv_winograd_nonfinite_input_stays_local(isa):
     """An inf in the input reaches only the outputs whose windows hold it (as in a direct convolution): Winograd's
     transforms would spread it over the whole 4 x 4 tile as NaN, so such inputs take another kernel."""
@@ -408,6 +424,7 @@ def test_conv_winograd_not_taken_where_it_loses():
     assert _native.prepack_conv(np.zeros((16, 16, 3, 3), np.float32)).algorithm([1, 16, 80, 80]) == "direct"
     assert _native.prepack_conv(np.zeros((16, 8, 3, 3), np.float32)).algorithm([1, 8, 80, 80]) == "direct"
     assert packed.algorithm([1, 16, 10, 10], pads=[1, 1, 1, 1]) != "winograd"
+    assert packed.algorithm([8, 16, 10, 10], pads=[1, 1, 1, 1]) == "winograd"  # the batch's tiles fill the panels
     assert packed.algorithm([1, 16, 40, 40], strides=[2, 2], pads=[1, 1, 1, 1]) != "winograd"
     assert packed.algorithm([1, 16, 40, 40], dilations=[2, 2], pads=[2, 2, 2, 2]) != "winograd"
     assert _native.prepack_conv(np.zeros((4, 4, 3, 3), np.float32)).algorithm([1, 4, 40, 40]) != "winograd"
