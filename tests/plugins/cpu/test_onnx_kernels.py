@@ -357,7 +357,8 @@ WINOGRAD_CASES = [
     (1, 24, 25, 17, 30, [0, 2, 2, 1]),
     (1, 32, 40, 24, 20, [1, 1, 1, 1]),
     # batches whose blocks of tiles span images (each image alone pads its tiles to a 32-column panel and would take
-    # the direct kernel): MTCNN O-Net's 32 -> 64 on 4 x 23 x 23, 64 -> 64 on 4 x 10 x 10, R-Net's 28 -> 48 on 16 x 11 x 11
+    # the direct kernel): MTCNN O-Net's 32 -> 64 on 4 x 23 x 23, 64 -> 64 on 4 x 10 x 10, R-Net's 28 -> 48 on
+    # 16 x 11 x 11
     (4, 32, 64, 23, 23, [0, 0, 0, 0]),
     (4, 64, 64, 10, 10, [0, 0, 0, 0]),
     (16, 28, 48, 11, 11, [0, 0, 0, 0]),
