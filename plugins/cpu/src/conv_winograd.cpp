@@ -152,18 +152,21 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   struct Block {
     i64 t0, ncols, ncp, vstride, mstride;
     float *v, *m;
-    std::int32_t *in_off, *out_off;
+    std::int32_t *in_off, *out_off, *extent;
   };
   auto setup = [&](Block& b, i64 t0, float* v, float* m, std::int32_t* offs) {
     b.t0 = t0, b.ncols = std::min<i64>(bc, all_tiles - t0), b.ncp = ceil_div(b.ncols, nr) * nr;
     b.vstride = b.ncp * cin, b.mstride = b.ncp * cout, b.v = v, b.m = m, b.in_off = offs, b.out_off = offs + b.ncp;
+    b.extent = offs + 2 * b.ncp;
     // Per tile of the block: where its patch starts in channel 0 of the padded batch, where its outputs start in
     // output channel 0 (image n's plane: n * cout * HWo). The padding lanes repeat the block's first tile: their
-    // GEMM columns are computed and never written out.
+    // GEMM columns are computed and never written out. extent: the tile's rows x 8 + columns inside the output (36 for
+    // a whole tile), so that the output transform divides nothing per tile and channel.
     for (i64 t = 0; t < b.ncp; ++t) {
       const i64 tile = t0 + (t < b.ncols ? t : 0), n = tile / tiles, ty = tile % tiles / tw, tx = tile % tw;
       b.in_off[t] = static_cast<std::int32_t>(n * per_image + ty * 4 * Wq + tx);
       b.out_off[t] = static_cast<std::int32_t>(n * cout * HWo + ty * 4 * g.Wo + tx * 4);
+      b.extent[t] = static_cast<std::int32_t>(std::min<i64>(4, g.Ho - 4 * ty) * 8 + std::min<i64>(4, g.Wo - 4 * tx));
     }
   };
   // Input transform of channels [c0, c1) into the packed-B layout of each position's GEMM: panel p (nr columns)
@@ -192,15 +195,15 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
         if (act.act >= 0) kr.unary(act.act, y, y, 16 * L, act.act_alpha, act.act_beta);
         const int lanes = static_cast<int>(std::min<i64>(L, b.ncols - t));
         for (int l = 0; l < lanes; ++l) {
-          const i64 at = b.out_off[t + l], pos = at % (cout * HWo), oy = pos / g.Wo, ox = pos % g.Wo;
-          float* dst = plane_o + at;
+          const i64 extent = b.extent[t + l];
+          float* dst = plane_o + b.out_off[t + l];
           const float* src = y + l;
-          if (oy + 4 <= g.Ho && ox + 4 <= g.Wo) {
+          if (extent == 36) {
             for (int i = 0; i < 4; ++i)
               for (int j = 0; j < 4; ++j) dst[i * g.Wo + j] = src[(i * 4 + j) * L];
             continue;
           }
-          const i64 rows = std::min<i64>(4, g.Ho - oy), cols = std::min<i64>(4, g.Wo - ox);
+          const i64 rows = extent >> 3, cols = extent & 7;
           for (i64 i = 0; i < rows; ++i)
             for (i64 j = 0; j < cols; ++j) dst[i * g.Wo + j] = src[(i * 4 + j) * L];
         }
@@ -209,7 +212,7 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   };
   auto scratch = [&](i64 ncp, int slot_v, int slot_m, float*& v, float*& m, float*& y, std::int32_t*& offs) {
     v = tl_buf(slot_v).get(static_cast<std::size_t>(36 * ncp * cin));
-    m = tl_buf(slot_m).get(static_cast<std::size_t>(36 * ncp * cout + 16 * L + 2 * ncp));
+    m = tl_buf(slot_m).get(static_cast<std::size_t>(36 * ncp * cout + 16 * L + 3 * ncp));
     y = m + 36 * ncp * cout;
     offs = reinterpret_cast<std::int32_t*>(y + 16 * L);
   };
