@@ -467,6 +467,10 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     ep.bias_rs = 1;
     ep.bias_cs = 0;
     if (rows) {
+      // Rows that end in part of a vector (O-Net's 46-wide maps: 2 vectors + 14 floats) take the epilogue once over
+      // the band's rows of each channel, which follow each other in the output, instead of row by row with a scalar
+      // tail each (3 -> 32 on 4 x 48 x 48: the tails were ~20 % of the conv).
+      const bool band_epilogue = g.Wo % xk.lanes != 0;
       for (i64 oy = oy0; oy < oy1; ++oy) {
         const float* in = padded + (oy - oy0) * row_pitch;
         float* orow = o + oy * g.Wo;
@@ -474,8 +478,9 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
           const int ncols = static_cast<int>(std::min<i64>(nr, g.Wo - x0));
           for (i64 p = p0; p < p1; ++p) tile(p, ncols, a, in + x0, orow + p * mr * HWo + x0, HWo, ep);
         }
-        if (!fused) apply_epilogue(kr, orow + r0 * HWo, HWo, r0, 0, r1 - r0, g.Wo, ep);
+        if (!fused && !band_epilogue) apply_epilogue(kr, orow + r0 * HWo, HWo, r0, 0, r1 - r0, g.Wo, ep);
       }
+      if (!fused && band_epilogue) apply_epilogue(kr, o + r0 * HWo + oy0 * g.Wo, HWo, r0, 0, r1 - r0, (oy1 - oy0) * g.Wo, ep);
       return;
     }
     // Panels over the band's flattened rows: column j is output (oy0 + j / Wp, j % Wp), dropped where j % Wp >= Wo.
@@ -965,6 +970,27 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   }, flops >= kWakeFlops);
 }
 
+namespace {
+
+// Floats of the padded planes a narrow stride-2 max pool stacks for one pass (8 KB: with its passes' buffers in L1).
+// Alone, 1 thread: O-Net's 2x2 / 2 on 4 x 64 x 8 x 8 24 -> 15 us, R-Net's 3x3 / 2 on 16 x 48 x 9 x 9 62 -> 54 us;
+// stacks of 16-64 KB made the 21-46 wide maps up to 1.8x slower (the passes then read L2, not L1).
+constexpr i64 kPoolStackFloats = 2 * 1024;
+
+// Whether a stride-2 (along W, dilation 1, kw <= 3) max pool runs one output row at a time (max_pool_s2_row) rather
+// than as whole-plane passes: on rows of 64 inputs or more. Alone, 1 thread, thread time (whole-plane -> rows;
+// onnxruntime's NCHW kernel): OriNet's 2x2 / 2 on 32 x 160 x 160 304 -> 140 us (441), 64 x 80 x 80 139 -> 71 (201),
+// MTCNN P-Net's on 10 x 214 x 286 270 -> 135 (182); on 40-wide rows and narrower the calls per row cost more than
+// they save (128 x 40 x 40: 62 -> 85 us; O-Net's 3x3 / 2 on 4 x 32 x 46 x 46: 100 -> 268). HETERO_CPU_POOL_ROWS=1 / 0
+// forces either (to compare them).
+bool max_pool_rows_fit(i64 H, i64 W, i64 Wo, i64 kw, i64 pl) {
+  if (kw > 3 || pl >= kw || H <= 0 || W <= 0 || Wo <= 0) return false;
+  static const int forced = env_override("HETERO_CPU_POOL_ROWS");
+  return forced >= 0 ? forced == 1 : W >= 64;
+}
+
+}  // namespace
+
 void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo, i64 kh, i64 kw, i64 sh, i64 sw,
                 i64 pt, i64 pl, i64 dh, i64 dw) {
   // Two stages per output row: the vertical max of the window's valid input rows (contiguous, vectorised), then
@@ -1017,6 +1043,31 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
     });
     return;
   }
+  if (sw == 2 && dw == 1 && max_pool_rows_fit(H, W, Wo, kw, pl)) {
+    // Stride 2 along W, one output row at a time: the vertical max of its valid input rows straight from the input,
+    // then the stride-2 horizontal max, in one kernel call (max_pool_s2_row), without a padded copy of the plane.
+    // The -inf borders of the row buffer are written once a task.
+    const i64 nv = std::max<i64>(pl + W, 2 * Wo + kw) + xk.lanes;
+    parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+      float* v = tl_buf(TL_MISC).get(static_cast<std::size_t>(nv + 2 * Wo + 2));
+      std::fill(v, v + nv, -std::numeric_limits<float>::infinity());
+      for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+        const float* in = x + q * H * W;
+        float* o = out + q * Ho * Wo;
+        for (i64 oy = 0; oy < Ho; ++oy) {
+          const i64 y0 = oy * sh - pt;
+          const i64 kya = y0 >= 0 ? 0 : ceil_div(-y0, dh);
+          const i64 kyb = std::min<i64>(kh, y0 >= H ? 0 : floor_div(H - 1 - y0, dh) + 1);
+          if (kyb <= kya) {
+            std::fill(o + oy * Wo, o + (oy + 1) * Wo, -std::numeric_limits<float>::infinity());
+            continue;
+          }
+          xk.max_pool_s2_row(in + (y0 + kya * dh) * W, dh * W, kyb - kya, W, pl, kw, v, o + oy * Wo, Wo, v + nv);
+        }
+      }
+    });
+    return;
+  }
   if (sw == 2 && dw == 1) {
     // Stride 2 (3 x 3 / 2 and 2 x 2 / 2 pools: MTCNN's, most CNN stems'): whole-plane passes as in the stride-1 path,
     // instead of short rows (MTCNN's 23-output rows were mostly scalar tails, and a per-tap select ~4 ns a tap). The
@@ -1032,30 +1083,41 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
     const i64 Hp = std::max<i64>(H + pt, (Ho - 1) * sh + (kh - 1) * dh + 1);
     const i64 vstep = wide ? 1 : sh, vrows = (Ho - 1) * vstep + 1;  // the vertical max's row of output row oy: oy * vstep
     const i64 nv = vrows * Wp, nh = (vrows - 1) * Wq + Wo, ne = (kw + 1) / 2, no = kw / 2;
+    // Narrow maps run P planes at once: their padded copies one after another (PS floats apart; PS is even, so the
+    // phases keep their parity across planes), each pass one call over all of them (the rows between two planes'
+    // outputs are computed and never copied out). A call per plane and pass cost as much as the passes on MTCNN's
+    // smallest maps (kPoolStackFloats).
+    const i64 PS = Hp * Wp;
+    const i64 P = wide ? 1 : std::max<i64>(1, std::min<i64>(chunk, kPoolStackFloats / PS));
+    const i64 nv_max = (P - 1) * PS + nv, nh_max = (P - 1) * (PS / 2) + nh;
     parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
-      float* padded = tl_buf(TL_MISC).get(static_cast<std::size_t>(Hp * Wp + 2 * nv + 2 * nh));
-      float* vmax = padded + Hp * Wp;
-      float* even = vmax + nv;
-      float* odd = even + nv / 2;
-      float* emax = odd + nv / 2;
-      float* omax = emax + nh;
-      std::fill(padded, padded + Hp * Wp, -std::numeric_limits<float>::infinity());
-      for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
-        const float* in = x + q * H * W;
-        xk.copy_rows(in, W, padded + pt * Wp + pl, Wp, H, W);
+      float* padded = tl_buf(TL_MISC).get(static_cast<std::size_t>(P * PS + 2 * nv_max + 2 * nh_max));
+      float* vmax = padded + P * PS;
+      float* even = vmax + nv_max;
+      float* odd = even + nv_max / 2;
+      float* emax = odd + nv_max / 2;
+      float* omax = emax + nh_max;
+      std::fill(padded, padded + P * PS, -std::numeric_limits<float>::infinity());
+      const i64 qend = std::min<i64>(NC, (t + 1) * chunk);
+      for (i64 q0 = t * chunk; q0 < qend; q0 += P) {
+        const i64 np = std::min<i64>(P, qend - q0), NV = (np - 1) * PS + nv, NH = (np - 1) * (PS / 2) + nh;
+        for (i64 p = 0; p < np; ++p)
+          xk.copy_rows(x + (q0 + p) * H * W, W, padded + p * PS + pt * Wp + pl, Wp, H, W);
         if (wide) {
           for (i64 oy = 0; oy < Ho; ++oy) xk.max_rows(padded + oy * sh * Wp, dh * Wp, kh, vmax + oy * Wp, Wp);
         } else {
-          xk.max_rows(padded, dh * Wp, kh, vmax, nv);
+          xk.max_rows(padded, dh * Wp, kh, vmax, NV);
         }
-        xk.deinterleave(vmax, nv, even, odd);
-        xk.max_rows(even, 1, ne, emax, nh);
-        if (no) {
-          xk.max_rows(odd, 1, no, omax, nh);
-          xk.max_rows(emax, omax - emax, 2, emax, nh);
+        xk.deinterleave(vmax, NV, even, odd);
+        xk.max_rows(even, 1, ne, emax, NH);
+        if (no == 1) {  // the one odd tap: no copy of it first
+          xk.max_rows(emax, odd - emax, 2, emax, NH);
+        } else if (no > 1) {
+          xk.max_rows(odd, 1, no, omax, NH);
+          xk.max_rows(emax, omax - emax, 2, emax, NH);
         }
-        float* o = out + q * Ho * Wo;
-        xk.copy_rows(emax, vstep * Wq, o, Wo, Ho, Wo);
+        for (i64 p = 0; p < np; ++p)
+          xk.copy_rows(emax + p * (PS / 2), vstep * Wq, out + (q0 + p) * Ho * Wo, Wo, Ho, Wo);
       }
     });
     return;

@@ -84,13 +84,18 @@ bool winograd_fits(const PackedConv& pc, const ConvGeom& g) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   if (xk.wino_in == nullptr || kr.nr % xk.lanes != 0) return false;
-  const i64 tiles = ceil_div(g.Ho, 4) * ceil_div(g.Wo, 4);
+  // The blocks of tiles run across the images of a batch (conv_winograd), so the column panels pad all of them once.
+  const i64 tiles = g.N * ceil_div(g.Ho, 4) * ceil_div(g.Wo, 4);
   // flops against the direct 3x3: 144 * tiles (useful, 16 outputs x 9 taps) over 36 * padded tiles
-  const double gain = 4.0 * static_cast<double>(g.Ho * g.Wo) / 16.0 / static_cast<double>(ceil_div(tiles, kr.nr) * kr.nr);
+  const double gain =
+      4.0 * static_cast<double>(g.N * g.Ho * g.Wo) / 16.0 / static_cast<double>(ceil_div(tiles, kr.nr) * kr.nr);
   // Few channels (C x Cout < 512: YOLOv8n's 16 -> 16 on 80 x 80) leave the 36 GEMMs too small to pay for the
   // transforms: the direct tile won there (1 thread: 8 -> 16 on 80 x 80 164 -> 136 us, 16 -> 16 237 -> 226 alone,
   // 290 -> 235 inside the model; 16 -> 32 ties, 32 -> 16 and 16 -> 64 stay faster on Winograd).
-  return g.C >= 8 && g.Cout >= 8 && g.C * g.Cout >= 512 && gain >= 2.0;
+  // the tiles' int32 offsets into the padded batch and the output
+  const double span = static_cast<double>(g.N) * std::max<double>(static_cast<double>(g.C) * (g.Ho + 6) * (g.Wo + 7),
+                                                                  static_cast<double>(g.Cout) * g.Ho * g.Wo);
+  return g.C >= 8 && g.Cout >= 8 && g.C * g.Cout >= 512 && gain >= 2.0 && span < 2e9;
 }
 
 bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
@@ -100,7 +105,9 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   const ExtraKernels& xk = extra_for(kr);
   const int L = xk.lanes, nr = kr.nr;
   const i64 cin = g.C, cout = g.Cout, HWo = g.Ho * g.Wo;
-  const i64 th = ceil_div(g.Ho, 4), tw = ceil_div(g.Wo, 4), tiles = th * tw;
+  // Tiles are numbered across the batch (image n's tile t is n * tiles + t), so that a block of tiles may span
+  // images: MTCNN O-Net's 32 -> 64 on 4 x 23 x 23 is 4 x 36 tiles, 160 columns where each image alone pads to 64.
+  const i64 th = ceil_div(g.Ho, 4), tw = ceil_div(g.Wo, 4), tiles = th * tw, all_tiles = g.N * tiles;
   // Zero-padded input, rows [-pt, -pt + 4 th + 2) and columns [-pl, -pl + 4 tw + 2) of each channel, split into four
   // column phases (padded column px in plane px % 4 at px / 4): the patches of consecutive tiles of one tile row then
   // start at consecutive floats, so 16 tiles' values at one patch position are one vector load, not a gather.
@@ -139,33 +146,36 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   for (int i = 0; i < 6; ++i)
     for (int j = 0; j < 6; ++j) eoff[i * 6 + j] = (j & 3) * qplane + i * Wq + (j >> 2);
   const int T = threads_for(2.0 * 36 * cout * cin * tiles, 6e4 * 4);
-  const i64 bc = block_columns(kr, cin, cout, tiles, T, g.N);
-  const i64 nblk = ceil_div(tiles, bc);
-  // One block of tiles [t0, t0 + ncols) of image n: its three phases, each over a range of its work items.
+  const i64 bc = block_columns(kr, cin, cout, all_tiles, T, 1);
+  const i64 nblk = ceil_div(all_tiles, bc);
+  // One block of tiles [t0, t0 + ncols) of the batch: its three phases, each over a range of its work items.
   struct Block {
-    i64 n, t0, ncols, ncp, vstride, mstride;
+    i64 t0, ncols, ncp, vstride, mstride;
     float *v, *m;
-    std::int32_t *in_off, *out_off;
+    std::int32_t *in_off, *out_off, *extent;
   };
-  auto setup = [&](Block& b, i64 n, i64 t0, float* v, float* m, std::int32_t* offs) {
-    b.n = n, b.t0 = t0, b.ncols = std::min<i64>(bc, tiles - t0), b.ncp = ceil_div(b.ncols, nr) * nr;
+  auto setup = [&](Block& b, i64 t0, float* v, float* m, std::int32_t* offs) {
+    b.t0 = t0, b.ncols = std::min<i64>(bc, all_tiles - t0), b.ncp = ceil_div(b.ncols, nr) * nr;
     b.vstride = b.ncp * cin, b.mstride = b.ncp * cout, b.v = v, b.m = m, b.in_off = offs, b.out_off = offs + b.ncp;
-    // Per tile of the block: where its patch starts in a padded channel, where its outputs start. The padding
-    // lanes repeat the block's first tile: their GEMM columns are computed and never written out.
+    b.extent = offs + 2 * b.ncp;
+    // Per tile of the block: where its patch starts in channel 0 of the padded batch, where its outputs start in
+    // output channel 0 (image n's plane: n * cout * HWo). The padding lanes repeat the block's first tile: their
+    // GEMM columns are computed and never written out. extent: the tile's rows x 8 + columns inside the output (36 for
+    // a whole tile), so that the output transform divides nothing per tile and channel.
     for (i64 t = 0; t < b.ncp; ++t) {
-      const i64 tile = t0 + (t < b.ncols ? t : 0), ty = tile / tw, tx = tile % tw;
-      b.in_off[t] = static_cast<std::int32_t>(ty * 4 * Wq + tx);
-      b.out_off[t] = static_cast<std::int32_t>(ty * 4 * g.Wo + tx * 4);
+      const i64 tile = t0 + (t < b.ncols ? t : 0), n = tile / tiles, ty = tile % tiles / tw, tx = tile % tw;
+      b.in_off[t] = static_cast<std::int32_t>(n * per_image + ty * 4 * Wq + tx);
+      b.out_off[t] = static_cast<std::int32_t>(n * cout * HWo + ty * 4 * g.Wo + tx * 4);
+      b.extent[t] = static_cast<std::int32_t>(std::min<i64>(4, g.Ho - 4 * ty) * 8 + std::min<i64>(4, g.Wo - 4 * tx));
     }
   };
   // Input transform of channels [c0, c1) into the packed-B layout of each position's GEMM: panel p (nr columns)
   // holds rows c, each nr floats; lanes of tiles [t, t + L) go to panel t / nr, column t % nr.
   auto transform_in = [&](const Block& b, i64 c0, i64 c1) {
-    const float* img = padded + b.n * per_image;
     for (i64 t = 0; t < b.ncp; t += L) {
       const bool in_row = b.in_off[t + L - 1] - b.in_off[t] == L - 1;  // one tile row: plain loads
       for (i64 c = c0; c < c1; ++c)
-        xk.wino_in(img + c * plane, b.in_off + t, eoff, in_row, b.v + (t / nr) * cin * nr + c * nr + t % nr,
+        xk.wino_in(padded + c * plane, b.in_off + t, eoff, in_row, b.v + (t / nr) * cin * nr + c * nr + t % nr,
                    b.vstride);
     }
   };
@@ -177,24 +187,23 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   };
   // Output transform, bias, activation on L tiles at a time, then the 4 x 4 blocks written (clipped at the edges).
   auto transform_out = [&](const Block& b, i64 co0, i64 co1, float* y) {
-    float* o = out + b.n * cout * HWo;
     for (i64 co = co0; co < co1; ++co) {
       const float bv = bias ? bias[co] : 0.f;
-      float* plane_o = o + co * HWo;
+      float* plane_o = out + co * HWo;
       for (i64 t = 0; t < b.ncols; t += L) {
         xk.wino_out(b.m + co * b.ncp + t, b.mstride, bv, y);
         if (act.act >= 0) kr.unary(act.act, y, y, 16 * L, act.act_alpha, act.act_beta);
         const int lanes = static_cast<int>(std::min<i64>(L, b.ncols - t));
         for (int l = 0; l < lanes; ++l) {
-          const i64 at = b.out_off[t + l], oy = at / g.Wo, ox = at % g.Wo;
-          float* dst = plane_o + at;
+          const i64 extent = b.extent[t + l];
+          float* dst = plane_o + b.out_off[t + l];
           const float* src = y + l;
-          if (oy + 4 <= g.Ho && ox + 4 <= g.Wo) {
+          if (extent == 36) {
             for (int i = 0; i < 4; ++i)
               for (int j = 0; j < 4; ++j) dst[i * g.Wo + j] = src[(i * 4 + j) * L];
             continue;
           }
-          const i64 rows = std::min<i64>(4, g.Ho - oy), cols = std::min<i64>(4, g.Wo - ox);
+          const i64 rows = extent >> 3, cols = extent & 7;
           for (i64 i = 0; i < rows; ++i)
             for (i64 j = 0; j < cols; ++j) dst[i * g.Wo + j] = src[(i * 4 + j) * L];
         }
@@ -203,36 +212,35 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   };
   auto scratch = [&](i64 ncp, int slot_v, int slot_m, float*& v, float*& m, float*& y, std::int32_t*& offs) {
     v = tl_buf(slot_v).get(static_cast<std::size_t>(36 * ncp * cin));
-    m = tl_buf(slot_m).get(static_cast<std::size_t>(36 * ncp * cout + 16 * L + 2 * ncp));
+    m = tl_buf(slot_m).get(static_cast<std::size_t>(36 * ncp * cout + 16 * L + 3 * ncp));
     y = m + 36 * ncp * cout;
     offs = reinterpret_cast<std::int32_t*>(y + 16 * L);
   };
-  if (T > 1 && g.N * nblk < 2 * T) {
+  if (T > 1 && nblk < 2 * T) {
     // Too few blocks to share out (a 20 x 20 map is 25 tiles, one block): each block's three phases run on every
     // thread in turn, split over channels, positions and output channels.
-    for (i64 n = 0; n < g.N; ++n)
-      for (i64 t0 = 0; t0 < tiles; t0 += bc) {
-        float *v, *m, *y;
-        std::int32_t* offs;
-        scratch(ceil_div(std::min<i64>(bc, tiles - t0), nr) * nr, TL_PACK_B, TL_MISC, v, m, y, offs);
-        Block b;
-        setup(b, n, t0, v, m, offs);
-        parallel_for(T, T, [&](i64 t) { transform_in(b, cin * t / T, cin * (t + 1) / T); });
-        parallel_for(T, T, [&](i64 t) { products(b, 36 * t / T, 36 * (t + 1) / T); });
-        parallel_for(T, T, [&](i64 t) {
-          float* yt = tl_buf(TL_TMP).get(static_cast<std::size_t>(16 * L));
-          transform_out(b, cout * t / T, cout * (t + 1) / T, yt);
-        });
-      }
+    for (i64 t0 = 0; t0 < all_tiles; t0 += bc) {
+      float *v, *m, *y;
+      std::int32_t* offs;
+      scratch(ceil_div(std::min<i64>(bc, all_tiles - t0), nr) * nr, TL_PACK_B, TL_MISC, v, m, y, offs);
+      Block b;
+      setup(b, t0, v, m, offs);
+      parallel_for(T, T, [&](i64 t) { transform_in(b, cin * t / T, cin * (t + 1) / T); });
+      parallel_for(T, T, [&](i64 t) { products(b, 36 * t / T, 36 * (t + 1) / T); });
+      parallel_for(T, T, [&](i64 t) {
+        float* yt = tl_buf(TL_TMP).get(static_cast<std::size_t>(16 * L));
+        transform_out(b, cout * t / T, cout * (t + 1) / T, yt);
+      });
+    }
     return true;
   }
-  parallel_for(g.N * nblk, T, [&](i64 task) {
+  parallel_for(nblk, T, [&](i64 task) {
     float *v, *m, *y;
     std::int32_t* offs;
-    const i64 t0 = (task % nblk) * bc;
-    scratch(ceil_div(std::min<i64>(bc, tiles - t0), nr) * nr, TL_PACK_B, TL_MISC, v, m, y, offs);
+    const i64 t0 = task * bc;
+    scratch(ceil_div(std::min<i64>(bc, all_tiles - t0), nr) * nr, TL_PACK_B, TL_MISC, v, m, y, offs);
     Block b;
-    setup(b, task / nblk, t0, v, m, offs);
+    setup(b, t0, v, m, offs);
     transform_in(b, 0, cin);
     products(b, 0, 36);
     transform_out(b, 0, cout, y);

@@ -53,6 +53,12 @@ struct ExtraKernels {
   void (*cmp_f32)(int op, int mode, const float* a, const float* b, std::uint8_t* y, i64 n);
   // out[j] = max over the kh rows (row r at x + r*ld) of x[r*ld + j]; NaN propagates.
   void (*max_rows)(const float* x, i64 ld, i64 rows, float* out, i64 n);
+  // One output row of a max pool of stride 2 along W (dilation 1 along W, kw <= 3): v[pl + i] = max over the nrows
+  // input rows (row r at x + r*ld, w values each) of column i, then out[j] = max(v[2j], ..., v[2j + kw - 1]) for
+  // j < wo. v: the caller's row, -inf at [0, pl) and from pl + w to 2 wo + kw (so taps past the input are -inf); only
+  // [pl, pl + w) is written. scratch: 2 wo + 2 floats. NaN propagates.
+  void (*max_pool_s2_row)(const float* x, i64 ld, i64 nrows, i64 w, i64 pl, i64 kw, float* v, float* out, i64 wo,
+                          float* scratch);
   // y = clamp(y + b, lo, hi) (NaN passes through): the bias + ReLU / ReLU6 / Clip epilogue in one pass.
   void (*bias_clamp_row)(float* y, i64 n, float b, float lo, float hi);
   // y = act(y + b) in one pass for the activations conv models fuse most (SiLU, sigmoid, hard-swish); false, y

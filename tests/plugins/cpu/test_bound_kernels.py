@@ -22,7 +22,8 @@ def _chain_model():
         helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["c", "row_bias"], ["a"]),  # broadcast [8, 1] (along H: not folded into the conv)
         helper.make_node("Clip", ["a", "lo", "hi"], ["cl"]),
-        helper.make_node("MaxPool", ["cl"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("PRelu", ["cl", "slope"], ["pr"]),  # per-channel slope [4, 1, 1]
+        helper.make_node("MaxPool", ["pr"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("AveragePool", ["cl"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Sub", ["mp", "ap"], ["d"]),
         helper.make_node("GlobalAveragePool", ["d"], ["g"]),
@@ -45,6 +46,7 @@ def _chain_model():
     ]
     inits = [("w", rng.normal(size=(4, 3, 3, 3)).astype(f32)), ("b", rng.normal(size=4).astype(f32)),
              ("row_bias", rng.normal(size=(8, 1)).astype(f32)), ("lo", np.array(-0.5, f32)),
+             ("slope", rng.uniform(0.1, 0.5, size=(4, 1, 1)).astype(f32)),
              ("hi", np.array(2.0, f32)), ("starts", np.array([1], np.int64)), ("ends", np.array([3], np.int64)),
              ("axes", np.array([3], np.int64)), ("flat", np.array([0, -1], np.int64)),
              ("big", np.array([1, 4, 2, 2], np.int64)), ("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),

@@ -356,6 +356,13 @@ WINOGRAD_CASES = [
     (1, 16, 32, 26, 26, [0, 0, 0, 0]),
     (1, 24, 25, 17, 30, [0, 2, 2, 1]),
     (1, 32, 40, 24, 20, [1, 1, 1, 1]),
+    # batches whose blocks of tiles span images (each image alone pads its tiles to a 32-column panel and would take
+    # the direct kernel): MTCNN O-Net's 32 -> 64 on 4 x 23 x 23, 64 -> 64 on 4 x 10 x 10, R-Net's 28 -> 48 on
+    # 16 x 11 x 11
+    (4, 32, 64, 23, 23, [0, 0, 0, 0]),
+    (4, 64, 64, 10, 10, [0, 0, 0, 0]),
+    (16, 28, 48, 11, 11, [0, 0, 0, 0]),
+    (5, 16, 36, 9, 14, [1, 0, 1, 2]),
 ]
 
 
@@ -384,6 +391,16 @@ def test_conv_winograd_fused_silu(isa):
     np.testing.assert_allclose(got, c, rtol=1e-4, atol=2e-4)
 
 
+def test_conv_winograd_batch_nonfinite_image(isa):
+    """An inf in one image of a batch whose tiles share blocks across images: the whole conv takes the direct kernel,
+    and the other images' outputs are the finite ones of the reference."""
+    x, wt = f32(4, 32, 23, 23), f32(64, 32, 3, 3, seed=1) * np.float32(0.2)
+    x[2, 7, 11, 3] = np.inf
+    assert _native.prepack_conv(wt).algorithm(list(x.shape)) == "winograd"
+    got = check("Conv", {"x": x}, {"w": wt}, rtol=1e-4, atol=2e-4)[0]
+    assert np.isfinite(got[[0, 1, 3]]).all()
+
+
 def test_conv_winograd_nonfinite_input_stays_local(isa):
     """An inf in the input reaches only the outputs whose windows hold it (as in a direct convolution): Winograd's
     transforms would spread it over the whole 4 x 4 tile as NaN, so such inputs take another kernel."""
@@ -408,6 +425,7 @@ def test_conv_winograd_not_taken_where_it_loses():
     assert _native.prepack_conv(np.zeros((16, 16, 3, 3), np.float32)).algorithm([1, 16, 80, 80]) == "direct"
     assert _native.prepack_conv(np.zeros((16, 8, 3, 3), np.float32)).algorithm([1, 8, 80, 80]) == "direct"
     assert packed.algorithm([1, 16, 10, 10], pads=[1, 1, 1, 1]) != "winograd"
+    assert packed.algorithm([8, 16, 10, 10], pads=[1, 1, 1, 1]) == "winograd"  # the batch's tiles fill the panels
     assert packed.algorithm([1, 16, 40, 40], strides=[2, 2], pads=[1, 1, 1, 1]) != "winograd"
     assert packed.algorithm([1, 16, 40, 40], dilations=[2, 2], pads=[2, 2, 2, 2]) != "winograd"
     assert _native.prepack_conv(np.zeros((4, 4, 3, 3), np.float32)).algorithm([1, 4, 40, 40]) != "winograd"
@@ -437,6 +455,37 @@ def test_max_pool_stride2_phases(isa, k, auto_pad, hw):
         check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], ceil_mode=1, **pads)
         check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[3, 2], **pads)
         check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], dilations=[1, 2], **pads)
+
+
+@pytest.mark.parametrize("k,strides,pads,extra,w", [
+    ((2, 2), (2, 2), [0, 0, 0, 0], {}, 160),  # OriNet's 2x2 / 2
+    ((3, 3), (2, 2), [0, 0, 1, 1], {}, 67),  # SAME_UPPER-like: the last window past the right edge
+    ((3, 3), (2, 2), [1, 1, 1, 1], {}, 64),
+    ((3, 1), (2, 2), [1, 0, 1, 0], {}, 65),  # one tap per row
+    ((3, 3), (3, 2), [2, 2, 2, 2], {"dilations": [2, 1]}, 70),  # left padding 2, dilated rows, row stride 3
+    ((2, 3), (1, 2), [0, 1, 1, 1], {"ceil_mode": 1}, 77),
+    ((1, 2), (2, 2), [0, 0, 0, 0], {}, 99),  # an odd width: the last column unread
+])
+def test_max_pool_stride2_rows(isa, k, strides, pads, extra, w):
+    """Stride-2 pools on rows of 64+ inputs, one output row at a time (conv.cpp max_pool_rows_fit: the vertical max
+    of the valid rows, then even / odd phases): left and right padding, 1-3 taps, NaN at a row's first and last
+    column and in the middle, -inf values."""
+    x = f32(2, 3, 11, w)
+    x[0, 0, 0, 0] = x[0, 1, 5, w - 1] = x[1, 2, 10, w // 2] = np.nan
+    x[1, 0, 3, :7] = -np.inf
+    check("MaxPool", {"x": x}, kernel_shape=list(k), strides=list(strides), pads=pads, **extra)
+
+
+@pytest.mark.parametrize("k,auto_pad,hw", [(3, "VALID", 9), (3, "SAME_UPPER", 8), (2, "SAME_UPPER", 8),
+                                           (2, "VALID", 13), (3, "SAME_UPPER", 21)])
+def test_max_pool_stride2_stacked_planes(isa, k, auto_pad, hw, threads):
+    """Narrow stride-2 pools of many planes (MTCNN's 4 x 64 x 8 x 8, 16 x 48 x 9 x 9): several planes' padded copies
+    in one buffer and each pass over all of them (conv.cpp kPoolStackFloats); NaN and -inf in the first, a middle
+    and the last plane, the last group of planes shorter than the others."""
+    x = f32(3, 37, hw, hw)
+    x[0, 0, 0, 0] = x[1, 17, hw // 2, hw - 1] = x[2, 36, hw - 1, 1] = np.nan
+    x[1, 5, :, :3] = -np.inf
+    check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], auto_pad=auto_pad)
 
 
 # ------------------------------------------------------------------------------------------------ 1-D convolution
