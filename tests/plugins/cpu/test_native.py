@@ -671,6 +671,12 @@ CONV_CASES = [
     (2, 20, 7, 7, 20, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 20),
     (1, 24, 13, 11, 24, 3, 3, (2, 2), (1, 0, 1, 1), (1, 1), 24),
     (1, 17, 9, 9, 17, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 17),
+    # the blocked path's planes in and out by W x W transposes (AVX2 / AVX-512): 8 x 8 maps (whole 16-position
+    # chunks, 40 channels: a half block), 4 x 6 (whole 8-position chunks at AVX2), stride 2 leaving the last input
+    # row and column unread, with a 4-position tail
+    (1, 40, 8, 8, 40, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 40),
+    (2, 11, 4, 6, 11, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 11),
+    (1, 18, 10, 10, 18, 3, 3, (2, 2), (0, 0, 0, 0), (1, 1), 18),
     (1, 5, 7, 7, 4, 7, 7, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # kernel == input
     (1, 4, 6, 5, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # strided 1x1
     # wide rows: whole 16- / 32-column panels inside one output row (the im2col's fixed-size copy path)
