@@ -307,10 +307,6 @@ bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, i
                          [&](auto f) { dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, f); });
 }
 
-// Depthwise convolution of channels [c0, c0 + nc) (nc <= W) of one image, channel-blocked: the W channels' padded
-// planes interleaved (position-major, a vector of channels per position), so each output position is one vector
-// and every lane does work whatever the plane's width (the row kernel above fills 7 of 16 lanes on a 7 x 7 map).
-// scratch: dw_nchwc_scratch floats.
 // Whether this ISA's traits have an in-register W x W transpose (SIMD::transpose: AVX2, AVX-512).
 template <class S, class = void>
 struct has_transpose : std::false_type {};
@@ -322,6 +318,10 @@ HETERO_INLINE void transpose_block(typename S::V* r) {
   S::transpose(r);
 }
 
+// Depthwise convolution of channels [c0, c0 + nc) (nc <= W) of one image, channel-blocked: the W channels' padded
+// planes interleaved (position-major, a vector of channels per position), so each output position is one vector
+// and every lane does work whatever the plane's width (the row kernel above fills 7 of 16 lanes on a 7 x 7 map).
+// scratch: dw_nchwc_scratch floats.
 template <int R, class F>
 HETERO_INLINE void dwc_block(const float* P, const i64* base, const i64* toff, const float* wt,
                                                      int ntaps, V vb, float* tile, F act) {

@@ -721,8 +721,8 @@ CONV_CASES = [
     (1, 32, 64, 64, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (1, 40, 60, 64, 8, 3, 3, (3, 1), (1, 1, 1, 1), (1, 1), 1),
     # 1x1 convs (PP-LCNet's maps): the last 1-5 positions past a whole vector in a ragged last GEMM panel (7 x 7: 1,
-    # a 17-column panel; 14 x 14: 4, 10 x 13: 2, 7 x 5: 3 with K off the 16-float padding, 3 x 7: 5: the one-vector
-    # tile), a last column panel of one vector (28 x 28) or of 4 columns, Cout off the 12-row tile, grouped, two images
+    # 14 x 14: 4, 10 x 13: 2, 7 x 5: 3 with K off the 16-float padding, 3 x 7: 5), a last column panel of one vector
+    # (28 x 28: the one-vector tile) or of 4 columns, Cout off the 12-row tile, grouped, two images
     (1, 64, 7, 7, 72, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (1, 40, 14, 14, 44, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (2, 24, 10, 13, 20, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
