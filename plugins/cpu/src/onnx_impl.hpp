@@ -311,6 +311,17 @@ bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, i
                          [&](auto f) { dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, f); });
 }
 
+// Whether this ISA's traits have an in-register W x W transpose (SIMD::transpose: AVX2, AVX-512).
+template <class S, class = void>
+struct has_transpose : std::false_type {};
+template <class S>
+struct has_transpose<S, std::void_t<decltype(S::transpose(static_cast<typename S::V*>(nullptr)))>> : std::true_type {};
+// S::transpose(r), named through a template so that a discarded `if constexpr` branch never asks for it
+template <class S>
+HETERO_INLINE void transpose_block(typename S::V* r) {
+  S::transpose(r);
+}
+
 // Depthwise convolution of channels [c0, c0 + nc) (nc <= W) of one image, channel-blocked: the W channels' padded
 // planes interleaved (position-major, a vector of channels per position), so each output position is one vector
 // and every lane does work whatever the plane's width (the row kernel above fills 7 of 16 lanes on a 7 x 7 map).
@@ -357,13 +368,33 @@ void dwc_run(const ConvGeom& g, const float* x, const float* w, const float* bia
   }
   const V vb = SIMD::load(bl);
   const float* xc = x + c0 * HW;
-  for (i64 py = 0; py < Hp; ++py) {
-    const i64 iy = py - g.pt;
-    float* row = P + py * Wp * W;
-    for (i64 px = 0; px < Wp; ++px) {
-      const i64 ix = px - g.pl;
-      const bool in = iy >= 0 && iy < g.H && ix >= 0 && ix < g.W;
-      SIMD::store(row + px * W, in ? SIMD::gather(xc + iy * g.W + ix, idx) : SIMD::zero());
+  if constexpr (has_transpose<SIMD>::value) {
+    // W positions of the W planes a step (W loads, one transpose, a store per position: a gather a position took as
+    // long as the taps), the zero border written first; the last HW % W positions by gathers.
+    std::fill(P, P + Hp * Wp * W, 0.f);
+    i64 p = 0, iy = 0, ix = 0;
+    const auto put = [&](V v) {
+      if (iy + g.pt < Hp && ix + g.pl < Wp) SIMD::store(P + ((iy + g.pt) * Wp + ix + g.pl) * W, v);
+      if (++ix == g.W) ix = 0, ++iy;
+    };
+    for (; p + W <= HW; p += W) {
+      V r[W];
+#pragma GCC unroll 16
+      for (int l = 0; l < W; ++l) r[l] = SIMD::load(xc + idx[l] + p);
+      transpose_block<SIMD>(r);
+#pragma GCC unroll 16
+      for (int j = 0; j < W; ++j) put(r[j]);
+    }
+    for (; p < HW; ++p) put(SIMD::gather(xc + p, idx));
+  } else {
+    for (i64 py = 0; py < Hp; ++py) {
+      const i64 iy = py - g.pt;
+      float* row = P + py * Wp * W;
+      for (i64 px = 0; px < Wp; ++px) {
+        const i64 ix = px - g.pl;
+        const bool in = iy >= 0 && iy < g.H && ix >= 0 && ix < g.W;
+        SIMD::store(row + px * W, in ? SIMD::gather(xc + iy * g.W + ix, idx) : SIMD::zero());
+      }
     }
   }
   for (i64 ky = 0; ky < g.kh; ++ky)
@@ -371,9 +402,21 @@ void dwc_run(const ConvGeom& g, const float* x, const float* w, const float* bia
   for (i64 oy = 0, p = 0; oy < g.Ho; ++oy)
     for (i64 ox = 0; ox < g.Wo; ++ox, ++p) base[p] = (oy * g.sh * Wp + ox * g.sw) * W;
   dwc_positions<8>(P, base, HWo, toff, wt, ntaps, vb, tile, act);
+  i64 q = 0;
+  if constexpr (has_transpose<SIMD>::value) {
+    for (; q + W <= HWo; q += W) {  // W positions a step back into the nc planes
+      V r[W];
+#pragma GCC unroll 16
+      for (int j = 0; j < W; ++j) r[j] = SIMD::load(tile + (q + j) * W);
+      transpose_block<SIMD>(r);
+#pragma GCC unroll 16
+      for (int l = 0; l < W; ++l)
+        if (l < nc) SIMD::store(out + (c0 + l) * HWo + q, r[l]);
+    }
+  }
   for (i64 l = 0; l < nc; ++l) {
     float* o = out + (c0 + l) * HWo;
-    for (i64 p = 0; p < HWo; ++p) o[p] = tile[p * W + l];
+    for (i64 p = q; p < HWo; ++p) o[p] = tile[p * W + l];
   }
 }
 

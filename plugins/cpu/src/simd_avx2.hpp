@@ -18,6 +18,24 @@ struct SIMD {
     return _mm256_i32gather_ps(p, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)), 4);
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  // r[i][j] -> r[j][i] for a W x W block in registers (the channel-blocked depthwise kernel's way in and out of planes)
+  static void transpose(V* r) {
+    V t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {  // u[4i + e], 128-bit lane k: rows 4i..4i+3 at column 4k + e
+      u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+      u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int e = 0; e < 4; ++e) {
+      r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+      r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
+    }
+  }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V zero() { return _mm256_setzero_ps(); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }

@@ -18,6 +18,29 @@ struct SIMD {
     return _mm512_i32gather_ps(_mm512_loadu_si512(idx), p, 4);
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // r[i][j] -> r[j][i] for a W x W block in registers (the channel-blocked depthwise kernel's way in and out of planes)
+  static void transpose(V* r) {
+    V t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4i + e], 128-bit lane k: rows 4i..4i+3 at column 4k + e
+    for (int i = 0; i < 4; ++i) {
+      u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+      u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int e = 0; e < 4; ++e) {
+      const V v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x88), v1 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x88);
+      const V w0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xDD), w1 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xDD);
+      r[e] = _mm512_shuffle_f32x4(v0, v1, 0x88);
+      r[8 + e] = _mm512_shuffle_f32x4(v0, v1, 0xDD);
+      r[4 + e] = _mm512_shuffle_f32x4(w0, w1, 0x88);
+      r[12 + e] = _mm512_shuffle_f32x4(w0, w1, 0xDD);
+    }
+  }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V zero() { return _mm512_setzero_ps(); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }

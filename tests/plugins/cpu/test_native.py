@@ -671,6 +671,12 @@ CONV_CASES = [
     (2, 20, 7, 7, 20, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 20),
     (1, 24, 13, 11, 24, 3, 3, (2, 2), (1, 0, 1, 1), (1, 1), 24),
     (1, 17, 9, 9, 17, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 17),
+    # the blocked path's planes in and out by W x W transposes (AVX2 / AVX-512): 8 x 8 maps (whole 16-position
+    # chunks, 40 channels: a half block), 4 x 6 (whole 8-position chunks at AVX2), stride 2 leaving the last input
+    # row and column unread, with a 4-position tail
+    (1, 40, 8, 8, 40, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 40),
+    (2, 11, 4, 6, 11, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 11),
+    (1, 18, 10, 10, 18, 3, 3, (2, 2), (0, 0, 0, 0), (1, 1), 18),
     (1, 5, 7, 7, 4, 7, 7, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # kernel == input
     (1, 4, 6, 5, 6, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # strided 1x1
     # wide rows: whole 16- / 32-column panels inside one output row (the im2col's fixed-size copy path)
@@ -714,10 +720,9 @@ CONV_CASES = [
     (1, 64, 40, 40, 20, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (1, 32, 64, 64, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (1, 40, 60, 64, 8, 3, 3, (3, 1), (1, 1, 1, 1), (1, 1), 1),
-    # 1x1 convs (PP-LCNet's maps): the last 1-4 positions past a whole vector by dot products with the weight rows
-    # (7 x 7: 1, 14 x 14: 4, 10 x 13: 2, 7 x 5: 3 with K off the 16-float padding), 5 past it through the GEMM (3 x 7),
-    # a last column panel of one vector (28 x 28: the one-vector tile) or of 4 columns, Cout off the 12-row tile,
-    # grouped, two images
+    # 1x1 convs (PP-LCNet's maps): the last 1-5 positions past a whole vector in a ragged last GEMM panel (7 x 7: 1,
+    # 14 x 14: 4, 10 x 13: 2, 7 x 5: 3 with K off the 16-float padding, 3 x 7: 5), a last column panel of one vector
+    # (28 x 28: the one-vector tile) or of 4 columns, Cout off the 12-row tile, grouped, two images
     (1, 64, 7, 7, 72, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (1, 40, 14, 14, 44, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (2, 24, 10, 13, 20, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
@@ -895,7 +900,7 @@ BLOCK_CASES = [
     (2, 12, 13, 96, 28, 3, (1, 1), (1, 1, 1, 1)),
     (1, 16, 42, 42, 20, 3, (2, 2), (1, 1, 1, 1)),
     (3, 32, 9, 9, 48, 1, (1, 1), (0, 0, 0, 0)),
-    (2, 64, 7, 7, 100, 1, (1, 1), (0, 0, 0, 0)),  # the tail position of each image (dot products) in its last block
+    (2, 64, 7, 7, 100, 1, (1, 1), (0, 0, 0, 0)),  # a 17-column last panel of each image in its last block
 ]
 
 
