@@ -932,7 +932,8 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
 # runs in test_conv2d_cblk_forced)
 # (kh x kw > 1, K >= 64, whole blocks of channels, a small padded input): YOLOv8n's 3x3 on 10 x 10 and stride 2 onto
 # 10 x 10, stride 2 on an odd map (the last taps reading the padding), a 5 x 3 kernel with uneven pads, dilation 2,
-# strides (1, 2) and (3, 1), two images, a 2 x 2 kernel on a 9 x 9 map (on 4 x 4 the transposed path takes it: onnxw15), rows of 1-25 positions (tiles of 12 and the
+# strides (1, 2) and (3, 1), two images, a 2 x 2 kernel on a 9 x 9 map
+# (on 4 x 4 the transposed path takes it), rows of 1-25 positions (tiles of 12 and the
 # shorter last ones); inputs over 128K padded floats, padded in row bands by each task (stride 2 on 100 x 100, two
 # images; a 5 x 5 kernel on 130 x 130).
 CBLK_CASES = [
