@@ -199,15 +199,15 @@ ConvGeom along_w(const ConvGeom& g) {
 // image are gathered first (K floats each, zero-padded like the weight rows), then row blocks of the weights run
 // against all of an image's patches at once, so each weight row is read once per image.
 // The input patch of output position j of one image and group (xin: its first channel), K = cin_g x kh x kw values
-// in the weights' (c, ky, kx) order, value k at d[k * step]; zeros where the patch reads padding.
-void gather_patch(const ConvGeom& g, const float* xin, i64 cin_g, i64 j, float* d, i64 step) {
+// in the weights' (c, ky, kx) order; zeros where the patch reads padding.
+void gather_patch(const ConvGeom& g, const float* xin, i64 cin_g, i64 j, float* d) {
   const i64 y0 = (j / g.Wo) * g.sh - g.pt, x0 = (j % g.Wo) * g.sw - g.pl;
   for (i64 c = 0; c < cin_g; ++c) {
     const float* plane = xin + c * g.H * g.W;
     for (i64 ky = 0; ky < g.kh; ++ky) {
       const i64 iy = y0 + ky * g.dh;
       const bool row_in = iy >= 0 && iy < g.H;
-      for (i64 kx = 0; kx < g.kw; ++kx, d += step) {
+      for (i64 kx = 0; kx < g.kw; ++kx, ++d) {
         const i64 ix = x0 + kx * g.dw;
         *d = row_in && ix >= 0 && ix < g.W ? plane[iy * g.W + ix] : 0.f;
       }
@@ -227,7 +227,7 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
     const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
     for (i64 j = 0; j < HWo; ++j) {
       float* d = patches + (img * HWo + j) * ld;
-      gather_patch(g, xin, cin_g, j, d, 1);
+      gather_patch(g, xin, cin_g, j, d);
       std::fill(d + K, d + ld, 0.f);
     }
   }
@@ -277,6 +277,23 @@ struct DirectLayout {
   i64 ph, pw, Hq, Wq;
   bool flat;
 };
+
+// Offset of tap k = (c, ky, kx) (the weights' order, K = cin_g x kh x kw) from its output position's first input
+// float, in zero-padded copies of `channel_floats` floats a channel whose rows lie `row_floats` apart; a phase-split
+// copy (DirectLayout: ph x pw phases of `phase_floats` floats each, rows and columns divided by ph / pw) puts tap
+// (dy, dx) in phase (dy % ph, dx % pw).
+std::vector<i64> tap_offsets(const ConvGeom& g, i64 cin_g, i64 channel_floats, i64 row_floats, i64 ph = 1,
+                             i64 pw = 1, i64 phase_floats = 0) {
+  std::vector<i64> off(static_cast<std::size_t>(cin_g * g.kh * g.kw));
+  for (i64 c = 0, k = 0; c < cin_g; ++c)
+    for (i64 ky = 0; ky < g.kh; ++ky)
+      for (i64 kx = 0; kx < g.kw; ++kx, ++k) {
+        const i64 dy = ky * g.dh, dx = kx * g.dw;
+        off[static_cast<std::size_t>(k)] =
+            c * channel_floats + ((dy % ph) * pw + dx % pw) * phase_floats + (dy / ph) * row_floats + dx / pw;
+      }
+  return off;
+}
 
 DirectLayout direct_layout(const ConvGeom& g, i64 nr) {
   if (g.sh <= 2 && g.sw <= 2) {
@@ -417,14 +434,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const Blocks bands = balanced_blocks(g.Ho, band, images, groups == 1 ? T : 1, rows ? 2 : 1);
   const i64 hq = band_hq(bands.size(0)), nbands = bands.nb;
   const i64 qplane = hq * Wp, plane = L.ph * L.pw * qplane, per_band = cin_g * plane;
-  std::vector<i64> off(static_cast<std::size_t>(K));
-  for (i64 c = 0, k = 0; c < cin_g; ++c)
-    for (i64 ky = 0; ky < g.kh; ++ky)
-      for (i64 kx = 0; kx < g.kw; ++kx, ++k) {
-        const i64 dy = ky * g.dh, dx = kx * g.dw;
-        off[static_cast<std::size_t>(k)] =
-            c * plane + ((dy % L.ph) * L.pw + dx % L.pw) * qplane + (dy / L.ph) * Wp + dx / L.pw;
-      }
+  const std::vector<i64> off = tap_offsets(g, cin_g, plane, Wp, L.ph, L.pw, qplane);
   // A last tile of at most one vector of columns runs the one-vector-wide tile (every ISA with a tile kernel has
   // it): YOLOv8n's 20 x 20 stride-2 maps are 109 flattened columns, 128 in 32-wide tiles, 112 with a 16-wide tail.
   const auto tile_nr = [&](i64 ncols) { return ncols <= xk.lanes ? xk.lanes : nr; };
@@ -640,10 +650,8 @@ void conv_transposed(const PackedConv& pc, const ConvGeom& g, const float* x, co
   float* cbuf = apan + mp * mr * K;
   float* padded = cbuf + HWo * cout_g;
   std::fill(padded, padded + cin_g * plane, 0.f);
-  std::vector<i64> koff(static_cast<std::size_t>(K)), joff(static_cast<std::size_t>(HWo));
-  for (i64 c = 0, k = 0; c < cin_g; ++c)
-    for (i64 ky = 0; ky < g.kh; ++ky)
-      for (i64 kx = 0; kx < g.kw; ++kx, ++k) koff[static_cast<std::size_t>(k)] = c * plane + ky * g.dh * Wp + kx * g.dw;
+  const std::vector<i64> koff = tap_offsets(g, cin_g, plane, Wp);
+  std::vector<i64> joff(static_cast<std::size_t>(HWo));
   for (i64 j = 0; j < HWo; ++j) joff[static_cast<std::size_t>(j)] = (j / g.Wo) * g.sh * Wp + (j % g.Wo) * g.sw;
   const double flops = 2.0 * HWo * cout_g * K;
   // Threads take whole column panels of the channels (a task: the same packed patches, its own panels).
@@ -746,15 +754,6 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const int T = threads_for(flops, kParallelGrain * 4);
   std::vector<float> vb(static_cast<std::size_t>(nblk * cb), 0.f);
   if (bias != nullptr) std::copy(bias, bias + g.Cout, vb.begin());
-  // tap k = (c, ky, kx) of a position at c * channel_floats + ky dh row_floats + kx dw from its first
-  const auto tap_offsets = [&](i64 channel_floats, i64 row_floats) {
-    std::vector<i64> off(static_cast<std::size_t>(K));
-    for (i64 c = 0, k = 0; c < pc.cin_g; ++c)
-      for (i64 ky = 0; ky < g.kh; ++ky)
-        for (i64 kx = 0; kx < g.kw; ++kx, ++k)
-          off[static_cast<std::size_t>(k)] = c * channel_floats + ky * g.dh * row_floats + kx * g.dw;
-    return off;
-  };
   // One run of n positions (input at `base`, output at `o`) of block b; an activation the kernel does not apply in
   // registers runs over the whole output at the end.
   std::atomic<bool> act_left{false};
@@ -777,7 +776,7 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     while (band > 4 && g.C * band_hq(band) * L.Wq > kBandFloats) band = (band + 1) / 2;
     const Blocks bands = balanced_blocks(g.Ho, band, g.N, T, 2);
     const i64 hq = band_hq(bands.size(0)), bplane = hq * L.Wq;
-    const std::vector<i64> boff = tap_offsets(bplane, L.Wq);
+    const std::vector<i64> boff = tap_offsets(g, pc.cin_g, bplane, L.Wq);
     parallel_for(g.N * bands.nb, T, [&](i64 task) {
       const i64 n = task / bands.nb, oy0 = bands.begin(task % bands.nb), oy1 = oy0 + bands.size(task % bands.nb);
       float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(g.C * bplane));
@@ -796,7 +795,7 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     for (i64 q = 0; q < g.N * g.C; ++q) pad_channel(xk, g, L, x + q * g.H * g.W, padded + q * plane, 0, L.Hq);
     in = padded;
   }
-  const std::vector<i64> off = tap_offsets(plane, ld);
+  const std::vector<i64> off = tap_offsets(g, pc.cin_g, plane, ld);
   // Rows: the output rows (row r at input row r sh); a pointwise conv's map (forced on: the rule leaves 1x1 convs to
   // the GEMM) as `rows` runs of a multiple of 12 positions (AVX-512's tile).
   const i64 groups = T > 1 ? ceil_div(2 * T, nblk) : 1;

@@ -527,24 +527,14 @@ void x_bias_clamp_row(float* y, i64 n, float b, float lo, float hi) {
 }
 
 bool x_bias_act_row(float* y, i64 n, float b, int act, float alpha, float beta) {
-  using S = SIMD;
-  const V vb = S::set1(b), va = S::set1(alpha), vbeta = S::set1(beta), zero = S::zero();
+  const V vb = SIMD::set1(b);
   switch (act) {
-    case hetero::U_LEAKY_RELU:
-      map1(y, y, n, [&](V v) {
-        v = S::add(v, vb);
-        return S::select(S::lt(v, zero), S::mul(v, va), v);
-      });
-      return true;
-    case hetero::U_LEAKY_RELU_MIN:  // openWakeWord's convs: LeakyRelu and a Max by a constant, fused
-      map1(y, y, n, [&](V v) {
-        v = S::add(v, vb);
-        return vnan_pass(v, S::max(S::select(S::lt(v, zero), S::mul(v, va), v), vbeta));
-      });
-      return true;
-    case hetero::U_SILU: map1(y, y, n, [&](V v) { return vsilu(SIMD::add(v, vb)); }); return true;
     case hetero::U_SIGMOID: map1(y, y, n, [&](V v) { return vsigmoid(SIMD::add(v, vb)); }); return true;
-    case hetero::U_HARD_SWISH: map1(y, y, n, [&](V v) { return vhard_swish(SIMD::add(v, vb)); }); return true;
+    case hetero::U_LEAKY_RELU:
+    case hetero::U_LEAKY_RELU_MIN:  // openWakeWord's convs: LeakyRelu and a Max by a constant, fused
+    case hetero::U_SILU:
+    case hetero::U_HARD_SWISH:  // the activations in registers of the depthwise and conv tiles, the same lambdas
+      return dw_act_dispatch(act, alpha, beta, [&](auto f) { map1(y, y, n, [&](V v) { return f(SIMD::add(v, vb)); }); });
     default: return false;
   }
 }
