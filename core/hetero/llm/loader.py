@@ -36,9 +36,9 @@ from .whole_decoder import whole_decoder
 if TYPE_CHECKING:
     from .template import ChatTemplate
 
+REQUANT_VERSION = 1  # of the re-quantized matrices' cache (load(requantize=))
 # bytes per cached value of each KV cache type (q8: int8 with a float scale per 32 values; q4r / q3r: 4 / 3-bit codes
 # with a float16 scale per 32 values)
-REQUANT_VERSION = 1  # of the re-quantized matrices' cache (load(requantize=))
 KV_BYTES = {"f16": 2.0, "f32": 4.0, "q8": 1.125, "q4r": 0.5625, "q3r": 0.4375}
 
 

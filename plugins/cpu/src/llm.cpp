@@ -586,6 +586,20 @@ void run_blocks(const Plan& plan, int nt, const F& f) {
   });
 }
 
+// range(g0, g1) over every 16-row group of a one-segment plan's weights (groups of them), split across nt threads:
+// by bytes (HETERO_LLM_BLOCKS=1), else in equal runs of groups (split_rows).
+template <class F>
+void run_groups(const Plan& plan, i64 groups, int nt, const F& range) {
+  if (blocks_on()) {
+    run_blocks(plan, nt, [&](int, i64 g0, i64 g1) { range(g0, g1); });
+    return;
+  }
+  const std::vector<i64> b = split_rows(groups, nt);
+  parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
+    range(b[static_cast<std::size_t>(t)], b[static_cast<std::size_t>(t) + 1]);
+  });
+}
+
 }  // namespace bsplit
 
 // y[M, N] (row stride ldy) = x[M, K] @ W_e^T (+ bias). xq: x already quantized (quantized weights) or nullptr.
@@ -880,14 +894,7 @@ Op prep_qmatmul_swiglu(const PyWeights& pg, const PyWeights& pu, const py::array
       for (i64 m = 0; m < M && a < e; ++m)
         swiglu_rows(base, parts[0].y + m * N + a, parts[1].y + m * N + a, o + m * N + a, e - a);
     };
-    if (bsplit::blocks_on()) {
-      bsplit::run_blocks(bsplit::Plan{{{&wg, &wu}}}, nt, [&](int, i64 g0, i64 g1) { range(g0, g1); });
-      return;
-    }
-    const std::vector<i64> b = split_rows(wg.pk.groups, nt);
-    parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
-      range(b[static_cast<std::size_t>(t)], b[static_cast<std::size_t>(t) + 1]);
-    });
+    bsplit::run_groups(bsplit::Plan{{{&wg, &wu}}}, wg.pk.groups, nt, range);
   };
 }
 
@@ -933,14 +940,7 @@ Op prep_qmatmul_residual(const PyWeights& pw, const py::array& x, const py::arra
       for (i64 m = 0; m < M && a < e; ++m)
         base.binary(B_ADD, BM_VV, r + m * N + a, parts[0].y + m * N + a, ro + m * N + a, e - a);
     };
-    if (bsplit::blocks_on()) {
-      bsplit::run_blocks(bsplit::Plan{{{&w, nullptr}}}, nt, [&](int, i64 g0, i64 g1) { range(g0, g1); });
-      return;
-    }
-    const std::vector<i64> b = split_rows(w.pk.groups, nt);
-    parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
-      range(b[static_cast<std::size_t>(t)], b[static_cast<std::size_t>(t) + 1]);
-    });
+    bsplit::run_groups(bsplit::Plan{{{&w, nullptr}}}, w.pk.groups, nt, range);
   };
 }
 

@@ -853,12 +853,6 @@ void py_global_avg_pool(const py::array& x, const py::array& out) {
 // ------------------------------------------------------------------------------------------------ step preparers
 // A bound call's positional arguments as the entry point takes them (trailing defaults may be left out).
 
-void step_arity(const py::tuple& a, std::size_t lo, std::size_t hi, const char* fn) {
-  if (a.size() < lo || a.size() > hi)
-    fail(std::string(fn) + ": " + std::to_string(a.size()) + " arguments, expected " + std::to_string(lo) + " to " +
-         std::to_string(hi));
-}
-
 py::object step_obj(const py::tuple& a, std::size_t i) { return i < a.size() ? py::object(a[i]) : py::object(py::none()); }
 
 template <class T>
@@ -869,6 +863,12 @@ T step_val(const py::tuple& a, std::size_t i, T dflt) {
 }  // namespace
 
 namespace hetero {
+
+void step_arity(const py::tuple& a, std::size_t lo, std::size_t hi, const char* fn) {
+  if (a.size() < lo || a.size() > hi)
+    fail(std::string(fn) + ": " + std::to_string(a.size()) + " arguments, expected " + std::to_string(lo) + " to " +
+         std::to_string(hi));
+}
 
 py::array step_array(const py::tuple& a, std::size_t i, const char* fn) {
   if (i >= a.size() || !py::isinstance<py::array>(a[i]))

@@ -918,17 +918,17 @@ void bind_rnn(py::module_& m);
 
 void bind_onnx_extra(py::module_& m) {
   register_step_op("compare", [](const py::tuple& a) {
-    if (a.size() != 4) fail("compare: 4 arguments expected");
+    step_arity(a, 4, 4, "compare");
     return prep_compare(a[0].cast<std::string>(), step_array(a, 1, "compare"), step_array(a, 2, "compare"),
                         step_array(a, 3, "compare"));
   });
   register_step_op("pad", [](const py::tuple& a) {
-    if (a.size() != 5) fail("pad: 5 arguments expected");
+    step_arity(a, 5, 5, "pad");
     return prep_pad(step_array(a, 0, "pad"), a[1].cast<std::vector<i64>>(), a[2].cast<std::string>(),
                     step_array(a, 3, "pad"), step_array(a, 4, "pad"));
   });
   register_step_op("channel_affine", [](const py::tuple& a) {
-    if (a.size() != 4) fail("channel_affine: 4 arguments expected");
+    step_arity(a, 4, 4, "channel_affine");
     return prep_channel_affine(step_array(a, 0, "channel_affine"), step_array(a, 1, "channel_affine"),
                                step_array(a, 2, "channel_affine"), step_array(a, 3, "channel_affine"));
   });

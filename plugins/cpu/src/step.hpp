@@ -36,6 +36,9 @@ using StepPreparer = Op (*)(const pybind11::tuple& args);
 void register_step_op(const char* name, StepPreparer prep);
 Op prepare_step_op(const std::string& name, const pybind11::tuple& args);
 std::vector<std::string> step_op_names();
+// A preparer's tuple holds lo to hi arguments (an entry point's trailing defaults may be left out), else
+// std::invalid_argument naming fn.
+void step_arity(const pybind11::tuple& args, std::size_t lo, std::size_t hi, const char* fn);
 // Argument i of a preparer's tuple, which must be a numpy array already (an entry point's caster would convert a
 // list into a temporary the op would outlive).
 pybind11::array step_array(const pybind11::tuple& args, std::size_t i, const char* fn);
