@@ -8,7 +8,8 @@
 * the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``) and its attributes with their defaults
   (``GatedDeltaAttrs``);
 * the dims a ``Shape`` node returns (``shape_range``);
-* a step of several sequences: per-row positions and slots, cut into one-sequence runs (``slot_runs``).
+* a step of several sequences: per-row positions and slots, cut into one-sequence runs (``slot_runs``);
+* Resize's source coordinate of each output (``source_coords``, float64) and nearest index (``nearest_indices``).
 """
 
 from __future__ import annotations
@@ -293,3 +294,49 @@ def _slot_runs(pos_bytes: bytes, slot_bytes: bytes, one: bool, count: int) -> tu
     if pos:
         runs.append(SlotRun(slot[start], start, len(pos), pos[start]))
     return tuple(runs)
+
+
+def source_coords(mode: str, n_in: int, n_out: int, scale: float, roi: tuple[float, float] | None = None,
+                  from_scales: bool = False) -> np.ndarray:
+    """The input coordinate (float64) of each of the ``n_out`` outputs of one axis under a
+    coordinate_transformation_mode. Backends whose float32 division is not correctly rounded (OpenCL drivers may
+    give 2.5 ulp) take nearest indices from here: a coordinate a tie away from rounding up must not round up."""
+    x = np.arange(n_out, dtype=np.float64)
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        width = n_in * scale
+        adjustment = n_out / width if from_scales else 1.0
+        offset = n_in / 2 * (1 - adjustment)
+        return offset + (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
+    if mode == "align_corners":
+        # With scales, the resized length is the fractional n_in * scale, not the rounded output size.
+        length = n_in * scale if from_scales else n_out
+        return x * (n_in - 1) / (length - 1) if n_out > 1 else np.zeros_like(x)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (x + 0.5) / scale
+    if mode == "tf_crop_and_resize":
+        start, end = roi if roi is not None else (0.0, 1.0)
+        if n_out > 1:
+            return start * (n_in - 1) + x * (end - start) * (n_in - 1) / (n_out - 1)
+        return np.full_like(x, 0.5 * (start + end) * (n_in - 1))
+    raise ValueError(f"unknown coordinate_transformation_mode {mode!r}")
+
+
+def nearest_indices(mode: str, coords: np.ndarray, n_in: int) -> np.ndarray:
+    """The input index (int64, clamped to the axis) each coordinate takes under a nearest_mode."""
+    if mode == "round_prefer_floor":
+        idx = np.ceil(coords - 0.5)
+    elif mode == "round_prefer_ceil":
+        idx = np.floor(coords + 0.5)
+    elif mode == "floor":
+        idx = np.floor(coords)
+    elif mode == "ceil":
+        idx = np.ceil(coords)
+    else:
+        raise ValueError(f"unknown nearest_mode {mode!r}")
+    return np.clip(idx, 0, n_in - 1).astype(np.int64)

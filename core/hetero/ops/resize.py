@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..contract.opforms import nearest_indices, source_coords
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, Shape, TensorInfo
 from .shapes import input_info, normalize_axis, static_dims, unknown
@@ -102,50 +103,16 @@ def _resize_infer(ctx: OpContext) -> list[TensorInfo]:
     return [TensorInfo(x.dtype, tuple(out))]
 
 
-def _source_coords(ctx: OpContext, n_in: int, n_out: int, scale: float, roi: tuple[float, float] | None,
-                   from_scales: bool) -> np.ndarray:
-    mode = ctx.attr("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
+def _coordinate_mode(ctx: OpContext) -> str:
     if ctx.node.op_type == "Upsample":
-        mode = "asymmetric"
-    x = np.arange(n_out, dtype=np.float64)
-    if mode == "half_pixel":
-        return (x + 0.5) / scale - 0.5
-    if mode == "half_pixel_symmetric":
-        width = n_in * scale
-        adjustment = n_out / width if from_scales else 1.0
-        offset = n_in / 2 * (1 - adjustment)
-        return offset + (x + 0.5) / scale - 0.5
-    if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
-    if mode == "align_corners":
-        # With scales, the resized length is the fractional n_in * scale, not the rounded output size.
-        length = n_in * scale if from_scales else n_out
-        return x * (n_in - 1) / (length - 1) if n_out > 1 else np.zeros_like(x)
-    if mode == "asymmetric":
-        return x / scale
-    if mode == "tf_half_pixel_for_nn":
-        return (x + 0.5) / scale
-    if mode == "tf_crop_and_resize":
-        start, end = roi if roi is not None else (0.0, 1.0)
-        if n_out > 1:
-            return start * (n_in - 1) + x * (end - start) * (n_in - 1) / (n_out - 1)
-        return np.full_like(x, 0.5 * (start + end) * (n_in - 1))
-    raise ctx.fail(f"unknown coordinate_transformation_mode {mode!r}")
+        return "asymmetric"
+    return ctx.attr("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
 
 
-def _nearest_index(ctx: OpContext, coords: np.ndarray) -> np.ndarray:
-    mode = ctx.attr("nearest_mode", "round_prefer_floor")
+def _nearest_mode(ctx: OpContext) -> str:
     if ctx.node.op_type == "Upsample" or ctx.opset < 11:
-        mode = "floor"
-    if mode == "round_prefer_floor":
-        return np.ceil(coords - 0.5)
-    if mode == "round_prefer_ceil":
-        return np.floor(coords + 0.5)
-    if mode == "floor":
-        return np.floor(coords)
-    if mode == "ceil":
-        return np.ceil(coords)
-    raise ctx.fail(f"unknown nearest_mode {mode!r}")
+        return "floor"
+    return ctx.attr("nearest_mode", "round_prefer_floor")
 
 
 def _cubic(t: np.ndarray, a: float) -> np.ndarray:
@@ -158,12 +125,18 @@ def _cubic(t: np.ndarray, a: float) -> np.ndarray:
 def _matrix(ctx: OpContext, n_in: int, n_out: int, scale: float, roi: tuple[float, float] | None,
             from_scales: bool) -> tuple[np.ndarray, np.ndarray]:
     """The (out, in) interpolation matrix of one axis and the mask of outputs that fall outside (extrapolated)."""
-    coords = _source_coords(ctx, n_in, n_out, scale, roi, from_scales)
+    try:
+        coords = source_coords(_coordinate_mode(ctx), n_in, n_out, scale, roi, from_scales)
+    except ValueError as exc:
+        raise ctx.fail(str(exc)) from exc
     outside = (coords < 0) | (coords > n_in - 1)
     mode = ctx.attr("mode", "nearest")
     w = np.zeros((n_out, n_in))
     if mode == "nearest":
-        idx = np.clip(_nearest_index(ctx, coords), 0, n_in - 1).astype(np.int64)
+        try:
+            idx = nearest_indices(_nearest_mode(ctx), coords, n_in)
+        except ValueError as exc:
+            raise ctx.fail(str(exc)) from exc
         w[np.arange(n_out), idx] = 1.0
         return w, outside
     if mode not in ("linear", "bilinear", "trilinear", "cubic", "bicubic", "tricubic"):

@@ -148,9 +148,27 @@ py::list platforms() {
   return out;
 }
 
+// The cl_context and its command queue, released only after the last object made in the context. Python's garbage
+// collector frees a session's cycle in any order (the Context object before its Buffers), and so does the
+// interpreter's exit; the specification has a memory object or a program keep its context alive, but with every
+// object holding this handle no release depends on a driver doing that right. The Context object's close() drops
+// only its own reference (after which the object refuses work).
+struct ContextHandle {
+  cl_context ctx = nullptr;
+  cl_command_queue queue = nullptr;
+  ContextHandle() = default;
+  ContextHandle(const ContextHandle&) = delete;
+  ContextHandle& operator=(const ContextHandle&) = delete;
+  ~ContextHandle() {
+    if (queue) clReleaseCommandQueue(queue);
+    if (ctx) clReleaseContext(ctx);
+  }
+};
+
 // Released cl_mem objects wait here, by capacity, for the next allocation of the same size: decode steps allocate
 // the same sizes every token.
 struct Pool {
+  std::shared_ptr<ContextHandle> owner;  // released after the pooled and the live buffers (Buffer holds the pool)
   std::unordered_map<size_t, std::vector<cl_mem>> free;
   size_t pooled = 0;
   size_t limit = size_t(1) << 30;
@@ -226,6 +244,7 @@ struct Kernel {
   cl_kernel k = nullptr;
   std::string name;
   cl_program program = nullptr;  // retained: the kernel keeps its program alive
+  std::shared_ptr<ContextHandle> owner;  // and the program its context (destroyed after the releases below)
   ~Kernel() {
     if (k) clReleaseKernel(k);
     if (program) clReleaseProgram(program);
@@ -235,6 +254,7 @@ struct Kernel {
 struct Program {
   cl_program p = nullptr;
   cl_device_id device = nullptr;
+  std::shared_ptr<ContextHandle> owner;
   ~Program() {
     if (p) clReleaseProgram(p);
   }
@@ -256,6 +276,7 @@ struct Program {
     k->name = name;
     clRetainProgram(p);
     k->program = p;
+    k->owner = owner;
     return k;
   }
 
@@ -300,11 +321,13 @@ class Context {
                                   std::to_string(platform));
     dev_ = devs[device];
     cl_int err = CL_SUCCESS;
-    ctx_ = clCreateContext(nullptr, 1, &dev_, nullptr, nullptr, &err);
+    owner_ = std::make_shared<ContextHandle>();
+    owner_->ctx = ctx_ = clCreateContext(nullptr, 1, &dev_, nullptr, nullptr, &err);
     check(err, "clCreateContext");
-    queue_ = clCreateCommandQueue(ctx_, dev_, 0, &err);
+    owner_->queue = queue_ = clCreateCommandQueue(ctx_, dev_, 0, &err);
     check(err, "clCreateCommandQueue");
     pool_ = std::make_shared<Pool>();
+    pool_->owner = owner_;
   }
   ~Context() { close(); }
 
@@ -312,17 +335,14 @@ class Context {
     if (queue_) {
       clFinish(queue_);
       pending_.clear();
-      clReleaseCommandQueue(queue_);
       queue_ = nullptr;
     }
     if (pool_) {
       pool_->drain();
       pool_->closed = true;
     }
-    if (ctx_) {
-      clReleaseContext(ctx_);
-      ctx_ = nullptr;
-    }
+    ctx_ = nullptr;
+    owner_.reset();  // the queue and the context go with the last buffer, program or kernel made in them
   }
 
   py::dict info() const { return describe(dev_); }
@@ -417,6 +437,7 @@ class Context {
     prog->p = clCreateProgramWithSource(ctx_, 1, &src, &len, &err);
     check(err, "clCreateProgramWithSource");
     prog->device = dev_;
+    prog->owner = owner_;
     finish_build(*prog, options);
     return prog;
   }
@@ -432,6 +453,7 @@ class Context {
     check(err, "clCreateProgramWithBinary");
     check(status, "clCreateProgramWithBinary (binary status)");
     prog->device = dev_;
+    prog->owner = owner_;
     finish_build(*prog, options);
     return prog;
   }
@@ -517,7 +539,8 @@ class Context {
   }
 
   cl_device_id dev_ = nullptr;
-  cl_context ctx_ = nullptr;
+  std::shared_ptr<ContextHandle> owner_;
+  cl_context ctx_ = nullptr;  // owner_->ctx and owner_->queue while open
   cl_command_queue queue_ = nullptr;
   std::shared_ptr<Pool> pool_;
   std::vector<py::object> pending_;  // host sources of queued non-blocking writes

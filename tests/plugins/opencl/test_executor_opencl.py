@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper
 
 import hetero
@@ -133,3 +134,32 @@ def test_the_decode_profiler_leaves_the_guarded_kernels_working():
     assert runs() == methods  # each kernel's own run is back, not a wrapper and not the guard's class default
     for got, want in zip(decode(), before, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_buffers_and_kernels_outlive_their_context_object():
+    """Python's garbage collector frees a session's cycle in any order: the native Context first, then its arena,
+    sub-buffers, pooled buffers and kernels. Every object keeps the cl_context and its queue alive (the Context
+    object's close only stops it), so these releases never reach a released context."""
+    import gc
+
+    from hetero_opencl import _native
+    from hetero_opencl.factory import list_devices
+
+    device = list_devices()[0]
+    ctx = _native.Context(device.properties["platform_index"], device.properties["device_index"])
+    arena = ctx.alloc(1 << 16)
+    views = [ctx.sub(arena, offset, 4096) for offset in (0, 4096)]  # 4096: aligned for any device
+    kernel = ctx.build("__kernel void fill(__global float* y) { y[get_global_id(0)] = 2.0f; }", "").kernel("fill")
+    pooled = ctx.alloc(256)
+    ctx.launch(kernel, [16], [], views[0])
+    out = np.zeros(16, np.float32)
+    ctx.read(views[0], out)
+    np.testing.assert_array_equal(out, 2.0)
+    del pooled  # back to the context's pool
+    ctx.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        ctx.alloc(16)
+    del ctx
+    gc.collect()
+    del views, kernel, arena  # released after the context object: must not touch a released context
+    gc.collect()

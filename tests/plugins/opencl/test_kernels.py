@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import hetero
 from hetero.contract import TensorInfo, dtypes, quant
 from hetero.contract.graph import HETERO_DOMAIN, Graph, Node
+from hetero.contract.opforms import nearest_indices, source_coords
 
 from .conftest import needs_device
 
@@ -159,6 +160,20 @@ def test_resize(mode, coord):
     scales = np.array([1, 1, 2.0, 1.5], np.float32)
     check_onnx("Resize", {"x": rand(1, 2, 4, 6)}, {"mode": mode, "coordinate_transformation_mode": coord},
                consts={"roi": np.zeros(0, np.float32), "scales": scales}, opset=13)
+
+
+@pytest.mark.parametrize("nearest", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+def test_resize_nearest_ties_to_sizes(nearest):
+    """2 -> 7 rows under half_pixel puts output row 3 at source 0.5 exactly, a tie: a float32 division on the
+    device that is an ulp high (NVIDIA's OpenCL, 2.5 ulp allowed) rounded it up under round_prefer_floor. The
+    nearest source rows and columns now come from the host in float64."""
+    ties = source_coords("half_pixel", 2, 7, 7 / 2)
+    assert ties[3] == 0.5
+    assert nearest_indices(nearest, ties, 2)[3] == {"round_prefer_floor": 0, "round_prefer_ceil": 1, "floor": 0,
+                                                     "ceil": 1}[nearest]
+    check_onnx("Resize", {"x": rand(1, 2, 2, 2)}, {"mode": "nearest", "nearest_mode": nearest},
+               consts={"roi": np.zeros(0, np.float32), "scales": np.zeros(0, np.float32),
+                       "sizes": np.array([1, 2, 7, 8], np.int64)}, opset=13)
 
 
 @pytest.mark.parametrize("op,b", [("Add", (1, 7)), ("Mul", (3, 1, 7)), ("Sub", (2, 3, 5, 7)), ("Div", ()),

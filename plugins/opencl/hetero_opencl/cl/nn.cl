@@ -146,8 +146,9 @@ __kernel void layernorm(__global const float* x, __global const float* scale, __
 }
 
 // Resize of the last two axes of [NC, H, W] (len_*: the resized length align_corners divides by). coord: 0 half_pixel, 1 asymmetric, 2 align_corners,
-// 3 pytorch_half_pixel, 4 tf_half_pixel_for_nn. mode 0 nearest (nearest: 0 round_prefer_floor, 1 round_prefer_ceil,
-// 2 floor, 3 ceil), 1 linear.
+// 3 pytorch_half_pixel, 4 tf_half_pixel_for_nn. mode 0 nearest: the source row / column of each output row / column
+// come from the host (rows, cols: computed in float64 there, since a float32 division here may be off by an ulp,
+// and a coordinate that should be a tie, 0.5, then rounds the other way), 1 linear (continuous in the coordinate).
 inline float resize_coord(int o, float scale, int in_len, int out_len, float length, int coord) {
   switch (coord) {
     case 0: return ((float)o + 0.5f) / scale - 0.5f;
@@ -158,27 +159,18 @@ inline float resize_coord(int o, float scale, int in_len, int out_len, float len
   }
 }
 
-inline int nearest_index(float c, int nearest, int len) {
-  int i;
-  switch (nearest) {
-    case 0: i = (c == floor(c) + 0.5f) ? (int)floor(c) : (int)round(c); break;
-    case 1: i = (c == floor(c) + 0.5f) ? (int)ceil(c) : (int)round(c); break;
-    case 2: i = (int)floor(c); break;
-    default: i = (int)ceil(c); break;
-  }
-  return clamp(i, 0, len - 1);
-}
-
-__kernel void resize2d(__global const float* x, __global float* y, int NC, int H, int W, int OH, int OW,
-                       float scale_h, float scale_w, float len_h, float len_w, int mode, int coord, int nearest) {
+__kernel void resize2d(__global const float* x, __global float* y, __global const int* rows,
+                       __global const int* cols, int NC, int H, int W, int OH, int OW, float scale_h, float scale_w,
+                       float len_h, float len_w, int mode, int coord) {
   const int ox = get_global_id(0), oy = get_global_id(1), nc = get_global_id(2);
   if (ox >= OW || oy >= OH || nc >= NC) return;
   __global const float* xp = x + (long)nc * H * W;
-  const float cy = resize_coord(oy, scale_h, H, OH, len_h, coord), cx = resize_coord(ox, scale_w, W, OW, len_w, coord);
   float v;
   if (mode == 0) {
-    v = xp[nearest_index(cy, nearest, H) * W + nearest_index(cx, nearest, W)];
+    v = xp[rows[oy] * W + cols[ox]];
   } else {
+    const float cy = resize_coord(oy, scale_h, H, OH, len_h, coord);
+    const float cx = resize_coord(ox, scale_w, W, OW, len_w, coord);
     const float fy = clamp(cy, 0.0f, (float)(H - 1)), fx = clamp(cx, 0.0f, (float)(W - 1));
     const int y0 = (int)floor(fy), x0 = (int)floor(fx);
     const int y1 = min(y0 + 1, H - 1), x1 = min(x0 + 1, W - 1);

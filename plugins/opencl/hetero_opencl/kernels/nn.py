@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from hetero.contract import SUPPORTED, BackendError, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
-from hetero.contract.opforms import layer_norm_broadcast
+from hetero.contract.opforms import layer_norm_broadcast, nearest_indices, source_coords
 
 from .common import (
     ClKernel,
@@ -394,7 +394,7 @@ class ClLayerNorm(ClKernel):
 
 
 _COORD = {"half_pixel": 0, "asymmetric": 1, "align_corners": 2, "pytorch_half_pixel": 3, "tf_half_pixel_for_nn": 4}
-_NEAREST = {"round_prefer_floor": 0, "round_prefer_ceil": 1, "floor": 2, "ceil": 3}
+_NEAREST = frozenset({"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"})
 
 
 def _text(value: Any, default: str) -> str:
@@ -433,8 +433,8 @@ class ClResize(ClKernel):
         self.mode = 0 if _text(self.attr("mode"), "nearest") == "nearest" else 1
         legacy = self.info.opset < 11
         coord = _text(self.attr("coordinate_transformation_mode"), "asymmetric" if legacy else "half_pixel")
-        self.coord = _COORD[coord]
-        self.nearest = _NEAREST["floor" if legacy else _text(self.attr("nearest_mode"), "round_prefer_floor")]
+        self.coord_mode, self.coord = coord, _COORD[coord]
+        self.nearest_mode = "floor" if legacy else _text(self.attr("nearest_mode"), "round_prefer_floor")
 
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
         x, y = inputs[0], outputs[0]
@@ -451,8 +451,13 @@ class ClResize(ClKernel):
             sh, sw = oh / h, ow / w
             lh, lw = float(oh), float(ow)
         nc = int(np.prod(x.shape[:-2], dtype=np.int64))
-        self.launch(self.k(PROGRAM, "resize2d"), [ow, oh, nc], None, x.buffer, y.buffer, nc, h, w, oh, ow,
-                    sh, sw, lh, lw, self.mode, self.coord, self.nearest)
+        rows, cols = self.be.dummy, self.be.dummy
+        if self.mode == 0:
+            rows, cols = (self.meta(axis, nearest_indices(self.nearest_mode, source_coords(
+                self.coord_mode, n_in, n_out, scale, from_scales=scales is not None), n_in).tolist())
+                for axis, n_in, n_out, scale in (("rows", h, oh, sh), ("cols", w, ow, sw)))
+        self.launch(self.k(PROGRAM, "resize2d"), [ow, oh, nc], None, x.buffer, y.buffer, rows, cols, nc, h, w, oh,
+                    ow, sh, sw, lh, lw, self.mode, self.coord)
 
 
 KERNELS = {
