@@ -31,9 +31,6 @@ struct RnnWeights {
   bool gru = false;
   i64 dirs = 0, I = 0, H = 0, G = 0;
   std::vector<std::unique_ptr<Packed>> w, r, rh;  // per direction: W^T, R^T (LSTM: all gates; GRU: z and r), GRU R_h^T
-  // GRU: R^T of all three gates, for linear_before_reset (PyTorch's GRU), where R_h h does not wait for r: one
-  // product a step instead of two (the two bidirectional GRUs of arabic-name-romanizer's encoder: 64 steps a call).
-  std::vector<std::unique_ptr<Packed>> rall;
 };
 
 // c (M x N, ldc) = a (M x K view) @ packed + bias row (may be null).
@@ -80,8 +77,6 @@ std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& 
     p->r.back()->pack(*p->kr, MatView{rd, H, gru ? 2 * H : GH, 1, H});
     p->rh.push_back(std::make_unique<Packed>());
     if (gru) p->rh.back()->pack(*p->kr, MatView{rd + 2 * H * H, H, H, 1, H});
-    p->rall.push_back(std::make_unique<Packed>());
-    if (gru) p->rall.back()->pack(*p->kr, MatView{rd, H, GH, 1, H});
   }
   return p;
 }
@@ -163,12 +158,13 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
     if (pc0) std::memcpy(c.data(), pc0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
     else std::fill(c.begin(), c.end(), 0.f);
     const float* pp = pP ? pP + d * 3 * H : nullptr;
-    const bool one_product = p.gru && linear_before_reset;
-    const Packed& R = one_product ? *p.rall[static_cast<std::size_t>(d)] : *p.r[static_cast<std::size_t>(d)];
+    const Packed& R = *p.r[static_cast<std::size_t>(d)];
     for (i64 t = 0; t < seq; ++t) {
       const MatView hv{h.data(), batch, H, H, 1};
-      const i64 rn = R.n;  // LSTM: 4H, GRU: 2H (3H with linear_before_reset: R_h h is the last H columns)
+      const i64 rn = R.n;  // LSTM: 4H, GRU: 2H
       gemm_p(kr, hv, R, hr.data(), rn, nullptr, T);
+      if (p.gru && linear_before_reset)
+        gemm_p(kr, hv, *p.rh[static_cast<std::size_t>(d)], hh.data(), H, brh.data(), T);
       for (i64 b = 0; b < batch; ++b) {
         const i64 len = lens[static_cast<std::size_t>(b)];
         if (t >= len) continue;
@@ -218,14 +214,9 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
           const i64 tx = backward ? len - 1 - t : t;
           const float* g = hr.data() + b * rn;
           const float* xh = xw.data() + (tx * batch + b) * GH + 2 * H;
+          const float* q = hh.data() + b * H;
           float* cand = tmp.data();
-          if (linear_before_reset) {
-            const float* q = g + 2 * H;  // R_h h, its bias added here (where the separate product added it)
-            for (i64 j = 0; j < H; ++j) cand[j] = xh[j] + g[H + j] * (q[j] + brh[static_cast<std::size_t>(j)]);
-          } else {
-            const float* q = hh.data() + b * H;
-            for (i64 j = 0; j < H; ++j) cand[j] = xh[j] + q[j];
-          }
+          for (i64 j = 0; j < H; ++j) cand[j] = linear_before_reset ? xh[j] + g[H + j] * q[j] : xh[j] + q[j];
           act(U_TANH, cand, H);
           float* hb = h.data() + b * H;
           for (i64 j = 0; j < H; ++j) hb[j] = (1.f - g[j]) * cand[j] + g[j] * hb[j];
