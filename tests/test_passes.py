@@ -853,3 +853,94 @@ def test_max_or_min_by_a_constant_after_a_conv_folds_into_its_clip(backend, acts
     if rewrites:
         y = session.run(feeds)["y"]
         assert y.min() < y.max() or clamps == [("Max", "c_big")]  # the clamps do not make every value one bound
+
+
+def _nhwc_block_model(rng, residual_shared: bool = False):
+    """A tf2onnx-style channels-last block (yahoo_open_nsfw's ResNet): Transpose to NCHW, Conv, Transpose back, the
+    BatchNormalization as Add / Sub / Mul / Add of [C] constants and a scalar, Relu, a residual Add of two such
+    branches, Transpose to NCHW for the next Conv, Transpose back. ``residual_shared``: the first branch's value is
+    also a graph output, so its Transpose must stay."""
+    f32 = np.float32
+    to_nchw, to_nhwc = [0, 3, 1, 2], [0, 2, 3, 1]
+    nodes = []
+    for i in (0, 1):
+        nodes += [helper.make_node("Transpose", ["x"], [f"t{i}"], perm=to_nchw),
+                  helper.make_node("Conv", [f"t{i}", f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Transpose", [f"c{i}"], [f"n{i}"], perm=to_nhwc),
+                  helper.make_node("Add", [f"n{i}", "bias"], [f"a{i}"]),
+                  helper.make_node("Sub", [f"a{i}", "mean"], [f"s{i}"]),
+                  helper.make_node("Mul", ["half", f"s{i}"], [f"m{i}"]),  # a scalar, first
+                  helper.make_node("Add", [f"m{i}", "shift"], [f"b{i}"]),
+                  helper.make_node("Relu", [f"b{i}"], [f"r{i}"])]
+    nodes += [helper.make_node("Add", ["r0", "r1"], ["sum"]),
+              helper.make_node("Transpose", ["sum"], ["t2"], perm=to_nchw),
+              helper.make_node("Conv", ["t2", "w2"], ["c2"]),
+              helper.make_node("Transpose", ["c2"], ["y"], perm=to_nhwc)]
+    inits = [("w0", rng.normal(size=(4, 3, 3, 3)).astype(f32)), ("w1", rng.normal(size=(4, 3, 3, 3)).astype(f32)),
+             ("w2", rng.normal(size=(5, 4, 1, 1)).astype(f32)), ("bias", rng.normal(size=4).astype(f32)),
+             ("mean", rng.normal(size=(1, 1, 4)).astype(f32)), ("half", np.array(0.5, f32)),
+             ("shift", rng.normal(size=4).astype(f32))]
+    outputs = [("y", TensorProto.FLOAT, None)] + ([("r0", TensorProto.FLOAT, None)] if residual_shared else [])
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, 6, 7, 3])], outputs, inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transposes_sink_through_elementwise_ops_and_cancel(backend):
+    rng = np.random.default_rng(11)
+    model = _nhwc_block_model(rng)
+    session = _compare(model, {"x": rng.normal(size=(2, 6, 7, 3)).astype(np.float32)}, backend, rtol=1e-4, atol=1e-4)
+    ops = _ops(session)
+    # x's Transpose twice (one per branch), and the last one back to NHWC: the three pairs around the convs cancel
+    assert ops.count("Transpose") == 3
+    assert ops.count("FusedConv") == 2 and "Sub" not in ops and "Mul" not in ops  # the affine ops folded, Relu fused
+    assert session.rewrites["sink_transposes"] > 0
+
+
+def test_transposes_kept_where_their_value_is_read_as_is():
+    rng = np.random.default_rng(12)
+    model = _nhwc_block_model(rng, residual_shared=True)
+    x = rng.normal(size=(2, 6, 7, 3)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=1e-4, atol=1e-4)
+    assert session.run({"x": x})["r0"].shape == (2, 6, 7, 4)  # the graph output keeps its channels-last layout
+
+
+def test_transpose_pairs_compose_or_cancel():
+    rng = np.random.default_rng(13)
+    nodes = [helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["a"], ["b"], perm=[0, 3, 1, 2]),  # cancels
+             helper.make_node("Transpose", ["a"], ["c"], perm=[1, 0, 2, 3]),  # composes into one of x
+             helper.make_node("Add", ["b", "x"], ["y"]),
+             helper.make_node("Relu", ["c"], ["z"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+                       [("y", TensorProto.FLOAT, None), ("z", TensorProto.FLOAT, None)])
+    session = _compare(model, {"x": rng.normal(size=(2, 3, 4, 5)).astype(np.float32)}, "reference")
+    assert _ops(session).count("Transpose") == 1
+
+
+def test_transpose_left_before_an_op_that_is_not_elementwise():
+    rng = np.random.default_rng(14)
+    nodes = [helper.make_node("Transpose", ["x"], ["a"], perm=[0, 2, 1]),
+             helper.make_node("Add", ["a", "v"], ["b"]),  # a varying operand, not a transposed twin: stays
+             helper.make_node("Softmax", ["b"], ["y"], axis=-1)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 4]), ("v", TensorProto.FLOAT, [2, 4, 3])],
+                       [("y", TensorProto.FLOAT, None)])
+    feeds = {"x": rng.normal(size=(2, 3, 4)).astype(np.float32), "v": rng.normal(size=(2, 4, 3)).astype(np.float32)}
+    session = _compare(model, feeds, "reference")
+    assert _ops(session) == ["Transpose", "Add", "Softmax"] and session.rewrites["sink_transposes"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("activation", ["Relu", "Sigmoid"])
+def test_conv_activation_fuses_through_a_squeeze(backend, activation):
+    """A Keras Conv1D export: Conv on [N, C, 1, W], Squeeze of the unit axis, the bias Add, the activation."""
+    rng = np.random.default_rng(15)
+    f32 = np.float32
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Squeeze", ["c", "axes"], ["s"]),
+             helper.make_node("Add", ["s", "b"], ["a"]), helper.make_node(activation, ["a"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1])]
+    inits = [("w", rng.normal(size=(6, 3, 1, 4)).astype(f32)), ("axes", np.array([2], np.int64)),
+             ("b", rng.normal(size=(1, 6, 1)).astype(f32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [5, 3, 1, 9])], [("y", TensorProto.FLOAT, None)], inits)
+    session = _compare(model, {"x": rng.normal(size=(5, 3, 1, 9)).astype(f32)}, backend, rtol=1e-4, atol=1e-4)
+    assert _ops(session) == ["FusedConv", "Squeeze", "Transpose"]
+    assert session.graph.nodes[0].attrs["activation"] == activation

