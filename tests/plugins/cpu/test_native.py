@@ -974,6 +974,14 @@ def test_conv2d_cblk(isa, threads, case, activation):
     np.testing.assert_array_equal(out, one)
 
 
+def _in_this_module(call: str) -> str:
+    """Python code running ``call`` in this module in a fresh process, imported by path: a ``tests`` package of a
+    plugin on PYTHONPATH would shadow this tree's ``tests.plugins.cpu``."""
+    import os
+
+    return f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_native as t; t.{call}"
+
+
 def test_conv2d_cblk_forced():
     # HETERO_CPU_CONV_CBLK=1: every conv the kernel can run takes it (partial blocks of output channels, 1x1 convs,
     # large maps, K < 64), each CONV_CASES shape against float64 on every ISA, in a fresh process (the switch is read
@@ -983,7 +991,7 @@ def test_conv2d_cblk_forced():
     import sys
 
     env = dict(os.environ, HETERO_CPU_CONV_CBLK="1")
-    code = "import tests.plugins.cpu.test_native as t; t.cblk_forced_checks()"
+    code = _in_this_module("cblk_forced_checks()")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "cblk" in r.stdout
@@ -1148,3 +1156,71 @@ def test_concurrent_callers():
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert not errors, errors[0]
+
+
+# (N, C, H, W, Cout, pads): Winograd convs whose output tiles the transposed store writes (x_wino_store: the
+# activation in registers, each whole tile's rows of four after a W x W transpose; tiles cut by the map's edge by
+# their rows / columns inside it), shapes every ISA runs by Winograd: YOLOv8n's 20 x 20 (one block of tiles: its
+# phases split across threads) and 40 x 40, maps of 4k + 1..3 rows and columns (cut tiles in the last tile row and
+# column, uneven pads), two images sharing a block, an 18 x 17 map (a vector's tiles spanning tile rows).
+WINO_STORE_CASES = [
+    (1, 32, 20, 20, 32, (1, 1, 1, 1)),
+    (1, 16, 40, 40, 32, (1, 1, 1, 1)),
+    (1, 16, 41, 43, 32, (1, 1, 1, 1)),
+    (2, 32, 21, 22, 32, (0, 1, 2, 1)),
+    (1, 32, 37, 29, 32, (1, 0, 2, 1)),
+    (1, 64, 18, 17, 64, (1, 1, 1, 1)),
+]
+
+
+def _wino_store_outputs(case, activation, isa):
+    n, c, h, wd, cout, pads = case
+    x = randn(n, c, h, wd, seed=107)
+    w = randn(cout, c, 3, 3, seed=108) * 0.1
+    bias = randn(cout, seed=109)
+    packed = _native.prepack_conv(w)
+    assert packed.algorithm(list(x.shape), (1, 1), pads) == "winograd", (isa, case)
+    out = np.full((n, cout, h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2), np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, pads=pads, activation=activation)
+    return out, ACTS[activation](_conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1))
+
+
+@pytest.mark.parametrize("case", WINO_STORE_CASES, ids=[str(i) for i in range(len(WINO_STORE_CASES))])
+@pytest.mark.parametrize("activation", list(ACTS))
+def test_conv2d_winograd_store(isa, threads, case, activation):
+    # against float64 (every output written: the NaN fill never survives), and the same bits at 1 thread; sigmoid is
+    # not applied in registers (the scalar store and a separate pass)
+    out, ref = _wino_store_outputs(case, activation, isa)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 + 1e-5 * float(np.abs(ref).max()))
+    _native.set_num_threads(1)
+    one, _ = _wino_store_outputs(case, activation, isa)
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
+def test_conv2d_winograd_store_same_bits_as_scalar_stores():
+    # HETERO_CPU_WINO_STORE=0 (read once: a fresh process) keeps the scalar stores and the separate activation pass:
+    # the same transform and activation functions, so the same bits, on every ISA
+    import os
+    import subprocess
+    import sys
+
+    code = _in_this_module("wino_store_dump()")
+    got = {}
+    for flag in ("0", "1"):
+        env = dict(os.environ, HETERO_CPU_WINO_STORE=flag)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[flag] = r.stdout
+    assert got["0"] == got["1"]
+    assert len(got["1"]) > 1000
+
+
+def wino_store_dump():
+    import sys
+
+    for isa in ISAS:
+        _native.set_isa(isa)
+        for case in WINO_STORE_CASES:
+            for activation in ACTS:
+                sys.stdout.buffer.write(_wino_store_outputs(case, activation, isa)[0].tobytes())
