@@ -857,6 +857,12 @@ def test_conv2d_transposed_threads(isa, threads, shape):
     np.testing.assert_array_equal(out, one)
 
 
+def _pointwise_algo(isa: str, k: int, positions: int) -> str:
+    """A 1x1 stride-1 conv's kernel by conv.cpp's rule: AVX-512's register tiles on the input in place at K <= 48 or
+    on at most 128 positions (pointwise_tiles_fit), else the packed GEMM."""
+    return "pointwise" if isa == "avx512" and (k <= 48 or positions <= 128) else "gemm"
+
+
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
 # weight panels (each thread all positions): flattened tiles on a 10 x 10 map, stride 2 onto 10 x 10, row tiles at
 # stride (3, 1), a 1x1 conv through the GEMM with a ragged 8-row last panel and one with a 4-row tail (small-M kernel)
@@ -876,7 +882,7 @@ def test_conv2d_panel_split_threads(isa, threads, case):
     w = randn(cout, c, k, k, seed=99) * 0.1
     bias = randn(cout, seed=100)
     algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
-    assert algo == ("gemm" if k == 1 or isa == "generic" else "direct")
+    assert algo == (_pointwise_algo(isa, c, h * wd) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation="silu")
@@ -912,7 +918,7 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
     w = randn(cout, c, k, k, seed=102) * 0.1
     bias = randn(cout, seed=103)
     algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
-    assert algo == ("gemm" if k == 1 or isa == "generic" else "direct")
+    assert algo == (_pointwise_algo(isa, c, h * wd) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     before = _native.num_threads()
     outs = {}
@@ -1224,3 +1230,86 @@ def wino_store_dump():
         for case in WINO_STORE_CASES:
             for activation in ACTS:
                 sys.stdout.buffer.write(_wino_store_outputs(case, activation, isa)[0].tobytes())
+
+
+# (N, C, H, W, Cout, group): 1x1 convs conv.cpp's rule runs as register tiles on the input in place (conv_pointwise):
+# YOLOv8n's 32 -> 32 on 80 x 80 and 384 -> 256 on 10 x 10 (at 2 threads the weight panels split), DFL's 16 -> 1,
+# last tiles of 4, 16, 17 and 31 columns (copied, zero-filled), Cout of 12 k + 1 / 4 / 5 / 8 (part row panels), a
+# 3-channel input, two images, a grouped 1x1 conv
+POINTWISE_CASES = [
+    (1, 32, 80, 80, 32, 1),
+    (1, 384, 10, 10, 256, 1),
+    (1, 16, 4, 2100, 1, 1),
+    (1, 48, 9, 4, 37, 1),
+    (2, 24, 7, 7, 28, 1),
+    (1, 3, 17, 5, 16, 1),
+    (1, 40, 3, 21, 13, 1),
+    (1, 64, 11, 11, 42, 2),
+]
+
+
+def _pointwise_outputs(case, activation):
+    n, c, h, wd, cout, group = case
+    x = randn(n, c, h, wd, seed=110)
+    w = randn(cout, c // group, 1, 1, seed=111) * 0.2
+    bias = randn(cout, seed=112)
+    packed = _native.prepack_conv(w, group)
+    out = np.full((n, cout, h, wd), np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, activation=activation)
+    ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), (0, 0, 0, 0), (1, 1), group))
+    return out, ref, packed.algorithm(list(x.shape))
+
+
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=[str(i) for i in range(len(POINTWISE_CASES))])
+@pytest.mark.parametrize("activation", list(ACTS))
+def test_conv2d_pointwise(isa, threads, case, activation):
+    # against float64 (every output written over the NaN fill) and the same bits at 1 thread; sigmoid is not applied
+    # in the tiles' registers: those convs run the GEMM
+    out, ref, algo = _pointwise_outputs(case, activation)
+    assert algo == _pointwise_algo(isa, case[1] // case[5], case[2] * case[3])
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    _native.set_num_threads(1)
+    one, _, _ = _pointwise_outputs(case, activation)
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
+def test_conv2d_pointwise_forced():
+    # HETERO_CPU_CONV_PW_TILES=1: every 1x1 stride-1 conv takes the tiles (AVX2's too, and the GEMM's shapes), each
+    # POINTWISE_CASES and CONV_CASES shape against float64 on every ISA at 1 and 2 threads, in a fresh process
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HETERO_CPU_CONV_PW_TILES="1")
+    r = subprocess.run([sys.executable, "-c", _in_this_module("pointwise_forced_checks()")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[-1]) >= 10
+
+
+def pointwise_forced_checks():
+    taken = 0
+    before = _native.num_threads()
+    for isa in ISAS:
+        _native.set_isa(isa)
+        for threads in (1, 2):
+            _native.set_num_threads(threads)
+            for case in POINTWISE_CASES:
+                out, ref, algo = _pointwise_outputs(case, "silu")
+                taken += algo == "pointwise"
+                np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"{isa} {case}")
+            for case in CONV_CASES:
+                n, c, h, wd, cout, kh, kw, strides, pads, dil, group = case
+                x = randn(n, c, h, wd, seed=90)
+                w = randn(cout, c // group, kh, kw, seed=91) * 0.3
+                bias = randn(cout, seed=92)
+                packed = _native.prepack_conv(w, group)
+                ref = ACTS["hard_swish"](_conv_ref(x, w, bias, strides, pads, dil, group))
+                out = np.full(ref.shape, np.nan, np.float32)
+                _native.conv2d_packed(x, packed, bias, out, strides=strides, pads=pads, dilations=dil,
+                                      activation="hard_swish")
+                atol = 1e-4 + 1e-5 * float(np.abs(ref).max())
+                np.testing.assert_allclose(out, ref, rtol=1e-4, atol=atol, err_msg=f"{isa} {case}")
+    _native.set_num_threads(before)
+    print(taken)
