@@ -35,3 +35,18 @@ def test_random_lifetimes_never_overlap():
             first = rng.randint(0, 30)
             lifetimes.append(Lifetime(f"v{i}", rng.randint(1, 5000), first, first + rng.randint(0, 10)))
         _check_no_overlap(lifetimes)
+
+
+def test_values_within_another_take_its_place_and_widen_its_lifetime():
+    # a Concat's output (c, steps 3-5) holding its inputs a (step 1) and b (step 2): they take no place of their own,
+    # c is placed for steps 1-5, and a value alive at step 1 (x) does not overlap any of them
+    lifetimes = [Lifetime("x", 4096, 0, 1), Lifetime("a", 1024, 1, 3), Lifetime("b", 2048, 2, 3),
+                 Lifetime("c", 3072, 3, 5), Lifetime("y", 512, 4, 5)]
+    plan = plan_arena(lifetimes, within={"a": ("c", 0), "b": ("c", 1024)})
+    c = plan.offsets["c"]
+    assert plan.offsets["a"] == c and plan.offsets["b"] == c + 1024
+    assert plan.sizes["a"] == 1024 and plan.sizes["b"] == 2048
+    x, y = plan.offsets["x"], plan.offsets["y"]
+    assert x + 4096 <= c or c + 3072 <= x  # x is alive at step 1, when a is written into c
+    assert y + 512 <= c or c + 3072 <= y
+    assert plan.unshared_bytes == 4096 + 1024 + 2048 + 3072 + 512

@@ -242,6 +242,10 @@ class Backend:
     # Arena: backends that return tensors here get their intermediates planned into one buffer from ``alloc(n,
     # "arena")``, offsets aligned to ``arena_align`` bytes. None (the default): outputs come from ``empty`` each run.
     arena_align: int = 64
+    # Whether the executor may plan a Concat's inputs inside its output and a Split's outputs inside its input (batch
+    # of one, so each part is contiguous) and skip those nodes: every kernel then reads and writes arena tensors at
+    # any ``arena_align``-aligned offset, next to values other kernels write. Host backends opt in (the cpu plugin).
+    arena_slices: bool = False
 
     def arena_tensor(self, arena: Any, offset: int, info: TensorInfo) -> Tensor | None:
         """A tensor of ``info`` sharing ``arena``'s memory from ``offset`` bytes on, or None."""

@@ -9,6 +9,9 @@
 * intermediates are planned into one arena from the first run of each input signature (``memory.plan_arena``),
   allocated with the backend's own ``alloc`` and sliced with its ``arena_tensor`` (numpy views on the host,
   sub-buffers on a device); a value is freed with its last reader (a view's source with the view's last reader).
+  On backends with ``arena_slices`` a Concat of one image along its channels is planned as the place of its inputs
+  (each producer writes its part of the output) and a Split's outputs as parts of its input, and both nodes are
+  skipped (``_slices``): YOLOv8's C2f blocks split a conv's output and concatenate it with two more.
 * the second run of a signature is recorded into a ``replay.Replay`` (a flat list of calls, bound by the kernels
   where they can) when the work is fixed by the input shapes alone; later runs of that signature re-issue it. A
   small integer input that decides an If's branch (silero-vad's sample rate) joins the signature by value, so the
@@ -65,6 +68,7 @@ class _Plan:
     memory_plan: ArenaPlan | None = None
     arena: Any = None
     replay: Replay | None = None
+    in_place: frozenset[int] = frozenset()  # Concat / Split steps the plan makes no-ops (KernelProgram._slices)
 
 
 @dataclass
@@ -83,6 +87,7 @@ class _Step:
     # Outputs that live in the arena are the same tensors every planned run: made once, reused (None: allocate).
     arena_outs: list[Tensor | None] | None = None
     per_signature: bool = False  # outputs fixed by the signature: computed when recorded, not replayed
+    in_place: bool = False  # a Concat / Split whose outputs the plan puts where its inputs are: not run (_slices)
     fixed_cond: bool = False  # an If whose condition follows from the signature: the replay may inline its branch
 
 
@@ -284,6 +289,7 @@ class KernelProgram:
         env = dict(inputs)
         planned = plan is not None
         lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []
+        shapes: dict[str, tuple[int, ...]] = {}
         recorder = Recorder(env, self.backend) if planned and self.replayable else None
         for index, step in enumerate(self.steps):
             ins = [self._value(env, name) if name else None for name in step.node.inputs]
@@ -292,11 +298,11 @@ class KernelProgram:
             except KERNEL_FAILURES as exc:  # a model breaking a kernel's assumptions: named, not a traceback
                 raise BackendError(f"{self.backend.name}: {step.node.label()}: {type(exc).__name__}: {exc}") from exc
             if lifetimes is not None and not step.alias:
-                self._record(lifetimes, index, step, env)
+                self._record(lifetimes, shapes, index, step, env)
             for name in self._frees[index]:
                 env.pop(name, None)
         if lifetimes is not None:
-            plan = self._plan(signature, lifetimes)
+            plan = self._plan(signature, lifetimes, shapes)
         elif plan is None:
             plan = self._remember(signature, _Plan())
         outputs = {name: self._output(env, name) for name in self._outputs}
@@ -333,9 +339,10 @@ class KernelProgram:
         """Makes ``plan`` current: its arena for interpreted runs, its replay's unbound kernels prepared again."""
         self._current = plan
         self.memory_plan, self._arena = plan.memory_plan, plan.arena
-        for step in self.steps:
+        for index, step in enumerate(self.steps):
             step.key = None  # an interpreted run prepares every kernel for its own shapes again
             step.arena_outs = None
+            step.in_place = index in plan.in_place
         if plan.replay is not None:
             plan.replay.prepare_kernels()
 
@@ -359,20 +366,128 @@ class KernelProgram:
             return env[name]
         raise HeteroError(f"output {name!r} of segment {self.segment.graph.name} was not computed")
 
-    def _record(self, lifetimes: list[Lifetime], index: int, step: _Step, env: dict[str, Tensor]) -> None:
+    def _record(self, lifetimes: list[Lifetime], shapes: dict[str, tuple[int, ...]], index: int, step: _Step,
+                env: dict[str, Tensor]) -> None:
         for name in step.node.outputs:
             tensor = env.get(name)
             if name and tensor is not None and name not in self._returned and tensor.dtype.np_dtype is not None:
                 nbytes = tensor.dtype.nbytes(tensor.size)
                 lifetimes.append(Lifetime(name, nbytes, index, self._last_use.get(name, index)))
+                shapes[name] = tuple(tensor.shape)
 
-    def _plan(self, signature: Any, lifetimes: list[Lifetime]) -> _Plan:
-        memory_plan = plan_arena(lifetimes, self.backend.arena_align)
+    def _plan(self, signature: Any, lifetimes: list[Lifetime], shapes: dict[str, tuple[int, ...]]) -> _Plan:
+        within, in_place = self._slices(lifetimes, shapes) if self.backend.arena_slices else ({}, frozenset())
+        memory_plan = plan_arena(lifetimes, self.backend.arena_align, within)
         arena = self.backend.alloc(max(memory_plan.arena_bytes, 1), "arena")
         self.memory_plan, self._arena = memory_plan, arena
-        for step in self.steps:
+        for index, step in enumerate(self.steps):
             step.arena_outs = None
-        return self._remember(signature, _Plan(memory_plan, arena))
+            step.in_place = index in in_place
+        return self._remember(signature, _Plan(memory_plan, arena, in_place=in_place))
+
+    def _slices(self, lifetimes: list[Lifetime], shapes: dict[str, tuple[int, ...]]
+                ) -> tuple[dict[str, tuple[str, int]], frozenset[int]]:
+        """Concat inputs placed in their parts of the Concat's output, Split outputs in their parts of the input, where
+        each part is contiguous (every axis before the concatenated one of size 1): ``plan_arena``'s ``within`` (name
+        -> (root, byte offset)) and the Concat / Split steps that then have nothing to do. Only values some step
+        writes through its outputs at every run (not views, If results or per-signature copies), offsets that are
+        multiples of ``arena_align``, and no other step reading and writing overlapping bytes of one root."""
+        sizes = {life.name: life.nbytes for life in lifetimes}
+        align = self.backend.arena_align
+        written: set[str] = set()  # values a planned step writes into its arena slot at each run
+        for step in self.steps:
+            if not (step.alias or step.has_subgraph or step.schema.data_dependent or step.per_signature):
+                written.update(name for name in step.node.outputs if name in sizes)
+        parent: dict[str, tuple[str, int]] = {}  # name -> (the value it lies in, byte offset there)
+
+        def root(name: str) -> tuple[str, int]:
+            delta = 0
+            while name in parent:
+                name, step_delta = parent[name]
+                delta += step_delta
+            return name, delta
+
+        def parts(step: _Step, whole: str, names: list[str]) -> list[int] | None:
+            """The byte offset of each of ``names`` in ``whole`` along the node's axis, or None."""
+            shape = shapes.get(whole)
+            if shape is None or whole not in written or len(set(names)) != len(names) or whole in names \
+                    or any(not n or n not in written for n in names):
+                return None
+            axis = int(step.node.attrs.get("axis", 0))
+            axis = axis + len(shape) if axis < 0 else axis
+            if not 0 <= axis < len(shape) or any(d != 1 for d in shape[:axis]):
+                return None
+            offsets, at = [], 0
+            for name in names:
+                if at % align:
+                    return None
+                offsets.append(at)
+                at += sizes[name]
+            return offsets if at == sizes[whole] else None
+
+        for step in self.steps:
+            op, node = step.node.op_key, step.node
+            if step.per_signature or op not in (("", "Concat"), ("", "Split")):
+                continue
+            if op == ("", "Split"):
+                outs = list(node.outputs)
+                offsets = parts(step, node.inputs[0], outs) if node.inputs and node.inputs[0] else None
+                if offsets is not None and not any(name in parent for name in outs):
+                    for name, offset in zip(outs, offsets, strict=True):
+                        parent[name] = (node.inputs[0], offset)
+                continue
+            out, ins = node.outputs[0], list(node.inputs)
+            offsets = parts(step, out, ins)
+            if offsets is None:
+                continue
+            target, base = root(out)
+            moves: dict[str, int] = {}  # root of an input -> where it goes in ``target``
+            covered: dict[str, int] = {}
+            for name, offset in zip(ins, offsets, strict=True):
+                r, delta = root(name)
+                at = base + offset - delta
+                if (r == target and delta != base + offset) or moves.setdefault(r, at) != at:
+                    break
+                covered[r] = covered.get(r, 0) + sizes[name]
+            else:
+                if all(r == target or covered[r] == sizes[r] for r in moves):
+                    parent.update((r, (target, at)) for r, at in moves.items() if r != target)
+
+        while True:
+            where = {name: root(name) for name in parent}
+            where.update((name, (name, 0)) for name in sizes if name not in where)
+            in_place = set()
+            for index, step in enumerate(self.steps):
+                node, op = step.node, step.node.op_key
+                if op == ("", "Split") and all(n in parent for n in node.outputs):
+                    r, base = where[node.inputs[0]]
+                    offsets = parts(step, node.inputs[0], list(node.outputs)) or []
+                    if len(offsets) == len(node.outputs) and all(
+                            where[n] == (r, base + o) for n, o in zip(node.outputs, offsets, strict=True)):
+                        in_place.add(index)
+                elif op == ("", "Concat") and all(n in parent for n in node.inputs):
+                    r, base = where[node.outputs[0]]
+                    offsets = parts(step, node.outputs[0], list(node.inputs)) or []
+                    if len(offsets) == len(node.inputs) and all(
+                            where[n] == (r, base + o) for n, o in zip(node.inputs, offsets, strict=True)):
+                        in_place.add(index)
+            # any other step reading and writing bytes of one root that overlap: that root is not sliced
+            clash = set()
+            for index, step in enumerate(self.steps):
+                if index in in_place:
+                    continue
+                for out in step.node.outputs:
+                    if out not in where:
+                        continue
+                    r, start = where[out]
+                    for name in step.node.inputs:
+                        if name in where and where[name][0] == r and name != out:
+                            other = where[name][1]
+                            if start < other + sizes[name] and other < start + sizes[out]:
+                                clash.add(r)
+            if not clash:
+                return {name: where[name] for name in parent}, frozenset(in_place)
+            parent = {name: up for name, up in parent.items() if where[name][0] not in clash}
 
     def _arena_tensor(self, name: str, info: TensorInfo) -> Tensor | None:
         """The arena slice planned for ``name``, or None when it has no slot or its size changed since planning."""
@@ -442,8 +557,16 @@ class KernelProgram:
             if step.arena_outs is None:
                 step.arena_outs = [self._arena_tensor(name, info) for name, info in
                                    zip(outputs, step.out_infos, strict=False)]
+            slots = step.arena_outs
+            if step.in_place:
+                if _in_place(step, ins, slots):
+                    for name, out in zip(outputs, slots, strict=False):
+                        if name and out is not None:
+                            env[name] = out
+                    return
+                slots = [None] * len(slots)  # a part is not where planned (a shape changed): copy, into new memory
             outs = []
-            for t, info in zip(step.arena_outs, step.out_infos, strict=True):
+            for t, info in zip(slots, step.out_infos, strict=True):
                 if t is None:
                     t = backend.empty(info)
                 else:
@@ -458,12 +581,36 @@ class KernelProgram:
         if recorder is not None and step.per_signature:  # the replay keeps copies and does not run the step
             outs = [own_copy(backend, t) for t in outs]
         elif recorder is not None:
-            fresh = [t is None for t in step.arena_outs or [None] * len(outs)]
+            fresh = [t is None for t in (slots if planned else [None] * len(outs))]
             value_inputs = [i for i in schema.value_inputs if i not in step.const_values]
             recorder.call(step.kernel, ins, outs, fresh, step.out_infos, backend, value_inputs)
         for name, out in zip(outputs, outs, strict=False):
             if name:
                 env[name] = out
+
+
+def _address(tensor: Tensor | None) -> int | None:
+    buffer = None if tensor is None else tensor.buffer
+    if type(buffer) is not np.ndarray or not buffer.flags.c_contiguous:
+        return None
+    return buffer.__array_interface__["data"][0]
+
+
+def _in_place(step: _Step, ins: list[Tensor | None], slots: list[Tensor | None]) -> bool:
+    """Whether a Concat's inputs already lie in its output's arena slot, one after the other (a Split's outputs in
+    its input), as the plan put them: then the node has nothing to copy."""
+    if step.node.op_key == ("", "Concat"):
+        whole, parts = (slots[0] if slots else None), ins
+    else:
+        whole, parts = (ins[0] if ins else None), list(slots)
+    at = _address(whole)
+    if at is None or whole is None:
+        return False
+    for part in parts:
+        if part is None or _address(part) != at:
+            return False
+        at += part.dtype.nbytes(part.size)
+    return at == _address(whole) + whole.dtype.nbytes(whole.size)
 
 
 def _value_key(tensor: Tensor | None) -> Any:

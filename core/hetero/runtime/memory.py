@@ -3,6 +3,10 @@
 Each value lives from the step that produces it to the last step that reads it. Values are placed largest first at
 the lowest offset that does not collide with an already placed value whose lifetime overlaps (greedy by size, as
 in TFLite's planner); the arena is the highest end offset. Peak bytes with no reuse are reported beside it.
+
+A value may instead be planned as a slice of another (``within``: a Concat's input computed in its part of the
+Concat's output, a Split's output left in its part of the input; the executor decides which): it takes no place of
+its own, and the value it lies in (its root) is placed for the lifetimes of all the values inside it together.
 """
 
 from __future__ import annotations
@@ -37,8 +41,20 @@ def _aligned(n: int, align: int = ALIGN) -> int:
     return (n + align - 1) // align * align
 
 
-def plan_arena(lifetimes: list[Lifetime], align: int = ALIGN) -> ArenaPlan:
-    """Offsets are multiples of ``align`` (a device's sub-buffer alignment may be larger than the host's)."""
+def plan_arena(lifetimes: list[Lifetime], align: int = ALIGN,
+               within: dict[str, tuple[str, int]] | None = None) -> ArenaPlan:
+    """Offsets are multiples of ``align`` (a device's sub-buffer alignment may be larger than the host's).
+    ``within``: name -> (root, byte offset in the root) for values planned inside another one (a root is a value of
+    ``lifetimes`` not itself in ``within``; the caller keeps each slice inside its root and the offsets aligned)."""
+    unshared = sum(_aligned(max(v.nbytes, 1), align) for v in lifetimes)
+    within = within or {}
+    if within:
+        span = {v.name: (v.first, v.last) for v in lifetimes}
+        for name, (root, _) in within.items():
+            first, last = span[root]
+            span[root] = (min(first, span[name][0]), max(last, span[name][1]))
+        sliced = [v for v in lifetimes if v.name in within]
+        lifetimes = [Lifetime(v.name, v.nbytes, *span[v.name]) for v in lifetimes if v.name not in within]
     placed: list[tuple[int, int, Lifetime]] = []  # (offset, end, lifetime)
     offsets: dict[str, int] = {}
     # The placed values live at each step: a value's conflicts are found among those of its own steps, not among
@@ -58,5 +74,10 @@ def plan_arena(lifetimes: list[Lifetime], align: int = ALIGN) -> ArenaPlan:
         placed.append((offset, offset + size, life))
         offsets[life.name] = offset
     arena = max((end for _, end, _ in placed), default=0)
-    return ArenaPlan(offsets, {v.name: v.nbytes for v in lifetimes}, arena,
-                     sum(_aligned(max(v.nbytes, 1), align) for v in lifetimes))
+    sizes = {v.name: v.nbytes for v in lifetimes}
+    if within:
+        for v in sliced:
+            root, delta = within[v.name]
+            offsets[v.name] = offsets[root] + delta
+            sizes[v.name] = v.nbytes
+    return ArenaPlan(offsets, sizes, arena, unshared)

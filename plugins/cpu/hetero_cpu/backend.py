@@ -18,6 +18,7 @@ class CpuBackend(HostMemory, KernelTableBackend):
     kernels = KERNELS
     option_keys: ClassVar[tuple[str, ...]] = ("threads", "isa", "precision")
     precisions: ClassVar[tuple[str, ...]] = ("high", "normal")
+    arena_slices = True  # Concat inputs written in their slices of its output, Split outputs views of its input
 
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
         super().__init__(device, options)

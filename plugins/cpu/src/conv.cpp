@@ -828,6 +828,83 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   finish();
 }
 
+// Whether a 1x1 stride-1 conv runs as conv_pointwise's register tiles rather than the packed GEMM: on AVX-512 at
+// K <= 48 or on maps of at most 128 positions (nudenet in the model, thread time, 1 thread, tiles / GEMM: 32 -> 32 and
+// 48 -> 32 on 80 x 80 0.84 / 0.90, the 1x1 convs on 10 x 10 0.88-0.96, DFL's 16 -> 1 0.49; K >= 128 on 20 x 20 and
+// 40 x 40 1.07-1.10, the strided reads of many input rows from L2). HETERO_CPU_CONV_PW_TILES=1 / 0 forces it on / off
+// (AVX2's tiles run, and are tested, where forced).
+bool pointwise_tiles_fit(const ExtraKernels& xk, const ConvGeom& g, i64 K) {
+  static const int forced = env_override("HETERO_CPU_CONV_PW_TILES");
+  if (forced >= 0) return forced == 1;
+  return xk.lanes == 16 && (K <= 48 || g.Ho * g.Wo <= 128);
+}
+
+// 1x1 stride-1 unpadded convs as register tiles on the input in place: row k of a tile's B is input channel k at the
+// tile's columns (x + k HW + j), so nothing is packed, and bias and activation are applied in the tile's registers
+// (conv_tile_ep), not in a second pass over the output; only a last part tile of columns is copied (zero-filled to
+// the tile's width: its loads would read past the input). Tasks of blocks of whole tiles (K x columns near
+// kConvBlockFloats), each tile read from L1 by every weight panel in turn; at 2+ threads where the weights outweigh
+// the input (YOLOv8n's 1x1 convs on 10 x 10 maps) the tasks split the weight panels instead, as the GEMM path does.
+// False (nothing written) where the kernel has no register epilogue for this activation: the GEMM runs it.
+bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                    const Epilogue& act) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const int mr = kr.mr, nr = kr.nr;
+  const i64 cout_g = g.Cout / g.group, K = pc.cin_g, HW = g.Ho * g.Wo;
+  {
+    const i64 zero = 0;
+    float dummy = 0.f;
+    if (xk.conv_tile_ep == nullptr ||
+        !xk.conv_tile_ep(mr, nr, 0, &dummy, &dummy, &zero, &dummy, nr, 0, 0, nullptr, act.act, act.act_alpha,
+                         act.act_beta))
+      return false;
+  }
+  const i64 tiles = ceil_div(HW, nr), mp = ceil_div(cout_g, mr), images = g.N * g.group;
+  const double flops = 2.0 * images * cout_g * HW * K;
+  const int T = threads_for(flops, kParallelGrain * 4);
+  const i64 per_block = std::max<i64>(1, kConvBlockFloats / std::max<i64>(1, K * nr));
+  i64 groups = 1;
+  if (T > 1 && mp > 1 && tiles <= per_block && cout_g > HW) groups = std::min<i64>(mp, ceil_div(T, images));
+  const i64 pg = panel_groups(mp, groups);
+  const Blocks blocks = balanced_blocks(tiles, per_block, images, groups == 1 ? T : 1, 2);
+  std::vector<i64> off(static_cast<std::size_t>(2 * K));
+  for (i64 k = 0; k < K; ++k) off[k] = k * HW, off[K + k] = k * nr;  // in place; the copied last tile
+  const i64 last = HW - (tiles - 1) * nr;  // columns of the last tile
+  parallel_for(images * blocks.nb * groups, T, [&](i64 task) {
+    const i64 p0 = (task % groups) * pg, p1 = std::min<i64>(mp, p0 + pg);
+    const i64 img = task / groups / blocks.nb, blk = task / groups % blocks.nb;
+    const i64 n = img / g.group, gi = img % g.group;
+    const float* xin = x + (n * g.C + gi * K) * HW;
+    const float* a = pc.buf.p + gi * pc.group_stride;
+    const float* bias_g = bias ? bias + gi * cout_g : nullptr;
+    float* o = out + (n * g.Cout + gi * cout_g) * HW;
+    const i64 t0 = blocks.begin(blk), te = t0 + blocks.size(blk);
+    float* tail = nullptr;
+    if (te == tiles && last < nr) {  // the last tile: its K rows copied, zero-filled to nr floats
+      tail = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(K * nr));
+      for (i64 k = 0; k < K; ++k) {
+        std::memcpy(tail + k * nr, xin + k * HW + (tiles - 1) * nr, static_cast<std::size_t>(last) * sizeof(float));
+        std::fill(tail + k * nr + last, tail + (k + 1) * nr, 0.f);
+      }
+    }
+    // weight panels outside (each read once a block, from L1 for every tile after the first), tiles inside
+    for (i64 p = p0; p < p1; ++p) {
+      const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+      const float* bp = bias_g ? bias_g + p * mr : nullptr;
+      for (i64 t = t0; t < te; ++t) {
+        const i64 j0 = t * nr;
+        const int ncols = static_cast<int>(std::min<i64>(nr, HW - j0));
+        const bool copied = ncols < nr;
+        xk.conv_tile_ep(mr, ncols <= xk.lanes ? xk.lanes : nr, K, a + p * K * mr, copied ? tail : xin + j0,
+                        off.data() + (copied ? K : 0), o + p * mr * HW + j0, HW, nrows, ncols, bp, act.act,
+                        act.act_alpha, act.act_beta);
+      }
+    }
+  }, flops >= kWakeFlops);
+  return true;
+}
+
 // The fp32 kernels' choice for this (along_w) shape.
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (pc.depthwise) return ConvAlgo::depthwise;
@@ -836,6 +913,7 @@ ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
   if (cblk_fits(pc, g)) return ConvAlgo::cblk;
   if (direct_fits(pc, g)) return ConvAlgo::direct;
+  if (is_pointwise(g) && pointwise_tiles_fit(extra_for(*pc.kr), g, pc.cin_g)) return ConvAlgo::pointwise;
   return ConvAlgo::gemm;
 }
 
@@ -855,6 +933,7 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::bf16x3: return "bf16x3";
     case ConvAlgo::transposed: return "transposed";
     case ConvAlgo::cblk: return "cblk";
+    case ConvAlgo::pointwise: return "pointwise";
     default: return "gemm";
   }
 }
@@ -881,6 +960,9 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     case ConvAlgo::direct: conv_direct(pc, g, x, bias, out, act); return;
     case ConvAlgo::transposed: conv_transposed(pc, g, x, bias, out, act); return;
     case ConvAlgo::cblk: conv_cblk(pc, g, x, bias, out, act); return;
+    case ConvAlgo::pointwise:
+      if (conv_pointwise(pc, g, x, bias, out, act)) return;
+      break;  // an activation the tiles do not apply: the GEMM
     case ConvAlgo::gemm:
     case ConvAlgo::bf16x3: break;
   }

@@ -186,14 +186,23 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
                        b.m + xi * b.mstride, b.ncp, 1.f, 0.f, none, 1);
   };
   // Output transform, bias, activation on L tiles at a time, then the 4 x 4 blocks written (clipped at the edges).
+  // The tiles' stores by rows of four after an in-register transpose, the activation in registers (wino_store), where
+  // the ISA has one (AVX2, AVX-512); HETERO_CPU_WINO_STORE=0 keeps the scalar stores (to compare).
+  static const bool store_off = [] {
+    const char* v = std::getenv("HETERO_CPU_WINO_STORE");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
   auto transform_out = [&](const Block& b, i64 co0, i64 co1, float* y) {
     for (i64 co = co0; co < co1; ++co) {
       const float bv = bias ? bias[co] : 0.f;
       float* plane_o = out + co * HWo;
       for (i64 t = 0; t < b.ncols; t += L) {
+        const int lanes = static_cast<int>(std::min<i64>(L, b.ncols - t));
+        if (!store_off && xk.wino_store(b.m + co * b.ncp + t, b.mstride, bv, act.act, act.act_alpha,
+                                               act.act_beta, b.out_off + t, b.extent + t, lanes, plane_o, g.Wo, y))
+          continue;
         xk.wino_out(b.m + co * b.ncp + t, b.mstride, bv, y);
         if (act.act >= 0) kr.unary(act.act, y, y, 16 * L, act.act_alpha, act.act_beta);
-        const int lanes = static_cast<int>(std::min<i64>(L, b.ncols - t));
         for (int l = 0; l < lanes; ++l) {
           const i64 extent = b.extent[t + l];
           float* dst = plane_o + b.out_off[t + l];

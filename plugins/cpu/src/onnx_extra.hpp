@@ -90,6 +90,9 @@ struct ExtraKernels {
   void (*wino_in)(const float* chan, const std::int32_t* off, const i64* eoff, bool consecutive, float* v,
                   i64 vstride);
   void (*wino_out)(const float* m, i64 mstride, float bias, float* y);
+  // wino_out + activation + the tiles' stores into the output plane (onnx_impl.hpp x_wino_store); false: not done
+  bool (*wino_store)(const float* m, i64 mstride, float bias, int act, float alpha, float beta,
+                     const std::int32_t* out_off, const std::int32_t* extent, int n, float* plane, i64 Wo, float* y);
   // dst[k*nr + j] = float(q[k*nr + j]) * scale[j] for k < rows, j < nr: an int8 weight panel as the GEMM's floats.
   void (*dequant_panel_s8)(const std::int8_t* q, const float* scale, i64 rows, int nr, float* dst);
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it

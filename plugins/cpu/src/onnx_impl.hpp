@@ -910,6 +910,53 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
   }
 }
 
+// wino_store: wino_out's transform, the bias and the activation in registers for n <= W tiles of one output channel,
+// each tile's 4 x 4 block stored in `plane` at out_off[l] (rows Wo apart; extent[l]: rows x 8 + columns inside the
+// map, 36 for a whole tile) by rows of four floats: a W x W transpose (16 / W of them) gathers a tile's 16 values,
+// which went out as 16 scalar stores each after a separate activation pass. y: 16 W floats of scratch. False
+// (nothing written) where the ISA has no transpose or the activation is not one applied in registers.
+bool x_wino_store(const float* m, i64 mstride, float bias, int act, float alpha, float beta,
+                  const std::int32_t* out_off, const std::int32_t* extent, int n, float* plane, i64 Wo, float* y) {
+  if constexpr (!has_transpose<SIMD>::value || 16 % W != 0) {
+    return false;
+  } else {
+    if (!dw_act_dispatch(act, alpha, beta, [](auto) {})) return false;
+    V t[4][6];
+    for (int j = 0; j < 6; ++j) {
+      V col[6], r[4];
+      for (int i = 0; i < 6; ++i) col[i] = SIMD::load(m + (i * 6 + j) * mstride);
+      wino_out_1d(col, r);
+      for (int i = 0; i < 4; ++i) t[i][j] = r[i];
+    }
+    const V b = SIMD::set1(bias);
+    V rows[16];  // rows[i * 4 + j]: output (i, j) of the W tiles, a lane a tile
+    dw_act_dispatch(act, alpha, beta, [&](auto f) {
+      for (int i = 0; i < 4; ++i) {
+        V r[4];
+        wino_out_1d(t[i], r);
+        for (int j = 0; j < 4; ++j) rows[i * 4 + j] = f(SIMD::add(r[j], b));
+      }
+    });
+    // block q of W rows transposed: rows[q W + l] = values q W .. q W + W - 1 of tile l
+    for (int q = 0; q < 16 / W; ++q) {
+      transpose_block<SIMD>(rows + q * W);
+      for (int l = 0; l < W; ++l) SIMD::store(y + l * 16 + q * W, rows[q * W + l]);
+    }
+    for (int l = 0; l < n; ++l) {
+      float* dst = plane + out_off[l];
+      const float* src = y + l * 16;
+      if (extent[l] == 36) {
+        for (int i = 0; i < 4; ++i) std::memcpy(dst + i * Wo, src + i * 4, 4 * sizeof(float));
+        continue;
+      }
+      const int nrows = extent[l] >> 3, ncols = extent[l] & 7;
+      for (int i = 0; i < nrows; ++i)
+        for (int j = 0; j < ncols; ++j) dst[i * Wo + j] = src[i * 4 + j];
+    }
+    return true;
+  }
+}
+
 // Rows of an int8 B panel (nr values each) as floats: dst[k*nr + j] = float(q[k*nr + j]) * scale[j], one fp32
 // product per value (the exact float weight the int8 form was found from: gemm.cpp's find_s8_scale).
 void dequant_panel_scalar(const std::int8_t* q, const float* scale, i64 rows, int nr, float* dst) {
@@ -945,7 +992,7 @@ const hetero::ExtraKernels extra_table = {
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_dw_nchwc,   x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
-    x_dequant_panel_s8, W,
+    x_wino_store,   x_dequant_panel_s8, W,
 };
 
 }  // namespace

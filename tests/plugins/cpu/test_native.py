@@ -881,6 +881,12 @@ def test_conv2d_transposed_batched(isa, threads, shape):
         np.testing.assert_allclose(out[i:i + 1], one, rtol=1e-4, atol=1e-4)
 
 
+def _pointwise_algo(isa: str, k: int, positions: int) -> str:
+    """A 1x1 stride-1 conv's kernel by conv.cpp's rule: AVX-512's register tiles on the input in place at K <= 48 or
+    on at most 128 positions (pointwise_tiles_fit), else the packed GEMM."""
+    return "pointwise" if isa == "avx512" and (k <= 48 or positions <= 128) else "gemm"
+
+
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
 # weight panels (each thread all positions): flattened tiles on a 10 x 10 map, stride 2 onto 10 x 10, row tiles at
 # stride (3, 1), a 1x1 conv through the GEMM with a ragged 8-row last panel and one with a 4-row tail (small-M kernel)
@@ -900,7 +906,7 @@ def test_conv2d_panel_split_threads(isa, threads, case):
     w = randn(cout, c, k, k, seed=99) * 0.1
     bias = randn(cout, seed=100)
     algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
-    assert algo == ("gemm" if k == 1 or isa == "generic" else "direct")
+    assert algo == (_pointwise_algo(isa, c, h * wd) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation="silu")
@@ -936,7 +942,7 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
     w = randn(cout, c, k, k, seed=102) * 0.1
     bias = randn(cout, seed=103)
     algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
-    assert algo == ("gemm" if k == 1 or isa == "generic" else "direct")
+    assert algo == (_pointwise_algo(isa, c, h * wd) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     before = _native.num_threads()
     outs = {}
@@ -998,6 +1004,14 @@ def test_conv2d_cblk(isa, threads, case, activation):
     np.testing.assert_array_equal(out, one)
 
 
+def _in_this_module(call: str) -> str:
+    """Python code running ``call`` in this module in a fresh process, imported by path: a ``tests`` package of a
+    plugin on PYTHONPATH would shadow this tree's ``tests.plugins.cpu``."""
+    import os
+
+    return f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_native as t; t.{call}"
+
+
 def test_conv2d_cblk_forced():
     # HETERO_CPU_CONV_CBLK=1: every conv the kernel can run takes it (partial blocks of output channels, 1x1 convs,
     # large maps, K < 64), each CONV_CASES shape against float64 on every ISA, in a fresh process (the switch is read
@@ -1007,7 +1021,7 @@ def test_conv2d_cblk_forced():
     import sys
 
     env = dict(os.environ, HETERO_CPU_CONV_CBLK="1")
-    code = "import tests.plugins.cpu.test_native as t; t.cblk_forced_checks()"
+    code = _in_this_module("cblk_forced_checks()")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "cblk" in r.stdout
@@ -1172,3 +1186,154 @@ def test_concurrent_callers():
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert not errors, errors[0]
+
+
+# (N, C, H, W, Cout, pads): Winograd convs whose output tiles the transposed store writes (x_wino_store: the
+# activation in registers, each whole tile's rows of four after a W x W transpose; tiles cut by the map's edge by
+# their rows / columns inside it), shapes every ISA runs by Winograd: YOLOv8n's 20 x 20 (one block of tiles: its
+# phases split across threads) and 40 x 40, maps of 4k + 1..3 rows and columns (cut tiles in the last tile row and
+# column, uneven pads), two images sharing a block, an 18 x 17 map (a vector's tiles spanning tile rows).
+WINO_STORE_CASES = [
+    (1, 32, 20, 20, 32, (1, 1, 1, 1)),
+    (1, 16, 40, 40, 32, (1, 1, 1, 1)),
+    (1, 16, 41, 43, 32, (1, 1, 1, 1)),
+    (2, 32, 21, 22, 32, (0, 1, 2, 1)),
+    (1, 32, 37, 29, 32, (1, 0, 2, 1)),
+    (1, 64, 18, 17, 64, (1, 1, 1, 1)),
+]
+
+
+def _wino_store_outputs(case, activation, isa):
+    n, c, h, wd, cout, pads = case
+    x = randn(n, c, h, wd, seed=107)
+    w = randn(cout, c, 3, 3, seed=108) * 0.1
+    bias = randn(cout, seed=109)
+    packed = _native.prepack_conv(w)
+    assert packed.algorithm(list(x.shape), (1, 1), pads) == "winograd", (isa, case)
+    out = np.full((n, cout, h + pads[0] + pads[2] - 2, wd + pads[1] + pads[3] - 2), np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, pads=pads, activation=activation)
+    return out, ACTS[activation](_conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1))
+
+
+@pytest.mark.parametrize("case", WINO_STORE_CASES, ids=[str(i) for i in range(len(WINO_STORE_CASES))])
+@pytest.mark.parametrize("activation", list(ACTS))
+def test_conv2d_winograd_store(isa, threads, case, activation):
+    # against float64 (every output written: the NaN fill never survives), and the same bits at 1 thread; sigmoid is
+    # not applied in registers (the scalar store and a separate pass)
+    out, ref = _wino_store_outputs(case, activation, isa)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 + 1e-5 * float(np.abs(ref).max()))
+    _native.set_num_threads(1)
+    one, _ = _wino_store_outputs(case, activation, isa)
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
+def test_conv2d_winograd_store_same_bits_as_scalar_stores():
+    # HETERO_CPU_WINO_STORE=0 (read once: a fresh process) keeps the scalar stores and the separate activation pass:
+    # the same transform and activation functions, so the same bits, on every ISA
+    import os
+    import subprocess
+    import sys
+
+    code = _in_this_module("wino_store_dump()")
+    got = {}
+    for flag in ("0", "1"):
+        env = dict(os.environ, HETERO_CPU_WINO_STORE=flag)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[flag] = r.stdout
+    assert got["0"] == got["1"]
+    assert len(got["1"]) > 1000
+
+
+def wino_store_dump():
+    import sys
+
+    for isa in ISAS:
+        _native.set_isa(isa)
+        for case in WINO_STORE_CASES:
+            for activation in ACTS:
+                sys.stdout.buffer.write(_wino_store_outputs(case, activation, isa)[0].tobytes())
+
+
+# (N, C, H, W, Cout, group): 1x1 convs conv.cpp's rule runs as register tiles on the input in place (conv_pointwise):
+# YOLOv8n's 32 -> 32 on 80 x 80 and 384 -> 256 on 10 x 10 (at 2 threads the weight panels split), DFL's 16 -> 1,
+# last tiles of 4, 16, 17 and 31 columns (copied, zero-filled), Cout of 12 k + 1 / 4 / 5 / 8 (part row panels), a
+# 3-channel input, two images, a grouped 1x1 conv
+POINTWISE_CASES = [
+    (1, 32, 80, 80, 32, 1),
+    (1, 384, 10, 10, 256, 1),
+    (1, 16, 4, 2100, 1, 1),
+    (1, 48, 9, 4, 37, 1),
+    (2, 24, 7, 7, 28, 1),
+    (1, 3, 17, 5, 16, 1),
+    (1, 40, 3, 21, 13, 1),
+    (1, 64, 11, 11, 42, 2),
+]
+
+
+def _pointwise_outputs(case, activation):
+    n, c, h, wd, cout, group = case
+    x = randn(n, c, h, wd, seed=110)
+    w = randn(cout, c // group, 1, 1, seed=111) * 0.2
+    bias = randn(cout, seed=112)
+    packed = _native.prepack_conv(w, group)
+    out = np.full((n, cout, h, wd), np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, activation=activation)
+    ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), (0, 0, 0, 0), (1, 1), group))
+    return out, ref, packed.algorithm(list(x.shape))
+
+
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=[str(i) for i in range(len(POINTWISE_CASES))])
+@pytest.mark.parametrize("activation", list(ACTS))
+def test_conv2d_pointwise(isa, threads, case, activation):
+    # against float64 (every output written over the NaN fill) and the same bits at 1 thread; sigmoid is not applied
+    # in the tiles' registers: those convs run the GEMM
+    out, ref, algo = _pointwise_outputs(case, activation)
+    assert algo == _pointwise_algo(isa, case[1] // case[5], case[2] * case[3])
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    _native.set_num_threads(1)
+    one, _, _ = _pointwise_outputs(case, activation)
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
+def test_conv2d_pointwise_forced():
+    # HETERO_CPU_CONV_PW_TILES=1: every 1x1 stride-1 conv takes the tiles (AVX2's too, and the GEMM's shapes), each
+    # POINTWISE_CASES and CONV_CASES shape against float64 on every ISA at 1 and 2 threads, in a fresh process
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HETERO_CPU_CONV_PW_TILES="1")
+    r = subprocess.run([sys.executable, "-c", _in_this_module("pointwise_forced_checks()")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[-1]) >= 10
+
+
+def pointwise_forced_checks():
+    taken = 0
+    before = _native.num_threads()
+    for isa in ISAS:
+        _native.set_isa(isa)
+        for threads in (1, 2):
+            _native.set_num_threads(threads)
+            for case in POINTWISE_CASES:
+                out, ref, algo = _pointwise_outputs(case, "silu")
+                taken += algo == "pointwise"
+                np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"{isa} {case}")
+            for case in CONV_CASES:
+                n, c, h, wd, cout, kh, kw, strides, pads, dil, group = case
+                x = randn(n, c, h, wd, seed=90)
+                w = randn(cout, c // group, kh, kw, seed=91) * 0.3
+                bias = randn(cout, seed=92)
+                packed = _native.prepack_conv(w, group)
+                ref = ACTS["hard_swish"](_conv_ref(x, w, bias, strides, pads, dil, group))
+                out = np.full(ref.shape, np.nan, np.float32)
+                _native.conv2d_packed(x, packed, bias, out, strides=strides, pads=pads, dilations=dil,
+                                      activation="hard_swish")
+                atol = 1e-4 + 1e-5 * float(np.abs(ref).max())
+                np.testing.assert_allclose(out, ref, rtol=1e-4, atol=atol, err_msg=f"{isa} {case}")
+    _native.set_num_threads(before)
+    print(taken)
