@@ -824,6 +824,36 @@ ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   return ConvAlgo::gemm;
 }
 
+// Whether the GEMM path's tasks run their block as direct-conv tiles over the packed panels with the bias and
+// activation in the tile's registers (gemm_tiles_ep) instead of gemm_prepacked_b and a second pass over the block:
+// one k block (K <= kc: the same sums in the same order as the GEMM), an ISA with the tile, an activation it
+// applies in registers. HETERO_CPU_CONV_TILE_EP=0 / 1 forces it off / on (where it can run), to compare.
+bool gemm_tiles_ep_fits(const Kernels& kr, const ExtraKernels& xk, i64 K, const Epilogue& act) {
+  static const int forced = env_override("HETERO_CPU_CONV_TILE_EP");
+  if (forced == 0 || K > kr.kc || act.empty()) return false;
+  const i64 zero = 0;
+  float dummy = 0.f;  // K = 0, no rows: a probe that computes nothing
+  return xk.conv_tile_ep(kr.mr, kr.nr, 0, &dummy, &dummy, &zero, &dummy, kr.nr, 0, 0, nullptr, act.act,
+                         act.act_alpha, act.act_beta);
+}
+
+// rows x ncols of C (ldc) = A (packed row panels, K x mr each) x B (packed column panels, K x nr each, row k at
+// b_rows[k] = k * nr), bias (per row) and activation applied before the store: column panels outside (each K x nr
+// panel read from L1 by every row panel), row panels inside; a last panel of at most one vector runs the
+// one-vector tile. The epilogue pass it replaces re-read the block from L2 (PP-LCNet's 1x1 convs + HardSwish).
+void gemm_tiles_ep(const Kernels& kr, const ExtraKernels& xk, i64 rows, i64 ncols, i64 K, const float* a,
+                   const float* bp, const i64* b_rows, float* c, i64 ldc, const Epilogue& ep) {
+  const int mr = kr.mr, nr = kr.nr;
+  for (i64 j0 = 0; j0 < ncols; j0 += nr) {
+    const int nc = static_cast<int>(std::min<i64>(nr, ncols - j0));
+    const float* panel = bp + (j0 / nr) * K * nr;
+    for (i64 r = 0; r < rows; r += mr)
+      xk.conv_tile_ep(mr, nc <= xk.lanes ? xk.lanes : nr, K, a + r * K, panel, b_rows, c + r * ldc + j0, ldc,
+                      static_cast<int>(std::min<i64>(mr, rows - r)), nc, ep.bias ? ep.bias + r : nullptr, ep.act,
+                      ep.act_alpha, ep.act_beta);
+  }
+}
+
 }  // namespace
 
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
@@ -904,6 +934,9 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const i64 nblk = blocks.nb;
   static std::atomic<std::uint64_t> calls{0};
   const std::uint64_t call = ++calls;  // this call's id (the packed-block check below)
+  const bool tiles_ep = gemm_tiles_ep_fits(kr, xk, K, act);
+  std::vector<i64> b_rows(static_cast<std::size_t>(tiles_ep ? K : 0));
+  for (std::size_t k = 0; k < b_rows.size(); ++k) b_rows[k] = static_cast<i64>(k) * nr;
   parallel_for(images * nblk * groups, T, [&](i64 task) {
     const i64 r0 = (task % groups) * pg * kr.mr, r1 = std::min<i64>(m_main, r0 + pg * kr.mr);
     const bool tail = task % groups == groups - 1;
@@ -933,8 +966,12 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     if (r1 > r0) {
       Epilogue epm = ep;
       epm.bias = ep.bias ? ep.bias + r0 : nullptr;
-      gemm_prepacked_b(kr, r1 - r0, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride + r0 * K, bp, o + r0 * HWo,
-                       HWo, 1.f, 0.f, epm, 1);
+      if (tiles_ep)
+        gemm_tiles_ep(kr, xk, r1 - r0, ncols, K, pc.buf.p + gi * pc.group_stride + r0 * K, bp, b_rows.data(),
+                      o + r0 * HWo, HWo, epm);
+      else
+        gemm_prepacked_b(kr, r1 - r0, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride + r0 * K, bp,
+                         o + r0 * HWo, HWo, 1.f, 0.f, epm, 1);
     }
     if (tail && m_main < cout_g) {
       // A ragged last row panel of <= 4 rows (Cout = 16 or 64 with mr = 12): the small-M kernel on the same packed

@@ -772,6 +772,67 @@ def test_conv2d(isa, case, activation):
     np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=atol)
 
 
+# 1x1 convs whose GEMM blocks run as tiles with the bias and activation in registers (conv.cpp gemm_tiles_ep): odd
+# channel counts (Cout off the 12-row tile, K off the 16-float padding), ragged last panels (14 x 14: 4 past a
+# vector; 7 x 5), a one-vector last panel (28 x 28), K at kc (256: one k block, tiles) and past it (300: the GEMM's k
+# blocks), two images.
+TILE_EP_CASES = [(1, 37, 14, 14, 29), (2, 16, 28, 28, 20), (1, 33, 7, 5, 13), (1, 256, 7, 7, 52), (1, 300, 6, 6, 24),
+                 (1, 64, 56, 56, 64)]
+_TILE_EP_CODE = """
+import sys, numpy as np
+from hetero_cpu import _native
+rng = np.random.default_rng(5)
+outs = []
+for isa in sys.argv[2].split(","):
+    _native.set_isa(isa)
+    for n, c, h, w, co in eval(sys.argv[3]):
+        x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+        wt = (rng.standard_normal((co, c, 1, 1)) * 0.2).astype(np.float32)
+        b = rng.standard_normal(co).astype(np.float32)
+        for act in ("hard_swish", "silu", "relu6", "none", "sigmoid"):
+            for t in (1, 2):
+                _native.set_num_threads(t)
+                o = np.empty((n, co, h, w), np.float32)
+                _native.conv2d(x, wt, b, o, strides=(1, 1), pads=(0, 0, 0, 0), group=1, activation=act)
+                outs.append(o.ravel())
+np.save(sys.argv[1], np.concatenate(outs))
+"""
+
+
+def test_conv1x1_tiles_ep_bits(tmp_path):
+    # The in-register epilogue (default) against the GEMM and its second pass (HETERO_CPU_CONV_TILE_EP=0, read once
+    # a process: each side in a fresh one): the same sums in the same order, so the same bits, at 1 and 2 threads,
+    # on every ISA this CPU runs (sigmoid is not applied in registers: the GEMM path on both sides); and the values
+    # against float64.
+    import os
+    import subprocess
+    import sys
+
+    isas = ",".join(ISAS)
+    res = {}
+    for side, env in (("tiles", {}), ("gemm", {"HETERO_CPU_CONV_TILE_EP": "0"})):
+        path = tmp_path / f"{side}.npy"
+        subprocess.run([sys.executable, "-c", _TILE_EP_CODE, str(path), isas, repr(TILE_EP_CASES)],
+                       env=dict(os.environ, **env), check=True, timeout=600)
+        res[side] = np.load(path)
+    assert res["tiles"].size == res["gemm"].size > 0
+    np.testing.assert_array_equal(res["tiles"].view(np.uint32), res["gemm"].view(np.uint32))
+
+
+@pytest.mark.parametrize("case", TILE_EP_CASES, ids=[str(i) for i in range(len(TILE_EP_CASES))])
+@pytest.mark.parametrize("activation", ["hard_swish", "silu", "none"])
+def test_conv1x1_tiles_ep(isa, threads, case, activation):
+    n, c, h, wd, cout = case
+    x = randn(n, c, h, wd, seed=60)
+    w = randn(cout, c, 1, 1, seed=61) * 0.2
+    bias = randn(cout, seed=62)
+    ref = ACTS[activation](_conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (1, 1), (0, 0, 0, 0), (1, 1),
+                                     1))
+    out = np.empty(ref.shape, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(1, 1), pads=(0, 0, 0, 0), group=1, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("activation,alpha,beta", [
     ("hard_sigmoid", 0.2, 0.5), ("clip", -0.5, 0.7), ("leaky_relu", 0.1, 0.0), ("relu6", 0.0, 0.0)])
 def test_depthwise_threads_activations(isa, threads, activation, alpha, beta):
