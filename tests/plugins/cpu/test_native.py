@@ -775,9 +775,10 @@ def test_conv2d(isa, case, activation):
 # 1x1 convs whose GEMM blocks run as tiles with the bias and activation in registers (conv.cpp gemm_tiles_ep): odd
 # channel counts (Cout off the 12-row tile, K off the 16-float padding), ragged last panels (14 x 14: 4 past a
 # vector; 7 x 5), a one-vector last panel (28 x 28), K at kc (256: one k block, tiles) and past it (300: the GEMM's k
-# blocks), two images.
+# blocks), two images. K <= 64 reads the input in place (whole panels; the ragged one packed) and runs a ragged last
+# row panel (Cout 13, 64, 3: 1-4 rows past the 12-row tiles) as a short tile instead of the small-M kernel.
 TILE_EP_CASES = [(1, 37, 14, 14, 29), (2, 16, 28, 28, 20), (1, 33, 7, 5, 13), (1, 256, 7, 7, 52), (1, 300, 6, 6, 24),
-                 (1, 64, 56, 56, 64)]
+                 (1, 64, 56, 56, 64), (1, 24, 9, 9, 3), (2, 65, 10, 10, 16)]
 _TILE_EP_CODE = """
 import sys, numpy as np
 from hetero_cpu import _native
@@ -800,17 +801,18 @@ np.save(sys.argv[1], np.concatenate(outs))
 
 
 def test_conv1x1_tiles_ep_bits(tmp_path):
-    # The in-register epilogue (default) against the GEMM and its second pass (HETERO_CPU_CONV_TILE_EP=0, read once
-    # a process: each side in a fresh one): the same sums in the same order, so the same bits, at 1 and 2 threads,
-    # on every ISA this CPU runs (sigmoid is not applied in registers: the GEMM path on both sides); and the values
-    # against float64.
+    # The in-register epilogue on packed panels (in place off: HETERO_CPU_CONV_INPLACE_K=0) against the GEMM and its
+    # second pass (HETERO_CPU_CONV_TILE_EP=0; switches read once a process: each side in a fresh one): the same sums
+    # in the same order, so the same bits, at 1 and 2 threads, on every ISA this CPU runs (sigmoid is not applied in
+    # registers: the GEMM path on both sides). The in-place path (its short tiles sum the ragged rows in another
+    # order than the small-M kernel) is checked against float64 below.
     import os
     import subprocess
     import sys
 
     isas = ",".join(ISAS)
     res = {}
-    for side, env in (("tiles", {}), ("gemm", {"HETERO_CPU_CONV_TILE_EP": "0"})):
+    for side, env in (("tiles", {"HETERO_CPU_CONV_INPLACE_K": "0"}), ("gemm", {"HETERO_CPU_CONV_TILE_EP": "0"})):
         path = tmp_path / f"{side}.npy"
         subprocess.run([sys.executable, "-c", _TILE_EP_CODE, str(path), isas, repr(TILE_EP_CASES)],
                        env=dict(os.environ, **env), check=True, timeout=600)
