@@ -245,6 +245,15 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
     xk.dot_nt(pc.raw.p + (gi * cout_g + r0) * ld, ld, rows, patches + img * HWo * ld, ld, HWo, ld, o, HWo);
     Epilogue ep = act;
     ep.bias = bias ? bias + gi * cout_g : nullptr;
+    if (HWo == 1) {
+      // One position (PP-LCNet's squeeze-excitation convs and head on 1 x 1): the block's outputs are one contiguous
+      // run, so bias and activation go over it as one row (a bias a column) instead of a call per one-value row.
+      ep.bias = ep.bias ? ep.bias + r0 : nullptr;
+      ep.bias_rs = 0;
+      ep.bias_cs = 1;
+      apply_epilogue(kr, o, rows, 0, 0, 1, rows, ep);
+      return;
+    }
     ep.bias_rs = 1;
     ep.bias_cs = 0;
     apply_epilogue(kr, o, HWo, r0, 0, rows, HWo, ep);

@@ -695,6 +695,9 @@ CONV_CASES = [
     (2, 6, 5, 5, 9, 3, 3, (2, 2), (1, 1, 0, 0), (1, 1), 3),  # grouped, 2x2 outputs
     (1, 7, 4, 4, 5, 3, 3, (1, 1), (1, 1, 1, 1), (2, 1), 1),  # 8 outputs, dilated
     (1, 10, 1, 1, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # one output, Cout < 4
+    # one position a channel (PP-LCNet's squeeze-excitation convs): bias and activation over a row block's outputs
+    # as one contiguous run; two images, Cout off the 4-row blocks
+    (2, 67, 1, 1, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     # rows of >= one GEMM panel, stride 1 along W: the GEMM reads the padded input in place (no im2col), with Cout
     # off the tile height, strided rows, a ragged last panel, groups and dilation
     (2, 7, 9, 61, 23, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
@@ -874,6 +877,21 @@ def test_conv2d_leaky_epilogue(isa, activation, shape):
     _native.conv2d(x, w, bias, out, pads=pads, activation=activation, activation_alpha=0.2, activation_beta=-0.4)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     assert np.isnan(out).any() and (np.isnan(out) == np.isnan(ref)).all()
+
+
+@pytest.mark.parametrize("activation", ["hard_sigmoid", "hard_swish", "relu"])
+def test_conv2d_one_position_threads(isa, threads, activation):
+    # Squeeze-excitation shapes (1 x 1 maps) large enough to split their weight rows into blocks across threads: each
+    # block's bias + activation over its contiguous outputs, against float64.
+    x = randn(2, 128, 1, 1, seed=70)
+    w = randn(515, 128, 1, 1, seed=71) * 0.1
+    bias = randn(515, seed=72)
+    ref = _conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    acts = {"hard_sigmoid": lambda y: np.clip(0.2 * y + 0.5, 0, 1), "hard_swish": ACTS["hard_swish"],
+            "relu": ACTS["relu"]}
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, activation=activation, activation_alpha=0.2, activation_beta=0.5)
+    np.testing.assert_allclose(out, acts[activation](ref), rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_small_output_threads(isa, threads):
