@@ -29,6 +29,8 @@ constexpr double kParallelGrain = 6e4;
 constexpr i64 kConvBlockFloats = 48 * 1024;
 // Output positions per image at or below which conv_dot beats the GEMM (whose panels are 16 or 32 columns wide).
 constexpr i64 kDotMaxOutputs = 8;
+// Input channels up to which a 1x1 conv's GEMM tiles read the input in place instead of packed panels (conv2d_packed).
+constexpr i64 kInPlaceMaxK = 64;
 
 int env_override(const char* name);
 
@@ -243,6 +245,15 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
     xk.dot_nt(pc.raw.p + (gi * cout_g + r0) * ld, ld, rows, patches + img * HWo * ld, ld, HWo, ld, o, HWo);
     Epilogue ep = act;
     ep.bias = bias ? bias + gi * cout_g : nullptr;
+    if (HWo == 1) {
+      // One position (PP-LCNet's squeeze-excitation convs and head on 1 x 1): the block's outputs are one contiguous
+      // run, so bias and activation go over it as one row (a bias a column) instead of a call per one-value row.
+      ep.bias = ep.bias ? ep.bias + r0 : nullptr;
+      ep.bias_rs = 0;
+      ep.bias_cs = 1;
+      apply_epilogue(kr, o, rows, 0, 0, 1, rows, ep);
+      return;
+    }
     ep.bias_rs = 1;
     ep.bias_cs = 0;
     apply_epilogue(kr, o, HWo, r0, 0, rows, HWo, ep);
@@ -917,6 +928,38 @@ ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   return ConvAlgo::gemm;
 }
 
+// Whether the GEMM path's tasks run their block as direct-conv tiles over the packed panels with the bias and
+// activation in the tile's registers (gemm_tiles_ep) instead of gemm_prepacked_b and a second pass over the block:
+// one k block (K <= kc: the same sums in the same order as the GEMM), an ISA with the tile, an activation it
+// applies in registers. HETERO_CPU_CONV_TILE_EP=0 / 1 forces it off / on (where it can run), to compare.
+bool gemm_tiles_ep_fits(const Kernels& kr, const ExtraKernels& xk, i64 K, const Epilogue& act) {
+  static const int forced = env_override("HETERO_CPU_CONV_TILE_EP");
+  if (forced == 0 || K > kr.kc || act.empty()) return false;
+  const i64 zero = 0;
+  float dummy = 0.f;  // K = 0, no rows: a probe that computes nothing
+  return xk.conv_tile_ep(kr.mr, kr.nr, 0, &dummy, &dummy, &zero, &dummy, kr.nr, 0, 0, nullptr, act.act,
+                         act.act_alpha, act.act_beta);
+}
+
+// rows x ncols of C (ldc) = A (packed row panels, K x mr each) x B (packed column panels, K x nr each, row k at
+// b_rows[k] = k * nr), bias (per row) and activation applied before the store: column panels outside (each K x nr
+// panel read from L1 by every row panel), row panels inside; a last panel of at most one vector runs the
+// one-vector tile. The epilogue pass it replaces re-read the block from L2 (PP-LCNet's 1x1 convs + HardSwish).
+// panel_stride: floats from one column panel of B to the next (K * nr packed; nr where B is the input read in place,
+// b_rows[k] = k * HW).
+void gemm_tiles_ep(const Kernels& kr, const ExtraKernels& xk, i64 rows, i64 ncols, i64 K, const float* a,
+                   const float* bp, i64 panel_stride, const i64* b_rows, float* c, i64 ldc, const Epilogue& ep) {
+  const int mr = kr.mr, nr = kr.nr;
+  for (i64 j0 = 0; j0 < ncols; j0 += nr) {
+    const int nc = static_cast<int>(std::min<i64>(nr, ncols - j0));
+    const float* panel = bp + (j0 / nr) * panel_stride;
+    for (i64 r = 0; r < rows; r += mr)
+      xk.conv_tile_ep(mr, nc <= xk.lanes ? xk.lanes : nr, K, a + r * K, panel, b_rows, c + r * ldc + j0, ldc,
+                      static_cast<int>(std::min<i64>(mr, rows - r)), nc, ep.bias ? ep.bias + r : nullptr, ep.act,
+                      ep.act_alpha, ep.act_beta);
+  }
+}
+
 }  // namespace
 
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
@@ -1001,6 +1044,19 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const i64 nblk = blocks.nb;
   static std::atomic<std::uint64_t> calls{0};
   const std::uint64_t call = ++calls;  // this call's id (the packed-block check below)
+  const bool tiles_ep = gemm_tiles_ep_fits(kr, xk, K, act);
+  std::vector<i64> b_rows(static_cast<std::size_t>(tiles_ep ? K : 0));
+  for (std::size_t k = 0; k < b_rows.size(); ++k) b_rows[k] = static_cast<i64>(k) * nr;
+  // A 1x1 conv with few input channels (PP-LCNet's 16 -> 32 on 112 x 112, 32 / 64 -> 64 on 56 x 56) reads its whole
+  // column panels in place (K row streams HW floats apart: few enough for the prefetchers; with K >= 128 in place
+  // lost to packing inside the models) instead of packing them; the ragged last panel is packed as before.
+  static const int inplace_max_k = [] {
+    const int v = env_override("HETERO_CPU_CONV_INPLACE_K");
+    return v >= 0 ? v : static_cast<int>(kInPlaceMaxK);
+  }();
+  const bool in_place = tiles_ep && pointwise && K <= inplace_max_k;
+  std::vector<i64> x_rows(static_cast<std::size_t>(in_place ? K : 0));
+  for (std::size_t k = 0; k < x_rows.size(); ++k) x_rows[k] = static_cast<i64>(k) * g.H * g.W;
   parallel_for(images * nblk * groups, T, [&](i64 task) {
     const i64 r0 = (task % groups) * pg * kr.mr, r1 = std::min<i64>(m_main, r0 + pg * kr.mr);
     const bool tail = task % groups == groups - 1;
@@ -1014,7 +1070,11 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     thread_local std::uint64_t packed_call = 0;
     thread_local i64 packed_block = -1;
     const i64 block = task / groups;
-    if (packed_call != call || packed_block != block) {
+    // in place: only the ragged last panel (past the whole ones) is packed, at bp
+    const i64 whole = in_place ? ncols / nr * nr : 0;
+    if (in_place) {
+      if (whole < ncols) pack_b_panels(kr, MatView{xin + j0 + whole, K, ncols - whole, HWo, 1}, bp, 1);
+    } else if (packed_call != call || packed_block != block) {
       if (pointwise)
         pack_b_panels(kr, MatView{xin + j0, K, ncols, HWo, 1}, bp, 1);
       else
@@ -1027,13 +1087,26 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     ep.bias_rs = 1;
     ep.bias_cs = 0;
     float* o = out + (n * g.Cout + gi * cout_g) * HWo + j0;
-    if (r1 > r0) {
+    // in place, the last group's tasks also run the ragged last row panel (<= 4 rows) as tiles (its packed panel is
+    // zero-padded to mr rows), where the small-M kernel below would need the columns packed
+    const i64 r_end = in_place && tail ? cout_g : r1;
+    if (r_end > r0) {
       Epilogue epm = ep;
       epm.bias = ep.bias ? ep.bias + r0 : nullptr;
-      gemm_prepacked_b(kr, r1 - r0, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride + r0 * K, bp, o + r0 * HWo,
-                       HWo, 1.f, 0.f, epm, 1);
+      const float* a = pc.buf.p + gi * pc.group_stride + r0 * K;
+      if (in_place) {
+        if (whole > 0)
+          gemm_tiles_ep(kr, xk, r_end - r0, whole, K, a, xin + j0, nr, x_rows.data(), o + r0 * HWo, HWo, epm);
+        if (whole < ncols)
+          gemm_tiles_ep(kr, xk, r_end - r0, ncols - whole, K, a, bp, K * nr, b_rows.data(), o + r0 * HWo + whole,
+                        HWo, epm);
+      } else if (tiles_ep)
+        gemm_tiles_ep(kr, xk, r1 - r0, ncols, K, a, bp, K * nr, b_rows.data(), o + r0 * HWo, HWo, epm);
+      else
+        gemm_prepacked_b(kr, r1 - r0, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride + r0 * K, bp,
+                         o + r0 * HWo, HWo, 1.f, 0.f, epm, 1);
     }
-    if (tail && m_main < cout_g) {
+    if (tail && m_main < cout_g && !in_place) {
       // A ragged last row panel of <= 4 rows (Cout = 16 or 64 with mr = 12): the small-M kernel on the same packed
       // columns, instead of a padded mr-row tile that would be mostly wasted.
       Epilogue ept = ep;

@@ -695,6 +695,9 @@ CONV_CASES = [
     (2, 6, 5, 5, 9, 3, 3, (2, 2), (1, 1, 0, 0), (1, 1), 3),  # grouped, 2x2 outputs
     (1, 7, 4, 4, 5, 3, 3, (1, 1), (1, 1, 1, 1), (2, 1), 1),  # 8 outputs, dilated
     (1, 10, 1, 1, 3, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # one output, Cout < 4
+    # one position a channel (PP-LCNet's squeeze-excitation convs): bias and activation over a row block's outputs
+    # as one contiguous run; two images, Cout off the 4-row blocks
+    (2, 67, 1, 1, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
     # rows of >= one GEMM panel, stride 1 along W: the GEMM reads the padded input in place (no im2col), with Cout
     # off the tile height, strided rows, a ragged last panel, groups and dilation
     (2, 7, 9, 61, 23, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
@@ -772,6 +775,69 @@ def test_conv2d(isa, case, activation):
     np.testing.assert_allclose(out2, ref2, rtol=1e-4, atol=atol)
 
 
+# 1x1 convs whose GEMM blocks run as tiles with the bias and activation in registers (conv.cpp gemm_tiles_ep): odd
+# channel counts (Cout off the 12-row tile, K off the 16-float padding), ragged last panels (14 x 14: 4 past a
+# vector; 7 x 5), a one-vector last panel (28 x 28), K at kc (256: one k block, tiles) and past it (300: the GEMM's k
+# blocks), two images. K <= 64 reads the input in place (whole panels; the ragged one packed) and runs a ragged last
+# row panel (Cout 13, 64, 3: 1-4 rows past the 12-row tiles) as a short tile instead of the small-M kernel.
+TILE_EP_CASES = [(1, 37, 14, 14, 29), (2, 16, 28, 28, 20), (1, 33, 7, 5, 13), (1, 256, 7, 7, 52), (1, 300, 6, 6, 24),
+                 (1, 64, 56, 56, 64), (1, 24, 9, 9, 3), (2, 65, 10, 10, 16)]
+_TILE_EP_CODE = """
+import sys, numpy as np
+from hetero_cpu import _native
+rng = np.random.default_rng(5)
+outs = []
+for isa in sys.argv[2].split(","):
+    _native.set_isa(isa)
+    for n, c, h, w, co in eval(sys.argv[3]):
+        x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+        wt = (rng.standard_normal((co, c, 1, 1)) * 0.2).astype(np.float32)
+        b = rng.standard_normal(co).astype(np.float32)
+        for act in ("hard_swish", "silu", "relu6", "none", "sigmoid"):
+            for t in (1, 2):
+                _native.set_num_threads(t)
+                o = np.empty((n, co, h, w), np.float32)
+                _native.conv2d(x, wt, b, o, strides=(1, 1), pads=(0, 0, 0, 0), group=1, activation=act)
+                outs.append(o.ravel())
+np.save(sys.argv[1], np.concatenate(outs))
+"""
+
+
+def test_conv1x1_tiles_ep_bits(tmp_path):
+    # The in-register epilogue on packed panels (in place off: HETERO_CPU_CONV_INPLACE_K=0) against the GEMM and its
+    # second pass (HETERO_CPU_CONV_TILE_EP=0; switches read once a process: each side in a fresh one): the same sums
+    # in the same order, so the same bits, at 1 and 2 threads, on every ISA this CPU runs (sigmoid is not applied in
+    # registers: the GEMM path on both sides). The in-place path (its short tiles sum the ragged rows in another
+    # order than the small-M kernel) is checked against float64 below.
+    import os
+    import subprocess
+    import sys
+
+    isas = ",".join(ISAS)
+    res = {}
+    for side, env in (("tiles", {"HETERO_CPU_CONV_INPLACE_K": "0"}), ("gemm", {"HETERO_CPU_CONV_TILE_EP": "0"})):
+        path = tmp_path / f"{side}.npy"
+        subprocess.run([sys.executable, "-c", _TILE_EP_CODE, str(path), isas, repr(TILE_EP_CASES)],
+                       env=dict(os.environ, **env), check=True, timeout=600)
+        res[side] = np.load(path)
+    assert res["tiles"].size == res["gemm"].size > 0
+    np.testing.assert_array_equal(res["tiles"].view(np.uint32), res["gemm"].view(np.uint32))
+
+
+@pytest.mark.parametrize("case", TILE_EP_CASES, ids=[str(i) for i in range(len(TILE_EP_CASES))])
+@pytest.mark.parametrize("activation", ["hard_swish", "silu", "none"])
+def test_conv1x1_tiles_ep(isa, threads, case, activation):
+    n, c, h, wd, cout = case
+    x = randn(n, c, h, wd, seed=60)
+    w = randn(cout, c, 1, 1, seed=61) * 0.2
+    bias = randn(cout, seed=62)
+    ref = ACTS[activation](_conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (1, 1), (0, 0, 0, 0), (1, 1),
+                                     1))
+    out = np.empty(ref.shape, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(1, 1), pads=(0, 0, 0, 0), group=1, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("activation,alpha,beta", [
     ("hard_sigmoid", 0.2, 0.5), ("clip", -0.5, 0.7), ("leaky_relu", 0.1, 0.0), ("relu6", 0.0, 0.0)])
 def test_depthwise_threads_activations(isa, threads, activation, alpha, beta):
@@ -811,6 +877,21 @@ def test_conv2d_leaky_epilogue(isa, activation, shape):
     _native.conv2d(x, w, bias, out, pads=pads, activation=activation, activation_alpha=0.2, activation_beta=-0.4)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     assert np.isnan(out).any() and (np.isnan(out) == np.isnan(ref)).all()
+
+
+@pytest.mark.parametrize("activation", ["hard_sigmoid", "hard_swish", "relu"])
+def test_conv2d_one_position_threads(isa, threads, activation):
+    # Squeeze-excitation shapes (1 x 1 maps) large enough to split their weight rows into blocks across threads: each
+    # block's bias + activation over its contiguous outputs, against float64.
+    x = randn(2, 128, 1, 1, seed=70)
+    w = randn(515, 128, 1, 1, seed=71) * 0.1
+    bias = randn(515, seed=72)
+    ref = _conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    acts = {"hard_sigmoid": lambda y: np.clip(0.2 * y + 0.5, 0, 1), "hard_swish": ACTS["hard_swish"],
+            "relu": ACTS["relu"]}
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, activation=activation, activation_alpha=0.2, activation_beta=0.5)
+    np.testing.assert_allclose(out, acts[activation](ref), rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_small_output_threads(isa, threads):
