@@ -603,14 +603,14 @@ def _in_place(step: _Step, ins: list[Tensor | None], slots: list[Tensor | None])
         whole, parts = (slots[0] if slots else None), ins
     else:
         whole, parts = (ins[0] if ins else None), list(slots)
-    at = _address(whole)
-    if at is None or whole is None:
+    start = at = _address(whole)
+    if start is None or at is None or whole is None:
         return False
     for part in parts:
         if part is None or _address(part) != at:
             return False
         at += part.dtype.nbytes(part.size)
-    return at == _address(whole) + whole.dtype.nbytes(whole.size)
+    return at == start + whole.dtype.nbytes(whole.size)
 
 
 def _value_key(tensor: Tensor | None) -> Any:

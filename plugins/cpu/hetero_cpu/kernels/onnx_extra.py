@@ -10,7 +10,7 @@ no node leaves the backend because of this split.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
+from hetero.contract.opforms import nearest_indices, source_coords
 
 from .. import _native
 from .common import Call, CallKernel, Calls, noop
@@ -453,20 +454,7 @@ class CpuResize(_NativeOrNumpy):
         upsample = self.node.op_type == "Upsample"
         mode = "asymmetric" if upsample else self.attr("coordinate_transformation_mode",
                                                        "half_pixel" if self.info.opset >= 11 else "asymmetric")
-        x = np.arange(n_out, dtype=np.float64)
-        if mode == "half_pixel":
-            return (x + 0.5) / scale - 0.5
-        if mode == "half_pixel_symmetric":
-            adjustment = n_out / (n_in * scale) if from_scales else 1.0
-            return n_in / 2 * (1 - adjustment) + (x + 0.5) / scale - 0.5
-        if mode == "pytorch_half_pixel":
-            return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(x)
-        if mode == "align_corners":
-            length = n_in * scale if from_scales else n_out
-            return x * (n_in - 1) / (length - 1) if n_out > 1 else np.zeros_like(x)
-        if mode == "tf_half_pixel_for_nn":
-            return (x + 0.5) / scale
-        return x / scale
+        return source_coords(mode, n_in, n_out, scale, from_scales=from_scales)
 
     def _tables(self, n_in: int, n_out: int, scale: float, from_scales: bool):
         if n_out == n_in and scale == 1.0:
@@ -475,12 +463,7 @@ class CpuResize(_NativeOrNumpy):
         coords = self._coords(n_in, n_out, scale, from_scales)
         if self.attr("mode", "nearest") == "nearest":
             legacy = self.node.op_type == "Upsample" or self.info.opset < 11
-            nm = "floor" if legacy else self.attr("nearest_mode", "round_prefer_floor")
-            rounders: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-                "round_prefer_floor": lambda c: np.ceil(c - 0.5), "round_prefer_ceil": lambda c: np.floor(c + 0.5),
-                "floor": np.floor, "ceil": np.ceil}
-            rounded = rounders[nm](coords)
-            idx = np.clip(rounded, 0, n_in - 1).astype(np.int64)
+            idx = nearest_indices("floor" if legacy else self.attr("nearest_mode", "round_prefer_floor"), coords, n_in)
             return idx, idx, np.zeros(n_out, np.float32)
         c = np.clip(coords, 0.0, n_in - 1.0)
         lo = np.floor(c)
