@@ -893,15 +893,20 @@ inline void wino_out_1d(const V* m, V* o) {
   o[3] = SIMD::add(SIMD::fma(eight, d34, d12), m[5]);
 }
 
-// wino_out: m[(i*6 + j)*mstride + l] (the 6 x 6 products of tile l) -> y[(i*4 + j)*W + l] = (A^T m A)[i][j] + bias.
-void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
-  V t[4][6];
+// The first half of the output transform: t = A^T m over each of the 6 columns of W tiles' 6 x 6 products.
+inline void wino_out_columns(const float* m, i64 mstride, V (&t)[4][6]) {
   for (int j = 0; j < 6; ++j) {
     V col[6], r[4];
     for (int i = 0; i < 6; ++i) col[i] = SIMD::load(m + (i * 6 + j) * mstride);
     wino_out_1d(col, r);
     for (int i = 0; i < 4; ++i) t[i][j] = r[i];
   }
+}
+
+// wino_out: m[(i*6 + j)*mstride + l] (the 6 x 6 products of tile l) -> y[(i*4 + j)*W + l] = (A^T m A)[i][j] + bias.
+void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
+  V t[4][6];
+  wino_out_columns(m, mstride, t);
   const V b = SIMD::set1(bias);
   for (int i = 0; i < 4; ++i) {
     V r[4];
@@ -922,12 +927,7 @@ bool x_wino_store(const float* m, i64 mstride, float bias, int act, float alpha,
   } else {
     if (!dw_act_dispatch(act, alpha, beta, [](auto) {})) return false;
     V t[4][6];
-    for (int j = 0; j < 6; ++j) {
-      V col[6], r[4];
-      for (int i = 0; i < 6; ++i) col[i] = SIMD::load(m + (i * 6 + j) * mstride);
-      wino_out_1d(col, r);
-      for (int i = 0; i < 4; ++i) t[i][j] = r[i];
-    }
+    wino_out_columns(m, mstride, t);
     const V b = SIMD::set1(bias);
     V rows[16];  // rows[i * 4 + j]: output (i, j) of the W tiles, a lane a tile
     dw_act_dispatch(act, alpha, beta, [&](auto f) {
