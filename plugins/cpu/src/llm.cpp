@@ -6,7 +6,8 @@
 // HETERO_LLM_BLOCKS=1 = decode GEMVs split by bytes, one block per thread (bsplit::run_blocks; the tasks knob then
 // does not apply to them), HETERO_LLM_PFNEXT = bytes of the next merged-step matmul's block prefetched after one
 // (with BLOCKS=1; default 0),
-// HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena).
+// HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena),
+// HETERO_LLM_KVTOUCH=0 = a decode step's attention without the read-ahead of its KV lines (touch_head).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -1340,6 +1341,31 @@ void append_head(Attention& at, i64 h, const float* kin, const float* vin, i64 T
   }
 }
 
+bool kv_touch_on() {
+  static const bool on = [] { const char* e = std::getenv("HETERO_LLM_KVTOUCH"); return !e || std::atoi(e) != 0; }();
+  return on;
+}
+
+// Loads one word of every line kv head h's attention over positions [0, n) reads (its K tiles, the first n V rows,
+// q8's V scales), back to back, before the kernels compute over them. A decode step finds its layer's cache cold
+// (~10 MB of weights streamed since the last step's visit), and a run of independent loads brings it in ~1.2-1.4x
+// sooner than the kernels' own loads do, interleaved with their arithmetic; software prefetches of the same lines
+// (into L1 or L2, at the task's start or for every head before the tasks) measured no gain (docs/llm-benchmarks.md,
+// dec16). Not for the rotated kinds (their tiles are decoded first) or prefill (its tiles are reused from L1).
+void touch_head(const Attention& at, i64 h, i64 n) {
+  std::uint64_t acc = 0;
+  const auto lines = [&acc](const char* p, std::size_t bytes) {
+    for (std::size_t o = 0; o < bytes; o += 64) acc += *reinterpret_cast<const std::uint64_t*>(p + o);
+  };
+  for (i64 l0 = 0; l0 < n; l0 += KT) {
+    const char* b = at.head_block(h, l0 / KT);
+    const std::size_t rows = static_cast<std::size_t>(std::min<i64>(KT, n - l0));
+    lines(b, at.voff + rows * at.vrow_bytes());  // the K tile (and its scales), then the V rows
+    if (at.scale_bytes()) lines(b + at.soff, rows * at.vs_row_bytes());
+  }
+  asm volatile("" : : "r"(acc));  // keeps the loads
+}
+
 // 1. of a run of T rows at `past`: its keys and values appended to the cache (the cache's filled count moves on).
 void attention_append(Attention& at, const float* kin, const float* vin, i64 T, i64 past) {
   const i64 hkv = at.hkv, D = at.d;
@@ -1508,8 +1534,10 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
     // attention's own: a context too short for it stays on the caller (a region more per layer cost more than it
     // saved on a shared machine, where each region may wait on a descheduled worker).
     run.plan();
+    const bool touch = kv_touch_on();
     parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 h) {
       append_head(at, h, kin, vin, T, past);
+      if (touch) touch_head(at, h, past + T);
       run.task(h);
     });
     at.filled = past + T;
