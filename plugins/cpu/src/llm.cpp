@@ -1347,11 +1347,13 @@ bool kv_touch_on() {
 }
 
 // Loads one word of every line kv head h's attention over positions [0, n) reads (its K tiles, the first n V rows,
-// q8's V scales), back to back, before the kernels compute over them. A decode step finds its layer's cache cold
-// (~10 MB of weights streamed since the last step's visit), and a run of independent loads brings it in ~1.2-1.4x
-// sooner than the kernels' own loads do, interleaved with their arithmetic; software prefetches of the same lines
-// (into L1 or L2, at the task's start or for every head before the tasks) measured no gain (docs/llm-benchmarks.md,
-// dec16). Not for the rotated kinds (their tiles are decoded first) or prefill (its tiles are reused from L1).
+// q8's V scales), back to back, before the step's append and the kernels. A decode step finds its layer's cache
+// cold (~10 MB of weights streamed since the last step's visit): a run of independent loads brings it in sooner
+// than the kernels' own loads do, interleaved with their arithmetic, and the append's scattered stores (a K tile
+// is transposed: one position's key touches d lines) then hit lines already in cache. Software prefetches of the
+// same lines (into L1 or L2, at the task's start or for every head before the tasks) measured no gain
+// (docs/llm-benchmarks.md, dec16). Not for the rotated kinds (their tiles are decoded first) or prefill (its tiles
+// are reused from L1).
 void touch_head(const Attention& at, i64 h, i64 n) {
   std::uint64_t acc = 0;
   const auto lines = [&acc](const char* p, std::size_t bytes) {
@@ -1536,8 +1538,8 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
     run.plan();
     const bool touch = kv_touch_on();
     parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 h) {
+      if (touch) touch_head(at, h, past + T);  // first: the append's stores then find their lines in cache
       append_head(at, h, kin, vin, T, past);
-      if (touch) touch_head(at, h, past + T);
       run.task(h);
     });
     at.filled = past + T;
