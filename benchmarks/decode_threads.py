@@ -27,18 +27,18 @@ TREE). ``--against NAME=VALUE[,...]`` compares this checkout with itself under t
 (``HETERO_LLM_TASKS=0``, ``HETERO_LLM_PF=0``: knobs read once per process). ``--tree TREE`` runs the
 measurement on TREE's packages (what ``--against`` uses).
 
-``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every call of the
-session's recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for
-QMatMul, the projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call; the ops of
-a merged ``LlmStep`` are timed natively as it runs them back to back: ``LlmStep.timing``, wall clock whatever
---clock says) and the pool's account is read after each call, so the step splits per op into: ``wall`` the
-calls' time; ``work/T`` thread-time inside tasks (pooled) or in the call (serial) over the thread count; ``wait``
-= wall - work/T, the thread-average time the op's threads were not computing (wake-ups, the barrier at the end,
-imbalance, for serial calls the idle other threads, and the call's own Python / binding cost), of which ``tail``
-(the caller waiting for the others) and ``wake/T`` (workers' post-to-first-task latency); ``MiB`` weight bytes
-the op streams per step and ``GB/s`` over its wall time, ``%bound`` against the N-thread read bound. The
-wrappers and the per-call statistics read cost ~2 us a call outside merged steps (~0.2 us inside): that pass's
-step is slower than the plain one (both printed). Not in any op: the replay loop, ``Llm.forward`` and the
+``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every call of the session's
+recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for QMatMul, the
+projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call; the ops of a merged
+``LlmStep`` are timed natively as it runs them back to back: ``LlmStep.timing``, in the process's CPU time with
+--clock cpu: ``LlmStep.timing_cpu``) and the pool's account is read after each call, so the step splits per op into:
+``wall`` the calls' time; ``work/T`` thread-time inside tasks (pooled) or in the call (serial) over the thread
+count; ``wait`` = wall - work/T, the thread-average time the op's threads were not computing (wake-ups, the barrier
+at the end, imbalance, for serial calls the idle other threads, and the call's own Python / binding cost), of which
+``tail`` (the caller waiting for the others) and ``wake/T`` (workers' post-to-first-task latency); ``MiB`` weight
+bytes the op streams per step and ``GB/s`` over its wall time, ``%bound`` against the N-thread read bound. The
+wrappers and the per-call statistics read cost ~2 us a call outside merged steps (~0.2 us inside): that pass's step
+is slower than the plain one (both printed). Not in any op: the replay loop, ``Llm.forward`` and the
 session around it (instrumented step - the ops' wall).
 """
 
@@ -178,6 +178,7 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
             for call in r.program:
                 if hasattr(call, "take_times"):  # a merged step (hetero_cpu.fuse.step_calls): its ops, one a call
                     call.timing = True
+                    call.timing_cpu = clock == "cpu"
                     call.take_times()
                     merged.append((call, [labelled(c) for c in call.fallback]))
                     wrapped.append(call)
@@ -194,10 +195,10 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
             times.append((now() - t0) / per)
             for step, labels in merged:
                 for label, (dt, st) in zip(labels, step.take_times(), strict=False):
-                    account(label, dt, st)
+                    account(label, dt / per, st)
     finally:
         for step, _ in merged:
-            step.timing = False
+            step.timing = step.timing_cpu = False
         for r, program in zip(replays, originals, strict=True):
             r.program[:] = program
     rows: list[dict[str, Any]] = []

@@ -1815,7 +1815,8 @@ struct LlmStep {
   std::vector<const bsplit::Plan*> next;  // per op: the plan of the next op that streams weights (or nullptr)
   py::list fallback;             // the unfused calls, in order
   bool timing = false;
-  std::vector<std::pair<std::int64_t, PoolStats>> times;  // per op: wall ns, pool statistics (timing on)
+  bool timing_cpu = false;  // times in the process's CPU time instead of wall time
+  std::vector<std::pair<std::int64_t, PoolStats>> times;  // per op: ns, pool statistics (timing on)
 
   void add(StepOp op, py::object args, bsplit::Plan plan = {}) {
     ops.push_back(std::move(op));
@@ -1846,11 +1847,21 @@ struct LlmStep {
     }
     times.resize(ops.size());
     pool_stats(true);
-    auto t0 = std::chrono::steady_clock::now();
+    const auto clk = [cpu = timing_cpu]() -> std::int64_t {
+      if (cpu) {  // the process's CPU time (all threads): a neighbour taking the core away does not count
+        timespec ts;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+      }
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+    auto t0 = clk();
     for (std::size_t i = 0; i < ops.size(); ++i) {
       run_op(i);
-      const auto t1 = std::chrono::steady_clock::now();
-      times[i].first += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      const auto t1 = clk();
+      times[i].first += t1 - t0;
       times[i].second += pool_stats(true);
       t0 = t1;
     }
@@ -2027,6 +2038,8 @@ void bind_llm(py::module_& m) {
       .def("__len__", [](const LlmStep& s) { return s.ops.size(); })
       .def_readwrite("fallback", &LlmStep::fallback)
       .def_readwrite("timing", &LlmStep::timing, "Sum each op's wall time and pool statistics (take_times).")
+      .def_readwrite("timing_cpu", &LlmStep::timing_cpu,
+                     "With timing: each op's time in the process's CPU time (all threads) instead of wall time.")
       .def("take_times", &LlmStep::take_times,
            "[(seconds, pool_stats dict)] per op since the last take (timing on; the pool's statistics need "
            "pool_stats_enable); resets them.")
