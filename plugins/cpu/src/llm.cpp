@@ -1346,6 +1346,22 @@ bool kv_touch_on() {
   return on;
 }
 
+// The lines of kv head h that a decode step's attention over positions [0, n) reads, as KvAhead ranges: per K tile,
+// the tile and its first rows of V (one run: they are adjacent in the head's part of a block).
+KvAhead kv_ahead_of(const Attention& at, i64 h, i64 n) {
+  KvAhead a;
+  const i64 tiles = (n + KT - 1) / KT;
+  const auto run = [&](i64 rows) { return at.voff + static_cast<std::size_t>(rows) * at.vrow_bytes(); };
+  a.base = at.head_block(h, 0);
+  a.cur = a.base;
+  a.end = a.base + run(std::min<i64>(KT, n));
+  a.stride = at.block_bytes;
+  a.len = run(KT);
+  a.last = run(n - (tiles - 1) * KT);
+  a.runs = tiles - 1;
+  return a;
+}
+
 // Loads one word of every line kv head h's attention over positions [0, n) reads (its K tiles, the first n V rows,
 // q8's V scales), back to back, before the step's append and the kernels. A decode step finds its layer's cache
 // cold (~10 MB of weights streamed since the last step's visit): a run of independent loads brings it in sooner
@@ -1454,7 +1470,8 @@ struct AttentionRun {
     }
   }
 
-  void task(i64 task) const {
+  // ahead (or nullptr): lines the kernels prefetch while they compute (KvAhead; a decode step's next head).
+  void task(i64 task, KvAhead* ahead = nullptr) const {
     const LlmKernels& kr = lk();
     const Kernels& base = active();
     const Attention& at = *this->at;
@@ -1499,7 +1516,7 @@ struct AttentionRun {
         const int nr = static_cast<int>(std::min<i64>(4, nr_all - i0));
         if (limit[i0] < l0) continue;  // every row of this quad comes before the tile (rows ascend)
         const i64 qk = std::min<i64>(KT, limit[i0 + nr - 1] + 1 - l0);  // positions any row of the quad sees
-        kr.qk_tile(qb + i0 * D, D, nr, kt, tkind, D, scale, sb, KT);
+        kr.qk_tile(qb + i0 * D, D, nr, kt, tkind, D, scale, sb, KT, ahead);
         for (int r = 0; r < nr; ++r) {
           float* sr = sb + r * KT;
           const i64 vis = std::min(qk, limit[i0 + r] + 1 - l0);
@@ -1514,7 +1531,7 @@ struct AttentionRun {
           sum[i0 + r] = sum[i0 + r] * corr[r] + ps;
           mx[i0 + r] = m;
         }
-        kr.pv_tile(sb, KT, nr, vt, tkind, vst, qk, D, corr, ob + i0 * D);
+        kr.pv_tile(sb, KT, nr, vt, tkind, vst, qk, D, corr, ob + i0 * D, ahead);
       }
     }
     for (i64 i = 0; i < nr_all; ++i) {
@@ -1536,11 +1553,29 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
     // attention's own: a context too short for it stays on the caller (a region more per layer cost more than it
     // saved on a shared machine, where each region may wait on a descheduled worker).
     run.plan();
-    const bool touch = kv_touch_on();
-    parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 h) {
-      if (touch) touch_head(at, h, past + T);  // first: the append's stores then find their lines in cache
-      append_head(at, h, kin, vin, T, past);
-      run.task(h);
+    const int nt = threads_for(run.work(), 32768.0);
+    if (!kv_touch_on()) {
+      parallel_for(run.tasks(), nt, [&](i64 h) {
+        append_head(at, h, kin, vin, T, past);
+        run.task(h);
+      });
+      at.filled = past + T;
+      return;
+    }
+    // The read-ahead: a task takes a run of consecutive heads; its first head's lines are read by touch_head, each
+    // next head's prefetched by the kernels while they compute the one before (not for q8: its V scales are a
+    // range of their own, so every head is touched).
+    const i64 hkv = at.hkv, n = past + T;
+    const i64 tasks = std::min<i64>(hkv, nt);  // nt <= the pool's threads (threads_for)
+    const bool chain = at.scale_bytes() == 0;
+    parallel_for(tasks, nt, [&](i64 t) {
+      const i64 h0 = hkv * t / tasks, h1 = hkv * (t + 1) / tasks;
+      for (i64 h = h0; h < h1; ++h) {
+        if (h == h0 || !chain) touch_head(at, h, n);  // first: the append's stores then find their lines in cache
+        append_head(at, h, kin, vin, T, past);
+        KvAhead next = chain && h + 1 < h1 ? kv_ahead_of(at, h + 1, n) : KvAhead{};
+        run.task(h, chain && h + 1 < h1 ? &next : nullptr);
+      }
     });
     at.filled = past + T;
     return;
