@@ -1883,7 +1883,9 @@ struct LlmStep {
     times.resize(ops.size());
     pool_stats(true);
     const auto clk = [cpu = timing_cpu]() -> std::int64_t {
-      if (cpu) {  // the process's CPU time (all threads): a neighbour taking the core away does not count
+      // the process's CPU time (all threads): a neighbour taking the core away does not count; another thread's
+      // running time is added at scheduler ticks, so per op this is exact at 1 thread only
+      if (cpu) {
         timespec ts;
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
         return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
@@ -2074,7 +2076,8 @@ void bind_llm(py::module_& m) {
       .def_readwrite("fallback", &LlmStep::fallback)
       .def_readwrite("timing", &LlmStep::timing, "Sum each op's wall time and pool statistics (take_times).")
       .def_readwrite("timing_cpu", &LlmStep::timing_cpu,
-                     "With timing: each op's time in the process's CPU time (all threads) instead of wall time.")
+                     "With timing: each op's time in the process's CPU time (all threads) instead of wall time; "
+                     "exact at 1 thread (another running thread's time is added at scheduler ticks).")
       .def("take_times", &LlmStep::take_times,
            "[(seconds, pool_stats dict)] per op since the last take (timing on; the pool's statistics need "
            "pool_stats_enable); resets them.")
