@@ -1366,10 +1366,10 @@ KvAhead kv_ahead_of(const Attention& at, i64 h, i64 n) {
 // q8's V scales), back to back, before the step's append and the kernels. A decode step finds its layer's cache
 // cold (~10 MB of weights streamed since the last step's visit): a run of independent loads brings it in sooner
 // than the kernels' own loads do, interleaved with their arithmetic, and the append's scattered stores (a K tile
-// is transposed: one position's key touches d lines) then hit lines already in cache. Software prefetches of the
-// same lines (into L1 or L2, at the task's start or for every head before the tasks) measured no gain
-// (docs/llm-benchmarks.md, dec16). Not for the rotated kinds (their tiles are decoded first) or prefill (its tiles
-// are reused from L1).
+// is transposed: one position's key touches d lines) then hit lines already in cache. A burst of software
+// prefetches of the same lines (into L1 or L2, at the task's start or for every head before the tasks) measured no
+// gain; spaced through the kernels' loops they do (KvAhead: the next head's lines; docs/llm-benchmarks.md, dec16).
+// Not for the rotated kinds (their tiles are decoded first) or prefill (its tiles are reused from L1).
 void touch_head(const Attention& at, i64 h, i64 n) {
   std::uint64_t acc = 0;
   const auto lines = [&acc](const char* p, std::size_t bytes) {
@@ -1548,8 +1548,9 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
                    float scale, float* out) {
   AttentionRun run{&at, q, T, hq, past, scale, out};
   if (!at.rotated() && run.blocks() == 1) {
-    // One block of rows per kv head (a decode step): task h appends head h's keys and values, then computes its
-    // rows, so when the attention runs on several threads the append does too. The thread count is the
+    // One block of rows per kv head (a decode step): the task of head h (or of a run of heads, with the read-ahead
+    // below) appends its keys and values, then computes its rows, so when the attention runs on several threads
+    // the append does too. The thread count is the
     // attention's own: a context too short for it stays on the caller (a region more per layer cost more than it
     // saved on a shared machine, where each region may wait on a descheduled worker).
     run.plan();
