@@ -27,19 +27,19 @@ TREE). ``--against NAME=VALUE[,...]`` compares this checkout with itself under t
 (``HETERO_LLM_TASKS=0``, ``HETERO_LLM_PF=0``: knobs read once per process). ``--tree TREE`` runs the
 measurement on TREE's packages (what ``--against`` uses).
 
-``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every call of the
-session's recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for
-QMatMul, the projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call; the ops of
-a merged ``LlmStep`` are timed natively as it runs them back to back: ``LlmStep.timing``, wall clock whatever
---clock says) and the pool's account is read after each call, so the step splits per op into: ``wall`` the
-calls' time; ``work/T`` thread-time inside tasks (pooled) or in the call (serial) over the thread count; ``wait``
-= wall - work/T, the thread-average time the op's threads were not computing (wake-ups, the barrier at the end,
-imbalance, for serial calls the idle other threads, and the call's own Python / binding cost), of which ``tail``
-(the caller waiting for the others) and ``wake/T`` (workers' post-to-first-task latency); ``MiB`` weight bytes
-the op streams per step and ``GB/s`` over its wall time, ``%bound`` against the N-thread read bound. The
-wrappers and the per-call statistics read cost ~2 us a call outside merged steps (~0.2 us inside): that pass's
-step is slower than the plain one (both printed). Not in any op: the replay loop, ``Llm.forward`` and the
-session around it (instrumented step - the ops' wall).
+``--per-op`` adds, per thread count (at the first --spin value), one more pass in which every call of the session's
+recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for QMatMul, the
+projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call; the ops of a merged
+``LlmStep`` are timed natively as it runs them back to back: ``LlmStep.timing``; in the process's CPU time with
+--clock cpu at 1 thread, ``LlmStep.timing_cpu``, else wall time) and the pool's account is read after each call, so
+the step splits per op into: ``wall`` the calls' time; ``work/T`` thread-time inside tasks (pooled) or in the call
+(serial) over the thread count; ``wait`` = wall - work/T, the thread-average time the op's threads were not
+computing (wake-ups, the barrier at the end, imbalance, for serial calls the idle other threads, and the call's own
+Python / binding cost), of which ``tail`` (the caller waiting for the others) and ``wake/T`` (workers'
+post-to-first-task latency); ``MiB`` weight bytes the op streams per step and ``GB/s`` over its wall time,
+``%bound`` against the N-thread read bound. The wrappers and the per-call statistics read cost ~2 us a call outside
+merged steps (~0.2 us inside): that pass's step is slower than the plain one (both printed). Not in any op: the
+replay loop, ``Llm.forward`` and the session around it (instrumented step - the ops' wall).
 """
 
 from __future__ import annotations
@@ -138,6 +138,9 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
     an op's (and the step's) time is the process's CPU time over it divided by ``threads`` (see CLOCKS)."""
     now = CLOCKS[clock]
     per = threads if clock == "cpu" else 1
+    # A merged step's ops in CPU time at 1 thread only: the process clock adds another thread's running time at
+    # scheduler ticks (1-4 ms), so an op of ~0.1 ms on 2 threads would see a worker's time come and go at random.
+    native_cpu = clock == "cpu" and threads == 1
     native.set_num_threads(threads)
     for _ in range(3):  # the replay of a one-token step at this thread count is recorded
         llm.rollback(prompt)
@@ -178,6 +181,7 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
             for call in r.program:
                 if hasattr(call, "take_times"):  # a merged step (hetero_cpu.fuse.step_calls): its ops, one a call
                     call.timing = True
+                    call.timing_cpu = native_cpu
                     call.take_times()
                     merged.append((call, [labelled(c) for c in call.fallback]))
                     wrapped.append(call)
@@ -197,7 +201,7 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
                     account(label, dt, st)
     finally:
         for step, _ in merged:
-            step.timing = False
+            step.timing = step.timing_cpu = False
         for r, program in zip(replays, originals, strict=True):
             r.program[:] = program
     rows: list[dict[str, Any]] = []

@@ -6,7 +6,8 @@
 // HETERO_LLM_BLOCKS=1 = decode GEMVs split by bytes, one block per thread (bsplit::run_blocks; the tasks knob then
 // does not apply to them), HETERO_LLM_PFNEXT = bytes of the next merged-step matmul's block prefetched after one
 // (with BLOCKS=1; default 0),
-// HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena).
+// HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena),
+// HETERO_LLM_KVTOUCH=0 = a decode step's attention without the read-ahead of its KV lines (touch_head).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -1340,6 +1341,49 @@ void append_head(Attention& at, i64 h, const float* kin, const float* vin, i64 T
   }
 }
 
+bool kv_touch_on() {
+  static const bool on = [] { const char* e = std::getenv("HETERO_LLM_KVTOUCH"); return !e || std::atoi(e) != 0; }();
+  return on;
+}
+
+// The lines of kv head h that a decode step's attention over positions [0, n) reads, as KvAhead ranges: per K tile,
+// the tile and its first rows of V (one run: they are adjacent in the head's part of a block).
+KvAhead kv_ahead_of(const Attention& at, i64 h, i64 n) {
+  KvAhead a;
+  const i64 tiles = (n + KT - 1) / KT;
+  const auto run = [&](i64 rows) { return at.voff + static_cast<std::size_t>(rows) * at.vrow_bytes(); };
+  a.base = at.head_block(h, 0);
+  a.cur = a.base;
+  a.end = a.base + run(std::min<i64>(KT, n));
+  a.stride = at.block_bytes;
+  a.len = run(KT);
+  a.last = run(n - (tiles - 1) * KT);
+  a.runs = tiles - 1;
+  return a;
+}
+
+// Loads one word of every line kv head h's attention over positions [0, n) reads (its K tiles, the first n V rows,
+// q8's V scales), back to back, before the step's append and the kernels. A decode step finds its layer's cache
+// cold (~10 MB of weights streamed since the last step's visit): a run of independent loads brings it in sooner
+// than the kernels' own loads do, interleaved with their arithmetic, and the append's scattered stores (a K tile
+// is transposed: one position's key touches d lines) then hit lines already in cache. A burst of software
+// prefetches of the same lines (into L1 or L2, at the task's start or for every head before the tasks) measured no
+// gain; spaced through the kernels' loops they do (KvAhead: the next head's lines; docs/llm-benchmarks.md, dec16).
+// Not for the rotated kinds (their tiles are decoded first) or prefill (its tiles are reused from L1).
+void touch_head(const Attention& at, i64 h, i64 n) {
+  std::uint64_t acc = 0;
+  const auto lines = [&acc](const char* p, std::size_t bytes) {
+    for (std::size_t o = 0; o < bytes; o += 64) acc += *reinterpret_cast<const std::uint64_t*>(p + o);
+  };
+  for (i64 l0 = 0; l0 < n; l0 += KT) {
+    const char* b = at.head_block(h, l0 / KT);
+    const std::size_t rows = static_cast<std::size_t>(std::min<i64>(KT, n - l0));
+    lines(b, at.voff + rows * at.vrow_bytes());  // the K tile (and its scales), then the V rows
+    if (at.scale_bytes()) lines(b + at.soff, rows * at.vs_row_bytes());
+  }
+  asm volatile("" : : "r"(acc));  // keeps the loads
+}
+
 // 1. of a run of T rows at `past`: its keys and values appended to the cache (the cache's filled count moves on).
 void attention_append(Attention& at, const float* kin, const float* vin, i64 T, i64 past) {
   const i64 hkv = at.hkv, D = at.d;
@@ -1426,7 +1470,8 @@ struct AttentionRun {
     }
   }
 
-  void task(i64 task) const {
+  // ahead (or nullptr): lines the kernels prefetch while they compute (KvAhead; a decode step's next head).
+  void task(i64 task, KvAhead* ahead = nullptr) const {
     const LlmKernels& kr = lk();
     const Kernels& base = active();
     const Attention& at = *this->at;
@@ -1471,7 +1516,7 @@ struct AttentionRun {
         const int nr = static_cast<int>(std::min<i64>(4, nr_all - i0));
         if (limit[i0] < l0) continue;  // every row of this quad comes before the tile (rows ascend)
         const i64 qk = std::min<i64>(KT, limit[i0 + nr - 1] + 1 - l0);  // positions any row of the quad sees
-        kr.qk_tile(qb + i0 * D, D, nr, kt, tkind, D, scale, sb, KT);
+        kr.qk_tile(qb + i0 * D, D, nr, kt, tkind, D, scale, sb, KT, ahead);
         for (int r = 0; r < nr; ++r) {
           float* sr = sb + r * KT;
           const i64 vis = std::min(qk, limit[i0 + r] + 1 - l0);
@@ -1486,7 +1531,7 @@ struct AttentionRun {
           sum[i0 + r] = sum[i0 + r] * corr[r] + ps;
           mx[i0 + r] = m;
         }
-        kr.pv_tile(sb, KT, nr, vt, tkind, vst, qk, D, corr, ob + i0 * D);
+        kr.pv_tile(sb, KT, nr, vt, tkind, vst, qk, D, corr, ob + i0 * D, ahead);
       }
     }
     for (i64 i = 0; i < nr_all; ++i) {
@@ -1503,14 +1548,35 @@ void attention_run(Attention& at, const float* q, const float* kin, const float*
                    float scale, float* out) {
   AttentionRun run{&at, q, T, hq, past, scale, out};
   if (!at.rotated() && run.blocks() == 1) {
-    // One block of rows per kv head (a decode step): task h appends head h's keys and values, then computes its
-    // rows, so when the attention runs on several threads the append does too. The thread count is the
+    // One block of rows per kv head (a decode step): the task of head h (or of a run of heads, with the read-ahead
+    // below) appends its keys and values, then computes its rows, so when the attention runs on several threads
+    // the append does too. The thread count is the
     // attention's own: a context too short for it stays on the caller (a region more per layer cost more than it
     // saved on a shared machine, where each region may wait on a descheduled worker).
     run.plan();
-    parallel_for(run.tasks(), threads_for(run.work(), 32768.0), [&](i64 h) {
-      append_head(at, h, kin, vin, T, past);
-      run.task(h);
+    const int nt = threads_for(run.work(), 32768.0);
+    if (!kv_touch_on()) {
+      parallel_for(run.tasks(), nt, [&](i64 h) {
+        append_head(at, h, kin, vin, T, past);
+        run.task(h);
+      });
+      at.filled = past + T;
+      return;
+    }
+    // The read-ahead: a task takes a run of consecutive heads; its first head's lines are read by touch_head, each
+    // next head's prefetched by the kernels while they compute the one before (not for q8: its V scales are a
+    // range of their own, so every head is touched).
+    const i64 hkv = at.hkv, n = past + T;
+    const i64 tasks = std::min<i64>(hkv, nt);  // nt <= the pool's threads (threads_for)
+    const bool chain = at.scale_bytes() == 0;
+    parallel_for(tasks, nt, [&](i64 t) {
+      const i64 h0 = hkv * t / tasks, h1 = hkv * (t + 1) / tasks;
+      for (i64 h = h0; h < h1; ++h) {
+        if (h == h0 || !chain) touch_head(at, h, n);  // first: the append's stores then find their lines in cache
+        append_head(at, h, kin, vin, T, past);
+        KvAhead next = chain && h + 1 < h1 ? kv_ahead_of(at, h + 1, n) : KvAhead{};
+        run.task(h, chain && h + 1 < h1 ? &next : nullptr);
+      }
     });
     at.filled = past + T;
     return;
@@ -1785,7 +1851,8 @@ struct LlmStep {
   std::vector<const bsplit::Plan*> next;  // per op: the plan of the next op that streams weights (or nullptr)
   py::list fallback;             // the unfused calls, in order
   bool timing = false;
-  std::vector<std::pair<std::int64_t, PoolStats>> times;  // per op: wall ns, pool statistics (timing on)
+  bool timing_cpu = false;  // times in the process's CPU time instead of wall time
+  std::vector<std::pair<std::int64_t, PoolStats>> times;  // per op: ns, pool statistics (timing on)
 
   void add(StepOp op, py::object args, bsplit::Plan plan = {}) {
     ops.push_back(std::move(op));
@@ -1816,11 +1883,23 @@ struct LlmStep {
     }
     times.resize(ops.size());
     pool_stats(true);
-    auto t0 = std::chrono::steady_clock::now();
+    const auto clk = [cpu = timing_cpu]() -> std::int64_t {
+      // the process's CPU time (all threads): a neighbour taking the core away does not count; another thread's
+      // running time is added at scheduler ticks, so per op this is exact at 1 thread only
+      if (cpu) {
+        timespec ts;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+      }
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+    auto t0 = clk();
     for (std::size_t i = 0; i < ops.size(); ++i) {
       run_op(i);
-      const auto t1 = std::chrono::steady_clock::now();
-      times[i].first += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      const auto t1 = clk();
+      times[i].first += t1 - t0;
       times[i].second += pool_stats(true);
       t0 = t1;
     }
@@ -1997,6 +2076,9 @@ void bind_llm(py::module_& m) {
       .def("__len__", [](const LlmStep& s) { return s.ops.size(); })
       .def_readwrite("fallback", &LlmStep::fallback)
       .def_readwrite("timing", &LlmStep::timing, "Sum each op's wall time and pool statistics (take_times).")
+      .def_readwrite("timing_cpu", &LlmStep::timing_cpu,
+                     "With timing: each op's time in the process's CPU time (all threads) instead of wall time; "
+                     "exact at 1 thread (another running thread's time is added at scheduler ticks).")
       .def("take_times", &LlmStep::take_times,
            "[(seconds, pool_stats dict)] per op since the last take (timing on; the pool's statistics need "
            "pool_stats_enable); resets them.")

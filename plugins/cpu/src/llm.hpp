@@ -98,6 +98,18 @@ void ggml_dequant_row(const QPack& pk, const std::uint8_t* row, float* out);
 // Float weight element types of QMatMul / MoE / Embedding.
 enum WType : int { W_F32 = 0, W_F16 = 1, W_BF16 = 2 };
 
+// Lines a decode step's attention kernels prefetch into L2 while they compute one kv head: the next head's K tiles
+// and V rows, two lines a pass of their inner loops (qk_tile's rows of a K tile, pv_tile's value rows), so that a
+// task running its heads one after another finds each head's lines on the way (AttentionRun, llm.cpp). The ranges:
+// [cur, end), then `runs` more of `len` bytes `stride` apart after `base` (the last one `last` bytes).
+struct KvAhead {
+  const char* cur = nullptr;
+  const char* end = nullptr;
+  const char* base = nullptr;
+  std::size_t stride = 0, len = 0, last = 0;
+  i64 runs = 0;
+};
+
 struct LlmKernels {
   const char* name;
   int max_mr;  // x rows per qgemm tile call (1..max_mr)
@@ -123,13 +135,13 @@ struct LlmKernels {
   // q rows are f32 (row stride ldq).
   // s[r*lds + l] = scale * sum_i q[r][i] * k(i, l), r < nr (<= 4), l < 64, k(i, l) the value the cache holds (for
   // q8: int8 * its block scale). All 64 lanes are written; the positions past the filled cache hold finite stale
-  // values that the caller masks.
+  // values that the caller masks. ahead (or nullptr): lines to prefetch on the way (KvAhead).
   void (*qk_tile)(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d, float scale, float* s,
-                  i64 lds);
+                  i64 lds, KvAhead* ahead);
   // o[r*d + :] = o[r*d + :] * corr[r] + sum_l p[r*ldp + l] * v(l, :), r < nr (<= 4), l < nk; vscale (KV_Q8
-  // only, else unused): [nk][ceil(d/32)] block scales of the nk rows.
+  // only, else unused): [nk][ceil(d/32)] block scales of the nk rows. ahead: as qk_tile's.
   void (*pv_tile)(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
-                  const float* corr, float* o);
+                  const float* corr, float* o, KvAhead* ahead);
 };
 
 const LlmKernels* llm_kernels_generic();

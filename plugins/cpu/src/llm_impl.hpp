@@ -450,11 +450,25 @@ inline float loadkv1(const void* p, i64 i) {
   return static_cast<const float*>(p)[i];
 }
 
+// Two lines of `a` into L2 (the next range once one is done); nothing once they are all issued.
+template <class S>
+inline void kv_ahead(KvAhead& a) {
+  if (a.cur >= a.end) {
+    if (a.runs <= 0) return;
+    a.base += a.stride;
+    a.cur = a.base;
+    a.end = a.base + (--a.runs == 0 ? a.last : a.len);
+  }
+  S::prefetch_l2(a.cur);
+  S::prefetch_l2(a.cur + 64);
+  a.cur += 128;
+}
+
 // NR rows x the tile's 64 positions, 4 key vectors (4W positions) per pass. q8 keys are dequantized in registers
 // (int8 -> float times the block's scale, a memory operand from L1); memory traffic, not these extra
 // instructions, bounds decode.
 template <class S, int K, int NR>
-void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s, i64 lds) {
+void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s, i64 lds, KvAhead* ahead) {
   using V = typename S::V;
   constexpr int NV = 4, SPAN = NV * S::W;
   static_assert(KT % SPAN == 0, "a pass covers part of a K tile");
@@ -464,6 +478,7 @@ void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < NV; ++j) acc[r][j] = S::zero();
     for (i64 i = 0; i < d; ++i) {
+      if (ahead) kv_ahead<S>(*ahead);
       V kv[NV];
       for (int j = 0; j < NV; ++j) {
         kv[j] = loadkv<S, K>(kt, i * KT + p0 + S::W * j);
@@ -481,26 +496,27 @@ void qk_nr(const float* q, i64 ldq, const void* kt, i64 d, float scale, float* s
 }
 
 template <class S, int K>
-void qk_t(const float* q, i64 ldq, int nr, const void* kt, i64 d, float scale, float* s, i64 lds) {
+void qk_t(const float* q, i64 ldq, int nr, const void* kt, i64 d, float scale, float* s, i64 lds, KvAhead* ahead) {
   constexpr int R = S::QK_NR;
   for (int r0 = 0; r0 < nr; r0 += R) {
     const float* qr = q + r0 * ldq;
     float* sr = s + r0 * lds;
     switch (std::min(nr - r0, R)) {
-      case 1: qk_nr<S, K, 1>(qr, ldq, kt, d, scale, sr, lds); break;
-      case 2: qk_nr<S, K, std::min(2, R)>(qr, ldq, kt, d, scale, sr, lds); break;
-      case 3: qk_nr<S, K, std::min(3, R)>(qr, ldq, kt, d, scale, sr, lds); break;
-      default: qk_nr<S, K, std::min(4, R)>(qr, ldq, kt, d, scale, sr, lds); break;
+      case 1: qk_nr<S, K, 1>(qr, ldq, kt, d, scale, sr, lds, ahead); break;
+      case 2: qk_nr<S, K, std::min(2, R)>(qr, ldq, kt, d, scale, sr, lds, ahead); break;
+      case 3: qk_nr<S, K, std::min(3, R)>(qr, ldq, kt, d, scale, sr, lds, ahead); break;
+      default: qk_nr<S, K, std::min(4, R)>(qr, ldq, kt, d, scale, sr, lds, ahead); break;
     }
   }
 }
 
 template <class S>
-void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d, float scale, float* s, i64 lds) {
+void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d, float scale, float* s, i64 lds,
+             KvAhead* ahead) {
   switch (kind) {
-    case KV_F16: qk_t<S, KV_F16>(q, ldq, nr, ktile, d, scale, s, lds); break;
-    case KV_Q8: qk_t<S, KV_Q8>(q, ldq, nr, ktile, d, scale, s, lds); break;
-    default: qk_t<S, KV_F32>(q, ldq, nr, ktile, d, scale, s, lds); break;
+    case KV_F16: qk_t<S, KV_F16>(q, ldq, nr, ktile, d, scale, s, lds, ahead); break;
+    case KV_Q8: qk_t<S, KV_Q8>(q, ldq, nr, ktile, d, scale, s, lds, ahead); break;
+    default: qk_t<S, KV_F32>(q, ldq, nr, ktile, d, scale, s, lds, ahead); break;
   }
 }
 
@@ -509,7 +525,7 @@ void qk_tile(const float* q, i64 ldq, int nr, const void* ktile, int kind, i64 d
 // loaded once).
 template <class S, int K, int NR, int NV>
 inline void pv_chunk(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, i64 d, i64 nb, i64 c,
-                     const float* corr, float* o) {
+                     const float* corr, float* o, KvAhead* ahead) {
   using V = typename S::V;
   constexpr int W = S::W;
   static_assert((NV * W & (NV * W - 1)) == 0 && (KVB & (KVB - 1)) == 0, "powers of two");
@@ -517,6 +533,7 @@ inline void pv_chunk(const float* p, i64 ldp, const void* v, const float* vscale
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < NV; ++j) acc[r][j] = S::mul(S::load(o + r * d + c + W * j), S::set1(corr[r]));
   for (i64 l = 0; l < nk; ++l) {
+    if (ahead) kv_ahead<S>(*ahead);
     V vv[NV];
     for (int j = 0; j < NV; ++j) {
       vv[j] = loadkv<S, K>(v, l * d + c + W * j);
@@ -532,12 +549,13 @@ inline void pv_chunk(const float* p, i64 ldp, const void* v, const float* vscale
 }
 
 template <class S, int K, int NR>
-void pv_nr(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, i64 d, const float* corr, float* o) {
+void pv_nr(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, i64 d, const float* corr, float* o,
+           KvAhead* ahead) {
   constexpr int NV = S::PV_VECS, W = S::W;
   const i64 nb = (d + KVB - 1) / KVB;
   i64 c = 0;
-  for (; c + NV * W <= d; c += NV * W) pv_chunk<S, K, NR, NV>(p, ldp, v, vscale, nk, d, nb, c, corr, o);
-  for (; c + W <= d; c += W) pv_chunk<S, K, NR, 1>(p, ldp, v, vscale, nk, d, nb, c, corr, o);
+  for (; c + NV * W <= d; c += NV * W) pv_chunk<S, K, NR, NV>(p, ldp, v, vscale, nk, d, nb, c, corr, o, ahead);
+  for (; c + W <= d; c += W) pv_chunk<S, K, NR, 1>(p, ldp, v, vscale, nk, d, nb, c, corr, o, ahead);
   for (; c < d; ++c)
     for (int r = 0; r < NR; ++r) {
       float a = o[r * d + c] * corr[r];
@@ -552,22 +570,22 @@ void pv_nr(const float* p, i64 ldp, const void* v, const float* vscale, i64 nk, 
 
 template <class S, int K>
 void pv_t(const float* p, i64 ldp, int nr, const void* v, const float* vscale, i64 nk, i64 d, const float* corr,
-          float* o) {
+          float* o, KvAhead* ahead) {
   switch (nr) {
-    case 1: pv_nr<S, K, 1>(p, ldp, v, vscale, nk, d, corr, o); break;
-    case 2: pv_nr<S, K, 2>(p, ldp, v, vscale, nk, d, corr, o); break;
-    case 3: pv_nr<S, K, 3>(p, ldp, v, vscale, nk, d, corr, o); break;
-    default: pv_nr<S, K, 4>(p, ldp, v, vscale, nk, d, corr, o); break;
+    case 1: pv_nr<S, K, 1>(p, ldp, v, vscale, nk, d, corr, o, ahead); break;
+    case 2: pv_nr<S, K, 2>(p, ldp, v, vscale, nk, d, corr, o, ahead); break;
+    case 3: pv_nr<S, K, 3>(p, ldp, v, vscale, nk, d, corr, o, ahead); break;
+    default: pv_nr<S, K, 4>(p, ldp, v, vscale, nk, d, corr, o, ahead); break;
   }
 }
 
 template <class S>
 void pv_tile(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
-             const float* corr, float* o) {
+             const float* corr, float* o, KvAhead* ahead) {
   switch (kind) {
-    case KV_F16: pv_t<S, KV_F16>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
-    case KV_Q8: pv_t<S, KV_Q8>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
-    default: pv_t<S, KV_F32>(p, ldp, nr, v, vscale, nk, d, corr, o); break;
+    case KV_F16: pv_t<S, KV_F16>(p, ldp, nr, v, vscale, nk, d, corr, o, ahead); break;
+    case KV_Q8: pv_t<S, KV_Q8>(p, ldp, nr, v, vscale, nk, d, corr, o, ahead); break;
+    default: pv_t<S, KV_F32>(p, ldp, nr, v, vscale, nk, d, corr, o, ahead); break;
   }
 }
 

@@ -249,13 +249,16 @@ def test_fused_outputs_may_reuse_the_input_memory(threads, m):
 
 @pytest.mark.parametrize("settings", [dict(HETERO_LLM_TASKS="0"), dict(HETERO_LLM_TASKS="1"),
                                       dict(HETERO_LLM_BLOCKS="1"),
-                                      dict(HETERO_LLM_BLOCKS="1", HETERO_LLM_PFNEXT="65536")])
+                                      dict(HETERO_LLM_BLOCKS="1", HETERO_LLM_PFNEXT="65536"),
+                                      dict(HETERO_LLM_KVTOUCH="0")])
 def test_fused_calls_under_other_work_splits(settings):
     """The split settings (read once per process) change only which thread computes which 16-row groups: shrinking
     chunks (TASKS=0; the fused q / k / v split as one sequence over the parts, chunks cut at part borders), one task
     per thread (1), the split by bytes (BLOCKS=1: one block per thread, q / k / v laid end to end, a late thread's
     share taken by halves) and that with the next call's weights prefetched (PFNEXT, inside merged steps) give the
-    same bits as the unfused calls. The fused-call, merged-step and thread-split tests, in a fresh process."""
+    same bits as the unfused calls; a decode step's attention without its KV read-ahead (KVTOUCH=0: one task per kv
+    head, no loads or prefetches ahead) the reference's. The fused-call, merged-step, thread-split and attention
+    tests, in a fresh process."""
     import os
     import subprocess
     import sys
@@ -264,8 +267,10 @@ def test_fused_calls_under_other_work_splits(settings):
     env = dict(os.environ, **settings)
     tests = "matmul_multi_equals or matmul_swiglu_equals or matmul_residual_equals or fused_outputs_may_reuse"
     tests += " or decoder_layer or whole_decode_step or late_workers or does_not_depend_on_the_thread_count"
+    tests += " or attention_prefill_decode_rollback"
+    files = ("test_step.py", "test_llm_threads.py", "test_llm_kernels.py")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                        *(str(Path(__file__).with_name(f)) for f in ("test_step.py", "test_llm_threads.py")),
+                        *(str(Path(__file__).with_name(f)) for f in files),
                         "-k", tests],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -101,6 +101,28 @@ def test_a_decoder_layer_is_one_native_call_with_the_same_results(threads):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+@pytest.mark.parametrize("cpu", [False, True])
+def test_timing_splits_the_step_per_op_and_changes_no_result(cpu):
+    """``timing`` (wall clock, or the process's CPU time with ``timing_cpu``) sums one time and one pool account per
+    op over the steps run (``take_times`` resets them); the outputs are those of the untimed step."""
+    runs = []
+    for timed in (False, True):
+        past = np.zeros(1, np.int64)
+        cache = _native.LlmAttention(KV_HEADS, D, 32, "f16")
+        program, buf = _layer(past, cache)
+        step = fuse.step_calls(program)[0]
+        step.timing, step.timing_cpu = timed, cpu
+        runs.append(_decode([step], buf, past))
+        if timed:
+            times = step.take_times()
+            assert len(times) == len(step) == 11
+            assert all(t >= 0 and "calls" in st for t, st in times) and sum(t for t, _ in times) > 0
+            assert sum(t for t, _ in step.take_times()) == 0
+    for got, want in zip(runs[1], runs[0], strict=True):
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
 def test_a_refused_range_check_runs_the_original_calls():
     past = np.zeros(1, np.int64)
     cache = _native.LlmAttention(KV_HEADS, D, 32, "f16")
