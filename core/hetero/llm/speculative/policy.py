@@ -59,6 +59,7 @@ PRIOR_ACCEPT, PRIOR_WEIGHT = 0.5, 2.0  # a class's first draft position starts a
 RATE_DECAY = 0.95  # weight of the past in the generation's tokens per second (λ)
 SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per token (judging drafting)
 COST_MEMORY = 0.98  # per step: how a step size's cost above the prior fades back towards the prior
+DRAFT_WINDOW = 9  # warm drafting steps whose seconds per draft token price drafting (their median)
 
 
 class DraftPolicy:
@@ -85,19 +86,36 @@ class DraftPolicy:
         self.off_until = 0  # decoded-token count until which drafting is off
         self.backoff = BACKOFF_START
         self.switched_off = 0  # how many times drafting was switched off (reported)
-        self.draft_cost: float | None = None  # seconds per drafted token (drafters whose drafts cost time)
+        self.draft_times: list[float] = []  # seconds per draft token of the last DRAFT_WINDOW warm drafting steps
         self.draft_steps = 0
 
     def carry_costs(self, previous: DraftPolicy) -> None:
         """Start with the step costs ``previous`` measured (the last generation's policy: the same model, drafter
         and threads): the seconds of each step size, of a draft token, and how often each was timed (so sizes
-        already warm need no cold steps and no plain steps first). Acceptance, the rate reached and the judging
-        of drafting start afresh: they belong to the text. A new generation of a served conversation (``hetero
-        chat``, ``hetero bench``'s repetitions) then drafts from its first step instead of paying ~3 plain steps
-        and a short draft to measure what it already knows (~5-10% of a 64-token reply at 100% acceptance)."""
+        already warm need no cold steps and no plain steps first), and the draft length it settled at (its first
+        step drafts that). Acceptance, the rate reached and the judging of drafting start afresh: they belong to
+        the text. A new generation of a served conversation (``hetero chat``, ``hetero bench``'s repetitions)
+        then drafts from its first step instead of paying ~3 plain steps and a short draft to measure what it
+        already knows (~5-10% of a 64-token reply at 100% acceptance).
+
+        The length too: each generation used to start at ``start`` (4), so 5-token steps were timed at generation
+        starts only, warm from the third generation on; from then on lengths were priced by interpolating between
+        5 and 11 tokens, and whether that said 4 or 10 hung on a few per cent of cost: later generations of the
+        same text could flip to drafts of 4 (replayed with step costs like the quiet machine's: 7.7-8.8 tokens per
+        verify instead of 10.14, as the 2-thread draft-model run at 1.95x against 2.22x; docs/speculative.md,
+        2026-12-04)."""
         self.cost, self.cost_at, self.runs = dict(previous.cost), dict(previous.cost_at), dict(previous.runs)
         self.measured_at = dict.fromkeys(self.cost, 0)
-        self.draft_cost, self.draft_steps = previous.draft_cost, previous.draft_steps
+        self.draft_times, self.draft_steps = list(previous.draft_times), previous.draft_steps
+        self.k = previous.k
+
+    @property
+    def draft_cost(self) -> float | None:
+        """Seconds per draft token: the (lower) median of the last ``DRAFT_WINDOW`` warm drafting steps (None
+        before one). A median, not a running mean: a drafting step that runs a shape of the draft model's own for
+        the first times (planned, recorded: 2-3x a warm step) or meets a neighbour's burst prices itself only,
+        where a running mean (carried to the next generation) priced the next drafts by it."""
+        return sorted(self.draft_times)[(len(self.draft_times) - 1) // 2] if self.draft_times else None
 
     @property
     def plain_cost(self) -> float | None:
@@ -183,7 +201,7 @@ class DraftPolicy:
         if drafted and draft_seconds > 0:
             self.draft_steps += 1
             if self.draft_steps > COLD_RUNS:  # the drafter's own first steps plan and record its shapes
-                self.draft_cost = _smooth(self.draft_cost, draft_seconds / drafted)
+                self.draft_times = [*self.draft_times[1 - DRAFT_WINDOW:], draft_seconds / drafted]
         total, seconds = seconds, seconds - min(draft_seconds, seconds)
         runs = self.runs[size] = self.runs.get(size, 0) + 1
         self.steps += 1
