@@ -359,3 +359,22 @@ def test_a_slow_drafting_step_does_not_price_the_next_drafts():
     calm = _generations(2, verify, lambda i: 0.3)
     burst = _generations(2, verify, lambda i: 0.3, spikes=(0.0, 0.0, 0.0, 2.7))
     assert burst == calm and set(calm[1]) == {10}
+
+
+def test_drafting_is_not_judged_on_one_plain_step():
+    """Drafting that pays (3 tokens for 1.3 plain steps) on a machine whose speed moves 2.5x within a second: the
+    verify steps meet the slow moment, the first probe a fast one. Judged on that probe alone, drafting looked
+    like a loss and was switched off; the second probe (slow again) shows it pays."""
+    first = DraftPolicy(8)
+    _run(first, 10, cost=lambda t: 1 + 0.1 * (t - 1), accept=lambda k: k)
+    policy = DraftPolicy(8, graded=False)
+    policy.carry_plain(first)  # plain decoding timed (1.0) in the last generation: drafting from the first step
+    produced, slow, kinds = 1, 2.5, []
+    for _ in range(12):
+        k = policy.length(produced)
+        kinds.append(k > 0)
+        fast = k == 0 and not any(not d for d in kinds[:-1])  # the first plain step meets the fast moment
+        seconds = 1.0 if fast else slow * (1.0 if k == 0 else 1.3)
+        policy.record(min(k, 3), min(k, 3) and 2, 3 if k else 1, seconds, produced)
+        produced += 3 if k else 1
+    assert policy.switched_off == 0 and kinds.count(False) == 2 and kinds[-1]

@@ -19,10 +19,11 @@ speculative steps, and when the recent speculative steps' seconds per committed 
 their summed tokens, decayed) exceed plain decoding's, drafting is switched off for ``backoff`` tokens (doubling
 each time it fails again, reset when it pays). So a drafter that is rarely right costs a few probe steps, not a
 slowdown. Both sides of that comparison are taken in the same stretch of time: plain steps are summed with the
-same decay, step by step, as the speculative ones; when the recent stretch has no plain step the policy takes one
-(a probe) before it judges, and every periodic probe is such a judgement. A shared machine's speed moves 2x
-within a second (a neighbour taking the second core doubles a 2-thread step); a plain cost measured before such a
-change made drafting look like a loss after it (or a win where it lost).
+same decay, step by step, as the speculative ones; when the recent stretch has fewer than ``PROBE_STEPS`` (2)
+plain steps the policy takes them (probes) before it judges, and every periodic probe is such a judgement. A
+shared machine's speed moves 2x within a second (a neighbour taking the second core doubles a 2-thread step); a
+plain cost measured before such a change made drafting look like a loss after it (or a win where it lost), and so
+did a single probe that met a fast moment.
 
 The step costs of the sizes are kept relative to plain decoding's cost when they were measured (a verify width
 timed while the machine was slow is not dear once it is fast again), and scaled by the current plain cost when
@@ -49,6 +50,7 @@ from __future__ import annotations
 from typing import Any
 
 PROBE_EVERY = 24  # speculative steps between two plain steps that re-measure plain decoding
+PROBE_STEPS = 2  # plain steps of the recent stretch (decayed count, at least this - 1/2) drafting is judged against
 MIN_SPEC_STEPS = 4  # speculative steps measured before drafting is judged
 BACKOFF_START, BACKOFF_MAX = 16, 512  # tokens decoded plainly after drafting did not pay
 SMOOTHING = 0.25  # weight of the newest step in the running costs
@@ -231,10 +233,14 @@ class DraftPolicy:
             if warm:
                 self.plain_steps += 1
                 self.plain_seconds += seconds
-                # a probe (asked for, or the periodic one): drafting is judged against it
-                if (self.probe_now or self.since_probe >= PROBE_EVERY) and self.spec_steps >= MIN_SPEC_STEPS:
+                # a probe (asked for, or the periodic one): drafting is judged against it, once the stretch holds
+                # PROBE_STEPS plain steps (one step of a machine whose speed moves 2x within a second switched
+                # drafting off on code: a single fast probe)
+                judging = (self.probe_now or self.since_probe >= PROBE_EVERY) and self.spec_steps >= MIN_SPEC_STEPS
+                enough = self.plain_steps >= PROBE_STEPS - 0.5
+                if judging and enough:
                     self._judge(produced)
-                self.probe_now = False
+                self.probe_now = judging and not enough
             self.since_probe = 0
             return
         self.since_probe += 1
@@ -258,8 +264,8 @@ class DraftPolicy:
         if self.spec_steps < MIN_SPEC_STEPS or plain is None or spec is None:
             return
         if spec > (self.recent_plain or plain):
-            if self.recent_plain is None:
-                self.probe_now = True  # judged against a plain step of this stretch, not one of another moment
+            if self.plain_steps < PROBE_STEPS - 0.5:
+                self.probe_now = True  # judged against plain steps of this stretch, not of another moment
             else:
                 self._judge(produced)
         elif self.spec_steps >= 4 * MIN_SPEC_STEPS:
