@@ -184,13 +184,29 @@ def test_the_next_generation_drafts_from_its_first_step():
         target.generate(PROMPT, 24, temperature=0, spec=spec)
         assert list(target.last.tokens) == want
     assert firsts == [1 + COLD_RUNS + 1, 1]  # (the prefill's token, then the plain steps until one is warm)
-    # graded (free) drafts start each generation afresh (with carried costs the lookahead drafted shorter)
-    lookahead = Speculation(Lookahead())
+    # graded (free) drafts carry plain decoding's cost only (with the widths' costs the lookahead drafted shorter):
+    # the next generation asks for drafts from its first step too, its widths timed afresh
+    asked: list[int] = []
+
+    class WatchedLookahead(Lookahead):
+        def begin(self, prompt, hidden):
+            asked.append(-1)
+            super().begin(prompt, hidden)
+
+        def draft(self, history, k):
+            if asked[-1] < 0:
+                asked[-1] = len(history) - len(PROMPT)
+            return super().draft(history, k)
+
+    lookahead = Speculation(WatchedLookahead())
     for _ in range(2):
         target.reset()
         target.generate(PROMPT, 24, temperature=0, spec=lookahead)
-        assert list(target.last.tokens) == want and lookahead.policy.steps > 0
-        assert sum(lookahead.policy.runs.values()) == lookahead.policy.steps  # timings of this generation only
+        policy = lookahead.policy
+        assert list(target.last.tokens) == want and policy.steps > 0
+        verify_steps = target.stats.verify_steps
+    assert asked == [1 + COLD_RUNS + 1, 1]
+    assert sum(n for size, n in lookahead.policy.runs.items() if size > 1) == verify_steps  # this generation's only
 
 
 def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():

@@ -301,11 +301,80 @@ def test_a_new_generation_starts_with_the_step_costs_of_the_last():
     second.carry_costs(first)
     assert second.cost == first.cost and second.runs == first.runs and second.draft_cost == first.draft_cost
     assert second.accepted == second.rejected == 0 and second.spec_steps == 0 and second.switched_off == 0
-    assert second.length(0) == 4  # drafting at once: plain decoding's cost is known and warm
-    second.cost[9] *= 5  # as measured: the costs price the lengths (here the longest made dear)
+    assert second.length(0) == first.k == 8  # drafting at once, at the length the last one settled at
+    second.cost[9] *= 5  # as measured: the costs price the lengths (here the longest made dear, and 5 tokens
+    second.runs[5] = COLD_RUNS + 1  # timed warm: from 1 and 9 alone, interpolated, the longest stays the best)
     assert _run(second, 12, cost=lambda t: 1 + 0.05 * (t - 1) + 4 * (t == 9), accept=lambda k: k)[1:].count(8) == 0
     # a drafter that is never right is still switched off, judged against fresh plain steps
     losing = DraftPolicy(8)
     losing.carry_costs(first)
     tail = _run(losing, 60, cost=lambda t: 1 + 0.3 * (t - 1), accept=lambda k: 0)
     assert losing.switched_off >= 1 and tail[-20:].count(0) >= 15
+
+
+def _generations(count: int, verify, draft, spikes: tuple[float, ...] = ()) -> list[list[int]]:
+    """``count`` generations of 64 tokens by one drafter that is always right, each policy carrying the last's
+    costs (as ``Speculation`` does; the first after a 4-token warm-up of plain steps, as ``hetero bench``):
+    the draft lengths of each. ``verify(T)``: a verify pass of T tokens; ``draft(i)``: seconds per draft token of
+    drafting step i; ``spikes``: extra seconds per draft token of the first drafting steps."""
+    out, previous, extra = [], None, list(spikes)
+    for n in (4, *[64] * count):
+        policy = DraftPolicy(10)
+        if previous is not None:
+            policy.carry_costs(previous)
+        produced, lengths = 1, []
+        while produced < n:
+            k = policy.length(produced)
+            drafting = k * (draft(len(lengths)) + (extra.pop(0) if k and extra else 0.0)) if k else 0.0
+            policy.record(k, k, k + 1, verify(k + 1) + drafting, produced, draft_seconds=drafting)
+            produced += k + 1
+            lengths.append(k)
+        out.append(lengths)
+        previous = policy
+    return out[1:]
+
+
+def test_draft_lengths_do_not_depend_on_the_generations_before():
+    """A draft model on code (always right) with a verify pass whose first 8 rows are cheap and the 9th dear (the
+    kernels' row tiles) and drafting at 0.45 of a plain step per token, varying with the text: the lengths are
+    those of the second generation in every later one. Before, each generation's first step drafted 4 (5 rows,
+    a size timed only there, priced from the third generation on), and from then on interpolating between 5 and
+    11 rows flipped later generations to drafts of 4 (7.67-8.75 tokens per verify instead of 10.14)."""
+    def verify(size: int) -> float:
+        return 1.0 + 0.04 * min(size - 1, 7) + 0.75 * (size > 8) + 0.05 * max(size - 9, 0)
+
+    pattern = (0.6, 1.0, 1.6, 0.9, 0.8, 1.4, 0.9)  # where the draft model's own lookup hits, drafting is cheaper
+    runs = _generations(5, verify, lambda i: 0.45 * pattern[i % len(pattern)])
+    assert all(lengths == runs[1] for lengths in runs[1:])
+    assert set(runs[1]) == {10}
+
+
+def test_a_slow_drafting_step_does_not_price_the_next_drafts():
+    """One drafting step at 10x its usual seconds (a shape of the draft model's own run for the first time, a
+    neighbour's burst) prices drafting for itself only (the median of the window): the drafts after it are as
+    long as without it. A running mean priced the next steps' drafting at 3x and cut them to one token."""
+    def verify(size: int) -> float:
+        return 1.0 + 0.08 * (size - 1)
+
+    calm = _generations(2, verify, lambda i: 0.3)
+    burst = _generations(2, verify, lambda i: 0.3, spikes=(0.0, 0.0, 0.0, 2.7))
+    assert burst == calm and set(calm[1]) == {10}
+
+
+def test_drafting_is_not_judged_on_one_plain_step():
+    """Drafting that pays (3 tokens for 1.3 plain steps) on a machine whose speed moves 2.5x within a second: the
+    verify steps meet the slow moment, the first probe a fast one. Judged on that probe alone, drafting looked
+    like a loss and was switched off; the second probe (slow again) shows it pays."""
+    first = DraftPolicy(8)
+    _run(first, 10, cost=lambda t: 1 + 0.1 * (t - 1), accept=lambda k: k)
+    policy = DraftPolicy(8, graded=False)
+    policy.carry_plain(first)  # plain decoding timed (1.0) in the last generation: drafting from the first step
+    produced, slow, kinds = 1, 2.5, []
+    for _ in range(12):
+        k = policy.length(produced)
+        kinds.append(k > 0)
+        fast = k == 0 and not any(not d for d in kinds[:-1])  # the first plain step meets the fast moment
+        seconds = 1.0 if fast else slow * (1.0 if k == 0 else 1.3)
+        policy.record(min(k, 3), min(k, 3) and 2, 3 if k else 1, seconds, produced)
+        produced += 3 if k else 1
+    assert policy.switched_off == 0 and kinds.count(False) == 2 and kinds[-1]

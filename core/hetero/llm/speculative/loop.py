@@ -42,7 +42,12 @@ class Speculation:
     def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
         policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 4,
                              graded=bool(getattr(self.drafter, "graded", False)))
-        if previous is not None:  # the step costs of the last generation (same model and drafter)
+        # what the last generation (same model and drafter) measured: a drafter whose drafts cost time starts with
+        # its step costs; graded (free) drafts with plain decoding's cost only: with the measured widths' costs
+        # the lookahead drafted shorter (docs/speculative.md)
+        if previous is not None and policy.graded:
+            policy.carry_plain(previous)
+        elif previous is not None:
             policy.carry_costs(previous)
         return policy
 
@@ -55,9 +60,7 @@ class Speculation:
         started = time.perf_counter()
         drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
         stats.prefill_seconds += time.perf_counter() - started  # the drafter's prompt work (a draft model's)
-        # a drafter whose drafts cost time starts with the last generation's step costs; graded (free) drafts start
-        # fresh: with the measured widths' costs the lookahead drafted shorter (docs/speculative.md)
-        self.policy = self._policy(None if self.policy.graded else self.policy)
+        self.policy = self._policy(self.policy)
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
 
     def _tokens(self, llm: Target, record: object, history: list[int], sampler: Sampler, stats: Any, first: Any,

@@ -19,10 +19,11 @@ speculative steps, and when the recent speculative steps' seconds per committed 
 their summed tokens, decayed) exceed plain decoding's, drafting is switched off for ``backoff`` tokens (doubling
 each time it fails again, reset when it pays). So a drafter that is rarely right costs a few probe steps, not a
 slowdown. Both sides of that comparison are taken in the same stretch of time: plain steps are summed with the
-same decay, step by step, as the speculative ones; when the recent stretch has no plain step the policy takes one
-(a probe) before it judges, and every periodic probe is such a judgement. A shared machine's speed moves 2x
-within a second (a neighbour taking the second core doubles a 2-thread step); a plain cost measured before such a
-change made drafting look like a loss after it (or a win where it lost).
+same decay, step by step, as the speculative ones; when the recent stretch has fewer than ``PROBE_STEPS`` (2)
+plain steps the policy takes them (probes) before it judges, and every periodic probe is such a judgement. A
+shared machine's speed moves 2x within a second (a neighbour taking the second core doubles a 2-thread step); a
+plain cost measured before such a change made drafting look like a loss after it (or a win where it lost), and so
+did a single probe that met a fast moment.
 
 The step costs of the sizes are kept relative to plain decoding's cost when they were measured (a verify width
 timed while the machine was slow is not dear once it is fast again), and scaled by the current plain cost when
@@ -49,6 +50,7 @@ from __future__ import annotations
 from typing import Any
 
 PROBE_EVERY = 24  # speculative steps between two plain steps that re-measure plain decoding
+PROBE_STEPS = 2  # plain steps of the recent stretch (decayed count, at least this - 1/2) drafting is judged against
 MIN_SPEC_STEPS = 4  # speculative steps measured before drafting is judged
 BACKOFF_START, BACKOFF_MAX = 16, 512  # tokens decoded plainly after drafting did not pay
 SMOOTHING = 0.25  # weight of the newest step in the running costs
@@ -59,6 +61,7 @@ PRIOR_ACCEPT, PRIOR_WEIGHT = 0.5, 2.0  # a class's first draft position starts a
 RATE_DECAY = 0.95  # weight of the past in the generation's tokens per second (λ)
 SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per token (judging drafting)
 COST_MEMORY = 0.98  # per step: how a step size's cost above the prior fades back towards the prior
+DRAFT_WINDOW = 9  # warm drafting steps whose seconds per draft token price drafting (their median)
 
 
 class DraftPolicy:
@@ -85,19 +88,45 @@ class DraftPolicy:
         self.off_until = 0  # decoded-token count until which drafting is off
         self.backoff = BACKOFF_START
         self.switched_off = 0  # how many times drafting was switched off (reported)
-        self.draft_cost: float | None = None  # seconds per drafted token (drafters whose drafts cost time)
+        self.draft_times: list[float] = []  # seconds per draft token of the last DRAFT_WINDOW warm drafting steps
         self.draft_steps = 0
 
     def carry_costs(self, previous: DraftPolicy) -> None:
         """Start with the step costs ``previous`` measured (the last generation's policy: the same model, drafter
         and threads): the seconds of each step size, of a draft token, and how often each was timed (so sizes
-        already warm need no cold steps and no plain steps first). Acceptance, the rate reached and the judging
-        of drafting start afresh: they belong to the text. A new generation of a served conversation (``hetero
-        chat``, ``hetero bench``'s repetitions) then drafts from its first step instead of paying ~3 plain steps
-        and a short draft to measure what it already knows (~5-10% of a 64-token reply at 100% acceptance)."""
+        already warm need no cold steps and no plain steps first), and the draft length it settled at (its first
+        step drafts that). Acceptance, the rate reached and the judging of drafting start afresh: they belong to
+        the text. A new generation of a served conversation (``hetero chat``, ``hetero bench``'s repetitions)
+        then drafts from its first step instead of paying ~3 plain steps and a short draft to measure what it
+        already knows (~5-10% of a 64-token reply at 100% acceptance).
+
+        The length too: each generation used to start at ``start`` (4), so 5-token steps were timed at generation
+        starts only, warm from the third generation on; from then on lengths were priced by interpolating between
+        5 and 11 tokens, and whether that said 4 or 10 hung on a few per cent of cost: later generations of the
+        same text could flip to drafts of 4 (replayed with step costs like the quiet machine's: 7.7-8.8 tokens per
+        verify instead of 10.14, as the 2-thread draft-model run at 1.95x against 2.22x; docs/speculative.md,
+        2026-12-04)."""
         self.cost, self.cost_at, self.runs = dict(previous.cost), dict(previous.cost_at), dict(previous.runs)
         self.measured_at = dict.fromkeys(self.cost, 0)
-        self.draft_cost, self.draft_steps = previous.draft_cost, previous.draft_steps
+        self.draft_times, self.draft_steps = list(previous.draft_times), previous.draft_steps
+        self.k = previous.k
+
+    def carry_plain(self, previous: DraftPolicy) -> None:
+        """Start with plain decoding's cost as ``previous`` measured it, and its warm count (graded drafts: their
+        step sizes start afresh, ``carry_costs`` drafted them shorter). The generation then drafts from its first
+        step instead of taking ~3 plain steps to time what the last one knew: 3 of a 64-token reply's ~25 steps,
+        ~4% of its time on code, where the first tokens after the prompt already repeat it. A plain step of the
+        generation (a draft cut to nothing, a probe) times it again."""
+        if 1 in previous.cost:
+            self.cost[1], self.runs[1], self.measured_at[1] = previous.cost[1], previous.runs[1], 0
+
+    @property
+    def draft_cost(self) -> float | None:
+        """Seconds per draft token: the (lower) median of the last ``DRAFT_WINDOW`` warm drafting steps (None
+        before one). A median, not a running mean: a drafting step that runs a shape of the draft model's own for
+        the first times (planned, recorded: 2-3x a warm step) or meets a neighbour's burst prices itself only,
+        where a running mean (carried to the next generation) priced the next drafts by it."""
+        return sorted(self.draft_times)[(len(self.draft_times) - 1) // 2] if self.draft_times else None
 
     @property
     def plain_cost(self) -> float | None:
@@ -183,7 +212,7 @@ class DraftPolicy:
         if drafted and draft_seconds > 0:
             self.draft_steps += 1
             if self.draft_steps > COLD_RUNS:  # the drafter's own first steps plan and record its shapes
-                self.draft_cost = _smooth(self.draft_cost, draft_seconds / drafted)
+                self.draft_times = [*self.draft_times[1 - DRAFT_WINDOW:], draft_seconds / drafted]
         total, seconds = seconds, seconds - min(draft_seconds, seconds)
         runs = self.runs[size] = self.runs.get(size, 0) + 1
         self.steps += 1
@@ -204,10 +233,14 @@ class DraftPolicy:
             if warm:
                 self.plain_steps += 1
                 self.plain_seconds += seconds
-                # a probe (asked for, or the periodic one): drafting is judged against it
-                if (self.probe_now or self.since_probe >= PROBE_EVERY) and self.spec_steps >= MIN_SPEC_STEPS:
+                # a probe (asked for, or the periodic one): drafting is judged against it, once the stretch holds
+                # PROBE_STEPS plain steps (one step of a machine whose speed moves 2x within a second switched
+                # drafting off on code: a single fast probe)
+                judging = (self.probe_now or self.since_probe >= PROBE_EVERY) and self.spec_steps >= MIN_SPEC_STEPS
+                enough = self.plain_steps >= PROBE_STEPS - 0.5
+                if judging and enough:
                     self._judge(produced)
-                self.probe_now = False
+                self.probe_now = judging and not enough
             self.since_probe = 0
             return
         self.since_probe += 1
@@ -231,8 +264,8 @@ class DraftPolicy:
         if self.spec_steps < MIN_SPEC_STEPS or plain is None or spec is None:
             return
         if spec > (self.recent_plain or plain):
-            if self.recent_plain is None:
-                self.probe_now = True  # judged against a plain step of this stretch, not one of another moment
+            if self.plain_steps < PROBE_STEPS - 0.5:
+                self.probe_now = True  # judged against plain steps of this stretch, not of another moment
             else:
                 self._judge(produced)
         elif self.spec_steps >= 4 * MIN_SPEC_STEPS:
