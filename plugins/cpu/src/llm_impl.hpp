@@ -316,8 +316,9 @@ void qgemm_tile(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
 // bit: its 4 steps' low and high nibbles; 8-bit: its 8 steps as stored), then every row takes its int32 dot of the
 // whole block (one chain; q6_k: its two halves) and the float epilogue, row after row. Two 8-row tiles (the
 // row-interleaved qgemm_mr, whose registers hold 8 rows' accumulators) decoded every block twice and paid the
-// tile's per-block cost (decode, scales, prefetch, loop) twice: a 9-row verify step of the real 1.5B cost as
-// much as ~11 rows in one tile. Rows mr..MR-1 are skipped (a branch the same every block). Each row's int32 dot is
+// tile's per-block cost (decode, scales, prefetch, loop) twice (from L2, q6_k 9 / 12 rows: 4.19 / 5.24 one-row
+// GEMVs as 8 + the rest, 3.83 / 4.65 wide; q8_0 3.80 / 4.73 against 2.84 / 3.82; docs/speculative.md). Rows
+// mr..MR-1 are skipped (a branch the same every block). Each row's int32 dot is
 // the same integer as the one-row tile's and its epilogue the same operations in the same order (BlockScales), so
 // every row is bitwise the one-row GEMV.
 template <class S, int BITS, bool ASYM, int KQ, int MR>
