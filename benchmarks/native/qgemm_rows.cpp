@@ -1,7 +1,8 @@
 // The quantized GEMM tiles of the CPU plugin (llm_impl.hpp's qgemm_fmt: the tile the plugin runs for M rows,
-// qgemm_mr or llm_qgemm_rows.hpp's qgemm_rows) on the same packed weights in one process, one thread: thread CPU time
-// per pass over the matrix for M = 1, 2, 4, 8 rows, alternated, the median of REPS, and a check that every row of an
-// M-row tile is bitwise the one-row GEMV. Built and run by benchmarks/qgemm_rows.py, once per ISA (-DROWS_AVX512 /
+// qgemm_mr, qgemm_wide or llm_qgemm_rows.hpp's qgemm_rows; calls of up to the table's QGEMM_ROWS rows) on the same
+// packed weights in one process, one thread: thread CPU time per pass over the matrix for M = 1, 2, 3, 4, 8, 9, 11,
+// 12, 16 rows, alternated, the median of REPS, and a check that every row of an M-row tile is bitwise the one-row
+// GEMV. Built and run by benchmarks/qgemm_rows.py, once per ISA (-DROWS_AVX512 /
 // -DROWS_VNNI with the AVX-512 flags, else AVX2) and once per source tree when it compares against a base revision.
 //   qgemm_rows N K REPS [STREAM_MIB THREADS]
 // Output, one line per format: "<fmt> <N> <K> <bytes> <M=1 seconds> <hash of M=1's output> (<M> <seconds>)...".
