@@ -1,9 +1,9 @@
-"""The quantized GEMM tiles of the CPU plugin at M = 1, 2, 4, 8 activation rows (native:
+"""The quantized GEMM tiles of the CPU plugin at M = 1-4, 8, 9, 11, 12, 16 activation rows (native:
 benchmarks/native/qgemm_rows.cpp, built here against plugins/cpu/src): the tile the plugin runs for M rows (qgemm_mr,
-or qgemm_rows for 2+ rows on AVX2 / AVX-512 without VNNI), thread CPU time on the same packed q4_k / q6_k / q4_0 /
-q8_0 / q5_0 / q5_1 / q5_k weights in one process, one thread. Prints M = 1's time and GB/s and each M's cost relative
-to M = 1; exits non-zero if any row of a tile differs in a bit from the one-row GEMV. ``--n 256`` keeps the weights
-in L2 (the compute cost alone).
+qgemm_wide for 9-16 rows on VNNI, or qgemm_rows for 2-8 rows on AVX2 / AVX-512 without VNNI), thread CPU time on the
+same packed q4_k / q6_k / q4_0 / q8_0 / q5_0 / q5_1 / q5_k weights in one process, one thread. Prints M = 1's time and
+GB/s and each M's cost relative to M = 1; exits non-zero if any row of a tile differs in a bit from the one-row GEMV.
+``--n 256`` keeps the weights in L2 (the compute cost alone).
 
 ``--base REV`` builds the same benchmark a second time against the kernel headers of git revision REV and runs the
 two alternately (``--rounds`` times), printing both, new / base, and whether the one-row outputs are the same bits:

@@ -1,7 +1,8 @@
 // The quantized GEMM tiles of the CPU plugin (llm_impl.hpp's qgemm_fmt: the tile the plugin runs for M rows,
-// qgemm_mr or llm_qgemm_rows.hpp's qgemm_rows) on the same packed weights in one process, one thread: thread CPU time
-// per pass over the matrix for M = 1, 2, 4, 8 rows, alternated, the median of REPS, and a check that every row of an
-// M-row tile is bitwise the one-row GEMV. Built and run by benchmarks/qgemm_rows.py, once per ISA (-DROWS_AVX512 /
+// qgemm_mr, qgemm_wide or llm_qgemm_rows.hpp's qgemm_rows; calls of up to the table's QGEMM_ROWS rows) on the same
+// packed weights in one process, one thread: thread CPU time per pass over the matrix for M = 1, 2, 3, 4, 8, 9, 11,
+// 12, 16 rows, alternated, the median of REPS, and a check that every row of an M-row tile is bitwise the one-row
+// GEMV. Built and run by benchmarks/qgemm_rows.py, once per ISA (-DROWS_AVX512 /
 // -DROWS_VNNI with the AVX-512 flags, else AVX2) and once per source tree when it compares against a base revision.
 //   qgemm_rows N K REPS [STREAM_MIB THREADS]
 // Output, one line per format: "<fmt> <N> <K> <bytes> <M=1 seconds> <hash of M=1's output> (<M> <seconds>)...".
@@ -47,7 +48,16 @@ double cpu_seconds() {
 }
 
 using Tile = void (*)(const QPack&, const std::uint8_t*, const XQ&, i64, int, float*, i64, int);
-constexpr int MS[] = {2, 4, 8};
+// Rows per qgemm_group call: S::QGEMM_ROWS, or QGEMM_MR in trees before it (--base)
+template <class S, class = void>
+struct RowsOf {
+  static constexpr int v = S::QGEMM_MR;
+};
+template <class S>
+struct RowsOf<S, std::void_t<decltype(S::QGEMM_ROWS)>> {
+  static constexpr int v = S::QGEMM_ROWS;
+};
+constexpr int MS[] = {2, 3, 4, 8, 9, 11, 12, 16};
 
 struct Case {
   const char* name;
@@ -66,7 +76,11 @@ Case make_case(const char* name, int kq, int sub, i64 n, i64 k) {
   c.pk.n = n;
   c.pk.k = k;
   c.pk.layout();
-  c.tile = qgemm_fmt<T, BITS, ASYM, KQ>;
+  c.tile = [](const QPack& w, const std::uint8_t* g, const XQ& x, i64 m0, int mr, float* y, i64 ldy, int nv) {
+    constexpr int R = RowsOf<T>::v;
+    for (int m = 0; m < mr; m += R)  // calls of up to R rows, as the plugin's drivers make
+      qgemm_fmt<T, BITS, ASYM, KQ>(w, g, x, m0 + m, std::min(mr - m, R), y + m * ldy, ldy, nv);
+  };
   return c;
 }
 
@@ -104,7 +118,7 @@ int main(int argc, char** argv) {
           for (i64 i = 0; i < pk.header_bytes(); i += 2) f16(rec + i);
         }
       }
-    const i64 M = 8, nb = pk.nb;
+    const i64 M = 16, nb = pk.nb;
     std::vector<std::int8_t> xq(static_cast<std::size_t>(M * nb * 32));
     std::vector<float> d(M * nb), ds(M * nb);
     std::vector<std::int32_t> s(M * nb), sl(M * nb);
@@ -173,7 +187,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       continue;
     }
-    std::vector<double> one, tm[9];
+    std::vector<double> one, tm[17];
     for (int r = 0; r < reps; ++r) {
       one.push_back(run(1, 0, ya));
       for (int mr : MS) {

@@ -65,10 +65,11 @@ def _apart(*arrays: Any) -> bool:
     return not any(np.may_share_memory(live[i], live[j]) for i in range(len(live)) for j in range(i + 1, len(live)))
 
 
-# Activation rows a fused matmul takes: a decode step's one, or a batched step's one per sequence (hetero.llm.batch);
-# the native kernels run up to their tile's rows (8 on x86, 4 generic) in one region and fall back to the unfused
-# calls past that. Prefill keeps its calls: its kernels split the work by rows anyway.
-ROWS = 8
+# Activation rows a fused matmul takes: a decode step's one, a batched step's one per sequence (hetero.llm.batch), a
+# speculative verify step's up to 16 (VERIFY_ROWS); the native kernels run them in one region (fused::ROWS, tiles of
+# up to their max_mr rows per group: 16 with AMX, 8 on other x86, 4 generic). Prefill keeps its calls: its kernels
+# split the work by rows anyway.
+ROWS = 16
 
 
 def _matmul(call: Call) -> tuple | None:

@@ -416,13 +416,14 @@ struct Part {
   XQ xq;
 };
 
-// Outputs y[m, g*16, ...) of the M (<= max_mr) rows, groups [g0, g1) of one part (+ bias): matmul_core's loop
-// for M <= max_mr (one tile of M rows per group).
+// Outputs y[m, g*16, ...) of the M (<= ROWS) rows, groups [g0, g1) of one part (+ bias): matmul_core's loop
+// for M <= ROWS (tiles of up to max_mr rows per group, one while M <= max_mr).
 inline void groups(const LlmKernels& kr, const Part& p, i64 M, i64 g0, i64 g1) {
   const i64 N = p.w->n;
   for (i64 g = g0; g < g1; ++g)
-    kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, 0, static_cast<int>(M), p.y + g * QR, N,
-                   static_cast<int>(std::min<i64>(QR, N - g * QR)));
+    for (i64 m = 0; m < M; m += kr.max_mr)
+      kr.qgemm_group(p.w->pk, p.w->group(0, g), p.xq, m, static_cast<int>(std::min<i64>(kr.max_mr, M - m)),
+                     p.y + m * N + g * QR, N, static_cast<int>(std::min<i64>(QR, N - g * QR)));
   if (p.bias)
     for (i64 m = 0; m < M; ++m)
       for (i64 j = g0 * QR; j < std::min(N, g1 * QR); ++j) p.y[m * N + j] += p.bias[j];
@@ -741,8 +742,12 @@ void quantize_parts(const LlmKernels& kr, const float* x, i64 M, std::vector<Par
   }
 }
 
+// The rows a fused call takes: a decode step's one, a batched step's slots, a speculative verify step's up to 16
+// (hetero_cpu.fuse.ROWS; more than max_mr rows run as several tiles per group, the weights still read once).
+constexpr i64 ROWS = 16;
+
 bool fusable(const std::vector<const Weights*>& ws, i64 M) {
-  if (M < 1 || M > lk().max_mr || ws.size() > 4) return false;
+  if (M < 1 || M > ROWS || ws.size() > 4) return false;
   for (const Weights* w : ws)
     if (!w->quant || w->experts != 1) return false;
   return true;

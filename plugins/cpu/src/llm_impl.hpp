@@ -67,7 +67,7 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::
 // MR <= 2 rows (decode's) always prefetch into L2: the condition folds at compile time there (chosen at run time in
 // them, decode measured ~2.5% slower, dec13), so only the tiles of 3+ rows test the call's rows.
 template <int MR>
-inline bool prefetch_into_l2(const XQ& x) { return MR <= 2 || x.rows <= 8; }
+inline bool prefetch_into_l2(const XQ& x) { return MR <= 2 || x.rows <= 16; }
 inline i64 prefetch_distance(bool l2) {
   static const i64 v = [] { const char* e = std::getenv("HETERO_LLM_PF"); return e ? std::atol(e) : 3072L; }();
   return l2 ? v : 4096;
@@ -311,6 +311,79 @@ void qgemm_tile(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   qgemm_mr<S, BITS, ASYM, KQ, MR>(w, group, x, m0, y, ldy, nvalid);
 }
 
+// Tiles of 9-16 rows (a speculative verify step's k + 1; S::QGEMM_ROWS) where the int8 dot takes unsigned bytes
+// of any size (S::DOT_U8: vpdpbusd) and blocks are 32: each block's weights are decoded into registers once (4/5/6-
+// bit: its 4 steps' low and high nibbles; 8-bit: its 8 steps as stored), then every row takes its int32 dot of the
+// whole block (one chain; q6_k: its two halves) and the float epilogue, row after row. Two 8-row tiles (the
+// row-interleaved qgemm_mr, whose registers hold 8 rows' accumulators) decoded every block twice and paid the
+// tile's per-block cost (decode, scales, prefetch, loop) twice (from L2, q6_k 9 / 12 rows: 4.19 / 5.24 one-row
+// GEMVs as 8 + the rest, 3.83 / 4.65 wide; q8_0 3.80 / 4.73 against 2.84 / 3.82; docs/speculative.md). Rows
+// mr..MR-1 are skipped (a branch the same every block). Each row's int32 dot is
+// the same integer as the one-row tile's and its epilogue the same operations in the same order (BlockScales), so
+// every row is bitwise the one-row GEMV.
+template <class S, int BITS, bool ASYM, int KQ, int MR>
+void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
+                int nvalid) {
+  using V = typename S::V;
+  using I = typename S::I;
+  using B = typename S::B;
+  constexpr int W = S::W;
+  constexpr bool NIB = BITS < 8;
+  constexpr int NT = NIB ? 4 : 8;  // steps of 64 bytes per block of 32
+  const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
+  const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
+  const bool l2 = prefetch_into_l2<MR>(x);
+  const i64 pf = prefetch_distance(l2);
+  const SuperWalk<KQ == 0 && BITS == 4> walk(w);
+  const B nib = S::bset8(0x0f);
+  for (int h = 0; h < QR / W; ++h) {
+    V facc[MR];
+    for (int m = 0; m < MR; ++m) facc[m] = S::zero();
+    const std::uint8_t* sb = group;
+    for (i64 b0 = 0; b0 < w.nb; b0 += walk.sub, sb += walk.bytes) {
+      const SuperScales<S> ss = super_scales<S, KQ>(sb, h);
+      const i64 b1 = std::min<i64>(w.nb, b0 + walk.sub);
+      for (i64 b = b0; b < b1; ++b) {
+        const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
+        const std::uint8_t* qv = rec + hdr;
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf, l2);
+        const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);
+        B lo[NT], hi[NIB ? NT : 1];
+        for (int t = 0; t < NT; ++t) {
+          const B v = S::load_b(qv + 64 * t + 4 * W * h);
+          if (NIB) {
+            const B u = S::opaque(v);
+            lo[t] = S::band(u, nib), hi[t] = S::band(S::bsrl4(u), nib);
+            add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo[t], hi[t]);
+          } else {
+            lo[t] = v;
+          }
+        }
+        const i64 xo = b * 32;
+        for (int m = 0; m < MR; ++m) {
+          if (m >= mr) break;
+          const i64 xi = (m0 + m) * x.nb + b;
+          const std::int8_t* xr = x.q + (m0 + m) * x.ldq + xo;
+          I ilo, ihi;
+          scales.start(ilo, ihi, x, xi);
+          for (int t = 0; t < NT; ++t) {
+            if (NIB) {  // pair4: the low nibbles' 4 activation bytes, then the high ones'
+              ilo = S::dot4(ilo, lo[t], S::bcast4(xr + 8 * t));
+              I& acc = KQ == 2 ? ihi : ilo;
+              acc = S::dot4(acc, hi[t], S::bcast4(xr + 8 * t + 4));
+            } else {
+              ilo = S::dot_q8(ilo, S::q8_weights(lo[t]), S::bcast4(xr + 4 * t));
+            }
+          }
+          scales.apply(facc[m], ilo, ihi, x, xi);
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      if (m < mr) S::store_n(y + m * ldy + W * h, facc[m], nvalid - W * h);
+  }
+}
+
 // qgemm_tile for mr in [1, R] rows (R = S::QGEMM_MR).
 template <class S, int BITS, bool ASYM, int KQ>
 void qgemm_mr_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
@@ -333,6 +406,29 @@ void qgemm_mr_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0
 template <class S, int BITS, bool ASYM, int KQ>
 void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, int mr, float* y, i64 ldy,
                int nvalid) {
+  if (mr > S::QGEMM_MR) {  // 9-16 rows (QGEMM_ROWS > QGEMM_MR: VNNI), see qgemm_wide
+    if constexpr (S::DOT_U8) {
+      if (w.bs == 32) {
+        // 4/5-bit formats up to 12 rows: the row-interleaved tile still fits its accumulators in the 32 registers
+        // and took 0.91-0.95x the wide tile's time at 9 / 11 / 12 rows (q4_k, q4_0, q5_0 in L2); q6_k (two chains
+        // per row), 8-bit (as fast either way) and 13-16 rows take the wide tile.
+        if constexpr (BITS < 8 && KQ != 2) {
+          switch (mr) {
+            case 9: return qgemm_mr<S, BITS, ASYM, KQ, 9>(w, group, x, m0, y, ldy, nvalid);
+            case 10: return qgemm_mr<S, BITS, ASYM, KQ, 10>(w, group, x, m0, y, ldy, nvalid);
+            case 11: return qgemm_mr<S, BITS, ASYM, KQ, 11>(w, group, x, m0, y, ldy, nvalid);
+            case 12: return qgemm_mr<S, BITS, ASYM, KQ, 12>(w, group, x, m0, y, ldy, nvalid);
+            default: break;
+          }
+        }
+        if (mr <= 12) return qgemm_wide<S, BITS, ASYM, KQ, 12>(w, group, x, m0, mr, y, ldy, nvalid);
+        return qgemm_wide<S, BITS, ASYM, KQ, 16>(w, group, x, m0, mr, y, ldy, nvalid);
+      }
+    }
+    for (int m = 0; m < mr; m += S::QGEMM_MR)
+      qgemm_fmt<S, BITS, ASYM, KQ>(w, group, x, m0 + m, std::min(mr - m, S::QGEMM_MR), y + m * ldy, ldy, nvalid);
+    return;
+  }
   if constexpr (HasAcc16<S>::value && BITS < 8) {
     if (mr >= 2 && rows_kernel_fits(w)) return qgemm_rows_fmt<S, BITS, ASYM, KQ>(w, group, x, m0, mr, y, ldy, nvalid);
   }
@@ -591,7 +687,7 @@ void pv_tile(const float* p, i64 ldp, int nr, const void* v, int kind, const flo
 
 template <class S>
 constexpr LlmKernels llm_table(const char* name) {
-  return {name,         S::QGEMM_MR,    quantize_x<S>, qgemm_group<S>, fgemm_tile<S>,
+  return {name,         S::QGEMM_ROWS,  quantize_x<S>, qgemm_group<S>, fgemm_tile<S>,
           f16_to_f32<S>, f32_to_f16<S>, qk_tile<S>,    pv_tile<S>};
 }
 

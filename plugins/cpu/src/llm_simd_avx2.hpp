@@ -12,6 +12,7 @@ struct LlmSimd : SIMD {
   using B = __m256i;                // W lanes of 4 bytes (one weight row's 4 quants per lane)
   static constexpr int QGEMM_MR = 8;  // x rows per qgemm call: 5-8 rows spill some of 16 ymm registers, still
                                       // cheaper than decoding each weight block twice (verify steps of 5-8 tokens)
+  static constexpr int QGEMM_ROWS = QGEMM_MR;  // x rows per qgemm_group call (the table's max_mr)
   static constexpr int FGEMM_MR = 3;  // 3 x rows x 4 weight rows: 12 accumulators + 4 weights
   static constexpr int QK_NR = 2;     // attention rows per pass of 4 key vectors: 8 accumulators + 4 keys
   static constexpr int PV_VECS = 2;   // value vectors per row and pass: 4 rows -> 8 accumulators + 2 loads

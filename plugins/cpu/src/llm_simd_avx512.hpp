@@ -12,6 +12,7 @@ namespace {
 struct LlmSimd : SIMD {
   using B = __m512i;
   static constexpr int QGEMM_MR = 8;  // 32 zmm registers
+  static constexpr int QGEMM_ROWS = QGEMM_MR;  // x rows per qgemm_group call (the table's max_mr)
   static constexpr int FGEMM_MR = 4;
   static constexpr int QK_NR = 4;
   static constexpr int PV_VECS = 4;

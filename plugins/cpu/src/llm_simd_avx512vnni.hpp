@@ -5,6 +5,8 @@
 
 namespace {
 struct LlmSimdVnni : LlmSimd {
+  // x rows per qgemm_group call: 9-16 in one wide tile (llm_impl.hpp, qgemm_wide), a verify step's rows at once
+  static constexpr int QGEMM_ROWS = 16;
   static constexpr bool DOT_U8 = true;  // vpdpbusd: dot4 takes any unsigned bytes (products summed in int32)
   static constexpr int Q8_SHIFT = 0;
   static constexpr bool ACC16 = false;  // vpdpbusd accumulates int32 directly: qgemm_mr for every tile

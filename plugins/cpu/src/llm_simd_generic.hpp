@@ -9,6 +9,7 @@ namespace {
 struct LlmSimd : SIMD {
   using B = std::uint32_t;
   static constexpr int QGEMM_MR = 4;
+  static constexpr int QGEMM_ROWS = QGEMM_MR;  // x rows per qgemm_group call (the table's max_mr)
   static constexpr int FGEMM_MR = 4;
   static constexpr int QK_NR = 4;
   static constexpr int PV_VECS = 4;

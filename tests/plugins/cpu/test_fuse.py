@@ -1,7 +1,7 @@
 """The decode step's fused matmuls (llm_matmul_multi / _swiglu / _residual) and the replay fuser (hetero_cpu.fuse):
-a fused call equals the unfused calls bit for bit, at any thread count, in the fast path (one row, or a batched
-step's few rows: up to 8) and the fallback (more rows, float weights), and the fuser only merges calls whose merge
-cannot change a result."""
+a fused call equals the unfused calls bit for bit, at any thread count, in the fast path (one row, a batched step's
+few rows, a speculative verify step's up to 16: one or two row tiles per weight group) and the fallback (more rows,
+float weights), and the fuser only merges calls whose merge cannot change a result."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ threads = thread_counts(1, 2, 3)
 
 # A Q4_K_M-like projection set: q / k in q4_k, v in q6_k (two activation formats in one call), and plain q4 / q8.
 @pytest.mark.parametrize("specs", [("q4", "q4", "q4"), ("q4_k", "q4_k", "q6_k"), ("q8", "q4_asym", "f16")])
-@pytest.mark.parametrize("m", [1, 3, 4, 8, 9])
+@pytest.mark.parametrize("m", [1, 3, 4, 8, 9, 12, 16, 17])
 def test_matmul_multi_equals_separate_calls(threads, specs, m):
     ns = (1000, 256, 37)  # row counts off the 16-row group size
     ws = [_weights(s, n, seed=i) for i, (s, n) in enumerate(zip(specs, ns, strict=True))]
@@ -67,7 +67,7 @@ def test_matmul_multi_equals_separate_calls(threads, specs, m):
 
 
 @pytest.mark.parametrize("spec", ["q4", "q4_k", "q8"])
-@pytest.mark.parametrize("n,m", [(1024, 1), (1000, 1), (1024, 5), (1000, 4), (1000, 9)])
+@pytest.mark.parametrize("n,m", [(1024, 1), (1000, 1), (1024, 5), (1000, 4), (1000, 9), (1000, 13), (1000, 17)])
 def test_matmul_swiglu_equals_matmuls_then_swiglu(threads, spec, n, m):
     wg, wu = _weights(spec, n, seed=2), _weights(spec, n, seed=3)
     bu = np.linspace(-1, 1, n, dtype=np.float32)
@@ -85,7 +85,7 @@ def test_matmul_swiglu_equals_matmuls_then_swiglu(threads, spec, n, m):
 
 @pytest.mark.parametrize("spec", ["q4", "q6_k", "f16"])
 @pytest.mark.parametrize("in_place", [False, True])
-@pytest.mark.parametrize("m", [1, 2, 4, 9])
+@pytest.mark.parametrize("m", [1, 2, 4, 9, 16, 17])
 def test_matmul_residual_equals_matmul_then_add(threads, spec, in_place, m):
     n = 1040
     w = _weights(spec, n, seed=4)
@@ -154,12 +154,12 @@ def _run(program, buf):
 
 
 @pytest.mark.parametrize("spec", ["q4", "q4_k"])
-@pytest.mark.parametrize("m", [1, 4, 9])
+@pytest.mark.parametrize("m", [1, 4, 9, 16, 17])
 def test_fuser_merges_a_decoder_layer_and_keeps_its_results(threads, spec, m):
     program, buf = _program(spec, m=m)
     fused = fuse.fuse_calls(program)
     names = [c.func.__name__ for c in fused]
-    if m <= fuse.ROWS:  # decode, a batched step of a few sequences
+    if m <= fuse.ROWS:  # decode, a batched step of a few sequences, a verify step
         assert names == ["llm_matmul_multi", "llm_matmul_residual", "llm_matmul_swiglu", "llm_matmul_residual"]
     else:  # prefill keeps its calls
         assert names == [c.func.__name__ for c in program]
@@ -217,7 +217,7 @@ def test_fused_decode_equals_unfused_decode(monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("m", [1, 2, 9])
+@pytest.mark.parametrize("m", [1, 2, 9, 17])
 def test_fused_outputs_may_reuse_the_input_memory(threads, m):
     # The arena puts SwiGLU's output (or the residual sum) where x was once up_proj (o_proj) has read it: the
     # fused kernels read x before writing anything, so the result is still the unfused one.
@@ -235,7 +235,7 @@ def test_fused_outputs_may_reuse_the_input_memory(threads, m):
     residual = [mm(_native.llm_matmul, wo, x, o, None), mm(_native.binary, "add", o, resid, x)]
     for calls, name in ((program, "llm_matmul_swiglu"), (residual, "llm_matmul_residual")):
         fused = fuse.fuse_calls(calls)
-        # a few rows (decode, a batched step) are fused; more (prefill) keep their calls
+        # a few rows (decode, a batched step, a verify step) are fused; more (prefill) keep their calls
         assert [c.func.__name__ for c in fused] == ([name] if m <= fuse.ROWS else [c.func.__name__ for c in calls])
         results = []
         for run in (calls, fused):

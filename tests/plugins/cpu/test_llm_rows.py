@@ -21,7 +21,8 @@ from .test_llm_kernels import f32, path, random_ggml  # noqa: E402, F401  (path:
 pytestmark = pytest.mark.usefixtures("path")  # every test once per LLM kernel path
 
 HETERO_FORMATS = [QuantFormat(bits, bs, sym) for bits in (4, 8) for bs in (32, 64, 128) for sym in (True, False)]
-ROWS = (2, 3, 4, 5, 6, 7, 8, 11, 16)  # one tile of each size, a tile of 8 plus a remainder, the verify maximum
+ROWS = (2, 3, 4, 5, 6, 7, 8, 11, 16)  # one tile of each size, a wide tile (VNNI) or 8 + a remainder, the verify maximum
+WIDE = tuple(range(9, 17))  # a verify step of 8-15 drafts: VNNI's wide tiles (12 and 16 accumulators), else 8 + rest
 
 
 def weights_of(spec: str, n: int, k: int):
@@ -31,11 +32,11 @@ def weights_of(spec: str, n: int, k: int):
     return _native.llm_weights(quantize(f32(n, k, seed=n + k), fmt), fmt.wtype, fmt.block_size, fmt.symmetric, k)
 
 
-def check_rows_match_one_row_gemv(w, n: int, k: int, threads: int) -> None:
+def check_rows_match_one_row_gemv(w, n: int, k: int, threads: int, rows: tuple[int, ...] = ROWS) -> None:
     before = _native.num_threads()
     _native.set_num_threads(threads)
     try:
-        for m in ROWS:
+        for m in rows:
             x = f32(m, k, seed=m) * np.float32(3.0)
             x[0, :7] = 0.0  # a block partly zero, and an all-zero block in the last row when k allows
             x[-1, :32] = 0.0
@@ -72,3 +73,20 @@ def test_rows_bitwise_one_row_two_threads(wtype):
 def test_q5_rows_bitwise_one_row_at_qwen_width(wtype):
     n, k = 131, 896  # Qwen2.5-0.5B's width (28 blocks), a group tail of 3 rows
     check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("wtype", [*quant.GGML_FORMATS, "q4", "q8", "q4_asym", "q8_asym"])
+def test_verify_rows_9_to_16_bitwise_one_row(wtype, threads):
+    """Every row count of a verify step past one 8-row tile, every format the wide tile takes (blocks of 32), at 1
+    and 2 threads; hetero's formats at blocks of 32 (the wide tile) and 64 (8-row tiles + the rest)."""
+    if wtype in quant.GGML_FORMATS:
+        n, k = 70, 768 if wtype.endswith("_k") else 224
+        check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=threads, rows=WIDE)
+        return
+    bits, sym = int(wtype[1]), not wtype.endswith("_asym")
+    for bs in (32, 64):
+        fmt = QuantFormat(bits, bs, sym)
+        n, k = 45, 384
+        w = _native.llm_weights(quantize(f32(n, k, seed=n + k), fmt), fmt.wtype, fmt.block_size, fmt.symmetric, k)
+        check_rows_match_one_row_gemv(w, n, k, threads=threads, rows=WIDE)
