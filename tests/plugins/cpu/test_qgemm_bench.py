@@ -47,7 +47,7 @@ def test_tiles_bitwise_one_row(isa):
     assert sorted(res) == ["q4_0", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q8_0"]
     for fmt, (n, k, nbytes, t1, digest, ms) in res.items():
         assert (n, k) == (72, 512) and nbytes > 0 and t1 > 0, fmt
-        assert len(digest) == 16 and sorted(ms) == [2, 4, 8], fmt
+        assert len(digest) == 16 and sorted(ms) == [2, 3, 4, 8, 9, 11, 12, 16], fmt  # the M it times (MS)
 
 
 @pytest.mark.slow
