@@ -459,18 +459,18 @@ class KernelProgram:
             in_place = set()
             for index, step in enumerate(self.steps):
                 node, op = step.node, step.node.op_key
-                if op == ("", "Split") and all(n in parent for n in node.outputs):
-                    r, base = where[node.inputs[0]]
-                    offsets = parts(step, node.inputs[0], list(node.outputs)) or []
-                    if len(offsets) == len(node.outputs) and all(
-                            where[n] == (r, base + o) for n, o in zip(node.outputs, offsets, strict=True)):
-                        in_place.add(index)
-                elif op == ("", "Concat") and all(n in parent for n in node.inputs):
-                    r, base = where[node.outputs[0]]
-                    offsets = parts(step, node.outputs[0], list(node.inputs)) or []
-                    if len(offsets) == len(node.inputs) and all(
-                            where[n] == (r, base + o) for n, o in zip(node.inputs, offsets, strict=True)):
-                        in_place.add(index)
+                if op not in (("", "Split"), ("", "Concat")):
+                    continue
+                # Split: the input is the whole and its outputs the parts; Concat the other way round
+                whole, pieces = ((node.inputs[0], list(node.outputs)) if op == ("", "Split")
+                                 else (node.outputs[0], list(node.inputs)))
+                if not all(n in parent for n in pieces):
+                    continue
+                r, base = where[whole]
+                offsets = parts(step, whole, pieces) or []
+                if len(offsets) == len(pieces) and all(
+                        where[n] == (r, base + o) for n, o in zip(pieces, offsets, strict=True)):
+                    in_place.add(index)
             # any other step reading and writing bytes of one root that overlap: that root is not sliced
             clash = set()
             for index, step in enumerate(self.steps):
