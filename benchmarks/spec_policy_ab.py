@@ -75,7 +75,7 @@ def main() -> None:
             return policy
 
     write = steplog.write  # the bench logs each run's drafter by name
-    spec_bench.steplog.write = lambda kind, **kw: write(  # type: ignore[assignment]
+    spec_bench.steplog.write = lambda kind, **kw: write(  # type: ignore[assignment]  # a lambda over the module function
         kind, **{k: repr(v) if isinstance(v, Speculation) else v for k, v in kw.items()})
     llm = hetero.llm.load(args.model, backends=["cpu"], on_fallback="silent", threads=args.threads, context=2048)
     specs: list[Any] = []
