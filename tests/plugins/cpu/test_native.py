@@ -752,13 +752,17 @@ CONV_CASES = [
 ]
 
 
+def _conv_case_inputs(case):
+    """A CONV_CASES case's input, weights (scaled to keep outputs O(1)) and bias, the same in every test."""
+    n, c, h, wd, cout, kh, kw, _, _, _, group = case
+    return randn(n, c, h, wd, seed=90), randn(cout, c // group, kh, kw, seed=91) * 0.3, randn(cout, seed=92)
+
+
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
 @pytest.mark.parametrize("activation", list(ACTS))
 def test_conv2d(isa, case, activation):
-    n, c, h, wd, cout, kh, kw, strides, pads, dil, group = case
-    x = randn(n, c, h, wd, seed=90)
-    w = randn(cout, c // group, kh, kw, seed=91) * 0.3
-    bias = randn(cout, seed=92)
+    n, c, h, wd, cout, _, _, strides, pads, dil, group = case
+    x, w, bias = _conv_case_inputs(case)
     ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, dil, group))
     out = np.empty(ref.shape, np.float32)
     _native.conv2d(x, w, bias, out, strides=strides, pads=pads, dilations=dil, group=group, activation=activation)
@@ -1113,10 +1117,8 @@ def cblk_forced_checks():
     for isa in ISAS:
         _native.set_isa(isa)
         for case in CONV_CASES:
-            n, c, h, wd, cout, kh, kw, strides, pads, dil, group = case
-            x = randn(n, c, h, wd, seed=90)
-            w = randn(cout, c // group, kh, kw, seed=91) * 0.3
-            bias = randn(cout, seed=92)
+            n, c, h, wd, _, _, _, strides, pads, dil, group = case
+            x, w, bias = _conv_case_inputs(case)
             packed = _native.prepack_conv(w, group)
             algo = packed.algorithm([n, c, h, wd], strides, pads, dil)
             taken += algo == "cblk"
@@ -1405,10 +1407,8 @@ def pointwise_forced_checks():
                 taken += algo == "pointwise"
                 np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"{isa} {case}")
             for case in CONV_CASES:
-                n, c, h, wd, cout, kh, kw, strides, pads, dil, group = case
-                x = randn(n, c, h, wd, seed=90)
-                w = randn(cout, c // group, kh, kw, seed=91) * 0.3
-                bias = randn(cout, seed=92)
+                *_, strides, pads, dil, group = case
+                x, w, bias = _conv_case_inputs(case)
                 packed = _native.prepack_conv(w, group)
                 ref = ACTS["hard_swish"](_conv_ref(x, w, bias, strides, pads, dil, group))
                 out = np.full(ref.shape, np.nan, np.float32)
