@@ -3,10 +3,13 @@ scripts/make_llm_fixtures.py) and copies of them converted to other weight dtype
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+import sys
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -16,6 +19,20 @@ from hetero.llm import safetensors
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "llm"
 FAMILIES = ["qwen2", "qwen3", "qwen3_moe"]
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def gguf_writer() -> ModuleType:
+    """scripts/make_gguf_fixtures.py as a module (the GGUF tests skip without the gguf package it needs)."""
+    import pytest
+
+    pytest.importorskip("gguf", reason="the gguf package (GGUF writer and reference dequantizer) is absent")
+    spec = importlib.util.spec_from_file_location("make_gguf_fixtures", SCRIPTS / "make_gguf_fixtures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("make_gguf_fixtures", module)
+    spec.loader.exec_module(module)
+    return module
 
 def expected(family: str) -> dict:
     return json.loads((FIXTURES / family / "expected.json").read_text(encoding="utf-8"))

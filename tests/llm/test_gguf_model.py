@@ -10,10 +10,8 @@ Tolerances (max |logit difference|, logits span about ±7):
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +22,7 @@ from hetero.llm.generate import greedy_tokens
 from hetero.llm.gguf import GgufFile
 from hetero.llm.gguf_model import gguf_config, gguf_name
 
-from .helpers import FIXTURES, expected, load, reference_logits
+from .helpers import FIXTURES, expected, gguf_writer, load, reference_logits
 
 # The file formats' exactness is checked on the numpy reference; native kernels (int8 activations) are held to
 # their own bounds against it in tests/plugins/cpu/test_llm_kernels.py.
@@ -38,32 +36,6 @@ TEXTS = [
     "don't I'll we've THEY'RE", "a\u0301 e\u0301 (combining marks, NFC)", "", " ", "\n", "x" * 50,
     "<|endoftext|><|endoftext|>", "def f(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.",
 ]
-
-
-def writer():
-    """scripts/make_gguf_fixtures.py as a module (needs the gguf package)."""
-    pytest.importorskip("gguf", reason="the gguf package (GGUF writer and reference dequantizer) is absent")
-    spec = importlib.util.spec_from_file_location("make_gguf_fixtures", ROOT / "scripts" / "make_gguf_fixtures.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_gguf_fixtures", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """(family, type) -> a GGUF file made from the fixture folder, written once per module."""
-    made: dict[tuple[str, str], Path] = {}
-    root = tmp_path_factory.mktemp("gguf")
-
-    def get(family: str, qtype: str) -> Path:
-        if (family, qtype) not in made:
-            path = root / f"{family}-{qtype}.gguf"
-            writer().convert(FIXTURES / family, path, qtype)
-            made[family, qtype] = path
-        return made[family, qtype]
-
-    return get
 
 
 def max_logit_error(llm, family: str) -> float:
@@ -101,7 +73,7 @@ def test_half_precision_files(family, converted, qtype, tolerance):
 @pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_quantized_files_equal_their_dequantized_weights(family, converted, qtype, tmp_path):
     path = converted(family, qtype)
-    deq = writer().dequantized_folder(path, tmp_path / "deq", FIXTURES / family)
+    deq = gguf_writer().dequantized_folder(path, tmp_path / "deq", FIXTURES / family)
     llm = load(path, all_logits=True, backends=EXACT)
     wtypes = {n.attrs.get("wtype") for n in llm.session.graph.nodes if n.op_type == "QMatMul"}
     assert wtypes == {"Q8_0": {"q8"}, "Q4_0": {"q4"}, "Q4_1": {"q4"}}.get(qtype, {qtype.lower()})  # as stored
@@ -114,7 +86,7 @@ def test_quantized_files_equal_their_dequantized_weights(family, converted, qtyp
 def test_k_quant_files_equal_their_dequantized_weights(tmp_path, moe, mix):
     """A 256-wide model (k-quants need rows of 256): pure k-quant files and a Q4_K_M-like mix, which puts a q6_k
     down projection beside q4_k gate/up experts (the MoE node's per-tensor wtypes)."""
-    w = writer()
+    w = gguf_writer()
     src = w.write_random_folder(tmp_path / "src", moe=moe)
     path = tmp_path / "model.gguf"
     types = w.convert(src, path, w.q4_k_m if mix == "q4_k_m" else mix)

@@ -5,8 +5,6 @@ transformers (float32: 1e-4, the tolerance of the Hugging Face load) with the sa
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,30 +24,6 @@ TOL = 1e-4
 @pytest.fixture(autouse=True)
 def _f32_kv_cache(monkeypatch):
     monkeypatch.setenv("HETERO_CPU_KV_CACHE", "f32")
-
-
-def writer():
-    pytest.importorskip("gguf", reason="the gguf package (GGUF writer) is absent")
-    spec = importlib.util.spec_from_file_location("make_gguf_fixtures", ROOT / "scripts" / "make_gguf_fixtures.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_gguf_fixtures", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    made: dict[tuple[str, str], Path] = {}
-    root = tmp_path_factory.mktemp("gguf_hybrid")
-
-    def get(family: str, qtype: str) -> Path:
-        if (family, qtype) not in made:
-            path = root / f"{family}-{qtype}.gguf"
-            writer().convert(FIXTURES / family, path, qtype)
-            made[family, qtype] = path
-        return made[family, qtype]
-
-    return get
 
 
 @pytest.fixture(params=list(HYBRID))
