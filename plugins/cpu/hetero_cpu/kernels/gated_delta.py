@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import SUPPORTED, Backend, HeteroError, NodeInfo, Support, Tensor, dtypes, unsupported
-from hetero.contract.opforms import GATED_DELTA_MODES, slot_runs
+from hetero.contract.opforms import GATED_DELTA_MODES, gated_delta_restore_point, slot_runs
 
 from .. import _native
 from .common import CpuKernel, one_slot
@@ -143,16 +143,11 @@ class CpuGatedDeltaRule(CpuKernel):
     def _rollback(self, target: int) -> None:
         if target == self.pos:
             return
-        for p in [p for p in self.snaps if p > target]:
-            del self.snaps[p]
-        if self.block_pos > target:
-            self.block_pos = -1
-        base = max(self.snaps, default=0)
-        if self.block_pos > base:
-            base = self.block_pos
-            np.copyto(self.state, self.block_state)
-        elif base:
+        self.block_pos, base = gated_delta_restore_point(self.snaps, self.block_pos, target)
+        if base in self.snaps:
             np.copyto(self.state, self.snaps[base])
+        elif base > 0:  # the block-start checkpoint
+            np.copyto(self.state, self.block_state)
         else:
             self.state.fill(0.0)
         self.pos = base

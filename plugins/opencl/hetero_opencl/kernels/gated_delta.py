@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import SUPPORTED, HeteroError, NodeInfo, Support, Tensor, unsupported
-from hetero.contract.opforms import GATED_DELTA_MODES, one_sequence
+from hetero.contract.opforms import GATED_DELTA_MODES, gated_delta_restore_point, one_sequence
 
 from .common import ClKernel, float32_only
 
@@ -141,16 +141,11 @@ class ClGatedDeltaRule(ClKernel):
     def _rollback(self, target: int) -> None:
         if target == self.pos:
             return
-        for p in [p for p in self.snaps if p > target]:
-            del self.snaps[p]
-        if self.block_pos > target:
-            self.block_pos = -1
-        base = max(self.snaps, default=0)
-        if self.block_pos > base:
-            base = self.block_pos
-            self.ctx.copy(self.block_state, self.state, 0, 0, self.state_bytes)
-        elif base:
+        self.block_pos, base = gated_delta_restore_point(self.snaps, self.block_pos, target)
+        if base in self.snaps:
             self.ctx.copy(self.snaps[base], self.state, 0, 0, self.state_bytes)
+        elif base > 0:  # the block-start checkpoint
+            self.ctx.copy(self.block_state, self.state, 0, 0, self.state_bytes)
         else:
             self.ctx.zero(self.state, 0, self.state_bytes)
         self.pos = base
