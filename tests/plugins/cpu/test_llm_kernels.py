@@ -37,10 +37,10 @@ from hetero.contract import (  # noqa: E402
 from hetero.contract.graph import HETERO_DOMAIN, Node  # noqa: E402
 from hetero.contract.quant import QuantFormat, dequantize, f32_to_bf16, quantize  # noqa: E402
 from hetero.contract.registry import OpContext  # noqa: E402
-from hetero.llm import safetensors  # noqa: E402
 from hetero.runtime.infer import info_of  # noqa: E402
 from hetero_cpu.backend import CpuBackend  # noqa: E402
 from hetero_cpu.kernels import KERNELS  # noqa: E402
+from tests.llm.helpers import copy_model  # noqa: E402
 
 from .conftest import built_isas, isa_param  # noqa: E402
 
@@ -473,23 +473,6 @@ def test_moe_partial_shared_expert_refused():
 
 
 # -- the fixture models end to end ----------------------------------------------------------------------------------
-def _copy(family: str, dest: Path, dtype: str) -> Path:
-    folder = dest / f"{family}_{dtype}"
-    folder.mkdir(parents=True)
-    for item in (FIXTURES / family).iterdir():
-        if item.is_file() and item.name not in ("model.safetensors", "expected.json", "logits.npz"):
-            (folder / item.name).write_bytes(item.read_bytes())
-    st = safetensors.SafetensorsModel(FIXTURES / family)
-    tensors = {name: st.float32(name) for name in st}
-    if dtype == "F16":
-        tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
-    elif dtype == "BF16":
-        tensors = {k: f32_to_bf16(v) for k, v in tensors.items()}
-    safetensors.write(folder / "model.safetensors", tensors, {"format": "pt"},
-                      bf16=frozenset(tensors) if dtype == "BF16" else frozenset())
-    return folder
-
-
 def _load(path: Path, **kwargs):
     import hetero.llm
 
@@ -503,7 +486,7 @@ def _load(path: Path, **kwargs):
 def test_fixture_models_on_cpu(tmp_path, family, dtype):
     pytest.importorskip("tokenizers")
     if dtype in ("F16", "BF16"):
-        folder, q = _copy(family, tmp_path, dtype), None
+        folder, q = copy_model(family, tmp_path, dtype), None
     else:
         folder, q = FIXTURES / family, (dtype if dtype.startswith("q") else None)
     kv = "f32" if dtype == "F32-kv32" else "f16"
