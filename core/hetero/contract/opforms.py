@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .errors import HeteroError
+from .tensor import static_shape
 
 # ONNX op -> (kernel op, alpha attribute, its default, beta attribute, its default)
 UNARY_FORMS: dict[str, tuple[str, str | None, float, str | None, float]] = {
@@ -188,16 +189,21 @@ def gated_delta_restore_point(snapshots: dict[int, Any], block_pos: int, target:
     return block_pos, block_pos if block_pos > base else base
 
 
-def layer_norm_broadcast(x_shape: Sequence[int], axis: int, scale_shape: Sequence[int],
-                         bias_shape: Sequence[int] | None) -> str | None:
-    """Why a LayerNormalization whose kernel reads scale and bias as whole ``x_shape[axis:]`` rows cannot run it:
-    a scale or bias that broadcasts into them (None when both have the rows' shape; ``bias_shape`` None: no
-    bias, or not known before run time)."""
-    axis += len(x_shape) if axis < 0 else 0
-    rows = tuple(x_shape[axis:])
-    if tuple(scale_shape) != rows:
+def layer_norm_broadcast(node: Any) -> str | None:
+    """Why a LayerNormalization node (a ``NodeInfo``) cannot run on a kernel that reads scale and bias as whole
+    ``x_shape[axis:]`` rows: a scale or bias that broadcasts into them. None when both have the rows' shape or a
+    shape is not known before run time."""
+    inputs = node.inputs
+    x, scale = inputs[0], inputs[1] if len(inputs) > 1 else None
+    if x is None or scale is None or not (x.is_static and scale.is_static):
+        return None
+    x_shape = static_shape(x)
+    axis = int(node.attr("axis", -1))
+    rows = x_shape[axis + len(x_shape) if axis < 0 else axis:]
+    if static_shape(scale) != rows:
         return "LayerNormalization with a broadcast scale"
-    if bias_shape is not None and tuple(bias_shape) != rows:
+    bias = inputs[2] if len(inputs) > 2 else None
+    if bias is not None and bias.is_static and static_shape(bias) != rows:
         return "LayerNormalization with a broadcast bias"
     return None
 

@@ -9,21 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import NodeInfo, Support, Tensor, TensorInfo, dtypes
+from hetero.contract import dtype_check as backend_dtype_check
 from hetero.contract.dtypes import DType
 
 from ..plan import Dispatch
 
 
 def dtype_check(node: NodeInfo, allowed: Iterable[DType], indices: Sequence[int] | None = None) -> Support:
-    allowed = tuple(allowed)
-    chosen = range(len(node.inputs)) if indices is None else indices
-    infos = [node.inputs[i] for i in chosen if i < len(node.inputs)] + list(node.outputs)
-    for info in infos:
-        if info is not None and info.dtype not in allowed:
-            names = ", ".join(str(a) for a in allowed)
-            return unsupported(f"metal {node.op_type} takes {names}, not {info.dtype}")
-    return SUPPORTED
+    return backend_dtype_check(node, allowed, "metal", indices)
 
 
 def float32_only(node: NodeInfo, indices: Sequence[int] | None = None) -> Support:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetero.contract import NodeInfo, Support, dtypes, static_shape, unsupported
+from hetero.contract import NodeInfo, Support, dtypes, unsupported
 from hetero.contract.opforms import activation_known, activation_params, layer_norm_broadcast
 
 from ..plan import Dispatch, dispatch
@@ -151,14 +151,8 @@ class MetalLayerNorm(MetalKernel):
         if len([o for o in node.node.outputs[1:] if o]) == 1:
             return unsupported("LayerNormalization with one of Mean / InvStdDev (the kernel writes both or none)")
         verdict = float32_only(node)
-        x, scale = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
-        if verdict and x is not None and scale is not None and x.is_static and scale.is_static:
-            bias = node.inputs[2] if len(node.inputs) > 2 else None
-            reason = layer_norm_broadcast(static_shape(x), int(node.attr("axis", -1)), static_shape(scale),
-                                          static_shape(bias) if bias is not None and bias.is_static else None)
-            if reason:
-                return unsupported(reason)
-        return verdict
+        reason = layer_norm_broadcast(node) if verdict else None
+        return unsupported(reason) if reason else verdict
 
     def plan(self, inputs, outputs):
         x, scale = inputs[0], inputs[1]

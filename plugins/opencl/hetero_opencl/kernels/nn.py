@@ -369,14 +369,8 @@ class ClLayerNorm(ClKernel):
         if len([o for o in node.node.outputs[1:] if o]):
             return unsupported("LayerNormalization with the Mean / InvStdDev outputs")
         verdict = float32_only(node)
-        x, scale = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
-        if verdict and x is not None and scale is not None and x.is_static and scale.is_static:
-            bias = node.inputs[2] if len(node.inputs) > 2 else None
-            reason = layer_norm_broadcast(static_shape(x), int(node.attr("axis", -1)), static_shape(scale),
-                                          static_shape(bias) if bias is not None and bias.is_static else None)
-            if reason:
-                return unsupported(reason)
-        return verdict
+        reason = layer_norm_broadcast(node) if verdict else None
+        return unsupported(reason) if reason else verdict
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         shape = static_shape(inputs[0])
