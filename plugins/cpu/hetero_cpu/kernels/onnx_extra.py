@@ -28,7 +28,7 @@ from hetero.contract import (
 from hetero.contract.opforms import nearest_indices, source_coords
 
 from .. import _native
-from .common import Call, CallKernel, Calls, noop
+from .common import Call, CallKernel, Calls, noop, weight_precision
 from .numpy_ops import CpuNumpyKernel
 
 _PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d.np_dtype.kind in "biuf")
@@ -576,9 +576,11 @@ class CpuRnn(_NativeOrNumpy):
         self.gru = self.node.op_type == "GRU"
         w, r = self.info.constants.get(1), self.info.constants.get(2)
         self.packed = None
+        # precision "normal": the input projections as bf16x3 (as MatMul / Gemm on packed weights)
+        self.bf16x3 = (weight_precision(self.backend) or _native.precision()) == "normal"
         if w is not None and r is not None:
             self.packed = _native.rnn_prepack(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(r, np.float32),
-                                              self.gru)
+                                              self.gru, self.bf16x3)
         direction = self.attr("direction", "forward")
         self.direction = {"forward": 0, "reverse": 1, "bidirectional": 2}[direction]
         clip = self.attr("clip", None)
@@ -622,7 +624,7 @@ class CpuRnn(_NativeOrNumpy):
             return
         packed = self.packed
         if packed is None:
-            packed = _native.rnn_prepack(arr(1), arr(2), self.gru)
+            packed = _native.rnn_prepack(arr(1), arr(2), self.gru, self.bf16x3)
         seq, batch = x.shape[:2]
         dirs, hidden = packed.directions, packed.hidden_size
         want = len(outputs)
