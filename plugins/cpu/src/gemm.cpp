@@ -396,12 +396,13 @@ void smallm_packed(const Kernels& kr, i64 m, i64 N, i64 K, const float* a, i64 l
   const i64 np = ceil_div(N, NR);
   // This path streams B once, so what a second thread gains is its half of B's bytes read (from L3 on a weight
   // that left L2: ~25 us for a [256 x 768] fp32 weight), not flops: a split pays once each thread reads at least
-  // kSmallMSplitBytes. A split taken for bytes alone, under 1 MB of B, runs on the caller alone when the workers
-  // sleep (waking one costs about what it would gain).
+  // kSmallMSplitBytes. From 512 KB of B a call wakes sleeping workers: the caller pays the notify (a few us) and
+  // claims both tasks itself if the worker comes late, and the woken worker then spins through the next calls (a
+  // decoder step's chain of such products); a smaller split runs on the caller alone while the workers sleep.
   const double flops = 2.0 * m * N * K, bytes = static_cast<double>(K) * N * (s8 ? 1 : 4);
   const int by_flops = threads_for(flops, 1e6);
   int T = std::min<int>(nthreads, std::max(by_flops, threads_for(bytes, kSmallMSplitBytes)));
-  const bool wake = by_flops > 1 || bytes >= 1024.0 * 1024;
+  const bool wake = by_flops > 1 || bytes >= 512.0 * 1024;
   T = static_cast<int>(std::min<i64>(T, np));
   const ExtraKernels& xk = extra_for(kr);
   parallel_for(T, T, [&](i64 t) {

@@ -234,16 +234,16 @@ class CpuWhere(_NativeOrNumpy):
         verdict = _dtypes_in(node, (dtypes.bool_,), indices=[0], outputs=False)
         return verdict if not verdict else _dtypes_in(node, _PLAIN, indices=[1, 2])
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         c, x, y = (t.numpy() for t in inputs)
         if x.dtype != out.dtype or y.dtype != out.dtype:
-            self.run_numpy(inputs, outputs)
-            return
-        _native.where(np.broadcast_to(c, out.shape), np.broadcast_to(x, out.shape), np.broadcast_to(y, out.shape),
-                      out)
+            return functools.partial(self.run_numpy, inputs, outputs)
+        # a bound call (so a replay's step takes it), not a run through Python at each replay
+        return functools.partial(_native.where, np.broadcast_to(c, out.shape), np.broadcast_to(x, out.shape),
+                                 np.broadcast_to(y, out.shape), out)
 
 
 class CpuPRelu(_NativeOrNumpy):
