@@ -14,12 +14,15 @@ import pytest
 from onnx import TensorProto, helper
 
 import hetero
+from tests.plugins.cpu.conftest import thread_counts
 from tests.plugins.cpu.test_int8_weights import int8_weights
 
 _native = pytest.importorskip(
     "hetero_cpu._native",
     reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
 )
+
+threads = thread_counts(1, 2)
 
 
 def _at_threads(fn, counts=(1, 2)):
@@ -114,3 +117,47 @@ def test_rnn_normal_takes_bf16x3_where_available():
         assert not np.array_equal(hi, no)
     else:
         np.testing.assert_array_equal(hi, no)
+
+
+def _step_ops_model():
+    """Not / And / Where / Softmax / Gather (indices fed) / Concat along the last axis / batched MatMul / LogSoftmax:
+    the ops a replay now runs as one native step (the romanizer decoder's attention and outputs)."""
+    f, b, i64 = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT64
+    w = np.random.default_rng(3).standard_normal((1, 10, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("Not", ["c"], ["nc"]),
+        helper.make_node("And", ["nc", "c2"], ["both"]),
+        helper.make_node("Where", ["both", "x", "zero"], ["wh"]),
+        helper.make_node("Softmax", ["wh"], ["sm"], axis=-1),
+        helper.make_node("Gather", ["sm", "idx"], ["g"], axis=0),
+        helper.make_node("Concat", ["g", "g"], ["cat"], axis=-1),
+        helper.make_node("Unsqueeze", ["cat", "ax0"], ["cat3"]),
+        helper.make_node("MatMul", ["cat3", "w"], ["mm"]),
+        helper.make_node("LogSoftmax", ["mm"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "steps",
+        [helper.make_tensor_value_info("x", f, [3, 5]), helper.make_tensor_value_info("c", b, [3, 5]),
+         helper.make_tensor_value_info("c2", b, [3, 5]), helper.make_tensor_value_info("idx", i64, [2]),
+         helper.make_tensor_value_info("w", f, [1, 10, 4])],
+        [helper.make_tensor_value_info("y", f, None), helper.make_tensor_value_info("cat", f, None)],
+        [helper.make_tensor("zero", f, [], [0.0]), helper.make_tensor("ax0", i64, [1], [0])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w
+
+
+def test_replayed_step_ops_follow_their_inputs(threads):
+    """Runs past the recorded replay (one native step) with new values each time, indices included: the outputs are
+    the reference's; an index out of range raises, as on the first run."""
+    model, w = _step_ops_model()
+    s = hetero.Session(model, backends=["cpu"], on_fallback="error")
+    ref = hetero.Session(model, backends=["reference"])
+    rng = np.random.default_rng(0)
+    for trial in range(6):
+        feeds = {"x": rng.standard_normal((3, 5)).astype(np.float32), "c": rng.random((3, 5)) < 0.5,
+                 "c2": rng.random((3, 5)) < 0.7, "idx": rng.integers(-3, 3, 2).astype(np.int64), "w": w}
+        got, want = s.run(feeds), ref.run(feeds)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{name}, run {trial}")
+    feeds["idx"] = np.array([0, 3], np.int64)
+    with pytest.raises(Exception, match="out of range"):
+        s.run(feeds)

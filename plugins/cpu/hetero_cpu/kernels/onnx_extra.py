@@ -216,16 +216,16 @@ class CpuLogical(_NativeOrNumpy):
     def native_ok(cls, node: NodeInfo) -> Support:
         return _dtypes_in(node, (dtypes.bool_,))
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         x = inputs[0].numpy()
         if self.node.op_type == "Not":
-            _native.logical_not(x, out)
-            return
+            return functools.partial(_native.logical_not, x, out)
         y = inputs[1].numpy()
-        _native.logical(self.node.op_type.lower(), np.broadcast_to(x, out.shape), np.broadcast_to(y, out.shape), out)
+        return functools.partial(_native.logical, self.node.op_type.lower(), np.broadcast_to(x, out.shape),
+                                 np.broadcast_to(y, out.shape), out)
 
 
 class CpuWhere(_NativeOrNumpy):
