@@ -248,3 +248,46 @@ def test_a_replayed_model_is_one_step_with_the_unmerged_outputs(monkeypatch):
     for t in pool:
         t.join()
     assert not errors, errors[0]
+
+
+def test_quantized_and_attention_ops_in_a_step_read_their_values_when_it_runs(isa, threads):
+    """A T5-style chain, DynamicQuantizeLinear -> MatMulInteger(Scaled) -> attention, as one step: the activation's
+    scale and zero point change at every run and the prepared qgemm_f32 reads them then; the same bits as the calls
+    run one by one. Int8 A, or K not a multiple of 4 (copied at the call), stays apart."""
+    r = np.random.default_rng(3)
+    f32 = np.float32
+    x = np.zeros((6, 64), f32)
+    y, sc, zp = np.zeros((6, 64), np.uint8), np.zeros((), f32), np.zeros((), np.uint8)
+    packed = _native.qpack_b(r.integers(-128, 128, (64, 48)).astype(np.int8), np.array(0, np.int8))
+    wscale = r.uniform(1e-3, 1e-2, 48).astype(f32)
+    bias = r.standard_normal(48).astype(f32)
+    g = np.zeros((6, 48), f32)
+    q, k, v = g.reshape(1, 6, 2, 24).transpose(0, 2, 1, 3), np.zeros((1, 2, 24, 6), f32), np.zeros((1, 2, 6, 24), f32)
+    mask = np.broadcast_to(r.standard_normal((1, 1, 6, 6)).astype(f32), (1, 2, 6, 6))
+    att = np.zeros((1, 2, 6, 24), f32)
+    program = [
+        mm(_native.dynamic_quantize, x, y, sc, zp),
+        mm(_native.qgemm_f32, y, packed, zp, sc, bias, g, wscale),
+        mm(_native.fused_attention, q, k, v, mask, att, 0.5, 1.0, False),
+    ]
+    merged = fuse.step_calls(program)
+    assert len(merged) == 1 and len(merged[0]) == 3
+    for trial in range(3):
+        x[...] = r.standard_normal(x.shape) * (trial + 1) + trial
+        k[...] = r.standard_normal(k.shape)
+        v[...] = r.standard_normal(v.shape)
+        for call in program:
+            call()
+        want = [a.copy() for a in (y, sc, zp, g, att)]
+        for a in (y, sc, zp, g, att):
+            a[...] = 0
+        assert merged[0]() is True
+        for got, w in zip((y, sc, zp, g, att), want, strict=True):
+            np.testing.assert_array_equal(got, w)
+    step = _native.LlmStep()
+    with pytest.raises(ValueError, match="cannot be prepared"):
+        step.add_call("qgemm_f32", (y.view(np.int8), packed, None, sc, bias, g, wscale))
+    odd = _native.qpack_b(np.zeros((63, 48), np.int8), np.array(0, np.int8))
+    with pytest.raises(ValueError, match="cannot be prepared"):
+        step.add_call("qgemm_f32", (y[:, :63].copy(), odd, zp, sc, bias, g, wscale))
+    assert len(step) == 0
