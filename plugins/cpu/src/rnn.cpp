@@ -256,9 +256,11 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
   };
   // The two directions of a bidirectional layer are independent: one a thread (the recurrent products, M = batch,
   // are too small to split; the steps are a chain, so a direction is the unit of parallel work).
+  // A small layer (under kWakeFlops) takes the second thread only while the pool's worker is awake.
   const int T = num_threads();
+  const double flops = 2.0 * static_cast<double>(seq * batch) * static_cast<double>(GH) * static_cast<double>(I + H);
   if (dirs == 2 && T >= 2)
-    parallel_for(2, 2, [&](i64 d) { run_direction(d, 1); });
+    parallel_for(2, 2, [&](i64 d) { run_direction(d, 1); }, 2 * flops >= kWakeFlops);
   else
     for (i64 d = 0; d < dirs; ++d) run_direction(d, T);
 }
