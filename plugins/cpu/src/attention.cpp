@@ -12,6 +12,7 @@
 
 #include "onnx_extra.hpp"
 #include "onnx_py.hpp"
+#include "step.hpp"
 
 namespace py = pybind11;
 
@@ -119,7 +120,7 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
 
 // q [B, H, S, d], k [B, H, d, T], v [B, H, T, dv], mask [B, H, S, T] (a broadcast view) or None, out [B, H, S, dv]
 // (a view of the output buffer whose last dim is contiguous).
-void py_fused_attention(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
+Op prep_fused_attention(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
                         const py::array& out, float scale, float divisor, bool nan_to_zero) {
   const View4 Q = view4(q, "q"), K = view4(k, "k"), V = view4(v, "v"), O = view4(out, "out");
   const i64 B = Q.dim[0], H = Q.dim[1], S = Q.dim[2], D = Q.dim[3], T = K.dim[3], DV = V.dim[3];
@@ -130,15 +131,17 @@ void py_fused_attention(const py::array& q, const py::array& k, const py::array&
   if (O.st[3] != 1 && DV > 1) fail("fused_attention: out's last dim must be contiguous");
   View4 M;
   const bool masked = !mask.is_none();
-  const py::array mask_array = masked ? py::array::ensure(mask) : py::array();  // alive while M points into it
   if (masked) {
-    if (!mask_array) fail("fused_attention: mask must be an array or None");
-    M = view4(mask_array, "mask");
+    // an array the caller keeps (a prepared op points into it), not one converted for this call
+    if (!py::isinstance<py::array>(mask)) fail("fused_attention: mask must be an array or None");
+    M = view4(py::reinterpret_borrow<py::array>(mask), "mask");
     need_dims(M, B, H, S, T, "mask");
     if (M.st[3] > 1) fail("fused_attention: mask's last dim must be contiguous or broadcast");
   }
-  const Kernels& kr = active();
-  const ExtraKernels& xk = extra_for(kr);
+  const Kernels* krp = &active();
+  const ExtraKernels* xkp = &extra_for(*krp);
+  const Kernels& kr = *krp;
+  const ExtraKernels& xk = *xkp;
   bool tiles;  // this ISA has the GEMM's tile shapes as direct tiles (checked once: a tile of nothing)
   {
     alignas(64) float probe[64] = {};
@@ -146,49 +149,64 @@ void py_fused_attention(const py::array& q, const py::array& k, const py::array&
     tiles = xk.conv_tile(kr.mr, kr.nr, 0, probe, probe, &zero, probe, kr.nr, 0, 0) &&
             xk.conv_tile(kr.mr, xk.lanes, 0, probe, probe, &zero, probe, kr.nr, 0, 0);
   }
-  py::gil_scoped_release nogil;
-  if (B * H * S * DV == 0) return;
-  const double flops = 2.0 * static_cast<double>(B * H * S) * static_cast<double>(T) * static_cast<double>(D + DV);
-  parallel_for(
-      B * H, threads_for(flops, 1e6),
-      [&](i64 task) {
-        const i64 b = task / H, h = task % H;
-        float* o = O.p + b * O.st[0] + h * O.st[1];
-        if (T == 0) {  // softmax over nothing: no weights, an empty sum
-          for (i64 i = 0; i < S; ++i)
-            for (i64 j = 0; j < DV; ++j) o[i * O.st[2] + j] = 0.f;
-          return;
-        }
-        const MatView qa{Q.p + b * Q.st[0] + h * Q.st[1], S, D, Q.st[2], Q.st[3]};
-        const MatView kb{K.p + b * K.st[0] + h * K.st[1], D, T, K.st[2], K.st[3]};
-        const MatView vb{V.p + b * V.st[0] + h * V.st[1], T, DV, V.st[2], V.st[3]};
-        const auto rows_softmax = [&](float* sc, i64 ld) {
-          for (i64 i = 0; i < S; ++i) {
-            float* row = sc + i * ld;
-            if (scale != 1.f) kr.binary(B_MUL, BM_VS, row, &scale, row, T);
-            if (divisor != 1.f) kr.binary(B_DIV, BM_VS, row, &divisor, row, T);
-            if (masked) {
-              const float* m = M.p + b * M.st[0] + h * M.st[1] + i * M.st[2];
-              kr.binary(B_ADD, M.st[3] == 1 ? BM_VV : BM_VS, row, m, row, T);
-            }
-            kr.softmax_row(row, row, T, false);
-            if (nan_to_zero)
-              for (i64 j = 0; j < T; ++j) row[j] = row[j] != row[j] ? 0.f : row[j];
+  return [=] {
+    const Kernels& kr = *krp;
+    const ExtraKernels& xk = *xkp;
+    if (B * H * S * DV == 0) return;
+    const double flops = 2.0 * static_cast<double>(B * H * S) * static_cast<double>(T) * static_cast<double>(D + DV);
+    parallel_for(
+        B * H, threads_for(flops, 1e6),
+        [&](i64 task) {
+          const i64 b = task / H, h = task % H;
+          float* o = O.p + b * O.st[0] + h * O.st[1];
+          if (T == 0) {  // softmax over nothing: no weights, an empty sum
+            for (i64 i = 0; i < S; ++i)
+              for (i64 j = 0; j < DV; ++j) o[i * O.st[2] + j] = 0.f;
+            return;
           }
-        };
-        if (tiles && head_on_tiles(kr, xk, qa, kb, vb, o, O.st[2], rows_softmax)) return;
-        static thread_local AlignedBuf scratch;
-        float* scores = scratch.get(static_cast<std::size_t>(S * T));
-        gemm_views(kr, qa, kb, scores, T, 1.f, 0.f, Epilogue{}, 1);
-        rows_softmax(scores, T);
-        gemm_views(kr, MatView{scores, S, T, T, 1}, vb, o, O.st[2], 1.f, 0.f, Epilogue{}, 1);
-      },
-      flops >= 4e6);
+          const MatView qa{Q.p + b * Q.st[0] + h * Q.st[1], S, D, Q.st[2], Q.st[3]};
+          const MatView kb{K.p + b * K.st[0] + h * K.st[1], D, T, K.st[2], K.st[3]};
+          const MatView vb{V.p + b * V.st[0] + h * V.st[1], T, DV, V.st[2], V.st[3]};
+          const auto rows_softmax = [&](float* sc, i64 ld) {
+            for (i64 i = 0; i < S; ++i) {
+              float* row = sc + i * ld;
+              if (scale != 1.f) kr.binary(B_MUL, BM_VS, row, &scale, row, T);
+              if (divisor != 1.f) kr.binary(B_DIV, BM_VS, row, &divisor, row, T);
+              if (masked) {
+                const float* m = M.p + b * M.st[0] + h * M.st[1] + i * M.st[2];
+                kr.binary(B_ADD, M.st[3] == 1 ? BM_VV : BM_VS, row, m, row, T);
+              }
+              kr.softmax_row(row, row, T, false);
+              if (nan_to_zero)
+                for (i64 j = 0; j < T; ++j) row[j] = row[j] != row[j] ? 0.f : row[j];
+            }
+          };
+          if (tiles && head_on_tiles(kr, xk, qa, kb, vb, o, O.st[2], rows_softmax)) return;
+          static thread_local AlignedBuf scratch;
+          float* scores = scratch.get(static_cast<std::size_t>(S * T));
+          gemm_views(kr, qa, kb, scores, T, 1.f, 0.f, Epilogue{}, 1);
+          rows_softmax(scores, T);
+          gemm_views(kr, MatView{scores, S, T, T, 1}, vb, o, O.st[2], 1.f, 0.f, Epilogue{}, 1);
+        },
+        flops >= 4e6);
+  };
+}
+
+void py_fused_attention(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
+                        const py::array& out, float scale, float divisor, bool nan_to_zero) {
+  run_now(prep_fused_attention, q, k, v, mask, out, scale, divisor, nan_to_zero);
 }
 
 }  // namespace
 
 void bind_attention(py::module_& m) {
+  register_step_op("fused_attention", [](const py::tuple& a) {
+    step_arity(a, 5, 8, "fused_attention");
+    return prep_fused_attention(step_array(a, 0, "fused_attention"), step_array(a, 1, "fused_attention"),
+                                step_array(a, 2, "fused_attention"), a[3], step_array(a, 4, "fused_attention"),
+                                a.size() > 5 ? a[5].cast<float>() : 1.f, a.size() > 6 ? a[6].cast<float>() : 1.f,
+                                a.size() > 7 && a[7].cast<bool>());
+  });
   m.def("fused_attention", &py_fused_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
         py::arg("out"), py::arg("scale") = 1.0f, py::arg("divisor") = 1.0f, py::arg("nan_to_zero") = false,
         "softmax(q @ k * scale / divisor + mask) @ v per (batch, head) into out; q [B, H, S, d], k [B, H, d, T], "

@@ -385,12 +385,24 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
 
 namespace {
 
+// Bytes of B each thread of the small-M path should stream for a split to pay (a pool round trip with the workers
+// spinning is ~1-2 us; 128 KB from L3 takes ~4-5 us on one core).
+constexpr double kSmallMSplitBytes = 128.0 * 1024;
+
 // m (<= 4) rows of A (contiguous along k, row stride lda) times pre-packed B.
 void smallm_packed(const Kernels& kr, i64 m, i64 N, i64 K, const float* a, i64 lda, const float* bp, float* c,
                    i64 ldc, float alpha, float beta, const Epilogue& ep, int nthreads, const S8Panels* s8) {
   const int NR = kr.nr;
   const i64 np = ceil_div(N, NR);
-  int T = std::min<int>(nthreads, threads_for(2.0 * m * N * K, 1e6));
+  // This path streams B once, so what a second thread gains is its half of B's bytes read (from L3 on a weight
+  // that left L2: ~25 us for a [256 x 768] fp32 weight), not flops: a split pays once each thread reads at least
+  // kSmallMSplitBytes. From 512 KB of B a call wakes sleeping workers: the caller pays the notify (a few us) and
+  // claims both tasks itself if the worker comes late, and the woken worker then spins through the next calls (a
+  // decoder step's chain of such products); a smaller split runs on the caller alone while the workers sleep.
+  const double flops = 2.0 * m * N * K, bytes = static_cast<double>(K) * N * (s8 ? 1 : 4);
+  const int by_flops = threads_for(flops, 1e6);
+  int T = std::min<int>(nthreads, std::max(by_flops, threads_for(bytes, kSmallMSplitBytes)));
+  const bool wake = by_flops > 1 || bytes >= 512.0 * 1024;
   T = static_cast<int>(std::min<i64>(T, np));
   const ExtraKernels& xk = extra_for(kr);
   parallel_for(T, T, [&](i64 t) {
@@ -429,7 +441,7 @@ void smallm_packed(const Kernels& kr, i64 m, i64 N, i64 K, const float* a, i64 l
       }
       apply_epilogue(kr, c + j0, ldc, 0, j0, m, ncols, ep);
     }
-  });
+  }, wake);
 }
 
 // Copies m rows of A into a contiguous m x K buffer when A is not unit-stride along k.

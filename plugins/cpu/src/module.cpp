@@ -357,7 +357,7 @@ void py_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out,
   run_now(prep_gemm_packed, a, pb, out, alpha, beta, bias, true);
 }
 
-void py_matmul(const py::array& a, const py::array& b, const py::array& out) {
+Op prep_matmul(const py::array& a, const py::array& b, const py::array& out) {
   const char* fn = "matmul";
   need_f32(a, fn, "a");
   need_f32(b, fn, "b");
@@ -379,37 +379,43 @@ void py_matmul(const py::array& a, const py::array& b, const py::array& out) {
   const float* pa = static_cast<const float*>(a.data());
   const float* pb = static_cast<const float*>(b.data());
   float* c = static_cast<float*>(const_cast<void*>(out.data()));
-  py::gil_scoped_release nogil;
-  const Kernels& kr = active();
-  const int T = num_threads();
-  Epilogue none;
-  if (B == 0 || M == 0 || N == 0) return;
-  if (Bb == 1) {
-    // One B for every batch: as a single (B*M) x K GEMM when a's batches are evenly spaced rows.
-    if (Ba == 1 || B == 1 || sa0 == M * sa1) {
-      MatView av{pa, (Ba == 1 ? 1 : B) * M, K, sa1, sa2};
-      MatView bv{pb, K, N, sb1, sb2};
-      gemm_views(kr, av, bv, c, N, 1.f, 0.f, none, T);
-      if (Ba == 1)  // a broadcast over the batch: every output batch is the same
-        for (i64 i = 1; i < B; ++i) std::memcpy(c + i * M * N, c, static_cast<std::size_t>(M * N) * sizeof(float));
+  return [=] {
+    const Kernels& kr = active();
+    const int T = num_threads();
+    Epilogue none;
+    if (B == 0 || M == 0 || N == 0) return;
+    if (Bb == 1) {
+      // One B for every batch: as a single (B*M) x K GEMM when a's batches are evenly spaced rows.
+      if (Ba == 1 || B == 1 || sa0 == M * sa1) {
+        MatView av{pa, (Ba == 1 ? 1 : B) * M, K, sa1, sa2};
+        MatView bv{pb, K, N, sb1, sb2};
+        gemm_views(kr, av, bv, c, N, 1.f, 0.f, none, T);
+        if (Ba == 1)  // a broadcast over the batch: every output batch is the same
+          for (i64 i = 1; i < B; ++i) std::memcpy(c + i * M * N, c, static_cast<std::size_t>(M * N) * sizeof(float));
+        return;
+      }
+      auto packed = make_packed(MatView{pb, K, N, sb1, sb2});
+      for (i64 i = 0; i < B; ++i)
+        run_packed(*packed, MatView{pa + i * sa0, M, K, sa1, sa2}, c + i * M * N, N, 1.f, 0.f, none);
       return;
     }
-    auto packed = make_packed(MatView{pb, K, N, sb1, sb2});
-    for (i64 i = 0; i < B; ++i) run_packed(*packed, MatView{pa + i * sa0, M, K, sa1, sa2}, c + i * M * N, N, 1.f, 0.f, none);
-    return;
-  }
-  const double flops = 2.0 * M * N * K;
-  auto one = [&](i64 i, int threads) {
-    MatView av{pa + (Ba == 1 ? 0 : i * sa0), M, K, sa1, sa2};
-    MatView bv{pb + i * sb0, K, N, sb1, sb2};
-    gemm_views(kr, av, bv, c + i * M * N, N, 1.f, 0.f, none, threads);
+    const double flops = 2.0 * M * N * K;
+    auto one = [&](i64 i, int threads) {
+      MatView av{pa + (Ba == 1 ? 0 : i * sa0), M, K, sa1, sa2};
+      MatView bv{pb + i * sb0, K, N, sb1, sb2};
+      gemm_views(kr, av, bv, c + i * M * N, N, 1.f, 0.f, none, threads);
+    };
+    if (flops < 8e6 && B > 1) {
+      // Many small products (attention heads): one per task, each single-threaded.
+      parallel_for(B, threads_for(flops * B, 1e6), [&](i64 i) { one(i, 1); });
+    } else {
+      for (i64 i = 0; i < B; ++i) one(i, T);
+    }
   };
-  if (flops < 8e6 && B > 1) {
-    // Many small products (attention heads): one per task, each single-threaded.
-    parallel_for(B, threads_for(flops * B, 1e6), [&](i64 i) { one(i, 1); });
-  } else {
-    for (i64 i = 0; i < B; ++i) one(i, T);
-  }
+}
+
+void py_matmul(const py::array& a, const py::array& b, const py::array& out) {
+  run_now(prep_matmul, a, b, out);
 }
 
 void py_matmul_packed(const py::array& a, const PackedB& pk, const py::array& out) {
@@ -526,14 +532,17 @@ float* stat_out(const py::object& o, i64 rows, const char* fn, const char* name)
   return static_cast<float*>(const_cast<void*>(a.data()));
 }
 
-void py_softmax(const py::array& x, const py::array& out, bool log) {
+Op prep_softmax(const py::array& x, const py::array& out, bool log) {
   rows_common("softmax", x, out);
   const char* px = static_cast<const char*>(x.data());
   float* po = static_cast<float*>(const_cast<void*>(out.data()));
   const i64 rows = x.shape(0), n = x.shape(1), rs = x.strides(0), cs = x.strides(1);
-  py::gil_scoped_release nogil;
-  rows_nd(active(), RowOp::Softmax, px, rows, n, rs, cs, po, nullptr, nullptr, 0.f, nullptr, nullptr, log);
+  return [px, rows, n, rs, cs, po, log] {
+    rows_nd(active(), RowOp::Softmax, px, rows, n, rs, cs, po, nullptr, nullptr, 0.f, nullptr, nullptr, log);
+  };
 }
+
+void py_softmax(const py::array& x, const py::array& out, bool log) { run_now(prep_softmax, x, out, log); }
 
 Op prep_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
                    float eps, const py::object& mean_out, const py::object& invstd_out, bool once) {
@@ -585,7 +594,7 @@ void need_plain_dtype(const py::array& a, const char* fn) {
 Op prep_copy(const py::array& src, const py::array& out) {
   const char* fn = "copy";
   need_plain_dtype(src, fn);
-  need_out(out, fn);
+  if (!out.writeable()) fail("copy: out must be writable");
   if (!same_dtype(src, out))
     fail("copy: src and out dtypes differ: " + std::string(py::str(src.dtype())) + " vs " +
          std::string(py::str(out.dtype())));
@@ -594,8 +603,33 @@ Op prep_copy(const py::array& src, const py::array& out) {
   const char* ps = static_cast<const char*>(src.data());
   char* po = static_cast<char*>(const_cast<void*>(out.data()));
   const i64 elem = src.itemsize();
-  return [ps, shp, ss, po, elem] {
-    copy_strided(ps, static_cast<int>(shp.size()), shp.data(), ss.data(), po, elem, num_threads());
+  if (c_contiguous(out))
+    return [ps, shp, ss, po, elem] {
+      copy_strided(ps, static_cast<int>(shp.size()), shp.data(), ss.data(), po, elem, num_threads());
+    };
+  // A window of a larger array (a Concat's part along an inner axis): rows of the last axis, which must be
+  // contiguous in out, each copied from wherever src holds it.
+  const std::vector<i64> so = strides_of(out);
+  const int nd = static_cast<int>(shp.size());
+  if (nd == 0 || so[static_cast<std::size_t>(nd - 1)] != elem)
+    fail("copy: out " + shape_str(out) + " must be contiguous, or a window whose last axis is");
+  return [ps, shp, ss, so, po, elem, nd] {
+    const i64 n = shp[static_cast<std::size_t>(nd - 1)];
+    std::vector<i64> idx(static_cast<std::size_t>(nd), 0);
+    for (;;) {
+      i64 os = 0, is = 0;
+      for (int d = 0; d < nd - 1; ++d) {
+        os += idx[static_cast<std::size_t>(d)] * so[static_cast<std::size_t>(d)];
+        is += idx[static_cast<std::size_t>(d)] * ss[static_cast<std::size_t>(d)];
+      }
+      copy_strided(ps + is, 1, &n, &ss[static_cast<std::size_t>(nd - 1)], po + os, elem, 1);
+      int d = nd - 2;
+      for (; d >= 0; --d) {
+        if (++idx[static_cast<std::size_t>(d)] < shp[static_cast<std::size_t>(d)]) break;
+        idx[static_cast<std::size_t>(d)] = 0;
+      }
+      if (d < 0) return;
+    }
   };
 }
 
@@ -603,7 +637,9 @@ void py_copy(const py::array& src, const py::array& out) {
   run_now(prep_copy, src, out);
 }
 
-void py_gather(const py::array& data, const py::array& indices, i64 axis, const py::array& out) {
+// `once`: the op runs at once (py_gather), so strided data or indices may be copied into it. The indices are
+// checked at each run, before any write: a replay's indices may come from the data.
+Op prep_gather(const py::array& data, const py::array& indices, i64 axis, const py::array& out, bool once) {
   const char* fn = "gather";
   need_plain_dtype(data, fn);
   need_out(out, fn);
@@ -625,31 +661,37 @@ void py_gather(const py::array& data, const py::array& indices, i64 axis, const 
   for (i64 d = axis + 1; d < nd; ++d) inner *= dshape[static_cast<std::size_t>(d)];
   const i64 elem = data.itemsize();
   const i64 nidx = indices.size();
-  // Indices: contiguous int64 (copied if strided), validated before any write.
-  std::vector<std::int64_t> idx_keep;
+  no_copy(once, !c_contiguous(indices) || !c_contiguous(data), fn);
+  // Indices: contiguous int64 (copied if strided)
+  auto idx_keep = std::make_shared<std::vector<std::int64_t>>();
   const std::int64_t* idx = static_cast<const std::int64_t*>(indices.data());
   if (!c_contiguous(indices)) {
-    idx_keep.resize(static_cast<std::size_t>(nidx));
+    idx_keep->resize(static_cast<std::size_t>(nidx));
     const std::vector<i64> is = strides_of(indices);
     copy_strided(static_cast<const char*>(indices.data()), static_cast<int>(ishape.size()), ishape.data(), is.data(),
-                 reinterpret_cast<char*>(idx_keep.data()), 8, 1);
-    idx = idx_keep.data();
+                 reinterpret_cast<char*>(idx_keep->data()), 8, 1);
+    idx = idx_keep->data();
   }
-  for (i64 i = 0; i < nidx; ++i)
-    if (idx[i] < -axis_len || idx[i] >= axis_len)
-      fail("gather: index " + std::to_string(idx[i]) + " is out of range for axis " + std::to_string(axis) +
-           " of size " + std::to_string(axis_len));
   const char* pd = static_cast<const char*>(data.data());
-  std::vector<char> data_keep;
+  auto data_keep = std::make_shared<std::vector<char>>();
   if (!c_contiguous(data)) {
-    data_keep.resize(static_cast<std::size_t>(data.size() * elem));
+    data_keep->resize(static_cast<std::size_t>(data.size() * elem));
     const std::vector<i64> ds = strides_of(data);
-    copy_strided(pd, static_cast<int>(nd), dshape.data(), ds.data(), data_keep.data(), elem, num_threads());
-    pd = data_keep.data();
+    copy_strided(pd, static_cast<int>(nd), dshape.data(), ds.data(), data_keep->data(), elem, num_threads());
+    pd = data_keep->data();
   }
   char* po = static_cast<char*>(const_cast<void*>(out.data()));
-  py::gil_scoped_release nogil;
-  gather_rows(pd, outer, axis_len, inner * elem, idx, nidx, po, num_threads());
+  return [pd, outer, axis, axis_len, inner, elem, idx, nidx, po, idx_keep, data_keep] {
+    for (i64 i = 0; i < nidx; ++i)
+      if (idx[i] < -axis_len || idx[i] >= axis_len)
+        fail("gather: index " + std::to_string(idx[i]) + " is out of range for axis " + std::to_string(axis) +
+             " of size " + std::to_string(axis_len));
+    gather_rows(pd, outer, axis_len, inner * elem, idx, nidx, po, num_threads());
+  };
+}
+
+void py_gather(const py::array& data, const py::array& indices, i64 axis, const py::array& out) {
+  run_now(prep_gather, data, indices, axis, out, true);
 }
 
 // --------------------------------------------------------------------------------------------------------- cnn
@@ -929,6 +971,19 @@ void register_step_ops() {
     return prep_layer_norm(step_array(a, 0, "layer_norm"), step_array(a, 1, "layer_norm"), a[2],
                            step_array(a, 3, "layer_norm"), step_val(a, 4, 1e-5f), step_obj(a, 5), step_obj(a, 6),
                            false);
+  });
+  register_step_op("gather", [](const py::tuple& a) {
+    step_arity(a, 4, 4, "gather");
+    return prep_gather(step_array(a, 0, "gather"), step_array(a, 1, "gather"), a[2].cast<i64>(),
+                       step_array(a, 3, "gather"), false);
+  });
+  register_step_op("matmul", [](const py::tuple& a) {
+    step_arity(a, 3, 3, "matmul");
+    return prep_matmul(step_array(a, 0, "matmul"), step_array(a, 1, "matmul"), step_array(a, 2, "matmul"));
+  });
+  register_step_op("softmax", [](const py::tuple& a) {
+    step_arity(a, 2, 3, "softmax");
+    return prep_softmax(step_array(a, 0, "softmax"), step_array(a, 1, "softmax"), step_val(a, 2, false));
   });
   register_step_op("copy", [](const py::tuple& a) {
     step_arity(a, 2, 2, "copy");

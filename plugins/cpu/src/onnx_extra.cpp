@@ -545,7 +545,7 @@ void where_t(const std::uint8_t* c, const char* a, const char* b, char* o, const
   });
 }
 
-void py_where(const py::array& cond, const py::array& a, const py::array& b, const py::array& out) {
+Op prep_where(const py::array& cond, const py::array& a, const py::array& b, const py::array& out) {
   const char* fn = "where";
   need_out(out, fn);
   if (dkey(cond) != "b1") fail("where: cond must be bool");
@@ -555,20 +555,25 @@ void py_where(const py::array& cond, const py::array& a, const py::array& b, con
     fail("where: operands must be broadcast to out's shape");
   const std::vector<i64> so = strides_of(out), sc = strides_of(cond), sa = strides_of(a), sb = strides_of(b);
   const i64* st[4] = {so.data(), sc.data(), sa.data(), sb.data()};
-  NdN<4> it(static_cast<int>(shp.size()), shp.data(), st);
+  const NdN<4> it(static_cast<int>(shp.size()), shp.data(), st);
   const i64 es = out.itemsize();
   const auto* pc = cptr<std::uint8_t>(cond);
   const char* pa = cptr<char>(a);
   const char* pb = cptr<char>(b);
   char* po = mptr<char>(out);
   if (es != 1 && es != 2 && es != 4 && es != 8) fail("where: unsupported item size");
-  py::gil_scoped_release nogil;
-  switch (es) {
-    case 1: where_t<std::uint8_t>(pc, pa, pb, po, it); break;
-    case 2: where_t<std::uint16_t>(pc, pa, pb, po, it); break;
-    case 4: where_t<std::uint32_t>(pc, pa, pb, po, it); break;
-    default: where_t<std::uint64_t>(pc, pa, pb, po, it); break;
-  }
+  return [it, es, pc, pa, pb, po] {
+    switch (es) {
+      case 1: where_t<std::uint8_t>(pc, pa, pb, po, it); break;
+      case 2: where_t<std::uint16_t>(pc, pa, pb, po, it); break;
+      case 4: where_t<std::uint32_t>(pc, pa, pb, po, it); break;
+      default: where_t<std::uint64_t>(pc, pa, pb, po, it); break;
+    }
+  };
+}
+
+void py_where(const py::array& cond, const py::array& a, const py::array& b, const py::array& out) {
+  run_now(prep_where, cond, a, b, out);
 }
 
 void py_prelu(const py::array& x, const py::array& slope, const py::array& out) {
@@ -921,6 +926,11 @@ void bind_onnx_extra(py::module_& m) {
     step_arity(a, 4, 4, "compare");
     return prep_compare(a[0].cast<std::string>(), step_array(a, 1, "compare"), step_array(a, 2, "compare"),
                         step_array(a, 3, "compare"));
+  });
+  register_step_op("where", [](const py::tuple& a) {
+    step_arity(a, 4, 4, "where");
+    return prep_where(step_array(a, 0, "where"), step_array(a, 1, "where"), step_array(a, 2, "where"),
+                      step_array(a, 3, "where"));
   });
   register_step_op("pad", [](const py::tuple& a) {
     step_arity(a, 5, 5, "pad");

@@ -14,6 +14,7 @@
 
 #include "onnx_py.hpp"
 #include "qlinear.hpp"
+#include "step.hpp"
 
 namespace py = pybind11;
 
@@ -279,6 +280,83 @@ void py_qgemm_i32(const py::array& a, const QPacked& p, const py::object& a_zp, 
   qgemm(p, ap.op, M, st);
 }
 
+// The N column multipliers of qgemm_f32: scale (1 or N values) times factor (none, 1 or N), rounded to float32.
+void column_scales(const float* scale, i64 ns, const float* factor, i64 nf, i64 n, std::vector<float>& out) {
+  out.assign(static_cast<std::size_t>(n), scale[0]);
+  if (ns != 1) std::memcpy(out.data(), scale, static_cast<std::size_t>(n) * 4);
+  if (factor)
+    for (i64 j = 0; j < n; ++j) out[static_cast<std::size_t>(j)] *= factor[nf == 1 ? 0 : j];
+}
+
+void check_factor(const py::array& f, i64 n) {
+  pyx::need_f32(f, "qgemm_f32", "factor");
+  pyx::need_contig(f, "qgemm_f32", "factor");
+  if (f.size() != 1 && static_cast<i64>(f.size()) != n)
+    fail("qgemm_f32: factor has " + std::to_string(f.size()) + " values, expected 1 or N = " + std::to_string(n));
+}
+
+// qgemm_f32 as a replay step's op (LlmStep.add_call): A used in place (uint8, C-contiguous, K a multiple of 4:
+// anything else would be copied at the call, and the step refuses it), and the zero point, scale and factor read
+// when the step runs (DynamicQuantizeLinear writes them at each run).
+Op prep_qgemm_f32(const py::tuple& args) {
+  const char* fn = "qgemm_f32";
+  step_arity(args, 6, 7, fn);
+  const py::array a = step_array(args, 0, fn), scale = step_array(args, 3, fn), out = step_array(args, 5, fn);
+  const QPacked& p = args[1].cast<const QPacked&>();
+  const i64 M = rows_of(a, p.k);
+  pyx::need_f32(out, fn, "out");
+  pyx::need_f32(scale, fn, "scale");
+  pyx::need_contig(scale, fn, "scale");
+  need_out_size(out, M * p.n, fn);
+  if (scale.size() != 1 && static_cast<i64>(scale.size()) != p.n) fail("qgemm_f32: scale must have 1 or N values");
+  if (!is_u8(a) || !pyx::c_contig(a) || p.k % 4 != 0 || p.k == 0 || a.shape(a.ndim() - 1) != p.k)
+    fail("qgemm_f32: a strided operand is copied at each call; it cannot be prepared (uint8 A of K % 4 == 0 only)");
+  const std::uint8_t* zp = nullptr;
+  i64 nz = 0;
+  if (!args[2].is_none()) {
+    const py::array z = step_array(args, 2, fn);
+    if (!is_u8(z) || (z.size() != 1 && static_cast<i64>(z.size()) != M) || !pyx::c_contig(z))
+      fail("qgemm_f32: a_zero_point must be 1 or M uint8 values");
+    zp = static_cast<const std::uint8_t*>(z.data());
+    nz = static_cast<i64>(z.size());
+  }
+  const float* fv = nullptr;
+  i64 nf = 0;
+  if (args.size() > 6 && !args[6].is_none()) {
+    const py::array f = step_array(args, 6, fn);
+    check_factor(f, p.n);
+    fv = pyx::cptr<float>(f);
+    nf = static_cast<i64>(f.size());
+  }
+  const float* bias = nullptr;
+  if (!args[4].is_none()) {
+    const py::array b = step_array(args, 4, fn);
+    pyx::need_f32(b, fn, "bias");
+    pyx::need_contig(b, fn, "bias");
+    if (static_cast<i64>(b.size()) != p.n) fail("qgemm_f32: bias must have N = " + std::to_string(p.n) + " values");
+    bias = pyx::cptr<float>(b);
+  }
+  const auto* src = static_cast<const std::uint8_t*>(a.data());
+  const float* ps = pyx::cptr<float>(scale);
+  const i64 ns = static_cast<i64>(scale.size());
+  void* po = pyx::mptr<void>(out);
+  const QPacked* pp = &p;
+  return [=] {
+    std::vector<std::int32_t> za(static_cast<std::size_t>(std::max<i64>(1, nz)), 0);
+    for (i64 i = 0; i < nz; ++i) za[static_cast<std::size_t>(i)] = zp[i];
+    std::vector<float> scales;
+    column_scales(ps, ns, fv, nf, pp->n, scales);
+    OutStage st;
+    st.kind = OutStage::F32;
+    st.out = po;
+    st.rs = pp->n;
+    st.cs = 1;
+    st.scale = scales.data();
+    st.fbias = bias;
+    qgemm(*pp, AOperand{src, pp->k, za.data(), static_cast<i64>(za.size())}, M, st);
+  };
+}
+
 // out (float32) = float32((a - a_zp) @ (b - b_zp)) * scale [* factor] (+ bias): scale and factor one value or N
 // (their product rounded to float32 first, as the graph's Mul of the activation and weight scales computed it), bias N.
 void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& scale,
@@ -295,17 +373,12 @@ void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, 
   st.out = pyx::mptr<void>(out);
   st.rs = p.n;
   st.cs = 1;
-  std::vector<float> scales(static_cast<std::size_t>(p.n), pyx::cptr<float>(scale)[0]);
-  if (scale.size() != 1) std::memcpy(scales.data(), pyx::cptr<float>(scale), static_cast<std::size_t>(p.n) * 4);
-  if (!factor.is_none()) {
-    const py::array f = py::array::ensure(factor);
-    pyx::need_f32(f, "qgemm_f32", "factor");
-    pyx::need_contig(f, "qgemm_f32", "factor");
-    if (f.size() != 1 && static_cast<i64>(f.size()) != p.n)
-      fail("qgemm_f32: factor has " + std::to_string(f.size()) + " values, expected 1 or N = " + std::to_string(p.n));
-    const float* fv = pyx::cptr<float>(f);
-    for (i64 j = 0; j < p.n; ++j) scales[static_cast<std::size_t>(j)] *= fv[f.size() == 1 ? 0 : j];
-  }
+  std::vector<float> scales;
+  const bool has_f = !factor.is_none();
+  const py::array f = has_f ? py::array::ensure(factor) : py::array();
+  if (has_f) check_factor(f, p.n);
+  column_scales(pyx::cptr<float>(scale), static_cast<i64>(scale.size()), has_f ? pyx::cptr<float>(f) : nullptr,
+                has_f ? static_cast<i64>(f.size()) : 0, p.n, scales);
   st.scale = scales.data();
   py::array bias_arr;
   if (!bias.is_none()) {
@@ -560,7 +633,7 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
 
 // y = saturate(round(x / scale) + zp) with scale = (max(x, 0) - min(x, 0)) / 255 and
 // zp = saturate(round(-min / scale)), in float32 arithmetic; an all-zero x gives scale 0, zp 0, y 0.
-void py_dynamic_quantize(const py::array& x, const py::array& y, const py::array& scale, const py::array& zp) {
+Op prep_dynamic_quantize(const py::array& x, const py::array& y, const py::array& scale, const py::array& zp) {
   const char* fn = "dynamic_quantize";
   pyx::need_f32(x, fn, "x");
   pyx::need_contig(x, fn, "x");
@@ -575,30 +648,35 @@ void py_dynamic_quantize(const py::array& x, const py::array& y, const py::array
   auto* ys = static_cast<std::uint8_t*>(pyx::mptr<void>(y));
   float* s_out = pyx::mptr<float>(scale);
   auto* z_out = static_cast<std::uint8_t*>(pyx::mptr<void>(zp));
-  py::gil_scoped_release nogil;
-  const QKernels& kr = qk();
-  float lo = 0.f, hi = 0.f;
-  if (n > 0) kr.minmax(xs, n, &lo, &hi);
-  lo = std::min(lo, 0.f);
-  hi = std::max(hi, 0.f);
-  const float s = (hi - lo) / 255.f;
-  int z = 0;
-  if (s != 0.f) {
-    const float zf = std::nearbyint((0.f - lo) / s);
-    z = static_cast<int>(std::min(255.f, std::max(0.f, zf)));
-  }
-  *s_out = s;
-  *z_out = static_cast<std::uint8_t>(z);
-  if (s == 0.f) {
-    std::memset(ys, 0, static_cast<std::size_t>(n));
-    return;
-  }
-  const i64 chunk = 1 << 16;
-  const i64 tasks = (n + chunk - 1) / chunk;
-  parallel_for(tasks, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
-    const i64 b = t * chunk;
-    kr.quantize8(xs + b, std::min(chunk, n - b), s, z, 0, 255, ys + b);
-  }, static_cast<double>(n) >= kWakeElementWork);
+  return [n, xs, ys, s_out, z_out] {
+    const QKernels& kr = qk();
+    float lo = 0.f, hi = 0.f;
+    if (n > 0) kr.minmax(xs, n, &lo, &hi);
+    lo = std::min(lo, 0.f);
+    hi = std::max(hi, 0.f);
+    const float s = (hi - lo) / 255.f;
+    int z = 0;
+    if (s != 0.f) {
+      const float zf = std::nearbyint((0.f - lo) / s);
+      z = static_cast<int>(std::min(255.f, std::max(0.f, zf)));
+    }
+    *s_out = s;
+    *z_out = static_cast<std::uint8_t>(z);
+    if (s == 0.f) {
+      std::memset(ys, 0, static_cast<std::size_t>(n));
+      return;
+    }
+    const i64 chunk = 1 << 16;
+    const i64 tasks = (n + chunk - 1) / chunk;
+    parallel_for(tasks, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
+      const i64 b = t * chunk;
+      kr.quantize8(xs + b, std::min(chunk, n - b), s, z, 0, 255, ys + b);
+    }, static_cast<double>(n) >= kWakeElementWork);
+  };
+}
+
+void py_dynamic_quantize(const py::array& x, const py::array& y, const py::array& scale, const py::array& zp) {
+  run_now(prep_dynamic_quantize, x, y, scale, zp);
 }
 
 // QuantizeLinear / DequantizeLinear with one scale and zero point (float32 <-> uint8 / int8).
@@ -674,6 +752,12 @@ void bind(py::module_& m) {
   m.def("dequantize_linear", &py_dequantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"),
         py::arg("y"));
   m.def("dynamic_quantize", &py_dynamic_quantize, py::arg("x"), py::arg("y"), py::arg("scale"), py::arg("zero_point"));
+  register_step_op("qgemm_f32", prep_qgemm_f32);
+  register_step_op("dynamic_quantize", [](const py::tuple& a) {
+    step_arity(a, 4, 4, "dynamic_quantize");
+    return prep_dynamic_quantize(step_array(a, 0, "dynamic_quantize"), step_array(a, 1, "dynamic_quantize"),
+                                 step_array(a, 2, "dynamic_quantize"), step_array(a, 3, "dynamic_quantize"));
+  });
 }
 
 }  // namespace qlin

@@ -3,11 +3,16 @@
 // table's vector sigmoid / tanh, and the cell update. Directions forward / reverse / bidirectional, per-batch
 // sequence lengths, initial states, LSTM peepholes and input_forget, GRU linear_before_reset, clip.
 // Default activations only (Sigmoid / Tanh); the Python side sends other configurations to the numpy reference.
+// Precision "normal" (rnn_prepack's bf16x3) runs the input projections as bf16x3 on AMX-BF16 (gemm_bf16x3.hpp), as
+// MatMul / Gemm on packed weights do; the recurrent products (M = batch <= 4) stay on the fp32 small-M path. A
+// bidirectional layer runs its two directions on two threads (each direction's steps in its own order, so the bits
+// do not depend on the thread count).
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "gemm_bf16x3.hpp"
 #include "onnx_py.hpp"
 
 namespace hetero {
@@ -18,11 +23,25 @@ using namespace pyx;
 struct Packed {
   i64 k = 0, n = 0;
   AlignedBuf buf;
-  void pack(const Kernels& kr, const MatView& b) {
+  // bf16x3 hi then lo (gemm_bf16x3.hpp), when asked for, available, and B splits (no NaN / inf / huge value)
+  AlignedBuf bf;
+  float bf_max = 0.f;
+  bool bf16x3 = false;
+  void pack(const Kernels& kr, const MatView& b, bool want_bf16x3 = false) {
     k = b.rows;
     n = b.cols;
     buf.get(static_cast<std::size_t>(std::max<i64>(1, ceil_div(n, kr.nr) * kr.nr * k)));
     pack_b_panels(kr, b, buf.p, 1);
+    if (want_bf16x3 && &kr == kernels_avx512() && bf16x3_available() && bf16x3_worth(kBf16x3MinRows, n, k)) {
+      const i64 part = bf16x3_b_values(k, n);
+      auto* hi = reinterpret_cast<std::uint16_t*>(bf.get(static_cast<std::size_t>(part)));
+      bf16x3 = bf16x3_pack_b(b, hi, hi + part, &bf_max);
+      if (!bf16x3) bf.reset();
+    }
+  }
+  Bf16x3B bf16x3_b() const {
+    const auto* hi = reinterpret_cast<const std::uint16_t*>(bf.p);
+    return Bf16x3B{hi, hi + bf16x3_b_values(k, n), k, n, bf_max};
   }
 };
 
@@ -42,13 +61,14 @@ void gemm_p(const Kernels& kr, const MatView& a, const Packed& p, float* c, i64 
     ep.bias_rs = 0;
     ep.bias_cs = 1;
   }
+  if (p.bf16x3 && bf16x3_worth(a.rows, p.n, p.k) && bf16x3_gemm(kr, p.bf16x3_b(), a, c, ldc, 1.f, 0.f, ep, T)) return;
   if (a.rows <= 4)
     gemm_small_m_packed(kr, a, p.buf.p, p.n, c, ldc, 1.f, 0.f, ep, T);
   else
     gemm_prepacked_b(kr, a.rows, p.n, p.k, &a, nullptr, p.buf.p, c, ldc, 1.f, 0.f, ep, T);
 }
 
-std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& R, bool gru) {
+std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& R, bool gru, bool bf16x3) {
   const char* fn = "rnn_prepack";
   need_f32(W, fn, "W");
   need_f32(R, fn, "R");
@@ -71,7 +91,7 @@ std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& 
   py::gil_scoped_release nogil;
   for (i64 d = 0; d < p->dirs; ++d) {
     p->w.push_back(std::make_unique<Packed>());
-    p->w.back()->pack(*p->kr, MatView{pw + d * GH * I, I, GH, 1, I});
+    p->w.back()->pack(*p->kr, MatView{pw + d * GH * I, I, GH, 1, I}, bf16x3);
     const float* rd = pr + d * GH * H;
     p->r.push_back(std::make_unique<Packed>());
     p->r.back()->pack(*p->kr, MatView{rd, H, gru ? 2 * H : GH, 1, H});
@@ -131,20 +151,21 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
   const float* px = cptr<float>(X);
   py::gil_scoped_release nogil;
   const Kernels& kr = *p.kr;
-  const int T = num_threads();
   const bool do_clip = clip > 0.f;
   if (pY) std::fill(pY, pY + seq * dirs * batch * H, 0.f);
-  std::vector<float> xw(static_cast<std::size_t>(std::max<i64>(1, seq * batch * GH)));
-  std::vector<float> hr(static_cast<std::size_t>(std::max<i64>(1, batch * GH)));
-  std::vector<float> hh(static_cast<std::size_t>(std::max<i64>(1, batch * H)));
-  std::vector<float> rh(static_cast<std::size_t>(std::max<i64>(1, batch * H)));
-  std::vector<float> h(static_cast<std::size_t>(std::max<i64>(1, batch * H))), c(h.size()), tmp(static_cast<std::size_t>(H + 1));
-  std::vector<float> bx(static_cast<std::size_t>(GH)), brh(static_cast<std::size_t>(H));
   auto act = [&](int op, float* v, i64 n) {
     if (do_clip) kr.unary(U_CLIP, v, v, n, -clip, clip);
     kr.unary(op, v, v, n, 0.f, 0.f);
   };
-  for (i64 d = 0; d < dirs; ++d) {
+  // One direction, its products on T threads; writes only its own slices of Y / Y_h / Y_c.
+  auto run_direction = [&](i64 d, int T) {
+    std::vector<float> xw(static_cast<std::size_t>(std::max<i64>(1, seq * batch * GH)));
+    std::vector<float> hr(static_cast<std::size_t>(std::max<i64>(1, batch * GH)));
+    std::vector<float> hh(static_cast<std::size_t>(std::max<i64>(1, batch * H)));
+    std::vector<float> rh(static_cast<std::size_t>(std::max<i64>(1, batch * H)));
+    std::vector<float> h(static_cast<std::size_t>(std::max<i64>(1, batch * H))), c(h.size()),
+        tmp(static_cast<std::size_t>(H + 1));
+    std::vector<float> bx(static_cast<std::size_t>(GH)), brh(static_cast<std::size_t>(H));
     const bool backward = direction == 1 || d == 1;
     // Input-side bias: Wb + Rb, except the GRU candidate's Rb under linear_before_reset (applied inside r * (.)).
     for (i64 j = 0; j < GH; ++j) {
@@ -232,7 +253,16 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
     }
     if (pYh) std::memcpy(pYh + d * batch * H, h.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
     if (pYc) std::memcpy(pYc + d * batch * H, c.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
-  }
+  };
+  // The two directions of a bidirectional layer are independent: one a thread (the recurrent products, M = batch,
+  // are too small to split; the steps are a chain, so a direction is the unit of parallel work).
+  // A small layer (under kWakeFlops) takes the second thread only while the pool's worker is awake.
+  const int T = num_threads();
+  const double flops = 2.0 * static_cast<double>(seq * batch) * static_cast<double>(GH) * static_cast<double>(I + H);
+  if (dirs == 2 && T >= 2)
+    parallel_for(2, 2, [&](i64 d) { run_direction(d, 1); }, 2 * flops >= kWakeFlops);
+  else
+    for (i64 d = 0; d < dirs; ++d) run_direction(d, T);
 }
 
 }  // namespace
@@ -241,7 +271,7 @@ void bind_rnn(py::module_& m) {
   py::class_<RnnWeights, std::shared_ptr<RnnWeights>>(m, "PackedRnn", "LSTM / GRU weights packed once.")
       .def_property_readonly("hidden_size", [](const RnnWeights& p) { return p.H; })
       .def_property_readonly("directions", [](const RnnWeights& p) { return p.dirs; });
-  m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"));
+  m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"), py::arg("bf16x3") = false);
   m.def("rnn_run", &py_rnn_run, py::arg("packed"), py::arg("X"), py::arg("B"), py::arg("sequence_lens"),
         py::arg("initial_h"), py::arg("initial_c"), py::arg("P"), py::arg("direction"), py::arg("clip"),
         py::arg("input_forget"), py::arg("linear_before_reset"), py::arg("Y"), py::arg("Y_h"), py::arg("Y_c"));

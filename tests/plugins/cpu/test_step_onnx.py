@@ -56,7 +56,11 @@ def _program(r: np.random.Generator):
          "invstd": np.zeros(3, f32), "act": np.zeros((3, 24), f32), "sum": np.zeros((3, 24), f32),
          "ge": np.zeros((3, 24), np.bool_), "conv": np.zeros((1, 16, 12, 10), f32),
          "pool": np.zeros((1, 16, 6, 5), f32), "aff": np.zeros((1, 16, 6, 5), f32),
-         "pad": np.zeros((2, 9), f32), "col": np.zeros((5, 2), f32)}
+         "pad": np.zeros((2, 9), f32), "col": np.zeros((5, 2), f32), "sm": np.zeros((3, 24), f32),
+         "wh": np.zeros((3, 24), f32), "gat": np.zeros((2, 24), f32), "mm": np.zeros((1, 3, 5), f32),
+         "cat": np.zeros((2, 9), f32)}
+    idx = np.array([2, 0], np.int64)
+    wm = r.standard_normal((1, 24, 5)).astype(f32)
     packed_b = _native.pack_b(wg, False, False, "high")
     packed_c = _native.prepack_conv(wc, 1, "high")
     program = [
@@ -71,6 +75,11 @@ def _program(r: np.random.Generator):
         mm(_native.channel_affine, o["pool"], mul, add, o["aff"]),
         mm(_native.pad, a["seq"], [0, 3], "constant", a["padv"], o["pad"]),
         mm(_native.copy, a["seq"].T, o["col"]),  # a strided source: copy reads it in place
+        mm(_native.softmax, o["ln"], o["sm"], False),
+        mm(_native.where, o["ge"], o["sum"], np.broadcast_to(np.float32(0), (3, 24)), o["wh"]),
+        mm(_native.gather, o["sm"], idx, 0, o["gat"]),
+        mm(_native.matmul, o["sm"].reshape(1, 3, 24), wm, o["mm"]),
+        mm(_native.copy, a["seq"], o["cat"][:, 2:7]),  # a window of a larger output (a Concat's part)
     ]
 
     def reference() -> dict[str, np.ndarray]:
@@ -83,9 +92,14 @@ def _program(r: np.random.Generator):
         pool = conv.reshape(1, 16, 6, 2, 5, 2).max((3, 5))
         pad = np.full((2, 9), float(a["padv"]))
         pad[:, 3:8] = a["seq"]
+        e = np.exp(ln - ln.max(1, keepdims=True))
+        sm = e / e.sum(1, keepdims=True)
+        cat = np.zeros((2, 9))
+        cat[:, 2:7] = a["seq"]
         return {"g": g, "ln": ln, "mean": mean[:, 0], "invstd": inv[:, 0], "act": act, "sum": act + bg,
                 "conv": conv, "pool": pool, "aff": pool * mul.reshape(1, -1, 1, 1) + add.reshape(1, -1, 1, 1),
-                "pad": pad, "col": a["seq"].T}
+                "pad": pad, "col": a["seq"].T, "sm": sm, "wh": np.where(act + bg >= 0.1, act + bg, 0),
+                "gat": sm[idx], "mm": sm[None] @ wm, "cat": cat}
 
     return program, a, o, reference
 
@@ -118,24 +132,42 @@ def test_calls_a_step_cannot_prepare_stay_apart():
     wide = np.zeros((1, 8, 12, 20), np.float32)
     strided = mm(_native.conv2d_packed, wide[..., ::2], program[5].args[1], *program[5].args[2:])  # copied once
     as_list = mm(_native.unary, "relu", outs["ln"].tolist(), outs["act"], 0.0, 0.0)  # a list: converted per call
-    softmax = mm(_native.softmax, outs["ln"], outs["act"], False)  # not a prepared function
-    calls = [*program[:2], strided, *program[2:4], as_list, softmax, *program[4:]]
+    reduce = mm(_native.reduce, "sum", outs["ln"], [1], outs["mean"])  # not a prepared function
+    calls = [*program[:2], strided, *program[2:4], as_list, reduce, *program[4:]]
     merged = fuse.step_calls(calls)
     assert [len(c) if isinstance(c, _native.LlmStep) else c for c in merged] == \
-        [2, strided, 2, as_list, softmax, len(program) - 4]
+        [2, strided, 2, as_list, reduce, len(program) - 4]
     step = _native.LlmStep()
     with pytest.raises(ValueError, match="strided operand"):
         step.add_call("conv2d_packed", strided.args)
     with pytest.raises(ValueError, match="must be a numpy array"):
         step.add_call("unary", as_list.args)
-    with pytest.raises(ValueError, match="softmax cannot be prepared"):
-        step.add_call("softmax", softmax.args)
+    with pytest.raises(ValueError, match="reduce cannot be prepared"):
+        step.add_call("reduce", reduce.args)
+    with pytest.raises(ValueError, match="strided operand"):  # gather's strided data: copied once by the call
+        step.add_call("gather", (outs["sm"][:, ::2], np.array([0], np.int64), 0, np.zeros((1, 12), np.float32)))
     with pytest.raises(ValueError, match="gemm_packed: 2 arguments"):
         step.add_call("gemm_packed", program[0].args[:2])
     with pytest.raises(ValueError, match="out has shape"):  # the call's own check, at preparation
         step.add_call("gemm_packed", (ins["x"], program[0].args[1], outs["ln"][:2]))
     assert len(step) == 0
-    assert {"conv2d_packed", "gemm_packed", "layer_norm", "max_pool2d", "unary"} <= set(_native.step_ops())
+    assert {"conv2d_packed", "gemm_packed", "layer_norm", "max_pool2d", "unary", "softmax", "where", "gather",
+            "matmul"} <= set(_native.step_ops())
+
+
+def test_gather_checks_its_indices_when_the_step_runs():
+    """A replay's indices may come from the data: a prepared gather checks them at each run, before any write."""
+    data, idx, out = np.arange(12, dtype=np.float32).reshape(4, 3), np.array([1, 3], np.int64), np.zeros((2, 3))
+    out = out.astype(np.float32)
+    step = _native.LlmStep()
+    step.add_call("gather", (data, idx, 0, out))
+    step.add_call("copy", (data[:2], out))
+    assert step() is True
+    idx[1] = 4
+    out[...] = -1
+    with pytest.raises(ValueError, match="index 4 is out of range"):
+        step()
+    np.testing.assert_array_equal(out, -1)
 
 
 def _mlp_model():
@@ -216,3 +248,46 @@ def test_a_replayed_model_is_one_step_with_the_unmerged_outputs(monkeypatch):
     for t in pool:
         t.join()
     assert not errors, errors[0]
+
+
+def test_quantized_and_attention_ops_in_a_step_read_their_values_when_it_runs(isa, threads):
+    """A T5-style chain, DynamicQuantizeLinear -> MatMulInteger(Scaled) -> attention, as one step: the activation's
+    scale and zero point change at every run and the prepared qgemm_f32 reads them then; the same bits as the calls
+    run one by one. Int8 A, or K not a multiple of 4 (copied at the call), stays apart."""
+    r = np.random.default_rng(3)
+    f32 = np.float32
+    x = np.zeros((6, 64), f32)
+    y, sc, zp = np.zeros((6, 64), np.uint8), np.zeros((), f32), np.zeros((), np.uint8)
+    packed = _native.qpack_b(r.integers(-128, 128, (64, 48)).astype(np.int8), np.array(0, np.int8))
+    wscale = r.uniform(1e-3, 1e-2, 48).astype(f32)
+    bias = r.standard_normal(48).astype(f32)
+    g = np.zeros((6, 48), f32)
+    q, k, v = g.reshape(1, 6, 2, 24).transpose(0, 2, 1, 3), np.zeros((1, 2, 24, 6), f32), np.zeros((1, 2, 6, 24), f32)
+    mask = np.broadcast_to(r.standard_normal((1, 1, 6, 6)).astype(f32), (1, 2, 6, 6))
+    att = np.zeros((1, 2, 6, 24), f32)
+    program = [
+        mm(_native.dynamic_quantize, x, y, sc, zp),
+        mm(_native.qgemm_f32, y, packed, zp, sc, bias, g, wscale),
+        mm(_native.fused_attention, q, k, v, mask, att, 0.5, 1.0, False),
+    ]
+    merged = fuse.step_calls(program)
+    assert len(merged) == 1 and len(merged[0]) == 3
+    for trial in range(3):
+        x[...] = r.standard_normal(x.shape) * (trial + 1) + trial
+        k[...] = r.standard_normal(k.shape)
+        v[...] = r.standard_normal(v.shape)
+        for call in program:
+            call()
+        want = [a.copy() for a in (y, sc, zp, g, att)]
+        for a in (y, sc, zp, g, att):
+            a[...] = 0
+        assert merged[0]() is True
+        for got, w in zip((y, sc, zp, g, att), want, strict=True):
+            np.testing.assert_array_equal(got, w)
+    step = _native.LlmStep()
+    with pytest.raises(ValueError, match="cannot be prepared"):
+        step.add_call("qgemm_f32", (y.view(np.int8), packed, None, sc, bias, g, wscale))
+    odd = _native.qpack_b(np.zeros((63, 48), np.int8), np.array(0, np.int8))
+    with pytest.raises(ValueError, match="cannot be prepared"):
+        step.add_call("qgemm_f32", (y[:, :63].copy(), odd, zp, sc, bias, g, wscale))
+    assert len(step) == 0

@@ -63,7 +63,8 @@ class CpuSoftmax(CallKernel):
         x = np.ascontiguousarray(inputs[0].numpy())
         if self.blocks is not None:
             return functools.partial(_native.softmax_axis, x.reshape(self.blocks), out.reshape(self.blocks), log=log)
-        return functools.partial(_native.softmax, x.reshape(self.rows), out.reshape(self.rows), log=log)
+        # positional: a replay's step takes the call (fuse.step_calls leaves calls with keywords apart)
+        return functools.partial(_native.softmax, x.reshape(self.rows), out.reshape(self.rows), log)
 
 
 class CpuLayerNorm(CallKernel):

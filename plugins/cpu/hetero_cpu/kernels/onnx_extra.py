@@ -28,7 +28,7 @@ from hetero.contract import (
 from hetero.contract.opforms import nearest_indices, source_coords
 
 from .. import _native
-from .common import Call, CallKernel, Calls, noop
+from .common import Call, CallKernel, Calls, noop, weight_precision
 from .numpy_ops import CpuNumpyKernel
 
 _PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d.np_dtype.kind in "biuf")
@@ -216,16 +216,16 @@ class CpuLogical(_NativeOrNumpy):
     def native_ok(cls, node: NodeInfo) -> Support:
         return _dtypes_in(node, (dtypes.bool_,))
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         x = inputs[0].numpy()
         if self.node.op_type == "Not":
-            _native.logical_not(x, out)
-            return
+            return functools.partial(_native.logical_not, x, out)
         y = inputs[1].numpy()
-        _native.logical(self.node.op_type.lower(), np.broadcast_to(x, out.shape), np.broadcast_to(y, out.shape), out)
+        return functools.partial(_native.logical, self.node.op_type.lower(), np.broadcast_to(x, out.shape),
+                                 np.broadcast_to(y, out.shape), out)
 
 
 class CpuWhere(_NativeOrNumpy):
@@ -234,16 +234,16 @@ class CpuWhere(_NativeOrNumpy):
         verdict = _dtypes_in(node, (dtypes.bool_,), indices=[0], outputs=False)
         return verdict if not verdict else _dtypes_in(node, _PLAIN, indices=[1, 2])
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         c, x, y = (t.numpy() for t in inputs)
         if x.dtype != out.dtype or y.dtype != out.dtype:
-            self.run_numpy(inputs, outputs)
-            return
-        _native.where(np.broadcast_to(c, out.shape), np.broadcast_to(x, out.shape), np.broadcast_to(y, out.shape),
-                      out)
+            return functools.partial(self.run_numpy, inputs, outputs)
+        # a bound call (so a replay's step takes it), not a run through Python at each replay
+        return functools.partial(_native.where, np.broadcast_to(c, out.shape), np.broadcast_to(x, out.shape),
+                                 np.broadcast_to(y, out.shape), out)
 
 
 class CpuPRelu(_NativeOrNumpy):
@@ -576,9 +576,11 @@ class CpuRnn(_NativeOrNumpy):
         self.gru = self.node.op_type == "GRU"
         w, r = self.info.constants.get(1), self.info.constants.get(2)
         self.packed = None
+        # precision "normal": the input projections as bf16x3 (as MatMul / Gemm on packed weights)
+        self.bf16x3 = (weight_precision(self.backend) or _native.precision()) == "normal"
         if w is not None and r is not None:
             self.packed = _native.rnn_prepack(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(r, np.float32),
-                                              self.gru)
+                                              self.gru, self.bf16x3)
         direction = self.attr("direction", "forward")
         self.direction = {"forward": 0, "reverse": 1, "bidirectional": 2}[direction]
         clip = self.attr("clip", None)
@@ -622,7 +624,7 @@ class CpuRnn(_NativeOrNumpy):
             return
         packed = self.packed
         if packed is None:
-            packed = _native.rnn_prepack(arr(1), arr(2), self.gru)
+            packed = _native.rnn_prepack(arr(1), arr(2), self.gru, self.bf16x3)
         seq, batch = x.shape[:2]
         dirs, hidden = packed.directions, packed.hidden_size
         want = len(outputs)
