@@ -628,15 +628,22 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
 // (1x3 convs padded along W on 4-wide maps: 0.036-0.038 -> 0.029-0.031 ms; without padding columns, 14 x 4 3x1,
 // the two measured the same, and on 8 x 8 (64 positions) the direct path won, 0.18 against 0.22 ms); at least two
 // column panels of channels. HETERO_CPU_CONV_TRANSPOSED=1 / 0 forces it on / off.
+// Where conv_cblk takes the shape too (whole blocks of 32 channels, K >= 64, AVX-512), it is the faster: its tiles of
+// up to 14 positions (two rows of a 7-wide map at once) against the transposed product's gather into packed panels
+// and transpose back (alone, 1 thread, thread time, transposed -> cblk: ResNet's 256 -> 256 3x3 on 7 x 7 0.644 ->
+// 0.489 ms, 128 -> 128 0.183 -> 0.109, 512 -> 512 2.23 -> 1.76, 64 -> 128 on 5 x 5 0.055 -> 0.032, 96 -> 96 1x3 on
+// 10 x 4 0.037 -> 0.034, 64 -> 128 2x2 onto 3 x 3 (2 images) 0.020 -> 0.016).
 constexpr i64 kTransposedMaxOutputs = 24;
 constexpr i64 kTransposedMaxPadded = 56;
+
+bool cblk_fits(const PackedConv& pc, const ConvGeom& g);
 
 bool transposed_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 cout_g = g.Cout / g.group, HWo = g.Ho * g.Wo, nr = pc.kr->nr;
   if (pc.depthwise || HWo <= kDotMaxOutputs || pc.kr->mr != 12) return false;
   static const int forced = env_override("HETERO_CPU_CONV_TRANSPOSED");
   if (forced >= 0) return forced == 1;
-  if (cout_g < 2 * nr) return false;
+  if (cout_g < 2 * nr || cblk_fits(pc, g)) return false;
   return HWo <= kTransposedMaxOutputs || (HWo <= kTransposedMaxPadded && direct_layout(g, nr).Wq > g.Wo);
 }
 
@@ -780,13 +787,13 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const int T = threads_for(flops, kParallelGrain * 4);
   std::vector<float> vb(static_cast<std::size_t>(nblk * cb), 0.f);
   if (bias != nullptr) std::copy(bias, bias + g.Cout, vb.begin());
-  // One run of n positions (input at `base`, output at `o`) of block b; an activation the kernel does not apply in
-  // registers runs over the whole output at the end.
+  // `rows` runs of n positions (input at `base`, rs floats a run; output at `o`, n floats a run) of block b; an
+  // activation the kernel does not apply in registers runs over the whole output at the end.
   std::atomic<bool> act_left{false};
-  const auto run = [&](i64 b, const float* base, const i64* offs, float* o, i64 n) {
+  const auto run = [&](i64 b, const float* base, const i64* offs, float* o, i64 n, i64 rows, i64 rs) {
     const i64 co0 = b * cb;
     if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, base, offs, vb.data() + co0,
-                      static_cast<int>(std::min<i64>(cb, g.Cout - co0)), o + co0 * HWo, HWo, n, act.act,
+                      static_cast<int>(std::min<i64>(cb, g.Cout - co0)), o + co0 * HWo, HWo, n, rows, rs, act.act,
                       act.act_alpha, act.act_beta))
       act_left = true;
   };
@@ -809,8 +816,7 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       for (i64 c = 0; c < g.C; ++c)
         pad_channel(xk, g, L, x + (n * g.C + c) * g.H * g.W, padded + c * bplane, oy0 * g.sh, hq);
       for (i64 b = 0; b < nblk; ++b)
-        for (i64 oy = oy0; oy < oy1; ++oy)
-          run(b, padded + (oy - oy0) * g.sh * L.Wq, boff.data(), out + n * g.Cout * HWo + oy * g.Wo, g.Wo);
+        run(b, padded, boff.data(), out + n * g.Cout * HWo + oy0 * g.Wo, g.Wo, oy1 - oy0, g.sh * L.Wq);
     }, flops >= kWakeFlops);
     finish();
     return;
@@ -831,9 +837,15 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const Blocks rgroups{rows, std::min<i64>(rows, groups)};
   parallel_for(g.N * nblk * rgroups.nb, T, [&](i64 task) {
     const i64 grp = task % rgroups.nb, b = task / rgroups.nb % nblk, n = task / rgroups.nb / nblk;
-    for (i64 r = rgroups.begin(grp), re = r + rgroups.size(grp); r < re; ++r) {
+    // the group's whole runs in one call (pairs of short rows share a tile), then a last shorter run (pointwise)
+    const i64 r0 = rgroups.begin(grp), re = r0 + rgroups.size(grp);
+    const i64 whole = std::max<i64>(r0, std::min<i64>(re, HWo / row_len));
+    const float* xin = in + n * g.C * plane;
+    float* o = out + n * g.Cout * HWo;
+    if (whole > r0) run(b, xin + r0 * in_pitch, off.data(), o + r0 * row_len, row_len, whole - r0, in_pitch);
+    for (i64 r = whole; r < re; ++r) {
       const i64 len = std::min<i64>(row_len, HWo - r * row_len);
-      if (len > 0) run(b, in + n * g.C * plane + r * in_pitch, off.data(), out + n * g.Cout * HWo + r * row_len, len);
+      if (len > 0) run(b, xin + r * in_pitch, off.data(), o + r * row_len, len, 1, in_pitch);
     }
   }, flops >= kWakeFlops);
   finish();

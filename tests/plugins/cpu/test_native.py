@@ -923,9 +923,10 @@ def test_conv2d_direct_rows_threads(isa, threads, shape):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [(96, 10, 2, 96, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 200, 2, 2, (0, 0, 0, 0))])
+@pytest.mark.parametrize("shape", [(96, 10, 2, 80, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 200, 2, 2, (0, 0, 0, 0))])
 def test_conv2d_transposed_threads(isa, threads, shape):
     # small maps: threads take whole 32-channel panels of the transposed product, the same bits as at 1 thread
+    # (channels off whole blocks of 32: conv_cblk takes those)
     c, h, wd, cout, kh, kw, pads = shape
     x = randn(3, c, h, wd, seed=101)
     w = randn(cout, c, kh, kw, seed=102) * 0.1
@@ -946,7 +947,7 @@ def test_conv2d_transposed_threads(isa, threads, shape):
     (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), 1),  # deepcut's Conv1D: 40 windows, chunks of 17, 17 and 6
     (7, 24, 5, 4, 70, 3, 3, (1, 1), (1, 1, 1, 1), 1),  # 20 positions an image, padded: chunks of 12 images
     (13, 16, 4, 4, 128, 3, 3, (1, 1), (1, 1, 1, 1), 2),  # grouped
-    (9, 20, 9, 9, 64, 2, 2, (2, 2), (0, 0, 0, 0), 1),  # stride 2: 16 positions
+    (9, 20, 9, 9, 72, 2, 2, (2, 2), (0, 0, 0, 0), 1),  # stride 2: 16 positions
 ])
 def test_conv2d_transposed_batched(isa, threads, shape):
     # the transposed product over several images at once: their positions stacked as the rows of one product
@@ -1048,9 +1049,11 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
 # (kh x kw > 1, K >= 64, whole blocks of channels, a small padded input): YOLOv8n's 3x3 on 10 x 10 and stride 2 onto
 # 10 x 10, stride 2 on an odd map (the last taps reading the padding), a 5 x 3 kernel with uneven pads, dilation 2,
 # strides (1, 2) and (3, 1), two images, a 2 x 2 kernel on a 9 x 9 map
-# (on 4 x 4 the transposed path takes it), rows of 1-25 positions (tiles of 12 and the
-# shorter last ones); inputs over 128K padded floats, padded in row bands by each task (stride 2 on 100 x 100, two
-# images; a 5 x 5 kernel on 130 x 130).
+# rows of 1-25 positions (25: tiles of 13 + 12); inputs over 128K padded
+# floats, padded in row bands by each task (stride 2 on 100 x 100, two images; a 5 x 5 kernel on 130 x 130).
+# AVX-512's tiles of up to 14 positions: ResNet's 128 -> 128 on 14 x 14 (one tile a row), rows of 28 (14 + 14) and
+# 18 (9 + 9), and rows of at most 7 two at a time (stride 2 onto 7 x 5: the second row's taps two input rows on; 5
+# rows of 3: two pairs and a last row alone).
 CBLK_CASES = [
     (2, 16, 100, 100, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
     (1, 8, 130, 130, 32, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1)),
@@ -1063,6 +1066,15 @@ CBLK_CASES = [
     (1, 12, 16, 9, 32, 3, 3, (3, 1), (0, 1, 1, 1), (1, 1)),
     (1, 64, 9, 9, 128, 2, 2, (1, 1), (0, 0, 0, 0), (1, 1)),
     (1, 8, 3, 25, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 128, 14, 14, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 16, 9, 28, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 16, 6, 20, 32, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (1, 16, 13, 10, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 16, 5, 3, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    # small maps the transposed product took before conv_cblk's short tiles (ResNet's 7 x 7: two rows a tile; 2x2
+    # onto 3 x 3, two images)
+    (1, 64, 7, 7, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 64, 4, 4, 128, 2, 2, (1, 1), (0, 0, 0, 0), (1, 1)),
 ]
 
 
