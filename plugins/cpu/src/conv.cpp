@@ -746,12 +746,26 @@ constexpr i64 kCblkInputFloats = 128 * 1024;
 // 6 broadcasts a step for 12 FMAs) ran 1.00-1.04 of conv_direct on the 10 x 10 maps and 1.18-1.23 on the stride-2
 // ones; it runs where the switch forces it. HETERO_CPU_CONV_CBLK=1 / 0 forces the kernel on (every shape it can
 // run) / off.
+// 1x1 stride-1 convs on small maps whose positions fill the GEMM's 32-column panels badly (with the tiles of up to 14
+// positions, two 7-wide rows at once): alone, 1 thread, thread time, GEMM or pointwise tiles -> cblk: on 7 x 7 (49
+// positions in 64 columns) 256 -> 1024 0.238 -> 0.186 ms, 1024 -> 256 0.246 -> 0.181, 512 -> 512 0.236 -> 0.177,
+// 2048 -> 512 0.97 -> 0.79; on 10 x 10 (112 columns) 128 -> 256 0.055 -> 0.049, 256 -> 256 0.109 -> 0.097; on 14 x 14
+// (208 columns) 512 -> 128 0.191 -> 0.171, 1024 -> 256 0.819 -> 0.745, but level at K = 256 and 1.06 at K = 128; slower
+// where the columns are whole panels (8 x 8: 0.015 -> 0.018, 12 x 12 0.069 -> 0.070) and on larger maps (28 x 28
+// 1.03-1.09, 56 x 56 0.95-1.15).
+bool pointwise_cblk_wins(const ConvGeom& g, i64 K, i64 lanes) {
+  const i64 HWo = g.Ho * g.Wo, cols = row_tile_cols(HWo, 2 * lanes, lanes);
+  return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 512));
+}
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
   if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
   if (forced == 1) return true;
-  return lanes >= 16 && g.kh * g.kw > 1 && pc.cin_g * g.kh * g.kw >= 64 && g.Cout % (2 * lanes) == 0;
+  if (lanes < 16 || g.Cout % (2 * lanes) != 0) return false;
+  if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
+  return pc.cin_g * g.kh * g.kw >= 64;
 }
 
 // The weights in conv_cblk's layout: block b (output channels b cb .. b cb + cb - 1), row k, channel j at

@@ -967,10 +967,18 @@ def test_conv2d_transposed_batched(isa, threads, shape):
         np.testing.assert_allclose(out[i:i + 1], one, rtol=1e-4, atol=1e-4)
 
 
-def _pointwise_algo(isa: str, k: int, positions: int) -> str:
-    """A 1x1 stride-1 conv's kernel by conv.cpp's rule: AVX-512's register tiles on the input in place at K <= 48 or
-    on at most 128 positions (pointwise_tiles_fit), else the packed GEMM."""
-    return "pointwise" if isa == "avx512" and (k <= 48 or positions <= 128) else "gemm"
+def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1) -> str:
+    """A 1x1 stride-1 conv's kernel by conv.cpp's rule: on AVX-512 conv_cblk for whole 32-channel blocks on at most
+    256 positions that fill the GEMM's 32-column panels badly (pointwise_cblk_wins), the register tiles on the input
+    in place at K <= 48 or on at most 128 positions (pointwise_tiles_fit), else the packed GEMM."""
+    if isa != "avx512":
+        return "gemm"
+    rem = positions % 32
+    cols = positions - rem + (0 if rem == 0 else 16 if rem <= 16 else 32)  # row_tile_cols(positions, 32, 16)
+    if (group == 1 and cout % 32 == 0 and positions <= 256 and k >= 64
+            and (cols * 10 >= positions * 11 or (cols > positions and k >= 512))):
+        return "cblk"
+    return "pointwise" if k <= 48 or positions <= 128 else "gemm"
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
@@ -992,7 +1000,7 @@ def test_conv2d_panel_split_threads(isa, threads, case):
     w = randn(cout, c, k, k, seed=99) * 0.1
     bias = randn(cout, seed=100)
     algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
-    assert algo == (_pointwise_algo(isa, c, h * wd) if k == 1 else "gemm" if isa == "generic" else "direct")
+    assert algo == (_pointwise_algo(isa, c, h * wd, cout) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation="silu")
@@ -1028,7 +1036,7 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
     w = randn(cout, c, k, k, seed=102) * 0.1
     bias = randn(cout, seed=103)
     algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
-    assert algo == (_pointwise_algo(isa, c, h * wd) if k == 1 else "gemm" if isa == "generic" else "direct")
+    assert algo == (_pointwise_algo(isa, c, h * wd, cout) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     before = _native.num_threads()
     outs = {}
@@ -1364,6 +1372,11 @@ POINTWISE_CASES = [
     (1, 3, 17, 5, 16, 1),
     (1, 40, 3, 21, 13, 1),
     (1, 64, 11, 11, 42, 2),
+    (1, 384, 8, 8, 256, 1),  # whole 32-column panels: the tiles at K = 384
+    # conv_cblk (whole 32-channel blocks, maps the 32-column panels fit badly): 7 x 7 (two rows a tile), two images;
+    # 14 x 14 at K = 512
+    (2, 96, 7, 7, 128, 1),
+    (1, 512, 14, 14, 64, 1),
 ]
 
 
@@ -1385,7 +1398,7 @@ def test_conv2d_pointwise(isa, threads, case, activation):
     # against float64 (every output written over the NaN fill) and the same bits at 1 thread; sigmoid is not applied
     # in the tiles' registers: those convs run the GEMM
     out, ref, algo = _pointwise_outputs(case, activation)
-    assert algo == _pointwise_algo(isa, case[1] // case[5], case[2] * case[3])
+    assert algo == _pointwise_algo(isa, case[1] // case[5], case[2] * case[3], case[4], case[5])
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     _native.set_num_threads(1)
     one, _, _ = _pointwise_outputs(case, activation)
