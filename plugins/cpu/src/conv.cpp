@@ -628,22 +628,15 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
 // (1x3 convs padded along W on 4-wide maps: 0.036-0.038 -> 0.029-0.031 ms; without padding columns, 14 x 4 3x1,
 // the two measured the same, and on 8 x 8 (64 positions) the direct path won, 0.18 against 0.22 ms); at least two
 // column panels of channels. HETERO_CPU_CONV_TRANSPOSED=1 / 0 forces it on / off.
-// Where conv_cblk takes the shape too (whole blocks of 32 channels, K >= 64, AVX-512), it is the faster: its tiles of
-// up to 14 positions (two rows of a 7-wide map at once) against the transposed product's gather into packed panels
-// and transpose back (alone, 1 thread, thread time, transposed -> cblk: ResNet's 256 -> 256 3x3 on 7 x 7 0.644 ->
-// 0.489 ms, 128 -> 128 0.183 -> 0.109, 512 -> 512 2.23 -> 1.76, 64 -> 128 on 5 x 5 0.055 -> 0.032, 96 -> 96 1x3 on
-// 10 x 4 0.037 -> 0.034, 64 -> 128 2x2 onto 3 x 3 (2 images) 0.020 -> 0.016).
 constexpr i64 kTransposedMaxOutputs = 24;
 constexpr i64 kTransposedMaxPadded = 56;
-
-bool cblk_fits(const PackedConv& pc, const ConvGeom& g);
 
 bool transposed_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 cout_g = g.Cout / g.group, HWo = g.Ho * g.Wo, nr = pc.kr->nr;
   if (pc.depthwise || HWo <= kDotMaxOutputs || pc.kr->mr != 12) return false;
   static const int forced = env_override("HETERO_CPU_CONV_TRANSPOSED");
   if (forced >= 0) return forced == 1;
-  if (cout_g < 2 * nr || cblk_fits(pc, g)) return false;
+  if (cout_g < 2 * nr) return false;
   return HWo <= kTransposedMaxOutputs || (HWo <= kTransposedMaxPadded && direct_layout(g, nr).Wq > g.Wo);
 }
 
@@ -766,6 +759,23 @@ bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   if (lanes < 16 || g.Cout % (2 * lanes) != 0) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
   return pc.cin_g * g.kh * g.kw >= 64;
+}
+
+// Of the shapes transposed_fits takes, those conv_cblk runs faster (unless either switch forces its kernel): one
+// group, AVX-512, K >= 32 and channels within 1.3 x of whole 32-channel blocks. cblk's tiles of up to 14 positions
+// (two rows of a 7-wide map at once) against the transposed product's gather into packed panels and transpose back
+// (alone, 1 thread, thread time, transposed -> cblk: ResNet's 256 -> 256 3x3 on 7 x 7 0.644 -> 0.489 ms, 128 -> 128
+// 0.183 -> 0.109, 512 -> 512 2.23 -> 1.76, 64 -> 128 on 5 x 5 0.055 -> 0.032, 96 -> 96 1x3 on 10 x 4 0.037 -> 0.034,
+// 64 -> 128 2x2 onto 3 x 3 (2 images) 0.020 -> 0.016; deepcut's Conv1Ds, 63 images of 1 x 21, with a part block:
+// 32 -> 200 1x1 0.328 -> 0.182, 1x4 0.622 -> 0.483, 1x8 0.835 -> 0.658, 32 -> 150 1x10 0.700 -> 0.522, 32 -> 100
+// 1x12 0.557 -> 0.409).
+bool cblk_beats_transposed(const PackedConv& pc, const ConvGeom& g) {
+  static const int forced_t = env_override("HETERO_CPU_CONV_TRANSPOSED");
+  static const int forced_c = env_override("HETERO_CPU_CONV_CBLK");
+  const i64 cb = 2 * extra_for(*pc.kr).lanes;
+  if (forced_t == 1 || forced_c == 0 || cb < 32 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0)
+    return false;
+  return pc.cin_g * g.kh * g.kw >= 32 && ceil_div(g.Cout, cb) * cb * 10 <= g.Cout * 13;
 }
 
 // The weights in conv_cblk's layout: block b (output channels b cb .. b cb + cb - 1), row k, channel j at
@@ -946,7 +956,7 @@ bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, con
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (pc.depthwise) return ConvAlgo::depthwise;
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
-  if (transposed_fits(pc, g)) return ConvAlgo::transposed;
+  if (transposed_fits(pc, g)) return cblk_beats_transposed(pc, g) ? ConvAlgo::cblk : ConvAlgo::transposed;
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
   if (cblk_fits(pc, g)) return ConvAlgo::cblk;
   if (direct_fits(pc, g)) return ConvAlgo::direct;

@@ -923,10 +923,10 @@ def test_conv2d_direct_rows_threads(isa, threads, shape):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [(96, 10, 2, 80, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 200, 2, 2, (0, 0, 0, 0))])
+@pytest.mark.parametrize("shape", [(96, 10, 2, 70, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 70, 2, 2, (0, 0, 0, 0))])
 def test_conv2d_transposed_threads(isa, threads, shape):
     # small maps: threads take whole 32-channel panels of the transposed product, the same bits as at 1 thread
-    # (channels off whole blocks of 32: conv_cblk takes those)
+    # (channels more than 1.3 x off whole blocks of 32 (70), or K < 32: conv_cblk takes the others)
     c, h, wd, cout, kh, kw, pads = shape
     x = randn(3, c, h, wd, seed=101)
     w = randn(cout, c, kh, kw, seed=102) * 0.1
@@ -944,10 +944,10 @@ def test_conv2d_transposed_threads(isa, threads, shape):
 
 
 @pytest.mark.parametrize("shape", [
-    (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), 1),  # deepcut's Conv1D: 40 windows, chunks of 17, 17 and 6
+    (40, 32, 1, 21, 70, 1, 8, (1, 1), (0, 0, 0, 0), 1),  # a Conv1D: 40 windows, chunks of 17, 17 and 6
     (7, 24, 5, 4, 70, 3, 3, (1, 1), (1, 1, 1, 1), 1),  # 20 positions an image, padded: chunks of 12 images
     (13, 16, 4, 4, 128, 3, 3, (1, 1), (1, 1, 1, 1), 2),  # grouped
-    (9, 20, 9, 9, 72, 2, 2, (2, 2), (0, 0, 0, 0), 1),  # stride 2: 16 positions
+    (9, 20, 9, 9, 70, 2, 2, (2, 2), (0, 0, 0, 0), 1),  # stride 2: 16 positions
 ])
 def test_conv2d_transposed_batched(isa, threads, shape):
     # the transposed product over several images at once: their positions stacked as the rows of one product
@@ -1083,6 +1083,9 @@ CBLK_CASES = [
     # onto 3 x 3, two images)
     (1, 64, 7, 7, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
     (2, 64, 4, 4, 128, 2, 2, (1, 1), (0, 0, 0, 0), (1, 1)),
+    # deepcut's Conv1Ds (a part last block of channels, rows of 14 and 21 positions: tiles of 14, 11 + 10), K = 32
+    (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (5, 32, 1, 21, 100, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
 ]
 
 
