@@ -1409,6 +1409,43 @@ def test_conv2d_pointwise(isa, threads, case, activation):
     np.testing.assert_array_equal(out, one)
 
 
+# (N, C, H, W, Cout, strides, group): strided 1x1 convs without padding, run as stride-1 convs on the strided input
+# copied once (conv2d_packed's subsample): ResNet's stride-2 projections (odd map: the last row and column unread;
+# onto 7 x 7, which the stride-1 rule sends to conv_cblk), strides (3, 1) and (1, 2), grouped, two images.
+STRIDED_POINTWISE_CASES = [
+    (1, 64, 28, 28, 32, (2, 2), 1),
+    (1, 96, 13, 13, 64, (2, 2), 1),
+    (2, 128, 14, 14, 64, (2, 2), 1),
+    (1, 24, 10, 9, 20, (3, 1), 1),
+    (1, 16, 8, 11, 12, (1, 2), 1),
+    (2, 32, 9, 9, 48, (2, 2), 4),
+]
+
+
+@pytest.mark.parametrize("case", STRIDED_POINTWISE_CASES, ids=[str(i) for i in range(len(STRIDED_POINTWISE_CASES))])
+def test_conv2d_strided_pointwise(isa, threads, case):
+    # against float64, the kernel the stride-1 conv on the subsampled input takes, and the same bits at 1 thread
+    n, c, h, wd, cout, strides, group = case
+    x = randn(n, c, h, wd, seed=120)
+    w = randn(cout, c // group, 1, 1, seed=121) * 0.2
+    bias = randn(cout, seed=122)
+    packed = _native.prepack_conv(w, group)
+    sub = np.ascontiguousarray(x[:, :, :: strides[0], :: strides[1]])
+    assert packed.algorithm(list(x.shape), strides) == packed.algorithm(list(sub.shape))
+    ref = np.maximum(_conv_ref(x, w, bias, strides, (0, 0, 0, 0), (1, 1), group), 0)
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, strides=strides, activation="relu")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    _native.set_num_threads(1)
+    one = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, one, strides=strides, activation="relu")
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+    same = np.full(ref.shape, np.nan, np.float32)  # the stride-1 conv on the subsampled input: the same bits
+    _native.conv2d_packed(sub, packed, bias, same, activation="relu")
+    np.testing.assert_array_equal(out, same)
+
+
 def test_conv2d_pointwise_forced():
     # HETERO_CPU_CONV_PW_TILES=1: every 1x1 stride-1 conv takes the tiles (AVX2's too, and the GEMM's shapes), each
     # POINTWISE_CASES and CONV_CASES shape against float64 on every ISA at 1 and 2 threads, in a fresh process
