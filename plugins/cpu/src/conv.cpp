@@ -852,8 +852,8 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     in = padded;
   }
   const std::vector<i64> off = tap_offsets(g, pc.cin_g, plane, ld);
-  // Rows: the output rows (row r at input row r sh); a pointwise conv's map (forced on: the rule leaves 1x1 convs to
-  // the GEMM) as `rows` runs of a multiple of 12 positions (AVX-512's tile).
+  // Rows: the output rows (row r at input row r sh); a pointwise conv's map (small maps, pointwise_cblk_wins, or
+  // forced) as `rows` runs of a multiple of 12 positions, one a task (the kernel splits each into tiles of <= 14).
   const i64 groups = T > 1 ? ceil_div(2 * T, nblk) : 1;
   const i64 rows = pw ? std::min<i64>(groups, ceil_div(HWo, 12)) : g.Ho;
   const i64 row_len = pw ? ceil_div(ceil_div(HWo, rows), 12) * 12 : g.Wo;
