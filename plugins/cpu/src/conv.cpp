@@ -739,12 +739,43 @@ constexpr i64 kCblkInputFloats = 128 * 1024;
 // 6 broadcasts a step for 12 FMAs) ran 1.00-1.04 of conv_direct on the 10 x 10 maps and 1.18-1.23 on the stride-2
 // ones; it runs where the switch forces it. HETERO_CPU_CONV_CBLK=1 / 0 forces the kernel on (every shape it can
 // run) / off.
+// 1x1 stride-1 convs on small maps whose positions fill the GEMM's 32-column panels badly (with the tiles of up to 14
+// positions, two 7-wide rows at once): alone, 1 thread, thread time, GEMM or pointwise tiles -> cblk: on 7 x 7 (49
+// positions in 64 columns) 256 -> 1024 0.238 -> 0.186 ms, 1024 -> 256 0.246 -> 0.181, 512 -> 512 0.236 -> 0.177,
+// 2048 -> 512 0.97 -> 0.79; on 10 x 10 (112 columns) 128 -> 256 0.055 -> 0.049, 256 -> 256 0.109 -> 0.097; on 14 x 14
+// (208 columns) 512 -> 128 0.191 -> 0.171, 1024 -> 256 0.819 -> 0.745, but level at K = 256 and 1.06 at K = 128; slower
+// where the columns are whole panels (8 x 8: 0.015 -> 0.018, 12 x 12 0.069 -> 0.070) and on larger maps (28 x 28
+// 1.03-1.09, 56 x 56 0.95-1.15).
+bool pointwise_cblk_wins(const ConvGeom& g, i64 K, i64 lanes) {
+  const i64 HWo = g.Ho * g.Wo, cols = row_tile_cols(HWo, 2 * lanes, lanes);
+  return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 512));
+}
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
   if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
   if (forced == 1) return true;
-  return lanes >= 16 && g.kh * g.kw > 1 && pc.cin_g * g.kh * g.kw >= 64 && g.Cout % (2 * lanes) == 0;
+  if (lanes < 16 || g.Cout % (2 * lanes) != 0) return false;
+  if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
+  return pc.cin_g * g.kh * g.kw >= 64;
+}
+
+// Of the shapes transposed_fits takes, those conv_cblk runs faster (unless either switch forces its kernel): one
+// group, AVX-512, K >= 32 and channels within 1.3 x of whole 32-channel blocks. cblk's tiles of up to 14 positions
+// (two rows of a 7-wide map at once) against the transposed product's gather into packed panels and transpose back
+// (alone, 1 thread, thread time, transposed -> cblk: ResNet's 256 -> 256 3x3 on 7 x 7 0.644 -> 0.489 ms, 128 -> 128
+// 0.183 -> 0.109, 512 -> 512 2.23 -> 1.76, 64 -> 128 on 5 x 5 0.055 -> 0.032, 96 -> 96 1x3 on 10 x 4 0.037 -> 0.034,
+// 64 -> 128 2x2 onto 3 x 3 (2 images) 0.020 -> 0.016; deepcut's Conv1Ds, 63 images of 1 x 21, with a part block:
+// 32 -> 200 1x1 0.328 -> 0.182, 1x4 0.622 -> 0.483, 1x8 0.835 -> 0.658, 32 -> 150 1x10 0.700 -> 0.522, 32 -> 100
+// 1x12 0.557 -> 0.409).
+bool cblk_beats_transposed(const PackedConv& pc, const ConvGeom& g) {
+  static const int forced_t = env_override("HETERO_CPU_CONV_TRANSPOSED");
+  static const int forced_c = env_override("HETERO_CPU_CONV_CBLK");
+  const i64 cb = 2 * extra_for(*pc.kr).lanes;
+  if (forced_t == 1 || forced_c == 0 || cb < 32 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0)
+    return false;
+  return pc.cin_g * g.kh * g.kw >= 32 && ceil_div(g.Cout, cb) * cb * 10 <= g.Cout * 13;
 }
 
 // The weights in conv_cblk's layout: block b (output channels b cb .. b cb + cb - 1), row k, channel j at
@@ -780,13 +811,13 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const int T = threads_for(flops, kParallelGrain * 4);
   std::vector<float> vb(static_cast<std::size_t>(nblk * cb), 0.f);
   if (bias != nullptr) std::copy(bias, bias + g.Cout, vb.begin());
-  // One run of n positions (input at `base`, output at `o`) of block b; an activation the kernel does not apply in
-  // registers runs over the whole output at the end.
+  // `rows` runs of n positions (input at `base`, rs floats a run; output at `o`, n floats a run) of block b; an
+  // activation the kernel does not apply in registers runs over the whole output at the end.
   std::atomic<bool> act_left{false};
-  const auto run = [&](i64 b, const float* base, const i64* offs, float* o, i64 n) {
+  const auto run = [&](i64 b, const float* base, const i64* offs, float* o, i64 n, i64 rows, i64 rs) {
     const i64 co0 = b * cb;
     if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, base, offs, vb.data() + co0,
-                      static_cast<int>(std::min<i64>(cb, g.Cout - co0)), o + co0 * HWo, HWo, n, act.act,
+                      static_cast<int>(std::min<i64>(cb, g.Cout - co0)), o + co0 * HWo, HWo, n, rows, rs, act.act,
                       act.act_alpha, act.act_beta))
       act_left = true;
   };
@@ -809,8 +840,7 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       for (i64 c = 0; c < g.C; ++c)
         pad_channel(xk, g, L, x + (n * g.C + c) * g.H * g.W, padded + c * bplane, oy0 * g.sh, hq);
       for (i64 b = 0; b < nblk; ++b)
-        for (i64 oy = oy0; oy < oy1; ++oy)
-          run(b, padded + (oy - oy0) * g.sh * L.Wq, boff.data(), out + n * g.Cout * HWo + oy * g.Wo, g.Wo);
+        run(b, padded, boff.data(), out + n * g.Cout * HWo + oy0 * g.Wo, g.Wo, oy1 - oy0, g.sh * L.Wq);
     }, flops >= kWakeFlops);
     finish();
     return;
@@ -822,8 +852,8 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     in = padded;
   }
   const std::vector<i64> off = tap_offsets(g, pc.cin_g, plane, ld);
-  // Rows: the output rows (row r at input row r sh); a pointwise conv's map (forced on: the rule leaves 1x1 convs to
-  // the GEMM) as `rows` runs of a multiple of 12 positions (AVX-512's tile).
+  // Rows: the output rows (row r at input row r sh); a pointwise conv's map (small maps, pointwise_cblk_wins, or
+  // forced) as `rows` runs of a multiple of 12 positions, one a task (the kernel splits each into tiles of <= 14).
   const i64 groups = T > 1 ? ceil_div(2 * T, nblk) : 1;
   const i64 rows = pw ? std::min<i64>(groups, ceil_div(HWo, 12)) : g.Ho;
   const i64 row_len = pw ? ceil_div(ceil_div(HWo, rows), 12) * 12 : g.Wo;
@@ -831,9 +861,15 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const Blocks rgroups{rows, std::min<i64>(rows, groups)};
   parallel_for(g.N * nblk * rgroups.nb, T, [&](i64 task) {
     const i64 grp = task % rgroups.nb, b = task / rgroups.nb % nblk, n = task / rgroups.nb / nblk;
-    for (i64 r = rgroups.begin(grp), re = r + rgroups.size(grp); r < re; ++r) {
+    // the group's whole runs in one call (pairs of short rows share a tile), then a last shorter run (pointwise)
+    const i64 r0 = rgroups.begin(grp), re = r0 + rgroups.size(grp);
+    const i64 whole = std::max<i64>(r0, std::min<i64>(re, HWo / row_len));
+    const float* xin = in + n * g.C * plane;
+    float* o = out + n * g.Cout * HWo;
+    if (whole > r0) run(b, xin + r0 * in_pitch, off.data(), o + r0 * row_len, row_len, whole - r0, in_pitch);
+    for (i64 r = whole; r < re; ++r) {
       const i64 len = std::min<i64>(row_len, HWo - r * row_len);
-      if (len > 0) run(b, in + n * g.C * plane + r * in_pitch, off.data(), out + n * g.Cout * HWo + r * row_len, len);
+      if (len > 0) run(b, xin + r * in_pitch, off.data(), o + r * row_len, len, 1, in_pitch);
     }
   }, flops >= kWakeFlops);
   finish();
@@ -920,7 +956,7 @@ bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, con
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (pc.depthwise) return ConvAlgo::depthwise;
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
-  if (transposed_fits(pc, g)) return ConvAlgo::transposed;
+  if (transposed_fits(pc, g)) return cblk_beats_transposed(pc, g) ? ConvAlgo::cblk : ConvAlgo::transposed;
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
   if (cblk_fits(pc, g)) return ConvAlgo::cblk;
   if (direct_fits(pc, g)) return ConvAlgo::direct;
@@ -960,9 +996,42 @@ void gemm_tiles_ep(const Kernels& kr, const ExtraKernels& xk, i64 rows, i64 ncol
   }
 }
 
+// A 1x1 conv with a stride > 1 and no padding (not depthwise): conv2d_packed runs it on the strided input copied
+// once, as a stride-1 conv (HETERO_CPU_CONV_SUBSAMPLE=0 keeps the im2col path, to compare).
+bool strided_pointwise(const PackedConv& pc, const ConvGeom& g) {
+  static const int forced = env_override("HETERO_CPU_CONV_SUBSAMPLE");
+  return forced != 0 && !pc.depthwise && g.kh == 1 && g.kw == 1 && (g.sh > 1 || g.sw > 1) && g.pt == 0 &&
+         g.pl == 0 && g.pb == 0 && g.pr == 0;
+}
+
+// Rows oy sh of every plane, every sw-th value of each: dst is [N, C, Ho, Wo].
+void subsample(const ExtraKernels& xk, const ConvGeom& g, const float* x, float* dst) {
+  const i64 planes = g.N * g.C, HWo = g.Ho * g.Wo;
+  const int T = threads_for(static_cast<double>(planes) * HWo * 2, kParallelGrain);
+  parallel_for(T, T, [&](i64 t) {
+    float* odd = g.sw == 2 ? tl_buf(TL_TMP).get(static_cast<std::size_t>(g.Wo)) : nullptr;
+    for (i64 q = planes * t / T; q < planes * (t + 1) / T; ++q)
+      for (i64 oy = 0; oy < g.Ho; ++oy) {
+        const float* src = x + q * g.H * g.W + oy * g.sh * g.W;
+        float* d = dst + q * HWo + oy * g.Wo;
+        if (g.sw == 1)
+          std::memcpy(d, src, static_cast<std::size_t>(g.Wo) * sizeof(float));
+        else if (g.sw == 2)  // the last value read is the row's 2 (Wo - 1): 2 Wo - 1 values, not one past the row
+          xk.deinterleave(src, 2 * g.Wo - 1, d, odd);
+        else
+          for (i64 j = 0; j < g.Wo; ++j) d[j] = src[j * g.sw];
+      }
+  });
+}
+
 }  // namespace
 
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
+  if (strided_pointwise(pc, geom)) {
+    ConvGeom s = geom;
+    s.H = geom.Ho, s.W = geom.Wo, s.sh = 1, s.sw = 1;
+    return conv_algorithm(pc, s);
+  }
   const ConvGeom g = along_w(geom);
   return bf16x3_conv_fits(pc, g) ? ConvAlgo::bf16x3 : fp32_algorithm(pc, g);
 }
@@ -984,6 +1053,18 @@ const char* conv_algorithm_name(ConvAlgo a) {
 void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
                    const Epilogue& act) {
   if (geom.N == 0 || geom.Cout == 0 || geom.Ho == 0 || geom.Wo == 0) return;
+  if (strided_pointwise(pc, geom)) {
+    // A strided 1x1 conv without padding (ResNet's stride-2 projections) reads every sh-th row and sw-th column: those
+    // are copied once into a [N, C, Ho, Wo] buffer (the caller's, read by the tasks of the conv on it) and the conv
+    // runs as a stride-1 one on it, instead of the im2col's per-segment strided gathers (a 128 -> 64 conv on 56 x 56
+    // stride 2 spent 44 % of its time in x_im2col_block).
+    ConvGeom s = geom;
+    s.H = geom.Ho, s.W = geom.Wo, s.sh = 1, s.sw = 1;
+    float* sub = tl_buf(TL_CONV_IN).get(static_cast<std::size_t>(geom.N * geom.C * geom.Ho * geom.Wo));
+    subsample(extra_for(*pc.kr), geom, x, sub);
+    conv2d_packed(pc, s, sub, bias, out, act);
+    return;
+  }
   const ConvGeom g = along_w(geom);
   ConvAlgo algo = conv_algorithm(pc, geom);
   if (algo == ConvAlgo::bf16x3) {

@@ -79,12 +79,12 @@ struct ExtraKernels {
   // HardSigmoid, SiLU). False, nothing computed, for another activation or tile shape.
   bool (*conv_tile_ep)(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c,
                        i64 ldc, int nrows, int ncols, const float* bias, int act, float alpha, float beta);
-  // Channel-blocked direct convolution of one output row of n positions (position p reads base[off[k] + p * sw],
-  // sw 1 or 2) for one block of 2 x lanes output channels (lanes >= 8: the caller checks): w the block's K x
-  // (2 lanes) packed weights, bias 2 x lanes floats, out[c * ldo + p] for c < nc. Activation as dw_taps's (false:
-  // bias alone applied, the caller runs the activation).
+  // Channel-blocked direct convolution of `rows` output rows of n positions (position p of row r reads
+  // base[r * rs + off[k] + p * sw], sw 1 or 2) for one block of 2 x lanes output channels (lanes >= 8: the caller
+  // checks): w the block's K x (2 lanes) packed weights, bias 2 x lanes floats, out[c * ldo + r * n + p] for c < nc.
+  // Activation as dw_taps's (false: bias alone applied, the caller runs the activation).
   bool (*conv_cblk)(int sw, i64 K, const float* w, const float* base, const i64* off, const float* bias, int nc,
-                    float* out, i64 ldo, i64 n, int act, float alpha, float beta);
+                    float* out, i64 ldo, i64 n, i64 rows, i64 rs, int act, float alpha, float beta);
   // Winograd F(4x4, 3x3) input / output transforms of `lanes` tiles at once (conv_winograd.cpp; layouts in
   // onnx_impl.hpp): lane l of each of the 36 (or 16) vectors belongs to tile l.
   void (*wino_in)(const float* chan, const std::int32_t* off, const i64* eoff, bool consecutive, float* v,

@@ -781,23 +781,26 @@ bool x_conv_tile_ep(int mr, int nr, i64 K, const float* a, const float* base, co
   return done;
 }
 
-// Channel-blocked direct convolution (conv.cpp's conv_cblk): the vector along 2 W output channels, P output
-// positions of one output row a tile (acc[p][v]: 2 P accumulators), every input value broadcast. On small maps (10 x 10,
-// 20 x 20: YOLOv8n's neck and head) no position is wasted, where the position-vectorised tiles above fill 100 of 128
-// columns, and a stride-2 conv reads its taps in place (position p of a row at base + p * SW), with no phase split.
+// Channel-blocked direct convolution (conv.cpp's conv_cblk): the vector along 2 W output channels, Q x R output
+// positions a tile (Q consecutive positions of each of R output rows; acc[p][v]: 2 Q R accumulators), every input
+// value broadcast. On small maps (10 x 10, 20 x 20: YOLOv8n's neck and head) no position is wasted, where the
+// position-vectorised tiles above fill 100 of 128 columns, and a stride-2 conv reads its taps in place (position q of
+// a row at base + q * SW, row r at base + r * rs), with no phase split.
 // w: one block's packed weights, K x 2 W (zero past the last channel); bias: 2 W floats. The tile goes out
-// transposed: out[c * ldo + p] for the block's channels c < nc.
-template <int P, int SW, class F>
-HETERO_INLINE void cblk_tile(i64 K, const float* w, const float* base, const i64* off, const float* bias, int nc,
-                             float* out, i64 ldo, F act) {
+// transposed: out[c * ldo + r * orow + q] for the block's channels c < nc.
+template <int Q, int R, int SW, class F>
+HETERO_INLINE void cblk_tile(i64 K, const float* w, const float* base, i64 rs, const i64* off, const float* bias,
+                             int nc, float* out, i64 ldo, i64 orow, F act) {
+  constexpr int P = Q * R;
   V acc[P][2];
   for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = SIMD::zero();
   for (i64 k = 0; k < K; ++k) {
     const float* bp = base + off[k];
+    const float* bp1 = bp + (R > 1 ? rs : 0);
     const V w0 = SIMD::load(w + k * 2 * W), w1 = SIMD::load(w + k * 2 * W + W);
 #pragma GCC unroll 16
     for (int p = 0; p < P; ++p) {
-      const V xv = SIMD::set1(bp[p * SW]);
+      const V xv = SIMD::set1((p < Q ? bp : bp1)[(p % Q) * SW]);
       acc[p][0] = SIMD::fma(xv, w0, acc[p][0]);
       acc[p][1] = SIMD::fma(xv, w1, acc[p][1]);
     }
@@ -809,44 +812,57 @@ HETERO_INLINE void cblk_tile(i64 K, const float* w, const float* base, const i64
     SIMD::store(t + p * 2 * W + W, act(SIMD::add(acc[p][1], b1)));
   }
   for (int c = 0; c < nc; ++c)
-    for (int p = 0; p < P; ++p) out[c * ldo + p] = t[p * 2 * W + c];
+    for (int p = 0; p < P; ++p) out[c * ldo + (p / Q) * orow + p % Q] = t[p * 2 * W + c];
 }
 
 // Positions per tile: 2 P accumulators, two weight vectors and a broadcast in the 32 (AVX-512) or 16 registers.
-constexpr int kCblkP = W >= 16 ? 12 : 6;
+// 14 on AVX-512 (31 registers): a 14-wide row (ResNet's 14 x 14 maps) is one tile, where 12 + 2 ran a 2-position
+// tile whose 4 accumulators leave the FMA pipes half idle and load 2 weight vectors per 4 FMAs.
+constexpr int kCblkP = W >= 16 ? 14 : 6;
 
-// The last n < PM positions of a row: the tile of exactly n.
-template <int PM, int SW, class F>
-HETERO_INLINE void cblk_rest(int n, i64 K, const float* w, const float* base, const i64* off, const float* bias,
-                             int nc, float* out, i64 ldo, F act) {
-  if constexpr (PM > 1) {
-    if (n == PM - 1) {
-      cblk_tile<PM - 1, SW>(K, w, base, off, bias, nc, out, ldo, act);
-      return;
-    }
-    cblk_rest<PM - 1, SW>(n, K, w, base, off, bias, nc, out, ldo, act);
+// The tile of exactly q (<= QM) positions a row, R rows.
+template <int QM, int R, int SW, class F>
+HETERO_INLINE void cblk_q(int q, i64 K, const float* w, const float* base, i64 rs, const i64* off,
+                          const float* bias, int nc, float* out, i64 ldo, i64 orow, F act) {
+  if (q == QM) {
+    cblk_tile<QM, R, SW>(K, w, base, rs, off, bias, nc, out, ldo, orow, act);
+    return;
   }
+  if constexpr (QM > 1) cblk_q<QM - 1, R, SW>(q, K, w, base, rs, off, bias, nc, out, ldo, orow, act);
 }
 
+// `rows` output rows of n positions each (row r's taps at base + r * rs, its outputs at out + r * n): rows of at most
+// kCblkP / 2 positions two at a time (a 7 x 7 map: 14-position tiles of two rows, not 7-position ones), longer rows
+// in ceil(n / kCblkP) tiles of near-equal width (20: 10 + 10, not 14 + 6).
 template <int SW, class F>
-void cblk_row(i64 K, const float* w, const float* base, const i64* off, const float* bias, int nc, float* out,
-              i64 ldo, i64 n, F act) {
-  i64 p = 0;
-  for (; p + kCblkP <= n; p += kCblkP)
-    cblk_tile<kCblkP, SW>(K, w, base + p * SW, off, bias, nc, out + p, ldo, act);
-  if (p < n) cblk_rest<kCblkP, SW>(static_cast<int>(n - p), K, w, base + p * SW, off, bias, nc, out + p, ldo, act);
+void cblk_rows(i64 K, const float* w, const float* base, i64 rs, const i64* off, const float* bias, int nc,
+               float* out, i64 ldo, i64 n, i64 rows, F act) {
+  i64 r = 0;
+  if (2 * n <= kCblkP)
+    for (; r + 2 <= rows; r += 2)
+      cblk_q<kCblkP / 2, 2, SW>(static_cast<int>(n), K, w, base + r * rs, rs, off, bias, nc, out + r * n, ldo, n,
+                                act);
+  const i64 tiles = hetero::ceil_div(n, static_cast<i64>(kCblkP));
+  for (; r < rows; ++r)
+    for (i64 t = 0, p = 0; t < tiles; ++t) {
+      const i64 q = n / tiles + (t < n % tiles ? 1 : 0);
+      cblk_q<kCblkP, 1, SW>(static_cast<int>(q), K, w, base + r * rs + p * SW, rs, off, bias, nc, out + r * n + p,
+                            ldo, n, act);
+      p += q;
+    }
 }
 
-// One output row of n positions (position p's taps at base + off[k] + p * sw, sw 1 or 2: the caller checks) for one
-// block of 2 W output channels (nc <= 2 W of them stored), bias and activation in registers: true; false where the
-// activation is not one dw_taps applies (bias alone applied: the caller runs the activation).
+// `rows` output rows of n positions (position p of row r reads base + r * rs + off[k] + p * sw, sw 1 or 2: the caller
+// checks; its outputs at out + r * n + p) for one block of 2 W output channels (nc <= 2 W of them stored), bias and
+// activation in registers: true; false where the activation is not one dw_taps applies (bias alone applied: the
+// caller runs the activation).
 bool x_conv_cblk(int sw, i64 K, const float* w, const float* base, const i64* off, const float* bias, int nc,
-                 float* out, i64 ldo, i64 n, int act, float alpha, float beta) {
+                 float* out, i64 ldo, i64 n, i64 rows, i64 rs, int act, float alpha, float beta) {
   return dw_act_dispatch(act, alpha, beta, [&](auto f) {
     if (sw == 1)
-      cblk_row<1>(K, w, base, off, bias, nc, out, ldo, n, f);
+      cblk_rows<1>(K, w, base, rs, off, bias, nc, out, ldo, n, rows, f);
     else
-      cblk_row<2>(K, w, base, off, bias, nc, out, ldo, n, f);
+      cblk_rows<2>(K, w, base, rs, off, bias, nc, out, ldo, n, rows, f);
   });
 }
 

@@ -923,9 +923,10 @@ def test_conv2d_direct_rows_threads(isa, threads, shape):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [(96, 10, 2, 96, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 200, 2, 2, (0, 0, 0, 0))])
+@pytest.mark.parametrize("shape", [(96, 10, 2, 70, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 70, 2, 2, (0, 0, 0, 0))])
 def test_conv2d_transposed_threads(isa, threads, shape):
     # small maps: threads take whole 32-channel panels of the transposed product, the same bits as at 1 thread
+    # (channels more than 1.3 x off whole blocks of 32 (70), or K < 32: conv_cblk takes the others)
     c, h, wd, cout, kh, kw, pads = shape
     x = randn(3, c, h, wd, seed=101)
     w = randn(cout, c, kh, kw, seed=102) * 0.1
@@ -943,10 +944,10 @@ def test_conv2d_transposed_threads(isa, threads, shape):
 
 
 @pytest.mark.parametrize("shape", [
-    (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), 1),  # deepcut's Conv1D: 40 windows, chunks of 17, 17 and 6
+    (40, 32, 1, 21, 70, 1, 8, (1, 1), (0, 0, 0, 0), 1),  # a Conv1D: 40 windows, chunks of 17, 17 and 6
     (7, 24, 5, 4, 70, 3, 3, (1, 1), (1, 1, 1, 1), 1),  # 20 positions an image, padded: chunks of 12 images
     (13, 16, 4, 4, 128, 3, 3, (1, 1), (1, 1, 1, 1), 2),  # grouped
-    (9, 20, 9, 9, 64, 2, 2, (2, 2), (0, 0, 0, 0), 1),  # stride 2: 16 positions
+    (9, 20, 9, 9, 70, 2, 2, (2, 2), (0, 0, 0, 0), 1),  # stride 2: 16 positions
 ])
 def test_conv2d_transposed_batched(isa, threads, shape):
     # the transposed product over several images at once: their positions stacked as the rows of one product
@@ -966,10 +967,18 @@ def test_conv2d_transposed_batched(isa, threads, shape):
         np.testing.assert_allclose(out[i:i + 1], one, rtol=1e-4, atol=1e-4)
 
 
-def _pointwise_algo(isa: str, k: int, positions: int) -> str:
-    """A 1x1 stride-1 conv's kernel by conv.cpp's rule: AVX-512's register tiles on the input in place at K <= 48 or
-    on at most 128 positions (pointwise_tiles_fit), else the packed GEMM."""
-    return "pointwise" if isa == "avx512" and (k <= 48 or positions <= 128) else "gemm"
+def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1) -> str:
+    """A 1x1 stride-1 conv's kernel by conv.cpp's rule: on AVX-512 conv_cblk for whole 32-channel blocks on at most
+    256 positions that fill the GEMM's 32-column panels badly (pointwise_cblk_wins), the register tiles on the input
+    in place at K <= 48 or on at most 128 positions (pointwise_tiles_fit), else the packed GEMM."""
+    if isa != "avx512":
+        return "gemm"
+    rem = positions % 32
+    cols = positions - rem + (0 if rem == 0 else 16 if rem <= 16 else 32)  # row_tile_cols(positions, 32, 16)
+    if (group == 1 and cout % 32 == 0 and positions <= 256 and k >= 64
+            and (cols * 10 >= positions * 11 or (cols > positions and k >= 512))):
+        return "cblk"
+    return "pointwise" if k <= 48 or positions <= 128 else "gemm"
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
@@ -991,7 +1000,7 @@ def test_conv2d_panel_split_threads(isa, threads, case):
     w = randn(cout, c, k, k, seed=99) * 0.1
     bias = randn(cout, seed=100)
     algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
-    assert algo == (_pointwise_algo(isa, c, h * wd) if k == 1 else "gemm" if isa == "generic" else "direct")
+    assert algo == (_pointwise_algo(isa, c, h * wd, cout) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation="silu")
@@ -1027,7 +1036,7 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
     w = randn(cout, c, k, k, seed=102) * 0.1
     bias = randn(cout, seed=103)
     algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
-    assert algo == (_pointwise_algo(isa, c, h * wd) if k == 1 else "gemm" if isa == "generic" else "direct")
+    assert algo == (_pointwise_algo(isa, c, h * wd, cout) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     before = _native.num_threads()
     outs = {}
@@ -1048,9 +1057,11 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
 # (kh x kw > 1, K >= 64, whole blocks of channels, a small padded input): YOLOv8n's 3x3 on 10 x 10 and stride 2 onto
 # 10 x 10, stride 2 on an odd map (the last taps reading the padding), a 5 x 3 kernel with uneven pads, dilation 2,
 # strides (1, 2) and (3, 1), two images, a 2 x 2 kernel on a 9 x 9 map
-# (on 4 x 4 the transposed path takes it), rows of 1-25 positions (tiles of 12 and the
-# shorter last ones); inputs over 128K padded floats, padded in row bands by each task (stride 2 on 100 x 100, two
-# images; a 5 x 5 kernel on 130 x 130).
+# rows of 1-25 positions (25: tiles of 13 + 12); inputs over 128K padded
+# floats, padded in row bands by each task (stride 2 on 100 x 100, two images; a 5 x 5 kernel on 130 x 130).
+# AVX-512's tiles of up to 14 positions: ResNet's 128 -> 128 on 14 x 14 (one tile a row), rows of 28 (14 + 14) and
+# 18 (9 + 9), and rows of at most 7 two at a time (stride 2 onto 7 x 5: the second row's taps two input rows on; 5
+# rows of 3: two pairs and a last row alone).
 CBLK_CASES = [
     (2, 16, 100, 100, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
     (1, 8, 130, 130, 32, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1)),
@@ -1063,6 +1074,18 @@ CBLK_CASES = [
     (1, 12, 16, 9, 32, 3, 3, (3, 1), (0, 1, 1, 1), (1, 1)),
     (1, 64, 9, 9, 128, 2, 2, (1, 1), (0, 0, 0, 0), (1, 1)),
     (1, 8, 3, 25, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 128, 14, 14, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 16, 9, 28, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 16, 6, 20, 32, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (1, 16, 13, 10, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 16, 5, 3, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    # small maps the transposed product took before conv_cblk's short tiles (ResNet's 7 x 7: two rows a tile; 2x2
+    # onto 3 x 3, two images)
+    (1, 64, 7, 7, 64, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 64, 4, 4, 128, 2, 2, (1, 1), (0, 0, 0, 0), (1, 1)),
+    # deepcut's Conv1Ds (a part last block of channels, rows of 14 and 21 positions: tiles of 14, 11 + 10), K = 32
+    (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (5, 32, 1, 21, 100, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
 ]
 
 
@@ -1352,6 +1375,11 @@ POINTWISE_CASES = [
     (1, 3, 17, 5, 16, 1),
     (1, 40, 3, 21, 13, 1),
     (1, 64, 11, 11, 42, 2),
+    (1, 384, 8, 8, 256, 1),  # whole 32-column panels: the tiles at K = 384
+    # conv_cblk (whole 32-channel blocks, maps the 32-column panels fit badly): 7 x 7 (two rows a tile), two images;
+    # 14 x 14 at K = 512
+    (2, 96, 7, 7, 128, 1),
+    (1, 512, 14, 14, 64, 1),
 ]
 
 
@@ -1373,12 +1401,49 @@ def test_conv2d_pointwise(isa, threads, case, activation):
     # against float64 (every output written over the NaN fill) and the same bits at 1 thread; sigmoid is not applied
     # in the tiles' registers: those convs run the GEMM
     out, ref, algo = _pointwise_outputs(case, activation)
-    assert algo == _pointwise_algo(isa, case[1] // case[5], case[2] * case[3])
+    assert algo == _pointwise_algo(isa, case[1] // case[5], case[2] * case[3], case[4], case[5])
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     _native.set_num_threads(1)
     one, _, _ = _pointwise_outputs(case, activation)
     _native.set_num_threads(threads)
     np.testing.assert_array_equal(out, one)
+
+
+# (N, C, H, W, Cout, strides, group): strided 1x1 convs without padding, run as stride-1 convs on the strided input
+# copied once (conv2d_packed's subsample): ResNet's stride-2 projections (odd map: the last row and column unread;
+# onto 7 x 7, which the stride-1 rule sends to conv_cblk), strides (3, 1) and (1, 2), grouped, two images.
+STRIDED_POINTWISE_CASES = [
+    (1, 64, 28, 28, 32, (2, 2), 1),
+    (1, 96, 13, 13, 64, (2, 2), 1),
+    (2, 128, 14, 14, 64, (2, 2), 1),
+    (1, 24, 10, 9, 20, (3, 1), 1),
+    (1, 16, 8, 11, 12, (1, 2), 1),
+    (2, 32, 9, 9, 48, (2, 2), 4),
+]
+
+
+@pytest.mark.parametrize("case", STRIDED_POINTWISE_CASES, ids=[str(i) for i in range(len(STRIDED_POINTWISE_CASES))])
+def test_conv2d_strided_pointwise(isa, threads, case):
+    # against float64, the kernel the stride-1 conv on the subsampled input takes, and the same bits at 1 thread
+    n, c, h, wd, cout, strides, group = case
+    x = randn(n, c, h, wd, seed=120)
+    w = randn(cout, c // group, 1, 1, seed=121) * 0.2
+    bias = randn(cout, seed=122)
+    packed = _native.prepack_conv(w, group)
+    sub = np.ascontiguousarray(x[:, :, :: strides[0], :: strides[1]])
+    assert packed.algorithm(list(x.shape), strides) == packed.algorithm(list(sub.shape))
+    ref = np.maximum(_conv_ref(x, w, bias, strides, (0, 0, 0, 0), (1, 1), group), 0)
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, strides=strides, activation="relu")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    _native.set_num_threads(1)
+    one = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, one, strides=strides, activation="relu")
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+    same = np.full(ref.shape, np.nan, np.float32)  # the stride-1 conv on the subsampled input: the same bits
+    _native.conv2d_packed(sub, packed, bias, same, activation="relu")
+    np.testing.assert_array_equal(out, same)
 
 
 def test_conv2d_pointwise_forced():
