@@ -148,6 +148,7 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
     std::memcpy(d, w, static_cast<std::size_t>(cout * kh * kw) * sizeof(float));
     return pc;
   }
+  pc->normal = bf16x3 && &kr == kernels_avx512() && bf16x3_available();
   const i64 cout_g = cout / group, K = cin_g * kh * kw;
   pc->group_stride = ceil_div(cout_g, kr.mr) * kr.mr * K;
   float* d = pc->buf.get(static_cast<std::size_t>(std::max<i64>(1, pc->group_stride * group)));
@@ -618,6 +619,110 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   return true;
 }
 
+// 1x1 convs by bf16x3 with the weights as the A side (split once, bf16x3_pw_weights) and the input as B, split per
+// call straight from NCHW into the tiles' pair layout (bf16x3_split_b_block): out (Cout x HW) = W x X, so the
+// accumulators are NCHW output rows, stored in place; no transposes either way (conv_bf16x3, which runs the
+// transposed product, pays two). HETERO_CPU_CONV_BF16X3_PW=1 / 0 forces it on (every 1x1 conv of a precision
+// "normal" weight on AMX-BF16) / off.
+bool bf16x3_pw_fits(const PackedConv& pc, const ConvGeom& g) {
+  if (!pc.normal || pc.depthwise || !is_pointwise(g) || g.Ho * g.Wo <= kDotMaxOutputs) return false;
+  static const int forced = env_override("HETERO_CPU_CONV_BF16X3_PW");
+  if (forced >= 0) return forced == 1;
+  return g.Cout / g.group >= 32 && pc.cin_g >= 32;
+}
+
+bool bf16x3_pw_weights(const PackedConv& pc) {
+  std::call_once(pc.bfa_once, [&] {
+    const i64 cout_g = pc.cout / pc.group, K = pc.cin_g, kp = bf16x3_kp(K), mp = ceil_div(cout_g, 32) * 32;
+    pc.bfa_stride = 2 * mp * kp;
+    auto* d = reinterpret_cast<std::uint16_t*>(pc.bfa.get(static_cast<std::size_t>(mp * kp * pc.group)));
+    std::uint32_t mx = 0;
+    for (i64 gi = 0; gi < pc.group; ++gi) {
+      std::uint16_t* hi = d + gi * pc.bfa_stride;
+      std::uint16_t* lo = hi + mp * kp;
+      mx = std::max(mx, bf16x3_split_rows(pc.raw.p + gi * cout_g * pc.raw_ld, pc.raw_ld, 1, cout_g, K, kp, hi, lo));
+      const std::size_t pad = static_cast<std::size_t>((mp - cout_g) * kp) * sizeof(std::uint16_t);
+      std::memset(hi + cout_g * kp, 0, pad);
+      std::memset(lo + cout_g * kp, 0, pad);
+    }
+    pc.bfa_ok = mx <= kBf16x3MaxBits;
+    std::memcpy(&pc.bfa_max, &mx, sizeof mx);
+  });
+  return pc.bfa_ok;
+}
+
+// Tasks of (image, chunk of 32-column blocks, group of 32-row pairs): a task splits its chunk of the input (hi + lo
+// about 64 KB) into a buffer of its own, then runs the weights' row tiles past it, bias and activation over each
+// 32-row band of the chunk while it is in L1. False (output partly written) where a chunk holds a NaN / inf / value
+// too large to split or a partial sum could overflow: the caller runs the fp32 path, as conv_bf16x3.
+bool conv_bf16x3_pw(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                    const Epilogue& act) {
+  if (!bf16x3_pw_weights(pc)) return false;
+  const Kernels& kr = *pc.kr;
+  const i64 cout_g = g.Cout / g.group, K = pc.cin_g, HW = g.H * g.W, kp = bf16x3_kp(K);
+  const i64 mt = ceil_div(cout_g, 16), mpairs = ceil_div(mt, 2), nt = ceil_div(HW, 32);
+  const i64 cpb = std::clamp<i64>(65536 / (kp * 128), 1, nt), nch = ceil_div(nt, cpb), images = g.N * g.group;
+  const i64 bvals = kp * 32, mp = ceil_div(cout_g, 32) * 32;
+  const double flops = 2.0 * g.N * g.Cout * HW * K;
+  const int T = threads_for(flops, kParallelGrain * 4);
+  // Too few chunks for the threads: the row pairs split too (each such task splits the same columns).
+  const i64 mg = T > 1 && images * nch < 2 * T ? std::min<i64>(mpairs, ceil_div(2 * T, images * nch)) : 1;
+  const auto* wts = reinterpret_cast<const std::uint16_t*>(pc.bfa.p);
+  std::atomic<bool> declined{false};
+  parallel_for(images * nch * mg, T, [&](i64 task) {
+    if (declined.load(std::memory_order_relaxed)) return;
+    const i64 mgi = task % mg, ch = task / mg % nch, img = task / mg / nch;
+    const i64 n = img / g.group, gi = img % g.group;
+    const i64 t0 = mpairs * mgi / mg * 2, t1 = std::min<i64>(mt, mpairs * (mgi + 1) / mg * 2);
+    const i64 jb0 = ch * cpb, jb1 = std::min<i64>(nt, jb0 + cpb), c0 = jb0 * 32, width = std::min<i64>(HW, jb1 * 32) - c0;
+    const float* xin = x + (n * g.C + gi * K) * HW;
+    auto* bh = reinterpret_cast<std::uint16_t*>(tl_buf(TL_BF16).get(static_cast<std::size_t>((jb1 - jb0) * bvals)));
+    std::uint16_t* bl = bh + (jb1 - jb0) * bvals;
+    std::uint32_t mx = 0;
+    for (i64 jb = jb0; jb < jb1; ++jb)
+      mx = std::max(mx, bf16x3_split_b_block(xin + jb * 32, HW, K, kp, std::min<i64>(32, HW - jb * 32),
+                                             bh + (jb - jb0) * bvals, bl + (jb - jb0) * bvals));
+    float xmax;
+    std::memcpy(&xmax, &mx, sizeof xmax);
+    // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)
+    if (mx > kBf16x3MaxBits || static_cast<double>(K) * xmax * pc.bfa_max * 1.01 >= 0x1p127) {
+      declined.store(true);
+      return;
+    }
+    const std::uint16_t* ah = wts + gi * pc.bfa_stride;
+    const std::uint16_t* al = ah + mp * kp;
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    float* o = out + (n * g.Cout + gi * cout_g) * HW;
+    alignas(64) float tile[32 * 32];
+    bf16x3_tiles_begin();
+    for (i64 it = t0; it < t1; it += 2) {
+      // row tiles in pairs (four accumulators), a last odd one alone: the same products per element either way
+      const bool pair = it + 1 < t1;
+      const i64 r0 = it * 16, nrows = std::min<i64>(pair ? 32 : 16, cout_g - r0);
+      auto* block = pair ? bf16x3_block32 : bf16x3_block;
+      for (i64 jb = jb0; jb < jb1; ++jb) {
+        const i64 j0 = jb * 32, ncols = std::min<i64>(32, HW - j0);
+        const std::uint16_t* bbh = bh + (jb - jb0) * bvals;
+        const std::uint16_t* bbl = bl + (jb - jb0) * bvals;
+        float* cp = o + r0 * HW + j0;
+        if (nrows == (pair ? 32 : 16) && ncols == 32) {
+          block(kp, ah + r0 * kp, al + r0 * kp, bbh, bbl, cp, HW);
+        } else {
+          block(kp, ah + r0 * kp, al + r0 * kp, bbh, bbl, tile, 32);
+          for (i64 i = 0; i < nrows; ++i)
+            std::memcpy(cp + i * HW, tile + i * 32, static_cast<std::size_t>(ncols) * sizeof(float));
+        }
+      }
+      apply_epilogue(kr, o + r0 * HW + c0, HW, r0, 0, nrows, width, ep);
+    }
+    bf16x3_tiles_end();
+  }, flops >= kWakeFlops);
+  return !declined.load();
+}
+
 // Small maps with many channels (openWakeWord's 96 -> 96 1x3 / 3x1 convs on 10 x 2, 8 x 2 maps: 12-20 positions;
 // MTCNN's 2x2 convs onto 3 x 3): the GEMM's 32- or 16-column panels along the positions were mostly padding, and its
 // one-vector tiles load-bound. Transposed, out^T (HWo x Cout/group) = patches (HWo x K) x W^T (K x Cout/group): the
@@ -964,6 +1069,7 @@ void gemm_tiles_ep(const Kernels& kr, const ExtraKernels& xk, i64 rows, i64 ncol
 
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
   const ConvGeom g = along_w(geom);
+  if (bf16x3_pw_fits(pc, g)) return ConvAlgo::bf16x3_pw;
   return bf16x3_conv_fits(pc, g) ? ConvAlgo::bf16x3 : fp32_algorithm(pc, g);
 }
 
@@ -977,6 +1083,7 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::transposed: return "transposed";
     case ConvAlgo::cblk: return "cblk";
     case ConvAlgo::pointwise: return "pointwise";
+    case ConvAlgo::bf16x3_pw: return "bf16x3_pw";
     default: return "gemm";
   }
 }
@@ -986,6 +1093,10 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   if (geom.N == 0 || geom.Cout == 0 || geom.Ho == 0 || geom.Wo == 0) return;
   const ConvGeom g = along_w(geom);
   ConvAlgo algo = conv_algorithm(pc, geom);
+  if (algo == ConvAlgo::bf16x3_pw) {
+    if (conv_bf16x3_pw(pc, g, x, bias, out, act)) return;
+    algo = bf16x3_conv_fits(pc, g) ? ConvAlgo::bf16x3 : fp32_algorithm(pc, g);
+  }
   if (algo == ConvAlgo::bf16x3) {
     if (conv_bf16x3(pc, g, x, bias, out, act)) return;
     algo = fp32_algorithm(pc, g);
@@ -1007,7 +1118,8 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       if (conv_pointwise(pc, g, x, bias, out, act)) return;
       break;  // an activation the tiles do not apply: the GEMM
     case ConvAlgo::gemm:
-    case ConvAlgo::bf16x3: break;
+    case ConvAlgo::bf16x3:
+    case ConvAlgo::bf16x3_pw: break;
   }
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
