@@ -83,7 +83,8 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
 
 // Which kernel conv2d_packed runs for this shape (chosen by rule, per call): exposed so tests can check that a shape
 // meant for a path takes it.
-enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed, cblk, pointwise, bf16x3_pw };
+enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed, cblk, pointwise, bf16x3_pw,
+                      bf16x3_rows };
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& g);
 const char* conv_algorithm_name(ConvAlgo a);
 

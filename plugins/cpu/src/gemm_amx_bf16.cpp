@@ -64,7 +64,7 @@ std::uint32_t bf16x3_split_rows(const float* a, i64 rs, i64 cs, i64 rows, i64 K,
   return smax;
 }
 
-std::uint32_t bf16x3_split_b_block(const float* x, i64 rs, i64 K, i64 kp, i64 ncols, std::uint16_t* hi,
+std::uint32_t bf16x3_split_b_block(const float* x, const i64* rows, i64 K, i64 kp, i64 ncols, std::uint16_t* hi,
                                    std::uint16_t* lo) {
   const __m512i absmask = _mm512_set1_epi32(0x7fffffff), himask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   __m512i vmax = _mm512_setzero_si512();
@@ -77,8 +77,8 @@ std::uint32_t bf16x3_split_b_block(const float* x, i64 rs, i64 K, i64 kp, i64 nc
     for (i64 k = 0; k < kp; k += 2, h += 32, l += 32) {
       // rows k and k + 1 (zero past K and past the last column): one 64-byte row of the tile, lane j the pair
       // (k, j) in its low half and (k + 1, j) in its high half
-      const __m512 x0 = _mm512_maskz_loadu_ps(k < K ? m : 0, src + k * rs);
-      const __m512 x1 = _mm512_maskz_loadu_ps(k + 1 < K ? m : 0, src + (k + 1) * rs);
+      const __m512 x0 = _mm512_maskz_loadu_ps(k < K ? m : 0, src + (k < K ? rows[k] : 0));
+      const __m512 x1 = _mm512_maskz_loadu_ps(k + 1 < K ? m : 0, src + (k + 1 < K ? rows[k + 1] : 0));
       const __m512i u0 = _mm512_castps_si512(x0), u1 = _mm512_castps_si512(x1);
       vmax = _mm512_max_epu32(vmax, _mm512_max_epu32(_mm512_and_si512(u0, absmask), _mm512_and_si512(u1, absmask)));
       const __m512i h0 = rne16(u0), h1 = rne16(u1);
@@ -165,7 +165,7 @@ void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, 
 std::uint32_t bf16x3_split_rows(const float*, i64, i64, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
   return 0xffffffffu;
 }
-std::uint32_t bf16x3_split_b_block(const float*, i64, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
+std::uint32_t bf16x3_split_b_block(const float*, const i64*, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
   return 0xffffffffu;
 }
 void bf16x3_tiles_begin() {}

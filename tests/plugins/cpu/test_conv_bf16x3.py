@@ -116,14 +116,15 @@ def test_same_bits_at_1_2_3_threads(shape):
 
 
 @amx
-@pytest.mark.parametrize("shape", [(1, 64, 12, 12, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+@pytest.mark.parametrize("shape", [(1, 32, 12, 12, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+                                   (1, 64, 40, 40, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
                                    (1, 16, 20, 20, 64, 1, 1, (1, 1), (0, 0, 0, 0)),
                                    (1, 64, 20, 20, 16, 1, 1, (1, 1), (0, 0, 0, 0)),
                                    (1, 384, 2, 4, 384, 1, 1, (1, 1), (0, 0, 0, 0)),
                                    (1, 64, 12, 12, 64, 1, 1, (2, 2), (0, 0, 0, 0))])
 def test_not_routed_is_precision_high(shape, threads):
-    # below the measured rules (3x3 kernels; 1x1 with K or Cout < 32, at most 8 positions, or strided): precision
-    # normal runs the fp32 kernels, bit for bit
+    # below the measured rules (3x3 kernels with K < 512 or Winograd's; 1x1 with K or Cout < 32, at most 8 positions,
+    # or strided): precision normal runs the fp32 kernels, bit for bit
     n, c, h, w_, cout, kh, kw, stride, pads = shape
     x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=2)
     pn, normal = run(x, w, b, stride, pads, 1, "relu", "normal")
@@ -260,5 +261,117 @@ def forced_pointwise_checks() -> None:
 def test_pointwise_forced_small_shapes():
     env = dict(os.environ, HETERO_CPU_CONV_BF16X3_PW="1")
     code = "import tests.plugins.cpu.test_conv_bf16x3 as t; t.forced_pointwise_checks()"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+# conv_bf16x3_rows (kh x kw > 1: B rows are taps of the zero-padded input's phase planes): the rule's shapes (the
+# channel-blocked kernel's, K >= 512, Cout >= 64: YOLOv8n's 3x3 on 10 x 10 and stride 2 onto 10 x 10 / 20 x 20, an
+# odd map, two images), then in a child with the switch on every other form: pads on one side, a 5 x 3 kernel,
+# dilation 2, strides (1, 2) and (2, 1), groups, Cout of 40 / 16, few channels, 3 x 3 maps (9 positions).
+ROWS = [
+    # n, c, h, w, cout, kh, kw, stride, pads
+    (1, 128, 10, 10, 128, 3, 3, (1, 1), (1, 1, 1, 1)),
+    (1, 256, 10, 10, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+    (1, 128, 20, 20, 256, 3, 3, (2, 2), (1, 1, 1, 1)),
+    (1, 64, 21, 19, 128, 3, 3, (2, 2), (1, 1, 1, 1)),
+    (2, 64, 9, 11, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+]
+
+
+@amx
+@pytest.mark.parametrize("shape", ROWS)
+@pytest.mark.parametrize("act,with_bias", [("none", False), ("relu", True)])
+def test_rows_within_bound_of_float64(shape, act, with_bias, threads):
+    n, c, h, w_, cout, kh, kw, stride, pads = shape
+    x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=10)
+    assert check_bound(x, w, b if with_bias else None, stride, pads, 1, act) == "bf16x3_rows"
+
+
+@amx
+@pytest.mark.parametrize("shape", ROWS)
+def test_rows_same_bits_at_1_2_3_threads(shape):
+    n, c, h, w_, cout, kh, kw, stride, pads = shape
+    x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=11)
+    before = _native.num_threads()
+    outs = []
+    try:
+        for t in (1, 2, 3):
+            _native.set_num_threads(t)
+            outs.append(run(x, w, b, stride, pads, 1, "relu", "normal")[1])
+    finally:
+        _native.set_num_threads(before)
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@amx
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 3e38])
+def test_rows_nonfinite_or_huge_runs_fp32(bad, threads):
+    n, c, h, w_, cout, kh, kw, stride, pads = ROWS[0]
+    x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=12)
+    x[0, 100, 9, 0] = bad
+    _, normal = run(x, w, b, stride, pads, 1, "none", "normal")
+    _, high = run(x, w, b, stride, pads, 1, "none", "high")
+    np.testing.assert_array_equal(normal, high)
+
+
+def forced_rows_checks() -> None:
+    """Run in a child with HETERO_CPU_CONV_BF16X3_ROWS=1: every form the rows path takes."""
+    for n, c, h, w_, cout, kh, kw, stride, pads, dil, group in [
+        (1, 24, 11, 13, 48, 3, 3, (1, 1), (0, 1, 2, 0), (1, 1), 1),
+        (1, 20, 9, 14, 40, 5, 3, (1, 1), (2, 1, 2, 1), (1, 1), 1),
+        (1, 16, 12, 12, 32, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 1),
+        (2, 16, 10, 15, 32, 3, 3, (1, 2), (1, 1, 1, 1), (1, 1), 1),
+        (1, 12, 15, 10, 16, 3, 3, (2, 1), (1, 0, 0, 1), (1, 1), 1),
+        (1, 32, 9, 10, 64, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 2),
+        (1, 3, 30, 30, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+        (1, 40, 3, 3, 40, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+        (1, 8, 6, 40, 8, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+    ]:
+        x, w, b = data(n, c, h, w_, cout, kh, kw, group, seed=13)
+        for act, bias in (("none", None), ("relu", b)):
+            for t in (1, 2, 3):
+                _native.set_num_threads(t)
+                packed, out = run_dil(x, w, bias, stride, pads, dil, group, act)
+                ref = conv64_dil(x, w, stride, pads, dil, group)
+                s = conv64_dil(np.abs(x), np.abs(w), stride, pads, dil, group)
+                y = ref + (0.0 if bias is None else bias.astype(np.float64)[None, :, None, None])
+                k = w.shape[1] * w.shape[2] * w.shape[3]
+                tol = (2.0**-14 + 3 * k * 2.0**-24) * s + 2.0**-125 * (3 * k + 1e3) + 2.0**-23 * np.abs(y)
+                want = np.maximum(y, 0) if act == "relu" else y
+                assert np.all(np.abs(out - want) <= tol), (n, c, h, w_, cout, kh, kw, stride, pads, dil, group)
+                assert packed.algorithm(list(x.shape), list(stride), list(pads), list(dil)) == "bf16x3_rows"
+
+
+def conv64_dil(x, w, stride, pads, dil, group):
+    """Float64 convolution with dilation (no bias), NCHW."""
+    n, _, h, wd = x.shape
+    cout, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    ho = (h + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    og = cout // group
+    out = np.zeros((n, cout, ho, wo))
+    for gi in range(group):
+        for ky in range(kh):
+            for kx in range(kw):
+                y0, x0 = ky * dil[0], kx * dil[1]
+                patch = xp[:, gi * cg:(gi + 1) * cg, y0:y0 + stride[0] * ho:stride[0], x0:x0 + stride[1] * wo:stride[1]]
+                out[:, gi * og:(gi + 1) * og] += np.einsum(
+                    "nchw,oc->nohw", patch, w[gi * og:(gi + 1) * og, :, ky, kx].astype(np.float64))
+    return out
+
+
+def run_dil(x, w, bias, stride, pads, dil, group, act):
+    packed = _native.prepack_conv(w, group, "normal")
+    out = np.full(conv64_dil(x[:, :, :, :], w, stride, pads, dil, group).shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, stride, pads, dil, act, 0.0, 0.0)
+    return packed, out
+
+
+@amx
+def test_rows_forced_every_form():
+    env = dict(os.environ, HETERO_CPU_CONV_BF16X3_ROWS="1")
+    code = "import tests.plugins.cpu.test_conv_bf16x3 as t; t.forced_rows_checks()"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
