@@ -647,7 +647,13 @@ bool bf16x3_rows_fits(const PackedConv& pc, const ConvGeom& g) {
   // 0.56x, 64 -> 128 / 2 on 40 x 40 0.72x, 64 -> 64 on 10 x 10 0.80x); with K = 144-288 the per-tap split of the
   // input costs more than the products save (16 -> 32 / 2 on 160 x 160 1.3x, 32 -> 64 / 2 on 80 x 80 1.1x), and
   // Winograd's shapes stay with Winograd (64 -> 64 on 40 x 40 1.17x, 128 -> 64 on 20 x 20 1.06x).
-  return pc.cin_g * g.kh * g.kw >= 512 && g.Cout / g.group >= 64 && fp32_algorithm(pc, g) == ConvAlgo::cblk;
+  const i64 K = pc.cin_g * g.kh * g.kw, cout_g = g.Cout / g.group;
+  // Strided 1x1 convs (ResNet's projection shortcuts, open_nsfw in the model, per node, thread time, 2 alternations):
+  // 512 -> 1024 / 2 on 14 x 14 0.68x of the transposed bf16x3 path, 256 -> 512 / 2 on 28 x 28 0.64x and 128 -> 256 on
+  // 56 x 56 0.79x of the GEMM; with fewer output channels than input ones the phase copy of the whole input costs more
+  // than the products save (512 -> 256 0.95x, 256 -> 128 1.17x, 128 -> 64 1.69x): Cout >= K, K >= 64.
+  if (g.kh * g.kw == 1) return K >= 64 && cout_g >= K;
+  return K >= 512 && cout_g >= 64 && fp32_algorithm(pc, g) == ConvAlgo::cblk;
 }
 
 bool bf16x3_a_weights(const PackedConv& pc) {
@@ -707,6 +713,7 @@ bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, co
       std::fill(p, p + cstride, 0.f);
       for (i64 y = 0; y < g.H; ++y) {
         const i64 yp = y + g.pt;
+        if (g.kh == 1 && yp % g.sh != 0) continue;  // one-row kernels read phase row 0 alone (strided 1x1 convs)
         const float* r = s0 + y * g.W;
         float* row = p + (yp % g.sh) * g.sw * plane + (yp / g.sh) * Wq;
         if (g.sw == 1) {

@@ -121,10 +121,10 @@ def test_same_bits_at_1_2_3_threads(shape):
                                    (1, 16, 20, 20, 64, 1, 1, (1, 1), (0, 0, 0, 0)),
                                    (1, 64, 20, 20, 16, 1, 1, (1, 1), (0, 0, 0, 0)),
                                    (1, 384, 2, 4, 384, 1, 1, (1, 1), (0, 0, 0, 0)),
-                                   (1, 64, 12, 12, 64, 1, 1, (2, 2), (0, 0, 0, 0))])
+                                   (1, 64, 12, 12, 32, 1, 1, (2, 2), (0, 0, 0, 0))])
 def test_not_routed_is_precision_high(shape, threads):
     # below the measured rules (3x3 kernels with K < 512 or Winograd's; 1x1 with K or Cout < 32, at most 8 positions,
-    # or strided): precision normal runs the fp32 kernels, bit for bit
+    # or strided with Cout < K): precision normal runs the fp32 kernels, bit for bit
     n, c, h, w_, cout, kh, kw, stride, pads = shape
     x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=2)
     pn, normal = run(x, w, b, stride, pads, 1, "relu", "normal")
@@ -268,7 +268,8 @@ def test_pointwise_forced_small_shapes():
 # conv_bf16x3_rows (kh x kw > 1: B rows are taps of the zero-padded input's phase planes): the rule's shapes (the
 # channel-blocked kernel's, K >= 512, Cout >= 64: YOLOv8n's 3x3 on 10 x 10 and stride 2 onto 10 x 10 / 20 x 20, an
 # odd map, two images), then in a child with the switch on every other form: pads on one side, a 5 x 3 kernel,
-# dilation 2, strides (1, 2) and (2, 1), groups, Cout of 40 / 16, few channels, 3 x 3 maps (9 positions).
+# dilation 2, strides (1, 2) and (2, 1), groups, Cout of 40 / 16, few channels, 3 x 3 maps (9 positions), a 1x3
+# kernel, a strided 1x1 with pads.
 ROWS = [
     # n, c, h, w, cout, kh, kw, stride, pads
     (1, 128, 10, 10, 128, 3, 3, (1, 1), (1, 1, 1, 1)),
@@ -276,6 +277,7 @@ ROWS = [
     (1, 128, 20, 20, 256, 3, 3, (2, 2), (1, 1, 1, 1)),
     (1, 64, 21, 19, 128, 3, 3, (2, 2), (1, 1, 1, 1)),
     (2, 64, 9, 11, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+    (1, 64, 15, 14, 128, 1, 1, (2, 2), (0, 0, 0, 0)),  # a strided 1x1 conv (ResNet's projection shortcut)
 ]
 
 
@@ -327,6 +329,7 @@ def forced_rows_checks() -> None:
         (1, 3, 30, 30, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
         (1, 40, 3, 3, 40, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
         (1, 8, 6, 40, 8, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
+        (1, 24, 9, 10, 16, 1, 1, (2, 2), (1, 0, 0, 1), (1, 1), 1),
     ]:
         x, w, b = data(n, c, h, w_, cout, kh, kw, group, seed=13)
         for act, bias in (("none", None), ("relu", b)):
