@@ -1,11 +1,12 @@
 """Convolutions on the bf16x3 path (precision "normal" on CPUs with AMX-BF16; conv.cpp's conv_bf16x3 and
-conv_bf16x3_pw).
+conv_bf16x3_amx).
 
 conv_bf16x3: out^T (HWo x Cout/g) = col^T (HWo x K) x W^T (K x Cout/g): the weights are bf16x3's packed B, the
-channels-last im2col rows A. conv_bf16x3_pw (1x1 convs): out = W x X, the weights split once as A, the NCHW input
-split per call as B. Each output before bias is a K-term dot product, so test_bf16x3.py's bound applies to it (K = Cin/g kh kw),
-plus one fp32 rounding of the bias add; ReLU does not widen an error. Shapes the measured rule does not route
-(3x3 kernels, groups) are checked in a child process with HETERO_CPU_CONV_BF16X3=1 (the rule's override).
+channels-last im2col rows A. conv_bf16x3_amx (algorithms "bf16x3_pw" for 1x1 convs, "bf16x3_rows" for the others):
+out = W x X, the weights split once as A, the NCHW input (zero-padded, in stride phases) split per call as B. Each
+output before bias is a K-term dot product, so test_bf16x3.py's bound applies to it (K = Cin/g kh kw), plus one fp32
+rounding of the bias add; ReLU does not widen an error. Shapes the measured rules do not route are checked in child
+processes with the rules' overrides (HETERO_CPU_CONV_BF16X3, HETERO_CPU_CONV_BF16X3_PW, HETERO_CPU_CONV_BF16X3_ROWS).
 """
 
 from __future__ import annotations
