@@ -643,17 +643,20 @@ bool bf16x3_rows_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_BF16X3_ROWS");
   if (forced >= 0) return forced == 1;
   // Measured alone against the fp32 kernel the shape would take (1 thread, thread time, docs/onnx-models.md): the
-  // channel-blocked direct kernel's shapes with K >= 512 and Cout >= 64 (YOLOv8n's 128 -> 256 3x3 / 2 on 20 x 20
-  // 0.56x, 64 -> 128 / 2 on 40 x 40 0.72x, 64 -> 64 on 10 x 10 0.80x); with K = 144-288 the per-tap split of the
-  // input costs more than the products save (16 -> 32 / 2 on 160 x 160 1.3x, 32 -> 64 / 2 on 80 x 80 1.1x), and
-  // Winograd's shapes stay with Winograd (64 -> 64 on 40 x 40 1.17x, 128 -> 64 on 20 x 20 1.06x).
+  // direct kernels' shapes (channel-blocked or not) with K >= 256 and Cout >= 32 (YOLOv8n's 128 -> 256 3x3 / 2 on
+  // 20 x 20 0.57x, 64 -> 128 / 2 on 40 x 40 0.63x, 32 -> 64 / 2 on 80 x 80 0.77x, 128 -> 128 on 10 x 10 0.56x,
+  // 64 -> 64 on 10 x 10 0.67x; 37 -> 45 on 9 x 11 0.69x); with K = 144 the products save less than the copy and the
+  // split cost (16 -> 32 / 2 on 160 x 160 1.16x, 16 -> 16 on 80 x 80 1.14x), and Winograd's shapes measured level
+  // (64 -> 64 on 40 x 40 0.94x, 32 -> 32 1.12x, 128 -> 64 on 20 x 20 0.99x): they stay with Winograd.
   const i64 K = pc.cin_g * g.kh * g.kw, cout_g = g.Cout / g.group;
   // Strided 1x1 convs (ResNet's projection shortcuts, open_nsfw in the model, per node, thread time, 2 alternations):
   // 512 -> 1024 / 2 on 14 x 14 0.68x of the transposed bf16x3 path, 256 -> 512 / 2 on 28 x 28 0.64x and 128 -> 256 on
   // 56 x 56 0.79x of the GEMM; with fewer output channels than input ones the phase copy of the whole input costs more
   // than the products save (512 -> 256 0.95x, 256 -> 128 1.17x, 128 -> 64 1.69x): Cout >= K, K >= 64.
   if (g.kh * g.kw == 1) return K >= 64 && cout_g >= K;
-  return K >= 512 && cout_g >= 64 && fp32_algorithm(pc, g) == ConvAlgo::cblk;
+  if (K < 256 || cout_g < 32) return false;
+  const ConvAlgo a = fp32_algorithm(pc, g);
+  return a == ConvAlgo::cblk || a == ConvAlgo::direct;
 }
 
 bool bf16x3_a_weights(const PackedConv& pc) {
@@ -703,13 +706,17 @@ bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, co
   const i64 phases = g.sh * g.sw, cstride = copied ? phases * plane : g.H * g.W;
   const i64 Q = (g.Ho - 1) * Wq + g.Wo;
   const bool flat = Wq == g.Wo;  // columns are the output positions: blocks stored in place
-  const float* src = x;
+  // Copied inputs are split once into hi / lo planes (each value split once, not once a tap) and B's blocks built
+  // from them; an input read in place (stride-1 1x1 convs: one tap) is split straight into B.
+  const std::uint16_t* phi = nullptr;
+  const std::uint16_t* plo = nullptr;
   if (copied) {
-    float* d = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(images * cin_g * cstride));
-    parallel_for(images * cin_g, threads_for(static_cast<double>(images * cin_g * cstride), kParallelGrain),
-                 [&](i64 t) {
+    const i64 total = images * cin_g * cstride;
+    auto* dh = reinterpret_cast<std::uint16_t*>(tl_buf(TL_IM2COL).get(static_cast<std::size_t>(total)));  // hi, lo
+    std::atomic<std::uint32_t> smax{0};
+    parallel_for(images * cin_g, threads_for(static_cast<double>(total), kParallelGrain), [&](i64 t) {
       const float* s0 = x + t * g.H * g.W;  // (image, group, channel) planes are consecutive in NCHW either way
-      float* p = d + t * cstride;
+      float* p = tl_buf(TL_MISC).get(static_cast<std::size_t>(cstride));
       std::fill(p, p + cstride, 0.f);
       for (i64 y = 0; y < g.H; ++y) {
         const i64 yp = y + g.pt;
@@ -723,8 +730,18 @@ bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, co
                           row + ((g.pl + 1) & 1) * plane + ((g.pl + 1) >> 1));
         }
       }
+      const std::uint32_t m = bf16x3_split_plain(p, cstride, dh + t * cstride, dh + total + t * cstride);
+      std::uint32_t seen = smax.load();
+      while (m > seen && !smax.compare_exchange_weak(seen, m)) {
+      }
     });
-    src = d;
+    // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)
+    const std::uint32_t mx = smax.load();
+    float xmax;
+    std::memcpy(&xmax, &mx, sizeof xmax);
+    if (mx > kBf16x3MaxBits || static_cast<double>(K) * xmax * pc.bfa_max * 1.01 >= 0x1p127) return false;
+    phi = dh;
+    plo = dh + total;
   }
   std::vector<i64> rows(static_cast<std::size_t>(K));
   for (i64 c = 0; c < cin_g; ++c)
@@ -753,13 +770,19 @@ bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, co
     const i64 n = img / g.group, gi = img % g.group;
     const i64 t0 = mpairs * mgi / mg * 2, t1 = std::min<i64>(mt, mpairs * (mgi + 1) / mg * 2);
     const i64 jb0 = ch * cpb, jb1 = std::min<i64>(nt, jb0 + cpb), q1 = std::min<i64>(Q, jb1 * 32);
-    const float* xin = src + img * cin_g * cstride;
+    const float* xin = x + img * cin_g * cstride;
     auto* bh = reinterpret_cast<std::uint16_t*>(tl_buf(TL_BF16).get(static_cast<std::size_t>((jb1 - jb0) * bvals)));
     std::uint16_t* bl = bh + (jb1 - jb0) * bvals;
-    std::uint32_t mx = 0;
-    for (i64 jb = jb0; jb < jb1; ++jb)
-      mx = std::max(mx, bf16x3_split_b_block(xin + jb * 32, rows.data(), K, kp, std::min<i64>(32, Q - jb * 32),
-                                             bh + (jb - jb0) * bvals, bl + (jb - jb0) * bvals));
+    std::uint32_t mx = 0;  // split planes: checked above
+    for (i64 jb = jb0; jb < jb1; ++jb) {
+      const i64 ncols = std::min<i64>(32, Q - jb * 32);
+      if (phi)
+        bf16x3_pair_b_block(phi + img * cin_g * cstride + jb * 32, plo + img * cin_g * cstride + jb * 32, rows.data(),
+                            K, kp, ncols, bh + (jb - jb0) * bvals, bl + (jb - jb0) * bvals);
+      else
+        mx = std::max(mx, bf16x3_split_b_block(xin + jb * 32, rows.data(), K, kp, ncols, bh + (jb - jb0) * bvals,
+                                               bl + (jb - jb0) * bvals));
+    }
     float xmax;
     std::memcpy(&xmax, &mx, sizeof xmax);
     // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)

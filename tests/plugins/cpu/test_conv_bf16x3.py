@@ -117,14 +117,14 @@ def test_same_bits_at_1_2_3_threads(shape):
 
 
 @amx
-@pytest.mark.parametrize("shape", [(1, 32, 12, 12, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+@pytest.mark.parametrize("shape", [(1, 16, 12, 12, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
                                    (1, 64, 40, 40, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
                                    (1, 16, 20, 20, 64, 1, 1, (1, 1), (0, 0, 0, 0)),
                                    (1, 64, 20, 20, 16, 1, 1, (1, 1), (0, 0, 0, 0)),
                                    (1, 384, 2, 4, 384, 1, 1, (1, 1), (0, 0, 0, 0)),
                                    (1, 64, 12, 12, 32, 1, 1, (2, 2), (0, 0, 0, 0))])
 def test_not_routed_is_precision_high(shape, threads):
-    # below the measured rules (3x3 kernels with K < 512 or Winograd's; 1x1 with K or Cout < 32, at most 8 positions,
+    # below the measured rules (3x3 kernels with K < 256 or Winograd's; 1x1 with K or Cout < 32, at most 8 positions,
     # or strided with Cout < K): precision normal runs the fp32 kernels, bit for bit
     n, c, h, w_, cout, kh, kw, stride, pads = shape
     x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=2)
@@ -163,7 +163,7 @@ def forced_checks() -> None:
 
 @amx
 def test_forced_3x3_stride_pads_and_groups():
-    env = dict(os.environ, HETERO_CPU_CONV_BF16X3="1", HETERO_CPU_CONV_BF16X3_PW="0")
+    env = dict(os.environ, HETERO_CPU_CONV_BF16X3="1", HETERO_CPU_CONV_BF16X3_PW="0", HETERO_CPU_CONV_BF16X3_ROWS="0")
     code = "import tests.plugins.cpu.test_conv_bf16x3 as t; t.forced_checks()"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -267,7 +267,7 @@ def test_pointwise_forced_small_shapes():
 
 
 # conv_bf16x3_rows (kh x kw > 1: B rows are taps of the zero-padded input's phase planes): the rule's shapes (the
-# channel-blocked kernel's, K >= 512, Cout >= 64: YOLOv8n's 3x3 on 10 x 10 and stride 2 onto 10 x 10 / 20 x 20, an
+# direct kernels', K >= 256, Cout >= 32: YOLOv8n's 3x3 on 10 x 10 and stride 2 onto 10 x 10 / 20 x 20, an
 # odd map, two images), then in a child with the switch on every other form: pads on one side, a 5 x 3 kernel,
 # dilation 2, strides (1, 2) and (2, 1), groups, Cout of 40 / 16, few channels, 3 x 3 maps (9 positions), a 1x3
 # kernel, a strided 1x1 with pads.
