@@ -620,14 +620,15 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
 }
 
 // Convolutions by bf16x3 with the weights as the A side (split once, bf16x3_a_weights) and the input as B, split per
-// call straight from NCHW into the tiles' pair layout (bf16x3_split_b_block): out (Cout x positions) = W x X, so the
-// accumulators are NCHW output rows; no transposes either way (conv_bf16x3, which runs the transposed product, pays
-// two). A 1x1 conv's B row k is input channel k, its blocks stored in place. A stride-1 kh x kw conv runs on the
-// zero-padded input's flattened rows (conv_direct's layout): column q is output (q / Wp, q % Wp) of a Wp-wide row, of
-// which the first Wo are real, and B row (c, ky, kx) is padded channel c from ky dh Wp + kx dw on: no im2col copy,
-// each input value split once a tap; its blocks go through a tile and their real columns are copied out.
+// call into the tiles' pair layout: out (Cout x positions) = W x X, so the accumulators are NCHW output rows; no
+// transposes either way (conv_bf16x3, which runs the transposed product, pays two). A stride-1 1x1 conv's B row k is
+// input channel k, split straight from NCHW (bf16x3_split_b_block), its blocks stored in place. Other kernels run on
+// the zero-padded input's flattened rows (conv_direct's layout), in stride phases: column q is output (q / Wq, q % Wq)
+// of a Wq-wide row, of which the first Wo are real, and B row (c, ky, kx) is one offset from q; the copied input is
+// split once into hi / lo planes (bf16x3_split_plain) and each block's rows gathered from them (bf16x3_pair_b_block):
+// no im2col copy; the blocks go through a tile and their real columns are copied out (conv_bf16x3_amx).
 // HETERO_CPU_CONV_BF16X3_PW=1 / 0 forces the 1x1 path on (every 1x1 conv of a precision "normal" weight on
-// AMX-BF16) / off; HETERO_CPU_CONV_BF16X3_ROWS the same for the others.
+// AMX-BF16) / off; HETERO_CPU_CONV_BF16X3_ROWS the same for the others (algorithm "bf16x3_rows").
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g);
 
 bool bf16x3_pw_fits(const PackedConv& pc, const ConvGeom& g) {
@@ -680,15 +681,16 @@ bool bf16x3_a_weights(const PackedConv& pc) {
   return pc.bfa_ok;
 }
 
-// Tasks of (image and group, chunk of 32-column blocks, group of 32-row pairs): a task splits its chunk of B (hi + lo
-// about 64 KB) into a buffer of its own, then runs the weights' row tiles past it, bias and activation over each
-// 32-row band of the chunk's outputs while they are in L1. False (output partly written) where a chunk holds a NaN /
-// inf / value too large to split or a partial sum could overflow: the caller runs the fp32 path, as conv_bf16x3.
 // Bytes of split B (hi + lo) a task keeps: in L2 while the weights' row tiles pass. In nudenet (per node, thread
 // time, 4 alternations) 256 KB and 512 KB measured alike and ~10 % faster than 64 KB (its 1x1 convs 3.79 -> 3.42 ms,
 // the 3x3 ones 2.96 -> 2.80); 2 MB was slower again (3.76 / 2.88).
 constexpr i64 kBf16x3ChunkBytes = 256 * 1024;
 
+// Tasks of (image and group, chunk of 32-column blocks, group of 32-row pairs): a task builds its chunk of B into a
+// buffer of its own, then runs the weights' row tiles past it, bias and activation over each 32-row band of the
+// chunk's outputs while they are in L1. False where the input holds a NaN / inf / value too large to split or a
+// partial sum could overflow (a copied input: nothing written; else the output partly written): the caller runs the
+// fp32 path, as conv_bf16x3.
 bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                      const Epilogue& act) {
   if (!bf16x3_a_weights(pc)) return false;

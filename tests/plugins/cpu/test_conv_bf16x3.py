@@ -270,7 +270,7 @@ def test_pointwise_forced_small_shapes():
 # direct kernels', K >= 256, Cout >= 32: YOLOv8n's 3x3 on 10 x 10 and stride 2 onto 10 x 10 / 20 x 20, an
 # odd map, two images), then in a child with the switch on every other form: pads on one side, a 5 x 3 kernel,
 # dilation 2, strides (1, 2) and (2, 1), groups, Cout of 40 / 16, few channels, 3 x 3 maps (9 positions), a 1x3
-# kernel, a strided 1x1 with pads.
+# kernel, a strided 1x1 with pads, unpadded 3x3 convs (the input split in place, one image and group after another).
 ROWS = [
     # n, c, h, w, cout, kh, kw, stride, pads
     (1, 128, 10, 10, 128, 3, 3, (1, 1), (1, 1, 1, 1)),
@@ -331,6 +331,8 @@ def forced_rows_checks() -> None:
         (1, 40, 3, 3, 40, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
         (1, 8, 6, 40, 8, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1), 1),
         (1, 24, 9, 10, 16, 1, 1, (2, 2), (1, 0, 0, 1), (1, 1), 1),
+        (1, 16, 9, 12, 32, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # no pads: the input read in place
+        (2, 32, 7, 8, 64, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 2),
     ]:
         x, w, b = data(n, c, h, w_, cout, kh, kw, group, seed=13)
         for act, bias in (("none", None), ("relu", b)):
