@@ -1,7 +1,7 @@
 """Per-node A/B of environment settings on one real ONNX model: hetero's replay timed node by node
 (onnx_node_profile.hetero_profile), each side in a fresh process (the cpu plugin reads its switches once), the sides
-alternated round by round, medians per node and per kind of node (a conv's algorithm, else the op; labels are the
-last side's run's, so name the side whose algorithms you want listed last).
+alternated round by round, medians per node and per kind of node (a conv's algorithm as the first side runs it,
+else the op).
 
     python benchmarks/onnx_node_ab.py --model nudenet_yolov8n --rounds 4 --runs 10 \\
         --side off HETERO_CPU_CONV_BF16X3_PW=0 HETERO_CPU_CONV_BF16X3_ROWS=0 --side on [--nodes]
@@ -65,7 +65,8 @@ def main() -> None:
                 raise SystemExit(out.stderr[-3000:])
             for node, (label, ms) in json.loads(out.stdout.strip().splitlines()[-1]).items():
                 times[name][node].append(ms)
-                labels[node] = label
+                if name == args.side[0][0] or node not in labels:
+                    labels[node] = label
     print(f"load average after: {os.getloadavg()}")
     names = list(sides)
     med = {n: {node: statistics.median(v) for node, v in times[n].items()} for n in names}
