@@ -148,6 +148,7 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
     std::memcpy(d, w, static_cast<std::size_t>(cout * kh * kw) * sizeof(float));
     return pc;
   }
+  pc->normal = bf16x3 && &kr == kernels_avx512() && bf16x3_available();
   const i64 cout_g = cout / group, K = cin_g * kh * kw;
   pc->group_stride = ceil_div(cout_g, kr.mr) * kr.mr * K;
   float* d = pc->buf.get(static_cast<std::size_t>(std::max<i64>(1, pc->group_stride * group)));
@@ -618,6 +619,221 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   return true;
 }
 
+// Convolutions by bf16x3 with the weights as the A side (split once, bf16x3_a_weights) and the input as B, split per
+// call into the tiles' pair layout: out (Cout x positions) = W x X, so the accumulators are NCHW output rows; no
+// transposes either way (conv_bf16x3, which runs the transposed product, pays two). A stride-1 1x1 conv's B row k is
+// input channel k, split straight from NCHW (bf16x3_split_b_block), its blocks stored in place. Other kernels run on
+// the zero-padded input's flattened rows (conv_direct's layout), in stride phases: column q is output (q / Wq, q % Wq)
+// of a Wq-wide row, of which the first Wo are real, and B row (c, ky, kx) is one offset from q; the copied input is
+// split once into hi / lo planes (bf16x3_split_plain) and each block's rows gathered from them (bf16x3_pair_b_block):
+// no im2col copy; the blocks go through a tile and their real columns are copied out (conv_bf16x3_amx).
+// HETERO_CPU_CONV_BF16X3_PW=1 / 0 forces the 1x1 path on (every 1x1 conv of a precision "normal" weight on
+// AMX-BF16) / off; HETERO_CPU_CONV_BF16X3_ROWS the same for the others (algorithm "bf16x3_rows").
+ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g);
+
+bool bf16x3_pw_fits(const PackedConv& pc, const ConvGeom& g) {
+  if (!pc.normal || pc.depthwise || !is_pointwise(g) || g.Ho * g.Wo <= kDotMaxOutputs) return false;
+  static const int forced = env_override("HETERO_CPU_CONV_BF16X3_PW");
+  if (forced >= 0) return forced == 1;
+  return g.Cout / g.group >= 32 && pc.cin_g >= 32;
+}
+
+bool bf16x3_rows_fits(const PackedConv& pc, const ConvGeom& g) {
+  if (!pc.normal || pc.depthwise || is_pointwise(g) || g.sh > 2 || g.sw > 2 || g.Ho * g.Wo <= kDotMaxOutputs)
+    return false;
+  static const int forced = env_override("HETERO_CPU_CONV_BF16X3_ROWS");
+  if (forced >= 0) return forced == 1;
+  // Measured alone against the fp32 kernel the shape would take (1 thread, thread time, docs/onnx-models.md): the
+  // direct kernels' shapes (channel-blocked or not) with K >= 256 and Cout >= 32 (YOLOv8n's 128 -> 256 3x3 / 2 on
+  // 20 x 20 0.57x, 64 -> 128 / 2 on 40 x 40 0.63x, 32 -> 64 / 2 on 80 x 80 0.77x, 128 -> 128 on 10 x 10 0.56x,
+  // 64 -> 64 on 10 x 10 0.67x; 37 -> 45 on 9 x 11 0.69x); with K = 144 the products save less than the copy and the
+  // split cost (16 -> 32 / 2 on 160 x 160 1.16x, 16 -> 16 on 80 x 80 1.14x), and Winograd's shapes measured level
+  // (64 -> 64 on 40 x 40 0.94x, 32 -> 32 1.12x, 128 -> 64 on 20 x 20 0.99x): they stay with Winograd.
+  const i64 K = pc.cin_g * g.kh * g.kw, cout_g = g.Cout / g.group;
+  // Strided 1x1 convs (ResNet's projection shortcuts, open_nsfw in the model, per node, thread time, 2 alternations):
+  // 512 -> 1024 / 2 on 14 x 14 0.68x of the transposed bf16x3 path, 256 -> 512 / 2 on 28 x 28 0.64x and 128 -> 256 on
+  // 56 x 56 0.79x of the GEMM; with fewer output channels than input ones the phase copy of the whole input costs more
+  // than the products save (512 -> 256 0.95x, 256 -> 128 1.17x, 128 -> 64 1.69x): Cout >= K, K >= 64.
+  if (g.kh * g.kw == 1) return K >= 64 && cout_g >= K;
+  if (K < 256 || cout_g < 32) return false;
+  const ConvAlgo a = fp32_algorithm(pc, g);
+  return a == ConvAlgo::cblk || a == ConvAlgo::direct;
+}
+
+bool bf16x3_a_weights(const PackedConv& pc) {
+  std::call_once(pc.bfa_once, [&] {
+    const i64 cout_g = pc.cout / pc.group, K = pc.cin_g * pc.kh * pc.kw, kp = bf16x3_kp(K);
+    const i64 mp = ceil_div(cout_g, 32) * 32;
+    pc.bfa_stride = 2 * mp * kp;
+    auto* d = reinterpret_cast<std::uint16_t*>(pc.bfa.get(static_cast<std::size_t>(mp * kp * pc.group)));
+    std::uint32_t mx = 0;
+    for (i64 gi = 0; gi < pc.group; ++gi) {
+      std::uint16_t* hi = d + gi * pc.bfa_stride;
+      std::uint16_t* lo = hi + mp * kp;
+      mx = std::max(mx, bf16x3_split_rows(pc.raw.p + gi * cout_g * pc.raw_ld, pc.raw_ld, 1, cout_g, K, kp, hi, lo));
+      const std::size_t pad = static_cast<std::size_t>((mp - cout_g) * kp) * sizeof(std::uint16_t);
+      std::memset(hi + cout_g * kp, 0, pad);
+      std::memset(lo + cout_g * kp, 0, pad);
+    }
+    pc.bfa_ok = mx <= kBf16x3MaxBits;
+    std::memcpy(&pc.bfa_max, &mx, sizeof mx);
+  });
+  return pc.bfa_ok;
+}
+
+// Bytes of split B (hi + lo) a task keeps: in L2 while the weights' row tiles pass. In nudenet (per node, thread
+// time, 4 alternations) 256 KB and 512 KB measured alike and ~10 % faster than 64 KB (its 1x1 convs 3.79 -> 3.42 ms,
+// the 3x3 ones 2.96 -> 2.80); 2 MB was slower again (3.76 / 2.88).
+constexpr i64 kBf16x3ChunkBytes = 256 * 1024;
+
+// Tasks of (image and group, chunk of 32-column blocks, group of 32-row pairs): a task builds its chunk of B into a
+// buffer of its own, then runs the weights' row tiles past it, bias and activation over each 32-row band of the
+// chunk's outputs while they are in L1. False where the input holds a NaN / inf / value too large to split or a
+// partial sum could overflow (a copied input: nothing written; else the output partly written): the caller runs the
+// fp32 path, as conv_bf16x3.
+bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                     const Epilogue& act) {
+  if (!bf16x3_a_weights(pc)) return false;
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 cout_g = g.Cout / g.group, cin_g = pc.cin_g, taps = g.kh * g.kw, K = cin_g * taps, kp = bf16x3_kp(K);
+  const i64 HWo = g.Ho * g.Wo, images = g.N * g.group;
+  // The input as zero-padded planes of Hp x Wp, each split into sh x sw phase planes of Hq x Wq (padded (y, x) at
+  // phase (y % sh, x % sw), place (y / sh, x / sw)): tap (ky, kx) of output (oy, ox) is then phase plane
+  // (ky dh % sh, kx dw % sw) at (oy + ky dh / sh, ox + kx dw / sw), so column q = oy Wq + ox of B row (c, ky, kx) is
+  // one offset from q, whatever the stride. One extra row of slack past the Hq rows (read, masked, past the end).
+  const bool copied = g.pt > 0 || g.pl > 0 || g.pb > 0 || g.pr > 0 || g.sh > 1 || g.sw > 1;
+  const i64 Hp = g.H + g.pt + g.pb, Wp = g.W + g.pl + g.pr;
+  const i64 Hq = ceil_div(Hp, g.sh) + (copied ? 1 : 0), Wq = ceil_div(Wp, g.sw), plane = Hq * Wq;
+  const i64 phases = g.sh * g.sw, cstride = copied ? phases * plane : g.H * g.W;
+  const i64 Q = (g.Ho - 1) * Wq + g.Wo;
+  const bool flat = Wq == g.Wo;  // columns are the output positions: blocks stored in place
+  // Copied inputs are split once into hi / lo planes (each value split once, not once a tap) and B's blocks built
+  // from them; an input read in place (stride-1 1x1 convs: one tap) is split straight into B.
+  const std::uint16_t* phi = nullptr;
+  const std::uint16_t* plo = nullptr;
+  if (copied) {
+    const i64 total = images * cin_g * cstride;
+    auto* dh = reinterpret_cast<std::uint16_t*>(tl_buf(TL_IM2COL).get(static_cast<std::size_t>(total)));  // hi, lo
+    std::atomic<std::uint32_t> smax{0};
+    parallel_for(images * cin_g, threads_for(static_cast<double>(total), kParallelGrain), [&](i64 t) {
+      const float* s0 = x + t * g.H * g.W;  // (image, group, channel) planes are consecutive in NCHW either way
+      float* p = tl_buf(TL_MISC).get(static_cast<std::size_t>(cstride));
+      std::fill(p, p + cstride, 0.f);
+      for (i64 y = 0; y < g.H; ++y) {
+        const i64 yp = y + g.pt;
+        if (g.kh == 1 && yp % g.sh != 0) continue;  // one-row kernels read phase row 0 alone (strided 1x1 convs)
+        const float* r = s0 + y * g.W;
+        float* row = p + (yp % g.sh) * g.sw * plane + (yp / g.sh) * Wq;
+        if (g.sw == 1) {
+          std::memcpy(row + g.pl, r, static_cast<std::size_t>(g.W) * sizeof(float));
+        } else {  // padded column xi + pl: phase (xi + pl) & 1, place (xi + pl) >> 1
+          xk.deinterleave(r, g.W, row + (g.pl & 1) * plane + (g.pl >> 1),
+                          row + ((g.pl + 1) & 1) * plane + ((g.pl + 1) >> 1));
+        }
+      }
+      const std::uint32_t m = bf16x3_split_plain(p, cstride, dh + t * cstride, dh + total + t * cstride);
+      std::uint32_t seen = smax.load();
+      while (m > seen && !smax.compare_exchange_weak(seen, m)) {
+      }
+    });
+    // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)
+    const std::uint32_t mx = smax.load();
+    float xmax;
+    std::memcpy(&xmax, &mx, sizeof xmax);
+    if (mx > kBf16x3MaxBits || static_cast<double>(K) * xmax * pc.bfa_max * 1.01 >= 0x1p127) return false;
+    phi = dh;
+    plo = dh + total;
+  }
+  std::vector<i64> rows(static_cast<std::size_t>(K));
+  for (i64 c = 0; c < cin_g; ++c)
+    for (i64 ky = 0; ky < g.kh; ++ky)
+      for (i64 kx = 0; kx < g.kw; ++kx) {
+        const i64 dy = ky * g.dh, dx = kx * g.dw;
+        rows[static_cast<std::size_t>((c * g.kh + ky) * g.kw + kx)] =
+            c * cstride + ((dy % g.sh) * g.sw + dx % g.sw) * plane + dy / g.sh * Wq + dx / g.sw;
+      }
+  const i64 mt = ceil_div(cout_g, 16), mpairs = ceil_div(mt, 2), nt = ceil_div(Q, 32);
+  const double flops = 2.0 * g.N * g.Cout * HWo * K;
+  const int T = threads_for(flops, kParallelGrain * 4);
+  // At 2+ threads, two chunks a thread where the columns allow (smaller chunks: no split is repeated); with fewer
+  // column blocks than that the row pairs split too (each such task splits the same columns).
+  i64 cpb = std::clamp<i64>(kBf16x3ChunkBytes / (kp * 128), 1, nt);
+  if (T > 1) cpb = std::min<i64>(cpb, std::max<i64>(1, nt / ceil_div(2 * T, images)));
+  const i64 nch = ceil_div(nt, cpb), bvals = kp * 32, mp = ceil_div(cout_g, 32) * 32;
+  const i64 mg = T > 1 && images * nch < 2 * T ? std::min<i64>(mpairs, ceil_div(2 * T, images * nch)) : 1;
+  const auto* wts = reinterpret_cast<const std::uint16_t*>(pc.bfa.p);
+  // output index of column q (exclusive ends too): row q / Wq, min(q % Wq, Wo) into it
+  auto oidx = [&](i64 q) { return q / Wq * g.Wo + std::min<i64>(q % Wq, g.Wo); };
+  std::atomic<bool> declined{false};
+  parallel_for(images * nch * mg, T, [&](i64 task) {
+    if (declined.load(std::memory_order_relaxed)) return;
+    const i64 mgi = task % mg, ch = task / mg % nch, img = task / mg / nch;
+    const i64 n = img / g.group, gi = img % g.group;
+    const i64 t0 = mpairs * mgi / mg * 2, t1 = std::min<i64>(mt, mpairs * (mgi + 1) / mg * 2);
+    const i64 jb0 = ch * cpb, jb1 = std::min<i64>(nt, jb0 + cpb), q1 = std::min<i64>(Q, jb1 * 32);
+    const float* xin = x + img * cin_g * cstride;
+    auto* bh = reinterpret_cast<std::uint16_t*>(tl_buf(TL_BF16).get(static_cast<std::size_t>((jb1 - jb0) * bvals)));
+    std::uint16_t* bl = bh + (jb1 - jb0) * bvals;
+    std::uint32_t mx = 0;  // split planes: checked above
+    for (i64 jb = jb0; jb < jb1; ++jb) {
+      const i64 ncols = std::min<i64>(32, Q - jb * 32);
+      if (phi)
+        bf16x3_pair_b_block(phi + img * cin_g * cstride + jb * 32, plo + img * cin_g * cstride + jb * 32, rows.data(),
+                            K, kp, ncols, bh + (jb - jb0) * bvals, bl + (jb - jb0) * bvals);
+      else
+        mx = std::max(mx, bf16x3_split_b_block(xin + jb * 32, rows.data(), K, kp, ncols, bh + (jb - jb0) * bvals,
+                                               bl + (jb - jb0) * bvals));
+    }
+    float xmax;
+    std::memcpy(&xmax, &mx, sizeof xmax);
+    // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)
+    if (mx > kBf16x3MaxBits || static_cast<double>(K) * xmax * pc.bfa_max * 1.01 >= 0x1p127) {
+      declined.store(true);
+      return;
+    }
+    const std::uint16_t* ah = wts + gi * pc.bfa_stride;
+    const std::uint16_t* al = ah + mp * kp;
+    Epilogue ep = act;
+    ep.bias = bias ? bias + gi * cout_g : nullptr;
+    ep.bias_rs = 1;
+    ep.bias_cs = 0;
+    float* o = out + (n * g.Cout + gi * cout_g) * HWo;
+    const i64 e0 = oidx(jb0 * 32), e1 = oidx(q1);
+    alignas(64) float tile[32 * 32];
+    bf16x3_tiles_begin();
+    for (i64 it = t0; it < t1; it += 2) {
+      // row tiles in pairs (four accumulators), a last odd one alone: the same products per element either way
+      const bool pair = it + 1 < t1;
+      const i64 r0 = it * 16, nrows = std::min<i64>(pair ? 32 : 16, cout_g - r0);
+      auto* block = pair ? bf16x3_block32 : bf16x3_block;
+      for (i64 jb = jb0; jb < jb1; ++jb) {
+        const i64 j0 = jb * 32, ncols = std::min<i64>(32, Q - j0);
+        const std::uint16_t* bbh = bh + (jb - jb0) * bvals;
+        const std::uint16_t* bbl = bl + (jb - jb0) * bvals;
+        if (flat && nrows == (pair ? 32 : 16) && ncols == 32) {
+          block(kp, ah + r0 * kp, al + r0 * kp, bbh, bbl, o + r0 * HWo + j0, HWo);
+          continue;
+        }
+        block(kp, ah + r0 * kp, al + r0 * kp, bbh, bbl, tile, 32);
+        // the block's real columns, a run per output row it crosses
+        for (i64 q = j0; q < j0 + ncols;) {
+          const i64 ox = q % Wq, run = std::min<i64>(Wq - ox, j0 + ncols - q), real = std::min<i64>(run, g.Wo - ox);
+          if (real > 0) {
+            float* d = o + r0 * HWo + q / Wq * g.Wo + ox;
+            for (i64 i = 0; i < nrows; ++i)
+              std::memcpy(d + i * HWo, tile + i * 32 + (q - j0), static_cast<std::size_t>(real) * sizeof(float));
+          }
+          q += run;
+        }
+      }
+      apply_epilogue(kr, o + r0 * HWo + e0, HWo, r0, 0, nrows, e1 - e0, ep);
+    }
+    bf16x3_tiles_end();
+  }, flops >= kWakeFlops);
+  return !declined.load();
+}
+
 // Small maps with many channels (openWakeWord's 96 -> 96 1x3 / 3x1 convs on 10 x 2, 8 x 2 maps: 12-20 positions;
 // MTCNN's 2x2 convs onto 3 x 3): the GEMM's 32- or 16-column panels along the positions were mostly padding, and its
 // one-vector tiles load-bound. Transposed, out^T (HWo x Cout/group) = patches (HWo x K) x W^T (K x Cout/group): the
@@ -1033,6 +1249,8 @@ ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
     return conv_algorithm(pc, s);
   }
   const ConvGeom g = along_w(geom);
+  if (bf16x3_pw_fits(pc, g)) return ConvAlgo::bf16x3_pw;
+  if (bf16x3_rows_fits(pc, g)) return ConvAlgo::bf16x3_rows;
   return bf16x3_conv_fits(pc, g) ? ConvAlgo::bf16x3 : fp32_algorithm(pc, g);
 }
 
@@ -1046,6 +1264,8 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::transposed: return "transposed";
     case ConvAlgo::cblk: return "cblk";
     case ConvAlgo::pointwise: return "pointwise";
+    case ConvAlgo::bf16x3_pw: return "bf16x3_pw";
+    case ConvAlgo::bf16x3_rows: return "bf16x3_rows";
     default: return "gemm";
   }
 }
@@ -1067,6 +1287,10 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   }
   const ConvGeom g = along_w(geom);
   ConvAlgo algo = conv_algorithm(pc, geom);
+  if (algo == ConvAlgo::bf16x3_pw || algo == ConvAlgo::bf16x3_rows) {
+    if (conv_bf16x3_amx(pc, g, x, bias, out, act)) return;
+    algo = bf16x3_conv_fits(pc, g) ? ConvAlgo::bf16x3 : fp32_algorithm(pc, g);
+  }
   if (algo == ConvAlgo::bf16x3) {
     if (conv_bf16x3(pc, g, x, bias, out, act)) return;
     algo = fp32_algorithm(pc, g);
@@ -1088,7 +1312,9 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       if (conv_pointwise(pc, g, x, bias, out, act)) return;
       break;  // an activation the tiles do not apply: the GEMM
     case ConvAlgo::gemm:
-    case ConvAlgo::bf16x3: break;
+    case ConvAlgo::bf16x3:
+    case ConvAlgo::bf16x3_pw:
+    case ConvAlgo::bf16x3_rows: break;
   }
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);

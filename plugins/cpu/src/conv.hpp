@@ -49,6 +49,16 @@ struct PackedConv {
   i64 bf_stride = 0;
   float bf_max = 0.f;
   bool bf16x3 = false;
+  // precision "normal" asked and the CPU has AMX-BF16 (whatever the shape)
+  bool normal = false;
+  // conv_bf16x3_pw's weights (1x1 convs, the weights as bf16x3's A side): per group the Cout/group rows as hi / lo
+  // bf16 rows of bf16x3_kp(K), zero rows up to a multiple of 32, hi then lo, bfa_stride uint16 values a group; made
+  // from `raw` on the first call that takes that path (bfa_ok false: a weight the split does not take)
+  mutable std::once_flag bfa_once;
+  mutable AlignedBuf bfa;
+  mutable i64 bfa_stride = 0;
+  mutable float bfa_max = 0.f;
+  mutable bool bfa_ok = false;
 };
 
 // n units of equal cost (column panels, output rows) split into nb blocks whose sizes differ by at most one, the
@@ -73,7 +83,8 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
 
 // Which kernel conv2d_packed runs for this shape (chosen by rule, per call): exposed so tests can check that a shape
 // meant for a path takes it.
-enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed, cblk, pointwise };
+enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed, cblk, pointwise, bf16x3_pw,
+                      bf16x3_rows };
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& g);
 const char* conv_algorithm_name(ConvAlgo a);
 

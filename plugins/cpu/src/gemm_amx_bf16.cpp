@@ -4,6 +4,8 @@
 // A, 32 k x 16 columns of B (bf16 pairs).
 #include "gemm_bf16x3.hpp"
 
+#include <algorithm>
+
 #if defined(HETERO_GEMM_AMX_BF16)
 #include <immintrin.h>
 
@@ -60,6 +62,78 @@ std::uint32_t bf16x3_split_rows(const float* a, i64 rs, i64 cs, i64 rows, i64 K,
   _mm512_store_si512(lanes, vmax);
   for (std::uint32_t v : lanes) smax = v > smax ? v : smax;
   return smax;
+}
+
+std::uint32_t bf16x3_split_b_block(const float* x, const i64* rows, i64 K, i64 kp, i64 ncols, std::uint16_t* hi,
+                                   std::uint16_t* lo) {
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff), himask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512i vmax = _mm512_setzero_si512();
+  for (i64 t = 0; t < 2; ++t) {
+    const i64 nc = std::min<i64>(16, std::max<i64>(0, ncols - t * 16));
+    const __mmask16 m = static_cast<__mmask16>(nc >= 16 ? 0xffffu : (1u << nc) - 1u);
+    const float* src = x + t * 16;
+    std::uint16_t* h = hi + t * kp * 16;
+    std::uint16_t* l = lo + t * kp * 16;
+    for (i64 k = 0; k < kp; k += 2, h += 32, l += 32) {
+      // rows k and k + 1 (zero past K and past the last column): one 64-byte row of the tile, lane j the pair
+      // (k, j) in its low half and (k + 1, j) in its high half
+      const __m512 x0 = _mm512_maskz_loadu_ps(k < K ? m : 0, src + (k < K ? rows[k] : 0));
+      const __m512 x1 = _mm512_maskz_loadu_ps(k + 1 < K ? m : 0, src + (k + 1 < K ? rows[k + 1] : 0));
+      const __m512i u0 = _mm512_castps_si512(x0), u1 = _mm512_castps_si512(x1);
+      vmax = _mm512_max_epu32(vmax, _mm512_max_epu32(_mm512_and_si512(u0, absmask), _mm512_and_si512(u1, absmask)));
+      const __m512i h0 = rne16(u0), h1 = rne16(u1);
+      const __m512i l0 = rne16(_mm512_castps_si512(_mm512_sub_ps(x0, _mm512_castsi512_ps(h0))));
+      const __m512i l1 = rne16(_mm512_castps_si512(_mm512_sub_ps(x1, _mm512_castsi512_ps(h1))));
+      _mm512_storeu_si512(h, _mm512_or_si512(_mm512_srli_epi32(h0, 16), _mm512_and_si512(h1, himask)));
+      _mm512_storeu_si512(l, _mm512_or_si512(_mm512_srli_epi32(l0, 16), _mm512_and_si512(l1, himask)));
+    }
+  }
+  alignas(64) std::uint32_t lanes[16];
+  _mm512_store_si512(lanes, vmax);
+  std::uint32_t smax = 0;
+  for (std::uint32_t v : lanes) smax = v > smax ? v : smax;
+  return smax;
+}
+
+std::uint32_t bf16x3_split_plain(const float* x, i64 n, std::uint16_t* hi, std::uint16_t* lo) {
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+  __m512i vmax = _mm512_setzero_si512();
+  for (i64 i = 0; i < n; i += 16) {
+    const __mmask16 m = static_cast<__mmask16>(i + 16 <= n ? 0xffffu : (1u << (n - i)) - 1u);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512i u = _mm512_castps_si512(v);
+    vmax = _mm512_max_epu32(vmax, _mm512_and_si512(u, absmask));
+    const __m512i uh = rne16(u);
+    const __m512i ul = rne16(_mm512_castps_si512(_mm512_sub_ps(v, _mm512_castsi512_ps(uh))));
+    _mm256_mask_storeu_epi16(hi + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(uh, 16)));
+    _mm256_mask_storeu_epi16(lo + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(ul, 16)));
+  }
+  alignas(64) std::uint32_t lanes[16];
+  _mm512_store_si512(lanes, vmax);
+  std::uint32_t smax = 0;
+  for (std::uint32_t v : lanes) smax = v > smax ? v : smax;
+  return smax;
+}
+
+void bf16x3_pair_b_block(const std::uint16_t* shi, const std::uint16_t* slo, const i64* rows, i64 K, i64 kp,
+                         i64 ncols, std::uint16_t* hi, std::uint16_t* lo) {
+  for (i64 t = 0; t < 2; ++t) {
+    const i64 nc = std::min<i64>(16, std::max<i64>(0, ncols - t * 16));
+    const __mmask16 m = static_cast<__mmask16>(nc >= 16 ? 0xffffu : (1u << nc) - 1u);
+    std::uint16_t* h = hi + t * kp * 16;
+    std::uint16_t* l = lo + t * kp * 16;
+    for (i64 k = 0; k < kp; k += 2, h += 32, l += 32) {
+      // (k, j) in the low half of lane j, (k + 1, j) in the high half: one 64-byte row of the tile
+      const __mmask16 m0 = k < K ? m : 0, m1 = k + 1 < K ? m : 0;
+      const i64 o0 = (k < K ? rows[k] : 0) + t * 16, o1 = (k + 1 < K ? rows[k + 1] : 0) + t * 16;
+      const __m512i h0 = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m0, shi + o0));
+      const __m512i h1 = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m1, shi + o1));
+      const __m512i l0 = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m0, slo + o0));
+      const __m512i l1 = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m1, slo + o1));
+      _mm512_storeu_si512(h, _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
+      _mm512_storeu_si512(l, _mm512_or_si512(l0, _mm512_slli_epi32(l1, 16)));
+    }
+  }
 }
 
 void bf16x3_tiles_begin() { amx_load_tiles16x64(); }
@@ -132,6 +206,12 @@ void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, 
 std::uint32_t bf16x3_split_rows(const float*, i64, i64, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
   return 0xffffffffu;
 }
+std::uint32_t bf16x3_split_b_block(const float*, const i64*, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
+  return 0xffffffffu;
+}
+std::uint32_t bf16x3_split_plain(const float*, i64, std::uint16_t*, std::uint16_t*) { return 0xffffffffu; }
+void bf16x3_pair_b_block(const std::uint16_t*, const std::uint16_t*, const i64*, i64, i64, i64, std::uint16_t*,
+                         std::uint16_t*) {}
 void bf16x3_tiles_begin() {}
 void bf16x3_tiles_end() {}
 void bf16x3_block(i64, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, float*,

@@ -45,6 +45,17 @@ inline i64 bf16x3_b_values(i64 K, i64 N) { return ceil_div(N, 32) * 32 * bf16x3_
 // K..kp zero). Returns the largest |a| bits seen (>= 0x7f800000: a NaN or inf).
 std::uint32_t bf16x3_split_rows(const float* a, i64 rs, i64 cs, i64 rows, i64 K, i64 kp, std::uint16_t* hi,
                                 std::uint16_t* lo);
+// One 32-column block of B in the packed layout above (tiles at hi and hi + kp * 16, the same for lo) from rows
+// [0, K) of x (row k at x + rows[k], columns contiguous): columns past ncols (<= 32) and rows past K zero. For B
+// split per call (conv_bf16x3_pw / conv_bf16x3_rows: a conv's input, a row a channel or a tap). Returns the largest
+// |x| bits seen, as bf16x3_split_rows.
+std::uint32_t bf16x3_split_b_block(const float* x, const i64* rows, i64 K, i64 kp, i64 ncols, std::uint16_t* hi,
+                                   std::uint16_t* lo);
+// x[0, n) as hi / lo bf16 values in place order; returns the largest |x| bits seen. And one 32-column block of B
+// (as bf16x3_split_b_block) from values already split that way: row k at shi / slo + rows[k].
+std::uint32_t bf16x3_split_plain(const float* x, i64 n, std::uint16_t* hi, std::uint16_t* lo);
+void bf16x3_pair_b_block(const std::uint16_t* shi, const std::uint16_t* slo, const i64* rows, i64 K, i64 kp,
+                         i64 ncols, std::uint16_t* hi, std::uint16_t* lo);
 // Loads the tile configuration on this thread / releases the tiles.
 void bf16x3_tiles_begin();
 void bf16x3_tiles_end();

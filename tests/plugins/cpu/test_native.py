@@ -999,7 +999,7 @@ def test_conv2d_panel_split_threads(isa, threads, case):
     x = randn(1, c, h, wd, seed=98)
     w = randn(cout, c, k, k, seed=99) * 0.1
     bias = randn(cout, seed=100)
-    algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
+    algo = _native.prepack_conv(w, 1, "high").algorithm(list(x.shape), strides, pads)  # the fp32 kernels' rule
     assert algo == (_pointwise_algo(isa, c, h * wd, cout) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     out = np.full(ref.shape, np.nan, np.float32)
@@ -1035,7 +1035,7 @@ def test_conv2d_balanced_blocks_threads(isa, nthreads, case):
     x = randn(n, c, h, wd, seed=101)
     w = randn(cout, c, k, k, seed=102) * 0.1
     bias = randn(cout, seed=103)
-    algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads)
+    algo = _native.prepack_conv(w, 1, "high").algorithm(list(x.shape), strides, pads)  # the fp32 kernels' rule
     assert algo == (_pointwise_algo(isa, c, h * wd, cout) if k == 1 else "gemm" if isa == "generic" else "direct")
     ref = ACTS["silu"](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     before = _native.num_threads()
@@ -1098,10 +1098,11 @@ def test_conv2d_cblk(isa, threads, case, activation):
     x = randn(n, c, h, wd, seed=104)
     w = randn(cout, c, kh, kw, seed=105) * 0.1
     bias = randn(cout, seed=106)
-    algo = _native.prepack_conv(w).algorithm(list(x.shape), strides, pads, dil)
+    # the fp32 kernel (precision normal's AMX path takes 64 -> 64 on 10 x 10: test_conv_bf16x3.py)
+    algo = _native.prepack_conv(w, 1, "high").algorithm(list(x.shape), strides, pads, dil)
     assert (algo == "cblk") == (isa == "avx512"), algo
     ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, dil, 1))
-    packed = _native.prepack_conv(w)
+    packed = _native.prepack_conv(w, 1, "high")
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d_packed(x, packed, bias, out, strides=strides, pads=pads, dilations=dil, activation=activation)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
@@ -1388,7 +1389,7 @@ def _pointwise_outputs(case, activation):
     x = randn(n, c, h, wd, seed=110)
     w = randn(cout, c // group, 1, 1, seed=111) * 0.2
     bias = randn(cout, seed=112)
-    packed = _native.prepack_conv(w, group)
+    packed = _native.prepack_conv(w, group, "high")  # the fp32 kernels (precision normal: test_conv_bf16x3.py)
     out = np.full((n, cout, h, wd), np.nan, np.float32)
     _native.conv2d_packed(x, packed, bias, out, activation=activation)
     ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), (0, 0, 0, 0), (1, 1), group))
