@@ -630,6 +630,7 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
 // HETERO_CPU_CONV_BF16X3_PW=1 / 0 forces the 1x1 path on (every 1x1 conv of a precision "normal" weight on
 // AMX-BF16) / off; HETERO_CPU_CONV_BF16X3_ROWS the same for the others (algorithm "bf16x3_rows").
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g);
+bool transposed_fits(const PackedConv& pc, const ConvGeom& g);
 
 bool bf16x3_pw_fits(const PackedConv& pc, const ConvGeom& g) {
   if (!pc.normal || pc.depthwise || !is_pointwise(g) || g.Ho * g.Wo <= kDotMaxOutputs) return false;
@@ -653,9 +654,14 @@ bool bf16x3_rows_fits(const PackedConv& pc, const ConvGeom& g) {
   // Strided 1x1 convs (ResNet's projection shortcuts, open_nsfw in the model, per node, thread time, 2 alternations):
   // 512 -> 1024 / 2 on 14 x 14 0.68x of the transposed bf16x3 path, 256 -> 512 / 2 on 28 x 28 0.64x and 128 -> 256 on
   // 56 x 56 0.79x of the GEMM; with fewer output channels than input ones the phase copy of the whole input costs more
-  // than the products save (512 -> 256 0.95x, 256 -> 128 1.17x, 128 -> 64 1.69x): Cout >= K, K >= 64.
+  // than the products save (512 -> 256 0.95x, 256 -> 128 1.17x, 128 -> 64 1.69x): Cout >= K, K >= 64. Without pads
+  // they reach this only with HETERO_CPU_CONV_SUBSAMPLE=0: the subsampled input's bf16x3_pw was faster still (512 ->
+  // 1024 / 2 on 14 x 14 247 against 291 us, 256 -> 512 on 28 x 28 222 / 320, 128 -> 256 on 56 x 56 276 / 385).
   if (g.kh * g.kw == 1) return K >= 64 && cout_g >= K;
   if (K < 256 || cout_g < 32) return false;
+  // The shapes the transposed product fits stay with the rules measured for them (conv_bf16x3's one-row kernels,
+  // else conv_cblk or the transposed product): only the direct kernels' shapes were measured against this path.
+  if (transposed_fits(pc, g)) return false;
   const ConvAlgo a = fp32_algorithm(pc, g);
   return a == ConvAlgo::cblk || a == ConvAlgo::direct;
 }
