@@ -31,7 +31,13 @@ measurement on TREE's packages (what ``--against`` uses).
 recorded replay is timed (what a step runs, after the backend's fusion; labelled by op type and, for QMatMul, the
 projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fused call; the ops of a merged
 ``LlmStep`` are timed natively as it runs them back to back: ``LlmStep.timing``; in the process's CPU time with
---clock cpu at 1 thread, ``LlmStep.timing_cpu``, else wall time) and the pool's account is read after each call, so
+--clock cpu at 1 thread, ``LlmStep.timing_cpu``, else wall time; with --clock cpu at N threads, wall time plus the
+**clean runs**: each call's runs during which every pool thread's own CPU clock advanced by the wall interval and a
+worker joined each of its regions (``LlmStep.timing_clean``, ``_native.pool_cpu_ns``): no thread preempted or
+asleep, what a quiet machine runs. Then ``clean ms`` is the median clean run x the calls a step, ``clean %`` the
+share of runs that were clean, GB/s come from the clean runs, and per op the clean regions' wall, busy/T, wake and
+tail in us are printed; on a busy machine these are the 2-thread figures to read) and the pool's account is read
+after each call, so
 the step splits per op into: ``wall`` the calls' time; ``work/T`` thread-time inside tasks (pooled) or in the call
 (serial) over the thread count; ``wait`` = wall - work/T, the thread-average time the op's threads were not
 computing (wake-ups, the barrier at the end, imbalance, for serial calls the idle other threads, and the call's own
@@ -136,11 +142,14 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
     """Per-op split of ``steps`` decode steps at ``threads`` threads (see the module doc): (median instrumented
     step seconds, rows). Every call of the recorded replay (after the backend's fusion) is wrapped. clock "cpu":
     an op's (and the step's) time is the process's CPU time over it divided by ``threads`` (see CLOCKS)."""
-    now = CLOCKS[clock]
-    per = threads if clock == "cpu" else 1
     # A merged step's ops in CPU time at 1 thread only: the process clock adds another thread's running time at
     # scheduler ticks (1-4 ms), so an op of ~0.1 ms on 2 threads would see a worker's time come and go at random.
+    # There (--clock cpu, N threads) every op is timed by the wall clock and its clean runs kept apart: those during
+    # which each pool thread's own CPU clock advanced by the wall interval (no thread preempted or asleep).
     native_cpu = clock == "cpu" and threads == 1
+    clean_mode = clock == "cpu" and threads > 1
+    now = time.perf_counter if clean_mode else CLOCKS[clock]
+    per = threads if clock == "cpu" and not clean_mode else 1
     native.set_num_threads(threads)
     for _ in range(3):  # the replay of a one-token step at this thread count is recorded
         llm.rollback(prompt)
@@ -150,6 +159,10 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
     steps_acc: list[dict[str, dict[str, float]]] = []
     nbytes: dict[str, int] = {}
     tick = statistics.median(-now() + now() for _ in range(1000))
+    runs: dict[tuple[int, int], list[float]] = {}  # (replay call, op) -> wall seconds of each clean run
+    seen: dict[tuple[int, int], int] = {}  # (replay call, op) -> runs
+    key_label: dict[tuple[int, int], str] = {}
+    clean_st: dict[str, dict[str, float]] = {}  # label -> the pool's account summed over the clean runs
 
     def account(label: str, dt: float, st: dict) -> None:
         a = steps_acc[-1].setdefault(label, dict.fromkeys(("wall", "n", *STAT_KEYS), 0.0))
@@ -158,12 +171,22 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
         for k in STAT_KEYS:
             a[k] += st[k]
 
-    def timed(call, label: str):
+    def timed(call, label: str, key: tuple[int, int]):
+        key_label[key] = label
+
         def run() -> None:
+            c0 = native.pool_cpu_ns() if clean_mode else None
             t0 = now()
             call()
             dt = (now() - t0 - tick) / per
-            account(label, dt, native.pool_stats(True))
+            st = native.pool_stats(True)
+            if c0 is not None:  # clean: every thread ran throughout and joined each region (LlmStep.timing_clean)
+                c1 = native.pool_cpu_ns()
+                seen[key] = seen.get(key, 0) + 1
+                if st["joins"] >= st["calls"] and all(a >= 0 and b - a >= dt * 1e9 - 2000
+                                                      for a, b in zip(c0, c1, strict=True)):
+                    runs.setdefault(key, []).append(dt)
+            account(label, dt, st)
 
         return run
 
@@ -174,19 +197,25 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
 
     replays = _replays(llm)
     originals = [list(r.program) for r in replays]
-    merged: list[tuple[Any, list[str]]] = []  # the LlmSteps, timed natively, and their ops' labels
+    merged: list[tuple[Any, list[str], int]] = []  # the LlmSteps, timed natively, their ops' labels, their key
     try:
-        for r in replays:
+        for ri, r in enumerate(replays):
             wrapped = []
             for call in r.program:
+                key = ri * 10**6 + len(wrapped)  # one per replay call
                 if hasattr(call, "take_times"):  # a merged step (hetero_cpu.fuse.step_calls): its ops, one a call
                     call.timing = True
                     call.timing_cpu = native_cpu
+                    call.timing_clean = clean_mode
                     call.take_times()
-                    merged.append((call, [labelled(c) for c in call.fallback]))
+                    call.take_clean()
+                    labels = [labelled(c) for c in call.fallback]
+                    merged.append((call, labels, key))
+                    for j, label in enumerate(labels):
+                        key_label[(key, j)] = label
                     wrapped.append(call)
                 else:
-                    wrapped.append(timed(call, labelled(call)))
+                    wrapped.append(timed(call, labelled(call), (key, -1)))
             r.program[:] = wrapped
         times = []
         for i in range(steps):
@@ -196,12 +225,21 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
             t0 = now()
             llm.forward([ids[prompt + 1 + i % 8]])
             times.append((now() - t0) / per)
-            for step, labels in merged:
+            for step, labels, _ in merged:
                 for label, (dt, st) in zip(labels, step.take_times(), strict=False):
                     account(label, dt, st)
+        if clean_mode:  # the merged steps' clean runs
+            for step, _, key in merged:
+                for j, (op_runs, st) in enumerate(step.take_clean()):
+                    seen[(key, j)] = steps
+                    if op_runs:
+                        runs[(key, j)] = op_runs
+                        cs = clean_st.setdefault(key_label[(key, j)], dict.fromkeys(STAT_KEYS, 0.0))
+                        for k in STAT_KEYS:
+                            cs[k] += st[k]
     finally:
-        for step, _ in merged:
-            step.timing = step.timing_cpu = False
+        for step, _, _ in merged:
+            step.timing = step.timing_cpu = step.timing_clean = False
         for r, program in zip(replays, originals, strict=True):
             r.program[:] = program
     rows: list[dict[str, Any]] = []
@@ -210,6 +248,18 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
     def med(op: str, key: str) -> float:
         return statistics.median(st.get(op, zero)[key] for st in steps_acc)
 
+    # label -> per-step seconds of the op's calls from its clean runs (the median clean run x its calls a step:
+    # the calls of one label have one shape), clean runs, runs
+    clean: dict[str, list[float]] = {}
+    pooled_runs: dict[str, list[float]] = {}
+    for key, label in key_label.items():
+        c = clean.setdefault(label, [0.0, 0, 0])
+        pooled_runs.setdefault(label, []).extend(runs.get(key, []))
+        c[0] += 1
+        c[2] += seen.get(key, 0)
+    for label, c in clean.items():
+        c[1] = len(pooled_runs[label])
+        c[0] = c[0] * statistics.median(pooled_runs[label]) if c[1] else 0.0
     for op in {op for st in steps_acc for op in st}:
         w = med(op, "wall")
         pooled, serial = med(op, "calls"), med(op, "serial_calls")
@@ -222,6 +272,15 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
                          wake_ms=med(op, "wake_s") / threads * 1e3,
                          slept_pct=100 * med(op, "sleeps") / joins if joins else 0.0,
                          mib=b / 2**20, gbps=b / w / 1e9 if w > 0 else 0.0))
+        if clean_mode:  # the op's calls as a quiet machine runs them: GB/s from those
+            c = clean.get(op, [0.0, 0, 0])
+            rows[-1].update(clean_ms=c[0] * 1e3 if c[1] else None, clean_pct=100 * c[1] / c[2] if c[2] else 0.0)
+            cs = clean_st.get(op)
+            if cs and c[1] and cs["calls"]:  # per pooled clean run: region wall, busy / T, wake, tail (us)
+                rows[-1]["clean_region_us"] = {k: cs[k] / cs["calls"] * 1e6 / (threads if k == "busy_s" else 1)
+                                               for k in ("wall_s", "busy_s", "wake_s", "tail_s")}
+            if c[1] and c[0] > 0:
+                rows[-1]["gbps"] = b / c[0] / 1e9
     rows.sort(key=lambda r: -r["wall_ms"])
     return statistics.median(times), rows
 
@@ -232,14 +291,25 @@ def print_per_op(threads: int, step_s: float, plain_s: float | None, rows: list[
     plain = f", plain step {plain_s * 1e3:.2f} ms" if plain_s else ""
     print(f"\nper op, {threads} thread(s): instrumented step {step_s * 1e3:.2f} ms{plain}; in kernel calls "
           f"{tot_w:.2f} ms = work/T {tot_k:.2f} + wait {tot_w - tot_k:.2f} ms")
+    has_clean = any("clean_ms" in r for r in rows)
+    if has_clean:
+        tot_c = sum(r["clean_ms"] or 0.0 for r in rows)
+        print(f"clean runs (every thread ran throughout; GB/s from them): the ops sum to {tot_c:.2f} ms")
     print("| op | calls | pooled | serial | wall ms | % | work/T ms | wait ms | tail ms | wake/T ms | slept % |"
-          " MiB | GB/s | %bound |")
-    print("|---" * 14 + "|")
+          + (" clean ms | clean % |" if has_clean else "") + " MiB | GB/s | %bound |")
+    print("|---" * (16 if has_clean else 14) + "|")
+    for r in rows:
+        if "clean_region_us" in r:
+            print(f"  clean {r['op']}: per region (us) " + ", ".join(
+                f"{k[:-2]} {v:.1f}" for k, v in r["clean_region_us"].items()))
     for r in rows:
         pct = f"{100 * r['gbps'] / bound:.0f}" if bound and r["mib"] else "-"
+        cl = ""
+        if has_clean:
+            cl = (f" {r['clean_ms']:.3f} |" if r["clean_ms"] is not None else " - |") + f" {r['clean_pct']:.0f} |"
         print(f"| {r['op']} | {r['calls']:.0f} | {r['pooled']:.0f} | {r['serial']:.0f} | {r['wall_ms']:.3f} |"
               f" {100 * r['wall_ms'] / tot_w:.1f} | {r['work_ms']:.3f} | {r['wait_ms']:.3f} | {r['tail_ms']:.3f} |"
-              f" {r['wake_ms']:.3f} | {r['slept_pct']:.0f} | {r['mib']:.1f} | {r['gbps']:.1f} | {pct} |")
+              f" {r['wake_ms']:.3f} | {r['slept_pct']:.0f} |{cl} {r['mib']:.1f} | {r['gbps']:.1f} | {pct} |")
 
 
 def run_config(llm, native, ids: list[int], prompt: int, steps: int,

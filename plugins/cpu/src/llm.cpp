@@ -4,8 +4,8 @@
 // contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes the decode kernels
 // prefetch ahead of the weight stream, into L2 (default 3072; calls of more than 8 rows: 4096 into L1),
 // HETERO_LLM_BLOCKS=1 = decode GEMVs split by bytes, one block per thread (bsplit::run_blocks; the tasks knob then
-// does not apply to them), HETERO_LLM_PFNEXT = bytes of the next merged-step matmul's block prefetched after one
-// (with BLOCKS=1; default 0),
+// does not apply to them; unset: the fused q / k / v calls only; 0: none), HETERO_LLM_PFNEXT = bytes of the next
+// merged-step matmul's block prefetched after one (with the split by bytes; default 0),
 // HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena),
 // HETERO_LLM_KVTOUCH=0 = a decode step's attention without the read-ahead of its KV lines (touch_head).
 #include <pybind11/numpy.h>
@@ -433,8 +433,9 @@ inline void groups(const LlmKernels& kr, const Part& p, i64 M, i64 g0, i64 g1) {
 
 namespace bsplit {
 
-// ---- the decode split by bytes (HETERO_LLM_BLOCKS=1; off by default: on a busy 2-core machine it measured 0.3-4%
-// slower than the equal tasks at 2 threads by CPU time, equal at 1 thread; docs/llm-benchmarks.md, dec15) ----
+// ---- the decode split by bytes (HETERO_LLM_BLOCKS=1 for every decode GEMV; by default the fused q / k / v calls
+// only, see blocks_mode: dec15 measured it 0.3-4% slower than the equal tasks for every call by the CPU time of a
+// busy machine at 2 threads, which counts spinning and preempted workers; dec17's clean runs, q+k+v faster) ----
 // A call's weights are segments of units (16-row groups; gate + up: one unit = both matrices' group g) laid end to
 // end; thread t's block is the t-th nt-th of their bytes, which it claims in chunks of ~32 KiB, one contiguous
 // stream; a thread out of its block takes the back half of what is left of another's (see run_blocks). Then it
@@ -461,10 +462,17 @@ Plan plan_of(const std::vector<const Weights*>& ws, bool paired = false) {
   return p;
 }
 
-bool blocks_on() {
-  static const bool on = [] { const char* e = std::getenv("HETERO_LLM_BLOCKS"); return e && std::atoi(e) != 0; }();
-  return on;
+// HETERO_LLM_BLOCKS: 1 = every decode GEMV split by bytes; 0 = none; unset (2) = the fused q / k / v calls only
+// (llm_matmul_multi: three matrices, 24 equal tasks at 2 threads, the small k / v ones 74-139 KB). Measured on
+// the clean runs of a busy machine (decode_threads.py --per-op --clock cpu, 2 threads; dec17): q+k+v 5-14% faster
+// split by bytes on the Qwen3-0.6B Q4_K_M / Q8_0 files; gate+up+SwiGLU up to 6% slower on Q8_0 (its blocks
+// alternate gate and up groups every ~32 KiB chunk, where an equal task reads its gate rows, then its up rows).
+int blocks_mode() {
+  static const int mode = [] { const char* e = std::getenv("HETERO_LLM_BLOCKS"); return e ? std::atoi(e) : 2; }();
+  return mode;
 }
+bool blocks_on() { return blocks_mode() == 1; }
+bool blocks_multi() { return blocks_mode() != 0; }
 std::size_t pf_next_bytes() {
   static const std::size_t b = [] {
     const char* e = std::getenv("HETERO_LLM_PFNEXT");
@@ -839,7 +847,7 @@ Op prep_qmatmul_multi(const py::list& ws, const py::array& x, const py::list& ou
     const LlmKernels& kr = lk();
     fused::quantize_parts(kr, px, M, parts);
     const int nt = fused::threads(parts, M);
-    if (bsplit::blocks_on()) {
+    if (bsplit::blocks_multi()) {
       bsplit::run_blocks(plan, nt, [&](int p, i64 g0, i64 g1) {
         fused::groups(kr, parts[static_cast<std::size_t>(p)], M, g0, g1);
       });
@@ -1857,7 +1865,12 @@ struct LlmStep {
   py::list fallback;             // the unfused calls, in order
   bool timing = false;
   bool timing_cpu = false;  // times in the process's CPU time instead of wall time
+  // With timing (wall): also keep each op's wall times of the runs during which every pool thread ran throughout
+  // (its own CPU clock advanced by the wall interval: none preempted or asleep), what a quiet machine would see
+  bool timing_clean = false;
   std::vector<std::pair<std::int64_t, PoolStats>> times;  // per op: ns, pool statistics (timing on)
+  std::vector<std::vector<std::int64_t>> clean;  // per op: wall ns of its clean runs (timing_clean)
+  std::vector<PoolStats> clean_stats;             // per op: the pool's account of its clean runs
 
   void add(StepOp op, py::object args, bsplit::Plan plan = {}) {
     ops.push_back(std::move(op));
@@ -1900,6 +1913,31 @@ struct LlmStep {
                  std::chrono::steady_clock::now().time_since_epoch())
           .count();
     };
+    if (timing_clean && !timing_cpu) {
+      clean.resize(ops.size());
+      clean_stats.resize(ops.size());
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const std::vector<std::int64_t> c0 = pool_cpu_ns();
+        const auto t0 = clk();
+        run_op(i);
+        const auto t1 = clk();
+        const std::vector<std::int64_t> c1 = pool_cpu_ns();
+        const PoolStats st = pool_stats(true);
+        times[i].first += t1 - t0;
+        times[i].second += st;
+        // and a pooled op's regions each joined by a worker (one running but not yet back in the pool's spin,
+        // e.g. still on its way out of a futex wait, can advance its clock without taking part)
+        bool ran = c0.size() == c1.size() && st.joins >= st.calls;
+        // 2 us of slack for the clocks' own reads and resolution; a preemption or a sleep is far longer
+        for (std::size_t k = 0; ran && k < c0.size(); ++k)
+          ran = c0[k] >= 0 && c1[k] >= 0 && c1[k] - c0[k] >= t1 - t0 - 2000;
+        if (ran) {
+          clean[i].push_back(t1 - t0);
+          clean_stats[i] += st;
+        }
+      }
+      return true;
+    }
     auto t0 = clk();
     for (std::size_t i = 0; i < ops.size(); ++i) {
       run_op(i);
@@ -1915,6 +1953,19 @@ struct LlmStep {
     for (const auto& t : times)
       out.append(py::make_tuple(static_cast<double>(t.first) * 1e-9, pool_stats_dict(t.second)));
     times.assign(times.size(), {});
+    return out;
+  }
+  // [([seconds of each clean run], pool_stats dict of those runs)] per op since the last call; resets
+  py::list take_clean() {
+    py::list out;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      py::list runs;
+      if (i < clean.size())
+        for (const std::int64_t ns : clean[i]) runs.append(static_cast<double>(ns) * 1e-9);
+      out.append(py::make_tuple(runs, pool_stats_dict(i < clean_stats.size() ? clean_stats[i] : PoolStats{})));
+    }
+    clean.assign(clean.size(), {});
+    clean_stats.assign(clean_stats.size(), {});
     return out;
   }
 };
@@ -2084,6 +2135,12 @@ void bind_llm(py::module_& m) {
       .def_readwrite("timing_cpu", &LlmStep::timing_cpu,
                      "With timing: each op's time in the process's CPU time (all threads) instead of wall time; "
                      "exact at 1 thread (another running thread's time is added at scheduler ticks).")
+      .def_readwrite("timing_clean", &LlmStep::timing_clean,
+                     "With timing (wall): also keep each op's clean runs, those during which every pool thread "
+                     "ran throughout (take_clean).")
+      .def("take_clean", &LlmStep::take_clean,
+           "[([seconds of each clean run], pool_stats dict of those runs)] per op since the last take (timing and "
+           "timing_clean on).")
       .def("take_times", &LlmStep::take_times,
            "[(seconds, pool_stats dict)] per op since the last take (timing on; the pool's statistics need "
            "pool_stats_enable); resets them.")

@@ -1044,6 +1044,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_num_threads", &set_num_threads, py::arg("n"));
   m.def("pool_spin_us", &pool_spin_us, "Microseconds a pool worker spins for the next call before it sleeps.");
   m.def("set_pool_spin_us", &set_pool_spin_us, py::arg("us"));
+  m.def("pool_cpu_ns", &pool_cpu_ns,
+        "CPU time (ns) of the calling thread, then of each pool worker (-1: not readable); see threadpool_stats.hpp.");
   m.def("pool_stats_enable", &pool_stats_enable, py::arg("on"),
         "Record the thread pool's statistics (pool_stats); off by default (a few clock reads per call and task).");
   m.def("pool_stats", [](bool reset) { return pool_stats_dict(pool_stats(reset)); }, py::arg("reset") = false,

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -11,6 +12,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#endif
 
 #include "common.hpp"
 #include "threadpool_stats.hpp"
@@ -70,6 +75,21 @@ class Pool {
     for (auto& t : workers_) t.join();
   }
   int size() const { return nthreads_; }
+  // The workers' CPU-time clocks (Linux; elsewhere none can be read: -1 in pool_cpu_ns).
+  std::vector<std::int64_t> cpu_ns(std::int64_t (*read)(clockid_t)) {
+    std::vector<std::int64_t> out;
+    for (auto& t : workers_) {
+#if defined(__linux__)
+      clockid_t c;
+      out.push_back(pthread_getcpuclockid(t.native_handle(), &c) == 0 ? read(c) : -1);
+#else
+      (void)t;
+      (void)read;
+      out.push_back(-1);
+#endif
+    }
+    return out;
+  }
   bool all_asleep() const { return sleepers_.load(std::memory_order_relaxed) >= nthreads_ - 1; }
 
   // Returns false (nothing run) when the pool is busy with another caller.
@@ -306,6 +326,18 @@ void set_pool_spin_us(int us) {
   g_spin_us.store(us, std::memory_order_relaxed);
 }
 int pool_spin_us() { return g_spin_us.load(std::memory_order_relaxed); }
+
+std::vector<std::int64_t> pool_cpu_ns() {
+  std::int64_t (*read)(clockid_t) = [](clockid_t c) -> std::int64_t {
+    timespec ts;
+    if (clock_gettime(c, &ts) != 0) return -1;
+    return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  };
+  std::vector<std::int64_t> out{read(CLOCK_THREAD_CPUTIME_ID)};
+  if (std::shared_ptr<Pool> pool = get_pool())
+    for (std::int64_t v : pool->cpu_ns(read)) out.push_back(v);
+  return out;
+}
 
 AlignedBuf& tl_buf(int slot) {
   thread_local AlignedBuf bufs[TL_NSLOTS];

@@ -2,6 +2,7 @@
 // on with pool_stats_enable(true); then each pooled call reads the clock a few times and each task twice.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace hetero {
 
@@ -39,5 +40,10 @@ PoolStats pool_stats(bool reset);
 // Microseconds a worker spins for the next call before it sleeps (HETERO_POOL_SPIN_US, default 50).
 void set_pool_spin_us(int us);
 int pool_spin_us();
+
+// The CPU time (ns) of the calling thread, then of each pool worker (their own thread clocks, exact also while
+// another core runs them; -1 where one cannot be read): a benchmark on a shared machine keeps the samples in which
+// every thread ran for the whole wall interval (none was preempted by a neighbour or asleep).
+std::vector<std::int64_t> pool_cpu_ns();
 
 }  // namespace hetero

@@ -123,6 +123,39 @@ def test_timing_splits_the_step_per_op_and_changes_no_result(cpu):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+def test_clean_timing_keeps_runs_and_changes_no_result():
+    """``timing_clean`` (with wall-clock ``timing``) also keeps, per op, the wall time of each run during which
+    every pool thread ran (``take_clean``: [(runs, pool account of them)], reset by the take); ``pool_cpu_ns``
+    gives the caller's and each worker's CPU time. Which runs are clean depends on the machine's load, so only
+    the form is checked, and that the outputs are the untimed step's."""
+    threads = _native.num_threads()
+    try:
+        _native.set_num_threads(2)
+        clocks = _native.pool_cpu_ns()
+        assert len(clocks) == 2 and clocks[0] > 0
+        assert all(b >= a for a, b in zip(clocks, _native.pool_cpu_ns(), strict=True) if a >= 0)
+        runs = []
+        for timed in (False, True):
+            past = np.zeros(1, np.int64)
+            cache = _native.LlmAttention(KV_HEADS, D, 32, "f16")
+            program, buf = _layer(past, cache)
+            step = fuse.step_calls(program)[0]
+            step.timing = step.timing_clean = timed
+            runs.append(_decode([step], buf, past))
+            if timed:
+                clean = step.take_clean()
+                assert len(clean) == len(step)
+                for op_runs, st in clean:
+                    assert all(t > 0 for t in op_runs) and "joins" in st
+                    assert st["joins"] >= st["calls"]  # a clean pooled region was joined by the worker
+                assert all(not r for r, _ in step.take_clean())
+        for got, want in zip(runs[1], runs[0], strict=True):
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    finally:
+        _native.set_num_threads(threads)
+
+
 def test_a_refused_range_check_runs_the_original_calls():
     past = np.zeros(1, np.int64)
     cache = _native.LlmAttention(KV_HEADS, D, 32, "f16")
