@@ -332,12 +332,13 @@ def load_data(path: Path, layers: set[int] | None = None,
 
 
 def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, seconds: float,
-        groups: list[dict] | None = None) -> Curve:
+        groups: list[dict] | None = None, save=None) -> Curve:
     """AdamW on ``loss_of_one_step()`` for ``seconds`` of wall-clock training, measuring ``accepted()`` at the start
     and every ``--eval-every`` minutes of it. The curve's clock is the process' CPU time spent training (the
     measurements' own time is not counted): acceptance per CPU-minute of training, comparable between runs that
     got different shares of a busy machine. ``groups``: parameter groups, each with its own ``lr`` and optionally
-    ``warm``, the share of ``seconds`` during which a group stays frozen (the other groups train alone)."""
+    ``warm``, the share of ``seconds`` during which a group stays frozen (the other groups train alone). ``save()``
+    writes the drafter after every measurement (a run stopped early on a busy machine leaves its latest one)."""
     groups = groups or [{"params": list(model.parameters()), "lr": args.lr}]
     opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "warm"} for g in groups], weight_decay=0.0)
     params = [p for g in groups for p in g["params"]]
@@ -364,6 +365,8 @@ def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, 
         if clock - since_eval > args.eval_every * 60:
             curve.add(cpu / 60, wall / 60, step, loss_avg, accepted())
             since_eval = clock
+            if save is not None:
+                save()
     curve.add(cpu / 60, wall / 60, step, loss_avg, accepted())
     return curve
 
@@ -609,9 +612,12 @@ def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> C
         w = weights[None, :] * valid
         return (ce.view(len(anchors), block - 1) * w).sum() / w.sum().clamp(min=1e-6)
 
+    def save() -> None:
+        write_folder(args.out / "dflash", c, drafter_torch.state_tensors(model))
+
     curve = fit(model, loss_of_one_step, lambda: dflash_accepted(model, held, layers, embed, head, block, mask_id),
-                Curve("dflash", block - 1), args, seconds, param_groups(model, copied, args))
-    write_folder(args.out / "dflash", c, drafter_torch.state_tensors(model))
+                Curve("dflash", block - 1), args, seconds, param_groups(model, copied, args), save)
+    save()
     return curve
 
 
