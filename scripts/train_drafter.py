@@ -9,13 +9,19 @@
    contexts of every length) and continues it greedily for
    ``--gen-tokens`` tokens, recording every position's hidden states at the layers the drafters read and the
    target's greedy prediction. In the generated part the sequence *is* the target's greedy output, which is what a
-   drafter must predict at inference.
+   drafter must predict at inference. ``--soft-labels K`` also keeps the target's K most likely next tokens and
+   their log-probabilities per position (``--distill`` trains DFlash on them); ``--data-only --save-every M`` makes
+   a cache in the background that training runs can read while it grows (``--max-train-tokens`` takes its first
+   N tokens, to compare data sizes on one cache).
 2. Eagle-3 (training-time test, ``--eagle-steps`` unrolled depths) and DFlash (blocks of ``--block-size`` anchored
    in the generated part, the target's frozen LM head on the drafter's rows) train on that data with AdamW,
    each for half of the remaining time (``--kind`` picks one). ``--init-from-target`` starts the drafters' decoder
    layer(s) as the target's last one(s) (dequantized; a narrower MLP keeps the units that contribute most) with
    ``fc`` passing the highest target layer through; the copied weights then stay frozen for ``--warm-share`` of
-   the time and train at ``--target-lr``, the rest at ``--lr``. ``--position-decay`` weights the loss towards the
+   the time and train at ``--target-lr``, the rest at ``--lr``. ``--dflash-layers 2 --init-layers 22 23
+   --dflash-layer-ids 1 11 21`` starts a two-layer drafter as the target layers right after the one ``fc`` passes
+   through. ``--train-cpu-minutes`` trains for a CPU-time budget (runs that got different shares stop at the same
+   work). ``--position-decay`` weights the loss towards the
    first draft positions (they decide acceptance).
 3. Acceptance on held-out sequences is printed as training goes (and at the end): the mean number of drafted
    tokens the target accepts per verify step, and the acceptance rate (accepted / drafted). On held-out greedy
@@ -59,6 +65,8 @@ class Sequence:
     hidden: dict[int, np.ndarray]  # layer -> [N, H], float16 (the cache of a corpus; float32 when trained on)
     predicted: np.ndarray  # [N]: the target's greedy token after position i
     generated_from: int  # tokens[generated_from:] are the target's greedy continuation
+    top_ids: np.ndarray | None = None  # [N, K] int32: the target's K most likely next tokens after position i
+    top_logp: np.ndarray | None = None  # [N, K] float16: their log-probabilities (soft labels for distillation)
 
     def agree(self) -> np.ndarray:
         """[N]: True where the text's next token is the target's prediction (always so in the generated part). A
@@ -72,10 +80,10 @@ class Sequence:
         return torch.from_numpy(np.concatenate([self.hidden[layer] for layer in layers], -1).astype(np.float32))
 
 
-def corpus_files(roots: list[Path]) -> list[Path]:
+def corpus_files(roots: list[Path], patterns: tuple[str, ...] = ("*.py", "*.rst", "*.md", "*.txt")) -> list[Path]:
     found: list[Path] = []
     for root in roots:
-        for pattern in ("*.py", "*.rst", "*.md", "*.txt"):
+        for pattern in patterns:
             found.extend(p for p in root.rglob(pattern) if p.is_file() and p.stat().st_size > 2000)
     return sorted(set(found))
 
@@ -98,8 +106,16 @@ def chunks(files: list[Path], rng: random.Random, chars: int):
         yield text[start:start + chars]
 
 
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[N, V] logits -> ([N, k] int32 ids, [N, k] float16 log-probabilities), most likely first (torch's topk:
+    a quarter of numpy's argpartition + sort on a 151936-token vocabulary)."""
+    x = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))
+    top, ids = torch.topk(x, k, dim=-1)
+    return ids.to(torch.int32).numpy(), (top - torch.logsumexp(x, -1, keepdim=True)).to(torch.float16).numpy()
+
+
 def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: int, gen_tokens: int, args,
-              rng: random.Random, longest: int = 0) -> list[Sequence]:
+              rng: random.Random, longest: int = 0, checkpoint=None) -> list[Sequence]:
     """Up to ``count`` sequences (or as many as ``seconds`` allow), each continued greedily for ``gen_tokens``
     after a prompt of up to ``longest`` tokens (default ``--prompt-tokens``). With ``gen_tokens`` = 0 a sequence is
     one prefill of corpus text (every position's prediction at once: a few times the tokens per second of
@@ -116,19 +132,25 @@ def make_data(llm, layers: list[int], files: list[Path], seconds: float, count: 
         if len(ids) < want:
             continue
         llm.reset()
-        logits = llm.forward(ids)
+        logits = np.asarray(llm.forward(ids))
         predicted = list(np.argmax(logits, axis=-1))
+        tops = [top_k(logits, args.soft_labels)] if args.soft_labels else []
         tokens = list(ids)
         for _ in range(gen_tokens):
             tokens.append(int(predicted[-1]))
-            predicted.append(int(np.argmax(llm.forward(tokens[-1:])[-1])))
+            row = np.asarray(llm.forward(tokens[-1:])[-1:])
+            predicted.append(int(np.argmax(row[-1])))
+            tops += [top_k(row, args.soft_labels)] if args.soft_labels else []
         n = len(tokens)
         hidden = {layer: np.asarray(llm.hidden(layer, 0, n), dtype=np.float16) for layer in layers}
-        data.append(Sequence(np.asarray(tokens), hidden, np.asarray(predicted), len(ids)))
+        soft = (np.concatenate([t[0] for t in tops]), np.concatenate([t[1] for t in tops])) if tops else (None, None)
+        data.append(Sequence(np.asarray(tokens), hidden, np.asarray(predicted), len(ids), *soft))
         if time.perf_counter() - reported > 30:
             reported = time.perf_counter()
             print(f"  data: {len(data)} sequences, {sum(len(s.tokens) for s in data)} tokens, "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
+        if checkpoint is not None:
+            checkpoint(data)
     return data
 
 
@@ -280,38 +302,56 @@ def save_data(path: Path, held: list[Sequence], train: list[Sequence]) -> None:
     for i, seq in enumerate(held + train):
         arrays[f"{i}/tokens"], arrays[f"{i}/predicted"] = seq.tokens, seq.predicted
         arrays[f"{i}/generated_from"] = np.asarray(seq.generated_from)
+        if seq.top_ids is not None:
+            arrays[f"{i}/top_ids"], arrays[f"{i}/top_logp"] = seq.top_ids, seq.top_logp
         arrays.update({f"{i}/hidden{layer}": h for layer, h in seq.hidden.items()})
-    np.savez(path, held=np.asarray(len(held)), **arrays)
+    tmp = path.with_name(path.name + ".partial.npz")  # renamed when whole: a reader never sees half a file
+    np.savez(tmp, held=np.asarray(len(held)), **arrays)
+    tmp.replace(path)
 
 
-def load_data(path: Path) -> tuple[list[Sequence], list[Sequence]]:
+def load_data(path: Path, layers: set[int] | None = None,
+              max_train_tokens: int = 0) -> tuple[list[Sequence], list[Sequence]]:
+    """(held-out, training) sequences of a cache, keeping the hidden states of ``layers`` only (default all) and
+    the first training sequences up to ``max_train_tokens`` tokens (0: all)."""
     with np.load(path) as z:
-        count = 1 + max(int(k.split("/")[0]) for k in z.files if "/" in k)
-        seqs = [Sequence(z[f"{i}/tokens"], {int(k.split("hidden")[1]): z[k] for k in z.files
-                                            if k.startswith(f"{i}/hidden")},
-                         z[f"{i}/predicted"], int(z[f"{i}/generated_from"])) for i in range(count)]
+        names = set(z.files)
+        count = 1 + max(int(k.split("/")[0]) for k in names if "/" in k)
         held = int(z["held"])
+        seqs, tokens = [], 0
+        for i in range(count):
+            if max_train_tokens and i >= held and tokens >= max_train_tokens:
+                break
+            hidden = {int(k.split("hidden")[1]): z[k] for k in names if k.startswith(f"{i}/hidden")
+                      and (layers is None or int(k.split("hidden")[1]) in layers)}
+            seqs.append(Sequence(z[f"{i}/tokens"], hidden, z[f"{i}/predicted"], int(z[f"{i}/generated_from"]),
+                                 z[f"{i}/top_ids"] if f"{i}/top_ids" in names else None,
+                                 z[f"{i}/top_logp"] if f"{i}/top_logp" in names else None))
+            tokens += len(seqs[-1].tokens) if i >= held else 0
     return seqs[:held], seqs[held:]
 
 
 def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, seconds: float,
-        groups: list[dict] | None = None) -> Curve:
+        groups: list[dict] | None = None, save=None) -> Curve:
     """AdamW on ``loss_of_one_step()`` for ``seconds`` of wall-clock training, measuring ``accepted()`` at the start
     and every ``--eval-every`` minutes of it. The curve's clock is the process' CPU time spent training (the
     measurements' own time is not counted): acceptance per CPU-minute of training, comparable between runs that
     got different shares of a busy machine. ``groups``: parameter groups, each with its own ``lr`` and optionally
-    ``warm``, the share of ``seconds`` during which a group stays frozen (the other groups train alone)."""
+    ``warm``, the share of ``seconds`` during which a group stays frozen (the other groups train alone). ``save()``
+    writes the drafter after every measurement (a run stopped early on a busy machine leaves its latest one)."""
     groups = groups or [{"params": list(model.parameters()), "lr": args.lr}]
     opt = torch.optim.AdamW([{k: v for k, v in g.items() if k != "warm"} for g in groups], weight_decay=0.0)
     params = [p for g in groups for p in g["params"]]
     wall = cpu = since_eval = 0.0
     step, loss_avg = 0, 0.0
     curve.add(0.0, 0.0, 0, float("nan"), accepted())
-    while wall < seconds:
+    if args.train_cpu_minutes:  # a budget of training CPU time: runs that got different shares of the machine stop
+        seconds = args.train_cpu_minutes * 60  # at the same amount of work (warm shares count in it too)
+    while (cpu if args.train_cpu_minutes else wall) < seconds:
         t0, c0 = time.perf_counter(), time.process_time()
         for g in groups:  # a frozen group gets no gradients (and costs no weight-gradient matmuls)
             for p in g["params"]:
-                p.requires_grad_(wall >= g.get("warm", 0.0) * seconds)
+                p.requires_grad_((cpu if args.train_cpu_minutes else wall) >= g.get("warm", 0.0) * seconds)
         loss = loss_of_one_step()
         opt.zero_grad()
         loss.backward()
@@ -321,9 +361,12 @@ def fit(model: torch.nn.Module, loss_of_one_step, accepted, curve: Curve, args, 
         loss_avg = 0.95 * loss_avg + 0.05 * loss.item() if step > 1 else loss.item()
         wall += time.perf_counter() - t0
         cpu += time.process_time() - c0
-        if wall - since_eval > args.eval_every * 60:
+        clock = cpu if args.train_cpu_minutes else wall
+        if clock - since_eval > args.eval_every * 60:
             curve.add(cpu / 60, wall / 60, step, loss_avg, accepted())
-            since_eval = wall
+            since_eval = clock
+            if save is not None:
+                save()
     curve.add(cpu / 60, wall / 60, step, loss_avg, accepted())
     return curve
 
@@ -462,6 +505,12 @@ def dflash_layers(num_layers: int, count: int) -> list[int]:
     return sorted({int(min(p, num_layers - 1)) for p in picks})
 
 
+def dflash_target_layers(num_layers: int, args) -> list[int]:
+    """``--dflash-layer-ids`` as given, or ``--dflash-target-layers`` spread as the checkpoints spread them."""
+    return list(args.dflash_layer_ids) if args.dflash_layer_ids else dflash_layers(num_layers,
+                                                                                  args.dflash_target_layers)
+
+
 def dflash_batch(seq: Sequence, layers, embed, block: int, mask_id: int, anchors: list[int]):
     """Blocks at ``anchors`` in one pass: queries of all blocks, keys = the context rows, then every block's rows;
     a block sees context rows before its anchor and its own rows."""
@@ -502,7 +551,7 @@ def dflash_accepted(model, data, layers, embed, head, block, mask_id) -> np.ndar
 
 def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> Curve:
     cfg = llm.config
-    layers = dflash_layers(cfg.num_layers, args.dflash_target_layers)
+    layers = dflash_target_layers(cfg.num_layers, args)
     block, mask_id = args.block_size, args.mask_token_id if args.mask_token_id >= 0 else cfg.vocab_size - 1
     c = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": args.dflash_layers,
          **layer_config(cfg, args.intermediate or cfg.intermediate_size), "num_target_layers": cfg.num_layers,
@@ -517,8 +566,11 @@ def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> C
             # fc passes the highest target layer through and hidden_norm is the copied layer's input norm: the
             # context keys / values start as the target's last layers would make them from that layer's output
             h, rows = cfg.hidden_size, context_rows(train, layers[-1])
-            for i, layer in enumerate(model.layers):
-                w = target_layer(args.target, cfg.num_layers - len(model.layers) + i)
+            starts = args.init_layers or range(cfg.num_layers - len(model.layers), cfg.num_layers)
+            if len(starts) != len(model.layers):
+                raise SystemExit(f"--init-layers names {len(starts)} layers for {len(model.layers)} drafter layers")
+            for layer, index in zip(model.layers, starts, strict=True):
+                w = target_layer(args.target, index)
                 copied += init_from_target(layer, w, rows, cfg.rms_norm_eps, slice(0, h))
             with torch.no_grad():
                 model.fc.weight.zero_()
@@ -528,10 +580,14 @@ def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> C
     weights = (args.position_decay or 0.85) ** torch.arange(block - 1, dtype=torch.float32)
     rng = random.Random(args.seed + 1)
     usable = [seq for seq in train if dflash_anchors(seq, block, generated=False)]
-    vocab = VocabSubset(head, np.concatenate([seq.predicted for seq in usable]), args.negatives,
-                        torch.Generator().manual_seed(args.seed))
+    soft = args.distill > 0 and all(seq.top_ids is not None for seq in usable)
+    if args.distill > 0 and not soft:
+        raise SystemExit("--distill needs a data cache made with --soft-labels")
+    k = min(args.soft_k, usable[0].top_ids.shape[1]) if soft else 0
+    used = [seq.predicted for seq in usable] + [seq.top_ids[:, :k].reshape(-1) for seq in usable if soft]
+    vocab = VocabSubset(head, np.concatenate(used), args.negatives, torch.Generator().manual_seed(args.seed))
     print(f"  dflash: logits over {len(vocab)} tokens the labels use + {max(args.negatives, 0)} others per step "
-          f"(of {head.shape[0]})", flush=True)
+          f"(of {head.shape[0]}){f', distilled from the top {k}' if soft else ''}", flush=True)
     depth = torch.arange(1, block)
 
     def loss_of_one_step() -> torch.Tensor:
@@ -545,14 +601,23 @@ def train_dflash(llm, train, held, embed, head, norm, args, seconds: float) -> C
         runs = agree_runs(seq)
         at = torch.tensor(anchors)[:, None] + depth[None, :] - 2
         valid = (depth[None, :] == 1) | (runs[at.clamp(min=0)] >= depth[None, :] - 1)
-        ce = F.cross_entropy(vocab.logits(rows.reshape(-1, rows.shape[-1])), vocab.index[labels.reshape(-1)],
-                             reduction="none").view(len(anchors), block - 1)
+        logits = vocab.logits(rows.reshape(-1, rows.shape[-1]))
+        ce = F.cross_entropy(logits, vocab.index[labels.reshape(-1)], reduction="none")
+        if soft:  # the target's distribution over its top k (renormalised) as well as its argmax
+            where = (at + 1).reshape(-1).numpy()
+            p = torch.softmax(torch.from_numpy(seq.top_logp[where, :k].astype(np.float32)), -1)
+            cols = vocab.index[torch.from_numpy(seq.top_ids[where, :k].astype(np.int64))]
+            soft_ce = -(p * torch.log_softmax(logits, -1).gather(1, cols)).sum(-1)
+            ce = (1 - args.distill) * ce + args.distill * soft_ce
         w = weights[None, :] * valid
-        return (ce * w).sum() / w.sum().clamp(min=1e-6)
+        return (ce.view(len(anchors), block - 1) * w).sum() / w.sum().clamp(min=1e-6)
+
+    def save() -> None:
+        write_folder(args.out / "dflash", c, drafter_torch.state_tensors(model))
 
     curve = fit(model, loss_of_one_step, lambda: dflash_accepted(model, held, layers, embed, head, block, mask_id),
-                Curve("dflash", block - 1), args, seconds, param_groups(model, copied, args))
-    write_folder(args.out / "dflash", c, drafter_torch.state_tensors(model))
+                Curve("dflash", block - 1), args, seconds, param_groups(model, copied, args), save)
+    save()
     return curve
 
 
@@ -563,8 +628,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="writes OUT/eagle3 and OUT/dflash")
     p.add_argument("--kind", choices=["both", "eagle", "dflash"], default="both")
     p.add_argument("--minutes", type=float, default=20.0, help="the whole time budget (data + training)")
+    p.add_argument("--train-cpu-minutes", type=float, default=0.0,
+                   help="train each drafter for this much process CPU time instead of the rest of --minutes")
     p.add_argument("--data-share", type=float, default=0.35, help="share of the budget spent making data")
     p.add_argument("--corpus", type=Path, nargs="*", help="folders of text (default: stdlib + site-packages docs)")
+    p.add_argument("--corpus-patterns", nargs="+", default=["*.py", "*.rst", "*.md", "*.txt"],
+                   help="file name patterns of the corpus (*.py alone: code only)")
+    p.add_argument("--data-only", action="store_true", help="stop after making (and writing --data) the data")
+    p.add_argument("--save-every", type=float, default=0.0,
+                   help="minutes between writes of --data while making it (0: once at the end)")
+    p.add_argument("--record-layers", type=int, nargs="*",
+                   help="target layers whose hidden states the data keeps (default: those the drafters read)")
+    p.add_argument("--distill", type=float, default=0.0,
+                   help="DFlash: weight of the loss against the target's top-k distribution (needs a cache made "
+                        "with --soft-labels; the rest is the argmax's cross-entropy)")
+    p.add_argument("--soft-k", type=int, default=8, help="with --distill: the target's top tokens used")
+    p.add_argument("--max-train-tokens", type=int, default=0,
+                   help="train on the cache's first sequences up to this many tokens (0: all; to compare data sizes)")
+    p.add_argument("--soft-labels", type=int, default=0,
+                   help="keep the target's K most likely next tokens and their log-probabilities per position")
     p.add_argument("--prompt-tokens", type=int, default=96)
     p.add_argument("--gen-tokens", type=int, default=32)
     p.add_argument("--train-gen-tokens", type=int, default=-1,
@@ -576,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--dflash-layers", type=int, default=1)
     p.add_argument("--dflash-target-layers", type=int, default=3)
+    p.add_argument("--dflash-layer-ids", type=int, nargs="*",
+                   help="the target layers DFlash reads (default: --dflash-target-layers spread over the depth)")
     p.add_argument("--mask-token-id", type=int, default=-1, help="default: the last id of the vocabulary")
     p.add_argument("--anchors", type=int, default=16, help="DFlash blocks per training step")
     p.add_argument("--window", type=int, default=128, help="Eagle-3: rows of a sequence per training step (0: all)")
@@ -591,6 +675,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init-from-target", action="store_true",
                    help="start the drafter's layer(s) as the target's last decoder layer(s) (dequantized), fc passing "
                         "the highest target layer through")
+    p.add_argument("--init-layers", type=int, nargs="*",
+                   help="with --init-from-target: the target layers the drafter's layers start as (default: the "
+                        "last --dflash-layers; the layers after the last of --dflash-layer-ids continue the target "
+                        "from the layer fc passes through)")
     p.add_argument("--target-lr", type=float, default=2e-4, help="with --init-from-target: the learning rate of "
                                                                  "the weights copied from the target")
     p.add_argument("--warm-share", type=float, default=0.1, help="with --init-from-target: the share of the time "
@@ -611,31 +699,46 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     budget = args.minutes * 60
 
-    files = corpus_files(args.corpus or default_roots())
+    files = corpus_files(args.corpus or default_roots(), tuple(args.corpus_patterns))
     if not files:
         p.error("no corpus files found")
     print(f"corpus: {len(files)} files", flush=True)
     probe = hetero.llm.load(args.target, context=16, kv_cache="f32", on_fallback="silent")
     cfg = probe.config
     probe.close()
-    layers = sorted({*default_aux_layers(cfg.num_layers), *dflash_layers(cfg.num_layers, args.dflash_target_layers)})
+    layers = sorted(set(args.record_layers) if args.record_layers else
+                    {*default_aux_layers(cfg.num_layers), *dflash_target_layers(cfg.num_layers, args)})
     llm = hetero.llm.load(args.target, context=args.context, kv_cache="f32", all_logits=True, on_fallback="silent",
                           threads=args.threads, hidden_layers=layers)
     print(f"target: {llm.name}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
           f"hidden states of layers {layers}", flush=True)
     data_started = time.perf_counter()
-    held, train = load_data(args.data) if args.data is not None and args.data.is_file() else ([], [])
+    needed = None if args.data_only else {*(default_aux_layers(cfg.num_layers) if args.kind != "dflash" else ()),
+                                          *(dflash_target_layers(cfg.num_layers, args) if args.kind != "eagle" else ())}
+    held, train = load_data(args.data, needed, args.max_train_tokens) if args.data is not None and \
+        args.data.is_file() else ([], [])
     if held or train:
         print(f"data: {len(train)} + {len(held)} sequences from {args.data}", flush=True)
     else:
         held = make_data(llm, layers, files, budget * args.data_share / 2, args.held_out, args.gen_tokens, args, rng)
     train_gen = args.gen_tokens if args.train_gen_tokens < 0 else args.train_gen_tokens
+    saved = [time.perf_counter()]
+
+    def checkpoint(made: list[Sequence]) -> None:  # a long data run can be trained on while it goes on
+        if args.data is not None and args.save_every and time.perf_counter() - saved[0] > args.save_every * 60:
+            save_data(args.data, held, train + made)
+            saved[0] = time.perf_counter()
+            print(f"  data: saved {len(train) + len(made)} training sequences to {args.data}", flush=True)
+
     made = make_data(llm, layers, files, budget * args.data_share - (time.perf_counter() - data_started), 1 << 30,
-                     train_gen, args, rng, args.train_tokens)
+                     train_gen, args, rng, args.train_tokens, checkpoint)
     llm.close()
     if args.data is not None and (made or not args.data.is_file()):
         save_data(args.data, held, train + made)
     train += made
+    if args.data_only:
+        print(f"data: {len(train)} training + {len(held)} held-out sequences in {args.data}", flush=True)
+        return 0
     if not held or not train:
         p.error(f"only {len(held)} held-out and {len(train)} training sequences made: raise --minutes")
     data = held + train

@@ -207,3 +207,74 @@ def test_dflash_started_from_the_targets_last_layer_is_that_layer():
         mask[:, ctx:] = torch.tril(torch.ones(n - ctx, n - ctx, dtype=torch.bool))
         out = model(rows[:ctx], torch.arange(ctx), rows[ctx:], torch.arange(ctx, n), mask)
     np.testing.assert_allclose((out @ head.T).numpy(), logits[ctx:], rtol=1e-3, atol=1e-3)
+
+
+def test_top_k_soft_labels_are_the_targets_most_likely_tokens():
+    import train_drafter as td
+
+    logits = np.random.default_rng(3).standard_normal((7, 500)).astype(np.float32) * 4
+    ids, logp = td.top_k(logits, 5)
+    want = np.argsort(-logits, -1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(ids, want)
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(logp.astype(np.float32), np.take_along_axis(log_softmax, want, -1), atol=2e-2)
+
+
+def test_data_cache_round_trip_keeps_soft_labels_and_picks_layers_and_tokens(tmp_path):
+    """save_data writes whole files only (a training run may read the cache while a data run extends it);
+    load_data keeps the layers asked for and the first training sequences up to --max-train-tokens."""
+    import train_drafter as td
+
+    rng = np.random.default_rng(0)
+
+    def seq(n: int, soft: bool) -> td.Sequence:
+        return td.Sequence(rng.integers(0, 99, n), {1: rng.standard_normal((n, 4)).astype(np.float16),
+                                                    5: rng.standard_normal((n, 4)).astype(np.float16)},
+                           rng.integers(0, 99, n), n // 2, rng.integers(0, 99, (n, 3)).astype(np.int32) if soft
+                           else None, rng.standard_normal((n, 3)).astype(np.float16) if soft else None)
+
+    held, train = [seq(10, False)], [seq(20, True), seq(30, True), seq(40, True)]
+    path = tmp_path / "data.npz"
+    td.save_data(path, held, train)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.npz"]
+    got_held, got_train = td.load_data(path)
+    assert len(got_held) == 1 and [len(s.tokens) for s in got_train] == [20, 30, 40]
+    assert got_held[0].top_ids is None
+    for a, b in zip(train, got_train, strict=True):
+        np.testing.assert_array_equal(a.top_ids, b.top_ids)
+        np.testing.assert_array_equal(a.top_logp, b.top_logp)
+        np.testing.assert_array_equal(a.hidden[5], b.hidden[5])
+        assert b.generated_from == a.generated_from
+    got_held, got_train = td.load_data(path, {5}, max_train_tokens=45)
+    assert [len(s.tokens) for s in got_train] == [20, 30]  # stops once 45 tokens are reached
+    assert set(got_held[0].hidden) == {5} and all(set(s.hidden) == {5} for s in got_train)
+
+
+def test_train_drafter_two_layers_distilled_from_soft_labels(tmp_path):
+    """The whole script on the Qwen3 fixture: a data cache with soft labels, then a two-layer DFlash drafter started
+    from the target's layers (--init-layers), distilled from them for a CPU-time budget; hetero loads what it
+    wrote and the curve starts at step 0."""
+    import json
+
+    import train_drafter as td
+
+    from hetero.llm.speculative.dflash import load_dflash
+
+    from .helpers import FIXTURES
+
+    target, data, out = FIXTURES / "qwen3", tmp_path / "data.npz", tmp_path / "out"
+    corpus = Path(__file__).resolve().parents[2] / "core" / "hetero" / "llm"
+    common = [str(target), "--out", str(out), "--kind", "dflash", "--data", str(data), "--corpus", str(corpus),
+              "--corpus-patterns", "*.py", "--prompt-tokens", "24", "--gen-tokens", "8", "--train-tokens", "48",
+              "--train-gen-tokens", "0", "--held-out", "2", "--record-layers", "0", "1", "--seed", "1"]
+    assert td.main([*common, "--minutes", "0.15", "--data-share", "1", "--data-only", "--soft-labels", "4"]) == 0
+    _, train = td.load_data(data)
+    assert train and all(s.top_ids.shape == (len(s.tokens), 4) for s in train)
+    assert all((s.top_ids[:, 0] == s.predicted).all() for s in train)  # the argmax is the most likely token
+    assert td.main([*common, "--minutes", "5", "--data-share", "0", "--train-cpu-minutes", "0.02", "--block-size",
+                    "4", "--dflash-layers", "2", "--dflash-layer-ids", "0", "--init-from-target", "--init-layers",
+                    "0", "1", "--intermediate", "32", "--distill", "0.5", "--soft-k", "3", "--anchors", "4"]) == 0
+    drafter = load_dflash(out / "dflash")
+    assert len(drafter.layers) == 2 and drafter.target_layers == (0,) and drafter.block_size == 4
+    curve = json.loads((out / "training_log.json").read_text())["curves"]["dflash"]
+    assert curve[0]["steps"] == 0 and curve[-1]["steps"] > 0
