@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.llm.speculative.policy import COLD_RUNS, DECAY, MIN_SPEC_STEPS, DraftPolicy, expected_tokens
+from hetero.llm.speculative.policy import (
+    CARRIED_ACCEPTANCE,
+    COLD_RUNS,
+    DECAY,
+    MIN_SPEC_STEPS,
+    DraftPolicy,
+    expected_tokens,
+)
 
 
 def _run(policy: DraftPolicy, steps: int, cost, accept, cold: float = 1.0) -> list[int]:
@@ -300,7 +307,9 @@ def test_a_new_generation_starts_with_the_step_costs_of_the_last():
     second = DraftPolicy(8)
     second.carry_costs(first)
     assert second.cost == first.cost and second.runs == first.runs and second.draft_cost == first.draft_cost
-    assert second.accepted == second.rejected == 0 and second.spec_steps == 0 and second.switched_off == 0
+    assert second.spec_steps == 0 and second.switched_off == 0  # the judging starts afresh
+    # acceptance is carried as a first guess of the weight of 2 drafts (here all right: no rejection)
+    assert second.accepted == pytest.approx(CARRIED_ACCEPTANCE) and second.rejected == 0
     assert second.length(0) == first.k == 8  # drafting at once, at the length the last one settled at
     second.cost[9] *= 5  # as measured: the costs price the lengths (here the longest made dear, and 5 tokens
     second.runs[5] = COLD_RUNS + 1  # timed warm: from 1 and 9 alone, interpolated, the longest stays the best)
@@ -310,6 +319,44 @@ def test_a_new_generation_starts_with_the_step_costs_of_the_last():
     losing.carry_costs(first)
     tail = _run(losing, 60, cost=lambda t: 1 + 0.3 * (t - 1), accept=lambda k: 0)
     assert losing.switched_off >= 1 and tail[-20:].count(0) >= 15
+
+
+def _drafting_steps(policy: DraftPolicy, tokens: int, right_every: int) -> int:
+    """One generation of ``tokens`` by a drafter whose first draft token is right at one drafting step in
+    ``right_every`` (the rest wrong), drafting 0.5 s a token on a target whose plain step is 1 s and whose verify
+    pass of T tokens is 1 + 0.3 (T - 1) s: the drafting steps it took."""
+    produced, steps = 0, 0
+    while produced < tokens:
+        k = policy.length(produced)
+        kept = min(k, 1) if k and steps % right_every == 0 else 0
+        steps += k > 0
+        policy.record(k, kept, kept + 1, 1 + 0.3 * k + 0.5 * k, produced, draft_seconds=0.5 * k)
+        produced += kept + 1
+    return steps
+
+
+def test_a_drafter_that_cannot_pay_is_switched_off_after_one_step_of_the_next_generation():
+    """At ~20% acceptance a drafting step (1.8 s for 1.2 tokens) loses to plain steps (1 s a token): the first
+    generation finds it by its drafts; the next starts from that acceptance and stops after one drafting step per
+    backoff instead of a whole judging stretch each time."""
+    first = DraftPolicy(8)
+    first_steps = _drafting_steps(first, 64, right_every=5)
+    assert first.switched_off >= 1
+    second = DraftPolicy(8)
+    second.carry_costs(first)
+    second_steps = _drafting_steps(second, 64, right_every=5)
+    assert second.switched_off >= 1 and second_steps < first_steps and second_steps <= 4
+    # a drafter that is always right is not switched off by the estimate, carried or not
+    good = DraftPolicy(8)
+    _drafting_steps(good, 64, right_every=1)
+    again = DraftPolicy(8)
+    again.carry_costs(good)
+    produced = 0
+    while produced < 64:
+        k = again.length(produced)
+        again.record(k, k, k + 1, 1 + 0.05 * k + 0.05 * k, produced, draft_seconds=0.05 * k)
+        produced += k + 1
+    assert again.switched_off == 0
 
 
 def _generations(count: int, verify, draft, spikes: tuple[float, ...] = ()) -> list[list[int]]:

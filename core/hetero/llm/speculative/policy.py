@@ -62,6 +62,8 @@ RATE_DECAY = 0.95  # weight of the past in the generation's tokens per second (Î
 SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per token (judging drafting)
 COST_MEMORY = 0.98  # per step: how a step size's cost above the prior fades back towards the prior
 DRAFT_WINDOW = 9  # warm drafting steps whose seconds per draft token price drafting (their median)
+CARRIED_ACCEPTANCE = 2.0  # the last generation's acceptance counts start the next one with the weight of 2 drafts
+MIN_EVIDENCE = 2.0  # decayed accepted drafts + rejections before the estimate alone may switch drafting off
 
 
 class DraftPolicy:
@@ -95,10 +97,17 @@ class DraftPolicy:
         """Start with the step costs ``previous`` measured (the last generation's policy: the same model, drafter
         and threads): the seconds of each step size, of a draft token, and how often each was timed (so sizes
         already warm need no cold steps and no plain steps first), and the draft length it settled at (its first
-        step drafts that). Acceptance, the rate reached and the judging of drafting start afresh: they belong to
-        the text. A new generation of a served conversation (``hetero chat``, ``hetero bench``'s repetitions)
-        then drafts from its first step instead of paying ~3 plain steps and a short draft to measure what it
-        already knows (~5-10% of a 64-token reply at 100% acceptance).
+        step drafts that). The rate reached and the judging of drafting start afresh: they belong to the text. A
+        new generation of a served conversation (``hetero chat``, ``hetero bench``'s repetitions) then drafts from
+        its first step instead of paying ~3 plain steps and a short draft to measure what it already knows (~5-10%
+        of a 64-token reply at 100% acceptance).
+
+        Acceptance belongs to the text too, but the drafter's last acceptance is a better first guess than none:
+        its counts start the generation scaled to the weight of ``CARRIED_ACCEPTANCE`` drafts, so the text's own
+        drafts outweigh it within a few steps. A drafter that accepts too little to pay (a DFlash drafter trained
+        for minutes: ~20%, on a 0.5B target whose drafting step costs 1.7 plain steps) is then switched off after
+        its first drafting step (``_estimate_loses``) instead of after the ~12 steps of measured judging a
+        generation used to pay again and again (0.84-0.89x of plain decoding, 2026-12-04).
 
         The length too: each generation used to start at ``start`` (4), so 5-token steps were timed at generation
         starts only, warm from the third generation on; from then on lengths were priced by interpolating between
@@ -110,6 +119,10 @@ class DraftPolicy:
         self.measured_at = dict.fromkeys(self.cost, 0)
         self.draft_times, self.draft_steps = list(previous.draft_times), previous.draft_steps
         self.k = previous.k
+        seen = previous.accepted + previous.rejected
+        if seen > 0:
+            scale = min(1.0, CARRIED_ACCEPTANCE / seen)
+            self.accepted, self.rejected = previous.accepted * scale, previous.rejected * scale
 
     def carry_plain(self, previous: DraftPolicy) -> None:
         """Start with plain decoding's cost as ``previous`` measured it, and its warm count (graded drafts: their
@@ -259,7 +272,11 @@ class DraftPolicy:
             self.spec_steps += 1
         if not self.adaptive:
             return
-        self.k = self._best_length(self.accepted / max(self.accepted + self.rejected, 1e-9))
+        alpha = self.accepted / max(self.accepted + self.rejected, 1e-9)
+        self.k = self._best_length(alpha)
+        if not self.graded and self._estimate_loses(alpha):
+            self._switch_off(produced)
+            return
         spec = self.spec_cost
         if self.spec_steps < MIN_SPEC_STEPS or plain is None or spec is None:
             return
@@ -283,12 +300,31 @@ class DraftPolicy:
         and a fresh stretch either way."""
         spec, plain = self.spec_cost, self.recent_plain
         if spec is not None and plain is not None and spec > plain:
-            self.off_until = produced + self.backoff
-            self.backoff = min(2 * self.backoff, BACKOFF_MAX)
-            self.switched_off += 1
+            self._switch_off(produced)
+        else:
+            self._fresh_stretch()
+
+    def _switch_off(self, produced: int) -> None:
+        self.off_until = produced + self.backoff
+        self.backoff = min(2 * self.backoff, BACKOFF_MAX)
+        self.switched_off += 1
+        self._fresh_stretch()
+
+    def _fresh_stretch(self) -> None:
         self.spec_steps = 0
         self.spec_tokens = self.spec_seconds = 0.0
         self.plain_steps = self.plain_seconds = 0.0
+
+    def _estimate_loses(self, alpha: float) -> bool:
+        """Whether, by the acceptance seen (at least ``MIN_EVIDENCE``) and the measured costs of drafting and of
+        the step sizes, no draft length commits tokens faster than plain decoding: drafting is switched off then
+        without waiting for the measured judging (4 warm drafting steps and 2 plain ones, each drafting step a
+        loss). Not before a drafting step was timed warm: an unmeasured draft cost would price drafting at 0."""
+        plain = self.plain_cost
+        if plain is None or self.draft_cost is None or self.accepted + self.rejected < MIN_EVIDENCE:
+            return False
+        return all(expected_tokens(alpha, k) / self._step_cost(k, plain) < 1 / plain
+                   for k in range(1, self.max_draft + 1))
 
     def _best_length(self, alpha: float) -> int:
         """The k (at least 1) with the most tokens per second at acceptance ``alpha``."""
