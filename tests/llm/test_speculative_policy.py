@@ -344,6 +344,8 @@ def test_a_drafter_that_cannot_pay_is_switched_off_after_one_step_of_the_next_ge
     assert first.switched_off >= 1
     second = DraftPolicy(8)
     second.carry_costs(first)
+    # the pause drafting was in when the last generation ended goes on for the tokens left of it
+    assert second.off_until == max(first.off_until - first.produced, 0) and second.backoff == first.backoff
     second_steps = _drafting_steps(second, 64, right_every=5)
     assert second.switched_off >= 1 and second_steps < first_steps and second_steps <= 4
     # a drafter that is always right is not switched off by the estimate, carried or not

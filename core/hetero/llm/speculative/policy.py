@@ -88,6 +88,7 @@ class DraftPolicy:
         self.spec_steps = 0  # since the last judgement
         self.since_probe = 0
         self.off_until = 0  # decoded-token count until which drafting is off
+        self.produced = 0  # tokens of the generation so far (after the last recorded step)
         self.backoff = BACKOFF_START
         self.switched_off = 0  # how many times drafting was switched off (reported)
         self.draft_times: list[float] = []  # seconds per draft token of the last DRAFT_WINDOW warm drafting steps
@@ -107,7 +108,10 @@ class DraftPolicy:
         drafts outweigh it within a few steps. A drafter that accepts too little to pay (a DFlash drafter trained
         for minutes: ~20%, on a 0.5B target whose drafting step costs 1.7 plain steps) is then switched off after
         its first drafting step (``_estimate_loses``) instead of after the ~12 steps of measured judging a
-        generation used to pay again and again (0.84-0.89x of plain decoding, 2026-12-04).
+        generation used to pay again and again (0.84-0.89x of plain decoding, 2026-12-04). A drafter switched
+        off stays off for the rest of its backoff across generations (the next starts with the tokens left of it,
+        and the backoff reached), so a run of short replies tries it once in a while rather than ~3 times in each
+        (at 1, 17 and 49 tokens: each trial of that drafter a 3-plain-step drafting step for 0.2-0.3 tokens).
 
         The length too: each generation used to start at ``start`` (4), so 5-token steps were timed at generation
         starts only, warm from the third generation on; from then on lengths were priced by interpolating between
@@ -119,6 +123,8 @@ class DraftPolicy:
         self.measured_at = dict.fromkeys(self.cost, 0)
         self.draft_times, self.draft_steps = list(previous.draft_times), previous.draft_steps
         self.k = previous.k
+        self.off_until = max(previous.off_until - previous.produced, 0)
+        self.backoff = previous.backoff
         seen = previous.accepted + previous.rejected
         if seen > 0:
             scale = min(1.0, CARRIED_ACCEPTANCE / seen)
@@ -222,6 +228,7 @@ class DraftPolicy:
         (``confidence``: the draft's class, for graded drafters; ``draft_seconds``: the part of ``seconds`` spent
         drafting: a step size is priced by its verify pass, the drafting by its seconds per draft token)."""
         size = drafted + 1
+        self.produced = produced + committed
         if drafted and draft_seconds > 0:
             self.draft_steps += 1
             if self.draft_steps > COLD_RUNS:  # the drafter's own first steps plan and record its shapes
