@@ -89,6 +89,18 @@ ROUTED = [
     (1, 400, 1, 41, 64, 1, 3, (1, 2), (0, 1, 0, 0)),
 ]
 
+# Shapes conv_bf16x3_rows' rule routes: the direct kernels', K >= 256, Cout >= 32 (YOLOv8n's 3x3 on 10 x 10 and stride 2
+# onto 10 x 10 / 20 x 20, an odd map, two images); a strided 1x1 conv goes to its subsampled input's 1x1 rule.
+ROWS = [
+    # n, c, h, w, cout, kh, kw, stride, pads
+    (1, 128, 10, 10, 128, 3, 3, (1, 1), (1, 1, 1, 1)),
+    (1, 256, 10, 10, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+    (1, 128, 20, 20, 256, 3, 3, (2, 2), (1, 1, 1, 1)),
+    (1, 64, 21, 19, 128, 3, 3, (2, 2), (1, 1, 1, 1)),
+    (2, 64, 9, 11, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
+    (1, 64, 15, 14, 128, 1, 1, (2, 2), (0, 0, 0, 0)),  # a strided 1x1 conv (ResNet's projection shortcut)
+]
+
 
 @amx
 @pytest.mark.parametrize("shape", ROUTED)
@@ -101,7 +113,7 @@ def test_routed_within_bound_of_float64(shape, act, with_bias, threads):
 
 
 @amx
-@pytest.mark.parametrize("shape", ROUTED)
+@pytest.mark.parametrize("shape", ROUTED + ROWS)
 def test_same_bits_at_1_2_3_threads(shape):
     n, c, h, w_, cout, kh, kw, stride, pads = shape
     x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=1)
@@ -266,20 +278,10 @@ def test_pointwise_forced_small_shapes():
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-# conv_bf16x3_rows (kh x kw > 1: B rows are taps of the zero-padded input's phase planes): the rule's shapes (the
-# direct kernels', K >= 256, Cout >= 32: YOLOv8n's 3x3 on 10 x 10 and stride 2 onto 10 x 10 / 20 x 20, an
-# odd map, two images), then in a child with the switch on every other form: pads on one side, a 5 x 3 kernel,
+# conv_bf16x3_rows (kh x kw > 1: B rows are taps of the zero-padded input's phase planes): the rule's shapes (ROWS),
+# then in a child with the switch on every other form: pads on one side, a 5 x 3 kernel,
 # dilation 2, strides (1, 2) and (2, 1), groups, Cout of 40 / 16, few channels, 3 x 3 maps (9 positions), a 1x3
 # kernel, a strided 1x1 with pads, unpadded 3x3 convs (the input split in place, one image and group after another).
-ROWS = [
-    # n, c, h, w, cout, kh, kw, stride, pads
-    (1, 128, 10, 10, 128, 3, 3, (1, 1), (1, 1, 1, 1)),
-    (1, 256, 10, 10, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
-    (1, 128, 20, 20, 256, 3, 3, (2, 2), (1, 1, 1, 1)),
-    (1, 64, 21, 19, 128, 3, 3, (2, 2), (1, 1, 1, 1)),
-    (2, 64, 9, 11, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
-    (1, 64, 15, 14, 128, 1, 1, (2, 2), (0, 0, 0, 0)),  # a strided 1x1 conv (ResNet's projection shortcut)
-]
 
 
 @amx
@@ -293,22 +295,6 @@ def test_rows_within_bound_of_float64(shape, act, with_bias, threads):
     # form of it is checked in the child with HETERO_CPU_CONV_SUBSAMPLE=0 (forced_rows_checks)
     want = "bf16x3_pw" if kh * kw == 1 else "bf16x3_rows"
     assert check_bound(x, w, b if with_bias else None, stride, pads, 1, act) == want
-
-
-@amx
-@pytest.mark.parametrize("shape", ROWS)
-def test_rows_same_bits_at_1_2_3_threads(shape):
-    n, c, h, w_, cout, kh, kw, stride, pads = shape
-    x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=11)
-    before = _native.num_threads()
-    outs = []
-    try:
-        for t in (1, 2, 3):
-            _native.set_num_threads(t)
-            outs.append(run(x, w, b, stride, pads, 1, "relu", "normal")[1])
-    finally:
-        _native.set_num_threads(before)
-    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
 @amx
