@@ -101,26 +101,38 @@ def test_a_decoder_layer_is_one_native_call_with_the_same_results(threads):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-@pytest.mark.parametrize("cpu", [False, True])
-def test_timing_splits_the_step_per_op_and_changes_no_result(cpu):
-    """``timing`` (wall clock, or the process's CPU time with ``timing_cpu``) sums one time and one pool account per
-    op over the steps run (``take_times`` resets them); the outputs are those of the untimed step."""
-    runs = []
+def _timed_step_matches_untimed(configure) -> object:
+    """Decodes the fixture layer as one merged step twice, untimed and with ``configure(step)`` switching timing on;
+    checks the outputs are equal and returns the timed step (its accounts still to take)."""
+    runs, steps = [], []
     for timed in (False, True):
         past = np.zeros(1, np.int64)
         cache = _native.LlmAttention(KV_HEADS, D, 32, "f16")
         program, buf = _layer(past, cache)
         step = fuse.step_calls(program)[0]
-        step.timing, step.timing_cpu = timed, cpu
-        runs.append(_decode([step], buf, past))
         if timed:
-            times = step.take_times()
-            assert len(times) == len(step) == 11
-            assert all(t >= 0 and "calls" in st for t, st in times) and sum(t for t, _ in times) > 0
-            assert sum(t for t, _ in step.take_times()) == 0
+            configure(step)
+        runs.append(_decode([step], buf, past))
+        steps.append(step)
     for got, want in zip(runs[1], runs[0], strict=True):
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    return steps[1]
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+def test_timing_splits_the_step_per_op_and_changes_no_result(cpu):
+    """``timing`` (wall clock, or the process's CPU time with ``timing_cpu``) sums one time and one pool account per
+    op over the steps run (``take_times`` resets them); the outputs are those of the untimed step."""
+
+    def configure(step) -> None:
+        step.timing, step.timing_cpu = True, cpu
+
+    step = _timed_step_matches_untimed(configure)
+    times = step.take_times()
+    assert len(times) == len(step) == 11
+    assert all(t >= 0 and "calls" in st for t, st in times) and sum(t for t, _ in times) > 0
+    assert sum(t for t, _ in step.take_times()) == 0
 
 
 def test_clean_timing_keeps_runs_and_changes_no_result():
@@ -134,24 +146,17 @@ def test_clean_timing_keeps_runs_and_changes_no_result():
         clocks = _native.pool_cpu_ns()
         assert len(clocks) == 2 and clocks[0] > 0
         assert all(b >= a for a, b in zip(clocks, _native.pool_cpu_ns(), strict=True) if a >= 0)
-        runs = []
-        for timed in (False, True):
-            past = np.zeros(1, np.int64)
-            cache = _native.LlmAttention(KV_HEADS, D, 32, "f16")
-            program, buf = _layer(past, cache)
-            step = fuse.step_calls(program)[0]
-            step.timing = step.timing_clean = timed
-            runs.append(_decode([step], buf, past))
-            if timed:
-                clean = step.take_clean()
-                assert len(clean) == len(step)
-                for op_runs, st in clean:
-                    assert all(t > 0 for t in op_runs) and "joins" in st
-                    assert st["joins"] >= st["calls"]  # a clean pooled region was joined by the worker
-                assert all(not r for r, _ in step.take_clean())
-        for got, want in zip(runs[1], runs[0], strict=True):
-            for name in want:
-                np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+        def configure(step) -> None:
+            step.timing = step.timing_clean = True
+
+        step = _timed_step_matches_untimed(configure)
+        clean = step.take_clean()
+        assert len(clean) == len(step)
+        for op_runs, st in clean:
+            assert all(t > 0 for t in op_runs) and "joins" in st
+            assert st["joins"] >= st["calls"]  # a clean pooled region was joined by the worker
+        assert all(not r for r, _ in step.take_clean())
     finally:
         _native.set_num_threads(threads)
 
