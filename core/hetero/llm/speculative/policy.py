@@ -280,8 +280,8 @@ class DraftPolicy:
         if not self.adaptive:
             return
         alpha = self.accepted / max(self.accepted + self.rejected, 1e-9)
-        self.k = self._best_length(alpha)
-        if not self.graded and self._estimate_loses(alpha):
+        self.k, best_rate = self._best_length(alpha)
+        if not self.graded and self._estimate_loses(best_rate):
             self._switch_off(produced)
             return
         spec = self.spec_cost
@@ -322,28 +322,29 @@ class DraftPolicy:
         self.spec_tokens = self.spec_seconds = 0.0
         self.plain_steps = self.plain_seconds = 0.0
 
-    def _estimate_loses(self, alpha: float) -> bool:
+    def _estimate_loses(self, best_rate: float) -> bool:
         """Whether, by the acceptance seen (at least ``MIN_EVIDENCE``) and the measured costs of drafting and of
         the step sizes, no draft length commits tokens faster than plain decoding: drafting is switched off then
         without waiting for the measured judging (4 warm drafting steps and 2 plain ones, each drafting step a
-        loss). Not before a drafting step was timed warm: an unmeasured draft cost would price drafting at 0."""
+        loss). ``best_rate``: ``_best_length``'s tokens per second. Not before a drafting step was timed warm: an
+        unmeasured draft cost would price drafting at 0."""
         plain = self.plain_cost
         if plain is None or self.draft_cost is None or self.accepted + self.rejected < MIN_EVIDENCE:
             return False
-        return all(expected_tokens(alpha, k) / self._step_cost(k, plain) < 1 / plain
-                   for k in range(1, self.max_draft + 1))
+        return best_rate < 1 / plain
 
-    def _best_length(self, alpha: float) -> int:
-        """The k (at least 1) with the most tokens per second at acceptance ``alpha``."""
+    def _best_length(self, alpha: float) -> tuple[int, float]:
+        """The k (at least 1) with the most tokens per second at acceptance ``alpha``, and that rate (the current
+        k and infinity before plain decoding is timed)."""
         plain = self.plain_cost
         if plain is None:
-            return self.k
+            return self.k, float("inf")
         best, best_rate = 1, 0.0
         for k in range(1, self.max_draft + 1):
             rate = expected_tokens(alpha, k) / self._step_cost(k, plain)
             if rate > best_rate:
                 best, best_rate = k, rate
-        return best
+        return best, best_rate
 
     def _step_cost(self, drafted: int, plain: float) -> float:
         """The seconds of a step of ``drafted`` drafts: drafting them and verifying ``drafted + 1`` tokens."""
