@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -48,8 +49,26 @@ def _label(kernel, ins) -> str:
             f"{' g' + str(packed.group) if packed.group > 1 else ''} on {x[2]}x{x[3]} {algo}")
 
 
+# hetero's node name per tensor it produces (after its fusions), filled by hetero_profile, and the source graph's
+# tensor -> the output of its only consumer: onnxruntime names its NCHWc nodes after their output tensor, which is
+# the conv's or a BatchNormalization's where hetero's fused node ends at a later activation's.
+OUTPUT_NAMES: dict[str, str] = {}
+NEXT_TENSOR: dict[str, str] = {}
+
+
+def _hetero_node_of(tensor: str) -> str | None:
+    for _ in range(4):
+        if tensor in OUTPUT_NAMES:
+            return OUTPUT_NAMES[tensor]
+        if tensor not in NEXT_TENSOR:
+            return None
+        tensor = NEXT_TENSOR[tensor]
+    return None
+
+
 def hetero_profile(path: str, feeds: dict, threads: int, runs: int,
-                   clock: Callable[[], float] = time.perf_counter) -> dict[str, tuple[str, float]]:
+                   clock: Callable[[], float] = time.perf_counter,
+                   stat: Callable[[list[float]], float] = statistics.median) -> dict[str, tuple[str, float]]:
     import hetero
 
     with warnings.catch_warnings():
@@ -58,6 +77,10 @@ def hetero_profile(path: str, feeds: dict, threads: int, runs: int,
     session.run(feeds)
     times: dict[str, list[float]] = defaultdict(list)
     labels: dict[str, str] = {}
+    OUTPUT_NAMES.clear()
+    for node, _ in session.kernels():
+        for out in node.outputs:
+            OUTPUT_NAMES[out] = node.name
 
     def timed(name: str, call):
         def run() -> None:
@@ -85,7 +108,7 @@ def hetero_profile(path: str, feeds: dict, threads: int, runs: int,
     times.clear()
     for _ in range(runs):
         session.run(feeds)
-    return {name: (labels[name], statistics.median(v) * 1e3) for name, v in times.items()}
+    return {name: (labels[name], stat(v) * 1e3) for name, v in times.items()}
 
 
 def ort_profile(path: str, feeds: dict, threads: int, runs: int) -> dict[str, tuple[str, float]]:
@@ -122,6 +145,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30, help="nodes listed, slowest hetero first")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
                         help="hetero's timer: wall, or the calling thread's CPU time (1 thread, a busy machine)")
+    parser.add_argument("--stat", choices=("median", "min"), default="median",
+                        help="hetero's statistic per node: min (best of --runs) filters a busy machine's preemptions"
+                             " out of wall times at 2 threads")
     parser.add_argument("--hetero-only", action="store_true", help="skip onnxruntime (A/B of hetero builds)")
     args = parser.parse_args()
     model = MODELS[args.model]
@@ -129,9 +155,15 @@ def main() -> None:
     if path is None:
         raise SystemExit(f"{args.model} is not installed: {model.install_hint()}")
     feeds = {k: np.asarray(v) for k, v in model.feeds(model).items()}
+    consumers: dict[str, list] = defaultdict(list)
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        for t in node.input:
+            consumers[t].append(node)
+    NEXT_TENSOR.update({t: c[0].output[0] for t, c in consumers.items() if len(c) == 1 and c[0].output})
     print(f"load average before: {os.getloadavg()}")
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
-    het = hetero_profile(str(path), feeds, args.threads, args.runs, clock)
+    het = hetero_profile(str(path), feeds, args.threads, args.runs, clock,
+                         min if args.stat == "min" else statistics.median)
     ort = {} if args.hetero_only else ort_profile(str(path), feeds, args.threads, args.runs)
     print(f"load average after: {os.getloadavg()}")
     by_op_h: dict[str, float] = defaultdict(float)
@@ -157,11 +189,14 @@ def main() -> None:
 def _ort_by_hetero_name(ort: dict[str, tuple[str, float]]) -> dict[str, float]:
     """onnxruntime's per-node times under the names of the source graph: its NCHWc convs are named after their
     output (``<conv>_output_0_nchwc``), and a SiLU it fuses into a QuickGelu node of its own
-    (``<block>/act/Mul/QuickGeluFusion/``) is added to the conv of that block (hetero fuses it into the conv)."""
+    (``<block>/act/Mul/QuickGeluFusion/``) is added to the conv of that block (hetero fuses it into the conv); others
+    (``<tensor>_nchwc``) after the hetero node that produces that tensor, where hetero_profile ran first."""
     out: dict[str, float] = defaultdict(float)
     for name, (_, ms) in ort.items():
         if name.endswith("_output_0_nchwc"):
             name = name[: -len("_output_0_nchwc")]
+        elif name.endswith("_nchwc") and _hetero_node_of(name[: -len("_nchwc")]):
+            name = _hetero_node_of(name[: -len("_nchwc")]) or name
         elif name.endswith("/act/Mul/QuickGeluFusion/"):
             name = name[: -len("/act/Mul/QuickGeluFusion/")] + "/conv/Conv"
         out[name] += ms

@@ -52,8 +52,9 @@ struct PackedConv {
   // precision "normal" asked and the CPU has AMX-BF16 (whatever the shape)
   bool normal = false;
   // conv_bf16x3_pw's weights (1x1 convs, the weights as bf16x3's A side): per group the Cout/group rows as hi / lo
-  // bf16 rows of bf16x3_kp(K), zero rows up to a multiple of 32, hi then lo, bfa_stride uint16 values a group; made
-  // from `raw` on the first call that takes that path (bfa_ok false: a weight the split does not take)
+  // bf16 rows of bf16x3_kp(K), zero rows up to a multiple of 32, hi then lo, bfa_stride uint16 values a group, each
+  // 16-row tile's k blocks as 1 KB tiles (bf16x3_block32_ta; rows with HETERO_CPU_BF16X3_TILED_A=0); made from `raw`
+  // on the first call that takes that path (bfa_ok false: a weight the split does not take)
   mutable std::once_flag bfa_once;
   mutable AlignedBuf bfa;
   mutable i64 bfa_stride = 0;

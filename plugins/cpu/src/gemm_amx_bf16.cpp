@@ -139,14 +139,17 @@ void bf16x3_pair_b_block(const std::uint16_t* shi, const std::uint16_t* slo, con
 void bf16x3_tiles_begin() { amx_load_tiles16x64(); }
 void bf16x3_tiles_end() { _tile_release(); }
 
-void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+// TA: A in tiles (bf16x3_tile_a's layout: a row tile's 16 rows of each k block as one 1 KB tile) instead of rows.
+template <bool TA>
+void bf16x3_block_t(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
                   const std::uint16_t* blo, float* c, i64 ldc) {
-  const i64 lda = kp * 2, bstride = kp * 16;  // A rows in bytes; B's second 16-column tile, in values
+  const i64 lda = TA ? 64 : kp * 2, bstride = kp * 16;  // A rows in bytes; B's second 16-column tile, in values
   _tile_zero(0);
   _tile_zero(1);
   for (i64 k0 = 0; k0 < kp; k0 += 32) {
-    _tile_loadd(2, ahi + k0, lda);
-    _tile_loadd(3, alo + k0, lda);
+    const i64 ka = TA ? k0 * 16 : k0;
+    _tile_loadd(2, ahi + ka, lda);
+    _tile_loadd(3, alo + ka, lda);
     _tile_loadd(4, bhi + k0 * 16, 64);  // 16 pairs of k from k0 / 2: 64 bytes each
     _tile_loadd(5, blo + k0 * 16, 64);
     _tile_loadd(6, bhi + bstride + k0 * 16, 64);
@@ -163,19 +166,30 @@ void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, co
   _tile_stored(1, c + 16, ldc * 4);
 }
 
+void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                  const std::uint16_t* blo, float* c, i64 ldc) {
+  bf16x3_block_t<false>(kp, ahi, alo, bhi, blo, c, ldc);
+}
+void bf16x3_block_ta(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                     const std::uint16_t* blo, float* c, i64 ldc) {
+  bf16x3_block_t<true>(kp, ahi, alo, bhi, blo, c, ldc);
+}
 
-void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+
+template <bool TA>
+void bf16x3_block32_t(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
                     const std::uint16_t* blo, float* c, i64 ldc) {
-  const i64 lda = kp * 2, bstride = kp * 16, a1 = 16 * kp;  // A rows in bytes; B's right tile; A's rows 16-31
+  const i64 lda = TA ? 64 : kp * 2, bstride = kp * 16, a1 = 16 * kp;  // A rows in bytes; B's right tile; A's rows 16-31
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (i64 k0 = 0; k0 < kp; k0 += 32) {
+    const i64 ka = TA ? k0 * 16 : k0;
     // hi x hi, then hi x lo (B's lo in 6-7), then lo x hi (A's lo in 4-5, B's hi again): four independent sums,
     // each element's products in bf16x3_block's order.
-    _tile_loadd(4, ahi + k0, lda);
-    _tile_loadd(5, ahi + a1 + k0, lda);
+    _tile_loadd(4, ahi + ka, lda);
+    _tile_loadd(5, ahi + a1 + ka, lda);
     _tile_loadd(6, bhi + k0 * 16, 64);
     _tile_loadd(7, bhi + bstride + k0 * 16, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -188,8 +202,8 @@ void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, 
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
-    _tile_loadd(4, alo + k0, lda);
-    _tile_loadd(5, alo + a1 + k0, lda);
+    _tile_loadd(4, alo + ka, lda);
+    _tile_loadd(5, alo + a1 + ka, lda);
     _tile_loadd(6, bhi + k0 * 16, 64);
     _tile_loadd(7, bhi + bstride + k0 * 16, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -202,6 +216,15 @@ void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, 
   _tile_stored(2, c + 16 * ldc, ldc * 4);
   _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
 }
+
+void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                    const std::uint16_t* blo, float* c, i64 ldc) {
+  bf16x3_block32_t<false>(kp, ahi, alo, bhi, blo, c, ldc);
+}
+void bf16x3_block32_ta(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                       const std::uint16_t* blo, float* c, i64 ldc) {
+  bf16x3_block32_t<true>(kp, ahi, alo, bhi, blo, c, ldc);
+}
 #else
 std::uint32_t bf16x3_split_rows(const float*, i64, i64, i64, i64, i64, std::uint16_t*, std::uint16_t*) {
   return 0xffffffffu;
@@ -212,6 +235,10 @@ std::uint32_t bf16x3_split_b_block(const float*, const i64*, i64, i64, i64, std:
 std::uint32_t bf16x3_split_plain(const float*, i64, std::uint16_t*, std::uint16_t*) { return 0xffffffffu; }
 void bf16x3_pair_b_block(const std::uint16_t*, const std::uint16_t*, const i64*, i64, i64, i64, std::uint16_t*,
                          std::uint16_t*) {}
+void bf16x3_block_ta(i64, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*,
+                     float*, i64) {}
+void bf16x3_block32_ta(i64, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*,
+                       float*, i64) {}
 void bf16x3_tiles_begin() {}
 void bf16x3_tiles_end() {}
 void bf16x3_block(i64, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, const std::uint16_t*, float*,

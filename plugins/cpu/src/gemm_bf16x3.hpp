@@ -67,6 +67,12 @@ void bf16x3_block(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, co
 // order (hi x hi, hi x lo, lo x hi per k block), so the two give the same bits.
 void bf16x3_block32(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
                     const std::uint16_t* blo, float* c, i64 ldc);
+// The two with A in tiles (bf16x3_tile_a): a row tile's k block is 16 rows x 32 values, one 1 KB tile, the k blocks
+// of a row tile after each other (A's rows 16-31 still at 16 * kp).
+void bf16x3_block_ta(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                     const std::uint16_t* blo, float* c, i64 ldc);
+void bf16x3_block32_ta(i64 kp, const std::uint16_t* ahi, const std::uint16_t* alo, const std::uint16_t* bhi,
+                       const std::uint16_t* blo, float* c, i64 ldc);
 
 // ---- gemm.cpp ----
 struct Bf16x3B {

@@ -372,3 +372,30 @@ def test_rows_forced_every_form():
     code = "import tests.plugins.cpu.test_conv_bf16x3 as t; t.forced_rows_checks()"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _pw_and_rows_outputs() -> dict[str, np.ndarray]:
+    """Every PW and ROWS shape at precision normal, HardSwish: outputs by shape."""
+    outs = {}
+    for i, (n, c, h, w_, cout, group) in enumerate(PW):
+        x, w, b = data(n, c, h, w_, cout, 1, 1, group, seed=11)
+        outs[f"pw{i}"] = run(x, w, b, (1, 1), (0, 0, 0, 0), group, "hard_swish", "normal")[1]
+    for i, (n, c, h, w_, cout, kh, kw, stride, pads) in enumerate(ROWS):
+        x, w, b = data(n, c, h, w_, cout, kh, kw, 1, seed=12)
+        outs[f"rows{i}"] = run(x, w, b, stride, pads, 1, "hard_swish", "normal")[1]
+    return outs
+
+
+@amx
+def test_tiled_weights_same_bits_as_rows(tmp_path):
+    """The weights as A in 1 KB tiles (bf16x3_block32_ta, the default) give the bits of the row layout
+    (HETERO_CPU_BF16X3_TILED_A=0, in a child): the same products in the same order, only the loads differ."""
+    path = tmp_path / "rows.npz"
+    code = ("import numpy as np\nfrom tests.plugins.cpu.test_conv_bf16x3 import _pw_and_rows_outputs\n"
+            f"np.savez({str(path)!r}, **_pw_and_rows_outputs())\n")
+    env = dict(os.environ, HETERO_CPU_BF16X3_TILED_A="0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = np.load(path)
+    for name, out in _pw_and_rows_outputs().items():
+        assert np.array_equal(out, rows[name]), name
