@@ -370,8 +370,15 @@ void dwc_run(const ConvGeom& g, const float* x, const float* w, const float* bia
   const float* xc = x + c0 * HW;
   if constexpr (has_transpose<SIMD>::value) {
     // W positions of the W planes a step (W loads, one transpose, a store per position: a gather a position took as
-    // long as the taps), the zero border written first; the last HW % W positions by gathers.
-    std::fill(P, P + Hp * Wp * W, 0.f);
+    // long as the taps), the zero border written first (the border alone: the positions inside are all stored, and
+    // zeroing the whole tile was as many stores again on 14 x 14 maps); the last HW % W positions by gathers.
+    const i64 y1 = std::min<i64>(Hp, g.pt + g.H), x1 = std::min<i64>(Wp, g.pl + g.W);
+    std::fill(P, P + g.pt * Wp * W, 0.f);
+    for (i64 py = g.pt; py < y1; ++py) {
+      std::fill(P + py * Wp * W, P + (py * Wp + g.pl) * W, 0.f);
+      std::fill(P + (py * Wp + x1) * W, P + (py + 1) * Wp * W, 0.f);
+    }
+    std::fill(P + y1 * Wp * W, P + Hp * Wp * W, 0.f);
     i64 p = 0, iy = 0, ix = 0;
     const auto put = [&](V v) {
       if (iy + g.pt < Hp && ix + g.pl < Wp) SIMD::store(P + ((iy + g.pt) * Wp + ix + g.pl) * W, v);
