@@ -614,22 +614,7 @@ Op prep_copy(const py::array& src, const py::array& out) {
   if (nd == 0 || so[static_cast<std::size_t>(nd - 1)] != elem)
     fail("copy: out " + shape_str(out) + " must be contiguous, or a window whose last axis is");
   return [ps, shp, ss, so, po, elem, nd] {
-    const i64 n = shp[static_cast<std::size_t>(nd - 1)];
-    std::vector<i64> idx(static_cast<std::size_t>(nd), 0);
-    for (;;) {
-      i64 os = 0, is = 0;
-      for (int d = 0; d < nd - 1; ++d) {
-        os += idx[static_cast<std::size_t>(d)] * so[static_cast<std::size_t>(d)];
-        is += idx[static_cast<std::size_t>(d)] * ss[static_cast<std::size_t>(d)];
-      }
-      copy_strided(ps + is, 1, &n, &ss[static_cast<std::size_t>(nd - 1)], po + os, elem, 1);
-      int d = nd - 2;
-      for (; d >= 0; --d) {
-        if (++idx[static_cast<std::size_t>(d)] < shp[static_cast<std::size_t>(d)]) break;
-        idx[static_cast<std::size_t>(d)] = 0;
-      }
-      if (d < 0) return;
-    }
+    copy_strided_to(ps, nd, shp.data(), ss.data(), po, so.data(), elem, num_threads());
   };
 }
 
