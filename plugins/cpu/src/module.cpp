@@ -197,6 +197,7 @@ struct PackedB {
   AlignedBuf bf;
   float bf_max = 0.f;
   bool bf16x3 = false;
+  AlignedBuf narrow;  // N <= kNarrowMaxN: B's columns as whole vectors (gemm_narrow), empty otherwise
   Bf16x3B bf16x3_b() const {
     const auto* hi = reinterpret_cast<const std::uint16_t*>(bf.p);
     return Bf16x3B{hi, hi + bf16x3_b_values(k, n), k, n, bf_max};
@@ -251,6 +252,9 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
     pb->bf16x3 = bf16x3_pack_b(b, hi, hi + part, &pb->bf_max);
     if (!pb->bf16x3) pb->bf.reset();
   }
+  const char* narrow = std::getenv("HETERO_CPU_NARROW");
+  if (gemm_narrow_fits(*pb->kr, b.rows, b.cols) && !(narrow != nullptr && std::string(narrow) == "0"))
+    gemm_narrow_pack(*pb->kr, b, pb->narrow.get(static_cast<std::size_t>(gemm_narrow_values(*pb->kr, b.rows, b.cols))));
   const i64 values = pb->panel_values();
   const char* env = std::getenv("HETERO_CPU_INT8_WEIGHTS");
   if (int8 && b.rows * b.cols >= kS8MinWeights && !(env != nullptr && std::string(env) == "0")) {
@@ -273,6 +277,7 @@ void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float al
   if (pb.bf16x3 && bf16x3_worth(a.rows, pb.n, pb.k) &&
       bf16x3_gemm(*pb.kr, pb.bf16x3_b(), a, c, ldc, alpha, beta, ep, T))
     return;
+  if (pb.narrow.p != nullptr && gemm_narrow(*pb.kr, a, pb.narrow.p, pb.n, c, ldc, alpha, beta, ep, T)) return;
   if (a.rows <= 4)
     gemm_small_m_packed(*pb.kr, a, pb.buf.p, pb.n, c, ldc, alpha, beta, ep, T, q);
   else
