@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,6 +82,11 @@ def hetero_runner(model: RealModel, path: Path, feeds: Feeds, threads: int, row:
     session.run(feeds)
     session.run(feeds)  # the arena is planned from the first run of an input signature
     row.fallback = session.placement.fallback_summary() or "none"
+    # nodes on the cpu backend that run hetero's numpy reference at each call (numpy_ops): no fallback, yet a slow
+    # generic path (a 1-D MaxPool was 3 ms of atspm_funcnet's 4)
+    numpy_ops = Counter(node.op_type for node, kernel in session.kernels() if type(kernel).__name__ == "CpuNumpyKernel")
+    if numpy_ops:
+        row.fallback += "; numpy: " + ", ".join(f"{op}×{n}" for op, n in sorted(numpy_ops.items()))
     row.arena = session.memory_plan.describe() if session.memory_plan is not None else "no plan"
     return lambda: session.run(feeds)
 

