@@ -213,8 +213,11 @@ class CpuConvNHWC(CallKernel):
         if len(node.node.inputs) > 2 and node.node.inputs[2] and 2 not in node.constants:
             return unsupported("ConvNHWC with a bias computed at run time")
         attrs = node.node.attrs
-        if int(attrs.get("group", 1)) != 1 or any(int(p) for p in attrs.get("pads", [0, 0, 0, 0])):
+        if int(attrs.get("group", 1)) != 1 or any(int(p) for p in attrs.get("pads", [0, 0, 0, 0])) \
+                or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID", b"NOTSET", b"VALID"):
             return unsupported("ConvNHWC with groups or padding")
+        if int(attrs.get("strides", [1, 1])[0]) != 1:
+            return unsupported("ConvNHWC with a stride along H (the kernel reads every row)")
         verdict = float32_only(node)
         return fused_activation_known(node) if verdict else verdict
 
