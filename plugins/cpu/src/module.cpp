@@ -253,8 +253,10 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
     if (!pb->bf16x3) pb->bf.reset();
   }
   const char* narrow = std::getenv("HETERO_CPU_NARROW");
-  if (gemm_narrow_fits(*pb->kr, b.rows, b.cols) && !(narrow != nullptr && std::string(narrow) == "0"))
-    gemm_narrow_pack(*pb->kr, b, pb->narrow.get(static_cast<std::size_t>(gemm_narrow_values(*pb->kr, b.rows, b.cols))));
+  if (gemm_narrow_fits(*pb->kr, b.rows, b.cols) && !(narrow != nullptr && std::string(narrow) == "0")) {
+    const i64 values = gemm_narrow_values(*pb->kr, b.rows, b.cols);
+    gemm_narrow_pack(*pb->kr, b, pb->narrow.get(static_cast<std::size_t>(values)));
+  }
   const i64 values = pb->panel_values();
   const char* env = std::getenv("HETERO_CPU_INT8_WEIGHTS");
   if (int8 && b.rows * b.cols >= kS8MinWeights && !(env != nullptr && std::string(env) == "0")) {
