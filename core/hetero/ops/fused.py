@@ -53,6 +53,34 @@ def fused_conv(ctx: OpContext) -> list[np.ndarray]:
     return [apply_activation(ctx, y)]
 
 
+def _nchw_context(ctx: OpContext) -> OpContext:
+    """``ctx`` with input 0 (NHWC) seen as the NCHW tensor a Conv takes."""
+    x = ctx.inputs[0]
+    info = None if x is None else TensorInfo(x.dtype, None if x.shape is None else
+                                             tuple(x.shape[i] for i in (0, 3, 1, 2)))
+    values = list(ctx.values)
+    if values and values[0] is not None:
+        values[0] = np.transpose(values[0], (0, 3, 1, 2))
+    return OpContext(ctx.node, [info, *ctx.inputs[1:]], values, ctx.opset)
+
+
+def _conv_nhwc_infer(ctx: OpContext) -> list[TensorInfo]:
+    x = input_info(ctx, 0)
+    if x.shape is None or len(x.shape) != 4:
+        return [unknown(x.dtype, 4)]
+    (y,) = get("", "Conv").infer(_nchw_context(ctx))
+    return [y if y.shape is None else TensorInfo(y.dtype, tuple(y.shape[i] for i in (0, 2, 3, 1)))]
+
+
+@op("ConvNHWC", domain=HETERO_DOMAIN, infer=_conv_nhwc_infer)
+def conv_nhwc(ctx: OpContext) -> list[np.ndarray]:
+    """``FusedConv`` (a 2-D Conv and the optional activation) on a channels-last input [N, H, W, C], its output
+    channels-last too ([N, Ho, Wo, Cout]): what a Keras Conv1D export's Transpose, Conv, Squeeze and Transpose back
+    compute, without the two transposes (``ir.passes.conv1d_channels_last``)."""
+    (y,) = fused_conv(_nchw_context(ctx))
+    return [np.ascontiguousarray(np.transpose(y, (0, 2, 3, 1)))]
+
+
 def _matmul_infer(ctx: OpContext) -> list[TensorInfo]:
     return get("", "MatMul").infer(ctx)
 

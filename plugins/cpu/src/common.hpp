@@ -186,6 +186,18 @@ void gemm_views(const Kernels& kr, const MatView& a, const MatView& b, float* c,
 void gemm_small_m_packed(const Kernels& kr, const MatView& a, const float* bp, i64 N, float* c, i64 ldc, float alpha,
                          float beta, const Epilogue& ep, int nthreads, const S8Panels* s8 = nullptr);
 
+// Few-column products (N <= kNarrowMaxN, K >= the kernel table's lanes): B as N columns of whole vectors, each
+// row of A against each column in registers, instead of 32-column panels that are mostly zeros (a dense layer to 5
+// outputs over a Conv1D's positions). gemm_narrow_fits says whether `kr` takes a K x N weight so;
+// gemm_narrow_values is the floats gemm_narrow_pack writes.
+constexpr i64 kNarrowMaxN = 8;
+bool gemm_narrow_fits(const Kernels& kr, i64 K, i64 N);
+i64 gemm_narrow_values(const Kernels& kr, i64 K, i64 N);
+void gemm_narrow_pack(const Kernels& kr, const MatView& b, float* dst);
+// c = a bt (+ epilogue); false (nothing written) where alpha != 1, beta != 0 or A is not unit-stride along K.
+bool gemm_narrow(const Kernels& kr, const MatView& a, const float* bt, i64 N, float* c, i64 ldc, float alpha,
+                 float beta, const Epilogue& ep, int nthreads);
+
 // Applies the epilogue to an m x n block of c.
 void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i64 m, i64 n, const Epilogue& ep);
 

@@ -669,6 +669,11 @@ bool bf16x3_rows_fits(const PackedConv& pc, const ConvGeom& g) {
   // else conv_cblk or the transposed product): only the direct kernels' shapes were measured against this path.
   if (transposed_fits(pc, g)) return false;
   const ConvAlgo a = fp32_algorithm(pc, g);
+  // Winograd's shapes with 96-128 input channels and Cout >= 96 on small maps (per node in the model, thread time, 3
+  // alternations, load ~7: ddddocr's YOLOX 96 -> 96 3x3 on 26 x 26 0.64-0.77x of Winograd, OriNet's 128 -> 256 on
+  // 20 x 20 0.84x; left with Winograd: 96 -> 96 on 52 x 52, level 0.93-1.06x, 48 -> 48 on 52 x 52 1.03-1.25x, 24 ->
+  // 24 on 104 x 104 1.29x, OriNet's 256 -> 256 on 20 x 20 (K = 2304) 1.13x, the level 128 -> 64 on 20 x 20).
+  if (a == ConvAlgo::winograd) return cout_g >= 96 && K >= 864 && K <= 1152 && g.Ho * g.Wo <= 1024;
   return a == ConvAlgo::cblk || a == ConvAlgo::direct;
 }
 

@@ -131,6 +131,49 @@ void copy_strided(const char* src, int ndim, const i64* shape, const i64* src_st
   });
 }
 
+namespace {
+
+template <class T>
+void copy_pairs_t(const char* s, i64 ss, char* d, i64 ds, i64 n) {
+  for (i64 i = 0; i < n; ++i) std::memcpy(d + i * ds, s + i * ss, sizeof(T));
+}
+
+// n values from s (stride ss bytes) to d (stride ds bytes)
+void copy_row_to(const char* s, i64 ss, char* d, i64 ds, i64 n, i64 elem) {
+  if (ds == elem) {
+    copy_row(s, ss, d, n, elem);
+    return;
+  }
+  switch (elem) {
+    case 1: copy_pairs_t<std::uint8_t>(s, ss, d, ds, n); break;
+    case 2: copy_pairs_t<std::uint16_t>(s, ss, d, ds, n); break;
+    case 4: copy_pairs_t<std::uint32_t>(s, ss, d, ds, n); break;
+    case 8: copy_pairs_t<std::uint64_t>(s, ss, d, ds, n); break;
+    default:
+      for (i64 i = 0; i < n; ++i) std::memcpy(d + i * ds, s + i * ss, static_cast<std::size_t>(elem));
+  }
+}
+
+}  // namespace
+
+void copy_strided_to(const char* src, int ndim, const i64* shape, const i64* src_strides, char* dst,
+                     const i64* dst_strides, i64 elem, int nthreads) {
+  if (ndim > kMaxDims) throw std::invalid_argument("copy: at most 16 dimensions supported");
+  i64 total = 1;
+  for (int d = 0; d < ndim; ++d) total *= shape[d];
+  if (total == 0) return;
+  const i64* strides[2] = {dst_strides, src_strides};
+  NdIter it(ndim, shape, 2, strides);
+  const i64 n = it.inner(), rows = it.outer();
+  const i64 ds = it.st[0][it.nd - 1], ss = it.st[1][it.nd - 1];
+  const int T = std::min(nthreads, threads_for(static_cast<double>(total * elem), 1 << 18));
+  const i64 rpt = std::max<i64>(1, ((1 << 18) / elem) / std::max<i64>(n, 1));  // rows per task
+  parallel_for((rows + rpt - 1) / rpt, T, [&](i64 t) {
+    for_rows(it, t * rpt, std::min(rows, (t + 1) * rpt),
+             [&](i64 od, i64 os, i64) { copy_row_to(src + os, ss, dst + od, ds, n, elem); });
+  });
+}
+
 void gather_rows(const char* data, i64 outer, i64 axis_len, i64 inner_bytes, const std::int64_t* idx, i64 nidx,
                  char* out, int nthreads) {
   const i64 total = outer * nidx;

@@ -383,6 +383,50 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
   });
 }
 
+bool gemm_narrow_fits(const Kernels& kr, i64 K, i64 N) {
+  return N >= 1 && N <= kNarrowMaxN && K >= extra_for(kr).lanes;
+}
+
+i64 gemm_narrow_values(const Kernels& kr, i64 K, i64 N) {
+  const i64 W = extra_for(kr).lanes;
+  return ceil_div(K, W) * W * N;
+}
+
+void gemm_narrow_pack(const Kernels& kr, const MatView& b, float* dst) {
+  const i64 W = extra_for(kr).lanes, K = b.rows, ldb = ceil_div(K, W) * W, rem = K % W;
+  for (i64 j = 0; j < b.cols; ++j) {
+    float* col = dst + j * ldb;
+    for (i64 k = 0; k < K - rem; ++k) col[k] = b.p[k * b.rs + j * b.cs];
+    if (rem == 0) continue;
+    // the last vector meets the W values of a row that end at K: zeros where they were counted already
+    float* last = col + (K - rem);
+    for (i64 l = 0; l < W; ++l) {
+      const i64 k = K - W + l;
+      last[l] = l < W - rem ? 0.f : b.p[k * b.rs + j * b.cs];
+    }
+  }
+}
+
+bool gemm_narrow(const Kernels& kr, const MatView& a, const float* bt, i64 N, float* c, i64 ldc, float alpha,
+                 float beta, const Epilogue& ep, int nthreads) {
+  if (alpha != 1.f || beta != 0.f || (a.cs != 1 && a.cols > 1) || !gemm_narrow_fits(kr, a.cols, N)) return false;
+  const ExtraKernels& xk = extra_for(kr);
+  const i64 M = a.rows, K = a.cols;
+  // a bias row goes into the kernel's stores; anything else (a per-row bias, an activation) is a pass afterwards
+  const bool row_bias = ep.bias != nullptr && ep.bias_rs == 0 && ep.bias_cs == 1;
+  Epilogue rest = ep;
+  if (row_bias) rest.bias = nullptr;
+  const int T = std::min<int>(nthreads, threads_for(2.0 * M * N * K, 4e6));
+  const i64 chunk = ceil_div(M, T);
+  parallel_for(T, T, [&](i64 t) {
+    const i64 i0 = t * chunk, i1 = std::min<i64>(M, i0 + chunk);
+    if (i0 >= i1) return;
+    xk.gemm_narrow(a.p, a.rs, i0, i1, K, bt, N, c, ldc, row_bias ? ep.bias : nullptr);
+    apply_epilogue(kr, c + i0 * ldc, ldc, i0, 0, i1 - i0, N, rest);
+  });
+  return true;
+}
+
 namespace {
 
 // Bytes of B each thread of the small-M path should stream for a split to pay (a pool round trip with the workers

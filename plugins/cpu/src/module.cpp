@@ -197,6 +197,7 @@ struct PackedB {
   AlignedBuf bf;
   float bf_max = 0.f;
   bool bf16x3 = false;
+  AlignedBuf narrow;  // N <= kNarrowMaxN: B's columns as whole vectors (gemm_narrow), empty otherwise
   Bf16x3B bf16x3_b() const {
     const auto* hi = reinterpret_cast<const std::uint16_t*>(bf.p);
     return Bf16x3B{hi, hi + bf16x3_b_values(k, n), k, n, bf_max};
@@ -251,6 +252,11 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
     pb->bf16x3 = bf16x3_pack_b(b, hi, hi + part, &pb->bf_max);
     if (!pb->bf16x3) pb->bf.reset();
   }
+  const char* narrow = std::getenv("HETERO_CPU_NARROW");
+  if (gemm_narrow_fits(*pb->kr, b.rows, b.cols) && !(narrow != nullptr && std::string(narrow) == "0")) {
+    const i64 values = gemm_narrow_values(*pb->kr, b.rows, b.cols);
+    gemm_narrow_pack(*pb->kr, b, pb->narrow.get(static_cast<std::size_t>(values)));
+  }
   const i64 values = pb->panel_values();
   const char* env = std::getenv("HETERO_CPU_INT8_WEIGHTS");
   if (int8 && b.rows * b.cols >= kS8MinWeights && !(env != nullptr && std::string(env) == "0")) {
@@ -273,6 +279,7 @@ void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float al
   if (pb.bf16x3 && bf16x3_worth(a.rows, pb.n, pb.k) &&
       bf16x3_gemm(*pb.kr, pb.bf16x3_b(), a, c, ldc, alpha, beta, ep, T))
     return;
+  if (pb.narrow.p != nullptr && gemm_narrow(*pb.kr, a, pb.narrow.p, pb.n, c, ldc, alpha, beta, ep, T)) return;
   if (a.rows <= 4)
     gemm_small_m_packed(*pb.kr, a, pb.buf.p, pb.n, c, ldc, alpha, beta, ep, T, q);
   else
@@ -614,22 +621,7 @@ Op prep_copy(const py::array& src, const py::array& out) {
   if (nd == 0 || so[static_cast<std::size_t>(nd - 1)] != elem)
     fail("copy: out " + shape_str(out) + " must be contiguous, or a window whose last axis is");
   return [ps, shp, ss, so, po, elem, nd] {
-    const i64 n = shp[static_cast<std::size_t>(nd - 1)];
-    std::vector<i64> idx(static_cast<std::size_t>(nd), 0);
-    for (;;) {
-      i64 os = 0, is = 0;
-      for (int d = 0; d < nd - 1; ++d) {
-        os += idx[static_cast<std::size_t>(d)] * so[static_cast<std::size_t>(d)];
-        is += idx[static_cast<std::size_t>(d)] * ss[static_cast<std::size_t>(d)];
-      }
-      copy_strided(ps + is, 1, &n, &ss[static_cast<std::size_t>(nd - 1)], po + os, elem, 1);
-      int d = nd - 2;
-      for (; d >= 0; --d) {
-        if (++idx[static_cast<std::size_t>(d)] < shp[static_cast<std::size_t>(d)]) break;
-        idx[static_cast<std::size_t>(d)] = 0;
-      }
-      if (d < 0) return;
-    }
+    copy_strided_to(ps, nd, shp.data(), ss.data(), po, so.data(), elem, num_threads());
   };
 }
 

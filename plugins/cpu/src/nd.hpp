@@ -96,4 +96,10 @@ void for_rows(const NdIter& it, i64 r0, i64 r1, F f) {
 void copy_strided(const char* src, int ndim, const i64* shape, const i64* src_strides, char* dst, i64 elem,
                   int nthreads);
 
+// Strided (src) -> strided (dst) copy: a Concat's part written into its window of the output. Dimensions contiguous
+// on both sides are merged first, so a window whose rows are several axes long (basic-pitch's [1, 172, 36, 2] parts
+// of a [1, 172, 324, 2] output: rows of 72 values, not 6192 rows of 2) is copied a whole row at a time.
+void copy_strided_to(const char* src, int ndim, const i64* shape, const i64* src_strides, char* dst,
+                     const i64* dst_strides, i64 elem, int nthreads);
+
 }  // namespace hetero

@@ -95,6 +95,10 @@ struct ExtraKernels {
                      const std::int32_t* out_off, const std::int32_t* extent, int n, float* plane, i64 Wo, float* y);
   // dst[k*nr + j] = float(q[k*nr + j]) * scale[j] for k < rows, j < nr: an int8 weight panel as the GEMM's floats.
   void (*dequant_panel_s8)(const std::int8_t* q, const float* scale, i64 rows, int nr, float* dst);
+  // c[i*ldc + j] = dot(row i of a, column j of B) (+ bias[j], bias may be null) for i in [i0, i1), j < n <= 8:
+  // gemm.cpp's few-column product; bt: B as gemm_narrow_pack lays it out (needs k >= lanes).
+  void (*gemm_narrow)(const float* a, i64 lda, i64 i0, i64 i1, i64 k, const float* bt, i64 n, float* c, i64 ldc,
+                      const float* bias);
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
 };
 

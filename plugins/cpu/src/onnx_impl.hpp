@@ -696,6 +696,62 @@ void x_dot_nt(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 n, i6
   }
 }
 
+// A product with few output columns (gemm.cpp's gemm_narrow): c[i*ldc + j] = dot(row i of a, column j of B) (+
+// bias[j]) for i in [i0, i1), j < NB. bt: column j as kv = ceil(k / W) vectors at bt + j * ldb; when k % W = rem != 0
+// the last vector holds B's last rem values in its top lanes and zeros below, and is multiplied by the W values of
+// the row that end at k (so no read past a row, and no lane counted twice; k >= W). R rows at once, as many as the
+// registers hold with NB accumulators each.
+template <int NB, int R>
+void x_narrow_t(const float* a, i64 lda, i64 i0, i64 i1, i64 k, const float* bt, i64 ldb, float* c, i64 ldc,
+                const float* bias) {
+  const i64 kf = k / W;
+  const bool tail = k % W != 0;
+  i64 i = i0;
+  for (; i + R <= i1; i += R) {
+    V acc[R][NB];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NB; ++j) acc[r][j] = SIMD::zero();
+    for (i64 v = 0; v <= kf; ++v) {
+      if (v == kf && !tail) break;
+      const i64 at = v == kf ? k - W : v * W;
+      V av[R];
+      for (int r = 0; r < R; ++r) av[r] = SIMD::load(a + (i + r) * lda + at);
+      for (int j = 0; j < NB; ++j) {
+        const V bv = SIMD::load(bt + j * ldb + v * W);
+        for (int r = 0; r < R; ++r) acc[r][j] = SIMD::fma(av[r], bv, acc[r][j]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NB; ++j) c[(i + r) * ldc + j] = SIMD::hsum(acc[r][j]) + (bias ? bias[j] : 0.f);
+  }
+  if constexpr (R > 1) {
+    if (i < i1) x_narrow_t<NB, 1>(a, lda, i, i1, k, bt, ldb, c, ldc, bias);
+  }
+}
+
+// Rows per pass: NB accumulators a row, a vector of A a row and one of B within the register file.
+template <int NB>
+constexpr int narrow_rows() {
+  constexpr int regs = W == 8 ? 16 : 32;
+  constexpr int r = (regs - 2) / (NB + 1);
+  return r < 1 ? 1 : (r > 4 ? 4 : r);
+}
+
+void x_gemm_narrow(const float* a, i64 lda, i64 i0, i64 i1, i64 k, const float* bt, i64 n, float* c, i64 ldc,
+                   const float* bias) {
+  const i64 ldb = (k + W - 1) / W * W;
+  switch (n) {
+    case 1: x_narrow_t<1, narrow_rows<1>()>(a, lda, i0, i1, k, bt, ldb, c, ldc, bias); break;
+    case 2: x_narrow_t<2, narrow_rows<2>()>(a, lda, i0, i1, k, bt, ldb, c, ldc, bias); break;
+    case 3: x_narrow_t<3, narrow_rows<3>()>(a, lda, i0, i1, k, bt, ldb, c, ldc, bias); break;
+    case 4: x_narrow_t<4, narrow_rows<4>()>(a, lda, i0, i1, k, bt, ldb, c, ldc, bias); break;
+    case 5: x_narrow_t<5, narrow_rows<5>()>(a, lda, i0, i1, k, bt, ldb, c, ldc, bias); break;
+    case 6: x_narrow_t<6, narrow_rows<6>()>(a, lda, i0, i1, k, bt, ldb, c, ldc, bias); break;
+    case 7: x_narrow_t<7, narrow_rows<7>()>(a, lda, i0, i1, k, bt, ldb, c, ldc, bias); break;
+    default: x_narrow_t<8, narrow_rows<8>()>(a, lda, i0, i1, k, bt, ldb, c, ldc, bias); break;
+  }
+}
+
 // Direct convolution tile, stride 1 along W (conv.cpp's conv_direct): c[r][j] = sum_k a[k*MR + r] * base[off[k] + j]
 // for r < MR, j < NRV*W: the GEMM micro-kernel's loop with row k of B read in place from the zero-padded input
 // (off[k]: channel, kernel row and column of tap k) instead of from an im2col copy. Writes nrows x ncols of it. A is
@@ -1015,7 +1071,7 @@ const hetero::ExtraKernels extra_table = {
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_dw_nchwc,   x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
-    x_wino_store,   x_dequant_panel_s8, W,
+    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, W,
 };
 
 }  // namespace

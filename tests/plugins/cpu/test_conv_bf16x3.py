@@ -99,6 +99,8 @@ ROWS = [
     (1, 64, 21, 19, 128, 3, 3, (2, 2), (1, 1, 1, 1)),
     (2, 64, 9, 11, 64, 3, 3, (1, 1), (1, 1, 1, 1)),
     (1, 64, 15, 14, 128, 1, 1, (2, 2), (0, 0, 0, 0)),  # a strided 1x1 conv (ResNet's projection shortcut)
+    (1, 96, 26, 26, 96, 3, 3, (1, 1), (1, 1, 1, 1)),  # Winograd's shape before (ddddocr's YOLOX)
+    (1, 128, 20, 20, 256, 3, 3, (1, 1), (1, 1, 1, 1)),  # Winograd's shape before (OriNet)
 ]
 
 

@@ -195,6 +195,34 @@ def test_gemm_packed(isa, m, trans_b):
         _native.gemm_packed(randn(m, k + 1), packed, np.empty((m, n), np.float32))
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 9])
+@pytest.mark.parametrize("k", [4, 16, 17, 31, 200])
+def test_gemm_packed_narrow(isa, threads, n, k):
+    """Few-column weights (n <= 8, k >= the ISA's lanes: gemm_narrow, B's columns as whole vectors, the last one
+    meeting the row's last lanes; otherwise the panels): rows in groups and alone, the bias row in the stores, and
+    alpha / beta (the panels again) on the same packed weight."""
+    b = randn(k, n, seed=30)
+    packed = _native.pack_b(b)
+    for m in (1, 3, 4, 5, 13, 882):
+        a = randn(m, k, seed=31 + m)
+        bias = randn(n, seed=32)
+        ref = a.astype(np.float64) @ b
+        out = np.full((m, n), np.nan, np.float32)
+        _native.gemm_packed(a, packed, out, 1.0, 0.0, bias)
+        assert_gemm_close(out, ref + bias, k)
+        _native.gemm_packed(a, packed, out)
+        assert_gemm_close(out, ref, k)
+        c0 = randn(m, n, seed=33)
+        out = c0.copy()
+        _native.gemm_packed(a, packed, out, 2.0, 1.0, bias)
+        assert_gemm_close(out, 2.0 * ref + c0 + bias, k)
+    # a strided A (every other row of a wider matrix): the row stride is the kernel's lda
+    wide = randn(20, 2 * k, seed=34)
+    out = np.empty((20, n), np.float32)
+    _native.gemm_packed(wide[:, :k], packed, out)
+    assert_gemm_close(out, wide[:, :k].astype(np.float64) @ b, k)
+
+
 @pytest.mark.parametrize("ba,bb,bsz", [(1, 1, 1), (3, 3, 3), (1, 4, 4), (5, 1, 5), (2, 2, 2)])
 @pytest.mark.parametrize("m,k,n", [(1, 17, 33), (7, 33, 5), (40, 64, 48)])
 def test_matmul_batched(isa, ba, bb, bsz, m, k, n):
@@ -559,6 +587,30 @@ def test_copy_views(dtype, threads):
         out = np.empty(v.shape, dtype)
         _native.copy(v, out)
         np.testing.assert_array_equal(out, v, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.float64])
+def test_copy_into_windows(dtype, threads):
+    """A Concat's parts written into their windows of the output (out strided, its last axis contiguous): windows of
+    several merged axes (basic-pitch's [1, 172, 36, 2] parts of [1, 172, 324, 2]), width-1 windows of a stack on the
+    last axis, and transposed sources."""
+    r = rng(71)
+    out = np.zeros((1, 172, 324, 2), dtype)
+    first = (r.standard_normal((1, 172, 36, 2)) * 50).astype(dtype)
+    rest = (r.standard_normal((1, 172, 288, 2)) * 50).astype(dtype)
+    _native.copy(first, out[:, :, :36, :])
+    _native.copy(rest, out[:, :, 36:, :])
+    np.testing.assert_array_equal(out, np.concatenate([first, rest], axis=2))
+    stacked = np.zeros((1, 172, 36, 3), dtype)
+    parts = [(r.standard_normal((1, 172, 36, 1)) * 50).astype(dtype) for _ in range(3)]
+    for i, part in enumerate(parts):
+        _native.copy(part, stacked[..., i:i + 1])
+    np.testing.assert_array_equal(stacked, np.concatenate(parts, axis=-1))
+    big = (r.standard_normal((40, 300)) * 50).astype(dtype)
+    window = np.zeros((300, 100), dtype)
+    _native.copy(big.T, window[:, 30:70])
+    np.testing.assert_array_equal(window[:, 30:70], big.T)
+    assert not window[:, :30].any() and not window[:, 70:].any()
 
 
 def test_copy_errors():

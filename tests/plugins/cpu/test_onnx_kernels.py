@@ -493,6 +493,24 @@ def test_max_pool_stride2_stacked_planes(isa, k, auto_pad, hw, threads):
     check("MaxPool", {"x": x}, kernel_shape=[k, k], strides=[2, 2], auto_pad=auto_pad)
 
 
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxPool", {"kernel_shape": [2], "strides": [2]}),  # PyTorch's MaxPool1d(2) (atspm-detector's TCN stem)
+    ("MaxPool", {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "dilations": [2], "ceil_mode": 1}),
+    ("MaxPool", {"kernel_shape": [4], "auto_pad": "SAME_UPPER", "strides": [3]}),
+    ("AveragePool", {"kernel_shape": [3], "strides": [2], "pads": [1, 2], "count_include_pad": 1}),
+    ("AveragePool", {"kernel_shape": [5], "pads": [2, 2]}),
+])
+def test_pool_1d_runs_as_2d(isa, op, attrs):
+    """1-D pools ([N, C, L]) on the native 2-D kernels as H = 1 (they ran through numpy at each call), NaN included."""
+    from hetero_cpu.kernels.nn import CpuPool
+
+    x = f32(3, 5, 67)
+    x[1, 2, 10] = np.nan
+    check(op, {"x": x}, **attrs)
+    session = hetero.Session(model(op, {"x": x}, **attrs), backends=["cpu"], on_fallback="error")
+    assert all(isinstance(kernel, CpuPool) for _, kernel in session.kernels())
+
+
 # ------------------------------------------------------------------------------------------------ 1-D convolution
 
 @pytest.mark.parametrize("attrs", [

@@ -18,6 +18,7 @@ KERNELS: dict[tuple[str, str], KernelFactory] = {
     ("", "Gemm"): matmul.CpuGemm,
     ("hetero", "FusedMatMul"): matmul.CpuFusedMatMul,
     ("hetero", "FusedAttention"): matmul.CpuFusedAttention,
+    ("hetero", "ConvNHWC"): matmul.CpuConvNHWC,
     **llm.KERNELS,
     **gated_delta.KERNELS,
 }

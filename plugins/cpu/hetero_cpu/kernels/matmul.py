@@ -196,6 +196,72 @@ class CpuGemm(CallKernel):
         return super().bind(inputs, outputs)
 
 
+class CpuConvNHWC(CallKernel):
+    """``hetero::ConvNHWC`` with a kernel of one row (a Keras Conv1D, ``ir.passes.conv1d_channels_last``): in the
+    channels-last input the window of output position t is k runs of C consecutive values (one run of k * C for
+    dilation 1), so the conv is one product of every window of every row by the weights, packed once as
+    [(tap, channel), Cout], written straight into the channels-last output with the bias in its epilogue, then the
+    activation in place. The windows are copied into rows first (a strided view's copy; none for a 1-tap, stride-1
+    conv, whose input already is the rows): deepcut's 12 convs as cblk NCHW convs, 130 GFLOP/s, become bf16x3 GEMMs
+    at ~290 (precision "normal"), and the Transposes on both sides go."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        weight = node.constants.get(1)
+        if weight is None or weight.ndim != 4 or weight.shape[2] != 1:
+            return unsupported("ConvNHWC without constant [Cout, C, 1, k] weights")
+        if len(node.node.inputs) > 2 and node.node.inputs[2] and 2 not in node.constants:
+            return unsupported("ConvNHWC with a bias computed at run time")
+        attrs = node.node.attrs
+        if int(attrs.get("group", 1)) != 1 or any(int(p) for p in attrs.get("pads", [0, 0, 0, 0])) \
+                or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID", b"NOTSET", b"VALID"):
+            return unsupported("ConvNHWC with groups or padding")
+        if int(attrs.get("strides", [1, 1])[0]) != 1:
+            return unsupported("ConvNHWC with a stride along H (the kernel reads every row)")
+        verdict = float32_only(node)
+        return fused_activation_known(node) if verdict else verdict
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        weight = np.asarray(node.constants[1], dtype=np.float32)
+        cout, c, _, k = weight.shape
+        self.taps, self.cout = k, cout
+        # row j * C + c of B is tap j of input channel c: the order of a window's values in the channels-last input
+        self.packed = _native.pack_b(np.ascontiguousarray(weight[:, :, 0, :].transpose(2, 1, 0).reshape(k * c, cout)),
+                                     False, True, weight_precision(backend))
+        bias = node.constants.get(2)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        self.stride = int(self.attr("strides", [1, 1])[1])
+        self.dilation = int(self.attr("dilations", [1, 1])[1])
+        self.activation = fused_activation(self.node.attrs)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        x = np.ascontiguousarray(inputs[0].numpy())
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        n, h, _, c = x.shape
+        length = out.shape[2]
+        rows = out.reshape(-1, self.cout)
+        if x.size == 0:
+            return functools.partial(rows.fill, 0) if self.bias is None else functools.partial(np.copyto, rows,
+                                                                                                 self.bias)
+        copies: list[Call] = []
+        if self.taps == 1 and self.stride == 1:
+            windows = x.reshape(-1, c)
+        else:
+            item = x.itemsize
+            view = np.lib.stride_tricks.as_strided(
+                x, (n, h, length, self.taps, c),
+                (x.strides[0], x.strides[1], self.stride * c * item, self.dilation * c * item, item))
+            # this binding's own rows: a replay reuses them at every run (runs of one session do not overlap)
+            windows = np.empty((n * h * length, self.taps * c), np.float32)
+            copies.append(functools.partial(_native.copy, view, windows.reshape(view.shape)))
+        gemm = functools.partial(_native.gemm_packed, windows, self.packed, rows, 1.0, 0.0, self.bias)
+        product = _with_activation(gemm, rows, self.activation)
+        return [*copies, *(product if isinstance(product, list) else [product])]
+
+
 class CpuFusedAttention(CallKernel):
     """``hetero::FusedAttention`` on the native kernel: Q, K, V, the mask and the output are handed over as strided
     views (the perms absorbed from the graph's Transposes; batch, head and mask broadcasting as stride 0), never
