@@ -395,8 +395,8 @@ bool split_shrinks() { return split_tasks_per_thread() <= 0; }
 // stream per task, ~5-10% of a 2-thread decode GEMV's streaming rate (benchmarks/qgemm_rows.py --calls 4 against
 // --calls 1). Here the tasks are nt runs of consecutive ones, claims dealt round-robin over the runs: while the
 // threads keep pace each reads one contiguous range, and the claims stay dynamic (a late thread's tasks are still
-// taken by the others). HETERO_LLM_ORDER=0: index order. Every task is computed whole: the results do not depend
-// on it.
+// taken by the others). Only calls of up to 16 rows take it (a prefill's matmuls are compute-bound and keep index
+// order). HETERO_LLM_ORDER=0: index order. Every task is computed whole: the results do not depend on it.
 std::vector<i64> claim_order(i64 k, int nt) {
   static const bool runs = [] { const char* e = std::getenv("HETERO_LLM_ORDER"); return !e || std::atoi(e) != 0; }();
   std::vector<i64> order(static_cast<std::size_t>(std::max<i64>(k, 0)));
@@ -656,7 +656,8 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
       return;
     }
     const std::vector<i64> split = split_rows(G, nt);
-    const std::vector<i64> order = claim_order(static_cast<i64>(split.size()) - 1, nt);
+    // runs for the weight-streaming calls of up to 16 rows (decode, verify); prefill keeps index order
+    const std::vector<i64> order = claim_order(static_cast<i64>(split.size()) - 1, M <= 16 ? nt : 1);
     parallel_for(static_cast<i64>(split.size()) - 1, nt, [&](i64 c) {
       const i64 t = order[static_cast<std::size_t>(c)];
       const i64 g0 = split[t], g1 = split[t + 1];
