@@ -13,10 +13,16 @@ a before / after that a busy machine's drift affects alike.
 ~MIB MiB of copies of the packed matrix on 2 MiB pages (as the plugin's repacked weights), the passes started
 together; printed as GB/s of weight bytes per core and as a share of the native read probe
 (benchmarks/read_bandwidth.py, 2 MiB pages) measured at the same thread count in the same rounds, alternated.
+With ``--calls T`` the copies are instead calls as a decode step makes them: the threads share them, each copy cut in
+T equal tasks a thread, task i on thread i % threads (the order a pool's threads that keep pace claim them in), a
+barrier after each call; ``--calls 1`` is one contiguous range a thread per call (the cost of the calls' structure,
+set against the plain stream).
 
     python benchmarks/qgemm_rows.py [--n 8960] [--k 1536] [--reps 15] [--isa avx512vnni] [--base main --rounds 5]
     python benchmarks/qgemm_rows.py --isa avx512vnni --stream-mib 256 --threads 1,2 [--base main] [--rounds 3]
         [--clock cpu]
+    python benchmarks/qgemm_rows.py --isa avx512vnni --n 2048 --k 1024 --stream-mib 128 --threads 2 --clock cpu \
+        --calls 4
 """
 
 from __future__ import annotations
@@ -70,11 +76,13 @@ def base_headers(rev: str) -> Path:
     return out / "plugins" / "cpu" / "src"
 
 
-def run(exe: Path, n: int, k: int, reps: int, stream_mib: int = 0, threads: int = 1, clock: str = "wall") -> Result:
+def run(exe: Path, n: int, k: int, reps: int, stream_mib: int = 0, threads: int = 1, clock: str = "wall",
+        calls: int = 0) -> Result:
     """One run of the binary; stream_mib > 0: the streamed one-row GEMV on `threads` threads (no M columns; bytes:
     all threads' per pass; clock "cpu": the seconds are the best pass's slowest thread's CPU time, not the median
-    pass's wall time)."""
+    pass's wall time; calls > 0: each copy one call split in `calls` equal tasks a thread, a barrier after each)."""
     cmd = [str(exe), str(n), str(k), str(reps)] + ([str(stream_mib), str(threads)] if stream_mib > 0 else [])
+    cmd += [str(calls)] if stream_mib > 0 and calls > 0 else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     res: Result = {}
     for line in out.splitlines():
@@ -119,7 +127,8 @@ def stream(args: argparse.Namespace, base: Path | None) -> None:
             for t in threads:
                 bound[t].append(measure([t], mib=args.stream_mib, reps=5, rounds=1, clock=args.clock)[t]["best_2m"])
                 for name, exe in exes.items():
-                    runs[name, t].append(run(exe, args.n, args.k, args.reps, args.stream_mib, t, args.clock))
+                    runs[name, t].append(run(exe, args.n, args.k, args.reps, args.stream_mib, t, args.clock,
+                                             args.calls))
         for t in threads:
             gbs = statistics.median(bound[t])
             print(f"{isa}, {t} thread{'s' if t > 1 else ''}: read probe {gbs:.1f} GB/s (2 MiB pages, median of rounds"
@@ -142,6 +151,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternated runs of each build (with --base)")
     parser.add_argument("--stream-mib", type=int, default=0,
                         help="stream the one-row GEMV from ~MIB MiB of weights per thread (2 MiB pages)")
+    parser.add_argument("--calls", type=int, default=0,
+                        help="with --stream-mib: the threads share the copies, each copy one call split in CALLS "
+                             "equal tasks a thread (task i on thread i %% T) with a barrier after it: a decode step's "
+                             "GEMVs (the plugin's default split is 4)")
     parser.add_argument("--threads", default="1", help="comma-separated thread counts (with --stream-mib)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="with --stream-mib: cpu = each pass timed by its slowest thread's CPU time, the tiles' "

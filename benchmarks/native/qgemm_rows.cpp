@@ -4,7 +4,7 @@
 // 12, 16 rows, alternated, the median of REPS, and a check that every row of an M-row tile is bitwise the one-row
 // GEMV. Built and run by benchmarks/qgemm_rows.py, once per ISA (-DROWS_AVX512 /
 // -DROWS_VNNI with the AVX-512 flags, else AVX2) and once per source tree when it compares against a base revision.
-//   qgemm_rows N K REPS [STREAM_MIB THREADS]
+//   qgemm_rows N K REPS [STREAM_MIB THREADS [CALLS_TASKS]]
 // Output, one line per format: "<fmt> <N> <K> <bytes> <M=1 seconds> <hash of M=1's output> (<M> <seconds>)...".
 // STREAM_MIB > 0: the one-row GEMV streamed from memory instead: THREADS threads each fill a buffer of about
 // STREAM_MIB MiB on 2 MiB pages (as the plugin's WeightArena) with copies of the packed matrix and run M = 1 over all
@@ -12,6 +12,9 @@
 // threads read per pass, the M=1 seconds are the median pass's wall time, and "cpu <seconds>" follows instead of M
 // columns: the best pass's slowest thread's CPU time (on a busy machine the pass without the time a thread was
 // descheduled); exits non-zero if a thread's output is not the one-row GEMV's.
+// CALLS_TASKS > 0 (a 7th argument, with STREAM_MIB): the calls mode, a decode step's GEMVs: the threads share one
+// buffer of THREADS x the copies, each copy one call cut into THREADS x CALLS_TASKS equal tasks of 16-row groups,
+// task i on thread i % THREADS (the pool's in-order claims of threads that keep pace), a barrier after each call.
 #include <time.h>
 
 #include <algorithm>
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
   const int reps = argc > 3 ? std::atoi(argv[3]) : 15;
   const i64 stream_mib = argc > 4 ? std::atol(argv[4]) : 0;
   const int nthreads = argc > 5 ? std::max(1, std::atoi(argv[5])) : 1;
+  const int calls_tasks = argc > 6 ? std::atoi(argv[6]) : 0;  // > 0: the calls mode, this many tasks a thread
   std::mt19937 gen(1);
   // sub as the plugin packs them (llm_ggml.cpp's ggml_pack: q5_0 / q5_1 in runs of 8 records; hetero's q4 / q8: 1)
   const Case cases[] = {make_case<4, true, 1>("q4_k", 1, 8, n, k), make_case<6, false, 2>("q6_k", 2, 8, n, k),
@@ -145,25 +149,46 @@ int main(int argc, char** argv) {
     auto med = [](std::vector<double> v) { return std::sort(v.begin(), v.end()), v[v.size() / 2]; };
     if (stream_mib > 0) {
       const std::size_t mbytes = w.size(), copies = std::max<std::size_t>(1, (stream_mib << 20) / mbytes);
-      bench::Barrier barrier(nthreads);
+      bench::Barrier barrier(nthreads), call_barrier(nthreads);
       bench::PassClock clock(nthreads, reps + 1);
       std::atomic<bool> differs{false};  // a thread's output over its last copy is not the one-row GEMV's
       std::vector<double> secs, cpu(static_cast<std::size_t>(reps), 0.0);  // cpu: the slowest thread's CPU time
       std::mutex cpu_mu;
       std::vector<std::thread> threads;
+      // calls mode: one buffer shared by the threads, each copy one call split as the plugin splits a decode GEMV
+      std::uint8_t* shared = nullptr;
+      std::vector<i64> cut{0};
+      if (calls_tasks > 0) {
+        shared = static_cast<std::uint8_t*>(bench::page_alloc(copies * nthreads * mbytes, true));
+        for (std::size_t j = 0; j < copies * static_cast<std::size_t>(nthreads); ++j)
+          std::memcpy(shared + j * mbytes, w.data(), mbytes);
+        const i64 ntask = std::min<i64>(pk.groups, static_cast<i64>(nthreads) * calls_tasks);
+        for (i64 t = 1; t <= ntask; ++t) cut.push_back(pk.groups * t / ntask);
+      }
       for (int t = 0; t < nthreads; ++t)
         threads.emplace_back([&, t] {
-          auto* buf = static_cast<std::uint8_t*>(bench::page_alloc(copies * mbytes, true));
-          for (std::size_t j = 0; j < copies; ++j) std::memcpy(buf + j * mbytes, w.data(), mbytes);  // first touch
+          auto* buf = shared ? nullptr : static_cast<std::uint8_t*>(bench::page_alloc(copies * mbytes, true));
+          if (buf)
+            for (std::size_t j = 0; j < copies; ++j) std::memcpy(buf + j * mbytes, w.data(), mbytes);  // first touch
           std::vector<float> yt(static_cast<std::size_t>(n));
           for (int r = 0; r <= reps; ++r) {  // pass 0: warm-up
             barrier.wait();
             clock.start(t, r);
             const double c0 = cpu_seconds();
-            for (std::size_t j = 0; j < copies; ++j)
-              for (i64 g = 0; g < pk.groups; ++g)
-                c.tile(pk, buf + j * mbytes + g * pk.group_bytes, x, 0, 1, yt.data() + g * QR, n,
-                       static_cast<int>(std::min<i64>(QR, n - g * QR)));
+            if (buf) {
+              for (std::size_t j = 0; j < copies; ++j)
+                for (i64 g = 0; g < pk.groups; ++g)
+                  c.tile(pk, buf + j * mbytes + g * pk.group_bytes, x, 0, 1, yt.data() + g * QR, n,
+                         static_cast<int>(std::min<i64>(QR, n - g * QR)));
+            } else {  // task i of each call on thread i % nthreads (the pool's in-order claims), a barrier a call
+              for (std::size_t j = 0; j < copies * static_cast<std::size_t>(nthreads); ++j) {
+                for (std::size_t i = static_cast<std::size_t>(t); i + 1 < cut.size(); i += nthreads)
+                  for (i64 g = cut[i]; g < cut[i + 1]; ++g)
+                    c.tile(pk, shared + j * mbytes + g * pk.group_bytes, x, 0, 1, yt.data() + g * QR, n,
+                           static_cast<int>(std::min<i64>(QR, n - g * QR)));
+                call_barrier.wait();
+              }
+            }
             const double c1 = cpu_seconds() - c0;
             clock.end(t, r);
             {
@@ -172,10 +197,16 @@ int main(int argc, char** argv) {
             }
             barrier.wait();
           }
-          if (std::memcmp(yt.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(n)) != 0) differs = true;
+          if (buf && std::memcmp(yt.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(n)) != 0) differs = true;
+          for (std::size_t i = static_cast<std::size_t>(t); !buf && i + 1 < cut.size(); i += nthreads) {  // its tasks
+            const i64 a = cut[i] * QR, e = std::min<i64>(n, cut[i + 1] * QR);
+            if (std::memcmp(yt.data() + a, yb.data() + a, sizeof(float) * static_cast<std::size_t>(e - a)) != 0)
+              differs = true;
+          }
           std::free(buf);
         });
       for (auto& th : threads) th.join();
+      std::free(shared);
       for (int r = 1; r <= reps; ++r) secs.push_back(clock.seconds(r));
       if (differs) {
         std::fprintf(stderr, "%s: the streamed GEMV differs from the one-row GEMV\n", c.name);

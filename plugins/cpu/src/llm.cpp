@@ -8,6 +8,7 @@
 // merged-step matmul's block prefetched after one (with the split by bytes; default 0),
 // HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena),
 // HETERO_LLM_KVTOUCH=0 = a decode step's attention without the read-ahead of its KV lines (touch_head).
+// HETERO_LLM_ORDER=0 = the pool's threads take equal tasks in index order, not in per-thread runs (claim_order).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -389,6 +390,27 @@ int split_tasks_per_thread() {
 }
 bool split_shrinks() { return split_tasks_per_thread() <= 0; }
 
+// The order in which the pool's threads take a split's k tasks: claim c (the pool hands tasks out in index order)
+// runs task order[c]. Index order had the threads alternate, each hopping over the other's tasks: a new weight
+// stream per task, ~5-10% of a 2-thread decode GEMV's streaming rate (benchmarks/qgemm_rows.py --calls 4 against
+// --calls 1). Here the tasks are nt runs of consecutive ones, claims dealt round-robin over the runs: while the
+// threads keep pace each reads one contiguous range, and the claims stay dynamic (a late thread's tasks are still
+// taken by the others). Only calls of up to 16 rows take it (a prefill's matmuls are compute-bound and keep index
+// order). HETERO_LLM_ORDER=0: index order. Every task is computed whole: the results do not depend on it.
+std::vector<i64> claim_order(i64 k, int nt) {
+  static const bool runs = [] { const char* e = std::getenv("HETERO_LLM_ORDER"); return !e || std::atoi(e) != 0; }();
+  std::vector<i64> order(static_cast<std::size_t>(std::max<i64>(k, 0)));
+  for (i64 c = 0; c < k; ++c) order[static_cast<std::size_t>(c)] = c;
+  if (!runs || nt <= 1 || k <= nt || split_shrinks()) return order;
+  std::size_t c = 0;
+  for (i64 j = 0; c < order.size(); ++j)
+    for (int r = 0; r < nt; ++r) {
+      const i64 a = k * r / nt + j;  // run r: tasks [k r / nt, k (r + 1) / nt)
+      if (a < k * (r + 1) / nt) order[c++] = a;
+    }
+  return order;
+}
+
 std::vector<i64> split_rows(i64 n, int nt) {
   const int per = split_tasks_per_thread();
   std::vector<i64> b{0};
@@ -605,8 +627,10 @@ void run_groups(const Plan& plan, i64 groups, int nt, const F& range) {
     return;
   }
   const std::vector<i64> b = split_rows(groups, nt);
-  parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 t) {
-    range(b[static_cast<std::size_t>(t)], b[static_cast<std::size_t>(t) + 1]);
+  const std::vector<i64> order = claim_order(static_cast<i64>(b.size()) - 1, nt);
+  parallel_for(static_cast<i64>(b.size()) - 1, nt, [&](i64 c) {
+    const std::size_t t = static_cast<std::size_t>(order[static_cast<std::size_t>(c)]);
+    range(b[t], b[t + 1]);
   });
 }
 
@@ -632,7 +656,10 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
       return;
     }
     const std::vector<i64> split = split_rows(G, nt);
-    parallel_for(static_cast<i64>(split.size()) - 1, nt, [&](i64 t) {
+    // runs for the weight-streaming calls of up to 16 rows (decode, verify); prefill keeps index order
+    const std::vector<i64> order = claim_order(static_cast<i64>(split.size()) - 1, M <= 16 ? nt : 1);
+    parallel_for(static_cast<i64>(split.size()) - 1, nt, [&](i64 c) {
+      const i64 t = order[static_cast<std::size_t>(c)];
       const i64 g0 = split[t], g1 = split[t + 1];
       for (i64 mc = 0; mc < M; mc += mchunk) {
         const i64 mend = std::min(M, mc + mchunk);
