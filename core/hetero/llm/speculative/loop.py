@@ -40,7 +40,7 @@ class Speculation:
         self.policy = self._policy()
 
     def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
-        policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 4,
+        policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 1,
                              graded=bool(getattr(self.drafter, "graded", False)))
         # what the last generation (same model and drafter) measured: a drafter whose drafts cost time starts with
         # its step costs; graded (free) drafts with plain decoding's cost only: with the measured widths' costs
