@@ -65,7 +65,7 @@ COST_MEMORY = 0.98  # per step: how a step size's cost above the prior fades bac
 DRAFT_WINDOW = 9  # warm drafting steps whose seconds per draft token price drafting (their median)
 CARRIED_ACCEPTANCE = 2.0  # the last generation's acceptance counts start the next one with the weight of 2 drafts
 MIN_EVIDENCE = 2.0  # decayed accepted drafts + rejections before an acceptance may switch drafting off (estimate)
-LASTING_DECAY = 0.98  # per drafting step: the drafter's lasting acceptance (carried whole across generations)
+LASTING_DECAY = 0.9  # per drafting step: the drafter's lasting first-token acceptance (carried whole)
 TRIAL_WINDOW = 3  # warm one-draft-token steps whose seconds (their median) price a trial
 TRIAL_SHARE = 0.005  # a drafter the estimate switched off is tried again after plain decoding spent 1/this times
 # the seconds a trial costs beyond a plain step (trials then cost at most ~0.5% of the time)
@@ -90,7 +90,10 @@ class DraftPolicy:
         self.probe_now = False  # judging drafting waits for a plain step in the recent stretch
         self.accepted = 0.0  # decayed counts of accepted drafts and of rejections
         self.rejected = 0.0
-        self.lasting = [0.0, 0.0]  # the same, decayed slowly and carried whole: the drafter's, not the text's
+        # decayed [drafting steps whose first draft token was right, drafting steps], carried whole across
+        # generations: the drafter's acceptance, not the text's (counted per step, so a good drafter's many
+        # accepted tokens do not outweigh its misses for dozens of steps once it turns bad)
+        self.lasting = [0.0, 0.0]
         self.spec_steps = 0  # since the last judgement
         self.since_probe = 0
         self.off_until = 0  # decoded-token count until which drafting is off
@@ -282,8 +285,7 @@ class DraftPolicy:
         self.since_probe += 1
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (accepted < drafted)
-        self.lasting = [LASTING_DECAY * self.lasting[0] + accepted,
-                        LASTING_DECAY * self.lasting[1] + (accepted < drafted)]
+        self.lasting = [LASTING_DECAY * self.lasting[0] + (accepted > 0), LASTING_DECAY * self.lasting[1] + 1]
         if confidence is not None:
             counts = self.classes.setdefault(confidence, [])
             for i in range(min(accepted + 1, drafted)):  # positions tried: up to the first wrong one
@@ -352,19 +354,21 @@ class DraftPolicy:
         step was timed warm: an unmeasured draft cost would price drafting at 0.
 
         Each acceptance with at least ``MIN_EVIDENCE`` behind it must say so: the recent one (the text's, decaying
-        0.9 a step; the carried guess weighs 2 drafts) and the drafter's lasting one (``lasting``, carried whole
-        across generations). So a drafter known not to pay stops after one drafting step of a new generation, and
-        a good drafter (the draft model, ~70% on chat) missing a stretch of text is left to the measured judging,
-        as before the estimate: on the recent counts alone three misses at a reply's start switched it off."""
+        0.9 a step; the carried guess weighs 2 drafts) and the drafter's lasting one (``lasting``: the share of its
+        drafting steps whose first token was right, carried whole across generations). So a drafter known not to
+        pay stops after one drafting step of a new generation, and a good drafter (the draft model, ~70% on chat)
+        missing a stretch of text is left to the measured judging, as before the estimate: on the recent counts
+        alone three misses at a reply's start switched it off. A good drafter that turns useless (another kind of
+        text) loses its lasting acceptance in ~10 drafting steps."""
         plain = self.plain_cost
         if plain is None or self.draft_cost is None:
             return False
-        right, wrong = self.lasting
+        right, steps = self.lasting
         recent = self.accepted + self.rejected >= MIN_EVIDENCE
-        lasting = right + wrong >= MIN_EVIDENCE
+        lasting = steps >= MIN_EVIDENCE
         if not (recent or lasting) or (recent and best_rate >= 1 / plain):
             return False
-        return not lasting or self._best_length(right / (right + wrong))[1] < 1 / plain
+        return not lasting or self._best_length(right / steps)[1] < 1 / plain
 
     def _trial_pause(self) -> int:
         """Tokens to decode plainly before a drafter the estimate switched off is tried again: enough that its
