@@ -16,7 +16,7 @@ from hetero.contract.quant import dequantize, weight_format
 from hetero.llm.speculative import Draft, DraftModel, Lookahead, Speculation, make_drafter
 from hetero.llm.speculative.draft_model import MAX_DRAFT, draft_vocabulary
 from hetero.llm.speculative.lookahead import MAX_MATCH, confidence_class
-from hetero.llm.speculative.policy import COLD_RUNS
+from hetero.llm.speculative.policy import COLD_RUNS, DraftPolicy
 
 from .helpers import FIXTURES, copy_model, load
 
@@ -130,6 +130,50 @@ def test_drafters_get_the_hidden_states_of_the_committed_tokens(family):
         assert len(tokens) == n + 1 and all(h.shape[0] == n + 1 for h in hidden.values())
 
 
+class _OffSometimes(DraftPolicy):
+    """Drafting off (plain steps) for the tokens in ``OFF`` of the generation, ``max_draft`` drafts otherwise."""
+
+    OFF = (range(3, 9), range(13, 15))
+
+    def length(self, produced: int) -> int:
+        return 0 if any(produced in r for r in self.OFF) else self.max_draft
+
+
+class _SpeculationOffSometimes(Speculation):
+    def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
+        return _OffSometimes(self.max_draft, adaptive=False)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_a_drafter_hears_nothing_while_drafting_is_off(family):
+    """Steps without a draft call no drafter method; at its next draft the drafter hears every token committed
+    meanwhile in one ``accept``, with the hidden rows of the positions before them: the same tokens and rows, in
+    order, as when it hears each step (a reference pass over the whole sequence), and plain decoding's output."""
+    _backend("cpu")
+    llm = load(FIXTURES / family, backends=["cpu"])
+    want = _plain(llm, PROMPT, 32)  # 24 generated; a step's tokens past them are committed (and told) too
+    drafter = Scripted(want, len(PROMPT), max_draft=3, hidden_layers=(0, -1))
+    calls: list[int] = []  # tokens generated at each draft() call
+    draft = drafter.draft
+    drafter.draft = lambda history, k: calls.append(len(history) - len(PROMPT)) or draft(history, k)
+    llm.reset()
+    llm.generate(PROMPT, 24, temperature=0, spec=_SpeculationOffSometimes(drafter))
+    assert list(llm.last.tokens) == want[:24]
+    told = [t for _, tokens, _ in drafter.received for t in tokens]
+    assert told == want[:len(told)] and len(told) >= calls[-1]
+    assert len(drafter.received) <= 2 * len(calls)  # per draft: what came before it (if anything), what it kept
+    batches = [(n, tokens) for n, tokens, _ in drafter.received if len(tokens) > 4]  # drafts are <= 3 tokens
+    assert batches and all(n == len(tokens) - 1 for n, tokens in batches)
+    last = llm.config.num_layers - 1
+    ref = load(FIXTURES / family, backends=["cpu"], hidden_layers=[0, last], prefill_chunk=0)
+    sequence = PROMPT + want
+    ref.prefill(sequence)
+    for layer in (0, last):
+        rows = np.concatenate([drafter.prompt_hidden[layer]] + [h[layer] for _, _, h in drafter.received])
+        assert rows.shape[0] == len(PROMPT) + len(told) - 1
+        np.testing.assert_allclose(rows, ref.hidden(layer, 0, rows.shape[0]), atol=2e-4)
+
+
 def test_verify_scores_every_token_of_the_block_as_decode_steps_do():
     _backend("cpu")
     for family in ALL:
@@ -188,7 +232,8 @@ def test_the_next_generation_drafts_from_its_first_step():
     # (the prefill's token, then the plain steps until one is warm; the next generation at once, unless drafting
     # was switched off at the end of the last: a draft model as dear as its target (this fixture drafts itself)
     # does not pay, and the tokens left of that pause carry over)
-    assert firsts == [1 + COLD_RUNS + 1, max(1, left_off[0])]
+    # (a pause longer than the reply: no draft at all, -1; a trial of this drafter costs dozens of plain steps)
+    assert firsts == [1 + COLD_RUNS + 1, max(1, left_off[0]) if left_off[0] < 24 else -1]
     # graded (free) drafts carry plain decoding's cost only (with the widths' costs the lookahead drafted shorter):
     # the next generation asks for drafts from its first step too, its widths timed afresh
     asked: list[int] = []

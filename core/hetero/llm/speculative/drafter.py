@@ -17,6 +17,10 @@ One generation, as the loop drives it (``history``: the prompt and every token c
    target's cache, whose rows predict the next ones). After the first token, which comes from the prefill's own
    logits, ``accept(0, [token], rows)`` has zero rows. The arrays are views valid during the call only: copy
    what is kept.
+   Steps the loop takes without asking for a draft (the policy has drafting off) are told at the next ``draft``,
+   in one call, as though one step had committed them all: ``accept(len(tokens) - 1, tokens, hidden)`` with the
+   rows of the positions before each token (one row fewer when the batch starts with the first token). A drafter
+   that is off costs nothing per step.
 4. ``reset()`` forgets everything (a new conversation, or the loop giving up on a broken state).
 
 Rolling back is the drafter's own business: a drafter with a cache (a draft model, Eagle's layer) keeps only what

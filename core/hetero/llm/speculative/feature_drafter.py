@@ -7,9 +7,10 @@ the drafters' ``fc`` projections expect) through ``observe(start, rows)``, ``sta
 row. ``known`` counts the positions handed over so far.
 
 The verified tokens' rows wait until the drafter next needs its state (``flush``, called by the subclasses before
-drafting): one ``observe`` of many rows costs little more than one of a single row, and while the policy has
-drafting off (a drafter that does not pay: ``policy.py``) the loop's steps pay for copying the rows only (a DFlash
-drafter observing each token as it came cost its 0.5B target's plain steps ~5%, 2026-12-04).
+drafting): one ``observe`` of many rows costs little more than one of a single row (a DFlash drafter observing each
+token as it came cost its 0.5B target's plain steps ~5%, 2026-12-04). While the policy has drafting off (a
+drafter that does not pay: ``policy.py``) the loop does not call ``accept`` at all: the rows of those steps come
+in one call at the next draft (``loop.py``), read from the target's store of exposed hidden states.
 """
 
 from __future__ import annotations

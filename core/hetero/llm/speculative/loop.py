@@ -21,7 +21,7 @@ from .. import steplog
 from ..families.decoder import VERIFY_ROWS
 from ..sampler import Sampler
 from .accept import accept
-from .drafter import Drafter, Hidden, as_draft
+from .drafter import Draft, Drafter, Hidden, as_draft
 from .policy import DraftPolicy
 from .target import Target
 
@@ -40,7 +40,7 @@ class Speculation:
         self.policy = self._policy()
 
     def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
-        policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 4,
+        policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 1,
                              graded=bool(getattr(self.drafter, "graded", False)))
         # what the last generation (same model and drafter) measured: a drafter whose drafts cost time starts with
         # its step costs; graded (free) drafts with plain decoding's cost only: with the measured widths' costs
@@ -67,8 +67,8 @@ class Speculation:
                 layers: tuple[int, ...]) -> Iterator[int]:
         drafter, policy = self.drafter, self.policy
         token = sampler.sample(first, history)
+        prompt_length = told = len(history)  # history[:told]: the tokens the drafter has heard of
         history.append(token)
-        drafter.accept(0, [token], _rows(llm, layers, len(history) - 1, len(history) - 1))
         produced = 1
         yield token
         vocab = llm.config.vocab_size
@@ -76,7 +76,14 @@ class Speculation:
         while True:
             started = time.perf_counter()
             k = min(policy.length(produced), llm.context - len(history))
-            draft = as_draft(drafter.draft(history, k), k, vocab) if k > 0 else as_draft([], 0, vocab)
+            if k > 0:
+                if told < len(history):  # the tokens committed since its last draft, in one call
+                    drafter.accept(len(history) - told - 1, history[told:],
+                                   _rows(llm, layers, max(told - 1, prompt_length), len(history) - 1))
+                    told = len(history)
+                draft = as_draft(drafter.draft(history, k), k, vocab)
+            else:
+                draft = _NO_DRAFT
             drafted_at = time.perf_counter()
             offered = len(draft.tokens)
             if draft.confidence is not None:  # a graded draft: as long as its class pays for
@@ -86,7 +93,9 @@ class Speculation:
             base = len(history)
             llm._keep(record, base + n)
             committed = [*draft.tokens[:n], token]
-            drafter.accept(n, committed, _rows(llm, layers, base - 1, base + n))
+            if k > 0:  # the drafter was asked this step: it hears what was kept now, as the protocol says
+                drafter.accept(n, committed, _rows(llm, layers, base - 1, base + n))
+                told = base + n + 1
             history.extend(committed)
             if draft.tokens:
                 stats.verify_steps += 1
@@ -102,6 +111,9 @@ class Speculation:
                               **policy.state())
             produced += len(committed)
             yield from committed
+
+
+_NO_DRAFT = Draft([])
 
 
 def _rows(llm: Target, layers: tuple[int, ...], start: int, end: int) -> Hidden:

@@ -47,6 +47,7 @@ over it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 PROBE_EVERY = 24  # speculative steps between two plain steps that re-measure plain decoding
@@ -63,7 +64,11 @@ SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per tok
 COST_MEMORY = 0.98  # per step: how a step size's cost above the prior fades back towards the prior
 DRAFT_WINDOW = 9  # warm drafting steps whose seconds per draft token price drafting (their median)
 CARRIED_ACCEPTANCE = 2.0  # the last generation's acceptance counts start the next one with the weight of 2 drafts
-MIN_EVIDENCE = 2.0  # decayed accepted drafts + rejections before the estimate alone may switch drafting off
+MIN_EVIDENCE = 2.0  # decayed accepted drafts + rejections before an acceptance may switch drafting off (estimate)
+LASTING_DECAY = 0.9  # per drafting step: the drafter's lasting first-token acceptance (carried whole)
+TRIAL_WINDOW = 3  # warm one-draft-token steps whose seconds (their median) price a trial
+TRIAL_SHARE = 0.005  # a drafter the estimate switched off is tried again after plain decoding spent 1/this times
+# the seconds a trial costs beyond a plain step (trials then cost at most ~0.5% of the time)
 
 
 class DraftPolicy:
@@ -85,6 +90,10 @@ class DraftPolicy:
         self.probe_now = False  # judging drafting waits for a plain step in the recent stretch
         self.accepted = 0.0  # decayed counts of accepted drafts and of rejections
         self.rejected = 0.0
+        # decayed [drafting steps whose first draft token was right, drafting steps], carried whole across
+        # generations: the drafter's acceptance, not the text's (counted per step, so a good drafter's many
+        # accepted tokens do not outweigh its misses for dozens of steps once it turns bad)
+        self.lasting = [0.0, 0.0]
         self.spec_steps = 0  # since the last judgement
         self.since_probe = 0
         self.off_until = 0  # decoded-token count until which drafting is off
@@ -93,6 +102,8 @@ class DraftPolicy:
         self.switched_off = 0  # how many times drafting was switched off (reported)
         self.draft_times: list[float] = []  # seconds per draft token of the last DRAFT_WINDOW warm drafting steps
         self.draft_steps = 0
+        self.trial_times: list[float] = []  # seconds beyond a plain step of the last warm steps of one draft token
+        self.draft_step_times: list[float] = []  # drafting seconds of the last DRAFT_WINDOW warm drafting steps
 
     def carry_costs(self, previous: DraftPolicy) -> None:
         """Start with the step costs ``previous`` measured (the last generation's policy: the same model, drafter
@@ -105,13 +116,16 @@ class DraftPolicy:
 
         Acceptance belongs to the text too, but the drafter's last acceptance is a better first guess than none:
         its counts start the generation scaled to the weight of ``CARRIED_ACCEPTANCE`` drafts, so the text's own
-        drafts outweigh it within a few steps. A drafter that accepts too little to pay (a DFlash drafter trained
-        for minutes: ~20%, on a 0.5B target whose drafting step costs 1.7 plain steps) is then switched off after
-        its first drafting step (``_estimate_loses``) instead of after the ~12 steps of measured judging a
-        generation used to pay again and again (0.84-0.89x of plain decoding, 2026-12-04). A drafter switched
-        off stays off for the rest of its backoff across generations (the next starts with the tokens left of it,
-        and the backoff reached), so a run of short replies tries it once in a while rather than ~3 times in each
-        (at 1, 17 and 49 tokens: each trial of that drafter a 3-plain-step drafting step for 0.2-0.3 tokens).
+        drafts outweigh it within a few steps. (Started empty, a good drafter's first fully accepted draft read as
+        100% and the next drafts ran long into the tile-dear verify widths: the draft model on chat replayed at
+        1.43-1.48x against 1.57x with the guess, at the same 3.87 tokens per verify; docs/speculative.md.) The
+        drafter's lasting acceptance (``lasting``: decayed slowly, carried whole) is what it is known for: a
+        drafter that accepts too little to pay (a DFlash drafter trained for minutes: 6-20%, on a 0.5B target
+        whose drafting step costs 1.7 plain steps) is switched off after its first drafting step of a generation
+        (``_estimate_loses``) instead of after the ~12 steps of measured judging a generation used to pay again
+        and again (0.84-0.89x of plain decoding, 2026-12-04). A drafter switched off stays off for the rest of its
+        pause across generations (the next starts with the tokens left of it, and the backoff reached), so a run
+        of short replies tries it once in a while rather than ~3 times in each.
 
         The length too: each generation used to start at ``start`` (4), so 5-token steps were timed at generation
         starts only, warm from the third generation on; from then on lengths were priced by interpolating between
@@ -122,9 +136,11 @@ class DraftPolicy:
         self.cost, self.cost_at, self.runs = dict(previous.cost), dict(previous.cost_at), dict(previous.runs)
         self.measured_at = dict.fromkeys(self.cost, 0)
         self.draft_times, self.draft_steps = list(previous.draft_times), previous.draft_steps
+        self.trial_times, self.draft_step_times = list(previous.trial_times), list(previous.draft_step_times)
         self.k = previous.k
         self.off_until = max(previous.off_until - previous.produced, 0)
         self.backoff = previous.backoff
+        self.lasting = list(previous.lasting)
         seen = previous.accepted + previous.rejected
         if seen > 0:
             scale = min(1.0, CARRIED_ACCEPTANCE / seen)
@@ -233,11 +249,14 @@ class DraftPolicy:
             self.draft_steps += 1
             if self.draft_steps > COLD_RUNS:  # the drafter's own first steps plan and record its shapes
                 self.draft_times = [*self.draft_times[1 - DRAFT_WINDOW:], draft_seconds / drafted]
+                self.draft_step_times = [*self.draft_step_times[1 - DRAFT_WINDOW:], draft_seconds]
         total, seconds = seconds, seconds - min(draft_seconds, seconds)
         runs = self.runs[size] = self.runs.get(size, 0) + 1
         self.steps += 1
         self.measured_at[size] = self.steps
         warm = runs > COLD_RUNS
+        if drafted == 1 and warm and self.draft_steps > COLD_RUNS and self.plain_cost is not None:
+            self.trial_times = [*self.trial_times[1 - TRIAL_WINDOW:], total - self.plain_cost]
         # a cold step's time is kept (the first warm one replaces it) but prices nothing (``_estimated_cost``);
         # sizes other than 1 are kept at the plain cost of their time (``_scaled``)
         plain = self.plain_cost
@@ -266,6 +285,7 @@ class DraftPolicy:
         self.since_probe += 1
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (accepted < drafted)
+        self.lasting = [LASTING_DECAY * self.lasting[0] + (accepted > 0), LASTING_DECAY * self.lasting[1] + 1]
         if confidence is not None:
             counts = self.classes.setdefault(confidence, [])
             for i in range(min(accepted + 1, drafted)):  # positions tried: up to the first wrong one
@@ -282,7 +302,8 @@ class DraftPolicy:
         alpha = self.accepted / max(self.accepted + self.rejected, 1e-9)
         self.k, best_rate = self._best_length(alpha)
         if not self.graded and self._estimate_loses(best_rate):
-            self._switch_off(produced)
+            self._switch_off(produced, self._trial_pause())
+            self.k = 1  # the next trial at the cheapest length
             return
         spec = self.spec_cost
         if self.spec_steps < MIN_SPEC_STEPS or plain is None or spec is None:
@@ -311,9 +332,12 @@ class DraftPolicy:
         else:
             self._fresh_stretch()
 
-    def _switch_off(self, produced: int) -> None:
-        self.off_until = produced + self.backoff
-        self.backoff = min(2 * self.backoff, BACKOFF_MAX)
+    def _switch_off(self, produced: int, pause: int = 0) -> None:
+        """Drafting off for the backoff, or ``pause`` tokens when longer (a trial's price: ``_trial_pause``),
+        and the next pause twice that."""
+        pause = max(self.backoff, pause)
+        self.off_until = produced + pause
+        self.backoff = max(min(2 * pause, BACKOFF_MAX), self.backoff)
         self.switched_off += 1
         self._fresh_stretch()
 
@@ -326,12 +350,45 @@ class DraftPolicy:
         """Whether, by the acceptance seen (at least ``MIN_EVIDENCE``) and the measured costs of drafting and of
         the step sizes, no draft length commits tokens faster than plain decoding: drafting is switched off then
         without waiting for the measured judging (4 warm drafting steps and 2 plain ones, each drafting step a
-        loss). ``best_rate``: ``_best_length``'s tokens per second. Not before a drafting step was timed warm: an
-        unmeasured draft cost would price drafting at 0."""
+        loss). ``best_rate``: ``_best_length``'s tokens per second at the recent acceptance. Not before a drafting
+        step was timed warm: an unmeasured draft cost would price drafting at 0.
+
+        Each acceptance with at least ``MIN_EVIDENCE`` behind it must say so: the recent one (the text's, decaying
+        0.9 a step; the carried guess weighs 2 drafts) and the drafter's lasting one (``lasting``: the share of its
+        drafting steps whose first token was right, carried whole across generations). So a drafter known not to
+        pay stops after one drafting step of a new generation, and a good drafter (the draft model, ~70% on chat)
+        missing a stretch of text is left to the measured judging, as before the estimate: on the recent counts
+        alone three misses at a reply's start switched it off. A good drafter that turns useless (another kind of
+        text) loses its lasting acceptance in ~10 drafting steps."""
         plain = self.plain_cost
-        if plain is None or self.draft_cost is None or self.accepted + self.rejected < MIN_EVIDENCE:
+        if plain is None or self.draft_cost is None:
             return False
-        return best_rate < 1 / plain
+        right, steps = self.lasting
+        recent = self.accepted + self.rejected >= MIN_EVIDENCE
+        lasting = steps >= MIN_EVIDENCE
+        if not (recent or lasting) or (recent and best_rate >= 1 / plain):
+            return False
+        return not lasting or self._best_length(right / steps)[1] < 1 / plain
+
+    def _trial_pause(self) -> int:
+        """Tokens to decode plainly before a drafter the estimate switched off is tried again: enough that its
+        trials (a step of one draft token: drafting it and verifying 2 tokens) cost at most ``TRIAL_SHARE`` of
+        plain decoding's time. A trial is what finds a drafter paying again on another text; on the 0.5B target a
+        DFlash trial costs ~0.5-1 plain step more than a plain step, so the backoff's 16, 32, 64 ... tokens spent
+        3-6%, 1.5-3%, ... on trials; its pauses are 100-200 tokens from the first now. A trial's seconds are
+        measured (the median of the last ``TRIAL_WINDOW`` warm ones; before those, the cheapest drafting step
+        seen), not priced per draft token: a DFlash draft is one pass over its block whatever its length, so one
+        token costs what four do (priced per token, a trial came out at half its seconds). Each switch-off doubles
+        the pause from there (``_switch_off``)."""
+        plain = self.plain_cost
+        if plain is None or plain <= 0:
+            return 0
+        if self.trial_times:
+            extra = sorted(self.trial_times)[(len(self.trial_times) - 1) // 2]
+        else:  # none timed warm yet: the cheapest drafting step seen (a block drafter's any, a draft model's shortest)
+            drafting = min(self.draft_step_times, default=self.draft_cost or 0.0)
+            extra = drafting + self._estimated_cost(2, plain) - plain
+        return max(math.ceil(extra / (TRIAL_SHARE * plain)), 0)
 
     def _best_length(self, alpha: float) -> tuple[int, float]:
         """The k (at least 1) with the most tokens per second at acceptance ``alpha``, and that rate (the current
