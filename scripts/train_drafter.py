@@ -12,7 +12,8 @@
    drafter must predict at inference. ``--soft-labels K`` also keeps the target's K most likely next tokens and
    their log-probabilities per position (``--distill`` trains DFlash on them); ``--data-only --save-every M`` makes
    a cache in the background that training runs can read while it grows (``--max-train-tokens`` takes its first
-   N tokens, to compare data sizes on one cache).
+   N tokens, to compare data sizes on one cache; ``--more-data`` adds the training sequences of other caches, e.g.
+   teacher-forced corpus text and greedy continuations made by separate runs).
 2. Eagle-3 (training-time test, ``--eagle-steps`` unrolled depths) and DFlash (blocks of ``--block-size`` anchored
    in the generated part, the target's frozen LM head on the drafter's rows) train on that data with AdamW,
    each for half of the remaining time (``--kind`` picks one). ``--init-from-target`` starts the drafters' decoder
@@ -25,7 +26,8 @@
    first draft positions (they decide acceptance).
 3. Acceptance on held-out sequences is printed as training goes (and at the end): the mean number of drafted
    tokens the target accepts per verify step, and the acceptance rate (accepted / drafted). On held-out greedy
-   continuations this equals what greedy speculative decoding accepts from the same positions. The curve's clock is
+   continuations this equals what greedy speculative decoding accepts from the same positions (and the share of
+   drafts whose first 1, 2, ... tokens were accepted: where along a draft it is lost). The curve's clock is
    the process' CPU time spent training (evaluations not counted), so runs on a shared machine compare.
    ``training_log.json`` in ``--out`` keeps the curve.
 
@@ -272,15 +274,18 @@ class Curve:
         """``minutes``: the process' CPU time spent training (what a free core would take; the machine is
         shared), ``wall``: the wall-clock minutes of it."""
         mean = float(accepted.mean()) if accepted.size else 0.0
+        # the share of drafts whose first k tokens were all accepted: where along the draft acceptance is lost
+        reach = [float((accepted >= k).mean()) if accepted.size else 0.0 for k in range(1, self.depth + 1)]
         point = {"minutes": round(minutes, 2), "wall_minutes": round(wall, 2), "steps": steps,
                  "loss": round(loss, 4) if steps else None,
                  "seconds_per_step": round(60 * minutes / max(steps, 1), 3),
                  "accepted_per_step": round(mean, 3), "acceptance_rate": round(mean / self.depth, 3),
-                 "anchors": int(accepted.size)}
+                 "first_k_accepted": [round(r, 3) for r in reach], "anchors": int(accepted.size)}
         self.points.append(point)
         print(f"  {self.kind} {minutes:5.1f} CPU min ({wall:.1f} wall), step {steps} "
               f"({60 * minutes / max(steps, 1):.2f} CPU s/step): loss {loss:.3f}, {mean:.2f} of {self.depth} drafts "
-              f"accepted per verify step (rate {mean / self.depth:.1%}, {accepted.size} anchors)", flush=True)
+              f"accepted per verify step (rate {mean / self.depth:.1%}, first 1..{self.depth} accepted "
+              f"{' / '.join(f'{r:.0%}' for r in reach)}, {accepted.size} anchors)", flush=True)
 
 
 def resume(cls, folder: Path, config: dict):
@@ -688,6 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=float, default=2.0, help="minutes between acceptance measurements")
     p.add_argument("--data", type=Path, help="an .npz of sequences: read if it exists (this run adds to it), "
                                              "written after making data (runs can share what a slow target made)")
+    p.add_argument("--more-data", type=Path, nargs="*",
+                   help="more .npz caches whose training sequences (not their held-out ones) are trained on too "
+                        "(read only: corpus text and greedy continuations made by separate runs)")
     p.add_argument("--resume", action="store_true", help="continue training the drafters already in --out")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--context", type=int, default=1024)
@@ -736,6 +744,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.data is not None and (made or not args.data.is_file()):
         save_data(args.data, held, train + made)
     train += made
+    for path in args.more_data or []:  # training sequences of other caches (not written into --data); the held-out
+        more = load_data(path, needed)[1]  # set is --data's
+        print(f"data: {len(more)} more training sequences from {path}", flush=True)
+        train += more
     if args.data_only:
         print(f"data: {len(train)} training + {len(held)} held-out sequences in {args.data}", flush=True)
         return 0

@@ -252,8 +252,9 @@ def test_data_cache_round_trip_keeps_soft_labels_and_picks_layers_and_tokens(tmp
 
 def test_train_drafter_two_layers_distilled_from_soft_labels(tmp_path):
     """The whole script on the Qwen3 fixture: a data cache with soft labels, then a two-layer DFlash drafter started
-    from the target's layers (--init-layers), distilled from them for a CPU-time budget; hetero loads what it
-    wrote and the curve starts at step 0."""
+    from the target's layers (--init-layers), distilled from them for a CPU-time budget, on that cache's training
+    sequences and (--more-data) those of a second cache; hetero loads what it wrote, the curve starts at step 0 and
+    says how many drafts had their first 1, 2, 3 tokens accepted."""
     import json
 
     import train_drafter as td
@@ -273,8 +274,16 @@ def test_train_drafter_two_layers_distilled_from_soft_labels(tmp_path):
     assert all((s.top_ids[:, 0] == s.predicted).all() for s in train)  # the argmax is the most likely token
     assert td.main([*common, "--minutes", "5", "--data-share", "0", "--train-cpu-minutes", "0.02", "--block-size",
                     "4", "--dflash-layers", "2", "--dflash-layer-ids", "0", "--init-from-target", "--init-layers",
-                    "0", "1", "--intermediate", "32", "--distill", "0.5", "--soft-k", "3", "--anchors", "4"]) == 0
+                    "0", "1", "--intermediate", "32", "--distill", "0.5", "--soft-k", "3", "--anchors", "4",
+                    "--more-data", str(data)]) == 0
     drafter = load_dflash(out / "dflash")
     assert len(drafter.layers) == 2 and drafter.target_layers == (0,) and drafter.block_size == 4
-    curve = json.loads((out / "training_log.json").read_text())["curves"]["dflash"]
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["train_sequences"] == 2 * len(train)  # --more-data's training sequences too (here: the same cache)
+    assert len(td.load_data(data)[1]) == len(train)  # and the cache itself is left as it was
+    curve = log["curves"]["dflash"]
     assert curve[0]["steps"] == 0 and curve[-1]["steps"] > 0
+    for point in curve:
+        reach = point["first_k_accepted"]
+        assert len(reach) == 3 and reach == sorted(reach, reverse=True)
+        assert abs(sum(reach) - point["accepted_per_step"]) < 5e-3  # mean accepted = sum over k of P(>= k)
