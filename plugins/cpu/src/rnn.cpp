@@ -7,7 +7,13 @@
 // MatMul / Gemm on packed weights do; the recurrent products (M = batch <= 4) stay on the fp32 small-M path. A
 // bidirectional layer runs its two directions on two threads (each direction's steps in its own order, so the bits
 // do not depend on the thread count).
+// Quantized mode (com.microsoft::DynamicQuantizeLSTM, rnn_prepack with per-column scales): W and R hold 8-bit
+// integers less their zero points (exact in fp32 and in bf16x3's hi half), and each product's activations are
+// quantized on the fly as onnxruntime does at one thread: X once over all its steps, H once a step over the whole
+// batch, to uint8 with the range widened to hold 0; the integer product is then scaled by the activation's scale
+// times the weight's column scale. Sums of such products are exact in fp32 up to K = 258.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -50,7 +56,22 @@ struct RnnWeights {
   bool gru = false;
   i64 dirs = 0, I = 0, H = 0, G = 0;
   std::vector<std::unique_ptr<Packed>> w, r, rh;  // per direction: W^T, R^T (LSTM: all gates; GRU: z and r), GRU R_h^T
+  std::vector<float> w_scale, r_scale;  // quantized mode: (dirs, G*H) column scales of W and R; empty otherwise
 };
+
+// Dynamic uint8 quantization of a whole buffer (the range widened to hold 0, zero point rounded, values rounded
+// half to even): q - zero_point into out (as float), returns the scale.
+float quantize_u8(const float* a, i64 n, float* out) {
+  float lo = 0.f, hi = 0.f;
+  for (i64 i = 0; i < n; ++i) {
+    lo = std::min(lo, a[i]);
+    hi = std::max(hi, a[i]);
+  }
+  const float scale = hi > lo ? (hi - lo) / 255.f : 1.f;
+  const float zero = std::min(255.f, std::max(0.f, std::nearbyint(-lo / scale)));
+  for (i64 i = 0; i < n; ++i) out[i] = std::min(255.f, std::max(0.f, std::nearbyint(a[i] / scale) + zero)) - zero;
+  return scale;
+}
 
 // c (M x N, ldc) = a (M x K view) @ packed + bias row (may be null).
 void gemm_p(const Kernels& kr, const MatView& a, const Packed& p, float* c, i64 ldc, const float* bias, int T) {
@@ -68,7 +89,17 @@ void gemm_p(const Kernels& kr, const MatView& a, const Packed& p, float* c, i64 
     gemm_prepacked_b(kr, a.rows, p.n, p.k, &a, nullptr, p.buf.p, c, ldc, 1.f, 0.f, ep, T);
 }
 
-std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& R, bool gru, bool bf16x3) {
+const float* opt_f32(const py::object& o, i64 n, const char* fn, const char* name) {
+  if (o.is_none()) return nullptr;
+  py::array a = py::reinterpret_borrow<py::array>(o);
+  need_f32(a, fn, name);
+  need_contig(a, fn, name);
+  if (a.size() != n) fail(std::string(fn) + ": " + name + " must have " + std::to_string(n) + " elements");
+  return cptr<float>(a);
+}
+
+std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& R, bool gru, bool bf16x3,
+                                           const py::object& w_scale, const py::object& r_scale) {
   const char* fn = "rnn_prepack";
   need_f32(W, fn, "W");
   need_f32(R, fn, "R");
@@ -85,6 +116,15 @@ std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& 
   if (R.shape(0) != p->dirs || W.shape(1) != p->G * p->H || R.shape(1) != p->G * p->H)
     fail("rnn_prepack: W is " + shape_str(W) + " and R is " + shape_str(R) + ", inconsistent with " +
          std::to_string(p->G) + " gates");
+  if (w_scale.is_none() != r_scale.is_none()) fail("rnn_prepack: give both column scales or neither");
+  if (!w_scale.is_none()) {
+    if (gru) fail("rnn_prepack: quantized mode is for LSTM");
+    const i64 n = p->dirs * p->G * p->H;
+    const float* ws = opt_f32(w_scale, n, fn, "w_scale");
+    const float* rs = opt_f32(r_scale, n, fn, "r_scale");
+    p->w_scale.assign(ws, ws + n);
+    p->r_scale.assign(rs, rs + n);
+  }
   const float* pw = cptr<float>(W);
   const float* pr = cptr<float>(R);
   const i64 GH = p->G * p->H, H = p->H, I = p->I;
@@ -99,15 +139,6 @@ std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& 
     if (gru) p->rh.back()->pack(*p->kr, MatView{rd + 2 * H * H, H, H, 1, H});
   }
   return p;
-}
-
-const float* opt_f32(const py::object& o, i64 n, const char* fn, const char* name) {
-  if (o.is_none()) return nullptr;
-  py::array a = py::reinterpret_borrow<py::array>(o);
-  need_f32(a, fn, name);
-  need_contig(a, fn, name);
-  if (a.size() != n) fail(std::string(fn) + ": " + name + " must have " + std::to_string(n) + " elements");
-  return cptr<float>(a);
 }
 
 // direction: 0 forward, 1 reverse, 2 bidirectional. X (seq, batch, I); Y (seq, dirs, batch, H) or None;
@@ -152,6 +183,10 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
   py::gil_scoped_release nogil;
   const Kernels& kr = *p.kr;
   const bool do_clip = clip > 0.f;
+  const bool quant = !p.w_scale.empty();
+  // Quantized mode: X quantized once for both directions (onnxruntime's input product covers all steps at once).
+  std::vector<float> xq(quant ? static_cast<std::size_t>(std::max<i64>(1, seq * batch * I)) : 0);
+  const float x_scale = quant ? quantize_u8(px, seq * batch * I, xq.data()) : 1.f;
   if (pY) std::fill(pY, pY + seq * dirs * batch * H, 0.f);
   auto act = [&](int op, float* v, i64 n) {
     if (do_clip) kr.unary(U_CLIP, v, v, n, -clip, clip);
@@ -173,7 +208,17 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
       bx[static_cast<std::size_t>(j)] = (p.gru && linear_before_reset && j >= 2 * H) ? wb : wb + rb;
     }
     for (i64 j = 0; j < H; ++j) brh[static_cast<std::size_t>(j)] = pB ? pB[d * 2 * GH + GH + 2 * H + j] : 0.f;
-    gemm_p(kr, MatView{px, seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw.data(), GH, bx.data(), T);
+    std::vector<float> hq(quant ? h.size() : 0);
+    if (quant) {
+      gemm_p(kr, MatView{xq.data(), seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw.data(), GH, nullptr, T);
+      const float* ws = p.w_scale.data() + d * GH;
+      for (i64 row = 0; row < seq * batch; ++row) {
+        float* o = xw.data() + row * GH;
+        for (i64 j = 0; j < GH; ++j) o[j] = o[j] * (x_scale * ws[j]) + bx[static_cast<std::size_t>(j)];
+      }
+    } else {
+      gemm_p(kr, MatView{px, seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw.data(), GH, bx.data(), T);
+    }
     if (ph0) std::memcpy(h.data(), ph0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
     else std::fill(h.begin(), h.end(), 0.f);
     if (pc0) std::memcpy(c.data(), pc0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
@@ -181,9 +226,17 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
     const float* pp = pP ? pP + d * 3 * H : nullptr;
     const Packed& R = *p.r[static_cast<std::size_t>(d)];
     for (i64 t = 0; t < seq; ++t) {
-      const MatView hv{h.data(), batch, H, H, 1};
       const i64 rn = R.n;  // LSTM: 4H, GRU: 2H
-      gemm_p(kr, hv, R, hr.data(), rn, nullptr, T);
+      if (quant) {
+        const float h_scale = quantize_u8(h.data(), batch * H, hq.data());
+        gemm_p(kr, MatView{hq.data(), batch, H, H, 1}, R, hr.data(), rn, nullptr, T);
+        const float* rs = p.r_scale.data() + d * GH;
+        for (i64 b = 0; b < batch; ++b)
+          for (i64 j = 0; j < rn; ++j) hr[static_cast<std::size_t>(b * rn + j)] *= h_scale * rs[j];
+      } else {
+        gemm_p(kr, MatView{h.data(), batch, H, H, 1}, R, hr.data(), rn, nullptr, T);
+      }
+      const MatView hv{h.data(), batch, H, H, 1};
       if (p.gru && linear_before_reset)
         gemm_p(kr, hv, *p.rh[static_cast<std::size_t>(d)], hh.data(), H, brh.data(), T);
       for (i64 b = 0; b < batch; ++b) {
@@ -271,7 +324,8 @@ void bind_rnn(py::module_& m) {
   py::class_<RnnWeights, std::shared_ptr<RnnWeights>>(m, "PackedRnn", "LSTM / GRU weights packed once.")
       .def_property_readonly("hidden_size", [](const RnnWeights& p) { return p.H; })
       .def_property_readonly("directions", [](const RnnWeights& p) { return p.dirs; });
-  m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"), py::arg("bf16x3") = false);
+  m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"), py::arg("bf16x3") = false,
+        py::arg("w_scale") = py::none(), py::arg("r_scale") = py::none());
   m.def("rnn_run", &py_rnn_run, py::arg("packed"), py::arg("X"), py::arg("B"), py::arg("sequence_lens"),
         py::arg("initial_h"), py::arg("initial_c"), py::arg("P"), py::arg("direction"), py::arg("clip"),
         py::arg("input_forget"), py::arg("linear_before_reset"), py::arg("Y"), py::arg("Y_h"), py::arg("Y_c"));

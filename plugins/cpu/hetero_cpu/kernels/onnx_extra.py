@@ -25,7 +25,8 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
-from hetero.contract.opforms import nearest_indices, source_coords
+from hetero.contract.graph import MICROSOFT_DOMAIN
+from hetero.contract.opforms import dq_lstm_weights, nearest_indices, source_coords
 
 from .. import _native
 from .common import Call, CallKernel, Calls, noop, weight_precision
@@ -570,17 +571,23 @@ class CpuRnn(_NativeOrNumpy):
             return unsupported(f"{node.op_type} with activations {list(acts)}")
         if node.attr("activation_alpha", None) or node.attr("activation_beta", None):
             return unsupported(f"{node.op_type} with activation parameters")
-        return _dtypes_in(node, _F32, indices=[0, 1, 2, 3, 5, 6, 7])
+        return _dtypes_in(node, _F32, indices=cls._FLOAT_INPUTS)
+
+    _FLOAT_INPUTS = (0, 1, 2, 3, 5, 6, 7)
+
+    def _prepack(self) -> object | None:
+        """W and R packed once, when known at load time."""
+        w, r = self.info.constants.get(1), self.info.constants.get(2)
+        if w is None or r is None:
+            return None
+        return _native.rnn_prepack(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(r, np.float32), self.gru,
+                                   self.bf16x3)
 
     def setup(self) -> None:
         self.gru = self.node.op_type == "GRU"
-        w, r = self.info.constants.get(1), self.info.constants.get(2)
-        self.packed = None
         # precision "normal": the input projections as bf16x3 (as MatMul / Gemm on packed weights)
         self.bf16x3 = (weight_precision(self.backend) or _native.precision()) == "normal"
-        if w is not None and r is not None:
-            self.packed = _native.rnn_prepack(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(r, np.float32),
-                                              self.gru, self.bf16x3)
+        self.packed = self._prepack()
         direction = self.attr("direction", "forward")
         self.direction = {"forward": 0, "reverse": 1, "bidirectional": 2}[direction]
         clip = self.attr("clip", None)
@@ -644,6 +651,29 @@ class CpuRnn(_NativeOrNumpy):
             _native.copy(res, t.buffer)
 
 
+class CpuDynamicQuantizeLstm(CpuRnn):
+    """com.microsoft::DynamicQuantizeLSTM on the LSTM recurrence in its quantized mode (rnn.cpp): W and R as their
+    integers less the zero points with per-column scales (per tensor or per output channel), the activations
+    quantized to uint8 on the fly as onnxruntime does at one thread, so the outputs follow onnxruntime's rounding
+    rather than the float LSTM's (the reference does the same in numpy)."""
+
+    _FLOAT_INPUTS = (0, 3, 5, 6, 7, 8, 10)
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        if any(i not in node.constants for i in (1, 2, 8, 9, 10, 11)):
+            return unsupported("DynamicQuantizeLSTM with weights or scales fed at run time")
+        if node.attr("layout", 0):
+            return unsupported("DynamicQuantizeLSTM with layout 1")
+        return super().native_ok(node)
+
+    def _prepack(self) -> object | None:
+        c = self.info.constants
+        (w, w_scale), (r, r_scale) = (dq_lstm_weights(c[i], c[s], c[s + 1]) for i, s in ((1, 8), (2, 10)))
+        f32 = functools.partial(np.ascontiguousarray, dtype=np.float32)
+        return _native.rnn_prepack(f32(w), f32(r), False, self.bf16x3, f32(w_scale), f32(r_scale))
+
+
 KERNELS = {
     **{("", op): CpuReduce for op in _REDUCE},
     ("", "GlobalMaxPool"): CpuGlobalMaxPool,
@@ -666,4 +696,5 @@ KERNELS = {
     ("", "ConvTranspose"): CpuConvTranspose,
     ("", "LSTM"): CpuRnn,
     ("", "GRU"): CpuRnn,
+    (MICROSOFT_DOMAIN, "DynamicQuantizeLSTM"): CpuDynamicQuantizeLstm,
 }
