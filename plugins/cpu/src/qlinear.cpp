@@ -38,20 +38,6 @@ bool cpu_has_vnni() {
 #endif
 }
 
-template <class T>
-struct AlignedVec {  // 64-byte aligned, for the packed panels' aligned loads
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit AlignedVec(std::size_t count) : n(count) {
-    const std::size_t bytes = ((count * sizeof(T) + 63) / 64) * 64;
-    p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, bytes == 0 ? 64 : bytes);
-  }
-  AlignedVec(const AlignedVec&) = delete;
-  AlignedVec& operator=(const AlignedVec&) = delete;
-  ~AlignedVec() { std::free(p); }
-};
 
 }  // namespace
 
@@ -62,18 +48,6 @@ const QKernels& qk() {
   if ((a == kernels_avx512() || a == kernels_avx2()) && a != nullptr && qkernels_avx2()) return *qkernels_avx2();
   return *qkernels_generic();
 }
-
-// B (K x N, int8 or uint8) in panels, with its zero point(s) and column sums in the b' = int8 domain.
-struct QPacked {
-  i64 k = 0, n = 0, k4 = 0, panels = 0;
-  bool b_unsigned = false;
-  std::unique_ptr<AlignedVec<std::int8_t>> data;
-  std::vector<std::int32_t> colsum;  // sum_k b'[k][n]
-  std::vector<std::int32_t> zb;      // zb'[n]
-  i64 pstride() const { return k4 * 64; }
-};
-
-namespace {
 
 // b: K x N at (rs, cs) element strides; zero point: one or N values.
 void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
@@ -101,18 +75,14 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
   }
 }
 
-struct AOperand {
-  const std::uint8_t* a;  // rows of a' (uint8), lda bytes apart, K real values then zeros to 4 * k4
-  i64 lda;
-  const std::int32_t* za;  // za'[m] (one value when za_count == 1)
-  i64 za_count;
-};
 
+namespace {
 std::atomic<bool> g_use_amx{true};
+}  // namespace
 
 // The AMX path: blocks of 32 rows x 2 panels, when the CPU and OS allow it, the active ISA is avx512 and K is whole
 // 64-byte tile rows.
-bool amx_for(const QKernels& kr, const QPacked& p) {
+static bool amx_for(const QKernels& kr, const QPacked& p) {
   return p.k % 64 == 0 && &kr == qkernels_avx512vnni() && g_use_amx.load(std::memory_order_relaxed) &&
          amx_available();
 }
@@ -177,6 +147,8 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
     }
   });
 }
+
+namespace {
 
 // An empty K: every sum is 0 (the output stage still applies: scale, bias, zero point).
 void qgemm_empty_k(const QPacked& p, i64 M, const OutStage& st) {

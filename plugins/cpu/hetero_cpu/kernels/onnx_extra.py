@@ -26,7 +26,7 @@ from hetero.contract import (
     unsupported,
 )
 from hetero.contract.graph import MICROSOFT_DOMAIN
-from hetero.contract.opforms import dq_lstm_weights, nearest_indices, source_coords
+from hetero.contract.opforms import nearest_indices, source_coords
 
 from .. import _native
 from .common import Call, CallKernel, Calls, noop, weight_precision
@@ -652,10 +652,10 @@ class CpuRnn(_NativeOrNumpy):
 
 
 class CpuDynamicQuantizeLstm(CpuRnn):
-    """com.microsoft::DynamicQuantizeLSTM on the LSTM recurrence in its quantized mode (rnn.cpp): W and R as their
-    integers less the zero points with per-column scales (per tensor or per output channel), the activations
-    quantized to uint8 on the fly as onnxruntime does at one thread, so the outputs follow onnxruntime's rounding
-    rather than the float LSTM's (the reference does the same in numpy)."""
+    """com.microsoft::DynamicQuantizeLSTM on the LSTM recurrence in its quantized mode (rnn.cpp): W and R kept 8-bit
+    for the integer GEMM of the quantized ops (qlinear.hpp), per-tensor or per-column scales and zero points, the
+    activations quantized to uint8 on the fly as onnxruntime does at one thread, so the outputs follow onnxruntime's
+    rounding rather than the float LSTM's (the reference does the same in numpy)."""
 
     _FLOAT_INPUTS = (0, 3, 5, 6, 7, 8, 10)
 
@@ -663,15 +663,22 @@ class CpuDynamicQuantizeLstm(CpuRnn):
     def native_ok(cls, node: NodeInfo) -> Support:
         if any(i not in node.constants for i in (1, 2, 8, 9, 10, 11)):
             return unsupported("DynamicQuantizeLSTM with weights or scales fed at run time")
+        if node.constants[1].dtype != node.constants[2].dtype:
+            return unsupported("DynamicQuantizeLSTM with W and R of different 8-bit types")
         if node.attr("layout", 0):
             return unsupported("DynamicQuantizeLSTM with layout 1")
         return super().native_ok(node)
 
     def _prepack(self) -> object | None:
         c = self.info.constants
-        (w, w_scale), (r, r_scale) = (dq_lstm_weights(c[i], c[s], c[s + 1]) for i, s in ((1, 8), (2, 10)))
-        f32 = functools.partial(np.ascontiguousarray, dtype=np.float32)
-        return _native.rnn_prepack(f32(w), f32(r), False, self.bf16x3, f32(w_scale), f32(r_scale))
+        dirs, cols = c[1].shape[0], c[1].shape[2]
+
+        def per_column(a: np.ndarray, dtype: type) -> np.ndarray:  # [dirs] or [dirs, 4H] -> [dirs, 4H]
+            return np.ascontiguousarray(np.broadcast_to(np.asarray(a, dtype).reshape(dirs, -1), (dirs, cols)))
+
+        return _native.rnn_prepack_q(np.ascontiguousarray(c[1]), np.ascontiguousarray(c[2]), per_column(c[9], np.int32),
+                                     per_column(c[11], np.int32), per_column(c[8], np.float32),
+                                     per_column(c[10], np.float32))
 
 
 KERNELS = {
