@@ -88,14 +88,14 @@ static bool amx_for(const QKernels& kr, const QPacked& p) {
 }
 
 // The GEMM over rows [0, M): tasks are (row block, column block) pairs.
-void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
+void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool allow_amx) {
   if (M == 0 || p.n == 0) return;
   const QKernels& kr = qk();
   std::vector<std::int32_t> rowsum(static_cast<std::size_t>(M));
   kr.rowsums(a.a, M, p.k, a.lda, rowsum.data());
   const Corrections cr{p.colsum.data(), p.zb.data(), rowsum.data(), a.za, a.za_count, p.k};
   const double work = static_cast<double>(M) * static_cast<double>(p.n) * static_cast<double>(p.k);
-  if (amx_for(kr, p)) {
+  if (allow_amx && amx_for(kr, p)) {
     // Tasks are column groups; each runs its panel pairs over every row block, so a pair (2 x K x 16 bytes) is read
     // from memory once and stays in L1 while the row blocks pass. The last rows (M % 32) are copied once, zero-padded
     // to whole 16-row tiles.

@@ -122,7 +122,8 @@ struct AOperand {
 void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
                i64 zp_count);
 // The threaded integer GEMM over rows [0, M) of a, through the output stage (nested in a parallel_for: serial).
-void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st);
+// allow_amx false: the ISA's vector tiles even where AMX would be taken.
+void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool allow_amx = true);
 
 const QKernels* qkernels_generic();
 const QKernels* qkernels_avx2();        // nullptr unless x86-64

@@ -287,8 +287,10 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
         const float h_scale = quantize_rows_u8(h.data(), batch, H, H, hq.data(), hlda, &h_zp);
         const float* rs = p.r_scale.data() + d * GH;
         for (i64 j = 0; j < GH; ++j) col[static_cast<std::size_t>(j)] = h_scale * rs[j];
+        // a step's few rows: the vector tiles (AMX would compute 16 rows for them and load its tile configuration
+        // each call)
         qlin::qgemm(*p.qr[static_cast<std::size_t>(d)], qlin::AOperand{hq.data(), hlda, &h_zp, 1}, batch,
-                    qstage(hr.data(), nullptr));
+                    qstage(hr.data(), nullptr), false);
       } else {
         gemm_p(kr, MatView{h.data(), batch, H, H, 1}, *Rp, hr.data(), rn, nullptr, T);
       }
