@@ -218,6 +218,19 @@ def gru(ctx: OpContext) -> list[np.ndarray]:
     return _run(ctx, 3, 1, make, ["Sigmoid", "Tanh"])[:2]
 
 
+def _lstm_update(gates: np.ndarray, c: np.ndarray, acts: list[Activation], clip: Callable[[np.ndarray], np.ndarray],
+                 couple: bool, peep: tuple) -> list[np.ndarray]:
+    """One LSTM step from its gate pre-activations (i, o, f, c): the new H and C."""
+    f, g, hf = acts
+    p_i, p_o, p_f = peep
+    gi, go, gf, gc = np.split(gates, 4, axis=-1)
+    i = f(clip(gi + p_i * c))
+    fg = 1 - i if couple else f(clip(gf + p_f * c))
+    c_new = fg * c + i * g(clip(gc))
+    o = f(clip(go + p_o * c_new))
+    return [o * hf(c_new), c_new]
+
+
 @op("LSTM", infer=_rnn_infer)
 def lstm(ctx: OpContext) -> list[np.ndarray]:
     """Long short-term memory (gates i, o, f, c), optional peepholes P and coupled input/forget gates."""
@@ -229,17 +242,10 @@ def lstm(ctx: OpContext) -> list[np.ndarray]:
         h_n = r.shape[-1]
         bias = b[: 4 * h_n] + b[4 * h_n :]
         p_i, p_o, p_f = np.split(peep[d], 3) if peep is not None else (0.0, 0.0, 0.0)
-        f, g, hf = acts
 
         def cell(xt: np.ndarray, states: list[np.ndarray], t: int) -> list[np.ndarray]:
             h, c = states
-            gates = xt @ w.T + h @ r.T + bias
-            gi, go, gf, gc = np.split(gates, 4, axis=-1)
-            i = f(clip(gi + p_i * c))
-            fg = 1 - i if couple else f(clip(gf + p_f * c))
-            c_new = fg * c + i * g(clip(gc))
-            o = f(clip(go + p_o * c_new))
-            return [o * hf(c_new), c_new]
+            return _lstm_update(xt @ w.T + h @ r.T + bias, c, acts, clip, couple, (p_i, p_o, p_f))
 
         return cell
 
@@ -309,7 +315,6 @@ def dynamic_quantize_lstm(ctx: OpContext) -> list[np.ndarray]:
         h_n = r.shape[-1]
         bias = b[: 4 * h_n] + b[4 * h_n :]
         p_i, p_o, p_f = np.split(peep[d], 3) if peep is not None else (0.0, 0.0, 0.0)
-        f, g, hf = acts
         order = _reverse_valid(x_ints, lens) if (reverse_all or d == 1) else x_ints
 
         def cell(xt: np.ndarray, states: list[np.ndarray], t: int) -> list[np.ndarray]:
@@ -317,12 +322,7 @@ def dynamic_quantize_lstm(ctx: OpContext) -> list[np.ndarray]:
             h_ints, h_scale = quantize_activation(h)
             gates = ((order[t] @ w.T) * (x_scale * w_scales[d]) + (h_ints @ r.T) * (h_scale * r_scales[d])
                      + bias)
-            gi, go, gf, gc = np.split(gates, 4, axis=-1)
-            i = f(clip(gi + p_i * c))
-            fg = 1 - i if couple else f(clip(gf + p_f * c))
-            c_new = fg * c + i * g(clip(gc))
-            o = f(clip(go + p_o * c_new))
-            return [o * hf(c_new), c_new]
+            return _lstm_update(gates, c, acts, clip, couple, (p_i, p_o, p_f))
 
         return cell
 
