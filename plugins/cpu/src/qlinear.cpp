@@ -38,7 +38,6 @@ bool cpu_has_vnni() {
 #endif
 }
 
-
 }  // namespace
 
 const QKernels& qk() {
@@ -74,7 +73,6 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
     p.zb[static_cast<std::size_t>(j)] = zp[zp_count == 1 ? 0 : j] + shift;
   }
 }
-
 
 namespace {
 std::atomic<bool> g_use_amx{true};
