@@ -158,11 +158,14 @@ def hot_path_fallbacks(session: hetero.Session, backend: str) -> list[str]:
     return found
 
 
-def ort_runner(model: Path | bytes, optimization: str = "ORT_ENABLE_ALL") -> Callable[[Feeds], dict[str, np.ndarray]]:
+def ort_runner(model: Path | bytes, optimization: str = "ORT_ENABLE_ALL",
+               threads: int = 0) -> Callable[[Feeds], dict[str, np.ndarray]]:
     """onnxruntime's CPU provider as a feeds -> {output name: array} function (``optimization``: the name of an
-    ``onnxruntime.GraphOptimizationLevel``; its default is onnxruntime's)."""
+    ``onnxruntime.GraphOptimizationLevel``; its default is onnxruntime's; ``threads``: intra-op threads, 0 its
+    default)."""
     ort = pytest.importorskip("onnxruntime")
     options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, optimization)
     options.log_severity_level = 3  # the silero exports carry unused initializers ort warns about
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options,

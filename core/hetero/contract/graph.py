@@ -14,6 +14,7 @@ from .tensor import TensorInfo
 
 ONNX_DOMAIN = ""  # ai.onnx; "ai.onnx" is normalised to ""
 HETERO_DOMAIN = "hetero"
+MICROSOFT_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops that hetero implements
 
 
 @dataclass

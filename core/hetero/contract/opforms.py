@@ -9,7 +9,8 @@
   (``GatedDeltaAttrs``);
 * the dims a ``Shape`` node returns (``shape_range``);
 * a step of several sequences: per-row positions and slots, cut into one-sequence runs (``slot_runs``);
-* Resize's source coordinate of each output (``source_coords``, float64) and nearest index (``nearest_indices``).
+* Resize's source coordinate of each output (``source_coords``, float64) and nearest index (``nearest_indices``);
+* DynamicQuantizeLSTM's 8-bit weights in the LSTM layout with their per-column scales (``dq_lstm_weights``).
 """
 
 from __future__ import annotations
@@ -346,3 +347,13 @@ def nearest_indices(mode: str, coords: np.ndarray, n_in: int) -> np.ndarray:
     else:
         raise ValueError(f"unknown nearest_mode {mode!r}")
     return np.clip(idx, 0, n_in - 1).astype(np.int64)
+
+
+def dq_lstm_weights(w: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An 8-bit [dirs, K, 4H] weight of com.microsoft::DynamicQuantizeLSTM with its scale and zero point ([dirs]: per
+    tensor, [dirs, 4H]: per output channel) -> (the integers less the zero point, [dirs, 4H, K] as float64: ONNX
+    LSTM's layout; the per-column scales [dirs, 4H]). Dequantized: ``ints * scales[:, :, None]``."""
+    dirs, _, cols = w.shape
+    ints = w.astype(np.float64) - np.asarray(zero, np.float64).reshape(dirs, 1, -1)
+    scales = np.broadcast_to(np.asarray(scale, np.float64).reshape(dirs, -1), (dirs, cols))
+    return np.ascontiguousarray(ints.transpose(0, 2, 1)), np.ascontiguousarray(scales)

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..contract.graph import MICROSOFT_DOMAIN
+from ..contract.opforms import dq_lstm_weights
 from ..contract.registry import OpContext, op
 from ..contract.tensor import Dim, TensorInfo
 from .shapes import expect_shape, input_info, unknown
@@ -115,14 +117,18 @@ Cell = Callable[[np.ndarray, list[np.ndarray], int], list[np.ndarray]]
 
 def _run(ctx: OpContext, n_gates: int, n_states: int, make_cell: Callable[[int, np.ndarray, np.ndarray, np.ndarray,
                                                                                  list[Activation]], Cell],
-         defaults: list[str]) -> list[np.ndarray]:
-    """The shared driver: layouts, directions, sequence lengths and initial states; ``make_cell`` does one step."""
+         defaults: list[str], weights: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
+    """The shared driver: layouts, directions, sequence lengths and initial states; ``make_cell`` does one step.
+
+    ``weights``: W and R in the ONNX layout ([dirs, gates * hidden, input], [dirs, gates * hidden, hidden]) when they
+    are not inputs 1 and 2 as they stand (the quantized contrib op)."""
     x = ctx.array(0)
     layout = ctx.attr("layout", 0)
     x64 = np.swapaxes(x, 0, 1) if layout else x  # -> (seq, batch, input)
     x64 = x64.astype(np.float64)
     seq, batch = x64.shape[:2]
-    w, r = ctx.array(1).astype(np.float64), ctx.array(2).astype(np.float64)
+    w, r = weights if weights is not None else (ctx.array(1), ctx.array(2))
+    w, r = w.astype(np.float64), r.astype(np.float64)
     hidden = r.shape[-1]
     dirs = _n_dirs(ctx)
     b = ctx.array(3).astype(np.float64) if ctx.has_input(3) else np.zeros((dirs, 2 * n_gates * hidden))
@@ -212,6 +218,19 @@ def gru(ctx: OpContext) -> list[np.ndarray]:
     return _run(ctx, 3, 1, make, ["Sigmoid", "Tanh"])[:2]
 
 
+def _lstm_update(gates: np.ndarray, c: np.ndarray, acts: list[Activation], clip: Callable[[np.ndarray], np.ndarray],
+                 couple: bool, peep: tuple) -> list[np.ndarray]:
+    """One LSTM step from its gate pre-activations (i, o, f, c): the new H and C."""
+    f, g, hf = acts
+    p_i, p_o, p_f = peep
+    gi, go, gf, gc = np.split(gates, 4, axis=-1)
+    i = f(clip(gi + p_i * c))
+    fg = 1 - i if couple else f(clip(gf + p_f * c))
+    c_new = fg * c + i * g(clip(gc))
+    o = f(clip(go + p_o * c_new))
+    return [o * hf(c_new), c_new]
+
+
 @op("LSTM", infer=_rnn_infer)
 def lstm(ctx: OpContext) -> list[np.ndarray]:
     """Long short-term memory (gates i, o, f, c), optional peepholes P and coupled input/forget gates."""
@@ -223,18 +242,91 @@ def lstm(ctx: OpContext) -> list[np.ndarray]:
         h_n = r.shape[-1]
         bias = b[: 4 * h_n] + b[4 * h_n :]
         p_i, p_o, p_f = np.split(peep[d], 3) if peep is not None else (0.0, 0.0, 0.0)
-        f, g, hf = acts
 
         def cell(xt: np.ndarray, states: list[np.ndarray], t: int) -> list[np.ndarray]:
             h, c = states
-            gates = xt @ w.T + h @ r.T + bias
-            gi, go, gf, gc = np.split(gates, 4, axis=-1)
-            i = f(clip(gi + p_i * c))
-            fg = 1 - i if couple else f(clip(gf + p_f * c))
-            c_new = fg * c + i * g(clip(gc))
-            o = f(clip(go + p_o * c_new))
-            return [o * hf(c_new), c_new]
+            return _lstm_update(xt @ w.T + h @ r.T + bias, c, acts, clip, couple, (p_i, p_o, p_f))
 
         return cell
 
     return _run(ctx, 4, 2, make, ["Sigmoid", "Tanh", "Tanh"])
+
+
+# ------------------------------------------------------------------------------- com.microsoft::DynamicQuantizeLSTM
+
+def _dq_lstm_infer(ctx: OpContext) -> list[TensorInfo]:
+    """As LSTM, with W [dirs, input, 4 * hidden] and R [dirs, hidden, 4 * hidden] (transposed, 8-bit) and their
+    scales / zero points [dirs] (per tensor) or [dirs, 4 * hidden] (per output channel)."""
+    x = input_info(ctx, 0)
+    r = input_info(ctx, 2).shape
+    hidden = ctx.attr("hidden_size", None)
+    if hidden is None:
+        hidden = None if r is None else r[1]
+    dirs = _n_dirs(ctx)
+    if ctx.attr("layout", 0):
+        raise ctx.fail("DynamicQuantizeLSTM has no batch-major layout")
+    if x.shape is None:
+        return [unknown(x.dtype, 4), unknown(x.dtype, 3), unknown(x.dtype, 3)]
+    if len(x.shape) != 3:
+        raise ctx.fail(f"X must be 3-D, got shape {list(x.shape)}")
+    seq, batch, features = x.shape
+    rows = None if hidden is None else 4 * hidden
+    expect_shape(ctx, "W", input_info(ctx, 1).shape, (dirs, features, rows))
+    expect_shape(ctx, "R", r, (dirs, hidden, rows))
+    state = (dirs, batch, hidden)
+    optional = {3: ("B", (dirs, None if rows is None else 2 * rows)), 4: ("sequence_lens", (batch,)),
+                5: ("initial_h", state), 6: ("initial_c", state), 7: ("P", (dirs, None if hidden is None
+                                                                            else 3 * hidden))}
+    for index, (name, want) in optional.items():
+        if ctx.has_input(index):
+            expect_shape(ctx, name, input_info(ctx, index).shape, want)
+    for index, name in ((8, "W_scale"), (9, "W_zero_point"), (10, "R_scale"), (11, "R_zero_point")):
+        shape = input_info(ctx, index).shape
+        if shape is not None and len(shape) not in (1, 2):
+            raise ctx.fail(f"{name} must be [num_directions] or [num_directions, 4 * hidden_size], got {list(shape)}")
+    return [TensorInfo(x.dtype, (seq, dirs, batch, hidden)), TensorInfo(x.dtype, state), TensorInfo(x.dtype, state)]
+
+
+def quantize_activation(a: np.ndarray) -> tuple[np.ndarray, float]:
+    """Dynamic uint8 quantization of a whole float32 matrix as onnxruntime's quantized RNN GEMMs do it: the range
+    widened to hold 0, scale (max - min) / 255, the zero point rounded; returns (q - zero_point as float64, scale)."""
+    a = np.asarray(a, np.float32)
+    lo = np.float32(min(0.0, float(a.min()))) if a.size else np.float32(0)
+    hi = np.float32(max(0.0, float(a.max()))) if a.size else np.float32(0)
+    scale = np.float32((hi - lo) / np.float32(255)) if hi > lo else np.float32(1)
+    zero = float(np.clip(np.rint(-lo / scale), 0, 255))
+    q = np.clip(np.rint(a / scale) + zero, 0, 255)  # round half to even, as the float->int conversion does
+    return q.astype(np.float64) - zero, float(scale)
+
+
+@op("DynamicQuantizeLSTM", domain=MICROSOFT_DOMAIN, infer=_dq_lstm_infer)
+def dynamic_quantize_lstm(ctx: OpContext) -> list[np.ndarray]:
+    """onnxruntime's contrib LSTM with 8-bit weights (gates i, o, f, c): each GEMM's activations quantized to uint8
+    on the fly (one scale for all time steps of X, one per step for H), integer products scaled by the activation's
+    and the weight's scale; the rest as LSTM, in float."""
+    clip = _clip(ctx)
+    couple = bool(ctx.attr("input_forget", 0))
+    peep = ctx.array(7).astype(np.float64) if ctx.has_input(7) else None
+    w_ints, w_scales = dq_lstm_weights(ctx.array(1), ctx.array(8), ctx.array(9))
+    r_ints, r_scales = dq_lstm_weights(ctx.array(2), ctx.array(10), ctx.array(11))
+    x_ints, x_scale = quantize_activation(ctx.array(0))  # the input GEMM runs once over all steps: one range
+
+    def make(d: int, w: np.ndarray, r: np.ndarray, b: np.ndarray, acts: list[Activation]) -> Cell:
+        h_n = r.shape[-1]
+        bias = b[: 4 * h_n] + b[4 * h_n :]
+        p_i, p_o, p_f = np.split(peep[d], 3) if peep is not None else (0.0, 0.0, 0.0)
+        order = _reverse_valid(x_ints, lens) if (reverse_all or d == 1) else x_ints
+
+        def cell(xt: np.ndarray, states: list[np.ndarray], t: int) -> list[np.ndarray]:
+            h, c = states
+            h_ints, h_scale = quantize_activation(h)
+            gates = ((order[t] @ w.T) * (x_scale * w_scales[d]) + (h_ints @ r.T) * (h_scale * r_scales[d])
+                     + bias)
+            return _lstm_update(gates, c, acts, clip, couple, (p_i, p_o, p_f))
+
+        return cell
+
+    seq, batch = ctx.array(0).shape[:2]
+    lens = ctx.array(4).astype(np.int64) if ctx.has_input(4) else np.full(batch, seq, dtype=np.int64)
+    reverse_all = ctx.attr("direction", "forward") == "reverse"
+    return _run(ctx, 4, 2, make, ["Sigmoid", "Tanh", "Tanh"], weights=(w_ints, r_ints))

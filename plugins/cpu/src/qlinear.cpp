@@ -38,21 +38,6 @@ bool cpu_has_vnni() {
 #endif
 }
 
-template <class T>
-struct AlignedVec {  // 64-byte aligned, for the packed panels' aligned loads
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit AlignedVec(std::size_t count) : n(count) {
-    const std::size_t bytes = ((count * sizeof(T) + 63) / 64) * 64;
-    p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, bytes == 0 ? 64 : bytes);
-  }
-  AlignedVec(const AlignedVec&) = delete;
-  AlignedVec& operator=(const AlignedVec&) = delete;
-  ~AlignedVec() { std::free(p); }
-};
-
 }  // namespace
 
 const QKernels& qk() {
@@ -62,18 +47,6 @@ const QKernels& qk() {
   if ((a == kernels_avx512() || a == kernels_avx2()) && a != nullptr && qkernels_avx2()) return *qkernels_avx2();
   return *qkernels_generic();
 }
-
-// B (K x N, int8 or uint8) in panels, with its zero point(s) and column sums in the b' = int8 domain.
-struct QPacked {
-  i64 k = 0, n = 0, k4 = 0, panels = 0;
-  bool b_unsigned = false;
-  std::unique_ptr<AlignedVec<std::int8_t>> data;
-  std::vector<std::int32_t> colsum;  // sum_k b'[k][n]
-  std::vector<std::int32_t> zb;      // zb'[n]
-  i64 pstride() const { return k4 * 64; }
-};
-
-namespace {
 
 // b: K x N at (rs, cs) element strides; zero point: one or N values.
 void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
@@ -101,31 +74,26 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
   }
 }
 
-struct AOperand {
-  const std::uint8_t* a;  // rows of a' (uint8), lda bytes apart, K real values then zeros to 4 * k4
-  i64 lda;
-  const std::int32_t* za;  // za'[m] (one value when za_count == 1)
-  i64 za_count;
-};
-
+namespace {
 std::atomic<bool> g_use_amx{true};
+}  // namespace
 
 // The AMX path: blocks of 32 rows x 2 panels, when the CPU and OS allow it, the active ISA is avx512 and K is whole
 // 64-byte tile rows.
-bool amx_for(const QKernels& kr, const QPacked& p) {
+static bool amx_for(const QKernels& kr, const QPacked& p) {
   return p.k % 64 == 0 && &kr == qkernels_avx512vnni() && g_use_amx.load(std::memory_order_relaxed) &&
          amx_available();
 }
 
 // The GEMM over rows [0, M): tasks are (row block, column block) pairs.
-void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
+void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool allow_amx) {
   if (M == 0 || p.n == 0) return;
   const QKernels& kr = qk();
   std::vector<std::int32_t> rowsum(static_cast<std::size_t>(M));
   kr.rowsums(a.a, M, p.k, a.lda, rowsum.data());
   const Corrections cr{p.colsum.data(), p.zb.data(), rowsum.data(), a.za, a.za_count, p.k};
   const double work = static_cast<double>(M) * static_cast<double>(p.n) * static_cast<double>(p.k);
-  if (amx_for(kr, p)) {
+  if (allow_amx && amx_for(kr, p)) {
     // Tasks are column groups; each runs its panel pairs over every row block, so a pair (2 x K x 16 bytes) is read
     // from memory once and stays in L1 while the row blocks pass. The last rows (M % 32) are copied once, zero-padded
     // to whole 16-row tiles.
@@ -177,6 +145,8 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
     }
   });
 }
+
+namespace {
 
 // An empty K: every sum is 0 (the output stage still applies: scale, bias, zero point).
 void qgemm_empty_k(const QPacked& p, i64 M, const OutStage& st) {

@@ -13,6 +13,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
 #include <vector>
 
 #include "common.hpp"
@@ -80,6 +84,46 @@ void amx_begin();  // loads the tile configuration on this thread
 void amx_end();    // releases it
 void amx_block32(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);
 void amx_block16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);  // rows 0-15
+
+template <class T>
+struct AlignedVec {  // 64-byte aligned, for the packed panels' aligned loads
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit AlignedVec(std::size_t count) : n(count) {
+    const std::size_t bytes = ((count * sizeof(T) + 63) / 64) * 64;
+    p = static_cast<T*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes == 0 ? 64 : bytes);
+  }
+  AlignedVec(const AlignedVec&) = delete;
+  AlignedVec& operator=(const AlignedVec&) = delete;
+  ~AlignedVec() { std::free(p); }
+};
+
+// B (K x N, int8 or uint8) in panels, with its zero point(s) and column sums in the b' = int8 domain.
+struct QPacked {
+  i64 k = 0, n = 0, k4 = 0, panels = 0;
+  bool b_unsigned = false;
+  std::unique_ptr<AlignedVec<std::int8_t>> data;
+  std::vector<std::int32_t> colsum;  // sum_k b'[k][n]
+  std::vector<std::int32_t> zb;      // zb'[n]
+  i64 pstride() const { return k4 * 64; }
+};
+
+// The A operand of qgemm.
+struct AOperand {
+  const std::uint8_t* a;  // rows of a' (uint8), lda bytes apart, K real values then zeros to 4 * k4
+  i64 lda;
+  const std::int32_t* za;  // za'[m] (one value when za_count == 1)
+  i64 za_count;
+};
+
+// b: K x N at (rs, cs) element strides (p.k, p.n set first); zero point: one or N values.
+void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
+               i64 zp_count);
+// The threaded integer GEMM over rows [0, M) of a, through the output stage (nested in a parallel_for: serial).
+// allow_amx false: the ISA's vector tiles even where AMX would be taken.
+void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool allow_amx = true);
 
 const QKernels* qkernels_generic();
 const QKernels* qkernels_avx2();        // nullptr unless x86-64

@@ -7,13 +7,20 @@
 // MatMul / Gemm on packed weights do; the recurrent products (M = batch <= 4) stay on the fp32 small-M path. A
 // bidirectional layer runs its two directions on two threads (each direction's steps in its own order, so the bits
 // do not depend on the thread count).
+// Quantized mode (com.microsoft::DynamicQuantizeLSTM, rnn_prepack_q): W and R stay 8-bit, packed for the integer
+// GEMM of the quantized ONNX ops (qlinear.hpp: vpdpbusd / AMX, exact int32 sums with the zero points folded in), and
+// each product's activations are quantized on the fly as onnxruntime does at one thread: X once over all its steps,
+// H once a step over the whole batch, to uint8 with the range widened to hold 0; the int32 sums leave scaled by the
+// activation's scale times the weight's column scale.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "gemm_bf16x3.hpp"
 #include "onnx_py.hpp"
+#include "qlinear.hpp"
 
 namespace hetero {
 namespace {
@@ -50,7 +57,31 @@ struct RnnWeights {
   bool gru = false;
   i64 dirs = 0, I = 0, H = 0, G = 0;
   std::vector<std::unique_ptr<Packed>> w, r, rh;  // per direction: W^T, R^T (LSTM: all gates; GRU: z and r), GRU R_h^T
+  // quantized mode: per direction W and R as 8-bit panels, their (dirs, G*H) column scales; empty otherwise
+  std::vector<std::unique_ptr<qlin::QPacked>> qw, qr;
+  std::vector<float> w_scale, r_scale;
 };
+
+// Dynamic uint8 quantization of rows x k floats (ld apart) into rows of lda bytes (zero past k), the range widened
+// to hold 0, the zero point and values rounded half to even; returns the scale, *zp the zero point.
+float quantize_rows_u8(const float* a, i64 rows, i64 k, i64 ld, std::uint8_t* out, i64 lda, std::int32_t* zp) {
+  const qlin::QKernels& qk = qlin::qk();
+  float lo = 0.f, hi = 0.f;
+  for (i64 r = 0; r < rows && k > 0; ++r) {
+    float l = 0.f, h = 0.f;
+    qk.minmax(a + r * ld, k, &l, &h);
+    lo = std::min(lo, l);
+    hi = std::max(hi, h);
+  }
+  const float scale = hi > lo ? (hi - lo) / 255.f : 1.f;
+  *zp = static_cast<std::int32_t>(std::min(255.f, std::max(0.f, std::nearbyint(-lo / scale))));
+  for (i64 r = 0; r < rows; ++r) {
+    std::uint8_t* o = out + r * lda;
+    qk.quantize8(a + r * ld, k, scale, *zp, 0, 255, o);
+    std::memset(o + k, 0, static_cast<std::size_t>(lda - k));
+  }
+  return scale;
+}
 
 // c (M x N, ldc) = a (M x K view) @ packed + bias row (may be null).
 void gemm_p(const Kernels& kr, const MatView& a, const Packed& p, float* c, i64 ldc, const float* bias, int T) {
@@ -66,6 +97,15 @@ void gemm_p(const Kernels& kr, const MatView& a, const Packed& p, float* c, i64 
     gemm_small_m_packed(kr, a, p.buf.p, p.n, c, ldc, 1.f, 0.f, ep, T);
   else
     gemm_prepacked_b(kr, a.rows, p.n, p.k, &a, nullptr, p.buf.p, c, ldc, 1.f, 0.f, ep, T);
+}
+
+const float* opt_f32(const py::object& o, i64 n, const char* fn, const char* name) {
+  if (o.is_none()) return nullptr;
+  py::array a = py::reinterpret_borrow<py::array>(o);
+  need_f32(a, fn, name);
+  need_contig(a, fn, name);
+  if (a.size() != n) fail(std::string(fn) + ": " + name + " must have " + std::to_string(n) + " elements");
+  return cptr<float>(a);
 }
 
 std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& R, bool gru, bool bf16x3) {
@@ -101,13 +141,46 @@ std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& 
   return p;
 }
 
-const float* opt_f32(const py::object& o, i64 n, const char* fn, const char* name) {
-  if (o.is_none()) return nullptr;
-  py::array a = py::reinterpret_borrow<py::array>(o);
-  need_f32(a, fn, name);
-  need_contig(a, fn, name);
-  if (a.size() != n) fail(std::string(fn) + ": " + name + " must have " + std::to_string(n) + " elements");
-  return cptr<float>(a);
+// DynamicQuantizeLSTM's weights: W (dirs, I, 4H) and R (dirs, H, 4H), both int8 or both uint8; zero points int32 and
+// scales float32, each (dirs, 4H) (per-tensor values repeated).
+std::shared_ptr<RnnWeights> py_rnn_prepack_q(const py::array& W, const py::array& R, const py::array& w_zp,
+                                             const py::array& r_zp, const py::array& w_scale,
+                                             const py::array& r_scale) {
+  const char* fn = "rnn_prepack_q";
+  need_contig(W, fn, "W");
+  need_contig(R, fn, "R");
+  const std::string wk = pyx::dkey(W), rk = pyx::dkey(R);
+  if ((wk != "i1" && wk != "u1") || rk != wk) fail("rnn_prepack_q: W and R must be both int8 or both uint8");
+  if (W.ndim() != 3 || R.ndim() != 3) fail("rnn_prepack_q: W and R must be 3-D");
+  auto p = std::make_shared<RnnWeights>();
+  p->kr = &active();
+  p->G = 4;
+  p->dirs = W.shape(0);
+  p->I = W.shape(1);
+  p->H = R.shape(1);
+  const i64 GH = 4 * p->H, I = p->I, H = p->H, n = p->dirs * GH;
+  if (R.shape(0) != p->dirs || W.shape(2) != GH || R.shape(2) != GH)
+    fail("rnn_prepack_q: W is " + shape_str(W) + " and R is " + shape_str(R) + ", not (dirs, I, 4H) and (dirs, H, 4H)");
+  py::array_t<std::int32_t, py::array::c_style | py::array::forcecast> wz(w_zp), rz(r_zp);
+  if (wz.size() != n || rz.size() != n) fail("rnn_prepack_q: zero points must have dirs * 4H values");
+  const float* ws = opt_f32(w_scale, n, fn, "w_scale");
+  const float* rs = opt_f32(r_scale, n, fn, "r_scale");
+  p->w_scale.assign(ws, ws + n);
+  p->r_scale.assign(rs, rs + n);
+  const auto* pw = static_cast<const std::uint8_t*>(W.data());
+  const auto* pr = static_cast<const std::uint8_t*>(R.data());
+  const bool u8 = wk == "u1";
+  for (i64 d = 0; d < p->dirs; ++d) {
+    p->qw.push_back(std::make_unique<qlin::QPacked>());
+    p->qw.back()->k = I;
+    p->qw.back()->n = GH;
+    qlin::pack_into(*p->qw.back(), pw + d * I * GH, GH, 1, u8, wz.data() + d * GH, GH);
+    p->qr.push_back(std::make_unique<qlin::QPacked>());
+    p->qr.back()->k = H;
+    p->qr.back()->n = GH;
+    qlin::pack_into(*p->qr.back(), pr + d * H * GH, GH, 1, u8, rz.data() + d * GH, GH);
+  }
+  return p;
 }
 
 // direction: 0 forward, 1 reverse, 2 bidirectional. X (seq, batch, I); Y (seq, dirs, batch, H) or None;
@@ -152,6 +225,12 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
   py::gil_scoped_release nogil;
   const Kernels& kr = *p.kr;
   const bool do_clip = clip > 0.f;
+  const bool quant = !p.qw.empty();
+  // Quantized mode: X quantized once for both directions (onnxruntime's input product covers all steps at once).
+  const i64 xlda = 4 * ((I + 3) / 4);
+  std::vector<std::uint8_t> xq(quant ? static_cast<std::size_t>(std::max<i64>(1, seq * batch * xlda)) : 0);
+  std::int32_t x_zp = 0;
+  const float x_scale = quant ? quantize_rows_u8(px, seq * batch, I, I, xq.data(), xlda, &x_zp) : 1.f;
   if (pY) std::fill(pY, pY + seq * dirs * batch * H, 0.f);
   auto act = [&](int op, float* v, i64 n) {
     if (do_clip) kr.unary(U_CLIP, v, v, n, -clip, clip);
@@ -173,17 +252,49 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
       bx[static_cast<std::size_t>(j)] = (p.gru && linear_before_reset && j >= 2 * H) ? wb : wb + rb;
     }
     for (i64 j = 0; j < H; ++j) brh[static_cast<std::size_t>(j)] = pB ? pB[d * 2 * GH + GH + 2 * H + j] : 0.f;
-    gemm_p(kr, MatView{px, seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw.data(), GH, bx.data(), T);
+    const i64 hlda = 4 * ((H + 3) / 4);
+    std::vector<std::uint8_t> hq(quant ? static_cast<std::size_t>(batch * hlda) : 0);
+    std::vector<float> col(quant ? static_cast<std::size_t>(GH) : 0);  // a product's column multipliers
+    // int32 sums -> float32(sum) * col[j] (+ bias[j]) into out (rows GH apart)
+    auto qstage = [&](float* out, const float* bias) {
+      qlin::OutStage st;
+      st.kind = qlin::OutStage::F32;
+      st.out = out;
+      st.rs = GH;
+      st.cs = 1;
+      st.scale = col.data();
+      st.fbias = bias;
+      return st;
+    };
+    if (quant) {
+      const float* ws = p.w_scale.data() + d * GH;
+      for (i64 j = 0; j < GH; ++j) col[static_cast<std::size_t>(j)] = x_scale * ws[j];
+      qlin::qgemm(*p.qw[static_cast<std::size_t>(d)], qlin::AOperand{xq.data(), xlda, &x_zp, 1}, seq * batch,
+                  qstage(xw.data(), bx.data()));
+    } else {
+      gemm_p(kr, MatView{px, seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw.data(), GH, bx.data(), T);
+    }
     if (ph0) std::memcpy(h.data(), ph0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
     else std::fill(h.begin(), h.end(), 0.f);
     if (pc0) std::memcpy(c.data(), pc0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
     else std::fill(c.begin(), c.end(), 0.f);
     const float* pp = pP ? pP + d * 3 * H : nullptr;
-    const Packed& R = *p.r[static_cast<std::size_t>(d)];
+    const Packed* Rp = quant ? nullptr : p.r[static_cast<std::size_t>(d)].get();
     for (i64 t = 0; t < seq; ++t) {
+      const i64 rn = quant ? GH : Rp->n;  // LSTM: 4H, GRU: 2H
+      if (quant) {
+        std::int32_t h_zp = 0;
+        const float h_scale = quantize_rows_u8(h.data(), batch, H, H, hq.data(), hlda, &h_zp);
+        const float* rs = p.r_scale.data() + d * GH;
+        for (i64 j = 0; j < GH; ++j) col[static_cast<std::size_t>(j)] = h_scale * rs[j];
+        // a step's few rows: the vector tiles (AMX would compute 16 rows for them and load its tile configuration
+        // each call)
+        qlin::qgemm(*p.qr[static_cast<std::size_t>(d)], qlin::AOperand{hq.data(), hlda, &h_zp, 1}, batch,
+                    qstage(hr.data(), nullptr), false);
+      } else {
+        gemm_p(kr, MatView{h.data(), batch, H, H, 1}, *Rp, hr.data(), rn, nullptr, T);
+      }
       const MatView hv{h.data(), batch, H, H, 1};
-      const i64 rn = R.n;  // LSTM: 4H, GRU: 2H
-      gemm_p(kr, hv, R, hr.data(), rn, nullptr, T);
       if (p.gru && linear_before_reset)
         gemm_p(kr, hv, *p.rh[static_cast<std::size_t>(d)], hh.data(), H, brh.data(), T);
       for (i64 b = 0; b < batch; ++b) {
@@ -272,6 +383,8 @@ void bind_rnn(py::module_& m) {
       .def_property_readonly("hidden_size", [](const RnnWeights& p) { return p.H; })
       .def_property_readonly("directions", [](const RnnWeights& p) { return p.dirs; });
   m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"), py::arg("bf16x3") = false);
+  m.def("rnn_prepack_q", &py_rnn_prepack_q, py::arg("W"), py::arg("R"), py::arg("w_zero_point"),
+        py::arg("r_zero_point"), py::arg("w_scale"), py::arg("r_scale"));
   m.def("rnn_run", &py_rnn_run, py::arg("packed"), py::arg("X"), py::arg("B"), py::arg("sequence_lens"),
         py::arg("initial_h"), py::arg("initial_c"), py::arg("P"), py::arg("direction"), py::arg("clip"),
         py::arg("input_forget"), py::arg("linear_before_reset"), py::arg("Y"), py::arg("Y_h"), py::arg("Y_c"));

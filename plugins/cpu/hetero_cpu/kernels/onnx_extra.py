@@ -25,6 +25,7 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
+from hetero.contract.graph import MICROSOFT_DOMAIN
 from hetero.contract.opforms import nearest_indices, source_coords
 
 from .. import _native
@@ -570,17 +571,23 @@ class CpuRnn(_NativeOrNumpy):
             return unsupported(f"{node.op_type} with activations {list(acts)}")
         if node.attr("activation_alpha", None) or node.attr("activation_beta", None):
             return unsupported(f"{node.op_type} with activation parameters")
-        return _dtypes_in(node, _F32, indices=[0, 1, 2, 3, 5, 6, 7])
+        return _dtypes_in(node, _F32, indices=cls._FLOAT_INPUTS)
+
+    _FLOAT_INPUTS = (0, 1, 2, 3, 5, 6, 7)
+
+    def _prepack(self) -> object | None:
+        """W and R packed once, when known at load time."""
+        w, r = self.info.constants.get(1), self.info.constants.get(2)
+        if w is None or r is None:
+            return None
+        return _native.rnn_prepack(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(r, np.float32), self.gru,
+                                   self.bf16x3)
 
     def setup(self) -> None:
         self.gru = self.node.op_type == "GRU"
-        w, r = self.info.constants.get(1), self.info.constants.get(2)
-        self.packed = None
         # precision "normal": the input projections as bf16x3 (as MatMul / Gemm on packed weights)
         self.bf16x3 = (weight_precision(self.backend) or _native.precision()) == "normal"
-        if w is not None and r is not None:
-            self.packed = _native.rnn_prepack(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(r, np.float32),
-                                              self.gru, self.bf16x3)
+        self.packed = self._prepack()
         direction = self.attr("direction", "forward")
         self.direction = {"forward": 0, "reverse": 1, "bidirectional": 2}[direction]
         clip = self.attr("clip", None)
@@ -644,6 +651,36 @@ class CpuRnn(_NativeOrNumpy):
             _native.copy(res, t.buffer)
 
 
+class CpuDynamicQuantizeLstm(CpuRnn):
+    """com.microsoft::DynamicQuantizeLSTM on the LSTM recurrence in its quantized mode (rnn.cpp): W and R kept 8-bit
+    for the integer GEMM of the quantized ops (qlinear.hpp), per-tensor or per-column scales and zero points, the
+    activations quantized to uint8 on the fly as onnxruntime does at one thread, so the outputs follow onnxruntime's
+    rounding rather than the float LSTM's (the reference does the same in numpy)."""
+
+    _FLOAT_INPUTS = (0, 3, 5, 6, 7, 8, 10)
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        if any(i not in node.constants for i in (1, 2, 8, 9, 10, 11)):
+            return unsupported("DynamicQuantizeLSTM with weights or scales fed at run time")
+        if node.constants[1].dtype != node.constants[2].dtype:
+            return unsupported("DynamicQuantizeLSTM with W and R of different 8-bit types")
+        if node.attr("layout", 0):
+            return unsupported("DynamicQuantizeLSTM with layout 1")
+        return super().native_ok(node)
+
+    def _prepack(self) -> object | None:
+        c = self.info.constants
+        dirs, cols = c[1].shape[0], c[1].shape[2]
+
+        def per_column(a: np.ndarray, dtype: type) -> np.ndarray:  # [dirs] or [dirs, 4H] -> [dirs, 4H]
+            return np.ascontiguousarray(np.broadcast_to(np.asarray(a, dtype).reshape(dirs, -1), (dirs, cols)))
+
+        return _native.rnn_prepack_q(np.ascontiguousarray(c[1]), np.ascontiguousarray(c[2]), per_column(c[9], np.int32),
+                                     per_column(c[11], np.int32), per_column(c[8], np.float32),
+                                     per_column(c[10], np.float32))
+
+
 KERNELS = {
     **{("", op): CpuReduce for op in _REDUCE},
     ("", "GlobalMaxPool"): CpuGlobalMaxPool,
@@ -666,4 +703,5 @@ KERNELS = {
     ("", "ConvTranspose"): CpuConvTranspose,
     ("", "LSTM"): CpuRnn,
     ("", "GRU"): CpuRnn,
+    (MICROSOFT_DOMAIN, "DynamicQuantizeLSTM"): CpuDynamicQuantizeLstm,
 }
