@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -575,7 +576,7 @@ class CpuRnn(_NativeOrNumpy):
 
     _FLOAT_INPUTS = (0, 1, 2, 3, 5, 6, 7)
 
-    def _prepack(self) -> object | None:
+    def _prepack(self) -> Any:
         """W and R packed once, when known at load time."""
         w, r = self.info.constants.get(1), self.info.constants.get(2)
         if w is None or r is None:
@@ -669,7 +670,7 @@ class CpuDynamicQuantizeLstm(CpuRnn):
             return unsupported("DynamicQuantizeLSTM with layout 1")
         return super().native_ok(node)
 
-    def _prepack(self) -> object | None:
+    def _prepack(self) -> Any:
         c = self.info.constants
         dirs, cols = c[1].shape[0], c[1].shape[2]
 
