@@ -121,11 +121,14 @@ def _pads_nd(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int],
     return pads[:rank], pads[rank:]
 
 
-def _conv_pads(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
-               dilations: Sequence[int]) -> tuple[int, int, int, int]:
-    """Explicit (top, left, bottom, right) pads of a 2-D window."""
+def _window_2d(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+               dilations: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """A 1-D or 2-D window as the native 2-D kernels take it: explicit (top, left, bottom, right) pads, then the
+    kernel, strides and dilations; a 1-D one ([N, C, L]) as H = 1 with no padding along it, W = L."""
     begin, end = _pads_nd(node_attrs, spatial_in, kernel, strides, dilations)
-    return begin[0], begin[1], end[0], end[1]
+    if len(spatial_in) == 1:
+        return (0, begin[0], 0, end[0]), (1, kernel[0]), (1, strides[0]), (1, dilations[0])
+    return (begin[0], begin[1], end[0], end[1]), tuple(kernel), tuple(strides), tuple(dilations)
 
 
 def _spatial_2d(node: NodeInfo) -> Support:
@@ -166,13 +169,8 @@ class CpuConv(CallKernel):
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         spatial = static_shape(inputs[0])[2:]
-        begin, end = _pads_nd(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
-        if self.one_d:  # the 2-D view: H = 1 with no padding, W = L
-            self.pads = (0, begin[0], 0, end[0])
-            self.native_strides, self.native_dilations = (1, self.strides[0]), (1, self.dilations[0])
-        else:
-            self.pads = (begin[0], begin[1], end[0], end[1])
-            self.native_strides, self.native_dilations = self.strides, self.dilations
+        self.pads, _, self.native_strides, self.native_dilations = _window_2d(
+            self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
@@ -227,14 +225,9 @@ class CpuPool(CallKernel):
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         spatial = static_shape(inputs[0])[2:]
-        begin, end = _pads_nd(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
         self.one_d = len(spatial) == 1
-        if self.one_d:  # the 2-D view: H = 1 with no padding, W = L
-            self.pads = (0, begin[0], 0, end[0])
-            self.native = ((1, *self.kernel_shape), (1, *self.strides), (1, *self.dilations))
-        else:
-            self.pads = (begin[0], begin[1], end[0], end[1])
-            self.native = (self.kernel_shape, self.strides, self.dilations)
+        self.pads, *native = _window_2d(self.node.attrs, spatial, self.kernel_shape, self.strides, self.dilations)
+        self.native = tuple(native)
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
