@@ -96,7 +96,6 @@ class DFlashDrafter(FeatureDrafter):
         empty = np.zeros((0, s.kv_heads, s.head_dim), np.float32)
         self.keys = [empty] * len(weights.layers)  # per layer: the context's keys, one row per verified token
         self.values = [empty] * len(weights.layers)
-        self._pending = []
 
     @property
     def context(self) -> int:
@@ -146,7 +145,6 @@ class DFlashDrafter(FeatureDrafter):
     def block_hidden(self, last_token: int) -> np.ndarray:
         """The drafter's normed output rows ``[B, hidden]`` for the block ``[last_token, mask x (B - 1)]`` placed
         right after the context."""
-        self.flush()
         w, s = self.w, self.w.shape
         n = self.context
         block = [last_token] + [w.mask_token_id] * (w.block_size - 1)
@@ -173,7 +171,6 @@ class DFlashDrafter(FeatureDrafter):
         ``history`` but the last (the context is trimmed to that)."""
         if k < 1:
             return []
-        self.flush()
         n = len(history) - 1
         if self.context < n:
             raise HeteroError(f"DFlash: the history has {n} verified tokens but hidden states of only "

@@ -192,7 +192,6 @@ class Eagle3Drafter(FeatureDrafter):
         self.features = np.zeros((0, weights.shape.hidden), np.float32)  # fc(target hidden) per position
         self.pairs: list[int] = []  # token j + 1 of each cached row j
         self.tree = Tree([], [], [], [])
-        self._pending = []
 
     @classmethod
     def for_target(cls, path: str | Path, llm: Target, *, linears: str | None = "q8",
@@ -228,7 +227,6 @@ class Eagle3Drafter(FeatureDrafter):
 
     def _extend(self, history: Sequence[int]) -> np.ndarray:
         """Cache rows for every known pair of ``history``; returns the output hidden of the last row."""
-        self.flush()
         want = min(len(history) - 1, len(self.features))
         if want < 1:
             raise HeteroError("Eagle-3 needs the target's hidden states of at least one token before drafting")

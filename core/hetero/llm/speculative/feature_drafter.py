@@ -6,11 +6,10 @@ receives them as one ``[T, len(hidden_layers) * H]`` array (the layers concatena
 the drafters' ``fc`` projections expect) through ``observe(start, rows)``, ``start`` being the position of the first
 row. ``known`` counts the positions handed over so far.
 
-The verified tokens' rows wait until the drafter next needs its state (``flush``, called by the subclasses before
-drafting): one ``observe`` of many rows costs little more than one of a single row (a DFlash drafter observing each
-token as it came cost its 0.5B target's plain steps ~5%, 2026-12-04). While the policy has drafting off (a
-drafter that does not pay: ``policy.py``) the loop does not call ``accept`` at all: the rows of those steps come
-in one call at the next draft (``loop.py``), read from the target's store of exposed hidden states.
+The loop calls ``accept`` only around drafting steps: while the policy has drafting off (a drafter that does not
+pay: ``policy.py``) the rows of the steps in between come in one call at the next draft (``loop.py``), read from
+the target's store of exposed hidden states. One ``observe`` of many rows costs little more than one of a single
+row (a DFlash drafter observing each token as it came cost its 0.5B target's plain steps ~5%, 2026-12-04).
 """
 
 from __future__ import annotations
@@ -41,8 +40,6 @@ class FeatureDrafter:
                               f"{list(self.hidden_layers)}; layers {missing} were not given")
         return np.concatenate([np.asarray(hidden[layer], np.float32) for layer in self.hidden_layers], axis=-1)
 
-    _pending: list[np.ndarray]  # rows accepted, not observed yet (subclasses start it empty)
-
     def begin(self, prompt: Sequence[int], hidden: Mapping[int, np.ndarray]) -> None:
         self.reset()
         rows = self.stack(hidden)
@@ -53,19 +50,11 @@ class FeatureDrafter:
         self.known = len(rows)
 
     def accept(self, n_accepted: int, tokens: Sequence[int], hidden: Mapping[int, np.ndarray]) -> None:
-        rows = self.stack(hidden)  # a copy: the target's rows are views of buffers it reuses
+        rows = self.stack(hidden)
         if len(rows):
-            self._pending.append(rows)
+            self.observe(self.known, rows)
             self.known += len(rows)
-
-    def flush(self) -> None:
-        """Observe the rows accepted since the last flush, in one call."""
-        if self._pending:
-            rows = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
-            self._pending = []
-            self.observe(self.known - len(rows), rows)
 
     def reset(self) -> None:
         self.known = 0
-        self._pending = []
         self.forget()
