@@ -158,17 +158,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:
-    from .coverage import coverage, markdown
+    from .coverage import SHIPPED_DOMAINS, coverage, markdown, summary
 
     cov = coverage()
+    cov.rows = [row for row in cov.rows if row[0] in SHIPPED_DOMAINS]
     if args.markdown:
         print(markdown(cov), end="")
         return 0
     for backend in cov.backends:
-        total = cov.count(backend, domain="")
-        native = cov.count(backend, "native", domain="")
-        print(f"{backend}: {total} ONNX ops ({native} native, {total - native} numpy), "
-              f"{cov.count(backend) - total} hetero-domain ops")
+        print(summary(cov, backend))
     return 0
 
 
