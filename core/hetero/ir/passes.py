@@ -1068,14 +1068,14 @@ CHAIN_UNARY = ("Tanh", "Sigmoid", "Relu")
 CHAIN_MAX_COLUMNS = 16
 
 
-def _only_reader(graph: Graph, names: list[str], reader: Node) -> bool:
+def _only_reader(graph: Graph, consumers: dict[str, list[Node]], names: list[str], reader: Node) -> bool:
     """Whether ``reader`` reads each of ``names`` once and nothing else does (no graph output either)."""
-    consumers = graph.consumers()
     return all(name not in graph.outputs and [id(n) for n in consumers.get(name, [])] == [id(reader)]
                and reader.inputs.count(name) == 1 for name in names)
 
 
-def _chain_weights(graph: Graph, mm: Node, producers: dict[str, Node]) -> tuple[list[str], list[Node], str] | None:
+def _chain_weights(graph: Graph, mm: Node, producers: dict[str, Node],
+                   consumers: dict[str, list[Node]]) -> tuple[list[str], list[Node], str] | None:
     """For a MatMul / FusedMatMul (no activation) by a float 2-D constant, or a MatMulIntegerScaled fed by a
     DynamicQuantizeLinear, of at most CHAIN_MAX_COLUMNS columns: the fused node's inputs 2-5 (W, w_zero_point,
     w_scale, bias; "" absent), the nodes it replaces from the matmul back to x's producer, and x."""
@@ -1102,7 +1102,7 @@ def _chain_weights(graph: Graph, mm: Node, producers: dict[str, Node]) -> tuple[
         return None
     if any(name and name not in graph.initializers for name in (ins[3], ins[5])):
         return None
-    if not _only_reader(graph, [q, scale, zp], mm):
+    if not _only_reader(graph, consumers, [q, scale, zp], mm):
         return None
     return [mm.inputs[1], ins[3], w_scale, ins[5]], [dql, mm], dql.inputs[0]
 
@@ -1116,23 +1116,23 @@ def fuse_broadcast_unary_matmul(graph: Graph) -> int:
     the nodes must have the next node as its only reader; anything else is left as it was."""
     count = 0
     keep = _read_by_subgraphs(graph)
+    producers, consumers = graph.producers(), graph.consumers()  # made again after each rewrite
     for mm in list(graph.nodes):
         if mm not in graph.nodes:
             continue
-        producers = graph.producers()
-        found = _chain_weights(graph, mm, producers)
+        found = _chain_weights(graph, mm, producers, consumers)
         if found is None:
             continue
         weights, tail, x = found
         unary = producers.get(x)
         unary_name = ""
         if unary is not None and unary.domain == "" and unary.op_type in CHAIN_UNARY and not unary.attrs:
-            if not _only_reader(graph, [x], tail[0]):
+            if not _only_reader(graph, consumers, [x], tail[0]):
                 continue
             unary_name, x, tail = unary.op_type, unary.inputs[0], [unary, *tail]
         binary = producers.get(x)
         if binary is None or binary.op_key not in {("", op) for op in CHAIN_BINARY} or len(binary.inputs) != 2 or \
-                not _only_reader(graph, [x], tail[0]):
+                not _only_reader(graph, consumers, [x], tail[0]):
             continue
         k = np.shape(graph.initializers[weights[0]])[0]
         infos = [graph.values.get(name) for name in binary.inputs]
@@ -1148,6 +1148,7 @@ def fuse_broadcast_unary_matmul(graph: Graph) -> int:
                      name=tail[-1].name or tail[-1].outputs[0], domain=HETERO_DOMAIN)
         if _replace_span(graph, [binary, *tail], fused, keep):
             count += 1
+            producers, consumers = graph.producers(), graph.consumers()
     return count
 
 
