@@ -192,11 +192,11 @@ Range quantized_pass(const Kernels& kr, const qlin::QKernels& qk, const Chain& c
   return seen;
 }
 
-std::vector<i64> offsets(const py::array& rows, i64 R, const char* name) {
+// The caller's array, read in place (it outlives the call).
+const i64* offsets(const py::array& rows, i64 R, const char* name) {
   if (dkey(rows) != "i8" || rows.ndim() != 1 || rows.shape(0) != R || !c_contig(rows))
     fail(std::string("broadcast_unary_matmul: ") + name + " must be " + std::to_string(R) + " contiguous int64 row offsets");
-  const i64* p = cptr<i64>(rows);
-  return std::vector<i64>(p, p + R);
+  return cptr<i64>(rows);
 }
 
 // a, b: float32, C-contiguous, last axis D or 1; a_rows / b_rows: each output row's element offsets into them.
@@ -227,15 +227,15 @@ void py_broadcast_unary_matmul(const std::string& op, const std::string& unary, 
   if (D == 1) c.a_row = c.b_row = false;
   const i64 N = out.ndim() ? out.shape(out.ndim() - 1) : 1;
   c.R = N ? static_cast<i64>(out.size()) / N : 0;
-  const std::vector<i64> ra = offsets(a_rows, c.R, "a_rows"), rb = offsets(b_rows, c.R, "b_rows");
+  const i64 *ra = offsets(a_rows, c.R, "a_rows"), *rb = offsets(b_rows, c.R, "b_rows");
   const i64 na = static_cast<i64>(a.size()), nb = static_cast<i64>(b.size());
   for (i64 r = 0; r < c.R; ++r)
     if (ra[r] < 0 || ra[r] + (c.a_row ? D : 1) > na || rb[r] < 0 || rb[r] + (c.b_row ? D : 1) > nb)
       fail("broadcast_unary_matmul: a row offset points outside its operand");
   c.a = cptr<float>(a);
   c.b = cptr<float>(b);
-  c.ra = ra.data();
-  c.rb = rb.data();
+  c.ra = ra;
+  c.rb = rb;
   float* po = mptr<float>(out);
   const Kernels& kr = active();
 
