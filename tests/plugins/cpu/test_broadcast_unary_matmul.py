@@ -206,3 +206,12 @@ def test_pass_conditions():
     assert _rewrites(model) == 0
     model = _chain_model(16, 1, quantized=False, a_shape=("t", 1, 16), b_shape=(1, "t", 8))
     assert _rewrites(model) == 0  # last axes 16 and 8: not rows of W's K
+
+
+def test_many_sequence_lengths_in_one_session():
+    """Row offsets are kept per shape (a few at a time): lengths coming and going give the unfused results."""
+    model = _chain_model(24, 1)
+    fused, unfused = _sessions(model)
+    for t in [*range(1, 12), 3, 1, 11]:
+        feeds = _feeds(model, {"b": 1, "t": t}, seed=t)
+        np.testing.assert_array_equal(fused.run(feeds)["y"], unfused.run(feeds)["y"])

@@ -298,15 +298,19 @@ class CpuBroadcastUnaryMatMul(CallKernel):
         where both have more than one row): then, for Add / Sub and a non-decreasing unary, the quantized range
         follows from the operands' extremes (checked natively)."""
         key = (a, b, out)
-        if key not in self.rows:
-            if len(self.rows) >= 8:  # a few shapes (sequence lengths) kept: each holds two int64s per output row
-                self.rows.pop(next(iter(self.rows)))
+        found = self.rows.get(key)
+        if found is None:
             lead = out[:-1]
             pa = (1,) * (len(lead) + 1 - len(a)) + a[:-1] if a else (1,) * len(lead)
             pb = (1,) * (len(lead) + 1 - len(b)) + b[:-1] if b else (1,) * len(lead)
             outer = all(x == 1 or y == 1 for x, y in zip(pa, pb, strict=True)) and self.op != "mul"
-            self.rows[key] = (_row_offsets(a, lead), _row_offsets(b, lead), outer)
-        return self.rows[key]
+            found = (_row_offsets(a, lead), _row_offsets(b, lead), outer)
+            # a new dict swapped in whole (threads running this kernel read the old one meanwhile); a few shapes
+            # (sequence lengths) kept: each holds two int64s per output row
+            rows = dict(list(self.rows.items())[-7:])
+            rows[key] = found
+            self.rows = rows
+        return found
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
