@@ -1135,12 +1135,14 @@ def fuse_broadcast_unary_matmul(graph: Graph) -> int:
                 not _only_reader(graph, consumers, [x], tail[0]):
             continue
         k = np.shape(graph.initializers[weights[0]])[0]
-        infos = [graph.values.get(name) for name in binary.inputs]
-        if any(info is None or info.shape is None or info.dtype != dtypes.float32 for info in infos):
-            continue
-        lasts = [info.shape[-1] if info.shape else 1 for info in infos]  # type: ignore[index]
-        if k not in lasts or any(last not in (k, 1) for last in lasts) or \
-                max(len(info.shape) for info in infos) < 2:  # type: ignore[arg-type]
+        shapes = []
+        for name in binary.inputs:
+            info = graph.values.get(name)
+            if info is not None and info.shape is not None and info.dtype == dtypes.float32:
+                shapes.append(info.shape)
+        lasts = [shape[-1] if shape else 1 for shape in shapes]
+        if len(shapes) != 2 or k not in lasts or any(last not in (k, 1) for last in lasts) or \
+                max(len(shape) for shape in shapes) < 2:
             continue
         fused = Node("BroadcastUnaryMatMul", [*binary.inputs, *weights], list(tail[-1].outputs),
                      {"binary": binary.op_type, "unary": unary_name,
