@@ -1060,6 +1060,100 @@ def fuse_matmul_integer_scale(graph: Graph) -> int:
     return count
 
 
+# fuse_broadcast_unary_matmul: the elementwise ops it takes (BroadcastUnaryMatMul's reference composes them), and
+# the widest right side it fuses (a wider one amortises the elementwise work over its columns: x is better written
+# once and multiplied by the GEMM).
+CHAIN_BINARY = ("Add", "Sub", "Mul")
+CHAIN_UNARY = ("Tanh", "Sigmoid", "Relu")
+CHAIN_MAX_COLUMNS = 16
+
+
+def _only_reader(graph: Graph, consumers: dict[str, list[Node]], names: list[str], reader: Node) -> bool:
+    """Whether ``reader`` reads each of ``names`` once and nothing else does (no graph output either)."""
+    return all(name not in graph.outputs and [id(n) for n in consumers.get(name, [])] == [id(reader)]
+               and reader.inputs.count(name) == 1 for name in names)
+
+
+def _chain_weights(graph: Graph, mm: Node, producers: dict[str, Node],
+                   consumers: dict[str, list[Node]]) -> tuple[list[str], list[Node], str] | None:
+    """For a MatMul / FusedMatMul (no activation) by a float 2-D constant, or a MatMulIntegerScaled fed by a
+    DynamicQuantizeLinear, of at most CHAIN_MAX_COLUMNS columns: the fused node's inputs 2-5 (W, w_zero_point,
+    w_scale, bias; "" absent), the nodes it replaces from the matmul back to x's producer, and x."""
+    w = graph.initializers.get(mm.inputs[1]) if len(mm.inputs) > 1 else None
+    if w is None or np.ndim(w) != 2 or not 1 <= np.shape(w)[1] <= CHAIN_MAX_COLUMNS:
+        return None
+    if mm.op_key in (("", "MatMul"), (HETERO_DOMAIN, "FusedMatMul")):
+        if np.asarray(w).dtype != np.float32 or mm.attrs.get("activation"):
+            return None
+        bias = mm.inputs[2] if len(mm.inputs) > 2 else ""
+        return [mm.inputs[1], "", "", bias], [mm], mm.inputs[0]
+    if mm.op_key != (HETERO_DOMAIN, "MatMulIntegerScaled"):
+        return None
+    dql = producers.get(mm.inputs[0])
+    ins = [*mm.inputs, "", "", ""][:7]
+    if dql is None or dql.op_key != ("", "DynamicQuantizeLinear") or len(dql.outputs) < 3 or ins[2] != dql.outputs[2]:
+        return None
+    q, scale, zp = dql.outputs[:3]
+    factors = [f for f in (ins[4], ins[6]) if f]
+    if scale not in factors or len(factors) != len(set(factors)):
+        return None
+    w_scale = next((f for f in factors if f != scale), "")
+    if w_scale and not _per_column_float(graph, w_scale, np.shape(w)[1], {}):  # a constant: the activation's is gone
+        return None
+    if any(name and name not in graph.initializers for name in (ins[3], ins[5])):
+        return None
+    if not _only_reader(graph, consumers, [q, scale, zp], mm):
+        return None
+    return [mm.inputs[1], ins[3], w_scale, ins[5]], [dql, mm], dql.inputs[0]
+
+
+def fuse_broadcast_unary_matmul(graph: Graph) -> int:
+    """``binary(A, B)`` (Add / Sub / Mul of float32 operands whose last axis is W's K or 1), then ``unary`` (Tanh /
+    Sigmoid / Relu, optional), then a product by a constant W of at most CHAIN_MAX_COLUMNS columns: MatMul /
+    FusedMatMul with a bias and no activation, or DynamicQuantizeLinear -> MatMulIntegerScaled (int8 W, quantize_
+    dynamic's export): one ``BroadcastUnaryMatMul``. Additive attention scores ``tanh(W q[:, None] + U k[None]) . v``
+    then never write the broadcast [T, T, D] tensor (text2tashkeel's bilstm: 13 MB, three times). Each value between
+    the nodes must have the next node as its only reader; anything else is left as it was."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers, consumers = graph.producers(), graph.consumers()  # made again after each rewrite
+    for mm in list(graph.nodes):
+        if mm not in graph.nodes:
+            continue
+        found = _chain_weights(graph, mm, producers, consumers)
+        if found is None:
+            continue
+        weights, tail, x = found
+        unary = producers.get(x)
+        unary_name = ""
+        if unary is not None and unary.domain == "" and unary.op_type in CHAIN_UNARY and not unary.attrs:
+            if not _only_reader(graph, consumers, [x], tail[0]):
+                continue
+            unary_name, x, tail = unary.op_type, unary.inputs[0], [unary, *tail]
+        binary = producers.get(x)
+        if binary is None or binary.op_key not in {("", op) for op in CHAIN_BINARY} or len(binary.inputs) != 2 or \
+                not _only_reader(graph, consumers, [x], tail[0]):
+            continue
+        k = np.shape(graph.initializers[weights[0]])[0]
+        shapes = []
+        for name in binary.inputs:
+            info = graph.values.get(name)
+            if info is not None and info.shape is not None and info.dtype == dtypes.float32:
+                shapes.append(info.shape)
+        lasts = [shape[-1] if shape else 1 for shape in shapes]
+        if len(shapes) != 2 or k not in lasts or any(last not in (k, 1) for last in lasts) or \
+                max(len(shape) for shape in shapes) < 2:
+            continue
+        fused = Node("BroadcastUnaryMatMul", [*binary.inputs, *weights], list(tail[-1].outputs),
+                     {"binary": binary.op_type, "unary": unary_name,
+                      "quantized": int(tail[-1].op_type == "MatMulIntegerScaled")},
+                     name=tail[-1].name or tail[-1].outputs[0], domain=HETERO_DOMAIN)
+        if _replace_span(graph, [binary, *tail], fused, keep):
+            count += 1
+            producers, consumers = graph.producers(), graph.consumers()
+    return count
+
+
 def _squares(graph: Graph, node: Node | None) -> str | None:
     """x when ``node`` is Mul(x, x) or Pow(x, 2)."""
     if node is None or node.domain != "" or len(node.inputs) != 2:
@@ -1335,15 +1429,16 @@ def pow_to_mul(graph: Graph) -> int:
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_batchnorm, fold_conv_scale_shift,
                                     fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
-                                    fuse_matmul_bias, fuse_matmul_integer_scale, fuse_layer_norm, fuse_rms_norm,
-                                    fuse_attention, pow_to_mul)
+                                    fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
+                                    fuse_layer_norm, fuse_rms_norm, fuse_attention, pow_to_mul)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
 # backend lacks the kernel (the written-out nodes then stay on it instead of one fused node falling back).
 FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "FusedAttention"),
                                          "fuse_rms_norm": (HETERO_DOMAIN, "RMSNorm"),
-                                         "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC")}
+                                         "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC"),
+                                         "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul")}
 
 
 def for_backend(has_kernel: Callable[[tuple[str, str]], bool],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Node
 from ..contract.registry import OpContext, get, op
 from ..contract.tensor import TensorInfo
@@ -142,3 +143,40 @@ def fused_attention(ctx: OpContext) -> list[np.ndarray]:
     if ctx.attr("nan_to_zero", 0):
         probs = np.where(np.isnan(probs), np.zeros((), probs.dtype), probs)
     return [np.ascontiguousarray(np.transpose(np.matmul(probs, v), _perm(ctx, "out_perm"))).astype(q.dtype)]
+
+
+def _reference(ctx: OpContext, op_type: str, arrays: list[np.ndarray | None], attrs: dict | None = None,
+               domain: str = "") -> list[np.ndarray]:
+    """One unfused op's reference on ``arrays`` (None: an absent optional input)."""
+    names = [f"i{i}" if a is not None else "" for i, a in enumerate(arrays)]
+    inner = Node(op_type, names, ["y"], attrs or {}, name=f"{ctx.node.name}/{op_type}", domain=domain)
+    infos = [TensorInfo(dtypes.from_numpy(a.dtype), a.shape) if a is not None else None for a in arrays]
+    return get(domain, op_type).reference(OpContext(inner, infos, list(arrays), ctx.opset))
+
+
+def _broadcast_matmul_infer(ctx: OpContext) -> list[TensorInfo]:
+    a, b, w = (input_info(ctx, i) for i in range(3))
+    x = broadcast_shapes(ctx, [a.shape, b.shape])
+    if x is None or w.shape is None or len(x) < 2:
+        return [unknown(a.dtype, None if x is None else len(x))]
+    return [TensorInfo(a.dtype, (*x[:-1], w.shape[1]))]
+
+
+@op("BroadcastUnaryMatMul", domain=HETERO_DOMAIN, infer=_broadcast_matmul_infer)
+def broadcast_unary_matmul(ctx: OpContext) -> list[np.ndarray]:
+    """``unary(A <binary> B) @ W`` for A and B that broadcast (additive attention's ``tanh(q[:, None] + k[None]) @
+    v``), W a 2-D weight of few columns (input 2): what ``hetero.ir.passes.fuse_broadcast_unary_matmul`` replaces.
+    ``binary`` is Add / Sub / Mul, ``unary`` Tanh / Sigmoid / Relu or "" (none). With ``quantized`` = 1 the unary's
+    output goes through DynamicQuantizeLinear and W is 8-bit: ``MatMulIntegerScaled(q, W, zero point of q,
+    w_zero_point (input 3), scale of q, bias (input 5), w_scale (input 4))``; else W is float and input 5 an optional
+    bias row. The unfused ops' references composed, so the fused node computes what they computed."""
+    x = _reference(ctx, ctx.attr("binary", "Add"), [ctx.array(0), ctx.array(1)])[0]
+    if ctx.attr("unary", ""):
+        x = _reference(ctx, ctx.attr("unary", ""), [x])[0]
+    w = ctx.array(2)
+    optional = [ctx.array(i) if ctx.has_input(i) else None for i in (3, 4, 5)]
+    if ctx.attr("quantized", 0):
+        q, scale, zp = _reference(ctx, "DynamicQuantizeLinear", [x])
+        return _reference(ctx, "MatMulIntegerScaled", [q, w, zp, optional[0], scale, optional[2], optional[1]],
+                          domain=HETERO_DOMAIN)
+    return _reference(ctx, "FusedMatMul", [x, w, optional[2]], domain=HETERO_DOMAIN)

@@ -1019,6 +1019,10 @@ pybind11::dict pool_stats_dict(const PoolStats& s) {
 }  // namespace hetero
 void bind_gated_delta(pybind11::module_& m);
 namespace hetero {
+// The op ids of the names unary / binary take, for the other binding files (chain_dot.cpp).
+int unary_op_id(const std::string& op, const char* fn) { return unary_id(op, fn); }
+int binary_op_id(const std::string& op) { return binary_id(op); }
+void bind_chain_dot(pybind11::module_& m);
 void bind_onnx_extra(pybind11::module_& m);
 void bind_qlinear(pybind11::module_& m);
 void bind_attention(pybind11::module_& m);
@@ -1146,5 +1150,6 @@ PYBIND11_MODULE(_native, m) {
   bind_gated_delta(m);
   hetero::bind_onnx_extra(m);
   hetero::bind_qlinear(m);
+  hetero::bind_chain_dot(m);
   hetero::bind_attention(m);
 }

@@ -146,6 +146,26 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool 
   });
 }
 
+// The N column multipliers of qgemm_f32: scale (1 or N values) times factor (none, 1 or N), rounded to float32.
+void column_scales(const float* scale, i64 ns, const float* factor, i64 nf, i64 n, std::vector<float>& out) {
+  out.assign(static_cast<std::size_t>(n), scale[0]);
+  if (ns != 1) std::memcpy(out.data(), scale, static_cast<std::size_t>(n) * 4);
+  if (factor)
+    for (i64 j = 0; j < n; ++j) out[static_cast<std::size_t>(j)] *= factor[nf == 1 ? 0 : j];
+}
+
+// DynamicQuantizeLinear's scale and zero point from min(x, 0) and max(x, 0), in float32 arithmetic.
+void dynamic_quant_params(float lo, float hi, float* scale, int* zero_point) {
+  const float s = (hi - lo) / 255.f;
+  int z = 0;
+  if (s != 0.f) {
+    const float zf = std::nearbyint((0.f - lo) / s);
+    z = static_cast<int>(std::min(255.f, std::max(0.f, zf)));
+  }
+  *scale = s;
+  *zero_point = z;
+}
+
 namespace {
 
 // An empty K: every sum is 0 (the output stage still applies: scale, bias, zero point).
@@ -248,14 +268,6 @@ void py_qgemm_i32(const py::array& a, const QPacked& p, const py::object& a_zp, 
   st.cs = 1;
   py::gil_scoped_release nogil;
   qgemm(p, ap.op, M, st);
-}
-
-// The N column multipliers of qgemm_f32: scale (1 or N values) times factor (none, 1 or N), rounded to float32.
-void column_scales(const float* scale, i64 ns, const float* factor, i64 nf, i64 n, std::vector<float>& out) {
-  out.assign(static_cast<std::size_t>(n), scale[0]);
-  if (ns != 1) std::memcpy(out.data(), scale, static_cast<std::size_t>(n) * 4);
-  if (factor)
-    for (i64 j = 0; j < n; ++j) out[static_cast<std::size_t>(j)] *= factor[nf == 1 ? 0 : j];
 }
 
 void check_factor(const py::array& f, i64 n) {
@@ -622,14 +634,9 @@ Op prep_dynamic_quantize(const py::array& x, const py::array& y, const py::array
     const QKernels& kr = qk();
     float lo = 0.f, hi = 0.f;
     if (n > 0) kr.minmax(xs, n, &lo, &hi);
-    lo = std::min(lo, 0.f);
-    hi = std::max(hi, 0.f);
-    const float s = (hi - lo) / 255.f;
+    float s = 0.f;
     int z = 0;
-    if (s != 0.f) {
-      const float zf = std::nearbyint((0.f - lo) / s);
-      z = static_cast<int>(std::min(255.f, std::max(0.f, zf)));
-    }
+    dynamic_quant_params(std::min(lo, 0.f), std::max(hi, 0.f), &s, &z);
     *s_out = s;
     *z_out = static_cast<std::uint8_t>(z);
     if (s == 0.f) {

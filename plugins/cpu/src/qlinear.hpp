@@ -124,6 +124,10 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
 // The threaded integer GEMM over rows [0, M) of a, through the output stage (nested in a parallel_for: serial).
 // allow_amx false: the ISA's vector tiles even where AMX would be taken.
 void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool allow_amx = true);
+// out[n] = float32(scale[ns == 1 ? 0 : n] * factor[nf == 1 ? 0 : n]) (no factor: scale), the F32 stage's multipliers.
+void column_scales(const float* scale, i64 ns, const float* factor, i64 nf, i64 n, std::vector<float>& out);
+// DynamicQuantizeLinear's scale (hi - lo) / 255 and zero point round(-lo / scale) for lo = min(x, 0), hi = max(x, 0).
+void dynamic_quant_params(float lo, float hi, float* scale, int* zero_point);
 
 const QKernels* qkernels_generic();
 const QKernels* qkernels_avx2();        // nullptr unless x86-64

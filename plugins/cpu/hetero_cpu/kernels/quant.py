@@ -238,6 +238,90 @@ class CpuQLinearConv(CallKernel):
                                  strides, self.pads, dilations, out)
 
 
+# Unary ops BroadcastUnaryMatMul takes, and those among them that never decrease (the native kernel then predicts
+# DynamicQuantizeLinear's range from the operands' column extremes instead of a first pass over every row).
+_CHAIN_UNARY = {"": "", "Tanh": "tanh", "Sigmoid": "sigmoid", "Relu": "relu"}
+_CHAIN_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul"}
+
+
+def _row_offsets(shape: tuple[int, ...], lead: tuple[int, ...]) -> np.ndarray:
+    """Element offsets of an operand's rows (its last axis) for every row of the broadcast leading axes ``lead``."""
+    own = (1,) * (len(lead) + 1 - len(shape)) + tuple(shape[:-1]) if shape else (1,) * len(lead)
+    rows = np.arange(int(np.prod(own, dtype=np.int64)), dtype=np.int64).reshape(own)
+    width = shape[-1] if shape else 1
+    return np.ascontiguousarray(np.broadcast_to(rows, lead).reshape(-1) * width)
+
+
+class CpuBroadcastUnaryMatMul(CallKernel):
+    """``hetero::BroadcastUnaryMatMul`` (``src/chain_dot.cpp``): each output row's operand rows combined, the unary
+    applied and the product taken in L1, the quantized chain's rows through the int8 GEMM a block at a time; the
+    broadcast tensor is never written. Same values as the unfused kernels."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if node.attr("binary", "Add") not in _CHAIN_BINARY or node.attr("unary", "") not in _CHAIN_UNARY:
+            return unsupported(f"BroadcastUnaryMatMul of {node.attr('binary')} / {node.attr('unary')}")
+        for i in (0, 1):
+            x = node.inputs[i]
+            if x is None or x.dtype != dtypes.float32 or x.rank is None:
+                return unsupported("BroadcastUnaryMatMul: float32 operands of known rank (cpu)")
+        if node.attr("quantized", 0):
+            verdict = _constant_8bit(node, 2, "W", (2,))
+            for index, what in ((3, "w_zero_point"), (4, "w_scale"), (5, "bias")):
+                if verdict:
+                    verdict = _optional_is_constant(node, index, what)
+            return verdict
+        w = node.constants.get(2)
+        if w is None or w.dtype != np.float32 or w.ndim != 2:
+            return unsupported("BroadcastUnaryMatMul: a constant float32 2-D W (cpu)")
+        return _optional_is_constant(node, 5, "bias")
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        w = np.asarray(node.constants[2])
+        self.k = int(w.shape[0])
+        self.op = _CHAIN_BINARY[self.attr("binary", "Add")]
+        self.unary = _CHAIN_UNARY[self.attr("unary", "")]
+        bias = _constant_or_none(node, 5)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        if self.attr("quantized", 0):
+            self.weights = _native.qpack_b(np.ascontiguousarray(w), _constant_or_none(node, 3))
+            scale = _constant_or_none(node, 4)
+            self.w_scale = None if scale is None else np.ascontiguousarray(scale, dtype=np.float32).reshape(-1)
+        else:  # W^T: each column's D values contiguous for the row dots
+            self.weights, self.w_scale = np.ascontiguousarray(w.T), None
+        self.rows: dict[tuple, tuple[np.ndarray, np.ndarray, bool]] = {}
+
+    def _rows(self, a: tuple[int, ...], b: tuple[int, ...],
+              out: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Row offsets of a and b per output row, and whether every (a row, b row) pair occurs (no leading axis
+        where both have more than one row): then, for Add / Sub and a non-decreasing unary, the quantized range
+        follows from the operands' extremes (checked natively)."""
+        key = (a, b, out)
+        found = self.rows.get(key)
+        if found is None:
+            lead = out[:-1]
+            pa = (1,) * (len(lead) + 1 - len(a)) + a[:-1] if a else (1,) * len(lead)
+            pb = (1,) * (len(lead) + 1 - len(b)) + b[:-1] if b else (1,) * len(lead)
+            outer = all(x == 1 or y == 1 for x, y in zip(pa, pb, strict=True)) and self.op != "mul"
+            found = (_row_offsets(a, lead), _row_offsets(b, lead), outer)
+            # a new dict swapped in whole (threads running this kernel read the old one meanwhile); a few shapes
+            # (sequence lengths) kept: each holds two int64s per output row
+            rows = dict(list(self.rows.items())[-7:])
+            rows[key] = found
+            self.rows = rows
+        return found
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        a, b = (np.ascontiguousarray(inputs[i].numpy()) for i in (0, 1))
+        a_rows, b_rows, outer = self._rows(a.shape, b.shape, out.shape)
+        return functools.partial(_native.broadcast_unary_matmul, self.op, self.unary, 0.0, 0.0, a, b, a_rows, b_rows,
+                                 self.k, self.weights, self.w_scale, self.bias, outer, out)
+
+
 KERNELS = {
     ("", "QuantizeLinear"): CpuQuantizeLinear,
     ("", "DequantizeLinear"): CpuDequantizeLinear,
@@ -246,4 +330,5 @@ KERNELS = {
     ("hetero", "MatMulIntegerScaled"): CpuMatMulIntegerScaled,
     ("", "QLinearMatMul"): CpuQLinearMatMul,
     ("", "QLinearConv"): CpuQLinearConv,
+    ("hetero", "BroadcastUnaryMatMul"): CpuBroadcastUnaryMatMul,
 }
