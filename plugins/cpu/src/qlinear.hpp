@@ -84,7 +84,7 @@ void amx_begin();  // loads the tile configuration on this thread
 void amx_end();    // releases it
 void amx_block32(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);
 void amx_block16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);  // rows 0-15
-// raw (16 rows x 16 np columns, ldraw apart) = A rows [0, 16) . B panels [0, np) (np <= 4, panels pstride apart):
+// raw (16 rows x 16 np columns, ldraw apart) = A rows [0, 16) . B panels [0, np) (panels pstride apart, k % 64 == 0):
 // the recurrent product of a quantized LSTM step (a few rows, its slice of panels read once)
 void amx_panels16(i64 k, int np, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
                   std::int32_t* raw, i64 ldraw);

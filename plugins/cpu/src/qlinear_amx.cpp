@@ -54,40 +54,44 @@ void amx_block16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i6
   _tile_stored(1, raw + 16, 32 * 4);
 }
 
-// Up to four panels for one 16-row slice of A: four accumulators share each A tile, the B tiles rotate through three
-// registers (a load need not wait for the product that read the register before it).
+// The recurrent product of a quantized LSTM step (a few rows of A, each B panel read once): panels two at a time
+// over two k blocks an iteration, every load of an iteration in its own register (A in 2 / 3, B in 4-7), so the next
+// iteration's loads need not wait for this one's products (1 thread, a 768-wide layer of 3 rows: 7 % faster than four
+// accumulators sharing one A register and three B registers).
 template <int NP>
-void panels16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw,
+void panels16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b0, const std::int8_t* b1, std::int32_t* raw,
               i64 ldraw) {
   _tile_zero(0);
   if constexpr (NP > 1) _tile_zero(1);
-  if constexpr (NP > 2) _tile_zero(2);
-  if constexpr (NP > 3) _tile_zero(3);
-  for (i64 k0 = 0; k0 < k; k0 += 64) {
-    _tile_loadd(4, a + k0, lda);
-    _tile_loadd(5, b + k0 * 16, 64);
-    if constexpr (NP > 1) _tile_loadd(6, b + pstride + k0 * 16, 64);
-    _tile_dpbusd(0, 4, 5);
-    if constexpr (NP > 2) _tile_loadd(7, b + 2 * pstride + k0 * 16, 64);
-    if constexpr (NP > 1) _tile_dpbusd(1, 4, 6);
-    if constexpr (NP > 3) _tile_loadd(5, b + 3 * pstride + k0 * 16, 64);
-    if constexpr (NP > 2) _tile_dpbusd(2, 4, 7);
-    if constexpr (NP > 3) _tile_dpbusd(3, 4, 5);
+  i64 k0 = 0;
+  for (; k0 + 128 <= k; k0 += 128) {
+    _tile_loadd(2, a + k0, lda);
+    _tile_loadd(4, b0 + k0 * 16, 64);
+    if constexpr (NP > 1) _tile_loadd(5, b1 + k0 * 16, 64);
+    _tile_loadd(3, a + k0 + 64, lda);
+    _tile_loadd(6, b0 + (k0 + 64) * 16, 64);
+    if constexpr (NP > 1) _tile_loadd(7, b1 + (k0 + 64) * 16, 64);
+    _tile_dpbusd(0, 2, 4);
+    if constexpr (NP > 1) _tile_dpbusd(1, 2, 5);
+    _tile_dpbusd(0, 3, 6);
+    if constexpr (NP > 1) _tile_dpbusd(1, 3, 7);
+  }
+  if (k0 < k) {
+    _tile_loadd(2, a + k0, lda);
+    _tile_loadd(4, b0 + k0 * 16, 64);
+    if constexpr (NP > 1) _tile_loadd(5, b1 + k0 * 16, 64);
+    _tile_dpbusd(0, 2, 4);
+    if constexpr (NP > 1) _tile_dpbusd(1, 2, 5);
   }
   _tile_stored(0, raw, ldraw * 4);
   if constexpr (NP > 1) _tile_stored(1, raw + 16, ldraw * 4);
-  if constexpr (NP > 2) _tile_stored(2, raw + 32, ldraw * 4);
-  if constexpr (NP > 3) _tile_stored(3, raw + 48, ldraw * 4);
 }
 
 void amx_panels16(i64 k, int np, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
                   std::int32_t* raw, i64 ldraw) {
-  switch (np) {
-    case 1: return panels16<1>(k, a, lda, b, pstride, raw, ldraw);
-    case 2: return panels16<2>(k, a, lda, b, pstride, raw, ldraw);
-    case 3: return panels16<3>(k, a, lda, b, pstride, raw, ldraw);
-    default: return panels16<4>(k, a, lda, b, pstride, raw, ldraw);
-  }
+  int p = 0;
+  for (; p + 2 <= np; p += 2) panels16<2>(k, a, lda, b + p * pstride, b + (p + 1) * pstride, raw + 16 * p, ldraw);
+  if (p < np) panels16<1>(k, a, lda, b + p * pstride, nullptr, raw + 16 * p, ldraw);
 }
 #else
 bool amx_available() { return false; }

@@ -156,7 +156,8 @@ def test_cpu_runs_native_and_same_bits_at_1_and_2_threads(monkeypatch: pytest.Mo
 # A direction that runs alone splits each step across the pool (rnn.cpp): slices of hidden units, each its gates'
 # columns of R^T h and its units' gate math, when R reads >= 2 x 128 KB a step. The bits must not depend on it:
 # AMX rows (batch >= 3, H a multiple of 64; 20 rows: two 16-row tiles), the vector tiles (batch 1-2, H 264: slices
-# and gates that cut a 16-column panel; batch 5: rows past one tile), sequence_lens, peepholes, initial states.
+# and gates that cut a 16-column panel; batch 5: rows past one tile), sequence_lens, peepholes, initial states; at
+# 2 and 3 threads.
 SPLIT_CASES = [
     {"seq": 5, "batch": 3, "inp": 40, "hidden": 256},
     {"seq": 5, "batch": 1, "inp": 40, "hidden": 256, "init": True},
@@ -184,10 +185,12 @@ def test_split_steps_same_bits_as_one_thread(case: dict) -> None:
         _native.pool_stats_enable(False)
         return out, stats
 
-    (one, _), (two, stats) = _at_threads(run)
+    # 3 threads: slices of an odd number of 16-column panels (H 320: 6 and 7 a gate)
+    (one, _), (two, stats), (three, _) = _at_threads(run, (1, 2, 3))
     assert stats["calls"] >= case["seq"], f"the steps did not run on the pool: {stats}"
     for name, w in zip(one, want, strict=True):
         np.testing.assert_array_equal(one[name], two[name], err_msg=name)
+        np.testing.assert_array_equal(one[name], three[name], err_msg=name)
         np.testing.assert_allclose(one[name], w, rtol=0, atol=3e-3, err_msg=name)
 
 
