@@ -276,7 +276,7 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
     const i64 hlda = 4 * ((H + 3) / 4);
     // A step's product on AMX from 3 rows (H whole 64-byte tile rows; hq's rows padded to whole 16-row tiles, zeros
     // past batch): AMX reads R at ~45 GB/s whatever the rows, the vector tiles are faster for 1-2 rows and bound by
-    // vpdpbusd from 3 (1 thread, H 768, a step: 41 / 59 / 83 us for 1 / 2 / 3 rows against AMX's 54 / 66 / 74).
+    // vpdpbusd from 3 (1 thread, H 768, a step: 41 / 59 / 83-92 us for 1 / 2 / 3 rows against AMX's 54 / 66 / 74-85).
     const bool step_amx = quant && batch >= 3 && H % 64 == 0 && &qlin::qk() == qlin::qkernels_avx512vnni() &&
                           qlin::amx_available();
     const i64 hq_rows = step_amx ? ceil_div(batch, 16) * 16 : batch;
@@ -355,7 +355,8 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
       S = static_cast<int>(std::min<i64>(S, units16));
     }
     // a small split wakes no sleeping worker (the first steps then run on the caller; the spinning worker joins)
-    const bool wake = quant && static_cast<double>(seq) * static_cast<double>(H) * static_cast<double>(GH) >= 512.0 * 1024;
+    const bool wake =
+        quant && static_cast<double>(seq) * static_cast<double>(H) * static_cast<double>(GH) >= 512.0 * 1024;
     std::vector<std::vector<QItem>> items(static_cast<std::size_t>(S));
     std::vector<i64> unit0(static_cast<std::size_t>(S) + 1);
     for (int s = 0; s <= S; ++s) unit0[static_cast<std::size_t>(s)] = std::min(H, (units16 * s / S) * 16);
