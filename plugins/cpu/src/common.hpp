@@ -101,6 +101,9 @@ inline int threads_for(double work, double grain) {
 // transcendental and row ops).
 constexpr double kWakeFlops = 4e6;
 constexpr double kWakeElementWork = 2.5e5;
+// Bytes of a weight each thread of a GEMV-like product (a few rows times a streamed B) should read for a split to pay
+// (a pool round trip with the workers spinning is ~1-2 us; 128 KB from L3 takes ~4-5 us on one core).
+constexpr double kSmallMSplitBytes = 128.0 * 1024;
 
 // ---- aligned, grow-only scratch buffers ----
 struct AlignedBuf {

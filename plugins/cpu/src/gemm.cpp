@@ -429,10 +429,6 @@ bool gemm_narrow(const Kernels& kr, const MatView& a, const float* bt, i64 N, fl
 
 namespace {
 
-// Bytes of B each thread of the small-M path should stream for a split to pay (a pool round trip with the workers
-// spinning is ~1-2 us; 128 KB from L3 takes ~4-5 us on one core).
-constexpr double kSmallMSplitBytes = 128.0 * 1024;
-
 // m (<= 4) rows of A (contiguous along k, row stride lda) times pre-packed B.
 void smallm_packed(const Kernels& kr, i64 m, i64 N, i64 K, const float* a, i64 lda, const float* bp, float* c,
                    i64 ldc, float alpha, float beta, const Epilogue& ep, int nthreads, const S8Panels* s8) {

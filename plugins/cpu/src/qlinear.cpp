@@ -86,14 +86,17 @@ static bool amx_for(const QKernels& kr, const QPacked& p) {
 }
 
 // The GEMM over rows [0, M): tasks are (row block, column block) pairs.
-void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool allow_amx) {
+void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   if (M == 0 || p.n == 0) return;
   const QKernels& kr = qk();
   std::vector<std::int32_t> rowsum(static_cast<std::size_t>(M));
   kr.rowsums(a.a, M, p.k, a.lda, rowsum.data());
   const Corrections cr{p.colsum.data(), p.zb.data(), rowsum.data(), a.za, a.za_count, p.k};
   const double work = static_cast<double>(M) * static_cast<double>(p.n) * static_cast<double>(p.k);
-  if (allow_amx && amx_for(kr, p)) {
+  // A few rows (a GEMV-like product): AMX would compute 16 rows for them, and what a second thread gains is its
+  // share of B's bytes read (kSmallMSplitBytes), not of the multiply-adds.
+  const bool few_rows = M <= kMR;
+  if (!few_rows && amx_for(kr, p)) {
     // Tasks are column groups; each runs its panel pairs over every row block, so a pair (2 x K x 16 bytes) is read
     // from memory once and stays in L1 while the row blocks pass. The last rows (M % 32) are copied once, zero-padded
     // to whole 16-row tiles.
@@ -128,7 +131,14 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool 
   const i64 mblocks = (M + rows_per_block - 1) / rows_per_block;
   const i64 panels_per_block = std::max<i64>(kr.np, 4);
   const i64 nblocks = (p.panels + panels_per_block - 1) / panels_per_block;
-  parallel_for(mblocks * nblocks, threads_for(work, 2e6), [&](i64 task) {
+  int T = threads_for(work, 2e6);
+  bool wake = true;
+  if (few_rows) {
+    const double bytes = static_cast<double>(p.k4) * 4.0 * static_cast<double>(p.n);
+    T = std::max(T, threads_for(bytes, kSmallMSplitBytes));
+    wake = bytes >= 512.0 * 1024 || work >= 4e6;  // as the float small-M path: a small split wakes no sleeper
+  }
+  parallel_for(mblocks * nblocks, T, [&](i64 task) {
     const i64 mb = task / nblocks, nb = task % nblocks;
     const i64 m_end = std::min(M, (mb + 1) * rows_per_block);
     const i64 p_end = std::min(p.panels, (nb + 1) * panels_per_block);
@@ -143,7 +153,7 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool 
         kr.finish(st, cr, m0, mr, n0, static_cast<int>(std::min<i64>(ldc, p.n - n0)), raw, ldc);
       }
     }
-  });
+  }, wake);
 }
 
 // The N column multipliers of qgemm_f32: scale (1 or N values) times factor (none, 1 or N), rounded to float32.

@@ -84,6 +84,10 @@ void amx_begin();  // loads the tile configuration on this thread
 void amx_end();    // releases it
 void amx_block32(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);
 void amx_block16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* raw);  // rows 0-15
+// raw (16 rows x 16 np columns, ldraw apart) = A rows [0, 16) . B panels [0, np) (panels pstride apart, k % 64 == 0):
+// the recurrent product of a quantized LSTM step (a few rows, its slice of panels read once)
+void amx_panels16(i64 k, int np, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
+                  std::int32_t* raw, i64 ldraw);
 
 template <class T>
 struct AlignedVec {  // 64-byte aligned, for the packed panels' aligned loads
@@ -122,8 +126,8 @@ struct AOperand {
 void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
                i64 zp_count);
 // The threaded integer GEMM over rows [0, M) of a, through the output stage (nested in a parallel_for: serial).
-// allow_amx false: the ISA's vector tiles even where AMX would be taken.
-void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st, bool allow_amx = true);
+// Up to kMR rows run on the ISA's vector tiles (not AMX), split across threads by the bytes of B.
+void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st);
 // out[n] = float32(scale[ns == 1 ? 0 : n] * factor[nf == 1 ? 0 : n]) (no factor: scale), the F32 stage's multipliers.
 void column_scales(const float* scale, i64 ns, const float* factor, i64 nf, i64 n, std::vector<float>& out);
 // DynamicQuantizeLinear's scale (hi - lo) / 255 and zero point round(-lo / scale) for lo = min(x, 0), hi = max(x, 0).

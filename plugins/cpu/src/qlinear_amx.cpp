@@ -53,8 +53,49 @@ void amx_block16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b, i6
   _tile_stored(0, raw, 32 * 4);
   _tile_stored(1, raw + 16, 32 * 4);
 }
+
+// The recurrent product of a quantized LSTM step (a few rows of A, each B panel read once): panels two at a time
+// over two k blocks an iteration, every load of an iteration in its own register (A in 2 / 3, B in 4-7), so the next
+// iteration's loads need not wait for this one's products (1 thread, a 768-wide layer of 3 rows: 7 % faster than four
+// accumulators sharing one A register and three B registers).
+template <int NP>
+void panels16(i64 k, const std::uint8_t* a, i64 lda, const std::int8_t* b0, const std::int8_t* b1, std::int32_t* raw,
+              i64 ldraw) {
+  _tile_zero(0);
+  if constexpr (NP > 1) _tile_zero(1);
+  i64 k0 = 0;
+  for (; k0 + 128 <= k; k0 += 128) {
+    _tile_loadd(2, a + k0, lda);
+    _tile_loadd(4, b0 + k0 * 16, 64);
+    if constexpr (NP > 1) _tile_loadd(5, b1 + k0 * 16, 64);
+    _tile_loadd(3, a + k0 + 64, lda);
+    _tile_loadd(6, b0 + (k0 + 64) * 16, 64);
+    if constexpr (NP > 1) _tile_loadd(7, b1 + (k0 + 64) * 16, 64);
+    _tile_dpbusd(0, 2, 4);
+    if constexpr (NP > 1) _tile_dpbusd(1, 2, 5);
+    _tile_dpbusd(0, 3, 6);
+    if constexpr (NP > 1) _tile_dpbusd(1, 3, 7);
+  }
+  if (k0 < k) {
+    _tile_loadd(2, a + k0, lda);
+    _tile_loadd(4, b0 + k0 * 16, 64);
+    if constexpr (NP > 1) _tile_loadd(5, b1 + k0 * 16, 64);
+    _tile_dpbusd(0, 2, 4);
+    if constexpr (NP > 1) _tile_dpbusd(1, 2, 5);
+  }
+  _tile_stored(0, raw, ldraw * 4);
+  if constexpr (NP > 1) _tile_stored(1, raw + 16, ldraw * 4);
+}
+
+void amx_panels16(i64 k, int np, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
+                  std::int32_t* raw, i64 ldraw) {
+  int p = 0;
+  for (; p + 2 <= np; p += 2) panels16<2>(k, a, lda, b + p * pstride, b + (p + 1) * pstride, raw + 16 * p, ldraw);
+  if (p < np) panels16<1>(k, a, lda, b + p * pstride, nullptr, raw + 16 * p, ldraw);
+}
 #else
 bool amx_available() { return false; }
+void amx_panels16(i64, int, const std::uint8_t*, i64, const std::int8_t*, i64, std::int32_t*, i64) {}
 void amx_block16(i64, const std::uint8_t*, i64, const std::int8_t*, i64, std::int32_t*) {}
 void amx_begin() {}
 void amx_end() {}

@@ -11,7 +11,10 @@
 // GEMM of the quantized ONNX ops (qlinear.hpp: vpdpbusd / AMX, exact int32 sums with the zero points folded in), and
 // each product's activations are quantized on the fly as onnxruntime does at one thread: X once over all its steps,
 // H once a step over the whole batch, to uint8 with the range widened to hold 0; the int32 sums leave scaled by the
-// activation's scale times the weight's column scale.
+// activation's scale times the weight's column scale. A step's recurrent product runs in slices of hidden units, one
+// a thread (each slice the four gates' columns of its units, then those units' gate math), its column panels in
+// alternating order step by step (the end of R read last stays in L2 for the next step's start); the bits do not
+// depend on the slicing (exact integer sums, a per-element epilogue and gate math).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -64,22 +67,38 @@ struct RnnWeights {
 
 // Dynamic uint8 quantization of rows x k floats (ld apart) into rows of lda bytes (zero past k), the range widened
 // to hold 0, the zero point and values rounded half to even; returns the scale, *zp the zero point.
+// Many rows (all steps of X) in chunks on the pool while its workers are awake: min / max are exact in any order and
+// each value is quantized alone, so the bytes do not depend on the chunking.
 float quantize_rows_u8(const float* a, i64 rows, i64 k, i64 ld, std::uint8_t* out, i64 lda, std::int32_t* zp) {
   const qlin::QKernels& qk = qlin::qk();
-  float lo = 0.f, hi = 0.f;
-  for (i64 r = 0; r < rows && k > 0; ++r) {
-    float l = 0.f, h = 0.f;
-    qk.minmax(a + r * ld, k, &l, &h);
-    lo = std::min(lo, l);
-    hi = std::max(hi, h);
-  }
-  const float scale = hi > lo ? (hi - lo) / 255.f : 1.f;
-  *zp = static_cast<std::int32_t>(std::min(255.f, std::max(0.f, std::nearbyint(-lo / scale))));
-  for (i64 r = 0; r < rows; ++r) {
-    std::uint8_t* o = out + r * lda;
-    qk.quantize8(a + r * ld, k, scale, *zp, 0, 255, o);
-    std::memset(o + k, 0, static_cast<std::size_t>(lda - k));
-  }
+  const int chunks = static_cast<int>(std::min<i64>(rows, threads_for(static_cast<double>(rows * k), 32768.0)));
+  std::vector<float> lo(static_cast<std::size_t>(std::max(chunks, 1)), 0.f), hi(lo.size(), 0.f);
+  auto rows_of = [&](i64 c, i64& r0, i64& r1) {
+    r0 = rows * c / chunks;
+    r1 = rows * (c + 1) / chunks;
+  };
+  parallel_for(chunks, chunks, [&](i64 c) {
+    i64 r0, r1;
+    rows_of(c, r0, r1);
+    for (i64 r = r0; r < r1 && k > 0; ++r) {
+      float l = 0.f, h = 0.f;
+      qk.minmax(a + r * ld, k, &l, &h);
+      lo[static_cast<std::size_t>(c)] = std::min(lo[static_cast<std::size_t>(c)], l);
+      hi[static_cast<std::size_t>(c)] = std::max(hi[static_cast<std::size_t>(c)], h);
+    }
+  }, false);
+  const float l = *std::min_element(lo.begin(), lo.end()), h = *std::max_element(hi.begin(), hi.end());
+  const float scale = h > l ? (h - l) / 255.f : 1.f;
+  *zp = static_cast<std::int32_t>(std::min(255.f, std::max(0.f, std::nearbyint(-l / scale))));
+  parallel_for(chunks, chunks, [&](i64 c) {
+    i64 r0, r1;
+    rows_of(c, r0, r1);
+    for (i64 r = r0; r < r1; ++r) {
+      std::uint8_t* o = out + r * lda;
+      qk.quantize8(a + r * ld, k, scale, *zp, 0, 255, o);
+      std::memset(o + k, 0, static_cast<std::size_t>(lda - k));
+    }
+  }, false);
   return scale;
 }
 
@@ -238,7 +257,9 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
   };
   // One direction, its products on T threads; writes only its own slices of Y / Y_h / Y_c.
   auto run_direction = [&](i64 d, int T) {
-    std::vector<float> xw(static_cast<std::size_t>(std::max<i64>(1, seq * batch * GH)));
+    // every step's input projection (written whole below): this thread's grow-only buffer, not a zeroed vector (a
+    // 768-wide layer's 80 x 3 steps are 2.9 MB: a memset and its page faults at every call)
+    float* xw = tl_buf(TL_MISC).get(static_cast<std::size_t>(std::max<i64>(1, seq * batch * GH)));
     std::vector<float> hr(static_cast<std::size_t>(std::max<i64>(1, batch * GH)));
     std::vector<float> hh(static_cast<std::size_t>(std::max<i64>(1, batch * H)));
     std::vector<float> rh(static_cast<std::size_t>(std::max<i64>(1, batch * H)));
@@ -253,7 +274,13 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
     }
     for (i64 j = 0; j < H; ++j) brh[static_cast<std::size_t>(j)] = pB ? pB[d * 2 * GH + GH + 2 * H + j] : 0.f;
     const i64 hlda = 4 * ((H + 3) / 4);
-    std::vector<std::uint8_t> hq(quant ? static_cast<std::size_t>(batch * hlda) : 0);
+    // A step's product on AMX from 3 rows (H whole 64-byte tile rows; hq's rows padded to whole 16-row tiles, zeros
+    // past batch): AMX reads R at ~45 GB/s whatever the rows, the vector tiles are faster for 1-2 rows and bound by
+    // vpdpbusd from 3 (1 thread, H 768, a step: 41 / 59 / 83-92 us for 1 / 2 / 3 rows against AMX's 54 / 66 / 74-85).
+    const bool step_amx = quant && batch >= 3 && H % 64 == 0 && &qlin::qk() == qlin::qkernels_avx512vnni() &&
+                          qlin::amx_available();
+    const i64 hq_rows = step_amx ? ceil_div(batch, 16) * 16 : batch;
+    std::vector<std::uint8_t> hq(quant ? static_cast<std::size_t>(hq_rows * hlda) : 0);
     std::vector<float> col(quant ? static_cast<std::size_t>(GH) : 0);  // a product's column multipliers
     // int32 sums -> float32(sum) * col[j] (+ bias[j]) into out (rows GH apart)
     auto qstage = [&](float* out, const float* bias) {
@@ -270,9 +297,9 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
       const float* ws = p.w_scale.data() + d * GH;
       for (i64 j = 0; j < GH; ++j) col[static_cast<std::size_t>(j)] = x_scale * ws[j];
       qlin::qgemm(*p.qw[static_cast<std::size_t>(d)], qlin::AOperand{xq.data(), xlda, &x_zp, 1}, seq * batch,
-                  qstage(xw.data(), bx.data()));
+                  qstage(xw, bx.data()));
     } else {
-      gemm_p(kr, MatView{px, seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw.data(), GH, bx.data(), T);
+      gemm_p(kr, MatView{px, seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw, GH, bx.data(), T);
     }
     if (ph0) std::memcpy(h.data(), ph0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
     else std::fill(h.begin(), h.end(), 0.f);
@@ -280,6 +307,70 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
     else std::fill(c.begin(), c.end(), 0.f);
     const float* pp = pP ? pP + d * 3 * H : nullptr;
     const Packed* Rp = quant ? nullptr : p.r[static_cast<std::size_t>(d)].get();
+    // LSTM gate math of one batch row over hidden units [j0, j0 + n): g (the row's i, o, f, c pre-activations, H
+    // apart) plus xr (the input side, same layout), then units j0.. of the cell cb and hidden hb (elementwise, so a
+    // slice of units computes what the whole row computes for them).
+    auto lstm_cell = [&](float* g, const float* xr, float* cb, float* hb, i64 j0, i64 n) {
+      for (i64 q = 0; q < 4; ++q) kr.binary(B_ADD, BM_VV, g + q * H + j0, xr + q * H + j0, g + q * H + j0, n);
+      float* gi = g + j0;
+      float* go = g + H + j0;
+      float* gf = g + 2 * H + j0;
+      float* gc = g + 3 * H + j0;
+      float* cj = cb + j0;
+      const float* pj = pp ? pp + j0 : nullptr;
+      if (pj)
+        for (i64 j = 0; j < n; ++j) {
+          gi[j] += pj[j] * cj[j];
+          gf[j] += pj[2 * H + j] * cj[j];
+        }
+      act(U_SIGMOID, gi, n);
+      if (!input_forget) act(U_SIGMOID, gf, n);
+      act(U_TANH, gc, n);
+      for (i64 j = 0; j < n; ++j) {
+        const float f = input_forget ? 1.f - gi[j] : gf[j];
+        cj[j] = f * cj[j] + gi[j] * gc[j];
+      }
+      if (pj)
+        for (i64 j = 0; j < n; ++j) go[j] += pj[H + j] * cj[j];
+      act(U_SIGMOID, go, n);
+      float* th = tmp.data() + j0;
+      kr.unary(U_TANH, cj, th, n, 0.f, 0.f);
+      for (i64 j = 0; j < n; ++j) hb[j0 + j] = go[j] * th[j];
+    };
+    // Quantized mode: a step in S slices of hidden units (whole 16-unit blocks), each the items (<= np panels of one
+    // gate's columns of its units) of R^T hq, then its units' gate math.
+    struct QItem {
+      i64 p0;
+      int np;
+      i64 nlo, nhi;  // the columns it finishes
+    };
+    const qlin::QKernels& kq = qlin::qk();
+    const qlin::QPacked* Rq = quant ? p.qr[static_cast<std::size_t>(d)].get() : nullptr;
+    const i64 units16 = ceil_div(H, 16);
+    int S = 1;
+    if (quant && T > 1) {
+      const double step_bytes = static_cast<double>(H) * static_cast<double>(GH);
+      const double step_flops = 2.0 * static_cast<double>(batch) * step_bytes;
+      S = std::min(T, std::max(threads_for(step_flops, 1e6), threads_for(step_bytes, kSmallMSplitBytes)));
+      S = static_cast<int>(std::min<i64>(S, units16));
+    }
+    // a small split wakes no sleeping worker (the first steps then run on the caller; the spinning worker joins)
+    const bool wake =
+        quant && static_cast<double>(seq) * static_cast<double>(H) * static_cast<double>(GH) >= 512.0 * 1024;
+    std::vector<std::vector<QItem>> items(static_cast<std::size_t>(S));
+    std::vector<i64> unit0(static_cast<std::size_t>(S) + 1);
+    for (int s = 0; s <= S; ++s) unit0[static_cast<std::size_t>(s)] = std::min(H, (units16 * s / S) * 16);
+    if (quant)
+      for (int s = 0; s < S; ++s)
+        for (i64 q = 0; q < 4; ++q) {
+          const i64 a = q * H + unit0[static_cast<std::size_t>(s)], e = q * H + unit0[static_cast<std::size_t>(s) + 1];
+          for (i64 p0 = a / qlin::kPanel; p0 * qlin::kPanel < e; p0 += kq.np) {
+            const int np = static_cast<int>(std::min<i64>(kq.np, ceil_div(e, qlin::kPanel) - p0));
+            items[static_cast<std::size_t>(s)].push_back(
+                QItem{p0, np, std::max(a, p0 * qlin::kPanel), std::min(e, (p0 + np) * qlin::kPanel)});
+          }
+        }
+    std::vector<std::int32_t> hrow(quant ? static_cast<std::size_t>(batch) : 0);  // hq's row sums
     for (i64 t = 0; t < seq; ++t) {
       const i64 rn = quant ? GH : Rp->n;  // LSTM: 4H, GRU: 2H
       if (quant) {
@@ -287,13 +378,46 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
         const float h_scale = quantize_rows_u8(h.data(), batch, H, H, hq.data(), hlda, &h_zp);
         const float* rs = p.r_scale.data() + d * GH;
         for (i64 j = 0; j < GH; ++j) col[static_cast<std::size_t>(j)] = h_scale * rs[j];
-        // a step's few rows: the vector tiles (AMX would compute 16 rows for them and load its tile configuration
-        // each call)
-        qlin::qgemm(*p.qr[static_cast<std::size_t>(d)], qlin::AOperand{hq.data(), hlda, &h_zp, 1}, batch,
-                    qstage(hr.data(), nullptr), false);
-      } else {
-        gemm_p(kr, MatView{h.data(), batch, H, H, 1}, *Rp, hr.data(), rn, nullptr, T);
+        kq.rowsums(hq.data(), batch, H, hlda, hrow.data());
+        const qlin::Corrections cr{Rq->colsum.data(), Rq->zb.data(), hrow.data(), &h_zp, 1, Rq->k};
+        const qlin::OutStage st = qstage(hr.data(), nullptr);
+        // each slice: its items (in alternating order), then its units' gates; hq, cr, st and col are read-only here
+        parallel_for(S, S, [&](i64 s) {
+          const std::vector<QItem>& its = items[static_cast<std::size_t>(s)];
+          const i64 n_items = static_cast<i64>(its.size());
+          alignas(64) std::int32_t raw[16 * qlin::kNP * qlin::kPanel];
+          const i64 row_step = step_amx ? 16 : kq.mr;
+          if (step_amx) qlin::amx_begin();
+          for (i64 e = 0; e < n_items; ++e) {
+            const QItem& it = its[static_cast<std::size_t>((t & 1) ? n_items - 1 - e : e)];
+            const i64 ldc = it.np * qlin::kPanel;
+            const std::int8_t* b = Rq->data->p + it.p0 * Rq->pstride();
+            for (i64 m0 = 0; m0 < batch; m0 += row_step) {
+              const int mr = static_cast<int>(std::min<i64>(row_step, batch - m0));
+              if (step_amx)
+                qlin::amx_panels16(Rq->k, it.np, hq.data() + m0 * hlda, hlda, b, Rq->pstride(), raw, ldc);
+              else
+                kq.tile(mr, it.np, Rq->k4, hq.data() + m0 * hlda, hlda, b, Rq->pstride(), raw, ldc);
+              kq.finish(st, cr, m0, mr, it.nlo, static_cast<int>(it.nhi - it.nlo),
+                        raw + (it.nlo - it.p0 * qlin::kPanel), ldc);
+            }
+          }
+          if (step_amx) qlin::amx_end();
+          const i64 j0 = unit0[static_cast<std::size_t>(s)], n = unit0[static_cast<std::size_t>(s) + 1] - j0;
+          for (i64 b = 0; b < batch; ++b) {
+            const i64 len = lens[static_cast<std::size_t>(b)];
+            if (t >= len) continue;
+            const i64 tx = backward ? len - 1 - t : t;
+            lstm_cell(hr.data() + b * GH, xw + (tx * batch + b) * GH, c.data() + b * H, h.data() + b * H, j0,
+                      n);
+            if (pY)
+              std::memcpy(pY + ((tx * dirs + d) * batch + b) * H + j0, h.data() + b * H + j0,
+                          static_cast<std::size_t>(n) * sizeof(float));
+          }
+        }, wake);
+        continue;
       }
+      gemm_p(kr, MatView{h.data(), batch, H, H, 1}, *Rp, hr.data(), rn, nullptr, T);
       const MatView hv{h.data(), batch, H, H, 1};
       if (p.gru && linear_before_reset)
         gemm_p(kr, hv, *p.rh[static_cast<std::size_t>(d)], hh.data(), H, brh.data(), T);
@@ -302,32 +426,10 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
         if (t >= len) continue;
         const i64 tx = backward ? len - 1 - t : t;
         float* g = hr.data() + b * rn;
-        const float* xr = xw.data() + (tx * batch + b) * GH;
+        const float* xr = xw + (tx * batch + b) * GH;
         float* hb = h.data() + b * H;
-        float* cb = c.data() + b * H;
         if (!p.gru) {
-          kr.binary(B_ADD, BM_VV, g, xr, g, GH);
-          float* gi = g;
-          float* go = g + H;
-          float* gf = g + 2 * H;
-          float* gc = g + 3 * H;
-          if (pp)
-            for (i64 j = 0; j < H; ++j) {
-              gi[j] += pp[j] * cb[j];
-              gf[j] += pp[2 * H + j] * cb[j];
-            }
-          act(U_SIGMOID, gi, H);
-          if (!input_forget) act(U_SIGMOID, gf, H);
-          act(U_TANH, gc, H);
-          for (i64 j = 0; j < H; ++j) {
-            const float f = input_forget ? 1.f - gi[j] : gf[j];
-            cb[j] = f * cb[j] + gi[j] * gc[j];
-          }
-          if (pp)
-            for (i64 j = 0; j < H; ++j) go[j] += pp[H + j] * cb[j];
-          act(U_SIGMOID, go, H);
-          kr.unary(U_TANH, cb, tmp.data(), H, 0.f, 0.f);
-          for (i64 j = 0; j < H; ++j) hb[j] = go[j] * tmp[static_cast<std::size_t>(j)];
+          lstm_cell(g, xr, c.data() + b * H, hb, 0, H);
         } else {
           kr.binary(B_ADD, BM_VV, g, xr, g, 2 * H);
           act(U_SIGMOID, g, 2 * H);  // z, r
@@ -345,7 +447,7 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
           if (t >= len) continue;
           const i64 tx = backward ? len - 1 - t : t;
           const float* g = hr.data() + b * rn;
-          const float* xh = xw.data() + (tx * batch + b) * GH + 2 * H;
+          const float* xh = xw + (tx * batch + b) * GH + 2 * H;
           const float* q = hh.data() + b * H;
           float* cand = tmp.data();
           for (i64 j = 0; j < H; ++j) cand[j] = linear_before_reset ? xh[j] + g[H + j] * q[j] : xh[j] + q[j];
@@ -365,8 +467,8 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
     if (pYh) std::memcpy(pYh + d * batch * H, h.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
     if (pYc) std::memcpy(pYc + d * batch * H, c.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
   };
-  // The two directions of a bidirectional layer are independent: one a thread (the recurrent products, M = batch,
-  // are too small to split; the steps are a chain, so a direction is the unit of parallel work).
+  // The two directions of a bidirectional layer are independent: one a thread (the steps are a chain, so a direction
+  // is the unit of parallel work; a direction that runs alone splits its quantized steps by hidden units instead).
   // A small layer (under kWakeFlops) takes the second thread only while the pool's worker is awake.
   const int T = num_threads();
   const double flops = 2.0 * static_cast<double>(seq * batch) * static_cast<double>(GH) * static_cast<double>(I + H);

@@ -31,8 +31,8 @@ def _quant(a: np.ndarray) -> tuple[np.ndarray, float]:
     return np.clip(np.rint(a / scale) + zero, 0, 255).astype(np.float64) - zero, float(scale)
 
 
-def numpy_dq_lstm(x, w, r, b, ws, wz, rs, rz, direction, h0=None, c0=None, lens=None):
-    """The op's arithmetic written out directly (default activations, no peepholes)."""
+def numpy_dq_lstm(x, w, r, b, ws, wz, rs, rz, direction, h0=None, c0=None, lens=None, p=None):
+    """The op's arithmetic written out directly (default activations; p: peepholes [dirs, 3H], i / o / f)."""
     seq, batch, _ = x.shape
     dirs, hidden = r.shape[0], r.shape[1]
     lens = np.full(batch, seq) if lens is None else lens
@@ -46,6 +46,7 @@ def numpy_dq_lstm(x, w, r, b, ws, wz, rs, rz, direction, h0=None, c0=None, lens=
         h = np.zeros((batch, hidden)) if h0 is None else h0[d].astype(np.float64)
         c = np.zeros((batch, hidden)) if c0 is None else c0[d].astype(np.float64)
         back = direction == "reverse" or d == 1
+        p_i, p_o, p_f = np.split(p[d].astype(np.float64), 3) if p is not None else (0.0, 0.0, 0.0)
         for t in range(seq):
             hq, hs = _quant(h)
             new_h, new_c = h.copy(), c.copy()
@@ -56,8 +57,8 @@ def numpy_dq_lstm(x, w, r, b, ws, wz, rs, rz, direction, h0=None, c0=None, lens=
                 gates = (xq[tx, bi] @ wi) * (xs * ws[d]) + (hq[bi] @ ri) * (hs * rs[d]) + b[d, :4 * hidden] \
                     + b[d, 4 * hidden:]
                 gi, go, gf, gc = np.split(gates, 4)
-                new_c[bi] = sig(gf) * c[bi] + sig(gi) * np.tanh(gc)
-                new_h[bi] = sig(go) * np.tanh(new_c[bi])
+                new_c[bi] = sig(gf + p_f * c[bi]) * c[bi] + sig(gi + p_i * c[bi]) * np.tanh(gc)
+                new_h[bi] = sig(go + p_o * new_c[bi]) * np.tanh(new_c[bi])
                 y[tx, d, bi] = new_h[bi]
             h, c = new_h, new_c
         yh[d], yc[d] = h, c
@@ -65,7 +66,7 @@ def numpy_dq_lstm(x, w, r, b, ws, wz, rs, rz, direction, h0=None, c0=None, lens=
 
 
 def dq_lstm_case(seq=6, batch=2, inp=7, hidden=6, direction="forward", per_channel=False, init=False, zp=False,
-                 lens=None, uint8=False, seed=0):
+                 lens=None, uint8=False, peephole=False, seed=0):
     """A one-node model, its feeds, and the numpy model's outputs."""
     rng = np.random.default_rng(seed)
     dirs = 2 if direction == "bidirectional" else 1
@@ -80,10 +81,13 @@ def dq_lstm_case(seq=6, batch=2, inp=7, hidden=6, direction="forward", per_chann
     rz = (mid + (rng.integers(-3, 4, shape) if zp else np.zeros(shape))).astype(dtype)
     b = rng.normal(0, 0.3, (dirs, 8 * hidden)).astype(np.float32)
     x = rng.normal(0, 1, (seq, batch, inp)).astype(np.float32)
+    p = rng.normal(0, 0.3, (dirs, 3 * hidden)).astype(np.float32) if peephole else None
     feeds = {"x": x}
-    names = ["x", "W", "R", "B", "lens" if lens is not None else "", "h0" if init else "", "c0" if init else "", "",
-             "ws", "wz", "rs", "rz"]
+    names = ["x", "W", "R", "B", "lens" if lens is not None else "", "h0" if init else "", "c0" if init else "",
+             "P" if peephole else "", "ws", "wz", "rs", "rz"]
     consts = {"W": w, "R": r, "B": b, "ws": ws, "wz": wz, "rs": rs, "rz": rz}
+    if p is not None:
+        consts["P"] = p
     if lens is not None:
         consts["lens"] = np.array(lens, np.int32)
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)]
@@ -99,7 +103,7 @@ def dq_lstm_case(seq=6, batch=2, inp=7, hidden=6, direction="forward", per_chann
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)])
     want = numpy_dq_lstm(x, w, r, b, ws, wz, rs, rz, direction, feeds.get("h0"), feeds.get("c0"),
-                         None if lens is None else np.array(lens))
+                         None if lens is None else np.array(lens), p)
     return model, feeds, want
 
 
@@ -111,6 +115,7 @@ CASES = [
     {"per_channel": True, "zp": True, "uint8": True},
     {"direction": "bidirectional", "lens": [6, 3], "per_channel": True, "init": True},
     {"seq": 1, "batch": 1, "inp": 128, "hidden": 64},
+    {"direction": "reverse", "peephole": True, "init": True, "batch": 3},
 ]
 
 
@@ -146,6 +151,47 @@ def test_cpu_runs_native_and_same_bits_at_1_and_2_threads(monkeypatch: pytest.Mo
     one, two = _at_threads(run)
     for name in one:
         np.testing.assert_array_equal(one[name], two[name], err_msg=name)
+
+
+# A direction that runs alone splits each step across the pool (rnn.cpp): slices of hidden units, each its gates'
+# columns of R^T h and its units' gate math, when R reads >= 2 x 128 KB a step. The bits must not depend on it:
+# AMX rows (batch >= 3, H a multiple of 64; 20 rows: two 16-row tiles), the vector tiles (batch 1-2, H 264: slices
+# and gates that cut a 16-column panel; batch 5: rows past one tile), sequence_lens, peepholes, initial states; at
+# 2 and 3 threads.
+SPLIT_CASES = [
+    {"seq": 5, "batch": 3, "inp": 40, "hidden": 256},
+    {"seq": 5, "batch": 1, "inp": 40, "hidden": 256, "init": True},
+    {"seq": 4, "batch": 2, "inp": 24, "hidden": 264, "per_channel": True, "zp": True},
+    {"seq": 4, "batch": 5, "inp": 24, "hidden": 264, "lens": [4, 2, 3, 4, 1]},
+    {"seq": 3, "batch": 20, "inp": 16, "hidden": 256, "peephole": True, "uint8": True, "zp": True},
+    {"direction": "reverse", "seq": 4, "batch": 3, "inp": 16, "hidden": 320, "peephole": True, "lens": [4, 1, 3],
+     "init": True},
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=_ids)
+def test_split_steps_same_bits_as_one_thread(case: dict) -> None:
+    from hetero_cpu import _native
+
+    model, feeds, want = dq_lstm_case(**case)
+
+    def run():
+        session = hetero.Session(model, backends=["cpu"], on_fallback="error")
+        session.run(feeds)
+        _native.pool_stats_enable(True)
+        _native.pool_stats(True)
+        out = session.run(feeds)
+        stats = _native.pool_stats(True)
+        _native.pool_stats_enable(False)
+        return out, stats
+
+    # 3 threads: slices of an odd number of 16-column panels (H 320: 6 and 7 a gate)
+    (one, _), (two, stats), (three, _) = _at_threads(run, (1, 2, 3))
+    assert stats["calls"] >= case["seq"], f"the steps did not run on the pool: {stats}"
+    for name, w in zip(one, want, strict=True):
+        np.testing.assert_array_equal(one[name], two[name], err_msg=name)
+        np.testing.assert_array_equal(one[name], three[name], err_msg=name)
+        np.testing.assert_allclose(one[name], w, rtol=0, atol=3e-3, err_msg=name)
 
 
 # onnxruntime refuses uint8 weights with a zero point ("InputWeight point must be constant"), so that case is not here.
