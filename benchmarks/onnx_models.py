@@ -84,7 +84,9 @@ def hetero_runner(model: RealModel, path: Path, feeds: Feeds, threads: int, row:
     row.fallback = session.placement.fallback_summary() or "none"
     # nodes on the cpu backend that run hetero's numpy reference at each call (numpy_ops): no fallback, yet a slow
     # generic path (a 1-D MaxPool was 3 ms of atspm_funcnet's 4)
-    numpy_ops = Counter(node.op_type for node, kernel in session.kernels() if type(kernel).__name__ == "CpuNumpyKernel")
+    # (also a native kernel that hands a configuration to numpy: a 1-D ConvTranspose was 48 ms of eeg_spindles' 216)
+    numpy_ops = Counter(node.op_type for node, kernel in session.kernels()
+                        if type(kernel).__name__ == "CpuNumpyKernel" or getattr(kernel, "native", True) is False)
     if numpy_ops:
         row.fallback += "; numpy: " + ", ".join(f"{op}×{n}" for op, n in sorted(numpy_ops.items()))
     row.arena = session.memory_plan.describe() if session.memory_plan is not None else "no plan"
