@@ -170,45 +170,25 @@ inline V vrecip_1_2(V d) {
   return SIMD::fma(r, SIMD::fnma(d, r, SIMD::set1(1.f)), r);
 }
 
-// Below -87 exp(x) is under 2^-125, so 1 + exp(x) rounds to 1 and sigmoid(x) is exp(x) itself.
-constexpr float SIGMOID_TAIL = -87.f;
-
-// sigmoid(x), and exp(a) = p 2^n of the argument it took (a = max(x, -104) where x < 0).
-inline V vsigmoid_parts(V x, V& p, V& n) {
-  // e = exp(-|x|) never overflows; for x < 0 the result is e / (1 + e), which keeps tiny values accurate. For x >= 0
-  // e only matters through 1 + e (1 beyond 17), so its argument stops at the tail (no subnormal e); below the tail
-  // the result is e itself, not e times the reciprocal (no product of a subnormal).
-  M pos = SIMD::ge(x, SIMD::zero());
-  M tail = SIMD::lt(x, SIMD::set1(SIGMOID_TAIL));
-  if (!SIMD::any(tail)) {  // every e normal (exp(-87) > 2^-126): the plain formula
-    p = vexp_parts(SIMD::max(SIMD::neg(SIMD::abs(x)), SIMD::set1(SIGMOID_TAIL)), n);
-    V e = vscale<SIMD>(p, n, SIMD::cvt_i(n), 0);
-    V r = vrecip_1_2(SIMD::add(SIMD::set1(1.f), e));
-    return vnan_pass(x, SIMD::select(pos, r, SIMD::mul(e, r)));
-  }
-  p = vexp_parts(SIMD::max(SIMD::neg(SIMD::abs(x)), SIMD::select(pos, SIMD::set1(SIGMOID_TAIL), SIMD::set1(-104.f))),
-                 n);
-  V e = vscale_tiny(p, n);
-  V e_norm = SIMD::select(tail, SIMD::zero(), e);
-  V r = vrecip_1_2(SIMD::add(SIMD::set1(1.f), e_norm));
-  return vnan_pass(x, SIMD::select(pos, r, SIMD::select(tail, e, SIMD::mul(e_norm, r))));
-}
+// Below SIGMOID_FLUSH sigmoid(x) = exp(x) is under 2^-126: flushed to 0 (onnxruntime's flushes below about -18), an
+// absolute error under 1.2e-38. A subnormal result would slow every later product that reads it (an x86 microcode
+// assist per operation): a diffusion U-Net's SiLUs of activations near -90 fed 45K of them into its convolutions.
+constexpr float SIGMOID_FLUSH = -87.33f;  // exp(-87.33) = 1.183e-38, normal
 
 inline V vsigmoid(V x) {
-  V p, n;
-  return vsigmoid_parts(x, p, n);
+  // e = exp(-|x|) never overflows; for x < 0 the result is e / (1 + e), which keeps tiny values accurate.
+  V e = vexp_core(SIMD::max(SIMD::neg(SIMD::abs(x)), SIMD::set1(SIGMOID_FLUSH)));
+  V r = vrecip_1_2(SIMD::add(SIMD::set1(1.f), e));
+  V y = SIMD::select(SIMD::ge(x, SIMD::zero()), r, SIMD::mul(e, r));
+  return vnan_pass(x, SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), y));
 }
 
-inline V vsilu(V x) {
-  // x sigmoid(x); below the tail that is x exp(x) = (x p) 2^n, scaled once (vscale_tiny) rather than x times a
-  // subnormal; below -104 it is 0 (exp(-104) is under half the least subnormal).
-  V p, n;
-  V s = vsigmoid_parts(x, p, n);
-  M tail = SIMD::lt(x, SIMD::set1(SIGMOID_TAIL));
-  if (!SIMD::any(tail)) return SIMD::mul(x, s);
-  V xc = SIMD::max(x, SIMD::set1(-104.f));
-  V far = SIMD::select(SIMD::lt(x, SIMD::set1(-104.f)), SIMD::zero(), vscale_tiny(SIMD::mul(xc, p), n));
-  return vnan_pass(x, SIMD::select(tail, far, SIMD::mul(x, SIMD::select(tail, SIMD::zero(), s))));
+inline V vsilu(V x) { return SIMD::mul(x, vsigmoid(x)); }
+
+// exp(x), flushed to 0 below 2^-126 (softmax's terms: none of them moves a sum of at least 1).
+inline V vexp_flush(V x) {
+  V e = vexp_core(SIMD::min(SIMD::max(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::set1(89.f)));
+  return vnan_pass(x, SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), e));
 }
 
 inline V vhard_swish(V x) {
@@ -412,17 +392,19 @@ void k_softmax_row(const float* x, float* y, i64 n, bool log) {
   i64 i = 0;
   float tail = 0.f;
   if (!log) {
+    // probabilities under 2^-126 are 0 (no subnormal terms, products or results: see SIGMOID_FLUSH)
     for (; i + W <= n; i += W) {
-      V e = vexp(SIMD::sub(SIMD::load(x + i), vm));
+      V e = vexp_flush(SIMD::sub(SIMD::load(x + i), vm));
       SIMD::store(y + i, e);
       acc = SIMD::add(acc, e);
     }
     if (i < n) {
-      map1(x + i, y + i, n - i, [&](V v) { return vexp(SIMD::sub(v, vm)); });
+      map1(x + i, y + i, n - i, [&](V v) { return vexp_flush(SIMD::sub(v, vm)); });
       for (; i < n; ++i) tail += y[i];
     }
-    const float inv = 1.f / (SIMD::hsum(acc) + tail);
-    map1(y, y, n, [&](V v) { return SIMD::mul(v, SIMD::set1(inv)); });
+    const float total = SIMD::hsum(acc) + tail;
+    const V inv = SIMD::set1(1.f / total), small = SIMD::set1(std::numeric_limits<float>::min() * total);
+    map1(y, y, n, [&](V v) { return SIMD::mul(SIMD::select(SIMD::lt(v, small), SIMD::zero(), v), inv); });
   } else {
     // log-softmax: x - max - log(sum exp(x - max)); y is only written once.
     float tmp[W];
