@@ -1367,10 +1367,10 @@ def einsum_to_matmul(graph: Graph) -> int:
     for node in list(graph.nodes):
         if node.op_key != ("", "Einsum") or len(node.inputs) != 2:
             continue
-        infos = [graph.values.get(i) for i in node.inputs]
-        if any(i is None or i.dtype != dtypes.float32 for i in infos):
+        a_info, b_info = (graph.values.get(i) for i in node.inputs)
+        if a_info is None or b_info is None or a_info.dtype != dtypes.float32 or b_info.dtype != dtypes.float32:
             continue
-        ranks, equation = (infos[0].rank, infos[1].rank), str(node.attrs.get("equation", ""))
+        ranks, equation = (a_info.rank, b_info.rank), str(node.attrs.get("equation", ""))
         # the order that copies least: "bts,bcs->bct" as MatMul(b t s, b s c) then a Transpose of the small product,
         # not MatMul(b c s, b s t), which would transpose (and pack) the [t, s] probabilities
         options = [(_einsum_cost(graph, node, ops, plan), ops, plan) for swap in (False, True)
