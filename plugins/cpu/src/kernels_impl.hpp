@@ -40,16 +40,32 @@ inline V vscale(V p, V, SIMD::I ni, long) {
   return SIMD::mul(SIMD::mul(p, s1), s2);
 }
 
-// 2^n for integer-valued n in [-150, 128], split into two factors so that neither overflows nor flushes: the
-// final product then rounds to inf / subnormal / 0 exactly like a correctly scaled result.
-inline V vexp_core(V x) {
+// t 2^n rounded once (t normal, n integer-valued in [-150, 128]), without subnormal arithmetic: where the result is
+// below 2^-126, |t| 2^(n + 149) (normal: a power-of-two scaling, exact) rounded to an integer is the result's bit
+// pattern (the float with those bits is that integer times 2^-149, and an integer below 2^24 encodes it whether it
+// lands subnormal or, rounded up, on 2^-126); elsewhere the plain scaling, its n lifted out of the subnormal range in
+// the lanes it does not serve. On x86 a product that reads or writes a subnormal takes a microcode assist: sigmoid
+// of activations of +-400 (a diffusion U-Net's first blocks) ran 20x slower than of +-5. Vectors with no n below
+// -125 (|t| >= 0.5 then gives a normal result) take the plain scaling alone.
+inline V vscale_tiny(V t, V n) {
+  if (!SIMD::any(SIMD::lt(n, SIMD::set1(-125.f)))) return vscale<SIMD>(t, n, SIMD::cvt_i(n), 0);
+  V nq = SIMD::min(SIMD::add(n, SIMD::set1(149.f)), SIMD::set1(200.f));
+  V q = vscale<SIMD>(SIMD::abs(t), nq, SIMD::cvt_i(nq), 0);
+  M tiny = SIMD::lt(q, SIMD::set1(8388608.f));
+  V sub = SIMD::as_float(SIMD::ior(SIMD::cvt_i(q), SIMD::iand(SIMD::as_int(t), SIMD::iset1(INT32_MIN))));
+  V nn = SIMD::select(tiny, SIMD::zero(), n);
+  return SIMD::select(tiny, sub, vscale<SIMD>(t, nn, SIMD::cvt_i(nn), 0));
+}
+
+// exp(x) = p 2^n: p (in [0.7, 1.42]) and the integer-valued n, for x clamped to [-104, 89].
+inline V vexp_parts(V x, V& n) {
   // x already clamped to [-104, 89].
   const V log2e = SIMD::set1(1.44269504088896341f);
   // Adding 1.5 * 2^23 rounds x log2(e) (|.| < 2^22) to an integer, half to even like round(), and leaves that integer
   // in the low mantissa bits: one FMA instead of a multiply, a round and a conversion.
   const V magic = SIMD::set1(12582912.f);
   const V k = SIMD::fma(x, log2e, magic);
-  V n = SIMD::sub(k, magic);
+  n = SIMD::sub(k, magic);
   // Cody-Waite: ln2 = hi + lo, hi has few mantissa bits so n*hi is exact.
   V r = SIMD::fnma(n, SIMD::set1(0.693359375f), x);
   r = SIMD::fnma(n, SIMD::set1(-2.12194440e-4f), r);
@@ -62,7 +78,14 @@ inline V vexp_core(V x) {
   p = SIMD::fma(p, r, SIMD::set1(0.5f));
   p = SIMD::fma(p, r, SIMD::set1(1.f));
   p = SIMD::fma(p, r, SIMD::set1(1.f));
-  return vscale<SIMD>(p, n, SIMD::isub(SIMD::as_int(k), SIMD::as_int(magic)), 0);
+  return p;
+}
+
+// 2^n scaled without flushing: exp(x) rounds to inf / subnormal / 0 exactly like a correctly scaled result.
+inline V vexp_core(V x) {
+  V n;
+  V p = vexp_parts(x, n);
+  return vscale_tiny(p, n);
 }
 
 inline V vexp(V x) {
@@ -147,14 +170,26 @@ inline V vrecip_1_2(V d) {
   return SIMD::fma(r, SIMD::fnma(d, r, SIMD::set1(1.f)), r);
 }
 
+// Below SIGMOID_FLUSH sigmoid(x) = exp(x) is under 2^-126: flushed to 0 (onnxruntime's flushes below about -18), an
+// absolute error under 1.2e-38. A subnormal result would slow every later product that reads it (an x86 microcode
+// assist per operation): a diffusion U-Net's SiLUs of activations near -90 fed 45K of them into its convolutions.
+constexpr float SIGMOID_FLUSH = -87.33f;  // exp(-87.33) = 1.183e-38, normal
+
 inline V vsigmoid(V x) {
   // e = exp(-|x|) never overflows; for x < 0 the result is e / (1 + e), which keeps tiny values accurate.
-  V e = vexp_core(SIMD::max(SIMD::neg(SIMD::abs(x)), SIMD::set1(-104.f)));
+  V e = vexp_core(SIMD::max(SIMD::neg(SIMD::abs(x)), SIMD::set1(SIGMOID_FLUSH)));
   V r = vrecip_1_2(SIMD::add(SIMD::set1(1.f), e));
-  return vnan_pass(x, SIMD::select(SIMD::ge(x, SIMD::zero()), r, SIMD::mul(e, r)));
+  V y = SIMD::select(SIMD::ge(x, SIMD::zero()), r, SIMD::mul(e, r));
+  return vnan_pass(x, SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), y));
 }
 
 inline V vsilu(V x) { return SIMD::mul(x, vsigmoid(x)); }
+
+// exp(x), flushed to 0 below 2^-126 (softmax's terms: none of them moves a sum of at least 1).
+inline V vexp_flush(V x) {
+  V e = vexp_core(SIMD::min(SIMD::max(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::set1(89.f)));
+  return vnan_pass(x, SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), e));
+}
 
 inline V vhard_swish(V x) {
   const V h =
@@ -357,17 +392,19 @@ void k_softmax_row(const float* x, float* y, i64 n, bool log) {
   i64 i = 0;
   float tail = 0.f;
   if (!log) {
+    // probabilities under 2^-126 are 0 (no subnormal terms, products or results: see SIGMOID_FLUSH)
     for (; i + W <= n; i += W) {
-      V e = vexp(SIMD::sub(SIMD::load(x + i), vm));
+      V e = vexp_flush(SIMD::sub(SIMD::load(x + i), vm));
       SIMD::store(y + i, e);
       acc = SIMD::add(acc, e);
     }
     if (i < n) {
-      map1(x + i, y + i, n - i, [&](V v) { return vexp(SIMD::sub(v, vm)); });
+      map1(x + i, y + i, n - i, [&](V v) { return vexp_flush(SIMD::sub(v, vm)); });
       for (; i < n; ++i) tail += y[i];
     }
-    const float inv = 1.f / (SIMD::hsum(acc) + tail);
-    map1(y, y, n, [&](V v) { return SIMD::mul(v, SIMD::set1(inv)); });
+    const float total = SIMD::hsum(acc) + tail;
+    const V inv = SIMD::set1(1.f / total), small = SIMD::set1(std::numeric_limits<float>::min() * total);
+    map1(y, y, n, [&](V v) { return SIMD::mul(SIMD::select(SIMD::lt(v, small), SIMD::zero(), v), inv); });
   } else {
     // log-softmax: x - max - log(sum exp(x - max)); y is only written once.
     float tmp[W];

@@ -59,6 +59,7 @@ struct SIMD {
   static M ge(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
   static M eq(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
   static M isnan(V a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+  static bool any(M m) { return _mm256_movemask_ps(m) != 0; }
   static M mand(M a, M b) { return _mm256_and_ps(a, b); }
   static M mor(M a, M b) { return _mm256_or_ps(a, b); }
   static V select(M m, V a, V b) { return _mm256_blendv_ps(b, a, m); }

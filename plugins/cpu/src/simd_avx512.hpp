@@ -65,6 +65,7 @@ struct SIMD {
   static M ge(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
   static M eq(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
   static M isnan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+  static bool any(M m) { return m != 0; }
   static M mand(M a, M b) { return static_cast<M>(a & b); }
   static M mor(M a, M b) { return static_cast<M>(a | b); }
   static V select(M m, V a, V b) { return _mm512_mask_blend_ps(m, b, a); }

@@ -39,6 +39,7 @@ struct SIMD {
   static M ge(V a, V b) { return a >= b; }
   static M eq(V a, V b) { return a == b; }
   static M isnan(V a) { return a != a; }
+  static bool any(M m) { return m; }
   static M mand(M a, M b) { return a && b; }
   static M mor(M a, M b) { return a || b; }
   static V select(M m, V a, V b) { return m ? a : b; }

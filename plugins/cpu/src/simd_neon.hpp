@@ -48,6 +48,7 @@ struct SIMD {
   static M ge(V a, V b) { return vcgeq_f32(a, b); }
   static M eq(V a, V b) { return vceqq_f32(a, b); }
   static M isnan(V a) { return vmvnq_u32(vceqq_f32(a, a)); }
+  static bool any(M m) { return vmaxvq_u32(m) != 0; }
   static M mand(M a, M b) { return vandq_u32(a, b); }
   static M mor(M a, M b) { return vorrq_u32(a, b); }
   static V select(M m, V a, V b) { return vbslq_f32(m, a, b); }

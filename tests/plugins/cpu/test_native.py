@@ -428,6 +428,46 @@ def test_unary(isa, op, n):
     np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-6, err_msg=op)
 
 
+@pytest.mark.parametrize("op", ["exp", "sigmoid", "silu", "softplus"])
+def test_unary_subnormal_tails(isa, op):
+    # exp's results below 2^-126 are built as integers (vscale_tiny), not by a product that reads or writes a
+    # subnormal (a microcode assist on x86); sigmoid (and so silu) is 0 where exp(x) would be under 2^-126
+    # (SIGMOID_FLUSH: x < -87.33). Lanes of one vector mix the tails with ordinary values, x from -110 to 400:
+    # correctly rounded where the result is normal (2e-6), within 2 subnormal steps below.
+    r = rng(43)
+    x = np.concatenate([np.linspace(-110, -80, 30001), np.linspace(80, 400, 3001), r.uniform(-400, 400, 20000),
+                        r.uniform(-3, 3, 2000), [-87.0, -87.33, -87.34, -104.0, -104.00001, 1e-40, -1e-40]])
+    x = r.permutation(x).astype(np.float32)
+    out = np.empty_like(x)
+    _native.unary(op, x, out)
+    ref = _ref_unary(op, x, 0, 0)
+    if op in ("sigmoid", "silu"):
+        flushed = x < np.float32(-87.33)
+        np.testing.assert_array_equal(out[flushed], 0)
+        x, out, ref = x[~flushed], out[~flushed], ref[~flushed]
+    tiny = np.finfo(np.float32).tiny
+    fin = np.abs(ref) < 3.4e38
+    normal = fin & (np.abs(ref) >= tiny)
+    rel = np.abs(out[normal] - ref[normal]) / np.abs(ref[normal])
+    assert rel.max() <= 2e-6, f"{op}: max rel err {rel.max():.3g} at x={x[normal][rel.argmax()]!r}"
+    assert np.all(np.abs(out[fin & ~normal] - ref[fin & ~normal]) <= 2 * 1.4e-45 + 2e-6 * np.abs(ref[fin & ~normal]))
+    assert np.all(np.isposinf(out[~fin]))  # exp / softplus past float's range
+
+
+def test_softmax_flushes_probabilities_under_the_normal_range(isa):
+    # terms whose probability would be under 2^-126 are 0 (no subnormal products); the rest as float64 gives them
+    x = np.concatenate([np.linspace(-200, 0, 400), [5.0, 3.0]]).astype(np.float32)[None]
+    y = np.empty_like(x)
+    _native.softmax(x, y)
+    d = (x - x.max()).astype(np.float64)  # the float32 differences the kernel exponentiates
+    ref = np.exp(d) / np.exp(d).sum()
+    tiny = np.finfo(np.float32).tiny
+    assert not np.any((y != 0) & (np.abs(y) < tiny))
+    big = ref >= tiny
+    np.testing.assert_allclose(y[big], ref[big], rtol=2e-6)
+    assert np.all(y[~big] <= tiny)
+
+
 @pytest.mark.parametrize("op", ["exp", "tanh", "sigmoid", "erf", "log"])
 def test_unary_accuracy_wide_range(isa, op):
     # Dense sweep over the whole useful range plus extremes; max relative error <= 2e-6 against float64.
@@ -476,7 +516,7 @@ def test_unary_special_values(isa):
     expect = {
         "exp": [inf, 0, nan, 1, 1, inf, 0, inf, 3.7200760e-44],
         "tanh": [1, -1, nan, 0, -0.0, 1, -1, 1, -1],
-        "sigmoid": [1, 0, nan, 0.5, 0.5, 1, 0, 1, 3.7200760e-44],
+        "sigmoid": [1, 0, nan, 0.5, 0.5, 1, 0, 1, 0],  # flushed below exp's normal range (SIGMOID_FLUSH)
         "erf": [1, -1, nan, 0, -0.0, 1, -1, 1, -1],
         "relu": [inf, 0, nan, 0, 0, 1e30, 0, 100, 0],
         "softplus": [inf, 0, nan, math.log(2), math.log(2), 1e30, 0, 100, 3.7200760e-44],

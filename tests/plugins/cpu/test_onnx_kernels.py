@@ -293,6 +293,20 @@ def test_conv_transpose_output_shape():
           output_shape=[9, 10], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("attrs", [
+    dict(strides=[5], kernel_shape=[5]),  # OpenSpindleNet's upsampling: stride = kernel
+    dict(strides=[2], pads=[1, 2], output_padding=[1], dilations=[2]),
+    dict(strides=[2], auto_pad="SAME_UPPER"), dict(strides=[3], output_shape=[40]),
+    dict(strides=[2], group=2), dict(strides=[1], pads=[2, 0])])
+def test_conv_transpose_1d_runs_as_2d(isa, attrs):
+    """1-D ConvTranspose ([N, C, L]) on the native 2-D kernel as H = 1 (it ran the numpy reference at each call:
+    48 ms for brainmaze's [2, 51, 1500] -> [2, 64, 7500], onnxruntime 1.4)."""
+    group = attrs.get("group", 1)
+    k = attrs.get("kernel_shape", [3])[0]
+    consts = {"w": f32(6, 4, k, seed=1), "b": f32(4 * group, seed=2)}
+    check("ConvTranspose", {"x": f32(2, 6, 13)}, consts, rtol=1e-4, atol=1e-4, **attrs)
+
+
 # ------------------------------------------------------------------------------------------------------- LSTM / GRU
 
 def _rnn_inputs(op, seq, batch, inp, hidden, dirs, seed=0):

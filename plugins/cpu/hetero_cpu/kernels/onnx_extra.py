@@ -274,14 +274,15 @@ class CpuInstanceNorm(_NativeOrNumpy):
             return unsupported("InstanceNormalization on rank < 3")
         return _dtypes_in(node, _F32)
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        """A bound call (the replay issues it with no Python: a diffusion U-Net has 139 of these, GroupNorm's core)."""
         x = np.ascontiguousarray(inputs[0].numpy())
         out = outputs[0].buffer
         if x.size == 0:
-            return
+            return noop
         scale = np.ascontiguousarray(inputs[1].numpy().reshape(-1))
         bias = np.ascontiguousarray(inputs[2].numpy().reshape(-1))
-        _native.group_norm(x, scale, bias, out, x.shape[1], float(self.attr("epsilon", 1e-5)))
+        return functools.partial(_native.group_norm, x, scale, bias, out, x.shape[1], float(self.attr("epsilon", 1e-5)))
 
 
 class CpuGroupNorm(_NativeOrNumpy):
@@ -499,46 +500,56 @@ class CpuResize(_NativeOrNumpy):
 # --------------------------------------------------------------------------------------------------- ConvTranspose
 
 class CpuConvTranspose(_NativeOrNumpy):
+    """ConvTranspose on the native 2-D kernel; a 1-D one ([N, C, L]) as 2-D with H = 1 (its kernel, strides,
+    dilations, pads and output padding given the unit axis first)."""
+
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
         x = node.inputs[0]
-        if x is None or x.rank != 4:
-            return unsupported("ConvTranspose on rank != 4 (native path: 2-D)")
+        if x is None or x.rank not in (3, 4):
+            return unsupported("ConvTranspose on rank other than 3 or 4 (native path: 1-D and 2-D)")
         if 1 not in node.constants:
             return unsupported("ConvTranspose with weights computed at run time")
         return _dtypes_in(node, _F32)
 
     def setup(self) -> None:
         w = np.ascontiguousarray(self.info.constants[1], dtype=np.float32)
+        self.one_d = w.ndim == 3
+        if self.one_d:
+            w = w[:, :, None, :]
+        unit = [1] if self.one_d else []  # the H = 1 axis of a 1-D transpose
         self.group = int(self.attr("group", 1))
-        self.kernel = list(self.attr("kernel_shape", None) or w.shape[2:])
-        self.strides = list(self.attr("strides", None) or [1, 1])
-        self.dilations = list(self.attr("dilations", None) or [1, 1])
+        self.kernel = unit + list(self.attr("kernel_shape", None) or self.info.constants[1].shape[2:])
+        self.strides = unit + list(self.attr("strides", None) or [1] * (2 - len(unit)))
+        self.dilations = unit + list(self.attr("dilations", None) or [1] * (2 - len(unit)))
+        self.out_pad = [0] * len(unit) + list(self.attr("output_padding", None) or [0] * (2 - len(unit)))
+        pads = list(self.attr("pads", None) or [0] * (4 - 2 * len(unit)))
+        self.pads = [0] * len(unit) + pads[: len(pads) // 2]  # begins, one per (2-D) spatial axis
+        output_shape = self.attr("output_shape", None)
+        self.output_shape = None if output_shape is None else unit + list(output_shape)[-(2 - len(unit)):]
         self.packed = _native.prepack_conv_transpose(w, self.group)
         bias = self.info.constants.get(2)
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
 
     def _begins(self, spatial: Sequence[int]) -> list[int]:
-        """Begin pads per spatial axis (the ONNX rules for pads / output_shape / auto_pad)."""
-        out_pad = list(self.attr("output_padding", None) or [0, 0])
-        output_shape = self.attr("output_shape", None)
+        """Begin pads per (2-D) spatial axis (the ONNX rules for pads / output_shape / auto_pad)."""
         auto_pad = self.attr("auto_pad", "NOTSET")
-        pads = list(self.attr("pads", None) or [0, 0, 0, 0])
         begins = []
         for i, size in enumerate(spatial):
             ek = (self.kernel[i] - 1) * self.dilations[i] + 1
-            full = self.strides[i] * (size - 1) + out_pad[i] + ek
-            if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-                target = output_shape[len(output_shape) - 2 + i] if output_shape is not None else size * self.strides[i]
+            full = self.strides[i] * (size - 1) + self.out_pad[i] + ek
+            if self.output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+                target = self.output_shape[i] if self.output_shape is not None else size * self.strides[i]
                 total = full - target
                 begins.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
             else:
-                begins.append(pads[i])
+                begins.append(self.pads[i])
         return begins
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         if self.native:
-            self.begins = self._begins(static_shape(inputs[0])[2:])
+            spatial = list(static_shape(inputs[0])[2:])
+            self.begins = self._begins([1, *spatial] if self.one_d else spatial)
         else:
             self.numpy_kernel().prepare(inputs, outputs)
 
@@ -553,6 +564,8 @@ class CpuConvTranspose(_NativeOrNumpy):
         if any(b < 0 for b in self.begins):
             self.run_numpy(inputs, outputs)
             return
+        if self.one_d:
+            x, out = x[:, :, None, :], out.reshape(out.shape[0], out.shape[1], 1, out.shape[2])
         _native.conv_transpose2d(x, self.packed, bias, out, self.strides, self.begins, self.dilations)
 
 
