@@ -5,8 +5,9 @@ of git revision ``--base`` (its ``policy.py``, loaded from git) and with the wor
     PYTHONPATH=core:plugins/cpu python benchmarks/spec_policy_ab.py -m qwen2.5-coder-1.5b.gguf --base main \\
         --spec lookahead --spec draft:sns-0.5b.gguf -t 2 -r 5 [--log steps.jsonl]
 
-The base side starts each generation as the loop did before 2026-12-04: graded drafts with a fresh policy, the
-others with the last generation's step costs (``carry_costs`` of the base policy). ``--log``: the per-step log
+The base side starts each generation as the loop does since 2026-12-04 (first draft at one token; graded drafts
+with the last generation's plain cost, ``carry_plain``, the others with its step costs, ``carry_costs``), with the
+base revision's policy class (which knows nothing of ``Drafter.one_pass``). ``--log``: the per-step log
 (``benchmarks/spec_steps.py --summary`` reads it).
 """
 
@@ -69,8 +70,10 @@ def main() -> None:
     class Before(Labelled):
         def _policy(self, previous: Any = None) -> Any:
             graded = bool(getattr(self.drafter, "graded", False))
-            policy = base.DraftPolicy(self.max_draft, adaptive=True, start=4, graded=graded)
-            if previous is not None and not graded:
+            policy = base.DraftPolicy(self.max_draft, adaptive=True, start=1, graded=graded)
+            if previous is not None and graded:
+                policy.carry_plain(previous)
+            elif previous is not None:
                 policy.carry_costs(previous)
             return policy
 

@@ -59,8 +59,8 @@ def summary(path: Path) -> None:
             current["steps"].append(e)
     print("| prompt | threads | rep | run | tokens | s | tok/s | steps by width: count x median ms (verify pass; "
           "draft ms per token) | plain steps in "
-          "spec (cold / probe / off / cut) | switched off | asleep joins per step (plain / verify) |")
-    print("|---|---|---|---|---:|---:|---:|---|---|---:|---|")
+          "spec (cold / probe / off / cut) | switched off | drafting loss | asleep joins per step (plain / verify) |")
+    print("|---|---|---|---|---:|---:|---:|---|---|---:|---:|---|")
     for r in runs:
         steps = [s for s in r["steps"] if s["kind"] == ("plain" if r["drafter"] == "plain" else "spec")]
         if not steps or r["drafter"] == "warm-up":
@@ -78,8 +78,9 @@ def summary(path: Path) -> None:
         if drafting:
             widths += f" draft:{len(drafting)}x{statistics.median(drafting):.1f}/token"
         plain_in_spec = "-"
-        off = "-"
+        off = loss = "-"
         if r["drafter"] != "plain":
+            loss = drafting_loss(steps)
             plain = [s for s in steps if s.get("drafted", 0) == 0]
             cold = sum(1 for s in plain if s["asked"] == 0 and s["produced"] <= 4)
             probe = sum(1 for s in plain if s["asked"] == 0 and s["produced"] > 4 and s["produced"] >= s["off_until"])
@@ -91,7 +92,22 @@ def summary(path: Path) -> None:
                   for group in ([s for s in steps if s.get("drafted", 0) == 0],
                                 [s for s in steps if s.get("drafted", 0) > 0])]
         print(f"| {r['prompt']} | {r['threads']} | {r['repetition']} | {r['drafter']} | {tokens} | {seconds:.2f} | "
-              f"{tokens / seconds:.2f} | {widths} | {plain_in_spec} | {off} | {' / '.join(asleep)} |")
+              f"{tokens / seconds:.2f} | {widths} | {plain_in_spec} | {off} | {loss} | {' / '.join(asleep)} |")
+
+
+def drafting_loss(steps: list[dict[str, Any]]) -> str:
+    """What a run's drafting steps cost beyond plain decoding, in % of the run's tokens at the plain step's
+    seconds: the sum over drafting steps of (seconds - committed tokens x a plain step), the plain step being the
+    median of the run's own warm plain steps (the same moment of a shared machine; a paired plain run met
+    another). Negative: drafting gained. Then the number of drafting steps."""
+    plain = [s["seconds"] for s in steps if s.get("drafted", 0) == 0 and s["produced"] > 4]
+    drafting = [s for s in steps if s.get("drafted", 0) > 0]
+    if not plain:
+        return f"? ({len(drafting)})"
+    step = statistics.median(plain)
+    tokens = sum(s.get("committed", 1) for s in steps)
+    extra = sum(s["seconds"] - s["committed"] * step for s in drafting)
+    return f"{100 * extra / (tokens * step):+.1f}% ({len(drafting)})"
 
 
 def main() -> None:

@@ -570,3 +570,17 @@ def test_step_log_accounts_for_every_step(tmp_path, monkeypatch):
     assert [(e["accepted"], e["committed"]) for e in spec] == [(n, len(t)) for n, t, _ in drafter.received[1:]]
     assert 1 + sum(e["committed"] for e in spec) >= 24 > 1 + sum(e["committed"] for e in spec[:-1])
     assert all(e["seconds"] > 0 and "plain_cost" in e for e in spec)
+
+
+def test_a_one_pass_drafter_is_priced_per_drafting_step_and_keeps_greedy_output():
+    """``Drafter.one_pass`` (DFlash's block) reaches the policy (its drafts priced by a drafting step's seconds);
+    the adaptive loop's output is still plain greedy decoding's."""
+    llm = load(FIXTURES / "qwen2", backends=["cpu"], kv_cache="f16")
+    want = _plain(llm, PROMPT, 40)
+    drafter = Scripted(want, len(PROMPT))
+    drafter.one_pass = True  # type: ignore[attr-defined]
+    spec = Speculation(drafter)
+    assert spec.policy.one_pass
+    llm.reset()
+    llm.generate(PROMPT, 40, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want and spec.policy.one_pass

@@ -9,10 +9,12 @@ import math
 import pytest
 
 from hetero.llm.speculative.policy import (
+    BACKOFF_START,
     CARRIED_ACCEPTANCE,
     COLD_RUNS,
     DECAY,
     MIN_SPEC_STEPS,
+    PAUSE_MAX,
     TRIAL_SHARE,
     DraftPolicy,
     expected_tokens,
@@ -71,7 +73,9 @@ def test_expensive_steps_keep_drafts_short():
     seen = iter(range(10_000))
     lengths = _run(policy, 40, cost=lambda t: 1 + 0.8 * (t - 1),
                    accept=lambda k: sum(1 for _ in range(k) if next(seen) % 5 < 3))
-    drafted = [k for k in lengths[MIN_SPEC_STEPS + 2:] if k]
+    # the first drafts explore: one token while the drafter is new (fewer than 2 drafting steps of evidence),
+    # then a width priced by the prior until its warm run measures it dear
+    drafted = [k for k in lengths[MIN_SPEC_STEPS + 8:] if k]
     assert drafted and max(drafted) <= 2
 
 
@@ -509,3 +513,104 @@ def test_drafting_is_not_judged_on_one_plain_step():
         policy.record(min(k, 3), min(k, 3) and 2, 3 if k else 1, seconds, produced)
         produced += 3 if k else 1
     assert policy.switched_off == 0 and kinds.count(False) == 2 and kinds[-1]
+
+
+def _first_generation(policy: DraftPolicy, tokens: int, right: bool, cold: float = 2.0) -> list[int]:
+    """A process's first generation: plain steps of 1 s (the first COLD_RUNS ``cold`` x), then whatever the policy
+    drafts from a drafter spending 0.5 s a pass whatever the draft's length (1 s when cold: its shapes planned) on
+    a verify of T tokens 1 + 0.2 (T - 1) s (``cold`` x for the first COLD_RUNS of each size); ``right``: every
+    draft token right, or none. The draft lengths of its steps."""
+    produced, lengths, runs, drafting = 1, [], {}, 0
+    while produced < tokens:
+        k = policy.length(produced)
+        runs[k] = runs.get(k, 0) + 1
+        drafting += k > 0
+        draft = (1.0 if drafting <= COLD_RUNS else 0.5) if k else 0.0
+        verify = (1 + 0.2 * k) * (cold if runs[k] <= COLD_RUNS else 1.0)
+        kept = k if right else 0
+        policy.record(k, kept, kept + 1, draft + verify, produced, draft_seconds=draft)
+        produced += kept + 1
+        lengths.append(k)
+    return lengths
+
+
+def test_a_drafter_never_right_is_switched_off_after_its_first_drafting_step():
+    """Until it has been right once a drafter is taken to accept nothing, and at acceptance 0 no draft length
+    beats plain decoding whatever drafting costs: a useless drafter is switched off after each drafting step, not
+    after the 3 (two of them cold) that a warm drafting time and 2 drafts' evidence took. After its very first
+    step the pause is the backoff's (one miss is little evidence; the second trial is the 2-token verify's
+    recording run, which must come some time); after the second it is priced by the cheapest cold drafting step
+    (1 s) and the 2-token verify's estimate before a warm one (the prior: 1.15 s, 0.15 s beyond a plain step) at
+    ``TRIAL_SHARE``, and outlasts the generation. A drafter right at its first step drafts on."""
+    useless = DraftPolicy(8, start=1, one_pass=True)
+    lengths = _first_generation(useless, 64, right=False)
+    steps = [i for i, k in enumerate(lengths) if k]
+    first = 1 + COLD_RUNS + 1  # the token the first drafting step starts at: after the plain steps until warm
+    assert len(steps) == 2 and useless.switched_off == 2
+    assert steps[1] - steps[0] == BACKOFF_START  # one token a step: the step, then the pause's plain steps
+    assert useless.off_until == first + BACKOFF_START + math.ceil((1.0 + 0.15) / TRIAL_SHARE)
+    useful = DraftPolicy(8, start=1, one_pass=True)
+    lengths = _first_generation(useful, 64, right=True)
+    assert useful.switched_off == 0 and lengths[-1] > 1
+    # while it is new (fewer than MIN_EVIDENCE drafting steps, decayed) a drafter drafts one token: one right draft
+    # is no evidence for the long drafts whose verify widths would each run cold first
+    drafts = [k for k in lengths if k]
+    assert drafts[:3] == [1, 1, 1] and drafts[3] > 1
+
+
+def test_a_trial_after_any_switch_off_drafts_one_token():
+    """Switched off by the measured judging (not the estimate: the drafter is right and its steps priced cheap),
+    a drafter that drafted 8 tokens resumes, after its pause, with a one-token trial too: a long first draft after
+    a pause ran a dear verify width for a drafter that had just been found losing."""
+    policy = DraftPolicy(8, start=1)
+    _run(policy, 30, cost=lambda t: 1 + 0.05 * (t - 1), accept=lambda k: k)
+    assert policy.k == 8 and policy.switched_off == 0
+    policy.spec_seconds, policy.spec_tokens = 10.0, 1.0  # the recent stretch measured a loss (a slow moment)
+    policy.plain_steps, policy.plain_seconds = 2.0, 2.0
+    policy._judge(policy.produced)
+    assert policy.switched_off == 1 and policy.k == 1
+
+
+def test_pauses_are_capped():
+    """A trial timed in a neighbour's burst (40 plain steps beyond a plain one) would price a pause of 8000
+    tokens: pauses stop at ``PAUSE_MAX``, so the drafter is tried again within them (the backoff's doubling too)."""
+    policy = DraftPolicy(8, start=1)
+    produced = 0
+    for _ in range(COLD_RUNS + 1):
+        policy.record(0, 0, 1, 1.0, produced)
+        produced += 1
+    for _ in range(COLD_RUNS + 2):
+        policy.record(1, 0, 1, 1.0 + 40.0, produced, draft_seconds=39.0)
+        produced += 1
+    assert policy._trial_pause() > PAUSE_MAX
+    assert policy.switched_off >= 1 and policy.off_until == produced - 1 + PAUSE_MAX  # from the last step on
+    trial = policy.off_until
+    policy.record(1, 0, 1, 41.0, trial, draft_seconds=39.0)
+    assert policy.off_until == trial + PAUSE_MAX and policy.backoff <= PAUSE_MAX
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_a_one_pass_drafter_is_priced_by_its_drafting_steps(one_pass):
+    """A block drafter (DFlash) drafts any length in one pass of 0.6 s; steps of 1 draft token, right 3 times in
+    4 (α = 3/4: the policy's decayed counts), on a verify pass of T tokens of 1 + 0.1 (T - 1) s. Priced per
+    draft token (0.6 s each) no length beats plain decoding at α = 3/4, and the best is 1; priced by its
+    drafting steps (0.6 s whatever the length) longer drafts pay: the policy's length is the best by that price."""
+    policy = DraftPolicy(8, start=1, one_pass=one_pass)
+    produced = 0
+    for _ in range(COLD_RUNS + 1):
+        policy.record(0, 0, 1, 1.0, produced)
+        produced += 1
+    for step in range(16):
+        kept = int(step % 4 != 3)
+        policy.record(1, kept, kept + 1, 0.6 + 1.1, produced, draft_seconds=0.6)
+        policy.probe_now = False  # (the estimate and the length alone: no measured judging here)
+        produced += kept + 1
+    assert policy.pass_cost == pytest.approx(0.6) and policy.draft_cost == pytest.approx(0.6)
+    alpha = policy.accepted / (policy.accepted + policy.rejected)
+
+    def price(k: int) -> float:  # the verify sizes above 2 are unmeasured: the prior slope (0.15) from size 2
+        return (0.6 if one_pass else 0.6 * k) + 1.1 + 0.15 * (k - 1)
+
+    best = max(range(1, 9), key=lambda k: expected_tokens(alpha, k) / price(k))
+    assert policy.k == best and (best > 1) == one_pass
+    assert policy.drafting_cost(5) == pytest.approx(0.6 if one_pass else 3.0)

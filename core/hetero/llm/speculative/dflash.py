@@ -82,6 +82,8 @@ def load_dflash(path: str | Path, *, target_layers: int | None = None) -> DFlash
 class DFlashDrafter(FeatureDrafter):
     """DFlash drafting for one target (a ``Drafter``): ``embed(ids)`` and ``lm_head(hidden)`` are the target's."""
 
+    one_pass = True  # a draft of any length is one pass over the block: the policy prices it per drafting step
+
     def __init__(self, weights: DFlashWeights, embed: Callable[[Sequence[int]], np.ndarray],
                  lm_head: Callable[[np.ndarray], np.ndarray], *, num_layers: int) -> None:
         if max(weights.target_layers) >= num_layers:

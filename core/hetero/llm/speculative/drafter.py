@@ -32,6 +32,8 @@ drafter needs. The target exposes them as graph outputs (``Llm.expose_hidden``);
 ``graded`` (optional, default False): the drafter's drafts cost nothing and carry a ``confidence`` class: the loop
 then asks for ``max_draft`` tokens whenever it drafts and the policy cuts each draft to the length that pays for
 its class (the lookahead drafter: the length of the n-gram match).
+``one_pass`` (optional, default False): a draft of any length up to ``max_draft`` costs the drafter one pass (DFlash's
+block): the policy prices a draft by the measured seconds of a drafting step instead of per draft token.
 """
 
 from __future__ import annotations

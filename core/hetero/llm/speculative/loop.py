@@ -41,7 +41,8 @@ class Speculation:
 
     def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
         policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 1,
-                             graded=bool(getattr(self.drafter, "graded", False)))
+                             graded=bool(getattr(self.drafter, "graded", False)),
+                             one_pass=bool(getattr(self.drafter, "one_pass", False)))
         # what the last generation (same model and drafter) measured: a drafter whose drafts cost time starts with
         # its step costs; graded (free) drafts with plain decoding's cost only: with the measured widths' costs
         # the lookahead drafted shorter (docs/speculative.md)

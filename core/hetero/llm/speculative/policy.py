@@ -69,14 +69,19 @@ LASTING_DECAY = 0.9  # per drafting step: the drafter's lasting first-token acce
 TRIAL_WINDOW = 3  # warm one-draft-token steps whose seconds (their median) price a trial
 TRIAL_SHARE = 0.005  # a drafter the estimate switched off is tried again after plain decoding spent 1/this times
 # the seconds a trial costs beyond a plain step (trials then cost at most ~0.5% of the time)
+PAUSE_MAX = 2 * BACKOFF_MAX  # tokens: the longest pause in drafting (a trial priced in a slow moment, or cold)
 
 
 class DraftPolicy:
-    def __init__(self, max_draft: int, *, adaptive: bool = True, start: int = 4, graded: bool = False) -> None:
+    def __init__(self, max_draft: int, *, adaptive: bool = True, start: int = 4, graded: bool = False,
+                 one_pass: bool = False) -> None:
+        """``one_pass``: a draft of any length costs one pass of the drafter (DFlash's block), so a draft is priced
+        by the measured seconds of a drafting step, not per draft token (``Drafter.one_pass``)."""
         self.max_draft = max(int(max_draft), 0)
         self.k = min(start, self.max_draft)
         self.adaptive = adaptive
         self.graded = graded and adaptive
+        self.one_pass = one_pass
         # confidence class -> per draft position, decayed [right, tried] (tried: every earlier position was right)
         self.classes: dict[int, list[list[float]]] = {}
         self.tokens_done = self.seconds_done = 0.0  # decayed, warm steps: the generation's rate λ
@@ -104,6 +109,7 @@ class DraftPolicy:
         self.draft_steps = 0
         self.trial_times: list[float] = []  # seconds beyond a plain step of the last warm steps of one draft token
         self.draft_step_times: list[float] = []  # drafting seconds of the last DRAFT_WINDOW warm drafting steps
+        self.cold_drafting: float | None = None  # the cheapest drafting step's seconds before one was warm
 
     def carry_costs(self, previous: DraftPolicy) -> None:
         """Start with the step costs ``previous`` measured (the last generation's policy: the same model, drafter
@@ -137,6 +143,7 @@ class DraftPolicy:
         self.measured_at = dict.fromkeys(self.cost, 0)
         self.draft_times, self.draft_steps = list(previous.draft_times), previous.draft_steps
         self.trial_times, self.draft_step_times = list(previous.trial_times), list(previous.draft_step_times)
+        self.cold_drafting = previous.cold_drafting
         self.k = previous.k
         self.off_until = max(previous.off_until - previous.produced, 0)
         self.backoff = previous.backoff
@@ -164,13 +171,29 @@ class DraftPolicy:
         return sorted(self.draft_times)[(len(self.draft_times) - 1) // 2] if self.draft_times else None
 
     @property
+    def pass_cost(self) -> float | None:
+        """Seconds of a drafting step: the (lower) median of the last ``DRAFT_WINDOW`` warm ones (None before one).
+        What a draft of any length costs a ``one_pass`` drafter."""
+        times = self.draft_step_times
+        return sorted(times)[(len(times) - 1) // 2] if times else None
+
+    def drafting_cost(self, k: int) -> float | None:
+        """Seconds to draft ``k`` tokens by the warm drafting steps measured (None before one): a drafting step's
+        seconds for a ``one_pass`` drafter (DFlash's block pass: priced per draft token, a draft of 4 looked 4x
+        cheaper than a draft of 1, and long drafts dearer than they are), ``k`` draft tokens' otherwise."""
+        if self.one_pass:
+            return self.pass_cost if k > 0 else 0.0
+        cost = self.draft_cost
+        return None if cost is None else k * cost
+
+    @property
     def plain_cost(self) -> float | None:
         return self.cost.get(1)
 
     def state(self) -> dict[str, Any]:
         """What the policy decides by, for the step log (``hetero.llm.steplog``)."""
         return {"plain_cost": self.plain_cost, "spec_cost": self.spec_cost, "recent_plain": self.recent_plain,
-                "rate": self.rate, "draft_cost": self.draft_cost,
+                "rate": self.rate, "draft_cost": self.draft_cost, "pass_cost": self.pass_cost,
                 "off_until": self.off_until, "switched_off": self.switched_off,
                 "costs": {str(size): round(c, 6) for size, c in sorted(self.cost.items())}}
 
@@ -250,6 +273,8 @@ class DraftPolicy:
             if self.draft_steps > COLD_RUNS:  # the drafter's own first steps plan and record its shapes
                 self.draft_times = [*self.draft_times[1 - DRAFT_WINDOW:], draft_seconds / drafted]
                 self.draft_step_times = [*self.draft_step_times[1 - DRAFT_WINDOW:], draft_seconds]
+            else:
+                self.cold_drafting = min(self.cold_drafting or draft_seconds, draft_seconds)
         total, seconds = seconds, seconds - min(draft_seconds, seconds)
         runs = self.runs[size] = self.runs.get(size, 0) + 1
         self.steps += 1
@@ -302,9 +327,18 @@ class DraftPolicy:
         alpha = self.accepted / max(self.accepted + self.rejected, 1e-9)
         self.k, best_rate = self._best_length(alpha)
         if not self.graded and self._estimate_loses(best_rate):
-            self._switch_off(produced, self._trial_pause())
-            self.k = 1  # the next trial at the cheapest length
+            # after the drafter's very first drafting step, the backoff's short pause: one miss is little
+            # evidence (a draft model right 80% of the time misses its first token one time in five; a priced pause
+            # of ~110 tokens cost it 1.5% of later generations, replayed), and the next trial runs the 2-token
+            # verify for its second (recording) time, which falls in this generation then instead of a later one
+            self._switch_off(produced, self._trial_pause() if self.lasting[1] > 1 else 0)
             return
+        if not self.graded and self.lasting[1] < MIN_EVIDENCE:
+            # a drafter seen for fewer drafting steps drafts one token: one right draft read as 100% acceptance,
+            # and the next drafts of 4, 2, 3 tokens each ran a verify width for its first (planned, recorded)
+            # times, ~3 plain steps apiece, before the evidence said the drafter does not pay (a DFlash drafter
+            # at ~20%: 4 drafting steps, 15-18% of a 64-token generation, 2026-12-05)
+            self.k = 1
         spec = self.spec_cost
         if self.spec_steps < MIN_SPEC_STEPS or plain is None or spec is None:
             return
@@ -334,8 +368,11 @@ class DraftPolicy:
 
     def _switch_off(self, produced: int, pause: int = 0) -> None:
         """Drafting off for the backoff, or ``pause`` tokens when longer (a trial's price: ``_trial_pause``),
-        and the next pause twice that."""
-        pause = max(self.backoff, pause)
+        and the next pause twice that; never more than ``PAUSE_MAX`` tokens (a trial timed in a neighbour's
+        burst, or priced by a cold drafting step, would otherwise keep a drafter off for thousands of tokens,
+        and a drafter that pays on another text is found by its trials only)."""
+        pause = min(max(self.backoff, pause), PAUSE_MAX)
+        self.k = 1  # the next draft (a trial) at the cheapest length, whatever switched drafting off
         self.off_until = produced + pause
         self.backoff = max(min(2 * pause, BACKOFF_MAX), self.backoff)
         self.switched_off += 1
@@ -359,11 +396,23 @@ class DraftPolicy:
         pay stops after one drafting step of a new generation, and a good drafter (the draft model, ~70% on chat)
         missing a stretch of text is left to the measured judging, as before the estimate: on the recent counts
         alone three misses at a reply's start switched it off. A good drafter that turns useless (another kind of
-        text) loses its lasting acceptance in ~10 drafting steps."""
-        plain = self.plain_cost
-        if plain is None or self.draft_cost is None:
-            return False
+        text) loses its lasting acceptance in ~10 drafting steps.
+
+        Until a drafter has been right once (its lasting count of right first tokens is 0), it is taken to accept
+        nothing, and at acceptance 0 no draft length beats plain decoding whatever drafting costs (a step of k
+        drafts commits one token and costs a verify pass of k + 1 tokens plus the drafting): so it loses after its
+        first drafting step, cold costs or none. Waiting for a warm drafting time and 2 drafts' evidence, a
+        useless drafter paid 3 drafting steps in the first generation of a process, the first two cold (~4 plain
+        steps beyond plain decoding on the 0.5B target: 7% of a 64-token reply, 2026-12-05); now it pays 2 (both
+        cold: the 2-token verify is planned, then recorded, whatever drafter runs it), the second after the
+        backoff's short pause (``record``), and a good drafter whose very first draft token is wrong loses that
+        pause."""
         right, steps = self.lasting
+        if steps > 0 and right == 0:
+            return True
+        plain = self.plain_cost
+        if plain is None or self.drafting_cost(1) is None:
+            return False
         recent = self.accepted + self.rejected >= MIN_EVIDENCE
         lasting = steps >= MIN_EVIDENCE
         if not (recent or lasting) or (recent and best_rate >= 1 / plain):
@@ -379,14 +428,18 @@ class DraftPolicy:
         measured (the median of the last ``TRIAL_WINDOW`` warm ones; before those, the cheapest drafting step
         seen), not priced per draft token: a DFlash draft is one pass over its block whatever its length, so one
         token costs what four do (priced per token, a trial came out at half its seconds). Each switch-off doubles
-        the pause from there (``_switch_off``)."""
+        the pause from there (``_switch_off``), up to ``PAUSE_MAX`` tokens.
+
+        Before a warm drafting step (a drafter switched off after its first drafting step: ``_estimate_loses``)
+        the cheapest cold one prices it, with the 2-token verify at its warm estimate: cold drafting (the
+        drafter's shapes planned, ~1.8x a warm DFlash pass) makes the pause longer, not shorter."""
         plain = self.plain_cost
         if plain is None or plain <= 0:
             return 0
         if self.trial_times:
             extra = sorted(self.trial_times)[(len(self.trial_times) - 1) // 2]
         else:  # none timed warm yet: the cheapest drafting step seen (a block drafter's any, a draft model's shortest)
-            drafting = min(self.draft_step_times, default=self.draft_cost or 0.0)
+            drafting = min(self.draft_step_times, default=self.cold_drafting or 0.0)
             extra = drafting + self._estimated_cost(2, plain) - plain
         return max(math.ceil(extra / (TRIAL_SHARE * plain)), 0)
 
@@ -405,7 +458,7 @@ class DraftPolicy:
 
     def _step_cost(self, drafted: int, plain: float) -> float:
         """The seconds of a step of ``drafted`` drafts: drafting them and verifying ``drafted + 1`` tokens."""
-        return drafted * (self.draft_cost or 0.0) + self._estimated_cost(drafted + 1, plain)
+        return (self.drafting_cost(drafted) or 0.0) + self._estimated_cost(drafted + 1, plain)
 
     def _estimated_cost(self, size: int, plain: float) -> float:
         """The seconds of a step of ``size`` tokens: measured, interpolated or extrapolated, and never below a
