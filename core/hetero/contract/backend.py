@@ -271,7 +271,11 @@ class HostMemory(Backend):
     """Memory methods for backends that compute on ordinary host memory (numpy arrays)."""
 
     def alloc(self, nbytes: int, kind: str = "arena") -> np.ndarray:
-        return np.empty(nbytes, dtype=np.uint8)
+        # numpy's buffers start 16 bytes into a line: the arena's offsets (multiples of arena_align) are cache-line
+        # aligned only from an aligned start (else kernels splitting an output by columns share its lines).
+        raw = np.empty(nbytes + self.arena_align, dtype=np.uint8)
+        start = -raw.ctypes.data % self.arena_align
+        return raw[start:start + nbytes]
 
     def empty(self, info: TensorInfo) -> Tensor:
         shape = static_shape(info)
