@@ -52,11 +52,14 @@ class CpuBackend(HostMemory, KernelTableBackend):
         """The replay's bound calls with the decode step's matmul patterns fused, then runs of calls native code
         takes whole merged into one call each (``hetero_cpu.fuse``); ``HETERO_CPU_FUSE=0`` turns both off,
         ``HETERO_CPU_STEP=0`` the merge alone (to measure the difference)."""
-        # Each replay ends with pool_linger: the pool's idle workers keep spinning into the next run (waking one
-        # costs more than the 50 us it spins otherwise; HETERO_POOL_LINGER_US, threadpool_stats.hpp).
         if os.environ.get("HETERO_CPU_FUSE", "1") == "0":
-            return [*program, _native.pool_linger]
+            return list(program)
         fused = fuse.fuse_calls(program)
         if os.environ.get("HETERO_CPU_STEP", "1") == "0":
-            return [*fused, _native.pool_linger]
-        return [*fuse.step_calls(fused), _native.pool_linger]
+            return fused
+        return fuse.step_calls(fused)
+
+    def after_replay(self) -> None:
+        """After each replayed run: the pool's idle workers keep spinning into the next run, sleeping ones are woken
+        to (waking one costs more than the 50 us it spins otherwise; HETERO_POOL_LINGER_US, threadpool_stats.hpp)."""
+        _native.pool_linger()
