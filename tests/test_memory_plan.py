@@ -50,3 +50,21 @@ def test_values_within_another_take_its_place_and_widen_its_lifetime():
     assert x + 4096 <= c or c + 3072 <= x  # x is alive at step 1, when a is written into c
     assert y + 512 <= c or c + 3072 <= y
     assert plan.unshared_bytes == 4096 + 1024 + 2048 + 3072 + 512
+
+
+def test_host_arena_starts_on_a_cache_line():
+    # the planner's offsets are multiples of ALIGN; they are cache-line aligned in memory only if the arena's start is
+    # (numpy's own buffers start 16 bytes into a line: kernels splitting an output by columns then shared its lines)
+    import numpy as np
+
+    from hetero.contract.backend import HostMemory
+
+    class Host(HostMemory):
+        name = "host"
+
+    host = Host.__new__(Host)
+    for nbytes in (1, 100, 4096, 1 << 20, (1 << 20) + 17):
+        arena = host.alloc(nbytes, "arena")
+        assert arena.nbytes == nbytes and arena.dtype == np.uint8
+        assert arena.ctypes.data % host.arena_align == 0
+        arena[:] = 7  # writable, and the whole of it is there

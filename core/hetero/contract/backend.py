@@ -13,7 +13,8 @@ implements the ``hetero_register_backends`` hook (see ``hookspecs.py``), registe
   memory, choose the algorithm) and run on preallocated outputs (no allocation on the hot path). ``Kernel`` below
   lists every method the runtime calls. Whole-graph backends (NPUs) return their own program. Optional
   ``fuse_calls(program) -> program``: the replay hands a backend its recorded list of bound calls, to merge
-  consecutive ones into fewer that do exactly the same (the cpu plugin's decode-step matmul fusions).
+  consecutive ones into fewer that do exactly the same (the cpu plugin's decode-step matmul fusions); optional
+  ``after_replay()``: called after each replayed run (the cpu plugin keeps its pool's workers spinning for the next).
 * memory: ``alloc``/``upload``/``download`` (and optional ``view``, ``copy``); ``synchronize`` at the end of each
   segment the session queued on an asynchronous device; ``close``. Backends that compute on host memory inherit
   ``HostMemory`` and then share buffers with each other without copies.
@@ -271,7 +272,11 @@ class HostMemory(Backend):
     """Memory methods for backends that compute on ordinary host memory (numpy arrays)."""
 
     def alloc(self, nbytes: int, kind: str = "arena") -> np.ndarray:
-        return np.empty(nbytes, dtype=np.uint8)
+        # numpy's buffers start 16 bytes into a line: the arena's offsets (multiples of arena_align) are cache-line
+        # aligned only from an aligned start (else kernels splitting an output by columns share its lines).
+        raw = np.empty(nbytes + self.arena_align, dtype=np.uint8)
+        start = -raw.ctypes.data % self.arena_align
+        return raw[start:start + nbytes]
 
     def empty(self, info: TensorInfo) -> Tensor:
         shape = static_shape(info)

@@ -28,7 +28,9 @@ outputs (fresh arrays, since the caller keeps them). So the replay
   session has recorded one that could be inlined (values in, results copied out); else through ``run_dynamic``.
 
 * lets the backend merge consecutive bound calls (the optional ``fuse_calls(program) -> program``: the cpu plugin
-  fuses a decode step's q / k / v matmuls, gate + up + SwiGLU, and residual adds into the matmul before them).
+  fuses a decode step's q / k / v matmuls, gate + up + SwiGLU, and residual adds into the matmul before them), and
+  calls the backend's optional ``after_replay()`` after each run (the cpu plugin keeps its pool's workers spinning
+  into the next run).
 
 A run is then a copy per feed and one Python call per kernel: that keeps Python's share of an LLM decode step
 small (issue 5 item 4; ``hetero.llm.profile`` measures it).
@@ -211,6 +213,7 @@ class Replay:
         fuse = getattr(backend, "fuse_calls", None)
         if fuse is not None:
             self.program = fuse(self.program)
+        self._after_run: Callable[[], Any] | None = getattr(backend, "after_replay", None)
 
     def _add_view(self, entry: _View, fixed: dict[Key, Tensor]) -> None:
         # Graph outputs are never views (the session runs their reshape as a kernel), so a view of a fixed tensor
@@ -331,6 +334,8 @@ class Replay:
             values["feed", name] = tensor
         for call in self.program:
             call()
+        if self._after_run is not None:
+            self._after_run()
         result = {}
         for name in wanted:
             found = self.outputs[name]
@@ -361,6 +366,8 @@ class Replay:
             slot.buffer[...] = feeds[name]  # same shape and dtype (checked): np.copyto's work, called faster
         for call in self.program:
             call()
+        if self._after_run is not None:
+            self._after_run()
         result = []
         fixed, owned = self._fixed, self._owned
         for name in wanted:

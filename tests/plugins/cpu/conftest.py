@@ -60,12 +60,15 @@ threads = thread_counts(1, 2)
 
 @pytest.fixture
 def pool():
-    """Pool statistics on and reset; the thread count and the workers' spin restored afterwards."""
+    """Pool statistics on and reset; the thread count and the workers' spin and linger restored afterwards."""
     before_threads, before_spin = _native.num_threads(), _native.pool_spin_us()
+    before_linger = _native.pool_linger_us()
     _native.pool_stats(True)
     _native.pool_stats_enable(True)
     yield
     _native.pool_stats_enable(False)
     _native.pool_stats(True)
     _native.set_pool_spin_us(before_spin)
+    _native.set_pool_linger_us(0)  # ends a linger a test started
+    _native.set_pool_linger_us(before_linger)
     _native.set_num_threads(before_threads)

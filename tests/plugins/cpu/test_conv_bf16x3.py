@@ -401,3 +401,62 @@ def test_tiled_weights_same_bits_as_rows(tmp_path):
     rows = np.load(path)
     for name, out in _pw_and_rows_outputs().items():
         assert np.array_equal(out, rows[name]), name
+
+
+# Shapes where conv_bf16x3_amx splits the output rows at 2+ threads (one image's B one chunk, fewer images than
+# threads): a thread splits B at its first row pair of a call and reuses it for its later ones. 1x1 convs (14 x 14,
+# 7 x 7, 28 x 28 at K = 64, Cout off the 32-row pairs, two groups at 3 threads) and the rows path (3x3 on small maps,
+# stride 2), each run on two inputs in turn (a thread's B of the first call must not serve the second).
+ROW_SPLIT = [
+    # n, c, h, w, cout, kh, kw, stride, pads, group
+    (1, 256, 14, 14, 256, 1, 1, (1, 1), (0, 0, 0, 0), 1),
+    (1, 512, 7, 7, 512, 1, 1, (1, 1), (0, 0, 0, 0), 1),
+    (1, 64, 28, 28, 128, 1, 1, (1, 1), (0, 0, 0, 0), 1),
+    (1, 40, 6, 7, 45, 1, 1, (1, 1), (0, 0, 0, 0), 1),
+    (1, 128, 10, 10, 128, 1, 1, (1, 1), (0, 0, 0, 0), 2),
+    (1, 32, 8, 8, 64, 3, 3, (1, 1), (1, 1, 1, 1), 1),
+    (1, 48, 9, 7, 40, 3, 3, (2, 2), (1, 1, 1, 1), 1),
+]
+
+
+def _row_split_outputs() -> dict[str, np.ndarray]:
+    """Every ROW_SPLIT shape at 1, 2 and 3 threads on two inputs (HardSwish): outputs by shape, threads and input."""
+    before = _native.num_threads()
+    outs = {}
+    try:
+        for i, (n, c, h, w_, cout, kh, kw, stride, pads, group) in enumerate(ROW_SPLIT):
+            x, w, b = data(n, c, h, w_, cout, kh, kw, group, seed=14)
+            packed = _native.prepack_conv(w, group, "normal")
+            for t in (1, 2, 3):
+                _native.set_num_threads(t)
+                for j, xj in enumerate((x, 0.5 - x[:, ::-1].copy())):
+                    ref = conv64(xj, w, stride, pads, group)
+                    out = np.full(ref.shape, np.nan, np.float32)
+                    _native.conv2d_packed(xj, packed, b, out, stride, pads, (1, 1), "hard_swish", 0.0, 0.0)
+                    outs[f"s{i}t{t}x{j}"] = out
+            want = "bf16x3_pw" if kh * kw == 1 else "bf16x3_rows"
+            assert packed.algorithm(list(x.shape), list(stride), list(pads), [1, 1]) == want
+    finally:
+        _native.set_num_threads(before)
+    return outs
+
+
+@amx
+def test_row_split_same_bits(tmp_path):
+    """The row split at 2 and 3 threads gives 1 thread's bits on each of two inputs, and the bits of the column
+    chunks it replaces (HETERO_CPU_BF16X3_ROW_SPLIT=0, in a child)."""
+    got = {}
+    for side, extra in (("on", {}), ("off", {"HETERO_CPU_BF16X3_ROW_SPLIT": "0"})):
+        path = tmp_path / f"{side}.npz"
+        code = ("import numpy as np\nfrom tests.plugins.cpu.test_conv_bf16x3 import _row_split_outputs\n"
+                f"np.savez({str(path)!r}, **_row_split_outputs())\n")
+        env = dict(os.environ, HETERO_CPU_CONV_BF16X3_ROWS="1", **extra)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[side] = dict(np.load(path))
+    for name, out in got["on"].items():
+        assert not np.isnan(out).any(), name
+        assert np.array_equal(out, got["off"][name]), name
+        assert np.array_equal(out, got["on"][name[:name.index("t")] + "t1" + name[name.index("x"):]]), name
+    i = next(k for k in got["on"] if k.endswith("x0"))
+    assert not np.array_equal(got["on"][i], got["on"][i[:-1] + "1"])

@@ -954,6 +954,33 @@ def test_depthwise_threads_activations(isa, threads, activation, alpha, beta):
     assert np.isnan(out[1, 5, 1:6, 2:7]).all() and not np.isnan(np.delete(out, 5, axis=1)).any()
 
 
+@pytest.mark.parametrize("shape", [(1, 512, 7, 7, 5, 1), (1, 160, 14, 14, 3, 2), (1, 72, 13, 13, 3, 2),
+                                   (1, 64, 56, 56, 3, 1), (1, 256, 14, 14, 5, 1), (1, 33, 40, 40, 3, 2),
+                                   (2, 40, 7, 7, 5, 1)])
+def test_depthwise_contiguous_chunks_at_2_3_threads(isa, shape):
+    # One image's channels in one contiguous range a thread (the row kernel's chunks, the channel-blocked kernel's
+    # ranges of vector blocks: 7 x 7 and stride-2 maps), big enough to split: against float64, and the same bits at
+    # 1, 2 and 3 threads; two images keep the blocked kernel's (image, block) tasks.
+    n, c, h, wd, k, s = shape
+    x = randn(n, c, h, wd, seed=101)
+    w = randn(c, 1, k, k, seed=102) * 0.3
+    bias = randn(c, seed=103)
+    pads = (k // 2,) * 4
+    ref = np.clip(_conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (s, s), pads, (1, 1), c), 0, 6)
+    before = _native.num_threads()
+    outs = []
+    try:
+        for t in (1, 2, 3):
+            _native.set_num_threads(t)
+            out = np.full(ref.shape, np.nan, np.float32)
+            _native.conv2d(x, w, bias, out, strides=(s, s), pads=pads, group=c, activation="relu6")
+            outs.append(out)
+    finally:
+        _native.set_num_threads(before)
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
 @pytest.mark.parametrize("activation", ["leaky_relu", "leaky_relu_min"])
 @pytest.mark.parametrize("shape", [(24, 30, 10, 8, 1, 3, (0, 1, 0, 1)), (12, 16, 9, 9, 3, 3, (1, 1, 1, 1)),
                                    (40, 24, 8, 2, 1, 3, (0, 1, 0, 1)), (8, 5, 2, 2, 3, 3, (1, 1, 1, 1))])

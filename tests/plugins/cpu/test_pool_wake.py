@@ -31,6 +31,7 @@ def _conv(channels: int, size: int):
 @pytest.mark.parametrize("channels, size, wakes", [(16, 16, False), (64, 32, True)])  # 1.2 / 75 MFLOP
 def test_a_worker_is_woken_only_for_enough_work(pool, channels, size, wakes):
     _native.set_pool_spin_us(0)  # workers sleep as soon as a call ends (the fixture restores the spin)
+    _native.set_pool_linger_us(0)  # and after a replayed run (its end would wake them: a late one could meet the call)
     model, feeds = _conv(channels, size)
     alone = hetero.Session(model, backends=["cpu"], threads=1).run(feeds)["y"]
     session = hetero.Session(model, backends=["cpu"], threads=2)
@@ -72,6 +73,7 @@ def _mul(shape: list[int]):
 ], ids=["mul-small", "mul-large", "softmax-small", "softmax-large", "tanh-small", "tanh-large", "dql-small",
         "dql-large"])
 def test_elementwise_kernels_wake_only_for_enough_work(pool, threads, make, shape, wakes):
+    _native.set_pool_linger_us(0)  # workers asleep after a replayed run too (see above)
     model, feeds = make(shape)
     alone = hetero.Session(model, backends=["cpu"], threads=1).run(feeds)
     session = hetero.Session(model, backends=["cpu"], threads=threads)
@@ -96,3 +98,41 @@ def test_elementwise_kernels_wake_only_for_enough_work(pool, threads, make, shap
         assert np.array_equal(spun[name], want), name
         assert np.array_equal(slept[name], want), name
 
+
+
+@pytest.mark.parametrize("linger_us", [0, 5_000_000])
+def test_a_replay_keeps_the_workers_spinning_after_it(pool, linger_us):
+    # each replayed run ends with pool_linger: idle workers spin on (woken if asleep) for pool_linger_us, so a small
+    # conv after it (which never wakes a sleeper) finds one awake; with the linger off it runs on the caller alone
+    _native.set_pool_spin_us(0)
+    _native.set_pool_linger_us(linger_us)
+    small, small_feeds = _conv(16, 16)
+    alone = hetero.Session(small, backends=["cpu"], threads=1).run(small_feeds)["y"]
+    big, big_feeds = _conv(64, 32)
+    session = hetero.Session(big, backends=["cpu"], threads=2)
+    probe = hetero.Session(small, backends=["cpu"], threads=2)
+    for _ in range(3):  # planned, then replayed: a replay ends with pool_linger
+        session.run(big_feeds)
+    time.sleep(0.05)  # without the linger the worker is asleep by now (spin 0)
+    if linger_us:  # a busy machine may run the woken worker late: wait until its clock shows it spinning
+        start, deadline = _native.pool_cpu_ns()[1], time.monotonic() + 3
+        while _native.pool_cpu_ns()[1] < start + 5_000_000 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    _native.pool_stats(True)
+    out = probe.run(small_feeds)["y"]
+    stats = _native.pool_stats(True)
+    assert (stats["calls"] >= 1) == (linger_us > 0), stats
+    assert np.array_equal(out, alone)
+
+
+def test_linger_settings():
+    before = _native.pool_linger_us()
+    try:
+        with pytest.raises(ValueError):
+            _native.set_pool_linger_us(-1)
+        _native.set_pool_linger_us(300)
+        assert _native.pool_linger_us() == 300
+        _native.pool_linger()  # with or without a pool: nothing to return, nothing run
+    finally:
+        _native.set_pool_linger_us(0)
+        _native.set_pool_linger_us(before)
