@@ -578,7 +578,7 @@ def test_a_one_pass_drafter_is_priced_per_drafting_step_and_keeps_greedy_output(
     llm = load(FIXTURES / "qwen2", backends=["cpu"], kv_cache="f16")
     want = _plain(llm, PROMPT, 40)
     drafter = Scripted(want, len(PROMPT))
-    drafter.one_pass = True  # type: ignore[attr-defined]
+    drafter.one_pass = True
     spec = Speculation(drafter)
     assert spec.policy.one_pass
     llm.reset()
