@@ -83,24 +83,6 @@ void set_num_threads(int n);
 // caller alone when every worker is asleep: for work smaller than waking one costs (a futex wake of an idle core,
 // tens of microseconds on a virtual machine). The tasks are the same either way, so the results are too.
 void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers = true);
-// While a PoolSession lives, the parallel_for calls of the thread that made it run on the pool's workers held
-// between them (spinning, then yielding; not asleep): no pin, close and re-join per call, one release store to
-// publish one (threadpool.cpp, Pool::session_run). For a run of back-to-back calls, e.g. an LlmStep's ops. No
-// session (the calls run as without one) when `on` is false, the pool has one thread or is busy with another
-// caller, or this thread already holds one. The tasks are the same either way, so the results are too.
-class PoolSession {
- public:
-  explicit PoolSession(bool on = true);
-  ~PoolSession();
-  PoolSession(const PoolSession&) = delete;
-  PoolSession& operator=(const PoolSession&) = delete;
-  bool held() const { return held_; }
-
- private:
-  bool held_ = false;
-};
-// HETERO_POOL_SESSION=1: the LLM decode step (LlmStep) runs its ops in a session.
-bool pool_session_default();
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }  // a, b > 0
 inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // b > 0, a of either sign

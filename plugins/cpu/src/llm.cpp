@@ -1922,7 +1922,6 @@ struct LlmStep {
     struct Reset {
       ~Reset() { bsplit::tl_next = nullptr; }
     } reset;
-    const PoolSession session(pool_session_default());  // HETERO_POOL_SESSION=1: the workers held between ops
     if (!timing) {
       for (std::size_t i = 0; i < ops.size(); ++i) run_op(i);
       return true;

@@ -1043,45 +1043,22 @@ PYBIND11_MODULE(_native, m) {
         "Record the thread pool's statistics (pool_stats); off by default (a few clock reads per call and task).");
   m.def("pool_stats", [](bool reset) { return pool_stats_dict(pool_stats(reset)); }, py::arg("reset") = false,
         "The pool's statistics since the last reset (see threadpool_stats.hpp).");
-  m.def("_pool_cover", [](i64 ntasks, int max_threads, int reps, i64 throw_at, bool session, bool vary,
-                          bool need_session) {
+  m.def("_pool_cover", [](i64 ntasks, int max_threads, int reps, i64 throw_at) {
     // Test hook: reps parallel_for calls of ntasks tasks; counts how often each task ran (each call must run every
-    // task exactly once); task throw_at (if >= 0) throws in the last call, which must reach the caller. session:
-    // the calls inside one PoolSession (need_session: raise if none could be held). vary: call r has 1 + (r * 7919) % ntasks tasks (counts then sum over the
-    // calls that had the task), and each task also checks that it sees what another task of the call before wrote
-    // (the end of a call orders its tasks' writes before the next call's): a miss is counted in one more slot.
-    std::vector<std::atomic<i64>> count(static_cast<std::size_t>(ntasks) + 1);
-    std::vector<i64> stamp(static_cast<std::size_t>(ntasks), -1);  // plain memory: written by one call's tasks
-    bool held = false;
+    // task exactly once); task throw_at (if >= 0) throws in the last call, which must reach the caller.
+    std::vector<std::atomic<i64>> count(static_cast<std::size_t>(ntasks));
     {
       py::gil_scoped_release nogil;
-      const PoolSession s(session);
-      held = s.held();
-      i64 prev_n = 0;
-      for (int r = 0; r < reps; ++r) {
-        const i64 n = vary ? 1 + (static_cast<i64>(r) * 7919) % ntasks : ntasks;
-        parallel_for(n, max_threads, [&](i64 t) {
+      for (int r = 0; r < reps; ++r)
+        parallel_for(ntasks, max_threads, [&](i64 t) {
           count[static_cast<std::size_t>(t)].fetch_add(1, std::memory_order_relaxed);
-          if (vary) {
-            const i64 o = (t * 31 + 1) % ntasks;  // a slot another task of the call before wrote, if it had it
-            if (r > 0 && o < prev_n && stamp[static_cast<std::size_t>(o)] != r - 1)
-              count[static_cast<std::size_t>(ntasks)].fetch_add(1, std::memory_order_relaxed);
-          }
           if (t == throw_at && r == reps - 1) throw std::runtime_error("task " + std::to_string(t) + " failed");
         });
-        if (vary) {  // then stamp the slots of this call (a second call of the same size), read by the next one
-          parallel_for(n, max_threads, [&](i64 t) { stamp[static_cast<std::size_t>(t)] = r; });
-          prev_n = n;
-        }
-      }
     }
-    if (need_session && !held) throw std::runtime_error("_pool_cover: no session held");
-    const i64 slots = ntasks + (vary ? 1 : 0);
-    py::array_t<i64> out(slots);
-    for (i64 t = 0; t < slots; ++t) out.mutable_at(t) = count[static_cast<std::size_t>(t)].load();
+    py::array_t<i64> out(ntasks);
+    for (i64 t = 0; t < ntasks; ++t) out.mutable_at(t) = count[static_cast<std::size_t>(t)].load();
     return out;
-  }, py::arg("ntasks"), py::arg("max_threads"), py::arg("reps"), py::arg("throw_at") = -1,
-     py::arg("session") = false, py::arg("vary") = false, py::arg("need_session") = false);
+  }, py::arg("ntasks"), py::arg("max_threads"), py::arg("reps"), py::arg("throw_at") = -1);
 
   py::class_<PackedB>(m, "PackedB", "B pre-packed in the micro-kernel's panel layout (weights).")
       .def_property_readonly("k", [](const PackedB& p) { return p.k; })

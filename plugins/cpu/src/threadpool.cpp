@@ -92,85 +92,6 @@ class Pool {
   }
   bool all_asleep() const { return sleepers_.load(std::memory_order_relaxed) >= nthreads_ - 1; }
 
-  // ---- sessions (PoolSession): one caller's run of parallel_for calls with the workers held between them ----
-  // The session is one job: a worker that pins it stays in session_loop until the session ends, waiting (spinning,
-  // then yielding; never asleep) for the caller's next call. A call (session_run) is then published with one
-  // release store of its sequence number, its task counter carrying the same number in its high half: a worker
-  // claims a task only by a compare-and-swap that sees its call's number, so a worker that looks at a call late
-  // (preempted, or joining the session mid-call) takes nothing from the next one, and the caller waits only for
-  // the tasks claimed (done count), never for a worker that took none. No pin, close or re-join per call.
-  // Returns false (no session) when the pool is busy with another caller.
-  bool session_begin() {
-    if (!run_mu_.try_lock()) return false;
-    session_ = true;
-    fn_ = nullptr;
-    ntasks_ = 0;
-    max_joiners_ = nthreads_ - 1;
-    joiners_.store(0, std::memory_order_relaxed);
-    scall_ = 0;
-    snext_.store(0, std::memory_order_relaxed);
-    call_seq_.store(0, std::memory_order_relaxed);
-    gen_.fetch_add(1);  // odd: the session job is open
-    if (sleepers_.load() > 0) {
-      { std::lock_guard<std::mutex> lk(mu_); }
-      cv_.notify_all();
-    }
-    return true;
-  }
-  void session_end() {
-    call_seq_.store(kSessionEnd, std::memory_order_release);
-    gen_.fetch_add(1);  // even: closed; no worker pins it from now on
-    wait_until([&] { return in_flight_.load() == 0; });
-    session_ = false;
-    run_mu_.unlock();
-  }
-  // One parallel_for call inside the session (the session's caller only).
-  void session_run(i64 ntasks, int max_threads, const std::function<void(i64)>& f) {
-    const bool stats = g_stats_on.load(std::memory_order_relaxed);
-    const std::uint64_t c = ++scall_;
-    snext_.store(c << 32);  // before the call's fields: a worker that reads them claims against this number
-    sdone_.store(0, std::memory_order_relaxed);
-    error_ = nullptr;
-    if (stats) {
-      fin_max_.store(0, std::memory_order_relaxed);
-      fin_sum_.store(0, std::memory_order_relaxed);
-      fin_n_.store(0, std::memory_order_relaxed);
-    }
-    const std::int64_t post = stats ? now_ns() : 0;
-    spost_.store(post, std::memory_order_relaxed);
-    sfn_.store(&f, std::memory_order_release);
-    sntasks_.store(ntasks, std::memory_order_release);
-    smaxj_.store(max_threads - 1, std::memory_order_release);
-    call_seq_.store(c, std::memory_order_release);
-    // the caller's own claims: only it changes the number, so a plain increment
-    tl_in_pool_task = true;
-    i64 ran = 0;
-    std::int64_t busy = 0;
-    for (;;) {
-      const i64 t = static_cast<i64>(snext_.fetch_add(1, std::memory_order_acq_rel) & kTaskMask);
-      if (t >= ntasks) break;
-      const std::int64_t t0 = stats ? now_ns() : 0;
-      run_task(f, t);
-      if (stats) busy += now_ns() - t0;
-      ++ran;
-    }
-    tl_in_pool_task = false;
-    const std::int64_t mine_done = stats ? now_ns() : 0;
-    if (stats && ran) note_finish(mine_done - post);
-    if (ran) sdone_.fetch_add(ran, std::memory_order_acq_rel);
-    wait_until([&] { return sdone_.load(std::memory_order_acquire) == ntasks; });
-    if (stats) {
-      const std::int64_t end = now_ns();
-      add(g_stats.calls, 1);
-      add(g_stats.tasks, ntasks);
-      add(g_stats.busy_ns, busy);
-      add(g_stats.wall_ns, end - post);
-      add(g_stats.tail_ns, end - mine_done);
-      add(g_stats.idle_ns, fin_n_.load() * fin_max_.load() - fin_sum_.load());
-    }
-    if (error_) std::rethrow_exception(error_);
-  }
-
   // Returns false (nothing run) when the pool is busy with another caller.
   bool run(i64 ntasks, int max_threads, const std::function<void(i64)>& f) {
     std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
@@ -226,74 +147,6 @@ class Pool {
     }
   }
 
-  void run_task(const std::function<void(i64)>& f, i64 t) {
-    try {
-      f(t);
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(err_mu_);
-      if (!error_) error_ = std::current_exception();
-    }
-  }
-  void note_finish(std::int64_t fin) {  // statistics: a thread's last task ended fin ns after the post
-    std::int64_t m = fin_max_.load(std::memory_order_relaxed);
-    while (m < fin && !fin_max_.compare_exchange_weak(m, fin, std::memory_order_relaxed)) {
-    }
-    fin_sum_.fetch_add(fin, std::memory_order_relaxed);
-    fin_n_.fetch_add(1, std::memory_order_relaxed);
-  }
-
-  // A worker inside a session (session_begin): joiner `me` takes part in each call that wants it until the end.
-  void session_loop(int me) {
-    const auto spin = std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed));
-    std::uint64_t seen = 0;  // calls are numbered from 1: a worker joining mid-call still tries that call
-    for (;;) {
-      std::uint64_t c = call_seq_.load(std::memory_order_acquire);
-      if (c == seen) {  // wait for the next call: spin, then yield the core (a session lasts one step)
-        const auto t0 = std::chrono::steady_clock::now();
-        bool yield = false;
-        for (int i = 1; (c = call_seq_.load(std::memory_order_acquire)) == seen; ++i) {
-          if (yield) {
-            std::this_thread::yield();
-          } else {
-            HETERO_PAUSE();
-            if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > spin) yield = true;
-          }
-        }
-      }
-      if (c == kSessionEnd) return;
-      seen = c;
-      const std::function<void(i64)>* f = sfn_.load(std::memory_order_acquire);
-      const i64 n = sntasks_.load(std::memory_order_acquire);
-      if (me >= smaxj_.load(std::memory_order_acquire)) continue;  // not wanted (max_threads)
-      const bool stats = g_stats_on.load(std::memory_order_relaxed);
-      std::int64_t busy = 0;
-      i64 ran = 0;
-      tl_in_pool_task = true;
-      for (;;) {  // claim task v & kTaskMask of call c, only while the counter still carries c
-        std::uint64_t v = snext_.load(std::memory_order_acquire);
-        bool got = false;
-        while ((v >> 32) == c && static_cast<i64>(v & kTaskMask) < n)
-          if (snext_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) {
-            got = true;
-            break;
-          }
-        if (!got) break;
-        const std::int64_t t0 = stats ? now_ns() : 0;
-        if (stats && ran == 0) {
-          add(g_stats.joins, 1);
-          add(g_stats.wake_ns, t0 - spost_.load(std::memory_order_relaxed));
-        }
-        run_task(*f, static_cast<i64>(v & kTaskMask));
-        if (stats) busy += now_ns() - t0;
-        ++ran;
-      }
-      tl_in_pool_task = false;
-      if (stats && ran) note_finish(now_ns() - spost_.load(std::memory_order_relaxed));
-      if (ran) sdone_.fetch_add(ran, std::memory_order_acq_rel);  // release: the tasks' writes before the count
-      if (stats) add(g_stats.busy_ns, busy);
-    }
-  }
-
   // Takes tasks until none is left; the tasks it ran are counted into done_ once, when it runs out (one shared
   // write per thread and call instead of one per task: the caller only needs the total).
   void work() {
@@ -305,11 +158,23 @@ class Pool {
       i64 t = next_.fetch_add(1, std::memory_order_relaxed);
       if (t >= ntasks_) break;
       const std::int64_t t0 = stats ? now_ns() : 0;
-      run_task(*fn_, t);
+      try {
+        (*fn_)(t);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(err_mu_);
+        if (!error_) error_ = std::current_exception();
+      }
       if (stats) busy += now_ns() - t0;
       ++ran;
     }
-    if (stats && ran) note_finish(now_ns() - post_ns_);  // the end spread (idle_ns)
+    if (stats && ran) {  // this thread's finish, relative to the post (the end spread, idle_ns)
+      const std::int64_t fin = now_ns() - post_ns_;
+      std::int64_t m = fin_max_.load(std::memory_order_relaxed);
+      while (m < fin && !fin_max_.compare_exchange_weak(m, fin, std::memory_order_relaxed)) {
+      }
+      fin_sum_.fetch_add(fin, std::memory_order_relaxed);
+      fin_n_.fetch_add(1, std::memory_order_relaxed);
+    }
     if (ran) done_.fetch_add(ran, std::memory_order_acq_rel);  // release: the tasks' writes before the count
     if (stats) add(g_stats.busy_ns, busy);
     tl_in_pool_task = false;
@@ -351,9 +216,7 @@ class Pool {
       }
       const bool stats = g_stats_on.load(std::memory_order_relaxed);
       // Join only if the job still wants helpers (max_threads) and has work left.
-      if (session_) {
-        session_loop(joiners_.fetch_add(1, std::memory_order_relaxed));
-      } else if (joiners_.fetch_add(1, std::memory_order_relaxed) >= max_joiners_) {
+      if (joiners_.fetch_add(1, std::memory_order_relaxed) >= max_joiners_) {
         // not wanted (max_threads)
       } else if (next_.load(std::memory_order_relaxed) >= ntasks_) {
         if (stats) add(g_stats.late, 1);
@@ -393,20 +256,6 @@ class Pool {
   std::exception_ptr error_;
   // statistics only: the latest finish of a thread's tasks (ns after the post), their sum and count
   alignas(64) std::atomic<std::int64_t> fin_max_{0}, fin_sum_{0}, fin_n_{0};
-  // the session (session_begin): the job's flag (written before gen_ turns odd), the caller's call count, and the
-  // current call: its number (what workers poll) with its fields on one line, its task counter (call << 32 |
-  // next task) and done count on lines of their own
-  static constexpr std::uint64_t kSessionEnd = ~std::uint64_t{0};
-  static constexpr std::uint64_t kTaskMask = 0xffffffffu;
-  bool session_ = false;
-  std::uint64_t scall_ = 0;
-  alignas(64) std::atomic<std::uint64_t> call_seq_{0};
-  std::atomic<const std::function<void(i64)>*> sfn_{nullptr};
-  std::atomic<i64> sntasks_{0};
-  std::atomic<int> smaxj_{0};
-  std::atomic<std::int64_t> spost_{0};
-  alignas(64) std::atomic<std::uint64_t> snext_{0};
-  alignas(64) std::atomic<i64> sdone_{0};
 };
 
 int default_threads() {
@@ -460,34 +309,9 @@ void run_serial(i64 ntasks, const std::function<void(i64)>& f) {
 }
 }  // namespace
 
-namespace {
-thread_local std::shared_ptr<Pool> tl_session;  // the pool whose session this thread holds (PoolSession)
-}  // namespace
-
-PoolSession::PoolSession(bool on) {
-  if (!on || tl_session || tl_in_pool_task) return;
-  std::shared_ptr<Pool> pool = get_pool();
-  if (pool && pool->session_begin()) {
-    tl_session = std::move(pool);
-    held_ = true;
-  }
-}
-
-PoolSession::~PoolSession() {
-  if (!held_) return;
-  tl_session->session_end();
-  tl_session.reset();
-}
-
-bool pool_session_default() {
-  static const bool on = [] { const char* e = std::getenv("HETERO_POOL_SESSION"); return e && std::atoi(e) != 0; }();
-  return on;
-}
-
 void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers) {
   if (ntasks <= 0) return;
   if (ntasks == 1 || max_threads <= 1 || tl_in_pool_task) return run_serial(ntasks, f);
-  if (tl_session) return tl_session->session_run(ntasks, max_threads, f);
   std::shared_ptr<Pool> pool = get_pool();
   if (pool && (wake_sleepers || !pool->all_asleep()) && pool->run(ntasks, max_threads, f)) return;
   run_serial(ntasks, f);
