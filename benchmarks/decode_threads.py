@@ -35,8 +35,10 @@ projections: q_proj, ..., logits = the LM head, ``q_proj+k_proj+v_proj`` one fus
 **clean runs**: each call's runs during which every pool thread's own CPU clock advanced by the wall interval and a
 worker joined each of its regions (``LlmStep.timing_clean``, ``_native.pool_cpu_ns``): no thread preempted or
 asleep, what a quiet machine runs. Then ``clean ms`` is the median clean run x the calls a step, ``clean %`` the
-share of runs that were clean, GB/s come from the clean runs, and per op the clean regions' wall, busy/T, wake and
-tail in us are printed; on a busy machine these are the 2-thread figures to read) and the pool's account is read
+share of runs that were clean, GB/s come from the clean runs, and per op the clean regions' wall, busy/T, wake,
+tail and idle in us are printed (idle: thread-time from each thread's last task end to the region's last one's,
+the end spread of the work split); on a busy machine these are the 2-thread figures to read) and the pool's account
+is read
 after each call, so
 the step splits per op into: ``wall`` the calls' time; ``work/T`` thread-time inside tasks (pooled) or in the call
 (serial) over the thread count; ``wait`` = wall - work/T, the thread-average time the op's threads were not
@@ -128,7 +130,8 @@ def _label(call, names: dict[int, str]) -> tuple[str, list]:
 # GB/s compare with it. The pool's own figures (busy, wake, tail, serial) stay wall-clock ones.
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
-STAT_KEYS = ("calls", "serial_calls", "joins", "sleeps", "busy_s", "tail_s", "wake_s", "serial_s", "wall_s")
+STAT_KEYS = ("calls", "serial_calls", "joins", "sleeps", "busy_s", "tail_s", "wake_s", "serial_s", "wall_s",
+             "idle_s")
 
 
 def _replays(llm) -> list:
@@ -276,9 +279,9 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
             c = clean.get(op, [0.0, 0, 0])
             rows[-1].update(clean_ms=c[0] * 1e3 if c[1] else None, clean_pct=100 * c[1] / c[2] if c[2] else 0.0)
             cs = clean_st.get(op)
-            if cs and c[1] and cs["calls"]:  # per pooled clean run: region wall, busy / T, wake, tail (us)
+            if cs and c[1] and cs["calls"]:  # per pooled clean run: region wall, busy / T, wake, tail, idle (us)
                 rows[-1]["clean_region_us"] = {k: cs[k] / cs["calls"] * 1e6 / (threads if k == "busy_s" else 1)
-                                               for k in ("wall_s", "busy_s", "wake_s", "tail_s")}
+                                               for k in ("wall_s", "busy_s", "wake_s", "tail_s", "idle_s")}
             if c[1] and c[0] > 0:
                 rows[-1]["gbps"] = b / c[0] / 1e9
     rows.sort(key=lambda r: -r["wall_ms"])

@@ -1014,6 +1014,7 @@ pybind11::dict pool_stats_dict(const PoolStats& s) {
   d["wake_s"] = s.wake_s;
   d["tail_s"] = s.tail_s;
   d["serial_s"] = s.serial_s;
+  d["idle_s"] = s.idle_s;
   return d;
 }
 }  // namespace hetero

@@ -57,7 +57,7 @@ std::atomic<std::int64_t> g_linger_until{0};
 std::atomic<bool> g_stats_on{false};
 struct AtomicStats {
   std::atomic<std::int64_t> calls{0}, tasks{0}, joins{0}, sleeps{0}, late{0}, serial_calls{0};
-  std::atomic<std::int64_t> wall_ns{0}, busy_ns{0}, wake_ns{0}, tail_ns{0}, serial_ns{0};
+  std::atomic<std::int64_t> wall_ns{0}, busy_ns{0}, wake_ns{0}, tail_ns{0}, serial_ns{0}, idle_ns{0};
 } g_stats;
 inline void add(std::atomic<std::int64_t>& a, std::int64_t v) { a.fetch_add(v, std::memory_order_relaxed); }
 
@@ -123,6 +123,11 @@ class Pool {
     next_.store(0, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
+    if (stats) {
+      fin_max_.store(0, std::memory_order_relaxed);
+      fin_sum_.store(0, std::memory_order_relaxed);
+      fin_n_.store(0, std::memory_order_relaxed);
+    }
     post_ns_ = stats ? now_ns() : 0;
     gen_.fetch_add(1);  // odd: the job is open
     if (sleepers_.load() > 0) {
@@ -141,6 +146,8 @@ class Pool {
       add(g_stats.tasks, ntasks);
       add(g_stats.wall_ns, end - post_ns_);
       add(g_stats.tail_ns, end - mine_done);
+      // every thread that ran tasks waits from its own last task's end to the last one's: the end spread
+      add(g_stats.idle_ns, fin_n_.load() * fin_max_.load() - fin_sum_.load());
     }
     if (error_) std::rethrow_exception(error_);
     return true;
@@ -178,6 +185,14 @@ class Pool {
       }
       if (stats) busy += now_ns() - t0;
       ++ran;
+    }
+    if (stats && ran) {  // this thread's finish, relative to the post (the end spread, idle_ns)
+      const std::int64_t fin = now_ns() - post_ns_;
+      std::int64_t m = fin_max_.load(std::memory_order_relaxed);
+      while (m < fin && !fin_max_.compare_exchange_weak(m, fin, std::memory_order_relaxed)) {
+      }
+      fin_sum_.fetch_add(fin, std::memory_order_relaxed);
+      fin_n_.fetch_add(1, std::memory_order_relaxed);
     }
     if (ran) done_.fetch_add(ran, std::memory_order_acq_rel);  // release: the tasks' writes before the count
     if (stats) add(g_stats.busy_ns, busy);
@@ -260,6 +275,8 @@ class Pool {
   std::atomic<int> in_flight_{0};
   std::mutex err_mu_;
   std::exception_ptr error_;
+  // statistics only: the latest finish of a thread's tasks (ns after the post), their sum and count
+  alignas(64) std::atomic<std::int64_t> fin_max_{0}, fin_sum_{0}, fin_n_{0};
 };
 
 int default_threads() {
@@ -339,6 +356,7 @@ PoolStats pool_stats(bool reset) {
   s.wake_s = take(g_stats.wake_ns) * 1e-9;
   s.tail_s = take(g_stats.tail_ns) * 1e-9;
   s.serial_s = take(g_stats.serial_ns) * 1e-9;
+  s.idle_s = take(g_stats.idle_ns) * 1e-9;
   return s;
 }
 

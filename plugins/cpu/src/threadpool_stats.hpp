@@ -18,6 +18,7 @@ struct PoolStats {
   double wake_s = 0;              // post to a joining worker's first task, summed over the joins
   double tail_s = 0;              // the caller out of tasks, waiting for the others (imbalance, late starts)
   double serial_s = 0;            // the serial calls
+  double idle_s = 0;              // thread-time from each tasked thread's last task end to the region's last one's
 };
 
 inline PoolStats& operator+=(PoolStats& a, const PoolStats& b) {
@@ -32,6 +33,7 @@ inline PoolStats& operator+=(PoolStats& a, const PoolStats& b) {
   a.wake_s += b.wake_s;
   a.tail_s += b.tail_s;
   a.serial_s += b.serial_s;
+  a.idle_s += b.idle_s;
   return a;
 }
 

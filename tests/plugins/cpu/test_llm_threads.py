@@ -54,6 +54,8 @@ def test_pool_statistics_account_for_a_parallel_gemv(pool):
     assert s["joins"] <= 1 and s["sleeps"] <= s["joins"]
     assert 0 < s["busy_s"] <= 2 * s["wall_s"] + 1e-3
     assert 0 <= s["tail_s"] <= s["wall_s"]
+    # the end spread: each tasked thread's wait from its last task's end to the last one's (none when one ran)
+    assert 0 <= s["idle_s"] <= s["wall_s"] and (s["joins"] or s["idle_s"] == 0)
     assert _native.pool_stats()["calls"] == 0  # reset
 
 
