@@ -157,6 +157,24 @@ def test_trained_drafters_keep_greedy_output_and_get_accepted(target, kind):
     assert drafted > 0 and accepted / drafted > 0.1 and (accepted + steps) / steps > 1.2, (accepted, drafted, steps)
 
 
+def test_eagle_runs_its_head_over_the_prompt_in_begin(target):
+    """The prompt's rows are cached by ``begin`` (with the target's prefill), so a generation's first draft runs
+    the head over its newest row only, and drafts what a drafter extending its cache at that draft drafts."""
+    folder = TRAINED / "eagle3"
+    history = target.tokenizer.encode(PROMPTS[0])
+    target.reset()
+    target.prefill(history)
+    rows = {layer: target.hidden(layer, 0, len(history))
+            for layer in Eagle3Drafter.for_target(folder, target).hidden_layers}
+    early, lazy = Eagle3Drafter.for_target(folder, target), Eagle3Drafter.for_target(folder, target)
+    early.begin(history, rows)
+    lazy.begin(history, rows)
+    lazy._truncate(0)  # as before: no head rows until the first draft
+    assert len(early.head.keys) == len(early.pairs) == len(history) - 1
+    assert early.draft(history, 4) == lazy.draft(history, 4)
+    assert len(early.head.keys) == len(lazy.head.keys) == len(history) - 1
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_next"])
 def test_random_drafters_keep_greedy_output(tmp_path, family):
     """Dense, MoE and hybrid targets; drafts that are almost never right: every step rejects, rolls back (the
