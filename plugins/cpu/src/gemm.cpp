@@ -18,6 +18,9 @@
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
 #endif
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #include "amx.hpp"
 #include "common.hpp"
@@ -37,7 +40,24 @@ void pack_a_block_t(const MatView& a, i64 i0, i64 mc, i64 p0, i64 kc, float* dst
     if (a.cs == 1 && rows == MR) {
       const float* src[MR];
       for (int r = 0; r < MR; ++r) src[r] = a.p + (i0 + ib + r) * a.rs + p0;
-      for (i64 k = 0; k < kc; ++k)
+      i64 k = 0;
+#if defined(__SSE2__)
+      // 4 x 4 transposes (four rows' next four values -> four k-rows of the panel): the scalar loop below moved
+      // one float a cycle, 5-7 % of MiniLM's GEMM time at 1 thread on Zen 4 (perf).
+      if constexpr (MR % 4 == 0) {
+        for (; k + 4 <= kc; k += 4)
+          for (int r = 0; r < MR; r += 4) {
+            __m128 r0 = _mm_loadu_ps(src[r] + k), r1 = _mm_loadu_ps(src[r + 1] + k);
+            __m128 r2 = _mm_loadu_ps(src[r + 2] + k), r3 = _mm_loadu_ps(src[r + 3] + k);
+            _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+            _mm_storeu_ps(d + k * MR + r, r0);
+            _mm_storeu_ps(d + (k + 1) * MR + r, r1);
+            _mm_storeu_ps(d + (k + 2) * MR + r, r2);
+            _mm_storeu_ps(d + (k + 3) * MR + r, r3);
+          }
+      }
+#endif
+      for (; k < kc; ++k)
         for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r][k];
     } else {
       for (i64 k = 0; k < kc; ++k)
