@@ -19,6 +19,10 @@ which makes numpy's OpenBLAS run a slower code path than the CPU supports. Unset
 (MiniLM: M = tokens, K x N = 384 x 384, 384 x 1536, 1536 x 384): ``pack_b(precision="high")`` (the fp32 kernels)
 against ``"normal"`` (bf16x3 on AMX-BF16 where the CPU has it, docs/onnx-models.md), interleaved, with the largest
 error of each against a float64 product relative to sum |a| |b|.
+
+``--panels [--clock thread]`` times the fp32 packed GEMM on fp32 against int8 weight panels (``pack_b``'s exact
+int8 form of a weight that is int8 values times a scale) on transformer / LSTM weight shapes (docs/onnx-models.md,
+"fp32 GEMM on Zen 4").
 """
 
 from __future__ import annotations
@@ -32,28 +36,31 @@ import sys
 import time
 
 SHAPES = [(1, 1024, 4096), (512, 1024, 1024)]
+# Transformer / LSTM weight products of issue 17's models (captcha_crnn's LSTM input projection, MiniLM, khmer)
+PANEL_SHAPES = [(20, 4096, 400), (64, 384, 1536), (64, 1536, 384), (66, 768, 192), (128, 384, 384),
+                (128, 384, 1536), (128, 1536, 384)]
 PRECISION_SHAPES = [(m, k, n) for m in (16, 32, 64, 128, 256) for k, n in ((384, 384), (384, 1536), (1536, 384))]
 
 
-def _time_interleaved(fns: dict, reps: int, min_time: float) -> dict:
+def _time_interleaved(fns: dict, reps: int, min_time: float, clock=time.perf_counter) -> dict:
     """Median seconds per call of each function, alternating between them every repetition."""
     import numpy as np  # noqa: F401  (loaded before timing)
 
     inner = {}
     for name, fn in fns.items():
         fn()  # warm-up: packing buffers, thread pool, page faults
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        dt = max(time.perf_counter() - t0, 1e-7)
+        dt = max(clock() - t0, 1e-7)
         inner[name] = max(1, int(min_time / dt))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
             n = inner[name]
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(n):
                 fn()
-            samples[name].append((time.perf_counter() - t0) / n)
+            samples[name].append((clock() - t0) / n)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -115,6 +122,38 @@ def precision_worker(threads: int, reps: int) -> list[dict]:
     return rows
 
 
+def panels_worker(threads: int, reps: int, clock_name: str) -> list[dict]:
+    """fp32 against int8 weight panels (pack_b's exact int8 form, made floats a panel at a time) in the fp32 GEMM."""
+    import numpy as np
+
+    from hetero_cpu import _native
+
+    _native.set_num_threads(threads)
+    clock = time.thread_time if clock_name == "thread" else time.perf_counter
+    rng = np.random.default_rng(0)
+    rows = []
+    for m, k, n in PANEL_SHAPES:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.integers(-127, 128, (k, n)).astype(np.float32) * np.float32(0.0123)  # int8 values times a scale
+        packs = {"fp32": _native.pack_b(b, int8=False, precision="high"),
+                 "int8": _native.pack_b(b, int8=True, precision="high")}
+        out = np.empty((m, n), np.float32)
+        fns = {p: lambda a=a, q=packs[p], o=out: _native.gemm_packed(a, q, o) for p in packs}
+        med = _time_interleaved(fns, reps, min_time=0.01, clock=clock)
+        flops = 2.0 * m * k * n
+        rows.append({"shape": f"{m}x{k}x{n}", "threads": threads, "int8_panels": packs["int8"].int8,
+                     **{p: flops / med[p] / 1e9 for p in packs}})
+    return rows
+
+
+def print_panels(rows: list[dict]) -> None:
+    print("| shape (MxKxN) | threads | fp32 panels GFLOP/s | int8 panels GFLOP/s |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        int8 = f"{r['int8']:.1f}" if r["int8_panels"] else "(not int8)"
+        print(f"| {r['shape']} | {r['threads']} | {r['fp32']:.1f} | {int8} |")
+
+
 def print_precision(rows: list[dict]) -> None:
     print("| shape (MxKxN) | threads | high (fp32) GFLOP/s | normal GFLOP/s | normal/high | bf16x3 | "
           "max err / sum|a||b|: high | normal |")
@@ -130,11 +169,18 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions per measurement")
     ap.add_argument("--precision", action="store_true", help="fp32 against bf16x3 on MiniLM's weight shapes")
+    ap.add_argument("--panels", action="store_true",
+                    help="fp32 against int8 weight panels on transformer / LSTM weight shapes")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="--panels: wall time, or the calling thread's CPU time (1 thread on a busy machine)")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.worker is not None:
-        print(json.dumps((precision_worker if args.precision else worker)(args.worker, args.reps)))
+        if args.panels:
+            print(json.dumps(panels_worker(args.worker, args.reps, args.clock)))
+        else:
+            print(json.dumps((precision_worker if args.precision else worker)(args.worker, args.reps)))
         return
 
     if os.environ.get("OPENBLAS_CORETYPE"):
@@ -150,7 +196,8 @@ def main() -> None:
             env[var] = str(t)
         res = subprocess.run(
             [sys.executable, __file__, "--worker", str(t), "--reps", str(args.reps)]
-            + (["--precision"] if args.precision else []),
+            + (["--precision"] if args.precision else [])
+            + (["--panels", "--clock", args.clock] if args.panels else []),
             env=env,
             check=True,
             capture_output=True,
@@ -160,6 +207,10 @@ def main() -> None:
 
     from hetero_cpu import _native
 
+    if args.panels:
+        print(f"load average {os.getloadavg()[0]:.2f}; clock {args.clock}\n")
+        print_panels(rows)
+        return
     if args.precision:
         print(f"load average {os.getloadavg()[0]:.2f}; bf16x3 available: {_native.bf16x3_available()}\n")
         print_precision(rows)

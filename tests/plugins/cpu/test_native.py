@@ -151,6 +151,33 @@ def test_gemm_column_split_same_bits_at_1_2_3_threads(isa, m, k, n):
         np.testing.assert_array_equal(out_p, outs[0][1])
 
 
+@pytest.mark.parametrize("m,k,n", [(20, 4096, 400), (64, 1536, 77), (130, 300, 65), (13, 9000, 40), (130, 20000, 33)])
+@pytest.mark.parametrize("int8", [False, True])
+def test_gemm_packed_deep_k_blocking(isa, m, k, n, int8):
+    # K past the table's kc: one full-depth pass where a block of A fits half of L2 (ragged row and column tiles,
+    # int8 panels made floats a panel at a time), kc steps where it does not (K = 20000 at M = 130). Same bits at 1
+    # and 2 threads: the depth blocking is chosen from M, not from a thread's rows.
+    a = randn(m, k, seed=40)
+    b = randn(k, n, seed=41)
+    if int8:  # int8 values times a power of two: exact, so pack_b keeps int8 panels
+        b = (np.clip(np.round(b * 40), -127, 127) + 0.0).astype(np.float32) * np.float32(0.03125)  # + 0.0: no -0
+    packed = _native.pack_b(b, precision="high")
+    assert packed.int8 == int8
+    c0, bias = randn(m, n, seed=42), randn(n, seed=43)
+    before = _native.num_threads()
+    outs = []
+    try:
+        for t in (1, 2):
+            _native.set_num_threads(t)
+            out = c0.copy()
+            _native.gemm_packed(a, packed, out, alpha=0.5, beta=1.0, bias=bias)
+            outs.append(out)
+    finally:
+        _native.set_num_threads(before)
+    assert_gemm_close(outs[0], 0.5 * (a.astype(np.float64) @ b) + c0 + bias, k)
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
 def test_gemm_k_zero(isa):
     a, b = np.empty((3, 0), np.float32), np.empty((0, 4), np.float32)
     out = np.full((3, 4), 7.0, np.float32)
