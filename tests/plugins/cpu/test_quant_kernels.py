@@ -92,6 +92,21 @@ def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column):
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("adt,bdt", [(np.uint8, np.int8), (np.int8, np.uint8)])
+def test_qgemm_f32_zero_points_per_row_and_column(isa, amx, threads, shape, adt, bdt):
+    """The F32 stage over tile edges (M % 4, N % 16, panels past the last tile), with a zero point per row of A and
+    per column of B, without bias (the stage the VNNI tile applies in registers)."""
+    rng = np.random.default_rng(7)
+    m, k, n = shape
+    a, b = _rand8(rng, (m, k), adt), _rand8(rng, (k, n), bdt)
+    za, zb = _rand8(rng, (m,), adt), _rand8(rng, (n,), bdt)
+    scale = rng.uniform(1e-4, 1e-2, (n,)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    _native.qgemm_f32(a, _native.qpack_b(b, zb), za, scale, None, out)
+    np.testing.assert_array_equal(out, _exact(a, b, za, zb).astype(np.float32) * scale)
+
+
 def _requant(acc: np.ndarray, mult: np.ndarray, zp: int, dtype: type) -> np.ndarray:
     """onnxruntime's requantization: float32(acc) * multiplier, clamped to the range minus the zero point, rounded
     half to even, plus the zero point."""
