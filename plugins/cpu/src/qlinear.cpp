@@ -169,9 +169,11 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
     T = std::max(T, threads_for(bytes, kSmallMSplitBytes));
     wake = bytes >= 512.0 * 1024 || work >= 4e6;  // as the float small-M path: a small split wakes no sleeper
   }
-  // Rows per task: all of them while A stays in L2 (a transformer's tokens: each column block of B is then read
-  // from memory once, where 64-row blocks read the weights again per block), else 64.
-  const i64 rows_per_block = M * a.lda <= kARowsL2Bytes ? M : 64;
+  // Rows per task: all of them while A stays in L2 and the column blocks alone give every thread two or more tasks
+  // (a transformer's tokens: each column block of B is then read from memory once, where 64-row blocks read the
+  // weights again per block), else 64.
+  const bool all_rows = M * a.lda <= kARowsL2Bytes && nblocks >= 2 * static_cast<i64>(T);
+  const i64 rows_per_block = all_rows ? M : 64;
   const i64 mblocks = (M + rows_per_block - 1) / rows_per_block;
   const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1;
   parallel_for(mblocks * nblocks, T, [&](i64 task) {
