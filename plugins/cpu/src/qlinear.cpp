@@ -619,9 +619,15 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
     });
     return;
   }
-  std::vector<std::uint8_t> cols(static_cast<std::size_t>(P * lda + 4), 0);
   const i64 HW = H * W, cg = c.cin_g;
-  std::vector<std::uint8_t> hwc(static_cast<std::size_t>(HW * cg));
+  // A kh x 1 kernel on a one-column image (a 1-D convolution: magika's), undilated: row p of the im2col matrix is
+  // kh consecutive positions of the channels-innermost image, so the GEMM reads that image in place (rows sh * cg
+  // bytes apart, the pads as rows of the zero point) and the im2col copy is skipped.
+  const bool column_image = W == 1 && c.kw == 1 && Wo == 1 && dh == 1;
+  const i64 pad_rows = column_image ? pt + pb : 0;
+  std::vector<std::uint8_t> cols(column_image ? 0 : static_cast<std::size_t>(P * lda + 4), 0);
+  std::vector<std::uint8_t> hwc(static_cast<std::size_t>((HW + pad_rows) * cg + 4), pad_value);
+  std::uint8_t* image = hwc.data() + (column_image ? pt * cg : 0);
   const double work = static_cast<double>(P * K + HW * cg);
   const int T = threads_for(work, 1 << 17);
   const bool wake = work >= kWakeElementWork;
@@ -636,12 +642,12 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
         for (i64 c0 = 0; c0 < cg; c0 += 32) {
           const i64 c1 = std::min(cg, c0 + 32);
           for (i64 pp = p0; pp < p1; ++pp) {
-            std::uint8_t* d = hwc.data() + pp * cg;
+            std::uint8_t* d = image + pp * cg;
             for (i64 ci = c0; ci < c1; ++ci) d[ci] = static_cast<std::uint8_t>(planes[ci * HW + pp] ^ flip);
           }
         }
       }, wake);
-      parallel_for((P + 15) / 16, T, [&](i64 rb) {
+      if (!column_image) parallel_for((P + 15) / 16, T, [&](i64 rb) {
         for (i64 pp = rb * 16; pp < std::min(P, rb * 16 + 16); ++pp) {
           const i64 oy = pp / Wo, ox = pp % Wo;
           std::uint8_t* d = cols.data() + pp * lda;
@@ -650,7 +656,7 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
             for (i64 kx = 0; kx < c.kw; ++kx, d += cg) {
               const i64 ix = ox * sw - pl + kx * dw;
               if (iy >= 0 && iy < H && ix >= 0 && ix < W)
-                std::memcpy(d, hwc.data() + (iy * W + ix) * cg, static_cast<std::size_t>(cg));
+                std::memcpy(d, image + (iy * W + ix) * cg, static_cast<std::size_t>(cg));
               else
                 std::memset(d, pad_value, static_cast<std::size_t>(cg));
             }
@@ -664,7 +670,7 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
       sg.out = o + ((n * c.cout) + g * og) * P * osize;
       sg.rs = 1;
       sg.cs = P;
-      AOperand ao{cols.data(), lda, &za, 1};
+      const AOperand ao = column_image ? AOperand{hwc.data(), sh * cg, &za, 1} : AOperand{cols.data(), lda, &za, 1};
       qgemm(p, ao, P, sg);
     }
 }

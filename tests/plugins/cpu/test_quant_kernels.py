@@ -186,6 +186,10 @@ def _qconv_want(x, w, xzp, wzp, x_s, w_s, y_s, y_zp, bias, attrs):
     dict(x=(1, 64, 50, 1), w=(40, 64, 3, 1), pads=[1, 0, 1, 0]),
     dict(x=(2, 96, 41, 1), w=(33, 96, 5, 1), pads=[2, 0, 2, 0], strides=[2, 1]),
     dict(x=(1, 48, 9, 13), w=(20, 48, 3, 3), pads=[1, 1, 1, 1]),
+    # one-column images read in place (rows overlapping): K = 9 (not whole 4-byte groups), stride 3 with pads;
+    # dilated (the im2col copy again)
+    dict(x=(1, 3, 23, 1), w=(5, 3, 3, 1), pads=[2, 0, 1, 0], strides=[3, 1]),
+    dict(x=(1, 8, 20, 1), w=(6, 8, 3, 1), pads=[1, 0, 1, 0], dilations=[2, 1]),
 ])
 @pytest.mark.parametrize("xdt,wdt", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
 def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
