@@ -160,7 +160,10 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
     });
     return;
   }
-  const i64 panels_per_block = std::max<i64>(kr.np, 4);
+  // the tile's shape: the F32 stage in registers where the ISA has it (its own shape), else tile then finish
+  const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1;
+  const int tile_rows = f32_in_tile ? kr.f32_mr : kr.mr, tile_panels = f32_in_tile ? kr.f32_np : kr.np;
+  const i64 panels_per_block = f32_in_tile ? tile_panels : std::max(kr.np, 4);
   const i64 nblocks = (p.panels + panels_per_block - 1) / panels_per_block;
   int T = threads_for(work, 2e6);
   bool wake = true;
@@ -175,18 +178,17 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   const bool all_rows = M * a.lda <= kARowsL2Bytes && nblocks >= 2 * static_cast<i64>(T);
   const i64 rows_per_block = all_rows ? M : 64;
   const i64 mblocks = (M + rows_per_block - 1) / rows_per_block;
-  const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1;
   parallel_for(mblocks * nblocks, T, [&](i64 task) {
     const i64 mb = task / nblocks, nb = task % nblocks;
     const i64 m_begin = mb * rows_per_block, m_end = std::min(M, m_begin + rows_per_block);
     const i64 p_end = std::min(p.panels, (nb + 1) * panels_per_block);
-    BlockPrefetch next(p, (nb + T) * panels_per_block, panels_per_block, (m_end - m_begin + kr.mr - 1) / kr.mr);
+    BlockPrefetch next(p, (nb + T) * panels_per_block, panels_per_block, (m_end - m_begin + tile_rows - 1) / tile_rows);
     alignas(64) std::int32_t raw[kMR * kNP * kPanel];
-    for (i64 m0 = m_begin; m0 < m_end; m0 += kr.mr) {
-      const int mr = static_cast<int>(std::min<i64>(kr.mr, m_end - m0));
+    for (i64 m0 = m_begin; m0 < m_end; m0 += tile_rows) {
+      const int mr = static_cast<int>(std::min<i64>(tile_rows, m_end - m0));
       next.step();
-      for (i64 p0 = nb * panels_per_block; p0 < p_end; p0 += kr.np) {
-        const int np = static_cast<int>(std::min<i64>(kr.np, p_end - p0));
+      for (i64 p0 = nb * panels_per_block; p0 < p_end; p0 += tile_panels) {
+        const int np = static_cast<int>(std::min<i64>(tile_panels, p_end - p0));
         const i64 ldc = np * kPanel, n0 = p0 * kPanel;
         const int ncols = static_cast<int>(std::min<i64>(ldc, p.n - n0));
         const std::uint8_t* ar = a.a + m0 * a.lda;

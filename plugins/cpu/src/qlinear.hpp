@@ -81,6 +81,7 @@ struct QKernels {
   FinishFn finish;
   RowSumFn rowsums;
   TileF32Fn tile_f32;  // nullptr: tile, then finish
+  int f32_mr, f32_np;  // tile_f32's rows and panels
 };
 
 // AMX (qlinear_amx.cpp): whether this CPU has AMX-INT8 and the kernel let this process use the tile registers, and

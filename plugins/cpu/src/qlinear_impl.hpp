@@ -111,25 +111,66 @@ void tile_fixed_f32(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b
   }
 }
 
-template <int M>
-void tile_f32_m(int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps, const Corrections& cr,
-                const OutStage& st, i64 m0, i64 n0, int ncols) {
-  switch (np) {
-    case 1: return tile_fixed_f32<M, 1>(k4, a, lda, b, ps, cr, st, m0, n0, ncols);
-    case 2: return tile_fixed_f32<M, 2>(k4, a, lda, b, ps, cr, st, m0, n0, ncols);
-    case 3: return tile_fixed_f32<M, 3>(k4, a, lda, b, ps, cr, st, m0, n0, ncols);
-    default: return tile_fixed_f32<M, 4>(k4, a, lda, b, ps, cr, st, m0, n0, ncols);
+// The F32 tile's shape: 8 rows x 2 panels (16 accumulators, as 4 x 4) keeps a task's block of B at 2 panels,
+// 16 KiB for K = 512, in L1 with the A rows, where 4 panels stream from L2 at every row tile (70 x 512 x 1024:
+// 178.8 -> 176.3 us on Zen 4). Named accumulators, as accumulate<4, 4>.
+constexpr int kF32Rows = 8, kF32Panels = 2;
+
+template <>
+inline void accumulate<8, 2>(__m512i (&acc)[8][2], i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b,
+                             i64 pstride) {
+  __m512i c00 = acc[0][0], c01 = acc[0][1], c10 = acc[1][0], c11 = acc[1][1];
+  __m512i c20 = acc[2][0], c21 = acc[2][1], c30 = acc[3][0], c31 = acc[3][1];
+  __m512i c40 = acc[4][0], c41 = acc[4][1], c50 = acc[5][0], c51 = acc[5][1];
+  __m512i c60 = acc[6][0], c61 = acc[6][1], c70 = acc[7][0], c71 = acc[7][1];
+  for (i64 g = 0; g < k4; ++g) {
+    const std::int8_t* bg = b + g * 64;
+    const __m512i b0 = _mm512_load_si512(bg), b1 = _mm512_load_si512(bg + pstride);
+    const std::uint8_t* ag = a + 4 * g;
+    __m512i av = _mm512_set1_epi32(load4(ag));
+    c00 = _mm512_dpbusd_epi32(c00, av, b0), c01 = _mm512_dpbusd_epi32(c01, av, b1);
+    av = _mm512_set1_epi32(load4(ag + lda));
+    c10 = _mm512_dpbusd_epi32(c10, av, b0), c11 = _mm512_dpbusd_epi32(c11, av, b1);
+    av = _mm512_set1_epi32(load4(ag + 2 * lda));
+    c20 = _mm512_dpbusd_epi32(c20, av, b0), c21 = _mm512_dpbusd_epi32(c21, av, b1);
+    av = _mm512_set1_epi32(load4(ag + 3 * lda));
+    c30 = _mm512_dpbusd_epi32(c30, av, b0), c31 = _mm512_dpbusd_epi32(c31, av, b1);
+    av = _mm512_set1_epi32(load4(ag + 4 * lda));
+    c40 = _mm512_dpbusd_epi32(c40, av, b0), c41 = _mm512_dpbusd_epi32(c41, av, b1);
+    av = _mm512_set1_epi32(load4(ag + 5 * lda));
+    c50 = _mm512_dpbusd_epi32(c50, av, b0), c51 = _mm512_dpbusd_epi32(c51, av, b1);
+    av = _mm512_set1_epi32(load4(ag + 6 * lda));
+    c60 = _mm512_dpbusd_epi32(c60, av, b0), c61 = _mm512_dpbusd_epi32(c61, av, b1);
+    av = _mm512_set1_epi32(load4(ag + 7 * lda));
+    c70 = _mm512_dpbusd_epi32(c70, av, b0), c71 = _mm512_dpbusd_epi32(c71, av, b1);
   }
+  acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
+  acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
+  acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
+  acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
+}
+
+template <int M, int NP>
+void tile_f32_np(int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps, const Corrections& cr,
+                 const OutStage& st, i64 m0, i64 n0, int ncols) {
+  if constexpr (NP > 1) {
+    if (np < NP) return tile_f32_np<M, NP - 1>(np, k4, a, lda, b, ps, cr, st, m0, n0, ncols);
+  }
+  tile_fixed_f32<M, NP>(k4, a, lda, b, ps, cr, st, m0, n0, ncols);
+}
+
+template <int M>
+void tile_f32_rows(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps,
+                   const Corrections& cr, const OutStage& st, i64 m0, i64 n0, int ncols) {
+  if constexpr (M > 1) {
+    if (m < M) return tile_f32_rows<M - 1>(m, np, k4, a, lda, b, ps, cr, st, m0, n0, ncols);
+  }
+  tile_f32_np<M, kF32Panels>(np, k4, a, lda, b, ps, cr, st, m0, n0, ncols);
 }
 
 void tile_f32(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps,
               const Corrections& cr, const OutStage& st, i64 m0, i64 n0, int ncols) {
-  switch (m) {
-    case 1: return tile_f32_m<1>(np, k4, a, lda, b, ps, cr, st, m0, n0, ncols);
-    case 2: return tile_f32_m<2>(np, k4, a, lda, b, ps, cr, st, m0, n0, ncols);
-    case 3: return tile_f32_m<3>(np, k4, a, lda, b, ps, cr, st, m0, n0, ncols);
-    default: return tile_f32_m<4>(np, k4, a, lda, b, ps, cr, st, m0, n0, ncols);
-  }
+  tile_f32_rows<kF32Rows>(m, np, k4, a, lda, b, ps, cr, st, m0, n0, ncols);
 }
 #elif defined(QLIN_ISA_AVX2)
 // A 16-byte quarter of a 64-byte group (4 columns x 4 k) widened to int16 meets the row's 4 bytes of a, widened and
