@@ -67,6 +67,11 @@ using FinishFn = void (*)(const OutStage& st, const Corrections& cr, i64 m0, int
 // rowsum[r] = sum of the first k bytes of row r (rows lda apart).
 using RowSumFn = void (*)(const std::uint8_t* a, i64 rows, i64 k, i64 lda, std::int32_t* rowsum);
 
+// The tile (TileFn's m, np, panels) of rows [m0, m0 + m) and columns [n0, n0 + ncols) finished straight into an F32
+// stage with contiguous rows (st.cs == 1), as tile then finish would.
+using TileF32Fn = void (*)(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
+                           const Corrections& cr, const OutStage& st, i64 m0, i64 n0, int ncols);
+
 struct QKernels {
   const char* name;
   int mr, np;  // the tile this ISA's registers hold: rows, panels
@@ -75,6 +80,8 @@ struct QKernels {
   MinMaxFn minmax;
   FinishFn finish;
   RowSumFn rowsums;
+  TileF32Fn tile_f32;  // nullptr: tile, then finish
+  int f32_mr, f32_np;  // tile_f32's rows and panels
 };
 
 // AMX (qlinear_amx.cpp): whether this CPU has AMX-INT8 and the kernel let this process use the tile registers, and

@@ -92,6 +92,25 @@ def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column):
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("adt,bdt,zps", [(np.uint8, np.int8, "per row / column"),
+                                         (np.int8, np.uint8, "per row / column"),
+                                         (np.uint8, np.int8, "one / zero"), (np.uint8, np.int8, "per row / zero")])
+def test_qgemm_f32_zero_points_per_row_and_column(isa, amx, threads, shape, adt, bdt, zps):
+    """The F32 stage over tile edges (M % 4, N % 16, panels past the last tile), with a zero point per row of A or
+    one, and per column of B or zero (symmetric weights: the VNNI tile then drops the row term, and precomputes the
+    column term for one A zero point), without bias (the stage the VNNI tile applies in registers)."""
+    rng = np.random.default_rng(7)
+    m, k, n = shape
+    a, b = _rand8(rng, (m, k), adt), _rand8(rng, (k, n), bdt)
+    za = _rand8(rng, (m,), adt) if zps.startswith("per row") else _rand8(rng, (), adt)
+    zb = np.zeros(n, bdt) if zps.endswith("zero") else _rand8(rng, (n,), bdt)
+    scale = rng.uniform(1e-4, 1e-2, (n,)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    _native.qgemm_f32(a, _native.qpack_b(b, zb), za, scale, None, out)
+    np.testing.assert_array_equal(out, _exact(a, b, za, zb).astype(np.float32) * scale)
+
+
 def _requant(acc: np.ndarray, mult: np.ndarray, zp: int, dtype: type) -> np.ndarray:
     """onnxruntime's requantization: float32(acc) * multiplier, clamped to the range minus the zero point, rounded
     half to even, plus the zero point."""
@@ -171,6 +190,10 @@ def _qconv_want(x, w, xzp, wzp, x_s, w_s, y_s, y_zp, bias, attrs):
     dict(x=(1, 64, 50, 1), w=(40, 64, 3, 1), pads=[1, 0, 1, 0]),
     dict(x=(2, 96, 41, 1), w=(33, 96, 5, 1), pads=[2, 0, 2, 0], strides=[2, 1]),
     dict(x=(1, 48, 9, 13), w=(20, 48, 3, 3), pads=[1, 1, 1, 1]),
+    # one-column images read in place (rows overlapping): K = 9 (not whole 4-byte groups), stride 3 with pads;
+    # dilated (the im2col copy again)
+    dict(x=(1, 3, 23, 1), w=(5, 3, 3, 1), pads=[2, 0, 1, 0], strides=[3, 1]),
+    dict(x=(1, 8, 20, 1), w=(6, 8, 3, 1), pads=[1, 0, 1, 0], dilations=[2, 1]),
 ])
 @pytest.mark.parametrize("xdt,wdt", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
 def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
