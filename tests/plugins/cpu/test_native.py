@@ -790,6 +790,8 @@ CONV_CASES = [
     # one position a channel (PP-LCNet's squeeze-excitation convs): bias and activation over a row block's outputs
     # as one contiguous run; two images, Cout off the 4-row blocks
     (2, 67, 1, 1, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    # one position, two groups of 64 channels: each weight row whole 4-vector steps (x_dot_n1's unrolled loop alone)
+    (1, 128, 1, 1, 70, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2),
     # rows of >= one GEMM panel, stride 1 along W: the GEMM reads the padded input in place (no im2col), with Cout
     # off the tile height, strided rows, a ragged last panel, groups and dilation
     (2, 7, 9, 61, 23, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
