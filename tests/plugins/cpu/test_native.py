@@ -1097,7 +1097,7 @@ def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1)
     rem = positions % 32
     cols = positions - rem + (0 if rem == 0 else 16 if rem <= 16 else 32)  # row_tile_cols(positions, 32, 16)
     if (group == 1 and cout % 32 == 0 and positions <= 256 and k >= 64
-            and (cols * 10 >= positions * 11 or (cols > positions and k >= 512))):
+            and (cols * 10 >= positions * 11 or (cols > positions and k >= 256))):
         return "cblk"
     return "pointwise" if k <= 48 or positions <= 128 else "gemm"
 
@@ -1499,9 +1499,11 @@ POINTWISE_CASES = [
     (1, 64, 11, 11, 42, 2),
     (1, 384, 8, 8, 256, 1),  # whole 32-column panels: the tiles at K = 384
     # conv_cblk (whole 32-channel blocks, maps the 32-column panels fit badly): 7 x 7 (two rows a tile), two images;
-    # 14 x 14 at K = 512
+    # 14 x 14 at K = 512 and at K = 256 (PP-LCNet's 256 -> 256; 128 -> 256 stays with the GEMM)
     (2, 96, 7, 7, 128, 1),
     (1, 512, 14, 14, 64, 1),
+    (1, 256, 14, 14, 96, 1),
+    (1, 128, 14, 14, 64, 1),
 ]
 
 
