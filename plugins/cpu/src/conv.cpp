@@ -119,18 +119,17 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       const i64 rows = std::min<i64>(g.H, Hp - g.pt);
       if (sw == 1) {
         xk.copy_rows(in, g.W, buf + g.pt * Wq + g.pl, Wq, rows, ncopy);
+      } else if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
+        float* row = buf + g.pt * Wq;
+        xk.deinterleave_rows(in, g.W, ncopy, rows, row + (g.pl & 1) * phase + (g.pl >> 1),
+                             row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1), Wq);
       } else {
         for (i64 iy = 0; iy < rows; ++iy) {
           const float* src = in + iy * g.W;
           float* row = buf + (iy + g.pt) * Wq;
-          if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
-            xk.deinterleave(src, ncopy, row + (g.pl & 1) * phase + (g.pl >> 1),
-                            row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
-          } else {
-            for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
-              row[p * phase + col] = src[ix];
-              if (++p == sw) p = 0, ++col;
-            }
+          for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
+            row[p * phase + col] = src[ix];
+            if (++p == sw) p = 0, ++col;
           }
         }
       }

@@ -747,6 +747,12 @@ CONV_CASES = [
     (2, 12, 11, 10, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 12),  # depthwise
     (1, 32, 14, 14, 32, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 32),  # depthwise strided
     (1, 6, 13, 15, 6, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise stride 2: odd pad and width (deinterleave)
+    # stride-2 depthwise on rows of >= a vector of outputs (the row kernel on column phases, deinterleave_rows): whole
+    # 32-value steps and a masked tail of odd / even length, odd / even / no left pad, dilation
+    (1, 5, 9, 67, 5, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 5),
+    (1, 3, 8, 64, 3, 3, 3, (2, 2), (0, 0, 1, 1), (1, 1), 3),
+    (1, 4, 11, 101, 4, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 4),
+    (1, 2, 12, 90, 2, 3, 3, (2, 2), (2, 2, 2, 2), (2, 2), 2),
     (1, 4, 11, 17, 4, 3, 3, (3, 3), (1, 2, 0, 1), (1, 1), 4),  # depthwise stride 3
     (2, 3, 9, 37, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 3),  # depthwise, rows ending in a part vector
     # depthwise row blocks (8 rows of one vector up to 16 columns, else 4 rows of two, the rest in 4 / 2 / 1):
