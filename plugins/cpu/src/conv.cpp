@@ -1174,11 +1174,17 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
 // K <= 48 or on maps of at most 128 positions (nudenet in the model, thread time, 1 thread, tiles / GEMM: 32 -> 32 and
 // 48 -> 32 on 80 x 80 0.84 / 0.90, the 1x1 convs on 10 x 10 0.88-0.96, DFL's 16 -> 1 0.49; K >= 128 on 20 x 20 and
 // 40 x 40 1.07-1.10, the strided reads of many input rows from L2). HETERO_CPU_CONV_PW_TILES=1 / 0 forces it on / off
-// (AVX2's tiles run, and are tested, where forced).
+// (AVX2's tiles run, and are tested, where forced). On AMD Zen 4 (AVX-512 without AMX) the same shapes measured the
+// other way where the conv narrows the channels (Cout / group < K; in the models, per node, thread time, 3-4
+// alternations, GEMM -> tiles: nudenet's 192 -> 64 on 40 x 40 0.85x, 128 -> 64 0.90x, 96 -> 64 0.85x, 384 -> 128 on
+// 20 x 20 0.87x, 192 -> 128 0.85-0.95x; open_nsfw's 128 -> 32 on 56 x 56 0.79-0.84x, 256 -> 64 on 28 x 28 0.91x) and
+// level to 1.07x where it widens them (open_nsfw's 128 -> 512 on 14 x 14, 64 -> 256 on 28 x 28): tiles there where
+// there is no AMX (the Xeon above had it, and keeps its rule).
 bool pointwise_tiles_fit(const ExtraKernels& xk, const ConvGeom& g, i64 K) {
   static const int forced = env_override("HETERO_CPU_CONV_PW_TILES");
   if (forced >= 0) return forced == 1;
-  return xk.lanes == 16 && (K <= 48 || g.Ho * g.Wo <= 128);
+  if (xk.lanes != 16) return false;
+  return K <= 48 || g.Ho * g.Wo <= 128 || (!bf16x3_available() && g.Cout / g.group < K);
 }
 
 // 1x1 stride-1 unpadded convs as register tiles on the input in place: row k of a tile's B is input channel k at the

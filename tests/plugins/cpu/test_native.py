@@ -1097,7 +1097,8 @@ def test_conv2d_transposed_batched(isa, threads, shape):
 def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1) -> str:
     """A 1x1 stride-1 conv's kernel by conv.cpp's rule: on AVX-512 conv_cblk for whole 32-channel blocks on at most
     256 positions that fill the GEMM's 32-column panels badly (pointwise_cblk_wins), the register tiles on the input
-    in place at K <= 48 or on at most 128 positions (pointwise_tiles_fit), else the packed GEMM."""
+    in place at K <= 48, on at most 128 positions or (without AMX) where Cout / group < K (pointwise_tiles_fit), else
+    the packed GEMM."""
     if isa != "avx512":
         return "gemm"
     rem = positions % 32
@@ -1105,7 +1106,8 @@ def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1)
     if (group == 1 and cout % 32 == 0 and positions <= 256 and k >= 64
             and (cols * 10 >= positions * 11 or (cols > positions and k >= 256))):
         return "cblk"
-    return "pointwise" if k <= 48 or positions <= 128 else "gemm"
+    narrows = cout // group < k and not _native.bf16x3_available()
+    return "pointwise" if k <= 48 or positions <= 128 or narrows else "gemm"
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
@@ -1504,6 +1506,10 @@ POINTWISE_CASES = [
     (1, 40, 3, 21, 13, 1),
     (1, 64, 11, 11, 42, 2),
     (1, 384, 8, 8, 256, 1),  # whole 32-column panels: the tiles at K = 384
+    # Cout < K on > 128 positions (the tiles without AMX, else the GEMM): YOLOv8n's 192 -> 64 on 20 x 20, a ragged
+    # 153-position map with Cout off the 12-row tile
+    (1, 192, 20, 20, 64, 1),
+    (1, 96, 17, 9, 40, 1),
     # conv_cblk (whole 32-channel blocks, maps the 32-column panels fit badly): 7 x 7 (two rows a tile), two images;
     # 14 x 14 at K = 512 and at K = 256 (PP-LCNet's 256 -> 256; 128 -> 256 stays with the GEMM)
     (2, 96, 7, 7, 128, 1),
