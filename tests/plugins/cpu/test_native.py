@@ -774,6 +774,12 @@ CONV_CASES = [
     (2, 12, 11, 10, 12, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 12),  # depthwise
     (1, 32, 14, 14, 32, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 32),  # depthwise strided
     (1, 6, 13, 15, 6, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 6),  # depthwise stride 2: odd pad and width (deinterleave)
+    # stride-2 depthwise on rows of >= a vector of outputs (the row kernel on column phases, deinterleave_rows): whole
+    # 32-value steps and a masked tail of odd / even length, odd / even / no left pad, dilation
+    (1, 5, 9, 67, 5, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 5),
+    (1, 3, 8, 64, 3, 3, 3, (2, 2), (0, 0, 1, 1), (1, 1), 3),
+    (1, 4, 11, 101, 4, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 4),
+    (1, 2, 12, 90, 2, 3, 3, (2, 2), (2, 2, 2, 2), (2, 2), 2),
     (1, 4, 11, 17, 4, 3, 3, (3, 3), (1, 2, 0, 1), (1, 1), 4),  # depthwise stride 3
     (2, 3, 9, 37, 3, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 3),  # depthwise, rows ending in a part vector
     # depthwise row blocks (8 rows of one vector up to 16 columns, else 4 rows of two, the rest in 4 / 2 / 1):
@@ -817,6 +823,8 @@ CONV_CASES = [
     # one position a channel (PP-LCNet's squeeze-excitation convs): bias and activation over a row block's outputs
     # as one contiguous run; two images, Cout off the 4-row blocks
     (2, 67, 1, 1, 130, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    # one position, two groups of 64 channels: each weight row whole 4-vector steps (x_dot_n1's unrolled loop alone)
+    (1, 128, 1, 1, 70, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2),
     # rows of >= one GEMM panel, stride 1 along W: the GEMM reads the padded input in place (no im2col), with Cout
     # off the tile height, strided rows, a ragged last panel, groups and dilation
     (2, 7, 9, 61, 23, 3, 3, (2, 1), (1, 2, 0, 1), (1, 1), 1),
@@ -1116,15 +1124,17 @@ def test_conv2d_transposed_batched(isa, threads, shape):
 def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1) -> str:
     """A 1x1 stride-1 conv's kernel by conv.cpp's rule: on AVX-512 conv_cblk for whole 32-channel blocks on at most
     256 positions that fill the GEMM's 32-column panels badly (pointwise_cblk_wins), the register tiles on the input
-    in place at K <= 48 or on at most 128 positions (pointwise_tiles_fit), else the packed GEMM."""
+    in place at K <= 48, on at most 128 positions or (without AMX) where Cout / group < K (pointwise_tiles_fit), else
+    the packed GEMM."""
     if isa != "avx512":
         return "gemm"
     rem = positions % 32
     cols = positions - rem + (0 if rem == 0 else 16 if rem <= 16 else 32)  # row_tile_cols(positions, 32, 16)
     if (group == 1 and cout % 32 == 0 and positions <= 256 and k >= 64
-            and (cols * 10 >= positions * 11 or (cols > positions and k >= 512))):
+            and (cols * 10 >= positions * 11 or (cols > positions and k >= 256))):
         return "cblk"
-    return "pointwise" if k <= 48 or positions <= 128 else "gemm"
+    narrows = cout // group < k and not _native.bf16x3_available()
+    return "pointwise" if k <= 48 or positions <= 128 or narrows else "gemm"
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
@@ -1523,10 +1533,16 @@ POINTWISE_CASES = [
     (1, 40, 3, 21, 13, 1),
     (1, 64, 11, 11, 42, 2),
     (1, 384, 8, 8, 256, 1),  # whole 32-column panels: the tiles at K = 384
+    # Cout < K on > 128 positions (the tiles without AMX, else the GEMM): YOLOv8n's 192 -> 64 on 20 x 20, a ragged
+    # 153-position map with Cout off the 12-row tile
+    (1, 192, 20, 20, 64, 1),
+    (1, 96, 17, 9, 40, 1),
     # conv_cblk (whole 32-channel blocks, maps the 32-column panels fit badly): 7 x 7 (two rows a tile), two images;
-    # 14 x 14 at K = 512
+    # 14 x 14 at K = 512 and at K = 256 (PP-LCNet's 256 -> 256; 128 -> 256 stays with the GEMM)
     (2, 96, 7, 7, 128, 1),
     (1, 512, 14, 14, 64, 1),
+    (1, 256, 14, 14, 96, 1),
+    (1, 128, 14, 14, 64, 1),
 ]
 
 
