@@ -166,7 +166,7 @@ def test_eagle_runs_its_head_over_the_prompt_in_begin(target):
     target.prefill(history)
     rows = {layer: target.hidden(layer, 0, len(history))
             for layer in Eagle3Drafter.for_target(folder, target).hidden_layers}
-    early, lazy = Eagle3Drafter.for_target(folder, target), Eagle3Drafter.for_target(folder, target)
+    early, lazy = Eagle3Drafter.for_target(folder, target), Eagle3Drafter.for_target(folder, target, catch_up=1 << 20)
     early.begin(history, rows)
     lazy.begin(history, rows)
     lazy._truncate(0)  # as before: no head rows until the first draft
