@@ -223,3 +223,15 @@ def test_training_log_records_acceptance_against_minutes():
     for kind in ("eagle3", "dflash"):
         points = log["curves"][kind]
         assert points and all(p["minutes"] >= 0 and 0 <= p["acceptance_rate"] <= 1 for p in points)
+
+
+def test_top_indices_are_argsorts_first_k():
+    """The tree's partial selection picks what a full stable sort picks, ties included."""
+    from hetero.llm.speculative.eagle import top_indices
+
+    rng = np.random.default_rng(0)
+    for n in (1, 5, 100):
+        for k in (1, 3, 7, 400):
+            x = rng.standard_normal((3, n)).astype(np.float32)
+            x[0, :2] = 1.5  # a tie
+            np.testing.assert_array_equal(top_indices(x, k), np.argsort(-x, axis=None, kind="stable")[:k])
