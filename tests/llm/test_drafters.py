@@ -235,3 +235,35 @@ def test_top_indices_are_argsorts_first_k():
             x = rng.standard_normal((3, n)).astype(np.float32)
             x[0, :2] = 1.5  # a tie
             np.testing.assert_array_equal(top_indices(x, k), np.argsort(-x, axis=None, kind="stable")[:k])
+
+
+def test_eagle_catches_up_over_its_window_after_drafting_was_off(target, monkeypatch):
+    """Drafting off for the generation's first 20 tokens (a policy pause): the first draft runs the head over at
+    most ``catch_up`` rows, not over every token decoded since the prompt, and greedy output stays plain."""
+    want = _plain(target, PROMPTS[0], 40)
+    drafter = Eagle3Drafter.for_target(TRAINED / "eagle3", target, catch_up=4)
+    spec = Speculation(drafter)
+    make_policy = spec._policy
+
+    def paused(previous=None):
+        policy = make_policy(previous)
+        policy.off_until = 20
+        return policy
+
+    monkeypatch.setattr(spec, "_policy", paused)
+    rows: list[int] = []
+    step = drafter.head.step
+
+    def counted(features, *args, **kwargs):
+        rows.append(len(features))
+        return step(features, *args, **kwargs)
+
+    target.reset()
+    target.generate(PROMPTS[0], 40, temperature=0, spec=spec)
+    assert list(target.last.tokens) == want
+    monkeypatch.setattr(drafter.head, "step", counted)
+    target.reset()
+    target.generate(PROMPTS[0], 40, temperature=0, spec=spec)
+    assert list(target.last.tokens) == want and target.stats.drafted_tokens > 0
+    prompt = len(target.tokenizer.encode(PROMPTS[0]))
+    assert rows[0] == prompt - 1 and 1 <= max(rows[1:]) <= 4, rows  # begin: the prompt's pairs; then the window
