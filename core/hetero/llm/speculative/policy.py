@@ -423,6 +423,10 @@ class DraftPolicy:
         plain = self.plain_cost
         if plain is None or self.drafting_cost(1) is None:
             return False
+        if len(self.draft_times) < 2 and right >= steps / 2:
+            # one drafting time (a neighbour's burst: a draft model at 100% switched off for 577 tokens, 2026-12-06)
+            # does not switch off a drafter right half the time; the measured judging still may
+            return False
         recent = self.accepted + self.rejected >= MIN_EVIDENCE
         lasting = steps >= MIN_EVIDENCE
         if not (recent or lasting) or (recent and best_rate >= 1 / plain):
