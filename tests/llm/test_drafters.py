@@ -166,7 +166,7 @@ def test_eagle_runs_its_head_over_the_prompt_in_begin(target):
     target.prefill(history)
     rows = {layer: target.hidden(layer, 0, len(history))
             for layer in Eagle3Drafter.for_target(folder, target).hidden_layers}
-    early, lazy = Eagle3Drafter.for_target(folder, target), Eagle3Drafter.for_target(folder, target)
+    early, lazy = Eagle3Drafter.for_target(folder, target), Eagle3Drafter.for_target(folder, target, catch_up=1 << 20)
     early.begin(history, rows)
     lazy.begin(history, rows)
     lazy._truncate(0)  # as before: no head rows until the first draft
@@ -223,3 +223,47 @@ def test_training_log_records_acceptance_against_minutes():
     for kind in ("eagle3", "dflash"):
         points = log["curves"][kind]
         assert points and all(p["minutes"] >= 0 and 0 <= p["acceptance_rate"] <= 1 for p in points)
+
+
+def test_top_indices_are_argsorts_first_k():
+    """The tree's partial selection picks what a full stable sort picks, ties included."""
+    from hetero.llm.speculative.eagle import top_indices
+
+    rng = np.random.default_rng(0)
+    for n in (1, 5, 100):
+        for k in (1, 3, 7, 400):
+            x = rng.standard_normal((3, n)).astype(np.float32)
+            x[0, :2] = 1.5  # a tie
+            np.testing.assert_array_equal(top_indices(x, k), np.argsort(-x, axis=None, kind="stable")[:k])
+
+
+def test_eagle_catches_up_over_its_window_after_drafting_was_off(target, monkeypatch):
+    """Drafting off for the generation's first 20 tokens (a policy pause): the first draft runs the head over at
+    most ``catch_up`` rows, not over every token decoded since the prompt, and greedy output stays plain."""
+    want = _plain(target, PROMPTS[0], 40)
+    drafter = Eagle3Drafter.for_target(TRAINED / "eagle3", target, catch_up=4)
+    spec = Speculation(drafter)
+    make_policy = spec._policy
+
+    def paused(previous=None):
+        policy = make_policy(previous)
+        policy.off_until = 20
+        return policy
+
+    monkeypatch.setattr(spec, "_policy", paused)
+    rows: list[int] = []
+    step = drafter.head.step
+
+    def counted(features, *args, **kwargs):
+        rows.append(len(features))
+        return step(features, *args, **kwargs)
+
+    target.reset()
+    target.generate(PROMPTS[0], 40, temperature=0, spec=spec)
+    assert list(target.last.tokens) == want
+    monkeypatch.setattr(drafter.head, "step", counted)
+    target.reset()
+    target.generate(PROMPTS[0], 40, temperature=0, spec=spec)
+    assert list(target.last.tokens) == want and target.stats.drafted_tokens > 0
+    prompt = len(target.tokenizer.encode(PROMPTS[0]))
+    assert rows[0] == prompt - 1 and 1 <= max(rows[1:]) <= 4, rows  # begin: the prompt's pairs; then the window

@@ -112,6 +112,39 @@ def test_eagle_tree_nodes_follow_the_torch_chain_of_their_path(eagle):
     assert mask[np.arange(12), np.arange(12)].all() and mask.sum() == 3 * (1 + 2 + 3 + 4)
 
 
+def test_eagle_catch_up_after_a_pause_runs_the_window_over_the_cached_rows(eagle):
+    """Rows handed over while drafting was off: a draft runs the head over the last ``catch_up`` of them only,
+    attending to the rows cached before the pause and to those, at their own positions (torch: the same rows run
+    with the gap's keys left out)."""
+    weights, ref, table = eagle
+    rng = np.random.default_rng(6)
+    prompt_rows, gap, window = 6, 9, 3
+    n = prompt_rows + gap + window
+    tokens = rng.integers(0, VOCAB, n + 1).tolist()
+    hidden = rng.standard_normal((n, 3 * H)).astype(np.float32)
+
+    def layers(rows: np.ndarray) -> dict[int, np.ndarray]:
+        return {0: rows[:, :H], 1: rows[:, H:2 * H], 2: rows[:, 2 * H:]}
+
+    drafter = Eagle3Drafter(weights, lambda ids: table[np.asarray(ids)], num_layers=4, top_k=1, catch_up=window)
+    drafter.begin(tokens[:prompt_rows], layers(hidden[:prompt_rows]))
+    drafter.accept(0, tokens[prompt_rows:], layers(hidden[prompt_rows:]))  # the pause's rows, in one call
+    first = drafter.draft(tokens, 1)
+    kept = [*range(prompt_rows - 1), *range(n - window, n)]  # the prompt's pairs, then the window's
+    assert drafter.positions == kept and len(drafter.head.keys) == len(kept)
+    with torch.no_grad():
+        feat = ref.fc(_t(hidden))
+        p = prompt_rows - 1
+        _, k, v = ref.step(feat[:p], _t(table[tokens[1:prompt_rows]]), torch.arange(p), torch.zeros(0, 2, 16),
+                           torch.zeros(0, 2, 16), torch.tril(torch.ones(p, p, dtype=torch.bool)))
+        mask = torch.cat([torch.ones(window, p, dtype=torch.bool),
+                          torch.tril(torch.ones(window, window, dtype=torch.bool))], dim=1)
+        out, _, _ = ref.step(feat[n - window:], _t(table[tokens[n - window + 1:]]), torch.arange(n - window, n),
+                             k, v, mask)
+        lp = torch.log_softmax(ref.logits(out[-1:])[0], -1).numpy()
+    assert first == [int(weights.draft_to_target(np.asarray(int(np.argmax(lp)))))]
+
+
 def test_eagle_greedy_chain_and_training_unroll_agree(eagle):
     """top_k=1 drafts the argmax chain; the training unroll (teacher-forced on those tokens) predicts the same."""
     weights, ref, table = eagle

@@ -18,6 +18,7 @@ docs/speculative.md, "Drafter files".
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 
 from ...contract.errors import HeteroError, ModelFormatError
 from .drafter_files import DrafterFolder, LayerShape, layer_ids
-from .drafter_nn import LayerWeights, Linear, attention, rms_norm
+from .drafter_nn import LayerWeights, Linear, attention, fused, rms_norm, silu
 from .feature_drafter import FeatureDrafter
 from .native_linears import compile_for_target
 from .registry import register
@@ -86,6 +87,33 @@ def load_eagle3(path: str | Path) -> Eagle3Weights:
     )
 
 
+CATCH_UP = 32  # rows: the most a draft runs the head over to catch up with the target (a trial after a pause)
+
+
+class RowStore:
+    """Rows ``[n, width]`` indexed by sequence position, written from a position on (what followed is dropped), in
+    a buffer that doubles: a long generation copies each row a few times, not once per step."""
+
+    def __init__(self, width: int) -> None:
+        self.data = np.zeros((0, width), np.float32)
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def put(self, start: int, rows: np.ndarray) -> None:
+        end = start + len(rows)
+        if end > len(self.data):
+            grown = np.zeros((max(end, 2 * len(self.data), 64), self.data.shape[1]), np.float32)
+            grown[:start] = self.data[:start]
+            self.data = grown
+        self.data[start:end] = rows
+        self.size = end
+
+    def rows(self, start: int, end: int) -> np.ndarray:
+        return self.data[start:min(end, self.size)]
+
+
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
     """The EAGLE-3 authors' choice: the inputs of layers 2, L/2 and L-3 (outputs of layers 1, L/2-1, L-4),
     clamped for shallow targets."""
@@ -99,6 +127,10 @@ class Eagle3Head:
     def __init__(self, w: Eagle3Weights) -> None:
         self.w = w
         s = w.shape
+        lw = w.layer
+        self.qkv = fused([lw.q, lw.k, lw.v])  # the layer's projections of one input, each pair in one call
+        self.gate_up = fused([lw.gate, lw.up])
+        self.splits = (s.heads * s.head_dim, (s.heads + s.kv_heads) * s.head_dim)
         self.keys = np.zeros((0, s.kv_heads, s.head_dim), np.float32)
         self.values = np.zeros((0, s.kv_heads, s.head_dim), np.float32)
 
@@ -115,13 +147,14 @@ class Eagle3Head:
         lw = w.layer
         x = np.concatenate([rms_norm(embeddings, lw.input_norm, s.eps), rms_norm(features, w.hidden_norm, s.eps)],
                            axis=-1)
-        q = s.rope.apply(lw.heads(x, lw.q, None, s.head_dim, s.eps), positions)
-        k = s.rope.apply(lw.heads(x, lw.k, None, s.head_dim, s.eps), positions)
-        v = lw.heads(x, lw.v, None, s.head_dim, s.eps)
+        t = len(x)
+        q, k, v = (part.reshape(t, -1, s.head_dim) for part in np.split(x @ self.qkv, self.splits, axis=-1))
+        q, k = s.rope.apply(q, positions), s.rope.apply(k, positions)
         keys = [self.keys, *([extra_k] if extra_k is not None else []), k]
         vals = [self.values, *([extra_v] if extra_v is not None else []), v]
         h = features + attention(q, np.concatenate(keys), np.concatenate(vals), visible) @ lw.o
-        h = h + lw.mlp(rms_norm(h, lw.post_norm, s.eps))
+        gate, up = np.split(rms_norm(h, lw.post_norm, s.eps) @ self.gate_up, 2, axis=-1)
+        h = h + (silu(gate) * up) @ lw.down
         return h.astype(np.float32, copy=False), k, v
 
     def log_probs(self, hidden: np.ndarray) -> np.ndarray:
@@ -170,16 +203,26 @@ class Eagle3Drafter(FeatureDrafter):
     """Eagle-3 drafting for one target (a ``Drafter``). ``hidden_layers``: the target layers it reads.
 
     The head's cache holds one row per sequence position ``j`` whose pair (target feature of token ``j``, token
-    ``j + 1``) is known; ``draft`` extends it to the history given, then grows the tree from the last row."""
+    ``j + 1``) is known and was run (``positions``); ``draft`` extends it to the history given, then grows the tree
+    from the last row. It catches up over at most ``catch_up`` rows: after a pause in drafting (the policy switched
+    it off) the rows before those are left out of the head's context (their keys are absent; every cached key keeps
+    its own rotary position), so a trial costs the same after any pause. Run over every row since the last draft, a
+    trial cost the head's per-row work times the pause (on the 0.5B target, a pause of 256 tokens: 6.6-9.5 plain
+    steps, 32 rows 0.3-0.55; benchmarks/eagle_catch_up.py, 2026-12-06): pricing the pause by the trial's seconds
+    could not bound its share, and Eagle-3 ran at 0.93x of plain decoding at 2 threads. The target's hidden states
+    are kept raw (``RowStore``) and projected by ``fc`` only for the rows the head runs."""
 
     def __init__(self, weights: Eagle3Weights, embed: Callable[[Sequence[int]], np.ndarray], *, num_layers: int,
-                 top_k: int = 1, max_draft: int = 6) -> None:
+                 top_k: int = 1, max_draft: int = 6, catch_up: int = CATCH_UP) -> None:
         """``embed(ids) -> [T, hidden]``: the target's embedding table; ``num_layers``: the target's depth;
         ``top_k``: children kept per tree level; ``max_draft``: the tree's depth. The default ``top_k=1`` drafts
         the greedy chain: while the target verifies one chain, a wider tree picked the same chain in every
-        measurement here (tests/fixtures/drafters, top_k 1-8) at up to twice the drafting time."""
-        if top_k < 1 or max_draft < 1:
-            raise HeteroError(f"Eagle-3 top_k={top_k}, max_draft={max_draft}; expected at least 1 each")
+        measurement here (tests/fixtures/drafters, top_k 1-8) at up to twice the drafting time. ``catch_up``: the
+        most rows a draft runs the head over (``begin`` runs the whole prompt)."""
+        if top_k < 1 or max_draft < 1 or catch_up < 1:
+            raise HeteroError(f"Eagle-3 top_k={top_k}, max_draft={max_draft}, catch_up={catch_up}; expected at "
+                              "least 1 each")
+        self.catch_up = catch_up
         self.max_draft = max_draft
         self.w = weights
         self.head = Eagle3Head(weights)
@@ -189,8 +232,9 @@ class Eagle3Drafter(FeatureDrafter):
         if max(layers) >= num_layers:
             raise HeteroError(f"the Eagle-3 head reads target layers {list(layers)}; the target has {num_layers}")
         self.hidden_layers = tuple(layers)
-        self.features = np.zeros((0, weights.shape.hidden), np.float32)  # fc(target hidden) per position
-        self.pairs: list[int] = []  # token j + 1 of each cached row j
+        self.raw = RowStore(len(layers) * weights.target_hidden)  # the target's hidden states per position
+        self.positions: list[int] = []  # the position j of each cached head row (ascending)
+        self.pairs: list[int] = []  # token j + 1 of each cached row
         self.tree = Tree([], [], [], [])
 
     @classmethod
@@ -205,11 +249,14 @@ class Eagle3Drafter(FeatureDrafter):
                               f"{weights.vocab_size} and hidden size {weights.target_hidden}; model {llm.name!r} "
                               f"has {cfg.vocab_size} and {cfg.hidden_size}")
         drafter = cls(weights, TargetHead(llm).embed, num_layers=cfg.num_layers, **options)
-        compile_for_target([weights.fc, *weights.layer.linears(), weights.lm_head], llm, linears)
+        head, lw = drafter.head, weights.layer
+        compile_for_target([weights.fc, head.qkv, lw.o, head.gate_up, lw.down, weights.lm_head], llm, linears)
+        for part in (lw.q, lw.k, lw.v, lw.gate, lw.up):  # fused above: the head never runs them
+            part.weight = None
         return drafter
 
     def forget(self) -> None:
-        self.features = self.features[:0]
+        self.raw.size = 0
         self._truncate(0)
 
     def begin(self, prompt: Sequence[int], hidden: Mapping[int, np.ndarray]) -> None:
@@ -218,39 +265,45 @@ class Eagle3Drafter(FeatureDrafter):
         drafting step 5-25x a plain step, whatever the drafter's acceptance (2026-12-05)."""
         super().begin(prompt, hidden)
         if len(prompt) >= 2:
-            self._extend(prompt)
+            self._extend(prompt, window=None)
 
     def observe(self, start: int, hidden: np.ndarray) -> None:
         """The target's hidden states (``[T, 3 * target_hidden]``, ``hidden_layers`` order) of the tokens at
         positions ``start .. start + T - 1``; anything the drafter held from ``start`` on is replaced."""
-        if not 0 <= start <= len(self.features):
-            raise HeteroError(f"Eagle-3: hidden states from position {start}, but only {len(self.features)} "
+        if not 0 <= start <= len(self.raw):
+            raise HeteroError(f"Eagle-3: hidden states from position {start}, but only {len(self.raw)} "
                               "positions are known")
-        self.features = np.concatenate([self.features[:start], self.head.project(hidden)])
-        self._truncate(min(len(self.pairs), start))
+        self.raw.put(start, hidden)
+        self._truncate(bisect_left(self.positions, start))
 
     def _truncate(self, rows: int) -> None:
-        del self.pairs[rows:]
+        """Keep the first ``rows`` cached head rows."""
+        del self.pairs[rows:], self.positions[rows:]
         self.head.keys, self.head.values = self.head.keys[:rows], self.head.values[:rows]
 
-    def _extend(self, history: Sequence[int]) -> np.ndarray:
-        """Cache rows for every known pair of ``history``; returns the output hidden of the last row."""
-        want = min(len(history) - 1, len(self.features))
+    def _extend(self, history: Sequence[int], window: int | None = -1) -> np.ndarray:
+        """Cache rows for the known pairs of ``history``: those after the last cached row, at most ``window`` of
+        them (-1: ``catch_up``; None: all); returns the output hidden of the last row."""
+        want = min(len(history) - 1, len(self.raw))
         if want < 1:
             raise HeteroError("Eagle-3 needs the target's hidden states of at least one token before drafting")
-        same = 0
-        while same < min(len(self.pairs), want) and self.pairs[same] == history[same + 1]:
+        same = 0  # cached rows still right: before ``want`` and paired with the token that followed
+        while (same < len(self.pairs) and self.positions[same] < want
+               and self.pairs[same] == history[self.positions[same] + 1]):
             same += 1
         self._truncate(same)
-        start = max(0, min(same, want - 1))  # recompute the last row: its output is what we draft from
-        self._truncate(start)
+        start = min(self.positions[-1] + 1 if same else 0, want - 1)  # the last row is run again: we draft from it
+        if window is not None:
+            start = max(start, want - (self.catch_up if window < 0 else window))
+        self._truncate(bisect_left(self.positions, start))
         tokens = list(history[start + 1:want + 1])
-        n = len(tokens)
-        positions = np.arange(start, start + n)
-        visible = np.tril(np.ones((n, start + n), dtype=bool), k=start)
-        out, k, v = self.head.step(self.features[start:want], self.embed(tokens), positions, visible)
+        n, cached = len(tokens), len(self.positions)
+        visible = np.concatenate([np.ones((n, cached), dtype=bool), np.tril(np.ones((n, n), dtype=bool))], axis=1)
+        features = self.head.project(self.raw.rows(start, want))
+        out, k, v = self.head.step(features, self.embed(tokens), np.arange(start, want), visible)
         self.head.keys = np.concatenate([self.head.keys, k])
         self.head.values = np.concatenate([self.head.values, v])
+        self.positions.extend(range(start, want))
         self.pairs.extend(tokens)
         return out[-1:]
 
@@ -259,7 +312,7 @@ class Eagle3Drafter(FeatureDrafter):
         if k < 1:
             return []
         root = self._extend(history)
-        self.tree = self.grow(root, len(self.pairs), k)
+        self.tree = self.grow(root, self.positions[-1] + 1, k)
         return self.tree.best_chain()
 
     def grow(self, root_hidden: np.ndarray, position: int, depth: int) -> Tree:
@@ -272,7 +325,7 @@ class Eagle3Drafter(FeatureDrafter):
         logp = self.head.log_probs(root_hidden)[0]
         frontier_hidden = root_hidden
         frontier: list[int] = []
-        choices = np.argsort(-logp)[:self.top_k]
+        choices = top_indices(logp, self.top_k)
         for c in choices:
             frontier.append(self._add(tree, int(c), -1, 1, float(logp[c])))
         for level in range(2, depth + 1):
@@ -289,7 +342,7 @@ class Eagle3Drafter(FeatureDrafter):
             tree_k, tree_v = np.concatenate([tree_k, k]), np.concatenate([tree_v, v])
             child_logp = self.head.log_probs(out)
             scores = np.asarray([tree.scores[i] for i in frontier])[:, None] + child_logp
-            best = np.argsort(-scores, axis=None)[:self.top_k]
+            best = top_indices(scores, self.top_k)
             parent_rows, ids = np.unravel_index(best, scores.shape)
             frontier = [self._add(tree, int(c), frontier[p], level, float(scores[p, c]))
                         for p, c in zip(parent_rows, ids, strict=True)]
@@ -304,10 +357,26 @@ class Eagle3Drafter(FeatureDrafter):
         return len(tree.tokens) - 1
 
 
+def top_indices(values: np.ndarray, k: int) -> np.ndarray:
+    """The flat indices of the ``k`` largest of ``values``, largest first (ties: the lower index first). A partial
+    selection: a full sort of the 8192-wide draft vocabulary was ~1/8 of a drafting level's time (cProfile)."""
+    flat = values.ravel()
+    if k >= flat.size:
+        return np.argsort(-flat, kind="stable")
+    picked = np.argpartition(-flat, k - 1)[:k]
+    return picked[np.lexsort((picked, -flat[picked]))]
+
+
 def _eagle(argument: str, target: Target) -> Eagle3Drafter:
-    if not argument:
+    """``PATH[,catch_up=N]``."""
+    path, eq, rows = argument.rpartition(",catch_up=")
+    if not eq:
+        path, rows = argument, str(CATCH_UP)
+    if not path:
         raise HeteroError("--spec eagle:PATH needs the Eagle-3 drafter's folder (config.json + model.safetensors)")
-    return Eagle3Drafter.for_target(argument, target)
+    if not rows.isdigit() or int(rows) < 1:
+        raise HeteroError(f"--spec eagle:{argument}: catch_up={rows!r}; expected a number of rows (at least 1)")
+    return Eagle3Drafter.for_target(path, target, catch_up=int(rows))
 
 
 register("eagle", _eagle)
