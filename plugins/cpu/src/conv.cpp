@@ -1252,6 +1252,7 @@ ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
   if (transposed_fits(pc, g)) return cblk_beats_transposed(pc, g) ? ConvAlgo::cblk : ConvAlgo::transposed;
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
+  if (winograd1d_fits(pc, g)) return ConvAlgo::winograd1d;
   if (cblk_fits(pc, g)) return ConvAlgo::cblk;
   if (direct_fits(pc, g)) return ConvAlgo::direct;
   if (is_pointwise(g) && pointwise_tiles_fit(extra_for(*pc.kr), g, pc.cin_g)) return ConvAlgo::pointwise;
@@ -1344,6 +1345,7 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::pointwise: return "pointwise";
     case ConvAlgo::bf16x3_pw: return "bf16x3_pw";
     case ConvAlgo::bf16x3_rows: return "bf16x3_rows";
+    case ConvAlgo::winograd1d: return "winograd1d";
     default: return "gemm";
   }
 }
@@ -1379,6 +1381,17 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     case ConvAlgo::winograd:
       if (conv_winograd(pc, g, x, bias, out, act)) return;
       if (direct_fits(pc, g)) {  // an inf or NaN in the input
+        conv_direct(pc, g, x, bias, out, act);
+        return;
+      }
+      break;
+    case ConvAlgo::winograd1d:
+      if (conv_winograd1d(pc, g, x, bias, out, act)) return;
+      if (cblk_fits(pc, g)) {  // a non-finite output: the direct kernels, which keep an inf or NaN to its windows
+        conv_cblk(pc, g, x, bias, out, act);
+        return;
+      }
+      if (direct_fits(pc, g)) {
         conv_direct(pc, g, x, bias, out, act);
         return;
       }
