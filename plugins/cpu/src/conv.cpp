@@ -1045,12 +1045,18 @@ bool pointwise_cblk_wins(const ConvGeom& g, i64 K, i64 lanes) {
   return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 512));
 }
 
+// One output row at least this long (a 1-D conv over a long sequence) is left to the position-vectorised kernels:
+// cblk's tasks pad the whole row and each block of channels reads all of it again from L3 (eeg_spindles' 128 -> 128
+// 3-tap convs, d = 4 / 8 on 2 x 7500 positions, Zen 4, 1 thread, thread time: cblk 31 / 22 ms, conv_direct 19 / 17;
+// 128 -> 64 with d = 4096: cblk 19, the im2col GEMM 12).
+constexpr i64 kCblkMaxRow = 1024;
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
   if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
   if (forced == 1) return true;
-  if (lanes < 16 || g.Cout % (2 * lanes) != 0) return false;
+  if (lanes < 16 || g.Cout % (2 * lanes) != 0 || (g.Ho == 1 && g.Wo >= kCblkMaxRow)) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
   return pc.cin_g * g.kh * g.kw >= 64;
 }
