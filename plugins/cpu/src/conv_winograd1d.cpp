@@ -3,8 +3,9 @@
 // s + k d (k < 6) as A^T [(G g) . (B^T x)], so the products are 6 GEMMs of (Cout x Cin) x (Cin x tiles) with 6
 // multiplications per tile and channel pair instead of 12: about 2x fewer flops than the direct kernels. Tiles are
 // numbered q d + r (q: a run of 4d outputs, r < d), so the tiles r = 0 .. d - 1 of one run start at consecutive
-// positions: the transforms (ExtraKernels wino1d_in / wino1d_out, the ISA's vectors; a run's last part below) read
-// and write runs of consecutive floats, and the GEMMs are the packed micro-kernel's (gemm_prepacked_b).
+// positions (below d = 16 the input is split into phases first: kPhasedBelow): the transforms (ExtraKernels
+// wino1d_in / wino1d_out, the ISA's vectors; a run's last part below) read and write runs of consecutive floats,
+// and the GEMMs are the packed micro-kernel's (gemm_prepacked_b).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -54,14 +55,29 @@ void transform_weights(const PackedConv& pc) {
     pack_a_panels(kr, MatView{u.data() + xi * cout * cin, cout, cin, cin, 1}, d + xi * pc.wino_stride);
 }
 
-// Tiles of one image: runs of 4d outputs, d tiles each (the last run may reach past Wo).
-i64 image_tiles(const ConvGeom& g) { return ceil_div(g.Wo, kTile * g.dw) * g.dw; }
+// Tiles of one image: Q runs of 4d outputs, d tiles each (the last run may reach past Wo).
+i64 runs_of_4d(const ConvGeom& g) { return ceil_div(g.Wo, kTile * g.dw); }
+i64 image_tiles(const ConvGeom& g) { return runs_of_4d(g) * g.dw; }
 
-// B^T x of `len` consecutive tiles of one channel: tap k of the tile starting at output s reads input s + k d - pl
-// (zero outside [0, W)), written to v[xi * vstride + i]. tmp: 6 x len floats for taps that reach into the padding.
-void transform_in(const ExtraKernels& xk, const float* xc, i64 W, i64 pl, i64 s, i64 d, i64 len,
-                  float* __restrict v, i64 vstride, float* tmp) {
-  const float* tap[kAlpha];
+// Below this dilation the tiles r = 0 .. d - 1 of a run are too few for the vectors: the input is first split into
+// phases, z[r][e][q] = padded input (4q + e) d + r for each channel (q < Q + 1), and tiles are numbered r Q + q, so
+// that tap k of consecutive tiles (r, q) is z[r][k % 4][q + k / 4]: runs of Q tiles; outputs are written 4d apart.
+constexpr i64 kPhasedBelow = 16;
+
+// One channel's phase split (above) of the input xc (W floats, pl zeros before it): d x 4 rows of qz floats.
+void split_phases(const float* xc, i64 W, i64 pl, i64 d, i64 qz, float* z) {
+  for (i64 q = 0; q < qz; ++q)
+    for (i64 e = 0; e < kTile; ++e)
+      for (i64 r = 0; r < d; ++r) {
+        const i64 p = (q * kTile + e) * d + r - pl;
+        z[(r * kTile + e) * qz + q] = p >= 0 && p < W ? xc[p] : 0.f;
+      }
+}
+
+// Tap k of `len` consecutive tiles of one channel of the input xc, the first tile at output s (dilated runs: tile i
+// at s + i): input s + i + k d - pl, zero outside [0, W); taps that reach into the padding are copied into tmp
+// (6 x len floats).
+void dilated_taps(const float* xc, i64 W, i64 pl, i64 s, i64 d, i64 len, float* tmp, const float** tap) {
   for (i64 k = 0; k < kAlpha; ++k) {
     const i64 p0 = s + k * d - pl;
     if (p0 >= 0 && p0 + len <= W) {
@@ -72,6 +88,10 @@ void transform_in(const ExtraKernels& xk, const float* xc, i64 W, i64 pl, i64 s,
     for (i64 i = 0; i < len; ++i) t[i] = p0 + i >= 0 && p0 + i < W ? xc[p0 + i] : 0.f;
     tap[k] = t;
   }
+}
+
+// B^T x of `len` tiles whose tap k lies at tap[k][i], written to v[xi * vstride + i].
+void transform_in(const ExtraKernels& xk, const float* const* tap, i64 len, float* __restrict v, i64 vstride) {
   const i64 done = xk.wino1d_in(tap, len, v, vstride);
   const float *__restrict x0 = tap[0], *__restrict x1 = tap[1], *__restrict x2 = tap[2], *__restrict x3 = tap[3],
                          *__restrict x4 = tap[4], *__restrict x5 = tap[5];
@@ -109,13 +129,13 @@ float transform_out(const ExtraKernels& xk, const float* __restrict m, i64 mstri
 
 }  // namespace
 
-// One group, a 1 x 3 kernel (after along_w) at stride 1, dilation d >= 16 (smaller ones make runs of d < 16 tiles,
-// too short for the vector loops), enough channels for the GEMMs to run near the micro-kernel's speed, and at most
+// One group, a 1 x 3 kernel (after along_w) at stride 1, dilation d >= 4 (measured on 4 and 8; undilated 1-D convs
+// keep the kernels they were tuned on), enough channels for the GEMMs to run near the micro-kernel's speed, and at most
 // 5/8 of the direct kernels' multiplications counting the tiles that reach past the last output (d = 4096 on 7500
 // outputs: one run of 16384, none saved).
 bool winograd1d_fits(const PackedConv& pc, const ConvGeom& g) {
   if (!winograd1d_enabled() || pc.depthwise || g.group != 1 || g.kh != 1 || g.kw != 3 || g.H != 1 || g.sw != 1 ||
-      g.dw < 16)
+      g.dw < 4)
     return false;
   const double direct = 3.0 * static_cast<double>(g.Wo), wino = static_cast<double>(kAlpha * image_tiles(g));
   return g.C >= 32 && g.Cout >= 32 && wino * 8 <= direct * 5;
@@ -126,17 +146,27 @@ bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, co
   std::call_once(pc.wino_once, [&] { transform_weights(pc); });
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
-  const i64 nr = kr.nr, cin = g.C, cout = g.Cout, d = g.dw, tiles = image_tiles(g), all_tiles = g.N * tiles;
+  const i64 nr = kr.nr, cin = g.C, cout = g.Cout, d = g.dw, Q = runs_of_4d(g), tiles = Q * d, all_tiles = g.N * tiles;
+  const bool phased = d < kPhasedBelow;
+  const i64 qz = Q + 1, zchan = d * kTile * qz;
+  float* z = nullptr;
+  if (phased) {
+    z = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(g.N * cin * zchan));
+    parallel_for(g.N * cin, threads_for(static_cast<double>(g.N * cin * zchan), 6e4),
+                 [&](i64 q) { split_phases(x + q * g.W, g.W, g.pl, d, qz, z + q * zchan); });
+  }
   const i64 bc = std::max<i64>(nr, std::min<i64>(8 * nr, kBlockFloats / (kAlpha * (cin + cout)) / nr * nr));
   const i64 nblk = ceil_div(all_tiles, bc);
   const int T = threads_for(2.0 * kAlpha * cout * cin * all_tiles, 6e4 * 4);  // conv.cpp's grain for products
   std::vector<float> probes(static_cast<std::size_t>(nblk), 0.f);
-  // Runs of a block: consecutive tiles of one image and one run of 4d outputs, within one nr-column panel.
+  // Runs of a block: consecutive tiles (r, q) .. of one image within one nr-column panel; the first at output
+  // s = 4 q d + r, the next at s + 1 (dilated numbering) or s + 4d (phased).
   const auto for_runs = [&](i64 t0, i64 ncols, auto&& f) {
     for (i64 col = 0; col < ncols;) {
-      const i64 tile = t0 + col, n = tile / tiles, q = tile % tiles / d, r = tile % d;
-      const i64 len = std::min({d - r, nr - col % nr, ncols - col});
-      f(col, n, q * kTile * d + r, len);
+      const i64 tile = t0 + col, n = tile / tiles, rem = tile % tiles;
+      const i64 q = phased ? rem % Q : rem / d, r = phased ? rem / Q : rem % d;
+      const i64 len = std::min({phased ? Q - q : d - r, nr - col % nr, ncols - col});
+      f(col, n, r, q, len);
       col += len;
     }
   };
@@ -151,26 +181,41 @@ bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, co
     for (i64 col = ncols; col < ncp; ++col)
       for (i64 xi = 0; xi < kAlpha; ++xi)
         for (i64 c = 0; c < cin; ++c) v[xi * vstride + (col / nr) * cin * nr + c * nr + col % nr] = 0.f;
-    for_runs(t0, ncols, [&](i64 col, i64 n, i64 s, i64 len) {
-      const float* xn = x + n * cin * g.W;
+    for_runs(t0, ncols, [&](i64 col, i64 n, i64 r, i64 q, i64 len) {
       float* vc = v + (col / nr) * cin * nr + col % nr;
-      for (i64 c = 0; c < cin; ++c) transform_in(xk, xn + c * g.W, g.W, g.pl, s, d, len, vc + c * nr, vstride, tmp);
+      const float* tap[kAlpha];
+      for (i64 c = 0; c < cin; ++c) {
+        if (phased) {
+          const float* zr = z + (n * cin + c) * zchan + r * kTile * qz + q;
+          for (i64 k = 0; k < kAlpha; ++k) tap[k] = zr + (k % kTile) * qz + k / kTile;
+        } else {
+          dilated_taps(x + (n * cin + c) * g.W, g.W, g.pl, q * kTile * d + r, d, len, tmp, tap);
+        }
+        transform_in(xk, tap, len, vc + c * nr, vstride);
+      }
     });
     const Epilogue none;
     for (i64 xi = 0; xi < kAlpha; ++xi)
       gemm_prepacked_b(kr, cout, ncp, cin, nullptr, pc.wino.p + xi * pc.wino_stride, v + xi * vstride,
                        m + xi * mstride, ncp, 1.f, 0.f, none, 1);
     float probe = 0.f;
-    for_runs(t0, ncols, [&](i64 col, i64 n, i64 s, i64 len) {
+    for_runs(t0, ncols, [&](i64 col, i64 n, i64 r, i64 q, i64 len) {
       float* y = tmp;  // 4 rows of len
+      const i64 s = q * kTile * d + r;
       for (i64 co = 0; co < cout; ++co) {
         probe += transform_out(xk, m + co * ncp + col, mstride, bias ? bias[co] : 0.f, len, y);
         float* o = out + (n * cout + co) * g.Wo;
         for (i64 i = 0; i < kTile; ++i) {
-          const i64 p0 = s + i * d, cnt = std::min<i64>(len, g.Wo - p0);
-          if (cnt <= 0) break;
-          if (act.act >= 0) kr.unary(act.act, y + i * len, y + i * len, cnt, act.act_alpha, act.act_beta);
-          std::memcpy(o + p0, y + i * len, static_cast<std::size_t>(cnt) * sizeof(float));
+          const i64 p0 = s + i * d;
+          if (p0 >= g.Wo) break;
+          const i64 cnt = std::min<i64>(len, phased ? ceil_div(g.Wo - p0, kTile * d) : g.Wo - p0);
+          const float* yi = y + i * len;
+          if (act.act >= 0) kr.unary(act.act, yi, y + i * len, cnt, act.act_alpha, act.act_beta);
+          if (!phased) {
+            std::memcpy(o + p0, yi, static_cast<std::size_t>(cnt) * sizeof(float));
+            continue;
+          }
+          for (i64 j = 0; j < cnt; ++j) o[p0 + j * kTile * d] = yi[j];
         }
       }
     });
