@@ -40,7 +40,7 @@ void transform_weights(const PackedConv& pc) {
                                       {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
                                       {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
   const Kernels& kr = *pc.kr;
-  const i64 cout = pc.cout, cin = pc.cin_g;
+  const i64 cout = pc.cout, cin = pc.cin_g * pc.kh * pc.kw / 3;  // (channel, row) pairs of a full-height kernel
   std::vector<float> u(static_cast<std::size_t>(kAlpha * cout * cin));
   for (i64 o = 0; o < cout; ++o)
     for (i64 c = 0; c < cin; ++c) {
@@ -130,15 +130,21 @@ float transform_out(const ExtraKernels& xk, const float* __restrict m, i64 mstri
 }  // namespace
 
 // One group, a 1 x 3 kernel (after along_w) at stride 1, dilation d >= 4 (measured on 4 and 8; undilated 1-D convs
-// keep the kernels they were tuned on), enough channels for the GEMMs to run near the micro-kernel's speed, and at most
+// keep the kernels they were tuned on) or a full-height kernel over >= 256 (channel, row) pairs (any dilation; 8 x 5
+// and 16 x 4 ran slower than conv_direct), enough channels for the GEMMs to run near the micro-kernel's speed, and at most
 // 5/8 of the direct kernels' multiplications counting the tiles that reach past the last output (d = 4096 on 7500
 // outputs: one run of 16384, none saved).
+// A kh x 3 kernel as tall as its unpadded input onto one output row (eeg_seizure's 20 -> 200 96 x 3 conv over a
+// spectrogram's 96 bins) is the same product as a 1 x 3 conv over C x kh channels of one row each (channel c's row y
+// at (c kh + y) W, weight (c, y, t) at (c kh + y) 3 + t): it runs as one, at any dilation.
+bool full_height(const ConvGeom& g) { return g.H > 1 && g.kh == g.H && g.Ho == 1 && g.pt == 0 && g.pb == 0; }
+
 bool winograd1d_fits(const PackedConv& pc, const ConvGeom& g) {
-  if (!winograd1d_enabled() || pc.depthwise || g.group != 1 || g.kh != 1 || g.kw != 3 || g.H != 1 || g.sw != 1 ||
-      g.dw < 4)
+  if (!winograd1d_enabled() || pc.depthwise || g.group != 1 || g.kw != 3 || g.sw != 1 ||
+      !((g.kh == 1 && g.H == 1 && g.dw >= 4) || (full_height(g) && g.C * g.kh >= 256)))
     return false;
   const double direct = 3.0 * static_cast<double>(g.Wo), wino = static_cast<double>(kAlpha * image_tiles(g));
-  return g.C >= 32 && g.Cout >= 32 && wino * 8 <= direct * 5;
+  return g.C * g.kh >= 32 && g.Cout >= 32 && wino * 8 <= direct * 5;
 }
 
 bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
@@ -146,7 +152,7 @@ bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, co
   std::call_once(pc.wino_once, [&] { transform_weights(pc); });
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
-  const i64 nr = kr.nr, cin = g.C, cout = g.Cout, d = g.dw, Q = runs_of_4d(g), tiles = Q * d, all_tiles = g.N * tiles;
+  const i64 nr = kr.nr, cin = g.C * g.kh, cout = g.Cout, d = g.dw, Q = runs_of_4d(g), tiles = Q * d, all_tiles = g.N * tiles;
   const bool phased = d < kPhasedBelow;
   const i64 qz = Q + 1, zchan = d * kTile * qz;
   float* z = nullptr;
@@ -155,7 +161,11 @@ bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, co
     parallel_for(g.N * cin, threads_for(static_cast<double>(g.N * cin * zchan), 6e4),
                  [&](i64 q) { split_phases(x + q * g.W, g.W, g.pl, d, qz, z + q * zchan); });
   }
-  const i64 bc = std::max<i64>(nr, std::min<i64>(8 * nr, kBlockFloats / (kAlpha * (cin + cout)) / nr * nr));
+  // Weights larger than the block budget (eeg_seizure's 6 x 200 x 1920: 9 MB) are read once a block from L3 or
+  // memory: the widest blocks then (32 columns a block ran at the weights' bandwidth).
+  const bool big_weights = kAlpha * cin * cout > kBlockFloats;
+  const i64 bc = big_weights ? 8 * nr
+                             : std::max<i64>(nr, std::min<i64>(8 * nr, kBlockFloats / (kAlpha * (cin + cout)) / nr * nr));
   const i64 nblk = ceil_div(all_tiles, bc);
   const int T = threads_for(2.0 * kAlpha * cout * cin * all_tiles, 6e4 * 4);  // conv.cpp's grain for products
   std::vector<float> probes(static_cast<std::size_t>(nblk), 0.f);

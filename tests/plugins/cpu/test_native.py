@@ -1245,6 +1245,10 @@ WINOGRAD1D_CASES = [
     (2, 128, 1208, 128, 4, (0, 0), "row"),
     (1, 64, 1003, 40, 5, (3, 9), "row"),
     (2, 32, 333, 64, 8, (1, 0), "column"),
+    # a kernel as tall as its input onto one row (eeg_seizure's 20 -> 200 96 x 3 on 96 x 599): 32 channels x 8 rows
+    # as 256 one-row channels, undilated (phase split) and d = 16
+    (2, 32, 150, 48, 1, (1, 1), "full"),
+    (1, 32, 300, 40, 16, (2, 0), "full"),
 ]
 
 
@@ -1254,12 +1258,12 @@ def test_conv1d_winograd(isa, threads, case, activation):
     # against float64 (the transforms' rounding bounded relative to the largest output), and the same bits at 1
     # thread (blocks of tiles do not depend on the thread count)
     n, c, length, cout, d, (pl, pr), layout = case
-    row = layout == "row"
-    x = randn(n, c, 1, length, seed=111) if row else randn(n, c, length, 1, seed=111)
-    w = randn(cout, c, 1, 3, seed=112) * np.float32(1.0 / np.sqrt(3 * c))
-    w = w if row else np.ascontiguousarray(w.transpose(0, 1, 3, 2))
+    rows = 8 if layout == "full" else 1
+    x = randn(n, c, length, 1, seed=111) if layout == "column" else randn(n, c, rows, length, seed=111)
+    w = randn(cout, c, rows, 3, seed=112) * np.float32(1.0 / np.sqrt(3 * c * rows))
+    w = np.ascontiguousarray(w.transpose(0, 1, 3, 2)) if layout == "column" else w
     bias = randn(cout, seed=113)
-    pads, dil = ((0, pl, 0, pr), (1, d)) if row else ((pl, 0, pr, 0), (d, 1))
+    pads, dil = ((pl, 0, pr, 0), (d, 1)) if layout == "column" else ((0, pl, 0, pr), (1, d))
     packed = _native.prepack_conv(w, 1, "high")
     assert packed.algorithm(list(x.shape), (1, 1), pads, dil) == "winograd1d"
     ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), pads, dil, 1))
@@ -1298,6 +1302,9 @@ def test_conv1d_winograd_nonfinite_input_and_rule():
     assert algo(128, 128, 2000, 2) not in ("winograd1d", "cblk")
     assert algo(16, 128, 2000, 16) != "winograd1d"
     assert algo(128, 64, 7500 + 2 * 4096, 4096) not in ("winograd1d", "cblk")
+    # a full-height kernel over fewer than 256 (channel, row) pairs
+    assert _native.prepack_conv(randn(40, 8, 5, 3), 1, "high").algorithm([1, 8, 5, 77], (1, 1), (0, 1, 0, 1)) \
+        != "winograd1d"
 
 
 def _in_this_module(call: str) -> str:
