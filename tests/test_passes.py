@@ -233,6 +233,48 @@ def test_rms_norm_left_alone_unless_over_the_last_axis_with_private_intermediate
     assert _compare(model, x, "reference").rewrites["fuse_rms_norm"] == 0
 
 
+def _group_norm_model(channels: int, groups: int, silu: bool, unit: float = 1.0, channel_shape: tuple = (),
+                      outputs: tuple = ("y",)):
+    """GroupNorm as a diffusion U-Net's exporter writes it: Reshape [0, G, -1], InstanceNormalization (scale 1,
+    bias 0), Reshape back to Shape(x), Mul by a per-channel scale, Add of a per-channel bias, then maybe SiLU."""
+    mk = helper.make_node
+    rng = np.random.default_rng(14)
+    shape = channel_shape or (channels, 1, 1)
+    nodes = [mk("Reshape", ["x", "c_groups"], ["g"]), mk("InstanceNormalization", ["g", "c_unit", "c_zero"], ["n"],
+                                                           epsilon=1e-5),
+             mk("Shape", ["x"], ["s"]), mk("Reshape", ["n", "s"], ["r"]), mk("Mul", ["r", "c_scale"], ["m"]),
+             mk("Add", ["m", "c_bias"], ["y" if not silu else "a"])]
+    if silu:
+        nodes += [mk("Sigmoid", ["a"], ["sg"]), mk("Mul", ["a", "sg"], ["y"])]
+    constants = [("c_groups", np.array([0, groups, -1], np.int64)),
+                 ("c_unit", np.full(groups, unit, np.float32)), ("c_zero", np.zeros(groups, np.float32)),
+                 ("c_scale", rng.uniform(0.5, 1.5, shape).astype(np.float32)),
+                 ("c_bias", rng.normal(size=shape).astype(np.float32))]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, channels, 6, 10])],
+                      [(name, TensorProto.FLOAT, None) for name in outputs], constants, opset=18)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("channels, groups, silu, channel_shape", [(32, 32, True, ()), (64, 32, True, ()),
+                                                                    (12, 4, False, ()), (12, 3, True, (1, 12, 1, 1))])
+def test_group_norm_written_out_becomes_one_node(backend, channels, groups, silu, channel_shape):
+    model = _group_norm_model(channels, groups, silu, channel_shape=channel_shape)
+    x = (np.random.default_rng(15).normal(size=(2, channels, 6, 10)) * 3 + 1).astype(np.float32)
+    session = _compare(model, {"x": x}, backend, rtol=1e-5, atol=2e-5)
+    assert session.rewrites["fuse_group_norm"] == 1
+    assert _ops(session) == ["GroupNorm"]
+    assert session.graph.nodes[0].attrs.get("activation", "") == ("Silu" if silu else "")
+
+
+def test_group_norm_left_alone_unless_unit_affine_and_private_intermediates():
+    x = {"x": np.random.default_rng(16).normal(size=(2, 8, 6, 10)).astype(np.float32)}
+    # InstanceNormalization's own scale not 1: left written out (the fused node has one per-channel scale)
+    assert _compare(_group_norm_model(8, 4, True, unit=2.0), x, "reference").rewrites["fuse_group_norm"] == 0
+    # the scaled values before the bias also a model output
+    model = _group_norm_model(8, 4, True, outputs=("y", "m"))
+    assert _compare(model, x, "reference").rewrites["fuse_group_norm"] == 0
+
+
 def _layer_norm_nodes(form: str, weight: bool, bias: bool) -> list:
     """Layer norm as exporters before opset 17 write it: d = x - mean(x), the RMS span of d, then maybe a bias."""
     mk = helper.make_node

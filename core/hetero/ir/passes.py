@@ -1256,6 +1256,95 @@ def fuse_rms_norm(graph: Graph) -> int:
     return _fuse_around(graph, "ReduceMean", rms_norm)
 
 
+def _per_channel_constant(graph: Graph, node: Node | None, op: str, value: str, rank: int) -> np.ndarray | None:
+    """The float32 constant that ``node`` (an ``op`` of ``value`` and the constant) applies per channel of a rank-
+    ``rank`` NCHW-like tensor (shape [C, 1, ...] or [1, C, 1, ...]), as [C]; else None."""
+    if node is None or node.op_key != ("", op) or len(node.inputs) != 2 or node.inputs.count(value) != 1:
+        return None
+    constant = graph.initializers.get(node.inputs[1] if node.inputs[0] == value else node.inputs[0])
+    if constant is None or constant.dtype != np.float32:
+        return None
+    shape, ones = tuple(constant.shape), (1,) * (rank - 2)
+    if not shape or (shape != (shape[0], *ones) and (len(shape) < 2 or shape != (1, shape[1], *ones))):
+        return None
+    return np.asarray(constant, np.float32).reshape(-1)
+
+
+def _is_shape_of(graph: Graph, name: str, x: str, producers: dict[str, Node]) -> bool:
+    """Whether ``name`` is x's whole shape: Shape(x), or the constant it folds to where x's shape is static."""
+    node = producers.get(name)
+    if node is not None:
+        return node.op_key == ("", "Shape") and node.inputs == [x] and node.attrs.get("start", 0) == 0 \
+            and "end" not in node.attrs
+    value, info = graph.initializers.get(name), graph.values.get(x)
+    shape = None if info is None else info.shape
+    if value is None or shape is None or not all(isinstance(d, int) for d in shape):
+        return False
+    return bool(np.asarray(value).tolist() == list(shape))
+
+
+def _group_norm_span(graph: Graph, inorm: Node, producers: dict[str, Node]
+                     ) -> tuple[str, int, float, np.ndarray, np.ndarray, dict, list[Node]] | None:
+    """x, groups, epsilon, scale [C], bias [C], activation attributes and the nodes of GroupNorm as exporters write
+    it around ``inorm``: Reshape(x, [0, G, -1]), InstanceNormalization (scale 1, bias 0), Reshape(_, Shape(x)), Mul by
+    a per-channel scale, Add of a per-channel bias, optionally x * Sigmoid(x)."""
+    if len(inorm.inputs) != 3:
+        return None
+    first = producers.get(inorm.inputs[0])
+    if first is None or first.op_key != ("", "Reshape") or _single_consumer(graph, first.outputs[0]) is not inorm:
+        return None
+    x, target = first.inputs[0], graph.initializers.get(first.inputs[1]) if len(first.inputs) > 1 else None
+    rank = _rank(graph, x)
+    if target is None or rank is None or rank < 3 or np.asarray(target).tolist()[:1] != [0] or np.size(target) != 3 \
+            or int(np.asarray(target)[2]) != -1 or first.attrs.get("allowzero", 0):
+        return None
+    groups = int(np.asarray(target)[1])
+    unit, zero = graph.initializers.get(inorm.inputs[1]), graph.initializers.get(inorm.inputs[2])
+    if groups < 1 or unit is None or zero is None or np.size(unit) != groups or np.size(zero) != groups \
+            or not (np.all(np.asarray(unit) == 1) and np.all(np.asarray(zero) == 0)):
+        return None
+    back = _single_consumer(graph, inorm.outputs[0])
+    if back is None or back.op_key != ("", "Reshape") or len(back.inputs) != 2 \
+            or not _is_shape_of(graph, back.inputs[1], x, producers):
+        return None
+    shape = producers.get(back.inputs[1])
+    mul = _single_consumer(graph, back.outputs[0])
+    scale = _per_channel_constant(graph, mul, "Mul", back.outputs[0], rank)
+    if mul is None or scale is None:
+        return None
+    add = _single_consumer(graph, mul.outputs[0])
+    bias = _per_channel_constant(graph, add, "Add", mul.outputs[0], rank)
+    if add is None or bias is None or scale.size != bias.size or scale.size % groups:
+        return None
+    span = [first, inorm]
+    if shape is not None and _single_consumer(graph, shape.outputs[0]) is back:
+        span.append(shape)
+    span += [back, mul, add]
+    activation: dict = {}
+    found = _activation_of(graph, add)
+    if found is not None and found[0] == {"activation": "Silu"}:
+        activation, tail = found
+        span += tail
+    return x, groups, float(inorm.attrs.get("epsilon", 1e-5)), scale, bias, activation, span
+
+
+def fuse_group_norm(graph: Graph) -> int:
+    """GroupNorm written out as Reshape / InstanceNormalization / Reshape / Mul / Add (a diffusion U-Net's 139, most
+    followed by SiLU): one ``hetero::GroupNorm`` with the SiLU (one pass over the tensor instead of four to six)."""
+    def group_norm(graph: Graph, inorm: Node, producers: dict[str, Node]) -> Fusion | None:
+        found = _group_norm_span(graph, inorm, producers)
+        if found is None:
+            return None
+        x, groups, eps, scale, bias, activation, span = found
+        base = inorm.name or inorm.outputs[0]
+        names = f"{base}/group_scale", f"{base}/group_bias"
+        node = Node("GroupNorm", [x, *names], list(span[-1].outputs),
+                    {"num_groups": groups, "epsilon": eps, **activation}, name=f"{base}/group_norm",
+                    domain=HETERO_DOMAIN)
+        return node, span, {names[0]: scale, names[1]: bias}
+    return _fuse_around(graph, "InstanceNormalization", group_norm)
+
+
 def fuse_layer_norm(graph: Graph) -> int:
     """Layer normalisation written out as exporters before opset 17 write it: d = x - ReduceMean(x), then d divided by
     sqrt(ReduceMean(d^2) + eps) (the RMS span of ``_rms_norm_span`` on d), times a weight, plus a bias: one
@@ -1534,13 +1623,15 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
                                     fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
-                                    fuse_layer_norm, fuse_rms_norm, einsum_to_matmul, fuse_attention, pow_to_mul)
+                                    fuse_layer_norm, fuse_rms_norm, fuse_group_norm, einsum_to_matmul, fuse_attention,
+                                    pow_to_mul)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
 # backend lacks the kernel (the written-out nodes then stay on it instead of one fused node falling back).
 FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "FusedAttention"),
                                          "fuse_rms_norm": (HETERO_DOMAIN, "RMSNorm"),
+                                         "fuse_group_norm": (HETERO_DOMAIN, "GroupNorm"),
                                          "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC"),
                                          "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul")}
 

@@ -54,6 +54,25 @@ def fused_conv(ctx: OpContext) -> list[np.ndarray]:
     return [apply_activation(ctx, y)]
 
 
+@op("GroupNorm", domain=HETERO_DOMAIN, infer=lambda ctx: [input_info(ctx, 0)])
+def group_norm(ctx: OpContext) -> list[np.ndarray]:
+    """GroupNormalization with per-channel scale and bias, then the activation named by ``activation`` (none or
+    Silu): the chain Reshape [N, G, -1], InstanceNormalization (unit scale, zero bias), Reshape back, Mul by a
+    per-channel scale, Add of a per-channel bias (and x * Sigmoid(x)) that exporters write for GroupNorm.
+
+    Inputs: x (float32 [N, C, ...]), scale and bias (float32 [C]). Attributes: ``num_groups``, ``epsilon``."""
+    x, scale, bias = ctx.array(0), ctx.array(1), ctx.array(2)
+    groups, eps = int(ctx.attr("num_groups")), float(ctx.attr("epsilon", 1e-5))
+    n, c = x.shape[0], x.shape[1]
+    xg = x.astype(np.float64).reshape(n, groups, -1)
+    mean = xg.mean(axis=-1, keepdims=True)
+    var = xg.var(axis=-1, keepdims=True)
+    y = ((xg - mean) / np.sqrt(var + eps)).reshape(x.shape)
+    per_channel = (1, c) + (1,) * (x.ndim - 2)
+    y = y * scale.astype(np.float64).reshape(per_channel) + bias.astype(np.float64).reshape(per_channel)
+    return [apply_activation(ctx, y.astype(np.float32))]
+
+
 def _nchw_context(ctx: OpContext) -> OpContext:
     """``ctx`` with input 0 (NHWC) seen as the NCHW tensor a Conv takes."""
     x = ctx.inputs[0]

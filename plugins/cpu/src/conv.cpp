@@ -1046,12 +1046,18 @@ bool pointwise_cblk_wins(const ConvGeom& g, i64 K, i64 lanes) {
   return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 256));
 }
 
+// One output row at least this long (a 1-D conv over a long sequence) is left to the position-vectorised kernels:
+// cblk's tasks pad the whole row and each block of channels reads all of it again from L3 (eeg_spindles' 128 -> 128
+// 3-tap convs, d = 4 / 8 on 2 x 7500 positions, Zen 4, 1 thread, thread time: cblk 31 / 22 ms, conv_direct 19 / 17;
+// 128 -> 64 with d = 4096: cblk 19, the im2col GEMM 12).
+constexpr i64 kCblkMaxRow = 1024;
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
   if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
   if (forced == 1) return true;
-  if (lanes < 16 || g.Cout % (2 * lanes) != 0) return false;
+  if (lanes < 16 || g.Cout % (2 * lanes) != 0 || (g.Ho == 1 && g.Wo >= kCblkMaxRow)) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
   return pc.cin_g * g.kh * g.kw >= 64;
 }
@@ -1259,6 +1265,7 @@ ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g) {
   if (g.Ho * g.Wo <= kDotMaxOutputs) return ConvAlgo::dot;
   if (transposed_fits(pc, g)) return cblk_beats_transposed(pc, g) ? ConvAlgo::cblk : ConvAlgo::transposed;
   if (winograd_fits(pc, g)) return ConvAlgo::winograd;
+  if (winograd1d_fits(pc, g)) return ConvAlgo::winograd1d;
   if (cblk_fits(pc, g)) return ConvAlgo::cblk;
   if (direct_fits(pc, g)) return ConvAlgo::direct;
   if (is_pointwise(g) && pointwise_tiles_fit(extra_for(*pc.kr), g, pc.cin_g)) return ConvAlgo::pointwise;
@@ -1351,6 +1358,7 @@ const char* conv_algorithm_name(ConvAlgo a) {
     case ConvAlgo::pointwise: return "pointwise";
     case ConvAlgo::bf16x3_pw: return "bf16x3_pw";
     case ConvAlgo::bf16x3_rows: return "bf16x3_rows";
+    case ConvAlgo::winograd1d: return "winograd1d";
     default: return "gemm";
   }
 }
@@ -1386,6 +1394,17 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     case ConvAlgo::winograd:
       if (conv_winograd(pc, g, x, bias, out, act)) return;
       if (direct_fits(pc, g)) {  // an inf or NaN in the input
+        conv_direct(pc, g, x, bias, out, act);
+        return;
+      }
+      break;
+    case ConvAlgo::winograd1d:
+      if (conv_winograd1d(pc, g, x, bias, out, act)) return;
+      if (cblk_fits(pc, g)) {  // a non-finite output: the direct kernels, which keep an inf or NaN to its windows
+        conv_cblk(pc, g, x, bias, out, act);
+        return;
+      }
+      if (direct_fits(pc, g)) {
         conv_direct(pc, g, x, bias, out, act);
         return;
       }

@@ -30,6 +30,7 @@ struct PackedConv {
   i64 raw_ld = 0;
   // 3x3, one group: the Winograd F(4x4, 3x3) weights G g G^T, one packed A matrix (Cout x Cin) per each of the 36
   // positions, wino_stride floats apart; made from `raw` on the first call that takes that path (conv_winograd.cpp).
+  // 1x3 (or 3x1), one group: the F(4, 3) weights G g, 6 such matrices (conv_winograd1d.cpp).
   mutable std::once_flag wino_once;
   mutable AlignedBuf wino;
   mutable i64 wino_stride = 0;
@@ -85,7 +86,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, cons
 // Which kernel conv2d_packed runs for this shape (chosen by rule, per call): exposed so tests can check that a shape
 // meant for a path takes it.
 enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed, cblk, pointwise, bf16x3_pw,
-                      bf16x3_rows };
+                      bf16x3_rows, winograd1d };
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& g);
 const char* conv_algorithm_name(ConvAlgo a);
 
@@ -94,6 +95,13 @@ const char* conv_algorithm_name(ConvAlgo a);
 bool winograd_fits(const PackedConv& pc, const ConvGeom& g);
 bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                    const Epilogue& act);
+
+// Winograd F(4, 3) for dilated 1-D three-tap convs (conv_winograd1d.cpp; g as along_w makes it: one row, 1 x 3):
+// whether it is the faster choice, and the convolution (false, the output partly written, when an output is not
+// finite, e.g. from an inf or NaN input: the caller runs another kernel).
+bool winograd1d_fits(const PackedConv& pc, const ConvGeom& g);
+bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                     const Epilogue& act);
 
 void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo, i64 kh, i64 kw, i64 sh, i64 sw,
                 i64 pt, i64 pl, i64 dh, i64 dw);

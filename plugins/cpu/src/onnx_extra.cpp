@@ -14,6 +14,9 @@
 #include "step.hpp"
 
 namespace hetero {
+
+int unary_op_id(const std::string& op, const char* fn);  // module.cpp
+
 namespace {
 
 using namespace pyx;
@@ -633,8 +636,10 @@ void py_softmax_axis(const py::array& x, const py::array& out, bool log) {
 // ------------------------------------------------------------------------------------- instance / group norm
 
 void py_group_norm(const py::array& x, const py::array& scale, const py::array& bias, const py::array& out,
-                   i64 groups, float eps) {
-  // x contiguous (N, C, S...) ; scale, bias per channel (C,). groups == C: InstanceNormalization.
+                   i64 groups, float eps, const std::string& activation) {
+  // x contiguous (N, C, S...) ; scale, bias per channel (C,). groups == C: InstanceNormalization. activation: a
+  // unary op ("none", "silu", ...) applied to each channel's row while it is in L1 (hetero::GroupNorm: a diffusion
+  // U-Net's GroupNorm + SiLU, which ran as four more passes over the tensor).
   const char* fn = "group_norm";
   need_f32(x, fn, "x");
   need_contig(x, fn, "x");
@@ -654,7 +659,9 @@ void py_group_norm(const py::array& x, const py::array& scale, const py::array& 
   const float* ps = cptr<float>(scale);
   const float* pb = cptr<float>(bias);
   float* po = mptr<float>(out);
-  const ExtraKernels& xk = extra_active();
+  const int act = activation == "none" ? -1 : unary_op_id(activation, fn);
+  const Kernels& kr = active();
+  const ExtraKernels& xk = extra_for(kr);
   py::gil_scoped_release nogil;
   if (x.size() == 0) return;
   const i64 cg = C / groups, len = cg * S;
@@ -669,6 +676,7 @@ void py_group_norm(const py::array& x, const py::array& scale, const py::array& 
     for (i64 c = 0; c < cg; ++c) {
       const i64 ch = g * cg + c;
       xk.affine_row(xi + c * S, yo + c * S, S, mean, inv * ps[ch], pb[ch]);
+      if (act >= 0) kr.unary(act, yo + c * S, yo + c * S, S, 0.f, 0.f);
     }
   });
 }
@@ -956,7 +964,7 @@ void bind_onnx_extra(py::module_& m) {
   m.def("prelu", &py_prelu, py::arg("x"), py::arg("slope"), py::arg("out"));
   m.def("softmax_axis", &py_softmax_axis, py::arg("x"), py::arg("out"), py::arg("log") = false);
   m.def("group_norm", &py_group_norm, py::arg("x"), py::arg("scale"), py::arg("bias"), py::arg("out"),
-        py::arg("groups"), py::arg("epsilon") = 1e-5f);
+        py::arg("groups"), py::arg("epsilon") = 1e-5f, py::arg("activation") = "none");
   m.def("channel_affine", &py_channel_affine, py::arg("x"), py::arg("mul"), py::arg("add"), py::arg("out"));
   m.def("pad", &py_pad, py::arg("x"), py::arg("begins"), py::arg("mode"), py::arg("value"), py::arg("out"));
   m.def("resize2d", &py_resize2d, py::arg("x"), py::arg("out"), py::arg("y0"), py::arg("y1"), py::arg("wy"),

@@ -101,6 +101,10 @@ struct ExtraKernels {
   // gemm.cpp's few-column product; bt: B as gemm_narrow_pack lays it out (needs k >= lanes).
   void (*gemm_narrow)(const float* a, i64 lda, i64 i0, i64 i1, i64 k, const float* bt, i64 n, float* c, i64 ldc,
                       const float* bias);
+  // Winograd F(4, 3) transforms along one axis of runs of n consecutive tiles (conv_winograd1d.cpp; layouts in
+  // onnx_impl.hpp): the whole vectors of the run, returning how many tiles they covered (the caller does the rest).
+  i64 (*wino1d_in)(const float* const* tap, i64 n, float* v, i64 vstride);
+  i64 (*wino1d_out)(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe);
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
 };
 

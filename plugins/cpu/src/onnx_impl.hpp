@@ -1035,6 +1035,41 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
   }
 }
 
+// Winograd F(4, 3) along one axis (conv_winograd1d.cpp): lane i of each vector is tile i of a run of consecutive
+// tiles. wino1d_in: tap k of tile i at tap[k][i] -> v[xi * vstride + i] = (B^T d)[xi]; wino1d_out: m[xi * mstride + i]
+// -> y[j * ldy + i] = (A^T m)[j] + bias, probe += 0 * y (NaN where an output is not finite). Both run the whole
+// vectors of n tiles and return how many they ran (the caller runs the rest).
+i64 x_wino1d_in(const float* const* tap, i64 n, float* v, i64 vstride) {
+  i64 i = 0;
+  for (; i + W <= n; i += W) {
+    V d[6], t[6];
+    for (int k = 0; k < 6; ++k) d[k] = SIMD::load(tap[k] + i);
+    wino_in_1d(d, t);
+    for (int k = 0; k < 6; ++k) SIMD::store(v + k * vstride + i, t[k]);
+  }
+  return i;
+}
+
+i64 x_wino1d_out(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe) {
+  const V b = SIMD::set1(bias), zero = SIMD::zero();
+  V acc = SIMD::zero();
+  i64 i = 0;
+  for (; i + W <= n; i += W) {
+    V col[6], r[4];
+    for (int k = 0; k < 6; ++k) col[k] = SIMD::load(m + k * mstride + i);
+    wino_out_1d(col, r);
+    for (int j = 0; j < 4; ++j) {
+      r[j] = SIMD::add(r[j], b);
+      acc = SIMD::fma(r[j], zero, acc);
+      SIMD::store(y + j * ldy + i, r[j]);
+    }
+  }
+  alignas(64) float lanes[W];
+  SIMD::store(lanes, acc);
+  for (int l = 0; l < W; ++l) *probe += lanes[l];
+  return i;
+}
+
 // wino_store: wino_out's transform, the bias and the activation in registers for n <= W tiles of one output channel,
 // each tile's 4 x 4 block stored in `plane` at out_off[l] (rows Wo apart; extent[l]: rows x 8 + columns inside the
 // map, 36 for a whole tile) by rows of four floats: a W x W transpose (16 / W of them) gathers a tile's 16 values,
@@ -1113,7 +1148,7 @@ const hetero::ExtraKernels extra_table = {
     x_dw_nchwc,     x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
-    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, W,
+    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, W,
 };
 
 }  // namespace

@@ -1269,6 +1269,81 @@ def test_conv2d_cblk(isa, threads, case, activation):
     np.testing.assert_array_equal(out, one)
 
 
+# (N, C, L, Cout, dilation, (pad left, pad right), one row or one column): dilated 1-D three-tap convs that
+# conv_winograd1d takes (Winograd F(4, 3), tiles 4 outputs d apart): eeg_spindles' 128 -> 128 with d = 16 on 7500
+# positions (2 images); runs of d tiles split by the GEMM's 32-column panels (d = 37), pads on both sides (the taps
+# reading zeros), the last run reaching far past the outputs (d = 2048, the 128 -> 64 shape); below d = 16 on the
+# phase-split input (d = 4, 5, 8: outputs 4d apart), a [N, C, L, 1] input (a kh x 1 kernel).
+WINOGRAD1D_CASES = [
+    (2, 128, 7500 + 32, 128, 16, (0, 0), "row"),
+    (1, 40, 3000, 33, 37, (5, 70), "row"),
+    (1, 128, 7500 + 2 * 2048, 64, 2048, (0, 0), "row"),
+    (3, 32, 517, 48, 16, (1, 2), "row"),
+    (2, 128, 1208, 128, 4, (0, 0), "row"),
+    (1, 64, 1003, 40, 5, (3, 9), "row"),
+    (2, 32, 333, 64, 8, (1, 0), "column"),
+    # a kernel as tall as its input onto one row (eeg_seizure's 20 -> 200 96 x 3 on 96 x 599): 32 channels x 8 rows
+    # as 256 one-row channels, undilated (phase split) and d = 16
+    (2, 32, 150, 48, 1, (1, 1), "full"),
+    (1, 32, 300, 40, 16, (2, 0), "full"),
+]
+
+
+@pytest.mark.parametrize("case", WINOGRAD1D_CASES, ids=[str(i) for i in range(len(WINOGRAD1D_CASES))])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_conv1d_winograd(isa, threads, case, activation):
+    # against float64 (the transforms' rounding bounded relative to the largest output), and the same bits at 1
+    # thread (blocks of tiles do not depend on the thread count)
+    n, c, length, cout, d, (pl, pr), layout = case
+    rows = 8 if layout == "full" else 1
+    x = randn(n, c, length, 1, seed=111) if layout == "column" else randn(n, c, rows, length, seed=111)
+    w = randn(cout, c, rows, 3, seed=112) * np.float32(1.0 / np.sqrt(3 * c * rows))
+    w = np.ascontiguousarray(w.transpose(0, 1, 3, 2)) if layout == "column" else w
+    bias = randn(cout, seed=113)
+    pads, dil = ((pl, 0, pr, 0), (d, 1)) if layout == "column" else ((0, pl, 0, pr), (1, d))
+    packed = _native.prepack_conv(w, 1, "high")
+    assert packed.algorithm(list(x.shape), (1, 1), pads, dil) == "winograd1d"
+    ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), pads, dil, 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, pads=pads, dilations=dil, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 + 1e-5 * float(np.abs(ref).max()))
+    _native.set_num_threads(1)
+    one = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, one, pads=pads, dilations=dil, activation=activation)
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
+def test_conv1d_winograd_nonfinite_input_and_rule():
+    # an inf and a NaN in the input: the Winograd transforms would spread them over outputs whose windows are finite,
+    # so the conv falls back to a direct kernel and only the windows that read them are inf / NaN
+    x = randn(1, 64, 1, 600, seed=114)
+    x[0, 3, 0, 100] = np.inf
+    x[0, 9, 0, 400] = np.nan
+    w = randn(64, 64, 1, 3, seed=115) * 0.1
+    bias = randn(64, seed=116)
+    packed = _native.prepack_conv(w, 1, "high")
+    assert packed.algorithm(list(x.shape), (1, 1), (0, 0, 0, 0), (1, 16)) == "winograd1d"
+    ref = _conv_ref(x, w, bias, (1, 1), (0, 0, 0, 0), (1, 16), 1)
+    out = np.full(ref.shape, 7.0, np.float32)
+    with np.errstate(invalid="ignore"):
+        _native.conv2d_packed(x, packed, bias, out, dilations=(1, 16))
+    assert np.isfinite(out).sum() == np.isfinite(ref).sum() > 0
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    # what the rule leaves to the other kernels: no dilation or d = 2 (the tuned direct kernels), few channels,
+    # d = 4096 on 7500 outputs (the tiles past the end cost what Winograd saves); a one-row conv over >= 1024
+    # positions never takes conv_cblk (it re-read the padded row per block of channels)
+    algo = lambda c, co, length, d: _native.prepack_conv(randn(co, c, 1, 3), 1, "high").algorithm(  # noqa: E731
+        [1, c, 1, length], (1, 1), (0, 0, 0, 0), (1, d))
+    assert algo(128, 128, 2000, 1) not in ("winograd1d", "cblk")
+    assert algo(128, 128, 2000, 2) not in ("winograd1d", "cblk")
+    assert algo(16, 128, 2000, 16) != "winograd1d"
+    assert algo(128, 64, 7500 + 2 * 4096, 4096) not in ("winograd1d", "cblk")
+    # a full-height kernel over fewer than 256 (channel, row) pairs
+    assert _native.prepack_conv(randn(40, 8, 5, 3), 1, "high").algorithm([1, 8, 5, 77], (1, 1), (0, 1, 0, 1)) \
+        != "winograd1d"
+
+
 def _in_this_module(call: str) -> str:
     """Python code running ``call`` in this module in a fresh process, imported by path: a ``tests`` package of a
     plugin on PYTHONPATH would shadow this tree's ``tests.plugins.cpu``."""

@@ -311,6 +311,33 @@ class CpuGroupNorm(_NativeOrNumpy):
                            float(self.attr("epsilon", 1e-5)))
 
 
+class CpuFusedGroupNorm(_NativeOrNumpy):
+    """hetero::GroupNorm (fuse_group_norm): per-channel scale and bias, SiLU on each channel's row while it is hot."""
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        x = node.inputs[0]
+        if x is None or x.rank is None or x.rank < 2:
+            return unsupported("GroupNorm on rank < 2")
+        if node.attr("activation", "") not in ("", "Silu"):
+            return unsupported(f"GroupNorm activation {node.attr('activation')}")
+        return _dtypes_in(node, _F32)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        x = np.ascontiguousarray(inputs[0].numpy())
+        out = outputs[0].buffer
+        if x.size == 0:
+            return noop
+        scale = np.ascontiguousarray(inputs[1].numpy().reshape(-1))
+        bias = np.ascontiguousarray(inputs[2].numpy().reshape(-1))
+        groups = int(self.attr("num_groups"))
+        if scale.size != x.shape[1] or bias.size != x.shape[1] or x.shape[1] % groups:
+            return functools.partial(self.run_numpy, inputs, outputs)
+        activation = "silu" if self.attr("activation", "") == "Silu" else "none"
+        return functools.partial(_native.group_norm, x, scale, bias, out, groups, float(self.attr("epsilon", 1e-5)),
+                                 activation)
+
+
 # ----------------------------------------------------------------------------------------------- data movement
 
 class CpuPad(_NativeOrNumpy):
@@ -707,6 +734,7 @@ KERNELS = {
     ("", "PRelu"): CpuPRelu,
     ("", "InstanceNormalization"): CpuInstanceNorm,
     ("", "GroupNormalization"): CpuGroupNorm,
+    ("hetero", "GroupNorm"): CpuFusedGroupNorm,
     ("", "Pad"): CpuPad,
     ("", "Tile"): CpuTile,
     ("", "Split"): CpuSplit,
