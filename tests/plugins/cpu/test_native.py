@@ -519,6 +519,25 @@ def test_unary_accuracy_wide_range(isa, op):
     assert np.all(np.abs(out[~normal] - ref[~normal]) <= 2 * 1.4e-45 + 2e-6 * np.abs(ref[~normal]))
 
 
+def test_tanh_rational_form_edges(isa):
+    # tanh is x P(x^2) / Q(x^2) up to |x| = 9 and +-1 from there (kernels_impl.hpp): odd to the bit, exactly +-1 past
+    # the clamp and never past it below, the sign of 0 kept, NaN through; within 2e-6 of float64 on both sides.
+    x = np.concatenate([np.linspace(3, 9.5, 200001), np.geomspace(1e-38, 8.5, 20000), [9.0, 30.0, np.inf]])
+    x = x.astype(np.float32)
+    pos, neg = np.empty_like(x), np.empty_like(x)
+    _native.unary("tanh", x, pos)
+    _native.unary("tanh", -x, neg)
+    np.testing.assert_array_equal(neg, -pos)
+    assert np.all(pos[x >= 9] == 1.0)
+    assert np.all(pos <= 1.0)  # BroadcastUnaryMatMul predicts the range of tanh(x) from its ends: 1 must bound it
+    ref = np.tanh(x.astype(np.float64))
+    assert (np.abs(pos - ref) / ref).max() <= 2e-6
+    z = np.array([0.0, -0.0, np.nan], np.float32)
+    out = np.empty_like(z)
+    _native.unary("tanh", z, out)
+    assert out[0] == 0 and not np.signbit(out[0]) and np.signbit(out[1]) and np.isnan(out[2])
+
+
 def test_gelu_tanh_wide_range(isa):
     # x sigmoid(2u) with |2u| clamped at 80: relative accuracy where the value is not tiny, absolute (the tanh form's
     # own 0) where 2u < -80, and inf / nan as the tanh form gives them.
