@@ -276,13 +276,7 @@ class CpuInstanceNorm(_NativeOrNumpy):
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         """A bound call (the replay issues it with no Python: a diffusion U-Net has 139 of these, GroupNorm's core)."""
-        x = np.ascontiguousarray(inputs[0].numpy())
-        out = outputs[0].buffer
-        if x.size == 0:
-            return noop
-        scale = np.ascontiguousarray(inputs[1].numpy().reshape(-1))
-        bias = np.ascontiguousarray(inputs[2].numpy().reshape(-1))
-        return functools.partial(_native.group_norm, x, scale, bias, out, x.shape[1], float(self.attr("epsilon", 1e-5)))
+        return _group_norm_call(self, inputs, outputs, None, "none")
 
 
 class CpuGroupNorm(_NativeOrNumpy):
@@ -324,18 +318,26 @@ class CpuFusedGroupNorm(_NativeOrNumpy):
         return _dtypes_in(node, _F32)
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
-        x = np.ascontiguousarray(inputs[0].numpy())
-        out = outputs[0].buffer
-        if x.size == 0:
-            return noop
-        scale = np.ascontiguousarray(inputs[1].numpy().reshape(-1))
-        bias = np.ascontiguousarray(inputs[2].numpy().reshape(-1))
-        groups = int(self.attr("num_groups"))
-        if scale.size != x.shape[1] or bias.size != x.shape[1] or x.shape[1] % groups:
-            return functools.partial(self.run_numpy, inputs, outputs)
         activation = "silu" if self.attr("activation", "") == "Silu" else "none"
-        return functools.partial(_native.group_norm, x, scale, bias, out, groups, float(self.attr("epsilon", 1e-5)),
-                                 activation)
+        return _group_norm_call(self, inputs, outputs, int(self.attr("num_groups")), activation)
+
+
+def _group_norm_call(kernel: _NativeOrNumpy, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor],
+                     groups: int | None, activation: str) -> Call:
+    """The bound native group_norm call of InstanceNormalization (``groups`` None: a group a channel) and
+    hetero::GroupNorm: x, a per-channel scale and bias; the numpy kernel where the scale or bias is not one value a
+    channel."""
+    x = np.ascontiguousarray(inputs[0].numpy())
+    if x.size == 0:
+        return noop
+    scale = np.ascontiguousarray(inputs[1].numpy().reshape(-1))
+    bias = np.ascontiguousarray(inputs[2].numpy().reshape(-1))
+    channels = x.shape[1]
+    groups = channels if groups is None else groups
+    if scale.size != channels or bias.size != channels or channels % groups:
+        return functools.partial(kernel.run_numpy, inputs, outputs)
+    return functools.partial(_native.group_norm, x, scale, bias, outputs[0].buffer, groups,
+                             float(kernel.attr("epsilon", 1e-5)), activation)
 
 
 # ----------------------------------------------------------------------------------------------- data movement
