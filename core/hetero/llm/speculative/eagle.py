@@ -265,7 +265,7 @@ class Eagle3Drafter(FeatureDrafter):
         drafting step 5-25x a plain step, whatever the drafter's acceptance (2026-12-05)."""
         super().begin(prompt, hidden)
         if len(prompt) >= 2:
-            self._extend(prompt, window=None)
+            self._extend(prompt, whole=True)
 
     def observe(self, start: int, hidden: np.ndarray) -> None:
         """The target's hidden states (``[T, 3 * target_hidden]``, ``hidden_layers`` order) of the tokens at
@@ -281,9 +281,9 @@ class Eagle3Drafter(FeatureDrafter):
         del self.pairs[rows:], self.positions[rows:]
         self.head.keys, self.head.values = self.head.keys[:rows], self.head.values[:rows]
 
-    def _extend(self, history: Sequence[int], window: int | None = -1) -> np.ndarray:
-        """Cache rows for the known pairs of ``history``: those after the last cached row, at most ``window`` of
-        them (-1: ``catch_up``; None: all); returns the output hidden of the last row."""
+    def _extend(self, history: Sequence[int], whole: bool = False) -> np.ndarray:
+        """Cache rows for the known pairs of ``history``: those after the last cached row, at most ``catch_up``
+        of them (all with ``whole``); returns the output hidden of the last row."""
         want = min(len(history) - 1, len(self.raw))
         if want < 1:
             raise HeteroError("Eagle-3 needs the target's hidden states of at least one token before drafting")
@@ -293,8 +293,8 @@ class Eagle3Drafter(FeatureDrafter):
             same += 1
         self._truncate(same)
         start = min(self.positions[-1] + 1 if same else 0, want - 1)  # the last row is run again: we draft from it
-        if window is not None:
-            start = max(start, want - (self.catch_up if window < 0 else window))
+        if not whole:
+            start = max(start, want - self.catch_up)
         self._truncate(bisect_left(self.positions, start))
         tokens = list(history[start + 1:want + 1])
         n, cached = len(tokens), len(self.positions)
