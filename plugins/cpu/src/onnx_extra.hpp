@@ -36,9 +36,11 @@ struct ExtraKernels {
   // Depthwise taps: out[oy*Wo + ox] = bias + sum_t w[t] * base[oy*ystride + off[t] + ox] for ox in [0, Wo). The last
   // columns of a row run as one whole vector: base must be readable `lanes` floats past the last value a tap reads.
   // Then the activation `act` (UnaryOp, -1 none; alpha / beta as k_unary's) where it is one the kernel applies in
-  // registers (ReLU, Clip, HardSwish, HardSigmoid, SiLU): true; false leaves it to the caller.
-  bool (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
-                  i64 Ho, i64 Wo, int act, float alpha, float beta);
+  // registers (ReLU, Clip, HardSwish, HardSigmoid, SiLU): true; false leaves it to the caller. kh: the taps' rows
+  // (ntaps / kh each), sh: input rows an output row (ystride / sh floats apart): where off[] is such a grid with
+  // dilation 1, a kernel may load each input row once for the output rows it feeds.
+  bool (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, int kh, int sh,
+                  float bias, float* out, i64 Ho, i64 Wo, int act, float alpha, float beta);
   // dst[r*ld_dst + i] = src[r*ld_src + i] for r < rows, i < n: a plane's rows into its padded copy, where a memcpy
   // call for each short row cost as much as the depthwise taps.
   void (*copy_rows)(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n);

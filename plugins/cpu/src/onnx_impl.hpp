@@ -216,6 +216,25 @@ void x_prelu_row(const float* x, const float* slope, bool slope_vec, float* y, i
   }
 }
 
+// The activation on a block's R x NV accumulators, then their stores (see dw_block).
+template <int R, int NV, class F>
+HETERO_INLINE void dw_store_block(V (&acc)[R][NV], float* o, i64 Wo, i64 ox, bool whole, const float* oend, F act) {
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = act(acc[r][v]);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) {
+      float* dst = o + r * Wo + ox + v * W;
+      const i64 n = std::min<i64>(W, Wo - ox - v * W);
+      if (n == W || (whole && dst + W <= oend)) {
+        SIMD::store(dst, acc[r][v]);
+      } else {
+        alignas(64) float tail[W];
+        SIMD::store(tail, acc[r][v]);
+        for (i64 j = 0; j < n; ++j) dst[j] = tail[j];
+      }
+    }
+}
+
 // R output rows x NV vectors of columns from ox: R * NV independent FMA chains (one chain a row left the FMA's latency
 // exposed: a 14 x 14 plane's rows are one vector each, and 256 ch 5x5 on 14 x 14 ran at a quarter of the FMA rate).
 // Each vector holds at least one column of the row. Stores go row by row; where the block spans whole rows (`whole`)
@@ -233,20 +252,7 @@ HETERO_INLINE void dw_block(const float* b, i64 ystride, const i64* off, const f
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < NV; ++v) acc[r][v] = SIMD::fma(wv, SIMD::load(p + r * ystride + v * W), acc[r][v]);
   }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = act(acc[r][v]);
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) {
-      float* dst = o + r * Wo + ox + v * W;
-      const i64 n = std::min<i64>(W, Wo - ox - v * W);
-      if (n == W || (whole && dst + W <= oend)) {
-        SIMD::store(dst, acc[r][v]);
-      } else {
-        alignas(64) float tail[W];
-        SIMD::store(tail, acc[r][v]);
-        for (i64 j = 0; j < n; ++j) dst[j] = tail[j];
-      }
-    }
+  dw_store_block<R, NV>(acc, o, Wo, ox, whole, oend, act);
 }
 
 // R rows of columns [0, Wo): two vectors a step, the last one alone where one is left.
@@ -305,10 +311,120 @@ bool dw_act_dispatch(int act, float alpha, float beta, Run&& run) {
   }
 }
 
-bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, float bias, float* out,
-               i64 Ho, i64 Wo, int act, float alpha, float beta) {
-  return dw_act_dispatch(act, alpha, beta,
-                         [&](auto f) { dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, f); });
+// dw_block for a KH x KW grid of taps, dilation 1, output rows SH input rows apart (rstride floats each) and columns
+// SW apart (SW = 2: the column phases, `phase` floats apart, tap kx in phase kx % 2 at column kx / 2): the block's R
+// output rows read (R - 1) * SH + KH distinct input rows, each row's KW x NV vectors loaded once and fed to every
+// output row it reaches, with the weights held in registers (wv). dw_block loads a vector a tap and row and
+// broadcasts each weight: at 3x3 stride 1, 4 rows of 2 vectors, 81 loads for 72 FMAs against 36 here (Zen 4 issues
+// one 512-bit load a cycle, no more than FMAs, and 2 of 3 taps straddle cache lines). b: the block's first input row
+// at column ox.
+template <int KH, int KW, int SH, int SW, int R, int NV, class F>
+HETERO_INLINE void dw_block_shared(const float* b, i64 rstride, i64 phase, const V* wv, V vb, float* o, i64 Wo,
+                                   i64 ox, bool whole, const float* oend, F act) {
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = vb;
+  constexpr int rows_in = (R - 1) * SH + KH;
+  const float* row = b;
+#pragma GCC unroll 32
+  for (int i = 0; i < rows_in; ++i) {
+#pragma GCC unroll 8
+    for (int kx = 0; kx < KW; ++kx)
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) {
+        V x = SIMD::load(row + (kx % SW) * phase + kx / SW + v * W);
+        asm("" : "+v"(x));  // one load in a register: GCC folds it into each FMA (a load each) otherwise
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const int ky = i - r * SH;  // a constant once unrolled
+          if (ky >= 0 && ky < KH) acc[r][v] = SIMD::fma(wv[ky * KW + kx], x, acc[r][v]);
+        }
+      }
+    row += rstride;
+    // Hides the row's address: without it GCC keeps every (row, tap) offset live across blocks, out of general
+    // registers, and reloads them from the stack before each load (slower than dw_block).
+    asm("" : "+r"(row));
+  }
+  dw_store_block<R, NV>(acc, o, Wo, ox, whole, oend, act);
+}
+
+// dw_rows / dw_row_block on dw_block_shared: rows in blocks of R, then R / 2, ...
+template <int KH, int KW, int SH, int SW, int R, int NV, class F>
+HETERO_INLINE void dw_rows_shared(const float* base, i64 rstride, i64 phase, const V* wv, V vb, float* out, i64 Ho,
+                                  i64 Wo, const float* oend, F act) {
+  const bool whole = Wo <= NV * W;
+  i64 oy = 0;
+  for (; oy + R <= Ho; oy += R) {
+    const float* b = base + oy * SH * rstride;
+    float* o = out + oy * Wo;
+    i64 ox = 0;
+    for (; Wo - ox > (NV - 1) * W; ox += NV * W)
+      dw_block_shared<KH, KW, SH, SW, R, NV>(b + ox, rstride, phase, wv, vb, o, Wo, ox, whole, oend, act);
+    if (ox < Wo) dw_block_shared<KH, KW, SH, SW, R, 1>(b + ox, rstride, phase, wv, vb, o, Wo, ox, whole, oend, act);
+  }
+  if constexpr (R > 1)
+    if (oy < Ho)
+      dw_rows_shared<KH, KW, SH, SW, R / 2, NV>(base + oy * SH * rstride, rstride, phase, wv, vb, out + oy * Wo,
+                                                Ho - oy, Wo, oend, act);
+}
+
+// A plane on dw_rows_shared where off[] is the KH x KW grid dw_block_shared reads (rows ystride / SH apart; columns
+// 1 apart, or SW = 2 phases off[1] floats apart); false otherwise. Accumulators and weights in registers: R x NV +
+// KH x KW of AVX-512's 32 (8 + 9 at 3x3, 4 + 25 at 5x5).
+template <int KH, int KW, int SH, class F>
+bool dw_plane_shared(const float* base, i64 ystride, const i64* off, const float* w, float bias, float* out, i64 Ho,
+                     i64 Wo, F act) {
+  const i64 rstride = ystride / SH, phase = off[1];
+  const bool sw1 = phase == 1;
+  if (ystride % SH != 0) return false;
+  for (int ky = 0; ky < KH; ++ky)
+    for (int kx = 0; kx < KW; ++kx)
+      if (off[ky * KW + kx] != ky * rstride + (sw1 ? kx : (kx % 2) * phase + kx / 2)) return false;
+  V wv[KH * KW];
+  for (int t = 0; t < KH * KW; ++t) wv[t] = SIMD::set1(w[t]);
+  const V vb = SIMD::set1(bias);
+  const float* oend = out + Ho * Wo;
+  constexpr bool small = KH * KW <= 9;
+  const auto run = [&](auto sw) {
+    constexpr int SW = decltype(sw)::value;
+    if (Wo <= W)
+      dw_rows_shared<KH, KW, SH, SW, small ? 8 : 4, 1>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act);
+    else
+      dw_rows_shared<KH, KW, SH, SW, small ? 4 : 2, 2>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act);
+  };
+  if (sw1)
+    run(std::integral_constant<int, 1>{});
+  else
+    run(std::integral_constant<int, 2>{});
+  return true;
+}
+
+// The shapes dw_plane_shared is compiled for (MobileNet / PP-LCNet's 3x3 and 5x5, stride 1 and 2), on AVX-512 only:
+// its weights and accumulators need 32 registers (AVX2's 16 would spill them).
+template <class F>
+bool dw_plane_shared_any(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, int kh, int sh,
+                         float bias, float* out, i64 Ho, i64 Wo, F act) {
+  if constexpr (W != 16) {
+    return false;
+  } else {
+    if (kh == 3 && ntaps == 9 && sh == 1)
+      return dw_plane_shared<3, 3, 1>(base, ystride, off, w, bias, out, Ho, Wo, act);
+    if (kh == 3 && ntaps == 9 && sh == 2)
+      return dw_plane_shared<3, 3, 2>(base, ystride, off, w, bias, out, Ho, Wo, act);
+    if (kh == 5 && ntaps == 25 && sh == 1)
+      return dw_plane_shared<5, 5, 1>(base, ystride, off, w, bias, out, Ho, Wo, act);
+    if (kh == 5 && ntaps == 25 && sh == 2)
+      return dw_plane_shared<5, 5, 2>(base, ystride, off, w, bias, out, Ho, Wo, act);
+    return false;
+  }
+}
+
+bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, int kh, int sh, float bias,
+               float* out, i64 Ho, i64 Wo, int act, float alpha, float beta) {
+  return dw_act_dispatch(act, alpha, beta, [&](auto f) {
+    if (!dw_plane_shared_any(base, ystride, off, w, ntaps, kh, sh, bias, out, Ho, Wo, f))
+      dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, f);
+  });
 }
 
 // Whether this ISA's traits have an in-register W x W transpose (SIMD::transpose: AVX2, AVX-512).

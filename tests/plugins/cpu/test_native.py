@@ -810,6 +810,16 @@ CONV_CASES = [
     (1, 3, 11, 20, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
     (1, 2, 13, 40, 2, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),
     (1, 6, 14, 14, 6, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 6),
+    # AVX-512's shared-row blocks (each input row loaded once for the output rows it feeds, 3x3 / 5x5, strides 1 / 2
+    # along each axis): 23 rows (4 + 4 + ... + 2 + 1), 56 columns (two vectors, then one part vector alone), stride 2
+    # onto 35 columns with an odd left pad, 5x5 on 20 columns (blocks of 2 rows), strides (2, 1) and (1, 2); a
+    # dilation along W only, which the shared blocks leave to the per-tap kernel
+    (1, 3, 23, 56, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),
+    (1, 2, 45, 70, 2, 3, 3, (2, 2), (1, 1, 0, 1), (1, 1), 2),
+    (2, 2, 9, 20, 2, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 2),
+    (1, 3, 17, 33, 3, 3, 3, (2, 1), (1, 1, 1, 1), (1, 1), 3),
+    (1, 3, 13, 40, 3, 5, 5, (1, 2), (2, 2, 2, 2), (1, 1), 3),
+    (1, 2, 12, 30, 2, 3, 3, (1, 1), (1, 2, 1, 2), (1, 2), 2),
     # rows narrower than a vector, >= half a vector of channels: channel-blocked (a vector of channels a position;
     # the last block part-filled), two images, stride 2 with uneven pads, dilation
     (2, 20, 7, 7, 20, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 20),
