@@ -90,6 +90,30 @@ inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& l
   }
 }
 
+// S::DOT_AT: the traits dot weights with the 4 activation bytes at a pointer, broadcast by the dot itself
+// (llm_simd_avx512vnni.hpp); else broadcast (S::bcast4) and dotted. The same integers either way.
+template <class S, class = void>
+struct HasDotAt : std::false_type {};
+template <class S>
+struct HasDotAt<S, std::enable_if_t<S::DOT_AT>> : std::true_type {};
+
+template <class S>
+inline typename S::I dot4_at(typename S::I acc, typename S::B w, const std::int8_t* p) {
+  if constexpr (HasDotAt<S>::value) return S::dot4_at(acc, w, p);
+  else return S::dot4(acc, w, S::bcast4(p));
+}
+template <class S>
+inline typename S::I dot4x2_at(typename S::I acc, typename S::B w1, const std::int8_t* p1, typename S::B w2,
+                               const std::int8_t* p2) {
+  if constexpr (HasDotAt<S>::value) return S::dot4_at(S::dot4_at(acc, w1, p1), w2, p2);
+  else return S::dot4x2(acc, w1, S::bcast4(p1), w2, S::bcast4(p2));
+}
+template <class S>
+inline typename S::I dot_q8_at(typename S::I acc, const typename S::Q8& w, const std::int8_t* p) {
+  if constexpr (HasDotAt<S>::value) return S::dot_q8_at(acc, w, p);
+  else return S::dot_q8(acc, w, S::bcast4(p));
+}
+
 // A k-quant super-block's d (and dmin) for slice h (rows W*h..), and each times 2^23 (exact) for S::u8_scaled.
 template <class S>
 struct SuperScales {
@@ -266,19 +290,19 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
             B lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
             add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
             for (int m = 0; m < MR; ++m) {
-              const B xlo = S::bcast4(xrow[m] + xo + 8 * t), xhi = S::bcast4(xrow[m] + xo + 8 * t + 4);  // pair4
+              const std::int8_t* xp = xrow[m] + xo + 8 * t;  // pair4: the low nibbles' 4 bytes, then the high ones'
               if (SPLIT) {
-                ilo[m] = S::dot4(ilo[m], lo, xlo);
-                ihi[m] = S::dot4(ihi[m], hi, xhi);
+                ilo[m] = dot4_at<S>(ilo[m], lo, xp);
+                ihi[m] = dot4_at<S>(ihi[m], hi, xp + 4);
               } else {  // values <= 31
-                ilo[m] = S::dot4x2(ilo[m], lo, xlo, hi, xhi);
+                ilo[m] = dot4x2_at<S>(ilo[m], lo, xp, hi, xp + 4);
               }
             }
           } else {
             const typename S::Q8 wq = S::q8_weights(v);
             for (int m = 0; m < MR; ++m) {  // SPLIT: even steps into ilo, odd into ihi
               I& acc = SPLIT && (t & 1) ? ihi[m] : ilo[m];
-              acc = S::dot_q8(acc, wq, S::bcast4(xrow[m] + xo + 4 * t));
+              acc = dot_q8_at<S>(acc, wq, xrow[m] + xo + 4 * t);
             }
           }
         };
@@ -368,11 +392,11 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
           scales.start(ilo, ihi, x, xi);
           for (int t = 0; t < NT; ++t) {
             if (NIB) {  // pair4: the low nibbles' 4 activation bytes, then the high ones'
-              ilo = S::dot4(ilo, lo[t], S::bcast4(xr + 8 * t));
+              ilo = dot4_at<S>(ilo, lo[t], xr + 8 * t);
               I& acc = KQ == 2 ? ihi : ilo;
-              acc = S::dot4(acc, hi[t], S::bcast4(xr + 8 * t + 4));
+              acc = dot4_at<S>(acc, hi[t], xr + 8 * t + 4);
             } else {
-              ilo = S::dot_q8(ilo, S::q8_weights(lo[t]), S::bcast4(xr + 4 * t));
+              ilo = dot_q8_at<S>(ilo, S::q8_weights(lo[t]), xr + 4 * t);
             }
           }
           scales.apply(facc[m], ilo, ihi, x, xi);
