@@ -17,5 +17,14 @@ struct LlmSimdVnni : LlmSimd {
   };
   static Q8 q8_weights(B w) { return {w}; }
   static I dot_q8(I acc, const Q8& w, B x) { return _mm512_dpbusd_epi32(acc, w.w, x); }
+  // dot4 with the 4 activation bytes at p broadcast by the dot's own memory operand (m32{1to16}): GCC keeps
+  // _mm512_set1_epi32 a separate vpbroadcastd, which takes a vector ALU slot on Zen 4 -- one per dot, as many as the
+  // dots themselves in a one-row tile.
+  static constexpr bool DOT_AT = true;
+  static I dot4_at(I acc, B w, const std::int8_t* p) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const std::int8_t(*)[4]>(p)));
+    return acc;
+  }
+  static I dot_q8_at(I acc, const Q8& w, const std::int8_t* p) { return dot4_at(acc, w.w, p); }
 };
 }  // namespace
