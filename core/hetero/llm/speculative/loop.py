@@ -8,7 +8,8 @@ next prompt's common-prefix check rolls back like any other difference).
 A step with k drafts: ``Llm._verify`` runs ``[history[-1], *drafts]`` in one pass (k + 1 logits rows), the
 acceptance rule keeps n drafts and adds the target's token, ``Llm._keep`` rolls the cache back to the
 ``len(history) + n`` tokens that are now history (the attention caches by position, the recurrent layers from
-their block-start checkpoint), and the drafter hears what was kept.
+their block-start checkpoint), and the drafter hears what was kept. While the policy has drafting paused, the steps
+are plain decoding's own (``_plain_steps``) until the pause's last few.
 """
 
 from __future__ import annotations
