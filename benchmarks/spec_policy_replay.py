@@ -72,6 +72,14 @@ def replay(module: Any, d: Drafter, generations: int, seed: int) -> list[float]:
         if g == 0:  # the warm-up: plain decoding's width is warm already (the plain warm-up ran before)
             width_runs[1] = max(width_runs.get(1, 0), 3)
         while produced < tokens:
+            # a pause's plain steps recorded at once, as the loop does (revisions before it record each)
+            quiet = min(policy.quiet_steps(produced), tokens - produced) if hasattr(policy, "quiet_steps") else 0
+            if quiet:
+                width_runs[1] += quiet
+                policy.record_quiet(produced, quiet, float(quiet))
+                produced += quiet
+                seconds += quiet
+                continue
             k = policy.length(produced)
             draft = 0.0
             kept = 0

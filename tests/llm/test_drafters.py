@@ -262,8 +262,14 @@ def test_eagle_catches_up_over_its_window_after_drafting_was_off(target, monkeyp
     target.generate(PROMPTS[0], 40, temperature=0, spec=spec)
     assert list(target.last.tokens) == want
     monkeypatch.setattr(drafter.head, "step", counted)
+    kept: list[int] = []  # rows of the target's hidden states the drafter stored, per store
+    put = drafter.raw.put
+    monkeypatch.setattr(drafter.raw, "put", lambda start, new: kept.append(len(new)) or put(start, new))
     target.reset()
     target.generate(PROMPTS[0], 40, temperature=0, spec=spec)
     assert list(target.last.tokens) == want and target.stats.drafted_tokens > 0
     prompt = len(target.tokenizer.encode(PROMPTS[0]))
     assert rows[0] == prompt - 1 and 1 <= max(rows[1:]) <= 4, rows  # begin: the prompt's pairs; then the window
+    # the pause's ~20 rows: only the window's were stacked and stored (the prompt's all, in begin)
+    assert kept[0] == prompt and 1 <= max(kept[1:]) <= 4, kept
+    assert drafter.known == len(drafter.raw)  # every position counted, stored or not

@@ -174,6 +174,145 @@ def test_a_drafter_hears_nothing_while_drafting_is_off(family):
         np.testing.assert_allclose(rows, ref.hidden(layer, 0, rows.shape[0]), atol=2e-4)
 
 
+class _PausedSometimes(DraftPolicy):
+    """Drafting paused for the tokens in ``OFF`` (their steps run as plain decoding's: ``quiet_steps``),
+    ``max_draft`` drafts otherwise."""
+
+    OFF = (range(3, 12), range(15, 27))
+
+    def length(self, produced: int) -> int:
+        return 0 if any(produced in r for r in self.OFF) else self.max_draft
+
+    def quiet_steps(self, produced: int) -> int:
+        steps = next((r.stop - produced for r in self.OFF if produced in r), 0)
+        self.granted = getattr(self, "granted", 0) + steps
+        return steps
+
+
+class _SpeculationPausedSometimes(Speculation):
+    def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
+        return _PausedSometimes(self.max_draft, adaptive=False)
+
+
+def _watch_plain_steps(llm) -> list[int]:
+    """Counts the model's plain decode steps (``Llm._advance`` after the prompt) in the returned list's length."""
+    calls: list[int] = []
+    advance = llm._advance
+
+    def watched(owner, ids, *args, **kwargs):
+        if len(llm.tokens) == len(ids) - 1:
+            calls.append(len(ids))
+        return advance(owner, ids, *args, **kwargs)
+
+    llm._advance = watched
+    return calls
+
+
+def _assert_next_step_is_a_fresh_runs(llm, family: str, history: list[int]) -> None:
+    """The logits after ``history`` from ``llm``'s cache equal those of a model that only ever saw ``history``
+    (a hybrid's recurrent state after rollbacks and plain steps)."""
+    fresh = load(FIXTURES / family, backends=["cpu"], prefill_chunk=0)
+    fresh.prefill(history[:-1])
+    expected = fresh.forward(history[-1:])
+    if len(llm.tokens) >= len(history):  # the cache holds more than the history (a step's extra tokens)
+        llm.rollback(len(history) - 1)
+    got = llm.forward(history[len(llm.tokens):])
+    np.testing.assert_allclose(got, expected, atol=2e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "qwen3_5_next"])
+def test_steps_of_a_pause_are_plain_decodings_and_drafting_resumes_exactly(family):
+    """While drafting is paused the loop runs plain decoding's own steps (``Llm._advance``, one a token); after
+    each pause the drafter hears every token of it in one ``accept`` with the rows of their positions, its next
+    drafts are verified (some rejected) and the output stays plain greedy decoding's, token for token; a hybrid's
+    recurrent state after it is a fresh run's."""
+    _backend("cpu")
+    llm = load(FIXTURES / family, backends=["cpu"])
+    want = _plain(llm, PROMPT, 40)
+    drafter = Scripted(want, len(PROMPT), max_draft=3, hidden_layers=(0, -1))
+    llm.reset()
+    plain_steps = _watch_plain_steps(llm)
+    spec = _SpeculationPausedSometimes(drafter)
+    llm.generate(PROMPT, 36, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want[:36]
+    # every paused token came from a plain step (a pause entered where a step's tokens ended), and no other did
+    assert len(plain_steps) == spec.policy.granted >= sum(len(r) for r in _PausedSometimes.OFF) - 2 * 3
+    assert llm.stats.verify_steps > 2 and llm.stats.accepted_tokens < llm.stats.drafted_tokens
+    told = [t for _, tokens, _ in drafter.received for t in tokens]
+    assert told == want[:len(told)] and len(told) >= _PausedSometimes.OFF[-1].stop
+    last = llm.config.num_layers - 1
+    ref = load(FIXTURES / family, backends=["cpu"], hidden_layers=[0, last], prefill_chunk=0)
+    ref.prefill(PROMPT + want)
+    for layer in (0, last):
+        rows = np.concatenate([drafter.prompt_hidden[layer]] + [h[layer] for _, _, h in drafter.received])
+        assert rows.shape[0] == len(PROMPT) + len(told) - 1
+        np.testing.assert_allclose(rows, ref.hidden(layer, 0, rows.shape[0]), atol=2e-4)
+    _assert_next_step_is_a_fresh_runs(llm, family, PROMPT + list(llm.last.tokens))
+
+
+class _NeverRight:
+    """Drafts a token the target never picks next (its own greedy choice + 1): every draft is rejected."""
+
+    hidden_layers: tuple[int, ...] = ()
+    max_draft = 4
+
+    def __init__(self, truth: list[int], prompt_len: int) -> None:
+        self.truth, self.prompt_len, self.drafts = truth, prompt_len, 0
+
+    def reset(self) -> None: ...
+
+    def begin(self, prompt, hidden) -> None: ...
+
+    def accept(self, n_accepted, tokens, hidden) -> None: ...
+
+    def draft(self, history, k):
+        self.drafts += 1
+        return [(self.truth[len(history) - self.prompt_len] + 1) % 320] * k
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_5"])
+def test_the_adaptive_policy_pauses_a_drafter_never_right_through_plain_steps(family):
+    """The real policy switches a drafter that is never right off; the pause's steps go through plain decoding's
+    path (recorded at once), the drafter is tried again after it, and the output is plain greedy decoding's."""
+    _backend("cpu")
+    llm = load(FIXTURES / family, backends=["cpu"])
+    want = _plain(llm, PROMPT, 90)
+    drafter = _NeverRight(want, len(PROMPT))
+    spec = Speculation(drafter)
+    llm.reset()
+    plain_steps = _watch_plain_steps(llm)  # only the quiet path calls it after the prompt
+    llm.generate(PROMPT, 80, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want[:80]
+    assert spec.policy.switched_off >= 2 and drafter.drafts >= 2  # paused, tried again, paused again
+    assert len(plain_steps) >= 12 and llm.stats.accepted_tokens == 0
+    assert spec.policy.runs[1] >= len(plain_steps)  # the quiet steps were recorded
+    _assert_next_step_is_a_fresh_runs(llm, family, PROMPT + list(llm.last.tokens))
+
+
+def test_sampled_decoding_with_drafting_paused_is_plain_sampling_at_the_same_seed():
+    """Steps without a draft sample as plain decoding does (the sampler itself, its random draws in the same
+    order): a seeded sampled generation whose drafting is off throughout is plain sampling's, token for token."""
+    _backend("cpu")
+    llm = load(FIXTURES / "qwen3", backends=["cpu"])
+    settings = {"temperature": 0.9, "top_k": 40, "seed": 7}
+    llm.reset()
+    llm.generate(PROMPT, 30, **settings)
+    want = list(llm.last.tokens)
+
+    class Off(Speculation):
+        def _policy(self, previous=None):
+            policy = DraftPolicy(self.max_draft)
+            policy.off_until = 10**6
+            return policy
+
+    spec = Off(_NeverRight(want + [0] * 40, len(PROMPT)))
+    llm.reset()
+    plain_steps = _watch_plain_steps(llm)
+    llm.generate(PROMPT, 30, spec=spec, **settings)
+    assert list(llm.last.tokens) == want
+    assert len(plain_steps) > 20 and llm.stats.verify_steps == 0  # most through the quiet path
+
+
 def test_verify_scores_every_token_of_the_block_as_decode_steps_do():
     _backend("cpu")
     for family in ALL:

@@ -15,6 +15,8 @@ from hetero.llm.speculative.policy import (
     DECAY,
     MIN_SPEC_STEPS,
     PAUSE_MAX,
+    QUIET_CHUNK,
+    QUIET_TAIL,
     TRIAL_SHARE,
     DraftPolicy,
     expected_tokens,
@@ -654,3 +656,57 @@ def test_one_drafting_time_in_a_burst_does_not_switch_off_a_drafter_that_is_righ
         policy.record(k, k, k + 1, 1 + 0.1 * k + per_token * k, produced, draft_seconds=per_token * k)
         produced += k + 1
     assert policy.switched_off == 0 and max(lengths[-4:]) >= 4, lengths
+
+
+def _paused(plain: float = 1.0) -> tuple[DraftPolicy, int]:
+    """A policy that switched a never-right drafter off twice (the second pause priced by its trial), and the
+    tokens produced by then."""
+    policy = DraftPolicy(8, start=1)
+    produced = 0
+    while policy.switched_off < 2:
+        k = policy.length(produced)
+        policy.record(k, 0, 1, plain + 0.6 * k, produced, draft_seconds=0.3 * k)
+        produced += 1
+    return policy, produced
+
+
+def test_a_pause_has_quiet_steps_but_its_last_few_and_none_while_cold_or_judging():
+    policy, produced = _paused()
+    pause = policy.off_until - produced
+    assert pause > QUIET_TAIL + QUIET_CHUNK
+    assert policy.quiet_steps(produced) == QUIET_CHUNK
+    assert policy.quiet_steps(policy.off_until - QUIET_TAIL - 3) == 3
+    assert policy.quiet_steps(policy.off_until - QUIET_TAIL) == 0  # the tail: step by step
+    assert policy.quiet_steps(policy.off_until) == 0
+    policy.probe_now = True
+    assert policy.quiet_steps(produced) == 0
+    assert DraftPolicy(8).quiet_steps(0) == 0  # plain decoding not timed warm yet
+    fixed = DraftPolicy(8, adaptive=False)
+    fixed.off_until = 100
+    assert fixed.quiet_steps(0) == 0
+
+
+@pytest.mark.parametrize("steps", [1, 5, QUIET_CHUNK])
+def test_quiet_steps_recorded_at_once_are_recorded_one_by_one(steps):
+    """``record_quiet`` of n plain steps leaves the policy as n ``record`` calls of their mean seconds do: the
+    same costs, rate, judged stretch and decisions after the pause."""
+    one_by_one, produced = _paused()
+    at_once, _ = _paused()
+    for i in range(steps):
+        assert one_by_one.length(produced + i) == 0
+        one_by_one.record(0, 0, 1, 0.8, produced + i)
+    at_once.record_quiet(produced, steps, 0.8 * steps)
+    for name in ("produced", "steps", "runs", "measured_at", "since_probe", "probe_now", "spec_steps", "off_until",
+                 "k", "backoff"):
+        assert getattr(at_once, name) == getattr(one_by_one, name), name
+    for name in ("plain_cost", "rate", "tokens_done", "seconds_done", "spec_tokens", "spec_seconds", "plain_steps",
+                 "plain_seconds"):
+        assert getattr(at_once, name) == pytest.approx(getattr(one_by_one, name), rel=1e-12, abs=1e-15), name
+    produced += steps
+    end = one_by_one.off_until + 8  # through the pause's tail and the trial after it
+    while produced < end:
+        assert at_once.length(produced) == one_by_one.length(produced)
+        for policy in (one_by_one, at_once):
+            k = policy.length(produced)
+            policy.record(k, 0, 1, 0.8 + 0.6 * k, produced, draft_seconds=0.3 * k)
+        produced += 1

@@ -103,12 +103,22 @@ class RowStore:
 
     def put(self, start: int, rows: np.ndarray) -> None:
         end = start + len(rows)
+        self._reserve(start, end)
+        self.data[start:end] = rows
+        self.size = end
+
+    def skip(self, start: int, count: int) -> None:
+        """Positions ``start .. start + count - 1`` counted but not stored (rows nothing reads; what followed is
+        dropped)."""
+        self._reserve(start, start + count)
+        self.size = start + count
+
+    def _reserve(self, start: int, end: int) -> None:
+        """Room for rows up to ``end``, keeping those before ``start``."""
         if end > len(self.data):
             grown = np.zeros((max(end, 2 * len(self.data), 64), self.data.shape[1]), np.float32)
             grown[:start] = self.data[:start]
             self.data = grown
-        self.data[start:end] = rows
-        self.size = end
 
     def rows(self, start: int, end: int) -> np.ndarray:
         return self.data[start:min(end, self.size)]
@@ -275,6 +285,19 @@ class Eagle3Drafter(FeatureDrafter):
                               "positions are known")
         self.raw.put(start, hidden)
         self._truncate(bisect_left(self.positions, start))
+
+    def accept(self, n_accepted: int, tokens: Sequence[int], hidden: Mapping[int, np.ndarray]) -> None:
+        """As every feature drafter, but of a batch longer than ``catch_up`` rows (the steps of a pause in drafting:
+        up to 1024 positions of 3 layers) only the last ``catch_up`` are stacked and kept: a draft reads at most the
+        last ``catch_up`` rows known at the time, and the rows known only grow."""
+        count = min((len(rows) for rows in hidden.values()), default=0)
+        unread = count - self.catch_up
+        if unread > 0:
+            self.raw.skip(self.known, unread)
+            self._truncate(bisect_left(self.positions, self.known))
+            self.known += unread
+            hidden = {layer: rows[unread:] for layer, rows in hidden.items()}
+        super().accept(n_accepted, tokens, hidden)
 
     def _truncate(self, rows: int) -> None:
         """Keep the first ``rows`` cached head rows."""

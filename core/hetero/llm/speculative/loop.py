@@ -8,7 +8,8 @@ next prompt's common-prefix check rolls back like any other difference).
 A step with k drafts: ``Llm._verify`` runs ``[history[-1], *drafts]`` in one pass (k + 1 logits rows), the
 acceptance rule keeps n drafts and adds the target's token, ``Llm._keep`` rolls the cache back to the
 ``len(history) + n`` tokens that are now history (the attention caches by position, the recurrent layers from
-their block-start checkpoint), and the drafter hears what was kept.
+their block-start checkpoint), and the drafter hears what was kept. While the policy has drafting paused, the steps
+are plain decoding's own (``_plain_steps``) until the pause's last few.
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ class Speculation:
         vocab = llm.config.vocab_size
         log = steplog.active()
         while True:
+            quiet = policy.quiet_steps(produced)
+            if quiet:  # drafting is off for these: plain decoding's steps, their seconds told to the policy at once
+                yield from _plain_steps(llm, record, history, sampler, policy, produced, quiet)
+                produced += quiet
+                continue
             started = time.perf_counter()
             k = min(policy.length(produced), llm.context - len(history))
             if k > 0:
@@ -90,7 +96,8 @@ class Speculation:
             if draft.confidence is not None:  # a graded draft: as long as its class pays for
                 draft = as_draft(draft, policy.cut(draft.confidence), vocab)
             rows = llm._verify(record, history, draft.tokens)
-            n, token = accept(sampler, rows, draft, history)
+            # no draft: the sampler's own pick, as plain decoding's step (its logit bias and log-probabilities too)
+            n, token = accept(sampler, rows, draft, history) if draft.tokens else (0, sampler(rows[-1], history))
             base = len(history)
             llm._keep(record, base + n)
             committed = [*draft.tokens[:n], token]
@@ -115,6 +122,31 @@ class Speculation:
 
 
 _NO_DRAFT = Draft([])
+
+
+def _plain_steps(llm: Target, record: object, history: list[int], sampler: Sampler, policy: DraftPolicy,
+                 produced: int, steps: int) -> Iterator[int]:
+    """``steps`` plain decode steps through plain decoding's own path (``Llm._advance``, then the sampler: the same
+    native call and token as ``generate_stream`` without a drafter), one per token pulled, with nothing of the
+    policy's or the drafter's between them (a paused Eagle-3 ran 1-token steps 3-5% slower than the plain run
+    beside it, 2026-12-06). Their seconds go to the policy in one record, also when the generation stops amid
+    them; the drafter hears their tokens at its next draft, as the protocol says."""
+    done, seconds = 0, 0.0
+    log = steplog.active()
+    try:
+        for _ in range(steps):
+            started = time.perf_counter()
+            token = sampler(llm._advance(record, history)[-1], history)
+            history.append(token)
+            done += 1
+            step = time.perf_counter() - started
+            seconds += step
+            if log:
+                steplog.write("spec", produced=produced + done - 1, asked=0, offered=0, drafted=0, confidence=None,
+                              accepted=0, committed=1, seconds=step, draft_seconds=0.0, **policy.state())
+            yield token
+    finally:
+        policy.record_quiet(produced, done, seconds)
 
 
 def _rows(llm: Target, layers: tuple[int, ...], start: int, end: int) -> Hidden:

@@ -70,6 +70,8 @@ TRIAL_WINDOW = 3  # warm one-draft-token steps whose seconds (their median) pric
 TRIAL_SHARE = 0.005  # a drafter the estimate switched off is tried again after plain decoding spent 1/this times
 # the seconds a trial costs beyond a plain step (trials then cost at most ~0.5% of the time)
 PAUSE_MAX = 2 * BACKOFF_MAX  # tokens: the longest pause in drafting (a trial priced in a slow moment, or cold)
+QUIET_CHUNK = 16  # plain steps of a pause recorded at once (their mean seconds): the plain cost keeps up with them
+QUIET_TAIL = 4  # the last plain steps of a pause, recorded one by one: the trial is judged against steps of now
 
 
 class DraftPolicy:
@@ -205,6 +207,37 @@ class DraftPolicy:
                 or self.probe_now):
             return 0  # (plain steps first until one is warm: its cost is what drafting must beat)
         return self.max_draft if self.graded else self.k
+
+    def quiet_steps(self, produced: int) -> int:
+        """Plain steps from ``produced`` on that need no bookkeeping step by step (0: none): drafting is off for
+        them, plain decoding is warm and nothing is being judged, so ``length`` would say 0 at each and ``record``
+        only fold their seconds into the running costs. The loop runs them as plain decoding does and hands their
+        seconds over at once (``record_quiet``): at most ``QUIET_CHUNK`` of them, and not the pause's last
+        ``QUIET_TAIL`` (those are recorded one by one, as every step was)."""
+        if not self.adaptive or self.spec_steps or self.probe_now or self.runs.get(1, 0) <= COLD_RUNS + 1:
+            return 0
+        return min(max(self.off_until - produced - QUIET_TAIL, 0), QUIET_CHUNK)
+
+    def record_quiet(self, produced: int, steps: int, seconds: float) -> None:
+        """``steps`` warm plain steps (``quiet_steps``) from ``produced`` on, ``seconds`` in all: what ``record``
+        makes of them one by one when each takes their mean time (the decayed sums in closed form)."""
+        if steps < 1:
+            return
+        mean = seconds / steps
+        self.produced = produced + steps
+        self.runs[1] = self.runs.get(1, 0) + steps
+        self.steps += steps
+        self.measured_at[1] = self.steps
+        old = self.cost.get(1, mean)
+        self.cost[1] = mean + (old - mean) * (1 - SMOOTHING) ** steps
+        self.tokens_done, self.seconds_done = _decayed(self.tokens_done, 1.0, RATE_DECAY, steps), \
+            _decayed(self.seconds_done, mean, RATE_DECAY, steps)
+        fade = SPEC_DECAY ** steps
+        self.spec_tokens *= fade
+        self.spec_seconds *= fade
+        self.plain_steps = _decayed(self.plain_steps, 1.0, SPEC_DECAY, steps)
+        self.plain_seconds = _decayed(self.plain_seconds, mean, SPEC_DECAY, steps)
+        self.since_probe = 0
 
     def cut(self, confidence: int | None) -> int:
         """The draft length with the largest expected gain for a graded draft of class ``confidence`` (0: a plain
@@ -514,6 +547,11 @@ def expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _decayed(total: float, added: float, decay: float, steps: int) -> float:
+    """``total`` after ``steps`` times ``total = decay * total + added``."""
+    return decay ** steps * total + added * (1 - decay ** steps) / (1 - decay)
 
 
 def _smooth(old: float | None, new: float) -> float:

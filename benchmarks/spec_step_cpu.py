@@ -1,0 +1,88 @@
+"""Plain against speculative decoding by CPU time, for a busy shared machine where wall-clock pairs swing by 10-30%:
+the two alternate (greedy, the bench's prompts), and each generation's decode is timed from its first decode step
+(after the prompt and a drafter's ``begin``, which count as prefill) to its end, in CPU seconds of the process
+(thread CPU time at ``-t 1``, where the process's one thread does everything), with the target's native steps
+apart: 1-token steps, wider verify steps, and what runs between them.
+
+    PYTHONPATH=core:plugins/cpu python benchmarks/spec_step_cpu.py -m sns-0.5b.gguf --spec eagle:DIR -t 1 -r 5
+
+Per generation pair: the speculative run's decode CPU over the plain run's (the median of the pairs is printed;
+above 1: speculative decoding costs more CPU per token). At more threads the workers' spinning counts too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def measure(llm: Any, spec: Any, prompt: str, tokens: int, clock: Callable[[], float]) -> dict[str, Any]:
+    """One generation: decode CPU seconds, those of the native 1-token and wider steps, the wider steps' count."""
+    from hetero.llm.speculative.bench import CHAT_MESSAGES, CODE_PROMPT
+
+    steps: list[tuple[int, float, float]] = []  # tokens run, CPU clock at the start, at the end
+    session = llm.session
+
+    def timed(feeds: dict[str, Any], wanted: Any = None) -> Any:
+        start = clock()
+        out = type(session).run(session, feeds, wanted)
+        steps.append((len(feeds["input_ids"]), start, clock()))
+        return out
+
+    session.run = timed  # the speculative run's expose_hidden may rebuild the session: a new one is timed next time
+    try:
+        if prompt == "chat":
+            llm.chat(CHAT_MESSAGES, tokens, temperature=0, spec=spec)
+        else:
+            llm.generate(CODE_PROMPT, tokens, temperature=0, spec=spec)
+        end = clock()
+    finally:
+        del session.run
+    decode = steps[1:]  # [0]: the prompt's (cached: its last token)
+    return {"cpu": end - decode[0][1] if decode else 0.0,
+            "one": sum(b - a for n, a, b in decode if n == 1),
+            "wider": sum(b - a for n, a, b in decode if n > 1), "verify": sum(n > 1 for n, _, _ in decode),
+            "tokens": list(llm.last.tokens)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", type=Path, required=True)
+    p.add_argument("--spec", required=True)
+    p.add_argument("-t", "--threads", type=int, default=1)
+    p.add_argument("-n", type=int, default=64)
+    p.add_argument("-r", "--repetitions", type=int, default=5)
+    p.add_argument("--prompts", nargs="*", default=["code", "chat"])
+    args = p.parse_args()
+
+    import hetero.llm
+    from hetero.llm.speculative.registry import speculation
+
+    llm = hetero.llm.load(args.model, backends=["cpu"], on_fallback="silent", threads=args.threads, context=2048)
+    spec = speculation(args.spec, llm)
+    clock = time.thread_time if args.threads == 1 else time.process_time
+    for prompt in args.prompts:
+        measure(llm, None, prompt, 4, clock)  # warm-up: the prompt's prefill, the exposed layers, the drafter
+        measure(llm, spec, prompt, 4, clock)
+        pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for r in range(args.repetitions):
+            order = (None, spec) if r % 2 == 0 else (spec, None)
+            got = {id(s): measure(llm, s, prompt, args.n, clock) for s in order}
+            pairs.append((got[id(None)], got[id(spec)]))
+        ms = [(1e3 * a["cpu"] / args.n, 1e3 * b["cpu"] / args.n) for a, b in pairs]
+        print(f"{prompt} -t {args.threads}: decode CPU ms/token plain {statistics.median(a for a, _ in ms):.3f}, "
+              f"spec {statistics.median(b for _, b in ms):.3f}; spec/plain per pair "
+              f"{[round(b / a, 4) for a, b in ms]}, median {statistics.median(b / a for a, b in ms):.4f}; "
+              f"between native steps plain {statistics.median(a['cpu'] - a['one'] for a, _ in pairs):.3f} s, spec "
+              f"{statistics.median(b['cpu'] - b['one'] - b['wider'] for _, b in pairs):.3f} s; verify steps "
+              f"{[b['verify'] for _, b in pairs]}; identical {all(a['tokens'] == b['tokens'] for a, b in pairs)}; "
+              f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
