@@ -37,38 +37,58 @@ inline void accumulate(__m512i (&acc)[M][NP], i64 k4, const std::uint8_t* a, i64
   }
 }
 
-// The full tile with named accumulators: GCC 12 keeps the array above in registers only by copying all 16 of them
-// twice per k group and folding two B loads into four vpdpbusd each (35 moves, a spill); 70 x 512 x 1024 ran
-// ~2 % slower on Zen 4 (181.4 against 178.7 us).
-template <>
-inline void accumulate<4, 4>(__m512i (&acc)[4][4], i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b,
-                             i64 pstride) {
+// One row's four accumulators += its 4 bytes of a times the four panels' group.
+inline void dot4(__m512i& c0, __m512i& c1, __m512i& c2, __m512i& c3, const std::uint8_t* a4, __m512i b0, __m512i b1,
+                 __m512i b2, __m512i b3) {
+  const __m512i av = _mm512_set1_epi32(load4(a4));
+  c0 = _mm512_dpbusd_epi32(c0, av, b0), c1 = _mm512_dpbusd_epi32(c1, av, b1);
+  c2 = _mm512_dpbusd_epi32(c2, av, b2), c3 = _mm512_dpbusd_epi32(c3, av, b3);
+}
+
+// Four panels and up to 4 rows with named accumulators (the rows past M compile away): GCC 12 keeps the array
+// above in registers only by copying all of them twice per k group and folding the B loads into each vpdpbusd
+// (4 rows: 35 moves, a spill, 70 x 512 x 1024 ~2 % slower on Zen 4, 181.4 against 178.7 us; 3 rows, an int8 LSTM's
+// step: 24 moves and 12 loads a group where 4 do).
+template <int M>
+inline void accumulate_4panels(__m512i (&acc)[M][4], i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b,
+                               i64 pstride) {
+  static_assert(M >= 1 && M <= 4, "1 to 4 rows");
+  const __m512i z = _mm512_setzero_si512();
   __m512i c00 = acc[0][0], c01 = acc[0][1], c02 = acc[0][2], c03 = acc[0][3];
-  __m512i c10 = acc[1][0], c11 = acc[1][1], c12 = acc[1][2], c13 = acc[1][3];
-  __m512i c20 = acc[2][0], c21 = acc[2][1], c22 = acc[2][2], c23 = acc[2][3];
-  __m512i c30 = acc[3][0], c31 = acc[3][1], c32 = acc[3][2], c33 = acc[3][3];
+  __m512i c10 = z, c11 = z, c12 = z, c13 = z, c20 = z, c21 = z, c22 = z, c23 = z, c30 = z, c31 = z, c32 = z, c33 = z;
+  if constexpr (M > 1) c10 = acc[1][0], c11 = acc[1][1], c12 = acc[1][2], c13 = acc[1][3];
+  if constexpr (M > 2) c20 = acc[2][0], c21 = acc[2][1], c22 = acc[2][2], c23 = acc[2][3];
+  if constexpr (M > 3) c30 = acc[3][0], c31 = acc[3][1], c32 = acc[3][2], c33 = acc[3][3];
   for (i64 g = 0; g < k4; ++g) {
     const std::int8_t* bg = b + g * 64;
-    const __m512i b0 = _mm512_load_si512(bg), b1 = _mm512_load_si512(bg + pstride);
-    const __m512i b2 = _mm512_load_si512(bg + 2 * pstride), b3 = _mm512_load_si512(bg + 3 * pstride);
-    __m512i av = _mm512_set1_epi32(load4(a + 4 * g));
-    c00 = _mm512_dpbusd_epi32(c00, av, b0), c01 = _mm512_dpbusd_epi32(c01, av, b1);
-    c02 = _mm512_dpbusd_epi32(c02, av, b2), c03 = _mm512_dpbusd_epi32(c03, av, b3);
-    av = _mm512_set1_epi32(load4(a + lda + 4 * g));
-    c10 = _mm512_dpbusd_epi32(c10, av, b0), c11 = _mm512_dpbusd_epi32(c11, av, b1);
-    c12 = _mm512_dpbusd_epi32(c12, av, b2), c13 = _mm512_dpbusd_epi32(c13, av, b3);
-    av = _mm512_set1_epi32(load4(a + 2 * lda + 4 * g));
-    c20 = _mm512_dpbusd_epi32(c20, av, b0), c21 = _mm512_dpbusd_epi32(c21, av, b1);
-    c22 = _mm512_dpbusd_epi32(c22, av, b2), c23 = _mm512_dpbusd_epi32(c23, av, b3);
-    av = _mm512_set1_epi32(load4(a + 3 * lda + 4 * g));
-    c30 = _mm512_dpbusd_epi32(c30, av, b0), c31 = _mm512_dpbusd_epi32(c31, av, b1);
-    c32 = _mm512_dpbusd_epi32(c32, av, b2), c33 = _mm512_dpbusd_epi32(c33, av, b3);
+    __m512i b0 = _mm512_load_si512(bg), b1 = _mm512_load_si512(bg + pstride);
+    __m512i b2 = _mm512_load_si512(bg + 2 * pstride), b3 = _mm512_load_si512(bg + 3 * pstride);
+    // in registers: GCC would fold each load into every row's vpdpbusd, M loads of a line where one does (Zen 4
+    // loads one zmm a cycle, at the rate vpdpbusd issues)
+    __asm__("" : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3));
+    const std::uint8_t* ag = a + 4 * g;
+    dot4(c00, c01, c02, c03, ag, b0, b1, b2, b3);
+    if constexpr (M > 1) dot4(c10, c11, c12, c13, ag + lda, b0, b1, b2, b3);
+    if constexpr (M > 2) dot4(c20, c21, c22, c23, ag + 2 * lda, b0, b1, b2, b3);
+    if constexpr (M > 3) dot4(c30, c31, c32, c33, ag + 3 * lda, b0, b1, b2, b3);
   }
   acc[0][0] = c00, acc[0][1] = c01, acc[0][2] = c02, acc[0][3] = c03;
-  acc[1][0] = c10, acc[1][1] = c11, acc[1][2] = c12, acc[1][3] = c13;
-  acc[2][0] = c20, acc[2][1] = c21, acc[2][2] = c22, acc[2][3] = c23;
-  acc[3][0] = c30, acc[3][1] = c31, acc[3][2] = c32, acc[3][3] = c33;
+  if constexpr (M > 1) acc[1][0] = c10, acc[1][1] = c11, acc[1][2] = c12, acc[1][3] = c13;
+  if constexpr (M > 2) acc[2][0] = c20, acc[2][1] = c21, acc[2][2] = c22, acc[2][3] = c23;
+  if constexpr (M > 3) acc[3][0] = c30, acc[3][1] = c31, acc[3][2] = c32, acc[3][3] = c33;
 }
+
+#define QLIN_ACCUMULATE_4PANELS(M)                                                                                 \
+  template <>                                                                                                      \
+  inline void accumulate<M, 4>(__m512i(&acc)[M][4], i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, \
+                               i64 pstride) {                                                                      \
+    accumulate_4panels<M>(acc, k4, a, lda, b, pstride);                                                            \
+  }
+QLIN_ACCUMULATE_4PANELS(1)
+QLIN_ACCUMULATE_4PANELS(2)
+QLIN_ACCUMULATE_4PANELS(3)
+QLIN_ACCUMULATE_4PANELS(4)
+#undef QLIN_ACCUMULATE_4PANELS
 
 template <int M, int NP>
 void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,
