@@ -23,59 +23,69 @@ inline std::int32_t load4(const std::uint8_t* p) {
 }
 
 #if defined(QLIN_ISA_VNNI)
-// acc[r][p] += the tile's raw sums over k4 groups of 4 (acc zeroed by the caller)
+// An aligned load kept a load (the empty asm): GCC would fold a B load into every row's vpdpbusd, M loads of a
+// line where one does (Zen 4 loads one zmm a cycle, the rate vpdpbusd issues at).
+inline __m512i load_in_register(const std::int8_t* p) {
+  __m512i v = _mm512_load_si512(p);
+  __asm__("" : "+v"(v));
+  return v;
+}
+
+// One row's accumulators (the first NP of c0..c3) += its 4 bytes of a times the panels' k group.
+template <int NP>
+inline void dot_row(__m512i& c0, __m512i& c1, __m512i& c2, __m512i& c3, const std::uint8_t* a4, __m512i b0,
+                    __m512i b1, __m512i b2, __m512i b3) {
+  const __m512i av = _mm512_set1_epi32(load4(a4));
+  c0 = _mm512_dpbusd_epi32(c0, av, b0);
+  if constexpr (NP > 1) c1 = _mm512_dpbusd_epi32(c1, av, b1);
+  if constexpr (NP > 2) c2 = _mm512_dpbusd_epi32(c2, av, b2);
+  if constexpr (NP > 3) c3 = _mm512_dpbusd_epi32(c3, av, b3);
+}
+
+#define QLIN_ROW_VARS(r) __m512i c##r##0 = z, c##r##1 = z, c##r##2 = z, c##r##3 = z;
+#define QLIN_ROW_DOT(r) \
+  if constexpr (M > r) dot_row<NP>(c##r##0, c##r##1, c##r##2, c##r##3, ag + r * lda, b0, b1, b2, b3);
+#define QLIN_ROW_OUT(r)                                                 \
+  if constexpr (M > r) {                                                \
+    acc[r][0] = c##r##0;                                                \
+    if constexpr (NP > 1) acc[r][1] = c##r##1;                          \
+    if constexpr (NP > 2) acc[r][2] = c##r##2;                          \
+    if constexpr (NP > 3) acc[r][3] = c##r##3;                          \
+  }
+
+// acc[r][p] = the tile's raw sums over k4 groups of 4, for every tile shape the kernels use (M <= 8 rows, NP <= 4
+// panels, 16 accumulators at most). Named accumulators (the rows and panels past M and NP compile away): GCC 12
+// keeps an array of them in registers only by copying each one twice per k group and folding the B loads into
+// every row's vpdpbusd (4 x 4: 35 moves and a spill, 70 x 512 x 1024 ~2 % slower on Zen 4; 3 x 4, an int8 LSTM's
+// 3-row step: 24 moves and 12 loads a group where 4 do, the layer 4.6 -> 3.75 ms).
 template <int M, int NP>
 inline void accumulate(__m512i (&acc)[M][NP], i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b,
                        i64 pstride) {
-  for (i64 g = 0; g < k4; ++g) {
-    __m512i bv[NP];
-    for (int p = 0; p < NP; ++p) bv[p] = _mm512_load_si512(reinterpret_cast<const void*>(b + p * pstride + g * 64));
-    for (int r = 0; r < M; ++r) {
-      const __m512i av = _mm512_set1_epi32(load4(a + r * lda + 4 * g));
-      for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], av, bv[p]);
-    }
-  }
-}
-
-// The full tile with named accumulators: GCC 12 keeps the array above in registers only by copying all 16 of them
-// twice per k group and folding two B loads into four vpdpbusd each (35 moves, a spill); 70 x 512 x 1024 ran
-// ~2 % slower on Zen 4 (181.4 against 178.7 us).
-template <>
-inline void accumulate<4, 4>(__m512i (&acc)[4][4], i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b,
-                             i64 pstride) {
-  __m512i c00 = acc[0][0], c01 = acc[0][1], c02 = acc[0][2], c03 = acc[0][3];
-  __m512i c10 = acc[1][0], c11 = acc[1][1], c12 = acc[1][2], c13 = acc[1][3];
-  __m512i c20 = acc[2][0], c21 = acc[2][1], c22 = acc[2][2], c23 = acc[2][3];
-  __m512i c30 = acc[3][0], c31 = acc[3][1], c32 = acc[3][2], c33 = acc[3][3];
+  static_assert(M >= 1 && M <= 8 && NP >= 1 && NP <= 4 && M * NP <= 16, "a tile of at most 16 accumulators");
+  const __m512i z = _mm512_setzero_si512();
+  QLIN_ROW_VARS(0) QLIN_ROW_VARS(1) QLIN_ROW_VARS(2) QLIN_ROW_VARS(3)
+  QLIN_ROW_VARS(4) QLIN_ROW_VARS(5) QLIN_ROW_VARS(6) QLIN_ROW_VARS(7)
   for (i64 g = 0; g < k4; ++g) {
     const std::int8_t* bg = b + g * 64;
-    const __m512i b0 = _mm512_load_si512(bg), b1 = _mm512_load_si512(bg + pstride);
-    const __m512i b2 = _mm512_load_si512(bg + 2 * pstride), b3 = _mm512_load_si512(bg + 3 * pstride);
-    __m512i av = _mm512_set1_epi32(load4(a + 4 * g));
-    c00 = _mm512_dpbusd_epi32(c00, av, b0), c01 = _mm512_dpbusd_epi32(c01, av, b1);
-    c02 = _mm512_dpbusd_epi32(c02, av, b2), c03 = _mm512_dpbusd_epi32(c03, av, b3);
-    av = _mm512_set1_epi32(load4(a + lda + 4 * g));
-    c10 = _mm512_dpbusd_epi32(c10, av, b0), c11 = _mm512_dpbusd_epi32(c11, av, b1);
-    c12 = _mm512_dpbusd_epi32(c12, av, b2), c13 = _mm512_dpbusd_epi32(c13, av, b3);
-    av = _mm512_set1_epi32(load4(a + 2 * lda + 4 * g));
-    c20 = _mm512_dpbusd_epi32(c20, av, b0), c21 = _mm512_dpbusd_epi32(c21, av, b1);
-    c22 = _mm512_dpbusd_epi32(c22, av, b2), c23 = _mm512_dpbusd_epi32(c23, av, b3);
-    av = _mm512_set1_epi32(load4(a + 3 * lda + 4 * g));
-    c30 = _mm512_dpbusd_epi32(c30, av, b0), c31 = _mm512_dpbusd_epi32(c31, av, b1);
-    c32 = _mm512_dpbusd_epi32(c32, av, b2), c33 = _mm512_dpbusd_epi32(c33, av, b3);
+    __m512i b0 = load_in_register(bg), b1 = z, b2 = z, b3 = z;
+    if constexpr (NP > 1) b1 = load_in_register(bg + pstride);
+    if constexpr (NP > 2) b2 = load_in_register(bg + 2 * pstride);
+    if constexpr (NP > 3) b3 = load_in_register(bg + 3 * pstride);
+    const std::uint8_t* ag = a + 4 * g;
+    QLIN_ROW_DOT(0) QLIN_ROW_DOT(1) QLIN_ROW_DOT(2) QLIN_ROW_DOT(3)
+    QLIN_ROW_DOT(4) QLIN_ROW_DOT(5) QLIN_ROW_DOT(6) QLIN_ROW_DOT(7)
   }
-  acc[0][0] = c00, acc[0][1] = c01, acc[0][2] = c02, acc[0][3] = c03;
-  acc[1][0] = c10, acc[1][1] = c11, acc[1][2] = c12, acc[1][3] = c13;
-  acc[2][0] = c20, acc[2][1] = c21, acc[2][2] = c22, acc[2][3] = c23;
-  acc[3][0] = c30, acc[3][1] = c31, acc[3][2] = c32, acc[3][3] = c33;
+  QLIN_ROW_OUT(0) QLIN_ROW_OUT(1) QLIN_ROW_OUT(2) QLIN_ROW_OUT(3)
+  QLIN_ROW_OUT(4) QLIN_ROW_OUT(5) QLIN_ROW_OUT(6) QLIN_ROW_OUT(7)
 }
+#undef QLIN_ROW_VARS
+#undef QLIN_ROW_DOT
+#undef QLIN_ROW_OUT
 
 template <int M, int NP>
 void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,
                 i64 ldc) {
   __m512i acc[M][NP];
-  for (int r = 0; r < M; ++r)
-    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_si512();
   accumulate<M, NP>(acc, k4, a, lda, b, pstride);
   for (int r = 0; r < M; ++r)
     for (int p = 0; p < NP; ++p) _mm512_storeu_si512(reinterpret_cast<void*>(c + r * ldc + p * 16), acc[r][p]);
@@ -87,8 +97,6 @@ template <int M, int NP>
 void tile_fixed_f32(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, const Corrections& cr,
                     const OutStage& st, i64 m0, i64 n0, int ncols) {
   __m512i acc[M][NP];
-  for (int r = 0; r < M; ++r)
-    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_si512();
   accumulate<M, NP>(acc, k4, a, lda, b, pstride);
   for (int p = 0; p < NP; ++p) {
     const int lanes = ncols - 16 * p;
@@ -113,42 +121,8 @@ void tile_fixed_f32(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b
 
 // The F32 tile's shape: 8 rows x 2 panels (16 accumulators, as 4 x 4) keeps a task's block of B at 2 panels,
 // 16 KiB for K = 512, in L1 with the A rows, where 4 panels stream from L2 at every row tile (70 x 512 x 1024:
-// 178.8 -> 176.3 us on Zen 4). Named accumulators, as accumulate<4, 4>.
+// 178.8 -> 176.3 us on Zen 4).
 constexpr int kF32Rows = 8, kF32Panels = 2;
-
-template <>
-inline void accumulate<8, 2>(__m512i (&acc)[8][2], i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b,
-                             i64 pstride) {
-  __m512i c00 = acc[0][0], c01 = acc[0][1], c10 = acc[1][0], c11 = acc[1][1];
-  __m512i c20 = acc[2][0], c21 = acc[2][1], c30 = acc[3][0], c31 = acc[3][1];
-  __m512i c40 = acc[4][0], c41 = acc[4][1], c50 = acc[5][0], c51 = acc[5][1];
-  __m512i c60 = acc[6][0], c61 = acc[6][1], c70 = acc[7][0], c71 = acc[7][1];
-  for (i64 g = 0; g < k4; ++g) {
-    const std::int8_t* bg = b + g * 64;
-    const __m512i b0 = _mm512_load_si512(bg), b1 = _mm512_load_si512(bg + pstride);
-    const std::uint8_t* ag = a + 4 * g;
-    __m512i av = _mm512_set1_epi32(load4(ag));
-    c00 = _mm512_dpbusd_epi32(c00, av, b0), c01 = _mm512_dpbusd_epi32(c01, av, b1);
-    av = _mm512_set1_epi32(load4(ag + lda));
-    c10 = _mm512_dpbusd_epi32(c10, av, b0), c11 = _mm512_dpbusd_epi32(c11, av, b1);
-    av = _mm512_set1_epi32(load4(ag + 2 * lda));
-    c20 = _mm512_dpbusd_epi32(c20, av, b0), c21 = _mm512_dpbusd_epi32(c21, av, b1);
-    av = _mm512_set1_epi32(load4(ag + 3 * lda));
-    c30 = _mm512_dpbusd_epi32(c30, av, b0), c31 = _mm512_dpbusd_epi32(c31, av, b1);
-    av = _mm512_set1_epi32(load4(ag + 4 * lda));
-    c40 = _mm512_dpbusd_epi32(c40, av, b0), c41 = _mm512_dpbusd_epi32(c41, av, b1);
-    av = _mm512_set1_epi32(load4(ag + 5 * lda));
-    c50 = _mm512_dpbusd_epi32(c50, av, b0), c51 = _mm512_dpbusd_epi32(c51, av, b1);
-    av = _mm512_set1_epi32(load4(ag + 6 * lda));
-    c60 = _mm512_dpbusd_epi32(c60, av, b0), c61 = _mm512_dpbusd_epi32(c61, av, b1);
-    av = _mm512_set1_epi32(load4(ag + 7 * lda));
-    c70 = _mm512_dpbusd_epi32(c70, av, b0), c71 = _mm512_dpbusd_epi32(c71, av, b1);
-  }
-  acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
-  acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
-  acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
-  acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
-}
 
 template <int M, int NP>
 void tile_f32_np(int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps, const Corrections& cr,

@@ -194,6 +194,29 @@ def test_split_steps_same_bits_as_one_thread(case: dict) -> None:
         np.testing.assert_allclose(one[name], w, rtol=0, atol=3e-3, err_msg=name)
 
 
+# The step's vector tiles on every ISA path (1-4 rows a tile; avx512vnni: named accumulators per shape): the
+# voicefilter embedder's 3 rows, 1 and 4 rows, H 264 (a slice or a gate that ends inside a 16-column panel), against
+# the numpy model, and the same bits at 1 and 2 threads.
+ISA_CASES = [
+    {"seq": 4, "batch": 3, "inp": 40, "hidden": 264, "per_channel": True, "zp": True},
+    {"seq": 3, "batch": 1, "inp": 24, "hidden": 128, "direction": "bidirectional", "init": True},
+    {"seq": 3, "batch": 4, "inp": 16, "hidden": 96, "uint8": True, "zp": True},
+]
+
+
+@pytest.mark.parametrize("case", ISA_CASES, ids=_ids)
+def test_step_tiles_on_every_isa(isa: str, case: dict) -> None:
+    model, feeds, want = dq_lstm_case(**case)
+
+    def run():
+        return hetero.Session(model, backends=["cpu"], on_fallback="error").run(feeds)
+
+    one, two = _at_threads(run)
+    for name, w in zip(one, want, strict=True):
+        np.testing.assert_allclose(one[name], w, rtol=0, atol=3e-3, err_msg=f"{isa} {name}")
+        np.testing.assert_array_equal(one[name], two[name], err_msg=f"{isa} {name}")
+
+
 # onnxruntime refuses uint8 weights with a zero point ("InputWeight point must be constant"), so that case is not here.
 @pytest.mark.parametrize("case", [c for c in CASES if not c.get("uint8")], ids=_ids)
 def test_matches_onnxruntime_at_one_thread(case: dict) -> None:
