@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "common.hpp"
 
@@ -247,16 +248,40 @@ inline V verf(V x) {
 // Contiguous maps with a vector body and a padded tail (the tail goes through a W-wide stack buffer).
 // ------------------------------------------------------------------------------------------------------------
 
+template <class S, class = void>
+struct has_part : std::false_type {};
+template <class S>
+struct has_part<S, std::void_t<decltype(S::load_part(nullptr, 0, 0.f))>> : std::true_type {};
+
+// The first n (0 < n < W) values of p as a vector, `fill` in the other lanes; and the store of a vector's first n:
+// masked where the ISA has it (AVX-512), else through a W-wide stack buffer. The same lanes either way.
+template <class S = SIMD>
+inline V load_tail(const float* p, i64 n, float fill) {
+  if constexpr (has_part<S>::value) {
+    return S::load_part(p, static_cast<int>(n), fill);
+  } else {
+    float t[W];
+    for (int j = 0; j < W; ++j) t[j] = j < n ? p[j] : fill;
+    return SIMD::load(t);
+  }
+}
+
+template <class S = SIMD>
+inline void store_tail(float* p, i64 n, V v) {
+  if constexpr (has_part<S>::value) {
+    S::store_part(p, static_cast<int>(n), v);
+  } else {
+    float t[W];
+    SIMD::store(t, v);
+    for (int j = 0; j < n; ++j) p[j] = t[j];
+  }
+}
+
 template <class F>
 inline void map1(const float* x, float* y, i64 n, F f) {
   i64 i = 0;
   for (; i + W <= n; i += W) SIMD::store(y + i, f(SIMD::load(x + i)));
-  if (i < n) {
-    float tx[W], ty[W];
-    for (int j = 0; j < W; ++j) tx[j] = i + j < n ? x[i + j] : 0.f;
-    SIMD::store(ty, f(SIMD::load(tx)));
-    for (int j = 0; i + j < n; ++j) y[i + j] = ty[j];
-  }
+  if (i < n) store_tail(y + i, n - i, f(load_tail(x + i, n - i, 0.f)));
 }
 
 template <class F>
@@ -272,14 +297,9 @@ inline void map2(int mode, const float* a, const float* b, float* y, i64 n, F f)
     for (; i + W <= n; i += W) SIMD::store(y + i, f(va, SIMD::load(b + i)));
   }
   if (i < n) {
-    float ta[W], tb[W], ty[W];
-    for (int j = 0; j < W; ++j) {
-      bool in = i + j < n;
-      ta[j] = mode == hetero::BM_SV ? *a : (in ? a[i + j] : 1.f);
-      tb[j] = mode == hetero::BM_VS ? *b : (in ? b[i + j] : 1.f);
-    }
-    SIMD::store(ty, f(SIMD::load(ta), SIMD::load(tb)));
-    for (int j = 0; i + j < n; ++j) y[i + j] = ty[j];
+    const V ta = mode == hetero::BM_SV ? SIMD::set1(*a) : load_tail(a + i, n - i, 1.f);
+    const V tb = mode == hetero::BM_VS ? SIMD::set1(*b) : load_tail(b + i, n - i, 1.f);
+    store_tail(y + i, n - i, f(ta, tb));
   }
 }
 
@@ -404,28 +424,37 @@ inline float row_max(const float* x, i64 n) {
   return m;
 }
 
-void k_softmax_row(const float* x, float* y, i64 n, bool log) {
-  if (n <= 0) return;
-  const float mx = row_max(x, n);
+// The softmax of n > 0 values once their max mx is known (y may be x): the exps, their sum, the scaling.
+inline void softmax_from_max(const float* x, float* y, i64 n, float mx) {
   const V vm = SIMD::set1(mx);
   V acc = SIMD::zero();
   i64 i = 0;
   float tail = 0.f;
+  // probabilities under 2^-126 are 0 (no subnormal terms, products or results: see SIGMOID_FLUSH)
+  for (; i + W <= n; i += W) {
+    V e = vexp_flush(SIMD::sub(SIMD::load(x + i), vm));
+    SIMD::store(y + i, e);
+    acc = SIMD::add(acc, e);
+  }
+  if (i < n) {
+    map1(x + i, y + i, n - i, [&](V v) { return vexp_flush(SIMD::sub(v, vm)); });
+    for (; i < n; ++i) tail += y[i];
+  }
+  const float total = SIMD::hsum(acc) + tail;
+  const V inv = SIMD::set1(1.f / total), small = SIMD::set1(std::numeric_limits<float>::min() * total);
+  map1(y, y, n, [&](V v) { return SIMD::mul(SIMD::select(SIMD::lt(v, small), SIMD::zero(), v), inv); });
+}
+
+void k_softmax_row(const float* x, float* y, i64 n, bool log) {
+  if (n <= 0) return;
+  const float mx = row_max(x, n);
   if (!log) {
-    // probabilities under 2^-126 are 0 (no subnormal terms, products or results: see SIGMOID_FLUSH)
-    for (; i + W <= n; i += W) {
-      V e = vexp_flush(SIMD::sub(SIMD::load(x + i), vm));
-      SIMD::store(y + i, e);
-      acc = SIMD::add(acc, e);
-    }
-    if (i < n) {
-      map1(x + i, y + i, n - i, [&](V v) { return vexp_flush(SIMD::sub(v, vm)); });
-      for (; i < n; ++i) tail += y[i];
-    }
-    const float total = SIMD::hsum(acc) + tail;
-    const V inv = SIMD::set1(1.f / total), small = SIMD::set1(std::numeric_limits<float>::min() * total);
-    map1(y, y, n, [&](V v) { return SIMD::mul(SIMD::select(SIMD::lt(v, small), SIMD::zero(), v), inv); });
+    softmax_from_max(x, y, n, mx);
   } else {
+    const V vm = SIMD::set1(mx);
+    V acc = SIMD::zero();
+    i64 i = 0;
+    float tail = 0.f;
     // log-softmax: x - max - log(sum exp(x - max)); y is only written once.
     float tmp[W];
     for (; i + W <= n; i += W) acc = SIMD::add(acc, vexp(SIMD::sub(SIMD::load(x + i), vm)));

@@ -105,6 +105,10 @@ struct ExtraKernels {
   // onnx_impl.hpp): the whole vectors of the run, returning how many tiles they covered (the caller does the rest).
   i64 (*wino1d_in)(const float* const* tap, i64 n, float* v, i64 vstride);
   i64 (*wino1d_out)(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe);
+  // One row of attention scores in place: s = s / divisor (skipped at 1) + mask (null: none; mask_vec: n values,
+  // else mask[0] for all), then the softmax, rounded as the binary ops and softmax_row run apart (the same bits)
+  // with one pass over the row fewer and no call per step.
+  void (*scores_softmax_row)(float* s, i64 n, float divisor, const float* mask, bool mask_vec);
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
 };
 
