@@ -99,8 +99,10 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
   }
   if (kt.cs == 1) {  // K^T itself in memory (a graph that transposed K before the product): row by row
     xk.copy_rows(kt.p, kt.rs, kp, tp, D, T);
+  } else if (kt.rs == 1) {  // K's rows contiguous (an exported graph's K^T is a view of K): transposed in blocks
+    xk.transpose_into(kt.p, kt.cs, T, D, kp, tp);
   } else {
-    for (i64 t = 0; t < T; ++t)  // along d in the inner loop: K's rows are contiguous in an exported graph
+    for (i64 t = 0; t < T; ++t)
       for (i64 d = 0; d < D; ++d) kp[d * tp + t] = kt.p[d * kt.rs + t * kt.cs];
   }
   pack_a_panels(kr, q, qp);

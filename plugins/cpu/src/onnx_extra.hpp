@@ -109,6 +109,9 @@ struct ExtraKernels {
   // else mask[0] for all), then the softmax, rounded as the binary ops and softmax_row run apart (the same bits)
   // with one pass over the row fewer and no call per step.
   void (*scores_softmax_row)(float* s, i64 n, float divisor, const float* mask, bool mask_vec);
+  // dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: W x W blocks transposed in registers where
+  // the ISA has that (attention's K read through strides as K^T), the edges one value at a time.
+  void (*transpose_into)(const float* src, i64 ld_src, i64 rows, i64 cols, float* dst, i64 ld_dst);
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
 };
 

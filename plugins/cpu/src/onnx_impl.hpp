@@ -1167,13 +1167,33 @@ void x_scores_softmax_row(float* s, i64 n, float divisor, const float* mask, boo
   softmax_from_max(s, s, n, m);
 }
 
+void x_transpose_into(const float* src, i64 ld_src, i64 rows, i64 cols, float* dst, i64 ld_dst) {
+  i64 r0 = 0, c0 = 0;  // the blocks done: rows [0, r0) x columns [0, c0)
+  if constexpr (has_transpose<SIMD>::value) {
+    r0 = rows / W * W;
+    c0 = cols / W * W;
+    for (i64 r = 0; r < r0; r += W)
+      for (i64 c = 0; c < c0; c += W) {
+        V v[W];
+#pragma GCC unroll 16
+        for (int l = 0; l < W; ++l) v[l] = SIMD::load(src + (r + l) * ld_src + c);
+        transpose_block<SIMD>(v);
+#pragma GCC unroll 16
+        for (int l = 0; l < W; ++l) SIMD::store(dst + (c + l) * ld_dst + r, v[l]);
+      }
+  }
+  for (i64 r = 0; r < rows; ++r)  // the columns past the blocks, then the rows past them
+    for (i64 c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_deinterleave_rows<SIMD>,
     x_dw_nchwc,     x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
-    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_row, W,
+    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_row,
+    x_transpose_into, W,
 };
 
 }  // namespace
