@@ -303,6 +303,25 @@ inline void map2(int mode, const float* a, const float* b, float* y, i64 n, F f)
   }
 }
 
+// GELU, exact (erf) form: 0.5 x (1 + erf(x / sqrt 2)).
+inline V vgelu(V v) {
+  using S = SIMD;
+  V e = verf(S::mul(v, S::set1(0.70710678118654752f)));
+  return S::mul(S::mul(S::set1(0.5f), v), S::add(S::set1(1.f), e));
+}
+
+// GELU, tanh form. 0.5 x (1 + tanh u) = x sigmoid(2u): one exp and a reciprocal estimate instead of tanh's expm1 (a
+// series and an exp) and a division (magika's two GELUs: 0.74 ns a value), and no cancellation in 1 + tanh u for x < 0.
+inline V vgelu_tanh(V v) {
+  using S = SIMD;
+  V u2 = S::mul(S::set1(2.f * 0.7978845608028654f), S::fma(S::mul(S::set1(0.044715f), v), S::mul(v, v), v));
+  // |2u| > 80: sigmoid is 1 or under 1e-34 (0 in the tanh form; 0 x here), and clamping keeps the exp of
+  // -|2u| out of subnormals, whose assists made magika's second GELU (large |x|) 6x slower.
+  const V bound = S::set1(80.f);
+  V g = S::mul(v, vsigmoid(S::min(S::max(u2, S::neg(bound)), bound)));
+  return S::select(S::lt(u2, S::neg(bound)), S::mul(v, S::zero()), g);
+}
+
 void k_unary(int op, const float* x, float* y, i64 n, float alpha, float beta) {
   using S = SIMD;
   const V zero = S::zero(), one = S::set1(1.f);
@@ -333,24 +352,8 @@ void k_unary(int op, const float* x, float* y, i64 n, float alpha, float beta) {
       break;
     case hetero::U_HARD_SWISH: map1(x, y, n, [&](V v) { return vhard_swish(v); }); break;
     case hetero::U_SILU: map1(x, y, n, [&](V v) { return vsilu(v); }); break;
-    case hetero::U_GELU:
-      map1(x, y, n, [&](V v) {
-        V e = verf(S::mul(v, S::set1(0.70710678118654752f)));
-        return S::mul(S::mul(S::set1(0.5f), v), S::add(one, e));
-      });
-      break;
-    case hetero::U_GELU_TANH:
-      // 0.5 x (1 + tanh u) = x sigmoid(2u): one exp and a reciprocal estimate instead of tanh's expm1 (a series and
-      // an exp) and a division (magika's two GELUs: 0.74 ns a value), and no cancellation in 1 + tanh u for x < 0.
-      map1(x, y, n, [&](V v) {
-        V u2 = S::mul(S::set1(2.f * 0.7978845608028654f), S::fma(S::mul(S::set1(0.044715f), v), S::mul(v, v), v));
-        // |2u| > 80: sigmoid is 1 or under 1e-34 (0 in the tanh form; 0 x here), and clamping keeps the exp of
-        // -|2u| out of subnormals, whose assists made magika's second GELU (large |x|) 6x slower.
-        const V bound = S::set1(80.f);
-        V g = S::mul(v, vsigmoid(S::min(S::max(u2, S::neg(bound)), bound)));
-        return S::select(S::lt(u2, S::neg(bound)), S::mul(v, zero), g);
-      });
-      break;
+    case hetero::U_GELU: map1(x, y, n, [&](V v) { return vgelu(v); }); break;
+    case hetero::U_GELU_TANH: map1(x, y, n, [&](V v) { return vgelu_tanh(v); }); break;
     case hetero::U_TANH: map1(x, y, n, [&](V v) { return vtanh(v); }); break;
     case hetero::U_SOFTPLUS:
       map1(x, y, n, [&](V v) {
@@ -397,6 +400,9 @@ void k_binary(int op, int mode, const float* a, const float* b, float* y, i64 n)
     // NaN propagates from either side (numpy maximum/minimum semantics).
     case hetero::B_MAX: map2(mode, a, b, y, n, [](V p, V q) { return vnan_pass(p, S::max(p, q)); }); break;
     case hetero::B_MIN: map2(mode, a, b, y, n, [](V p, V q) { return vnan_pass(p, S::min(p, q)); }); break;
+    // Gelu(a) * b: the same bits as the Gelu pass then the Mul pass (the same vector ops, one rounding each)
+    case hetero::B_GELU_MUL: map2(mode, a, b, y, n, [](V p, V q) { return S::mul(vgelu(p), q); }); break;
+    case hetero::B_GELU_TANH_MUL: map2(mode, a, b, y, n, [](V p, V q) { return S::mul(vgelu_tanh(p), q); }); break;
     case hetero::B_POW: {
       const i64 sa = mode == hetero::BM_SV ? 0 : 1, sb = mode == hetero::BM_VS ? 0 : 1;
       for (i64 i = 0; i < n; ++i) y[i] = std::pow(a[i * sa], b[i * sb]);
