@@ -1117,3 +1117,40 @@ def test_attention_written_with_einsums_becomes_one_node(backend):
     session = _compare(model, feeds, backend)
     assert session.rewrites["einsum_to_matmul"] == 2 and session.rewrites["fuse_attention"] == 1
     assert _ops(session) == ["FusedAttention"]
+
+
+def _gelu_mul_model(approximate: str, gelu_first: bool, gate_shape: list[int], extra_reader: bool = False):
+    """T5's GeGLU: Gelu of one projection times another (here Relu / Sub stand in for the projections)."""
+    mul_inputs = ["g", "gate"] if gelu_first else ["gate", "g"]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Gelu", ["r"], ["g"], approximate=approximate),
+             helper.make_node("Sub", ["x", "w"], ["gate"]), helper.make_node("Mul", mul_inputs, ["y"])]
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if extra_reader:
+        nodes.append(helper.make_node("Add", ["g", "x"], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    w = np.random.default_rng(8).normal(size=gate_shape).astype(np.float32)
+    return make_model(nodes, [("x", TensorProto.FLOAT, [3, 70])], outputs, [("w", w)], opset=20)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("gelu_first", [True, False])
+@pytest.mark.parametrize("gate_shape", [[3, 70], [70], [1, 1]])
+def test_gelu_times_a_gate_becomes_one_node(backend, approximate, gelu_first, gate_shape):
+    model = _gelu_mul_model(approximate, gelu_first, gate_shape)
+    x = {"x": np.random.default_rng(9).normal(size=(3, 70)).astype(np.float32) * 4}
+    session = _compare(model, x, backend)
+    assert session.rewrites["fuse_gelu_mul"] == 1
+    assert _ops(session) == ["Relu", "Sub", "GeluMul"]
+    assert session.graph.nodes[-1].attrs["approximate"] == approximate
+    if backend == "cpu":  # the fused node runs natively (no fallback to the reference)
+        hetero.Session(model, backends=["cpu"], on_fallback="error")
+    unfused = hetero.Session(model, backends=[backend], optimize=False, on_fallback="silent").run(x)
+    np.testing.assert_array_equal(session.run(x)["y"], unfused["y"])  # the same bits as Gelu's pass, then Mul's
+
+
+def test_gelu_read_elsewhere_is_left_alone():
+    model = _gelu_mul_model("tanh", True, [3, 70], extra_reader=True)
+    session = hetero.Session(model, backends=["reference"])
+    assert session.rewrites["fuse_gelu_mul"] == 0
+    assert "Gelu" in _ops(session) and "Mul" in _ops(session)

@@ -1617,6 +1617,26 @@ def pow_to_mul(graph: Graph) -> int:
     return count
 
 
+def fuse_gelu_mul(graph: Graph) -> int:
+    """``Mul(Gelu(a), b)`` (either operand order) where the Gelu's output is read by that Mul alone: one
+    ``hetero.GeluMul(a, b)`` with the Gelu's ``approximate`` (T5's GeGLU: one pass instead of two)."""
+    count = 0
+    for gelu in list(graph.nodes):
+        if gelu.op_key != ("", "Gelu") or len(gelu.inputs) != 1:
+            continue
+        mul = _single_consumer(graph, gelu.outputs[0])
+        if mul is None or mul.op_key != ("", "Mul") or len(mul.inputs) != 2:
+            continue
+        other = mul.inputs[1] if mul.inputs[0] == gelu.outputs[0] else mul.inputs[0]
+        attrs = {"approximate": gelu.attrs.get("approximate", "none")}
+        fused = Node("GeluMul", [gelu.inputs[0], other], list(mul.outputs), attrs, name=f"{mul.name}/gelu_mul",
+                     domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(mul)] = fused
+        graph.nodes.remove(gelu)
+        count += 1
+    return count
+
+
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_batchnorm, fold_conv_scale_shift,
@@ -1624,7 +1644,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
                                     fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
                                     fuse_layer_norm, fuse_rms_norm, fuse_group_norm, einsum_to_matmul, fuse_attention,
-                                    pow_to_mul)
+                                    pow_to_mul, fuse_gelu_mul)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
@@ -1633,7 +1653,8 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_rms_norm": (HETERO_DOMAIN, "RMSNorm"),
                                          "fuse_group_norm": (HETERO_DOMAIN, "GroupNorm"),
                                          "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC"),
-                                         "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul")}
+                                         "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul"),
+                                         "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul")}
 
 
 def for_backend(has_kernel: Callable[[tuple[str, str]], bool],

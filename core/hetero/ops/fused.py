@@ -13,7 +13,7 @@ from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Node
 from ..contract.registry import OpContext, get, op
 from ..contract.tensor import TensorInfo
-from .shapes import broadcast_shapes, input_info, unknown
+from .shapes import broadcast_infer, broadcast_shapes, input_info, unknown
 
 # activation attribute value -> (ONNX op, the attributes it takes from the fused node)
 ACTIVATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -199,3 +199,11 @@ def broadcast_unary_matmul(ctx: OpContext) -> list[np.ndarray]:
         return _reference(ctx, "MatMulIntegerScaled", [q, w, zp, optional[0], scale, optional[2], optional[1]],
                           domain=HETERO_DOMAIN)
     return _reference(ctx, "FusedMatMul", [x, w, optional[2]], domain=HETERO_DOMAIN)
+
+
+@op("GeluMul", domain=HETERO_DOMAIN, infer=broadcast_infer())
+def gelu_mul(ctx: OpContext) -> list[np.ndarray]:
+    """``Gelu(A) * B`` (input 0 through Gelu with its ``approximate`` attribute, then Mul by input 1, broadcasting):
+    a gated GELU (T5's GeGLU) that ``hetero.ir.passes.fuse_gelu_mul`` replaces; the two references composed."""
+    g = _reference(ctx, "Gelu", [ctx.array(0)], {"approximate": ctx.attr("approximate", "none")})[0]
+    return _reference(ctx, "Mul", [g, ctx.array(1)])

@@ -97,8 +97,14 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
     for (i64 t = T; t < tp; ++t) row[t] = 0.f;
     off[d] = d * tp;
   }
-  for (i64 t = 0; t < T; ++t)  // along d in the inner loop: K's rows are contiguous in an exported graph
-    for (i64 d = 0; d < D; ++d) kp[d * tp + t] = kt.p[d * kt.rs + t * kt.cs];
+  if (kt.cs == 1) {  // K^T itself in memory (a graph that transposed K before the product): row by row
+    xk.copy_rows(kt.p, kt.rs, kp, tp, D, T);
+  } else if (kt.rs == 1) {  // K's rows contiguous (an exported graph's K^T is a view of K): transposed in blocks
+    xk.transpose_into(kt.p, kt.cs, T, D, kp, tp);
+  } else {
+    for (i64 t = 0; t < T; ++t)
+      for (i64 d = 0; d < D; ++d) kp[d * tp + t] = kt.p[d * kt.rs + t * kt.cs];
+  }
   pack_a_panels(kr, q, qp);
   if (!tile_gemm(kr, xk, S, tp, D, qp, kp, off, scores, tp, true)) return false;
   rows_softmax(scores, tp);
@@ -170,13 +176,10 @@ Op prep_fused_attention(const py::array& q, const py::array& k, const py::array&
           const auto rows_softmax = [&](float* sc, i64 ld) {
             for (i64 i = 0; i < S; ++i) {
               float* row = sc + i * ld;
+              // the scale apart: its product and the mask's sum in one loop could be contracted into an FMA
               if (scale != 1.f) kr.binary(B_MUL, BM_VS, row, &scale, row, T);
-              if (divisor != 1.f) kr.binary(B_DIV, BM_VS, row, &divisor, row, T);
-              if (masked) {
-                const float* m = M.p + b * M.st[0] + h * M.st[1] + i * M.st[2];
-                kr.binary(B_ADD, M.st[3] == 1 ? BM_VV : BM_VS, row, m, row, T);
-              }
-              kr.softmax_row(row, row, T, false);
+              const float* m = masked ? M.p + b * M.st[0] + h * M.st[1] + i * M.st[2] : nullptr;
+              xk.scores_softmax_row(row, T, divisor, m, M.st[3] == 1);
               if (nan_to_zero)
                 for (i64 j = 0; j < T; ++j) row[j] = row[j] != row[j] ? 0.f : row[j];
             }

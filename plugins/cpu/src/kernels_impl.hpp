@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "common.hpp"
 
@@ -247,16 +248,40 @@ inline V verf(V x) {
 // Contiguous maps with a vector body and a padded tail (the tail goes through a W-wide stack buffer).
 // ------------------------------------------------------------------------------------------------------------
 
+template <class S, class = void>
+struct has_part : std::false_type {};
+template <class S>
+struct has_part<S, std::void_t<decltype(S::load_part(nullptr, 0, 0.f))>> : std::true_type {};
+
+// The first n (0 < n < W) values of p as a vector, `fill` in the other lanes; and the store of a vector's first n:
+// masked where the ISA has it (AVX-512), else through a W-wide stack buffer. The same lanes either way.
+template <class S = SIMD>
+inline V load_tail(const float* p, i64 n, float fill) {
+  if constexpr (has_part<S>::value) {
+    return S::load_part(p, static_cast<int>(n), fill);
+  } else {
+    float t[W];
+    for (int j = 0; j < W; ++j) t[j] = j < n ? p[j] : fill;
+    return SIMD::load(t);
+  }
+}
+
+template <class S = SIMD>
+inline void store_tail(float* p, i64 n, V v) {
+  if constexpr (has_part<S>::value) {
+    S::store_part(p, static_cast<int>(n), v);
+  } else {
+    float t[W];
+    SIMD::store(t, v);
+    for (int j = 0; j < n; ++j) p[j] = t[j];
+  }
+}
+
 template <class F>
 inline void map1(const float* x, float* y, i64 n, F f) {
   i64 i = 0;
   for (; i + W <= n; i += W) SIMD::store(y + i, f(SIMD::load(x + i)));
-  if (i < n) {
-    float tx[W], ty[W];
-    for (int j = 0; j < W; ++j) tx[j] = i + j < n ? x[i + j] : 0.f;
-    SIMD::store(ty, f(SIMD::load(tx)));
-    for (int j = 0; i + j < n; ++j) y[i + j] = ty[j];
-  }
+  if (i < n) store_tail(y + i, n - i, f(load_tail(x + i, n - i, 0.f)));
 }
 
 template <class F>
@@ -272,15 +297,29 @@ inline void map2(int mode, const float* a, const float* b, float* y, i64 n, F f)
     for (; i + W <= n; i += W) SIMD::store(y + i, f(va, SIMD::load(b + i)));
   }
   if (i < n) {
-    float ta[W], tb[W], ty[W];
-    for (int j = 0; j < W; ++j) {
-      bool in = i + j < n;
-      ta[j] = mode == hetero::BM_SV ? *a : (in ? a[i + j] : 1.f);
-      tb[j] = mode == hetero::BM_VS ? *b : (in ? b[i + j] : 1.f);
-    }
-    SIMD::store(ty, f(SIMD::load(ta), SIMD::load(tb)));
-    for (int j = 0; i + j < n; ++j) y[i + j] = ty[j];
+    const V ta = mode == hetero::BM_SV ? SIMD::set1(*a) : load_tail(a + i, n - i, 1.f);
+    const V tb = mode == hetero::BM_VS ? SIMD::set1(*b) : load_tail(b + i, n - i, 1.f);
+    store_tail(y + i, n - i, f(ta, tb));
   }
+}
+
+// GELU, exact (erf) form: 0.5 x (1 + erf(x / sqrt 2)).
+inline V vgelu(V v) {
+  using S = SIMD;
+  V e = verf(S::mul(v, S::set1(0.70710678118654752f)));
+  return S::mul(S::mul(S::set1(0.5f), v), S::add(S::set1(1.f), e));
+}
+
+// GELU, tanh form. 0.5 x (1 + tanh u) = x sigmoid(2u): one exp and a reciprocal estimate instead of tanh's expm1 (a
+// series and an exp) and a division (magika's two GELUs: 0.74 ns a value), and no cancellation in 1 + tanh u for x < 0.
+inline V vgelu_tanh(V v) {
+  using S = SIMD;
+  V u2 = S::mul(S::set1(2.f * 0.7978845608028654f), S::fma(S::mul(S::set1(0.044715f), v), S::mul(v, v), v));
+  // |2u| > 80: sigmoid is 1 or under 1e-34 (0 in the tanh form; 0 x here), and clamping keeps the exp of
+  // -|2u| out of subnormals, whose assists made magika's second GELU (large |x|) 6x slower.
+  const V bound = S::set1(80.f);
+  V g = S::mul(v, vsigmoid(S::min(S::max(u2, S::neg(bound)), bound)));
+  return S::select(S::lt(u2, S::neg(bound)), S::mul(v, S::zero()), g);
 }
 
 void k_unary(int op, const float* x, float* y, i64 n, float alpha, float beta) {
@@ -313,24 +352,8 @@ void k_unary(int op, const float* x, float* y, i64 n, float alpha, float beta) {
       break;
     case hetero::U_HARD_SWISH: map1(x, y, n, [&](V v) { return vhard_swish(v); }); break;
     case hetero::U_SILU: map1(x, y, n, [&](V v) { return vsilu(v); }); break;
-    case hetero::U_GELU:
-      map1(x, y, n, [&](V v) {
-        V e = verf(S::mul(v, S::set1(0.70710678118654752f)));
-        return S::mul(S::mul(S::set1(0.5f), v), S::add(one, e));
-      });
-      break;
-    case hetero::U_GELU_TANH:
-      // 0.5 x (1 + tanh u) = x sigmoid(2u): one exp and a reciprocal estimate instead of tanh's expm1 (a series and
-      // an exp) and a division (magika's two GELUs: 0.74 ns a value), and no cancellation in 1 + tanh u for x < 0.
-      map1(x, y, n, [&](V v) {
-        V u2 = S::mul(S::set1(2.f * 0.7978845608028654f), S::fma(S::mul(S::set1(0.044715f), v), S::mul(v, v), v));
-        // |2u| > 80: sigmoid is 1 or under 1e-34 (0 in the tanh form; 0 x here), and clamping keeps the exp of
-        // -|2u| out of subnormals, whose assists made magika's second GELU (large |x|) 6x slower.
-        const V bound = S::set1(80.f);
-        V g = S::mul(v, vsigmoid(S::min(S::max(u2, S::neg(bound)), bound)));
-        return S::select(S::lt(u2, S::neg(bound)), S::mul(v, zero), g);
-      });
-      break;
+    case hetero::U_GELU: map1(x, y, n, [&](V v) { return vgelu(v); }); break;
+    case hetero::U_GELU_TANH: map1(x, y, n, [&](V v) { return vgelu_tanh(v); }); break;
     case hetero::U_TANH: map1(x, y, n, [&](V v) { return vtanh(v); }); break;
     case hetero::U_SOFTPLUS:
       map1(x, y, n, [&](V v) {
@@ -377,6 +400,9 @@ void k_binary(int op, int mode, const float* a, const float* b, float* y, i64 n)
     // NaN propagates from either side (numpy maximum/minimum semantics).
     case hetero::B_MAX: map2(mode, a, b, y, n, [](V p, V q) { return vnan_pass(p, S::max(p, q)); }); break;
     case hetero::B_MIN: map2(mode, a, b, y, n, [](V p, V q) { return vnan_pass(p, S::min(p, q)); }); break;
+    // Gelu(a) * b: the same bits as the Gelu pass then the Mul pass (the same vector ops, one rounding each)
+    case hetero::B_GELU_MUL: map2(mode, a, b, y, n, [](V p, V q) { return S::mul(vgelu(p), q); }); break;
+    case hetero::B_GELU_TANH_MUL: map2(mode, a, b, y, n, [](V p, V q) { return S::mul(vgelu_tanh(p), q); }); break;
     case hetero::B_POW: {
       const i64 sa = mode == hetero::BM_SV ? 0 : 1, sb = mode == hetero::BM_VS ? 0 : 1;
       for (i64 i = 0; i < n; ++i) y[i] = std::pow(a[i * sa], b[i * sb]);
@@ -404,28 +430,37 @@ inline float row_max(const float* x, i64 n) {
   return m;
 }
 
-void k_softmax_row(const float* x, float* y, i64 n, bool log) {
-  if (n <= 0) return;
-  const float mx = row_max(x, n);
+// The softmax of n > 0 values once their max mx is known (y may be x): the exps, their sum, the scaling.
+inline void softmax_from_max(const float* x, float* y, i64 n, float mx) {
   const V vm = SIMD::set1(mx);
   V acc = SIMD::zero();
   i64 i = 0;
   float tail = 0.f;
+  // probabilities under 2^-126 are 0 (no subnormal terms, products or results: see SIGMOID_FLUSH)
+  for (; i + W <= n; i += W) {
+    V e = vexp_flush(SIMD::sub(SIMD::load(x + i), vm));
+    SIMD::store(y + i, e);
+    acc = SIMD::add(acc, e);
+  }
+  if (i < n) {
+    map1(x + i, y + i, n - i, [&](V v) { return vexp_flush(SIMD::sub(v, vm)); });
+    for (; i < n; ++i) tail += y[i];
+  }
+  const float total = SIMD::hsum(acc) + tail;
+  const V inv = SIMD::set1(1.f / total), small = SIMD::set1(std::numeric_limits<float>::min() * total);
+  map1(y, y, n, [&](V v) { return SIMD::mul(SIMD::select(SIMD::lt(v, small), SIMD::zero(), v), inv); });
+}
+
+void k_softmax_row(const float* x, float* y, i64 n, bool log) {
+  if (n <= 0) return;
+  const float mx = row_max(x, n);
   if (!log) {
-    // probabilities under 2^-126 are 0 (no subnormal terms, products or results: see SIGMOID_FLUSH)
-    for (; i + W <= n; i += W) {
-      V e = vexp_flush(SIMD::sub(SIMD::load(x + i), vm));
-      SIMD::store(y + i, e);
-      acc = SIMD::add(acc, e);
-    }
-    if (i < n) {
-      map1(x + i, y + i, n - i, [&](V v) { return vexp_flush(SIMD::sub(v, vm)); });
-      for (; i < n; ++i) tail += y[i];
-    }
-    const float total = SIMD::hsum(acc) + tail;
-    const V inv = SIMD::set1(1.f / total), small = SIMD::set1(std::numeric_limits<float>::min() * total);
-    map1(y, y, n, [&](V v) { return SIMD::mul(SIMD::select(SIMD::lt(v, small), SIMD::zero(), v), inv); });
+    softmax_from_max(x, y, n, mx);
   } else {
+    const V vm = SIMD::set1(mx);
+    V acc = SIMD::zero();
+    i64 i = 0;
+    float tail = 0.f;
     // log-softmax: x - max - log(sum exp(x - max)); y is only written once.
     float tmp[W];
     for (; i + W <= n; i += W) acc = SIMD::add(acc, vexp(SIMD::sub(SIMD::load(x + i), vm)));

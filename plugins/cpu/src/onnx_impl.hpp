@@ -1258,13 +1258,58 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
   }
 }
 
+// A division then an addition, no multiply: nothing the compiler could contract into an FMA, so each value rounds as
+// k_binary's separate passes round it; the max is exact in any order (a zero's sign aside, which x - max loses).
+void x_scores_softmax_row(float* s, i64 n, float divisor, const float* mask, bool mask_vec) {
+  if (n <= 0) return;
+  const bool divide = divisor != 1.f;
+  const V vd = SIMD::set1(divisor), vmask = mask != nullptr && !mask_vec ? SIMD::set1(*mask) : SIMD::zero();
+  const auto scores = [&](V v, V m) {
+    if (divide) v = SIMD::div(v, vd);
+    return mask != nullptr ? SIMD::add(v, m) : v;
+  };
+  V mx = SIMD::set1(-std::numeric_limits<float>::infinity());
+  i64 i = 0;
+  for (; i + W <= n; i += W) {
+    const V v = scores(SIMD::load(s + i), mask_vec ? SIMD::load(mask + i) : vmask);
+    SIMD::store(s + i, v);
+    mx = SIMD::max(v, mx);  // a NaN score is passed over, as row_max does
+  }
+  float m = SIMD::hmax(mx);
+  if (i < n) {
+    store_tail(s + i, n - i, scores(load_tail(s + i, n - i, 1.f), mask_vec ? load_tail(mask + i, n - i, 0.f) : vmask));
+    for (; i < n; ++i) m = s[i] > m ? s[i] : m;
+  }
+  softmax_from_max(s, s, n, m);
+}
+
+void x_transpose_into(const float* src, i64 ld_src, i64 rows, i64 cols, float* dst, i64 ld_dst) {
+  i64 r0 = 0, c0 = 0;  // the blocks done: rows [0, r0) x columns [0, c0)
+  if constexpr (has_transpose<SIMD>::value) {
+    r0 = rows / W * W;
+    c0 = cols / W * W;
+    for (i64 r = 0; r < r0; r += W)
+      for (i64 c = 0; c < c0; c += W) {
+        V v[W];
+#pragma GCC unroll 16
+        for (int l = 0; l < W; ++l) v[l] = SIMD::load(src + (r + l) * ld_src + c);
+        transpose_block<SIMD>(v);
+#pragma GCC unroll 16
+        for (int l = 0; l < W; ++l) SIMD::store(dst + (c + l) * ld_dst + r, v[l]);
+      }
+  }
+  for (i64 r = 0; r < rows; ++r)  // the columns past the blocks, then the rows past them
+    for (i64 c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_deinterleave_rows<SIMD>,
     x_dw_nchwc,     x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
-    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, W,
+    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_row,
+    x_transpose_into, W,
 };
 
 }  // namespace

@@ -18,6 +18,12 @@ struct SIMD {
     return _mm512_i32gather_ps(_mm512_loadu_si512(idx), p, 4);
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // The first n (0 < n < W) values of p, `fill` in the other lanes, and their store: masked, so nothing past them is
+  // read or written (a row's ragged tail without the scalar copy through a stack buffer).
+  static V load_part(const float* p, int n, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), static_cast<M>((1u << n) - 1), p);
+  }
+  static void store_part(float* p, int n, V v) { _mm512_mask_storeu_ps(p, static_cast<M>((1u << n) - 1), v); }
   // r[i][j] -> r[j][i] for a W x W block in registers (the channel-blocked depthwise kernel's way in and out of planes)
   static void transpose(V* r) {
     V t[16], u[16];

@@ -306,6 +306,24 @@ def test_quantize_near_half_steps_as_division(isa, scale):
         np.testing.assert_array_equal(y, want)
 
 
+@pytest.mark.parametrize("dtype,zp", [(np.uint8, 0), (np.uint8, 255), (np.uint8, 131), (np.int8, -128),
+                                       (np.int8, 127), (np.int8, 5)])
+def test_quantize_every_length_and_lane(isa, dtype, zp):
+    # The vector paths quantize whole vectors (16 / 8 lanes), then one value at a time: every length up to 199 (the
+    # tails, and blocks of up to 64 values should a path take several vectors a step), ties, the range's ends and
+    # values far outside it (both saturations), zero points at both ends, must give the reference's bytes in place.
+    scale = np.array(0.02, np.float32)
+    rng = np.random.default_rng(zp + 300)
+    info = np.iinfo(dtype)
+    pool = np.concatenate([rng.uniform(-9, 9, 400).astype(np.float32), (np.arange(-40, 40) + 0.5) * scale,
+                           np.array([1e6, -1e6, (info.max - zp) * scale, (info.min - zp) * scale], np.float32)])
+    for n in range(0, 200):
+        x = rng.permutation(pool)[:n].astype(np.float32)
+        y = np.empty(x.shape, dtype)
+        _native.quantize_linear(x, scale, np.array(zp, dtype), y)
+        np.testing.assert_array_equal(y, _reference("QuantizeLinear", [x, scale, np.array(zp, dtype)])[0])
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 def test_quantize_dequantize_linear_match_reference(isa, threads, dtype):
     rng = np.random.default_rng(7)

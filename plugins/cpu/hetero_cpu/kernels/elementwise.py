@@ -29,7 +29,11 @@ class CpuBinary(CallKernel):
 
     def __init__(self, node: NodeInfo, backend: Backend) -> None:
         super().__init__(node, backend)
-        self.op = _BINARY[node.op_type]
+        self.op = self.native_op(node)
+
+    @staticmethod
+    def native_op(node: NodeInfo) -> str:
+        return _BINARY[node.op_type]
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
@@ -43,6 +47,20 @@ class CpuBinary(CallKernel):
         if b.shape != out.shape:
             b = np.broadcast_to(b, out.shape)
         return functools.partial(_native.binary, self.op, a, b, out)
+
+
+class CpuGeluMul(CpuBinary):
+    """hetero.GeluMul: Gelu(a) * b in one native pass (the same bits as the two ops' passes)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if node.attr("approximate", "none") not in ("none", "tanh"):
+            return unsupported(f"GeluMul approximate={node.attr('approximate')!r}")
+        return float32_only(node)
+
+    @staticmethod
+    def native_op(node: NodeInfo) -> str:
+        return "gelu_tanh_mul" if node.attr("approximate", "none") == "tanh" else "gelu_mul"
 
 
 # The ONNX unary ops whose kernel op the native library implements (their parameters: hetero.contract.opforms).
@@ -115,4 +133,5 @@ KERNELS = {
     **{("", op): CpuBinary for op in _BINARY},
     **{("", op): CpuUnary for op in [*_UNARY, "Gelu"]},
     ("", "Clip"): CpuClip,
+    ("hetero", "GeluMul"): CpuGeluMul,
 }

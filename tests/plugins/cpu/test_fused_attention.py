@@ -1,0 +1,82 @@
+"""The native ``fused_attention`` kernel (``hetero::FusedAttention``) on every ISA path: K^T read where it lies (a
+[B, H, d, T] tensor in memory, as khmer_segmenter's graph transposes K before the product: its rows copied whole;
+or K [B, H, T, d] through strides), the scores' divisor and mask applied in the softmax row's pass
+(``scores_softmax_row``), rows of scores that end in a ragged vector (T = 66 = 4 x 16 + 2) through the masked tails.
+Against the same ISA's unfused native calls (MatMul, Mul / Div / Add, Softmax, MatMul) bit for bit, and a float64
+numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+_native = pytest.importorskip(
+    "hetero_cpu._native",
+    reason="the hetero-cpu native extension is not built (pip install --no-build-isolation ./plugins/cpu)",
+)
+
+f32 = np.float32
+
+
+def _unfused(q, kt, v, mask, scale: float, divisor: float) -> np.ndarray:
+    """The written-out nodes on the native kernels: [B*H] batched products, the binary ops, the row softmax."""
+    b, h, s, d = q.shape
+    t, dv = kt.shape[3], v.shape[3]
+    scores = np.empty((b * h, s, t), f32)
+    _native.matmul(np.ascontiguousarray(q).reshape(b * h, s, d), np.ascontiguousarray(kt).reshape(b * h, d, t),
+                   scores)
+    if scale != 1.0:
+        _native.binary("mul", scores, np.broadcast_to(np.array(scale, f32), scores.shape), scores)
+    if divisor != 1.0:
+        _native.binary("div", scores, np.broadcast_to(np.array(divisor, f32), scores.shape), scores)
+    if mask is not None:
+        full = np.ascontiguousarray(np.broadcast_to(mask, (b, h, s, t))).reshape(b * h, s, t)
+        _native.binary("add", scores, full, scores)
+    probs = np.empty_like(scores)
+    _native.softmax(scores.reshape(-1, t), probs.reshape(-1, t))
+    out = np.empty((b * h, s, dv), f32)
+    _native.matmul(probs, np.ascontiguousarray(v).reshape(b * h, t, dv), out)
+    return out.reshape(b, h, s, dv)
+
+
+def _reference(q, kt, v, mask, scale: float, divisor: float) -> np.ndarray:
+    scores = q.astype(np.float64) @ kt.astype(np.float64) * scale / divisor
+    if mask is not None:  # in float32, as the graph adds it: -10000 + a score keeps 2^-10 of the score's bits
+        scores = (scores.astype(f32) + mask).astype(np.float64)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+
+
+MASKS = ("none", "row", "per_query", "per_head")
+
+
+def _mask(kind: str, b: int, h: int, s: int, t: int, rng: np.random.Generator) -> np.ndarray | None:
+    """A mask as the kernel is handed one: a broadcast view (padding [B, 1, 1, T], one value per query [B, 1, S, 1])
+    or a whole [B, H, S, T] tensor, with -10000 at a third of its places (not for one value a query: a whole row
+    at -10000 keeps 2^-10 of each score's bits, which the float64 reference cannot follow)."""
+    shape = {"none": None, "row": (b, 1, 1, t), "per_query": (b, 1, s, 1), "per_head": (b, h, s, t)}[kind]
+    if shape is None:
+        return None
+    masked = rng.random(shape) < (0.0 if kind == "per_query" else 0.3)
+    m = np.where(masked, -10000.0, rng.normal(size=shape)).astype(f32)
+    return np.broadcast_to(m, (b, h, s, t))
+
+
+@pytest.mark.parametrize("seq, width", [(66, 32), (19, 20), (16, 64), (70, 64)])
+@pytest.mark.parametrize("k_transposed", [True, False])
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("scale, divisor", [(1.0, 1.0), (1.0, 8.0), (0.125, 1.0), (0.5, 2.0)])
+def test_fused_attention_matches_the_unfused_calls(isa, seq, width, k_transposed, mask_kind, scale, divisor):
+    rng = np.random.default_rng(seq * 7 + width)
+    b, h, s, d = 1, 2, seq, width
+    q = rng.normal(size=(b, h, s, d)).astype(f32)
+    if k_transposed:  # K^T contiguous: kt's rows (one per d) are whole runs of T values
+        kt = rng.normal(size=(b, h, d, s)).astype(f32)
+    else:  # K [B, H, T, d] read through strides as K^T
+        kt = rng.normal(size=(b, h, s, d)).astype(f32).transpose(0, 1, 3, 2)
+    v = rng.normal(size=(b, h, s, d)).astype(f32)
+    mask = _mask(mask_kind, b, h, s, s, rng)
+    out = np.empty((b, h, s, d), f32)
+    _native.fused_attention(q, kt, v, mask, out, scale, divisor, False)
+    np.testing.assert_allclose(out, _reference(q, kt, v, mask, scale, divisor), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(out, _unfused(q, kt, v, mask, scale, divisor))
