@@ -17,6 +17,7 @@ from hetero.llm.speculative import Draft, DraftModel, Lookahead, Speculation, ma
 from hetero.llm.speculative.draft_model import MAX_DRAFT, draft_vocabulary
 from hetero.llm.speculative.lookahead import MAX_MATCH, confidence_class
 from hetero.llm.speculative.policy import COLD_RUNS, DraftPolicy
+from hetero.runtime.blas_threads import blas_threads
 
 from .helpers import FIXTURES, copy_model, load
 
@@ -723,3 +724,43 @@ def test_a_one_pass_drafter_is_priced_per_drafting_step_and_keeps_greedy_output(
     llm.reset()
     llm.generate(PROMPT, 40, temperature=0, spec=spec)
     assert list(llm.last.tokens) == want and spec.policy.one_pass
+
+
+def test_the_speculative_loop_runs_its_drafter_at_one_blas_thread():
+    """Spinning OpenBLAS workers after a drafter's numpy matmul took the cores of the next native decode steps
+    (hetero.runtime.blas_threads): every drafter call runs with numpy's OpenBLAS at one thread."""
+    if not blas_threads():
+        pytest.skip("numpy here is not linked to OpenBLAS: no thread count to set")
+    _backend("cpu")
+    llm = load(FIXTURES / "qwen3", backends=["cpu"])
+    counts: list[list[int]] = []
+
+    class Watching:
+        hidden_layers = ()
+        max_draft = 2
+
+        def reset(self) -> None:
+            pass
+
+        def begin(self, prompt, hidden) -> None:
+            counts.append(blas_threads())
+
+        def draft(self, history, k):
+            counts.append(blas_threads())
+            return [history[-1]] * k
+
+        def accept(self, n_accepted, tokens, hidden) -> None:
+            counts.append(blas_threads())
+
+    from hetero.runtime import blas_threads as module
+
+    setters, original = [set_ for _, set_ in module._openblas_controls()], blas_threads()
+    for set_ in setters:
+        set_(2)  # more than one outside, whatever the machine's cores
+    try:
+        llm.generate(PROMPT, 8, temperature=0, spec=Speculation(Watching(), adaptive=False))
+        assert blas_threads() == [2] * len(setters)
+    finally:
+        for set_, count in zip(setters, original, strict=True):
+            set_(count)
+    assert len(counts) >= 3 and all(c == [1] * len(setters) for c in counts)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ...runtime.blas_threads import one_blas_thread
 from .. import steplog
 from ..families.decoder import VERIFY_ROWS
 from ..sampler import Sampler
@@ -60,7 +61,8 @@ class Speculation:
         logits = llm._advance(record, prompt, stats)
         drafter.reset()
         started = time.perf_counter()
-        drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
+        with one_blas_thread():  # the drafter's numpy matmuls: spinning OpenBLAS workers slowed the next steps
+            drafter.begin(prompt, {layer: llm.hidden(layer, 0, len(prompt)) for layer in layers})
         stats.prefill_seconds += time.perf_counter() - started  # the drafter's prompt work (a draft model's)
         self.policy = self._policy(self.policy)
         return self._tokens(llm, record, list(prompt), sampler, stats, logits[-1], layers)
@@ -84,11 +86,12 @@ class Speculation:
             started = time.perf_counter()
             k = min(policy.length(produced), llm.context - len(history))
             if k > 0:
-                if told < len(history):  # the tokens committed since its last draft, in one call
-                    drafter.accept(len(history) - told - 1, history[told:],
-                                   _rows(llm, layers, max(told - 1, prompt_length), len(history) - 1))
-                    told = len(history)
-                draft = as_draft(drafter.draft(history, k), k, vocab)
+                with one_blas_thread():
+                    if told < len(history):  # the tokens committed since its last draft, in one call
+                        drafter.accept(len(history) - told - 1, history[told:],
+                                       _rows(llm, layers, max(told - 1, prompt_length), len(history) - 1))
+                        told = len(history)
+                    draft = as_draft(drafter.draft(history, k), k, vocab)
             else:
                 draft = _NO_DRAFT
             drafted_at = time.perf_counter()
@@ -102,7 +105,8 @@ class Speculation:
             llm._keep(record, base + n)
             committed = [*draft.tokens[:n], token]
             if k > 0:  # the drafter was asked this step: it hears what was kept now, as the protocol says
-                drafter.accept(n, committed, _rows(llm, layers, base - 1, base + n))
+                with one_blas_thread():
+                    drafter.accept(n, committed, _rows(llm, layers, base - 1, base + n))
                 told = base + n + 1
             history.extend(committed)
             if draft.tokens:
