@@ -20,13 +20,24 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 
-_PREFIXES = ("scipy_openblas_", "openblas_")
-_SUFFIXES = ("64_", "")
-_lock = threading.Lock()
-_depth = 0
+_NAMES = [(prefix, suffix) for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "")]
 _Get = Callable[[], int]
 _Set = Callable[[int], None]
-_saved: list[tuple[_Set, int]] = []
+_lock = threading.Lock()
+_depth = 0  # one_blas_thread blocks open now
+_saved: list[int] = []  # each OpenBLAS's thread count before the outermost open block
+
+
+def _controls_of(lib: ctypes.CDLL) -> tuple[_Get, _Set] | None:
+    """The library's (get_num_threads, set_num_threads) under the first of the OpenBLAS builds' names it has."""
+    for prefix, suffix in _NAMES:
+        get = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
+        set_ = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
+        if get is not None and set_ is not None:
+            get.restype, get.argtypes = ctypes.c_int, []
+            set_.restype, set_.argtypes = None, [ctypes.c_int]
+            return get, set_
+    return None
 
 
 @cache
@@ -37,24 +48,14 @@ def _openblas_controls() -> tuple[tuple[_Get, _Set], ...]:
             paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line})
     except OSError:
         return ()
-    controls: list[tuple[_Get, _Set]] = []
+    controls = []
     for path in paths:
         try:
-            lib = ctypes.CDLL(path)
+            found = _controls_of(ctypes.CDLL(path))
         except OSError:
             continue
-        for prefix in _PREFIXES:
-            for suffix in _SUFFIXES:
-                get = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
-                set_ = getattr(lib, f"{prefix}set_num_threads{suffix}", None)
-                if get is not None and set_ is not None:
-                    get.restype, get.argtypes = ctypes.c_int, []
-                    set_.restype, set_.argtypes = None, [ctypes.c_int]
-                    controls.append((get, set_))
-                    break
-            else:
-                continue
-            break
+        if found is not None:
+            controls.append(found)
     return tuple(controls)
 
 
@@ -65,8 +66,8 @@ def blas_threads() -> list[int]:
 
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
-    """numpy's OpenBLAS at one thread inside, its thread count as it was after the outermost block (nested and
-    concurrent blocks share one setting: the count is restored when the last of them ends)."""
+    """numpy's OpenBLAS at one thread inside; its thread count restored when the outermost block ends (nested and
+    concurrent blocks share one setting: the last of them to end restores it)."""
     global _depth
     controls = _openblas_controls()
     if not controls:
@@ -74,7 +75,7 @@ def one_blas_thread() -> Iterator[None]:
         return
     with _lock:
         if _depth == 0:
-            _saved[:] = [(set_, get()) for get, set_ in controls]
+            _saved[:] = blas_threads()
             for _, set_ in controls:
                 set_(1)
         _depth += 1
@@ -84,6 +85,5 @@ def one_blas_thread() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                for set_, count in _saved:
+                for (_, set_), count in zip(controls, _saved, strict=True):
                     set_(count)
-                _saved.clear()
