@@ -225,13 +225,10 @@ HETERO_INLINE void dw_store_block(V (&acc)[R][NV], float* o, i64 Wo, i64 ox, boo
     for (int v = 0; v < NV; ++v) {
       float* dst = o + r * Wo + ox + v * W;
       const i64 n = std::min<i64>(W, Wo - ox - v * W);
-      if (n == W || (whole && dst + W <= oend)) {
+      if (n == W || (whole && dst + W <= oend))
         SIMD::store(dst, acc[r][v]);
-      } else {
-        alignas(64) float tail[W];
-        SIMD::store(tail, acc[r][v]);
-        for (i64 j = 0; j < n; ++j) dst[j] = tail[j];
-      }
+      else
+        store_tail(dst, n, acc[r][v]);
     }
 }
 
