@@ -48,6 +48,21 @@ const QKernels& qk() {
   return *qkernels_generic();
 }
 
+namespace {
+
+// A narrow B's columns copied out of its panel (QPacked::cols), for qgemm_dot.
+void keep_columns(QPacked& p) {
+  p.cols.clear();
+  if (p.n > kDotColumns) return;
+  const i64 kp = 4 * p.k4;
+  p.cols.assign(static_cast<std::size_t>(p.n * kp), 0);
+  for (i64 j = 0; j < p.n; ++j)
+    for (i64 kk = 0; kk < p.k; ++kk)
+      p.cols[static_cast<std::size_t>(j * kp + kk)] = p.data->p[(kk / 4) * 64 + j * 4 + kk % 4];
+}
+
+}  // namespace
+
 // b: K x N at (rs, cs) element strides; zero point: one or N values.
 void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
                i64 zp_count) {
@@ -72,6 +87,7 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
     p.colsum[static_cast<std::size_t>(j)] = sum;
     p.zb[static_cast<std::size_t>(j)] = zp[zp_count == 1 ? 0 : j] + shift;
   }
+  keep_columns(p);
 }
 
 namespace {
@@ -119,6 +135,20 @@ class BlockPrefetch {
 }  // namespace
 
 // The GEMM over rows [0, M): tasks are (row block, column block) pairs.
+// A product by B of <= kDotColumns columns: blocks of rows, each row dotted with every column (the ISA's dot), then
+// the output stage as after a tile. The sums and the stage are the tiles', so are the results, bit for bit.
+static void qgemm_dot(const QKernels& kr, const QPacked& p, const AOperand& a, i64 M, const OutStage& st,
+                      const Corrections& cr, double work) {
+  constexpr i64 kRows = 64;
+  const int ncols = static_cast<int>(p.n);
+  parallel_for((M + kRows - 1) / kRows, threads_for(work, 2e6), [&](i64 task) {
+    alignas(64) std::int32_t raw[kRows * kDotColumns];
+    const i64 m0 = task * kRows, rows = std::min(M, m0 + kRows) - m0;
+    kr.dot(a.a + m0 * a.lda, rows, a.lda, p.cols.data(), ncols, 4 * p.k4, raw, ncols);
+    kr.finish(st, cr, m0, static_cast<int>(rows), 0, ncols, raw, ncols);
+  });
+}
+
 void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   if (M == 0 || p.n == 0) return;
   const QKernels& kr = qk();
@@ -160,6 +190,7 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
     });
     return;
   }
+  if (!p.cols.empty()) return qgemm_dot(kr, p, a, M, st, cr, work);
   // the tile's shape: the F32 stage in registers where the ISA has it (its own shape), else tile then finish
   const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1;
   const int tile_rows = f32_in_tile ? kr.f32_mr : kr.mr, tile_panels = f32_in_tile ? kr.f32_np : kr.np;

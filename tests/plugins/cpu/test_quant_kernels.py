@@ -19,9 +19,11 @@ from hetero.ir import passes
 from .conftest import _native
 
 # (2, 130, 70) and (3, 256, 200): tiles of 2 and 3 rows over 4 panels and a last one (an int8 LSTM's step shapes;
-# every tile shape has its own named accumulators, qlinear_impl.hpp)
+# every tile shape has its own named accumulators, qlinear_impl.hpp). N <= 4: the row . column dots (qgemm_dot),
+# over row blocks of 64 and their last 4 rows, K past 64-byte steps and not a multiple of 4 or 16.
 SHAPES = [(1, 4, 16), (3, 5, 7), (4, 64, 64), (9, 33, 70), (70, 129, 200), (130, 256, 48), (33, 128, 70),
-          (40, 192, 130), (2, 130, 70), (3, 256, 200)]
+          (40, 192, 130), (2, 130, 70), (3, 256, 200),
+          (70, 512, 1), (33, 130, 2), (9, 3, 3), (130, 64, 4), (5, 1030, 1), (66, 67, 4), (1, 20, 2)]
 
 
 @pytest.fixture(params=["amx", "no-amx"])
@@ -70,20 +72,22 @@ def test_qgemm_i32_exact(isa, amx, threads, adt, bdt, shape):
     np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
 
 
-def test_qgemm_extremes_do_not_saturate(isa, amx):
+@pytest.mark.parametrize("n", [20, 3])
+def test_qgemm_extremes_do_not_saturate(isa, amx, n):
     """255 x -128 summed over K = 1024: pairs of u8 x s8 products overflow int16 (vpmaddubsw would saturate)."""
     a = np.full((5, 1024), 255, np.uint8)
-    b = np.full((1024, 20), -128, np.int8)
+    b = np.full((1024, n), -128, np.int8)
     b[::3, ::2] = 127
-    out = np.empty((5, 20), np.int32)
+    out = np.empty((5, n), np.int32)
     _native.qgemm_i32(a, _native.qpack_b(b), np.array(0, np.uint8), out)
     np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
 
 
 @pytest.mark.parametrize("per_column", [False, True])
-def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column):
+@pytest.mark.parametrize("n", [80, 1])
+def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column, n):
     rng = np.random.default_rng(1)
-    m, k, n = 37, 128, 80
+    m, k = 37, 128
     a, b = _rand8(rng, (m, k), np.uint8), _rand8(rng, (k, n), np.int8)
     scale = rng.uniform(1e-4, 1e-2, (n,) if per_column else ()).astype(np.float32)
     bias = rng.normal(size=n).astype(np.float32)
