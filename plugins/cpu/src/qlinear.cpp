@@ -371,7 +371,7 @@ void check_factor(const py::array& f, i64 n) {
 // when the step runs (DynamicQuantizeLinear writes them at each run).
 Op prep_qgemm_f32(const py::tuple& args) {
   const char* fn = "qgemm_f32";
-  step_arity(args, 6, 7, fn);
+  step_arity(args, 6, 8, fn);
   const py::array a = step_array(args, 0, fn), scale = step_array(args, 3, fn), out = step_array(args, 5, fn);
   const QPacked& p = args[1].cast<const QPacked&>();
   const i64 M = rows_of(a, p.k);
@@ -407,6 +407,14 @@ Op prep_qgemm_f32(const py::tuple& args) {
     if (static_cast<i64>(b.size()) != p.n) fail("qgemm_f32: bias must have N = " + std::to_string(p.n) + " values");
     bias = pyx::cptr<float>(b);
   }
+  const float* addend = nullptr;
+  if (args.size() > 7 && !args[7].is_none()) {
+    const py::array r = step_array(args, 7, fn);
+    pyx::need_f32(r, fn, "addend");
+    pyx::need_contig(r, fn, "addend");
+    if (static_cast<i64>(r.size()) != M * p.n) fail("qgemm_f32: addend must have M x N values, as out");
+    addend = pyx::cptr<float>(r);
+  }
   const auto* src = static_cast<const std::uint8_t*>(a.data());
   const float* ps = pyx::cptr<float>(scale);
   const i64 ns = static_cast<i64>(scale.size());
@@ -424,6 +432,8 @@ Op prep_qgemm_f32(const py::tuple& args) {
     st.cs = 1;
     st.scale = scales.data();
     st.fbias = bias;
+    st.addend = addend;
+    st.add_rs = pp->n;
     qgemm(*pp, AOperand{src, pp->k, za.data(), static_cast<i64>(za.size())}, M, st);
   };
 }
@@ -431,7 +441,7 @@ Op prep_qgemm_f32(const py::tuple& args) {
 // out (float32) = float32((a - a_zp) @ (b - b_zp)) * scale [* factor] (+ bias): scale and factor one value or N
 // (their product rounded to float32 first, as the graph's Mul of the activation and weight scales computed it), bias N.
 void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& scale,
-                  const py::object& bias, const py::array& out, const py::object& factor) {
+                  const py::object& bias, const py::array& out, const py::object& factor, const py::object& addend) {
   const i64 M = rows_of(a, p.k);
   pyx::need_f32(out, "qgemm_f32", "out");
   pyx::need_f32(scale, "qgemm_f32", "scale");
@@ -458,6 +468,15 @@ void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, 
     pyx::need_contig(bias_arr, "qgemm_f32", "bias");
     if (static_cast<i64>(bias_arr.size()) != p.n) fail("qgemm_f32: bias must have N = " + std::to_string(p.n) + " values");
     st.fbias = pyx::cptr<float>(bias_arr);
+  }
+  py::array add_arr;
+  if (!addend.is_none()) {  // a residual added last: one value per output, laid out as out
+    add_arr = py::array::ensure(addend);
+    pyx::need_f32(add_arr, "qgemm_f32", "addend");
+    pyx::need_contig(add_arr, "qgemm_f32", "addend");
+    if (static_cast<i64>(add_arr.size()) != M * p.n) fail("qgemm_f32: addend must have M x N values, as out");
+    st.addend = pyx::cptr<float>(add_arr);
+    st.add_rs = p.n;
   }
   APrepared ap;
   if (p.k > 0) prepare_a(a, M, p, a_zp, ap);
@@ -813,7 +832,7 @@ void bind(py::module_& m) {
   m.def("qpack_b", &py_qpack_b, py::arg("b"), py::arg("b_zero_point") = py::none());
   m.def("qgemm_i32", &py_qgemm_i32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("out"));
   m.def("qgemm_f32", &py_qgemm_f32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("scale"),
-        py::arg("bias"), py::arg("out"), py::arg("factor") = py::none());
+        py::arg("bias"), py::arg("out"), py::arg("factor") = py::none(), py::arg("addend") = py::none());
   m.def("qgemm_requant", &py_qgemm_requant, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"),
         py::arg("a_scale"), py::arg("b_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("out"));
   m.def("qconv_pack", &py_qconv_pack, py::arg("w"), py::arg("w_zero_point"), py::arg("groups"));

@@ -54,6 +54,8 @@ struct OutStage {
   i64 rs = 0, cs = 0;                   // element strides of out (row m, column n)
   const float* scale = nullptr;         // F32 / Q8: N multipliers
   const float* fbias = nullptr;         // F32: N values added after the multiply
+  const float* addend = nullptr;        // F32: a value per output added last (rows add_rs apart, columns adjacent)
+  i64 add_rs = 0;
   const std::int32_t* ibias = nullptr;  // Q8: N values added before it
   int y_zp = 0, qmin = 0, qmax = 255;   // Q8
   bool y_unsigned = true;

@@ -114,6 +114,7 @@ void tile_fixed_f32(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b
       v = _mm512_sub_epi32(v, _mm512_mullo_epi32(zb, _mm512_set1_epi32(static_cast<int>(rr))));
       __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), sc);
       if (st.fbias) f = _mm512_add_ps(f, bias);
+      if (st.addend) f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(mask, st.addend + m * st.add_rs + n));
       _mm512_mask_storeu_ps(static_cast<float*>(st.out) + m * st.rs + n, mask, f);
     }
   }
@@ -418,10 +419,11 @@ inline void corrected(const Corrections& cr, i64 m, i64 n0, int ncols, const std
                                      static_cast<std::uint32_t>(zb[j]) * rr);
 }
 
-// The float stage of one contiguous row, in one pass: out[j] = float32(corrected sum) * scale[j] (+ bias[j]).
+// The float stage of one contiguous row, in one pass: out[j] = float32(corrected sum) * scale[j] (+ bias[j])
+// (+ add[j]), in that order.
 template <bool Bias>
 void finish_f32_row(const Corrections& cr, i64 m, i64 n, int nc, const std::int32_t* raw, const float* sc,
-                    const float* bias, float* o) {
+                    const float* bias, const float* add, float* o) {
   const std::uint32_t za = static_cast<std::uint32_t>(cr.za[cr.za_count == 1 ? 0 : m]);
   const std::uint32_t rr = static_cast<std::uint32_t>(cr.rowsum[m]) - static_cast<std::uint32_t>(cr.k) * za;
   const std::int32_t* cs = cr.colsum + n;
@@ -430,8 +432,9 @@ void finish_f32_row(const Corrections& cr, i64 m, i64 n, int nc, const std::int3
     const std::int32_t v = static_cast<std::int32_t>(static_cast<std::uint32_t>(raw[j]) -
                                                      za * static_cast<std::uint32_t>(cs[j]) -
                                                      static_cast<std::uint32_t>(zb[j]) * rr);
-    const float f = static_cast<float>(v) * sc[j];
-    o[j] = Bias ? f + bias[j] : f;
+    float f = static_cast<float>(v) * sc[j];
+    if (Bias) f = f + bias[j];
+    o[j] = add ? f + add[j] : f;
   }
 }
 
@@ -492,10 +495,11 @@ void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0,
         corrected(cr, m, n0, ncols, rw, static_cast<std::int32_t*>(st.out) + m * st.rs + n0);
       } else {
         float* o = static_cast<float*>(st.out) + m * st.rs + n0;
+        const float* add = st.addend ? st.addend + m * st.add_rs + n0 : nullptr;
         if (st.fbias)
-          finish_f32_row<true>(cr, m, n0, ncols, rw, st.scale + n0, st.fbias + n0, o);
+          finish_f32_row<true>(cr, m, n0, ncols, rw, st.scale + n0, st.fbias + n0, add, o);
         else
-          finish_f32_row<false>(cr, m, n0, ncols, rw, st.scale + n0, nullptr, o);
+          finish_f32_row<false>(cr, m, n0, ncols, rw, st.scale + n0, nullptr, add, o);
       }
     }
     return;
@@ -520,6 +524,10 @@ void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0,
         if (st.fbias) {
           const float* b = st.fbias + n;
           for (int j = 0; j < nc; ++j) f[j] = f[j] + b[j];
+        }
+        if (st.addend) {
+          const float* add = st.addend + m * st.add_rs + n;
+          for (int j = 0; j < nc; ++j) f[j] = f[j] + add[j];
         }
         float* o = static_cast<float*>(st.out) + m * st.rs + n * st.cs;
         if (st.cs == 1) std::memcpy(o, f, static_cast<std::size_t>(nc) * 4);
