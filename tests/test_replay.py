@@ -47,6 +47,42 @@ def test_views_survive_arena_reuse_and_replay(backend):
     assert session.programs[0].replay is not None and session.programs[0].replay.signature[0][1] == (2, 6)
 
 
+def _transpose_model(perm: list[int]):
+    # t is a Transpose of a, a view where it moves only axes of size 1; as for _view_model, only the view then keeps
+    # a's memory from being reused by c and c2.
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Transpose", ["a"], ["t"], perm=perm),
+        helper.make_node("Neg", ["x2"], ["c"]),
+        helper.make_node("Exp", ["c"], ["c2"]),
+        helper.make_node("Add", ["t", "c2"], ["y"]),
+    ]
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["A", "B", "C"]), ("x2", TensorProto.FLOAT, ["D", "E", "F"])],
+                      [("y", TensorProto.FLOAT, ["D", "E", "F"])])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("perm", [[1, 0, 2], None])
+def test_transposes_of_unit_axes_are_views(backend, perm):
+    """(T, 1, 4) -> (1, T, 4) moves only an axis of size 1: a view of its input (no call in the replay), which keeps
+    the input's memory alive; (T, 2, 4) -> (2, T, 4) and the reversed axes move data: the kernel runs. Same values
+    as numpy either way, interpreted and replayed, the shapes alternating."""
+    session = hetero.Session(_transpose_model(perm) if perm else _transpose_model([2, 1, 0]), backends=[backend],
+                             on_fallback="silent")
+    program = session.programs[0]
+    step = next(s for s in program.steps if s.node.op_type == "Transpose")
+    rng = np.random.default_rng(3)
+    order = perm or [2, 1, 0]
+    for rows, cols in [(5, 1), (5, 1), (5, 1), (5, 2), (5, 2), (5, 2), (5, 1)]:
+        x = rng.normal(size=(rows, cols, 4) if perm else (4, cols, rows)).astype(np.float32)
+        want_t = np.maximum(x, 0).transpose(order)
+        x2 = rng.normal(size=want_t.shape).astype(np.float32)
+        y = session.run({"x": x, "x2": x2})["y"]
+        np.testing.assert_allclose(y, want_t + np.exp(-x2), rtol=1e-6)
+        if backend == "cpu" and program.replay is None:  # an interpreted run: the view decided by the shapes
+            assert step.viewed == (perm is not None and cols == 1)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_replay_matches_interpreter(backend, mlp_model):
     model, expected = mlp_model

@@ -1061,6 +1061,30 @@ def fuse_matmul_integer_scale(graph: Graph) -> int:
     return count
 
 
+def fuse_matmul_integer_residual(graph: Graph) -> int:
+    """``Add(MatMulIntegerScaled(...), r)`` with r computed in the graph (a residual: T5's ``h + o(attn(h))`` and
+    ``h + wo(ffn(h))``): r becomes the MatMulIntegerScaled's ``addend`` (input 7), which its kernel adds in the int8
+    GEMM's output stage, where the Add read and wrote the whole tensor again. The Add's result, bit for bit: the same
+    float32 sum, added after the scale and the bias. A constant r is left to ``fuse_matmul_integer_scale``'s bias."""
+    count = 0
+    subgraph_reads = _read_by_subgraphs(graph)
+    for mm in list(graph.nodes):
+        if mm.op_key != (HETERO_DOMAIN, "MatMulIntegerScaled") or any(mm.inputs[7:]):
+            continue
+        add = _single_consumer(graph, mm.outputs[0])
+        if add is None or add.op_key != ("", "Add") or len(add.inputs) != 2 or mm.outputs[0] in subgraph_reads:
+            continue
+        other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
+        if not other or other == mm.outputs[0] or other in graph.initializers:
+            continue
+        mm.inputs = [*mm.inputs, *[""] * (7 - len(mm.inputs)), other]
+        _absorb(graph, mm, [add])
+        count += 1
+    if count:
+        graph.toposort()  # the residual may be computed after the GEMM's other inputs
+    return count
+
+
 # fuse_broadcast_unary_matmul: the elementwise ops it takes (BroadcastUnaryMatMul's reference composes them), and
 # the widest right side it fuses (a wider one amortises the elementwise work over its columns: x is better written
 # once and multiplied by the GEMM).
@@ -1643,8 +1667,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
                                     fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
-                                    fuse_layer_norm, fuse_rms_norm, fuse_group_norm, einsum_to_matmul, fuse_attention,
-                                    pow_to_mul, fuse_gelu_mul)
+                                    fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
+                                    einsum_to_matmul, fuse_attention, pow_to_mul, fuse_gelu_mul)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred

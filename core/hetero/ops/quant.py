@@ -13,7 +13,7 @@ from ..contract.tensor import TensorInfo
 from . import lowp
 from .linalg import _matmul_infer
 from .nn import _acc_dtype, _conv, _conv_infer
-from .shapes import input_info, normalize_axis, output_dtype_from_attr, shape_of
+from .shapes import broadcast_shapes, input_info, normalize_axis, output_dtype_from_attr, shape_of
 
 
 def _expand_param(ctx: OpContext, param: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -189,14 +189,18 @@ def qlinear_conv(ctx: OpContext) -> list[np.ndarray]:
 
 
 def _scaled_infer(ctx: OpContext) -> list[TensorInfo]:
-    return [TensorInfo(input_info(ctx, 4).dtype, _matmul_infer(ctx)[0].shape)]
+    shape = _matmul_infer(ctx)[0].shape
+    if ctx.has_input(7):
+        shape = broadcast_shapes(ctx, [shape, input_info(ctx, 7).shape])
+    return [TensorInfo(input_info(ctx, 4).dtype, shape)]
 
 
 @op("MatMulIntegerScaled", domain=HETERO_DOMAIN, infer=_scaled_infer)
 def matmul_integer_scaled(ctx: OpContext) -> list[np.ndarray]:
     """MatMulInteger (inputs 0-3), Cast to the scale's type, times ``scale`` (input 4; times the optional ``factor``,
     input 6, first: the activation scale x weight scale product), plus the optional ``bias`` (input 5): what
-    ``hetero.ir.passes.fuse_matmul_integer_scale`` replaces, computed the way those nodes compute it."""
+    ``hetero.ir.passes.fuse_matmul_integer_scale`` replaces, computed the way those nodes compute it; then plus the
+    optional ``addend`` (input 7, broadcast: the residual Add after it, ``fuse_matmul_integer_residual``)."""
     (acc,) = matmul_integer(ctx)
     scale = ctx.array(4)
     if ctx.has_input(6):
@@ -204,4 +208,7 @@ def matmul_integer_scaled(ctx: OpContext) -> list[np.ndarray]:
     y = acc.astype(scale.dtype) * scale
     if ctx.has_input(5):
         y = y + ctx.array(5)
-    return [y.astype(scale.dtype, copy=False)]
+    y = y.astype(scale.dtype, copy=False)
+    if ctx.has_input(7):
+        y = (y + ctx.array(7)).astype(scale.dtype, copy=False)
+    return [y]

@@ -80,6 +80,8 @@ class _Step:
     outer: list[str]  # outer-scope names read by subgraph attributes
     has_subgraph: bool
     alias: bool  # a reshape-like node: its output is a view of its input when the backend can make one
+    may_view: bool  # a Transpose: a view as well where it moves only axes of size 1 (the data keep their order),
+    # unless computed once per signature
     const_values: frozenset[int]  # value inputs that are initializers: keyed by name, never read
     key: Any = None
     out_infos: list[TensorInfo] = field(default_factory=list)
@@ -89,6 +91,7 @@ class _Step:
     per_signature: bool = False  # outputs fixed by the signature: computed when recorded, not replayed
     in_place: bool = False  # a Concat / Split whose outputs the plan puts where its inputs are: not run (_slices)
     fixed_cond: bool = False  # an If whose condition follows from the signature: the replay may inline its branch
+    viewed: bool = False  # whether the last run made the output a view of the input (alias or may_view)
 
 
 def overrides(backend: Backend, method: str) -> bool:
@@ -138,6 +141,7 @@ class KernelProgram:
             node, schema, kernel, info.opset, outer_names(node),
             has_subgraph=any(isinstance(a, Graph) for a in node.attrs.values()),
             alias=node.op_key in VIEW_OPS and node.outputs[0] not in self._returned,
+            may_view=node.op_key == ("", "Transpose") and node.outputs[0] not in self._returned,
             const_values=frozenset(i for i in schema.value_inputs
                                    if i < len(node.inputs) and node.inputs[i] in self._constants),
         )
@@ -152,7 +156,7 @@ class KernelProgram:
             last[name] = len(self.steps)
         # A view keeps its source's memory alive as long as the view itself is read (backwards: chains of views).
         for step in reversed(self.steps):
-            if step.alias and step.node.inputs and step.node.inputs[0]:
+            if (step.alias or step.may_view) and step.node.inputs and step.node.inputs[0]:
                 src, view = step.node.inputs[0], step.node.outputs[0]
                 last[src] = max(last.get(src, 0), last.get(view, 0))
         return last
@@ -297,7 +301,7 @@ class KernelProgram:
                 self._run_step(step, ins, env, planned, recorder)
             except KERNEL_FAILURES as exc:  # a model breaking a kernel's assumptions: named, not a traceback
                 raise BackendError(f"{self.backend.name}: {step.node.label()}: {type(exc).__name__}: {exc}") from exc
-            if lifetimes is not None and not step.alias:
+            if lifetimes is not None and not (step.alias or step.viewed):
                 self._record(lifetimes, shapes, index, step, env)
             for name in self._frees[index]:
                 env.pop(name, None)
@@ -396,7 +400,8 @@ class KernelProgram:
         align = self.backend.arena_align
         written: set[str] = set()  # values a planned step writes into its arena slot at each run
         for step in self.steps:
-            if not (step.alias or step.has_subgraph or step.schema.data_dependent or step.per_signature):
+            if not (step.alias or step.may_view or step.has_subgraph or step.schema.data_dependent
+                    or step.per_signature):
                 written.update(name for name in step.node.outputs if name in sizes)
         parent: dict[str, tuple[str, int]] = {}  # name -> (the value it lies in, byte offset there)
 
@@ -544,12 +549,14 @@ class KernelProgram:
             return
         if key != step.key or schema.data_dependent:
             self._prepare(step, ins, key, run_subgraph)
-        if step.alias:
+        step.viewed = False
+        if step.alias or (step.may_view and not step.per_signature and _moves_unit_axes(step.node, ins[0])):
             src = ins[0]
             assert src is not None
             view = backend.view(src, step.out_infos[0])
             if view is not None:
                 env[outputs[0]] = view
+                step.viewed = True
                 if recorder is not None:
                     recorder.view(src, view, backend)
                 return
@@ -587,6 +594,20 @@ class KernelProgram:
         for name, out in zip(outputs, outs, strict=False):
             if name:
                 env[name] = out
+
+
+def _moves_unit_axes(node: Node, src: Tensor | None) -> bool:
+    """Whether a Transpose of ``src`` keeps every axis longer than 1 in its order (exported encoders' (T, 1, D) <->
+    (1, T, D) at batch 1): the output holds the input's values in the same memory order, a reshape of it."""
+    if src is None:
+        return False
+    shape = tuple(src.shape)
+    perm = node.attrs.get("perm")
+    order = list(perm) if perm is not None else list(range(len(shape)))[::-1]
+    if sorted(order) != list(range(len(shape))):
+        return False
+    kept = [axis for axis in order if shape[axis] != 1]
+    return kept == sorted(kept)
 
 
 def _address(tensor: Tensor | None) -> int | None:

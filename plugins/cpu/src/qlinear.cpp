@@ -48,6 +48,21 @@ const QKernels& qk() {
   return *qkernels_generic();
 }
 
+namespace {
+
+// A narrow B's columns copied out of its panel (QPacked::cols), for qgemm_dot.
+void keep_columns(QPacked& p) {
+  p.cols.clear();
+  if (p.n > kDotColumns) return;
+  const i64 kp = 4 * p.k4;
+  p.cols.assign(static_cast<std::size_t>(p.n * kp), 0);
+  for (i64 j = 0; j < p.n; ++j)
+    for (i64 kk = 0; kk < p.k; ++kk)
+      p.cols[static_cast<std::size_t>(j * kp + kk)] = p.data->p[(kk / 4) * 64 + j * 4 + kk % 4];
+}
+
+}  // namespace
+
 // b: K x N at (rs, cs) element strides; zero point: one or N values.
 void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
                i64 zp_count) {
@@ -72,6 +87,7 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
     p.colsum[static_cast<std::size_t>(j)] = sum;
     p.zb[static_cast<std::size_t>(j)] = zp[zp_count == 1 ? 0 : j] + shift;
   }
+  keep_columns(p);
 }
 
 namespace {
@@ -119,6 +135,20 @@ class BlockPrefetch {
 }  // namespace
 
 // The GEMM over rows [0, M): tasks are (row block, column block) pairs.
+// A product by B of <= kDotColumns columns: blocks of rows, each row dotted with every column (the ISA's dot), then
+// the output stage as after a tile. The sums and the stage are the tiles', so are the results, bit for bit.
+static void qgemm_dot(const QKernels& kr, const QPacked& p, const AOperand& a, i64 M, const OutStage& st,
+                      const Corrections& cr, double work) {
+  constexpr i64 kRows = 64;
+  const int ncols = static_cast<int>(p.n);
+  parallel_for((M + kRows - 1) / kRows, threads_for(work, 2e6), [&](i64 task) {
+    alignas(64) std::int32_t raw[kRows * kDotColumns];
+    const i64 m0 = task * kRows, rows = std::min(M, m0 + kRows) - m0;
+    kr.dot(a.a + m0 * a.lda, rows, a.lda, p.cols.data(), ncols, 4 * p.k4, raw, ncols);
+    kr.finish(st, cr, m0, static_cast<int>(rows), 0, ncols, raw, ncols);
+  });
+}
+
 void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   if (M == 0 || p.n == 0) return;
   const QKernels& kr = qk();
@@ -160,6 +190,7 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
     });
     return;
   }
+  if (!p.cols.empty()) return qgemm_dot(kr, p, a, M, st, cr, work);
   // the tile's shape: the F32 stage in registers where the ISA has it (its own shape), else tile then finish
   const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1;
   const int tile_rows = f32_in_tile ? kr.f32_mr : kr.mr, tile_panels = f32_in_tile ? kr.f32_np : kr.np;
@@ -340,7 +371,7 @@ void check_factor(const py::array& f, i64 n) {
 // when the step runs (DynamicQuantizeLinear writes them at each run).
 Op prep_qgemm_f32(const py::tuple& args) {
   const char* fn = "qgemm_f32";
-  step_arity(args, 6, 7, fn);
+  step_arity(args, 6, 8, fn);
   const py::array a = step_array(args, 0, fn), scale = step_array(args, 3, fn), out = step_array(args, 5, fn);
   const QPacked& p = args[1].cast<const QPacked&>();
   const i64 M = rows_of(a, p.k);
@@ -376,6 +407,14 @@ Op prep_qgemm_f32(const py::tuple& args) {
     if (static_cast<i64>(b.size()) != p.n) fail("qgemm_f32: bias must have N = " + std::to_string(p.n) + " values");
     bias = pyx::cptr<float>(b);
   }
+  const float* addend = nullptr;
+  if (args.size() > 7 && !args[7].is_none()) {
+    const py::array r = step_array(args, 7, fn);
+    pyx::need_f32(r, fn, "addend");
+    pyx::need_contig(r, fn, "addend");
+    if (static_cast<i64>(r.size()) != M * p.n) fail("qgemm_f32: addend must have M x N values, as out");
+    addend = pyx::cptr<float>(r);
+  }
   const auto* src = static_cast<const std::uint8_t*>(a.data());
   const float* ps = pyx::cptr<float>(scale);
   const i64 ns = static_cast<i64>(scale.size());
@@ -393,6 +432,8 @@ Op prep_qgemm_f32(const py::tuple& args) {
     st.cs = 1;
     st.scale = scales.data();
     st.fbias = bias;
+    st.addend = addend;
+    st.add_rs = pp->n;
     qgemm(*pp, AOperand{src, pp->k, za.data(), static_cast<i64>(za.size())}, M, st);
   };
 }
@@ -400,7 +441,7 @@ Op prep_qgemm_f32(const py::tuple& args) {
 // out (float32) = float32((a - a_zp) @ (b - b_zp)) * scale [* factor] (+ bias): scale and factor one value or N
 // (their product rounded to float32 first, as the graph's Mul of the activation and weight scales computed it), bias N.
 void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, const py::array& scale,
-                  const py::object& bias, const py::array& out, const py::object& factor) {
+                  const py::object& bias, const py::array& out, const py::object& factor, const py::object& addend) {
   const i64 M = rows_of(a, p.k);
   pyx::need_f32(out, "qgemm_f32", "out");
   pyx::need_f32(scale, "qgemm_f32", "scale");
@@ -427,6 +468,15 @@ void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, 
     pyx::need_contig(bias_arr, "qgemm_f32", "bias");
     if (static_cast<i64>(bias_arr.size()) != p.n) fail("qgemm_f32: bias must have N = " + std::to_string(p.n) + " values");
     st.fbias = pyx::cptr<float>(bias_arr);
+  }
+  py::array add_arr;
+  if (!addend.is_none()) {  // a residual added last: one value per output, laid out as out
+    add_arr = py::array::ensure(addend);
+    pyx::need_f32(add_arr, "qgemm_f32", "addend");
+    pyx::need_contig(add_arr, "qgemm_f32", "addend");
+    if (static_cast<i64>(add_arr.size()) != M * p.n) fail("qgemm_f32: addend must have M x N values, as out");
+    st.addend = pyx::cptr<float>(add_arr);
+    st.add_rs = p.n;
   }
   APrepared ap;
   if (p.k > 0) prepare_a(a, M, p, a_zp, ap);
@@ -782,7 +832,7 @@ void bind(py::module_& m) {
   m.def("qpack_b", &py_qpack_b, py::arg("b"), py::arg("b_zero_point") = py::none());
   m.def("qgemm_i32", &py_qgemm_i32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("out"));
   m.def("qgemm_f32", &py_qgemm_f32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("scale"),
-        py::arg("bias"), py::arg("out"), py::arg("factor") = py::none());
+        py::arg("bias"), py::arg("out"), py::arg("factor") = py::none(), py::arg("addend") = py::none());
   m.def("qgemm_requant", &py_qgemm_requant, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"),
         py::arg("a_scale"), py::arg("b_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("out"));
   m.def("qconv_pack", &py_qconv_pack, py::arg("w"), py::arg("w_zero_point"), py::arg("groups"));

@@ -27,11 +27,18 @@ namespace qlin {
 constexpr int kPanel = 16;  // columns per packed panel
 constexpr int kMR = 4;      // rows per tile
 constexpr int kNP = 4;      // panels per tile (64 columns)
+// B of at most this many columns also keeps each column's bytes contiguous (QPacked::cols): a product by it runs as
+// row . column dots (DotFn), not tiles of a 16-column panel that is 15 / 16 zeros for one column.
+constexpr int kDotColumns = 4;
 
 // Raw tile: c[r * ldc + j] = sum_g sum_t a[r * lda + 4 g + t] * panel_p[g][j % 16][t] for r < m, j < np * 16,
 // panels at b + p * pstride (bytes), k4 groups of 4 (a rows padded to 4 k4 bytes).
 using TileFn = void (*)(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride,
                         std::int32_t* c, i64 ldc);
+// Raw sums of a narrow product: raw[r * ldraw + j] = sum_k a[r * lda + k] * cols[j * kp + k] for r < rows, j < ncols
+// (<= kDotColumns), k < kp (a multiple of 4; a rows padded with zeros to kp bytes).
+using DotFn = void (*)(const std::uint8_t* a, i64 rows, i64 lda, const std::int8_t* cols, int ncols, i64 kp,
+                       std::int32_t* raw, i64 ldraw);
 // y[i] = saturate(round_half_even(x[i] / scale) + zp) to [qmin, qmax] (uint8: 0, 255; int8: -128, 127), stored as
 // bytes; NaN -> qmin (what the reference gives for uint8: its float -> int cast of NaN reads 0).
 using QuantizeFn = void (*)(const float* x, i64 n, float scale, int zp, int qmin, int qmax, std::uint8_t* y);
@@ -47,6 +54,8 @@ struct OutStage {
   i64 rs = 0, cs = 0;                   // element strides of out (row m, column n)
   const float* scale = nullptr;         // F32 / Q8: N multipliers
   const float* fbias = nullptr;         // F32: N values added after the multiply
+  const float* addend = nullptr;        // F32: a value per output added last (rows add_rs apart, columns adjacent)
+  i64 add_rs = 0;
   const std::int32_t* ibias = nullptr;  // Q8: N values added before it
   int y_zp = 0, qmin = 0, qmax = 255;   // Q8
   bool y_unsigned = true;
@@ -82,6 +91,7 @@ struct QKernels {
   RowSumFn rowsums;
   TileF32Fn tile_f32;  // nullptr: tile, then finish
   int f32_mr, f32_np;  // tile_f32's rows and panels
+  DotFn dot;           // products by B of <= kDotColumns columns
 };
 
 // AMX (qlinear_amx.cpp): whether this CPU has AMX-INT8 and the kernel let this process use the tile registers, and
@@ -118,6 +128,7 @@ struct QPacked {
   std::unique_ptr<AlignedVec<std::int8_t>> data;
   std::vector<std::int32_t> colsum;  // sum_k b'[k][n]
   std::vector<std::int32_t> zb;      // zb'[n]
+  std::vector<std::int8_t> cols;     // n <= kDotColumns: column j's 4 k4 bytes of b' at j * 4 k4, zero past K
   i64 pstride() const { return k4 * 64; }
 };
 

@@ -7,7 +7,7 @@ namespace hetero {
 namespace qlin {
 
 const QKernels* qkernels_avx2() {
-  static const QKernels k{"avx2", 2, 1, tile, quantize8, minmax, finish, rowsums, nullptr, 0, 0};
+  static const QKernels k{"avx2", 2, 1, tile, quantize8, minmax, finish, rowsums, nullptr, 0, 0, dot_cols};
   return &k;
 }
 

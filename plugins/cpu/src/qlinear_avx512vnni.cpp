@@ -7,7 +7,8 @@ namespace hetero {
 namespace qlin {
 
 const QKernels* qkernels_avx512vnni() {
-  static const QKernels k{"avx512vnni", 4, 4, tile, quantize8, minmax, finish, rowsums, tile_f32, kF32Rows, kF32Panels};
+  static const QKernels k{"avx512vnni", 4, 4, tile, quantize8, minmax, finish, rowsums, tile_f32, kF32Rows, kF32Panels,
+                          dot_cols};
   return &k;
 }
 

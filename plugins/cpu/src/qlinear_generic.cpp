@@ -7,7 +7,7 @@ namespace hetero {
 namespace qlin {
 
 const QKernels* qkernels_generic() {
-  static const QKernels k{"generic", 4, 4, tile, quantize8, minmax, finish, rowsums, nullptr, 0, 0};
+  static const QKernels k{"generic", 4, 4, tile, quantize8, minmax, finish, rowsums, nullptr, 0, 0, dot_cols};
   return &k;
 }
 

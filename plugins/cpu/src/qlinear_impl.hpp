@@ -114,6 +114,7 @@ void tile_fixed_f32(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b
       v = _mm512_sub_epi32(v, _mm512_mullo_epi32(zb, _mm512_set1_epi32(static_cast<int>(rr))));
       __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), sc);
       if (st.fbias) f = _mm512_add_ps(f, bias);
+      if (st.addend) f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(mask, st.addend + m * st.add_rs + n));
       _mm512_mask_storeu_ps(static_cast<float*>(st.out) + m * st.rs + n, mask, f);
     }
   }
@@ -212,6 +213,79 @@ void tile(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8
     default: return tile_m<4>(np, k4, a, lda, b, ps, c, ldc);
   }
 }
+
+#if defined(QLIN_ISA_VNNI)
+// Four rows at a time (a row past the last one reads the last one again and is not stored), 64 bytes of k a step:
+// 4 x NC accumulators, each column's 64 bytes loaded once for the four rows, the tail of kp through a byte mask.
+template <int NC>
+void dot_cols_fixed(const std::uint8_t* a, i64 rows, i64 lda, const std::int8_t* cols, i64 kp, std::int32_t* raw,
+                    i64 ldraw) {
+  constexpr int R = 4;
+  for (i64 r0 = 0; r0 < rows; r0 += R) {
+    const std::uint8_t* ar[R];
+    for (int i = 0; i < R; ++i) ar[i] = a + std::min(r0 + i, rows - 1) * lda;
+    __m512i acc[R][NC];
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NC; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (i64 k = 0; k < kp; k += 64) {
+      const __mmask64 mask = kp - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (kp - k)) - 1;
+      __m512i w[NC];
+      for (int j = 0; j < NC; ++j) w[j] = _mm512_maskz_loadu_epi8(mask, cols + j * kp + k);
+      for (int i = 0; i < R; ++i) {
+        const __m512i av = _mm512_maskz_loadu_epi8(mask, ar[i] + k);
+        for (int j = 0; j < NC; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, w[j]);
+      }
+    }
+    for (int i = 0; i < R && r0 + i < rows; ++i)
+      for (int j = 0; j < NC; ++j) raw[(r0 + i) * ldraw + j] = _mm512_reduce_add_epi32(acc[i][j]);
+  }
+}
+
+void dot_cols(const std::uint8_t* a, i64 rows, i64 lda, const std::int8_t* cols, int ncols, i64 kp,
+              std::int32_t* raw, i64 ldraw) {
+  switch (ncols) {
+    case 1: return dot_cols_fixed<1>(a, rows, lda, cols, kp, raw, ldraw);
+    case 2: return dot_cols_fixed<2>(a, rows, lda, cols, kp, raw, ldraw);
+    case 3: return dot_cols_fixed<3>(a, rows, lda, cols, kp, raw, ldraw);
+    default: return dot_cols_fixed<4>(a, rows, lda, cols, kp, raw, ldraw);
+  }
+}
+#elif defined(QLIN_ISA_AVX2)
+// 16 bytes of k a step widened to 16 bits on both sides (vpmaddwd: exact), a scalar tail (kp % 16: whole groups of 4).
+void dot_cols(const std::uint8_t* a, i64 rows, i64 lda, const std::int8_t* cols, int ncols, i64 kp,
+              std::int32_t* raw, i64 ldraw) {
+  for (i64 r = 0; r < rows; ++r) {
+    const std::uint8_t* row = a + r * lda;
+    for (int j = 0; j < ncols; ++j) {
+      const std::int8_t* col = cols + j * kp;
+      __m256i acc = _mm256_setzero_si256();
+      i64 k = 0;
+      for (; k + 16 <= kp; k += 16) {
+        const __m256i av = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
+        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + k)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(av, wv));
+      }
+      alignas(32) std::int32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+      std::uint32_t s = 0;  // wrapping, as the accumulators
+      for (int i = 0; i < 8; ++i) s += static_cast<std::uint32_t>(lanes[i]);
+      for (; k < kp; ++k) s += static_cast<std::uint32_t>(static_cast<std::int32_t>(row[k]) * col[k]);
+      raw[r * ldraw + j] = static_cast<std::int32_t>(s);
+    }
+  }
+}
+#else
+void dot_cols(const std::uint8_t* a, i64 rows, i64 lda, const std::int8_t* cols, int ncols, i64 kp,
+              std::int32_t* raw, i64 ldraw) {
+  for (i64 r = 0; r < rows; ++r)
+    for (int j = 0; j < ncols; ++j) {
+      std::uint32_t s = 0;  // wrapping, as the vector accumulators
+      for (i64 k = 0; k < kp; ++k)
+        s += static_cast<std::uint32_t>(static_cast<std::int32_t>(a[r * lda + k]) * cols[j * kp + k]);
+      raw[r * ldraw + j] = static_cast<std::int32_t>(s);
+    }
+}
+#endif
 
 void quantize8(const float* x, i64 n, float scale, int zp, int qmin, int qmax, std::uint8_t* y) {
   const float lo = static_cast<float>(qmin - zp), hi = static_cast<float>(qmax - zp);
@@ -345,10 +419,11 @@ inline void corrected(const Corrections& cr, i64 m, i64 n0, int ncols, const std
                                      static_cast<std::uint32_t>(zb[j]) * rr);
 }
 
-// The float stage of one contiguous row, in one pass: out[j] = float32(corrected sum) * scale[j] (+ bias[j]).
+// The float stage of one contiguous row, in one pass: out[j] = float32(corrected sum) * scale[j] (+ bias[j])
+// (+ add[j]), in that order.
 template <bool Bias>
 void finish_f32_row(const Corrections& cr, i64 m, i64 n, int nc, const std::int32_t* raw, const float* sc,
-                    const float* bias, float* o) {
+                    const float* bias, const float* add, float* o) {
   const std::uint32_t za = static_cast<std::uint32_t>(cr.za[cr.za_count == 1 ? 0 : m]);
   const std::uint32_t rr = static_cast<std::uint32_t>(cr.rowsum[m]) - static_cast<std::uint32_t>(cr.k) * za;
   const std::int32_t* cs = cr.colsum + n;
@@ -357,8 +432,9 @@ void finish_f32_row(const Corrections& cr, i64 m, i64 n, int nc, const std::int3
     const std::int32_t v = static_cast<std::int32_t>(static_cast<std::uint32_t>(raw[j]) -
                                                      za * static_cast<std::uint32_t>(cs[j]) -
                                                      static_cast<std::uint32_t>(zb[j]) * rr);
-    const float f = static_cast<float>(v) * sc[j];
-    o[j] = Bias ? f + bias[j] : f;
+    float f = static_cast<float>(v) * sc[j];
+    if (Bias) f = f + bias[j];
+    o[j] = add ? f + add[j] : f;
   }
 }
 
@@ -419,10 +495,11 @@ void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0,
         corrected(cr, m, n0, ncols, rw, static_cast<std::int32_t*>(st.out) + m * st.rs + n0);
       } else {
         float* o = static_cast<float*>(st.out) + m * st.rs + n0;
+        const float* add = st.addend ? st.addend + m * st.add_rs + n0 : nullptr;
         if (st.fbias)
-          finish_f32_row<true>(cr, m, n0, ncols, rw, st.scale + n0, st.fbias + n0, o);
+          finish_f32_row<true>(cr, m, n0, ncols, rw, st.scale + n0, st.fbias + n0, add, o);
         else
-          finish_f32_row<false>(cr, m, n0, ncols, rw, st.scale + n0, nullptr, o);
+          finish_f32_row<false>(cr, m, n0, ncols, rw, st.scale + n0, nullptr, add, o);
       }
     }
     return;
@@ -447,6 +524,10 @@ void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0,
         if (st.fbias) {
           const float* b = st.fbias + n;
           for (int j = 0; j < nc; ++j) f[j] = f[j] + b[j];
+        }
+        if (st.addend) {
+          const float* add = st.addend + m * st.add_rs + n;
+          for (int j = 0; j < nc; ++j) f[j] = f[j] + add[j];
         }
         float* o = static_cast<float*>(st.out) + m * st.rs + n * st.cs;
         if (st.cs == 1) std::memcpy(o, f, static_cast<std::size_t>(nc) * 4);

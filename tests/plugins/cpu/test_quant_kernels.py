@@ -19,9 +19,11 @@ from hetero.ir import passes
 from .conftest import _native
 
 # (2, 130, 70) and (3, 256, 200): tiles of 2 and 3 rows over 4 panels and a last one (an int8 LSTM's step shapes;
-# every tile shape has its own named accumulators, qlinear_impl.hpp)
+# every tile shape has its own named accumulators, qlinear_impl.hpp). N <= 4: the row . column dots (qgemm_dot),
+# over row blocks of 64 and their last 4 rows, K past 64-byte steps and not a multiple of 4 or 16.
 SHAPES = [(1, 4, 16), (3, 5, 7), (4, 64, 64), (9, 33, 70), (70, 129, 200), (130, 256, 48), (33, 128, 70),
-          (40, 192, 130), (2, 130, 70), (3, 256, 200)]
+          (40, 192, 130), (2, 130, 70), (3, 256, 200),
+          (70, 512, 1), (33, 130, 2), (9, 3, 3), (130, 64, 4), (5, 1030, 1), (66, 67, 4), (1, 20, 2)]
 
 
 @pytest.fixture(params=["amx", "no-amx"])
@@ -70,20 +72,22 @@ def test_qgemm_i32_exact(isa, amx, threads, adt, bdt, shape):
     np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
 
 
-def test_qgemm_extremes_do_not_saturate(isa, amx):
+@pytest.mark.parametrize("n", [20, 3])
+def test_qgemm_extremes_do_not_saturate(isa, amx, n):
     """255 x -128 summed over K = 1024: pairs of u8 x s8 products overflow int16 (vpmaddubsw would saturate)."""
     a = np.full((5, 1024), 255, np.uint8)
-    b = np.full((1024, 20), -128, np.int8)
+    b = np.full((1024, n), -128, np.int8)
     b[::3, ::2] = 127
-    out = np.empty((5, 20), np.int32)
+    out = np.empty((5, n), np.int32)
     _native.qgemm_i32(a, _native.qpack_b(b), np.array(0, np.uint8), out)
     np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
 
 
 @pytest.mark.parametrize("per_column", [False, True])
-def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column):
+@pytest.mark.parametrize("n", [80, 1])
+def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column, n):
     rng = np.random.default_rng(1)
-    m, k, n = 37, 128, 80
+    m, k = 37, 128
     a, b = _rand8(rng, (m, k), np.uint8), _rand8(rng, (k, n), np.int8)
     scale = rng.uniform(1e-4, 1e-2, (n,) if per_column else ()).astype(np.float32)
     bias = rng.normal(size=n).astype(np.float32)
@@ -226,9 +230,10 @@ def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
     np.testing.assert_array_equal(got, want)
 
 
-def _dynamic_matmul_model(k: int, n: int, bias: bool, per_column: bool = False):
+def _dynamic_matmul_model(k: int, n: int, bias: bool, per_column: bool = False,
+                          residual: tuple[str | int, ...] | None = None, residual_first: bool = False):
     """onnxruntime's quantize_dynamic pattern: DynamicQuantizeLinear, MatMulInteger by int8 weights, Cast, Mul by
-    (activation scale x weight scale), Add of the bias."""
+    (activation scale x weight scale), Add of the bias; then, with ``residual`` (its shape), Add of an input r."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(5)
@@ -246,8 +251,12 @@ def _dynamic_matmul_model(k: int, n: int, bias: bool, per_column: bool = False):
     if bias:
         nodes.append(helper.make_node("Add", ["y0", "bias"], ["y"]))
         inits.append(numpy_helper.from_array(rng.normal(size=n).astype(np.float32), "bias"))
-    graph = helper.make_graph(nodes, "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])]
+    if residual is not None:
+        nodes[-1].output[0] = "y1"
+        nodes.append(helper.make_node("Add", ["r", "y1"] if residual_first else ["y1", "r"], ["y"]))
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, list(residual)))
+    graph = helper.make_graph(nodes, "dq", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -270,6 +279,67 @@ def test_dynamic_quantized_matmul_fused_and_against_onnxruntime(threads, bias, p
     # and the unfused graph on hetero's reference gives the same bits
     ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x})["y"]
     np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("residual", [(33, 50), (50,), (2, 33, 50), (33, 1)])
+@pytest.mark.parametrize("residual_first", [False, True])
+def test_residual_add_in_the_output_stage(threads, bias, residual, residual_first):
+    """Add(MatMulIntegerScaled, r) with r an input: r becomes the GEMM's addend (fuse_matmul_integer_residual),
+    added in the output stage where it has the output's shape, after the GEMM where it broadcasts. The same bits
+    as onnxruntime's unfused graph and hetero's reference."""
+    ort = pytest.importorskip("onnxruntime")
+    model = _dynamic_matmul_model(96, 50, bias, residual=residual, residual_first=residual_first)
+    session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
+    assert [n.op_type for n in session.graph.nodes] == ["DynamicQuantizeLinear", "MatMulIntegerScaled"]
+    assert session.graph.nodes[1].inputs[7] == "r"
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(33, 96)).astype(np.float32)
+    r = rng.normal(size=residual).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "r": r})[0]
+    ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x, "r": r})["y"]
+    for _ in range(3):  # interpreted, recorded, replayed
+        got = session.run({"x": x, "r": r})["y"]
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_residual_pass_leaves_other_patterns_alone():
+    model = _dynamic_matmul_model(32, 8, False, residual=("m", 8))
+    graph: Graph = load_onnx(model)
+    passes.fuse_matmul_integer_scale(graph)
+    # the product read twice: not fused
+    graph.nodes.append(Node("Identity", ["y1"], ["extra"]))
+    graph.outputs.append("extra")
+    assert passes.fuse_matmul_integer_residual(graph) == 0
+    # a constant r: the bias's business (fuse_matmul_integer_scale), not an addend
+    graph = load_onnx(_dynamic_matmul_model(32, 8, True))
+    assert passes.fuse_matmul_integer_residual(graph) == 0
+    graph = load_onnx(model)
+    passes.fuse_matmul_integer_scale(graph)
+    assert passes.fuse_matmul_integer_residual(graph) == 1 and [n.op_type for n in graph.nodes][-1] == \
+        "MatMulIntegerScaled"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_qgemm_f32_addend_added_last(isa, amx, threads, shape):
+    """The output stage's addend on every tile path (the VNNI F32 tile, finish after a tile, AMX blocks, the
+    narrow dots): float32(sums) * scale + bias + addend, each rounded in that order."""
+    m, k, n = shape
+    rng = np.random.default_rng(m + k + n)
+    a, b = _rand8(rng, (m, k), np.uint8), _rand8(rng, (k, n), np.int8)
+    scale = rng.uniform(1e-4, 1e-2, (n,)).astype(np.float32)
+    bias = rng.normal(size=n).astype(np.float32)
+    addend = rng.normal(size=(m, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    _native.qgemm_f32(a, _native.qpack_b(b, np.array(3, np.int8)), np.array(7, np.uint8), scale, bias, out, None,
+                      addend)
+    np.testing.assert_array_equal(out, _exact(a, b, 7, 3).astype(np.float32) * scale + bias + addend)
+    _native.qgemm_f32(a, _native.qpack_b(b), np.array(7, np.uint8), scale, None, out, None, addend)
+    np.testing.assert_array_equal(out, _exact(a, b, 7, 0).astype(np.float32) * scale + addend)
 
 
 def test_fusion_pass_leaves_other_patterns_alone():

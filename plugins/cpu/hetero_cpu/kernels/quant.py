@@ -157,14 +157,27 @@ class CpuMatMulInteger(_PackedBMatMul):
 
 
 class CpuMatMulIntegerScaled(CpuMatMulInteger):
-    """float32(MatMulInteger) * scale [* factor] (one value or one per column each), plus an optional bias row: no
-    int32 tensor."""
+    """float32(MatMulInteger) * scale [* factor] (one value or one per column each), plus an optional bias row, plus
+    an optional addend (a residual): no int32 tensor. An addend of the output's shape is added in the GEMM's output
+    stage; one that broadcasts is added after it."""
 
     def _gemm(self, a: np.ndarray, zp: np.ndarray | None, inputs: Sequence[Tensor | None], out: np.ndarray) -> Call:
         scale = np.ascontiguousarray(inputs[4].numpy())
         bias = inputs[5].numpy() if len(inputs) > 5 and inputs[5] is not None else None
         factor = np.ascontiguousarray(inputs[6].numpy()) if len(inputs) > 6 and inputs[6] is not None else None
-        return functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, out, factor)
+        addend = inputs[7].numpy() if len(inputs) > 7 and inputs[7] is not None else None
+        shape = (*a.shape[:-1], out.shape[-1])  # the product's
+        if addend is None or addend.shape == out.shape == shape:
+            addend = None if addend is None else np.ascontiguousarray(addend)
+            return functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, out, factor, addend)
+        product = np.empty(shape, np.float32)
+        gemm = functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, product, factor)
+
+        def gemm_then_add() -> None:
+            gemm()
+            np.add(product, addend, out=out)
+
+        return gemm_then_add
 
 
 def _requant_params(inputs: Sequence[Tensor | None], scale_a: int, scale_b: int, y: int) -> tuple[np.ndarray, ...]:
