@@ -9,7 +9,9 @@ machine swing by 10-30%. The simulated costs follow the step logs of the 0.5B / 
 pass of T tokens costs 1 + slope (T - 1) plain steps, 2.5x that the first time a width runs (the executor plans it)
 and 2x the second (records it); the drafter's first call costs 1.8x, its second 1.3x (its own shapes). Widths stay
 cold or warm across generations (one process), and plain decoding's width was warmed by the bench's warm-up.
-Each draft token is right with probability ``p`` until the first wrong one. A generation of 64 tokens starts with the
+Each draft token is right with probability ``p`` until the first wrong one. A policy with shadow trials
+(``DraftPolicy.shadow_trial``) has them replayed as the loop runs them: the drafting, then plain steps up to the
+first wrong draft token. A generation of 64 tokens starts with the
 token of the prompt's logits, as the loop does; the first (``4`` tokens) is the bench's warm-up, not counted.
 """
 
@@ -81,6 +83,7 @@ def replay(module: Any, d: Drafter, generations: int, seed: int) -> list[float]:
                 seconds += quiet
                 continue
             k = policy.length(produced)
+            shadow = bool(k) and hasattr(policy, "shadow_trial") and policy.shadow_trial(produced)
             draft = 0.0
             kept = 0
             if k:
@@ -89,6 +92,15 @@ def replay(module: Any, d: Drafter, generations: int, seed: int) -> list[float]:
                 draft_calls += 1
                 while kept < k and rng.random() < d.p:
                     kept += 1
+            if shadow:  # scored against plain steps: up to the first wrong draft token, or the one after the draft
+                steps = min(kept + 1, tokens - produced)
+                width_runs[1] += steps
+                policy.record_quiet(produced, steps, float(steps))
+                produced += steps
+                seconds += draft + steps
+                if steps == kept + 1:  # (a generation that ends amid the trial records its steps only)
+                    policy.record_shadow(k, kept, produced, draft)
+                continue
             runs = width_runs[k + 1] = width_runs.get(k + 1, 0) + 1
             verify = (1 + d.slope * k) * (COLD[runs - 1] if runs <= len(COLD) else 1.0)
             policy.record(k, kept, kept + 1, draft + verify, produced, draft_seconds=draft)

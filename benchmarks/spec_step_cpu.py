@@ -6,6 +6,8 @@ apart: 1-token steps, wider verify steps, and what runs between them.
 
     PYTHONPATH=core:plugins/cpu python benchmarks/spec_step_cpu.py -m sns-0.5b.gguf --spec eagle:DIR -t 1 -r 5
 
+``--shadow-ab``: the drafter with every trial verified joins the rotation (plain, verified, shadow trials).
+
 Per generation pair: the speculative run's decode CPU over the plain run's (the median of the pairs is printed;
 above 1: speculative decoding costs more CPU per token). At more threads the workers' spinning counts too.
 """
@@ -58,30 +60,48 @@ def main() -> None:
     p.add_argument("-n", type=int, default=64)
     p.add_argument("-r", "--repetitions", type=int, default=5)
     p.add_argument("--prompts", nargs="*", default=["code", "chat"])
+    p.add_argument("--shadow-ab", action="store_true",
+                   help="also the drafter with every trial verified (Speculation(shadow=False)), in the same rotation")
     args = p.parse_args()
 
     import hetero.llm
+    from hetero.llm.speculative import Speculation
     from hetero.llm.speculative.registry import speculation
 
     llm = hetero.llm.load(args.model, backends=["cpu"], on_fallback="silent", threads=args.threads, context=2048)
     spec = speculation(args.spec, llm)
+    sides: dict[str, Any] = {"plain": None, "spec": spec}
+    if args.shadow_ab:  # the same drafter object: each generation begins it afresh
+        sides = {"plain": None, "verified": Speculation(spec.drafter, max_draft=spec.max_draft, shadow=False),
+                 "shadow": spec}
     clock = time.thread_time if args.threads == 1 else time.process_time
     for prompt in args.prompts:
-        measure(llm, None, prompt, 4, clock)  # warm-up: the prompt's prefill, the exposed layers, the drafter
-        measure(llm, spec, prompt, 4, clock)
-        pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for s in sides.values():  # warm-up: the prompt's prefill, the exposed layers, the drafter
+            measure(llm, s, prompt, 4, clock)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+        names = list(sides)
         for r in range(args.repetitions):
-            order = (None, spec) if r % 2 == 0 else (spec, None)
-            got = {id(s): measure(llm, s, prompt, args.n, clock) for s in order}
-            pairs.append((got[id(None)], got[id(spec)]))
-        ms = [(1e3 * a["cpu"] / args.n, 1e3 * b["cpu"] / args.n) for a, b in pairs]
-        print(f"{prompt} -t {args.threads}: decode CPU ms/token plain {statistics.median(a for a, _ in ms):.3f}, "
-              f"spec {statistics.median(b for _, b in ms):.3f}; spec/plain per pair "
-              f"{[round(b / a, 4) for a, b in ms]}, median {statistics.median(b / a for a, b in ms):.4f}; "
-              f"between native steps plain {statistics.median(a['cpu'] - a['one'] for a, _ in pairs):.3f} s, spec "
-              f"{statistics.median(b['cpu'] - b['one'] - b['wider'] for _, b in pairs):.3f} s; verify steps "
-              f"{[b['verify'] for _, b in pairs]}; identical {all(a['tokens'] == b['tokens'] for a, b in pairs)}; "
-              f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+            for name in names[r % len(names):] + names[:r % len(names)]:  # a rotating order
+                runs[name].append(measure(llm, sides[name], prompt, args.n, clock))
+        plain = runs["plain"]
+        for name in names[1:]:
+            _report(prompt, args, name, plain, runs[name])
+        if args.shadow_ab:
+            ratios = [b["cpu"] / a["cpu"] for a, b in zip(runs["verified"], runs["shadow"], strict=True)]
+            print(f"{prompt} -t {args.threads}: shadow/verified per repetition {[round(x, 4) for x in ratios]}, "
+                  f"median {statistics.median(ratios):.4f}", flush=True)
+
+
+def _report(prompt: str, args: Any, name: str, plain: list[dict[str, Any]], spec: list[dict[str, Any]]) -> None:
+    pairs = list(zip(plain, spec, strict=True))
+    ms = [(1e3 * a["cpu"] / args.n, 1e3 * b["cpu"] / args.n) for a, b in pairs]
+    print(f"{prompt} -t {args.threads} {name}: decode CPU ms/token plain {statistics.median(a for a, _ in ms):.3f}, "
+          f"spec {statistics.median(b for _, b in ms):.3f}; spec/plain per pair "
+          f"{[round(b / a, 4) for a, b in ms]}, median {statistics.median(b / a for a, b in ms):.4f}; "
+          f"between native steps plain {statistics.median(a['cpu'] - a['one'] for a, _ in pairs):.3f} s, spec "
+          f"{statistics.median(b['cpu'] - b['one'] - b['wider'] for _, b in pairs):.3f} s; verify steps "
+          f"{[b['verify'] for _, b in pairs]}; identical {all(a['tokens'] == b['tokens'] for a, b in pairs)}; "
+          f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
 if __name__ == "__main__":

@@ -267,7 +267,7 @@ def test_eagle_catches_up_over_its_window_after_drafting_was_off(target, monkeyp
     monkeypatch.setattr(drafter.raw, "put", lambda start, new: kept.append(len(new)) or put(start, new))
     target.reset()
     target.generate(PROMPTS[0], 40, temperature=0, spec=spec)
-    assert list(target.last.tokens) == want and target.stats.drafted_tokens > 0
+    assert list(target.last.tokens) == want and len(rows) > 1  # it drafted after the pause (verified or shadowed)
     prompt = len(target.tokenizer.encode(PROMPTS[0]))
     assert rows[0] == prompt - 1 and 1 <= max(rows[1:]) <= 4, rows  # begin: the prompt's pairs; then the window
     # the pause's ~20 rows: only the window's were stacked and stored (the prompt's all, in begin)

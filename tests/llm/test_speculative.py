@@ -328,6 +328,22 @@ def test_verify_scores_every_token_of_the_block_as_decode_steps_do():
         a.verify(list(range(17)))
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_5"])
+def test_a_verify_across_a_key_tile_from_an_odd_length_scores_as_decode_steps_do(family):
+    """A verify step that starts at an odd cached length and ends past position 64 (the KV cache's key tiles):
+    its rows from 64 on were scored without the tile's first keys (0.07-0.9 off in the logits)."""
+    _backend("cpu")
+    sequence = [int(x) for x in np.random.default_rng(0).integers(0, 300, 140)]
+    for start, width in ((61, 4), (63, 2), (125, 5)):
+        a, b = load(FIXTURES / family, backends=["cpu"], kv_cache="f16"), load(FIXTURES / family, backends=["cpu"],
+                                                                                kv_cache="f16")
+        a.prefill(sequence[:start])
+        b.prefill(sequence[:start])
+        rows = a.verify(sequence[start:start + width])
+        steps = [b.forward([t])[0] for t in sequence[start:start + width]]
+        np.testing.assert_allclose(rows, np.stack(steps), rtol=0, atol=1e-4)
+
+
 def test_draft_model_same_tokenizer_accepts_everything(tmp_path):
     _backend("cpu")
     target = load(FIXTURES / "qwen3", backends=["cpu"])
@@ -764,3 +780,199 @@ def test_the_speculative_loop_runs_its_drafter_at_one_blas_thread():
         for set_, count in zip(setters, original, strict=True):
             set_(count)
     assert len(counts) >= 3 and all(c == [1] * len(setters) for c in counts)
+
+
+class _ShadowPolicy(DraftPolicy):
+    """The real policy on a machine of fixed costs (a plain step 1 s, a verify pass of T tokens 1 + 0.1 (T - 1) s,
+    drafting 0.01 s: the tiny fixtures' own microseconds would decide by noise), its trials always in the shadow
+    and its pauses ``PAUSE`` tokens (not the backoff's 16, 32, ...: a short generation has several trials),
+    starting as a drafter known to lose: three drafting steps, none right, and drafting off. ``shadows``: (tokens
+    generated, draft, accepted) of each shadow trial, the draft the last in ``drafts`` (the drafter's:
+    ``_ShadowSpeculation``)."""
+
+    PAUSE = 6
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lasting = [0.0, 3.0]
+        self._switch_off(0)
+        self.shadows: list[tuple[int, list[int], int]] = []
+        self.drafts: list[tuple[int, list[int]]] = []
+
+    def _shadow_pays(self) -> bool:
+        return True
+
+    def _switch_off(self, produced: int, pause: int = 0) -> None:
+        super()._switch_off(produced, pause)
+        self.off_until = produced + self.PAUSE
+
+    def record(self, drafted: int, accepted: int, committed: int, seconds: float, produced: int,
+               confidence: int | None = None, draft_seconds: float = 0.0) -> None:
+        drafting = 0.01 if drafted else 0.0
+        super().record(drafted, accepted, committed, 1 + 0.1 * drafted + drafting, produced, confidence, drafting)
+
+    def record_quiet(self, produced: int, steps: int, seconds: float) -> None:
+        super().record_quiet(produced, steps, float(steps))
+
+    def record_shadow(self, drafted: int, accepted: int, produced: int, draft_seconds: float,
+                      confidence: int | None = None) -> None:
+        at, draft = self.drafts[-1]
+        self.shadows.append((at, draft[:drafted], accepted))
+        super().record_shadow(drafted, accepted, produced, 0.01, confidence)
+
+
+class _ShadowSpeculation(Speculation):
+    """Speculation with ``_ShadowPolicy``, the drafter's drafts logged (tokens generated, draft) for it."""
+
+    def __init__(self, drafter, prompt_length: int = len(PROMPT), **kwargs) -> None:
+        self.drafts: list[tuple[int, list[int]]] = []
+        draft = drafter.draft
+
+        def logged(history, k):
+            proposal = draft(history, k)
+            self.drafts.append((len(history) - prompt_length, list(getattr(proposal, "tokens", proposal))))
+            return proposal
+
+        drafter.draft = logged
+        super().__init__(drafter, **kwargs)
+
+    def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
+        policy = _ShadowPolicy(self.max_draft, start=1, graded=bool(getattr(self.drafter, "graded", False)))
+        policy.drafts = self.drafts
+        return policy
+
+
+class _ScriptedLogits:
+    """A target whose next token after ``history`` is ``script[len(history)]`` (its logits' argmax)."""
+
+    def __init__(self, script: dict[int, int], vocab: int = 16) -> None:
+        self.script, self.vocab = script, vocab
+
+    def _advance(self, owner, history):
+        row = np.zeros((1, self.vocab), dtype=np.float32)
+        row[0, self.script[len(history)]] = 1.0
+        return row
+
+
+def _drain(steps) -> tuple[list[int], int]:
+    tokens = []
+    try:
+        while True:
+            tokens.append(next(steps))
+    except StopIteration as done:
+        return tokens, done.value
+
+
+def test_a_shadow_trial_scores_its_draft_against_plain_decodings_tokens():
+    """Plain decoding goes on through the trial and the draft is scored against what it produces: the tokens up
+    to the first that is not the draft's (that one included: the token a verify step would add), or the token
+    after a whole draft; the score is the draft's right prefix. Its steps go to the policy as plain ones, also when
+    the generation stops amid them."""
+    from hetero.llm.sampler import Sampler
+    from hetero.llm.speculative.loop import _shadow_trial
+
+    target = _ScriptedLogits({3: 7, 4: 3, 5: 9, 6: 4, 7: 1})
+    for draft, tokens, right in (([7, 3, 5], [7, 3, 9], 2), ([7, 3], [7, 3, 9], 2), ([8, 3], [7], 0),
+                                 ([7, 3, 9, 4], [7, 3, 9, 4, 1], 4)):
+        policy, history = DraftPolicy(4), [1, 2, 3]
+        got = _drain(_shadow_trial(target, None, history, Sampler(), policy, 1, draft))
+        assert got == (tokens, right) and history == [1, 2, 3, *tokens]
+        assert policy.runs[1] == len(tokens) and policy.produced == 1 + len(tokens)
+    policy, history = DraftPolicy(4), [1, 2, 3]
+    steps = _shadow_trial(target, None, history, Sampler(), policy, 1, [7, 3, 9])
+    assert [next(steps), next(steps)] == [7, 3]
+    steps.close()  # the generation stopped (EOS, the token limit)
+    assert policy.runs[1] == 2 and history == [1, 2, 3, 7, 3]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_shadow_trials_keep_greedy_output_and_tell_the_drafter_what_was_committed(family):
+    """Trials in the shadow (a dense and a hybrid model): the output is plain greedy decoding's, token for token;
+    each trial's score is its draft's right prefix; the drafter hears every committed token once, in order, with
+    the hidden rows of the positions before them (a reference pass over the whole sequence); a hybrid's
+    recurrent state after it is a fresh run's."""
+    _backend("cpu")
+    llm = load(FIXTURES / family, backends=["cpu"])
+    want = _plain(llm, PROMPT, 80)  # (qwen3_5's text ends at 62 tokens)
+    length = min(64, len(want) - 4)  # past position 64 (a key tile), a step's extra tokens within the text
+    drafter = Scripted(want, len(PROMPT), max_draft=3, hidden_layers=(0, -1))
+    spec = _ShadowSpeculation(drafter)
+    llm.reset()
+    llm.generate(PROMPT, length, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want[:length]
+    shadows = spec.policy.shadows
+    assert len(shadows) >= 2 and any(n == 0 for *_, n in shadows) and any(n > 0 for *_, n in shadows)
+    for at, draft, n in shadows:
+        assert n == next((i for i, t in enumerate(draft) if t != want[at + i]), len(draft))
+    told = [t for _, tokens, _ in drafter.received for t in tokens]
+    assert told == want[:len(told)] and length <= len(told) <= length + 4
+    last = llm.config.num_layers - 1
+    ref = load(FIXTURES / family, backends=["cpu"], hidden_layers=[0, last], prefill_chunk=0)
+    ref.prefill(PROMPT + want)
+    for layer in (0, last):
+        rows = np.concatenate([drafter.prompt_hidden[layer]] + [h[layer] for _, _, h in drafter.received])
+        assert rows.shape[0] == len(PROMPT) + len(told) - 1
+        np.testing.assert_allclose(rows, ref.hidden(layer, 0, rows.shape[0]), atol=2e-4)
+    _assert_next_step_is_a_fresh_runs(llm, family, PROMPT + list(llm.last.tokens))
+
+
+def test_a_drafter_that_becomes_good_is_resumed_by_a_shadow_trial():
+    """The qwen3 fixture's greedy text falls into repeating one token after ~23: a lookahead drafter (ungraded:
+    it drafts what followed the latest n-gram match), switched off at the start as one known to lose, is judged in
+    the shadow while the text does not repeat, then a shadow trial finds its draft right and drafting resumes:
+    verified drafts are accepted from then on, and the output is plain greedy decoding's."""
+    _backend("cpu")
+    llm = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = _plain(llm, PROMPT, 120)
+    assert want[30:] == [want[30]] * 90  # the text this test is about
+    spec = _ShadowSpeculation(Lookahead(graded=False, max_draft=4))
+    llm.reset()
+    llm.generate(PROMPT, 120, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want
+    shadows = spec.policy.shadows
+    assert shadows[0][2] == 0 and shadows[-1][2] == len(shadows[-1][1]) > 0  # wrong at first, then right
+    resumed = shadows[-1][0]
+    verified = [at for at, _ in spec.drafts if at > resumed]  # the drafts after it (a few empty: no match)
+    assert len(verified) >= llm.stats.verify_steps >= 40 and llm.stats.accepted_tokens >= 40
+    assert llm.stats.verify_steps > 0 and llm.stats.accepted_tokens > 20
+
+
+def test_shadow_trials_keep_sampled_output_plain_sampling_at_the_same_seed():
+    """A shadow trial draws nothing from the sampler beyond plain decoding's own steps: with a drafter never right
+    (every trial in the shadow, drafting never resumed), a seeded sampled generation is plain sampling's, token
+    for token, however many trials it had."""
+    _backend("cpu")
+    llm = load(FIXTURES / "qwen3", backends=["cpu"])
+    settings = {"temperature": 0.9, "top_k": 40, "seed": 7}
+    llm.reset()
+    llm.generate(PROMPT, 60, **settings)
+    want = list(llm.last.tokens)
+    spec = _ShadowSpeculation(_NeverRight(want + [0] * 40, len(PROMPT)))
+    llm.reset()
+    llm.generate(PROMPT, 60, spec=spec, **settings)
+    assert list(llm.last.tokens) == want
+    assert len(spec.policy.shadows) >= 2 and llm.stats.verify_steps == 0
+
+
+class _SampledDrafts(_NeverRight):
+    """Drafts with a distribution q (uniform over two tokens, the first drawn): not one-hot."""
+
+    def draft(self, history, k):
+        token = super().draft(history, 1)[0]
+        q = np.zeros(320)
+        q[[token, (token + 1) % 320]] = 0.5
+        return Draft([token], [q])
+
+
+def test_a_sampled_draft_whose_q_is_not_one_hot_is_verified_not_shadowed():
+    """Plain sampling's token equals a draft token x with probability p(x), speculative sampling accepts it with
+    min(1, p(x) / q(x)): for a draft not one-hot the match would understate acceptance, so its trial is verified
+    (greedy decoding ignores q: its trials stay in the shadow)."""
+    _backend("cpu")
+    llm = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = _plain(llm, PROMPT, 80)
+    for settings, shadowed in (({"temperature": 0.9, "seed": 3}, False), ({"temperature": 0}, True)):
+        spec = _ShadowSpeculation(_SampledDrafts(want + [0] * 40, len(PROMPT)))
+        llm.reset()
+        llm.generate(PROMPT, 40, spec=spec, **settings)
+        assert bool(spec.policy.shadows) == shadowed and (llm.stats.verify_steps > 0) != shadowed

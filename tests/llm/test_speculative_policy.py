@@ -18,6 +18,7 @@ from hetero.llm.speculative.policy import (
     QUIET_CHUNK,
     QUIET_TAIL,
     TRIAL_SHARE,
+    TRIAL_WINDOW,
     DraftPolicy,
     expected_tokens,
 )
@@ -384,8 +385,8 @@ def test_a_trial_is_priced_by_its_measured_seconds():
     token in 1 s too: priced per draft token (0.25 s), a trial would look 3x cheaper than it is. The pause after a
     switch-off follows the cheapest drafting step seen (1 s) and the 2-token verify's estimate, then the measured
     seconds of the warm one-token steps (1 s drafting + a 1.1 s verify of 2 tokens: 1.1 s beyond a plain
-    step)."""
-    policy = DraftPolicy(8, start=1)
+    step). (Verified trials: shadow trials are priced by their drafting only.)"""
+    policy = DraftPolicy(8, start=1, shadow=False)
     produced = 0
     for _ in range(COLD_RUNS + 1):
         policy.record(0, 0, 1, 1.0, produced)
@@ -543,8 +544,9 @@ def test_a_drafter_never_right_is_switched_off_after_its_first_drafting_step():
     step the pause is the backoff's (one miss is little evidence; the second trial is the 2-token verify's
     recording run, which must come some time); after the second it is priced by the cheapest cold drafting step
     (1 s) and the 2-token verify's estimate before a warm one (the prior: 1.15 s, 0.15 s beyond a plain step) at
-    ``TRIAL_SHARE``, and outlasts the generation. A drafter right at its first step drafts on."""
-    useless = DraftPolicy(8, start=1, one_pass=True)
+    ``TRIAL_SHARE``, and outlasts the generation. A drafter right at its first step drafts on. (Verified trials,
+    as this loop runs them: a shadow trial's pause is priced by its drafting only.)"""
+    useless = DraftPolicy(8, start=1, one_pass=True, shadow=False)
     lengths = _first_generation(useless, 64, right=False)
     steps = [i for i, k in enumerate(lengths) if k]
     first = 1 + COLD_RUNS + 1  # the token the first drafting step starts at: after the plain steps until warm
@@ -710,3 +712,75 @@ def test_quiet_steps_recorded_at_once_are_recorded_one_by_one(steps):
             k = policy.length(produced)
             policy.record(k, 0, 1, 0.8 + 0.6 * k, produced, draft_seconds=0.3 * k)
         produced += 1
+
+
+def _switched_off_weak_drafter() -> tuple[DraftPolicy, int]:
+    """A drafter judged not to pay: plain steps of 1 s warm, 2-token verify steps of 1.4 s, drafting 0.2 s a pass,
+    three drafting steps none of whose drafts was right (the last two warm): drafting is off, a trial due."""
+    policy = DraftPolicy(4, start=1)
+    produced = 0
+    for _ in range(COLD_RUNS + 1):
+        policy.record(0, 0, 1, 1.0, produced)
+        produced += 1
+    for _ in range(COLD_RUNS + 1):
+        policy.record(1, 0, 1, 1.6, produced, draft_seconds=0.2)
+        produced += 1
+    assert policy.switched_off >= 1 and policy.trial_due and policy.off_until > produced
+    return policy, policy.off_until
+
+
+def test_a_trial_of_a_drafter_that_does_not_pay_runs_in_the_shadow_priced_as_a_verified_one():
+    """A weak drafter's trial runs in the shadow once its pause is over (its 2-token verify, 0.4 s beyond a plain
+    step, is worth more than the tokens it is expected to add at its lasting acceptance 0) at the length a trial
+    drafts (one token); a shadow trial whose draft was wrong switches drafting off again, for the pause a verified
+    trial is priced at (its measured 0.6 s beyond a plain step at ``TRIAL_SHARE``): shadow trials cost less, and
+    come no more often."""
+    policy, resume_at = _switched_off_weak_drafter()
+    assert not policy.shadow_trial(resume_at - 1) and policy.shadow_trial(resume_at)
+    assert policy.length(resume_at) == 1 and policy.trial_times == pytest.approx([0.6])
+    switched = policy.switched_off
+    for trial in range(TRIAL_WINDOW + 1):
+        at = policy.off_until
+        policy.record_quiet(policy.produced, at - policy.produced, float(at - policy.produced))
+        assert policy.shadow_trial(at)
+        policy.record_quiet(at, 1, 1.0)  # the plain step that showed the draft wrong
+        policy.record_shadow(1, 0, at + 1, 0.2)
+        assert policy.switched_off == switched + trial + 1 and policy.trial_due
+        assert policy.off_until - (at + 1) >= math.ceil(0.6 / TRIAL_SHARE)
+    assert policy.trial_times == pytest.approx([0.6]) and policy.draft_step_times[-1] == pytest.approx(0.2)
+    assert not DraftPolicy(4, shadow=False)._trial_in_shadow()
+
+
+def test_a_shadow_trial_that_was_right_resumes_drafting():
+    """Plain decoding produced the shadow draft's token: drafting resumes at the next step and the trial is no
+    longer due. Where by that evidence (30% acceptance) drafts pay (drafting 0.02 s, a 1.1 s verify of 2 tokens:
+    1.12 s for 1.3 tokens) at the length the estimate gives; where they do not (1.6 s for those 1.3 tokens) with
+    one verified draft token, as after a verified trial that was right (the estimate judges again after it)."""
+    for drafting, verify, pays in ((0.02, 1.1, True), (0.2, 1.4, False)):
+        policy, resume_at = _switched_off_weak_drafter()
+        policy.cost[2] = verify
+        policy.draft_times = [drafting] * len(policy.draft_times)
+        policy.draft_step_times = [drafting] * len(policy.draft_step_times)
+        policy.record_quiet(policy.produced, resume_at - policy.produced, float(resume_at - policy.produced))
+        policy.record_quiet(resume_at, 2, 2.0)  # the draft token, then the token after it
+        policy.record_shadow(1, 1, resume_at + 2, drafting)
+        assert not policy.trial_due and policy.length(resume_at + 2) >= 1
+        assert not policy.shadow_trial(resume_at + 2)  # a real drafting step, verified
+        assert policy._estimate_loses(policy._best_length(0.3)[1]) != pays
+        policy.record(1, 0, 1, drafting + verify, resume_at + 2, draft_seconds=drafting)  # that step was wrong
+        assert (policy.off_until > resume_at + 3) != pays
+
+
+def test_a_drafter_that_pays_is_tried_by_verifying_its_draft():
+    """A drafter right 90% of the time paused on a bad stretch (the measured judging): its expected accepted token
+    (0.9 plain steps) is worth more than the 2-token verify's extra (0.1 s), so its trial is verified (it commits
+    the token). A graded drafter (the lookahead's free drafts, cut by class) is never shadowed."""
+    policy = DraftPolicy(4, start=1)
+    policy.lasting = [9.0, 10.0]
+    policy.cost, policy.runs = {1: 1.0, 2: 1.1}, {1: 5, 2: 5}
+    policy._switch_off(0, 20)
+    assert policy.trial_due and not policy.shadow_trial(20) and policy.length(20) == 1
+    graded = DraftPolicy(4, start=1, graded=True)
+    graded.cost, graded.runs = {1: 1.0, 2: 2.0}, {1: 5, 2: 5}
+    graded._switch_off(0, 20)
+    assert not graded.shadow_trial(20)

@@ -1554,12 +1554,16 @@ struct AttentionRun {
       }
       for (i64 i0 = 0; i0 < nr_all; i0 += 4) {
         const int nr = static_cast<int>(std::min<i64>(4, nr_all - i0));
-        if (limit[i0] < l0) continue;  // every row of this quad comes before the tile (rows ascend)
+        if (limit[i0 + nr - 1] < l0) continue;  // every row of this quad comes before the tile (rows ascend: its
+                                                // last row sees the most; its first one skipped a quad straddling
+                                                // the tile's start, whose last rows then missed the tile's keys)
         const i64 qk = std::min<i64>(KT, limit[i0 + nr - 1] + 1 - l0);  // positions any row of the quad sees
         kr.qk_tile(qb + i0 * D, D, nr, kt, tkind, D, scale, sb, KT, ahead);
         for (int r = 0; r < nr; ++r) {
           float* sr = sb + r * KT;
-          const i64 vis = std::min(qk, limit[i0 + r] + 1 - l0);
+          // a row before the tile (the quad's first rows, when the quad straddles a tile start) sees none of it:
+          // 0, not negative (the zeroing below started before its scores, writing out of sb)
+          const i64 vis = std::max<i64>(0, std::min(qk, limit[i0 + r] + 1 - l0));
           float m = mx[i0 + r];
           for (i64 l = 0; l < vis; ++l) m = std::max(m, sr[l]);
           for (i64 l = 0; l < vis; ++l) sr[l] -= m;

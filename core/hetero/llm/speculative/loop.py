@@ -9,13 +9,15 @@ A step with k drafts: ``Llm._verify`` runs ``[history[-1], *drafts]`` in one pas
 acceptance rule keeps n drafts and adds the target's token, ``Llm._keep`` rolls the cache back to the
 ``len(history) + n`` tokens that are now history (the attention caches by position, the recurrent layers from
 their block-start checkpoint), and the drafter hears what was kept. While the policy has drafting paused, the steps
-are plain decoding's own (``_plain_steps``) until the pause's last few.
+are plain decoding's own (``_plain_steps``) until the pause's last few. The trial after a pause may run in the
+shadow (``_shadow_trial``): the drafter drafts, plain decoding goes on, and the draft is scored against the tokens
+it produces (the output cannot change; the trial costs the drafting only).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from ...runtime.blas_threads import one_blas_thread
@@ -32,10 +34,14 @@ class Speculation:
     """A drafter and how to use it. ``max_draft``: the longest draft (default: the drafter's ``max_draft``, at
     most 15: one verify step scores at most 16 tokens). ``adaptive``: adapt the draft length to acceptance and
     switch drafting off while it does not pay (``policy.py``); False drafts ``max_draft`` tokens every step
-    (tests, measurements)."""
+    (tests, measurements). ``shadow``: a trial of a drafter switched off may run in the shadow of plain decoding
+    (drafted, then scored against plain decoding's next tokens, never verified: ``DraftPolicy.shadow_trial``);
+    False verifies every trial."""
 
-    def __init__(self, drafter: Drafter, *, max_draft: int | None = None, adaptive: bool = True) -> None:
+    def __init__(self, drafter: Drafter, *, max_draft: int | None = None, adaptive: bool = True,
+                 shadow: bool = True) -> None:
         self.drafter = drafter
+        self.shadow = shadow
         limit = VERIFY_ROWS - 1
         self.max_draft = max(1, min(int(max_draft if max_draft is not None else drafter.max_draft), limit))
         self.adaptive = adaptive
@@ -44,7 +50,7 @@ class Speculation:
     def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
         policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 1,
                              graded=bool(getattr(self.drafter, "graded", False)),
-                             one_pass=bool(getattr(self.drafter, "one_pass", False)))
+                             one_pass=bool(getattr(self.drafter, "one_pass", False)), shadow=self.shadow)
         # what the last generation (same model and drafter) measured: a drafter whose drafts cost time starts with
         # its step costs; graded (free) drafts with plain decoding's cost only: with the measured widths' costs
         # the lookahead drafted shorter (docs/speculative.md)
@@ -85,6 +91,7 @@ class Speculation:
                 continue
             started = time.perf_counter()
             k = min(policy.length(produced), llm.context - len(history))
+            shadow = k > 0 and policy.shadow_trial(produced)
             if k > 0:
                 with one_blas_thread():
                     if told < len(history):  # the tokens committed since its last draft, in one call
@@ -95,6 +102,22 @@ class Speculation:
             else:
                 draft = _NO_DRAFT
             drafted_at = time.perf_counter()
+            # scored in the shadow unless empty (a plain step as below) or sampled from a q that is not one-hot:
+            # plain sampling's token matches such a draft less often than speculative sampling accepts it
+            if shadow and draft.tokens and (draft.probs is None or sampler.params.greedy):
+                base = len(history)
+                n = yield from _shadow_trial(llm, record, history, sampler, policy, produced, draft.tokens)
+                with one_blas_thread():  # told as a verify step that accepted n would tell it
+                    drafter.accept(n, history[base:base + n + 1], _rows(llm, layers, base - 1, base + n))
+                told = base + n + 1
+                produced = len(history) - prompt_length
+                policy.record_shadow(len(draft.tokens), n, produced, drafted_at - started, draft.confidence)
+                if log:
+                    steplog.write("spec", produced=base - prompt_length, asked=k, offered=len(draft.tokens),
+                                  drafted=len(draft.tokens), confidence=draft.confidence, accepted=n, committed=0,
+                                  seconds=drafted_at - started, draft_seconds=drafted_at - started, shadow=True,
+                                  **policy.state())
+                continue
             offered = len(draft.tokens)
             if draft.confidence is not None:  # a graded draft: as long as its class pays for
                 draft = as_draft(draft, policy.cut(draft.confidence), vocab)
@@ -129,7 +152,7 @@ _NO_DRAFT = Draft([])
 
 
 def _plain_steps(llm: Target, record: object, history: list[int], sampler: Sampler, policy: DraftPolicy,
-                 produced: int, steps: int) -> Iterator[int]:
+                 produced: int, steps: int) -> Generator[int, None, None]:
     """``steps`` plain decode steps through plain decoding's own path (``Llm._advance``, then the sampler: the same
     native call and token as ``generate_stream`` without a drafter), one per token pulled, with nothing of the
     policy's or the drafter's between them (a paused Eagle-3 ran 1-token steps 3-5% slower than the plain run
@@ -151,6 +174,26 @@ def _plain_steps(llm: Target, record: object, history: list[int], sampler: Sampl
             yield token
     finally:
         policy.record_quiet(produced, done, seconds)
+
+
+def _shadow_trial(llm: Target, record: object, history: list[int], sampler: Sampler, policy: DraftPolicy,
+                  produced: int, draft: list[int]) -> Generator[int, None, int]:
+    """Plain decoding's steps (``_plain_steps``) scoring ``draft`` as they go: until the first token that is not the
+    draft's, or the one after a whole draft (the token a verify step would add). Returns the number of draft
+    tokens plain decoding produced first: greedy, what verifying the draft accepts; sampled, with the draft's q
+    one-hot, a draw of it (plain sampling's token equals a draft token x with probability p(x), speculative
+    sampling's chance of accepting it, and the context of the next position is then the same)."""
+    steps = _plain_steps(llm, record, history, sampler, policy, produced, len(draft) + 1)
+    matched = 0
+    try:
+        for token in steps:
+            yield token
+            if matched == len(draft) or token != draft[matched]:
+                break
+            matched += 1
+    finally:
+        steps.close()  # records the steps taken (also when the generation stops amid them)
+    return matched
 
 
 def _rows(llm: Target, layers: tuple[int, ...], start: int, end: int) -> Hidden:

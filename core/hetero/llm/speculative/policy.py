@@ -43,6 +43,14 @@ where maximizing each step's own E(k) / C(k + 1) would cut strong drafts too sho
 scoring while p_0 .. p_(k-1) > λ (C(k + 1) - C(k)), i.e. while the chance it is committed pays for its row of the
 verify step at the rate the generation already reaches. k = 0 (a plain step) wins when no draft has a positive gain
 over it.
+
+Shadow trials: the trial after a pause may draft without being verified (``shadow_trial``; the loop runs plain
+decoding's steps and scores the draft against the tokens they produce: greedy, exactly what verifying it accepts;
+sampled with a one-hot draft, a draw of speculative sampling's acceptance, since plain sampling's token equals a
+draft token x with probability p(x), the chance of accepting it). It costs the drafting only, never a verify, and
+cannot change the output. It is taken where the 2-token verify's extra seconds exceed the plain seconds a verified
+trial's expected accepted token would save (a weak drafter; a good one paused on a bad stretch is verified), and
+its evidence is judged as a verified trial's (``record_shadow``).
 """
 
 from __future__ import annotations
@@ -76,9 +84,10 @@ QUIET_TAIL = 4  # the last plain steps of a pause, recorded one by one: the tria
 
 class DraftPolicy:
     def __init__(self, max_draft: int, *, adaptive: bool = True, start: int = 4, graded: bool = False,
-                 one_pass: bool = False) -> None:
+                 one_pass: bool = False, shadow: bool = True) -> None:
         """``one_pass``: a draft of any length costs one pass of the drafter (DFlash's block), so a draft is priced
-        by the measured seconds of a drafting step, not per draft token (``Drafter.one_pass``)."""
+        by the measured seconds of a drafting step, not per draft token (``Drafter.one_pass``). ``shadow``: trials
+        may run in the shadow of plain decoding (``shadow_trial``); False verifies every trial."""
         self.max_draft = max(int(max_draft), 0)
         self.k = min(start, self.max_draft)
         self.adaptive = adaptive
@@ -112,6 +121,8 @@ class DraftPolicy:
         self.trial_times: list[float] = []  # seconds beyond a plain step of the last warm steps of one draft token
         self.draft_step_times: list[float] = []  # drafting seconds of the last DRAFT_WINDOW warm drafting steps
         self.cold_drafting: float | None = None  # the cheapest drafting step's seconds before one was warm
+        self.shadow = shadow
+        self.trial_due = False  # drafting was switched off: its next draft is a trial
 
     def carry_costs(self, previous: DraftPolicy) -> None:
         """Start with the step costs ``previous`` measured (the last generation's policy: the same model, drafter
@@ -145,6 +156,7 @@ class DraftPolicy:
         self.measured_at = dict.fromkeys(self.cost, 0)
         self.draft_times, self.draft_steps = list(previous.draft_times), previous.draft_steps
         self.trial_times, self.draft_step_times = list(previous.trial_times), list(previous.draft_step_times)
+        self.trial_due = previous.trial_due
         self.cold_drafting = previous.cold_drafting
         self.k = previous.k
         self.off_until = max(previous.off_until - previous.produced, 0)
@@ -170,14 +182,13 @@ class DraftPolicy:
         before one). A median, not a running mean: a drafting step that runs a shape of the draft model's own for
         the first times (planned, recorded: 2-3x a warm step) or meets a neighbour's burst prices itself only,
         where a running mean (carried to the next generation) priced the next drafts by it."""
-        return sorted(self.draft_times)[(len(self.draft_times) - 1) // 2] if self.draft_times else None
+        return _median(self.draft_times) if self.draft_times else None
 
     @property
     def pass_cost(self) -> float | None:
         """Seconds of a drafting step: the (lower) median of the last ``DRAFT_WINDOW`` warm ones (None before one).
         What a draft of any length costs a ``one_pass`` drafter."""
-        times = self.draft_step_times
-        return sorted(times)[(len(times) - 1) // 2] if times else None
+        return _median(self.draft_step_times) if self.draft_step_times else None
 
     def drafting_cost(self, k: int) -> float | None:
         """Seconds to draft ``k`` tokens by the warm drafting steps measured (None before one): a drafting step's
@@ -196,7 +207,8 @@ class DraftPolicy:
         """What the policy decides by, for the step log (``hetero.llm.steplog``)."""
         return {"plain_cost": self.plain_cost, "spec_cost": self.spec_cost, "recent_plain": self.recent_plain,
                 "rate": self.rate, "draft_cost": self.draft_cost, "pass_cost": self.pass_cost,
-                "off_until": self.off_until, "switched_off": self.switched_off,
+                "off_until": self.off_until, "switched_off": self.switched_off, "trial_due": self.trial_due,
+                "lasting": self.lasting[0] / self.lasting[1] if self.lasting[1] else None,
                 "costs": {str(size): round(c, 6) for size, c in sorted(self.cost.items())}}
 
     def length(self, produced: int) -> int:
@@ -301,13 +313,7 @@ class DraftPolicy:
         drafting: a step size is priced by its verify pass, the drafting by its seconds per draft token)."""
         size = drafted + 1
         self.produced = produced + committed
-        if drafted and draft_seconds > 0:
-            self.draft_steps += 1
-            if self.draft_steps > COLD_RUNS:  # the drafter's own first steps plan and record its shapes
-                self.draft_times = [*self.draft_times[1 - DRAFT_WINDOW:], draft_seconds / drafted]
-                self.draft_step_times = [*self.draft_step_times[1 - DRAFT_WINDOW:], draft_seconds]
-            else:
-                self.cold_drafting = min(self.cold_drafting or draft_seconds, draft_seconds)
+        self._time_drafting(drafted, draft_seconds)
         total, seconds = seconds, seconds - min(draft_seconds, seconds)
         runs = self.runs[size] = self.runs.get(size, 0) + 1
         self.steps += 1
@@ -341,16 +347,8 @@ class DraftPolicy:
             self.since_probe = 0
             return
         self.since_probe += 1
-        self.accepted = DECAY * self.accepted + accepted
-        self.rejected = DECAY * self.rejected + (accepted < drafted)
-        self.lasting = [LASTING_DECAY * self.lasting[0] + (accepted > 0), LASTING_DECAY * self.lasting[1] + 1]
-        if confidence is not None:
-            counts = self.classes.setdefault(confidence, [])
-            for i in range(min(accepted + 1, drafted)):  # positions tried: up to the first wrong one
-                if i == len(counts):
-                    counts.append([0.0, 0.0])
-                counts[i][0] = DECAY * counts[i][0] + (i < accepted)
-                counts[i][1] = DECAY * counts[i][1] + 1
+        self.trial_due = False
+        self._count_acceptance(drafted, accepted, confidence)
         if warm:
             self.spec_tokens += committed
             self.spec_seconds += total
@@ -382,6 +380,87 @@ class DraftPolicy:
                 self._judge(produced)
         elif self.spec_steps >= 4 * MIN_SPEC_STEPS:
             self.backoff = BACKOFF_START  # it pays: a later bad stretch starts with a short pause again
+
+    def _time_drafting(self, drafted: int, draft_seconds: float) -> None:
+        """A drafting step's ``draft_seconds`` for ``drafted`` tokens: the drafter's first ``COLD_RUNS`` calls plan
+        and record its shapes (the cheapest of them kept apart), the warm ones price drafting."""
+        if not drafted or draft_seconds <= 0:
+            return
+        self.draft_steps += 1
+        if self.draft_steps > COLD_RUNS:
+            self.draft_times = [*self.draft_times[1 - DRAFT_WINDOW:], draft_seconds / drafted]
+            self.draft_step_times = [*self.draft_step_times[1 - DRAFT_WINDOW:], draft_seconds]
+        else:
+            self.cold_drafting = min(self.cold_drafting or draft_seconds, draft_seconds)
+
+    def _count_acceptance(self, drafted: int, accepted: int, confidence: int | None) -> None:
+        """A draft of ``drafted`` tokens whose first ``accepted`` were right, into the decayed counts the length
+        and the switching off are decided by."""
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (accepted < drafted)
+        self.lasting = [LASTING_DECAY * self.lasting[0] + (accepted > 0), LASTING_DECAY * self.lasting[1] + 1]
+        if confidence is not None:
+            counts = self.classes.setdefault(confidence, [])
+            for i in range(min(accepted + 1, drafted)):  # positions tried: up to the first wrong one
+                if i == len(counts):
+                    counts.append([0.0, 0.0])
+                counts[i][0] = DECAY * counts[i][0] + (i < accepted)
+                counts[i][1] = DECAY * counts[i][1] + 1
+
+    def shadow_trial(self, produced: int) -> bool:
+        """Whether the step at ``produced`` is a trial to run in the shadow (the loop's ``_shadow_trial``): drafting
+        was switched off, its pause is over, and the drafter is better judged by scoring its draft against the
+        tokens plain decoding then produces than by verifying it (``_shadow_pays``)."""
+        return self.trial_due and produced >= self.off_until and self._trial_in_shadow()
+
+    def _trial_in_shadow(self) -> bool:
+        """Whether the next trial would run in the shadow (shadow trials allowed, and they pay)."""
+        return self.shadow and self.adaptive and not self.graded and self._shadow_pays()
+
+    def _shadow_pays(self) -> bool:
+        """Whether a trial costs less in the shadow than verified: both pay the drafting; a verified trial (one
+        draft token) also runs the 2-token verify instead of a plain step, and commits the draft token when it is
+        right. So the shadow pays while that verify's extra seconds exceed the plain seconds its expected
+        accepted token saves, at the drafter's lasting first-token acceptance: a weak drafter's trials always
+        (Eagle-3 at 3%: a 17-20 ms trial against a 13 ms plain step), a draft model paused on a bad stretch
+        (right ~70% before) not. Not after a single drafting step: a drafter whose very first draft was wrong is
+        verified at its first trial (a draft model right 80% of the time lost that trial's token in the
+        shadow: 1.427x -> 1.418x of plain decoding on later replayed generations, 200 seeds)."""
+        plain = self.plain_cost
+        right, steps = self.lasting
+        if plain is None or steps <= 1:
+            return False
+        # the verify's extra at least the prior's: on a busy machine the 2-token verify was often timed below a
+        # plain cost measured in a slower moment (0.03 s against 0.05: the extra read as 0, no trial shadowed)
+        extra = max(self._estimated_cost(2, plain) - plain, PRIOR_SLOPE * plain)
+        return extra > right / steps * plain
+
+    def record_shadow(self, drafted: int, accepted: int, produced: int, draft_seconds: float,
+                      confidence: int | None = None) -> None:
+        """A shadow trial that ended at ``produced``: ``drafted`` tokens drafted in ``draft_seconds``, of which the
+        first ``accepted`` were what plain decoding produced next (its steps are recorded as plain ones). Its
+        acceptance counts as a verified trial's would; drafting resumes when by that evidence a draft length beats
+        plain decoding (``_estimate_loses``, the rule after a verified trial), else it is off again for a pause
+        priced as a verified trial (``_trial_pause``): shadow trials come no more often than verified ones did,
+        so the resumptions a lucky trial causes (several losing drafting steps each, the verify widths cold) do
+        not either. Pauses priced by the shadow's drafting alone (~3x shorter) cost a weak block drafter's worst
+        replayed generations 0.890x -> 0.824x of plain decoding, and a 30% draft model's 0.981x -> 0.931x
+        (benchmarks/spec_policy_replay.py, 100 seeds)."""
+        self.trial_due = False
+        self._time_drafting(drafted, draft_seconds)
+        self._count_acceptance(drafted, accepted, confidence)
+        self._fresh_stretch()
+        alpha = self.accepted / max(self.accepted + self.rejected, 1e-9)
+        self.k, best_rate = self._best_length(alpha)
+        loses = self._estimate_loses(best_rate)
+        if loses and not accepted:
+            self._switch_off(produced, self._trial_pause())
+        elif loses or self.lasting[1] < MIN_EVIDENCE:
+            # right, but not enough to pay by the estimate: a verified one-token step next, as after a verified
+            # trial that was right; its verify times the width the estimate priced by the prior (no verify ran in
+            # the shadow), and the estimate judges again. Switched off here, a draft model right 80% of the time
+            # whose first drafts missed stayed off (its replayed later generations 1.31x -> 1.15x in those seeds)
+            self.k = 1
 
     def _plain_is_stale(self, verify_seconds: float, warm: bool) -> bool:
         """Whether a warm verify pass of several tokens (``verify_seconds``) just took less than the plain cost
@@ -416,6 +495,7 @@ class DraftPolicy:
         and a drafter that pays on another text is found by its trials only)."""
         pause = min(max(self.backoff, pause), PAUSE_MAX)
         self.k = 1  # the next draft (a trial) at the cheapest length, whatever switched drafting off
+        self.trial_due = True
         self.off_until = produced + pause
         self.backoff = max(min(2 * pause, BACKOFF_MAX), self.backoff)
         self.switched_off += 1
@@ -484,7 +564,7 @@ class DraftPolicy:
         if plain is None or plain <= 0:
             return 0
         if self.trial_times:
-            extra = sorted(self.trial_times)[(len(self.trial_times) - 1) // 2]
+            extra = _median(self.trial_times)
         else:  # none timed warm yet: the cheapest drafting step seen (a block drafter's any, a draft model's shortest)
             drafting = min(self.draft_step_times, default=self.cold_drafting or 0.0)
             extra = drafting + self._estimated_cost(2, plain) - plain
@@ -552,6 +632,11 @@ def expected_tokens(alpha: float, k: int) -> float:
 def _decayed(total: float, added: float, decay: float, steps: int) -> float:
     """``total`` after ``steps`` times ``total = decay * total + added``."""
     return decay ** steps * total + added * (1 - decay ** steps) / (1 - decay)
+
+
+def _median(values: list[float]) -> float:
+    """The lower median (a measured time, not between two)."""
+    return sorted(values)[(len(values) - 1) // 2]
 
 
 def _smooth(old: float | None, new: float) -> float:
