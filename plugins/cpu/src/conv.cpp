@@ -1053,12 +1053,23 @@ bool pointwise_cblk_wins(const ConvGeom& g, i64 K, i64 lanes) {
 // 128 -> 64 with d = 4096: cblk 19, the im2col GEMM 12).
 constexpr i64 kCblkMaxRow = 1024;
 
+// Exactly one vector of output channels (the 3 -> 16 stems of PP-LCNet and YOLOv8n, YOLOv8n's 16 -> 16 3x3 convs) on
+// rows of at least a vector of positions: conv_cblk's one-vector tiles (x_conv_cblk: W positions a tile, each input
+// value broadcast for one FMA, the tile transposed in registers into the channels' rows), where conv_direct's 12-row
+// tiles leave a 4-row tail panel and read the stride-2 input through its phase split. Alone (1 thread, thread time,
+// ReLU, Zen 4, conv_direct -> cblk, benchmarks/conv1x1.py --set stems): docs/onnx-models.md, branch stem22.
+bool one_vector_cblk_fits(const ConvGeom& g, i64 lanes) {
+  return g.Cout == lanes && g.kh * g.kw > 1 && g.Wo >= lanes;
+}
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
   if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
   if (forced == 1) return true;
-  if (lanes < 16 || g.Cout % (2 * lanes) != 0 || (g.Ho == 1 && g.Wo >= kCblkMaxRow)) return false;
+  if (lanes < 16 || (g.Ho == 1 && g.Wo >= kCblkMaxRow)) return false;
+  if (one_vector_cblk_fits(g, lanes)) return true;
+  if (g.Cout % (2 * lanes) != 0) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
   return pc.cin_g * g.kh * g.kw >= 64;
 }

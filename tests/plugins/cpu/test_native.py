@@ -1271,6 +1271,16 @@ CBLK_CASES = [
     # deepcut's Conv1Ds (a part last block of channels, rows of 14 and 21 positions: tiles of 14, 11 + 10), K = 32
     (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), (1, 1)),
     (5, 32, 1, 21, 100, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    # one vector of output channels (16: the one-vector tiles of 16 positions, transposed in registers): a 3 -> 16
+    # stem, stride 2 onto rows of 23 (the last tile overlapping the first), its input over 128K padded floats (row
+    # bands: 3 x 232 x 232, rows of 115), 16 -> 16 on rows of 33 (tiles at 0, 16, 17) and exactly 16, dilation 2, a
+    # 5 x 3 kernel with stride (3, 1), two images
+    (1, 3, 37, 45, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 3, 230, 230, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (2, 16, 20, 33, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 5, 16, 16, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 8, 24, 40, 16, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2)),
+    (1, 4, 30, 20, 16, 5, 3, (3, 1), (2, 1, 2, 1), (1, 1)),
 ]
 
 
@@ -1371,6 +1381,22 @@ def test_conv1d_winograd_nonfinite_input_and_rule():
     # a full-height kernel over fewer than 256 (channel, row) pairs
     assert _native.prepack_conv(randn(40, 8, 5, 3), 1, "high").algorithm([1, 8, 5, 77], (1, 1), (0, 1, 0, 1)) \
         != "winograd1d"
+
+
+def test_conv2d_one_vector_cblk_rule(isa):
+    # conv_cblk's one-vector tiles take exactly one vector of output channels (16, AVX-512 alone) on rows of >= 16
+    # positions; fewer positions a row, fewer or more channels, 1x1 kernels and groups keep their kernels
+    def algo(cout, cin, hw, k=3, stride=2, group=1):
+        w = randn(cout, cin // group, k, k)
+        return _native.prepack_conv(w, group, "high").algorithm([1, cin, hw, hw], (stride, stride), (k // 2,) * 4)
+
+    assert (algo(16, 3, 224) == "cblk") == (isa == "avx512")
+    assert (algo(16, 16, 80, stride=1) == "cblk") == (isa == "avx512")
+    assert algo(16, 3, 30) != "cblk"  # rows of 15
+    assert algo(10, 3, 224) != "cblk"
+    assert algo(24, 3, 224) != "cblk"
+    assert algo(16, 16, 80, k=1, stride=1) != "cblk"
+    assert algo(16, 16, 80, stride=1, group=2) != "cblk"
 
 
 def _in_this_module(call: str) -> str:
