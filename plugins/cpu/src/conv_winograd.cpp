@@ -89,7 +89,7 @@ i64 computed_columns(const Kernels& kr, const ExtraKernels& xk, i64 n) {
 // Stride 1, no dilation, one group, 3x3; enough channels for the GEMMs to run near the micro-kernel's speed, and
 // enough tiles that the 36 GEMMs' column panels are not mostly padding. Measured per shape against conv_direct
 // and the im2col GEMM (docs/onnx-models.md): the rule below keeps the shapes where it won.
-bool winograd_fits(const PackedConv& pc, const ConvGeom& g) {
+bool winograd_fits(const PackedConv& pc, const ConvGeom& g, bool whole_panels) {
   if (!winograd_enabled() || pc.depthwise || g.group != 1 || g.kh != 3 || g.kw != 3 || g.sh != 1 || g.sw != 1 ||
       g.dh != 1 || g.dw != 1)
     return false;
@@ -100,7 +100,8 @@ bool winograd_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 tiles = g.N * ceil_div(g.Ho, 4) * ceil_div(g.Wo, 4);
   // flops against the direct 3x3: 144 * tiles (useful, 16 outputs x 9 taps) over 36 * padded tiles
   const double gain =
-      4.0 * static_cast<double>(g.N * g.Ho * g.Wo) / 16.0 / static_cast<double>(computed_columns(kr, xk, tiles));
+      4.0 * static_cast<double>(g.N * g.Ho * g.Wo) / 16.0 /
+      static_cast<double>(whole_panels ? ceil_div(tiles, kr.nr) * kr.nr : computed_columns(kr, xk, tiles));
   // Few channels (C x Cout < 512: YOLOv8n's 16 -> 16 on 80 x 80) leave the 36 GEMMs too small to pay for the
   // transforms: the direct tile won there (1 thread: 8 -> 16 on 80 x 80 164 -> 136 us, 16 -> 16 237 -> 226 alone,
   // 290 -> 235 inside the model; 16 -> 32 ties, 32 -> 16 and 16 -> 64 stay faster on Winograd).
