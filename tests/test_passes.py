@@ -1154,3 +1154,35 @@ def test_gelu_read_elsewhere_is_left_alone():
     session = hetero.Session(model, backends=["reference"])
     assert session.rewrites["fuse_gelu_mul"] == 0
     assert "Gelu" in _ops(session) and "Mul" in _ops(session)
+
+
+def _add_relu_model(b_shape: list[int], extra_reader: bool = False):
+    """A residual block's tail: Add of two branches (here Sub / Mul stand in for them), then Relu."""
+    nodes = [helper.make_node("Sub", ["x", "w"], ["s"]), helper.make_node("Mul", ["x", "x"], ["m"]),
+             helper.make_node("Add", ["s", "m"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["a"], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    w = np.random.default_rng(14).normal(size=b_shape).astype(np.float32)
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, 8, 5, 5])], outputs, [("w", w)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("b_shape", [[2, 8, 5, 5], [8, 1, 1], [1]])
+def test_add_then_relu_becomes_one_node(backend, b_shape):
+    model = _add_relu_model(b_shape)
+    x = np.random.default_rng(15).normal(size=(2, 8, 5, 5)).astype(np.float32)
+    x.flat[:3] = [np.nan, -0.0, np.inf]
+    session = hetero.Session(model, backends=[backend], on_fallback="error" if backend == "cpu" else "silent")
+    assert session.rewrites["fuse_add_relu"] == 1
+    assert _ops(session) == ["Sub", "Mul", "AddRelu"]
+    unfused = hetero.Session(model, backends=[backend], optimize=False, on_fallback="silent").run({"x": x})
+    np.testing.assert_array_equal(session.run({"x": x})["y"], unfused["y"])  # the same bits as Add's pass, then Relu's
+
+
+def test_add_read_elsewhere_is_left_alone():
+    session = _compare(_add_relu_model([1], extra_reader=True),
+                       {"x": np.random.default_rng(16).normal(size=(2, 8, 5, 5)).astype(np.float32)}, "reference")
+    assert session.rewrites["fuse_add_relu"] == 0
+    assert "Add" in _ops(session) and "Relu" in _ops(session)

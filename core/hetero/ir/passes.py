@@ -1661,6 +1661,25 @@ def fuse_gelu_mul(graph: Graph) -> int:
     return count
 
 
+def fuse_add_relu(graph: Graph) -> int:
+    """``Relu(Add(a, b))`` where the Add's output is read by that Relu alone: one ``hetero.AddRelu(a, b)`` (a
+    residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for add in list(graph.nodes):
+        if add.op_key != ("", "Add") or len(add.inputs) != 2 or add.outputs[0] in keep:
+            continue
+        relu = _single_consumer(graph, add.outputs[0])
+        if relu is None or relu.op_key != ("", "Relu"):
+            continue
+        fused = Node("AddRelu", list(add.inputs), list(relu.outputs), name=f"{relu.name or relu.outputs[0]}/add_relu",
+                     domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(relu)] = fused
+        graph.nodes.remove(add)
+        count += 1
+    return count
+
+
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_batchnorm, fold_conv_scale_shift,
@@ -1668,7 +1687,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
                                     fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
-                                    einsum_to_matmul, fuse_attention, pow_to_mul, fuse_gelu_mul)
+                                    einsum_to_matmul, fuse_attention, pow_to_mul, fuse_gelu_mul, fuse_add_relu)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
@@ -1678,7 +1697,8 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_group_norm": (HETERO_DOMAIN, "GroupNorm"),
                                          "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC"),
                                          "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul"),
-                                         "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul")}
+                                         "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul"),
+                                         "fuse_add_relu": (HETERO_DOMAIN, "AddRelu")}
 
 
 def for_backend(has_kernel: Callable[[tuple[str, str]], bool],

@@ -201,6 +201,14 @@ def broadcast_unary_matmul(ctx: OpContext) -> list[np.ndarray]:
     return _reference(ctx, "FusedMatMul", [x, w, optional[2]], domain=HETERO_DOMAIN)
 
 
+@op("AddRelu", domain=HETERO_DOMAIN, infer=broadcast_infer())
+def add_relu(ctx: OpContext) -> list[np.ndarray]:
+    """``Relu(A + B)`` (broadcasting): a residual block's Add then Relu, which ``hetero.ir.passes.fuse_add_relu``
+    replaces; the two references composed."""
+    total = _reference(ctx, "Add", [ctx.array(0), ctx.array(1)])[0]
+    return _reference(ctx, "Relu", [total])
+
+
 @op("GeluMul", domain=HETERO_DOMAIN, infer=broadcast_infer())
 def gelu_mul(ctx: OpContext) -> list[np.ndarray]:
     """``Gelu(A) * B`` (input 0 through Gelu with its ``approximate`` attribute, then Mul by input 1, broadcasting):

@@ -25,8 +25,11 @@ enum UnaryOp : int {
   U_ERF, U_FLOOR, U_CEIL, U_ROUND, U_SIN, U_COS, U_CLIP, U_MISH, U_LEAKY_RELU_MIN, U_COUNT
 };
 
-// B_GELU_MUL / B_GELU_TANH_MUL: Gelu(a) * b in one pass (T5's GeGLU: Gelu of one projection times the other)
-enum BinaryOp : int { B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_POW, B_GELU_MUL, B_GELU_TANH_MUL, B_COUNT };
+// B_GELU_MUL / B_GELU_TANH_MUL: Gelu(a) * b in one pass (T5's GeGLU: Gelu of one projection times the other);
+// B_ADD_RELU: Relu(a + b) in one pass (a residual net's Add then Relu)
+enum BinaryOp : int {
+  B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_POW, B_GELU_MUL, B_GELU_TANH_MUL, B_ADD_RELU, B_COUNT
+};
 
 // How the two operands of a contiguous binary run advance: both vectors, b scalar, a scalar.
 enum BinaryMode : int { BM_VV, BM_VS, BM_SV };

@@ -653,6 +653,7 @@ bool conv_bf16x3(const PackedConv& pc, const ConvGeom& g, const float* x, const 
 // AMX-BF16) / off; HETERO_CPU_CONV_BF16X3_ROWS the same for the others (algorithm "bf16x3_rows").
 ConvAlgo fp32_algorithm(const PackedConv& pc, const ConvGeom& g);
 bool transposed_fits(const PackedConv& pc, const ConvGeom& g);
+bool cblk_fits(const PackedConv& pc, const ConvGeom& g);
 
 bool bf16x3_pw_fits(const PackedConv& pc, const ConvGeom& g) {
   if (!pc.normal || pc.depthwise || !is_pointwise(g) || g.Ho * g.Wo <= kDotMaxOutputs) return false;
@@ -689,6 +690,9 @@ bool bf16x3_rows_fits(const PackedConv& pc, const ConvGeom& g) {
   // alternations, load ~7: ddddocr's YOLOX 96 -> 96 3x3 on 26 x 26 0.64-0.77x of Winograd, OriNet's 128 -> 256 on
   // 20 x 20 0.84x; left with Winograd: 96 -> 96 on 52 x 52, level 0.93-1.06x, 48 -> 48 on 52 x 52 1.03-1.25x, 24 ->
   // 24 on 104 x 104 1.29x, OriNet's 256 -> 256 on 20 x 20 (K = 2304) 1.13x, the level 128 -> 64 on 20 x 20).
+  // The maps Winograd took only once its products computed part panels as one vector (9-16 tiles, measured on Zen 4
+  // without AMX: 192 -> 192 on 13 x 13) keep the rule measured against the kernels they had before (cblk / direct).
+  if (a == ConvAlgo::winograd && !winograd_fits(pc, g, true)) return cblk_fits(pc, g) || direct_fits(pc, g);
   if (a == ConvAlgo::winograd) return cout_g >= 96 && K >= 864 && K <= 1152 && g.Ho * g.Wo <= 1024;
   return a == ConvAlgo::cblk || a == ConvAlgo::direct;
 }

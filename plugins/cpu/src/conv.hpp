@@ -92,7 +92,8 @@ const char* conv_algorithm_name(ConvAlgo a);
 
 // Winograd F(4x4, 3x3) (conv_winograd.cpp): whether it is the faster choice for this shape, and the convolution
 // (false, nothing written, when the input holds an inf or NaN: the caller runs another kernel).
-bool winograd_fits(const PackedConv& pc, const ConvGeom& g);
+// whole_panels: the rule as it was before the products' one-vector part panels (the columns of whole nr panels)
+bool winograd_fits(const PackedConv& pc, const ConvGeom& g, bool whole_panels = false);
 bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                    const Epilogue& act);
 

@@ -72,12 +72,24 @@ i64 block_columns(const Kernels& kr, i64 cin, i64 cout, i64 tiles, int threads, 
   return cols;
 }
 
+// Columns the 36 products compute for n tiles: whole nr panels, except that a last panel of at most one vector
+// runs the GEMM's one-vector tile (gemm_prepacked_b's ragged panel) where the ISA has one, so that 16 tiles (a
+// 14 x 14 map) cost 16 columns, not 32. Without that tile the GEMM computes (and reads) the whole panel.
+i64 computed_columns(const Kernels& kr, const ExtraKernels& xk, i64 n) {
+  const i64 whole = ceil_div(n, kr.nr) * kr.nr, rem = n % kr.nr;
+  if (rem == 0 || rem > xk.lanes || xk.conv_tile == nullptr) return whole;
+  const i64 zero = 0;
+  float dummy = 0.f;  // K = 0, no rows: a probe that computes nothing
+  if (!xk.conv_tile(kr.mr, xk.lanes, 0, &dummy, &dummy, &zero, &dummy, xk.lanes, 0, 0)) return whole;
+  return n - rem + xk.lanes;
+}
+
 }  // namespace
 
 // Stride 1, no dilation, one group, 3x3; enough channels for the GEMMs to run near the micro-kernel's speed, and
 // enough tiles that the 36 GEMMs' column panels are not mostly padding. Measured per shape against conv_direct
 // and the im2col GEMM (docs/onnx-models.md): the rule below keeps the shapes where it won.
-bool winograd_fits(const PackedConv& pc, const ConvGeom& g) {
+bool winograd_fits(const PackedConv& pc, const ConvGeom& g, bool whole_panels) {
   if (!winograd_enabled() || pc.depthwise || g.group != 1 || g.kh != 3 || g.kw != 3 || g.sh != 1 || g.sw != 1 ||
       g.dh != 1 || g.dw != 1)
     return false;
@@ -88,7 +100,8 @@ bool winograd_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 tiles = g.N * ceil_div(g.Ho, 4) * ceil_div(g.Wo, 4);
   // flops against the direct 3x3: 144 * tiles (useful, 16 outputs x 9 taps) over 36 * padded tiles
   const double gain =
-      4.0 * static_cast<double>(g.N * g.Ho * g.Wo) / 16.0 / static_cast<double>(ceil_div(tiles, kr.nr) * kr.nr);
+      4.0 * static_cast<double>(g.N * g.Ho * g.Wo) / 16.0 /
+      static_cast<double>(whole_panels ? ceil_div(tiles, kr.nr) * kr.nr : computed_columns(kr, xk, tiles));
   // Few channels (C x Cout < 512: YOLOv8n's 16 -> 16 on 80 x 80) leave the 36 GEMMs too small to pay for the
   // transforms: the direct tile won there (1 thread: 8 -> 16 on 80 x 80 164 -> 136 us, 16 -> 16 237 -> 226 alone,
   // 290 -> 235 inside the model; 16 -> 32 ties, 32 -> 16 and 16 -> 64 stay faster on Winograd).
@@ -150,12 +163,13 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   const i64 nblk = ceil_div(all_tiles, bc);
   // One block of tiles [t0, t0 + ncols) of the batch: its three phases, each over a range of its work items.
   struct Block {
-    i64 t0, ncols, ncp, vstride, mstride;
+    i64 t0, ncols, ncp, ncc, vstride, mstride;  // ncp: columns stored (whole panels); ncc: computed
     float *v, *m;
     std::int32_t *in_off, *out_off, *extent;
   };
   auto setup = [&](Block& b, i64 t0, float* v, float* m, std::int32_t* offs) {
     b.t0 = t0, b.ncols = std::min<i64>(bc, all_tiles - t0), b.ncp = ceil_div(b.ncols, nr) * nr;
+    b.ncc = computed_columns(kr, xk, b.ncols);
     b.vstride = b.ncp * cin, b.mstride = b.ncp * cout, b.v = v, b.m = m, b.in_off = offs, b.out_off = offs + b.ncp;
     b.extent = offs + 2 * b.ncp;
     // Per tile of the block: where its patch starts in channel 0 of the padded batch, where its outputs start in
@@ -172,7 +186,7 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   // Input transform of channels [c0, c1) into the packed-B layout of each position's GEMM: panel p (nr columns)
   // holds rows c, each nr floats; lanes of tiles [t, t + L) go to panel t / nr, column t % nr.
   auto transform_in = [&](const Block& b, i64 c0, i64 c1) {
-    for (i64 t = 0; t < b.ncp; t += L) {
+    for (i64 t = 0; t < b.ncc; t += L) {
       const bool in_row = b.in_off[t + L - 1] - b.in_off[t] == L - 1;  // one tile row: plain loads
       for (i64 c = c0; c < c1; ++c)
         xk.wino_in(padded + c * plane, b.in_off + t, eoff, in_row, b.v + (t / nr) * cin * nr + c * nr + t % nr,
@@ -182,7 +196,7 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
   auto products = [&](const Block& b, i64 x0, i64 x1) {
     const Epilogue none;
     for (i64 xi = x0; xi < x1; ++xi)
-      gemm_prepacked_b(kr, cout, b.ncp, cin, nullptr, pc.wino.p + xi * pc.wino_stride, b.v + xi * b.vstride,
+      gemm_prepacked_b(kr, cout, b.ncc, cin, nullptr, pc.wino.p + xi * pc.wino_stride, b.v + xi * b.vstride,
                        b.m + xi * b.mstride, b.ncp, 1.f, 0.f, none, 1);
   };
   // Output transform, bias, activation on L tiles at a time, then the 4 x 4 blocks written (clipped at the edges).

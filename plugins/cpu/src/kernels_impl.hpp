@@ -403,6 +403,13 @@ void k_binary(int op, int mode, const float* a, const float* b, float* y, i64 n)
     // Gelu(a) * b: the same bits as the Gelu pass then the Mul pass (the same vector ops, one rounding each)
     case hetero::B_GELU_MUL: map2(mode, a, b, y, n, [](V p, V q) { return S::mul(vgelu(p), q); }); break;
     case hetero::B_GELU_TANH_MUL: map2(mode, a, b, y, n, [](V p, V q) { return S::mul(vgelu_tanh(p), q); }); break;
+    // Relu(a + b): the same bits as the Add pass then U_RELU's (NaN passes)
+    case hetero::B_ADD_RELU:
+      map2(mode, a, b, y, n, [](V p, V q) {
+        const V s = S::add(p, q);
+        return vnan_pass(s, S::max(s, S::zero()));
+      });
+      break;
     case hetero::B_POW: {
       const i64 sa = mode == hetero::BM_SV ? 0 : 1, sb = mode == hetero::BM_VS ? 0 : 1;
       for (i64 i = 0; i < n; ++i) y[i] = std::pow(a[i * sa], b[i * sb]);

@@ -125,10 +125,11 @@ int binary_id(const std::string& op) {
   static const std::unordered_map<std::string, int> m = {{"add", B_ADD}, {"sub", B_SUB}, {"mul", B_MUL},
                                                          {"div", B_DIV}, {"max", B_MAX}, {"min", B_MIN},
                                                          {"pow", B_POW}, {"gelu_mul", B_GELU_MUL},
-                                                         {"gelu_tanh_mul", B_GELU_TANH_MUL}};
+                                                         {"gelu_tanh_mul", B_GELU_TANH_MUL},
+                                                         {"add_relu", B_ADD_RELU}};
   auto it = m.find(op);
   if (it == m.end())
-    fail("binary: unknown op '" + op + "' (add, sub, mul, div, max, min, pow, gelu_mul, gelu_tanh_mul)");
+    fail("binary: unknown op '" + op + "' (add, sub, mul, div, max, min, pow, gelu_mul, gelu_tanh_mul, add_relu)");
   return it->second;
 }
 
@@ -468,7 +469,7 @@ Op prep_binary(const std::string& op, const py::array& a, const py::array& b, co
   if (!same_dtype(a, out) || !same_dtype(b, out))
     fail("binary: a, b and out must share one dtype, got " + std::string(py::str(a.dtype())) + ", " +
          std::string(py::str(b.dtype())) + ", " + std::string(py::str(out.dtype())));
-  if (dt != DType::F32 && (id == B_POW || id == B_GELU_MUL || id == B_GELU_TANH_MUL))
+  if (dt != DType::F32 && (id == B_POW || id == B_GELU_MUL || id == B_GELU_TANH_MUL || id == B_ADD_RELU))
     fail("binary: " + op + " is only supported for float32");
   const std::vector<i64> shp = shape_of(out);
   for (const py::array* x : {&a, &b}) {

@@ -1259,8 +1259,8 @@ CBLK_CASES = [
     (1, 12, 16, 9, 32, 3, 3, (3, 1), (0, 1, 1, 1), (1, 1)),
     (1, 64, 9, 9, 128, 2, 2, (1, 1), (0, 0, 0, 0), (1, 1)),
     (1, 8, 3, 25, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
-    (1, 128, 14, 14, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
-    (2, 16, 9, 28, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 128, 9, 14, 128, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # 14-wide rows (14 x 14 runs Winograd)
+    (1, 16, 9, 28, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # two images: 42 tiles, Winograd
     (1, 16, 6, 20, 32, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1)),
     (1, 16, 13, 10, 32, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
     (1, 16, 5, 3, 32, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
@@ -1617,6 +1617,47 @@ def test_conv2d_winograd_store(isa, threads, case, activation):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 + 1e-5 * float(np.abs(ref).max()))
     _native.set_num_threads(1)
     one, _ = _wino_store_outputs(case, activation, isa)
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
+# (N, C, H, W, Cout, pads): Winograd on maps of 9-16 tiles, whose 36 products compute one vector of columns where
+# the ISA has the GEMM's one-vector tile (AVX-512: 16 of a 32-column panel; open_nsfw's 128 -> 128 on 14 x 14,
+# ddddocr's 192 -> 192 on 13 x 13): Cout ragged against the 12-row tiles, 9 tiles with uneven pads, a whole
+# vector of 16 tiles, 13 tiles (the vector's last lanes pad), K above the GEMM's depth block (two k blocks).
+ONE_VECTOR_WINO_CASES = [
+    (1, 128, 14, 14, 128, (1, 1, 1, 1)),
+    (1, 48, 12, 12, 40, (0, 1, 2, 1)),
+    (1, 64, 16, 16, 64, (1, 1, 1, 1)),
+    (1, 32, 15, 13, 24, (1, 1, 1, 0)),
+    (1, 288, 13, 13, 20, (1, 1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", ONE_VECTOR_WINO_CASES, ids=[str(i) for i in range(len(ONE_VECTOR_WINO_CASES))])
+def test_conv2d_winograd_one_vector_of_tiles(isa, threads, case):
+    # against float64 on every ISA (Winograd where the rule takes it, else the direct kernels); AVX-512 takes
+    # Winograd on each of these maps (16 computed columns against 32 stored: two to four times the direct flops
+    # saved), and the same bits at 1 thread
+    n, c, h, wd, cout, pads = case
+    x = randn(n, c, h, wd, seed=111)
+    w = randn(cout, c, 3, 3, seed=112) * 0.1
+    bias = randn(cout, seed=113)
+    packed = _native.prepack_conv(w)
+    algo = packed.algorithm(list(x.shape), (1, 1), pads)
+    if isa == "avx512":
+        assert algo == "winograd", case
+    ref = np.maximum(_conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1), 0)
+
+    def run():
+        out = np.full(ref.shape, np.nan, np.float32)
+        _native.conv2d_packed(x, packed, bias, out, pads=pads, activation="relu")
+        return out
+
+    out = run()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 + 1e-5 * float(np.abs(ref).max()))
+    _native.set_num_threads(1)
+    one = run()
     _native.set_num_threads(threads)
     np.testing.assert_array_equal(out, one)
 

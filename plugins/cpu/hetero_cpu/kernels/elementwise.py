@@ -63,6 +63,16 @@ class CpuGeluMul(CpuBinary):
         return "gelu_tanh_mul" if node.attr("approximate", "none") == "tanh" else "gelu_mul"
 
 
+class CpuAddRelu(CpuBinary):
+    """hetero.AddRelu: Relu(a + b) in one native pass (the same bits as the two ops' passes)."""
+
+    accepts = staticmethod(float32_only)
+
+    @staticmethod
+    def native_op(node: NodeInfo) -> str:
+        return "add_relu"
+
+
 # The ONNX unary ops whose kernel op the native library implements (their parameters: hetero.contract.opforms).
 _UNARY = tuple(op for op, form in UNARY_FORMS.items() if form[0] in set(_native.unary_ops()))
 
@@ -134,4 +144,5 @@ KERNELS = {
     **{("", op): CpuUnary for op in [*_UNARY, "Gelu"]},
     ("", "Clip"): CpuClip,
     ("hetero", "GeluMul"): CpuGeluMul,
+    ("hetero", "AddRelu"): CpuAddRelu,
 }
