@@ -114,7 +114,7 @@ struct LlmKernels {
   const char* name;
   int max_mr;  // x rows per qgemm tile call (1..max_mr)
   // The k-quant tiles (kq != 0) take activations with one scale per super-block (x_scale_block): VNNI, whose
-  // tiles then sum a super-block's scaled int32 dots in integer and convert once (llm_impl.hpp, SuperAcc).
+  // tiles then sum a super-block's scaled int32 dots in integer and convert once (llm_impl.hpp, BlockScales::add_int).
   bool k_super;
   // Quantize rows x[m*ldx + 0:k] (m in [0, M)) into XQ buffers (q: [M][nb*bs], d/s/ds/sl: [M][nb]), one scale per
   // sbs elements (a multiple of bs: each block's d / ds hold its scale block's scale; the sums stay per block).

@@ -148,7 +148,7 @@ inline typename S::V u8_scaled(const std::uint8_t* p, typename S::V d, typename 
 }
 
 // S::K_SUPER: the k-quant tiles take activations with one scale per super-block (LlmKernels::k_super) and sum a
-// super-block's scaled int32 dots in integer (BlockScales::add_int, then SuperEnd once per super-block).
+// super-block's scaled int32 dots in integer (BlockScales::add_int), then convert once (super_mins, super_end).
 template <class S, class = void>
 struct HasKSuper : std::false_type {};
 template <class S>
@@ -170,7 +170,7 @@ struct BlockScales {
 
   BlockScales(const std::uint8_t* rec, int h, const SuperScales<S>& ss, int off_) : sd(ss.sd), off(off_) {
     constexpr int W = S::W;
-    if constexpr (KQ == 1 && k_super<S, KQ>()) {  // sc * dot summed in int32 (add_int); the mins in SuperEnd
+    if constexpr (KQ == 1 && k_super<S, KQ>()) {  // sc * dot summed in int32 (add_int); the mins: super_mins
       iclo = S::load_u8_i32(rec + W * h);
     } else if (KQ == 0) {
       dv = S::load_f16(rec + 2 * W * h);
@@ -267,7 +267,8 @@ inline SuperScales<S> super_scales(const std::uint8_t* sb, int h) {
   ss.sd = S::load_f16(sb + 2 * S::W * h);
   if (KQ == 1) {
     ss.smin = S::load_f16(sb + 32 + 2 * S::W * h);
-    if constexpr (HasU8Scaled<S>::value && !k_super<S, KQ>()) ss.sd23 = S::mul(ss.sd, two23), ss.smin23 = S::mul(ss.smin, two23);
+    if constexpr (HasU8Scaled<S>::value && !k_super<S, KQ>())
+      ss.sd23 = S::mul(ss.sd, two23), ss.smin23 = S::mul(ss.smin, two23);
   }
   return ss;
 }
