@@ -102,7 +102,10 @@ struct XQBuf {
   Scratch<std::int8_t> q;
   Scratch<float> d, ds;
   Scratch<std::int32_t> s, sl;
-  XQ make(const LlmKernels& kr, const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, bool parallel) {
+  // x quantized for weights pk (their block size, pair4 order and activation scale block, x_scale_block).
+  XQ make(const LlmKernels& kr, const float* x, i64 M, i64 ldx, i64 k, const QPack& pk, bool parallel) {
+    const int bs = pk.bs, sbs = x_scale_block(kr, pk);
+    const bool pair4 = pk.nibbles();
     const i64 nb = (k + bs - 1) / bs;
     XQ r{q.get(static_cast<std::size_t>(M * nb * bs)), d.get(static_cast<std::size_t>(M * nb)),
          s.get(static_cast<std::size_t>(M * nb)), ds.get(static_cast<std::size_t>(M * nb)),
@@ -114,13 +117,13 @@ struct XQBuf {
     auto* slp = const_cast<std::int32_t*>(r.sl);
     const int nt = parallel ? threads_for(static_cast<double>(M * k), 32768.0) : 1;
     if (nt <= 1) {
-      kr.quantize_x(x, M, ldx, k, bs, pair4, qp, dp, sp, dsp, slp);
+      kr.quantize_x(x, M, ldx, k, bs, sbs, pair4, qp, dp, sp, dsp, slp);
     } else {
       const i64 chunk = (M + nt - 1) / nt;
       parallel_for(nt, nt, [&](i64 t) {
         const i64 m0 = t * chunk, m1 = std::min(M, m0 + chunk);
         if (m0 < m1)
-          kr.quantize_x(x + m0 * ldx, m1 - m0, ldx, k, bs, pair4, qp + m0 * r.ldq, dp + m0 * nb,
+          kr.quantize_x(x + m0 * ldx, m1 - m0, ldx, k, bs, sbs, pair4, qp + m0 * r.ldq, dp + m0 * nb,
                         sp + m0 * nb, dsp + m0 * nb, slp + m0 * nb);
       });
     }
@@ -705,7 +708,7 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
 void matmul(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, float* y, i64 ldy, const float* bias, int slot) {
   if (M <= 0) return;
   if (w.quant) {
-    XQ xq = tl_xq(slot).make(lk(), x, M, ldx, w.k, w.pk.bs, w.pk.nibbles(), M >= 16);
+    XQ xq = tl_xq(slot).make(lk(), x, M, ldx, w.k, w.pk, M >= 16);
     matmul_core(w, e, x, M, ldx, &xq, y, ldy, bias);
   } else {
     matmul_core(w, e, x, M, ldx, nullptr, y, ldy, bias);
@@ -763,15 +766,15 @@ namespace fused {
 // x quantized once per distinct block format of the parts (at most 4 distinct ones in a call).
 void quantize_parts(const LlmKernels& kr, const float* x, i64 M, std::vector<Part>& parts) {
   thread_local XQBuf bufs[4];
-  std::vector<std::pair<std::pair<int, bool>, int>> made;  // (bs, pair4) -> part holding it
+  std::vector<std::pair<std::tuple<int, int, bool>, int>> made;  // (bs, scale block, pair4) -> part holding it
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const QPack& pk = parts[i].w->pk;
-    const std::pair<int, bool> key{pk.bs, pk.nibbles()};
+    const std::tuple<int, int, bool> key{pk.bs, x_scale_block(kr, pk), pk.nibbles()};
     auto it = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == key; });
     if (it != made.end()) {
       parts[i].xq = parts[static_cast<std::size_t>(it->second)].xq;
     } else {
-      parts[i].xq = bufs[made.size()].make(kr, x, M, parts[i].w->k, parts[i].w->k, pk.bs, pk.nibbles(), false);
+      parts[i].xq = bufs[made.size()].make(kr, x, M, parts[i].w->k, parts[i].w->k, pk, false);
       made.push_back({key, static_cast<int>(i)});
     }
   }
@@ -2020,9 +2023,10 @@ void swiglu_expert(const Weights& gate, const Weights& up, const Weights& down, 
   float* gu = tl_f(6).get(static_cast<std::size_t>(2 * n * I));
   float* g = gu;
   float* u = gu + n * I;
-  const bool share = gate.quant && up.quant && gate.pk.bs == up.pk.bs && gate.pk.nibbles() == up.pk.nibbles();
+  const bool share = gate.quant && up.quant && gate.pk.bs == up.pk.bs && gate.pk.nibbles() == up.pk.nibbles() &&
+                     x_scale_block(kr, gate.pk) == x_scale_block(kr, up.pk);
   if (share) {  // gate and up read the same quantized activations
-    XQ xq = tl_xq(0).make(kr, x, n, H, H, gate.pk.bs, gate.pk.nibbles(), n >= 16);
+    XQ xq = tl_xq(0).make(kr, x, n, H, H, gate.pk, n >= 16);
     matmul_core(gate, e, x, n, H, &xq, g, I, nullptr);
     matmul_core(up, e, x, n, H, &xq, u, I, nullptr);
   } else {
@@ -2132,6 +2136,11 @@ void bind_llm(py::module_& m) {
   m.def("llm_isa", [] { return std::string(lk().name); }, "The LLM kernel path in use (avx512vnni/avx512/avx2/generic).");
   m.def("llm_use_vnni", [](bool on) { g_use_vnni.store(on); }, py::arg("on"),
         "Allow (default) or forbid the AVX-512 VNNI path (tests of the non-VNNI AVX-512 path).");
+  m.def("llm_x_scale_block", [](const std::string& wtype) {
+        QPack pk;
+        return ggml_pack(wtype, pk) ? x_scale_block(lk(), pk) : 0;
+      }, py::arg("wtype"),
+        "Activation values per int8 scale for a GGUF weight type on the path in use (0 for a type it does not know).");
 
   py::class_<PyWeights>(m, "LlmWeights", "A QMatMul/MoE weight: block-quantized (repacked once) or float (in place).")
       .def_property_readonly("n", [](const PyWeights& w) { return w.w->n; })

@@ -113,10 +113,14 @@ struct KvAhead {
 struct LlmKernels {
   const char* name;
   int max_mr;  // x rows per qgemm tile call (1..max_mr)
-  // Quantize rows x[m*ldx + 0:k] (m in [0, M)) into XQ buffers (q: [M][nb*bs], d/s/ds/sl: [M][nb]). pair4 (for
-  // 4/5/6-bit weights): within each block, 4-byte word t of the low half and word t of the high half are stored
-  // side by side (words 2t, 2t+1), the order in which the kernels broadcast them.
-  void (*quantize_x)(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
+  // The k-quant tiles (kq != 0) take activations with one scale per super-block (x_scale_block): VNNI, whose
+  // tiles then sum a super-block's scaled int32 dots in integer and convert once (llm_impl.hpp, BlockScales::add_int).
+  bool k_super;
+  // Quantize rows x[m*ldx + 0:k] (m in [0, M)) into XQ buffers (q: [M][nb*bs], d/s/ds/sl: [M][nb]), one scale per
+  // sbs elements (a multiple of bs: each block's d / ds hold its scale block's scale; the sums stay per block).
+  // pair4 (for 4/5/6-bit weights): within each block, 4-byte word t of the low half and word t of the high half are
+  // stored side by side (words 2t, 2t+1), the order in which the kernels broadcast them.
+  void (*quantize_x)(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pair4, std::int8_t* q, float* d,
                      std::int32_t* s, float* ds, std::int32_t* sl);
   // y[m*ldy + g*16 + j] (j < nvalid) = dot(x row m0+m, weight row g*16+j), m < mr, one 16-row group. `group`
   // points at the group's first record. Overwrites y.
@@ -143,6 +147,11 @@ struct LlmKernels {
   void (*pv_tile)(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
                   const float* corr, float* o, KvAhead* ahead);
 };
+
+// Elements per activation scale for weights pk on kernels kr: a k-quant super-block where kr.k_super, else a block.
+inline int x_scale_block(const LlmKernels& kr, const QPack& pk) {
+  return kr.k_super && pk.kq ? pk.bs * pk.sub : pk.bs;
+}
 
 const LlmKernels* llm_kernels_generic();
 const LlmKernels* llm_kernels_avx2();        // nullptr unless x86-64

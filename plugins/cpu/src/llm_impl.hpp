@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "llm.hpp"
 
@@ -22,35 +23,46 @@ using hetero::i64;
 using namespace hetero::llm;
 
 // ---------------------------------------------------------------------------------------------- activations
+// One block of bs values of row xr (from lo, k of them valid) times inv, rounded and clamped to int8 into qb; returns
+// the block's sum and that of its first half (q6_k's per-16 scales).
 template <class S>
-void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, bool pair4, std::int8_t* q, float* d,
+inline std::pair<std::int32_t, std::int32_t> quantize_block(const float* xr, i64 lo, i64 k, int bs,
+                                                            typename S::V vinv, std::int8_t* qb) {
+  using I = typename S::I;
+  I vsum = S::iset1(0), vhalf = S::iset1(0);
+  for (int i = 0; i < bs; i += S::W) {
+    const I qi = S::iclamp(S::cvt_i(S::round(S::mul(S::load_n(xr + lo + i, k - (lo + i)), vinv))), 127);
+    vsum = S::iadd(vsum, qi);
+    if (i < bs / 2) vhalf = S::iadd(vhalf, qi);
+    S::store_i8(qb + i, qi);
+  }
+  return {S::ihsum(vsum), S::ihsum(vhalf)};
+}
+
+// One scale per sbs values (bs per block, sbs a multiple of bs): each block of a scale block stores that scale in
+// d (and d * its own sum in ds).
+template <class S>
+void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pair4, std::int8_t* q, float* d,
                 std::int32_t* s, float* ds, std::int32_t* sl) {
   using V = typename S::V;
-  using I = typename S::I;
-  const i64 nb = (k + bs - 1) / bs;
+  const i64 nb = (k + bs - 1) / bs, per = sbs / bs;
   for (i64 m = 0; m < M; ++m) {
     const float* xr = x + m * ldx;
-    for (i64 b = 0; b < nb; ++b) {
-      const i64 lo = b * bs;
+    for (i64 b0 = 0; b0 < nb; b0 += per) {
+      const i64 b1 = std::min(nb, b0 + per);
       V vmax = S::zero();
-      for (int i = 0; i < bs; i += S::W) vmax = S::max(vmax, S::abs(S::load_n(xr + lo + i, k - (lo + i))));
+      for (i64 i = b0 * bs; i < b1 * bs; i += S::W) vmax = S::max(vmax, S::abs(S::load_n(xr + i, k - i)));
       const float amax = S::hmax(vmax);
       const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-      const V vinv = S::set1(inv);
-      std::int8_t* qb = q + m * nb * bs + b * bs;
-      I vsum = S::iset1(0), vhalf = S::iset1(0);
-      for (int i = 0; i < bs; i += S::W) {
-        const I qi = S::iclamp(S::cvt_i(S::round(S::mul(S::load_n(xr + lo + i, k - (lo + i)), vinv))), 127);
-        vsum = S::iadd(vsum, qi);
-        if (i < bs / 2) vhalf = S::iadd(vhalf, qi);
-        S::store_i8(qb + i, qi);
+      for (i64 b = b0; b < b1; ++b) {
+        std::int8_t* qb = q + m * nb * bs + b * bs;
+        const auto [sum, half] = quantize_block<S>(xr, b * bs, k, bs, S::set1(inv), qb);
+        if (pair4) pair_words(qb, bs);
+        d[m * nb + b] = dx;
+        s[m * nb + b] = sum;
+        ds[m * nb + b] = dx * static_cast<float>(sum);
+        sl[m * nb + b] = half;
       }
-      const std::int32_t sum = S::ihsum(vsum);
-      if (pair4) pair_words(qb, bs);
-      d[m * nb + b] = dx;
-      s[m * nb + b] = sum;
-      ds[m * nb + b] = dx * static_cast<float>(sum);
-      sl[m * nb + b] = S::ihsum(vhalf);
     }
   }
 }
@@ -135,21 +147,32 @@ inline typename S::V u8_scaled(const std::uint8_t* p, typename S::V d, typename 
   else return (void)d23, S::mul(d, S::load_u8(p));
 }
 
+// S::K_SUPER: the k-quant tiles take activations with one scale per super-block (LlmKernels::k_super) and sum a
+// super-block's scaled int32 dots in integer (BlockScales::add_int), then convert once (super_mins, super_end).
+template <class S, class = void>
+struct HasKSuper : std::false_type {};
+template <class S>
+struct HasKSuper<S, std::enable_if_t<S::K_SUPER>> : std::true_type {};
+template <class S, int KQ>
+constexpr bool k_super() { return KQ != 0 && HasKSuper<S>::value; }
+
 // A block's per-lane scales (the W weight rows of slice h, shared by every x row), the start of each x row's int32
 // dots (q6_k: its zero offset folded in) and the float epilogue that adds one x row's dot products with the block to
-// its accumulator. qgemm_mr and qgemm_rows both use it, so their rows stay bitwise equal. off: the weights' zero
-// offset.
+// its accumulator (k_super: the int32 sum of the super-block, add_int). qgemm_mr, qgemm_wide and qgemm_rows all use
+// it, so their rows stay bitwise equal. off: the weights' zero offset.
 template <class S, bool ASYM, int KQ>
 struct BlockScales {
   using V = typename S::V;
   using I = typename S::I;
   V dv = S::zero(), mv = S::zero(), scv = S::zero(), mnv = S::zero(), sd;
-  I iclo = S::iset1(0), ichi = S::iset1(0);
+  I iclo = S::iset1(0), ichi = S::iset1(0);  // q6_k: its two halves' int8 scales; q4_k / q5_k k_super: sc
   int off;
 
   BlockScales(const std::uint8_t* rec, int h, const SuperScales<S>& ss, int off_) : sd(ss.sd), off(off_) {
     constexpr int W = S::W;
-    if (KQ == 0) {
+    if constexpr (KQ == 1 && k_super<S, KQ>()) {  // sc * dot summed in int32 (add_int); the mins: super_mins
+      iclo = S::load_u8_i32(rec + W * h);
+    } else if (KQ == 0) {
       dv = S::load_f16(rec + 2 * W * h);
       if (ASYM) mv = S::load_f16(rec + 32 + 2 * W * h);
     } else if (KQ == 1) {  // d*sc * dot - dmin*mn * dx*sum(xq)
@@ -191,7 +214,46 @@ struct BlockScales {
       facc = S::fma(isum, S::mul(sd, S::set1(x.d[xi])), facc);
     }
   }
+
+  // k_super: the block's scaled dot added to the row's super-block sum iacc in int32. Exact: q4_k / q5_k |sc * dot|
+  // <= 63 * 32 * 31 * 127, q6_k <= 16646144 (see apply), so 8 blocks stay below 2^31.
+  inline void add_int(I& iacc, I ilo, I ihi) const {
+    if (KQ == 1) iacc = S::iadd(iacc, S::imul(ilo, iclo));
+    else iacc = S::iadd(iacc, S::iadd(S::imul(ihi, ichi), S::imul(ilo, iclo)));
+  }
+  // q4_k's two chains of the few-row tiles (qgemm_mr's HI16: ihi = 16 x the high nibbles' dot): each half's dot,
+  // |.| <= 16 * 15 * 127 < 2^15, is an int16 operand of vpdpwssd with sc, so 3 operations instead of add_int's 2
+  // after the chains' combine (2).
+  inline void add_int_hi16(I& iacc, I ilo, I ihi) const {
+    iacc = S::dot_i16(S::dot_i16(iacc, iclo, ilo), iclo, S::template srai<4>(ihi));
+  }
 };
+
+// k_super, q4_k / q5_k: the int32 dot of the super-block's mins (rec0: its first record, nblk records) with the x
+// sums of its blocks, for x rows xi0 + m * x.nb (m < mr): one vpdpwssd a block and row, the x sum (|.| <= 32 * 127)
+// read as the int16 low half of its int32. |.| <= 8 * 63 * 32 * 127: exact in float.
+template <class S, int KQ, int MR>
+inline void super_mins(typename S::I (&imin)[MR], const std::uint8_t* rec0, i64 rec_bytes, i64 nblk, int h,
+                       const XQ& x, i64 xi0, int mr) {
+  for (auto& a : imin) a = S::iset1(0);
+  if constexpr (KQ == 1)
+    for (i64 j = 0; j < nblk; ++j) {
+      const typename S::I mn = S::load_u8_i32(rec0 + j * rec_bytes + 16 + S::W * h);
+      for (int m = 0; m < MR; ++m)
+        if (m < mr) imin[m] = S::dot_i16_at(imin[m], mn, x.s + xi0 + m * x.nb + j);
+    }
+}
+
+// k_super: a super-block's float step for one x row (xi0: its first block), after its blocks' add_int: the int32
+// sum times d * dx, less (q4_k / q5_k) dmin * dx times imin (super_mins). One conversion a super-block and row
+// instead of one a block.
+template <class S, int KQ>
+inline void super_end(typename S::V& facc, typename S::I iacc, typename S::I imin, const SuperScales<S>& ss,
+                      const XQ& x, i64 xi0) {
+  const typename S::V dx = S::set1(x.d[xi0]);
+  facc = S::fma(S::cvt_f(iacc), S::mul(ss.sd, dx), facc);
+  if constexpr (KQ == 1) facc = S::fnma(S::cvt_f(imin), S::mul(ss.smin, dx), facc);
+}
 
 // What qgemm_mr and qgemm_rows read per super-block and per record besides the quants (one code for both, so
 // their rows stay bitwise equal and their prefetch the same).
@@ -205,7 +267,8 @@ inline SuperScales<S> super_scales(const std::uint8_t* sb, int h) {
   ss.sd = S::load_f16(sb + 2 * S::W * h);
   if (KQ == 1) {
     ss.smin = S::load_f16(sb + 32 + 2 * S::W * h);
-    if constexpr (HasU8Scaled<S>::value) ss.sd23 = S::mul(ss.sd, two23), ss.smin23 = S::mul(ss.smin, two23);
+    if constexpr (HasU8Scaled<S>::value && !k_super<S, KQ>())
+      ss.sd23 = S::mul(ss.sd, two23), ss.smin23 = S::mul(ss.smin, two23);
   }
   return ss;
 }
@@ -240,6 +303,37 @@ inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf, boo
     for (i64 o = 0; o < w.rec_bytes; o += 64) fetch(rec + pf + o);
 }
 
+// The rows' float sums of a tile: in registers, or (IN_Y) in the y rows, read and written once a super-block --
+// q4_k's k_super tiles of 5-8 rows, whose int32 sums, dot chains and decoded weights then keep the registers (8
+// rows: 1.25x the float epilogue's time in registers, 1.01-1.03x in y, in L2; in y, q5_k's 8 rows and the 9-16-row
+// tiles measured slower, 1.1-1.35x). y is the caller's, so the compiler cannot move it back into registers.
+template <class S, int MR, bool IN_Y>
+struct RowSums {
+  using V = typename S::V;
+  V r[IN_Y ? 1 : MR];
+  float* y;
+  i64 ldy;
+  int nv;  // valid lanes of the slice
+
+  RowSums(float* y_, i64 ldy_, int nv_, int mr) : y(y_), ldy(ldy_), nv(nv_) {
+    for (int m = 0; m < MR; ++m)
+      if (m < mr) set(m, S::zero());
+  }
+  V get(int m) const {
+    if constexpr (IN_Y) return S::load_n(y + m * ldy, nv);
+    else return r[m];
+  }
+  void set(int m, V v) {
+    if constexpr (IN_Y) S::store_n(y + m * ldy, v, nv);
+    else r[m] = v;
+  }
+  void store(int mr) const {
+    if constexpr (!IN_Y)
+      for (int m = 0; m < MR; ++m)
+        if (m < mr) S::store_n(y + m * ldy, r[m], nv);
+  }
+};
+
 // One 16-row group, in slices of W rows, against MR activation rows. BITS: 4/5/6/8; KQ: scale layout (llm.hpp).
 // NT: the block's steps of 64 bytes when known at compile time (blocks of 32, every GGUF format: the step loop
 // unrolls), else 0 (read from w.bs).
@@ -260,6 +354,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   constexpr bool NIB = BITS < 8;
   constexpr bool SPLIT = MR <= 2 || KQ == 2;  // two dot chains per row (q6_k: its two scaled halves)
   constexpr bool HI16 = SPLIT && BITS == 4 && S::DOT_U8;  // high nibbles dotted in place (x16)
+  constexpr bool KS = k_super<S, KQ>();  // the super-block's dots summed in int32 (BlockScales::add_int)
   const int bs = w.bs;
   const int nt = NT ? NT : (NIB ? bs / 8 : bs / 4);
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
@@ -271,12 +366,13 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
   for (int h = 0; h < QR / W; ++h) {
-    V facc[MR];
-    for (int m = 0; m < MR; ++m) facc[m] = S::zero();
+    RowSums<S, MR, (KS && BITS == 4 && MR > 4)> facc(y + W * h, ldy, nvalid - W * h, MR);
     const std::uint8_t* sb = group;  // the super-block of b0 (a record when KQ == 0)
     for (i64 b0 = 0; b0 < w.nb; b0 += walk.sub, sb += walk.bytes) {
       const SuperScales<S> ss = super_scales<S, KQ>(sb, h);  // k-quants: the super-block's d (and dmin)
       const i64 b1 = std::min<i64>(w.nb, b0 + walk.sub);
+      I iacc[KS ? MR : 1];
+      for (I& a : iacc) a = S::iset1(0);
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
@@ -314,12 +410,28 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         } else {
           for (int t = 0; t < nt; ++t) step(t);  // not unrolled (see qgemm_tile)
         }
-        if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
-          for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
-        for (int m = 0; m < MR; ++m) scales.apply(facc[m], ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
+        if constexpr (KS && HI16) {
+          for (int m = 0; m < MR; ++m) scales.add_int_hi16(iacc[m], ilo[m], ihi[m]);
+        } else {
+          if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
+            for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
+          for (int m = 0; m < MR; ++m) {
+            if constexpr (KS) scales.add_int(iacc[m], ilo[m], ihi[m]);
+            else scales.apply(facc.r[m], ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
+          }
+        }
+      }
+      if constexpr (KS) {
+        I imin[KQ == 1 ? MR : 1];
+        super_mins<S, KQ>(imin, sb + walk.hdr, w.rec_bytes, b1 - b0, h, x, m0 * x.nb + b0, MR);
+        for (int m = 0; m < MR; ++m) {
+          V f = facc.get(m);
+          super_end<S, KQ>(f, iacc[m], imin[KQ == 1 ? m : 0], ss, x, (m0 + m) * x.nb + b0);
+          facc.set(m, f);
+        }
       }
     }
-    for (int m = 0; m < MR; ++m) S::store_n(y + m * ldy + W * h, facc[m], nvalid - W * h);
+    facc.store(MR);
   }
 }
 
@@ -356,6 +468,7 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   constexpr int W = S::W;
   constexpr bool NIB = BITS < 8;
   constexpr int NT = NIB ? 4 : 8;  // steps of 64 bytes per block of 32
+  constexpr bool KS = k_super<S, KQ>();  // as qgemm_mr
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const bool l2 = prefetch_into_l2<MR>(x);
@@ -363,12 +476,13 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);
   const B nib = S::bset8(0x0f);
   for (int h = 0; h < QR / W; ++h) {
-    V facc[MR];
-    for (int m = 0; m < MR; ++m) facc[m] = S::zero();
+    RowSums<S, MR, false> facc(y + W * h, ldy, nvalid - W * h, mr);
     const std::uint8_t* sb = group;
     for (i64 b0 = 0; b0 < w.nb; b0 += walk.sub, sb += walk.bytes) {
       const SuperScales<S> ss = super_scales<S, KQ>(sb, h);
       const i64 b1 = std::min<i64>(w.nb, b0 + walk.sub);
+      I iacc[KS ? MR : 1];
+      for (I& a : iacc) a = S::iset1(0);
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
@@ -401,12 +515,22 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
               ilo = dot_q8_at<S>(ilo, S::q8_weights(lo[t]), xr + 4 * t);
             }
           }
-          scales.apply(facc[m], ilo, ihi, x, xi);
+          if constexpr (KS) scales.add_int(iacc[m], ilo, ihi);
+          else scales.apply(facc.r[m], ilo, ihi, x, xi);
+        }
+      }
+      if constexpr (KS) {
+        I imin[KQ == 1 ? MR : 1];
+        super_mins<S, KQ>(imin, sb + walk.hdr, w.rec_bytes, b1 - b0, h, x, m0 * x.nb + b0, mr);
+        for (int m = 0; m < MR; ++m) {
+          if (m >= mr) break;
+          V f = facc.get(m);
+          super_end<S, KQ>(f, iacc[m], imin[KQ == 1 ? m : 0], ss, x, (m0 + m) * x.nb + b0);
+          facc.set(m, f);
         }
       }
     }
-    for (int m = 0; m < MR; ++m)
-      if (m < mr) S::store_n(y + m * ldy + W * h, facc[m], nvalid - W * h);
+    facc.store(mr);
   }
 }
 
@@ -436,19 +560,27 @@ void qgemm_fmt(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, i
     if constexpr (S::DOT_U8) {
       if (w.bs == 32) {
         // 4/5-bit formats up to 12 rows: the row-interleaved tile still fits its accumulators in the 32 registers
-        // and took 0.91-0.95x the wide tile's time at 9 / 11 / 12 rows (q4_k, q4_0, q5_0 in L2); q6_k (two chains
-        // per row), 8-bit (as fast either way) and 13-16 rows take the wide tile.
-        if constexpr (BITS < 8 && KQ != 2) {
+        // and took 0.91-0.95x the wide tile's time at 9 / 11 / 12 rows (q4_k, q4_0, q5_0 in L2) -- but not q5_1 at
+        // 12 rows (spilled: 9.8x a one-row GEMV, the wide tile 5.7x, branch dec22), nor the k_super tiles (q4_k /
+        // q5_k on VNNI: the int32 sums of 9-12 rows besides the chains spilled, 1.35x at 9 and 12 rows; the wide
+        // tile ~1.02x the float epilogue's row-interleaved one). q6_k (two chains per row), 8-bit (as fast either
+        // way) and 13-16 rows take the wide tile.
+        if constexpr (BITS < 8 && KQ != 2 && !k_super<S, KQ>()) {
           switch (mr) {
             case 9: return qgemm_mr<S, BITS, ASYM, KQ, 9>(w, group, x, m0, y, ldy, nvalid);
             case 10: return qgemm_mr<S, BITS, ASYM, KQ, 10>(w, group, x, m0, y, ldy, nvalid);
             case 11: return qgemm_mr<S, BITS, ASYM, KQ, 11>(w, group, x, m0, y, ldy, nvalid);
-            case 12: return qgemm_mr<S, BITS, ASYM, KQ, 12>(w, group, x, m0, y, ldy, nvalid);
+            case 12:
+              if (BITS == 5 && ASYM) break;  // q5_1
+              return qgemm_mr<S, BITS, ASYM, KQ, 12>(w, group, x, m0, y, ldy, nvalid);
             default: break;
           }
         }
         if (mr <= 12) return qgemm_wide<S, BITS, ASYM, KQ, 12>(w, group, x, m0, mr, y, ldy, nvalid);
-        return qgemm_wide<S, BITS, ASYM, KQ, 16>(w, group, x, m0, mr, y, ldy, nvalid);
+        // k_super q4_k / q5_k: 13-16 rows as 8 + the rest (below): the wide tile's int32 and float sums of 16 rows
+        // spilled (1.09-1.12x the float epilogue's wide tile in L2; 8 + the rest 1.0x)
+        if (!(k_super<S, KQ>() && KQ == 1))
+          return qgemm_wide<S, BITS, ASYM, KQ, 16>(w, group, x, m0, mr, y, ldy, nvalid);
       }
     }
     for (int m = 0; m < mr; m += S::QGEMM_MR)
@@ -713,8 +845,8 @@ void pv_tile(const float* p, i64 ldp, int nr, const void* v, int kind, const flo
 
 template <class S>
 constexpr LlmKernels llm_table(const char* name) {
-  return {name,         S::QGEMM_ROWS,  quantize_x<S>, qgemm_group<S>, fgemm_tile<S>,
-          f16_to_f32<S>, f32_to_f16<S>, qk_tile<S>,    pv_tile<S>};
+  return {name,          S::QGEMM_ROWS,   HasKSuper<S>::value, quantize_x<S>, qgemm_group<S>, fgemm_tile<S>,
+          f16_to_f32<S>, f32_to_f16<S>, qk_tile<S>,          pv_tile<S>};
 }
 
 }  // namespace

@@ -51,6 +51,9 @@ struct LlmSimd : SIMD {
     const __m512i f = _mm512_mask_shuffle_epi8(_mm512_set1_epi32(0x4B000000), 0x1111111111111111ull, b, idx);
     return _mm512_fmsub_ps(_mm512_castsi512_ps(f), d, d23);
   }
+  static I load_u8_i32(const std::uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static I load_i8_i32(const std::uint8_t* p) {
     return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }

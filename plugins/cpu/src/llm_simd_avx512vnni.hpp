@@ -26,5 +26,17 @@ struct LlmSimdVnni : LlmSimd {
     return acc;
   }
   static I dot_q8_at(I acc, const Q8& w, const std::int8_t* p) { return dot4_at(acc, w.w, p); }
+  // k-quant activations with one scale per super-block (LlmKernels::k_super): a super-block's scaled int32 dots are
+  // summed in integer and converted once (llm_impl.hpp, BlockScales::add_int, super_end) -- per block, the scale
+  // conversions, the activation scale's multiply and the float FMAs were ~10 of a q4_k record's ~26 vector
+  // operations (~5 now, plus one vpdpwssd for the mins).
+  static constexpr bool K_SUPER = true;
+  // acc + a * b per int32 lane, a's and b's values in their low int16 halves (|.| < 2^15) and a's high halves zero:
+  // vpdpwssd (a's zero high half drops b's). dot_i16_at takes b as the int32 at p, broadcast by the memory operand.
+  static I dot_i16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+  static I dot_i16_at(I acc, I a, const std::int32_t* p) {
+    asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*p));
+    return acc;
+  }
 };
 }  // namespace
