@@ -241,14 +241,20 @@ def test_steps_of_a_pause_are_plain_decodings_and_drafting_resumes_exactly(famil
     assert llm.stats.verify_steps > 2 and llm.stats.accepted_tokens < llm.stats.drafted_tokens
     told = [t for _, tokens, _ in drafter.received for t in tokens]
     assert told == want[:len(told)] and len(told) >= _PausedSometimes.OFF[-1].stop
+    _assert_heard_the_targets_rows(drafter, llm, family, want, len(told))
+    _assert_next_step_is_a_fresh_runs(llm, family, PROMPT + list(llm.last.tokens))
+
+
+def _assert_heard_the_targets_rows(drafter, llm, family: str, want: list[int], told: int) -> None:
+    """The hidden rows the drafter received (prompt, then each accepted step's) are the target's own at layers 0
+    and last, for the prompt and the first ``told`` tokens of the greedy text ``want``."""
     last = llm.config.num_layers - 1
     ref = load(FIXTURES / family, backends=["cpu"], hidden_layers=[0, last], prefill_chunk=0)
     ref.prefill(PROMPT + want)
     for layer in (0, last):
         rows = np.concatenate([drafter.prompt_hidden[layer]] + [h[layer] for _, _, h in drafter.received])
-        assert rows.shape[0] == len(PROMPT) + len(told) - 1
+        assert rows.shape[0] == len(PROMPT) + told - 1
         np.testing.assert_allclose(rows, ref.hidden(layer, 0, rows.shape[0]), atol=2e-4)
-    _assert_next_step_is_a_fresh_runs(llm, family, PROMPT + list(llm.last.tokens))
 
 
 class _NeverRight:
@@ -906,13 +912,7 @@ def test_shadow_trials_keep_greedy_output_and_tell_the_drafter_what_was_committe
         assert n == next((i for i, t in enumerate(draft) if t != want[at + i]), len(draft))
     told = [t for _, tokens, _ in drafter.received for t in tokens]
     assert told == want[:len(told)] and length <= len(told) <= length + 4
-    last = llm.config.num_layers - 1
-    ref = load(FIXTURES / family, backends=["cpu"], hidden_layers=[0, last], prefill_chunk=0)
-    ref.prefill(PROMPT + want)
-    for layer in (0, last):
-        rows = np.concatenate([drafter.prompt_hidden[layer]] + [h[layer] for _, _, h in drafter.received])
-        assert rows.shape[0] == len(PROMPT) + len(told) - 1
-        np.testing.assert_allclose(rows, ref.hidden(layer, 0, rows.shape[0]), atol=2e-4)
+    _assert_heard_the_targets_rows(drafter, llm, family, want, len(told))
     _assert_next_step_is_a_fresh_runs(llm, family, PROMPT + list(llm.last.tokens))
 
 
