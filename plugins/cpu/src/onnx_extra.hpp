@@ -25,8 +25,9 @@ struct ExtraKernels {
   float (*sumexp_row)(const float* x, i64 n, float shift);
   // y[i] += exp(x[i] - shift[i])
   void (*sumexp_acc)(float* y, const float* x, const float* shift, i64 n);
-  // Softmax (or log-softmax) over the n rows of an (n, inner) block, independently per column. scratch: 2*inner.
-  void (*softmax_cols)(const float* x, float* y, i64 n, i64 inner, bool log, float* scratch);
+  // Softmax (or log-softmax) over the n rows of an (n, inner) block of rows ld floats apart, independently per
+  // column. scratch: 2*inner.
+  void (*softmax_cols)(const float* x, float* y, i64 n, i64 inner, i64 ld, bool log, float* scratch);
   // y = a * (x - m) + b (centring first keeps large offsets exact)
   void (*affine_row)(const float* x, float* y, i64 n, float m, float a, float b);
   // Two-pass mean and population variance.

@@ -139,17 +139,17 @@ void x_sumexp_acc(float* y, const float* x, const float* shift, i64 n) {
   for (; i < n; ++i) y[i] += std::exp(x[i] - shift[i]);
 }
 
-void x_softmax_cols(const float* x, float* y, i64 n, i64 inner, bool log, float* scratch) {
+void x_softmax_cols(const float* x, float* y, i64 n, i64 inner, i64 ld, bool log, float* scratch) {
   float* m = scratch;
   float* s = scratch + inner;
   for (i64 j = 0; j < inner; ++j) {
     m[j] = x[j];
     s[j] = 0.f;
   }
-  for (i64 r = 1; r < n; ++r) x_reduce_acc(R_MAX, m, x + r * inner, inner);
+  for (i64 r = 1; r < n; ++r) x_reduce_acc(R_MAX, m, x + r * ld, inner);
   for (i64 r = 0; r < n; ++r) {
-    const float* xr = x + r * inner;
-    float* yr = y + r * inner;
+    const float* xr = x + r * ld;
+    float* yr = y + r * ld;
     i64 j = 0;
     for (; j + W <= inner; j += W) {
       V e = vexp(SIMD::sub(SIMD::load(xr + j), SIMD::load(m + j)));
@@ -165,7 +165,7 @@ void x_softmax_cols(const float* x, float* y, i64 n, i64 inner, bool log, float*
   if (!log) {
     for (i64 j = 0; j < inner; ++j) s[j] = 1.f / s[j];
     for (i64 r = 0; r < n; ++r) {
-      float* yr = y + r * inner;
+      float* yr = y + r * ld;
       i64 j = 0;
       for (; j + W <= inner; j += W) SIMD::store(yr + j, SIMD::mul(SIMD::load(yr + j), SIMD::load(s + j)));
       for (; j < inner; ++j) yr[j] *= s[j];
@@ -174,8 +174,8 @@ void x_softmax_cols(const float* x, float* y, i64 n, i64 inner, bool log, float*
     // (x - max) - log(sum): never x - (max + log(sum)), which loses the low bits for large inputs.
     for (i64 j = 0; j < inner; ++j) s[j] = std::log(s[j]);
     for (i64 r = 0; r < n; ++r) {
-      const float* xr = x + r * inner;
-      float* yr = y + r * inner;
+      const float* xr = x + r * ld;
+      float* yr = y + r * ld;
       i64 j = 0;
       for (; j + W <= inner; j += W)
         SIMD::store(yr + j, SIMD::sub(SIMD::sub(SIMD::load(xr + j), SIMD::load(m + j)), SIMD::load(s + j)));

@@ -611,6 +611,32 @@ def test_softmax(isa, rows, n, log):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(1, 16, 33600), (1, 5, 4099), (2, 7, 1000), (3, 4, 2053), (5, 9, 700)])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_axis_split_by_columns(isa, pool, shape, log):
+    # Outer dims smaller than the thread count (YOLOv8's DFL softmax: 1 x 16 x 33600) split by column blocks; each
+    # column is computed alone, so 2 and 3 threads must give the 1-thread bits.
+    x = randn(*shape, seed=shape[2]) * 10
+    x[0, 0, -1] = 80.0  # large values must not overflow (in the ragged last block)
+    outs = []
+    for t in (1, 2, 3):
+        _native.set_num_threads(t)
+        out = np.empty_like(x)
+        _native.pool_stats(True)
+        _native.softmax_axis(x, out, log=log)
+        stats = _native.pool_stats(True)
+        if t > 1 and shape[0] == 1:  # one outer block: split by columns, not run on one thread
+            assert stats["calls"] == 1 and stats["serial_calls"] == 0 and stats["tasks"] >= 2
+        outs.append(out)
+    x64 = x.astype(np.float64)
+    mx = x64.max(1, keepdims=True)
+    lse = np.log(np.exp(x64 - mx).sum(1, keepdims=True)) + mx
+    ref = x64 - lse if log else np.exp(x64 - lse)
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-6)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+
+
 @pytest.mark.parametrize("rows,n", [(1, 1), (3, 17), (33, 127), (7, 1000)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_layer_norm(isa, rows, n, with_bias):
