@@ -8,8 +8,9 @@ import pytest
 
 from hetero_cpu import _native
 
-# (M, K, N): deepcut's Conv1D shapes (ragged N against the 32-column panels, ragged M against the 12-row tiles),
-# one below the small-M path's 4 rows, a narrow N (gemm_narrow's path)
+# (M, K, N): deepcut's Conv1D shapes (ragged N against the 32-column panels, ragged M against the 12-row tiles; 100:
+# 4 columns past the last panel, gemm_narrow's dot products on AVX-512), one below the small-M path's 4 rows, a
+# narrow N (gemm_narrow's path)
 SHAPES = [(882, 256, 200), (630, 384, 100), (37, 64, 100), (13, 32, 17), (3, 40, 48), (50, 96, 8)]
 ACTIVATIONS = [("relu", 0.0, 0.0), ("clip", -0.5, 0.75), ("sigmoid", 0.0, 0.0), ("leaky_relu", 0.1, 0.0)]
 
@@ -62,8 +63,8 @@ def test_gemm_packed_activation_in_a_prepared_step():
 @pytest.mark.parametrize("bias_shape,alpha,beta", [((), 1.0, 0.0), ("n", 1.0, 0.0), ("mn", 1.0, 0.0),
                                                   ("m1", 1.0, 0.0), ("n", 0.5, 0.0), ("n", 1.0, 2.0)])
 def test_gemm_packed_columns_past_the_last_panel(isa, threads, n, k, bias_shape, alpha, beta):
-    """A few columns past the last whole panel (the ragged one-vector tile), K under and over a vector, alpha and
-    beta, every bias shape with ReLU in the epilogue: against a float64 product."""
+    """The 1-4 columns past the last whole panel run as dot products where the ISA takes them (gemm_narrow; K under
+    a vector, alpha != 1 or beta != 0: the panels' ragged tile): every bias shape, against a float64 product."""
     m = 45
     rng = np.random.default_rng(n * 31 + k)
     a = rng.standard_normal((m, k), dtype=np.float32)
