@@ -299,14 +299,16 @@ void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float al
     gemm_small_m_packed(*pb.kr, a, pb.buf.p, pb.n, c, ldc, alpha, beta, ep, T, q);
     return;
   }
-  const i64 tail = q == nullptr ? pb.tail_cols() : 0, body = pb.n - tail;
+  // int8 panels too: the tail columns are the same float values (int8 is taken only where exact), so the two forms
+  // keep giving the same bits
+  const i64 tail = pb.tail_cols(), body = pb.n - tail;
   if (tail > 0) {
     // the columns past the last whole panel as dot products (gemm_narrow: false, nothing written, where it does not
     // take the call), the whole panels as before
     Epilogue tail_ep = ep;
     if (ep.bias != nullptr) tail_ep.bias = ep.bias + body * ep.bias_cs;
     if (gemm_narrow(*pb.kr, a, pb.tail.p, tail, c + body, ldc, alpha, beta, tail_ep, T)) {
-      gemm_prepacked_b(*pb.kr, a.rows, body, pb.k, &a, nullptr, pb.buf.p, c, ldc, alpha, beta, ep, T, nullptr);
+      gemm_prepacked_b(*pb.kr, a.rows, body, pb.k, &a, nullptr, pb.buf.p, c, ldc, alpha, beta, ep, T, q);
       return;
     }
   }

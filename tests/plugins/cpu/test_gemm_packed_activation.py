@@ -78,3 +78,22 @@ def test_gemm_packed_columns_past_the_last_panel(isa, threads, n, k, bias_shape,
     ref = np.maximum(ref, 0)
     scale = np.abs(a).astype(np.float64) @ np.abs(w) + np.abs(beta * c0) + 1.0
     assert (np.abs(out - ref) / scale).max() < 1e-5
+
+
+@pytest.mark.parametrize("n", [100, 66, 36])
+def test_int8_panels_same_bits_with_columns_past_the_last_panel(isa, threads, n):
+    """Weights exactly int8 x a column scale: the int8 panels and the float form give the same bits where the last
+    1-4 columns run as dot products (both forms compute them from the same float values)."""
+    rng = np.random.default_rng(n)
+    k = 384
+    q = rng.integers(-127, 128, (k, n))
+    q[0] = 127  # each column's largest magnitude: its scale is this one
+    w = (q * np.float32(2.0) ** -rng.integers(5, 9, n)).astype(np.float32)
+    a = rng.standard_normal((70, k), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32)
+    as_int8, as_float = np.empty((70, n), np.float32), np.empty((70, n), np.float32)
+    _native.gemm_packed(a, _native.pack_b(w, False, True, "high"), as_int8, 1.0, 0.0, bias, "relu", 0.0, 0.0)
+    _native.gemm_packed(a, _native.pack_b(w, False, False, "high"), as_float, 1.0, 0.0, bias, "relu", 0.0, 0.0)
+    np.testing.assert_array_equal(as_int8, as_float)
+    ref = np.maximum(a.astype(np.float64) @ w + bias, 0)
+    assert np.abs(as_float - ref).max() < 1e-3
