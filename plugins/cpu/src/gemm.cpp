@@ -317,6 +317,11 @@ void apply_epilogue(const Kernels& kr, float* c, i64 ldc, i64 row0, i64 col0, i6
   const ExtraKernels& xk = extra_for(kr);
   for (i64 i = 0; i < m; ++i) {
     float* row = c + i * ldc;
+    if (ep.bias && ep.bias_cs == 1 && ep.act == U_RELU) {
+      // a column bias and ReLU (a Conv1D's product): one pass, the same NaN-passing max as add then relu
+      kr.binary(B_ADD_RELU, BM_VV, row, ep.bias + (row0 + i) * ep.bias_rs + col0, row, n);
+      continue;
+    }
     if (ep.bias_cs == 0 && ep.act >= 0 &&
         xk.bias_act_row(row, n, ep.bias ? ep.bias[(row0 + i) * ep.bias_rs] : 0.f, ep.act, ep.act_alpha,
                          ep.act_beta))

@@ -200,8 +200,8 @@ class CpuConvNHWC(CallKernel):
     """``hetero::ConvNHWC`` with a kernel of one row (a Keras Conv1D, ``ir.passes.conv1d_channels_last``): in the
     channels-last input the window of output position t is k runs of C consecutive values (one run of k * C for
     dilation 1), so the conv is one product of every window of every row by the weights, packed once as
-    [(tap, channel), Cout], written straight into the channels-last output with the bias in its epilogue, then the
-    activation in place. The windows are copied into rows first (a strided view's copy; none for a 1-tap, stride-1
+    [(tap, channel), Cout], written straight into the channels-last output with the bias and the activation in its
+    epilogue. The windows are copied into rows first (a strided view's copy; none for a 1-tap, stride-1
     conv, whose input already is the rows): deepcut's 12 convs as cblk NCHW convs, 130 GFLOP/s, become bf16x3 GEMMs
     at ~290 (precision "normal"), and the Transposes on both sides go."""
 
@@ -257,9 +257,11 @@ class CpuConvNHWC(CallKernel):
             # this binding's own rows: a replay reuses them at every run (runs of one session do not overlap)
             windows = np.empty((n * h * length, self.taps * c), np.float32)
             copies.append(functools.partial(_native.copy, view, windows.reshape(view.shape)))
-        gemm = functools.partial(_native.gemm_packed, windows, self.packed, rows, 1.0, 0.0, self.bias)
-        product = _with_activation(gemm, rows, self.activation)
-        return [*copies, *(product if isinstance(product, list) else [product])]
+        # the activation in the GEMM's epilogue: each block of rows while it is still in cache (with the bias, ReLU
+        # is one add-and-max pass), not a pass of its own over the whole output
+        gemm = functools.partial(_native.gemm_packed, windows, self.packed, rows, 1.0, 0.0, self.bias,
+                                 *self.activation)
+        return [*copies, gemm]
 
 
 class CpuFusedAttention(CallKernel):
