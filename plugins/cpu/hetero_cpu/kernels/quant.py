@@ -167,8 +167,9 @@ class CpuMatMulIntegerScaled(CpuMatMulInteger):
         factor = np.ascontiguousarray(inputs[6].numpy()) if len(inputs) > 6 and inputs[6] is not None else None
         addend = inputs[7].numpy() if len(inputs) > 7 and inputs[7] is not None else None
         shape = (*a.shape[:-1], out.shape[-1])  # the product's
-        if addend is None or addend.shape == out.shape == shape:
-            addend = None if addend is None else np.ascontiguousarray(addend)
+        # the bound call reads the addend's memory at every run: a contiguous copy made here would go stale, so a
+        # strided addend is added after the GEMM, as one that broadcasts
+        if addend is None or (addend.shape == out.shape == shape and addend.flags.c_contiguous):
             return functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, out, factor, addend)
         product = np.empty(shape, np.float32)
         gemm = functools.partial(_native.qgemm_f32, a, self.packed, zp, scale, bias, product, factor)
