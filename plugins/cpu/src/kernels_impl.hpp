@@ -303,11 +303,26 @@ inline void map2(int mode, const float* a, const float* b, float* y, i64 n, F f)
   }
 }
 
-// GELU, exact (erf) form: 0.5 x (1 + erf(x / sqrt 2)).
+// GELU, exact (erf) form: x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2. With a = |x| / sqrt 2 and erfc(a) = t P(t)
+// exp(-a^2), t = 1 / (1 + p a) (Abramowitz & Stegun 7.1.26, absolute error 1.5e-7, as verf's |x| >= 0.5 branch),
+// Phi is 1 - erfc(a) / 2 for x >= 0 and erfc(a) / 2 below: one form for every x (verf also runs a series for small
+// |x|: only erf's relative accuracy near 0 needs it, not 1 + erf), no cancellation in 1 + erf for x < 0, and the
+// reciprocal as an estimate and a Newton step instead of a division. From a = 9 (|x| > 12.7) Phi is 0 or 1 (erfc(9)
+// < 1e-36): the cap keeps exp and the quotient normal, and -inf gives NaN as 0.5 x (1 + erf) does.
 inline V vgelu(V v) {
   using S = SIMD;
-  V e = verf(S::mul(v, S::set1(0.70710678118654752f)));
-  return S::mul(S::mul(S::set1(0.5f), v), S::add(S::set1(1.f), e));
+  const V cap = S::set1(9.f);
+  V a = S::min(S::abs(S::mul(v, S::set1(0.70710678118654752f))), cap);
+  V t = vrecip_1_2(S::fma(S::set1(0.3275911f), a, S::set1(1.f)));
+  V q = S::set1(1.061405429f);
+  q = S::fma(q, t, S::set1(-1.453152027f));
+  q = S::fma(q, t, S::set1(1.421413741f));
+  q = S::fma(q, t, S::set1(-0.284496736f));
+  q = S::fma(q, t, S::set1(0.254829592f));
+  V half_erfc = S::mul(S::mul(q, t), S::mul(S::set1(0.5f), vexp_core(S::neg(S::mul(a, a)))));
+  half_erfc = S::select(S::lt(a, cap), half_erfc, S::zero());
+  V phi = S::select(S::lt(v, S::zero()), half_erfc, S::sub(S::set1(1.f), half_erfc));
+  return vnan_pass(v, S::mul(v, phi));
 }
 
 // GELU, tanh form. 0.5 x (1 + tanh u) = x sigmoid(2u): one exp and a reciprocal estimate instead of tanh's expm1 (a

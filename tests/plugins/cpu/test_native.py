@@ -556,6 +556,29 @@ def test_gelu_tanh_wide_range(isa):
     assert np.all(np.abs(out[fin & ~big] - ref[fin & ~big]) <= 1e-6)
 
 
+def test_gelu_erf_wide_range(isa):
+    # x Phi(x) from one erfc form for every x (A&S 7.1.26, absolute error 1.5e-7): relative accuracy for x >= 0
+    # (Phi >= 1/2), absolute for x < 0 (no cancellation in 1 + erf there, but the form's relative error grows in the
+    # tail); Phi is 0 / 1 from |x| = 9 sqrt 2 (either side of the cap), and inf / nan as 0.5 x (1 + erf) gives them.
+    cap = 9 * np.sqrt(2)
+    x = np.concatenate([np.linspace(-300, 300, 60001), rng(42).uniform(-8, 8, 20000),
+                        np.linspace(-cap - 1e-3, -cap + 1e-3, 101), np.linspace(cap - 1e-3, cap + 1e-3, 101),
+                        [0.0, -0.0, 1e-30, -1e-30, 1e-40, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    out = np.empty_like(x)
+    _native.unary("gelu", x, out)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = _ref_unary("gelu", x, 0, 0)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])
+    pos, neg = np.isfinite(ref) & (x > 0), np.isfinite(ref) & (x <= 0)
+    rel = np.abs(out[pos] - ref[pos]) / np.abs(ref[pos])
+    assert rel.max() <= 1e-6, f"max rel err {rel.max():.3g} at x={x[pos][rel.argmax()]!r}"
+    err = np.abs(out[neg] - ref[neg])
+    assert err.max() <= 5e-7, f"max abs err {err.max():.3g} at x={x[neg][err.argmax()]!r}"
+    far = np.isfinite(x) & (np.abs(x) > cap + 1e-3)
+    np.testing.assert_array_equal(out[far], np.where(x[far] > 0, x[far], 0))
+
+
 def test_unary_special_values(isa):
     inf, nan = np.inf, np.nan
     x = np.array([inf, -inf, nan, 0.0, -0.0, 1e30, -1e30, 100.0, -100.0], np.float32)
