@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import hetero
 from conftest import backend_ok, make_model
@@ -632,6 +632,47 @@ def test_fused_attention_tiles_keep_the_unfused_bits(seq, width, transposes):
     assert session.rewrites["fuse_attention"] == 1
     plain = hetero.Session(model, backends=["cpu"], optimize=False).run(feeds)["y"]
     np.testing.assert_array_equal(session.run(feeds)["y"], plain)
+
+
+def _scaled_operands_model(seq: int, scale_shape: tuple[int, ...] = ()):
+    """PyTorch's exported attention (torch.export of scaled_dot_product_attention): Q and K each times d^-1/4, Q's
+    Mul before its Transpose (sink_transposes' order), K's after it with the constant first."""
+    model, feeds = _attention_model("padding", "none", True, seq=seq)
+    nodes = list(model.graph.node)
+    at = next(i for i, n in enumerate(nodes) if n.op_type == "Transpose" and n.input[0] == "q4")
+    nodes[at].input[0] = "q4s"
+    nodes.insert(at, helper.make_node("Mul", ["q4", "c_q"], ["q4s"]))
+    matmul = next(n for n in nodes if n.op_type == "MatMul" and n.input[0] == "qt")
+    matmul.input[1] = "kts"
+    nodes.insert(nodes.index(matmul), helper.make_node("Mul", ["c_k", "kt"], ["kts"]))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    quarter = np.full(scale_shape, 8 ** -0.25, np.float32)
+    model.graph.initializer.extend([numpy_helper.from_array(quarter, "c_q"),
+                                    numpy_helper.from_array(quarter * np.float32(1.5), "c_k")])
+    return model, feeds
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seq", [7, 37])
+def test_attention_operands_scaled_by_scalars_fold_into_the_node(backend, seq):
+    """The Muls of Q and K by a scalar become the node's q_scale / k_scale: no Mul left, the same values (on cpu the
+    same bits as the written-out nodes: each operand rounded as its Mul rounded it)."""
+    model, feeds = _scaled_operands_model(seq)
+    session = _compare(model, feeds, backend, rtol=1e-5, atol=1e-6)
+    assert session.rewrites["fuse_attention"] == 1
+    ops = _ops(session)
+    assert "FusedAttention" in ops and {"Mul", "Transpose", "Softmax", "MatMul"}.isdisjoint(ops)
+    if backend == "cpu":
+        plain = hetero.Session(model, backends=["cpu"], optimize=False).run(feeds)["y"]
+        np.testing.assert_array_equal(session.run(feeds)["y"], plain)
+
+
+def test_attention_operand_mul_by_a_vector_stays():
+    model, feeds = _scaled_operands_model(7, scale_shape=(2, 1, 1, 1))  # one factor per batch: not a scalar
+    session = _compare(model, feeds, "reference")
+    assert session.rewrites["fuse_attention"] == 1
+    assert _ops(session).count("Mul") == 2
 
 
 def test_attention_left_alone_when_scores_or_probabilities_are_read_elsewhere():

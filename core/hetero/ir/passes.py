@@ -1421,6 +1421,34 @@ def _through_transpose(graph: Graph, name: str, producers: dict[str, Node]) -> t
     return node.inputs[0], perm, [node]
 
 
+def _through_scalar_mul(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[str, float | None, list[Node]]:
+    """The 4-D tensor a Mul by a finite float32 scalar constant read to make ``name`` (read by nothing else), with
+    the scalar; else ``name`` itself and None."""
+    node = producers.get(name)
+    if node is None or node.op_key != ("", "Mul") or len(node.inputs) != 2 or _single_consumer(graph, name) is None:
+        return name, None, []
+    for i in (0, 1):
+        value, x = graph.initializers.get(node.inputs[i]), node.inputs[1 - i]
+        info = graph.values.get(x)
+        if value is not None and np.size(value) == 1 and np.ndim(value) <= 4 and value.dtype == np.float32 and \
+                bool(np.isfinite(value).all()) and info is not None and info.rank == 4 and \
+                info.dtype == dtypes.float32:
+            return x, float(np.asarray(value).reshape(-1)[0]), [node]
+    return name, None, []
+
+
+def _attention_operand(graph: Graph, name: str, producers: dict[str, Node]
+                       ) -> tuple[str, list[int], float | None, list[Node]]:
+    """Q or K of the product as FusedAttention reads it: through a 4-D Transpose and a Mul by a scalar, in either
+    order (PyTorch's exported attention scales Q and K by d^-1/4 each): the source, the perm, the scalar (None
+    without a Mul) and the nodes passed through."""
+    x, perm, nodes = _through_transpose(graph, name, producers)
+    x, scalar, mul = _through_scalar_mul(graph, x, producers)
+    if mul and not nodes:
+        x, perm, nodes = _through_transpose(graph, x, producers)
+    return x, perm, scalar, [*nodes, *mul]
+
+
 def _scores(graph: Graph, name: str, producers: dict[str, Node]) -> tuple[Node, dict[str, float], list[Node]] | None:
     """``name`` as MatMul(Q, K) of 4-D operands, maybe times or divided by a float32 scalar constant: the MatMul, the
     scale attribute and the nodes from the MatMul on."""
@@ -1489,8 +1517,9 @@ def _attention_span(graph: Graph, softmax: Node, producers: dict[str, Node]) -> 
     attrs: dict[str, Any] = dict(scale)
     if cleanup:
         attrs["nan_to_zero"] = 1
-    q, attrs["q_perm"], q_nodes = _through_transpose(graph, qk.inputs[0], producers)
-    k, attrs["k_perm"], k_nodes = _through_transpose(graph, qk.inputs[1], producers)
+    q, attrs["q_perm"], q_scale, q_nodes = _attention_operand(graph, qk.inputs[0], producers)
+    k, attrs["k_perm"], k_scale, k_nodes = _attention_operand(graph, qk.inputs[1], producers)
+    attrs.update({key: value for key, value in (("q_scale", q_scale), ("k_scale", k_scale)) if value is not None})
     v, attrs["v_perm"], v_nodes = _through_transpose(graph, pv.inputs[1], producers)
     out = _single_consumer(graph, pv.outputs[0])
     out_perm = [int(p) for p in out.attrs.get("perm", [])] if out is not None else []

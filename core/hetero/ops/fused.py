@@ -139,14 +139,19 @@ def _attention_infer(ctx: OpContext) -> list[TensorInfo]:
 @op("FusedAttention", domain=HETERO_DOMAIN, infer=_attention_infer)
 def fused_attention(ctx: OpContext) -> list[np.ndarray]:
     """An exported encoder's attention in one node: ``Transpose(Softmax((Q @ K) * scale / divisor + mask, -1) @ V,
-    out_perm)`` with ``Q = Transpose(q, q_perm)`` ([B, H, S, d]), ``K = Transpose(k, k_perm)`` ([B, H, d, T]: the
-    MatMul's right operand), ``V = Transpose(v, v_perm)`` ([B, H, T, dv]) and the optional additive ``mask`` (input
-    3), broadcast as the written-out Add and MatMuls broadcast; ``scale`` and ``divisor`` default to 1 (what the
-    written-out graph multiplied or divided the scores by); ``nan_to_zero`` (PyTorch's export) sets NaN
-    probabilities (a fully masked row) to 0. The steps round as the unfused MatMul, Mul / Div, Add, Softmax, MatMul
+    out_perm)`` with ``Q = Transpose(q, q_perm) * q_scale`` ([B, H, S, d]), ``K = Transpose(k, k_perm) * k_scale``
+    ([B, H, d, T]: the MatMul's right operand; the scales are the graph's Mul of each by a scalar, absent: none),
+    ``V = Transpose(v, v_perm)`` ([B, H, T, dv]) and the optional additive ``mask`` (input 3), broadcast as the
+    written-out Add and MatMuls broadcast; ``scale`` and ``divisor`` default to 1 (what the written-out graph
+    multiplied or divided the scores by); ``nan_to_zero`` (PyTorch's export) sets NaN probabilities (a fully masked
+    row) to 0. The steps round as the unfused MatMul, Mul / Div, Add, Softmax, MatMul
     and Transpose do."""
     q = np.transpose(ctx.array(0), _perm(ctx, "q_perm"))
     k = np.transpose(ctx.array(1), _perm(ctx, "k_perm"))
+    if "q_scale" in ctx.node.attrs:
+        q = q * np.float32(ctx.attr("q_scale"))
+    if "k_scale" in ctx.node.attrs:
+        k = k * np.float32(ctx.attr("k_scale"))
     v = np.transpose(ctx.array(2), _perm(ctx, "v_perm"))
     scores = np.matmul(q, k)
     scale, divisor = ctx.attr("scale", 1.0), ctx.attr("divisor", 1.0)

@@ -1,4 +1,4 @@
-// FusedAttention (hetero.ops.fused): softmax(Q K * scale / divisor + mask) V per (batch, head), with Q, K, V, the
+// FusedAttention (hetero.ops.fused): softmax((Q q_scale) (K k_scale) * scale / divisor + mask) V per (batch, head), with Q, K, V, the
 // mask and the output read / written through their strides (the transposes of the exported graph never copied), and
 // each head's scores kept in a per-thread buffer instead of four passes over a [B, H, S, T] tensor. The steps are
 // the unfused kernels' (the GEMM's tiles, with its FMA chain per value; the vector binary ops; the softmax row
@@ -52,6 +52,12 @@ void need_dims(const View4& v, i64 d0, i64 d1, i64 d2, i64 d3, const char* name)
          ", expected " + dims_str(d0, d1, d2, d3));
 }
 
+// Scalars Q and K were multiplied by before the product (PyTorch's exported attention scales each by d^-1/4): applied
+// to this kernel's own copies of them (K^T's rows, Q's packed panels), each value rounded as the graph's Mul rounded it.
+struct OperandScales {
+  float q = 1.f, k = 1.f;
+};
+
 // C (m x n, row stride ldc) = A @ B with A in full-K row panels (pack_a_panels) and row k of B read in place at
 // base + off[k], on the direct-convolution tiles (onnx_impl.hpp x_conv_tile): nr-wide tiles, then one-vector ones for
 // the last columns (70 of T5's = 32 + 32 + 16, not 3 x 32); a tile reads whole vectors, so B's rows must be readable
@@ -79,7 +85,7 @@ bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, c
 // One head on the tiles: Q panels, K^T copied once into rows of T (zero-padded to the lanes), V read in place (or
 // padded rows when dv is not a multiple of the lanes). False where the tiles are missing (the caller runs the GEMMs).
 bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, const MatView& kt, const MatView& v,
-                   float* o, i64 ldo, const std::function<void(float*, i64)>& rows_softmax) {
+                   float* o, i64 ldo, const OperandScales& by, const std::function<void(float*, i64)>& rows_softmax) {
   const i64 S = q.rows, D = q.cols, T = kt.cols, DV = v.cols, mr = kr.mr, w = xk.lanes;
   const i64 tp = ceil_div(T, w) * w, dvp = ceil_div(DV, w) * w, ap_n = ceil_div(S, mr) * mr;
   const bool v_in_place = v.cs == 1 && DV % w == 0;
@@ -105,7 +111,10 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
     for (i64 t = 0; t < T; ++t)
       for (i64 d = 0; d < D; ++d) kp[d * tp + t] = kt.p[d * kt.rs + t * kt.cs];
   }
+  // whole buffers, one call each: the padding (K^T's columns past T, Q's rows past S) is never read
+  if (by.k != 1.f) kr.binary(B_MUL, BM_VS, kp, &by.k, kp, D * tp);
   pack_a_panels(kr, q, qp);
+  if (by.q != 1.f) kr.binary(B_MUL, BM_VS, qp, &by.q, qp, ap_n * D);
   if (!tile_gemm(kr, xk, S, tp, D, qp, kp, off, scores, tp, true)) return false;
   rows_softmax(scores, tp);
   pack_a_panels(kr, MatView{scores, S, T, tp, 1}, qp);  // the probabilities as A (Q's panels are done with)
@@ -124,10 +133,18 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
   return tile_gemm(kr, xk, S, DV, T, qp, vbase, off, o, ldo, false);
 }
 
+// a (read through its strides) times s into dst, contiguous: the fallback's scaled operands
+MatView scaled_copy(const MatView& a, float s, float* dst) {
+  for (i64 i = 0; i < a.rows; ++i)
+    for (i64 j = 0; j < a.cols; ++j) dst[i * a.cols + j] = a.p[i * a.rs + j * a.cs] * s;
+  return MatView{dst, a.rows, a.cols, a.cols, 1};
+}
+
 // q [B, H, S, d], k [B, H, d, T], v [B, H, T, dv], mask [B, H, S, T] (a broadcast view) or None, out [B, H, S, dv]
 // (a view of the output buffer whose last dim is contiguous).
 Op prep_fused_attention(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
-                        const py::array& out, float scale, float divisor, bool nan_to_zero) {
+                        const py::array& out, float scale, float divisor, bool nan_to_zero, float q_scale,
+                        float k_scale) {
   const View4 Q = view4(q, "q"), K = view4(k, "k"), V = view4(v, "v"), O = view4(out, "out");
   const i64 B = Q.dim[0], H = Q.dim[1], S = Q.dim[2], D = Q.dim[3], T = K.dim[3], DV = V.dim[3];
   need_dims(K, B, H, D, T, "k");
@@ -184,10 +201,15 @@ Op prep_fused_attention(const py::array& q, const py::array& k, const py::array&
                 for (i64 j = 0; j < T; ++j) row[j] = row[j] != row[j] ? 0.f : row[j];
             }
           };
-          if (tiles && head_on_tiles(kr, xk, qa, kb, vb, o, O.st[2], rows_softmax)) return;
+          const OperandScales by{q_scale, k_scale};
+          if (tiles && head_on_tiles(kr, xk, qa, kb, vb, o, O.st[2], by, rows_softmax)) return;
           static thread_local AlignedBuf scratch;
-          float* scores = scratch.get(static_cast<std::size_t>(S * T));
-          gemm_views(kr, qa, kb, scores, T, 1.f, 0.f, Epilogue{}, 1);
+          float* scores = scratch.get(static_cast<std::size_t>(S * T + (by.q != 1.f ? S * D : 0) +
+                                                               (by.k != 1.f ? D * T : 0)));
+          float* spare = scores + S * T;
+          const MatView qs = by.q != 1.f ? scaled_copy(qa, by.q, spare) : qa;
+          const MatView ks = by.k != 1.f ? scaled_copy(kb, by.k, spare + (by.q != 1.f ? S * D : 0)) : kb;
+          gemm_views(kr, qs, ks, scores, T, 1.f, 0.f, Epilogue{}, 1);
           rows_softmax(scores, T);
           gemm_views(kr, MatView{scores, S, T, T, 1}, vb, o, O.st[2], 1.f, 0.f, Epilogue{}, 1);
         },
@@ -196,25 +218,28 @@ Op prep_fused_attention(const py::array& q, const py::array& k, const py::array&
 }
 
 void py_fused_attention(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
-                        const py::array& out, float scale, float divisor, bool nan_to_zero) {
-  run_now(prep_fused_attention, q, k, v, mask, out, scale, divisor, nan_to_zero);
+                        const py::array& out, float scale, float divisor, bool nan_to_zero, float q_scale,
+                        float k_scale) {
+  run_now(prep_fused_attention, q, k, v, mask, out, scale, divisor, nan_to_zero, q_scale, k_scale);
 }
 
 }  // namespace
 
 void bind_attention(py::module_& m) {
   register_step_op("fused_attention", [](const py::tuple& a) {
-    step_arity(a, 5, 8, "fused_attention");
+    step_arity(a, 5, 10, "fused_attention");
     return prep_fused_attention(step_array(a, 0, "fused_attention"), step_array(a, 1, "fused_attention"),
                                 step_array(a, 2, "fused_attention"), a[3], step_array(a, 4, "fused_attention"),
                                 a.size() > 5 ? a[5].cast<float>() : 1.f, a.size() > 6 ? a[6].cast<float>() : 1.f,
-                                a.size() > 7 && a[7].cast<bool>());
+                                a.size() > 7 && a[7].cast<bool>(), a.size() > 8 ? a[8].cast<float>() : 1.f,
+                                a.size() > 9 ? a[9].cast<float>() : 1.f);
   });
   m.def("fused_attention", &py_fused_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
         py::arg("out"), py::arg("scale") = 1.0f, py::arg("divisor") = 1.0f, py::arg("nan_to_zero") = false,
-        "softmax(q @ k * scale / divisor + mask) @ v per (batch, head) into out; q [B, H, S, d], k [B, H, d, T], "
-        "v [B, H, T, dv], mask [B, H, S, T] (broadcast view) or None, out [B, H, S, dv]: any strides (the last dim "
-        "of out contiguous); nan_to_zero: NaN probabilities (a fully masked row) become 0.");
+        py::arg("q_scale") = 1.0f, py::arg("k_scale") = 1.0f,
+        "softmax((q * q_scale) @ (k * k_scale) * scale / divisor + mask) @ v per (batch, head) into out; q [B, H, S, "
+        "d], k [B, H, d, T], v [B, H, T, dv], mask [B, H, S, T] (broadcast view) or None, out [B, H, S, dv]: any "
+        "strides (the last dim of out contiguous); nan_to_zero: NaN probabilities (a fully masked row) become 0.");
 }
 
 }  // namespace hetero

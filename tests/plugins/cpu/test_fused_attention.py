@@ -80,3 +80,33 @@ def test_fused_attention_matches_the_unfused_calls(isa, seq, width, k_transposed
     _native.fused_attention(q, kt, v, mask, out, scale, divisor, False)
     np.testing.assert_allclose(out, _reference(q, kt, v, mask, scale, divisor), rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(out, _unfused(q, kt, v, mask, scale, divisor))
+
+
+def _native_times(x: np.ndarray, s: float) -> np.ndarray:
+    """x * s on the native Mul (the graph's Mul of Q or K by a scalar)."""
+    out = np.empty(x.shape, f32)
+    _native.binary("mul", np.ascontiguousarray(x), np.broadcast_to(np.array(s, f32), x.shape), out)
+    return out
+
+
+@pytest.mark.parametrize("seq, width", [(66, 32), (19, 20), (70, 64)])
+@pytest.mark.parametrize("k_transposed", [True, False])
+@pytest.mark.parametrize("q_scale, k_scale", [(0.42044820762685725, 0.42044820762685725), (0.5, 1.0), (1.0, -3.0)])
+def test_operand_scales_round_as_the_graphs_muls(isa, seq, width, k_transposed, q_scale, k_scale):
+    """q_scale / k_scale (PyTorch's d^-1/4 on Q and on K, folded by fuse_attention): the same bits as multiplying Q
+    and K by them on the native Mul first, on the tiles (K^T copied, Q's panels) and on the fallback's copies."""
+    rng = np.random.default_rng(seq * 5 + width)
+    b, h, s, d = 2, 3, seq, width
+    q = rng.normal(size=(b, h, s, d)).astype(f32)
+    kt = (rng.normal(size=(b, h, d, s)).astype(f32) if k_transposed
+          else rng.normal(size=(b, h, s, d)).astype(f32).transpose(0, 1, 3, 2))
+    v = rng.normal(size=(b, h, s, d)).astype(f32)
+    mask = _mask("row", b, h, s, s, rng)
+    out = np.empty((b, h, s, d), f32)
+    _native.fused_attention(q, kt, v, mask, out, 1.0, 8.0, False, q_scale, k_scale)
+    qs, kts = _native_times(q, q_scale), _native_times(kt, k_scale)
+    expected = np.empty_like(out)
+    _native.fused_attention(qs, kts, v, mask, expected, 1.0, 8.0, False)
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(out, _unfused(qs, kts, v, mask, 1.0, 8.0))
+    np.testing.assert_allclose(out, _reference(qs, kts, v, mask, 1.0, 8.0), rtol=1e-4, atol=1e-5)

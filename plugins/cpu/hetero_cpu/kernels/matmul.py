@@ -289,4 +289,5 @@ class CpuFusedAttention(CallKernel):
         # the output buffer seen in the [B, H, S, dv] order: out_perm's inverse
         out = np.transpose(outputs[0].buffer, np.argsort([int(p) for p in self.attr("out_perm", [0, 1, 2, 3])]))
         return functools.partial(_native.fused_attention, *views, out, float(self.attr("scale", 1.0)),
-                                 float(self.attr("divisor", 1.0)), bool(self.attr("nan_to_zero", 0)))
+                                 float(self.attr("divisor", 1.0)), bool(self.attr("nan_to_zero", 0)),
+                                 float(self.attr("q_scale", 1.0)), float(self.attr("k_scale", 1.0)))
