@@ -675,6 +675,62 @@ def test_attention_operand_mul_by_a_vector_stays():
     assert _ops(session).count("Mul") == 2
 
 
+def _batched_k_transpose_model(seq: int, split_order: tuple[int, int, int] = (0, 1, 2), dynamic: bool = True):
+    """torch.export's K.transpose(-2, -1) of [B, H, S, d] through 3-D: Reshape to [-1, S, d] and back to [B, H, d,
+    S], the shapes sliced out of Shape(K) at run time. ``split_order``: the pieces of the second shape (lead dims,
+    d, S: (0, 1, 2)); another order is another reshape, left alone. ``dynamic``: batch and sequence unknown until
+    run time (the exported model's case: the shapes stay Shape / Slice / Concat nodes), else known (constants)."""
+    mk = helper.make_node
+    model, feeds = _attention_model("padding", "div", True, seq=seq)
+    if dynamic:
+        for value in model.graph.input:
+            for axis, symbol in enumerate(("batch", "seq")):
+                value.type.tensor_type.shape.dim[axis].dim_param = symbol
+        for init in model.graph.initializer:
+            if init.name in ("c_heads", "c_flat"):  # 0: the input's own batch and sequence
+                init.CopyFrom(numpy_helper.from_array(np.array([0, 0, *numpy_helper.to_array(init)[2:]], np.int64),
+                                                      init.name))
+    nodes = list(model.graph.node)
+    at = next(i for i, n in enumerate(nodes) if n.op_type == "Transpose" and n.input[0] == "k4")
+    pieces = [("lead", "c_min", "c_m2"), ("last", "c_m1", "c_max"), ("rows", "c_m2", "c_m1")]
+    nodes[at:at + 1] = [
+        mk("Transpose", ["k4"], ["kh"], perm=[0, 2, 1, 3]), mk("Shape", ["kh"], ["kshape"]),
+        *[mk("Slice", ["kshape", lo, hi], [name]) for name, lo, hi in pieces],
+        mk("Concat", ["c_flat3", "rows", "last"], ["s_merge"], axis=0),
+        mk("Concat", [pieces[i][0] for i in split_order], ["s_split"], axis=0),
+        mk("Reshape", ["kh", "s_merge"], ["k3"]), mk("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
+        mk("Reshape", ["k3t", "s_split"], ["kt"])]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), name) for name, v in (
+        ("c_min", -2 ** 63), ("c_max", 2 ** 63 - 1), ("c_m1", -1), ("c_m2", -2), ("c_flat3", -1)))
+    return model, feeds
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seq, dynamic", [(7, True), (37, True), (7, False)])
+def test_batched_k_transpose_becomes_one_transpose(backend, seq, dynamic):
+    """The merge / swap / split of K's last two axes is one Transpose composed with K's head Transpose, which
+    fuse_attention reads through strides: no Transpose or Reshape of K left, the same values (on cpu the same bits
+    as the written-out nodes: transposes move values, they round nothing)."""
+    model, feeds = _batched_k_transpose_model(seq, dynamic=dynamic)
+    session = _compare(model, feeds, backend, rtol=1e-5, atol=1e-6)
+    assert session.rewrites["merge_batched_transposes"] == 1
+    ops = _ops(session)
+    if backend == "cpu":
+        assert session.rewrites["fuse_attention"] == 1
+        assert {"Transpose", "Shape", "Slice", "Concat"}.isdisjoint(ops) and ops.count("Reshape") == 4
+        plain = hetero.Session(model, backends=["cpu"], optimize=False).run(feeds)["y"]
+        np.testing.assert_array_equal(session.run(feeds)["y"], plain)
+
+
+def test_batched_k_transpose_of_another_split_stays():
+    # split back to [B, H, S, d] (S = d = 8, so the product is still defined): a reshape, not a transpose
+    model, feeds = _batched_k_transpose_model(8, split_order=(0, 2, 1))
+    session = _compare(model, feeds, "reference")
+    assert session.rewrites["merge_batched_transposes"] == 0
+
+
 def test_attention_left_alone_when_scores_or_probabilities_are_read_elsewhere():
     model, feeds = _attention_model("padding", "div", True)
     model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, None))  # the probabilities out

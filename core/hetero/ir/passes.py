@@ -1533,6 +1533,83 @@ def _attention_span(graph: Graph, softmax: Node, producers: dict[str, Node]) -> 
     return fused, [*q_nodes, *k_nodes, *v_nodes, *span]
 
 
+def _dims_of_shape(graph: Graph, name: str, producers: dict[str, Node], source: str) -> list[int] | None:
+    """The 1-D ``name`` as a Concat (axis 0) of the constant [-1] and Slices (constant bounds, step 1) of
+    Shape(``source``) for a 4-D ``source``: the dims of ``source`` it lists, in order, -1 for the constant; None for
+    anything else."""
+    concat = producers.get(name)
+    if concat is None or concat.op_key != ("", "Concat") or int(concat.attrs.get("axis", 0)) != 0:
+        return None
+    dims: list[int] = []
+    for part in concat.inputs:
+        if part in graph.initializers:
+            if np.asarray(graph.initializers[part]).tolist() != [-1]:
+                return None
+            dims.append(-1)
+            continue
+        piece = producers.get(part)
+        if piece is None or piece.op_key != ("", "Slice") or len(piece.inputs) not in (3, 4) or \
+                any(i not in graph.initializers for i in piece.inputs[1:]):
+            return None
+        shape = producers.get(piece.inputs[0])
+        if shape is None or shape.op_key != ("", "Shape") or shape.inputs[0] != source or \
+                int(shape.attrs.get("start", 0)) != 0 or "end" in shape.attrs:
+            return None
+        bounds = [np.asarray(graph.initializers[i]).reshape(-1).tolist() for i in piece.inputs[1:]]
+        if any(len(b) != 1 for b in bounds) or (len(bounds) == 3 and bounds[2] != [0]):
+            return None
+        dims.extend(range(4)[bounds[0][0]:bounds[1][0]])  # ONNX Slice clamps its bounds as Python's slices do
+    return dims
+
+
+def _shape_is(graph: Graph, name: str, producers: dict[str, Node], x: str, dims: list[int]) -> bool:
+    """Whether the 1-D ``name`` is the 4-D ``x``'s ``dims`` in that order (-1: the product of x's first two): taken
+    from Shape(x) at run time (``_dims_of_shape``), or a constant equal to them where x's shape is known."""
+    if name not in graph.initializers:
+        return _dims_of_shape(graph, name, producers, x) == dims
+    info = graph.values.get(x)
+    shape = [d for d in info.shape if isinstance(d, int) and d > 0] if info is not None and info.shape else []
+    if len(shape) != 4:
+        return False
+    value = np.asarray(graph.initializers[name]).reshape(-1).tolist()
+    return value in ([shape[d] if d >= 0 else -1 for d in dims], [shape[d] if d >= 0 else shape[0] * shape[1]
+                                                                   for d in dims])
+
+
+def merge_batched_transposes(graph: Graph) -> int:
+    """``Reshape(Transpose(Reshape(x, [-1, d2, d3]), [0, 2, 1]), [d0, d1, d3, d2])`` with the shapes taken from
+    ``Shape(x)`` at run time or constants of x's known shape (torch.export's ``transpose(-2, -1)`` of a 4-D tensor,
+    as MiniLM's exported K^T: the two leading dims merged, the last two swapped, split again): one ``Transpose(x,
+    [0, 1, 3, 2])``, composed with x's own 4-D Transpose where x is one; fuse_attention then reads K^T through
+    strides instead of two copies."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for swap in list(graph.nodes):
+        if swap.op_key != ("", "Transpose") or [int(p) for p in swap.attrs.get("perm", [])] != [0, 2, 1]:
+            continue
+        producers = graph.producers()
+        merge, split = producers.get(swap.inputs[0]), _single_consumer(graph, swap.outputs[0])
+        if merge is None or merge.op_key != ("", "Reshape") or split is None or split.op_key != ("", "Reshape") or \
+                _single_consumer(graph, merge.outputs[0]) is not swap or merge.attrs.get("allowzero", 0) or \
+                split.attrs.get("allowzero", 0) or {merge.outputs[0], swap.outputs[0]} & keep:
+            continue
+        x = merge.inputs[0]
+        if _rank(graph, x) != 4 or not _shape_is(graph, merge.inputs[1], producers, x, [-1, 2, 3]) or \
+                not _shape_is(graph, split.inputs[1], producers, x, [0, 1, 3, 2]):
+            continue
+        source, perm = x, [0, 1, 3, 2]
+        inner = producers.get(x)
+        inner_perm = [int(p) for p in inner.attrs.get("perm", [])] if inner is not None else []
+        if inner is not None and inner.op_key == ("", "Transpose") and sorted(inner_perm) == [0, 1, 2, 3]:
+            source, perm = inner.inputs[0], [inner_perm[p] for p in perm]  # the inner one stays while read
+        graph.nodes[graph.nodes.index(split)] = Node("Transpose", [source], list(split.outputs), {"perm": perm},
+                                                     name=f"{swap.name}/merged")
+        graph.nodes.remove(swap)
+        graph.nodes.remove(merge)
+        count += 1
+    return count
+
+
 def fuse_attention(graph: Graph) -> int:
     """An encoder's attention written out (MatMul of the transposed Q and K, scaled, plus a mask, Softmax, MatMul by
     the transposed V, transposed back): one ``FusedAttention``, which reads Q, K and V where they lie (no Transpose
@@ -1716,7 +1793,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
                                     fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
-                                    einsum_to_matmul, fuse_attention, pow_to_mul, fuse_gelu_mul, fuse_add_relu)
+                                    einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
+                                    fuse_gelu_mul, fuse_add_relu)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
