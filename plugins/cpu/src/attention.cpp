@@ -1,8 +1,9 @@
-// FusedAttention (hetero.ops.fused): softmax((Q q_scale) (K k_scale) * scale / divisor + mask) V per (batch, head), with Q, K, V, the
-// mask and the output read / written through their strides (the transposes of the exported graph never copied), and
-// each head's scores kept in a per-thread buffer instead of four passes over a [B, H, S, T] tensor. The steps are
-// the unfused kernels' (the GEMM's tiles, with its FMA chain per value; the vector binary ops; the softmax row
-// kernel), so the result rounds as the written-out MatMul / Mul / Div / Add / Softmax / MatMul did on this backend.
+// FusedAttention (hetero.ops.fused): softmax((Q q_scale) (K k_scale) * scale / divisor + mask) V per (batch, head),
+// with Q, K, V, the mask and the output read / written through their strides (the transposes of the exported graph
+// never copied), and each head's scores kept in a per-thread buffer instead of four passes over a [B, H, S, T]
+// tensor. The steps are the unfused kernels' (the GEMM's tiles, with its FMA chain per value; the vector binary ops;
+// the softmax row kernel), so the result rounds as the written-out MatMul / Mul / Div / Add / Softmax / MatMul did on
+// this backend.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -52,8 +53,9 @@ void need_dims(const View4& v, i64 d0, i64 d1, i64 d2, i64 d3, const char* name)
          ", expected " + dims_str(d0, d1, d2, d3));
 }
 
-// Scalars Q and K were multiplied by before the product (PyTorch's exported attention scales each by d^-1/4): applied
-// to this kernel's own copies of them (K^T's rows, Q's packed panels), each value rounded as the graph's Mul rounded it.
+// Scalars Q and K were multiplied by before the product (PyTorch's exported attention scales each by d^-1/4):
+// applied to this kernel's own copies of them (K^T's rows, Q's packed panels), each value rounded as the graph's Mul
+// rounded it.
 struct OperandScales {
   float q = 1.f, k = 1.f;
 };
