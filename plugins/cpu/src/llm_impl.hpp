@@ -102,6 +102,14 @@ inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& l
   }
 }
 
+// S::SIX_BIT_GF: the traits unpack a 6-bit step (its nibble vector v and high-bit vector hv, u = t % 2) in fewer
+// operations than add_high_bits (llm_simd_avx512vbmi.hpp: gf2p8affineqb); the same bytes. q6_k's one-row tile only:
+// the many-row tiles keep add_high_bits.
+template <class S, class = void>
+struct HasSixBitGf : std::false_type {};
+template <class S>
+struct HasSixBitGf<S, std::enable_if_t<S::SIX_BIT_GF>> : std::true_type {};
+
 // S::DOT_AT: the traits dot weights with the 4 activation bytes at a pointer, broadcast by the dot itself
 // (llm_simd_avx512vnni.hpp); else broadcast (S::bcast4) and dotted. The same integers either way.
 template <class S, class = void>
@@ -385,8 +393,13 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
           const B v0 = S::load_b(qv + 64 * t + 4 * W * h);
           const B v = NIB ? S::opaque(v0) : v0;  // nibbles: one load for both masks
           if (NIB) {
-            B lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
-            add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
+            B lo, hi;
+            if constexpr (BITS == 6 && MR == 1 && HasSixBitGf<S>::value) {
+              S::six_bit_step(v, S::opaque(S::load_b(qv + nib_bytes + 64 * (t / 2) + 4 * W * h)), t % 2, lo, hi);
+            } else {
+              lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
+              add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
+            }
             for (int m = 0; m < MR; ++m) {
               const std::int8_t* xp = xrow[m] + xo + 8 * t;  // pair4: the low nibbles' 4 bytes, then the high ones'
               if (SPLIT) {
