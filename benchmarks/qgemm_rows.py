@@ -19,6 +19,7 @@ barrier after each call; ``--calls 1`` is one contiguous range a thread per call
 set against the plain stream).
 
     python benchmarks/qgemm_rows.py [--n 8960] [--k 1536] [--reps 15] [--isa avx512vnni] [--base main --rounds 5]
+    python benchmarks/qgemm_rows.py --isa avx512vbmi --base HEAD --base-isa avx512vnni [--rounds 5]
     python benchmarks/qgemm_rows.py --isa avx512vnni --stream-mib 256 --threads 1,2 [--base main] [--rounds 3]
         [--clock cpu]
     python benchmarks/qgemm_rows.py --isa avx512vnni --n 2048 --k 1024 --stream-mib 128 --threads 2 --clock cpu \
@@ -44,7 +45,8 @@ NATIVE_HEADERS = [HERE / "native" / "bench_threads.hpp"]
 INCLUDE = HERE.parent / "plugins" / "cpu" / "src"
 AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c"]
 FLAGS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "avx512": ["-DROWS_AVX512", *AVX512],
-         "avx512vnni": ["-DROWS_VNNI", "-mavx512vnni", *AVX512]}
+         "avx512vnni": ["-DROWS_VNNI", "-mavx512vnni", *AVX512],
+         "avx512vbmi": ["-DROWS_VBMI", "-mavx512vnni", "-mavx512vbmi", "-mgfni", *AVX512]}
 
 # One run's result: format -> (n, k, bytes, seconds at M = 1, hash of the one-row outputs, {M: seconds})
 Result = dict[str, tuple[int, int, int, float, str, dict[int, float]]]
@@ -120,7 +122,7 @@ def stream(args: argparse.Namespace, base: Path | None) -> None:
     for isa in args.isa or sorted(FLAGS):
         exes = {"this tree": build(isa, INCLUDE)}
         if base is not None:
-            exes[f"base {args.base}"] = build(isa, base)
+            exes[f"base {args.base}"] = build(args.base_isa or isa, base)
         runs: dict[tuple[str, int], list[Result]] = {(name, t): [] for name in exes for t in threads}
         bound: dict[int, list[float]] = {t: [] for t in threads}
         for _ in range(args.rounds):
@@ -146,8 +148,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=1536)
     parser.add_argument("--reps", type=int, default=15, help="passes per M within one run (the median is kept)")
     parser.add_argument("--isa", action="append", choices=sorted(FLAGS),
-                        help="default: all three (this CPU must run them)")
+                        help="default: all (this CPU must run them)")
     parser.add_argument("--base", help="git revision whose kernel headers to compare against, alternated")
+    parser.add_argument("--base-isa", choices=sorted(FLAGS),
+                        help="build --base for this ISA instead of --isa (e.g. avx512vbmi against a revision that "
+                             "only has avx512vnni; --base HEAD --base-isa X: this tree's ISA X against --isa)")
     parser.add_argument("--rounds", type=int, default=3, help="alternated runs of each build (with --base)")
     parser.add_argument("--stream-mib", type=int, default=0,
                         help="stream the one-row GEMV from ~MIB MiB of weights per thread (2 MiB pages)")
@@ -172,13 +177,13 @@ def main() -> None:
             print(f"{isa}:", flush=True)
             print("\n".join(describe(run(new_exe, args.n, args.k, args.reps))), flush=True)
             continue
-        base_exe = build(isa, base)
+        base_exe = build(args.base_isa or isa, base)
         news, bases = [], []
         for _ in range(args.rounds):
             bases.append(run(base_exe, args.n, args.k, args.reps))
             news.append(run(new_exe, args.n, args.k, args.reps))
         new, old = median_of(news), median_of(bases)
-        print(f"{isa} base {args.base}:")
+        print(f"{isa} base {args.base}{' ' + args.base_isa if args.base_isa else ''}:")
         print("\n".join(describe(old)))
         print(f"{isa} this tree:")
         print("\n".join(describe(new)))

@@ -3,7 +3,7 @@
 // packed weights in one process, one thread: thread CPU time per pass over the matrix for M = 1, 2, 3, 4, 8, 9, 11,
 // 12, 16 rows, alternated, the median of REPS, and a check that every row of an M-row tile is bitwise the one-row
 // GEMV. Built and run by benchmarks/qgemm_rows.py, once per ISA (-DROWS_AVX512 /
-// -DROWS_VNNI with the AVX-512 flags, else AVX2) and once per source tree when it compares against a base revision.
+// -DROWS_VNNI / -DROWS_VBMI with the AVX-512 flags, else AVX2) and once per source tree when it compares against a base revision.
 //   qgemm_rows N K REPS [STREAM_MIB THREADS [CALLS_TASKS]]
 // Output, one line per format: "<fmt> <N> <K> <bytes> <M=1 seconds> <hash of M=1's output> (<M> <seconds>)...".
 // STREAM_MIB > 0: the one-row GEMV streamed from memory instead: THREADS threads each fill a buffer of about
@@ -30,7 +30,10 @@
 
 #include "bench_threads.hpp"
 
-#if defined(ROWS_VNNI)
+#if defined(ROWS_VBMI)
+#include "llm_simd_avx512vbmi.hpp"
+using T = LlmSimdVbmi;
+#elif defined(ROWS_VNNI)
 #include "llm_simd_avx512vnni.hpp"
 using T = LlmSimdVnni;
 #elif defined(ROWS_AVX512)

@@ -9,6 +9,7 @@
 // HETERO_LLM_HUGE=0 = the repacked weights and the KV cache on the allocator's ordinary pages (see WeightArena),
 // HETERO_LLM_KVTOUCH=0 = a decode step's attention without the read-ahead of its KV lines (touch_head).
 // HETERO_LLM_ORDER=0 = the pool's threads take equal tasks in index order, not in per-thread runs (claim_order).
+// HETERO_LLM_VBMI=0 = the plain VNNI kernel table on a CPU that also has VBMI + GFNI (lk(); llm_use_vbmi).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -47,6 +48,7 @@ namespace llm {
 const LlmKernels* llm_kernels_avx2() { return nullptr; }
 const LlmKernels* llm_kernels_avx512() { return nullptr; }
 const LlmKernels* llm_kernels_avx512vnni() { return nullptr; }
+const LlmKernels* llm_kernels_avx512vbmi() { return nullptr; }
 #endif
 namespace {
 
@@ -57,6 +59,7 @@ bool cpu_has(const char* what) {
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   if (std::string(what) == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+  if (std::string(what) == "avx512vbmi") return __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
   if (std::string(what) == "f16c") return __builtin_cpu_supports("f16c");
 #endif
   (void)what;
@@ -64,13 +67,19 @@ bool cpu_has(const char* what) {
 }
 
 std::atomic<bool> g_use_vnni{true};
+// The VNNI path's VBMI + GFNI variant, where the CPU has it (HETERO_LLM_VBMI=0: the plain VNNI tables, for A/B runs).
+std::atomic<bool> g_use_vbmi{[] { const char* e = std::getenv("HETERO_LLM_VBMI"); return !e || std::atoi(e) != 0; }()};
 
 const LlmKernels& lk() {
   static const bool vnni = llm_kernels_avx512vnni() != nullptr && cpu_has("avx512vnni");
+  static const bool vbmi = vnni && llm_kernels_avx512vbmi() != nullptr && cpu_has("avx512vbmi");
   static const bool f16c = cpu_has("f16c");
   const Kernels* a = &active();
   if (a == kernels_avx512() && a != nullptr) {
-    if (vnni && g_use_vnni.load(std::memory_order_relaxed)) return *llm_kernels_avx512vnni();
+    if (vnni && g_use_vnni.load(std::memory_order_relaxed)) {
+      if (vbmi && g_use_vbmi.load(std::memory_order_relaxed)) return *llm_kernels_avx512vbmi();
+      return *llm_kernels_avx512vnni();
+    }
     return *llm_kernels_avx512();
   }
   if (a == kernels_avx2() && a != nullptr && f16c) return *llm_kernels_avx2();
@@ -2133,9 +2142,11 @@ using namespace hetero::llm;
 using hetero::i64;
 
 void bind_llm(py::module_& m) {
-  m.def("llm_isa", [] { return std::string(lk().name); }, "The LLM kernel path in use (avx512vnni/avx512/avx2/generic).");
+  m.def("llm_isa", [] { return std::string(lk().name); }, "The LLM kernel path in use (avx512vbmi/avx512vnni/avx512/avx2/generic).");
   m.def("llm_use_vnni", [](bool on) { g_use_vnni.store(on); }, py::arg("on"),
         "Allow (default) or forbid the AVX-512 VNNI path (tests of the non-VNNI AVX-512 path).");
+  m.def("llm_use_vbmi", [](bool on) { g_use_vbmi.store(on); }, py::arg("on"),
+        "Allow (default) or forbid the VNNI path's VBMI + GFNI variant (tests of the plain VNNI path).");
   m.def("llm_x_scale_block", [](const std::string& wtype) {
         QPack pk;
         return ggml_pack(wtype, pk) ? x_scale_block(lk(), pk) : 0;

@@ -2,9 +2,9 @@
 // attention over a KV cache owned by the kernel, and the small row ops. Shared declarations.
 //
 // The kernels are written once (llm_impl.hpp) over per-ISA traits (llm_simd_<isa>.hpp); the per-ISA files
-// (llm_kernels_generic/avx2/avx512/avx512vnni.cpp) each instantiate them into one `LlmKernels` table; the drivers
-// (llm.cpp) run without special flags and call through the table chosen from the plugin's active ISA
-// (hetero::active(), so `_native.set_isa` switches these kernels too), plus VNNI when the CPU has it.
+// (llm_kernels_generic/avx2/avx512/avx512vnni/avx512vbmi.cpp) each instantiate them into one `LlmKernels` table;
+// the drivers (llm.cpp) run without special flags and call through the table chosen from the plugin's active ISA
+// (hetero::active(), so `_native.set_isa` switches these kernels too), plus VNNI (and VBMI + GFNI) when the CPU has it.
 #pragma once
 
 #include <cstdint>
@@ -157,6 +157,7 @@ const LlmKernels* llm_kernels_generic();
 const LlmKernels* llm_kernels_avx2();        // nullptr unless x86-64
 const LlmKernels* llm_kernels_avx512();      // nullptr unless x86-64
 const LlmKernels* llm_kernels_avx512vnni();  // nullptr unless x86-64
+const LlmKernels* llm_kernels_avx512vbmi();  // nullptr unless x86-64: VNNI + VBMI + GFNI
 
 // ---- attention: KV cache element types (the Attention op's kv_dtype), see LlmKernels::qk_tile
 // KV_Q4R / KV_Q3R: the rotated low-bit formats of kv_quant.hpp, decoded into a float tile before qk_tile / pv_tile

@@ -102,6 +102,14 @@ inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& l
   }
 }
 
+// S::SIX_BIT_GF: the traits unpack a 6-bit step (its nibble vector v and high-bit vector hv, u = t % 2) in fewer
+// operations than add_high_bits (llm_simd_avx512vbmi.hpp: gf2p8affineqb); the same bytes. q6_k's one-row tile only:
+// the many-row tiles keep add_high_bits.
+template <class S, class = void>
+struct HasSixBitGf : std::false_type {};
+template <class S>
+struct HasSixBitGf<S, std::enable_if_t<S::SIX_BIT_GF>> : std::true_type {};
+
 // S::DOT_AT: the traits dot weights with the 4 activation bytes at a pointer, broadcast by the dot itself
 // (llm_simd_avx512vnni.hpp); else broadcast (S::bcast4) and dotted. The same integers either way.
 template <class S, class = void>
@@ -155,6 +163,17 @@ template <class S>
 struct HasKSuper<S, std::enable_if_t<S::K_SUPER>> : std::true_type {};
 template <class S, int KQ>
 constexpr bool k_super() { return KQ != 0 && HasKSuper<S>::value; }
+
+// The one-row tile of the symmetric kq-0 formats (q4_0, q5_0, q8_0) where the int8 dot takes unsigned bytes as
+// stored (S::DOT_U8: VNNI), so the zero offset is a power of two (8, 16; q8: 128): the offset times the block's x sum
+// subtracted as the x sum shifted left (vpslld of a broadcast load), instead of BlockScales::apply's scalar multiply,
+// broadcast from a general register and subtract: no operation on the multiply pipes, which the dots fill (q4_0's
+// one-row tile in L2: 0.88x the time with the subtraction left out, a probe; one vpdpwssd of the x sum's int16 half
+// instead, 0.98x; docs/llm-benchmarks.md, branch q6k23). The same int32.
+template <class S, int MR, bool ASYM, int KQ>
+constexpr bool fold_offset() { return MR == 1 && KQ == 0 && !ASYM && S::DOT_U8; }
+template <int BITS>
+constexpr int offset_log2() { return BITS == 8 ? 7 : BITS - 1; }  // QPack::offset(), less S::Q8_SHIFT (0 on VNNI)
 
 // A block's per-lane scales (the W weight rows of slice h, shared by every x row), the start of each x row's int32
 // dots (q6_k: its zero offset folded in) and the float epilogue that adds one x row's dot products with the block to
@@ -362,6 +381,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const bool l2 = prefetch_into_l2<MR>(x);
   const i64 pf = prefetch_distance(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);
+  constexpr bool FOLD = fold_offset<S, MR, ASYM, KQ>();  // the offset subtracted as a shifted x sum (see there)
   const B nib = S::bset8(0x0f), nibhi = S::bset8(0xf0);
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
@@ -377,7 +397,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
         if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf, l2);
-        const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);
+        const BlockScales<S, ASYM, KQ> scales(rec, h, ss, FOLD ? 0 : off);
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)
         for (int m = 0; m < MR; ++m) scales.start(ilo[m], ihi[m], x, (m0 + m) * x.nb + b);
         const i64 xo = b * bs;
@@ -385,8 +405,13 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
           const B v0 = S::load_b(qv + 64 * t + 4 * W * h);
           const B v = NIB ? S::opaque(v0) : v0;  // nibbles: one load for both masks
           if (NIB) {
-            B lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
-            add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
+            B lo, hi;
+            if constexpr (BITS == 6 && MR == 1 && HasSixBitGf<S>::value) {
+              S::six_bit_step(v, S::opaque(S::load_b(qv + nib_bytes + 64 * (t / 2) + 4 * W * h)), t % 2, lo, hi);
+            } else {
+              lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
+              add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
+            }
             for (int m = 0; m < MR; ++m) {
               const std::int8_t* xp = xrow[m] + xo + 8 * t;  // pair4: the low nibbles' 4 bytes, then the high ones'
               if (SPLIT) {
@@ -415,6 +440,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         } else {
           if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
             for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
+          if constexpr (FOLD)
+            ilo[0] = S::isub(ilo[0], S::template slli<offset_log2<BITS>()>(S::iset1(x.s[m0 * x.nb + b])));
           for (int m = 0; m < MR; ++m) {
             if constexpr (KS) scales.add_int(iacc[m], ilo[m], ihi[m]);
             else scales.apply(facc.r[m], ilo[m], ihi[m], x, (m0 + m) * x.nb + b);

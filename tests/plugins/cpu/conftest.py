@@ -15,7 +15,8 @@ _native = pytest.importorskip(
 # The ISA paths plugins/cpu/CMakeLists.txt compiles per architecture, best first.
 _BUILT = {"x86_64": ["avx512", "avx2", "generic"], "amd64": ["avx512", "avx2", "generic"],
           "aarch64": ["neon", "generic"], "arm64": ["neon", "generic"]}
-_NEEDS = {"avx512": "AVX-512 F/BW/DQ/VL", "avx512vnni": "AVX-512 VNNI", "avx2": "AVX2 + FMA"}
+_NEEDS = {"avx512": "AVX-512 F/BW/DQ/VL", "avx512vnni": "AVX-512 VNNI", "avx512vbmi": "AVX-512 VNNI + VBMI + GFNI",
+          "avx2": "AVX2 + FMA"}
 
 
 def isa_param(name: str, available: list[str]):

@@ -1,6 +1,6 @@
 """The CPU plugin's LLM kernels (hetero_cpu/kernels/llm.py on src/llm*.cpp) against the numpy references of
-hetero.ops.llm, on every LLM ISA path this CPU has (avx512vnni / avx512 / avx2 / generic), and the fixture models
-end to end on cpu with on_fallback="error".
+hetero.ops.llm, on every LLM ISA path this CPU has (avx512vbmi / avx512vnni / avx512 / avx2 / generic), and the
+fixture models end to end on cpu with on_fallback="error".
 
 Accuracy contract checked here:
 * float weights: the reference up to float32 rounding;
@@ -50,17 +50,24 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "llm"
 FORMATS = [QuantFormat(bits, bs, sym) for bits in (4, 8) for bs in (32, 64, 128) for sym in (True, False)]
 
 
+VNNI_PATHS = ("avx512vbmi", "avx512vnni")  # sub-paths of avx512 (avx512vbmi: VNNI + VBMI + GFNI)
+
+
 def _llm_paths() -> list:
-    """The LLM kernel paths built for this architecture (VNNI is a sub-path of avx512), those this CPU cannot run
-    skipped with the reason."""
+    """The LLM kernel paths built for this architecture (VNNI and its VBMI variant are sub-paths of avx512), those
+    this CPU cannot run skipped with the reason."""
     available = list(_native.available_isas())
     if "avx512" in available:
         _native.set_isa("avx512")
         _native.llm_use_vnni(True)
+        _native.llm_use_vbmi(False)
         if _native.llm_isa() == "avx512vnni":
             available.insert(0, "avx512vnni")
+        _native.llm_use_vbmi(True)
+        if _native.llm_isa() == "avx512vbmi":
+            available.insert(0, "avx512vbmi")
         _native.set_isa(_native.available_isas()[0])
-    names = [n for isa in built_isas() for n in (("avx512vnni", isa) if isa == "avx512" else (isa,))]
+    names = [n for isa in built_isas() for n in ((*VNNI_PATHS, isa) if isa == "avx512" else (isa,))]
     return [isa_param(name, available) for name in names]
 
 
@@ -69,10 +76,12 @@ def path(request):
     """Runs a test once per LLM kernel path."""
     before = _native.isa()
     name = request.param
-    _native.set_isa("avx512" if name == "avx512vnni" else name)
-    _native.llm_use_vnni(name == "avx512vnni")
+    _native.set_isa("avx512" if name in VNNI_PATHS else name)
+    _native.llm_use_vnni(name in VNNI_PATHS)
+    _native.llm_use_vbmi(name == "avx512vbmi")
     yield name
     _native.llm_use_vnni(True)
+    _native.llm_use_vbmi(True)
     _native.set_isa(before)
 
 
@@ -249,7 +258,7 @@ def test_qmatmul_gguf_blocks_threads_and_prefill(path, threads, wtype):
 def test_x_scale_block_per_path(path):
     """VNNI quantizes the activations of k-quant weights with one scale per 256 values (its tiles sum a super-block's
     scaled dots in int32); every other path and format keeps one per block of 32."""
-    k_super = path == "avx512vnni"
+    k_super = path in VNNI_PATHS
     for wtype in quant.GGML_FORMATS:
         assert _native.llm_x_scale_block(wtype) == (256 if k_super and wtype.endswith("_k") else 32), wtype
 
@@ -270,6 +279,29 @@ def test_qmatmul_gguf_rows_1_to_16(path, wtype):
         scale = np.abs(exact).max() + 1e-3
         np.testing.assert_allclose(got, exact, rtol=0, atol=2e-5 * scale * math.sqrt(k / 32), err_msg=f"M={m}")
         assert (np.abs(got - x.astype(np.float64) @ dense.T.astype(np.float64)) <= bound + 1e-4 * scale).all()
+
+
+def test_q6k_one_row_vbmi_same_bits_as_vnni():
+    """q6_k's one-row tile on avx512vbmi unpacks the 6-bit values with gf2p8affineqb instead of shifts and masks:
+    the same weight bytes, so the same integer dots and the same output bits as the VNNI path, on every bit pattern
+    (random bytes, a group tail of 5 rows, 12 super-blocks)."""
+    if "avx512vbmi" not in [p.values[0] for p in _llm_paths() if not p.marks]:
+        pytest.skip("this CPU has no AVX-512 VNNI + VBMI + GFNI")
+    w = random_ggml("q6_k", 37, 3072, seed=11)
+    x = f32(1, 3072, seed=12)
+    before = _native.isa()
+    _native.set_isa("avx512")
+    try:
+        out = {}
+        for vbmi in (True, False):
+            _native.llm_use_vbmi(vbmi)
+            assert _native.llm_isa() == ("avx512vbmi" if vbmi else "avx512vnni")
+            out[vbmi] = cpu("QMatMul", [x, w], (1,), wtype="q6_k")
+    finally:
+        _native.llm_use_vbmi(True)
+        _native.set_isa(before)
+    np.testing.assert_array_equal(out[True], out[False])
+    assert np.abs(out[True]).max() > 0
 
 
 @pytest.mark.parametrize("wtype", ["q5_0", "q5_1"])
