@@ -165,6 +165,8 @@ Range quantized_pass(const Kernels& kr, const qlin::QKernels& qk, const Chain& c
   qlin::column_scales(&s, 1, q.scale, q.nscale, q.packed->n, scales);
   const i64 lda = q.packed->k4 * 4;
   const std::int32_t za = z;
+  // tanh(a + b) of two D-wide rows (the Bahdanau attention's): the row's four passes in one (the same bytes and range)
+  const bool fused = c.bop == B_ADD && c.uop == U_TANH && c.a_row && c.b_row;
   const i64 tasks = ceil_div(c.R, kBlock);
   std::vector<Range> part(static_cast<std::size_t>(tasks));
   parallel_for(tasks, threads_for_rows(c), [&](i64 t) {
@@ -173,6 +175,13 @@ Range quantized_pass(const Kernels& kr, const qlin::QKernels& qk, const Chain& c
     Range acc{std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
     const i64 r0 = t * kBlock, rows = std::min(c.R, r0 + kBlock) - r0;
     for (i64 i = 0; i < rows; ++i) {
+      if (fused && s != 0.f) {
+        Range seen{};
+        kr.add_tanh_quantize_row(c.a + c.ra[r0 + i], c.b + c.rb[r0 + i], c.D, s, z, blk.data() + i * lda, &seen.lo,
+                                 &seen.hi);
+        merge(acc, seen);
+        continue;
+      }
       c.row(kr, r0 + i, buf.data());
       merge(acc, row_range(qk, buf.data(), c.D));
       if (s != 0.f) qk.quantize8(buf.data(), c.D, s, z, 0, 255, blk.data() + i * lda);  // s == 0: x is all 0

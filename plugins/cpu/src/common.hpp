@@ -63,6 +63,10 @@ struct Kernels {
   void (*axpby)(const float* t, float* y, i64 n, float alpha, float beta);
   // One depthwise channel, stride 1 along w: see conv.cpp for the contract.
   void (*dw_row_accum)(const float* in, float* out, i64 n, float w);
+  // One row of BroadcastUnaryMatMul's quantized Add -> Tanh chain: q = uint8 of tanh(a + b) at (scale, zp), and the
+  // range of tanh(a + b) (see kernels_impl.hpp).
+  void (*add_tanh_quantize_row)(const float* a, const float* b, i64 n, float scale, int zp, std::uint8_t* q,
+                                float* lo, float* hi);
 };
 
 // Tables defined by the ISA translation units (null when not compiled for this target).

@@ -602,6 +602,54 @@ void k_dw_row_accum(const float* in, float* out, i64 n, float w) {
   for (; i < n; ++i) out[i] += w * in[i];
 }
 
+// One row of hetero::BroadcastUnaryMatMul's quantized Add -> Tanh chain (chain_dot.cpp) in registers, where it
+// took four passes over the row (add, tanh, min / max, quantize) and four calls: x = tanh(a + b) (a, b n values;
+// the binary table's add and vtanh, so x is what the unfused kernels compute), *lo / *hi the least and greatest x
+// that is not NaN (+inf / -inf when none: the range qlin::minmax and chain_dot's row_range give), and
+// q = clamp(round(x / scale), -zp, 255 - zp) + zp, DynamicQuantizeLinear's uint8 (NaN -> 0), the bytes qlin's
+// quantize8 writes. Every lane divides: quantize8's x * (1 / scale) with the lanes near a half step divided again
+// branches on most vectors here (tanh near +-1 times 127.5, the reciprocal of [-1, 1]'s scale, is near a half
+// step), and the divider is idle while tanh's multiplies run.
+void k_add_tanh_quantize_row(const float* a, const float* b, i64 n, float scale, int zp, std::uint8_t* q, float* lo,
+                             float* hi) {
+  const float qlo = static_cast<float>(-zp), qhi = static_cast<float>(255 - zp);
+  const V vs = SIMD::set1(scale), vlo = SIMD::set1(qlo), vhi = SIMD::set1(qhi);
+  const V vzp = SIMD::set1(static_cast<float>(zp));
+  V mn = SIMD::set1(std::numeric_limits<float>::infinity()), mx = SIMD::neg(mn);
+  i64 i = 0;
+  for (; i + W <= n; i += W) {
+    const V x = vtanh(SIMD::add(SIMD::load(a + i), SIMD::load(b + i)));
+    mn = SIMD::min(x, mn);  // x86 order: a NaN x keeps the accumulator
+    mx = SIMD::max(x, mx);
+    // max returns its second operand for NaN: NaN -> qlo
+    const V y = SIMD::min(SIMD::max(SIMD::round(SIMD::div(x, vs)), vlo), vhi);
+    SIMD::store_u8(q + i, SIMD::add(y, vzp));
+  }
+  float l = std::numeric_limits<float>::infinity(), h = -l;
+  if (i < n) {  // the last values through a full vector (the lanes as the unfused kernels' tails), then one by one
+    float t[W];
+    SIMD::store(t, vtanh(SIMD::add(load_tail(a + i, n - i, 1.f), load_tail(b + i, n - i, 1.f))));
+    for (i64 j = 0; j < n - i; ++j) {
+      const float x = t[j];
+      l = x < l ? x : l;
+      h = x > h ? x : h;
+      float v = std::nearbyint(x / scale);
+      v = v >= qlo ? v : qlo;  // NaN -> qlo
+      v = v <= qhi ? v : qhi;
+      q[i + j] = static_cast<std::uint8_t>(static_cast<int>(v) + zp);
+    }
+  }
+  float ml[W], mh[W];
+  SIMD::store(ml, mn);
+  SIMD::store(mh, mx);
+  for (int j = 0; j < W; ++j) {
+    l = ml[j] < l ? ml[j] : l;
+    h = mh[j] > h ? mh[j] : h;
+  }
+  *lo = l;
+  *hi = h;
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // GEMV-shaped kernels (memory bound: stream B exactly once, keep several independent FMA chains).
 // ------------------------------------------------------------------------------------------------------------

@@ -72,33 +72,45 @@ struct RnnWeights {
 float quantize_rows_u8(const float* a, i64 rows, i64 k, i64 ld, std::uint8_t* out, i64 lda, std::int32_t* zp) {
   const qlin::QKernels& qk = qlin::qk();
   const int chunks = static_cast<int>(std::min<i64>(rows, threads_for(static_cast<double>(rows * k), 32768.0)));
-  std::vector<float> lo(static_cast<std::size_t>(std::max(chunks, 1)), 0.f), hi(lo.size(), 0.f);
+  // one chunk (an LSTM step's H, every step): no pool call, no heap (a step's own cost is a few microseconds)
+  float lo1 = 0.f, hi1 = 0.f;
+  std::vector<float> lo_many, hi_many;
+  if (chunks > 1) {
+    lo_many.assign(static_cast<std::size_t>(chunks), 0.f);
+    hi_many.assign(lo_many.size(), 0.f);
+  }
+  float* lo = chunks > 1 ? lo_many.data() : &lo1;
+  float* hi = chunks > 1 ? hi_many.data() : &hi1;
   auto rows_of = [&](i64 c, i64& r0, i64& r1) {
     r0 = rows * c / chunks;
     r1 = rows * (c + 1) / chunks;
   };
-  parallel_for(chunks, chunks, [&](i64 c) {
+  auto range_of = [&](i64 c) {
     i64 r0, r1;
     rows_of(c, r0, r1);
     for (i64 r = r0; r < r1 && k > 0; ++r) {
       float l = 0.f, h = 0.f;
       qk.minmax(a + r * ld, k, &l, &h);
-      lo[static_cast<std::size_t>(c)] = std::min(lo[static_cast<std::size_t>(c)], l);
-      hi[static_cast<std::size_t>(c)] = std::max(hi[static_cast<std::size_t>(c)], h);
+      lo[c] = std::min(lo[c], l);
+      hi[c] = std::max(hi[c], h);
     }
-  }, false);
-  const float l = *std::min_element(lo.begin(), lo.end()), h = *std::max_element(hi.begin(), hi.end());
+  };
+  if (chunks > 1) parallel_for(chunks, chunks, range_of, false);
+  else if (chunks == 1) range_of(0);
+  const float l = *std::min_element(lo, lo + std::max(chunks, 1)), h = *std::max_element(hi, hi + std::max(chunks, 1));
   const float scale = h > l ? (h - l) / 255.f : 1.f;
   *zp = static_cast<std::int32_t>(std::min(255.f, std::max(0.f, std::nearbyint(-l / scale))));
-  parallel_for(chunks, chunks, [&](i64 c) {
+  auto quantize_chunk = [&](i64 c) {
     i64 r0, r1;
     rows_of(c, r0, r1);
     for (i64 r = r0; r < r1; ++r) {
       std::uint8_t* o = out + r * lda;
       qk.quantize8(a + r * ld, k, scale, *zp, 0, 255, o);
-      std::memset(o + k, 0, static_cast<std::size_t>(lda - k));
+      if (lda > k) std::memset(o + k, 0, static_cast<std::size_t>(lda - k));
     }
-  }, false);
+  };
+  if (chunks > 1) parallel_for(chunks, chunks, quantize_chunk, false);
+  else if (chunks == 1) quantize_chunk(0);
   return scale;
 }
 
@@ -382,7 +394,7 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
         const qlin::Corrections cr{Rq->colsum.data(), Rq->zb.data(), hrow.data(), &h_zp, 1, Rq->k};
         const qlin::OutStage st = qstage(hr.data(), nullptr);
         // each slice: its items (in alternating order), then its units' gates; hq, cr, st and col are read-only here
-        parallel_for(S, S, [&](i64 s) {
+        auto slice = [&](i64 s) {
           const std::vector<QItem>& its = items[static_cast<std::size_t>(s)];
           const i64 n_items = static_cast<i64>(its.size());
           alignas(64) std::int32_t raw[16 * qlin::kNP * qlin::kPanel];
@@ -414,7 +426,9 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
               std::memcpy(pY + ((tx * dirs + d) * batch + b) * H + j0, h.data() + b * H + j0,
                           static_cast<std::size_t>(n) * sizeof(float));
           }
-        }, wake);
+        };
+        if (S > 1) parallel_for(S, S, slice, wake);
+        else slice(0);  // one slice: no pool call (a std::function and its heap block every step)
         continue;
       }
       gemm_p(kr, MatView{h.data(), batch, H, H, 1}, *Rp, hr.data(), rn, nullptr, T);

@@ -18,6 +18,12 @@ struct SIMD {
     return _mm256_i32gather_ps(p, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)), 4);
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  // W floats holding integers in [0, 255] stored as W bytes
+  static void store_u8(std::uint8_t* p, V v) {
+    const __m256i i = _mm256_cvttps_epi32(v);
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
+  }
   // r[i][j] -> r[j][i] for a W x W block in registers (the channel-blocked depthwise kernel's way in and out of planes)
   static void transpose(V* r) {
     V t[8], u[8];

@@ -18,6 +18,10 @@ struct SIMD {
     return _mm512_i32gather_ps(_mm512_loadu_si512(idx), p, 4);
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // W floats holding integers in [0, 255] stored as W bytes
+  static void store_u8(std::uint8_t* p, V v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(v)));
+  }
   // The first n (0 < n < W) values of p, `fill` in the other lanes, and their store: masked, so nothing past them is
   // read or written (a row's ragged tail without the scalar copy through a stack buffer).
   static V load_part(const float* p, int n, float fill) {

@@ -15,6 +15,7 @@ struct SIMD {
   static I load_s8(const std::int8_t* p) { return *p; }  // W int8 values sign-extended to int32
   static V gather(const float* p, const std::int32_t* idx) { return p[idx[0]]; }
   static void store(float* p, V v) { *p = v; }
+  static void store_u8(std::uint8_t* p, V v) { *p = static_cast<std::uint8_t>(v); }  // v an integer in [0, 255]
   static V set1(float x) { return x; }
   static V zero() { return 0.f; }
   static V add(V a, V b) { return a + b; }

@@ -3,6 +3,7 @@
 #include <arm_neon.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace {
 struct SIMD {
@@ -20,6 +21,14 @@ struct SIMD {
     return vld1q_f32(t);
   }
   static void store(float* p, V v) { vst1q_f32(p, v); }
+  // W floats holding integers in [0, 255] stored as W bytes
+  static void store_u8(std::uint8_t* p, V v) {
+    const uint16x4_t h = vmovn_u32(vcvtq_u32_f32(v));
+    const uint8x8_t b = vmovn_u16(vcombine_u16(h, h));
+    std::uint8_t t[8];
+    vst1_u8(t, b);
+    std::memcpy(p, t, 4);
+  }
   static V set1(float x) { return vdupq_n_f32(x); }
   static V zero() { return vdupq_n_f32(0.f); }
   static V add(V a, V b) { return vaddq_f32(a, b); }

@@ -86,6 +86,8 @@ QUANTIZED = [
     # operands have (every pair does not occur: the range is scanned), one operand broadcast along D
     ("Add", "Tanh", ("b", "t", 1, "d"), ("b", 1, "t", "d"), 64, 1, {"b": 1, "t": 19}),
     ("Add", "Tanh", ("b", "t", 1, "d"), ("b", 1, "t", "d"), 64, 1, {"b": 2, "t": 7}),
+    # both rows D wide and D not a multiple of any ISA's width: the one-pass tanh row's vector tail
+    ("Add", "Tanh", ("t", 1, "d"), (1, "t", "d"), 37, 2, {"t": 13}),
     ("Sub", "Sigmoid", ("t", 1, "d"), ("t", "d"), 40, 3, {"t": 9}),
     ("Mul", "Tanh", ("t", 1, "d"), (1, "t", "d"), 33, 2, {"t": 6}),
     ("Add", "Relu", ("t", 1, "d"), (1, "t", 1), 48, 5, {"t": 11}),
@@ -108,6 +110,18 @@ def test_quantized_chain_is_the_unfused_kernels_bit_for_bit(isa, threads, binary
         got = fused.run(feeds)["y"]
         np.testing.assert_array_equal(got, unfused.run(feeds)["y"])
         np.testing.assert_array_equal(fused.run(feeds)["y"], got)  # replayed
+
+
+@pytest.mark.parametrize("scale", [0.05, 6.0])
+def test_one_pass_tanh_rows_saturated_and_near_zero(isa, threads, scale):
+    """The Add -> Tanh rows in one pass (kernels' add_tanh_quantize_row) against the unfused passes: sums past
+    |9| where tanh is +-1, and small values where most of the grid's levels are hit and many lanes lie near a half
+    step (divided there)."""
+    model = _chain_model(80, 1, a_shape=("t", 1, "d"), b_shape=(1, "t", "d"))
+    fused, unfused = _sessions(model)
+    assert _ops(fused) == ["BroadcastUnaryMatMul"], _ops(fused)
+    feeds = _feeds(model, {"t": 21}, seed=6, scale=scale)
+    np.testing.assert_array_equal(fused.run(feeds)["y"], unfused.run(feeds)["y"])
 
 
 @pytest.mark.parametrize("unary", ["Tanh", "Sigmoid", ""])
