@@ -68,7 +68,7 @@ def main() -> None:
     print("|---|---:|" + "---:|" * (len(rows) - 1))
     for kind in [*kinds, "total"]:
         med = {m: statistics.median(times[m][kind]) if kind != "total" else
-               statistics.median(sum(t) for t in zip(*times[m].values())) for m in rows}
+               statistics.median(sum(t) for t in zip(*times[m].values(), strict=True)) for m in rows}
         cols = " | ".join(f"{med[m] / med[1]:.2f}x" for m in rows[1:])
         print(f"| {kind} | {1e3 * med[1]:.2f} | {cols} |")
     print(f"| total ms | {1e3 * med[1]:.2f} | " + " | ".join(f"{1e3 * med[m]:.2f}" for m in rows[1:]) + " |")
