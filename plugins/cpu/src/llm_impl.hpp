@@ -81,8 +81,9 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 //
 // Tiles of 2+ rows into L2 go twice as far ahead (HETERO_LLM_PF_ROWS, 6 KiB): each weight byte costs them more
 // arithmetic, so at 3 KiB fewer lines were in flight per unit of time and the stream fell below the one-row tile's
-// rate (the real 1.5B's QMatMuls at 2 rows from DRAM, one thread: 1.32-1.38x a one-row pass at 3 KiB, 1.03-1.05x at
-// 6 KiB; docs/speculative.md, branch la23). The one-row tile keeps 3 KiB (6 KiB measured slower there).
+// rate (the real 1.5B's q4_k tiles at 2 rows from DRAM: 13 against 21 GB/s, their arithmetic under half that time; a
+// verify step of 2-7 tokens at one thread 0.84-0.91x the time at 6 KiB, paired; 9 KiB no better; docs/speculative.md,
+// branch la23). The one-row tile keeps 3 KiB (6 KiB ran it slower in an unpaired sweep).
 inline i64 env_bytes(const char* name, i64 fallback) {
   const char* e = std::getenv(name);
   return e ? std::atol(e) : fallback;
