@@ -95,6 +95,8 @@ inline i64 prefetch_distance(bool l2) {
   static const i64 one = env_bytes("HETERO_LLM_PF", 3072), rows = env_bytes("HETERO_LLM_PF_ROWS", 6144);
   return l2 ? (MR == 1 ? one : rows) : 4096;
 }
+// The one-row tile's distance (for callers that do not name their rows).
+inline i64 prefetch_distance(bool l2) { return prefetch_distance<1>(l2); }
 
 // Bits 4-5 of the 5/6-bit values of nibble vector t (t < 4), slice h (rows W*h..), from the record's high
 // plane(s) (layout in llm.hpp), added to the low (elements 4t+c) and high (B/2+4t+c) nibbles. The shifts move
