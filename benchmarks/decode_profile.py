@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=64, help="profiled decode steps per pass")
     ap.add_argument("--prompt", type=int, default=16, help="cached tokens before the profiled steps")
     ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--width", type=int, default=1,
+                    help="tokens a step: > 1 profiles a speculative verify step of that many after the prompt")
     ap.add_argument("--rounds", type=int, default=8,
                     help="interleaved rounds the steps are split into (each way's figures: its quietest round)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     from hetero.llm.profile import profile_decode  # after sys.path is set: the checkout's hetero
 
     result = profile_decode(llm, steps=args.steps, prompt=args.prompt, warmup=args.warmup,
-                            cprofile_top=args.cprofile, rounds=args.rounds, clock=args.clock)
+                            cprofile_top=args.cprofile, rounds=args.rounds, clock=args.clock,
+                            width=args.width)
     fallback = llm.session.placement.fallback_summary()
     if args.json:
         print(json.dumps({**result.as_dict(), "fallback": fallback or "none"}, indent=2))

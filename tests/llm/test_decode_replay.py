@@ -83,3 +83,22 @@ def test_profiler_cpu_clock_and_its_argument_check():
     assert "CPU time" in result.markdown()
     with pytest.raises(HeteroError, match="clock='gpu'"):
         profile_decode(llm, steps=4, prompt=4, warmup=2, clock="gpu")
+
+
+def test_profiler_verify_steps_of_a_width():
+    """width > 1: every profiled step is a verify of that many tokens right after the prompt (the cache rolled back
+    to it between steps), with the decode step's calls."""
+    llm = _tiny()
+    seen: list[tuple[int, int]] = []  # (cached tokens, tokens verified) per verify
+    verify = llm.verify
+
+    def counted(ids):
+        seen.append((len(llm.tokens), len(ids)))
+        return verify(ids)
+
+    llm.verify = counted
+    result = profile_decode(llm, steps=4, prompt=4, warmup=2, rounds=2, width=3)
+    assert seen and set(seen) == {(4, 3)}
+    ops = {op.op: op for op in result.ops}
+    assert ops["QMatMul"].native_calls == 7 * llm.config.num_layers + 1
+    assert result.step_us > 0 and len(llm.tokens) == 0

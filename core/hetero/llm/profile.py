@@ -308,21 +308,33 @@ def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]
         session.invalidate_replay()  # and without them
 
 
+def _step(llm: Any, ids: list[int], i: int, width: int, cached: int) -> None:
+    """Step i of a pass: one token after the last (a decode step), or (width > 1) a verify step of ``width``
+    tokens after the ``cached`` prompt tokens, rolled back to them afterwards."""
+    if width == 1:
+        llm.forward([ids[i]])
+        return
+    llm.rollback(cached)
+    llm.verify([ids[(i + j) % len(ids)] for j in range(width)])
+
+
 def _steps(llm: Any, ids: list[int], prompt: list[int], warmup: int, clock: _Clock | None,
-           now: Callable[[], float] = time.perf_counter
+           now: Callable[[], float] = time.perf_counter, width: int = 1
            ) -> tuple[list[float], list[dict[str, float]], list[dict[str, float]], list[dict[str, int]],
                       list[dict[str, int]]]:
     llm.reset()
     llm.prefill(prompt)
-    for token in ids[:warmup]:
-        llm.forward([token])
+    for i in range(warmup):
+        _step(llm, ids, i, width, len(prompt))
     llm.rollback(len(prompt))  # every pass profiles the same positions, with the replay already recorded
     times, kernel, native, calls, ncalls = [], [], [], [], []
-    for token in ids[warmup:]:
+    for i in range(warmup, len(ids)):
         if clock is not None:
             clock.reset()
+        if width > 1:
+            llm.rollback(len(prompt))  # outside the timed step
         t0 = now()
-        llm.forward([token])
+        _step(llm, ids, i, width, len(prompt))
         times.append(now() - t0)
         if clock is not None:
             kernel.append(dict(clock.kernel))
@@ -349,7 +361,7 @@ def _median_step(per_step: list[dict[str, float]]) -> dict[str, float]:
 
 
 def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4, seed: int = 0,
-                   cprofile_top: int = 0, rounds: int = 8, clock: str = "wall") -> DecodeProfile:
+                   cprofile_top: int = 0, rounds: int = 8, clock: str = "wall", width: int = 1) -> DecodeProfile:
     """Profile ``steps`` single-token decode steps of ``llm`` (an ``hetero.llm.Llm``) per way of timing, in
     ``rounds`` interleaved rounds (plain, kernels, native, plain, ...) so that a busy neighbour hits all three alike.
     Each way's figures come from its quietest round (the lowest median step): a neighbour only ever adds time, so
@@ -358,7 +370,8 @@ def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4,
     the core away no longer counts, so the split holds on a busy machine (with 1 thread the step is all this
     thread's work; with more, the step is this thread's share plus its spinning at the pool's barriers, which is
     close to the wall time on a quiet machine). The context must hold ``prompt + warmup + steps / rounds`` tokens.
-    The cache is reset afterwards."""
+    ``width`` > 1: each step is instead a speculative verify of ``width`` tokens (``Llm.verify``) after the
+    ``prompt`` tokens, the cache rolled back to them before each (untimed). The cache is reset afterwards."""
     rounds = max(1, min(rounds, steps))
     per = max(1, steps // rounds)
     need = prompt + warmup + per
@@ -380,13 +393,13 @@ def profile_decode(llm: Any, steps: int = 64, prompt: int = 16, warmup: int = 4,
     ncalls: list[dict[str, int]] = []
     modules: set[str] = set()
     for _ in range(rounds):
-        plain.append(_steps(llm, ids, prompt_ids, warmup, None, now)[0])
+        plain.append(_steps(llm, ids, prompt_ids, warmup, None, now, width)[0])
         with _instrument(session, timer, native=False):
-            _, k, _, c, _ = _steps(llm, ids, prompt_ids, warmup, timer, now)
+            _, k, _, c, _ = _steps(llm, ids, prompt_ids, warmup, timer, now, width)
         kernel.append(k)
         calls += c
         with _instrument(session, timer, native=True) as found:
-            _, _, n, _, nc = _steps(llm, ids, prompt_ids, warmup, timer, now)
+            _, _, n, _, nc = _steps(llm, ids, prompt_ids, warmup, timer, now, width)
         native.append(n)
         ncalls += nc
         modules |= found

@@ -78,12 +78,25 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 // L3) keep 4 KiB into L1: into L2 a 512-token prefill of the real 1.5B ran 1.6-3.3% slower (dec13, paired). Tiles of
 // MR <= 2 rows (decode's) always prefetch into L2: the condition folds at compile time there (chosen at run time in
 // them, decode measured ~2.5% slower, dec13), so only the tiles of 3+ rows test the call's rows.
+//
+// Tiles of 2+ rows into L2 go twice as far ahead (HETERO_LLM_PF_ROWS, 6 KiB): each weight byte costs them more
+// arithmetic, so at 3 KiB fewer lines were in flight per unit of time and the stream fell below the one-row tile's
+// rate (the real 1.5B's q4_k tiles at 2 rows from DRAM: 13 against 21 GB/s, their arithmetic under half that time; a
+// verify step of 2-7 tokens at one thread 0.84-0.91x the time at 6 KiB, paired; 9 KiB no better; docs/speculative.md,
+// branch la23). The one-row tile keeps 3 KiB (6 KiB ran it slower in an unpaired sweep).
+inline i64 env_bytes(const char* name, i64 fallback) {
+  const char* e = std::getenv(name);
+  return e ? std::atol(e) : fallback;
+}
 template <int MR>
 inline bool prefetch_into_l2(const XQ& x) { return MR <= 2 || x.rows <= 16; }
+template <int MR>
 inline i64 prefetch_distance(bool l2) {
-  static const i64 v = [] { const char* e = std::getenv("HETERO_LLM_PF"); return e ? std::atol(e) : 3072L; }();
-  return l2 ? v : 4096;
+  static const i64 one = env_bytes("HETERO_LLM_PF", 3072), rows = env_bytes("HETERO_LLM_PF_ROWS", 6144);
+  return l2 ? (MR == 1 ? one : rows) : 4096;
 }
+// The one-row tile's distance (for callers that do not name their rows).
+inline i64 prefetch_distance(bool l2) { return prefetch_distance<1>(l2); }
 
 // Bits 4-5 of the 5/6-bit values of nibble vector t (t < 4), slice h (rows W*h..), from the record's high
 // plane(s) (layout in llm.hpp), added to the low (elements 4t+c) and high (B/2+4t+c) nibbles. The shifts move
@@ -306,7 +319,7 @@ struct SuperWalk {
       : sub(FLAT ? 1 : w.sub), hdr(FLAT ? 0 : w.sb_hdr), bytes(FLAT ? w.rec_bytes : w.super_bytes) {}
 };
 
-// Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance(l2)) into L2 (l2) or L1. The weights stream
+// Prefetch of record rec's lines pf bytes ahead (pf: prefetch_distance<MR>(l2)) into L2 (l2) or L1. The weights stream
 // from memory and want more lines in flight than the L2 streamer keeps: decode's 1-2 x rows, and a batched step's 4-8
 // too (their tiles took 0.6-0.85x the time with it streaming from memory, benchmarks/qgemm_rows.py,
 // docs/serving.md). NT, the block's steps of 64 bytes when known at compile time, makes the line count a constant
@@ -379,7 +392,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const bool l2 = prefetch_into_l2<MR>(x);
-  const i64 pf = prefetch_distance(l2);
+  const i64 pf = prefetch_distance<MR>(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);
   constexpr bool FOLD = fold_offset<S, MR, ASYM, KQ>();  // the offset subtracted as a shifted x sum (see there)
   const B nib = S::bset8(0x0f), nibhi = S::bset8(0xf0);
@@ -499,7 +512,7 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const bool l2 = prefetch_into_l2<MR>(x);
-  const i64 pf = prefetch_distance(l2);
+  const i64 pf = prefetch_distance<MR>(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);
   const B nib = S::bset8(0x0f);
   for (int h = 0; h < QR / W; ++h) {
