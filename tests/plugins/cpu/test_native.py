@@ -1179,8 +1179,8 @@ def test_conv2d_transposed_batched(isa, threads, shape):
 def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1) -> str:
     """A 1x1 stride-1 conv's kernel by conv.cpp's rule: on AVX-512 conv_cblk for whole 32-channel blocks on at most
     256 positions that fill the GEMM's 32-column panels badly (pointwise_cblk_wins), the register tiles on the input
-    in place at K <= 48, on at most 128 positions or (without AMX) where Cout / group < K (pointwise_tiles_fit), else
-    the packed GEMM."""
+    in place at K <= 48, on at most 128 positions or (without AMX) where Cout / group < K, or = K <= 128
+    (pointwise_tiles_fit), else the packed GEMM."""
     if isa != "avx512":
         return "gemm"
     rem = positions % 32
@@ -1188,8 +1188,8 @@ def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1)
     if (group == 1 and cout % 32 == 0 and positions <= 256 and k >= 64
             and (cols * 10 >= positions * 11 or (cols > positions and k >= 256))):
         return "cblk"
-    narrows = cout // group < k and not _native.bf16x3_available()
-    return "pointwise" if k <= 48 or positions <= 128 or narrows else "gemm"
+    no_amx_tiles = (cout // group < k or cout // group == k <= 128) and not _native.bf16x3_available()
+    return "pointwise" if k <= 48 or positions <= 128 or no_amx_tiles else "gemm"
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
@@ -1734,6 +1734,11 @@ POINTWISE_CASES = [
     # 153-position map with Cout off the 12-row tile
     (1, 192, 20, 20, 64, 1),
     (1, 96, 17, 9, 40, 1),
+    # Cout = K on > 128 positions: the tiles without AMX up to K = 128 (YOLOv8n's 64 -> 64 on 40 x 40, a ragged map),
+    # the GEMM past it (DBNet's 192 -> 192 on 26 x 26)
+    (1, 64, 13, 11, 64, 1),
+    (1, 128, 12, 13, 128, 1),
+    (1, 192, 13, 11, 192, 1),
     # conv_cblk (whole 32-channel blocks, maps the 32-column panels fit badly): 7 x 7 (two rows a tile), two images;
     # 14 x 14 at K = 512 and at K = 256 (PP-LCNet's 256 -> 256; 128 -> 256 stays with the GEMM)
     (2, 96, 7, 7, 128, 1),
