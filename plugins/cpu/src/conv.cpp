@@ -1066,6 +1066,15 @@ bool one_vector_cblk_fits(const ConvGeom& g, i64 lanes) {
   return g.Cout == lanes && g.kh * g.kw > 1 && g.Wo >= lanes;
 }
 
+// Cout = 2 m lanes + lanes (DBNet's 24 -> 48 3x3 / 2 on 208 x 208) on rows of at least two vectors: the last
+// block's one vector of channels runs the one-vector tiles (x_conv_cblk), so no lane computes a zero channel, where
+// the 12-row tiles of conv_direct ran at ~64 % of the FMA peak (1 thread, thread time, Zen 4, direct -> cblk: 24 ->
+// 48 / 2 alone 0.90x, in ddddocr_det 0.94x; openWakeWord's 48-channel 1x3 / 3x1 convs on rows of 16 1.01-1.05x,
+// left to direct; docs/onnx-models.md, branch ro23).
+bool one_vector_last_block(const ConvGeom& g, i64 lanes) {
+  return g.Cout % (2 * lanes) == lanes && g.kh * g.kw > 1 && g.Wo >= 2 * lanes;
+}
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
@@ -1073,7 +1082,7 @@ bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   if (forced == 1) return true;
   if (lanes < 16 || (g.Ho == 1 && g.Wo >= kCblkMaxRow)) return false;
   if (one_vector_cblk_fits(g, lanes)) return true;
-  if (g.Cout % (2 * lanes) != 0) return false;
+  if (g.Cout % (2 * lanes) != 0 && !one_vector_last_block(g, lanes)) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
   return pc.cin_g * g.kh * g.kw >= 64;
 }

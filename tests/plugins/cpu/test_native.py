@@ -1297,6 +1297,11 @@ CBLK_CASES = [
     # deepcut's Conv1Ds (a part last block of channels, rows of 14 and 21 positions: tiles of 14, 11 + 10), K = 32
     (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), (1, 1)),
     (5, 32, 1, 21, 100, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    # Cout = 32 m + 16 on rows of >= 32 positions (the last block one vector: its one-vector tiles): DBNet's 24 -> 48
+    # 3x3 / 2 onto rows of 35 (the last tile overlapping), 8 -> 80 onto rows of 33, a 24 -> 48 1x3 on rows of 32
+    (1, 24, 12, 70, 48, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 8, 5, 33, 80, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 24, 4, 32, 48, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1)),
     # one vector of output channels (16: the one-vector tiles of 16 positions, transposed in registers): a 3 -> 16
     # stem, stride 2 onto rows of 23 (the last tile overlapping the first), its input over 128K padded floats (row
     # bands: 3 x 232 x 232, rows of 115), 16 -> 16 on rows of 33 (tiles at 0, 16, 17) and exactly 16, dilation 2, a
@@ -1411,7 +1416,8 @@ def test_conv1d_winograd_nonfinite_input_and_rule():
 
 def test_conv2d_one_vector_cblk_rule(isa):
     # conv_cblk's one-vector tiles take exactly one vector of output channels (16, AVX-512 alone) on rows of >= 16
-    # positions; fewer positions a row, fewer or more channels, 1x1 kernels and groups keep their kernels
+    # positions, and a last block of one vector after whole 32-channel ones; fewer positions a row, other channel
+    # counts, 1x1 kernels and groups keep their kernels
     def algo(cout, cin, hw, k=3, stride=2, group=1):
         w = randn(cout, cin // group, k, k)
         return _native.prepack_conv(w, group, "high").algorithm([1, cin, hw, hw], (stride, stride), (k // 2,) * 4)
@@ -1421,6 +1427,8 @@ def test_conv2d_one_vector_cblk_rule(isa):
     assert algo(16, 3, 30) != "cblk"  # rows of 15
     assert algo(10, 3, 224) != "cblk"
     assert algo(24, 3, 224) != "cblk"
+    assert (algo(48, 24, 208) == "cblk") == (isa == "avx512")  # whole blocks, then one vector (one_vector_last_block)
+    assert algo(48, 24, 62) != "cblk"  # rows of 31
     assert algo(16, 16, 80, k=1, stride=1) != "cblk"
     assert algo(16, 16, 80, stride=1, group=2) != "cblk"
 
