@@ -1,7 +1,7 @@
 """Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
-    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6]
-        [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems|square]
+    python benchmarks/conv1x1.py [--act hardswish|relu|silu|none] [--rounds 6]
+        [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems|square|cblk]
     python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
 
 ``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
@@ -73,6 +73,11 @@ SETS: dict[str, list[Shape]] = {
     # 16 -> 32 / 2 on 160 x 160, 16 -> 16 on 80 x 80, 32 -> 64 / 2 on 80 x 80
     "stems": [(1, 3, 16, 224, 224, 3, 3, 2, 1), (1, 3, 16, 320, 320, 3, 3, 2, 1), (1, 16, 32, 160, 160, 3, 3, 2, 1),
               (1, 16, 16, 80, 80, 3, 3, 1, 1), (1, 32, 64, 80, 80, 3, 3, 2, 1), (1, 32, 32, 40, 40, 3, 3, 1, 1)],
+    # few-channel 3x3 convs on large maps: YOLOv8n's (nudenet; conv_cblk, SiLU in the model: --act silu) 16 -> 32 / 2
+    # on 160 x 160 and 32 -> 64 / 2 on 80 x 80, DBNet's (ddddocr_det, ReLU) 12 -> 24 on 208 x 208 (conv_direct) and
+    # 24 -> 48 / 2 on 208 x 208 (conv_cblk)
+    "cblk": [(1, 16, 32, 160, 160, 3, 3, 2, 1), (1, 32, 64, 80, 80, 3, 3, 2, 1), (1, 12, 24, 208, 208, 3, 3, 1, 1),
+             (1, 24, 48, 208, 208, 3, 3, 2, 1)],
 }
 
 
@@ -98,7 +103,9 @@ def _model(shape: Shape, act: str, seed: int) -> tuple[str, np.ndarray]:
     bias = rng.standard_normal(cout).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y" if act == "none" else "c"], kernel_shape=[kh, kw],
                               strides=[stride, stride], pads=[pad] * 4, group=_group(shape))]
-    if act != "none":
+    if act == "silu":  # YOLOv8's x * sigmoid(x): hetero fuses it into the conv, onnxruntime runs it apart
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    elif act != "none":
         nodes.append(helper.make_node({"hardswish": "HardSwish", "relu": "Relu"}[act], ["c"], ["y"]))
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, cin, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -157,7 +164,7 @@ def measure(act: str, rounds: int, with_ort: bool, shapes: list[Shape]) -> dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--act", choices=("none", "relu", "hardswish"), default="hardswish")
+    parser.add_argument("--act", choices=("none", "relu", "hardswish", "silu"), default="hardswish")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--set", choices=sorted(SETS), default="pplcnet", help="which shapes")
     parser.add_argument("--base-plugin", help="a copy of another build's plugins/cpu folder: A/B of the two builds")
