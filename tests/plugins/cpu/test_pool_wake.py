@@ -136,3 +136,26 @@ def test_linger_settings():
     finally:
         _native.set_pool_linger_us(0)
         _native.set_pool_linger_us(before)
+
+
+@pytest.mark.parametrize("linger_us", [0, 200_000])
+def test_parallel_calls_during_a_linger_extend_it(pool, linger_us):
+    # a parallel call made while a linger is under way moves its end to pool_linger_us from that call: calls spaced
+    # past the spin (0 here) but within the linger of each other keep the workers spinning for as long as they come
+    # (a run's serial stretches), so a small conv well past the first linger's end still finds one awake
+    _native.set_pool_spin_us(0)
+    _native.set_pool_linger_us(linger_us)
+    small, small_feeds = _conv(16, 16)
+    alone = hetero.Session(small, backends=["cpu"], threads=1).run(small_feeds)["y"]
+    probe = hetero.Session(small, backends=["cpu"], threads=2)
+    for _ in range(3):  # planned, then replayed: the replay ends with pool_linger
+        probe.run(small_feeds)
+    end = time.monotonic() + 0.6  # three lingers long
+    while time.monotonic() < end:
+        _native._pool_cover(2, 2, 1)
+        time.sleep(0.02)
+    _native.pool_stats(True)
+    out = probe.run(small_feeds)["y"]
+    stats = _native.pool_stats(True)
+    assert (stats["calls"] >= 1) == (linger_us > 0), stats
+    assert np.array_equal(out, alone)

@@ -58,7 +58,7 @@ def _program(r: np.random.Generator):
          "pool": np.zeros((1, 16, 6, 5), f32), "aff": np.zeros((1, 16, 6, 5), f32),
          "pad": np.zeros((2, 9), f32), "col": np.zeros((5, 2), f32), "sm": np.zeros((3, 24), f32),
          "wh": np.zeros((3, 24), f32), "gat": np.zeros((2, 24), f32), "mm": np.zeros((1, 3, 5), f32),
-         "cat": np.zeros((2, 9), f32)}
+         "cat": np.zeros((2, 9), f32), "gap": np.zeros((1, 16, 1, 1), f32)}
     idx = np.array([2, 0], np.int64)
     wm = r.standard_normal((1, 24, 5)).astype(f32)
     packed_b = _native.pack_b(wg, False, False, "high")
@@ -73,6 +73,7 @@ def _program(r: np.random.Generator):
            0.0),
         mm(_native.max_pool2d, o["conv"], o["pool"], [2, 2], [2, 2]),
         mm(_native.channel_affine, o["pool"], mul, add, o["aff"]),
+        mm(_native.global_avg_pool, o["aff"], o["gap"]),
         mm(_native.pad, a["seq"], [0, 3], "constant", a["padv"], o["pad"]),
         mm(_native.copy, a["seq"].T, o["col"]),  # a strided source: copy reads it in place
         mm(_native.softmax, o["ln"], o["sm"], False),
@@ -96,10 +97,11 @@ def _program(r: np.random.Generator):
         sm = e / e.sum(1, keepdims=True)
         cat = np.zeros((2, 9))
         cat[:, 2:7] = a["seq"]
+        aff = pool * mul.reshape(1, -1, 1, 1) + add.reshape(1, -1, 1, 1)
         return {"g": g, "ln": ln, "mean": mean[:, 0], "invstd": inv[:, 0], "act": act, "sum": act + bg,
-                "conv": conv, "pool": pool, "aff": pool * mul.reshape(1, -1, 1, 1) + add.reshape(1, -1, 1, 1),
+                "conv": conv, "pool": pool, "aff": aff,
                 "pad": pad, "col": a["seq"].T, "sm": sm, "wh": np.where(act + bg >= 0.1, act + bg, 0),
-                "gat": sm[idx], "mm": sm[None] @ wm, "cat": cat}
+                "gat": sm[idx], "mm": sm[None] @ wm, "cat": cat, "gap": aff.mean((2, 3), keepdims=True)}
 
     return program, a, o, reference
 
@@ -146,13 +148,17 @@ def test_calls_a_step_cannot_prepare_stay_apart():
         step.add_call("reduce", reduce.args)
     with pytest.raises(ValueError, match="strided operand"):  # gather's strided data: copied once by the call
         step.add_call("gather", (outs["sm"][:, ::2], np.array([0], np.int64), 0, np.zeros((1, 12), np.float32)))
+    with pytest.raises(ValueError, match="strided operand"):  # a strided map: global_avg_pool copies it once
+        step.add_call("global_avg_pool", (wide[..., ::2], np.zeros((1, 8, 1, 1), np.float32)))
+    with pytest.raises(ValueError, match="global_avg_pool: out must have shape"):
+        step.add_call("global_avg_pool", (outs["aff"], outs["pool"]))
     with pytest.raises(ValueError, match="gemm_packed: 2 arguments"):
         step.add_call("gemm_packed", program[0].args[:2])
     with pytest.raises(ValueError, match="out has shape"):  # the call's own check, at preparation
         step.add_call("gemm_packed", (ins["x"], program[0].args[1], outs["ln"][:2]))
     assert len(step) == 0
-    assert {"conv2d_packed", "gemm_packed", "layer_norm", "max_pool2d", "unary", "softmax", "where", "gather",
-            "matmul"} <= set(_native.step_ops())
+    assert {"conv2d_packed", "gemm_packed", "layer_norm", "max_pool2d", "global_avg_pool", "unary", "softmax",
+            "where", "gather", "matmul"} <= set(_native.step_ops())
 
 
 def test_gather_checks_its_indices_when_the_step_runs():
