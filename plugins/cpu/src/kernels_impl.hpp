@@ -203,22 +203,23 @@ constexpr float EXP_FLUSH = -87.33f;  // exp(-87.33) = 1.183e-38, normal
 constexpr float SIGMOID_FLUSH = -86.5f;
 constexpr float SIGMOID_ONE = 20.f;
 
-// p 2^n for an integer-valued n with p 2^n normal (n in [-125, 126], p in [0.7, 1.42]), k = n + 1.5 * 2^23 (n in its
-// low mantissa bits): AVX-512's vscalefps, else a product by 2^n whose exponent bits are n + 127 from k's bits (one
-// integer add and a shift, no conversion). A NaN p passes through either.
+// 1 + p 2^n for an integer-valued n with p 2^n normal (n in [-125, 126], p in [0.7, 1.42]), k = n + 1.5 * 2^23 (n in
+// its low mantissa bits): AVX-512's vscalefps and an add, else one FMA by 2^n, whose exponent bits are n + 127 from
+// k's bits (an integer add and a shift, no conversion). A NaN p passes through either.
 template <class S>
-inline auto vscale_normal(V p, V n, V, int) -> decltype(S::scalef(p, n)) {
-  return S::scalef(p, n);
+inline auto vone_plus_scaled(V p, V n, V, int) -> decltype(S::scalef(p, n)) {
+  return S::add(S::set1(1.f), S::scalef(p, n));
 }
 template <class S>
-inline V vscale_normal(V p, V, V k, long) {
-  return SIMD::mul(p, SIMD::as_float(SIMD::slli<23>(SIMD::iadd(SIMD::as_int(k), SIMD::iset1(127)))));
+inline V vone_plus_scaled(V p, V, V k, long) {
+  const V pow2n = SIMD::as_float(SIMD::slli<23>(SIMD::iadd(SIMD::as_int(k), SIMD::iset1(127))));
+  return SIMD::fma(p, pow2n, SIMD::set1(1.f));
 }
 
-// exp(-x) for x in [-87.33, 86.5] (a normal result), NaN through: the Cody-Waite reduction of vexp_parts with x's
+// 1 + exp(-x) for x in [-87.33, 86.5] (exp(-x) normal), NaN through: the Cody-Waite reduction of vexp_parts with x's
 // sign folded into the constants, and a degree-5 polynomial (fitted for this file by iterated least squares on the
 // relative error of exp over |r| <= ln2/2, constant term 1: 9.2e-8) instead of the degree-7 Taylor series.
-inline V vexp_neg_normal(V x) {
+inline V vone_plus_exp_neg(V x) {
   const V magic = SIMD::set1(12582912.f);
   const V k = SIMD::fma(x, SIMD::set1(-1.44269504088896341f), magic);
   const V n = SIMD::sub(k, magic);
@@ -230,7 +231,7 @@ inline V vexp_neg_normal(V x) {
   p = SIMD::fma(p, r, SIMD::set1(4.9999147654e-01f));
   p = SIMD::fma(p, r, SIMD::set1(-9.9999970198e-01f));
   p = SIMD::fma(p, r, SIMD::set1(1.f));
-  return vscale_normal<SIMD>(p, n, k, 0);
+  return vone_plus_scaled<SIMD>(p, n, k, 0);
 }
 
 // 1 / (1 + exp(-x)) on x clamped to [SIGMOID_FLUSH, SIGMOID_ONE], by a reciprocal estimate and a Newton step: about
@@ -240,8 +241,7 @@ inline V vexp_neg_normal(V x) {
 // carries it to the result.
 inline V vsigmoid(V x) {
   const V xc = SIMD::min(SIMD::set1(SIGMOID_ONE), SIMD::max(SIMD::set1(SIGMOID_FLUSH), x));
-  const V d = SIMD::add(SIMD::set1(1.f), vexp_neg_normal(xc));
-  return SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), vrecip(d));
+  return SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), vrecip(vone_plus_exp_neg(xc)));
 }
 
 inline V vsilu(V x) { return SIMD::mul(x, vsigmoid(x)); }
