@@ -217,25 +217,28 @@ inline V vone_plus_scaled(V p, V, V k, long) {
 }
 
 // 1 + exp(-x) for x in [-87.33, 86.5] (exp(-x) normal), NaN through: the Cody-Waite reduction of vexp_parts with x's
-// sign folded into the constants, and a degree-5 polynomial (fitted for this file by iterated least squares on the
-// relative error of exp over |r| <= ln2/2, constant term 1: 9.2e-8) instead of the degree-7 Taylor series.
+// sign folded into the constants, and a degree-6 polynomial (fitted for this file by iterated least squares on the
+// relative error of exp over |r| <= ln2/2, constant term 1: 2.0e-9) instead of the degree-7 Taylor series. Degree 5
+// (9.2e-8, an ulp) made the sigmoid correctly rounded half as often, which flipped a requantised step of an int8
+// LSTM (tashkeel_rawi_v3's class argmax against onnxruntime).
 inline V vone_plus_exp_neg(V x) {
   const V magic = SIMD::set1(12582912.f);
   const V k = SIMD::fma(x, SIMD::set1(-1.44269504088896341f), magic);
   const V n = SIMD::sub(k, magic);
   V r = SIMD::fma(n, SIMD::set1(0.693359375f), x);  // -(the reduced argument): odd coefficients negated below
   r = SIMD::fma(n, SIMD::set1(-2.12194440e-4f), r);
-  V p = SIMD::set1(-8.2909679040e-03f);
-  p = SIMD::fma(p, r, SIMD::set1(4.1898086667e-02f));
-  p = SIMD::fma(p, r, SIMD::set1(-1.6667626798e-01f));
-  p = SIMD::fma(p, r, SIMD::set1(4.9999147654e-01f));
-  p = SIMD::fma(p, r, SIMD::set1(-9.9999970198e-01f));
+  V p = SIMD::set1(1.3843732886e-03f);
+  p = SIMD::fma(p, r, SIMD::set1(-8.3741806448e-03f));
+  p = SIMD::fma(p, r, SIMD::set1(4.1668001562e-02f));
+  p = SIMD::fma(p, r, SIMD::set1(-1.6666430235e-01f));
+  p = SIMD::fma(p, r, SIMD::set1(4.9999994040e-01f));
+  p = SIMD::fma(p, r, SIMD::set1(-1.f));
   p = SIMD::fma(p, r, SIMD::set1(1.f));
   return vone_plus_scaled<SIMD>(p, n, k, 0);
 }
 
 // 1 / (1 + exp(-x)) on x clamped to [SIGMOID_FLUSH, SIGMOID_ONE], by a reciprocal estimate and a Newton step: about
-// 18 vector operations (the e / (1 + e) split at 0, the degree-7 exponential, its subnormal check and the NaN blend
+// 19 vector operations (the e / (1 + e) split at 0, the degree-7 exponential, its subnormal check and the NaN blend
 // were about 30). exp(-x)'s relative error reaches the result times e / (1 + e) < 1, so no split is needed for
 // x << 0. The clamps return a NaN x (max / min give their second operand on NaN, on every ISA), and every later step
 // carries it to the result.
