@@ -156,9 +156,10 @@ inline V copysign_of(V mag, V sgn) {
   return SIMD::as_float(SIMD::ior(SIMD::as_int(SIMD::abs(mag)), sb));
 }
 
-// 1 / d for d in [1, 2]: the ISA's reciprocal estimate and a Newton step (a relative error of about 2^-23 from the
-// 12-bit AVX2 estimate, less from the others), where a division's throughput was half of SiLU's time.
-inline V vrecip_1_2(V d) {
+// 1 / d for d in [1, 2^125) (a normal estimate on every ISA: see SIGMOID_FLUSH): the ISA's reciprocal estimate and a
+// Newton step (a relative error of about 2^-23 from the 12-bit AVX2 estimate, less from the others), where a
+// division's throughput was half of SiLU's time.
+inline V vrecip(V d) {
   const V r = SIMD::rcp(d);
   return SIMD::fma(r, SIMD::fnma(d, r, SIMD::set1(1.f)), r);
 }
@@ -191,25 +192,67 @@ inline V vtanh(V x) {
   return vnan_pass(x, copysign_of(SIMD::select(SIMD::ge(ax, SIMD::set1(9.f)), SIMD::set1(1.f), y), x));
 }
 
-// Below SIGMOID_FLUSH sigmoid(x) = exp(x) is under 2^-126: flushed to 0 (onnxruntime's flushes below about -18), an
+// Below EXP_FLUSH exp(x) is under 2^-126: vexp_flush gives 0 (onnxruntime's sigmoid flushes below about -18), an
 // absolute error under 1.2e-38. A subnormal result would slow every later product that reads it (an x86 microcode
 // assist per operation): a diffusion U-Net's SiLUs of activations near -90 fed 45K of them into its convolutions.
-constexpr float SIGMOID_FLUSH = -87.33f;  // exp(-87.33) = 1.183e-38, normal
+constexpr float EXP_FLUSH = -87.33f;  // exp(-87.33) = 1.183e-38, normal
 
+// sigmoid(x) is 0 below SIGMOID_FLUSH (an absolute error under 2.7e-38): 1 + exp(-x) stays under 2^125 there, where
+// every ISA's reciprocal estimate is a normal number (SSE/AVX's rcpps flushes its results below 2^-126 to 0 from
+// inputs near 2^126). From SIGMOID_ONE on 1 + exp(-x) rounds to 1 (it does from 17.33).
+constexpr float SIGMOID_FLUSH = -86.5f;
+constexpr float SIGMOID_ONE = 20.f;
+
+// 1 + p 2^n for an integer-valued n with p 2^n normal (n in [-125, 126], p in [0.7, 1.42]), k = n + 1.5 * 2^23 (n in
+// its low mantissa bits): AVX-512's vscalefps and an add, else one FMA by 2^n, whose exponent bits are n + 127 from
+// k's bits (an integer add and a shift, no conversion). A NaN p passes through either.
+template <class S>
+inline auto vone_plus_scaled(V p, V n, V, int) -> decltype(S::scalef(p, n)) {
+  return S::add(S::set1(1.f), S::scalef(p, n));
+}
+template <class S>
+inline V vone_plus_scaled(V p, V, V k, long) {
+  const V pow2n = SIMD::as_float(SIMD::slli<23>(SIMD::iadd(SIMD::as_int(k), SIMD::iset1(127))));
+  return SIMD::fma(p, pow2n, SIMD::set1(1.f));
+}
+
+// 1 + exp(-x) for x in [-87.33, 86.5] (exp(-x) normal), NaN through: the Cody-Waite reduction of vexp_parts with x's
+// sign folded into the constants, and a degree-6 polynomial (fitted for this file by iterated least squares on the
+// relative error of exp over |r| <= ln2/2, constant term 1: 2.0e-9) instead of the degree-7 Taylor series. Degree 5
+// (9.2e-8, an ulp) made the sigmoid correctly rounded half as often, which flipped a requantised step of an int8
+// LSTM (tashkeel_rawi_v3's class argmax against onnxruntime).
+inline V vone_plus_exp_neg(V x) {
+  const V magic = SIMD::set1(12582912.f);
+  const V k = SIMD::fma(x, SIMD::set1(-1.44269504088896341f), magic);
+  const V n = SIMD::sub(k, magic);
+  V r = SIMD::fma(n, SIMD::set1(0.693359375f), x);  // -(the reduced argument): odd coefficients negated below
+  r = SIMD::fma(n, SIMD::set1(-2.12194440e-4f), r);
+  V p = SIMD::set1(1.3843732886e-03f);
+  p = SIMD::fma(p, r, SIMD::set1(-8.3741806448e-03f));
+  p = SIMD::fma(p, r, SIMD::set1(4.1668001562e-02f));
+  p = SIMD::fma(p, r, SIMD::set1(-1.6666430235e-01f));
+  p = SIMD::fma(p, r, SIMD::set1(4.9999994040e-01f));
+  p = SIMD::fma(p, r, SIMD::set1(-1.f));
+  p = SIMD::fma(p, r, SIMD::set1(1.f));
+  return vone_plus_scaled<SIMD>(p, n, k, 0);
+}
+
+// 1 / (1 + exp(-x)) on x clamped to [SIGMOID_FLUSH, SIGMOID_ONE], by a reciprocal estimate and a Newton step: about
+// 19 vector operations (the e / (1 + e) split at 0, the degree-7 exponential, its subnormal check and the NaN blend
+// were about 30). exp(-x)'s relative error reaches the result times e / (1 + e) < 1, so no split is needed for
+// x << 0. The clamps return a NaN x (max / min give their second operand on NaN, on every ISA), and every later step
+// carries it to the result.
 inline V vsigmoid(V x) {
-  // e = exp(-|x|) never overflows; for x < 0 the result is e / (1 + e), which keeps tiny values accurate.
-  V e = vexp_core(SIMD::max(SIMD::neg(SIMD::abs(x)), SIMD::set1(SIGMOID_FLUSH)));
-  V r = vrecip_1_2(SIMD::add(SIMD::set1(1.f), e));
-  V y = SIMD::select(SIMD::ge(x, SIMD::zero()), r, SIMD::mul(e, r));
-  return vnan_pass(x, SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), y));
+  const V xc = SIMD::min(SIMD::set1(SIGMOID_ONE), SIMD::max(SIMD::set1(SIGMOID_FLUSH), x));
+  return SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), vrecip(vone_plus_exp_neg(xc)));
 }
 
 inline V vsilu(V x) { return SIMD::mul(x, vsigmoid(x)); }
 
 // exp(x), flushed to 0 below 2^-126 (softmax's terms: none of them moves a sum of at least 1).
 inline V vexp_flush(V x) {
-  V e = vexp_core(SIMD::min(SIMD::max(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::set1(89.f)));
-  return vnan_pass(x, SIMD::select(SIMD::lt(x, SIMD::set1(SIGMOID_FLUSH)), SIMD::zero(), e));
+  V e = vexp_core(SIMD::min(SIMD::max(x, SIMD::set1(EXP_FLUSH)), SIMD::set1(89.f)));
+  return vnan_pass(x, SIMD::select(SIMD::lt(x, SIMD::set1(EXP_FLUSH)), SIMD::zero(), e));
 }
 
 inline V vhard_swish(V x) {
@@ -313,7 +356,7 @@ inline V vgelu(V v) {
   using S = SIMD;
   const V cap = S::set1(9.f);
   V a = S::min(S::abs(S::mul(v, S::set1(0.70710678118654752f))), cap);
-  V t = vrecip_1_2(S::fma(S::set1(0.3275911f), a, S::set1(1.f)));
+  V t = vrecip(S::fma(S::set1(0.3275911f), a, S::set1(1.f)));
   V q = S::set1(1.061405429f);
   q = S::fma(q, t, S::set1(-1.453152027f));
   q = S::fma(q, t, S::set1(1.421413741f));
@@ -458,7 +501,7 @@ inline void softmax_from_max(const float* x, float* y, i64 n, float mx) {
   V acc = SIMD::zero();
   i64 i = 0;
   float tail = 0.f;
-  // probabilities under 2^-126 are 0 (no subnormal terms, products or results: see SIGMOID_FLUSH)
+  // probabilities under 2^-126 are 0 (no subnormal terms, products or results: see EXP_FLUSH)
   for (; i + W <= n; i += W) {
     V e = vexp_flush(SIMD::sub(SIMD::load(x + i), vm));
     SIMD::store(y + i, e);
