@@ -308,13 +308,12 @@ def _instrument(session: Any, clock: _Clock, native: bool) -> Iterator[set[str]]
         session.invalidate_replay()  # and without them
 
 
-def _step(llm: Any, ids: list[int], i: int, width: int, cached: int) -> None:
+def _step(llm: Any, ids: list[int], i: int, width: int) -> None:
     """Step i of a pass: one token after the last (a decode step), or (width > 1) a verify step of ``width``
-    tokens after the ``cached`` prompt tokens, rolled back to them afterwards."""
+    tokens after what the cache holds (the caller rolls it back to the prompt first, outside any timing)."""
     if width == 1:
         llm.forward([ids[i]])
         return
-    llm.rollback(cached)
     llm.verify([ids[(i + j) % len(ids)] for j in range(width)])
 
 
@@ -325,7 +324,9 @@ def _steps(llm: Any, ids: list[int], prompt: list[int], warmup: int, clock: _Clo
     llm.reset()
     llm.prefill(prompt)
     for i in range(warmup):
-        _step(llm, ids, i, width, len(prompt))
+        if width > 1:
+            llm.rollback(len(prompt))
+        _step(llm, ids, i, width)
     llm.rollback(len(prompt))  # every pass profiles the same positions, with the replay already recorded
     times, kernel, native, calls, ncalls = [], [], [], [], []
     for i in range(warmup, len(ids)):
@@ -334,7 +335,7 @@ def _steps(llm: Any, ids: list[int], prompt: list[int], warmup: int, clock: _Clo
         if width > 1:
             llm.rollback(len(prompt))  # outside the timed step
         t0 = now()
-        _step(llm, ids, i, width, len(prompt))
+        _step(llm, ids, i, width)
         times.append(now() - t0)
         if clock is not None:
             kernel.append(dict(clock.kernel))
