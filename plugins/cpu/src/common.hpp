@@ -90,7 +90,18 @@ void set_num_threads(int n);
 // thread is using the pool (so concurrent callers never deadlock). With wake_sleepers false the tasks run on the
 // caller alone when every worker is asleep: for work smaller than waking one costs (a futex wake of an idle core,
 // tens of microseconds on a virtual machine). The tasks are the same either way, so the results are too.
-void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers = true);
+void parallel_for_pooled(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers);
+bool pool_stats_enabled();
+template <class F>
+inline void parallel_for(i64 ntasks, int max_threads, const F& f, bool wake_sleepers = true) {
+  // One thread: the loop runs here, before f becomes a std::function (a heap block for a lambda that captures more
+  // than two pointers, on every call of a one-thread run). With statistics on, the pooled path counts the call.
+  if (max_threads <= 1 && !pool_stats_enabled()) {
+    for (i64 t = 0; t < ntasks; ++t) f(t);
+    return;
+  }
+  parallel_for_pooled(ntasks, max_threads, f, wake_sleepers);
+}
 
 inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }  // a, b > 0
 inline i64 floor_div(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }  // b > 0, a of either sign

@@ -72,7 +72,7 @@ struct RnnWeights {
 float quantize_rows_u8(const float* a, i64 rows, i64 k, i64 ld, std::uint8_t* out, i64 lda, std::int32_t* zp) {
   const qlin::QKernels& qk = qlin::qk();
   const int chunks = static_cast<int>(std::min<i64>(rows, threads_for(static_cast<double>(rows * k), 32768.0)));
-  // one chunk (an LSTM step's H, every step): no pool call, no heap (a step's own cost is a few microseconds)
+  // one chunk (an LSTM step's H, every step): no heap for the per-chunk ranges (a step's own cost is a few us)
   float lo1 = 0.f, hi1 = 0.f;
   std::vector<float> lo_many, hi_many;
   if (chunks > 1) {
@@ -95,8 +95,7 @@ float quantize_rows_u8(const float* a, i64 rows, i64 k, i64 ld, std::uint8_t* ou
       hi[c] = std::max(hi[c], h);
     }
   };
-  if (chunks > 1) parallel_for(chunks, chunks, range_of, false);
-  else if (chunks == 1) range_of(0);
+  parallel_for(chunks, chunks, range_of, false);
   const float l = *std::min_element(lo, lo + std::max(chunks, 1)), h = *std::max_element(hi, hi + std::max(chunks, 1));
   const float scale = h > l ? (h - l) / 255.f : 1.f;
   *zp = static_cast<std::int32_t>(std::min(255.f, std::max(0.f, std::nearbyint(-l / scale))));
@@ -109,8 +108,7 @@ float quantize_rows_u8(const float* a, i64 rows, i64 k, i64 ld, std::uint8_t* ou
       if (lda > k) std::memset(o + k, 0, static_cast<std::size_t>(lda - k));
     }
   };
-  if (chunks > 1) parallel_for(chunks, chunks, quantize_chunk, false);
-  else if (chunks == 1) quantize_chunk(0);
+  parallel_for(chunks, chunks, quantize_chunk, false);
   return scale;
 }
 
@@ -427,8 +425,7 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
                           static_cast<std::size_t>(n) * sizeof(float));
           }
         };
-        if (S > 1) parallel_for(S, S, slice, wake);
-        else slice(0);  // one slice: no pool call (a std::function and its heap block every step)
+        parallel_for(S, S, slice, wake);
         continue;
       }
       gemm_p(kr, MatView{h.data(), batch, H, H, 1}, *Rp, hr.data(), rn, nullptr, T);

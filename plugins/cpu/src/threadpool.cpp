@@ -345,7 +345,7 @@ void extend_linger() {
 }
 }  // namespace
 
-void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers) {
+void parallel_for_pooled(i64 ntasks, int max_threads, const std::function<void(i64)>& f, bool wake_sleepers) {
   if (ntasks <= 0) return;
   if (max_threads > 1 && !tl_in_pool_task) extend_linger();
   if (ntasks == 1 || max_threads <= 1 || tl_in_pool_task) return run_serial(ntasks, f);
@@ -355,6 +355,7 @@ void parallel_for(i64 ntasks, int max_threads, const std::function<void(i64)>& f
 }
 
 void pool_stats_enable(bool on) { g_stats_on.store(on, std::memory_order_relaxed); }
+bool pool_stats_enabled() { return g_stats_on.load(std::memory_order_relaxed); }
 
 PoolStats pool_stats(bool reset) {
   auto take = [reset](std::atomic<std::int64_t>& a) {
