@@ -67,7 +67,8 @@ def main() -> None:
             f"hetero without {args.without}": functools.partial(without_pass.run, feeds),
             "onnxruntime": functools.partial(ort_session.run, None, feeds)}
         a, b = with_pass.run(feeds), without_pass.run(feeds)
-        diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+        # as float64: a model may also return bool / integer outputs (the romanizer's mask)
+        diff = max(float(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)).max()) for k in a)
         for run in runs.values():
             for _ in range(3):
                 run()

@@ -1786,6 +1786,48 @@ def fuse_add_relu(graph: Graph) -> int:
     return count
 
 
+# fuse_embedding_rnn: the largest projected table it makes (V x dirs x gates x hidden floats: 64 MB)
+EMBEDDING_RNN_MAX_VALUES = 16 * 1024 * 1024
+
+
+def fuse_embedding_rnn(graph: Graph) -> int:
+    """A float GRU / LSTM (layout 0) whose X is ``Gather(table, ids, axis=0)`` of a constant float32 [V, I] table,
+    directly or through ``Transpose(perm=[1, 0, 2])`` (2-D ids), with constant W and each value read by the next
+    node alone: one ``EmbeddingRNN``. The input projection X W^T is then a row of ``table W^T``, which a backend can
+    compute once (the romanizer's first GRU: 160 rows, each run's 48 ids). Left alone where the projected table would
+    pass EMBEDDING_RNN_MAX_VALUES."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers = graph.producers()
+    for rnn in list(graph.nodes):
+        if rnn.op_key not in (("", "GRU"), ("", "LSTM")) or rnn.attrs.get("layout", 0) or len(rnn.inputs) < 3:
+            continue
+        w = graph.initializers.get(rnn.inputs[1])
+        x = producers.get(rnn.inputs[0])
+        span: list[Node] = []
+        if x is not None and x.op_key == ("", "Transpose") and int_list(x.attrs.get("perm", [])) == [1, 0, 2]:
+            span, x = [x], producers.get(x.inputs[0])
+        if w is None or x is None or x.op_key != ("", "Gather") or x.attrs.get("axis", 0) != 0:
+            continue
+        span = [x, *span, rnn]
+        table = graph.initializers.get(x.inputs[0])
+        ids = graph.values.get(x.inputs[1])
+        if table is None or np.asarray(table).dtype != np.float32 or np.ndim(table) != 2 or \
+                np.asarray(w).dtype != np.float32 or ids is None or ids.shape is None or len(ids.shape) != 2:
+            continue
+        if np.shape(table)[0] * np.shape(w)[0] * np.shape(w)[1] > EMBEDDING_RNN_MAX_VALUES:
+            continue
+        if any(_single_consumer(graph, n.outputs[0]) is not span[i + 1] for i, n in enumerate(span[:-1])):
+            continue
+        attrs = {**rnn.attrs, "rnn": rnn.op_type, "transpose": int(len(span) == 3)}
+        fused = Node("EmbeddingRNN", [x.inputs[0], x.inputs[1], *rnn.inputs[1:]], list(rnn.outputs), attrs,
+                     name=rnn.name or rnn.outputs[0], domain=HETERO_DOMAIN)
+        if _replace_span(graph, span, fused, keep):
+            count += 1
+            producers = graph.producers()
+    return count
+
+
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_batchnorm, fold_conv_scale_shift,
@@ -1794,7 +1836,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
                                     einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
-                                    fuse_gelu_mul, fuse_add_relu)
+                                    fuse_gelu_mul, fuse_add_relu, fuse_embedding_rnn)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
@@ -1805,7 +1847,8 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC"),
                                          "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul"),
                                          "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul"),
-                                         "fuse_add_relu": (HETERO_DOMAIN, "AddRelu")}
+                                         "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
+                                         "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN")}
 
 
 def for_backend(has_kernel: Callable[[tuple[str, str]], bool],

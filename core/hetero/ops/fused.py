@@ -220,3 +220,39 @@ def gelu_mul(ctx: OpContext) -> list[np.ndarray]:
     a gated GELU (T5's GeGLU) that ``hetero.ir.passes.fuse_gelu_mul`` replaces; the two references composed."""
     g = _reference(ctx, "Gelu", [ctx.array(0)], {"approximate": ctx.attr("approximate", "none")})[0]
     return _reference(ctx, "Mul", [g, ctx.array(1)])
+
+
+def _embedding_rnn_parts(ctx: OpContext) -> tuple[Node, list[TensorInfo | None], TensorInfo]:
+    """The recurrent node inside an ``EmbeddingRNN`` (its op, its attributes, X as input 0), its input infos and
+    X's info: the table's rows gathered by the ids, (seq, batch, I) after the Transpose when ``transpose``."""
+    table, ids = input_info(ctx, 0), input_info(ctx, 1)
+    attrs = {k: v for k, v in ctx.node.attrs.items() if k not in ("rnn", "transpose")}
+    inner = Node(ctx.attr("rnn"), ["x", *ctx.node.inputs[2:]], list(ctx.node.outputs), attrs,
+                 name=f"{ctx.node.name}/{ctx.attr('rnn')}")
+    shape = None
+    if ids.shape is not None and table.shape is not None and len(ids.shape) == 2 and len(table.shape) == 2:
+        lead = ids.shape[::-1] if ctx.attr("transpose", 0) else ids.shape
+        shape = (*lead, table.shape[1])
+    x = TensorInfo(table.dtype, shape) if shape is not None else unknown(table.dtype, 3)
+    return inner, [x, *ctx.inputs[2:]], x
+
+
+def _embedding_rnn_infer(ctx: OpContext) -> list[TensorInfo]:
+    inner, infos, _ = _embedding_rnn_parts(ctx)
+    return get("", inner.op_type).infer(OpContext(inner, infos, [None, *ctx.values[2:]], ctx.opset))
+
+
+@op("EmbeddingRNN", domain=HETERO_DOMAIN, infer=_embedding_rnn_infer)
+def embedding_rnn(ctx: OpContext) -> list[np.ndarray]:
+    """A GRU / LSTM (attribute ``rnn``, with that op's attributes) whose X is an embedding table's rows (input 0,
+    [V, I]) picked by ids (input 1, 2-D): ``Gather(table, ids, axis=0)``, then ``Transpose(perm=[1, 0, 2])`` when
+    ``transpose`` (ids given batch-major), then the recurrent op on inputs 2.. as its inputs 1.. .
+    ``hetero.ir.passes.fuse_embedding_rnn`` makes it, so a backend can project the table once instead of each run's
+    rows (the romanizer's first GRU). The unfused ops' references composed."""
+    x = _reference(ctx, "Gather", [ctx.array(0), ctx.array(1)], {"axis": 0})[0]
+    if ctx.attr("transpose", 0):
+        x = _reference(ctx, "Transpose", [x], {"perm": [1, 0, 2]})[0]
+    inner, infos, _ = _embedding_rnn_parts(ctx)
+    rest = [ctx.array(i) if ctx.has_input(i) else None for i in range(2, len(ctx.inputs))]
+    infos = [TensorInfo(dtypes.from_numpy(x.dtype), x.shape), *infos[1:]]
+    return get("", inner.op_type).reference(OpContext(inner, infos, [x, *rest], ctx.opset))

@@ -15,6 +15,9 @@
 // a thread (each slice the four gates' columns of its units, then those units' gate math), its column panels in
 // alternating order step by step (the end of R read last stays in L2 for the next step's start); the bits do not
 // depend on the slicing (exact integer sums, a per-element epilogue and gate math).
+// Token mode (hetero::EmbeddingRNN, float weights): X is an embedding's rows, so rnn_project multiplies the whole table
+// by each direction's W^T once and rnn_run_tokens gathers each step's projected rows (plus the bias) instead of the
+// input projection's GEMM; the GEMM's sums are per row, so the bits are those of the layer on the gathered rows.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -212,17 +215,42 @@ std::shared_ptr<RnnWeights> py_rnn_prepack_q(const py::array& W, const py::array
   return p;
 }
 
-// direction: 0 forward, 1 reverse, 2 bidirectional. X (seq, batch, I); Y (seq, dirs, batch, H) or None;
-// Y_h / Y_c (dirs, batch, H) or None.
-void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, const py::object& lens_obj,
-                const py::object& h0, const py::object& c0, const py::object& P, int direction, float clip,
-                bool input_forget, bool linear_before_reset, const py::object& Y, const py::object& Yh,
-                const py::object& Yc) {
+// An embedding table's rows already projected (rnn_project: table (V, I) times each direction's W^T, no bias), and
+// the token ids that pick them: the layer's input projection becomes a gather (hetero::EmbeddingRNN).
+struct TokenRows {
+  const float* proj = nullptr;        // (V, dirs, G*H)
+  const std::int64_t* ids = nullptr;  // (seq, batch), or (batch, seq) when batch_major; in [0, V)
+  bool batch_major = false;
+  i64 id(i64 t, i64 b, i64 seq, i64 batch) const { return ids[batch_major ? b * seq + t : t * batch + b]; }
+};
+
+// (V, dirs, G*H) = table (V, I) times each direction's W^T on the same packed GEMM as the layer's input projection
+// (no bias: the run adds it, as the projection's epilogue does).
+py::array_t<float> py_rnn_project(const RnnWeights& p, const py::array& table) {
+  const char* fn = "rnn_project";
+  need_f32(table, fn, "table");
+  need_contig(table, fn, "table");
+  if (!p.qw.empty()) fail("rnn_project: float weights only (rnn_prepack)");
+  if (table.ndim() != 2 || table.shape(1) != p.I) fail("rnn_project: table must be (V, " + std::to_string(p.I) + ")");
+  const i64 V = table.shape(0), GH = p.G * p.H;
+  py::array_t<float> out({V, p.dirs, GH});
+  const float* pt = cptr<float>(table);
+  float* po = out.mutable_data();
+  py::gil_scoped_release nogil;
+  for (i64 d = 0; d < p.dirs; ++d)
+    gemm_p(*p.kr, MatView{pt, V, p.I, p.I, 1}, *p.w[static_cast<std::size_t>(d)], po + d * GH, p.dirs * GH, nullptr,
+           num_threads());
+  return out;
+}
+
+// direction: 0 forward, 1 reverse, 2 bidirectional. px: X (seq, batch, I), or null with tok's rows instead;
+// Y (seq, dirs, batch, H) or None; Y_h / Y_c (dirs, batch, H) or None.
+void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i64 seq, i64 batch,
+                  const py::object& B, const py::object& lens_obj, const py::object& h0, const py::object& c0,
+                  const py::object& P, int direction, float clip, bool input_forget, bool linear_before_reset,
+                  const py::object& Y, const py::object& Yh, const py::object& Yc) {
   const char* fn = "rnn_run";
-  need_f32(X, fn, "X");
-  need_contig(X, fn, "X");
-  if (X.ndim() != 3 || X.shape(2) != p.I) fail("rnn_run: X must be (seq, batch, " + std::to_string(p.I) + ")");
-  const i64 seq = X.shape(0), batch = X.shape(1), H = p.H, G = p.G, GH = G * H, dirs = p.dirs, I = p.I;
+  const i64 H = p.H, G = p.G, GH = G * H, dirs = p.dirs, I = p.I;
   if ((direction == 2) != (dirs == 2)) fail("rnn_run: direction does not match the packed weights");
   const float* pB = opt_f32(B, dirs * 2 * GH, fn, "B");
   const float* ph0 = opt_f32(h0, dirs * batch * H, fn, "initial_h");
@@ -250,7 +278,6 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
   float* pY = out_ptr(Y, seq * dirs * batch * H, "Y");
   float* pYh = out_ptr(Yh, dirs * batch * H, "Y_h");
   float* pYc = p.gru ? nullptr : out_ptr(Yc, dirs * batch * H, "Y_c");
-  const float* px = cptr<float>(X);
   py::gil_scoped_release nogil;
   const Kernels& kr = *p.kr;
   const bool do_clip = clip > 0.f;
@@ -308,6 +335,11 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
       for (i64 j = 0; j < GH; ++j) col[static_cast<std::size_t>(j)] = x_scale * ws[j];
       qlin::qgemm(*p.qw[static_cast<std::size_t>(d)], qlin::AOperand{xq.data(), xlda, &x_zp, 1}, seq * batch,
                   qstage(xw, bx.data()));
+    } else if (tok.proj) {
+      for (i64 t = 0; t < seq; ++t)
+        for (i64 b = 0; b < batch; ++b)
+          kr.binary(B_ADD, BM_VV, tok.proj + (tok.id(t, b, seq, batch) * dirs + d) * GH, bx.data(),
+                    xw + (t * batch + b) * GH, GH);
     } else {
       gemm_p(kr, MatView{px, seq * batch, I, I, 1}, *p.w[static_cast<std::size_t>(d)], xw, GH, bx.data(), T);
     }
@@ -489,6 +521,47 @@ void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, co
     for (i64 d = 0; d < dirs; ++d) run_direction(d, T);
 }
 
+void py_rnn_run(const RnnWeights& p, const py::array& X, const py::object& B, const py::object& lens_obj,
+                const py::object& h0, const py::object& c0, const py::object& P, int direction, float clip,
+                bool input_forget, bool linear_before_reset, const py::object& Y, const py::object& Yh,
+                const py::object& Yc) {
+  need_f32(X, "rnn_run", "X");
+  need_contig(X, "rnn_run", "X");
+  if (X.ndim() != 3 || X.shape(2) != p.I) fail("rnn_run: X must be (seq, batch, " + std::to_string(p.I) + ")");
+  rnn_run_impl(p, cptr<float>(X), TokenRows{}, X.shape(0), X.shape(1), B, lens_obj, h0, c0, P, direction, clip,
+               input_forget, linear_before_reset, Y, Yh, Yc);
+}
+
+// The layer on an embedding's token ids: proj from rnn_project, ids int64 / int32 (seq, batch) or (batch, seq) when
+// batch_major; a negative id counts from the end of the table (Gather's rule), one outside it is an error.
+void py_rnn_run_tokens(const RnnWeights& p, const py::array& proj, const py::array& ids, bool batch_major,
+                       const py::object& B, const py::object& lens_obj, const py::object& h0, const py::object& c0,
+                       const py::object& P, int direction, float clip, bool input_forget, bool linear_before_reset,
+                       const py::object& Y, const py::object& Yh, const py::object& Yc) {
+  const char* fn = "rnn_run_tokens";
+  need_f32(proj, fn, "proj");
+  need_contig(proj, fn, "proj");
+  need_contig(ids, fn, "ids");
+  if (!p.qw.empty()) fail("rnn_run_tokens: float weights only (rnn_prepack)");
+  if (proj.ndim() != 3 || proj.shape(1) != p.dirs || proj.shape(2) != p.G * p.H)
+    fail("rnn_run_tokens: proj must be (V, dirs, G*H) from rnn_project");
+  const std::string ik = pyx::dkey(ids);
+  if ((ik != "i8" && ik != "i4") || ids.ndim() != 2) fail("rnn_run_tokens: ids must be 2-D int64 or int32");
+  const i64 seq = ids.shape(batch_major ? 1 : 0), batch = ids.shape(batch_major ? 0 : 1), V = proj.shape(0);
+  // Gather's rule on a copy (the caller's ids stay as they are): negative counts from the end, outside is an error
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(seq * batch));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::int64_t id = ik == "i8" ? static_cast<const std::int64_t*>(ids.data())[i]
+                                       : static_cast<const std::int32_t*>(ids.data())[i];
+    const std::int64_t v = id < 0 ? id + V : id;
+    if (v < 0 || v >= V) fail("rnn_run_tokens: index " + std::to_string(id) + " outside [-V, V) for V " +
+                              std::to_string(V));
+    rows[i] = v;
+  }
+  rnn_run_impl(p, nullptr, TokenRows{cptr<float>(proj), rows.data(), batch_major}, seq, batch, B, lens_obj, h0, c0,
+               P, direction, clip, input_forget, linear_before_reset, Y, Yh, Yc);
+}
+
 }  // namespace
 
 void bind_rnn(py::module_& m) {
@@ -498,6 +571,11 @@ void bind_rnn(py::module_& m) {
   m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"), py::arg("bf16x3") = false);
   m.def("rnn_prepack_q", &py_rnn_prepack_q, py::arg("W"), py::arg("R"), py::arg("w_zero_point"),
         py::arg("r_zero_point"), py::arg("w_scale"), py::arg("r_scale"));
+  m.def("rnn_project", &py_rnn_project, py::arg("packed"), py::arg("table"));
+  m.def("rnn_run_tokens", &py_rnn_run_tokens, py::arg("packed"), py::arg("proj"), py::arg("ids"),
+        py::arg("batch_major"), py::arg("B"), py::arg("sequence_lens"), py::arg("initial_h"), py::arg("initial_c"),
+        py::arg("P"), py::arg("direction"), py::arg("clip"), py::arg("input_forget"),
+        py::arg("linear_before_reset"), py::arg("Y"), py::arg("Y_h"), py::arg("Y_c"));
   m.def("rnn_run", &py_rnn_run, py::arg("packed"), py::arg("X"), py::arg("B"), py::arg("sequence_lens"),
         py::arg("initial_h"), py::arg("initial_c"), py::arg("P"), py::arg("direction"), py::arg("clip"),
         py::arg("input_forget"), py::arg("linear_before_reset"), py::arg("Y"), py::arg("Y_h"), py::arg("Y_c"));

@@ -26,7 +26,7 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
-from hetero.contract.graph import MICROSOFT_DOMAIN
+from hetero.contract.graph import MICROSOFT_DOMAIN, Node
 from hetero.contract.opforms import nearest_indices, source_coords
 
 from .. import _native
@@ -606,11 +606,19 @@ _RNN_DEFAULTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]
 class CpuRnn(_NativeOrNumpy):
     """LSTM and GRU with the default activations: gate GEMMs on the packed GEMM, the recurrence native."""
 
+    # where the recurrent op's input 0 (X) sits among the node's inputs (its input i is the node's i + _SHIFT)
+    _SHIFT = 0
+
+    @staticmethod
+    def _rnn_op(node: NodeInfo | Node) -> str:
+        """GRU or LSTM."""
+        return node.op_type
+
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
         acts = node.attr("activations", None)
         dirs = 2 if node.attr("direction", "forward") == "bidirectional" else 1
-        if acts is not None and [a.lower() for a in acts] != _RNN_DEFAULTS[node.op_type] * dirs:
+        if acts is not None and [a.lower() for a in acts] != _RNN_DEFAULTS[cls._rnn_op(node)] * dirs:
             return unsupported(f"{node.op_type} with activations {list(acts)}")
         if node.attr("activation_alpha", None) or node.attr("activation_beta", None):
             return unsupported(f"{node.op_type} with activation parameters")
@@ -620,14 +628,14 @@ class CpuRnn(_NativeOrNumpy):
 
     def _prepack(self) -> Any:
         """W and R packed once, when known at load time."""
-        w, r = self.info.constants.get(1), self.info.constants.get(2)
+        w, r = self.info.constants.get(1 + self._SHIFT), self.info.constants.get(2 + self._SHIFT)
         if w is None or r is None:
             return None
         return _native.rnn_prepack(np.ascontiguousarray(w, np.float32), np.ascontiguousarray(r, np.float32), self.gru,
                                    self.bf16x3)
 
     def setup(self) -> None:
-        self.gru = self.node.op_type == "GRU"
+        self.gru = self._rnn_op(self.node) == "GRU"
         # precision "normal": the input projections as bf16x3 (as MatMul / Gemm on packed weights)
         self.bf16x3 = (weight_precision(self.backend) or _native.precision()) == "normal"
         self.packed = self._prepack()
@@ -638,9 +646,10 @@ class CpuRnn(_NativeOrNumpy):
         self.layout = int(self.attr("layout", 0))
 
     def _arr(self, inputs: Sequence[Tensor | None], i: int, swap: bool = False) -> np.ndarray | None:
-        if not _has(inputs, i) or inputs[i].numpy().size == 0:
+        """The recurrent op's input i (sequence_lens as it is, the others float32), None when absent or empty."""
+        if not _has(inputs, i + self._SHIFT) or inputs[i + self._SHIFT].numpy().size == 0:
             return None
-        a = inputs[i].numpy()
+        a = inputs[i + self._SHIFT].numpy()
         return np.ascontiguousarray(np.swapaxes(a, 0, 1) if swap else a, dtype=np.float32 if i != 4 else None)
 
     def _writes_outputs(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> bool:
@@ -692,6 +701,53 @@ class CpuRnn(_NativeOrNumpy):
             if layout:
                 res = res.transpose(2, 0, 1, 3) if i == 0 else res.swapaxes(0, 1)
             _native.copy(res, t.buffer)
+
+
+class CpuEmbeddingRnn(CpuRnn):
+    """``hetero::EmbeddingRNN`` (a GRU / LSTM on an embedding's rows): the table times each direction's W^T once at
+    load (``rnn_project``, on the layer's packed GEMM), so a run's input projection is a gather of its ids' rows plus
+    the bias (``rnn_run_tokens``). The same bits as the Gather -> GRU / LSTM it replaces: the GEMM's sums are per row
+    and its epilogue adds the bias after them, as the gather does."""
+
+    _SHIFT = 1
+    _FLOAT_INPUTS = (0, 2, 3, 4, 6, 7, 8)
+
+    @staticmethod
+    def _rnn_op(node: NodeInfo | Node) -> str:
+        return str(node.attrs.get("rnn", "") if isinstance(node, Node) else node.attr("rnn", ""))
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        if cls._rnn_op(node) not in _RNN_DEFAULTS:
+            return unsupported(f"EmbeddingRNN of {cls._rnn_op(node)!r}")
+        if any(i not in node.constants for i in (0, 2, 3)):
+            return unsupported("EmbeddingRNN with the table or weights fed at run time")
+        if node.attr("layout", 0):
+            return unsupported("EmbeddingRNN with layout 1")
+        ids = node.inputs[1]
+        if ids is None or ids.dtype not in (dtypes.int64, dtypes.int32):
+            return unsupported("EmbeddingRNN with ids that are not int64 / int32")
+        return super().native_ok(node)
+
+    def setup(self) -> None:
+        super().setup()
+        table = np.ascontiguousarray(self.info.constants[0], np.float32)
+        self.proj = _native.rnn_project(self.packed, table)
+        self.batch_major = bool(self.attr("transpose", 0))
+
+    def _writes_outputs(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> bool:
+        return inputs[1].numpy().size > 0 and all(t.buffer.size for t in outputs)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        if not self._writes_outputs(inputs, outputs):  # no time steps or no batch: the reference's empty outputs
+            return functools.partial(self.run_numpy, inputs, outputs)
+        arr = functools.partial(self._arr, inputs)
+        y, yh, yc = (t.buffer if t is not None else None for t in [*outputs, None, None, None][:3])
+        return functools.partial(
+            _native.rnn_run_tokens, self.packed, self.proj, np.ascontiguousarray(inputs[1].numpy()),
+            self.batch_major, arr(3), arr(4), arr(5), None if self.gru else arr(6), None if self.gru else arr(7),
+            self.direction, self.clip, bool(self.attr("input_forget", 0)),
+            bool(self.attr("linear_before_reset", 0)), y, yh, None if self.gru else yc)
 
 
 class CpuDynamicQuantizeLstm(CpuRnn):
@@ -747,5 +803,6 @@ KERNELS = {
     ("", "ConvTranspose"): CpuConvTranspose,
     ("", "LSTM"): CpuRnn,
     ("", "GRU"): CpuRnn,
+    ("hetero", "EmbeddingRNN"): CpuEmbeddingRnn,
     (MICROSOFT_DOMAIN, "DynamicQuantizeLSTM"): CpuDynamicQuantizeLstm,
 }
