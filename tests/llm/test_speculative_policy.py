@@ -109,6 +109,28 @@ def test_graded_drafts_are_cut_by_the_acceptance_of_their_class():
     assert DraftPolicy(8, graded=True, adaptive=False).cut(0) == 8  # fixed lengths stay fixed
 
 
+def test_a_graded_drafters_class_acceptance_carries_to_the_next_generation():
+    """A lookahead whose 1-token matches (class 0) were never right and whose 5-7-token ones (class 4) always were:
+    the next generation, whose verify widths are priced by the prior until timed (1 + 0.15 (T - 1): they start
+    afresh), starts from those acceptances, not from the prior of 1/2 for each class again: after a 1-token match
+    it drafts one token (the prior drafted two that lose) and after a long match the longest draft."""
+    first = DraftPolicy(8, graded=True)
+    produced = 0
+    for step in range(60):
+        k = first.length(produced)
+        confidence = 0 if step % 2 else 4
+        k = min(k, first.cut(confidence)) if k else 0
+        kept = k if confidence else 0
+        first.record(k, kept, kept + 1, 1 + 0.3 * k, produced, confidence if k else None)
+        produced += kept + 1
+    second, fresh = DraftPolicy(8, graded=True), DraftPolicy(8, graded=True)
+    second.carry_plain(first)
+    fresh.cost, fresh.runs = {1: 1.0}, {1: COLD_RUNS + 1}  # carry_plain before classes were carried
+    assert second.acceptance(0)[0] == pytest.approx(first.acceptance(0)[0]) and first.acceptance(0)[0] < 0.25
+    assert second.cut(0) == 1 < fresh.cut(0) and second.cut(4) == 8
+    assert sum(tried for _, tried in second.classes[0]) <= 1 / (1 - DECAY)  # decayed counts: ~10 drafts at most
+
+
 def test_graded_drafts_stop_when_no_length_pays():
     # half the drafts right, but steps of 2+ tokens cost 3 plain steps: once a step of drafts is measured, the class
     # is cut to plain steps
