@@ -210,6 +210,13 @@ class DraftPolicy:
     def plain_cost(self) -> float | None:
         return self.cost.get(1)
 
+    @property
+    def never_right(self) -> bool:
+        """Whether the drafter has drafted and never had a first draft token right (its lasting count of right
+        ones is exactly 0: counts only decay by a factor, so one right token ever makes it positive)."""
+        right, steps = self.lasting
+        return steps > 0 and right == 0
+
     def state(self) -> dict[str, Any]:
         """What the policy decides by, for the step log (``hetero.llm.steplog``)."""
         return {"plain_cost": self.plain_cost, "spec_cost": self.spec_cost, "recent_plain": self.recent_plain,
@@ -499,12 +506,19 @@ class DraftPolicy:
         """Drafting off for the backoff, or ``pause`` tokens when longer (a trial's price: ``_trial_pause``),
         and the next pause twice that; never more than ``PAUSE_MAX`` tokens (a trial timed in a neighbour's
         burst, or priced by a cold drafting step, would otherwise keep a drafter off for thousands of tokens,
-        and a drafter that pays on another text is found by its trials only)."""
-        pause = min(max(self.backoff, pause), PAUSE_MAX)
+        and a drafter that pays on another text is found by its trials only). Except for a drafter never right
+        (``never_right``): its pauses double on without a cap, so in n tokens it is tried O(log n) times and its
+        trials' share of the time falls towards 0 (capped, one trial every 512-1024 tokens for good: ~0.2-0.5%
+        of the time for a DFlash drafter that accepts nothing); a single right draft token ends that."""
+        if self.never_right:
+            pause = max(self.backoff, min(pause, PAUSE_MAX))
+            self.backoff = 2 * pause
+        else:
+            pause = min(max(self.backoff, pause), PAUSE_MAX)
+            self.backoff = max(min(2 * pause, BACKOFF_MAX), self.backoff)
         self.k = 1  # the next draft (a trial) at the cheapest length, whatever switched drafting off
         self.trial_due = True
         self.off_until = produced + pause
-        self.backoff = max(min(2 * pause, BACKOFF_MAX), self.backoff)
         self.switched_off += 1
         self._fresh_stretch()
 
@@ -537,9 +551,9 @@ class DraftPolicy:
         cold: the 2-token verify is planned, then recorded, whatever drafter runs it), the second after the
         backoff's short pause (``record``), and a good drafter whose very first draft token is wrong loses that
         pause."""
-        right, steps = self.lasting
-        if steps > 0 and right == 0:
+        if self.never_right:
             return True
+        right, steps = self.lasting
         plain = self.plain_cost
         if plain is None or self.drafting_cost(1) is None:
             return False
@@ -562,7 +576,7 @@ class DraftPolicy:
         measured (the median of the last ``TRIAL_WINDOW`` warm ones; before those, the cheapest drafting step
         seen), not priced per draft token: a DFlash draft is one pass over its block whatever its length, so one
         token costs what four do (priced per token, a trial came out at half its seconds). Each switch-off doubles
-        the pause from there (``_switch_off``), up to ``PAUSE_MAX`` tokens.
+        the pause from there (``_switch_off``), up to ``PAUSE_MAX`` tokens (a drafter never right: on without a cap).
 
         Before a warm drafting step (a drafter switched off after its first drafting step: ``_estimate_loses``)
         the cheapest cold one prices it, with the 2-token verify at its warm estimate: cold drafting (the
