@@ -24,11 +24,24 @@ from typing import Any
 
 
 def measure(llm: Any, spec: Any, prompt: str, tokens: int, clock: Callable[[], float]) -> dict[str, Any]:
-    """One generation: decode CPU seconds, those of the native 1-token and wider steps, the wider steps' count."""
+    """One generation: decode CPU seconds, those of the native 1-token and wider steps, the wider steps' count,
+    and the drafter's ``draft`` / ``accept`` calls' CPU seconds within the decode (its ``begin`` is the prompt's)."""
     from hetero.llm.speculative.bench import CHAT_MESSAGES, CODE_PROMPT
 
     steps: list[tuple[int, float, float]] = []  # tokens run, CPU clock at the start, at the end
+    drafting: list[tuple[str, float, float]] = []  # drafter call, CPU clock at the start, at the end
     session = llm.session
+    drafter = spec.drafter if spec is not None else None
+
+    def timed_call(name: str) -> Callable[..., Any]:
+        method = getattr(type(drafter), name)
+
+        def call(*args: Any) -> Any:
+            start = clock()
+            out = method(drafter, *args)
+            drafting.append((name, start, clock()))
+            return out
+        return call
 
     def timed(feeds: dict[str, Any], wanted: Any = None) -> Any:
         start = clock()
@@ -37,6 +50,8 @@ def measure(llm: Any, spec: Any, prompt: str, tokens: int, clock: Callable[[], f
         return out
 
     session.run = timed  # the speculative run's expose_hidden may rebuild the session: a new one is timed next time
+    if drafter is not None:
+        drafter.draft, drafter.accept = timed_call("draft"), timed_call("accept")
     try:
         if prompt == "chat":
             llm.chat(CHAT_MESSAGES, tokens, temperature=0, spec=spec)
@@ -45,10 +60,16 @@ def measure(llm: Any, spec: Any, prompt: str, tokens: int, clock: Callable[[], f
         end = clock()
     finally:
         del session.run
+        if drafter is not None:
+            del drafter.draft, drafter.accept
     decode = steps[1:]  # [0]: the prompt's (cached: its last token)
-    return {"cpu": end - decode[0][1] if decode else 0.0,
+    first = decode[0][1] if decode else end
+    return {"cpu": end - first,
             "one": sum(b - a for n, a, b in decode if n == 1),
             "wider": sum(b - a for n, a, b in decode if n > 1), "verify": sum(n > 1 for n, _, _ in decode),
+            "draft": sum(b - a for name, a, b in drafting if name == "draft" and a >= first),
+            "accept": sum(b - a for name, a, b in drafting if name == "accept" and a >= first),
+            "drafts": sum(name == "draft" and a >= first for name, a, _ in drafting),
             "tokens": list(llm.last.tokens)}
 
 
@@ -95,12 +116,18 @@ def main() -> None:
 def _report(prompt: str, args: Any, name: str, plain: list[dict[str, Any]], spec: list[dict[str, Any]]) -> None:
     pairs = list(zip(plain, spec, strict=True))
     ms = [(1e3 * a["cpu"] / args.n, 1e3 * b["cpu"] / args.n) for a, b in pairs]
+    between = statistics.median(b["cpu"] - b["one"] - b["wider"] - b["draft"] - b["accept"] for _, b in pairs)
     print(f"{prompt} -t {args.threads} {name}: decode CPU ms/token plain {statistics.median(a for a, _ in ms):.3f}, "
           f"spec {statistics.median(b for _, b in ms):.3f}; spec/plain per pair "
           f"{[round(b / a, 4) for a, b in ms]}, median {statistics.median(b / a for a, b in ms):.4f}; "
-          f"between native steps plain {statistics.median(a['cpu'] - a['one'] for a, _ in pairs):.3f} s, spec "
-          f"{statistics.median(b['cpu'] - b['one'] - b['wider'] for _, b in pairs):.3f} s; verify steps "
-          f"{[b['verify'] for _, b in pairs]}; identical {all(a['tokens'] == b['tokens'] for a, b in pairs)}; "
+          f"between native steps and drafter calls plain "
+          f"{statistics.median(a['cpu'] - a['one'] for a, _ in pairs):.3f} s, spec {between:.3f} s; "
+          f"native 1-token steps plain {statistics.median(a['one'] for a, _ in pairs):.3f} s, spec "
+          f"{statistics.median(b['one'] for _, b in pairs):.3f} s; per pair: wider steps "
+          f"{[round(b['wider'], 3) for _, b in pairs]} s, the drafter's draft + accept "
+          f"{[round(b['draft'] + b['accept'], 3) for _, b in pairs]} s, drafts {[b['drafts'] for _, b in pairs]}, "
+          f"verify steps {[b['verify'] for _, b in pairs]}; identical "
+          f"{all(a['tokens'] == b['tokens'] for a, b in pairs)}; "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 

@@ -707,6 +707,10 @@ def test_generate_and_bench_commands_with_spec(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if "| code |" in line]
     assert [row.split(" | ")[2] for row in rows] == ["lookahead:flat", "lookahead"]
     assert len({row.split(" | ")[5] for row in rows}) == 1 and "| NO |" not in "".join(rows)  # one plain median
+    for row in rows:  # the pairs' range: the lowest and highest pair's speed-up, around their median
+        cells = row.split(" | ")
+        low, high = (float(x) for x in cells[8].rstrip("x").split("-"))
+        assert low <= float(cells[7].rstrip("x")) <= high
     assert main(["generate", str(FIXTURES / "qwen3"), "-p", "x", "-n", "2", "--spec", "medusa:/x"]) != 0
     assert "unknown drafter 'medusa:/x'" in capsys.readouterr().err
 

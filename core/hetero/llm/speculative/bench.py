@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...contract.errors import HeteroError
@@ -108,6 +108,7 @@ class SpecResult:
     identical: bool  # every speculative output equal to the plain one
     pairs: int
     load: str  # load average at the end (1, 5, 15 min)
+    ratios: list[float] = field(default_factory=list)  # spec/plain of each pair, in run order (the spread)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,7 +175,7 @@ def bench_speculative(llm: Any, drafter: str | list[str], *, n_gen: int = 64, re
                 plain_tps=statistics.median(speed[0]), spec_tps=statistics.median(speed[j + 1]),
                 speedup=statistics.median(ratios[j]), acceptance=accepted / drafted if drafted else 0.0,
                 tokens_per_verify=(accepted + verify_steps) / verify_steps if verify_steps else 0.0,
-                identical=identical[j], pairs=repetitions, load=load))
+                identical=identical[j], pairs=repetitions, load=load, ratios=ratios[j]))
     return results
 
 
@@ -186,11 +187,17 @@ def _load() -> str:
 
 
 def spec_table(results: list[SpecResult]) -> str:
-    head = ("| model | threads | drafter | prompt | tokens | plain t/s | spec t/s | speed-up | acceptance | "
-            "tokens/verify | identical | pairs | load avg |")
+    head = ("| model | threads | drafter | prompt | tokens | plain t/s | spec t/s | speed-up | pairs' range | "
+            "acceptance | tokens/verify | identical | pairs | load avg |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in results:
         lines.append(f"| {r.model} | {r.threads or 'all'} | {r.drafter} | {r.prompt} | {r.tokens} | "
-                     f"{r.plain_tps:.2f} | {r.spec_tps:.2f} | {r.speedup:.2f}x | {r.acceptance:.0%} | "
+                     f"{r.plain_tps:.2f} | {r.spec_tps:.2f} | {r.speedup:.2f}x | {_spread(r.ratios)} | "
+                     f"{r.acceptance:.0%} | "
                      f"{r.tokens_per_verify:.2f} | {'yes' if r.identical else 'NO'} | {r.pairs} | {r.load} |")
     return "\n".join(lines)
+
+
+def _spread(ratios: list[float]) -> str:
+    """The lowest and highest pair's speed-up: how far one pair of a busy machine swings."""
+    return f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "-"

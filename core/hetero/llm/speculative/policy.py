@@ -172,9 +172,16 @@ class DraftPolicy:
         step sizes start afresh, ``carry_costs`` drafted them shorter). The generation then drafts from its first
         step instead of taking ~3 plain steps to time what the last one knew: 3 of a 64-token reply's ~25 steps,
         ~4% of its time on code, where the first tokens after the prompt already repeat it. A plain step of the
-        generation (a draft cut to nothing, a probe) times it again."""
+        generation (a draft cut to nothing, a probe) times it again.
+
+        The acceptance of each confidence class too, its decayed counts whole (at most ~10 drafts' weight: a
+        class's own drafts outweigh them within ~7, as fast as they leave the prior of 1/2 behind): started at the
+        prior in each generation, the lookahead on the chat prompt re-learnt in every reply that its 1-token matches
+        are right ~15% of the time (9-15 verify steps of them a 64-token reply) and drafted 4 tokens after its first
+        5-7-token match, none right, every time (2026-12-06, branch spec24)."""
         if 1 in previous.cost:
             self.cost[1], self.runs[1], self.measured_at[1] = previous.cost[1], previous.runs[1], 0
+        self.classes = {c: [list(position) for position in counts] for c, counts in previous.classes.items()}
 
     @property
     def draft_cost(self) -> float | None:
@@ -202,6 +209,13 @@ class DraftPolicy:
     @property
     def plain_cost(self) -> float | None:
         return self.cost.get(1)
+
+    @property
+    def never_right(self) -> bool:
+        """Whether the drafter has drafted and never had a first draft token right (its lasting count of right
+        ones is exactly 0: counts only decay by a factor, so one right token ever makes it positive)."""
+        right, steps = self.lasting
+        return steps > 0 and right == 0
 
     def state(self) -> dict[str, Any]:
         """What the policy decides by, for the step log (``hetero.llm.steplog``)."""
@@ -492,12 +506,19 @@ class DraftPolicy:
         """Drafting off for the backoff, or ``pause`` tokens when longer (a trial's price: ``_trial_pause``),
         and the next pause twice that; never more than ``PAUSE_MAX`` tokens (a trial timed in a neighbour's
         burst, or priced by a cold drafting step, would otherwise keep a drafter off for thousands of tokens,
-        and a drafter that pays on another text is found by its trials only)."""
-        pause = min(max(self.backoff, pause), PAUSE_MAX)
+        and a drafter that pays on another text is found by its trials only). Except for a drafter never right
+        (``never_right``): its pauses double on without a cap, so in n tokens it is tried O(log n) times and its
+        trials' share of the time falls towards 0 (capped, one trial every 512-1024 tokens for good: ~0.2-0.5%
+        of the time for a DFlash drafter that accepts nothing); a single right draft token ends that."""
+        if self.never_right:
+            pause = max(self.backoff, min(pause, PAUSE_MAX))
+            self.backoff = 2 * pause
+        else:
+            pause = min(max(self.backoff, pause), PAUSE_MAX)
+            self.backoff = max(min(2 * pause, BACKOFF_MAX), self.backoff)
         self.k = 1  # the next draft (a trial) at the cheapest length, whatever switched drafting off
         self.trial_due = True
         self.off_until = produced + pause
-        self.backoff = max(min(2 * pause, BACKOFF_MAX), self.backoff)
         self.switched_off += 1
         self._fresh_stretch()
 
@@ -530,9 +551,9 @@ class DraftPolicy:
         cold: the 2-token verify is planned, then recorded, whatever drafter runs it), the second after the
         backoff's short pause (``record``), and a good drafter whose very first draft token is wrong loses that
         pause."""
-        right, steps = self.lasting
-        if steps > 0 and right == 0:
+        if self.never_right:
             return True
+        right, steps = self.lasting
         plain = self.plain_cost
         if plain is None or self.drafting_cost(1) is None:
             return False
@@ -555,7 +576,7 @@ class DraftPolicy:
         measured (the median of the last ``TRIAL_WINDOW`` warm ones; before those, the cheapest drafting step
         seen), not priced per draft token: a DFlash draft is one pass over its block whatever its length, so one
         token costs what four do (priced per token, a trial came out at half its seconds). Each switch-off doubles
-        the pause from there (``_switch_off``), up to ``PAUSE_MAX`` tokens.
+        the pause from there (``_switch_off``), up to ``PAUSE_MAX`` tokens (a drafter never right: on without a cap).
 
         Before a warm drafting step (a drafter switched off after its first drafting step: ``_estimate_loses``)
         the cheapest cold one prices it, with the 2-token verify at its warm estimate: cold drafting (the
