@@ -132,3 +132,25 @@ def forced_checks() -> None:
                 checked += 1
     _native.set_num_threads(before)
     print(checked)
+
+
+def test_dw_pointwise_runs_in_a_replay_step():
+    # a replay's run of native calls takes it as a step op (one native call for the run): the same bits as the call
+    import functools
+
+    from hetero_cpu import fuse
+
+    assert "dw_pointwise" in _native.step_ops()
+    rng = np.random.default_rng(7)
+    x = rng.normal(0, 1, (1, 16, 20, 24)).astype(np.float32)
+    dk = _native.prepack_conv(rng.normal(0, 0.4, (16, 1, 3, 3)).astype(np.float32), 16)
+    pk = _native.prepack_conv(rng.normal(0, 0.3, (8, 16, 1, 1)).astype(np.float32))
+    outs = [np.full((1, 8, 20, 24), np.nan, np.float32) for _ in range(3)]
+    calls = [functools.partial(_native.dw_pointwise, x, dk, None, pk, None, o, (1, 1), (1, 1, 1, 1), (1, 1),
+                               "hard_swish", *HS, "relu", 0.0, 0.0) for o in outs]
+    program = fuse.step_calls(calls[:2])
+    assert len(program) == 1 and isinstance(program[0], _native.LlmStep)
+    program[0]()
+    calls[2]()
+    np.testing.assert_array_equal(outs[0], outs[2])
+    np.testing.assert_array_equal(outs[1], outs[2])
