@@ -1802,10 +1802,6 @@ void global_avg_pool(const float* x, float* out, i64 NC, i64 HW) {
 
 namespace hetero {
 
-// A depthwise conv (+ its activation) and the 1x1 stride-1 conv on its output in one pass over bands of output
-// rows: each band's depthwise output (all channels, about kConvBlockFloats floats) is computed into a per-thread
-// buffer and fed straight to conv_pointwise's register tiles, so the full intermediate map is never written or read
-// back, and at 2 threads each core's 1x1 reads only the depthwise rows it computed itself.
 // The 1x1 conv's geometry on the depthwise conv's output.
 ConvGeom pointwise_geom(const ConvGeom& gd, const PackedConv& pw) {
   return ConvGeom{gd.N, gd.Cout, gd.Ho, gd.Wo, pw.cout, 1, 1, gd.Ho, gd.Wo, 1, 1, 0, 0, 0, 0, 1, 1, 1};
@@ -1832,6 +1828,11 @@ bool dw_pointwise_fits(const PackedConv& dw, const ConvGeom& gd, const PackedCon
                          pw_act.act_beta);
 }
 
+// A depthwise conv (+ its activation) and the 1x1 stride-1 conv on its output in one pass over bands of output
+// rows: each band's depthwise output (all channels, about kConvBlockFloats floats; its planes copied padded as
+// depthwise's, only the band's input rows) is computed into a per-thread buffer and fed straight to
+// conv_pointwise's register tiles, so the full intermediate map is never written or read back, and at 2 threads
+// each core's 1x1 reads only the depthwise rows it computed itself.
 void dw_pointwise_bands(const PackedConv& dw, const ConvGeom& gd, const float* x, const float* dw_bias,
                         const Epilogue& dw_act, const PackedConv& pw, const float* pw_bias, const Epilogue& pw_act,
                         float* out) {
@@ -1911,9 +1912,8 @@ void dw_pointwise(const PackedConv& dw, const ConvGeom& gd, const float* x, cons
     dw_pointwise_bands(dw, gd, x, dw_bias, dw_act, pw, pw_bias, pw_act, out);
     return;
   }
-  // The two convs in turn, the depthwise output in the caller's one buffer for every such call (one per node's
-  // map would leave the arena's reuse: it measured slower in the model). Neither conv uses TL_CONV_IN (only a
-  // strided 1x1 conv does).
+  // The two convs in turn, the depthwise output in the caller's one buffer for every such call (neither conv uses
+  // TL_CONV_IN: only a strided 1x1 conv does).
   const ConvGeom gp = pointwise_geom(gd, pw);
   float* mid = tl_buf(TL_CONV_IN).get(static_cast<std::size_t>(std::max<i64>(1, gd.N * gd.Cout * gd.Ho * gd.Wo)));
   conv2d_packed(dw, gd, x, dw_bias, mid, dw_act);
