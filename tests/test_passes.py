@@ -1283,3 +1283,40 @@ def test_add_read_elsewhere_is_left_alone():
                        {"x": np.random.default_rng(16).normal(size=(2, 8, 5, 5)).astype(np.float32)}, "reference")
     assert session.rewrites["fuse_add_relu"] == 0
     assert "Add" in _ops(session) and "Relu" in _ops(session)
+
+
+def _dw_pointwise_model(stride: int, extra_reader: bool = False, pw_pads: bool = False):
+    """A MobileNet / PP-LCNet block: depthwise 3x3 + HardSwish, then a 1x1 conv + Relu."""
+    rng = np.random.default_rng(31)
+    c, cout = 12, 20
+    nodes = [helper.make_node("Conv", ["x", "wd", "bd"], ["d"], group=c, pads=[1, 0, 1, 1], strides=[stride, stride]),
+             helper.make_node("HardSwish", ["d"], ["h"]),
+             helper.make_node("Conv", ["h", "wp", "bp"], ["p"], pads=[1, 1, 1, 1] if pw_pads else [0, 0, 0, 0]),
+             helper.make_node("Relu", ["p"], ["y"])]
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["h"], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    inits = [("wd", rng.normal(size=(c, 1, 3, 3)).astype(np.float32)), ("bd", rng.normal(size=c).astype(np.float32)),
+             ("wp", rng.normal(size=(cout, c, 1, 1)).astype(np.float32) * 0.3),
+             ("bp", rng.normal(size=cout).astype(np.float32))]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, c, 19, 23])], outputs, inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_depthwise_then_1x1_becomes_one_node(backend):
+    x = np.random.default_rng(32).normal(size=(2, 12, 19, 23)).astype(np.float32)
+    session = _compare(_dw_pointwise_model(1), {"x": x}, backend, rtol=1e-4, atol=1e-4)
+    assert session.rewrites["fuse_dw_pointwise"] == 1
+    assert _ops(session) == ["DwPointwiseConv"]
+    node = session.graph.nodes[0]
+    assert node.attrs["activation"] == "HardSwish" and node.attrs["pw_activation"] == "Relu"
+
+
+@pytest.mark.parametrize("stride, extra_reader, pw_pads", [(1, True, False), (1, False, True), (2, False, False)])
+def test_depthwise_read_elsewhere_strided_or_padded_1x1_is_left_alone(stride, extra_reader, pw_pads):
+    # the strided pair: not one DwPointwiseConv takes (fuse_dw_pointwise's shapes)
+    x = np.random.default_rng(33).normal(size=(2, 12, 19, 23)).astype(np.float32)
+    session = _compare(_dw_pointwise_model(stride, extra_reader, pw_pads), {"x": x}, "reference")
+    assert session.rewrites["fuse_dw_pointwise"] == 0
+    assert "DwPointwiseConv" not in _ops(session)

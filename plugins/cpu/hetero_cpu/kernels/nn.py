@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import SUPPORTED, Backend, NodeInfo, Support, Tensor, TensorInfo, static_shape, unsupported
+from hetero.contract.opforms import activation_known, split_dw_pointwise_attrs
 
 from .. import _native
 from .common import (
@@ -194,6 +195,59 @@ class CpuConv(CallKernel):
         return super().bind(inputs, outputs)
 
 
+class CpuDwPointwiseConv(CallKernel):
+    """hetero.DwPointwiseConv: the depthwise conv and its 1x1 conv in one native call (``dw_pointwise``: one pass over
+    bands of rows where the pair gains, else the two convs in turn inside the call)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if node.constants.get(1) is None or node.constants.get(3) is None:
+            return unsupported("DwPointwiseConv with weights computed at run time (cpu packs constant weights)")
+        for i in (2, 4):
+            if i < len(node.node.inputs) and node.node.inputs[i] and node.constants.get(i) is None:
+                return unsupported("DwPointwiseConv with a bias computed at run time")
+        x = node.inputs[0]
+        if x is None or x.rank != 4:
+            return unsupported("DwPointwiseConv on a non-4-D input (cpu: NCHW)")
+        dw_attrs, pw_attrs = split_dw_pointwise_attrs(node.node.attrs)
+        for attrs in (dw_attrs, pw_attrs):
+            if not activation_known(attrs):
+                return unsupported(f"fused activation {attrs.get('activation')}")
+        return float32_only(node)
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        dw_attrs, pw_attrs = split_dw_pointwise_attrs(node.node.attrs)
+        w = np.ascontiguousarray(node.constants[1], dtype=np.float32)
+        w2 = np.ascontiguousarray(node.constants[3], dtype=np.float32)
+        precision = weight_precision(backend)
+        self.dw_attrs = dw_attrs
+        self.kernel_shape = tuple(w.shape[2:])
+        self.strides = tuple(dw_attrs.get("strides", [1, 1]))
+        self.dilations = tuple(dw_attrs.get("dilations", [1, 1]))
+        self.dw_packed = _native.prepack_conv(w, int(dw_attrs.get("group", 1)), precision)
+        self.pw_packed = _native.prepack_conv(w2, 1, precision)
+        self.biases = [None if node.constants.get(i) is None else np.ascontiguousarray(node.constants[i], np.float32)
+                       for i in (2, 4)]
+        self.activations = fused_activation(dw_attrs), fused_activation(pw_attrs)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        spatial = static_shape(inputs[0])[2:]
+        self.pads, _, self.native_strides, self.native_dilations = _window_2d(
+            self.dw_attrs, spatial, self.kernel_shape, self.strides, self.dilations)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        x = np.ascontiguousarray(inputs[0].numpy())
+        (act, alpha, beta), (act2, alpha2, beta2) = self.activations
+        # positional, as CpuConv's call
+        return functools.partial(_native.dw_pointwise, x, self.dw_packed, self.biases[0], self.pw_packed,
+                                 self.biases[1], out, self.native_strides, self.pads, self.native_dilations, act,
+                                 alpha, beta, act2, alpha2, beta2)
+
+
 def _spatial_1d_or_2d(node: NodeInfo) -> Support:
     x = node.inputs[0]
     if x is None or x.rank not in (3, 4):
@@ -304,6 +358,7 @@ KERNELS = {
     ("", "LayerNormalization"): CpuLayerNorm,
     ("", "Conv"): CpuConv,
     ("hetero", "FusedConv"): CpuConv,
+    ("hetero", "DwPointwiseConv"): CpuDwPointwiseConv,
     ("", "MaxPool"): CpuPool,
     ("", "AveragePool"): CpuAvgPool,
     ("", "GlobalAveragePool"): CpuGlobalAvgPool,
