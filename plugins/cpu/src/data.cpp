@@ -7,6 +7,7 @@
 
 #include "data.hpp"
 #include "nd.hpp"
+#include "onnx_extra.hpp"
 
 namespace hetero {
 namespace {
@@ -98,6 +99,10 @@ void copy_strided(const char* src, int ndim, const i64* shape, const i64* src_st
     i64 outer = 1;
     for (int d = 0; d < it.nd - 2; ++d) outer *= it.shape[d];
     const i64 rblocks = (R + 31) / 32;
+    const ExtraKernels& xk = extra_active();
+    bool in_registers = elem == 4 && xk.transposes_in_registers && reinterpret_cast<std::uintptr_t>(src) % 4 == 0 &&
+                        reinterpret_cast<std::uintptr_t>(dst) % 4 == 0;
+    for (int d = 0; d < it.nd; ++d) in_registers = in_registers && it.st[1][d] % 4 == 0;  // whole floats apart
     parallel_for(outer * rblocks, T, [&](i64 t) {
       const i64 o = t / rblocks, rb = t % rblocks;
       // Offsets of outer index o (dimensions before the last two).
@@ -107,6 +112,13 @@ void copy_strided(const char* src, int ndim, const i64* shape, const i64* src_st
         r /= it.shape[d];
       }
       const i64 r0 = rb * 32, r1 = std::min(R, r0 + 32);
+      if (in_registers && r1 - r0 >= xk.lanes && C >= xk.lanes) {
+        // The source's C rows of these <= 32 values in W x W register blocks, each written as W whole destination
+        // rows (the edges one value at a time), where the scalar tiles below move one value an instruction.
+        const float* s32 = reinterpret_cast<const float*>(src + off_s) + r0;
+        xk.transpose_into(s32, ss / 4, C, r1 - r0, reinterpret_cast<float*>(dst + off_d) + r0 * C, C);
+        return;
+      }
       switch (elem) {
         case 1: transpose_block<std::uint8_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
         case 2: transpose_block<std::uint16_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
