@@ -7,6 +7,7 @@
 
 #include "data.hpp"
 #include "nd.hpp"
+#include "onnx_extra.hpp"
 
 namespace hetero {
 namespace {
@@ -98,21 +99,44 @@ void copy_strided(const char* src, int ndim, const i64* shape, const i64* src_st
     i64 outer = 1;
     for (int d = 0; d < it.nd - 2; ++d) outer *= it.shape[d];
     const i64 rblocks = (R + 31) / 32;
-    parallel_for(outer * rblocks, T, [&](i64 t) {
-      const i64 o = t / rblocks, rb = t % rblocks;
-      // Offsets of outer index o (dimensions before the last two).
-      i64 off_s = 0, off_d = o * R * C * elem, r = o;
+    // Source offset of outer index o (the dimensions before the last two).
+    auto outer_offset = [&](i64 o) {
+      i64 off = 0;
       for (int d = it.nd - 3; d >= 0; --d) {
-        off_s += (r % it.shape[d]) * it.st[1][d];
-        r /= it.shape[d];
+        off += (o % it.shape[d]) * it.st[1][d];
+        o /= it.shape[d];
       }
-      const i64 r0 = rb * 32, r1 = std::min(R, r0 + 32);
+      return off;
+    };
+    auto scalar_block = [&](i64 o, i64 r0, i64 r1) {
+      const char* s = src + outer_offset(o);
+      char* d = dst + o * R * C * elem;
       switch (elem) {
-        case 1: transpose_block<std::uint8_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
-        case 2: transpose_block<std::uint16_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
-        case 4: transpose_block<std::uint32_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
-        default: transpose_block<std::uint64_t>(src + off_s, ss, dst + off_d, R, C, r0, r1); break;
+        case 1: transpose_block<std::uint8_t>(s, ss, d, R, C, r0, r1); break;
+        case 2: transpose_block<std::uint16_t>(s, ss, d, R, C, r0, r1); break;
+        case 4: transpose_block<std::uint32_t>(s, ss, d, R, C, r0, r1); break;
+        default: transpose_block<std::uint64_t>(s, ss, d, R, C, r0, r1); break;
       }
+    };
+    const ExtraKernels& xk = extra_active();
+    bool in_registers = elem == 4 && xk.transposes_in_registers && C >= xk.lanes && R >= xk.lanes &&
+                        reinterpret_cast<std::uintptr_t>(src) % 4 == 0 && reinterpret_cast<std::uintptr_t>(dst) % 4 == 0;
+    for (int d = 0; d < it.nd; ++d) in_registers = in_registers && it.st[1][d] % 4 == 0;  // whole floats apart
+    if (!in_registers) {
+      parallel_for(outer * rblocks, T, [&](i64 t) {
+        const i64 r0 = t % rblocks * 32;
+        scalar_block(t / rblocks, r0, std::min(R, r0 + 32));
+      });
+      return;
+    }
+    // The source's C rows of each block of <= 32 output rows in W x W register blocks, each written as W whole
+    // destination rows (the edges one value at a time), where the scalar tiles move one value an instruction; a
+    // last block narrower than a vector keeps the tiles.
+    parallel_for(outer * rblocks, T, [&](i64 t) {
+      const i64 o = t / rblocks, r0 = t % rblocks * 32, r1 = std::min(R, r0 + 32);
+      if (r1 - r0 < xk.lanes) return scalar_block(o, r0, r1);
+      const float* s = reinterpret_cast<const float*>(src + outer_offset(o)) + r0;
+      xk.transpose_into(s, ss / 4, C, r1 - r0, reinterpret_cast<float*>(dst + o * R * C * elem) + r0 * C, C);
     });
     return;
   }

@@ -115,6 +115,7 @@ struct ExtraKernels {
   // dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: W x W blocks transposed in registers where
   // the ISA has that (attention's K read through strides as K^T), the edges one value at a time.
   void (*transpose_into)(const float* src, i64 ld_src, i64 rows, i64 cols, float* dst, i64 ld_dst);
+  bool transposes_in_registers;  // whether transpose_into moves whole blocks (else it is a scalar loop)
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
 };
 

@@ -1366,7 +1366,7 @@ const hetero::ExtraKernels extra_table = {
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
     x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_row,
-    x_transpose_into, W,
+    x_transpose_into, has_transpose<SIMD>::value, W,
 };
 
 }  // namespace

@@ -726,6 +726,36 @@ def test_copy_views(dtype, threads):
         np.testing.assert_array_equal(out, v, err_msg=name)
 
 
+def _four_byte_transposes(dtype) -> dict[str, np.ndarray]:
+    """Transposed views of 4-byte values that take the in-register W x W blocks on AVX2 / AVX-512 (whole 32-row
+    blocks of the output and ragged ones, narrow outputs under a vector, outer axes, reversed and unaligned sources)."""
+    r = rng(72)
+    bits = r.integers(-2**31, 2**31, size=(3, 512, 256), dtype=np.int64).astype(np.int32)
+    bits[0, :4, :4] = np.array([0x7FA00001, 0x7FC00000, -0x800000, 0x7F800000], np.int32)  # NaN payloads, infinities
+    base = bits.view(np.float32) if dtype == np.float32 else bits
+    raw = np.zeros(4 * 40 * 37 + 1, np.uint8)
+    unaligned = np.frombuffer(raw.data, dtype, 40 * 37, offset=1).reshape(40, 37)
+    return {
+        "magika": base[0].reshape(1, 512, 256, 1).transpose(0, 2, 1, 3),
+        "ragged": base[0, :40, :37].T,  # 37 output rows: a 32-row block and a 5-row one; 40 columns: 2 vectors + 8
+        "ragged_rows": base[0, :53, :35].T,
+        "narrow": base[0, :200, :14].T,  # 14 output rows: under a vector
+        "outer": base[:, :50, :33].transpose(0, 2, 1),
+        "reversed": base[0, ::-1, :48].T,
+        "strided": base[0, ::2, 1:65:2].T,
+        "unaligned": unaligned.T,
+    }
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_copy_four_byte_transposes(isa, dtype, threads):
+    """Every ISA moves a transposed view's bits unchanged (NaN payloads included), as numpy does."""
+    for name, v in _four_byte_transposes(dtype).items():
+        out = np.empty(v.shape, dtype)
+        _native.copy(v, out)
+        np.testing.assert_array_equal(out.view(np.int32), np.ascontiguousarray(v).view(np.int32), err_msg=name)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int8, np.float64])
 def test_copy_into_windows(dtype, threads):
     """A Concat's parts written into their windows of the output (out strided, its last axis contiguous): windows of
