@@ -16,6 +16,7 @@ shared machine a neighbour only ever subtracts). The load average is printed.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -72,12 +73,12 @@ def calls_for(op: str, m: int, k: int, n: int, weights: int, rng: np.random.Gene
         scale, zp = np.array([1e-3], np.float32), np.array(3, np.uint8)
         packs = [_native.qpack_b(rng.integers(-128, 128, (k, n), dtype=np.int8), np.array(0, np.int8))
                  for _ in range(weights)]
-        return [lambda p=p: _native.qgemm_f32(a, p, zp, scale, None, out, None, None) for p in packs]
+        return [functools.partial(_native.qgemm_f32, a, p, zp, scale, None, out, None, None) for p in packs]
     x = rng.standard_normal((m, k), dtype=np.float32)
     bias = rng.standard_normal(n, dtype=np.float32)
     packs = [_native.pack_b(rng.standard_normal((k, n), dtype=np.float32), False, True, "high")
              for _ in range(weights)]
-    return [lambda p=p: _native.gemm_packed(x, p, out, 1.0, 0.0, bias, "relu") for p in packs]
+    return [functools.partial(_native.gemm_packed, x, p, out, 1.0, 0.0, bias, "relu") for p in packs]
 
 
 def time_calls(calls: list[Callable[[], None]], per_set: int, reps: int) -> float:
