@@ -205,8 +205,12 @@ struct PackedB {
   // N > nr with at most a quarter vector of columns past the last whole panel: those columns as whole vectors too
   // (gemm_narrow's dot products; the one-vector ragged tile would multiply 4x the columns), empty otherwise. On Zen 4
   // deepcut's 630 x 384 x 100 (4 columns): 0.559 -> 0.508 ms; 8 columns (N = 200) gained nothing, so not taken.
+  // Also the columns past the last whole vector where the last panel is one vector and a few columns more (N = 150
+  // with 32-column panels: 128 + 16 + 6): the 16 on the one-vector ragged tile, the 6 as dots, where the panel
+  // tile would multiply 32 columns for 22.
   AlignedBuf tail;
-  i64 tail_cols() const { return tail.p != nullptr ? n % kr->nr : 0; }
+  i64 tail_n = 0;  // the columns in `tail` (the last ones of B)
+  i64 tail_cols() const { return tail.p != nullptr ? tail_n : 0; }
   Bf16x3B bf16x3_b() const {
     const auto* hi = reinterpret_cast<const std::uint16_t*>(bf.p);
     return Bf16x3B{hi, hi + bf16x3_b_values(k, n), k, n, bf_max};
@@ -246,6 +250,22 @@ Precision default_precision() {
 
 const char* precision_name(Precision p) { return p == Precision::High ? "high" : "normal"; }
 
+// K, in vectors, from which half a vector of columns past one whole vector runs as dots: on Zen 4, 6 columns past
+// 128 + 16 at K = 16 / 32 / 64 / 128 / 288-352 ran 1.10 / 1.02 / 0.98 / 0.97 / 0.94-0.96x the 32-column tile.
+constexpr i64 kNarrowTailMinK = 4;
+
+// The last columns of a K x N weight that run_packed computes as dot products (gemm_narrow), 0 for none: those past
+// the last whole panel when they are at most a quarter vector (the one-vector ragged tile would multiply 4x the
+// columns), or those past the last whole vector when the last panel holds one vector and at most half a vector more
+// and K is deep enough to spread the dots' horizontal sums (the rest then takes the one-vector ragged tile).
+i64 narrow_tail_cols(const Kernels& kr, i64 K, i64 N) {
+  const i64 lanes = extra_for(kr).lanes, past_panel = N % kr.nr, past_vector = N % lanes;
+  if (N <= kr.nr) return 0;
+  if (past_panel * 4 <= lanes) return gemm_narrow_fits(kr, K, past_panel) ? past_panel : 0;
+  const bool one_vector_more = past_panel - past_vector == lanes && past_vector * 2 <= lanes;
+  return one_vector_more && K >= kNarrowTailMinK * lanes && gemm_narrow_fits(kr, K, past_vector) ? past_vector : 0;
+}
+
 // `int8`: use the int8 form where it is exact (HETERO_CPU_INT8_WEIGHTS=0 turns that off). `precision` normal: also
 // the bf16x3 form, where the CPU has AMX-BF16 (the int8 or float form stays: the fp32 kernels run the calls
 // bf16x3 does not take).
@@ -266,11 +286,11 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
     const i64 values = gemm_narrow_values(*pb->kr, b.rows, b.cols);
     gemm_narrow_pack(*pb->kr, b, pb->narrow.get(static_cast<std::size_t>(values)));
   }
-  const i64 tail = b.cols % pb->kr->nr;
-  if (b.cols > pb->kr->nr && tail * 4 <= extra_for(*pb->kr).lanes && gemm_narrow_fits(*pb->kr, b.rows, tail) &&
-      !(narrow != nullptr && std::string(narrow) == "0")) {
+  const i64 tail = narrow_tail_cols(*pb->kr, b.rows, b.cols);
+  if (tail > 0 && !(narrow != nullptr && std::string(narrow) == "0")) {
     const MatView cols{b.p + (b.cols - tail) * b.cs, b.rows, tail, b.rs, b.cs};
     gemm_narrow_pack(*pb->kr, cols, pb->tail.get(static_cast<std::size_t>(gemm_narrow_values(*pb->kr, b.rows, tail))));
+    pb->tail_n = tail;
   }
   const i64 values = pb->panel_values();
   const char* env = std::getenv("HETERO_CPU_INT8_WEIGHTS");
