@@ -307,7 +307,51 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
   return pb;
 }
 
+// A grouped view's rows copied into one contiguous matrix (`keep` owns it): for the paths that read A other than
+// through pack_a_block.
+MatView flat_rows(const MatView& a, std::vector<float>& keep) {
+  keep.resize(static_cast<std::size_t>(a.rows * a.cols));
+  for (i64 i = 0; i < a.rows; ++i) {
+    const float* src = a.row(i);
+    float* dst = keep.data() + i * a.cols;
+    for (i64 k = 0; k < a.cols; ++k) dst[k] = src[k * a.cs];
+  }
+  return MatView{keep.data(), a.rows, a.cols, a.cols, 1};
+}
+
+void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep);
+
+// A in groups of rows (MatView::group_rows): the panels' product packs A's rows from the groups in place (the copy
+// the packing makes anyway); the dot-product tail runs group by group (each a plain strided view). Anything else
+// (bf16x3, a narrow B, a few rows, a strided row, a per-row bias with the tail) on a contiguous copy, as before.
+void run_packed_grouped(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta,
+                        const Epilogue& ep) {
+  const i64 tail = pb.tail_cols(), body = pb.n - tail;
+  const bool tail_in_groups = tail == 0 || (alpha == 1.f && beta == 0.f && ep.bias_rs == 0);
+  if (pb.bf16x3 || pb.narrow.p != nullptr || a.rows <= 4 || a.cs != 1 || !tail_in_groups) {
+    std::vector<float> keep;
+    run_packed(pb, flat_rows(a, keep), c, ldc, alpha, beta, ep);
+    return;
+  }
+  const int T = num_threads();
+  if (tail > 0) {
+    Epilogue tail_ep = ep;
+    if (ep.bias != nullptr) tail_ep.bias = ep.bias + body * ep.bias_cs;
+    for (i64 g = 0; g * a.group_rows < a.rows; ++g) {
+      const MatView rows{a.p + g * a.gs, std::min(a.group_rows, a.rows - g * a.group_rows), a.cols, a.rs, 1};
+      gemm_narrow(*pb.kr, rows, pb.tail.p, tail, c + g * a.group_rows * ldc + body, ldc, alpha, beta, tail_ep, T);
+    }
+  }
+  const S8Panels s8 = pb.s8();
+  gemm_prepacked_b(*pb.kr, a.rows, body, pb.k, &a, nullptr, pb.buf.p, c, ldc, alpha, beta, ep, T,
+                   pb.int8 ? &s8 : nullptr);
+}
+
 void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep) {
+  if (a.group_rows > 0) {
+    run_packed_grouped(pb, a, c, ldc, alpha, beta, ep);
+    return;
+  }
   const int T = num_threads();
   const S8Panels s8 = pb.s8();
   const S8Panels* q = pb.int8 ? &s8 : nullptr;
@@ -392,18 +436,23 @@ Op prep_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out,
   const char* fn = "gemm_packed";
   need_f32(a, fn, "a");
   need_f32(out, fn, "out");
-  need_ndim(a, 2, fn, "a");
+  if (a.ndim() != 2 && a.ndim() != 3) fail("gemm_packed: a must be 2-D, or 3-D (groups of rows), got " + shape_str(a));
   need_out(out, fn);
-  if (a.shape(1) != pb.k)
-    fail("gemm_packed: a has " + std::to_string(a.shape(1)) + " columns but the packed B has k=" +
+  const int kd = static_cast<int>(a.ndim()) - 1;  // a's k axis
+  if (a.shape(kd) != pb.k)
+    fail("gemm_packed: a has " + std::to_string(a.shape(kd)) + " columns but the packed B has k=" +
          std::to_string(pb.k));
-  check_out_shape(out, {a.shape(0), pb.n}, fn);
+  // 3-D a: [groups, rows, k], the product of its groups' rows in order (out: [groups * rows, n]), read in place
+  const i64 groups = kd == 2 ? a.shape(0) : 1, group_rows = a.shape(kd - 1), M = groups * group_rows;
+  check_out_shape(out, {M, pb.n}, fn);
   // the activation in the epilogue: applied to each block of C while it is still in cache, not as a pass of its own
   Epilogue ep = activation(act, act_alpha, act_beta, fn);
   auto keep = std::make_shared<std::vector<float>>();
-  bias_view(bias, a.shape(0), pb.n, ep, *keep, fn);
+  bias_view(bias, M, pb.n, ep, *keep, fn);
   no_copy(once, !keep->empty(), fn);
-  MatView av = mat_view(a, false, fn);
+  MatView av = kd == 2 ? MatView{static_cast<const float*>(a.data()), M, pb.k, elem_stride(a, 1, fn),
+                                 elem_stride(a, 2, fn), group_rows, elem_stride(a, 0, fn)}
+                       : mat_view(a, false, fn);
   float* c = static_cast<float*>(const_cast<void*>(out.data()));
   const PackedB* p = &pb;
   return [p, av, c, alpha, beta, ep, keep] { run_packed(*p, av, c, p->n, alpha, beta, ep); };

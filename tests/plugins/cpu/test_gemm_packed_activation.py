@@ -99,3 +99,31 @@ def test_int8_panels_same_bits_with_columns_past_the_last_panel(isa, threads, n)
     np.testing.assert_array_equal(as_int8, as_float)
     ref = np.maximum(a.astype(np.float64) @ w + bias, 0)
     assert np.abs(as_float - ref).max() < 1e-3
+
+
+@pytest.mark.parametrize("groups,rows,stride", [(63, 13, 1), (5, 10, 2), (1, 40, 1), (3, 1, 1), (2, 7, 3)])
+@pytest.mark.parametrize("n,taps", [(150, 12), (100, 12), (200, 3), (17, 5), (6, 4)])
+@pytest.mark.parametrize("int8", [False, True])
+def test_gemm_packed_grouped_rows_read_in_place(isa, threads, groups, rows, stride, n, taps, int8):
+    """A 3-D a (a Conv1D's windows over a batch of sequences: groups of overlapping rows of the input, ConvNHWC):
+    the same bits as its rows copied into a matrix, and a float64 product; the dot-product tails group by group,
+    a narrow B and a few rows (3 x 1) through the copy."""
+    c = 32
+    rng = np.random.default_rng(groups * 100 + n + taps)
+    width = (rows - 1) * stride + taps
+    x = rng.standard_normal((groups, width * c + 5), dtype=np.float32)[:, :width * c]  # groups apart by more
+    windows = np.lib.stride_tricks.as_strided(x, (groups, rows, taps * c),
+                                              (x.strides[0], stride * c * 4, 4), writeable=False)
+    w = rng.standard_normal((taps * c, n), dtype=np.float32)
+    if int8:
+        w = (rng.integers(-127, 128, w.shape) * np.float32(2.0) ** -6).astype(np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32)
+    packed = _native.pack_b(w, False, True, "high")
+    got, want = np.empty((groups * rows, n), np.float32), np.empty((groups * rows, n), np.float32)
+    _native.gemm_packed(windows, packed, got, 1.0, 0.0, bias, "relu", 0.0, 0.0)
+    flat = np.ascontiguousarray(windows.reshape(groups * rows, taps * c))
+    _native.gemm_packed(flat, packed, want, 1.0, 0.0, bias, "relu", 0.0, 0.0)
+    np.testing.assert_array_equal(got, want)
+    ref = np.maximum(flat.astype(np.float64) @ w + bias, 0)
+    scale = np.abs(flat).astype(np.float64) @ np.abs(w) + 1.0
+    assert (np.abs(got - ref) / scale).max() < 1e-5
