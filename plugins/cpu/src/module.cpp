@@ -262,7 +262,9 @@ i64 narrow_tail_cols(const Kernels& kr, i64 K, i64 N) {
   const i64 lanes = extra_for(kr).lanes, past_panel = N % kr.nr, past_vector = N % lanes;
   if (N <= kr.nr) return 0;
   if (past_panel * 4 <= lanes) return gemm_narrow_fits(kr, K, past_panel) ? past_panel : 0;
-  const bool one_vector_more = past_panel - past_vector == lanes && past_vector * 2 <= lanes;
+  // measured on the AVX-512 tile only (two 16-float vectors a panel); AVX2's three-vector panel keeps its tile
+  const bool two_vector_panel = kr.nr == 2 * lanes && lanes >= 16;
+  const bool one_vector_more = two_vector_panel && past_panel - past_vector == lanes && past_vector * 2 <= lanes;
   return one_vector_more && K >= kNarrowTailMinK * lanes && gemm_narrow_fits(kr, K, past_vector) ? past_vector : 0;
 }
 
