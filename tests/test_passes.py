@@ -1130,6 +1130,25 @@ def test_keras_conv1d_runs_channels_last(backend):
     assert _ops(session).count("Transpose") == 2  # the padded conv's input and output transposes
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keras_conv1d_reads_its_windows_in_place(backend):
+    """The product reads the windows as groups of overlapping rows of the input (stride 1, 2 and 3; 150 output
+    channels: the dot-product tail group by group), dilation 2 still copies them; run again on new values, the replay
+    must read those, not the first run's."""
+    rng = np.random.default_rng(20)
+    convs = [{"taps": 5, "cout": 9}, {"taps": 3, "cout": 4, "strides": [1, 2]}, {"taps": 3, "cout": 5,
+             "dilations": [1, 2]}, {"taps": 12, "cout": 150}, {"taps": 1, "cout": 7, "strides": [1, 3]}]
+    model, feeds = _keras_conv1d_model(rng, [dict(c) for c in convs], batch=3, width=40, channels=32)
+    session = _compare(model, feeds, backend, rtol=1e-4, atol=1e-4)
+    assert _ops(session).count("ConvNHWC") == len(convs)
+    plain = hetero.Session(model, backends=["reference"], optimize=False)
+    for _ in range(2):
+        feeds = {"x": rng.normal(size=feeds["x"].shape).astype(np.float32)}
+        want = plain.run(feeds)
+        for name, value in session.run(feeds).items():
+            np.testing.assert_allclose(value, want[name], rtol=1e-4, atol=1e-4)
+
+
 def test_conv_nhwc_reference_is_the_transposed_conv():
     """ConvNHWC's reference: FusedConv on the input seen as NCHW, its output transposed to channels-last."""
     rng = np.random.default_rng(19)

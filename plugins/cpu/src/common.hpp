@@ -172,6 +172,13 @@ struct Epilogue {
 struct MatView {
   const float* p;
   i64 rows, cols, rs, cs;
+  // group_rows > 0: the rows in groups of group_rows, group g's first at p + g * gs (a Conv1D's windows over a batch
+  // of sequences, read in place as overlapping rows of the input). Only pack_a_block reads such a view (run_packed
+  // sees to it); every other reader takes the plain form.
+  i64 group_rows = 0, gs = 0;
+  const float* row(i64 i) const {
+    return group_rows > 0 ? p + (i / group_rows) * gs + (i % group_rows) * rs : p + i * rs;
+  }
 };
 
 // Packs B (K x N view) into the panel layout of `kr`; dst holds ceil(N/nr)*nr*K floats.

@@ -39,7 +39,7 @@ void pack_a_block_t(const MatView& a, i64 i0, i64 mc, i64 p0, i64 kc, float* dst
     float* d = dst + (ib / MR) * kc * MR;
     if (a.cs == 1 && rows == MR) {
       const float* src[MR];
-      for (int r = 0; r < MR; ++r) src[r] = a.p + (i0 + ib + r) * a.rs + p0;
+      for (int r = 0; r < MR; ++r) src[r] = a.row(i0 + ib + r) + p0;
       i64 k = 0;
 #if defined(__SSE2__)
       // 4 x 4 transposes (four rows' next four values -> four k-rows of the panel): the scalar loop below moved
@@ -60,9 +60,10 @@ void pack_a_block_t(const MatView& a, i64 i0, i64 mc, i64 p0, i64 kc, float* dst
       for (; k < kc; ++k)
         for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r][k];
     } else {
+      const float* src[MR];
+      for (int r = 0; r < rows; ++r) src[r] = a.row(i0 + ib + r);
       for (i64 k = 0; k < kc; ++k)
-        for (int r = 0; r < MR; ++r)
-          d[k * MR + r] = r < rows ? a.p[(i0 + ib + r) * a.rs + (p0 + k) * a.cs] : 0.f;
+        for (int r = 0; r < MR; ++r) d[k * MR + r] = r < rows ? src[r][(p0 + k) * a.cs] : 0.f;
     }
   }
 }

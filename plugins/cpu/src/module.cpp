@@ -205,8 +205,12 @@ struct PackedB {
   // N > nr with at most a quarter vector of columns past the last whole panel: those columns as whole vectors too
   // (gemm_narrow's dot products; the one-vector ragged tile would multiply 4x the columns), empty otherwise. On Zen 4
   // deepcut's 630 x 384 x 100 (4 columns): 0.559 -> 0.508 ms; 8 columns (N = 200) gained nothing, so not taken.
+  // Also the columns past the last whole vector where the last panel is one vector and a few columns more (N = 150
+  // with 32-column panels: 128 + 16 + 6): the 16 on the one-vector ragged tile, the 6 as dots, where the panel
+  // tile would multiply 32 columns for 22.
   AlignedBuf tail;
-  i64 tail_cols() const { return tail.p != nullptr ? n % kr->nr : 0; }
+  i64 tail_n = 0;  // the columns in `tail` (the last ones of B)
+  i64 tail_cols() const { return tail.p != nullptr ? tail_n : 0; }
   Bf16x3B bf16x3_b() const {
     const auto* hi = reinterpret_cast<const std::uint16_t*>(bf.p);
     return Bf16x3B{hi, hi + bf16x3_b_values(k, n), k, n, bf_max};
@@ -246,6 +250,24 @@ Precision default_precision() {
 
 const char* precision_name(Precision p) { return p == Precision::High ? "high" : "normal"; }
 
+// K, in vectors, from which half a vector of columns past one whole vector runs as dots: on Zen 4, 6 columns past
+// 128 + 16 at K = 16 / 32 / 64 / 128 / 288-352 ran 1.10 / 1.02 / 0.98 / 0.97 / 0.94-0.96x the 32-column tile.
+constexpr i64 kNarrowTailMinK = 4;
+
+// The last columns of a K x N weight that run_packed computes as dot products (gemm_narrow), 0 for none: those past
+// the last whole panel when they are at most a quarter vector (the one-vector ragged tile would multiply 4x the
+// columns), or those past the last whole vector when the last panel holds one vector and at most half a vector more
+// and K is deep enough to spread the dots' horizontal sums (the rest then takes the one-vector ragged tile).
+i64 narrow_tail_cols(const Kernels& kr, i64 K, i64 N) {
+  const i64 lanes = extra_for(kr).lanes, past_panel = N % kr.nr, past_vector = N % lanes;
+  if (N <= kr.nr) return 0;
+  if (past_panel * 4 <= lanes) return gemm_narrow_fits(kr, K, past_panel) ? past_panel : 0;
+  // measured on the AVX-512 tile only (two 16-float vectors a panel); AVX2's three-vector panel keeps its tile
+  const bool two_vector_panel = kr.nr == 2 * lanes && lanes >= 16;
+  const bool one_vector_more = two_vector_panel && past_panel - past_vector == lanes && past_vector * 2 <= lanes;
+  return one_vector_more && K >= kNarrowTailMinK * lanes && gemm_narrow_fits(kr, K, past_vector) ? past_vector : 0;
+}
+
 // `int8`: use the int8 form where it is exact (HETERO_CPU_INT8_WEIGHTS=0 turns that off). `precision` normal: also
 // the bf16x3 form, where the CPU has AMX-BF16 (the int8 or float form stays: the fp32 kernels run the calls
 // bf16x3 does not take).
@@ -266,11 +288,11 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
     const i64 values = gemm_narrow_values(*pb->kr, b.rows, b.cols);
     gemm_narrow_pack(*pb->kr, b, pb->narrow.get(static_cast<std::size_t>(values)));
   }
-  const i64 tail = b.cols % pb->kr->nr;
-  if (b.cols > pb->kr->nr && tail * 4 <= extra_for(*pb->kr).lanes && gemm_narrow_fits(*pb->kr, b.rows, tail) &&
-      !(narrow != nullptr && std::string(narrow) == "0")) {
+  const i64 tail = narrow_tail_cols(*pb->kr, b.rows, b.cols);
+  if (tail > 0 && !(narrow != nullptr && std::string(narrow) == "0")) {
     const MatView cols{b.p + (b.cols - tail) * b.cs, b.rows, tail, b.rs, b.cs};
     gemm_narrow_pack(*pb->kr, cols, pb->tail.get(static_cast<std::size_t>(gemm_narrow_values(*pb->kr, b.rows, tail))));
+    pb->tail_n = tail;
   }
   const i64 values = pb->panel_values();
   const char* env = std::getenv("HETERO_CPU_INT8_WEIGHTS");
@@ -287,7 +309,51 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
   return pb;
 }
 
+// A grouped view's rows copied into one contiguous matrix (`keep` owns it): for the paths that read A other than
+// through pack_a_block.
+MatView flat_rows(const MatView& a, std::vector<float>& keep) {
+  keep.resize(static_cast<std::size_t>(a.rows * a.cols));
+  for (i64 i = 0; i < a.rows; ++i) {
+    const float* src = a.row(i);
+    float* dst = keep.data() + i * a.cols;
+    for (i64 k = 0; k < a.cols; ++k) dst[k] = src[k * a.cs];
+  }
+  return MatView{keep.data(), a.rows, a.cols, a.cols, 1};
+}
+
+void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep);
+
+// A in groups of rows (MatView::group_rows): the panels' product packs A's rows from the groups in place (the copy
+// the packing makes anyway); the dot-product tail runs group by group (each a plain strided view). Anything else
+// (bf16x3, a narrow B, a few rows, a strided row, a per-row bias with the tail) on a contiguous copy, as before.
+void run_packed_grouped(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta,
+                        const Epilogue& ep) {
+  const i64 tail = pb.tail_cols(), body = pb.n - tail;
+  const bool tail_in_groups = tail == 0 || (alpha == 1.f && beta == 0.f && ep.bias_rs == 0);
+  if (pb.bf16x3 || pb.narrow.p != nullptr || a.rows <= 4 || a.cs != 1 || !tail_in_groups) {
+    std::vector<float> keep;
+    run_packed(pb, flat_rows(a, keep), c, ldc, alpha, beta, ep);
+    return;
+  }
+  const int T = num_threads();
+  if (tail > 0) {
+    Epilogue tail_ep = ep;
+    if (ep.bias != nullptr) tail_ep.bias = ep.bias + body * ep.bias_cs;
+    for (i64 g = 0; g * a.group_rows < a.rows; ++g) {
+      const MatView rows{a.p + g * a.gs, std::min(a.group_rows, a.rows - g * a.group_rows), a.cols, a.rs, 1};
+      gemm_narrow(*pb.kr, rows, pb.tail.p, tail, c + g * a.group_rows * ldc + body, ldc, alpha, beta, tail_ep, T);
+    }
+  }
+  const S8Panels s8 = pb.s8();
+  gemm_prepacked_b(*pb.kr, a.rows, body, pb.k, &a, nullptr, pb.buf.p, c, ldc, alpha, beta, ep, T,
+                   pb.int8 ? &s8 : nullptr);
+}
+
 void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep) {
+  if (a.group_rows > 0) {
+    run_packed_grouped(pb, a, c, ldc, alpha, beta, ep);
+    return;
+  }
   const int T = num_threads();
   const S8Panels s8 = pb.s8();
   const S8Panels* q = pb.int8 ? &s8 : nullptr;
@@ -372,18 +438,23 @@ Op prep_gemm_packed(const py::array& a, const PackedB& pb, const py::array& out,
   const char* fn = "gemm_packed";
   need_f32(a, fn, "a");
   need_f32(out, fn, "out");
-  need_ndim(a, 2, fn, "a");
+  if (a.ndim() != 2 && a.ndim() != 3) fail("gemm_packed: a must be 2-D, or 3-D (groups of rows), got " + shape_str(a));
   need_out(out, fn);
-  if (a.shape(1) != pb.k)
-    fail("gemm_packed: a has " + std::to_string(a.shape(1)) + " columns but the packed B has k=" +
+  const int kd = static_cast<int>(a.ndim()) - 1;  // a's k axis
+  if (a.shape(kd) != pb.k)
+    fail("gemm_packed: a has " + std::to_string(a.shape(kd)) + " columns but the packed B has k=" +
          std::to_string(pb.k));
-  check_out_shape(out, {a.shape(0), pb.n}, fn);
+  // 3-D a: [groups, rows, k], the product of its groups' rows in order (out: [groups * rows, n]), read in place
+  const i64 groups = kd == 2 ? a.shape(0) : 1, group_rows = a.shape(kd - 1), M = groups * group_rows;
+  check_out_shape(out, {M, pb.n}, fn);
   // the activation in the epilogue: applied to each block of C while it is still in cache, not as a pass of its own
   Epilogue ep = activation(act, act_alpha, act_beta, fn);
   auto keep = std::make_shared<std::vector<float>>();
-  bias_view(bias, a.shape(0), pb.n, ep, *keep, fn);
+  bias_view(bias, M, pb.n, ep, *keep, fn);
   no_copy(once, !keep->empty(), fn);
-  MatView av = mat_view(a, false, fn);
+  MatView av = kd == 2 ? MatView{static_cast<const float*>(a.data()), M, pb.k, elem_stride(a, 1, fn),
+                                 elem_stride(a, 2, fn), group_rows, elem_stride(a, 0, fn)}
+                       : mat_view(a, false, fn);
   float* c = static_cast<float*>(const_cast<void*>(out.data()));
   const PackedB* p = &pb;
   return [p, av, c, alpha, beta, ep, keep] { run_packed(*p, av, c, p->n, alpha, beta, ep); };

@@ -10,8 +10,8 @@ from hetero_cpu import _native
 
 # (M, K, N): deepcut's Conv1D shapes (ragged N against the 32-column panels, ragged M against the 12-row tiles; 100:
 # 4 columns past the last panel, gemm_narrow's dot products on AVX-512), one below the small-M path's 4 rows, a
-# narrow N (gemm_narrow's path)
-SHAPES = [(882, 256, 200), (630, 384, 100), (37, 64, 100), (13, 32, 17), (3, 40, 48), (50, 96, 8)]
+# narrow N (gemm_narrow's path); 150: 22 columns past the last panel, the last 6 as dot products at K >= 64 on AVX-512
+SHAPES = [(882, 256, 200), (630, 384, 100), (693, 352, 150), (37, 64, 100), (13, 32, 17), (3, 40, 48), (50, 96, 8)]
 ACTIVATIONS = [("relu", 0.0, 0.0), ("clip", -0.5, 0.75), ("sigmoid", 0.0, 0.0), ("leaky_relu", 0.1, 0.0)]
 
 
@@ -58,13 +58,14 @@ def test_gemm_packed_activation_in_a_prepared_step():
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("n", [33, 34, 36, 65, 98, 40, 17])
+@pytest.mark.parametrize("n", [33, 34, 36, 65, 98, 40, 17, 150, 152, 54, 57, 86])
 @pytest.mark.parametrize("k", [7, 20, 384])
 @pytest.mark.parametrize("bias_shape,alpha,beta", [((), 1.0, 0.0), ("n", 1.0, 0.0), ("mn", 1.0, 0.0),
                                                   ("m1", 1.0, 0.0), ("n", 0.5, 0.0), ("n", 1.0, 2.0)])
 def test_gemm_packed_columns_past_the_last_panel(isa, threads, n, k, bias_shape, alpha, beta):
-    """The 1-4 columns past the last whole panel run as dot products where the ISA takes them (gemm_narrow; K under
-    a vector, alpha != 1 or beta != 0: the panels' ragged tile): every bias shape, against a float64 product."""
+    """The 1-4 columns past the last whole panel, or the 1-8 past one whole vector more (150 = 128 + 16 + 6 on
+    AVX-512, K >= 4 vectors), run as dot products where the ISA takes them (gemm_narrow; K under the bound, alpha != 1
+    or beta != 0: the panels' ragged tile): every bias shape, against a float64 product."""
     m = 45
     rng = np.random.default_rng(n * 31 + k)
     a = rng.standard_normal((m, k), dtype=np.float32)
@@ -80,10 +81,11 @@ def test_gemm_packed_columns_past_the_last_panel(isa, threads, n, k, bias_shape,
     assert (np.abs(out - ref) / scale).max() < 1e-5
 
 
-@pytest.mark.parametrize("n", [100, 66, 36])
+@pytest.mark.parametrize("n", [100, 66, 36, 150, 54])
 def test_int8_panels_same_bits_with_columns_past_the_last_panel(isa, threads, n):
     """Weights exactly int8 x a column scale: the int8 panels and the float form give the same bits where the last
-    1-4 columns run as dot products (both forms compute them from the same float values)."""
+    1-4 columns (or the 6 past 128 + 16 / 32 + 16) run as dot products (both forms compute them from the same float
+    values)."""
     rng = np.random.default_rng(n)
     k = 384
     q = rng.integers(-127, 128, (k, n))
@@ -97,3 +99,31 @@ def test_int8_panels_same_bits_with_columns_past_the_last_panel(isa, threads, n)
     np.testing.assert_array_equal(as_int8, as_float)
     ref = np.maximum(a.astype(np.float64) @ w + bias, 0)
     assert np.abs(as_float - ref).max() < 1e-3
+
+
+@pytest.mark.parametrize("groups,rows,stride", [(63, 13, 1), (5, 10, 2), (1, 40, 1), (3, 1, 1), (2, 7, 3)])
+@pytest.mark.parametrize("n,taps", [(150, 12), (100, 12), (200, 3), (17, 5), (6, 4)])
+@pytest.mark.parametrize("int8", [False, True])
+def test_gemm_packed_grouped_rows_read_in_place(isa, threads, groups, rows, stride, n, taps, int8):
+    """A 3-D a (a Conv1D's windows over a batch of sequences: groups of overlapping rows of the input, ConvNHWC):
+    the same bits as its rows copied into a matrix, and a float64 product; the dot-product tails group by group,
+    a narrow B and a few rows (3 x 1) through the copy."""
+    c = 32
+    rng = np.random.default_rng(groups * 100 + n + taps)
+    width = (rows - 1) * stride + taps
+    x = rng.standard_normal((groups, width * c + 5), dtype=np.float32)[:, :width * c]  # groups apart by more
+    windows = np.lib.stride_tricks.as_strided(x, (groups, rows, taps * c),
+                                              (x.strides[0], stride * c * 4, 4), writeable=False)
+    w = rng.standard_normal((taps * c, n), dtype=np.float32)
+    if int8:
+        w = (rng.integers(-127, 128, w.shape) * np.float32(2.0) ** -6).astype(np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32)
+    packed = _native.pack_b(w, False, True, "high")
+    got, want = np.empty((groups * rows, n), np.float32), np.empty((groups * rows, n), np.float32)
+    _native.gemm_packed(windows, packed, got, 1.0, 0.0, bias, "relu", 0.0, 0.0)
+    flat = np.ascontiguousarray(windows.reshape(groups * rows, taps * c))
+    _native.gemm_packed(flat, packed, want, 1.0, 0.0, bias, "relu", 0.0, 0.0)
+    np.testing.assert_array_equal(got, want)
+    ref = np.maximum(flat.astype(np.float64) @ w + bias, 0)
+    scale = np.abs(flat).astype(np.float64) @ np.abs(w) + 1.0
+    assert (np.abs(got - ref) / scale).max() < 1e-5
