@@ -83,29 +83,18 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 // arithmetic, so at 3 KiB fewer lines were in flight per unit of time and the stream fell below the one-row tile's
 // rate (the real 1.5B's q4_k tiles at 2 rows from DRAM: 13 against 21 GB/s, their arithmetic under half that time; a
 // verify step of 2-7 tokens at one thread 0.84-0.91x the time at 6 KiB, paired; 9 KiB no better; docs/speculative.md,
-// branch la23). The one-row tile keeps 3 KiB (6 KiB ran it slower in an unpaired sweep) -- except on AMD, where it
-// prefetches nothing (one_row_prefetch_default). A distance of 0 issues no prefetch at all (prefetch_record).
+// branch la23). The one-row tile keeps 3 KiB (6 KiB ran it slower in an unpaired sweep; none, on the Zen 4 VM, gave
+// 0.98-1.01x the decode step at 1 thread and 0.92-1.19x at 2, paired both ways round: docs/llm-benchmarks.md, dec24).
+// A distance of 0 issues no prefetch at all (prefetch_record).
 inline i64 env_bytes(const char* name, i64 fallback) {
   const char* e = std::getenv(name);
   return e ? std::atol(e) : fallback;
-}
-// The one-row tile's default distance: 3 KiB into L2 where it was measured (Intel Xeon, dec11: the stream at 92-98%
-// of the probe, 72-80% without), none on AMD: on the Zen 4 VM the hardware prefetchers alone decoded the 1.5B Q4_0 /
-// Q4_K_M files in 0.70-0.80x the step time at 1 and 2 threads (decode_ab.py, paired; docs/llm-benchmarks.md, branch
-// dec24). The tiles of 2+ rows keep theirs (without it 8 rows took 3x the time, docs/speculative.md).
-inline i64 one_row_prefetch_default() {
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  if (__builtin_cpu_is("amd")) return 0;
-#endif
-  return 3072;
 }
 template <int MR>
 inline bool prefetch_into_l2(const XQ& x) { return MR <= 2 || x.rows <= 16; }
 template <int MR>
 inline i64 prefetch_distance(bool l2) {
-  static const i64 one = env_bytes("HETERO_LLM_PF", one_row_prefetch_default()),
-                   rows = env_bytes("HETERO_LLM_PF_ROWS", 6144);
+  static const i64 one = env_bytes("HETERO_LLM_PF", 3072), rows = env_bytes("HETERO_LLM_PF_ROWS", 6144);
   return l2 ? (MR == 1 ? one : rows) : 4096;
 }
 // The one-row tile's distance (for callers that do not name their rows).

@@ -251,8 +251,7 @@ def test_fused_outputs_may_reuse_the_input_memory(threads, m):
                                       dict(HETERO_LLM_BLOCKS="0"), dict(HETERO_LLM_BLOCKS="1"),
                                       dict(HETERO_LLM_BLOCKS="1", HETERO_LLM_PFNEXT="65536"),
                                       dict(HETERO_LLM_KVTOUCH="0"), dict(HETERO_LLM_ORDER="0"),
-                                      dict(HETERO_LLM_PF="0", HETERO_LLM_PF_ROWS="65536"),
-                                      dict(HETERO_LLM_PF="3072")])
+                                      dict(HETERO_LLM_PF="0", HETERO_LLM_PF_ROWS="65536")])
 def test_fused_calls_under_other_work_splits(settings):
     """The split settings (read once per process) change only which thread computes which 16-row groups: shrinking
     chunks (TASKS=0; the fused q / k / v split as one sequence over the parts, chunks cut at part borders), one task
@@ -262,8 +261,7 @@ def test_fused_calls_under_other_work_splits(settings):
     calls; a decode step's attention without its KV read-ahead (KVTOUCH=0: one task per kv
     head, no loads or prefetches ahead) the reference's; equal tasks taken in index order (ORDER=0; by default
     each thread's claims walk a run of consecutive tasks, claim_order); the tiles' prefetch distances (PF for one
-    row, PF_ROWS for 2+: here none, and 64 KiB past the end of small weights; PF=3072: the one-row default off
-    AMD, where the default is none) the same bits. The fused-call,
+    row, PF_ROWS for 2+: here none, and 64 KiB past the end of small weights) the same bits. The fused-call,
     merged-step, thread-split and attention tests, in a fresh process."""
     import os
     import subprocess
