@@ -38,7 +38,12 @@ Measurement (each runtime in its own subprocess, one after the other, alternatin
   own 256 MiB buffer, on 4 KiB and on 2 MiB pages; best pass of either), at each thread count of the run. A decode
   step reads every weight once (the tied embedding table in full, as the LM head) plus the KV cache (and, for
   Qwen3.5, the float32 recurrent state of each Gated DeltaNet layer), so the bound is bandwidth / bytes per token;
-  "% of bound" = t/s x bytes per token / bandwidth.
+  "% of bound" = t/s x bytes per token / bandwidth. The VM this runs on has a fast and a slow memory phase (the
+  2-thread probe 33 or 57 GB/s an hour apart), so a probe taken once at the start can be in another phase than a
+  decode run: each engine's run is bracketed by its own probes at its thread count (``--probe around``, the
+  default: one right before and one right after the run), and its "% of bound" is against the median of those
+  probes. The table prints them (``before -> after`` GB/s) beside the session's start probe, so a phase change
+  during a run shows; ``--probe start`` is the old single probe per thread count.
 
 The machine is shared (see shared/FACTS.md: a busy neighbour halves the cores): compare ratios from one run, repeat.
 """
@@ -213,6 +218,34 @@ def bandwidth(threads: int) -> dict[str, float]:
     return measure([threads], mib=256, reps=7, rounds=2)[threads]
 
 
+def bracket_probe(threads: int, run: Any, probe: Any = None) -> dict[str, Any]:
+    """``run()`` (an engine's decode run, a result dict) between two read probes at ``threads`` threads, taken right
+    before and right after it, so the bound is measured in the VM's phase of that run; the probes' best GB/s go
+    into the result as "probes", the 1-minute load average at each as "probe_load"."""
+    probe = probe or bandwidth
+    before, load_before = probe(threads)["best"], os.getloadavg()[0]
+    result = dict(run())
+    after, load_after = probe(threads)["best"], os.getloadavg()[0]
+    result["probes"], result["probe_load"] = [before, after], [load_before, load_after]
+    return result
+
+
+def run_bound(run: dict[str, Any], fallback: float | None) -> float | None:
+    """The GB/s a run's "% of bound" is against: the median of its own probes, else the session's start probe."""
+    probes = run.get("probes")
+    return statistics.median(probes) if probes else fallback
+
+
+def pct_of_bound(tps: float | None, bytes_per_token: int, bound: float | None) -> float | None:
+    """Decode t/s as a percentage of the bandwidth bound (bound GB/s over the bytes a step reads)."""
+    return 100 * tps * bytes_per_token / (bound * 1e9) if tps and bound else None
+
+
+def _probes(run: dict[str, Any]) -> str:
+    probes = run.get("probes")
+    return " -> ".join(f"{p:.1f}" for p in probes) if probes else "—"
+
+
 # -- workers ---------------------------------------------------------------------------------------------------------
 class LlamaCpp:
     """llama.cpp through llama-cpp-python's low-level API, with the methods ``hetero.llm.bench`` calls on an ``Llm``.
@@ -373,27 +406,30 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def markdown(rows: list[dict[str, Any]], bw: dict[int, float], pp: int, tg: int) -> str:
     pt, gt = f"pp{pp}", f"tg{tg}"
     head = ["model", "type", "size MiB", "thr", f"{pt} llama.cpp", f"{pt} hetero", "ratio", f"{gt} llama.cpp",
-            f"{gt} hetero", "ratio", f"{gt} % of BW bound (l / h)", "load s (l / h)", "peak RSS MiB (l / h)"]
+            f"{gt} hetero", "ratio", f"{gt} % of BW bound (l / h)", "run's probes GB/s (l / h)",
+            "load s (l / h)", "peak RSS MiB (l / h)"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
     for row in rows:
         lc, he = row["llama.cpp"], row["hetero"]
-        bound = bw.get(row["threads"])
+        start = bw.get(row["threads"])
         per_token = row["file"]["bytes_per_token"]
 
-        def pct(run: dict[str, Any], bound: float | None = bound, per_token: int = per_token) -> str:
-            tps = _median(run, gt)
-            return _fmt(100 * tps * per_token / (bound * 1e9), 0) if tps and bound else "—"
+        def pct(run: dict[str, Any], start: float | None = start, per_token: int = per_token) -> str:
+            return _fmt(pct_of_bound(_median(run, gt), per_token, run_bound(run, start)), 0)
 
         cells = [row["model"], row["type"], _fmt(row["file"]["file_bytes"] / 2**20, 0), str(row["threads"]),
                  _fmt(_median(lc, pt)), _fmt(_median(he, pt)), _fmt(_ratio(_median(he, pt), _median(lc, pt)), 2),
                  _fmt(_median(lc, gt)), _fmt(_median(he, gt)), _fmt(_ratio(_median(he, gt), _median(lc, gt)), 2),
-                 f"{pct(lc)} / {pct(he)}", f"{_fmt(lc.get('load_s'), 2)} / {_fmt(he.get('load_s'), 2)}",
+                 f"{pct(lc)} / {pct(he)}", f"{_probes(lc)} / {_probes(he)}",
+                 f"{_fmt(lc.get('load_s'), 2)} / {_fmt(he.get('load_s'), 2)}",
                  f"{_fmt(lc.get('peak_rss', math.nan) / 2**20, 0)} / {_fmt(he.get('peak_rss', math.nan) / 2**20, 0)}"]
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
-    out.append("t/s: median of the repetitions; ratio: hetero / llama.cpp; l / h: llama.cpp / hetero.")
+    out.append("t/s: median of the repetitions; ratio: hetero / llama.cpp; l / h: llama.cpp / hetero. % of BW bound: "
+               "against the median of the run's own probes (before -> after it, same thread count) where taken, "
+               "else the start probe below.")
     for threads, value in sorted(bw.items()):
-        out.append(f"read bandwidth, {threads} thread(s) (native probe): {value:.1f} GB/s")
+        out.append(f"read bandwidth, {threads} thread(s) (native probe, session start): {value:.1f} GB/s")
     out.append("")
     out.append("| model | type | thr | runtime | test | median t/s | mean ± std | n |")
     out.append("|---|---|---:|---|---|---:|---:|---:|")
@@ -455,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runtimes", default="llama.cpp,hetero", help="comma-separated: llama.cpp, hetero")
     ap.add_argument("--installed", action="store_true", help="benchmark the installed hetero, not this checkout")
     ap.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement")
+    ap.add_argument("--probe", choices=("around", "start"), default="around",
+                    help="around: a read probe right before and after each engine's run (its %% of bound is "
+                    "against their median), plus the start probe; start: the start probe only")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per worker before it is abandoned")
     ap.add_argument("--seed", type=int, default=0)
     # internal: the subprocesses
@@ -513,12 +552,16 @@ def main(argv: list[str] | None = None) -> int:
                 order += 1
                 for runtime in sequence:
                     log(f"{model} {qtype} threads={t}: {runtime} (pp{args.pp}, tg{args.tg}, {args.reps} reps) ...")
-                    run = run_worker(runtime, paths[model, qtype], t, args.reps, args.pp, args.tg, args.installed,
-                                     args.timeout)
+                    def one(runtime: str = runtime, t: int = t, path: Path = paths[model, qtype]) -> dict[str, Any]:
+                        return run_worker(runtime, path, t, args.reps, args.pp, args.tg, args.installed, args.timeout)
+
+                    bracket = not args.no_bandwidth and args.probe == "around"
+                    run = bracket_probe(t, one) if bracket else one()
                     if "tests" in run:
                         run["stats"] = {test: summarize(s) for test, s in run["tests"].items()}
                         log("  " + ", ".join(f"{k} {v['median']:.2f} t/s" for k, v in run["stats"].items())
-                            + f"; load {run['load_s']:.2f} s; peak RSS {run['peak_rss'] / 2**20:.0f} MiB")
+                            + f"; load {run['load_s']:.2f} s; peak RSS {run['peak_rss'] / 2**20:.0f} MiB"
+                            + (f"; probes {_probes(run)} GB/s" if "probes" in run else ""))
                     else:
                         log(f"  failed: {run['error']}")
                     row[runtime] = run

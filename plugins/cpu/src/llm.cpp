@@ -2,7 +2,7 @@
 // repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
 // Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM (default 4; 1 = one
 // contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes the decode kernels
-// prefetch ahead of the weight stream, into L2 (default 3072; calls of more than 16 rows: 4096 into L1),
+// prefetch ahead of the weight stream, into L2 (default 3072; 0 = none; calls of more than 16 rows: 4096 into L1),
 // HETERO_LLM_PF_ROWS = the same for the tiles of 2+ rows (default 6144),
 // HETERO_LLM_BLOCKS=1 = decode GEMVs split by bytes, one block per thread (bsplit::run_blocks; the tasks knob then
 // does not apply to them; unset: the fused q / k / v calls only; 0: none), HETERO_LLM_PFNEXT = bytes of the next

@@ -83,7 +83,9 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 // arithmetic, so at 3 KiB fewer lines were in flight per unit of time and the stream fell below the one-row tile's
 // rate (the real 1.5B's q4_k tiles at 2 rows from DRAM: 13 against 21 GB/s, their arithmetic under half that time; a
 // verify step of 2-7 tokens at one thread 0.84-0.91x the time at 6 KiB, paired; 9 KiB no better; docs/speculative.md,
-// branch la23). The one-row tile keeps 3 KiB (6 KiB ran it slower in an unpaired sweep).
+// branch la23). The one-row tile keeps 3 KiB (6 KiB ran it slower in an unpaired sweep; none, on the Zen 4 VM, gave
+// 0.98-1.01x the decode step at 1 thread and 0.92-1.19x at 2, paired both ways round: docs/llm-benchmarks.md, dec24).
+// A distance of 0 issues no prefetch at all (prefetch_record).
 inline i64 env_bytes(const char* name, i64 fallback) {
   const char* e = std::getenv(name);
   return e ? std::atol(e) : fallback;
@@ -326,6 +328,7 @@ struct SuperWalk {
 // (no loop branch to mispredict); else it is w.rec_bytes / 64, rounded up (the same count).
 template <class S, int BITS, bool ASYM, int KQ, int NT>
 inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf, bool l2) {
+  if (pf == 0) return;  // none (rather than prefetching the lines the tile is about to load)
   // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
   constexpr int LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;
   const auto fetch = [l2](const std::uint8_t* p) { l2 ? S::prefetch_l2(p) : S::prefetch(p); };
