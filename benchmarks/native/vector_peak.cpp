@@ -23,53 +23,47 @@ double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// The empty asm keeps the operand a register the compiler cannot prove constant (no folding, no hoisting).
-#define PEAK_STEP(OP, T, A, B)                                                                                     \
-  T##0 = OP(T##0, A, B); T##1 = OP(T##1, A, B); T##2 = OP(T##2, A, B); T##3 = OP(T##3, A, B);                   \
-  T##4 = OP(T##4, A, B); T##5 = OP(T##5, A, B); T##6 = OP(T##6, A, B); T##7 = OP(T##7, A, B);                   \
-  T##8 = OP(T##8, A, B); T##9 = OP(T##9, A, B); T##a = OP(T##a, A, B); T##b = OP(T##b, A, B);                   \
-  T##c = OP(T##c, A, B); T##d = OP(T##d, A, B); T##e = OP(T##e, A, B); T##f = OP(T##f, A, B);
+// The multiply-adds timed, as one interface: a vector type, a starting value per accumulator, the operands, the
+// instruction, and the reduction that makes the sums observable.
+struct Dpbusd {
+  using V = __m512i;
+  static V start(int i) { return _mm512_set1_epi32(i); }
+  static V a() { return _mm512_set1_epi32(0x01010101); }
+  static V b() { return _mm512_set1_epi32(0x02020202); }
+  static V step(V c, V a, V b) { return _mm512_dpbusd_epi32(c, a, b); }
+  static double total(V s) { return static_cast<double>(_mm512_reduce_add_epi32(s)); }
+};
 
-double dpbusd_rate(long iterations) {
-  __m512i c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, ca, cb, cc, cd, ce, cf;
-  // different starting values: equal chains would be computed once
-  c0 = _mm512_set1_epi32(0), c1 = _mm512_set1_epi32(1), c2 = _mm512_set1_epi32(2), c3 = _mm512_set1_epi32(3);
-  c4 = _mm512_set1_epi32(4), c5 = _mm512_set1_epi32(5), c6 = _mm512_set1_epi32(6), c7 = _mm512_set1_epi32(7);
-  c8 = _mm512_set1_epi32(8), c9 = _mm512_set1_epi32(9), ca = _mm512_set1_epi32(10), cb = _mm512_set1_epi32(11);
-  cc = _mm512_set1_epi32(12), cd = _mm512_set1_epi32(13), ce = _mm512_set1_epi32(14), cf = _mm512_set1_epi32(15);
-  __m512i a = _mm512_set1_epi32(0x01010101), b = _mm512_set1_epi32(0x02020202);
+struct Fma {
+  using V = __m512;
+  static V start(int i) { return _mm512_set1_ps(static_cast<float>(i)); }
+  static V a() { return _mm512_set1_ps(0.999f); }  // bounded sums: no overflow, no subnormals
+  static V b() { return _mm512_set1_ps(1e-3f); }
+  static V step(V c, V a, V b) { return _mm512_fmadd_ps(c, a, b); }
+  static double total(V s) { return static_cast<double>(_mm512_reduce_add_ps(s)); }
+};
+
+// Instructions a second: 16 accumulators with different starting values (equal chains would be computed once),
+// fully unrolled so each stays in a register.
+template <class Op>
+double peak_rate(long iterations) {
+  using V = typename Op::V;
+  V c[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) c[j] = Op::start(j);
+  V a = Op::a();
+  const V b = Op::b();
   const double t0 = cpu_seconds();
   for (long i = 0; i < iterations; ++i) {
-    PEAK_STEP(_mm512_dpbusd_epi32, c, a, b)
-    __asm__("" : "+v"(a));
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) c[j] = Op::step(c[j], a, b);
+    __asm__("" : "+v"(a));  // keeps the operand a register the compiler cannot prove constant (no folding, hoisting)
   }
   const double t = cpu_seconds() - t0;
-  __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
-                               _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
-  s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(ca, cb)),
-                                           _mm512_add_epi32(_mm512_add_epi32(cc, cd), _mm512_add_epi32(ce, cf))));
-  g_sink = g_sink + static_cast<double>(_mm512_reduce_add_epi32(s));  // the sums are used: nothing is dead code
-  return 16.0 * static_cast<double>(iterations) / t;
-}
-
-double fma_rate(long iterations) {
-  __m512 c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, ca, cb, cc, cd, ce, cf;
-  c0 = _mm512_set1_ps(0), c1 = _mm512_set1_ps(1), c2 = _mm512_set1_ps(2), c3 = _mm512_set1_ps(3);
-  c4 = _mm512_set1_ps(4), c5 = _mm512_set1_ps(5), c6 = _mm512_set1_ps(6), c7 = _mm512_set1_ps(7);
-  c8 = _mm512_set1_ps(8), c9 = _mm512_set1_ps(9), ca = _mm512_set1_ps(10), cb = _mm512_set1_ps(11);
-  cc = _mm512_set1_ps(12), cd = _mm512_set1_ps(13), ce = _mm512_set1_ps(14), cf = _mm512_set1_ps(15);
-  __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);  // bounded sums: no overflow, no subnormals
-  const double t0 = cpu_seconds();
-  for (long i = 0; i < iterations; ++i) {
-    PEAK_STEP(_mm512_fmadd_ps, c, a, b)
-    __asm__("" : "+v"(a));
-  }
-  const double t = cpu_seconds() - t0;
-  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
-                           _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
-  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(ca, cb)),
-                                     _mm512_add_ps(_mm512_add_ps(cc, cd), _mm512_add_ps(ce, cf))));
-  g_sink = g_sink + static_cast<double>(_mm512_reduce_add_ps(s));
+  double sum = 0;
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) sum += Op::total(c[j]);
+  g_sink = g_sink + sum;  // the sums are used: nothing is dead code
   return 16.0 * static_cast<double>(iterations) / t;
 }
 
@@ -90,8 +84,8 @@ int main(int argc, char** argv) {
   const int reps = std::atoi(argv[2]);
   std::vector<double> dp, fm;
   for (int r = 0; r < reps; ++r) {  // alternated: a neighbour's load falls on both alike
-    dp.push_back(dpbusd_rate(iterations));
-    fm.push_back(fma_rate(iterations));
+    dp.push_back(peak_rate<Dpbusd>(iterations));
+    fm.push_back(peak_rate<Fma>(iterations));
   }
   std::printf("{\"dpbusd_per_s\": %s, \"fma_per_s\": %s}\n", json_list(dp).c_str(), json_list(fm).c_str());
   return 0;
