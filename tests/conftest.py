@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -16,6 +20,16 @@ from hetero.ops.shapes import same_as_input
 RARE_DOMAIN = "test.hetero"
 register(OpSchema("RareAtan", same_as_input(0), lambda ctx: [np.arctan(ctx.values[0])], domain=RARE_DOMAIN),
          replace=True)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A file of the repository that is not a package module (a benchmark, a script, an example), imported under
+    ``name`` without putting its folder on sys.path."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def backend_ok(name: str) -> tuple[bool, str]:

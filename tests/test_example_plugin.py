@@ -3,7 +3,6 @@ the conformance kit; and the tutorial shows exactly the files of that package.""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 import hetero
+from conftest import load_script
 from hetero import plugins
 from hetero.testing import conformance
 from hetero.testing.dist import Site, plugin_site
@@ -45,11 +45,7 @@ def site(toy_home: Path) -> Iterator[Site]:
 
 
 def load_demo() -> object:
-    spec = importlib.util.spec_from_file_location("hetero_toy_demo", EXAMPLE / "demo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLE / "demo.py", "hetero_toy_demo")
 
 
 def test_discovery_finds_the_installed_package(site: Site) -> None:

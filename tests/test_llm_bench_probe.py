@@ -4,18 +4,15 @@ which on this VM can be in another phase), and the table prints the probes so th
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def bench_llm():
-    spec = importlib.util.spec_from_file_location("llm_bench_under_test", ROOT / "benchmarks" / "llm.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "benchmarks" / "llm.py", "llm_bench_under_test")
 
 
 def test_probes_taken_right_before_and_after_the_run():

@@ -9,12 +9,12 @@ written; the real model's numbers are in docs/long-context.md.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import load_script
 from hetero.contract import HeteroError
 from hetero.contract import kv_rotated as kr
 from hetero.llm import cli
@@ -28,11 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _codebook_script():
-    spec = importlib.util.spec_from_file_location("kv_codebook", ROOT / "scripts" / "kv_codebook.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "kv_codebook.py", "kv_codebook")
 
 
 # -- the format ------------------------------------------------------------------------------------------------------

@@ -6,12 +6,13 @@ the one-row GEMV's."""
 
 from __future__ import annotations
 
-import importlib.util
 import platform
 import shutil
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU_FLAGS = {"avx2": {"avx2", "fma", "f16c"}, "avx512": {"avx512f", "avx512bw", "avx512dq", "avx512vl"},
@@ -28,11 +29,7 @@ def cpu_flags() -> set[str]:
 
 
 def bench_module():
-    spec = importlib.util.spec_from_file_location("qgemm_rows_bench", ROOT / "benchmarks" / "qgemm_rows.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "benchmarks" / "qgemm_rows.py", "qgemm_rows_bench")
 
 
 @pytest.mark.slow
