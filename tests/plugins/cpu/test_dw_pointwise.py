@@ -14,6 +14,8 @@ import pytest
 
 from hetero_cpu import _native
 
+from .test_native import ACTS, _conv_ref
+
 ISAS = _native.available_isas()
 HS = (1 / 6, 0.5)  # hard_swish's alpha, beta as the kernels take them
 
@@ -29,39 +31,10 @@ CASES = [
     (1, 96, 12, 18, 3, (1, 1), (1, 1, 1, 1), (1, 1), 32, "hard_swish", "none"),  # > 64 channels: the pair by the rule
     (1, 32, 7, 7, 5, (1, 1), (2, 2, 2, 2), (1, 1), 32, "relu", "relu"),  # rows under a vector: dw_nchwc's maps
 ]
-ACTS = {
-    "none": lambda y: y,
-    "relu": lambda y: np.maximum(y, 0),
-    "relu6": lambda y: np.clip(y, 0, 6),
-    "silu": lambda y: y / (1 + np.exp(-y)),
-    "hard_swish": lambda y: y * np.clip(y / 6 + 0.5, 0, 1),
-}
 
 
 def _act_args(name: str) -> tuple[str, float, float]:
     return (name, *HS) if name == "hard_swish" else (name, 0.0, 0.0)
-
-
-def _ref_conv(x, w, bias, strides, pads, dil, group):
-    """float64 direct convolution (NCHW)."""
-    n, _, h, wd = x.shape
-    cout, cin_g, kh, kw = w.shape
-    pt, pl, pb, pr = pads
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    ho = (h + pt + pb - dil[0] * (kh - 1) - 1) // strides[0] + 1
-    wo = (wd + pl + pr - dil[1] * (kw - 1) - 1) // strides[1] + 1
-    out = np.zeros((n, cout, ho, wo))
-    cout_g = cout // group
-    for g in range(group):
-        xs = xp[:, g * cin_g:(g + 1) * cin_g]
-        for ky in range(kh):
-            for kx in range(kw):
-                y0, x0 = ky * dil[0], kx * dil[1]
-                rows = slice(y0, y0 + strides[0] * (ho - 1) + 1, strides[0])
-                cols = slice(x0, x0 + strides[1] * (wo - 1) + 1, strides[1])
-                wk = w[g * cout_g:(g + 1) * cout_g, :, ky, kx]
-                out[:, g * cout_g:(g + 1) * cout_g] += np.einsum("nchw,oc->nohw", xs[:, :, rows, cols], wk)
-    return out + bias.reshape(1, -1, 1, 1)
 
 
 def _case_outputs(case):
@@ -74,8 +47,8 @@ def _case_outputs(case):
     wp = (rng.normal(0, 1, (cout, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
     bp = rng.normal(0, 0.5, cout).astype(np.float32)
     dk, pk = _native.prepack_conv(wd, c), _native.prepack_conv(wp)
-    mid64 = ACTS[act](_ref_conv(x.astype(np.float64), wd.astype(np.float64), bd, strides, pads, dil, c))
-    ref = ACTS[act2](_ref_conv(mid64, wp.astype(np.float64), bp, (1, 1), (0, 0, 0, 0), (1, 1), 1))
+    mid64 = ACTS[act](_conv_ref(x.astype(np.float64), wd.astype(np.float64), bd, strides, pads, dil, c))
+    ref = ACTS[act2](_conv_ref(mid64, wp.astype(np.float64), bp, (1, 1), (0, 0, 0, 0), (1, 1), 1))
     out = np.full(ref.shape, np.nan, np.float32)
     _native.dw_pointwise(x, dk, bd, pk, bp, out, strides, pads, dil, *_act_args(act), *_act_args(act2))
     mid = np.full(mid64.shape, np.nan, np.float32)
@@ -114,8 +87,8 @@ def test_dw_pointwise_forced_on_every_case():
     # HETERO_CPU_DW_PW=1: the band kernel on every case where the ISA has the tiles (strides 2, dilations, 96
     # channels), every ISA, 1 and 2 threads, in a fresh process (the rule's override is read once)
     env = dict(os.environ, HETERO_CPU_DW_PW="1")
-    here = os.path.dirname(__file__)
-    code = f"import sys; sys.path.insert(0, {here!r}); import test_dw_pointwise as t; t.forced_checks()"
+    plugins = os.path.dirname(os.path.dirname(__file__))  # tests/plugins: this file as pytest names it, cpu.*
+    code = f"import sys; sys.path.insert(0, {plugins!r}); import cpu.test_dw_pointwise as t; t.forced_checks()"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-1] == str(len(ISAS) * 2 * len(CASES))

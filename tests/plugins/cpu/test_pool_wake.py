@@ -109,17 +109,32 @@ def test_elementwise_kernels_wake_only_for_enough_work(pool, threads, make, shap
 
 
 
+def _small_conv_probe(linger_us: int):
+    """Workers that sleep as soon as a call ends (spin 0) unless a linger (``linger_us``) keeps them spinning, and a
+    1.2 MFLOP conv that never wakes a sleeper: its feeds, its 1-thread output and a 2-thread session of it."""
+    _native.set_pool_spin_us(0)
+    _native.set_pool_linger_us(linger_us)
+    small, feeds = _conv(16, 16)
+    alone = hetero.Session(small, backends=["cpu"], threads=1).run(feeds)["y"]
+    return feeds, alone, hetero.Session(small, backends=["cpu"], threads=2)
+
+
+def _assert_probe_ran(probe, feeds, alone, parallel: bool) -> None:
+    """The probe's run made a pool call exactly when ``parallel``, and gave the 1-thread output."""
+    _native.pool_stats(True)
+    out = probe.run(feeds)["y"]
+    stats = _native.pool_stats(True)
+    assert (stats["calls"] >= 1) == parallel, stats
+    assert np.array_equal(out, alone)
+
+
 @pytest.mark.parametrize("linger_us", [0, 5_000_000])
 def test_a_replay_keeps_the_workers_spinning_after_it(pool, linger_us):
     # each replayed run ends with pool_linger: idle workers spin on (woken if asleep) for pool_linger_us, so a small
     # conv after it (which never wakes a sleeper) finds one awake; with the linger off it runs on the caller alone
-    _native.set_pool_spin_us(0)
-    _native.set_pool_linger_us(linger_us)
-    small, small_feeds = _conv(16, 16)
-    alone = hetero.Session(small, backends=["cpu"], threads=1).run(small_feeds)["y"]
+    small_feeds, alone, probe = _small_conv_probe(linger_us)
     big, big_feeds = _conv(64, 32)
     session = hetero.Session(big, backends=["cpu"], threads=2)
-    probe = hetero.Session(small, backends=["cpu"], threads=2)
     for _ in range(3):  # planned, then replayed: a replay ends with pool_linger
         session.run(big_feeds)
     time.sleep(0.05)  # without the linger the worker is asleep by now (spin 0)
@@ -127,11 +142,7 @@ def test_a_replay_keeps_the_workers_spinning_after_it(pool, linger_us):
         start, deadline = _native.pool_cpu_ns()[1], time.monotonic() + 3
         while _native.pool_cpu_ns()[1] < start + 5_000_000 and time.monotonic() < deadline:
             time.sleep(0.005)
-    _native.pool_stats(True)
-    out = probe.run(small_feeds)["y"]
-    stats = _native.pool_stats(True)
-    assert (stats["calls"] >= 1) == (linger_us > 0), stats
-    assert np.array_equal(out, alone)
+    _assert_probe_ran(probe, small_feeds, alone, parallel=linger_us > 0)
 
 
 def test_linger_settings():
@@ -152,19 +163,11 @@ def test_parallel_calls_during_a_linger_extend_it(pool, linger_us):
     # a parallel call made while a linger is under way moves its end to pool_linger_us from that call: calls spaced
     # past the spin (0 here) but within the linger of each other keep the workers spinning for as long as they come
     # (a run's serial stretches), so a small conv well past the first linger's end still finds one awake
-    _native.set_pool_spin_us(0)
-    _native.set_pool_linger_us(linger_us)
-    small, small_feeds = _conv(16, 16)
-    alone = hetero.Session(small, backends=["cpu"], threads=1).run(small_feeds)["y"]
-    probe = hetero.Session(small, backends=["cpu"], threads=2)
+    small_feeds, alone, probe = _small_conv_probe(linger_us)
     for _ in range(3):  # planned, then replayed: the replay ends with pool_linger
         probe.run(small_feeds)
     end = time.monotonic() + 0.6  # three lingers long
     while time.monotonic() < end:
         _native._pool_cover(2, 2, 1)
         time.sleep(0.02)
-    _native.pool_stats(True)
-    out = probe.run(small_feeds)["y"]
-    stats = _native.pool_stats(True)
-    assert (stats["calls"] >= 1) == (linger_us > 0), stats
-    assert np.array_equal(out, alone)
+    _assert_probe_ran(probe, small_feeds, alone, parallel=linger_us > 0)
