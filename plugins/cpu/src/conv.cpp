@@ -70,6 +70,48 @@ void depthwise_blocked(const PackedConv& pc, const ConvGeom& g, const float* x, 
   });
 }
 
+// Each tap's offset in a padded plane split into `sw` column phases of `phase` floats (phase p holds padded columns
+// p, p + sw, ...) with rows Wq apart: every tap reads a contiguous run for consecutive output columns.
+std::vector<i64> phased_tap_offsets(const ConvGeom& g, i64 phase, i64 Wq) {
+  std::vector<i64> off(static_cast<std::size_t>(g.kh * g.kw));
+  for (i64 ky = 0; ky < g.kh; ++ky)
+    for (i64 kx = 0; kx < g.kw; ++kx)
+      off[static_cast<std::size_t>(ky * g.kw + kx)] =
+          ((kx * g.dw) % g.sw) * phase + ky * g.dh * Wq + (kx * g.dw) / g.sw;
+  return off;
+}
+
+// `rows` rows of an input plane (W wide, ncopy of each copied) into such a phased buffer, `row` the buffer's row the
+// first lands in, after pl columns of padding.
+void copy_rows_phased(const ExtraKernels& xk, const float* in, i64 W, i64 rows, i64 ncopy, i64 pl, i64 sw,
+                      i64 phase, i64 Wq, float* row) {
+  if (sw == 1) {
+    xk.copy_rows(in, W, row + pl, Wq, rows, ncopy);
+  } else if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
+    xk.deinterleave_rows(in, W, ncopy, rows, row + (pl & 1) * phase + (pl >> 1),
+                         row + ((pl + 1) & 1) * phase + ((pl + 1) >> 1), Wq);
+  } else {
+    for (i64 iy = 0; iy < rows; ++iy) {
+      const float* src = in + iy * W;
+      float* dst = row + iy * Wq;
+      for (i64 ix = 0, p = pl % sw, col = pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
+        dst[p * phase + col] = src[ix];
+        if (++p == sw) p = 0, ++col;
+      }
+    }
+  }
+}
+
+// One channel's taps over a phased buffer into `rows` output rows (+ bias, activation: in dw_taps where the ISA
+// fuses it, else a unary pass after).
+void depthwise_plane(const Kernels& kr, const ExtraKernels& xk, const ConvGeom& g, const float* buf, i64 Wq,
+                     const i64* off, const float* w, float bias, float* out, i64 rows, const Epilogue& act) {
+  const int ntaps = static_cast<int>(g.kh * g.kw);
+  if (!xk.dw_taps(buf, g.sh * Wq, off, w, ntaps, static_cast<int>(g.kh), static_cast<int>(g.sh), bias, out, rows,
+                  g.Wo, act.act, act.act_alpha, act.act_beta))
+    kr.unary(act.act, out, out, rows * g.Wo, act.act_alpha, act.act_beta);
+}
+
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -92,10 +134,7 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const i64 Wq0 = ceil_div(Wp, sw);
   const i64 Wq = align_rows != 0 && Wq0 > xk.lanes ? ceil_div(Wq0, xk.lanes) * xk.lanes : Wq0, phase = Hp * Wq;
   const int ntaps = static_cast<int>(g.kh * g.kw);
-  std::vector<i64> off(static_cast<std::size_t>(ntaps));
-  for (i64 ky = 0; ky < g.kh; ++ky)
-    for (i64 kx = 0; kx < g.kw; ++kx)
-      off[static_cast<std::size_t>(ky * g.kw + kx)] = ((kx * g.dw) % sw) * phase + ky * g.dh * Wq + (kx * g.dw) / sw;
+  const std::vector<i64> off = phased_tap_offsets(g, phase, Wq);
   const int T = threads_for(static_cast<double>(planes) * (HWo * ntaps * 2 + Hp * Wp), kParallelGrain);
   // Planes in one contiguous chunk a thread: the padded buffer's zeros (borders, column phases' gaps, slack) are
   // written once a chunk, as each plane writes the same positions (memset / memcpy calls for every short row, 54 on
@@ -116,27 +155,8 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       const i64 c = q % g.C;
       const float* in = x + q * g.H * g.W;
       float* o = out + q * HWo;
-      const i64 rows = std::min<i64>(g.H, Hp - g.pt);
-      if (sw == 1) {
-        xk.copy_rows(in, g.W, buf + g.pt * Wq + g.pl, Wq, rows, ncopy);
-      } else if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
-        float* row = buf + g.pt * Wq;
-        xk.deinterleave_rows(in, g.W, ncopy, rows, row + (g.pl & 1) * phase + (g.pl >> 1),
-                             row + ((g.pl + 1) & 1) * phase + ((g.pl + 1) >> 1), Wq);
-      } else {
-        for (i64 iy = 0; iy < rows; ++iy) {
-          const float* src = in + iy * g.W;
-          float* row = buf + (iy + g.pt) * Wq;
-          for (i64 ix = 0, p = g.pl % sw, col = g.pl / sw; ix < ncopy; ++ix) {  // padded column ix + pl
-            row[p * phase + col] = src[ix];
-            if (++p == sw) p = 0, ++col;
-          }
-        }
-      }
-      if (!xk.dw_taps(buf, g.sh * Wq, off.data(), w + c * ntaps, ntaps, static_cast<int>(g.kh),
-                      static_cast<int>(g.sh), bias ? bias[c] : 0.f, o, g.Ho, g.Wo, act.act, act.act_alpha,
-                      act.act_beta))
-        kr.unary(act.act, o, o, HWo, act.act_alpha, act.act_beta);
+      copy_rows_phased(xk, in, g.W, std::min<i64>(g.H, Hp - g.pt), ncopy, g.pl, sw, phase, Wq, buf + g.pt * Wq);
+      depthwise_plane(kr, xk, g, buf, Wq, off.data(), w + c * ntaps, bias ? bias[c] : 0.f, o, g.Ho, act);
     }
   });
 }
@@ -1852,11 +1872,8 @@ void dw_pointwise_bands(const PackedConv& dw, const ConvGeom& gd, const float* x
   const i64 Hb = (rows_max - 1) * gd.sh + (gd.kh - 1) * gd.dh + 1;
   const i64 Wp = std::max<i64>(gd.W + gd.pl, (gd.Wo - 1) * sw + (gd.kw - 1) * gd.dw + 1);
   const i64 Wq0 = ceil_div(Wp, sw), Wq = Wq0 > L ? ceil_div(Wq0, L) * L : Wq0, phase = Hb * Wq;
-  std::vector<i64> off(static_cast<std::size_t>(ntaps) + static_cast<std::size_t>(C));
-  for (i64 ky = 0; ky < gd.kh; ++ky)
-    for (i64 kx = 0; kx < gd.kw; ++kx)
-      off[static_cast<std::size_t>(ky * gd.kw + kx)] =
-          ((kx * gd.dw) % sw) * phase + ky * gd.dh * Wq + (kx * gd.dw) / sw;
+  std::vector<i64> off = phased_tap_offsets(gd, phase, Wq);
+  off.resize(static_cast<std::size_t>(ntaps) + static_cast<std::size_t>(C));  // then the 1x1's channel offsets
   const i64 ldk = ceil_div(rows_max * gd.Wo, nr) * nr;  // floats a channel of the band's depthwise output
   i64* koff = off.data() + ntaps;
   for (i64 k = 0; k < C; ++k) koff[k] = k * ldk;
@@ -1874,22 +1891,10 @@ void dw_pointwise_bands(const PackedConv& dw, const ConvGeom& gd, const float* x
     for (i64 c = 0; c < C; ++c) {
       const float* in = xn + (c * gd.H + iy0 + r0) * gd.W;
       float* row = buf + r0 * Wq;
-      if (r1 > r0) {
-        if (sw == 1)
-          xk.copy_rows(in, gd.W, row + gd.pl, Wq, r1 - r0, ncopy);
-        else if (sw == 2)
-          xk.deinterleave_rows(in, gd.W, ncopy, r1 - r0, row + (gd.pl & 1) * phase + (gd.pl >> 1),
-                               row + ((gd.pl + 1) & 1) * phase + ((gd.pl + 1) >> 1), Wq);
-        else
-          for (i64 iy = 0; iy < r1 - r0; ++iy)
-            for (i64 ix = 0; ix < ncopy; ++ix)
-              row[iy * Wq + ((ix + gd.pl) % sw) * phase + (ix + gd.pl) / sw] = in[iy * gd.W + ix];
-      }
+      if (r1 > r0) copy_rows_phased(xk, in, gd.W, r1 - r0, ncopy, gd.pl, sw, phase, Wq, row);
       float* m = mid + c * ldk;
-      if (!xk.dw_taps(buf, gd.sh * Wq, off.data(), dw.buf.p + c * ntaps, ntaps, static_cast<int>(gd.kh),
-                      static_cast<int>(gd.sh), dw_bias ? dw_bias[c] : 0.f, m, rows, gd.Wo, dw_act.act,
-                      dw_act.act_alpha, dw_act.act_beta))
-        kr.unary(dw_act.act, m, m, cols, dw_act.act_alpha, dw_act.act_beta);
+      depthwise_plane(kr, xk, gd, buf, Wq, off.data(), dw.buf.p + c * ntaps, dw_bias ? dw_bias[c] : 0.f, m, rows,
+                      dw_act);
       std::fill(m + cols, m + ldk, 0.f);  // the last tile's columns past the band
     }
     float* o = out + n * Cout * HWo + y0 * gd.Wo;
