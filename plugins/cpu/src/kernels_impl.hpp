@@ -682,15 +682,9 @@ void k_add_tanh_quantize_row(const float* a, const float* b, i64 n, float scale,
       q[i + j] = static_cast<std::uint8_t>(static_cast<int>(v) + zp);
     }
   }
-  float ml[W], mh[W];
-  SIMD::store(ml, mn);
-  SIMD::store(mh, mx);
-  for (int j = 0; j < W; ++j) {
-    l = ml[j] < l ? ml[j] : l;
-    h = mh[j] > h ? mh[j] : h;
-  }
-  *lo = l;
-  *hi = h;
+  // the accumulators hold no NaN: their lanes' least / greatest through the ISA's horizontal max
+  *lo = std::min(l, -SIMD::hmax(SIMD::neg(mn)));
+  *hi = std::max(h, SIMD::hmax(mx));
 }
 
 // ------------------------------------------------------------------------------------------------------------
