@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,12 +23,17 @@ register(OpSchema("RareAtan", same_as_input(0), lambda ctx: [np.arctan(ctx.value
          replace=True)
 
 
-def load_script(path: Path, name: str) -> ModuleType:
+def load_script(path: Path, name: str, *, shared: bool = False) -> ModuleType:
     """A file of the repository that is not a package module (a benchmark, a script, an example), imported under
-    ``name`` without putting its folder on sys.path."""
+    ``name`` without putting its folder on sys.path. ``shared``: one module per process, registered in sys.modules
+    before it runs (for scripts whose dataclasses or imports look themselves up there, and to load them once)."""
+    if shared and name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    if shared:
+        sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

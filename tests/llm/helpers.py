@@ -3,10 +3,8 @@ scripts/make_llm_fixtures.py) and copies of them converted to other weight dtype
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +12,7 @@ from types import ModuleType
 import numpy as np
 
 import hetero.llm
+from conftest import load_script
 from hetero.contract.quant import f32_to_bf16
 from hetero.llm import safetensors
 
@@ -27,12 +26,7 @@ def gguf_writer() -> ModuleType:
     import pytest
 
     pytest.importorskip("gguf", reason="the gguf package (GGUF writer and reference dequantizer) is absent")
-    spec = importlib.util.spec_from_file_location("make_gguf_fixtures", SCRIPTS / "make_gguf_fixtures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_gguf_fixtures", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPTS / "make_gguf_fixtures.py", "make_gguf_fixtures", shared=True)
 
 def expected(family: str) -> dict:
     return json.loads((FIXTURES / family / "expected.json").read_text(encoding="utf-8"))
