@@ -264,15 +264,16 @@ def test_x_scale_block_per_path(path):
 
 
 @pytest.mark.parametrize("wtype", ["q4_k", "q5_k", "q6_k", "q5_1"])
-def test_qmatmul_gguf_rows_1_to_16(path, wtype):
+def test_qmatmul_gguf_rows_1_to_17(path, wtype):
     """Every tile size a decode, batched or verify step runs (M = 1..16 rows: qgemm_mr, qgemm_rows, qgemm_wide) on
     a 16-row group tail, against the gguf package's dequantized weights times the activations quantized as the path
-    quantizes them (k-quants on VNNI: one scale per 256), and within the int8 rounding bound of x @ W^T."""
+    quantizes them (k-quants on VNNI: one scale per 256), and within the int8 rounding bound of x @ W^T. M = 17 runs
+    the one-row tile on x row 16 (its per-block x sums and scales read at that row's offset)."""
     n, k = 37, 1024 if wtype.endswith("_k") else 160
     w = random_ggml(wtype, n, k, seed=7)
     dense = gguf_dequantize(w, wtype)
     sbs = _native.llm_x_scale_block(wtype)
-    for m in range(1, 17):
+    for m in range(1, 18):
         x = f32(m, k, seed=40 + m)
         got = cpu("QMatMul", [x, w], (1,), wtype=wtype)
         exact, bound = emulate_int8(x, dense, sbs)
