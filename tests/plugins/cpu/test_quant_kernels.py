@@ -20,9 +20,10 @@ from .conftest import _native
 
 # (2, 130, 70) and (3, 256, 200): tiles of 2 and 3 rows over 4 panels and a last one (an int8 LSTM's step shapes;
 # every tile shape has its own named accumulators, qlinear_impl.hpp). N <= 4: the row . column dots (qgemm_dot),
-# over row blocks of 64 and their last 4 rows, K past 64-byte steps and not a multiple of 4 or 16.
+# over row blocks of 64 and their last 4 rows, K past 64-byte steps and not a multiple of 4 or 16. (1, 512, 300) and
+# (8, 96, 520): blocks of one row tile (GEMV-like, no software prefetch) over many column blocks, a last part panel.
 SHAPES = [(1, 4, 16), (3, 5, 7), (4, 64, 64), (9, 33, 70), (70, 129, 200), (130, 256, 48), (33, 128, 70),
-          (40, 192, 130), (2, 130, 70), (3, 256, 200),
+          (40, 192, 130), (2, 130, 70), (3, 256, 200), (1, 512, 300), (8, 96, 520),
           (70, 512, 1), (33, 130, 2), (9, 3, 3), (130, 64, 4), (5, 1030, 1), (66, 67, 4), (1, 20, 2)]
 
 
