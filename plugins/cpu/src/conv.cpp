@@ -1140,22 +1140,21 @@ const float* cblk_weights(const PackedConv& pc, i64 cb) {
   return pc.cblk.p;
 }
 
-// Tasks of (image, block of cb output channels, group of output rows); the input zero-padded once (a pointwise
-// conv reads it in place, its map as rows of whole tiles). At 1 thread one task a block (its weights read from L2
-// for every row); at 2+ the blocks are split first (each thread reads its share of the weights), rows where there are
-// fewer than two blocks a thread.
 // At 2+ threads, whether a conv's tasks over one image's output channels (blocks in channel order, each all the
 // positions) run as one contiguous range of blocks a thread, the caller's range first, instead of claimed one at a
 // time: the depthwise convs around it give each thread one contiguous range of channels too (depthwise's chunks,
 // depthwise_blocked), so a core reads back from its own L2 the channels it wrote. Claimed one at a time, the blocks of
 // a thread alternate with the other's and half of what the next depthwise conv reads comes from the other core.
-// HETERO_CPU_CONV_CHANNEL_RANGES=0 / 1 forces it off / on (where it can run), to compare.
+// HETERO_CPU_CONV_CHANNEL_RANGES=0 keeps the one-at-a-time claims (the same bits), to compare.
 bool channel_ranges_fit(int T, i64 images, i64 position_groups, i64 ntasks) {
   static const int forced = env_override("HETERO_CPU_CONV_CHANNEL_RANGES");
-  if (forced == 0 || T <= 1 || images != 1 || position_groups != 1) return false;
-  return ntasks >= T;
+  return forced != 0 && T > 1 && images == 1 && position_groups == 1 && ntasks >= T;
 }
 
+// Tasks of (image, block of cb output channels, group of output rows); the input zero-padded once (a pointwise
+// conv reads it in place, its map as rows of whole tiles). At 1 thread one task a block (its weights read from L2
+// for every row); at 2+ the blocks are split first (each thread reads its share of the weights; one contiguous range
+// of them a thread on one image: channel_ranges_fit), rows where there are fewer than two blocks a thread.
 void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
