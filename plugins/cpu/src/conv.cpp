@@ -1140,10 +1140,21 @@ const float* cblk_weights(const PackedConv& pc, i64 cb) {
   return pc.cblk.p;
 }
 
+// At 2+ threads, whether a conv's tasks over one image's output channels (blocks in channel order, each all the
+// positions) run as one contiguous range of blocks a thread, the caller's range first, instead of claimed one at a
+// time: the depthwise convs around it give each thread one contiguous range of channels too (depthwise's chunks,
+// depthwise_blocked), so a core reads back from its own L2 the channels it wrote. Claimed one at a time, the blocks of
+// a thread alternate with the other's and half of what the next depthwise conv reads comes from the other core.
+// HETERO_CPU_CONV_CHANNEL_RANGES=0 keeps the one-at-a-time claims (the same bits), to compare.
+bool channel_ranges_fit(int T, i64 images, i64 position_groups, i64 ntasks) {
+  static const int forced = env_override("HETERO_CPU_CONV_CHANNEL_RANGES");
+  return forced != 0 && T > 1 && images == 1 && position_groups == 1 && ntasks >= T;
+}
+
 // Tasks of (image, block of cb output channels, group of output rows); the input zero-padded once (a pointwise
 // conv reads it in place, its map as rows of whole tiles). At 1 thread one task a block (its weights read from L2
-// for every row); at 2+ the blocks are split first (each thread reads its share of the weights), rows where there are
-// fewer than two blocks a thread.
+// for every row); at 2+ the blocks are split first (each thread reads its share of the weights; one contiguous range
+// of them a thread on one image: channel_ranges_fit), rows where there are fewer than two blocks a thread.
 void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -1205,7 +1216,7 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const i64 row_len = pw ? ceil_div(ceil_div(HWo, rows), 12) * 12 : g.Wo;
   const i64 in_pitch = pw ? row_len : g.sh * ld;
   const Blocks rgroups{rows, std::min<i64>(rows, groups)};
-  parallel_for(g.N * nblk * rgroups.nb, T, [&](i64 task) {
+  const auto task_body = [&](i64 task) {
     const i64 grp = task % rgroups.nb, b = task / rgroups.nb % nblk, n = task / rgroups.nb / nblk;
     // the group's whole runs in one call (pairs of short rows share a tile), then a last shorter run (pointwise)
     const i64 r0 = rgroups.begin(grp), re = r0 + rgroups.size(grp);
@@ -1217,7 +1228,16 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       const i64 len = std::min<i64>(row_len, HWo - r * row_len);
       if (len > 0) run(b, xin + r * in_pitch, off.data(), o + r * row_len, len, 1, in_pitch);
     }
-  }, flops >= kWakeFlops);
+  };
+  const i64 ntasks = g.N * nblk * rgroups.nb;
+  if (channel_ranges_fit(T, g.N, rgroups.nb, ntasks)) {
+    const Blocks ranges{ntasks, T};
+    parallel_for(T, T, [&](i64 t) {
+      for (i64 task = ranges.begin(t), te = task + ranges.size(t); task < te; ++task) task_body(task);
+    }, flops >= kWakeFlops);
+  } else {
+    parallel_for(ntasks, T, task_body, flops >= kWakeFlops);
+  }
   finish();
 }
 

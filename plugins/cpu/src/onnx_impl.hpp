@@ -460,6 +460,75 @@ HETERO_INLINE void dwc_positions(const float* P, const i64* base, i64 n, const i
     if (p < n) dwc_positions<R / 2>(P, base + p, n - p, toff, wt, ntaps, vb, tile + p * W, act);
 }
 
+// R consecutive outputs of one output row, undilated along W: each kernel row's (R - 1) SW + KW input vectors loaded
+// once for its KW taps, where dwc_block loads one a tap and output (PP-LCNet's 5 x 5 convs on 7 x 7: 25 loads an
+// output against 11 / 7; its tap loop was ~60 % of the kernel's time). The same FMAs in the same order per output as
+// dwc_block, so the same bits. row: the block's first input vector (kernel row 0); pitch: floats between kernel rows.
+template <int R, int SW, int KW, class F>
+HETERO_INLINE void dwc_row_block(const float* row, i64 pitch, int kh, const float* wt, V vb, float* tile, F act) {
+  constexpr int NI = (R - 1) * SW + KW;
+  V acc[R];
+  for (int j = 0; j < R; ++j) acc[j] = vb;
+  for (int ky = 0; ky < kh; ++ky, row += pitch) {
+    V in[NI];
+#pragma GCC unroll 32
+    for (int i = 0; i < NI; ++i) in[i] = SIMD::load(row + i * W);
+#pragma GCC unroll 8
+    for (int kx = 0; kx < KW; ++kx) {
+      const V wv = SIMD::load(wt + (ky * KW + kx) * W);
+#pragma GCC unroll 8
+      for (int j = 0; j < R; ++j) acc[j] = SIMD::fma(wv, in[j * SW + kx], acc[j]);
+    }
+  }
+  for (int j = 0; j < R; ++j) SIMD::store(tile + j * W, act(acc[j]));
+}
+
+// The last n < R outputs of a row as one block of n (PP-LCNet's rows of 7 and 14: one block of 7 / 6, where blocks of
+// 4 + 2 + 1 left the last one a chain of dependent FMAs).
+template <int R, int SW, int KW, class F>
+HETERO_INLINE void dwc_row_tail(const float* row, i64 pitch, int kh, i64 n, const float* wt, V vb, float* tile, F act) {
+  if constexpr (R > 0) {
+    if (n == R)
+      dwc_row_block<R, SW, KW>(row, pitch, kh, wt, vb, tile, act);
+    else
+      dwc_row_tail<R - 1, SW, KW>(row, pitch, kh, n, wt, vb, tile, act);
+  }
+}
+
+// n outputs of one row from `row` on: blocks of 8, then the rest as one block.
+template <int SW, int KW, class F>
+HETERO_INLINE void dwc_row_run(const float* row, i64 pitch, int kh, i64 n, const float* wt, V vb, float* tile, F act) {
+  i64 p = 0;
+  for (; p + 8 <= n; p += 8) dwc_row_block<8, SW, KW>(row + p * SW * W, pitch, kh, wt, vb, tile + p * W, act);
+  if (p < n) dwc_row_tail<7, SW, KW>(row + p * SW * W, pitch, kh, n - p, wt, vb, tile + p * W, act);
+}
+
+// dwc_run's taps row by row (dwc_row_block) where this ISA has 32 vector registers (AVX-512: 8 outputs and up to 19
+// input vectors live) and the kernel is 3 or 5 wide, stride 1 or 2, undilated along W; false: not taken.
+template <class F>
+bool dwc_rows(const ConvGeom& g, const float* P, i64 Wp, const float* wt, V vb, float* tile, F act) {
+  if constexpr (W < 16) {
+    return false;
+  } else {
+    static const int forced = [] {
+      const char* v = std::getenv("HETERO_CPU_DW_BLOCKED_ROWS");
+      return v == nullptr || *v == '\0' ? -1 : (v[0] != '0' ? 1 : 0);
+    }();
+    if (forced == 0 || g.dw != 1 || (g.sw != 1 && g.sw != 2) || (g.kw != 3 && g.kw != 5)) return false;
+    const int kh = static_cast<int>(g.kh);
+    const i64 pitch = g.dh * Wp * W;
+    for (i64 oy = 0; oy < g.Ho; ++oy) {
+      const float* row = P + oy * g.sh * Wp * W;
+      float* t = tile + oy * g.Wo * W;
+      if (g.sw == 1 && g.kw == 3) dwc_row_run<1, 3>(row, pitch, kh, g.Wo, wt, vb, t, act);
+      if (g.sw == 1 && g.kw == 5) dwc_row_run<1, 5>(row, pitch, kh, g.Wo, wt, vb, t, act);
+      if (g.sw == 2 && g.kw == 3) dwc_row_run<2, 3>(row, pitch, kh, g.Wo, wt, vb, t, act);
+      if (g.sw == 2 && g.kw == 5) dwc_row_run<2, 5>(row, pitch, kh, g.Wo, wt, vb, t, act);
+    }
+    return true;
+  }
+}
+
 template <class F>
 void dwc_run(const ConvGeom& g, const float* x, const float* w, const float* bias, i64 c0, i64 nc, float* out,
              float* scratch, F act) {
@@ -517,11 +586,13 @@ void dwc_run(const ConvGeom& g, const float* x, const float* w, const float* bia
       }
     }
   }
-  for (i64 ky = 0; ky < g.kh; ++ky)
-    for (i64 kx = 0; kx < g.kw; ++kx) toff[ky * g.kw + kx] = (ky * g.dh * Wp + kx * g.dw) * W;
-  for (i64 oy = 0, p = 0; oy < g.Ho; ++oy)
-    for (i64 ox = 0; ox < g.Wo; ++ox, ++p) base[p] = (oy * g.sh * Wp + ox * g.sw) * W;
-  dwc_positions<8>(P, base, HWo, toff, wt, ntaps, vb, tile, act);
+  if (!dwc_rows(g, P, Wp, wt, vb, tile, act)) {
+    for (i64 ky = 0; ky < g.kh; ++ky)
+      for (i64 kx = 0; kx < g.kw; ++kx) toff[ky * g.kw + kx] = (ky * g.dh * Wp + kx * g.dw) * W;
+    for (i64 oy = 0, p = 0; oy < g.Ho; ++oy)
+      for (i64 ox = 0; ox < g.Wo; ++ox, ++p) base[p] = (oy * g.sh * Wp + ox * g.sw) * W;
+    dwc_positions<8>(P, base, HWo, toff, wt, ntaps, vb, tile, act);
+  }
   i64 q = 0;
   if constexpr (has_transpose<SIMD>::value) {
     for (; q + W <= HWo; q += W) {  // W positions a step back into the nc planes

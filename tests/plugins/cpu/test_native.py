@@ -1808,6 +1808,9 @@ POINTWISE_CASES = [
     (1, 512, 14, 14, 64, 1),
     (1, 256, 14, 14, 96, 1),
     (1, 128, 14, 14, 64, 1),
+    # one image at 2+ threads: one contiguous range of channel blocks a thread (channel_ranges_fit), five blocks as
+    # 3 + 2 (PP-LCNet's 7 x 7 convs: 256 -> 512, 16 blocks)
+    (1, 256, 7, 7, 160, 1),
 ]
 
 
