@@ -71,14 +71,14 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 // How far ahead of the weight stream the quantized tiles prefetch, and where to: MR <= 2 rows (decode) and calls of up
 // to 16 rows into L2 (S::prefetch_l2), larger calls (prefill) into L1; 0 issues no prefetch at all (prefetch_record).
 // Defaults, from the Zen 4 VM where every table since 2026-12-03 was measured: none, except 3 KiB into L2 for the
-// 8-bit one-row tile. From a62fe70 (2026-12-03) to branch dec25 no tile issued a prefetch whatever the setting (GCC
+// 8-bit one-row tile; only the 8-bit tiles hold prefetch code at all (prefetch_record). From a62fe70 (2026-12-03) to branch dec25 no tile issued a prefetch whatever the setting (GCC
 // deleted the calls, see prefetch_record), so every measurement of that time ran without; emitted again, 3 KiB ahead
 // made the 4/5/6-bit one-row tiles stream at 0.6-0.9x their rate without (benchmarks/qgemm_rows.py --stream-mib,
 // 256 B-8 KiB no better) and the real 1.5B Q4_K_M's decode step 1.24x slower, while q8_0 (more arithmetic a byte)
 // streamed 1.15-1.3x faster and its decode step took 0.85x the time (docs/llm-benchmarks.md, dec25). The earlier
 // measurements of this choice (L2 against L1, 3 KiB for one row, 6 KiB for 2+ rows: dec11, dec13, la23, dec24) are
 // either from before a62fe70 (another machine: Intel) or were of no prefetch against no prefetch.
-// Settings: HETERO_LLM_PF (one-row tiles, every format), HETERO_LLM_PF_ROWS (2-16 rows), HETERO_LLM_PF_L1 (prefill).
+// Settings (8-bit tiles): HETERO_LLM_PF (one-row), HETERO_LLM_PF_ROWS (2-16 rows), HETERO_LLM_PF_L1 (prefill).
 inline i64 env_bytes(const char* name, i64 fallback) {
   const char* e = std::getenv(name);
   return e ? std::atol(e) : fallback;
@@ -324,8 +324,12 @@ struct SuperWalk {
 // a file holding several tiles) was found free of side effects -- a prefetch is none to the compiler -- and every
 // call was deleted, so no tile issued a weight prefetch, whatever HETERO_LLM_PF said (objdump of the plugin: no
 // prefetcht1 in any qgemm tile before branch dec25; tests/plugins/cpu/test_llm_prefetch_emitted.py).
+// Only the 8-bit tiles prefetch: emitted, the prefetch cost the 4/5/6-bit one-row tiles 1.24x on the Q4_K_M decode step
+// and its test of the distance alone (0 there) the Q4_0 step 4-6% (paired, dec25), so their tiles hold no prefetch
+// code, as in every measurement from a62fe70 to dec25.
 template <class S, int BITS, bool ASYM, int KQ, int NT>
 [[gnu::always_inline]] inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf, bool l2) {
+  if constexpr (BITS != 8) return;
   if (pf == 0) return;  // none (rather than prefetching the lines the tile is about to load)
   // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
   constexpr int LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;

@@ -1,4 +1,5 @@
-"""The one-row quantized GEMV tiles of the built plugin issue their weight prefetch (llm_impl.hpp, prefetch_record).
+"""The 8-bit one-row quantized GEMV tiles of the built plugin issue their weight prefetch (llm_impl.hpp,
+prefetch_record; the 4/5/6-bit tiles hold none, by design).
 
 A prefetch has no effect the compiler can see: with the helper (or the traits' prefetch functions) left out of line,
 GCC 12 judged the calls free of side effects and deleted every one, and no decode tile prefetched whatever
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs an x86-64 build and binutils (nm, objdump)",
 )
 
-# qgemm_mr<S, BITS, ASYM, KQ, MR = 1, NT = 4 or 8>: the one-row tile of blocks of 32 (every GGUF format), per ISA
-ONE_ROW = re.compile(r"qgemm_mr<\(anonymous namespace\)::(LlmSimd\w*), (\d), (true|false), (\d), 1, [48]>")
+# qgemm_mr<S, BITS = 8, ASYM, KQ = 0, MR = 1, NT = 8>: the 8-bit one-row tile of blocks of 32 (q8_0), per ISA
+ONE_ROW = re.compile(r"qgemm_mr<\(anonymous namespace\)::(LlmSimd\w*), 8, (true|false), 0, 1, 8>")
 
 
 def one_row_tiles(so: str) -> dict[str, tuple[str, int, int]]:
@@ -46,7 +47,7 @@ def prefetches(so: str, start: int, size: int) -> int:
     return len(re.findall(r"\sprefetcht[01]\s", out))
 
 
-def test_one_row_tiles_issue_weight_prefetches():
+def test_8bit_one_row_tiles_issue_weight_prefetches():
     so = _native.__file__
     tiles = one_row_tiles(so)
     isas = {isa for isa, _, _ in tiles.values()}
