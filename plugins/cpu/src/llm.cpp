@@ -1,9 +1,10 @@
 // Drivers and pybind11 bindings of the LLM kernels (hetero.ops.llm): threading, argument checks, the weight
 // repacking, the KV cache. Compiled without ISA flags; the hot loops run through the LlmKernels table.
 // Tuning knobs (read once): HETERO_LLM_TASKS = N equal tasks per thread of a GEMV/GEMM (default 4; 1 = one
-// contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes the decode kernels
-// prefetch ahead of the weight stream, into L2 (default 3072; 0 = none; calls of more than 16 rows: 4096 into L1),
-// HETERO_LLM_PF_ROWS = the same for the tiles of 2+ rows (default 6144),
+// contiguous stream per thread; 0 = shrinking chunks, see split_rows), HETERO_LLM_PF = bytes the 8-bit one-row
+// decode tiles prefetch ahead of the weight stream, into L2 (default 3072; 0 = none; the 4/5/6-bit tiles never
+// prefetch: llm_impl.hpp, prefetch_record), HETERO_LLM_PF_ROWS = the same for the 8-bit tiles of 2-16 rows (default
+// 0), HETERO_LLM_PF_L1 = the same into L1 for calls of more than 16 rows (prefill; default 0),
 // HETERO_LLM_BLOCKS=1 = decode GEMVs split by bytes, one block per thread (bsplit::run_blocks; the tasks knob then
 // does not apply to them; unset: the fused q / k / v calls only; 0: none), HETERO_LLM_PFNEXT = bytes of the next
 // merged-step matmul's block prefetched after one (with the split by bytes; default 0),

@@ -68,34 +68,28 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 }
 
 // ---------------------------------------------------------------------------------------------- quantized GEMM
-// How far ahead of the weight stream the quantized tiles prefetch, and where to. Calls of up to 8 rows (decode's 1-2,
-// a speculative verify step's or a batched step's 3-8: little arithmetic per weight byte, the weights streamed once
-// from DRAM) 3 KiB ahead into L2 (S::prefetch_l2; HETERO_LLM_PF, llm.cpp): a prefetch into L1 that misses to DRAM
-// holds one of the core's few L1 fill buffers for the whole memory latency, so 4 KiB (64 lines) ahead into L1
-// stalled the tile's own loads (one-row tiles streaming from DRAM: 74-88% of the read probe with it, 92-98% into
-// L2; docs/llm-benchmarks.md, branch dec11; lookahead on the real 1.5B at 2 threads 1.29x with its 3-8-row tiles
-// into L1, 1.63x into L2; docs/speculative.md). Larger calls (prefill: arithmetic-bound, the weights often in L2 /
-// L3) keep 4 KiB into L1: into L2 a 512-token prefill of the real 1.5B ran 1.6-3.3% slower (dec13, paired). Tiles of
-// MR <= 2 rows (decode's) always prefetch into L2: the condition folds at compile time there (chosen at run time in
-// them, decode measured ~2.5% slower, dec13), so only the tiles of 3+ rows test the call's rows.
-//
-// Tiles of 2+ rows into L2 go twice as far ahead (HETERO_LLM_PF_ROWS, 6 KiB): each weight byte costs them more
-// arithmetic, so at 3 KiB fewer lines were in flight per unit of time and the stream fell below the one-row tile's
-// rate (the real 1.5B's q4_k tiles at 2 rows from DRAM: 13 against 21 GB/s, their arithmetic under half that time; a
-// verify step of 2-7 tokens at one thread 0.84-0.91x the time at 6 KiB, paired; 9 KiB no better; docs/speculative.md,
-// branch la23). The one-row tile keeps 3 KiB (6 KiB ran it slower in an unpaired sweep; none, on the Zen 4 VM, gave
-// 0.98-1.01x the decode step at 1 thread and 0.92-1.19x at 2, paired both ways round: docs/llm-benchmarks.md, dec24).
-// A distance of 0 issues no prefetch at all (prefetch_record).
+// How far ahead of the weight stream the quantized tiles prefetch, and where to: MR <= 2 rows (decode) and calls of up
+// to 16 rows into L2 (S::prefetch_l2), larger calls (prefill) into L1; 0 issues no prefetch at all (prefetch_record).
+// Defaults, from the Zen 4 VM where every table since 2026-12-03 was measured: none, except 3 KiB into L2 for the
+// 8-bit one-row tile; only the 8-bit tiles hold prefetch code at all (prefetch_record). From a62fe70 (2026-12-03) to branch dec25 no tile issued a prefetch whatever the setting (GCC
+// deleted the calls, see prefetch_record), so every measurement of that time ran without; emitted again, 3 KiB ahead
+// made the 4/5/6-bit one-row tiles stream at 0.6-0.9x their rate without (benchmarks/qgemm_rows.py --stream-mib,
+// 256 B-8 KiB no better) and the real 1.5B Q4_K_M's decode step 1.24x slower, while q8_0 (more arithmetic a byte)
+// streamed 1.15-1.3x faster and its decode step took 0.85x the time (docs/llm-benchmarks.md, dec25). The earlier
+// measurements of this choice (L2 against L1, 3 KiB for one row, 6 KiB for 2+ rows: dec11, dec13, la23, dec24) are
+// either from before a62fe70 (another machine: Intel) or were of no prefetch against no prefetch.
+// Settings (8-bit tiles): HETERO_LLM_PF (one-row), HETERO_LLM_PF_ROWS (2-16 rows), HETERO_LLM_PF_L1 (prefill).
 inline i64 env_bytes(const char* name, i64 fallback) {
   const char* e = std::getenv(name);
   return e ? std::atol(e) : fallback;
 }
 template <int MR>
 inline bool prefetch_into_l2(const XQ& x) { return MR <= 2 || x.rows <= 16; }
-template <int MR>
+template <int MR, int BITS = 4>
 inline i64 prefetch_distance(bool l2) {
-  static const i64 one = env_bytes("HETERO_LLM_PF", 3072), rows = env_bytes("HETERO_LLM_PF_ROWS", 6144);
-  return l2 ? (MR == 1 ? one : rows) : 4096;
+  static const i64 one = env_bytes("HETERO_LLM_PF", BITS == 8 ? 3072 : 0), rows = env_bytes("HETERO_LLM_PF_ROWS", 0),
+                   l1 = env_bytes("HETERO_LLM_PF_L1", 0);
+  return l2 ? (MR == 1 ? one : rows) : l1;
 }
 // The one-row tile's distance (for callers that do not name their rows).
 inline i64 prefetch_distance(bool l2) { return prefetch_distance<1>(l2); }
@@ -328,16 +322,25 @@ struct SuperWalk {
 // too (their tiles took 0.6-0.85x the time with it streaming from memory, benchmarks/qgemm_rows.py,
 // docs/serving.md). NT, the block's steps of 64 bytes when known at compile time, makes the line count a constant
 // (no loop branch to mispredict); else it is w.rec_bytes / 64, rounded up (the same count).
+// Inlined by force, with the traits' prefetch functions, and without a lambda: any of them left out of line (GCC 12,
+// a file holding several tiles) was found free of side effects -- a prefetch is none to the compiler -- and every
+// call was deleted, so no tile issued a weight prefetch, whatever HETERO_LLM_PF said (objdump of the plugin: no
+// prefetcht1 in any qgemm tile before branch dec25; tests/plugins/cpu/test_llm_prefetch_emitted.py).
+// Only the 8-bit tiles prefetch: emitted, the prefetch cost the 4/5/6-bit one-row tiles 1.24x on the Q4_K_M decode step
+// and its test of the distance alone (0 there) the Q4_0 step 4-6% (paired, dec25), so their tiles hold no prefetch
+// code, as in every measurement from a62fe70 to dec25.
 template <class S, int BITS, bool ASYM, int KQ, int NT>
-inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf, bool l2) {
+[[gnu::always_inline]] inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf, bool l2) {
+  if constexpr (BITS != 8) return;
   if (pf == 0) return;  // none (rather than prefetching the lines the tile is about to load)
   // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
   constexpr int LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;
-  const auto fetch = [l2](const std::uint8_t* p) { l2 ? S::prefetch_l2(p) : S::prefetch(p); };
-  if constexpr (NT != 0)
-    for (int o = 0; o < LINES; ++o) fetch(rec + pf + 64 * o);
+  const std::uint8_t* at = rec + pf;
+  const i64 lines = NT != 0 ? LINES : (w.rec_bytes + 63) / 64;
+  if (l2)
+    for (i64 o = 0; o < lines; ++o) S::prefetch_l2(at + 64 * o);
   else
-    for (i64 o = 0; o < w.rec_bytes; o += 64) fetch(rec + pf + o);
+    for (i64 o = 0; o < lines; ++o) S::prefetch(at + 64 * o);
 }
 
 // The rows' float sums of a tile: in registers, or (IN_Y) in the y rows, read and written once a super-block --
@@ -397,7 +400,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const bool l2 = prefetch_into_l2<MR>(x);
-  const i64 pf = prefetch_distance<MR>(l2);
+  const i64 pf = prefetch_distance<MR, BITS>(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);
   // The one-row tile's mins (q4_k / q5_k, k_super): each block's dot in the record loop (block_mins), not in a
   // second pass over the super-block's records after it (super_mins): the same int32, one loop fewer a super-block
@@ -522,7 +525,7 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const bool l2 = prefetch_into_l2<MR>(x);
-  const i64 pf = prefetch_distance<MR>(l2);
+  const i64 pf = prefetch_distance<MR, BITS>(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);
   const B nib = S::bset8(0x0f);
   for (int h = 0; h < QR / W; ++h) {

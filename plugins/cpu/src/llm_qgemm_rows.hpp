@@ -42,7 +42,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const int off = w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const bool l2 = prefetch_into_l2<MR>(x);
-  const i64 pf = prefetch_distance<MR>(l2);
+  const i64 pf = prefetch_distance<MR, BITS>(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);  // as qgemm_mr
   const B nib = S::bset8(0x0f);
   const B zero16 = S::bset8(0);

@@ -109,7 +109,10 @@ struct LlmSimd : SIMD {
     const __m512i sx = _mm512_mask_sub_epi8(x, w.neg, _mm512_setzero_si512(), x);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w.aw, sx), _mm512_set1_epi16(1)));
   }
-  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-  static void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }  // not into L1
+  // always inlined: out of line, GCC deletes the calls (no side effects; see llm_impl.hpp, prefetch_record)
+  [[gnu::always_inline]] static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  [[gnu::always_inline]] static void prefetch_l2(const void* p) {  // not into L1
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
+  }
 };
 }  // namespace

@@ -1,0 +1,80 @@
+"""One quantized GEMV (``llm_matmul``: a decode step's LM head, a projection) alone in a loop at 1 and 2 threads, the
+thread counts alternated round by round, over copies of one random matrix (so that it streams from memory).
+
+On a shared machine a 2-thread call is often slower than a 1-thread one only because a neighbour holds a core; so each
+call is also checked for being *clean* (every pool thread's CPU clock advanced by the call's wall time: none of them
+was descheduled) and the clean calls' wall time is printed beside the plain median, with the process CPU time. Also
+checks that the outputs at 1 and 2 threads are the same bits.
+
+    python benchmarks/gemv_threads.py --format q6_k --n 32768 --k 1536 --copies 3 --rounds 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+from llm_kernels import weight
+
+from hetero.contract import quant
+from hetero_cpu import _native
+
+CALLS = 6  # timed calls a thread count and round, after one untimed
+
+
+def timed_call(w, x: np.ndarray, out: np.ndarray, threads: int) -> tuple[float, float, bool]:
+    """(wall s, process CPU s, clean) of one call."""
+    c0, p0, t0 = _native.pool_cpu_ns(), time.process_time(), time.perf_counter()
+    _native.llm_matmul(w, x, out)
+    t1, p1, c1 = time.perf_counter(), time.process_time(), _native.pool_cpu_ns()
+    wall = t1 - t0
+    if threads == 1:
+        clean = p1 - p0 >= wall - 2e-6
+    else:  # 2 us of slack for the clocks' reads
+        clean = len(c0) == len(c1) == threads and all(b - a >= wall * 1e9 - 2000 for a, b in zip(c0, c1, strict=True))
+    return wall, p1 - p0, clean
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--format", default="q6_k", choices=sorted(quant.GGML_FORMATS))
+    ap.add_argument("--n", type=int, default=32768)
+    ap.add_argument("--k", type=int, default=1536)
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    fmt = quant.GGML_FORMATS[args.format]
+    rng = np.random.default_rng(0)
+    ws = [weight(fmt, args.n, args.k, rng)[0] for _ in range(args.copies)]
+    nbytes = args.n * args.k * fmt.block_bytes / fmt.block_size
+    x = rng.standard_normal(args.k).astype(np.float32)
+    out = np.empty(args.n, np.float32)
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.format} {args.n} x {args.k}, {nbytes / 2**20:.1f} MiB a copy")
+    runs: dict[int, list[tuple[float, float, bool]]] = {1: [], 2: []}
+    outs: dict[tuple[int, int], np.ndarray] = {}
+    for r in range(args.rounds):
+        for threads in (1, 2):
+            _native.set_num_threads(threads)
+            _native.llm_matmul(ws[0], x, out)  # the new pool's workers started
+            for i in range(CALLS):
+                c = (r * CALLS + i) % args.copies
+                runs[threads].append(timed_call(ws[c], x, out, threads))
+                outs.setdefault((threads, c), out.copy())
+    for threads, calls in runs.items():
+        clean = [w for w, _, ok in calls if ok]
+        line = (f"{threads} thread(s): wall median {statistics.median(w for w, _, _ in calls) * 1e3:.3f} ms, "
+                f"process CPU median {statistics.median(p for _, p, _ in calls) * 1e3:.3f} ms; clean {len(clean)} of "
+                f"{len(calls)}")
+        if clean:
+            med = statistics.median(clean)
+            line += f": median {med * 1e3:.3f} ms ({nbytes / med / 1e9:.1f} GB/s), min {min(clean) * 1e3:.3f} ms"
+        print(line)
+    same = all(np.array_equal(outs[(1, c)], outs[(2, c)]) for c in range(args.copies) if (2, c) in outs)
+    print(f"outputs at 1 and 2 threads bit-identical: {same}; load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
