@@ -50,6 +50,8 @@ def prefetches(so: str, start: int, size: int) -> int:
 def test_8bit_one_row_tiles_issue_weight_prefetches():
     so = _native.__file__
     tiles = one_row_tiles(so)
+    if not tiles:
+        pytest.skip(f"{so} has no symbol table (stripped; plugins/cpu/pyproject.toml keeps it: install.strip = false)")
     isas = {isa for isa, _, _ in tiles.values()}
     assert {"LlmSimd", "LlmSimdVnni"} <= isas, sorted(isas)  # AVX-512 and VNNI tables at least (AVX2's is LlmSimd too)
     missing = [name for name, (_, at, size) in tiles.items() if prefetches(so, at, size) == 0]
