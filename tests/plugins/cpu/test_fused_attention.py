@@ -2,7 +2,8 @@
 [B, H, d, T] tensor in memory, as khmer_segmenter's graph transposes K before the product: its rows copied whole;
 or K [B, H, T, d] through strides), the scores' divisor and mask applied in the softmax row's pass
 (``scores_softmax_rows``), rows of scores that end in a ragged vector (T = 66 = 4 x 16 + 2) through the masked tails,
-rows of up to 8 vectors softmaxed in registers two at a time (an odd S: a last row alone; T = 129: the long path).
+rows of up to 8 vectors softmaxed in registers (two at a time up to 5: an odd S leaves a last row alone; T = 129:
+the pass over memory).
 Against the same ISA's unfused native calls (MatMul, Mul / Div / Add, Softmax, MatMul) bit for bit, and a float64
 numpy reference."""
 
