@@ -193,15 +193,14 @@ Op prep_fused_attention(const py::array& q, const py::array& k, const py::array&
           const MatView kb{K.p + b * K.st[0] + h * K.st[1], D, T, K.st[2], K.st[3]};
           const MatView vb{V.p + b * V.st[0] + h * V.st[1], T, DV, V.st[2], V.st[3]};
           const auto rows_softmax = [&](float* sc, i64 ld) {
-            for (i64 i = 0; i < S; ++i) {
-              float* row = sc + i * ld;
-              // the scale apart: its product and the mask's sum in one loop could be contracted into an FMA
-              if (scale != 1.f) kr.binary(B_MUL, BM_VS, row, &scale, row, T);
-              const float* m = masked ? M.p + b * M.st[0] + h * M.st[1] + i * M.st[2] : nullptr;
-              xk.scores_softmax_row(row, T, divisor, m, M.st[3] == 1);
-              if (nan_to_zero)
-                for (i64 j = 0; j < T; ++j) row[j] = row[j] != row[j] ? 0.f : row[j];
-            }
+            // the scale apart: its product and the mask's sum in one loop could be contracted into an FMA
+            if (scale != 1.f)
+              for (i64 i = 0; i < S; ++i) kr.binary(B_MUL, BM_VS, sc + i * ld, &scale, sc + i * ld, T);
+            const float* m = masked ? M.p + b * M.st[0] + h * M.st[1] : nullptr;
+            xk.scores_softmax_rows(sc, S, ld, T, divisor, m, M.st[2], M.st[3] == 1);
+            if (nan_to_zero)
+              for (i64 i = 0; i < S; ++i)
+                for (i64 j = 0; j < T; ++j) sc[i * ld + j] = sc[i * ld + j] != sc[i * ld + j] ? 0.f : sc[i * ld + j];
           };
           const OperandScales by{q_scale, k_scale};
           if (tiles && head_on_tiles(kr, xk, qa, kb, vb, o, O.st[2], by, rows_softmax)) return;

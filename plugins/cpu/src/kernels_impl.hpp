@@ -495,6 +495,17 @@ inline float row_max(const float* x, i64 n) {
   return m;
 }
 
+// Lanes [0, r) of a vector (0 < r <= W): where a row's last, partial vector holds values.
+template <int N>
+struct LaneIndex {
+  float v[N];
+  constexpr LaneIndex() : v() {
+    for (int i = 0; i < N; ++i) v[i] = static_cast<float>(i);
+  }
+};
+inline constexpr LaneIndex<W> LANE_INDEX{};
+inline M first_lanes(i64 r) { return SIMD::lt(SIMD::load(LANE_INDEX.v), SIMD::set1(static_cast<float>(r))); }
+
 // The softmax of n > 0 values once their max mx is known (y may be x): the exps, their sum, the scaling.
 inline void softmax_from_max(const float* x, float* y, i64 n, float mx) {
   const V vm = SIMD::set1(mx);
@@ -516,8 +527,98 @@ inline void softmax_from_max(const float* x, float* y, i64 n, float mx) {
   map1(y, y, n, [&](V v) { return SIMD::mul(SIMD::select(SIMD::lt(v, small), SIMD::zero(), v), inv); });
 }
 
+// softmax_from_max on R rows of NV vectors each held in registers (v[r]: row r's n values, the lanes past n
+// anything), row r stored to y + r * ldy: the same exps, sum order (the whole vectors' lanes, then the last one's
+// values one by one: a dynamic-int8 T5 amplified the sum's last bit to a 0.991 cosine against onnxruntime) and
+// scaling, the same bits, without writing the exps out and reading them back (a short row's masked tail store and
+// its scalar reloads stalled on the store: T5's 70 scores a row), and R rows' dependency chains (max, exp, sum,
+// reciprocal) side by side instead of one row's latency after another's.
+template <int NV, int R>
+inline void softmax_in_registers(V (&v)[R][NV], float* y, i64 ldy, i64 n) {
+  const i64 full = n / W;
+  V acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    // the largest value (the lanes past n left out; NaNs passed over, as row_max does)
+    V mx = SIMD::set1(-std::numeric_limits<float>::infinity());
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) mx = SIMD::max(j < full ? v[r][j] : SIMD::select(first_lanes(n - j * W), v[r][j], mx), mx);
+    const V vm = SIMD::set1(SIMD::hmax(mx));
+    acc[r] = SIMD::zero();
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      v[r][j] = vexp_flush(SIMD::sub(v[r][j], vm));
+      if (j < full) acc[r] = SIMD::add(acc[r], v[r][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    float tail = 0.f;
+    if (full < NV) {  // a whole-vector store: its lanes reload from the store buffer (a masked one's did not)
+      alignas(64) float last[W];
+      SIMD::store(last, v[r][NV - 1]);
+      for (i64 l = 0; l < n - full * W; ++l) tail += last[l];
+    }
+    const float total = SIMD::hsum(acc[r]) + tail;
+    const V inv = SIMD::set1(1.f / total), small = SIMD::set1(std::numeric_limits<float>::min() * total);
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      const V p = SIMD::mul(SIMD::select(SIMD::lt(v[r][j], small), SIMD::zero(), v[r][j]), inv);
+      if (j < full)
+        SIMD::store(y + r * ldy + j * W, p);
+      else
+        store_tail(y + r * ldy + j * W, n - j * W, p);
+    }
+  }
+}
+
+// rows of n (0 < n <= NV W) values from x (row stride ldx), each vector passed through f(v, row, first column),
+// softmaxed in registers two rows at a time up to 5 vectors a row (T5's 70 scores), one at a time past that (two
+// rows of 8 and exp's constants spilled: MiniLM-L3's 128 scores ran 2 % slower than the pass over memory), stored to
+// y (row stride ldy; y may be x)
+template <int NV, class F>
+inline void softmax_rows_in_registers(const float* x, i64 ldx, float* y, i64 ldy, i64 rows, i64 n, F f) {
+  const auto load = [&](V(&v)[NV], i64 i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      const float* p = x + i * ldx + j * W;
+      v[j] = f(j * W + W <= n ? SIMD::load(p) : load_tail(p, n - j * W, 0.f), i, j * W);
+    }
+  };
+  i64 i = 0;
+  for (; NV <= 5 && i + 2 <= rows; i += 2) {
+    V v[2][NV];
+    load(v[0], i);
+    load(v[1], i + 1);
+    softmax_in_registers<NV, 2>(v, y + i * ldy, ldy, n);
+  }
+  for (; i < rows; ++i) {
+    V v[1][NV];
+    load(v[0], i);
+    softmax_in_registers<NV, 1>(v, y + i * ldy, ldy, n);
+  }
+}
+
+// softmax_rows_in_registers for rows of up to 8 vectors (MiniLM's 64 or 128 scores on AVX-512), dispatched on the
+// vector count; false (nothing done) for longer rows.
+template <class F>
+inline bool short_softmax_rows(const float* x, i64 ldx, float* y, i64 ldy, i64 rows, i64 n, F f) {
+  switch ((n + W - 1) / W) {
+    case 1: softmax_rows_in_registers<1>(x, ldx, y, ldy, rows, n, f); return true;
+    case 2: softmax_rows_in_registers<2>(x, ldx, y, ldy, rows, n, f); return true;
+    case 3: softmax_rows_in_registers<3>(x, ldx, y, ldy, rows, n, f); return true;
+    case 4: softmax_rows_in_registers<4>(x, ldx, y, ldy, rows, n, f); return true;
+    case 5: softmax_rows_in_registers<5>(x, ldx, y, ldy, rows, n, f); return true;
+    case 6: softmax_rows_in_registers<6>(x, ldx, y, ldy, rows, n, f); return true;
+    case 7: softmax_rows_in_registers<7>(x, ldx, y, ldy, rows, n, f); return true;
+    case 8: softmax_rows_in_registers<8>(x, ldx, y, ldy, rows, n, f); return true;
+    default: return false;
+  }
+}
+
 void k_softmax_row(const float* x, float* y, i64 n, bool log) {
   if (n <= 0) return;
+  if (!log && short_softmax_rows(x, 0, y, 0, 1, n, [](V v, i64, i64) { return v; })) return;
   const float mx = row_max(x, n);
   if (!log) {
     softmax_from_max(x, y, n, mx);

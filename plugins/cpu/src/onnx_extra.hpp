@@ -108,10 +108,11 @@ struct ExtraKernels {
   // onnx_impl.hpp): the whole vectors of the run, returning how many tiles they covered (the caller does the rest).
   i64 (*wino1d_in)(const float* const* tap, i64 n, float* v, i64 vstride);
   i64 (*wino1d_out)(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe);
-  // One row of attention scores in place: s = s / divisor (skipped at 1) + mask (null: none; mask_vec: n values,
-  // else mask[0] for all), then the softmax, rounded as the binary ops and softmax_row run apart (the same bits)
-  // with one pass over the row fewer and no call per step.
-  void (*scores_softmax_row)(float* s, i64 n, float divisor, const float* mask, bool mask_vec);
+  // Rows of attention scores in place (row r at s + r * ld): s = s / divisor (skipped at 1) + mask (null: none; row
+  // r's at mask + r * mask_rs; mask_vec: n values, else its first for all), then the softmax, rounded as the binary
+  // ops and softmax_row run apart (the same bits) with one pass over the row fewer and no call per row or step.
+  void (*scores_softmax_rows)(float* s, i64 rows, i64 ld, i64 n, float divisor, const float* mask, i64 mask_rs,
+                              bool mask_vec);
   // dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: W x W blocks transposed in registers where
   // the ISA has that (attention's K read through strides as K^T), the edges one value at a time.
   void (*transpose_into)(const float* src, i64 ld_src, i64 rows, i64 cols, float* dst, i64 ld_dst);

@@ -1388,27 +1388,37 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
 
 // A division then an addition, no multiply: nothing the compiler could contract into an FMA, so each value rounds as
 // k_binary's separate passes round it; the max is exact in any order (a zero's sign aside, which x - max loses).
-void x_scores_softmax_row(float* s, i64 n, float divisor, const float* mask, bool mask_vec) {
-  if (n <= 0) return;
+void x_scores_softmax_rows(float* s, i64 rows, i64 ld, i64 n, float divisor, const float* mask, i64 mask_rs,
+                           bool mask_vec) {
+  if (n <= 0 || rows <= 0) return;
   const bool divide = divisor != 1.f;
-  const V vd = SIMD::set1(divisor), vmask = mask != nullptr && !mask_vec ? SIMD::set1(*mask) : SIMD::zero();
+  const V vd = SIMD::set1(divisor);
   const auto scores = [&](V v, V m) {
     if (divide) v = SIMD::div(v, vd);
     return mask != nullptr ? SIMD::add(v, m) : v;
   };
-  V mx = SIMD::set1(-std::numeric_limits<float>::infinity());
-  i64 i = 0;
-  for (; i + W <= n; i += W) {
-    const V v = scores(SIMD::load(s + i), mask_vec ? SIMD::load(mask + i) : vmask);
-    SIMD::store(s + i, v);
-    mx = SIMD::max(v, mx);  // a NaN score is passed over, as row_max does
+  const auto mask_at = [&](i64 i, i64 j) {
+    if (mask == nullptr) return SIMD::zero();
+    const float* m = mask + i * mask_rs;
+    return !mask_vec ? SIMD::set1(*m) : j + W <= n ? SIMD::load(m + j) : load_tail(m + j, n - j, 0.f);
+  };
+  if (short_softmax_rows(s, ld, s, ld, rows, n, [&](V v, i64 i, i64 j) { return scores(v, mask_at(i, j)); })) return;
+  for (i64 r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    V mx = SIMD::set1(-std::numeric_limits<float>::infinity());
+    i64 i = 0;
+    for (; i + W <= n; i += W) {
+      const V v = scores(SIMD::load(row + i), mask_at(r, i));
+      SIMD::store(row + i, v);
+      mx = SIMD::max(v, mx);  // a NaN score is passed over, as row_max does
+    }
+    float m = SIMD::hmax(mx);
+    if (i < n) {
+      store_tail(row + i, n - i, scores(load_tail(row + i, n - i, 1.f), mask_at(r, i)));
+      for (; i < n; ++i) m = row[i] > m ? row[i] : m;
+    }
+    softmax_from_max(row, row, n, m);
   }
-  float m = SIMD::hmax(mx);
-  if (i < n) {
-    store_tail(s + i, n - i, scores(load_tail(s + i, n - i, 1.f), mask_vec ? load_tail(mask + i, n - i, 0.f) : vmask));
-    for (; i < n; ++i) m = s[i] > m ? s[i] : m;
-  }
-  softmax_from_max(s, s, n, m);
 }
 
 void x_transpose_into(const float* src, i64 ld_src, i64 rows, i64 cols, float* dst, i64 ld_dst) {
@@ -1436,7 +1446,7 @@ const hetero::ExtraKernels extra_table = {
     x_dw_nchwc,     x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
-    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_row,
+    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_rows,
     x_transpose_into, has_transpose<SIMD>::value, W,
 };
 

@@ -1,7 +1,9 @@
 """The native ``fused_attention`` kernel (``hetero::FusedAttention``) on every ISA path: K^T read where it lies (a
 [B, H, d, T] tensor in memory, as khmer_segmenter's graph transposes K before the product: its rows copied whole;
 or K [B, H, T, d] through strides), the scores' divisor and mask applied in the softmax row's pass
-(``scores_softmax_row``), rows of scores that end in a ragged vector (T = 66 = 4 x 16 + 2) through the masked tails.
+(``scores_softmax_rows``), rows of scores that end in a ragged vector (T = 66 = 4 x 16 + 2) through the masked tails,
+rows of up to 8 vectors softmaxed in registers (two at a time up to 5: an odd S leaves a last row alone; T = 129:
+the pass over memory).
 Against the same ISA's unfused native calls (MatMul, Mul / Div / Add, Softmax, MatMul) bit for bit, and a float64
 numpy reference."""
 
@@ -62,7 +64,7 @@ def _mask(kind: str, b: int, h: int, s: int, t: int, rng: np.random.Generator) -
     return np.broadcast_to(m, (b, h, s, t))
 
 
-@pytest.mark.parametrize("seq, width", [(66, 32), (19, 20), (16, 64), (70, 64)])
+@pytest.mark.parametrize("seq, width", [(66, 32), (19, 20), (16, 64), (70, 64), (1, 8), (7, 24), (128, 32), (129, 16)])
 @pytest.mark.parametrize("k_transposed", [True, False])
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("scale, divisor", [(1.0, 1.0), (1.0, 8.0), (0.125, 1.0), (0.5, 2.0)])
@@ -110,3 +112,20 @@ def test_operand_scales_round_as_the_graphs_muls(isa, seq, width, k_transposed, 
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_array_equal(out, _unfused(qs, kts, v, mask, 1.0, 8.0))
     np.testing.assert_allclose(out, _reference(qs, kts, v, mask, 1.0, 8.0), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seq", [1, 7, 70, 129])
+def test_t5_shapes_on_one_and_two_threads(isa, threads, seq):
+    """T5's heads (6 x 64, a per-head position bias as the mask, Q / K / V read through the [S, H * d] rows the
+    projections wrote): the unfused calls' bits and float64's values at 1 and 2 threads."""
+    rng = np.random.default_rng(seq)
+    h, d = 6, 64
+    rows = rng.normal(size=(3, seq, h * d)).astype(f32)
+    q = rows[0].reshape(1, seq, h, d).transpose(0, 2, 1, 3)
+    kt = rows[1].reshape(1, seq, h, d).transpose(0, 2, 3, 1)
+    v = rows[2].reshape(1, seq, h, d).transpose(0, 2, 1, 3)
+    mask = rng.normal(size=(1, h, seq, seq)).astype(f32)
+    out = np.empty((1, seq, h * d), f32).reshape(1, seq, h, d).transpose(0, 2, 1, 3)
+    _native.fused_attention(q, kt, v, mask, out, 1.0, 1.0, False)
+    np.testing.assert_allclose(out, _reference(q, kt, v, mask, 1.0, 1.0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(out, _unfused(q, kt, v, mask, 1.0, 1.0))

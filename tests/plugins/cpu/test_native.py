@@ -623,7 +623,7 @@ def test_unary_errors():
 # ------------------------------------------------------------------------------------------------ row kernels
 
 
-@pytest.mark.parametrize("rows,n", [(1, 1), (3, 17), (33, 127), (5, 1000), (2000, 33)])
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 17), (33, 127), (5, 1000), (2000, 33), (7, 70), (4, 128), (3, 129)])
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax(isa, rows, n, log):
     x = randn(rows, n, seed=n) * 10
@@ -634,6 +634,28 @@ def test_softmax(isa, rows, n, log):
     lse = np.log(np.exp(x64 - x64.max(1, keepdims=True)).sum(1, keepdims=True)) + x64.max(1, keepdims=True)
     ref = x64 - lse if log else np.exp(x64 - lse)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 70, 128, 129, 300])
+def test_softmax_special_values_as_float64(isa, n):
+    """Rows short enough to be softmaxed in registers (up to 8 vectors) and longer ones: a NaN or +inf makes the row
+    NaN, -inf terms are 0, an all -inf row is NaN, as float64 numpy's exp(x - max) / sum gives them."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((7, n)) * 5).astype(np.float32)
+    x[1, n // 2] = np.nan
+    x[2, :] = -np.inf
+    x[3, n // 3] = np.inf
+    x[4, ::2] = -np.inf
+    x[5, :] = -1e30
+    x[6, -1] = 60.0  # the last, ragged vector holds the max
+    out = np.empty_like(x)
+    _native.softmax(x, out)
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x64 - x64.max(1, keepdims=True))
+        ref = e / e.sum(1, keepdims=True)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 33600), (1, 5, 4099), (2, 7, 1000), (3, 4, 2053), (5, 9, 700)])
