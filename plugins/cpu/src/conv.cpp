@@ -32,8 +32,6 @@ constexpr i64 kDotMaxOutputs = 8;
 // Input channels up to which a 1x1 conv's GEMM tiles read the input in place instead of packed panels (conv2d_packed).
 constexpr i64 kInPlaceMaxK = 64;
 
-int env_override(const char* name);
-
 // Channel-blocked depthwise (ExtraKernels::dw_nchwc): output rows narrower than a vector (PP-LCNet's 7 x 7 and
 // stride-2 maps), where the row kernel leaves lanes idle and its per-plane copy and calls dominate.
 bool depthwise_blocked_fits(const ExtraKernels& xk, const ConvGeom& g) {
@@ -301,12 +299,6 @@ void conv_dot(const PackedConv& pc, const ConvGeom& g, const float* x, const flo
     ep.bias_cs = 0;
     apply_epilogue(kr, o, HWo, r0, 0, rows, HWo, ep);
   }, flops >= kWakeFlops);
-}
-
-// A rule's override from the environment: -1 unset (the rule decides), 1 set to anything but "0", 0 for "0".
-int env_override(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr || *v == '\0' ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
 }
 
 // A 1x1 stride-1 unpadded conv: the input plane is the GEMM operand as it is.

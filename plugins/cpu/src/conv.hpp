@@ -1,12 +1,21 @@
 // Convolution and pooling entry points (conv.cpp). All tensors NCHW float32, contiguous.
 #pragma once
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
 #include "common.hpp"
 
 namespace hetero {
+
+// A kernel rule's override from the environment (read once by its caller into a static): -1 unset (the rule decides),
+// 1 set to anything but "0", 0 for "0".
+inline int env_override(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? -1 : (std::strcmp(v, "0") != 0 ? 1 : 0);
+}
 
 struct ConvGeom {
   i64 N, C, H, W;       // input

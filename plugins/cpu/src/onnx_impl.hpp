@@ -510,10 +510,7 @@ bool dwc_rows(const ConvGeom& g, const float* P, i64 Wp, const float* wt, V vb, 
   if constexpr (W < 16) {
     return false;
   } else {
-    static const int forced = [] {
-      const char* v = std::getenv("HETERO_CPU_DW_BLOCKED_ROWS");
-      return v == nullptr || *v == '\0' ? -1 : (v[0] != '0' ? 1 : 0);
-    }();
+    static const int forced = hetero::env_override("HETERO_CPU_DW_BLOCKED_ROWS");
     if (forced == 0 || g.dw != 1 || (g.sw != 1 && g.sw != 2) || (g.kw != 3 && g.kw != 5)) return false;
     const int kh = static_cast<int>(g.kh);
     const i64 pitch = g.dh * Wp * W;
