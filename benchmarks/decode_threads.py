@@ -62,6 +62,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from pool_clock import ran_throughout
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -186,8 +188,7 @@ def per_op(llm, native, ids: list[int], prompt: int, steps: int, threads: int,
             if c0 is not None:  # clean: every thread ran throughout and joined each region (LlmStep.timing_clean)
                 c1 = native.pool_cpu_ns()
                 seen[key] = seen.get(key, 0) + 1
-                if st["joins"] >= st["calls"] and all(a >= 0 and b - a >= dt * 1e9 - 2000
-                                                      for a, b in zip(c0, c1, strict=True)):
+                if st["joins"] >= st["calls"] and ran_throughout(c0, c1, dt):
                     runs.setdefault(key, []).append(dt)
             account(label, dt, st)
 

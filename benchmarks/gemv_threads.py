@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 from llm_kernels import weight
+from pool_clock import ran_throughout
 
 from hetero.contract import quant
 from hetero_cpu import _native
@@ -31,10 +32,7 @@ def timed_call(w, x: np.ndarray, out: np.ndarray, threads: int) -> tuple[float, 
     _native.llm_matmul(w, x, out)
     t1, p1, c1 = time.perf_counter(), time.process_time(), _native.pool_cpu_ns()
     wall = t1 - t0
-    if threads == 1:
-        clean = p1 - p0 >= wall - 2e-6
-    else:  # 2 us of slack for the clocks' reads
-        clean = len(c0) == len(c1) == threads and all(b - a >= wall * 1e9 - 2000 for a, b in zip(c0, c1, strict=True))
+    clean = p1 - p0 >= wall - 2e-6 if threads == 1 else ran_throughout(c0, c1, wall, threads)
     return wall, p1 - p0, clean
 
 
