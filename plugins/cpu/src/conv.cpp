@@ -1254,25 +1254,12 @@ bool pointwise_tiles_fit(const ExtraKernels& xk, const ConvGeom& g, i64 K) {
   return K <= 48 || g.Ho * g.Wo <= 128 || (!bf16x3_available() && (cout_g < K || (cout_g == K && K <= 128)));
 }
 
-// At 2+ threads on one image, whether conv_pointwise's threads split the output channels (one contiguous range of
-// rows a thread, in 4-row steps, all the columns) instead of the columns: the depthwise convs around it give each
-// thread one contiguous range of channels (depthwise's chunks: the caller claims task 0 first), so where the ranges
-// match (64 -> 32 + 32, 128 -> 64 + 64: PP-LCNet's 1x1 convs between its depthwise ones) the next depthwise conv reads
-// its channels from the L2 of the core that wrote them; the column split left half of its input in the other core.
-// Only on the 12-row tiles (AVX-512): their 4- and 8-row forms run a range that starts 4 or 8 rows into a panel.
-// HETERO_CPU_PW_ROW_SPLIT=0 keeps the column split (the same bits), to compare.
-bool pointwise_row_split_fits(int T, i64 images, int mr, i64 cout_g) {
-  static const int forced = env_override("HETERO_CPU_PW_ROW_SPLIT");
-  return forced != 0 && T > 1 && images < T && mr == 12 && cout_g >= 4 * T;
-}
-
 // 1x1 stride-1 unpadded convs as register tiles on the input in place: row k of a tile's B is input channel k at the
 // tile's columns (x + k HW + j), so nothing is packed, and bias and activation are applied in the tile's registers
 // (conv_tile_ep), not in a second pass over the output; only a last part tile of columns is copied (zero-filled to
 // the tile's width: its loads would read past the input). Tasks of blocks of whole tiles (K x columns near
 // kConvBlockFloats), each tile read from L1 by every weight panel in turn; at 2+ threads where the weights outweigh
-// the input (YOLOv8n's 1x1 convs on 10 x 10 maps) the tasks split the weight panels instead, as the GEMM path does,
-// and on one image otherwise its output channels (pointwise_row_split_fits: a task a thread, all its blocks).
+// the input (YOLOv8n's 1x1 convs on 10 x 10 maps) the tasks split the weight panels instead, as the GEMM path does.
 // False (nothing written) where the kernel has no register epilogue for this activation: the GEMM runs it.
 bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                     const Epilogue& act) {
@@ -1292,17 +1279,16 @@ bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, con
   const double flops = 2.0 * images * cout_g * HW * K;
   const int T = threads_for(flops, kParallelGrain * 4);
   const i64 per_block = std::max<i64>(1, kConvBlockFloats / std::max<i64>(1, K * nr));
-  const bool panel_split = T > 1 && mp > 1 && tiles <= per_block && cout_g > HW;
-  const bool row_split = !panel_split && pointwise_row_split_fits(T, images, mr, cout_g);
-  i64 groups = panel_split ? std::min<i64>(mp, ceil_div(T, images)) : 1;
+  i64 groups = 1;
+  if (T > 1 && mp > 1 && tiles <= per_block && cout_g > HW) groups = std::min<i64>(mp, ceil_div(T, images));
   const i64 pg = panel_groups(mp, groups);
-  const Blocks blocks = balanced_blocks(tiles, per_block, images, groups == 1 && !row_split ? T : 1, 2);
+  const Blocks blocks = balanced_blocks(tiles, per_block, images, groups == 1 ? T : 1, 2);
   std::vector<i64> off(static_cast<std::size_t>(2 * K));
   for (i64 k = 0; k < K; ++k) off[k] = k * HW, off[K + k] = k * nr;  // in place; the copied last tile
   const i64 last = HW - (tiles - 1) * nr;  // columns of the last tile
-  // Output rows [r0, r1) of image img at the tiles of block blk: weight panels (or the part of one in the range)
-  // outside, each read once a block, from L1 for every tile after the first; tiles inside.
-  auto run_block = [&](i64 img, i64 r0, i64 r1, i64 blk) {
+  parallel_for(images * blocks.nb * groups, T, [&](i64 task) {
+    const i64 p0 = (task % groups) * pg, p1 = std::min<i64>(mp, p0 + pg);
+    const i64 img = task / groups / blocks.nb, blk = task / groups % blocks.nb;
     const i64 n = img / g.group, gi = img % g.group;
     const float* xin = x + (n * g.C + gi * K) * HW;
     const float* a = pc.buf.p + gi * pc.group_stride;
@@ -1317,32 +1303,19 @@ bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, con
         std::fill(tail + k * nr + last, tail + (k + 1) * nr, 0.f);
       }
     }
-    for (i64 r = r0; r < r1;) {
-      const i64 p = r / mr, skip = r % mr;  // a range may start 4 or 8 rows into a 12-row panel
-      const int nrows = static_cast<int>(std::min<i64>(mr - skip, r1 - r));
-      const float* bp = bias_g ? bias_g + r : nullptr;
+    // weight panels outside (each read once a block, from L1 for every tile after the first), tiles inside
+    for (i64 p = p0; p < p1; ++p) {
+      const int nrows = static_cast<int>(std::min<i64>(mr, cout_g - p * mr));
+      const float* bp = bias_g ? bias_g + p * mr : nullptr;
       for (i64 t = t0; t < te; ++t) {
         const i64 j0 = t * nr;
         const int ncols = static_cast<int>(std::min<i64>(nr, HW - j0));
         const bool copied = ncols < nr;
-        xk.conv_tile_ep(mr, ncols <= xk.lanes ? xk.lanes : nr, K, a + p * K * mr + skip, copied ? tail : xin + j0,
-                        off.data() + (copied ? K : 0), o + r * HW + j0, HW, nrows, ncols, bp, act.act,
+        xk.conv_tile_ep(mr, ncols <= xk.lanes ? xk.lanes : nr, K, a + p * K * mr, copied ? tail : xin + j0,
+                        off.data() + (copied ? K : 0), o + p * mr * HW + j0, HW, nrows, ncols, bp, act.act,
                         act.act_alpha, act.act_beta);
       }
-      r += nrows;
     }
-  };
-  if (row_split) {
-    const Blocks steps{ceil_div(cout_g, 4), T};  // each thread's rows, in steps of 4
-    parallel_for(images * T, T, [&](i64 task) {
-      const i64 s = task % T, r0 = 4 * steps.begin(s), r1 = std::min<i64>(cout_g, r0 + 4 * steps.size(s));
-      for (i64 blk = 0; blk < blocks.nb; ++blk) run_block(task / T, r0, r1, blk);
-    }, flops >= kWakeFlops);
-    return true;
-  }
-  parallel_for(images * blocks.nb * groups, T, [&](i64 task) {
-    const i64 p0 = (task % groups) * pg, p1 = std::min<i64>(mp, p0 + pg);
-    run_block(task / groups / blocks.nb, p0 * mr, std::min<i64>(cout_g, p1 * mr), task / groups % blocks.nb);
   }, flops >= kWakeFlops);
   return true;
 }

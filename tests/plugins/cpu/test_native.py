@@ -1833,9 +1833,8 @@ POINTWISE_CASES = [
     # one image at 2+ threads: one contiguous range of channel blocks a thread (channel_ranges_fit), five blocks as
     # 3 + 2 (PP-LCNet's 7 x 7 convs: 256 -> 512, 16 blocks)
     (1, 256, 7, 7, 160, 1),
-    # one image at 2+ threads on the register tiles: the output channels split in 4-row steps
-    # (pointwise_row_split_fits): PP-LCNet's 32 -> 64 (32 + 32: a range 8 rows into a 12-row panel) on a ragged map,
-    # 30 channels (16 + 14: a range 4 rows into a panel, a last part panel)
+    # one image at 2+ threads on the register tiles (column blocks claimed one at a time, the last tile copied):
+    # PP-LCNet's 32 -> 64 on a ragged map, 30 channels (a last part panel)
     (1, 32, 23, 19, 64, 1),
     (1, 24, 21, 21, 30, 1),
 ]
