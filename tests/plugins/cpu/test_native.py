@@ -1833,6 +1833,10 @@ POINTWISE_CASES = [
     # one image at 2+ threads: one contiguous range of channel blocks a thread (channel_ranges_fit), five blocks as
     # 3 + 2 (PP-LCNet's 7 x 7 convs: 256 -> 512, 16 blocks)
     (1, 256, 7, 7, 160, 1),
+    # one image at 2+ threads on the register tiles (column blocks claimed one at a time, the last tile copied):
+    # PP-LCNet's 32 -> 64 on a ragged map, 30 channels (a last part panel)
+    (1, 32, 23, 19, 64, 1),
+    (1, 24, 21, 21, 30, 1),
 ]
 
 
