@@ -343,14 +343,15 @@ template <class S, int BITS, bool ASYM, int KQ, int NT>
     for (i64 o = 0; o < lines; ++o) S::prefetch(at + 64 * o);
 }
 
-// q6_k's one-row tile requests each record's activations (the line of its 32 int8 values, HETERO_LLM_XPF bytes
-// ahead: 0 by default, the record's own) into L1 at the record's start, ahead of its weight loads. At K = 8960
-// (down_proj) a 16-row group streams ~100 KiB of weights between two reads of the same activations, so they come
-// back from L2 in every group; streamed from memory, the q6_k tile at K = 8960 ran 1.07-1.13x the GB/s with it
-// (level at K = 1536, 1.02-1.04x the time in L2). Farther ahead (1-2 KiB) every format lost 5-25%; the other
-// formats gained nothing consistent or lost (q4_0 1.13-1.17x the time in L2, q5_1 and q8_0 streamed 0.8-0.97x),
-// and the per-block arrays' lines (s, sl) added nothing (docs/llm-benchmarks.md, branch dn26). Inlined by force:
-// out of line, GCC deletes a prefetch (see prefetch_record).
+// q6_k's one-row tile issues a prefetcht0 of its record's activations (the line of its 32 int8 values,
+// HETERO_LLM_XPF bytes ahead: 0 by default, the record's own) at the record's start. Streamed from memory at
+// K = 8960 (down_proj), the tile ran 1.14-1.17x the GB/s with it at 1 and 2 threads, level at K = 1536 and in L2
+// (the same bits). Why is not understood: not what it fetches -- 64 bytes behind (a line already in L1) gained as
+// much (1.16-1.20x), and the same code with the instruction replaced by an empty asm taking its address only
+// 1.01-1.06x; 1-2 KiB ahead cost every format 5-25%. The other formats gained nothing consistent (q4_0 1.13-1.17x
+// the time in L2, q5_1 streamed 1.04-1.09x with the per-block arrays' lines prefetched too and 0.77-0.83x without,
+// q8_0 0.91-0.97x; docs/llm-benchmarks.md, branch dn26). Inlined by force: out of line, GCC deletes a prefetch (see
+// prefetch_record).
 template <int KQ, int MR, int NT>
 constexpr bool prefetch_x_l1() { return MR == 1 && NT != 0 && KQ == 2; }
 inline i64 x_prefetch_distance() {
