@@ -348,7 +348,7 @@ template <class S, int BITS, bool ASYM, int KQ, int NT>
 // K = 8960 (down_proj), the tile ran 1.14-1.17x the GB/s with it at 1 and 2 threads, level at K = 1536 and in L2
 // (the same bits). Why is not understood: not what it fetches -- 64 bytes behind (a line already in L1) gained as
 // much (1.16-1.20x), and the same code with the instruction replaced by an empty asm taking its address only
-// 1.01-1.06x; 1-2 KiB ahead cost every format 5-25%. The other formats gained nothing consistent (q4_0 1.13-1.17x
+// 1.01-1.06x; 1-2 KiB ahead cost every format 3-28%. The other formats gained nothing consistent (q4_0 1.13-1.17x
 // the time in L2, q5_1 streamed 1.04-1.09x with the per-block arrays' lines prefetched too and 0.77-0.83x without,
 // q8_0 0.91-0.97x; docs/llm-benchmarks.md, branch dn26). Inlined by force: out of line, GCC deletes a prefetch (see
 // prefetch_record).
