@@ -343,6 +343,24 @@ template <class S, int BITS, bool ASYM, int KQ, int NT>
     for (i64 o = 0; o < lines; ++o) S::prefetch(at + 64 * o);
 }
 
+// q6_k's one-row tile issues a prefetcht0 of its record's activations (the line of its 32 int8 values,
+// HETERO_LLM_XPF bytes ahead: 0 by default, the record's own) at the record's start. Streamed from memory at
+// K = 8960 (down_proj), the tile ran 1.14-1.17x the GB/s with it at 1 and 2 threads, level at K = 1536 and in L2
+// (the same bits). Why is not understood: not what it fetches -- 64 bytes behind (a line already in L1) gained as
+// much (1.16-1.20x), and the same code with the instruction replaced by an empty asm taking its address only
+// 1.01-1.06x; 1-2 KiB ahead cost every format 3-28%. The other formats gained nothing consistent (q4_0 1.13-1.17x
+// the time in L2, q5_1 streamed 1.04-1.09x with the per-block arrays' lines prefetched too and 0.77-0.83x without,
+// q8_0 0.91-0.97x; docs/llm-benchmarks.md, branch dn26). Inlined by force: out of line, GCC deletes a prefetch (see
+// prefetch_record).
+template <int KQ, int MR, int NT>
+constexpr bool prefetch_x_l1() { return MR == 1 && NT != 0 && KQ == 2; }
+inline i64 x_prefetch_distance() {
+  static const i64 d = env_bytes("HETERO_LLM_XPF", 0);
+  return d;
+}
+template <class S>
+[[gnu::always_inline]] inline void prefetch_x(const std::int8_t* xq, i64 ahead) { S::prefetch(xq + ahead); }
+
 // The rows' float sums of a tile: in registers, or (IN_Y) in the y rows, read and written once a super-block --
 // q4_k's k_super tiles of 5-8 rows, whose int32 sums, dot chains and decoded weights then keep the registers (8
 // rows: 1.25x the float epilogue's time in registers, 1.01-1.03x in y, in L2; in y, q5_k's 8 rows and the 9-16-row
@@ -407,6 +425,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   // (in L1, the one-row q4_k tile 0.985-0.989x the time, q5_k 0.975; a pass of its own ran 9% of q4_k's time).
   constexpr bool MINS_IN = KS && KQ == 1 && MR == 1;
   constexpr bool FOLD = fold_offset<S, MR, ASYM, KQ>();  // the offset subtracted as a shifted x sum (see there)
+  constexpr bool XPF = prefetch_x_l1<KQ, MR, NT>();  // the activations' L1 prefetch (prefetch_x)
+  const i64 xpf = XPF ? x_prefetch_distance() : 0;
   const B nib = S::bset8(0x0f), nibhi = S::bset8(0xf0);
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
@@ -423,6 +443,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
         if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf, l2);
+        if constexpr (XPF) prefetch_x<S>(xrow[0] + b * bs, xpf);
         const BlockScales<S, ASYM, KQ> scales(rec, h, ss, FOLD ? 0 : off);
         if constexpr (MINS_IN) block_mins<S, KQ, MR>(imin, rec, h, x, m0 * x.nb + b, MR);
         I ilo[MR], ihi[MR];  // q6_k keeps the block's two halves apart (one scale each)

@@ -1,5 +1,6 @@
 """The 8-bit one-row quantized GEMV tiles of the built plugin issue their weight prefetch (llm_impl.hpp,
-prefetch_record; the 4/5/6-bit tiles hold none, by design).
+prefetch_record; the 4/5/6-bit tiles hold none, by design), and q6_k's one-row tiles their activations' L1 prefetch
+(prefetch_x).
 
 A prefetch has no effect the compiler can see: with the helper (or the traits' prefetch functions) left out of line,
 GCC 12 judged the calls free of side effects and deleted every one, and no decode tile prefetched whatever
@@ -27,24 +28,27 @@ pytestmark = pytest.mark.skipif(
 
 # qgemm_mr<S, BITS = 8, ASYM, KQ = 0, MR = 1, NT = 8>: the 8-bit one-row tile of blocks of 32 (q8_0), per ISA
 ONE_ROW = re.compile(r"qgemm_mr<\(anonymous namespace\)::(LlmSimd\w*), 8, (true|false), 0, 1, 8>")
+# qgemm_mr<S, BITS = 6, ASYM = false, KQ = 2, MR = 1, NT = 4>: q6_k's one-row tile, per ISA
+Q6K_ONE_ROW = re.compile(r"qgemm_mr<\(anonymous namespace\)::(LlmSimd\w*), 6, false, 2, 1, 4>")
 
 
-def one_row_tiles(so: str) -> dict[str, tuple[str, int, int]]:
-    """demangled name -> (its ISA's traits, address, size) of every one-row tile in the library."""
+def one_row_tiles(so: str, pattern: re.Pattern[str] = ONE_ROW) -> dict[str, tuple[str, int, int]]:
+    """demangled name -> (its ISA's traits, address, size) of every tile in the library that pattern names."""
     out = subprocess.run(["nm", "-C", "-S", so], check=True, capture_output=True, text=True).stdout
     tiles = {}
     for line in out.splitlines():
         parts = line.split(maxsplit=3)
-        found = ONE_ROW.search(parts[3]) if len(parts) == 4 else None
+        found = pattern.search(parts[3]) if len(parts) == 4 else None
         if found:
             tiles[parts[3]] = (found.group(1), int(parts[0], 16), int(parts[1], 16))
     return tiles
 
 
-def prefetches(so: str, start: int, size: int) -> int:
+def prefetches(so: str, start: int, size: int, levels: str = "01") -> int:
+    """prefetcht0 / prefetcht1 instructions (those of levels) in [start, start + size) of the library's code."""
     out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={start}",
                           f"--stop-address={start + size}", so], check=True, capture_output=True, text=True).stdout
-    return len(re.findall(r"\sprefetcht[01]\s", out))
+    return len(re.findall(rf"\sprefetcht[{levels}]\s", out))
 
 
 def test_8bit_one_row_tiles_issue_weight_prefetches():
@@ -56,3 +60,16 @@ def test_8bit_one_row_tiles_issue_weight_prefetches():
     assert {"LlmSimd", "LlmSimdVnni"} <= isas, sorted(isas)  # AVX-512 and VNNI tables at least (AVX2's is LlmSimd too)
     missing = [name for name, (_, at, size) in tiles.items() if prefetches(so, at, size) == 0]
     assert not missing, f"{len(missing)} of {len(tiles)} one-row tiles issue no prefetch: {missing[:3]}"
+
+
+def test_q6k_one_row_tiles_issue_activation_prefetches():
+    """q6_k's one-row tiles request each record's activations into L1 (prefetcht0, llm_impl.hpp: prefetch_x); q6_k
+    holds no weight prefetch, so any prefetcht0 there is that one."""
+    so = _native.__file__
+    tiles = one_row_tiles(so, Q6K_ONE_ROW)
+    if not tiles:
+        pytest.skip(f"{so} has no symbol table (stripped; plugins/cpu/pyproject.toml keeps it: install.strip = false)")
+    isas = {isa for isa, _, _ in tiles.values()}
+    assert {"LlmSimd", "LlmSimdVnni"} <= isas, sorted(isas)
+    missing = [name for name, (_, at, size) in tiles.items() if prefetches(so, at, size, levels="0") == 0]
+    assert not missing, f"{len(missing)} of {len(tiles)} q6_k one-row tiles issue no activation prefetch: {missing[:3]}"
