@@ -1272,6 +1272,47 @@ def test_gelu_read_elsewhere_is_left_alone():
     assert "Gelu" in _ops(session) and "Mul" in _ops(session)
 
 
+def _gelu_pool_model(approximate: str, extra_reader: bool = False):
+    """magika's tail: a conv's GELU read by a GlobalMaxPool alone (a Sub stands in for the conv)."""
+    nodes = [helper.make_node("Sub", ["x", "w"], ["s"]),
+             helper.make_node("Gelu", ["s"], ["g"], approximate=approximate),
+             helper.make_node("GlobalMaxPool", ["g"], ["y"])]
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["g"], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    w = np.random.default_rng(16).normal(size=[6, 1, 1]).astype(np.float32)
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, 6, 9, 4])], outputs, [("w", w)], opset=20)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_then_global_max_pool_becomes_one_node(backend, approximate):
+    model = _gelu_pool_model(approximate)
+    x = {"x": np.random.default_rng(17).normal(size=(2, 6, 9, 4)).astype(np.float32) * 3}
+    session = _compare(model, x, backend)
+    assert session.rewrites["fuse_gelu_global_max_pool"] == 1
+    assert _ops(session) == ["Sub", "GeluGlobalMaxPool"]
+    assert session.graph.nodes[-1].attrs["approximate"] == approximate
+    if backend == "cpu":  # the fused node runs natively (no fallback to the reference)
+        hetero.Session(model, backends=["cpu"], on_fallback="error")
+
+
+def test_gelu_read_besides_the_pool_is_left_alone():
+    model = _gelu_pool_model("tanh", extra_reader=True)
+    session = hetero.Session(model, backends=["reference"])
+    assert session.rewrites["fuse_gelu_global_max_pool"] == 0
+    assert _ops(session) == ["Sub", "Gelu", "GlobalMaxPool", "Neg"]
+
+
+def test_gelu_global_max_pool_is_left_out_where_the_backend_lacks_it():
+    from hetero.ir import passes
+
+    kept = passes.for_backend(lambda key: key != ("hetero", "GeluGlobalMaxPool"))
+    assert passes.fuse_gelu_global_max_pool not in kept and passes.fuse_gelu_mul in kept
+    assert passes.fuse_gelu_global_max_pool in passes.for_backend(lambda key: True)
+
+
 def _add_relu_model(b_shape: list[int], extra_reader: bool = False):
     """A residual block's tail: Add of two branches (here Sub / Mul stand in for them), then Relu."""
     nodes = [helper.make_node("Sub", ["x", "w"], ["s"]), helper.make_node("Mul", ["x", "x"], ["m"]),

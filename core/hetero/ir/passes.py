@@ -1768,6 +1768,27 @@ def fuse_gelu_mul(graph: Graph) -> int:
     return count
 
 
+def fuse_gelu_global_max_pool(graph: Graph) -> int:
+    """``GlobalMaxPool(Gelu(x))`` where the Gelu's output is read by that pool alone: one
+    ``hetero.GeluGlobalMaxPool(x)`` with the Gelu's ``approximate`` (magika's conv output: no GELU pass over the map
+    and no second map for the pool to read)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for gelu in list(graph.nodes):
+        if gelu.op_key != ("", "Gelu") or len(gelu.inputs) != 1 or gelu.outputs[0] in keep:
+            continue
+        pool = _single_consumer(graph, gelu.outputs[0])
+        if pool is None or pool.op_key != ("", "GlobalMaxPool"):
+            continue
+        attrs = {"approximate": gelu.attrs.get("approximate", "none")}
+        fused = Node("GeluGlobalMaxPool", list(gelu.inputs), list(pool.outputs), attrs,
+                     name=f"{pool.name or pool.outputs[0]}/gelu_global_max_pool", domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(pool)] = fused
+        graph.nodes.remove(gelu)
+        count += 1
+    return count
+
+
 def fuse_add_relu(graph: Graph) -> int:
     """``Relu(Add(a, b))`` where the Add's output is read by that Relu alone: one ``hetero.AddRelu(a, b)`` (a
     residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks)."""
@@ -1904,7 +1925,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
                                     einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
-                                    fuse_gelu_mul, fuse_add_relu, fuse_embedding_rnn)
+                                    fuse_gelu_mul, fuse_gelu_global_max_pool, fuse_add_relu, fuse_embedding_rnn)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
@@ -1915,6 +1936,7 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC"),
                                          "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul"),
                                          "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul"),
+                                         "fuse_gelu_global_max_pool": (HETERO_DOMAIN, "GeluGlobalMaxPool"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
                                          "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN"),
                                          "fuse_dw_pointwise": (HETERO_DOMAIN, "DwPointwiseConv")}

@@ -14,6 +14,7 @@ from ..contract.graph import HETERO_DOMAIN, Node
 from ..contract.opforms import split_dw_pointwise_attrs
 from ..contract.registry import OpContext, get, op
 from ..contract.tensor import TensorInfo
+from .nn import _global_infer
 from .shapes import broadcast_infer, broadcast_shapes, input_info, unknown
 
 # activation attribute value -> (ONNX op, the attributes it takes from the fused node)
@@ -221,6 +222,16 @@ def gelu_mul(ctx: OpContext) -> list[np.ndarray]:
     a gated GELU (T5's GeGLU) that ``hetero.ir.passes.fuse_gelu_mul`` replaces; the two references composed."""
     g = _reference(ctx, "Gelu", [ctx.array(0)], {"approximate": ctx.attr("approximate", "none")})[0]
     return _reference(ctx, "Mul", [g, ctx.array(1)])
+
+
+@op("GeluGlobalMaxPool", domain=HETERO_DOMAIN, infer=_global_infer)
+def gelu_global_max_pool(ctx: OpContext) -> list[np.ndarray]:
+    """``GlobalMaxPool(Gelu(X))`` (the Gelu with its ``approximate`` attribute): a conv's GELU read by a max pool
+    alone (magika), which ``hetero.ir.passes.fuse_gelu_global_max_pool`` replaces; the two references composed. GELU
+    falls then rises (its one minimum near -0.75), so a backend may take the larger of the GELUs of each channel's
+    min and max instead of the GELU of every value."""
+    g = _reference(ctx, "Gelu", [ctx.array(0)], {"approximate": ctx.attr("approximate", "none")})[0]
+    return _reference(ctx, "GlobalMaxPool", [g])
 
 
 def _embedding_rnn_parts(ctx: OpContext) -> tuple[Node, list[TensorInfo | None], TensorInfo]:

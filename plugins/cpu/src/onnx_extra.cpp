@@ -275,6 +275,33 @@ void py_reduce(const std::string& opname, const py::array& x, const std::vector<
   }
 }
 
+// Per-row min and max of x seen as lo.size() contiguous rows (a GlobalMaxPool's (N, C) rows of spatial values): one
+// read of x for both, where a max pool of a unimodal activation (hetero.GeluGlobalMaxPool) needs the two ends.
+void py_global_min_max(const py::array& x, const py::array& lo, const py::array& hi) {
+  const char* fn = "global_min_max";
+  need_f32(x, fn, "x");
+  need_contig(x, fn, "x");
+  need_f32(lo, fn, "lo");
+  need_out(lo, fn, "lo");
+  need_f32(hi, fn, "hi");
+  need_out(hi, fn, "hi");
+  const i64 rows = lo.size();
+  if (hi.size() != rows || rows == 0 || x.size() == 0 || x.size() % rows != 0)
+    fail("global_min_max: x of " + std::to_string(x.size()) + " values is not " + std::to_string(rows) +
+         " non-empty rows (lo " + std::to_string(lo.size()) + ", hi " + std::to_string(hi.size()) + ")");
+  const i64 n = x.size() / rows;
+  const float* px = cptr<float>(x);
+  float* plo = mptr<float>(lo);
+  float* phi = mptr<float>(hi);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  const int T = threads_for(static_cast<double>(rows) * n, 32768);
+  const i64 chunk = std::max<i64>(1, ceil_div(rows, T));
+  parallel_for(ceil_div(rows, chunk), T, [&](i64 t) {
+    for (i64 r = t * chunk; r < std::min(rows, (t + 1) * chunk); ++r) xk.minmax_row(px + r * n, n, plo + r, phi + r);
+  });
+}
+
 // --------------------------------------------------------------------------------------------- ArgMax / TopK
 
 template <class T>
@@ -967,6 +994,8 @@ void bind_onnx_extra(py::module_& m) {
   m.def("reduce", &py_reduce, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("out"),
         "Reduce contiguous float32 x over `axes` into out (kept dims, any shape of that size). op: sum, mean, "
         "sumsq, l1, l2, max, min, prod, logsum, logsumexp.");
+  m.def("global_min_max", &py_global_min_max, py::arg("x"), py::arg("lo"), py::arg("hi"),
+        "lo[r], hi[r] = the min and max of row r of contiguous float32 x seen as lo.size rows (NaN propagates).");
   m.def("argreduce", &py_argreduce, py::arg("x"), py::arg("axis"), py::arg("out"), py::arg("is_max") = true,
         py::arg("select_last_index") = false);
   m.def("topk", &py_topk, py::arg("x"), py::arg("axis"), py::arg("k"), py::arg("largest"), py::arg("values"),

@@ -21,6 +21,8 @@ struct ExtraKernels {
   float (*reduce_row)(int op, const float* x, i64 n);
   // y[i] = op(y[i], x[i]) (for R_SUMSQ / R_L1 the x term is squared / absolute first).
   void (*reduce_acc)(int op, float* y, const float* x, i64 n);
+  // The min and the max of one contiguous row in one pass (n >= 1; NaN propagates to both).
+  void (*minmax_row)(const float* x, i64 n, float* lo, float* hi);
   // sum_i exp(x[i] - shift)
   float (*sumexp_row)(const float* x, i64 n, float shift);
   // y[i] += exp(x[i] - shift[i])

@@ -27,7 +27,7 @@ from hetero.contract import (
     unsupported,
 )
 from hetero.contract.graph import MICROSOFT_DOMAIN, Node
-from hetero.contract.opforms import nearest_indices, source_coords
+from hetero.contract.opforms import nearest_indices, source_coords, unary_params
 
 from .. import _native
 from .common import Call, CallKernel, Calls, noop, weight_precision
@@ -147,12 +147,38 @@ class CpuGlobalMaxPool(_NativeOrNumpy):
             return unsupported("GlobalMaxPool on rank < 3")
         return _dtypes_in(node, _F32)
 
-    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         x = inputs[0].numpy()
         out = outputs[0].buffer
         if x.size == 0 or 0 in x.shape[2:]:
             return functools.partial(self.run_numpy, inputs, outputs)
         return functools.partial(_native.reduce, "max", np.ascontiguousarray(x), list(range(2, x.ndim)), out)
+
+
+class CpuGeluGlobalMaxPool(CpuGlobalMaxPool):
+    """hetero.GeluGlobalMaxPool: GELU falls then rises (one minimum near -0.75), so each channel's largest GELU is
+    that of its min or of its max: one native pass for both ends, the native Gelu on those 2 N C values (the
+    standalone kernel, so its error bound), then their max; NaN propagates through the three calls."""
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        if node.attr("approximate", "none") not in ("none", "tanh"):
+            return unsupported(f"GeluGlobalMaxPool approximate={node.attr('approximate')!r}")
+        return super().native_ok(node)
+
+    def setup(self) -> None:
+        self.gelu, self.alpha, self.beta = unary_params("Gelu", self.node.attrs)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        x = inputs[0].numpy()
+        out = outputs[0].buffer
+        if x.size == 0 or 0 in x.shape[2:]:
+            return functools.partial(self.run_numpy, inputs, outputs)
+        ends = np.empty((2, *out.shape), np.float32)  # each channel's min, then its max
+        gelus = np.empty_like(ends)
+        return [functools.partial(_native.global_min_max, np.ascontiguousarray(x), ends[0], ends[1]),
+                functools.partial(_native.unary, self.gelu, ends, gelus, self.alpha, self.beta),
+                functools.partial(_native.binary, "max", gelus[0], gelus[1], out)]
 
 
 class CpuArgReduce(_NativeOrNumpy):
@@ -783,6 +809,7 @@ class CpuDynamicQuantizeLstm(CpuRnn):
 KERNELS = {
     **{("", op): CpuReduce for op in _REDUCE},
     ("", "GlobalMaxPool"): CpuGlobalMaxPool,
+    ("hetero", "GeluGlobalMaxPool"): CpuGeluGlobalMaxPool,
     ("", "ArgMax"): CpuArgReduce,
     ("", "ArgMin"): CpuArgReduce,
     ("", "TopK"): CpuTopK,
