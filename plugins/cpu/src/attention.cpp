@@ -71,9 +71,10 @@ bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, c
                const i64* off, float* c, i64 ldc, bool padded) {
   const int mr = kr.mr, nr = kr.nr, w = xk.lanes;
   for (i64 i = 0; i < m; i += mr) {
-    // padded: the last panel's rows rounded up to the 4- / 8-row tile variants (x_conv_tile_rows), not to mr
+    // padded: the last panel's rows rounded up to the 4- / 6- / 8-row tile variants (x_conv_tile_rows), not to mr
     const i64 left = m - i;
-    const int rows = static_cast<int>(std::min<i64>(mr, padded ? (left <= 4 ? 4 : left <= 8 ? 8 : mr) : left));
+    const int rows = static_cast<int>(
+        std::min<i64>(mr, padded ? (left <= 4 ? 4 : left <= 6 ? 6 : left <= 8 ? 8 : mr) : left));
     const float* a = ap + (i / mr) * k * mr;
     for (i64 j = 0; j < n;) {
       const int width = n - j >= nr ? nr : w, cols = padded ? width : static_cast<int>(std::min<i64>(width, n - j));

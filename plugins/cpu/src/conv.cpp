@@ -361,7 +361,7 @@ DirectLayout direct_layout(const ConvGeom& g, i64 nr) {
 // kernel won. Stride 2 through the phase split: YOLOv8n's 3x3 stride-2 convs (docs/onnx-models.md).
 bool direct_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 cout_g = g.Cout / g.group, mr = pc.kr->mr, nr = pc.kr->nr;
-  // The 12-row tile has 8- and 4-row variants for the last panel (onnx_impl.hpp x_conv_tile_rows), which beat the
+  // The 12-row tile has 8-, 6- and 4-row variants for the last panel (onnx_impl.hpp x_conv_tile_rows), which beat the
   // im2col path at every Cout measured (thread time, 1 thread, fused SiLU; im2col -> direct: YOLOv8n's first conv
   // 3 -> 16 on 320 x 320 stride 2 593 -> 522 us, 16 -> 16 on 160 x 160 stride 2 580 -> 381, 4 -> 16 on 80 x 80
   // 144 -> 111, 16 -> 28 stride 2 188 -> 122, 32 -> 4 210 -> 101, 24 -> 8 118 -> 46); other tiles keep the bound.

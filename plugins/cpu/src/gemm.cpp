@@ -356,9 +356,9 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
   i64 KC, MC;
   choose_depth_blocking(kr, M, K, KC, MC);  // from M, not a task's rows: the same sums at any thread count
   const i64 NC = kr.nc;
-  // A ragged last row panel (M = 32, 64, 80, 128 with mr = 12: 8 or 4 rows) runs the direct-conv tile on the packed
-  // panels (row k of B at k * NR), whose 8- and 4-row variants skip the zero rows the full kernel would multiply;
-  // a ragged last column panel of at most one vector (a 1x1 conv on 28 x 28: 16 of 32 columns) its
+  // A ragged last row panel (M = 32, 64, 66, 80, 128 with mr = 12: 8, 4 or 6 rows) runs the direct-conv tile on the
+  // packed panels (row k of B at k * NR), whose 8-, 6- and 4-row variants skip the zero rows the full kernel would
+  // multiply; a ragged last column panel of at most one vector (a 1x1 conv on 28 x 28: 16 of 32 columns) its
   // one-vector variant, which skips the zero half, both storing straight into C (no tile and axpby pass).
   const ExtraKernels& xk = extra_for(kr);
   const bool ragged = M % MR != 0 || (N % NR != 0 && N % NR <= xk.lanes);

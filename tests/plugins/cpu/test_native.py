@@ -65,6 +65,31 @@ def test_gemm_shapes(isa, m, n, k):
     assert_gemm_close(out, a.astype(np.float64) @ b, k)
 
 
+# M with 1-11 rows past whole 12-row tiles (66: khmer_segmenter's 5 x 12 + 6 tokens; 70: T5's 5 x 12 + 10), K and N
+# as the transformers' products have them (N off the 32-column panels too), float and exactly-int8 weights
+@pytest.mark.parametrize("m", [5, 6, 7, 18, 22, 28, 54, 66, 70, 71])
+@pytest.mark.parametrize("k,n", [(192, 768), (64, 200)])
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_gemm_packed_ragged_last_row_panel(isa, threads, m, k, n, weights):
+    """The last row panel's short tiles (4-, 6-, 8-row variants of the 12-row tile): each row the same bits as in a
+    product whose rows fill whole tiles (the micro-kernel's FMA chain), and a float64 product's values."""
+    a = randn(m, k, seed=m)
+    w = randn(k, n, seed=k)
+    if weights == "int8":  # int8 x a per-column scale exactly: the GEMM keeps int8 panels and makes them floats
+        w = np.round(np.clip(w * 40, -128, 127)).astype(np.float32) * np.float32(0.0125)
+    bias = randn(n, seed=n)
+    packed = _native.pack_b(w, False, True, "high")
+    got = np.empty((m, n), np.float32)
+    _native.gemm_packed(a, packed, got, 1.0, 0.0, bias)
+    whole = -(-m // 12) * 12 + 12  # rows padded past the last tile: every row of a runs in a full 12-row tile
+    padded = np.zeros((whole, k), np.float32)
+    padded[:m] = a
+    want = np.empty((whole, n), np.float32)
+    _native.gemm_packed(padded, packed, want, 1.0, 0.0, bias)
+    np.testing.assert_array_equal(got, want[:m])
+    assert_gemm_close(got, a.astype(np.float64) @ w.astype(np.float64) + bias, k)
+
+
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("m,k,n", [(1, 33, 17), (3, 64, 100), (37, 129, 65), (200, 300, 70)])
