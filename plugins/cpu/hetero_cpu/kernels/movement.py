@@ -149,6 +149,39 @@ class CpuGather(CallKernel):
         return super().bind(inputs, outputs) if inputs[1].numpy().dtype == np.int64 else None
 
 
+class CpuScatterElements(CallKernel):
+    """ScatterElements on float32 (a graph network's messages summed into their atoms: reduction "add"): data copied
+    into the output, then the updates combined in at the indices, in index order, by one native call."""
+
+    _REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        data, idx, updates = node.inputs[0], node.inputs[1], node.inputs[2]
+        if data is None or data.dtype != dtypes.float32 or updates is None or updates.dtype != dtypes.float32:
+            return unsupported("ScatterElements on float32 only")
+        if idx is not None and idx.dtype not in (dtypes.int64, dtypes.int32):
+            return unsupported(f"ScatterElements with {idx.dtype} indices")
+        reduction = node.node.attrs.get("reduction", "none")
+        if reduction not in CpuScatterElements._REDUCTIONS:
+            return unsupported(f"ScatterElements reduction {reduction!r}")
+        return SUPPORTED
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        data = np.ascontiguousarray(inputs[0].numpy())
+        indices = np.ascontiguousarray(inputs[1].numpy(), dtype=np.int64)
+        updates = np.ascontiguousarray(inputs[2].numpy())
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        return functools.partial(_native.scatter_elements, data, indices, updates, self.attr("axis", 0),
+                                 self.attr("reduction", "none"), out)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        """int32 indices are converted when the call is made: bound only for int64 ones (read in place)."""
+        return super().bind(inputs, outputs) if inputs[1].numpy().dtype == np.int64 else None
+
+
 class CpuCast(CallKernel):
     """Numeric casts between numpy dtypes (numpy's own conversion loops)."""
 
@@ -183,5 +216,6 @@ KERNELS = {
     ("", "Slice"): CpuSlice,
     ("", "Concat"): CpuConcat,
     ("", "Gather"): CpuGather,
+    ("", "ScatterElements"): CpuScatterElements,
     ("", "Cast"): CpuCast,
 }
