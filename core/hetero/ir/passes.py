@@ -1768,44 +1768,40 @@ def fuse_gelu_mul(graph: Graph) -> int:
     return count
 
 
+def _fuse_into_reader(graph: Graph, first: str, second: str, fused_op: str, arity: int,
+                      attrs: Callable[[Node], dict[str, Any]] = lambda node: {}) -> int:
+    """``second(first(...))`` where the ``first`` node's output is read by that ``second`` node alone (and by no
+    control-flow body): one ``hetero.<fused_op>`` taking the first's ``arity`` inputs and ``attrs(first)``, writing
+    the second's outputs."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for head in list(graph.nodes):
+        if head.op_key != ("", first) or len(head.inputs) != arity or head.outputs[0] in keep:
+            continue
+        tail = _single_consumer(graph, head.outputs[0])
+        if tail is None or tail.op_key != ("", second):
+            continue
+        suffix = "".join(("_" if c.isupper() and i else "") + c.lower() for i, c in enumerate(fused_op))
+        fused = Node(fused_op, list(head.inputs), list(tail.outputs), attrs(head),
+                     name=f"{tail.name or tail.outputs[0]}/{suffix}", domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(tail)] = fused
+        graph.nodes.remove(head)
+        count += 1
+    return count
+
+
 def fuse_gelu_global_max_pool(graph: Graph) -> int:
     """``GlobalMaxPool(Gelu(x))`` where the Gelu's output is read by that pool alone: one
     ``hetero.GeluGlobalMaxPool(x)`` with the Gelu's ``approximate`` (magika's conv output: no GELU pass over the map
     and no second map for the pool to read)."""
-    count = 0
-    keep = _read_by_subgraphs(graph)
-    for gelu in list(graph.nodes):
-        if gelu.op_key != ("", "Gelu") or len(gelu.inputs) != 1 or gelu.outputs[0] in keep:
-            continue
-        pool = _single_consumer(graph, gelu.outputs[0])
-        if pool is None or pool.op_key != ("", "GlobalMaxPool"):
-            continue
-        attrs = {"approximate": gelu.attrs.get("approximate", "none")}
-        fused = Node("GeluGlobalMaxPool", list(gelu.inputs), list(pool.outputs), attrs,
-                     name=f"{pool.name or pool.outputs[0]}/gelu_global_max_pool", domain=HETERO_DOMAIN)
-        graph.nodes[graph.nodes.index(pool)] = fused
-        graph.nodes.remove(gelu)
-        count += 1
-    return count
+    return _fuse_into_reader(graph, "Gelu", "GlobalMaxPool", "GeluGlobalMaxPool", 1,
+                             lambda gelu: {"approximate": gelu.attrs.get("approximate", "none")})
 
 
 def fuse_add_relu(graph: Graph) -> int:
     """``Relu(Add(a, b))`` where the Add's output is read by that Relu alone: one ``hetero.AddRelu(a, b)`` (a
     residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks)."""
-    count = 0
-    keep = _read_by_subgraphs(graph)
-    for add in list(graph.nodes):
-        if add.op_key != ("", "Add") or len(add.inputs) != 2 or add.outputs[0] in keep:
-            continue
-        relu = _single_consumer(graph, add.outputs[0])
-        if relu is None or relu.op_key != ("", "Relu"):
-            continue
-        fused = Node("AddRelu", list(add.inputs), list(relu.outputs), name=f"{relu.name or relu.outputs[0]}/add_relu",
-                     domain=HETERO_DOMAIN)
-        graph.nodes[graph.nodes.index(relu)] = fused
-        graph.nodes.remove(add)
-        count += 1
-    return count
+    return _fuse_into_reader(graph, "Add", "Relu", "AddRelu", 2)
 
 
 # fuse_embedding_rnn: the largest projected table it makes (V x dirs x gates x hidden floats: 64 MB)
