@@ -45,6 +45,20 @@ Measurement (each runtime in its own subprocess, one after the other, alternatin
   probes. The table prints them (``before -> after`` GB/s) beside the session's start probe, so a phase change
   during a run shows; ``--probe start`` is the old single probe per thread count.
 
+Paired mode (``--pairs N``): the mode above runs each engine's whole worker one after the other, minutes apart, and
+on this VM the two runs can meet different memory phases (a 2-thread probe of ~35 GB/s in some minutes, 56-65 in
+others): a ratio from runs in different phases measures the VM, not the engines. With ``--pairs N`` both engines
+are loaded once in resident workers (``benchmarks/resident.py``, the mechanism of ``decode_ab.py``) and warmed up
+(one untimed run of each test), then take N rounds of turns: each round one run of each test by each engine, back
+to back, the first engine alternating round by round, and a short read probe at the run's thread count
+(``quick_bandwidth``) before the first round and after each. Reported per file, thread count and test: each engine's
+median t/s, the median of the per-round ratios (hetero / llama.cpp of the same round) with their min-max and
+quartiles, the ratio of the medians beside it, the probes' range, and "% of bound" with each round against the mean
+of its two probes (the median over the rounds). A worker that dies or does not answer within ``--timeout`` seconds
+ends its row with the error; both workers are stopped.
+
+    python benchmarks/llm.py --files a.gguf,b.gguf --threads 2 --pairs 10
+
 The machine is shared (see shared/FACTS.md: a busy neighbour halves the cores): compare ratios from one run, repeat.
 """
 
@@ -421,12 +435,13 @@ def run_worker(runtime: str, path: Path, threads: int, reps: int, pp: int, tg: i
 
 # -- paired runs (--pairs) -------------------------------------------------------------------------------------------
 def quick_bandwidth(threads: int) -> float:
-    """The read probe between two rounds of --pairs: one timed pass on 4 KiB and one on 2 MiB pages (after a warm-up
-    pass each), the faster; ~0.5 s where the full probe (``bandwidth``) takes ~5 s."""
+    """The read probe between two rounds of --pairs: 128 MiB a thread, 5 timed passes on 4 KiB and 5 on 2 MiB pages
+    (after a warm-up pass each), the best; two launches where the full probe (``bandwidth``) makes four of twice the
+    buffers: ~0.9 s against ~3.7 s (docs/llm-benchmarks.md, branch pair26)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from read_bandwidth import measure
 
-    return measure([threads], mib=256, reps=2, rounds=1)[threads]["best"]
+    return measure([threads], mib=128, reps=6, rounds=1)[threads]["best"]
 
 
 def pair_rounds(workers: Sequence[Any], tests: Sequence[str], rounds: int, probe: Any = None,
