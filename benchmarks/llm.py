@@ -464,6 +464,9 @@ def pair_rounds(workers: Sequence[Any], tests: Sequence[str], rounds: int, probe
                 samples[test][i].append(float(json.loads(workers[i].ask(test, timeout))["ts"]))
         if probe:
             probes.append(probe())
+        log(f"  round {r + 1}/{rounds}: " + ", ".join(f"{test} {s[0][-1]:.2f} / {s[1][-1]:.2f} t/s"
+                                                    for test, s in samples.items())
+            + (f"; probe {probes[-1]:.1f} GB/s" if probe else ""))
     return {"samples": samples, "probes": probes, "orders": orders}
 
 
