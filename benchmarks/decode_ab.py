@@ -23,11 +23,12 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
+
+from resident import Resident, WorkerError, turn_order
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,26 +76,22 @@ def worker(tree: Path, model: str, threads: int, prompt: int, prefill: int, cloc
     return 0
 
 
-def spawn(arm: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+def spawn(arm: str, args: argparse.Namespace) -> tuple[Resident, str]:
     """The arm's worker, loaded, and the hash of its logits."""
     tree, _, settings = arm.partition(":")
     env = {**os.environ, **dict(kv.split("=", 1) for kv in settings.split(",") if kv)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(Path(tree).resolve()), args.model,
            "--threads", str(args.threads), "--prompt", str(args.prompt), "--prefill", str(args.prefill),
            "--clock", args.clock]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    ready, _, digest = proc.stdout.readline().strip().partition(" ")
-    if ready != "ready":
-        raise SystemExit(f"decode_ab: the {arm} worker failed to start")
-    return proc, digest
+    try:
+        worker = Resident(arm, cmd, env, ready_timeout=args.timeout)
+    except WorkerError as err:
+        raise SystemExit(f"decode_ab: the {arm} worker failed to start: {err}") from None
+    return worker, worker.ready
 
 
-def run_block(proc: subprocess.Popen[str], steps: int) -> list[float]:
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(f"{steps}\n")
-    proc.stdin.flush()
-    return [float(t) for t in json.loads(proc.stdout.readline())]
+def run_block(worker: Resident, steps: int, timeout: float | None = None) -> list[float]:
+    return [float(t) for t in json.loads(worker.ask(str(steps), timeout))]
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -115,6 +112,8 @@ def main() -> int:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: the process's CPU time per step instead of wall time (1 thread on a busy machine: the "
                          "step without the time it was descheduled; at 2+ threads it also counts the workers' spins)")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds a worker may take to load, or to answer one block, before it is abandoned")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -130,16 +129,16 @@ def main() -> int:
     try:
         for b in range(args.blocks):
             med = [0.0, 0.0]
-            for i in (0, 1) if b % 2 == 0 else (1, 0):
-                block = run_block(procs[i], args.steps)
+            for i in turn_order(b):
+                block = run_block(procs[i], args.steps, args.timeout)
                 times[i] += block
                 med[i] = statistics.median(block)
             ratios.append(med[1] / med[0])
+    except WorkerError as err:
+        raise SystemExit(f"decode_ab: {err}") from None
     finally:
         for p in procs:
-            assert p.stdin is not None
-            p.stdin.close()
-            p.wait()
+            p.close()
     load_after = os.getloadavg()[0]
     rows = [dict(arm=arm, min_ms=min(t) * 1e3, p10_ms=quantile(t, 0.1) * 1e3, median_ms=statistics.median(t) * 1e3)
             for arm, t in zip(arms, times, strict=True)]

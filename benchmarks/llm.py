@@ -45,6 +45,20 @@ Measurement (each runtime in its own subprocess, one after the other, alternatin
   probes. The table prints them (``before -> after`` GB/s) beside the session's start probe, so a phase change
   during a run shows; ``--probe start`` is the old single probe per thread count.
 
+Paired mode (``--pairs N``): the mode above runs each engine's whole worker one after the other, minutes apart, and
+on this VM the two runs can meet different memory phases (a 2-thread probe of ~35 GB/s in some minutes, 56-65 in
+others): a ratio from runs in different phases measures the VM, not the engines. With ``--pairs N`` both engines
+are loaded once in resident workers (``benchmarks/resident.py``, the mechanism of ``decode_ab.py``) and warmed up
+(one untimed run of each test), then take N rounds of turns: each round one run of each test by each engine, back
+to back, the first engine alternating round by round, and a short read probe at the run's thread count
+(``quick_bandwidth``) before the first round and after each. Reported per file, thread count and test: each engine's
+median t/s, the median of the per-round ratios (hetero / llama.cpp of the same round) with their min-max and
+quartiles, the ratio of the medians beside it, the probes' range, and "% of bound" with each round against the mean
+of its two probes (the median over the rounds). A worker that dies or does not answer within ``--timeout`` seconds
+ends its row with the error; both workers are stopped.
+
+    python benchmarks/llm.py --files a.gguf,b.gguf --threads 2 --pairs 10
+
 The machine is shared (see shared/FACTS.md: a busy neighbour halves the cores): compare ratios from one run, repeat.
 """
 
@@ -324,14 +338,9 @@ def _memory() -> dict[str, int]:
     return out
 
 
-def _bench_worker(args: argparse.Namespace) -> int:
-    base_rss = _max_rss()
-    from hetero.llm.bench import bench, plan
-
-    tests = plan([args.pp], [args.tg], [])
-    n_ctx = args.pp + args.tg + 8
-    info: dict[str, Any] = {}
-    started = time.perf_counter()
+def _load_engine(args: argparse.Namespace, n_ctx: int) -> tuple[Any, dict[str, Any]]:
+    """The worker's engine (hetero's ``Llm`` or the ``LlamaCpp`` adapter), loaded, and what was measured loading it:
+    load_s, base_rss (before loading, the engine's modules imported), mem_loaded, info."""
     if args.worker == "hetero":
         import warnings
 
@@ -342,8 +351,8 @@ def _bench_worker(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             started = time.perf_counter()
-            llm = load(args.model, backends=["cpu"], on_fallback="silent", threads=args.threads, context=n_ctx,
-                       progress=False)
+            llm: Any = load(args.model, backends=["cpu"], on_fallback="silent", threads=args.threads,
+                            context=n_ctx, progress=False)
         load_s = time.perf_counter() - started
         import hetero_cpu
 
@@ -358,23 +367,63 @@ def _bench_worker(args: argparse.Namespace) -> int:
         llm = LlamaCpp(args.model, args.threads, n_ctx)
         load_s = time.perf_counter() - started
         info = dict(llm.settings)
-    loaded = _memory()
+    return llm, {"load_s": load_s, "base_rss": base_rss, "mem_loaded": _memory(), "info": info}
+
+
+def _bench_worker(args: argparse.Namespace) -> int:
+    from hetero.llm.bench import bench, plan
+
+    tests = plan([args.pp], [args.tg], [])
+    llm, loaded = _load_engine(args, args.pp + args.tg + 8)
     results = bench(llm, tests, args.reps, warmup=True, seed=args.seed, threads=args.threads)
-    print(json.dumps({"load_s": load_s, "base_rss": base_rss, "peak_rss": _max_rss(), "mem_loaded": loaded,
-                      "mem_end": _memory(), "info": info, "tests": {r.test: r.samples_ts for r in results}}))
+    print(json.dumps({**loaded, "peak_rss": _max_rss(), "mem_end": _memory(),
+                      "tests": {r.test: r.samples_ts for r in results}}))
     return 0
 
 
-def run_worker(runtime: str, path: Path, threads: int, reps: int, pp: int, tg: int, installed: bool,
-               timeout: float) -> dict[str, Any]:
+def _resident_worker(args: argparse.Namespace) -> int:
+    """--pairs: load, one untimed run of each test (the warm-up, as ``bench`` does), print "ready" + what loading
+    measured, then answer each stdin line naming a test ("pp512", "tg128") with one timed run of it: {"ts": t/s}.
+    The timing is ``hetero.llm.bench.run_test``'s, for both engines; both draw their tokens from the same seed, so
+    the two engines of a round run the same tokens."""
+    import numpy as np
+
+    from hetero.llm.bench import label_of, plan, run_test
+
+    tests = {label_of(p, g): (p, g) for p, g in plan([args.pp], [args.tg], [])}
+    llm, loaded = _load_engine(args, args.pp + args.tg + 8)
+    rng = np.random.default_rng(args.seed)
+    for n_prompt, n_gen in tests.values():
+        run_test(llm, n_prompt, n_gen, rng)
+    print("ready", json.dumps({**loaded, "peak_rss": _max_rss()}), flush=True)
+    for line in sys.stdin:
+        test = line.strip()
+        if test not in tests:
+            raise SystemExit(f"unknown test {test!r}; this worker runs {list(tests)}")
+        print(json.dumps({"ts": run_test(llm, *tests[test], rng)}), flush=True)
+    return 0
+
+
+def _worker_env(threads: int, installed: bool) -> dict[str, str]:
+    """A worker's environment: its thread count, and this checkout first on PYTHONPATH unless ``installed``."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     if not installed:
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "core"), str(ROOT / "plugins" / "cpu"),
                                              *filter(None, [os.environ.get("PYTHONPATH")])])
-    cmd = [sys.executable, __file__, "--worker", runtime, "--model", str(path), "--threads", str(threads),
-           "--reps", str(reps), "--pp", str(pp), "--tg", str(tg)]
+    return env
+
+
+def _worker_cmd(runtime: str, path: Path, threads: int, reps: int, pp: int, tg: int, seed: int = 0) -> list[str]:
+    return [sys.executable, __file__, "--worker", runtime, "--model", str(path), "--threads", str(threads),
+            "--reps", str(reps), "--pp", str(pp), "--tg", str(tg), "--seed", str(seed)]
+
+
+def run_worker(runtime: str, path: Path, threads: int, reps: int, pp: int, tg: int, installed: bool,
+               timeout: float) -> dict[str, Any]:
+    cmd = _worker_cmd(runtime, path, threads, reps, pp, tg)
     try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, env=_worker_env(threads, installed), capture_output=True, text=True,
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -382,6 +431,130 @@ def run_worker(runtime: str, path: Path, threads: int, reps: int, pp: int, tg: i
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return {"error": f"exit {done.returncode}: " + " | ".join(tail)}
     return json.loads(lines[-1])
+
+
+# -- paired runs (--pairs) -------------------------------------------------------------------------------------------
+def quick_bandwidth(threads: int) -> float:
+    """The read probe between two rounds of --pairs: 128 MiB a thread, 5 timed passes on 4 KiB and 5 on 2 MiB pages
+    (after a warm-up pass each), the best; two launches where the full probe (``bandwidth``) makes four of twice the
+    buffers: ~0.9 s against ~3.7 s (docs/llm-benchmarks.md, branch pair26)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from read_bandwidth import measure
+
+    return measure([threads], mib=128, reps=6, rounds=1)[threads]["best"]
+
+
+def pair_rounds(workers: Sequence[Any], tests: Sequence[str], rounds: int, probe: Any = None,
+                timeout: float | None = None) -> dict[str, Any]:
+    """``rounds`` rounds of one run of each test by each of the two resident workers (``ask(test, timeout)`` answers
+    {"ts": t/s}), the engines back to back on each test, the first engine alternating round by round
+    (``turn_order``); ``probe()`` (GB/s) before the first round and after each. Returns the samples per test and
+    engine (index as ``workers``), the probes, and each round's order."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from resident import turn_order
+
+    samples: dict[str, list[list[float]]] = {test: [[], []] for test in tests}
+    probes = [probe()] if probe else []
+    orders = []
+    for r in range(rounds):
+        order = turn_order(r)
+        orders.append(list(order))
+        for test in tests:
+            for i in order:
+                samples[test][i].append(float(json.loads(workers[i].ask(test, timeout))["ts"]))
+        if probe:
+            probes.append(probe())
+        log(f"  round {r + 1}/{rounds}: " + ", ".join(f"{test} {s[0][-1]:.2f} / {s[1][-1]:.2f} t/s"
+                                                    for test, s in samples.items())
+            + (f"; probe {probes[-1]:.1f} GB/s" if probe else ""))
+    return {"samples": samples, "probes": probes, "orders": orders}
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min, max and the quartiles (inclusive method: within min-max even for a few values)."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "q1": q1, "q3": q3}
+
+
+def round_bounds(probes: Sequence[float], rounds: int) -> list[float] | None:
+    """Each round's bandwidth: the mean of the probes right before and right after it (None without probes)."""
+    if len(probes) != rounds + 1:
+        return None
+    return [(probes[r] + probes[r + 1]) / 2 for r in range(rounds)]
+
+
+def pair_summary(result: dict[str, Any], bytes_per_token: int, decode_test: str) -> dict[str, Any]:
+    """Per test: each engine's median t/s, the per-round ratios (engine 1 / engine 0 of the same round) and their
+    spread, the ratio of the medians (what the sequential mode reports); for the decode test, each engine's median
+    % of bound against its rounds' own probes. Plus the probes' spread."""
+    tests: dict[str, Any] = {}
+    for test, (ref, sub) in result["samples"].items():
+        ratios = [b / a for a, b in zip(ref, sub, strict=True)]
+        entry: dict[str, Any] = {"median": [statistics.median(ref), statistics.median(sub)], "ratios": ratios,
+                                 "ratio": spread(ratios),
+                                 "ratio_of_medians": statistics.median(sub) / statistics.median(ref)}
+        bounds = round_bounds(result["probes"], len(ratios))
+        if test == decode_test and bounds:
+            entry["pct_of_bound"] = [statistics.median(pct_of_bound(ts, bytes_per_token, bw) or math.nan
+                                                       for ts, bw in zip(runs, bounds, strict=True))
+                                     for runs in (ref, sub)]
+        tests[test] = entry
+    return {"tests": tests, "probes": spread(result["probes"]) if result["probes"] else None}
+
+
+def run_paired(runtimes: Sequence[str], path: Path, threads: int, rounds: int, pp: int, tg: int, installed: bool,
+               timeout: float, probe: Any = None, seed: int = 0) -> dict[str, Any]:
+    """Both engines resident (loaded, warmed up), then ``pair_rounds``; {"error": ...} if a worker dies or does not
+    answer in ``timeout`` s (then both are stopped)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from resident import Resident, WorkerError
+
+    env = _worker_env(threads, installed)
+    workers: list[Any] = []
+    try:
+        for runtime in runtimes:
+            cmd = [*_worker_cmd(runtime, path, threads, 0, pp, tg, seed), "--resident"]
+            workers.append(Resident(runtime, cmd, env, ready_timeout=timeout))
+        tests = [f"pp{pp}"] * (pp > 0) + [f"tg{tg}"] * (tg > 0)  # hetero.llm.bench's labels, its order
+        result = pair_rounds(workers, tests, rounds, probe, timeout)
+    except WorkerError as err:
+        return {"error": str(err)}
+    finally:
+        for worker in workers:
+            worker.close()
+    result["loaded"] = [json.loads(w.ready) for w in workers]
+    return result
+
+
+def paired_markdown(rows: list[dict[str, Any]], runtimes: Sequence[str] = ("llama.cpp", "hetero")) -> str:
+    """The --pairs table: a line per file, thread count and test."""
+    ref, sub = runtimes
+    head = ["model", "type", "thr", "rounds", "test", f"{ref} t/s", f"{sub} t/s", "ratio: median of rounds",
+            "ratio min-max", "ratio IQR", "ratio of medians", "% of BW bound (l / h)", "round probes GB/s"]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 5 + ["---:"] * (len(head) - 5)) + "|"]
+    for row in rows:
+        lead = [row["model"], row["type"], str(row["threads"])]
+        if "error" in row["pair"]:
+            cells = [*lead, "—", "—", f"error: {row['pair']['error'][:160]}", *[""] * (len(head) - 6)]
+            out.append("| " + " | ".join(cells) + " |")
+            continue
+        summary = row["summary"]
+        p = summary["probes"]
+        probes = f"{p['min']:.1f}-{p['max']:.1f} (median {p['median']:.1f})" if p else "—"
+        for test, e in summary["tests"].items():
+            r = e["ratio"]
+            pct = e.get("pct_of_bound")
+            cells = [*lead, str(len(e["ratios"])), test, _fmt(e["median"][0]), _fmt(e["median"][1]),
+                     _fmt(r["median"], 2), f"{r['min']:.2f}-{r['max']:.2f}", f"{r['q1']:.2f}-{r['q3']:.2f}",
+                     _fmt(e["ratio_of_medians"], 2), f"{_fmt(pct[0], 0)} / {_fmt(pct[1], 0)}" if pct else "—",
+                     probes]
+            out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(f"t/s: median of the rounds; ratio: {sub} / {ref} of the same round (its median, min-max and "
+               "quartiles over the rounds), beside the ratio of the two medians; % of BW bound: each round's t/s "
+               "against the mean of the probes right before and after that round, median over the rounds; l / h: "
+               f"{ref} / {sub}.")
+    return "\n".join(out)
 
 
 # -- report ------------------------------------------------------------------------------------------------------------
@@ -494,13 +667,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe", choices=("around", "start"), default="around",
                     help="around: a read probe right before and after each engine's run (its %% of bound is "
                     "against their median), plus the start probe; start: the start probe only")
-    ap.add_argument("--timeout", type=float, default=1800, help="seconds per worker before it is abandoned")
+    ap.add_argument("--pairs", type=int, default=0, metavar="N",
+                    help="paired mode: both engines resident, N rounds of one run of each test by each, the first "
+                    "engine alternating, a short read probe between rounds (see the module doc)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per worker before it is abandoned "
+                    "(--pairs: for a worker to load and warm up, or to answer one run)")
     ap.add_argument("--seed", type=int, default=0)
     # internal: the subprocesses
     ap.add_argument("--worker", choices=["hetero", "llama.cpp", "quantize"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--ftype", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--resident", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.worker == "quantize":
@@ -508,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
         return _quantize_worker(args)
     if args.worker:
         args.threads = int(args.threads)
-        return _bench_worker(args)
+        return _resident_worker(args) if args.resident else _bench_worker(args)
 
     models = _csv(args.models, list(MODELS), "model(s)") if not args.files else []
     types = _csv(args.types, list(TYPES), "type(s)") if not args.files else []
@@ -540,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
             bw[t] = probe["best"]
             log(f"  {bw[t]:.1f} GB/s (4 KiB pages {probe['best_4k']:.1f}, 2 MiB pages {probe['best_2m']:.1f})")
 
+    if args.pairs:
+        return _main_paired(args, models, types, paths, threads, runtimes, bw)
     rows = []
     order = 0
     for model in models:
@@ -580,6 +760,49 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows, bw, args.pp, args.tg))
         print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
               f"({os.cpu_count()} CPUs)")
+    return 0
+
+
+def _main_paired(args: argparse.Namespace, models: list[str], types: list[str], paths: dict[tuple[str, str], Path],
+                 threads: list[int], runtimes: list[str], bw: dict[int, float]) -> int:
+    """--pairs: per file and thread count, ``run_paired`` of llama.cpp and hetero, then its table."""
+    if runtimes != ["llama.cpp", "hetero"]:
+        raise SystemExit("--pairs runs both engines: leave --runtimes at llama.cpp,hetero")
+    rows = []
+    for model in models:
+        for qtype in types:
+            stats = file_stats(paths[model, qtype], args.tg)
+            for t in threads:
+                log(f"{model} {qtype} threads={t}: {args.pairs} paired rounds of pp{args.pp} / tg{args.tg} ...")
+
+                def probe(t: int = t) -> float:
+                    return quick_bandwidth(t)
+
+                pair = run_paired(runtimes, paths[model, qtype], t, args.pairs, args.pp, args.tg, args.installed,
+                                  args.timeout, None if args.no_bandwidth else probe, args.seed)
+                row: dict[str, Any] = {"model": model, "type": qtype, "threads": t, "file": stats,
+                                       "path": str(paths[model, qtype]), "pair": pair}
+                if "error" in pair:
+                    log(f"  failed: {pair['error']}")
+                else:
+                    row["summary"] = pair_summary(pair, stats["bytes_per_token"], f"tg{args.tg}")
+                    for test, e in row["summary"]["tests"].items():
+                        log(f"  {test}: {e['median'][0]:.2f} / {e['median'][1]:.2f} t/s, ratios "
+                            + " ".join(f"{r:.2f}" for r in e["ratios"]))
+                    log("  probes GB/s " + " ".join(f"{p:.1f}" for p in pair["probes"]))
+                rows.append(row)
+    document = json.dumps({"mode": "pairs", "rounds": args.pairs, "pp": args.pp, "tg": args.tg,
+                           "bandwidth_gbs": {str(k): v for k, v in bw.items()}, "rows": rows,
+                           "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}}, indent=2)
+    if args.save:
+        args.save.write_text(document)
+    if args.json:
+        print(document)
+        return 0
+    print(paired_markdown(rows))
+    for threads_, value in sorted(bw.items()):
+        print(f"read bandwidth, {threads_} thread(s) (native probe, session start): {value:.1f} GB/s")
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     return 0
 
 

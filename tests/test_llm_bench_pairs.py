@@ -1,0 +1,180 @@
+"""benchmarks/llm.py --pairs: hetero and llama.cpp resident side by side, taking turns one run at a time with the
+first engine alternating, a short read probe between rounds, and the ratio reported as the median of the per-round
+ratios (both engines of a round meet the same phase of the VM). The protocol logic runs on fake workers; one real
+short pairing runs on a tiny GGUF made from the test fixtures (and against llama.cpp where it is installed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # llm.py imports its sibling resident.py this way too
+
+from resident import Resident, WorkerError, turn_order  # noqa: E402
+
+
+def bench_llm():
+    return load_script(ROOT / "benchmarks" / "llm.py", "llm_bench_pairs_under_test")
+
+
+class FakeWorker:
+    """Answers each test with the next of its t/s, and logs the turn."""
+
+    def __init__(self, name: str, ts: dict[str, list[float]], events: list[str]) -> None:
+        self.name, self.ts, self.events = name, {k: iter(v) for k, v in ts.items()}, events
+
+    def ask(self, test: str, timeout: float | None = None) -> str:
+        self.events.append(f"{self.name} {test}")
+        return json.dumps({"ts": next(self.ts[test])})
+
+
+def test_turn_order_alternates_and_probes_sit_between_rounds():
+    mod = bench_llm()
+    events: list[str] = []
+    probes = iter([50.0, 40.0, 60.0])
+
+    def probe() -> float:
+        events.append("probe")
+        return next(probes)
+
+    workers = [FakeWorker("l", {"pp8": [1.0, 1.0], "tg4": [2.0, 2.0]}, events),
+               FakeWorker("h", {"pp8": [3.0, 3.0], "tg4": [4.0, 4.0]}, events)]
+    out = mod.pair_rounds(workers, ["pp8", "tg4"], 2, probe)
+    assert events == ["probe", "l pp8", "h pp8", "l tg4", "h tg4", "probe",
+                      "h pp8", "l pp8", "h tg4", "l tg4", "probe"]
+    assert out["orders"] == [[0, 1], [1, 0]] and [list(turn_order(r)) for r in range(3)] == [[0, 1], [1, 0], [0, 1]]
+    assert out["probes"] == [50.0, 40.0, 60.0]
+    assert out["samples"] == {"pp8": [[1.0, 1.0], [3.0, 3.0]], "tg4": [[2.0, 2.0], [4.0, 4.0]]}
+
+
+def test_ratio_is_the_median_of_the_rounds_ratios():
+    mod = bench_llm()
+    # five rounds; the machine's phase moves both engines together (fast, slow, fast, slow, fast): every round's
+    # ratio is 1.5 but one (1.2), while the engines' medians come from different rounds
+    ref = [20.0, 10.0, 20.0, 10.0, 20.0]
+    sub = [30.0, 15.0, 24.0, 15.0, 30.0]
+    result = {"samples": {"tg4": [ref, sub]}, "probes": [60.0, 60.0, 30.0, 30.0, 60.0, 60.0], "orders": []}
+    summary = mod.pair_summary(result, bytes_per_token=10**9, decode_test="tg4")
+    e = summary["tests"]["tg4"]
+    assert e["ratios"] == [1.5, 1.5, 1.2, 1.5, 1.5]
+    assert e["ratio"]["median"] == 1.5 and e["ratio"]["min"] == 1.2 and e["ratio"]["max"] == 1.5
+    assert e["ratio"]["q1"] == 1.5 and e["ratio"]["q3"] == 1.5
+    assert e["median"] == [20.0, 24.0] and e["ratio_of_medians"] == pytest.approx(1.2)
+    # % of bound: each round against the mean of its two probes (60, 45, 30, 45, 60 GB/s at 1 GB a token)
+    bounds = mod.round_bounds(result["probes"], 5)
+    assert bounds == [60.0, 45.0, 30.0, 45.0, 60.0]
+    expected_ref = sorted(100 * t / b for t, b in zip(ref, bounds, strict=True))[2]
+    assert e["pct_of_bound"][0] == pytest.approx(expected_ref)
+    assert summary["probes"]["min"] == 30.0 and summary["probes"]["max"] == 60.0
+    assert mod.round_bounds([], 5) is None
+    assert "pct_of_bound" not in mod.pair_summary({**result, "probes": []}, 10**9, "tg4")["tests"]["tg4"]
+
+
+def test_markdown_columns():
+    mod = bench_llm()
+    result = {"samples": {"pp8": [[100.0, 110.0], [200.0, 210.0]], "tg4": [[10.0, 20.0], [15.0, 26.0]]},
+              "probes": [40.0, 50.0, 60.0], "orders": [[0, 1], [1, 0]]}
+    row = {"model": "m", "type": "file", "threads": 2, "pair": result,
+           "summary": mod.pair_summary(result, 10**9, "tg4")}
+    failed = {"model": "m2", "type": "file", "threads": 1, "pair": {"error": "hetero worker exited (status 1)"}}
+    lines = mod.paired_markdown([row, failed]).splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head == ["model", "type", "thr", "rounds", "test", "llama.cpp t/s", "hetero t/s",
+                    "ratio: median of rounds", "ratio min-max", "ratio IQR", "ratio of medians",
+                    "% of BW bound (l / h)", "round probes GB/s"]
+    assert lines[1].count("|") == len(head) + 1
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:5]]
+    assert all(len(r) == len(head) for r in rows)
+    pp, tg, err = rows
+    assert pp[:7] == ["m", "file", "2", "2", "pp8", "105.0", "205.0"] and pp[11] == "—"
+    # % of bound: the rounds at 45 and 55 GB/s (the means of their probes): 10/45, 20/55 and 15/45, 26/55
+    assert tg[4:12] == ["tg4", "15.0", "20.5", "1.40", "1.30-1.50", "1.35-1.45", "1.37", "29 / 40"]
+    assert tg[12] == "40.0-60.0 (median 50.0)"
+    assert err[:3] == ["m2", "file", "1"] and err[5] == "error: hetero worker exited (status 1)"
+
+
+def _fake(script: str) -> list[str]:
+    return [sys.executable, "-c", script]
+
+
+def test_a_worker_that_dies_gives_its_status_and_stderr():
+    worker = Resident("fake", _fake("import sys; print('ready {}', flush=True); sys.stdin.readline(); "
+                                    "sys.stderr.write('kernel exploded\\n'); sys.exit(3)"), ready_timeout=60)
+    assert worker.ready == "{}"
+    with pytest.raises(WorkerError, match=r"fake worker exited \(status 3\).*kernel exploded"):
+        worker.ask("tg4", timeout=60)
+    worker.close()
+
+
+def test_a_silent_worker_times_out_and_is_killed():
+    worker = Resident("slow", _fake("import sys, time; print('ready', flush=True); sys.stdin.readline(); "
+                                    "time.sleep(600)"), ready_timeout=60)
+    with pytest.raises(WorkerError, match="no answer to 'tg4' within 1 s"):
+        worker.ask("tg4", timeout=1)
+    assert worker.proc.poll() is not None  # killed, not left running
+    worker.close()
+
+
+def test_a_worker_that_never_gets_ready():
+    with pytest.raises(WorkerError, match=r"exited \(status 2\) waiting for its ready line.*no such model"):
+        Resident("bad", _fake("import sys; print('loading ...', flush=True); sys.stderr.write('no such model\\n'); "
+                              "sys.exit(2)"), ready_timeout=60)
+
+
+def test_run_paired_reports_a_dead_worker_as_the_rows_error(monkeypatch, tmp_path):
+    mod = bench_llm()
+    scripts = {"llama.cpp": "import sys; print('ready {}', flush=True)\nfor _ in sys.stdin: print('{\"ts\": 1.0}', "
+                            "flush=True)",
+               "hetero": "import sys; print('ready {}', flush=True); sys.stdin.readline(); "
+                         "sys.stderr.write('Segmentation fault\\n'); sys.exit(139)"}
+    monkeypatch.setattr(mod, "_worker_cmd", lambda runtime, *a, **k: _fake(scripts[runtime]))
+    out = mod.run_paired(["llama.cpp", "hetero"], tmp_path / "x.gguf", 2, 3, 8, 4, True, timeout=60)
+    assert "hetero worker exited (status 139)" in out["error"] and "Segmentation fault" in out["error"]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    pytest.importorskip("gguf", reason="the gguf package (the GGUF writer of the test fixtures) is absent")
+    writer = load_script(ROOT / "scripts" / "make_gguf_fixtures.py", "make_gguf_fixtures", shared=True)
+    path = tmp_path_factory.mktemp("pairs") / "qwen2-f16.gguf"
+    writer.convert(ROOT / "tests" / "fixtures" / "llm" / "qwen2", path, "F16")
+    return path
+
+
+def _check_real_pairing(runtimes: list[str], path: Path) -> None:
+    mod = bench_llm()
+    out = mod.run_paired(runtimes, path, 1, 2, 8, 4, False, timeout=300, probe=lambda: 10.0)
+    assert "error" not in out, out.get("error")
+    assert out["orders"] == [[0, 1], [1, 0]] and out["probes"] == [10.0, 10.0, 10.0]
+    summary = mod.pair_summary(out, 10**6, "tg4")
+    for test in ("pp8", "tg4"):
+        assert all(len(s) == 2 and all(t > 0 and math.isfinite(t) for t in s) for s in out["samples"][test])
+        assert len(summary["tests"][test]["ratios"]) == 2
+    hetero = out["loaded"][runtimes.index("hetero")]["info"]
+    assert Path(hetero["hetero_cpu"]).resolve().is_relative_to(ROOT)  # this checkout's plugin, not an installed one
+
+
+def test_real_pairing_hetero_against_hetero(tiny_gguf):
+    _check_real_pairing(["hetero", "hetero"], tiny_gguf)
+
+
+def test_real_pairing_llama_cpp_against_hetero(tiny_gguf):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is absent: the llama.cpp worker cannot run")
+    _check_real_pairing(["llama.cpp", "hetero"], tiny_gguf)
+
+
+def test_decode_ab_still_pairs_two_resident_workers(tiny_gguf):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_ab.py"), str(tiny_gguf), str(ROOT),
+                           "--threads", "1", "--blocks", "2", "--steps", "2", "--json", "--timeout", "300"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["logits_identical"] and summary["blocks"] == 2 and summary["ratio_median"] > 0
