@@ -74,7 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -749,17 +749,23 @@ def main(argv: list[str] | None = None) -> int:
                     row.setdefault(runtime, {"error": "not run"})
                 rows.append(row)
 
-    document = json.dumps({"vocab": VOCAB, "pp": args.pp, "tg": args.tg, "reps": args.reps,
-                           "bandwidth_gbs": {str(k): v for k, v in bw.items()}, "rows": rows,
+    return _emit(args, {"vocab": VOCAB, "pp": args.pp, "tg": args.tg, "reps": args.reps}, rows, bw,
+                 lambda: markdown(rows, bw, args.pp, args.tg))
+
+
+def _emit(args: argparse.Namespace, head: dict[str, Any], rows: list[dict[str, Any]], bw: dict[int, float],
+          table: Callable[[], str]) -> int:
+    """The results as a JSON document (written to --save; printed with --json), else the markdown ``table()`` and
+    the load average at the end."""
+    document = json.dumps({**head, "bandwidth_gbs": {str(k): v for k, v in bw.items()}, "rows": rows,
                            "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}}, indent=2)
     if args.save:
         args.save.write_text(document)
     if args.json:
         print(document)
-    else:
-        print(markdown(rows, bw, args.pp, args.tg))
-        print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-              f"({os.cpu_count()} CPUs)")
+        return 0
+    print(table())
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     return 0
 
 
@@ -791,19 +797,10 @@ def _main_paired(args: argparse.Namespace, models: list[str], types: list[str], 
                             + " ".join(f"{r:.2f}" for r in e["ratios"]))
                     log("  probes GB/s " + " ".join(f"{p:.1f}" for p in pair["probes"]))
                 rows.append(row)
-    document = json.dumps({"mode": "pairs", "rounds": args.pairs, "pp": args.pp, "tg": args.tg,
-                           "bandwidth_gbs": {str(k): v for k, v in bw.items()}, "rows": rows,
-                           "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}}, indent=2)
-    if args.save:
-        args.save.write_text(document)
-    if args.json:
-        print(document)
-        return 0
-    print(paired_markdown(rows))
-    for threads_, value in sorted(bw.items()):
-        print(f"read bandwidth, {threads_} thread(s) (native probe, session start): {value:.1f} GB/s")
-    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
-    return 0
+    return _emit(args, {"mode": "pairs", "rounds": args.pairs, "pp": args.pp, "tg": args.tg}, rows, bw,
+                 lambda: "\n".join([paired_markdown(rows)] + [
+                     f"read bandwidth, {t} thread(s) (native probe, session start): {value:.1f} GB/s"
+                     for t, value in sorted(bw.items())]))
 
 
 if __name__ == "__main__":
