@@ -20,6 +20,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # llm.py imports its sibling resid
 
 from resident import Resident, WorkerError, turn_order  # noqa: E402
 
+# A development checkout has its cpu plugin built in place; CI installs it as a wheel instead. The workers then run
+# the installed plugin (llm.py's --installed), and decode_ab.py, whose arms are trees, cannot run this checkout.
+BUILT_IN_PLACE = any((ROOT / "plugins" / "cpu" / "hetero_cpu").glob("_native*.so"))
+
 
 def bench_llm():
     return load_script(ROOT / "benchmarks" / "llm.py", "llm_bench_pairs_under_test")
@@ -151,7 +155,7 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 def _check_real_pairing(runtimes: list[str], path: Path) -> None:
     mod = bench_llm()
-    out = mod.run_paired(runtimes, path, 1, 2, 8, 4, False, timeout=300, probe=lambda: 10.0)
+    out = mod.run_paired(runtimes, path, 1, 2, 8, 4, not BUILT_IN_PLACE, timeout=300, probe=lambda: 10.0)
     assert "error" not in out, out.get("error")
     assert out["orders"] == [[0, 1], [1, 0]] and out["probes"] == [10.0, 10.0, 10.0]
     summary = mod.pair_summary(out, 10**6, "tg4")
@@ -159,7 +163,8 @@ def _check_real_pairing(runtimes: list[str], path: Path) -> None:
         assert all(len(s) == 2 and all(t > 0 and math.isfinite(t) for t in s) for s in out["samples"][test])
         assert len(summary["tests"][test]["ratios"]) == 2
     hetero = out["loaded"][runtimes.index("hetero")]["info"]
-    assert Path(hetero["hetero_cpu"]).resolve().is_relative_to(ROOT)  # this checkout's plugin, not an installed one
+    if BUILT_IN_PLACE:  # this checkout's plugin, not an installed one
+        assert Path(hetero["hetero_cpu"]).resolve().is_relative_to(ROOT)
 
 
 def test_real_pairing_hetero_against_hetero(tiny_gguf):
@@ -171,6 +176,8 @@ def test_real_pairing_llama_cpp_against_hetero(tiny_gguf):
     _check_real_pairing(["llama.cpp", "hetero"], tiny_gguf)
 
 
+@pytest.mark.skipif(not BUILT_IN_PLACE, reason="the checkout's cpu plugin is not built in place "
+                    "(plugins/cpu/hetero_cpu/_native*.so): decode_ab.py's arms are source trees with their own build")
 def test_decode_ab_still_pairs_two_resident_workers(tiny_gguf):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_ab.py"), str(tiny_gguf), str(ROOT),
                            "--threads", "1", "--blocks", "2", "--steps", "2", "--json", "--timeout", "300"],
