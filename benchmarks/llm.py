@@ -80,6 +80,7 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # once: its siblings (read_bandwidth, resident), imported lazily
 CACHE = Path(os.environ.get("HETERO_BENCH_MODELS", Path.home() / ".cache" / "hetero" / "bench-models"))
 VOCAB = 32768
 PP, TG = 512, 128
@@ -226,7 +227,6 @@ def bandwidth(threads: int) -> dict[str, float]:
     """Read bandwidth in GB/s of ``threads`` threads of one process (the native probe, benchmarks/read_bandwidth.py):
     "best" (the best pass on either page size: the ceiling of a decode step at that thread count), "best_4k",
     "best_2m"."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from read_bandwidth import measure
 
     return measure([threads], mib=256, reps=7, rounds=2)[threads]
@@ -438,7 +438,6 @@ def quick_bandwidth(threads: int) -> float:
     """The read probe between two rounds of --pairs: 128 MiB a thread, 5 timed passes on 4 KiB and 5 on 2 MiB pages
     (after a warm-up pass each), the best; two launches where the full probe (``bandwidth``) makes four of twice the
     buffers: ~0.9 s against ~3.7 s (docs/llm-benchmarks.md, branch pair26)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from read_bandwidth import measure
 
     return measure([threads], mib=128, reps=6, rounds=1)[threads]["best"]
@@ -450,7 +449,6 @@ def pair_rounds(workers: Sequence[Any], tests: Sequence[str], rounds: int, probe
     {"ts": t/s}), the engines back to back on each test, the first engine alternating round by round
     (``turn_order``); ``probe()`` (GB/s) before the first round and after each. Returns the samples per test and
     engine (index as ``workers``), the probes, and each round's order."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from resident import turn_order
 
     samples: dict[str, list[list[float]]] = {test: [[], []] for test in tests}
@@ -506,7 +504,6 @@ def run_paired(runtimes: Sequence[str], path: Path, threads: int, rounds: int, p
                timeout: float, probe: Any = None, seed: int = 0) -> dict[str, Any]:
     """Both engines resident (loaded, warmed up), then ``pair_rounds``; {"error": ...} if a worker dies or does not
     answer in ``timeout`` s (then both are stopped)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from resident import Resident, WorkerError
 
     env = _worker_env(threads, installed)
