@@ -609,36 +609,26 @@ void depthwise_channel(const T* plane, i64 H, i64 W, const std::int32_t* w, i64 
     }
 }
 
-void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const py::array& x_scale,
-              const py::array& w_scale, const py::array& y_scale, const py::array& y_zp, const py::object& bias,
-              const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dilations,
-              const py::array& out) {
-  const char* fn = "qconv";
+// The body of qconv / qconv_i32: x checked against the packed weights, then per image and group the GEMM into the
+// output stage st (out: N x Cout x Ho x Wo elements of elem bytes; the stage's kind says which).
+void run_qconv(const py::array& x, const QConv& c, const py::object& x_zp, OutStage st, i64 elem,
+               const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dilations,
+               const py::array& out, const char* fn) {
   need_8bit(x, fn, "x");
   pyx::need_contig(x, fn, "x");
-  if (x.ndim() != 4) fail("qconv: x must be 4-D NCHW, got " + pyx::shape_str(x));
+  if (x.ndim() != 4) fail(std::string(fn) + ": x must be 4-D NCHW, got " + pyx::shape_str(x));
   const i64 N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3);
-  if (C != c.cin_g * c.groups) fail("qconv: x has " + std::to_string(C) + " channels, the weights expect " +
-                                    std::to_string(c.cin_g * c.groups));
+  if (C != c.cin_g * c.groups)
+    fail(std::string(fn) + ": x has " + std::to_string(C) + " channels, the weights expect " +
+         std::to_string(c.cin_g * c.groups));
   const i64 sh = strides[0], sw = strides[1], dh = dilations[0], dw = dilations[1];
   const i64 pt = pads[0], pl = pads[1], pb = pads[2], pr = pads[3];
   const i64 Ho = (H + pt + pb - dh * (c.kh - 1) - 1) / sh + 1, Wo = (W + pl + pr - dw * (c.kw - 1) - 1) / sw + 1;
-  if (Ho <= 0 || Wo <= 0) fail("qconv: empty output");
+  if (Ho <= 0 || Wo <= 0) fail(std::string(fn) + ": empty output");
   const i64 P = Ho * Wo, og = c.cout / c.groups, K = c.cin_g * c.kh * c.kw;
   need_out_size(out, N * c.cout * P, fn);
-  if (pyx::dkey(out) != pyx::dkey(y_zp)) fail("qconv: out must have y_zero_point's dtype");
   const std::vector<std::int32_t> zx = zero_points(x_zp, x, 1, fn, "x_zero_point");
-  OutStage st;
-  std::vector<float> mult;
-  requant_stage(st, mult, x_scale, w_scale, y_scale, y_zp, c.cout, fn);
-  py::array bias_arr;
-  const std::int32_t* ibias = nullptr;
-  if (!bias.is_none()) {
-    bias_arr = py::array::ensure(bias, py::array::c_style);
-    if (pyx::dkey(bias_arr) != "i4" || static_cast<i64>(bias_arr.size()) != c.cout)
-      fail("qconv: bias must be int32 with Cout values");
-    ibias = pyx::cptr<std::int32_t>(bias_arr);
-  }
+  const std::int32_t* ibias = st.ibias;
   const bool s8 = is_s8(x);
   const std::uint8_t flip = s8 ? 0x80 : 0;
   const std::int32_t za = zx[0] + (s8 ? 128 : 0);
@@ -646,7 +636,6 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
   const i64 lda = ((K + 3) / 4) * 4;
   const auto* xs = static_cast<const std::uint8_t*>(x.data());
   auto* o = static_cast<std::uint8_t*>(pyx::mptr<void>(out));
-  const i64 osize = 1;  // 8-bit output
   py::gil_scoped_release nogil;
   if (!c.depthwise.empty()) {
     // per channel: exact sums, then the output stage with this channel's multiplier and bias along the positions
@@ -655,7 +644,7 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
     parallel_for(N * c.cout, threads_for(static_cast<double>(N * c.cout * P * K), 2e5), [&](i64 task) {
       const i64 n = task / c.cout, ch = task % c.cout;
       std::vector<std::int32_t> acc(static_cast<std::size_t>(P));
-      std::vector<float> sc(static_cast<std::size_t>(P), mult[static_cast<std::size_t>(ch)]);
+      std::vector<float> sc(static_cast<std::size_t>(P), st.scale ? st.scale[ch] : 0.0f);
       std::vector<std::int32_t> ib(static_cast<std::size_t>(P), ibias ? ibias[ch] : 0);
       const std::int32_t* w = c.depthwise.data() + ch * K;
       if (s8)
@@ -667,7 +656,7 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
       OutStage sc_st = st;  // row = the channel, columns = its positions
       sc_st.scale = sc.data();
       sc_st.ibias = ib.data();
-      sc_st.out = o + (n * c.cout) * P * osize;
+      sc_st.out = o + (n * c.cout) * P * elem;
       sc_st.rs = P;
       sc_st.cs = 1;
       qk().finish(sc_st, cr, ch, 1, 0, static_cast<int>(P), acc.data(), P);
@@ -720,14 +709,40 @@ void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const 
       }, wake);
       const QPacked& p = *c.packed[static_cast<std::size_t>(g)];
       OutStage sg = st;
-      sg.scale = mult.data() + g * og;
+      sg.scale = st.scale ? st.scale + g * og : nullptr;
       sg.ibias = ibias ? ibias + g * og : nullptr;
-      sg.out = o + ((n * c.cout) + g * og) * P * osize;
+      sg.out = o + ((n * c.cout) + g * og) * P * elem;
       sg.rs = 1;
       sg.cs = P;
       const AOperand ao = column_image ? AOperand{hwc.data(), sh * cg, &za, 1} : AOperand{cols.data(), lda, &za, 1};
       qgemm(p, ao, P, sg);
     }
+}
+
+void py_qconv(const py::array& x, const QConv& c, const py::object& x_zp, const py::array& x_scale,
+              const py::array& w_scale, const py::array& y_scale, const py::array& y_zp, const py::object& bias,
+              const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dilations,
+              const py::array& out) {
+  if (pyx::dkey(out) != pyx::dkey(y_zp)) fail("qconv: out must have y_zero_point's dtype");
+  OutStage st;
+  std::vector<float> mult;
+  requant_stage(st, mult, x_scale, w_scale, y_scale, y_zp, c.cout, "qconv");
+  py::array bias_arr;
+  if (!bias.is_none()) {
+    bias_arr = py::array::ensure(bias, py::array::c_style);
+    if (pyx::dkey(bias_arr) != "i4" || static_cast<i64>(bias_arr.size()) != c.cout)
+      fail("qconv: bias must be int32 with Cout values");
+    st.ibias = pyx::cptr<std::int32_t>(bias_arr);
+  }
+  run_qconv(x, c, x_zp, st, 1, strides, pads, dilations, out, "qconv");
+}
+
+// ConvInteger: the exact int32 sums of (x - x_zero_point) (w - w_zero_point), NCHW.
+void py_qconv_i32(const py::array& x, const QConv& c, const py::object& x_zp, const std::vector<i64>& strides,
+                  const std::vector<i64>& pads, const std::vector<i64>& dilations, const py::array& out) {
+  if (pyx::dkey(out) != "i4") fail("qconv_i32: out must be int32");
+  OutStage st;  // I32
+  run_qconv(x, c, x_zp, st, 4, strides, pads, dilations, out, "qconv_i32");
 }
 
 // y = saturate(round(x / scale) + zp) with scale = (max(x, 0) - min(x, 0)) / 255 and
@@ -842,6 +857,9 @@ void bind(py::module_& m) {
   m.def("qconv", &py_qconv, py::arg("x"), py::arg("weights"), py::arg("x_zero_point"), py::arg("x_scale"),
         py::arg("w_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("bias"), py::arg("strides"),
         py::arg("pads"), py::arg("dilations"), py::arg("out"));
+  m.def("qconv_i32", &py_qconv_i32, py::arg("x"), py::arg("weights"), py::arg("x_zero_point"), py::arg("strides"),
+        py::arg("pads"), py::arg("dilations"), py::arg("out"),
+        "ConvInteger: int32 sums of (x - x_zero_point)(w - w_zero_point), 2-D NCHW (a 1-D conv as H = 1).");
   m.def("quantize_linear", &py_quantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("y"));
   m.def("dequantize_linear", &py_dequantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"),
         py::arg("y"));

@@ -183,7 +183,7 @@ def _qconv_want(x, w, xzp, wzp, x_s, w_s, y_s, y_zp, bias, attrs):
     return _requant(acc, mult, int(y_zp), y_zp.dtype.type)
 
 
-@pytest.mark.parametrize("case", [
+CONV_CASES = [
     dict(x=(1, 3, 9, 11), w=(8, 3, 3, 3), pads=[1, 1, 1, 1]),
     dict(x=(2, 16, 10, 10), w=(24, 16, 1, 1)),
     dict(x=(1, 8, 12, 12), w=(16, 8, 3, 3), strides=[2, 2], pads=[1, 0, 1, 2]),
@@ -201,7 +201,10 @@ def _qconv_want(x, w, xzp, wzp, x_s, w_s, y_s, y_zp, bias, attrs):
     # dilated (the im2col copy again)
     dict(x=(1, 3, 23, 1), w=(5, 3, 3, 1), pads=[2, 0, 1, 0], strides=[3, 1]),
     dict(x=(1, 8, 20, 1), w=(6, 8, 3, 1), pads=[1, 0, 1, 0], dilations=[2, 1]),
-])
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
 @pytest.mark.parametrize("xdt,wdt", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
 def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
     """QLinearConv through a cpu session (kernel choice, attributes, 1-D as 2-D) against ConvInteger's reference
@@ -228,6 +231,41 @@ def test_qlinear_conv_session(isa, threads, case, xdt, wdt):
     assert "QLinearConv" in session.explain() and "reference" not in session.placement.fallback_summary()
     got = session.run({"x": x})["y"]
     want = _qconv_want(x, w, x_zp, w_zp, x_s, w_s, y_s, y_zp, bias, attrs)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("xdt,wdt", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)])
+@pytest.mark.parametrize("zero_points", ["x at run time, w per channel", "x at run time, w one value", "none"])
+def test_conv_integer_session(isa, threads, case, xdt, wdt, zero_points):
+    """ConvInteger through a cpu session on the native int8 conv (x's zero point a run-time value, as
+    DynamicQuantizeLinear gives it), bit for bit the reference's int32 sums."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(6)
+    x, w = _rand8(rng, case["x"], xdt), _rand8(rng, case["w"], wdt)
+    attrs = {k: v for k, v in case.items() if k in ("pads", "strides", "dilations", "group")}
+    xtype = TensorProto.UINT8 if xdt is np.uint8 else TensorProto.INT8
+    inputs = [helper.make_tensor_value_info("x", xtype, list(x.shape))]
+    inits = [numpy_helper.from_array(w, "w")]
+    feeds: dict[str, np.ndarray] = {"x": x}
+    names = ["x", "w"]
+    x_zp = w_zp = None
+    if zero_points != "none":
+        x_zp = _rand8(rng, (), xdt)
+        w_zp = _rand8(rng, (case["w"][0],) if "per channel" in zero_points else (), wdt)
+        inputs.append(helper.make_tensor_value_info("xz", xtype, []))
+        inits.append(numpy_helper.from_array(w_zp, "wz"))
+        feeds["xz"] = np.asarray(x_zp)
+        names += ["xz", "wz"]
+    graph = helper.make_graph([helper.make_node("ConvInteger", names, ["y"], **attrs)], "convint", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
+    assert "reference" not in session.placement.fallback_summary()
+    got = session.run(feeds)["y"]
+    want = _reference("ConvInteger", [x, w, x_zp, w_zp], attrs)[0]
+    assert got.dtype == np.int32
     np.testing.assert_array_equal(got, want)
 
 

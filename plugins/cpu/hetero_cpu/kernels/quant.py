@@ -1,5 +1,5 @@
 """Quantized ONNX ops on the native int8 kernels (``src/qlinear*.cpp``): QuantizeLinear / DequantizeLinear (one scale
-and zero point), DynamicQuantizeLinear, MatMulInteger,
+and zero point), DynamicQuantizeLinear, MatMulInteger, ConvInteger,
 the fused MatMulInteger -> Cast -> Mul of dynamically quantized models (``hetero::MatMulIntegerScaled``, made by
 ``hetero.ir.passes.fuse_matmul_integer_scale``), QLinearMatMul and QLinearConv.
 
@@ -204,30 +204,28 @@ class CpuQLinearMatMul(_PackedBMatMul):
         return functools.partial(_native.qgemm_requant, a, self.packed, inputs[2].numpy(), a_s, b_s, y_s, y_zp, out)
 
 
-class CpuQLinearConv(CallKernel):
-    """2-D quantized convolution (1-D as H = 1): im2col padded with x's zero point, the int8 GEMM per group, the
-    int32 bias, requantized into the NCHW output."""
+class _PackedConv(CallKernel):
+    """A 2-D 8-bit convolution (1-D as H = 1) whose weight (input ``w``, zero point input ``w_zero_point``) is a
+    constant packed once per group: im2col padded with x's zero point, the int8 GEMM per group, into NCHW."""
 
-    @staticmethod
-    def accepts(node: NodeInfo) -> Support:
-        verdict = _constant_8bit(node, 3, "w", (3, 4))
-        for index, what in ((5, "w_zero_point"), (8, "bias")):
-            if verdict:
-                verdict = _optional_is_constant(node, index, what)
-        return _single_values(node, (1, 2, 6, 7)) if verdict else verdict
+    w = w_zero_point = 0
+
+    @classmethod
+    def _w_is_constant(cls, node: NodeInfo) -> Support:
+        verdict = _constant_8bit(node, cls.w, "w", (3, 4))
+        return _optional_is_constant(node, cls.w_zero_point, "w_zero_point") if verdict else verdict
 
     def __init__(self, node: NodeInfo, backend: Backend) -> None:
         super().__init__(node, backend)
-        weight = np.ascontiguousarray(node.constants[3])
+        weight = np.ascontiguousarray(node.constants[self.w])
         self.one_d = weight.ndim == 3
         if self.one_d:
             weight = np.ascontiguousarray(weight[:, :, None, :])
-        self.kernel_shape = tuple(node.constants[3].shape[2:])
+        self.kernel_shape = tuple(node.constants[self.w].shape[2:])
         self.strides = tuple(self.attr("strides", [1] * len(self.kernel_shape)))
         self.dilations = tuple(self.attr("dilations", [1] * len(self.kernel_shape)))
-        self.weights = _native.qconv_pack(weight, _constant_or_none(node, 5), int(self.attr("group", 1)))
-        bias = _constant_or_none(node, 8)
-        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.int32)
+        self.weights = _native.qconv_pack(weight, _constant_or_none(node, self.w_zero_point),
+                                          int(self.attr("group", 1)))
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
         spatial = static_shape(inputs[0])[2:]
@@ -239,17 +237,59 @@ class CpuQLinearConv(CallKernel):
             self.pads = (begin[0], begin[1], end[0], end[1])
             self.native = (self.strides, self.dilations)
 
+    def _operands(self, inputs: Sequence[Tensor | None], out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x and the output as the native 2-D conv sees them (a 1-D conv's with H = 1)."""
+        x = np.ascontiguousarray(inputs[0].numpy())
+        return (x[:, :, None, :], out[:, :, None, :]) if self.one_d else (x, out)
+
+
+class CpuQLinearConv(_PackedConv):
+    """QLinearConv: the int32 bias added, requantized to y_scale / y_zero_point."""
+
+    w, w_zero_point = 3, 5
+
+    @classmethod
+    def accepts(cls, node: NodeInfo) -> Support:
+        verdict = cls._w_is_constant(node)
+        if verdict:
+            verdict = _optional_is_constant(node, 8, "bias")
+        return _single_values(node, (1, 2, 6, 7)) if verdict else verdict
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        bias = _constant_or_none(node, 8)
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.int32)
+
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         out = outputs[0].buffer
         if out.size == 0:
             return noop
-        x = np.ascontiguousarray(inputs[0].numpy())
-        if self.one_d:
-            x, out = x[:, :, None, :], out[:, :, None, :]
+        x, out = self._operands(inputs, out)
         x_s, w_s, y_s, y_zp = _requant_params(inputs, 1, 4, 6)
         strides, dilations = self.native
         return functools.partial(_native.qconv, x, self.weights, inputs[2].numpy(), x_s, w_s, y_s, y_zp, self.bias,
                                  strides, self.pads, dilations, out)
+
+
+class CpuConvInteger(_PackedConv):
+    """ConvInteger (dynamically quantized CNNs: DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul): the exact int32
+    sums, as the reference's."""
+
+    w, w_zero_point = 1, 3
+
+    @classmethod
+    def accepts(cls, node: NodeInfo) -> Support:
+        verdict = cls._w_is_constant(node)
+        return _single_values(node, (2,)) if verdict else verdict
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        x, out = self._operands(inputs, out)
+        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        strides, dilations = self.native
+        return functools.partial(_native.qconv_i32, x, self.weights, zp, strides, self.pads, dilations, out)
 
 
 # Unary ops BroadcastUnaryMatMul takes, and those among them that never decrease (the native kernel then predicts
@@ -344,5 +384,6 @@ KERNELS = {
     ("hetero", "MatMulIntegerScaled"): CpuMatMulIntegerScaled,
     ("", "QLinearMatMul"): CpuQLinearMatMul,
     ("", "QLinearConv"): CpuQLinearConv,
+    ("", "ConvInteger"): CpuConvInteger,
     ("hetero", "BroadcastUnaryMatMul"): CpuBroadcastUnaryMatMul,
 }
