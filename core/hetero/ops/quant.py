@@ -1,6 +1,6 @@
 """Linear quantization: QuantizeLinear / DequantizeLinear (per tensor, per axis, per block), dynamic quantization,
 the integer matmul / conv ops (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv), and the fused
-``hetero::MatMulIntegerScaled`` of dynamically quantized models."""
+``hetero::MatMulIntegerScaled`` / ``hetero::ConvIntegerScaled`` of dynamically quantized models."""
 
 from __future__ import annotations
 
@@ -134,6 +134,25 @@ def conv_integer(ctx: OpContext) -> list[np.ndarray]:
     xs = _minus_zp(x, x_zp, 1)
     ws = _minus_zp(w, w_zp, 0)
     return [_conv(ctx, xs, ws, np.dtype(np.int64)).astype(np.int32)]
+
+
+def _conv_scaled_infer(ctx: OpContext) -> list[TensorInfo]:
+    return [TensorInfo(input_info(ctx, 4).dtype, _conv_infer(ctx)[0].shape)]
+
+
+@op("ConvIntegerScaled", domain=HETERO_DOMAIN, infer=_conv_scaled_infer)
+def conv_integer_scaled(ctx: OpContext) -> list[np.ndarray]:
+    """ConvInteger (inputs 0-3), plus the optional int32 ``bias`` (input 5: one value per output channel, broadcast
+    against the output), Cast to the scale's type, times ``scale`` (input 4; times the optional ``factor``, input 6,
+    first: the activation scale x weight scale product): what ``hetero.ir.passes.fuse_conv_integer_scale`` replaces,
+    computed the way those nodes compute it."""
+    (acc,) = conv_integer(ctx)
+    if ctx.has_input(5):
+        acc = np.add(acc, ctx.array(5), dtype=np.int32)  # int32 wrapping, as the Add of two int32 tensors
+    scale = ctx.array(4)
+    if ctx.has_input(6):
+        scale = scale * ctx.array(6)
+    return [(acc.astype(scale.dtype) * scale).astype(scale.dtype, copy=False)]
 
 
 def _requantize(real: np.ndarray, y_scale: np.ndarray, y_zp: np.ndarray) -> np.ndarray:

@@ -195,7 +195,7 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   }
   if (!p.cols.empty()) return qgemm_dot(kr, p, a, M, st, cr, work);
   // the tile's shape: the F32 stage in registers where the ISA has it (its own shape), else tile then finish
-  const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1;
+  const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1 && !st.ibias;
   const int tile_rows = f32_in_tile ? kr.f32_mr : kr.mr, tile_panels = f32_in_tile ? kr.f32_np : kr.np;
   const i64 panels_per_block = f32_in_tile ? tile_panels : std::max(kr.np, 4);
   const i64 nblocks = (p.panels + panels_per_block - 1) / panels_per_block;
@@ -745,6 +745,39 @@ void py_qconv_i32(const py::array& x, const QConv& c, const py::object& x_zp, co
   run_qconv(x, c, x_zp, st, 4, strides, pads, dilations, out, "qconv_i32");
 }
 
+// ConvInteger -> Add (an int32 bias per output channel) -> Cast -> Mul (a scale, times an optional factor: the
+// activation scale x weight scale) of dynamically quantized CNNs, as one conv: float32(acc + ibias[c]) *
+// float32(scale * factor), the values those nodes compute.
+void py_qconv_f32(const py::array& x, const QConv& c, const py::object& x_zp, const py::array& scale,
+                  const py::object& factor, const py::object& ibias, const std::vector<i64>& strides,
+                  const std::vector<i64>& pads, const std::vector<i64>& dilations, const py::array& out) {
+  const char* fn = "qconv_f32";
+  pyx::need_f32(out, fn, "out");
+  pyx::need_f32(scale, fn, "scale");
+  if (scale.size() != 1) fail("qconv_f32: scale must be a single value");
+  py::array factor_arr, bias_arr;
+  const float* f = nullptr;
+  if (!factor.is_none()) {
+    factor_arr = py::array::ensure(factor, py::array::c_style);
+    pyx::need_f32(factor_arr, fn, "factor");
+    if (factor_arr.size() != 1) fail("qconv_f32: factor must be a single value");
+    f = pyx::cptr<float>(factor_arr);
+  }
+  OutStage st;
+  st.kind = OutStage::F32;
+  std::vector<float> mult;
+  const py::array sc = py::array::ensure(scale, py::array::c_style);
+  column_scales(pyx::cptr<float>(sc), 1, f, f ? 1 : 0, c.cout, mult);
+  st.scale = mult.data();
+  if (!ibias.is_none()) {
+    bias_arr = py::array::ensure(ibias, py::array::c_style);
+    if (pyx::dkey(bias_arr) != "i4" || static_cast<i64>(bias_arr.size()) != c.cout)
+      fail("qconv_f32: the bias must be int32 with Cout (" + std::to_string(c.cout) + ") values");
+    st.ibias = pyx::cptr<std::int32_t>(bias_arr);
+  }
+  run_qconv(x, c, x_zp, st, 4, strides, pads, dilations, out, fn);
+}
+
 // y = saturate(round(x / scale) + zp) with scale = (max(x, 0) - min(x, 0)) / 255 and
 // zp = saturate(round(-min / scale)), in float32 arithmetic; an all-zero x gives scale 0, zp 0, y 0.
 Op prep_dynamic_quantize(const py::array& x, const py::array& y, const py::array& scale, const py::array& zp) {
@@ -860,6 +893,9 @@ void bind(py::module_& m) {
   m.def("qconv_i32", &py_qconv_i32, py::arg("x"), py::arg("weights"), py::arg("x_zero_point"), py::arg("strides"),
         py::arg("pads"), py::arg("dilations"), py::arg("out"),
         "ConvInteger: int32 sums of (x - x_zero_point)(w - w_zero_point), 2-D NCHW (a 1-D conv as H = 1).");
+  m.def("qconv_f32", &py_qconv_f32, py::arg("x"), py::arg("weights"), py::arg("x_zero_point"), py::arg("scale"),
+        py::arg("factor"), py::arg("bias"), py::arg("strides"), py::arg("pads"), py::arg("dilations"), py::arg("out"),
+        "hetero::ConvIntegerScaled: float32(ConvInteger + int32 bias[c]) * float32(scale * factor), 2-D NCHW.");
   m.def("quantize_linear", &py_quantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("y"));
   m.def("dequantize_linear", &py_dequantize_linear, py::arg("x"), py::arg("scale"), py::arg("zero_point"),
         py::arg("y"));

@@ -46,7 +46,7 @@ using QuantizeFn = void (*)(const float* x, i64 n, float scale, int zp, int qmin
 using MinMaxFn = void (*)(const float* x, i64 n, float* lo, float* hi);
 
 // How the finished int32 sums leave the GEMM: value (m, n) = raw - za[m] colsum[n] - zb[n] (rowsum[m] - K za[m]),
-// then int32 as it is, or float32(value) * scale[n] (+ bias[n]), or requantized to 8 bits:
+// then int32 as it is, or float32(value (+ ibias[n])) * scale[n] (+ bias[n]), or requantized to 8 bits:
 // saturate(round_half_even(float32(value + ibias[n]) * scale[n]) + y_zp).
 struct OutStage {
   enum Kind { I32, F32, Q8 } kind = I32;
@@ -56,7 +56,7 @@ struct OutStage {
   const float* fbias = nullptr;         // F32: N values added after the multiply
   const float* addend = nullptr;        // F32: a value per output added last (rows add_rs apart, columns adjacent)
   i64 add_rs = 0;
-  const std::int32_t* ibias = nullptr;  // Q8: N values added before it
+  const std::int32_t* ibias = nullptr;  // F32 / Q8: N values added to the int32 value first (wrapping)
   int y_zp = 0, qmin = 0, qmax = 255;   // Q8
   bool y_unsigned = true;
 };

@@ -487,7 +487,8 @@ void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0,
   if (st.kind == OutStage::Q8 && rows == 4 && st.rs == 1)
     return requant_4rows_to_columns(st, cr, m0, n0, ncols, raw, ldraw);
 #endif
-  if (st.cs == 1 && st.kind != OutStage::Q8) {  // contiguous rows: straight into the output
+  // contiguous rows: straight into the output (an F32 stage with an int32 bias adds it first, below)
+  if (st.cs == 1 && (st.kind == OutStage::I32 || (st.kind == OutStage::F32 && !st.ibias))) {
     for (int r = 0; r < rows; ++r) {
       const i64 m = m0 + r;
       const std::int32_t* rw = raw + r * ldraw;
@@ -518,6 +519,11 @@ void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0,
         else for (int j = 0; j < nc; ++j) o[j * st.cs] = v[j];
         continue;
       }
+      if (st.ibias) {  // wrapping, as int32 tensors add
+        const std::int32_t* b = st.ibias + n;
+        for (int j = 0; j < nc; ++j)
+          v[j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(v[j]) + static_cast<std::uint32_t>(b[j]));
+      }
       if (st.kind == OutStage::F32) {
         const float* sc = st.scale + n;
         for (int j = 0; j < nc; ++j) f[j] = static_cast<float>(v[j]) * sc[j];
@@ -533,11 +539,6 @@ void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0,
         if (st.cs == 1) std::memcpy(o, f, static_cast<std::size_t>(nc) * 4);
         else for (int j = 0; j < nc; ++j) o[j * st.cs] = f[j];
         continue;
-      }
-      if (st.ibias) {
-        const std::int32_t* b = st.ibias + n;
-        for (int j = 0; j < nc; ++j)
-          v[j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(v[j]) + static_cast<std::uint32_t>(b[j]));
       }
       const float lo = static_cast<float>(st.qmin - st.y_zp), hi = static_cast<float>(st.qmax - st.y_zp);
       const float* sc = st.scale + n;

@@ -15,6 +15,7 @@ from hetero.contract.registry import OpContext
 from hetero.contract.tensor import TensorInfo
 from hetero.frontends.onnx import load_onnx
 from hetero.ir import passes
+from hetero.runtime.infer import fold_and_infer
 
 from .conftest import _native
 
@@ -388,6 +389,94 @@ def test_fusion_pass_leaves_other_patterns_alone():
     graph.nodes.append(Node("Identity", ["accf"], ["extra"]))
     graph.outputs.append("extra")
     assert passes.fuse_matmul_integer_scale(graph) == 0
+
+
+def _dynamic_conv_model(case: dict, bias: bool, bias_rank: int = 4):
+    """onnxruntime's quantize_dynamic pattern for Conv: DynamicQuantizeLinear, ConvInteger by uint8 weights, the
+    float bias rounded by the activation scale x weight scale at run time (Div, Floor, Cast to int32, Reshape to one
+    value per channel) and added to the int32 sums, Cast, Mul by that scale product."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    cout = case["w"][0]
+    attrs = {k: v for k, v in case.items() if k in ("pads", "strides", "dilations", "group")}
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], **attrs),
+        helper.make_node("Mul", ["xs", "ws"], ["s"]),
+    ]
+    inits = [numpy_helper.from_array(_rand8(rng, case["w"], np.uint8), "w"),
+             numpy_helper.from_array(np.array(131, np.uint8), "wz"),
+             numpy_helper.from_array(np.array(0.0137, np.float32), "ws")]
+    if bias:
+        spatial = [1] * (len(case["x"]) - 2)
+        shape = [1, -1, *spatial] if bias_rank == len(case["x"]) else [-1, *spatial]
+        nodes += [helper.make_node("Mul", ["xs", "ws"], ["bs"]),
+                  helper.make_node("Div", ["b", "bs"], ["bq"]),
+                  helper.make_node("Floor", ["bq"], ["bf"]),
+                  helper.make_node("Cast", ["bf"], ["bi"], to=TensorProto.INT32),
+                  helper.make_node("Reshape", ["bi", "bshape"], ["br"]),
+                  helper.make_node("Add", ["acc", "br"], ["acc_b"])]
+        inits += [numpy_helper.from_array(rng.normal(size=cout).astype(np.float32), "b"),
+                  numpy_helper.from_array(np.array(shape, np.int64), "bshape")]
+    nodes += [helper.make_node("Cast", ["acc_b" if bias else "acc"], ["accf"], to=TensorProto.FLOAT),
+              helper.make_node("Mul", ["accf", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "dynconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, case["x"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("case", CONV_CASES[:8])
+@pytest.mark.parametrize("bias, bias_rank", [(False, 0), (True, 4), (True, 3)])
+def test_dynamic_quantized_conv_fused_and_against_onnxruntime(threads, case, bias, bias_rank):
+    """ConvInteger -> (Add of the run-time int32 bias) -> Cast -> Mul as one ConvIntegerScaled on the native conv:
+    the bits of onnxruntime running the graph as written, and of hetero's reference."""
+    ort = pytest.importorskip("onnxruntime")
+    model = _dynamic_conv_model(case, bias, bias_rank)
+    session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
+    assert session.rewrites["fuse_conv_integer_scale"] == 1
+    fused = [n for n in session.graph.nodes if n.op_type == "ConvIntegerScaled"]
+    assert len(fused) == 1 and fused[0].inputs[4] == "xs" and fused[0].inputs[6] == "ws"
+    assert bool(fused[0].inputs[5]) == bias
+    assert not [n for n in session.graph.nodes if n.op_type in ("ConvInteger", "Cast") and n.outputs[0] != "bi"]
+    x = np.random.default_rng(8).normal(size=case["x"]).astype(np.float32)
+    got = session.run({"x": x})["y"]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
+    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
+    ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x})["y"]
+    np.testing.assert_array_equal(got, ref)
+
+
+def _inferred(model) -> Graph:
+    graph: Graph = load_onnx(model)
+    fold_and_infer(graph)  # the shapes the session's passes see
+    return graph
+
+
+def test_conv_fusion_leaves_other_patterns_alone():
+    from onnx import numpy_helper
+
+    case = CONV_CASES[0]
+    cout = case["w"][0]
+    graph = _inferred(_dynamic_conv_model(case, True))
+    assert passes.fuse_conv_integer_scale(graph) == 1  # the pattern as the session sees it
+    # the int32 sums read twice (here a graph output): not fused
+    graph = _inferred(_dynamic_conv_model(case, False))
+    graph.outputs.append("acc")
+    assert passes.fuse_conv_integer_scale(graph) == 0
+    # a bias that is not one value per output channel (one per column of the map): the Add, so nothing, fuses
+    model = _dynamic_conv_model(case, True)
+    out_w = case["x"][3]  # pads 1 and a 3 x 3 kernel: the output as wide as x
+    for init in model.graph.initializer:
+        if init.name == "bshape":
+            init.CopyFrom(numpy_helper.from_array(np.array([1, 1, 1, out_w], np.int64), "bshape"))
+        if init.name == "b":
+            init.CopyFrom(numpy_helper.from_array(np.ones(out_w, np.float32), "b"))
+    assert passes.fuse_conv_integer_scale(_inferred(model)) == 0
+    assert cout != out_w
 
 
 @pytest.mark.parametrize("scale", [0.05, 0.0123, 3.3e-3, 7.0, 1e-30, 1e30, -0.07, 1.5e-38])

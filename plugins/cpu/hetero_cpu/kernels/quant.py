@@ -1,7 +1,8 @@
 """Quantized ONNX ops on the native int8 kernels (``src/qlinear*.cpp``): QuantizeLinear / DequantizeLinear (one scale
 and zero point), DynamicQuantizeLinear, MatMulInteger, ConvInteger,
 the fused MatMulInteger -> Cast -> Mul of dynamically quantized models (``hetero::MatMulIntegerScaled``, made by
-``hetero.ir.passes.fuse_matmul_integer_scale``), QLinearMatMul and QLinearConv.
+``hetero.ir.passes.fuse_matmul_integer_scale``; ``hetero::ConvIntegerScaled`` likewise, with the int32 bias of a
+quantized Conv), QLinearMatMul and QLinearConv.
 
 Constant weights are packed once (8-bit panels, column sums and zero points), when the kernel is made. Integer
 results are exact; the requantizing ops round like onnxruntime (float32 multiplier ``a_scale * b_scale / y_scale``,
@@ -292,6 +293,29 @@ class CpuConvInteger(_PackedConv):
         return functools.partial(_native.qconv_i32, x, self.weights, zp, strides, self.pads, dilations, out)
 
 
+class CpuConvIntegerScaled(CpuConvInteger):
+    """``hetero::ConvIntegerScaled``: the int32 bias (one per channel, computed at run time) added and the scale
+    applied in the conv's output stage; float32 out, the unfused nodes' values."""
+
+    @classmethod
+    def accepts(cls, node: NodeInfo) -> Support:
+        verdict = super().accepts(node)
+        return _single_values(node, (4, 6)) if verdict else verdict
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        x, out = self._operands(inputs, out)
+        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        scale = inputs[4].numpy()
+        bias = inputs[5].numpy() if len(inputs) > 5 and inputs[5] is not None else None
+        factor = inputs[6].numpy() if len(inputs) > 6 and inputs[6] is not None else None
+        strides, dilations = self.native
+        return functools.partial(_native.qconv_f32, x, self.weights, zp, scale, factor, bias, strides, self.pads,
+                                 dilations, out)
+
+
 # Unary ops BroadcastUnaryMatMul takes, and those among them that never decrease (the native kernel then predicts
 # DynamicQuantizeLinear's range from the operands' column extremes instead of a first pass over every row).
 _CHAIN_UNARY = {"": "", "Tanh": "tanh", "Sigmoid": "sigmoid", "Relu": "relu"}
@@ -385,5 +409,6 @@ KERNELS = {
     ("", "QLinearMatMul"): CpuQLinearMatMul,
     ("", "QLinearConv"): CpuQLinearConv,
     ("", "ConvInteger"): CpuConvInteger,
+    ("hetero", "ConvIntegerScaled"): CpuConvIntegerScaled,
     ("hetero", "BroadcastUnaryMatMul"): CpuBroadcastUnaryMatMul,
 }
