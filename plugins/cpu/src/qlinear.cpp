@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "onnx_py.hpp"
 #include "qlinear.hpp"
 #include "step.hpp"
@@ -585,6 +589,51 @@ std::shared_ptr<QConv> py_qconv_pack(const py::array& w, const py::object& zp, i
   return c;
 }
 
+#if defined(__SSE2__)
+// Rows of 16 bytes transposed: d[c * ds + r] = s[r * ss + c] ^ flip for r, c < 16 (four rounds of unpacks, each
+// doubling the run of one column's rows in a register: 2, 4, 8, then 16).
+inline void transpose16(const std::uint8_t* s, i64 ss, std::uint8_t* d, i64 ds, std::uint8_t flip) {
+  const __m128i f = _mm_set1_epi8(static_cast<char>(flip));
+  __m128i x[16], y[16];
+  for (int r = 0; r < 16; ++r) x[r] = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + r * ss)), f);
+  for (int i = 0; i < 8; ++i) {  // y[i]: columns 0-7 of rows 2i, 2i + 1; y[8 + i]: columns 8-15
+    y[i] = _mm_unpacklo_epi8(x[2 * i], x[2 * i + 1]);
+    y[8 + i] = _mm_unpackhi_epi8(x[2 * i], x[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h)  // x[q * 4 + i]: columns 4q .. 4q + 3 of rows 4i .. 4i + 3
+    for (int i = 0; i < 4; ++i) {
+      x[h * 8 + i] = _mm_unpacklo_epi16(y[h * 8 + 2 * i], y[h * 8 + 2 * i + 1]);
+      x[h * 8 + 4 + i] = _mm_unpackhi_epi16(y[h * 8 + 2 * i], y[h * 8 + 2 * i + 1]);
+    }
+  for (int q = 0; q < 4; ++q)  // y[q * 4 + i]: columns 4q, 4q + 1 of rows 8i .. 8i + 7; y[q * 4 + 2 + i]: 4q + 2, 4q + 3
+    for (int i = 0; i < 2; ++i) {
+      y[q * 4 + i] = _mm_unpacklo_epi32(x[q * 4 + 2 * i], x[q * 4 + 2 * i + 1]);
+      y[q * 4 + 2 + i] = _mm_unpackhi_epi32(x[q * 4 + 2 * i], x[q * 4 + 2 * i + 1]);
+    }
+  for (int p = 0; p < 8; ++p) {  // columns 2p and 2p + 1, all 16 rows
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * p * ds), _mm_unpacklo_epi64(y[2 * p], y[2 * p + 1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (2 * p + 1) * ds), _mm_unpackhi_epi64(y[2 * p], y[2 * p + 1]));
+  }
+}
+#endif
+
+// image[pp * cg + ci] = planes[ci * HW + pp] ^ flip for positions [p0, p1) and channels [c0, c1): NCHW planes to a
+// channels-innermost image, whole 16 x 16 blocks as one transpose where the ISA has one.
+void to_channels_last(const std::uint8_t* planes, i64 HW, std::uint8_t* image, i64 cg, i64 p0, i64 p1, i64 c0,
+                      i64 c1, std::uint8_t flip) {
+  i64 pe = p0, ce = c0;  // the blocks' ends
+#if defined(__SSE2__)
+  pe = p0 + (p1 - p0) / 16 * 16;
+  ce = c0 + (c1 - c0) / 16 * 16;
+  for (i64 pp = p0; pp < pe; pp += 16)
+    for (i64 ci = c0; ci < ce; ci += 16) transpose16(planes + ci * HW + pp, HW, image + pp * cg + ci, cg, flip);
+#endif
+  for (i64 pp = p0; pp < p1; ++pp) {
+    std::uint8_t* d = image + pp * cg;
+    for (i64 ci = pp < pe ? ce : c0; ci < c1; ++ci) d[ci] = static_cast<std::uint8_t>(planes[ci * HW + pp] ^ flip);
+  }
+}
+
 // Depthwise QLinearConv, one channel of one image: acc[P] = sum over taps of (x - x_zp) (w - w_zp), exact int32.
 template <class T>
 void depthwise_channel(const T* plane, i64 H, i64 W, const std::int32_t* w, i64 kh, i64 kw, i64 sh, i64 sw, i64 dh,
@@ -668,8 +717,11 @@ void run_qconv(const py::array& x, const QConv& c, const py::object& x_zp, OutSt
   // kh consecutive positions of the channels-innermost image, so the GEMM reads that image in place (rows sh * cg
   // bytes apart, the pads as rows of the zero point) and the im2col copy is skipped.
   const bool column_image = W == 1 && c.kw == 1 && Wo == 1 && dh == 1;
+  // A 1 x 1 kernel, unstrided and unpadded: row p of the im2col matrix is position p's channels, the image itself.
+  const bool pointwise = c.kh == 1 && c.kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0;
+  const bool in_place = column_image || pointwise;
   const i64 pad_rows = column_image ? pt + pb : 0;
-  std::vector<std::uint8_t> cols(column_image ? 0 : static_cast<std::size_t>(P * lda + 4), 0);
+  std::vector<std::uint8_t> cols(in_place ? 0 : static_cast<std::size_t>(P * lda + 4), 0);
   std::vector<std::uint8_t> hwc(static_cast<std::size_t>((HW + pad_rows) * cg + 4), pad_value);
   std::uint8_t* image = hwc.data() + (column_image ? pt * cg : 0);
   const double work = static_cast<double>(P * K + HW * cg);
@@ -685,13 +737,10 @@ void run_qconv(const py::array& x, const QConv& c, const py::object& x_zp, OutSt
         const i64 p0 = pb * 32, p1 = std::min(HW, p0 + 32);
         for (i64 c0 = 0; c0 < cg; c0 += 32) {
           const i64 c1 = std::min(cg, c0 + 32);
-          for (i64 pp = p0; pp < p1; ++pp) {
-            std::uint8_t* d = image + pp * cg;
-            for (i64 ci = c0; ci < c1; ++ci) d[ci] = static_cast<std::uint8_t>(planes[ci * HW + pp] ^ flip);
-          }
+          to_channels_last(planes, HW, image, cg, p0, p1, c0, c1, flip);
         }
       }, wake);
-      if (!column_image) parallel_for((P + 15) / 16, T, [&](i64 rb) {
+      if (!in_place) parallel_for((P + 15) / 16, T, [&](i64 rb) {
         for (i64 pp = rb * 16; pp < std::min(P, rb * 16 + 16); ++pp) {
           const i64 oy = pp / Wo, ox = pp % Wo;
           std::uint8_t* d = cols.data() + pp * lda;
@@ -714,7 +763,9 @@ void run_qconv(const py::array& x, const QConv& c, const py::object& x_zp, OutSt
       sg.out = o + ((n * c.cout) + g * og) * P * elem;
       sg.rs = 1;
       sg.cs = P;
-      const AOperand ao = column_image ? AOperand{hwc.data(), sh * cg, &za, 1} : AOperand{cols.data(), lda, &za, 1};
+      const AOperand ao = column_image ? AOperand{hwc.data(), sh * cg, &za, 1}
+                          : pointwise  ? AOperand{hwc.data(), cg, &za, 1}
+                                       : AOperand{cols.data(), lda, &za, 1};
       qgemm(p, ao, P, sg);
     }
 }

@@ -8,6 +8,9 @@
 
 #include "qlinear.hpp"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #if defined(QLIN_ISA_VNNI) || defined(QLIN_ISA_AVX2)
 #include <immintrin.h>
 #endif
@@ -398,9 +401,15 @@ void rowsums(const std::uint8_t* a, i64 rows, i64 k, i64 lda, std::int32_t* out)
     i64 i = 0;
 #if defined(QLIN_ISA_VNNI)
     // vpsadbw against zero: the sums of each 8 bytes in 64-bit lanes (the scalar loop below was 7 % of a T5 GEMM)
+    // (a short row or the tail in one masked load: a conv's rows are often K = 9-72 bytes)
     __m512i acc = _mm512_setzero_si512();
     for (; i + 64 <= k; i += 64)
       acc = _mm512_add_epi64(acc, _mm512_sad_epu8(_mm512_loadu_si512(row + i), _mm512_setzero_si512()));
+    if (i < k) {
+      const __mmask64 tail = ~std::uint64_t{0} >> (64 - (k - i));
+      acc = _mm512_add_epi64(acc, _mm512_sad_epu8(_mm512_maskz_loadu_epi8(tail, row + i), _mm512_setzero_si512()));
+      i = k;
+    }
     s = static_cast<std::uint64_t>(_mm512_reduce_add_epi64(acc));
 #endif
     for (; i < k; ++i) s += row[i];
@@ -481,6 +490,62 @@ void requant_4rows_to_columns(const OutStage& st, const Corrections& cr, i64 m0,
 }
 #endif
 
+// The I32 / F32 stage into an output whose rows are adjacent (rs == 1: NCHW, rows = positions, columns = channels
+// cs apart): the tile's values corrected row by row, then written column by column, each column's rows in one run
+// (a 4-row tile's 4 x 4 blocks transposed in registers: one 16-byte store a column).
+void finish_columns(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0, int ncols,
+                    const std::int32_t* raw, i64 ldraw) {
+  constexpr int kValues = 1024;
+  alignas(64) std::int32_t v[kValues];
+  const int chunk = rows >= kValues ? 1 : kValues / rows;  // columns per pass
+  for (int c0 = 0; c0 < ncols; c0 += chunk) {
+    const int nc = ncols - c0 < chunk ? ncols - c0 : chunk;
+    const i64 n = n0 + c0;
+    for (int r = 0; r < rows; ++r) corrected(cr, m0 + r, n, nc, raw + r * ldraw + c0, v + r * nc);
+    if (st.ibias)  // wrapping, as int32 tensors add
+      for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < nc; ++j)
+          v[r * nc + j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(v[r * nc + j]) +
+                                                    static_cast<std::uint32_t>(st.ibias[n + j]));
+    int j = 0;
+#if defined(__SSE2__)
+    if (rows == 4)
+      for (; j + 4 <= nc; j += 4) {
+        __m128i c[4];
+        for (int r = 0; r < 4; ++r) c[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + r * nc + j));
+        const __m128i t0 = _mm_unpacklo_epi32(c[0], c[1]), t1 = _mm_unpackhi_epi32(c[0], c[1]);
+        const __m128i t2 = _mm_unpacklo_epi32(c[2], c[3]), t3 = _mm_unpackhi_epi32(c[2], c[3]);
+        const __m128i col[4] = {_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2), _mm_unpacklo_epi64(t1, t3),
+                                _mm_unpackhi_epi64(t1, t3)};  // column j + q, rows 0-3
+        for (int q = 0; q < 4; ++q) {
+          const i64 at = (n + j + q) * st.cs + m0;
+          if (st.kind == OutStage::I32) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::int32_t*>(st.out) + at), col[q]);
+            continue;
+          }
+          __m128 f = _mm_mul_ps(_mm_cvtepi32_ps(col[q]), _mm_set1_ps(st.scale[n + j + q]));
+          if (st.fbias) f = _mm_add_ps(f, _mm_set1_ps(st.fbias[n + j + q]));
+          _mm_storeu_ps(static_cast<float*>(st.out) + at, f);
+        }
+      }
+#endif
+    for (; j < nc; ++j) {
+      const i64 at = (n + j) * st.cs + m0;
+      if (st.kind == OutStage::I32) {
+        std::int32_t* o = static_cast<std::int32_t*>(st.out) + at;
+        for (int r = 0; r < rows; ++r) o[r] = v[r * nc + j];
+        continue;
+      }
+      const float sc = st.scale[n + j], fb = st.fbias ? st.fbias[n + j] : 0.0f;
+      float* o = static_cast<float*>(st.out) + at;
+      for (int r = 0; r < rows; ++r) {
+        const float x = static_cast<float>(v[r * nc + j]) * sc;
+        o[r] = st.fbias ? x + fb : x;
+      }
+    }
+  }
+}
+
 void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0, int ncols, const std::int32_t* raw,
             i64 ldraw) {
 #if defined(QLIN_ISA_VNNI)
@@ -505,6 +570,8 @@ void finish(const OutStage& st, const Corrections& cr, i64 m0, int rows, i64 n0,
     }
     return;
   }
+  if (st.rs == 1 && st.kind != OutStage::Q8 && !st.addend)  // rows adjacent in memory: a conv's NCHW output
+    return finish_columns(st, cr, m0, rows, n0, ncols, raw, ldraw);
   alignas(64) std::int32_t v[256];
   alignas(64) float f[256];
   for (int r = 0; r < rows; ++r) {

@@ -426,9 +426,9 @@ def _dynamic_conv_model(case: dict, bias: bool, bias_rank: int = 4):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 
-@pytest.mark.parametrize("case", CONV_CASES[:8])
+@pytest.mark.parametrize("case", CONV_CASES)
 @pytest.mark.parametrize("bias, bias_rank", [(False, 0), (True, 4), (True, 3)])
-def test_dynamic_quantized_conv_fused_and_against_onnxruntime(threads, case, bias, bias_rank):
+def test_dynamic_quantized_conv_fused_and_against_onnxruntime(isa, threads, case, bias, bias_rank):
     """ConvInteger -> (Add of the run-time int32 bias) -> Cast -> Mul as one ConvIntegerScaled on the native conv:
     the bits of onnxruntime running the graph as written, and of hetero's reference."""
     ort = pytest.importorskip("onnxruntime")
