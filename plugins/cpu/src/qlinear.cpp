@@ -748,7 +748,10 @@ void run_qconv(const py::array& x, const QConv& c, const py::object& x_zp, OutSt
             const i64 iy = oy * sh - pt + ky * dh;
             for (i64 kx = 0; kx < c.kw; ++kx, d += cg) {
               const i64 ix = ox * sw - pl + kx * dw;
-              if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+              const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;
+              if (cg == 1)  // one channel (a grey image's first conv): a byte, not a library call
+                *d = inside ? image[iy * W + ix] : pad_value;
+              else if (inside)
                 std::memcpy(d, image + (iy * W + ix) * cg, static_cast<std::size_t>(cg));
               else
                 std::memset(d, pad_value, static_cast<std::size_t>(cg));

@@ -202,6 +202,8 @@ CONV_CASES = [
     # dilated (the im2col copy again)
     dict(x=(1, 3, 23, 1), w=(5, 3, 3, 1), pads=[2, 0, 1, 0], strides=[3, 1]),
     dict(x=(1, 8, 20, 1), w=(6, 8, 3, 1), pads=[1, 0, 1, 0], dilations=[2, 1]),
+    # one input channel (a grey image's first conv: its im2col writes single bytes), strided and padded
+    dict(x=(2, 1, 13, 17), w=(8, 1, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1]),
 ]
 
 
