@@ -84,7 +84,7 @@ def main() -> None:
             a = med[base].get(node, 0.0)
             row = "  ".join(f"{med[n].get(node, 0.0):.3f}" for n in names)
             ratio = med[names[1]].get(node, 0.0) / a if a > 0 else float("nan")
-            print(f"    {row}  {ratio:.2f}  {labels[node]}")
+            print(f"    {row}  {ratio:.2f}  {labels[node]:24s} {node}")
 
 
 if __name__ == "__main__":

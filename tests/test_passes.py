@@ -1345,6 +1345,62 @@ def test_add_read_elsewhere_is_left_alone():
     assert "Add" in _ops(session) and "Relu" in _ops(session)
 
 
+def _add_layer_norm_model(a_dims: list, b_dims: list, extra_reader: bool = False, bias: bool = True,
+                          outputs_ln: int = 1):
+    """A post-norm encoder's residual: Add(x, Sub(r, w)) read by a LayerNormalization over the last axis (the
+    operands' dims as the graph declares them: strings are dims known only at a run)."""
+    rng = np.random.default_rng(41)
+    width = 24
+    ln_inputs = ["a", "scale", "bias"] if bias else ["a", "scale"]
+    ln_outputs = ["y", "mean", "invstd"][:outputs_ln]
+    nodes = [helper.make_node("Sub", ["r", "w"], ["s"]), helper.make_node("Add", ["x", "s"], ["a"]),
+             helper.make_node("LayerNormalization", ln_inputs, ln_outputs, axis=-1, epsilon=1e-6)]
+    outputs = [("y", TensorProto.FLOAT, None)] + [(o, TensorProto.FLOAT, None) for o in ln_outputs[1:]]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["a"], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    inits = [("w", rng.normal(size=width).astype(np.float32)),
+             ("scale", rng.normal(size=width).astype(np.float32)), ("bias", rng.normal(size=width).astype(np.float32))]
+    return make_model(nodes, [("x", TensorProto.FLOAT, a_dims), ("r", TensorProto.FLOAT, b_dims)], outputs, inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("a_dims,b_dims,a_shape,b_shape,bias", [
+    (["B", "T", 24], ["B", "T", 24], (2, 7, 24), (2, 7, 24), True),  # MiniLM's: token dims known at a run
+    ([1, 5, 24], [1, 5, 24], (1, 5, 24), (1, 5, 24), False),  # no LayerNorm bias
+    (["B", "T", 24], ["C", "U", 24], (3, 1, 24), (3, 4, 24), True),  # they broadcast after all: the two passes
+])
+def test_add_then_layer_norm_becomes_one_node(backend, a_dims, b_dims, a_shape, b_shape, bias):
+    model = _add_layer_norm_model(a_dims, b_dims, bias=bias)
+    rng = np.random.default_rng(42)
+    feeds = {"x": rng.normal(size=a_shape).astype(np.float32) * 3, "r": rng.normal(size=b_shape).astype(np.float32)}
+    session = hetero.Session(model, backends=[backend], on_fallback="error" if backend == "cpu" else "silent")
+    assert session.rewrites["fuse_add_layer_norm"] == 1
+    assert _ops(session) == ["Sub", "AddLayerNorm"]
+    unfused = hetero.Session(model, backends=[backend], optimize=False, on_fallback="silent").run(feeds)
+    got = session.run(feeds)["y"]
+    np.testing.assert_array_equal(got, unfused["y"])  # the same bits as the Add's pass, then the LayerNorm's
+    plain = hetero.Session(model, backends=["reference"], optimize=False).run(feeds)
+    np.testing.assert_allclose(got, plain["y"], rtol=1e-5, atol=1e-5)
+    feeds2 = {k: v[..., ::-1].copy() for k, v in feeds.items()}  # a second run on new values (a replay)
+    np.testing.assert_array_equal(session.run(feeds2)["y"],
+                                  hetero.Session(model, backends=[backend], optimize=False,
+                                                 on_fallback="silent").run(feeds2)["y"])
+
+
+@pytest.mark.parametrize("kind", ["extra_reader", "stats", "ranks"])
+def test_add_layer_norm_left_alone(kind):
+    model = {"extra_reader": lambda: _add_layer_norm_model([2, 3, 24], [2, 3, 24], extra_reader=True),
+             "stats": lambda: _add_layer_norm_model([2, 3, 24], [2, 3, 24], outputs_ln=3),
+             "ranks": lambda: _add_layer_norm_model([2, 3, 24], [3, 24])}[kind]()
+    rng = np.random.default_rng(43)
+    feeds = {"x": rng.normal(size=(2, 3, 24)).astype(np.float32),
+             "r": rng.normal(size=(3, 24) if kind == "ranks" else (2, 3, 24)).astype(np.float32)}
+    session = _compare(model, feeds, "reference")
+    assert session.rewrites["fuse_add_layer_norm"] == 0
+    assert "Add" in _ops(session) and "LayerNormalization" in _ops(session)
+
+
 def _dw_pointwise_model(stride: int, extra_reader: bool = False, pw_pads: bool = False):
     """A MobileNet / PP-LCNet block: depthwise 3x3 + HardSwish, then a 1x1 conv + Relu."""
     rng = np.random.default_rng(31)

@@ -1863,6 +1863,37 @@ def fuse_gelu_global_max_pool(graph: Graph) -> int:
                              lambda gelu: {"approximate": gelu.attrs.get("approximate", "none")})
 
 
+def fuse_add_layer_norm(graph: Graph) -> int:
+    """``LayerNormalization(Add(a, b))`` with a and b float32 of one rank whose known dims agree, the Add's output
+    read by that LayerNorm alone and the LayerNorm's Y its only output: one ``hetero.AddLayerNorm(a, b, scale, bias)``
+    with the LayerNorm's attributes (a post-norm encoder's residual sums, MiniLM's 12, whose token dims are unknown
+    until a run: the sum made row by row where the normalisation reads it instead of a tensor written and read
+    again; a kernel meets operands that broadcast after all with the two ops' passes)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers = {out: node for node in graph.nodes for out in node.outputs if out}
+    for ln in list(graph.nodes):
+        if ln.op_key != ("", "LayerNormalization") or not ln.inputs or any(ln.outputs[1:]):
+            continue
+        add = producers.get(ln.inputs[0])
+        if add is None or add.op_key != ("", "Add") or len(add.inputs) != 2 or add.outputs[0] in keep or \
+                _single_consumer(graph, add.outputs[0]) is not ln:
+            continue
+        a, b = (graph.values.get(name) for name in add.inputs)
+        if a is None or b is None or a.dtype != dtypes.float32 or b.dtype != dtypes.float32:
+            continue
+        sa, sb = a.shape, b.shape
+        if sa is None or sb is None or len(sa) != len(sb) or \
+                any(x is not None and y is not None and x != y for x, y in zip(sa, sb, strict=True)):
+            continue
+        fused = Node("AddLayerNorm", [*add.inputs, *ln.inputs[1:]], ln.outputs[:1], dict(ln.attrs),
+                     name=f"{ln.name or ln.outputs[0]}/add_layer_norm", domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(ln)] = fused
+        graph.nodes.remove(add)
+        count += 1
+    return count
+
+
 def fuse_add_relu(graph: Graph) -> int:
     """``Relu(Add(a, b))`` where the Add's output is read by that Relu alone: one ``hetero.AddRelu(a, b)`` (a
     residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks)."""
@@ -1987,7 +2018,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_bat
                                     fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
                                     einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
-                                    fuse_gelu_mul, fuse_gelu_global_max_pool, fuse_add_relu, fuse_embedding_rnn)
+                                    fuse_gelu_mul, fuse_gelu_global_max_pool, fuse_add_relu, fuse_add_layer_norm,
+                                    fuse_embedding_rnn)
 
 
 # Passes whose fused op only some backends run natively: ``for_backend`` leaves them out where the most preferred
@@ -2000,6 +2032,7 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul"),
                                          "fuse_gelu_global_max_pool": (HETERO_DOMAIN, "GeluGlobalMaxPool"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
+                                         "fuse_add_layer_norm": (HETERO_DOMAIN, "AddLayerNorm"),
                                          "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN"),
                                          "fuse_dw_pointwise": (HETERO_DOMAIN, "DwPointwiseConv"),
                                          "fuse_conv_integer_scale": (HETERO_DOMAIN, "ConvIntegerScaled")}

@@ -216,6 +216,23 @@ def add_relu(ctx: OpContext) -> list[np.ndarray]:
     return _reference(ctx, "Relu", [total])
 
 
+def _add_layer_norm_infer(ctx: OpContext) -> list[TensorInfo]:
+    a, b = input_info(ctx, 0), input_info(ctx, 1)
+    shape = broadcast_shapes(ctx, [a.shape, b.shape])
+    return [unknown(a.dtype) if shape is None else TensorInfo(a.dtype, shape)]
+
+
+@op("AddLayerNorm", domain=HETERO_DOMAIN, infer=_add_layer_norm_infer)
+def add_layer_norm(ctx: OpContext) -> list[np.ndarray]:
+    """``LayerNormalization(A + B)`` (A and B of one shape; inputs 2 and 3 the LayerNormalization's Scale and
+    optional Bias, its ``axis`` / ``epsilon`` attributes, its Y alone): a post-norm transformer's residual Add read by
+    its LayerNorm alone (BERT, MiniLM), which ``hetero.ir.passes.fuse_add_layer_norm`` replaces; the two references
+    composed."""
+    total = _reference(ctx, "Add", [ctx.array(0), ctx.array(1)])[0]
+    bias = ctx.array(3) if ctx.has_input(3) else None
+    return _reference(ctx, "LayerNormalization", [total, ctx.array(2), bias], dict(ctx.node.attrs))[:1]
+
+
 @op("GeluMul", domain=HETERO_DOMAIN, infer=broadcast_infer())
 def gelu_mul(ctx: OpContext) -> list[np.ndarray]:
     """``Gelu(A) * B`` (input 0 through Gelu with its ``approximate`` attribute, then Mul by input 1, broadcasting):

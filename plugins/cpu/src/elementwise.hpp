@@ -15,9 +15,10 @@ void binary_nd(const Kernels& kr, int op, DType dt, const char* a, const i64* sa
 void unary_nd(const Kernels& kr, int op, const char* x, const i64* sx, float* out, int ndim, const i64* shape,
               float alpha, float beta);
 
-// Row kernels over a (rows, n) float view with byte strides; out contiguous (rows, n).
+// Row kernels over a (rows, n) float view with byte strides; out contiguous (rows, n). `addend` (contiguous (rows,
+// n), or null): each row of x plus its row, in an L1 row buffer, is what the row op reads (an Add before a LayerNorm).
 void rows_nd(const Kernels& kr, RowOp rop, const char* x, i64 rows, i64 n, i64 row_stride, i64 col_stride,
              float* out, const float* scale, const float* bias, float eps, float* mean_out, float* invstd_out,
-             bool log);
+             bool log, const float* addend = nullptr);
 
 }  // namespace hetero

@@ -191,12 +191,17 @@ void bias_view(const py::object& bias_obj, i64 M, i64 N, Epilogue& ep, std::vect
 
 // Opaque pre-packed B (weights): float panels, or int8 panels + column scales (S8Panels in common.hpp) when the
 // weights are exactly int8 x a per-column scale.
+// Rows from which a product of int8 weights that also keep float panels (float_panels_too, below) runs those.
+constexpr i64 kFloatPanelMinRows = 12;
+
 struct PackedB {
   const Kernels* kr;
   i64 k, n;
-  AlignedBuf buf;   // the float panels (empty when int8)
+  AlignedBuf buf;   // the float panels (empty when int8, unless float_panels_too)
   AlignedBuf qbuf;  // int8: the panels' bytes (in a float-sized buffer) and, after them, the scales
   bool int8 = false;
+  // whether a product of `rows` rows runs the int8 panels (else the float ones: the same bits)
+  bool int8_for(i64 rows) const { return int8 && (buf.p == nullptr || rows < kFloatPanelMinRows); }
   // precision "normal" on a CPU with AMX-BF16: B also as bf16 hi / lo tiles (gemm_bf16x3.hpp), empty otherwise
   AlignedBuf bf;
   float bf_max = 0.f;
@@ -223,6 +228,18 @@ struct PackedB {
 // Weights below this many floats stay float: an L2-resident B gains nothing from fewer bytes, and the int8 form
 // costs one conversion per panel value per GEMM call.
 constexpr i64 kS8MinWeights = 16384;
+// Deep, modest int8 weights also keep float panels, which products of kFloatPanelMinRows rows or more run: the int8
+// panels are made floats again at every call, K x nr values a panel (two vectors of conversions against 2 x M FMAs
+// at each k), while a float panel of K >= 1024 rows is one long stream the prefetchers follow. On Zen 4 (1 thread)
+// 1536 x 384 ran 3-6 % faster as floats at M = 64 / 128 and 14 % at 16; at M <= 8 (a few rows against the weights'
+// stream) and on short panels (384 x 1536: 2-5 %) the int8 form stays ahead, and past 4 MiB of floats (3072 x 768)
+// their 4x bytes spill L3. Both forms give the same bits (int8 is taken only where exact).
+constexpr i64 kS8FloatMinDepth = 1024;
+constexpr i64 kS8FloatMaxBytes = i64{4} << 20;
+
+bool float_panels_too(i64 K, i64 N) {
+  return K >= kS8FloatMinDepth && K * N * static_cast<i64>(sizeof(float)) <= kS8FloatMaxBytes;
+}
 
 // The precision of the float GEMMs on packed weights: "high" (the fp32 kernels: fp32 products and sums) or "normal"
 // (bf16x3 where the CPU has AMX-BF16 and the product is large enough: gemm_bf16x3.hpp). A process default (the
@@ -300,6 +317,10 @@ std::unique_ptr<PackedB> make_packed(const MatView& b, bool int8 = true, Precisi
     float* q = pb->qbuf.get(static_cast<std::size_t>(pb->scales_at() + ceil_div(b.cols, pb->kr->nr) * pb->kr->nr));
     if (pack_b_panels_s8(*pb->kr, b, reinterpret_cast<std::int8_t*>(q), q + pb->scales_at())) {
       pb->int8 = true;
+      if (float_panels_too(b.rows, b.cols)) {
+        pb->buf.get(static_cast<std::size_t>(std::max<i64>(1, values)));
+        pack_b_panels(*pb->kr, b, pb->buf.p, num_threads());
+      }
       return pb;
     }
     pb->qbuf.reset();
@@ -346,7 +367,7 @@ void run_packed_grouped(const PackedB& pb, const MatView& a, float* c, i64 ldc, 
   }
   const S8Panels s8 = pb.s8();
   gemm_prepacked_b(*pb.kr, a.rows, body, pb.k, &a, nullptr, pb.buf.p, c, ldc, alpha, beta, ep, T,
-                   pb.int8 ? &s8 : nullptr);
+                   pb.int8_for(a.rows) ? &s8 : nullptr);
 }
 
 void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float alpha, float beta, const Epilogue& ep) {
@@ -356,7 +377,7 @@ void run_packed(const PackedB& pb, const MatView& a, float* c, i64 ldc, float al
   }
   const int T = num_threads();
   const S8Panels s8 = pb.s8();
-  const S8Panels* q = pb.int8 ? &s8 : nullptr;
+  const S8Panels* q = pb.int8_for(a.rows) ? &s8 : nullptr;
   if (pb.bf16x3 && bf16x3_worth(a.rows, pb.n, pb.k) &&
       bf16x3_gemm(*pb.kr, pb.bf16x3_b(), a, c, ldc, alpha, beta, ep, T))
     return;
@@ -653,11 +674,24 @@ Op prep_softmax(const py::array& x, const py::array& out, bool log) {
 
 void py_softmax(const py::array& x, const py::array& out, bool log) { run_now(prep_softmax, x, out, log); }
 
+// `skip` (an array of x's shape, or None): the rows normalised are x + skip (hetero.AddLayerNorm: the Add's sum
+// made row by row in L1 instead of a tensor written and read again).
 Op prep_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
-                   float eps, const py::object& mean_out, const py::object& invstd_out, bool once) {
+                   float eps, const py::object& mean_out, const py::object& invstd_out, const py::object& skip,
+                   bool once) {
   const char* fn = "layer_norm";
   rows_common(fn, x, out);
   const i64 rows = x.shape(0), n = x.shape(1);
+  const float* padd = nullptr;
+  if (!skip.is_none()) {
+    if (!py::isinstance<py::array>(skip)) fail("layer_norm: skip must be a numpy array or None");
+    const auto sk = py::reinterpret_borrow<py::array>(skip);
+    need_f32(sk, fn, "skip");
+    if (sk.ndim() != 2 || sk.shape(0) != rows || sk.shape(1) != n)
+      fail(std::string(fn) + ": skip must have x's shape, got " + shape_str(sk));
+    if (sk.strides(1) != 4 || sk.strides(0) != 4 * n) fail(std::string(fn) + ": skip must be C-contiguous");
+    padd = static_cast<const float*>(sk.data());
+  }
   auto ks = std::make_shared<std::vector<float>>(), kb = std::make_shared<std::vector<float>>();
   const float* ps = vec_param(scale, n, *ks, fn, "scale");
   const float* pb = nullptr;
@@ -671,14 +705,14 @@ Op prep_layer_norm(const py::array& x, const py::array& scale, const py::object&
   const char* px = static_cast<const char*>(x.data());
   float* po = static_cast<float*>(const_cast<void*>(out.data()));
   const i64 rs = x.strides(0), cs = x.strides(1);
-  return [px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, ks, kb] {
-    rows_nd(active(), RowOp::LayerNorm, px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, false);
+  return [px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, ks, kb, padd] {
+    rows_nd(active(), RowOp::LayerNorm, px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, false, padd);
   };
 }
 
 void py_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
-                   float eps, const py::object& mean_out, const py::object& invstd_out) {
-  run_now(prep_layer_norm, x, scale, bias, out, eps, mean_out, invstd_out, true);
+                   float eps, const py::object& mean_out, const py::object& invstd_out, const py::object& skip) {
+  run_now(prep_layer_norm, x, scale, bias, out, eps, mean_out, invstd_out, skip, true);
 }
 
 void py_rms_norm(const py::array& x, const py::array& scale, const py::array& out, float eps) {
@@ -1162,10 +1196,10 @@ void register_step_ops() {
                       step_val(a, 3, 0.f), step_val(a, 4, 0.f));
   });
   register_step_op("layer_norm", [](const py::tuple& a) {
-    step_arity(a, 4, 7, "layer_norm");
+    step_arity(a, 4, 8, "layer_norm");
     return prep_layer_norm(step_array(a, 0, "layer_norm"), step_array(a, 1, "layer_norm"), a[2],
                            step_array(a, 3, "layer_norm"), step_val(a, 4, 1e-5f), step_obj(a, 5), step_obj(a, 6),
-                           false);
+                           step_obj(a, 7), false);
   });
   register_step_op("gather", [](const py::tuple& a) {
     step_arity(a, 4, 4, "gather");
@@ -1334,7 +1368,8 @@ PYBIND11_MODULE(_native, m) {
   });
   m.def("softmax", &py_softmax, py::arg("x"), py::arg("out"), py::arg("log") = false);
   m.def("layer_norm", &py_layer_norm, py::arg("x"), py::arg("scale"), py::arg("bias"), py::arg("out"),
-        py::arg("epsilon") = 1e-5f, py::arg("mean_out") = py::none(), py::arg("invstd_out") = py::none());
+        py::arg("epsilon") = 1e-5f, py::arg("mean_out") = py::none(), py::arg("invstd_out") = py::none(),
+        py::arg("skip") = py::none(), "skip (x's shape, C-contiguous): normalise the rows of x + skip.");
   m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("scale"), py::arg("out"), py::arg("epsilon") = 1e-6f);
 
   m.def("copy", &py_copy, py::arg("src"), py::arg("out"));

@@ -154,3 +154,37 @@ def test_session_matmul_on_int8_initializer(isa, threads):
     got = hetero.Session(data, backends=["cpu"], on_fallback="error").run({"x": x})["y"]
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+
+@pytest.mark.parametrize("k,n,both", [
+    (1536, 384, True),  # MiniLM's FFN down-projection: deep, 2.4 MB as floats -> int8 and float panels
+    (1024, 1024, True),  # both edges: K = 1024, 4 MiB of floats
+    (1023, 384, False),  # one row short of deep
+    (1024, 1025, False),  # one column past 4 MiB
+    (384, 1536, False),  # short panels: int8 only
+])
+@pytest.mark.parametrize("m", [1, 4, 5, 11, 12, 70])  # <= 4: the small-M route; 12 rows up: the float panels
+def test_deep_modest_weights_keep_float_panels(isa, threads, k, n, both, m):
+    """module.cpp's float_panels_too: K >= 1024 with <= 4 MiB of floats keeps float panels beside the int8 ones,
+    which products of 12 rows or more run; every route gives the float-packed product's bits."""
+    w, q, s = int8_weights(k, n, seed=k + n)
+    packed, pf = _native.pack_b(w, precision="high"), _native.pack_b(w, int8=False, precision="high")
+    assert packed.int8
+    float_bytes = pf.nbytes
+    assert (packed.nbytes > float_bytes) is both
+    a = np.random.default_rng(k + m).standard_normal((m, k)).astype(np.float32)
+    bias = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    out, of = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+    _native.gemm_packed(a, packed, out, 1.0, 0.0, bias)
+    _native.gemm_packed(a, pf, of, 1.0, 0.0, bias)
+    np.testing.assert_array_equal(out.view(np.int32), of.view(np.int32))
+    ref = a.astype(np.float64) @ (q.astype(np.float64) * s.astype(np.float64)) + bias
+    assert_gemm_close(out, ref, k)
+    # a 3-D A (matmul_packed) takes the same route
+    a3 = np.stack([a, a[::-1].copy()])
+    o3 = np.empty((2, m, n), np.float32)
+    _native.matmul_packed(a3, packed, o3)
+    f3 = np.empty((2, m, n), np.float32)
+    _native.matmul_packed(a3, pf, f3)
+    np.testing.assert_array_equal(o3.view(np.int32), f3.view(np.int32))

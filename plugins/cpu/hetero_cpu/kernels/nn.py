@@ -102,6 +102,52 @@ class CpuLayerNorm(CallKernel):
         return functools.partial(_native.layer_norm, x, scale, bias, out.reshape(self.rows), self.eps, mean, invstd)
 
 
+class CpuAddLayerNorm(CallKernel):
+    """hetero.AddLayerNorm: LayerNormalization(a + b). Operands of the output's shape: the native layer_norm's rows of
+    x + skip (the Add's vector add into an L1 row, then the same row kernel: the bits of the Add then the LayerNorm);
+    operands that broadcast: the Add's pass into a buffer, then the LayerNorm's."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        a, b = node.inputs[0], node.inputs[1]
+        if a is None or b is None or a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+            return unsupported("AddLayerNorm with operands of different or unknown ranks")
+        axis = node.attr("axis", -1)
+        axis = axis + len(a.shape) if axis < 0 else axis
+        for i in (2, 3):
+            p = node.inputs[i] if i < len(node.inputs) else None
+            if p is not None and (p.shape is None or tuple(p.shape) != tuple(a.shape[axis:])):
+                return unsupported("AddLayerNorm with broadcast scale/bias (cpu: full normalized shape)")
+        return float32_only(node)
+
+    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
+        shape = static_shape(outputs[0])
+        axis = self.attr("axis", -1)
+        axis = axis + len(shape) if axis < 0 else axis
+        self.rows = _rows(shape, axis)
+        self.eps = float(self.attr("epsilon", 1e-5))
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        a, b = inputs[0].numpy(), inputs[1].numpy()
+        scale = np.ascontiguousarray(inputs[2].numpy()).reshape(-1)
+        bias = np.ascontiguousarray(inputs[3].numpy()).reshape(-1) if len(inputs) > 3 and inputs[3] is not None \
+            else None
+        # positional: a replay's step takes the call (fuse.step_calls leaves calls with keywords apart)
+        if a.shape == b.shape == out.shape:
+            x = np.ascontiguousarray(a).reshape(self.rows)
+            skip = np.ascontiguousarray(b).reshape(self.rows)
+            return functools.partial(_native.layer_norm, x, scale, bias, out.reshape(self.rows), self.eps, None,
+                                     None, skip)
+        total = np.empty(out.shape, np.float32)
+        return [functools.partial(_native.binary, "add", np.broadcast_to(a, out.shape), np.broadcast_to(b, out.shape),
+                                  total),
+                functools.partial(_native.layer_norm, total.reshape(self.rows), scale, bias, out.reshape(self.rows),
+                                  self.eps)]
+
+
 def _pads_nd(node_attrs: dict, spatial_in: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
              dilations: Sequence[int]) -> tuple[list[int], list[int]]:
     """Explicit (begin, end) pads per spatial axis, resolving auto_pad like the ONNX spec does."""
@@ -356,6 +402,7 @@ KERNELS = {
     ("", "Softmax"): CpuSoftmax,
     ("", "LogSoftmax"): CpuSoftmax,
     ("", "LayerNormalization"): CpuLayerNorm,
+    ("hetero", "AddLayerNorm"): CpuAddLayerNorm,
     ("", "Conv"): CpuConv,
     ("hetero", "FusedConv"): CpuConv,
     ("hetero", "DwPointwiseConv"): CpuDwPointwiseConv,
