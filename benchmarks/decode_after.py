@@ -2,7 +2,7 @@
 right after a prefill, after the process slept, and after another process streamed memory.
 
     python benchmarks/decode_after.py MODEL.gguf --threads 1 --rounds 8 [--tg 128] [--pp 512] [--idle 3]
-    python benchmarks/decode_after.py MODEL.gguf --conditions warm,pp --json
+    python benchmarks/decode_after.py MODEL.gguf --conditions warm,pp --clock cpu --probe --json
 
 Issue 20: in ``benchmarks/llm.py --pairs`` (each engine: one pp512 then one tg128 per round, the other engine
 streaming its own weights in between) hetero's tg128 ran 10-20 % slower than in the sequential mode. This script
@@ -21,7 +21,9 @@ machine the CPU time leaves out the time the process was descheduled but keeps i
 condition: the median over rounds of (that round's tg time / the same round's warm tg time),
 the same ratio for the first 8 steps and for the rest (a one-time cost shows in the first, a lasting one in both),
 and the minor / major page faults (``getrusage``) of the tg run and of what ran before it. On a shared machine
-quote the ratios, not the t/s, with the load average printed beside them.
+quote the ratios, not the t/s, with the load average printed beside them. ``--probe``: a short read-bandwidth probe
+after each tg run (``probe_gbps`` in the JSON), to tell a run that met a slower phase of the VM's memory from one
+that hetero made slower.
 """
 
 from __future__ import annotations
@@ -86,6 +88,16 @@ def stream(seconds: float, mib: int = 2048) -> None:
     subprocess.run([sys.executable, "-c", STREAM_SRC, str(seconds), str(mib)], check=True)
 
 
+def probe(threads: int) -> float:
+    """A short read-bandwidth probe at ``threads`` threads (GB/s; benchmarks/read_bandwidth.py, ~0.5 s): the
+    machine's memory speed right after a tg run, to tell a slower run in a slower phase of the VM from one that
+    hetero made slower."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from read_bandwidth import measure
+
+    return measure([threads], mib=64, reps=4, rounds=1)[threads]["best"]
+
+
 def rotated(conditions: Sequence[str], r: int) -> list[str]:
     """The round's order: the conditions rotated by the round index."""
     k = r % len(conditions)
@@ -102,7 +114,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]], clock: str = "wall", head: 
     out: dict[str, dict[str, float]] = {}
     for cond, rs in runs.items():
         def ratio(part: Callable[[list[float]], list[float]], rs: list[dict[str, Any]] = rs) -> float:
-            return statistics.median(sum(part(a[key])) / sum(part(w[key])) for a, w in zip(rs, warm, strict=True))
+            pairs = [(sum(part(a[key])), sum(part(w[key]))) for a, w in zip(rs, warm, strict=True)]
+            ratios = [x / y for x, y in pairs if y > 0]  # none: a run of no more than ``head`` steps has no rest
+            return statistics.median(ratios) if ratios else float("nan")
 
         out[cond] = {
             "ts": statistics.median(len(r["steps"]) / sum(r["steps"]) for r in rs),
@@ -130,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="the step times the ratios compare: wall, or the process's CPU time (on a busy machine: "
                          "without the time it was descheduled; at 2+ threads it also counts the workers' spins)")
+    ap.add_argument("--probe", action="store_true",
+                    help="a short read-bandwidth probe after each tg run (kept as probe_gbps; it is what the next "
+                         "condition follows, so warm then means 'after a tg run and a probe')")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -174,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs[cond].append({"steps": steps, "cpu_steps": cpu_steps, "setup_s": setup_s,
                                "before_minflt": f1[0] - f0[0], "minflt": f2[0] - f1[0], "majflt": f2[1] - f1[1],
                                "anon_huge_kib": anon_huge_kib()})
+            if args.probe:
+                runs[cond][-1]["probe_gbps"] = probe(args.threads)
     load_after = os.getloadavg()[0]
     summary = summarize(runs, args.clock)
     doc = {"model": os.path.basename(args.model), "threads": args.threads, "rounds": args.rounds, "tg": args.tg,

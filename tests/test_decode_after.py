@@ -80,3 +80,21 @@ def test_real_run_on_a_tiny_model(tiny_gguf, capsys):
         assert all(t > 0 for r in rs for t in r["steps"])
     assert min(r["setup_s"] for r in doc["runs"]["sleep"]) >= 0.05
     assert doc["summary"]["warm"]["ratio"] == pytest.approx(1.0)
+
+
+def test_probe_after_each_run_is_recorded(tiny_gguf, capsys, monkeypatch):
+    mod = decode_after()
+    calls = []
+    monkeypatch.setattr(mod, "probe", lambda threads: calls.append(threads) or 12.5)
+    assert mod.main([str(tiny_gguf), "--rounds", "2", "--tg", "4", "--pp", "8", "--conditions", "warm,pp",
+                     "--probe", "--threads", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert calls == [1] * 4
+    assert all(r["probe_gbps"] == 12.5 for rs in doc["runs"].values() for r in rs)
+
+
+def test_a_run_no_longer_than_the_head_has_no_rest():
+    mod = decode_after()
+    s = mod.summarize({"warm": [_run([0.01] * 4)], "pp": [_run([0.02] * 4)]}, head=8)
+    assert s["pp"]["ratio"] == pytest.approx(2.0) and s["pp"]["ratio_head"] == pytest.approx(2.0)
+    assert s["pp"]["ratio_rest"] != s["pp"]["ratio_rest"]  # nan
