@@ -6,7 +6,7 @@
 // Precision "normal" (rnn_prepack's bf16x3) runs the input projections as bf16x3 on AMX-BF16 (gemm_bf16x3.hpp), as
 // MatMul / Gemm on packed weights do; the recurrent products (M = batch <= 4) stay on the fp32 small-M path. A
 // bidirectional layer runs its two directions on two threads (each direction's steps in its own order, so the bits
-// do not depend on the thread count).
+// do not depend on the thread count); at one thread an int8 one of batch 1 interleaves them (run_pair).
 // Quantized mode (com.microsoft::DynamicQuantizeLSTM, rnn_prepack_q): W and R stay 8-bit, packed for the integer
 // GEMM of the quantized ONNX ops (qlinear.hpp: vpdpbusd / AMX, exact int32 sums with the zero points folded in), and
 // each product's activations are quantized on the fly as onnxruntime does at one thread: X once over all its steps,
