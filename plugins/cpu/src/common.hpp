@@ -35,6 +35,7 @@ enum BinaryOp : int {
 enum BinaryMode : int { BM_VV, BM_VS, BM_SV };
 
 // ---- the per-ISA kernel table ----
+struct LstmQPair;
 struct Kernels {
   const char* name;
   // GEMM register/cache blocking. Packed B layout: ceil(N/nr) panels, each K x nr (row k holds nr floats).
@@ -67,6 +68,31 @@ struct Kernels {
   // range of tanh(a + b) (see kernels_impl.hpp).
   void (*add_tanh_quantize_row)(const float* a, const float* b, i64 n, float scale, int zp, std::uint8_t* q,
                                 float* lo, float* hi);
+  // The quantized bidirectional LSTM's overlapped step (rnn.cpp; null where the ISA has none): see LstmQPair.
+  void (*lstm_q_pair)(const LstmQPair& a);
+};
+
+// One call of Kernels::lstm_q_pair, batch 1, H % 16 == 0: one direction's recurrent tile (1 row, int8 R in the
+// qlinear panels, 4 panels an item: raw_out[j] = sum_k hq[k] R'[k][j], exact int32) and, one 16-unit block before
+// each item, the other direction's cell update from its previous tile's raw sums (the F32 stage, the input side, the
+// default gates, no peepholes / clip / input_forget), with the same operations per value as rnn.cpp's finish +
+// lstm_cell (so the same bits). hq == nullptr: no tile; raw_in == nullptr: no cells.
+struct LstmQPair {
+  i64 k4 = 0, panels = 0, pstride = 0;  // tile: k groups of 4, panels (a multiple of 4), bytes between panels
+  const std::uint8_t* hq = nullptr;
+  const std::int8_t* b = nullptr;
+  std::int32_t* raw_out = nullptr;
+  i64 H = 0;                                  // cells: hidden units
+  const std::int32_t* raw_in = nullptr;       // 4H raw sums (i, o, f, c gates)
+  const std::int32_t* colsum = nullptr;       // the corrections of qlin::Corrections, one row
+  const std::int32_t* zb = nullptr;
+  std::int32_t za = 0, rowsum = 0;
+  i64 K = 0;
+  const float* col = nullptr;                 // 4H column multipliers
+  const float* xw = nullptr;                  // 4H input side (bias included)
+  float* c = nullptr;                         // H cell, updated
+  float* h = nullptr;                         // H hidden, written
+  float* y = nullptr;                         // H more copies of h, or null
 };
 
 // Tables defined by the ISA translation units (null when not compiled for this target).

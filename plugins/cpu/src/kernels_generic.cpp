@@ -28,7 +28,7 @@ void ukernel(i64 kc, const float* a, const float* b, float* c, i64 ldc, float al
 const hetero::Kernels table = {
     "generic", MR, NR, /*kc*/ 256, /*mc*/ 64, /*nc*/ 1024,
     ukernel, k_smallm<NR>, k_gemv_panels<NR>, k_gemv_rows, k_gemv_dot, k_unary, k_binary, k_softmax_row, k_layernorm_row,
-    k_rmsnorm_row, k_axpby, k_dw_row_accum, k_add_tanh_quantize_row,
+    k_rmsnorm_row, k_axpby, k_dw_row_accum, k_add_tanh_quantize_row, nullptr,
 };
 
 }  // namespace

@@ -41,7 +41,7 @@ void ukernel(i64 kc, const float* a, const float* b, float* c, i64 ldc, float al
 const hetero::Kernels table = {
     "neon", MR, NR, /*kc*/ 256, /*mc*/ 128, /*nc*/ 1024,
     ukernel, k_smallm<NRV>, k_gemv_panels<NRV>, k_gemv_rows, k_gemv_dot, k_unary, k_binary, k_softmax_row, k_layernorm_row,
-    k_rmsnorm_row, k_axpby, k_dw_row_accum, k_add_tanh_quantize_row,
+    k_rmsnorm_row, k_axpby, k_dw_row_accum, k_add_tanh_quantize_row, nullptr,
 };
 
 }  // namespace

@@ -6,7 +6,7 @@
 // Precision "normal" (rnn_prepack's bf16x3) runs the input projections as bf16x3 on AMX-BF16 (gemm_bf16x3.hpp), as
 // MatMul / Gemm on packed weights do; the recurrent products (M = batch <= 4) stay on the fp32 small-M path. A
 // bidirectional layer runs its two directions on two threads (each direction's steps in its own order, so the bits
-// do not depend on the thread count).
+// do not depend on the thread count); at one thread an int8 one of batch 1 interleaves them (run_pair).
 // Quantized mode (com.microsoft::DynamicQuantizeLSTM, rnn_prepack_q): W and R stay 8-bit, packed for the integer
 // GEMM of the quantized ONNX ops (qlinear.hpp: vpdpbusd / AMX, exact int32 sums with the zero points folded in), and
 // each product's activations are quantized on the fly as onnxruntime does at one thread: X once over all its steps,
@@ -510,13 +510,120 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
     if (pYh) std::memcpy(pYh + d * batch * H, h.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
     if (pYc) std::memcpy(pYc + d * batch * H, c.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
   };
+  // Quantized, bidirectional, batch 1, one thread: the two directions' steps interleaved, each call of
+  // Kernels::lstm_q_pair one direction's step tile (R^T hq: R read from L2, at Zen 4's ~32 B a cycle with vpdpbusd
+  // half idle) with the other direction's cells of its previous tile between the tile's items, so the out-of-order
+  // core runs the gate arithmetic in the cycles the tile waits on L2 (run_direction does a step's cells after its
+  // tile: ~1 us beside the tile's ~2 us at H 256). The same integer sums and per-value operations as run_direction,
+  // so the same bits. (The same interleaving as separate calls, tiles of 2-4 panels and 64-unit pieces of finish and
+  // of the cell's passes between them, was slower than run_direction: the calls' own cost, and no overlap.)
+  auto run_pair = [&]() {
+    const qlin::QKernels& kq = qlin::qk();
+    const i64 hlda = 4 * ((H + 3) / 4);
+    const i64 panels = p.qr[0]->panels, ldr = panels * qlin::kPanel;
+    float* xw_all = tl_buf(TL_MISC).get(static_cast<std::size_t>(std::max<i64>(1, 2 * seq * batch * GH)));
+    struct Dir {
+      i64 d = 0;
+      bool backward = false;
+      const qlin::QPacked* Rq = nullptr;
+      const float* rs = nullptr;
+      float* xw = nullptr;
+      std::vector<float> h, c, col, bx;
+      std::vector<std::int32_t> raw, hrow;
+      std::vector<std::uint8_t> hq;
+      std::int32_t h_zp = 0;
+    };
+    Dir dd[2];
+    for (i64 d = 0; d < 2; ++d) {
+      Dir& D = dd[d];
+      D.d = d;
+      D.backward = d == 1;
+      D.Rq = p.qr[static_cast<std::size_t>(d)].get();
+      D.rs = p.r_scale.data() + d * GH;
+      D.xw = xw_all + d * seq * batch * GH;
+      D.h.assign(static_cast<std::size_t>(batch * H), 0.f);
+      D.c.assign(D.h.size(), 0.f);
+      D.col.assign(static_cast<std::size_t>(GH), 0.f);
+      D.bx.assign(static_cast<std::size_t>(GH), 0.f);
+      D.raw.assign(static_cast<std::size_t>(batch * ldr), 0);
+      D.hrow.assign(static_cast<std::size_t>(batch), 0);
+      D.hq.assign(static_cast<std::size_t>(batch * hlda), 0);
+      for (i64 j = 0; j < GH; ++j)
+        D.bx[static_cast<std::size_t>(j)] = pB ? pB[d * 2 * GH + j] + pB[d * 2 * GH + GH + j] : 0.f;
+      const float* ws = p.w_scale.data() + d * GH;
+      for (i64 j = 0; j < GH; ++j) D.col[static_cast<std::size_t>(j)] = x_scale * ws[j];
+      qlin::OutStage st;
+      st.kind = qlin::OutStage::F32;
+      st.out = D.xw;
+      st.rs = GH;
+      st.cs = 1;
+      st.scale = D.col.data();
+      st.fbias = D.bx.data();
+      qlin::qgemm(*p.qw[static_cast<std::size_t>(d)], qlin::AOperand{xq.data(), xlda, &x_zp, 1}, seq * batch, st);
+      if (ph0) std::memcpy(D.h.data(), ph0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
+      if (pc0) std::memcpy(D.c.data(), pc0 + d * batch * H, static_cast<std::size_t>(batch * H) * sizeof(float));
+    }
+    // H (this direction's last h) quantized for its next step's tile, col = its scale times R's column scales
+    auto quantize_h = [&](Dir& D) {
+      const float h_scale = quantize_rows_u8(D.h.data(), batch, H, H, D.hq.data(), hlda, &D.h_zp);
+      kr.binary(B_MUL, BM_SV, &h_scale, D.rs, D.col.data(), GH);  // the table's vector pass: ~3 % of the layer in a loop
+      kq.rowsums(D.hq.data(), batch, H, hlda, D.hrow.data());
+    };
+    // one direction's tile of a step (X) with the other's cells of step tg (Y), then Y's h quantized for its next
+    auto phase = [&](Dir* X, Dir* Y, i64 tg) {
+      LstmQPair a;
+      if (X) {
+        a.k4 = X->Rq->k4;
+        a.panels = panels;
+        a.pstride = X->Rq->pstride();
+        a.hq = X->hq.data();
+        a.b = X->Rq->data->p;
+        a.raw_out = X->raw.data();
+      }
+      const i64 len = lens[0];
+      if (Y && tg < len) {
+        const i64 tx = Y->backward ? len - 1 - tg : tg;
+        a.H = H;
+        a.raw_in = Y->raw.data();
+        a.colsum = Y->Rq->colsum.data();
+        a.zb = Y->Rq->zb.data();
+        a.za = Y->h_zp;
+        a.rowsum = Y->hrow[0];
+        a.K = Y->Rq->k;
+        a.col = Y->col.data();
+        a.xw = Y->xw + tx * GH;
+        a.c = Y->c.data();
+        a.h = Y->h.data();
+        a.y = pY ? pY + (tx * 2 + Y->d) * H : nullptr;
+      }
+      kr.lstm_q_pair(a);
+      if (Y && tg + 1 < seq) quantize_h(*Y);
+    };
+    quantize_h(dd[0]);
+    quantize_h(dd[1]);
+    for (i64 t = 0; t < seq; ++t) {
+      phase(&dd[0], t > 0 ? &dd[1] : nullptr, t - 1);
+      phase(&dd[1], &dd[0], t);
+    }
+    phase(nullptr, &dd[1], seq - 1);
+    for (i64 d = 0; d < 2; ++d) {
+      if (pYh) std::memcpy(pYh + d * batch * H, dd[d].h.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
+      if (pYc) std::memcpy(pYc + d * batch * H, dd[d].c.data(), static_cast<std::size_t>(batch * H) * sizeof(float));
+    }
+  };
   // The two directions of a bidirectional layer are independent: one a thread (the steps are a chain, so a direction
   // is the unit of parallel work; a direction that runs alone splits its quantized steps by hidden units instead).
   // A small layer (under kWakeFlops) takes the second thread only while the pool's worker is awake.
   const int T = num_threads();
   const double flops = 2.0 * static_cast<double>(seq * batch) * static_cast<double>(GH) * static_cast<double>(I + H);
+  // run_pair: its kernel's tile is the avx512vnni one, its cells the default gates
+  const bool pair = quant && dirs == 2 && T == 1 && seq > 0 && batch == 1 && H % 16 == 0 && kr.lstm_q_pair &&
+                    &qlin::qk() == qlin::qkernels_avx512vnni() &&
+                    !pP && !do_clip && !input_forget;
   if (dirs == 2 && T >= 2)
     parallel_for(2, 2, [&](i64 d) { run_direction(d, 1); }, 2 * flops >= kWakeFlops);
+  else if (pair)
+    run_pair();
   else
     for (i64 d = 0; d < dirs; ++d) run_direction(d, T);
 }

@@ -233,3 +233,34 @@ def test_matches_onnxruntime_at_one_thread(case: dict) -> None:
         got = list(hetero.Session(model, backends=[backend]).run(feeds).values())
         for name, g, w in zip(("Y", "Y_h", "Y_c"), got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=0, atol=tol, err_msg=f"{backend} {name}")
+
+
+# A bidirectional layer of batch 1 at one thread runs its two directions' steps interleaved on avx512vnni (rnn.cpp's
+# run_pair, Kernels::lstm_q_pair: one direction's step tile with the other's cells between its items) when H is a
+# multiple of 16 and the gates are the default ones (no peepholes / clip / input_forget); at 2 threads each direction
+# runs alone (run_direction), so the same bits at 1 and 2 threads hold the fused kernel to the unfused path: H 16 (one
+# item, one cell block), 48, tashkeel's 256; a sequence_lens shorter than the run; one step; uint8 weights with zero
+# points; per-channel scales and initial states. H 40 and peepholes take run_direction at both counts (the control).
+PAIR_CASES = [
+    {"direction": "bidirectional", "seq": 5, "batch": 1, "inp": 8, "hidden": 16},
+    {"direction": "bidirectional", "seq": 7, "batch": 1, "inp": 30, "hidden": 48, "per_channel": True, "init": True},
+    {"direction": "bidirectional", "seq": 12, "batch": 1, "inp": 64, "hidden": 256, "per_channel": True},
+    {"direction": "bidirectional", "seq": 6, "batch": 1, "inp": 20, "hidden": 32, "lens": [4], "zp": True},
+    {"direction": "bidirectional", "seq": 1, "batch": 1, "inp": 12, "hidden": 64, "init": True},
+    {"direction": "bidirectional", "seq": 4, "batch": 1, "inp": 16, "hidden": 32, "uint8": True, "zp": True},
+    {"direction": "bidirectional", "seq": 4, "batch": 1, "inp": 16, "hidden": 40},
+    {"direction": "bidirectional", "seq": 4, "batch": 1, "inp": 16, "hidden": 32, "peephole": True, "init": True},
+]
+
+
+@pytest.mark.parametrize("case", PAIR_CASES, ids=_ids)
+def test_interleaved_directions_same_bits_as_two_threads(case: dict) -> None:
+    model, feeds, want = dq_lstm_case(**case)
+
+    def run():
+        return hetero.Session(model, backends=["cpu"], on_fallback="error").run(feeds)
+
+    one, two = _at_threads(run)
+    for name, w in zip(one, want, strict=True):
+        np.testing.assert_array_equal(one[name], two[name], err_msg=name)
+        np.testing.assert_allclose(one[name], w, rtol=0, atol=3e-3, err_msg=name)
