@@ -406,7 +406,8 @@ bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes)
 // time: 72 -> 72 on 30 x 8 100 -> 90 us, 48 -> 72 on 32 x 8 76 -> 64). Taken where it computes at least 10 % fewer
 // columns than the flattened tiles: on 16-wide maps (592 -> 544 columns) the kw-fold copy ate the gain (84 / 47 us
 // either way). kw <= 3 bounds the copy.
-// HETERO_CPU_CONV_TAPCOPY=1 / 0 forces it on (where the shape allows it) / off, to compare.
+// HETERO_CPU_CONV_TAPCOPY=1 / 0 forces it on (where the shape allows it) / off, to compare (0: conv_direct's
+// flattened tiles all through the tile buffer, as before).
 bool tap_copies_fit(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes) {
   if (!L.flat || g.kh != 1 || g.kw < 2 || g.kw > 3 || g.sh != 1 || g.sw != 1 || g.Ho < 2 || L.Wq == g.Wo)
     return false;
@@ -516,6 +517,8 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const i64 Wp = L.Wq, images = g.N * g.group;
   const bool rows = !L.flat || rows_beat_flat(g, L, nr, xk.lanes);
   const bool taps = !rows && tap_copies_fit(g, L, nr, xk.lanes);
+  // HETERO_CPU_CONV_TAPCOPY=0 also keeps flattened rows without padding columns on the tile buffer (to compare).
+  static const bool in_place_flat = env_override("HETERO_CPU_CONV_TAPCOPY") != 0;
   // Output rows [oy0, oy0 + band) read padded rows [oy0 sh, (oy0 + band - 1) sh + (kh - 1) dh], hq of each phase
   // plane. At least 4 rows a band (each band copies its (kh - 1) dh halo rows again); 2 bands a thread for row
   // tiles, 1 for flattened ones (a band's flattened columns end in a part tile: YOLOv8n's 10 x 10 maps at 2
@@ -590,8 +593,11 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     ep.bias = bias ? bias + gi * cout_g : nullptr;
     ep.bias_rs = 1;
     ep.bias_cs = 0;
-    if (taps) {
-      // Column j of the band is output position oy0 Wo + j: tiles stored in place, panels outside (as below).
+    if (taps || (!rows && Wp == g.Wo && in_place_flat)) {
+      // Column j of the band is output position oy0 Wo + j: tiles stored in place, panels outside (as below). Also
+      // the flattened rows without padding columns (kw x 1 kernels at stride 1 along W: openWakeWord's 3x1 convs),
+      // which went through the tile buffer's scatter, 12 memcpy calls a tile, for nothing (alone, 1 thread, thread
+      // time: 72 -> 72 3x1 on 32 x 8 95 -> 87 us, on 30 x 8 94-102 -> 83).
       const i64 npos = (oy1 - oy0) * g.Wo;
       float* ob = o + oy0 * g.Wo;
       for (i64 p = p0; p < p1; ++p)
