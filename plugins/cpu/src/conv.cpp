@@ -638,9 +638,8 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         for (i64 jj = 0; jj < ncols;) {
           const i64 j = j0 + jj, y = oy0 + j / Wp, xx = j % Wp, len = std::min<i64>(ncols - jj, Wp - xx);
           const i64 valid = xx < g.Wo ? std::min<i64>(len, g.Wo - xx) : 0;
-          for (int r = 0; r < nrows && valid > 0; ++r)
-            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + xx, buf + r * nr + jj,
-                        static_cast<std::size_t>(valid) * sizeof(float));
+          // one call a run (vector stores, AVX-512's tail masked) where a memcpy a row cost a call each
+          if (valid > 0) xk.copy_rows(buf + jj, nr, o + p * mr * HWo + y * g.Wo + xx, HWo, nrows, valid);
           jj += len;
         }
       }
