@@ -401,7 +401,7 @@ bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes)
 // Tiles over the band's output positions themselves (pitch Wo), reading one zero-edged copy of the input per
 // kernel column kx (row oy, column ox of copy kx = input (oy - pt, ox - pl + kx dw), zero outside): for 1 x kw
 // kernels at stride 1, whose flattened rows (pitch Wq > Wo) compute Wq - Wo dropped columns a row and go through the
-// tile buffer's scatter. openWakeWord's 1x3 convs on 8- and 16-wide maps: 269 flattened columns (272 in 32-wide
+// tile buffer's scatter. openWakeWord's 1x3 convs on 8-wide maps: 269 flattened columns (272 in 32-wide
 // tiles) for 240 outputs, 240 exactly this way, the tiles stored straight into the output (alone, 1 thread, thread
 // time: 72 -> 72 on 30 x 8 100 -> 90 us, 48 -> 72 on 32 x 8 76 -> 64). Taken where it computes at least 10 % fewer
 // columns than the flattened tiles: on 16-wide maps (592 -> 544 columns) the kw-fold copy ate the gain (84 / 47 us
@@ -595,7 +595,7 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     ep.bias_cs = 0;
     if (taps || (!rows && Wp == g.Wo && in_place_flat)) {
       // Column j of the band is output position oy0 Wo + j: tiles stored in place, panels outside (as below). Also
-      // the flattened rows without padding columns (kw x 1 kernels at stride 1 along W: openWakeWord's 3x1 convs),
+      // the flattened rows without padding columns (kh x 1 kernels at stride 1 along W: openWakeWord's 3x1 convs),
       // which went through the tile buffer's scatter, 12 memcpy calls a tile, for nothing (alone, 1 thread, thread
       // time: 72 -> 72 3x1 on 32 x 8 95 -> 87 us, on 30 x 8 94-102 -> 83).
       const i64 npos = (oy1 - oy0) * g.Wo;
