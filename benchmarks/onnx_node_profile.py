@@ -158,7 +158,7 @@ def main() -> None:
     model = MODELS[args.model]
     path = model.file()
     if path is None:
-        raise SystemExit(f"{args.model} is not installed: {model.install_hint()}")
+        raise SystemExit(f"{args.model} is not installed: {model.install_hint}")
     feeds = {k: np.asarray(v) for k, v in model.feeds(model).items()}
     consumers: dict[str, list] = defaultdict(list)
     for node in onnx.load(str(path), load_external_data=False).graph.node:

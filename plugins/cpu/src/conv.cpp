@@ -398,6 +398,65 @@ bool rows_beat_flat(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes)
   return g.Ho * row_tile_cols(g.Wo, nr, lanes) <= (nflat - nflat % nr) + row_tile_cols(nflat % nr, nr, lanes);
 }
 
+// Tiles over the band's output positions themselves (pitch Wo), reading one zero-edged copy of the input per
+// kernel column kx (row oy, column ox of copy kx = input (oy - pt, ox - pl + kx dw), zero outside): for 1 x kw
+// kernels at stride 1, whose flattened rows (pitch Wq > Wo) compute Wq - Wo dropped columns a row and go through the
+// tile buffer's scatter. openWakeWord's 1x3 convs on 8-wide maps: 269 flattened columns (272 in 32-wide
+// tiles) for 240 outputs, 240 exactly this way, the tiles stored straight into the output (alone, 1 thread, thread
+// time: 72 -> 72 on 30 x 8 100 -> 90 us, 48 -> 72 on 32 x 8 76 -> 64). Taken where it computes at least 10 % fewer
+// columns than the flattened tiles: on 16-wide maps (592 -> 544 columns) the kw-fold copy ate the gain (84 / 47 us
+// either way). kw <= 3 bounds the copy.
+// HETERO_CPU_CONV_TAPCOPY=1 / 0 forces it on (where the shape allows it) / off, to compare (0: conv_direct's
+// flattened tiles all through the tile buffer, as before).
+bool tap_copies_fit(const ConvGeom& g, const DirectLayout& L, i64 nr, i64 lanes) {
+  if (!L.flat || g.kh != 1 || g.kw < 2 || g.kw > 3 || g.sh != 1 || g.sw != 1 || g.Ho < 2 || L.Wq == g.Wo)
+    return false;
+  static const int forced = env_override("HETERO_CPU_CONV_TAPCOPY");
+  if (forced >= 0) return forced == 1;
+  const i64 nflat = (g.Ho - 1) * L.Wq + g.Wo, npos = g.Ho * g.Wo;
+  const auto cols = [&](i64 n) { return n - n % nr + row_tile_cols(n % nr, nr, lanes); };
+  return cols(npos) * 10 <= cols(nflat) * 9;
+}
+
+// One channel's tap copies for output rows oy0 .. oy0 + rows - 1 (tap_copies_fit): kw planes of `bplane` floats.
+void tap_copy_channel(const ConvGeom& g, const float* src, float* dst, i64 oy0, i64 rows, i64 bplane) {
+  for (i64 kx = 0; kx < g.kw; ++kx) {
+    float* plane = dst + kx * bplane;
+    const i64 s = kx * g.dw - g.pl;  // output column ox reads input column ox + s
+    const i64 x0 = std::clamp<i64>(-s, 0, g.Wo), x1 = std::clamp<i64>(g.W - s, x0, g.Wo);  // the columns inside
+    // Rows inside the input are r in [ra, rb).
+    const i64 ra = std::clamp<i64>(g.pt - oy0, 0, rows), rb = std::clamp<i64>(g.H + g.pt - oy0, ra, rows);
+    if (g.W == g.Wo && rb > ra) {
+      // Same-width rows: the inside rows as one shifted run (each row's edge columns read its neighbours' values,
+      // or nothing past the channel's ends), then the edge columns zeroed: a few stores a row where a copy a row
+      // cost a call each (openWakeWord: 72 channels x 3 copies x 30 rows of 8 floats).
+      const i64 base = (oy0 + ra - g.pt) * g.W + s, n = (rb - ra) * g.Wo;
+      const i64 i0 = std::clamp<i64>(-base, 0, n), i1 = std::clamp<i64>(g.H * g.W - base, i0, n);
+      float* d = plane + ra * g.Wo;
+      std::fill(plane, d + i0, 0.f);
+      std::memcpy(d + i0, src + base + i0, static_cast<std::size_t>(i1 - i0) * sizeof(float));
+      std::fill(d + i1, plane + rows * g.Wo, 0.f);
+      for (i64 r = ra; r < rb; ++r) {
+        float* row = plane + r * g.Wo;
+        for (i64 x = 0; x < x0; ++x) row[x] = 0.f;
+        for (i64 x = x1; x < g.Wo; ++x) row[x] = 0.f;
+      }
+      continue;
+    }
+    for (i64 r = 0; r < rows; ++r) {
+      float* row = plane + r * g.Wo;
+      const i64 y = oy0 + r - g.pt;
+      if (y < 0 || y >= g.H) {
+        std::fill(row, row + g.Wo, 0.f);
+        continue;
+      }
+      std::fill(row, row + x0, 0.f);
+      std::memcpy(row + x0, src + y * g.W + x0 + s, static_cast<std::size_t>(x1 - x0) * sizeof(float));
+      std::fill(row + x1, row + g.Wo, 0.f);
+    }
+  }
+}
+
 // One channel's padded rows py0 .. py0 + hq * ph - 1 (py0 a multiple of ph) in conv_direct's layout: ph x pw phase
 // planes of hq x Wq floats, qplane apart. Rows outside the input and the columns around it are zeros.
 void pad_channel(const ExtraKernels& xk, const ConvGeom& g, const DirectLayout& L, const float* src, float* dst,
@@ -457,6 +516,9 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const DirectLayout L = direct_layout(g, nr);
   const i64 Wp = L.Wq, images = g.N * g.group;
   const bool rows = !L.flat || rows_beat_flat(g, L, nr, xk.lanes);
+  const bool taps = !rows && tap_copies_fit(g, L, nr, xk.lanes);
+  // HETERO_CPU_CONV_TAPCOPY=0 also keeps flattened rows without padding columns on the tile buffer (to compare).
+  static const bool in_place_flat = env_override("HETERO_CPU_CONV_TAPCOPY") != 0;
   // Output rows [oy0, oy0 + band) read padded rows [oy0 sh, (oy0 + band - 1) sh + (kh - 1) dh], hq of each phase
   // plane. At least 4 rows a band (each band copies its (kh - 1) dh halo rows again); 2 bands a thread for row
   // tiles, 1 for flattened ones (a band's flattened columns end in a part tile: YOLOv8n's 10 x 10 maps at 2
@@ -464,23 +526,29 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const auto band_hq = [&](i64 band) { return ceil_div((band - 1) * g.sh + (g.kh - 1) * g.dh + 1, L.ph); };
   const double flops = 2.0 * images * cout_g * HWo * K;
   const int T = threads_for(flops, kParallelGrain * 4);
+  // Floats of a band's copy, per input channel.
+  const auto band_floats = [&](i64 band) { return taps ? g.kw * band * g.Wo : L.ph * L.pw * band_hq(band) * Wp; };
   i64 band = g.Ho;
-  while (band > 4 && cin_g * L.ph * L.pw * band_hq(band) * Wp > kBandFloats) band = (band + 1) / 2;
+  while (band > 4 && cin_g * band_floats(band) > kBandFloats) band = (band + 1) / 2;
   const i64 mp = ceil_div(cout_g, mr);
   // At 2+ threads, where the weights outweigh the input (small maps, many channels: YOLOv8n's 128 -> 256 stride-2
   // conv reads 1.2 MB of weights for a 10 x 10 output), tasks split the weight panels instead of the rows: each
   // thread reads its share of the weights and pads the band's input itself, instead of every thread reading all of
   // the weights for its share of the rows. The same tiles compute each output element either way.
   i64 groups = 1;
-  if (T > 1 && mp > 1 && cout_g * K > cin_g * L.ph * L.pw * band_hq(band) * Wp)
+  if (T > 1 && mp > 1 && cout_g * K > cin_g * band_floats(band))
     groups = std::min<i64>(mp, ceil_div(T, images * ceil_div(g.Ho, band)));
   const i64 pg = panel_groups(mp, groups);
   // Bands of at most `band` rows, sizes differing by one at most; without the weight split, at 2+ threads 2 bands a
   // thread for row tiles, 1 for flattened ones, their count a multiple of T.
   const Blocks bands = balanced_blocks(g.Ho, band, images, groups == 1 ? T : 1, rows ? 2 : 1);
   const i64 hq = band_hq(bands.size(0)), nbands = bands.nb;
-  const i64 qplane = hq * Wp, plane = L.ph * L.pw * qplane, per_band = cin_g * plane;
-  const std::vector<i64> off = tap_offsets(g, cin_g, plane, Wp, L.ph, L.pw, qplane);
+  const i64 qplane = hq * Wp, tplane = bands.size(0) * g.Wo;  // tplane: one tap copy's floats
+  const i64 plane = taps ? g.kw * tplane : L.ph * L.pw * qplane, per_band = cin_g * plane;
+  std::vector<i64> off = tap_offsets(g, cin_g, plane, Wp, L.ph, L.pw, qplane);
+  if (taps)  // tap (c, 0, kx) is copy kx of channel c
+    for (i64 c = 0; c < cin_g; ++c)
+      for (i64 kx = 0; kx < g.kw; ++kx) off[static_cast<std::size_t>(c * g.kw + kx)] = c * plane + kx * tplane;
   // A last tile of at most one vector of columns runs the one-vector-wide tile (every ISA with a tile kernel has
   // it): YOLOv8n's 20 x 20 stride-2 maps are 109 flattened columns, 128 in 32-wide tiles, 112 with a 16-wide tail.
   const auto tile_nr = [&](i64 ncols) { return ncols <= xk.lanes ? xk.lanes : nr; };
@@ -512,14 +580,32 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
     const i64 oy0 = bands.begin(b), oy1 = oy0 + bands.size(b);
     float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(per_band + nr));
     std::fill(padded + per_band, padded + per_band + nr, 0.f);
-    for (i64 c = 0; c < cin_g; ++c)
-      pad_channel(xk, g, L, x + ((n * g.C + gi * cin_g + c) * g.H) * g.W, padded + c * plane, oy0 * g.sh, hq);
+    for (i64 c = 0; c < cin_g; ++c) {
+      const float* src = x + ((n * g.C + gi * cin_g + c) * g.H) * g.W;
+      if (taps)
+        tap_copy_channel(g, src, padded + c * plane, oy0, oy1 - oy0, tplane);
+      else
+        pad_channel(xk, g, L, src, padded + c * plane, oy0 * g.sh, hq);
+    }
     const float* a = pc.buf.p + gi * pc.group_stride;
     float* o = out + (n * g.Cout + gi * cout_g) * HWo;
     Epilogue ep = act;
     ep.bias = bias ? bias + gi * cout_g : nullptr;
     ep.bias_rs = 1;
     ep.bias_cs = 0;
+    if (taps || (!rows && Wp == g.Wo && in_place_flat)) {
+      // Column j of the band is output position oy0 Wo + j: tiles stored in place, panels outside (as below). Also
+      // the flattened rows without padding columns (kh x 1 kernels at stride 1 along W: openWakeWord's 3x1 convs),
+      // which went through the tile buffer's scatter, 12 memcpy calls a tile, for nothing (alone, 1 thread, thread
+      // time: 72 -> 72 3x1 on 32 x 8 95 -> 87 us, on 30 x 8 94-102 -> 83).
+      const i64 npos = (oy1 - oy0) * g.Wo;
+      float* ob = o + oy0 * g.Wo;
+      for (i64 p = p0; p < p1; ++p)
+        for (i64 j0 = 0; j0 < npos; j0 += nr)
+          tile(p, static_cast<int>(std::min<i64>(nr, npos - j0)), a, padded + j0, ob + p * mr * HWo + j0, HWo, ep);
+      if (!fused) apply_epilogue(kr, ob + r0 * HWo, HWo, r0, 0, r1 - r0, npos, ep);
+      return;
+    }
     if (rows) {
       // Rows that end in part of a vector (O-Net's 46-wide maps: 2 vectors + 14 floats) take the epilogue once over
       // the band's rows of each channel, which follow each other in the output, instead of row by row with a scalar
@@ -552,9 +638,8 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
         for (i64 jj = 0; jj < ncols;) {
           const i64 j = j0 + jj, y = oy0 + j / Wp, xx = j % Wp, len = std::min<i64>(ncols - jj, Wp - xx);
           const i64 valid = xx < g.Wo ? std::min<i64>(len, g.Wo - xx) : 0;
-          for (int r = 0; r < nrows && valid > 0; ++r)
-            std::memcpy(o + (p * mr + r) * HWo + y * g.Wo + xx, buf + r * nr + jj,
-                        static_cast<std::size_t>(valid) * sizeof(float));
+          // one call a run (vector stores, AVX-512's tail masked) where a memcpy a row cost a call each
+          if (valid > 0) xk.copy_rows(buf + jj, nr, o + p * mr * HWo + y * g.Wo + xx, HWo, nrows, valid);
           jj += len;
         }
       }

@@ -682,7 +682,11 @@ void x_copy_rows(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows,
   for (i64 r = 0; r < rows; ++r, src += ld_src, dst += ld_dst) {
     i64 i = 0;
     for (; i + W <= n; i += W) SIMD::store(dst + i, SIMD::load(src + i));
-    for (; i < n; ++i) dst[i] = src[i];
+    if constexpr (has_part<SIMD>::value) {  // the tail as one masked load and store (AVX-512)
+      if (i < n) store_tail(dst + i, n - i, load_tail(src + i, n - i, 0.f));
+    } else {
+      for (; i < n; ++i) dst[i] = src[i];
+    }
   }
 }
 

@@ -1007,6 +1007,9 @@ CONV_CASES = [
     (1, 64, 40, 40, 20, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (1, 32, 64, 64, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (1, 40, 60, 64, 8, 3, 3, (3, 1), (1, 1, 1, 1), (1, 1), 1),
+    # the plain layout (stride 3) with rows of exactly Wo floats (a kh x 1 kernel): row tiles, not the flattened
+    # rows' in-place tiles
+    (1, 6, 20, 64, 14, 3, 1, (3, 1), (1, 0, 1, 0), (1, 1), 1),
     # 1x1 convs (PP-LCNet's maps): the last 1-5 positions past a whole vector in a ragged last GEMM panel (7 x 7: 1,
     # 14 x 14: 4, 10 x 13: 2, 7 x 5: 3 with K off the 16-float padding, 3 x 7: 5), a last column panel of one vector
     # (28 x 28: the one-vector tile) or of 4 columns, Cout off the 12-row tile, grouped, two images
@@ -1232,6 +1235,87 @@ def test_conv2d_direct_rows_threads(isa, threads, shape):
     out = np.full(ref.shape, np.nan, np.float32)
     _native.conv2d(x, w, None, out, strides=(s, s), pads=(1, 1, 1, 1))
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+# conv_direct's tiles stored straight into the output on narrow maps (AVX-512's 32-column tiles; AVX2's 8-wide rows
+# fit its vectors: row tiles, or the GEMM). 1 x kw convs at stride 1 whose flattened rows waste >= 10 % of the tiles'
+# columns: the tap copies (one zero-edged copy of the input per kernel column, tiles over the output positions).
+# openWakeWord's 72 -> 72 1x3 on 30 x 8; rows outside the input (pads top and bottom), a 1x2 kernel with a right pad
+# only, no pads (W 10 -> Wo 8: rows copied one by one), dilation 2, an odd width (7) with a ragged last tile, input
+# spanning two row bands (96 channels x 3 copies x 40 rows of 8), two images and two groups. Then kh x 1 convs, whose
+# flattened rows have no padding columns: openWakeWord's 72 -> 72 3x1 on 32 x 8, a ragged last tile (9 x 7), two
+# bands (96 channels x 102 rows of 8), two images and two groups.
+# (N, C, H, W, Cout, kh, kw, pads, dilation along W, group)
+TAP_COPY_CASES = [
+    (1, 72, 30, 8, 72, 1, 3, (0, 1, 0, 1), 1, 1),
+    (1, 16, 9, 8, 20, 1, 3, (1, 1, 2, 1), 1, 1),
+    (1, 12, 10, 8, 14, 1, 2, (0, 1, 0, 0), 1, 1),
+    (1, 10, 12, 10, 13, 1, 3, (0, 0, 0, 0), 1, 1),
+    (1, 8, 11, 8, 12, 1, 3, (0, 2, 0, 2), 2, 1),
+    (1, 9, 9, 7, 13, 1, 3, (0, 1, 0, 1), 1, 1),
+    (1, 96, 40, 8, 24, 1, 3, (0, 1, 0, 1), 1, 1),
+    (2, 16, 12, 8, 40, 1, 3, (0, 1, 0, 1), 1, 2),
+    (1, 72, 32, 8, 72, 3, 1, (1, 0, 1, 0), 1, 1),
+    (1, 11, 9, 7, 13, 3, 1, (1, 0, 1, 0), 1, 1),
+    (1, 96, 100, 8, 24, 3, 1, (1, 0, 1, 0), 1, 1),
+    (2, 16, 12, 8, 40, 3, 1, (2, 0, 0, 0), 1, 2),
+]
+_TAP_COPY_CODE = """
+import sys, numpy as np
+from hetero_cpu import _native
+outs = []
+for isa in sys.argv[2].split(","):
+    _native.set_isa(isa)
+    for i, (n, c, h, w, co, kh, kw, pads, dw, group) in enumerate(eval(sys.argv[3])):
+        rng = np.random.default_rng(i)
+        x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+        wt = (rng.standard_normal((co, c // group, kh, kw)) * 0.2).astype(np.float32)
+        b = rng.standard_normal(co).astype(np.float32)
+        for act in ("relu", "none", "sigmoid"):
+            for t in (1, 2):
+                _native.set_num_threads(t)
+                ho = h + pads[0] + pads[2] - (kh - 1)
+                wo = w + pads[1] + pads[3] - dw * (kw - 1)
+                o = np.empty((n, co, ho, wo), np.float32)
+                _native.conv2d(x, wt, b, o, strides=(1, 1), pads=pads, dilations=(1, dw), group=group, activation=act)
+                outs.append(o.ravel())
+np.save(sys.argv[1], np.concatenate(outs))
+"""
+
+
+@pytest.mark.parametrize("case", TAP_COPY_CASES, ids=[str(i) for i in range(len(TAP_COPY_CASES))])
+@pytest.mark.parametrize("activation", ["relu", "none", "sigmoid"])
+def test_conv2d_tap_copies(isa, threads, case, activation):
+    n, c, h, wd, cout, kh, kw, pads, dw, group = case
+    x = randn(n, c, h, wd, seed=70)
+    w = randn(cout, c // group, kh, kw, seed=71) * 0.2
+    bias = randn(cout, seed=72)
+    if isa == "avx512":
+        assert _native.prepack_conv(w, group).algorithm(list(x.shape), (1, 1), pads, (1, dw)) == "direct"
+    ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), pads, (1, dw), group))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(1, 1), pads=pads, dilations=(1, dw), group=group, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_tap_copies_bits(tmp_path):
+    # The tap copies and in-place stores against the flattened rows through the tile buffer
+    # (HETERO_CPU_CONV_TAPCOPY=0; read once a process: each side in a fresh one): the same taps summed in the same
+    # order over the same values (zeros where the flattened copy has its padding), so the same bits, at 1 and 2
+    # threads, on every ISA this CPU runs.
+    import os
+    import subprocess
+    import sys
+
+    isas = ",".join(ISAS)
+    res = {}
+    for side, flag in (("taps", "1"), ("flat", "0")):
+        path = tmp_path / f"{side}.npy"
+        subprocess.run([sys.executable, "-c", _TAP_COPY_CODE, str(path), isas, repr(TAP_COPY_CASES)],
+                       env=dict(os.environ, HETERO_CPU_CONV_TAPCOPY=flag), check=True, timeout=600)
+        res[side] = np.load(path)
+    assert res["taps"].size == res["flat"].size > 0
+    np.testing.assert_array_equal(res["taps"].view(np.uint32), res["flat"].view(np.uint32))
 
 
 @pytest.mark.parametrize("shape", [(96, 10, 2, 70, 1, 3, (0, 1, 0, 1)), (48, 4, 4, 70, 2, 2, (0, 0, 0, 0))])
