@@ -48,9 +48,9 @@ def run_ort(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 
 def check(model: Any, feeds: dict[str, np.ndarray], backend: str, atol: float = 1e-5, rtol: float = 1e-5,
-          outputs: int | None = None) -> None:
+          outputs: int | None = None, lowered: bool = True) -> None:
     want = run_ort(model, feeds)
-    got = list(hetero.Session(model, backends=[backend], on_fallback="error").run(feeds).values())
+    got = list(session(model, backend, lowered).run(feeds).values())
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if outputs is not None and i >= outputs:
             break
@@ -58,11 +58,23 @@ def check(model: Any, feeds: dict[str, np.ndarray], backend: str, atol: float = 
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=f"output {i}")
 
 
+def session(model: Any, backend: str, lowered: bool = True) -> hetero.Session:
+    """On "reference": the contrib node itself on its numpy reference (no passes, so no lowering); on "cpu": the
+    default passes (lower_contrib_ops first) and native kernels, no fallback allowed where ``lowered`` (the form is
+    one lower_contrib_ops rewrites: no contrib node may be left), else the node stays and runs on its reference."""
+    if backend == "reference":
+        return hetero.Session(model, backends=["reference"], on_fallback="error", optimize=False)
+    s = hetero.Session(model, backends=[backend], on_fallback="error" if lowered else "silent")
+    left = [n.op_type for n in s.graph.nodes if n.domain == "com.microsoft"]
+    assert bool(left) != lowered, f"contrib nodes left after the passes: {left}"
+    return s
+
+
 def rand(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-BACKENDS = ["reference"]
+BACKENDS = ["reference", "cpu"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -111,7 +123,7 @@ def test_bias_add(backend: str) -> None:
     rng = np.random.default_rng(3)
     x, bias, skip = rand(rng, 2, 3, 40), rand(rng, 40), rand(rng, 2, 3, 40)
     model, feeds = contrib_model("BiasAdd", [("x", x), ("bias", bias), ("skip", skip)], 1, ("bias",))
-    (got,) = hetero.Session(model, backends=[backend], on_fallback="error").run(feeds).values()
+    (got,) = session(model, backend).run(feeds).values()
     np.testing.assert_allclose(got, x + bias + skip, rtol=1e-6, atol=1e-6)
 
 
@@ -135,9 +147,10 @@ def test_skip_simplified_layer_normalization(backend: str, bias: bool, n_out: in
     inputs = [("x", rand(rng, 3, 1, hidden)), ("skip", rand(rng, 3, 1, hidden)), ("gamma", rand(rng, hidden)),
               ("bias", rand(rng, hidden) if bias else None)]
     model, feeds = contrib_model("SkipSimplifiedLayerNormalization", inputs, n_out, ("gamma", "bias"), epsilon=1e-6)
-    # output 1 (the mean) is not written by onnxruntime's kernel: compare the others
+    # output 1 (the mean) is not written by onnxruntime's kernel: compare the others. Lowered (RMSNormalization)
+    # only where the mean and inverse RMS outputs are not read.
     want = run_ort(model, feeds)
-    got = list(hetero.Session(model, backends=[backend], on_fallback="error").run(feeds).values())
+    got = list(session(model, backend, lowered=n_out == 1).run(feeds).values())
     for i in (0, 2, 3)[: max(1, n_out - 1)] if n_out > 1 else (0,):
         np.testing.assert_allclose(got[i], want[i], rtol=1e-5, atol=1e-5, err_msg=f"output {i}")
 
@@ -157,7 +170,8 @@ def test_embed_layer_normalization(backend: str, segment: bool, mask: bool, posi
               ("posids", rng.integers(0, 16, (batch, seq)).astype(np.int32) if positions else None)]
     model, feeds = contrib_model("EmbedLayerNormalization", inputs, n_out, ("word", "pos", "segemb", "gamma", "beta"),
                                  epsilon=1e-12)
-    check(model, feeds, backend, atol=1e-5)
+    # without a mask, a read mask_index (zeros) is left to the reference
+    check(model, feeds, backend, atol=1e-5, lowered=mask or n_out < 2)
 
 
 def _attention_case(rng: np.random.Generator, mask: str, batch: int = 2, seq: int = 5, hidden: int = 24,
@@ -190,7 +204,7 @@ def test_attention_masks(backend: str, mask: str, unidirectional: int) -> None:
     rng = np.random.default_rng(7)
     inputs, _ = _attention_case(rng, mask)
     model, feeds = contrib_model("Attention", inputs, 1, ("w", "b"), num_heads=3, unidirectional=unidirectional)
-    check(model, feeds, backend, atol=2e-5)
+    check(model, feeds, backend, atol=2e-5, lowered=not unidirectional and mask != "start_end")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -210,7 +224,7 @@ def test_attention_forms(backend: str, case: dict) -> None:
     if "scale" in case:
         attrs["scale"] = case["scale"]
     model, feeds = contrib_model("Attention", inputs, 2 if case.get("past") else 1, ("w", "b"), **attrs)
-    check(model, feeds, backend, atol=2e-5)
+    check(model, feeds, backend, atol=2e-5, lowered=not case.get("past"))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -238,7 +252,7 @@ def test_multi_head_attention(backend: str, case: dict) -> None:
               ("pk", rand(rng, batch, heads, past, hidden // heads) if past else None),
               ("pv", rand(rng, batch, heads, past, hidden // heads) if past else None)]
     model, feeds = contrib_model("MultiHeadAttention", inputs, case.get("outputs", 1), ("bias",), num_heads=heads)
-    check(model, feeds, backend, atol=2e-5)
+    check(model, feeds, backend, atol=2e-5, lowered=False)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -259,7 +273,7 @@ def test_matmul_integer_to_float(backend: str, case: dict) -> None:
                if case.get("b_zp") else None),
               ("bias", rand(rng, n) if case.get("bias") else None)]
     model, feeds = contrib_model("MatMulIntegerToFloat", inputs, 1, ("b", "b_scale", "b_zp", "bias"))
-    check(model, feeds, backend, atol=1e-5)
+    check(model, feeds, backend, atol=1e-5, lowered=False)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -278,4 +292,29 @@ def test_dynamic_quantize_matmul(backend: str, case: dict) -> None:
                if case.get("b_zp") else None),
               ("bias", rand(rng, n) if case.get("bias") else None)]
     model, feeds = contrib_model("DynamicQuantizeMatMul", inputs, 1, ("b", "b_scale", "b_zp", "bias"))
-    check(model, feeds, backend, atol=1e-4)
+    check(model, feeds, backend, atol=1e-4, lowered=False)
+
+
+def _ops_after_passes(model: Any) -> set[tuple[str, str]]:
+    return {(n.domain, n.op_type) for n in hetero.Session(model, backends=["cpu"], on_fallback="error").graph.nodes}
+
+
+def test_lowered_nodes_meet_the_fusion_passes() -> None:
+    """The standard nodes lower_contrib_ops writes are what the later passes fuse: an Attention with a length mask
+    becomes MatMul + bias projections and one FusedAttention, a SkipLayerNormalization a LayerNormalization, a
+    FusedConv with Relu hetero's FusedConv, a FusedMatMul by a constant transposed B a plain MatMul kernel."""
+    rng = np.random.default_rng(12)
+    inputs, _ = _attention_case(rng, "lengths")
+    ops = _ops_after_passes(contrib_model("Attention", inputs, 1, ("w", "b"), num_heads=3)[0])
+    assert ("hetero", "FusedAttention") in ops and ("", "Softmax") not in ops, ops
+    hidden = 16
+    skip = [("x", rand(rng, 1, 3, hidden)), ("skip", rand(rng, 1, 3, hidden)), ("gamma", rand(rng, hidden)),
+            ("beta", rand(rng, hidden)), ("bias", rand(rng, hidden))]
+    ops = _ops_after_passes(contrib_model("SkipLayerNormalization", skip, 1, ("gamma", "beta", "bias"))[0])
+    assert ("", "LayerNormalization") in ops, ops
+    conv = [("x", rand(rng, 1, 3, 8, 8)), ("w", rand(rng, 4, 3, 3, 3)), ("b", rand(rng, 4))]
+    ops = _ops_after_passes(contrib_model("FusedConv", conv, 1, ("w", "b"), activation="Relu")[0])
+    assert ops == {("hetero", "FusedConv")}, ops
+    mm = [("a", rand(rng, 5, 7)), ("b", rand(rng, 3, 7))]
+    ops = _ops_after_passes(contrib_model("FusedMatMul", mm, 1, ("b",), transB=1)[0])
+    assert ops == {("", "MatMul")}, ops
