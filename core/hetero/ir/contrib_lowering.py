@@ -207,12 +207,13 @@ def _lower_embed_layer_norm(b: _Builder, node: Node) -> bool:
         return False
     rows = b.add("Gather", [word, ids], {"axis": 0})
     if _present(node, 8):
-        positions = node.inputs[8]
-    else:
-        length = b.add("Gather", [b.add("Shape", [ids]), b.const("seq_axis", np.array(1, np.int64))], {"axis": 0})
-        positions = b.add("Range", [b.const("zero", np.array(0, np.int64)), length,
-                                    b.const("one", np.array(1, np.int64))])
-    total = b.add("Add", [rows, b.add("Gather", [node.inputs[3], positions], {"axis": 0})])
+        position_rows = b.add("Gather", [node.inputs[3], node.inputs[8]], {"axis": 0})
+    else:  # rows 0..S-1 of the table: a Slice (the cpu backend has no Range kernel)
+        length = b.add("Slice", [b.add("Shape", [ids]), b.const("s1", np.array([1], np.int64)),
+                                 b.const("s2", np.array([2], np.int64))])
+        position_rows = b.add("Slice", [node.inputs[3], b.const("s0", np.array([0], np.int64)), length,
+                                        b.const("rows_axis", np.array([0], np.int64))])
+    total = b.add("Add", [rows, position_rows])
     if _present(node, 1) and _present(node, 4):
         total = b.add("Add", [total, b.add("Gather", [node.inputs[4], node.inputs[1]], {"axis": 0})])
     if len(node.outputs) > 2 and node.outputs[2]:
