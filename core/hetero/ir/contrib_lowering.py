@@ -221,12 +221,13 @@ def _lower_embed_layer_norm(b: _Builder, node: Node) -> bool:
     b.add("LayerNormalization", [total, node.inputs[5], node.inputs[6]],
           {"axis": -1, "epsilon": float(node.attrs.get("epsilon", 1e-12)), "stash_type": 1}, out=node.outputs[0])
     if mask_index_read:
-        nonzero = b.add("Cast", [b.add("Cast", [node.inputs[7]], {"to": 9})], {"to": 6})  # bool, then int32
+        # bool, then float32: the cpu backend's ReduceSum kernel is a float one (counts up to 2^24 stay exact)
+        nonzero = b.add("Cast", [b.add("Cast", [node.inputs[7]], {"to": 9})], {"to": 1})
         if b.graph.opset("") >= 13:
-            b.add("ReduceSum", [nonzero, b.const("axes", np.array([1], np.int64))], {"keepdims": 0},
-                  out=node.outputs[1])
+            count = b.add("ReduceSum", [nonzero, b.const("axes", np.array([1], np.int64))], {"keepdims": 0})
         else:
-            b.add("ReduceSum", [nonzero], {"axes": [1], "keepdims": 0}, out=node.outputs[1])
+            count = b.add("ReduceSum", [nonzero], {"axes": [1], "keepdims": 0})
+        b.add("Cast", [count], {"to": 6}, out=node.outputs[1])
     return True
 
 
