@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..contract import dtypes, registry
-from ..contract.graph import MICROSOFT_DOMAIN, Graph, Node
+from ..contract.graph import HETERO_DOMAIN, MICROSOFT_DOMAIN, Graph, Node
 from ..contract.registry import OpContext
 from ..contract.tensor import TensorInfo
 
@@ -187,23 +187,35 @@ def _lower_skip_layer_norm(b: _Builder, node: Node) -> bool:
 
 
 def _lower_skip_simplified_layer_norm(b: _Builder, node: Node) -> bool:
-    """Add(s) then RMSNormalization over the last axis; not when the mean / inverse RMS outputs are read."""
+    """Add(s) then RMSNorm over the last axis; not when the mean / inverse RMS outputs are read."""
     if not _float32(b.graph, node.inputs[0]) or any(_consumed(b.graph, n) for n in node.outputs[1:3]):
         return False
     total = _skip_sum(b, node, 3)
-    b.add("RMSNormalization", [total, node.inputs[2]], {"axis": -1, "epsilon": float(node.attrs.get(
-        "epsilon", 1e-12)), "stash_type": 1}, out=node.outputs[0])
+    _rms_norm(b, total, node.inputs[2], float(node.attrs.get("epsilon", 1e-12)), node.outputs[0])
     return True
 
 
+def _rms_norm(b: _Builder, x: str, scale: str, epsilon: float, out: str) -> None:
+    """RMS normalisation over the last axis as hetero's RMSNorm (what fuse_rms_norm makes of an exported one, with
+    a native cpu kernel; ONNX RMSNormalization has none)."""
+    b.nodes.append(Node("RMSNorm", [x, scale], [out], {"epsilon": epsilon}, name=f"{b.prefix}/RMSNorm",
+                        domain=HETERO_DOMAIN))
+
+
 def _lower_simplified_layer_norm(b: _Builder, node: Node) -> bool:
-    """onnxruntime's SimplifiedLayerNormalization (ONNX domain) as RMSNormalization; not when its inverse RMS
-    output is read."""
-    if not _float32(b.graph, node.inputs[0]) or any(_consumed(b.graph, n) for n in node.outputs[1:]):
+    """onnxruntime's SimplifiedLayerNormalization (ONNX domain) as hetero's RMSNorm (over the last axis; else ONNX
+    RMSNormalization); not when its inverse RMS output is read."""
+    info = _info(b.graph, node.inputs[0])
+    axis = int(node.attrs.get("axis", -1))
+    if info is None or info.rank is None or not _float32(b.graph, node.inputs[0]) or \
+            any(_consumed(b.graph, n) for n in node.outputs[1:]):
         return False
-    attrs = {"axis": int(node.attrs.get("axis", -1)), "epsilon": float(node.attrs.get("epsilon", 1e-5)),
-             "stash_type": 1}
-    b.add("RMSNormalization", node.inputs[:2], attrs, out=node.outputs[0])
+    epsilon = float(node.attrs.get("epsilon", 1e-5))
+    if axis in (-1, info.rank - 1):
+        _rms_norm(b, node.inputs[0], node.inputs[1], epsilon, node.outputs[0])
+    else:
+        b.add("RMSNormalization", node.inputs[:2], {"axis": axis, "epsilon": epsilon, "stash_type": 1},
+              out=node.outputs[0])
     return True
 
 

@@ -68,6 +68,9 @@ def session(model: Any, backend: str, lowered: bool = True) -> hetero.Session:
     s = hetero.Session(model, backends=[backend], on_fallback="error" if lowered else "silent")
     left = [n.op_type for n in s.graph.nodes if n.domain == "com.microsoft"]
     assert bool(left) != lowered, f"contrib nodes left after the passes: {left}"
+    if lowered:  # and no cpu node on a numpy kernel (Range: the key positions of a [B] lengths mask, a few int64s)
+        slow = [s.graph.nodes[p.index].op_type for p in s.placement.nodes if p.implementation == "numpy"]
+        assert set(slow) <= {"Range"}, slow
     return s
 
 
