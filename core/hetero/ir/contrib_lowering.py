@@ -259,6 +259,8 @@ def _mask_bias(b: _Builder, node: Node, x: str, filter_value: float, at: int = 3
     [B] valid lengths, 2-D [B, T] or 3-D [B, S, T] 0 / 1 masks; None for the other forms. ``x`` has the batch on
     axis 0, ``keys_of`` (default ``x``) the keys on axis 1. Shared by the attention nodes that read the same mask."""
     mask = _present(node, at)
+    # An Attention's keys are its own rows, as many in every layer reading this mask: one bias serves them all.
+    key = (mask, filter_value, keys_of)
     keys_of = keys_of or x
     if not mask:
         return ""
@@ -270,7 +272,6 @@ def _mask_bias(b: _Builder, node: Node, x: str, filter_value: float, at: int = 3
     if info is None or info.rank not in (1, 2, 3) or (info.rank == 1 and not known_batch and
                                                       mask not in b.row_lengths):
         return None  # a 1-D mask of [2B] (start positions too) or of unknown length: left to the reference
-    key = (mask, filter_value, keys_of)
     if key in b.cache:
         return b.cache[key]
     zero = b.const("mask_zero", np.array(0.0, np.float32))

@@ -365,3 +365,27 @@ def test_lowered_attention_and_quantized_matmuls_meet_their_fusions() -> None:
     dynamic = [("a", rand(rng, 3, 9)), ("b", weights), ("b_scale", np.array(0.2, np.float32))]
     ops = _ops_after_passes(contrib_model("DynamicQuantizeMatMul", dynamic, 1, ("b", "b_scale"))[0])
     assert ("hetero", "MatMulIntegerScaled") in ops and ("", "MatMulInteger") not in ops, ops
+
+
+def test_attention_layers_share_one_mask_bias() -> None:
+    """Two stacked Attention layers reading one [B] lengths mask (an optimized BERT's mask_index): one mask bias
+    (one Where), both layers FusedAttention, and the output onnxruntime's."""
+    rng = np.random.default_rng(15)
+    batch, seq, hidden, heads = 2, 6, 12, 3
+    x = rand(rng, batch, seq, hidden)
+    lengths = np.array([6, 4], np.int32)
+    weights = {f"{n}{i}": v for i in (0, 1) for n, v in (("w", rand(rng, hidden, 3 * hidden, scale=0.3)),
+                                                         ("b", rand(rng, 3 * hidden, scale=0.1)))}
+    nodes = [helper.make_node("Attention", [src, f"w{i}", f"b{i}", "mask"], [dst], domain="com.microsoft",
+                              num_heads=heads) for i, (src, dst) in enumerate((("x", "h"), ("h", "y")))]
+    graph = helper.make_graph(
+        nodes, "two_layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)),
+                              helper.make_tensor_value_info("mask", TensorProto.INT32, [batch])],
+        [helper.make_empty_tensor_value_info("y")], [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    feeds = {"x": x, "mask": lengths}
+    s = session(model, "cpu")
+    ops = [n.op_type for n in s.graph.nodes]
+    assert ops.count("FusedAttention") == 2 and ops.count("Where") == 1, ops
+    np.testing.assert_allclose(s.run(feeds)["y"], run_ort(model, feeds)[0], rtol=1e-5, atol=2e-5)
