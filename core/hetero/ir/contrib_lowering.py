@@ -374,9 +374,12 @@ def _lower_multi_head_attention(b: _Builder, node: Node) -> bool:
     bias = b.graph.initializers.get(bias_name) if bias_name else None
     if bias_name and (bias is None or np.shape(bias) != (dq + dk + dv,)):
         return False
-    mask = _mask_bias(b, node, q, float(attrs.get("mask_filter_value", -10000.0)), at=4, keys_of=k)
-    if mask is None or (mask and _info(b.graph, node.inputs[4]).rank == 3):  # type: ignore[union-attr]
+    mask_info = _info(b.graph, _present(node, 4))
+    if mask_info is not None and mask_info.rank == 3:
         return False  # MultiHeadAttention takes no 3-D key_padding_mask
+    mask = _mask_bias(b, node, q, float(attrs.get("mask_filter_value", -10000.0)), at=4, keys_of=k)
+    if mask is None:
+        return False
     if _present(node, 5):
         mask = b.add("Add", [mask, node.inputs[5]]) if mask else node.inputs[5]
     projected = [q, k, v]
