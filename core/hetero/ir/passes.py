@@ -20,6 +20,7 @@ from ..contract.graph import HETERO_DOMAIN, Graph, Node, free_names
 from ..contract.opforms import POINTWISE_PREFIX
 from ..contract.tensor import TensorInfo, static_shape
 from ..ops.shapes import int_list
+from .contrib_lowering import lower_contrib_ops
 
 Pass = Callable[[Graph], int]  # returns how many rewrites it made
 
@@ -2009,9 +2010,11 @@ def fuse_dw_pointwise(graph: Graph) -> int:
 
 
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
-# affine block's) and before fuse_conv_activation (it folds into a plain Conv only).
-DEFAULT_PASSES: tuple[Pass, ...] = (remove_noops, sink_transposes, fold_conv_batchnorm, fold_conv_scale_shift,
-                                    fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine, one_hot_matmul_to_gather,
+# affine block's) and before fuse_conv_activation (it folds into a plain Conv only). lower_contrib_ops first: the
+# standard nodes it writes for onnxruntime's contrib ops are what the fusions after it look for.
+DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transposes, fold_conv_batchnorm,
+                                    fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
+                                    one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
                                     batch_gathered_gemms, fuse_matmul_bias, fuse_matmul_integer_scale,
                                     fuse_conv_integer_scale,

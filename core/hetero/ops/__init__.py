@@ -3,6 +3,7 @@
 from ..contract.registry import OpContext, OpSchema, all_schemas, find, get, op, register
 from . import (  # noqa: F401  (registration side effects)
     attention,
+    contrib,
     control,
     creation,
     detection,
