@@ -51,7 +51,7 @@ def test_every_atspm_tree_model_bit_for_bit() -> None:
         ort_run = ort_runner(path, threads=1)
         for rows in (1, 7, 64):
             feeds = tree_rows(path, rows, seed=rows)
-            (name, x), = feeds.items()
+            (x,) = feeds.values()
             x[0] = np.nan
             got, want = session.run(feeds), ort_run(feeds)
             for out, value in want.items():
