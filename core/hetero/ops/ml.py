@@ -28,7 +28,7 @@ import numpy as np
 
 from ..contract import dtypes
 from ..contract.errors import HeteroError
-from ..contract.graph import ML_DOMAIN
+from ..contract.graph import ML_DOMAIN, Node
 from ..contract.registry import OpContext, op
 from ..contract.tensor import TensorInfo
 from .shapes import input_info, np_dtype
@@ -335,19 +335,24 @@ _CACHE_LOCK = threading.Lock()
 
 
 def forest_of(ctx: OpContext, x_dtype: np.dtype) -> Forest:
-    """The node's forest, compiled once (the cache holds the attrs dict, so its id is not reused meanwhile)."""
-    attrs = ctx.node.attrs
-    kind = f"{ctx.node.op_type}:{np.dtype(x_dtype).str}"
+    return forest_for(ctx.node, x_dtype)
+
+
+def forest_for(node: Node, x_dtype: np.dtype) -> Forest:
+    """The node's forest for features of ``x_dtype``, compiled once (the cache holds the attrs dict, so its id is
+    not reused meanwhile)."""
+    attrs = node.attrs
+    kind = f"{node.op_type}:{np.dtype(x_dtype).str}"
     with _CACHE_LOCK:
         hit = _CACHE.get(id(attrs))
         if hit is not None and hit[0] is attrs and hit[1] == kind:
             _CACHE.move_to_end(id(attrs))
             return hit[2]
-    label = ctx.node.label()
-    if ctx.node.op_type == "TreeEnsemble":
+    label = node.label()
+    if node.op_type == "TreeEnsemble":
         forest = _compile_v5(label, attrs, np.dtype(x_dtype))
     else:
-        forest = _compile_legacy(label, attrs, ctx.node.op_type == "TreeEnsembleClassifier", np.dtype(x_dtype))
+        forest = _compile_legacy(label, attrs, node.op_type == "TreeEnsembleClassifier", np.dtype(x_dtype))
     with _CACHE_LOCK:
         _CACHE[id(attrs)] = (attrs, kind, forest)
         while len(_CACHE) > 64:
@@ -463,24 +468,37 @@ def post_transform(v: np.ndarray, name: str) -> np.ndarray:
     return v
 
 
-def regress(forest: Forest, x: np.ndarray) -> np.ndarray:
-    """TreeEnsemble / TreeEnsembleRegressor scores [rows, n_targets] in the accumulation type."""
-    scores, _ = aggregate(forest, leaves(forest, x))
-    if forest.base_values is not None:
-        scores = scores + forest.base_values
+def regression_post(forest: Forest, scores: np.ndarray) -> np.ndarray:
+    """The post transform of a regressor's scores (base values added)."""
     if forest.n_targets == 1:
         return _probit(scores) if forest.post_transform == "PROBIT" else scores
     return post_transform(scores, forest.post_transform)
 
 
+def regression_needs_post(forest: Forest) -> bool:
+    return forest.post_transform != "NONE" and (forest.n_targets > 1 or forest.post_transform == "PROBIT")
+
+
+def regress(forest: Forest, x: np.ndarray) -> np.ndarray:
+    """TreeEnsemble / TreeEnsembleRegressor scores [rows, n_targets] in the accumulation type."""
+    scores, _ = aggregate(forest, leaves(forest, x))
+    if forest.base_values is not None:
+        scores = scores + forest.base_values
+    return regression_post(forest, scores)
+
+
 def _features(ctx: OpContext, forest: Forest) -> np.ndarray:
-    x = ctx.array(0)
+    return features(ctx.array(0), forest, ctx.node.label())
+
+
+def features(x: np.ndarray, forest: Forest, label: str) -> np.ndarray:
+    """X as [rows, features] in the type the thresholds compare against (ints and float16 converted)."""
     if x.ndim == 1:
         x = x.reshape(1, -1)
     elif x.ndim != 2:
         x = x.reshape(x.shape[0], -1)
     if x.shape[1] < forest.n_features:
-        raise ctx.fail(f"X has {x.shape[1]} features; the trees read feature {forest.n_features - 1}")
+        raise _fail(label, f"X has {x.shape[1]} features; the trees read feature {forest.n_features - 1}")
     if x.dtype.kind in "iu":
         x = x.astype(forest.threshold.dtype)  # onnxruntime compares integer features in the threshold type
     elif x.dtype == np.float16:
@@ -543,7 +561,11 @@ def _classifier_infer(ctx: OpContext) -> list[TensorInfo]:
 
 def classify(forest: Forest, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(index of the winning class per row, scores [rows, classes]) as onnxruntime's tree classifier gives them."""
-    scores, hit = aggregate(forest, leaves(forest, x))
+    return classify_scores(forest, *aggregate(forest, leaves(forest, x)))
+
+
+def classify_scores(forest: Forest, scores: np.ndarray, hit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``classify`` from the aggregated scores and their hit mask (base values not added yet)."""
     base = forest.base_values
     n_rows = scores.shape[0]
     used = np.unique(forest.targets)
@@ -583,11 +605,14 @@ def tree_ensemble_classifier(ctx: OpContext) -> list[np.ndarray]:
     onnxruntime ([1 - p, p] for non-negative weights, else [-s, s]; the logistic of -s and s)."""
     forest = forest_of(ctx, ctx.array(0).dtype)
     winner, scores = classify(forest, _features(ctx, forest))
-    ints = ctx.node.attrs.get("classlabels_int64s")
+    return [class_labels(ctx.node, winner), scores.astype(np.float32)]
+
+
+def class_labels(node: Node, winner: np.ndarray) -> np.ndarray:
+    """The classifier's label output: its int64 or string label of each row's winning class."""
+    ints = node.attrs.get("classlabels_int64s")
     if ints is not None:
-        labels = np.asarray(ints, np.int64)[winner]
-    else:
-        names = np.array([s.decode() if isinstance(s, bytes) else str(s)
-                          for s in ctx.node.attrs["classlabels_strings"]], dtype=object)
-        labels = names[winner]
-    return [labels, scores.astype(np.float32)]
+        return np.asarray(ints, np.int64)[winner]
+    names = np.array([s.decode() if isinstance(s, bytes) else str(s) for s in node.attrs["classlabels_strings"]],
+                     dtype=object)
+    return names[winner]
