@@ -28,8 +28,8 @@ template <class T>
 struct Node {
   T threshold;
   std::int32_t feature;
-  std::int32_t yes;  // child when the comparison holds; at a leaf, its first (target, weight) pair
-  std::int32_t no;   // child otherwise; at a leaf, how many pairs
+  std::int32_t yes;  // child when the comparison holds (a leaf: itself)
+  std::int32_t no;   // child otherwise (right after this node: renumber)
   std::uint8_t mode;
   std::uint8_t missing_yes;  // a NaN feature takes `yes`
 };
@@ -38,12 +38,17 @@ template <class T>
 struct Forest {
   std::vector<Node<T>> nodes;
   std::vector<std::int32_t> roots, targets;
+  std::vector<std::int32_t> pair_start, pair_count;  // per node: a leaf's (target, weight) pairs
+  std::vector<std::int32_t> new_id;  // the model's node index -> this array's (renumber)
   std::vector<T> weights, base;
   std::vector<std::int32_t> member_start, member_count;  // per node (only where a BRANCH_MEMBER exists)
   std::vector<T> members;
   i64 n_targets = 0, n_features = 0;
   Aggregate aggregate = SUM;
   int uniform = -1;  // the one mode of every interior node (LEQ / LT), else -1: walks with no switch
+  // Every leaf has one (target, weight) pair (TreeEnsemble's leaves always): kept in the leaf node itself (target
+  // in `feature`, weight in `threshold`), which the walk has just read.
+  bool single = false;
 
   template <int M>
   std::int32_t walk(std::int32_t i, const T* x) const {
@@ -71,7 +76,7 @@ struct Forest {
           }
         }
       }
-      c = c || (n.missing_yes && std::isnan(v));
+      c = c | (n.missing_yes & (v != v));  // no short circuit: one more unpredictable branch otherwise
       i = c ? n.yes : n.no;
     }
     return i;
@@ -85,8 +90,20 @@ struct Forest {
 
   // Adds the leaf's pairs to one row's scores (hit: whether a target got any).
   void add(std::int32_t leaf_node, T* s, std::uint8_t* hit) const {
-    const Node<T>& n = nodes[static_cast<std::size_t>(leaf_node)];
-    for (std::int32_t k = n.yes, e = n.yes + n.no; k < e; ++k) {
+    if (single) {
+      const Node<T>& n = nodes[static_cast<std::size_t>(leaf_node)];
+      const std::int32_t t = n.feature;
+      const T w = n.threshold;
+      switch (aggregate) {
+        case MIN: s[t] = hit[t] ? (w < s[t] ? w : s[t]) : w; break;
+        case MAX: s[t] = hit[t] ? (w > s[t] ? w : s[t]) : w; break;
+        default: s[t] += w;
+      }
+      hit[t] = 1;
+      return;
+    }
+    const std::size_t at = static_cast<std::size_t>(leaf_node);
+    for (std::int32_t k = pair_start[at], e = pair_start[at] + pair_count[at]; k < e; ++k) {
       const std::int32_t t = targets[static_cast<std::size_t>(k)];
       const T w = weights[static_cast<std::size_t>(k)];
       switch (aggregate) {
@@ -113,6 +130,8 @@ struct Forest {
     const double work = static_cast<double>(rows) * static_cast<double>(n_trees) * 8.0;
     const int threads = threads_for(work, kWakeElementWork / 4);
     std::vector<std::uint8_t> scratch_hit;
+    // hit only matters to MIN / MAX and to the classifier (which asks for it)
+    const bool sum_single = single && (aggregate == SUM || aggregate == AVERAGE) && !hit_out;
     auto rows_block = [&](i64 r0, i64 r1, std::uint8_t* hits) {
       // A few rows through each tree in turn: the tree's nodes stay in L1 across the rows.
       constexpr i64 kBlock = 8;
@@ -120,9 +139,19 @@ struct Forest {
         const i64 b1 = std::min(r1, b0 + kBlock);
         std::fill(out + b0 * n_targets, out + b1 * n_targets, T(0));
         std::fill(hits + b0 * n_targets, hits + b1 * n_targets, std::uint8_t(0));
-        for (i64 t = 0; t < n_trees; ++t) {
-          const std::int32_t root = roots[static_cast<std::size_t>(t)];
-          for (i64 r = b0; r < b1; ++r) add(leaf(root, x + r * stride), out + r * n_targets, hits + r * n_targets);
+        if (sum_single) {  // summed one-pair leaves: the leaf's weight straight into its target's score
+          for (i64 t = 0; t < n_trees; ++t) {
+            const std::int32_t root = roots[static_cast<std::size_t>(t)];
+            for (i64 r = b0; r < b1; ++r) {
+              const Node<T>& lf = nodes[static_cast<std::size_t>(leaf(root, x + r * stride))];
+              out[r * n_targets + lf.feature] += lf.threshold;
+            }
+          }
+        } else {
+          for (i64 t = 0; t < n_trees; ++t) {
+            const std::int32_t root = roots[static_cast<std::size_t>(t)];
+            for (i64 r = b0; r < b1; ++r) add(leaf(root, x + r * stride), out + r * n_targets, hits + r * n_targets);
+          }
         }
         for (i64 r = b0; r < b1; ++r) finish(out + r * n_targets);
       }
@@ -241,6 +270,8 @@ class PyTreeForest {
       if (t < 0 || t >= n_targets) fail("TreeForest: a target id is out of range");
     f.targets.assign(tg.begin(), tg.end());
     f.nodes.resize(n);
+    f.pair_start.assign(n, 0);
+    f.pair_count.assign(n, 0);
     int uniform = -2;
     for (std::size_t i = 0; i < n; ++i) {
       Node<T>& d = f.nodes[i];
@@ -251,8 +282,9 @@ class PyTreeForest {
         if (ls[i] < 0 || lc[i] < 0 || ls[i] + lc[i] > static_cast<i64>(tg.size()))
           fail("TreeForest: a leaf's weights are out of range");
         d.feature = 0;
-        d.yes = static_cast<std::int32_t>(ls[i]);
-        d.no = static_cast<std::int32_t>(lc[i]);
+        d.yes = d.no = static_cast<std::int32_t>(i);
+        f.pair_start[i] = static_cast<std::int32_t>(ls[i]);
+        f.pair_count[i] = static_cast<std::int32_t>(lc[i]);
         continue;
       }
       if (d.mode > MEMBER) fail("TreeForest: unknown node mode " + std::to_string(d.mode));
@@ -265,6 +297,15 @@ class PyTreeForest {
       uniform = uniform == -2 ? d.mode : (uniform == d.mode ? uniform : -1);
     }
     f.uniform = (uniform == LEQ || uniform == LT) ? uniform : -1;
+    f.single = true;
+    for (std::size_t i = 0; i < n; ++i)
+      if (f.nodes[i].mode == LEAF && f.pair_count[i] != 1) f.single = false;
+    if (f.single)
+      for (std::size_t i = 0; i < n; ++i)
+        if (f.nodes[i].mode == LEAF) {
+          f.nodes[i].feature = f.targets[static_cast<std::size_t>(f.pair_start[i])];
+          f.nodes[i].threshold = f.weights[static_cast<std::size_t>(f.pair_start[i])];
+        }
     for (const auto r : rt)
       if (r < 0 || r >= static_cast<i64>(n)) fail("TreeForest: a root is out of range");
     f.roots.assign(rt.begin(), rt.end());
@@ -277,12 +318,15 @@ class PyTreeForest {
       f.base = values_of<T>(base);
       if (static_cast<i64>(f.base.size()) != n_targets) fail("TreeForest: base has the wrong length");
     }
+    renumber(f, n);
     if (!members.empty()) {
       f.member_start.assign(n, 0);
       f.member_count.assign(n, 0);
       for (const auto& item : members) {
         const py::tuple pair = item.cast<py::tuple>();
-        const i64 node = pair[0].cast<i64>();
+        const i64 given = pair[0].cast<i64>();
+        if (given < 0 || given >= static_cast<i64>(n)) fail("TreeForest: a member set names a node out of range");
+        const i64 node = f.new_id[static_cast<std::size_t>(given)];
         if (node < 0 || node >= static_cast<i64>(n) || f.nodes[static_cast<std::size_t>(node)].mode != MEMBER)
           fail("TreeForest: a member set names a node that is not BRANCH_MEMBER");
         const auto vals = values_of<T>(pair[1].cast<py::array>());
@@ -293,6 +337,50 @@ class PyTreeForest {
     }
     for (std::size_t i = 0; i < n; ++i)
       if (f.nodes[i].mode == MEMBER && f.member_start.empty()) fail("TreeForest: a BRANCH_MEMBER node has no set");
+  }
+
+  // Nodes renumbered tree by tree in depth-first order with each false child right after its parent: a walk
+  // reads nearby nodes (one cache line often holds the next step).
+  template <class T>
+  static void renumber(Forest<T>& f, std::size_t n) {
+    std::vector<std::int32_t>& id = f.new_id;
+    id.assign(n, -1);
+    std::vector<std::int32_t> order, stack;
+    order.reserve(n);
+    for (const auto root : f.roots) {
+      stack.assign(1, root);
+      while (!stack.empty()) {
+        const std::int32_t i = stack.back();
+        stack.pop_back();
+        if (id[static_cast<std::size_t>(i)] >= 0) continue;
+        id[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(order.size());
+        order.push_back(i);
+        const Node<T>& nd = f.nodes[static_cast<std::size_t>(i)];
+        if (nd.mode == LEAF) continue;
+        stack.push_back(nd.yes);
+        stack.push_back(nd.no);  // popped next: right after its parent
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      if (id[i] < 0) {
+        id[i] = static_cast<std::int32_t>(order.size());
+        order.push_back(static_cast<std::int32_t>(i));
+      }
+    std::vector<Node<T>> nodes(n);
+    std::vector<std::int32_t> ps(n), pc(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t old = static_cast<std::size_t>(order[k]);
+      Node<T> nd = f.nodes[old];
+      nd.yes = id[static_cast<std::size_t>(nd.yes)];
+      nd.no = id[static_cast<std::size_t>(nd.no)];
+      nodes[k] = nd;
+      ps[k] = f.pair_start[old];
+      pc[k] = f.pair_count[old];
+    }
+    f.nodes.swap(nodes);
+    f.pair_start.swap(ps);
+    f.pair_count.swap(pc);
+    for (auto& r : f.roots) r = id[static_cast<std::size_t>(r)];
   }
 
   bool is_double_ = false;
