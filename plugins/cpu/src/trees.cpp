@@ -82,6 +82,44 @@ struct Forest {
     return i;
   }
 
+  // Two walks of one tree at once (rows a and b): two independent load-compare-select chains per step, each
+  // stopping at its own leaf.
+  void leaf2(std::int32_t root, const T* xa, const T* xb, std::int32_t& la, std::int32_t& lb) const {
+    if (uniform != LEQ) {
+      la = leaf(root, xa);
+      lb = leaf(root, xb);
+      return;
+    }
+    const Node<T>* nd = nodes.data();
+    std::int32_t a = root, b = root;
+    while (nd[a].mode != LEAF && nd[b].mode != LEAF) {
+      const Node<T>& na = nd[a];
+      const Node<T>& nb = nd[b];
+      const T va = xa[na.feature], vb = xb[nb.feature];
+      const bool ca = (va <= na.threshold) | (na.missing_yes & (va != va));
+      const bool cb = (vb <= nb.threshold) | (nb.missing_yes & (vb != vb));
+      a = ca ? na.yes : na.no;
+      b = cb ? nb.yes : nb.no;
+    }
+    la = walk<LEQ>(a, xa);
+    lb = walk<LEQ>(b, xb);
+  }
+
+  // Four walks of one tree at once, as leaf2.
+  void leaf4(std::int32_t root, const T* const* xs, std::int32_t* out) const {
+    const Node<T>* nd = nodes.data();
+    std::int32_t i[4] = {root, root, root, root};
+    while (nd[i[0]].mode != LEAF && nd[i[1]].mode != LEAF && nd[i[2]].mode != LEAF && nd[i[3]].mode != LEAF) {
+      for (int k = 0; k < 4; ++k) {
+        const Node<T>& n = nd[i[k]];
+        const T v = xs[k][n.feature];
+        const bool c = (v <= n.threshold) | (n.missing_yes & (v != v));
+        i[k] = c ? n.yes : n.no;
+      }
+    }
+    for (int k = 0; k < 4; ++k) out[k] = walk<LEQ>(i[k], xs[k]);
+  }
+
   std::int32_t leaf(std::int32_t root, const T* x) const {
     if (uniform == LEQ) return walk<LEQ>(root, x);
     if (uniform == LT) return walk<LT>(root, x);
@@ -142,7 +180,26 @@ struct Forest {
         if (sum_single) {  // summed one-pair leaves: the leaf's weight straight into its target's score
           for (i64 t = 0; t < n_trees; ++t) {
             const std::int32_t root = roots[static_cast<std::size_t>(t)];
-            for (i64 r = b0; r < b1; ++r) {
+            i64 r = b0;
+            if (uniform == LEQ)
+              for (; r + 3 < b1; r += 4) {
+                const T* xs[4] = {x + r * stride, x + (r + 1) * stride, x + (r + 2) * stride, x + (r + 3) * stride};
+                std::int32_t lv[4];
+                leaf4(root, xs, lv);
+                for (int k = 0; k < 4; ++k) {
+                  const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
+                  out[(r + k) * n_targets + f.feature] += f.threshold;
+                }
+              }
+            for (; r + 1 < b1; r += 2) {
+              std::int32_t la, lb;
+              leaf2(root, x + r * stride, x + (r + 1) * stride, la, lb);
+              const Node<T>& fa = nodes[static_cast<std::size_t>(la)];
+              const Node<T>& fb = nodes[static_cast<std::size_t>(lb)];
+              out[r * n_targets + fa.feature] += fa.threshold;
+              out[(r + 1) * n_targets + fb.feature] += fb.threshold;
+            }
+            for (; r < b1; ++r) {
               const Node<T>& lf = nodes[static_cast<std::size_t>(leaf(root, x + r * stride))];
               out[r * n_targets + lf.feature] += lf.threshold;
             }
