@@ -105,10 +105,10 @@ struct Forest {
     lb = walk<LEQ>(b, xb);
   }
 
-  // Four walks of one tree at once, as leaf2.
-  void leaf4(std::int32_t root, const T* const* xs, std::int32_t* out) const {
+  // Four walks at once, as leaf2: four rows through one tree, or one row through four trees (roots r4).
+  void leaf4(const std::int32_t* r4, const T* const* xs, std::int32_t* out) const {
     const Node<T>* nd = nodes.data();
-    std::int32_t i[4] = {root, root, root, root};
+    std::int32_t i[4] = {r4[0], r4[1], r4[2], r4[3]};
     while (nd[i[0]].mode != LEAF && nd[i[1]].mode != LEAF && nd[i[2]].mode != LEAF && nd[i[3]].mode != LEAF) {
       for (int k = 0; k < 4; ++k) {
         const Node<T>& n = nd[i[k]];
@@ -177,7 +177,22 @@ struct Forest {
         const i64 b1 = std::min(r1, b0 + kBlock);
         std::fill(out + b0 * n_targets, out + b1 * n_targets, T(0));
         std::fill(hits + b0 * n_targets, hits + b1 * n_targets, std::uint8_t(0));
-        if (sum_single) {  // summed one-pair leaves: the leaf's weight straight into its target's score
+        if (sum_single && uniform == LEQ && b1 - b0 == 1) {  // one row: four trees side by side, added in order
+          const T* xs[4] = {x + b0 * stride, x + b0 * stride, x + b0 * stride, x + b0 * stride};
+          i64 t = 0;
+          for (; t + 3 < n_trees; t += 4) {
+            std::int32_t lv[4];
+            leaf4(roots.data() + t, xs, lv);
+            for (int k = 0; k < 4; ++k) {
+              const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
+              out[b0 * n_targets + f.feature] += f.threshold;
+            }
+          }
+          for (; t < n_trees; ++t) {
+            const Node<T>& f = nodes[static_cast<std::size_t>(leaf(roots[static_cast<std::size_t>(t)], xs[0]))];
+            out[b0 * n_targets + f.feature] += f.threshold;
+          }
+        } else if (sum_single) {  // summed one-pair leaves: the leaf's weight straight into its target's score
           for (i64 t = 0; t < n_trees; ++t) {
             const std::int32_t root = roots[static_cast<std::size_t>(t)];
             i64 r = b0;
@@ -185,7 +200,8 @@ struct Forest {
               for (; r + 3 < b1; r += 4) {
                 const T* xs[4] = {x + r * stride, x + (r + 1) * stride, x + (r + 2) * stride, x + (r + 3) * stride};
                 std::int32_t lv[4];
-                leaf4(root, xs, lv);
+                const std::int32_t r4[4] = {root, root, root, root};
+                leaf4(r4, xs, lv);
                 for (int k = 0; k < 4; ++k) {
                   const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
                   out[(r + k) * n_targets + f.feature] += f.threshold;
@@ -227,9 +243,14 @@ struct Forest {
     std::vector<std::int32_t> leaves(static_cast<std::size_t>(rows * n_trees));
     const i64 chunks = std::min<i64>(n_trees, 4 * threads);
     parallel_for(chunks, threads, [&](i64 c) {
-      for (i64 t = n_trees * c / chunks, e = n_trees * (c + 1) / chunks; t < e; ++t)
-        for (i64 r = 0; r < rows; ++r)
-          leaves[static_cast<std::size_t>(r * n_trees + t)] = leaf(roots[static_cast<std::size_t>(t)], x + r * stride);
+      const i64 e = n_trees * (c + 1) / chunks;
+      for (i64 r = 0; r < rows; ++r) {
+        const T* xs[4] = {x + r * stride, x + r * stride, x + r * stride, x + r * stride};
+        i64 t = n_trees * c / chunks;
+        if (uniform == LEQ)
+          for (; t + 3 < e; t += 4) leaf4(roots.data() + t, xs, leaves.data() + r * n_trees + t);
+        for (; t < e; ++t) leaves[static_cast<std::size_t>(r * n_trees + t)] = leaf(roots[static_cast<std::size_t>(t)], xs[0]);
+      }
     });
     for (i64 r = 0; r < rows; ++r) {
       T* s = out + r * n_targets;

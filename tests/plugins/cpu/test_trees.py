@@ -92,3 +92,12 @@ def test_native_forest_rejects_mismatched_inputs() -> None:
         f.run(np.zeros((2, 1), np.float32), np.zeros((2, 1), np.float32))
     out = np.full((0, 1), 7, np.float32)
     f.run(np.zeros((0, 6), np.float32), out)  # no rows: nothing to do
+
+
+@pytest.mark.parametrize("modes", [[0], [0, 1, 4]])
+def test_many_trees_few_rows_split_over_tree_chunks(modes: list[int]) -> None:
+    """Enough trees that three rows take both threads (rows x trees x 8 > 2 x 62500, src/trees.cpp): the leaves
+    found per tree chunk (four trees side by side where every node is BRANCH_LEQ), then each row summed in tree
+    order."""
+    trees = forest(5, 6000, modes, n_targets=2, depth=3)
+    _same(v5_model(trees, 2, np.float64), [rows(np.random.default_rng(3), 3, np.float64)])
