@@ -11,6 +11,7 @@ from a grid of halves so that the equality modes and the boundaries are hit, plu
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -336,13 +337,13 @@ def test_classifier_binary_two_columns() -> None:
                         nodes_trueleafs=[0] * len(a["nodes_trueleafs"])), "cycle"),
     (lambda a: a.update(aggregate_function=7), "'aggregate_function' is 7"),
 ])
-def test_bad_attributes_name_the_node_and_attribute(change: object, message: str) -> None:
+def test_bad_attributes_name_the_node_and_attribute(change: Callable[[dict[str, object]], None], message: str) -> None:
     attrs: dict[str, object] = dict(nodes_featureids=[0, 1], nodes_splits=np.array([0.5, 1.0], np.float32),
                                     nodes_modes=np.array([0, 0], np.uint8), nodes_truenodeids=[1, 0],
                                     nodes_falsenodeids=[1, 2], nodes_trueleafs=[0, 1], nodes_falseleafs=[1, 1],
                                     tree_roots=[0], leaf_targetids=[0, 0, 0],
                                     leaf_weights=np.array([1, 2, 3], np.float32))
-    change(attrs)  # type: ignore[operator]
+    change(attrs)
     node = helper.make_node("TreeEnsemble", ["X"], ["Y"], domain="ai.onnx.ml", name="trees",
                             **{k: numpy_helper.from_array(v, k) if isinstance(v, np.ndarray) else v
                                for k, v in attrs.items()})

@@ -1,6 +1,6 @@
 // ai.onnx.ml tree ensembles (TreeEnsemble, TreeEnsembleRegressor, TreeEnsembleClassifier): the forest that
-// hetero.ops.ml compiles (one flat array of interior nodes and leaves) copied once into a compact array of structs,
-// then every row walked through every tree and the leaf weights added per target, trees in model order, in the
+// hetero.contract.trees compiles (one flat array of interior nodes and leaves) copied once into a compact array of
+// structs, then every row walked through every tree and the leaf weights added per target, trees in model order, in the
 // threshold type (float or double). That order is the reference's and onnxruntime's at one thread: the sums match
 // bit for bit. Post transforms, labels and float16 stay in Python (a few values per row).
 //
@@ -270,7 +270,7 @@ std::vector<T> values_of(const py::array& a) {
   return std::vector<T>(c.data(), c.data() + c.size());
 }
 
-// The forest of hetero.ops.ml.Forest, for float or double features.
+// The forest of hetero.contract.trees.Forest, for float or double features.
 class PyTreeForest {
  public:
   PyTreeForest(const py::array& feature, const py::array& threshold, const py::array& mode, const py::array& yes,
@@ -475,7 +475,7 @@ void py_tree_ensemble(const PyTreeForest& forest, const py::array& x, const py::
 
 void bind_trees(py::module_& m) {
   py::class_<PyTreeForest>(m, "TreeForest",
-                           "A tree ensemble (hetero.ops.ml.Forest) flattened once for tree_ensemble.")
+                           "A tree ensemble (hetero.contract.trees.Forest) flattened once for tree_ensemble.")
       .def(py::init<const py::array&, const py::array&, const py::array&, const py::array&, const py::array&,
                     const py::array&, const py::array&, const py::array&, const py::array&, const py::array&,
                     const py::array&, i64, const std::string&, const py::array&, const py::list&>(),

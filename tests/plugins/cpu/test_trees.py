@@ -81,7 +81,7 @@ def test_classifier(labels: list[int] | list[str], post: str) -> None:
 
 
 def test_native_forest_rejects_mismatched_inputs() -> None:
-    from hetero.ops import ml
+    from hetero.contract import trees as ml
     from hetero_cpu.kernels.trees import native_forest
 
     node = hetero.load(v5_model(forest(1, 3, [0]), 1, np.float32)).nodes[0]

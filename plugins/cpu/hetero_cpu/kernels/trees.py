@@ -1,7 +1,7 @@
 """ai.onnx.ml tree ensembles (TreeEnsemble, TreeEnsembleRegressor, TreeEnsembleClassifier) on the native walk of
-src/trees.cpp: the forest hetero.ops.ml compiles is copied once into the native node array; each run walks the rows
-through the trees and sums the leaf weights there (bit for bit the reference's sums). Post transforms other than
-NONE, the classifier's labels and float16 features go through the reference's numpy code (a few values per row).
+src/trees.cpp: the forest hetero.contract.trees compiles is copied once into the native node array; each run walks
+the rows through the trees and sums the leaf weights there (bit for bit the reference's sums). Post transforms other
+than NONE, the classifier's labels and float16 features go through the shared numpy code (a few values per row).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import SUPPORTED, NodeInfo, Support, Tensor, TensorInfo, dtypes, unsupported
+from hetero.contract import trees as ml
 from hetero.contract.graph import ML_DOMAIN
-from hetero.ops import ml
 
 from .. import _native
 from .common import Calls, CpuKernel, bindable
