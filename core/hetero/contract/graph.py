@@ -15,6 +15,7 @@ from .tensor import TensorInfo
 ONNX_DOMAIN = ""  # ai.onnx; "ai.onnx" is normalised to ""
 HETERO_DOMAIN = "hetero"
 MICROSOFT_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops that hetero implements
+ML_DOMAIN = "ai.onnx.ml"  # ONNX's classical machine-learning ops (tree ensembles)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (registration side effects)
     linear_attention,
     llm,
     loss,
+    ml,
     nn,
     quant,
     reduce,

@@ -1280,6 +1280,7 @@ namespace hetero {
 int unary_op_id(const std::string& op, const char* fn) { return unary_id(op, fn); }
 int binary_op_id(const std::string& op) { return binary_id(op); }
 void bind_chain_dot(pybind11::module_& m);
+void bind_trees(pybind11::module_& m);
 void bind_onnx_extra(pybind11::module_& m);
 void bind_qlinear(pybind11::module_& m);
 void bind_attention(pybind11::module_& m);
@@ -1423,5 +1424,6 @@ PYBIND11_MODULE(_native, m) {
   hetero::bind_onnx_extra(m);
   hetero::bind_qlinear(m);
   hetero::bind_chain_dot(m);
+  hetero::bind_trees(m);
   hetero::bind_attention(m);
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hetero.contract import KernelFactory
 
-from . import elementwise, gated_delta, llm, matmul, movement, nn, numpy_ops, onnx_extra, quant
+from . import elementwise, gated_delta, llm, matmul, movement, nn, numpy_ops, onnx_extra, quant, trees
 
 KERNELS: dict[tuple[str, str], KernelFactory] = {
     **numpy_ops.onnx_ops(),
@@ -21,4 +21,5 @@ KERNELS: dict[tuple[str, str], KernelFactory] = {
     ("hetero", "ConvNHWC"): matmul.CpuConvNHWC,
     **llm.KERNELS,
     **gated_delta.KERNELS,
+    **trees.KERNELS,
 }

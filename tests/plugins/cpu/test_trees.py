@@ -1,0 +1,103 @@
+"""The cpu backend's native tree-ensemble kernel (src/trees.cpp) against hetero's numpy reference, bit for bit: every
+comparison mode, missing values, aggregate and post transform, the older regressor / classifier ops, float and double
+features, and the row counts that take each path (one row and fewer rows than threads: leaves found per tree chunk;
+more: row blocks of 8 with a tail), on 1 and 2 threads, the replayed second run included."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+from test_ml_trees import forest, legacy_model, rows, v5_model
+
+import hetero
+
+native = pytest.importorskip("hetero_cpu._native", reason="the hetero-cpu native extension is not built")
+
+ROWS = (1, 3, 17, 200)
+
+
+def _session(model: bytes, backend: str, threads: int | None = None) -> hetero.Session:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hetero.HeteroWarning)
+        return hetero.Session(model, backends=[backend], threads=threads, on_fallback="silent")
+
+
+def _same(model: bytes, xs: list[np.ndarray]) -> None:
+    ref = _session(model, "reference")
+    for threads in (1, 2):
+        cpu = _session(model, "cpu", threads)
+        placed = {p.backend for p in cpu.placement.nodes}
+        assert placed == {"cpu"}, cpu.placement.fallback_summary()
+        for x in xs:
+            want = ref.run({"X": x})
+            for _ in range(2):  # the second run replays the bound call
+                got = cpu.run({"X": x})
+                for name, value in want.items():
+                    np.testing.assert_array_equal(got[name], value, err_msg=f"{name}, {x.shape}, {threads} threads")
+                    assert got[name].dtype == value.dtype
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("modes", [[0], [1], [2, 3], [4, 5], [6, 0], list(range(7))])
+def test_tree_ensemble_modes(dtype: type, modes: list[int]) -> None:
+    trees = forest(sum(modes), 23, modes, n_targets=3)
+    _same(v5_model(trees, 3, dtype), [rows(np.random.default_rng(n), n, dtype) for n in ROWS])
+
+
+@pytest.mark.parametrize("aggregate", range(4))
+@pytest.mark.parametrize("post", range(5))
+def test_tree_ensemble_aggregates_and_post_transforms(aggregate: int, post: int) -> None:
+    for n_targets in (1, 4):
+        trees = forest(aggregate + 5 * post, 9, list(range(7)), n_targets=n_targets)
+        _same(v5_model(trees, n_targets, np.float32, aggregate, post),
+              [rows(np.random.default_rng(n), n) for n in (1, 17)])
+
+
+def test_tree_ensemble_float16_features() -> None:
+    trees = forest(4, 9, [0, 2], n_targets=2)
+    _same(v5_model(trees, 2, np.float16), [rows(np.random.default_rng(n), n, np.float16) for n in (1, 17)])
+
+
+@pytest.mark.parametrize("x_type, dtype", [(TensorProto.FLOAT, np.float32), (TensorProto.DOUBLE, np.float64),
+                                           (TensorProto.INT64, np.int64)])
+@pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
+def test_regressor(x_type: int, dtype: type, aggregate: str) -> None:
+    trees = forest(7, 11, list(range(6)), n_targets=3, votes=2)
+    model = legacy_model(trees, 3, x_type, False, aggregate=aggregate, base=[0.5, -1.0, 2.0])
+    _same(model, [rows(np.random.default_rng(n), n, dtype) for n in ROWS])
+
+
+@pytest.mark.parametrize("labels", [[3, 5, 9], ["cat", "dog"], [0, 1]])
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX"])
+def test_classifier(labels: list[int] | list[str], post: str) -> None:
+    for votes, positive in ((len(labels), True), (1, False)):  # every class weighted; one column (binary: GBM)
+        trees = forest(9, 10, list(range(6)), n_targets=1 if votes == 1 else len(labels), votes=votes,
+                       positive=positive)
+        model = legacy_model(trees, len(labels), TensorProto.FLOAT, True, post=post, labels=labels)
+        _same(model, [rows(np.random.default_rng(n), n) for n in ROWS])
+
+
+def test_native_forest_rejects_mismatched_inputs() -> None:
+    from hetero.contract import trees as ml
+    from hetero_cpu.kernels.trees import native_forest
+
+    node = hetero.load(v5_model(forest(1, 3, [0]), 1, np.float32)).nodes[0]
+    f = native_forest(ml.forest_for(node, np.dtype(np.float32)), with_base=True)
+    with pytest.raises(ValueError, match="float32"):
+        f.run(np.zeros((2, 6)), np.zeros((2, 1)))
+    with pytest.raises(ValueError, match="features"):
+        f.run(np.zeros((2, 1), np.float32), np.zeros((2, 1), np.float32))
+    out = np.full((0, 1), 7, np.float32)
+    f.run(np.zeros((0, 6), np.float32), out)  # no rows: nothing to do
+
+
+@pytest.mark.parametrize("modes", [[0], [0, 1, 4]])
+def test_many_trees_few_rows_split_over_tree_chunks(modes: list[int]) -> None:
+    """Enough trees that three rows take both threads (rows x trees x 8 > 2 x 62500, src/trees.cpp): the leaves
+    found per tree chunk (four trees side by side where every node is BRANCH_LEQ), then each row summed in tree
+    order."""
+    trees = forest(5, 6000, modes, n_targets=2, depth=3)
+    _same(v5_model(trees, 2, np.float64), [rows(np.random.default_rng(3), 3, np.float64)])
