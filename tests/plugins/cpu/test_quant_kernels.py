@@ -302,9 +302,24 @@ def _dynamic_matmul_model(k: int, n: int, bias: bool, per_column: bool = False,
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _same_bits_as_written(session: hetero.Session, model, x: np.ndarray) -> None:
+    """The fused session's output y for input x: the bits of onnxruntime running the graph as written, and of the
+    unfused graph on hetero's reference."""
+    import onnxruntime as ort
+
+    got = session.run({"x": x})["y"]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
+    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
+    ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x})["y"]
+    np.testing.assert_array_equal(got, ref)
+
+
 @pytest.mark.parametrize("bias, per_column", [(False, False), (True, False), (True, True)])
 def test_dynamic_quantized_matmul_fused_and_against_onnxruntime(threads, bias, per_column):
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     model = _dynamic_matmul_model(96, 50, bias, per_column)
     session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
     ops = [n.op_type for n in session.graph.nodes]
@@ -312,15 +327,7 @@ def test_dynamic_quantized_matmul_fused_and_against_onnxruntime(threads, bias, p
     fused = session.graph.nodes[1]
     assert fused.inputs[4] == "xs" and fused.inputs[6] == "ws" and bool(fused.inputs[5]) == bias
     x = np.random.default_rng(6).normal(size=(33, 96)).astype(np.float32)
-    got = session.run({"x": x})["y"]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
-    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0]
-    np.testing.assert_array_equal(got, want)
-    # and the unfused graph on hetero's reference gives the same bits
-    ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x})["y"]
-    np.testing.assert_array_equal(got, ref)
+    _same_bits_as_written(session, model, x)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -433,7 +440,7 @@ def _dynamic_conv_model(case: dict, bias: bool, bias_rank: int = 4):
 def test_dynamic_quantized_conv_fused_and_against_onnxruntime(isa, threads, case, bias, bias_rank):
     """ConvInteger -> (Add of the run-time int32 bias) -> Cast -> Mul as one ConvIntegerScaled on the native conv:
     the bits of onnxruntime running the graph as written, and of hetero's reference."""
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     model = _dynamic_conv_model(case, bias, bias_rank)
     session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
     assert session.rewrites["fuse_conv_integer_scale"] == 1
@@ -441,15 +448,7 @@ def test_dynamic_quantized_conv_fused_and_against_onnxruntime(isa, threads, case
     assert len(fused) == 1 and fused[0].inputs[4] == "xs" and fused[0].inputs[6] == "ws"
     assert bool(fused[0].inputs[5]) == bias
     assert not [n for n in session.graph.nodes if n.op_type in ("ConvInteger", "Cast") and n.outputs[0] != "bi"]
-    x = np.random.default_rng(8).normal(size=case["x"]).astype(np.float32)
-    got = session.run({"x": x})["y"]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
-    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0]
-    np.testing.assert_array_equal(got, want)
-    ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x})["y"]
-    np.testing.assert_array_equal(got, ref)
+    _same_bits_as_written(session, model, np.random.default_rng(8).normal(size=case["x"]).astype(np.float32))
 
 
 def _inferred(model) -> Graph:

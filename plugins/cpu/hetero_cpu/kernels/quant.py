@@ -289,6 +289,9 @@ class CpuConvInteger(_PackedConv):
             return noop
         x, out = self._operands(inputs, out)
         zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+        return self._conv(x, zp, inputs, out)
+
+    def _conv(self, x: np.ndarray, zp: np.ndarray | None, inputs: Sequence[Tensor | None], out: np.ndarray) -> Call:
         strides, dilations = self.native
         return functools.partial(_native.qconv_i32, x, self.weights, zp, strides, self.pads, dilations, out)
 
@@ -302,12 +305,7 @@ class CpuConvIntegerScaled(CpuConvInteger):
         verdict = super().accepts(node)
         return _single_values(node, (4, 6)) if verdict else verdict
 
-    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
-        out = outputs[0].buffer
-        if out.size == 0:
-            return noop
-        x, out = self._operands(inputs, out)
-        zp = inputs[2].numpy() if len(inputs) > 2 and inputs[2] is not None else None
+    def _conv(self, x: np.ndarray, zp: np.ndarray | None, inputs: Sequence[Tensor | None], out: np.ndarray) -> Call:
         scale = inputs[4].numpy()
         bias = inputs[5].numpy() if len(inputs) > 5 and inputs[5] is not None else None
         factor = inputs[6].numpy() if len(inputs) > 6 and inputs[6] is not None else None
