@@ -1872,7 +1872,7 @@ def fuse_add_layer_norm(graph: Graph) -> int:
     again; a kernel meets operands that broadcast after all with the two ops' passes)."""
     count = 0
     keep = _read_by_subgraphs(graph)
-    producers = {out: node for node in graph.nodes for out in node.outputs if out}
+    producers = graph.producers()
     for ln in list(graph.nodes):
         if ln.op_key != ("", "LayerNormalization") or not ln.inputs or any(ln.outputs[1:]):
             continue

@@ -69,72 +69,65 @@ class CpuSoftmax(CallKernel):
 
 
 class CpuLayerNorm(CallKernel):
-    @staticmethod
-    def accepts(node: NodeInfo) -> Support:
+    scale_at = 1  # the Scale input (Bias after it): hetero.AddLayerNorm's normalised rows are two operands
+
+    @classmethod
+    def accepts(cls, node: NodeInfo) -> Support:
         x = node.inputs[0]
         if x is None or x.shape is None:
-            return unsupported("LayerNormalization on a tensor of unknown rank")
+            return unsupported(f"{node.op_type} on a tensor of unknown rank")
         axis = node.attr("axis", -1)
         axis = axis + len(x.shape) if axis < 0 else axis
-        for i in (1, 2):
+        for i in (cls.scale_at, cls.scale_at + 1):
             p = node.inputs[i] if i < len(node.inputs) else None
             if p is not None and (p.shape is None or tuple(p.shape) != tuple(x.shape[axis:])):
-                return unsupported("LayerNormalization with broadcast scale/bias (cpu: full normalized shape)")
+                return unsupported(f"{node.op_type} with broadcast scale/bias (cpu: full normalized shape)")
         return float32_only(node)
 
     def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        shape = static_shape(inputs[0])
+        shape = static_shape(outputs[0])  # x's (AddLayerNorm: the broadcast sum's)
         axis = self.attr("axis", -1)
         axis = axis + len(shape) if axis < 0 else axis
         self.rows = _rows(shape, axis)
         self.eps = float(self.attr("epsilon", 1e-5))
 
-    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+    def _scale_bias(self, inputs: Sequence[Tensor | None]) -> tuple[np.ndarray, np.ndarray | None]:
+        at = self.scale_at
+        scale = np.ascontiguousarray(inputs[at].numpy()).reshape(-1)
+        bias = inputs[at + 1] if len(inputs) > at + 1 else None
+        return scale, None if bias is None else np.ascontiguousarray(bias.numpy()).reshape(-1)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         out = outputs[0].buffer
         if out.size == 0:
             return noop
         x = np.ascontiguousarray(inputs[0].numpy()).reshape(self.rows)
-        scale = np.ascontiguousarray(inputs[1].numpy()).reshape(-1)
-        bias = np.ascontiguousarray(inputs[2].numpy()).reshape(-1) if len(inputs) > 2 and inputs[2] is not None \
-            else None
+        scale, bias = self._scale_bias(inputs)
         mean = outputs[1].buffer.reshape(-1) if len(outputs) > 1 else None
         invstd = outputs[2].buffer.reshape(-1) if len(outputs) > 2 else None
         return functools.partial(_native.layer_norm, x, scale, bias, out.reshape(self.rows), self.eps, mean, invstd)
 
 
-class CpuAddLayerNorm(CallKernel):
+class CpuAddLayerNorm(CpuLayerNorm):
     """hetero.AddLayerNorm: LayerNormalization(a + b). Operands of the output's shape: the native layer_norm's rows of
     x + skip (the Add's vector add into an L1 row, then the same row kernel: the bits of the Add then the LayerNorm);
     operands that broadcast: the Add's pass into a buffer, then the LayerNorm's."""
 
-    @staticmethod
-    def accepts(node: NodeInfo) -> Support:
+    scale_at = 2
+
+    @classmethod
+    def accepts(cls, node: NodeInfo) -> Support:
         a, b = node.inputs[0], node.inputs[1]
         if a is None or b is None or a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
             return unsupported("AddLayerNorm with operands of different or unknown ranks")
-        axis = node.attr("axis", -1)
-        axis = axis + len(a.shape) if axis < 0 else axis
-        for i in (2, 3):
-            p = node.inputs[i] if i < len(node.inputs) else None
-            if p is not None and (p.shape is None or tuple(p.shape) != tuple(a.shape[axis:])):
-                return unsupported("AddLayerNorm with broadcast scale/bias (cpu: full normalized shape)")
-        return float32_only(node)
-
-    def prepare(self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> None:
-        shape = static_shape(outputs[0])
-        axis = self.attr("axis", -1)
-        axis = axis + len(shape) if axis < 0 else axis
-        self.rows = _rows(shape, axis)
-        self.eps = float(self.attr("epsilon", 1e-5))
+        return super().accepts(node)
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         out = outputs[0].buffer
         if out.size == 0:
             return noop
         a, b = inputs[0].numpy(), inputs[1].numpy()
-        scale = np.ascontiguousarray(inputs[2].numpy()).reshape(-1)
-        bias = np.ascontiguousarray(inputs[3].numpy()).reshape(-1) if len(inputs) > 3 and inputs[3] is not None \
-            else None
+        scale, bias = self._scale_bias(inputs)
         # positional: a replay's step takes the call (fuse.step_calls leaves calls with keywords apart)
         if a.shape == b.shape == out.shape:
             x = np.ascontiguousarray(a).reshape(self.rows)
