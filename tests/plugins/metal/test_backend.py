@@ -108,3 +108,26 @@ def test_llm_fixture_logits_and_greedy_tokens(emulated, family):
     greedy = load(FIXTURES / family, backends=["metal"], on_fallback="silent")
     prompt = prompts[0]
     assert greedy_tokens(greedy, prompt["ids"], len(prompt["greedy"])) == prompt["greedy"]
+
+
+@needs_emulator
+@pytest.mark.parametrize("family", ["qwen3", pytest.param("qwen3_5", marks=pytest.mark.slow)])
+def test_speculative_greedy_output_is_plain_decoding_on_metal(emulated, family):
+    """The verify path on Metal's kernels: a block of drafted tokens scored in one pass over the cache, the rejected
+    tail rolled back (for qwen3_5 the GatedDeltaRule state and conv history too), greedy tokens those of plain
+    decoding on metal, with drafts accepted in full, in part and not at all."""
+    pytest.importorskip("tokenizers")
+    from llm.helpers import FIXTURES, load
+    from llm.test_speculative import PROMPT, Scripted, _plain
+
+    from hetero.llm.speculative import Lookahead, Speculation
+
+    llm = load(FIXTURES / family, backends=["metal"], kv_cache="f16", on_fallback="silent")
+    placed = {p.op_type: p.backend for p in llm.session.placement.nodes}
+    assert placed["Attention"] == "metal" and placed.get("GatedDeltaRule", "metal") == "metal"
+    want = _plain(llm, PROMPT, 24)
+    for drafter in (Scripted(want, len(PROMPT), max_draft=4), Lookahead(min_ngram=1)):
+        llm.reset()
+        llm.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
+        assert list(llm.last.tokens) == want
+        assert llm.stats.verify_steps > 0 and llm.stats.accepted_tokens < llm.stats.drafted_tokens
