@@ -67,3 +67,26 @@ def test_generate_with_the_hvx_decode_step(hexagon, capsys, monkeypatch):
     want = cpu.detokenize(greedy_tokens(cpu, cpu.tokenize("Hi"), 3), skip_special_tokens=True)
     assert captured.out == want + "\n"
     assert "qemu-hexagon" in captured.err
+
+
+def test_speculative_greedy_output_is_plain_decoding_on_the_htp(hexagon, monkeypatch):
+    """Speculative decoding through the whole-decoder contract: each verify block is one ``run(ids, past)`` of the
+    HTP's chunk graph, a rejected tail forgotten by the next call's ``past``; the greedy tokens are plain decoding's
+    with drafts accepted in full, in part and not at all."""
+    from llm.test_speculative import PROMPT, Scripted, _plain
+
+    from hetero.llm.speculative import Lookahead, Speculation
+
+    llm = load(FIXTURES / "qwen3", backends=["hexagon"], context=64)
+    assert llm.decoder is not None and llm.decoder.name.startswith("hexagon (HTP")
+    want = _plain(llm, PROMPT, 24)
+    blocks: list[int] = []
+    run = llm.decoder.run
+    monkeypatch.setattr(llm.decoder, "run", lambda ids, past: (blocks.append(len(ids)), run(ids, past))[1])
+    for drafter in (Scripted(want, len(PROMPT), max_draft=4), Lookahead(min_ngram=1)):
+        llm.reset()
+        blocks.clear()
+        llm.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
+        assert list(llm.last.tokens) == want
+        assert llm.stats.verify_steps > 0 and llm.stats.accepted_tokens < llm.stats.drafted_tokens
+        assert sum(n > 1 for n in blocks[1:]) == llm.stats.verify_steps  # one decoder call per verify block
