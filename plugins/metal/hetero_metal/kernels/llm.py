@@ -1,6 +1,7 @@
 """The LLM decoder ops (domain ``hetero``) on Metal: RMSNorm, QMatMul (the fused dequantising matrix-vector kernel
 for decode, the simdgroup_matrix GEMM for prefill), Embedding, RotaryEmbedding and Attention over
-a half-precision KV cache owned by the node (msl/quant.metal, msl/attention.metal, msl/norm.metal)."""
+a half-precision KV cache owned by the node, and MoE's routed experts (msl/quant.metal, msl/attention.metal,
+msl/norm.metal)."""
 
 from __future__ import annotations
 
@@ -59,29 +60,35 @@ class MetalQMatMul(MetalKernel):
         return float32_only(node, [0]) if verdict else verdict
 
     def plan(self, inputs, outputs):
-        x, w, y = inputs[0], inputs[1], outputs[0]
-        bias = inputs[2] if len(inputs) > 2 else None
-        k = x.shape[-1]
-        n = w.shape[0]
-        m = x.size // k if k else 0
-        if m == 0 or n == 0:
-            return []
-        p = {**weight_params(self.node.attrs, k), "m": m, "n": n, "has_bias": int(bias is not None)}
-        if m <= MATVEC_MAX_ROWS:
-            return [dispatch("qmatvec", {"x": x, "w": _bytes(w), "bias": placeholder() if bias is None else bias,
-                                         "y": y, "p": p},
-                             (groups_for(n, MATVEC_ROWS_PER_GROUP),), (32 * MATVEC_ROWS_PER_GROUP,))]
-        # y = x W^T: B element (k, n) is W[n, k]
-        wtype, steps = str(self.attr("wtype", "f32")), []
-        if wtype in ("f32", "f16"):
-            dense, kernel = w, "matmul_f32" if wtype == "f32" else "matmul_f32_f16"
-        else:
-            dense, kernel = self.backend.scratch("dequant", n * k, np.float32), "matmul_f32"
-            steps.append(dispatch("dequant_f32", {"w": _bytes(w), "out": dense, "p": p}, (groups_for(k, 32), n),
-                                  (32, 1)))
-        steps.append(matmul_dispatch(x, dense, y, m, n, k, (k, 1, 1, k), np.zeros((1, 3), np.uint32), kernel=kernel,
-                                     bias=bias, bias_strides=(0, 1)))
-        return steps
+        return linear_steps(self.backend, inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None, outputs[0],
+                            self.node.attrs)
+
+
+def linear_steps(backend, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray,
+                 attrs: dict) -> list:
+    """y = x W^T (+ bias) for W [N, K] in the format ``attrs`` names: the matrix-vector kernel for up to
+    MATVEC_MAX_ROWS rows of x, else the GEMM (quantised and bf16 weights dequantised first, to a scratch)."""
+    k = x.shape[-1]
+    n = w.shape[0]
+    m = x.size // k if k else 0
+    if m == 0 or n == 0:
+        return []
+    p = {**weight_params(attrs, k), "m": m, "n": n, "has_bias": int(bias is not None)}
+    if m <= MATVEC_MAX_ROWS:
+        return [dispatch("qmatvec", {"x": x, "w": _bytes(w), "bias": placeholder() if bias is None else bias,
+                                     "y": y, "p": p},
+                         (groups_for(n, MATVEC_ROWS_PER_GROUP),), (32 * MATVEC_ROWS_PER_GROUP,))]
+    # y = x W^T: B element (k, n) is W[n, k]
+    wtype, steps = str(attrs.get("wtype", "f32")), []
+    if wtype in ("f32", "f16"):
+        dense, kernel = w, "matmul_f32" if wtype == "f32" else "matmul_f32_f16"
+    else:
+        dense, kernel = backend.scratch("dequant", n * k, np.float32), "matmul_f32"
+        steps.append(dispatch("dequant_f32", {"w": _bytes(w), "out": dense, "p": p}, (groups_for(k, 32), n),
+                              (32, 1)))
+    steps.append(matmul_dispatch(x, dense, y, m, n, k, (k, 1, 1, k), np.zeros((1, 3), np.uint32), kernel=kernel,
+                                 bias=bias, bias_strides=(0, 1)))
+    return steps
 
 
 class MetalEmbedding(MetalKernel):
@@ -245,10 +252,66 @@ class MetalAttention(MetalKernel):
         ]
 
 
+MOE_TENSORS = ("gate", "up", "down")
+
+
+class MetalMoE(MetalKernel):
+    """The routed experts on the device: the router's logits (QMatMul's kernels), ``moe_route`` (softmax, top-k),
+    ``moe_gate_up`` / ``moe_down`` over each chosen (token, expert) pair and ``moe_combine``; no host round trip for
+    the choice. Nodes with a shared expert (inputs 5-8) or per-tensor weight types go to another backend."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if any(i < len(node.inputs) and node.inputs[i] is not None for i in range(5, 9)):
+            return unsupported("MoE with a shared expert (inputs 5-8; the metal kernel routes experts only)")
+        for name in MOE_TENSORS:
+            for attr in ("wtype", "block_size", "symmetric"):
+                own = node.attr(f"{name}_{attr}")
+                if own is not None and own != node.attr(attr, {"wtype": "f32", "block_size": 32}.get(attr, 1)):
+                    return unsupported(f"MoE with its own {name}_{attr} {own!r} (metal reads one weight format)")
+        verdict = _known_wtype(node)
+        return float32_only(node, [0, 1]) if verdict else verdict
+
+    def plan(self, inputs, outputs):
+        x, router, gate, up, down, y = (*inputs[:5], outputs[0])
+        assert x is not None and router is not None and gate is not None and up is not None and down is not None
+        tokens, hidden = x.shape
+        experts, inter = gate.shape[0], gate.shape[1]
+        top_k = int(self.attr("top_k"))
+        if tokens == 0:
+            return []
+        be = self.backend
+        pairs = tokens * top_k
+        logits = be.scratch("moe_logits", tokens * experts, np.float32).reshape(tokens, experts)
+        chosen = be.scratch("moe_chosen", pairs, np.uint32)
+        weights = be.scratch("moe_weights", pairs, np.float32)
+        h = be.scratch("moe_h", pairs * inter, np.float32)
+        part = be.scratch("moe_part", pairs * hidden, np.float32)
+        p = {"tokens": tokens, "experts": experts, "top_k": top_k, "normalize": int(self.attr("norm_topk_prob", 1)),
+             "hidden": hidden, "inter": inter}
+        rows = MATVEC_ROWS_PER_GROUP
+        return [
+            *linear_steps(be, x, router, None, logits, {"wtype": "f32"}),
+            dispatch("moe_route", {"logits": logits, "chosen": chosen, "weights": weights, "p": p},
+                     (groups_for(tokens, 32),), (32,)),
+            dispatch("moe_gate_up", {"x": x, "chosen": chosen, "gate": _bytes(gate), "up": _bytes(up), "h": h,
+                                     "w": {**weight_params(self.node.attrs, hidden), "m": 1, "n": inter,
+                                           "has_bias": 0}, "p": p},
+                     (groups_for(inter, rows), pairs), (32 * rows, 1)),
+            dispatch("moe_down", {"h": h, "chosen": chosen, "down": _bytes(down), "part": part,
+                                  "w": {**weight_params(self.node.attrs, inter), "m": 1, "n": hidden, "has_bias": 0},
+                                  "p": p},
+                     (groups_for(hidden, rows), pairs), (32 * rows, 1)),
+            dispatch("moe_combine", {"part": part, "weights": weights, "y": y, "p": p},
+                     (groups_for(hidden, 32), tokens), (32, 1)),
+        ]
+
+
 KERNELS = {
     ("hetero", "QMatMul"): MetalQMatMul,
     ("hetero", "Embedding"): MetalEmbedding,
     ("hetero", "RMSNorm"): MetalRMSNorm,
     ("hetero", "RotaryEmbedding"): MetalRotary,
     ("hetero", "Attention"): MetalAttention,
+    ("hetero", "MoE"): MetalMoE,
 }
