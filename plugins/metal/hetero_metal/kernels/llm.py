@@ -273,7 +273,8 @@ class MetalMoE(MetalKernel):
         return float32_only(node, [0, 1]) if verdict else verdict
 
     def plan(self, inputs, outputs):
-        x, router, gate, up, down, y = (*inputs[:5], outputs[0])
+        x, router, gate, up, down = inputs[:5]
+        y = outputs[0]
         assert x is not None and router is not None and gate is not None and up is not None and down is not None
         tokens, hidden = x.shape
         experts, inter = gate.shape[0], gate.shape[1]
