@@ -17,7 +17,6 @@ first use, which is how ``benchmarks/onnx_models.py`` and ``tests/real_models/te
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import sys
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
-from real_models.models import MODELS  # noqa: E402
+from real_models.models import MODELS, made_models_main  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "hetero" / "ort_optimized"
 # optimized name -> (the exported model it comes from, how, the transformer fusions' num_heads and hidden_size)
@@ -98,15 +97,8 @@ def made_model(name: str) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", default=list(OPTIMIZED))
-    parser.add_argument("--out", type=Path, default=CACHE)
-    args = parser.parse_args(argv)
-    for name in args.names:
-        made = optimize(name, args.out)
-        print(f"{name}: {made or 'skipped: ' + MODELS[OPTIMIZED[name][0]].install_hint}")
-    return 0
-
+    return made_models_main(__doc__ or "", {name: how[0] for name, how in OPTIMIZED.items()}, optimize, CACHE,
+                            argv)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -11,7 +11,6 @@ first use, which is how ``benchmarks/onnx_models.py`` and ``tests/real_models/te
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
-from real_models.models import MODELS, Feeds  # noqa: E402
+from real_models.models import MODELS, Feeds, made_models_main  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "hetero" / "quantized"
 # quantized name -> the fp32 model it comes from
@@ -74,15 +73,7 @@ made_model = quantized_model  # the name the catalogue's made_by calls
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", default=list(QUANTIZED))
-    parser.add_argument("--out", type=Path, default=CACHE)
-    args = parser.parse_args(argv)
-    for name in args.names:
-        made = quantize(name, args.out)
-        print(f"{name}: {made or 'skipped: ' + MODELS[QUANTIZED[name]].install_hint}")
-    return 0
-
+    return made_models_main(__doc__ or "", QUANTIZED, quantize, CACHE, argv)
 
 if __name__ == "__main__":
     raise SystemExit(main())

