@@ -78,9 +78,11 @@ def made_models_main(doc: str, sources: dict[str, str], make: Callable[[str, Pat
     import argparse
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", default=list(sources), choices=list(sources))
+    parser.add_argument("names", nargs="*", default=list(sources), help=f"any of {', '.join(sources)} (default: all)")
     parser.add_argument("--out", type=Path, default=cache)
     args = parser.parse_args(argv)
+    if unknown := [name for name in args.names if name not in sources]:
+        parser.error(f"unknown model {unknown[0]!r}; expected one of {', '.join(sources)}")
     for name in args.names:
         made = make(name, args.out)
         print(f"{name}: {made or 'skipped: ' + MODELS[sources[name]].install_hint}")
