@@ -449,38 +449,40 @@ def quick_bandwidth(threads: int) -> float:
     return measure([threads], mib=128, reps=6, rounds=1)[threads]["best"]
 
 
-def run_bandwidth(threads: int) -> float:
+def run_bandwidth(threads: int) -> dict[str, float]:
     """The read probe right before and right after each engine's decode run in --pairs (``--probe around``): 64 MiB
-    a thread, 5 timed passes on 4 KiB and 5 on 2 MiB pages, the best; ~0.3-0.4 s, short enough to sit beside a
-    2-8 s tg128 run in the same memory phase of the VM (the phases last seconds to minutes)."""
+    a thread, 5 timed passes on 4 KiB and 5 on 2 MiB pages, the best ("best", wall clock; "best_cpu": the same
+    passes timed by the threads' CPU time); ~0.3-0.4 s, short enough to sit beside a 2-8 s tg128 run in the same
+    memory phase of the VM (the phases last seconds to minutes)."""
     from read_bandwidth import measure
 
-    return measure([threads], mib=64, reps=6, rounds=1)[threads]["best"]
+    return measure([threads], mib=64, reps=6, rounds=1)[threads]
 
 
 def pair_rounds(workers: Sequence[Any], tests: Sequence[str], rounds: int, probe: Any = None,
-                timeout: float | None = None, run_probe: Callable[[], float] | None = None,
+                timeout: float | None = None, run_probe: Callable[[], dict[str, float]] | None = None,
                 probed_test: str | None = None) -> dict[str, Any]:
     """``rounds`` rounds of one run of each test by each of the two resident workers (``ask(test, timeout)`` answers
     {"ts": t/s}), the engines back to back on each test, the first engine alternating round by round
     (``turn_order``); ``probe()`` (GB/s) before the first round and after each. With ``run_probe``, each run of
-    ``probed_test`` (the decode test) is bracketed by ``run_probe()`` readings taken right before and right after
-    it; the engines run it back to back, so the reading between them is the first one's "after" and the second
-    one's "before" (nothing runs between the two). Returns the samples per test and engine (index as ``workers``),
-    the probes, each round's order and, with ``run_probe``, "run_probes": per engine, per round, [before, after]."""
+    ``probed_test`` (the decode test) is bracketed by ``run_probe()`` readings ({"best": GB/s, optionally
+    "best_cpu"}) taken right before and right after it; the engines run it back to back, so the reading between
+    them is the first one's "after" and the second one's "before" (nothing runs between the two). Returns the
+    samples per test and engine (index as ``workers``), the probes, each round's order and, with ``run_probe``,
+    "run_probes": per engine, per round, [before, after] GB/s ("run_probes_cpu": the same, CPU clock)."""
     from resident import turn_order
 
     samples: dict[str, list[list[float]]] = {test: [[], []] for test in tests}
     probes = [probe()] if probe else []
     bracketed = run_probe is not None and probed_test in tests
-    run_probes: list[list[list[float]]] = [[], []]
+    run_probes: list[list[list[dict[str, float]]]] = [[], []]
     orders = []
     for r in range(rounds):
         order = turn_order(r)
         orders.append(list(order))
         for test in tests:
             around = run_probe if bracketed and test == probed_test else None
-            last = around() if around else math.nan  # the next run's "before"
+            last = around() if around else {}  # the next run's "before"
             for i in order:
                 samples[test][i].append(float(json.loads(workers[i].ask(test, timeout))["ts"]))
                 if around:
@@ -491,12 +493,14 @@ def pair_rounds(workers: Sequence[Any], tests: Sequence[str], rounds: int, probe
             probes.append(probe())
         log(f"  round {r + 1}/{rounds}: " + ", ".join(f"{test} {s[0][-1]:.2f} / {s[1][-1]:.2f} t/s"
                                                     for test, s in samples.items())
-            + (f"; {probed_test} probes " + " / ".join(" -> ".join(f"{p:.1f}" for p in run_probes[i][-1])
+            + (f"; {probed_test} probes " + " / ".join(" -> ".join(f"{p['best']:.1f}" for p in run_probes[i][-1])
                                                       for i in (0, 1)) + " GB/s" if bracketed else "")
             + (f"; probe {probes[-1]:.1f} GB/s" if probe else ""))
     out = {"samples": samples, "probes": probes, "orders": orders}
     if bracketed:
-        out["run_probes"] = run_probes
+        out["run_probes"] = [[[p["best"] for p in run] for run in runs] for runs in run_probes]
+        if all("best_cpu" in p for runs in run_probes for run in runs for p in run):
+            out["run_probes_cpu"] = [[[p["best_cpu"] for p in run] for run in runs] for runs in run_probes]
     return out
 
 
@@ -523,18 +527,21 @@ def read_gbs(tps: float, bytes_per_token: int) -> float:
     return tps * bytes_per_token / 1e9
 
 
-def bracketed_runs(samples: Sequence[float], probes: Sequence[Sequence[float]], bytes_per_token: int
-                   ) -> list[dict[str, Any]]:
+def bracketed_runs(samples: Sequence[float], probes: Sequence[Sequence[float]], bytes_per_token: int,
+                   cpu_probes: Sequence[Sequence[float]] | None = None) -> list[dict[str, Any]]:
     """One engine's decode runs, each with the probes right before and after it: its t/s, the GB/s it read, its
     bound (the mean of its two probes), their spread (the faster over the slower, minus 1), its % of that bound,
-    and whether the probes say the VM's memory phase changed during it (spread > ``PHASE_CHANGE``)."""
+    and whether the probes say the VM's memory phase changed during it (spread > ``PHASE_CHANGE``); with
+    ``cpu_probes`` (the same probes timed by CPU clock), those as "cpu_probes" (to tell a probe slowed by other
+    processes taking the CPU from one that met slower memory)."""
     runs = []
-    for ts, (before, after) in zip(samples, probes, strict=True):
+    for k, (ts, (before, after)) in enumerate(zip(samples, probes, strict=True)):
         bound = (before + after) / 2
         gap = max(before, after) / min(before, after) - 1
         runs.append({"ts": ts, "read_gbs": read_gbs(ts, bytes_per_token), "probes": [before, after],
                      "bound": bound, "spread": gap, "pct": pct_of_bound(ts, bytes_per_token, bound),
-                     "phase_changed": gap > PHASE_CHANGE})
+                     "phase_changed": gap > PHASE_CHANGE,
+                     "cpu_probes": list(cpu_probes[k]) if cpu_probes else None})
     return runs
 
 
@@ -571,8 +578,10 @@ def pair_summary(result: dict[str, Any], bytes_per_token: int, decode_test: str)
                                                            for ts, bw in zip(runs, bounds, strict=True))
                                          for runs in (ref, sub)]
             if result.get("run_probes"):
-                entry["runs"] = [bracketed_runs(runs, probes, bytes_per_token)
-                                 for runs, probes in zip((ref, sub), result["run_probes"], strict=True)]
+                cpu = result.get("run_probes_cpu") or [None, None]
+                entry["runs"] = [bracketed_runs(runs, probes, bytes_per_token, cpu_probes)
+                                 for runs, probes, cpu_probes in zip((ref, sub), result["run_probes"], cpu,
+                                                                     strict=True)]
                 entry["own_bound"] = [own_bound_summary(runs) for runs in entry["runs"]]
         tests[test] = entry
     return {"tests": tests, "probes": spread(result["probes"]) if result["probes"] else None}
@@ -639,7 +648,10 @@ def paired_markdown(rows: list[dict[str, Any]], runtimes: Sequence[str] = ("llam
                "difference in brackets).")
     detail = _run_lines(rows, runtimes)
     if detail:
-        out += ["", "Each decode run between its own probes:", "", *detail]
+        out += ["", "Each decode run between its own probes:", "", *detail, "",
+                "probes by CPU clock: the same probes' passes timed by the threads' CPU time; far above the wall "
+                "clock's, the probe (and the run beside it) lost CPU time to other processes, rather than meeting "
+                "a slower memory phase."]
     return "\n".join(out)
 
 
@@ -666,15 +678,17 @@ def _run_lines(rows: list[dict[str, Any]], runtimes: Sequence[str]) -> list[str]
                 for i in order:
                     run = e["runs"][i][r]
                     flag = "phase changed" if run["phase_changed"] else ""
+                    cpu = run.get("cpu_probes")
+                    cpu_cell = " -> ".join(_fmt(p) for p in cpu) if cpu else "—"
                     lines.append(f"| {row['model']} | {row['threads']} | {test} | {r + 1} | {runtimes[i]} | "
                                  f"{run['probes'][0]:.1f} | {run['ts']:.1f} | {run['read_gbs']:.1f} | "
                                  f"{run['probes'][1]:.1f} | {100 * run['spread']:.0f} | {_fmt(run['pct'], 0)} | "
-                                 f"{flag} |")
+                                 f"{flag} | {cpu_cell} |")
     if not lines:
         return []
     return ["| model | thr | test | round | engine | probe before GB/s | t/s | read GB/s | probe after GB/s | "
-            "probes differ % | % of own-probe bound | |", "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
-            *lines]
+            "probes differ % | % of own-probe bound | | probes by CPU clock GB/s |",
+            "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|", *lines]
 
 
 # -- report ------------------------------------------------------------------------------------------------------------

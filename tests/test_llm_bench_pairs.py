@@ -120,9 +120,10 @@ def test_each_decode_run_sits_between_its_own_probes():
         events.append("probe")
         return next(round_probes)
 
-    def run_probe() -> float:
+    def run_probe() -> dict[str, float]:
         events.append("run probe")
-        return next(readings)
+        best = next(readings)
+        return {"best": best, "best_cpu": best + 1}
 
     workers = [FakeWorker("l", {"pp8": [1.0, 1.0], "tg4": [2.0, 3.0]}, events),
                FakeWorker("h", {"pp8": [3.0, 3.0], "tg4": [4.0, 5.0]}, events)]
@@ -133,6 +134,7 @@ def test_each_decode_run_sits_between_its_own_probes():
                       "h pp8", "l pp8", "run probe", "h tg4", "run probe", "l tg4", "run probe", "probe"]
     # round 1 (l then h): 31 | l | 32 | h | 58; round 2 (h then l): 57 | h | 56 | l | 36
     assert out["run_probes"] == [[[31.0, 32.0], [56.0, 36.0]], [[32.0, 58.0], [57.0, 56.0]]]
+    assert out["run_probes_cpu"] == [[[32.0, 33.0], [57.0, 37.0]], [[33.0, 59.0], [58.0, 57.0]]]
     assert out["probes"] == [50.0, 40.0, 60.0] and out["samples"]["tg4"] == [[2.0, 3.0], [4.0, 5.0]]
     # without run_probe (--probe start), or when the decode test is not run: the probes between rounds only
     events.clear()
@@ -192,10 +194,11 @@ def tiny_gguf(tmp_path_factory) -> Path:
 def _check_real_pairing(runtimes: list[str], path: Path) -> None:
     mod = bench_llm()
     out = mod.run_paired(runtimes, path, 1, 2, 8, 4, not BUILT_IN_PLACE, timeout=300, probe=lambda: 10.0,
-                         run_probe=lambda: 20.0)
+                         run_probe=lambda: {"best": 20.0})
     assert "error" not in out, out.get("error")
     assert out["orders"] == [[0, 1], [1, 0]] and out["probes"] == [10.0, 10.0, 10.0]
     assert out["run_probes"] == [[[20.0, 20.0]] * 2] * 2  # around each engine's tg4 run of each round
+    assert "run_probes_cpu" not in out  # the probe gave no CPU-clock figure
     summary = mod.pair_summary(out, 10**6, "tg4")
     for test in ("pp8", "tg4"):
         assert all(len(s) == 2 and all(t > 0 and math.isfinite(t) for t in s) for s in out["samples"][test])
@@ -230,7 +233,9 @@ def _bracketed_result() -> dict:
     # (probes > 15 % apart, either way round); llama.cpp's run 3 (30 -> 34: 13 %) did not
     return {"samples": {"tg4": [[10.0, 20.0, 13.0], [30.0, 33.6, 28.0]]}, "probes": [40.0, 50.0, 45.0, 35.0],
             "orders": [[0, 1], [1, 0], [0, 1]],
-            "run_probes": [[[40.0, 40.0], [40.0, 60.0], [30.0, 34.0]], [[40.0, 60.0], [60.0, 52.0], [34.0, 40.0]]]}
+            "run_probes": [[[40.0, 40.0], [40.0, 60.0], [30.0, 34.0]], [[40.0, 60.0], [60.0, 52.0], [34.0, 40.0]]],
+            "run_probes_cpu": [[[41.0, 41.0], [61.0, 61.0], [31.0, 35.0]],
+                               [[61.0, 61.0], [61.0, 53.0], [35.0, 41.0]]]}
 
 
 def test_each_run_against_its_own_probes_and_the_phase_flag():
@@ -243,6 +248,7 @@ def test_each_run_against_its_own_probes_and_the_phase_flag():
     assert [r["phase_changed"] for r in runs] == [False, True, False]
     assert [r["pct"] for r in runs] == pytest.approx([25.0, 40.0, 40.625])
     assert [r["read_gbs"] for r in runs] == [10.0, 20.0, 13.0] and runs[1]["probes"] == [40.0, 60.0]
+    assert all(r["cpu_probes"] is None for r in runs)
     own = mod.own_bound_summary(runs)
     assert own["pct"] == pytest.approx(40.0) and own["pct_steady"] == pytest.approx((25.0 + 40.625) / 2)
     assert own["read_gbs"] == 13.0 and own["bound"] == 40.0 and own["spread_max"] == 0.5
@@ -256,7 +262,9 @@ def test_each_run_against_its_own_probes_and_the_phase_flag():
 
     summary = mod.pair_summary(result, 10**9, "tg4")["tests"]["tg4"]
     assert summary["read_gbs"] == [13.0, 30.0]  # median t/s x bytes a token
-    assert summary["own_bound"][0] == own and summary["runs"][0] == runs
+    assert summary["own_bound"][0] == own
+    assert [r["cpu_probes"] for r in summary["runs"][0]] == result["run_probes_cpu"][0]
+    assert [{**r, "cpu_probes": None} for r in summary["runs"][0]] == runs
     # the rounds' probes (between rounds: 45, 47.5, 40 GB/s) stay as they were, beside the own-probe figures
     assert summary["pct_of_bound"][0] == pytest.approx(statistics.median([10 / 45, 20 / 47.5, 13 / 40]) * 100)
     assert "own_bound" not in mod.pair_summary({**result, "run_probes": None}, 10**9, "tg4")["tests"]["tg4"]
@@ -272,10 +280,12 @@ def test_markdown_with_own_probes_and_a_line_per_run():
     assert tg[4] == "tg4" and tg[13:] == ["13.0 / 30.0", "40.0 / 50.0", "40 / 60", "33 / —",
                                           "1 / 3 of 3 (max 50 / 50 %)"]
     start = lines.index("Each decode run between its own probes:")
-    runs = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[start + 4:]]
-    assert len(runs) == 6 and all(len(r) == 12 for r in runs)
+    runs = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[start + 4:start + 10]]
+    assert len(runs) == 6 and all(len(r) == 13 for r in runs)
     # in the order they ran: round 2 had hetero first
     assert [(r[3], r[4]) for r in runs] == [("1", "llama.cpp"), ("1", "hetero"), ("2", "hetero"),
                                             ("2", "llama.cpp"), ("3", "llama.cpp"), ("3", "hetero")]
-    assert runs[3][5:] == ["40.0", "20.0", "20.0", "60.0", "50", "40", "phase changed"]
-    assert runs[4][5:] == ["30.0", "13.0", "13.0", "34.0", "13", "41", ""]
+    # llama.cpp's round 2: the probe before it read 40 GB/s by the wall clock, 61 by CPU time (it lost the CPU)
+    assert runs[3][5:] == ["40.0", "20.0", "20.0", "60.0", "50", "40", "phase changed", "61.0 -> 61.0"]
+    assert runs[4][5:] == ["30.0", "13.0", "13.0", "34.0", "13", "41", "", "31.0 -> 35.0"]
+    assert lines[start + 10] == "" and lines[start + 11].startswith("probes by CPU clock:")
