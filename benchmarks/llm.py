@@ -532,8 +532,9 @@ def bracketed_runs(samples: Sequence[float], probes: Sequence[Sequence[float]], 
     """One engine's decode runs, each with the probes right before and after it: its t/s, the GB/s it read, its
     bound (the mean of its two probes), their spread (the faster over the slower, minus 1), its % of that bound,
     and whether the probes say the VM's memory phase changed during it (spread > ``PHASE_CHANGE``); with
-    ``cpu_probes`` (the same probes timed by CPU clock), those as "cpu_probes" (to tell a probe slowed by other
-    processes taking the CPU from one that met slower memory)."""
+    ``cpu_probes`` (the same probes timed by CPU clock), those as "cpu_probes", and "lost_cpu": a probe read more
+    than ``PHASE_CHANGE`` faster by CPU time than by the wall clock (other processes took the CPU from it, and
+    likely from the run beside it: a drop of its wall-clock GB/s is then not the memory's)."""
     runs = []
     for k, (ts, (before, after)) in enumerate(zip(samples, probes, strict=True)):
         bound = (before + after) / 2
@@ -541,7 +542,10 @@ def bracketed_runs(samples: Sequence[float], probes: Sequence[Sequence[float]], 
         runs.append({"ts": ts, "read_gbs": read_gbs(ts, bytes_per_token), "probes": [before, after],
                      "bound": bound, "spread": gap, "pct": pct_of_bound(ts, bytes_per_token, bound),
                      "phase_changed": gap > PHASE_CHANGE,
-                     "cpu_probes": list(cpu_probes[k]) if cpu_probes else None})
+                     "cpu_probes": list(cpu_probes[k]) if cpu_probes else None,
+                     "lost_cpu": any(c > w * (1 + PHASE_CHANGE) for c, w in zip(cpu_probes[k], (before, after),
+                                                                                  strict=True))
+                     if cpu_probes else None})
     return runs
 
 
@@ -649,9 +653,9 @@ def paired_markdown(rows: list[dict[str, Any]], runtimes: Sequence[str] = ("llam
     detail = _run_lines(rows, runtimes)
     if detail:
         out += ["", "Each decode run between its own probes:", "", *detail, "",
-                "probes by CPU clock: the same probes' passes timed by the threads' CPU time; far above the wall "
-                "clock's, the probe (and the run beside it) lost CPU time to other processes, rather than meeting "
-                "a slower memory phase."]
+                "probes by CPU clock: the same probes' passes timed by the threads' CPU time; lost CPU: one of "
+                f"them more than {100 * PHASE_CHANGE:.0f} % above the wall clock's, the probe (and likely the run "
+                "beside it) lost CPU time to other processes: a drop of its GB/s is then not the memory's."]
     return "\n".join(out)
 
 
@@ -677,7 +681,8 @@ def _run_lines(rows: list[dict[str, Any]], runtimes: Sequence[str]) -> list[str]
             for r, order in enumerate(row["pair"]["orders"] if "runs" in e else []):
                 for i in order:
                     run = e["runs"][i][r]
-                    flag = "phase changed" if run["phase_changed"] else ""
+                    flag = ", ".join(f for f, on in (("phase changed", run["phase_changed"]),
+                                                     ("lost CPU", run.get("lost_cpu"))) if on)
                     cpu = run.get("cpu_probes")
                     cpu_cell = " -> ".join(_fmt(p) for p in cpu) if cpu else "—"
                     lines.append(f"| {row['model']} | {row['threads']} | {test} | {r + 1} | {runtimes[i]} | "

@@ -248,7 +248,10 @@ def test_each_run_against_its_own_probes_and_the_phase_flag():
     assert [r["phase_changed"] for r in runs] == [False, True, False]
     assert [r["pct"] for r in runs] == pytest.approx([25.0, 40.0, 40.625])
     assert [r["read_gbs"] for r in runs] == [10.0, 20.0, 13.0] and runs[1]["probes"] == [40.0, 60.0]
-    assert all(r["cpu_probes"] is None for r in runs)
+    assert all(r["cpu_probes"] is None and r["lost_cpu"] is None for r in runs)
+    # by CPU time 15 % faster than by the wall clock is still the CPU's; more: the probe lost the CPU
+    lost = mod.bracketed_runs([1.0, 1.0], [[40.0, 40.0], [40.0, 40.0]], 1, [[45.0, 40.0], [40.0, 47.0]])
+    assert [r["lost_cpu"] for r in lost] == [False, True]
     own = mod.own_bound_summary(runs)
     assert own["pct"] == pytest.approx(40.0) and own["pct_steady"] == pytest.approx((25.0 + 40.625) / 2)
     assert own["read_gbs"] == 13.0 and own["bound"] == 40.0 and own["spread_max"] == 0.5
@@ -264,7 +267,7 @@ def test_each_run_against_its_own_probes_and_the_phase_flag():
     assert summary["read_gbs"] == [13.0, 30.0]  # median t/s x bytes a token
     assert summary["own_bound"][0] == own
     assert [r["cpu_probes"] for r in summary["runs"][0]] == result["run_probes_cpu"][0]
-    assert [{**r, "cpu_probes": None} for r in summary["runs"][0]] == runs
+    assert [{**r, "cpu_probes": None, "lost_cpu": None} for r in summary["runs"][0]] == runs
     # the rounds' probes (between rounds: 45, 47.5, 40 GB/s) stay as they were, beside the own-probe figures
     assert summary["pct_of_bound"][0] == pytest.approx(statistics.median([10 / 45, 20 / 47.5, 13 / 40]) * 100)
     assert "own_bound" not in mod.pair_summary({**result, "run_probes": None}, 10**9, "tg4")["tests"]["tg4"]
@@ -286,6 +289,6 @@ def test_markdown_with_own_probes_and_a_line_per_run():
     assert [(r[3], r[4]) for r in runs] == [("1", "llama.cpp"), ("1", "hetero"), ("2", "hetero"),
                                             ("2", "llama.cpp"), ("3", "llama.cpp"), ("3", "hetero")]
     # llama.cpp's round 2: the probe before it read 40 GB/s by the wall clock, 61 by CPU time (it lost the CPU)
-    assert runs[3][5:] == ["40.0", "20.0", "20.0", "60.0", "50", "40", "phase changed", "61.0 -> 61.0"]
+    assert runs[3][5:] == ["40.0", "20.0", "20.0", "60.0", "50", "40", "phase changed, lost CPU", "61.0 -> 61.0"]
     assert runs[4][5:] == ["30.0", "13.0", "13.0", "34.0", "13", "41", "", "31.0 -> 35.0"]
     assert lines[start + 10] == "" and lines[start + 11].startswith("probes by CPU clock:")
