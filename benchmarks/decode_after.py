@@ -96,26 +96,29 @@ def stream(seconds: float, mib: int = 2048) -> None:
     subprocess.run([sys.executable, "-c", STREAM_SRC, str(seconds), str(mib)], check=True)
 
 
-def probe(threads: int) -> float:
-    """A short read-bandwidth probe at ``threads`` threads (GB/s; benchmarks/read_bandwidth.py, ~0.5 s): the
-    machine's memory speed right after a tg run, to tell a slower run in a slower phase of the VM from one that
-    hetero made slower."""
+def probe(threads: int) -> dict[str, float]:
+    """A short read-bandwidth probe at ``threads`` threads (benchmarks/read_bandwidth.py, ~0.5 s): the machine's
+    memory speed right after a tg run, to tell a slower run in a slower phase of the VM from one that hetero made
+    slower. {"best": GB/s by the wall clock, "best_cpu": the same passes by CPU time}."""
     from read_bandwidth import measure
 
-    return measure([threads], mib=64, reps=4, rounds=1)[threads]["best"]
+    return measure([threads], mib=64, reps=4, rounds=1)[threads]
 
 
 def own_bound(runs: dict[str, list[dict[str, Any]]], bytes_per_token: int) -> dict[str, dict[str, Any]]:
     """Per condition, its runs against their own probes (``probe_before_gbps``, ``probe_gbps``): ``llm.py``'s
-    ``own_bound_summary`` of ``bracketed_runs`` (wall t/s), plus "pct_steady_min": the lowest % of own bound among
-    the runs whose probes agree (None if none do)."""
+    ``own_bound_summary`` of ``bracketed_runs`` (wall t/s; with the probes' CPU-clock figures where kept), plus
+    "pct_steady_min": the lowest % of own bound among the runs whose probes agree and did not lose the CPU (None if
+    none)."""
     from llm import bracketed_runs, own_bound_summary
 
     out: dict[str, dict[str, Any]] = {}
     for cond, rs in runs.items():
+        cpu = ([[r["probe_before_cpu_gbps"], r["probe_cpu_gbps"]] for r in rs]
+               if all("probe_cpu_gbps" in r for r in rs) else None)
         bracketed = bracketed_runs([len(r["steps"]) / sum(r["steps"]) for r in rs],
-                                   [[r["probe_before_gbps"], r["probe_gbps"]] for r in rs], bytes_per_token)
-        steady = [b["pct"] for b in bracketed if not b["phase_changed"]]
+                                   [[r["probe_before_gbps"], r["probe_gbps"]] for r in rs], bytes_per_token, cpu)
+        steady = [b["pct"] for b in bracketed if not b["phase_changed"] and not b["lost_cpu"]]
         out[cond] = {**own_bound_summary(bracketed), "pct_steady_min": min(steady) if steady else None,
                      "runs": bracketed}
     return out
@@ -202,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tg_steps(llm, args.tg, vocab, rng)
     load_before = os.getloadavg()[0]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in conditions}
-    last_probe = probe(args.threads) if args.probe else None
+    last_probe = probe(args.threads) if args.probe else {}
     for r in range(args.rounds):
         for cond in rotated(conditions, r):
             f0 = faults()
@@ -216,8 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "before_minflt": f1[0] - f0[0], "minflt": f2[0] - f1[0], "majflt": f2[1] - f1[1],
                                "anon_huge_kib": anon_huge_kib()})
             if args.probe:
-                runs[cond][-1]["probe_before_gbps"] = last_probe
-                runs[cond][-1]["probe_gbps"] = last_probe = probe(args.threads)
+                now = probe(args.threads)
+                runs[cond][-1].update(probe_before_gbps=last_probe["best"], probe_gbps=now["best"])
+                if "best_cpu" in now and "best_cpu" in last_probe:
+                    runs[cond][-1].update(probe_before_cpu_gbps=last_probe["best_cpu"], probe_cpu_gbps=now["best_cpu"])
+                last_probe = now
     load_after = os.getloadavg()[0]
     summary = summarize(runs, args.clock)
     doc = {"model": os.path.basename(args.model), "threads": args.threads, "rounds": args.rounds, "tg": args.tg,
@@ -245,14 +251,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.probe:
         print(f"\nAgainst the probes beside each run ({doc['bytes_per_token'] / 1e6:.1f} MB a step):")
         print("| before the tg run | read GB/s | own probes GB/s | % of own-probe bound | same, probes agree | "
-              "lowest, probes agree | phase changed | probes: before -> after (GB/s), t/s, % each run |")
-        print("|---|---:|---:|---:|---:|---:|---:|---|")
+              "lowest, probes agree | phase changed | lost CPU | probes: before -> after (GB/s), t/s, % each run |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
         for cond, o in doc["own_bound"].items():
             each = "; ".join(f"{b['probes'][0]:.1f} -> {b['probes'][1]:.1f}, {b['ts']:.1f}, {b['pct']:.0f}"
-                             + ("*" if b["phase_changed"] else "") for b in o["runs"])
+                             + ("*" if b["phase_changed"] else "") + ("!" if b["lost_cpu"] else "")
+                             for b in o["runs"])
             print(f"| {cond} | {o['read_gbs']:.1f} | {o['bound']:.1f} | {o['pct']:.0f} | {_pct(o['pct_steady'])} | "
-                  f"{_pct(o['pct_steady_min'])} | {o['phase_changed']} of {o['n']} | {each} |")
-        print("(* phase changed: the run's two probes differ by > 15 %)")
+                  f"{_pct(o['pct_steady_min'])} | {o['phase_changed']} of {o['n']} | {o['lost_cpu']} | {each} |")
+        print("(* phase changed: the run's two probes differ by > 15 %; ! lost CPU: a probe beside it read > 15 % "
+              "faster by CPU time than by the wall clock; 'probes agree' leaves both out)")
     return 0
 
 

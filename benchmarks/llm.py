@@ -551,15 +551,16 @@ def bracketed_runs(samples: Sequence[float], probes: Sequence[Sequence[float]], 
 
 def own_bound_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Over one engine's bracketed runs (``bracketed_runs``): the median % of own bound, the same over the runs
-    whose probes agree (None if none do), the medians of the GB/s read and of the bounds, the probes' largest
-    spread and the number of runs flagged "phase changed"."""
-    steady = [r["pct"] for r in runs if not r["phase_changed"]]
+    whose probes agree and did not lose the CPU (None if none), the medians of the GB/s read and of the bounds, the
+    probes' largest spread and the number of runs flagged "phase changed" and "lost CPU"."""
+    steady = [r["pct"] for r in runs if not r["phase_changed"] and not r.get("lost_cpu")]
     return {"pct": statistics.median(r["pct"] for r in runs),
             "pct_steady": statistics.median(steady) if steady else None,
             "read_gbs": statistics.median(r["read_gbs"] for r in runs),
             "bound": statistics.median(r["bound"] for r in runs),
             "spread_max": max(r["spread"] for r in runs),
-            "phase_changed": sum(r["phase_changed"] for r in runs), "n": len(runs)}
+            "phase_changed": sum(r["phase_changed"] for r in runs),
+            "lost_cpu": sum(bool(r.get("lost_cpu")) for r in runs), "n": len(runs)}
 
 
 def pair_summary(result: dict[str, Any], bytes_per_token: int, decode_test: str) -> dict[str, Any]:
@@ -648,8 +649,8 @@ def paired_markdown(rows: list[dict[str, Any]], runtimes: Sequence[str] = ("llam
                "read probe right before and right after each decode run; % of own-probe bound: each run against "
                "the mean of its two probes, median over the rounds (own probes GB/s: the median of those means); "
                "probes agree: the same over the runs whose probes differ by <= "
-               f"{100 * PHASE_CHANGE:.0f} %; phase changed: the runs whose probes differ by more (the largest "
-               "difference in brackets).")
+               f"{100 * PHASE_CHANGE:.0f} % (and did not lose the CPU, below); phase changed: the runs whose "
+               "probes differ by more (the largest difference in brackets).")
     detail = _run_lines(rows, runtimes)
     if detail:
         out += ["", "Each decode run between its own probes:", "", *detail, "",
