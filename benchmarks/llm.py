@@ -59,7 +59,9 @@ phase, so with ``--probe around`` (the default) each engine's tg run is also bra
 (``run_bandwidth``, ~0.35 s) right before and right after it (the engines run back to back: the probe between them is
 the first one's "after" and the second one's "before"): each run's "% of own-probe bound" is against the mean of its
 two probes, and a run whose probes differ by more than 15 % is flagged "phase changed" (its fraction then says
-little; the table gives the median over the other runs too, and a line per run below it). "read GB/s": an engine's
+little; the table gives the median over the other runs too, and a line per run below it). The same probe passes are
+also timed by CPU clock: a run is flagged "lost CPU" where a probe beside it read > 15 % faster by CPU time than by
+the wall clock (other processes took the CPU: its GB/s drop is not the memory's). "read GB/s": an engine's
 decode t/s x the bytes a step reads (the bound's bytes), to set beside the probes' GB/s. A worker that dies or does
 not answer within ``--timeout`` seconds ends its row with the error; both workers are stopped.
 
