@@ -817,7 +817,8 @@ def main(argv: list[str] | None = None) -> int:
                     "mean) to the probes between rounds; start keeps those between rounds only")
     ap.add_argument("--pairs", type=int, default=0, metavar="N",
                     help="paired mode: both engines resident, N rounds of one run of each test by each, the first "
-                    "engine alternating, a short read probe between rounds (see the module doc)")
+                    "engine alternating, a short read probe between rounds and (--probe around) right before "
+                    "and after each tg run (see the module doc)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per worker before it is abandoned "
                     "(--pairs: for a worker to load and warm up, or to answer one run)")
     ap.add_argument("--seed", type=int, default=0)
