@@ -562,7 +562,8 @@ def own_bound_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "bound": statistics.median(r["bound"] for r in runs),
             "spread_max": max(r["spread"] for r in runs),
             "phase_changed": sum(r["phase_changed"] for r in runs),
-            "lost_cpu": sum(bool(r.get("lost_cpu")) for r in runs), "n": len(runs)}
+            "lost_cpu": sum(bool(r.get("lost_cpu")) for r in runs), "n": len(runs),
+            "cpu_clock": all(r.get("cpu_probes") for r in runs)}
 
 
 def pair_summary(result: dict[str, Any], bytes_per_token: int, decode_test: str) -> dict[str, Any]:
@@ -596,7 +597,7 @@ def pair_summary(result: dict[str, Any], bytes_per_token: int, decode_test: str)
 
 def run_paired(runtimes: Sequence[str], path: Path, threads: int, rounds: int, pp: int, tg: int, installed: bool,
                timeout: float, probe: Any = None, seed: int = 0,
-               run_probe: Callable[[], float] | None = None) -> dict[str, Any]:
+               run_probe: Callable[[], dict[str, float]] | None = None) -> dict[str, Any]:
     """Both engines resident (loaded, warmed up), then ``pair_rounds`` (``run_probe``: around each tg run);
     {"error": ...} if a worker dies or does not answer in ``timeout`` s (then both are stopped)."""
     from resident import Resident, WorkerError
@@ -673,7 +674,8 @@ def _own_bound_cells(entry: dict[str, Any]) -> list[str]:
     return [*cells, f"{_fmt(a['bound'])} / {_fmt(b['bound'])}", f"{_fmt(a['pct'], 0)} / {_fmt(b['pct'], 0)}",
                     f"{_fmt(a['pct_steady'], 0)} / {_fmt(b['pct_steady'], 0)}",
                     f"{a['phase_changed']} / {b['phase_changed']} of {a['n']} "
-                    f"(max {100 * a['spread_max']:.0f} / {100 * b['spread_max']:.0f} %)"]
+                    f"(max {100 * a['spread_max']:.0f} / {100 * b['spread_max']:.0f} %)"
+                    + (f"; lost CPU {a['lost_cpu']} / {b['lost_cpu']}" if a["cpu_clock"] and b["cpu_clock"] else "")]
 
 
 def _run_lines(rows: list[dict[str, Any]], runtimes: Sequence[str]) -> list[str]:

@@ -255,7 +255,7 @@ def test_each_run_against_its_own_probes_and_the_phase_flag():
     own = mod.own_bound_summary(runs)
     assert own["pct"] == pytest.approx(40.0) and own["pct_steady"] == pytest.approx((25.0 + 40.625) / 2)
     assert own["read_gbs"] == 13.0 and own["bound"] == 40.0 and own["spread_max"] == 0.5
-    assert own["phase_changed"] == 1 and own["n"] == 3
+    assert own["phase_changed"] == 1 and own["n"] == 3 and own["lost_cpu"] == 0 and not own["cpu_clock"]
     hetero = mod.own_bound_summary(mod.bracketed_runs(sub, result["run_probes"][1], 10**9))
     assert hetero["phase_changed"] == 3 and hetero["pct_steady"] is None  # no run in one phase: no figure
     assert hetero["pct"] == pytest.approx(60.0)  # 30/50, 33.6/56, 28/37
@@ -265,7 +265,8 @@ def test_each_run_against_its_own_probes_and_the_phase_flag():
 
     summary = mod.pair_summary(result, 10**9, "tg4")["tests"]["tg4"]
     assert summary["read_gbs"] == [13.0, 30.0]  # median t/s x bytes a token
-    assert summary["own_bound"][0] == {**own, "lost_cpu": 1}  # its run 2's probes read 61 by CPU time, 40 by wall
+    # its run 2's probes read 61 GB/s by CPU time, 40 by the wall clock: lost CPU
+    assert summary["own_bound"][0] == {**own, "lost_cpu": 1, "cpu_clock": True}
     assert [r["cpu_probes"] for r in summary["runs"][0]] == result["run_probes_cpu"][0]
     assert [{**r, "cpu_probes": None, "lost_cpu": None} for r in summary["runs"][0]] == runs
     # the rounds' probes (between rounds: 45, 47.5, 40 GB/s) stay as they were, beside the own-probe figures
@@ -281,7 +282,7 @@ def test_markdown_with_own_probes_and_a_line_per_run():
     lines = mod.paired_markdown([row]).splitlines()
     tg = [c.strip() for c in lines[2].strip("|").split("|")]
     assert tg[4] == "tg4" and tg[13:] == ["13.0 / 30.0", "40.0 / 50.0", "40 / 60", "33 / —",
-                                          "1 / 3 of 3 (max 50 / 50 %)"]
+                                          "1 / 3 of 3 (max 50 / 50 %); lost CPU 1 / 1"]
     start = lines.index("Each decode run between its own probes:")
     runs = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[start + 4:start + 10]]
     assert len(runs) == 6 and all(len(r) == 13 for r in runs)
