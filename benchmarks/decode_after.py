@@ -22,8 +22,13 @@ condition: the median over rounds of (that round's tg time / the same round's wa
 the same ratio for the first 8 steps and for the rest (a one-time cost shows in the first, a lasting one in both),
 and the minor / major page faults (``getrusage``) of the tg run and of what ran before it. On a shared machine
 quote the ratios, not the t/s, with the load average printed beside them. ``--probe``: a short read-bandwidth probe
-after each tg run (``probe_gbps`` in the JSON), to tell a run that met a slower phase of the VM's memory from one
-that hetero made slower.
+after each tg run (``probe_gbps`` in the JSON) and one before the first, to tell a run that met a slower phase of the
+VM's memory from one that hetero made slower: each run's "before" is the probe that came before it
+(``probe_before_gbps``: right before it for a ``warm`` run, before its condition otherwise), and, as in
+``llm.py --pairs``, each run reads (t/s x the bytes a step reads, ``llm.py``'s ``file_stats``) some % of the mean of
+its two probes, the run flagged "phase changed" where they differ by > 15 %. Per condition: the median of that %,
+the same over the runs whose probes agree, and its minimum there (is hetero's step ever far below the probes
+beside it within one phase?). ``--conditions warm --probe``: every run right between two probes.
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # once: its siblings (read_bandwidth, llm), imported lazily
 
 CONDITIONS = ("warm", "pp", "sleep", "stream")
 HEAD = 8  # steps counted as "the first steps" of a tg run
@@ -88,14 +96,32 @@ def stream(seconds: float, mib: int = 2048) -> None:
     subprocess.run([sys.executable, "-c", STREAM_SRC, str(seconds), str(mib)], check=True)
 
 
-def probe(threads: int) -> float:
-    """A short read-bandwidth probe at ``threads`` threads (GB/s; benchmarks/read_bandwidth.py, ~0.5 s): the
-    machine's memory speed right after a tg run, to tell a slower run in a slower phase of the VM from one that
-    hetero made slower."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+def probe(threads: int) -> dict[str, float]:
+    """A short read-bandwidth probe at ``threads`` threads (benchmarks/read_bandwidth.py, ~0.5 s): the machine's
+    memory speed right after a tg run, to tell a slower run in a slower phase of the VM from one that hetero made
+    slower. {"best": GB/s by the wall clock, "best_cpu": the same passes by CPU time}."""
     from read_bandwidth import measure
 
-    return measure([threads], mib=64, reps=4, rounds=1)[threads]["best"]
+    return measure([threads], mib=64, reps=4, rounds=1)[threads]
+
+
+def own_bound(runs: dict[str, list[dict[str, Any]]], bytes_per_token: int) -> dict[str, dict[str, Any]]:
+    """Per condition, its runs against their own probes (``probe_before_gbps``, ``probe_gbps``): ``llm.py``'s
+    ``own_bound_summary`` of ``bracketed_runs`` (wall t/s; with the probes' CPU-clock figures where kept), plus
+    "pct_steady_min": the lowest % of own bound among the runs whose probes agree and did not lose the CPU (None if
+    none)."""
+    from llm import bracketed_runs, own_bound_summary
+
+    out: dict[str, dict[str, Any]] = {}
+    for cond, rs in runs.items():
+        cpu = ([[r["probe_before_cpu_gbps"], r["probe_cpu_gbps"]] for r in rs]
+               if all("probe_cpu_gbps" in r for r in rs) else None)
+        bracketed = bracketed_runs([len(r["steps"]) / sum(r["steps"]) for r in rs],
+                                   [[r["probe_before_gbps"], r["probe_gbps"]] for r in rs], bytes_per_token, cpu)
+        steady = [b["pct"] for b in bracketed if not b["phase_changed"] and not b["lost_cpu"]]
+        out[cond] = {**own_bound_summary(bracketed), "pct_steady_min": min(steady) if steady else None,
+                     "runs": bracketed}
+    return out
 
 
 def rotated(conditions: Sequence[str], r: int) -> list[str]:
@@ -179,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tg_steps(llm, args.tg, vocab, rng)
     load_before = os.getloadavg()[0]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in conditions}
+    last_probe = probe(args.threads) if args.probe else {}
     for r in range(args.rounds):
         for cond in rotated(conditions, r):
             f0 = faults()
@@ -192,13 +219,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "before_minflt": f1[0] - f0[0], "minflt": f2[0] - f1[0], "majflt": f2[1] - f1[1],
                                "anon_huge_kib": anon_huge_kib()})
             if args.probe:
-                runs[cond][-1]["probe_gbps"] = probe(args.threads)
+                now = probe(args.threads)
+                runs[cond][-1].update(probe_before_gbps=last_probe["best"], probe_gbps=now["best"])
+                if "best_cpu" in now and "best_cpu" in last_probe:
+                    runs[cond][-1].update(probe_before_cpu_gbps=last_probe["best_cpu"], probe_cpu_gbps=now["best_cpu"])
+                last_probe = now
     load_after = os.getloadavg()[0]
     summary = summarize(runs, args.clock)
     doc = {"model": os.path.basename(args.model), "threads": args.threads, "rounds": args.rounds, "tg": args.tg,
            "pp": args.pp, "idle": args.idle, "clock": args.clock,
            "load_avg": [load_before, load_after], "hetero_cpu": hetero_cpu.__file__,
            "summary": summary, "runs": runs}
+    if args.probe:
+        from llm import file_stats
+
+        doc["bytes_per_token"] = file_stats(Path(args.model), args.tg)["bytes_per_token"]
+        doc["own_bound"] = own_bound(runs, doc["bytes_per_token"])
     if args.json:
         print(json.dumps(doc))
         return 0
@@ -212,7 +248,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cond, s in summary.items():
         print(f"| {cond} | {s['ts']:.1f} | {s['ratio']:.3f} | {s['ratio_head']:.3f} | {s['ratio_rest']:.3f} | "
               f"{s['first_ms']:.1f} | {s['minflt']:.0f} | {s['majflt']:.0f} | {s['before_minflt']:.0f} |")
+    if args.probe:
+        print(f"\nAgainst the probes beside each run ({doc['bytes_per_token'] / 1e6:.1f} MB a step):")
+        print("| before the tg run | read GB/s | own probes GB/s | % of own-probe bound | same, probes agree | "
+              "lowest, probes agree | phase changed | lost CPU | probes: before -> after (GB/s), t/s, % each run |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        for cond, o in doc["own_bound"].items():
+            each = "; ".join(f"{b['probes'][0]:.1f} -> {b['probes'][1]:.1f}, {b['ts']:.1f}, {b['pct']:.0f}"
+                             + ("*" if b["phase_changed"] else "") + ("!" if b["lost_cpu"] else "")
+                             for b in o["runs"])
+            print(f"| {cond} | {o['read_gbs']:.1f} | {o['bound']:.1f} | {o['pct']:.0f} | {_pct(o['pct_steady'])} | "
+                  f"{_pct(o['pct_steady_min'])} | {o['phase_changed']} of {o['n']} | {o['lost_cpu']} | {each} |")
+        print("(* phase changed: the run's two probes differ by > 15 %; ! lost CPU: a probe beside it read > 15 % "
+              "faster by CPU time than by the wall clock; 'probes agree' leaves both out)")
     return 0
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}"
 
 
 if __name__ == "__main__":

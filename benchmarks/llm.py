@@ -54,8 +54,16 @@ to back, the first engine alternating round by round, and a short read probe at 
 (``quick_bandwidth``) before the first round and after each. Reported per file, thread count and test: each engine's
 median t/s, the median of the per-round ratios (hetero / llama.cpp of the same round) with their min-max and
 quartiles, the ratio of the medians beside it, the probes' range, and "% of bound" with each round against the mean
-of its two probes (the median over the rounds). A worker that dies or does not answer within ``--timeout`` seconds
-ends its row with the error; both workers are stopped.
+of its two probes (the median over the rounds). A round's probes are seconds from its tg runs and can meet another
+phase, so with ``--probe around`` (the default) each engine's tg run is also bracketed by a short probe
+(``run_bandwidth``, ~0.35 s) right before and right after it (the engines run back to back: the probe between them is
+the first one's "after" and the second one's "before"): each run's "% of own-probe bound" is against the mean of its
+two probes, and a run whose probes differ by more than 15 % is flagged "phase changed" (its fraction then says
+little; the table gives the median over the other runs too, and a line per run below it). The same probe passes are
+also timed by CPU clock: a run is flagged "lost CPU" where a probe beside it read > 15 % faster by CPU time than by
+the wall clock (other processes took the CPU: its GB/s drop is not the memory's). "read GB/s": an engine's
+decode t/s x the bytes a step reads (the bound's bytes), to set beside the probes' GB/s. A worker that dies or does
+not answer within ``--timeout`` seconds ends its row with the error; both workers are stopped.
 
     python benchmarks/llm.py --files a.gguf,b.gguf --threads 2 --pairs 10
 
@@ -443,29 +451,59 @@ def quick_bandwidth(threads: int) -> float:
     return measure([threads], mib=128, reps=6, rounds=1)[threads]["best"]
 
 
+def run_bandwidth(threads: int) -> dict[str, float]:
+    """The read probe right before and right after each engine's decode run in --pairs (``--probe around``): 64 MiB
+    a thread, 5 timed passes on 4 KiB and 5 on 2 MiB pages, the best ("best", wall clock; "best_cpu": the same
+    passes timed by the threads' CPU time); ~0.3-0.4 s, short enough to sit beside a 2-8 s tg128 run in the same
+    memory phase of the VM (the phases last seconds to minutes)."""
+    from read_bandwidth import measure
+
+    return measure([threads], mib=64, reps=6, rounds=1)[threads]
+
+
 def pair_rounds(workers: Sequence[Any], tests: Sequence[str], rounds: int, probe: Any = None,
-                timeout: float | None = None) -> dict[str, Any]:
+                timeout: float | None = None, run_probe: Callable[[], dict[str, float]] | None = None,
+                probed_test: str | None = None) -> dict[str, Any]:
     """``rounds`` rounds of one run of each test by each of the two resident workers (``ask(test, timeout)`` answers
     {"ts": t/s}), the engines back to back on each test, the first engine alternating round by round
-    (``turn_order``); ``probe()`` (GB/s) before the first round and after each. Returns the samples per test and
-    engine (index as ``workers``), the probes, and each round's order."""
+    (``turn_order``); ``probe()`` (GB/s) before the first round and after each. With ``run_probe``, each run of
+    ``probed_test`` (the decode test) is bracketed by ``run_probe()`` readings ({"best": GB/s, optionally
+    "best_cpu"}) taken right before and right after it; the engines run it back to back, so the reading between
+    them is the first one's "after" and the second one's "before" (nothing runs between the two). Returns the
+    samples per test and engine (index as ``workers``), the probes, each round's order and, with ``run_probe``,
+    "run_probes": per engine, per round, [before, after] GB/s ("run_probes_cpu": the same, CPU clock)."""
     from resident import turn_order
 
     samples: dict[str, list[list[float]]] = {test: [[], []] for test in tests}
     probes = [probe()] if probe else []
+    bracketed = run_probe is not None and probed_test in tests
+    run_probes: list[list[list[dict[str, float]]]] = [[], []]
     orders = []
     for r in range(rounds):
         order = turn_order(r)
         orders.append(list(order))
         for test in tests:
+            around = run_probe if bracketed and test == probed_test else None
+            last = around() if around else {}  # the next run's "before"
             for i in order:
                 samples[test][i].append(float(json.loads(workers[i].ask(test, timeout))["ts"]))
+                if around:
+                    after = around()
+                    run_probes[i].append([last, after])
+                    last = after
         if probe:
             probes.append(probe())
         log(f"  round {r + 1}/{rounds}: " + ", ".join(f"{test} {s[0][-1]:.2f} / {s[1][-1]:.2f} t/s"
                                                     for test, s in samples.items())
+            + (f"; {probed_test} probes " + " / ".join(" -> ".join(f"{p['best']:.1f}" for p in run_probes[i][-1])
+                                                      for i in (0, 1)) + " GB/s" if bracketed else "")
             + (f"; probe {probes[-1]:.1f} GB/s" if probe else ""))
-    return {"samples": samples, "probes": probes, "orders": orders}
+    out = {"samples": samples, "probes": probes, "orders": orders}
+    if bracketed:
+        out["run_probes"] = [[[p["best"] for p in run] for run in runs] for runs in run_probes]
+        if all("best_cpu" in p for runs in run_probes for run in runs for p in run):
+            out["run_probes_cpu"] = [[[p["best_cpu"] for p in run] for run in runs] for runs in run_probes]
+    return out
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -481,29 +519,87 @@ def round_bounds(probes: Sequence[float], rounds: int) -> list[float] | None:
     return [(probes[r] + probes[r + 1]) / 2 for r in range(rounds)]
 
 
+# Two probes of one run that differ by more than this (the faster over the slower, minus 1) met two memory phases
+# of the VM: the run's % of bound against their mean says little (the phases are ~35 and ~60 GB/s at 2 threads).
+PHASE_CHANGE = 0.15
+
+
+def read_gbs(tps: float, bytes_per_token: int) -> float:
+    """The GB/s a decode run read: its t/s x the bytes one step reads (those of the bound: weights, KV, state)."""
+    return tps * bytes_per_token / 1e9
+
+
+def bracketed_runs(samples: Sequence[float], probes: Sequence[Sequence[float]], bytes_per_token: int,
+                   cpu_probes: Sequence[Sequence[float]] | None = None) -> list[dict[str, Any]]:
+    """One engine's decode runs, each with the probes right before and after it: its t/s, the GB/s it read, its
+    bound (the mean of its two probes), their spread (the faster over the slower, minus 1), its % of that bound,
+    and whether the probes say the VM's memory phase changed during it (spread > ``PHASE_CHANGE``); with
+    ``cpu_probes`` (the same probes timed by CPU clock), those as "cpu_probes", and "lost_cpu": a probe read more
+    than ``PHASE_CHANGE`` faster by CPU time than by the wall clock (other processes took the CPU from it, and
+    likely from the run beside it: a drop of its wall-clock GB/s is then not the memory's)."""
+    runs = []
+    for k, (ts, (before, after)) in enumerate(zip(samples, probes, strict=True)):
+        bound = (before + after) / 2
+        gap = max(before, after) / min(before, after) - 1
+        runs.append({"ts": ts, "read_gbs": read_gbs(ts, bytes_per_token), "probes": [before, after],
+                     "bound": bound, "spread": gap, "pct": pct_of_bound(ts, bytes_per_token, bound),
+                     "phase_changed": gap > PHASE_CHANGE,
+                     "cpu_probes": list(cpu_probes[k]) if cpu_probes else None,
+                     "lost_cpu": any(c > w * (1 + PHASE_CHANGE) for c, w in zip(cpu_probes[k], (before, after),
+                                                                                  strict=True))
+                     if cpu_probes else None})
+    return runs
+
+
+def own_bound_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Over one engine's bracketed runs (``bracketed_runs``): the median % of own bound, the same over the runs
+    whose probes agree and did not lose the CPU (None if none), the medians of the GB/s read and of the bounds, the
+    probes' largest spread and the number of runs flagged "phase changed" and "lost CPU"."""
+    steady = [r["pct"] for r in runs if not r["phase_changed"] and not r.get("lost_cpu")]
+    return {"pct": statistics.median(r["pct"] for r in runs),
+            "pct_steady": statistics.median(steady) if steady else None,
+            "read_gbs": statistics.median(r["read_gbs"] for r in runs),
+            "bound": statistics.median(r["bound"] for r in runs),
+            "spread_max": max(r["spread"] for r in runs),
+            "phase_changed": sum(r["phase_changed"] for r in runs),
+            "lost_cpu": sum(bool(r.get("lost_cpu")) for r in runs), "n": len(runs),
+            "cpu_clock": all(r.get("cpu_probes") for r in runs)}
+
+
 def pair_summary(result: dict[str, Any], bytes_per_token: int, decode_test: str) -> dict[str, Any]:
     """Per test: each engine's median t/s, the per-round ratios (engine 1 / engine 0 of the same round) and their
-    spread, the ratio of the medians (what the sequential mode reports); for the decode test, each engine's median
-    % of bound against its rounds' own probes. Plus the probes' spread."""
+    spread, the ratio of the medians (what the sequential mode reports); for the decode test, each engine's GB/s
+    read (median t/s x bytes per token), its median % of bound against its rounds' probes (between the rounds) and,
+    where each run was bracketed by its own probes ("run_probes"), each run against its own two probes
+    (``bracketed_runs``, ``own_bound_summary``). Plus the round probes' spread."""
     tests: dict[str, Any] = {}
     for test, (ref, sub) in result["samples"].items():
         ratios = [b / a for a, b in zip(ref, sub, strict=True)]
         entry: dict[str, Any] = {"median": [statistics.median(ref), statistics.median(sub)], "ratios": ratios,
                                  "ratio": spread(ratios),
                                  "ratio_of_medians": statistics.median(sub) / statistics.median(ref)}
-        bounds = round_bounds(result["probes"], len(ratios))
-        if test == decode_test and bounds:
-            entry["pct_of_bound"] = [statistics.median(pct_of_bound(ts, bytes_per_token, bw) or math.nan
-                                                       for ts, bw in zip(runs, bounds, strict=True))
-                                     for runs in (ref, sub)]
+        if test == decode_test:
+            entry["read_gbs"] = [read_gbs(m, bytes_per_token) for m in entry["median"]]
+            bounds = round_bounds(result["probes"], len(ratios))
+            if bounds:
+                entry["pct_of_bound"] = [statistics.median(pct_of_bound(ts, bytes_per_token, bw) or math.nan
+                                                           for ts, bw in zip(runs, bounds, strict=True))
+                                         for runs in (ref, sub)]
+            if result.get("run_probes"):
+                cpu = result.get("run_probes_cpu") or [None, None]
+                entry["runs"] = [bracketed_runs(runs, probes, bytes_per_token, cpu_probes)
+                                 for runs, probes, cpu_probes in zip((ref, sub), result["run_probes"], cpu,
+                                                                     strict=True)]
+                entry["own_bound"] = [own_bound_summary(runs) for runs in entry["runs"]]
         tests[test] = entry
     return {"tests": tests, "probes": spread(result["probes"]) if result["probes"] else None}
 
 
 def run_paired(runtimes: Sequence[str], path: Path, threads: int, rounds: int, pp: int, tg: int, installed: bool,
-               timeout: float, probe: Any = None, seed: int = 0) -> dict[str, Any]:
-    """Both engines resident (loaded, warmed up), then ``pair_rounds``; {"error": ...} if a worker dies or does not
-    answer in ``timeout`` s (then both are stopped)."""
+               timeout: float, probe: Any = None, seed: int = 0,
+               run_probe: Callable[[], dict[str, float]] | None = None) -> dict[str, Any]:
+    """Both engines resident (loaded, warmed up), then ``pair_rounds`` (``run_probe``: around each tg run);
+    {"error": ...} if a worker dies or does not answer in ``timeout`` s (then both are stopped)."""
     from resident import Resident, WorkerError
 
     env = _worker_env(threads, installed)
@@ -513,7 +609,7 @@ def run_paired(runtimes: Sequence[str], path: Path, threads: int, rounds: int, p
             cmd = [*_worker_cmd(runtime, path, threads, 0, pp, tg, seed), "--resident"]
             workers.append(Resident(runtime, cmd, env, ready_timeout=timeout))
         tests = [f"pp{pp}"] * (pp > 0) + [f"tg{tg}"] * (tg > 0)  # hetero.llm.bench's labels, its order
-        result = pair_rounds(workers, tests, rounds, probe, timeout)
+        result = pair_rounds(workers, tests, rounds, probe, timeout, run_probe, f"tg{tg}")
     except WorkerError as err:
         return {"error": str(err)}
     finally:
@@ -527,7 +623,9 @@ def paired_markdown(rows: list[dict[str, Any]], runtimes: Sequence[str] = ("llam
     """The --pairs table: a line per file, thread count and test."""
     ref, sub = runtimes
     head = ["model", "type", "thr", "rounds", "test", f"{ref} t/s", f"{sub} t/s", "ratio: median of rounds",
-            "ratio min-max", "ratio IQR", "ratio of medians", "% of BW bound (l / h)", "round probes GB/s"]
+            "ratio min-max", "ratio IQR", "ratio of medians", "% of BW bound (l / h)", "round probes GB/s",
+            "read GB/s (l / h)", "own probes GB/s (l / h)", "% of own-probe bound (l / h)",
+            "same, probes agree (l / h)", "phase changed (l / h)"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 5 + ["---:"] * (len(head) - 5)) + "|"]
     for row in rows:
         lead = [row["model"], row["type"], str(row["threads"])]
@@ -544,14 +642,63 @@ def paired_markdown(rows: list[dict[str, Any]], runtimes: Sequence[str] = ("llam
             cells = [*lead, str(len(e["ratios"])), test, _fmt(e["median"][0]), _fmt(e["median"][1]),
                      _fmt(r["median"], 2), f"{r['min']:.2f}-{r['max']:.2f}", f"{r['q1']:.2f}-{r['q3']:.2f}",
                      _fmt(e["ratio_of_medians"], 2), f"{_fmt(pct[0], 0)} / {_fmt(pct[1], 0)}" if pct else "—",
-                     probes]
+                     probes, *_own_bound_cells(e)]
             out.append("| " + " | ".join(cells) + " |")
     out.append("")
     out.append(f"t/s: median of the rounds; ratio: {sub} / {ref} of the same round (its median, min-max and "
                "quartiles over the rounds), beside the ratio of the two medians; % of BW bound: each round's t/s "
                "against the mean of the probes right before and after that round, median over the rounds; l / h: "
-               f"{ref} / {sub}.")
+               f"{ref} / {sub}. read GB/s: median t/s x the bytes a step reads (the bound's). Own probes: a short "
+               "read probe right before and right after each decode run; % of own-probe bound: each run against "
+               "the mean of its two probes, median over the rounds (own probes GB/s: the median of those means); "
+               "probes agree: the same over the runs whose probes differ by <= "
+               f"{100 * PHASE_CHANGE:.0f} % (and did not lose the CPU, below); phase changed: the runs whose "
+               "probes differ by more (the largest difference in brackets).")
+    detail = _run_lines(rows, runtimes)
+    if detail:
+        out += ["", "Each decode run between its own probes:", "", *detail, "",
+                "probes by CPU clock: the same probes' passes timed by the threads' CPU time; lost CPU: one of "
+                f"them more than {100 * PHASE_CHANGE:.0f} % above the wall clock's, the probe (and likely the run "
+                "beside it) lost CPU time to other processes: a drop of its GB/s is then not the memory's."]
     return "\n".join(out)
+
+
+def _own_bound_cells(entry: dict[str, Any]) -> list[str]:
+    """The --pairs table's cells of a test's read GB/s and own-probe bound (dashes where not measured)."""
+    read = entry.get("read_gbs")
+    cells = [f"{_fmt(read[0])} / {_fmt(read[1])}" if read else "—"]
+    own = entry.get("own_bound")
+    if not own:
+        return [*cells, "—", "—", "—", "—"]
+    a, b = own
+    return [*cells, f"{_fmt(a['bound'])} / {_fmt(b['bound'])}", f"{_fmt(a['pct'], 0)} / {_fmt(b['pct'], 0)}",
+                    f"{_fmt(a['pct_steady'], 0)} / {_fmt(b['pct_steady'], 0)}",
+                    f"{a['phase_changed']} / {b['phase_changed']} of {a['n']} "
+                    f"(max {100 * a['spread_max']:.0f} / {100 * b['spread_max']:.0f} %)"
+                    + (f"; lost CPU {a['lost_cpu']} / {b['lost_cpu']}" if a["cpu_clock"] and b["cpu_clock"] else "")]
+
+
+def _run_lines(rows: list[dict[str, Any]], runtimes: Sequence[str]) -> list[str]:
+    """A table line per bracketed decode run, in the order they ran (empty without bracketed runs)."""
+    lines = []
+    for row in rows:
+        for test, e in row.get("summary", {}).get("tests", {}).items():
+            for r, order in enumerate(row["pair"]["orders"] if "runs" in e else []):
+                for i in order:
+                    run = e["runs"][i][r]
+                    flag = ", ".join(f for f, on in (("phase changed", run["phase_changed"]),
+                                                     ("lost CPU", run.get("lost_cpu"))) if on)
+                    cpu = run.get("cpu_probes")
+                    cpu_cell = " -> ".join(_fmt(p) for p in cpu) if cpu else "—"
+                    lines.append(f"| {row['model']} | {row['threads']} | {test} | {r + 1} | {runtimes[i]} | "
+                                 f"{run['probes'][0]:.1f} | {run['ts']:.1f} | {run['read_gbs']:.1f} | "
+                                 f"{run['probes'][1]:.1f} | {100 * run['spread']:.0f} | {_fmt(run['pct'], 0)} | "
+                                 f"{flag} | {cpu_cell} |")
+    if not lines:
+        return []
+    return ["| model | thr | test | round | engine | probe before GB/s | t/s | read GB/s | probe after GB/s | "
+            "probes differ % | % of own-probe bound | | probes by CPU clock GB/s |",
+            "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|", *lines]
 
 
 # -- report ------------------------------------------------------------------------------------------------------------
@@ -577,7 +724,7 @@ def markdown(rows: list[dict[str, Any]], bw: dict[int, float], pp: int, tg: int)
     pt, gt = f"pp{pp}", f"tg{tg}"
     head = ["model", "type", "size MiB", "thr", f"{pt} llama.cpp", f"{pt} hetero", "ratio", f"{gt} llama.cpp",
             f"{gt} hetero", "ratio", f"{gt} % of BW bound (l / h)", "run's probes GB/s (l / h)",
-            "load s (l / h)", "peak RSS MiB (l / h)"]
+            f"{gt} read GB/s (l / h)", "load s (l / h)", "peak RSS MiB (l / h)"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
     for row in rows:
         lc, he = row["llama.cpp"], row["hetero"]
@@ -587,17 +734,21 @@ def markdown(rows: list[dict[str, Any]], bw: dict[int, float], pp: int, tg: int)
         def pct(run: dict[str, Any], start: float | None = start, per_token: int = per_token) -> str:
             return _fmt(pct_of_bound(_median(run, gt), per_token, run_bound(run, start)), 0)
 
+        def read(run: dict[str, Any], per_token: int = per_token) -> str:
+            tps = _median(run, gt)
+            return _fmt(read_gbs(tps, per_token) if tps else None)
+
         cells = [row["model"], row["type"], _fmt(row["file"]["file_bytes"] / 2**20, 0), str(row["threads"]),
                  _fmt(_median(lc, pt)), _fmt(_median(he, pt)), _fmt(_ratio(_median(he, pt), _median(lc, pt)), 2),
                  _fmt(_median(lc, gt)), _fmt(_median(he, gt)), _fmt(_ratio(_median(he, gt), _median(lc, gt)), 2),
-                 f"{pct(lc)} / {pct(he)}", f"{_probes(lc)} / {_probes(he)}",
+                 f"{pct(lc)} / {pct(he)}", f"{_probes(lc)} / {_probes(he)}", f"{read(lc)} / {read(he)}",
                  f"{_fmt(lc.get('load_s'), 2)} / {_fmt(he.get('load_s'), 2)}",
                  f"{_fmt(lc.get('peak_rss', math.nan) / 2**20, 0)} / {_fmt(he.get('peak_rss', math.nan) / 2**20, 0)}"]
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
     out.append("t/s: median of the repetitions; ratio: hetero / llama.cpp; l / h: llama.cpp / hetero. % of BW bound: "
                "against the median of the run's own probes (before -> after it, same thread count) where taken, "
-               "else the start probe below.")
+               "else the start probe below; read GB/s: the decode t/s x the bytes a step reads (the bound's).")
     for threads, value in sorted(bw.items()):
         out.append(f"read bandwidth, {threads} thread(s) (native probe, session start): {value:.1f} GB/s")
     out.append("")
@@ -663,10 +814,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurement")
     ap.add_argument("--probe", choices=("around", "start"), default="around",
                     help="around: a read probe right before and after each engine's run (its %% of bound is "
-                    "against their median), plus the start probe; start: the start probe only")
+                    "against their median), plus the start probe; start: the start probe only. --pairs: around "
+                    "adds a short probe right before and after each tg run (each run's %% of bound against their "
+                    "mean) to the probes between rounds; start keeps those between rounds only")
     ap.add_argument("--pairs", type=int, default=0, metavar="N",
                     help="paired mode: both engines resident, N rounds of one run of each test by each, the first "
-                    "engine alternating, a short read probe between rounds (see the module doc)")
+                    "engine alternating, a short read probe between rounds and (--probe around) right before "
+                    "and after each tg run (see the module doc)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per worker before it is abandoned "
                     "(--pairs: for a worker to load and warm up, or to answer one run)")
     ap.add_argument("--seed", type=int, default=0)
@@ -781,8 +935,13 @@ def _main_paired(args: argparse.Namespace, models: list[str], types: list[str], 
                 def probe(t: int = t) -> float:
                     return quick_bandwidth(t)
 
+                def around(t: int = t) -> float:
+                    return run_bandwidth(t)
+
+                probing = not args.no_bandwidth
                 pair = run_paired(runtimes, paths[model, qtype], t, args.pairs, args.pp, args.tg, args.installed,
-                                  args.timeout, None if args.no_bandwidth else probe, args.seed)
+                                  args.timeout, probe if probing else None, args.seed,
+                                  around if probing and args.probe == "around" else None)
                 row: dict[str, Any] = {"model": model, "type": qtype, "threads": t, "file": stats,
                                        "path": str(paths[model, qtype]), "pair": pair}
                 if "error" in pair:
@@ -791,11 +950,15 @@ def _main_paired(args: argparse.Namespace, models: list[str], types: list[str], 
                     row["summary"] = pair_summary(pair, stats["bytes_per_token"], f"tg{args.tg}")
                     for test, e in row["summary"]["tests"].items():
                         log(f"  {test}: {e['median'][0]:.2f} / {e['median'][1]:.2f} t/s, ratios "
-                            + " ".join(f"{r:.2f}" for r in e["ratios"]))
+                            + " ".join(f"{r:.2f}" for r in e["ratios"])
+                            + ("; read GB/s " + " / ".join(f"{g:.1f}" for g in e["read_gbs"])
+                               if "read_gbs" in e else "")
+                            + ("; % of own-probe bound " + " / ".join(f"{o['pct']:.0f}" for o in e["own_bound"])
+                               if "own_bound" in e else ""))
                     log("  probes GB/s " + " ".join(f"{p:.1f}" for p in pair["probes"]))
                 rows.append(row)
     return _emit(args, {"mode": "pairs", "rounds": args.pairs, "pp": args.pp, "tg": args.tg}, rows, bw,
-                 lambda: "\n".join([paired_markdown(rows)] + [
+                 lambda: "\n".join([paired_markdown(rows), ""] + [
                      f"read bandwidth, {t} thread(s) (native probe, session start): {value:.1f} GB/s"
                      for t, value in sorted(bw.items())]))
 

@@ -85,12 +85,46 @@ def test_real_run_on_a_tiny_model(tiny_gguf, capsys):
 def test_probe_after_each_run_is_recorded(tiny_gguf, capsys, monkeypatch):
     mod = decode_after()
     calls = []
-    monkeypatch.setattr(mod, "probe", lambda threads: calls.append(threads) or 12.5)
+    readings = iter([10.0, 20.0, 21.0, 40.0, 12.0])
+    monkeypatch.setattr(mod, "probe", lambda threads: calls.append(threads) or {"best": next(readings)})
     assert mod.main([str(tiny_gguf), "--rounds", "2", "--tg", "4", "--pp", "8", "--conditions", "warm,pp",
                      "--probe", "--threads", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert calls == [1] * 4
-    assert all(r["probe_gbps"] == 12.5 for rs in doc["runs"].values() for r in rs)
+    assert calls == [1] * 5  # one before the first run, one after each
+    # the order: warm, pp | pp, warm; each run's "before" is the probe that came before it
+    assert [[r["probe_before_gbps"], r["probe_gbps"]] for r in doc["runs"]["warm"]] == [[10.0, 20.0], [40.0, 12.0]]
+    assert [[r["probe_before_gbps"], r["probe_gbps"]] for r in doc["runs"]["pp"]] == [[20.0, 21.0], [21.0, 40.0]]
+    assert doc["bytes_per_token"] > 0
+    own = doc["own_bound"]
+    assert own["warm"]["phase_changed"] == 2 and own["warm"]["pct_steady_min"] is None
+    assert own["pp"]["phase_changed"] == 1 and own["pp"]["n"] == 2
+    assert own["pp"]["lost_cpu"] == 0 and "probe_cpu_gbps" not in run_keys(doc)  # the fake kept no CPU clock
+    run = doc["runs"]["pp"][0]
+    ts = len(run["steps"]) / sum(run["steps"])
+    assert own["pp"]["pct_steady_min"] == pytest.approx(100 * ts * doc["bytes_per_token"] / 20.5e9)
+
+
+def test_own_bound_per_condition():
+    mod = decode_after()
+    # 1 GB a step; steps of 0.1 s: 10 t/s, 10 GB/s read
+    runs = {"warm": [dict(_run([0.1] * 4), probe_before_gbps=20.0, probe_gbps=20.0),
+                     dict(_run([0.1] * 4), probe_before_gbps=10.0, probe_gbps=11.0),
+                     dict(_run([0.1] * 4), probe_before_gbps=10.0, probe_gbps=40.0)]}
+    o = mod.own_bound(runs, 10**9)["warm"]
+    assert [r["pct"] for r in o["runs"]] == pytest.approx([50.0, 100 / 1.05, 40.0])
+    assert o["phase_changed"] == 1 and o["pct_steady_min"] == pytest.approx(50.0)  # the 40 % run is flagged
+    assert o["read_gbs"] == pytest.approx(10.0) and o["lost_cpu"] == 0
+    # by CPU time the 20 GB/s run's probes read 30: they lost the CPU, so that run is left out of "agree" too
+    cpu = [(30.0, 30.0), (10.5, 11.0), (10.0, 40.0)]
+    for r, (before, after) in zip(runs["warm"], cpu, strict=True):
+        r.update(probe_before_cpu_gbps=before, probe_cpu_gbps=after)
+    o = mod.own_bound(runs, 10**9)["warm"]
+    assert [r["lost_cpu"] for r in o["runs"]] == [True, False, False] and o["lost_cpu"] == 1
+    assert o["pct_steady_min"] == pytest.approx(100 / 1.05) and o["pct_steady"] == pytest.approx(100 / 1.05)
+
+
+def run_keys(doc: dict) -> set:
+    return {k for rs in doc["runs"].values() for r in rs for k in r}
 
 
 def test_a_run_no_longer_than_the_head_has_no_rest():

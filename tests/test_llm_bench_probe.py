@@ -57,6 +57,7 @@ def test_table_percent_of_bound_uses_each_runs_probes():
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[10] == "50 / 50"  # 16 / 32 and 28.5 / 57: each against its own median
     assert cells[11] == "30.0 -> 34.0 / 56.0 -> 58.0"
+    assert cells[12] == "16.0 / 28.5"  # the GB/s each decode read: t/s x 1 GB a token, beside its probes
     assert "session start): 57.0 GB/s" in table
 
     row_start = dict(row, **{"llama.cpp": _run(16.0, None), "hetero": _run(28.5, None)})
