@@ -69,20 +69,10 @@ struct Forest {
     return nullptr;
   }
 
-  // The leaves of one row x for trees [t0, t1) into leaves[0, t1 - t0): trees side by side (vw: kTreeLanes of them;
-  // else four while the walk is LEQ), each lane reading the same row.
-  void row_leaves(const T* x, i64 t0, i64 t1, TreeWalkFn vw, std::int32_t* leaves) const {
+  // The leaves of one row x for trees [t0, t1) into leaves[0, t1 - t0): four trees side by side while the walk is
+  // LEQ (the vector walk of the rows loses here: measured, see docs/onnx-models.md).
+  void row_leaves(const T* x, i64 t0, i64 t1, std::int32_t* leaves) const {
     i64 t = t0;
-    if constexpr (std::is_same_v<T, double>) {
-      if (vw) {
-        static const std::int32_t zeros[kTreeLanes] = {};
-        for (; t < t1; t += kTreeLanes) {
-          const int n = static_cast<int>(std::min<i64>(kTreeLanes, t1 - t));
-          vw(packed.data(), x, roots.data() + t, zeros, n, uniform == LT, leaves + (t - t0));
-        }
-        return;
-      }
-    }
     const T* xs[4] = {x, x, x, x};
     if (uniform == LEQ)
       for (; t + 3 < t1; t += 4) leaf4(roots.data() + t, xs, leaves + (t - t0));
@@ -226,7 +216,7 @@ struct Forest {
           std::int32_t lv[kTreeLanes];
           for (i64 t = 0; t < n_trees; t += kTreeLanes) {
             const i64 e = std::min<i64>(n_trees, t + kTreeLanes);
-            row_leaves(x + b0 * stride, t, e, nullptr, lv);
+            row_leaves(x + b0 * stride, t, e, lv);
             for (i64 k = 0; k < e - t; ++k) {
               const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
               out[b0 * n_targets + f.feature] += f.threshold;
@@ -297,7 +287,7 @@ struct Forest {
     const i64 chunks = std::min<i64>(n_trees, 4 * threads);
     parallel_for(chunks, threads, [&](i64 c) {
       const i64 t0 = n_trees * c / chunks, t1 = n_trees * (c + 1) / chunks;
-      for (i64 r = 0; r < rows; ++r) row_leaves(x + r * stride, t0, t1, nullptr, leaves.data() + r * n_trees + t0);
+      for (i64 r = 0; r < rows; ++r) row_leaves(x + r * stride, t0, t1, leaves.data() + r * n_trees + t0);
     });
     for (i64 r = 0; r < rows; ++r) {
       T* s = out + r * n_targets;
