@@ -4,9 +4,9 @@
 // threshold type (float or double). That order is the reference's and onnxruntime's at one thread: the sums match
 // bit for bit. Post transforms, labels and float16 stay in Python (a few values per row).
 //
-// On AVX-512, a forest of double thresholds with one comparison mode and one weight per leaf (LightGBM's, sklearn's)
-// walks 8-32 rows of a block through a tree as vector lanes (trees_avx512.cpp, 16-byte nodes of trees.hpp): the same
-// double comparisons, so the same leaves and sums.
+// On AVX-512, a forest with one comparison mode and one weight per leaf (LightGBM's, sklearn's regressors) walks 8-32
+// rows of a block through a tree as vector lanes (trees_avx512.cpp, 16-byte nodes of trees.hpp): the same
+// comparisons (float ones widened to double, exactly), so the same leaves and sums.
 //
 // Threads: over blocks of rows (each row's sum stays in one thread, in order); with fewer rows than threads (one
 // row: the usual request of a served model), over chunks of trees finding each (row, tree)'s leaf, then the rows
@@ -16,7 +16,6 @@
 #include <cstring>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "onnx_py.hpp"
@@ -56,13 +55,13 @@ struct Forest {
   // Every leaf has one (target, weight) pair (TreeEnsemble's leaves always): kept in the leaf node itself (target
   // in `feature`, weight in `threshold`), which the walk has just read.
   bool single = false;
-  // The 16-byte copy of the nodes for the vector walk (trees.hpp): double thresholds, one mode (uniform), single
+  // The 16-byte copy of the nodes for the vector walk (trees.hpp): thresholds as double, one mode (uniform), single
   // leaves, every false child right after its parent; empty otherwise.
   std::vector<TreeNode16> packed;
   std::size_t n_reached = 0;  // nodes a root reaches: renumbered first (the rest after them, never walked)
 
   // The vector walk of this CPU for this forest, or nullptr.
-  TreeWalkFn vector_walk() const {
+  TreeWalkFn<T> vector_walk() const {
 #ifdef HETERO_TREES_X86
     if (!packed.empty() && std::strcmp(active().name, "avx512") == 0) return tree_walk_avx512;
 #endif
@@ -199,7 +198,7 @@ struct Forest {
     std::vector<std::uint8_t> scratch_hit;
     // hit only matters to MIN / MAX and to the classifier (which asks for it)
     const bool sum_single = single && (aggregate == SUM || aggregate == AVERAGE) && !hit_out;
-    const TreeWalkFn vw = sum_single ? vector_walk() : nullptr;
+    const TreeWalkFn<T> vw = sum_single ? vector_walk() : nullptr;
     // the vector walk's lanes address a block's rows as int32 offsets into it
     const bool vw_rows = vw != nullptr && static_cast<double>(stride) * kTreeLanes < 2147483647.0;
     std::int32_t row_offset[kTreeLanes];
@@ -223,16 +222,14 @@ struct Forest {
             }
           }
         } else if (sum_single && vw && vw_rows) {  // up to kTreeLanes rows through each tree as vector lanes
-          if constexpr (std::is_same_v<T, double>) {
-            std::int32_t start[kTreeLanes], lv[kTreeLanes];
-            const int n = static_cast<int>(b1 - b0);
-            for (i64 t = 0; t < n_trees; ++t) {
-              std::fill(start, start + n, roots[static_cast<std::size_t>(t)]);
-              vw(packed.data(), x + b0 * stride, start, row_offset, n, uniform == LT, lv);
-              for (int k = 0; k < n; ++k) {
-                const TreeNode16& f = packed[static_cast<std::size_t>(lv[k])];
-                out[(b0 + k) * n_targets + (f.meta & kTreeIndexMask)] += f.threshold;
-              }
+          std::int32_t start[kTreeLanes], lv[kTreeLanes];
+          const int n = static_cast<int>(b1 - b0);
+          for (i64 t = 0; t < n_trees; ++t) {
+            std::fill(start, start + n, roots[static_cast<std::size_t>(t)]);
+            vw(packed.data(), x + b0 * stride, start, row_offset, n, uniform == LT, lv);
+            for (int k = 0; k < n; ++k) {
+              const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
+              out[(b0 + k) * n_targets + f.feature] += f.threshold;
             }
           }
         } else if (sum_single) {  // summed one-pair leaves: the leaf's weight straight into its target's score
@@ -330,7 +327,7 @@ class PyTreeForest {
   bool is_double() const { return is_double_; }
   i64 n_targets() const { return is_double_ ? d_.n_targets : f_.n_targets; }
   i64 n_features() const { return is_double_ ? d_.n_features : f_.n_features; }
-  bool vector_layout() const { return is_double_ && !d_.packed.empty(); }
+  bool vector_layout() const { return is_double_ ? !d_.packed.empty() : !f_.packed.empty(); }
   i64 n_trees() const { return static_cast<i64>(is_double_ ? d_.roots.size() : f_.roots.size()); }
 
   void run(const py::array& x, const py::array& out, const py::object& hit) const {
@@ -436,7 +433,7 @@ class PyTreeForest {
       if (static_cast<i64>(f.base.size()) != n_targets) fail("TreeForest: base has the wrong length");
     }
     renumber(f, n);
-    if constexpr (std::is_same_v<T, double>) pack(f, n);
+    pack(f, n);
     if (!members.empty()) {
       f.member_start.assign(n, 0);
       f.member_count.assign(n, 0);
@@ -503,14 +500,15 @@ class PyTreeForest {
   }
 
   // The 16-byte nodes of the vector walk, where the forest is one the walk takes (trees.hpp).
-  static void pack(Forest<double>& f, std::size_t n) {
+  template <class T>
+  static void pack(Forest<T>& f, std::size_t n) {
     if (!f.single || f.uniform < 0 || n >= kTreeIndexMask || f.n_features >= kTreeIndexMask ||
         f.n_targets >= kTreeIndexMask)
       return;
     std::vector<TreeNode16> p(n);
     for (std::size_t i = 0; i < n; ++i) {
-      const Node<double>& d = f.nodes[i];
-      p[i].threshold = d.threshold;
+      const Node<T>& d = f.nodes[i];
+      p[i].threshold = static_cast<double>(d.threshold);  // float: exact
       p[i].meta = static_cast<std::uint32_t>(d.feature);
       if (d.mode == LEAF || i >= f.n_reached) {
         p[i].meta |= kTreeLeaf;

@@ -1,5 +1,5 @@
-// Shared by trees.cpp and its per-ISA walks (trees_avx512.cpp): the 16-byte node of a forest of double thresholds
-// whose interior nodes all compare one way (BRANCH_LEQ or BRANCH_LT) and whose leaves hold one weight each.
+// Shared by trees.cpp and its per-ISA walks (trees_avx512.cpp): the 16-byte node of a forest (thresholds as double,
+// float ones widened) whose interior nodes all compare one way (BRANCH_LEQ or BRANCH_LT) and whose leaves hold one weight each.
 #pragma once
 
 #include <cstdint>
@@ -21,13 +21,16 @@ constexpr std::uint32_t kTreeMissingYes = 1u << 30;  // a NaN feature takes `yes
 constexpr std::uint32_t kTreeIndexMask = kTreeMissingYes - 1;
 
 // Walks n (<= kTreeLanes) lanes to their leaves: lane k starts at node start[k] and reads its features at
-// x + offset[k] (offset + feature < 2^31 doubles), so lanes are rows of one tree or trees of one row. leaf[k]: the
+// x + offset[k] (offset + feature < 2^31 values), so lanes are rows of one tree or trees of one row. leaf[k]: the
 // leaf's node index. lt: every interior node is BRANCH_LT (else BRANCH_LEQ). The comparisons are the scalar walk's,
-// in double: the same leaf for every input, NaN included.
+// in double (float features and thresholds widened exactly: the same order, NaN kept): the same leaf for every input.
 constexpr int kTreeLanes = 32;
-using TreeWalkFn = void (*)(const TreeNode16* nodes, const double* x, const std::int32_t* start,
+template <class X>
+using TreeWalkFn = void (*)(const TreeNode16* nodes, const X* x, const std::int32_t* start,
                             const std::int32_t* offset, int n, bool lt, std::int32_t* leaf);
 void tree_walk_avx512(const TreeNode16* nodes, const double* x, const std::int32_t* start,
+                      const std::int32_t* offset, int n, bool lt, std::int32_t* leaf);
+void tree_walk_avx512(const TreeNode16* nodes, const float* x, const std::int32_t* start,
                       const std::int32_t* offset, int n, bool lt, std::int32_t* leaf);
 
 }  // namespace hetero

@@ -9,8 +9,8 @@
 namespace hetero {
 namespace {
 
-template <bool LT, int G>
-void walk(const TreeNode16* nodes, const double* x, const std::int32_t* start, const std::int32_t* offset, int n,
+template <bool LT, int G, class X>
+void walk(const TreeNode16* nodes, const X* x, const std::int32_t* start, const std::int32_t* offset, int n,
           std::int32_t* leaf) {
   const char* base = reinterpret_cast<const char*>(nodes);
   const __m256i leaf_bit = _mm256_set1_epi32(static_cast<int>(kTreeLeaf));
@@ -38,7 +38,11 @@ void walk(const TreeNode16* nodes, const double* x, const std::int32_t* start, c
       a &= static_cast<__mmask8>(~_mm256_test_epi32_mask(meta, leaf_bit));
       act[g] = a;
       const __m256i xo = _mm256_add_epi32(off[g], _mm256_and_si256(meta, index_mask));
-      const __m512d v = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), a, xo, x, 8);
+      __m512d v;
+      if constexpr (sizeof(X) == 8)
+        v = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), a, xo, x, 8);
+      else  // float features widened: exact, so the double compare orders them as float would
+        v = _mm512_cvtps_pd(_mm256_mmask_i32gather_ps(_mm256_setzero_ps(), a, xo, x, 4));
       __mmask8 c = _mm512_mask_cmp_pd_mask(a, v, th, LT ? _CMP_LT_OQ : _CMP_LE_OQ);
       c |= _mm512_mask_cmp_pd_mask(_mm256_mask_test_epi32_mask(a, meta, missing_bit), v, v, _CMP_UNORD_Q);
       const __m256i yes = _mm512_cvtepi64_epi32(_mm512_srli_epi64(meta_yes, 32));
@@ -52,18 +56,26 @@ void walk(const TreeNode16* nodes, const double* x, const std::int32_t* start, c
   for (int k = 0; k < n; ++k) leaf[k] = tmp[k];
 }
 
-template <bool LT>
-void walk_n(const TreeNode16* nodes, const double* x, const std::int32_t* start, const std::int32_t* offset, int n,
+template <bool LT, class X>
+void walk_n(const TreeNode16* nodes, const X* x, const std::int32_t* start, const std::int32_t* offset, int n,
             std::int32_t* leaf) {
-  if (n <= 8) return walk<LT, 1>(nodes, x, start, offset, n, leaf);
-  if (n <= 16) return walk<LT, 2>(nodes, x, start, offset, n, leaf);
-  if (n <= 24) return walk<LT, 3>(nodes, x, start, offset, n, leaf);
-  walk<LT, 4>(nodes, x, start, offset, n, leaf);
+  if (n <= 8) return walk<LT, 1, X>(nodes, x, start, offset, n, leaf);
+  if (n <= 16) return walk<LT, 2, X>(nodes, x, start, offset, n, leaf);
+  if (n <= 24) return walk<LT, 3, X>(nodes, x, start, offset, n, leaf);
+  walk<LT, 4, X>(nodes, x, start, offset, n, leaf);
 }
 
 }  // namespace
 
 void tree_walk_avx512(const TreeNode16* nodes, const double* x, const std::int32_t* start,
+                      const std::int32_t* offset, int n, bool lt, std::int32_t* leaf) {
+  if (lt)
+    walk_n<true>(nodes, x, start, offset, n, leaf);
+  else
+    walk_n<false>(nodes, x, start, offset, n, leaf);
+}
+
+void tree_walk_avx512(const TreeNode16* nodes, const float* x, const std::int32_t* start,
                       const std::int32_t* offset, int n, bool lt, std::int32_t* leaf) {
   if (lt)
     walk_n<true>(nodes, x, start, offset, n, leaf);

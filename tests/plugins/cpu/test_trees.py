@@ -110,20 +110,22 @@ def _isas() -> list[str]:
     return [isa for isa in ("avx512", "avx2", "generic") if isa in isas][:2]
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("modes", [[0], [1]])
-def test_vector_walk_row_counts(modes: list[int]) -> None:
-    """Double features through BRANCH_LEQ / LT forests, deep trees: the AVX-512 walk (rows of a block of 32 as
-    lanes: 1-4 vectors of eight, a partial one at each tail) against the reference and the scalar walks, on row
-    counts around the lanes and the block, NaN features both ways."""
+def test_vector_walk_row_counts(modes: list[int], dtype: type) -> None:
+    """Double and float features through BRANCH_LEQ / LT forests, deep trees: the AVX-512 walk (rows of a block of
+    32 as lanes: 1-4 vectors of eight, a partial one at each tail; float values and thresholds compared widened to
+    double) against the reference and the scalar walks, on row counts around the lanes and the block, NaN features
+    both ways."""
     trees = forest(11 + modes[0], 40, modes, n_targets=3, depth=10)
-    model = v5_model(trees, 3, np.float64)
-    xs = [rows(np.random.default_rng(n), n, np.float64) for n in (1, 2, 7, 8, 9, 24, 25, 31, 32, 33, 65, 100)]
+    model = v5_model(trees, 3, dtype)
+    xs = [rows(np.random.default_rng(n), n, dtype) for n in (1, 2, 7, 8, 9, 24, 25, 31, 32, 33, 65, 100)]
     xs[-1][5] = np.nan  # a row of NaN only
     from hetero.contract import trees as ml
     from hetero_cpu.kernels.trees import native_forest
 
     node = hetero.load(model).nodes[0]
-    assert native_forest(ml.forest_for(node, np.dtype(np.float64)), with_base=True).vector_layout
+    assert native_forest(ml.forest_for(node, np.dtype(dtype)), with_base=True).vector_layout
     before = native.isa()
     try:
         for isa in _isas():
