@@ -152,3 +152,17 @@ def test_vector_walk_declines_shared_subtrees() -> None:
     a = np.where(x[:, 2] <= 0, 2.0, 3.0)
     want = np.where(x[:, 0] <= 0, np.where(x[:, 1] <= 0, 1.0, a), a)
     np.testing.assert_array_equal(out[:, 0], want)
+
+
+@pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE"])
+def test_vector_walk_regressor_base_and_average(aggregate: str) -> None:
+    """sklearn's shape of forest (TreeEnsembleRegressor, BRANCH_LEQ, float, one vote per leaf) on the vector walk:
+    the average and the base values applied after the walk's sums."""
+    trees = forest(21, 30, [0], n_targets=2, depth=7)
+    model = legacy_model(trees, 2, TensorProto.FLOAT, False, aggregate=aggregate, base=[0.25, -3.0])
+    from hetero.contract import trees as ml
+    from hetero_cpu.kernels.trees import native_forest
+
+    node = hetero.load(model).nodes[0]
+    assert native_forest(ml.forest_for(node, np.dtype(np.float32)), with_base=True).vector_layout
+    _same(model, [rows(np.random.default_rng(n), n, np.float32) for n in (1, 9, 40)])
