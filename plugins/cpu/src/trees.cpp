@@ -4,16 +4,22 @@
 // threshold type (float or double). That order is the reference's and onnxruntime's at one thread: the sums match
 // bit for bit. Post transforms, labels and float16 stay in Python (a few values per row).
 //
+// On AVX-512, a forest with one comparison mode and one weight per leaf (LightGBM's, sklearn's regressors) walks 8-32
+// rows of a block through a tree as vector lanes (trees_avx512.cpp, 16-byte nodes of trees.hpp): the same
+// comparisons (float ones widened to double, exactly), so the same leaves and sums.
+//
 // Threads: over blocks of rows (each row's sum stays in one thread, in order); with fewer rows than threads (one
 // row: the usual request of a served model), over chunks of trees finding each (row, tree)'s leaf, then the rows
 // summed in tree order by the caller.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "onnx_py.hpp"
+#include "trees.hpp"
 
 namespace hetero {
 namespace {
@@ -49,6 +55,28 @@ struct Forest {
   // Every leaf has one (target, weight) pair (TreeEnsemble's leaves always): kept in the leaf node itself (target
   // in `feature`, weight in `threshold`), which the walk has just read.
   bool single = false;
+  // The 16-byte copy of the nodes for the vector walk (trees.hpp): thresholds as double, one mode (uniform), single
+  // leaves, every false child right after its parent; empty otherwise.
+  std::vector<TreeNode16> packed;
+  std::size_t n_reached = 0;  // nodes a root reaches: renumbered first (the rest after them, never walked)
+
+  // The vector walk of this CPU for this forest, or nullptr.
+  TreeWalkFn<T> vector_walk() const {
+#ifdef HETERO_TREES_X86
+    if (!packed.empty() && std::strcmp(active().name, "avx512") == 0) return tree_walk_avx512;
+#endif
+    return nullptr;
+  }
+
+  // The leaves of one row x for trees [t0, t1) into leaves[0, t1 - t0): four trees side by side while the walk is
+  // LEQ (the vector walk of the rows loses here: measured, see docs/onnx-models.md).
+  void row_leaves(const T* x, i64 t0, i64 t1, std::int32_t* leaves) const {
+    i64 t = t0;
+    const T* xs[4] = {x, x, x, x};
+    if (uniform == LEQ)
+      for (; t + 3 < t1; t += 4) leaf4(roots.data() + t, xs, leaves + (t - t0));
+    for (; t < t1; ++t) leaves[t - t0] = leaf(roots[static_cast<std::size_t>(t)], x);
+  }
 
   template <int M>
   std::int32_t walk(std::int32_t i, const T* x) const {
@@ -170,28 +198,39 @@ struct Forest {
     std::vector<std::uint8_t> scratch_hit;
     // hit only matters to MIN / MAX and to the classifier (which asks for it)
     const bool sum_single = single && (aggregate == SUM || aggregate == AVERAGE) && !hit_out;
+    const TreeWalkFn<T> vw = sum_single ? vector_walk() : nullptr;
+    // the vector walk's lanes address a block's rows as int32 offsets into it
+    const bool vw_rows = vw != nullptr && static_cast<double>(stride) * kTreeLanes < 2147483647.0;
+    std::int32_t row_offset[kTreeLanes];
+    for (int k = 0; k < kTreeLanes; ++k) row_offset[k] = vw_rows ? static_cast<std::int32_t>(k * stride) : 0;
     auto rows_block = [&](i64 r0, i64 r1, std::uint8_t* hits) {
       // Up to 32 rows through each tree in turn: the tree's nodes stay in L1 across them (the rows, 64 KB at 261
       // double features, in L2).
-      constexpr i64 kBlock = 32;
+      constexpr i64 kBlock = kTreeLanes;
       for (i64 b0 = r0; b0 < r1; b0 += kBlock) {
         const i64 b1 = std::min(r1, b0 + kBlock);
         std::fill(out + b0 * n_targets, out + b1 * n_targets, T(0));
         std::fill(hits + b0 * n_targets, hits + b1 * n_targets, std::uint8_t(0));
-        if (sum_single && uniform == LEQ && b1 - b0 == 1) {  // one row: four trees side by side, added in order
-          const T* xs[4] = {x + b0 * stride, x + b0 * stride, x + b0 * stride, x + b0 * stride};
-          i64 t = 0;
-          for (; t + 3 < n_trees; t += 4) {
-            std::int32_t lv[4];
-            leaf4(roots.data() + t, xs, lv);
-            for (int k = 0; k < 4; ++k) {
+        if (sum_single && b1 - b0 == 1) {  // one row: trees side by side, added in order
+          std::int32_t lv[kTreeLanes];
+          for (i64 t = 0; t < n_trees; t += kTreeLanes) {
+            const i64 e = std::min<i64>(n_trees, t + kTreeLanes);
+            row_leaves(x + b0 * stride, t, e, lv);
+            for (i64 k = 0; k < e - t; ++k) {
               const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
               out[b0 * n_targets + f.feature] += f.threshold;
             }
           }
-          for (; t < n_trees; ++t) {
-            const Node<T>& f = nodes[static_cast<std::size_t>(leaf(roots[static_cast<std::size_t>(t)], xs[0]))];
-            out[b0 * n_targets + f.feature] += f.threshold;
+        } else if (sum_single && vw && vw_rows) {  // up to kTreeLanes rows through each tree as vector lanes
+          std::int32_t start[kTreeLanes], lv[kTreeLanes];
+          const int n = static_cast<int>(b1 - b0);
+          for (i64 t = 0; t < n_trees; ++t) {
+            std::fill(start, start + n, roots[static_cast<std::size_t>(t)]);
+            vw(packed.data(), x + b0 * stride, start, row_offset, n, uniform == LT, lv);
+            for (int k = 0; k < n; ++k) {
+              const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
+              out[(b0 + k) * n_targets + f.feature] += f.threshold;
+            }
           }
         } else if (sum_single) {  // summed one-pair leaves: the leaf's weight straight into its target's score
           for (i64 t = 0; t < n_trees; ++t) {
@@ -244,14 +283,8 @@ struct Forest {
     std::vector<std::int32_t> leaves(static_cast<std::size_t>(rows * n_trees));
     const i64 chunks = std::min<i64>(n_trees, 4 * threads);
     parallel_for(chunks, threads, [&](i64 c) {
-      const i64 e = n_trees * (c + 1) / chunks;
-      for (i64 r = 0; r < rows; ++r) {
-        const T* xs[4] = {x + r * stride, x + r * stride, x + r * stride, x + r * stride};
-        i64 t = n_trees * c / chunks;
-        if (uniform == LEQ)
-          for (; t + 3 < e; t += 4) leaf4(roots.data() + t, xs, leaves.data() + r * n_trees + t);
-        for (; t < e; ++t) leaves[static_cast<std::size_t>(r * n_trees + t)] = leaf(roots[static_cast<std::size_t>(t)], xs[0]);
-      }
+      const i64 t0 = n_trees * c / chunks, t1 = n_trees * (c + 1) / chunks;
+      for (i64 r = 0; r < rows; ++r) row_leaves(x + r * stride, t0, t1, leaves.data() + r * n_trees + t0);
     });
     for (i64 r = 0; r < rows; ++r) {
       T* s = out + r * n_targets;
@@ -294,6 +327,7 @@ class PyTreeForest {
   bool is_double() const { return is_double_; }
   i64 n_targets() const { return is_double_ ? d_.n_targets : f_.n_targets; }
   i64 n_features() const { return is_double_ ? d_.n_features : f_.n_features; }
+  bool vector_layout() const { return is_double_ ? !d_.packed.empty() : !f_.packed.empty(); }
   i64 n_trees() const { return static_cast<i64>(is_double_ ? d_.roots.size() : f_.roots.size()); }
 
   void run(const py::array& x, const py::array& out, const py::object& hit) const {
@@ -373,7 +407,8 @@ class PyTreeForest {
       d.yes = static_cast<std::int32_t>(yv[i]);
       d.no = static_cast<std::int32_t>(nv[i]);
       f.n_features = std::max<i64>(f.n_features, feat[i] + 1);
-      uniform = uniform == -2 ? d.mode : (uniform == d.mode ? uniform : -1);
+      // a node whose two branches agree (TreeEnsemble's single-leaf tree) compares nothing: any mode walks it
+      if (yv[i] != nv[i]) uniform = uniform == -2 ? d.mode : (uniform == d.mode ? uniform : -1);
     }
     f.uniform = (uniform == LEQ || uniform == LT) ? uniform : -1;
     f.single = true;
@@ -398,6 +433,7 @@ class PyTreeForest {
       if (static_cast<i64>(f.base.size()) != n_targets) fail("TreeForest: base has the wrong length");
     }
     renumber(f, n);
+    pack(f, n);
     if (!members.empty()) {
       f.member_start.assign(n, 0);
       f.member_count.assign(n, 0);
@@ -440,6 +476,7 @@ class PyTreeForest {
         stack.push_back(nd.no);  // popped next: right after its parent
       }
     }
+    f.n_reached = order.size();
     for (std::size_t i = 0; i < n; ++i)
       if (id[i] < 0) {
         id[i] = static_cast<std::int32_t>(order.size());
@@ -460,6 +497,29 @@ class PyTreeForest {
     f.pair_start.swap(ps);
     f.pair_count.swap(pc);
     for (auto& r : f.roots) r = id[static_cast<std::size_t>(r)];
+  }
+
+  // The 16-byte nodes of the vector walk, where the forest is one the walk takes (trees.hpp).
+  template <class T>
+  static void pack(Forest<T>& f, std::size_t n) {
+    if (!f.single || f.uniform < 0 || n >= kTreeIndexMask || f.n_features >= kTreeIndexMask ||
+        f.n_targets >= kTreeIndexMask)
+      return;
+    std::vector<TreeNode16> p(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Node<T>& d = f.nodes[i];
+      p[i].threshold = static_cast<double>(d.threshold);  // float: exact
+      p[i].meta = static_cast<std::uint32_t>(d.feature);
+      if (d.mode == LEAF || i >= f.n_reached) {
+        p[i].meta |= kTreeLeaf;
+        p[i].yes = static_cast<std::int32_t>(i);
+        continue;
+      }
+      if (d.no != static_cast<std::int32_t>(i) + 1) return;  // a shared subtree: renumber could not place it
+      if (d.missing_yes) p[i].meta |= kTreeMissingYes;
+      p[i].yes = d.yes;
+    }
+    f.packed.swap(p);
   }
 
   bool is_double_ = false;
@@ -487,6 +547,8 @@ void bind_trees(py::module_& m) {
       .def_property_readonly("n_targets", &PyTreeForest::n_targets)
       .def_property_readonly("n_features", &PyTreeForest::n_features)
       .def_property_readonly("n_trees", &PyTreeForest::n_trees)
+      .def_property_readonly("vector_layout", &PyTreeForest::vector_layout,
+                             "Whether the forest has the 16-byte nodes of the vector walk (trees.hpp).")
       .def("run", &PyTreeForest::run, py::arg("x"), py::arg("out"), py::arg("hit") = py::none(),
            "out[rows, n_targets] = the aggregated leaf weights (+ base) of contiguous x[rows, >= n_features] "
            "(float32 or float64, the thresholds' type); hit (uint8, same shape, optional): whether a leaf fed "

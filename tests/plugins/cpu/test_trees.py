@@ -1,7 +1,8 @@
 """The cpu backend's native tree-ensemble kernel (src/trees.cpp) against hetero's numpy reference, bit for bit: every
 comparison mode, missing values, aggregate and post transform, the older regressor / classifier ops, float and double
 features, and the row counts that take each path (one row and fewer rows than threads: leaves found per tree chunk;
-more: row blocks of 8 with a tail), on 1 and 2 threads, the replayed second run included."""
+more: row blocks of 32 with a tail; on AVX-512, double LEQ / LT forests walk a block's rows as vector lanes), on 1
+and 2 threads, the replayed second run included."""
 
 from __future__ import annotations
 
@@ -101,3 +102,67 @@ def test_many_trees_few_rows_split_over_tree_chunks(modes: list[int]) -> None:
     order."""
     trees = forest(5, 6000, modes, n_targets=2, depth=3)
     _same(v5_model(trees, 2, np.float64), [rows(np.random.default_rng(3), 3, np.float64)])
+
+
+def _isas() -> list[str]:
+    """The vector walk (avx512) and the scalar walks (any other ISA of this CPU)."""
+    isas = native.available_isas()
+    return [isa for isa in ("avx512", "avx2", "generic") if isa in isas][:2]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("modes", [[0], [1]])
+def test_vector_walk_row_counts(modes: list[int], dtype: type) -> None:
+    """Double and float features through BRANCH_LEQ / LT forests, deep trees: the AVX-512 walk (rows of a block of
+    32 as lanes: 1-4 vectors of eight, a partial one at each tail; float values and thresholds compared widened to
+    double) against the reference and the scalar walks, on row counts around the lanes and the block, NaN features
+    both ways."""
+    trees = forest(11 + modes[0], 40, modes, n_targets=3, depth=10)
+    model = v5_model(trees, 3, dtype)
+    xs = [rows(np.random.default_rng(n), n, dtype) for n in (1, 2, 7, 8, 9, 24, 25, 31, 32, 33, 65, 100)]
+    xs[-1][5] = np.nan  # a row of NaN only
+    from hetero.contract import trees as ml
+    from hetero_cpu.kernels.trees import native_forest
+
+    node = hetero.load(model).nodes[0]
+    assert native_forest(ml.forest_for(node, np.dtype(dtype)), with_base=True).vector_layout
+    before = native.isa()
+    try:
+        for isa in _isas():
+            native.set_isa(isa)
+            _same(model, xs)
+    finally:
+        native.set_isa(before)
+
+
+def test_vector_walk_declines_shared_subtrees() -> None:
+    """A tree whose subtree A is the false child of two nodes: depth-first numbering cannot put A right after both,
+    so the 16-byte layout (false child = next node) is not built and the scalar walk answers."""
+    i64 = np.int64
+    # 0: x0 <= 0 ? B : A;  1 (B): x1 <= 0 ? leaf 3 : A;  2 (A): x2 <= 0 ? leaf 4 : leaf 5
+    f = native.TreeForest(
+        np.array([0, 1, 2, 0, 0, 0], i64), np.zeros(6), np.array([0, 0, 0, 7, 7, 7], np.uint8),
+        np.array([1, 3, 4, 3, 4, 5], i64), np.array([2, 2, 5, 3, 4, 5], i64), np.zeros(6, np.uint8),
+        np.array([0, 0, 0, 0, 1, 2], i64), np.array([0, 0, 0, 1, 1, 1], i64), np.zeros(3, i64),
+        np.array([1.0, 2.0, 3.0]), np.array([0], i64), 1, "SUM", np.zeros(0), [])
+    x = np.random.default_rng(0).choice([-1.0, 1.0], (40, 3))
+    assert not f.vector_layout
+    out = np.zeros((40, 1))
+    f.run(x, out)
+    a = np.where(x[:, 2] <= 0, 2.0, 3.0)
+    want = np.where(x[:, 0] <= 0, np.where(x[:, 1] <= 0, 1.0, a), a)
+    np.testing.assert_array_equal(out[:, 0], want)
+
+
+@pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE"])
+def test_vector_walk_regressor_base_and_average(aggregate: str) -> None:
+    """sklearn's shape of forest (TreeEnsembleRegressor, BRANCH_LEQ, float, one vote per leaf) on the vector walk:
+    the average and the base values applied after the walk's sums."""
+    trees = forest(21, 30, [0], n_targets=2, depth=7)
+    model = legacy_model(trees, 2, TensorProto.FLOAT, False, aggregate=aggregate, base=[0.25, -3.0])
+    from hetero.contract import trees as ml
+    from hetero_cpu.kernels.trees import native_forest
+
+    node = hetero.load(model).nodes[0]
+    assert native_forest(ml.forest_for(node, np.dtype(np.float32)), with_base=True).vector_layout
+    _same(model, [rows(np.random.default_rng(n), n, np.float32) for n in (1, 9, 40)])
