@@ -1530,3 +1530,71 @@ def test_gather_of_static_dims_of_a_partly_dynamic_shape_folds():
         got = session.run({"x": np.zeros((n, 3, 5, 7), np.float32)})
         np.testing.assert_array_equal(got["y"], [10, 14])
         assert int(got["z"]) == n + 7
+
+
+def _pad_conv_model(x_shape, full_pads, perm=None, conv=None, mode="constant", value=None, opset=17,
+                    pad_reader=False, transpose_reader=False, cout=6):
+    """Pad (``full_pads``: every axis of x, begins then ends) [-> Transpose(perm)] -> Conv of ``cout`` channels."""
+    conv = {"kernel_shape": [3] * (len(x_shape) - 2), **(conv or {})}
+    axis, rank = (perm[1] if perm else 1), len(x_shape)
+    cin = x_shape[axis] + full_pads[axis] + full_pads[rank + axis]  # the padded map's channels
+    rng = np.random.default_rng(44)
+    w = rng.normal(size=(cout, cin // conv.get("group", 1), *conv["kernel_shape"])).astype(np.float32)
+    inits = [("w", w), ("b", rng.normal(size=cout).astype(np.float32))]
+    if opset >= 11:
+        pad = helper.make_node("Pad", ["x", "pads"] + (["value"] if value is not None else []), ["p"], mode=mode)
+        inits.append(("pads", np.array(full_pads, np.int64)))
+        inits += [("value", np.array(value, np.float32))] if value is not None else []
+    else:
+        pad = helper.make_node("Pad", ["x"], ["p"], mode=mode, pads=full_pads, value=value or 0.0)
+    nodes = [pad]
+    if perm:
+        nodes.append(helper.make_node("Transpose", ["p"], ["t"], perm=perm))
+    nodes.append(helper.make_node("Conv", ["t" if perm else "p", "w", "b"], ["y"], **conv))
+    outputs = [("y", TensorProto.FLOAT, None)]
+    for reader, name in ((pad_reader, "p"), (transpose_reader, "t")):
+        if reader:
+            nodes.append(helper.make_node("Neg", [name], [name + "_neg"]))
+            outputs.append((name + "_neg", TensorProto.FLOAT, None))
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", *x_shape[1:]])], outputs, inits, opset=opset)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x_shape, full_pads, perm, conv, value, opset", [
+    ((1, 17, 16, 3), [0, 3, 3, 0, 0, 3, 3, 0], [0, 3, 1, 2], {"kernel_shape": [7, 7], "strides": [2, 2]}, None, 17),
+    ((2, 4, 9, 8), [0, 0, 1, 0, 0, 0, 2, 1], None, None, 0.0, 17),  # asymmetric, the value given
+    ((1, 4, 9, 8), [0, 0, 1, 1, 0, 0, 1, 1], None, {"pads": [1, 0, 0, 2]}, None, 17),  # added to the conv's pads
+    ((1, 6, 7, 7), [0, 0, 2, 2, 0, 0, 2, 2], None, {"group": 2, "dilations": [2, 2]}, None, 17),
+    ((1, 1, 1, 4), [0, 1, 1, 0, 0, 1, 1, 0], [0, 3, 1, 2], None, None, 17),  # a 1-pixel map
+    ((2, 3, 11), [0, 0, 2, 0, 0, 1], None, {"strides": [2]}, None, 17),  # 1-D
+    ((1, 4, 9, 8), [0, 0, 1, 2, 0, 0, 1, 0], None, {"auto_pad": "VALID"}, None, 10),  # opset 10's attributes
+])
+def test_zero_pad_becomes_the_conv_padding(backend, x_shape, full_pads, perm, conv, value, opset):
+    model = _pad_conv_model(x_shape, full_pads, perm, conv, value=value, opset=opset)
+    rng = np.random.default_rng(45)
+    for n in (x_shape[0], 3):
+        x = rng.normal(size=(n, *x_shape[1:])).astype(np.float32)
+        session = _compare(model, {"x": x}, backend, rtol=1e-4, atol=1e-5)
+        assert session.rewrites["fold_pad_into_conv"] == 1
+        assert "Pad" not in _ops(session)
+
+
+@pytest.mark.parametrize("full_pads, perm, conv, mode, value, pad_reader, transpose_reader", [
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, None, "constant", 1.0, False, False),  # not zeros
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, None, "edge", None, False, False),
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, None, "reflect", None, False, False),
+    ([0, 1, 1, 1, 0, 0, 1, 1], None, None, "constant", None, False, False),  # the channels padded
+    ([0, 1, 1, 0, 0, 1, 1, 0], [0, 2, 3, 1], None, "constant", None, False, False),  # H becomes the channels
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, {"auto_pad": "SAME_UPPER"}, "constant", None, False, False),
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, None, "constant", None, True, False),  # the padded map read elsewhere
+    ([0, 1, 1, 0, 0, 1, 1, 0], [0, 3, 1, 2], None, "constant", None, False, True),  # the transposed one too
+])
+def test_pad_left_before_conv_unless_zeros_of_the_spatial_axes(full_pads, perm, conv, mode, value, pad_reader,
+                                                               transpose_reader):
+    x_shape = (1, 6, 6, 6)
+    model = _pad_conv_model(x_shape, full_pads, perm, conv, mode, value, pad_reader=pad_reader,
+                            transpose_reader=transpose_reader)
+    x = np.random.default_rng(46).normal(size=x_shape).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=1e-5, atol=1e-5)
+    assert session.rewrites["fold_pad_into_conv"] == 0
+    assert "Pad" in _ops(session)
