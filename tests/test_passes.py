@@ -1436,3 +1436,165 @@ def test_depthwise_read_elsewhere_strided_or_padded_1x1_is_left_alone(stride, ex
     session = _compare(_dw_pointwise_model(stride, extra_reader, pw_pads), {"x": x}, "reference")
     assert session.rewrites["fuse_dw_pointwise"] == 0
     assert "DwPointwiseConv" not in _ops(session)
+
+
+def _pad_pool_model(x_shape, pads, mode="edge", value=None, pool=None, opset=17, axes=None, extra_reader=False):
+    """Pad (spatial ``pads``: begins then ends, ``axes`` the Pad's own axes input, opset 18) -> MaxPool."""
+    pool = {"kernel_shape": [3, 3], "strides": [2, 2], **(pool or {})}
+    rank = len(x_shape)
+    if axes is None:
+        full = [0, 0, *pads[:rank - 2], 0, 0, *pads[rank - 2:]]
+        inits = [("pads", np.array(full, np.int64))]
+    else:
+        inits = [("pads", np.array(pads, np.int64)), ("axes", np.array(axes, np.int64))]
+    pad_inputs = ["x", "pads"]
+    if value is not None or axes is not None:
+        pad_inputs.append("value" if value is not None else "")
+        if value is not None:
+            inits.append(("value", np.array(value, np.float32)))
+    if axes is not None:
+        pad_inputs.append("axes")
+    nodes = [helper.make_node("Pad", pad_inputs, ["p"], mode=mode), helper.make_node("MaxPool", ["p"], ["y"], **pool)]
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["p"], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", *list(x_shape[1:])])], outputs, inits, opset=opset)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x_shape, pads, pool, mode, value, axes, opset", [
+    ((1, 64, 112, 112), [0, 0, 1, 1], None, "edge", None, None, 17),  # open_nsfw's stem pool (TF's SAME)
+    ((2, 5, 9, 8), [1, 0, 1, 1], None, "edge", None, None, 17),  # odd and even sizes, pads on both sides
+    ((1, 3, 1, 1), [1, 1, 1, 1], {"strides": [1, 1]}, "edge", None, None, 17),  # a 1-pixel map
+    ((1, 4, 7, 6), [2, 1, 0, 2], {"kernel_shape": [3, 2], "strides": [1, 3]}, "edge", None, None, 17),
+    ((2, 3, 10, 11), [0, 2, 2, 0], None, "constant", -np.inf, None, 17),  # a constant -inf
+    ((1, 6, 9, 8), [0, 1], None, "edge", None, [3], 18),  # the axes input: the width's end alone
+    ((1, 6, 9, 9), [1, 1, 1, 1], None, "edge", None, [-2, -1], 18),
+    ((2, 4, 13), [1, 1], {"kernel_shape": [3], "strides": [2]}, "edge", None, None, 17),  # a 1-D pool
+])
+def test_edge_pad_becomes_the_max_pool_padding(backend, x_shape, pads, pool, mode, value, axes, opset):
+    model = _pad_pool_model(x_shape, pads, mode, value, pool, opset, axes)
+    rng = np.random.default_rng(41)
+    for n in (x_shape[0], 3):
+        x = rng.normal(size=(n, *x_shape[1:])).astype(np.float32)
+        x.reshape(-1)[:: 7] = np.nan if n == 3 else x.reshape(-1)[:: 7]  # NaN where the runtime's max keeps it
+        session = _compare(model, {"x": x}, backend, rtol=0, atol=0)
+        assert session.rewrites["fold_pad_into_max_pool"] == 1
+        assert _ops(session) == ["MaxPool"]
+
+
+@pytest.mark.parametrize("x_shape, pads, pool, mode, value, extra_reader", [
+    ((1, 2, 9, 9), [3, 0, 0, 0], None, "edge", None, False),  # the first window all padding (begin = k)
+    ((1, 2, 9, 9), [0, 0, 0, 3], {"strides": [1, 1]}, "edge", None, False),  # the last window all padding
+    ((1, 2, 9, 9), [1, 1, 1, 1], None, "constant", 0.0, False),  # zeros: a max over negatives would take them
+    ((1, 2, 9, 9), [1, 1, 1, 1], None, "reflect", None, False),
+    ((1, 2, 9, 9), [1, 1, 1, 1], {"pads": [1, 1, 1, 1]}, "edge", None, False),  # the pool pads too
+    ((1, 2, 9, 9), [1, 1, 1, 1], {"dilations": [2, 2]}, "edge", None, False),
+    ((1, 2, 9, 9), [1, 1, 1, 1], {"ceil_mode": 1}, "edge", None, False),
+    ((1, 2, 9, 9), [1, 1, 1, 1], None, "edge", None, True),  # the padded map read elsewhere
+])
+def test_pad_left_before_max_pool_unless_every_window_holds_an_input_value(x_shape, pads, pool, mode, value,
+                                                                           extra_reader):
+    model = _pad_pool_model(x_shape, pads, mode, value, pool, extra_reader=extra_reader)
+    x = np.random.default_rng(42).normal(size=x_shape).astype(np.float32) - 3  # all negative: zeros would show
+    session = _compare(model, {"x": x}, "reference", rtol=0, atol=0)
+    assert session.rewrites["fold_pad_into_max_pool"] == 0
+    assert "Pad" in _ops(session)
+
+
+def test_pad_of_the_channels_is_left_before_max_pool():
+    full = np.array([0, 1, 1, 1, 0, 0, 1, 1], np.int64)
+    model = make_model([helper.make_node("Pad", ["x", "pads"], ["p"], mode="edge"),
+                        helper.make_node("MaxPool", ["p"], ["y"], kernel_shape=[3, 3], strides=[2, 2])],
+                       [("x", TensorProto.FLOAT, [1, 2, 9, 9])], [("y", TensorProto.FLOAT, None)], [("pads", full)])
+    x = np.random.default_rng(43).normal(size=(1, 2, 9, 9)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=0, atol=0)
+    assert session.rewrites["fold_pad_into_max_pool"] == 0
+
+
+def test_gather_of_static_dims_of_a_partly_dynamic_shape_folds():
+    # [N, 3, 5, 7] with N dynamic: dims 2 and -1 (5, 7) are constants, dim 0 stays a run-time value
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "hw"], ["g"], axis=0),
+             helper.make_node("Gather", ["s", "n"], ["b"], axis=0),
+             helper.make_node("Shape", ["x"], ["t"], start=-2), helper.make_node("Gather", ["t", "one"], ["w"]),
+             helper.make_node("Mul", ["g", "two"], ["y"]), helper.make_node("Add", ["b", "w"], ["z"])]
+    inits = [("hw", np.array([2, -1], np.int64)), ("n", np.array(0, np.int64)), ("one", np.array(1, np.int64)),
+             ("two", np.array(2, np.int64))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, ["N", 3, 5, 7])],
+                       [("y", TensorProto.INT64, None), ("z", TensorProto.INT64, None)], inits)
+    session = hetero.Session(model, backends=["reference"])
+    assert "y" in session.graph.initializers  # Shape -> Gather -> Mul folded
+    assert _ops(session) == ["Shape", "Gather", "Add"]  # the batch dim's Gather (and the folded width) at run time
+    for n in (1, 4):
+        got = session.run({"x": np.zeros((n, 3, 5, 7), np.float32)})
+        np.testing.assert_array_equal(got["y"], [10, 14])
+        assert int(got["z"]) == n + 7
+
+
+def _pad_conv_model(x_shape, full_pads, perm=None, conv=None, mode="constant", value=None, opset=17,
+                    pad_reader=False, transpose_reader=False, cout=6):
+    """Pad (``full_pads``: every axis of x, begins then ends) [-> Transpose(perm)] -> Conv of ``cout`` channels."""
+    conv = {"kernel_shape": [3] * (len(x_shape) - 2), **(conv or {})}
+    axis, rank = (perm[1] if perm else 1), len(x_shape)
+    cin = x_shape[axis] + full_pads[axis] + full_pads[rank + axis]  # the padded map's channels
+    rng = np.random.default_rng(44)
+    w = rng.normal(size=(cout, cin // conv.get("group", 1), *conv["kernel_shape"])).astype(np.float32)
+    inits = [("w", w), ("b", rng.normal(size=cout).astype(np.float32))]
+    if opset >= 11:
+        pad = helper.make_node("Pad", ["x", "pads"] + (["value"] if value is not None else []), ["p"], mode=mode)
+        inits.append(("pads", np.array(full_pads, np.int64)))
+        inits += [("value", np.array(value, np.float32))] if value is not None else []
+    else:
+        pad = helper.make_node("Pad", ["x"], ["p"], mode=mode, pads=full_pads, value=value or 0.0)
+    nodes = [pad]
+    if perm:
+        nodes.append(helper.make_node("Transpose", ["p"], ["t"], perm=perm))
+    nodes.append(helper.make_node("Conv", ["t" if perm else "p", "w", "b"], ["y"], **conv))
+    outputs = [("y", TensorProto.FLOAT, None)]
+    for reader, name in ((pad_reader, "p"), (transpose_reader, "t")):
+        if reader:
+            nodes.append(helper.make_node("Neg", [name], [name + "_neg"]))
+            outputs.append((name + "_neg", TensorProto.FLOAT, None))
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", *x_shape[1:]])], outputs, inits, opset=opset)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x_shape, full_pads, perm, conv, value, opset", [
+    ((1, 17, 16, 3), [0, 3, 3, 0, 0, 3, 3, 0], [0, 3, 1, 2], {"kernel_shape": [7, 7], "strides": [2, 2]}, None, 17),
+    ((2, 4, 9, 8), [0, 0, 1, 0, 0, 0, 2, 1], None, None, 0.0, 17),  # asymmetric, the value given
+    ((1, 4, 9, 8), [0, 0, 1, 1, 0, 0, 1, 1], None, {"pads": [1, 0, 0, 2]}, None, 17),  # added to the conv's pads
+    ((1, 6, 7, 7), [0, 0, 2, 2, 0, 0, 2, 2], None, {"group": 2, "dilations": [2, 2]}, None, 17),
+    ((1, 1, 1, 4), [0, 1, 1, 0, 0, 1, 1, 0], [0, 3, 1, 2], None, None, 17),  # a 1-pixel map
+    ((2, 3, 11), [0, 0, 2, 0, 0, 1], None, {"strides": [2]}, None, 17),  # 1-D
+    ((1, 4, 9, 8), [0, 0, 1, 2, 0, 0, 1, 0], None, {"auto_pad": "VALID"}, None, 10),  # opset 10's attributes
+])
+def test_zero_pad_becomes_the_conv_padding(backend, x_shape, full_pads, perm, conv, value, opset):
+    model = _pad_conv_model(x_shape, full_pads, perm, conv, value=value, opset=opset)
+    rng = np.random.default_rng(45)
+    for n in (x_shape[0], 3):
+        x = rng.normal(size=(n, *x_shape[1:])).astype(np.float32)
+        session = _compare(model, {"x": x}, backend, rtol=1e-4, atol=1e-5)
+        assert session.rewrites["fold_pad_into_conv"] == 1
+        assert "Pad" not in _ops(session)
+
+
+@pytest.mark.parametrize("full_pads, perm, conv, mode, value, pad_reader, transpose_reader", [
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, None, "constant", 1.0, False, False),  # not zeros
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, None, "edge", None, False, False),
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, None, "reflect", None, False, False),
+    ([0, 1, 1, 1, 0, 0, 1, 1], None, None, "constant", None, False, False),  # the channels padded
+    ([0, 1, 1, 0, 0, 1, 1, 0], [0, 2, 3, 1], None, "constant", None, False, False),  # H becomes the channels
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, {"auto_pad": "SAME_UPPER"}, "constant", None, False, False),
+    ([0, 0, 1, 1, 0, 0, 1, 1], None, None, "constant", None, True, False),  # the padded map read elsewhere
+    ([0, 1, 1, 0, 0, 1, 1, 0], [0, 3, 1, 2], None, "constant", None, False, True),  # the transposed one too
+])
+def test_pad_left_before_conv_unless_zeros_of_the_spatial_axes(full_pads, perm, conv, mode, value, pad_reader,
+                                                               transpose_reader):
+    x_shape = (1, 6, 6, 6)
+    model = _pad_conv_model(x_shape, full_pads, perm, conv, mode, value, pad_reader=pad_reader,
+                            transpose_reader=transpose_reader)
+    x = np.random.default_rng(46).normal(size=x_shape).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=1e-5, atol=1e-5)
+    assert session.rewrites["fold_pad_into_conv"] == 0
+    assert "Pad" in _ops(session)

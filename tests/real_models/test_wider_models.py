@@ -81,8 +81,15 @@ def test_open_nsfw(agreement: Agreement) -> None:
     one, other = nsfw_image(0), nsfw_image(5)
     session = _check("open_nsfw", agreement, [{"input_0": one}, {"input_0": np.concatenate([one, other])}])
     transposes = [n for n in session.graph.nodes if n.op_type == "Transpose"]
-    # of 110: the input's to NCHW, one [2, 4] of the padding arithmetic, the last map's back to NHWC before its mean
-    assert len(transposes) == 3, [n.outputs for n in transposes]
+    # of 110: the input's to NCHW and the last map's back to NHWC before its mean (the [2, 4] one of the MaxPool's
+    # padding arithmetic folds: its Gathers read the Shape's static spatial dims)
+    assert len(transposes) == 2, [n.outputs for n in transposes]
+    # the stem's edge Pad is the MaxPool's own padding (fold_pad_into_max_pool), the input's zero Pad the 7 x 7
+    # stem's (fold_pad_into_conv, through the Transpose to NCHW)
+    (pool,) = [n for n in session.graph.nodes if n.op_type == "MaxPool"]
+    assert pool.attrs["pads"] == [0, 0, 1, 1] and session.rewrites["fold_pad_into_max_pool"] == 1
+    assert session.rewrites["fold_pad_into_conv"] == 1 and "Pad" not in [n.op_type for n in session.graph.nodes]
+    assert session.graph.nodes[1].attrs["pads"] == [3, 3, 3, 3]
 
 
 def test_romanizer_encoder_and_decoder_step(agreement: Agreement) -> None:

@@ -1895,6 +1895,169 @@ def fuse_add_layer_norm(graph: Graph) -> int:
     return count
 
 
+def _constant_pads(graph: Graph, pad: Node, rank: int) -> list[int] | None:
+    """A Pad's pads as ``[b0, .., b(rank-1), e0, .., e(rank-1)]`` (ONNX's order, every axis), where they (and its axes
+    input, if any) are constants and none is negative; else None."""
+    if graph.opset("") >= 11:
+        given = graph.initializers.get(pad.inputs[1]) if len(pad.inputs) > 1 and pad.inputs[1] else None
+        if given is None:
+            return None
+        pads = int_list(given)
+        axes = list(range(rank))
+        if len(pad.inputs) > 3 and pad.inputs[3]:
+            given_axes = graph.initializers.get(pad.inputs[3])
+            if given_axes is None:
+                return None
+            axes = [a + rank if a < 0 else a for a in int_list(given_axes)]
+    else:
+        pads, axes = [int(p) for p in pad.attrs.get("pads", [])], list(range(rank))
+    if len(pads) != 2 * len(axes) or len(set(axes)) != len(axes) or any(not 0 <= a < rank for a in axes):
+        return None
+    full = [0] * (2 * rank)
+    for i, a in enumerate(axes):
+        full[a], full[rank + a] = pads[i], pads[len(axes) + i]
+    return None if any(p < 0 for p in full) else full
+
+
+def _spatial_pads(graph: Graph, pad: Node, rank: int) -> list[int] | None:
+    """A Pad's begin / end pads over the spatial axes of a rank-``rank`` [N, C, ...] tensor (``[b0, b1, .., e0, e1,
+    ..]``, ONNX's pads order), where every pad is a non-negative constant and N and C are not padded; else None."""
+    full = _constant_pads(graph, pad, rank)
+    if full is None or any(full[a] or full[rank + a] for a in (0, 1)):
+        return None
+    return full[2:rank] + full[rank + 2:]
+
+
+def _pad_is_max_neutral(graph: Graph, pad: Node) -> bool:
+    """Whether a Pad's values can be replaced by MaxPool's own padding (which no window's max ever takes): "edge"
+    mode (each padded value repeats the nearest input value, which a window holding it and any input value also
+    holds), or a constant -inf."""
+    mode = pad.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "edge":
+        return True
+    if mode != "constant":
+        return False
+    if graph.opset("") < 11:
+        return float(pad.attrs.get("value", 0.0)) == -math.inf
+    given = graph.initializers.get(pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else None
+    return given is not None and np.asarray(given).size == 1 and float(np.asarray(given).reshape(-1)[0]) == -math.inf
+
+
+def fold_pad_into_max_pool(graph: Graph) -> int:
+    """``MaxPool(Pad(x))`` with an "edge" (or constant -inf) Pad of the spatial axes read by that MaxPool alone: the
+    MaxPool with the Pad's amounts as its own ``pads`` (TF's SAME max pools exported with an explicit Pad: open_nsfw's
+    edge Pad of its stem's 64 x 112 x 112 map was a pass of its own, ~1 % of the model). Only where every window holds
+    at least one input value (with stride s, kernel k and no dilation: begin pad < k and the last window starts in
+    the input): a window of padding alone would be -inf, where the edge Pad gave it the edge's value. Left alone: a
+    MaxPool with pads, auto_pad, ceil_mode, dilations, an Indices output, or a spatial size not known."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers = graph.producers()
+    for pool in list(graph.nodes):
+        if pool.op_key != ("", "MaxPool") or not pool.inputs or pool.inputs[0] not in producers:
+            continue
+        pad = producers[pool.inputs[0]]
+        if pad.op_key != ("", "Pad") or pad.outputs[0] in keep or _single_consumer(graph, pad.outputs[0]) is not pool:
+            continue
+        if len(pool.outputs) > 1 and pool.outputs[1]:
+            continue
+        auto_pad = pool.attrs.get("auto_pad", "NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        kernel = [int(k) for k in pool.attrs.get("kernel_shape", [])]
+        info = graph.values.get(pad.inputs[0])
+        if (auto_pad not in ("NOTSET", "VALID") or pool.attrs.get("ceil_mode", 0) or not kernel
+                or any(int(p) for p in pool.attrs.get("pads", [])) or pool.attrs.get("storage_order", 0)
+                or any(int(d) != 1 for d in pool.attrs.get("dilations", [])) or info is None or info.shape is None
+                or len(info.shape) != len(kernel) + 2 or not _pad_is_max_neutral(graph, pad)):
+            continue
+        sizes = [n for n in info.shape[2:] if isinstance(n, int)]
+        pads = _spatial_pads(graph, pad, len(info.shape))
+        if pads is None or len(sizes) != len(kernel):
+            continue
+        strides = [int(s) for s in pool.attrs.get("strides", [1] * len(kernel))]
+        rank = len(kernel)
+        fits = True
+        for d in range(rank):
+            n, k, s, begin, end = sizes[d], kernel[d], strides[d], pads[d], pads[rank + d]
+            windows = (n + begin + end - k) // s + 1
+            # the first window ends, and the last starts, inside the input
+            fits = fits and n > 0 and windows > 0 and begin < k and (windows - 1) * s - begin <= n - 1
+        if not fits:
+            continue
+        pool.inputs[0] = pad.inputs[0]
+        pool.attrs["pads"] = list(pads)
+        pool.attrs.pop("auto_pad", None)
+        graph.nodes.remove(pad)
+        count += 1
+    return count
+
+
+def _pad_is_zero(graph: Graph, pad: Node) -> bool:
+    """A constant-mode Pad whose value is 0 (given or by default)."""
+    mode = pad.attrs.get("mode", "constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+        return False
+    if graph.opset("") < 11:
+        return float(pad.attrs.get("value", 0.0)) == 0.0
+    if len(pad.inputs) < 3 or not pad.inputs[2]:
+        return True
+    given = graph.initializers.get(pad.inputs[2])
+    return given is not None and np.asarray(given).size == 1 and float(np.asarray(given).reshape(-1)[0]) == 0.0
+
+
+def fold_pad_into_conv(graph: Graph) -> int:
+    """``Conv(Pad(x))`` or ``Conv(Transpose(Pad(x)))`` with a constant-zero Pad of (what becomes) the spatial axes,
+    each read by the next alone: the Conv with the Pad's amounts added to its own ``pads`` (TF exports pad before a
+    VALID conv: open_nsfw's NHWC input padded by 3 and transposed to NCHW for its 7 x 7 stem, a pass over the input
+    and a Transpose of the padded copy; the conv kernels pad in their own input copies at the same cost). The
+    Transpose then reads x itself. Left alone: auto_pad other than NOTSET / VALID, a Pad of N or C, a shape not
+    known."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers = graph.producers()
+    for conv in list(graph.nodes):
+        if conv.op_key != ("", "Conv") or not conv.inputs or conv.inputs[0] not in producers:
+            continue
+        first = producers[conv.inputs[0]]
+        transpose = first if first.op_key == ("", "Transpose") else None
+        if transpose is not None and (transpose.inputs[0] not in producers or transpose.outputs[0] in keep
+                                      or _single_consumer(graph, transpose.outputs[0]) is not conv):
+            continue
+        pad = producers[transpose.inputs[0]] if transpose is not None else first
+        reader = transpose if transpose is not None else conv
+        if pad.op_key != ("", "Pad") or pad.outputs[0] in keep or _single_consumer(graph, pad.outputs[0]) is not reader:
+            continue
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        info = graph.values.get(pad.inputs[0])
+        if auto_pad not in ("NOTSET", "VALID") or info is None or info.shape is None or not _pad_is_zero(graph, pad):
+            continue
+        rank = len(info.shape)
+        perm = _explicit_perm(transpose) if transpose is not None else list(range(rank))
+        full = _constant_pads(graph, pad, rank)
+        if rank < 3 or perm is None or len(perm) != rank or full is None:
+            continue
+        # conv axis i is the Pad's axis perm[i]
+        begins, ends = [full[perm[i]] for i in range(rank)], [full[rank + perm[i]] for i in range(rank)]
+        if begins[0] or begins[1] or ends[0] or ends[1]:
+            continue
+        own = [int(p) for p in conv.attrs.get("pads", [0] * (2 * (rank - 2)))] if auto_pad == "NOTSET" else []
+        own = own or [0] * (2 * (rank - 2))
+        conv.attrs["pads"] = [own[i] + begins[2 + i] for i in range(rank - 2)] + \
+                             [own[rank - 2 + i] + ends[2 + i] for i in range(rank - 2)]
+        conv.attrs.pop("auto_pad", None)
+        if transpose is not None:
+            transpose.inputs[0] = pad.inputs[0]
+            # the Transpose's output is x's permuted: later passes read its shape
+            graph.values[transpose.outputs[0]] = TensorInfo(info.dtype, tuple(info.shape[p] for p in perm))
+        else:
+            conv.inputs[0] = pad.inputs[0]
+        graph.nodes.remove(pad)
+        count += 1
+    return count
+
+
 def fuse_add_relu(graph: Graph) -> int:
     """``Relu(Add(a, b))`` where the Add's output is read by that Relu alone: one ``hetero.AddRelu(a, b)`` (a
     residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks)."""
@@ -2012,7 +2175,8 @@ def fuse_dw_pointwise(graph: Graph) -> int:
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only). lower_contrib_ops first: the
 # standard nodes it writes for onnxruntime's contrib ops are what the fusions after it look for.
-DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transposes, fold_conv_batchnorm,
+DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transposes, fold_pad_into_max_pool,
+                                    fold_pad_into_conv, fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,

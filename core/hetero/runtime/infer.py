@@ -103,6 +103,7 @@ def fold_and_infer(graph: Graph, fold: bool = True) -> None:
     for name, array in graph.initializers.items():
         graph.values[name] = info_of(array)
     kept: list[Node] = []
+    partial_shapes: dict[str, list[int | None]] = {}  # a Shape's output not folded -> the dims it holds
     for node in graph.nodes:
         schema = registry.get(node.domain, node.op_type)
         opset = graph.opset(node.domain)
@@ -111,6 +112,12 @@ def fold_and_infer(graph: Graph, fold: bool = True) -> None:
             if name and info is None:
                 raise ShapeError(f"{node.label()}: input {name!r} has no known type")
         values = [known.get(n) if n else None for n in node.inputs]
+        if fold and node.op_key == ("", "Gather") and node.inputs[0] in partial_shapes:
+            picked = _static_dims_gathered(node, partial_shapes[node.inputs[0]], values[1])
+            if picked is not None:
+                known[node.outputs[0]] = graph.initializers[node.outputs[0]] = picked
+                graph.values[node.outputs[0]] = info_of(picked)
+                continue
         if node.op_key in SHAPE_ONLY_OPS:
             values = [_placeholder(i) if v is None and i is not None and i.is_static else v
                       for v, i in zip(values, infos, strict=True)]
@@ -126,9 +133,32 @@ def fold_and_infer(graph: Graph, fold: bool = True) -> None:
         for name, info in zip(node.outputs, out_infos, strict=True):
             if name:
                 graph.values[name] = info
+        if fold and node.op_key == ("", "Shape") and infos[0] is not None and infos[0].shape is not None:
+            partial_shapes[node.outputs[0]] = _shape_dims(node, infos[0].shape)
         kept.append(node)
     graph.nodes = kept
     prune(graph)
+
+
+def _shape_dims(shape_node: Node, dims: Sequence[int | str | None]) -> list[int | None]:
+    """The dims a Shape node outputs (its ``start`` / ``end`` applied), None where a dim is not a known number."""
+    rank = len(dims)
+    start, end = int(shape_node.attrs.get("start", 0)), int(shape_node.attrs.get("end", rank))
+    start, end = (min(max(i + rank if i < 0 else i, 0), rank) for i in (start, end))
+    return [d if isinstance(d, int) else None for d in dims[start:end]]
+
+
+def _static_dims_gathered(gather: Node, dims: list[int | None], indices: np.ndarray | None) -> np.ndarray | None:
+    """``Gather(Shape(x), indices)`` as a constant where every dim it picks is known, though others (a dynamic
+    batch) are not: TF exports compute SAME pads from the spatial dims this way (open_nsfw's MaxPool Pad), and the
+    chain after it then folds. Run-time inputs must match the dims shape inference knows (check_input), so the
+    picked dims are the dims of every run. None where an index is out of range or picks an unknown dim."""
+    if indices is None or int(gather.attrs.get("axis", 0)) not in (0, -1) or indices.dtype.kind not in "iu":
+        return None
+    flat = [int(i) + len(dims) if int(i) < 0 else int(i) for i in np.asarray(indices).reshape(-1)]
+    if any(not 0 <= i < len(dims) or dims[i] is None for i in flat):
+        return None
+    return np.asarray([dims[i] for i in flat], dtype=np.int64).reshape(np.asarray(indices).shape)
 
 
 def _placeholder(info: TensorInfo) -> np.ndarray | None:
