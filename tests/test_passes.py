@@ -68,6 +68,42 @@ def test_conv_bn_activation_fuse_to_one_node(backend, acts, fused):
     assert session.rewrites["fold_conv_batchnorm"] == 1
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("group,bias", [(1, True), (2, True), (2, False)])
+def test_conv_transpose_batchnorm_folds(backend, group, bias):
+    """A decoder's ConvTranspose (4 x 4, stride 2, pad 1), BatchNormalization, ReLU: the BatchNorm's scale goes into
+    the weight of each output channel g * Cout/group + co (the weight's [g * C/group:, co] slice), its shift into the
+    bias (made where the ConvTranspose has none)."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(6, 4, 4, 4)).astype(np.float32)
+    channels = 4 * group
+    stats = [rng.uniform(0.5, 1.5, channels), rng.normal(size=channels), rng.normal(size=channels),
+             rng.uniform(0.5, 2, channels)]
+    inputs = ["x", "w", "b"] if bias else ["x", "w"]
+    nodes = [helper.make_node("ConvTranspose", inputs, ["c"], group=group, strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "sh", "m", "v"], ["bn"], epsilon=1e-3),
+             helper.make_node("Relu", ["bn"], ["y"])]
+    inits = [("w", w), *([("b", rng.normal(size=channels).astype(np.float32))] if bias else []),
+             *zip(["s", "sh", "m", "v"], [a.astype(np.float32) for a in stats], strict=True)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 6, 5, 7])], [("y", TensorProto.FLOAT, None)], inits)
+    session = _compare(model, {"x": rng.normal(size=(2, 6, 5, 7)).astype(np.float32)}, backend, rtol=1e-4,
+                       atol=1e-4)
+    assert _ops(session) == ["ConvTranspose", "Relu"]
+    assert session.rewrites["fold_conv_batchnorm"] == 1
+
+
+def test_conv_transpose_batchnorm_mismatch_stays():
+    """A BatchNormalization over other channels than the ConvTranspose makes (here: C, not Cout) is left alone."""
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["c"], strides=[2, 2]),
+             helper.make_node("BatchNormalization", ["c", "s", "sh", "m", "v"], ["y"])]
+    inits = [("w", rng.normal(size=(6, 4, 2, 2)).astype(np.float32)),
+             *zip(["s", "sh", "m", "v"], [np.ones(6, np.float32)] * 4, strict=True)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 6, 3, 3])], [("y", TensorProto.FLOAT, None)], inits)
+    session = hetero.Session(model, backends=["reference"])
+    assert session.rewrites["fold_conv_batchnorm"] == 0
+
+
 def _paddle_conv_model(divide_by_six: bool, rng):
     """Paddle's export: Conv, BatchNorm as Mul and Add of scalars, hard-swish as x * Clip(x + 3, 0, 6) / 6."""
     w = rng.normal(size=(8, 3, 3, 3)).astype(np.float32)

@@ -221,21 +221,44 @@ def _constant_conv_weight(graph: Graph, node: Node) -> np.ndarray | None:
     return np.asarray(graph.initializers[node.inputs[1]])
 
 
+def _constant_conv_transpose_weight(graph: Graph, node: Node) -> np.ndarray | None:
+    """The weight [C, Cout / group, k...] of a ConvTranspose whose weight (and bias) are constants, else None."""
+    if node.op_key != ("", "ConvTranspose") or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
+        return None
+    if len(node.inputs) > 2 and node.inputs[2] and node.inputs[2] not in graph.initializers:
+        return None
+    return np.asarray(graph.initializers[node.inputs[1]])
+
+
 def fold_conv_batchnorm(graph: Graph) -> int:
-    """Conv with constant weights followed by inference BatchNormalization: scale the weights, shift the bias."""
+    """Conv or ConvTranspose with constant weights followed by inference BatchNormalization: scale the weights, shift
+    the bias (a ConvTranspose's output channel g * Cout/group + co is its weight's [g * C/group:, co] slice: a
+    decoder's upsampling ConvTranspose, BatchNorm, ReLU keeps no BatchNorm pass over its largest maps)."""
     count = 0
     for conv in list(graph.nodes):
         w = _constant_conv_weight(graph, conv)
-        if w is None:
+        transpose = w is None
+        if transpose:
+            w = _constant_conv_transpose_weight(graph, conv)
+        if w is None or w.ndim < 3:
+            continue
+        group = int(conv.attrs.get("group", 1)) if transpose else 1
+        channels = w.shape[1] * group if transpose else w.shape[0]
+        if transpose and w.shape[0] % group:
             continue
         bn = _single_consumer(graph, conv.outputs[0])
-        if bn is None or w.dtype != np.float32 or (affine := _batchnorm_affine(graph, bn, w.shape[0], None)) is None:
+        if bn is None or w.dtype != np.float32 or (affine := _batchnorm_affine(graph, bn, channels, None)) is None:
             continue
         _, mul, shift = affine
         bias = (np.asarray(graph.initializers[conv.inputs[2]], np.float64)
-                if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0]))
+                if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(channels))
         w_name, b_name = f"{conv.name}/folded_w", f"{conv.name}/folded_b"
-        graph.initializers[w_name] = (w * mul.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
+        if transpose:  # [group, C/group, Cout/group, k...] times the scale of output channel (g, co)
+            grouped = w.reshape(group, w.shape[0] // group, *w.shape[1:])
+            scaled = grouped * mul.reshape(group, 1, w.shape[1], *([1] * (w.ndim - 2)))
+            graph.initializers[w_name] = scaled.reshape(w.shape).astype(np.float32)
+        else:
+            graph.initializers[w_name] = (w * mul.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
         graph.initializers[b_name] = (bias * mul + shift).astype(np.float32)
         conv.inputs = [conv.inputs[0], w_name, b_name]
         conv.outputs = [bn.outputs[0]]
