@@ -104,6 +104,30 @@ def test_conv_transpose_batchnorm_mismatch_stays():
     assert session.rewrites["fold_conv_batchnorm"] == 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("gamma_shape,bias,folds", [((6,), True, True), ((1, 1, 6), False, True), ((1, 6), True, True),
+                                                    ((), True, False), ((1,), True, False), ((3, 6), True, False),
+                                                    ((1, 1, 1, 6), True, False)])
+def test_matmul_layer_scale_folds(backend, gamma_shape, bias, folds):
+    """A ViT's layer scale: Mul of [N] (or [1, 1, N]) after a projection's bias folds into its weight's columns and
+    bias; a single value (a query's scale), a constant varying along another axis or raising the rank stays a Mul."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"])]
+    inits = [("w", rng.normal(size=(4, 6)).astype(np.float32)),
+             ("gamma", rng.uniform(0.5, 1.5, gamma_shape).astype(np.float32))]
+    if bias:
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["pre"]))
+        inits.append(("b", rng.normal(size=6).astype(np.float32)))
+    nodes += [helper.make_node("Mul", ["gamma", "pre" if bias else "mm"], ["ls"]),  # the constant first
+              helper.make_node("Add", ["ls", "x6"], ["y"])]  # the residual
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 4]), ("x6", TensorProto.FLOAT, [2, 3, 6])],
+                       [("y", TensorProto.FLOAT, None)], inits)
+    feeds = {"x": rng.normal(size=(2, 3, 4)).astype(np.float32), "x6": rng.normal(size=(2, 3, 6)).astype(np.float32)}
+    session = _compare(model, feeds, backend)
+    assert session.rewrites["fold_matmul_scale"] == int(folds)
+    assert ("Mul" in _ops(session)) != folds
+
+
 def _paddle_conv_model(divide_by_six: bool, rng):
     """Paddle's export: Conv, BatchNorm as Mul and Add of scalars, hard-swish as x * Clip(x + 3, 0, 6) / 6."""
     w = rng.normal(size=(8, 3, 3, 3)).astype(np.float32)

@@ -809,6 +809,47 @@ def fuse_matmul_bias(graph: Graph) -> int:
     return count
 
 
+def fold_matmul_scale(graph: Graph) -> int:
+    """MatMul / FusedMatMul (no activation) by a constant float32 2-D weight [K, N] whose output is read by one Mul of
+    a float32 constant of N values along the last axis ([N], [1, N], [1, 1, N]): the weight's columns and the bias
+    scaled by it instead (a ViT's layer scale, DINOv2's ``ls1`` / ``ls2`` after each attention and MLP: a pass over
+    every residual branch's [tokens, N] output gone). The constant must not broadcast the product to a higher rank;
+    a single value is left alone (a query's 1 / sqrt(d) after its projection is what fuse_attention looks for)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for mm in list(graph.nodes):
+        if mm.op_key not in (("", "MatMul"), (HETERO_DOMAIN, "FusedMatMul")) or mm.attrs.get("activation") or \
+                len(mm.inputs) < 2 or mm.inputs[1] not in graph.initializers or mm.outputs[0] in keep:
+            continue
+        w = np.asarray(graph.initializers[mm.inputs[1]])
+        bias = mm.inputs[2] if len(mm.inputs) > 2 else ""
+        if w.ndim != 2 or w.dtype != np.float32 or (bias and bias not in graph.initializers):
+            continue
+        mul = _single_consumer(graph, mm.outputs[0])
+        if mul is None or mul.op_key != ("", "Mul") or len(mul.inputs) != 2:
+            continue
+        other = mul.inputs[1] if mul.inputs[0] == mm.outputs[0] else mul.inputs[0]
+        gamma = graph.initializers.get(other)
+        rank = _rank(graph, mm.outputs[0])
+        if gamma is None or gamma.dtype != np.float32 or rank is None or gamma.ndim > rank or gamma.ndim < 1 or \
+                any(d != 1 for d in gamma.shape[:-1]) or gamma.shape[-1] != w.shape[1] or w.shape[1] < 2:
+            continue
+        scale = np.asarray(gamma, np.float64).reshape(-1)
+        w_name = f"{mm.name or mm.outputs[0]}/scaled_w"
+        graph.initializers[w_name] = (w * scale).astype(np.float32)
+        inputs = [mm.inputs[0], w_name]
+        if bias:
+            b_name = f"{mm.name or mm.outputs[0]}/scaled_b"
+            b = np.asarray(graph.initializers[bias], np.float64)
+            graph.initializers[b_name] = (b * np.broadcast_to(scale, b.shape)).astype(np.float32)
+            inputs.append(b_name)
+        mm.inputs = inputs
+        mm.outputs = [mul.outputs[0]]
+        graph.nodes.remove(mul)
+        count += 1
+    return count
+
+
 def _times_constant(graph: Graph, node: Node | None, want: float) -> str | None:
     """The other input of ``node`` when it is Mul or Add (by its op) of a one-element constant close to ``want``."""
     if node is None or node.domain != "" or len(node.inputs) != 2:
@@ -2039,7 +2080,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transp
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
-                                    batch_gathered_gemms, fuse_matmul_bias, fuse_matmul_integer_scale,
+                                    batch_gathered_gemms, fuse_matmul_bias, fold_matmul_scale,
+                                    fuse_matmul_integer_scale,
                                     fuse_conv_integer_scale,
                                     fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
