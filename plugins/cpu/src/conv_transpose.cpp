@@ -64,10 +64,15 @@ PhaseAxis phase_axis(i64 ph, i64 k, i64 pad, i64 in, i64 out) {
 
 // Whether the phase convs compute this call: stride 2 both ways, no dilation, every phase with a tap and pads >= 0,
 // an even output width (both column phases as wide: their rows interleave), a kernel wider than 2 or padded (the 2 x 2
-// unpadded one has its own path above). HETERO_CPU_CONVT_PHASES=0 turns the path off (to compare; read once).
+// unpadded one has its own path above), and at most 256 input channels a group: measured alone (4 x 4 / 2, pad 1,
+// 1 thread, thread time, 3 alternations, load ~4.5) against the column matrix, the phases take 0.32-0.53x with 32-64
+// input channels (64 -> 32 on 128 x 128, 32 -> 16, 64 -> 64 on 64 x 64), 0.69-0.90x with 128 (128 -> 64 on 64 x 64 and
+// 32 x 32, 128 -> 128 on 32 x 32), 0.87-0.96x with 256 (256 -> 128, 256 -> 256 on 32 x 32), but 0.97-1.01x with 384
+// (384 -> 256 on 16 x 16) and 1.03-1.06x with 512 (512 -> 256 on 16 x 16), where the column GEMM's K is long enough
+// and its scatter a small part. HETERO_CPU_CONVT_PHASES=0 / 1 forces the path off / on where it can run (read once).
 bool phase_fits(const PackedConvT& p, i64 sh, i64 sw, i64 dh, i64 dw, i64 pt, i64 pl, i64 H, i64 W, i64 Ho, i64 Wo) {
   static const int forced = env_override("HETERO_CPU_CONVT_PHASES");
-  if (forced == 0 || p.raw.empty() || sh != 2 || sw != 2 || dh != 1 || dw != 1 || pt < 0 || pl < 0 || Wo % 2 != 0 || Ho < 2 ||
+  if (forced == 0 || (forced < 0 && p.C / p.group > 256) || p.raw.empty() || sh != 2 || sw != 2 || dh != 1 || dw != 1 || pt < 0 || pl < 0 || Wo % 2 != 0 || Ho < 2 ||
       H < 1 || W < 1)
     return false;
   for (i64 ph = 0; ph < 2; ++ph) {
