@@ -135,7 +135,8 @@ std::shared_ptr<PackedConvT> py_prepack(const py::array& w, i64 group) {
           wt[static_cast<std::size_t>((g * p->Mg + m) * cg + c)] = pw[(g * cg + c) * p->Mg + m];
     p->pointwise = prepack_conv(*p->kr, wt.data(), group * p->Mg, cg, 1, 1, group);
   }
-  if (p->kh >= 2 && p->kw >= 2)  // a candidate for the stride-2 phase convs (made on the first call that fits)
+  // a candidate for the stride-2 phase convs (made on the first call that fits; phase_fits' channel rule)
+  if (p->kh >= 2 && p->kw >= 2 && (cg <= 256 || env_override("HETERO_CPU_CONVT_PHASES") == 1))
     p->raw.assign(pw, pw + w.size());
   return p;
 }
