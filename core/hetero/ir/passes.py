@@ -1899,14 +1899,15 @@ def fuse_gelu_mul(graph: Graph) -> int:
 
 
 def _fuse_into_reader(graph: Graph, first: str, second: str, fused_op: str, arity: int,
-                      attrs: Callable[[Node], dict[str, Any]] = lambda node: {}) -> int:
+                      attrs: Callable[[Node], dict[str, Any]] = lambda node: {},
+                      accept: Callable[[Node], bool] = lambda node: True) -> int:
     """``second(first(...))`` where the ``first`` node's output is read by that ``second`` node alone (and by no
-    control-flow body): one ``hetero.<fused_op>`` taking the first's ``arity`` inputs and ``attrs(first)``, writing
-    the second's outputs."""
+    control-flow body), and ``accept(first)``: one ``hetero.<fused_op>`` taking the first's ``arity`` inputs and
+    ``attrs(first)``, writing the second's outputs."""
     count = 0
     keep = _read_by_subgraphs(graph)
     for head in list(graph.nodes):
-        if head.op_key != ("", first) or len(head.inputs) != arity or head.outputs[0] in keep:
+        if head.op_key != ("", first) or len(head.inputs) != arity or head.outputs[0] in keep or not accept(head):
             continue
         tail = _single_consumer(graph, head.outputs[0])
         if tail is None or tail.op_key != ("", second):
@@ -1961,8 +1962,14 @@ def fuse_add_layer_norm(graph: Graph) -> int:
 
 def fuse_add_relu(graph: Graph) -> int:
     """``Relu(Add(a, b))`` where the Add's output is read by that Relu alone: one ``hetero.AddRelu(a, b)`` (a
-    residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks)."""
-    return _fuse_into_reader(graph, "Add", "Relu", "AddRelu", 2)
+    residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks). Float32
+    operands only, the kernels' type: a float16 model's AddRelu ran on the reference (slovorez's Keras mixed-precision
+    export: 5 nodes), where its Add and Relu stay on the backend."""
+    def float32(add: Node) -> bool:
+        infos = [graph.values.get(name) for name in add.inputs]
+        return all(info is not None and info.dtype == dtypes.float32 for info in infos)
+
+    return _fuse_into_reader(graph, "Add", "Relu", "AddRelu", 2, accept=float32)
 
 
 # fuse_embedding_rnn: the largest projected table it makes (V x dirs x gates x hidden floats: 64 MB)
