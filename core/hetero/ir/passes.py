@@ -221,21 +221,44 @@ def _constant_conv_weight(graph: Graph, node: Node) -> np.ndarray | None:
     return np.asarray(graph.initializers[node.inputs[1]])
 
 
+def _constant_conv_transpose_weight(graph: Graph, node: Node) -> np.ndarray | None:
+    """The weight [C, Cout / group, k...] of a ConvTranspose whose weight (and bias) are constants, else None."""
+    if node.op_key != ("", "ConvTranspose") or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
+        return None
+    if len(node.inputs) > 2 and node.inputs[2] and node.inputs[2] not in graph.initializers:
+        return None
+    return np.asarray(graph.initializers[node.inputs[1]])
+
+
 def fold_conv_batchnorm(graph: Graph) -> int:
-    """Conv with constant weights followed by inference BatchNormalization: scale the weights, shift the bias."""
+    """Conv or ConvTranspose with constant weights followed by inference BatchNormalization: scale the weights, shift
+    the bias (a ConvTranspose's output channel g * Cout/group + co is its weight's [g * C/group:, co] slice: a
+    decoder's upsampling ConvTranspose, BatchNorm, ReLU keeps no BatchNorm pass over its largest maps)."""
     count = 0
     for conv in list(graph.nodes):
         w = _constant_conv_weight(graph, conv)
-        if w is None:
+        transpose = w is None
+        if transpose:
+            w = _constant_conv_transpose_weight(graph, conv)
+        if w is None or w.ndim < 3:
+            continue
+        group = int(conv.attrs.get("group", 1)) if transpose else 1
+        channels = w.shape[1] * group if transpose else w.shape[0]
+        if transpose and w.shape[0] % group:
             continue
         bn = _single_consumer(graph, conv.outputs[0])
-        if bn is None or w.dtype != np.float32 or (affine := _batchnorm_affine(graph, bn, w.shape[0], None)) is None:
+        if bn is None or w.dtype != np.float32 or (affine := _batchnorm_affine(graph, bn, channels, None)) is None:
             continue
         _, mul, shift = affine
         bias = (np.asarray(graph.initializers[conv.inputs[2]], np.float64)
-                if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(w.shape[0]))
+                if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros(channels))
         w_name, b_name = f"{conv.name}/folded_w", f"{conv.name}/folded_b"
-        graph.initializers[w_name] = (w * mul.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
+        if transpose:  # [group, C/group, Cout/group, k...] times the scale of output channel (g, co)
+            grouped = w.reshape(group, w.shape[0] // group, *w.shape[1:])
+            scaled = grouped * mul.reshape(group, 1, w.shape[1], *([1] * (w.ndim - 2)))
+            graph.initializers[w_name] = scaled.reshape(w.shape).astype(np.float32)
+        else:
+            graph.initializers[w_name] = (w * mul.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
         graph.initializers[b_name] = (bias * mul + shift).astype(np.float32)
         conv.inputs = [conv.inputs[0], w_name, b_name]
         conv.outputs = [bn.outputs[0]]
@@ -782,6 +805,47 @@ def fuse_matmul_bias(graph: Graph) -> int:
             mm.attrs.update(found[0])
             spanned.extend(found[1])
         _absorb(graph, mm, spanned)
+        count += 1
+    return count
+
+
+def fold_matmul_scale(graph: Graph) -> int:
+    """MatMul / FusedMatMul (no activation) by a constant float32 2-D weight [K, N] whose output is read by one Mul of
+    a float32 constant of N values along the last axis ([N], [1, N], [1, 1, N]): the weight's columns and the bias
+    scaled by it instead (a ViT's layer scale, DINOv2's ``ls1`` / ``ls2`` after each attention and MLP: a pass over
+    every residual branch's [tokens, N] output gone). The constant must not broadcast the product to a higher rank;
+    a single value is left alone (a query's 1 / sqrt(d) after its projection is what fuse_attention looks for)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for mm in list(graph.nodes):
+        if mm.op_key not in (("", "MatMul"), (HETERO_DOMAIN, "FusedMatMul")) or mm.attrs.get("activation") or \
+                len(mm.inputs) < 2 or mm.inputs[1] not in graph.initializers or mm.outputs[0] in keep:
+            continue
+        w = np.asarray(graph.initializers[mm.inputs[1]])
+        bias = mm.inputs[2] if len(mm.inputs) > 2 else ""
+        if w.ndim != 2 or w.dtype != np.float32 or (bias and bias not in graph.initializers):
+            continue
+        mul = _single_consumer(graph, mm.outputs[0])
+        if mul is None or mul.op_key != ("", "Mul") or len(mul.inputs) != 2:
+            continue
+        other = mul.inputs[1] if mul.inputs[0] == mm.outputs[0] else mul.inputs[0]
+        gamma = graph.initializers.get(other)
+        rank = _rank(graph, mm.outputs[0])
+        if gamma is None or gamma.dtype != np.float32 or rank is None or gamma.ndim > rank or gamma.ndim < 1 or \
+                any(d != 1 for d in gamma.shape[:-1]) or gamma.shape[-1] != w.shape[1] or w.shape[1] < 2:
+            continue
+        scale = np.asarray(gamma, np.float64).reshape(-1)
+        w_name = f"{mm.name or mm.outputs[0]}/scaled_w"
+        graph.initializers[w_name] = (w * scale).astype(np.float32)
+        inputs = [mm.inputs[0], w_name]
+        if bias:
+            b_name = f"{mm.name or mm.outputs[0]}/scaled_b"
+            b = np.asarray(graph.initializers[bias], np.float64)
+            graph.initializers[b_name] = (b * np.broadcast_to(scale, b.shape)).astype(np.float32)
+            inputs.append(b_name)
+        mm.inputs = inputs
+        mm.outputs = [mul.outputs[0]]
+        graph.nodes.remove(mul)
         count += 1
     return count
 
@@ -1835,14 +1899,15 @@ def fuse_gelu_mul(graph: Graph) -> int:
 
 
 def _fuse_into_reader(graph: Graph, first: str, second: str, fused_op: str, arity: int,
-                      attrs: Callable[[Node], dict[str, Any]] = lambda node: {}) -> int:
+                      attrs: Callable[[Node], dict[str, Any]] = lambda node: {},
+                      accept: Callable[[Node], bool] = lambda node: True) -> int:
     """``second(first(...))`` where the ``first`` node's output is read by that ``second`` node alone (and by no
-    control-flow body): one ``hetero.<fused_op>`` taking the first's ``arity`` inputs and ``attrs(first)``, writing
-    the second's outputs."""
+    control-flow body), and ``accept(first)``: one ``hetero.<fused_op>`` taking the first's ``arity`` inputs and
+    ``attrs(first)``, writing the second's outputs."""
     count = 0
     keep = _read_by_subgraphs(graph)
     for head in list(graph.nodes):
-        if head.op_key != ("", first) or len(head.inputs) != arity or head.outputs[0] in keep:
+        if head.op_key != ("", first) or len(head.inputs) != arity or head.outputs[0] in keep or not accept(head):
             continue
         tail = _single_consumer(graph, head.outputs[0])
         if tail is None or tail.op_key != ("", second):
@@ -2060,8 +2125,14 @@ def fold_pad_into_conv(graph: Graph) -> int:
 
 def fuse_add_relu(graph: Graph) -> int:
     """``Relu(Add(a, b))`` where the Add's output is read by that Relu alone: one ``hetero.AddRelu(a, b)`` (a
-    residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks)."""
-    return _fuse_into_reader(graph, "Add", "Relu", "AddRelu", 2)
+    residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks). Float32
+    operands only, the kernels' type: a float16 model's AddRelu ran on the reference (slovorez's Keras mixed-precision
+    export: 5 nodes), where its Add and Relu stay on the backend."""
+    def float32(add: Node) -> bool:
+        infos = [graph.values.get(name) for name in add.inputs]
+        return all(info is not None and info.dtype == dtypes.float32 for info in infos)
+
+    return _fuse_into_reader(graph, "Add", "Relu", "AddRelu", 2, accept=float32)
 
 
 # fuse_embedding_rnn: the largest projected table it makes (V x dirs x gates x hidden floats: 64 MB)
@@ -2180,7 +2251,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transp
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
-                                    batch_gathered_gemms, fuse_matmul_bias, fuse_matmul_integer_scale,
+                                    batch_gathered_gemms, fuse_matmul_bias, fold_matmul_scale,
+                                    fuse_matmul_integer_scale,
                                     fuse_conv_integer_scale,
                                     fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,

@@ -6,10 +6,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from hetero.contract import Device, HeteroError, HostMemory, Kernel, KernelTableBackend, NodeInfo, Support
+from hetero.contract import SUPPORTED, Device, HeteroError, HostMemory, Kernel, KernelTableBackend, NodeInfo, Support
 
 from . import _native, fuse
 from .kernels import KERNELS
+from .kernels.half import HalfUpcast, float32_form
 from .kernels.numpy_ops import CpuNumpyKernel
 
 
@@ -40,12 +41,19 @@ class CpuBackend(HostMemory, KernelTableBackend):
         verdict = super().supports(node)
         if verdict or node.domain != "":
             return verdict
-        # A native kernel declined this configuration (a dtype, an attribute): numpy runs it inside the plugin.
+        # A float16 node the float32 kernel computes (half.py), else a native kernel declined this configuration (a
+        # dtype, an attribute): numpy runs it inside the plugin.
+        as_float32 = float32_form(node)
+        if as_float32 is not None and super().supports(as_float32):
+            return SUPPORTED
         return CpuNumpyKernel.accepts(node)
 
     def kernel(self, node: NodeInfo) -> Kernel:
         if super().supports(node):
             return super().kernel(node)
+        as_float32 = float32_form(node)
+        if as_float32 is not None and super().supports(as_float32):
+            return HalfUpcast(node, super().kernel(as_float32))
         return CpuNumpyKernel(node, self)
 
     def fuse_calls(self, program: Sequence[Callable[[], Any]]) -> list[Callable[[], Any]]:

