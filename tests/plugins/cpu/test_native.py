@@ -65,9 +65,10 @@ def test_gemm_shapes(isa, m, n, k):
     assert_gemm_close(out, a.astype(np.float64) @ b, k)
 
 
-# M with 1-11 rows past whole 12-row tiles (66: khmer_segmenter's 5 x 12 + 6 tokens; 70: T5's 5 x 12 + 10), K and N
-# as the transformers' products have them (N off the 32-column panels too), float and exactly-int8 weights
-@pytest.mark.parametrize("m", [5, 6, 7, 18, 22, 28, 54, 66, 70, 71])
+# M with 1-11 rows past whole 12-row tiles (66: khmer_segmenter's 5 x 12 + 6 tokens; 70: T5's 5 x 12 + 10; 13, 14, 25,
+# 26: the 2-row tile, 26 ddddocr's CRNN time steps), K and N as the transformers' products have them (N off the
+# 32-column panels too), float and exactly-int8 weights
+@pytest.mark.parametrize("m", [5, 6, 7, 13, 14, 18, 22, 25, 26, 28, 54, 66, 70, 71])
 @pytest.mark.parametrize("k,n", [(192, 768), (64, 200)])
 @pytest.mark.parametrize("weights", ["float", "int8"])
 def test_gemm_packed_ragged_last_row_panel(isa, threads, m, k, n, weights):
