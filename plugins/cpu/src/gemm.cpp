@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -356,6 +357,10 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
   i64 KC, MC;
   choose_depth_blocking(kr, M, K, KC, MC);  // from M, not a task's rows: the same sums at any thread count
   const i64 NC = kr.nc;
+  static const int next_env = [] {  // HETERO_CPU_GEMM_NEXT_PANEL (below)
+    const char* v = std::getenv("HETERO_CPU_GEMM_NEXT_PANEL");
+    return v == nullptr || *v == '\0' ? -1 : static_cast<int>(std::atoi(v) != 0);
+  }();
   // A ragged last row panel (M = 32, 64, 66, 80, 128 with mr = 12: 8, 4 or 6 rows) runs the direct-conv tile on the
   // packed panels (row k of B at k * NR), whose 8-, 6- and 4-row variants skip the zero rows the full kernel would
   // multiply; a ragged last column panel of at most one vector (a 1x1 conv on 28 x 28: 16 of 32 columns) its
@@ -408,6 +413,8 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
           // 64-byte lines of a panel's kc rows fetched ahead: at most kNextPanelLines (a full-depth panel is one
           // long stream the hardware prefetcher takes over once started; fetching all of it evicts A from L2)
           const i64 ntiles = ceil_div(mc, MR), lines = std::min<i64>(kNextPanelLines, kc * NR * (s8 ? 1 : 4) / 64);
+          // (not for a few row tiles over the full depth: below)
+          const bool fetch_next = next_env >= 0 ? next_env == 1 : !(kc == K && ceil_div(M, MR) <= 4);
           for (i64 jr = jc; jr < jc + nc; jr += NR) {
             const i64 poff = (jr / NR) * K * NR + pc * NR;  // this panel's kc rows, in elements
             const float* bpan = s8 ? deq : bp + poff;
@@ -415,9 +422,14 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
             const i64 ncols = std::min<i64>(NR, N - jr);
             // The next panel's rows, fetched into L2 while this panel's tiles run: the panels lie K * NR values
             // apart, a jump the hardware prefetcher does not follow, and weights too large for L2 (a transformer's
-            // FFN: 2.4 MB) otherwise come from L3 at the start of every panel (~15 % slower than from L2).
+            // FFN: 2.4 MB) otherwise come from L3 at the start of every panel (~15 % slower than from L2). Not for
+            // a few row tiles over the full depth: there the next panel continues this one's stream, which the
+            // hardware prefetcher follows, and bursts of 170-260 prefetches before each of 2-3 tiles only stall
+            // (ddddocr's 26 x 1024 x 8210, B read from memory: 0.95x the time without them, 24 x 1024 x 8210
+            // 0.91x, 26 x 512 x 2048 0.93-0.96x; from 5 tiles on kept: 64 x 384 x 1536 0.99x, 64 x 1536 x 384
+            // 1.01x). HETERO_CPU_GEMM_NEXT_PANEL=1 / 0 forces the prefetch on / off, to compare.
             const char* next = nullptr;
-            if (jr + NR < jc + nc)
+            if (jr + NR < jc + nc && fetch_next)
               next = s8 ? reinterpret_cast<const char*>(s8->q + poff + K * NR)
                         : reinterpret_cast<const char*>(bp + poff + K * NR);
             i64 fetched = 0;

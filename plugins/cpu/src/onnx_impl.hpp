@@ -1050,12 +1050,16 @@ void x_conv_tile_t(i64 K, const float* a, const float* base, const i64* off, flo
 }
 
 // The last row panel of a Cout off the 12-row tile (YOLOv8n's 32, 64, 80, 128 channels: 8 or 4 rows left) runs an
-// 8-, 6- or 4-row tile on the same packed panel instead of multiplying zero rows (6: a 66-token transformer's
-// products, 5 x 12 + 6 rows, whose 8-row tail tile was 10 % of the model's time).
+// 8-, 6-, 4- or 2-row tile on the same packed panel instead of multiplying zero rows (6: a 66-token transformer's
+// products, 5 x 12 + 6 rows, whose 8-row tail tile was 10 % of the model's time; 2: ddddocr's CRNN, 26 time steps
+// = 2 x 12 + 2, whose 4-row tail tile was 13 % of its 8210-class Gemm's time: a k step of 2 rows is one FMA's
+// latency, of 4 rows four FMAs' issue).
 template <int MR, int NRV, class F>
 void x_conv_tile_rows(i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
                       int ncols, const float* bias, F f) {
-  if (MR == 12 && nrows <= 4)
+  if (MR == 12 && nrows <= 2)
+    x_conv_tile_t<2, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
+  else if (MR == 12 && nrows <= 4)
     x_conv_tile_t<4, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols, bias, f);
   else if (MR == 12 && nrows <= 6)
     x_conv_tile_t<6, NRV, MR>(K, a, base, off, c, ldc, nrows, ncols, bias, f);

@@ -65,9 +65,10 @@ def test_gemm_shapes(isa, m, n, k):
     assert_gemm_close(out, a.astype(np.float64) @ b, k)
 
 
-# M with 1-11 rows past whole 12-row tiles (66: khmer_segmenter's 5 x 12 + 6 tokens; 70: T5's 5 x 12 + 10), K and N
-# as the transformers' products have them (N off the 32-column panels too), float and exactly-int8 weights
-@pytest.mark.parametrize("m", [5, 6, 7, 18, 22, 28, 54, 66, 70, 71])
+# M with 1-11 rows past whole 12-row tiles (66: khmer_segmenter's 5 x 12 + 6 tokens; 70: T5's 5 x 12 + 10; 13, 14, 25,
+# 26: the 2-row tile, 26 ddddocr's CRNN time steps), K and N as the transformers' products have them (N off the
+# 32-column panels too), float and exactly-int8 weights
+@pytest.mark.parametrize("m", [5, 6, 7, 13, 14, 18, 22, 25, 26, 28, 54, 66, 70, 71])
 @pytest.mark.parametrize("k,n", [(192, 768), (64, 200)])
 @pytest.mark.parametrize("weights", ["float", "int8"])
 def test_gemm_packed_ragged_last_row_panel(isa, threads, m, k, n, weights):
@@ -88,6 +89,67 @@ def test_gemm_packed_ragged_last_row_panel(isa, threads, m, k, n, weights):
     _native.gemm_packed(padded, packed, want, 1.0, 0.0, bias)
     np.testing.assert_array_equal(got, want[:m])
     assert_gemm_close(got, a.astype(np.float64) @ w.astype(np.float64) + bias, k)
+
+
+# gemm_prepacked_b skips the next B panel's software prefetch for <= 4 row tiles over the full depth (ddddocr's
+# 26 x 1024 x 8210 Gemm, its BiLSTM's 26 x 512 x 2048 projection); HETERO_CPU_GEMM_NEXT_PANEL=1 / 0 forces it, read once
+# a process. (m, k, n, int8 weights): 26 and 48 rows (3 and 4 tiles: skipped), 49 and 66 (5 and 6: kept), K past the
+# kc blocking (2600: kept), N off the 32-column panels.
+NEXT_PANEL_CASES = [(26, 1024, 8210, False), (26, 512, 2048, False), (5, 64, 200, False), (48, 300, 100, True),
+                    (49, 300, 100, False), (66, 192, 768, True), (26, 2600, 70, False)]
+_NEXT_PANEL_CODE = """
+import sys
+import numpy as np
+from hetero_cpu import _native
+out_path, isas, threads, cases = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), eval(sys.argv[4])
+_native.set_num_threads(threads)
+res = []
+for isa in isas:
+    _native.set_isa(isa)
+    for m, k, n, int8 in cases:
+        rng = np.random.default_rng(m * 7 + k)
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        if int8:
+            w = np.round(np.clip(w * 40, -128, 127)).astype(np.float32) * np.float32(0.0125)
+        bias = rng.standard_normal(n).astype(np.float32)
+        got = np.full((m, n), np.nan, np.float32)
+        _native.gemm_packed(a, _native.pack_b(w, False, True, "high"), got, 1.0, 0.0, bias)
+        res.append(got.ravel())
+np.save(out_path, np.concatenate(res))
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_packed_next_panel_prefetch_bits(tmp_path, threads):
+    """Only a prefetch differs: the same bits with it forced on, forced off and by the rule, every ISA, 1 and 2
+    threads, and a float64 product's values."""
+    import os
+    import subprocess
+    import sys
+
+    res = {}
+    for side, flag in (("on", "1"), ("off", "0"), ("rule", "")):
+        path = tmp_path / f"{side}.npy"
+        subprocess.run([sys.executable, "-c", _NEXT_PANEL_CODE, str(path), ",".join(ISAS), str(threads),
+                        repr(NEXT_PANEL_CASES)], env=dict(os.environ, HETERO_CPU_GEMM_NEXT_PANEL=flag), check=True,
+                       timeout=600)
+        res[side] = np.load(path)
+    assert res["on"].size == res["off"].size == res["rule"].size > 0
+    np.testing.assert_array_equal(res["on"].view(np.uint32), res["off"].view(np.uint32))
+    np.testing.assert_array_equal(res["on"].view(np.uint32), res["rule"].view(np.uint32))
+    at = 0
+    for _ in ISAS:
+        for m, k, n, int8 in NEXT_PANEL_CASES:
+            r = np.random.default_rng(m * 7 + k)
+            a = r.standard_normal((m, k)).astype(np.float32)
+            w = r.standard_normal((k, n)).astype(np.float32)
+            if int8:
+                w = np.round(np.clip(w * 40, -128, 127)).astype(np.float32) * np.float32(0.0125)
+            bias = r.standard_normal(n).astype(np.float32)
+            got = res["rule"][at:at + m * n].reshape(m, n)
+            at += m * n
+            assert_gemm_close(got, a.astype(np.float64) @ w.astype(np.float64) + bias, k)
 
 
 @pytest.mark.parametrize("trans_a", [False, True])
