@@ -212,18 +212,10 @@ def sink_transposes(graph: Graph) -> int:
     return count
 
 
-def _constant_conv_weight(graph: Graph, node: Node) -> np.ndarray | None:
-    """The weight of a Conv whose weight (and bias, where it has one) are constants; None for any other node."""
-    if node.op_key != ("", "Conv") or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
-        return None
-    if len(node.inputs) > 2 and node.inputs[2] and node.inputs[2] not in graph.initializers:
-        return None
-    return np.asarray(graph.initializers[node.inputs[1]])
-
-
-def _constant_conv_transpose_weight(graph: Graph, node: Node) -> np.ndarray | None:
-    """The weight [C, Cout / group, k...] of a ConvTranspose whose weight (and bias) are constants, else None."""
-    if node.op_key != ("", "ConvTranspose") or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
+def _constant_conv_weight(graph: Graph, node: Node, op_type: str = "Conv") -> np.ndarray | None:
+    """The weight of a Conv (or of ``op_type``: a ConvTranspose's is [C, Cout / group, k...]) whose weight (and bias,
+    where it has one) are constants; None for any other node."""
+    if node.op_key != ("", op_type) or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
         return None
     if len(node.inputs) > 2 and node.inputs[2] and node.inputs[2] not in graph.initializers:
         return None
@@ -239,7 +231,7 @@ def fold_conv_batchnorm(graph: Graph) -> int:
         w = _constant_conv_weight(graph, conv)
         transpose = w is None
         if transpose:
-            w = _constant_conv_transpose_weight(graph, conv)
+            w = _constant_conv_weight(graph, conv, "ConvTranspose")
         if w is None or w.ndim < 3:
             continue
         group = int(conv.attrs.get("group", 1)) if transpose else 1

@@ -15,6 +15,15 @@ from conftest import make_model
 pytest.importorskip("hetero_cpu._native", reason="the hetero-cpu native extension is not built")
 
 
+def assert_replay_all_bound(session: hetero.Session) -> None:
+    """The session's replay exists and calls no kernel through its Python ``run``."""
+    replay = session.programs[0].replay
+    assert replay is not None
+    unbound = [c.func.__self__.node.op_type for c in replay.program
+               if isinstance(c, functools.partial) and c.func.__name__ == "run"]
+    assert not unbound, unbound
+
+
 def _chain_model():
     rng = np.random.default_rng(0)
     f32 = np.float32
@@ -130,11 +139,7 @@ def test_dense_and_recurrent_ops_replay_bound_and_equal_the_interpreter():
     feeds = {"x": np.random.default_rng(0).normal(size=(2, 6, 16)).astype(np.float32)}
     session.run(feeds)
     session.run(feeds)
-    replay = session.programs[0].replay
-    assert replay is not None
-    unbound = [c.func.__self__.node.op_type for c in replay.program
-               if isinstance(c, functools.partial) and c.func.__name__ == "run"]
-    assert not unbound, unbound
+    assert_replay_all_bound(session)
     for seed in (1, 2):
         feeds = {"x": np.random.default_rng(seed).normal(size=(2, 6, 16)).astype(np.float32)}
         replayed = session.run(feeds)
@@ -197,11 +202,7 @@ def test_conv_transpose_decoder_replays_bound(k, pads, outpad):
     feeds = {"x": rng.normal(size=(2, 6, 5, 7)).astype(f32)}
     session.run(feeds)
     session.run(feeds)
-    replay = session.programs[0].replay
-    assert replay is not None
-    unbound = [c.func.__self__.node.op_type for c in replay.program
-               if isinstance(c, functools.partial) and c.func.__name__ == "run"]
-    assert not unbound, unbound
+    assert_replay_all_bound(session)
     assert [n.op_type for n in session.graph.nodes].count("BatchNormalization") == 0  # folded into the weights
     for seed in (1, 2):
         feeds = {"x": np.random.default_rng(seed).normal(size=(2, 6, 5, 7)).astype(f32)}
