@@ -809,6 +809,32 @@ def fuse_matmul_bias(graph: Graph) -> int:
     return count
 
 
+def fuse_matmul_gelu(graph: Graph) -> int:
+    """``Gelu(x @ W + b)``: a FusedMatMul with no activation (or a MatMul by a constant 2-D weight) whose output is
+    read by one Gelu alone, as one ``hetero.MatMulGelu(x, W[, b])`` with the Gelu's ``approximate`` (a transformer's
+    fc1: the GELU runs on each block of the product while it is in cache, not as a pass of its own). An op of its own,
+    not a FusedMatMul ``activation``: backends whose FusedMatMul has no GELU never get it (``FUSED_OPS``)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for mm in list(graph.nodes):
+        w = graph.initializers.get(mm.inputs[1]) if len(mm.inputs) > 1 else None
+        if mm.op_key not in (("", "MatMul"), (HETERO_DOMAIN, "FusedMatMul")) or mm.attrs.get("activation") or \
+                w is None or np.ndim(w) != 2 or np.asarray(w).dtype != np.float32:
+            continue  # float32 alone: the kernels that fuse the GELU are float32 ones
+        if mm.outputs[0] in keep or mm.outputs[0] in graph.outputs:
+            continue
+        gelu = _single_consumer(graph, mm.outputs[0])
+        if gelu is None or gelu.op_key != ("", "Gelu") or len(gelu.inputs) != 1:
+            continue
+        fused = Node("MatMulGelu", list(mm.inputs), list(gelu.outputs),
+                     {"approximate": gelu.attrs.get("approximate", "none")},
+                     name=f"{mm.name or mm.outputs[0]}/matmul_gelu", domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(gelu)] = fused
+        graph.nodes.remove(mm)
+        count += 1
+    return count
+
+
 def fold_matmul_scale(graph: Graph) -> int:
     """MatMul / FusedMatMul (no activation) by a constant float32 2-D weight [K, N] whose output is read by one Mul of
     a float32 constant of N values along the last axis ([N], [1, N], [1, 1, N]): the weight's columns and the bias
@@ -2251,7 +2277,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transp
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
-                                    batch_gathered_gemms, fuse_matmul_bias, fold_matmul_scale,
+                                    batch_gathered_gemms, fuse_matmul_bias, fold_matmul_scale, fuse_matmul_gelu,
                                     fuse_matmul_integer_scale,
                                     fuse_conv_integer_scale,
                                     fuse_broadcast_unary_matmul,
@@ -2269,6 +2295,7 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC"),
                                          "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul"),
                                          "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul"),
+                                         "fuse_matmul_gelu": (HETERO_DOMAIN, "MatMulGelu"),
                                          "fuse_gelu_global_max_pool": (HETERO_DOMAIN, "GeluGlobalMaxPool"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
                                          "fuse_add_layer_norm": (HETERO_DOMAIN, "AddLayerNorm"),

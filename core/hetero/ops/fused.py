@@ -117,6 +117,15 @@ def fused_matmul(ctx: OpContext) -> list[np.ndarray]:
     return [apply_activation(ctx, y.astype(x.dtype, copy=False))]
 
 
+@op("MatMulGelu", domain=HETERO_DOMAIN, infer=_matmul_infer)
+def matmul_gelu(ctx: OpContext) -> list[np.ndarray]:
+    """``Gelu(x @ W + bias)`` (W 2-D, the bias row optional; the Gelu with its ``approximate`` attribute): a
+    transformer's fc1 and its GELU, which ``hetero.ir.passes.fuse_matmul_gelu`` replaces; the references composed."""
+    y = _reference(ctx, "FusedMatMul", [ctx.array(0), ctx.array(1), ctx.array(2) if ctx.has_input(2) else None],
+                   domain=HETERO_DOMAIN)[0]
+    return _reference(ctx, "Gelu", [y], {"approximate": ctx.attr("approximate", "none")})
+
+
 def _perm(ctx: OpContext, name: str) -> list[int]:
     perm = [int(p) for p in ctx.attr(name, [0, 1, 2, 3])]
     if sorted(perm) != [0, 1, 2, 3]:
