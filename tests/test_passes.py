@@ -1463,10 +1463,46 @@ def test_add_then_layer_norm_becomes_one_node(backend, a_dims, b_dims, a_shape, 
                                                  on_fallback="silent").run(feeds2)["y"])
 
 
-@pytest.mark.parametrize("kind", ["extra_reader", "stats", "ranks"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("a_dims,b_dims,a_shape,b_shape", [
+    (["B", "T", 24], ["B", "T", 24], (2, 7, 24), (2, 7, 24)),
+    (["B", "T", "C"], [1, "T", 24], (2, 5, 24), (1, 5, 24)),  # a ViT's patch tokens + position embeddings
+])
+def test_pre_norm_add_layer_norm_also_writes_the_sum(backend, a_dims, b_dims, a_shape, b_shape):
+    """A pre-norm block's residual: the sum is read by the LayerNorm and again (here a Neg stands in for the next
+    residual Add): AddLayerNorm writes it as its second output, the same bits as the Add's."""
+    model = _add_layer_norm_model(a_dims, b_dims, extra_reader=True)
+    rng = np.random.default_rng(44)
+    feeds = {"x": rng.normal(size=a_shape).astype(np.float32) * 3, "r": rng.normal(size=b_shape).astype(np.float32)}
+    session = hetero.Session(model, backends=[backend], on_fallback="error" if backend == "cpu" else "silent")
+    assert session.rewrites["fuse_add_layer_norm"] == 1
+    assert _ops(session) == ["Sub", "AddLayerNorm", "Neg"]
+    assert session.graph.nodes[1].outputs == ["y", "a"]
+    unfused = hetero.Session(model, backends=[backend], optimize=False, on_fallback="silent")
+    for _ in range(2):  # the second: a replay on new values
+        got, want = session.run(feeds), unfused.run(feeds)
+        for name in ("y", "z"):
+            np.testing.assert_array_equal(got[name], want[name])
+        feeds = {k: v[..., ::-1].copy() for k, v in feeds.items()}
+
+
+def test_add_layer_norm_whose_sum_is_a_graph_output():
+    model = _add_layer_norm_model([2, 3, 24], [2, 3, 24])
+    model.graph.output.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, None))
+    rng = np.random.default_rng(45)
+    feeds = {k: rng.normal(size=(2, 3, 24)).astype(np.float32) for k in "xr"}
+    session = _compare(model, feeds, BACKENDS[-1])
+    assert session.rewrites["fuse_add_layer_norm"] == 1 and _ops(session) == ["Sub", "AddLayerNorm"]
+    np.testing.assert_array_equal(session.run(feeds)["a"], feeds["x"] + (feeds["r"] - _initializer(model, "w")))
+
+
+def _initializer(model, name: str) -> np.ndarray:
+    return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == name)
+
+
+@pytest.mark.parametrize("kind", ["stats", "ranks"])
 def test_add_layer_norm_left_alone(kind):
-    model = {"extra_reader": lambda: _add_layer_norm_model([2, 3, 24], [2, 3, 24], extra_reader=True),
-             "stats": lambda: _add_layer_norm_model([2, 3, 24], [2, 3, 24], outputs_ln=3),
+    model = {"stats": lambda: _add_layer_norm_model([2, 3, 24], [2, 3, 24], outputs_ln=3),
              "ranks": lambda: _add_layer_norm_model([2, 3, 24], [3, 24])}[kind]()
     rng = np.random.default_rng(43)
     feeds = {"x": rng.normal(size=(2, 3, 24)).astype(np.float32),

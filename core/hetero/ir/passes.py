@@ -1956,21 +1956,26 @@ def fuse_gelu_global_max_pool(graph: Graph) -> int:
 
 
 def fuse_add_layer_norm(graph: Graph) -> int:
-    """``LayerNormalization(Add(a, b))`` with a and b float32 of one rank whose known dims agree, the Add's output
-    read by that LayerNorm alone and the LayerNorm's Y its only output: one ``hetero.AddLayerNorm(a, b, scale, bias)``
-    with the LayerNorm's attributes (a post-norm encoder's residual sums, MiniLM's 12, whose token dims are unknown
-    until a run: the sum made row by row where the normalisation reads it instead of a tensor written and read
-    again; a kernel meets operands that broadcast after all with the two ops' passes)."""
+    """``LayerNormalization(Add(a, b))`` with a and b float32 of one rank whose known dims agree and the LayerNorm's Y
+    its only output: one ``hetero.AddLayerNorm(a, b, scale, bias)`` with the LayerNorm's attributes (a post-norm
+    encoder's residual sums, MiniLM's 12, whose token dims are unknown until a run: the sum made row by row where the
+    normalisation reads it instead of a tensor written and read again; a kernel meets operands that broadcast after
+    all with the two ops' passes). Where the sum is read elsewhere too (a pre-norm block's residual stream, a ViT's),
+    it is the fused node's second output, written by the same pass over each row."""
     count = 0
     keep = _read_by_subgraphs(graph)
-    producers = graph.producers()
+    producers, consumers = graph.producers(), graph.consumers()
+    moved = False
     for ln in list(graph.nodes):
         if ln.op_key != ("", "LayerNormalization") or not ln.inputs or any(ln.outputs[1:]):
             continue
         add = producers.get(ln.inputs[0])
         if add is None or add.op_key != ("", "Add") or len(add.inputs) != 2 or add.outputs[0] in keep or \
-                _single_consumer(graph, add.outputs[0]) is not ln:
+                [id(n) for n in consumers.get(add.outputs[0], [])].count(id(ln)) != 1 or \
+                ln.inputs.count(add.outputs[0]) != 1:
             continue
+        # a pre-norm block's sum, read again by the next residual Add (or a graph output): the node's second output
+        sum_read = add.outputs[0] in graph.outputs or len(consumers[add.outputs[0]]) > 1
         a, b = (graph.values.get(name) for name in add.inputs)
         if a is None or b is None or a.dtype != dtypes.float32 or b.dtype != dtypes.float32:
             continue
@@ -1978,11 +1983,14 @@ def fuse_add_layer_norm(graph: Graph) -> int:
         if sa is None or sb is None or len(sa) != len(sb) or \
                 any(x is not None and y is not None and x != y for x, y in zip(sa, sb, strict=True)):
             continue
-        fused = Node("AddLayerNorm", [*add.inputs, *ln.inputs[1:]], ln.outputs[:1], dict(ln.attrs),
-                     name=f"{ln.name or ln.outputs[0]}/add_layer_norm", domain=HETERO_DOMAIN)
+        fused = Node("AddLayerNorm", [*add.inputs, *ln.inputs[1:]], [ln.outputs[0], *add.outputs[:sum_read]],
+                     dict(ln.attrs), name=f"{ln.name or ln.outputs[0]}/add_layer_norm", domain=HETERO_DOMAIN)
         graph.nodes[graph.nodes.index(ln)] = fused
         graph.nodes.remove(add)
+        moved = moved or sum_read
         count += 1
+    if moved:
+        graph.toposort()  # the sum's other readers may sit between the Add's place and the LayerNorm's
     return count
 
 
