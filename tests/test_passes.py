@@ -1463,10 +1463,46 @@ def test_add_then_layer_norm_becomes_one_node(backend, a_dims, b_dims, a_shape, 
                                                  on_fallback="silent").run(feeds2)["y"])
 
 
-@pytest.mark.parametrize("kind", ["extra_reader", "stats", "ranks"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("a_dims,b_dims,a_shape,b_shape", [
+    (["B", "T", 24], ["B", "T", 24], (2, 7, 24), (2, 7, 24)),
+    (["B", "T", "C"], [1, "T", 24], (2, 5, 24), (1, 5, 24)),  # a ViT's patch tokens + position embeddings
+])
+def test_pre_norm_add_layer_norm_also_writes_the_sum(backend, a_dims, b_dims, a_shape, b_shape):
+    """A pre-norm block's residual: the sum is read by the LayerNorm and again (here a Neg stands in for the next
+    residual Add): AddLayerNorm writes it as its second output, the same bits as the Add's."""
+    model = _add_layer_norm_model(a_dims, b_dims, extra_reader=True)
+    rng = np.random.default_rng(44)
+    feeds = {"x": rng.normal(size=a_shape).astype(np.float32) * 3, "r": rng.normal(size=b_shape).astype(np.float32)}
+    session = hetero.Session(model, backends=[backend], on_fallback="error" if backend == "cpu" else "silent")
+    assert session.rewrites["fuse_add_layer_norm"] == 1
+    assert _ops(session) == ["Sub", "AddLayerNorm", "Neg"]
+    assert session.graph.nodes[1].outputs == ["y", "a"]
+    unfused = hetero.Session(model, backends=[backend], optimize=False, on_fallback="silent")
+    for _ in range(2):  # the second: a replay on new values
+        got, want = session.run(feeds), unfused.run(feeds)
+        for name in ("y", "z"):
+            np.testing.assert_array_equal(got[name], want[name])
+        feeds = {k: v[..., ::-1].copy() for k, v in feeds.items()}
+
+
+def test_add_layer_norm_whose_sum_is_a_graph_output():
+    model = _add_layer_norm_model([2, 3, 24], [2, 3, 24])
+    model.graph.output.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, None))
+    rng = np.random.default_rng(45)
+    feeds = {k: rng.normal(size=(2, 3, 24)).astype(np.float32) for k in "xr"}
+    session = _compare(model, feeds, BACKENDS[-1])
+    assert session.rewrites["fuse_add_layer_norm"] == 1 and _ops(session) == ["Sub", "AddLayerNorm"]
+    np.testing.assert_array_equal(session.run(feeds)["a"], feeds["x"] + (feeds["r"] - _initializer(model, "w")))
+
+
+def _initializer(model, name: str) -> np.ndarray:
+    return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == name)
+
+
+@pytest.mark.parametrize("kind", ["stats", "ranks"])
 def test_add_layer_norm_left_alone(kind):
-    model = {"extra_reader": lambda: _add_layer_norm_model([2, 3, 24], [2, 3, 24], extra_reader=True),
-             "stats": lambda: _add_layer_norm_model([2, 3, 24], [2, 3, 24], outputs_ln=3),
+    model = {"stats": lambda: _add_layer_norm_model([2, 3, 24], [2, 3, 24], outputs_ln=3),
              "ranks": lambda: _add_layer_norm_model([2, 3, 24], [3, 24])}[kind]()
     rng = np.random.default_rng(43)
     feeds = {"x": rng.normal(size=(2, 3, 24)).astype(np.float32),
@@ -1673,3 +1709,57 @@ def test_pad_left_before_conv_unless_zeros_of_the_spatial_axes(full_pads, perm, 
     session = _compare(model, {"x": x}, "reference", rtol=1e-5, atol=1e-5)
     assert session.rewrites["fold_pad_into_conv"] == 0
     assert "Pad" in _ops(session)
+
+
+def _matmul_gelu_model(bias: bool, extra_reader: bool = False, approximate: str = "none"):
+    """A transformer's fc1: MatMul by a constant weight, maybe its bias Add, then Gelu."""
+    rng = np.random.default_rng(31)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"])]
+    inits = [("w", rng.normal(size=(12, 20)).astype(np.float32) * 0.3)]
+    product = "p"
+    if bias:
+        nodes.append(helper.make_node("Add", ["b", "p"], ["pb"]))
+        inits.append(("b", rng.normal(size=(20,)).astype(np.float32)))
+        product = "pb"
+    nodes.append(helper.make_node("Gelu", [product], ["y"], approximate=approximate))
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", [product], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, 5, 12])], outputs, inits, opset=20)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_matmul_then_gelu_becomes_one_node(backend, bias, approximate):
+    model = _matmul_gelu_model(bias, approximate=approximate)
+    x = {"x": np.random.default_rng(32).normal(size=(2, 5, 12)).astype(np.float32) * 2}
+    session = _compare(model, x, backend)
+    assert session.rewrites["fuse_matmul_gelu"] == 1
+    assert _ops(session) == ["MatMulGelu"]
+    assert session.graph.nodes[0].attrs["approximate"] == approximate
+    assert len(session.graph.nodes[0].inputs) == (3 if bias else 2)
+
+
+def test_matmul_whose_product_is_read_elsewhere_keeps_its_gelu():
+    session = hetero.Session(_matmul_gelu_model(True, extra_reader=True), backends=["reference"])
+    assert session.rewrites["fuse_matmul_gelu"] == 0
+    assert _ops(session) == ["FusedMatMul", "Gelu", "Neg"]
+
+
+def test_matmul_gelu_is_left_out_where_the_backend_lacks_it():
+    """MatMulGelu is an op of its own, not a FusedMatMul activation: OpenCL / Metal, whose FusedMatMul has no GELU,
+    keep the FusedMatMul and the Gelu."""
+    from hetero.ir import passes
+
+    kept = passes.for_backend(lambda key: key != ("hetero", "MatMulGelu"))
+    assert passes.fuse_matmul_gelu not in kept and passes.fuse_matmul_bias in kept
+    if not backend_ok("opencl")[0]:
+        return
+    model = _matmul_gelu_model(True)
+    x = {"x": np.random.default_rng(33).normal(size=(2, 5, 12)).astype(np.float32)}
+    session = hetero.Session(model, backends=["opencl"], on_fallback="error")
+    assert "fuse_matmul_gelu" not in session.rewrites and "MatMulGelu" not in _ops(session)
+    plain = hetero.Session(model, backends=["reference"], optimize=False).run(x)["y"]
+    np.testing.assert_allclose(session.run(x)["y"], plain, rtol=1e-4, atol=1e-5)

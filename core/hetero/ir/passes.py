@@ -801,6 +801,32 @@ def fuse_matmul_bias(graph: Graph) -> int:
     return count
 
 
+def fuse_matmul_gelu(graph: Graph) -> int:
+    """``Gelu(x @ W + b)``: a FusedMatMul with no activation (or a MatMul by a constant 2-D weight) whose output is
+    read by one Gelu alone, as one ``hetero.MatMulGelu(x, W[, b])`` with the Gelu's ``approximate`` (a transformer's
+    fc1: the GELU runs on each block of the product while it is in cache, not as a pass of its own). An op of its own,
+    not a FusedMatMul ``activation``: backends whose FusedMatMul has no GELU never get it (``FUSED_OPS``)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    for mm in list(graph.nodes):
+        w = graph.initializers.get(mm.inputs[1]) if len(mm.inputs) > 1 else None
+        if mm.op_key not in (("", "MatMul"), (HETERO_DOMAIN, "FusedMatMul")) or mm.attrs.get("activation") or \
+                w is None or np.ndim(w) != 2 or np.asarray(w).dtype != np.float32:
+            continue  # float32 alone: the kernels that fuse the GELU are float32 ones
+        if mm.outputs[0] in keep or mm.outputs[0] in graph.outputs:
+            continue
+        gelu = _single_consumer(graph, mm.outputs[0])
+        if gelu is None or gelu.op_key != ("", "Gelu") or len(gelu.inputs) != 1:
+            continue
+        fused = Node("MatMulGelu", list(mm.inputs), list(gelu.outputs),
+                     {"approximate": gelu.attrs.get("approximate", "none")},
+                     name=f"{mm.name or mm.outputs[0]}/matmul_gelu", domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(gelu)] = fused
+        graph.nodes.remove(mm)
+        count += 1
+    return count
+
+
 def fold_matmul_scale(graph: Graph) -> int:
     """MatMul / FusedMatMul (no activation) by a constant float32 2-D weight [K, N] whose output is read by one Mul of
     a float32 constant of N values along the last axis ([N], [1, N], [1, 1, N]): the weight's columns and the bias
@@ -1922,21 +1948,26 @@ def fuse_gelu_global_max_pool(graph: Graph) -> int:
 
 
 def fuse_add_layer_norm(graph: Graph) -> int:
-    """``LayerNormalization(Add(a, b))`` with a and b float32 of one rank whose known dims agree, the Add's output
-    read by that LayerNorm alone and the LayerNorm's Y its only output: one ``hetero.AddLayerNorm(a, b, scale, bias)``
-    with the LayerNorm's attributes (a post-norm encoder's residual sums, MiniLM's 12, whose token dims are unknown
-    until a run: the sum made row by row where the normalisation reads it instead of a tensor written and read
-    again; a kernel meets operands that broadcast after all with the two ops' passes)."""
+    """``LayerNormalization(Add(a, b))`` with a and b float32 of one rank whose known dims agree and the LayerNorm's Y
+    its only output: one ``hetero.AddLayerNorm(a, b, scale, bias)`` with the LayerNorm's attributes (a post-norm
+    encoder's residual sums, MiniLM's 12, whose token dims are unknown until a run: the sum made row by row where the
+    normalisation reads it instead of a tensor written and read again; a kernel meets operands that broadcast after
+    all with the two ops' passes). Where the sum is read elsewhere too (a pre-norm block's residual stream, a ViT's),
+    it is the fused node's second output, written by the same pass over each row."""
     count = 0
     keep = _read_by_subgraphs(graph)
-    producers = graph.producers()
+    producers, consumers = graph.producers(), graph.consumers()
+    moved = False
     for ln in list(graph.nodes):
         if ln.op_key != ("", "LayerNormalization") or not ln.inputs or any(ln.outputs[1:]):
             continue
         add = producers.get(ln.inputs[0])
         if add is None or add.op_key != ("", "Add") or len(add.inputs) != 2 or add.outputs[0] in keep or \
-                _single_consumer(graph, add.outputs[0]) is not ln:
+                [id(n) for n in consumers.get(add.outputs[0], [])].count(id(ln)) != 1 or \
+                ln.inputs.count(add.outputs[0]) != 1:
             continue
+        # a pre-norm block's sum, read again by the next residual Add (or a graph output): the node's second output
+        sum_read = add.outputs[0] in graph.outputs or len(consumers[add.outputs[0]]) > 1
         a, b = (graph.values.get(name) for name in add.inputs)
         if a is None or b is None or a.dtype != dtypes.float32 or b.dtype != dtypes.float32:
             continue
@@ -1944,11 +1975,14 @@ def fuse_add_layer_norm(graph: Graph) -> int:
         if sa is None or sb is None or len(sa) != len(sb) or \
                 any(x is not None and y is not None and x != y for x, y in zip(sa, sb, strict=True)):
             continue
-        fused = Node("AddLayerNorm", [*add.inputs, *ln.inputs[1:]], ln.outputs[:1], dict(ln.attrs),
-                     name=f"{ln.name or ln.outputs[0]}/add_layer_norm", domain=HETERO_DOMAIN)
+        fused = Node("AddLayerNorm", [*add.inputs, *ln.inputs[1:]], [ln.outputs[0], *add.outputs[:sum_read]],
+                     dict(ln.attrs), name=f"{ln.name or ln.outputs[0]}/add_layer_norm", domain=HETERO_DOMAIN)
         graph.nodes[graph.nodes.index(ln)] = fused
         graph.nodes.remove(add)
+        moved = moved or sum_read
         count += 1
+    if moved:
+        graph.toposort()  # the sum's other readers may sit between the Add's place and the LayerNorm's
     return count
 
 
@@ -2243,7 +2277,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transp
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
-                                    batch_gathered_gemms, fuse_matmul_bias, fold_matmul_scale,
+                                    batch_gathered_gemms, fuse_matmul_bias, fold_matmul_scale, fuse_matmul_gelu,
                                     fuse_matmul_integer_scale,
                                     fuse_conv_integer_scale,
                                     fuse_broadcast_unary_matmul,
@@ -2261,6 +2295,7 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "conv1d_channels_last": (HETERO_DOMAIN, "ConvNHWC"),
                                          "fuse_broadcast_unary_matmul": (HETERO_DOMAIN, "BroadcastUnaryMatMul"),
                                          "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul"),
+                                         "fuse_matmul_gelu": (HETERO_DOMAIN, "MatMulGelu"),
                                          "fuse_gelu_global_max_pool": (HETERO_DOMAIN, "GeluGlobalMaxPool"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
                                          "fuse_add_layer_norm": (HETERO_DOMAIN, "AddLayerNorm"),

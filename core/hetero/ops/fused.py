@@ -117,6 +117,15 @@ def fused_matmul(ctx: OpContext) -> list[np.ndarray]:
     return [apply_activation(ctx, y.astype(x.dtype, copy=False))]
 
 
+@op("MatMulGelu", domain=HETERO_DOMAIN, infer=_matmul_infer)
+def matmul_gelu(ctx: OpContext) -> list[np.ndarray]:
+    """``Gelu(x @ W + bias)`` (W 2-D, the bias row optional; the Gelu with its ``approximate`` attribute): a
+    transformer's fc1 and its GELU, which ``hetero.ir.passes.fuse_matmul_gelu`` replaces; the references composed."""
+    y = _reference(ctx, "FusedMatMul", [ctx.array(0), ctx.array(1), ctx.array(2) if ctx.has_input(2) else None],
+                   domain=HETERO_DOMAIN)[0]
+    return _reference(ctx, "Gelu", [y], {"approximate": ctx.attr("approximate", "none")})
+
+
 def _perm(ctx: OpContext, name: str) -> list[int]:
     perm = [int(p) for p in ctx.attr(name, [0, 1, 2, 3])]
     if sorted(perm) != [0, 1, 2, 3]:
@@ -219,18 +228,21 @@ def add_relu(ctx: OpContext) -> list[np.ndarray]:
 def _add_layer_norm_infer(ctx: OpContext) -> list[TensorInfo]:
     a, b = input_info(ctx, 0), input_info(ctx, 1)
     shape = broadcast_shapes(ctx, [a.shape, b.shape])
-    return [unknown(a.dtype) if shape is None else TensorInfo(a.dtype, shape)]
+    info = unknown(a.dtype) if shape is None else TensorInfo(a.dtype, shape)
+    return [info] * max(1, len(ctx.node.outputs))  # Y, and the sum where it is an output too
 
 
 @op("AddLayerNorm", domain=HETERO_DOMAIN, infer=_add_layer_norm_infer)
 def add_layer_norm(ctx: OpContext) -> list[np.ndarray]:
     """``LayerNormalization(A + B)`` (A and B of one shape; inputs 2 and 3 the LayerNormalization's Scale and
-    optional Bias, its ``axis`` / ``epsilon`` attributes, its Y alone): a post-norm transformer's residual Add read by
-    its LayerNorm alone (BERT, MiniLM), which ``hetero.ir.passes.fuse_add_layer_norm`` replaces; the two references
-    composed."""
+    optional Bias, its ``axis`` / ``epsilon`` attributes; output 0 its Y, the optional output 1 the sum A + B): a
+    transformer's residual Add and its LayerNorm (post-norm, BERT / MiniLM: the sum read by the LayerNorm alone;
+    pre-norm, a ViT's: the sum read by the next residual Add too), which ``hetero.ir.passes.fuse_add_layer_norm``
+    replaces; the two references composed."""
     total = _reference(ctx, "Add", [ctx.array(0), ctx.array(1)])[0]
     bias = ctx.array(3) if ctx.has_input(3) else None
-    return _reference(ctx, "LayerNormalization", [total, ctx.array(2), bias], dict(ctx.node.attrs))[:1]
+    y = _reference(ctx, "LayerNormalization", [total, ctx.array(2), bias], dict(ctx.node.attrs))[0]
+    return [y, total][:max(1, len(ctx.node.outputs))]
 
 
 @op("GeluMul", domain=HETERO_DOMAIN, infer=broadcast_infer())

@@ -162,14 +162,15 @@ void unary_nd(const Kernels& kr, int op, const char* x, const i64* sx, float* ou
 
 void rows_nd(const Kernels& kr, RowOp rop, const char* x, i64 rows, i64 n, i64 row_stride, i64 col_stride,
              float* out, const float* scale, const float* bias, float eps, float* mean_out, float* invstd_out,
-             bool log, const float* addend) {
+             bool log, const float* addend, float* sum_out) {
   if (rows == 0) return;
   const double work = static_cast<double>(rows) * n * 4;
   const int T = threads_for(work, 32768);
   const i64 rpt = std::max<i64>(1, 16384 / std::max<i64>(n, 1));
   const i64 ntasks = (rows + rpt - 1) / rpt;
   parallel_for(ntasks, T, [&](i64 t) {
-    float* tmp = col_stride == 4 && addend == nullptr ? nullptr : tl_buf(TL_TMP).get(static_cast<std::size_t>(n));
+    float* tmp = col_stride == 4 && (addend == nullptr || sum_out != nullptr)
+                     ? nullptr : tl_buf(TL_TMP).get(static_cast<std::size_t>(n));
     for (i64 r = t * rpt; r < std::min<i64>(rows, (t + 1) * rpt); ++r) {
       const float* xr = reinterpret_cast<const float*>(x + r * row_stride);
       if (col_stride != 4) {
@@ -177,9 +178,11 @@ void rows_nd(const Kernels& kr, RowOp rop, const char* x, i64 rows, i64 n, i64 r
         xr = tmp;
       }
       if (addend != nullptr) {
-        // the Add's own vector add (binary_nd's): the sum's bits, without writing the sum out and reading it back
-        kr.binary(B_ADD, BM_VV, xr, addend + r * n, tmp, n);
-        xr = tmp;
+        // the Add's own vector add (binary_nd's): the sum's bits, without writing the sum out and reading it back;
+        // with sum_out (a pre-norm block's residual, read again later) the row goes there, still in L1 for the norm
+        float* sum = sum_out != nullptr ? sum_out + r * n : tmp;
+        kr.binary(B_ADD, BM_VV, xr, addend + r * n, sum, n);
+        xr = sum;
       }
       float* yr = out + r * n;
       switch (rop) {

@@ -16,9 +16,10 @@ void unary_nd(const Kernels& kr, int op, const char* x, const i64* sx, float* ou
               float alpha, float beta);
 
 // Row kernels over a (rows, n) float view with byte strides; out contiguous (rows, n). `addend` (contiguous (rows,
-// n), or null): each row of x plus its row, in an L1 row buffer, is what the row op reads (an Add before a LayerNorm).
+// n), or null): each row of x plus its row, in an L1 row buffer, is what the row op reads (an Add before a LayerNorm);
+// `sum_out` (contiguous (rows, n), or null; with addend alone): that sum's row is written there instead.
 void rows_nd(const Kernels& kr, RowOp rop, const char* x, i64 rows, i64 n, i64 row_stride, i64 col_stride,
              float* out, const float* scale, const float* bias, float eps, float* mean_out, float* invstd_out,
-             bool log, const float* addend = nullptr);
+             bool log, const float* addend = nullptr, float* sum_out = nullptr);
 
 }  // namespace hetero

@@ -678,7 +678,7 @@ void py_softmax(const py::array& x, const py::array& out, bool log) { run_now(pr
 // made row by row in L1 instead of a tensor written and read again).
 Op prep_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
                    float eps, const py::object& mean_out, const py::object& invstd_out, const py::object& skip,
-                   bool once) {
+                   const py::object& sum_out, bool once) {
   const char* fn = "layer_norm";
   rows_common(fn, x, out);
   const i64 rows = x.shape(0), n = x.shape(1);
@@ -691,6 +691,19 @@ Op prep_layer_norm(const py::array& x, const py::array& scale, const py::object&
       fail(std::string(fn) + ": skip must have x's shape, got " + shape_str(sk));
     if (sk.strides(1) != 4 || sk.strides(0) != 4 * n) fail(std::string(fn) + ": skip must be C-contiguous");
     padd = static_cast<const float*>(sk.data());
+  }
+  // `sum_out` (x's shape, C-contiguous, with skip alone): the rows of x + skip written there as well
+  float* psum = nullptr;
+  if (!sum_out.is_none()) {
+    if (padd == nullptr) fail("layer_norm: sum_out needs skip");
+    if (!py::isinstance<py::array>(sum_out)) fail("layer_norm: sum_out must be a numpy array or None");
+    const auto so = py::reinterpret_borrow<py::array>(sum_out);
+    need_f32(so, fn, "sum_out");
+    need_out(so, fn, "sum_out");
+    if (so.ndim() != 2 || so.shape(0) != rows || so.shape(1) != n)
+      fail(std::string(fn) + ": sum_out must have x's shape, got " + shape_str(so));
+    if (so.strides(1) != 4 || so.strides(0) != 4 * n) fail(std::string(fn) + ": sum_out must be C-contiguous");
+    psum = static_cast<float*>(const_cast<void*>(so.data()));
   }
   auto ks = std::make_shared<std::vector<float>>(), kb = std::make_shared<std::vector<float>>();
   const float* ps = vec_param(scale, n, *ks, fn, "scale");
@@ -705,14 +718,15 @@ Op prep_layer_norm(const py::array& x, const py::array& scale, const py::object&
   const char* px = static_cast<const char*>(x.data());
   float* po = static_cast<float*>(const_cast<void*>(out.data()));
   const i64 rs = x.strides(0), cs = x.strides(1);
-  return [px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, ks, kb, padd] {
-    rows_nd(active(), RowOp::LayerNorm, px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, false, padd);
+  return [px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, ks, kb, padd, psum] {
+    rows_nd(active(), RowOp::LayerNorm, px, rows, n, rs, cs, po, ps, pb, eps, pm, pi, false, padd, psum);
   };
 }
 
 void py_layer_norm(const py::array& x, const py::array& scale, const py::object& bias, const py::array& out,
-                   float eps, const py::object& mean_out, const py::object& invstd_out, const py::object& skip) {
-  run_now(prep_layer_norm, x, scale, bias, out, eps, mean_out, invstd_out, skip, true);
+                   float eps, const py::object& mean_out, const py::object& invstd_out, const py::object& skip,
+                   const py::object& sum_out) {
+  run_now(prep_layer_norm, x, scale, bias, out, eps, mean_out, invstd_out, skip, sum_out, true);
 }
 
 void py_rms_norm(const py::array& x, const py::array& scale, const py::array& out, float eps) {
@@ -1196,10 +1210,10 @@ void register_step_ops() {
                       step_val(a, 3, 0.f), step_val(a, 4, 0.f));
   });
   register_step_op("layer_norm", [](const py::tuple& a) {
-    step_arity(a, 4, 8, "layer_norm");
+    step_arity(a, 4, 9, "layer_norm");
     return prep_layer_norm(step_array(a, 0, "layer_norm"), step_array(a, 1, "layer_norm"), a[2],
                            step_array(a, 3, "layer_norm"), step_val(a, 4, 1e-5f), step_obj(a, 5), step_obj(a, 6),
-                           step_obj(a, 7), false);
+                           step_obj(a, 7), step_obj(a, 8), false);
   });
   register_step_op("gather", [](const py::tuple& a) {
     step_arity(a, 4, 4, "gather");
@@ -1370,7 +1384,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("softmax", &py_softmax, py::arg("x"), py::arg("out"), py::arg("log") = false);
   m.def("layer_norm", &py_layer_norm, py::arg("x"), py::arg("scale"), py::arg("bias"), py::arg("out"),
         py::arg("epsilon") = 1e-5f, py::arg("mean_out") = py::none(), py::arg("invstd_out") = py::none(),
-        py::arg("skip") = py::none(), "skip (x's shape, C-contiguous): normalise the rows of x + skip.");
+        py::arg("skip") = py::none(), py::arg("sum_out") = py::none(),
+        "skip (x's shape, C-contiguous): normalise the rows of x + skip; sum_out (the same): also write x + skip.");
   m.def("rms_norm", &py_rms_norm, py::arg("x"), py::arg("scale"), py::arg("out"), py::arg("epsilon") = 1e-6f);
 
   m.def("copy", &py_copy, py::arg("src"), py::arg("out"));

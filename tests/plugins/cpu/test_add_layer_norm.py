@@ -37,6 +37,36 @@ def test_layer_norm_skip_is_add_then_layer_norm(isa, threads, rows, n, with_bias
     np.testing.assert_allclose(got, _reference(x, skip, scale, bias, 1e-5), rtol=1e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("rows,n", [(1, 1), (1, 7), (5, 129), (257, 384), (2, 17000)])
+@pytest.mark.parametrize("strided", [False, True])
+def test_layer_norm_sum_out_is_the_add(isa, threads, rows, n, strided):
+    """``sum_out`` (a pre-norm block's AddLayerNorm with the sum as its second output): the Add's bits written there,
+    and the normalised rows unchanged."""
+    rng = np.random.default_rng(rows + n)
+    wide = rng.normal(1, 3, (rows, 2 * n)).astype(np.float32)
+    x = wide[:, ::2] if strided else np.ascontiguousarray(wide[:, :n])
+    skip = rng.normal(0, 2, (rows, n)).astype(np.float32)
+    scale, bias = rng.normal(size=n).astype(np.float32), rng.normal(size=n).astype(np.float32)
+    got, total = np.empty((rows, n), np.float32), np.full((rows, n), np.nan, np.float32)
+    _native.layer_norm(x, scale, bias, got, 1e-5, None, None, skip, total)
+    want_total, want = np.empty((rows, n), np.float32), np.empty((rows, n), np.float32)
+    _native.binary("add", x, skip, want_total)
+    _native.layer_norm(want_total, scale, bias, want, 1e-5)
+    np.testing.assert_array_equal(total, want_total)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_layer_norm_sum_out_refusals():
+    x, skip = np.ones((4, 8), np.float32), np.ones((4, 8), np.float32)
+    scale, out = np.ones(8, np.float32), np.empty((4, 8), np.float32)
+    with pytest.raises(Exception, match="needs skip"):
+        _native.layer_norm(x, scale, None, out, 1e-5, None, None, None, np.empty((4, 8), np.float32))
+    with pytest.raises(Exception, match="shape"):
+        _native.layer_norm(x, scale, None, out, 1e-5, None, None, skip, np.empty((4, 7), np.float32))
+    with pytest.raises(Exception, match="contiguous"):
+        _native.layer_norm(x, scale, None, out, 1e-5, None, None, skip, np.empty((4, 16), np.float32)[:, ::2])
+
+
 def test_layer_norm_skip_special_values(isa):
     x = np.array([[np.nan, 1, 2, 3], [np.inf, 0, 0, 0], [1, 2, 3, 4]], np.float32)
     skip = np.array([[0, 0, 0, 0], [0, 0, 0, 0], [-np.inf, 0, 0, 0]], np.float32)

@@ -17,6 +17,7 @@ KERNELS: dict[tuple[str, str], KernelFactory] = {
     ("", "MatMul"): matmul.CpuMatMul,
     ("", "Gemm"): matmul.CpuGemm,
     ("hetero", "FusedMatMul"): matmul.CpuFusedMatMul,
+    ("hetero", "MatMulGelu"): matmul.CpuMatMulGelu,
     ("hetero", "FusedAttention"): matmul.CpuFusedAttention,
     ("hetero", "ConvNHWC"): matmul.CpuConvNHWC,
     **llm.KERNELS,

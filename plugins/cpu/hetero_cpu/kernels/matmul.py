@@ -105,6 +105,8 @@ class CpuMatMul(CallKernel):
 class CpuFusedMatMul(CpuMatMul):
     """MatMul by a packed constant weight with the bias in the GEMM epilogue, then the activation in place."""
 
+    in_epilogue = False  # the activation on each block of C in the GEMM's epilogue instead of a pass afterwards
+
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         if 1 not in node.constants:
@@ -134,6 +136,9 @@ class CpuFusedMatMul(CpuMatMul):
             fill = functools.partial(flat.fill, 0) if bias is None else functools.partial(np.copyto, flat, bias)
             return _with_activation(fill, flat, self.activation)
         # positional arguments throughout: pybind11 matches keywords by name at every call
+        if self.in_epilogue:
+            return functools.partial(_native.gemm_packed, _rows2d(a), self.packed, flat, 1.0, 0.0, bias,
+                                     *self.activation)
         gemm = functools.partial(_native.gemm_packed, _rows2d(a), self.packed, flat, 1.0, 0.0, bias)
         return _with_activation(gemm, flat, self.activation)
 
@@ -141,6 +146,23 @@ class CpuFusedMatMul(CpuMatMul):
         if self.bias is None and len(inputs) > 2 and inputs[2] is not None and inputs[2].numpy().dtype != np.float32:
             return None  # a converted bias would be this run's copy
         return CallKernel.bind(self, inputs, outputs)
+
+
+class CpuMatMulGelu(CpuFusedMatMul):
+    """hetero.MatMulGelu: FusedMatMul with the GELU (the erf form, or the tanh one) in the GEMM's epilogue, on each
+    block of C while it is in cache; the native Gelu's own row function, so the bits of the FusedMatMul then Gelu."""
+
+    in_epilogue = True
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if node.attr("approximate", "none") not in ("none", "tanh"):
+            return unsupported(f"MatMulGelu approximate={node.attr('approximate')!r}")
+        return CpuFusedMatMul.accepts(node)
+
+    def __init__(self, node: NodeInfo, backend: Backend) -> None:
+        super().__init__(node, backend)
+        self.activation = ("gelu_tanh" if self.attr("approximate", "none") == "tanh" else "gelu", 0.0, 0.0)
 
 
 class CpuGemm(CallKernel):

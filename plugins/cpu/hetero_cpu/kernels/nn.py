@@ -73,7 +73,9 @@ class CpuLayerNorm(CallKernel):
 
     @classmethod
     def accepts(cls, node: NodeInfo) -> Support:
-        x = node.inputs[0]
+        # the rows normalised: x's, or AddLayerNorm's sum, whose shape (the output's) may be known where an
+        # operand's is not (a ViT's patch tokens [?, ?, ?] plus position embeddings [1, ?, 384])
+        x = node.outputs[0] if cls.scale_at == 2 else node.inputs[0]
         if x is None or x.shape is None:
             return unsupported(f"{node.op_type} on a tensor of unknown rank")
         axis = node.attr("axis", -1)
@@ -109,9 +111,10 @@ class CpuLayerNorm(CallKernel):
 
 
 class CpuAddLayerNorm(CpuLayerNorm):
-    """hetero.AddLayerNorm: LayerNormalization(a + b). Operands of the output's shape: the native layer_norm's rows of
-    x + skip (the Add's vector add into an L1 row, then the same row kernel: the bits of the Add then the LayerNorm);
-    operands that broadcast: the Add's pass into a buffer, then the LayerNorm's."""
+    """hetero.AddLayerNorm: LayerNormalization(a + b), and a + b as output 1 where the node has one. Operands of the
+    output's shape: the native layer_norm's rows of x + skip (the Add's vector add into an L1 row, or into output 1's
+    row, then the same row kernel: the bits of the Add then the LayerNorm); operands that broadcast: the Add's pass
+    into a buffer (output 1 where there is one), then the LayerNorm's."""
 
     scale_at = 2
 
@@ -128,13 +131,15 @@ class CpuAddLayerNorm(CpuLayerNorm):
             return noop
         a, b = inputs[0].numpy(), inputs[1].numpy()
         scale, bias = self._scale_bias(inputs)
+        # the sum as output 1 (a pre-norm block's residual): written by the same row pass
+        sum_out = outputs[1].buffer if len(outputs) > 1 else None
         # positional: a replay's step takes the call (fuse.step_calls leaves calls with keywords apart)
         if a.shape == b.shape == out.shape:
             x = np.ascontiguousarray(a).reshape(self.rows)
             skip = np.ascontiguousarray(b).reshape(self.rows)
             return functools.partial(_native.layer_norm, x, scale, bias, out.reshape(self.rows), self.eps, None,
-                                     None, skip)
-        total = np.empty(out.shape, np.float32)
+                                     None, skip, None if sum_out is None else sum_out.reshape(self.rows))
+        total = np.empty(out.shape, np.float32) if sum_out is None else sum_out
         return [functools.partial(_native.binary, "add", np.broadcast_to(a, out.shape), np.broadcast_to(b, out.shape),
                                   total),
                 functools.partial(_native.layer_norm, total.reshape(self.rows), scale, bias, out.reshape(self.rows),
