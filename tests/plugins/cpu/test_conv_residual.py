@@ -152,7 +152,7 @@ def test_not_for_a_backend_without_the_kernel():
 def test_dynamic_batch_fuses_and_a_broadcast_batch_stays_correct():
     """A dynamic batch (open_nsfw's, ResNet-18's) fuses; a Z of batch 1 against a batch of 2 (the Add broadcast it)
     still gives the unfused graph's values."""
-    x, wt, b, r, strides, pads, g = _case((2, 17, 9, 11, 29, 1, 1, 0, 1), 7)
+    x, wt, b, r, *_ = _case((2, 17, 9, 11, 29, 1, 1, 0, 1), 7)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Add", ["r", "c"], ["a"]),
              helper.make_node("Relu", ["a"], ["y"])]
     model = make_model(nodes, [("x", TensorProto.FLOAT, ["N", 17, 9, 11]), ("r", TensorProto.FLOAT, ["N", 29, 9, 11])],
