@@ -2161,6 +2161,61 @@ def fuse_add_relu(graph: Graph) -> int:
     return _fuse_into_reader(graph, "Add", "Relu", "AddRelu", 2, accept=float32)
 
 
+def fuse_conv_residual(graph: Graph) -> int:
+    """``Add(Conv(x, w, b), r)`` (either order) with r of the conv output's float32 shape (no broadcast; its dims
+    known but the batch, which the kernel meets with r broadcast if it must), the
+    conv's output read by that Add alone, and the Add's, where a Relu alone reads it, through that Relu: one
+    ``hetero.ConvResidual(x, w, b, r)`` (``activation`` "Relu" or none) whose output stage adds r before the
+    activation, the nodes' float operations in their order (a ResNet block's last conv, shortcut sum and Relu:
+    open_nsfw's 16, ResNet-18's 8; onnxruntime sums inside its conv too). The conv: a plain 2-D / 1-D Conv with
+    constant weights. Where both operands are such convs, the one later in the graph fuses (the other is then
+    computed before it)."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers = graph.producers()
+
+    def shape_of(name: str) -> tuple | None:
+        """The float32 shape, its dims past the batch known (the batch may be dynamic: open_nsfw's, ResNet-18's)."""
+        info = graph.values.get(name)
+        if info is None or info.dtype != dtypes.float32 or info.shape is None or len(info.shape) < 3:
+            return None
+        shape = tuple(info.shape)
+        return shape if all(isinstance(d, int) for d in shape[1:]) else None
+
+    def fusable(name: str, add: Node) -> Node | None:
+        conv = producers.get(name)
+        if conv is None or conv.op_key != ("", "Conv") or conv not in graph.nodes or name in keep \
+                or len(conv.inputs) < 2 or graph.initializers.get(conv.inputs[1]) is None \
+                or graph.initializers[conv.inputs[1]].ndim not in (3, 4) or _single_consumer(graph, name) is not add:
+            return None
+        return conv
+
+    for add in list(graph.nodes):
+        if add.op_key != ("", "Add") or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+            continue
+        shapes = [shape_of(n) for n in add.inputs]
+        if shapes[0] is None or shapes[0] != shapes[1] or shape_of(add.outputs[0]) != shapes[0]:
+            continue
+        convs = [(graph.nodes.index(c), i, c) for i, n in enumerate(add.inputs) if (c := fusable(n, add)) is not None]
+        if not convs:
+            continue
+        _, side, conv = max(convs, key=lambda t: t[0])
+        tail, attrs = add, dict(conv.attrs)
+        relu = _single_consumer(graph, add.outputs[0])
+        if relu is not None and relu.op_key == ("", "Relu") and add.outputs[0] not in keep:
+            tail, attrs["activation"] = relu, "Relu"
+        inputs = [*[*conv.inputs, ""][:3], add.inputs[1 - side]]
+        fused = Node("ConvResidual", inputs, list(tail.outputs), attrs,
+                     name=f"{tail.name or tail.outputs[0]}/conv_residual", domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(tail)] = fused
+        graph.nodes.remove(conv)
+        if tail is not add:
+            graph.nodes.remove(add)
+        producers = graph.producers()
+        count += 1
+    return count
+
+
 # fuse_embedding_rnn: the largest projected table it makes (V x dirs x gates x hidden floats: 64 MB)
 EMBEDDING_RNN_MAX_VALUES = 16 * 1024 * 1024
 
@@ -2283,7 +2338,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transp
                                     fuse_broadcast_unary_matmul,
                                     fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
                                     einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
-                                    fuse_gelu_mul, fuse_gelu_global_max_pool, fuse_add_relu, fuse_add_layer_norm,
+                                    fuse_gelu_mul, fuse_gelu_global_max_pool, fuse_conv_residual, fuse_add_relu,
+                                    fuse_add_layer_norm,
                                     fuse_embedding_rnn)
 
 
@@ -2298,6 +2354,7 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_matmul_gelu": (HETERO_DOMAIN, "MatMulGelu"),
                                          "fuse_gelu_global_max_pool": (HETERO_DOMAIN, "GeluGlobalMaxPool"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
+                                         "fuse_conv_residual": (HETERO_DOMAIN, "ConvResidual"),
                                          "fuse_add_layer_norm": (HETERO_DOMAIN, "AddLayerNorm"),
                                          "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN"),
                                          "fuse_dw_pointwise": (HETERO_DOMAIN, "DwPointwiseConv"),

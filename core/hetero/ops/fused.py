@@ -56,6 +56,16 @@ def fused_conv(ctx: OpContext) -> list[np.ndarray]:
     return [apply_activation(ctx, y)]
 
 
+@op("ConvResidual", domain=HETERO_DOMAIN, infer=_conv_infer)
+def conv_residual(ctx: OpContext) -> list[np.ndarray]:
+    """Conv (inputs X, W, optional B; its attributes), plus Z (input 3, the output's shape), then the activation
+    named by ``activation`` (none or Relu): a residual block's conv, shortcut Add and Relu
+    (``ir.passes.fuse_conv_residual``), the sum in float32 as the Add computed it."""
+    conv_ctx = OpContext(ctx.node, ctx.inputs[:3], ctx.values[:3], ctx.opset)
+    (y,) = get("", "Conv").reference(conv_ctx)
+    return [apply_activation(ctx, (y + ctx.array(3).astype(y.dtype)).astype(y.dtype))]
+
+
 @op("GroupNorm", domain=HETERO_DOMAIN, infer=lambda ctx: [input_info(ctx, 0)])
 def group_norm(ctx: OpContext) -> list[np.ndarray]:
     """GroupNormalization with per-channel scale and bias, then the activation named by ``activation`` (none or

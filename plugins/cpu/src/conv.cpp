@@ -1346,8 +1346,14 @@ bool pointwise_tiles_fit(const ExtraKernels& xk, const ConvGeom& g, i64 K) {
 // kConvBlockFloats), each tile read from L1 by every weight panel in turn; at 2+ threads where the weights outweigh
 // the input (YOLOv8n's 1x1 convs on 10 x 10 maps) the tasks split the weight panels instead, as the GEMM path does.
 // False (nothing written) where the kernel has no register epilogue for this activation: the GEMM runs it.
+// rows x n of o (row stride ld) = o + res (res laid out as o), then Relu where relu: the residual stage run on a
+// block just written (in L1 / L2); the same float operations as the Add (or AddRelu) node after the conv.
+void residual_rows(const Kernels& kr, float* o, const float* res, i64 rows, i64 n, i64 ld, bool relu) {
+  for (i64 r = 0; r < rows; ++r) kr.binary(relu ? B_ADD_RELU : B_ADD, BM_VV, o + r * ld, res + r * ld, o + r * ld, n);
+}
+
 bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
-                    const Epilogue& act) {
+                    const Epilogue& act, const float* res = nullptr, bool res_relu = false) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const int mr = kr.mr, nr = kr.nr;
@@ -1379,6 +1385,7 @@ bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, con
     const float* a = pc.buf.p + gi * pc.group_stride;
     const float* bias_g = bias ? bias + gi * cout_g : nullptr;
     float* o = out + (n * g.Cout + gi * cout_g) * HW;
+    const float* ro = res ? res + (n * g.Cout + gi * cout_g) * HW : nullptr;
     const i64 t0 = blocks.begin(blk), te = t0 + blocks.size(blk);
     float* tail = nullptr;
     if (te == tiles && last < nr) {  // the last tile: its K rows copied, zero-filled to nr floats
@@ -1399,6 +1406,10 @@ bool conv_pointwise(const PackedConv& pc, const ConvGeom& g, const float* x, con
         xk.conv_tile_ep(mr, ncols <= xk.lanes ? xk.lanes : nr, K, a + p * K * mr, copied ? tail : xin + j0,
                         off.data() + (copied ? K : 0), o + p * mr * HW + j0, HW, nrows, ncols, bp, act.act,
                         act.act_alpha, act.act_beta);
+      }
+      if (ro) {  // this panel's rows of the block, still in cache
+        const i64 c0 = t0 * nr, c1 = std::min<i64>(te * nr, HW);
+        residual_rows(kr, o + p * mr * HW + c0, ro + p * mr * HW + c0, nrows, c1 - c0, HW, res_relu);
       }
     }
   }, flops >= kWakeFlops);
@@ -1510,8 +1521,12 @@ const char* conv_algorithm_name(ConvAlgo a) {
 }
 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
-                   const Epilogue& act) {
+                   const Epilogue& act_in, const float* residual) {
   if (geom.N == 0 || geom.Cout == 0 || geom.Ho == 0 || geom.Wo == 0) return;
+  // with a residual the activation (Relu) comes after the sum: the conv's own stage runs without it
+  const bool res_relu = residual != nullptr && act_in.act >= 0;
+  Epilogue act = act_in;
+  if (residual) act.act = -1;
   if (strided_pointwise(pc, geom)) {
     // A strided 1x1 conv without padding (ResNet's stride-2 projections) reads every sh-th row and sw-th column: those
     // are copied once into a [N, C, Ho, Wo] buffer (the caller's, read by the tasks of the conv on it) and the conv
@@ -1521,11 +1536,23 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     s.H = geom.Ho, s.W = geom.Wo, s.sh = 1, s.sw = 1;
     float* sub = tl_buf(TL_CONV_IN).get(static_cast<std::size_t>(geom.N * geom.C * geom.Ho * geom.Wo));
     subsample(extra_for(*pc.kr), geom, x, sub);
-    conv2d_packed(pc, s, sub, bias, out, act);
+    conv2d_packed(pc, s, sub, bias, out, act_in, residual);
     return;
   }
   const ConvGeom g = along_w(geom);
   ConvAlgo algo = conv_algorithm(pc, geom);
+  if (residual != nullptr && algo != ConvAlgo::pointwise && algo != ConvAlgo::gemm) {
+    // a path without the residual stage: the conv, then out = act(out + residual) in one pass over the output
+    conv2d_packed(pc, geom, x, bias, out, act, nullptr);
+    const Kernels& kr = *pc.kr;
+    const i64 planes = geom.N * geom.Cout, HWo = geom.Ho * geom.Wo;
+    const int T = threads_for(static_cast<double>(planes) * HWo, kParallelGrain);
+    parallel_for(T, T, [&](i64 t) {
+      const i64 q0 = planes * t / T, q1 = planes * (t + 1) / T;
+      residual_rows(kr, out + q0 * HWo, residual + q0 * HWo, 1, (q1 - q0) * HWo, 0, res_relu);
+    });
+    return;
+  }
   if (algo == ConvAlgo::bf16x3_pw || algo == ConvAlgo::bf16x3_rows) {
     if (conv_bf16x3_amx(pc, g, x, bias, out, act)) return;
     algo = bf16x3_conv_fits(pc, g) ? ConvAlgo::bf16x3 : fp32_algorithm(pc, g);
@@ -1559,7 +1586,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     case ConvAlgo::transposed: conv_transposed(pc, g, x, bias, out, act); return;
     case ConvAlgo::cblk: conv_cblk(pc, g, x, bias, out, act); return;
     case ConvAlgo::pointwise:
-      if (conv_pointwise(pc, g, x, bias, out, act)) return;
+      if (conv_pointwise(pc, g, x, bias, out, act, residual, res_relu)) return;
       break;  // an activation the tiles do not apply: the GEMM
     case ConvAlgo::gemm:
     case ConvAlgo::bf16x3:
@@ -1644,6 +1671,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
     ep.bias_rs = 1;
     ep.bias_cs = 0;
     float* o = out + (n * g.Cout + gi * cout_g) * HWo + j0;
+    const float* ro = residual ? residual + (n * g.Cout + gi * cout_g) * HWo + j0 : nullptr;
     // in place, the last group's tasks also run the ragged last row panel (<= 4 rows) as tiles (its packed panel is
     // zero-padded to mr rows), where the small-M kernel below would need the columns packed
     const i64 r_end = in_place && tail ? cout_g : r1;
@@ -1662,6 +1690,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       else
         gemm_prepacked_b(kr, r1 - r0, ncols, K, nullptr, pc.buf.p + gi * pc.group_stride + r0 * K, bp,
                          o + r0 * HWo, HWo, 1.f, 0.f, epm, 1);
+      if (ro) residual_rows(kr, o + r0 * HWo, ro + r0 * HWo, r_end - r0, ncols, HWo, res_relu);
     }
     if (tail && m_main < cout_g && !in_place) {
       // A ragged last row panel of <= 4 rows (Cout = 16 or 64 with mr = 12): the small-M kernel on the same packed
@@ -1670,6 +1699,7 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
       ept.bias = ep.bias ? ep.bias + m_main : nullptr;
       const MatView at{pc.raw.p + (gi * cout_g + m_main) * pc.raw_ld, cout_g - m_main, K, pc.raw_ld, 1};
       gemm_small_m_packed(kr, at, bp, ncols, o + m_main * HWo, HWo, 1.f, 0.f, ept, 1);
+      if (ro) residual_rows(kr, o + m_main * HWo, ro + m_main * HWo, cout_g - m_main, ncols, HWo, res_relu);
     }
   }, flops >= kWakeFlops);
 }

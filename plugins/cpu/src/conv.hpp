@@ -89,8 +89,11 @@ Blocks balanced_blocks(i64 n, i64 max_per_block, i64 images, int T, i64 min_per_
 std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 cout, i64 cin_g, i64 kh, i64 kw,
                                          i64 group, bool bf16x3 = false);
 
+// residual (optional, laid out as out): out = act(conv + bias + residual), the sum before the activation (a
+// ResNet block's shortcut Add and Relu; act none or Relu). The 1x1 paths (pointwise tiles, the GEMM) add it to each
+// block they just wrote, still in cache; the other paths run the conv, then one pass over the output.
 void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
-                   const Epilogue& act);
+                   const Epilogue& act, const float* residual = nullptr);
 
 // A depthwise conv (geometry gd) and a 1x1 stride-1 conv on its output in one call (conv.cpp): in one pass over
 // bands of rows where dw_pointwise_fits, else the two convs in turn (out: [N, pw.cout, gd.Ho, gd.Wo]).

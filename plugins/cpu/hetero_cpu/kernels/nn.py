@@ -239,6 +239,40 @@ class CpuConv(CallKernel):
         return super().bind(inputs, outputs)
 
 
+class CpuConvResidual(CpuConv):
+    """hetero.ConvResidual: the conv with Z (input 3) added in its output stage before the Relu (``conv2d_packed``'s
+    residual: in the 1x1 paths' blocks while they are in cache, else one pass after the conv)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        verdict = CpuConv.accepts(node)
+        if verdict and node.attr("activation", "") not in ("", "Relu"):
+            return unsupported(f"ConvResidual with activation {node.attr('activation')!r} (cpu: none or Relu)")
+        return verdict
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        bias = self.bias
+        if bias is None and inputs[2] is not None:
+            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
+        x, res = np.ascontiguousarray(inputs[0].numpy()), np.ascontiguousarray(inputs[3].numpy())
+        if res.shape != out.shape:  # a dynamic batch the pass could not compare: Z of batch 1 (the Add broadcast it)
+            res = np.ascontiguousarray(np.broadcast_to(res, out.shape))
+        if self.one_d:
+            x, out, res = x[:, :, None, :], out[:, :, None, :], res[:, :, None, :]
+        act, alpha, beta = self.activation
+        return functools.partial(_native.conv2d_packed, x, self.packed, bias, out, self.native_strides, self.pads,
+                                 self.native_dilations, act, alpha, beta, res)
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        """Z is bound only where it is read in place (the output's shape)."""
+        if inputs[3] is None or inputs[3].numpy().shape != outputs[0].buffer.shape:
+            return None
+        return super().bind(inputs, outputs)
+
+
 class CpuDwPointwiseConv(CallKernel):
     """hetero.DwPointwiseConv: the depthwise conv and its 1x1 conv in one native call (``dw_pointwise``: one pass over
     bands of rows where the pair gains, else the two convs in turn inside the call)."""
@@ -403,6 +437,7 @@ KERNELS = {
     ("hetero", "AddLayerNorm"): CpuAddLayerNorm,
     ("", "Conv"): CpuConv,
     ("hetero", "FusedConv"): CpuConv,
+    ("hetero", "ConvResidual"): CpuConvResidual,
     ("hetero", "DwPointwiseConv"): CpuDwPointwiseConv,
     ("", "MaxPool"): CpuPool,
     ("", "AveragePool"): CpuAvgPool,
