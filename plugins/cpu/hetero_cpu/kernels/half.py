@@ -14,17 +14,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import Kernel, NodeInfo, Tensor, TensorInfo, dtypes
+from hetero.ir.passes import HALF_UPCAST_OPS
 
 from .. import _native
 
-# The ops whose float32 kernel computes the float16 node's result (their float16 tensors all take the one float type
-# T, and no attribute names an output type): arithmetic and layers, not Cast / movement ops (those run natively).
-UPCAST_OPS = frozenset({
-    "Conv", "ConvTranspose", "MatMul", "Gemm", "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Relu",
-    "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Pow", "BatchNormalization",
-    "LayerNormalization", "InstanceNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-    "ReduceMean", "ReduceSum", "ReduceMax", "HardSigmoid", "HardSwish", "Clip", "PRelu", "Resize",
-})
+# The ops whose float32 kernel computes the float16 node's result: arithmetic and layers, not Cast / movement ops
+# (those run natively). The same set float16_chains_to_float32 keeps in float32 between the casts it adds.
+UPCAST_OPS = HALF_UPCAST_OPS
 
 
 def to_float32(a: np.ndarray) -> np.ndarray:
