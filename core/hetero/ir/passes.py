@@ -2324,6 +2324,120 @@ def fuse_dw_pointwise(graph: Graph) -> int:
     return count
 
 
+# The float16 ops whose float32 form computes the node's result (their float tensors all take the one type T, no
+# attribute names an output type): arithmetic and layers. hetero_cpu.kernels.half runs them on its float32 kernels.
+HALF_UPCAST_OPS = frozenset({
+    "Conv", "ConvTranspose", "MatMul", "Gemm", "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Relu",
+    "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Pow", "BatchNormalization",
+    "LayerNormalization", "InstanceNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+    "ReduceMean", "ReduceSum", "ReduceMax", "HardSigmoid", "HardSwish", "Clip", "PRelu", "Resize",
+})
+# Ops that move float16 values without arithmetic (the same values in float32 move the same way): a chain may run
+# through them (tf2onnx's Conv1D: Unsqueeze, Conv, Squeeze).
+_HALF_MOVEMENT_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flatten", "Identity", "Concat",
+                                "Slice", "Gather", "Expand"})
+
+
+def float16_chains_to_float32(graph: Graph) -> int:
+    """Float16 chains computed in float32 between their first input and their last output, as onnxruntime's CPU
+    provider runs float16 models (Casts inserted around its float32 kernels, the redundant Cast pairs removed).
+
+    Only for a backend that computes float16 nodes in float32 anyway (``for_backend(float16_via_float32=True)``: the
+    cpu's HalfUpcast, which rounds each node's output to float16): a connected group of float16 arithmetic nodes
+    (``HALF_UPCAST_OPS``, every float tensor float16) and the movement ops between them becomes float32 nodes on
+    float32 copies of their float16 weights, with a Cast to float32 where a float16 value enters the group and a Cast
+    back to float16 for each value leaving it (graph outputs keep their float16 type and name), except where a Cast
+    to float32 reads it: that Cast becomes an Identity of the float32 value. Values inside the
+    group are no longer rounded to float16: closer to a float32 computation, and to onnxruntime's. Groups of one node
+    or without arithmetic are left alone (they would gain nothing). Returns the number of nodes converted."""
+    keep = _read_by_subgraphs(graph)
+
+    def half(name: str) -> bool:
+        info = graph.values.get(name) if name else None
+        return info is not None and info.dtype == dtypes.float16
+
+    def candidate(node: Node) -> bool:
+        if node.domain != "" or any(isinstance(v, Graph) for v in node.attrs.values()):
+            return False
+        if node.op_type in HALF_UPCAST_OPS:
+            infos = [graph.values.get(n) for n in (*node.inputs, *node.outputs) if n]
+            if any(i is None for i in infos):
+                return False
+            floats = [i for i in infos if i is not None and i.dtype.is_float]
+            return bool(floats) and all(i.dtype == dtypes.float16 for i in floats)
+        if node.op_type in _HALF_MOVEMENT_OPS:
+            data = node.inputs if node.op_type == "Concat" else node.inputs[:1]
+            return len(node.outputs) == 1 and all(half(n) for n in data) and half(node.outputs[0])
+        return False
+
+    producers = graph.producers()
+    cands = [n for n in graph.nodes if candidate(n)]
+    ids = {id(n): i for i, n in enumerate(cands)}
+    parent = list(range(len(cands)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, node in enumerate(cands):
+        for name in node.inputs:
+            p = producers.get(name)
+            if p is not None and id(p) in ids and half(name):
+                parent[root(i)] = root(ids[id(p)])
+    groups: dict[int, list[Node]] = {}
+    for i, node in enumerate(cands):
+        groups.setdefault(root(i), []).append(node)
+    chosen = [n for g in groups.values() if len(g) > 1 and any(n.op_type in HALF_UPCAST_OPS for n in g) for n in g]
+    if not chosen:
+        return 0
+    inside = {id(n) for n in chosen}
+    consumers = graph.consumers()
+    up: dict[str, str] = {}  # float16 value read inside -> its float32 name
+    added: list[Node] = []
+
+    def float32_of(name: str) -> str:
+        if name not in up:
+            up[name] = f"{name}/float32"
+            if name in graph.initializers:
+                graph.initializers[up[name]] = np.asarray(graph.initializers[name]).astype(np.float32)
+            else:
+                added.append(Node("Cast", [name], [up[name]], {"to": dtypes.float32.onnx_type},
+                                  name=f"{name}/to_float32"))
+            graph.values[up[name]] = TensorInfo(dtypes.float32, graph.values[name].shape)
+        return up[name]
+
+    for node in chosen:
+        for k, name in enumerate(node.outputs):
+            if not half(name):
+                continue
+            outside = [c for c in consumers.get(name, []) if id(c) not in inside]
+            # A Cast of the value to float32 reads the float32 value instead (onnxruntime's duplicate-cast removal
+            # drops that round trip too); anything else outside reads the float16 value a Cast back makes.
+            widen = [c for c in outside if c.op_key == ("", "Cast") and c.attrs.get("to") == dtypes.float32.onnx_type]
+            narrow = name in graph.outputs or name in keep or len(widen) < len(outside)
+            if outside or narrow:  # written as float32 inside
+                node.outputs[k] = f"{name}/float32"
+                up[name] = node.outputs[k]
+                graph.values[node.outputs[k]] = TensorInfo(dtypes.float32, graph.values[name].shape)
+                for c in widen:
+                    c.op_type, c.inputs, c.attrs = "Identity", [node.outputs[k]], {}
+                if narrow:
+                    added.append(Node("Cast", [node.outputs[k]], [name], {"to": dtypes.float16.onnx_type},
+                                      name=f"{name}/to_float16"))
+            else:
+                graph.values[name] = TensorInfo(dtypes.float32, graph.values[name].shape)
+    for node in chosen:
+        for k, name in enumerate(node.inputs):
+            p = producers.get(name)
+            if name and half(name) and not (p is not None and id(p) in inside and name not in up):
+                node.inputs[k] = float32_of(name)
+    graph.nodes.extend(added)
+    graph.toposort()
+    return len(chosen)
+
+
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only). lower_contrib_ops first: the
 # standard nodes it writes for onnxruntime's contrib ops are what the fusions after it look for.
@@ -2361,10 +2475,13 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_conv_integer_scale": (HETERO_DOMAIN, "ConvIntegerScaled")}
 
 
-def for_backend(has_kernel: Callable[[tuple[str, str]], bool],
-                passes: tuple[Pass, ...] = DEFAULT_PASSES) -> tuple[Pass, ...]:
-    """``passes`` less those whose fused op (``FUSED_OPS``) ``has_kernel`` says the backend cannot run."""
-    return tuple(p for p in passes if p.__name__ not in FUSED_OPS or has_kernel(FUSED_OPS[p.__name__]))
+def for_backend(has_kernel: Callable[[tuple[str, str]], bool], passes: tuple[Pass, ...] = DEFAULT_PASSES,
+                float16_via_float32: bool = False) -> tuple[Pass, ...]:
+    """``passes`` less those whose fused op (``FUSED_OPS``) ``has_kernel`` says the backend cannot run; with
+    ``float16_via_float32`` (a backend that computes float16 nodes in float32 anyway), float16_chains_to_float32
+    first, so that the fusions after it see float32 nodes."""
+    chosen = tuple(p for p in passes if p.__name__ not in FUSED_OPS or has_kernel(FUSED_OPS[p.__name__]))
+    return (float16_chains_to_float32, *chosen) if float16_via_float32 else chosen
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:

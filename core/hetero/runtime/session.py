@@ -74,7 +74,9 @@ class Session:
         if optimize:
             first = selection.backends[0] if selection.backends else None
             table = first.kernel_table() if isinstance(first, KernelTableBackend) else None
-            self.rewrites = passes.optimize(self.graph, passes.for_backend(lambda key: table is None or key in table))
+            chosen = passes.for_backend(lambda key: table is None or key in table,
+                                        float16_via_float32=bool(getattr(first, "float16_via_float32", False)))
+            self.rewrites = passes.optimize(self.graph, chosen)
             fold_and_infer(self.graph)  # infer the fused nodes, drop weights the rewrites orphaned
         self.backends = selection.backends
         check_options(options, (k for b in self.backends for k in b.option_keys))

@@ -20,6 +20,7 @@ class CpuBackend(HostMemory, KernelTableBackend):
     option_keys: ClassVar[tuple[str, ...]] = ("threads", "isa", "precision")
     precisions: ClassVar[tuple[str, ...]] = ("high", "normal")
     arena_slices = True  # Concat inputs written in their slices of its output, Split outputs views of its input
+    float16_via_float32 = True  # kernels/half.py: float16 nodes run their float32 kernels between casts
 
     def __init__(self, device: Device, options: dict[str, Any] | None = None) -> None:
         super().__init__(device, options)

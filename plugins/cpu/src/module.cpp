@@ -1310,6 +1310,7 @@ void bind_chain_dot(pybind11::module_& m);
 void bind_trees(pybind11::module_& m);
 void bind_onnx_extra(pybind11::module_& m);
 void bind_qlinear(pybind11::module_& m);
+void bind_half(pybind11::module_& m);
 void bind_attention(pybind11::module_& m);
 }
 
@@ -1452,6 +1453,7 @@ PYBIND11_MODULE(_native, m) {
   bind_gated_delta(m);
   hetero::bind_onnx_extra(m);
   hetero::bind_qlinear(m);
+  hetero::bind_half(m);
   hetero::bind_chain_dot(m);
   hetero::bind_trees(m);
   hetero::bind_attention(m);
