@@ -806,25 +806,14 @@ def fuse_matmul_gelu(graph: Graph) -> int:
     read by one Gelu alone, as one ``hetero.MatMulGelu(x, W[, b])`` with the Gelu's ``approximate`` (a transformer's
     fc1: the GELU runs on each block of the product while it is in cache, not as a pass of its own). An op of its own,
     not a FusedMatMul ``activation``: backends whose FusedMatMul has no GELU never get it (``FUSED_OPS``)."""
-    count = 0
-    keep = _read_by_subgraphs(graph)
-    for mm in list(graph.nodes):
+    def float32_weight(mm: Node) -> bool:  # the kernels that fuse the GELU are float32 ones
         w = graph.initializers.get(mm.inputs[1]) if len(mm.inputs) > 1 else None
-        if mm.op_key not in (("", "MatMul"), (HETERO_DOMAIN, "FusedMatMul")) or mm.attrs.get("activation") or \
-                w is None or np.ndim(w) != 2 or np.asarray(w).dtype != np.float32:
-            continue  # float32 alone: the kernels that fuse the GELU are float32 ones
-        if mm.outputs[0] in keep or mm.outputs[0] in graph.outputs:
-            continue
-        gelu = _single_consumer(graph, mm.outputs[0])
-        if gelu is None or gelu.op_key != ("", "Gelu") or len(gelu.inputs) != 1:
-            continue
-        fused = Node("MatMulGelu", list(mm.inputs), list(gelu.outputs),
-                     {"approximate": gelu.attrs.get("approximate", "none")},
-                     name=f"{mm.name or mm.outputs[0]}/matmul_gelu", domain=HETERO_DOMAIN)
-        graph.nodes[graph.nodes.index(gelu)] = fused
-        graph.nodes.remove(mm)
-        count += 1
-    return count
+        return not mm.attrs.get("activation") and w is not None and np.ndim(w) == 2 and \
+            np.asarray(w).dtype == np.float32
+
+    return _fuse_into_reader(graph, (("", "MatMul"), (HETERO_DOMAIN, "FusedMatMul")), "Gelu", "MatMulGelu", None,
+                             lambda mm, gelu: {"approximate": gelu.attrs.get("approximate", "none")},
+                             float32_weight)
 
 
 def fold_matmul_scale(graph: Graph) -> int:
@@ -1916,22 +1905,25 @@ def fuse_gelu_mul(graph: Graph) -> int:
     return count
 
 
-def _fuse_into_reader(graph: Graph, first: str, second: str, fused_op: str, arity: int,
-                      attrs: Callable[[Node], dict[str, Any]] = lambda node: {},
+def _fuse_into_reader(graph: Graph, first: str | tuple[tuple[str, str], ...], second: str, fused_op: str,
+                      arity: int | None, attrs: Callable[[Node, Node], dict[str, Any]] = lambda head, tail: {},
                       accept: Callable[[Node], bool] = lambda node: True) -> int:
     """``second(first(...))`` where the ``first`` node's output is read by that ``second`` node alone (and by no
-    control-flow body), and ``accept(first)``: one ``hetero.<fused_op>`` taking the first's ``arity`` inputs and
-    ``attrs(first)``, writing the second's outputs."""
+    control-flow body, and is no graph output), and ``accept(first)``: one ``hetero.<fused_op>`` taking the first's
+    inputs (``arity`` of them, None: any count) and ``attrs(first, second)``, writing the second's outputs. ``first``:
+    an ONNX op type, or the (domain, op type) keys of the ops that may head the pair."""
+    heads = {("", first)} if isinstance(first, str) else set(first)
     count = 0
     keep = _read_by_subgraphs(graph)
     for head in list(graph.nodes):
-        if head.op_key != ("", first) or len(head.inputs) != arity or head.outputs[0] in keep or not accept(head):
+        if head.op_key not in heads or (arity is not None and len(head.inputs) != arity) or head.outputs[0] in keep \
+                or not accept(head):
             continue
         tail = _single_consumer(graph, head.outputs[0])
         if tail is None or tail.op_key != ("", second):
             continue
         suffix = "".join(("_" if c.isupper() and i else "") + c.lower() for i, c in enumerate(fused_op))
-        fused = Node(fused_op, list(head.inputs), list(tail.outputs), attrs(head),
+        fused = Node(fused_op, list(head.inputs), list(tail.outputs), attrs(head, tail),
                      name=f"{tail.name or tail.outputs[0]}/{suffix}", domain=HETERO_DOMAIN)
         graph.nodes[graph.nodes.index(tail)] = fused
         graph.nodes.remove(head)
@@ -1944,7 +1936,7 @@ def fuse_gelu_global_max_pool(graph: Graph) -> int:
     ``hetero.GeluGlobalMaxPool(x)`` with the Gelu's ``approximate`` (magika's conv output: no GELU pass over the map
     and no second map for the pool to read)."""
     return _fuse_into_reader(graph, "Gelu", "GlobalMaxPool", "GeluGlobalMaxPool", 1,
-                             lambda gelu: {"approximate": gelu.attrs.get("approximate", "none")})
+                             lambda gelu, pool: {"approximate": gelu.attrs.get("approximate", "none")})
 
 
 def fuse_add_layer_norm(graph: Graph) -> int:
