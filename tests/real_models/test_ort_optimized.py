@@ -3,8 +3,8 @@ scripts/ort_optimize_models.py: ``minilm_l3_ort_fused`` (onnxruntime.transformer
 EmbedLayerNormalization, packed-QKV Attention with a 1-D mask_index, SkipLayerNormalization, BiasGelu) and
 ``minilm_l3_ort_extended`` (a session at ORT_ENABLE_EXTENDED: FusedMatMul, BiasGelu). On cpu, lower_contrib_ops
 rewrites every contrib node into standard nodes, so the model runs on the same fused kernels as the exported one
-(FusedAttention, the MatMul + bias kernels, LayerNormalization, MatMulGelu); against onnxruntime on the same file, within
-the real-model tolerance. ``t5_encoder_int8_ort_extended`` (the dynamically quantized T5 encoder at
+(FusedAttention, the MatMul + bias kernels, LayerNormalization, MatMulGelu); against onnxruntime on the same file,
+within the real-model tolerance. ``t5_encoder_int8_ort_extended`` (the dynamically quantized T5 encoder at
 ORT_ENABLE_EXTENDED: 40 MatMulIntegerToFloat, 16 DynamicQuantizeMatMul, 8 FastGelu, SimplifiedLayerNormalization)
 runs as the quantize_dynamic export does: every 8-bit product one MatMulIntegerScaled, FusedAttention, GeluMul.
 """
