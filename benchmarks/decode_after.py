@@ -48,6 +48,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # once: its siblings (read_bandwidth, llm), imported lazily
 
+
+def _llm_bench() -> Any:
+    """The sibling benchmarks/llm.py, loaded once by its path: ``import llm`` may find another module of that name
+    first (under pytest, the tests' ``llm`` package)."""
+    import importlib.util
+
+    name = "hetero_benchmarks_llm"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name("llm.py"))
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 CONDITIONS = ("warm", "pp", "sleep", "stream")
 HEAD = 8  # steps counted as "the first steps" of a tg run
 
@@ -110,7 +125,7 @@ def own_bound(runs: dict[str, list[dict[str, Any]]], bytes_per_token: int) -> di
     ``own_bound_summary`` of ``bracketed_runs`` (wall t/s; with the probes' CPU-clock figures where kept), plus
     "pct_steady_min": the lowest % of own bound among the runs whose probes agree and did not lose the CPU (None if
     none)."""
-    from llm import bracketed_runs, own_bound_summary
+    bracketed_runs, own_bound_summary = _llm_bench().bracketed_runs, _llm_bench().own_bound_summary
 
     out: dict[str, dict[str, Any]] = {}
     for cond, rs in runs.items():
@@ -231,9 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            "load_avg": [load_before, load_after], "hetero_cpu": hetero_cpu.__file__,
            "summary": summary, "runs": runs}
     if args.probe:
-        from llm import file_stats
-
-        doc["bytes_per_token"] = file_stats(Path(args.model), args.tg)["bytes_per_token"]
+        doc["bytes_per_token"] = _llm_bench().file_stats(Path(args.model), args.tg)["bytes_per_token"]
         doc["own_bound"] = own_bound(runs, doc["bytes_per_token"])
     if args.json:
         print(json.dumps(doc))

@@ -1,8 +1,9 @@
 """A segment as a standalone ONNX model, for whole-graph backends that hand segments to a vendor compiler (QNN, RKNN).
 
-hetero's fused nodes (``FusedConv``, ``FusedMatMul`` in the ``hetero`` domain, made by ``hetero.ir.passes``) are
-written back as the standard ops they replaced, so any ONNX consumer reads the model. The output is deterministic:
-the same segment gives the same bytes, which makes the bytes a cache key for compiled artifacts.
+hetero's fused nodes (``FusedConv``, ``FusedMatMul``, ``ConvResidual`` in the ``hetero`` domain, made by
+``hetero.ir.passes``) are written back as the standard ops they replaced, so any ONNX consumer reads the model. The
+output is deterministic: the same segment gives the same bytes, which makes the bytes a cache key for compiled
+artifacts.
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def onnx_nodes(node: Node, weights: dict[str, np.ndarray], opset: int | None = N
     mid = f"{out}/pre_activation" if has_activation else out
     if node.op_type == "FusedConv":
         nodes = [helper.make_node("Conv", node.inputs, [mid], name=node.name, **plain)]
+    elif node.op_type == "ConvResidual":  # conv(x, w[, b]) + r
+        conv_inputs = node.inputs[:3] if node.inputs[2] else node.inputs[:2]
+        nodes = [helper.make_node("Conv", conv_inputs, [f"{out}/conv"], name=node.name, **plain),
+                 helper.make_node("Add", [f"{out}/conv", node.inputs[3]], [mid], name=f"{node.name}/residual")]
     elif node.op_type == "FusedMatMul":  # x @ W, plus the bias row
         product = f"{out}/matmul" if len(node.inputs) > 2 else mid
         nodes = [helper.make_node("MatMul", node.inputs[:2], [product], name=node.name)]

@@ -369,3 +369,14 @@ def dq_lstm_weights(w: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> tuple
     ints = w.astype(np.float64) - np.asarray(zero, np.float64).reshape(dirs, 1, -1)
     scales = np.broadcast_to(np.asarray(scale, np.float64).reshape(dirs, -1), (dirs, cols))
     return np.ascontiguousarray(ints.transpose(0, 2, 1)), np.ascontiguousarray(scales)
+
+
+# The float16 ops whose float32 form computes the node's result (their float tensors all take the one type T, no
+# attribute names an output type): arithmetic and layers. hetero.ir.passes keeps chains of them in float32;
+# hetero_cpu.kernels.half runs them on its float32 kernels.
+HALF_UPCAST_OPS = frozenset({
+    "Conv", "ConvTranspose", "MatMul", "Gemm", "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Relu",
+    "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Pow", "BatchNormalization",
+    "LayerNormalization", "InstanceNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+    "ReduceMean", "ReduceSum", "ReduceMax", "HardSigmoid", "HardSwish", "Clip", "PRelu", "Resize",
+})

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..contract import dtypes
 from ..contract.graph import HETERO_DOMAIN, Graph, Node, free_names
-from ..contract.opforms import POINTWISE_PREFIX
+from ..contract.opforms import HALF_UPCAST_OPS, POINTWISE_PREFIX
 from ..contract.tensor import TensorInfo, static_shape
 from ..ops.shapes import int_list
 from .contrib_lowering import lower_contrib_ops
@@ -2316,14 +2316,6 @@ def fuse_dw_pointwise(graph: Graph) -> int:
     return count
 
 
-# The float16 ops whose float32 form computes the node's result (their float tensors all take the one type T, no
-# attribute names an output type): arithmetic and layers. hetero_cpu.kernels.half runs them on its float32 kernels.
-HALF_UPCAST_OPS = frozenset({
-    "Conv", "ConvTranspose", "MatMul", "Gemm", "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div", "Relu",
-    "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Pow", "BatchNormalization",
-    "LayerNormalization", "InstanceNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-    "ReduceMean", "ReduceSum", "ReduceMax", "HardSigmoid", "HardSwish", "Clip", "PRelu", "Resize",
-})
 # Ops that move float16 values without arithmetic (the same values in float32 move the same way): a chain may run
 # through them (tf2onnx's Conv1D: Unsqueeze, Conv, Squeeze).
 _HALF_MOVEMENT_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Transpose", "Flatten", "Identity", "Concat",

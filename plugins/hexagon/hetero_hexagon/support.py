@@ -57,7 +57,7 @@ ONNX_OPS: dict[str, Check] = {op: _always for op in (
 )}
 ONNX_OPS["Gemm"] = _gemm
 ONNX_OPS["Gelu"] = _gelu
-HETERO_OPS: dict[str, Check] = {"FusedConv": _fused, "FusedMatMul": _fused}
+HETERO_OPS: dict[str, Check] = {"FusedConv": _fused, "FusedMatMul": _fused, "ConvResidual": _fused}
 
 
 def htp_supports(node: NodeInfo) -> Support:

@@ -22,7 +22,7 @@ _PLAIN = frozenset({
     "Slice", "Pad", "Resize", "Softmax", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
 })
 # hetero's fused ops are the standard ops they replaced (the export writes them out again).
-_FUSED = frozenset({"FusedConv", "FusedMatMul"})
+_FUSED = frozenset({"FusedConv", "FusedMatMul", "ConvResidual"})
 _FUSED_ACTIVATIONS = frozenset({"Relu", "Sigmoid", "Tanh", "HardSwish", "LeakyRelu", "HardSigmoid", "Clip", "Silu"})
 
 # Inputs that must be constants (weights, shapes) for the compiler to take the op.
@@ -31,7 +31,7 @@ _CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
     "BatchNormalization": (1, 2, 3, 4), "InstanceNormalization": (1, 2), "Reshape": (1,), "Squeeze": (1,),
     "Unsqueeze": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Split": (1,),
     "Clip": (1, 2), "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
-    "FusedMatMul": (1, 2),
+    "FusedMatMul": (1, 2), "ConvResidual": (1, 2),
 }
 
 
@@ -99,11 +99,12 @@ def _fused_limits(node: NodeInfo) -> Support:
     activation = node.attr("activation")
     if activation is not None and activation not in _FUSED_ACTIVATIONS:
         return unsupported(f"{node.op_type} with activation {activation}")
-    return _conv_limits(node) if node.op_type == "FusedConv" else SUPPORTED
+    return _conv_limits(node) if node.op_type in ("FusedConv", "ConvResidual") else SUPPORTED
 
 
 _LIMITS: dict[str, Callable[[NodeInfo], Support]] = {
     "Conv": _conv_limits, "ConvTranspose": _conv_limits, "FusedConv": _fused_limits, "FusedMatMul": _fused_limits,
+    "ConvResidual": _fused_limits,
     "MaxPool": _pool_limits, "AveragePool": _pool_limits, "Softmax": _softmax_limits, "Slice": _slice_limits,
     "Pad": _pad_limits,
 }

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetero.contract import Kernel, NodeInfo, Tensor, TensorInfo, dtypes
-from hetero.ir.passes import HALF_UPCAST_OPS
+from hetero.contract.opforms import HALF_UPCAST_OPS
 
 from .. import _native
 
