@@ -201,6 +201,13 @@ class Backend:
     def kernel(self, node: NodeInfo) -> Kernel:
         raise NotImplementedError
 
+    def takes_op_type(self, domain: str, op_type: str) -> bool:
+        """Whether some node of this op type can run here (``supports`` then judges each node). The session applies
+        a graph rewrite to a fused op (``hetero.ir.passes.FUSED_OPS``) only when the first-choice backend takes the
+        fused op: otherwise the written-out nodes stay on it rather than one fused node falling back. True (the
+        default) for a backend that does not say: every fusion then applies, as before this method existed."""
+        return True
+
     def compile(self, segment: Segment) -> Program | None:
         """This backend's program for a segment of nodes it accepted in ``supports``. None (the default): the core's
         program runs the segment node by node through ``kernel()``, with arena planning and replay. Whole-graph
@@ -365,8 +372,7 @@ class KernelTableBackend(Backend):
     kernels: ClassVar[dict[tuple[str, str], KernelFactory]] = {}
 
     def kernel_table(self) -> dict[tuple[str, str], KernelFactory]:
-        """Every kernel this backend has, its own and the ones other plugins added, by ``(domain, op_type)``. The
-        session reads it to apply only the graph rewrites whose fused op this backend runs."""
+        """Every kernel this backend has, its own and the ones other plugins added, by ``(domain, op_type)``."""
         return {**self.kernels, **_added_kernels.get(self.name, {})}
 
     def supports(self, node: NodeInfo) -> Support:
@@ -385,3 +391,6 @@ class KernelTableBackend(Backend):
 
     def kernel(self, node: NodeInfo) -> Kernel:
         return self.kernel_table()[(node.domain, node.op_type)](node, self)
+
+    def takes_op_type(self, domain: str, op_type: str) -> bool:
+        return (domain, op_type) in self.kernel_table()

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import plugins
 from ..contract import dtypes
-from ..contract.backend import Backend, Kernel, KernelTableBackend, NodeInfo, Program
+from ..contract.backend import Backend, Kernel, NodeInfo, Program
 from ..contract.errors import HeteroError, InputError
 from ..contract.graph import Graph, Node
 from ..contract.tensor import Tensor, TensorInfo
@@ -73,8 +73,7 @@ class Session:
         selection = select(backends, options)
         if optimize:
             first = selection.backends[0] if selection.backends else None
-            table = first.kernel_table() if isinstance(first, KernelTableBackend) else None
-            chosen = passes.for_backend(lambda key: table is None or key in table,
+            chosen = passes.for_backend(lambda key: first is None or first.takes_op_type(*key),
                                         float16_via_float32=bool(getattr(first, "float16_via_float32", False)))
             self.rewrites = passes.optimize(self.graph, chosen)
             fold_and_infer(self.graph)  # infer the fused nodes, drop weights the rewrites orphaned

@@ -202,6 +202,10 @@ def _check_supports(ctx: Context, selected: Sequence[Case]) -> str:
             raise CheckFailed(f"supports({info.op_type}) returned {type(verdict).__name__}, not a Support")
         if not verdict.ok and not verdict.reason:
             raise CheckFailed(f"supports({info.op_type}) refused without a reason")
+        if verdict.ok and not backend.takes_op_type(info.domain, info.op_type):
+            # the session would then leave out the fusions to this op although the backend runs it
+            raise CheckFailed(f"supports() accepts a {info.op_type} node but takes_op_type({info.domain!r}, "
+                              f"{info.op_type!r}) says no such op runs here")
         verdicts.append(verdict.ok)
     if verdicts.pop():
         raise CheckFailed("supports() claims an op no schema defines (hetero.conformance::NoSuchOp)")

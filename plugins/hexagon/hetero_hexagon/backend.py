@@ -23,7 +23,7 @@ from hetero.contract import (
 from hetero.contract.onnx_export import segment_to_onnx
 
 from .qnn import DEFAULT_SOC_MODEL, HtpOptions, QnnRuntime
-from .support import htp_supports
+from .support import htp_supports, htp_takes
 
 PRECISIONS = ("fp16", "int8")
 
@@ -54,6 +54,9 @@ class HexagonBackend(HostMemory):
         if node.op_type in self.refuse or node.node.name in self.refuse:
             return unsupported(f"{node.node.name or node.op_type} kept off the HTP by option hexagon_refuse")
         return htp_supports(node)
+
+    def takes_op_type(self, domain: str, op_type: str) -> bool:
+        return op_type not in self.refuse and htp_takes(domain, op_type)
 
     def compile(self, segment: Segment) -> HtpProgram:
         return HtpProgram(self, segment)

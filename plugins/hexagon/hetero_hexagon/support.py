@@ -60,9 +60,17 @@ ONNX_OPS["Gelu"] = _gelu
 HETERO_OPS: dict[str, Check] = {"FusedConv": _fused, "FusedMatMul": _fused, "ConvResidual": _fused}
 
 
+def _op_table(domain: str) -> dict[str, Check]:
+    return HETERO_OPS if domain == HETERO_DOMAIN else ONNX_OPS if domain == "" else {}
+
+
+def htp_takes(domain: str, op_type: str) -> bool:
+    """Whether the op is in the HTP op table at all (``htp_supports`` then checks each node)."""
+    return op_type in _op_table(domain)
+
+
 def htp_supports(node: NodeInfo) -> Support:
-    table = HETERO_OPS if node.domain == HETERO_DOMAIN else ONNX_OPS if node.domain == "" else {}
-    check = table.get(node.op_type)
+    check = _op_table(node.domain).get(node.op_type)
     if check is None:
         return unsupported(f"{node.op_type} is not in the HTP op table (QNN's HTP refuses it, or it is unverified)")
     for info in [*node.inputs, *node.outputs]:

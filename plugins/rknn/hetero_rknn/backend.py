@@ -37,7 +37,7 @@ from hetero.contract.vendor_worker import VendorWorker
 
 from . import cache
 from .export import segment_to_onnx
-from .support import LAYOUT_OPS, rknn_supports
+from .support import LAYOUT_OPS, rknn_supports, rknn_takes
 from .toolkit import DEFAULT_TARGET, TARGETS
 
 DTYPES = ("float16", "int8")
@@ -85,6 +85,9 @@ class RknnBackend(HostMemory):
 
     def supports(self, node: NodeInfo) -> Support:
         return rknn_supports(node)
+
+    def takes_op_type(self, domain: str, op_type: str) -> bool:
+        return rknn_takes(domain, op_type)
 
     def compile(self, segment: Segment) -> RknnProgram | None:
         if all(n.domain == "" and n.op_type in LAYOUT_OPS for n in segment.nodes):

@@ -115,10 +115,14 @@ LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose
                         "DepthToSpace", "SpaceToDepth", "Pad"})
 
 
+def rknn_takes(domain: str, op_type: str) -> bool:
+    """Whether the op is in the RKNN NPU's op list at all (``rknn_supports`` then checks each node's limits)."""
+    return (domain == "" and op_type in _PLAIN) or (domain == HETERO_DOMAIN and op_type in _FUSED)
+
+
 def rknn_supports(node: NodeInfo) -> Support:
     """Yes for a node the RKNN compiler takes onto the NPU, else no with the reason ``explain()`` shows."""
-    known = (node.domain == "" and node.op_type in _PLAIN) or (node.domain == HETERO_DOMAIN and node.op_type in _FUSED)
-    if not known:
+    if not rknn_takes(node.domain, node.op_type):
         return unsupported(f"{node.op_type} is not in the RKNN NPU's op list")
     constant_only = _CONSTANT_INPUTS.get(node.op_type, ())
     for i, info in enumerate(node.inputs):

@@ -15,7 +15,7 @@ import pytest
 
 import hetero
 from hetero.contract import BackendError, Device, HeteroError, NodeInfo, Segment, TensorInfo, dtypes
-from hetero.contract.graph import Node
+from hetero.contract.graph import HETERO_DOMAIN, Node
 
 from . import cnn
 from .conftest import needs_plugin
@@ -191,3 +191,23 @@ def test_on_a_board_a_segment_needs_its_file_built_on_a_pc(tmp_path, monkeypatch
     assert info.value.message.endswith(f"(rk3588, float16) in {tmp_path / 'rknn'}")
     assert "run the same session there with the rknn backend (simulator)" in info.value.hint
     assert len(list((tmp_path / "rknn").glob("*.onnx"))) == 1  # what a PC would convert, under the same key
+
+
+
+def test_fusions_to_ops_rknn_lacks_are_left_out_when_it_comes_first():
+    """Add -> Relu stays two nodes the NPU takes instead of one cpu-only AddRelu that would fall back to cpu; a Conv
+    -> Relu still becomes the FusedConv the NPU takes (its export writes the two nodes out again)."""
+    from hetero_rknn.support import rknn_supports
+
+    from hetero.ir import passes
+
+    backend = _backend()
+    assert backend.takes_op_type("", "Add") and backend.takes_op_type("", "Relu")
+    assert backend.takes_op_type(HETERO_DOMAIN, "FusedConv")
+    assert not backend.takes_op_type(HETERO_DOMAIN, "AddRelu") and not backend.takes_op_type("", "Floor")
+    names = {p.__name__ for p in passes.for_backend(lambda key: backend.takes_op_type(*key))}
+    assert "fuse_add_relu" not in names and "fuse_matmul_gelu" not in names
+    assert "fuse_conv_activation" in names
+    # the conformance kit's rule: every op whose node supports() accepts is one takes_op_type() says yes to
+    accepted = [info for info in _node_infos(_optimized_cnn()) if rknn_supports(info)]
+    assert accepted and all(backend.takes_op_type(info.domain, info.op_type) for info in accepted)
