@@ -101,23 +101,31 @@ _NEXT_PANEL_CODE = """
 import sys
 import numpy as np
 from hetero_cpu import _native
-out_path, isas, threads, cases = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), eval(sys.argv[4])
+out_path, isas, threads, inputs = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), np.load(sys.argv[4])
 _native.set_num_threads(threads)
 res = []
 for isa in isas:
     _native.set_isa(isa)
-    for m, k, n, int8 in cases:
+    for i in range(len(inputs.files) // 3):
+        a, w, bias = inputs[f"a{i}"], inputs[f"w{i}"], inputs[f"bias{i}"]
+        got = np.full((a.shape[0], w.shape[1]), np.nan, np.float32)
+        _native.gemm_packed(a, _native.pack_b(w, False, True, "high"), got, 1.0, 0.0, bias)
+        res.append(got.ravel())
+np.save(out_path, np.concatenate(res))
+"""
+
+
+def _next_panel_inputs() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(a, w, bias) per NEXT_PANEL_CASES row; int8 rows: weights on an int8 grid (the int8-exact panels' path)."""
+    inputs = []
+    for m, k, n, int8 in NEXT_PANEL_CASES:
         rng = np.random.default_rng(m * 7 + k)
         a = rng.standard_normal((m, k)).astype(np.float32)
         w = rng.standard_normal((k, n)).astype(np.float32)
         if int8:
             w = np.round(np.clip(w * 40, -128, 127)).astype(np.float32) * np.float32(0.0125)
-        bias = rng.standard_normal(n).astype(np.float32)
-        got = np.full((m, n), np.nan, np.float32)
-        _native.gemm_packed(a, _native.pack_b(w, False, True, "high"), got, 1.0, 0.0, bias)
-        res.append(got.ravel())
-np.save(out_path, np.concatenate(res))
-"""
+        inputs.append((a, w, rng.standard_normal(n).astype(np.float32)))
+    return inputs
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -128,11 +136,15 @@ def test_gemm_packed_next_panel_prefetch_bits(tmp_path, threads):
     import subprocess
     import sys
 
+    inputs = _next_panel_inputs()
+    inputs_path = tmp_path / "inputs.npz"
+    np.savez(inputs_path, **{f"{name}{i}": v for i, case in enumerate(inputs)
+                             for name, v in zip(("a", "w", "bias"), case, strict=True)})
     res = {}
     for side, flag in (("on", "1"), ("off", "0"), ("rule", "")):
         path = tmp_path / f"{side}.npy"
         subprocess.run([sys.executable, "-c", _NEXT_PANEL_CODE, str(path), ",".join(ISAS), str(threads),
-                        repr(NEXT_PANEL_CASES)], env=dict(os.environ, HETERO_CPU_GEMM_NEXT_PANEL=flag), check=True,
+                        str(inputs_path)], env=dict(os.environ, HETERO_CPU_GEMM_NEXT_PANEL=flag), check=True,
                        timeout=600)
         res[side] = np.load(path)
     assert res["on"].size == res["off"].size == res["rule"].size > 0
@@ -140,16 +152,10 @@ def test_gemm_packed_next_panel_prefetch_bits(tmp_path, threads):
     np.testing.assert_array_equal(res["on"].view(np.uint32), res["rule"].view(np.uint32))
     at = 0
     for _ in ISAS:
-        for m, k, n, int8 in NEXT_PANEL_CASES:
-            r = np.random.default_rng(m * 7 + k)
-            a = r.standard_normal((m, k)).astype(np.float32)
-            w = r.standard_normal((k, n)).astype(np.float32)
-            if int8:
-                w = np.round(np.clip(w * 40, -128, 127)).astype(np.float32) * np.float32(0.0125)
-            bias = r.standard_normal(n).astype(np.float32)
-            got = res["rule"][at:at + m * n].reshape(m, n)
-            at += m * n
-            assert_gemm_close(got, a.astype(np.float64) @ w.astype(np.float64) + bias, k)
+        for a, w, bias in inputs:
+            got = res["rule"][at:at + bias.size * a.shape[0]].reshape(a.shape[0], bias.size)
+            at += got.size
+            assert_gemm_close(got, a.astype(np.float64) @ w.astype(np.float64) + bias, a.shape[1])
 
 
 @pytest.mark.parametrize("trans_a", [False, True])
