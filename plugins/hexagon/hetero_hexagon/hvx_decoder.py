@@ -1,8 +1,10 @@
-"""``HvxDecoder``: the decode step of a dense Qwen decoder on the cDSP's HVX units, one token at a time, through the
-hetero_hvx interface (``hvx_ops``): every linear layer is the 4-bit block product with int8 activations
-(``hvx_matvec_q4``, hetero q4 / GGUF Q4_0 weights repacked at load), every norm ``hvx_rmsnorm`` and every head's
-rotary embedding ``hvx_rope``. Attention over the cache, SwiGLU and the residual adds stay on the host (vector
-float is what the v68 HVX integer kernels leave out, and they are O(hidden) next to the products).
+"""``HvxDecoder``: the decode step of a dense Qwen decoder on the cDSP's HVX units, through the hetero_hvx interface
+(``hvx_ops``): every linear layer is the 4-bit block product with int8 activations (``hvx_matmul_q4``, hetero q4 /
+GGUF Q4_0 weights repacked at load), every norm ``hvx_rmsnorm`` and every head's rotary embedding ``hvx_rope``. A
+call of up to 16 tokens (a prompt chunk, or a speculative block to verify) is one pass: each linear layer one HVX
+call that reads its weights once for all the tokens, bit for bit what the tokens one at a time give. Attention over
+the cache, SwiGLU and the residual adds stay on the host (vector float is what the v68 HVX integer kernels leave
+out, and they are O(hidden) next to the products).
 
 The transport is the cDSP through FastRPC where ``libcdsprpc.so`` opens (a Snapdragon), else the kernels' test
 program under ``qemu-hexagon``: QEMU executes the same DSP code, so a run there is the device path's test, at
@@ -19,7 +21,7 @@ import numpy as np
 from hetero.contract import BackendUnavailable, HeteroError
 from hetero.contract.quant import QuantFormat, dequantize, quantize
 
-from .hvx_ops import HvxKernels, Transport
+from .hvx_ops import MAX_ROWS, HvxKernels, Transport
 from .layout import pad_columns, repack_q4
 from .llm_graph import DecoderShape
 
@@ -54,7 +56,8 @@ class _Linear:
         self.bias = bias
 
     def __call__(self, hvx: HvxKernels, x: np.ndarray) -> np.ndarray:
-        _, _, y = hvx.matvec_q4(self.packed, self.scales, pad_columns(x[None], self.cols)[0])
+        """``x[m, in]`` -> ``[m, out]``: the m tokens' rows in one call, the weights read once."""
+        _, _, y = hvx.matmul_q4(self.packed, self.scales, pad_columns(x, self.cols))
         return y if self.bias is None else y + self.bias
 
 
@@ -112,24 +115,31 @@ class HvxDecoder:
                       q_norm=norm("self_attn.q_norm"), k_norm=norm("self_attn.k_norm"))
 
     def _heads(self, x: np.ndarray, n: int, norm: np.ndarray | None, pos: int) -> np.ndarray:
-        """``x`` as ``n`` heads, each through its RMSNorm (Qwen3's q / k norms) and RoPE on HVX."""
-        s, out = self.shape, []
+        """One token's ``x`` as ``n`` heads, each through its RMSNorm (Qwen3's q / k norms) and RoPE on HVX."""
+        s = self.shape
+        heads = x.reshape(n, s.head_dim)
+        if norm is not None:
+            heads = np.concatenate([self.hvx.rmsnorm(heads[i:i + MAX_ROWS], norm, s.eps)
+                                    for i in range(0, n, MAX_ROWS)])
         cos, sin = np.cos(self.angles[pos]).astype(np.float32), np.sin(self.angles[pos]).astype(np.float32)
-        for head in x.reshape(n, s.head_dim):
-            if norm is not None:
-                head = self.hvx.rmsnorm(head, norm, s.eps)
-            out.append(self.hvx.rope(head, cos, sin))
-        return np.stack(out)
+        return self.hvx.rope(heads, cos, sin)
 
-    def _step(self, token: int, pos: int) -> np.ndarray:
+    def _block(self, tokens: Sequence[int], start: int) -> np.ndarray:
+        """Logits of up to MAX_ROWS tokens at positions ``start...``, in one pass: each linear layer one HVX call
+        for all of them (a block of drafted tokens costs one read of the weights, as a verify step should), norms
+        one call per layer, RoPE and the causal attention per token."""
         s, hvx = self.shape, self.hvx
-        x = self.embed[token].copy()
+        m = len(tokens)
+        x = self.embed[np.asarray(tokens, np.int64)]  # a copy: fancy indexing
         for i, layer in enumerate(self.layers):
             h = hvx.rmsnorm(x, layer.in_norm, s.eps)
-            q = self._heads(layer.q(hvx, h), s.heads, layer.q_norm, pos)
-            self.k[i, :, pos] = self._heads(layer.k(hvx, h), s.kv_heads, layer.k_norm, pos)
-            self.v[i, :, pos] = layer.v(hvx, h).reshape(s.kv_heads, s.head_dim)
-            x = x + layer.o(hvx, self._attention(q, i, pos).ravel())
+            q_rows, k_rows, v_rows = layer.q(hvx, h), layer.k(hvx, h), layer.v(hvx, h)
+            q = [self._heads(q_rows[j], s.heads, layer.q_norm, start + j) for j in range(m)]
+            for j in range(m):
+                self.k[i, :, start + j] = self._heads(k_rows[j], s.kv_heads, layer.k_norm, start + j)
+                self.v[i, :, start + j] = v_rows[j].reshape(s.kv_heads, s.head_dim)
+            attended = np.stack([self._attention(q[j], i, start + j).ravel() for j in range(m)])
+            x = x + layer.o(hvx, attended)
             h = hvx.rmsnorm(x, layer.post_norm, s.eps)
             gate, up = layer.gate(hvx, h), layer.up(hvx, h)
             x = x + layer.down(hvx, (gate / (1 + np.exp(-gate)) * up).astype(np.float32))
@@ -151,9 +161,9 @@ class HvxDecoder:
         if not 0 <= past <= self.length or past + len(ids) > self.context:
             raise HeteroError(f"the HVX decoder holds {self.length} of {self.context} positions; asked to run "
                               f"{len(ids)} after {past}")
-        rows = [self._step(int(token), past + i) for i, token in enumerate(ids)]
+        blocks = [self._block(ids[i:i + MAX_ROWS], past + i) for i in range(0, len(ids), MAX_ROWS)]
         self.length = past + len(ids)
-        return np.stack(rows)
+        return np.concatenate(blocks)
 
     def close(self) -> None:
         """Nothing to free: the transport holds no model state between calls."""

@@ -12,7 +12,8 @@ import numpy as np
 
 from hetero.contract.errors import BackendError
 
-METHOD_MATVEC_I8, METHOD_MATVEC_Q4, METHOD_RMSNORM, METHOD_ROPE = 2, 3, 4, 5
+METHOD_MATVEC_I8, METHOD_MATVEC_Q4, METHOD_RMSNORM, METHOD_ROPE, METHOD_MATMUL_Q4 = 2, 3, 4, 5, 6
+MAX_ROWS = 16  # activation rows of one matmul_q4 / rmsnorm call (hvx_kernels.h's Q4_MAX_ROWS)
 STATUS_NAMES = {122: "bad arguments (HVX_EBADARGS)", 123: "unknown method (HVX_EBADMETHOD)"}
 
 
@@ -58,16 +59,35 @@ class HvxKernels:
         )
         return np.frombuffer(xq, np.int8), np.frombuffer(xs, np.float32), np.frombuffer(y, np.float32)
 
+    def matmul_q4(
+        self, w: np.ndarray, w_scale: np.ndarray, x: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``matvec_q4`` for ``x[m, cols]``, 1 <= m <= MAX_ROWS, in one call that reads the weights once: returns
+        (xq int8[m, cols], x scales float32[m, cols / 32], y float32[m, rows]); row j is bit for bit ``matvec_q4``
+        of ``x[j]``."""
+        rows, (m, cols) = w.shape[0], x.shape
+        nblocks = cols // 32
+        xq, xs, y = self.transport.invoke(
+            METHOD_MATMUL_Q4,
+            [_args(rows, cols, m), w, w_scale.astype(np.float32), x.astype(np.float32)],
+            [m * cols, 4 * m * nblocks, 4 * m * rows],
+        )
+        return (np.frombuffer(xq, np.int8).reshape(m, cols), np.frombuffer(xs, np.float32).reshape(m, nblocks),
+                np.frombuffer(y, np.float32).reshape(m, rows))
+
     def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        n = x.shape[0]
+        """RMSNorm of ``x[n]`` or of each row of ``x[m, n]`` (m <= MAX_ROWS) in one call."""
+        n = x.shape[-1]
         eps_bits = int(np.float32(eps).view(np.int32))
         (y,) = self.transport.invoke(
-            METHOD_RMSNORM, [_args(n, eps_bits), x.astype(np.float32), weight.astype(np.float32)], [4 * n])
-        return np.frombuffer(y, np.float32)
+            METHOD_RMSNORM, [_args(n, eps_bits), x.astype(np.float32), weight.astype(np.float32)], [4 * x.size])
+        return np.frombuffer(y, np.float32).reshape(x.shape)
 
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """Rotate-half RoPE of one head with this position's cos / sin tables (dim / 2 each)."""
-        dim = x.shape[0]
+        """Rotate-half RoPE of one head ``x[dim]`` or of each head of ``x[heads, dim]``, with one position's cos / sin
+        tables (dim / 2 each)."""
+        dim = x.shape[-1]
         (y,) = self.transport.invoke(
-            METHOD_ROPE, [_args(dim), x.astype(np.float32), cos.astype(np.float32), sin.astype(np.float32)], [4 * dim])
-        return np.frombuffer(y, np.float32)
+            METHOD_ROPE, [_args(dim), x.astype(np.float32), cos.astype(np.float32), sin.astype(np.float32)],
+            [4 * x.size])
+        return np.frombuffer(y, np.float32).reshape(x.shape)

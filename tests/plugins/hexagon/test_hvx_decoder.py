@@ -44,3 +44,39 @@ def test_hvx_decode_steps_match_cpu_q4(qemu):
     assert on_hvx.argmax(axis=1).tolist() == on_cpu.argmax(axis=1).tolist()
     # rolling back: the last token again after the first four gives its row again
     np.testing.assert_allclose(decoder.run(ids[4:], 4)[0], on_hvx[4], rtol=0, atol=1e-6)
+
+
+class _Counting:
+    """The qemu transport, counting the calls of each method."""
+
+    def __init__(self, transport) -> None:
+        self.transport, self.calls = transport, {}
+
+    def invoke(self, method, inputs, output_sizes):
+        self.calls[method] = self.calls.get(method, 0) + 1
+        return self.transport.invoke(method, inputs, output_sizes)
+
+
+def test_a_verify_block_is_one_pass_and_the_tokens_one_at_a_time_bit_for_bit(qemu):
+    """Speculative decoding's verify path on HVX: a block of drafted tokens runs as one pass -- each linear layer one
+    hvx_matmul_q4 call for all of them, not one per token -- and its logits are bit for bit the tokens decoded one
+    at a time; a rejected tail is forgotten by the next call's ``past``."""
+    from hetero_hexagon.hvx_ops import METHOD_MATMUL_Q4, METHOD_MATVEC_Q4
+
+    config = json.loads((FOLDER / "config.json").read_text())
+    ids = json.loads((FOLDER / "expected.json").read_text())["prompts"][0]["ids"][:7]
+    shape, weights = llm_graph.DecoderShape.from_config(config), float_weights(FOLDER)
+    counting = _Counting(qemu)
+    block = hvx_decoder.HvxDecoder(shape, weights, context=16, transport=counting, where="qemu-hexagon")
+    single = hvx_decoder.HvxDecoder(shape, weights, context=16, transport=qemu, where="qemu-hexagon")
+    prompt = block.run(ids[:3], 0)
+    linears = 7 * shape.layers + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+    assert counting.calls == {**counting.calls, METHOD_MATMUL_Q4: linears} and METHOD_MATVEC_Q4 not in counting.calls
+    verified = block.run(ids[3:7], 3)  # a 4-token block: the last accepted token and three drafts
+    assert counting.calls[METHOD_MATMUL_Q4] == 2 * linears
+    one_at_a_time = np.concatenate([single.run([t], i) for i, t in enumerate(ids)])
+    np.testing.assert_array_equal(np.concatenate([prompt, verified]).view(np.uint32), one_at_a_time.view(np.uint32))
+    # two drafts rejected: the next block starts after position 4, and its rows are again the one-token ones
+    again = block.run([ids[5], ids[4]], 5)
+    single.run([ids[5]], 5)
+    np.testing.assert_array_equal(again[1].view(np.uint32), single.run([ids[4]], 6)[0].view(np.uint32))

@@ -129,3 +129,45 @@ def test_matvec_q4_reads_hetero_q4_weights(hvx):
     x_deq = (xq.astype(np.float64).reshape(-1, 32) * xs[:, None]).reshape(-1)
     expected = quant.dequantize(blocks, fmt, cols).astype(np.float64) @ x_deq
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_matmul_q4_rows_are_matvec_q4_bit_for_bit(hvx, m):
+    """A block of m activation rows in one call (a verify step): each row's result, quantized activations and scales
+    are the one-row product's, bit for bit, whatever the other rows hold (an all-zero row among them)."""
+    from hetero.contract import quant
+
+    rng = np.random.default_rng(m)
+    rows, cols = 20, 512
+    fmt = quant.QuantFormat(bits=4, block_size=32, symmetric=True)
+    packed, w_scale, _ = layout.repack_q4(quant.quantize(rng.normal(size=(rows, cols)).astype(np.float32), fmt),
+                                          cols)
+    x = rng.normal(size=(m, cols)).astype(np.float32) * rng.uniform(0.1, 10, size=(m, 1)).astype(np.float32)
+    x[m // 2] = 0
+    xq, xs, y = hvx.matmul_q4(packed, w_scale, x)
+    assert xq.shape == (m, cols) and xs.shape == (m, cols // 32) and y.shape == (m, rows)
+    for j in range(m):
+        one_q, one_s, one_y = hvx.matvec_q4(packed, w_scale, x[j])
+        np.testing.assert_array_equal(xq[j], one_q)
+        np.testing.assert_array_equal(xs[j], one_s)
+        np.testing.assert_array_equal(y[j].view(np.uint32), one_y.view(np.uint32))
+
+
+def test_rmsnorm_rows_and_rope_heads_are_the_one_row_calls(hvx):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(6, 64)).astype(np.float32) * 3
+    weight = rng.normal(size=64).astype(np.float32)
+    np.testing.assert_array_equal(hvx.rmsnorm(x, weight, 1e-6), np.stack([ref.rmsnorm(r, weight, 1e-6) for r in x]))
+    angles = 9 * 1e6 ** (-np.arange(32) * 2 / 64)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    np.testing.assert_array_equal(hvx.rope(x, cos, sin), np.stack([ref.rope(r, cos, sin) for r in x]))
+
+
+def test_block_calls_refuse_more_rows_than_the_dsp_side_holds(hvx):
+    packed, w_scale, _ = layout.repack_q4(np.zeros((4, 8 * 18), np.uint8), 256)
+    with pytest.raises(BackendError, match=r"method 6 failed: bad arguments"):
+        hvx.matmul_q4(packed, w_scale, np.zeros((17, 256), np.float32))  # Q4_MAX_ROWS is 16
+    with pytest.raises(BackendError, match=r"method 4 failed: bad arguments"):
+        hvx.rmsnorm(np.zeros((17, 64), np.float32), np.ones(64, np.float32), 1e-6)
+    with pytest.raises(BackendError, match=r"method 4 failed: bad arguments"):
+        hvx.rmsnorm(np.zeros(70, np.float32), np.ones(64, np.float32), 1e-6)  # not whole rows of the weight's n

@@ -18,12 +18,16 @@
 /* y[r] = sum_c w[r, c] * x[c], exact in int32. */
 void hvx_matvec_i8(const int8_t *w, int rows, int cols, const int8_t *x, int32_t *y);
 
-/* The 4-bit block product with int8 activations. Per row, each chunk of 256 elements is 128 bytes: byte i holds
- * element i in its low nibble and element 128 + i in its high nibble; a nibble q means (q - 8). w_scale[r, b] is the
- * float scale of block b (32 elements) of row r; x_scale[b] the activation block's scale (hvx_quantize_q8).
- * y[r] = sum_b float(isum[r, b]) * (w_scale[r, b] * x_scale[b]), summed in block order. */
-void hvx_matvec_q4(const uint8_t *w, const float *w_scale, int rows, int cols, const int8_t *xq, const float *x_scale,
-                   float *y);
+#define Q4_MAX_ROWS 16                 /* activation rows of one hvx_matmul_q4 call */
+
+/* The 4-bit block product with int8 activations, m (1..Q4_MAX_ROWS) activation rows against the same weights. Per
+ * weight row, each chunk of 256 elements is 128 bytes: byte i holds element i in its low nibble and element 128 + i
+ * in its high nibble; a nibble q means (q - 8). w_scale[r, b] is the float scale of block b (32 elements) of row r;
+ * xq[j, :] / x_scale[j, b] activation row j and its block scales (hvx_quantize_q8).
+ * y[j, r] = sum_b float(isum[j, r, b]) * (w_scale[r, b] * x_scale[j, b]), summed in block order: row j's result
+ * does not depend on m or on the other rows. */
+void hvx_matmul_q4(const uint8_t *w, const float *w_scale, int rows, int cols, const int8_t *xq, const float *x_scale,
+                   int m, float *y);
 
 /* Per 32-element block: d = max|x| * (1/127 as a float), q = x * recip(d) rounded half away from zero (0 where d
  * is 0); recip is scalar_math.h's. */

@@ -33,6 +33,7 @@ enum {
     HVX_METHOD_MATVEC_Q4 = 3,
     HVX_METHOD_RMSNORM = 4,
     HVX_METHOD_ROPE = 5,
+    HVX_METHOD_MATMUL_Q4 = 6,
 };
 
 /* Status codes (0 is success), small enough to be the qemu test program's exit status; the host names them. */
