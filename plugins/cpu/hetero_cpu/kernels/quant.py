@@ -303,7 +303,15 @@ class CpuConvIntegerScaled(CpuConvInteger):
     @classmethod
     def accepts(cls, node: NodeInfo) -> Support:
         verdict = super().accepts(node)
-        return _single_values(node, (4, 6)) if verdict else verdict
+        if not verdict:
+            return verdict
+        verdict = _single_values(node, (4,))
+        factor = _constant_or_none(node, 6)
+        channels = node.constants[cls.w].shape[0]
+        if verdict and len(node.inputs) > 6 and node.inputs[6] is not None and \
+                (factor is None or factor.size not in (1, channels)):  # one per output channel: a QDQ model's
+            return unsupported(f"ConvIntegerScaled: factor must be a constant of 1 or {channels} values (cpu)")
+        return verdict
 
     def _conv(self, x: np.ndarray, zp: np.ndarray | None, inputs: Sequence[Tensor | None], out: np.ndarray) -> Call:
         scale = inputs[4].numpy()
