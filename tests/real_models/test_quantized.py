@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from .conftest import Agreement, hetero_session, model_path, ort_runner
-from .models import MODELS, captcha_line, minilm_feeds, smart_turn_features, speech_like_audio, t5_tokens
+from .models import MODELS, captcha_line, minilm_feeds, smart_turn_features, speech_like_audio, t5_tokens, token_batch
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -114,6 +114,26 @@ def test_minilm_int8_weights(agreement: Agreement, length: int) -> None:
     for seed in (0, 1):
         feeds = minilm_feeds(length, seed)
         agreement.check_all(session.run(feeds), ort_run(feeds))
+
+
+def test_minilm_l3_qdq(agreement: Agreement) -> None:
+    """paraphrase-MiniLM-L3 with its MatMuls quantized by quantize_static in the QDQ format
+    (scripts/quantize_models.py): the 18 weight MatMuls on the int8 GEMM (fuse_qdq_matmul), the attention's 6 in
+    float on the dequantized operands. The T5 row's bound (onnxruntime's own modes differ by 0.06 on a padded batch),
+    and every pooled sentence vector at cosine >= 0.999 with onnxruntime's."""
+    path = model_path("minilm_l3_qdq")
+    session = hetero_session(path, agreement, "cpu")
+    assert not agreement.placement, f"fell back: {agreement.placement}"
+    assert [n.op_type for n in session.graph.nodes].count("MatMulIntegerScaled") == 18
+    ort_on, ort_off = ort_runner(path), ort_runner(path, "ORT_DISABLE_ALL")
+    model = MODELS["minilm_l3_qdq"]
+    for feeds in (model.feeds(model), token_batch([5, 17, 30], seed=2), token_batch([9], seed=4)):
+        got, want, other = session.run(feeds), ort_on(feeds), ort_off(feeds)
+        for name, value in want.items():
+            if value.dtype.kind == "f":
+                _within_dynamic_bound(got[name], value, other[name], agreement)
+                if value.ndim == 2:  # the pooled sentence vectors
+                    assert _cosines(got[name], value).min() >= 0.999
 
 
 def test_magika_qlinearconv(agreement: Agreement) -> None:
