@@ -4,7 +4,7 @@ copies: magika's every Conv statically in the QOperator format (``QLinearConv``:
 output channel, QuantizeLinear / DequantizeLinear at the borders to the float ops), and paraphrase-MiniLM-L3's
 MatMuls statically in the QDQ format (``minilm_l3_qdq``: DequantizeLinear of uint8 activations and of int8 weights per
 column in front of each float MatMul, the attention's activation x activation products included: what hetero's
-``fuse_qdq_matmul`` runs on the int8 GEMM).
+``fuse_qdq_matmul`` fuses).
 
     python scripts/quantize_models.py [--out DIR] [NAME ...]     # default: every model in QUANTIZED
 

@@ -1203,6 +1203,29 @@ def _qdq_conv_operands(graph: Graph, conv: Node, producers: dict[str, Node],
     return a, w
 
 
+def _qdq_activation_matmul(graph: Graph, mm: Node, producers: dict[str, Node]) -> tuple[Node, Node] | None:
+    """For ``MatMul(DequantizeLinear(aq), DequantizeLinear(bq))`` of two activations (a QDQ attention's Q Kᵀ and
+    P V), each of one scale and zero point, of the same rank >= 2 and no batch dim known to broadcast (the cpu
+    kernel's batched form, B packed per call): the two DequantizeLinear nodes, else None."""
+    if mm.op_key != ("", "MatMul") or len(mm.inputs) != 2:
+        return None
+    a, b = (_dequantized(graph, name, producers, True) for name in mm.inputs)
+    if a is None or b is None or a.inputs[0] in graph.initializers or b.inputs[0] in graph.initializers:
+        return None
+    if any(n and np.asarray(graph.initializers[n]).size != 1 for n in (*a.inputs[1:3], *b.inputs[1:3])):
+        return None
+    ia, ib = graph.values.get(a.inputs[0]), graph.values.get(b.inputs[0])
+    if ia is None or ib is None or ia.shape is None or ib.shape is None:
+        return None
+    # batch dims unknown until run time (attention heads reshaped from a computed shape) are taken: the kernel
+    # broadcasts other ones in numpy
+    if len(ia.shape) != len(ib.shape) or len(ia.shape) < 2 or any(
+            x is not None and y is not None and x != y and 1 in (x, y)
+            for x, y in zip(ia.shape[:-2], ib.shape[:-2], strict=True)):
+        return None
+    return a, b
+
+
 def quantized_weights(graph: Graph) -> set[str]:
     """Outputs of the DequantizeLinear nodes of constant weights that ``fuse_qdq_matmul`` / ``fuse_qdq_conv`` will
     read the 8-bit weights of: constant folding must leave these, or only their float32 values would be left (the
@@ -1232,12 +1255,20 @@ def fuse_qdq_matmul(graph: Graph) -> int:
     row: one ``MatMulIntegerScaled(xq, W)`` (the int8 GEMM, x_scale times the weight's scales on the way out), where
     the MatMul ran in float32 on dequantized copies (onnxruntime runs these as QLinearMatMul). The same real product:
     (xq - x_zp) x_scale @ (W - w_zp) w_scale, summed exactly in int32 and scaled once. The weight's 8-bit values are
-    there only when constant folding kept its DequantizeLinear (``quantized_weights``)."""
+    there only when constant folding kept its DequantizeLinear (``quantized_weights``). A product of two dequantized
+    activations (attention) becomes one too, its B packed at each call (``_qdq_activation_matmul``)."""
     count = 0
     producers = graph.producers()
     for mm in list(graph.nodes):
         operands = _qdq_matmul_operands(graph, mm, producers)
         if operands is None:
+            both = _qdq_activation_matmul(graph, mm, producers)
+            if both is not None:  # no bias: two activations
+                a, b = both
+                mm.op_type, mm.domain = "MatMulIntegerScaled", HETERO_DOMAIN
+                mm.inputs = [a.inputs[0], b.inputs[0], a.inputs[2] if len(a.inputs) > 2 else "",
+                             b.inputs[2] if len(b.inputs) > 2 else "", a.inputs[1], "", b.inputs[1]]
+                count += 1
             continue
         a, w = operands
         columns = np.asarray(graph.initializers[w.inputs[0]]).shape[1]

@@ -176,3 +176,48 @@ def test_qdq_conv_float_bias_not_a_multiple_of_the_step_stays_float():
     assert session.rewrites["fuse_qdq_conv"] == 0
     unfused = hetero.Session(model.SerializeToString(), backends=["reference"], optimize=False).run(feeds)["y"]
     np.testing.assert_allclose(session.run(feeds)["y"], unfused, rtol=1e-4, atol=1e-4)
+
+
+def _qdq_activations_model(a_dims: list, b_dims: list, adt: type, bdt: type):
+    """aq, bq (inputs) -> DequantizeLinear each -> MatMul: a QDQ attention's Q Kᵀ / P V."""
+    nodes = [helper.make_node("DequantizeLinear", ["aq", "as", "az"], ["a"]),
+             helper.make_node("DequantizeLinear", ["bq", "bs", "bz"], ["b"]),
+             helper.make_node("MatMul", ["a", "b"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0.021, np.float32), "as"),
+             numpy_helper.from_array(np.array(120 if adt == np.uint8 else -3, adt), "az"),
+             numpy_helper.from_array(np.array(0.017, np.float32), "bs"),
+             numpy_helper.from_array(np.array(9 if bdt == np.uint8 else 2, bdt), "bz")]
+    graph = helper.make_graph(nodes, "qdq_attention", [helper.make_tensor_value_info("aq", _elem(adt), a_dims),
+                                                       helper.make_tensor_value_info("bq", _elem(bdt), b_dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((2, 3, 130, 64), (2, 3, 64, 130)),  # >= 2**20 multiply-adds a batch: B packed per call, the int8 GEMM
+    ((1, 2, 400, 64), (1, 2, 64, 41)),
+    ((2, 5, 7, 12), (2, 5, 12, 9)),  # small heads: dequantized, the float GEMM
+    ((3, 1, 5), (3, 5, 1)),
+    ((2, 3, 5, 8), (1, 3, 8, 4)),  # batch dims that broadcast, known only at run time: numpy
+])
+@pytest.mark.parametrize("adt, bdt", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
+def test_qdq_activation_matmul_against_float64(threads, a_shape, b_shape, adt, bdt):
+    rank = len(a_shape)
+    symbolic = [f"a{i}" for i in range(rank - 2)], [f"b{i}" for i in range(rank - 2)]
+    model = _qdq_activations_model([*symbolic[0], *a_shape[-2:]], [*symbolic[1], *b_shape[-2:]], adt, bdt)
+    session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
+    assert session.rewrites["fuse_qdq_matmul"] == 1
+    assert [node.op_type for node in session.graph.nodes] == ["MatMulIntegerScaled"]
+    rng = np.random.default_rng(13)
+    aq, bq = _rand8(rng, a_shape, adt), _rand8(rng, b_shape, bdt)
+    a_zp, b_zp = (120 if adt == np.uint8 else -3), (9 if bdt == np.uint8 else 2)
+    want = ((aq.astype(np.float64) - a_zp) * np.float64(np.float32(0.021))) @ \
+        ((bq.astype(np.float64) - b_zp) * np.float64(np.float32(0.017)))
+    for _ in range(2):  # the second run replays the bound call
+        _check(session.run({"aq": aq, "bq": bq})["y"], want)
+
+
+def test_qdq_activation_matmul_known_broadcast_not_fused():
+    model = _qdq_activations_model([2, 3, 5, 8], [1, 3, 8, 4], np.uint8, np.int8)
+    session = hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
+    assert session.rewrites["fuse_qdq_matmul"] == 0
