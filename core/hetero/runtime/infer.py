@@ -94,8 +94,9 @@ def _check_size(node: Node, name: str, info: TensorInfo) -> None:
                          hint=f"set {MAX_TENSOR_BYTES_ENV} to a larger number of bytes if the model really needs it")
 
 
-def fold_and_infer(graph: Graph, fold: bool = True) -> None:
-    """Fill ``graph.values`` for every value; with ``fold``, replace constant subgraphs by initializers."""
+def fold_and_infer(graph: Graph, fold: bool = True, keep: frozenset[str] | set[str] = frozenset()) -> None:
+    """Fill ``graph.values`` for every value; with ``fold``, replace constant subgraphs by initializers, except the
+    nodes that compute a name in ``keep`` (a pass after the fold reads their constant inputs)."""
     # A rewrite may leave a producer after its reader; inferring (and pruning, which walks backwards) in list order
     # would then drop the producer without a word.
     graph.toposort()
@@ -122,7 +123,7 @@ def fold_and_infer(graph: Graph, fold: bool = True) -> None:
             values = [_placeholder(i) if v is None and i is not None and i.is_static else v
                       for v, i in zip(values, infos, strict=True)]
         out_infos = infer_node(schema, node, infos, values, opset)
-        if fold and _foldable(schema, node, values, out_infos):
+        if fold and not (keep and any(o in keep for o in node.outputs)) and _foldable(schema, node, values, out_infos):
             outs = evaluate_node(schema, node, values, opset, run_subgraph=run_graph)
             for name, array in zip(node.outputs, outs, strict=False):
                 if name:

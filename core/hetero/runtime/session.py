@@ -68,13 +68,18 @@ class Session:
         # A Graph the caller passed stays theirs: the passes below rewrite a copy.
         self.graph: Graph = model.copy() if isinstance(model, Graph) else load(model)
         check_opsets(self.graph)
-        fold_and_infer(self.graph)
-        self.rewrites: dict[str, int] = {}
         selection = select(backends, options)
+        chosen: tuple[passes.Pass, ...] = ()
         if optimize:
             first = selection.backends[0] if selection.backends else None
             chosen = passes.for_backend(lambda key: first is None or first.takes_op_type(*key),
                                         float16_via_float32=bool(getattr(first, "float16_via_float32", False)))
+        # the 8-bit weights of a QDQ model's MatMuls and Convs stay 8-bit for fuse_qdq_matmul / fuse_qdq_conv (the
+        # fold after the passes folds the rest)
+        qdq = passes.fuse_qdq_matmul in chosen or passes.fuse_qdq_conv in chosen
+        fold_and_infer(self.graph, keep=passes.quantized_weights(self.graph) if qdq else frozenset())
+        self.rewrites: dict[str, int] = {}
+        if optimize:
             self.rewrites = passes.optimize(self.graph, chosen)
             fold_and_infer(self.graph)  # infer the fused nodes, drop weights the rewrites orphaned
         self.backends = selection.backends

@@ -799,9 +799,9 @@ void py_qconv_i32(const py::array& x, const QConv& c, const py::object& x_zp, co
   run_qconv(x, c, x_zp, st, 4, strides, pads, dilations, out, "qconv_i32");
 }
 
-// ConvInteger -> Add (an int32 bias per output channel) -> Cast -> Mul (a scale, times an optional factor: the
-// activation scale x weight scale) of dynamically quantized CNNs, as one conv: float32(acc + ibias[c]) *
-// float32(scale * factor), the values those nodes compute.
+// ConvInteger -> Add (an int32 bias per output channel) -> Cast -> Mul (a scale, times an optional factor of one
+// value or one per output channel: the activation scale x weight scale) of dynamically quantized CNNs, as one
+// conv: float32(acc + ibias[c]) * float32(scale * factor), the values those nodes compute.
 void py_qconv_f32(const py::array& x, const QConv& c, const py::object& x_zp, const py::array& scale,
                   const py::object& factor, const py::object& ibias, const std::vector<i64>& strides,
                   const std::vector<i64>& pads, const std::vector<i64>& dilations, const py::array& out) {
@@ -814,14 +814,16 @@ void py_qconv_f32(const py::array& x, const QConv& c, const py::object& x_zp, co
   if (!factor.is_none()) {
     factor_arr = py::array::ensure(factor, py::array::c_style);
     pyx::need_f32(factor_arr, fn, "factor");
-    if (factor_arr.size() != 1) fail("qconv_f32: factor must be a single value");
+    // one value, or one per output channel (a QDQ model's per-channel weight scales: fuse_qdq_conv)
+    if (factor_arr.size() != 1 && static_cast<i64>(factor_arr.size()) != c.cout)
+      fail("qconv_f32: factor must have 1 or Cout (" + std::to_string(c.cout) + ") values");
     f = pyx::cptr<float>(factor_arr);
   }
   OutStage st;
   st.kind = OutStage::F32;
   std::vector<float> mult;
   const py::array sc = py::array::ensure(scale, py::array::c_style);
-  column_scales(pyx::cptr<float>(sc), 1, f, f ? 1 : 0, c.cout, mult);
+  column_scales(pyx::cptr<float>(sc), 1, f, f ? static_cast<i64>(factor_arr.size()) : 0, c.cout, mult);
   st.scale = mult.data();
   if (!ibias.is_none()) {
     bias_arr = py::array::ensure(ibias, py::array::c_style);
