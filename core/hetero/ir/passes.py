@@ -104,6 +104,40 @@ def remove_noops(graph: Graph) -> int:
     return count
 
 
+def loop_invariant_constants(graph: Graph) -> int:
+    """A Loop's carried value that its body passes through unchanged (body output k+1 is body input k+2) and that the
+    Loop starts from a weight of this graph: the body's nodes read the weight by name from the outer scope instead.
+    The carried slot stays (the Loop still returns it), but the body's child session then sees a constant, so it
+    folds Transposes of it, packs it for its MatMuls and fuses their bias Adds once, not at every iteration
+    (paddle2onnx threads every weight of SLANet's attention-GRU decoder through its Loop this way). Returns the number
+    of values rewired."""
+    count = 0
+    for node in graph.nodes:
+        body = node.attrs.get("body")
+        if node.domain != "" or node.op_type != "Loop" or not isinstance(body, Graph):
+            continue
+        nested = {name for inner in body.nodes for sub in inner.attrs.values() if isinstance(sub, Graph)
+                  for name in free_names(sub)}
+        defined = set(body.inputs) | set(body.initializers) | {o for n in body.nodes for o in n.outputs}
+        renames: dict[str, str] = {}
+        for k, start in enumerate(node.inputs[2:]):
+            if 2 + k >= len(body.inputs) or 1 + k >= len(body.outputs):
+                break
+            name = body.inputs[2 + k]
+            if (start and start in graph.initializers and body.outputs[1 + k] == name and name not in nested
+                    and start not in defined and start not in renames.values()):
+                renames[name] = start
+        if not renames:
+            continue
+        body = body.copy()  # subgraph attributes are shared with the graph this one was copied from
+        for inner in body.nodes:
+            inner.inputs = [renames.get(n, n) for n in inner.inputs]
+        body.outer_scope = body.outer_scope | frozenset(renames.values())
+        node.attrs["body"] = body
+        count += len(renames)
+    return count
+
+
 # Ops that act on each value alone (the tensor inputs past the first, for Clip its bounds, must be constants of
 # at most one value) and two-input ops that broadcast: both commute with a Transpose of their tensor operands.
 _ELEMENTWISE_UNARY = frozenset({"Relu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
@@ -2425,8 +2459,8 @@ def float16_chains_to_float32(graph: Graph) -> int:
 # fold_conv_input_affine after the GELU fusions (a GELU's final scalar Mul before a Conv is the GELU's, not an
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only). lower_contrib_ops first: the
 # standard nodes it writes for onnxruntime's contrib ops are what the fusions after it look for.
-DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, sink_transposes, fold_pad_into_max_pool,
-                                    fold_pad_into_conv, fold_conv_batchnorm,
+DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invariant_constants, sink_transposes,
+                                    fold_pad_into_max_pool, fold_pad_into_conv, fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
