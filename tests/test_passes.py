@@ -1830,3 +1830,27 @@ def test_loop_invariant_weights_become_body_constants(backend, step_count):
     graph = load(model)
     hetero.Session(graph, backends=[backend], on_fallback="silent").run({"h0": h0})
     assert "W_in" in {n for node in graph.nodes[0].attrs["body"].nodes for n in node.inputs}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_adding_a_zero_is_removed_unless_it_broadcasts(backend):
+    f32 = np.float32
+    nodes = [helper.make_node("Add", ["x", "zero"], ["a"]),  # removed
+             helper.make_node("Mul", ["a", "two"], ["m"]),
+             helper.make_node("Sub", ["m", "zero1"], ["s"]),  # removed
+             helper.make_node("Add", ["s", "zero3"], ["y"]),  # a graph output, and [1, 1, 1] makes it rank 3: kept
+             helper.make_node("Add", ["x", "one"], ["p"]),  # not a zero: kept
+             helper.make_node("Sub", ["zero1", "x"], ["n"]),  # 0 - x: kept
+             helper.make_node("Add", ["i", "izero"], ["i1"]),  # an int64 zero on int64: removed
+             helper.make_node("Mul", ["i1", "i3"], ["j"])]
+    inits = [("zero", np.array(0.0, f32)), ("two", np.array(2.0, f32)), ("zero1", np.array([0.0], f32)),
+             ("zero3", np.zeros((1, 1, 1), f32)), ("one", np.array([1.0], f32)), ("izero", np.array(0, np.int64)),
+             ("i3", np.array(3, np.int64))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3]), ("i", TensorProto.INT64, [4])],
+                       [("y", TensorProto.FLOAT, None), ("p", TensorProto.FLOAT, None), ("n", TensorProto.FLOAT, None),
+                        ("j", TensorProto.INT64, None)], inits)
+    x = np.array([[-0.0, 1.5, -2.0], [3.0, np.inf, -np.inf]], f32)
+    session = _compare(model, {"x": x, "i": np.arange(4, dtype=np.int64) - 2}, backend)
+    assert session.rewrites["remove_noops"] == 3
+    assert session.run({"x": x, "i": np.zeros(4, np.int64)})["y"].shape == (1, 2, 3)
+    assert [n.op_type for n in session.graph.nodes].count("Add") == 2

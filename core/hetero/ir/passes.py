@@ -95,6 +95,7 @@ def remove_noops(graph: Graph) -> int:
                 and (len(node.outputs) < 2 or not node.outputs[1] or not graph.consumers().get(node.outputs[1]))
                 and len(node.inputs) < 3)
             or (node.op_type == "Slice" and _slice_keeps_all(graph, node))
+            or (node.op_type in ("Add", "Sub") and _adds_zero(graph, node))
         )
         if not is_noop or node.outputs[0] in graph.outputs or node.outputs[0] in keep or not node.inputs[0]:
             continue
@@ -102,6 +103,21 @@ def remove_noops(graph: Graph) -> int:
         _rename_input(graph, node.outputs[0], node.inputs[0])
         count += 1
     return count
+
+
+def _adds_zero(graph: Graph, node: Node) -> bool:
+    """An Add / Sub of a constant single zero of the input's own dtype and at most its rank (paddle2onnx writes each
+    Loop body output as ``Squeeze(Add(Unsqueeze(x), 0))``): the output is the first input, shape and values (a
+    float -0.0 would become +0.0, which compares equal). The constant second, as paddle2onnx writes it."""
+    if len(node.inputs) != 2 or len(node.outputs) != 1:
+        return False
+    zero = graph.initializers.get(node.inputs[1])
+    x = graph.values.get(node.inputs[0])
+    if zero is None or x is None or x.shape is None or node.inputs[0] in graph.initializers:
+        return False
+    zero = np.asarray(zero)
+    return (zero.size == 1 and zero.ndim <= len(x.shape) and x.dtype.np_dtype == zero.dtype
+            and not zero.reshape(-1)[0])
 
 
 def loop_invariant_constants(graph: Graph) -> int:
