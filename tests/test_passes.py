@@ -1768,3 +1768,89 @@ def test_matmul_gelu_is_left_out_where_the_backend_lacks_it():
     assert "fuse_matmul_gelu" not in session.rewrites and "MatMulGelu" not in _ops(session)
     plain = hetero.Session(model, backends=["reference"], optimize=False).run(x)["y"]
     np.testing.assert_allclose(session.run(x)["y"], plain, rtol=1e-4, atol=1e-5)
+
+
+def _loop_model(rng, step_count: int):
+    """paddle2onnx's decoder Loop: the weights ride along as carried values that the body passes through unchanged
+    (W, b), beside a state h, a carried weight the body does change (u: must stay a loop value) and a scan output."""
+    f32 = np.float32
+    body = helper.make_graph(
+        [helper.make_node("Transpose", ["W_in"], ["Wt"], perm=[1, 0]),
+         helper.make_node("MatMul", ["h_in", "Wt"], ["hw"]),
+         helper.make_node("Add", ["hw", "b_in"], ["pre"]),
+         helper.make_node("Add", ["pre", "u_in"], ["pre_u"]),
+         helper.make_node("Tanh", ["pre_u"], ["h_out"]),
+         helper.make_node("Mul", ["u_in", "half"], ["u_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("ReduceSum", ["h_out"], ["scan"], keepdims=0)],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [1, 6]),
+         helper.make_tensor_value_info("W_in", TensorProto.FLOAT, [6, 6]),
+         helper.make_tensor_value_info("b_in", TensorProto.FLOAT, [6]),
+         helper.make_tensor_value_info("u_in", TensorProto.FLOAT, [6])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [1, 6]),
+         helper.make_tensor_value_info("W_in", TensorProto.FLOAT, [6, 6]),  # passed through: loop-invariant
+         helper.make_tensor_value_info("b_in", TensorProto.FLOAT, [6]),
+         helper.make_tensor_value_info("u_out", TensorProto.FLOAT, [6]),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.array(0.5, f32), "half")])
+    nodes = [helper.make_node("Loop", ["trip", "cond", "h0", "W", "b", "u"], ["h", "W_last", "b_last", "u_last", "s"],
+                              body=body)]
+    inits = [("trip", np.array(step_count, np.int64)), ("cond", np.array(True)),
+             ("W", rng.normal(size=(6, 6)).astype(f32) * 0.5), ("b", rng.normal(size=6).astype(f32)),
+             ("u", rng.normal(size=6).astype(f32))]
+    outs = [(n, TensorProto.FLOAT, None) for n in ("h", "W_last", "b_last", "u_last", "s")]
+    return make_model(nodes, [("h0", TensorProto.FLOAT, [1, 6])], outs, inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("step_count", [0, 1, 7])
+def test_loop_invariant_weights_become_body_constants(backend, step_count):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(11)
+    model = _loop_model(rng, step_count)
+    h0 = rng.normal(size=(1, 6)).astype(np.float32)
+    session = _compare(model, {"h0": h0}, backend)
+    # W and b (passed through, started from weights) are rewired; u changes every iteration and stays carried
+    assert session.rewrites["loop_invariant_constants"] == 2
+    body = session.graph.nodes[0].attrs["body"]
+    read = {name for node in body.nodes for name in node.inputs}
+    assert {"W", "b"} <= read and not {"W_in", "b_in"} & read and "u_in" in read
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"h0": h0})
+    got = session.run({"h0": h0})
+    for name, value in zip(["h", "W_last", "b_last", "u_last", "s"], want, strict=True):
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6)
+    # a Graph handed to a Session keeps its body (subgraph attributes are shared by Graph.copy): the pass copies it
+    from hetero.frontends import load
+
+    graph = load(model)
+    hetero.Session(graph, backends=[backend], on_fallback="silent").run({"h0": h0})
+    assert "W_in" in {n for node in graph.nodes[0].attrs["body"].nodes for n in node.inputs}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_adding_a_zero_is_removed_unless_it_broadcasts(backend):
+    f32 = np.float32
+    nodes = [helper.make_node("Add", ["x", "zero"], ["a"]),  # removed
+             helper.make_node("Mul", ["a", "two"], ["m"]),
+             helper.make_node("Sub", ["m", "zero1"], ["s"]),  # removed
+             helper.make_node("Add", ["s", "zero3"], ["y"]),  # a graph output, and [1, 1, 1] makes it rank 3: kept
+             helper.make_node("Add", ["x", "one"], ["p"]),  # not a zero: kept
+             helper.make_node("Sub", ["zero1", "x"], ["n"]),  # 0 - x: kept
+             helper.make_node("Add", ["i", "izero"], ["i1"]),  # an int64 zero on int64: removed
+             helper.make_node("Mul", ["i1", "i3"], ["j"])]
+    inits = [("zero", np.array(0.0, f32)), ("two", np.array(2.0, f32)), ("zero1", np.array([0.0], f32)),
+             ("zero3", np.zeros((1, 1, 1), f32)), ("one", np.array([1.0], f32)), ("izero", np.array(0, np.int64)),
+             ("i3", np.array(3, np.int64))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3]), ("i", TensorProto.INT64, [4])],
+                       [("y", TensorProto.FLOAT, None), ("p", TensorProto.FLOAT, None), ("n", TensorProto.FLOAT, None),
+                        ("j", TensorProto.INT64, None)], inits)
+    x = np.array([[-0.0, 1.5, -2.0], [3.0, np.inf, -np.inf]], f32)
+    session = _compare(model, {"x": x, "i": np.arange(4, dtype=np.int64) - 2}, backend)
+    assert session.rewrites["remove_noops"] == 3
+    assert session.run({"x": x, "i": np.zeros(4, np.int64)})["y"].shape == (1, 2, 3)
+    assert [n.op_type for n in session.graph.nodes].count("Add") == 2

