@@ -76,13 +76,15 @@ struct Kernels {
 // qlinear panels, 4 panels an item: raw_out[j] = sum_k hq[k] R'[k][j], exact int32) and, one 16-unit block before
 // each item, the other direction's cell update from its previous tile's raw sums (the F32 stage, the input side, the
 // default gates, no peepholes / clip / input_forget), with the same operations per value as rnn.cpp's finish +
-// lstm_cell (so the same bits). hq == nullptr: no tile; raw_in == nullptr: no cells.
+// lstm_cell (so the same bits). hq == nullptr: no tile (run_direction's cells of one batch row: units from the
+// pointers on); raw_in == nullptr: no cells.
 struct LstmQPair {
   i64 k4 = 0, panels = 0, pstride = 0;  // tile: k groups of 4, panels (a multiple of 4), bytes between panels
   const std::uint8_t* hq = nullptr;
   const std::int8_t* b = nullptr;
   std::int32_t* raw_out = nullptr;
-  i64 H = 0;                                  // cells: hidden units
+  i64 H = 0;                                  // cells: hidden units (the gates' stride in raw_in / colsum / ...)
+  i64 units = 0;                              // cells: units from the pointers on (a multiple of 16), 0: H
   const std::int32_t* raw_in = nullptr;       // 4H raw sums (i, o, f, c gates)
   const std::int32_t* colsum = nullptr;       // the corrections of qlin::Corrections, one row
   const std::int32_t* zb = nullptr;

@@ -50,7 +50,7 @@ inline V keep(V v) {
 }
 
 __attribute__((target("avx512vnni"))) void k_lstm_q_pair(const hetero::LstmQPair& a) {
-  const i64 H = a.H, blocks = a.raw_in ? H / 16 : 0, items = a.hq ? a.panels / 4 : 0;
+  const i64 H = a.H, blocks = a.raw_in ? (a.units ? a.units : H) / 16 : 0, items = a.hq ? a.panels / 4 : 0;
   const __m512i za = _mm512_set1_epi32(a.za);
   const __m512i rr = _mm512_set1_epi32(static_cast<std::int32_t>(static_cast<std::uint32_t>(a.rowsum) -
                                                                  static_cast<std::uint32_t>(a.K) *

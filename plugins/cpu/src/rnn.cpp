@@ -413,6 +413,14 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
           }
         }
     std::vector<std::int32_t> hrow(quant ? static_cast<std::size_t>(batch) : 0);  // hq's row sums
+    // The default gates on the avx512vnni tiles (any batch, H % 16 == 0): a step's tiles keep their raw int32 sums
+    // (rows ldq apart) and each batch row's cells are one pass of Kernels::lstm_q_pair's cell blocks (the F32 stage,
+    // the input side, the gates and the cell in registers), where finish + lstm_cell took ~12 passes over the row
+    // (~10 us of a 3-row, H 768 step beside its ~31 us tile). The same operations per value, so the same bits.
+    const bool fused_cells = quant && !step_amx && H % 16 == 0 && kr.lstm_q_pair &&
+                             &kq == qlin::qkernels_avx512vnni() && !pP && !do_clip && !input_forget;
+    const i64 ldq = fused_cells ? Rq->panels * qlin::kPanel : 0;
+    std::vector<std::int32_t> rawq(static_cast<std::size_t>(batch * ldq));
     for (i64 t = 0; t < seq; ++t) {
       const i64 rn = quant ? GH : Rp->n;  // LSTM: 4H, GRU: 2H
       if (quant) {
@@ -436,6 +444,11 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
             const std::int8_t* b = Rq->data->p + it.p0 * Rq->pstride();
             for (i64 m0 = 0; m0 < batch; m0 += row_step) {
               const int mr = static_cast<int>(std::min<i64>(row_step, batch - m0));
+              if (fused_cells) {
+                kq.tile(mr, it.np, Rq->k4, hq.data() + m0 * hlda, hlda, b, Rq->pstride(),
+                        rawq.data() + m0 * ldq + it.p0 * qlin::kPanel, ldq);
+                continue;
+              }
               if (step_amx)
                 qlin::amx_panels16(Rq->k, it.np, hq.data() + m0 * hlda, hlda, b, Rq->pstride(), raw, ldc);
               else
@@ -450,6 +463,25 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
             const i64 len = lens[static_cast<std::size_t>(b)];
             if (t >= len) continue;
             const i64 tx = backward ? len - 1 - t : t;
+            float* yb = pY ? pY + ((tx * dirs + d) * batch + b) * H + j0 : nullptr;
+            if (fused_cells) {
+              LstmQPair a;
+              a.H = H;
+              a.units = n;
+              a.raw_in = rawq.data() + b * ldq + j0;
+              a.colsum = Rq->colsum.data() + j0;
+              a.zb = Rq->zb.data() + j0;
+              a.za = h_zp;
+              a.rowsum = hrow[static_cast<std::size_t>(b)];
+              a.K = Rq->k;
+              a.col = col.data() + j0;
+              a.xw = xw + (tx * batch + b) * GH + j0;
+              a.c = c.data() + b * H + j0;
+              a.h = h.data() + b * H + j0;
+              a.y = yb;
+              kr.lstm_q_pair(a);
+              continue;
+            }
             lstm_cell(hr.data() + b * GH, xw + (tx * batch + b) * GH, c.data() + b * H, h.data() + b * H, j0,
                       n);
             if (pY)

@@ -264,3 +264,44 @@ def test_interleaved_directions_same_bits_as_two_threads(case: dict) -> None:
     for name, w in zip(one, want, strict=True):
         np.testing.assert_array_equal(one[name], two[name], err_msg=name)
         np.testing.assert_allclose(one[name], w, rtol=0, atol=3e-3, err_msg=name)
+
+
+# A direction that runs alone (any batch, H a multiple of 16, default gates, avx512vnni) keeps its step tiles' raw sums
+# and runs each batch row's cells as one pass of Kernels::lstm_q_pair's cell blocks (rnn.cpp run_direction's
+# fused_cells). Peepholes take the unfused path (finish + lstm_cell), and peepholes of zero change no value there
+# (x + 0 * c == x), so the model with P = 0 holds the fused cells to the unfused path bit for bit: the voicefilter
+# embedder's 3 rows, 1 row, 5 rows (past one tile's rows), both directions of batch 2, one step, sequence_lens, uint8
+# weights with zero points, per-channel scales, initial states; H 256 / 320 at 2 and 3 threads (slices of units that
+# start inside the row: 128, 96 / 208). H 40 takes the unfused path on both (the control).
+FUSED_CASES = [
+    {"seq": 5, "batch": 3, "inp": 40, "hidden": 32, "per_channel": True},
+    {"seq": 4, "batch": 1, "inp": 12, "hidden": 16, "direction": "reverse", "init": True},
+    {"seq": 6, "batch": 5, "inp": 24, "hidden": 48, "lens": [6, 2, 5, 6, 1], "zp": True, "init": True},
+    {"seq": 5, "batch": 2, "inp": 20, "hidden": 64, "direction": "bidirectional", "per_channel": True},
+    {"seq": 1, "batch": 3, "inp": 16, "hidden": 32, "init": True},
+    {"seq": 4, "batch": 3, "inp": 16, "hidden": 32, "uint8": True, "zp": True, "per_channel": True},
+    {"seq": 4, "batch": 3, "inp": 40, "hidden": 256},
+    {"seq": 3, "batch": 2, "inp": 16, "hidden": 320, "direction": "reverse", "lens": [3, 2], "init": True},
+    {"seq": 4, "batch": 3, "inp": 16, "hidden": 40},
+]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=_ids)
+def test_fused_cells_same_bits_as_unfused_path(case: dict) -> None:
+    model, feeds, want = dq_lstm_case(**case)
+    dirs = 2 if case.get("direction") == "bidirectional" else 1
+    unfused, _, _ = dq_lstm_case(**case, peephole=True)
+    for init in unfused.graph.initializer:
+        if init.name == "P":
+            init.CopyFrom(numpy_helper.from_array(np.zeros((dirs, 3 * case["hidden"]), np.float32), "P"))
+
+    def run(m):
+        return lambda: hetero.Session(m, backends=["cpu"], on_fallback="error").run(feeds)
+
+    threads = (1, 2, 3)
+    fused = _at_threads(run(model), threads)
+    plain = _at_threads(run(unfused), threads)
+    for f, p in zip(fused, plain, strict=True):
+        for name, w in zip(f, want, strict=True):
+            np.testing.assert_array_equal(f[name], p[name], err_msg=name)
+            np.testing.assert_allclose(f[name], w, rtol=0, atol=3e-3, err_msg=name)
