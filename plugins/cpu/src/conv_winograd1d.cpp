@@ -224,9 +224,11 @@ bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, co
                  [&](i64 q) { split_phases(x + q * g.W, g.W, g.pl, d, qz, z + q * zchan); });
   }
   // Weights larger than the block budget (eeg_seizure's 6 x 200 x 1920: 9 MB) are read once a block from L3 or
-  // memory: the widest blocks then (32 columns a block ran at the weights' bandwidth).
+  // memory: the widest blocks then (32 columns a block ran at the weights' bandwidth). Five taps' weights (slovorez's
+  // 8 x 192 x 256: 1.5 MB, magika's 8 x 512 x 256: 4 MB) come from L3 fast enough that one panel a block, its
+  // transformed inputs and products in L2, won: 0.92x the 8-panel blocks' time on both at 1 thread, a tie at 2.
   const bool big_weights = alpha * cin * cout > kBlockFloats;
-  const i64 bc = big_weights ? 8 * nr
+  const i64 bc = big_weights ? (alpha == 8 ? nr : 8 * nr)
                              : std::max<i64>(nr, std::min<i64>(8 * nr, kBlockFloats / (alpha * (cin + cout)) / nr * nr));
   const i64 nblk = ceil_div(all_tiles, bc);
   const int T = threads_for(2.0 * alpha * cout * cin * all_tiles, 6e4 * 4);  // conv.cpp's grain for products
