@@ -39,7 +39,7 @@ struct PackedConv {
   i64 raw_ld = 0;
   // 3x3, one group: the Winograd F(4x4, 3x3) weights G g G^T, one packed A matrix (Cout x Cin) per each of the 36
   // positions, wino_stride floats apart; made from `raw` on the first call that takes that path (conv_winograd.cpp).
-  // 1x3 (or 3x1), one group: the F(4, 3) weights G g, 6 such matrices (conv_winograd1d.cpp).
+  // 1x3 (or 3x1), one group: the F(4, 3) weights G g, 6 such matrices; 1x5 (or 5x1): F(4, 5)'s, 8 (conv_winograd1d.cpp).
   mutable std::once_flag wino_once;
   mutable AlignedBuf wino;
   mutable i64 wino_stride = 0;
@@ -117,7 +117,7 @@ bool winograd_fits(const PackedConv& pc, const ConvGeom& g, bool whole_panels = 
 bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                    const Epilogue& act);
 
-// Winograd F(4, 3) for dilated 1-D three-tap convs (conv_winograd1d.cpp; g as along_w makes it: one row, 1 x 3):
+// Winograd F(4, 3) / F(4, 5) for 1-D three- / five-tap convs (conv_winograd1d.cpp; g as along_w makes it: one row):
 // whether it is the faster choice, and the convolution (false, the output partly written, when an output is not
 // finite, e.g. from an inf or NaN input: the caller runs another kernel).
 bool winograd1d_fits(const PackedConv& pc, const ConvGeom& g);

@@ -6,6 +6,8 @@
 // positions (below d = 16 the input is split into phases first: kPhasedBelow): the transforms (ExtraKernels
 // wino1d_in / wino1d_out, the ISA's vectors; a run's last part below) read and write runs of consecutive floats,
 // and the GEMMs are the packed micro-kernel's (gemm_prepacked_b).
+// Five-tap kernels (slovorez's Conv1D 256 -> 192 and 192 -> 192, k = 5, on 64 positions) take F(4, 5) the same way:
+// 8 inputs s + k d (k < 8) a tile and 8 GEMMs, 8 multiplications per tile and channel pair instead of 20.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -19,9 +21,10 @@ namespace hetero {
 namespace {
 
 constexpr i64 kTile = 4;   // outputs per tile (m)
-constexpr i64 kAlpha = 6;  // transformed points per tile (m + 2)
-// Floats of a block's transformed inputs and products (6 x (Cin + Cout) x columns): 512 KB, half of Zen 4's L2
-// (the 6 packed Cout x Cin weight matrices take most of the rest at 128 channels).
+constexpr i64 kMaxAlpha = 8;  // transformed points per tile (m + taps - 1): 6 for three taps, 8 for five
+i64 alpha_of(i64 taps) { return kTile + taps - 1; }
+// Floats of a block's transformed inputs and products (alpha x (Cin + Cout) x columns): 512 KB, half of Zen 4's L2
+// (the alpha packed Cout x Cin weight matrices take most of the rest at 128 channels).
 constexpr i64 kBlockFloats = 128 * 1024;
 
 // HETERO_CPU_WINOGRAD1D=0 turns the path off (to compare it with the direct kernels).
@@ -34,24 +37,37 @@ bool winograd1d_enabled() {
 }
 
 // U[xi] = (G g)[xi] for every (cout, cin), computed in double, packed as A panels (one Cout x Cin matrix per xi) into
-// pc.wino (a 1x3 kernel never takes the 3x3 Winograd path that fills it otherwise).
-void transform_weights(const PackedConv& pc) {
-  static const double G[kAlpha][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                      {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                      {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
+// pc.wino (a 1x3 or 1x5 kernel never takes the 3x3 Winograd path that fills it otherwise).
+void transform_weights(const PackedConv& pc, i64 taps) {
+  static const double G3[6][3] = {{1.0 / 4, 0, 0},           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                  {-1.0 / 6, 1.0 / 6, -1.0 / 6}, {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                  {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
+  // F(4, 5): row i is p_i^k / prod_{l != i} (p_i - p_l) over the finite points 0, 1, -1, 2, -2, 1/2, -1/2 (the first
+  // negated to match wino5_in_1d's B^T), then infinity's row.
+  static const double G5[8][5] = {{1, 0, 0, 0, 0},
+                                  {-2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9},
+                                  {-2.0 / 9, 2.0 / 9, -2.0 / 9, 2.0 / 9, -2.0 / 9},
+                                  {1.0 / 90, 1.0 / 45, 2.0 / 45, 4.0 / 45, 8.0 / 45},
+                                  {1.0 / 90, -1.0 / 45, 2.0 / 45, -4.0 / 45, 8.0 / 45},
+                                  {32.0 / 45, 16.0 / 45, 8.0 / 45, 4.0 / 45, 2.0 / 45},
+                                  {32.0 / 45, -16.0 / 45, 8.0 / 45, -4.0 / 45, 2.0 / 45},
+                                  {0, 0, 0, 0, 1}};
   const Kernels& kr = *pc.kr;
-  const i64 cout = pc.cout, cin = pc.cin_g * pc.kh * pc.kw / 3;  // (channel, row) pairs of a full-height kernel
-  std::vector<float> u(static_cast<std::size_t>(kAlpha * cout * cin));
+  const i64 alpha = alpha_of(taps);
+  const i64 cout = pc.cout, cin = pc.cin_g * pc.kh * pc.kw / taps;  // (channel, row) pairs of a full-height kernel
+  std::vector<float> u(static_cast<std::size_t>(alpha * cout * cin));
   for (i64 o = 0; o < cout; ++o)
     for (i64 c = 0; c < cin; ++c) {
-      const float* g = pc.raw.p + o * pc.raw_ld + c * 3;
-      for (i64 xi = 0; xi < kAlpha; ++xi)
-        u[static_cast<std::size_t>((xi * cout + o) * cin + c)] =
-            static_cast<float>(G[xi][0] * g[0] + G[xi][1] * g[1] + G[xi][2] * g[2]);
+      const float* g = pc.raw.p + o * pc.raw_ld + c * taps;
+      for (i64 xi = 0; xi < alpha; ++xi) {
+        double sum = 0.0;
+        for (i64 t = 0; t < taps; ++t) sum += (taps == 3 ? G3[xi][t] : G5[xi][t]) * g[t];
+        u[static_cast<std::size_t>((xi * cout + o) * cin + c)] = static_cast<float>(sum);
+      }
     }
   pc.wino_stride = ceil_div(cout, kr.mr) * kr.mr * cin;
-  float* d = pc.wino.get(static_cast<std::size_t>(kAlpha * pc.wino_stride));
-  for (i64 xi = 0; xi < kAlpha; ++xi)
+  float* d = pc.wino.get(static_cast<std::size_t>(alpha * pc.wino_stride));
+  for (i64 xi = 0; xi < alpha; ++xi)
     pack_a_panels(kr, MatView{u.data() + xi * cout * cin, cout, cin, cin, 1}, d + xi * pc.wino_stride);
 }
 
@@ -76,9 +92,9 @@ void split_phases(const float* xc, i64 W, i64 pl, i64 d, i64 qz, float* z) {
 
 // Tap k of `len` consecutive tiles of one channel of the input xc, the first tile at output s (dilated runs: tile i
 // at s + i): input s + i + k d - pl, zero outside [0, W); taps that reach into the padding are copied into tmp
-// (6 x len floats).
-void dilated_taps(const float* xc, i64 W, i64 pl, i64 s, i64 d, i64 len, float* tmp, const float** tap) {
-  for (i64 k = 0; k < kAlpha; ++k) {
+// (alpha x len floats).
+void dilated_taps(const float* xc, i64 W, i64 pl, i64 s, i64 d, i64 len, i64 alpha, float* tmp, const float** tap) {
+  for (i64 k = 0; k < alpha; ++k) {
     const i64 p0 = s + k * d - pl;
     if (p0 >= 0 && p0 + len <= W) {
       tap[k] = xc + p0;
@@ -87,6 +103,28 @@ void dilated_taps(const float* xc, i64 W, i64 pl, i64 s, i64 d, i64 len, float* 
     float* t = tmp + k * len;
     for (i64 i = 0; i < len; ++i) t[i] = p0 + i >= 0 && p0 + i < W ? xc[p0 + i] : 0.f;
     tap[k] = t;
+  }
+}
+
+// F(4, 5)'s B^T x (transform_in's, the rows of onnx_impl.hpp's wino5_in_1d).
+void transform_in5(const ExtraKernels& xk, const float* const* tap, i64 len, float* __restrict v, i64 vstride) {
+  for (i64 i = xk.wino1d5_in(tap, len, v, vstride); i < len; ++i) {
+    float d[8];
+    for (int k = 0; k < 8; ++k) d[k] = tap[k][i];
+    float* t = v + i;
+    t[0] = 5.25f * (d[4] - d[2]) + (d[0] - d[6]);
+    t[7 * vstride] = 5.25f * (d[3] - d[5]) + (d[7] - d[1]);
+    float a = (d[2] + d[6]) - 4.25f * d[4], b = (d[1] + d[5]) - 4.25f * d[3];
+    t[vstride] = a + b;
+    t[2 * vstride] = a - b;
+    a = (0.25f * d[2] + d[6]) - 1.25f * d[4];
+    b = 2.f * d[5] + (0.5f * d[1] - 2.5f * d[3]);
+    t[3 * vstride] = a + b;
+    t[4 * vstride] = a - b;
+    a = (4.f * d[2] + d[6]) - 5.f * d[4];
+    b = 0.5f * d[5] + (2.f * d[1] - 2.5f * d[3]);
+    t[5 * vstride] = a + b;
+    t[6 * vstride] = a - b;
   }
 }
 
@@ -127,6 +165,23 @@ float transform_out(const ExtraKernels& xk, const float* __restrict m, i64 mstri
   return probe;
 }
 
+// F(4, 5)'s A^T m + bias (transform_out's, onnx_impl.hpp's wino5_out_1d).
+float transform_out5(const ExtraKernels& xk, const float* __restrict m, i64 mstride, float bias, i64 len,
+                     float* __restrict y) {
+  float probe = 0.f;
+  for (i64 i = xk.wino1d5_out(m, mstride, bias, len, y, len, &probe); i < len; ++i) {
+    float c[8];
+    for (int k = 0; k < 8; ++k) c[k] = m[k * mstride + i];
+    const float s12 = c[1] + c[2], d12 = c[1] - c[2], s34 = c[3] + c[4], d34 = c[3] - c[4], s56 = c[5] + c[6],
+                d56 = c[5] - c[6];
+    const float y0 = (c[0] + s12) + (s34 + s56) + bias, y1 = 0.5f * d56 + (2.f * d34 + d12) + bias,
+                y2 = 0.25f * s56 + (4.f * s34 + s12) + bias, y3 = (0.125f * d56 + (8.f * d34 + d12)) + c[7] + bias;
+    y[i] = y0, y[len + i] = y1, y[2 * len + i] = y2, y[3 * len + i] = y3;
+    probe += (y0 + y1 + y2 + y3) * 0.f;
+  }
+  return probe;
+}
+
 }  // namespace
 
 // One group, a 1 x 3 kernel (after along_w) at stride 1, dilation d >= 4 (measured on 4 and 8; undilated 1-D convs
@@ -139,17 +194,24 @@ float transform_out(const ExtraKernels& xk, const float* __restrict m, i64 mstri
 // at (c kh + y) W, weight (c, y, t) at (c kh + y) 3 + t): it runs as one, at any dilation.
 bool full_height(const ConvGeom& g) { return g.H > 1 && g.kh == g.H && g.Ho == 1 && g.pt == 0 && g.pb == 0; }
 
+// Five taps (F(4, 5)): one row (kh = 1), any dilation, >= 64 channels in and out. 2.5x fewer multiplications leave
+// room for the transforms even undilated: slovorez's 256 / 192 -> 192 convs on 64 positions and magika's 256 -> 512
+// over 512 ran at 0.52-0.54x conv_cblk's time; atspm_funcnet's 32 -> 32 (d = 1 .. 64) at 1.1-2.5x (GEMMs of 32 rows).
 bool winograd1d_fits(const PackedConv& pc, const ConvGeom& g) {
-  if (!winograd1d_enabled() || pc.depthwise || g.group != 1 || g.kw != 3 || g.sw != 1 ||
-      !((g.kh == 1 && g.H == 1 && g.dw >= 4) || (full_height(g) && g.C * g.kh >= 256)))
+  if (!winograd1d_enabled() || pc.depthwise || g.group != 1 || g.sw != 1) return false;
+  if (g.kw == 3) {
+    if (!((g.kh == 1 && g.H == 1 && g.dw >= 4) || (full_height(g) && g.C * g.kh >= 256))) return false;
+  } else if (g.kw != 5 || g.kh != 1 || g.H != 1 || g.C < 64 || g.Cout < 64) {
     return false;
-  const double direct = 3.0 * static_cast<double>(g.Wo), wino = static_cast<double>(kAlpha * image_tiles(g));
+  }
+  const double direct = static_cast<double>(g.kw * g.Wo), wino = static_cast<double>(alpha_of(g.kw) * image_tiles(g));
   return g.C * g.kh >= 32 && g.Cout >= 32 && wino * 8 <= direct * 5;
 }
 
 bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                      const Epilogue& act) {
-  std::call_once(pc.wino_once, [&] { transform_weights(pc); });
+  const i64 alpha = alpha_of(g.kw);
+  std::call_once(pc.wino_once, [&] { transform_weights(pc, g.kw); });
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const i64 nr = kr.nr, cin = g.C * g.kh, cout = g.Cout, d = g.dw, Q = runs_of_4d(g), tiles = Q * d, all_tiles = g.N * tiles;
@@ -162,12 +224,14 @@ bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, co
                  [&](i64 q) { split_phases(x + q * g.W, g.W, g.pl, d, qz, z + q * zchan); });
   }
   // Weights larger than the block budget (eeg_seizure's 6 x 200 x 1920: 9 MB) are read once a block from L3 or
-  // memory: the widest blocks then (32 columns a block ran at the weights' bandwidth).
-  const bool big_weights = kAlpha * cin * cout > kBlockFloats;
-  const i64 bc = big_weights ? 8 * nr
-                             : std::max<i64>(nr, std::min<i64>(8 * nr, kBlockFloats / (kAlpha * (cin + cout)) / nr * nr));
+  // memory: the widest blocks then (32 columns a block ran at the weights' bandwidth). Five taps' weights (slovorez's
+  // 8 x 192 x 256: 1.5 MB, magika's 8 x 512 x 256: 4 MB) come from L3 fast enough that one panel a block, its
+  // transformed inputs and products in L2, won: 0.92x the 8-panel blocks' time on both at 1 thread, a tie at 2.
+  const bool big_weights = alpha * cin * cout > kBlockFloats;
+  const i64 bc = big_weights ? (alpha == 8 ? nr : 8 * nr)
+                             : std::max<i64>(nr, std::min<i64>(8 * nr, kBlockFloats / (alpha * (cin + cout)) / nr * nr));
   const i64 nblk = ceil_div(all_tiles, bc);
-  const int T = threads_for(2.0 * kAlpha * cout * cin * all_tiles, 6e4 * 4);  // conv.cpp's grain for products
+  const int T = threads_for(2.0 * alpha * cout * cin * all_tiles, 6e4 * 4);  // conv.cpp's grain for products
   std::vector<float> probes(static_cast<std::size_t>(nblk), 0.f);
   // Runs of a block: consecutive tiles (r, q) .. of one image within one nr-column panel; the first at output
   // s = 4 q d + r, the next at s + 1 (dilated numbering) or s + 4d (phased).
@@ -183,29 +247,32 @@ bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, co
   parallel_for(nblk, T, [&](i64 blk) {
     const i64 t0 = blk * bc, ncols = std::min<i64>(bc, all_tiles - t0), ncp = ceil_div(ncols, nr) * nr;
     const i64 vstride = ncp * cin, mstride = ncp * cout;
-    float* v = tl_buf(TL_PACK_B).get(static_cast<std::size_t>(kAlpha * vstride));
-    float* m = tl_buf(TL_MISC).get(static_cast<std::size_t>(kAlpha * mstride + (kAlpha + kTile) * nr));
-    float* tmp = m + kAlpha * mstride;
+    float* v = tl_buf(TL_PACK_B).get(static_cast<std::size_t>(alpha * vstride));
+    float* m = tl_buf(TL_MISC).get(static_cast<std::size_t>(alpha * mstride + (alpha + kTile) * nr));
+    float* tmp = m + alpha * mstride;
     // B in the packed-B layout of each point's GEMM: column col of channel c at (col / nr) cin nr + c nr + col % nr;
     // the padding columns of the last panel zero (computed, never written out)
     for (i64 col = ncols; col < ncp; ++col)
-      for (i64 xi = 0; xi < kAlpha; ++xi)
+      for (i64 xi = 0; xi < alpha; ++xi)
         for (i64 c = 0; c < cin; ++c) v[xi * vstride + (col / nr) * cin * nr + c * nr + col % nr] = 0.f;
     for_runs(t0, ncols, [&](i64 col, i64 n, i64 r, i64 q, i64 len) {
       float* vc = v + (col / nr) * cin * nr + col % nr;
-      const float* tap[kAlpha];
+      const float* tap[kMaxAlpha];
       for (i64 c = 0; c < cin; ++c) {
         if (phased) {
           const float* zr = z + (n * cin + c) * zchan + r * kTile * qz + q;
-          for (i64 k = 0; k < kAlpha; ++k) tap[k] = zr + (k % kTile) * qz + k / kTile;
+          for (i64 k = 0; k < alpha; ++k) tap[k] = zr + (k % kTile) * qz + k / kTile;
         } else {
-          dilated_taps(x + (n * cin + c) * g.W, g.W, g.pl, q * kTile * d + r, d, len, tmp, tap);
+          dilated_taps(x + (n * cin + c) * g.W, g.W, g.pl, q * kTile * d + r, d, len, alpha, tmp, tap);
         }
-        transform_in(xk, tap, len, vc + c * nr, vstride);
+        if (alpha == 8)
+          transform_in5(xk, tap, len, vc + c * nr, vstride);
+        else
+          transform_in(xk, tap, len, vc + c * nr, vstride);
       }
     });
     const Epilogue none;
-    for (i64 xi = 0; xi < kAlpha; ++xi)
+    for (i64 xi = 0; xi < alpha; ++xi)
       gemm_prepacked_b(kr, cout, ncp, cin, nullptr, pc.wino.p + xi * pc.wino_stride, v + xi * vstride,
                        m + xi * mstride, ncp, 1.f, 0.f, none, 1);
     float probe = 0.f;
@@ -213,7 +280,9 @@ bool conv_winograd1d(const PackedConv& pc, const ConvGeom& g, const float* x, co
       float* y = tmp;  // 4 rows of len
       const i64 s = q * kTile * d + r;
       for (i64 co = 0; co < cout; ++co) {
-        probe += transform_out(xk, m + co * ncp + col, mstride, bias ? bias[co] : 0.f, len, y);
+        const float b = bias ? bias[co] : 0.f;
+        probe += alpha == 8 ? transform_out5(xk, m + co * ncp + col, mstride, b, len, y)
+                            : transform_out(xk, m + co * ncp + col, mstride, b, len, y);
         float* o = out + (n * cout + co) * g.Wo;
         for (i64 i = 0; i < kTile; ++i) {
           const i64 p0 = s + i * d;

@@ -110,6 +110,9 @@ struct ExtraKernels {
   // onnx_impl.hpp): the whole vectors of the run, returning how many tiles they covered (the caller does the rest).
   i64 (*wino1d_in)(const float* const* tap, i64 n, float* v, i64 vstride);
   i64 (*wino1d_out)(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe);
+  // The same for F(4, 5) (five-tap kernels): 8 taps in, 8 products out.
+  i64 (*wino1d5_in)(const float* const* tap, i64 n, float* v, i64 vstride);
+  i64 (*wino1d5_out)(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe);
   // Rows of attention scores in place (row r at s + r * ld): s = s / divisor (skipped at 1) + mask (null: none; row
   // r's at mask + r * mask_rs; mask_vec: n values, else its first for all), then the softmax, rounded as the binary
   // ops and softmax_row run apart (the same bits) with one pass over the row fewer and no call per row or step.

@@ -1353,6 +1353,70 @@ i64 x_wino1d_out(const float* m, i64 mstride, float bias, i64 n, float* y, i64 l
   return i;
 }
 
+// Winograd F(4, 5) along one axis (conv_winograd1d.cpp, five-tap kernels): the 8 points 0, +-1, +-2, +-1/2 and
+// infinity (the B^T of F(6, 3)); layouts, returns and probe as x_wino1d_in / x_wino1d_out, with 8 taps / products.
+inline void wino5_in_1d(const V* d, V* t) {
+  const V c525 = SIMD::set1(5.25f), c425 = SIMD::set1(4.25f), c25 = SIMD::set1(2.5f), c125 = SIMD::set1(1.25f),
+          half = SIMD::set1(0.5f), quarter = SIMD::set1(0.25f), two = SIMD::set1(2.f), four = SIMD::set1(4.f),
+          five = SIMD::set1(5.f);
+  t[0] = SIMD::fma(c525, SIMD::sub(d[4], d[2]), SIMD::sub(d[0], d[6]));
+  t[7] = SIMD::fma(c525, SIMD::sub(d[3], d[5]), SIMD::sub(d[7], d[1]));
+  V a = SIMD::fnma(c425, d[4], SIMD::add(d[2], d[6])), b = SIMD::fnma(c425, d[3], SIMD::add(d[1], d[5]));
+  t[1] = SIMD::add(a, b);
+  t[2] = SIMD::sub(a, b);
+  a = SIMD::fnma(c125, d[4], SIMD::fma(quarter, d[2], d[6]));
+  b = SIMD::fma(two, d[5], SIMD::fnma(c25, d[3], SIMD::mul(half, d[1])));
+  t[3] = SIMD::add(a, b);
+  t[4] = SIMD::sub(a, b);
+  a = SIMD::fnma(five, d[4], SIMD::fma(four, d[2], d[6]));
+  b = SIMD::fma(half, d[5], SIMD::fnma(c25, d[3], SIMD::mul(two, d[1])));
+  t[5] = SIMD::add(a, b);
+  t[6] = SIMD::sub(a, b);
+}
+
+inline void wino5_out_1d(const V* m, V* o) {
+  const V two = SIMD::set1(2.f), four = SIMD::set1(4.f), eight = SIMD::set1(8.f), half = SIMD::set1(0.5f),
+          quarter = SIMD::set1(0.25f), eighth = SIMD::set1(0.125f);
+  const V s12 = SIMD::add(m[1], m[2]), d12 = SIMD::sub(m[1], m[2]);
+  const V s34 = SIMD::add(m[3], m[4]), d34 = SIMD::sub(m[3], m[4]);
+  const V s56 = SIMD::add(m[5], m[6]), d56 = SIMD::sub(m[5], m[6]);
+  o[0] = SIMD::add(SIMD::add(m[0], s12), SIMD::add(s34, s56));
+  o[1] = SIMD::fma(half, d56, SIMD::fma(two, d34, d12));
+  o[2] = SIMD::fma(quarter, s56, SIMD::fma(four, s34, s12));
+  o[3] = SIMD::add(SIMD::fma(eighth, d56, SIMD::fma(eight, d34, d12)), m[7]);
+}
+
+i64 x_wino1d5_in(const float* const* tap, i64 n, float* v, i64 vstride) {
+  i64 i = 0;
+  for (; i + W <= n; i += W) {
+    V d[8], t[8];
+    for (int k = 0; k < 8; ++k) d[k] = SIMD::load(tap[k] + i);
+    wino5_in_1d(d, t);
+    for (int k = 0; k < 8; ++k) SIMD::store(v + k * vstride + i, t[k]);
+  }
+  return i;
+}
+
+i64 x_wino1d5_out(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe) {
+  const V b = SIMD::set1(bias), zero = SIMD::zero();
+  V acc = SIMD::zero();
+  i64 i = 0;
+  for (; i + W <= n; i += W) {
+    V col[8], r[4];
+    for (int k = 0; k < 8; ++k) col[k] = SIMD::load(m + k * mstride + i);
+    wino5_out_1d(col, r);
+    for (int j = 0; j < 4; ++j) {
+      r[j] = SIMD::add(r[j], b);
+      acc = SIMD::fma(r[j], zero, acc);
+      SIMD::store(y + j * ldy + i, r[j]);
+    }
+  }
+  alignas(64) float lanes[W];
+  SIMD::store(lanes, acc);
+  for (int l = 0; l < W; ++l) *probe += lanes[l];
+  return i;
+}
+
 // wino_store: wino_out's transform, the bias and the activation in registers for n <= W tiles of one output channel,
 // each tile's 4 x 4 block stored in `plane` at out_off[l] (rows Wo apart; extent[l]: rows x 8 + columns inside the
 // map, 36 for a whole tile) by rows of four floats: a W x W transpose (16 / W of them) gathers a tile's 16 values,
@@ -1485,7 +1549,8 @@ const hetero::ExtraKernels extra_table = {
     x_dw_nchwc,     x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
-    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_rows,
+    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_wino1d5_in, x_wino1d5_out,
+    x_scores_softmax_rows,
     x_transpose_into, has_transpose<SIMD>::value, W,
 };
 

@@ -1613,15 +1613,27 @@ WINOGRAD1D_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", WINOGRAD1D_CASES, ids=[str(i) for i in range(len(WINOGRAD1D_CASES))])
-@pytest.mark.parametrize("activation", ["none", "silu"])
-def test_conv1d_winograd(isa, threads, case, activation):
-    # against float64 (the transforms' rounding bounded relative to the largest output), and the same bits at 1
-    # thread (blocks of tiles do not depend on the thread count)
+# Five-tap convs (Winograd F(4, 5), 8 points a tile): slovorez's 256 -> 192 on 64 positions ("same" pads, 64 words:
+# the phase split at d = 1), a length that is not a multiple of 4 (the last tile past the outputs), one image of
+# 59 outputs (15 tiles: a run shorter than an AVX-512 vector, the scalar rest), runs split by the GEMM's panels
+# (d = 37), dilations on both sides of the phase split (d = 3, 16), a [N, C, L, 1] input (a 5 x 1 kernel), odd channel
+# counts (>= 64: the rule's minimum).
+WINOGRAD1D5_CASES = [
+    (64, 256, 64, 192, 1, (2, 2), "row"),
+    (3, 64, 203, 65, 1, (2, 2), "row"),
+    (1, 67, 61, 70, 1, (0, 2), "row"),
+    (1, 64, 900, 71, 37, (5, 70), "row"),
+    (2, 64, 517, 80, 3, (6, 6), "row"),
+    (1, 96, 700, 64, 16, (1, 2), "row"),
+    (2, 64, 333, 64, 2, (4, 4), "column"),
+]
+
+
+def _check_conv1d_winograd(threads, case, activation, taps):
     n, c, length, cout, d, (pl, pr), layout = case
     rows = 8 if layout == "full" else 1
     x = randn(n, c, length, 1, seed=111) if layout == "column" else randn(n, c, rows, length, seed=111)
-    w = randn(cout, c, rows, 3, seed=112) * np.float32(1.0 / np.sqrt(3 * c * rows))
+    w = randn(cout, c, rows, taps, seed=112) * np.float32(1.0 / np.sqrt(taps * c * rows))
     w = np.ascontiguousarray(w.transpose(0, 1, 3, 2)) if layout == "column" else w
     bias = randn(cout, seed=113)
     pads, dil = ((pl, 0, pr, 0), (d, 1)) if layout == "column" else ((0, pl, 0, pr), (1, d))
@@ -1636,6 +1648,20 @@ def test_conv1d_winograd(isa, threads, case, activation):
     _native.conv2d_packed(x, packed, bias, one, pads=pads, dilations=dil, activation=activation)
     _native.set_num_threads(threads)
     np.testing.assert_array_equal(out, one)
+
+
+@pytest.mark.parametrize("case", WINOGRAD1D_CASES, ids=[str(i) for i in range(len(WINOGRAD1D_CASES))])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_conv1d_winograd(isa, threads, case, activation):
+    # against float64 (the transforms' rounding bounded relative to the largest output), and the same bits at 1
+    # thread (blocks of tiles do not depend on the thread count)
+    _check_conv1d_winograd(threads, case, activation, 3)
+
+
+@pytest.mark.parametrize("case", WINOGRAD1D5_CASES, ids=[str(i) for i in range(len(WINOGRAD1D5_CASES))])
+@pytest.mark.parametrize("activation", ["none", "relu"])
+def test_conv1d_winograd_five_taps(isa, threads, case, activation):
+    _check_conv1d_winograd(threads, case, activation, 5)
 
 
 def test_conv1d_winograd_nonfinite_input_and_rule():
@@ -1666,6 +1692,36 @@ def test_conv1d_winograd_nonfinite_input_and_rule():
     # a full-height kernel over fewer than 256 (channel, row) pairs
     assert _native.prepack_conv(randn(40, 8, 5, 3), 1, "high").algorithm([1, 8, 5, 77], (1, 1), (0, 1, 0, 1)) \
         != "winograd1d"
+
+
+def test_conv1d_winograd_five_taps_nonfinite_and_rule():
+    # F(4, 5) as F(4, 3) above: an inf / NaN input falls back to a direct kernel (only the windows reading them are not
+    # finite); the rule leaves five-tap convs with fewer than 64 channels in or out (atspm_funcnet's 32 -> 32 ran
+    # slower), 2-D 5 x 5 kernels, two-row inputs and stride 5 (eeg_spindles' downscale convs) to the other kernels
+    x = randn(1, 64, 1, 300, seed=117)
+    x[0, 3, 0, 100] = np.inf
+    x[0, 9, 0, 200] = np.nan
+    w = randn(64, 64, 1, 5, seed=118) * 0.1
+    bias = randn(64, seed=119)
+    pads = (0, 2, 0, 2)
+    packed = _native.prepack_conv(w, 1, "high")
+    assert packed.algorithm(list(x.shape), (1, 1), pads) == "winograd1d"
+    ref = _conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1)
+    out = np.full(ref.shape, 7.0, np.float32)
+    with np.errstate(invalid="ignore"):
+        _native.conv2d_packed(x, packed, bias, out, pads=pads)
+    assert np.isfinite(out).sum() == np.isfinite(ref).sum() > 0
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+    def algo(c, co, shape, k=(1, 5), strides=(1, 1)):
+        return _native.prepack_conv(randn(co, c, *k), 1, "high").algorithm([1, c, *shape], strides, (0, 0, 0, 0))
+
+    assert algo(64, 64, (1, 300)) == "winograd1d"
+    assert algo(32, 32, (1, 300)) != "winograd1d"
+    assert algo(64, 32, (1, 300)) != "winograd1d"
+    assert algo(64, 64, (20, 20), k=(5, 5)) != "winograd1d"
+    assert algo(64, 64, (2, 300)) != "winograd1d"
+    assert algo(64, 64, (1, 300), strides=(1, 5)) != "winograd1d"
 
 
 def test_conv2d_one_vector_cblk_rule(isa):
