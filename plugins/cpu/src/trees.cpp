@@ -8,10 +8,11 @@
 // rows of a block through a tree as vector lanes (trees_avx512.cpp, 16-byte nodes of trees.hpp): the same
 // comparisons (float ones widened to double, exactly), so the same leaves and sums.
 //
-// Threads: over blocks of rows (each row's sum stays in one thread, in order); with fewer rows than threads (one
-// row: the usual request of a served model), over chunks of trees finding each (row, tree)'s leaf, then the rows
-// summed in tree order by the caller.
+// Threads: over blocks of rows (each row's sum stays in one thread, in order); with fewer rows than twice the
+// threads (one row), over chunks of trees (row_split: from kSplitTrees, and only while the pool's workers are awake),
+// the later chunks' weights added in tree order by the caller.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <cstdint>
@@ -26,6 +27,11 @@ namespace {
 
 namespace py = pybind11;
 using pyx::fail;
+
+// Trees (x rows) from which a few rows split their trees over the threads (row_split): the pool's round trip with its
+// workers spinning (1-2 us on this VM) against half the walk (10-40 ns a tree: repeated / new rows, forests larger
+// than L2). Measured: docs/onnx-models.md (issue 17, branch tree29).
+constexpr i64 kSplitTrees = 384;
 
 enum Mode : std::uint8_t { LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF };
 enum Aggregate { AVERAGE, SUM, MIN, MAX };
@@ -148,6 +154,20 @@ struct Forest {
     for (int k = 0; k < 4; ++k) out[k] = walk<LEQ>(i[k], xs[k]);
   }
 
+  // One row's leaf weights of trees [t0, t1) in tree order, sink(target, weight) (single leaves: the leaf node's own).
+  template <class Sink>
+  void row_sum(const T* x, i64 t0, i64 t1, Sink&& sink) const {
+    std::int32_t lv[kTreeLanes];
+    for (i64 t = t0; t < t1; t += kTreeLanes) {
+      const i64 e = std::min<i64>(t1, t + kTreeLanes);
+      row_leaves(x, t, e, lv);
+      for (i64 k = 0; k < e - t; ++k) {
+        const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
+        sink(f.feature, f.threshold);
+      }
+    }
+  }
+
   std::int32_t leaf(std::int32_t root, const T* x) const {
     if (uniform == LEQ) return walk<LEQ>(root, x);
     if (uniform == LT) return walk<LT>(root, x);
@@ -190,6 +210,57 @@ struct Forest {
       for (i64 t = 0; t < n_targets; ++t) s[t] += base[static_cast<std::size_t>(t)];
   }
 
+  // A few rows (one: a served model's usual request) at nt threads: the trees split into nt chunks. A chunk whose
+  // predecessors have all been added (chunk 0; any chunk the caller runs after them, as when the pool's workers are
+  // asleep and every chunk runs here) adds its weights into the rows' scores as it walks; the others keep each
+  // tree's (target, weight), which the caller adds in tree order after the join: the 1-thread sums, bit for bit.
+  void row_split(const T* x, i64 rows, i64 stride, T* out, int nt) const {
+    const i64 n_trees = static_cast<i64>(roots.size());
+    thread_local std::vector<T> w_buf;
+    thread_local std::vector<std::int32_t> t_buf;
+    if (static_cast<i64>(w_buf.size()) < rows * n_trees) {
+      w_buf.resize(static_cast<std::size_t>(rows * n_trees));
+      t_buf.resize(static_cast<std::size_t>(rows * n_trees));
+    }
+    T* wp = w_buf.data();
+    std::int32_t* tp = t_buf.data();
+    for (i64 r = 0; r < rows; ++r) std::fill(out + r * n_targets, out + (r + 1) * n_targets, T(0));
+    std::atomic<i64> added{0};  // trees [0, added) are in the scores
+    parallel_for(
+        nt, nt,
+        [&](i64 c) {
+          const i64 t0 = n_trees * c / nt, t1 = n_trees * (c + 1) / nt;
+          const bool direct = added.load(std::memory_order_acquire) == t0;
+          for (i64 r = 0; r < rows; ++r) {
+            const T* xr = x + r * stride;
+            if (direct) {
+              T* s = out + r * n_targets;
+              row_sum(xr, t0, t1, [s](std::int32_t tg, T w) { s[tg] += w; });
+            } else {
+              T* ws = wp + r * n_trees + t0;
+              std::int32_t* ts = tp + r * n_trees + t0;
+              row_sum(xr, t0, t1, [&ws, &ts](std::int32_t tg, T w) { *ws++ = w, *ts++ = tg; });
+            }
+          }
+          if (direct) added.store(t1, std::memory_order_release);
+        },
+        false);
+    const i64 from = added.load(std::memory_order_acquire);
+    for (i64 r = 0; r < rows; ++r) {
+      T* s = out + r * n_targets;
+      const T* ws = wp + r * n_trees;
+      if (n_targets == 1) {  // in a register: one add per tree, not a store-to-load chain
+        T a = s[0];
+        for (i64 t = from; t < n_trees; ++t) a += ws[t];
+        s[0] = a;
+      } else {
+        const std::int32_t* ts = tp + r * n_trees;
+        for (i64 t = from; t < n_trees; ++t) s[ts[t]] += ws[t];
+      }
+      finish(s);
+    }
+  }
+
   // out[rows, n_targets] (and hit, same shape, when given) for x[rows, stride].
   void run(const T* x, i64 rows, i64 stride, T* out, std::uint8_t* hit_out) const {
     const i64 n_trees = static_cast<i64>(roots.size());
@@ -198,6 +269,11 @@ struct Forest {
     std::vector<std::uint8_t> scratch_hit;
     // hit only matters to MIN / MAX and to the classifier (which asks for it)
     const bool sum_single = single && (aggregate == SUM || aggregate == AVERAGE) && !hit_out;
+    const int nt = num_threads();
+    if (sum_single && nt > 1 && rows < 2 * nt && rows * n_trees >= kSplitTrees) {
+      row_split(x, rows, stride, out, nt);
+      return;
+    }
     const TreeWalkFn<T> vw = sum_single ? vector_walk() : nullptr;
     // the vector walk's lanes address a block's rows as int32 offsets into it
     const bool vw_rows = vw != nullptr && static_cast<double>(stride) * kTreeLanes < 2147483647.0;
@@ -212,15 +288,8 @@ struct Forest {
         std::fill(out + b0 * n_targets, out + b1 * n_targets, T(0));
         std::fill(hits + b0 * n_targets, hits + b1 * n_targets, std::uint8_t(0));
         if (sum_single && b1 - b0 == 1) {  // one row: trees side by side, added in order
-          std::int32_t lv[kTreeLanes];
-          for (i64 t = 0; t < n_trees; t += kTreeLanes) {
-            const i64 e = std::min<i64>(n_trees, t + kTreeLanes);
-            row_leaves(x + b0 * stride, t, e, lv);
-            for (i64 k = 0; k < e - t; ++k) {
-              const Node<T>& f = nodes[static_cast<std::size_t>(lv[k])];
-              out[b0 * n_targets + f.feature] += f.threshold;
-            }
-          }
+          T* s = out + b0 * n_targets;
+          row_sum(x + b0 * stride, 0, n_trees, [s](std::int32_t tg, T w) { s[tg] += w; });
         } else if (sum_single && vw && vw_rows) {  // up to kTreeLanes rows through each tree as vector lanes
           std::int32_t start[kTreeLanes], lv[kTreeLanes];
           const int n = static_cast<int>(b1 - b0);

@@ -166,3 +166,53 @@ def test_vector_walk_regressor_base_and_average(aggregate: str) -> None:
     node = hetero.load(model).nodes[0]
     assert native_forest(ml.forest_for(node, np.dtype(np.float32)), with_base=True).vector_layout
     _same(model, [rows(np.random.default_rng(n), n, np.float32) for n in (1, 9, 40)])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("modes", [[0], [1]])
+def test_few_rows_split_trees_over_threads(modes: list[int], dtype: type) -> None:
+    """A one-mode, one-vote forest of 501 trees (over kSplitTrees = 384, src/trees.cpp) on 1-3 rows (fewer than twice
+    the threads): at two threads the trees split into two chunks, the second chunk's weights kept and added by the
+    caller in tree order; one and three targets, an AVERAGE with base values, NaN features; bit for bit the reference
+    and the 1-thread walk (an odd tree count: uneven chunks)."""
+    for n_targets, aggregate in ((1, 1), (3, 0)):
+        trees = forest(31 + modes[0], 500, modes, n_targets=n_targets, depth=6)
+        model = v5_model(trees, n_targets, dtype, aggregate)
+        _same(model, [rows(np.random.default_rng(40 + n), n, dtype) for n in (1, 2, 3)])
+
+
+@pytest.mark.parametrize("n_targets", [1, 3])
+def test_one_row_split_with_an_awake_worker(n_targets: int) -> None:
+    """row_split with the pool's worker spinning, so that it takes the second chunk while the caller walks the
+    first (the kept weights then added in order): every call bit for bit the 1-thread sum. Skipped where the worker
+    never got a CPU during the calls (then only the serial order ran, which the test above covers)."""
+    from hetero.contract import trees as ml
+    from hetero_cpu.kernels.trees import native_forest
+
+    trees = forest(7, 700, [0], n_targets=n_targets, depth=8)
+    node = hetero.load(v5_model(trees, n_targets, np.float64)).nodes[0]
+    f = native_forest(ml.forest_for(node, np.dtype(np.float64)), with_base=True)
+    assert f.n_trees > 384
+    xs = [rows(np.random.default_rng(n), 1, np.float64) for n in range(16)]
+    threads, spin = native.num_threads(), native.pool_spin_us()
+    try:
+        native.set_num_threads(1)
+        want = []
+        for x in xs:
+            want.append(np.empty((1, n_targets)))
+            f.run(x, want[-1])
+        native.set_pool_spin_us(1_000_000)  # the new pool's worker spins instead of sleeping between calls
+        native.set_num_threads(2)
+        native.pool_stats_enable(True)
+        native.pool_stats(True)
+        out = np.empty((1, n_targets))
+        for i in range(4000):
+            f.run(xs[i % 16], out)
+            np.testing.assert_array_equal(out, want[i % 16], err_msg=f"call {i}")
+        joins = native.pool_stats(True)["joins"]
+    finally:
+        native.pool_stats_enable(False)
+        native.set_pool_spin_us(spin)
+        native.set_num_threads(threads)
+    if joins == 0:
+        pytest.skip("the pool's worker never joined a call")
