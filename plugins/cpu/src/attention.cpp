@@ -110,7 +110,9 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
                    float* o, i64 ldo, const OperandScales& by, const std::function<void(float*, i64)>& rows_softmax) {
   const i64 S = q.rows, D = q.cols, T = kt.cols, DV = v.cols, mr = kr.mr, w = xk.lanes;
   const i64 tp = ceil_div(T, w) * w, dvp = ceil_div(DV, w) * w, ap_n = ceil_div(S, mr) * mr;
-  const bool v_in_place = v.cs == 1 && DV % w == 0;
+  // V in place only where its rows lie one after another: a ViT's V is every third [H * d] row of the qkv product
+  // (257 rows 4.6 KB apart: 16 of L1's 64 sets), and the PV tiles stalled on its loads
+  const bool v_in_place = v.cs == 1 && DV % w == 0 && v.rs == DV;
   // This thread's heads: panels, K^T, scores, (V), row offsets, each 64-byte aligned; no allocation per head.
   const i64 line = 16, n_qp = ceil_div(ap_n * std::max(D, T), line) * line, n_kp = D * tp, n_sc = ap_n * tp,
             n_vp = v_in_place ? 0 : T * dvp;
@@ -143,9 +145,11 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
   if (v_in_place) {
     for (i64 t = 0; t < T; ++t) off[t] = t * v.rs;
   } else {
+    if (v.cs == 1) xk.copy_rows(v.p, v.rs, vp, dvp, T, DV);  // whole vectors (a loop of scalars was 3 % of a head)
     for (i64 t = 0; t < T; ++t) {
       float* row = vp + t * dvp;
-      for (i64 j = 0; j < DV; ++j) row[j] = v.p[t * v.rs + j * v.cs];
+      if (v.cs != 1)
+        for (i64 j = 0; j < DV; ++j) row[j] = v.p[t * v.rs + j * v.cs];
       for (i64 j = DV; j < dvp; ++j) row[j] = 0.f;
       off[t] = t * dvp;
     }
