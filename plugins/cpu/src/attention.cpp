@@ -85,13 +85,34 @@ bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, c
   return true;
 }
 
+// tile_gemm with A's rows read in place (row i at a + i * lda: the softmax's probabilities, not packed) for the
+// whole panels of mr rows; the rows past them packed into ap (one panel) and run on the packed tiles: the same bits
+// either way. False where this ISA has no such tile (checked on the first; nothing written then).
+bool rows_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, const float* a, i64 lda,
+               const float* base, const i64* off, float* c, i64 ldc, float* ap) {
+  const int mr = kr.mr, nr = kr.nr, w = xk.lanes;
+  const i64 whole = m / mr * mr;
+  for (i64 i = 0; i < whole; i += mr)
+    for (i64 j = 0; j < n;) {
+      const int width = n - j >= nr ? nr : w, cols = static_cast<int>(std::min<i64>(width, n - j));
+      if (!xk.rows_tile(mr, width, k, a + i * lda, lda, base + j, off, c + i * ldc + j, ldc, mr, cols)) return false;
+      j += cols;
+    }
+  if (whole == m) return true;
+  pack_a_panels(kr, MatView{a + whole * lda, m - whole, k, lda, 1}, ap);
+  return tile_gemm(kr, xk, m - whole, n, k, ap, base, off, c + whole * ldc, ldc, false);
+}
+
 // One head on the tiles: Q panels, K^T copied once into rows of T (zero-padded to the lanes), V read in place (or
-// padded rows when dv is not a multiple of the lanes). False where the tiles are missing (the caller runs the GEMMs).
+// padded rows when dv is not a multiple of the lanes), the probabilities read as rows in place where the ISA has
+// such tiles (else packed as Q was). False where the tiles are missing (the caller runs the GEMMs).
 bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, const MatView& kt, const MatView& v,
                    float* o, i64 ldo, const OperandScales& by, const std::function<void(float*, i64)>& rows_softmax) {
   const i64 S = q.rows, D = q.cols, T = kt.cols, DV = v.cols, mr = kr.mr, w = xk.lanes;
   const i64 tp = ceil_div(T, w) * w, dvp = ceil_div(DV, w) * w, ap_n = ceil_div(S, mr) * mr;
-  const bool v_in_place = v.cs == 1 && DV % w == 0;
+  // V in place only where its rows lie one after another: a ViT's V is every third [H * d] row of the qkv product
+  // (257 rows 4.6 KB apart: 16 of L1's 64 sets), and the PV tiles stalled on its loads
+  const bool v_in_place = v.cs == 1 && DV % w == 0 && v.rs == DV;
   // This thread's heads: panels, K^T, scores, (V), row offsets, each 64-byte aligned; no allocation per head.
   const i64 line = 16, n_qp = ceil_div(ap_n * std::max(D, T), line) * line, n_kp = D * tp, n_sc = ap_n * tp,
             n_vp = v_in_place ? 0 : T * dvp;
@@ -120,19 +141,22 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
   if (by.q != 1.f) kr.binary(B_MUL, BM_VS, qp, &by.q, qp, ap_n * D);
   if (!tile_gemm(kr, xk, S, tp, D, qp, kp, off, scores, tp, true)) return false;
   rows_softmax(scores, tp);
-  pack_a_panels(kr, MatView{scores, S, T, tp, 1}, qp);  // the probabilities as A (Q's panels are done with)
   const float* vbase = v.p;
   if (v_in_place) {
     for (i64 t = 0; t < T; ++t) off[t] = t * v.rs;
   } else {
+    if (v.cs == 1) xk.copy_rows(v.p, v.rs, vp, dvp, T, DV);  // whole vectors (a loop of scalars was 3 % of a head)
     for (i64 t = 0; t < T; ++t) {
       float* row = vp + t * dvp;
-      for (i64 j = 0; j < DV; ++j) row[j] = v.p[t * v.rs + j * v.cs];
+      if (v.cs != 1)
+        for (i64 j = 0; j < DV; ++j) row[j] = v.p[t * v.rs + j * v.cs];
       for (i64 j = DV; j < dvp; ++j) row[j] = 0.f;
       off[t] = t * dvp;
     }
     vbase = vp;
   }
+  if (S >= mr && rows_gemm(kr, xk, S, DV, T, scores, tp, vbase, off, o, ldo, qp)) return true;
+  pack_a_panels(kr, MatView{scores, S, T, tp, 1}, qp);  // the probabilities as A (Q's panels are done with)
   return tile_gemm(kr, xk, S, DV, T, qp, vbase, off, o, ldo, false);
 }
 

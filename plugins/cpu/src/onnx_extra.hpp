@@ -118,6 +118,10 @@ struct ExtraKernels {
   // ops and softmax_row run apart (the same bits) with one pass over the row fewer and no call per row or step.
   void (*scores_softmax_rows)(float* s, i64 rows, i64 ld, i64 n, float divisor, const float* mask, i64 mask_rs,
                               bool mask_vec);
+  // conv_tile with A as rows in place (row r at a + r * lda) rather than a packed panel, nrows == mr: the same
+  // bits. False where this ISA has no such tile, or for a short panel (the caller packs A).
+  bool (*rows_tile)(int mr, int nr, i64 K, const float* a, i64 lda, const float* base, const i64* off, float* c,
+                    i64 ldc, int nrows, int ncols);
   // dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: W x W blocks transposed in registers where
   // the ISA has that (attention's K read through strides as K^T), the edges one value at a time.
   void (*transpose_into)(const float* src, i64 ld_src, i64 rows, i64 cols, float* dst, i64 ld_dst);

@@ -1091,6 +1091,61 @@ bool x_conv_tile_f(int mr, int nr, i64 K, const float* a, const float* base, con
   return true;
 }
 
+// x_conv_tile_t's 12-row tile with A read as rows in place (row r at a + r * lda, value k at a[r * lda + k]) instead
+// of a packed panel: the same broadcasts and FMA chain a value, so the same bits as packing A first; attention's
+// probabilities go into the PV product where the softmax left them (packing them was 5 % of a 257-token ViT head).
+// Four pointers, each for three rows ([p], [p + lda], [p + 2 lda] in the addressing modes): with one pointer a row
+// GCC kept some in vector registers and moved them back on the FMA pipes at every k (20 % slower than the packed
+// tile).
+template <int NRV>
+void x_rows_tile_t(i64 K, const float* a, i64 lda, const float* base, const i64* off, float* c, i64 ldc, int ncols) {
+  constexpr int MR = 12;
+  const float *p0 = a, *p1 = a + 3 * lda, *p2 = a + 6 * lda, *p3 = a + 9 * lda;
+  const i64 l2 = 2 * lda;
+  V acc[MR][NRV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NRV; ++v) acc[r][v] = SIMD::zero();
+  for (i64 k = 0; k < K; ++k, ++p0, ++p1, ++p2, ++p3) {
+    const float* bp = base + off[k];
+    V b[NRV];
+    for (int v = 0; v < NRV; ++v) b[v] = SIMD::load(bp + v * W);
+    const float* g[4] = {p0, p1, p2, p3};
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      const V a0 = SIMD::set1(g[q][0]);
+      for (int v = 0; v < NRV; ++v) acc[3 * q][v] = SIMD::fma(a0, b[v], acc[3 * q][v]);
+      const V a1 = SIMD::set1(g[q][lda]);
+      for (int v = 0; v < NRV; ++v) acc[3 * q + 1][v] = SIMD::fma(a1, b[v], acc[3 * q + 1][v]);
+      const V a2 = SIMD::set1(g[q][l2]);
+      for (int v = 0; v < NRV; ++v) acc[3 * q + 2][v] = SIMD::fma(a2, b[v], acc[3 * q + 2][v]);
+    }
+  }
+  if (ncols == NRV * W) {
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NRV; ++v) SIMD::store(c + r * ldc + v * W, acc[r][v]);
+    return;
+  }
+  alignas(64) float tile[NRV * W];
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NRV; ++v) SIMD::store(tile + v * W, acc[r][v]);
+    for (int j = 0; j < ncols; ++j) c[r * ldc + j] = tile[j];
+  }
+}
+
+// The 12 x (2 W) and 12 x W tiles of AVX-512 (W >= 16), whole panels of 12 rows only; false for another shape or
+// a short panel (the caller packs A).
+bool x_rows_tile(int mr, int nr, i64 K, const float* a, i64 lda, const float* base, const i64* off, float* c,
+                 i64 ldc, int nrows, int ncols) {
+  if (mr != 12 || W < 16 || nrows != 12) return false;
+  if (nr == 2 * W)
+    x_rows_tile_t<2>(K, a, lda, base, off, c, ldc, ncols);
+  else if (nr == W)
+    x_rows_tile_t<1>(K, a, lda, base, off, c, ldc, ncols);
+  else
+    return false;
+  return true;
+}
+
 bool x_conv_tile(int mr, int nr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc,
                  int nrows, int ncols) {
   return x_conv_tile_f(mr, nr, K, a, base, off, c, ldc, nrows, ncols, nullptr, nullptr);
@@ -1512,12 +1567,12 @@ void x_scores_softmax_rows(float* s, i64 rows, i64 ld, i64 n, float divisor, con
     i64 i = 0;
     for (; i + W <= n; i += W) {
       const V v = scores(SIMD::load(row + i), mask_at(r, i));
-      SIMD::store(row + i, v);
+      if (divide || mask != nullptr) SIMD::store(row + i, v);  // else the row is the scores already
       mx = SIMD::max(v, mx);  // a NaN score is passed over, as row_max does
     }
     float m = SIMD::hmax(mx);
     if (i < n) {
-      store_tail(row + i, n - i, scores(load_tail(row + i, n - i, 1.f), mask_at(r, i)));
+      if (divide || mask != nullptr) store_tail(row + i, n - i, scores(load_tail(row + i, n - i, 1.f), mask_at(r, i)));
       for (; i < n; ++i) m = row[i] > m ? row[i] : m;
     }
     softmax_from_max(row, row, n, m);
@@ -1549,9 +1604,14 @@ const hetero::ExtraKernels extra_table = {
     x_dw_nchwc,     x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
+<<<<<<< HEAD
     x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_wino1d5_in, x_wino1d5_out,
     x_scores_softmax_rows,
     x_transpose_into, has_transpose<SIMD>::value, W,
+=======
+    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_rows,
+    x_rows_tile, x_transpose_into, has_transpose<SIMD>::value, W,
+>>>>>>> vit29
 };
 
 }  // namespace

@@ -129,3 +129,25 @@ def test_t5_shapes_on_one_and_two_threads(isa, threads, seq):
     _native.fused_attention(q, kt, v, mask, out, 1.0, 1.0, False)
     np.testing.assert_allclose(out, _reference(q, kt, v, mask, 1.0, 1.0), rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(out, _unfused(q, kt, v, mask, 1.0, 1.0))
+
+
+@pytest.mark.parametrize("seq", [1, 2, 7, 13, 257, 300])
+@pytest.mark.parametrize("width", [32, 64, 80, 24])
+def test_vit_shapes_on_one_and_two_threads(isa, threads, seq, width):
+    """A ViT's heads (DINOv2: Q and K each scaled by d^-1/4, no mask; Q / K / V read through the [S, 3, H, d] rows
+    of the qkv projection): 257 tokens = 21 x 12 + 5 rows (the probabilities read in place by a 6-row tile whose
+    last row repeats), 300 = 25 x 12, 1 / 2 / 7 / 13 rows; d = 80 = 2 x 32 + 16 columns of V, 24 (V padded, not
+    in place). The unfused calls' bits and float64's values at 1 and 2 threads."""
+    rng = np.random.default_rng(seq * 3 + width)
+    h = 3
+    qkv = rng.normal(size=(1, seq, 3, h, width)).astype(f32)
+    q = qkv[:, :, 0].transpose(0, 2, 1, 3)
+    kt = qkv[:, :, 1].transpose(0, 2, 3, 1)
+    v = qkv[:, :, 2].transpose(0, 2, 1, 3)
+    out = np.empty((1, seq, h, width), f32).transpose(0, 2, 1, 3)
+    by = float(width) ** -0.25
+    _native.fused_attention(q, kt, v, None, out, 1.0, 1.0, False, by, by)
+    qs, kts = _native_times(q, by), _native_times(kt, by)
+    np.testing.assert_allclose(out, _reference(qs, kts, v, None, 1.0, 1.0), rtol=1e-4, atol=1e-5)
+    if seq != 2:  # the unfused MatMul of 2 rows takes another path with another rounding (on the base build too)
+        np.testing.assert_array_equal(out, _unfused(qs, kts, v, None, 1.0, 1.0))
