@@ -1604,14 +1604,9 @@ const hetero::ExtraKernels extra_table = {
     x_dw_nchwc,     x_cmp_f32,
     x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
-<<<<<<< HEAD
     x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_wino1d5_in, x_wino1d5_out,
     x_scores_softmax_rows,
-    x_transpose_into, has_transpose<SIMD>::value, W,
-=======
-    x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_scores_softmax_rows,
     x_rows_tile, x_transpose_into, has_transpose<SIMD>::value, W,
->>>>>>> vit29
 };
 
 }  // namespace
