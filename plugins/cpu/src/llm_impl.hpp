@@ -102,8 +102,11 @@ inline void unpack_step(typename S::B v, const std::uint8_t* hp, int t, int h, t
                         typename S::B& hi) {
   if (BITS == 5) {  // lo: bits 0-4 of v; hi: v's bits 5-7 as its bits 2-4, hv's bits 2t, 2t+1 as its bits 0-1
     // (v's bits 5-7 cleared of the rest before the 16-bit shift, by the same constant as lo: two constants, not
-    // three -- AVX2's 8-row tile of q5_k spilled with three, 1.07-1.14x the former layout's time at 8-16 rows)
-    const auto hv = S::opaque(S::load_b(hp + 4 * S::W * h)), m5 = S::bset8(0x1f);
+    // three -- AVX2's 8-row tile of q5_k spilled with three, 1.07-1.14x the former layout's time at 8-16 rows).
+    // hv's load is left to the compiler with 16 registers (AVX2: folded into the shift, one register fewer; q5_k
+    // 8-16 rows 0.93-0.95x the time) and kept in a register with 32 (AVX-512: the fold cost q5_0 / q5_1 1.01-1.11x).
+    const auto hv0 = S::load_b(hp + 4 * S::W * h), m5 = S::bset8(0x1f);
+    const auto hv = S::W < 16 ? hv0 : S::opaque(hv0);
     lo = S::band(v, m5);
     hi = S::bor(S::bsrl16(S::bandnot(m5, v), 3), S::band(S::bsrl16(hv, 2 * t), S::bset8(0x03)));
     return;
