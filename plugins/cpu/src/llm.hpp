@@ -33,10 +33,15 @@ namespace llm {
 // quants, 8-bit: B/4 vectors of 64 bytes; vector t, lane i (4 bytes) = row i's elements 4t..4t+3 as unsigned bytes
 //     (symmetric: the int8 value + 128, i.e. xor 0x80; asymmetric: q as stored).
 // quants, 4/5/6-bit: B/8 vectors of 64 bytes ("nibble plane"); vector t, lane i, byte c: low nibble = row i's element
-//     4t+c, high nibble = element B/2 + 4t + c (bits 0-3 of the values as stored). 5-bit formats then add one
-//     64-byte vector, byte (i, c) holding bit 4 of element 4t+c in bit t and of element B/2+4t+c in bit 4+t (t < 4);
-//     6-bit formats two, vector v byte (i, c) holding bits 4-5 of element 4t+c in bits 2u..2u+1 and of element
+//     4t+c, high nibble = element B/2 + 4t + c (bits 0-3 of the values as stored). 6-bit formats then add two
+//     64-byte vectors, vector v byte (i, c) holding bits 4-5 of element 4t+c in bits 2u..2u+1 and of element
 //     B/2+4t+c in bits 4+2u..5+2u, t = 2v + u.
+//   5-bit formats (q5_0, q5_1, q5_k) split the values differently, the same bytes a record: vector t byte (i, c) =
+//     element 4t+c's 5 bits in bits 0-4 and bits 2-4 of element B/2+4t+c in bits 5-7, then one 64-byte vector whose
+//     byte (i, c) holds bits 0-1 of element B/2+4t+c in bits 2t, 2t+1 (t < 4). The low value is one mask; with GFNI
+//     the high one is 8 x its value in place (bits 5-7 kept, two bits merged below them: llm_simd_avx512vbmi.hpp),
+//     where the former nibble plane + bit-4 vector took 7 shifts and masks a step (one-row q5_0 tile in L1: 0.67x
+//     the time; docs/llm-benchmarks.md, branch q5_29).
 // So a 4-byte broadcast of the int8 activation against one vector gives 16 rows' partial dot products at once.
 // Weight values: kq 0 symmetric d * (q - offset), asymmetric d * q + m; kq 1 d*sc * q - dmin*mn; kq 2
 // d*sc * (q - 32).

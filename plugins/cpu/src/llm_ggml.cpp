@@ -105,10 +105,13 @@ void write_quants(const QPack& pk, const Block& blk, int j, std::uint8_t* qv) {
   for (int t = 0; t < 4; ++t)
     for (int c = 0; c < 4; ++c) {
       const int a = q[4 * t + c], b = q[16 + 4 * t + c];
+      if (pk.bits == 5) {  // a's 5 bits, b's bits 2-4 above them; b's bits 0-1 in the high plane
+        qv[t * 64 + j * 4 + c] = static_cast<std::uint8_t>((a & 31) | ((b >> 2) << 5));
+        hp[j * 4 + c] = static_cast<std::uint8_t>(hp[j * 4 + c] | ((b & 3) << (2 * t)));
+        continue;
+      }
       qv[t * 64 + j * 4 + c] = static_cast<std::uint8_t>((a & 15) | ((b & 15) << 4));
-      if (pk.bits == 5) {
-        hp[j * 4 + c] = static_cast<std::uint8_t>(hp[j * 4 + c] | (((a >> 4) & 1) << t) | (((b >> 4) & 1) << (4 + t)));
-      } else if (pk.bits == 6) {
+      if (pk.bits == 6) {
         const int v = t / 2, u = t % 2;
         std::uint8_t& h = hp[v * 64 + j * 4 + c];
         h = static_cast<std::uint8_t>(h | (((a >> 4) & 3) << (2 * u)) | (((b >> 4) & 3) << (4 + 2 * u)));

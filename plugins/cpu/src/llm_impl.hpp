@@ -94,30 +94,48 @@ inline i64 prefetch_distance(bool l2) {
 // The one-row tile's distance (for callers that do not name their rows).
 inline i64 prefetch_distance(bool l2) { return prefetch_distance<1>(l2); }
 
-// Bits 4-5 of the 5/6-bit values of nibble vector t (t < 4), slice h (rows W*h..), from the record's high
-// plane(s) (layout in llm.hpp), added to the low (elements 4t+c) and high (B/2+4t+c) nibbles. The shifts move
+// The values of step t (t < 4) of a 4/5/6-bit record, slice h (rows W*h..): lo (elements 4t+c) and hi (B/2+4t+c)
+// from the quant vector v and (5/6-bit) the record's high plane(s) hp (layout in llm.hpp). The 16-bit shifts move
 // bits across byte borders only into bits the masks drop.
 template <class S, int BITS>
-inline void add_high_bits(const std::uint8_t* hp, int t, int h, typename S::B& lo, typename S::B& hi) {
-  if (BITS == 5) {
-    const auto v = S::opaque(S::load_b(hp + 4 * S::W * h)), m = S::bset8(0x10);
-    lo = S::bor(lo, S::band(S::bsll16(v, 4 - t), m));
-    hi = S::bor(hi, S::band(S::bsrl16(v, t), m));
-  } else if (BITS == 6) {
-    const auto v = S::opaque(S::load_b(hp + 64 * (t / 2) + 4 * S::W * h)), m = S::bset8(0x30);
+inline void unpack_step(typename S::B v, const std::uint8_t* hp, int t, int h, typename S::B& lo,
+                        typename S::B& hi) {
+  if (BITS == 5) {  // lo: bits 0-4 of v; hi: v's bits 5-7 as its bits 2-4, hv's bits 2t, 2t+1 as its bits 0-1
+    // (v's bits 5-7 cleared of the rest before the 16-bit shift, by the same constant as lo: two constants, not
+    // three -- AVX2's 8-row tile of q5_k spilled with three, 1.07-1.14x the former layout's time at 8-16 rows).
+    // hv's load is left to the compiler with 16 registers (AVX2: folded into the shift, one register fewer; q5_k
+    // 8-16 rows 0.93-0.95x the time) and kept in a register with 32 (AVX-512: the fold cost q5_0 / q5_1 1.01-1.11x).
+    const auto hv0 = S::load_b(hp + 4 * S::W * h), m5 = S::bset8(0x1f);
+    const auto hv = S::W < 16 ? hv0 : S::opaque(hv0);
+    lo = S::band(v, m5);
+    hi = S::bor(S::bsrl16(S::bandnot(m5, v), 3), S::band(S::bsrl16(hv, 2 * t), S::bset8(0x03)));
+    return;
+  }
+  const auto nib = S::bset8(0x0f);
+  lo = S::band(v, nib), hi = S::band(S::bsrl4(v), nib);
+  if (BITS == 6) {
+    const auto hv = S::opaque(S::load_b(hp + 64 * (t / 2) + 4 * S::W * h)), m = S::bset8(0x30);
     const int u = 2 * (t % 2);
-    lo = S::bor(lo, S::band(S::bsll16(v, 4 - u), m));
-    hi = S::bor(hi, S::band(S::bsrl16(v, u), m));
+    lo = S::bor(lo, S::band(S::bsll16(hv, 4 - u), m));
+    hi = S::bor(hi, S::band(S::bsrl16(hv, u), m));
   }
 }
 
 // S::SIX_BIT_GF: the traits unpack a 6-bit step (its nibble vector v and high-bit vector hv, u = t % 2) in fewer
-// operations than add_high_bits (llm_simd_avx512vbmi.hpp: gf2p8affineqb); the same bytes. q6_k's one-row tile only:
-// the many-row tiles keep add_high_bits.
+// operations than unpack_step (llm_simd_avx512vbmi.hpp: gf2p8affineqb); the same bytes. q6_k's one-row tile only:
+// the many-row tiles keep unpack_step.
 template <class S, class = void>
 struct HasSixBitGf : std::false_type {};
 template <class S>
 struct HasSixBitGf<S, std::enable_if_t<S::SIX_BIT_GF>> : std::true_type {};
+
+// S::FIVE_BIT_GF: the traits unpack a 5-bit step in fewer operations than unpack_step, the high values as 8 x their
+// value (llm_simd_avx512vbmi.hpp); the same integer dots once the high chain's sum is shifted right by 3. The
+// one-row tile only.
+template <class S, class = void>
+struct HasFiveBitGf : std::false_type {};
+template <class S>
+struct HasFiveBitGf<S, std::enable_if_t<S::FIVE_BIT_GF>> : std::true_type {};
 
 // S::DOT_AT: the traits dot weights with the 4 activation bytes at a pointer, broadcast by the dot itself
 // (llm_simd_avx512vnni.hpp); else broadcast (S::bcast4) and dotted. The same integers either way.
@@ -412,6 +430,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   constexpr bool NIB = BITS < 8;
   constexpr bool SPLIT = MR <= 2 || KQ == 2;  // two dot chains per row (q6_k: its two scaled halves)
   constexpr bool HI16 = SPLIT && BITS == 4 && S::DOT_U8;  // high nibbles dotted in place (x16)
+  constexpr bool HI8 = MR == 1 && BITS == 5 && HasFiveBitGf<S>::value;  // 5-bit high values dotted x8 (five_bit_step)
+  constexpr int HI_SHIFT = HI16 ? 4 : HI8 ? 3 : 0;
   constexpr bool KS = k_super<S, KQ>();  // the super-block's dots summed in int32 (BlockScales::add_int)
   const int bs = w.bs;
   const int nt = NT ? NT : (NIB ? bs / 8 : bs / 4);
@@ -456,9 +476,12 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
             B lo, hi;
             if constexpr (BITS == 6 && MR == 1 && HasSixBitGf<S>::value) {
               S::six_bit_step(v, S::opaque(S::load_b(qv + nib_bytes + 64 * (t / 2) + 4 * W * h)), t % 2, lo, hi);
+            } else if constexpr (HI8) {
+              S::five_bit_step(v, S::opaque(S::load_b(qv + nib_bytes + 4 * W * h)), t, lo, hi);
+            } else if constexpr (HI16) {
+              lo = S::band(v, nib), hi = S::band(v, nibhi);
             } else {
-              lo = S::band(v, nib), hi = HI16 ? S::band(v, nibhi) : S::band(S::bsrl4(v), nib);
-              add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo, hi);
+              unpack_step<S, BITS>(v, qv + nib_bytes, t, h, lo, hi);
             }
             for (int m = 0; m < MR; ++m) {
               const std::int8_t* xp = xrow[m] + xo + 8 * t;  // pair4: the low nibbles' 4 bytes, then the high ones'
@@ -487,7 +510,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
           for (int m = 0; m < MR; ++m) scales.add_int_hi16(iacc[m], ilo[m], ihi[m]);
         } else {
           if (SPLIT && KQ != 2)  // |16 * dot| <= 16 * 32 * 15 * 127: no overflow, and the shift is exact
-            for (int m = 0; m < MR; ++m) ilo[m] = S::iadd(ilo[m], HI16 ? S::template srai<4>(ihi[m]) : ihi[m]);
+            for (int m = 0; m < MR; ++m)
+              ilo[m] = S::iadd(ilo[m], HI_SHIFT ? S::template srai<HI_SHIFT>(ihi[m]) : ihi[m]);
           if constexpr (FOLD)
             ilo[0] = S::isub(ilo[0], S::template slli<offset_log2<BITS>()>(S::iset1(x.s[m0 * x.nb + b])));
           for (int m = 0; m < MR; ++m) {
@@ -548,7 +572,6 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const bool l2 = prefetch_into_l2<MR>(x);
   const i64 pf = prefetch_distance<MR, BITS>(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);
-  const B nib = S::bset8(0x0f);
   for (int h = 0; h < QR / W; ++h) {
     RowSums<S, MR, false> facc(y + W * h, ldy, nvalid - W * h, mr);
     const std::uint8_t* sb = group;
@@ -566,9 +589,7 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
         for (int t = 0; t < NT; ++t) {
           const B v = S::load_b(qv + 64 * t + 4 * W * h);
           if (NIB) {
-            const B u = S::opaque(v);
-            lo[t] = S::band(u, nib), hi[t] = S::band(S::bsrl4(u), nib);
-            add_high_bits<S, BITS>(qv + nib_bytes, t, h, lo[t], hi[t]);
+            unpack_step<S, BITS>(S::opaque(v), qv + nib_bytes, t, h, lo[t], hi[t]);
           } else {
             lo[t] = v;
           }

@@ -14,7 +14,7 @@
 // saturates; 4-bit (w <= 15): 8 products (4 steps, low + high nibble) <= 30480; 5-bit (w <= 31): 4 (2 steps)
 // <= 31496; q6_k (w <= 63, its halves apart): 2 per half (2 steps) <= 32004. All below 32767.
 //
-// Included by llm_impl.hpp inside its anonymous namespace (after qgemm_mr and add_high_bits).
+// Included by llm_impl.hpp inside its anonymous namespace (after qgemm_mr and unpack_step).
 #pragma once
 
 // S::ACC16: the traits provide dot16 (int16 lanes += vpmaddubsw) and widen16 (int16 pairs -> int32).
@@ -44,7 +44,6 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const bool l2 = prefetch_into_l2<MR>(x);
   const i64 pf = prefetch_distance<MR, BITS>(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);  // as qgemm_mr
-  const B nib = S::bset8(0x0f);
   const B zero16 = S::bset8(0);
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
@@ -61,10 +60,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
         if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt>(w, rec, pf, l2);  // as qgemm_mr
         B wlo[nt], whi[nt];
         for (int t = 0; t < nt; ++t) {  // the block's W rows decoded once for all MR x rows
-          const B v = S::load_b(qv + 64 * t + 4 * W * h);
-          wlo[t] = S::band(v, nib);
-          whi[t] = S::band(S::bsrl4(v), nib);
-          add_high_bits<S, BITS>(qv + nib_bytes, t, h, wlo[t], whi[t]);
+          unpack_step<S, BITS>(S::load_b(qv + 64 * t + 4 * W * h), qv + nib_bytes, t, h, wlo[t], whi[t]);
         }
         const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);  // shared by the x rows
         const i64 xo = b * 8 * nt;

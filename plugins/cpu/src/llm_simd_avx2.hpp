@@ -79,6 +79,7 @@ struct LlmSimd : SIMD {
   static B bset8(std::uint8_t v) { return _mm256_set1_epi8(static_cast<char>(v)); }
   static B band(B a, B b) { return _mm256_and_si256(a, b); }
   static B bor(B a, B b) { return _mm256_or_si256(a, b); }
+  static B bandnot(B a, B b) { return _mm256_andnot_si256(a, b); }  // ~a & b
   // 16-bit lane shifts: the callers mask the bits that cross a byte border.
   static B bsll16(B a, int n) { return _mm256_sll_epi16(a, _mm_cvtsi32_si128(n)); }
   static B bsrl16(B a, int n) { return _mm256_srl_epi16(a, _mm_cvtsi32_si128(n)); }

@@ -81,6 +81,7 @@ struct LlmSimd : SIMD {
   static B bset8(std::uint8_t v) { return _mm512_set1_epi8(static_cast<char>(v)); }
   static B band(B a, B b) { return _mm512_and_si512(a, b); }
   static B bor(B a, B b) { return _mm512_or_si512(a, b); }
+  static B bandnot(B a, B b) { return _mm512_andnot_si512(a, b); }  // ~a & b
   static B bsll16(B a, int n) { return _mm512_slli_epi16(a, static_cast<unsigned>(n)); }
   static B bsrl16(B a, int n) { return _mm512_srli_epi16(a, static_cast<unsigned>(n)); }
   static B bsrl4(B a) { return _mm512_srli_epi16(a, 4); }

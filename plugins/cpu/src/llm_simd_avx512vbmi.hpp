@@ -7,7 +7,7 @@
 namespace {
 struct LlmSimdVbmi : LlmSimdVnni {
   // q6_k's 6-bit values of one 64-byte step from the record's planes (llm.hpp: nibble vector v, high-bit vector hv
-  // shared by steps 2v' and 2v'+1, u = t % 2), the same bytes as add_high_bits' unpack. Each gf2p8affineqb moves
+  // shared by steps 2v' and 2v'+1, u = t % 2), the same bytes as unpack_step's. Each gf2p8affineqb moves
   // chosen bits of every byte to chosen places and clears the others (a bit matrix per byte), so a 2-bit field or a
   // nibble comes out clean and one vpternlogd (a bitwise select under a constant mask) merges the two: 9 operations
   // a step pair instead of 13 shifts, masks and ORs. On Zen 4 gf2p8affineqb shares its pipes with vpdpbusd while the
@@ -21,6 +21,19 @@ struct LlmSimdVbmi : LlmSimdVnni {
     // hv's bits 4+2u, 5+2u to 4-5 (u = 1: a 16-bit shift; what it moves into bits 6-7 the select drops, and
     // nib_hi is zero there)
     hi = select(hi_field, u ? _mm512_srli_epi16(hv, 2) : hv, nib_hi);
+  }
+
+  // The 5-bit values of one 64-byte step t of a q5_0 / q5_1 / q5_k record (llm.hpp: byte (i, c) of vector v the low
+  // element's 5 bits and the high element's bits 2-4 in bits 5-7, of hv the high element's bits 0-1 in bits 2t,
+  // 2t+1), for the one-row tile. lo is one mask. hi comes out as 8 x the value, in place: v's bits 5-7 are its bits
+  // 2-4 times 8, and gf2p8affineqb moves hv's two bits to bits 3-4 and clears the rest of the byte, so one vpternlogd
+  // (select) merges them (<= 248, an unsigned byte of vpdpbusd; the chain's sum is shifted right by 3, exact). 3
+  // operations a step (one on the dots' pipes) where the former layout's shifts and masks took 7.
+  static constexpr bool FIVE_BIT_GF = true;
+  static void five_bit_step(B v, B hv, int t, B& lo, B& hi) {
+    lo = _mm512_and_si512(v, _mm512_set1_epi8(0x1f));
+    const unsigned long long m = (1ull << 8 * (7 - 3)) << (2 * t) | (1ull << 8 * (7 - 4)) << (2 * t + 1);
+    hi = select(_mm512_set1_epi8(static_cast<char>(0xe0)), v, move_bits(hv, m));
   }
 
  private:

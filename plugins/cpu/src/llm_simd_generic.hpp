@@ -50,6 +50,7 @@ struct LlmSimd : SIMD {
   static B bset8(std::uint8_t v) { return 0x01010101u * v; }
   static B band(B a, B b) { return a & b; }
   static B bor(B a, B b) { return a | b; }
+  static B bandnot(B a, B b) { return ~a & b; }
   // 32-bit shifts stand in for the SIMD paths' 16-bit ones: the callers mask every bit that crosses a byte.
   static B bsll16(B a, int n) { return a << n; }
   static B bsrl16(B a, int n) { return a >> n; }

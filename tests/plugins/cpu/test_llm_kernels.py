@@ -282,13 +282,15 @@ def test_qmatmul_gguf_rows_1_to_17(path, wtype):
         assert (np.abs(got - x.astype(np.float64) @ dense.T.astype(np.float64)) <= bound + 1e-4 * scale).all()
 
 
-def test_q6k_one_row_vbmi_same_bits_as_vnni():
-    """q6_k's one-row tile on avx512vbmi unpacks the 6-bit values with gf2p8affineqb instead of shifts and masks:
-    the same weight bytes, so the same integer dots and the same output bits as the VNNI path, on every bit pattern
-    (random bytes, a group tail of 5 rows, 12 super-blocks)."""
+@pytest.mark.parametrize("wtype", ["q6_k", "q5_0", "q5_1", "q5_k"])
+def test_one_row_vbmi_same_bits_as_vnni(wtype):
+    """The one-row tile on avx512vbmi unpacks q6_k's 6-bit values and the 5-bit formats' with gf2p8affineqb instead
+    of shifts and masks (5-bit: the high values dotted as 8 x their value, the chain's sum shifted back): the same
+    integer dots, so the same output bits as the VNNI path, on every bit pattern (random bytes, a group tail of 5
+    rows, 12 super-blocks / 96 blocks)."""
     if "avx512vbmi" not in [p.values[0] for p in _llm_paths() if not p.marks]:
         pytest.skip("this CPU has no AVX-512 VNNI + VBMI + GFNI")
-    w = random_ggml("q6_k", 37, 3072, seed=11)
+    w = random_ggml(wtype, 37, 3072, seed=11)
     x = f32(1, 3072, seed=12)
     before = _native.isa()
     _native.set_isa("avx512")
@@ -297,7 +299,7 @@ def test_q6k_one_row_vbmi_same_bits_as_vnni():
         for vbmi in (True, False):
             _native.llm_use_vbmi(vbmi)
             assert _native.llm_isa() == ("avx512vbmi" if vbmi else "avx512vnni")
-            out[vbmi] = cpu("QMatMul", [x, w], (1,), wtype="q6_k")
+            out[vbmi] = cpu("QMatMul", [x, w], (1,), wtype=wtype)
     finally:
         _native.llm_use_vbmi(True)
         _native.set_isa(before)
