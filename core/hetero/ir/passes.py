@@ -231,7 +231,8 @@ def hoist_loop_invariants(graph: Graph) -> int:
                 outer[body.inputs[2 + k]] = start
         if not outer:
             continue
-        taken = set(graph.values) | set(graph.initializers) | {o for n in graph.nodes for o in n.outputs}
+        # fresh names clash with neither this graph's names nor the body's (which would shadow them)
+        taken = set(graph.values) | set(graph.initializers) | {o for n in graph.nodes for o in n.outputs} | defined
         moved: list[tuple[int, Node]] = []  # (index in the body, the node as this graph runs it)
         for index, inner in enumerate(body.nodes):
             if inner.domain != "" or inner.op_type not in _HOISTED_OPS or any(o in body.outputs for o in inner.outputs):
