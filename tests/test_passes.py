@@ -1832,6 +1832,83 @@ def test_loop_invariant_weights_become_body_constants(backend, step_count):
     assert "W_in" in {n for node in graph.nodes[0].attrs["body"].nodes for n in node.inputs}
 
 
+def _hoist_model(rng, step_count: int, feats_change: bool = False):
+    """SLANet's decoder Loop in small: the encoder features F (computed, not a weight) ride along as a carried value
+    written back as ``Squeeze(Add(Unsqueeze(F), 0))`` with Constant nodes; the body projects them by a weight of the
+    enclosing graph (loop-invariant: hoisted), attends with the state, writes a step-indexed Slice of a carried
+    buffer and a scan output. ``feats_change``: the body writes ``F * 0.5`` back (not invariant: stays)."""
+    f32, i64 = np.float32, np.int64
+    c = helper.make_node
+    back = [c("Mul", ["F_in", "half"], ["F_out"])] if feats_change else [
+        c("Constant", [], ["ax"], value=numpy_helper.from_array(np.array([0], i64))),
+        c("Constant", [], ["z"], value=numpy_helper.from_array(np.array([0.0], f32))),
+        c("Unsqueeze", ["F_in", "ax"], ["Fu"]), c("Add", ["Fu", "z"], ["Fz"]), c("Squeeze", ["Fz", "ax"], ["F_out"])]
+    body = helper.make_graph(
+        [c("MatMul", ["F_in", "Wp"], ["proj"]),  # [1, 5, 4] x [4, 3]: invariant
+         c("MatMul", ["F_in", "h_in"], ["score"]),  # [1, 5, 4] x [4, 1]: reads the state, stays
+         c("Softmax", ["score"], ["att"], axis=1),
+         c("Mul", ["proj", "att"], ["ctx3"]),
+         c("ReduceSum", ["ctx3", "ax1"], ["ctx"], keepdims=0),  # [1, 3]
+         c("Unsqueeze", ["i", "ax0"], ["i1"]), c("Add", ["i1", "one"], ["i2"]),
+         c("Slice", ["buf_in", "i1", "i2", "ax1"], ["row"]),  # [1, 1, 3] at the step counter
+         c("Add", ["row", "ctx"], ["row2"]),
+         c("Reshape", ["row2", "shape13"], ["row3"]),
+         c("Expand", ["i1", "shape113"], ["idx"]),
+         c("ScatterElements", ["buf_in", "idx", "row3"], ["buf_out"], axis=1),
+         c("ReduceMean", ["ctx"], ["hm"], axes=[1], keepdims=0),
+         c("Add", ["h_in", "hm"], ["h_out"]),
+         c("Identity", ["cond_in"], ["cond_out"]),
+         c("Identity", ["ctx"], ["scan"]), *back],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [4, 1]),
+         helper.make_tensor_value_info("F_in", TensorProto.FLOAT, [1, 5, 4]),
+         helper.make_tensor_value_info("buf_in", TensorProto.FLOAT, [1, 9, 3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [4, 1]),
+         helper.make_tensor_value_info("F_out", TensorProto.FLOAT, [1, 5, 4]),
+         helper.make_tensor_value_info("buf_out", TensorProto.FLOAT, [1, 9, 3]),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(v, k) for k, v in [("half", np.array(0.5, f32)), ("ax0", np.array([0], i64)),
+                                                     ("ax1", np.array([1], i64)), ("one", np.array([1], i64)),
+                                                     ("shape13", np.array([1, 1, 3], i64)),
+                                                     ("shape113", np.array([1, 1, 3], i64))]])
+    nodes = [c("Relu", ["x"], ["F"]),  # the features: a computed value, not a weight
+             c("Loop", ["trip", "", "h0", "F", "buf0"], ["h", "F_last", "buf", "s"], body=body)]
+    inits = [("trip", np.array(step_count, i64)), ("h0", rng.normal(size=(4, 1)).astype(f32)),
+             ("Wp", rng.normal(size=(4, 3)).astype(f32)), ("buf0", rng.normal(size=(1, 9, 3)).astype(f32))]
+    outs = [(n, TensorProto.FLOAT, None) for n in ("h", "F_last", "buf", "s")]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [1, 5, 4])], outs, inits)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("step_count", [0, 1, 9])
+@pytest.mark.parametrize("feats_change", [False, True])
+def test_loop_invariant_matmul_is_hoisted(backend, step_count, feats_change):
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(5)
+    model = _hoist_model(rng, step_count, feats_change)
+    x = rng.normal(size=(1, 5, 4)).astype(np.float32)
+    session = _compare(model, {"x": x}, backend)
+    assert session.rewrites["hoist_loop_invariants"] == (0 if feats_change else 1)
+    loop = next(n for n in session.graph.nodes if n.op_type == "Loop")
+    body_ops = [n.op_type for n in loop.attrs["body"].nodes]
+    assert body_ops.count("MatMul") == (2 if feats_change else 1)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = session.run({"x": x})
+    for name, value in zip(["h", "F_last", "buf", "s"], want, strict=True):
+        assert got[name].shape == value.shape
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6)
+    # the model's own body is untouched (subgraph attributes are shared by Graph.copy)
+    from hetero.frontends import load
+
+    graph = load(model)
+    hetero.Session(graph, backends=[backend], on_fallback="silent").run({"x": x})
+    assert [n.op_type for n in graph.nodes[-1].attrs["body"].nodes].count("MatMul") == 2
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_adding_a_zero_is_removed_unless_it_broadcasts(backend):
     f32 = np.float32

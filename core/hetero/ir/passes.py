@@ -154,6 +154,134 @@ def loop_invariant_constants(graph: Graph) -> int:
     return count
 
 
+# Ops whose work per Loop step is worth taking out of the body when every input is loop-invariant (a cheap node left
+# in stays, so the body keeps the shape values its child session treats as fixed).
+_HOISTED_OPS = frozenset({"MatMul", "Gemm", "Conv", "Einsum"})
+
+
+def _body_constant(body: Graph, name: str, producers: dict[str, Node]) -> np.ndarray | None:
+    """The value of a body's initializer or Constant node (paddle2onnx writes Constant nodes in its bodies)."""
+    if name in body.initializers:
+        return np.asarray(body.initializers[name])
+    node = producers.get(name)
+    if node is not None and node.op_key == ("", "Constant") and isinstance(node.attrs.get("value"), np.ndarray):
+        return node.attrs["value"]
+    return None
+
+
+def _squeeze_axes(body: Graph, node: Node, producers: dict[str, Node]) -> list[int] | None:
+    """The constant axes of a Squeeze / Unsqueeze (input 2 from opset 13, else the attribute); None if not known."""
+    if len(node.inputs) > 1 and node.inputs[1]:
+        axes = _body_constant(body, node.inputs[1], producers)
+        return None if axes is None else [int(a) for a in axes.reshape(-1)]
+    axes = node.attrs.get("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+def _passes_through(body: Graph, out: str, name: str, producers: dict[str, Node]) -> bool:
+    """Whether body output ``out`` is body input ``name`` unchanged: the same name, or reached through Identity, Add
+    / Sub of one zero and ``Squeeze(..Unsqueeze(x, axes).., axes)`` (paddle2onnx writes each carried
+    value back as ``Squeeze(Add(Unsqueeze(x), 0))``)."""
+    pending: list[int] | None = None  # the axes of a Squeeze whose Unsqueeze is still to be met
+    for _ in range(16):
+        if out == name:
+            return pending is None
+        node = producers.get(out)
+        if node is None or node.domain != "" or not node.inputs or not node.inputs[0]:
+            return False
+        if node.op_type == "Identity":
+            pass
+        elif node.op_type in ("Add", "Sub") and len(node.inputs) == 2:
+            # one zero keeps the shape if its rank is at most the input's: an Unsqueeze made that rank 1 or more
+            zero = _body_constant(body, node.inputs[1], producers)
+            if zero is None or zero.size != 1 or zero.ndim > (1 if pending is not None else 0) or zero.item() != 0:
+                return False
+        elif node.op_type == "Squeeze" and pending is None:
+            pending = _squeeze_axes(body, node, producers)
+            if pending is None:
+                return False
+        elif node.op_type == "Unsqueeze" and pending is not None and _squeeze_axes(body, node, producers) == pending:
+            pending = None
+        else:
+            return False
+        out = node.inputs[0]
+    return False
+
+
+def hoist_loop_invariants(graph: Graph) -> int:
+    """A Loop body's MatMul / Gemm / Conv / Einsum whose inputs are all loop-invariant (carried values the body passes
+    through unchanged, names of this graph, the body's constants) moves before the Loop, and the body reads its
+    result from the outer scope: computed once, not at every iteration (SLANet's attention decoder projects the
+    [1, 256, 96] encoder features by a [96, 256] weight at each of its 501 steps). The work is done even when the
+    Loop runs no iteration; it has no side effects. Returns the number of nodes moved."""
+    count = 0
+    for node in list(graph.nodes):
+        body = node.attrs.get("body")
+        if node.domain != "" or node.op_type != "Loop" or not isinstance(body, Graph):
+            continue
+        if any(isinstance(sub, Graph) for inner in body.nodes for sub in inner.attrs.values()):
+            continue  # a nested body could read a moved value by name
+        producers = {o: n for n in body.nodes for o in n.outputs if o}
+        defined = set(body.inputs) | set(body.initializers) | set(producers)
+        outer: dict[str, str] = {}  # body name -> the name of the same value in this graph
+        for k, start in enumerate(node.inputs[2:]):
+            if 2 + k >= len(body.inputs) or 1 + k >= len(body.outputs):
+                break
+            if start and _passes_through(body, body.outputs[1 + k], body.inputs[2 + k], producers):
+                outer[body.inputs[2 + k]] = start
+        if not outer:
+            continue
+        # fresh names clash with neither this graph's names nor the body's (which would shadow them)
+        taken = set(graph.values) | set(graph.initializers) | {o for n in graph.nodes for o in n.outputs} | defined
+        moved: list[tuple[int, Node]] = []  # (index in the body, the node as this graph runs it)
+        for index, inner in enumerate(body.nodes):
+            if inner.domain != "" or inner.op_type not in _HOISTED_OPS or any(o in body.outputs for o in inner.outputs):
+                continue
+            names = [n for n in inner.inputs if n]
+            if not any(n in outer for n in names) or not all(
+                    n in outer or n in body.initializers or n not in defined for n in names):
+                continue
+            inputs = []
+            for n in inner.inputs:
+                if n in body.initializers:  # a constant of the body: a weight of this graph, under a free name
+                    fresh = _fresh_name(f"{n}/hoisted", taken)
+                    graph.initializers[fresh] = body.initializers[n]
+                    taken.add(fresh)
+                    n = fresh
+                inputs.append(outer.get(n, n))
+            outputs = []
+            for o in inner.outputs:
+                fresh = _fresh_name(f"{o}/hoisted", taken) if o else ""
+                taken.add(fresh)
+                outputs.append(fresh)
+            moved.append((index, Node(inner.op_type, inputs, outputs, dict(inner.attrs), inner.name, inner.domain)))
+            for o, fresh in zip(inner.outputs, outputs, strict=True):
+                if o in body.values and fresh:
+                    graph.values[fresh] = body.values[o]
+        if not moved:
+            continue
+        body = body.copy()  # subgraph attributes are shared with the graph this one was copied from
+        renames = {o: f for index, new in moved for o, f in zip(body.nodes[index].outputs, new.outputs, strict=True)
+                   if o}
+        gone = {index for index, _ in moved}
+        body.nodes = [inner for index, inner in enumerate(body.nodes) if index not in gone]
+        for inner in body.nodes:
+            inner.inputs = [renames.get(n, n) for n in inner.inputs]
+        body.outer_scope = body.outer_scope | frozenset(renames.values())
+        node.attrs["body"] = body
+        at = graph.nodes.index(node)
+        graph.nodes[at:at] = [new for _, new in moved]
+        count += len(moved)
+    return count
+
+
+def _fresh_name(base: str, taken: set[str]) -> str:
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}{k}", k + 1
+    return name
+
+
 # Ops that act on each value alone (the tensor inputs past the first, for Clip its bounds, must be constants of
 # at most one value) and two-input ops that broadcast: both commute with a Transpose of their tensor operands.
 _ELEMENTWISE_UNARY = frozenset({"Relu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Elu", "Selu",
@@ -2674,7 +2802,8 @@ def float16_chains_to_float32(graph: Graph) -> int:
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only). lower_contrib_ops first: the
 # standard nodes it writes for onnxruntime's contrib ops are what the fusions after it look for.
 # fuse_qdq_matmul / fuse_qdq_conv before any pass that rewrites a MatMul (fuse_matmul_bias, batch_gathered_gemms, ...).
-DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invariant_constants, fuse_qdq_matmul,
+DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invariant_constants,
+                                    hoist_loop_invariants, fuse_qdq_matmul,
                                     fuse_qdq_conv, sink_transposes, fold_pad_into_max_pool, fold_pad_into_conv,
                                     fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
