@@ -1377,25 +1377,28 @@ void x_wino_out(const float* m, i64 mstride, float bias, float* y) {
 // tiles. wino1d_in: tap k of tile i at tap[k][i] -> v[xi * vstride + i] = (B^T d)[xi]; wino1d_out: m[xi * mstride + i]
 // -> y[j * ldy + i] = (A^T m)[j] + bias, probe += 0 * y (NaN where an output is not finite). Both run the whole
 // vectors of n tiles and return how many they ran (the caller runs the rest).
-i64 x_wino1d_in(const float* const* tap, i64 n, float* v, i64 vstride) {
+// The whole-vector loops of a 1-D Winograd transform with P points (F(4, 3): 6, F(4, 5): 8).
+template <int P, void (*In)(const V*, V*)>
+i64 wino1d_in_points(const float* const* tap, i64 n, float* v, i64 vstride) {
   i64 i = 0;
   for (; i + W <= n; i += W) {
-    V d[6], t[6];
-    for (int k = 0; k < 6; ++k) d[k] = SIMD::load(tap[k] + i);
-    wino_in_1d(d, t);
-    for (int k = 0; k < 6; ++k) SIMD::store(v + k * vstride + i, t[k]);
+    V d[P], t[P];
+    for (int k = 0; k < P; ++k) d[k] = SIMD::load(tap[k] + i);
+    In(d, t);
+    for (int k = 0; k < P; ++k) SIMD::store(v + k * vstride + i, t[k]);
   }
   return i;
 }
 
-i64 x_wino1d_out(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe) {
+template <int P, void (*Out)(const V*, V*)>
+i64 wino1d_out_points(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe) {
   const V b = SIMD::set1(bias), zero = SIMD::zero();
   V acc = SIMD::zero();
   i64 i = 0;
   for (; i + W <= n; i += W) {
-    V col[6], r[4];
-    for (int k = 0; k < 6; ++k) col[k] = SIMD::load(m + k * mstride + i);
-    wino_out_1d(col, r);
+    V col[P], r[4];
+    for (int k = 0; k < P; ++k) col[k] = SIMD::load(m + k * mstride + i);
+    Out(col, r);
     for (int j = 0; j < 4; ++j) {
       r[j] = SIMD::add(r[j], b);
       acc = SIMD::fma(r[j], zero, acc);
@@ -1406,6 +1409,14 @@ i64 x_wino1d_out(const float* m, i64 mstride, float bias, i64 n, float* y, i64 l
   SIMD::store(lanes, acc);
   for (int l = 0; l < W; ++l) *probe += lanes[l];
   return i;
+}
+
+i64 x_wino1d_in(const float* const* tap, i64 n, float* v, i64 vstride) {
+  return wino1d_in_points<6, wino_in_1d>(tap, n, v, vstride);
+}
+
+i64 x_wino1d_out(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe) {
+  return wino1d_out_points<6, wino_out_1d>(m, mstride, bias, n, y, ldy, probe);
 }
 
 // Winograd F(4, 5) along one axis (conv_winograd1d.cpp, five-tap kernels): the 8 points 0, +-1, +-2, +-1/2 and
@@ -1442,34 +1453,11 @@ inline void wino5_out_1d(const V* m, V* o) {
 }
 
 i64 x_wino1d5_in(const float* const* tap, i64 n, float* v, i64 vstride) {
-  i64 i = 0;
-  for (; i + W <= n; i += W) {
-    V d[8], t[8];
-    for (int k = 0; k < 8; ++k) d[k] = SIMD::load(tap[k] + i);
-    wino5_in_1d(d, t);
-    for (int k = 0; k < 8; ++k) SIMD::store(v + k * vstride + i, t[k]);
-  }
-  return i;
+  return wino1d_in_points<8, wino5_in_1d>(tap, n, v, vstride);
 }
 
 i64 x_wino1d5_out(const float* m, i64 mstride, float bias, i64 n, float* y, i64 ldy, float* probe) {
-  const V b = SIMD::set1(bias), zero = SIMD::zero();
-  V acc = SIMD::zero();
-  i64 i = 0;
-  for (; i + W <= n; i += W) {
-    V col[8], r[4];
-    for (int k = 0; k < 8; ++k) col[k] = SIMD::load(m + k * mstride + i);
-    wino5_out_1d(col, r);
-    for (int j = 0; j < 4; ++j) {
-      r[j] = SIMD::add(r[j], b);
-      acc = SIMD::fma(r[j], zero, acc);
-      SIMD::store(y + j * ldy + i, r[j]);
-    }
-  }
-  alignas(64) float lanes[W];
-  SIMD::store(lanes, acc);
-  for (int l = 0; l < W; ++l) *probe += lanes[l];
-  return i;
+  return wino1d_out_points<8, wino5_out_1d>(m, mstride, bias, n, y, ldy, probe);
 }
 
 // wino_store: wino_out's transform, the bias and the activation in registers for n <= W tiles of one output channel,

@@ -1664,22 +1664,27 @@ def test_conv1d_winograd_five_taps(isa, threads, case, activation):
     _check_conv1d_winograd(threads, case, activation, 5)
 
 
-def test_conv1d_winograd_nonfinite_input_and_rule():
+def _check_winograd1d_nonfinite(taps: int, length: int, pads: tuple[int, ...], dilations: tuple[int, int],
+                                seed: int) -> None:
     # an inf and a NaN in the input: the Winograd transforms would spread them over outputs whose windows are finite,
     # so the conv falls back to a direct kernel and only the windows that read them are inf / NaN
-    x = randn(1, 64, 1, 600, seed=114)
+    x = randn(1, 64, 1, length, seed=seed)
     x[0, 3, 0, 100] = np.inf
-    x[0, 9, 0, 400] = np.nan
-    w = randn(64, 64, 1, 3, seed=115) * 0.1
-    bias = randn(64, seed=116)
+    x[0, 9, 0, 2 * length // 3] = np.nan
+    w = randn(64, 64, 1, taps, seed=seed + 1) * 0.1
+    bias = randn(64, seed=seed + 2)
     packed = _native.prepack_conv(w, 1, "high")
-    assert packed.algorithm(list(x.shape), (1, 1), (0, 0, 0, 0), (1, 16)) == "winograd1d"
-    ref = _conv_ref(x, w, bias, (1, 1), (0, 0, 0, 0), (1, 16), 1)
+    assert packed.algorithm(list(x.shape), (1, 1), pads, dilations) == "winograd1d"
+    ref = _conv_ref(x, w, bias, (1, 1), pads, dilations, 1)
     out = np.full(ref.shape, 7.0, np.float32)
     with np.errstate(invalid="ignore"):
-        _native.conv2d_packed(x, packed, bias, out, dilations=(1, 16))
+        _native.conv2d_packed(x, packed, bias, out, pads=pads, dilations=dilations)
     assert np.isfinite(out).sum() == np.isfinite(ref).sum() > 0
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv1d_winograd_nonfinite_input_and_rule():
+    _check_winograd1d_nonfinite(3, 600, (0, 0, 0, 0), (1, 16), 114)
     # what the rule leaves to the other kernels: no dilation or d = 2 (the tuned direct kernels), few channels,
     # d = 4096 on 7500 outputs (the tiles past the end cost what Winograd saves); a one-row conv over >= 1024
     # positions never takes conv_cblk (it re-read the padded row per block of channels)
@@ -1695,23 +1700,10 @@ def test_conv1d_winograd_nonfinite_input_and_rule():
 
 
 def test_conv1d_winograd_five_taps_nonfinite_and_rule():
-    # F(4, 5) as F(4, 3) above: an inf / NaN input falls back to a direct kernel (only the windows reading them are not
-    # finite); the rule leaves five-tap convs with fewer than 64 channels in or out (atspm_funcnet's 32 -> 32 ran
-    # slower), 2-D 5 x 5 kernels, two-row inputs and stride 5 (eeg_spindles' downscale convs) to the other kernels
-    x = randn(1, 64, 1, 300, seed=117)
-    x[0, 3, 0, 100] = np.inf
-    x[0, 9, 0, 200] = np.nan
-    w = randn(64, 64, 1, 5, seed=118) * 0.1
-    bias = randn(64, seed=119)
-    pads = (0, 2, 0, 2)
-    packed = _native.prepack_conv(w, 1, "high")
-    assert packed.algorithm(list(x.shape), (1, 1), pads) == "winograd1d"
-    ref = _conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1)
-    out = np.full(ref.shape, 7.0, np.float32)
-    with np.errstate(invalid="ignore"):
-        _native.conv2d_packed(x, packed, bias, out, pads=pads)
-    assert np.isfinite(out).sum() == np.isfinite(ref).sum() > 0
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    # F(4, 5) as F(4, 3) above; the rule leaves five-tap convs with fewer than 64 channels in or out (atspm_funcnet's
+    # 32 -> 32 ran slower), 2-D 5 x 5 kernels, two-row inputs and stride 5 (eeg_spindles' downscale convs) to the
+    # other kernels
+    _check_winograd1d_nonfinite(5, 300, (0, 2, 0, 2), (1, 1), 117)
 
     def algo(c, co, shape, k=(1, 5), strides=(1, 1)):
         return _native.prepack_conv(randn(co, c, *k), 1, "high").algorithm([1, c, *shape], strides, (0, 0, 0, 0))
