@@ -48,7 +48,7 @@ def hvx_transport() -> tuple[Transport, str]:
 
 
 class _Linear:
-    """One linear layer in hetero q4, repacked for ``hvx_matvec_q4``."""
+    """One linear layer in hetero q4, repacked for ``hvx_matmul_q4``."""
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None) -> None:
         self.rows, cols = w.shape

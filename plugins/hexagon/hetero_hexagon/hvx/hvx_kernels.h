@@ -2,7 +2,7 @@
  *
  * Every vector argument is 128-byte aligned and its length a whole number of vectors (the host pads at load):
  *   int8 matrix-vector:  cols % 128 == 0
- *   q4 matrix-vector:    cols % 256 == 0, weights in the HVX q4 layout (hetero_hexagon.layout.repack_q4)
+ *   q4 product:          cols % 256 == 0, weights in the HVX q4 layout (hetero_hexagon.layout.repack_q4)
  * Floats are computed in a fixed order with no contraction (-ffp-contract=off) so that a numpy float32 loop in the
  * same order gives the same bits. */
 #ifndef HETERO_HVX_KERNELS_H
