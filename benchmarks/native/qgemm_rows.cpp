@@ -12,6 +12,7 @@
 // threads read per pass, the M=1 seconds are the median pass's wall time, and "cpu <seconds>" follows instead of M
 // columns: the best pass's slowest thread's CPU time (on a busy machine the pass without the time a thread was
 // descheduled); exits non-zero if a thread's output is not the one-row GEMV's.
+// QGEMM_ROWS_FORMATS (environment): comma-separated format names, only these run (default: all).
 // CALLS_TASKS > 0 (a 7th argument, with STREAM_MIB): the calls mode, a decode step's GEMVs: the threads share one
 // buffer of THREADS x the copies, each copy one call cut into THREADS x CALLS_TASKS equal tasks of 16-row groups,
 // task i on thread i % THREADS (the pool's in-order claims of threads that keep pace), a barrier after each call.
@@ -90,6 +91,19 @@ Case make_case(const char* name, int kq, int sub, i64 n, i64 k) {
   return c;
 }
 
+// name is one of the comma-separated names of list
+bool in_list(const char* list, const char* name) {
+  const std::size_t len = std::strlen(name);
+  for (const char* p = list; *p;) {
+    const char* e = std::strchr(p, ',');
+    const std::size_t n = e ? static_cast<std::size_t>(e - p) : std::strlen(p);
+    if (n == len && std::strncmp(p, name, len) == 0) return true;
+    if (!e) break;
+    p = e + 1;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,7 +118,9 @@ int main(int argc, char** argv) {
                         make_case<4, false, 0>("q4_0", 0, 1, n, k), make_case<8, false, 0>("q8_0", 0, 1, n, k),
                         make_case<5, false, 0>("q5_0", 0, 8, n, k), make_case<5, true, 0>("q5_1", 0, 8, n, k),
                         make_case<5, true, 1>("q5_k", 1, 8, n, k)};
+  const char* only = std::getenv("QGEMM_ROWS_FORMATS");  // comma-separated names: run only these formats
   for (const Case& c : cases) {
+    if (only && !in_list(only, c.name)) continue;
     const QPack& pk = c.pk;
     std::vector<std::uint8_t> w(static_cast<std::size_t>(pk.groups * pk.group_bytes));
     for (auto& b : w) b = static_cast<std::uint8_t>(gen());
