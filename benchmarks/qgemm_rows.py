@@ -24,7 +24,8 @@ next round's before) and prints every round: this VM's memory runs in phases (2-
 The summary keeps per phase only the rounds whose two probes agree on it (both above G: fast; both below
 ``--slow-gbs``: slow): each arm's GB/s (all threads together), % of its round's mean probe, and its time against the
 first arm's (median of the rounds' paired ratios). The arms: this tree once per ``--env A=1,B=2`` (environment
-settings read by the kernels, e.g. HETERO_LLM_PF), ``--base REV`` once per ``--base-env``; ``--formats q4_0,q8_0``
+settings read by the kernels, e.g. HETERO_LLM_PF; QGEMM_CALLS=T: this arm's --calls), ``--base REV`` once per
+``--base-env``; ``--formats q4_0,q8_0``
 runs only those formats. On a busy machine add ``--clock cpu`` (probes and tiles by their best pass's CPU time).
 
     python benchmarks/qgemm_rows.py [--n 8960] [--k 1536] [--reps 15] [--isa avx512vnni] [--base main --rounds 5]
@@ -189,7 +190,8 @@ def phased(args: argparse.Namespace, isa: str, arms: list[tuple[str, Path, dict[
             order = arms if r % 2 == 0 else arms[::-1]
             got = {}
             for name, ex, env in order:
-                res = run(ex, args.n, args.k, args.reps, args.stream_mib, t, args.clock, args.calls, env, args.formats)
+                calls = int(env.get("QGEMM_CALLS", args.calls))  # an arm of its own call structure (--calls)
+                res = run(ex, args.n, args.k, args.reps, args.stream_mib, t, args.clock, calls, env, args.formats)
                 hashes.setdefault(name, {fmt: v[4] for fmt, v in res.items()})
                 got[name] = {fmt: nbytes / t1 / 1e9 for fmt, (_, _, nbytes, t1, _, _) in res.items()}
             after = probe(t)

@@ -71,7 +71,8 @@ def test_streamed_gemv_is_the_one_row_gemv():
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
 def test_formats_and_env_of_a_run():
     """--formats runs only the named formats (QGEMM_ROWS_FORMATS); an arm's environment (--env) reaches the binary
-    and, being a prefetch distance, leaves the outputs' bits alone."""
+    and, being a prefetch distance, leaves the outputs' bits alone; the chunked walks (QGEMM_ROWS_CHUNK, with
+    QGEMM_ROWS_CHUNK_MAJOR) compute the one-row GEMV (the binary checks them to a relative 1e-4)."""
     isa = "avx512vnni" if CPU_FLAGS["avx512vnni"] <= cpu_flags() else "avx2"
     if not CPU_FLAGS[isa] <= cpu_flags():
         pytest.skip("this CPU runs neither AVX2 nor AVX-512 VNNI")
@@ -83,6 +84,10 @@ def test_formats_and_env_of_a_run():
     streamed = mod.run(exe, n=72, k=512, reps=2, stream_mib=1, threads=2, env={"HETERO_LLM_PF": "1024"},
                        formats="q4_k")
     assert sorted(streamed) == ["q4_k"] and streamed["q4_k"][4] == plain["q4_k"][4]
+    for major in ("0", "1"):  # K in chunks of 4 blocks (q4_k: 8, its super-block), the plugin's layout or chunk-major
+        chunked = mod.run(exe, n=72, k=512, reps=1, stream_mib=1, threads=2,
+                          env={"QGEMM_ROWS_CHUNK": "4", "QGEMM_ROWS_CHUNK_MAJOR": major})
+        assert sorted(chunked) == sorted(plain)  # each format's sums checked against the one-row GEMV (else exit 1)
     assert mod.parse_env("HETERO_LLM_PF=1024,X=a=b") == {"HETERO_LLM_PF": "1024", "X": "a=b"}
     assert mod.parse_env("") == {}
 
