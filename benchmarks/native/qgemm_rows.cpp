@@ -12,6 +12,8 @@
 // threads read per pass, the M=1 seconds are the median pass's wall time, and "cpu <seconds>" follows instead of M
 // columns: the best pass's slowest thread's CPU time (on a busy machine the pass without the time a thread was
 // descheduled); exits non-zero if a thread's output is not the one-row GEMV's.
+// QGEMM_ROWS_CHUNK (environment, plain stream only): walk K in chunks of that many blocks (see there).
+// QGEMM_ROWS_FORMATS (environment): comma-separated format names, only these run (default: all).
 // CALLS_TASKS > 0 (a 7th argument, with STREAM_MIB): the calls mode, a decode step's GEMVs: the threads share one
 // buffer of THREADS x the copies, each copy one call cut into THREADS x CALLS_TASKS equal tasks of 16-row groups,
 // task i on thread i % THREADS (the pool's in-order claims of threads that keep pace), a barrier after each call.
@@ -20,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -90,6 +93,19 @@ Case make_case(const char* name, int kq, int sub, i64 n, i64 k) {
   return c;
 }
 
+// name is one of the comma-separated names of list
+bool in_list(const char* list, const char* name) {
+  const std::size_t len = std::strlen(name);
+  for (const char* p = list; *p;) {
+    const char* e = std::strchr(p, ',');
+    const std::size_t n = e ? static_cast<std::size_t>(e - p) : std::strlen(p);
+    if (n == len && std::strncmp(p, name, len) == 0) return true;
+    if (!e) break;
+    p = e + 1;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,7 +120,9 @@ int main(int argc, char** argv) {
                         make_case<4, false, 0>("q4_0", 0, 1, n, k), make_case<8, false, 0>("q8_0", 0, 1, n, k),
                         make_case<5, false, 0>("q5_0", 0, 8, n, k), make_case<5, true, 0>("q5_1", 0, 8, n, k),
                         make_case<5, true, 1>("q5_k", 1, 8, n, k)};
+  const char* only = std::getenv("QGEMM_ROWS_FORMATS");  // comma-separated names: run only these formats
   for (const Case& c : cases) {
+    if (only && !in_list(only, c.name)) continue;
     const QPack& pk = c.pk;
     std::vector<std::uint8_t> w(static_cast<std::size_t>(pk.groups * pk.group_bytes));
     for (auto& b : w) b = static_cast<std::uint8_t>(gen());
@@ -168,17 +186,61 @@ int main(int argc, char** argv) {
         const i64 ntask = std::min<i64>(pk.groups, static_cast<i64>(nthreads) * calls_tasks);
         for (i64 t = 1; t <= ntask; ++t) cut.push_back(pk.groups * t / ntask);
       }
+      // QGEMM_ROWS_CHUNK = C blocks (a multiple of the format's super-block): the plain stream walks K in chunks
+      // of C blocks, each chunk over all the groups of the copy before the next (the activations of one chunk stay
+      // in L1, the weights stream in pieces of C records a group); the partial sums are added (other bits: checked
+      // against the one-row GEMV to a relative 1e-4 instead).
+      const char* chunk_env = std::getenv("QGEMM_ROWS_CHUNK");
+      const i64 chunk = chunk_env ? (std::max<i64>(1, std::atol(chunk_env)) + pk.sub - 1) / pk.sub * pk.sub : 0;
+      std::vector<QPack> views;
+      std::vector<i64> offs;
+      std::vector<XQ> xvs;
+      for (i64 b0 = 0; chunk > 0 && chunk < nb && b0 < nb; b0 += chunk) {
+        QPack v = pk;
+        v.k = std::min(chunk, nb - b0) * pk.bs;
+        v.layout();
+        views.push_back(v);
+        offs.push_back(b0 / pk.sub * pk.super_bytes);
+        xvs.push_back(XQ{x.q + b0 * pk.bs, x.d + b0, x.s + b0, x.ds + b0, x.sl + b0, x.ldq, x.nb});
+      }
+      // QGEMM_ROWS_CHUNK_MAJOR=1 (with a chunk): the copies laid out chunk by chunk (chunk c's pieces of all the
+      // groups one after another), so that the chunked walk streams contiguously (a repack, not the plugin's layout)
+      const char* major_env = std::getenv("QGEMM_ROWS_CHUNK_MAJOR");
+      const bool major = !views.empty() && major_env && std::atoi(major_env) != 0;
+      std::vector<i64> at(views.size() + 1, 0);  // chunk c's pieces start at at[c] in a copy
+      for (std::size_t ci = 0; ci < views.size(); ++ci) at[ci + 1] = at[ci] + pk.groups * views[ci].group_bytes;
+      auto piece = [&](std::size_t ci, i64 g) {  // where group g's piece of chunk ci lies in a copy
+        return major ? at[ci] + g * views[ci].group_bytes : g * pk.group_bytes + offs[ci];
+      };
+      auto fill = [&](std::uint8_t* copy) {
+        if (!major) return static_cast<void>(std::memcpy(copy, w.data(), mbytes));
+        for (std::size_t ci = 0; ci < views.size(); ++ci)
+          for (i64 g = 0; g < pk.groups; ++g)
+            std::memcpy(copy + piece(ci, g), w.data() + g * pk.group_bytes + offs[ci],
+                        static_cast<std::size_t>(views[ci].group_bytes));
+      };
       for (int t = 0; t < nthreads; ++t)
         threads.emplace_back([&, t] {
           auto* buf = shared ? nullptr : static_cast<std::uint8_t*>(bench::page_alloc(copies * mbytes, true));
           if (buf)
-            for (std::size_t j = 0; j < copies; ++j) std::memcpy(buf + j * mbytes, w.data(), mbytes);  // first touch
+            for (std::size_t j = 0; j < copies; ++j) fill(buf + j * mbytes);  // first touch
           std::vector<float> yt(static_cast<std::size_t>(n));
           for (int r = 0; r <= reps; ++r) {  // pass 0: warm-up
             barrier.wait();
             clock.start(t, r);
             const double c0 = cpu_seconds();
-            if (buf) {
+            if (buf && !views.empty()) {
+              std::vector<float> part(static_cast<std::size_t>(n));
+              for (std::size_t j = 0; j < copies; ++j)
+                for (std::size_t ci = 0; ci < views.size(); ++ci)
+                  for (i64 g = 0; g < pk.groups; ++g) {
+                    const int nv = static_cast<int>(std::min<i64>(QR, n - g * QR));
+                    float* out = (ci ? part.data() : yt.data()) + g * QR;
+                    c.tile(views[ci], buf + j * mbytes + piece(ci, g), xvs[ci], 0, 1, out, n, nv);
+                    if (ci)
+                      for (int i = 0; i < nv; ++i) yt[static_cast<std::size_t>(g * QR + i)] += out[i];
+                  }
+            } else if (buf) {
               for (std::size_t j = 0; j < copies; ++j)
                 for (i64 g = 0; g < pk.groups; ++g)
                   c.tile(pk, buf + j * mbytes + g * pk.group_bytes, x, 0, 1, yt.data() + g * QR, n,
@@ -200,7 +262,16 @@ int main(int argc, char** argv) {
             }
             barrier.wait();
           }
-          if (buf && std::memcmp(yt.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(n)) != 0) differs = true;
+          if (buf && views.empty() &&
+              std::memcmp(yt.data(), yb.data(), sizeof(float) * static_cast<std::size_t>(n)) != 0)
+            differs = true;
+          if (buf && !views.empty()) {  // chunked: another order of the float sums
+            float big = 0.0f;
+            for (i64 i = 0; i < n; ++i) big = std::max(big, std::abs(yb[static_cast<std::size_t>(i)]));
+            for (i64 i = 0; i < n; ++i)
+              if (std::abs(yt[static_cast<std::size_t>(i)] - yb[static_cast<std::size_t>(i)]) > 1e-4f * big)
+                differs = true;
+          }
           for (std::size_t i = static_cast<std::size_t>(t); !buf && i + 1 < cut.size(); i += nthreads) {  // its tasks
             const i64 a = cut[i] * QR, e = std::min<i64>(n, cut[i + 1] * QR);
             if (std::memcmp(yt.data() + a, yb.data() + a, sizeof(float) * static_cast<std::size_t>(e - a)) != 0)

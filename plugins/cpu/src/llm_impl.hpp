@@ -77,7 +77,11 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 // 256 B-8 KiB no better) and the real 1.5B Q4_K_M's decode step 1.24x slower, while q8_0 (more arithmetic a byte)
 // streamed 1.15-1.3x faster and its decode step took 0.85x the time (docs/llm-benchmarks.md, dec25). The earlier
 // measurements of this choice (L2 against L1, 3 KiB for one row, 6 KiB for 2+ rows: dec11, dec13, la23, dec24) are
-// either from before a62fe70 (another machine: Intel) or were of no prefetch against no prefetch.
+// either from before a62fe70 (another machine: Intel) or were of no prefetch against no prefetch. The fast phase of
+// this VM's memory (2-thread probes 65-72 GB/s, against 37-43 in the slow one) changes nothing: streamed at 2 threads
+// the 4-bit one-row tiles read 98-99% of the probe with no prefetch, 1 KiB ahead took 1.01-1.02x the time and 3 KiB
+// 1.11x (q4_k) / 1.48x (q4_0), while q8_0 without its 3 KiB took 1.09x; 1 thread the same (qgemm_rows.py
+// --phase-gbs, CPU time, branch pf30). The 4-bit decode step's shortfall in that phase is not its tiles' stream.
 // Settings (8-bit tiles): HETERO_LLM_PF (one-row), HETERO_LLM_PF_ROWS (2-16 rows), HETERO_LLM_PF_L1 (prefill).
 inline i64 env_bytes(const char* name, i64 fallback) {
   const char* e = std::getenv(name);

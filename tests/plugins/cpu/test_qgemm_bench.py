@@ -64,3 +64,48 @@ def test_streamed_gemv_is_the_one_row_gemv():
             copies = max(1, (1 << 20) // plain[fmt][2])
             assert (n, k, nbytes, ms) == (72, 512, 2 * copies * plain[fmt][2], {}), fmt
             assert t1 > 0 and digest == plain[fmt][4], fmt
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the benchmark's ISAs are x86-64 ones")
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+def test_formats_and_env_of_a_run():
+    """--formats runs only the named formats (QGEMM_ROWS_FORMATS); an arm's environment (--env) reaches the binary
+    and, being a prefetch distance, leaves the outputs' bits alone; the chunked walks (QGEMM_ROWS_CHUNK, with
+    QGEMM_ROWS_CHUNK_MAJOR) compute the one-row GEMV (the binary checks them to a relative 1e-4)."""
+    isa = "avx512vnni" if CPU_FLAGS["avx512vnni"] <= cpu_flags() else "avx2"
+    if not CPU_FLAGS[isa] <= cpu_flags():
+        pytest.skip("this CPU runs neither AVX2 nor AVX-512 VNNI")
+    mod = bench_module()
+    exe = mod.build(isa, mod.INCLUDE)
+    plain = mod.run(exe, n=72, k=512, reps=1)
+    some = mod.run(exe, n=72, k=512, reps=1, formats="q8_0,q4_0")
+    assert sorted(some) == ["q4_0", "q8_0"]
+    streamed = mod.run(exe, n=72, k=512, reps=2, stream_mib=1, threads=2, env={"HETERO_LLM_PF": "1024"},
+                       formats="q4_k")
+    assert sorted(streamed) == ["q4_k"] and streamed["q4_k"][4] == plain["q4_k"][4]
+    for major in ("0", "1"):  # K in chunks of 4 blocks (q4_k: 8, its super-block), the plugin's layout or chunk-major
+        chunked = mod.run(exe, n=72, k=512, reps=1, stream_mib=1, threads=2,
+                          env={"QGEMM_ROWS_CHUNK": "4", "QGEMM_ROWS_CHUNK_MAJOR": major})
+        assert sorted(chunked) == sorted(plain)  # each format's sums checked against the one-row GEMV (else exit 1)
+    assert mod.parse_env("HETERO_LLM_PF=1024,X=a=b") == {"HETERO_LLM_PF": "1024", "X": "a=b"}
+    assert mod.parse_env("") == {}
+
+
+def test_rounds_by_phase():
+    """--phase-gbs: a round counts in a phase only when both its probes are in it; per arm the median GB/s, % of the
+    round's mean probe and time against the first arm, over those rounds alone."""
+    mod = bench_module()
+    rows = [(60.0, 62.0, {"a": {"q4_0": 61.0}, "b": {"q4_0": 30.5}}),  # fast
+            (64.0, 66.0, {"a": {"q4_0": 52.0}, "b": {"q4_0": 26.0}}),  # fast
+            (40.0, 42.0, {"a": {"q4_0": 41.0}, "b": {"q4_0": 41.0}}),  # slow
+            (40.0, 62.0, {"a": {"q4_0": 1.0}, "b": {"q4_0": 99.0}}),  # the phase changed: in neither
+            (50.0, 52.0, {"a": {"q4_0": 1.0}, "b": {"q4_0": 99.0}})]  # between the thresholds: in neither
+    res = mod.by_phase(rows, ["a", "b"], 55.0, 48.0)
+    count, probes, figures = res["fast"]
+    assert count == 2 and probes == pytest.approx(63.0)
+    assert figures["a"]["q4_0"] == pytest.approx((56.5, 90.0, 1.0))  # % of probe: median of 100 and 80
+    assert figures["b"]["q4_0"] == pytest.approx((28.25, 45.0, 2.0))
+    count, probes, figures = res["slow"]
+    assert count == 1 and probes == pytest.approx(41.0) and figures["b"]["q4_0"] == pytest.approx((41.0, 100.0, 1.0))
+    assert mod.by_phase(rows[3:], ["a", "b"], 55.0, 48.0)["fast"] == (0, 0.0, {})
