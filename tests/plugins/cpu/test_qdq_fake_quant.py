@@ -99,7 +99,8 @@ def test_qgemm_batched_f32_rank4_and_refusals():
     with pytest.raises(Exception, match="batch"):
         _native.qgemm_batched_f32(a, b[:1], None, None, np.array([0.5], np.float32), None, out)
     with pytest.raises(Exception, match="chain"):
-        _native.qgemm_batched_f32(a, np.ascontiguousarray(b[..., :7, :]), None, None, np.array([0.5], np.float32), None, out)
+        _native.qgemm_batched_f32(a, np.ascontiguousarray(b[..., :7, :]), None, None, np.array([0.5], np.float32),
+                                  None, out)
 
 
 # -- the pass --------------------------------------------------------------------------------------------------------
