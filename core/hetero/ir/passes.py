@@ -1599,6 +1599,73 @@ def fuse_matmul_integer_residual(graph: Graph) -> int:
     return count
 
 
+def _per_tensor_qdq_params(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """A QuantizeLinear / DequantizeLinear's constant float32 scale and 8-bit zero point, one value each (no
+    block_size / precision / output_dtype attribute), else None."""
+    if len(node.inputs) != 3 or any(node.attrs.get(a) for a in ("block_size", "precision", "output_dtype")):
+        return None
+    scale, zp = graph.initializers.get(node.inputs[1]), graph.initializers.get(node.inputs[2])
+    if scale is None or zp is None:
+        return None
+    scale, zp = np.asarray(scale), np.asarray(zp)
+    if scale.dtype != np.float32 or scale.size != 1 or zp.dtype not in (np.uint8, np.int8) or zp.size != 1:
+        return None
+    return scale, zp
+
+
+def _last_dim(graph: Graph, name: str) -> int | None:
+    """The last dim of a constant or of a value of known static last dim, else None."""
+    value = graph.initializers.get(name)
+    if value is not None:
+        shape: tuple[Any, ...] = np.shape(value)
+    else:
+        info = graph.values.get(name)
+        shape = tuple(info.shape) if info is not None and info.shape is not None else ()
+    return shape[-1] if shape and isinstance(shape[-1], int) else None
+
+
+def fuse_matmul_integer_fake_quant(graph: Graph) -> int:
+    """``DequantizeLinear(QuantizeLinear(MatMulIntegerScaled(...)))`` with one scale and zero point (the same values
+    on both), maybe plus a constant bias row after it: a QDQ model's quantized product output (MiniLM's
+    ``MatMul -> Q -> DQ -> Add(bias)``), where onnxruntime's QLinearMatMul writes the 8-bit values at once. The Q /
+    DQ pair and the bias become the MatMulIntegerScaled's inputs 8-10 (``q_scale``, ``q_zero_point``, ``q_bias``),
+    which its kernel applies to the product in place: the same bits as the three nodes, without the uint8 tensor
+    and two more passes over the output. Only where the uint8 tensor and the product are read by nothing else."""
+    count = 0
+    subgraph_reads = _read_by_subgraphs(graph)
+    for mm in list(graph.nodes):
+        if mm.op_key != (HETERO_DOMAIN, "MatMulIntegerScaled") or any(mm.inputs[7:]) or \
+                mm.outputs[0] in subgraph_reads:
+            continue
+        q = _single_consumer(graph, mm.outputs[0])
+        if q is None or q.op_key != ("", "QuantizeLinear") or q.inputs[0] != mm.outputs[0]:
+            continue
+        dq = _single_consumer(graph, q.outputs[0])
+        if dq is None or dq.op_key != ("", "DequantizeLinear") or dq.inputs[0] != q.outputs[0] or \
+                q.outputs[0] in subgraph_reads:
+            continue
+        qp, dqp = _per_tensor_qdq_params(graph, q), _per_tensor_qdq_params(graph, dq)
+        if qp is None or dqp is None or qp[1].dtype != dqp[1].dtype or \
+                not all(np.array_equal(x.reshape(-1), y.reshape(-1)) for x, y in zip(qp, dqp, strict=True)):
+            continue
+        spanned, bias = [q, dq], ""
+        add = _single_consumer(graph, dq.outputs[0])
+        if add is not None and add.op_key == ("", "Add") and len(add.inputs) == 2 and \
+                dq.outputs[0] not in subgraph_reads:
+            other = add.inputs[1] if add.inputs[0] == dq.outputs[0] else add.inputs[0]
+            value = graph.initializers.get(other)
+            columns = _last_dim(graph, mm.inputs[1])
+            if value is not None and np.asarray(value).dtype == np.float32 and columns is not None and \
+                    np.shape(value) in ((columns,), (1, columns)):
+                bias = f"{mm.name or mm.outputs[0]}/q_bias"
+                graph.initializers[bias] = np.asarray(value).reshape(-1)
+                spanned.append(add)
+        mm.inputs = [*mm.inputs, *[""] * (8 - len(mm.inputs)), q.inputs[1], q.inputs[2], bias]
+        _absorb(graph, mm, spanned)
+        count += 1
+    return count
+
+
 # fuse_broadcast_unary_matmul: the elementwise ops it takes (BroadcastUnaryMatMul's reference composes them), and
 # the widest right side it fuses (a wider one amortises the elementwise work over its columns: x is better written
 # once and multiplied by the GEMM).
@@ -2813,7 +2880,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invari
                                     fuse_matmul_integer_scale,
                                     fuse_conv_integer_scale,
                                     fuse_broadcast_unary_matmul,
-                                    fuse_matmul_integer_residual, fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
+                                    fuse_matmul_integer_residual, fuse_matmul_integer_fake_quant,
+                                    fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
                                     einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
                                     fuse_gelu_mul, fuse_gelu_global_max_pool, fuse_conv_residual, fuse_add_relu,
                                     fuse_add_layer_norm,

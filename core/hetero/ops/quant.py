@@ -219,7 +219,9 @@ def matmul_integer_scaled(ctx: OpContext) -> list[np.ndarray]:
     """MatMulInteger (inputs 0-3), Cast to the scale's type, times ``scale`` (input 4; times the optional ``factor``,
     input 6, first: the activation scale x weight scale product), plus the optional ``bias`` (input 5): what
     ``hetero.ir.passes.fuse_matmul_integer_scale`` replaces, computed the way those nodes compute it; then plus the
-    optional ``addend`` (input 7, broadcast: the residual Add after it, ``fuse_matmul_integer_residual``)."""
+    optional ``addend`` (input 7, broadcast: the residual Add after it, ``fuse_matmul_integer_residual``); then, with
+    ``q_scale`` / ``q_zero_point`` (inputs 8, 9: one value each), QuantizeLinear then DequantizeLinear by them, plus
+    the optional ``q_bias`` (input 10, along the last axis): ``fuse_matmul_integer_fake_quant``'s nodes."""
     (acc,) = matmul_integer(ctx)
     scale = ctx.array(4)
     if ctx.has_input(6):
@@ -230,4 +232,13 @@ def matmul_integer_scaled(ctx: OpContext) -> list[np.ndarray]:
     y = y.astype(scale.dtype, copy=False)
     if ctx.has_input(7):
         y = (y + ctx.array(7)).astype(scale.dtype, copy=False)
+    if ctx.has_input(8):
+        q_scale, q_zp = ctx.array(8).reshape(()), ctx.array(9).reshape(())
+        # QuantizeLinear's and DequantizeLinear's arithmetic (quantize_linear / dequantize_linear above)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            q = np.rint((y / q_scale.astype(y.dtype)).astype(np.float64)) + q_zp.astype(np.int64)
+        q = _saturate(q, q_zp.dtype)
+        y = ((q.astype(np.float64) - q_zp.astype(np.float64)) * q_scale.astype(np.float64)).astype(scale.dtype)
+        if ctx.has_input(10):
+            y = (y + ctx.array(10)).astype(scale.dtype, copy=False)
     return [y]

@@ -78,6 +78,22 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
   p.colsum.assign(static_cast<std::size_t>(p.n), 0);
   p.zb.assign(static_cast<std::size_t>(p.n), 0);
   const int shift = b_unsigned ? -128 : 0;
+  if (cs == 1 && rs == p.n && p.n > kDotColumns) {
+    // Contiguous rows (a run-time B packed at each call: a QDQ attention's K^T / V heads): read B row by row, the
+    // column sums one running row, where the column walk below strides N bytes a value. Same bytes, same sums.
+    for (i64 kk = 0; kk < p.k; ++kk) {
+      const std::uint8_t* row = b + kk * rs;
+      std::int8_t* dst = p.data->p + (kk / 4) * 64 + kk % 4;
+      for (i64 j = 0; j < p.n; ++j) {
+        const int v = (b_unsigned ? static_cast<int>(row[j]) : static_cast<int>(static_cast<std::int8_t>(row[j]))) +
+                      shift;
+        dst[(j / kPanel) * p.pstride() + (j % kPanel) * 4] = static_cast<std::int8_t>(v);
+        p.colsum[static_cast<std::size_t>(j)] += v;
+      }
+    }
+    for (i64 j = 0; j < p.n; ++j) p.zb[static_cast<std::size_t>(j)] = zp[zp_count == 1 ? 0 : j] + shift;
+    return;  // N > kDotColumns: no column copies (keep_columns)
+  }
   for (i64 j = 0; j < p.n; ++j) {
     std::int8_t* panel = p.data->p + (j / kPanel) * p.pstride();
     const i64 col = j % kPanel;
@@ -490,6 +506,86 @@ void py_qgemm_f32(const py::array& a, const QPacked& p, const py::object& a_zp, 
   py::gil_scoped_release nogil;
   if (p.k == 0) return qgemm_empty_k(p, M, st);
   qgemm(p, ap.op, M, st);
+}
+
+// out[i] = float32((a[i] - a_zp) @ (b[i] - b_zp)) * scale [* factor] for each batch i of two run-time 8-bit operands
+// (a QDQ attention's Q K^T and P V, MatMulIntegerScaled with B computed: one scale and zero point each). Each
+// batch's B is packed here (K x N bytes) and the batches split over the threads: at MiniLM's 64 x 32 x 64 heads a
+// Python loop of qpack_b + qgemm_f32 calls cost more than its products, and the float product of the dequantized
+// operands (what ran instead) did the multiply-adds at a quarter of vpdpbusd's rate.
+void py_qgemm_batched_f32(const py::array& a, const py::array& b, const py::object& a_zp, const py::object& b_zp,
+                          const py::array& scale, const py::object& factor, const py::array& out) {
+  const char* fn = "qgemm_batched_f32";
+  need_8bit(a, fn, "a");
+  need_8bit(b, fn, "b");
+  if (!pyx::c_contig(a) || !pyx::c_contig(b)) fail(std::string(fn) + ": a and b must be C-contiguous");
+  if (a.ndim() < 2 || a.ndim() != b.ndim())
+    fail(std::string(fn) + ": a and b must have one rank >= 2, got " + pyx::shape_str(a) + " and " + pyx::shape_str(b));
+  const int nd = static_cast<int>(a.ndim());
+  i64 batch = 1;
+  for (int d = 0; d < nd - 2; ++d) {
+    if (a.shape(d) != b.shape(d)) fail(std::string(fn) + ": batch dims differ: " + pyx::shape_str(a) + " and " +
+                                       pyx::shape_str(b));
+    batch *= a.shape(d);
+  }
+  const i64 M = a.shape(nd - 2), K = a.shape(nd - 1), N = b.shape(nd - 1);
+  if (b.shape(nd - 2) != K) fail(std::string(fn) + ": a " + pyx::shape_str(a) + " and b " + pyx::shape_str(b) +
+                                 " do not chain");
+  pyx::need_f32(out, fn, "out");
+  need_out_size(out, batch * M * N, fn);
+  pyx::need_f32(scale, fn, "scale");
+  pyx::need_contig(scale, fn, "scale");
+  if (scale.size() != 1) fail(std::string(fn) + ": scale must be one value");
+  const float* fv = nullptr;
+  py::array f;
+  if (!factor.is_none()) {
+    f = py::array::ensure(factor);
+    pyx::need_f32(f, fn, "factor");
+    pyx::need_contig(f, fn, "factor");
+    if (f.size() != 1) fail(std::string(fn) + ": factor must be one value");
+    fv = pyx::cptr<float>(f);
+  }
+  const bool a_s8 = is_s8(a), b_u8 = is_u8(b);
+  const std::int32_t za = zero_points(a_zp, a, 1, fn, "a_zero_point")[0] + (a_s8 ? 128 : 0);
+  const std::int32_t zb = zero_points(b_zp, b, 1, fn, "b_zero_point")[0];
+  std::vector<float> scales;
+  column_scales(pyx::cptr<float>(scale), 1, fv, fv ? 1 : 0, N, scales);
+  const auto* pa = static_cast<const std::uint8_t*>(a.data());
+  const auto* pb = static_cast<const std::uint8_t*>(b.data());
+  float* po = pyx::mptr<float>(out);
+  py::gil_scoped_release nogil;
+  if (batch == 0 || M == 0 || N == 0) return;
+  // A used in place when its rows are whole 4-byte groups of uint8, else copied per batch (int8 moved to uint8)
+  const bool in_place = !a_s8 && K % 4 == 0;
+  const i64 lda = in_place ? K : (K + 3) / 4 * 4;
+  const double work = static_cast<double>(batch) * static_cast<double>(M) * static_cast<double>(N) *
+                      static_cast<double>(K);
+  parallel_for(batch, threads_for(work, 2e6), [&](i64 i) {
+    QPacked p;
+    p.k = K;
+    p.n = N;
+    OutStage st;
+    st.kind = OutStage::F32;
+    st.out = po + i * M * N;
+    st.rs = N;
+    st.cs = 1;
+    st.scale = scales.data();
+    if (K == 0) {
+      p.k4 = 0;
+      return qgemm_empty_k(p, M, st);
+    }
+    pack_into(p, pb + i * K * N, N, 1, b_u8, &zb, 1);
+    const std::uint8_t* ai = pa + i * M * K;
+    std::vector<std::uint8_t> copy;
+    if (!in_place) {
+      copy.assign(static_cast<std::size_t>(M * lda + 4), 0);
+      for (i64 m = 0; m < M; ++m)
+        for (i64 kk = 0; kk < K; ++kk)
+          copy[static_cast<std::size_t>(m * lda + kk)] = static_cast<std::uint8_t>(ai[m * K + kk] ^ (a_s8 ? 0x80 : 0));
+      ai = copy.data();
+    }
+    qgemm(p, AOperand{ai, lda, &za, 1}, M, st);
+  }, work >= kWakeFlops / 2);
 }
 
 // The requantizing stage of QLinearMatMul / QLinearConv: multiplier[n] = a_scale * b_scale[n] / y_scale (float, as
@@ -923,6 +1019,42 @@ void py_dequantize_linear(const py::array& x, const py::array& scale, const py::
   }
 }
 
+// x = DequantizeLinear(QuantizeLinear(x)) (+ bias[j] along the last axis) in place: a QDQ model's quantize-dequantize
+// of a MatMulIntegerScaled's output, and the bias Add after it (`fuse_matmul_integer_fake_quant`), run on the
+// product while it is still in cache, without the uint8 tensor and two more passes. The same arithmetic as
+// quantize_linear (this ISA's quantize8), dequantize_linear and the float Add, so the same bits.
+void py_fake_quant(const py::array& x, const py::array& scale, const py::array& zp, const py::object& bias) {
+  const char* fn = "fake_quant";
+  pyx::need_f32(x, fn, "x");
+  pyx::need_out(x, fn);
+  pyx::need_f32(scale, fn, "scale");
+  need_8bit(zp, fn, "zero_point");
+  if (scale.size() != 1 || zp.size() != 1) fail(std::string(fn) + ": scale and zero_point must be single values");
+  const std::int32_t z = zero_points(zp, zp, 1, fn, "zero_point")[0];
+  const bool u8 = is_u8(zp);
+  const float s = pyx::cptr<float>(scale)[0];
+  const i64 n = static_cast<i64>(x.size());
+  const i64 cols = x.ndim() == 0 ? 1 : x.shape(x.ndim() - 1);
+  const float* b = nullptr;
+  py::array barr;
+  if (!bias.is_none()) {
+    barr = py::array::ensure(bias);
+    pyx::need_f32(barr, fn, "bias");
+    pyx::need_contig(barr, fn, "bias");
+    if (static_cast<i64>(barr.size()) != cols) fail(std::string(fn) + ": bias must have one value a column");
+    b = pyx::cptr<float>(barr);
+  }
+  float* xs = pyx::mptr<float>(x);
+  py::gil_scoped_release nogil;
+  if (n == 0 || cols == 0) return;
+  const QKernels& kr = qk();
+  const int qmin = u8 ? 0 : -128, qmax = u8 ? 255 : 127;
+  const i64 rows = n / cols;
+  parallel_for(rows, threads_for(static_cast<double>(n), 1 << 16), [&](i64 r) {
+    kr.fake_quant(xs + r * cols, cols, s, z, qmin, qmax, b);
+  }, static_cast<double>(n) >= kWakeElementWork);
+}
+
 }  // namespace
 
 void bind(py::module_& m) {
@@ -940,6 +1072,11 @@ void bind(py::module_& m) {
   m.def("qgemm_i32", &py_qgemm_i32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("out"));
   m.def("qgemm_f32", &py_qgemm_f32, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"), py::arg("scale"),
         py::arg("bias"), py::arg("out"), py::arg("factor") = py::none(), py::arg("addend") = py::none());
+  m.def("qgemm_batched_f32", &py_qgemm_batched_f32, py::arg("a"), py::arg("b"), py::arg("a_zero_point"),
+        py::arg("b_zero_point"), py::arg("scale"), py::arg("factor"), py::arg("out"),
+        "out[i] = float32((a[i] - a_zp) @ (b[i] - b_zp)) * scale [* factor], both 8-bit operands at run time.");
+  m.def("fake_quant", &py_fake_quant, py::arg("x"), py::arg("scale"), py::arg("zero_point"), py::arg("bias"),
+        "x = DequantizeLinear(QuantizeLinear(x)) (+ bias along the last axis) in place, one scale and zero point.");
   m.def("qgemm_requant", &py_qgemm_requant, py::arg("a"), py::arg("packed"), py::arg("a_zero_point"),
         py::arg("a_scale"), py::arg("b_scale"), py::arg("y_scale"), py::arg("y_zero_point"), py::arg("out"));
   m.def("qconv_pack", &py_qconv_pack, py::arg("w"), py::arg("w_zero_point"), py::arg("groups"));

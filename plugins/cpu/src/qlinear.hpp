@@ -42,6 +42,8 @@ using DotFn = void (*)(const std::uint8_t* a, i64 rows, i64 lda, const std::int8
 // y[i] = saturate(round_half_even(x[i] / scale) + zp) to [qmin, qmax] (uint8: 0, 255; int8: -128, 127), stored as
 // bytes; NaN -> qmin (what the reference gives for uint8: its float -> int cast of NaN reads 0).
 using QuantizeFn = void (*)(const float* x, i64 n, float scale, int zp, int qmin, int qmax, std::uint8_t* y);
+// x[i] = float32(quantized(x[i]) - zp) * scale (+ bias[i]): QuantizeFn's bytes dequantized (and a bias added) in place.
+using FakeQuantFn = void (*)(float* x, i64 n, float scale, int zp, int qmin, int qmax, const float* bias);
 // min and max of x[0:n] (n >= 1).
 using MinMaxFn = void (*)(const float* x, i64 n, float* lo, float* hi);
 
@@ -92,6 +94,7 @@ struct QKernels {
   TileF32Fn tile_f32;  // nullptr: tile, then finish
   int f32_mr, f32_np;  // tile_f32's rows and panels
   DotFn dot;           // products by B of <= kDotColumns columns
+  FakeQuantFn fake_quant;
 };
 
 // AMX (qlinear_amx.cpp): whether this CPU has AMX-INT8 and the kernel let this process use the tile registers, and

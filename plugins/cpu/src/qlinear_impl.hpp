@@ -290,41 +290,46 @@ void dot_cols(const std::uint8_t* a, i64 rows, i64 lda, const std::int8_t* cols,
 }
 #endif
 
+#if defined(QLIN_ISA_VNNI)
+// round(x / scale) clamped to [lo, hi] (the zero point not added yet) for 16 lanes.
+// x * (1 / scale) in place of x / scale (a division per 16 values bounds the loop): the product is within 3 ulps
+// of the quotient (1 / scale and the product round once each). Clamped to [lo, hi] (integers, |.| <= 383, where
+// 3 ulps < 2^-12) it rounds (cvtps2dq: to nearest even) to the quotient's integer unless it lies within 2^-10 of
+// a half step; those lanes (~0.2 %) are divided as before, so the bytes are the division's, bit for bit. Clamping
+// before rounding is the same as after (the bounds are integers); a product clamped from beyond a bound has the
+// quotient beyond it less 3 ulps, which rounds to the bound too. maxps returns its second operand for NaN: NaN ->
+// lo. Taken where scale and 1 / scale are normal floats (else every lane divides).
+struct Round512 {
+  __m512 vs, vlo, vhi, vr, edge;
+  bool by_mul;
+  Round512(float scale, float lo, float hi)
+      : vs(_mm512_set1_ps(scale)), vlo(_mm512_set1_ps(lo)), vhi(_mm512_set1_ps(hi)), vr(_mm512_set1_ps(1.f / scale)),
+        edge(_mm512_set1_ps(0.5f - 1.f / 1024.f)), by_mul(std::isnormal(scale) && std::isnormal(1.f / scale)) {}
+  __m512i divided(__m512 xv) const {
+    constexpr int kNear = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512 q = _mm512_roundscale_ps(_mm512_div_ps(xv, vs), kNear);
+    return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, vlo), vhi));
+  }
+  __m512i operator()(__m512 xv) const {
+    if (!by_mul) return divided(xv);
+    const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(xv, vr), vlo), vhi);
+    __m512i v = _mm512_cvtps_epi32(y);
+    const __m512 off = _mm512_abs_ps(_mm512_sub_ps(y, _mm512_cvtepi32_ps(v)));
+    const __mmask16 near = _mm512_cmp_ps_mask(off, edge, _CMP_GE_OQ);
+    if (near) v = _mm512_mask_mov_epi32(v, near, divided(xv));
+    return v;
+  }
+};
+#endif
+
 void quantize8(const float* x, i64 n, float scale, int zp, int qmin, int qmax, std::uint8_t* y) {
   const float lo = static_cast<float>(qmin - zp), hi = static_cast<float>(qmax - zp);
   i64 i = 0;
 #if defined(QLIN_ISA_VNNI)
-  // maxps / minps return their second operand when the first is NaN: NaN -> lo, as below
-  const __m512 vs = _mm512_set1_ps(scale), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+  const Round512 round(scale, lo, hi);
   const __m512i vzp = _mm512_set1_epi32(zp);
-  constexpr int kNear = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  // x * (1 / scale) in place of x / scale (a division per 16 values bounds the loop): the product is within 3 ulps
-  // of the quotient (1 / scale and the product round once each). Clamped to [lo, hi] (integers, |.| <= 383, where
-  // 3 ulps < 2^-12) it rounds (cvtps2dq: to nearest even) to the quotient's integer unless it lies within 2^-10 of
-  // a half step; those lanes (~0.2 %) are divided as before, so the bytes are the division's, bit for bit. Clamping
-  // before rounding is the same as after (the bounds are integers); a product clamped from beyond a bound has the
-  // quotient beyond it less 3 ulps, which rounds to the bound too. maxps returns its second operand for NaN: NaN ->
-  // lo. Taken where scale and 1 / scale are normal floats (else every lane divides).
-  const float r = 1.f / scale;
-  const bool by_mul = std::isnormal(scale) && std::isnormal(r);
-  const __m512 vr = _mm512_set1_ps(r), edge = _mm512_set1_ps(0.5f - 1.f / 1024.f);
-  const auto divided = [&](__m512 xv) {  // round(x / scale) clamped to [lo, hi]
-    const __m512 q = _mm512_roundscale_ps(_mm512_div_ps(xv, vs), kNear);
-    return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, vlo), vhi));
-  };
   for (; i + 16 <= n; i += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    __m512i v;
-    if (by_mul) {
-      const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(xv, vr), vlo), vhi);
-      v = _mm512_cvtps_epi32(y);
-      const __m512 off = _mm512_abs_ps(_mm512_sub_ps(y, _mm512_cvtepi32_ps(v)));
-      const __mmask16 near = _mm512_cmp_ps_mask(off, edge, _CMP_GE_OQ);
-      if (near) v = _mm512_mask_mov_epi32(v, near, divided(xv));
-    } else {
-      v = divided(xv);
-    }
-    v = _mm512_add_epi32(v, vzp);
+    const __m512i v = _mm512_add_epi32(round(_mm512_loadu_ps(x + i)), vzp);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm512_cvtepi32_epi8(v));
   }
 #elif defined(QLIN_ISA_AVX2)
@@ -343,6 +348,32 @@ void quantize8(const float* x, i64 n, float scale, int zp, int qmin, int qmax, s
     q = q >= lo ? q : lo;                      // NaN -> lo, i.e. 0 after the zero point (the reference's cast)
     q = q <= hi ? q : hi;
     y[i] = static_cast<std::uint8_t>(static_cast<int>(q) + zp);
+  }
+}
+
+// x[i] = float32(saturate(round_half_even(x[i] / scale) + zp) - zp) * scale (+ bias[i]) in place: quantize8's
+// bytes, then DequantizeLinear's product (q - zp is an exact integer: one rounding), then the float Add, in one pass
+// over x (a QDQ model's Q -> DQ -> Add(bias) after its int8 GEMM).
+void fake_quant8(float* x, i64 n, float scale, int zp, int qmin, int qmax, const float* bias) {
+  i64 i = 0;
+#if defined(QLIN_ISA_VNNI)
+  const Round512 round(scale, static_cast<float>(qmin - zp), static_cast<float>(qmax - zp));
+  for (; i + 16 <= n; i += 16) {
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(round(_mm512_loadu_ps(x + i))), round.vs);
+    if (bias) f = _mm512_add_ps(f, _mm512_loadu_ps(bias + i));
+    _mm512_storeu_ps(x + i, f);
+  }
+#endif
+  alignas(64) std::uint8_t q[256];
+  while (i < n) {
+    const i64 nc = n - i < 256 ? n - i : 256;
+    quantize8(x + i, nc, scale, zp, qmin, qmax, q);
+    for (i64 j = 0; j < nc; ++j) {
+      const int v = qmin < 0 ? static_cast<int>(static_cast<std::int8_t>(q[j])) : static_cast<int>(q[j]);
+      const float f = static_cast<float>(v - zp) * scale;
+      x[i + j] = bias ? f + bias[i + j] : f;
+    }
+    i += nc;
   }
 }
 

@@ -194,9 +194,9 @@ def _qdq_activations_model(a_dims: list, b_dims: list, adt: type, bdt: type):
 
 
 @pytest.mark.parametrize("a_shape, b_shape", [
-    ((2, 3, 130, 64), (2, 3, 64, 130)),  # >= 2**20 multiply-adds a batch: B packed per call, the int8 GEMM
+    ((2, 3, 130, 64), (2, 3, 64, 130)),  # B packed per batch at each call, the int8 GEMM
     ((1, 2, 400, 64), (1, 2, 64, 41)),
-    ((2, 5, 7, 12), (2, 5, 12, 9)),  # small heads: dequantized, the float GEMM
+    ((2, 5, 7, 12), (2, 5, 12, 9)),  # small heads: one native call for every batch (qgemm_batched_f32)
     ((3, 1, 5), (3, 5, 1)),
     ((2, 3, 5, 8), (1, 3, 8, 4)),  # batch dims that broadcast, known only at run time: numpy
 ])

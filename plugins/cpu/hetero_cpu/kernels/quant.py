@@ -157,11 +157,6 @@ class CpuMatMulInteger(_PackedBMatMul):
         return functools.partial(_native.qgemm_i32, a, self.packed, zp, out)
 
 
-# The smallest M x K x N of one batch that MatMulIntegerScaled with B at run time packs B for and runs on the int8
-# GEMM (Smart Turn's 400 x 64 x 400 heads gain 15 % of the model's time; MiniLM-L3's 64 x 32 x 64 lost 5 %).
-_PACK_PER_CALL_MIN_WORK = 1 << 20
-
-
 class CpuMatMulIntegerScaled(CpuMatMulInteger):
     """float32(MatMulInteger) * scale [* factor] (one value or one per column each), plus an optional bias row, plus
     an optional addend (a residual): no int32 tensor. An addend of the output's shape is added in the GEMM's output
@@ -171,15 +166,30 @@ class CpuMatMulIntegerScaled(CpuMatMulInteger):
 
     @classmethod
     def accepts(cls, node: NodeInfo) -> Support:
-        if 1 in node.constants:
-            return super().accepts(node)
+        verdict = super().accepts(node) if 1 in node.constants else cls._runtime_b_accepts(node)
+        if verdict and len(node.node.inputs) > 8 and node.node.inputs[8]:
+            # fuse_matmul_integer_fake_quant's Q / DQ by one constant scale and zero point, and its bias row
+            for index in (8, 9, 10):
+                if len(node.node.inputs) > index and node.node.inputs[index] and index not in node.constants:
+                    return unsupported(f"MatMulIntegerScaled with input {index} computed (cpu)")
+            q_scale, q_zp = node.constants[8], node.constants.get(9)
+            if q_scale.dtype != np.float32 or q_scale.size != 1 or q_zp is None or q_zp.size != 1 or \
+                    q_zp.dtype not in (np.uint8, np.int8):
+                return unsupported("MatMulIntegerScaled: q_scale float32 and q_zero_point 8-bit, one value each (cpu)")
+            q_bias = node.constants.get(10)
+            if q_bias is not None and (q_bias.dtype != np.float32 or q_bias.ndim != 1):
+                return unsupported("MatMulIntegerScaled: q_bias a float32 row (cpu)")
+        return verdict
+
+    @staticmethod
+    def _runtime_b_accepts(node: NodeInfo) -> Support:
         a, b = node.inputs[0], node.inputs[1]
         if a is None or b is None or a.dtype not in (dtypes.uint8, dtypes.int8) or \
                 b.dtype not in (dtypes.uint8, dtypes.int8):
             return unsupported("MatMulIntegerScaled: 8-bit A and B (cpu)")
         if a.rank is None or a.rank != b.rank or a.rank < 2:
             return unsupported("MatMulIntegerScaled with B at run time: A and B of one rank >= 2 (cpu)")
-        if any(node.node.inputs[5:6]) or any(node.node.inputs[7:]):
+        if any(node.node.inputs[5:6]) or any(node.node.inputs[7:8]):
             return unsupported("MatMulIntegerScaled with B at run time: no bias or addend (cpu)")
         for index in (2, 3, 4, 6):
             if len(node.node.inputs) > index and node.node.inputs[index] and index not in node.constants:
@@ -194,6 +204,23 @@ class CpuMatMulIntegerScaled(CpuMatMulInteger):
             self.packed = None
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        call = self._product(inputs, outputs)
+        if len(inputs) <= 8 or inputs[8] is None or outputs[0].buffer.size == 0:
+            return call
+        # the output's Q / DQ (and bias) on the product just written, while it is in cache
+        out = outputs[0].buffer
+        q_scale = np.ascontiguousarray(inputs[8].numpy(), np.float32).reshape(1)
+        q_zp = np.ascontiguousarray(inputs[9].numpy()).reshape(1)
+        q_bias = np.ascontiguousarray(inputs[10].numpy()) if len(inputs) > 10 and inputs[10] is not None else None
+        fake_quant = functools.partial(_native.fake_quant, out, q_scale, q_zp, q_bias)
+
+        def product_then_fake_quant() -> None:
+            call()
+            fake_quant()
+
+        return product_then_fake_quant
+
+    def _product(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         if self.packed is not None:
             return super().calls(inputs, outputs)
         out = outputs[0].buffer
@@ -214,28 +241,9 @@ class CpuMatMulIntegerScaled(CpuMatMulInteger):
                 out[...] = acc.astype(np.float32) * s
 
             return broadcast
-        k, n = b.shape[-2:]
-        a3, b3, out3 = a.reshape(-1, a.shape[-2], k), b.reshape(-1, k, n), out.reshape(-1, a.shape[-2], n)
-        if a.shape[-2] * k * n < _PACK_PER_CALL_MIN_WORK:
-            # small products (MiniLM's 64 x 32 x 64 heads): two native calls and a pack per head cost more than
-            # they save; the float32 product of the dequantized operands, as the unfused graph computed it
-            fa, fb = np.empty(a3.shape, np.float32), np.empty(b3.shape, np.float32)
-            b_scale = np.ones(1, np.float32) if factor is None else factor
-            deq, matmul = _native.dequantize_linear, _native.matmul
-
-            def dequantized() -> None:
-                deq(a3, scale.reshape(()), azp, fa)
-                deq(b3, b_scale.reshape(()), bzp, fb)
-                matmul(fa, fb, out3)
-
-            return dequantized
-        pack, gemm = _native.qpack_b, _native.qgemm_f32
-
-        def batched() -> None:
-            for i in range(a3.shape[0]):
-                gemm(a3[i], pack(b3[i], bzp), azp, scale, None, out3[i], factor)
-
-        return batched
+        # every batch's B packed and multiplied in one native call (the batches split over the threads): the int8
+        # GEMM even for MiniLM's 64 x 32 x 64 heads, which a Python loop of pack + GEMM calls per head lost on
+        return functools.partial(_native.qgemm_batched_f32, a, b, azp, bzp, scale, factor, out)
 
     def _gemm(self, a: np.ndarray, zp: np.ndarray | None, inputs: Sequence[Tensor | None], out: np.ndarray) -> Call:
         scale = np.ascontiguousarray(inputs[4].numpy())
