@@ -331,7 +331,8 @@ struct Forest {
     // hit only matters to MIN / MAX and to the classifier (which asks for it)
     const bool sum_single = single && (aggregate == SUM || aggregate == AVERAGE) && !hit_out;
     const int nt = num_threads();
-    if (sum_single && nt > 1 && rows < 2 * nt && rows * n_trees >= kSplitTrees) {
+    // one row with the chain: its walk alone beats a split of the older walk (docs/onnx-models.md, branch misc30)
+    if (sum_single && nt > 1 && rows < 2 * nt && rows * n_trees >= kSplitTrees && (rows > 1 || chain.empty())) {
       row_split(x, rows, stride, out, nt);
       return;
     }

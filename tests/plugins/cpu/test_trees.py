@@ -193,19 +193,20 @@ def test_one_row_split_with_an_awake_worker(n_targets: int) -> None:
     node = hetero.load(v5_model(trees, n_targets, np.float64)).nodes[0]
     f = native_forest(ml.forest_for(node, np.dtype(np.float64)), with_base=True)
     assert f.n_trees > 384
-    xs = [rows(np.random.default_rng(n), 1, np.float64) for n in range(16)]
+    # one target: two rows, since one row takes the chained walk (not split) there
+    xs = [rows(np.random.default_rng(n), 1 if n_targets > 1 else 2, np.float64) for n in range(16)]
     threads, spin = native.num_threads(), native.pool_spin_us()
     try:
         native.set_num_threads(1)
         want = []
         for x in xs:
-            want.append(np.empty((1, n_targets)))
+            want.append(np.empty((len(x), n_targets)))
             f.run(x, want[-1])
         native.set_pool_spin_us(1_000_000)  # the new pool's worker spins instead of sleeping between calls
         native.set_num_threads(2)
         native.pool_stats_enable(True)
         native.pool_stats(True)
-        out = np.empty((1, n_targets))
+        out = np.empty((len(xs[0]), n_targets))
         for i in range(4000):
             f.run(xs[i % 16], out)
             np.testing.assert_array_equal(out, want[i % 16], err_msg=f"call {i}")
