@@ -8,9 +8,12 @@
 // rows of a block through a tree as vector lanes (trees_avx512.cpp, 16-byte nodes of trees.hpp): the same
 // comparisons (float ones widened to double, exactly), so the same leaves and sums.
 //
+// One row of a one-target, one-mode forest: twelve branch-free chains through a copy of the 16-byte nodes whose
+// leaves link to the next tree (Forest::chain_sum), at any thread count.
+//
 // Threads: over blocks of rows (each row's sum stays in one thread, in order); with fewer rows than twice the
-// threads (one row), over chunks of trees (row_split: from kSplitTrees, and only while the pool's workers are awake),
-// the later chunks' weights added in tree order by the caller.
+// threads (a few rows), over chunks of trees (row_split: from kSplitTrees, and only while the pool's workers are
+// awake), the later chunks' weights added in tree order by the caller.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
