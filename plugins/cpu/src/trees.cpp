@@ -8,9 +8,12 @@
 // rows of a block through a tree as vector lanes (trees_avx512.cpp, 16-byte nodes of trees.hpp): the same
 // comparisons (float ones widened to double, exactly), so the same leaves and sums.
 //
+// One row of a one-target, one-mode forest: twelve branch-free chains through a copy of the 16-byte nodes whose
+// leaves link to the next tree (Forest::chain_sum), at any thread count.
+//
 // Threads: over blocks of rows (each row's sum stays in one thread, in order); with fewer rows than twice the
-// threads (one row), over chunks of trees (row_split: from kSplitTrees, and only while the pool's workers are awake),
-// the later chunks' weights added in tree order by the caller.
+// threads (a few rows), over chunks of trees (row_split: from kSplitTrees, and only while the pool's workers are
+// awake), the later chunks' weights added in tree order by the caller.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -32,6 +35,10 @@ using pyx::fail;
 // workers spinning (1-2 us on this VM) against half the walk (10-40 ns a tree: repeated / new rows, forests larger
 // than L2). Measured: docs/onnx-models.md (issue 17, branch tree29).
 constexpr i64 kSplitTrees = 384;
+
+// The chained one-row walk (Forest::chain_sum): kChainLanes trees walked at once, branch free; lane k walks trees
+// k, k + kChainLanes, ... (each leaf's true child is that lane's next root).
+constexpr int kChainLanes = 12;
 
 enum Mode : std::uint8_t { LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF };
 enum Aggregate { AVERAGE, SUM, MIN, MAX };
@@ -65,6 +72,13 @@ struct Forest {
   // leaves, every false child right after its parent; empty otherwise.
   std::vector<TreeNode16> packed;
   std::size_t n_reached = 0;  // nodes a root reaches: renumbered first (the rest after them, never walked)
+  // The one-row walk's copy of `packed` (chain_sum), where the forest has one target and no shared node. Every
+  // node compares a value of chain_x (below) with its threshold and takes `yes` (here: bytes from the next node) or
+  // the next node, with no other case: a node whose NaN goes `yes` reads the feature's copy with NaN as -inf; a leaf
+  // reads -inf at its tree's slot against its weight (always `yes`: its lane's next root, or the sink) and the walk
+  // stores that weight at the slot; the sink (the last node) loops on itself. Empty otherwise.
+  std::vector<TreeNode16> chain;
+  std::uint64_t chain_id = 0;  // which forest last filled this thread's chain_x (chain_sum)
 
   // The vector walk of this CPU for this forest, or nullptr.
   TreeWalkFn<T> vector_walk() const {
@@ -152,6 +166,56 @@ struct Forest {
       }
     }
     for (int k = 0; k < 4; ++k) out[k] = walk<LEQ>(i[k], xs[k]);
+  }
+
+  // One row's sum of every tree's leaf weight, in tree order (the sums of row_sum, bit for bit). Why: leaf4 / walk
+  // wait on each node's load and compare in turn, and stop together at the first lane's leaf; here kChainLanes
+  // independent chains run to their lane's last tree, a step being a load, a compare and a select with no
+  // data-dependent branch (the same speed on a repeated row as on new ones).
+  template <bool LT>
+  T chain_sum(const T* x) const {
+    const i64 n_trees = static_cast<i64>(roots.size()), F = n_features;
+    // chain_x: [0, F) the features, [F, 2F) the same with NaN as -inf, [2F, 2F + trees] -inf (leaves, sink);
+    // chain_w: the value each step stores at its node's index (a leaf's weight at its tree's slot)
+    thread_local std::vector<double> chain_x, chain_w;
+    thread_local std::uint64_t filled_by = 0;
+    const std::size_t size = static_cast<std::size_t>(2 * F + n_trees + 1);
+    if (chain_x.size() < size) {
+      chain_x.assign(size, -INFINITY);
+      chain_w.assign(size, 0.0);
+    } else if (filled_by != chain_id) {  // another forest's features may lie in this one's slots
+      std::fill(chain_x.begin() + 2 * F, chain_x.begin() + static_cast<std::ptrdiff_t>(size), -INFINITY);
+    }
+    filled_by = chain_id;
+    double* xp = chain_x.data();
+    for (i64 f = 0; f < F; ++f) {
+      const double v = static_cast<double>(x[f]);  // float: exact
+      xp[f] = v;
+      xp[F + f] = v != v ? -INFINITY : v;
+    }
+    double* lw = chain_w.data();
+    const char* P = reinterpret_cast<const char*>(chain.data());
+    const i64 step = static_cast<i64>(sizeof(TreeNode16));
+    const i64 sink = static_cast<i64>(chain.size() - 1) * step;
+    i64 o[kChainLanes];  // byte offsets of each lane's node (64-bit: addressed with no extension)
+    for (int k = 0; k < kChainLanes; ++k) o[k] = k < n_trees ? roots[static_cast<std::size_t>(k)] * step : sink;
+    for (;;) {
+      for (int rep = 0; rep < 2; ++rep)
+        for (int k = 0; k < kChainLanes; ++k) {
+          const TreeNode16& n = *reinterpret_cast<const TreeNode16*>(P + o[k]);
+          const double v = xp[n.meta];
+          lw[n.meta] = n.threshold;
+          const i64 c = static_cast<i64>(LT ? v < n.threshold : v <= n.threshold);
+          // a mask, not a select: a compiler may turn a select into a branch, which would guess the row
+          o[k] += step + (static_cast<i64>(n.yes) & -c);
+        }
+      i64 low = o[0];
+      for (int k = 1; k < kChainLanes; ++k) low = std::min(low, o[k]);
+      if (low == sink) break;
+    }
+    T s = 0;
+    for (i64 t = 0; t < n_trees; ++t) s += static_cast<T>(lw[2 * F + t]);
+    return s;
   }
 
   // One row's leaf weights of trees [t0, t1) in tree order, sink(target, weight) (single leaves: the leaf node's own).
@@ -270,7 +334,8 @@ struct Forest {
     // hit only matters to MIN / MAX and to the classifier (which asks for it)
     const bool sum_single = single && (aggregate == SUM || aggregate == AVERAGE) && !hit_out;
     const int nt = num_threads();
-    if (sum_single && nt > 1 && rows < 2 * nt && rows * n_trees >= kSplitTrees) {
+    // one row with the chain: its walk alone beats a split of the older walk (docs/onnx-models.md, branch misc30)
+    if (sum_single && nt > 1 && rows < 2 * nt && rows * n_trees >= kSplitTrees && (rows > 1 || chain.empty())) {
       row_split(x, rows, stride, out, nt);
       return;
     }
@@ -287,7 +352,9 @@ struct Forest {
         const i64 b1 = std::min(r1, b0 + kBlock);
         std::fill(out + b0 * n_targets, out + b1 * n_targets, T(0));
         std::fill(hits + b0 * n_targets, hits + b1 * n_targets, std::uint8_t(0));
-        if (sum_single && b1 - b0 == 1) {  // one row: trees side by side, added in order
+        if (sum_single && b1 - b0 == 1 && !chain.empty()) {  // one row: the chained walk
+          out[b0] = uniform == LT ? chain_sum<true>(x + b0 * stride) : chain_sum<false>(x + b0 * stride);
+        } else if (sum_single && b1 - b0 == 1) {  // one row: trees side by side, added in order
           T* s = out + b0 * n_targets;
           row_sum(x + b0 * stride, 0, n_trees, [s](std::int32_t tg, T w) { s[tg] += w; });
         } else if (sum_single && vw && vw_rows) {  // up to kTreeLanes rows through each tree as vector lanes
@@ -397,6 +464,7 @@ class PyTreeForest {
   i64 n_targets() const { return is_double_ ? d_.n_targets : f_.n_targets; }
   i64 n_features() const { return is_double_ ? d_.n_features : f_.n_features; }
   bool vector_layout() const { return is_double_ ? !d_.packed.empty() : !f_.packed.empty(); }
+  bool one_row_chain() const { return is_double_ ? !d_.chain.empty() : !f_.chain.empty(); }
   i64 n_trees() const { return static_cast<i64>(is_double_ ? d_.roots.size() : f_.roots.size()); }
 
   void run(const py::array& x, const py::array& out, const py::object& hit) const {
@@ -589,6 +657,54 @@ class PyTreeForest {
       p[i].yes = d.yes;
     }
     f.packed.swap(p);
+    chain(f);
+  }
+
+  // The chained walk's nodes (Forest::chain).
+  template <class T>
+  static void chain(Forest<T>& f) {
+    const std::size_t n_trees = f.roots.size();
+    const std::size_t F = static_cast<std::size_t>(f.n_features);
+    if (f.n_targets != 1 || n_trees < static_cast<std::size_t>(kChainLanes) ||
+        (f.packed.size() + 1) * sizeof(TreeNode16) >= (1u << 31) || 2 * F + n_trees + 1 >= (1u << 31))
+      return;
+    const bool lt = f.uniform == LT;
+    std::vector<TreeNode16> c(f.packed);
+    const std::int32_t sink = static_cast<std::int32_t>(c.size());
+    const std::int32_t at = static_cast<std::int32_t>(sizeof(TreeNode16));
+    c.push_back(TreeNode16{0.0, static_cast<std::uint32_t>(2 * F + n_trees), -at});  // `yes`: itself
+    std::vector<std::uint8_t> seen(c.size(), 0);
+    std::vector<std::int32_t> stack;
+    for (std::size_t t = 0; t < n_trees; ++t) {
+      const std::size_t later = t + static_cast<std::size_t>(kChainLanes);
+      const std::int32_t next = later < n_trees ? f.roots[later] : sink;
+      stack.assign(1, f.roots[t]);
+      while (!stack.empty()) {
+        const std::int32_t i = stack.back();
+        stack.pop_back();
+        if (seen[static_cast<std::size_t>(i)]) return;  // reached twice (a shared node): no chain
+        seen[static_cast<std::size_t>(i)] = 1;
+        TreeNode16& nd = c[static_cast<std::size_t>(i)];
+        if (nd.meta & kTreeLeaf) {
+          const double w = static_cast<double>(f.nodes[static_cast<std::size_t>(i)].threshold);
+          if (!std::isfinite(w)) return;  // -inf <(=) w must hold
+          nd = TreeNode16{w, static_cast<std::uint32_t>(2 * F + t), (next - i - 1) * at};
+          continue;
+        }
+        const bool both = nd.yes == i + 1;  // a single-leaf tree's root: both branches name the next node
+        // NaN: false as the walk's compare; -inf: the NaN copy's value, which must take `yes` under LT too
+        if (!both && (std::isnan(nd.threshold) || (lt && nd.threshold == -INFINITY))) return;
+        const bool nan_yes = (nd.meta & kTreeMissingYes) != 0;
+        const std::uint32_t feature = nd.meta & kTreeIndexMask;
+        if (!both) stack.push_back(nd.yes);
+        stack.push_back(i + 1);
+        nd.meta = feature + (nan_yes ? static_cast<std::uint32_t>(F) : 0u);
+        nd.yes = (nd.yes - i - 1) * at;
+      }
+    }
+    static std::atomic<std::uint64_t> forests{0};
+    f.chain_id = ++forests;
+    f.chain.swap(c);
   }
 
   bool is_double_ = false;
@@ -618,6 +734,8 @@ void bind_trees(py::module_& m) {
       .def_property_readonly("n_trees", &PyTreeForest::n_trees)
       .def_property_readonly("vector_layout", &PyTreeForest::vector_layout,
                              "Whether the forest has the 16-byte nodes of the vector walk (trees.hpp).")
+      .def_property_readonly("one_row_chain", &PyTreeForest::one_row_chain,
+                             "Whether one-row calls take the chained walk (Forest::chain_sum).")
       .def("run", &PyTreeForest::run, py::arg("x"), py::arg("out"), py::arg("hit") = py::none(),
            "out[rows, n_targets] = the aggregated leaf weights (+ base) of contiguous x[rows, >= n_features] "
            "(float32 or float64, the thresholds' type); hit (uint8, same shape, optional): whether a leaf fed "

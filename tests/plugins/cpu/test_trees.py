@@ -193,19 +193,20 @@ def test_one_row_split_with_an_awake_worker(n_targets: int) -> None:
     node = hetero.load(v5_model(trees, n_targets, np.float64)).nodes[0]
     f = native_forest(ml.forest_for(node, np.dtype(np.float64)), with_base=True)
     assert f.n_trees > 384
-    xs = [rows(np.random.default_rng(n), 1, np.float64) for n in range(16)]
+    # one target: two rows, since one row takes the chained walk (not split) there
+    xs = [rows(np.random.default_rng(n), 1 if n_targets > 1 else 2, np.float64) for n in range(16)]
     threads, spin = native.num_threads(), native.pool_spin_us()
     try:
         native.set_num_threads(1)
         want = []
         for x in xs:
-            want.append(np.empty((1, n_targets)))
+            want.append(np.empty((len(x), n_targets)))
             f.run(x, want[-1])
         native.set_pool_spin_us(1_000_000)  # the new pool's worker spins instead of sleeping between calls
         native.set_num_threads(2)
         native.pool_stats_enable(True)
         native.pool_stats(True)
-        out = np.empty((1, n_targets))
+        out = np.empty((len(xs[0]), n_targets))
         for i in range(4000):
             f.run(xs[i % 16], out)
             np.testing.assert_array_equal(out, want[i % 16], err_msg=f"call {i}")
@@ -216,3 +217,94 @@ def test_one_row_split_with_an_awake_worker(n_targets: int) -> None:
         native.set_num_threads(threads)
     if joins == 0:
         pytest.skip("the pool's worker never joined a call")
+
+
+def _with_infinite_thresholds(trees: list, seed: int) -> list:
+    """LightGBM writes +-inf thresholds (a split that only routes NaN): every sixth interior node gets one."""
+    rng = np.random.default_rng(seed)
+    for tree in trees:
+        for i, (m, f, _, mt, tc, fc) in enumerate(tree.nodes):
+            if rng.random() < 1 / 6:
+                tree.nodes[i] = (m, f, float(rng.choice([np.inf, -np.inf])), mt, tc, fc)
+    return trees
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("modes", [[0], [1]])
+@pytest.mark.parametrize("n_trees", [7, 11, 12, 13, 40, 301])
+def test_one_row_chained_walk(n_trees: int, modes: list[int], dtype: type) -> None:
+    """One row through a one-target, one-mode forest: the chained walk (src/trees.cpp, Forest::chain_sum: 12 trees
+    at once, a leaf linking to its lane's next root; NaN routed by a copy of the features with NaN as -inf; leaves
+    always true against -inf) bit for bit against the reference, at 1 and 2 threads. Tree counts around the 12
+    lanes (fewer: the chain is not built), single-leaf trees, +-inf thresholds (a -inf one under BRANCH_LT: not
+    built, since -inf < -inf would send NaN the wrong way), NaN features both ways, rows of NaN / +-inf only, SUM
+    and AVERAGE."""
+    from hetero.contract import trees as ml
+    from hetero_cpu.kernels.trees import native_forest
+
+    trees = forest(50 + n_trees + modes[0], n_trees - 1, modes, n_targets=1, depth=7)  # + one single-leaf tree
+    infinite = n_trees in (13, 301)
+    if infinite:
+        trees = _with_infinite_thresholds(trees, n_trees)
+    xs = [rows(np.random.default_rng(60 + n), 1, dtype) for n in range(12)]
+    xs += [np.full((1, 6), v, dtype) for v in (np.nan, np.inf, -np.inf)]
+    for aggregate in (0, 1):  # AVERAGE, SUM
+        model = v5_model(trees, 1, dtype, aggregate)
+        node = hetero.load(model).nodes[0]
+        f = native_forest(ml.forest_for(node, np.dtype(dtype)), with_base=True)
+        assert f.n_trees == n_trees
+        assert f.one_row_chain == (n_trees >= 12 and not (infinite and modes == [1])), f.one_row_chain
+        _same(model, xs)
+
+
+def test_one_row_chained_walk_declines() -> None:
+    """Forests the chain does not take walk as before: several targets, BRANCH_GTE, a NaN threshold."""
+    from hetero.contract import trees as ml
+    from hetero_cpu.kernels.trees import native_forest
+
+    def chain(trees: list, n_targets: int = 1) -> bool:
+        node = hetero.load(v5_model(trees, n_targets, np.float64)).nodes[0]
+        return bool(native_forest(ml.forest_for(node, np.dtype(np.float64)), with_base=True).one_row_chain)
+
+    assert chain(forest(3, 30, [0]))
+    assert not chain(forest(3, 30, [0], n_targets=2), 2)
+    assert not chain(forest(3, 30, [2]))
+    trees = forest(3, 30, [0], depth=3)
+    m, f, _, mt, tc, fc = trees[0].nodes[0]
+    trees[0].nodes[0] = (m, f, float("nan"), mt, tc, fc)
+    assert not chain(trees)
+    _same(v5_model(trees, 1, np.float64), [rows(np.random.default_rng(n), 1, np.float64) for n in range(6)])
+
+
+def test_one_row_chained_walk_two_forests_in_turn() -> None:
+    """Two chained forests called in turn on one thread: the second (two features) finds the first's feature values
+    (six features) in its leaves' -inf slots of the shared buffer unless it refills them."""
+    from hetero.contract import trees as ml
+    from hetero_cpu.kernels.trees import native_forest
+
+    wide = forest(70, 40, [0], depth=6)
+    narrow = forest(71, 40, [0], depth=6)
+    for tree in narrow:
+        tree.nodes = [(m, f % 2, t, mt, tc, fc) for m, f, t, mt, tc, fc in tree.nodes]
+    fs = []
+    for trees in (wide, narrow):
+        node = hetero.load(v5_model(trees, 1, np.float64)).nodes[0]
+        fs.append(native_forest(ml.forest_for(node, np.dtype(np.float64)), with_base=True))
+        assert fs[-1].one_row_chain
+    assert fs[1].n_features == 2
+    xs = [np.full((1, 6), 1e300)] + [rows(np.random.default_rng(n), 1, np.float64) for n in range(8)]
+    threads = native.num_threads()
+    try:
+        native.set_num_threads(1)
+        want = []
+        for f in fs:
+            block = np.empty((len(xs), 1))
+            f.run(np.concatenate(xs), block)  # many rows: not the chained walk
+            want.append(block)
+        for i, x in enumerate(xs):
+            for k, f in enumerate(fs):
+                out = np.empty((1, 1))
+                f.run(x, out)
+                np.testing.assert_array_equal(out[0], want[k][i], err_msg=f"row {i}, forest {k}")
+    finally:
+        native.set_num_threads(threads)
