@@ -86,3 +86,29 @@ def test_fused_matmul_binds_with_a_strided_weight_view():
     # a strided input row cannot be bound (a bound call must see the buffer's new contents)
     wide = Tensor.from_numpy(np.zeros((1, 12), np.float32)[:, ::2])
     assert kernel.bind([wide, *ins[1:]], [out]) is None
+
+
+@pytest.mark.parametrize("elem", [TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT])
+@pytest.mark.parametrize("delta", [1, 3, -2])
+def test_range_of_fed_bounds_replays_and_leaves_on_another_length(elem, delta):
+    # Range(s, s + span, delta) with s fed: the bounds follow the data (a guarded step: read at each replayed run);
+    # a span that changes the length ends the replay (then interpreted: right results all the same)
+    np_type = {TensorProto.INT64: np.int64, TensorProto.INT32: np.int32, TensorProto.FLOAT: np.float32}[elem]
+    nodes = [helper.make_node("Add", ["s", "span"], ["limit"]),
+             helper.make_node("Range", ["s", "limit", "delta"], ["r"]),
+             helper.make_node("Mul", ["r", "two"], ["y"])]
+    model = make_model(nodes, [("s", elem, []), ("span", elem, [])], [("y", elem, None)],
+                       [("delta", np.array(delta, np_type)), ("two", np.array(2, np_type))])
+    session = hetero.Session(model, backends=["cpu"], on_fallback="error")
+    program = session.programs[0]
+    assert program.replayable and [s.node.op_type for s in program.steps if s.guarded] == ["Range"]
+    rng = np.random.default_rng(5)
+    for run in range(9):
+        start = np.array(rng.integers(-20, 20), np_type) + (np_type(0.5) if elem == TensorProto.FLOAT else 0)
+        # longer at runs 6 and 7, then one element (which a missing length check would broadcast into all of them)
+        span = np.array((7 if run < 6 else 5 + run if run < 8 else 1) * np.sign(delta), np_type)
+        got = session.run({"s": start, "span": span})["y"]
+        want = (start + np.arange(len(np.arange(start, start + span, delta))).astype(np_type) * np_type(delta)) * 2
+        np.testing.assert_array_equal(got, want.astype(np_type))
+        if 2 <= run < 6:
+            assert program.replay is not None

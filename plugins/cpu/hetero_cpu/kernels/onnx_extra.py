@@ -10,6 +10,7 @@ no node leaves the backend because of this split.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -421,6 +422,33 @@ class CpuTile(_NativeOrNumpy):
         inter = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
         view = np.broadcast_to(x.reshape([v for d in x.shape for v in (1, d)]), inter)
         return functools.partial(_native.copy, view, out.reshape(inter))
+
+
+def _range_into(start: np.ndarray, limit: np.ndarray, delta: np.ndarray, out: np.ndarray) -> None:
+    """Range into ``out`` with the bounds read from their buffers now; raises where they give another length than
+    ``out``'s (the replay then interprets: ``values_at_run``)."""
+    first, step = start.reshape(()), delta.reshape(())
+    # the reference's length (hetero.ops.creation): in float64, as the spec's ceil((limit - start) / delta)
+    n = max(math.ceil((float(limit.reshape(-1)[0]) - float(first)) / float(step)), 0)
+    if n != out.shape[0]:
+        raise ValueError(f"Range of {n} elements for an output of {out.shape[0]}")
+    if n:  # the reference's formula: start + i * delta in the input type
+        out[...] = first + np.arange(n).astype(out.dtype) * step
+
+
+class CpuRange(_NativeOrNumpy):
+    """Range as a call that reads its bounds at each run (a Loop body's one-element ``Range(i, min(i + 1, n))`` at
+    every step, replayed: ``values_at_run``); the reference's OpContext costs ~4x more per call."""
+
+    values_at_run = True
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, _NUMERIC)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        start, limit, delta = (inputs[i].numpy() for i in range(3))
+        return functools.partial(_range_into, start, limit, delta, outputs[0].buffer)
 
 
 def _one_hot(indices: np.ndarray, values: np.ndarray, out: np.ndarray, depth: int) -> None:
@@ -864,6 +892,7 @@ KERNELS = {
     ("", "Pad"): CpuPad,
     ("", "Tile"): CpuTile,
     ("", "OneHot"): CpuOneHot,
+    ("", "Range"): CpuRange,
     ("", "Split"): CpuSplit,
     ("", "DepthToSpace"): CpuDepthToSpace,
     ("", "SpaceToDepth"): CpuDepthToSpace,
