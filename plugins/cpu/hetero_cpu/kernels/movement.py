@@ -95,7 +95,7 @@ class CpuSlice(CallKernel):
 
 
 def _ints(inputs: Sequence[Tensor | None], index: int) -> list[int]:
-    return [int(v) for v in inputs[index].numpy().reshape(-1)]
+    return [int(v) for v in inputs[index].numpy().reshape(-1).tolist()]  # Python numbers: faster than numpy's
 
 
 def _clamped_slice(start: int, end: int, step: int, size: int) -> slice:

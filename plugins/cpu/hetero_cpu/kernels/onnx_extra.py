@@ -456,6 +456,12 @@ def _one_hot(indices: np.ndarray, values: np.ndarray, out: np.ndarray, depth: in
     ones counting from depth, those out of range matching nothing), read from the buffers at each call."""
     off_on = values.reshape(-1)
     out.fill(off_on[0])
+    if indices.size == 1:  # a decoder's last class: one index, without the array work below
+        k = int(indices.reshape(-1)[0])
+        k = k + depth if k < 0 else k
+        if 0 <= k < depth:
+            out[0, k, 0] = off_on[1]
+        return
     idx = indices.astype(np.int64).reshape(out.shape[0], out.shape[2])
     idx[idx < 0] += depth
     rows, cols = np.nonzero((idx >= 0) & (idx < depth))
