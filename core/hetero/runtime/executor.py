@@ -181,7 +181,7 @@ class KernelProgram:
             step.guarded = False
             for i in schema.value_inputs:
                 if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
-                    if not self._guardable(step):
+                    if stateful or not self._guardable(step):  # a replay ended midway re-runs the kernels
                         return False
                     step.guarded = True
         return True
