@@ -11,6 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hetero
 from conftest import backend_ok, make_model
+from hetero.ops import OpSchema, register
+from hetero.ops.shapes import same_as_input
 
 BACKENDS = ["reference"] + (["cpu"] if backend_ok("cpu")[0] else [])
 ROWS = 9
@@ -168,3 +170,38 @@ def test_loop_body_whose_slice_grows_never_replays_stale_shapes(backend, step_co
         # one signature (the body's inputs keep their shapes), other shapes at each step: every replay recorded is
         # dropped at its first use, and after MAX_STALE of them the program stops recording
         assert program.replay is None or step_count < 6
+
+
+COUNTER_DOMAIN = "test.loop_replay"
+
+
+def _count_calls(ctx) -> list[np.ndarray]:
+    state = ctx.state if ctx.state is not None else {}
+    state["calls"] = state.get("calls", 0) + 1
+    return [ctx.values[0] + np.float32(state["calls"])]
+
+
+register(OpSchema("CountCalls", same_as_input(0), _count_calls, domain=COUNTER_DOMAIN, stateful=True), replace=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_guarded_steps_beside_a_stateful_kernel(backend):
+    # a replay that a guarded step ends midway runs every kernel again, interpreted: a stateful one would count twice
+    f32 = np.float32
+    nodes = [helper.make_node("CountCalls", ["x"], ["c"], domain=COUNTER_DOMAIN),
+             helper.make_node("Add", ["s", "span"], ["limit"]),
+             helper.make_node("Range", ["s", "limit", "one"], ["r"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2]), ("s", TensorProto.FLOAT, []),
+                               ("span", TensorProto.FLOAT, [])],
+                       [("c", TensorProto.FLOAT, None), ("r", TensorProto.FLOAT, None)], [("one", np.array(1, f32))])
+    model.opset_import.append(helper.make_opsetid(COUNTER_DOMAIN, 1))
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    for program in session.programs:  # on cpu the counter falls back: a program of its own (the Range may replay)
+        ops = {s.node.op_type for s in getattr(program, "steps", [])}
+        assert not ({"CountCalls", "Range"} <= ops and program.replayable)
+    x = np.zeros(2, f32)
+    for call in range(1, 7):
+        span = np.array(3.0 if call < 5 else 5.0, f32)  # another length at the 5th call
+        got = session.run({"x": x, "s": np.array(call, f32), "span": span})
+        np.testing.assert_array_equal(got["c"], np.full(2, call, f32))
+        np.testing.assert_array_equal(got["r"], np.arange(call, call + span, dtype=f32))
