@@ -230,3 +230,28 @@ def test_a_backend_with_queued_work_or_its_own_buffers_keeps_the_checked_path():
     device = Device("numpy", kind="cpu")
     assert _numpy_buffers(ReferenceBackend(device, {}))
     assert not _numpy_buffers(Queued(device, {})) and not _numpy_buffers(OwnBuffers(device, {}))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_passed_through_take_the_fast_path(backend, monkeypatch):
+    # a Loop body's shape: outputs that are a feed (x) and a weight (w) unchanged, besides a computed one (y)
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(6, 5)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", TensorProto.FLOAT, [2, 6])],
+                       [("y", TensorProto.FLOAT, [2, 5]), ("x", TensorProto.FLOAT, [2, 6]),
+                        ("w", TensorProto.FLOAT, [6, 5])], [("w", w)])
+    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    checked = _count_checked_runs(monkeypatch, session)
+    for i in range(5):
+        x = rng.normal(size=(2, 6)).astype(np.float32)
+        out = session.run({"x": x})
+        assert list(out) == ["y", "x", "w"]
+        np.testing.assert_allclose(out["y"], x @ w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(out["x"], x)
+        np.testing.assert_array_equal(out["w"], w)
+        y, w_out = session.run(["y", "w"], {"x": x})
+        np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(w_out, w)
+        if i == 0:
+            assert session._fast is not None and set(session._fast.passed) == {"x", "w"}
+    assert checked[0] <= 3  # plan, record; then the fast path answers every call

@@ -28,6 +28,9 @@ class ReferenceKernel:
     """The op's numpy reference on host tensors. A ``KernelFactory``: ``ReferenceKernel(node, backend)``."""
 
     implementation = "numpy"  # reported in session.explain() and `hetero ops` (other backends reuse this kernel)
+    # computes from its inputs' values at each run (prepare keeps nothing) and raises on results of other shapes
+    # than its outputs': a replay may feed it values that change from run to run (KernelProgram._guardable)
+    values_at_run = True
 
     def __init__(self, node: NodeInfo, backend: Backend) -> None:
         self.node = node.node

@@ -57,6 +57,9 @@ WeightCache = Callable[[str, Backend], Tensor]
 # decode signature per batch size. Past that, a plan without a replay (a signature run once: the last chunk of a
 # prompt, a batched step carrying one) goes first, then the least recently run.
 MAX_PLANS = 16
+# Replays of one signature dropped as stale (StaleReplay: a guarded step's shapes or an If's results changed) after
+# which the program stops recording it: a Loop body whose Slice grows every step would otherwise record each run.
+MAX_STALE = 3
 # Elements of an input that an If condition reads, at most, for its values to join the signature (_value_keyed_inputs).
 MAX_KEYED_VALUES = 16
 
@@ -69,6 +72,7 @@ class _Plan:
     arena: Any = None
     replay: Replay | None = None
     in_place: frozenset[int] = frozenset()  # Concat / Split steps the plan makes no-ops (KernelProgram._slices)
+    stale: int = 0  # replays dropped as stale (MAX_STALE)
 
 
 @dataclass
@@ -92,6 +96,7 @@ class _Step:
     in_place: bool = False  # a Concat / Split whose outputs the plan puts where its inputs are: not run (_slices)
     fixed_cond: bool = False  # an If whose condition follows from the signature: the replay may inline its branch
     viewed: bool = False  # whether the last run made the output a view of the input (alias or may_view)
+    guarded: bool = False  # value inputs that follow the data: its kernel reads them at each replayed run
 
 
 def overrides(backend: Backend, method: str) -> bool:
@@ -173,10 +178,25 @@ class KernelProgram:
             if (step.has_subgraph or schema.data_dependent) and (
                     stateful or not (step.fixed_cond or self._same_shape_branches(step))):
                 return False
+            step.guarded = False
             for i in schema.value_inputs:
                 if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
-                    return False
+                    if stateful or not self._guardable(step):  # a replay ended midway re-runs the kernels
+                        return False
+                    step.guarded = True
         return True
+
+    def _guardable(self, step: _Step) -> bool:
+        """Whether a step whose value inputs follow the data (a Loop body's Slice at the step counter, a Range from
+        it) may still be replayed: its kernel reads those values at each run and raises where they give other output
+        shapes than the ones it is handed (``values_at_run``: the numpy reference kernels, the cpu Slice), which
+        ends the replay (``StaleReplay``): the rest of the recording depends on those shapes (``Shape`` of its
+        output is a constant there). Host memory only; no reshapes (a view elsewhere, and a fed target shape changes
+        with each call), no Concat / Split the plan may make no-ops."""
+        return (self.backend.memory_domain == "host" and bool(getattr(step.kernel, "values_at_run", False))
+                and not (step.has_subgraph or step.schema.data_dependent or step.schema.stateful
+                         or step.schema.nondeterministic or step.alias or step.may_view)
+                and step.node.op_key not in VIEW_OPS and step.node.op_key not in (("", "Concat"), ("", "Split")))
 
     def _mark_per_signature(self) -> None:
         """Steps whose outputs follow from the signature alone (input shapes, value-keyed inputs, initializers), none
@@ -288,13 +308,15 @@ class KernelProgram:
                     return plan.replay.run(inputs, self._outputs)
                 except StaleReplay:  # a branch's results changed shape: interpret (and record again)
                     plan.replay = None
+                    plan.stale += 1
                 except KERNEL_FAILURES:  # a replayed call names no node: run interpreted, which names it (or works)
                     plan.replay = None
         env = dict(inputs)
         planned = plan is not None
         lifetimes: list[Lifetime] | None = None if planned or not self._has_arena else []
         shapes: dict[str, tuple[int, ...]] = {}
-        recorder = Recorder(env, self.backend) if planned and self.replayable else None
+        recorder = Recorder(env, self.backend) if planned and self.replayable and plan is not None \
+            and plan.stale < MAX_STALE else None
         for index, step in enumerate(self.steps):
             ins = [self._value(env, name) if name else None for name in step.node.inputs]
             try:
@@ -335,7 +357,10 @@ class KernelProgram:
             return None
         try:
             return replay.run_arrays(feeds, wanted)
-        except (StaleReplay, *KERNEL_FAILURES):  # as in run(): dropped, and the caller's checked run interprets
+        except StaleReplay:  # as in run(): dropped, and the caller's checked run interprets
+            plan.replay = None
+            plan.stale += 1
+        except KERNEL_FAILURES:
             plan.replay = None
         return None
 
@@ -590,7 +615,7 @@ class KernelProgram:
         elif recorder is not None:
             fresh = [t is None for t in (slots if planned else [None] * len(outs))]
             value_inputs = [i for i in schema.value_inputs if i not in step.const_values]
-            recorder.call(step.kernel, ins, outs, fresh, step.out_infos, backend, value_inputs)
+            recorder.call(step.kernel, ins, outs, fresh, step.out_infos, backend, value_inputs, step.guarded)
         for name, out in zip(outputs, outs, strict=False):
             if name:
                 env[name] = out

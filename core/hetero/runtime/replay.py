@@ -64,6 +64,9 @@ class _Call:
     fresh_outs: list[tuple[int, Key, Backend, TensorInfo]] = field(default_factory=list)
     # the shapes the kernel was prepared for when recorded (an unbound call needs them again: prepare_kernels)
     prepared: tuple[list[TensorInfo | None], list[TensorInfo]] | None = None
+    # value inputs that follow the data (a Slice at a Loop body's step counter): the kernel reads them at each run
+    # and raises when they give other output shapes than recorded (``values_at_run``), which ends the replay
+    guarded: bool = False
 
 
 @dataclass
@@ -129,17 +132,19 @@ class Recorder:
         return None if tensor is None else self.keys.get(id(tensor))
 
     def call(self, kernel: Kernel, ins: list[Tensor | None], outs: list[Tensor], fresh: list[bool],
-             infos: list[TensorInfo], backend: Backend, value_inputs: Sequence[int] = ()) -> None:
+             infos: list[TensorInfo], backend: Backend, value_inputs: Sequence[int] = (),
+             guarded: bool = False) -> None:
         """``value_inputs``: positions whose values the kernel reads when it binds (Slice's ends, Reshape's shape).
         They follow from the input shapes (the executor checks), but an arena slot holding one may be reused by a
-        later node before the replay binds: such an input is bound to a copy taken now."""
+        later node before the replay binds: such an input is bound to a copy taken now. A ``guarded`` call reads its
+        value inputs at each run instead (its producers write them earlier in the same run)."""
         prepared = ([None if t is None else t.info for t in ins], list(infos))
-        entry = _Call(kernel, list(ins), list(outs), prepared=prepared)
+        entry = _Call(kernel, list(ins), list(outs), prepared=prepared, guarded=guarded)
         for pos, tensor in enumerate(ins):
             key = self._key(tensor)
             if key is not None:
                 entry.var_ins.append((pos, key))
-            elif tensor is not None and pos in value_inputs:
+            elif tensor is not None and pos in value_inputs and not guarded:
                 entry.ins[pos] = own_copy(backend, tensor)
         for pos, (tensor, is_fresh) in enumerate(zip(outs, fresh, strict=True)):
             if is_fresh:
@@ -250,6 +255,13 @@ class Replay:
         ins = list(entry.ins)
         var_ins = _take_fixed(entry.var_ins, fixed, ins)
         kernel = entry.kernel
+        if entry.guarded:  # never bound: its kernel reads this run's values
+            guarded = _Call(kernel, ins, list(entry.outs), var_ins, entry.fresh_outs, guarded=True)
+            self.program.append(functools.partial(_run_guarded, self._values, guarded))
+            self._unbound.append(entry)
+            if var_ins or entry.fresh_outs:
+                self._dynamic += 1
+            return
         if not var_ins and entry.fresh_outs and all(_ownable(b, info) for _, _, b, info in entry.fresh_outs):
             outs = list(entry.outs)
             for pos, key, backend, info in entry.fresh_outs:
@@ -438,6 +450,20 @@ def _run_dynamic(values: dict[Key, Tensor], entry: _Call) -> None:
     for pos, key, backend, info in entry.fresh_outs:
         values[key] = entry.outs[pos] = backend.empty(info)
     entry.kernel.run(entry.ins, entry.outs)
+
+
+def _run_guarded(values: dict[Key, Tensor], entry: _Call) -> None:
+    """A call whose kernel reads its value inputs now (``values_at_run``); its failure (values giving other output
+    shapes than recorded, on which the rest of the replay depends) ends the replay: the program interprets."""
+    ins = entry.ins
+    for pos, key in entry.var_ins:
+        ins[pos] = values[key]
+    for pos, key, backend, info in entry.fresh_outs:
+        values[key] = entry.outs[pos] = backend.empty(info)
+    try:
+        entry.kernel.run(ins, entry.outs)
+    except (HeteroError, ValueError, IndexError, RuntimeError) as exc:
+        raise StaleReplay(f"a guarded call of {type(entry.kernel).__name__}: {exc}") from exc
 
 
 def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:

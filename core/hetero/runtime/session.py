@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -178,6 +178,18 @@ class Session:
         for name, value in fast.keyed:
             if feeds[name].tobytes() != value:
                 return None
+        if fast.passed:  # outputs the program does not compute: constants, feeds passed through (a Loop body's)
+            inner = [name for name in wanted if name not in fast.passed]
+            with self._lock:
+                arrays = fast.program.run_arrays(fast.replay, feeds, inner)
+            if arrays is None:
+                return None
+            found = dict(zip(inner, arrays, strict=True))
+            for name in wanted:
+                if name not in found:
+                    constant = fast.passed[name]
+                    found[name] = feeds[name] if constant is None else constant
+            return [found[name] for name in wanted]
         with self._lock:
             return fast.program.run_arrays(fast.replay, feeds, wanted)
 
@@ -189,8 +201,20 @@ class Session:
             return None
         program = self.programs[0]
         replay = program.fast_replay()
-        if replay is None or any(name not in replay.outputs for name in self.graph.outputs):
+        if replay is None:
             return None
+        # outputs not computed by the program, answered as the checked path does (_output): a constant's array, the
+        # caller's own feed (a Loop body's carried weights, written back unchanged)
+        passed: dict[str, np.ndarray | None] = {}
+        for name in self.graph.outputs:
+            if name in replay.outputs:
+                continue
+            if name in self.graph.initializers:
+                passed[name] = np.asarray(self.graph.initializers[name])
+            elif name in env and name in self.graph.inputs and type(env[name].buffer) is np.ndarray:
+                passed[name] = None  # the feed itself
+            else:
+                return None
         kept = self._fast
         if kept is not None and kept.replay is replay and all(
                 env[name].shape == shape for name, shape, _ in kept.feeds):
@@ -202,7 +226,8 @@ class Session:
                 return None
             feeds.append((name, tensor.shape, tensor.dtype.np_dtype))
         keyed = tuple((name, env[name].host_values().tobytes()) for name in program.keyed_inputs)
-        return _FastRun(program, replay, tuple(feeds), keyed, frozenset(self.graph.outputs), list(self.graph.outputs))
+        return _FastRun(program, replay, tuple(feeds), keyed, frozenset(self.graph.outputs), list(self.graph.outputs),
+                        passed)
 
     def run_tensors(self, feeds: dict[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Tensor]:
         """Like ``run`` but leaves outputs where they were computed (device tensors stay on their device)."""
@@ -303,6 +328,8 @@ class _FastRun:
     keyed: tuple[tuple[str, bytes], ...]  # (input name, its values' bytes) of the program's value-keyed inputs
     outputs: frozenset[str]  # the model's outputs: a call may ask for any of them, in any order
     names: list[str]  # every output, the graph's order: what run(feeds) answers
+    # outputs the replay does not compute: name -> a constant's array, or None for a feed passed through
+    passed: dict[str, np.ndarray | None] = field(default_factory=dict)
 
 
 def _move(tensor: Tensor, backend: Backend) -> Tensor:

@@ -19,6 +19,7 @@ from .common import (
     Call,
     CallKernel,
     Calls,
+    bindable,
     float32_only,
     fused_activation,
     fused_activation_known,
@@ -145,7 +146,11 @@ class CpuFusedMatMul(CpuMatMul):
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
         if self.bias is None and len(inputs) > 2 and inputs[2] is not None and inputs[2].numpy().dtype != np.float32:
             return None  # a converted bias would be this run's copy
-        return CallKernel.bind(self, inputs, outputs)
+        # the weight input is never read (the packed copy is): a view of it (a transposed constant) may be strided
+        bias = inputs[2] if self.bias is None and len(inputs) > 2 else None
+        if not bindable(*(t.buffer for t in (inputs[0], bias, outputs[0]) if t is not None)):
+            return None
+        return self.calls(inputs, outputs)
 
 
 class CpuMatMulGelu(CpuFusedMatMul):

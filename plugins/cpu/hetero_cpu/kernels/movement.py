@@ -71,6 +71,9 @@ class CpuSlice(CallKernel):
     """Slice with starts/ends/axes/steps from inputs (opset >= 10) or attributes (opset < 10)."""
 
     accepts = staticmethod(_plain_dtypes)
+    # run() reads starts / ends each time and raises on a slice of another shape than the output: a replay may
+    # feed it starts that change from run to run (KernelProgram._guardable)
+    values_at_run = True
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         x = inputs[0].numpy()
@@ -85,11 +88,14 @@ class CpuSlice(CallKernel):
         index = [slice(None)] * x.ndim
         for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
             index[axis] = _clamped_slice(start, end, step, x.shape[axis])
-        return _copy(x[tuple(index)], outputs[0].buffer)
+        part, out = x[tuple(index)], outputs[0].buffer
+        if part.shape != out.shape:
+            raise ValueError(f"a slice of shape {list(part.shape)} for an output of shape {list(out.shape)}")
+        return _copy(part, out)
 
 
 def _ints(inputs: Sequence[Tensor | None], index: int) -> list[int]:
-    return [int(v) for v in inputs[index].numpy().reshape(-1)]
+    return [int(v) for v in inputs[index].numpy().reshape(-1).tolist()]  # Python numbers: faster than numpy's
 
 
 def _clamped_slice(start: int, end: int, step: int, size: int) -> slice:

@@ -10,6 +10,7 @@ no node leaves the backend because of this split.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -186,16 +187,16 @@ class CpuArgReduce(_NativeOrNumpy):
     def native_ok(cls, node: NodeInfo) -> Support:
         return _dtypes_in(node, (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64), outputs=False)
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         x = inputs[0].numpy()
         out = outputs[0].buffer
         axis = int(self.attr("axis", 0))
         axis = axis + x.ndim if axis < 0 else axis
         if x.ndim == 0 or x.shape[axis] == 0 or out.size == 0:
-            self.run_numpy(inputs, outputs)
-            return
-        _native.argreduce(np.ascontiguousarray(x), axis, out, self.node.op_type == "ArgMax",
-                          bool(self.attr("select_last_index", 0)))
+            return functools.partial(self.run_numpy, inputs, outputs)
+        # a call the replay binds (a decoder's argmax of one row, every step of a Loop body)
+        return functools.partial(_native.argreduce, np.ascontiguousarray(x), axis, out,
+                                 self.node.op_type == "ArgMax", bool(self.attr("select_last_index", 0)))
 
 
 class CpuTopK(_NativeOrNumpy):
@@ -410,16 +411,81 @@ class CpuTile(_NativeOrNumpy):
     def native_ok(cls, node: NodeInfo) -> Support:
         return _dtypes_in(node, _PLAIN, indices=[0])
 
-    def run_native(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         x = inputs[0].numpy()
         out = outputs[0].buffer
         if out.size == 0:
-            return
+            return noop
         reps = _ints(inputs[1])
         # out viewed as (r0, d0, r1, d1, ...): x broadcast along every r axis (a stride-0 view, copied natively).
+        # Views of both buffers: the replay binds the copy (a Loop body's Tile of its step's indices).
         inter = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
         view = np.broadcast_to(x.reshape([v for d in x.shape for v in (1, d)]), inter)
-        _native.copy(view, out.reshape(inter))
+        return functools.partial(_native.copy, view, out.reshape(inter))
+
+
+def _range_into(start: np.ndarray, limit: np.ndarray, delta: np.ndarray, out: np.ndarray) -> None:
+    """Range into ``out`` with the bounds read from their buffers now; raises where they give another length than
+    ``out``'s (the replay then interprets: ``values_at_run``)."""
+    first, step = start.reshape(()), delta.reshape(())
+    # the reference's length (hetero.ops.creation): in float64, as the spec's ceil((limit - start) / delta)
+    n = max(math.ceil((float(limit.reshape(-1)[0]) - float(first)) / float(step)), 0)
+    if n != out.shape[0]:
+        raise ValueError(f"Range of {n} elements for an output of {out.shape[0]}")
+    if n:  # the reference's formula: start + i * delta in the input type
+        out[...] = first + np.arange(n).astype(out.dtype) * step
+
+
+class CpuRange(_NativeOrNumpy):
+    """Range as a call that reads its bounds at each run (a Loop body's one-element ``Range(i, min(i + 1, n))`` at
+    every step, replayed: ``values_at_run``); the reference's OpContext costs ~4x more per call."""
+
+    values_at_run = True
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, _NUMERIC)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        start, limit, delta = (inputs[i].numpy() for i in range(3))
+        return functools.partial(_range_into, start, limit, delta, outputs[0].buffer)
+
+
+def _one_hot(indices: np.ndarray, values: np.ndarray, out: np.ndarray, depth: int) -> None:
+    """OneHot into ``out`` viewed as (before, depth, after): values[0] everywhere, values[1] at each index (negative
+    ones counting from depth, those out of range matching nothing), read from the buffers at each call."""
+    off_on = values.reshape(-1)
+    out.fill(off_on[0])
+    if indices.size == 1:  # a decoder's last class: one index, without the array work below
+        k = int(indices.reshape(-1)[0])
+        k = k + depth if k < 0 else k
+        if 0 <= k < depth:
+            out[0, k, 0] = off_on[1]
+        return
+    idx = indices.astype(np.int64).reshape(out.shape[0], out.shape[2])
+    idx[idx < 0] += depth
+    rows, cols = np.nonzero((idx >= 0) & (idx < depth))
+    out[rows, idx[rows, cols], cols] = off_on[1]
+
+
+class CpuOneHot(_NativeOrNumpy):
+    """OneHot of integer indices as a few numpy calls the replay binds (SLANet's decoder feeds its last step's class
+    back as a OneHot of one index, at each of 501 steps); the reference's broadcast compare costs ~4x more."""
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        verdict = _dtypes_in(node, (dtypes.int32, dtypes.int64), indices=[0], outputs=False)
+        return _dtypes_in(node, _PLAIN, indices=[2]) if verdict else verdict
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        indices, values, out = inputs[0].numpy(), inputs[2].numpy(), outputs[0].buffer
+        if out.size == 0:
+            return noop
+        depth = int(np.asarray(inputs[1].numpy()).reshape(-1)[0])  # fixed by the output's shape
+        axis = int(self.attr("axis", -1))
+        axis = axis + out.ndim if axis < 0 else axis
+        before = int(np.prod(out.shape[:axis], dtype=np.int64))
+        return functools.partial(_one_hot, indices, values, out.reshape(before, depth, -1), depth)
 
 
 class CpuSplit(_NativeOrNumpy):
@@ -831,6 +897,8 @@ KERNELS = {
     ("hetero", "GroupNorm"): CpuFusedGroupNorm,
     ("", "Pad"): CpuPad,
     ("", "Tile"): CpuTile,
+    ("", "OneHot"): CpuOneHot,
+    ("", "Range"): CpuRange,
     ("", "Split"): CpuSplit,
     ("", "DepthToSpace"): CpuDepthToSpace,
     ("", "SpaceToDepth"): CpuDepthToSpace,
