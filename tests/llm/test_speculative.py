@@ -980,3 +980,64 @@ def test_a_sampled_draft_whose_q_is_not_one_hot_is_verified_not_shadowed():
         llm.reset()
         llm.generate(PROMPT, 40, spec=spec, **settings)
         assert bool(spec.policy.shadows) == shadowed and (llm.stats.verify_steps > 0) != shadowed
+
+
+def test_draft_vocabulary_by_token_counts(tmp_path, monkeypatch):
+    """rank=freq / rank=PATH (FR-Spec): the draft vocabulary keeps the most frequent ids (ties: the lower id) and the
+    added tokens, ascending; the draft model's token is the argmax over exactly those columns; the corpus counts
+    are the tokenizer's and read back from their cache; a bad counts file is a HeteroError naming it."""
+    import hetero.llm.speculative.draft_model as dm
+
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    vocab = target.config.vocab_size
+    added = sorted(target.tokenizer.backend.get_added_tokens_decoder())
+    counts = np.zeros(vocab)
+    counts[[vocab - 1, 300, 7, 301]] = [5, 9, 9, 1]  # 7 and 300 tie: both kept; then vocab-1, then 301
+    rows = draft_vocabulary(target.tokenizer, vocab, 4, counts)
+    assert rows is not None and list(rows) == sorted({7, 300, vocab - 1, 301, *added})
+    assert list(draft_vocabulary(target.tokenizer, vocab, 3, np.zeros(vocab))) == sorted({0, 1, 2, *added})  # BPE
+    # the drafts over a scattered subset: the full model's argmax over those columns, mapped back to ids
+    rng = np.random.default_rng(0)
+    rows = draft_vocabulary(target.tokenizer, vocab, 300, rng.random(vocab))
+    assert rows is not None and rows[-1] > 300 and np.all(np.diff(rows) > 0)
+    full = load(FIXTURES / "qwen3", backends=["cpu"])
+    sub = load(FIXTURES / "qwen3", backends=["cpu"], head_rows=rows)
+    drafter = DraftModel(sub, target, max_draft=5, lookup=0)
+    reference = list(PROMPT)
+    for _ in range(5):
+        reference.append(int(rows[np.argmax(full.prefill(reference)[-1][rows])]))
+    assert drafter.draft(list(PROMPT), 5) == reference[len(PROMPT):]
+    # the counts of a corpus: the tokenizer's ids counted; the default corpus's cached and read back
+    (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n")
+    (tmp_path / "b.py").write_text("print('hello world')\n")
+    want = np.bincount(target.tokenizer.encode("def f(x):\n    return x + 1\n", add_special_tokens=False)
+                       + target.tokenizer.encode("print('hello world')\n", add_special_tokens=False), minlength=vocab)
+    np.testing.assert_array_equal(dm.token_counts(target.tokenizer, vocab, [tmp_path / "a.py", tmp_path / "b.py"]),
+                                  want)
+    monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(dm, "CORPUS_BYTES", 20_000)
+    first = dm.token_counts(target.tokenizer, vocab)
+    (cached,) = (tmp_path / "cache" / "requantized").glob("token-counts-*.npy")
+    assert first.sum() > 1000 and np.array_equal(np.load(cached), first)
+    np.save(cached, first * 0 + 3)  # what is read back is the file
+    assert np.all(dm.token_counts(target.tokenizer, vocab) == 3)
+    cached.write_bytes(b"damaged")  # counted again
+    np.testing.assert_array_equal(dm.token_counts(target.tokenizer, vocab), first)
+    # rank=PATH through --spec; bad files
+    good = tmp_path / "counts.npy"
+    np.save(good, counts.astype(np.int32))
+    made = make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank={good}", target)
+    assert made.rows is not None and list(made.rows) == list(draft_vocabulary(target.tokenizer, vocab, 256, counts))
+    assert make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank=freq", target).rows is not None
+    for name, data in (("short.npy", np.ones(vocab - 1)), ("negative.npy", -np.ones(vocab)),
+                       ("nan.npy", np.full(vocab, np.nan)), ("text.npy", None)):
+        bad = tmp_path / name
+        if data is None:
+            bad.write_text("not numpy")
+        else:
+            np.save(bad, data)
+        with pytest.raises(HeteroError, match=f"draft vocabulary: .*{name}"):
+            make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank={bad}", target)
+    with pytest.raises(HeteroError, match="rank=''; expected bpe, freq"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},rank=", target)
