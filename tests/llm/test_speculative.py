@@ -470,45 +470,50 @@ def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
 
 
 def test_requantized_draft_model_rounds_only_wider_matrices(tmp_path, monkeypatch):
-    """load(requantize="q4") (a draft model's default, ``draft:PATH,quant=q4``): every matrix stored in a format of
-    more bits per weight (q8, q5_k, q6_k here) becomes q4 within q4's rounding of its stored values; q4_k matrices,
-    the embedding table and the other weights stay byte for byte; greedy output drafted by it is plain decoding's."""
+    """load(requantize="q4") / "q4_sym_b128" (a draft model's default, ``draft:PATH,quant=q4_sym_b128``): every
+    matrix stored in a format of more bits per weight (q8, q5_k, q6_k here; q4_k too for the 128-blocks' 4.125 bits)
+    becomes that format within its rounding of the stored values; narrower matrices, the embedding table and the
+    other weights stay byte for byte; greedy output drafted by it is plain decoding's."""
     _backend("cpu")
     monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path))
     path = FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf"
     target = load(path, backends=["cpu"])
     want = _plain(target, PROMPT, 24)
-    small = load(path, backends=["cpu"], requantize="q4")
-    assert small.quant.endswith(">q4_sym_b32")
-    before, after = target._graph, small._graph
-    q4 = weight_format("q4")
-    seen = set()
-    for old, new in zip(before.nodes, after.nodes, strict=True):
-        assert old.op_type == new.op_type
-        if old.op_type != "QMatMul":
-            assert old.attrs == new.attrs and old.inputs == new.inputs
-            continue
-        w_old, w_new = before.initializers[old.inputs[1]], after.initializers[new.inputs[1]]
-        fmt = weight_format(**old.attrs)
-        seen.add(old.attrs["wtype"])
-        if fmt.bits_per_weight <= q4.bits_per_weight:  # q4_k: as stored
-            assert new.attrs == old.attrs and np.array_equal(w_old, w_new)
-            continue
-        assert new.attrs == q4.attrs()
-        k = w_old.shape[-1] // fmt.block_bytes * fmt.block_size
-        values = dequantize(w_old, fmt, k).reshape(-1, k // 32, 32)
-        rounded = dequantize(w_new, q4, k).reshape(values.shape)
-        # q4: d = (the block's value of largest magnitude) / -8 in f16: every value within one step (+ the f16
-        # rounding of d, times up to 8 levels) of its own
-        step = np.abs(values).max(axis=-1, keepdims=True) / 8 * (1 + 2 ** -7)
-        assert np.all(np.abs(rounded - values) <= step + 1e-7)
-        assert not np.array_equal(rounded, values)  # really re-rounded
-    assert seen >= {"q8", "q5_k", "q6_k", "q4_k"}
-    for name, array in before.initializers.items():
-        if not any(name == n.inputs[1] for n in before.nodes if n.op_type == "QMatMul"):
-            assert np.array_equal(after.initializers[name], array), name
-    drafter = make_drafter(f"draft:{path}", target)  # the default: quant=q4
+    for spec, block in (("q4", 32), ("q4_sym_b128", 128)):
+        small = load(path, backends=["cpu"], requantize=spec)
+        assert small.quant.endswith(f">q4_sym_b{block}")
+        before, after = target._graph, small._graph
+        q4 = weight_format("q4", block, 1)
+        seen, rounded_kinds = set(), set()
+        for old, new in zip(before.nodes, after.nodes, strict=True):
+            assert old.op_type == new.op_type
+            if old.op_type != "QMatMul":
+                assert old.attrs == new.attrs and old.inputs == new.inputs
+                continue
+            w_old, w_new = before.initializers[old.inputs[1]], after.initializers[new.inputs[1]]
+            fmt = weight_format(**old.attrs)
+            seen.add(old.attrs["wtype"])
+            if fmt.bits_per_weight <= q4.bits_per_weight:  # q4_k for q4's 32-blocks: as stored
+                assert new.attrs == old.attrs and np.array_equal(w_old, w_new)
+                continue
+            rounded_kinds.add(old.attrs["wtype"])
+            assert new.attrs == q4.attrs()
+            k = w_old.shape[-1] // fmt.block_bytes * fmt.block_size
+            values = dequantize(w_old, fmt, k).reshape(-1, k // block, block)
+            rounded = dequantize(w_new, q4, k).reshape(values.shape)
+            # q4: d = (the block's value of largest magnitude) / -8 in f16: every value within one step (+ the f16
+            # rounding of d, times up to 8 levels) of its own
+            step = np.abs(values).max(axis=-1, keepdims=True) / 8 * (1 + 2 ** -7)
+            assert np.all(np.abs(rounded - values) <= step + 1e-7)
+            assert not np.array_equal(rounded, values)  # really re-rounded
+        assert seen >= {"q8", "q5_k", "q6_k", "q4_k"}
+        assert rounded_kinds == ({"q8", "q5_k", "q6_k"} if block == 32 else {"q8", "q5_k", "q6_k", "q4_k"}), spec
+        for name, array in before.initializers.items():
+            if not any(name == n.inputs[1] for n in before.nodes if n.op_type == "QMatMul"):
+                assert np.array_equal(after.initializers[name], array), name
+    drafter = make_drafter(f"draft:{path}", target)  # the default: quant=q4_sym_b128
     assert drafter.model.quant == small.quant and drafter.max_draft == MAX_DRAFT
+    assert make_drafter(f"draft:{path},quant=q4", target).model.quant.endswith(">q4_sym_b32")
     assert make_drafter(f"draft:{path},quant=none", target).model.quant == target.quant
     target.reset()
     target.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))

@@ -6,8 +6,9 @@ tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backen
 type; ``draft:PATH,vocab=N`` drafts over the N lowest token ids, ``vocab=all`` over the whole vocabulary, default
 ``DRAFT_VOCAB``; ``,rank=freq`` keeps the N tokens most frequent on a local corpus instead of the lowest ids,
 ``,rank=PATH`` those most frequent by a ``.npy`` file of per-token counts; ``,p_min=X`` ends a draft after a token
-drafted at a probability under X; ``,max=N``: the longest draft (``--spec-draft`` overrides it); ``,quant=q4``
-(default ``DRAFT_QUANT``) re-quantizes the draft's matrices stored in wider formats (q5_0, q6_k, q8) to q4 at load,
+drafted at a probability under X; ``,max=N``: the longest draft (``--spec-draft`` overrides it); ``,quant=FMT``
+(default ``DRAFT_QUANT``, q4_sym_b128) re-quantizes the draft's matrices stored in wider formats (q5_0, q6_k, q8) to
+FMT at load,
 ``,quant=none`` keeps them; ``,lookup=N`` (default ``LOOKUP``, 0: off): n-gram guesses of the draft model's own
 next tokens checked in one step of it: ``draft_model.py``).
 ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
@@ -118,7 +119,7 @@ def _draft_model(argument: str, target: Target) -> Drafter:
 
 
 def _draft_options(argument: str) -> tuple[str, dict[str, Any]]:
-    """``PATH[,vocab=N|all][,rank=bpe|freq|COUNTS.npy][,p_min=X][,max=N][,quant=q4|none][,lookup=N]`` -> (path,
+    """``PATH[,vocab=N|all][,rank=bpe|freq|COUNTS.npy][,p_min=X][,max=N][,quant=FMT|none][,lookup=N]`` -> (path,
     {"vocab": draft vocabulary size (0: all), "rank": which ids it keeps, "p_min": ..., "max": the longest draft,
     "quant": the format its wider matrices are re-quantized to ("": none), "lookup": the shortest n-gram match whose
     continuation the draft model checks in one step (0: off)})."""
