@@ -470,45 +470,50 @@ def test_draft_vocabulary_drafts_the_argmax_over_its_tokens():
 
 
 def test_requantized_draft_model_rounds_only_wider_matrices(tmp_path, monkeypatch):
-    """load(requantize="q4") (a draft model's default, ``draft:PATH,quant=q4``): every matrix stored in a format of
-    more bits per weight (q8, q5_k, q6_k here) becomes q4 within q4's rounding of its stored values; q4_k matrices,
-    the embedding table and the other weights stay byte for byte; greedy output drafted by it is plain decoding's."""
+    """load(requantize="q4") / "q4_sym_b128" (a draft model's default, ``draft:PATH,quant=q4_sym_b128``): every
+    matrix stored in a format of more bits per weight (q8, q5_k, q6_k here; q4_k too for the 128-blocks' 4.125 bits)
+    becomes that format within its rounding of the stored values; narrower matrices, the embedding table and the
+    other weights stay byte for byte; greedy output drafted by it is plain decoding's."""
     _backend("cpu")
     monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path))
     path = FIXTURES.parent / "gguf" / "qwen3k-q4_k_m.gguf"
     target = load(path, backends=["cpu"])
     want = _plain(target, PROMPT, 24)
-    small = load(path, backends=["cpu"], requantize="q4")
-    assert small.quant.endswith(">q4_sym_b32")
-    before, after = target._graph, small._graph
-    q4 = weight_format("q4")
-    seen = set()
-    for old, new in zip(before.nodes, after.nodes, strict=True):
-        assert old.op_type == new.op_type
-        if old.op_type != "QMatMul":
-            assert old.attrs == new.attrs and old.inputs == new.inputs
-            continue
-        w_old, w_new = before.initializers[old.inputs[1]], after.initializers[new.inputs[1]]
-        fmt = weight_format(**old.attrs)
-        seen.add(old.attrs["wtype"])
-        if fmt.bits_per_weight <= q4.bits_per_weight:  # q4_k: as stored
-            assert new.attrs == old.attrs and np.array_equal(w_old, w_new)
-            continue
-        assert new.attrs == q4.attrs()
-        k = w_old.shape[-1] // fmt.block_bytes * fmt.block_size
-        values = dequantize(w_old, fmt, k).reshape(-1, k // 32, 32)
-        rounded = dequantize(w_new, q4, k).reshape(values.shape)
-        # q4: d = (the block's value of largest magnitude) / -8 in f16: every value within one step (+ the f16
-        # rounding of d, times up to 8 levels) of its own
-        step = np.abs(values).max(axis=-1, keepdims=True) / 8 * (1 + 2 ** -7)
-        assert np.all(np.abs(rounded - values) <= step + 1e-7)
-        assert not np.array_equal(rounded, values)  # really re-rounded
-    assert seen >= {"q8", "q5_k", "q6_k", "q4_k"}
-    for name, array in before.initializers.items():
-        if not any(name == n.inputs[1] for n in before.nodes if n.op_type == "QMatMul"):
-            assert np.array_equal(after.initializers[name], array), name
-    drafter = make_drafter(f"draft:{path}", target)  # the default: quant=q4
+    for spec, block in (("q4", 32), ("q4_sym_b128", 128)):
+        small = load(path, backends=["cpu"], requantize=spec)
+        assert small.quant.endswith(f">q4_sym_b{block}")
+        before, after = target._graph, small._graph
+        q4 = weight_format("q4", block, 1)
+        seen, rounded_kinds = set(), set()
+        for old, new in zip(before.nodes, after.nodes, strict=True):
+            assert old.op_type == new.op_type
+            if old.op_type != "QMatMul":
+                assert old.attrs == new.attrs and old.inputs == new.inputs
+                continue
+            w_old, w_new = before.initializers[old.inputs[1]], after.initializers[new.inputs[1]]
+            fmt = weight_format(**old.attrs)
+            seen.add(old.attrs["wtype"])
+            if fmt.bits_per_weight <= q4.bits_per_weight:  # q4_k for q4's 32-blocks: as stored
+                assert new.attrs == old.attrs and np.array_equal(w_old, w_new)
+                continue
+            rounded_kinds.add(old.attrs["wtype"])
+            assert new.attrs == q4.attrs()
+            k = w_old.shape[-1] // fmt.block_bytes * fmt.block_size
+            values = dequantize(w_old, fmt, k).reshape(-1, k // block, block)
+            rounded = dequantize(w_new, q4, k).reshape(values.shape)
+            # q4: d = (the block's value of largest magnitude) / -8 in f16: every value within one step (+ the f16
+            # rounding of d, times up to 8 levels) of its own
+            step = np.abs(values).max(axis=-1, keepdims=True) / 8 * (1 + 2 ** -7)
+            assert np.all(np.abs(rounded - values) <= step + 1e-7)
+            assert not np.array_equal(rounded, values)  # really re-rounded
+        assert seen >= {"q8", "q5_k", "q6_k", "q4_k"}
+        assert rounded_kinds == ({"q8", "q5_k", "q6_k"} if block == 32 else {"q8", "q5_k", "q6_k", "q4_k"}), spec
+        for name, array in before.initializers.items():
+            if not any(name == n.inputs[1] for n in before.nodes if n.op_type == "QMatMul"):
+                assert np.array_equal(after.initializers[name], array), name
+    drafter = make_drafter(f"draft:{path}", target)  # the default: quant=q4_sym_b128
     assert drafter.model.quant == small.quant and drafter.max_draft == MAX_DRAFT
+    assert make_drafter(f"draft:{path},quant=q4", target).model.quant.endswith(">q4_sym_b32")
     assert make_drafter(f"draft:{path},quant=none", target).model.quant == target.quant
     target.reset()
     target.generate(PROMPT, 24, temperature=0, spec=Speculation(drafter, adaptive=False))
@@ -980,3 +985,64 @@ def test_a_sampled_draft_whose_q_is_not_one_hot_is_verified_not_shadowed():
         llm.reset()
         llm.generate(PROMPT, 40, spec=spec, **settings)
         assert bool(spec.policy.shadows) == shadowed and (llm.stats.verify_steps > 0) != shadowed
+
+
+def test_draft_vocabulary_by_token_counts(tmp_path, monkeypatch):
+    """rank=freq / rank=PATH (FR-Spec): the draft vocabulary keeps the most frequent ids (ties: the lower id) and the
+    added tokens, ascending; the draft model's token is the argmax over exactly those columns; the corpus counts
+    are the tokenizer's and read back from their cache; a bad counts file is a HeteroError naming it."""
+    import hetero.llm.speculative.draft_model as dm
+
+    _backend("cpu")
+    target = load(FIXTURES / "qwen3", backends=["cpu"])
+    vocab = target.config.vocab_size
+    added = sorted(target.tokenizer.backend.get_added_tokens_decoder())
+    counts = np.zeros(vocab)
+    counts[[vocab - 1, 300, 7, 301]] = [5, 9, 9, 1]  # 7 and 300 tie: both kept; then vocab-1, then 301
+    rows = draft_vocabulary(target.tokenizer, vocab, 4, counts)
+    assert rows is not None and list(rows) == sorted({7, 300, vocab - 1, 301, *added})
+    assert list(draft_vocabulary(target.tokenizer, vocab, 3, np.zeros(vocab))) == sorted({0, 1, 2, *added})  # BPE
+    # the drafts over a scattered subset: the full model's argmax over those columns, mapped back to ids
+    rng = np.random.default_rng(0)
+    rows = draft_vocabulary(target.tokenizer, vocab, 300, rng.random(vocab))
+    assert rows is not None and rows[-1] > 300 and np.all(np.diff(rows) > 0)
+    full = load(FIXTURES / "qwen3", backends=["cpu"])
+    sub = load(FIXTURES / "qwen3", backends=["cpu"], head_rows=rows)
+    drafter = DraftModel(sub, target, max_draft=5, lookup=0)
+    reference = list(PROMPT)
+    for _ in range(5):
+        reference.append(int(rows[np.argmax(full.prefill(reference)[-1][rows])]))
+    assert drafter.draft(list(PROMPT), 5) == reference[len(PROMPT):]
+    # the counts of a corpus: the tokenizer's ids counted; the default corpus's cached and read back
+    (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n")
+    (tmp_path / "b.py").write_text("print('hello world')\n")
+    want = np.bincount(target.tokenizer.encode("def f(x):\n    return x + 1\n", add_special_tokens=False)
+                       + target.tokenizer.encode("print('hello world')\n", add_special_tokens=False), minlength=vocab)
+    np.testing.assert_array_equal(dm.token_counts(target.tokenizer, vocab, [tmp_path / "a.py", tmp_path / "b.py"]),
+                                  want)
+    monkeypatch.setenv("HETERO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(dm, "CORPUS_BYTES", 20_000)
+    first = dm.token_counts(target.tokenizer, vocab)
+    (cached,) = (tmp_path / "cache" / "requantized").glob("token-counts-*.npy")
+    assert first.sum() > 1000 and np.array_equal(np.load(cached), first)
+    np.save(cached, first * 0 + 3)  # what is read back is the file
+    assert np.all(dm.token_counts(target.tokenizer, vocab) == 3)
+    cached.write_bytes(b"damaged")  # counted again
+    np.testing.assert_array_equal(dm.token_counts(target.tokenizer, vocab), first)
+    # rank=PATH through --spec; bad files
+    good = tmp_path / "counts.npy"
+    np.save(good, counts.astype(np.int32))
+    made = make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank={good}", target)
+    assert made.rows is not None and list(made.rows) == list(draft_vocabulary(target.tokenizer, vocab, 256, counts))
+    assert make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank=freq", target).rows is not None
+    for name, data in (("short.npy", np.ones(vocab - 1)), ("negative.npy", -np.ones(vocab)),
+                       ("nan.npy", np.full(vocab, np.nan)), ("text.npy", None)):
+        bad = tmp_path / name
+        if data is None:
+            bad.write_text("not numpy")
+        else:
+            np.save(bad, data)
+        with pytest.raises(HeteroError, match=f"draft vocabulary: .*{name}"):
+            make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank={bad}", target)
+    with pytest.raises(HeteroError, match="rank=''; expected bpe, freq"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},rank=", target)

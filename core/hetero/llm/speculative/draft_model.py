@@ -13,10 +13,15 @@ vocabulary: its argmax is then over those tokens only. A small model's LM head i
 decode step reads (Qwen2.5-0.5B: 136 M of its 494 M parameters), so each draft token costs less; a token outside
 the subset is never drafted (the target rejects the draft there and commits its own token), which is all it can
 cost: the output stays the target's. BPE ids follow the merge order, so the lowest ids are the most frequent
-pieces of the tokenizer's training text (docs/speculative.md: the coverage and acceptance measured).
+pieces of the tokenizer's training text (docs/speculative.md: the coverage and acceptance measured). ``rank=freq``
+(FR-Spec, arXiv 2502.14856) keeps the ``vocab`` tokens most frequent on a local corpus instead (the Python standard
+library's sources, tokenized once by the target's tokenizer and the counts cached: ``token_counts``); ``rank=PATH``
+reads such counts from a ``.npy`` file (one count per token id: ``read_token_counts``).
 
-**Re-quantized** (``quant``, default q4: ``load(requantize=...)``): matrices stored wider than q4 (q5_0, q6_k, q8)
-are rounded to q4 at load, ~20% fewer bytes per draft token for the small model. **Its own lookup** (``lookup``):
+**Re-quantized** (``quant``, default q4_sym_b128: ``load(requantize=...)``): matrices stored wider than that (q5_0,
+q6_k, q8, q4_k) are rounded to 4 bits at load, ~20% fewer bytes per draft token for the small model; one f16 scale
+per 128 weights (4.125 bits a weight against q4's 4.5) made a draft step of the 0.5B ~5-9% cheaper for the same
+drafts. **Its own lookup** (``lookup``):
 n-gram continuations of what it drafted so far are checked by it in one multi-token step (``draft``), the same
 drafts in fewer steps where the text repeats. (The n-gram index follows the drafts; after a rejected draft the
 history is another one and it is rebuilt: a dictionary insert per token and n-gram size.)
@@ -24,21 +29,32 @@ history is another one and it is rebuilt: a dictionary insert per token and n-gr
 
 from __future__ import annotations
 
+import hashlib
+import json
+import sys
+import sysconfig
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from ...contract.errors import HeteroError
+from ...contract.vendor_worker import cache_root
 from ..families.decoder import VERIFY_ROWS
 from .drafter import Draft, Hidden
 from .lookahead import Lookahead
 from .target import Target
 
 DRAFT_VOCAB = 32768  # default draft vocabulary: the lowest ids (plus added tokens); 0 or None: the whole vocabulary
-DRAFT_QUANT = "q4"  # the draft model's matrices stored in wider formats are re-quantized to this at load (None: kept)
+# the draft model's matrices stored in wider formats are re-quantized to this at load (None: kept); 128-blocks: the
+# draft only proposes (the target checks every token), so its coarser rounding can cost acceptance, never output
+DRAFT_QUANT = "q4_sym_b128"
 MAX_DRAFT = 10  # the longest draft (the loop's policy drafts fewer at lower acceptance)
 LOOKUP, LOOKUP_MAX = 3, 4  # n-gram lengths whose continuations are guessed for the draft model to check (0: off)
 P_MIN = 0.0  # a draft ends after a token the draft model gives less than this probability (0: never)
+DRAFT_RANK = "bpe"  # which ids a draft vocabulary keeps: the lowest ("bpe"), the most frequent on a corpus ("freq")
+CORPUS_BYTES = 4_000_000  # rank=freq: the standard library's sources counted, in sorted path order (~10 s, once)
+COUNTS_VERSION = 1  # part of the cached counts' key: bump when the corpus or the counting changes
 
 
 class DraftModel:
@@ -122,15 +138,77 @@ def _top_probability(row: np.ndarray, best: int) -> float:
     return float(1.0 / np.exp(row - row[best]).sum())
 
 
-def draft_vocabulary(tokenizer: object, vocab_size: int, size: int | None) -> np.ndarray | None:
-    """The token ids a draft model's head keeps: ids below ``size`` and the tokenizer's added tokens (EOS, the chat
-    markers); None (the whole head) when ``size`` is 0 / None or covers the vocabulary."""
+def draft_vocabulary(tokenizer: object, vocab_size: int, size: int | None,
+                     counts: np.ndarray | None = None) -> np.ndarray | None:
+    """The token ids a draft model's head keeps, ascending: the ``size`` lowest ids (BPE merge order) or, given
+    ``counts`` (one per id), the ``size`` most frequent (ties: the lower id first, so unseen tokens fall back to
+    BPE order), and the tokenizer's added tokens (EOS, the chat markers) besides; None (the whole head) when ``size``
+    is 0 / None or covers the vocabulary."""
     if not size or size >= vocab_size:
         return None
     backend = getattr(tokenizer, "backend", None)
     added = backend.get_added_tokens_decoder() if backend is not None else {}
-    extra = sorted(i for i in added if size <= i < vocab_size)
-    return np.asarray([*range(size), *extra], dtype=np.int64)
+    if counts is None:
+        kept = np.arange(size, dtype=np.int64)
+    else:
+        kept = np.lexsort((np.arange(vocab_size), -np.asarray(counts, dtype=np.float64)))[:size].astype(np.int64)
+    extra = [i for i in added if 0 <= i < vocab_size]
+    return np.union1d(kept, np.asarray(extra, dtype=np.int64))
+
+
+def read_token_counts(path: str | Path, vocab_size: int) -> np.ndarray:
+    """Per-token counts from a ``.npy`` file (``rank=PATH``): ``vocab_size`` finite non-negative numbers, count i
+    for token id i; anything else is a ``HeteroError`` naming the file."""
+    try:
+        counts = np.load(Path(path), allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise HeteroError(f"draft vocabulary: cannot read token counts from {path}: {exc}",
+                          hint="rank=PATH takes a .npy file of one count per token id (numpy.save)") from None
+    if counts.ndim != 1 or counts.shape[0] != vocab_size or counts.dtype.kind not in "iuf":
+        raise HeteroError(f"draft vocabulary: {path} holds a {counts.dtype} array of shape {counts.shape}; expected "
+                          f"{vocab_size} counts (one per token id of the target's vocabulary)")
+    if (counts.dtype.kind == "f" and not np.isfinite(counts).all()) or (counts < 0).any():
+        raise HeteroError(f"draft vocabulary: {path} holds negative or non-finite counts")
+    return counts.astype(np.float64)
+
+
+def token_counts(tokenizer: object, vocab_size: int, files: Sequence[Path] | None = None) -> np.ndarray:
+    """How often each token id occurs in ``files`` (default: the Python standard library's ``.py`` sources in
+    sorted order, the first ``CORPUS_BYTES`` of text: a local corpus of code and English that every install has)
+    tokenized by ``tokenizer``. Default corpus: cached in ``$HETERO_CACHE_DIR/requantized`` (beside the re-quantized
+    draft models) keyed by the vocabulary and the corpus, so it is counted once per tokenizer (~10 s)."""
+    cache = None
+    if files is None:
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        vocab: dict[str, int] = getattr(tokenizer, "vocabulary", dict)()
+        key = hashlib.sha256(json.dumps([COUNTS_VERSION, CORPUS_BYTES, str(stdlib), sys.version, vocab_size,
+                                         sorted(vocab.items())]).encode()).hexdigest()[:16]
+        cache = cache_root() / "requantized" / f"token-counts-{key}.npy"
+        if cache.is_file():
+            try:
+                return read_token_counts(cache, vocab_size)
+            except HeteroError:
+                pass  # damaged: counted again below
+        files = sorted(stdlib.rglob("*.py"))
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    seen = 0
+    for file in files:
+        try:
+            text = Path(file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        ids = np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)  # type: ignore[attr-defined]
+        counts += np.bincount(ids[(ids >= 0) & (ids < vocab_size)], minlength=vocab_size)
+        seen += len(text)
+        if seen >= CORPUS_BYTES:
+            break
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cache, counts)
+        except OSError:
+            pass  # counted again next time
+    return counts.astype(np.float64)
 
 
 def check_same_vocabulary(draft: Target, target: Target) -> None:

@@ -4,11 +4,13 @@ Built in: ``lookahead`` (prompt lookup, no argument; ``lookahead:flat`` drafts u
 confidence classes, for comparisons) and ``draft:PATH`` (a smaller model with the target's
 tokenizer: a Hugging Face folder or a GGUF file, loaded with the target's backends, threads, context and KV cache
 type; ``draft:PATH,vocab=N`` drafts over the N lowest token ids, ``vocab=all`` over the whole vocabulary, default
-``DRAFT_VOCAB``; ``,p_min=X`` ends a draft after a token drafted at a probability under X; ``,max=N``: the
-longest draft (``--spec-draft`` overrides it); ``,quant=q4`` (default ``DRAFT_QUANT``) re-quantizes the draft's
-matrices stored in wider formats (q5_0, q6_k, q8) to q4 at load, ``,quant=none`` keeps them; ``,lookup=N``
-(default ``LOOKUP``, 0: off): n-gram guesses of the draft model's own next tokens checked in one step of it:
-``draft_model.py``).
+``DRAFT_VOCAB``; ``,rank=freq`` keeps the N tokens most frequent on a local corpus instead of the lowest ids,
+``,rank=PATH`` those most frequent by a ``.npy`` file of per-token counts; ``,p_min=X`` ends a draft after a token
+drafted at a probability under X; ``,max=N``: the longest draft (``--spec-draft`` overrides it); ``,quant=FMT``
+(default ``DRAFT_QUANT``, q4_sym_b128) re-quantizes the draft's matrices stored in wider formats (q5_0, q6_k, q8) to
+FMT at load,
+``,quant=none`` keeps them; ``,lookup=N`` (default ``LOOKUP``, 0: off): n-gram guesses of the draft model's own
+next tokens checked in one step of it: ``draft_model.py``).
 ``eagle:PATH`` and ``dflash:PATH`` are registered by their modules (``hetero.llm.speculative.eagle`` /
 ``.dflash``), imported at their first use. A module adds a kind with ``register(kind, factory)``; the factory is
 called as ``factory(argument, target)`` and returns a ``Drafter``.
@@ -23,7 +25,19 @@ from typing import Any
 from ...contract.errors import HeteroError
 from ...contract.quant import parse_quant
 from ..families.decoder import VERIFY_ROWS
-from .draft_model import DRAFT_QUANT, DRAFT_VOCAB, LOOKUP, LOOKUP_MAX, MAX_DRAFT, P_MIN, DraftModel, draft_vocabulary
+from .draft_model import (
+    DRAFT_QUANT,
+    DRAFT_RANK,
+    DRAFT_VOCAB,
+    LOOKUP,
+    LOOKUP_MAX,
+    MAX_DRAFT,
+    P_MIN,
+    DraftModel,
+    draft_vocabulary,
+    read_token_counts,
+    token_counts,
+)
 from .drafter import Drafter
 from .lookahead import Lookahead
 from .loop import Speculation
@@ -92,7 +106,11 @@ def _draft_model(argument: str, target: Target) -> Drafter:
         raise HeteroError("--spec draft:PATH needs the draft model's path (a Hugging Face folder or a GGUF file)")
     # the loader imports the model, which resolves drafter names here: taken at call time, not imported
     load = importlib.import_module("hetero.llm.loader").load
-    rows = draft_vocabulary(target.tokenizer, target.config.vocab_size, int(options["vocab"]))  # the draft's: checked
+    vocab, size, rank = target.config.vocab_size, int(options["vocab"]), options["rank"]
+    counts = None
+    if rank != "bpe" and 0 < size < vocab:
+        counts = token_counts(target.tokenizer, vocab) if rank == "freq" else read_token_counts(rank, vocab)
+    rows = draft_vocabulary(target.tokenizer, vocab, size, counts)  # the draft's: checked
     model = load(path, threads=target.threads, context=target.context, kv_cache=target.kv_cache, head_rows=rows,
                  requantize=options["quant"] or None,
                  **{k: v for k, v in target._session_args.items() if k in ("backends", "on_fallback")})
@@ -101,17 +119,23 @@ def _draft_model(argument: str, target: Target) -> Drafter:
 
 
 def _draft_options(argument: str) -> tuple[str, dict[str, Any]]:
-    """``PATH[,vocab=N|all][,p_min=X][,max=N][,quant=q4|none][,lookup=N]`` -> (path, {"vocab": draft vocabulary size
-    (0: all), "p_min": ..., "max": the longest draft, "quant": the format its wider matrices are re-quantized to ("":
-    none), "lookup": the shortest n-gram match whose continuation the draft model checks in one step (0: off)})."""
+    """``PATH[,vocab=N|all][,rank=bpe|freq|COUNTS.npy][,p_min=X][,max=N][,quant=FMT|none][,lookup=N]`` -> (path,
+    {"vocab": draft vocabulary size (0: all), "rank": which ids it keeps, "p_min": ..., "max": the longest draft,
+    "quant": the format its wider matrices are re-quantized to ("": none), "lookup": the shortest n-gram match whose
+    continuation the draft model checks in one step (0: off)})."""
     path = argument
     options: dict[str, Any] = {"vocab": float(DRAFT_VOCAB), "p_min": P_MIN, "max": float(MAX_DRAFT),
-                               "quant": DRAFT_QUANT or "", "lookup": float(LOOKUP)}
+                               "quant": DRAFT_QUANT or "", "lookup": float(LOOKUP), "rank": DRAFT_RANK}
     while True:
         head, _, tail = path.rpartition(",")
         key, eq, value = tail.partition("=")
         if not head or not eq or key not in options:
             return path, options
+        if key == "rank":  # bpe, freq or a counts file (read, and checked, when the drafter is made)
+            if not value:
+                raise HeteroError(f"--spec draft:{argument}: rank=''; expected bpe, freq or a .npy file of counts")
+            options[key], path = value, head
+            continue
         if key == "quant":
             if value != "none":
                 parse_quant(value)  # a clear error for a bad format
