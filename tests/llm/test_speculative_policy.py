@@ -252,6 +252,17 @@ def test_cold_verify_widths_do_not_lock_graded_drafts_into_plain_steps():
         assert seconds < 0.7 * plain  # most drafts right at these costs: well above plain decoding
 
 
+def test_a_width_past_the_measured_ones_is_priced_at_their_slope_when_steeper_than_the_prior():
+    # only steps of 1-3 tokens timed (1, 1.24, 1.69: 0.35 plain steps a token at 3): a 9-token verify is priced at
+    # 1.69 + 6 x 0.345, not at the prior's 0.15 a token (2.59), which drafted 8 tokens after a long match
+    policy = DraftPolicy(8, graded=True)
+    policy.cost, policy.runs = {1: 1.0, 2: 1.24, 3: 1.69}, {1: 9, 2: 9, 3: 9}
+    assert policy._estimated_cost(9, 1.0) == pytest.approx(1.69 + 6 * 0.345)
+    cheap = DraftPolicy(8, graded=True)  # measured below the prior's slope: the prior's slope past them
+    cheap.cost, cheap.runs = {1: 1.0, 2: 1.05, 3: 1.1}, {1: 9, 2: 9, 3: 9}
+    assert cheap._estimated_cost(9, 1.0) == pytest.approx(1.1 + 6 * 0.15)
+
+
 def test_drafting_is_judged_against_plain_steps_of_the_same_moment():
     # plain decoding timed while the machine was quiet, then a neighbour takes the second core: every step now
     # takes twice as long. Drafting still pays (each 3-token step commits 2 tokens for 1.2 plain steps); judged

@@ -623,7 +623,13 @@ class DraftPolicy:
         low = cost.get(below, plain)
         if above is not None:  # between two measured sizes: linear
             return max(low + (cost[above] - low) * (size - below) / (above - below), floor)
-        return max(low + plain * PRIOR_SLOPE * (size - below), floor)
+        # past the largest measured size: at the prior's slope, or the measured one's when steeper (a step of T
+        # tokens costs at least as much more per token as a smaller one: on the 1.5B at 1 thread ~0.35 plain steps
+        # a token at 3-4 tokens, ~0.45 at 9; priced at 0.15, a width of 9 looked half its cost)
+        slope = PRIOR_SLOPE * plain
+        if below > 1 and 1 in cost:
+            slope = max(slope, (low - cost[1]) / (below - 1))
+        return max(low + slope * (size - below), floor)
 
     def _scaled(self, size: int, fade: bool = True) -> float:
         """The running seconds of a step of ``size`` tokens at the current plain cost: measured at another plain
