@@ -1931,3 +1931,92 @@ def test_adding_a_zero_is_removed_unless_it_broadcasts(backend):
     assert session.rewrites["remove_noops"] == 3
     assert session.run({"x": x, "i": np.zeros(4, np.int64)})["y"].shape == (1, 2, 3)
     assert [n.op_type for n in session.graph.nodes].count("Add") == 2
+
+
+_BIG = np.iinfo(np.int64).max
+
+
+def _space_to_depth_conv_model(x_shape, phases, s=2, conv=None, chained=True, w_first=False, ends=_BIG,
+                               sliced_reader=False, extra_slices=None, cin=None):
+    """YOLOv5's Focus: ``Concat([x[..., dy::s, dx::s] for (dy, dx) in phases], axis=1)`` (each phase as two Slices,
+    H then W or W then H, or one Slice of both axes) -> Conv (3x3, pads 1 unless ``conv`` says)."""
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], **(conv or {})}
+    rng = np.random.default_rng(47)
+    c = x_shape[1]
+    cin = len(phases) * c if cin is None else cin  # the Concat's channels
+    w = rng.normal(size=(6, cin // conv.get("group", 1), *conv["kernel_shape"])).astype(np.float32)
+    inits = [("w", w), ("b", rng.normal(size=6).astype(np.float32)), ("step", np.array([s], np.int64)),
+             ("end", np.array([ends], np.int64)), ("ax2", np.array([2], np.int64)), ("ax3", np.array([-1], np.int64)),
+             ("ends2", np.array([ends, ends], np.int64)), ("axes23", np.array([2, 3], np.int64)),
+             ("steps2", np.array([s, s], np.int64))]
+    inits += [(f"start{i}", np.array([i], np.int64)) for i in range(s)]
+    nodes, pieces = [], []
+    for k, (dy, dx) in enumerate(phases):
+        if chained:
+            first, second = (("ax3", dx), ("ax2", dy)) if w_first else (("ax2", dy), ("ax3", dx))
+            nodes.append(helper.make_node("Slice", ["x", f"start{first[1]}", "end", first[0], "step"], [f"h{k}"]))
+            nodes.append(helper.make_node("Slice", [f"h{k}", f"start{second[1]}", "end", second[0], "step"],
+                                          [f"p{k}"]))
+        else:
+            inits.append((f"st{k}", np.array([dy, dx], np.int64)))
+            nodes.append(helper.make_node("Slice", ["x", f"st{k}", "ends2", "axes23", "steps2"], [f"p{k}"]))
+        pieces.append(f"p{k}")
+    for k, starts, axes in extra_slices or []:  # a piece's Slice with other bounds (N or C sliced)
+        inits += [(f"xs{k}", np.array(starts, np.int64)), (f"xa{k}", np.array(axes, np.int64)),
+                  (f"xe{k}", np.array([_BIG] * len(axes), np.int64))]
+        nodes.append(helper.make_node("Slice", [pieces[k], f"xs{k}", f"xe{k}", f"xa{k}"], [f"q{k}"]))
+        pieces[k] = f"q{k}"
+    nodes.append(helper.make_node("Concat", pieces, ["f"], axis=1))
+    nodes.append(helper.make_node("Conv", ["f", "w", "b"], ["y"], **conv))
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if sliced_reader:
+        nodes.append(helper.make_node("Neg", [pieces[0]], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", *x_shape[1:]])], outputs, inits)
+
+
+_FOCUS = [(0, 0), (1, 0), (0, 1), (1, 1)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x_shape, phases, s, conv, chained, w_first, ends", [
+    ((1, 3, 16, 12), _FOCUS, 2, None, True, False, _BIG),  # ddddocr_det's (YOLOv5's) Focus and 3x3 conv
+    ((2, 2, 6, 10), [(1, 1), (0, 1), (1, 0), (0, 0)], 2, {"kernel_shape": [2, 3], "pads": [0, 1, 2, 1]}, False,
+     False, _BIG),  # another order, one Slice of both axes, asymmetric pads, a 2 x 3 kernel
+    ((1, 4, 4, 8), _FOCUS, 2, {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0]}, True, True, 8),  # W first, end = W
+    ((1, 2, 9, 6), [(dy, dx) for dx in range(3) for dy in range(3)], 3, None, True, False, _BIG),  # 3 x 3 phases
+    ((1, 1, 2, 2), _FOCUS, 2, {"kernel_shape": [3, 3], "pads": [2, 1, 0, 1]}, True, False, _BIG),  # 1-pixel phases
+])
+def test_space_to_depth_becomes_a_strided_conv(backend, x_shape, phases, s, conv, chained, w_first, ends):
+    model = _space_to_depth_conv_model(x_shape, phases, s, conv, chained, w_first, ends)
+    rng = np.random.default_rng(48)
+    for n in (x_shape[0], 3):
+        x = rng.normal(size=(n, *x_shape[1:])).astype(np.float32)
+        session = _compare(model, {"x": x}, backend, rtol=1e-4, atol=1e-5)
+        assert session.rewrites["fold_space_to_depth_into_conv"] == 1
+        assert _ops(session) in (["Conv"], ["FusedConv"])
+        kh, kw = (conv or {}).get("kernel_shape", [3, 3])
+        assert session.graph.nodes[0].attrs["kernel_shape"] == [s * kh, s * kw]
+        assert session.graph.nodes[0].attrs["strides"] == [s, s]
+
+
+@pytest.mark.parametrize("x_shape, phases, conv, kwargs", [
+    ((1, 3, 8, 8), _FOCUS, {"strides": [2, 2]}, {}),
+    ((1, 3, 8, 8), _FOCUS, {"dilations": [2, 2]}, {}),
+    ((1, 4, 8, 8), _FOCUS, {"group": 2}, {}),
+    ((1, 3, 8, 8), _FOCUS, {"auto_pad": "SAME_UPPER", "pads": None}, {}),
+    ((1, 3, 8, 8), [(0, 0), (1, 0), (0, 1), (0, 0)], None, {}),  # a phase twice, one missing
+    ((1, 3, 8, 8), _FOCUS, None, {"sliced_reader": True}),  # a piece read elsewhere
+    ((2, 3, 8, 8), _FOCUS, None, {"extra_slices": [(k, [1], [0]) for k in range(4)]}),  # the batch sliced
+    ((1, 3, 8, 8), _FOCUS, None, {"extra_slices": [(k, [1], [1]) for k in range(4)], "cin": 8}),  # the channels
+])
+def test_space_to_depth_left_before_conv_unless_it_folds(x_shape, phases, conv, kwargs):
+    conv = dict(conv or {})
+    if conv.get("pads", 0) is None:
+        conv.pop("pads")
+        conv = {"kernel_shape": [3, 3], **conv}
+    model = _space_to_depth_conv_model(x_shape, phases, 2, conv, **kwargs)
+    x = np.random.default_rng(49).normal(size=x_shape).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=1e-5, atol=1e-5)
+    assert session.rewrites["fold_space_to_depth_into_conv"] == 0
+    assert "Concat" in _ops(session)

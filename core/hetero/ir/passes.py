@@ -2517,6 +2517,100 @@ def fold_pad_into_conv(graph: Graph) -> int:
     return count
 
 
+def _phase_slices(graph: Graph, name: str, producers: dict[str, Node], keep: set[str]) \
+        -> tuple[str, dict[int, tuple[int, int]], list[Node]] | None:
+    """``name`` as a chain of constant Slices (opset >= 10, each read by the next alone) of one tensor x: (x, {axis:
+    (start, step)} with every end past the axis, the Slice nodes); None for anything else (an axis sliced twice, a
+    negative or computed bound)."""
+    axes: dict[int, tuple[int, int]] = {}
+    chain: list[Node] = []
+    node = producers.get(name)
+    while node is not None and node.op_key == ("", "Slice"):
+        if name in keep or len(node.inputs) < 3 or any(i and i not in graph.initializers for i in node.inputs[1:]):
+            return None
+        info = graph.values.get(node.inputs[0])
+        shape = info.shape if info is not None else None
+        if shape is None or len(shape) != 4:
+            return None
+        starts, ends = (int_list(graph.initializers[node.inputs[i]]) for i in (1, 2))
+        given = [int_list(graph.initializers[node.inputs[i]]) if len(node.inputs) > i and node.inputs[i] else None
+                 for i in (3, 4)]
+        on = [a + 4 if a < 0 else a for a in (given[0] if given[0] is not None else range(len(starts)))]
+        steps = given[1] if given[1] is not None else [1] * len(starts)
+        if not len(starts) == len(ends) == len(on) == len(steps):
+            return None
+        for a, start, end, step in zip(on, starts, ends, steps, strict=True):
+            if a in axes or not 0 <= a < 4 or not isinstance(shape[a], int) or start < 0 or step < 1 \
+                    or end < shape[a]:
+                return None
+            axes[a] = (start, step)
+        chain.append(node)
+        name = node.inputs[0]
+        node = producers.get(name)
+        if node is not None and node.op_key == ("", "Slice") and _single_consumer(graph, name) is not chain[-1]:
+            return None
+    return (name, axes, chain) if chain else None
+
+
+def fold_space_to_depth_into_conv(graph: Graph) -> int:
+    """``Conv(Concat([x[..., dy::s, dx::s] for each (dy, dx)], axis=1))``, stride 1 (YOLOv5's Focus layer: the
+    s x s phases of x as channels, here ddddocr_det's 3 x 416 x 416 input as 12 x 208 x 208 by eight strided Slices,
+    a third of a millisecond of copies): one Conv on x with stride s, kernel s kh x s kw and pads s p, whose tap (s ky
+    + dy, s kx + dx) of channel c is the old tap (ky, kx) of channel b C + c, b the phase's place in the Concat. The
+    same products: input row s (y - p + ky) + dy is out of x exactly where the phase row y - p + ky is out of the
+    phase map (H and W multiples of s, the only shapes whose phases concatenate). Left alone: dilations, groups,
+    strides, auto_pad, a phase missing or twice, a slice read elsewhere, N or C sliced."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers = graph.producers()
+    for conv in list(graph.nodes):
+        w = _constant_conv_weight(graph, conv)
+        concat = producers.get(conv.inputs[0]) if conv.inputs else None
+        if w is None or w.ndim != 4 or w.dtype != np.float32 or concat is None or concat.op_key != ("", "Concat") \
+                or concat.outputs[0] in keep or _single_consumer(graph, concat.outputs[0]) is not conv \
+                or int(concat.attrs.get("axis", 0)) not in (1, -3):
+            continue
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        if auto_pad != "NOTSET" or int(conv.attrs.get("group", 1)) != 1 \
+                or any(int(v) != 1 for k in ("strides", "dilations") for v in conv.attrs.get(k, [1, 1])):
+            continue
+        s = math.isqrt(len(concat.inputs))
+        pieces = [_phase_slices(graph, p, producers, keep) if _single_consumer(graph, p) is concat else None
+                  for p in concat.inputs]
+        if s < 2 or s * s != len(concat.inputs) or w.shape[1] % (s * s) or any(p is None for p in pieces):
+            continue
+        sources = {p[0] for p in pieces if p is not None}
+        info = graph.values.get(next(iter(sources)))
+        dims = info.shape if info is not None and info.shape is not None else ()
+        shape = [d if isinstance(d, int) else 0 for d in dims]  # 0: not known (the batch may not be)
+        if len(sources) != 1 or len(shape) != 4 or 0 in shape[1:] or shape[2] % s or shape[3] % s \
+                or w.shape[1] != s * s * shape[1]:
+            continue
+        phases = [(p[1][2][0], p[1][3][0]) if p is not None and set(p[1]) == {2, 3}
+                  and p[1][2][1] == p[1][3][1] == s else None for p in pieces]
+        if any(ph is None for ph in phases) or len(set(phases)) != len(phases) \
+                or any(not (0 <= dy < s and 0 <= dx < s) for dy, dx in (ph for ph in phases if ph is not None)):
+            continue
+        cout, c, kh, kw = w.shape[0], shape[1], w.shape[2], w.shape[3]
+        folded = np.zeros((cout, c, s * kh, s * kw), np.float32)
+        for b, (dy, dx) in enumerate(ph for ph in phases if ph is not None):
+            folded[:, :, dy::s, dx::s] = w[:, b * c:(b + 1) * c]
+        pads = [int(p) for p in conv.attrs.get("pads", [0, 0, 0, 0])]
+        w_name = f"{conv.name or conv.outputs[0]}/space_to_depth_w"
+        graph.initializers[w_name] = folded
+        conv.inputs = [next(iter(sources)), w_name, *conv.inputs[2:]]
+        conv.attrs.update(kernel_shape=[s * kh, s * kw], strides=[s, s], pads=[s * p for p in pads],
+                          dilations=[1, 1])
+        for p in pieces:
+            if p is not None:
+                for node in p[2]:
+                    graph.nodes.remove(node)
+        graph.nodes.remove(concat)
+        count += 1
+    return count
+
+
 def fuse_add_relu(graph: Graph) -> int:
     """``Relu(Add(a, b))`` where the Add's output is read by that Relu alone: one ``hetero.AddRelu(a, b)`` (a
     residual block's sum and its activation in one pass over the map instead of two: open_nsfw's 16 blocks). Float32
@@ -2805,6 +2899,7 @@ def float16_chains_to_float32(graph: Graph) -> int:
 DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invariant_constants,
                                     hoist_loop_invariants, fuse_qdq_matmul,
                                     fuse_qdq_conv, sink_transposes, fold_pad_into_max_pool, fold_pad_into_conv,
+                                    fold_space_to_depth_into_conv,
                                     fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
