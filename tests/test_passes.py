@@ -2020,3 +2020,72 @@ def test_space_to_depth_left_before_conv_unless_it_folds(x_shape, phases, conv, 
     session = _compare(model, {"x": x}, "reference", rtol=1e-5, atol=1e-5)
     assert session.rewrites["fold_space_to_depth_into_conv"] == 0
     assert "Concat" in _ops(session)
+
+
+def _max_pools_model(x_shape, pools, concat=True):
+    """Size-keeping MaxPools of x (each a dict of attributes; "pads" (k - 1) / 2 where left out), then their outputs
+    and x concatenated along the channels (YOLOv5's SPP), or each an output of its own."""
+    nodes, outs = [], []
+    for i, attrs in enumerate(pools):
+        attrs = dict(attrs)
+        kernel = attrs["kernel_shape"]
+        attrs.setdefault("pads", [(k - 1) // 2 for k in kernel] * 2)
+        if attrs["pads"] is None:
+            attrs.pop("pads")
+        nodes.append(helper.make_node("MaxPool", ["x"], [f"m{i}"], **attrs))
+        outs.append(f"m{i}")
+    if concat:
+        nodes.append(helper.make_node("Concat", ["x", *outs], ["y"], axis=1))
+        outputs = [("y", TensorProto.FLOAT, None)]
+    else:
+        outputs = [(o, TensorProto.FLOAT, None) for o in outs]
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", *x_shape[1:]])], outputs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x_shape, kernels, rewrites, concat", [
+    ((1, 6, 13, 13), [(5, 5), (9, 9), (13, 13)], 2, True),  # ddddocr_det's SPP
+    ((2, 3, 7, 11), [(9, 9), (3, 3), (5, 5)], 2, False),  # out of order, windows past the map
+    ((1, 4, 6, 5), [(3, 5), (7, 9), (5, 5)], 2, True),  # rectangular: 7 x 9 reads 5 x 5's (3 x 5 on 5 x 5)
+    ((1, 2, 1, 1), [(3, 3), (5, 5)], 1, False),  # a 1-pixel map
+    ((1, 3, 8, 8), [(5, 5), (5, 5), (3, 7)], 0, True),  # equal kernels; 3 x 7 holds neither 5 x 5
+])
+def test_same_max_pools_become_a_chain(backend, x_shape, kernels, rewrites, concat):
+    model = _max_pools_model(x_shape, [{"kernel_shape": list(k)} for k in kernels], concat)
+    rng = np.random.default_rng(50)
+    for n in (x_shape[0], 3):
+        x = rng.normal(size=(n, *x_shape[1:])).astype(np.float32)
+        x.flat[::7] = np.nan
+        x.flat[3::11] = -np.inf
+        x.flat[5::13] = np.inf
+        plain = hetero.Session(model, backends=["reference"], optimize=False).run({"x": x})
+        session = hetero.Session(model, backends=[backend], on_fallback="silent")
+        for name, value in session.run({"x": x}).items():
+            np.testing.assert_array_equal(value, plain[name])  # the same maxima, NaNs in the same places
+        assert session.rewrites["chain_same_max_pools"] == rewrites
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [9, 9], "strides": [2, 2]},
+    {"kernel_shape": [9, 9], "dilations": [2, 2], "pads": [8, 8, 8, 8]},
+    {"kernel_shape": [9, 9], "pads": [4, 4, 4, 3]},  # not symmetric
+    {"kernel_shape": [9, 9], "pads": [0, 0, 0, 0]},
+    {"kernel_shape": [8, 8], "pads": [4, 4, 3, 3]},  # even
+    {"kernel_shape": [9, 9], "auto_pad": "SAME_UPPER", "pads": None},
+    {"kernel_shape": [9, 9], "ceil_mode": 1},
+])
+def test_max_pool_left_alone_unless_it_keeps_the_size(attrs):
+    model = _max_pools_model((1, 3, 11, 11), [{"kernel_shape": [5, 5]}, attrs], concat=False)
+    x = np.random.default_rng(51).normal(size=(1, 3, 11, 11)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=0, atol=0)
+    assert session.rewrites["chain_same_max_pools"] == 0
+
+
+def test_max_pool_with_indices_is_left_alone():
+    nodes = [helper.make_node("MaxPool", ["x"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["x"], ["b", "i"], kernel_shape=[5, 5], pads=[2, 2, 2, 2])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 2, 6, 6])],
+                       [("a", TensorProto.FLOAT, None), ("b", TensorProto.FLOAT, None), ("i", TensorProto.INT64, None)])
+    x = np.random.default_rng(52).normal(size=(1, 2, 6, 6)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=0, atol=0)
+    assert session.rewrites["chain_same_max_pools"] == 0

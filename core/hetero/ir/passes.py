@@ -2403,6 +2403,54 @@ def _pad_is_max_neutral(graph: Graph, pad: Node) -> bool:
     return given is not None and np.asarray(given).size == 1 and float(np.asarray(given).reshape(-1)[0]) == -math.inf
 
 
+def _same_max_pool_kernel(node: Node) -> tuple[int, ...] | None:
+    """A MaxPool's kernel where the pool keeps its input's size: stride 1, odd kernel dims padded by (k - 1) / 2 on
+    each side, no dilation, no ceil_mode, no Indices output; None for any other node."""
+    if node.op_key != ("", "MaxPool") or len(node.outputs) != 1 or "kernel_shape" not in node.attrs:
+        return None
+    kernel = tuple(int(k) for k in node.attrs["kernel_shape"])
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    pads = [int(p) for p in node.attrs.get("pads", [0] * (2 * len(kernel)))]
+    if auto_pad != "NOTSET" or int(node.attrs.get("ceil_mode", 0)) or any(k % 2 == 0 for k in kernel) \
+            or any(int(v) != 1 for key in ("strides", "dilations") for v in node.attrs.get(key, [])) \
+            or pads != [(k - 1) // 2 for k in kernel] * 2:
+        return None
+    return kernel
+
+
+def chain_same_max_pools(graph: Graph) -> int:
+    """Size-keeping MaxPools of one input with growing kernels (YOLOv5's SPP: 5, 9 and 13 on 13 x 13, ddddocr_det)
+    as a chain (SPPF): such pools compose as kernels k and m into one of k + m - 1 (the larger windows are unions of
+    the smaller ones, and a padded position, -inf, is never the max of a window holding an input value), so the pool
+    of kernel m reads the next smaller pool's output with kernel m - k + 1, bit for bit the same maxima (NaN
+    included) for about a third of the window reads. Pools whose kernel is not at least the smaller one's on every
+    axis, or equal to it, are left alone."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    by_input: dict[str, list[tuple[tuple[int, ...], Node]]] = {}
+    for node in graph.nodes:
+        kernel = _same_max_pool_kernel(node)
+        if kernel is not None and node.inputs and node.inputs[0] not in keep:
+            by_input.setdefault(node.inputs[0], []).append((kernel, node))
+    for pools in by_input.values():
+        pools.sort(key=lambda kn: kn[0])
+        for j in range(len(pools) - 1, 0, -1):
+            big, node = pools[j]
+            # the largest smaller pool that fits inside this one on every axis
+            inner = next((kn for kn in reversed(pools[:j]) if kn[0] != big
+                          and all(a <= b for a, b in zip(kn[0], big, strict=True))), None)
+            if inner is None:
+                continue
+            window = [b - a + 1 for a, b in zip(inner[0], big, strict=True)]
+            node.inputs = [inner[1].outputs[0]]
+            node.attrs.update(kernel_shape=window, pads=[(k - 1) // 2 for k in window] * 2)
+            count += 1
+    if count:
+        graph.toposort()  # a pool now reads one that may come after it in the list
+    return count
+
+
 def fold_pad_into_max_pool(graph: Graph) -> int:
     """``MaxPool(Pad(x))`` with an "edge" (or constant -inf) Pad of the spatial axes read by that MaxPool alone: the
     MaxPool with the Pad's amounts as its own ``pads`` (TF's SAME max pools exported with an explicit Pad: open_nsfw's
@@ -2898,7 +2946,8 @@ def float16_chains_to_float32(graph: Graph) -> int:
 # fuse_qdq_matmul / fuse_qdq_conv before any pass that rewrites a MatMul (fuse_matmul_bias, batch_gathered_gemms, ...).
 DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invariant_constants,
                                     hoist_loop_invariants, fuse_qdq_matmul,
-                                    fuse_qdq_conv, sink_transposes, fold_pad_into_max_pool, fold_pad_into_conv,
+                                    fuse_qdq_conv, sink_transposes, fold_pad_into_max_pool, chain_same_max_pools,
+                                    fold_pad_into_conv,
                                     fold_space_to_depth_into_conv,
                                     fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
