@@ -1931,3 +1931,161 @@ def test_adding_a_zero_is_removed_unless_it_broadcasts(backend):
     assert session.rewrites["remove_noops"] == 3
     assert session.run({"x": x, "i": np.zeros(4, np.int64)})["y"].shape == (1, 2, 3)
     assert [n.op_type for n in session.graph.nodes].count("Add") == 2
+
+
+_BIG = np.iinfo(np.int64).max
+
+
+def _space_to_depth_conv_model(x_shape, phases, s=2, conv=None, chained=True, w_first=False, ends=_BIG,
+                               sliced_reader=False, extra_slices=None, cin=None):
+    """YOLOv5's Focus: ``Concat([x[..., dy::s, dx::s] for (dy, dx) in phases], axis=1)`` (each phase as two Slices,
+    H then W or W then H, or one Slice of both axes) -> Conv (3x3, pads 1 unless ``conv`` says)."""
+    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], **(conv or {})}
+    rng = np.random.default_rng(47)
+    c = x_shape[1]
+    cin = len(phases) * c if cin is None else cin  # the Concat's channels
+    w = rng.normal(size=(6, cin // conv.get("group", 1), *conv["kernel_shape"])).astype(np.float32)
+    inits = [("w", w), ("b", rng.normal(size=6).astype(np.float32)), ("step", np.array([s], np.int64)),
+             ("end", np.array([ends], np.int64)), ("ax2", np.array([2], np.int64)), ("ax3", np.array([-1], np.int64)),
+             ("ends2", np.array([ends, ends], np.int64)), ("axes23", np.array([2, 3], np.int64)),
+             ("steps2", np.array([s, s], np.int64))]
+    inits += [(f"start{i}", np.array([i], np.int64)) for i in range(s)]
+    nodes, pieces = [], []
+    for k, (dy, dx) in enumerate(phases):
+        if chained:
+            first, second = (("ax3", dx), ("ax2", dy)) if w_first else (("ax2", dy), ("ax3", dx))
+            nodes.append(helper.make_node("Slice", ["x", f"start{first[1]}", "end", first[0], "step"], [f"h{k}"]))
+            nodes.append(helper.make_node("Slice", [f"h{k}", f"start{second[1]}", "end", second[0], "step"],
+                                          [f"p{k}"]))
+        else:
+            inits.append((f"st{k}", np.array([dy, dx], np.int64)))
+            nodes.append(helper.make_node("Slice", ["x", f"st{k}", "ends2", "axes23", "steps2"], [f"p{k}"]))
+        pieces.append(f"p{k}")
+    for k, starts, axes in extra_slices or []:  # a piece's Slice with other bounds (N or C sliced)
+        inits += [(f"xs{k}", np.array(starts, np.int64)), (f"xa{k}", np.array(axes, np.int64)),
+                  (f"xe{k}", np.array([_BIG] * len(axes), np.int64))]
+        nodes.append(helper.make_node("Slice", [pieces[k], f"xs{k}", f"xe{k}", f"xa{k}"], [f"q{k}"]))
+        pieces[k] = f"q{k}"
+    nodes.append(helper.make_node("Concat", pieces, ["f"], axis=1))
+    nodes.append(helper.make_node("Conv", ["f", "w", "b"], ["y"], **conv))
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if sliced_reader:
+        nodes.append(helper.make_node("Neg", [pieces[0]], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", *x_shape[1:]])], outputs, inits)
+
+
+_FOCUS = [(0, 0), (1, 0), (0, 1), (1, 1)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x_shape, phases, s, conv, chained, w_first, ends", [
+    ((1, 3, 16, 12), _FOCUS, 2, None, True, False, _BIG),  # ddddocr_det's (YOLOv5's) Focus and 3x3 conv
+    ((2, 2, 6, 10), [(1, 1), (0, 1), (1, 0), (0, 0)], 2, {"kernel_shape": [2, 3], "pads": [0, 1, 2, 1]}, False,
+     False, _BIG),  # another order, one Slice of both axes, asymmetric pads, a 2 x 3 kernel
+    ((1, 4, 4, 8), _FOCUS, 2, {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0]}, True, True, 8),  # W first, end = W
+    ((1, 2, 9, 6), [(dy, dx) for dx in range(3) for dy in range(3)], 3, None, True, False, _BIG),  # 3 x 3 phases
+    ((1, 1, 2, 2), _FOCUS, 2, {"kernel_shape": [3, 3], "pads": [2, 1, 0, 1]}, True, False, _BIG),  # 1-pixel phases
+])
+def test_space_to_depth_becomes_a_strided_conv(backend, x_shape, phases, s, conv, chained, w_first, ends):
+    model = _space_to_depth_conv_model(x_shape, phases, s, conv, chained, w_first, ends)
+    rng = np.random.default_rng(48)
+    for n in (x_shape[0], 3):
+        x = rng.normal(size=(n, *x_shape[1:])).astype(np.float32)
+        session = _compare(model, {"x": x}, backend, rtol=1e-4, atol=1e-5)
+        assert session.rewrites["fold_space_to_depth_into_conv"] == 1
+        assert _ops(session) in (["Conv"], ["FusedConv"])
+        kh, kw = (conv or {}).get("kernel_shape", [3, 3])
+        assert session.graph.nodes[0].attrs["kernel_shape"] == [s * kh, s * kw]
+        assert session.graph.nodes[0].attrs["strides"] == [s, s]
+
+
+@pytest.mark.parametrize("x_shape, phases, conv, kwargs", [
+    ((1, 3, 8, 8), _FOCUS, {"strides": [2, 2]}, {}),
+    ((1, 3, 8, 8), _FOCUS, {"dilations": [2, 2]}, {}),
+    ((1, 4, 8, 8), _FOCUS, {"group": 2}, {}),
+    ((1, 3, 8, 8), _FOCUS, {"auto_pad": "SAME_UPPER", "pads": None}, {}),
+    ((1, 3, 8, 8), [(0, 0), (1, 0), (0, 1), (0, 0)], None, {}),  # a phase twice, one missing
+    ((1, 3, 8, 8), _FOCUS, None, {"sliced_reader": True}),  # a piece read elsewhere
+    ((2, 3, 8, 8), _FOCUS, None, {"extra_slices": [(k, [1], [0]) for k in range(4)]}),  # the batch sliced
+    ((1, 3, 8, 8), _FOCUS, None, {"extra_slices": [(k, [1], [1]) for k in range(4)], "cin": 8}),  # the channels
+])
+def test_space_to_depth_left_before_conv_unless_it_folds(x_shape, phases, conv, kwargs):
+    conv = dict(conv or {})
+    if conv.get("pads", 0) is None:
+        conv.pop("pads")
+        conv = {"kernel_shape": [3, 3], **conv}
+    model = _space_to_depth_conv_model(x_shape, phases, 2, conv, **kwargs)
+    x = np.random.default_rng(49).normal(size=x_shape).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=1e-5, atol=1e-5)
+    assert session.rewrites["fold_space_to_depth_into_conv"] == 0
+    assert "Concat" in _ops(session)
+
+
+def _max_pools_model(x_shape, pools, concat=True):
+    """Size-keeping MaxPools of x (each a dict of attributes; "pads" (k - 1) / 2 where left out), then their outputs
+    and x concatenated along the channels (YOLOv5's SPP), or each an output of its own."""
+    nodes, outs = [], []
+    for i, attrs in enumerate(pools):
+        attrs = dict(attrs)
+        kernel = attrs["kernel_shape"]
+        attrs.setdefault("pads", [(k - 1) // 2 for k in kernel] * 2)
+        if attrs["pads"] is None:
+            attrs.pop("pads")
+        nodes.append(helper.make_node("MaxPool", ["x"], [f"m{i}"], **attrs))
+        outs.append(f"m{i}")
+    if concat:
+        nodes.append(helper.make_node("Concat", ["x", *outs], ["y"], axis=1))
+        outputs = [("y", TensorProto.FLOAT, None)]
+    else:
+        outputs = [(o, TensorProto.FLOAT, None) for o in outs]
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", *x_shape[1:]])], outputs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("x_shape, kernels, rewrites, concat", [
+    ((1, 6, 13, 13), [(5, 5), (9, 9), (13, 13)], 2, True),  # ddddocr_det's SPP
+    ((2, 3, 7, 11), [(9, 9), (3, 3), (5, 5)], 2, False),  # out of order, windows past the map
+    ((1, 4, 6, 5), [(3, 5), (7, 9), (5, 5)], 2, True),  # rectangular: 7 x 9 reads 5 x 5's (3 x 5 on 5 x 5)
+    ((1, 2, 1, 1), [(3, 3), (5, 5)], 1, False),  # a 1-pixel map
+    ((1, 3, 8, 8), [(5, 5), (5, 5), (3, 7)], 0, True),  # equal kernels; 3 x 7 holds neither 5 x 5
+])
+def test_same_max_pools_become_a_chain(backend, x_shape, kernels, rewrites, concat):
+    model = _max_pools_model(x_shape, [{"kernel_shape": list(k)} for k in kernels], concat)
+    rng = np.random.default_rng(50)
+    for n in (x_shape[0], 3):
+        x = rng.normal(size=(n, *x_shape[1:])).astype(np.float32)
+        x.flat[::7] = np.nan
+        x.flat[3::11] = -np.inf
+        x.flat[5::13] = np.inf
+        plain = hetero.Session(model, backends=["reference"], optimize=False).run({"x": x})
+        session = hetero.Session(model, backends=[backend], on_fallback="silent")
+        for name, value in session.run({"x": x}).items():
+            np.testing.assert_array_equal(value, plain[name])  # the same maxima, NaNs in the same places
+        assert session.rewrites["chain_same_max_pools"] == rewrites
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [9, 9], "strides": [2, 2]},
+    {"kernel_shape": [9, 9], "dilations": [2, 2], "pads": [8, 8, 8, 8]},
+    {"kernel_shape": [9, 9], "pads": [4, 4, 4, 3]},  # not symmetric
+    {"kernel_shape": [9, 9], "pads": [0, 0, 0, 0]},
+    {"kernel_shape": [8, 8], "pads": [4, 4, 3, 3]},  # even
+    {"kernel_shape": [9, 9], "auto_pad": "SAME_UPPER", "pads": None},
+    {"kernel_shape": [9, 9], "ceil_mode": 1},
+])
+def test_max_pool_left_alone_unless_it_keeps_the_size(attrs):
+    model = _max_pools_model((1, 3, 11, 11), [{"kernel_shape": [5, 5]}, attrs], concat=False)
+    x = np.random.default_rng(51).normal(size=(1, 3, 11, 11)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=0, atol=0)
+    assert session.rewrites["chain_same_max_pools"] == 0
+
+
+def test_max_pool_with_indices_is_left_alone():
+    nodes = [helper.make_node("MaxPool", ["x"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["x"], ["b", "i"], kernel_shape=[5, 5], pads=[2, 2, 2, 2])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 2, 6, 6])],
+                       [("a", TensorProto.FLOAT, None), ("b", TensorProto.FLOAT, None), ("i", TensorProto.INT64, None)])
+    x = np.random.default_rng(52).normal(size=(1, 2, 6, 6)).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference", rtol=0, atol=0)
+    assert session.rewrites["chain_same_max_pools"] == 0

@@ -2470,6 +2470,54 @@ def _pad_is_max_neutral(graph: Graph, pad: Node) -> bool:
     return given is not None and np.asarray(given).size == 1 and float(np.asarray(given).reshape(-1)[0]) == -math.inf
 
 
+def _same_max_pool_kernel(node: Node) -> tuple[int, ...] | None:
+    """A MaxPool's kernel where the pool keeps its input's size: stride 1, odd kernel dims padded by (k - 1) / 2 on
+    each side, no dilation, no ceil_mode, no Indices output; None for any other node."""
+    if node.op_key != ("", "MaxPool") or len(node.outputs) != 1 or "kernel_shape" not in node.attrs:
+        return None
+    kernel = tuple(int(k) for k in node.attrs["kernel_shape"])
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    pads = [int(p) for p in node.attrs.get("pads", [0] * (2 * len(kernel)))]
+    if auto_pad != "NOTSET" or int(node.attrs.get("ceil_mode", 0)) or any(k % 2 == 0 for k in kernel) \
+            or any(int(v) != 1 for key in ("strides", "dilations") for v in node.attrs.get(key, [])) \
+            or pads != [(k - 1) // 2 for k in kernel] * 2:
+        return None
+    return kernel
+
+
+def chain_same_max_pools(graph: Graph) -> int:
+    """Size-keeping MaxPools of one input with growing kernels (YOLOv5's SPP: 5, 9 and 13 on 13 x 13, ddddocr_det)
+    as a chain (SPPF): such pools compose as kernels k and m into one of k + m - 1 (the larger windows are unions of
+    the smaller ones, and a padded position, -inf, is never the max of a window holding an input value), so the pool
+    of kernel m reads the next smaller pool's output with kernel m - k + 1, bit for bit the same maxima (NaN
+    included) for about a third of the window reads. Pools whose kernel is not at least the smaller one's on every
+    axis, or equal to it, are left alone."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    by_input: dict[str, list[tuple[tuple[int, ...], Node]]] = {}
+    for node in graph.nodes:
+        kernel = _same_max_pool_kernel(node)
+        if kernel is not None and node.inputs and node.inputs[0] not in keep:
+            by_input.setdefault(node.inputs[0], []).append((kernel, node))
+    for pools in by_input.values():
+        pools.sort(key=lambda kn: kn[0])
+        for j in range(len(pools) - 1, 0, -1):
+            big, node = pools[j]
+            # the largest smaller pool that fits inside this one on every axis
+            inner = next((kn for kn in reversed(pools[:j]) if kn[0] != big
+                          and all(a <= b for a, b in zip(kn[0], big, strict=True))), None)
+            if inner is None:
+                continue
+            window = [b - a + 1 for a, b in zip(inner[0], big, strict=True)]
+            node.inputs = [inner[1].outputs[0]]
+            node.attrs.update(kernel_shape=window, pads=[(k - 1) // 2 for k in window] * 2)
+            count += 1
+    if count:
+        graph.toposort()  # a pool now reads one that may come after it in the list
+    return count
+
+
 def fold_pad_into_max_pool(graph: Graph) -> int:
     """``MaxPool(Pad(x))`` with an "edge" (or constant -inf) Pad of the spatial axes read by that MaxPool alone: the
     MaxPool with the Pad's amounts as its own ``pads`` (TF's SAME max pools exported with an explicit Pad: open_nsfw's
@@ -2580,6 +2628,100 @@ def fold_pad_into_conv(graph: Graph) -> int:
         else:
             conv.inputs[0] = pad.inputs[0]
         graph.nodes.remove(pad)
+        count += 1
+    return count
+
+
+def _phase_slices(graph: Graph, name: str, producers: dict[str, Node], keep: set[str]) \
+        -> tuple[str, dict[int, tuple[int, int]], list[Node]] | None:
+    """``name`` as a chain of constant Slices (opset >= 10, each read by the next alone) of one tensor x: (x, {axis:
+    (start, step)} with every end past the axis, the Slice nodes); None for anything else (an axis sliced twice, a
+    negative or computed bound)."""
+    axes: dict[int, tuple[int, int]] = {}
+    chain: list[Node] = []
+    node = producers.get(name)
+    while node is not None and node.op_key == ("", "Slice"):
+        if name in keep or len(node.inputs) < 3 or any(i and i not in graph.initializers for i in node.inputs[1:]):
+            return None
+        info = graph.values.get(node.inputs[0])
+        shape = info.shape if info is not None else None
+        if shape is None or len(shape) != 4:
+            return None
+        starts, ends = (int_list(graph.initializers[node.inputs[i]]) for i in (1, 2))
+        given = [int_list(graph.initializers[node.inputs[i]]) if len(node.inputs) > i and node.inputs[i] else None
+                 for i in (3, 4)]
+        on = [a + 4 if a < 0 else a for a in (given[0] if given[0] is not None else range(len(starts)))]
+        steps = given[1] if given[1] is not None else [1] * len(starts)
+        if not len(starts) == len(ends) == len(on) == len(steps):
+            return None
+        for a, start, end, step in zip(on, starts, ends, steps, strict=True):
+            if a in axes or not 0 <= a < 4 or not isinstance(shape[a], int) or start < 0 or step < 1 \
+                    or end < shape[a]:
+                return None
+            axes[a] = (start, step)
+        chain.append(node)
+        name = node.inputs[0]
+        node = producers.get(name)
+        if node is not None and node.op_key == ("", "Slice") and _single_consumer(graph, name) is not chain[-1]:
+            return None
+    return (name, axes, chain) if chain else None
+
+
+def fold_space_to_depth_into_conv(graph: Graph) -> int:
+    """``Conv(Concat([x[..., dy::s, dx::s] for each (dy, dx)], axis=1))``, stride 1 (YOLOv5's Focus layer: the
+    s x s phases of x as channels, here ddddocr_det's 3 x 416 x 416 input as 12 x 208 x 208 by eight strided Slices,
+    a third of a millisecond of copies): one Conv on x with stride s, kernel s kh x s kw and pads s p, whose tap (s ky
+    + dy, s kx + dx) of channel c is the old tap (ky, kx) of channel b C + c, b the phase's place in the Concat. The
+    same products: input row s (y - p + ky) + dy is out of x exactly where the phase row y - p + ky is out of the
+    phase map (H and W multiples of s, the only shapes whose phases concatenate). Left alone: dilations, groups,
+    strides, auto_pad, a phase missing or twice, a slice read elsewhere, N or C sliced."""
+    count = 0
+    keep = _read_by_subgraphs(graph)
+    producers = graph.producers()
+    for conv in list(graph.nodes):
+        w = _constant_conv_weight(graph, conv)
+        concat = producers.get(conv.inputs[0]) if conv.inputs else None
+        if w is None or w.ndim != 4 or w.dtype != np.float32 or concat is None or concat.op_key != ("", "Concat") \
+                or concat.outputs[0] in keep or _single_consumer(graph, concat.outputs[0]) is not conv \
+                or int(concat.attrs.get("axis", 0)) not in (1, -3):
+            continue
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        if auto_pad != "NOTSET" or int(conv.attrs.get("group", 1)) != 1 \
+                or any(int(v) != 1 for k in ("strides", "dilations") for v in conv.attrs.get(k, [1, 1])):
+            continue
+        s = math.isqrt(len(concat.inputs))
+        pieces = [_phase_slices(graph, p, producers, keep) if _single_consumer(graph, p) is concat else None
+                  for p in concat.inputs]
+        if s < 2 or s * s != len(concat.inputs) or w.shape[1] % (s * s) or any(p is None for p in pieces):
+            continue
+        sources = {p[0] for p in pieces if p is not None}
+        info = graph.values.get(next(iter(sources)))
+        dims = info.shape if info is not None and info.shape is not None else ()
+        shape = [d if isinstance(d, int) else 0 for d in dims]  # 0: not known (the batch may not be)
+        if len(sources) != 1 or len(shape) != 4 or 0 in shape[1:] or shape[2] % s or shape[3] % s \
+                or w.shape[1] != s * s * shape[1]:
+            continue
+        phases = [(p[1][2][0], p[1][3][0]) if p is not None and set(p[1]) == {2, 3}
+                  and p[1][2][1] == p[1][3][1] == s else None for p in pieces]
+        if any(ph is None for ph in phases) or len(set(phases)) != len(phases) \
+                or any(not (0 <= dy < s and 0 <= dx < s) for dy, dx in (ph for ph in phases if ph is not None)):
+            continue
+        cout, c, kh, kw = w.shape[0], shape[1], w.shape[2], w.shape[3]
+        folded = np.zeros((cout, c, s * kh, s * kw), np.float32)
+        for b, (dy, dx) in enumerate(ph for ph in phases if ph is not None):
+            folded[:, :, dy::s, dx::s] = w[:, b * c:(b + 1) * c]
+        pads = [int(p) for p in conv.attrs.get("pads", [0, 0, 0, 0])]
+        w_name = f"{conv.name or conv.outputs[0]}/space_to_depth_w"
+        graph.initializers[w_name] = folded
+        conv.inputs = [next(iter(sources)), w_name, *conv.inputs[2:]]
+        conv.attrs.update(kernel_shape=[s * kh, s * kw], strides=[s, s], pads=[s * p for p in pads],
+                          dilations=[1, 1])
+        for p in pieces:
+            if p is not None:
+                for node in p[2]:
+                    graph.nodes.remove(node)
+        graph.nodes.remove(concat)
         count += 1
     return count
 
@@ -2871,7 +3013,9 @@ def float16_chains_to_float32(graph: Graph) -> int:
 # fuse_qdq_matmul / fuse_qdq_conv before any pass that rewrites a MatMul (fuse_matmul_bias, batch_gathered_gemms, ...).
 DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invariant_constants,
                                     hoist_loop_invariants, fuse_qdq_matmul,
-                                    fuse_qdq_conv, sink_transposes, fold_pad_into_max_pool, fold_pad_into_conv,
+                                    fuse_qdq_conv, sink_transposes, fold_pad_into_max_pool, chain_same_max_pools,
+                                    fold_pad_into_conv,
+                                    fold_space_to_depth_into_conv,
                                     fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,

@@ -216,7 +216,9 @@ bool conv_winograd(const PackedConv& pc, const ConvGeom& g, const float* x, cons
                                                act.act_beta, b.out_off + t, b.extent + t, lanes, plane_o, g.Wo, y))
           continue;
         xk.wino_out(b.m + co * b.ncp + t, b.mstride, bv, y);
-        if (act.act >= 0) kr.unary(act.act, y, y, 16 * L, act.act_alpha, act.act_beta);
+        // SiLU by the tiles' own function (vsilu_act, as wino_store applies it): the same bits either way
+        if (act.act >= 0 && !(act.act == U_SILU && xk.bias_act_row(y, 16 * L, 0.f, act.act, 0.f, 0.f)))
+          kr.unary(act.act, y, y, 16 * L, act.act_alpha, act.act_beta);
         for (int l = 0; l < lanes; ++l) {
           const i64 extent = b.extent[t + l];
           float* dst = plane_o + b.out_off[t + l];

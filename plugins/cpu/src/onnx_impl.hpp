@@ -334,7 +334,7 @@ bool dw_act_dispatch(int act, float alpha, float beta, Run&& run) {
     case hetero::U_HARD_SIGMOID:
       run([&](V v) { return vnan_pass(v, S::max(S::min(S::fma(va, v, vbeta), one), zero)); });
       return true;
-    case hetero::U_SILU: run([](V v) { return vsilu(v); }); return true;
+    case hetero::U_SILU: run([](V v) { return vsilu_act(v); }); return true;
     default: run([](V v) { return v; }); return false;
   }
 }

@@ -576,6 +576,60 @@ def test_unary_subnormal_tails(isa, op):
     assert np.all(np.isposinf(out[~fin]))  # exp / softplus past float's range
 
 
+def _silu_ref(x):
+    x = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        return x * np.exp(-np.logaddexp(0, -x))
+
+
+def test_conv_silu_epilogue_error_bound(isa):
+    # The conv tiles' SiLU (vsilu_act: a degree-5 exponential, one-constant reduction where the fma is fused, the
+    # multiplicand clamped at SIGMOID_FLUSH): under 6e-7 relative wherever x >= -86.5 and x silu(x) is a normal float
+    # (4.5e-7 measured, at x = -85); below -86.5 (and at -inf) a normal -2.3e-36, never 0 * inf's NaN; NaN and +inf
+    # through. Every float32 bit pattern from 2e-31 to 90, a stride of 37, of both signs, through a depthwise conv
+    # with weights 1 (its output is the input bit for bit), and the same with a bias (the bias added before the SiLU).
+    bits = np.arange(0x0D000000, 0x42B40000, 37, dtype=np.uint32)
+    pos = bits.view(np.float32)
+    special = np.float32([0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, -86.5, -86.51, -87, -100, -1e30, 1e30,
+                          20, 17.33, 3e38, -3e38])
+    x = np.concatenate([pos, -pos, rng(44).uniform(-20, 20, 20000).astype(np.float32), special])
+    c = 64
+    x = np.concatenate([x, np.zeros((-x.size) % c, np.float32)])
+    for bias in (0.0, 0.375):
+        b = np.full(c, bias, np.float32)
+        out = np.full((1, c, x.size // c, 1), np.nan, np.float32)
+        _native.conv2d(x.reshape(out.shape), np.ones((c, 1, 1, 1), np.float32), b, out, group=c, activation="silu")
+        y, v = out.reshape(-1), x + np.float32(bias)  # the float32 sum the kernel applies the SiLU to
+        ref = _silu_ref(v)
+        ok = np.isfinite(ref) & (np.abs(ref) >= np.finfo(np.float32).tiny) & (v >= np.float32(-86.5))
+        rel = np.abs(y[ok] - ref[ok]) / np.abs(ref[ok])
+        assert rel.max() <= 6e-7, f"max rel err {rel.max():.3g} at x={v[ok][rel.argmax()]!r}"
+        low = v < np.float32(-86.5)
+        assert np.all((y[low] <= 0) & (y[low] >= -2.4e-36) & (y[low] != 0)), y[low][:8]
+        assert np.isnan(y[np.isnan(v)]).all() and np.isposinf(y[v == np.inf]).all()
+        tiny = np.isfinite(v) & ~ok & ~low  # subnormal results near 0: within 2 subnormal steps
+        assert np.all(np.abs(y[tiny] - ref[tiny]) <= 2 * 1.4e-45 + 6e-7 * np.abs(ref[tiny]))
+
+
+def test_conv_silu_epilogue_gemm_paths(isa):
+    # The same SiLU on a 1 -> 48 channel 1x1 conv's and a 3x3 conv's outputs (the GEMM / pointwise and direct /
+    # Winograd epilogues), finite inputs: within 6e-7 relative of the float64 SiLU of the kernel's own pre-activation
+    x = randn(1, 1, 37, 45, seed=45) * 9
+    w = np.ones((48, 1, 1, 1), np.float32)
+    out = np.empty((1, 48, 37, 45), np.float32)
+    _native.conv2d(x, w, np.zeros(48, np.float32), out, activation="silu")
+    ref = np.broadcast_to(_silu_ref(x), out.shape)
+    np.testing.assert_allclose(out, ref, rtol=6e-7, atol=1e-30)
+    x3 = randn(1, 8, 23, 29, seed=46)
+    w3 = randn(16, 8, 3, 3, seed=47) * 0.5
+    b3 = randn(16, seed=48)
+    pre = np.empty((1, 16, 23, 29), np.float32)
+    _native.conv2d(x3, w3, b3, pre, pads=(1, 1, 1, 1))
+    post = np.empty_like(pre)
+    _native.conv2d(x3, w3, b3, post, pads=(1, 1, 1, 1), activation="silu")
+    np.testing.assert_allclose(post, _silu_ref(pre), rtol=6e-7, atol=1e-30)
+
+
 def test_softmax_flushes_probabilities_under_the_normal_range(isa):
     # terms whose probability would be under 2^-126 are 0 (no subnormal products); the rest as float64 gives them
     x = np.concatenate([np.linspace(-200, 0, 400), [5.0, 3.0]]).astype(np.float32)[None]
