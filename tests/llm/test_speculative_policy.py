@@ -111,9 +111,9 @@ def test_graded_drafts_are_cut_by_the_acceptance_of_their_class():
 
 def test_a_graded_drafters_class_acceptance_carries_to_the_next_generation():
     """A lookahead whose 1-token matches (class 0) were never right and whose 5-7-token ones (class 4) always were:
-    the next generation, whose verify widths are priced by the prior until timed (1 + 0.15 (T - 1): they start
-    afresh), starts from those acceptances, not from the prior of 1/2 for each class again: after a 1-token match
-    it drafts one token (the prior drafted two that lose) and after a long match the longest draft."""
+    the next generation, whose verify widths start afresh (priced at the slope the first measured, 0.3 a token,
+    until timed), starts from those acceptances, not from the prior of 1/2 for each class again: after a 1-token
+    match it takes a plain step (the prior drafted two that lose) and after a long match the longest draft."""
     first = DraftPolicy(8, graded=True)
     produced = 0
     for step in range(60):
@@ -127,8 +127,35 @@ def test_a_graded_drafters_class_acceptance_carries_to_the_next_generation():
     second.carry_plain(first)
     fresh.cost, fresh.runs = {1: 1.0}, {1: COLD_RUNS + 1}  # carry_plain before classes were carried
     assert second.acceptance(0)[0] == pytest.approx(first.acceptance(0)[0]) and first.acceptance(0)[0] < 0.25
-    assert second.cut(0) == 1 < fresh.cut(0) and second.cut(4) == 8
+    assert second.cut(0) == 0 < fresh.cut(0) and second.cut(4) == 8
     assert sum(tried for _, tried in second.classes[0]) <= 1 / (1 - DECAY)  # decayed counts: ~10 drafts at most
+
+
+def test_the_measured_verify_slope_prices_the_next_generations_unmeasured_widths():
+    """Verify widths cost 1 + 0.4 (T - 1) plain steps (the 1.5B at 1 thread: 0.25-0.45 a token): the next
+    generation prices the widths it has not timed at that slope, not at the prior's 0.15 (its lookahead drafted 8
+    tokens after its first long match on chat and lost, every reply); a slope measured below the prior, or none,
+    leaves the prior."""
+    def generation(slope: float | None) -> DraftPolicy:
+        policy = DraftPolicy(8, graded=True)
+        policy.cost = {1: 1.0} if slope is None else {t: 1 + slope * (t - 1) for t in (1, 3, 5)}
+        policy.runs = dict.fromkeys(policy.cost, COLD_RUNS + 1)
+        return policy
+
+    steep, flat, untimed = DraftPolicy(8, graded=True), DraftPolicy(8, graded=True), DraftPolicy(8, graded=True)
+    steep.carry_plain(generation(0.4))
+    flat.carry_plain(generation(0.05))
+    untimed.carry_plain(generation(None))
+    assert 3 not in steep.cost  # the widths themselves start afresh
+    assert steep._estimated_cost(9, 1.0) == pytest.approx(1 + 0.4 * 8)
+    assert flat._estimated_cost(9, 1.0) == pytest.approx(1 + 0.15 * 8)
+    assert untimed._estimated_cost(9, 1.0) == pytest.approx(1 + 0.15 * 8)
+    later = DraftPolicy(8, graded=True)  # a generation that timed nothing passes the slope it started with on
+    later.carry_plain(steep)
+    assert later._estimated_cost(9, 1.0) == pytest.approx(1 + 0.4 * 8)
+    costly = DraftPolicy(8)  # a drafter with costs (carry_costs) carries it too
+    costly.carry_costs(generation(0.4))
+    assert costly._estimated_cost(9, 1.0) > 1 + 0.4 * 8 - 1e-9
 
 
 def test_graded_drafts_stop_when_no_length_pays():

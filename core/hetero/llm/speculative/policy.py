@@ -66,6 +66,7 @@ SMOOTHING = 0.25  # weight of the newest step in the running costs
 COLD_RUNS = 2  # steps of a new size that plan and record it (slower than its steady state)
 DECAY = 0.9  # weight of the past in the acceptance counts
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra token in a step, until steps of that size are measured
+MAX_SLOPE = 1.0  # the carried slope's ceiling (a verify token costing more than a plain step is a timing fault)
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.5, 2.0  # a class's first draft position starts at 1/2 with the weight of 2 drafts
 RATE_DECAY = 0.95  # weight of the past in the generation's tokens per second (λ)
 SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per token (judging drafting)
@@ -123,6 +124,9 @@ class DraftPolicy:
         self.cold_drafting: float | None = None  # the cheapest drafting step's seconds before one was warm
         self.shadow = shadow
         self.trial_due = False  # drafting was switched off: its next draft is a trial
+        # extra cost per extra token of a verify step (in plain steps) for sizes not measured yet: the prior, or
+        # what the last generation measured (``carried_slope``)
+        self.prior_slope = PRIOR_SLOPE
 
     def carry_costs(self, previous: DraftPolicy) -> None:
         """Start with the step costs ``previous`` measured (the last generation's policy: the same model, drafter
@@ -153,6 +157,7 @@ class DraftPolicy:
         verify instead of 10.14, as the 2-thread draft-model run at 1.95x against 2.22x; docs/speculative.md,
         2026-12-04)."""
         self.cost, self.cost_at, self.runs = dict(previous.cost), dict(previous.cost_at), dict(previous.runs)
+        self.prior_slope = previous.carried_slope()
         self.measured_at = dict.fromkeys(self.cost, 0)
         self.draft_times, self.draft_steps = list(previous.draft_times), previous.draft_steps
         self.trial_times, self.draft_step_times = list(previous.trial_times), list(previous.draft_step_times)
@@ -181,7 +186,25 @@ class DraftPolicy:
         5-7-token match, none right, every time (2026-12-06, branch spec24)."""
         if 1 in previous.cost:
             self.cost[1], self.runs[1], self.measured_at[1] = previous.cost[1], previous.runs[1], 0
+        self.prior_slope = previous.carried_slope()
         self.classes = {c: [list(position) for position in counts] for c, counts in previous.classes.items()}
+
+    def carried_slope(self) -> float:
+        """The extra cost per extra token of a verify step, in plain steps, that the next generation prices its
+        unmeasured sizes by: the median over the sizes this one timed warm (each its running cost against plain
+        decoding's: (C(T) / C(1) - 1) / (T - 1)), never below the prior, or this generation's own prior when it
+        timed none. The widths' own costs start afresh for graded drafts (``carry_plain``), but their slope is the
+        model's and the machine's, not the text's: priced at the prior's 0.15 while the 1.5B's verify tokens cost
+        0.25-0.45 plain steps each at 1 and 2 threads (2026-12-07, chat30), every chat reply's first drafts of the
+        lookahead were drafted too long and lost, ~8-10 verify steps a 64-token reply (0.88-0.92x of plain)."""
+        plain = self.plain_cost
+        if plain is None or plain <= 0:
+            return self.prior_slope
+        slopes = [(self._scaled(size, fade=False) / plain - 1) / (size - 1) for size in self.cost
+                  if size > 1 and self.runs.get(size, 0) > COLD_RUNS]
+        if not slopes:
+            return self.prior_slope
+        return min(max(_median(slopes), PRIOR_SLOPE), MAX_SLOPE)
 
     @property
     def draft_cost(self) -> float | None:
@@ -626,7 +649,7 @@ class DraftPolicy:
         # past the largest measured size: at the prior's slope, or the measured one's when steeper (a step of T
         # tokens costs at least as much more per token as a smaller one: on the 1.5B at 1 thread ~0.35 plain steps
         # a token at 3-4 tokens, ~0.45 at 9; priced at 0.15, a width of 9 looked half its cost)
-        slope = PRIOR_SLOPE * plain
+        slope = self.prior_slope * plain
         if below > 1 and 1 in cost:
             slope = max(slope, (low - cost[1]) / (below - 1))
         return max(low + slope * (size - below), floor)
@@ -641,7 +664,7 @@ class DraftPolicy:
         cost = self.cost[size] * plain / at
         # dearer than the prior: the estimate fades back towards the prior as it ages, so a size timed in a bad
         # moment (a neighbour's burst on one step) is tried again rather than never drafted again
-        prior = plain * (1 + PRIOR_SLOPE * (size - 1))
+        prior = plain * (1 + self.prior_slope * (size - 1))
         if fade and cost > prior:
             warm = max(self.runs.get(size, 0) - COLD_RUNS, 1)  # timed often: trusted longer
             memory = COST_MEMORY ** ((self.steps - self.measured_at.get(size, self.steps)) / warm)
