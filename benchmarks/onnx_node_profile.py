@@ -24,6 +24,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -66,6 +67,30 @@ def _hetero_node_of(tensor: str) -> str | None:
     return None
 
 
+def time_bound_calls(session: Any, timed: Callable[[str, Callable[[], None]], Callable[[], None]],
+                     labels: dict[str, str], order: list[str] | None = None) -> None:
+    """Wrap every kernel's ``bind`` so that each call it returns runs through ``timed(node name, call)``, note each
+    node's label (and, with ``order``, the nodes in the order their calls were bound), then drop the replay so the
+    next run records the wrapped calls."""
+    for node, kernel in session.kernels():
+        bind = getattr(kernel, "bind", None)
+        if bind is None:
+            continue
+
+        def wrapped(ins, outs, _bind=bind, _name=node.name, _kernel=kernel):
+            call = _bind(ins, outs)
+            labels[_name] = _label(_kernel, ins)
+            if order is not None and _name not in order:
+                order.append(_name)
+            if call is None:
+                return None
+            if callable(call):
+                return timed(_name, call)
+            return [timed(_name, c) for c in call]
+        kernel.bind = wrapped
+    session.invalidate_replay()
+
+
 def hetero_profile(path: str, feeds: dict, threads: int, runs: int,
                    clock: Callable[[], float] = time.perf_counter,
                    stat: Callable[[list[float]], float] = statistics.median) -> dict[str, tuple[str, float]]:
@@ -91,20 +116,7 @@ def hetero_profile(path: str, feeds: dict, threads: int, runs: int,
             acc[name] += clock() - t0
         return run
 
-    for node, kernel in session.kernels():
-        bind = getattr(kernel, "bind", None)
-        if bind is None:
-            continue
-        def wrapped(ins, outs, _bind=bind, _name=node.name, _kernel=kernel):
-            call = _bind(ins, outs)
-            labels[_name] = _label(_kernel, ins)
-            if call is None:
-                return None
-            if callable(call):
-                return timed(_name, call)
-            return [timed(_name, c) for c in call]
-        kernel.bind = wrapped
-    session.invalidate_replay()
+    time_bound_calls(session, timed, labels)
     for _ in range(3):
         session.run(feeds)
     acc.clear()
