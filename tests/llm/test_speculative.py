@@ -1046,3 +1046,6 @@ def test_draft_vocabulary_by_token_counts(tmp_path, monkeypatch):
             make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank={bad}", target)
     with pytest.raises(HeteroError, match="rank=''; expected bpe, freq"):
         make_drafter(f"draft:{FIXTURES / 'qwen3'},rank=", target)
+    monkeypatch.setattr(target, "tokenizer", None)  # a target without a tokenizer has nothing to count with
+    with pytest.raises(HeteroError, match="rank=freq counts tokens with the target's tokenizer"):
+        make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank=freq", target)

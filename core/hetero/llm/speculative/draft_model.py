@@ -41,6 +41,7 @@ import numpy as np
 from ...contract.errors import HeteroError
 from ...contract.vendor_worker import cache_root
 from ..families.decoder import VERIFY_ROWS
+from ..tokenizer import Tokenizer
 from .drafter import Draft, Hidden
 from .lookahead import Lookahead
 from .target import Target
@@ -172,7 +173,7 @@ def read_token_counts(path: str | Path, vocab_size: int) -> np.ndarray:
     return counts.astype(np.float64)
 
 
-def token_counts(tokenizer: object, vocab_size: int, files: Sequence[Path] | None = None) -> np.ndarray:
+def token_counts(tokenizer: Tokenizer, vocab_size: int, files: Sequence[Path] | None = None) -> np.ndarray:
     """How often each token id occurs in ``files`` (default: the Python standard library's ``.py`` sources in
     sorted order, the first ``CORPUS_BYTES`` of text: a local corpus of code and English that every install has)
     tokenized by ``tokenizer``. Default corpus: cached in ``$HETERO_CACHE_DIR/requantized`` (beside the re-quantized
@@ -180,7 +181,7 @@ def token_counts(tokenizer: object, vocab_size: int, files: Sequence[Path] | Non
     cache = None
     if files is None:
         stdlib = Path(sysconfig.get_paths()["stdlib"])
-        vocab: dict[str, int] = getattr(tokenizer, "vocabulary", dict)()
+        vocab = tokenizer.vocabulary()
         key = hashlib.sha256(json.dumps([COUNTS_VERSION, CORPUS_BYTES, str(stdlib), sys.version, vocab_size,
                                          sorted(vocab.items())]).encode()).hexdigest()[:16]
         cache = cache_root() / "requantized" / f"token-counts-{key}.npy"
@@ -197,7 +198,7 @@ def token_counts(tokenizer: object, vocab_size: int, files: Sequence[Path] | Non
             text = Path(file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        ids = np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)  # type: ignore[attr-defined]
+        ids = np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
         counts += np.bincount(ids[(ids >= 0) & (ids < vocab_size)], minlength=vocab_size)
         seen += len(text)
         if seen >= CORPUS_BYTES:

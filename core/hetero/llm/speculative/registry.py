@@ -109,7 +109,13 @@ def _draft_model(argument: str, target: Target) -> Drafter:
     vocab, size, rank = target.config.vocab_size, int(options["vocab"]), options["rank"]
     counts = None
     if rank != "bpe" and 0 < size < vocab:
-        counts = token_counts(target.tokenizer, vocab) if rank == "freq" else read_token_counts(rank, vocab)
+        if rank != "freq":
+            counts = read_token_counts(rank, vocab)
+        elif target.tokenizer is None:
+            raise HeteroError(f"--spec draft:{argument}: rank=freq counts tokens with the target's tokenizer, and the "
+                              "target has none (give rank=COUNTS.npy or rank=bpe)")
+        else:
+            counts = token_counts(target.tokenizer, vocab)
     rows = draft_vocabulary(target.tokenizer, vocab, size, counts)  # the draft's: checked
     model = load(path, threads=target.threads, context=target.context, kv_cache=target.kv_cache, head_rows=rows,
                  requantize=options["quant"] or None,
