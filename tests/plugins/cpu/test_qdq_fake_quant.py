@@ -18,14 +18,7 @@ _native = pytest.importorskip("hetero_cpu._native")
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-
-def _rand8(rng: np.random.Generator, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
-
-
-def _elem(dtype: type) -> int:
-    return TensorProto.UINT8 if dtype == np.uint8 else TensorProto.INT8
+from .test_qdq_fusion import _rand8  # noqa: E402
 
 
 # -- the native kernels --------------------------------------------------------------------------------------------

@@ -47,15 +47,20 @@ def test_tiles_bitwise_one_row(isa):
         assert len(digest) == 16 and sorted(ms) == [2, 3, 4, 8, 9, 11, 12, 16], fmt  # the M it times (MS)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the benchmark's ISAs are x86-64 ones")
-@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
-def test_streamed_gemv_is_the_one_row_gemv():
+def _built_for_this_cpu():
+    """The benchmark's module and its binary for the best ISA this CPU runs (AVX-512 VNNI, else AVX2)."""
     isa = "avx512vnni" if CPU_FLAGS["avx512vnni"] <= cpu_flags() else "avx2"
     if not CPU_FLAGS[isa] <= cpu_flags():
         pytest.skip("this CPU runs neither AVX2 nor AVX-512 VNNI")
     mod = bench_module()
-    exe = mod.build(isa, mod.INCLUDE)
+    return mod, mod.build(isa, mod.INCLUDE)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the benchmark's ISAs are x86-64 ones")
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler")
+def test_streamed_gemv_is_the_one_row_gemv():
+    mod, exe = _built_for_this_cpu()
     plain = mod.run(exe, n=72, k=512, reps=1)
     for clock in ("wall", "cpu"):  # cpu: the best pass's slowest thread's CPU time
         streamed = mod.run(exe, n=72, k=512, reps=2, stream_mib=1, threads=2, clock=clock)
@@ -73,11 +78,7 @@ def test_formats_and_env_of_a_run():
     """--formats runs only the named formats (QGEMM_ROWS_FORMATS); an arm's environment (--env) reaches the binary
     and, being a prefetch distance, leaves the outputs' bits alone; the chunked walks (QGEMM_ROWS_CHUNK, with
     QGEMM_ROWS_CHUNK_MAJOR) compute the one-row GEMV (the binary checks them to a relative 1e-4)."""
-    isa = "avx512vnni" if CPU_FLAGS["avx512vnni"] <= cpu_flags() else "avx2"
-    if not CPU_FLAGS[isa] <= cpu_flags():
-        pytest.skip("this CPU runs neither AVX2 nor AVX-512 VNNI")
-    mod = bench_module()
-    exe = mod.build(isa, mod.INCLUDE)
+    mod, exe = _built_for_this_cpu()
     plain = mod.run(exe, n=72, k=512, reps=1)
     some = mod.run(exe, n=72, k=512, reps=1, formats="q8_0,q4_0")
     assert sorted(some) == ["q4_0", "q8_0"]
