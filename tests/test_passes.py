@@ -1770,10 +1770,15 @@ def test_matmul_gelu_is_left_out_where_the_backend_lacks_it():
     np.testing.assert_allclose(session.run(x)["y"], plain, rtol=1e-4, atol=1e-5)
 
 
-def _loop_model(rng, step_count: int):
+def _loop_model(rng, step_count: int, written_back: bool = False):
     """paddle2onnx's decoder Loop: the weights ride along as carried values that the body passes through unchanged
-    (W, b), beside a state h, a carried weight the body does change (u: must stay a loop value) and a scan output."""
-    f32 = np.float32
+    (W, b), beside a state h, a carried weight the body does change (u: must stay a loop value) and a scan output.
+    ``written_back``: W returns as ``Squeeze(Add(Unsqueeze(W), 0))`` (Constant nodes), as paddle2onnx writes state."""
+    f32, i64 = np.float32, np.int64
+    back = [helper.make_node("Constant", [], ["ax"], value=numpy_helper.from_array(np.array([0], i64))),
+            helper.make_node("Constant", [], ["z"], value=numpy_helper.from_array(np.array([0.0], f32))),
+            helper.make_node("Unsqueeze", ["W_in", "ax"], ["Wu"]), helper.make_node("Add", ["Wu", "z"], ["Wz"]),
+            helper.make_node("Squeeze", ["Wz", "ax"], ["W_back"])] if written_back else []
     body = helper.make_graph(
         [helper.make_node("Transpose", ["W_in"], ["Wt"], perm=[1, 0]),
          helper.make_node("MatMul", ["h_in", "Wt"], ["hw"]),
@@ -1782,7 +1787,7 @@ def _loop_model(rng, step_count: int):
          helper.make_node("Tanh", ["pre_u"], ["h_out"]),
          helper.make_node("Mul", ["u_in", "half"], ["u_out"]),
          helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("ReduceSum", ["h_out"], ["scan"], keepdims=0)],
+         helper.make_node("ReduceSum", ["h_out"], ["scan"], keepdims=0), *back],
         "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []),
          helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
@@ -1792,7 +1797,7 @@ def _loop_model(rng, step_count: int):
          helper.make_tensor_value_info("u_in", TensorProto.FLOAT, [6])],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
          helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [1, 6]),
-         helper.make_tensor_value_info("W_in", TensorProto.FLOAT, [6, 6]),  # passed through: loop-invariant
+         helper.make_tensor_value_info("W_back" if written_back else "W_in", TensorProto.FLOAT, [6, 6]),  # invariant
          helper.make_tensor_value_info("b_in", TensorProto.FLOAT, [6]),
          helper.make_tensor_value_info("u_out", TensorProto.FLOAT, [6]),
          helper.make_tensor_value_info("scan", TensorProto.FLOAT, [])],
@@ -1808,11 +1813,12 @@ def _loop_model(rng, step_count: int):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("step_count", [0, 1, 7])
-def test_loop_invariant_weights_become_body_constants(backend, step_count):
+@pytest.mark.parametrize("written_back", [False, True])
+def test_loop_invariant_weights_become_body_constants(backend, step_count, written_back):
     import onnxruntime as ort
 
     rng = np.random.default_rng(11)
-    model = _loop_model(rng, step_count)
+    model = _loop_model(rng, step_count, written_back)
     h0 = rng.normal(size=(1, 6)).astype(np.float32)
     session = _compare(model, {"h0": h0}, backend)
     # W and b (passed through, started from weights) are rewired; u changes every iteration and stays carried

@@ -121,8 +121,8 @@ def _adds_zero(graph: Graph, node: Node) -> bool:
 
 
 def loop_invariant_constants(graph: Graph) -> int:
-    """A Loop's carried value that its body passes through unchanged (body output k+1 is body input k+2) and that the
-    Loop starts from a weight of this graph: the body's nodes read the weight by name from the outer scope instead.
+    """A Loop's carried value that its body passes through unchanged (``_passes_through``) and that the Loop starts
+    from a weight of this graph: the body's nodes read the weight by name from the outer scope instead.
     The carried slot stays (the Loop still returns it), but the body's child session then sees a constant, so it
     folds Transposes of it, packs it for its MatMuls and fuses their bias Adds once, not at every iteration
     (paddle2onnx threads every weight of SLANet's attention-GRU decoder through its Loop this way). Returns the number
@@ -134,14 +134,12 @@ def loop_invariant_constants(graph: Graph) -> int:
             continue
         nested = {name for inner in body.nodes for sub in inner.attrs.values() if isinstance(sub, Graph)
                   for name in free_names(sub)}
-        defined = set(body.inputs) | set(body.initializers) | {o for n in body.nodes for o in n.outputs}
+        producers = _body_producers(body)
+        defined = set(body.inputs) | set(body.initializers) | set(producers)
         renames: dict[str, str] = {}
-        for k, start in enumerate(node.inputs[2:]):
-            if 2 + k >= len(body.inputs) or 1 + k >= len(body.outputs):
-                break
-            name = body.inputs[2 + k]
-            if (start and start in graph.initializers and body.outputs[1 + k] == name and name not in nested
-                    and start not in defined and start not in renames.values()):
+        for name, start in _carried_unchanged(node, body, producers).items():
+            if (start in graph.initializers and name not in nested and start not in defined
+                    and start not in renames.values()):
                 renames[name] = start
         if not renames:
             continue
@@ -152,6 +150,21 @@ def loop_invariant_constants(graph: Graph) -> int:
         node.attrs["body"] = body
         count += len(renames)
     return count
+
+
+def _body_producers(body: Graph) -> dict[str, Node]:
+    return {o: n for n in body.nodes for o in n.outputs if o}
+
+
+def _carried_unchanged(loop: Node, body: Graph, producers: dict[str, Node]) -> dict[str, str]:
+    """Body input name -> the Loop's start value, for each carried value the body passes through unchanged."""
+    carried: dict[str, str] = {}
+    for k, start in enumerate(loop.inputs[2:]):
+        if 2 + k >= len(body.inputs) or 1 + k >= len(body.outputs):
+            break
+        if start and _passes_through(body, body.outputs[1 + k], body.inputs[2 + k], producers):
+            carried[body.inputs[2 + k]] = start
+    return carried
 
 
 # Ops whose work per Loop step is worth taking out of the body when every input is loop-invariant (a cheap node left
@@ -221,14 +234,9 @@ def hoist_loop_invariants(graph: Graph) -> int:
             continue
         if any(isinstance(sub, Graph) for inner in body.nodes for sub in inner.attrs.values()):
             continue  # a nested body could read a moved value by name
-        producers = {o: n for n in body.nodes for o in n.outputs if o}
+        producers = _body_producers(body)
         defined = set(body.inputs) | set(body.initializers) | set(producers)
-        outer: dict[str, str] = {}  # body name -> the name of the same value in this graph
-        for k, start in enumerate(node.inputs[2:]):
-            if 2 + k >= len(body.inputs) or 1 + k >= len(body.outputs):
-                break
-            if start and _passes_through(body, body.outputs[1 + k], body.inputs[2 + k], producers):
-                outer[body.inputs[2 + k]] = start
+        outer = _carried_unchanged(node, body, producers)  # body name -> the name of the same value in this graph
         if not outer:
             continue
         # fresh names clash with neither this graph's names nor the body's (which would shadow them)
