@@ -375,8 +375,16 @@ class KernelTableBackend(Backend):
         """Every kernel this backend has, its own and the ones other plugins added, by ``(domain, op_type)``."""
         return {**self.kernels, **_added_kernels.get(self.name, {})}
 
+    def _factory(self, domain: str, op_type: str) -> KernelFactory | None:
+        """The table's entry for one op, without merging the whole table (asked once per node of every session)."""
+        key = (domain, op_type)
+        added = _added_kernels.get(self.name)
+        if added is not None and key in added:
+            return added[key]
+        return self.kernels.get(key)
+
     def supports(self, node: NodeInfo) -> Support:
-        factory = self.kernel_table().get((node.domain, node.op_type))
+        factory = self._factory(node.domain, node.op_type)
         if factory is None:
             return unsupported(f"no {self.name} kernel for {node.op_type}")
         accepts = getattr(factory, "accepts", None)
@@ -390,7 +398,10 @@ class KernelTableBackend(Backend):
             return unsupported(f"{node.op_type}: {type(exc).__name__} in the kernel's check: {exc}")
 
     def kernel(self, node: NodeInfo) -> Kernel:
-        return self.kernel_table()[(node.domain, node.op_type)](node, self)
+        factory = self._factory(node.domain, node.op_type)
+        if factory is None:
+            raise KeyError((node.domain, node.op_type))  # what indexing the merged table raised
+        return factory(node, self)
 
     def takes_op_type(self, domain: str, op_type: str) -> bool:
-        return (domain, op_type) in self.kernel_table()
+        return self._factory(domain, op_type) is not None
