@@ -21,8 +21,10 @@ _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorP
 
 
 def model(op: str, feeds: dict[str, np.ndarray], outputs: list[tuple[str, int]], ml_opset: int = 1,
-          **attrs: object) -> bytes:
-    inputs = [helper.make_tensor_value_info(name, _TYPES[x.dtype], None) for name, x in feeds.items()]
+          shaped: bool = False, **attrs: object) -> bytes:
+    """One ``op`` node; its inputs' shapes unknown, or with ``shaped`` those of ``feeds``."""
+    inputs = [helper.make_tensor_value_info(name, _TYPES[x.dtype], list(x.shape) if shaped else None)
+              for name, x in feeds.items()]
     outs = [helper.make_tensor_value_info(name, elem, None) for name, elem in outputs]
     node = helper.make_node(op, list(feeds), [name for name, _ in outputs], domain="ai.onnx.ml", **attrs)
     graph = helper.make_graph([node], "g", inputs, outs)
@@ -62,6 +64,28 @@ def test_scaler(rows, dtype, per_feature):
     offset = RNG.normal(0, 1, 7 if per_feature else 1).tolist()
     scale = RNG.uniform(0.1, 2, 7 if per_feature else 1).tolist()
     check(model("Scaler", {"X": x}, [("Y", TensorProto.FLOAT)], offset=offset, scale=scale), {"X": x})
+
+
+def test_scaler_float32_lowered_to_sub_mul():
+    """A float32 Scaler becomes Sub / Mul (lower_contrib_ops); an identity offset or scale is left out, and an int64
+    one stays a Scaler (its reference casts first)."""
+    x = RNG.normal(0, 5, (3, 4)).astype(np.float32)
+    # (onnxruntime wants as many offsets as scales)
+    for offset, scale, ops in (([1.0, 2, 3, 4], [0.5] * 4, ["Sub", "Mul"]), ([0.0] * 4, [2.0, 1, 1, 3], ["Mul"]),
+                               ([1.5], [1.0], ["Sub"]), ([0.0], [1.0], [])):
+        blob = model("Scaler", {"X": x}, [("Y", TensorProto.FLOAT)], shaped=True, offset=offset, scale=scale)
+        check(blob, {"X": x}, rtol=0)  # the same float32 arithmetic: equal
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", hetero.HeteroWarning)
+            s = hetero.Session(blob, backends=["cpu"])
+        assert s.rewrites["lower_contrib_ops"] == 1
+        assert [n.op_type for n in s.graph.nodes if n.op_type != "Identity"] == ops
+    xi = x.astype(np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hetero.HeteroWarning)
+        s = hetero.Session(model("Scaler", {"X": xi}, [("Y", TensorProto.FLOAT)], offset=[1.0], scale=[2.0]),
+                           backends=["cpu"])
+    assert [n.op_type for n in s.graph.nodes] == ["Scaler"]
 
 
 @pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])

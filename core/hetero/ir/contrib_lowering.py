@@ -1,7 +1,8 @@
 """``lower_contrib_ops``: onnxruntime's contrib ops (com.microsoft) rewritten into the standard ONNX nodes they mean,
 the first of the default passes, so that a file saved after onnxruntime's optimizer (issue 17) meets the same fusion
 passes (fuse_matmul_bias, fuse_conv_activation, fuse_attention, ...) and native kernels as the model it was made
-from, instead of running its fused contrib nodes on the numpy references of ``hetero.ops.contrib``.
+from, instead of running its fused contrib nodes on the numpy references of ``hetero.ops.contrib``. Also ai.onnx.ml's
+Scaler on float32 (scikit-learn exports), as the Sub / Mul it means.
 
 A node is lowered only in the forms whose meaning the standard nodes reproduce exactly (see each ``_lower_*``);
 anything else (attention with a past or a causal mask, packed QKV / KV MultiHeadAttention, ...) stays as it is and
@@ -16,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..contract import dtypes, registry
-from ..contract.graph import HETERO_DOMAIN, MICROSOFT_DOMAIN, Graph, Node
+from ..contract.graph import HETERO_DOMAIN, MICROSOFT_DOMAIN, ML_DOMAIN, Graph, Node
 from ..contract.registry import OpContext
 from ..contract.tensor import TensorInfo
 
@@ -449,9 +450,39 @@ LOWERINGS: dict[str, Lowering] = {
 ONNX_DOMAIN_LOWERINGS: dict[str, Lowering] = {"SimplifiedLayerNormalization": _lower_simplified_layer_norm}
 
 
+def _lower_scaler(b: _Builder, node: Node) -> bool:
+    """ai.onnx.ml Scaler on float32: Sub(X, offset) then Mul by scale, each left out where it is the identity; the
+    same float32 arithmetic as its reference, on native elementwise kernels (a scikit-learn StandardScaler in front
+    of a model: one numpy node less per run)."""
+    x = node.inputs[0]
+    info = _info(b.graph, x)
+    if not _float32(b.graph, x) or info is None:
+        return False
+    offset = np.asarray(node.attrs.get("offset", [0.0]), np.float32).reshape(-1)
+    scale = np.asarray(node.attrs.get("scale", [1.0]), np.float32).reshape(-1)
+    if offset.size > 1 or scale.size > 1:  # per feature: only where X's last axis is known to match (no broadcast)
+        width = info.shape[-1] if info.shape else None
+        if not isinstance(width, int) or offset.size not in (1, width) or scale.size not in (1, width):
+            return False
+    y = x
+    plain_scale = bool(np.all(scale == 1.0))
+    if np.any(offset != 0.0):
+        y = b.add("Sub", [y, b.const("offset", offset)], out=node.outputs[0] if plain_scale else None)
+    if not plain_scale:
+        b.add("Mul", [y, b.const("scale", scale)], out=node.outputs[0])
+    elif y == x:
+        b.add("Identity", [x], out=node.outputs[0])
+    return True
+
+
+ML_DOMAIN_LOWERINGS: dict[str, Lowering] = {"Scaler": _lower_scaler}
+
+
 def _lowering(node: Node) -> Lowering | None:
     if node.domain == MICROSOFT_DOMAIN:
         return LOWERINGS.get(node.op_type)
+    if node.domain == ML_DOMAIN:
+        return ML_DOMAIN_LOWERINGS.get(node.op_type)
     return ONNX_DOMAIN_LOWERINGS.get(node.op_type) if node.domain == "" else None
 
 
