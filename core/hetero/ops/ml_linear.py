@@ -244,14 +244,32 @@ def _label_infer(ctx: OpContext) -> list[TensorInfo]:
     return [TensorInfo(dtype, input_info(ctx, 0).shape)]
 
 
+# node -> (the node, its lookup dict, default, output type): built once per node, not at every run (id-keyed, the node
+# kept to tell a reused id; bounded)
+_LOOKUPS: dict[int, tuple[object, dict, object, np.dtype]] = {}
+
+
+def _label_lookup(ctx: OpContext) -> tuple[dict, object, np.dtype]:
+    hit = _LOOKUPS.get(id(ctx.node))
+    if hit is not None and hit[0] is ctx.node:
+        return hit[1], hit[2], hit[3]
+    keys, values, default, out_type = _label_table(ctx)
+    if len(_LOOKUPS) >= 256:
+        _LOOKUPS.clear()
+    _LOOKUPS[id(ctx.node)] = (ctx.node, dict(zip(keys, values, strict=True)), default, out_type)
+    return _LOOKUPS[id(ctx.node)][1:]
+
+
 @op("LabelEncoder", domain=ML_DOMAIN, infer=_label_infer)
 def label_encoder(ctx: OpContext) -> list[np.ndarray]:
     """Each element of X mapped through keys -> values (strings, int64s or floats), the default where absent."""
-    keys, values, default, out_type = _label_table(ctx)
+    table, default, out_type = _label_lookup(ctx)
     x = ctx.array(0)
-    table = dict(zip(keys, values, strict=True))
-    flat = [table.get(_text(v) if x.dtype == object or x.dtype.kind in "SU" else v.item(), default)
-            for v in x.reshape(-1)]
+    get = table.get
+    if x.dtype == object or x.dtype.kind in "SU":
+        flat = [get(v if type(v) is str else _text(v), default) for v in x.reshape(-1).tolist()]
+    else:
+        flat = [get(v, default) for v in x.reshape(-1).tolist()]
     return [np.array(flat, dtype=out_type).reshape(x.shape)]
 
 
