@@ -213,3 +213,23 @@ def test_sklearn_style_pipeline_stays_on_cpu():
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
     m.ir_version = 8
     check(m.SerializeToString(), {"X": x}, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["LINEAR", "POLY", "RBF", "SIGMOID"])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_svm_regressor(kernel, rows):
+    """scikit-learn's SVR as skl2onnx writes it: support vectors, dual coefficients, rho, the kernel's parameters."""
+    x = RNG.normal(size=(rows, 5)).astype(np.float32)
+    sv = RNG.normal(size=(7, 5))
+    check(model("SVMRegressor", {"X": x}, [("Y", TensorProto.FLOAT)], coefficients=RNG.normal(size=7).tolist(),
+                support_vectors=sv.reshape(-1).tolist(), n_supports=7, rho=[0.3], kernel_type=kernel,
+                kernel_params=[0.2, 0.5, 3.0]), {"X": x}, rtol=1e-5)
+
+
+@pytest.mark.parametrize("one_class", [0, 1])
+def test_svm_regressor_linear_and_one_class(one_class):
+    """Without support vectors, the linear x . coefficients + rho (LinearSVR); one_class gives +-1."""
+    x = RNG.normal(size=(8, 4)).astype(np.float32)
+    check(model("SVMRegressor", {"X": x}, [("Y", TensorProto.FLOAT)], coefficients=RNG.normal(size=4).tolist(),
+                rho=[-0.1], n_supports=0, one_class=one_class, kernel_type="LINEAR", kernel_params=[0.0, 0.0, 0.0]),
+          {"X": x}, rtol=1e-5)  # (onnxruntime wants kernel_params, as skl2onnx writes them)

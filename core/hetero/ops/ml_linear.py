@@ -1,8 +1,8 @@
 """ai.onnx.ml preprocessing and linear models, as scikit-learn's converter (skl2onnx) writes them: Scaler, Normalizer,
 Binarizer, Imputer, ArrayFeatureExtractor, FeatureVectorizer, OneHotEncoder, LabelEncoder (ml opsets 1-4),
-LinearRegressor and LinearClassifier. Numpy references (these ops are a few microseconds on a batch of rows); the
-cpu backend runs them inside the plugin. Where the spec is loose, onnxruntime's CPU kernels are followed: outputs in
-float32 whatever the input type, and the LinearClassifier's one-column binary case (below).
+LinearRegressor, LinearClassifier and SVMRegressor. Numpy references (these ops are a few microseconds on a batch of
+rows); the cpu backend runs them inside the plugin. Where the spec is loose, onnxruntime's CPU kernels are followed:
+outputs in float32 whatever the input type, and the LinearClassifier's one-column binary case (below).
 """
 
 from __future__ import annotations
@@ -353,3 +353,50 @@ def linear_classifier(ctx: OpContext) -> list[np.ndarray]:
     scores = post_transform(scores, transform)
     winner = scores.argmax(axis=1)
     return [classes[winner] if classes.size == n_rows else winner.astype(np.int64), scores.astype(np.float32)]
+
+
+def _kernel(name: str, x: np.ndarray, sv: np.ndarray, gamma: float, coef0: float, degree: int) -> np.ndarray:
+    """[rows, n_sv] kernel values of an SVM (LIBSVM's LINEAR, POLY, RBF, SIGMOID), in float64 then float32."""
+    if name == "RBF":
+        d = (x * x).sum(axis=1)[:, None] - 2.0 * (x @ sv.T) + (sv * sv).sum(axis=1)[None, :]
+        return np.exp(-gamma * np.maximum(d, 0.0))
+    dot = x @ sv.T
+    if name == "POLY":
+        return (gamma * dot + coef0) ** degree
+    if name == "SIGMOID":
+        return np.tanh(gamma * dot + coef0)
+    return dot
+
+
+def _svm_regressor_infer(ctx: OpContext) -> list[TensorInfo]:
+    x = _numeric(ctx)
+    rows = None if x.shape is None else (1 if len(x.shape) <= 1 else x.shape[0])
+    return [TensorInfo(dtypes.float32, (rows, 1))]
+
+
+@op("SVMRegressor", domain=ML_DOMAIN, infer=_svm_regressor_infer)
+def svm_regressor(ctx: OpContext) -> list[np.ndarray]:
+    """sum_j coefficients[j] K(x, support_vectors[j]) + rho (with n_supports > 0), else the linear x . coefficients +
+    rho; ``one_class``: 1 where that score is > 0, else -1. One target, float32 out (PROBIT as the post transform)."""
+    x = _rows_cols(ctx.array(0)).astype(np.float64)
+    coef = np.asarray(ctx.attr("coefficients"), np.float64).reshape(-1)
+    rho = float(np.asarray(ctx.attr("rho", [0.0]), np.float64).reshape(-1)[0])
+    n_sv = int(ctx.attr("n_supports", 0))
+    if n_sv > 0:
+        sv = np.asarray(ctx.attr("support_vectors"), np.float64).reshape(n_sv, -1)
+        if sv.shape[1] != x.shape[1] or coef.size != n_sv:
+            raise ctx.fail(f"{n_sv} support vectors of {sv.shape[1]} features, {coef.size} coefficients, "
+                           f"X has {x.shape[1]} features")
+        params = [float(p) for p in ctx.attr("kernel_params", [0.0, 0.0, 0.0])] + [0.0, 0.0, 0.0]
+        kind = _text(ctx.attr("kernel_type", "LINEAR"))
+        score = _kernel(kind, x, sv, params[0], params[1], int(params[2])) @ coef + rho
+    else:
+        if coef.size != x.shape[1]:
+            raise ctx.fail(f"{coef.size} coefficients for {x.shape[1]} features")
+        score = x @ coef + rho
+    if int(ctx.attr("one_class", 0)):
+        score = np.where(score > 0, 1.0, -1.0)
+    out = score.astype(np.float32)[:, None]
+    if _text(ctx.attr("post_transform", "NONE")) == "PROBIT":
+        out = post_transform(out, "PROBIT").astype(np.float32)
+    return [out]
