@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import hetero
 
@@ -233,3 +233,48 @@ def test_svm_regressor_linear_and_one_class(one_class):
     check(model("SVMRegressor", {"X": x}, [("Y", TensorProto.FLOAT)], coefficients=RNG.normal(size=4).tolist(),
                 rho=[-0.1], n_supports=0, one_class=one_class, kernel_type="LINEAR", kernel_params=[0.0, 0.0, 0.0]),
           {"X": x}, rtol=1e-5)  # (onnxruntime wants kernel_params, as skl2onnx writes them)
+
+
+@pytest.mark.parametrize("cast", [False, True])
+@pytest.mark.parametrize("per_feature", [True, False])
+def test_scaler_folded_into_matmul(cast, per_feature):
+    """Scaler (-> Cast) -> MatMul(W) -> Add(bias) -> Relu, as skl2onnx writes an MLP behind a StandardScaler: the
+    scale and offset fold into W and the bias (lower_contrib_ops), no Sub / Mul left; outputs as onnxruntime's."""
+    rows, width, hidden = 9, 6, 16
+    offset = (RNG.normal(0, 20, width if per_feature else 1)).tolist()
+    scale = (RNG.uniform(0.05, 2, width if per_feature else 1)).tolist()
+    w = RNG.normal(size=(width, hidden)).astype(np.float32)
+    bias = RNG.normal(size=(1, hidden)).astype(np.float32)
+    nodes = [helper.make_node("Scaler", ["X"], ["S"], domain="ai.onnx.ml", offset=offset, scale=scale)]
+    if cast:
+        nodes.append(helper.make_node("Cast", ["S"], ["C"], to=TensorProto.FLOAT))
+    nodes += [helper.make_node("MatMul", ["C" if cast else "S", "W"], ["M"]),
+              helper.make_node("Add", ["M", "B"], ["A"]), helper.make_node("Relu", ["A"], ["Y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, width])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, hidden])],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(bias, "B")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    m.ir_version = 8
+    x = (RNG.normal(0, 20, (rows, width))).astype(np.float32)
+    blob = m.SerializeToString()
+    check(blob, {"X": x}, rtol=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hetero.HeteroWarning)
+        s = hetero.Session(blob, backends=["cpu"])
+    ops = [n.op_type for n in s.graph.nodes]
+    assert "Sub" not in ops and "Mul" not in ops and "Scaler" not in ops, ops
+
+
+def test_scaler_not_folded_where_w_is_read_twice():
+    """A product another node reads too (no bias Add alone after it): the plain Sub / Mul lowering."""
+    x = RNG.normal(size=(3, 4)).astype(np.float32)
+    w = RNG.normal(size=(4, 5)).astype(np.float32)
+    nodes = [helper.make_node("Scaler", ["X"], ["S"], domain="ai.onnx.ml", offset=[1.0] * 4, scale=[2.0] * 4),
+             helper.make_node("MatMul", ["S", "W"], ["M"]), helper.make_node("Relu", ["M"], ["Y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 5]),
+                               helper.make_tensor_value_info("M", TensorProto.FLOAT, [None, 5])],
+                              [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    m.ir_version = 8
+    check(m.SerializeToString(), {"X": x}, rtol=1e-5)

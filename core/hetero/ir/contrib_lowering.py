@@ -464,6 +464,9 @@ def _lower_scaler(b: _Builder, node: Node) -> bool:
         width = info.shape[-1] if info.shape else None
         if not isinstance(width, int) or offset.size not in (1, width) or scale.size not in (1, width):
             return False
+    if _fold_scaler_into_matmul(b, node, offset, scale):
+        b.add("Identity", [x], out=node.outputs[0])
+        return True
     y = x
     plain_scale = bool(np.all(scale == 1.0))
     if np.any(offset != 0.0):
@@ -472,6 +475,51 @@ def _lower_scaler(b: _Builder, node: Node) -> bool:
         b.add("Mul", [y, b.const("scale", scale)], out=node.outputs[0])
     elif y == x:
         b.add("Identity", [x], out=node.outputs[0])
+    return True
+
+
+def _only_reader(graph: Graph, name: str) -> Node | None:
+    if name in graph.outputs:
+        return None
+    users = graph.consumers().get(name, [])
+    return users[0] if len(users) == 1 and users[0].inputs.count(name) == 1 else None
+
+
+def _fold_scaler_into_matmul(b: _Builder, node: Node, offset: np.ndarray, scale: np.ndarray) -> bool:
+    """A Scaler read (maybe through a Cast to float) by one MatMul of a constant W [C, N] whose product only a
+    constant bias Add reads (skl2onnx's MLP and linear models behind a StandardScaler): ((x - o) s) @ W + bias is
+    x @ (s W) + (bias - (o s) @ W). W and the bias are rewritten (new constants, the old ones may be shared) and the
+    Scaler becomes an Identity: no elementwise pass over the input. The sums are regrouped (float32 rounding of the
+    order of |o s| |W| eps, well inside the real-model bounds)."""
+    g = b.graph
+    reader = _only_reader(g, node.outputs[0])
+    if reader is not None and reader.op_key == ("", "Cast") and reader.attrs.get("to") == 1:
+        reader = _only_reader(g, reader.outputs[0])
+    if reader is None or reader.op_key != ("", "MatMul") or len(reader.inputs) != 2:
+        return False
+    w = g.initializers.get(reader.inputs[1])
+    if w is None or np.ndim(w) != 2 or np.asarray(w).dtype != np.float32 or reader.inputs[0] == reader.inputs[1]:
+        return False
+    w = np.asarray(w)
+    width = w.shape[0]
+    if offset.size not in (1, width) or scale.size not in (1, width):
+        return False
+    add = _only_reader(g, reader.outputs[0])
+    if add is None or add.op_key != ("", "Add"):
+        return False
+    bias_name = add.inputs[1] if add.inputs[0] == reader.outputs[0] else add.inputs[0]
+    bias = g.initializers.get(bias_name)
+    if bias is None or np.asarray(bias).dtype != np.float32 or np.asarray(bias).shape not in ((w.shape[1],),
+                                                                                              (1, w.shape[1])):
+        return False
+    s = np.broadcast_to(scale, (width,)).astype(np.float64)
+    o = np.broadcast_to(offset, (width,)).astype(np.float64)
+    w64 = w.astype(np.float64)
+    new_w = b.const("weight", (s[:, None] * w64).astype(np.float32))
+    new_bias = np.asarray(bias, np.float64) - ((o * s) @ w64).reshape(np.asarray(bias).shape)
+    reader.inputs = [reader.inputs[0], new_w]
+    new_bias_name = b.const("bias", new_bias.astype(np.float32))
+    add.inputs = [new_bias_name if n == bias_name else n for n in add.inputs]
     return True
 
 
