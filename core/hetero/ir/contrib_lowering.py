@@ -1,7 +1,8 @@
 """``lower_contrib_ops``: onnxruntime's contrib ops (com.microsoft) rewritten into the standard ONNX nodes they mean,
 the first of the default passes, so that a file saved after onnxruntime's optimizer (issue 17) meets the same fusion
 passes (fuse_matmul_bias, fuse_conv_activation, fuse_attention, ...) and native kernels as the model it was made
-from, instead of running its fused contrib nodes on the numpy references of ``hetero.ops.contrib``.
+from, instead of running its fused contrib nodes on the numpy references of ``hetero.ops.contrib``. Also ai.onnx.ml's
+Scaler on float32 (scikit-learn exports), as the Sub / Mul it means.
 
 A node is lowered only in the forms whose meaning the standard nodes reproduce exactly (see each ``_lower_*``);
 anything else (attention with a past or a causal mask, packed QKV / KV MultiHeadAttention, ...) stays as it is and
@@ -16,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..contract import dtypes, registry
-from ..contract.graph import HETERO_DOMAIN, MICROSOFT_DOMAIN, Graph, Node
+from ..contract.graph import HETERO_DOMAIN, MICROSOFT_DOMAIN, ML_DOMAIN, Graph, Node
 from ..contract.registry import OpContext
 from ..contract.tensor import TensorInfo
 
@@ -449,9 +450,87 @@ LOWERINGS: dict[str, Lowering] = {
 ONNX_DOMAIN_LOWERINGS: dict[str, Lowering] = {"SimplifiedLayerNormalization": _lower_simplified_layer_norm}
 
 
+def _lower_scaler(b: _Builder, node: Node) -> bool:
+    """ai.onnx.ml Scaler on float32: Sub(X, offset) then Mul by scale, each left out where it is the identity; the
+    same float32 arithmetic as its reference, on native elementwise kernels (a scikit-learn StandardScaler in front
+    of a model: one numpy node less per run)."""
+    x = node.inputs[0]
+    info = _info(b.graph, x)
+    if not _float32(b.graph, x) or info is None:
+        return False
+    offset = np.asarray(node.attrs.get("offset", [0.0]), np.float32).reshape(-1)
+    scale = np.asarray(node.attrs.get("scale", [1.0]), np.float32).reshape(-1)
+    if offset.size > 1 or scale.size > 1:  # per feature: only where X's last axis is known to match (no broadcast)
+        width = info.shape[-1] if info.shape else None
+        if not isinstance(width, int) or offset.size not in (1, width) or scale.size not in (1, width):
+            return False
+    if _fold_scaler_into_matmul(b, node, offset, scale):
+        b.add("Identity", [x], out=node.outputs[0])
+        return True
+    y = x
+    plain_scale = bool(np.all(scale == 1.0))
+    if np.any(offset != 0.0):
+        y = b.add("Sub", [y, b.const("offset", offset)], out=node.outputs[0] if plain_scale else None)
+    if not plain_scale:
+        b.add("Mul", [y, b.const("scale", scale)], out=node.outputs[0])
+    elif y == x:
+        b.add("Identity", [x], out=node.outputs[0])
+    return True
+
+
+def _only_reader(graph: Graph, name: str) -> Node | None:
+    if name in graph.outputs:
+        return None
+    users = graph.consumers().get(name, [])
+    return users[0] if len(users) == 1 and users[0].inputs.count(name) == 1 else None
+
+
+def _fold_scaler_into_matmul(b: _Builder, node: Node, offset: np.ndarray, scale: np.ndarray) -> bool:
+    """A Scaler read (maybe through a Cast to float) by one MatMul of a constant W [C, N] whose product only a
+    constant bias Add reads (skl2onnx's MLP and linear models behind a StandardScaler): ((x - o) s) @ W + bias is
+    x @ (s W) + (bias - (o s) @ W). W and the bias are rewritten (new constants, the old ones may be shared) and the
+    Scaler becomes an Identity: no elementwise pass over the input. The sums are regrouped (float32 rounding of the
+    order of |o s| |W| eps, well inside the real-model bounds)."""
+    g = b.graph
+    reader = _only_reader(g, node.outputs[0])
+    if reader is not None and reader.op_key == ("", "Cast") and reader.attrs.get("to") == 1:
+        reader = _only_reader(g, reader.outputs[0])
+    if reader is None or reader.op_key != ("", "MatMul") or len(reader.inputs) != 2:
+        return False
+    w = g.initializers.get(reader.inputs[1])
+    if w is None or np.ndim(w) != 2 or np.asarray(w).dtype != np.float32 or reader.inputs[0] == reader.inputs[1]:
+        return False
+    w = np.asarray(w)
+    width = w.shape[0]
+    if offset.size not in (1, width) or scale.size not in (1, width):
+        return False
+    add = _only_reader(g, reader.outputs[0])
+    if add is None or add.op_key != ("", "Add"):
+        return False
+    bias_name = add.inputs[1] if add.inputs[0] == reader.outputs[0] else add.inputs[0]
+    bias = g.initializers.get(bias_name)
+    if bias is None or np.asarray(bias).dtype != np.float32 or np.asarray(bias).shape not in ((w.shape[1],),
+                                                                                              (1, w.shape[1])):
+        return False
+    s = np.broadcast_to(scale, (width,)).astype(np.float64)
+    o = np.broadcast_to(offset, (width,)).astype(np.float64)
+    w64 = w.astype(np.float64)
+    new_w = b.const("weight", (s[:, None] * w64).astype(np.float32))
+    new_bias = np.asarray(bias, np.float64) - ((o * s) @ w64).reshape(np.asarray(bias).shape)
+    reader.inputs = [reader.inputs[0], new_w]
+    new_bias_name = b.const("bias", new_bias.astype(np.float32))
+    add.inputs = [new_bias_name if n == bias_name else n for n in add.inputs]
+    return True
+
+
+ML_DOMAIN_LOWERINGS: dict[str, Lowering] = {"Scaler": _lower_scaler}
+
+
 def _lowering(node: Node) -> Lowering | None:
     if node.domain == MICROSOFT_DOMAIN:
         return LOWERINGS.get(node.op_type)
+    if node.domain == ML_DOMAIN:
+        return ML_DOMAIN_LOWERINGS.get(node.op_type)
     return ONNX_DOMAIN_LOWERINGS.get(node.op_type) if node.domain == "" else None
 
 

@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (registration side effects)
     llm,
     loss,
     ml,
+    ml_linear,
     nn,
     quant,
     reduce,

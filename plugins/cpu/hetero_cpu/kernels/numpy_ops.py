@@ -8,6 +8,7 @@ would not pay for itself. ``hetero ops`` / ``docs/ops.md`` list which ops are na
 from __future__ import annotations
 
 from hetero.contract import registry
+from hetero.contract.graph import ML_DOMAIN
 from hetero.contract.reference import ReferenceKernel, reference_supports
 
 
@@ -16,7 +17,8 @@ class CpuNumpyKernel(ReferenceKernel):
 
 
 def onnx_ops() -> dict[tuple[str, str], type[CpuNumpyKernel]]:
-    """Every ONNX-domain op hetero has a schema for: the cpu backend never sends an ONNX node elsewhere. Native
-    kernels replace these entries; a native kernel that declines a configuration (a dtype, an attribute) hands the
-    node back to this kernel (CpuBackend.kernel)."""
-    return {("", s.name): CpuNumpyKernel for s in registry.all_schemas() if s.domain == ""}
+    """Every ONNX-domain and ai.onnx.ml op hetero has a schema for: the cpu backend never sends such a node elsewhere
+    (a scikit-learn model's Scaler or LinearClassifier stays with the MatMuls around it). Native kernels replace these
+    entries; a native kernel that declines a configuration (a dtype, an attribute) hands the node back to this
+    kernel (CpuBackend.kernel)."""
+    return {(s.domain, s.name): CpuNumpyKernel for s in registry.all_schemas() if s.domain in ("", ML_DOMAIN)}
