@@ -286,6 +286,16 @@ def gelu_quantize_linear(ctx: OpContext) -> list[np.ndarray]:
     return _reference(ctx, "QuantizeLinear", [g, ctx.array(1), ctx.array(2)])
 
 
+@op("ScaledMaskedSoftmax", domain=HETERO_DOMAIN, infer=broadcast_infer())
+def scaled_masked_softmax(ctx: OpContext) -> list[np.ndarray]:
+    """``Softmax(X / divisor + mask)`` on the last axis (inputs X, divisor: one value, mask: broadcast to X): an
+    attention's scores whose products are quantized (a QDQ encoder's, MiniLM's), which
+    ``hetero.ir.passes.fuse_scaled_masked_softmax`` replaces; the three references composed."""
+    scaled = _reference(ctx, "Div", [ctx.array(0), ctx.array(1)])[0]
+    scores = _reference(ctx, "Add", [scaled, ctx.array(2)])[0]
+    return _reference(ctx, "Softmax", [scores], {"axis": -1})
+
+
 def _embedding_rnn_parts(ctx: OpContext) -> tuple[Node, list[TensorInfo | None], TensorInfo]:
     """The recurrent node inside an ``EmbeddingRNN`` (its op, its attributes, X as input 0), its input infos and
     X's info: the table's rows gathered by the ids, (seq, batch, I) after the Transpose when ``transpose``."""
