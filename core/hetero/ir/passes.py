@@ -2358,11 +2358,13 @@ def fuse_gelu_mul(graph: Graph) -> int:
 
 def _fuse_into_reader(graph: Graph, first: str | tuple[tuple[str, str], ...], second: str, fused_op: str,
                       arity: int | None, attrs: Callable[[Node, Node], dict[str, Any]] = lambda head, tail: {},
-                      accept: Callable[[Node], bool] = lambda node: True) -> int:
+                      accept: Callable[[Node], bool] = lambda node: True,
+                      extra_inputs: Callable[[Node], list[str]] = lambda tail: []) -> int:
     """``second(first(...))`` where the ``first`` node's output is read by that ``second`` node alone (and by no
     control-flow body, and is no graph output), and ``accept(first)``: one ``hetero.<fused_op>`` taking the first's
-    inputs (``arity`` of them, None: any count) and ``attrs(first, second)``, writing the second's outputs. ``first``:
-    an ONNX op type, or the (domain, op type) keys of the ops that may head the pair."""
+    inputs (``arity`` of them, None: any count) then ``extra_inputs(second)`` and ``attrs(first, second)``, writing
+    the second's outputs. ``first``: an ONNX op type, or the (domain, op type) keys of the ops that may head the
+    pair."""
     heads = {("", first)} if isinstance(first, str) else set(first)
     count = 0
     keep = _read_by_subgraphs(graph)
@@ -2374,7 +2376,7 @@ def _fuse_into_reader(graph: Graph, first: str | tuple[tuple[str, str], ...], se
         if tail is None or tail.op_key != ("", second):
             continue
         suffix = "".join(("_" if c.isupper() and i else "") + c.lower() for i, c in enumerate(fused_op))
-        fused = Node(fused_op, list(head.inputs), list(tail.outputs), attrs(head, tail),
+        fused = Node(fused_op, [*head.inputs, *extra_inputs(tail)], list(tail.outputs), attrs(head, tail),
                      name=f"{tail.name or tail.outputs[0]}/{suffix}", domain=HETERO_DOMAIN)
         graph.nodes[graph.nodes.index(tail)] = fused
         graph.nodes.remove(head)
@@ -2388,6 +2390,66 @@ def fuse_gelu_global_max_pool(graph: Graph) -> int:
     and no second map for the pool to read)."""
     return _fuse_into_reader(graph, "Gelu", "GlobalMaxPool", "GeluGlobalMaxPool", 1,
                              lambda gelu, pool: {"approximate": gelu.attrs.get("approximate", "none")})
+
+
+def fuse_gelu_quantize(graph: Graph) -> int:
+    """``QuantizeLinear(Gelu(x), scale, zero_point)`` where the Gelu's output is read by that QuantizeLinear alone and
+    the QuantizeLinear has one constant float32 scale and 8-bit zero point (no block / precision / output type): one
+    ``hetero.GeluQuantizeLinear(x, scale, zero_point)`` with the Gelu's ``approximate`` (a QDQ encoder's fc1
+    activation, MiniLM's: the GELU's floats quantized while in L1, not written out and read back)."""
+    def per_tensor(gelu: Node) -> bool:
+        q = _single_consumer(graph, gelu.outputs[0])
+        return q is not None and q.op_key == ("", "QuantizeLinear") and q.inputs[0] == gelu.outputs[0] and \
+            _per_tensor_qdq_params(graph, q) is not None
+
+    return _fuse_into_reader(graph, "Gelu", "QuantizeLinear", "GeluQuantizeLinear", 1,
+                             lambda gelu, q: {"approximate": gelu.attrs.get("approximate", "none")},
+                             accept=per_tensor, extra_inputs=lambda q: q.inputs[1:3])
+
+
+def fuse_scaled_masked_softmax(graph: Graph) -> int:
+    """``Softmax(Add(Div(x, divisor), mask))`` on the last axis (either Add operand order; the divisor one constant
+    float32 value; x float32; the Div's and the Add's outputs read by the next node alone): one
+    ``hetero.ScaledMaskedSoftmax(x, divisor, mask)``. What fuse_attention leaves of an attention whose products are
+    quantized (a QDQ encoder's, MiniLM's: ``Q K^T -> Q -> DQ -> Div -> Add(mask) -> Softmax -> Q``): each row scaled,
+    masked and softmaxed in registers, two rows at a time, instead of three passes over the scores."""
+    count = 0
+    default_axis = -1 if graph.opset("") >= 13 else 1  # before 13: coerced to 2-D at the axis, the same on the last
+    keep = _read_by_subgraphs(graph)
+    producers = {o: n for n in graph.nodes for o in n.outputs}
+    for softmax in list(graph.nodes):
+        if softmax.op_key != ("", "Softmax") or len(softmax.inputs) != 1 or len(softmax.outputs) != 1:
+            continue
+        axis, rank = int(softmax.attrs.get("axis", default_axis)), _rank(graph, softmax.inputs[0])
+        if axis != -1 and (rank is None or axis != rank - 1):
+            continue
+        add = producers.get(softmax.inputs[0])
+        if add is None or add.op_key != ("", "Add") or len(add.inputs) != 2 or \
+                _single_consumer(graph, add.outputs[0]) is not softmax or add.outputs[0] in keep:
+            continue
+        div = next((producers[i] for i in add.inputs if i in producers and producers[i].op_key == ("", "Div")), None)
+        if div is None or _single_consumer(graph, div.outputs[0]) is not add or div.outputs[0] in keep or \
+                add.inputs.count(div.outputs[0]) != 1:
+            continue
+        divisor = graph.initializers.get(div.inputs[1])
+        x_info = graph.values.get(div.inputs[0])
+        if divisor is None or np.asarray(divisor).dtype != np.float32 or np.asarray(divisor).size != 1 or \
+                x_info is None or x_info.dtype != dtypes.float32:
+            continue
+        mask = add.inputs[1] if add.inputs[0] == div.outputs[0] else add.inputs[0]
+        mask_info = graph.values.get(mask)
+        mask_rank = np.ndim(graph.initializers[mask]) if mask in graph.initializers else \
+            (None if mask_info is None else mask_info.rank)
+        x_rank = _rank(graph, div.inputs[0])
+        if mask_rank is None or x_rank is None or mask_rank > x_rank:  # a mask that widens x: left alone
+            continue
+        fused = Node("ScaledMaskedSoftmax", [div.inputs[0], div.inputs[1], mask], list(softmax.outputs), {},
+                     name=f"{softmax.name or softmax.outputs[0]}/scaled_masked_softmax", domain=HETERO_DOMAIN)
+        graph.nodes[graph.nodes.index(softmax)] = fused
+        graph.nodes.remove(add)
+        graph.nodes.remove(div)
+        count += 1
+    return count
 
 
 def fuse_add_layer_norm(graph: Graph) -> int:
@@ -3035,8 +3097,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invari
                                     fuse_matmul_integer_residual, fuse_matmul_integer_fake_quant,
                                     fuse_layer_norm, fuse_rms_norm, fuse_group_norm,
                                     einsum_to_matmul, merge_batched_transposes, fuse_attention, pow_to_mul,
-                                    fuse_gelu_mul, fuse_gelu_global_max_pool, fuse_conv_residual, fuse_add_relu,
-                                    fuse_add_layer_norm,
+                                    fuse_gelu_mul, fuse_gelu_global_max_pool, fuse_gelu_quantize,
+                                    fuse_scaled_masked_softmax, fuse_conv_residual, fuse_add_relu, fuse_add_layer_norm,
                                     fuse_embedding_rnn)
 
 
@@ -3050,6 +3112,8 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_gelu_mul": (HETERO_DOMAIN, "GeluMul"),
                                          "fuse_matmul_gelu": (HETERO_DOMAIN, "MatMulGelu"),
                                          "fuse_gelu_global_max_pool": (HETERO_DOMAIN, "GeluGlobalMaxPool"),
+                                         "fuse_gelu_quantize": (HETERO_DOMAIN, "GeluQuantizeLinear"),
+                                         "fuse_scaled_masked_softmax": (HETERO_DOMAIN, "ScaledMaskedSoftmax"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
                                          "fuse_conv_residual": (HETERO_DOMAIN, "ConvResidual"),
                                          "fuse_add_layer_norm": (HETERO_DOMAIN, "AddLayerNorm"),

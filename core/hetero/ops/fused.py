@@ -273,6 +273,29 @@ def gelu_global_max_pool(ctx: OpContext) -> list[np.ndarray]:
     return _reference(ctx, "GlobalMaxPool", [g])
 
 
+def _gelu_quantize_infer(ctx: OpContext) -> list[TensorInfo]:
+    return [TensorInfo(input_info(ctx, 2).dtype, input_info(ctx, 0).shape)]
+
+
+@op("GeluQuantizeLinear", domain=HETERO_DOMAIN, infer=_gelu_quantize_infer)
+def gelu_quantize_linear(ctx: OpContext) -> list[np.ndarray]:
+    """``QuantizeLinear(Gelu(X), y_scale, y_zero_point)`` (the Gelu with its ``approximate`` attribute; one scale and
+    zero point, the zero point's 8-bit type out): a QDQ encoder's fc1 activation quantized for the next product
+    (MiniLM's), which ``hetero.ir.passes.fuse_gelu_quantize`` replaces; the two references composed."""
+    g = _reference(ctx, "Gelu", [ctx.array(0)], {"approximate": ctx.attr("approximate", "none")})[0]
+    return _reference(ctx, "QuantizeLinear", [g, ctx.array(1), ctx.array(2)])
+
+
+@op("ScaledMaskedSoftmax", domain=HETERO_DOMAIN, infer=broadcast_infer())
+def scaled_masked_softmax(ctx: OpContext) -> list[np.ndarray]:
+    """``Softmax(X / divisor + mask)`` on the last axis (inputs X, divisor: one value, mask: broadcast to X): an
+    attention's scores whose products are quantized (a QDQ encoder's, MiniLM's), which
+    ``hetero.ir.passes.fuse_scaled_masked_softmax`` replaces; the three references composed."""
+    scaled = _reference(ctx, "Div", [ctx.array(0), ctx.array(1)])[0]
+    scores = _reference(ctx, "Add", [scaled, ctx.array(2)])[0]
+    return _reference(ctx, "Softmax", [scores], {"axis": -1})
+
+
 def _embedding_rnn_parts(ctx: OpContext) -> tuple[Node, list[TensorInfo | None], TensorInfo]:
     """The recurrent node inside an ``EmbeddingRNN`` (its op, its attributes, X as input 0), its input infos and
     X's info: the table's rows gathered by the ids, (seq, batch, I) after the Transpose when ``transpose``."""

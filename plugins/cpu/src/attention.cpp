@@ -222,7 +222,7 @@ Op prep_fused_attention(const py::array& q, const py::array& k, const py::array&
             if (scale != 1.f)
               for (i64 i = 0; i < S; ++i) kr.binary(B_MUL, BM_VS, sc + i * ld, &scale, sc + i * ld, T);
             const float* m = masked ? M.p + b * M.st[0] + h * M.st[1] : nullptr;
-            xk.scores_softmax_rows(sc, S, ld, T, divisor, m, M.st[2], M.st[3] == 1);
+            xk.scores_softmax_rows(sc, sc, S, ld, T, divisor, m, M.st[2], M.st[3] == 1);
             if (nan_to_zero)
               for (i64 i = 0; i < S; ++i)
                 for (i64 j = 0; j < T; ++j) sc[i * ld + j] = sc[i * ld + j] != sc[i * ld + j] ? 0.f : sc[i * ld + j];

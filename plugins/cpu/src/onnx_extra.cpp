@@ -302,6 +302,51 @@ void py_global_min_max(const py::array& x, const py::array& lo, const py::array&
   });
 }
 
+// hetero::ScaledMaskedSoftmax: out = Softmax(x / divisor + mask) over rows of n (the last axis), row r's mask values
+// at mask + mask_rows[r] (n of them with mask_vec, else one for the row): scores_softmax_rows from x into out (out
+// may be x) over each run of rows whose mask rows are evenly spaced (an attention's heads and query rows share their
+// batch's mask: one run a batch): the Div, Add and Softmax kernels' bits, two rows at a time in registers.
+void py_scaled_masked_softmax(const py::array& x, float divisor, const py::array& mask, const py::array& mask_rows,
+                              bool mask_vec, const py::array& out) {
+  const char* fn = "scaled_masked_softmax";
+  need_f32(x, fn, "x");
+  need_contig(x, fn, "x");
+  need_f32(mask, fn, "mask");
+  need_contig(mask, fn, "mask");
+  need_f32(out, fn, "out");
+  need_out(out, fn, "out");
+  if (x.ndim() < 1 || out.size() != x.size()) fail("scaled_masked_softmax: out must have x's size");
+  const i64 n = x.shape(x.ndim() - 1);
+  if (n == 0 || x.size() == 0) return;
+  const i64 rows = x.size() / n;
+  if (pyx::dkey(mask_rows) != "i8" || mask_rows.ndim() != 1 || mask_rows.shape(0) != rows || !pyx::c_contig(mask_rows))
+    fail("scaled_masked_softmax: mask_rows must be " + std::to_string(rows) + " contiguous int64 offsets");
+  const i64* off = cptr<i64>(mask_rows);
+  const i64 width = mask_vec ? n : 1;
+  for (i64 r = 0; r < rows; ++r)
+    if (off[r] < 0 || off[r] + width > static_cast<i64>(mask.size()))
+      fail("scaled_masked_softmax: mask row offset " + std::to_string(off[r]) + " out of range");
+  const float* px = cptr<float>(x);
+  const float* pm = cptr<float>(mask);
+  float* po = mptr<float>(out);
+  const ExtraKernels& xk = extra_active();
+  py::gil_scoped_release nogil;
+  const double work = static_cast<double>(rows) * static_cast<double>(n) * 8;
+  const int T = threads_for(work, 32768);
+  const i64 chunk = std::max<i64>(1, ceil_div(rows, T));
+  parallel_for(ceil_div(rows, chunk), T, [&](i64 t) {
+    const i64 r_end = std::min(rows, (t + 1) * chunk);
+    i64 r0 = t * chunk;
+    while (r0 < r_end) {
+      const i64 stride = r0 + 1 < r_end ? off[r0 + 1] - off[r0] : 0;
+      i64 r1 = r0 + 1;
+      while (r1 < r_end && off[r1] - off[r1 - 1] == stride) ++r1;
+      xk.scores_softmax_rows(px + r0 * n, po + r0 * n, r1 - r0, n, n, divisor, pm + off[r0], stride, mask_vec);
+      r0 = r1;
+    }
+  }, work >= kWakeElementWork);
+}
+
 // --------------------------------------------------------------------------------------------- ArgMax / TopK
 
 template <class T>
@@ -994,6 +1039,10 @@ void bind_onnx_extra(py::module_& m) {
   m.def("reduce", &py_reduce, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("out"),
         "Reduce contiguous float32 x over `axes` into out (kept dims, any shape of that size). op: sum, mean, "
         "sumsq, l1, l2, max, min, prod, logsum, logsumexp.");
+  m.def("scaled_masked_softmax", &py_scaled_masked_softmax, py::arg("x"), py::arg("divisor"), py::arg("mask"),
+        py::arg("mask_rows"), py::arg("mask_vec"), py::arg("out"),
+        "hetero::ScaledMaskedSoftmax: out = Softmax(x / divisor + mask) over the last axis, row r's mask at "
+        "mask[mask_rows[r]:] (n values with mask_vec, else one).");
   m.def("global_min_max", &py_global_min_max, py::arg("x"), py::arg("lo"), py::arg("hi"),
         "lo[r], hi[r] = the min and max of row r of contiguous float32 x seen as lo.size rows (NaN propagates).");
   m.def("argreduce", &py_argreduce, py::arg("x"), py::arg("axis"), py::arg("out"), py::arg("is_max") = true,

@@ -116,7 +116,9 @@ struct ExtraKernels {
   // Rows of attention scores in place (row r at s + r * ld): s = s / divisor (skipped at 1) + mask (null: none; row
   // r's at mask + r * mask_rs; mask_vec: n values, else its first for all), then the softmax, rounded as the binary
   // ops and softmax_row run apart (the same bits) with one pass over the row fewer and no call per row or step.
-  void (*scores_softmax_rows)(float* s, i64 rows, i64 ld, i64 n, float divisor, const float* mask, i64 mask_rs,
+  // x: the scores read (row r at x + r * ld), s: where they go (may be x).
+  void (*scores_softmax_rows)(const float* x, float* s, i64 rows, i64 ld, i64 n, float divisor, const float* mask,
+                              i64 mask_rs,
                               bool mask_vec);
   // conv_tile with A as rows in place (row r at a + r * lda) rather than a packed panel, nrows == mr: the same
   // bits. False where this ISA has no such tile, or for a short panel (the caller packs A).

@@ -1534,8 +1534,8 @@ void x_dequant_panel_s8(const std::int8_t* q, const float* scale, i64 rows, int 
 
 // A division then an addition, no multiply: nothing the compiler could contract into an FMA, so each value rounds as
 // k_binary's separate passes round it; the max is exact in any order (a zero's sign aside, which x - max loses).
-void x_scores_softmax_rows(float* s, i64 rows, i64 ld, i64 n, float divisor, const float* mask, i64 mask_rs,
-                           bool mask_vec) {
+void x_scores_softmax_rows(const float* x, float* s, i64 rows, i64 ld, i64 n, float divisor, const float* mask,
+                           i64 mask_rs, bool mask_vec) {
   if (n <= 0 || rows <= 0) return;
   const bool divide = divisor != 1.f;
   const V vd = SIMD::set1(divisor);
@@ -1548,9 +1548,10 @@ void x_scores_softmax_rows(float* s, i64 rows, i64 ld, i64 n, float divisor, con
     const float* m = mask + i * mask_rs;
     return !mask_vec ? SIMD::set1(*m) : j + W <= n ? SIMD::load(m + j) : load_tail(m + j, n - j, 0.f);
   };
-  if (short_softmax_rows(s, ld, s, ld, rows, n, [&](V v, i64 i, i64 j) { return scores(v, mask_at(i, j)); })) return;
+  if (short_softmax_rows(x, ld, s, ld, rows, n, [&](V v, i64 i, i64 j) { return scores(v, mask_at(i, j)); })) return;
   for (i64 r = 0; r < rows; ++r) {
     float* row = s + r * ld;
+    if (x != s) std::memcpy(row, x + r * ld, static_cast<std::size_t>(n) * sizeof(float));
     V mx = SIMD::set1(-std::numeric_limits<float>::infinity());
     i64 i = 0;
     for (; i + W <= n; i += W) {

@@ -33,6 +33,7 @@ from hetero.contract.opforms import nearest_indices, source_coords, unary_params
 from .. import _native
 from .common import Call, CallKernel, Calls, noop, weight_precision
 from .numpy_ops import CpuNumpyKernel
+from .quant import _row_offsets
 
 _PLAIN = tuple(d for d in dtypes.ALL if d.np_dtype is not None and d.np_dtype.kind in "biuf")
 _F32 = (dtypes.float32,)
@@ -180,6 +181,33 @@ class CpuGeluGlobalMaxPool(CpuGlobalMaxPool):
         return [functools.partial(_native.global_min_max, np.ascontiguousarray(x), ends[0], ends[1]),
                 functools.partial(_native.unary, self.gelu, ends, gelus, self.alpha, self.beta),
                 functools.partial(_native.binary, "max", gelus[0], gelus[1], out)]
+
+
+class CpuScaledMaskedSoftmax(_NativeOrNumpy):
+    """hetero.ScaledMaskedSoftmax: native ``scaled_masked_softmax`` (x / divisor + mask, then the softmax, each row in
+    registers: the Div, Add and Softmax kernels' bits) where x and the mask are contiguous float32 and the mask
+    broadcasts to x along whole rows (its last dim 1 or x's); the numpy reference otherwise."""
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        divisor = node.constants.get(1)
+        if divisor is None or divisor.dtype != np.float32 or divisor.size != 1:
+            return unsupported("ScaledMaskedSoftmax with a divisor that is not one constant float32 (cpu)")
+        return _dtypes_in(node, _F32)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        x, mask = inputs[0].numpy(), inputs[2].numpy()
+        out = outputs[0].buffer
+        if x.size == 0:
+            return noop
+        # the bound call reads x and the mask where they lie at every run: a copy made here would go stale
+        if not (x.flags.c_contiguous and mask.flags.c_contiguous) or mask.ndim > x.ndim or mask.ndim == 0 or \
+                mask.shape[-1] not in (1, x.shape[-1]) or np.broadcast_shapes(x.shape, mask.shape) != x.shape:
+            return functools.partial(self.run_numpy, inputs, outputs)
+        rows = _row_offsets(mask.shape, x.shape[:-1])
+        divisor = float(np.asarray(inputs[1].numpy()).reshape(-1)[0])
+        return functools.partial(_native.scaled_masked_softmax, x, divisor, mask, rows,
+                                 mask.shape[-1] == x.shape[-1] and x.shape[-1] != 1, out)
 
 
 class CpuArgReduce(_NativeOrNumpy):
@@ -885,6 +913,7 @@ KERNELS = {
     **{("", op): CpuReduce for op in _REDUCE},
     ("", "GlobalMaxPool"): CpuGlobalMaxPool,
     ("hetero", "GeluGlobalMaxPool"): CpuGeluGlobalMaxPool,
+    ("hetero", "ScaledMaskedSoftmax"): CpuScaledMaskedSoftmax,
     ("", "ArgMax"): CpuArgReduce,
     ("", "ArgMin"): CpuArgReduce,
     ("", "TopK"): CpuTopK,

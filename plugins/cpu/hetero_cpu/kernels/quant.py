@@ -115,6 +115,28 @@ class CpuDequantizeLinear(_PerTensorKernel):
         return _per_tensor(node, (dtypes.uint8, dtypes.int8), "uint8 / int8 in")
 
 
+class CpuGeluQuantizeLinear(CallKernel):
+    """``hetero::GeluQuantizeLinear``: the Gelu kernel's floats quantized a block at a time while in L1 (native
+    ``gelu_quantize``): the same bits as the Gelu and QuantizeLinear kernels."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        if node.attr("approximate", "none") not in ("none", "tanh"):
+            return unsupported(f"GeluQuantizeLinear approximate={node.attr('approximate')!r}")
+        verdict = _per_tensor(node, (dtypes.float32,), "float32 in")
+        if verdict and (len(node.inputs) < 3 or node.inputs[2] is None):
+            return unsupported("GeluQuantizeLinear without a zero point (cpu: its type names the output's)")
+        return verdict
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        return functools.partial(_native.gelu_quantize, np.ascontiguousarray(inputs[0].numpy()),
+                                 np.ascontiguousarray(inputs[1].numpy()), inputs[2].numpy(), out,
+                                 self.attr("approximate", "none") == "tanh")
+
+
 class _PackedBMatMul(CallKernel):
     """A matmul whose B (input ``b``, zero point input ``b_zero_point``) is a constant 2-D 8-bit weight, packed once
     for the native int8 GEMM."""
@@ -493,6 +515,7 @@ KERNELS = {
     ("", "QuantizeLinear"): CpuQuantizeLinear,
     ("", "DequantizeLinear"): CpuDequantizeLinear,
     ("", "DynamicQuantizeLinear"): CpuDynamicQuantizeLinear,
+    ("hetero", "GeluQuantizeLinear"): CpuGeluQuantizeLinear,
     ("", "MatMulInteger"): CpuMatMulInteger,
     ("hetero", "MatMulIntegerScaled"): CpuMatMulIntegerScaled,
     ("", "QLinearMatMul"): CpuQLinearMatMul,
