@@ -147,8 +147,6 @@ void depthwise_bands(const PackedConv& pc, const ConvGeom& g, const float* x, co
   const int ntaps = static_cast<int>(g.kh * g.kw);
   const std::vector<i64> off = phased_tap_offsets(g, phase, Wq);
   const i64 ncopy = sw == 1 ? std::min<i64>(g.W, Wq - g.pl) : std::min<i64>(g.W, Wq * sw - g.pl);
-  static const int prefetch_env = env_override("HETERO_CPU_DW_BAND_PREFETCH");
-  const bool prefetch = prefetch_env != 0;
   parallel_for(chunks.nb, T, [&](i64 ch) {
     float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
     // the columns' padding and the slack stay zero: the copies write the same columns every band
@@ -167,20 +165,8 @@ void depthwise_bands(const PackedConv& pc, const ConvGeom& g, const float* x, co
           std::fill(ph, ph + r0 * Wq, 0.f);
           std::fill(ph + r1 * Wq, ph + need * Wq, 0.f);
         }
-        if (r1 > r0) copy_rows_phased(xk, in + (iy0 + r0) * g.W, g.W, r1 - r0, ncopy, g.pl, sw, phase, Wq, buf + r0 * Wq);
-        if (prefetch) {
-          // the next band's input rows (this plane's, or the next plane's first) towards L2 while the taps run
-          const i64 ny0 = y0 + band < g.Ho ? y0 + band : 0;
-          const float* nin = ny0 > 0 ? in : (q + 1 < qe ? in + g.H * g.W : nullptr);
-          if (nin != nullptr) {
-            const i64 a = std::max<i64>(0, ny0 * g.sh - g.pt);
-            const i64 b = std::min<i64>(g.H, ny0 * g.sh - g.pt + Hb);
-            for (const char *p = reinterpret_cast<const char*>(nin + a * g.W),
-                            *e = reinterpret_cast<const char*>(nin + b * g.W);
-                 p < e; p += 64)
-              __builtin_prefetch(p, 0, 2);
-          }
-        }
+        if (r1 > r0)
+          copy_rows_phased(xk, in + (iy0 + r0) * g.W, g.W, r1 - r0, ncopy, g.pl, sw, phase, Wq, buf + r0 * Wq);
         depthwise_plane(kr, xk, g, buf, Wq, off.data(), w + c * ntaps, bias ? bias[c] : 0.f, o + y0 * g.Wo, rows,
                         act);
       }
