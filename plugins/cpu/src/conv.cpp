@@ -110,6 +110,70 @@ void depthwise_plane(const Kernels& kr, const ExtraKernels& xk, const ConvGeom& 
     kr.unary(act.act, out, out, rows * g.Wo, act.act_alpha, act.act_beta);
 }
 
+// 3x3 stride-2 depthwise convs with one column of left padding (MobileNet / PP-LCNet's, any top / bottom / right
+// padding) read their planes in place (ExtraKernels::dw3s2_plane) where the ISA has that kernel.
+// HETERO_CPU_DW_S2_IN_PLACE=0 keeps the phase copy.
+bool depthwise_s2_in_place(const ExtraKernels& xk, const ConvGeom& g) {
+  static const int forced = env_override("HETERO_CPU_DW_S2_IN_PLACE");
+  return forced != 0 && xk.dw3s2_plane != nullptr && g.kh == 3 && g.kw == 3 && g.sh == 2 && g.sw == 2 &&
+         g.dh == 1 && g.dw == 1 && g.pl == 1 && g.W >= 2;
+}
+
+// Output rows a band of depthwise's plane copy, or g.Ho (the whole plane at once). A padded plane larger than about
+// half of L1 (row_floats: the floats of one padded input row, all its column phases) was copied whole and its taps
+// then read it back from L2 (32 ch 3x3 / 2 on 112 x 112: a 58 KiB copy a plane); in bands of output rows each band's
+// input rows are copied and read while in L1, the rows two bands share (kh - sh of them) copied twice.
+// HETERO_CPU_DW_BAND=0 copies whole planes; =N sets the band's floats (default 4096: 16 KiB).
+i64 depthwise_band_rows(const ConvGeom& g, i64 row_floats) {
+  static const int forced = env_override("HETERO_CPU_DW_BAND");
+  if (forced == 0) return g.Ho;
+  const i64 budget = forced > 0 ? forced : 4096;
+  const i64 Hp = (g.Ho - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+  if (Hp * row_floats <= budget) return g.Ho;
+  // input rows the budget holds -> output rows, a multiple of 4 (dw_taps' row blocks: 4 or 8 rows)
+  const i64 in_rows = budget / std::max<i64>(row_floats, 1), span = (g.kh - 1) * g.dh + 1;
+  const i64 rows = in_rows >= span ? (in_rows - span) / g.sh + 1 : 1;
+  return std::min<i64>(g.Ho, std::max<i64>(4, rows / 4 * 4));
+}
+
+// depthwise with each plane in bands of `band` output rows (depthwise_band_rows): the same taps on the same padded
+// values, band by band, so the same bits as the whole plane.
+void depthwise_bands(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
+                     const Epilogue& act, i64 band, i64 Wq, int T, const Blocks& chunks) {
+  const Kernels& kr = *pc.kr;
+  const ExtraKernels& xk = extra_for(kr);
+  const float* w = pc.buf.p;
+  const i64 sw = g.sw, HWo = g.Ho * g.Wo, Hb = (band - 1) * g.sh + (g.kh - 1) * g.dh + 1, phase = Hb * Wq;
+  const int ntaps = static_cast<int>(g.kh * g.kw);
+  const std::vector<i64> off = phased_tap_offsets(g, phase, Wq);
+  const i64 ncopy = sw == 1 ? std::min<i64>(g.W, Wq - g.pl) : std::min<i64>(g.W, Wq * sw - g.pl);
+  parallel_for(chunks.nb, T, [&](i64 ch) {
+    float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
+    // the columns' padding and the slack stay zero: the copies write the same columns every band
+    std::fill(buf, buf + sw * phase + xk.lanes, 0.f);
+    for (i64 q = chunks.begin(ch), qe = q + chunks.size(ch); q < qe; ++q) {
+      const i64 c = q % g.C;
+      const float* in = x + q * g.H * g.W;
+      float* o = out + q * HWo;
+      for (i64 y0 = 0; y0 < g.Ho; y0 += band) {
+        const i64 rows = std::min<i64>(band, g.Ho - y0), need = (rows - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+        const i64 iy0 = y0 * g.sh - g.pt;  // the input row of the band's buffer row 0
+        const i64 r0 = std::clamp<i64>(-iy0, 0, need), r1 = std::clamp<i64>(g.H - iy0, r0, need);
+        // rows of padding (above or below the input) zeroed: an earlier band or plane left values there
+        for (i64 p = 0; p < sw; ++p) {
+          float* ph = buf + p * phase;
+          std::fill(ph, ph + r0 * Wq, 0.f);
+          std::fill(ph + r1 * Wq, ph + need * Wq, 0.f);
+        }
+        if (r1 > r0)
+          copy_rows_phased(xk, in + (iy0 + r0) * g.W, g.W, r1 - r0, ncopy, g.pl, sw, phase, Wq, buf + r0 * Wq);
+        depthwise_plane(kr, xk, g, buf, Wq, off.data(), w + c * ntaps, bias ? bias[c] : 0.f, o + y0 * g.Wo, rows,
+                        act);
+      }
+    }
+  });
+}
+
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -145,6 +209,26 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   const i64 nchunks = T <= 1 ? 1 : std::min<i64>(planes, T);
   const Blocks chunks{planes, nchunks};
   const i64 ncopy = sw == 1 ? std::min<i64>(g.W, Wq - g.pl) : std::min<i64>(g.W, Wq * sw - g.pl);
+  if (depthwise_s2_in_place(xk, g)) {
+    const std::size_t zn = static_cast<std::size_t>(g.W);
+    parallel_for(nchunks, T, [&](i64 ch) {
+      float* zrow = tl_buf(TL_IM2COL).get(zn);
+      std::fill(zrow, zrow + zn, 0.f);
+      for (i64 q = chunks.begin(ch), qe = q + chunks.size(ch); q < qe; ++q) {
+        const i64 c = q % g.C;
+        float* o = out + q * HWo;
+        if (!xk.dw3s2_plane(x + q * g.H * g.W, g.H, g.W, g.pt, zrow, w + c * ntaps, bias ? bias[c] : 0.f, o, g.Ho,
+                            g.Wo, act.act, act.act_alpha, act.act_beta))
+          kr.unary(act.act, o, o, HWo, act.act_alpha, act.act_beta);
+      }
+    });
+    return;
+  }
+  const i64 band = depthwise_band_rows(g, sw * Wq);
+  if (band < g.Ho) {
+    depthwise_bands(pc, g, x, bias, out, act, band, Wq, T, chunks);
+    return;
+  }
   parallel_for(nchunks, T, [&](i64 ch) {
     // plus the slack dw_taps' last vector of a row may read
     float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));

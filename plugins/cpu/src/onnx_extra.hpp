@@ -129,6 +129,11 @@ struct ExtraKernels {
   void (*transpose_into)(const float* src, i64 ld_src, i64 rows, i64 cols, float* dst, i64 ld_dst);
   bool transposes_in_registers;  // whether transpose_into moves whole blocks (else it is a scalar loop)
   int lanes;  // the SIMD width in floats: every kernel table's nr is a multiple of it
+  // A 3x3 stride-2 depthwise conv (dilation 1, one column of padding on the left, pt rows on top) of one H x W plane
+  // read in place, Ho x Wo outputs (+ bias, activation as dw_taps); zrow: W zeros (the rows of padding). The same
+  // bits as dw_taps over depthwise's phase copy; its return as dw_taps's. nullptr where this ISA has no such kernel.
+  bool (*dw3s2_plane)(const float* in, i64 H, i64 W, i64 pt, const float* zrow, const float* w, float bias,
+                      float* out, i64 Ho, i64 Wo, int act, float alpha, float beta);
 };
 
 // Floats of scratch dw_nchwc needs at `lanes` channels (the interleaved padded planes, weights, output tile, offsets).

@@ -64,6 +64,23 @@ struct SIMD {
     _mm512_mask_storeu_ps(even, mask((n + 1) / 2), _mm512_permutex2var_ps(a, unzip_index(0), b));
     _mm512_mask_storeu_ps(odd, mask(n / 2), _mm512_permutex2var_ps(a, unzip_index(1), b));
   }
+  // The 2W values at src (the first n of them where n < 2W, zeros past them: masked, nothing past them read) split in
+  // registers into their even and odd ones (a stride-2 conv's column phases without a copy).
+  static void unzip_regs(const float* src, long n, V& even, V& odd) {
+    V a, b;
+    if (n >= 32) {
+      a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
+    } else {
+      const auto mask = [](long k) { return static_cast<__mmask16>(k >= 16 ? 0xFFFF : (1u << (k < 0 ? 0 : k)) - 1); };
+      a = _mm512_maskz_loadu_ps(mask(n), src), b = _mm512_maskz_loadu_ps(mask(n - 16), src + 16);
+    }
+    even = _mm512_permutex2var_ps(a, unzip_index(0), b);
+    odd = _mm512_permutex2var_ps(a, unzip_index(1), b);
+  }
+  // [prev[W - 1], v[0], ..., v[W - 2]]: v shifted up one lane, prev's last lane in front
+  static V shift_in(V v, V prev) {
+    return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v), _mm512_castps_si512(prev), 15));
+  }
   static I unzip_index(int phase) {
     return _mm512_add_epi32(_mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0),
                             _mm512_set1_epi32(phase));
