@@ -35,10 +35,10 @@ import sysconfig
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hetero.llm.speculative import Lookahead
+from hetero.llm.speculative import Lookahead, Speculation
 from hetero.llm.speculative.bench import CHAT_MESSAGES, CODE2_PROMPT, CODE_PROMPT
 from hetero.llm.speculative.drafter import as_draft
-from hetero.llm.speculative.policy import COLD_RUNS, DraftPolicy
+from hetero.llm.speculative.policy import COLD_RUNS
 
 STDLIB_CODE = ("json/encoder.py", "csv.py", "fractions.py", "dataclasses.py", "statistics.py")
 STDLIB_CHAT = ("shlex.py", "textwrap.py", "heapq.py")
@@ -93,23 +93,35 @@ def replay(prompt: list[int], truth: list[int], strategy: Strategy, table: Seque
     return len(truth) / cost
 
 
-def replay_policy(prompt: list[int], truth: list[int], drafter: Lookahead, table: Sequence[float]) -> float:
-    """The loop's own drafter and policy, with step costs from ``table`` instead of the clock."""
-    policy = DraftPolicy(drafter.max_draft, graded=drafter.graded)
-    for _ in range(COLD_RUNS + 1):
-        policy.record(0, 0, 1, table[0], 0)  # the loop starts with warm plain steps
-    done, cost = 0, 0.0
-    while done < len(truth):
-        k = policy.length(done)
-        draft = as_draft(drafter.draft(prompt + truth[:done], k), k, 1 << 30) if k else as_draft([], 0, 1)
-        if draft.confidence is not None:
-            draft = as_draft(draft, policy.cut(draft.confidence), 1 << 30)
-        kept = _prefix(draft.tokens, truth[done:])
-        seconds = step_cost(len(draft.tokens) + 1, table)
-        policy.record(len(draft.tokens), kept, kept + 1, seconds, done, draft.confidence)
-        cost += seconds
-        done += kept + 1
-    return len(truth) / cost
+def replay_policy(prompt: list[int], truth: list[int], drafter: Lookahead, table: Sequence[float],
+                  replies: int = 1) -> float:
+    """The loop's own drafter and policy, with step costs from ``table`` instead of the clock. ``replies``: the
+    same prompt answered that many times by one ``Speculation`` (its policy carried from reply to reply, as in
+    ``hetero bench``'s repetitions); the speed-up of the last."""
+    spec = Speculation(drafter)
+    speed = 0.0
+    for _ in range(replies):
+        policy = spec.policy = spec._policy(spec.policy if _ else None)
+        if not _:
+            for _warm in range(COLD_RUNS + 1):
+                policy.record(0, 0, 1, table[0], 0)  # the loop starts with warm plain steps
+        drafter.reset()
+        done, cost = 0, 0.0
+        while done < len(truth):
+            k = policy.length(done)
+            draft = as_draft(drafter.draft(prompt + truth[:done], k), k, 1 << 30) if k else as_draft([], 0, 1)
+            first = draft.tokens[0] if draft.tokens else None
+            if draft.confidence is not None:
+                draft = as_draft(draft, policy.cut(draft.confidence), 1 << 30)
+                if first is not None and not draft.tokens:  # cut to a plain step: scored by it, as in the loop
+                    policy.observe_first(draft.confidence, first == truth[done])
+            kept = _prefix(draft.tokens, truth[done:])
+            seconds = step_cost(len(draft.tokens) + 1, table)
+            policy.record(len(draft.tokens), kept, kept + 1, seconds, done, draft.confidence)
+            cost += seconds
+            done += kept + 1
+        speed = len(truth) / cost
+    return speed
 
 
 def oracle(prompt: list[int], truth: list[int], table: Sequence[float]) -> float:
@@ -140,13 +152,15 @@ def main() -> None:
     parser.add_argument("-n", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--stdlib", action="store_true", help="add prompts cut from the Python standard library")
     parser.add_argument("--cost", type=float, nargs="+", default=list(COST), help="step cost for T = 1, 2, ...")
+    parser.add_argument("--replies", type=int, default=1, help="answers of each prompt with the policy carried "
+                        "from one to the next (hetero bench's repetitions): the last one's speed-up")
     parser.add_argument("--truths", type=Path, help="JSON file of the greedy outputs: read if it has them all, "
                         "else computed and written")
     args = parser.parse_args()
     runs = _truths(args.model, _prompts(args.stdlib), max(args.n), args.truths)
     strategies: dict[str, Callable[[list[int], list[int]], float]] = {
-        "flat": lambda p, t: replay_policy(p, t, Lookahead(min_ngram=2, graded=False), args.cost),
-        "graded": lambda p, t: replay_policy(p, t, Lookahead(), args.cost),
+        "flat": lambda p, t: replay_policy(p, t, Lookahead(min_ngram=2, graded=False), args.cost, args.replies),
+        "graded": lambda p, t: replay_policy(p, t, Lookahead(), args.cost, args.replies),
         "oracle": lambda p, t: oracle(p, t, args.cost),
     }
     for w, k in ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 2), (4, 4)):

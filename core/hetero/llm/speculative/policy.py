@@ -34,7 +34,9 @@ Graded drafters (``Drafter.graded``: free drafts with a ``confidence`` class, th
 loop asks for ``max_draft`` tokens and ``cut(confidence)`` keeps the k with the largest expected gain. Each class
 keeps the acceptance of each draft position apart (p_i: the chance that draft token i is right once tokens 0 .. i-1
 were; decayed counts; a position not seen yet starts at the one before it, the first at the nearest lower class's,
-at least 1/2): a draft that has run on for a few tokens usually runs on further, which one α per class cannot say. A
+at least 1/2): a draft that has run on for a few tokens usually runs on further, which one α per class cannot say.
+The first position is also scored when the class is cut to a plain step (its token is what verifying the draft's
+first would have accepted: ``observe_first``), and cut by its lower bound (``_first_bound``). A
 step of k drafts commits E(k) = 1 + p_0 + p_0 p_1 + ... + p_0 .. p_(k-1) tokens and costs C(k + 1) seconds (the
 measured step costs, never below a smaller step's); its gain is E(k) - λ C(k + 1), where λ is the tokens per second
 the generation reaches (decayed over its recent steps, never below plain decoding's 1 / C(1)). Maximizing that gain
@@ -65,8 +67,10 @@ BACKOFF_START, BACKOFF_MAX = 16, 512  # tokens decoded plainly after drafting di
 SMOOTHING = 0.25  # weight of the newest step in the running costs
 COLD_RUNS = 2  # steps of a new size that plan and record it (slower than its steady state)
 DECAY = 0.9  # weight of the past in the acceptance counts
+FIRST_DECAY = 0.97  # the same for a graded class's first draft position (also scored when cut: ``observe_first``)
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra token in a step, until steps of that size are measured
-MAX_SLOPE = 1.0  # the carried slope's ceiling (a verify token costing more than a plain step is a timing fault)
+MAX_SLOPE = 0.6  # the carried slope's ceiling (the 1.5B's verify tokens cost 0.24-0.47 plain steps; more is a
+# neighbour's burst: carried at 1.0, every class was cut and no width timed again, docs/speculative.md)
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.5, 2.0  # a class's first draft position starts at 1/2 with the weight of 2 drafts
 RATE_DECAY = 0.95  # weight of the past in the generation's tokens per second (λ)
 SPEC_DECAY = 0.8  # weight of the past in the speculative steps' seconds per token (judging drafting)
@@ -179,8 +183,9 @@ class DraftPolicy:
         ~4% of its time on code, where the first tokens after the prompt already repeat it. A plain step of the
         generation (a draft cut to nothing, a probe) times it again.
 
-        The acceptance of each confidence class too, its decayed counts whole (at most ~10 drafts' weight: a
-        class's own drafts outweigh them within ~7, as fast as they leave the prior of 1/2 behind): started at the
+        The acceptance of each confidence class too, its decayed counts whole (at most ~10 drafts' weight, ~33 at
+        the first position: a class's own drafts outweigh them within ~7, as fast as they leave the prior of 1/2
+        behind; its first position is scored at most steps, ``observe_first``): started at the
         prior in each generation, the lookahead on the chat prompt re-learnt in every reply that its 1-token matches
         are right ~15% of the time (9-15 verify steps of them a 64-token reply) and drafted 4 tokens after its first
         5-7-token match, none right, every time (2026-12-06, branch spec24)."""
@@ -202,8 +207,9 @@ class DraftPolicy:
             return self.prior_slope
         slopes = [(self._scaled(size, fade=False) / plain - 1) / (size - 1) for size in self.cost
                   if size > 1 and self.runs.get(size, 0) > COLD_RUNS]
-        if not slopes:
-            return self.prior_slope
+        if not slopes:  # none timed: what it started with, half-way back to the prior (a slope carried from a
+            # burst cut every draft, so no later reply timed a width to correct it: plain steps for good)
+            return PRIOR_SLOPE + (self.prior_slope - PRIOR_SLOPE) / 2
         return min(max(_median(slopes), PRIOR_SLOPE), MAX_SLOPE)
 
     @property
@@ -299,13 +305,27 @@ class DraftPolicy:
         rate = max(self.rate, 1.0 / plain)
         best, best_gain = 0, 1.0 - rate * plain
         kept, expected = 1.0, 1.0  # P(draft tokens 0 .. k-1 all right), E(k)
-        for k, p in enumerate(self.acceptance(confidence), 1):
+        ps = self.acceptance(confidence)
+        ps[0] = self._first_bound(confidence, ps[0])
+        for k, p in enumerate(ps, 1):
             kept *= p
             expected += kept
             gain = expected - rate * self._step_cost(k, plain)
             if gain > best_gain:
                 best, best_gain = k, gain
         return best
+
+    def _first_bound(self, confidence: int, p: float) -> float:
+        """``p`` (class ``confidence``'s first-position acceptance) less one standard error of its decayed counts:
+        what a class is drafted by. Its counts are scored at every step it is offered (``observe_first``), so a
+        class near the price of the 2-token verify (24% at 1 thread on the 1.5B) would otherwise be drafted after
+        each lucky streak of its counts and lose on the next drafts, which are right as rarely as before (replayed:
+        a class right 15-20% of the time, 8-13 verify steps a reply at ~0.99x of plain decoding); with the bound
+        it is drafted where its acceptance is known to pay (40%: 1.07x), and a class not seen yet at its prior."""
+        counts = self.classes.get(confidence)
+        if not counts:
+            return p  # a class not seen yet: tried at its prior (the nearest lower class's, or 1/2)
+        return max(p - math.sqrt(p * (1 - p) / (counts[0][1] + PRIOR_WEIGHT)), 0.0)
 
     def acceptance(self, confidence: int) -> list[float]:
         """p_i for draft positions 0 .. max_draft - 1 of class ``confidence``: the chance that draft token i is
@@ -430,6 +450,25 @@ class DraftPolicy:
         else:
             self.cold_drafting = min(self.cold_drafting or draft_seconds, draft_seconds)
 
+    def observe_first(self, confidence: int, right: bool) -> None:
+        """A graded draft of class ``confidence`` cut to a plain step (``cut`` said 0): whether its first token was
+        the one the plain step produced (the loop tells only when that is what verifying it would have accepted:
+        greedy, or a one-hot draft). Counted as a verified draft's position 0 (the class's later positions and
+        the drafter's acceptance are not seen): a class cut to plain steps still learns its first-token
+        acceptance, at no verify's cost. Without it a class's counts changed only when it was drafted, so once cut
+        it was never drafted again, whatever it was worth: a class right 40% of the time (a 1-token draft pays above
+        24% at 1 thread on the 1.5B) stayed cut after its first drafts missed (replayed: 1.04x where it is worth
+        1.07x; the lookahead's 2-token matches on chat are right 32-38%). The first position decays slower
+        (``FIRST_DECAY``: ~33 steps' memory, it is scored at most steps) and is drafted by its lower bound
+        (``_first_bound``)."""
+        if not self.graded:
+            return
+        counts = self.classes.setdefault(confidence, [])
+        if not counts:
+            counts.append([0.0, 0.0])
+        counts[0][0] = FIRST_DECAY * counts[0][0] + right
+        counts[0][1] = FIRST_DECAY * counts[0][1] + 1
+
     def _count_acceptance(self, drafted: int, accepted: int, confidence: int | None) -> None:
         """A draft of ``drafted`` tokens whose first ``accepted`` were right, into the decayed counts the length
         and the switching off are decided by."""
@@ -441,8 +480,9 @@ class DraftPolicy:
             for i in range(min(accepted + 1, drafted)):  # positions tried: up to the first wrong one
                 if i == len(counts):
                     counts.append([0.0, 0.0])
-                counts[i][0] = DECAY * counts[i][0] + (i < accepted)
-                counts[i][1] = DECAY * counts[i][1] + 1
+                decay = FIRST_DECAY if i == 0 else DECAY
+                counts[i][0] = decay * counts[i][0] + (i < accepted)
+                counts[i][1] = decay * counts[i][1] + 1
 
     def shadow_trial(self, produced: int) -> bool:
         """Whether the step at ``produced`` is a trial to run in the shadow (the loop's ``_shadow_trial``): drafting
