@@ -287,7 +287,8 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
   std::vector<std::uint8_t> xq(quant ? static_cast<std::size_t>(std::max<i64>(1, seq * batch * xlda)) : 0);
   std::int32_t x_zp = 0;
   const float x_scale = quant ? quantize_rows_u8(px, seq * batch, I, I, xq.data(), xlda, &x_zp) : 1.f;
-  if (pY) std::fill(pY, pY + seq * dirs * batch * H, 0.f);
+  // Y's steps past a row's sequence_lens stay 0; every other value is written by its step (no pass over Y then)
+  if (pY && std::any_of(lens.begin(), lens.end(), [&](std::int64_t v) { return v < seq; })) std::fill(pY, pY + seq * dirs * batch * H, 0.f);
   auto act = [&](int op, float* v, i64 n) {
     if (do_clip) kr.unary(U_CLIP, v, v, n, -clip, clip);
     kr.unary(op, v, v, n, 0.f, 0.f);

@@ -283,6 +283,12 @@ FUSED_CASES = [
     {"seq": 4, "batch": 3, "inp": 40, "hidden": 256},
     {"seq": 3, "batch": 2, "inp": 16, "hidden": 320, "direction": "reverse", "lens": [3, 2], "init": True},
     {"seq": 4, "batch": 3, "inp": 16, "hidden": 40},
+    # rows that end early beside full ones (batch 4), 1- / 3-panel tail items of a gate (H 80, 48, 208), one
+    # 16-unit block (H 16), a long sequence (h's quantization range moving step to step)
+    {"seq": 7, "batch": 4, "inp": 24, "hidden": 80, "lens": [7, 3, 7, 1], "zp": True, "init": True},
+    {"seq": 6, "batch": 2, "inp": 8, "hidden": 48, "direction": "reverse", "lens": [6, 4]},
+    {"seq": 3, "batch": 1, "inp": 8, "hidden": 16, "init": True},
+    {"seq": 40, "batch": 3, "inp": 40, "hidden": 208, "per_channel": True},
 ]
 
 
