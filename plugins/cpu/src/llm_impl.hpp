@@ -82,7 +82,8 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 // the 4-bit one-row tiles read 98-99% of the probe with no prefetch, 1 KiB ahead took 1.01-1.02x the time and 3 KiB
 // 1.11x (q4_k) / 1.48x (q4_0), while q8_0 without its 3 KiB took 1.09x; 1 thread the same (qgemm_rows.py
 // --phase-gbs, CPU time, branch pf30). The 4-bit decode step's shortfall in that phase is not its tiles' stream.
-// Settings (8-bit tiles): HETERO_LLM_PF (one-row), HETERO_LLM_PF_ROWS (2-16 rows), HETERO_LLM_PF_L1 (prefill).
+// Settings: HETERO_LLM_PF (8-bit one-row tiles), HETERO_LLM_PF_ROWS (2-16 rows, every format), HETERO_LLM_PF_L1
+// (prefill).
 inline i64 env_bytes(const char* name, i64 fallback) {
   const char* e = std::getenv(name);
   return e ? std::atol(e) : fallback;
