@@ -82,16 +82,24 @@ void quantize_x(const float* x, i64 M, i64 ldx, i64 k, int bs, int sbs, bool pai
 // the 4-bit one-row tiles read 98-99% of the probe with no prefetch, 1 KiB ahead took 1.01-1.02x the time and 3 KiB
 // 1.11x (q4_k) / 1.48x (q4_0), while q8_0 without its 3 KiB took 1.09x; 1 thread the same (qgemm_rows.py
 // --phase-gbs, CPU time, branch pf30). The 4-bit decode step's shortfall in that phase is not its tiles' stream.
-// Settings (8-bit tiles): HETERO_LLM_PF (one-row), HETERO_LLM_PF_ROWS (2-16 rows), HETERO_LLM_PF_L1 (prefill).
+// Settings: HETERO_LLM_PF (8-bit one-row tiles), HETERO_LLM_PF_ROWS (2-16 rows, every format), HETERO_LLM_PF_L1
+// (prefill).
 inline i64 env_bytes(const char* name, i64 fallback) {
   const char* e = std::getenv(name);
   return e ? std::atol(e) : fallback;
 }
 template <int MR>
 inline bool prefetch_into_l2(const XQ& x) { return MR <= 2 || x.rows <= 16; }
+// The 2-16-row tiles (a verify step, into L2) by default 8 KiB ahead where that streamed faster (branch vt31, the
+// first measurement with the 4/5/6-bit rows' prefetch emitted, benchmarks/verify_tiles.py on the real 1.5B Q4_K_M and
+// 0.5B Q5_0, paired against 0): q6_k at every row count (down_proj / LM head at 2-4 rows 1.8-2.4x -> 1.1-1.3x a
+// one-row GEMV), the other formats in the tiles of 8+ rows, which are arithmetic-bound (8 rows: q5_0 4.4x -> 2.3x,
+// q4_k 3.9x -> 3.5x, q8_0 1.95x -> 1.7x); it cost q4_k at 2-4 rows 1.0-1.6x -> 1.6-2.7x and at 5 rows 1.08-1.16x the
+// time, q8_0 at 2-4 rows 1.05-1.35x -> 1.3-1.5x, so none there.
 template <int MR, int BITS = 4>
 inline i64 prefetch_distance(bool l2) {
-  static const i64 one = env_bytes("HETERO_LLM_PF", BITS == 8 ? 3072 : 0), rows = env_bytes("HETERO_LLM_PF_ROWS", 0),
+  static const i64 one = env_bytes("HETERO_LLM_PF", BITS == 8 ? 3072 : 0),
+                   rows = env_bytes("HETERO_LLM_PF_ROWS", MR >= 2 && (BITS == 6 || MR >= 8) ? 8192 : 0),
                    l1 = env_bytes("HETERO_LLM_PF_L1", 0);
   return l2 ? (MR == 1 ? one : rows) : l1;
 }
@@ -348,12 +356,12 @@ struct SuperWalk {
 // a file holding several tiles) was found free of side effects -- a prefetch is none to the compiler -- and every
 // call was deleted, so no tile issued a weight prefetch, whatever HETERO_LLM_PF said (objdump of the plugin: no
 // prefetcht1 in any qgemm tile before branch dec25; tests/plugins/cpu/test_llm_prefetch_emitted.py).
-// Only the 8-bit tiles prefetch: emitted, the prefetch cost the 4/5/6-bit one-row tiles 1.24x on the Q4_K_M decode step
-// and its test of the distance alone (0 there) the Q4_0 step 4-6% (paired, dec25), so their tiles hold no prefetch
-// code, as in every measurement from a62fe70 to dec25.
-template <class S, int BITS, bool ASYM, int KQ, int NT>
+// The 4/5/6-bit one-row tiles hold no prefetch code: emitted, it cost them 1.24x on the Q4_K_M decode step and its
+// test of the distance alone (0 there) the Q4_0 step 4-6% (paired, dec25), as in every measurement from a62fe70 to
+// dec25. Their tiles of 2+ rows do (ROWS; branch vt31; distance: prefetch_distance).
+template <class S, int BITS, bool ASYM, int KQ, int NT, bool ROWS = false>
 [[gnu::always_inline]] inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf, bool l2) {
-  if constexpr (BITS != 8) return;
+  if constexpr (BITS != 8 && !ROWS) return;
   if (pf == 0) return;  // none (rather than prefetching the lines the tile is about to load)
   // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
   constexpr int LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;
@@ -466,7 +474,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf, l2);
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT, (MR >= 2)>(w, rec, pf, l2);
         if constexpr (XPF) prefetch_x<S>(xrow[0] + b * bs, xpf);
         const BlockScales<S, ASYM, KQ> scales(rec, h, ss, FOLD ? 0 : off);
         if constexpr (MINS_IN) block_mins<S, KQ, MR>(imin, rec, h, x, m0 * x.nb + b, MR);
@@ -587,7 +595,7 @@ void qgemm_wide(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT>(w, rec, pf, l2);
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT, (MR >= 2)>(w, rec, pf, l2);
         const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);
         B lo[NT], hi[NIB ? NT : 1];
         for (int t = 0; t < NT; ++t) {

@@ -57,7 +57,7 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt>(w, rec, pf, l2);  // as qgemm_mr
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt, true>(w, rec, pf, l2);  // as qgemm_mr
         B wlo[nt], whi[nt];
         for (int t = 0; t < nt; ++t) {  // the block's W rows decoded once for all MR x rows
           unpack_step<S, BITS>(S::load_b(qv + 64 * t + 4 * W * h), qv + nib_bytes, t, h, wlo[t], whi[t]);

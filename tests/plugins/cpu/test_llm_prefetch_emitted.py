@@ -1,6 +1,6 @@
 """The 8-bit one-row quantized GEMV tiles of the built plugin issue their weight prefetch (llm_impl.hpp,
-prefetch_record; the 4/5/6-bit tiles hold none, by design), and q6_k's one-row tiles their activations' L1 prefetch
-(prefetch_x).
+prefetch_record; the 4/5/6-bit one-row tiles hold none, by design, their tiles of 2+ rows do), and q6_k's one-row
+tiles their activations' L1 prefetch (prefetch_x).
 
 A prefetch has no effect the compiler can see: with the helper (or the traits' prefetch functions) left out of line,
 GCC 12 judged the calls free of side effects and deleted every one, and no decode tile prefetched whatever
@@ -30,6 +30,8 @@ pytestmark = pytest.mark.skipif(
 ONE_ROW = re.compile(r"qgemm_mr<\(anonymous namespace\)::(LlmSimd\w*), 8, (true|false), 0, 1, 8>")
 # qgemm_mr<S, BITS = 6, ASYM = false, KQ = 2, MR = 1, NT = 4>: q6_k's one-row tile, per ISA
 Q6K_ONE_ROW = re.compile(r"qgemm_mr<\(anonymous namespace\)::(LlmSimd\w*), 6, false, 2, 1, 4>")
+# q4_k's (BITS = 4, ASYM, KQ = 1) row tiles: qgemm_mr<S, 4, true, 1, MR[, NT]> and qgemm_wide<S, 4, true, 1, MR>
+Q4K_TILES = re.compile(r"qgemm_(?:mr|wide)<\(anonymous namespace\)::(LlmSimd\w*), 4, true, 1, (\d+)(?:, \d+)?>")
 
 
 def one_row_tiles(so: str, pattern: re.Pattern[str] = ONE_ROW) -> dict[str, tuple[str, int, int]]:
@@ -73,3 +75,29 @@ def test_q6k_one_row_tiles_issue_activation_prefetches():
     assert {"LlmSimd", "LlmSimdVnni"} <= isas, sorted(isas)
     missing = [name for name, (_, at, size) in tiles.items() if prefetches(so, at, size, levels="0") == 0]
     assert not missing, f"{len(missing)} of {len(tiles)} q6_k one-row tiles issue no activation prefetch: {missing[:3]}"
+
+
+def _tile_rows(name: str) -> int:
+    found = Q4K_TILES.search(name)
+    assert found, name
+    return int(found.group(2))
+
+
+def test_4bit_tiles_prefetch_only_with_several_rows():
+    """q4_k's VNNI tiles of 2+ rows (a verify step) hold the weight prefetch (8 KiB ahead by default from 8 rows,
+    HETERO_LLM_PF_ROWS), its one-row tile none: deleted by the compiler, the verify tiles would silently stream as
+    before."""
+    so = _native.__file__
+    tiles = one_row_tiles(so, Q4K_TILES)
+    if not tiles:
+        pytest.skip(f"{so} has no symbol table (stripped; plugins/cpu/pyproject.toml keeps it: install.strip = false)")
+    # the VNNI tables' tiles (the generic table's traits, also named LlmSimd, prefetch nothing: no x86 intrinsics)
+    tiles = {name: tile for name, tile in tiles.items() if tile[0] in ("LlmSimdVnni", "LlmSimdVbmi")}
+    assert tiles, "no q4_k tile of the VNNI tables"
+    rows = {name: _tile_rows(name) for name in tiles}
+    one = [name for name, (_, at, size) in tiles.items() if rows[name] == 1 and prefetches(so, at, size, "1") > 0]
+    assert not one, f"one-row q4_k tiles with a prefetch: {one[:3]}"
+    several = [name for name in tiles if rows[name] >= 2]
+    assert several
+    missing = [name for name in several if prefetches(so, tiles[name][1], tiles[name][2], "1") == 0]
+    assert not missing, f"{len(missing)} of {len(several)} q4_k row tiles issue no prefetch: {missing[:3]}"
