@@ -13,7 +13,9 @@
   (each producer writes its part of the output) and a Split's outputs as parts of its input, and both nodes are
   skipped (``_slices``): YOLOv8's C2f blocks split a conv's output and concatenate it with two more.
 * the second run of a signature is recorded into a ``replay.Replay`` (a flat list of calls, bound by the kernels
-  where they can) when the work is fixed by the input shapes alone; later runs of that signature re-issue it. A
+  where they can) when the work is fixed by the input shapes alone, up to guarded steps (a Slice at a Loop body's
+  counter, a NonZero: re-run at each replayed run, a result of another shape ending the replay, ``_can_replay``);
+  later runs of that signature re-issue it. A
   small integer input that decides an If's branch (silero-vad's sample rate) joins the signature by value, so the
   If's condition is fixed per signature too.
 * plans (arena plan, arena, replay) are kept per signature, up to ``MAX_PLANS`` (those never replayed dropped
