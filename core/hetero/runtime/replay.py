@@ -256,10 +256,18 @@ class Replay:
         var_ins = _take_fixed(entry.var_ins, fixed, ins)
         kernel = entry.kernel
         if entry.guarded:  # never bound: its kernel reads this run's values
-            guarded = _Call(kernel, ins, list(entry.outs), var_ins, entry.fresh_outs, guarded=True)
+            # Its outputs of the recorded shapes (the kernel raises on others): buffers of the replay's own, written
+            # at each run, so that the calls reading them bind (a NonZero's result, fresh in the recorded run).
+            outs, fresh = list(entry.outs), []
+            for pos, key, backend, info in entry.fresh_outs:
+                if key in self._output_keys or backend.memory_domain != "host" or not info.is_static:
+                    fresh.append((pos, key, backend, info))
+                else:
+                    outs[pos] = fixed[key] = backend.empty(info)
+            guarded = _Call(kernel, ins, outs, var_ins, fresh, guarded=True)
             self.program.append(functools.partial(_run_guarded, self._values, guarded))
             self._unbound.append(entry)
-            if var_ins or entry.fresh_outs:
+            if var_ins or fresh:
                 self._dynamic += 1
             return
         if not var_ins and entry.fresh_outs and all(_ownable(b, info) for _, _, b, info in entry.fresh_outs):

