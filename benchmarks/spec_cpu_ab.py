@@ -57,6 +57,8 @@ def main() -> None:
     p.add_argument("-r", "--rounds", type=int, default=6)
     p.add_argument("--prompts", nargs="*", default=["chat", "code"])
     p.add_argument("--log", type=Path)
+    p.add_argument("--warm", action="store_true", help="plan and record every verify width in the warm-up "
+                   "(Speculation.warm); without it the first round's drafts pay each width's cold runs")
     args = p.parse_args()
     if args.log:
         os.environ["HETERO_SPEC_LOG"] = str(args.log)
@@ -95,6 +97,9 @@ def main() -> None:
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             return list(llm.last.tokens), cpu, wall, llm.stats.verify_steps
 
+        if args.warm:
+            for s in specs:
+                s.warm(llm)
         for s in [None, *specs]:
             run(s, 4)  # warm-up: the prompt's prefill, plans of the plain step
         runs: list[Any] = [None, *specs]
@@ -123,7 +128,7 @@ def main() -> None:
             c, w = cpu_ratios[j], wall_ratios[j]
             print(f"| {label} | {prompt} | {args.threads} | {statistics.median(c):.3f} ({min(c):.2f}-{max(c):.2f}) | "
                   f"{statistics.median(w):.3f} ({min(w):.2f}-{max(w):.2f}) | {verifies[j]} | "
-                  f"{'yes' if identical[j] else 'NO'} | {args.rounds} | {load} |", flush=True)
+                  f"{'yes' if identical[j] else 'NO'} | {args.rounds} (first {c[0]:.2f}) | {load} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,25 @@ def test_chat_command_reads_turns(capsys):
     assert "(0 cached)" not in stats[2]  # the last turn reuses the previous one
 
 
+def test_chat_with_spec_warms_the_verify_widths_at_load(capsys, monkeypatch):
+    """``hetero chat --spec``: every verify width is planned and recorded at load (``Speculation.warm``), not in the
+    first replies; the replies are those of plain greedy decoding."""
+    from hetero.llm import cli
+    from hetero.llm.speculative import Speculation
+
+    turns = "Hello!\nWhat is the capital of France?\n/exit\n"
+    outs = []
+    warmed: list[list[int]] = []
+    warm = Speculation.warm
+    monkeypatch.setattr(Speculation, "warm", lambda self, llm: warmed.append(warm(self, llm)) or warmed[-1])
+    for extra in ([], ["--spec", "lookahead"]):
+        args = parse(["chat", str(FIXTURES / "qwen3"), "-n", "8", "--temp", "0", *extra])
+        assert cli._cmd_chat(args, stdin=io.StringIO(turns)) == 0
+        outs.append(capsys.readouterr().out)
+        assert warmed == ([list(range(1, 9))] if extra else [])  # the lookahead drafts up to 8 tokens
+    assert outs[0] == outs[1]
+
+
 def test_synthetic_weights_are_deterministic_and_valid():
     cfg = synthetic_config("tiny")
     from hetero.contract.quant import QuantFormat, dequantize

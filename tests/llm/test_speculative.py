@@ -1049,3 +1049,37 @@ def test_draft_vocabulary_by_token_counts(tmp_path, monkeypatch):
     monkeypatch.setattr(target, "tokenizer", None)  # a target without a tokenizer has nothing to count with
     with pytest.raises(HeteroError, match="rank=freq counts tokens with the target's tokenizer"):
         make_drafter(f"draft:{FIXTURES / 'qwen3'},vocab=256,rank=freq", target)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_warmed_verify_widths_are_neither_planned_nor_recorded_again(family, monkeypatch):
+    """``Speculation.warm`` plans and records each verify width ahead (issue 15: a width's first two runs in a
+    process were interpreted, 1-2 plain steps dearer each, charged to the first reply's drafts). After it, a
+    generation's verify steps plan and record no shape of 2 .. max_draft + 1 rows, the cached tokens are kept (the
+    warm-up ran at the cache's end and rolled back: a hybrid's state too), and the greedy output is plain decoding's."""
+    from hetero.llm.families.decoder import INPUT_IDS
+    from hetero.runtime.executor import KernelProgram
+    from hetero.runtime.replay import Recorder
+
+    llm = load(FIXTURES / family, backends=["cpu"])
+    want = _plain(llm, PROMPT, 40)
+    spec = Speculation(Scripted(want, len(PROMPT), max_draft=5), adaptive=False)
+    llm.reset()
+    llm.prefill(PROMPT)
+    assert spec.warm(llm) == [1, 2, 3, 4, 5]
+    assert llm.tokens == PROMPT
+    cold: list[int] = []
+
+    def rows(signature) -> int:
+        return next(shape[-1] for name, shape, _ in signature[:len(signature)] if name == INPUT_IDS)
+
+    plan, build = KernelProgram._plan, Recorder.build
+    monkeypatch.setattr(KernelProgram, "_plan", lambda self, sig, *a: cold.append(rows(sig)) or plan(self, sig, *a))
+    monkeypatch.setattr(Recorder, "build", lambda self, sig, *a: cold.append(rows(sig)) or build(self, sig, *a))
+    llm.generate(PROMPT, 40, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want
+    assert llm.stats.verify_steps > 0 and llm.stats.drafted_tokens > llm.stats.verify_steps  # widths over 1 ran
+    assert not [r for r in cold if 2 <= r <= 6], cold
+    spec.warm(llm)  # warming again (each width replayed) changes nothing
+    llm.generate(PROMPT, 40, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want

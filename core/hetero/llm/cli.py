@@ -189,6 +189,8 @@ def _cmd_chat(args: argparse.Namespace, stdin: Any = None) -> int:
 
     model = model_path(args)
     loaded = load_llm(args, model)
+    if loaded.spec is not None:  # the replies share this process: each verify width planned and recorded now, at
+        loaded.spec.warm(loaded.llm)  # load, not in the first replies' drafts (Speculation.warm)
     return ChatRepl(loaded, args, stdin or sys.stdin).run()
 
 

@@ -17,7 +17,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -432,6 +432,29 @@ class Llm:
             rows = self._forward([history[-1], *drafts])
             self._owner = owner
             return rows[-(len(drafts) + 1):]
+
+    def warm_verify(self, widths: Iterable[int]) -> list[int]:
+        """Plan and record now the step of each verify width in ``widths`` (a draft of k tokens: a step of k + 1
+        rows), so that no generation pays for it: a step's first two runs of a new shape are interpreted (the first
+        plans its arena, the second records its replay) and cost 1-2 plain steps more each on the 1.5B at 1 thread
+        (issue 15: each width's first runs in a process were chat's largest loss). Call it off the critical path --
+        after loading, in a bench's warm-up -- with the widths a drafter can use (``Speculation.warm``). Runs at the
+        end of the cache and rolls back: the cached tokens are kept. A no-op for a backend's whole decoder or a model
+        of several sequences (their steps run elsewhere). Returns the widths warmed."""
+        if self.decoder is not None or self._batch is not None:
+            return []
+        warmed = []
+        with self._lock:
+            length = len(self.tokens)
+            for k in sorted({int(w) for w in widths}):
+                if not 1 <= k < VERIFY_ROWS or length + k + 1 > self.context:
+                    continue
+                for _ in range(2):  # the first run plans the shape's arena, the second records its replay
+                    self._forward([0] * (k + 1))
+                    self._rollback(length)
+                warmed.append(k)
+            self._tail = None  # the warm-up's logits are no prompt's
+        return warmed
 
     def _keep(self, owner: object, length: int) -> None:
         """After a verify step of ``owner``: keep the first ``length`` cached tokens (the rejected drafts go)."""

@@ -140,6 +140,7 @@ def bench_speculative(llm: Any, drafter: str | list[str], *, n_gen: int = 64, re
         steplog.write("run", prompt=name, drafter="warm-up", repetition=-1, threads=threads)
         run(None, 4)  # warm-up: the prompt's prefill (cached from here on), plans of both step shapes
         for s in specs:
+            s.warm(llm)  # every verify width planned and recorded here, not in the first timed replies
             run(s, 4)
         runs: list[Any] = [None, *specs]  # None: plain decoding
         speed: list[list[float]] = [[] for _ in runs]

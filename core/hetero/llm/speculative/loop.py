@@ -47,6 +47,14 @@ class Speculation:
         self.adaptive = adaptive
         self.policy = self._policy()
 
+    def warm(self, llm: Target) -> list[int]:
+        """Plan and record ``llm``'s verify step of every width this speculation may draft (1 .. ``max_draft``
+        tokens) now, off the critical path (after loading, in a bench's warm-up): else each width's first two runs
+        in the process are interpreted and cost 1-2 plain steps more each, charged to the first replies' drafts
+        (``Llm.warm_verify``). Returns the widths warmed (none for a target without ``warm_verify``)."""
+        warm = getattr(llm, "warm_verify", None)
+        return list(warm(range(1, self.max_draft + 1))) if warm is not None else []
+
     def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
         policy = DraftPolicy(self.max_draft, adaptive=self.adaptive, start=self.max_draft if not self.adaptive else 1,
                              graded=bool(getattr(self.drafter, "graded", False)),
