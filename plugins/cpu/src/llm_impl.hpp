@@ -95,11 +95,15 @@ inline bool prefetch_into_l2(const XQ& x) { return MR <= 2 || x.rows <= 16; }
 // 0.5B Q5_0, paired against 0): q6_k at every row count (down_proj / LM head at 2-4 rows 1.8-2.4x -> 1.1-1.3x a
 // one-row GEMV), the other formats in the tiles of 8+ rows, which are arithmetic-bound (8 rows: q5_0 4.4x -> 2.3x,
 // q4_k 3.9x -> 3.5x, q8_0 1.95x -> 1.7x); it cost q4_k at 2-4 rows 1.0-1.6x -> 1.6-2.7x and at 5 rows 1.08-1.16x the
-// time, q8_0 at 2-4 rows 1.05-1.35x -> 1.3-1.5x, so none there.
-template <int MR, int BITS = 4>
+// time, q8_0 at 2-4 rows 1.05-1.35x -> 1.3-1.5x, so none there. Except qgemm_mr's q4_k 4-row tile: 2 KiB ahead
+// into L1 (rows_into_l1; vt31b, verify_tiles.py paired in one build: 1.76x -> 1.55x a one-row GEMV; into L2 at 2 KiB
+// 2.7x, at 1 KiB 1.70x; into L1 at 2-3 rows 1.07 -> 1.26x and 1.30 -> 1.34x, so not there).
+template <int MR, int BITS, int KQ>
+constexpr bool rows_into_l1() { return MR == 4 && BITS == 4 && KQ == 1; }
+template <int MR, int BITS = 4, bool L1 = false>
 inline i64 prefetch_distance(bool l2) {
   static const i64 one = env_bytes("HETERO_LLM_PF", BITS == 8 ? 3072 : 0),
-                   rows = env_bytes("HETERO_LLM_PF_ROWS", MR >= 2 && (BITS == 6 || MR >= 8) ? 8192 : 0),
+                   rows = env_bytes("HETERO_LLM_PF_ROWS", L1 ? 2048 : MR >= 2 && (BITS == 6 || MR >= 8) ? 8192 : 0),
                    l1 = env_bytes("HETERO_LLM_PF_L1", 0);
   return l2 ? (MR == 1 ? one : rows) : l1;
 }
@@ -359,9 +363,10 @@ struct SuperWalk {
 // The 4/5/6-bit one-row tiles hold no prefetch code: emitted, it cost them 1.24x on the Q4_K_M decode step and its
 // test of the distance alone (0 there) the Q4_0 step 4-6% (paired, dec25), as in every measurement from a62fe70 to
 // dec25. Their tiles of 2+ rows do (ROWS; branch vt31; distance: prefetch_distance).
-template <class S, int BITS, bool ASYM, int KQ, int NT, bool ROWS = false>
+template <class S, int BITS, bool ASYM, int KQ, int NT, bool ROWS = false, bool L1 = false>
 [[gnu::always_inline]] inline void prefetch_record(const QPack& w, const std::uint8_t* rec, i64 pf, bool l2) {
   if constexpr (BITS != 8 && !ROWS) return;
+  if constexpr (L1) l2 = false;  // rows_into_l1
   if (pf == 0) return;  // none (rather than prefetching the lines the tile is about to load)
   // The 64-byte lines of a record of NT steps (QPack::layout: header + quants, 5/6-bit formats' high planes).
   constexpr int LINES = ((KQ || !ASYM ? 32 : 64) + 64 * NT * (BITS == 5 ? 5 : BITS == 6 ? 6 : 4) / 4 + 63) / 64;
@@ -450,7 +455,8 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
   const int off = BITS == 8 ? w.offset() - S::Q8_SHIFT : w.offset();
   const i64 hdr = w.header_bytes(), nib_bytes = w.nibble_bytes();
   const bool l2 = prefetch_into_l2<MR>(x);
-  const i64 pf = prefetch_distance<MR, BITS>(l2);
+  constexpr bool PF_L1 = rows_into_l1<MR, BITS, KQ>();
+  const i64 pf = prefetch_distance<MR, BITS, PF_L1>(l2);
   const SuperWalk<KQ == 0 && BITS == 4> walk(w);
   // The one-row tile's mins (q4_k / q5_k, k_super): each block's dot in the record loop (block_mins), not in a
   // second pass over the super-block's records after it (super_mins): the same int32, one loop fewer a super-block
@@ -474,7 +480,7 @@ void qgemm_mr(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, fl
       for (i64 b = b0; b < b1; ++b) {
         const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
         const std::uint8_t* qv = rec + hdr;
-        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT, (MR >= 2)>(w, rec, pf, l2);
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, NT, (MR >= 2), PF_L1>(w, rec, pf, l2);
         if constexpr (XPF) prefetch_x<S>(xrow[0] + b * bs, xpf);
         const BlockScales<S, ASYM, KQ> scales(rec, h, ss, FOLD ? 0 : off);
         if constexpr (MINS_IN) block_mins<S, KQ, MR>(imin, rec, h, x, m0 * x.nb + b, MR);
