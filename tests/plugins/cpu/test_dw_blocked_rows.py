@@ -33,14 +33,15 @@ CASES = [
 ]
 
 
-def _inputs(case):
+def _inputs(case, seed: int):
     n, c, h, w, kh, kw = case[:6]
-    return randn(n, c, h, w, seed=121), randn(c, 1, kh, kw, seed=122) * 0.3, randn(c, seed=123)
+    return randn(n, c, h, w, seed=seed), randn(c, 1, kh, kw, seed=seed + 1) * 0.3, randn(c, seed=seed + 2)
 
 
-def _outputs(case) -> np.ndarray:
+def dw_outputs(case, seed: int) -> np.ndarray:
+    """The depthwise conv (+ hard-swish) of ``case`` on the inputs drawn from ``seed``, by the native kernel."""
     strides, pads, dil = case[6:]
-    x, w, bias = _inputs(case)
+    x, w, bias = _inputs(case, seed)
     ho = (x.shape[2] + pads[0] + pads[2] - dil[0] * (w.shape[2] - 1) - 1) // strides[0] + 1
     wo = (x.shape[3] + pads[1] + pads[3] - dil[1] * (w.shape[3] - 1) - 1) // strides[1] + 1
     out = np.full((x.shape[0], x.shape[1], ho, wo), np.nan, np.float32)
@@ -49,39 +50,58 @@ def _outputs(case) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_dw_blocked_rows_against_float64(isa, threads, case):
-    x, w, bias = _inputs(case)
+def check_against_float64(case, seed: int) -> None:
+    x, w, bias = _inputs(case, seed)
     y = _conv_ref(x.astype(np.float64), w.astype(np.float64), bias, case[6], case[7], case[8], x.shape[1])
     ref = y * np.clip(y / 6 + 0.5, 0, 1)
-    np.testing.assert_allclose(_outputs(case), ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw_outputs(case, seed), ref, rtol=1e-4, atol=1e-4)
 
 
-def all_outputs() -> None:
-    """Every case on every ISA at 1 and 2 threads, saved to the .npz path in argv[1] (run in a fresh process)."""
+def save_all_outputs(cases, seed: int, path: str) -> None:
+    """Every case on every ISA at 1 and 2 threads, saved to the .npz ``path`` (run in a fresh process)."""
     before, res = _native.num_threads(), {}
     for isa in ISAS:
         _native.set_isa(isa)
         for threads in (1, 2):
             _native.set_num_threads(threads)
-            for i, case in enumerate(CASES):
-                res[f"{isa}_{threads}_{i}"] = _outputs(case)
+            for i, case in enumerate(cases):
+                res[f"{isa}_{threads}_{i}"] = dw_outputs(case, seed)
     _native.set_num_threads(before)
-    np.savez(sys.argv[1], **res)
+    np.savez(path, **res)
 
 
-def test_dw_blocked_rows_same_bits_as_the_position_blocks(tmp_path):
+def check_same_bits_with_paths_off(module: str, switches: tuple[str, ...], case_count: int, tmp_path) -> None:
+    """``module``'s ``all_outputs`` in two fresh processes, one with the environment ``switches`` at 0 (the older
+    kernel paths), one without them (the defaults): the same bits everywhere, no output left unwritten."""
     plugins = os.path.dirname(os.path.dirname(__file__))  # tests/plugins: this file as pytest names it, cpu.*
-    code = f"import sys; sys.path.insert(0, {plugins!r}); import cpu.test_dw_blocked_rows as t; t.all_outputs()"
+    code = f"import sys; sys.path.insert(0, {plugins!r}); import cpu.{module} as t; t.all_outputs()"
     runs = {}
-    for rows in ("0", "1"):
-        path = tmp_path / f"rows{rows}.npz"
-        env = dict(os.environ, HETERO_CPU_DW_BLOCKED_ROWS=rows)
+    for side in ("0", "1"):
+        path = tmp_path / f"side{side}.npz"
+        env = {k: v for k, v in os.environ.items() if k not in switches}
+        if side == "0":
+            env.update(dict.fromkeys(switches, "0"))
         r = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True,
                            timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
-        runs[rows] = np.load(path)
-    assert sorted(runs["0"].files) == sorted(runs["1"].files) and len(runs["0"].files) == len(ISAS) * 2 * len(CASES)
+        runs[side] = np.load(path)
+    assert sorted(runs["0"].files) == sorted(runs["1"].files) and len(runs["0"].files) == len(ISAS) * 2 * case_count
     for key in runs["0"].files:
         assert not np.isnan(runs["1"][key]).any(), key
         np.testing.assert_array_equal(runs["1"][key], runs["0"][key], err_msg=key)
+
+
+SEED = 121
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_dw_blocked_rows_against_float64(isa, threads, case):
+    check_against_float64(case, SEED)
+
+
+def all_outputs() -> None:
+    save_all_outputs(CASES, SEED, sys.argv[1])
+
+
+def test_dw_blocked_rows_same_bits_as_the_position_blocks(tmp_path):
+    check_same_bits_with_paths_off("test_dw_blocked_rows", ("HETERO_CPU_DW_BLOCKED_ROWS",), len(CASES), tmp_path)
