@@ -31,7 +31,7 @@ from typing import Any
 SPECULATIVE = "core/hetero/llm/speculative"
 
 
-def _module(rev: str, name: str, root: Path, folder: Path) -> ModuleType:
+def revision_module(rev: str, name: str, root: Path, folder: Path) -> ModuleType:
     """``SPECULATIVE/name.py`` of revision ``rev`` as ``hetero.llm.speculative._base_<name>`` (its relative imports
     resolve to the working tree's package)."""
     text = subprocess.run(["git", "show", f"{rev}:{SPECULATIVE}/{name}.py"], cwd=root, check=True,
@@ -69,8 +69,8 @@ def main() -> None:
 
     root = Path(__file__).resolve().parents[1]
     folder = Path(tempfile.mkdtemp())
-    base_policy = _module(args.base, "policy", root, folder)
-    base_loop = _module(args.base, "loop", root, folder)
+    base_policy = revision_module(args.base, "policy", root, folder)
+    base_loop = revision_module(args.base, "loop", root, folder)
     base_loop.DraftPolicy = base_policy.DraftPolicy  # type: ignore[attr-defined]  # why: the base loop's own policy
 
     class Before(Speculation):

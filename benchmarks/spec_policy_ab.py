@@ -14,29 +14,18 @@ base revision's policy class (which knows nothing of ``Drafter.one_pass``). ``--
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-POLICY = "core/hetero/llm/speculative/policy.py"
+from spec_cpu_ab import revision_module  # a git revision's speculative module
 
 
 def base_policy(rev: str) -> Any:
-    """The ``policy`` module of revision ``rev``, imported under another name."""
-    root = Path(__file__).resolve().parents[1]
-    text = subprocess.run(["git", "show", f"{rev}:{POLICY}"], cwd=root, check=True, capture_output=True,
-                          text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "base_policy.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("base_policy", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The ``policy`` module of revision ``rev``, imported under another name (spec_cpu_ab's loader)."""
+    return revision_module(rev, "policy", Path(__file__).resolve().parents[1], Path(tempfile.mkdtemp()))
 
 
 def main() -> None:
