@@ -1024,27 +1024,40 @@ void py_dynamic_quantize(const py::array& x, const py::array& y, const py::array
   run_now(prep_dynamic_quantize, x, y, scale, zp);
 }
 
-// QuantizeLinear / DequantizeLinear with one scale and zero point (float32 <-> uint8 / int8).
-void py_quantize_linear(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y) {
-  const char* fn = "quantize_linear";
+// The checked arguments of a per-tensor QuantizeLinear (one scale, one zero point; float32 in, 8-bit out).
+struct PerTensorQuant {
+  i64 n;
+  const float* xs;
+  std::uint8_t* ys;
+  float scale;
+  std::int32_t zero;
+  int lo, hi;  // the output type's range
+};
+
+PerTensorQuant per_tensor_quant(const py::array& x, const py::array& scale, const py::object& zp,
+                                const py::array& y, const char* fn) {
   pyx::need_f32(x, fn, "x");
   pyx::need_contig(x, fn, "x");
   pyx::need_f32(scale, fn, "scale");
+  if (scale.size() != 1) fail(std::string(fn) + ": scale must be one value");
   need_8bit(y, fn, "y");
   need_out_size(y, static_cast<i64>(x.size()), fn);
   const std::vector<std::int32_t> z = zero_points(zp, y, 1, fn, "zero_point");
-  const float s = pyx::cptr<float>(scale)[0];
   const bool u8 = is_u8(y);
-  const i64 n = static_cast<i64>(x.size());
-  const float* xs = pyx::cptr<float>(x);
-  auto* ys = static_cast<std::uint8_t*>(pyx::mptr<void>(y));
+  return {static_cast<i64>(x.size()), pyx::cptr<float>(x), static_cast<std::uint8_t*>(pyx::mptr<void>(y)),
+          pyx::cptr<float>(scale)[0], z[0], u8 ? 0 : -128, u8 ? 255 : 127};
+}
+
+// QuantizeLinear / DequantizeLinear with one scale and zero point (float32 <-> uint8 / int8).
+void py_quantize_linear(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y) {
+  const PerTensorQuant q = per_tensor_quant(x, scale, zp, y, "quantize_linear");
   py::gil_scoped_release nogil;
   const QKernels& kr = qk();
   const i64 chunk = 1 << 16;
-  parallel_for((n + chunk - 1) / chunk, threads_for(static_cast<double>(n), 1 << 16), [&](i64 t) {
+  parallel_for((q.n + chunk - 1) / chunk, threads_for(static_cast<double>(q.n), 1 << 16), [&](i64 t) {
     const i64 b = t * chunk;
-    kr.quantize8(xs + b, std::min(chunk, n - b), s, z[0], u8 ? 0 : -128, u8 ? 255 : 127, ys + b);
-  }, static_cast<double>(n) >= kWakeElementWork);
+    kr.quantize8(q.xs + b, std::min(chunk, q.n - b), q.scale, q.zero, q.lo, q.hi, q.ys + b);
+  }, static_cast<double>(q.n) >= kWakeElementWork);
 }
 
 // y = QuantizeLinear(Gelu(x)) (exact or tanh form) with one scale and zero point: the Gelu kernel's floats for a
@@ -1052,34 +1065,22 @@ void py_quantize_linear(const py::array& x, const py::array& scale, const py::ob
 // written and read back (a QDQ encoder's fc1 activation: MiniLM's 128 x 1536 values are 0.8 MB, past L1 / L2 reuse).
 void py_gelu_quantize(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y,
                       bool tanh_form) {
-  const char* fn = "gelu_quantize";
-  pyx::need_f32(x, fn, "x");
-  pyx::need_contig(x, fn, "x");
-  pyx::need_f32(scale, fn, "scale");
-  if (scale.size() != 1) fail("gelu_quantize: scale must be one value");
-  need_8bit(y, fn, "y");
-  need_out_size(y, static_cast<i64>(x.size()), fn);
-  const std::vector<std::int32_t> z = zero_points(zp, y, 1, fn, "zero_point");
-  const float s = pyx::cptr<float>(scale)[0];
-  const bool u8 = is_u8(y);
-  const i64 n = static_cast<i64>(x.size());
-  const float* xs = pyx::cptr<float>(x);
-  auto* ys = static_cast<std::uint8_t*>(pyx::mptr<void>(y));
+  const PerTensorQuant q = per_tensor_quant(x, scale, zp, y, "gelu_quantize");
   const int op = tanh_form ? U_GELU_TANH : U_GELU;
   py::gil_scoped_release nogil;
   const Kernels& ek = active();
   const QKernels& kr = qk();
   const i64 chunk = 1 << 14;  // a task's values; each through an L1 block of kBlock
-  parallel_for((n + chunk - 1) / chunk, threads_for(static_cast<double>(n) * 8, 1 << 16), [&](i64 t) {
+  parallel_for((q.n + chunk - 1) / chunk, threads_for(static_cast<double>(q.n) * 8, 1 << 16), [&](i64 t) {
     constexpr i64 kBlock = 2048;  // 8 KB of floats: written by the Gelu, read at once by the quantize
     alignas(64) float buf[kBlock];
-    const i64 end = std::min(n, (t + 1) * chunk);
+    const i64 end = std::min(q.n, (t + 1) * chunk);
     for (i64 b = t * chunk; b < end; b += kBlock) {
       const i64 m = std::min(kBlock, end - b);
-      ek.unary(op, xs + b, buf, m, 0.f, 0.f);
-      kr.quantize8(buf, m, s, z[0], u8 ? 0 : -128, u8 ? 255 : 127, ys + b);
+      ek.unary(op, q.xs + b, buf, m, 0.f, 0.f);
+      kr.quantize8(buf, m, q.scale, q.zero, q.lo, q.hi, q.ys + b);
     }
-  }, static_cast<double>(n) * 8 >= kWakeElementWork);
+  }, static_cast<double>(q.n) * 8 >= kWakeElementWork);
 }
 
 void py_dequantize_linear(const py::array& x, const py::array& scale, const py::object& zp, const py::array& y) {
