@@ -30,14 +30,8 @@ from hetero.ir import passes  # noqa: E402
 
 def _session(path: str, threads: int, without: set[str]) -> hetero.Session:
     """A cpu session whose graph passes leave out ``without`` (the session takes ``for_backend``'s default list)."""
-    defaults = passes.for_backend.__defaults__
-    assert defaults is not None
-    # (passes, float16_via_float32): replace the first default only
-    passes.for_backend.__defaults__ = (tuple(p for p in defaults[0] if p.__name__ not in without), *defaults[1:])
-    try:
+    with passes.leaving_out(*without):
         return hetero.Session(path, backends=["cpu"], threads=threads)
-    finally:
-        passes.for_backend.__defaults__ = defaults
 
 
 def main() -> None:

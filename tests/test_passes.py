@@ -1373,6 +1373,21 @@ def test_gelu_global_max_pool_is_left_out_where_the_backend_lacks_it():
     assert passes.fuse_gelu_global_max_pool in passes.for_backend(lambda key: True)
 
 
+def test_leaving_out_drops_the_named_passes_only_inside_its_block():
+    from hetero.ir import passes
+
+    everything = passes.for_backend(lambda key: True)
+    with passes.leaving_out("fuse_gelu_mul", "fuse_attention"):
+        kept = passes.for_backend(lambda key: True)
+        with passes.leaving_out("fuse_rms_norm"):  # nested blocks add up
+            assert passes.fuse_rms_norm not in passes.for_backend(lambda key: True)
+        assert passes.fuse_rms_norm in passes.for_backend(lambda key: True)
+    assert set(everything) - set(kept) == {passes.fuse_attention, passes.fuse_gelu_mul}
+    assert passes.for_backend(lambda key: True) == everything
+    with pytest.raises(ValueError, match="not a default pass: fuse_nothing"), passes.leaving_out("fuse_nothing"):
+        pass
+
+
 def _add_relu_model(b_shape: list[int], extra_reader: bool = False):
     """A residual block's tail: Add of two branches (here Sub / Mul stand in for them), then Relu."""
     nodes = [helper.make_node("Sub", ["x", "w"], ["s"]), helper.make_node("Mul", ["x", "x"], ["m"]),

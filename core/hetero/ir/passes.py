@@ -9,8 +9,9 @@ graph computes exactly what it computed before.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -3129,8 +3130,29 @@ def for_backend(has_kernel: Callable[[tuple[str, str]], bool], passes: tuple[Pas
     """``passes`` less those whose fused op (``FUSED_OPS``) ``has_kernel`` says the backend cannot run; with
     ``float16_via_float32`` (a backend that computes float16 nodes in float32 anyway), float16_chains_to_float32
     first, so that the fusions after it see float32 nodes."""
-    chosen = tuple(p for p in passes if p.__name__ not in FUSED_OPS or has_kernel(FUSED_OPS[p.__name__]))
+    chosen = tuple(p for p in passes if p.__name__ not in _left_out
+                   and (p.__name__ not in FUSED_OPS or has_kernel(FUSED_OPS[p.__name__])))
     return (float16_chains_to_float32, *chosen) if float16_via_float32 else chosen
+
+
+_left_out: frozenset[str] = frozenset()
+
+
+@contextlib.contextmanager
+def leaving_out(*names: str) -> Iterator[None]:
+    """Sessions made inside the ``with`` block leave the passes ``names`` out (``for_backend``): a fusion measured
+    or checked against its unfused nodes (benchmarks/onnx_pass_ab.py, the fusions' same-bits tests). Process-wide
+    while it lasts: for tests and benchmarks, not for sessions made on other threads meanwhile."""
+    global _left_out
+    unknown = set(names) - {p.__name__ for p in DEFAULT_PASSES}
+    if unknown:
+        raise ValueError(f"not a default pass: {', '.join(sorted(unknown))}")
+    before = _left_out
+    _left_out = before | set(names)
+    try:
+        yield
+    finally:
+        _left_out = before
 
 
 def optimize(graph: Graph, passes: tuple[Pass, ...] = DEFAULT_PASSES) -> dict[str, int]:

@@ -95,14 +95,8 @@ def _gelu_q_model(approximate: str = "none", zp_dtype: type = np.uint8, scale_si
 
 def _without_pass(model: object) -> hetero.Session:
     """The cpu session with every default pass but fuse_gelu_quantize (as benchmarks/onnx_pass_ab.py)."""
-    defaults = passes.for_backend.__defaults__
-    assert defaults is not None
-    passes.for_backend.__defaults__ = (tuple(p for p in defaults[0] if p is not passes.fuse_gelu_quantize),
-                                       *defaults[1:])
-    try:
+    with passes.leaving_out("fuse_gelu_quantize"):
         return hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
-    finally:
-        passes.for_backend.__defaults__ = defaults
 
 
 def _feeds(rows: int = 7) -> dict[str, np.ndarray]:

@@ -135,14 +135,8 @@ def _qdq_linear_model(x_shape: list, n: int, bias: str = "const", dq_zp: int = 1
 
 def _without_fake_quant(model: object, backend: str) -> hetero.Session:
     """The session with every default pass but fuse_matmul_integer_fake_quant (as benchmarks/onnx_pass_ab.py)."""
-    defaults = passes.for_backend.__defaults__
-    assert defaults is not None
-    passes.for_backend.__defaults__ = (tuple(p for p in defaults[0] if p is not passes.fuse_matmul_integer_fake_quant),
-                                       *defaults[1:])
-    try:
+    with passes.leaving_out("fuse_matmul_integer_fake_quant"):
         return hetero.Session(model.SerializeToString(), backends=[backend], on_fallback="error")
-    finally:
-        passes.for_backend.__defaults__ = defaults
 
 
 @pytest.mark.parametrize("x_shape, n", [([1, 16], 8), ([5, 7], 3), (["b", 9, 64], 50), ([33, 130], 1),

@@ -86,14 +86,8 @@ def _feeds(batch: int = 2, mask_shape: tuple | None = None) -> dict[str, np.ndar
 
 
 def _without_pass(model: object) -> hetero.Session:
-    defaults = passes.for_backend.__defaults__
-    assert defaults is not None
-    passes.for_backend.__defaults__ = (tuple(p for p in defaults[0] if p is not passes.fuse_scaled_masked_softmax),
-                                       *defaults[1:])
-    try:
+    with passes.leaving_out("fuse_scaled_masked_softmax"):
         return hetero.Session(model.SerializeToString(), backends=["cpu"], on_fallback="error")
-    finally:
-        passes.for_backend.__defaults__ = defaults
 
 
 @pytest.mark.parametrize("div_first", [True, False])
