@@ -503,12 +503,23 @@ Plan plan_of(const std::vector<const Weights*>& ws, bool paired = false) {
 // the clean runs of a busy machine (decode_threads.py --per-op --clock cpu, 2 threads; dec17): q+k+v 5-14% faster
 // split by bytes on the Qwen3-0.6B Q4_K_M / Q8_0 files; gate+up+SwiGLU up to 6% slower on Q8_0 (its blocks
 // alternate gate and up groups every ~32 KiB chunk, where an equal task reads its gate rows, then its up rows).
-int blocks_mode() {
-  static const int mode = [] { const char* e = std::getenv("HETERO_LLM_BLOCKS"); return e ? std::atoi(e) : 2; }();
-  return mode;
-}
+// 3 (opt-in) = the fused q / k / v calls and every one-matrix decode GEMV of at least kBigBytes of weights (the LM
+// head: 8 equal tasks of 17-24 MB, so in a clean call one thread idled 67-349 us at the end while the other streamed
+// alone; split by bytes, 1-3 us). bw32 (gemv_threads.py --splits 2,3, load 7-9) found its clean calls 0-4 % faster
+// (1-4 clean calls an arm) but the busy machine's whole 0.5B step slower (decode_ab p10 / min 7 % behind), so it is
+// not the default. llm_decode_split sets the mode at run time (benchmarks, tests): every mode computes each unit
+// whole on one thread, so the results are the same bits.
+std::atomic<int> g_blocks_mode{[] { const char* e = std::getenv("HETERO_LLM_BLOCKS"); return e ? std::atoi(e) : 2; }()};
+constexpr double kBigBytes = 16.0 * (1 << 20);
+int blocks_mode() { return g_blocks_mode.load(std::memory_order_relaxed); }
 bool blocks_on() { return blocks_mode() == 1; }
 bool blocks_multi() { return blocks_mode() != 0; }
+// whether a one-matrix decode call of these weights is split by bytes
+bool blocks_for(const Weights& w) {
+  const int mode = blocks_mode();
+  const double bytes = static_cast<double>(w.pk.groups) * static_cast<double>(w.pk.group_bytes);
+  return mode == 1 || (mode == 3 && bytes >= kBigBytes);
+}
 std::size_t pf_next_bytes() {
   static const std::size_t b = [] {
     const char* e = std::getenv("HETERO_LLM_PFNEXT");
@@ -662,7 +673,7 @@ void matmul_core(const Weights& w, i64 e, const float* x, i64 M, i64 ldx, const 
     const i64 mchunk = M <= 64 ? M : 64;
     const double work = static_cast<double>(N) * static_cast<double>(K) * static_cast<double>(M <= 4 ? 1 : M);
     const int nt = threads_for(work, 65536.0);
-    if (M <= mr && e == 0 && w.experts == 1 && ldy == N && bsplit::blocks_on()) {  // decode: fused::groups' loop
+    if (M <= mr && e == 0 && w.experts == 1 && ldy == N && bsplit::blocks_for(w)) {  // decode: fused::groups' loop
       const fused::Part part{&w, y, bias, *xq};
       bsplit::run_blocks(bsplit::Plan{{{&w, nullptr}}}, nt, [&](int, i64 g0, i64 g1) {
         fused::groups(kr, part, M, g0, g1);
@@ -2149,6 +2160,11 @@ void bind_llm(py::module_& m) {
         "Allow (default) or forbid the AVX-512 VNNI path (tests of the non-VNNI AVX-512 path).");
   m.def("llm_use_vbmi", [](bool on) { g_use_vbmi.store(on); }, py::arg("on"),
         "Allow (default) or forbid the VNNI path's VBMI + GFNI variant (tests of the plain VNNI path).");
+  m.def("llm_decode_split",
+        [](int mode) { return mode < 0 ? bsplit::blocks_mode() : bsplit::g_blocks_mode.exchange(mode); },
+        py::arg("mode"),
+        "Sets the decode split (HETERO_LLM_BLOCKS: 0 equal tasks, 1 all by bytes, 2 q/k/v by bytes, 3 q/k/v and "
+        "the big one-matrix GEMVs by bytes); returns the previous mode (mode < 0: only reads it).");
   m.def("llm_x_scale_block", [](const std::string& wtype) {
         QPack pk;
         return ggml_pack(wtype, pk) ? x_scale_block(lk(), pk) : 0;

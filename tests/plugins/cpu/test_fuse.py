@@ -250,13 +250,15 @@ def test_fused_outputs_may_reuse_the_input_memory(threads, m):
 @pytest.mark.parametrize("settings", [dict(HETERO_LLM_TASKS="0"), dict(HETERO_LLM_TASKS="1"),
                                       dict(HETERO_LLM_BLOCKS="0"), dict(HETERO_LLM_BLOCKS="1"),
                                       dict(HETERO_LLM_BLOCKS="1", HETERO_LLM_PFNEXT="65536"),
+                                      dict(HETERO_LLM_BLOCKS="3"),
                                       dict(HETERO_LLM_KVTOUCH="0"), dict(HETERO_LLM_ORDER="0"),
                                       dict(HETERO_LLM_PF="0", HETERO_LLM_PF_ROWS="65536")])
 def test_fused_calls_under_other_work_splits(settings):
     """The split settings (read once per process) change only which thread computes which 16-row groups: shrinking
     chunks (TASKS=0; the fused q / k / v split as one sequence over the parts, chunks cut at part borders), one task
     per thread (1), the split by bytes (BLOCKS=1: one block per thread, q / k / v laid end to end, a late thread's
-    share taken by halves; by default the fused q / k / v calls' split, BLOCKS=0: equal tasks for them too) and
+    share taken by halves; by default the fused q / k / v calls' split, BLOCKS=0: equal tasks for them too,
+    BLOCKS=3: q / k / v and the one-matrix GEMVs of >= 16 MiB, test_llm_threads.py's big GEMV included) and
     that with the next call's weights prefetched (PFNEXT, inside merged steps) give the same bits as the unfused
     calls; a decode step's attention without its KV read-ahead (KVTOUCH=0: one task per kv
     head, no loads or prefetches ahead) the reference's; equal tasks taken in index order (ORDER=0; by default
@@ -271,7 +273,7 @@ def test_fused_calls_under_other_work_splits(settings):
     env = dict(os.environ, **settings)
     tests = "matmul_multi_equals or matmul_swiglu_equals or matmul_residual_equals or fused_outputs_may_reuse"
     tests += " or decoder_layer or whole_decode_step or late_workers or does_not_depend_on_the_thread_count"
-    tests += " or attention_prefill_decode_rollback"
+    tests += " or attention_prefill_decode_rollback or big_gemv_split_by_bytes"
     files = ("test_step.py", "test_llm_threads.py", "test_llm_kernels.py")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                         *(str(Path(__file__).with_name(f)) for f in files),

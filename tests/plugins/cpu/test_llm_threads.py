@@ -3,6 +3,8 @@ thread), and the thread pool's statistics (benchmarks/decode_threads.py reads th
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,58 @@ def test_decode_split_with_late_workers_changes_no_result(pool, threads, spec):
             out = np.full((1, 3001), np.nan, np.float32)
             _native.llm_matmul(w, x, out, bias)
             assert np.array_equal(out, want)
+
+
+def _q8_random(n: int, k: int):
+    """q8 weights of random quants and small scales, fast to make at an LM head's size (no float quantization)."""
+    rng = np.random.default_rng(5)
+    blocks = rng.integers(0, 256, size=(n, k // 32, 34), dtype=np.uint8)
+    blocks[..., 0:2] = rng.uniform(0.001, 0.01, size=(n, k // 32, 1)).astype(np.float16).view(np.uint8)
+    return _native.llm_weights(blocks.reshape(n, -1), "q8", 32, True, k)
+
+
+@pytest.fixture
+def decode_split():
+    before = _native.llm_decode_split(-1)
+    yield
+    _native.llm_decode_split(before)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("m", [1, 3])
+def test_big_gemv_split_by_bytes_changes_no_result(pool, decode_split, threads, m):
+    """HETERO_LLM_BLOCKS=3 (llm_decode_split(3)): a one-row-tile GEMV of >= 16 MiB of weights (an LM head) is split
+    by bytes, one block a thread (the pool's task count: one a thread), a smaller one keeps the equal tasks (4 a
+    thread); mode 2 keeps the equal tasks for both. Every row, its bias added once, bitwise as at one thread, with
+    the workers asleep (spin 0: the caller takes the back halves of a late worker's block) and spinning."""
+    k = 1024
+    big, small = _q8_random(15457, k), _q8_random(3001, k)  # 967 groups (16.8 MB, the last group short), 188
+    x = np.random.default_rng(6).standard_normal((m, k)).astype(np.float32)
+    want = {}
+    _native.set_num_threads(1)
+    for name, w in (("big", big), ("small", small)):
+        bias = np.linspace(-1, 1, w.n, dtype=np.float32)
+        want[name] = np.empty((m, w.n), np.float32)
+        _native.llm_matmul(w, x, want[name], bias)
+    _native.set_num_threads(threads)
+    for mode in (2, 3):
+        _native.llm_decode_split(mode)
+        for spin in (0, 50):
+            _native.set_pool_spin_us(spin)
+            for name, w in (("big", big), ("small", small)):
+                bias = np.linspace(-1, 1, w.n, dtype=np.float32)
+                _native.pool_stats(True)
+                for _ in range(3):
+                    out = np.full((m, w.n), np.nan, np.float32)
+                    _native.llm_matmul(w, x, out, bias)
+                    assert np.array_equal(out, want[name]), (mode, spin, name)
+                s = _native.pool_stats(True)
+                assert s["calls"] == 3
+                if mode == 3 and name == "big":
+                    assert s["tasks"] == 3 * threads, (mode, name, s["tasks"])  # one block a thread
+                elif not any(v in os.environ for v in ("HETERO_LLM_TASKS", "HETERO_LLM_SHRINK")):  # test_fuse.py's
+                    assert s["tasks"] == 3 * threads * 4, (mode, name, s["tasks"])  # the equal tasks
+    assert _native.llm_decode_split(-1) == 3  # -1 reads the mode
 
 
 def test_pool_statistics_count_serial_calls_and_stay_off_by_default(pool):
