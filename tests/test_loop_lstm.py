@@ -22,9 +22,11 @@ IN, H = 5, 6
 
 def _keras_loop_model(rng: np.random.Generator, order: tuple[int, ...] = (0, 1, 2, 3), recurrent: str = "Sigmoid",
                       extra_node: bool = False, counter_start: int = 0, fixed_trip: int | None = None,
-                      read_counter: bool = False, final_states: bool = False, batch: int = 1):
+                      read_counter: bool = False, final_states: bool = False, batch: int = 1, opset: int = 17,
+                      cond: str = "k"):
     """``x`` [batch, T, IN] -> the last step's h [batch, H] (and the whole sequence ``seq``). ``order[j]``: the
-    split part of Keras gate j (i, f, c, o); tf2onnx's own is (0, 1, 2, 3)."""
+    split part of Keras gate j (i, f, c, o); tf2onnx's own is (0, 1, 2, 3). ``cond``: the body's condition is
+    ``k + 1 < T`` ("k"), ``T < T`` ("len": one step) or ``k + 1 < 3`` ("three")."""
     f32, i64 = np.float32, np.int64
     c = helper.make_node
     part = [f"z{k}" for k in range(4)]
@@ -48,12 +50,12 @@ def _keras_loop_model(rng: np.random.Generator, order: tuple[int, ...] = (0, 1, 
          c("Mul", ["o_g", "tc"], ["h_new"]),
          *([c("Mul", ["h_new", "two"], ["h_scaled"])] if extra_node else []),
          c("Identity", [h_out], ["h_out"]),
-         c("Cast", ["len_in"], ["len_f"], to=TensorProto.FLOAT),
-         c("Cast", ["k_out"], ["k_f"], to=TensorProto.FLOAT),
+         *([] if cond == "three" else [c("Cast", ["len_in"], ["len_f"], to=TensorProto.FLOAT)]),
+         *([] if cond == "len" else [c("Cast", ["k_out"], ["k_f"], to=TensorProto.FLOAT)]),
          c("Cast", ["len"], ["len_f2"], to=TensorProto.FLOAT),
          c("Cast", ["it"], ["it_f"], to=TensorProto.FLOAT),
          c("Less", ["it_f", "len_f2"], ["more_it"]),
-         c("Less", ["k_f", "len_f"], ["more_k"]),
+         c("Less", ["len_f" if cond == "len" else "k_f", "three_f" if cond == "three" else "len_f"], ["more_k"]),
          c("And", ["more_it", "more_k"], ["cond_out"])],
         "body",
         [helper.make_tensor_value_info("it", TensorProto.INT64, []),
@@ -74,12 +76,14 @@ def _keras_loop_model(rng: np.random.Generator, order: tuple[int, ...] = (0, 1, 
          helper.make_tensor_value_info("R_in", TensorProto.FLOAT, [H, 4 * H]),
          helper.make_tensor_value_info("b_in", TensorProto.FLOAT, [4 * H]),
          helper.make_tensor_value_info("h_new", TensorProto.FLOAT, [None, H])],
-        [numpy_helper.from_array(np.array(1, np.int32), "one"), numpy_helper.from_array(np.array(2, f32), "two")])
+        [numpy_helper.from_array(np.array(1, np.int32), "one"), numpy_helper.from_array(np.array(2, f32), "two"),
+         numpy_helper.from_array(np.array(3, f32), "three_f")])
     trip = ["trip_fixed"] if fixed_trip is not None else ["len64"]
     nodes = [
         c("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
         c("Shape", ["xt"], ["shp_t"]), c("Cast", ["shp_t"], ["shp_t32"], to=TensorProto.INT32),
-        c("Slice", ["shp_t32", "ax0", "ax1", "ax0"], ["len1"]), c("Squeeze", ["len1", "ax0"], ["len"]),
+        c("Slice", ["shp_t32", "ax0", "ax1", "ax0"], ["len1"]),
+        c("Squeeze", ["len1", "ax0"], ["len"]) if opset >= 13 else c("Squeeze", ["len1"], ["len"], axes=[0]),
         c("Cast", ["len"], ["len_of"], to=TensorProto.FLOAT), c("Less", ["zero_f", "len_of"], ["go0"]),
         c("And", ["go0", "go0"], ["go"]),
         c("Cast", ["len"], ["len64"], to=TensorProto.INT64),
@@ -103,7 +107,7 @@ def _keras_loop_model(rng: np.random.Generator, order: tuple[int, ...] = (0, 1, 
         outs += [("h_last", TensorProto.FLOAT, None), ("c_last", TensorProto.FLOAT, None)]
     if read_counter:
         outs.append(("steps", TensorProto.INT64, None))
-    return make_model(nodes, [("x", TensorProto.FLOAT, [batch, None, IN])], outs, inits)
+    return make_model(nodes, [("x", TensorProto.FLOAT, [batch, None, IN])], outs, inits, opset=opset)
 
 
 def _check(model, feeds: dict[str, np.ndarray], backend: str, rewritten: bool) -> None:
@@ -132,10 +136,11 @@ def test_keras_loop_lstm_every_gate_order(backend, order):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("batch", [1, 3])
-def test_keras_loop_lstm_lengths_and_batches(backend, batch):
+@pytest.mark.parametrize("batch, opset", [(1, 17), (3, 17), (2, 11)])
+def test_keras_loop_lstm_lengths_and_batches(backend, batch, opset):
+    """Several lengths in one session, batches of 1 to 3, and opset 11 (Squeeze / Unsqueeze axes as attributes)."""
     rng = np.random.default_rng(batch)
-    model = _keras_loop_model(rng, batch=batch, final_states=True)
+    model = _keras_loop_model(rng, batch=batch, final_states=True, opset=opset)
     session = hetero.Session(model, backends=[backend], on_fallback="silent")
     for steps in (1, 12, 3, 1):  # the signature changes between runs (each its own replay)
         x = rng.normal(size=(batch, steps, IN)).astype(np.float32)
@@ -165,7 +170,8 @@ def test_keras_loop_lstm_no_steps(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("miss", [dict(recurrent="HardSigmoid"), dict(extra_node=True), dict(counter_start=1),
-                                  dict(fixed_trip=3), dict(read_counter=True), dict(order=(0, 1, 2, 2))])
+                                  dict(fixed_trip=3), dict(read_counter=True), dict(order=(0, 1, 2, 2)),
+                                  dict(cond="len"), dict(cond="three")])
 def test_keras_loop_lstm_near_misses_keep_their_loop(backend, miss):
     rng = np.random.default_rng(7)
     if miss.get("order") == (0, 1, 2, 2):  # two gates from one part: not an LSTM cell

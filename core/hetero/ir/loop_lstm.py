@@ -331,12 +331,26 @@ def _match_steps(graph: Graph, m: _Body, found: _Match, outer_producers: dict[st
     return seen > 0
 
 
+def _fresh(base: str, taken: set[str]) -> str:
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def _axis_node(op: str, x: str, axis: int, axes_input: str, out: str) -> Node:
+    """A Squeeze / Unsqueeze of one axis: the axes as the input ``axes_input`` (opset 13+), else as the attribute."""
+    if axes_input:
+        return Node(op, [x, axes_input], [out], name=out)
+    return Node(op, [x], [out], {"axes": [axis]}, name=out)
+
+
 def keras_loop_lstm(graph: Graph) -> int:
     """Each Loop that is a Keras LSTM layer (see the module docstring) becomes ``LSTM`` on its time-major input plus
     Squeezes to the Loop's scan output ([T, B, H]) and final h and c ([B, H]); only when the Loop's other outputs
     (the counter, the unchanged carried values) are unused. Returns the number of Loops rewritten."""
-    if graph.opset("") < 13:  # Squeeze / Unsqueeze with axes as inputs
-        return 0
+    axes_as_input = graph.opset("") >= 13  # Squeeze / Unsqueeze: axes an input from opset 13, else an attribute
     count = 0
     outer_producers = graph.producers()
     consumers = graph.consumers()
@@ -364,26 +378,34 @@ def keras_loop_lstm(graph: Graph) -> int:
         if x_info is None or x_info.dtype != dtypes.float32 or x_info.shape is None or len(x_info.shape) != 3 \
                 or x_info.shape[2] not in (None, found.w.shape[2]):
             continue
+        if not loop.outputs[m.n_carried]:
+            continue  # the sequence unused: an odd export, left as it is
         p = loop.name or loop.outputs[0]
         hidden = found.r.shape[2]
-        names = {k: f"{p}/lstm_{k}" for k in ("w", "r", "b", "axis0", "axis1", "h0", "c0", "y", "yh", "yc")}
-        graph.initializers.update({names["w"]: found.w, names["r"]: found.r, names["b"]: found.b,
-                                   names["axis0"]: np.array([0], np.int64), names["axis1"]: np.array([1], np.int64)})
+        taken = set(graph.values) | set(graph.initializers) | set(outer_producers) | set(graph.inputs)
+        names = {k: _fresh(f"{p}/lstm_{k}", taken) for k in ("w", "r", "b", "axis0", "axis1", "h0", "c0", "y", "yh",
+                                                                "yc")}
+        graph.initializers.update({names["w"]: found.w, names["r"]: found.r, names["b"]: found.b})
+        if axes_as_input:
+            graph.initializers.update({names["axis0"]: np.array([0], np.int64),
+                                       names["axis1"]: np.array([1], np.int64)})
         y, yh, yc = (loop.outputs[m.n_carried], loop.outputs[found.h_slot], loop.outputs[found.c_slot])
-        new = [Node("Unsqueeze", [found.h0, names["axis0"]], [names["h0"]], name=f"{p}/lstm_h0"),
-               Node("Unsqueeze", [found.c0, names["axis0"]], [names["c0"]], name=f"{p}/lstm_c0"),
+        ax0, ax1 = (names["axis0"], names["axis1"]) if axes_as_input else ("", "")
+        new = [_axis_node("Unsqueeze", found.h0, 0, ax0, names["h0"]),
+               _axis_node("Unsqueeze", found.c0, 0, ax0, names["c0"]),
                Node("LSTM", [found.x, names["w"], names["r"], names["b"], "", names["h0"], names["c0"]],
                     [names["y"], names["yh"], names["yc"]], {"hidden_size": hidden}, name=f"{p}/lstm"),
-               Node("Squeeze", [names["y"], names["axis1"]], [y], name=f"{p}/lstm_y")]
+               _axis_node("Squeeze", names["y"], 1, ax1, y)]
         if yh:
-            new.append(Node("Squeeze", [names["yh"], names["axis0"]], [yh], name=f"{p}/lstm_yh"))
+            new.append(_axis_node("Squeeze", names["yh"], 0, ax0, yh))
         if yc:
-            new.append(Node("Squeeze", [names["yc"], names["axis0"]], [yc], name=f"{p}/lstm_yc"))
+            new.append(_axis_node("Squeeze", names["yc"], 0, ax0, yc))
         for name in (names["y"], names["yh"], names["yc"], names["h0"], names["c0"]):
             graph.values.pop(name, None)
         graph.values[names["y"]] = TensorInfo(dtypes.float32, None)
         at = graph.nodes.index(loop)
         graph.nodes[at:at + 1] = new
+        outer_producers, consumers = graph.producers(), graph.consumers()  # for the next Loop (a layer above)
         count += 1
     if count:
         graph.toposort()
