@@ -39,7 +39,7 @@ small (issue 5 item 4; ``hetero.llm.profile`` measures it).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,14 +376,18 @@ class Replay:
         tensors themselves."""
         return self._numpy_buffers and not self._reads_feeds
 
-    def run_arrays(self, feeds: dict[str, np.ndarray], wanted: Sequence[str]) -> list[np.ndarray]:
+    def run_arrays(self, feeds: dict[str, np.ndarray], wanted: Sequence[str],
+                   kept: Container[str] = ()) -> list[np.ndarray]:
         """``run`` for feeds that are numpy arrays of the recorded shapes and dtypes (the caller checked them) on a
         replay that ``takes_arrays``: the outputs as numpy arrays in ``wanted`` order, each the caller's own (a copy
-        of a buffer of the replay's, else a fresh result). The session's fast path for repeated calls."""
+        of a buffer of the replay's, else a fresh result). The session's fast path for repeated calls. ``kept``:
+        feeds whose values the input buffers hold from the last run (a Loop's carried weights): not copied again
+        (nothing but this copy writes an input buffer: kernels write the arena and their own outputs)."""
         values = self._values
         values.clear()
         for name, slot in self._slots:
-            slot.buffer[...] = feeds[name]  # same shape and dtype (checked): np.copyto's work, called faster
+            if name not in kept:
+                slot.buffer[...] = feeds[name]  # same shape and dtype (checked): np.copyto's work, called faster
         for call in self.program:
             call()
         if self._after_run is not None:
