@@ -14,7 +14,8 @@
   skipped (``_slices``): YOLOv8's C2f blocks split a conv's output and concatenate it with two more.
 * the second run of a signature is recorded into a ``replay.Replay`` (a flat list of calls, bound by the kernels
   where they can) when the work is fixed by the input shapes alone, up to guarded steps (a Slice at a Loop body's
-  counter, a NonZero: re-run at each replayed run, a result of another shape ending the replay, ``_can_replay``);
+  counter, a NonZero, a Loop whose body holds no state: re-run at each replayed run, a result of another shape
+  ending the replay, ``_can_replay``);
   later runs of that signature re-issue it. A
   small integer input that decides an If's branch (silero-vad's sample rate) joins the signature by value, so the
   If's condition is fixed per signature too.

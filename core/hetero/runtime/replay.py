@@ -23,6 +23,9 @@ outputs (fresh arrays, since the caller keeps them). So the replay
   kernel's ``run_dynamic`` with the branch's child session (which replays itself), the results copied into buffers
   of the replay's own so that the kernels after it stay bound. Results of another shape than recorded raise
   ``StaleReplay``: the program then drops the replay and interprets.
+* runs a Loop (its body free of state: the executor checks) through its kernel's ``run_dynamic`` at each run, as
+  an If above: its body's child session replays each iteration itself; results of another shape than recorded (a
+  step count that follows the data) raise ``StaleReplay``.
 * runs an If whose condition comes from the data (its branches declaring the same static output shapes: the
   executor checks) by reading the condition at each run and issuing the taken branch's own replay, when its child
   session has recorded one that could be inlined (values in, results copied out); else through ``run_dynamic``.
