@@ -22,6 +22,7 @@ from ..contract.opforms import HALF_UPCAST_OPS, POINTWISE_PREFIX
 from ..contract.tensor import TensorInfo, static_shape
 from ..ops.shapes import int_list
 from .contrib_lowering import lower_contrib_ops
+from .loop_lstm import keras_loop_lstm
 
 Pass = Callable[[Graph], int]  # returns how many rewrites it made
 
@@ -3082,7 +3083,7 @@ def float16_chains_to_float32(graph: Graph) -> int:
 # affine block's) and before fuse_conv_activation (it folds into a plain Conv only). lower_contrib_ops first: the
 # standard nodes it writes for onnxruntime's contrib ops are what the fusions after it look for.
 # fuse_qdq_matmul / fuse_qdq_conv before any pass that rewrites a MatMul (fuse_matmul_bias, batch_gathered_gemms, ...).
-DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, loop_invariant_constants,
+DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, keras_loop_lstm, loop_invariant_constants,
                                     hoist_loop_invariants, fuse_qdq_matmul,
                                     fuse_qdq_conv, sink_transposes, fold_pad_into_max_pool, chain_same_max_pools,
                                     fold_pad_into_conv,

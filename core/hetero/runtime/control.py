@@ -29,6 +29,8 @@ class ChildSession(Protocol):
 
     def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]: ...
 
+    def run_step(self, feeds: dict[str, np.ndarray], token: object) -> dict[str, np.ndarray]: ...
+
 
 class ControlFlow:
     """Makes and keeps the child sessions of one parent session's control-flow bodies."""
@@ -46,13 +48,17 @@ class ControlFlow:
 
         scope = {n: env[n].numpy() for n in outer if n in env}
         scope.update({n: np.asarray(self._initializers[n]) for n in outer if n in self._initializers})
+        # The body calls of one node's run are a series (``ChildSession.run_step``): the outer values are these
+        # arrays throughout, and what a Loop body writes back unchanged comes back as the array it was given; nothing
+        # writes them while the node runs (its kernel reads them, the body's replay copies them in).
+        series = object()
 
         def run_subgraph(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
             values = {**scope, **feeds}
             child = self._child(graph, values)
             if child is not None:
                 try:
-                    results = child.run({name: values[name] for name in child.input_names})
+                    results = child.run_step({name: values[name] for name in child.input_names}, series)
                     return [results[name] for name in graph.outputs]
                 except InputError:  # the body's inputs changed dtype or rank since the child was made
                     self._children[id(graph)] = None

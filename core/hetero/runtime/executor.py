@@ -14,7 +14,8 @@
   skipped (``_slices``): YOLOv8's C2f blocks split a conv's output and concatenate it with two more.
 * the second run of a signature is recorded into a ``replay.Replay`` (a flat list of calls, bound by the kernels
   where they can) when the work is fixed by the input shapes alone, up to guarded steps (a Slice at a Loop body's
-  counter, a NonZero: re-run at each replayed run, a result of another shape ending the replay, ``_can_replay``);
+  counter, a NonZero, a Loop whose body holds no state: re-run at each replayed run, a result of another shape
+  ending the replay, ``_can_replay``);
   later runs of that signature re-issue it. A
   small integer input that decides an If's branch (silero-vad's sample rate) joins the signature by value, so the
   If's condition is fixed per signature too.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,8 +185,8 @@ class KernelProgram:
                     return False
                 step.guarded = True
                 continue
-            if (step.has_subgraph or schema.data_dependent) and (
-                    stateful or not (step.fixed_cond or self._same_shape_branches(step))):
+            if (step.has_subgraph or schema.data_dependent) and (stateful or not (
+                    step.fixed_cond or self._same_shape_branches(step) or self._replayable_loop(step))):
                 return False
             for i in schema.value_inputs:
                 if i < len(step.node.inputs) and step.node.inputs[i] and step.node.inputs[i] not in shape_fixed:
@@ -259,6 +260,16 @@ class KernelProgram:
         re-running the interpreter is harmless only without stateful kernels, which the caller rules out)."""
         return (step.node.op_key == ("", "If") and step.node.inputs[0] in shape_fixed
                 and hasattr(step.kernel, "run_dynamic"))
+
+    def _replayable_loop(self, step: _Step) -> bool:
+        """A Loop in host memory whose body (and the bodies in it) holds no stateful or nondeterministic op: the
+        replay runs it through its kernel's ``run_dynamic`` at each run (its body's child session replays itself),
+        so that the rest of the segment replays around it (SLANet: ~140 backbone steps before its decoder Loop). Its
+        step count follows the data: results of other shapes than recorded end the replay (``StaleReplay``, at
+        most ``MAX_STALE`` times a signature), which runs the segment again interpreted -- harmless without state."""
+        body = step.node.attrs.get("body")
+        return (step.node.op_key == ("", "Loop") and isinstance(body, Graph) and hasattr(step.kernel, "run_dynamic")
+                and self.backend.memory_domain == "host" and _pure(body))
 
     @staticmethod
     def _same_shape_branches(step: _Step) -> bool:
@@ -359,15 +370,16 @@ class KernelProgram:
         replay = None if self._current is None else self._current.replay
         return replay if replay is not None and replay.takes_arrays else None
 
-    def run_arrays(self, replay: Replay, feeds: dict[str, np.ndarray],
-                   wanted: Sequence[str]) -> list[np.ndarray] | None:
+    def run_arrays(self, replay: Replay, feeds: dict[str, np.ndarray], wanted: Sequence[str],
+                   kept: Container[str] = ()) -> list[np.ndarray] | None:
         """Issues ``replay`` (from ``fast_replay``) with feeds of its signature (the caller checked them): the outputs
-        as numpy arrays, or None when it is no longer the current one or failed (then ``run`` the tensors)."""
+        as numpy arrays, or None when it is no longer the current one or failed (then ``run`` the tensors).
+        ``kept``: feeds whose values the replay's input buffers hold already (not copied)."""
         plan = self._current
         if plan is None or plan.replay is not replay:
             return None
         try:
-            return replay.run_arrays(feeds, wanted)
+            return replay.run_arrays(feeds, wanted, kept)
         except StaleReplay:  # as in run(): dropped, and the caller's checked run interprets
             plan.replay = None
             plan.stale += 1
@@ -583,7 +595,8 @@ class KernelProgram:
                 outer = {name: env[name] for name in step.outer if name in env}
                 cond = ins[0]
                 body = self._control.branch_replay(step.node, cond) if cond is not None and step.fixed_cond else None
-                branch_of = None if step.fixed_cond else functools.partial(self._control.branch_program, step.node)
+                branch_of = None if step.fixed_cond or step.node.op_key != ("", "If") \
+                    else functools.partial(self._control.branch_program, step.node)
                 recorder.control(step.kernel, ins, outer, list(outs), self._control.runner, backend, body, branch_of)
             return
         if key != step.key or schema.data_dependent:
@@ -654,6 +667,21 @@ def _address(tensor: Tensor | None) -> int | None:
     if type(buffer) is not np.ndarray or not buffer.flags.c_contiguous:
         return None
     return buffer.__array_interface__["data"][0]
+
+
+def _pure(graph: Graph) -> bool:
+    """Whether no node of ``graph`` or of the bodies in it is stateful or nondeterministic (or of an unknown op):
+    running it twice gives the same results and leaves nothing behind."""
+    for node in graph.nodes:
+        try:
+            schema = registry.get(node.domain, node.op_type)
+        except HeteroError:
+            return False
+        if schema.stateful or schema.nondeterministic:
+            return False
+        if not all(_pure(a) for a in node.attrs.values() if isinstance(a, Graph)):
+            return False
+    return True
 
 
 def _in_place(step: _Step, ins: list[Tensor | None], slots: list[Tensor | None]) -> bool:

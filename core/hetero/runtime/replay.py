@@ -23,6 +23,9 @@ outputs (fresh arrays, since the caller keeps them). So the replay
   kernel's ``run_dynamic`` with the branch's child session (which replays itself), the results copied into buffers
   of the replay's own so that the kernels after it stay bound. Results of another shape than recorded raise
   ``StaleReplay``: the program then drops the replay and interprets.
+* runs a Loop (its body free of state: the executor checks) through its kernel's ``run_dynamic`` at each run, as
+  an If above: its body's child session replays each iteration itself; results of another shape than recorded (a
+  step count that follows the data) raise ``StaleReplay``.
 * runs an If whose condition comes from the data (its branches declaring the same static output shapes: the
   executor checks) by reading the condition at each run and issuing the taken branch's own replay, when its child
   session has recorded one that could be inlined (values in, results copied out); else through ``run_dynamic``.
@@ -39,7 +42,7 @@ small (issue 5 item 4; ``hetero.llm.profile`` measures it).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,14 +379,18 @@ class Replay:
         tensors themselves."""
         return self._numpy_buffers and not self._reads_feeds
 
-    def run_arrays(self, feeds: dict[str, np.ndarray], wanted: Sequence[str]) -> list[np.ndarray]:
+    def run_arrays(self, feeds: dict[str, np.ndarray], wanted: Sequence[str],
+                   kept: Container[str] = ()) -> list[np.ndarray]:
         """``run`` for feeds that are numpy arrays of the recorded shapes and dtypes (the caller checked them) on a
         replay that ``takes_arrays``: the outputs as numpy arrays in ``wanted`` order, each the caller's own (a copy
-        of a buffer of the replay's, else a fresh result). The session's fast path for repeated calls."""
+        of a buffer of the replay's, else a fresh result). The session's fast path for repeated calls. ``kept``:
+        feeds whose values the input buffers hold from the last run (a Loop's carried weights): not copied again
+        (nothing but this copy writes an input buffer: kernels write the arena and their own outputs)."""
         values = self._values
         values.clear()
         for name, slot in self._slots:
-            slot.buffer[...] = feeds[name]  # same shape and dtype (checked): np.copyto's work, called faster
+            if name not in kept:
+                slot.buffer[...] = feeds[name]  # same shape and dtype (checked): np.copyto's work, called faster
         for call in self.program:
             call()
         if self._after_run is not None:
