@@ -673,6 +673,72 @@ def test_lookahead_grades_a_draft_by_the_full_length_of_its_match():
 MIXED = [*PROMPT, 61, 3, 250, *PROMPT[2:7], 8, 190, 61, 3, 44, 81, 5, 17, 12, 61, 3, 250, 7]
 
 
+class _Graded:
+    """A graded drafter that drafts the plain greedy continuation (known in advance), class 3, with its token at
+    ``wrong`` (if any) changed."""
+    hidden_layers: tuple[int, ...] = ()
+    graded = True
+    max_draft = 6
+
+    def __init__(self, truth: list[int], prompt_len: int, wrong: int | None = None) -> None:
+        self.truth, self.prompt_len, self.wrong = truth, prompt_len, wrong
+
+    def reset(self) -> None:
+        pass
+
+    def begin(self, prompt, hidden) -> None:
+        pass
+
+    def draft(self, history, k):
+        tokens = list(self.truth[len(history) - self.prompt_len:][:k])
+        if self.wrong is not None and self.wrong < len(tokens):
+            tokens[self.wrong] = (tokens[self.wrong] + 1) % 320
+        return Draft(tokens, confidence=3)
+
+    def accept(self, n_accepted, tokens, hidden) -> None:
+        pass
+
+
+class _CutTo2(DraftPolicy):
+    """Cuts every graded draft to 2 tokens and notes what the loop scores for free (``observe``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.observed: list[tuple[int, int, bool]] = []
+
+    def cut(self, confidence: int | None) -> int:
+        return 2
+
+    def observe(self, confidence: int, position: int, right: bool) -> None:
+        self.observed.append((confidence, position, right))
+        super().observe(confidence, position, right)
+
+
+class _SpeculationCutTo2(Speculation):
+    def _policy(self, previous: DraftPolicy | None = None) -> DraftPolicy:
+        return _CutTo2(self.max_draft, start=1, graded=True)
+
+
+@pytest.mark.parametrize("wrong", [None, 2, 1])
+def test_a_cut_draft_accepted_whole_scores_its_first_token_cut_off(wrong):
+    """A graded draft cut short and accepted whole: the step's own token says whether the first token cut off would
+    have been accepted, and the loop tells the policy so (``observe`` at that position); a draft rejected within
+    the cut tells nothing more. The output is plain greedy decoding's."""
+    llm = load(FIXTURES / "qwen3", backends=["cpu"], kv_cache="f16")
+    want = _plain(llm, PROMPT, 24)
+    spec = _SpeculationCutTo2(_Graded(want, len(PROMPT), wrong))
+    llm.reset()
+    llm.generate(PROMPT, 24, temperature=0, spec=spec)
+    assert list(llm.last.tokens) == want
+    assert isinstance(spec.policy, _CutTo2)
+    observed = spec.policy.observed
+    if wrong == 1:  # rejected at the second token: no position past the cut is ever known
+        assert not observed and llm.stats.verify_steps > 0
+    else:
+        assert len(observed) >= 3 and all(c == 3 and pos == 2 and right == (wrong is None)
+                                           for c, pos, right in observed)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "qwen3_5"])
 @pytest.mark.parametrize("prompt", [PROMPT * 3, MIXED], ids=["periodic", "mixed"])

@@ -983,3 +983,41 @@ def test_a_slope_carried_from_a_burst_does_not_keep_a_good_class_in_plain_steps(
         slopes.append(after.prior_slope)
         reply = after
     assert slopes[0] <= MAX_SLOPE and all(b < a for a, b in itertools.pairwise(slopes)) and slopes[-1] < 0.25
+
+
+def test_a_draft_cut_short_scores_its_first_token_cut_off():
+    """A class whose second position was learnt low (its first long drafts missed there) is cut to 1 token; then
+    p_1 was never tried again, and the class stayed at 1-token drafts while its matches ran on for 5-8 tokens (the
+    bench's code prompt replayed over 4 replies: 8 of 28 steps). The step's own token after a cut draft accepted
+    whole scores the first token cut off (``observe``), so p_1 recovers and the drafts grow again; without it
+    they stay at 1."""
+    def run(scored: bool) -> list[int]:
+        policy = _priced(8, 0.3)
+        policy.classes[4] = [[9.0, 10.0], [0.0, 10.0]]  # p_0 ~0.9, p_1 learnt 0 of 10
+        cuts = []
+        for step in range(20):  # every draft right to its end: each cut draft is accepted whole
+            k = policy.cut(4)
+            cuts.append(k)
+            if scored and k < 8:
+                policy.observe(4, k, True)
+            policy.record(k, k, k + 1, 1 + 0.3 * k, 3 * step, confidence=4)
+        return cuts
+
+    assert run(False) == [1] * 20  # the lock-in
+    cuts = run(True)
+    assert cuts[0] == 1 and cuts[-1] == 8 and cuts == sorted(cuts)
+
+
+def test_a_verify_timed_as_cheap_as_a_plain_step_does_not_draft_a_weak_class():
+    """On a busy machine the 2-token verify was timed at 0.9-1.07 plain steps (a plain cost from a slower moment;
+    CPU time says 1.14): priced so, a chat class right ~13% of the time was drafted at every step it was offered
+    (1 of 15 right, -2 plain steps a reply at 1 thread). ``cut`` prices a draft token at least ``MIN_SLOPE``
+    plain steps."""
+    policy = DraftPolicy(8, graded=True)
+    policy.cost, policy.runs = {1: 1.0, 2: 1.0}, {1: 9, 2: 9}
+    policy.classes[0] = [[6.0, 50.0]]  # ~13% right (its lower bound ~9%)
+    assert policy._estimated_cost(2, 1.0) == pytest.approx(1.0)  # the estimate itself is the timing's
+    assert policy.cut(0) == 0
+    policy.classes[0] = [[20.0, 50.0]]  # ~40%: worth the 2-token verify at any price near its timing
+    assert policy.cut(0) >= 1
+
