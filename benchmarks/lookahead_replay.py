@@ -117,13 +117,12 @@ def replay_policy(prompt: list[int], truth: list[int], drafter: Lookahead, table
         while done < len(truth):
             k = policy.length(done)
             draft = as_draft(drafter.draft(prompt + truth[:done], k), k, 1 << 30) if k else as_draft([], 0, 1)
-            whole = draft.tokens
+            first = draft.tokens[0] if draft.tokens else None
             if draft.confidence is not None:
                 draft = as_draft(draft, policy.cut(draft.confidence), 1 << 30)
+                if first is not None and not draft.tokens:  # cut to a plain step: scored by it, as in the loop
+                    policy.observe_first(draft.confidence, first == truth[done])
             kept = _prefix(draft.tokens, truth[done:])
-            if draft.confidence is not None and kept == len(draft.tokens) < len(whole) and done + kept < len(truth):
-                # cut and all kept: the step's own token scores the first token cut off, as in the loop
-                policy.observe(draft.confidence, kept, whole[kept] == truth[done + kept])
             seconds = step_cost(len(draft.tokens) + 1, table)
             policy.record(len(draft.tokens), kept, kept + 1, timed(seconds), done, draft.confidence)
             cost += seconds

@@ -127,19 +127,16 @@ class Speculation:
                                   **policy.state())
                 continue
             offered = len(draft.tokens)
-            # a graded draft's tokens before the cut: the token a step adds after accepting all of a cut draft scores
-            # the first one cut off (greedy, or a one-hot draft: what verifying it would have accepted)
-            whole = draft.tokens if draft.confidence is not None and (draft.probs is None or sampler.params.greedy) \
-                else None
+            first = draft.tokens[0] if offered and (draft.probs is None or sampler.params.greedy) else None
             if draft.confidence is not None:  # a graded draft: as long as its class pays for
                 draft = as_draft(draft, policy.cut(draft.confidence), vocab)
             rows = llm._verify(record, history, draft.tokens)
             # no draft: the sampler's own pick, as plain decoding's step (its logit bias and log-probabilities too)
             n, token = accept(sampler, rows, draft, history) if draft.tokens else (0, sampler(rows[-1], history))
-            if whole is not None and draft.confidence is not None and n == len(draft.tokens) < len(whole):
-                # cut (to a plain step, or short) and all kept: the step's own token says whether the first token
-                # cut off would have been accepted, so the class learns that position without verifying it
-                policy.observe(draft.confidence, n, token == whole[n])
+            if first is not None and not draft.tokens and draft.confidence is not None:
+                # cut to a plain step: its token says whether the draft's first would have been accepted (greedy,
+                # or a one-hot draft, as in a shadow trial), so the class learns that without a verify
+                policy.observe_first(draft.confidence, token == first)
             base = len(history)
             llm._keep(record, base + n)
             committed = [*draft.tokens[:n], token]

@@ -69,8 +69,6 @@ COLD_RUNS = 2  # steps of a new size that plan and record it (slower than its st
 DECAY = 0.9  # weight of the past in the acceptance counts
 FIRST_DECAY = 0.97  # the same for a graded class's first draft position (also scored when cut: ``observe_first``)
 PRIOR_SLOPE = 0.15  # assumed extra cost per extra token in a step, until steps of that size are measured
-MIN_SLOPE = 0.1  # the estimate's floor: a verify token costs at least this many plain steps (0.14 on the 1.5B at 1
-# thread with neighbours on the memory bus, 0.24-0.47 quiet; timed at ~0 in a burst, every weak class was drafted)
 MAX_SLOPE = 0.6  # the carried slope's ceiling (the 1.5B's verify tokens cost 0.24-0.47 plain steps; more is a
 # neighbour's burst: carried at 1.0, every class was cut and no width timed again, docs/speculative.md)
 PRIOR_ACCEPT, PRIOR_WEIGHT = 0.5, 2.0  # a class's first draft position starts at 1/2 with the weight of 2 drafts
@@ -312,11 +310,7 @@ class DraftPolicy:
         for k, p in enumerate(ps, 1):
             kept *= p
             expected += kept
-            # a verify priced at least MIN_SLOPE plain steps a draft token above a plain step: on a busy machine one
-            # timed in a slow moment of plain decoding read as 0.9-1.07 plain steps for 2 tokens (CPU time says
-            # 1.14), and chat's classes right ~20% of the time were drafted at every step (1 of 15 right, -2 plain
-            # steps a reply)
-            gain = expected - rate * max(self._step_cost(k, plain), plain * (1 + MIN_SLOPE * k))
+            gain = expected - rate * self._step_cost(k, plain)
             if gain > best_gain:
                 best, best_gain = k, gain
         return best
@@ -458,35 +452,22 @@ class DraftPolicy:
 
     def observe_first(self, confidence: int, right: bool) -> None:
         """A graded draft of class ``confidence`` cut to a plain step (``cut`` said 0): whether its first token was
-        the one the plain step produced (``observe`` at position 0)."""
-        self.observe(confidence, 0, right)
-
-    def observe(self, confidence: int, position: int, right: bool) -> None:
-        """A graded draft of class ``confidence`` cut to ``position`` tokens, all of them accepted: whether its next
-        token (the first one cut off) was the token the step added (the loop tells only when that is what
-        verifying it would have accepted: greedy, or a one-hot draft). Counted as a verified draft's
-        ``position`` (it is tried exactly when tokens 0 .. position - 1 were right, as ``acceptance`` defines
-        p_i), at no verify's cost; the drafter's acceptance and the later positions are not seen.
-
-        Position 0 (``observe_first``, a draft cut to a plain step): without it a class's counts changed only
-        when it was drafted, so once cut it was never drafted again, whatever it was worth: a class right 40% of
-        the time (a 1-token draft pays above 24% at 1 thread on the 1.5B) stayed cut after its first drafts
-        missed (replayed: 1.04x where it is worth 1.07x; the lookahead's 2-token matches on chat are right
-        32-38%). The first position decays slower (``FIRST_DECAY``: ~33 steps' memory, it is scored at most
-        steps) and is drafted by its lower bound (``_first_bound``).
-
-        Later positions: a class whose p_1 was learnt low (its first long drafts missed at the second token) was
-        cut to 1 token, so p_1 was never tried again and the class stayed at 1-token drafts for the rest of the
-        run while its matches ran on for 5-8 tokens (the bench's code prompt replayed, the policy carried over 4
-        replies: classes 3-4 drafted 1 token at 8 of 28 steps whose full drafts were right for 5-8)."""
-        if not self.graded or position < 0:
+        the one the plain step produced (the loop tells only when that is what verifying it would have accepted:
+        greedy, or a one-hot draft). Counted as a verified draft's position 0 (the class's later positions and
+        the drafter's acceptance are not seen): a class cut to plain steps still learns its first-token
+        acceptance, at no verify's cost. Without it a class's counts changed only when it was drafted, so once cut
+        it was never drafted again, whatever it was worth: a class right 40% of the time (a 1-token draft pays above
+        24% at 1 thread on the 1.5B) stayed cut after its first drafts missed (replayed: 1.04x where it is worth
+        1.07x; the lookahead's 2-token matches on chat are right 32-38%). The first position decays slower
+        (``FIRST_DECAY``: ~33 steps' memory, it is scored at most steps) and is drafted by its lower bound
+        (``_first_bound``)."""
+        if not self.graded:
             return
         counts = self.classes.setdefault(confidence, [])
-        while len(counts) <= position:
+        if not counts:
             counts.append([0.0, 0.0])
-        decay = FIRST_DECAY if position == 0 else DECAY
-        counts[position][0] = decay * counts[position][0] + right
-        counts[position][1] = decay * counts[position][1] + 1
+        counts[0][0] = FIRST_DECAY * counts[0][0] + right
+        counts[0][1] = FIRST_DECAY * counts[0][1] + 1
 
     def _count_acceptance(self, drafted: int, accepted: int, confidence: int | None) -> None:
         """A draft of ``drafted`` tokens whose first ``accepted`` were right, into the decayed counts the length
