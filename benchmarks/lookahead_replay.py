@@ -94,17 +94,24 @@ def replay(prompt: list[int], truth: list[int], strategy: Strategy, table: Seque
 
 
 def replay_policy(prompt: list[int], truth: list[int], drafter: Lookahead, table: Sequence[float],
-                  replies: int = 1) -> float:
+                  replies: int = 1, noise: float = 0.0, seed: int = 0) -> float:
     """The loop's own drafter and policy, with step costs from ``table`` instead of the clock. ``replies``: the
     same prompt answered that many times by one ``Speculation`` (its policy carried from reply to reply, as in
-    ``hetero bench``'s repetitions); the speed-up of the last."""
+    ``hetero bench``'s repetitions); the speed-up of the last. ``noise``: the policy is told each step's cost times
+    exp(N(0, noise)) (a shared machine's timings; the speed-up is still priced at the table's costs), from a
+    generator seeded with ``seed``."""
     spec = Speculation(drafter)
+    rng = random.Random(seed)
+
+    def timed(cost: float) -> float:
+        return cost * math.exp(rng.gauss(0.0, noise)) if noise > 0 else cost
+
     speed = 0.0
     for _ in range(replies):
         policy = spec.policy = spec._policy(spec.policy if _ else None)
         if not _:
             for _warm in range(COLD_RUNS + 1):
-                policy.record(0, 0, 1, table[0], 0)  # the loop starts with warm plain steps
+                policy.record(0, 0, 1, timed(table[0]), 0)  # the loop starts with warm plain steps
         drafter.reset()
         done, cost = 0, 0.0
         while done < len(truth):
@@ -117,7 +124,7 @@ def replay_policy(prompt: list[int], truth: list[int], drafter: Lookahead, table
                     policy.observe_first(draft.confidence, first == truth[done])
             kept = _prefix(draft.tokens, truth[done:])
             seconds = step_cost(len(draft.tokens) + 1, table)
-            policy.record(len(draft.tokens), kept, kept + 1, seconds, done, draft.confidence)
+            policy.record(len(draft.tokens), kept, kept + 1, timed(seconds), done, draft.confidence)
             cost += seconds
             done += kept + 1
         speed = len(truth) / cost
@@ -156,11 +163,20 @@ def main() -> None:
                         "from one to the next (hetero bench's repetitions): the last one's speed-up")
     parser.add_argument("--truths", type=Path, help="JSON file of the greedy outputs: read if it has them all, "
                         "else computed and written")
+    parser.add_argument("--noise", type=float, default=0.0, help="the policies are told each step's cost times "
+                        "exp(N(0, NOISE)) (a busy machine's timings); their speed-ups are geometric means over --seeds")
+    parser.add_argument("--seeds", type=int, default=8)
     args = parser.parse_args()
     runs = _truths(args.model, _prompts(args.stdlib), max(args.n), args.truths)
+    seeds = range(args.seeds if args.noise > 0 else 1)
+
+    def policy(drafter: Callable[[], Lookahead]) -> Callable[[list[int], list[int]], float]:
+        return lambda p, t: math.exp(sum(math.log(replay_policy(p, t, drafter(), args.cost, args.replies, args.noise,
+                                                                seed)) for seed in seeds) / len(seeds))
+
     strategies: dict[str, Callable[[list[int], list[int]], float]] = {
-        "flat": lambda p, t: replay_policy(p, t, Lookahead(min_ngram=2, graded=False), args.cost, args.replies),
-        "graded": lambda p, t: replay_policy(p, t, Lookahead(), args.cost, args.replies),
+        "flat": policy(lambda: Lookahead(min_ngram=2, graded=False)),
+        "graded": policy(Lookahead),
         "oracle": lambda p, t: oracle(p, t, args.cost),
     }
     for w, k in ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 2), (4, 4)):
