@@ -505,9 +505,9 @@ Plan plan_of(const std::vector<const Weights*>& ws, bool paired = false) {
 // alternate gate and up groups every ~32 KiB chunk, where an equal task reads its gate rows, then its up rows).
 // 3 (opt-in) = the fused q / k / v calls and every one-matrix decode GEMV of at least kBigBytes of weights (the LM
 // head: 8 equal tasks of 17-24 MB, so in a clean call one thread idled 67-349 us at the end while the other streamed
-// alone; split by bytes, 1-3 us). bw32 (gemv_threads.py --splits 2,3, load 7-9) found its clean calls 0-4 % faster
-// (1-4 clean calls an arm) but the busy machine's whole 0.5B step slower (decode_ab p10 / min 7 % behind), so it is
-// not the default. llm_decode_split sets the mode at run time (benchmarks, tests): every mode computes each unit
+// alone; split by bytes, 1-3 us). bw32 (gemv_threads.py --splits 2,3): yet its clean calls were 3-20 % slower at load
+// 4 (0-4 % faster at load 8-9, fewer calls; its threads stream slower, as dec15 saw), whole steps not resolved, so it
+// is not the default. llm_decode_split sets the mode at run time (benchmarks, tests): every mode computes each unit
 // whole on one thread, so the results are the same bits.
 std::atomic<int> g_blocks_mode{[] { const char* e = std::getenv("HETERO_LLM_BLOCKS"); return e ? std::atoi(e) : 2; }()};
 constexpr double kBigBytes = 16.0 * (1 << 20);
