@@ -1160,6 +1160,54 @@ void py_one_hot(const py::array& indices, const py::array& values, const py::arr
   run_now(prep_one_hot, indices, values, out, before, depth, after);
 }
 
+// ----------------------------------------------------------------------------------- LabelEncoder (ai.onnx.ml)
+// out[i] = table.get(x[i], default) for an object array x (strings) into int64 / float32 out: the dict's lookups
+// (a str's hash is cached) without the interpreter's loop and list; under the GIL (it reads Python objects).
+void py_label_encode(const py::dict& table, const py::object& fallback, const py::array& x, const py::array& out) {
+  const char* fn = "label_encode";
+  need_contig(x, fn, "x");
+  need_out(out, fn);
+  if (x.dtype().kind() != 'O') fail("label_encode: x must be an object array");
+  if (out.size() != x.size()) fail("label_encode: x and out must have the same size");
+  const std::string key = dkey(out);
+  if (key != "i8" && key != "f4") fail("label_encode: out must be int64 or float32");
+  PyObject* const* px = static_cast<PyObject* const*>(x.data());
+  const i64 n = x.size();
+  PyObject* dict = table.ptr();
+  auto lookup = [&](i64 i) -> PyObject* {
+    PyObject* v = px[i] == nullptr ? nullptr : PyDict_GetItemWithError(dict, px[i]);  // borrowed
+    if (v == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    return v;
+  };
+  if (key == "i8") {
+    const std::int64_t dflt = fallback.cast<std::int64_t>();
+    std::int64_t* po = mptr<std::int64_t>(out);
+    for (i64 i = 0; i < n; ++i) {
+      PyObject* v = lookup(i);
+      if (v == nullptr) {
+        po[i] = dflt;
+        continue;
+      }
+      const long long got = PyLong_AsLongLong(v);
+      if (got == -1 && PyErr_Occurred()) throw py::error_already_set();
+      po[i] = got;
+    }
+    return;
+  }
+  const float dflt = fallback.cast<float>();
+  float* po = mptr<float>(out);
+  for (i64 i = 0; i < n; ++i) {
+    PyObject* v = lookup(i);
+    if (v == nullptr) {
+      po[i] = dflt;
+      continue;
+    }
+    const double got = PyFloat_AsDouble(v);
+    if (got == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    po[i] = static_cast<float>(got);
+  }
+}
+
 void bind_conv_transpose(py::module_& m);
 void bind_rnn(py::module_& m);
 
@@ -1194,6 +1242,9 @@ void bind_onnx_extra(py::module_& m) {
     return prep_one_hot(step_array(a, 0, "one_hot"), step_array(a, 1, "one_hot"), step_array(a, 2, "one_hot"),
                         a[3].cast<i64>(), a[4].cast<i64>(), a[5].cast<i64>());
   });
+  m.def("label_encode", &py_label_encode, py::arg("table"), py::arg("default"), py::arg("x"), py::arg("out"),
+        "out[i] = table.get(x[i], default): an object array x (strings) through a dict into int64 / float32 out (the "
+        "dict's values Python ints / floats).");
   m.def("int_reduce", &py_int_reduce, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("out"),
         "Reduce contiguous int32 / int64 x over `axes` into out (its kept elements; the same dtype). op: max, min, "
         "sum, prod (sums and products wrap).");

@@ -171,7 +171,28 @@ def test_label_encoder_strings_to_ints_bound_with_missing_keys():
     rng = np.random.default_rng(4)
     feeds = [{"s": np.array(rng.choice(words, size=(2, 3)).tolist(), dtype=object)} for _ in range(5)]
     cpu = _replayed(model, feeds)
-    assert any(isinstance(c, functools.partial) and c.func is onnx_extra._label_into for c in _program_calls(cpu))
+    assert any(isinstance(c, functools.partial) and c.func is _native.label_encode for c in _program_calls(cpu))
+
+
+def test_label_encoder_of_strings_into_a_python_list_path():
+    # strings to strings: the bound Python lookups (the native call writes numbers only)
+    node = helper.make_node("LabelEncoder", ["s"], ["y"], domain="ai.onnx.ml", keys_strings=["a", "b"],
+                            values_strings=["x", "y"], default_string="-")
+    model = _model([node], {"s": np.zeros(3, object)}, ["y"], ml=True)
+    _replayed(model, [{"s": np.array(v, dtype=object)} for v in (["a", "b", "c"], ["b", "b", "a"], ["", "a", "q"])])
+
+
+def test_label_encode_native_refuses_and_propagates():
+    table = {"a": 1}
+    with pytest.raises(ValueError):
+        _native.label_encode(table, -1, np.array(["a"], object), np.zeros(1, np.int32))
+    with pytest.raises(ValueError):
+        _native.label_encode(table, -1, np.array(["a", "b"], object), np.zeros(1, np.int64))
+    with pytest.raises(TypeError):  # an unhashable element: the dict's own error
+        _native.label_encode(table, -1, np.array([["a"], None], object)[:1], np.zeros(1, np.int64))
+    out = np.zeros(3, np.float32)
+    _native.label_encode({"a": 0.1, "b": 2.0}, -0.5, np.array(["b", "z", "a"], object), out)
+    np.testing.assert_array_equal(out, np.array([2.0, -0.5, 0.1], np.float32))
 
 
 def test_label_encoder_bytes_elements_read_as_text():
