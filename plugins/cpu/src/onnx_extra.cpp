@@ -218,7 +218,7 @@ void reduce_core(const ExtraKernels& xk, int op, const float* x, const std::vect
   });
 }
 
-void py_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
+Op prep_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
   const char* fn = "reduce";
   need_f32(x, fn, "x");
   need_contig(x, fn, "x");
@@ -257,23 +257,31 @@ void py_reduce(const std::string& opname, const py::array& x, const std::vector<
   const float* px = cptr<float>(x);
   float* po = mptr<float>(out);
   const ExtraKernels& xk = extra_active();
-  py::gil_scoped_release nogil;
-  if (x.size() == 0) return;
-  reduce_core(xk, op, px, shape, rf, po, nullptr);
-  if (opname == "logsumexp") {
-    std::vector<float> m(po, po + kept);
-    for (float& v : m)
-      if (!std::isfinite(v)) v = 0.f;  // +-inf / NaN max: exp(x - 0) gives the right inf / NaN / 0 sum
-    reduce_core(xk, R_SUM, px, shape, rf, po, m.data());
-    for (i64 i = 0; i < kept; ++i) po[i] = m[static_cast<std::size_t>(i)] + std::log(po[i]);
-  } else if (opname == "mean") {
-    const float inv = 1.f / static_cast<float>(rsize);
-    for (i64 i = 0; i < kept; ++i) po[i] *= inv;
-  } else if (opname == "l2") {
-    for (i64 i = 0; i < kept; ++i) po[i] = std::sqrt(po[i]);
-  } else if (opname == "logsum") {
-    for (i64 i = 0; i < kept; ++i) po[i] = std::log(po[i]);
-  }
+  const i64 xsize = x.size();
+  // the work after the reduction, decided now (a prepared op runs again and again)
+  const int post = opname == "logsumexp" ? 1 : opname == "mean" ? 2 : opname == "l2" ? 3 : opname == "logsum" ? 4 : 0;
+  return [&xk, op, px, po, shape, rf, kept, rsize, xsize, post] {
+    if (xsize == 0) return;
+    reduce_core(xk, op, px, shape, rf, po, nullptr);
+    if (post == 1) {
+      std::vector<float> m(po, po + kept);
+      for (float& v : m)
+        if (!std::isfinite(v)) v = 0.f;  // +-inf / NaN max: exp(x - 0) gives the right inf / NaN / 0 sum
+      reduce_core(xk, R_SUM, px, shape, rf, po, m.data());
+      for (i64 i = 0; i < kept; ++i) po[i] = m[static_cast<std::size_t>(i)] + std::log(po[i]);
+    } else if (post == 2) {
+      const float inv = 1.f / static_cast<float>(rsize);
+      for (i64 i = 0; i < kept; ++i) po[i] *= inv;
+    } else if (post == 3) {
+      for (i64 i = 0; i < kept; ++i) po[i] = std::sqrt(po[i]);
+    } else if (post == 4) {
+      for (i64 i = 0; i < kept; ++i) po[i] = std::log(po[i]);
+    }
+  };
+}
+
+void py_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
+  run_now(prep_reduce, opname, x, axes, out);
 }
 
 // Per-row min and max of x seen as lo.size() contiguous rows (a GlobalMaxPool's (N, C) rows of spatial values): one
@@ -389,7 +397,7 @@ void argreduce_t(const T* x, i64 outer, i64 n, i64 inner, std::int64_t* out, boo
   });
 }
 
-void py_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_max, bool select_last) {
+Op prep_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_max, bool select_last) {
   const char* fn = "argreduce";
   need_contig(x, fn, "x");
   need_out(out, fn);
@@ -407,11 +415,17 @@ void py_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_ma
     fail("argreduce: unsupported dtype " + k + " (float32, float64, int32, int64)");
   auto* po = mptr<std::int64_t>(out);
   const void* px = x.data();
-  py::gil_scoped_release nogil;
-  if (k == "f4") argreduce_t(static_cast<const float*>(px), outer, n, inner, po, is_max, select_last);
-  else if (k == "f8") argreduce_t(static_cast<const double*>(px), outer, n, inner, po, is_max, select_last);
-  else if (k == "i4") argreduce_t(static_cast<const std::int32_t*>(px), outer, n, inner, po, is_max, select_last);
-  else argreduce_t(static_cast<const std::int64_t*>(px), outer, n, inner, po, is_max, select_last);
+  const char kind = k == "f4" ? 'f' : k == "f8" ? 'd' : k == "i4" ? 'i' : 'l';
+  return [kind, px, outer, n, inner, po, is_max, select_last] {
+    if (kind == 'f') argreduce_t(static_cast<const float*>(px), outer, n, inner, po, is_max, select_last);
+    else if (kind == 'd') argreduce_t(static_cast<const double*>(px), outer, n, inner, po, is_max, select_last);
+    else if (kind == 'i') argreduce_t(static_cast<const std::int32_t*>(px), outer, n, inner, po, is_max, select_last);
+    else argreduce_t(static_cast<const std::int64_t*>(px), outer, n, inner, po, is_max, select_last);
+  };
+}
+
+void py_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_max, bool select_last) {
+  run_now(prep_argreduce, x, axis, out, is_max, select_last);
 }
 
 template <class T>
@@ -1231,6 +1245,16 @@ void bind_onnx_extra(py::module_& m) {
     step_arity(a, 4, 4, "channel_affine");
     return prep_channel_affine(step_array(a, 0, "channel_affine"), step_array(a, 1, "channel_affine"),
                                step_array(a, 2, "channel_affine"), step_array(a, 3, "channel_affine"));
+  });
+  register_step_op("argreduce", [](const py::tuple& a) {
+    step_arity(a, 5, 5, "argreduce");
+    return prep_argreduce(step_array(a, 0, "argreduce"), a[1].cast<i64>(), step_array(a, 2, "argreduce"),
+                          a[3].cast<bool>(), a[4].cast<bool>());
+  });
+  register_step_op("reduce", [](const py::tuple& a) {
+    step_arity(a, 4, 4, "reduce");
+    return prep_reduce(a[0].cast<std::string>(), step_array(a, 1, "reduce"), a[2].cast<std::vector<i64>>(),
+                       step_array(a, 3, "reduce"));
   });
   register_step_op("int_reduce", [](const py::tuple& a) {
     step_arity(a, 4, 4, "int_reduce");

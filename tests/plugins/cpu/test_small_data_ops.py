@@ -307,3 +307,42 @@ def test_nonzero_guard_of_two_dims():
     x[0, 0] = 5
     with pytest.raises(ValueError):
         onnx_extra._nonzero_into(x, out)
+
+
+# ------------------------------------------------------------------------------------------------- as step ops
+
+def test_reductions_and_one_hot_in_one_step_match_their_calls():
+    # a replay's run of native calls as one LlmStep (fuse.step_calls): the same values as the calls one by one,
+    # each op reading its inputs' values when the step runs
+    from hetero_cpu import fuse
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(6, 70)).astype(np.float32)
+    ints = rng.integers(-9, 9, size=(6, 7, 5)).astype(np.int64)
+    idx = np.zeros(6, np.int64)
+    values = np.array([0.5, 2.0], np.float32)
+    outs = {k: np.zeros(s, d) for k, s, d in [("mean", 6, np.float32), ("lse", 6, np.float32), ("arg", 6, np.int64),
+                                             ("imax", (6, 7), np.int64), ("hot", (6, 4), np.float32)]}
+    calls = [functools.partial(_native.reduce, "mean", x, [1], outs["mean"]),
+             functools.partial(_native.reduce, "logsumexp", x, [1], outs["lse"]),
+             functools.partial(_native.argreduce, x, 1, outs["arg"], True, False),
+             functools.partial(_native.int_reduce, "max", ints, [2], outs["imax"]),
+             functools.partial(_native.copy, outs["arg"], idx),
+             functools.partial(_native.one_hot, idx, values, outs["hot"], 6, 4, 1)]
+    merged = fuse.step_calls(calls)
+    assert len(merged) == 1 and isinstance(merged[0], _native.LlmStep)
+    for seed in range(3):
+        x[...] = np.random.default_rng(seed).normal(size=x.shape) * 10
+        ints[...] = np.random.default_rng(seed).integers(-9, 9, size=ints.shape)
+        merged[0]()
+        got = {k: v.copy() for k, v in outs.items()}
+        for call in calls:
+            call()
+        for k, v in outs.items():
+            np.testing.assert_array_equal(got[k], v, err_msg=k)
+        np.testing.assert_allclose(outs["mean"], x.mean(axis=1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(outs["arg"], x.argmax(axis=1))
+        np.testing.assert_array_equal(outs["imax"], ints.max(axis=2))
+        want = np.where(np.arange(4)[None, :] == outs["arg"][:, None] % 70, 2.0, 0.5).astype(np.float32)
+        want[outs["arg"] >= 4] = 0.5
+        np.testing.assert_array_equal(outs["hot"], want)
