@@ -696,7 +696,7 @@ class CpuLabelEncoder(CpuNumpyKernel):
         if x.dtype == object and out.dtype in (np.int64, np.float32):
             # strings to numbers: the lookups natively, on a dict of Python ints / floats (what numpy's conversion of
             # the reference's list reads)
-            value = int if out.dtype == np.int64 else float
+            value: Any = int if out.dtype == np.int64 else float
             native = {k: value(v) for k, v in table.items()}
             return functools.partial(_native.label_encode, native, value(default), x.reshape(-1), out.reshape(-1))
         return functools.partial(_label_into, table.get, default, x.reshape(-1), out.reshape(-1))
