@@ -140,6 +140,11 @@ class Kernel(Protocol):
       values such as ``past_len`` at call time), or a list of such callables called in order (one per device
       launch). None, or no ``bind``: the replay calls ``run``. A program keeps replays of several input
       signatures, so the call must stay valid after the kernel is prepared (and bound) for other shapes.
+    * ``bind_guarded(inputs, outputs) -> Callable[[], None] | None`` — ``bind`` for a guarded replayed step (a
+      kernel with ``values_at_run`` whose value inputs, or output shapes, follow the data: a Tile by counts from a
+      NonZero, the NonZero itself): the call reads those values from the buffers at each call and raises
+      ``ValueError`` where they give other output shapes than ``outputs``' (the replay then interprets). None, or
+      no ``bind_guarded``: the replay calls ``run`` at each run.
     * ``export_state(slot, length) -> dict[str, np.ndarray]`` / ``import_state(slot, length, state)`` — a stateful
       kernel's (Attention's KV cache, GatedDeltaRule's recurrent state) state after the first ``length`` positions
       of sequence ``slot`` as arrays, and back into a kernel of the same node (of this or another session of the

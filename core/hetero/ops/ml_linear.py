@@ -249,7 +249,7 @@ def _label_infer(ctx: OpContext) -> list[TensorInfo]:
 _LOOKUPS: dict[int, tuple[object, dict, object, np.dtype]] = {}
 
 
-def _label_lookup(ctx: OpContext) -> tuple[dict, object, np.dtype]:
+def label_lookup(ctx: OpContext) -> tuple[dict, object, np.dtype]:
     hit = _LOOKUPS.get(id(ctx.node))
     if hit is not None and hit[0] is ctx.node:
         return hit[1], hit[2], hit[3]
@@ -263,7 +263,7 @@ def _label_lookup(ctx: OpContext) -> tuple[dict, object, np.dtype]:
 @op("LabelEncoder", domain=ML_DOMAIN, infer=_label_infer)
 def label_encoder(ctx: OpContext) -> list[np.ndarray]:
     """Each element of X mapped through keys -> values (strings, int64s or floats), the default where absent."""
-    table, default, out_type = _label_lookup(ctx)
+    table, default, out_type = label_lookup(ctx)
     x = ctx.array(0)
     get = table.get
     if x.dtype == object or x.dtype.kind in "SU":

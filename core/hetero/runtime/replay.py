@@ -268,6 +268,11 @@ class Replay:
                 else:
                     outs[pos] = fixed[key] = backend.empty(info)
             guarded = _Call(kernel, ins, outs, var_ins, fresh, guarded=True)
+            bind = getattr(kernel, "bind_guarded", None)
+            call = bind(ins, outs) if bind is not None and not var_ins and not fresh else None
+            if call is not None:  # every buffer fixed: the kernel's own call, which checks the values itself
+                self.program.append(functools.partial(_call_guarded, call, type(kernel).__name__))
+                return
             self.program.append(functools.partial(_run_guarded, self._values, guarded))
             self._unbound.append(entry)
             if var_ins or fresh:
@@ -479,6 +484,14 @@ def _run_guarded(values: dict[Key, Tensor], entry: _Call) -> None:
         entry.kernel.run(ins, entry.outs)
     except (HeteroError, ValueError, IndexError, RuntimeError) as exc:
         raise StaleReplay(f"a guarded call of {type(entry.kernel).__name__}: {exc}") from exc
+
+
+def _call_guarded(call: Call, name: str) -> None:
+    """A guarded step's bound call (``bind_guarded``): as ``_run_guarded``, its failure ends the replay."""
+    try:
+        call()
+    except (HeteroError, ValueError, IndexError, RuntimeError) as exc:
+        raise StaleReplay(f"a guarded call of {name}: {exc}") from exc
 
 
 def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:

@@ -785,7 +785,10 @@ Op prep_gather(const py::array& data, const py::array& indices, i64 axis, const 
   const char* fn = "gather";
   need_plain_dtype(data, fn);
   need_out(out, fn);
-  if (!is_i64(indices)) fail("gather: indices must be int64, got " + std::string(py::str(indices.dtype())));
+  // int32 indices (TF exports'): widened at each run into the op's own buffer
+  const bool i32 = indices.dtype().kind() == 'i' && indices.itemsize() == 4;
+  if (!is_i64(indices) && !i32)
+    fail("gather: indices must be int64 or int32, got " + std::string(py::str(indices.dtype())));
   if (!same_dtype(data, out)) fail("gather: out dtype must equal data dtype");
   const i64 nd = data.ndim();
   if (nd == 0) fail("gather: data must have at least 1 dimension");
@@ -804,10 +807,16 @@ Op prep_gather(const py::array& data, const py::array& indices, i64 axis, const 
   const i64 elem = data.itemsize();
   const i64 nidx = indices.size();
   no_copy(once, !c_contiguous(indices) || !c_contiguous(data), fn);
-  // Indices: contiguous int64 (copied if strided)
+  // Indices: contiguous int64 (copied if strided; int32 ones widened into idx_keep when the op runs)
   auto idx_keep = std::make_shared<std::vector<std::int64_t>>();
   const std::int64_t* idx = static_cast<const std::int64_t*>(indices.data());
-  if (!c_contiguous(indices)) {
+  const std::int32_t* idx32 = nullptr;
+  if (i32) {
+    if (!c_contiguous(indices)) fail("gather: int32 indices must be contiguous");
+    idx32 = static_cast<const std::int32_t*>(indices.data());
+    idx_keep->resize(static_cast<std::size_t>(nidx));
+    idx = idx_keep->data();
+  } else if (!c_contiguous(indices)) {
     idx_keep->resize(static_cast<std::size_t>(nidx));
     const std::vector<i64> is = strides_of(indices);
     copy_strided(static_cast<const char*>(indices.data()), static_cast<int>(ishape.size()), ishape.data(), is.data(),
@@ -823,7 +832,8 @@ Op prep_gather(const py::array& data, const py::array& indices, i64 axis, const 
     pd = data_keep->data();
   }
   char* po = static_cast<char*>(const_cast<void*>(out.data()));
-  return [pd, outer, axis, axis_len, inner, elem, idx, nidx, po, idx_keep, data_keep] {
+  return [pd, outer, axis, axis_len, inner, elem, idx, idx32, nidx, po, idx_keep, data_keep] {
+    if (idx32 != nullptr) std::copy(idx32, idx32 + nidx, idx_keep->begin());
     for (i64 i = 0; i < nidx; ++i)
       if (idx[i] < -axis_len || idx[i] >= axis_len)
         fail("gather: index " + std::to_string(idx[i]) + " is out of range for axis " + std::to_string(axis) +

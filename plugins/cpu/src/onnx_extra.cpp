@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 
 #include "nd.hpp"
@@ -217,7 +218,7 @@ void reduce_core(const ExtraKernels& xk, int op, const float* x, const std::vect
   });
 }
 
-void py_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
+Op prep_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
   const char* fn = "reduce";
   need_f32(x, fn, "x");
   need_contig(x, fn, "x");
@@ -256,23 +257,31 @@ void py_reduce(const std::string& opname, const py::array& x, const std::vector<
   const float* px = cptr<float>(x);
   float* po = mptr<float>(out);
   const ExtraKernels& xk = extra_active();
-  py::gil_scoped_release nogil;
-  if (x.size() == 0) return;
-  reduce_core(xk, op, px, shape, rf, po, nullptr);
-  if (opname == "logsumexp") {
-    std::vector<float> m(po, po + kept);
-    for (float& v : m)
-      if (!std::isfinite(v)) v = 0.f;  // +-inf / NaN max: exp(x - 0) gives the right inf / NaN / 0 sum
-    reduce_core(xk, R_SUM, px, shape, rf, po, m.data());
-    for (i64 i = 0; i < kept; ++i) po[i] = m[static_cast<std::size_t>(i)] + std::log(po[i]);
-  } else if (opname == "mean") {
-    const float inv = 1.f / static_cast<float>(rsize);
-    for (i64 i = 0; i < kept; ++i) po[i] *= inv;
-  } else if (opname == "l2") {
-    for (i64 i = 0; i < kept; ++i) po[i] = std::sqrt(po[i]);
-  } else if (opname == "logsum") {
-    for (i64 i = 0; i < kept; ++i) po[i] = std::log(po[i]);
-  }
+  const i64 xsize = x.size();
+  // the work after the reduction, decided now (a prepared op runs again and again)
+  const int post = opname == "logsumexp" ? 1 : opname == "mean" ? 2 : opname == "l2" ? 3 : opname == "logsum" ? 4 : 0;
+  return [&xk, op, px, po, shape, rf, kept, rsize, xsize, post] {
+    if (xsize == 0) return;
+    reduce_core(xk, op, px, shape, rf, po, nullptr);
+    if (post == 1) {
+      std::vector<float> m(po, po + kept);
+      for (float& v : m)
+        if (!std::isfinite(v)) v = 0.f;  // +-inf / NaN max: exp(x - 0) gives the right inf / NaN / 0 sum
+      reduce_core(xk, R_SUM, px, shape, rf, po, m.data());
+      for (i64 i = 0; i < kept; ++i) po[i] = m[static_cast<std::size_t>(i)] + std::log(po[i]);
+    } else if (post == 2) {
+      const float inv = 1.f / static_cast<float>(rsize);
+      for (i64 i = 0; i < kept; ++i) po[i] *= inv;
+    } else if (post == 3) {
+      for (i64 i = 0; i < kept; ++i) po[i] = std::sqrt(po[i]);
+    } else if (post == 4) {
+      for (i64 i = 0; i < kept; ++i) po[i] = std::log(po[i]);
+    }
+  };
+}
+
+void py_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
+  run_now(prep_reduce, opname, x, axes, out);
 }
 
 // Per-row min and max of x seen as lo.size() contiguous rows (a GlobalMaxPool's (N, C) rows of spatial values): one
@@ -388,7 +397,7 @@ void argreduce_t(const T* x, i64 outer, i64 n, i64 inner, std::int64_t* out, boo
   });
 }
 
-void py_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_max, bool select_last) {
+Op prep_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_max, bool select_last) {
   const char* fn = "argreduce";
   need_contig(x, fn, "x");
   need_out(out, fn);
@@ -406,11 +415,17 @@ void py_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_ma
     fail("argreduce: unsupported dtype " + k + " (float32, float64, int32, int64)");
   auto* po = mptr<std::int64_t>(out);
   const void* px = x.data();
-  py::gil_scoped_release nogil;
-  if (k == "f4") argreduce_t(static_cast<const float*>(px), outer, n, inner, po, is_max, select_last);
-  else if (k == "f8") argreduce_t(static_cast<const double*>(px), outer, n, inner, po, is_max, select_last);
-  else if (k == "i4") argreduce_t(static_cast<const std::int32_t*>(px), outer, n, inner, po, is_max, select_last);
-  else argreduce_t(static_cast<const std::int64_t*>(px), outer, n, inner, po, is_max, select_last);
+  const char kind = k == "f4" ? 'f' : k == "f8" ? 'd' : k == "i4" ? 'i' : 'l';
+  return [kind, px, outer, n, inner, po, is_max, select_last] {
+    if (kind == 'f') argreduce_t(static_cast<const float*>(px), outer, n, inner, po, is_max, select_last);
+    else if (kind == 'd') argreduce_t(static_cast<const double*>(px), outer, n, inner, po, is_max, select_last);
+    else if (kind == 'i') argreduce_t(static_cast<const std::int32_t*>(px), outer, n, inner, po, is_max, select_last);
+    else argreduce_t(static_cast<const std::int64_t*>(px), outer, n, inner, po, is_max, select_last);
+  };
+}
+
+void py_argreduce(const py::array& x, i64 axis, const py::array& out, bool is_max, bool select_last) {
+  run_now(prep_argreduce, x, axis, out, is_max, select_last);
 }
 
 template <class T>
@@ -1012,6 +1027,201 @@ void py_resize2d(const py::array& x, const py::array& out, const py::array& y0, 
 
 }  // namespace
 
+// --------------------------------------------------------------------------------- integer reductions, OneHot
+// Small integer tensors (phoneme counts, one-hot masks of a duration model): scalar loops, one call per op, which
+// a replay's LlmStep can take (a numpy ufunc reduce over a short last axis cost ~20 us for 3.7k elements).
+
+// y[...] = f(y, x) over the merged dims from d on; yst[d] == 0 on a reduced dim.
+template <class T, class F>
+void int_reduce_dims(const T* x, T* y, const std::vector<i64>& shape, const std::vector<i64>& xst,
+                     const std::vector<i64>& yst, std::size_t d, F f) {
+  const i64 n = shape[d];
+  if (d + 1 == shape.size()) {
+    if (yst[d] == 0) {
+      T acc = *y;
+      for (i64 i = 0; i < n; ++i) acc = f(acc, x[i]);
+      *y = acc;
+    } else {
+      for (i64 i = 0; i < n; ++i) y[i] = f(y[i], x[i]);
+    }
+    return;
+  }
+  for (i64 i = 0; i < n; ++i) int_reduce_dims(x + i * xst[d], y + i * yst[d], shape, xst, yst, d + 1, f);
+}
+
+template <class T>
+void int_reduce_t(int op, const T* x, T* y, i64 kept, const std::vector<i64>& shape, const std::vector<i64>& xst,
+                  const std::vector<i64>& yst) {
+  using U = std::make_unsigned_t<T>;  // sums and products wrap, as numpy's (no signed overflow)
+  const T init = op == R_MAX ? std::numeric_limits<T>::lowest() : op == R_MIN ? std::numeric_limits<T>::max()
+                 : op == R_PROD ? T(1) : T(0);
+  std::fill(y, y + kept, init);
+  switch (op) {
+    case R_MAX: int_reduce_dims(x, y, shape, xst, yst, 0, [](T a, T b) { return b > a ? b : a; }); break;
+    case R_MIN: int_reduce_dims(x, y, shape, xst, yst, 0, [](T a, T b) { return b < a ? b : a; }); break;
+    case R_PROD:
+      int_reduce_dims(x, y, shape, xst, yst, 0, [](T a, T b) { return static_cast<T>(static_cast<U>(a) * static_cast<U>(b)); });
+      break;
+    default:
+      int_reduce_dims(x, y, shape, xst, yst, 0, [](T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); });
+  }
+}
+
+// int32 / int64 x reduced over `axes` into out (its kept elements, any shape of that size): op max, min, sum, prod.
+Op prep_int_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
+  const char* fn = "int_reduce";
+  need_contig(x, fn, "x");
+  need_out(out, fn);
+  const std::string key = dkey(x);
+  if ((key != "i4" && key != "i8") || dkey(out) != key) fail("int_reduce: x and out must be int32 or int64, alike");
+  if (opname != "max" && opname != "min" && opname != "sum" && opname != "prod")
+    fail("int_reduce: op must be max, min, sum or prod");
+  const int op = reduce_id(opname);
+  const int nd = static_cast<int>(x.ndim());
+  std::vector<char> red(static_cast<std::size_t>(std::max(nd, 1)), 0);
+  for (i64 a : axes) {
+    if (a < -nd || a >= nd) fail("int_reduce: axis " + std::to_string(a) + " out of range for rank " + std::to_string(nd));
+    red[static_cast<std::size_t>(a < 0 ? a + nd : a)] = 1;
+  }
+  i64 kept = 1, rsize = 1;
+  for (int d = 0; d < nd; ++d) (red[static_cast<std::size_t>(d)] ? rsize : kept) *= x.shape(d);
+  if (out.size() != kept)
+    fail("int_reduce: out has " + std::to_string(out.size()) + " elements, expected " + std::to_string(kept));
+  if (rsize == 0 || x.size() == 0) fail("int_reduce: empty reduction");
+  // neighbouring dims of one kind merged, size-1 dims dropped
+  std::vector<i64> shape;
+  std::vector<char> rf;
+  for (int d = 0; d < nd; ++d) {
+    const i64 n = x.shape(d);
+    if (n == 1) continue;
+    const char r = red[static_cast<std::size_t>(d)];
+    if (!shape.empty() && rf.back() == r) {
+      shape.back() *= n;
+    } else {
+      shape.push_back(n);
+      rf.push_back(r);
+    }
+  }
+  if (shape.empty()) {
+    shape.push_back(1);
+    rf.push_back(1);
+  }
+  const std::size_t m = shape.size();
+  std::vector<i64> xst(m), yst(m);
+  i64 xs = 1, ys = 1;
+  for (std::size_t d = m; d-- > 0;) {
+    xst[d] = xs;
+    xs *= shape[d];
+    yst[d] = rf[d] ? 0 : ys;
+    if (!rf[d]) ys *= shape[d];
+  }
+  const void* px = x.data();
+  void* po = mptr<void>(out);
+  if (key == "i4")
+    return [op, px, po, kept, shape, xst, yst] {
+      int_reduce_t(op, static_cast<const std::int32_t*>(px), static_cast<std::int32_t*>(po), kept, shape, xst, yst);
+    };
+  return [op, px, po, kept, shape, xst, yst] {
+    int_reduce_t(op, static_cast<const std::int64_t*>(px), static_cast<std::int64_t*>(po), kept, shape, xst, yst);
+  };
+}
+
+void py_int_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
+  run_now(prep_int_reduce, opname, x, axes, out);
+}
+
+template <class I>
+void one_hot_run(const I* idx, const char* values, char* out, i64 item, i64 before, i64 depth, i64 after) {
+  const i64 total = before * depth * after;
+  for (i64 i = 0; i < total; ++i) std::memcpy(out + i * item, values, static_cast<std::size_t>(item));
+  for (i64 b = 0; b < before; ++b)
+    for (i64 a = 0; a < after; ++a) {
+      i64 k = static_cast<i64>(idx[b * after + a]);
+      if (k < 0) k += depth;  // negative indices count from depth; out of range ones match nothing
+      if (k >= 0 && k < depth) std::memcpy(out + ((b * depth + k) * after + a) * item, values + item, static_cast<std::size_t>(item));
+    }
+}
+
+// OneHot: out (before, depth, after) = values[0], values[1] where the index (before, after) picks; the indices and
+// values are read when the op runs.
+Op prep_one_hot(const py::array& indices, const py::array& values, const py::array& out, i64 before, i64 depth,
+                i64 after) {
+  const char* fn = "one_hot";
+  need_contig(indices, fn, "indices");
+  need_contig(values, fn, "values");
+  need_out(out, fn);
+  const std::string key = dkey(indices);
+  if (key != "i4" && key != "i8") fail("one_hot: indices must be int32 or int64");
+  if (dkey(values) != dkey(out) || values.size() < 2) fail("one_hot: values must be two elements of out's dtype");
+  if (before < 0 || depth < 0 || after < 0 || indices.size() != before * after || out.size() != before * depth * after)
+    fail("one_hot: indices of " + shape_str(indices) + " and out of " + shape_str(out) + " do not fit (" +
+         std::to_string(before) + ", " + std::to_string(depth) + ", " + std::to_string(after) + ")");
+  const void* pi = indices.data();
+  const char* pv = cptr<char>(values);
+  char* po = mptr<char>(out);
+  const i64 item = out.itemsize();
+  if (key == "i4")
+    return [pi, pv, po, item, before, depth, after] {
+      one_hot_run(static_cast<const std::int32_t*>(pi), pv, po, item, before, depth, after);
+    };
+  return [pi, pv, po, item, before, depth, after] {
+    one_hot_run(static_cast<const std::int64_t*>(pi), pv, po, item, before, depth, after);
+  };
+}
+
+void py_one_hot(const py::array& indices, const py::array& values, const py::array& out, i64 before, i64 depth,
+                i64 after) {
+  run_now(prep_one_hot, indices, values, out, before, depth, after);
+}
+
+// ----------------------------------------------------------------------------------- LabelEncoder (ai.onnx.ml)
+// out[i] = table.get(x[i], default) for an object array x (strings) into int64 / float32 out: the dict's lookups
+// (a str's hash is cached) without the interpreter's loop and list; under the GIL (it reads Python objects).
+void py_label_encode(const py::dict& table, const py::object& fallback, const py::array& x, const py::array& out) {
+  const char* fn = "label_encode";
+  need_contig(x, fn, "x");
+  need_out(out, fn);
+  if (x.dtype().kind() != 'O') fail("label_encode: x must be an object array");
+  if (out.size() != x.size()) fail("label_encode: x and out must have the same size");
+  const std::string key = dkey(out);
+  if (key != "i8" && key != "f4") fail("label_encode: out must be int64 or float32");
+  PyObject* const* px = static_cast<PyObject* const*>(x.data());
+  const i64 n = x.size();
+  PyObject* dict = table.ptr();
+  auto lookup = [&](i64 i) -> PyObject* {
+    PyObject* v = px[i] == nullptr ? nullptr : PyDict_GetItemWithError(dict, px[i]);  // borrowed
+    if (v == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    return v;
+  };
+  if (key == "i8") {
+    const std::int64_t dflt = fallback.cast<std::int64_t>();
+    std::int64_t* po = mptr<std::int64_t>(out);
+    for (i64 i = 0; i < n; ++i) {
+      PyObject* v = lookup(i);
+      if (v == nullptr) {
+        po[i] = dflt;
+        continue;
+      }
+      const long long got = PyLong_AsLongLong(v);
+      if (got == -1 && PyErr_Occurred()) throw py::error_already_set();
+      po[i] = got;
+    }
+    return;
+  }
+  const float dflt = fallback.cast<float>();
+  float* po = mptr<float>(out);
+  for (i64 i = 0; i < n; ++i) {
+    PyObject* v = lookup(i);
+    if (v == nullptr) {
+      po[i] = dflt;
+      continue;
+    }
+    const double got = PyFloat_AsDouble(v);
+    if (got == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    po[i] = static_cast<float>(got);
+  }
+}
+
 void bind_conv_transpose(py::module_& m);
 void bind_rnn(py::module_& m);
 
@@ -1036,6 +1246,36 @@ void bind_onnx_extra(py::module_& m) {
     return prep_channel_affine(step_array(a, 0, "channel_affine"), step_array(a, 1, "channel_affine"),
                                step_array(a, 2, "channel_affine"), step_array(a, 3, "channel_affine"));
   });
+  register_step_op("argreduce", [](const py::tuple& a) {
+    step_arity(a, 5, 5, "argreduce");
+    return prep_argreduce(step_array(a, 0, "argreduce"), a[1].cast<i64>(), step_array(a, 2, "argreduce"),
+                          a[3].cast<bool>(), a[4].cast<bool>());
+  });
+  register_step_op("reduce", [](const py::tuple& a) {
+    step_arity(a, 4, 4, "reduce");
+    return prep_reduce(a[0].cast<std::string>(), step_array(a, 1, "reduce"), a[2].cast<std::vector<i64>>(),
+                       step_array(a, 3, "reduce"));
+  });
+  register_step_op("int_reduce", [](const py::tuple& a) {
+    step_arity(a, 4, 4, "int_reduce");
+    return prep_int_reduce(a[0].cast<std::string>(), step_array(a, 1, "int_reduce"), a[2].cast<std::vector<i64>>(),
+                           step_array(a, 3, "int_reduce"));
+  });
+  register_step_op("one_hot", [](const py::tuple& a) {
+    step_arity(a, 6, 6, "one_hot");
+    return prep_one_hot(step_array(a, 0, "one_hot"), step_array(a, 1, "one_hot"), step_array(a, 2, "one_hot"),
+                        a[3].cast<i64>(), a[4].cast<i64>(), a[5].cast<i64>());
+  });
+  m.def("label_encode", &py_label_encode, py::arg("table"), py::arg("default"), py::arg("x"), py::arg("out"),
+        "out[i] = table.get(x[i], default): an object array x (strings) through a dict into int64 / float32 out (the "
+        "dict's values Python ints / floats).");
+  m.def("int_reduce", &py_int_reduce, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("out"),
+        "Reduce contiguous int32 / int64 x over `axes` into out (its kept elements; the same dtype). op: max, min, "
+        "sum, prod (sums and products wrap).");
+  m.def("one_hot", &py_one_hot, py::arg("indices"), py::arg("values"), py::arg("out"), py::arg("before"),
+        py::arg("depth"), py::arg("after"),
+        "OneHot: out viewed as (before, depth, after) = values[0], values[1] at each int32 / int64 index of "
+        "(before, after) (negative ones count from depth, those out of range match nothing).");
   m.def("reduce", &py_reduce, py::arg("op"), py::arg("x"), py::arg("axes"), py::arg("out"),
         "Reduce contiguous float32 x over `axes` into out (kept dims, any shape of that size). op: sum, mean, "
         "sumsq, l1, l2, max, min, prod, logsum, logsumexp.");

@@ -184,7 +184,8 @@ def test_calls_native_code_cannot_take_stay_apart():
     program, buf = _layer(past, _native.LlmAttention(KV_HEADS, D, 32, "f16"))
     odd = np.zeros((1, 2 * H), np.float32)[:, ::2]  # a strided rms_norm input: the step refuses it
     program[8] = functools.partial(_native.rms_norm, odd, program[8].args[1], buf["x2"], 1e-6)
-    program.insert(3, functools.partial(_native.reduce, "max", buf["q"], [1], np.zeros(1, np.float32)))  # no step op
+    program.insert(3, functools.partial(_native.topk, buf["q"], 1, 1, True, np.zeros((1, 1), np.float32),
+                                        np.zeros((1, 1), np.int64)))  # no step op
     merged = fuse.step_calls(program)
     assert [len(c) if isinstance(c, _native.LlmStep) else c for c in merged] == [3, program[3], 5, program[9], 2]
     assert fuse.step_calls([]) == [] and fuse.step_calls(program[:1]) == program[:1]

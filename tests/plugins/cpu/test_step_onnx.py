@@ -134,7 +134,7 @@ def test_calls_a_step_cannot_prepare_stay_apart():
     wide = np.zeros((1, 8, 12, 20), np.float32)
     strided = mm(_native.conv2d_packed, wide[..., ::2], program[5].args[1], *program[5].args[2:])  # copied once
     as_list = mm(_native.unary, "relu", outs["ln"].tolist(), outs["act"], 0.0, 0.0)  # a list: converted per call
-    reduce = mm(_native.reduce, "sum", outs["ln"], [1], outs["mean"])  # not a prepared function
+    reduce = mm(_native.prelu, outs["ln"], outs["ln"], outs["act"])  # not a prepared function
     calls = [*program[:2], strided, *program[2:4], as_list, reduce, *program[4:]]
     merged = fuse.step_calls(calls)
     assert [len(c) if isinstance(c, _native.LlmStep) else c for c in merged] == \
@@ -144,8 +144,8 @@ def test_calls_a_step_cannot_prepare_stay_apart():
         step.add_call("conv2d_packed", strided.args)
     with pytest.raises(ValueError, match="must be a numpy array"):
         step.add_call("unary", as_list.args)
-    with pytest.raises(ValueError, match="reduce cannot be prepared"):
-        step.add_call("reduce", reduce.args)
+    with pytest.raises(ValueError, match="prelu cannot be prepared"):
+        step.add_call("prelu", reduce.args)
     with pytest.raises(ValueError, match="strided operand"):  # gather's strided data: copied once by the call
         step.add_call("gather", (outs["sm"][:, ::2], np.array([0], np.int64), 0, np.zeros((1, 12), np.float32)))
     with pytest.raises(ValueError, match="strided operand"):  # a strided map: global_avg_pool copies it once
@@ -158,7 +158,7 @@ def test_calls_a_step_cannot_prepare_stay_apart():
         step.add_call("gemm_packed", (ins["x"], program[0].args[1], outs["ln"][:2]))
     assert len(step) == 0
     assert {"conv2d_packed", "gemm_packed", "layer_norm", "max_pool2d", "global_avg_pool", "unary", "softmax",
-            "where", "gather", "matmul"} <= set(_native.step_ops())
+            "where", "gather", "matmul", "reduce", "argreduce", "int_reduce", "one_hot"} <= set(_native.step_ops())
 
 
 def test_gather_checks_its_indices_when_the_step_runs():

