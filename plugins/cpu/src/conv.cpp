@@ -1990,28 +1990,59 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
 
 void avg_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo, i64 kh, i64 kw, i64 sh, i64 sw,
                 i64 pt, i64 pl, i64 pb, i64 pr, bool count_include_pad) {
+  // Two stages per output row, as max_pool2d's: the column sums of the window's valid input rows (vectorised, one
+  // row buffer), then each output's sum over its valid columns of that row. One scalar loop over every tap with its
+  // bounds took ppocr_v5_rec's 3 x 2 / (3, 2) pool of 480 x 3 x 80 175 us (onnxruntime: 13).
+  const ExtraKernels& xk = extra_active();
   const int T = threads_for(static_cast<double>(NC) * Ho * Wo * kh * kw, 1e5);
-  parallel_for(NC, T, [&](i64 q) {
-    const float* in = x + q * H * W;
-    float* o = out + q * Ho * Wo;
-    for (i64 oy = 0; oy < Ho; ++oy)
-      for (i64 ox = 0; ox < Wo; ++ox) {
-        const i64 y0 = oy * sh - pt, x0 = ox * sw - pl;
-        float s = 0.f;
-        i64 cnt = 0;
-        for (i64 iy = std::max<i64>(y0, 0); iy < std::min<i64>(y0 + kh, H); ++iy)
-          for (i64 ix = std::max<i64>(x0, 0); ix < std::min<i64>(x0 + kw, W); ++ix) {
-            s += in[iy * W + ix];
-            ++cnt;
-          }
-        if (count_include_pad) {
-          // Window positions inside the padded input (not beyond it, e.g. with ceil_mode).
-          const i64 ny = std::min<i64>(y0 + kh, H + pb) - std::max<i64>(y0, -pt);
-          const i64 nx = std::min<i64>(x0 + kw, W + pr) - std::max<i64>(x0, -pl);
-          cnt = std::max<i64>(ny, 0) * std::max<i64>(nx, 0);
+  const i64 chunk = std::max<i64>(1, NC / std::max(1, T * 4));
+  // Output columns whose taps all lie inside [0, W).
+  const i64 oxa = std::min<i64>(Wo, ceil_div(pl, sw));
+  const i64 oxb = std::max<i64>(oxa, std::min<i64>(Wo, floor_div(W - kw + pl, sw) + 1));
+  parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+    float* vrow = tl_buf(TL_MISC).get(static_cast<std::size_t>(std::max<i64>(W, 1)));
+    for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+      const float* in = x + q * H * W;
+      float* o = out + q * Ho * Wo;
+      for (i64 oy = 0; oy < Ho; ++oy) {
+        const i64 y0 = oy * sh - pt, ya = std::max<i64>(y0, 0), yb = std::min<i64>(y0 + kh, H);
+        const i64 ny = std::max<i64>(yb - ya, 0);
+        // Window rows inside the padded input (not beyond it, e.g. with ceil_mode).
+        const i64 ny_pad = std::max<i64>(std::min<i64>(y0 + kh, H + pb) - std::max<i64>(y0, -pt), 0);
+        const float* row = in + ya * W;
+        if (ny > 1) {
+          xk.copy_rows(row, W, vrow, W, 1, W);
+          for (i64 iy = ya + 1; iy < yb; ++iy) xk.reduce_acc(R_SUM, vrow, in + iy * W, W);
+          row = vrow;
         }
-        o[oy * Wo + ox] = cnt > 0 ? s / static_cast<float>(cnt) : 0.f;
+        float* orow = o + oy * Wo;
+        auto edge = [&](i64 ox) {  // a window over the row's ends: its valid columns and its count
+          const i64 x0 = ox * sw - pl, xa = std::max<i64>(x0, 0), xb = std::min<i64>(x0 + kw, W);
+          float s = 0.f;
+          if (ny > 0)
+            for (i64 ix = xa; ix < xb; ++ix) s += row[ix];
+          const i64 cnt = count_include_pad
+                              ? ny_pad * std::max<i64>(std::min<i64>(x0 + kw, W + pr) - std::max<i64>(x0, -pl), 0)
+                              : ny * std::max<i64>(xb - xa, 0);
+          orow[ox] = cnt > 0 ? s / static_cast<float>(cnt) : 0.f;
+        };
+        if (ny == 0) {
+          for (i64 ox = 0; ox < Wo; ++ox) edge(ox);
+          continue;
+        }
+        for (i64 ox = 0; ox < oxa; ++ox) edge(ox);
+        // Columns whose windows lie inside the row: no bounds, one count (kw of the row's ny or ny_pad) and its
+        // reciprocal (a division an output was half of this loop's time).
+        const float inv = 1.f / static_cast<float>((count_include_pad ? ny_pad : ny) * kw);
+        for (i64 ox = oxa; ox < oxb; ++ox) {
+          const float* r = row + ox * sw - pl;
+          float s = r[0];
+          for (i64 k = 1; k < kw; ++k) s += r[k];
+          orow[ox] = s * inv;
+        }
+        for (i64 ox = oxb; ox < Wo; ++ox) edge(ox);
       }
+    }
   });
 }
 

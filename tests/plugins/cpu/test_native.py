@@ -1924,6 +1924,58 @@ def test_max_pool_propagates_nan(case):
     np.testing.assert_allclose(out, _pool_ref(x, kernel, strides, pads, dil, "max", out_hw=(ho, wo)), rtol=1e-6)
 
 
+S2_ROW_CASES = [  # (kernel, strides, pads, (h, w), (ho, wo)): stride-2 pools on rows of 64+ inputs, no left pad
+    ((2, 2), (2, 2), (0, 0, 0, 0), (50, 155), (25, 77)),  # vietcombank_captcha: odd H, W; a last row, column unread
+    ((2, 2), (2, 2), (0, 0, 0, 0), (25, 77), (12, 38)),
+    ((3, 3), (2, 2), (0, 0, 1, 1), (9, 67), (5, 34)),  # the last window past the right edge (-inf there)
+    ((3, 3), (2, 2), (0, 0, 0, 0), (7, 98), (3, 48)),  # 3 taps: the even column of the next pair
+    ((1, 2), (1, 2), (0, 0, 0, 0), (3, 99), (3, 49)),
+    ((2, 1), (2, 2), (0, 0, 0, 0), (4, 64), (2, 32)),  # one tap a row: whole vectors only
+]
+
+
+@pytest.mark.parametrize("case", S2_ROW_CASES, ids=[str(i) for i in range(len(S2_ROW_CASES))])
+def test_max_pool_s2_rows_in_registers(isa, threads, case):
+    """max_pool_s2_row's register path (AVX-512: each row's pairs split in registers, masked at the row's end; the
+    other ISAs take the buffered passes): against the float64 reference, a NaN in a window's last tap propagating and
+    one in an unread last column not, -inf inputs, 1-3 taps, a ragged last vector of outputs."""
+    kernel, strides, pads, (h, w), (ho, wo) = case
+    x = randn(2, 3, h, w, seed=97)
+    x[0, 0, 0, min(2 * (wo - 1) + kernel[1], w) - 1] = np.nan  # the last output's last tap (in the input)
+    x[1, 2, h - 1, 0] = np.nan
+    x[1, 1, 1, :9] = -np.inf
+    if w > 2 * (wo - 1) + kernel[1]:
+        x[0, 1, 0, w - 1] = np.nan  # past every window: must not reach the output
+    out = np.empty((2, 3, ho, wo), np.float32)
+    _native.max_pool2d(x, out, kernel, strides, pads, (1, 1))
+    ref = _pool_ref(x, kernel, strides, pads, (1, 1), "max", out_hw=(ho, wo))
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+    assert (np.isnan(out) == np.isnan(ref)).all() and np.isnan(out).any()
+
+
+AVG_CASES = [  # (kernel, strides, pads, (h, w), (ho, wo))
+    ((3, 2), (3, 2), (0, 0, 0, 0), (3, 80), (1, 40)),  # ppocr_v5_rec's neck pool
+    ((3, 2), (3, 2), (0, 0, 0, 0), (7, 81), (2, 40)),  # a row and a column past the last window
+    ((3, 3), (2, 2), (1, 1, 1, 1), (9, 21), (5, 11)),
+    ((2, 3), (1, 2), (0, 1, 1, 2), (5, 20), (5, 11)),  # right pad past a window (ceil-mode-like last column)
+    ((3, 5), (1, 1), (1, 2, 1, 2), (4, 3), (4, 3)),  # every window over an edge: no interior columns
+    ((1, 1), (1, 1), (0, 0, 0, 0), (1, 17), (1, 17)),
+]
+
+
+@pytest.mark.parametrize("case", AVG_CASES, ids=[str(i) for i in range(len(AVG_CASES))])
+def test_avg_pool_column_sums(threads, case):
+    """avg_pool2d's column sums of the valid rows, then the interior windows' sums times one reciprocal and the edge
+    windows' own counts: against the float64 reference with and without count_include_pad."""
+    kernel, strides, pads, (h, w), (ho, wo) = case
+    x = randn(2, 5, h, w, seed=94)
+    out = np.empty((2, 5, ho, wo), np.float32)
+    for cip in (False, True):
+        _native.avg_pool2d(x, out, kernel, strides, pads, cip)
+        ref = _pool_ref(x, kernel, strides, pads, (1, 1), "avg", cip, out_hw=(ho, wo))
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_pool_ceil_mode_and_errors():
     x = randn(1, 2, 6, 6, seed=96)
     out = np.empty((1, 2, 3, 3), np.float32)  # ceil((6-3)/2)+1 = 3
