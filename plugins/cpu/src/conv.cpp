@@ -1256,6 +1256,15 @@ bool one_vector_last_block(const ConvGeom& g, i64 lanes) {
   return g.Cout % (2 * lanes) == lanes && g.kh * g.kw > 1 && g.Wo >= 2 * lanes;
 }
 
+// K < 64 (a 3-channel 3x3 stem, K = 27; a 1-channel one, K = 9) at stride 1 and dilation 1 with whole blocks of
+// 2 x lanes channels: the blocked tiles beat conv_direct's there. In the models, per node, 1 thread, thread time,
+// Zen 4, HETERO_CPU_CONV_CBLK=1 against the default, both side orders for the first (benchmarks/onnx_node_ab.py):
+// vietcombank_captcha's 3 -> 32 on 50 x 155 0.82x, MTCNN O-Net's 3 -> 32 on 48 x 48 0.76x, terrain_unet's 1 -> 32
+// on 128 x 128 0.77x. At stride 2 K = 27 measured 1.13x (above), so it stays with conv_direct.
+bool shallow_stem_cblk_wins(const ConvGeom& g, i64 lanes) {
+  return g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.Cout % (2 * lanes) == 0;
+}
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
@@ -1265,7 +1274,7 @@ bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   if (one_vector_cblk_fits(g, lanes)) return true;
   if (g.Cout % (2 * lanes) != 0 && !one_vector_last_block(g, lanes)) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
-  return pc.cin_g * g.kh * g.kw >= 64;
+  return pc.cin_g * g.kh * g.kw >= 64 || shallow_stem_cblk_wins(g, lanes);
 }
 
 // Of the shapes transposed_fits takes, those conv_cblk runs faster (unless either switch forces its kernel): one

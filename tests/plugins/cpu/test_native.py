@@ -1500,6 +1500,36 @@ def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1)
     return "pointwise" if k <= 48 or positions <= 128 or no_amx_tiles else "gemm"
 
 
+# (N, C, H, W, Cout, pads): 3x3 stride-1 convs of K < 64 onto whole blocks of 32 channels (conv.cpp
+# shallow_stem_cblk_wins: conv_cblk's tiles, not conv_direct's): vietcombank_captcha's 3 -> 32 on 50 x 155, a 1-channel
+# one, 64 outputs (two blocks) with a ragged row, one output row and a row of one position past the tiles.
+SHALLOW_STEM_CASES = [
+    (1, 3, 50, 155, 32, (1, 1, 1, 1)),
+    (2, 1, 17, 40, 32, (1, 1, 1, 1)),
+    (1, 3, 9, 37, 64, (0, 1, 0, 1)),
+    (1, 5, 3, 19, 32, (0, 0, 0, 0)),
+    (1, 2, 6, 3, 32, (1, 1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", SHALLOW_STEM_CASES, ids=[str(i) for i in range(len(SHALLOW_STEM_CASES))])
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+def test_conv2d_shallow_stem_cblk(isa, threads, case, activation):
+    n, c, h, wd, cout, pads = case
+    x = randn(n, c, h, wd, seed=73)
+    w = randn(cout, c, 3, 3, seed=74) * 0.3
+    bias = randn(cout, seed=75)
+    algo = _native.prepack_conv(w).algorithm(list(x.shape), (1, 1), pads)
+    if isa == "avx512":
+        assert algo == "cblk"
+        # stride 2 stays with conv_direct (K = 27 measured slower there)
+        assert _native.prepack_conv(w).algorithm(list(x.shape), (2, 2), pads) != "cblk"
+    ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(1, 1), pads=pads, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
 # weight panels (each thread all positions): flattened tiles on a 10 x 10 map, stride 2 onto 10 x 10, row tiles at
 # stride (3, 1), a 1x1 conv through the GEMM with a ragged 8-row last panel and one with a 4-row tail (small-M kernel)
