@@ -1325,6 +1325,25 @@ bool channel_ranges_fit(int T, i64 images, i64 position_groups, i64 ntasks) {
 // conv reads it in place, its map as rows of whole tiles). At 1 thread one task a block (its weights read from L2
 // for every row); at 2+ the blocks are split first (each thread reads its share of the weights; one contiguous range
 // of them a thread on one image: channel_ranges_fit), rows where there are fewer than two blocks a thread.
+// Whether conv_cblk runs a whole block of 2 x lanes channels on rows of n positions as two one-vector halves
+// (x_conv_cblk's tiles of one vector of channels x lanes positions, transposed in registers, each channel's positions
+// one aligned whole-vector store) instead of its 2-vector tiles of 14 positions, whose epilogue (bias, activation,
+// the tile through memory into two transposes, 2 x lanes masked stores of 14 floats into as many output planes) was
+// ~24 % of the kernel's cycles at K = 144 (perf, YOLOv8n's 16 -> 32 / 2 on 160 x 160, SiLU). Stride 2, 64 <= K < 256
+// and rows of whole vectors (>= 4), where no tile overlaps the one before: in nudenet (benchmarks/onnx_node_ab.py,
+// 1 thread, thread time, Zen 4) the 16 -> 32 / 2 conv 0.90-0.96x in four runs, two of each side order (~0.05 ms;
+// its input rows read in place instead of padded per band ran 0.99x, and 1.30x on the 3 -> 16 stem: the copy is
+// where the input's cache misses are paid, and a prefetch for the kernel's strided reads). Rows of 40 or 20 positions
+// (overlapping tiles: 48 / 32 computed) ran 1.17x / 1.46x (32 -> 64 on 80 x 80, 64 -> 128 on 40 x 40) and the 1x1
+// convs on 10 x 10 1.15-1.26x, so those keep the 2-vector tiles. HETERO_CPU_CONV_CBLK_HALVES=0 / 1 forces it off / on
+// (on: every non-pointwise block on rows of at least a vector), to compare.
+bool cblk_halves_fit(const ConvGeom& g, i64 K, i64 n, i64 lanes) {
+  static const int forced = env_override("HETERO_CPU_CONV_CBLK_HALVES");
+  if (forced >= 0 || is_pointwise(g) || n < lanes)
+    return forced == 1 && !is_pointwise(g) && n >= lanes;
+  return g.sw == 2 && K >= 64 && K < 256 && n % lanes == 0 && n >= 4 * lanes;
+}
+
 void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -1343,6 +1362,17 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   std::atomic<bool> act_left{false};
   const auto run = [&](i64 b, const float* base, const i64* offs, float* o, i64 n, i64 rows, i64 rs) {
     const i64 co0 = b * cb;
+    // (the halves need x_conv_cblk's one-vector tiles: an ISA with a register transpose)
+    if (xk.transposes_in_registers && g.Cout - co0 > xk.lanes && cblk_halves_fit(g, K, n, xk.lanes)) {
+      for (i64 h = 0; h < 2; ++h) {
+        const i64 c0 = co0 + h * xk.lanes;
+        if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb + h * xk.lanes, base, offs, vb.data() + c0,
+                          static_cast<int>(std::min<i64>(xk.lanes, g.Cout - c0)), o + c0 * HWo, HWo, n, rows, rs,
+                          act.act, act.act_alpha, act.act_beta))
+          act_left = true;
+      }
+      return;
+    }
     if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, base, offs, vb.data() + co0,
                       static_cast<int>(std::min<i64>(cb, g.Cout - co0)), o + co0 * HWo, HWo, n, rows, rs, act.act,
                       act.act_alpha, act.act_beta))

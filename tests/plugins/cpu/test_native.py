@@ -1530,6 +1530,60 @@ def test_conv2d_shallow_stem_cblk(isa, threads, case, activation):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
+# (N, C, H, W, Cout, strides, pads): 3x3 convs on inputs over conv_cblk's 128 K floats (its band path: each band's
+# input rows padded by its task): odd sizes with bottom / right padding read, asymmetric pads, a one-vector last
+# block (48 channels), the one-vector tiles (16 channels), strides 1 x 2, two images
+CBLK_BAND_CASES = [
+    (1, 16, 97, 101, 32, (2, 2), (1, 1, 1, 1)),
+    (1, 16, 96, 100, 48, (2, 2), (1, 0, 2, 1)),
+    (1, 3, 250, 253, 16, (2, 2), (1, 1, 1, 1)),
+    (1, 16, 90, 95, 32, (1, 2), (1, 1, 1, 1)),
+    (2, 64, 50, 51, 64, (2, 2), (0, 1, 1, 0)),
+]
+
+
+@pytest.mark.parametrize("case", CBLK_BAND_CASES, ids=[str(i) for i in range(len(CBLK_BAND_CASES))])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_conv2d_cblk_bands(isa, threads, case, activation):
+    n, c, h, wd, cout, strides, pads = case
+    x = randn(n, c, h, wd, seed=76)
+    w = randn(cout, c, 3, 3, seed=77) * 0.2
+    bias = randn(cout, seed=78)
+    if isa == "avx512":
+        assert _native.prepack_conv(w).algorithm(list(x.shape), strides, pads) == "cblk"
+    ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+# (N, C, H, W, Cout, pads): stride-2 3x3 convs with 64 <= K < 256 on rows of whole vectors (Wo = 64, 80), whose whole
+# blocks of 32 channels run as two one-vector halves (cblk_halves_fit): an input over conv_cblk's 128 K floats (its
+# bands), a small one (one padded copy), odd H with asymmetric pads, 48 channels (a half block after), two images
+CBLK_HALVES_CASES = [
+    (1, 16, 160, 160, 32, (1, 1, 1, 1)),
+    (1, 8, 33, 128, 32, (1, 1, 1, 1)),
+    (1, 16, 41, 129, 48, (0, 1, 2, 0)),
+    (2, 24, 20, 160, 64, (1, 1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", CBLK_HALVES_CASES, ids=[str(i) for i in range(len(CBLK_HALVES_CASES))])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_conv2d_cblk_halves(isa, threads, case, activation):
+    n, c, h, wd, cout, pads = case
+    x = randn(n, c, h, wd, seed=79)
+    w = randn(cout, c, 3, 3, seed=80) * 0.2
+    bias = randn(cout, seed=81)
+    if isa == "avx512":
+        assert _native.prepack_conv(w).algorithm(list(x.shape), (2, 2), pads) == "cblk"
+    ref = ACTS[activation](_conv_ref(x, w, bias, (2, 2), pads, (1, 1), 1))
+    assert ref.shape[3] % 16 == 0
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(2, 2), pads=pads, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
 # weight panels (each thread all positions): flattened tiles on a 10 x 10 map, stride 2 onto 10 x 10, row tiles at
 # stride (3, 1), a 1x1 conv through the GEMM with a ragged 8-row last panel and one with a 4-row tail (small-M kernel)
