@@ -1259,6 +1259,15 @@ bool one_vector_last_block(const ConvGeom& g, i64 lanes) {
   return g.Cout % (2 * lanes) == lanes && g.kh * g.kw > 1 && g.Wo >= 2 * lanes;
 }
 
+// K < 64 (a 3-channel 3x3 stem, K = 27; a 1-channel one, K = 9) at stride 1 and dilation 1 with whole blocks of
+// 2 x lanes channels: the blocked tiles beat conv_direct's there. In the models, per node, 1 thread, thread time,
+// Zen 4, HETERO_CPU_CONV_CBLK=1 against the default, both side orders for the first (benchmarks/onnx_node_ab.py):
+// vietcombank_captcha's 3 -> 32 on 50 x 155 0.82x, MTCNN O-Net's 3 -> 32 on 48 x 48 0.76x, terrain_unet's 1 -> 32
+// on 128 x 128 0.77x. At stride 2 K = 27 measured 1.13x (above), so it stays with conv_direct.
+bool shallow_stem_cblk_wins(const ConvGeom& g, i64 lanes) {
+  return g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.Cout % (2 * lanes) == 0;
+}
+
 bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_CONV_CBLK");
   const i64 lanes = extra_for(*pc.kr).lanes;
@@ -1268,7 +1277,7 @@ bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   if (one_vector_cblk_fits(g, lanes)) return true;
   if (g.Cout % (2 * lanes) != 0 && !one_vector_last_block(g, lanes)) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);
-  return pc.cin_g * g.kh * g.kw >= 64;
+  return pc.cin_g * g.kh * g.kw >= 64 || shallow_stem_cblk_wins(g, lanes);
 }
 
 // Of the shapes transposed_fits takes, those conv_cblk runs faster (unless either switch forces its kernel): one
@@ -1319,6 +1328,25 @@ bool channel_ranges_fit(int T, i64 images, i64 position_groups, i64 ntasks) {
 // conv reads it in place, its map as rows of whole tiles). At 1 thread one task a block (its weights read from L2
 // for every row); at 2+ the blocks are split first (each thread reads its share of the weights; one contiguous range
 // of them a thread on one image: channel_ranges_fit), rows where there are fewer than two blocks a thread.
+// Whether conv_cblk runs a whole block of 2 x lanes channels on rows of n positions as two one-vector halves
+// (x_conv_cblk's tiles of one vector of channels x lanes positions, transposed in registers, each channel's positions
+// one aligned whole-vector store) instead of its 2-vector tiles of 14 positions, whose epilogue (bias, activation,
+// the tile through memory into two transposes, 2 x lanes masked stores of 14 floats into as many output planes) was
+// ~24 % of the kernel's cycles at K = 144 (perf, YOLOv8n's 16 -> 32 / 2 on 160 x 160, SiLU). Stride 2, 64 <= K < 256
+// and rows of whole vectors (>= 4), where no tile overlaps the one before: in nudenet (benchmarks/onnx_node_ab.py,
+// 1 thread, thread time, Zen 4) the 16 -> 32 / 2 conv 0.90-0.96x in four runs, two of each side order (~0.05 ms;
+// its input rows read in place instead of padded per band ran 0.99x, and 1.30x on the 3 -> 16 stem: the copy is
+// where the input's cache misses are paid, and a prefetch for the kernel's strided reads). Rows of 40 or 20 positions
+// (overlapping tiles: 48 / 32 computed) ran 1.17x / 1.46x (32 -> 64 on 80 x 80, 64 -> 128 on 40 x 40) and the 1x1
+// convs on 10 x 10 1.15-1.26x, so those keep the 2-vector tiles. HETERO_CPU_CONV_CBLK_HALVES=0 / 1 forces it off / on
+// (on: every non-pointwise block on rows of at least a vector), to compare.
+bool cblk_halves_fit(const ConvGeom& g, i64 K, i64 n, i64 lanes) {
+  static const int forced = env_override("HETERO_CPU_CONV_CBLK_HALVES");
+  if (forced >= 0 || is_pointwise(g) || n < lanes)
+    return forced == 1 && !is_pointwise(g) && n >= lanes;
+  return g.sw == 2 && K >= 64 && K < 256 && n % lanes == 0 && n >= 4 * lanes;
+}
+
 void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -1337,6 +1365,17 @@ void conv_cblk(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   std::atomic<bool> act_left{false};
   const auto run = [&](i64 b, const float* base, const i64* offs, float* o, i64 n, i64 rows, i64 rs) {
     const i64 co0 = b * cb;
+    // (the halves need x_conv_cblk's one-vector tiles: an ISA with a register transpose)
+    if (xk.transposes_in_registers && g.Cout - co0 > xk.lanes && cblk_halves_fit(g, K, n, xk.lanes)) {
+      for (i64 h = 0; h < 2; ++h) {
+        const i64 c0 = co0 + h * xk.lanes;
+        if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb + h * xk.lanes, base, offs, vb.data() + c0,
+                          static_cast<int>(std::min<i64>(xk.lanes, g.Cout - c0)), o + c0 * HWo, HWo, n, rows, rs,
+                          act.act, act.act_alpha, act.act_beta))
+          act_left = true;
+      }
+      return;
+    }
     if (!xk.conv_cblk(static_cast<int>(g.sw), K, wp + b * K * cb, base, offs, vb.data() + co0,
                       static_cast<int>(std::min<i64>(cb, g.Cout - co0)), o + co0 * HWo, HWo, n, rows, rs, act.act,
                       act.act_alpha, act.act_beta))
@@ -1993,28 +2032,59 @@ void max_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo
 
 void avg_pool2d(const float* x, float* out, i64 NC, i64 H, i64 W, i64 Ho, i64 Wo, i64 kh, i64 kw, i64 sh, i64 sw,
                 i64 pt, i64 pl, i64 pb, i64 pr, bool count_include_pad) {
+  // Two stages per output row, as max_pool2d's: the column sums of the window's valid input rows (vectorised, one
+  // row buffer), then each output's sum over its valid columns of that row. One scalar loop over every tap with its
+  // bounds took ppocr_v5_rec's 3 x 2 / (3, 2) pool of 480 x 3 x 80 175 us (onnxruntime: 13).
+  const ExtraKernels& xk = extra_active();
   const int T = threads_for(static_cast<double>(NC) * Ho * Wo * kh * kw, 1e5);
-  parallel_for(NC, T, [&](i64 q) {
-    const float* in = x + q * H * W;
-    float* o = out + q * Ho * Wo;
-    for (i64 oy = 0; oy < Ho; ++oy)
-      for (i64 ox = 0; ox < Wo; ++ox) {
-        const i64 y0 = oy * sh - pt, x0 = ox * sw - pl;
-        float s = 0.f;
-        i64 cnt = 0;
-        for (i64 iy = std::max<i64>(y0, 0); iy < std::min<i64>(y0 + kh, H); ++iy)
-          for (i64 ix = std::max<i64>(x0, 0); ix < std::min<i64>(x0 + kw, W); ++ix) {
-            s += in[iy * W + ix];
-            ++cnt;
-          }
-        if (count_include_pad) {
-          // Window positions inside the padded input (not beyond it, e.g. with ceil_mode).
-          const i64 ny = std::min<i64>(y0 + kh, H + pb) - std::max<i64>(y0, -pt);
-          const i64 nx = std::min<i64>(x0 + kw, W + pr) - std::max<i64>(x0, -pl);
-          cnt = std::max<i64>(ny, 0) * std::max<i64>(nx, 0);
+  const i64 chunk = std::max<i64>(1, NC / std::max(1, T * 4));
+  // Output columns whose taps all lie inside [0, W).
+  const i64 oxa = std::min<i64>(Wo, ceil_div(pl, sw));
+  const i64 oxb = std::max<i64>(oxa, std::min<i64>(Wo, floor_div(W - kw + pl, sw) + 1));
+  parallel_for(ceil_div(NC, chunk), T, [&](i64 t) {
+    float* vrow = tl_buf(TL_MISC).get(static_cast<std::size_t>(std::max<i64>(W, 1)));
+    for (i64 q = t * chunk; q < std::min<i64>(NC, (t + 1) * chunk); ++q) {
+      const float* in = x + q * H * W;
+      float* o = out + q * Ho * Wo;
+      for (i64 oy = 0; oy < Ho; ++oy) {
+        const i64 y0 = oy * sh - pt, ya = std::max<i64>(y0, 0), yb = std::min<i64>(y0 + kh, H);
+        const i64 ny = std::max<i64>(yb - ya, 0);
+        // Window rows inside the padded input (not beyond it, e.g. with ceil_mode).
+        const i64 ny_pad = std::max<i64>(std::min<i64>(y0 + kh, H + pb) - std::max<i64>(y0, -pt), 0);
+        const float* row = in + ya * W;
+        if (ny > 1) {
+          xk.copy_rows(row, W, vrow, W, 1, W);
+          for (i64 iy = ya + 1; iy < yb; ++iy) xk.reduce_acc(R_SUM, vrow, in + iy * W, W);
+          row = vrow;
         }
-        o[oy * Wo + ox] = cnt > 0 ? s / static_cast<float>(cnt) : 0.f;
+        float* orow = o + oy * Wo;
+        auto edge = [&](i64 ox) {  // a window over the row's ends: its valid columns and its count
+          const i64 x0 = ox * sw - pl, xa = std::max<i64>(x0, 0), xb = std::min<i64>(x0 + kw, W);
+          float s = 0.f;
+          if (ny > 0)
+            for (i64 ix = xa; ix < xb; ++ix) s += row[ix];
+          const i64 cnt = count_include_pad
+                              ? ny_pad * std::max<i64>(std::min<i64>(x0 + kw, W + pr) - std::max<i64>(x0, -pl), 0)
+                              : ny * std::max<i64>(xb - xa, 0);
+          orow[ox] = cnt > 0 ? s / static_cast<float>(cnt) : 0.f;
+        };
+        if (ny == 0) {
+          for (i64 ox = 0; ox < Wo; ++ox) edge(ox);
+          continue;
+        }
+        for (i64 ox = 0; ox < oxa; ++ox) edge(ox);
+        // Columns whose windows lie inside the row: no bounds, one count (kw of the row's ny or ny_pad) and its
+        // reciprocal (a division an output was half of this loop's time).
+        const float inv = 1.f / static_cast<float>((count_include_pad ? ny_pad : ny) * kw);
+        for (i64 ox = oxa; ox < oxb; ++ox) {
+          const float* r = row + ox * sw - pl;
+          float s = r[0];
+          for (i64 k = 1; k < kw; ++k) s += r[k];
+          orow[ox] = s * inv;
+        }
+        for (i64 ox = oxb; ox < Wo; ++ox) edge(ox);
       }
+    }
   });
 }
 

@@ -859,10 +859,56 @@ void x_max_rows(const float* x, i64 ld, i64 rows, float* out, i64 n) {
   }
 }
 
+// The 2 W values of a row from p on (the first n of them; -inf past them, nothing past them read) split in registers
+// into their even and odd columns: the taps of W stride-2 outputs.
+template <class S>
+HETERO_INLINE void pool_unzip(const float* p, i64 n, V& even, V& odd) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const auto part = [&](const float* q, i64 k) {
+    return k >= W ? S::load(q) : (k <= 0 ? S::set1(ninf) : S::load_part(q, static_cast<int>(k), ninf));
+  };
+  const V a = part(p, n), b = part(p + W, n - W);
+  S::unzip_v(a, b, even, odd);
+}
+
+// max_pool_s2_row without a left pad, in registers (AVX-512): per block of W outputs, each input row's 2 W (+ 2)
+// values split into even and odd columns and maxed straight into the output, masked at the row's end. The passes
+// through v and the phase buffers left rows of 155 or 77 inputs (vietcombank_captcha's 2 x 2 / 2 pools after its
+// first convs) mostly in scalar tails: 9 + 11 scalar max_rows, then 4 + 13.
+template <class S>
+void max_pool_s2_row_regs(const float* x, i64 ld, i64 nrows, i64 w, i64 kw, float* out, i64 wo) {
+  for (i64 j = 0; j < wo; j += W) {
+    V m = S::zero();
+    for (i64 r = 0; r < nrows; ++r) {
+      const float* row = x + r * ld + 2 * j;
+      V even, odd;
+      pool_unzip<S>(row, w - 2 * j, even, odd);
+      m = r == 0 ? even : v_max(m, even);
+      if (kw >= 2) m = v_max(m, odd);
+      if (kw == 3) {  // tap 2 of output j is the even column of the pair after its own
+        pool_unzip<S>(row + 2, w - 2 * j - 2, even, odd);
+        m = v_max(m, even);
+      }
+    }
+    if (wo - j >= W) {
+      S::store(out + j, m);
+    } else {
+      S::store_part(out + j, static_cast<int>(wo - j), m);
+    }
+  }
+}
+
 // The horizontal pass goes through x_deinterleave (plain copies, which GCC turns into lane permutes) and x_max_rows:
 // written as one loop of stride-2 reads with the NaN-propagating max, GCC made it gathers (3x slower than before).
+template <class S = SIMD>
 void x_max_pool_s2_row(const float* x, i64 ld, i64 nrows, i64 w, i64 pl, i64 kw, float* v, float* out, i64 wo,
                        float* scratch) {  // kw <= 3
+  if constexpr (has_unzip_regs<S>::value) {
+    if (pl == 0 && nrows > 0) {
+      max_pool_s2_row_regs<S>(x, ld, nrows, w, kw, out, wo);
+      return;
+    }
+  }
   x_max_rows(x, ld, nrows, v + pl, w);
   float* even = scratch;
   float* odd = scratch + wo + 1;
@@ -1712,7 +1758,7 @@ const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_minmax_row, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_deinterleave_rows<SIMD>,
     x_dw_nchwc,     x_cmp_f32,
-    x_max_rows,     x_max_pool_s2_row, x_bias_clamp_row, x_bias_act_row,
+    x_max_rows,     x_max_pool_s2_row<SIMD>, x_bias_clamp_row, x_bias_act_row,
     x_im2col_block, x_dot_nt,      x_conv_tile,  x_conv_tile_ep, x_conv_cblk, x_wino_in,    x_wino_out,
     x_wino_store,   x_dequant_panel_s8, x_gemm_narrow, x_wino1d_in, x_wino1d_out, x_wino1d5_in, x_wino1d5_out,
     x_scores_softmax_rows,

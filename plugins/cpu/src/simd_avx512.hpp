@@ -77,6 +77,11 @@ struct SIMD {
     even = _mm512_permutex2var_ps(a, unzip_index(0), b);
     odd = _mm512_permutex2var_ps(a, unzip_index(1), b);
   }
+  // a, b (2W consecutive values) split into their even and odd ones
+  static void unzip_v(V a, V b, V& even, V& odd) {
+    even = _mm512_permutex2var_ps(a, unzip_index(0), b);
+    odd = _mm512_permutex2var_ps(a, unzip_index(1), b);
+  }
   // [prev[W - 1], v[0], ..., v[W - 2]]: v shifted up one lane, prev's last lane in front
   static V shift_in(V v, V prev) {
     return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v), _mm512_castps_si512(prev), 15));

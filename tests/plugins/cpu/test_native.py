@@ -1500,6 +1500,90 @@ def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1)
     return "pointwise" if k <= 48 or positions <= 128 or no_amx_tiles else "gemm"
 
 
+# (N, C, H, W, Cout, pads): 3x3 stride-1 convs of K < 64 onto whole blocks of 32 channels (conv.cpp
+# shallow_stem_cblk_wins: conv_cblk's tiles, not conv_direct's): vietcombank_captcha's 3 -> 32 on 50 x 155, a 1-channel
+# one, 64 outputs (two blocks) with a ragged row, one output row and a row of one position past the tiles.
+SHALLOW_STEM_CASES = [
+    (1, 3, 50, 155, 32, (1, 1, 1, 1)),
+    (2, 1, 17, 40, 32, (1, 1, 1, 1)),
+    (1, 3, 9, 37, 64, (0, 1, 0, 1)),
+    (1, 5, 3, 19, 32, (0, 0, 0, 0)),
+    (1, 2, 6, 3, 32, (1, 1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", SHALLOW_STEM_CASES, ids=[str(i) for i in range(len(SHALLOW_STEM_CASES))])
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+def test_conv2d_shallow_stem_cblk(isa, threads, case, activation):
+    n, c, h, wd, cout, pads = case
+    x = randn(n, c, h, wd, seed=73)
+    w = randn(cout, c, 3, 3, seed=74) * 0.3
+    bias = randn(cout, seed=75)
+    algo = _native.prepack_conv(w).algorithm(list(x.shape), (1, 1), pads)
+    if isa == "avx512":
+        assert algo == "cblk"
+        # stride 2 stays with conv_direct (K = 27 measured slower there)
+        assert _native.prepack_conv(w).algorithm(list(x.shape), (2, 2), pads) != "cblk"
+    ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(1, 1), pads=pads, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+# (N, C, H, W, Cout, strides, pads): 3x3 convs on inputs over conv_cblk's 128 K floats (its band path: each band's
+# input rows padded by its task): odd sizes with bottom / right padding read, asymmetric pads, a one-vector last
+# block (48 channels), the one-vector tiles (16 channels), strides 1 x 2, two images
+CBLK_BAND_CASES = [
+    (1, 16, 97, 101, 32, (2, 2), (1, 1, 1, 1)),
+    (1, 16, 96, 100, 48, (2, 2), (1, 0, 2, 1)),
+    (1, 3, 250, 253, 16, (2, 2), (1, 1, 1, 1)),
+    (1, 16, 90, 95, 32, (1, 2), (1, 1, 1, 1)),
+    (2, 64, 50, 51, 64, (2, 2), (0, 1, 1, 0)),
+]
+
+
+@pytest.mark.parametrize("case", CBLK_BAND_CASES, ids=[str(i) for i in range(len(CBLK_BAND_CASES))])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_conv2d_cblk_bands(isa, threads, case, activation):
+    n, c, h, wd, cout, strides, pads = case
+    x = randn(n, c, h, wd, seed=76)
+    w = randn(cout, c, 3, 3, seed=77) * 0.2
+    bias = randn(cout, seed=78)
+    if isa == "avx512":
+        assert _native.prepack_conv(w).algorithm(list(x.shape), strides, pads) == "cblk"
+    ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+# (N, C, H, W, Cout, pads): stride-2 3x3 convs with 64 <= K < 256 on rows of whole vectors (Wo = 64, 80), whose whole
+# blocks of 32 channels run as two one-vector halves (cblk_halves_fit): an input over conv_cblk's 128 K floats (its
+# bands), a small one (one padded copy), odd H with asymmetric pads, 48 channels (a half block after), two images
+CBLK_HALVES_CASES = [
+    (1, 16, 160, 160, 32, (1, 1, 1, 1)),
+    (1, 8, 33, 128, 32, (1, 1, 1, 1)),
+    (1, 16, 41, 129, 48, (0, 1, 2, 0)),
+    (2, 24, 20, 160, 64, (1, 1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", CBLK_HALVES_CASES, ids=[str(i) for i in range(len(CBLK_HALVES_CASES))])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_conv2d_cblk_halves(isa, threads, case, activation):
+    n, c, h, wd, cout, pads = case
+    x = randn(n, c, h, wd, seed=79)
+    w = randn(cout, c, 3, 3, seed=80) * 0.2
+    bias = randn(cout, seed=81)
+    if isa == "avx512":
+        assert _native.prepack_conv(w).algorithm(list(x.shape), (2, 2), pads) == "cblk"
+    ref = ACTS[activation](_conv_ref(x, w, bias, (2, 2), pads, (1, 1), 1))
+    assert ref.shape[3] % 16 == 0
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d(x, w, bias, out, strides=(2, 2), pads=pads, activation=activation)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
 # weight panels (each thread all positions): flattened tiles on a 10 x 10 map, stride 2 onto 10 x 10, row tiles at
 # stride (3, 1), a 1x1 conv through the GEMM with a ragged 8-row last panel and one with a 4-row tail (small-M kernel)
@@ -1922,6 +2006,58 @@ def test_max_pool_propagates_nan(case):
     out = np.empty((2, 3, ho, wo), np.float32)
     _native.max_pool2d(x, out, kernel, strides, pads, dil)
     np.testing.assert_allclose(out, _pool_ref(x, kernel, strides, pads, dil, "max", out_hw=(ho, wo)), rtol=1e-6)
+
+
+S2_ROW_CASES = [  # (kernel, strides, pads, (h, w), (ho, wo)): stride-2 pools on rows of 64+ inputs, no left pad
+    ((2, 2), (2, 2), (0, 0, 0, 0), (50, 155), (25, 77)),  # vietcombank_captcha: odd H, W; a last row, column unread
+    ((2, 2), (2, 2), (0, 0, 0, 0), (25, 77), (12, 38)),
+    ((3, 3), (2, 2), (0, 0, 1, 1), (9, 67), (5, 34)),  # the last window past the right edge (-inf there)
+    ((3, 3), (2, 2), (0, 0, 0, 0), (7, 98), (3, 48)),  # 3 taps: the even column of the next pair
+    ((1, 2), (1, 2), (0, 0, 0, 0), (3, 99), (3, 49)),
+    ((2, 1), (2, 2), (0, 0, 0, 0), (4, 64), (2, 32)),  # one tap a row: whole vectors only
+]
+
+
+@pytest.mark.parametrize("case", S2_ROW_CASES, ids=[str(i) for i in range(len(S2_ROW_CASES))])
+def test_max_pool_s2_rows_in_registers(isa, threads, case):
+    """max_pool_s2_row's register path (AVX-512: each row's pairs split in registers, masked at the row's end; the
+    other ISAs take the buffered passes): against the float64 reference, a NaN in a window's last tap propagating and
+    one in an unread last column not, -inf inputs, 1-3 taps, a ragged last vector of outputs."""
+    kernel, strides, pads, (h, w), (ho, wo) = case
+    x = randn(2, 3, h, w, seed=97)
+    x[0, 0, 0, min(2 * (wo - 1) + kernel[1], w) - 1] = np.nan  # the last output's last tap (in the input)
+    x[1, 2, h - 1, 0] = np.nan
+    x[1, 1, 1, :9] = -np.inf
+    if w > 2 * (wo - 1) + kernel[1]:
+        x[0, 1, 0, w - 1] = np.nan  # past every window: must not reach the output
+    out = np.empty((2, 3, ho, wo), np.float32)
+    _native.max_pool2d(x, out, kernel, strides, pads, (1, 1))
+    ref = _pool_ref(x, kernel, strides, pads, (1, 1), "max", out_hw=(ho, wo))
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+    assert (np.isnan(out) == np.isnan(ref)).all() and np.isnan(out).any()
+
+
+AVG_CASES = [  # (kernel, strides, pads, (h, w), (ho, wo))
+    ((3, 2), (3, 2), (0, 0, 0, 0), (3, 80), (1, 40)),  # ppocr_v5_rec's neck pool
+    ((3, 2), (3, 2), (0, 0, 0, 0), (7, 81), (2, 40)),  # a row and a column past the last window
+    ((3, 3), (2, 2), (1, 1, 1, 1), (9, 21), (5, 11)),
+    ((2, 3), (1, 2), (0, 1, 1, 2), (5, 20), (5, 11)),  # right pad past a window (ceil-mode-like last column)
+    ((3, 5), (1, 1), (1, 2, 1, 2), (4, 3), (4, 3)),  # every window over an edge: no interior columns
+    ((1, 1), (1, 1), (0, 0, 0, 0), (1, 17), (1, 17)),
+]
+
+
+@pytest.mark.parametrize("case", AVG_CASES, ids=[str(i) for i in range(len(AVG_CASES))])
+def test_avg_pool_column_sums(threads, case):
+    """avg_pool2d's column sums of the valid rows, then the interior windows' sums times one reciprocal and the edge
+    windows' own counts: against the float64 reference with and without count_include_pad."""
+    kernel, strides, pads, (h, w), (ho, wo) = case
+    x = randn(2, 5, h, w, seed=94)
+    out = np.empty((2, 5, ho, wo), np.float32)
+    for cip in (False, True):
+        _native.avg_pool2d(x, out, kernel, strides, pads, cip)
+        ref = _pool_ref(x, kernel, strides, pads, (1, 1), "avg", cip, out_hw=(ho, wo))
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_pool_ceil_mode_and_errors():
