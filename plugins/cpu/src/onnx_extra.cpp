@@ -218,6 +218,46 @@ void reduce_core(const ExtraKernels& xk, int op, const float* x, const std::vect
   });
 }
 
+// x's dims as a reduction over `axes` sees them (checked against out's size): neighbouring dims of one kind merged,
+// size-1 dims dropped; rf[d] = 1 where dim d is reduced. Shared by the float and the integer reductions.
+struct ReduceDims {
+  std::vector<i64> shape;
+  std::vector<char> rf;
+  i64 kept = 1, rsize = 1;  // elements kept (out's size) / reduced into each
+};
+
+ReduceDims reduce_dims(const py::array& x, const std::vector<i64>& axes, const py::array& out, const char* fn) {
+  const int nd = static_cast<int>(x.ndim());
+  std::vector<char> red(static_cast<std::size_t>(std::max(nd, 1)), 0);
+  for (i64 a : axes) {
+    if (a < -nd || a >= nd)
+      fail(std::string(fn) + ": axis " + std::to_string(a) + " out of range for rank " + std::to_string(nd));
+    red[static_cast<std::size_t>(a < 0 ? a + nd : a)] = 1;
+  }
+  ReduceDims dims;
+  for (int d = 0; d < nd; ++d) (red[static_cast<std::size_t>(d)] ? dims.rsize : dims.kept) *= x.shape(d);
+  if (out.size() != dims.kept)
+    fail(std::string(fn) + ": out has " + std::to_string(out.size()) + " elements, expected " +
+         std::to_string(dims.kept));
+  if (dims.rsize == 0) fail(std::string(fn) + ": empty reduction");
+  for (int d = 0; d < nd; ++d) {
+    const i64 n = x.shape(d);
+    if (n == 1) continue;
+    const char r = red[static_cast<std::size_t>(d)];
+    if (!dims.shape.empty() && dims.rf.back() == r) {
+      dims.shape.back() *= n;
+    } else {
+      dims.shape.push_back(n);
+      dims.rf.push_back(r);
+    }
+  }
+  if (dims.shape.empty()) {
+    dims.shape.push_back(1);
+    dims.rf.push_back(1);
+  }
+  return dims;
+}
+
 Op prep_reduce(const std::string& opname, const py::array& x, const std::vector<i64>& axes, const py::array& out) {
   const char* fn = "reduce";
   need_f32(x, fn, "x");
@@ -225,35 +265,10 @@ Op prep_reduce(const std::string& opname, const py::array& x, const std::vector<
   need_f32(out, fn, "out");
   need_out(out, fn);
   const int op = reduce_id(opname);
-  const int nd = static_cast<int>(x.ndim());
-  std::vector<char> red(static_cast<std::size_t>(std::max(nd, 1)), 0);
-  for (i64 a : axes) {
-    if (a < -nd || a >= nd) fail("reduce: axis " + std::to_string(a) + " out of range for rank " + std::to_string(nd));
-    red[static_cast<std::size_t>(a < 0 ? a + nd : a)] = 1;
-  }
-  i64 kept = 1, rsize = 1;
-  for (int d = 0; d < nd; ++d) (red[static_cast<std::size_t>(d)] ? rsize : kept) *= x.shape(d);
-  if (out.size() != kept)
-    fail("reduce: out has " + std::to_string(out.size()) + " elements, expected " + std::to_string(kept));
-  if (rsize == 0) fail("reduce: empty reduction");
-  // Merge neighbouring dims of the same kind; drop size-1 dims.
-  std::vector<i64> shape;
-  std::vector<char> rf;
-  for (int d = 0; d < nd; ++d) {
-    const i64 n = x.shape(d);
-    if (n == 1) continue;
-    const char r = red[static_cast<std::size_t>(d)];
-    if (!shape.empty() && rf.back() == r) {
-      shape.back() *= n;
-    } else {
-      shape.push_back(n);
-      rf.push_back(r);
-    }
-  }
-  if (shape.empty()) {
-    shape.push_back(1);
-    rf.push_back(1);
-  }
+  ReduceDims dims = reduce_dims(x, axes, out, fn);
+  std::vector<i64> shape = std::move(dims.shape);
+  std::vector<char> rf = std::move(dims.rf);
+  const i64 kept = dims.kept, rsize = dims.rsize;
   const float* px = cptr<float>(x);
   float* po = mptr<float>(out);
   const ExtraKernels& xk = extra_active();
@@ -1077,35 +1092,11 @@ Op prep_int_reduce(const std::string& opname, const py::array& x, const std::vec
   if (opname != "max" && opname != "min" && opname != "sum" && opname != "prod")
     fail("int_reduce: op must be max, min, sum or prod");
   const int op = reduce_id(opname);
-  const int nd = static_cast<int>(x.ndim());
-  std::vector<char> red(static_cast<std::size_t>(std::max(nd, 1)), 0);
-  for (i64 a : axes) {
-    if (a < -nd || a >= nd) fail("int_reduce: axis " + std::to_string(a) + " out of range for rank " + std::to_string(nd));
-    red[static_cast<std::size_t>(a < 0 ? a + nd : a)] = 1;
-  }
-  i64 kept = 1, rsize = 1;
-  for (int d = 0; d < nd; ++d) (red[static_cast<std::size_t>(d)] ? rsize : kept) *= x.shape(d);
-  if (out.size() != kept)
-    fail("int_reduce: out has " + std::to_string(out.size()) + " elements, expected " + std::to_string(kept));
-  if (rsize == 0 || x.size() == 0) fail("int_reduce: empty reduction");
-  // neighbouring dims of one kind merged, size-1 dims dropped
-  std::vector<i64> shape;
-  std::vector<char> rf;
-  for (int d = 0; d < nd; ++d) {
-    const i64 n = x.shape(d);
-    if (n == 1) continue;
-    const char r = red[static_cast<std::size_t>(d)];
-    if (!shape.empty() && rf.back() == r) {
-      shape.back() *= n;
-    } else {
-      shape.push_back(n);
-      rf.push_back(r);
-    }
-  }
-  if (shape.empty()) {
-    shape.push_back(1);
-    rf.push_back(1);
-  }
+  if (x.size() == 0) fail(std::string(fn) + ": empty reduction");
+  ReduceDims dims = reduce_dims(x, axes, out, fn);
+  std::vector<i64> shape = std::move(dims.shape);
+  std::vector<char> rf = std::move(dims.rf);
+  const i64 kept = dims.kept;
   const std::size_t m = shape.size();
   std::vector<i64> xst(m), yst(m);
   i64 xs = 1, ys = 1;
