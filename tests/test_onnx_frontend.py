@@ -39,6 +39,22 @@ def test_missing_file_names_it(tmp_path):
         hetero.load(tmp_path / "nope.onnx")
 
 
+@pytest.mark.parametrize("group", [helper.make_attribute("group", "1"),
+                                   helper.make_attribute("group", helper.make_graph([], "g", [], [])),
+                                   helper.make_attribute("group", [1, 1])])
+def test_an_attribute_of_another_type_than_onnx_declares_is_refused(group):
+    """A Conv whose ``group`` is a string, a graph or a list (a fuzzed file: the byte of its type flipped) is refused
+    by name at load, not left to crash a graph pass that reads it as an int."""
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="conv0")
+    conv.attribute.append(group)
+    model = make_model([conv], [("x", TensorProto.FLOAT, [1, 2, 5, 5])], [("y", TensorProto.FLOAT, None)],
+                       [("w", np.ones((3, 2, 3, 3), np.float32))])
+    kind = onnx.AttributeProto.AttributeType.Name(group.type)
+    with pytest.raises(ModelFormatError, match=rf"'conv0' \(Conv\): attribute 'group' is {kind}; ONNX's schema "
+                                               r"declares INT"):
+        hetero.Session(model, backends=["reference"])
+
+
 def test_garbage_file_is_a_format_error(tmp_path):
     path = tmp_path / "garbage.onnx"
     path.write_bytes(b"\xff\xfe this is not protobuf \x00\x01" * 10)

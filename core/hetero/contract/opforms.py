@@ -11,7 +11,9 @@
 * the dims a ``Shape`` node returns (``shape_range``);
 * a step of several sequences: per-row positions and slots, cut into one-sequence runs (``slot_runs``);
 * Resize's source coordinate of each output (``source_coords``, float64) and nearest index (``nearest_indices``);
-* DynamicQuantizeLSTM's 8-bit weights in the LSTM layout with their per-column scales (``dq_lstm_weights``).
+* DynamicQuantizeLSTM's 8-bit weights in the LSTM layout with their per-column scales (``dq_lstm_weights``);
+* ai.onnx.ml LabelEncoder's keys, values, default and output type (``label_table``) and its lookup dict, built once
+  per node (``label_lookup``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import dtypes
 from .errors import HeteroError
 from .tensor import static_shape
+
+if TYPE_CHECKING:
+    from .registry import OpContext
 
 # ONNX op -> (kernel op, alpha attribute, its default, beta attribute, its default)
 UNARY_FORMS: dict[str, tuple[str, str | None, float, str | None, float]] = {
@@ -380,3 +386,78 @@ HALF_UPCAST_OPS = frozenset({
     "LayerNormalization", "InstanceNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
     "ReduceMean", "ReduceSum", "ReduceMax", "HardSigmoid", "HardSwish", "Clip", "PRelu", "Resize",
 })
+
+
+def as_text(value: object) -> str:
+    """A string attribute's value as text (ONNX string attributes may arrive as bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# LabelEncoder: (keys attribute, values attribute, default attribute, numpy type of that side)
+_LABEL_SIDES = {
+    "strings": ("string", object),
+    "int64s": ("int64", np.int64),
+    "floats": ("float", np.float32),
+}
+_LABEL_DEFAULTS = {"strings": "_Unused", "int64s": -1, "floats": -0.0}
+
+
+def label_table(ctx: OpContext) -> tuple[list, list, object, np.dtype]:
+    """Keys, values, the default and the output type; from keys_tensor / values_tensor (ml opset 4), the typed list
+    attributes (2-3) or classes_strings (1)."""
+    keys = values = None
+    out_type: np.dtype = np.dtype(object)
+    default: object = None
+    for kind, (_, numpy_type) in _LABEL_SIDES.items():
+        if ctx.attr(f"keys_{kind}", None) is not None:
+            keys = [as_text(k) if kind == "strings" else k for k in ctx.attr(f"keys_{kind}")]
+        if ctx.attr(f"values_{kind}", None) is not None:
+            values = [as_text(v) if kind == "strings" else v for v in ctx.attr(f"values_{kind}")]
+            out_type = np.dtype(numpy_type)
+            default = ctx.attr(f"default_{kind[:-1]}", _LABEL_DEFAULTS[kind])
+    if ctx.attr("keys_tensor", None) is not None:
+        given_keys = np.asarray(ctx.attr("keys_tensor")).reshape(-1)
+        keys = [as_text(k) if isinstance(k, (bytes, str)) else k for k in given_keys]
+    if ctx.attr("values_tensor", None) is not None:
+        tensor = np.asarray(ctx.attr("values_tensor"))
+        values = [as_text(v) if isinstance(v, (bytes, str)) else v for v in tensor.reshape(-1)]
+        out_type = tensor.dtype
+        given = ctx.attr("default_tensor", None)
+        default = np.asarray(given).reshape(-1)[0] if given is not None else (
+            "_Unused" if out_type.kind == "O" else -1 if out_type.kind in "iu" else -0.0)
+    classes = ctx.attr("classes_strings", None)
+    if classes is not None and keys is None:  # ml opset 1: strings <-> their index in classes_strings
+        names = [as_text(c) for c in classes]
+        x = ctx.inputs[0] if ctx.inputs else None
+        if x is None:
+            raise ctx.fail("input 0 is required")
+        if x.dtype == dtypes.string:
+            keys, values, out_type = names, list(range(len(names))), np.dtype(np.int64)
+            default = ctx.attr("default_int64", -1)
+        else:
+            keys, values, out_type = list(range(len(names))), names, np.dtype(object)
+            default = ctx.attr("default_string", "_Unused")
+    if keys is None or values is None or len(keys) != len(values):
+        raise ctx.fail("keys and values must be given, of the same length")
+    if isinstance(default, bytes):
+        default = default.decode()
+    return keys, values, default, out_type
+
+
+# node -> (the node, its lookup dict, default, output type): built once per node, not at every run (id-keyed, the node
+# kept to tell a reused id; bounded)
+_LOOKUPS: dict[int, tuple[object, dict, object, np.dtype]] = {}
+
+
+def label_lookup(ctx: OpContext) -> tuple[dict, object, np.dtype]:
+    """LabelEncoder's lookup dict (keys -> values), default and output type, built once per node (the reference
+    and the cpu kernel's bound call read the same table)."""
+    hit = _LOOKUPS.get(id(ctx.node))
+    if hit is not None and hit[0] is ctx.node:
+        return hit[1], hit[2], hit[3]
+    keys, values, default, out_type = label_table(ctx)
+    if len(_LOOKUPS) >= 256:
+        _LOOKUPS.clear()
+    entry = (ctx.node, dict(zip(keys, values, strict=True)), default, out_type)
+    _LOOKUPS[id(ctx.node)] = entry  # a local reference: another thread's clear() cannot take it from under us
+    return entry[1], entry[2], entry[3]

@@ -143,12 +143,14 @@ class _Reader:
                                     f"{MAX_SUBGRAPH_DEPTH} levels of If / Loop / Scan bodies")
                 visible = scope()
             node.attrs[attr.name] = self.attribute(attr, node, visible or frozenset(), depth + 1)
-        self.check_signature(node)
+        self.check_signature(node, {attr.name: attr.type for attr in proto.attribute})
         return node
 
-    def check_signature(self, node: Node) -> None:
-        """The node's required inputs and attributes are there, as ONNX's schema of the op at the model's opset
-        says (kernels and shape inference may take them for granted). Ops ONNX has no schema for are left alone."""
+    def check_signature(self, node: Node, attr_types: dict[str, int]) -> None:
+        """The node's required inputs and attributes are there, and its attributes of the types, as ONNX's schema of
+        the op at the model's opset says (kernels, shape inference and graph passes may take them for granted: a
+        Conv's ``group`` that is a graph or a string would otherwise fail deep inside a pass). Ops ONNX has no
+        schema for are left alone. ``attr_types``: each attribute's ``AttributeProto`` type, as stored."""
         opset = self.opsets.get(node.domain, 1)
         key = (node.domain, node.op_type, opset)
         if key not in self._onnx_schemas:
@@ -171,6 +173,10 @@ class _Reader:
         for name, attr in schema.attributes.items():
             if attr.required and name not in node.attrs:
                 raise self.fail(f"node {node.name!r} ({node.op_type}) lacks its required attribute {name!r}")
+            stored = attr_types.get(name)
+            if stored is not None and int(attr.type) != 0 and stored != int(attr.type):  # 0: UNDEFINED (any type)
+                raise self.fail(f"node {node.name!r} ({node.op_type}): attribute {name!r} is {_attr_type(stored)}; "
+                                f"ONNX's schema declares {_attr_type(int(attr.type))}")
 
     def attribute(self, attr: Any, node: Node, scope: frozenset[str], depth: int) -> Any:
         from onnx import AttributeProto as A
@@ -286,3 +292,13 @@ def _keep_dim_names(graph: Graph, vi: Any) -> None:
     tt = vi.type.tensor_type
     if tt.HasField("shape") and any(d.dim_param for d in tt.shape.dim):
         graph.dim_names[vi.name] = tuple(d.dim_param or None for d in tt.shape.dim)
+
+
+def _attr_type(kind: int) -> str:
+    """An ``AttributeProto`` type's name (INT, GRAPH, ...), or its number where it names none."""
+    from onnx import AttributeProto
+
+    try:
+        return AttributeProto.AttributeType.Name(kind)
+    except ValueError:
+        return f"type {kind}"

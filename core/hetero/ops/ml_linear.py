@@ -11,16 +11,13 @@ import numpy as np
 
 from ..contract import dtypes
 from ..contract.graph import ML_DOMAIN
+from ..contract.opforms import as_text, label_lookup, label_table
 from ..contract.registry import OpContext, op
 from ..contract.tensor import TensorInfo
 from ..contract.trees import post_transform
 from .shapes import input_info, unknown
 
 _NUMERIC = (dtypes.float32, dtypes.float64, dtypes.int64, dtypes.int32)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _floats(ctx: OpContext, name: str, default: list[float] | None = None) -> np.ndarray:
@@ -63,7 +60,7 @@ def normalizer(ctx: OpContext) -> list[np.ndarray]:
     """Each row divided by its MAX (the largest value, not the largest magnitude), L1 or L2 norm, in float32."""
     x = ctx.array(0)
     rows = _rows_cols(x).astype(np.float32)
-    norm = _text(ctx.attr("norm", "MAX"))
+    norm = as_text(ctx.attr("norm", "MAX"))
     if norm == "MAX":
         d = rows.max(axis=1, keepdims=True)
     elif norm == "L1":
@@ -179,8 +176,8 @@ def one_hot_encoder(ctx: OpContext) -> list[np.ndarray]:
         cats = {int(c): i for i, c in enumerate(ints)}
         keys = [int(v) for v in x.reshape(-1)]
     else:
-        cats = {_text(c): i for i, c in enumerate(ctx.attr("cats_strings"))}
-        keys = [_text(v) for v in x.reshape(-1)]
+        cats = {as_text(c): i for i, c in enumerate(ctx.attr("cats_strings"))}
+        keys = [as_text(v) for v in x.reshape(-1)]
     y = np.zeros((len(keys), len(cats)), dtype=np.float32)
     for row, key in enumerate(keys):
         col = cats.get(key)
@@ -191,73 +188,10 @@ def one_hot_encoder(ctx: OpContext) -> list[np.ndarray]:
     return [y.reshape(*x.shape, len(cats))]
 
 
-# LabelEncoder: (keys attribute, values attribute, default attribute, numpy type of that side)
-_LABEL_SIDES = {
-    "strings": ("string", object),
-    "int64s": ("int64", np.int64),
-    "floats": ("float", np.float32),
-}
-_LABEL_DEFAULTS = {"strings": "_Unused", "int64s": -1, "floats": -0.0}
-
-
-def _label_table(ctx: OpContext) -> tuple[list, list, object, np.dtype]:
-    """Keys, values, the default and the output type; from keys_tensor / values_tensor (ml opset 4), the typed list
-    attributes (2-3) or classes_strings (1)."""
-    keys = values = None
-    out_type: np.dtype = np.dtype(object)
-    default: object = None
-    for kind, (_, numpy_type) in _LABEL_SIDES.items():
-        if ctx.attr(f"keys_{kind}", None) is not None:
-            keys = [_text(k) if kind == "strings" else k for k in ctx.attr(f"keys_{kind}")]
-        if ctx.attr(f"values_{kind}", None) is not None:
-            values = [_text(v) if kind == "strings" else v for v in ctx.attr(f"values_{kind}")]
-            out_type = np.dtype(numpy_type)
-            default = ctx.attr(f"default_{kind[:-1]}", _LABEL_DEFAULTS[kind])
-    if ctx.attr("keys_tensor", None) is not None:
-        keys = [_text(k) if isinstance(k, (bytes, str)) else k for k in np.asarray(ctx.attr("keys_tensor")).reshape(-1)]
-    if ctx.attr("values_tensor", None) is not None:
-        tensor = np.asarray(ctx.attr("values_tensor"))
-        values = [_text(v) if isinstance(v, (bytes, str)) else v for v in tensor.reshape(-1)]
-        out_type = tensor.dtype
-        given = ctx.attr("default_tensor", None)
-        default = np.asarray(given).reshape(-1)[0] if given is not None else (
-            "_Unused" if out_type.kind == "O" else -1 if out_type.kind in "iu" else -0.0)
-    classes = ctx.attr("classes_strings", None)
-    if classes is not None and keys is None:  # ml opset 1: strings <-> their index in classes_strings
-        names = [_text(c) for c in classes]
-        if input_info(ctx, 0).dtype == dtypes.string:
-            keys, values, out_type = names, list(range(len(names))), np.dtype(np.int64)
-            default = ctx.attr("default_int64", -1)
-        else:
-            keys, values, out_type = list(range(len(names))), names, np.dtype(object)
-            default = ctx.attr("default_string", "_Unused")
-    if keys is None or values is None or len(keys) != len(values):
-        raise ctx.fail("keys and values must be given, of the same length")
-    if isinstance(default, bytes):
-        default = default.decode()
-    return keys, values, default, out_type
-
-
 def _label_infer(ctx: OpContext) -> list[TensorInfo]:
-    _, _, _, out_type = _label_table(ctx)
+    _, _, _, out_type = label_table(ctx)
     dtype = dtypes.string if out_type.kind == "O" else dtypes.from_numpy(out_type)
     return [TensorInfo(dtype, input_info(ctx, 0).shape)]
-
-
-# node -> (the node, its lookup dict, default, output type): built once per node, not at every run (id-keyed, the node
-# kept to tell a reused id; bounded)
-_LOOKUPS: dict[int, tuple[object, dict, object, np.dtype]] = {}
-
-
-def label_lookup(ctx: OpContext) -> tuple[dict, object, np.dtype]:
-    hit = _LOOKUPS.get(id(ctx.node))
-    if hit is not None and hit[0] is ctx.node:
-        return hit[1], hit[2], hit[3]
-    keys, values, default, out_type = _label_table(ctx)
-    if len(_LOOKUPS) >= 256:
-        _LOOKUPS.clear()
-    _LOOKUPS[id(ctx.node)] = (ctx.node, dict(zip(keys, values, strict=True)), default, out_type)
-    return _LOOKUPS[id(ctx.node)][1:]
 
 
 @op("LabelEncoder", domain=ML_DOMAIN, infer=_label_infer)
@@ -267,7 +201,7 @@ def label_encoder(ctx: OpContext) -> list[np.ndarray]:
     x = ctx.array(0)
     get = table.get
     if x.dtype == object or x.dtype.kind in "SU":
-        flat = [get(v if type(v) is str else _text(v), default) for v in x.reshape(-1).tolist()]
+        flat = [get(v if type(v) is str else as_text(v), default) for v in x.reshape(-1).tolist()]
     else:
         flat = [get(v, default) for v in x.reshape(-1).tolist()]
     return [np.array(flat, dtype=out_type).reshape(x.shape)]
@@ -298,7 +232,7 @@ def linear_regressor(ctx: OpContext) -> list[np.ndarray]:
     PROBIT), in float32; one target takes PROBIT only (onnxruntime ignores the others there, as for trees)."""
     targets = int(ctx.attr("targets", 1))
     scores = _linear(ctx, targets)
-    transform = _text(ctx.attr("post_transform", "NONE"))
+    transform = as_text(ctx.attr("post_transform", "NONE"))
     if targets == 1 and transform != "PROBIT":
         return [scores]
     return [post_transform(scores, transform).astype(np.float32)]
@@ -311,7 +245,7 @@ def _classes(ctx: OpContext) -> np.ndarray:
     names = ctx.attr("classlabels_strings", None)
     if names is None:
         raise ctx.fail("one of classlabels_ints and classlabels_strings must be given")
-    return np.array([_text(s) for s in names], dtype=object)
+    return np.array([as_text(s) for s in names], dtype=object)
 
 
 def _classifier_infer(ctx: OpContext) -> list[TensorInfo]:
@@ -338,7 +272,7 @@ def linear_classifier(ctx: OpContext) -> list[np.ndarray]:
     classes = _classes(ctx)
     n_rows = _floats(ctx, "coefficients").size // max(x.shape[1], 1)
     scores = _linear(ctx, n_rows)
-    transform = _text(ctx.attr("post_transform", "NONE"))
+    transform = as_text(ctx.attr("post_transform", "NONE"))
     if n_rows == 1:
         s = post_transform(scores, transform) if transform in ("LOGISTIC", "PROBIT") else scores
         cut = 0.5 if transform == "LOGISTIC" else 0.0
@@ -388,7 +322,7 @@ def svm_regressor(ctx: OpContext) -> list[np.ndarray]:
             raise ctx.fail(f"{n_sv} support vectors of {sv.shape[1]} features, {coef.size} coefficients, "
                            f"X has {x.shape[1]} features")
         params = [float(p) for p in ctx.attr("kernel_params", [0.0, 0.0, 0.0])] + [0.0, 0.0, 0.0]
-        kind = _text(ctx.attr("kernel_type", "LINEAR"))
+        kind = as_text(ctx.attr("kernel_type", "LINEAR"))
         score = _kernel(kind, x, sv, params[0], params[1], int(params[2])) @ coef + rho
     else:
         if coef.size != x.shape[1]:
@@ -397,6 +331,6 @@ def svm_regressor(ctx: OpContext) -> list[np.ndarray]:
     if int(ctx.attr("one_class", 0)):
         score = np.where(score > 0, 1.0, -1.0)
     out = score.astype(np.float32)[:, None]
-    if _text(ctx.attr("post_transform", "NONE")) == "PROBIT":
+    if as_text(ctx.attr("post_transform", "NONE")) == "PROBIT":
         out = post_transform(out, "PROBIT").astype(np.float32)
     return [out]

