@@ -10,11 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_loop_replay import COUNTER_DOMAIN  # its stateful CountCalls op (registered when imported)
 
 import hetero
 from conftest import backend_ok, make_model
-from hetero.ops import OpSchema, register
-from hetero.ops.shapes import same_as_input
 
 BACKENDS = ["reference"] + (["cpu"] if backend_ok("cpu")[0] else [])
 F32, I64 = np.float32, np.int64
@@ -149,18 +148,6 @@ def test_a_segment_replays_around_its_loop(backend):
     want = reference.run(feeds)
     for name in outs:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
-
-
-COUNTER_DOMAIN = "test.loop_series"
-
-
-def _count_calls(ctx) -> list[np.ndarray]:
-    state = ctx.state if ctx.state is not None else {}
-    state["calls"] = state.get("calls", 0) + 1
-    return [ctx.values[0] + np.float32(state["calls"])]
-
-
-register(OpSchema("CountCalls", same_as_input(0), _count_calls, domain=COUNTER_DOMAIN, stateful=True), replace=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

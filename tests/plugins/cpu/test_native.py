@@ -1516,18 +1516,25 @@ SHALLOW_STEM_CASES = [
 @pytest.mark.parametrize("activation", ["relu", "silu"])
 def test_conv2d_shallow_stem_cblk(isa, threads, case, activation):
     n, c, h, wd, cout, pads = case
-    x = randn(n, c, h, wd, seed=73)
-    w = randn(cout, c, 3, 3, seed=74) * 0.3
-    bias = randn(cout, seed=75)
-    algo = _native.prepack_conv(w).algorithm(list(x.shape), (1, 1), pads)
+    w, _ = _cblk_conv_against_float64(isa, (n, c, h, wd), cout, (1, 1), pads, activation, seed=73, w_scale=0.3)
+    if isa == "avx512":  # stride 2 stays with conv_direct (K = 27 measured slower there)
+        assert _native.prepack_conv(w).algorithm([n, c, h, wd], (2, 2), pads) != "cblk"
+
+
+def _cblk_conv_against_float64(isa: str, x_shape: tuple, cout: int, strides: tuple, pads: tuple, activation: str,
+                               seed: int, w_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """A 3x3 conv that conv_cblk takes on AVX-512 (asserted there), against float64 (x, w, bias from seed, seed + 1,
+    seed + 2); returns w and the reference."""
+    x = randn(*x_shape, seed=seed)
+    w = randn(cout, x_shape[1], 3, 3, seed=seed + 1) * w_scale
+    bias = randn(cout, seed=seed + 2)
     if isa == "avx512":
-        assert algo == "cblk"
-        # stride 2 stays with conv_direct (K = 27 measured slower there)
-        assert _native.prepack_conv(w).algorithm(list(x.shape), (2, 2), pads) != "cblk"
-    ref = ACTS[activation](_conv_ref(x, w, bias, (1, 1), pads, (1, 1), 1))
+        assert _native.prepack_conv(w).algorithm(list(x.shape), strides, pads) == "cblk"
+    ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
     out = np.full(ref.shape, np.nan, np.float32)
-    _native.conv2d(x, w, bias, out, strides=(1, 1), pads=pads, activation=activation)
+    _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation=activation)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    return w, ref
 
 
 # (N, C, H, W, Cout, strides, pads): 3x3 convs on inputs over conv_cblk's 128 K floats (its band path: each band's
@@ -1546,15 +1553,7 @@ CBLK_BAND_CASES = [
 @pytest.mark.parametrize("activation", ["none", "silu"])
 def test_conv2d_cblk_bands(isa, threads, case, activation):
     n, c, h, wd, cout, strides, pads = case
-    x = randn(n, c, h, wd, seed=76)
-    w = randn(cout, c, 3, 3, seed=77) * 0.2
-    bias = randn(cout, seed=78)
-    if isa == "avx512":
-        assert _native.prepack_conv(w).algorithm(list(x.shape), strides, pads) == "cblk"
-    ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, (1, 1), 1))
-    out = np.full(ref.shape, np.nan, np.float32)
-    _native.conv2d(x, w, bias, out, strides=strides, pads=pads, activation=activation)
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    _cblk_conv_against_float64(isa, (n, c, h, wd), cout, strides, pads, activation, seed=76, w_scale=0.2)
 
 
 # (N, C, H, W, Cout, pads): stride-2 3x3 convs with 64 <= K < 256 on rows of whole vectors (Wo = 64, 80), whose whole
@@ -1572,16 +1571,8 @@ CBLK_HALVES_CASES = [
 @pytest.mark.parametrize("activation", ["none", "silu"])
 def test_conv2d_cblk_halves(isa, threads, case, activation):
     n, c, h, wd, cout, pads = case
-    x = randn(n, c, h, wd, seed=79)
-    w = randn(cout, c, 3, 3, seed=80) * 0.2
-    bias = randn(cout, seed=81)
-    if isa == "avx512":
-        assert _native.prepack_conv(w).algorithm(list(x.shape), (2, 2), pads) == "cblk"
-    ref = ACTS[activation](_conv_ref(x, w, bias, (2, 2), pads, (1, 1), 1))
+    _, ref = _cblk_conv_against_float64(isa, (n, c, h, wd), cout, (2, 2), pads, activation, seed=79, w_scale=0.2)
     assert ref.shape[3] % 16 == 0
-    out = np.full(ref.shape, np.nan, np.float32)
-    _native.conv2d(x, w, bias, out, strides=(2, 2), pads=pads, activation=activation)
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
 # (C, H, W, Cout, kernel, strides, pads): weights outweighing the input, so that at 2+ threads the tasks split the
