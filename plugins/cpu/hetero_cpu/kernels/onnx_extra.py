@@ -625,12 +625,6 @@ class CpuNonZero(CpuNumpyKernel):
 
 def _nonzero_into(x: np.ndarray, out: np.ndarray) -> None:
     """NonZero of ``x`` into ``out`` [rank, count]; raises where the count is another than ``out``'s."""
-    if x.ndim == 1:
-        found = np.flatnonzero(x)
-        if found.size != out.shape[1]:
-            raise ValueError(f"NonZero found {found.size} where the replay was bound for {out.shape[1]}")
-        out[0] = found
-        return
     where = np.nonzero(x)
     if where[0].size != out.shape[1]:
         raise ValueError(f"NonZero found {where[0].size} where the replay was bound for {out.shape[1]}")
@@ -690,7 +684,7 @@ class CpuLabelEncoder(CpuNumpyKernel):
         table, default, out_type = label_lookup(ctx)
         if out.dtype != out_type:
             return None
-        if x.dtype == object or x.dtype.kind in "SU":  # the reference's _text: bytes keys read as utf-8 text
+        if x.dtype == object or x.dtype.kind in "SU":  # the reference's as_text: bytes keys read as utf-8 text
             table = {**{k.encode(): v for k, v in table.items() if isinstance(k, str)}, **table}
         if x.dtype == object and out.dtype in (np.int64, np.float32):
             # strings to numbers: the lookups natively, on a dict of Python ints / floats (what numpy's conversion of
