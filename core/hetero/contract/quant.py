@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -60,8 +61,31 @@ FLOAT_WTYPES = ("f32", "f16", "bf16")
 QUANT_WTYPES = ("q8", "q4")
 
 
+class _BlockLayout(Protocol):
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def block_bytes(self) -> int: ...
+
+
+class _RowsOfBlocks:
+    """Row sizes of a format stored as whole blocks (both format families below lay rows out alike)."""
+
+    def blocks(self: _BlockLayout, k: int) -> int:
+        return -(-k // self.block_size)
+
+    def row_bytes(self: _BlockLayout, k: int) -> int:
+        return -(-k // self.block_size) * self.block_bytes
+
+    @property
+    def bits_per_weight(self: _BlockLayout) -> float:
+        return 8 * self.block_bytes / self.block_size
+
+
+
 @dataclass(frozen=True)
-class QuantFormat:
+class QuantFormat(_RowsOfBlocks):
     """One block format: ``bits`` 8 or 4, ``block_size`` 32/64/128, symmetric or with a per-block minimum."""
 
     bits: int = 4
@@ -89,16 +113,6 @@ class QuantFormat:
     @property
     def name(self) -> str:
         return f"q{self.bits}_{'sym' if self.symmetric else 'asym'}_b{self.block_size}"
-
-    def blocks(self, k: int) -> int:
-        return -(-k // self.block_size)
-
-    def row_bytes(self, k: int) -> int:
-        return self.blocks(k) * self.block_bytes
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 8 * self.block_bytes / self.block_size
 
     def attrs(self) -> dict[str, object]:
         """The node attributes that describe this format (see ``hetero.ops.llm``)."""
@@ -266,7 +280,7 @@ def error_bound(fmt: QuantFormat, w: np.ndarray) -> float:
 
 # -- GGUF block formats ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class GgmlFormat:
+class GgmlFormat(_RowsOfBlocks):
     """A GGUF (ggml) block layout, kept as stored in the file (layouts in the module doc)."""
 
     wtype: str
@@ -278,16 +292,6 @@ class GgmlFormat:
     @property
     def name(self) -> str:
         return self.wtype
-
-    def blocks(self, k: int) -> int:
-        return -(-k // self.block_size)
-
-    def row_bytes(self, k: int) -> int:
-        return self.blocks(k) * self.block_bytes
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 8 * self.block_bytes / self.block_size
 
     def attrs(self) -> dict[str, object]:
         return {"wtype": self.wtype}
