@@ -7,6 +7,8 @@ of several shapes (one a reshape of a carried input), each session called throug
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -181,3 +183,35 @@ def test_run_step_copies_again_after_another_run(backend):
     np.testing.assert_allclose(session.run_step({"x": x, "w": w}, series)["y"], x @ w, rtol=1e-5)
     x2 = x[::-1].copy()  # a new array in the series: copied
     np.testing.assert_allclose(session.run_step({"x": x2, "w": w}, series)["y"], x2 @ w, rtol=1e-5)
+
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_run_step_series_beside_another_threads_run(backend, monkeypatch):
+    # another thread's plain run made while a series step runs must end the series' savings: it overwrites the input
+    # buffers after the step, so the next step copies w again (a check of what the buffers hold made outside the
+    # session's lock let that next step read the other thread's w)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                       [("x", TensorProto.FLOAT, [2, 3]), ("w", TensorProto.FLOAT, [3, 4])],
+                       [("y", TensorProto.FLOAT, None)])
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2, 3)).astype(F32)
+    w, other_w = rng.normal(size=(3, 4)).astype(F32), rng.normal(size=(3, 4)).astype(F32)
+    token = object()
+    for _ in range(2):  # a series under way: w held by the replay's input buffer
+        np.testing.assert_allclose(session.run_step({"x": x, "w": w}, token)["y"], x @ w, rtol=1e-5)
+    (program,) = session.programs
+    run_arrays = program.run_arrays
+    other = threading.Thread(target=session.run, args=({"x": x, "w": other_w},))
+
+    def run_arrays_beside_another_run(*args):
+        if other.ident is None:  # the series step: start the other thread's run and let it go as far as it can
+            other.start()
+            other.join(0.2)  # it waits for the session's lock, then runs after this step
+        return run_arrays(*args)
+
+    monkeypatch.setattr(program, "run_arrays", run_arrays_beside_another_run)
+    np.testing.assert_allclose(session.run_step({"x": x, "w": w}, token)["y"], x @ w, rtol=1e-5)
+    other.join()
+    np.testing.assert_allclose(session.run_step({"x": x, "w": w}, token)["y"], x @ w, rtol=1e-5)

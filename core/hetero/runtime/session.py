@@ -170,18 +170,19 @@ class Session:
         replay's input buffer still holds it, so it is neither checked nor copied again (SLANet's decoder step
         reads ~2.5 MB of carried weights and outer values that its body writes back unchanged: ~45 us of copies a
         step). Any other run in between, or another replay, ends the series' savings (every feed copied again)."""
-        fed, self._fed = self._fed, None
-        fast = self._fast
-        if fast is not None and type(feeds) is dict:
-            kept: Container[str] = ()
-            if fed is not None and fed[0] is token and fed[1] is fast.replay:
-                last = fed[2]
-                kept = {name for name, array in feeds.items() if last.get(name) is array}
-            arrays = self._run_fast(fast, feeds, fast.names, kept)
-            if arrays is not None:
-                self._fed = (token, fast.replay, dict(feeds))
-                return dict(zip(fast.names, arrays, strict=True))
-        return self.run(feeds)
+        with self._lock:  # what the input buffers hold (_fed) is read, relied on and set in one turn
+            fed, self._fed = self._fed, None
+            fast = self._fast
+            if fast is not None and type(feeds) is dict:
+                kept: Container[str] = ()
+                if fed is not None and fed[0] is token and fed[1] is fast.replay:
+                    last = fed[2]
+                    kept = {name for name, array in feeds.items() if last.get(name) is array}
+                arrays = self._run_fast(fast, feeds, fast.names, kept)
+                if arrays is not None:
+                    self._fed = (token, fast.replay, dict(feeds))
+                    return dict(zip(fast.names, arrays, strict=True))
+            return self.run(feeds)
 
     def _run_fast(self, fast: _FastRun, feeds: dict[str, Any], wanted: Any,
                   kept: Container[str] = ()) -> list[np.ndarray] | None:
@@ -189,7 +190,6 @@ class Session:
         ``wanted`` a list or tuple of output names and the replay still the program's current one; else None (the
         caller takes the checked path, which also names what is wrong). ``kept``: feeds that the replay's input
         buffers hold already (``run_step``), neither checked nor copied."""
-        self._fed = None  # a run without run_step's promise: its feeds in the input buffers now
         if len(feeds) != len(fast.feeds) or (wanted is not fast.names and not (
                 type(wanted) in (list, tuple) and all(name in fast.outputs for name in wanted)
                 and len(set(wanted)) == len(wanted))):
@@ -207,6 +207,7 @@ class Session:
         if fast.passed:  # outputs the program does not compute: constants, feeds passed through (a Loop body's)
             inner = [name for name in wanted if name not in fast.passed]
             with self._lock:
+                self._fed = None  # a run without run_step's promise (run_step sets it again): its feeds in the buffers
                 arrays = fast.program.run_arrays(fast.replay, feeds, inner, kept)
             if arrays is None:
                 return None
@@ -217,6 +218,7 @@ class Session:
                     found[name] = feeds[name] if constant is None else constant
             return [found[name] for name in wanted]
         with self._lock:
+            self._fed = None  # as above
             return fast.program.run_arrays(fast.replay, feeds, wanted, kept)
 
     def _fast_path(self, env: dict[str, Tensor]) -> _FastRun | None:
