@@ -718,6 +718,10 @@ def test_generate_and_bench_commands_with_spec(capsys):
         assert low <= float(cells[7].rstrip("x")) <= high
     assert main(["generate", str(FIXTURES / "qwen3"), "-p", "x", "-n", "2", "--spec", "medusa:/x"]) != 0
     assert "unknown drafter 'medusa:/x'" in capsys.readouterr().err
+    for bad in ("0", "16"):  # outside what one verify step scores: refused by name, not clamped in silence
+        assert main(["generate", str(FIXTURES / "qwen3"), "-p", "x", "-n", "2", "--spec", "lookahead",
+                     "--spec-draft", bad, "-b", "cpu"]) != 0
+        assert f"max_draft={bad} (--spec-draft); expected 1..15" in capsys.readouterr().err
 
 
 def test_step_log_accounts_for_every_step(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
+from ...contract.errors import HeteroError
 from ...runtime.blas_threads import one_blas_thread
 from .. import steplog
 from ..families.decoder import VERIFY_ROWS
@@ -43,6 +44,9 @@ class Speculation:
         self.drafter = drafter
         self.shadow = shadow
         limit = VERIFY_ROWS - 1
+        if max_draft is not None and not 1 <= max_draft <= limit:  # asked for: refused, not clamped in silence
+            raise HeteroError(f"max_draft={max_draft} (--spec-draft); expected 1..{limit}: one verify step scores "
+                              f"at most {VERIFY_ROWS} tokens")
         self.max_draft = max(1, min(int(max_draft if max_draft is not None else drafter.max_draft), limit))
         self.adaptive = adaptive
         self.policy = self._policy()
