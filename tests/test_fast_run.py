@@ -255,3 +255,81 @@ def test_outputs_passed_through_take_the_fast_path(backend, monkeypatch):
         if i == 0:
             assert session._fast is not None and set(session._fast.passed) == {"x", "w"}
     assert checked[0] <= 3  # plan, record; then the fast path answers every call
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_one_output_model_gets_a_dict_of_its_own_arrays(backend, monkeypatch):
+    # the fast path builds a one-output answer without zip: the name, the values, and no array shared across runs
+    model = make_model([helper.make_node("Neg", ["x"], ["y"])], [("x", TensorProto.FLOAT, [1, 3])],
+                       [("y", TensorProto.FLOAT, [1, 3])])
+    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    for _ in range(2):
+        session.run({"x": np.zeros((1, 3), np.float32)})
+    checked = _count_checked_runs(monkeypatch, session)
+    outs = []
+    for i in range(4):
+        x = np.full((1, 3), i, np.float32)
+        got = session.run({"x": x})
+        assert list(got) == ["y"]
+        np.testing.assert_array_equal(got["y"], -x)
+        (listed,) = session.run(None, {"x": x})
+        np.testing.assert_array_equal(listed, -x)
+        assert not np.shares_memory(listed, got["y"])
+        outs.append((i, got["y"]))
+    assert checked[0] == 0
+    for i, y in outs:  # kept their values: later runs wrote buffers of their own
+        np.testing.assert_array_equal(y, np.full((1, 3), -i, np.float32))
+
+
+def test_copy_calls_read_their_source_at_each_call_for_every_dtype():
+    from hetero.runtime.replay import _copy_call
+
+    rng = np.random.default_rng(5)
+    cases = [np.float32, np.float16, np.bool_, np.int8, np.int64, np.complex64, "U3", "M8[s]", object,
+             [("a", "i4"), ("b", "f8")]]
+    for dtype in cases:
+        for shape in [(), (1,), (2, 3), (0, 4)]:
+            src = np.zeros(shape, dtype)
+            dst = np.zeros(shape, dtype)
+            copy = _copy_call(dst, src)
+            for _ in range(2):  # the same call, new values in the same source buffer: copied again
+                flat = src.reshape(-1)
+                for i in range(flat.size):
+                    flat[i] = np.array(rng.integers(0, 100)).astype(dtype) if dtype is not object else str(i)
+                copy()
+                np.testing.assert_array_equal(dst, src)
+    wide = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dst = np.zeros((3, 2), np.float32)
+    copy = _copy_call(dst, wide[:, ::2])  # a strided source: np.copyto's, which reads through the strides
+    copy()
+    np.testing.assert_array_equal(dst, wide[:, ::2])
+    assert copy.func is np.copyto  # type: ignore[attr-defined]  # why: _copy_call returns a functools.partial
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_inlined_if_copies_the_values_its_body_reads_at_each_run(backend):
+    # an If on a fed integer (silero-vad's sample rate) whose taken branch reads a value computed from the feed: the
+    # replay copies that value into the branch's input buffer at each run (byte copies made once on cpu)
+    then = helper.make_graph([helper.make_node("Mul", ["r", "two"], ["m"])], "then", [],
+                             [helper.make_tensor_value_info("m", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["r"], ["g"])], "else", [],
+                              [helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Equal", ["sr", "rate"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["t"], then_branch=then, else_branch=other),
+             helper.make_node("Add", ["t", "x"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 4]), ("sr", TensorProto.INT64, [])],
+                       [("y", TensorProto.FLOAT, None)],
+                       [("rate", np.array(16000, np.int64)), ("two", np.array(2.0, np.float32))])
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    rng = np.random.default_rng(7)
+    kept = []
+    for rate in (16000,) * 5 + (8000,) * 4 + (16000,) * 3:
+        x = rng.normal(size=(2, 4)).astype(np.float32)
+        y = session.run({"x": x, "sr": np.array(rate, np.int64)})["y"]
+        kept.append((x, rate, y))
+    for x, rate, y in kept:
+        np.testing.assert_allclose(y, (np.maximum(x, 0) * 2 if rate == 16000 else -np.maximum(x, 0)) + x, rtol=1e-6)
+    replay = session.programs[0].replay
+    if backend == "cpu":
+        assert replay is not None and len(replay._bodies) == 1  # the branch inlined
+        assert not any(getattr(call, "func", None) is np.copyto for call in replay.program)
