@@ -333,3 +333,40 @@ def test_an_inlined_if_copies_the_values_its_body_reads_at_each_run(backend):
     if backend == "cpu":
         assert replay is not None and len(replay._bodies) == 1  # the branch inlined
         assert not any(getattr(call, "func", None) is np.copyto for call in replay.program)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_data_read_by_later_nodes_gets_each_runs_branch(backend):
+    # oww_hey_jarvis' pattern: the branch follows the data, its bodies read a value computed from the feed (copied
+    # into the branch replay's input buffer by calls made once), and here the If's result is read by a later node (a
+    # buffer of the replay's own that each run's taken branch is copied into)
+    def branch(name, node, out):
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [4])])
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["flag"]),
+             helper.make_node("If", ["flag"], ["t"],
+                              then_branch=branch("then", helper.make_node("Mul", ["r", "three"], ["m"]), "m"),
+                              else_branch=branch("else", helper.make_node("Neg", ["r"], ["g"]), "g")),
+             helper.make_node("Add", ["t", "x"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, [4])],
+                       [("zero", np.array(0.0, np.float32)), ("three", np.array(3.0, np.float32))])
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    rng = np.random.default_rng(8)
+    signs = [1, 1, 1, 1, -1, -1, -1, 1, -1, 1, 1, -1, -1, 1]
+    runs = []
+    for sign in signs:
+        x = (np.abs(rng.normal(size=4)) * sign).astype(np.float32)
+        x[0] = -x[0]  # Relu reads a negative entry too
+        runs.append((x, session.run({"x": x})["y"]))
+    for x, y in runs:
+        r = np.maximum(x, 0)
+        np.testing.assert_allclose(y, (r * 3 if x.sum() > 0 else -r) + x, rtol=1e-6)
+    if backend == "cpu":  # both branches issued by the calls made once, their results handed out as checked once
+        from hetero.runtime.replay import _run_control
+
+        replay = session.programs[0].replay
+        assert replay is not None
+        (control,) = [call.args[1] for call in replay.program if getattr(call, "func", None) is _run_control]
+        assert sorted(control.branches) == [False, True]
+        assert all(b.calls is not None and b.hand_out is not None for b in control.branches.values())
