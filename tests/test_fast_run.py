@@ -335,11 +335,8 @@ def test_an_inlined_if_copies_the_values_its_body_reads_at_each_run(backend):
         assert not any(getattr(call, "func", None) is np.copyto for call in replay.program)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_an_if_on_data_read_by_later_nodes_gets_each_runs_branch(backend):
-    # oww_hey_jarvis' pattern: the branch follows the data, its bodies read a value computed from the feed (copied
-    # into the branch replay's input buffer by calls made once), and here the If's result is read by a later node (a
-    # buffer of the replay's own that each run's taken branch is copied into)
+def _if_on_data_model():
+    """y = (3 relu(x) if sum(x) > 0 else -relu(x)) + x: the If's result read by a later node."""
     def branch(name, node, out):
         return helper.make_graph([node], name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [4])])
 
@@ -349,9 +346,21 @@ def test_an_if_on_data_read_by_later_nodes_gets_each_runs_branch(backend):
                               then_branch=branch("then", helper.make_node("Mul", ["r", "three"], ["m"]), "m"),
                               else_branch=branch("else", helper.make_node("Neg", ["r"], ["g"]), "g")),
              helper.make_node("Add", ["t", "x"], ["y"])]
-    model = make_model(nodes, [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, [4])],
-                       [("zero", np.array(0.0, np.float32)), ("three", np.array(3.0, np.float32))])
-    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    return make_model(nodes, [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, [4])],
+                      [("zero", np.array(0.0, np.float32)), ("three", np.array(3.0, np.float32))])
+
+
+def _if_on_data_want(x: np.ndarray) -> np.ndarray:
+    r = np.maximum(x, 0)
+    return (r * 3 if x.sum() > 0 else -r) + x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_data_read_by_later_nodes_gets_each_runs_branch(backend):
+    # oww_hey_jarvis' pattern: the branch follows the data, its bodies read a value computed from the feed (copied
+    # into the branch replay's input buffer by calls made once), and here the If's result is read by a later node (a
+    # buffer of the replay's own that each run's taken branch is copied into)
+    session = hetero.Session(_if_on_data_model(), backends=[backend], on_fallback="silent")
     rng = np.random.default_rng(8)
     signs = [1, 1, 1, 1, -1, -1, -1, 1, -1, 1, 1, -1, -1, 1]
     runs = []
@@ -360,8 +369,7 @@ def test_an_if_on_data_read_by_later_nodes_gets_each_runs_branch(backend):
         x[0] = -x[0]  # Relu reads a negative entry too
         runs.append((x, session.run({"x": x})["y"]))
     for x, y in runs:
-        r = np.maximum(x, 0)
-        np.testing.assert_allclose(y, (r * 3 if x.sum() > 0 else -r) + x, rtol=1e-6)
+        np.testing.assert_allclose(y, _if_on_data_want(x), rtol=1e-6)
     if backend == "cpu":  # both branches issued by the calls made once, their results handed out as checked once
         from hetero.runtime.replay import _run_control
 
@@ -370,3 +378,32 @@ def test_an_if_on_data_read_by_later_nodes_gets_each_runs_branch(backend):
         (control,) = [call.args[1] for call in replay.program if getattr(call, "func", None) is _run_control]
         assert sorted(control.branches) == [False, True]
         assert all(b.calls is not None and b.hand_out is not None for b in control.branches.values())
+
+
+def test_an_if_on_data_from_threads_gets_each_runs_branch():
+    # the branches' calls and hand-out tables are the session's: runs from two threads take turns on its lock
+    session = hetero.Session(_if_on_data_model(), backends=["cpu" if "cpu" in BACKENDS else "reference"],
+                             on_fallback="silent")
+    rng = np.random.default_rng(9)
+    feeds = [(rng.normal(size=4) + (1.0 if i % 2 else -1.0)).astype(np.float32) for i in range(6)]
+    for x in feeds:  # both branches recorded and fitted
+        session.run({"x": x})
+        session.run({"x": x})
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def work(i: int) -> None:
+        try:
+            start.wait()
+            for k in range(300):
+                x = feeds[(i + k) % len(feeds)]
+                np.testing.assert_allclose(session.run({"x": x})["y"], _if_on_data_want(x), rtol=1e-6)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors[0]
