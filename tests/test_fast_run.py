@@ -255,3 +255,155 @@ def test_outputs_passed_through_take_the_fast_path(backend, monkeypatch):
         if i == 0:
             assert session._fast is not None and set(session._fast.passed) == {"x", "w"}
     assert checked[0] <= 3  # plan, record; then the fast path answers every call
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_one_output_model_gets_a_dict_of_its_own_arrays(backend, monkeypatch):
+    # the fast path builds a one-output answer without zip: the name, the values, and no array shared across runs
+    model = make_model([helper.make_node("Neg", ["x"], ["y"])], [("x", TensorProto.FLOAT, [1, 3])],
+                       [("y", TensorProto.FLOAT, [1, 3])])
+    session = hetero.Session(model, backends=[backend], on_fallback="error")
+    for _ in range(2):
+        session.run({"x": np.zeros((1, 3), np.float32)})
+    checked = _count_checked_runs(monkeypatch, session)
+    outs = []
+    for i in range(4):
+        x = np.full((1, 3), i, np.float32)
+        got = session.run({"x": x})
+        assert list(got) == ["y"]
+        np.testing.assert_array_equal(got["y"], -x)
+        (listed,) = session.run(None, {"x": x})
+        np.testing.assert_array_equal(listed, -x)
+        assert not np.shares_memory(listed, got["y"])
+        outs.append((i, got["y"]))
+    assert checked[0] == 0
+    for i, y in outs:  # kept their values: later runs wrote buffers of their own
+        np.testing.assert_array_equal(y, np.full((1, 3), -i, np.float32))
+
+
+def test_copy_calls_read_their_source_at_each_call_for_every_dtype():
+    from hetero.runtime.replay import _copy_call
+
+    rng = np.random.default_rng(5)
+    cases = [np.float32, np.float16, np.bool_, np.int8, np.int64, np.complex64, "U3", "M8[s]", object,
+             [("a", "i4"), ("b", "f8")]]
+    for dtype in cases:
+        for shape in [(), (1,), (2, 3), (0, 4)]:
+            src = np.zeros(shape, dtype)
+            dst = np.zeros(shape, dtype)
+            copy = _copy_call(dst, src)
+            for _ in range(2):  # the same call, new values in the same source buffer: copied again
+                flat = src.reshape(-1)
+                for i in range(flat.size):
+                    flat[i] = np.array(rng.integers(0, 100)).astype(dtype) if dtype is not object else str(i)
+                copy()
+                np.testing.assert_array_equal(dst, src)
+    wide = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dst = np.zeros((3, 2), np.float32)
+    copy = _copy_call(dst, wide[:, ::2])  # a strided source: np.copyto's, which reads through the strides
+    copy()
+    np.testing.assert_array_equal(dst, wide[:, ::2])
+    assert copy.func is np.copyto  # type: ignore[attr-defined]  # why: _copy_call returns a functools.partial
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_inlined_if_copies_the_values_its_body_reads_at_each_run(backend):
+    # an If on a fed integer (silero-vad's sample rate) whose taken branch reads a value computed from the feed: the
+    # replay copies that value into the branch's input buffer at each run (byte copies made once on cpu)
+    then = helper.make_graph([helper.make_node("Mul", ["r", "two"], ["m"])], "then", [],
+                             [helper.make_tensor_value_info("m", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["r"], ["g"])], "else", [],
+                              [helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Equal", ["sr", "rate"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["t"], then_branch=then, else_branch=other),
+             helper.make_node("Add", ["t", "x"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 4]), ("sr", TensorProto.INT64, [])],
+                       [("y", TensorProto.FLOAT, None)],
+                       [("rate", np.array(16000, np.int64)), ("two", np.array(2.0, np.float32))])
+    session = hetero.Session(model, backends=[backend], on_fallback="silent")
+    rng = np.random.default_rng(7)
+    kept = []
+    for rate in (16000,) * 5 + (8000,) * 4 + (16000,) * 3:
+        x = rng.normal(size=(2, 4)).astype(np.float32)
+        y = session.run({"x": x, "sr": np.array(rate, np.int64)})["y"]
+        kept.append((x, rate, y))
+    for x, rate, y in kept:
+        np.testing.assert_allclose(y, (np.maximum(x, 0) * 2 if rate == 16000 else -np.maximum(x, 0)) + x, rtol=1e-6)
+    replay = session.programs[0].replay
+    if backend == "cpu":
+        assert replay is not None and len(replay._bodies) == 1  # the branch inlined
+        assert not any(getattr(call, "func", None) is np.copyto for call in replay.program)
+
+
+def _if_on_data_model():
+    """y = (3 relu(x) if sum(x) > 0 else -relu(x)) + x: the If's result read by a later node."""
+    def branch(name, node, out):
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [4])])
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["flag"]),
+             helper.make_node("If", ["flag"], ["t"],
+                              then_branch=branch("then", helper.make_node("Mul", ["r", "three"], ["m"]), "m"),
+                              else_branch=branch("else", helper.make_node("Neg", ["r"], ["g"]), "g")),
+             helper.make_node("Add", ["t", "x"], ["y"])]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, [4])],
+                      [("zero", np.array(0.0, np.float32)), ("three", np.array(3.0, np.float32))])
+
+
+def _if_on_data_want(x: np.ndarray) -> np.ndarray:
+    r = np.maximum(x, 0)
+    return (r * 3 if x.sum() > 0 else -r) + x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_data_read_by_later_nodes_gets_each_runs_branch(backend):
+    # oww_hey_jarvis' pattern: the branch follows the data, its bodies read a value computed from the feed (copied
+    # into the branch replay's input buffer by calls made once), and here the If's result is read by a later node (a
+    # buffer of the replay's own that each run's taken branch is copied into)
+    session = hetero.Session(_if_on_data_model(), backends=[backend], on_fallback="silent")
+    rng = np.random.default_rng(8)
+    signs = [1, 1, 1, 1, -1, -1, -1, 1, -1, 1, 1, -1, -1, 1]
+    runs = []
+    for sign in signs:
+        x = (np.abs(rng.normal(size=4)) * sign).astype(np.float32)
+        x[0] = -x[0]  # Relu reads a negative entry too
+        runs.append((x, session.run({"x": x})["y"]))
+    for x, y in runs:
+        np.testing.assert_allclose(y, _if_on_data_want(x), rtol=1e-6)
+    if backend == "cpu":  # both branches issued by the calls made once, their results handed out as checked once
+        from hetero.runtime.replay import _run_control
+
+        replay = session.programs[0].replay
+        assert replay is not None
+        (control,) = [call.args[1] for call in replay.program if getattr(call, "func", None) is _run_control]
+        assert sorted(control.branches) == [False, True]
+        assert all(b.calls is not None and b.hand_out is not None for b in control.branches.values())
+
+
+def test_an_if_on_data_from_threads_gets_each_runs_branch():
+    # the branches' calls and hand-out tables are the session's: runs from two threads take turns on its lock
+    session = hetero.Session(_if_on_data_model(), backends=["cpu" if "cpu" in BACKENDS else "reference"],
+                             on_fallback="silent")
+    rng = np.random.default_rng(9)
+    feeds = [(rng.normal(size=4) + (1.0 if i % 2 else -1.0)).astype(np.float32) for i in range(6)]
+    for x in feeds:  # both branches recorded and fitted
+        session.run({"x": x})
+        session.run({"x": x})
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def work(i: int) -> None:
+        try:
+            start.wait()
+            for k in range(300):
+                x = feeds[(i + k) % len(feeds)]
+                np.testing.assert_allclose(session.run({"x": x})["y"], _if_on_data_want(x), rtol=1e-6)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors[0]

@@ -42,6 +42,7 @@ small (issue 5 item 4; ``hetero.llm.profile`` measures it).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,14 @@ class _Branch:
     replay: Replay | None = None
     copies: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (the body's input buffer, outer name)
     results: list[Tensor] = field(default_factory=list)
+    # where the values the branch reads are fixed tensors (the If reads none of this run's values): the whole issue
+    # made once, the backend's synchronize if it has one, byte copies into the body's input buffers (_copy_call) and
+    # the body's calls (oww_hey_jarvis' one If: 1.5 us of glue around a 0.6 us body)
+    calls: list[Call] | None = None
+    # with numpy buffers: per If output (its key, the copy into the replay's buffer of it, or None: a fresh copy of
+    # the result handed on, the run's own), the result; checked once against the recorded shapes (else None: the
+    # per-run path, which raises StaleReplay on a shape it does not fit)
+    hand_out: list[tuple[Key, Call | None, Tensor]] | None = None
 
 
 class StaleReplay(HeteroError):
@@ -222,6 +231,16 @@ class Replay:
         if fuse is not None:
             self.program = fuse(self.program)
         self._after_run: Callable[[], Any] | None = getattr(backend, "after_replay", None)
+        # run_arrays' fixed work looked up once (at tens of microseconds a run, its dict lookups and isinstance
+        # checks were a tenth of a one-node model's run): the input buffers' arrays, and per graph output the buffer
+        # of the replay's own it copies, else the fixed tensor or this run's value it hands out
+        self._slot_arrays = [(name, own.buffer) for name, own in self._slots]
+        self._array_outputs = {name: self._array_output(found) for name, found in outputs.items()}
+
+    def _array_output(self, found: Key | Tensor) -> tuple[np.ndarray | None, Key | Tensor]:
+        """How ``run_arrays`` hands out a graph output: (a buffer of the replay's own to copy, its key), else (None, a
+        fixed tensor, or the key of a value of this run, else of a fixed tensor)."""
+        return (self._fixed[found].buffer if not isinstance(found, Tensor) and found in self._owned else None), found
 
     def _add_view(self, entry: _View, fixed: dict[Key, Tensor]) -> None:
         # Graph outputs are never views (the session runs their reshape as a kernel), so a view of a fixed tensor
@@ -313,8 +332,10 @@ class Replay:
         # the values the body reads may still be being written by a device's queued work (metal): wait first
         if not _fits_slots(body, entry.outer):
             return False
-        copies: list[Call] = [entry.backend.synchronize]
-        copies += [functools.partial(np.copyto, slot.buffer, entry.outer[name].buffer) for name, slot in body._slots]
+        # (a host backend's synchronize is the base class's no-op: not called, at 50 ns a call of silero-vad's six)
+        copies: list[Call] = [] if type(entry.backend).synchronize is Backend.synchronize else [
+            entry.backend.synchronize]
+        copies += [_copy_call(slot.buffer, entry.outer[name].buffer) for name, slot in body._slots]
         for (_, info), result in zip(entry.outs, results, strict=True):
             if result is None or result.shape != info.shape or result.dtype != info.dtype:
                 return False
@@ -393,23 +414,23 @@ class Replay:
         (nothing but this copy writes an input buffer: kernels write the arena and their own outputs)."""
         values = self._values
         values.clear()
-        for name, slot in self._slots:
+        for name, buffer in self._slot_arrays:
             if name not in kept:
-                slot.buffer[...] = feeds[name]  # same shape and dtype (checked): np.copyto's work, called faster
+                buffer[...] = feeds[name]  # same shape and dtype (checked): np.copyto's work, called faster
         for call in self.program:
             call()
         if self._after_run is not None:
             self._after_run()
         result = []
-        fixed, owned = self._fixed, self._owned
+        outputs = self._array_outputs
         for name in wanted:
-            found = self.outputs[name]
-            if isinstance(found, Tensor):
+            own, found = outputs[name]
+            if own is not None:
+                result.append(own.copy())
+            elif isinstance(found, Tensor):
                 result.append(found.numpy())
-            elif found in owned:
-                result.append(fixed[found].buffer.copy())
             else:
-                result.append((values[found] if found in values else fixed[found]).numpy())
+                result.append((values[found] if found in values else self._fixed[found]).numpy())
         values.clear()
         return result
 
@@ -423,6 +444,22 @@ def own_copy(backend: Backend, tensor: Tensor) -> Tensor:
     own = backend.empty(tensor.info)
     backend.write(own, tensor)
     return own
+
+
+def _copy_call(dst: Any, src: Any) -> Call:
+    """A call copying ``src`` into ``dst``, both buffers fixed for the replay's life (of the same shape and dtype:
+    ``_fits_slots``): a byte copy between memoryviews made once where both are contiguous numpy arrays of plain data
+    (0.1 us against np.copyto's 0.3 on the small values an inlined If's body reads; silero-vad copies 11 a run), else
+    np.copyto."""
+    if type(dst) is np.ndarray and type(src) is np.ndarray and dst.dtype == src.dtype and dst.shape == src.shape \
+            and not dst.dtype.hasobject and dst.flags.c_contiguous and src.flags.c_contiguous:
+        try:
+            into, source = dst.data.cast("B"), src.data.cast("B")
+        except (TypeError, ValueError):  # a dtype the buffer protocol does not describe (datetime, structured)
+            pass
+        else:
+            return functools.partial(operator.setitem, into, slice(None), source)
+    return functools.partial(np.copyto, dst, src)
 
 
 def _numpy_buffers(backend: Backend) -> bool:
@@ -499,7 +536,16 @@ def _run_control(values: dict[Key, Tensor], entry: _Control) -> None:
         entry.ins[pos] = values[key]
     for name, key in entry.var_outer:
         entry.outer[name] = values[key]
-    outs = _run_branch_replay(entry)
+    branch = _run_branch_replay(entry)
+    if branch is not None and branch.hand_out is not None:
+        backend = entry.backend
+        for key, copy, result in branch.hand_out:
+            if copy is None:  # own_copy's work, checked once (_fit_branch)
+                values[key] = Tensor.of_layout(result.buffer.copy(), result.shape, result.dtype, backend)
+            else:
+                copy()
+        return
+    outs = None if branch is None else branch.results
     borrowed = outs is not None  # the branch replay's own buffers, which its next run overwrites
     if outs is None:
         outs = entry.kernel.run_dynamic(entry.ins, run_subgraph=entry.runner(list(entry.outer), entry.outer))
@@ -525,12 +571,12 @@ def _fits_slots(body: Replay, outer: dict[str, Tensor]) -> bool:
     return True
 
 
-def _run_branch_replay(entry: _Control) -> list[Tensor] | None:
+def _run_branch_replay(entry: _Control) -> _Branch | None:
     """A data-dependent If run by issuing its taken branch's replay directly (the values it reads copied into that
-    replay's input buffers), without the child session's run: its results are that replay's buffers, which the
-    caller copies (the next run of the branch overwrites them); None where the branch has no such replay yet or its
-    recorded shapes differ from this run's. The parent replay's shapes are fixed, so a branch's replay checked once
-    to fit stays fit while the child keeps it."""
+    replay's input buffers), without the child session's run: the branch, whose results are that replay's buffers,
+    which the caller copies (the next run of the branch overwrites them); None where the branch has no such replay
+    yet or its recorded shapes differ from this run's. The parent replay's shapes are fixed, so a branch's replay
+    checked once to fit stays fit while the child keeps it."""
     cond = entry.ins[0]
     if entry.branch_of is None or cond is None or entry.backend.memory_domain != "host":
         return None
@@ -544,19 +590,24 @@ def _run_branch_replay(entry: _Control) -> list[Tensor] | None:
     body = branch.program.replay
     if body is None:
         return None
-    if body is not branch.replay and not _fit_branch(branch, body, entry.outer):
+    if body is not branch.replay and not _fit_branch(branch, body, entry):
         return None
+    if branch.calls is not None:
+        for call in branch.calls:
+            call()
+        return branch
     entry.backend.synchronize()
     outer = entry.outer
     for buffer, name in branch.copies:
         buffer[...] = outer[name].buffer  # same shape and dtype (_fits_slots)
     for call in body.program:
         call()
-    return branch.results
+    return branch
 
 
-def _fit_branch(branch: _Branch, body: Replay, outer: dict[str, Tensor]) -> bool:
+def _fit_branch(branch: _Branch, body: Replay, entry: _Control) -> bool:
     """Checks that ``body`` (the branch program's replay now) can be issued by the If (see ``_Branch``); keeps it."""
+    outer = entry.outer
     if not body.inlinable or not _fits_slots(body, outer):
         return False
     results = [body.fixed_output(name) for name in branch.names]
@@ -564,4 +615,29 @@ def _fit_branch(branch: _Branch, body: Replay, outer: dict[str, Tensor]) -> bool
         return False
     branch.replay, branch.results = body, [r for r in results if r is not None]
     branch.copies = [(slot.buffer, name) for name, slot in body._slots]
+    branch.calls = None
+    if not entry.var_outer:  # entry.outer holds the same tensors at every run
+        backend = entry.backend
+        branch.calls = [] if type(backend).synchronize is Backend.synchronize else [backend.synchronize]
+        branch.calls += [_copy_call(buffer, outer[name].buffer) for buffer, name in branch.copies]
+        branch.calls += body.program
+    branch.hand_out = _hand_out(entry, branch.results)
     return True
+
+
+def _hand_out(entry: _Control, results: list[Tensor]) -> list[tuple[Key, Call | None, Tensor]] | None:
+    """``_Branch.hand_out`` for the fitted ``results``, where the backend's buffers are numpy arrays; else None."""
+    if not _numpy_buffers(entry.backend) or len(results) != len(entry.outs):
+        return None
+    found: list[tuple[Key, Call | None, Tensor]] = []
+    for (key, _), result in zip(entry.outs, results, strict=True):
+        buffer, own = result.buffer, entry.fixed_outs.get(key)
+        if type(buffer) is not np.ndarray or buffer.shape != result.shape or buffer.dtype != result.dtype.np_dtype:
+            return None
+        if own is None:
+            found.append((key, None, result))
+        elif own.shape != result.shape or own.dtype != result.dtype:
+            return None
+        else:
+            found.append((key, _copy_call(own.buffer, buffer), result))
+    return found

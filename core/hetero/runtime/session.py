@@ -153,8 +153,8 @@ class Session:
                 wanted = outputs if second is None else second
                 wanted = fast.names if wanted is None else wanted
                 arrays = self._run_fast(fast, feeds, wanted)
-                if arrays is not None:
-                    return dict(zip(wanted, arrays, strict=True))
+                if arrays is not None:  # one array per name (run_arrays): zip's strict check is a third of the build
+                    return {wanted[0]: arrays[0]} if len(arrays) == 1 else dict(zip(wanted, arrays, strict=False))
             elif type(second) is dict and outputs is None:
                 arrays = self._run_fast(fast, second, fast.names if feeds is None else feeds)
                 if arrays is not None:
