@@ -1193,8 +1193,11 @@ def test_conv2d(isa, case, activation):
 # vector; 7 x 5), a one-vector last panel (28 x 28), K at kc (256: one k block, tiles) and past it (300: the GEMM's k
 # blocks), two images. K <= 64 reads the input in place (whole panels; the ragged one packed) and runs a ragged last
 # row panel (Cout 13, 64, 3: 1-4 rows past the 12-row tiles) as a short tile instead of the small-M kernel.
+# PP-LCNet's 256 -> 256 on 5 x 80 (12 whole panels + one vector, 21 row panels + 4 rows), odd K on 9 positions (one
+# part-vector panel) and a single output channel (the small-M kernel alone).
 TILE_EP_CASES = [(1, 37, 14, 14, 29), (2, 16, 28, 28, 20), (1, 33, 7, 5, 13), (1, 256, 7, 7, 52), (1, 300, 6, 6, 24),
-                 (1, 64, 56, 56, 64), (1, 24, 9, 9, 3), (2, 65, 10, 10, 16)]
+                 (1, 64, 56, 56, 64), (1, 24, 9, 9, 3), (2, 65, 10, 10, 16), (1, 256, 5, 80, 256),
+                 (1, 129, 3, 3, 25), (1, 77, 9, 11, 1)]
 _TILE_EP_CODE = """
 import sys, numpy as np
 from hetero_cpu import _native
