@@ -11,6 +11,7 @@ import hetero
 from conftest import backend_ok, make_model
 from hetero.contract import dtypes
 from hetero.contract.graph import Node
+from hetero.contract.onnx_export import onnx_nodes
 from hetero.contract.registry import OpContext, get
 from hetero.contract.tensor import TensorInfo
 from hetero.demo import tiny_cnn
@@ -121,6 +122,8 @@ def test_conv_transpose_relu_is_the_two_nodes(backend, k, stride, pads, shape):
     x = rng.normal(size=shape).astype(np.float32)
     session = _compare(model, {"x": x}, backend, rtol=1e-4, atol=1e-4)
     assert _ops(session) == ["ConvTransposeRelu"]
+    exported = onnx_nodes(session.graph.nodes[0], {})  # as standard ONNX (a vendor backend's segment)
+    assert [n.op_type for n in exported] == ["ConvTranspose", "Relu"] and exported[-1].output == ["y"]
     with passes.leaving_out("fuse_conv_transpose_relu"):
         unfused = hetero.Session(model, backends=[backend], on_fallback="silent")
     np.testing.assert_array_equal(session.run({"x": x})["y"], unfused.run({"x": x})["y"])
