@@ -11,9 +11,11 @@ import hetero
 from conftest import backend_ok, make_model
 from hetero.contract import dtypes
 from hetero.contract.graph import Node
+from hetero.contract.onnx_export import onnx_nodes
 from hetero.contract.registry import OpContext, get
 from hetero.contract.tensor import TensorInfo
 from hetero.demo import tiny_cnn
+from hetero.ir import passes
 
 BACKENDS = ["reference"] + (["cpu"] if backend_ok("cpu")[0] else [])
 
@@ -88,8 +90,48 @@ def test_conv_transpose_batchnorm_folds(backend, group, bias):
     model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 6, 5, 7])], [("y", TensorProto.FLOAT, None)], inits)
     session = _compare(model, {"x": rng.normal(size=(2, 6, 5, 7)).astype(np.float32)}, backend, rtol=1e-4,
                        atol=1e-4)
-    assert _ops(session) == ["ConvTranspose", "Relu"]
+    assert _ops(session) == ["ConvTransposeRelu"]
     assert session.rewrites["fold_conv_batchnorm"] == 1
+    assert session.rewrites["fuse_conv_transpose_relu"] == 1
+    with passes.leaving_out("fuse_conv_transpose_relu"):
+        unfused = hetero.Session(model, backends=[backend], on_fallback="silent")
+    assert _ops(unfused) == ["ConvTranspose", "Relu"]
+    x = rng.normal(size=(2, 6, 5, 7)).astype(np.float32)
+    x[0, 0, :2, :3] = np.nan  # NaN passes the Relu, as np.maximum(x, 0)
+    np.testing.assert_array_equal(session.run({"x": x})["y"], unfused.run({"x": x})["y"])  # the two nodes' bits
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k,stride,pads,shape", [
+    (4, 2, [1, 1, 1, 1], (1, 6, 5, 7)),  # the stride-2 phase convs (img_focus's decoder)
+    (2, 2, [0, 0, 0, 0], (2, 6, 3, 4)),  # a 2 x 2 kernel at stride 2: the 1 x 1 conv and interleave
+    (3, 1, [1, 1, 1, 1], (1, 6, 4, 1)),  # stride 1: the column matrix and its scatter
+    (4, 2, [1, 1, 1, 1], (1, 300, 3, 2)),  # more than 256 input channels: the column matrix at stride 2
+])
+def test_conv_transpose_relu_is_the_two_nodes(backend, k, stride, pads, shape):
+    """ConvTranspose -> Relu as one hetero.ConvTransposeRelu on each of the native kernel's paths: the same bits as the
+    ConvTranspose and the Relu apart; a ConvTranspose whose output another node also reads keeps its Relu apart."""
+    rng = np.random.default_rng(k + stride + shape[1])
+    cout = 5
+    w = (rng.normal(size=(shape[1], cout, k, k)) * 0.2).astype(np.float32)
+    b = rng.normal(size=cout).astype(np.float32)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["c"], strides=[stride, stride], pads=pads),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, list(shape))], [("y", TensorProto.FLOAT, None)],
+                       [("w", w), ("b", b)])
+    x = rng.normal(size=shape).astype(np.float32)
+    session = _compare(model, {"x": x}, backend, rtol=1e-4, atol=1e-4)
+    assert _ops(session) == ["ConvTransposeRelu"]
+    exported = onnx_nodes(session.graph.nodes[0], {})  # as standard ONNX (a vendor backend's segment)
+    assert [n.op_type for n in exported] == ["ConvTranspose", "Relu"] and exported[-1].output == ["y"]
+    with passes.leaving_out("fuse_conv_transpose_relu"):
+        unfused = hetero.Session(model, backends=[backend], on_fallback="silent")
+    np.testing.assert_array_equal(session.run({"x": x})["y"], unfused.run({"x": x})["y"])
+    nodes.append(helper.make_node("Neg", ["c"], ["z"]))
+    shared = make_model(nodes, [("x", TensorProto.FLOAT, list(shape))],
+                        [("y", TensorProto.FLOAT, None), ("z", TensorProto.FLOAT, None)], [("w", w), ("b", b)])
+    session = _compare(shared, {"x": x}, backend, rtol=1e-4, atol=1e-4)
+    assert session.rewrites["fuse_conv_transpose_relu"] == 0 and "Relu" in _ops(session)
 
 
 def test_conv_transpose_batchnorm_mismatch_stays():

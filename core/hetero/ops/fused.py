@@ -227,6 +227,14 @@ def broadcast_unary_matmul(ctx: OpContext) -> list[np.ndarray]:
     return _reference(ctx, "FusedMatMul", [x, w, optional[2]], domain=HETERO_DOMAIN)
 
 
+@op("ConvTransposeRelu", domain=HETERO_DOMAIN, infer=lambda ctx: get("", "ConvTranspose").infer(ctx))
+def conv_transpose_relu(ctx: OpContext) -> list[np.ndarray]:
+    """``Relu(ConvTranspose(X, W[, B]))`` with all of the ConvTranspose's attributes (a decoder's upsampling, its
+    BatchNorm folded in, then ReLU: ``hetero.ir.passes.fuse_conv_transpose_relu``); the two references composed."""
+    (y,) = get("", "ConvTranspose").reference(ctx)
+    return _reference(ctx, "Relu", [y])
+
+
 @op("AddRelu", domain=HETERO_DOMAIN, infer=broadcast_infer())
 def add_relu(ctx: OpContext) -> list[np.ndarray]:
     """``Relu(A + B)`` (broadcasting): a residual block's Add then Relu, which ``hetero.ir.passes.fuse_add_relu``

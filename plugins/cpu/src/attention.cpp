@@ -66,9 +66,10 @@ struct OperandScales {
 // up to n rounded up to the lanes. Each value is the micro-kernel's FMA chain over k from zero, as in the packed
 // GEMM: the same bits, without packing B or the GEMM's per-call set-up. False (nothing written) where this ISA has
 // no such tile. padded: c has whole panels of rows and n is a multiple of the lanes (every tile stored whole, no
-// partial copies).
+// partial copies). used (padded only): the columns read afterwards; the last one or two of them past the nr-wide
+// tiles are computed one column at a time (col_tile: the same bits), the padding columns after them left unwritten.
 bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, const float* ap, const float* base,
-               const i64* off, float* c, i64 ldc, bool padded) {
+               const i64* off, float* c, i64 ldc, bool padded, i64 used = -1) {
   const int mr = kr.mr, nr = kr.nr, w = xk.lanes;
   for (i64 i = 0; i < m; i += mr) {
     // padded: the last panel's rows rounded up to the 4- / 6- / 8-row tile variants (x_conv_tile_rows), not to mr
@@ -77,6 +78,13 @@ bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, c
         std::min<i64>(mr, padded ? (left <= 4 ? 4 : left <= 6 ? 6 : left <= 8 ? 8 : mr) : left));
     const float* a = ap + (i / mr) * k * mr;
     for (i64 j = 0; j < n;) {
+      // one or two columns left of a one-vector tile's w: K FMAs a column instead of K x mr
+      if (padded && used >= 0 && used - j <= 2 && n - j < nr) {
+        bool done = true;
+        for (i64 col = j; col < used && done; ++col)
+          done = xk.col_tile(mr, k, a, base + col, off, c + i * ldc + col, ldc, rows);
+        if (done) break;
+      }
       const int width = n - j >= nr ? nr : w, cols = padded ? width : static_cast<int>(std::min<i64>(width, n - j));
       if (!xk.conv_tile(mr, width, k, a, base + j, off, c + i * ldc + j, ldc, rows, cols)) return false;
       j += cols;
@@ -107,25 +115,29 @@ bool rows_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, c
 // padded rows when dv is not a multiple of the lanes), the probabilities read as rows in place where the ISA has
 // such tiles (else packed as Q was). False where the tiles are missing (the caller runs the GEMMs).
 bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, const MatView& kt, const MatView& v,
-                   float* o, i64 ldo, const OperandScales& by, const std::function<void(float*, i64)>& rows_softmax) {
+                   float* o, i64 ldo, const OperandScales& by,
+                   const std::function<void(float*, i64, i64, i64)>& rows_softmax) {
   const i64 S = q.rows, D = q.cols, T = kt.cols, DV = v.cols, mr = kr.mr, w = xk.lanes;
   const i64 tp = ceil_div(T, w) * w, dvp = ceil_div(DV, w) * w, ap_n = ceil_div(S, mr) * mr;
   // V in place only where its rows lie one after another: a ViT's V is every third [H * d] row of the qkv product
   // (257 rows 4.6 KB apart: 16 of L1's 64 sets), and the PV tiles stalled on its loads
   const bool v_in_place = v.cs == 1 && DV % w == 0 && v.rs == DV;
-  // This thread's heads: panels, K^T, scores, (V), row offsets, each 64-byte aligned; no allocation per head.
-  const i64 line = 16, n_qp = ceil_div(ap_n * std::max(D, T), line) * line, n_kp = D * tp, n_sc = ap_n * tp,
-            n_vp = v_in_place ? 0 : T * dvp;
+  // This thread's heads: panels, K^T, one row panel's scores, (V), the last short panel of probabilities packed, the
+  // row offsets of K^T and of V, each 64-byte aligned; no allocation per head.
+  const i64 line = 16, n_qp = ceil_div(ap_n * D, line) * line, n_kp = D * tp, n_sc = mr * tp,
+            n_vp = ceil_div(v_in_place ? 0 : T * dvp, line) * line, n_pp = ceil_div(mr * T, line) * line;
   static thread_local AlignedBuf buf;
-  float* qp = buf.get(static_cast<std::size_t>(n_qp + n_kp + n_sc + n_vp + 2 * std::max(D, T)));
+  float* qp = buf.get(static_cast<std::size_t>(n_qp + n_kp + n_sc + n_vp + n_pp + 2 * (D + T)));
   float* kp = qp + n_qp;
-  float* scores = kp + n_kp;  // ap_n x tp: whole tiles stored (the padding columns are 0 x q, never read)
+  float* scores = kp + n_kp;  // mr x tp: whole tiles stored (the padding columns are 0 x q, never read)
   float* vp = scores + n_sc;
-  i64* off = reinterpret_cast<i64*>(vp + n_vp);
+  float* pp = vp + n_vp;
+  i64* koff = reinterpret_cast<i64*>(pp + n_pp);
+  i64* voff = koff + D;
   for (i64 d = 0; d < D; ++d) {
     float* row = kp + d * tp;
     for (i64 t = T; t < tp; ++t) row[t] = 0.f;
-    off[d] = d * tp;
+    koff[d] = d * tp;
   }
   if (kt.cs == 1) {  // K^T itself in memory (a graph that transposed K before the product): row by row
     xk.copy_rows(kt.p, kt.rs, kp, tp, D, T);
@@ -139,11 +151,9 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
   if (by.k != 1.f) kr.binary(B_MUL, BM_VS, kp, &by.k, kp, D * tp);
   pack_a_panels(kr, q, qp);
   if (by.q != 1.f) kr.binary(B_MUL, BM_VS, qp, &by.q, qp, ap_n * D);
-  if (!tile_gemm(kr, xk, S, tp, D, qp, kp, off, scores, tp, true)) return false;
-  rows_softmax(scores, tp);
   const float* vbase = v.p;
   if (v_in_place) {
-    for (i64 t = 0; t < T; ++t) off[t] = t * v.rs;
+    for (i64 t = 0; t < T; ++t) voff[t] = t * v.rs;
   } else {
     if (v.cs == 1) xk.copy_rows(v.p, v.rs, vp, dvp, T, DV);  // whole vectors (a loop of scalars was 3 % of a head)
     for (i64 t = 0; t < T; ++t) {
@@ -151,13 +161,24 @@ bool head_on_tiles(const Kernels& kr, const ExtraKernels& xk, const MatView& q, 
       if (v.cs != 1)
         for (i64 j = 0; j < DV; ++j) row[j] = v.p[t * v.rs + j * v.cs];
       for (i64 j = DV; j < dvp; ++j) row[j] = 0.f;
-      off[t] = t * dvp;
+      voff[t] = t * dvp;
     }
     vbase = vp;
   }
-  if (S >= mr && rows_gemm(kr, xk, S, DV, T, scores, tp, vbase, off, o, ldo, qp)) return true;
-  pack_a_panels(kr, MatView{scores, S, T, tp, 1}, qp);  // the probabilities as A (Q's panels are done with)
-  return tile_gemm(kr, xk, S, DV, T, qp, vbase, off, o, ldo, false);
+  // One row panel at a time: its scores, their softmax and its PV tiles while the panel's mr x T scores are in L1
+  // (the whole S x T scores of a 257-token head, 280 KB, went through L2 three times: written by the QK^T tiles,
+  // read and written by the softmax, read by the PV tiles). Every value is computed as before: the same tiles on
+  // the same panels, the softmax row by row.
+  for (i64 i = 0; i < S; i += mr) {
+    const i64 rows = std::min(mr, S - i);
+    if (!tile_gemm(kr, xk, rows, tp, D, qp + (i / mr) * D * mr, kp, koff, scores, tp, true, T)) return false;
+    rows_softmax(scores, tp, i, rows);
+    if (rows == mr && rows_gemm(kr, xk, rows, DV, T, scores, tp, vbase, voff, o + i * ldo, ldo, pp)) continue;
+    // a short last panel (or no in-place tile): the probabilities packed, as Q was
+    pack_a_panels(kr, MatView{scores, rows, T, tp, 1}, pp);
+    if (!tile_gemm(kr, xk, rows, DV, T, pp, vbase, voff, o + i * ldo, ldo, false)) return false;
+  }
+  return true;
 }
 
 // a (read through its strides) times s into dst, contiguous: the fallback's scaled operands
@@ -217,14 +238,15 @@ Op prep_fused_attention(const py::array& q, const py::array& k, const py::array&
           const MatView qa{Q.p + b * Q.st[0] + h * Q.st[1], S, D, Q.st[2], Q.st[3]};
           const MatView kb{K.p + b * K.st[0] + h * K.st[1], D, T, K.st[2], K.st[3]};
           const MatView vb{V.p + b * V.st[0] + h * V.st[1], T, DV, V.st[2], V.st[3]};
-          const auto rows_softmax = [&](float* sc, i64 ld) {
+          // rows i0 .. i0 + rows of the scores, at sc
+          const auto rows_softmax = [&](float* sc, i64 ld, i64 i0, i64 rows) {
             // the scale apart: its product and the mask's sum in one loop could be contracted into an FMA
             if (scale != 1.f)
-              for (i64 i = 0; i < S; ++i) kr.binary(B_MUL, BM_VS, sc + i * ld, &scale, sc + i * ld, T);
-            const float* m = masked ? M.p + b * M.st[0] + h * M.st[1] : nullptr;
-            xk.scores_softmax_rows(sc, sc, S, ld, T, divisor, m, M.st[2], M.st[3] == 1);
+              for (i64 i = 0; i < rows; ++i) kr.binary(B_MUL, BM_VS, sc + i * ld, &scale, sc + i * ld, T);
+            const float* m = masked ? M.p + b * M.st[0] + h * M.st[1] + i0 * M.st[2] : nullptr;
+            xk.scores_softmax_rows(sc, sc, rows, ld, T, divisor, m, M.st[2], M.st[3] == 1);
             if (nan_to_zero)
-              for (i64 i = 0; i < S; ++i)
+              for (i64 i = 0; i < rows; ++i)
                 for (i64 j = 0; j < T; ++j) sc[i * ld + j] = sc[i * ld + j] != sc[i * ld + j] ? 0.f : sc[i * ld + j];
           };
           const OperandScales by{q_scale, k_scale};
@@ -236,7 +258,7 @@ Op prep_fused_attention(const py::array& q, const py::array& k, const py::array&
           const MatView qs = by.q != 1.f ? scaled_copy(qa, by.q, spare) : qa;
           const MatView ks = by.k != 1.f ? scaled_copy(kb, by.k, spare + (by.q != 1.f ? S * D : 0)) : kb;
           gemm_views(kr, qs, ks, scores, T, 1.f, 0.f, Epilogue{}, 1);
-          rows_softmax(scores, T);
+          rows_softmax(scores, T, 0, S);
           gemm_views(kr, MatView{scores, S, T, T, 1}, vb, o, O.st[2], 1.f, 0.f, Epilogue{}, 1);
         },
         flops >= 4e6);

