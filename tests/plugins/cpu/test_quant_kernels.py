@@ -103,16 +103,22 @@ def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column, 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("adt,bdt,zps", [(np.uint8, np.int8, "per row / column"),
                                          (np.int8, np.uint8, "per row / column"),
-                                         (np.uint8, np.int8, "one / zero"), (np.uint8, np.int8, "per row / zero")])
+                                         (np.uint8, np.int8, "one / zero"), (np.uint8, np.int8, "per row / zero"),
+                                         (np.uint8, np.int8, "one / per column"), (np.uint8, np.int8, "one / last"),
+                                         (np.uint8, np.int8, "per row / last")])
 def test_qgemm_f32_zero_points_per_row_and_column(isa, amx, threads, shape, adt, bdt, zps):
     """The F32 stage over tile edges (M % 4, N % 16, panels past the last tile), with a zero point per row of A or
-    one, and per column of B or zero (symmetric weights: the VNNI tile then drops the row term, and precomputes the
-    column term for one A zero point), without bias (the stage the VNNI tile applies in registers)."""
+    one, and per column of B, zero, or zero but the last column's (symmetric weights: the VNNI tile then drops the
+    row term for each 16-column panel whose zero points are all 0, and takes the column term once a panel for one A
+    zero point; "last": one panel keeps the row term, the others drop it), without bias (the stage the VNNI tile
+    applies in registers)."""
     rng = np.random.default_rng(7)
     m, k, n = shape
     a, b = _rand8(rng, (m, k), adt), _rand8(rng, (k, n), bdt)
     za = _rand8(rng, (m,), adt) if zps.startswith("per row") else _rand8(rng, (), adt)
-    zb = np.zeros(n, bdt) if zps.endswith("zero") else _rand8(rng, (n,), bdt)
+    zb = np.zeros(n, bdt) if zps.endswith(("zero", "last")) else _rand8(rng, (n,), bdt)
+    if zps.endswith("last"):
+        zb[-1] = 5
     scale = rng.uniform(1e-4, 1e-2, (n,)).astype(np.float32)
     out = np.full((m, n), np.nan, np.float32)
     _native.qgemm_f32(a, _native.qpack_b(b, zb), za, scale, None, out)
