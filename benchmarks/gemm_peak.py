@@ -4,6 +4,13 @@ FMA chains, built with the system C++ compiler; AVX-512 VNNI machines only): 64 
 
     python benchmarks/gemm_peak.py [--op qgemm] [--shapes 70x512x384,70x384x512,70x512x1024,70x1024x512]
     python benchmarks/gemm_peak.py --op gemm --shapes 882x256x200,630x384x100
+    python benchmarks/gemm_peak.py --k-sweep 72x1024:128,256,512,1024
+
+--k-sweep MxN:K,K,...: one M x N product at several depths, hot, the depths interleaved set by set in one process (a
+busy machine's drift then hits every depth alike), and the line time = slope K + intercept fitted through their
+medians: the slope is the tile loop's rate (MACs of the whole product a K step, as % of the peak), the intercept the
+part of a call that does not grow with K (a tile's start and output stage, the call's own cost), with its share of
+each depth's time.
 
 --op qgemm: ``_native.qgemm_f32`` (uint8 A, a DynamicQuantizeLinear's one zero point, int8 B with zero point 0:
 T5's quantized products; the default shapes are its q / k / v, o, wi and wo). --op gemm: ``_native.gemm_packed``
@@ -95,6 +102,37 @@ def time_calls(calls: list[Callable[[], None]], per_set: int, reps: int) -> floa
     return statistics.median(sets)
 
 
+def k_sweep(op: str, spec: str, calls_per_set: int, reps: int, peak: float | None) -> None:
+    """Times M x K x N at each K of ``spec`` ("MxN:K,K,..."), hot and interleaved, and prints the fitted line."""
+    dims, depths = spec.lower().split(":")
+    m, n = (int(v) for v in dims.split("x"))
+    ks = [int(v) for v in depths.split(",")]
+    if len(ks) < 2:
+        raise SystemExit("gemm_peak: --k-sweep needs two depths or more")
+    rng = np.random.default_rng(0)
+    calls = [calls_for(op, m, k, n, 1, rng)[0] for k in ks]
+    for call in calls:
+        call()
+    sets: list[list[float]] = [[] for _ in ks]
+    for _ in range(reps):
+        for i, call in enumerate(calls):
+            t0 = time.thread_time()
+            for _ in range(calls_per_set):
+                call()
+            sets[i].append((time.thread_time() - t0) / calls_per_set)
+    secs = [statistics.median(v) for v in sets]
+    slope, intercept = np.polyfit(np.array(ks, float), np.array(secs), 1)
+    for k, s in zip(ks, secs, strict=True):
+        rate = m * k * n / s
+        share = f"  {100 * rate / peak:5.1f} % of peak" if peak else ""
+        print(f"  {op} {m}x{k}x{n:<6d} {s * 1e6:8.1f} us  {rate / 1e9:6.1f} GMAC/s{share}"
+              f"  K-independent part {100 * intercept / s:4.1f} %")
+    loop = m * n / slope
+    share = f" ({100 * loop / peak:.1f} % of peak)" if peak else ""
+    print(f"  fit: {slope * 1e9:.3f} ns a K step = {loop / 1e9:.1f} GMAC/s{share}; {intercept * 1e6:.2f} us a call "
+          "that does not grow with K")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--op", choices=("qgemm", "gemm"), default="qgemm")
@@ -102,12 +140,20 @@ def main() -> None:
     ap.add_argument("--cold", type=int, default=48, help="different weight matrices taken in turn for 'cold'")
     ap.add_argument("--calls", type=int, default=20, help="calls per timed set")
     ap.add_argument("--reps", type=int, default=15, help="timed sets per shape and case")
+    ap.add_argument("--k-sweep", default="", help="MxN:K,K,...: the product's time against its depth (see above)")
     args = ap.parse_args()
     from hetero_cpu import _native
 
     _native.set_num_threads(1)  # thread time counts the calling thread only: the pool's other threads stay idle
     load_before = os.getloadavg()
     peak = peak_macs_per_s()[args.op] if has_vnni() else None
+    if args.k_sweep:
+        print(f"load average before {load_before[0]:.2f} (1 min)")
+        if peak is not None:
+            print(f"peak (1 core): {peak / 1e9:.1f} GMAC/s")
+        k_sweep(args.op, args.k_sweep, args.calls, args.reps, peak)
+        print(f"load average after {os.getloadavg()[0]:.2f} (1 min)")
+        return
     rng = np.random.default_rng(0)
     rows = []
     for shape in args.shapes.split(","):

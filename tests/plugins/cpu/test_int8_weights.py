@@ -188,3 +188,28 @@ def test_deep_modest_weights_keep_float_panels(isa, threads, k, n, both, m):
     f3 = np.empty((2, m, n), np.float32)
     _native.matmul_packed(a3, pf, f3)
     np.testing.assert_array_equal(o3.view(np.int32), f3.view(np.int32))
+
+
+@pytest.mark.parametrize("force,k,n,both", [
+    ("1", 384, 1536, True),  # short panels, int8 only by the rule: forced float panels too
+    ("1", 64, 384, True),  # shallow and small (still int8: >= kS8MinWeights values)
+    ("0", 1536, 384, False),  # deep and modest, float panels too by the rule: forced int8 alone
+    ("rule", 1536, 384, True),  # anything else: the rule
+    ("rule", 384, 1536, False),
+])
+@pytest.mark.parametrize("m", [1, 5, 12, 70])  # 12 rows up run the float panels where there are any
+def test_int8_float_panels_switch(isa, threads, monkeypatch, force, k, n, both, m):
+    """HETERO_CPU_INT8_FLOAT_PANELS=1 / 0 forces float panels beside every int8 weight / none (module.cpp's
+    float_panels_too), for measuring one form against the other: the int8 form stays, and every route keeps the
+    float-packed product's bits."""
+    monkeypatch.setenv("HETERO_CPU_INT8_FLOAT_PANELS", force)
+    w, q, s = int8_weights(k, n, seed=k * 3 + n)
+    packed, pf = _native.pack_b(w, precision="high"), _native.pack_b(w, int8=False, precision="high")
+    assert packed.int8
+    assert (packed.nbytes > pf.nbytes) is both
+    a = np.random.default_rng(k + m).standard_normal((m, k)).astype(np.float32)
+    out, of = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+    _native.gemm_packed(a, packed, out)
+    _native.gemm_packed(a, pf, of)
+    np.testing.assert_array_equal(out.view(np.int32), of.view(np.int32))
+    assert_gemm_close(out, a.astype(np.float64) @ (q.astype(np.float64) * s.astype(np.float64)), k)
