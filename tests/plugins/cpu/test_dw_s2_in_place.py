@@ -24,6 +24,10 @@ CASES = [
     (1, 2, 112, 112, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1)),  # 5x5 / 2 (the phase copy in bands)
     (1, 3, 64, 64, 3, 3, (2, 2), (0, 0, 1, 1), (1, 1)),  # 3x3 / 2 without left padding (the phase copy in bands)
     (1, 2, 70, 70, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2)),  # dilated, in bands
+    # rows under a vector: from 12 (3/4 of one) the in-place row kernel, not the channel-blocked one
+    (1, 128, 28, 28, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),  # PP-LCNet's onto 14 x 14
+    (2, 21, 23, 24, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),  # rows of 12, odd H, two images, a part block of channels
+    (1, 40, 22, 22, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),  # rows of 11: still the blocked kernel
 ]
 
 

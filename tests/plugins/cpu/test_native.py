@@ -1496,8 +1496,9 @@ def _pointwise_algo(isa: str, k: int, positions: int, cout: int, group: int = 1)
         return "gemm"
     rem = positions % 32
     cols = positions - rem + (0 if rem == 0 else 16 if rem <= 16 else 32)  # row_tile_cols(positions, 32, 16)
+    k_overhang = 256 if _native.bf16x3_available() else 128  # without AMX K = 128 too (pointwise_cblk_wins)
     if (group == 1 and cout % 32 == 0 and positions <= 256 and k >= 64
-            and (cols * 10 >= positions * 11 or (cols > positions and k >= 256))):
+            and (cols * 10 >= positions * 11 or (cols > positions and k >= k_overhang))):
         return "cblk"
     no_amx_tiles = (cout // group < k or cout // group == k <= 128) and not _native.bf16x3_available()
     return "pointwise" if k <= 48 or positions <= 128 or no_amx_tiles else "gemm"
@@ -2234,11 +2235,14 @@ POINTWISE_CASES = [
     (1, 128, 12, 13, 128, 1),
     (1, 192, 13, 11, 192, 1),
     # conv_cblk (whole 32-channel blocks, maps the 32-column panels fit badly): 7 x 7 (two rows a tile), two images;
-    # 14 x 14 at K = 512 and at K = 256 (PP-LCNet's 256 -> 256; 128 -> 256 stays with the GEMM)
+    # 14 x 14 at K = 512 and at K = 256 (PP-LCNet's 256 -> 256); K = 128 (PP-LCNet's 128 -> 256) there without AMX
+    # only, the GEMM with it; K = 96 the GEMM / tiles
     (2, 96, 7, 7, 128, 1),
     (1, 512, 14, 14, 64, 1),
     (1, 256, 14, 14, 96, 1),
     (1, 128, 14, 14, 64, 1),
+    (1, 128, 14, 14, 256, 1),
+    (1, 96, 13, 15, 64, 1),
     # one image at 2+ threads: one contiguous range of channel blocks a thread (channel_ranges_fit), five blocks as
     # 3 + 2 (PP-LCNet's 7 x 7 convs: 256 -> 512, 16 blocks)
     (1, 256, 7, 7, 160, 1),
