@@ -339,8 +339,11 @@ def _softmax_at(x: np.ndarray, ids: np.ndarray | None) -> np.ndarray | None:
     if not np.isfinite(top):
         return None
     e = np.zeros(x.size)
-    e[ids] = np.exp(kept - top)
-    return e / e.sum()
+    part = np.exp(kept - top)
+    e[ids] = part
+    part /= e.sum()  # only the kept ids' quotients are not 0 / sum = 0: the full array is not divided
+    e[ids] = part
+    return e
 
 
 def _top_p_prefix(probs: np.ndarray, ids: np.ndarray | None, top_p: float) -> np.ndarray | None:
