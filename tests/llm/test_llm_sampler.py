@@ -106,3 +106,103 @@ def test_greedy_fast_path_picks_what_the_general_path_picks():
                 fast(logits, [1])
             continue
         assert fast(logits, [1]) == want, (i, bias)
+
+
+def _random_case(rng: np.random.Generator, size: int) -> tuple[np.ndarray, SamplingParams]:
+    scale = float(rng.choice([0.1, 1.0, 5.0, 50.0, 400.0]))  # 400: most exps underflow to 0
+    x = rng.standard_normal(size) * scale
+    if rng.random() < 0.3:
+        x = np.round(x)  # ties, at the top-k / top-p / min-p cuts too
+    if rng.random() < 0.2 and size > 3:
+        x[rng.integers(0, size, 3)] = -np.inf  # a grammar's mask
+    params = SamplingParams(temperature=float(rng.choice([0.01, 0.5, 0.8, 1.0, 2.0])),
+                            top_k=int(rng.choice([0, 1, 5, 40, 10**6])),
+                            top_p=float(rng.choice([1.0, 0.95, 0.5, 0.999999, 1e-9])),
+                            min_p=float(rng.choice([0.0, 0.05, 0.5, 1.0])), seed=int(rng.integers(1 << 30)))
+    return x, params
+
+
+def test_filtered_probs_bit_identical_to_the_full_vocabulary_definition():
+    """The filters on the kept ids only (``_filtered``) give the whole-vocabulary definition's probabilities bit for
+    bit -- ties at the cuts, -inf logits, sizes from 1, a 152k vocabulary -- and NaN / +inf logits take its path."""
+    from hetero.llm.sampler import _filtered, _full_filtered_probs
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        size = 151_936 if trial % 50 == 0 else int(rng.choice([1, 2, 7, 50, 1000, 3000]))
+        x, params = _random_case(rng, size)
+        want = _full_filtered_probs(x, params)
+        got, support = _filtered(x, params)
+        assert np.array_equal(got.view(np.int64), want.view(np.int64)), (size, params)
+        if support is not None:  # every positive probability lies in the support
+            outside = np.ones(size, dtype=bool)
+            outside[support] = False
+            assert not got[outside].any()
+    for bad in (np.nan, np.inf):
+        x = np.array([0.0, 1.0, bad, 2.0])
+        for params in (SamplingParams(temperature=1.0, top_k=2, top_p=0.9), SamplingParams(temperature=1.0)):
+            with np.errstate(invalid="ignore"):  # inf - inf: the full path's NaN, as before
+                want = _full_filtered_probs(x, params)
+                got = filtered_probs(x, params)
+            assert np.array_equal(np.isnan(got), np.isnan(want))
+            assert np.array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+def test_sampled_tokens_unchanged_for_a_fixed_seed():
+    """A seeded sampler draws the tokens ``rng.choice`` draws from the whole vocabulary's probabilities (the draw
+    over the support uses the same one uniform number per token)."""
+    from hetero.llm.sampler import _full_filtered_probs
+
+    rng = np.random.default_rng(9)
+    for trial in range(60):
+        x, params = _random_case(rng, 151_936 if trial % 20 == 0 else int(rng.choice([2, 50, 3000])))
+        if params.greedy:
+            continue
+        sampler = Sampler(params)
+        reference = np.random.default_rng(params.seed)
+        want = _full_filtered_probs(x, params)
+        for _ in range(25):
+            assert sampler(x) == int(reference.choice(want.size, p=want)), params
+
+
+def test_seeded_generation_from_two_threads_on_two_models_draws_the_full_paths_tokens(monkeypatch):
+    """Two models generating with seeded top-k / top-p / min-p sampling in two threads at once produce, each, the
+    tokens of a generation drawn with ``rng.choice`` over the whole vocabulary's probabilities (base's path)."""
+    import threading
+
+    import hetero.llm.sampler as sampler_module
+
+    from .helpers import FIXTURES, load
+
+    models = [load(FIXTURES / "qwen3"), load(FIXTURES / "qwen3")]
+    runs = [([1, 2, 3, 4, 5], {"temperature": 0.9, "top_k": 40, "top_p": 0.9, "min_p": 0.02, "seed": 11}),
+            ([9, 8, 7], {"temperature": 1.3, "top_p": 0.8, "seed": 4})]
+
+    def generate(i: int) -> list[int]:
+        prompt, options = runs[i]
+        models[i].reset()
+        models[i].generate(prompt, max_new_tokens=24, **options)
+        return list(models[i].last.tokens)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sampler_module, "_filtered",
+                      lambda x, p: (sampler_module._full_filtered_probs(x, p), None))
+        want = [generate(0), generate(1)]
+    got: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            for _ in range(3):
+                got[i] = generate(i)
+                assert got[i] == want[i]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and got == {0: want[0], 1: want[1]}
+    assert all(len(tokens) > 4 for tokens in want)  # long enough to have sampled more than a token or two

@@ -202,8 +202,8 @@ class Sampler:
         if p.greedy:
             token = int(np.argmax(x))
         else:
-            probs = filtered_probs(x, p)
-            token = int(self.rng.choice(probs.size, p=probs))
+            probs, support = _filtered(x, p)
+            token = _draw(self.rng, probs, support)
         if self.top_logprobs is not None:
             self.logprobs.append(_logprob(x, token, self.top_logprobs))
         if self.constraint is not None:
@@ -254,6 +254,12 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
 
 def filtered_probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """Probabilities after temperature, top-k, top-p and min-p (float64, summing to 1)."""
+    return _filtered(logits, p)[0]
+
+
+def _full_filtered_probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """``filtered_probs`` over the whole vocabulary at every stage: the definition ``_filtered`` reproduces bit for
+    bit, and its path for what it does not take on (NaN or +inf logits)."""
     x = logits / max(p.temperature, 1e-8)
 
     keep = np.ones(x.size, dtype=bool)
@@ -274,6 +280,108 @@ def filtered_probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
         keep &= probs >= p.min_p * probs.max()
         probs = _softmax(np.where(keep, x, -np.inf))
     return probs
+
+
+def _filtered(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray | None]:
+    """``_full_filtered_probs``, bit for bit, and the ascending ids outside which every probability is 0 (None: any).
+    Each stage works on the ids still kept instead of the whole vocabulary: on a 152k vocabulary with llama.cpp's
+    defaults the full stable argsort of top-p, three softmaxes and the draw's cumsum took ~9 ms a token (a third of a
+    0.5B model's step). Equal bits: a kept id's exp is the same element-wise exp, the sums run over the same
+    full-size array (zeros where the full path has exp(-inf)), and the top-p prefix is the head of the same stable
+    order, found by a partition (``_top_p_prefix``)."""
+    x = logits / max(p.temperature, 1e-8)
+    ids: np.ndarray | None = None
+    if 0 < p.top_k < x.size:
+        ids = np.flatnonzero(x >= _kth_largest(x, p.top_k))
+    probs = _softmax_at(x, ids)
+    if probs is None:  # NaN or +inf among the kept logits: the full path says what that gives
+        return _full_filtered_probs(logits, p), None
+    if p.top_p < 1:
+        head = _top_p_prefix(probs, ids, p.top_p)
+        if head is not None:  # None: the kept mass never reaches top_p (rounding); the full path keeps them all
+            ids = np.sort(head)
+            probs = _softmax_at(x, ids)
+            assert probs is not None  # a subset of finite kept logits holding their maximum
+    if p.min_p > 0:
+        floor = p.min_p * probs.max()
+        ids = np.flatnonzero(probs >= floor) if ids is None else ids[probs[ids] >= floor]
+        probs = _softmax_at(x, ids)
+        assert probs is not None
+    return probs, ids
+
+
+def _kth_largest(x: np.ndarray, k: int) -> float:
+    """``np.partition(x, -k)[-k]``, on a 152k vocabulary ~10x faster: the k-th largest of every 16th value is a floor
+    that at least k values reach, so the k-th largest of all is among the values at or above it (usually ~16 k of
+    them). NaN (which partition puts last, as the largest) takes the full partition."""
+    sample = x[::16]
+    if k <= sample.size and not np.isnan(np.max(x)):
+        floor = np.partition(sample, -k)[-k]
+        above = x[x >= floor]
+        return float(np.partition(above, -k)[-k])
+    return float(np.partition(x, -k)[-k])
+
+
+def _softmax_at(x: np.ndarray, ids: np.ndarray | None) -> np.ndarray | None:
+    """``_softmax(np.where(keep, x, -inf))`` where ``keep`` holds ``ids`` (None: all), or None where a kept value
+    is NaN or +inf. The exps are taken of the kept values only; the sum and the division still run over the full
+    array, whose pairwise summation must see the zeros where they were."""
+    if ids is None:
+        top = np.max(x)
+        if not np.isfinite(top):
+            return None
+        e = np.exp(x - top)
+        return e / e.sum()
+    if not ids.size:
+        return None
+    kept = x[ids]
+    top = np.max(kept)
+    if not np.isfinite(top):
+        return None
+    e = np.zeros(x.size)
+    part = np.exp(kept - top)
+    e[ids] = part
+    part /= e.sum()  # only the kept ids' quotients are not 0 / sum = 0: the full array is not divided
+    e[ids] = part
+    return e
+
+
+def _top_p_prefix(probs: np.ndarray, ids: np.ndarray | None, top_p: float) -> np.ndarray | None:
+    """``order[:cut]`` of the full path's top-p step (``order``: ids by probability, highest first, ties by id; the
+    cut: the smallest prefix whose cumulative sum reaches ``top_p``), or None where the cut lies past every positive
+    probability. Only the head of the order is sorted: the ids whose probability is at least the ``count``-th
+    largest (all of a tie, so exactly the order's first ones, in its order after a stable sort of ascending ids);
+    their cumulative sum is the full one's prefix (cumsum adds in order). ``count`` grows until the cut is inside."""
+    pool = probs if ids is None else probs[ids]
+    count = 64
+    while True:
+        kth = _kth_largest(pool, count) if count < pool.size else 0.0
+        whole = kth <= 0
+        if whole:  # the head is every positive probability (the maximum's is one)
+            kth = np.min(pool[pool > 0])
+        head = np.flatnonzero(pool >= kth)
+        if ids is not None:
+            head = ids[head]
+        head = head[np.argsort(-probs[head], kind="stable")]
+        cut = int(np.searchsorted(np.cumsum(probs[head]), top_p, side="left"))
+        if cut < head.size:
+            return head[:cut + 1]
+        if whole:
+            return None
+        count *= 8
+
+
+def _draw(rng: np.random.Generator, probs: np.ndarray, support: np.ndarray | None) -> int:
+    """``rng.choice(probs.size, p=probs)``, the same id from the same one uniform draw, over ``support`` (ascending
+    ids holding every positive probability) instead of the vocabulary: choice's cdf is the cumulative sum divided by
+    its last value and picks the first entry above the draw, which is never one of probability 0 (its cdf equals the
+    positive entry's before it), and a cumsum adds the same values in the same order with or without zeros."""
+    if support is None:
+        return int(rng.choice(probs.size, p=probs))
+    positive = support[probs[support] > 0]
+    cdf = np.cumsum(probs[positive])
+    cdf /= cdf[-1]
+    return int(positive[cdf.searchsorted(rng.random(), side="right")])
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
