@@ -484,6 +484,23 @@ def test_matmul_bias_activation(backend):
     assert _ops(session) == ["FusedMatMul"]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matmul_bias_hard_sigmoid_swish(backend):
+    """x * HardSigmoid(x, 1/6, 0.5) after a MatMul + bias (fuse_matmul_bias reads the same activation finder as the
+    conv): one FusedMatMul with HardSwish, values on both sides of the clamp's corners (-3, 3)."""
+    rng = np.random.default_rng(6)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "bias"], ["a"]),
+         helper.make_node("HardSigmoid", ["a"], ["hs"], alpha=1 / 6, beta=0.5),
+         helper.make_node("Mul", ["a", "hs"], ["y"])],
+        [("x", TensorProto.FLOAT, [7, 19])], [("y", TensorProto.FLOAT, [7, 37])],
+        [("w", rng.normal(size=(19, 37)).astype(np.float32)), ("bias", rng.normal(size=37).astype(np.float32))],
+    )
+    session = _compare(model, {"x": rng.normal(size=(7, 19)).astype(np.float32)}, backend)
+    assert _ops(session) == ["FusedMatMul"]
+    assert session.graph.nodes[0].attrs["activation"] == "HardSwish"
+
+
 def test_no_fusion_when_the_intermediate_is_used_twice():
     rng = np.random.default_rng(2)
     model = make_model(
