@@ -55,6 +55,11 @@ def _conv_model(activation_nodes, rng):
         ([helper.make_node("HardSigmoid", ["bn"], ["y"], alpha=0.3, beta=0.4)], "HardSigmoid"),
         ([helper.make_node("Sigmoid", ["bn"], ["sg"]), helper.make_node("Mul", ["bn", "sg"], ["y"])], "Silu"),
         ([helper.make_node("Sigmoid", ["bn"], ["y"])], "Sigmoid"),
+        # Paddle 2.x's hard-swish, x * HardSigmoid(x, 1/6, 0.5), either Mul order; 0.16666670 as PP-OCRv5 writes it
+        ([helper.make_node("HardSigmoid", ["bn"], ["hs"], alpha=1 / 6, beta=0.5),
+          helper.make_node("Mul", ["hs", "bn"], ["y"])], "HardSwish"),
+        ([helper.make_node("HardSigmoid", ["bn"], ["hs"], alpha=0.16666670143604279, beta=0.5),
+          helper.make_node("Mul", ["bn", "hs"], ["y"])], "HardSwish"),
     ],
 )
 def test_conv_bn_activation_fuse_to_one_node(backend, acts, fused):
@@ -68,6 +73,24 @@ def test_conv_bn_activation_fuse_to_one_node(backend, acts, fused):
     assert _ops(session) == ["FusedConv"]
     assert session.graph.nodes[0].attrs["activation"] == fused
     assert session.rewrites["fold_conv_batchnorm"] == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("alpha, beta, second_user", [(0.2, 0.5, False), (1 / 6, 0.4, False), (1 / 6, 0.5, True)])
+def test_conv_hard_sigmoid_times_x_fuses_only_as_hard_swish(backend, alpha, beta, second_user):
+    """x * HardSigmoid(x) is HardSwish only at alpha 1/6, beta 0.5, and only where the Mul alone reads the
+    HardSigmoid: otherwise both nodes stay (the conv has two readers, no activation of its own)."""
+    rng = np.random.default_rng(5)
+    acts = [helper.make_node("HardSigmoid", ["bn"], ["hs"], alpha=alpha, beta=beta),
+            helper.make_node("Mul", ["bn", "hs"], ["y"])]
+    model = _conv_model(acts, rng)
+    if second_user:
+        model.graph.node.append(helper.make_node("Neg", ["hs"], ["z"]))
+        model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32) * 3
+    session = _compare(model, {"x": x}, backend)
+    assert "HardSigmoid" in _ops(session) and "Mul" in _ops(session)
+    assert all(n.attrs.get("activation") != "HardSwish" for n in session.graph.nodes)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -501,6 +524,23 @@ def test_matmul_bias_activation(backend):
     )
     session = _compare(model, {"x": rng.normal(size=(2, 5, 6)).astype(np.float32)}, backend)
     assert _ops(session) == ["FusedMatMul"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matmul_bias_hard_sigmoid_swish(backend):
+    """x * HardSigmoid(x, 1/6, 0.5) after a MatMul + bias (fuse_matmul_bias reads the same activation finder as the
+    conv): one FusedMatMul with HardSwish, values on both sides of the clamp's corners (-3, 3)."""
+    rng = np.random.default_rng(6)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "bias"], ["a"]),
+         helper.make_node("HardSigmoid", ["a"], ["hs"], alpha=1 / 6, beta=0.5),
+         helper.make_node("Mul", ["a", "hs"], ["y"])],
+        [("x", TensorProto.FLOAT, [7, 19])], [("y", TensorProto.FLOAT, [7, 37])],
+        [("w", rng.normal(size=(19, 37)).astype(np.float32)), ("bias", rng.normal(size=37).astype(np.float32))],
+    )
+    session = _compare(model, {"x": rng.normal(size=(7, 19)).astype(np.float32)}, backend)
+    assert _ops(session) == ["FusedMatMul"]
+    assert session.graph.nodes[0].attrs["activation"] == "HardSwish"
 
 
 def test_no_fusion_when_the_intermediate_is_used_twice():

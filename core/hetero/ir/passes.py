@@ -638,6 +638,8 @@ def _activation_of(graph: Graph, node: Node) -> tuple[dict, list[Node]] | None:
         return None
     if len(users) == 2 and (hard_swish := _hard_swish_of(graph, out, users)) is not None:
         return {"activation": "HardSwish"}, hard_swish
+    if len(users) == 2 and (hard_swish := _hard_sigmoid_swish_of(graph, out, users)) is not None:
+        return {"activation": "HardSwish"}, hard_swish
     if len(users) == 2:  # x * sigmoid(x), the SiLU pattern: x feeds both the Sigmoid and the Mul
         sig = next((u for u in users if u.op_key == ("", "Sigmoid")), None)
         mul = next((u for u in users if u.op_key == ("", "Mul")), None)
@@ -707,6 +709,22 @@ def _hard_swish_of(graph: Graph, x: str, users: list[Node]) -> list[Node] | None
             or (div.op_type == "Mul" and _constant_is(graph, div.inputs[1], 1 / 6))):
         return None
     return [add, clip, mul, div]
+
+
+def _hard_sigmoid_swish_of(graph: Graph, x: str, users: list[Node]) -> list[Node] | None:
+    """x * HardSigmoid(x, alpha=1/6, beta=0.5), Paddle 2.x's hard-swish (PP-LCNetV3's 30 in PP-OCRv5's recogniser):
+    the two nodes, else None. The fused kernel computes fma(float32(1/6), x, 0.5); an alpha within 1e-6 of 1/6
+    (Paddle writes 0.16666670 for two of them) moves a result by at most 2e-7 of x."""
+    sig = next((u for u in users if u.op_key == ("", "HardSigmoid")), None)
+    mul = next((u for u in users if u.op_key == ("", "Mul")), None)
+    if sig is None or mul is None or sorted(mul.inputs) != sorted([x, sig.outputs[0]]):
+        return None
+    alpha, beta = float(sig.attrs.get("alpha", 0.2)), float(sig.attrs.get("beta", 0.5))
+    if not (np.isclose(alpha, 1 / 6, rtol=1e-6, atol=0) and beta == 0.5):
+        return None
+    if _single_consumer(graph, sig.outputs[0]) is not mul:
+        return None
+    return [sig, mul]
 
 
 def _absorb(graph: Graph, node: Node, spanned: list[Node]) -> None:

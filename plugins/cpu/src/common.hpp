@@ -182,7 +182,7 @@ struct AlignedBuf {
 AlignedBuf& tl_buf(int slot);
 enum {
   TL_PACK_A = 0, TL_PACK_B = 1, TL_TMP = 2, TL_SMALLA = 3, TL_IM2COL = 4, TL_MISC = 5, TL_DEQUANT = 6, TL_BF16 = 7,
-  TL_CONV_IN = 8, TL_NSLOTS = 9
+  TL_CONV_IN = 8, TL_CONV_OUT = 9, TL_NSLOTS = 10
 };
 
 // ---- GEMM (gemm.cpp) ----

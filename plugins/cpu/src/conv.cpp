@@ -1624,9 +1624,85 @@ void subsample(const ExtraKernels& xk, const ConvGeom& g, const float* x, float*
   });
 }
 
+// A dilated 3x3 conv at stride 1 (CRAFT RefineNet's ASPP: 64 -> 128 at dilation 6 / 12 / 18 / 24 on 240 x 320) is
+// dh x dw undilated convs: output (a + dh i, b + dw j) reads padded input rows a + dh (i + k) and columns
+// b + dw (j + l), so phase (a, b) of the padded input (every dh-th row from a, every dw-th column from b) convolved
+// without dilation or padding gives phase (a, b) of the output. conv2d_packed runs them as one batch of N dh dw
+// images where Winograd takes that batch (the cblk direct kernel it replaces ran the 64 -> 128 at ~93 GFLOP/s: each
+// of the four 107-120 -> 66-97 ms at 1 thread, thread CPU);
+// HETERO_CPU_CONV_DILATED_PHASES=0 keeps the dilated kernels, to compare.
+ConvGeom dilated_phase_geom(const ConvGeom& g) {
+  ConvGeom p = g;
+  const i64 hq = ceil_div(g.Ho, g.dh), wq = ceil_div(g.Wo, g.dw);  // output rows / columns of the tallest phase
+  p.N = g.N * g.dh * g.dw, p.Ho = hq, p.Wo = wq, p.H = hq + 2, p.W = wq + 2;
+  p.pt = p.pl = p.pb = p.pr = 0, p.dh = p.dw = 1;
+  return p;
+}
+
+bool dilated_phases(const PackedConv& pc, const ConvGeom& g) {
+  static const int forced = env_override("HETERO_CPU_CONV_DILATED_PHASES");
+  if (forced == 0 || pc.depthwise || g.group != 1 || g.kh != 3 || g.kw != 3 || g.sh != 1 || g.sw != 1 ||
+      (g.dh == 1 && g.dw == 1))
+    return false;
+  // Measured at 1 thread (thread CPU, alone): 128 -> 128 d 2 on 32 x 32 2.75 -> 1.45-1.8 ms; 16 -> 32 d 2 on 12 x 12
+  // 17 -> 31-42 us and 32 -> 32 d 2 on 64 x 64 0.69 -> 0.68-0.88 ms lost, 64 -> 64 d 2 on 56 x 56 was a toss-up:
+  // the copies in and out pay only for deep products on large maps.
+  if (g.C * g.Cout < 8192 || g.Ho * g.Wo < 1024) return false;
+  return fp32_algorithm(pc, dilated_phase_geom(g)) == ConvAlgo::winograd;
+}
+
+// dst[(n, a, b), c, i, j] = x[n, c, a + dh i - pt, b + dw j - pl] (zero outside x), p = dilated_phase_geom(g).
+void gather_phases(const ConvGeom& g, const ConvGeom& p, const float* x, float* dst) {
+  const i64 planes = g.N * g.C, pplane = p.H * p.W, phases = g.dh * g.dw;
+  const int T = threads_for(static_cast<double>(planes) * phases * pplane * 2, kParallelGrain);
+  parallel_for(T, T, [&](i64 t) {
+    for (i64 q = planes * t / T; q < planes * (t + 1) / T; ++q) {
+      const i64 n = q / g.C, c = q % g.C;
+      const float* src = x + q * g.H * g.W;
+      for (i64 a = 0; a < g.dh; ++a)
+        for (i64 b = 0; b < g.dw; ++b) {
+          float* d = dst + ((n * phases + a * g.dw + b) * g.C + c) * pplane;
+          for (i64 i = 0; i < p.H; ++i, d += p.W) {
+            const i64 y = a + g.dh * i - g.pt;
+            if (y < 0 || y >= g.H) {
+              std::fill(d, d + p.W, 0.f);
+              continue;
+            }
+            const float* row = src + y * g.W;
+            for (i64 j = 0; j < p.W; ++j) {
+              const i64 xc = b + g.dw * j - g.pl;
+              d[j] = xc >= 0 && xc < g.W ? row[xc] : 0.f;
+            }
+          }
+        }
+    }
+  });
+}
+
+// out[n, co, a + dh i, b + dw j] = src[(n, a, b), co, i, j] for the outputs inside Ho x Wo.
+void scatter_phases(const ConvGeom& g, const ConvGeom& p, const float* src, float* out) {
+  const i64 planes = g.N * g.Cout, pplane = p.Ho * p.Wo, phases = g.dh * g.dw;
+  const int T = threads_for(static_cast<double>(planes) * g.Ho * g.Wo * 2, kParallelGrain);
+  parallel_for(T, T, [&](i64 t) {
+    for (i64 q = planes * t / T; q < planes * (t + 1) / T; ++q) {
+      const i64 n = q / g.Cout, co = q % g.Cout;
+      float* o = out + q * g.Ho * g.Wo;
+      for (i64 oy = 0; oy < g.Ho; ++oy) {
+        const i64 a = oy % g.dh, i = oy / g.dh;
+        float* orow = o + oy * g.Wo;
+        for (i64 b = 0; b < g.dw; ++b) {
+          const float* s = src + ((n * phases + a * g.dw + b) * g.Cout + co) * pplane + i * p.Wo;
+          for (i64 j = 0, ox = b; ox < g.Wo; ++j, ox += g.dw) orow[ox] = s[j];
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 ConvAlgo conv_algorithm(const PackedConv& pc, const ConvGeom& geom) {
+  if (dilated_phases(pc, geom)) return conv_algorithm(pc, dilated_phase_geom(geom));
   if (strided_pointwise(pc, geom)) {
     ConvGeom s = geom;
     s.H = geom.Ho, s.W = geom.Wo, s.sh = 1, s.sw = 1;
@@ -1662,6 +1738,15 @@ void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, c
   const bool res_relu = residual != nullptr && act_in.act >= 0;
   Epilogue act = act_in;
   if (residual) act.act = -1;
+  if (residual == nullptr && dilated_phases(pc, geom)) {
+    const ConvGeom p = dilated_phase_geom(geom);
+    float* in = tl_buf(TL_CONV_IN).get(static_cast<std::size_t>(p.N * p.C * p.H * p.W));
+    float* res = tl_buf(TL_CONV_OUT).get(static_cast<std::size_t>(p.N * p.Cout * p.Ho * p.Wo));
+    gather_phases(geom, p, x, in);
+    conv2d_packed(pc, p, in, bias, res, act_in, nullptr);
+    scatter_phases(geom, p, res, out);
+    return;
+  }
   if (strided_pointwise(pc, geom)) {
     // A strided 1x1 conv without padding (ResNet's stride-2 projections) reads every sh-th row and sw-th column: those
     // are copied once into a [N, C, Ho, Wo] buffer (the caller's, read by the tasks of the conv on it) and the conv

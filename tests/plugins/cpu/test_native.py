@@ -1832,6 +1832,83 @@ def test_conv1d_winograd_nonfinite_input_and_rule():
         != "winograd1d"
 
 
+# Dilated 3x3 convs at stride 1 run as dh x dw undilated phase convs on Winograd (conv.cpp dilated_phases):
+# CRAFT RefineNet's ASPP shape scaled down (64 -> 128 at d = 6, "same" pads), sizes no multiple of the dilation
+# (phases of unequal size: the tallest one's extra rows cut off), unequal dilations and pads (fewer pads than the
+# dilation; none on one side), one dilated axis, two images.
+DILATED_PHASE_CASES = [
+    # (N, C, H, W, Cout, dilations, pads)
+    (1, 64, 48, 64, 128, (6, 6), (6, 6, 6, 6)),
+    (2, 64, 23, 47, 130, (3, 5), (3, 5, 3, 5)),
+    (1, 96, 45, 41, 97, (4, 2), (1, 2, 3, 0)),
+    (1, 128, 40, 30, 64, (2, 1), (2, 1, 2, 1)),
+    (1, 64, 96, 120, 128, (12, 12), (12, 12, 12, 12)),
+]
+
+
+@pytest.mark.parametrize("case", DILATED_PHASE_CASES, ids=[str(i) for i in range(len(DILATED_PHASE_CASES))])
+@pytest.mark.parametrize("activation", ["none", "relu"])
+def test_conv_dilated_phases(isa, threads, case, activation):
+    # against float64 (Winograd's rounding bounded by the largest output), with a residual (the conv, then the sum),
+    # and the same bits at 1 thread
+    n, c, h, wd, cout, dil, pads = case
+    x = randn(n, c, h, wd, seed=121)
+    w = randn(cout, c, 3, 3, seed=122) * np.float32(1.0 / np.sqrt(9 * c))
+    bias = randn(cout, seed=123)
+    packed = _native.prepack_conv(w, 1, "high")
+    assert packed.algorithm(list(x.shape), (1, 1), pads, dil) == "winograd"
+    ref = _conv_ref(x, w, bias, (1, 1), pads, dil, 1)
+    tol = {"rtol": 1e-4, "atol": 1e-4 + 1e-5 * float(np.abs(ref).max())}
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, pads=pads, dilations=dil, activation=activation)
+    np.testing.assert_allclose(out, ACTS[activation](ref), **tol)
+    residual = randn(*ref.shape, seed=124)
+    summed = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, summed, pads=pads, dilations=dil, activation=activation, residual=residual)
+    np.testing.assert_allclose(summed, ACTS[activation](ref + residual), **tol)
+    _native.set_num_threads(1)
+    one = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, one, pads=pads, dilations=dil, activation=activation)
+    _native.set_num_threads(threads)
+    np.testing.assert_array_equal(out, one)
+
+
+def test_conv_dilated_phases_nonfinite_and_rule():
+    # an inf and a NaN in the input: each phase conv falls back from Winograd to a direct kernel, so only the outputs
+    # whose dilated windows read them are inf / NaN
+    x = randn(1, 64, 30, 36, seed=125)
+    x[0, 3, 10, 11] = np.inf
+    x[0, 7, 20, 30] = np.nan
+    w = np.abs(randn(128, 64, 3, 3, seed=126)) * np.float32(0.05)
+    pads, dil = (4, 4, 4, 4), (4, 4)
+    packed = _native.prepack_conv(w, 1, "high")
+    assert packed.algorithm(list(x.shape), (1, 1), pads, dil) == "winograd"
+    out = np.empty((1, 128, 30, 36), np.float32)
+    _native.conv2d_packed(x, packed, None, out, pads=pads, dilations=dil)
+    bad = np.zeros((30, 36), bool)
+    for ky in range(3):
+        for kx in range(3):
+            for y, xc in ((10, 11), (20, 30)):
+                oy, ox = y + 4 - 4 * ky, xc + 4 - 4 * kx
+                if 0 <= oy < 30 and 0 <= ox < 36:
+                    bad[oy, ox] = True
+    assert np.array_equal(~np.isfinite(out[0]).all(axis=0), bad)
+    finite = np.where(np.isfinite(x), x, 0).astype(np.float32)
+    ref = _conv_ref(finite, w, None, (1, 1), pads, dil, 1)
+    np.testing.assert_allclose(out[:, :, ~bad], ref[:, :, ~bad], rtol=1e-4, atol=1e-4)
+    # what the rule leaves to the dilated kernels: a stride, groups, a 5x5 kernel, shallower products (64 -> 64, 16 ->
+    # 32: measured slower or level), small maps (< 1024 outputs)
+    algo = lambda c, co, shape, d, k=3, s=1, group=1: _native.prepack_conv(  # noqa: E731
+        randn(co, c // group, k, k), group, "high").algorithm([1, c, *shape], (s, s), (d, d, d, d), (d, d))
+    assert algo(64, 128, (48, 64), 6) == "winograd"
+    assert algo(64, 128, (48, 64), 6, s=2) != "winograd"
+    assert algo(64, 128, (48, 64), 6, group=2) != "winograd"
+    assert algo(64, 128, (48, 64), 6, k=5) != "winograd"
+    assert algo(64, 64, (56, 56), 2) != "winograd"
+    assert algo(16, 32, (12, 12), 2) != "winograd"
+    assert algo(128, 128, (30, 30), 2) != "winograd"
+
+
 def test_conv1d_winograd_five_taps_nonfinite_and_rule():
     # F(4, 5) as F(4, 3) above; the rule leaves five-tap convs with fewer than 64 channels in or out (atspm_funcnet's
     # 32 -> 32 ran slower), 2-D 5 x 5 kernels, two-row inputs and stride 5 (eeg_spindles' downscale convs) to the
