@@ -4,13 +4,12 @@ shape changes and invalidated replays handled, threads taking turns."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 import hetero
+from concurrency import run_in_threads
 from conftest import backend_ok, make_model
 from hetero.contract.errors import InputError
 
@@ -143,25 +142,14 @@ def test_one_session_from_threads_on_the_fast_path():
     feeds = [(rng.normal(size=(3, 6)).astype(np.float32), np.array([i + 1.0], np.float32)) for i in range(8)]
     for x, s in feeds[:3]:
         session.run({"x": x, "s": s})
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
 
     def work(i: int) -> None:
-        try:
-            start.wait()
-            for k in range(200):
-                x, s = feeds[(i + k) % len(feeds)]
-                out = session.run({"x": x, "s": s})
-                np.testing.assert_allclose(out["z"], want(x, s)[1], rtol=1e-5, atol=1e-6)
-        except BaseException as exc:  # handed to the test's thread
-            errors.append(exc)
+        for k in range(200):
+            x, s = feeds[(i + k) % len(feeds)]
+            out = session.run({"x": x, "s": s})
+            np.testing.assert_allclose(out["z"], want(x, s)[1], rtol=1e-5, atol=1e-6)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors[0]
+    run_in_threads(work, 4)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -389,21 +377,10 @@ def test_an_if_on_data_from_threads_gets_each_runs_branch():
     for x in feeds:  # both branches recorded and fitted
         session.run({"x": x})
         session.run({"x": x})
-    errors: list[BaseException] = []
-    start = threading.Barrier(2)
 
     def work(i: int) -> None:
-        try:
-            start.wait()
-            for k in range(300):
-                x = feeds[(i + k) % len(feeds)]
-                np.testing.assert_allclose(session.run({"x": x})["y"], _if_on_data_want(x), rtol=1e-6)
-        except BaseException as exc:  # handed to the test's thread
-            errors.append(exc)
+        for k in range(300):
+            x = feeds[(i + k) % len(feeds)]
+            np.testing.assert_allclose(session.run({"x": x})["y"], _if_on_data_want(x), rtol=1e-6)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors[0]
+    run_in_threads(work, 2)

@@ -4,13 +4,13 @@ two sessions run side by side; a kernel that raises mid-run leaves the session u
 from __future__ import annotations
 
 import importlib.util
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import hetero
+from concurrency import run_in_threads
 from conftest import backend_ok
 from hetero.contract.errors import BackendError
 from hetero.demo import tiny_cnn
@@ -19,29 +19,6 @@ from hetero.runtime.executor import KernelProgram
 # Every installed backend, judged when its test runs: the conftest's session-wide HETERO_CACHE_DIR (set after
 # collection) moves the toolkit environments some backends probe for, so a backend ok at import may not be then.
 INSTALLED = [row.name for row in hetero.backends()]
-
-
-def run_in_threads(work, count: int) -> list:
-    """``work(i)`` in ``count`` threads started together; their results in order, or the first exception raised."""
-    results: list = [None] * count
-    errors: list[BaseException] = []
-    start = threading.Barrier(count)
-
-    def body(i: int) -> None:
-        try:
-            start.wait()
-            results[i] = work(i)
-        except BaseException as exc:  # handed to the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def _images(count: int) -> list[np.ndarray]:

@@ -10,9 +10,8 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from test_threads import run_in_threads
-
 import hetero.llm
+from concurrency import run_in_threads
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llm"
 PROMPTS = ["hello there", "the sky is", "one two three four", "zzz"]

@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import hetero.llm
+from concurrency import run_in_threads
 from hetero.contract.errors import HeteroError, ModelFormatError
 from hetero.llm import files, gguf, loader
 from hetero.llm.config import load_config
@@ -331,28 +331,13 @@ def test_truncated_mapped_file_is_an_error_not_sigbus(tmp_path, kind):
 def test_two_threads_on_one_llm_both_work(qwen3_llm):
     prompts = [[1, 2, 3, 4, 5], [9, 8, 7]]
     want = [qwen3_llm.generate(p, max_new_tokens=12, temperature=0) for p in prompts]
-    want_tokens = []
-    for p in prompts:
-        qwen3_llm.generate(p, max_new_tokens=12, temperature=0)
-        want_tokens.append(list(qwen3_llm.last.tokens))
-    got: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
 
-    def run(i: int) -> None:
-        try:
-            for _ in range(3):
-                stream = qwen3_llm.generate(prompts[i], max_new_tokens=12, temperature=0, stream=True)
-                "".join(stream)
-            got[i] = want[i]
-        except BaseException as exc:
-            errors.append(exc)
+    def run(i: int) -> list[str]:  # streamed generations of one Llm from two threads take turns: each its own text
+        return ["".join(qwen3_llm.generate(prompts[i], max_new_tokens=12, temperature=0, stream=True))
+                for _ in range(3)]
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors and got == {0: want[0], 1: want[1]}
+    assert run_in_threads(run, 2) == [[want[0]] * 3, [want[1]] * 3]
+    assert all(want)
 
 
 def test_paused_stream_resumed_after_another_generate_continues_correctly(qwen3_llm):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from concurrency import run_in_threads
 from hetero.contract import HeteroError
 from hetero.llm.sampler import Sampler, SamplingParams, apply_penalties, filtered_probs
 
@@ -168,8 +169,6 @@ def test_sampled_tokens_unchanged_for_a_fixed_seed():
 def test_seeded_generation_from_two_threads_on_two_models_draws_the_full_paths_tokens(monkeypatch):
     """Two models generating with seeded top-k / top-p / min-p sampling in two threads at once produce, each, the
     tokens of a generation drawn with ``rng.choice`` over the whole vocabulary's probabilities (base's path)."""
-    import threading
-
     import hetero.llm.sampler as sampler_module
 
     from .helpers import FIXTURES, load
@@ -188,21 +187,9 @@ def test_seeded_generation_from_two_threads_on_two_models_draws_the_full_paths_t
         patch.setattr(sampler_module, "_filtered",
                       lambda x, p: (sampler_module._full_filtered_probs(x, p), None))
         want = [generate(0), generate(1)]
-    got: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
 
-    def run(i: int) -> None:
-        try:
-            for _ in range(3):
-                got[i] = generate(i)
-                assert got[i] == want[i]
-        except BaseException as exc:
-            errors.append(exc)
+    def run(i: int) -> list[list[int]]:
+        return [generate(i) for _ in range(3)]
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors and got == {0: want[0], 1: want[1]}
+    assert run_in_threads(run, 2) == [[want[0]] * 3, [want[1]] * 3]
     assert all(len(tokens) > 4 for tokens in want)  # long enough to have sampled more than a token or two
