@@ -182,6 +182,7 @@ class Llm:
         # the model's files and their stat at load: the key of its prefix-cache files (hetero.llm.model_hash)
         self.identity = ModelIdentity(model_files(path, mapped))
         self._tail: tuple[list[int], int, np.ndarray] | None = None  # (tokens, their count, the last one's logits)
+        self._singles: tuple[object, dict[int, str]] | None = None  # (tokenizer, TextDecoder's one-token texts)
         self._finalizer = weakref.finalize(self, self._mapped.close)
         self._model: Llm = self  # slot 0, whose finalizer closes the files (what each sequence keeps alive)
         self._sequences_lock = threading.Lock()
@@ -620,6 +621,14 @@ class Llm:
         record = self.last = Generation()  # this call's own: another thread's call replaces self.last
         decode = (lambda t: self.detokenize(t, skip_special_tokens=True)) if self.tokenizer is not None \
             else (lambda t: "")
+        singles = None  # decode's one-token texts, kept across generations while the tokenizer stays the same
+        concatenates = False
+        if self.tokenizer is not None:
+            concatenates = bool(getattr(self.tokenizer, "concatenates", False))  # a stand-in tokenizer: no
+            memo = getattr(self, "_singles", None)
+            if memo is None or memo[0] is not self.tokenizer:
+                memo = self._singles = (self.tokenizer, {})
+            singles = memo[1]
         source = None
         if spec is not None:
             from .speculative.registry import speculation
@@ -631,7 +640,7 @@ class Llm:
                     cache_file.restore(self, ids)
                 cache_file = None
         pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, record, decode,
-                                 source, cache_file)
+                                 source, cache_file, singles, concatenates)
         if stream:
             return pieces
         for _ in pieces:
