@@ -281,9 +281,17 @@ class Llm:
         return past
 
     def _step_outputs(self) -> list[str]:
-        """The graph outputs a step reads: the logits, the exposed layers', the final norm's (embed)."""
+        """The graph outputs a step reads: the logits, the exposed layers', the final norm's (embed). Built once
+        per (exposed layers, final norm): a step reads it without changing it, and ``expose_hidden`` replaces the
+        tuple, which builds it again."""
+        key = (self.hidden_layers, self._final_norm)
+        built = getattr(self, "_outputs_built", None)
+        if built is not None and built[0] is key[0] and built[1] == key[1]:
+            return built[2]
         extra = [self._final_norm] if self._final_norm is not None else []
-        return [LOGITS, *(self._layer_outputs[layer] for layer in self.hidden_layers), *extra]
+        wanted = [LOGITS, *(self._layer_outputs[layer] for layer in self.hidden_layers), *extra]
+        self._outputs_built = (*key, wanted)
+        return wanted
 
     def _took(self, ids: list[int], past: int, out: dict[str, np.ndarray]) -> np.ndarray:
         """Keep what a step of ``ids`` at ``past`` returned (hidden states, the cached tokens); its logits."""
@@ -415,7 +423,10 @@ class Llm:
         the prompt's prefix-cache file (``generate(prompt_cache=...)``)."""
         with self._lock:
             if self._owner is owner and len(self.tokens) == len(ids) - 1:
-                logits = self.forward(ids[-1:])
+                self._owner = None  # forward's body, inlined: one call level and one lock less a step
+                logits = self._forward(_token_ids(ids[-1:]))
+                if not self.all_logits:
+                    logits = logits[-1:]
             else:
                 logits = self._prefill(ids, stats or Stats(), prompt_file)
             self._owner = owner
