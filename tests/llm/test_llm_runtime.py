@@ -157,3 +157,16 @@ def test_forward_needs_a_tokenizer_only_for_text():
     assert len(tiny.last.tokens) == 3
     with pytest.raises(HeteroError, match="no tokenizer"):
         tiny.generate("hello")
+
+
+def test_step_outputs_are_built_once_and_again_when_a_layer_is_exposed():
+    model = load(FIXTURES / "qwen3", backends=["cpu"], context=64)
+    wanted = model._step_outputs()
+    assert model._step_outputs() is wanted and wanted[0] == "logits"
+    text = model.generate("hello there", 6, temperature=0)
+    model.expose_hidden([0])  # a new hidden_layers tuple: the next step reads layer 0's output too
+    wider = model._step_outputs()
+    assert wider is not wanted and model._layer_outputs[0] in wider and model._step_outputs() is wider
+    assert model.generate("hello there", 6, temperature=0) == text
+    rows = model.hidden(0, 0, len(model.tokens))
+    assert rows.shape[0] == len(model.tokens) and np.isfinite(rows).all() and np.abs(rows[-1]).sum() > 0

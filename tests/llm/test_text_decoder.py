@@ -95,3 +95,124 @@ def test_the_generation_loop_streams_whole_characters_and_stops_on_multibyte_sto
     n = len(qwen3.tokenize("ok 🦀", add_special_tokens=False)) - 1
     pieces, record = _stream(qwen3, "ok 🦀", [], max_tokens=n)  # stopped by the limit inside the crab
     assert "".join(pieces) == record.text == qwen3.detokenize(qwen3.tokenize("ok 🦀", add_special_tokens=False)[:n])
+
+
+def _old_pieces(decode: Any, ids: list[int]) -> list[str]:
+    """The pieces as TextDecoder gave them before its one-token memo: both windows decoded at every token."""
+    tokens: list[int] = []
+    start = done = 0
+    out = []
+    for token in ids:
+        tokens.append(token)
+        before, after = decode(tokens[start:done]), decode(tokens[start:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            out.append("")
+            continue
+        start, done = done, len(tokens)
+        out.append(after[len(before):])
+    out.append(decode(tokens[start:])[len(decode(tokens[start:done])):] if done != len(tokens) else "")
+    return out
+
+
+def test_the_one_token_memo_gives_the_same_pieces_and_one_decode_a_token_once_warm(qwen3):
+    ids = qwen3.tokenize(TEXT + " def f(x):\n    return x + 1\n" * 3, add_special_tokens=False)
+    singles: dict[int, str] = {}
+    for round_ in range(2):  # cold memo, then the warm one a model's next generation shares
+        calls: list[int] = []
+        decoder = TextDecoder(_decode(qwen3, calls), singles)
+        pieces = [decoder.add(i) for i in ids] + [decoder.flush()]
+        assert pieces == _old_pieces(_decode(qwen3), ids)
+        assert "".join(pieces) == qwen3.detokenize(ids)
+        assert all(singles[t] == qwen3.detokenize([t], skip_special_tokens=True) for t in singles)
+        if round_ == 1:
+            # one decode a token; a window of several tokens (a character split over byte tokens) once more each
+            assert len(calls) - len(ids) <= sum(n > 2 for n in calls), (len(calls), len(ids))
+    ascii_ids = qwen3.tokenize("for i in range(10):\n    print(i)\n", add_special_tokens=False)
+    calls = []
+    decoder = TextDecoder(_decode(qwen3, calls), {i: qwen3.detokenize([i], skip_special_tokens=True)
+                                                   for i in ascii_ids})
+    assert "".join(decoder.add(i) for i in ascii_ids) + decoder.flush() == qwen3.detokenize(ascii_ids)
+    assert len(calls) == len(ascii_ids) + 1  # one a token, and the empty window before the first
+
+
+def test_a_model_shares_its_memo_across_generations_and_drops_it_with_its_tokenizer(qwen3):
+    qwen3.reset()
+    first = qwen3.generate("naïve café 🦀", 12, temperature=0, stop=["🦀"])
+    memo = qwen3._singles
+    assert memo is not None and memo[0] is qwen3.tokenizer and memo[1]
+    again = qwen3.generate("naïve café 🦀", 12, temperature=0, stop=["🦀"])
+    assert again == first and qwen3._singles is memo
+    tokenizer = qwen3.tokenizer
+    try:
+        qwen3._singles = (object(), {t: "WRONG" for t in range(qwen3.config.vocab_size)})  # another tokenizer's
+        assert qwen3.generate("naïve café 🦀", 12, temperature=0, stop=["🦀"]) == first
+        assert qwen3._singles[0] is tokenizer and "WRONG" not in qwen3._singles[1].values()
+    finally:
+        qwen3._singles = None
+
+
+def test_a_byte_level_tokenizer_concatenates_and_its_decoder_then_decodes_only_new_tokens(qwen3):
+    import random
+
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models
+
+    from hetero.llm.tokenizer import Tokenizer
+
+    assert qwen3.tokenizer.concatenates  # the fixture's byte-level BPE
+    metaspace = HfTokenizer(models.WordLevel({"\u2581a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    metaspace.decoder = decoders.Metaspace()
+    assert not Tokenizer.from_parts(metaspace).concatenates  # "▁a" alone is "a", after "b" it is " a"
+    assert metaspace.decode([1, 0]) != metaspace.decode([1]) + metaspace.decode([0])
+    metaspace.decoder = decoders.Sequence([decoders.ByteLevel()])
+    assert not Tokenizer.from_parts(metaspace).concatenates  # only the plain byte-level decoder is trusted
+    # the premise on the real tokenizer: texts join wherever both parts are whole characters
+    decode = _decode(qwen3)
+    vocab = qwen3.config.vocab_size
+    rnd = random.Random(5)
+    for _ in range(3000):
+        a, b = [rnd.randrange(vocab) for _ in range(rnd.randint(1, 3))], rnd.randrange(vocab)
+        if "\ufffd" not in decode(a) + decode([b]):
+            assert decode([*a, b]) == decode(a) + decode([b]), (a, b)
+    ids = qwen3.tokenize(TEXT + " def f(x):\n    return x + 1\n" * 3, add_special_tokens=False)
+    ids[5:5] = list(qwen3.eos_ids[:1]) * 2  # special tokens (no text with skip_special_tokens) mid-text
+    singles: dict[int, str] = {}
+    for round_ in range(2):
+        calls: list[int] = []
+        decoder = TextDecoder(_decode(qwen3, calls), singles, concatenates=True)
+        pieces = [decoder.add(i) for i in ids] + [decoder.flush()]
+        assert pieces == _old_pieces(_decode(qwen3), ids)
+        if round_ == 1:  # warm: decodes only for characters split across tokens
+            assert len(calls) < len(ids) // 2, (len(calls), len(ids))
+    ascii_ids = qwen3.tokenize("for i in range(10):\n    print(i)\n", add_special_tokens=False)
+    calls = []
+    decoder = TextDecoder(_decode(qwen3, calls), {i: decode([i]) for i in ascii_ids}, concatenates=True)
+    assert "".join(decoder.add(i) for i in ascii_ids) + decoder.flush() == decode(ascii_ids)
+    assert calls == [0]  # the empty window before the first token, nothing else
+
+
+def test_sequences_sharing_the_memo_stream_the_same_text_from_two_threads():
+    import threading
+
+    multi = load(FIXTURES / "qwen3", backends=["cpu"], slots=2)
+    prompts = ["naïve café 🦀 ok", "日本語 ✓ Ωμέγα and"]
+    stops = ["🦀", "Ω"]
+    alone = load(FIXTURES / "qwen3", backends=["cpu"])
+    want = [alone.generate(p, 20, temperature=0, stop=stops) for p in prompts]
+    seqs = multi.sequences()
+    got: list[list[str]] = [[], []]
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(3):
+                got[i].append("".join(seqs[i].generate(prompts[i], 20, temperature=0, stop=stops, stream=True)))
+        except BaseException as exc:  # why: reported by the main thread's assert
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and got == [[want[0]] * 3, [want[1]] * 3]

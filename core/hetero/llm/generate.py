@@ -76,22 +76,61 @@ class StopMatcher:
         return len(text) - hold
 
 
+SINGLES_MAX = 1 << 18  # TextDecoder's decode([t]) memo: at most this many tokens (more than any vocabulary here)
+
+
 class TextDecoder:
     """The text of a growing list of tokens, decoding only the tokens since the last finished character (and those
     of the piece before it, for tokenizers whose text of a token depends on the one before: SentencePiece's leading
     space). A piece that ends inside a UTF-8 sequence (decoded as U+FFFD) waits for the tokens that finish it;
     ``flush`` gives what is left at the end (a sequence that never finished, as U+FFFD, as decoding all would)."""
 
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, decode: Callable[[list[int]], str], singles: dict[int, str] | None = None,
+                 concatenates: bool = False) -> None:
         self.decode = decode
+        # ``concatenates``: decode(a + [t]) == decode(a) + decode([t]) whenever neither holds U+FFFD (byte-level BPE:
+        # each token's bytes joined, one UTF-8 decode; ``Tokenizer.concatenates``). Then a token after a finished
+        # piece whose own text is whole costs no decode once its text is in ``singles``.
+        self.concatenates = concatenates
         self.tokens: list[int] = []
         self.start = 0  # the tokens [start, done) decode to the last piece added to the text ...
         self.done = 0  # ... and the tokens from done on are not in the text yet
+        # decode([t]) by token: the usual "before" is the one token of the last piece, so with it known a token
+        # costs one decode, not two. ``singles`` may be shared by the decoders of one decode function (a model's):
+        # decode is a pure function of the ids, so a racing writer stores the same text.
+        self.singles: dict[int, str] = {} if singles is None else singles
+        self._before: tuple[int, int, str] | None = None  # (start, done, text): a window held over unfinished adds
+
+    def _window(self, start: int, done: int) -> str:
+        if done - start == 1:
+            return self._single(self.tokens[start])
+        held = self._before
+        if held is not None and held[0] == start and held[1] == done:
+            return held[2]
+        text = self.decode(self.tokens[start:done])
+        self._before = (start, done, text)
+        return text
+
+    def _single(self, token: int) -> str:
+        text = self.singles.get(token)
+        if text is None:
+            text = self.decode([token])
+            if len(self.singles) < SINGLES_MAX:
+                self.singles[token] = text
+        return text
 
     def add(self, token: int) -> str:
         """The text that ``token`` finishes (often its own piece; "" while a character is unfinished)."""
         self.tokens.append(token)
-        before = self.decode(self.tokens[self.start:self.done])
+        if self.concatenates and self.done == len(self.tokens) - 1:  # the last piece finished: after = before + own
+            before = self._window(self.start, self.done)
+            own = self._single(token)
+            if "\ufffd" not in before and "\ufffd" not in own:
+                if not own:  # as decoding both: a token with no text (a special one) finishes nothing
+                    return ""
+                self.start, self.done = self.done, len(self.tokens)
+                return own
+        before = self._window(self.start, self.done)
         after = self.decode(self.tokens[self.start:])
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""
@@ -102,7 +141,7 @@ class TextDecoder:
         """The text of the tokens still held back (at the end of the generation)."""
         if self.done == len(self.tokens):
             return ""
-        before = self.decode(self.tokens[self.start:self.done])
+        before = self._window(self.start, self.done)
         after = self.decode(self.tokens[self.start:])
         self.start = self.done = len(self.tokens)
         return after[len(before):]
@@ -126,10 +165,13 @@ class TokenSource(Protocol):
 def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler, stop: Sequence[str],
                     eos_ids: Sequence[int], record: Generation,
                     decode: Callable[[list[int]], str], source: TokenSource | None = None,
-                    prompt_file: Any = None) -> Generator[str, None, None]:
+                    prompt_file: Any = None, singles: dict[int, str] | None = None,
+                    concatenates: bool = False) -> Generator[str, None, None]:
     """Yield text pieces; closing the iterator stops generation and leaves the cache consistent. ``source``: take
     the tokens from it (speculative decoding; it prefills the prompt) instead of sampling each from a step.
-    ``prompt_file``: the prompt's prefix-cache file (``hetero.llm.prompt_cache.PromptFile``)."""
+    ``prompt_file``: the prompt's prefix-cache file (``hetero.llm.prompt_cache.PromptFile``). ``singles``: the
+    ``TextDecoder`` memo of one-token texts to share (a model's, for its ``decode``), or None for a fresh one;
+    ``concatenates``: ``decode`` joins the tokens' texts (``TextDecoder``)."""
     stats = llm.stats
     matcher = StopMatcher(stop)
     record.prompt_tokens = list(prompt_ids)
@@ -144,7 +186,7 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
         steplog.write("start", spec=source is not None, prompt_tokens=len(prompt_ids), max_new_tokens=max_new_tokens)
     emitted = 0  # characters of the decoded text already yielded
     text = ""
-    pieces = TextDecoder(decode)
+    pieces = TextDecoder(decode, singles, concatenates)
     decode_started = time.perf_counter()
     try:
         for _ in range(max_new_tokens):

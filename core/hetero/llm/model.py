@@ -182,6 +182,7 @@ class Llm:
         # the model's files and their stat at load: the key of its prefix-cache files (hetero.llm.model_hash)
         self.identity = ModelIdentity(model_files(path, mapped))
         self._tail: tuple[list[int], int, np.ndarray] | None = None  # (tokens, their count, the last one's logits)
+        self._singles: tuple[object, dict[int, str]] | None = None  # (tokenizer, TextDecoder's one-token texts)
         self._finalizer = weakref.finalize(self, self._mapped.close)
         self._model: Llm = self  # slot 0, whose finalizer closes the files (what each sequence keeps alive)
         self._sequences_lock = threading.Lock()
@@ -280,9 +281,17 @@ class Llm:
         return past
 
     def _step_outputs(self) -> list[str]:
-        """The graph outputs a step reads: the logits, the exposed layers', the final norm's (embed)."""
+        """The graph outputs a step reads: the logits, the exposed layers', the final norm's (embed). Built once
+        per (exposed layers, final norm): a step reads it without changing it, and ``expose_hidden`` replaces the
+        tuple, which builds it again."""
+        key = (self.hidden_layers, self._final_norm)
+        built = getattr(self, "_outputs_built", None)
+        if built is not None and built[0] is key[0] and built[1] == key[1]:
+            return built[2]
         extra = [self._final_norm] if self._final_norm is not None else []
-        return [LOGITS, *(self._layer_outputs[layer] for layer in self.hidden_layers), *extra]
+        wanted = [LOGITS, *(self._layer_outputs[layer] for layer in self.hidden_layers), *extra]
+        self._outputs_built = (*key, wanted)
+        return wanted
 
     def _took(self, ids: list[int], past: int, out: dict[str, np.ndarray]) -> np.ndarray:
         """Keep what a step of ``ids`` at ``past`` returned (hidden states, the cached tokens); its logits."""
@@ -414,7 +423,10 @@ class Llm:
         the prompt's prefix-cache file (``generate(prompt_cache=...)``)."""
         with self._lock:
             if self._owner is owner and len(self.tokens) == len(ids) - 1:
-                logits = self.forward(ids[-1:])
+                self._owner = None  # forward's body, inlined: one call level and one lock less a step
+                logits = self._forward(_token_ids(ids[-1:]))
+                if not self.all_logits:
+                    logits = logits[-1:]
             else:
                 logits = self._prefill(ids, stats or Stats(), prompt_file)
             self._owner = owner
@@ -620,6 +632,14 @@ class Llm:
         record = self.last = Generation()  # this call's own: another thread's call replaces self.last
         decode = (lambda t: self.detokenize(t, skip_special_tokens=True)) if self.tokenizer is not None \
             else (lambda t: "")
+        singles = None  # decode's one-token texts, kept across generations while the tokenizer stays the same
+        concatenates = False
+        if self.tokenizer is not None:
+            concatenates = bool(getattr(self.tokenizer, "concatenates", False))  # a stand-in tokenizer: no
+            memo = getattr(self, "_singles", None)
+            if memo is None or memo[0] is not self.tokenizer:
+                memo = self._singles = (self.tokenizer, {})
+            singles = memo[1]
         source = None
         if spec is not None:
             from .speculative.registry import speculation
@@ -631,7 +651,7 @@ class Llm:
                     cache_file.restore(self, ids)
                 cache_file = None
         pieces = generate_stream(self, ids, max_new_tokens, Sampler(params), stops, self.eos_ids, record, decode,
-                                 source, cache_file)
+                                 source, cache_file, singles, concatenates)
         if stream:
             return pieces
         for _ in pieces:

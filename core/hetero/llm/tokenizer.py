@@ -91,6 +91,18 @@ class Tokenizer:
         """Every token (added tokens included) -> its id."""
         return dict(self._tok.get_vocab(with_added_tokens=True))
 
+    @property
+    def concatenates(self) -> bool:
+        """Whether decoding a list of ids joins their texts whenever each part decodes to whole characters (a
+        byte-level BPE decoder alone: each token's bytes joined, then one lossy UTF-8 decode; GPT-2, Qwen, Llama 3).
+        Not so for SentencePiece's Metaspace (a first token's leading space is dropped) or decoder sequences."""
+        cached = getattr(self, "_concatenates", None)
+        if cached is None:
+            from tokenizers import decoders
+
+            cached = self._concatenates = type(getattr(self._tok, "decoder", None)) is decoders.ByteLevel
+        return cached
+
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
