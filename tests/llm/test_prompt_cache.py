@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import warnings
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 import hetero.llm
+from concurrency import run_in_threads
 from hetero.contract.errors import HeteroError
 from hetero.llm import model_hash, snapshot
 from hetero.llm import prompt_cache_file as pcf
@@ -265,26 +265,18 @@ def test_concurrent_writers_and_readers_of_one_file(tmp_path):
     fresh = _load(FIXTURES / "qwen3")
     want = [_greedy(fresh, p)[0] for p in prompts]
     models = [_load(FIXTURES / "qwen3") for _ in range(2)]
-    errors: list[BaseException] = []
-    results: list[tuple[int, list[int]]] = []
 
-    def work(i: int) -> None:
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                for step in range(6):
-                    which = (i + step) % 2
-                    results.append((which, _greedy(models[i], prompts[which], prompt_cache=path)[0]))
-            assert not [w for w in caught if issubclass(w.category, PromptCacheWarning)]
-        except BaseException as exc:  # re-raised in the main thread
-            errors.append(exc)
+    def work(i: int) -> list[tuple[int, list[int]]]:
+        got = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(6):
+                which = (i + step) % 2
+                got.append((which, _greedy(models[i], prompts[which], prompt_cache=path)[0]))
+        assert not [w for w in caught if issubclass(w.category, PromptCacheWarning)]
+        return got
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = [result for got in run_in_threads(work, 2) for result in got]
     assert len(results) == 12 and all(tokens == want[which] for which, tokens in results)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from concurrency import run_in_threads
 from hetero.llm.generate import Generation, TextDecoder, generate_stream
 from hetero.llm.sampler import Sampler, SamplingParams
 
@@ -192,27 +193,14 @@ def test_a_byte_level_tokenizer_concatenates_and_its_decoder_then_decodes_only_n
 
 
 def test_sequences_sharing_the_memo_stream_the_same_text_from_two_threads():
-    import threading
-
     multi = load(FIXTURES / "qwen3", backends=["cpu"], slots=2)
     prompts = ["naïve café 🦀 ok", "日本語 ✓ Ωμέγα and"]
     stops = ["🦀", "Ω"]
     alone = load(FIXTURES / "qwen3", backends=["cpu"])
     want = [alone.generate(p, 20, temperature=0, stop=stops) for p in prompts]
     seqs = multi.sequences()
-    got: list[list[str]] = [[], []]
-    errors: list[BaseException] = []
 
-    def work(i: int) -> None:
-        try:
-            for _ in range(3):
-                got[i].append("".join(seqs[i].generate(prompts[i], 20, temperature=0, stop=stops, stream=True)))
-        except BaseException as exc:  # why: reported by the main thread's assert
-            errors.append(exc)
+    def work(i: int) -> list[str]:
+        return ["".join(seqs[i].generate(prompts[i], 20, temperature=0, stop=stops, stream=True)) for _ in range(3)]
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and got == [[want[0]] * 3, [want[1]] * 3]
+    assert run_in_threads(work, 2) == [[want[0]] * 3, [want[1]] * 3]
