@@ -332,10 +332,7 @@ class Replay:
         # the values the body reads may still be being written by a device's queued work (metal): wait first
         if not _fits_slots(body, entry.outer):
             return False
-        # (a host backend's synchronize is the base class's no-op: not called, at 50 ns a call of silero-vad's six)
-        copies: list[Call] = [] if type(entry.backend).synchronize is Backend.synchronize else [
-            entry.backend.synchronize]
-        copies += [_copy_call(slot.buffer, entry.outer[name].buffer) for name, slot in body._slots]
+        copies = _copies_in(entry.backend, [(slot.buffer, entry.outer[name].buffer) for name, slot in body._slots])
         for (_, info), result in zip(entry.outs, results, strict=True):
             if result is None or result.shape != info.shape or result.dtype != info.dtype:
                 return False
@@ -444,6 +441,14 @@ def own_copy(backend: Backend, tensor: Tensor) -> Tensor:
     own = backend.empty(tensor.info)
     backend.write(own, tensor)
     return own
+
+
+def _copies_in(backend: Backend, pairs: list[tuple[Any, Any]]) -> list[Call]:
+    """Calls that wait for ``backend``'s queued work (its values may still be being written), then copy each
+    ``(dst, src)`` of ``pairs``; a host backend's ``synchronize`` is the base class's no-op and is left out (50 ns a
+    call: silero-vad's Ifs made six a run)."""
+    calls: list[Call] = [] if type(backend).synchronize is Backend.synchronize else [backend.synchronize]
+    return calls + [_copy_call(dst, src) for dst, src in pairs]
 
 
 def _copy_call(dst: Any, src: Any) -> Call:
@@ -617,9 +622,7 @@ def _fit_branch(branch: _Branch, body: Replay, entry: _Control) -> bool:
     branch.copies = [(slot.buffer, name) for name, slot in body._slots]
     branch.calls = None
     if not entry.var_outer:  # entry.outer holds the same tensors at every run
-        backend = entry.backend
-        branch.calls = [] if type(backend).synchronize is Backend.synchronize else [backend.synchronize]
-        branch.calls += [_copy_call(buffer, outer[name].buffer) for buffer, name in branch.copies]
+        branch.calls = _copies_in(entry.backend, [(buffer, outer[name].buffer) for buffer, name in branch.copies])
         branch.calls += body.program
     branch.hand_out = _hand_out(entry, branch.results)
     return True
