@@ -2192,3 +2192,26 @@ def test_max_pool_with_indices_is_left_alone():
     x = np.random.default_rng(52).normal(size=(1, 2, 6, 6)).astype(np.float32)
     session = _compare(model, {"x": x}, "reference", rtol=0, atol=0)
     assert session.rewrites["chain_same_max_pools"] == 0
+
+
+def test_nodes_are_found_by_identity_not_by_value():
+    """Two nodes with the same fields are two nodes: a pass removing the second must not remove the first."""
+    first, second = (Node("Relu", ["x"], ["y"]) for _ in range(2))
+    nodes = [first, second]
+    nodes.remove(second)
+    assert nodes == [first] and nodes[0] is first and first != second
+
+
+def test_single_consumer_counts_readers_and_reads():
+    graph = hetero.load(make_model(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+         helper.make_node("Add", ["b", "b"], ["c"]), helper.make_node("Abs", ["x"], ["d"]),
+         helper.make_node("Sum", ["c", "d"], ["e"])],
+        [("x", TensorProto.FLOAT, [2])], [("e", TensorProto.FLOAT, [2]), ("a", TensorProto.FLOAT, [2])]))
+    by_output = {n.outputs[0]: n for n in graph.nodes}
+    assert [n.outputs[0] for n in graph.readers("x")] == ["a", "d"] and graph.readers("") == []
+    assert passes._single_consumer(graph, "x") is None  # two readers
+    assert passes._single_consumer(graph, "b") is None  # one reader, reading it twice
+    assert passes._single_consumer(graph, "a") is None  # a graph output
+    assert passes._single_consumer(graph, "c") is by_output["e"]
+    assert passes._single_consumer(graph, "e") is None and passes._single_consumer(graph, "nothing") is None

@@ -18,7 +18,7 @@ MICROSOFT_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops that hetero impl
 ML_DOMAIN = "ai.onnx.ml"  # ONNX's classical machine-learning ops (tree ensembles)
 
 
-@dataclass
+@dataclass(eq=False)  # two nodes with equal fields are two nodes: passes find and remove them by identity
 class Node:
     """One op application. ``inputs`` may hold "" for an omitted optional input."""
 
@@ -73,6 +73,11 @@ class Graph:
                 if name:
                     table.setdefault(name, []).append(node)
         return table
+
+    def readers(self, name: str) -> list[Node]:
+        """The nodes that read ``name``: one scan, for passes that ask about a value or two (``consumers()`` builds
+        the whole table, which made a pass asking thousands of times quadratic in the graph's size)."""
+        return [node for node in self.nodes if name in node.inputs] if name else []
 
     def walk(self) -> Iterator[tuple[int, Node]]:
         yield from enumerate(self.nodes)

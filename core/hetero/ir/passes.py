@@ -30,7 +30,7 @@ Pass = Callable[[Graph], int]  # returns how many rewrites it made
 def _single_consumer(graph: Graph, name: str) -> Node | None:
     if name in graph.outputs:
         return None
-    users = graph.consumers().get(name, [])
+    users = graph.readers(name)
     return users[0] if len(users) == 1 and users[0].inputs.count(name) == 1 else None
 
 
@@ -633,7 +633,7 @@ _SIMPLE_ACTIVATIONS = {"Relu": (), "Sigmoid": (), "Tanh": (), "HardSwish": (), "
 def _activation_of(graph: Graph, node: Node) -> tuple[dict, list[Node]] | None:
     """The activation that alone consumes ``node``'s output: its attributes and the nodes it spans."""
     out = node.outputs[0]
-    users = graph.consumers().get(out, [])
+    users = graph.readers(out)
     if out in graph.outputs:
         return None
     if len(users) == 2 and (hard_swish := _hard_swish_of(graph, out, users)) is not None:

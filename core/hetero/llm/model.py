@@ -155,6 +155,8 @@ class Llm:
         # slot, so decode's replay cannot bind its kernel): only models loaded for embeddings pay for it
         self._final_norm = _expose_final_norm(graph) if embeddings else None
         self._last_hidden: np.ndarray | None = None  # the final norm's output of the last step (embed())
+        # _step_outputs' memo: (exposed layers, final norm, the output names a step reads)
+        self._outputs_built: tuple[tuple[int, ...], str | None, list[str]] | None = None
         # slots > 1: one session serves that many sequences (hetero.llm.batch); this object is slot 0
         self.slots = slots
         if slots > 1:
@@ -285,7 +287,7 @@ class Llm:
         per (exposed layers, final norm): a step reads it without changing it, and ``expose_hidden`` replaces the
         tuple, which builds it again."""
         key = (self.hidden_layers, self._final_norm)
-        built = getattr(self, "_outputs_built", None)
+        built = self._outputs_built
         if built is not None and built[0] is key[0] and built[1] == key[1]:
             return built[2]
         extra = [self._final_norm] if self._final_norm is not None else []
