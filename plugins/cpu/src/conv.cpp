@@ -596,9 +596,10 @@ i64 panel_groups(i64 mp, i64& groups) {
 // written to and read back from L3 inside the model (the conv took 0.8-1.1 ms there against 0.54 ms repeated).
 constexpr i64 kBandFloats = 64 * 1024;
 
-// Tasks of bands of output rows, each over a padded copy of its own input rows (plus nr floats of slack the last
-// tile's loads read past) in the thread's buffer: tiles along each output row written straight into the output, or
-// (flattened layouts whose rows would waste columns) panels over the band's flattened rows through a tile buffer.
+// Tasks of bands of output rows, each over a padded copy of its own input rows (plus the zeros that the last tile's
+// loads and the last row's right padding read past: `slack`) in the thread's buffer: tiles along each output row
+// written straight into the output, or (flattened layouts whose rows would waste columns) panels over the band's
+// flattened rows through a tile buffer.
 void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
                  const Epilogue& act) {
   const Kernels& kr = *pc.kr;
@@ -638,6 +639,11 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
   const i64 qplane = hq * Wp, tplane = bands.size(0) * g.Wo;  // tplane: one tap copy's floats
   const i64 plane = taps ? g.kw * tplane : L.ph * L.pw * qplane, per_band = cin_g * plane;
   std::vector<i64> off = tap_offsets(g, cin_g, plane, Wp, L.ph, L.pw, qplane);
+  // Zeros after the last channel's copy: the last tile's loads read up to nr - 1 columns past the band, and at
+  // stride 1 along W (rows pitch W + max(pl, pr): a row's right padding is the next row's left one) the last row's
+  // right padding, up to min(pl, pr) floats, lies past the copy too. With nr alone, a 1-D conv padded wider than nr
+  // (madmom's TCN: 5 taps at dilation 32 / 64, pads 64 / 128, on 2996 frames) read stale floats as its right padding.
+  const i64 slack = nr + std::max(g.pl, g.pr);
   if (taps)  // tap (c, 0, kx) is copy kx of channel c
     for (i64 c = 0; c < cin_g; ++c)
       for (i64 kx = 0; kx < g.kw; ++kx) off[static_cast<std::size_t>(c * g.kw + kx)] = c * plane + kx * tplane;
@@ -670,8 +676,8 @@ void conv_direct(const PackedConv& pc, const ConvGeom& g, const float* x, const 
               r1 = std::min<i64>(cout_g, p1 * mr);
     const i64 img = task / groups / nbands, b = task / groups % nbands, n = img / g.group, gi = img % g.group;
     const i64 oy0 = bands.begin(b), oy1 = oy0 + bands.size(b);
-    float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(per_band + nr));
-    std::fill(padded + per_band, padded + per_band + nr, 0.f);
+    float* padded = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(per_band + slack));
+    std::fill(padded + per_band, padded + per_band + slack, 0.f);
     for (i64 c = 0; c < cin_g; ++c) {
       const float* src = x + ((n * g.C + gi * cin_g + c) * g.H) * g.W;
       if (taps)
