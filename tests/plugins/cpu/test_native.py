@@ -2069,6 +2069,25 @@ def test_max_pool_tiling_windows(isa, threads, shape, kh):
     assert (np.isnan(out) == np.isnan(ref)).all() and np.isnan(out).any()
 
 
+@pytest.mark.parametrize("k", [3, 4, 8])
+@pytest.mark.parametrize("shape", [(1, 16, 300, 79), (2, 3, 5, 24), (1, 1, 1, 7), (1, 5, 9, 3)])
+def test_max_pool_windows_side_by_side(isa, threads, shape, k):
+    # 1 x k / (1, k) windows side by side along each row, k >= 3 (madmom's beat TCN: 1 x 3 / 3 over 79 bins): one
+    # pass over the rows; columns past the last whole window unread (79 -> 26 at k = 3), NaN passing through
+    n, c, h, w = shape
+    wo = w // k
+    if wo == 0:
+        pytest.skip("no whole window")
+    x = randn(*shape, seed=97)
+    x.reshape(-1)[[0, 4, x.size // 2, x.size - 1]] = np.nan
+    x[..., -1] = 1e30  # a last column outside every window when w % k != 0 must not be read
+    out = np.full((n, c, h, wo), -7.0, np.float32)
+    _native.max_pool2d(x, out, (1, k), (1, k), (0, 0, 0, 0), (1, 1))
+    ref = _pool_ref(x, (1, k), (1, k), (0, 0, 0, 0), (1, 1), "max", out_hw=(h, wo))
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+    assert (np.isnan(out) == np.isnan(ref)).all()
+
+
 @pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
 def test_max_pool_propagates_nan(case):
     """A NaN anywhere in a window makes that output NaN (and only those), wherever the window lies."""
