@@ -20,6 +20,8 @@ from hetero.llm.speculative.policy import (
     PAUSE_MAX,
     QUIET_CHUNK,
     QUIET_TAIL,
+    REPLY_MARGIN,
+    RESUME_MARGIN,
     TRIAL_SHARE,
     TRIAL_WINDOW,
     DraftPolicy,
@@ -983,3 +985,132 @@ def test_a_slope_carried_from_a_burst_does_not_keep_a_good_class_in_plain_steps(
         slopes.append(after.prior_slope)
         reply = after
     assert slopes[0] <= MAX_SLOPE and all(b < a for a, b in itertools.pairwise(slopes)) and slopes[-1] < 0.25
+
+
+def _benched_replies(right: float, replies: int, seed: int, tokens: int = 64,
+                     start: DraftPolicy | None = None) -> list[DraftPolicy]:
+    """``_replies`` with the loop's shadow path: a benched drafter's cut draft is scored against plain decoding's
+    next tokens (plain steps of 1.0 s, recorded at once as the loop's ``_plain_steps`` does) instead of verified.
+    Returns each generation's policy (after it ended)."""
+    rng = random.Random(seed)
+    previous, out = start, []
+    for _ in range(replies):
+        policy = DraftPolicy(8, graded=True, start=1)
+        if previous is not None:
+            policy.carry_plain(previous)
+        produced = 0
+        while produced < tokens:
+            k = policy.length(produced)
+            hit = rng.random() < right
+            shadow = k > 0 and policy.shadow_trial(produced)
+            if k:
+                k = min(k, policy.cut(0))
+                if not k:
+                    policy.observe_first(0, hit)
+            kept = min(k, int(hit))
+            if shadow and k:
+                policy.record_quiet(produced, kept + 1, kept + 1.0)
+                produced += kept + 1
+                policy.record_shadow(k, kept, produced, 0.0, 0)
+                continue
+            policy.record(k, kept, kept + 1, VERIFY_1T[k], produced, 0 if k else None)
+            produced += kept + 1
+        out.append(policy)
+        previous = policy
+    return out
+
+
+def _lost_reply(right_first: float = 0.0) -> DraftPolicy:
+    """A reply of six 1-token drafts of class 0 priced at the 1.5B's 2-token verify (1.24 plain steps), the first
+    tokens right ``right_first`` of the time (the drafter's lasting acceptance; none of these drafts right)."""
+    policy = DraftPolicy(8, graded=True)
+    policy.cost, policy.runs = {1: 1.0, 2: 1.24}, {1: 5, 2: 5}
+    policy.process_runs = dict(policy.runs)  # both widths warm in the process
+    policy.lasting = [10 * right_first, 10.0]
+    for step in range(6):
+        policy.record(1, 0, 1, 1.24, 2 * step, 0)
+    return policy
+
+
+def test_a_drafter_that_lost_a_reply_starts_the_next_benched_and_resumes_when_its_shadow_pays():
+    """Issue 15 (lookahead on chat ~3% below plain decoding at 1 thread): a graded drafter whose verify steps lost
+    more than ``REPLY_MARGIN`` plain steps over a reply starts the next reply benched (the verdict outlives the
+    reply): every draft its class keeps is scored in the shadow (``shadow_trial``), never verified; once the
+    shadowed drafts would have gained ``RESUME_MARGIN`` plain steps at the estimated verify cost it drafts for
+    real again, and the reply after that starts unbenched."""
+    lost = _lost_reply(0.5)
+    assert lost.ledger == pytest.approx(-6 * 0.24) and lost.ledger < -REPLY_MARGIN and not lost.benched
+    reply = DraftPolicy(8, graded=True)
+    reply.carry_plain(lost)
+    assert reply.benched and reply.benched_times == 1 and reply.shadow_trial(0)
+    gain = 2 - reply._step_cost(1, 1.0)  # a right 1-token draft, shadowed: 2 tokens in a would-be 1.24 s
+    for at in range(math.ceil(RESUME_MARGIN / gain)):
+        assert reply.benched
+        reply.record_quiet(2 * at, 2, 2.0)
+        reply.record_shadow(1, 1, 2 * at + 2, 0.0, 0)
+    assert not reply.benched and not reply.shadow_trial(20) and reply.ledger == 0
+    after = DraftPolicy(8, graded=True)
+    after.carry_plain(reply)
+    assert not after.benched
+    # a width's first runs in the process (planned, recorded: 1-2 plain steps dearer) are not counted
+    cold = DraftPolicy(8, graded=True)
+    cold.cost, cold.runs = {1: 1.0}, {1: 5}
+    for step in range(COLD_RUNS):
+        cold.record(1, 0, 1, 3.0, 2 * step, 0)
+    assert cold.ledger == 0
+    cold.record(1, 0, 1, 1.24, 2 * COLD_RUNS, 0)
+    assert cold.ledger == pytest.approx(-0.24)
+    # a reply that lost less than the margin (noise: chat's replies are worth -4 to +2 plain steps) benches nothing
+    small = DraftPolicy(8, graded=True)
+    small.cost, small.runs = {1: 1.0, 2: 1.24}, {1: 5, 2: 5}
+    small.process_runs = dict(small.runs)
+    for step in range(3):
+        small.record(1, 0, 1, 1.24, 2 * step, 0)
+    fresh = DraftPolicy(8, graded=True)
+    fresh.carry_plain(small)
+    assert not fresh.benched
+    # a benched drafter whose shadowed drafts miss stays benched into the reply after
+    missed = DraftPolicy(8, graded=True)
+    missed.carry_plain(lost)
+    missed.record_quiet(0, 1, 1.0)
+    missed.record_shadow(1, 0, 1, 0.0, 0)
+    assert missed.shadow_ledger < 0
+    later = DraftPolicy(8, graded=True)
+    later.carry_plain(missed)
+    assert later.benched and later.benched_times == 1
+
+
+def test_a_reply_falling_behind_benches_its_drafter_only_below_the_break_even():
+    """Within a reply: ``LEDGER_MARGIN`` plain steps behind benches a drafter whose first draft tokens are right
+    less often than a 1-token draft's break-even (24% at a 1.24-plain-step verify), not one right more often (the
+    lookahead on code fell 4 plain steps behind early in a reply whose first tokens were right 75% of the time,
+    and ended +9.6)."""
+    weak, strong = _lost_reply(0.1), _lost_reply(0.75)
+    for step in range(6, 9):
+        weak.record(1, 0, 1, 1.24, 2 * step, 0)
+        strong.record(1, 0, 1, 1.24, 2 * step, 0)
+    assert weak.benched and weak.benched_times == 1 and not strong.benched
+    assert strong.ledger < -REPLY_MARGIN  # (the reply as a whole still benches it for the next one)
+
+
+@pytest.mark.parametrize("right", [0.6, 0.65, 0.8])
+def test_a_drafter_that_earns_is_never_benched(right):
+    """A class right 60-80% of the time (the lookahead's first draft tokens on code: 65-90%) earns in every reply:
+    no reply benches it (6 replies, 8 seeds); one right 50% of the time ends no later reply benched (a first
+    reply right 23% of the time by chance, its drafts at the prior's lengths, lost 1.85 plain steps: the next
+    reply's shadowed drafts resumed it at once)."""
+    for seed in range(8):
+        replies = _benched_replies(right, 6, seed)
+        assert replies[-1].benched_times == 0 and all(p.ledger > 0 for p in replies)
+        assert not any(p.benched for p in _benched_replies(0.5, 6, seed)[1:])
+
+
+def test_a_weak_drafter_benched_costs_nothing_and_a_strong_one_comes_back():
+    """Started benched (a reply lost): a class right 10% of the time stays benched (its shadowed drafts would not
+    pay) and the replies run plain decoding's steps only; one right 60% of the time (another text) is back to
+    verified drafting within its first reply and stays."""
+    weak = _benched_replies(0.1, 4, 0, start=_lost_reply())
+    assert all(p.benched for p in weak) and weak[-1].benched_times == 1
+    for seed in range(8):
+        strong = _benched_replies(0.6, 3, seed, start=_lost_reply())
+        assert not strong[0].benched and strong[0].ledger > 0 and strong[-1].benched_times == 1
