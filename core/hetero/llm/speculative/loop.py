@@ -114,10 +114,6 @@ class Speculation:
             else:
                 draft = _NO_DRAFT
             drafted_at = time.perf_counter()
-            offered = len(draft.tokens)
-            first = draft.tokens[0] if offered and (draft.probs is None or sampler.params.greedy) else None
-            if draft.confidence is not None:  # a graded draft: as long as its class pays for (also in the shadow)
-                draft = as_draft(draft, policy.cut(draft.confidence), vocab)
             # scored in the shadow unless empty (a plain step as below) or sampled from a q that is not one-hot:
             # plain sampling's token matches such a draft less often than speculative sampling accepts it
             if shadow and draft.tokens and (draft.probs is None or sampler.params.greedy):
@@ -129,11 +125,15 @@ class Speculation:
                 produced = len(history) - prompt_length
                 policy.record_shadow(len(draft.tokens), n, produced, drafted_at - started, draft.confidence)
                 if log:
-                    steplog.write("spec", produced=base - prompt_length, asked=k, offered=offered,
+                    steplog.write("spec", produced=base - prompt_length, asked=k, offered=len(draft.tokens),
                                   drafted=len(draft.tokens), confidence=draft.confidence, accepted=n, committed=0,
                                   seconds=drafted_at - started, draft_seconds=drafted_at - started, shadow=True,
                                   **policy.state())
                 continue
+            offered = len(draft.tokens)
+            first = draft.tokens[0] if offered and (draft.probs is None or sampler.params.greedy) else None
+            if draft.confidence is not None:  # a graded draft: as long as its class pays for
+                draft = as_draft(draft, policy.cut(draft.confidence), vocab)
             rows = llm._verify(record, history, draft.tokens)
             # no draft: the sampler's own pick, as plain decoding's step (its logit bias and log-probabilities too)
             n, token = accept(sampler, rows, draft, history) if draft.tokens else (0, sampler(rows[-1], history))

@@ -53,16 +53,6 @@ draft token x with probability p(x), the chance of accepting it). It costs the d
 cannot change the output. It is taken where the 2-token verify's extra seconds exceed the plain seconds a verified
 trial's expected accepted token would save (a weak drafter; a good one paused on a bad stretch is verified), and
 its evidence is judged as a verified trial's (``record_shadow``).
-
-A graded drafter's ledger (``benched``): the plain steps its verify steps gained (tokens committed less the step's
-seconds in plain steps), summed over the generation. A generation whose ledger ends below ``-REPLY_MARGIN`` benches
-the drafter for the next one (the verdict outlives the reply: ``carry_plain``), and so does a generation that falls
-``LEDGER_MARGIN`` behind while the drafter's first draft tokens are right less often than a 1-token draft's
-break-even. A benched drafter's drafts are still cut by their class, then scored in the shadow of plain decoding
-(never verified, so the output and the plain steps are plain decoding's) and priced by the estimated verify cost;
-once those would-be gains sum to ``RESUME_MARGIN`` it drafts for real again. The lookahead on chat (right ~20%,
-each reply's verify steps worth -4 to +2 plain steps) loses a reply now and then; on code (+8 to +40 a reply,
-first tokens right 65-90%) it is never benched.
 """
 
 from __future__ import annotations
@@ -95,10 +85,6 @@ TRIAL_SHARE = 0.005  # a drafter the estimate switched off is tried again after 
 PAUSE_MAX = 2 * BACKOFF_MAX  # tokens: the longest pause in drafting (a trial priced in a slow moment, or cold)
 QUIET_CHUNK = 16  # plain steps of a pause recorded at once (their mean seconds): the plain cost keeps up with them
 QUIET_TAIL = 4  # the last plain steps of a pause, recorded one by one: the trial is judged against steps of now
-# the ledger of a graded drafter (plain steps its verify steps gained: ``benched``)
-REPLY_MARGIN = 1.0  # a generation whose verify steps lost more than this benches the drafter for the next one
-LEDGER_MARGIN = 2.0  # within a generation: benched once this far behind while its first tokens are right too rarely
-RESUME_MARGIN = 1.0  # a benched drafter drafts again once its shadowed drafts would have gained this much
 
 
 class DraftPolicy:
@@ -145,14 +131,6 @@ class DraftPolicy:
         # extra cost per extra token of a verify step (in plain steps) for sizes not measured yet: the prior, or
         # what the last generation measured (``carried_slope``)
         self.prior_slope = PRIOR_SLOPE
-        self.ledger = 0.0  # plain steps this generation's warm verify steps gained (graded drafters: ``benched``)
-        self.benched = False  # a graded drafter's drafts are scored in the shadow only (``record_benched``)
-        self.shadow_ledger = 0.0  # plain steps the benched drafter's shadowed drafts would have gained
-        self.benched_times = 0  # how often it was benched (reported)
-        # tokens scored in a step -> steps of that size in the process (carried whole): the ledger counts the steps
-        # of widths past their cold runs in the process (a graded drafter's ``runs`` start afresh each generation,
-        # so its first two steps of each width a reply were left out: on code half the verify gain)
-        self.process_runs: dict[int, int] = {}
 
     def carry_costs(self, previous: DraftPolicy) -> None:
         """Start with the step costs ``previous`` measured (the last generation's policy: the same model, drafter
@@ -193,7 +171,6 @@ class DraftPolicy:
         self.off_until = max(previous.off_until - previous.produced, 0)
         self.backoff = previous.backoff
         self.lasting = list(previous.lasting)
-        self.process_runs = dict(previous.process_runs)
         seen = previous.accepted + previous.rejected
         if seen > 0:
             scale = min(1.0, CARRIED_ACCEPTANCE / seen)
@@ -216,13 +193,6 @@ class DraftPolicy:
             self.cost[1], self.runs[1], self.measured_at[1] = previous.cost[1], previous.runs[1], 0
         self.prior_slope = previous.carried_slope()
         self.classes = {c: [list(position) for position in counts] for c, counts in previous.classes.items()}
-        # the verdict outlives the reply: benched still, or benched now by the last reply's ledger
-        self.lasting, self.benched_times = list(previous.lasting), previous.benched_times
-        self.process_runs = dict(previous.process_runs)
-        if previous.benched:
-            self.benched, self.shadow_ledger = True, previous.shadow_ledger
-        elif self.graded and self.adaptive and self.shadow and previous.ledger < -REPLY_MARGIN:
-            self._bench()
 
     def carried_slope(self) -> float:
         """The extra cost per extra token of a verify step, in plain steps, that the next generation prices its
@@ -282,7 +252,6 @@ class DraftPolicy:
                 "rate": self.rate, "draft_cost": self.draft_cost, "pass_cost": self.pass_cost,
                 "off_until": self.off_until, "switched_off": self.switched_off, "trial_due": self.trial_due,
                 "lasting": self.lasting[0] / self.lasting[1] if self.lasting[1] else None,
-                "ledger": round(self.ledger, 3), "benched": self.benched, "shadow_ledger": round(self.shadow_ledger, 3),
                 "costs": {str(size): round(c, 6) for size, c in sorted(self.cost.items())}}
 
     def length(self, produced: int) -> int:
@@ -404,7 +373,6 @@ class DraftPolicy:
         self._time_drafting(drafted, draft_seconds)
         total, seconds = seconds, seconds - min(draft_seconds, seconds)
         runs = self.runs[size] = self.runs.get(size, 0) + 1
-        self.process_runs[size] = self.process_runs.get(size, 0) + 1
         self.steps += 1
         self.measured_at[size] = self.steps
         warm = runs > COLD_RUNS
@@ -438,11 +406,6 @@ class DraftPolicy:
         self.since_probe += 1
         self.trial_due = False
         self._count_acceptance(drafted, accepted, confidence)
-        if self.process_runs[size] > COLD_RUNS and plain is not None and plain > 0:
-            self.ledger += committed - total / plain
-            if self.graded and self.shadow and self.ledger < -LEDGER_MARGIN and self._below_break_even():
-                self._bench()
-                return
         if warm:
             self.spec_tokens += committed
             self.spec_seconds += total
@@ -524,10 +487,7 @@ class DraftPolicy:
     def shadow_trial(self, produced: int) -> bool:
         """Whether the step at ``produced`` is a trial to run in the shadow (the loop's ``_shadow_trial``): drafting
         was switched off, its pause is over, and the drafter is better judged by scoring its draft against the
-        tokens plain decoding then produces than by verifying it (``_shadow_pays``); or a benched graded drafter's
-        every draft its class does not cut to nothing (``benched``)."""
-        if self.benched:
-            return True
+        tokens plain decoding then produces than by verifying it (``_shadow_pays``)."""
         return self.trial_due and produced >= self.off_until and self._trial_in_shadow()
 
     def _trial_in_shadow(self) -> bool:
@@ -563,9 +523,6 @@ class DraftPolicy:
         not either. Pauses priced by the shadow's drafting alone (~3x shorter) cost a weak block drafter's worst
         replayed generations 0.890x -> 0.824x of plain decoding, and a 30% draft model's 0.981x -> 0.931x
         (benchmarks/spec_policy_replay.py, 100 seeds)."""
-        if self.benched:
-            self._record_benched(drafted, accepted, draft_seconds, confidence)
-            return
         self.trial_due = False
         self._time_drafting(drafted, draft_seconds)
         self._count_acceptance(drafted, accepted, confidence)
@@ -581,37 +538,6 @@ class DraftPolicy:
             # the shadow), and the estimate judges again. Switched off here, a draft model right 80% of the time
             # whose first drafts missed stayed off (its replayed later generations 1.31x -> 1.15x in those seeds)
             self.k = 1
-
-    def _bench(self) -> None:
-        """The graded drafter's drafts from now on are scored in the shadow only (``shadow_trial``), until their
-        would-be gains reach ``RESUME_MARGIN`` plain steps (``_record_benched``)."""
-        self.benched, self.shadow_ledger, self.ledger = True, 0.0, 0.0
-        self.benched_times += 1
-        self._fresh_stretch()
-
-    def _below_break_even(self) -> bool:
-        """Whether the drafter's recent first draft tokens (``lasting``, with the prior's 1/2 at the weight of
-        ``PRIOR_WEIGHT`` drafting steps) are right less often than a 1-token draft needs to pay for the 2-token
-        verify (its extra seconds in plain steps: ~24% at 1 thread on the 1.5B). With the prior, a reply's first
-        long draft missing (4.75 plain steps for an 8-token draft: the ledger at -3.75) benches nothing."""
-        plain, (right, steps) = self.plain_cost, self.lasting
-        if plain is None or plain <= 0:
-            return False
-        seen = (right + PRIOR_WEIGHT * PRIOR_ACCEPT) / (steps + PRIOR_WEIGHT)
-        return seen < self._estimated_cost(2, plain) / plain - 1
-
-    def _record_benched(self, drafted: int, accepted: int, draft_seconds: float, confidence: int | None) -> None:
-        """A benched drafter's draft of ``drafted`` tokens (already cut by its class) scored in the shadow:
-        ``accepted`` of them were what plain decoding produced. What verifying it would have gained is priced by
-        the estimated verify cost (the plain steps themselves ran); its counts learn as a verified draft's."""
-        self._time_drafting(drafted, draft_seconds)
-        self._count_acceptance(drafted, accepted, confidence)
-        plain = self.plain_cost
-        if plain is None or plain <= 0:
-            return
-        self.shadow_ledger += accepted + 1 - self._step_cost(drafted, plain) / plain
-        if self.shadow_ledger >= RESUME_MARGIN:
-            self.benched, self.shadow_ledger, self.ledger = False, 0.0, 0.0
 
     def _plain_is_stale(self, verify_seconds: float, warm: bool) -> bool:
         """Whether a warm verify pass of several tokens (``verify_seconds``) just took less than the plain cost
