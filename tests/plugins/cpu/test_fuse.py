@@ -334,6 +334,7 @@ def test_fused_calls_under_other_work_splits(settings):
 
     env = dict(os.environ, **settings)
     tests = "matmul_multi_equals or matmul_swiglu_equals or matmul_residual_equals or fused_outputs_may_reuse"
+    tests += " or matmul_argmax"
     tests += " or decoder_layer or whole_decode_step or late_workers or does_not_depend_on_the_thread_count"
     tests += " or attention_prefill_decode_rollback or big_gemv_split_by_bytes"
     files = ("test_step.py", "test_llm_threads.py", "test_llm_kernels.py")
