@@ -44,6 +44,62 @@ def test_replayed_decode_matches_the_interpreter():
     assert not np.shares_memory(got[-1], got[-2])
 
 
+def test_greedy_hint_is_the_argmax_of_each_steps_logits(monkeypatch):
+    """The LM head's second output (the cpu plugin's llm_matmul_argmax): each one-row step's argmax, interpreted
+    (the first runs) and replayed, equal to numpy's on the logits the step returned; the logits and the greedy
+    tokens equal a model loaded without it; a row of another step, or of a several-row step, gets no hint."""
+    import hetero.llm.model as model
+
+    llm = _tiny()
+    assert llm._greedy == "greedy"
+    monkeypatch.setattr(model, "_cpu_first", lambda backends: False)
+    plain = _tiny()
+    assert plain._greedy is None and plain.greedy_hint(np.zeros(3, np.float32)) is None
+    prompt, tokens = [5, 17, 300, 2], [7, 7, 411, 3, 90, 12, 255, 1]
+    rows = llm.prefill(prompt)
+    assert llm.greedy_hint(rows[-1]) is None  # a prefill of 4 rows: none kept
+    previous = None
+    for t in tokens:
+        logits = llm.forward([t])
+        assert llm.greedy_hint(logits[-1]) == int(np.argmax(logits[-1]))
+        assert llm.greedy_hint(logits[0, :5]) is None  # not a whole row
+        if previous is not None:
+            assert llm.greedy_hint(previous[-1]) is None  # the step before's
+        previous = logits
+    for a, b in zip(_decode(llm, prompt, tokens), _decode(plain, prompt, tokens), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for text_prompt in ([1, 2, 3], [400, 9, 9, 9, 31], [11]):
+        a = llm.generate(text_prompt, max_new_tokens=12, temperature=0)
+        b = plain.generate(text_prompt, max_new_tokens=12, temperature=0)
+        assert a == b and llm.last.tokens == plain.last.tokens
+
+
+def test_greedy_hint_feeds_the_sampler_only_when_greedy(monkeypatch):
+    """generate passes the step's argmax to a plain greedy sampler (and the tokens are those of np.argmax), and
+    never to one that needs the logits (penalties, sampling)."""
+    from hetero.llm.sampler import Sampler
+
+    seen: list[int | None] = []
+    sample = Sampler.sample
+
+    def spy(self, logits, history=(), argmax=None):
+        seen.append(argmax)
+        if argmax is not None:
+            assert argmax == int(np.argmax(logits))
+        return sample(self, logits, history, argmax)
+
+    monkeypatch.setattr(Sampler, "sample", spy)
+    llm = _tiny()
+    llm.generate([1, 2, 3], max_new_tokens=8, temperature=0)
+    assert seen[0] is None and all(h is not None for h in seen[1:]) and len(seen) == 8  # the first: a prefill's
+    seen.clear()
+    llm.generate([1, 2, 3], max_new_tokens=8, temperature=0, repetition_penalty=1.3)
+    assert seen and all(h is None for h in seen)
+    seen.clear()
+    llm.generate([1, 2, 3], max_new_tokens=8, temperature=0.8, seed=1)
+    assert seen and all(h is None for h in seen)
+
+
 def test_replayed_step_checks_past_len_like_run():
     llm = _tiny()
     _decode(llm, [1, 2, 3], [4, 5, 6])

@@ -162,6 +162,22 @@ def test_qmatmul_float_types():
         run("QMatMul", [x, w], wtype="f16")
 
 
+def test_qmatmul_argmax_output():
+    """QMatMul's optional second output: numpy's argmax of each output row (first of ties, first NaN), int64."""
+    x, w = f32(4, 16), f32(9, 16)
+    w[5] = w[2]  # rows 2 and 5 of the output: equal in every row of x
+    node = Node("QMatMul", ["x", "w", "b"], ["y", "best"], {}, domain=HETERO_DOMAIN)
+    schema = registry.get(HETERO_DOMAIN, "QMatMul")
+    for bias in (np.zeros(9, np.float32), np.where(np.arange(9) == 6, np.nan, 0).astype(np.float32),
+                 np.where(np.arange(9) == 2, 100, 0).astype(np.float32)):
+        inputs = [x, w, bias]
+        infos = [info_of(v) for v in inputs]
+        y_info, best_info = schema.infer(OpContext(node, infos, list(inputs), 1))
+        y, best = schema.reference(OpContext(node, infos, list(inputs), 1, None, None))
+        assert best.dtype == np.int64 and best.shape == best_info.shape == (4,) and y.shape == y_info.shape
+        np.testing.assert_array_equal(best, [int(np.argmax(row)) for row in y])
+
+
 def test_embedding_float_and_quantized():
     table = f32(20, 64)
     ids = np.array([[3, 0], [19, 3]], dtype=np.int64)

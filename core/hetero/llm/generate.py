@@ -187,10 +187,16 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
     emitted = 0  # characters of the decoded text already yielded
     text = ""
     pieces = TextDecoder(decode, singles, concatenates)
+    # the step's argmax from the LM head's native call (Llm.greedy_hint), for a sampler that needs no more
+    hint = getattr(llm, "greedy_hint", None) if sampler.plain_greedy else None
     decode_started = time.perf_counter()
     try:
         for _ in range(max_new_tokens):
-            token = sampler(logits[-1], history) if tokens is None else next(tokens)
+            if tokens is None:
+                row = logits[-1]
+                token = sampler.sample(row, history, hint(row) if hint is not None else None)
+            else:
+                token = next(tokens)
             if token in eos:
                 record.finish_reason = "eos"
                 break

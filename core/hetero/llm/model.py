@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import os
 import re
 import threading
 import time
@@ -24,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import plugins
 from ..contract.decoder import LlmDecoder
 from ..contract.errors import HeteroError
 from ..contract.graph import Graph
 from ..contract.kv_rotated import KV_ROTATED_BITS, check_head_dim
+from ..runtime.selection import split_names
 from ..runtime.session import Session
 from .batch import LOGIT_ROWS, Batcher, slot_graph
 from .config import LlmConfig
@@ -161,6 +164,12 @@ class Llm:
         self.slots = slots
         if slots > 1:
             slot_graph(graph, slots)
+        # the argmax of each logits row as the LM head's second output (the cpu plugin's llm_matmul_argmax: each
+        # thread reduces the logits it just wrote), so that greedy sampling need not read 600 KB of cold logits
+        # again (greedy_hint); one sequence, on cpu only (the other backends' QMatMul refuse the second output)
+        self._greedy = _expose_greedy(graph) if (decoder is None and slots == 1 and head_rows is None
+                                                 and not self.all_logits and _cpu_first(backends)) else None
+        self._best: tuple[np.ndarray, int] | None = None  # (the last one-row step's logits, their argmax)
         self.session = Session(graph, **self._session_args)
         self._batch = Batcher(self.session, slots, logit_rows=LOGIT_ROWS in graph.inputs) if slots > 1 else None
         self._slot = 0
@@ -291,6 +300,8 @@ class Llm:
         if built is not None and built[0] is key[0] and built[1] == key[1]:
             return built[2]
         extra = [self._final_norm] if self._final_norm is not None else []
+        if self._greedy is not None:
+            extra.append(self._greedy)
         wanted = [LOGITS, *(self._layer_outputs[layer] for layer in self.hidden_layers), *extra]
         self._outputs_built = (*key, wanted)
         return wanted
@@ -304,7 +315,19 @@ class Llm:
         self.tokens.extend(ids)
         logits = out[LOGITS]
         self._tail = (self.tokens, len(self.tokens), logits[-1]) if len(logits) else None
+        best = out.get(self._greedy) if self._greedy is not None else None
+        # a one-row step's (a decode step's): the row is then its logits' only one, whichever view the caller holds
+        self._best = (logits, int(best[0])) if best is not None and len(logits) == 1 else None
         return logits
+
+    def greedy_hint(self, row: np.ndarray) -> int | None:
+        """numpy's argmax of ``row`` when it is the logits row of this model's last step, a one-row step (the LM
+        head's call computed it), else None. The sampler's greedy path takes it instead of reading the logits
+        again. A view's ``base`` is the array that owns the memory, a fresh one each step: no address compare."""
+        best = self._best
+        if best is None or row.base is not best[0] or row.shape != best[0].shape[1:]:
+            return None
+        return best[1]
 
     # -- several sequences (hetero.llm.batch) ---------------------------------------------------------------------
     def sequence(self, slot: int) -> Llm:
@@ -704,6 +727,33 @@ class Llm:
 
     def __repr__(self) -> str:
         return f"<Llm {self.name} context={self.context} cached={len(self.tokens)}>"
+
+
+GREEDY = "greedy"  # the ArgMax of the logits' rows (int64 [rows]): Llm.greedy_hint
+
+
+def _expose_greedy(graph: Graph) -> str | None:
+    """Give the LM head's ``QMatMul`` its second output, the argmax of each logits row (numpy's: first maximum,
+    first NaN), as the graph output ``GREEDY``."""
+    head = next((n for n in graph.nodes if n.outputs == [LOGITS]), None)
+    if head is None or head.op_type != "QMatMul" or LOGITS not in graph.outputs \
+            or any(GREEDY in n.outputs for n in graph.nodes):
+        return None
+    head.outputs.append(GREEDY)
+    graph.outputs.append(GREEDY)
+    return GREEDY
+
+
+def _cpu_first(backends: Sequence[str] | str | None) -> bool:
+    """Whether the session's first backend is the cpu plugin's (the one that fuses the ArgMax into the LM head):
+    the first one named (the argument, else HETERO_BACKENDS), else the first working plugin by priority."""
+    names = split_names(backends) if isinstance(backends, str) else list(backends or [])
+    if not names and backends is None:
+        names = split_names(os.environ.get("HETERO_BACKENDS", ""))
+    if not names:
+        ok = sorted((r for r in plugins.statuses() if r.ok), key=lambda r: (r.priority, r.name))
+        names = [r.name for r in ok[:1]]
+    return bool(names) and names[0].partition(":")[0] == "cpu"
 
 
 def _expose_final_norm(graph: Graph) -> str | None:

@@ -63,8 +63,8 @@ class _TimedSampler(Sampler):
 
     first_token_at: float | None = None
 
-    def sample(self, logits: Any, history: Sequence[int] = ()) -> int:
-        token = super().sample(logits, history)
+    def sample(self, logits: Any, history: Sequence[int] = (), argmax: int | None = None) -> int:
+        token = super().sample(logits, history, argmax)
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         return token

@@ -157,10 +157,11 @@ class Sampler:
                               and self.params.repetition_penalty == 1 and self.params.presence_penalty == 0
                               and self.params.frequency_penalty == 0)
 
-    def _argmax(self, x: np.ndarray) -> int | None:
+    def _argmax(self, x: np.ndarray, hint: int | None = None) -> int | None:
         """What ``sample`` picks greedily from ``x`` (float32 logits) with ``self.bias`` added (in float64, the
-        first of equal maxima), or None where that takes the general path (a non-finite maximum, a biased argmax)."""
-        best_id = int(np.argmax(x))
+        first of equal maxima), or None where that takes the general path (a non-finite maximum, a biased argmax).
+        ``hint``: ``np.argmax(x)`` already known (the LM head's native call computed it)."""
+        best_id = int(np.argmax(x)) if hint is None else hint
         best = float(x[best_id])
         if not math.isfinite(best):
             return None
@@ -175,14 +176,21 @@ class Sampler:
                     best_id, best = i, b
         return best_id
 
-    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        return self.sample(logits, history)
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = (), argmax: int | None = None) -> int:
+        return self.sample(logits, history, argmax)
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        """The next token from ``logits`` (``[vocab]``); ``history`` (prompt + generated ids) feeds the penalties."""
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing but a logit bias: ``sample`` needs no more of the logits than their argmax (and the
+        biased ids' values) unless the maximum is not finite."""
+        return self._plain_greedy
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = (), argmax: int | None = None) -> int:
+        """The next token from ``logits`` (``[vocab]``); ``history`` (prompt + generated ids) feeds the penalties.
+        ``argmax``: ``np.argmax(logits)`` where the caller already has it (``Llm.greedy_hint``), else None."""
         p = self.params
         if self._plain_greedy:
-            token = self._argmax(np.asarray(logits).reshape(-1))
+            token = self._argmax(np.asarray(logits).reshape(-1), argmax)
             if token is not None:
                 return token
         x = np.array(logits, dtype=np.float64).reshape(-1)

@@ -335,7 +335,10 @@ def _qmatmul_infer(ctx: OpContext) -> list[TensorInfo]:
         b = input_info(ctx, 2)
         if b.shape is not None and n is not None and b.shape != (n,):
             raise ctx.fail(f"bias {list(b.shape)} must be [{n}]")
-    return [TensorInfo(dtypes.float32, None if x.shape is None else (*x.shape[:-1], n))]
+    y = TensorInfo(dtypes.float32, None if x.shape is None else (*x.shape[:-1], n))
+    if len(ctx.node.outputs) > 1:  # the argmax of each row (the greedy token of an LM head)
+        return [y, TensorInfo(dtypes.int64, None if x.shape is None else tuple(x.shape[:-1]))]
+    return [y]
 
 
 @op("QMatMul", domain=HETERO_DOMAIN, infer=_qmatmul_infer)
@@ -343,14 +346,20 @@ def qmatmul(ctx: OpContext) -> list[np.ndarray]:
     """y = x @ W^T (+ bias): a linear layer with the weight in PyTorch's ``[out, in]`` order.
 
     Inputs: x (float32 ``[..., K]``), W (``[N, K]`` float or ``[N, row_bytes]`` block-quantized, see the module
-    doc), optional bias (float32 ``[N]``). Output float32 ``[..., N]``. Attributes: ``wtype``, ``block_size``,
-    ``symmetric``. Kernels read quantized blocks directly and accumulate in float32 (or wider).
+    doc), optional bias (float32 ``[N]``). Output float32 ``[..., N]``; an optional second output, int64 ``[...]``:
+    the argmax of each output row as numpy's (the first maximum; the first NaN where a row holds one), which an LM
+    head's greedy step reads instead of the logits (the cpu plugin computes it as it writes them). Attributes:
+    ``wtype``, ``block_size``, ``symmetric``. Kernels read quantized blocks directly and accumulate in float32 (or
+    wider).
     """
     x, w = ctx.array(0), ctx.array(1)
     y = np.matmul(x, _dense(ctx, w, x.shape[-1]).T)
     if ctx.has_input(2):
         y = y + ctx.array(2)
-    return [y.astype(np.float32)]
+    y = y.astype(np.float32)
+    if len(ctx.node.outputs) > 1:
+        return [y, np.argmax(y, axis=-1).astype(np.int64)]
+    return [y]
 
 
 # -- MoE -------------------------------------------------------------------------------------------------------------

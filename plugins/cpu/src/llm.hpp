@@ -151,6 +151,9 @@ struct LlmKernels {
   // only, else unused): [nk][ceil(d/32)] block scales of the nk rows. ahead: as qk_tile's.
   void (*pv_tile)(const float* p, i64 ldp, int nr, const void* v, int kind, const float* vscale, i64 nk, i64 d,
                   const float* corr, float* o, KvAhead* ahead);
+  // numpy's argmax of y[0, n) (n >= 1): the index of the first NaN if any, else of the first maximum; *best gets
+  // its value. The fused LM head (llm_matmul_argmax) runs it on each task's columns while they are in L1.
+  i64 (*argmax)(const float* y, i64 n, float* best);
 };
 
 // Elements per activation scale for weights pk on kernels kr: a k-quant super-block where kr.k_super, else a block.

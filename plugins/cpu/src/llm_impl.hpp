@@ -956,10 +956,50 @@ void pv_tile(const float* p, i64 ldp, int nr, const void* v, int kind, const flo
   }
 }
 
+// LlmKernels::argmax: a max over whole vectors (NaN checked per vector: it is rare, and numpy's answer is then the
+// first NaN), then the first index holding that max (-0 == +0, as numpy compares).
+template <class S>
+i64 argmax(const float* y, i64 n, float* best) {
+  using V = typename S::V;
+  constexpr int W = S::W;
+  const i64 nv = n / W * W;
+  float m = y[0];
+  bool nan = m != m;
+  if (!nan && nv > 0) {
+    V vm = S::load(y);
+    for (i64 i = 0; i < nv; i += W) {
+      const V v = S::load(y + i);
+      if (S::any(S::isnan(v))) {
+        nan = true;
+        break;
+      }
+      vm = S::max(vm, v);
+    }
+    if (!nan) m = S::hmax(vm);
+  }
+  for (i64 i = nv; i < n && !nan; ++i) {
+    if (y[i] != y[i]) nan = true;
+    else if (y[i] > m) m = y[i];
+  }
+  if (nan) {
+    for (i64 i = 0; i < n; ++i)
+      if (y[i] != y[i]) {
+        *best = y[i];
+        return i;
+      }
+  }
+  *best = m;
+  i64 i = 0;
+  const V vm = S::set1(m);
+  while (i < nv && !S::any(S::eq(S::load(y + i), vm))) i += W;
+  while (y[i] != m) ++i;  // found within this vector, or in the tail (m is one of the values)
+  return i;
+}
+
 template <class S>
 constexpr LlmKernels llm_table(const char* name) {
   return {name,          S::QGEMM_ROWS,   HasKSuper<S>::value, quantize_x<S>, qgemm_group<S>, fgemm_tile<S>,
-          f16_to_f32<S>, f32_to_f16<S>, qk_tile<S>,          pv_tile<S>};
+          f16_to_f32<S>, f32_to_f16<S>, qk_tile<S>,          pv_tile<S>,           argmax<S>};
 }
 
 }  // namespace

@@ -102,6 +102,64 @@ def test_matmul_residual_equals_matmul_then_add(threads, spec, in_place, m):
     np.testing.assert_array_equal(res_out, want)
 
 
+def _np_argmax_rows(y: np.ndarray) -> np.ndarray:
+    return np.array([int(np.argmax(row)) for row in y], dtype=np.int64)
+
+
+@pytest.mark.parametrize("spec", ["q4", "q5_0", "q4_k", "q8", "f16"])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 1000, 5003])
+@pytest.mark.parametrize("m", [1, 2, 9, 16, 17])
+def test_matmul_argmax_equals_matmul_then_numpy_argmax(threads, spec, n, m):
+    """The LM head with the greedy token: the logits are llm_matmul's bits, best is numpy's argmax of each row, with
+    row counts off the group and vector sizes (a tail group, a tail vector), float weights' fallback and > 16 rows."""
+    w = _weights(spec, n, seed=6)
+    bias = np.linspace(-0.5, 0.5, n, dtype=np.float32) if n % 2 else None
+    x = _x(m)
+    want = np.empty((m, n), np.float32)
+    _native.llm_matmul(w, x, want, bias)
+    got = np.full((m, n), np.nan, np.float32)
+    best = np.full(m, -7, np.int64)
+    _native.llm_matmul_argmax(w, x, got, bias, best)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(best, _np_argmax_rows(want))
+
+
+def test_matmul_argmax_ties_nan_and_infinities(threads):
+    """Ties break to the first index and a NaN wins at its first index, as numpy's argmax, wherever they fall
+    against the tasks' column ranges: rows made by weight rows that repeat (equal logits), a bias of NaN / +-inf at
+    chosen columns."""
+    n, k = 4099, K
+    r = np.random.default_rng(8)
+    base = r.standard_normal((64, k)).astype(np.float32)
+    rows = base[r.integers(0, 64, n)]  # every logit equal to ~n / 64 others: ties of the maximum across tasks
+    w = _native.llm_weights(rows.astype(np.float16), "f16", k=k)
+    fmt = quant.parse_quant("q8")
+    wq = _native.llm_weights(quant.quantize(rows, fmt).reshape(n, -1), fmt.wtype, fmt.block_size, fmt.symmetric, k)
+    x = _x(3)
+    cases = {"ties": None}
+    for at in ((5,), (4000,), (2047, 3000), (n - 1,)):
+        b = np.zeros(n, np.float32)
+        b[list(at)] = np.nan
+        cases[f"nan{at}"] = b
+    b = np.zeros(n, np.float32)
+    b[[17, 3001]] = np.inf
+    cases["inf"] = b
+    cases["-inf"] = np.full(n, -np.inf, np.float32)
+    b = np.full(n, -np.inf, np.float32)
+    b[2500] = np.nan
+    cases["-inf nan"] = b
+    for name, bias in cases.items():
+        for weights in (w, wq):
+            want = np.empty((3, n), np.float32)
+            _native.llm_matmul(weights, x, want, bias)
+            got, best = np.empty((3, n), np.float32), np.empty(3, np.int64)
+            _native.llm_matmul_argmax(weights, x, got, bias, best)
+            np.testing.assert_array_equal(got, want, err_msg=name)
+            np.testing.assert_array_equal(best, _np_argmax_rows(want), err_msg=name)
+            if name == "ties":
+                assert all((want[i] == want[i, best[i]]).sum() > 1 for i in range(3))  # the ties are real
+
+
 def test_fused_calls_check_their_arguments():
     w4, w8 = _weights("q4", 64), _weights("q4", 64, k=128)
     x = _x(1)
@@ -114,6 +172,10 @@ def test_fused_calls_check_their_arguments():
     with pytest.raises(ValueError, match="llm_matmul_residual: out, residual and res_out"):
         _native.llm_matmul_residual(w4, x, np.empty((1, 64), np.float32), None, np.empty((1, 63), np.float32),
                                     np.empty((1, 64), np.float32))
+    with pytest.raises(ValueError, match="llm_matmul_argmax: best must hold M indices"):
+        _native.llm_matmul_argmax(w4, x, np.empty((1, 64), np.float32), None, np.empty(2, np.int64))
+    with pytest.raises(ValueError, match="llm_matmul_argmax: best must be a writable"):
+        _native.llm_matmul_argmax(w4, x, np.empty((1, 64), np.float32), None, np.empty(1, np.int32))
 
 
 # -- the fuser ------------------------------------------------------------------------------------------------------
@@ -272,6 +334,7 @@ def test_fused_calls_under_other_work_splits(settings):
 
     env = dict(os.environ, **settings)
     tests = "matmul_multi_equals or matmul_swiglu_equals or matmul_residual_equals or fused_outputs_may_reuse"
+    tests += " or matmul_argmax"
     tests += " or decoder_layer or whole_decode_step or late_workers or does_not_depend_on_the_thread_count"
     tests += " or attention_prefill_decode_rollback or big_gemv_split_by_bytes"
     files = ("test_step.py", "test_llm_threads.py", "test_llm_kernels.py")

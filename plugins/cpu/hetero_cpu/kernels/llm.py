@@ -122,7 +122,11 @@ class CpuQMatMul(CpuKernel):
         if bias is None and len(inputs) > 2 and inputs[2] is not None:
             bias = _c(inputs[2].buffer)
         out = outputs[0].buffer
-        if out.size:
+        if not out.size:
+            return
+        if len(outputs) > 1:  # the rows' argmax too: each task reduces the logits it wrote (an LM head's greedy step)
+            _native.llm_matmul_argmax(self.w, _c(inputs[0].buffer), out, bias, outputs[1].buffer)
+        else:
             _native.llm_matmul(self.w, _c(inputs[0].buffer), out, bias)
 
     def bind(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Bound:
@@ -130,9 +134,14 @@ class CpuQMatMul(CpuKernel):
         bias = self.bias
         if bias is None and len(inputs) > 2 and inputs[2] is not None:
             bias = inputs[2].buffer
-        if not bindable(x, out, bias):
+        best = outputs[1].buffer if len(outputs) > 1 else None
+        if not bindable(x, out, bias, best):
             return None
-        return functools.partial(_native.llm_matmul, self.w, x, out, bias) if out.size else noop
+        if not out.size:
+            return noop
+        if best is not None:
+            return functools.partial(_native.llm_matmul_argmax, self.w, x, out, bias, best)
+        return functools.partial(_native.llm_matmul, self.w, x, out, bias)
 
 
 class CpuEmbedding(CpuKernel):

@@ -56,6 +56,8 @@ def _bytes(w: np.ndarray) -> np.ndarray:
 class MetalQMatMul(MetalKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
+        if len(node.outputs) > 1:
+            return unsupported("QMatMul with its rows' argmax (a second output)")
         verdict = _known_wtype(node)
         return float32_only(node, [0]) if verdict else verdict
 

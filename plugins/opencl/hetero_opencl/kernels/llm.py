@@ -81,6 +81,8 @@ class ClEmbedding(_WeightKernel):
 class ClQMatMul(_WeightKernel):
     @staticmethod
     def accepts(node: NodeInfo) -> Support:
+        if len(node.outputs) > 1:
+            return unsupported("QMatMul with its rows' argmax (a second output)")
         verdict = _known_wtype(node)
         return float32_only(node, [0]) if verdict else verdict
 
