@@ -969,7 +969,7 @@ def test_attention_whose_mask_broadcasts_the_batch_up(backend):
 INPUT_AFFINE_CASES = [
     ({}, 1, "mul_add", 2, ["Conv", "Relu"]),
     ({"pads": [1, 1, 1, 1]}, 1, "mul_add", 1, ["Add", "Conv", "Relu"]),
-    ({"pads": [1, 1, 1, 1]}, 4, "mul_add", 1, ["Add", "Conv", "Relu"]),
+    ({"pads": [1, 1, 1, 1]}, 4, "mul_add", 1, ["ConvInputShift", "Relu"]),  # depthwise: fold_conv_input_shift
     ({"auto_pad": "SAME_UPPER"}, 1, "mul_add", 1, ["Add", "Conv", "Relu"]),
     ({}, 1, "add_first", 1, ["Conv", "Relu"]),
     ({"pads": [1, 1, 1, 1]}, 1, "add_only", 0, ["Add", "Conv", "Relu"]),
@@ -1025,6 +1025,69 @@ def test_conv_input_affine_folds(backend, attrs, group, chain, rewrites, left):
     session = _compare(model, {"x": rng.normal(size=(2, 4, 7, 9)).astype(f32)}, backend)
     assert session.rewrites["fold_conv_input_affine"] == rewrites
     assert sorted(_ops(session)) == left
+
+
+# (kernel, strides, pads, input shape, what is read): PP-OCRv5's scalar shift (``s * h + t`` after an activation,
+# the scale folded into the weights) before a zero-padded depthwise conv becomes one ConvInputShift. On the cpu:
+# 3x3 and 5x5 on the row kernel (whole planes, bands of a plane taller than the band), stride (2, 1), and the paths
+# that read the input in place and so take x + shift made apart (3x3 / 2 with a left pad, rows narrower than a
+# vector: the channel-blocked kernel); asymmetric pads; the constant first, of shape [1, 1, 1, 1].
+INPUT_SHIFT_CASES = [
+    (3, [1, 1], [1, 1, 1, 1], (2, 6, 12, 40), "add"),
+    (5, [1, 1], [2, 2, 2, 2], (1, 8, 70, 90), "add"),
+    (5, [2, 1], [2, 2, 2, 2], (1, 5, 12, 33), "add_first"),
+    (3, [2, 2], [1, 1, 1, 1], (1, 16, 20, 40), "add"),
+    (3, [1, 1], [1, 1, 1, 1], (1, 16, 7, 7), "add_rank4"),
+    (3, [1, 1], [0, 1, 2, 0], (2, 3, 9, 21), "add"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k, strides, pads, shape, chain", INPUT_SHIFT_CASES,
+                         ids=[str(i) for i in range(len(INPUT_SHIFT_CASES))])
+def test_conv_input_shift_folds_into_padded_depthwise(backend, k, strides, pads, shape, chain):
+    """The Add goes into the conv, whose output is the same bits as the Add and the conv apart (the same float32
+    sums, the same taps); x + shift never reaches the padding (against the unoptimised reference too)."""
+    rng = np.random.default_rng(9)
+    f32, c = np.float32, shape[1]
+    add = helper.make_node("Add", ["t", "m"] if chain == "add_first" else ["m", "t"], ["a"])
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Mul", ["h", "s"], ["m"]), add,
+             helper.make_node("Conv", ["a", "w", "b"], ["c"], group=c, pads=pads, strides=strides),
+             helper.make_node("HardSwish", ["c"], ["y"])]
+    inits = [("w", rng.normal(size=(c, 1, k, k)).astype(f32)), ("b", rng.normal(size=c).astype(f32)),
+             ("s", np.array([0.8], f32)),
+             ("t", np.full((1, 1, 1, 1), -0.6, f32) if chain == "add_rank4" else np.array(-0.6, f32))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, list(shape))], [("y", TensorProto.FLOAT, None)], inits)
+    x = rng.normal(size=shape).astype(f32) * 2
+    session = _compare(model, {"x": x}, backend, rtol=1e-4, atol=1e-4)
+    assert session.rewrites["fold_conv_input_shift"] == 1
+    assert _ops(session) == ["Relu", "ConvInputShift"]
+    with passes.leaving_out("fold_conv_input_shift"):
+        apart = hetero.Session(model, backends=[backend], on_fallback="silent")
+    assert sorted(_ops(apart)) == ["Add", "FusedConv", "Relu"]
+    np.testing.assert_array_equal(session.run({"x": x})["y"], apart.run({"x": x})["y"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["shared", "per_channel", "dense", "unpadded"])
+def test_conv_input_shift_left_alone(backend, case):
+    """The Add stays where its output has another reader, its constant is per channel, the conv is not depthwise
+    (a 1-channel conv included), or the conv pads nothing (fold_conv_input_affine folds the shift into its bias)."""
+    rng = np.random.default_rng(10)
+    f32 = np.float32
+    c = 1 if case == "dense" else 4
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Add", ["h", "t"], ["a"]),
+             helper.make_node("Conv", ["a", "w", "b"], ["y"], group=c, pads=[0] * 4 if case == "unpadded" else [1] * 4)]
+    outputs = [("y", TensorProto.FLOAT, None)]
+    if case == "shared":
+        nodes.append(helper.make_node("Neg", ["a"], ["z"]))
+        outputs.append(("z", TensorProto.FLOAT, None))
+    t = rng.normal(size=(1, c, 1, 1)).astype(f32) if case == "per_channel" else np.array(0.3, f32)
+    inits = [("w", rng.normal(size=(c, 1, 3, 3)).astype(f32)), ("b", rng.normal(size=c).astype(f32)), ("t", t)]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, c, 6, 20])], outputs, inits)
+    session = _compare(model, {"x": rng.normal(size=(1, c, 6, 20)).astype(f32)}, backend, rtol=1e-4, atol=1e-4)
+    assert session.rewrites["fold_conv_input_shift"] == 0
+    assert "ConvInputShift" not in _ops(session)
 
 
 def _stepwise_projection(steps: int, trans_b: int = 1, shared: bool = True, alpha: float = 1.0,

@@ -2974,6 +2974,41 @@ def _dw_pointwise_shape(graph: Graph, dw: Node, w: np.ndarray) -> bool:
     return not isinstance(width, int) or width >= DW_POINTWISE_MIN_WIDTH
 
 
+def fold_conv_input_shift(graph: Graph) -> int:
+    """An Add of a one-element float32 constant whose output only a zero-padded depthwise Conv / FusedConv reads
+    (PP-OCRv5's learnable-affine shift before each depthwise conv: the Add ``fold_conv_input_affine`` keeps, as zero
+    padding is not shifted): one ``hetero.ConvInputShift``, the conv's attributes and ``shift``, which the CPU adds to
+    the input on the padded plane copy its depthwise kernel makes anyway instead of a pass over the map."""
+    count = 0
+    keep = _read_by_subgraphs(graph) | set(graph.outputs)
+    producers = {out: node for node in graph.nodes for out in node.outputs}
+    for conv in list(graph.nodes):
+        w = _conv_weight_4d(graph, conv)
+        if w is None or w.dtype != np.float32 or w.shape[1] != 1 or w.shape[0] < 2 \
+                or int(conv.attrs.get("group", 1)) != w.shape[0] or not any(int(p) for p in conv.attrs.get("pads", [])):
+            continue
+        add = producers.get(conv.inputs[0])
+        if add is None or add.op_key != ("", "Add") or len(add.inputs) != 2 or conv.inputs[0] in keep \
+                or _single_consumer(graph, conv.inputs[0]) is not conv:
+            continue
+        constants = [name for name in add.inputs if name in graph.initializers]
+        if len(constants) != 1:
+            continue
+        shift = np.asarray(graph.initializers[constants[0]])
+        h = add.inputs[1] if add.inputs[0] == constants[0] else add.inputs[0]
+        info = graph.values.get(h)
+        # the Add's output is h's shape (a one-element constant of rank <= 4 broadcasts to it) and float32
+        if shift.dtype != np.float32 or shift.size != 1 or shift.ndim > 4 or info is None or info.shape is None \
+                or len(info.shape) != 4 or info.dtype.np_dtype != np.float32:
+            continue
+        conv.op_type, conv.domain = "ConvInputShift", HETERO_DOMAIN
+        conv.attrs["shift"] = float(shift.reshape(()))
+        conv.inputs[0] = h
+        graph.nodes.remove(add)
+        count += 1
+    return count
+
+
 def fuse_dw_pointwise(graph: Graph) -> int:
     """A depthwise Conv / FusedConv (group = channels, one input channel a group, constant weights; stride 1, at most
     ``DW_POINTWISE_MAX_CHANNELS`` channels, output rows of at least ``DW_POINTWISE_MIN_WIDTH`` where known) whose
@@ -3123,7 +3158,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (lower_contrib_ops, remove_noops, keras_loop_
                                     fold_conv_scale_shift, fuse_gelu_tanh, fuse_gelu_erf, fold_conv_input_affine,
                                     one_hot_matmul_to_gather,
                                     fuse_conv_activation, fuse_conv_transpose_relu, fold_conv_clamp,
-                                    fuse_dw_pointwise, conv1d_channels_last,
+                                    fuse_dw_pointwise, fold_conv_input_shift, conv1d_channels_last,
                                     batch_gathered_gemms, fuse_matmul_bias, fold_matmul_scale, fuse_matmul_gelu,
                                     fuse_matmul_integer_scale,
                                     fuse_conv_integer_scale,
@@ -3154,6 +3189,7 @@ FUSED_OPS: dict[str, tuple[str, str]] = {"fuse_attention": (HETERO_DOMAIN, "Fuse
                                          "fuse_add_layer_norm": (HETERO_DOMAIN, "AddLayerNorm"),
                                          "fuse_embedding_rnn": (HETERO_DOMAIN, "EmbeddingRNN"),
                                          "fuse_dw_pointwise": (HETERO_DOMAIN, "DwPointwiseConv"),
+                                         "fold_conv_input_shift": (HETERO_DOMAIN, "ConvInputShift"),
                                          "fuse_conv_integer_scale": (HETERO_DOMAIN, "ConvIntegerScaled"),
                                          "fuse_qdq_matmul": (HETERO_DOMAIN, "MatMulIntegerScaled"),
                                          "fuse_qdq_conv": (HETERO_DOMAIN, "ConvIntegerScaled")}

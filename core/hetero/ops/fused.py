@@ -56,6 +56,16 @@ def fused_conv(ctx: OpContext) -> list[np.ndarray]:
     return [apply_activation(ctx, y)]
 
 
+@op("ConvInputShift", domain=HETERO_DOMAIN, infer=_conv_infer)
+def conv_input_shift(ctx: OpContext) -> list[np.ndarray]:
+    """``FusedConv`` (its attributes) of X + ``shift`` (a float, added in X's float32 as the Add it replaces did;
+    the zero padding is not shifted): a scalar Add before a padded depthwise conv
+    (``ir.passes.fold_conv_input_shift``)."""
+    x = ctx.array(0)
+    shifted = (x + np.asarray(ctx.attr("shift"), x.dtype)).astype(x.dtype, copy=False)
+    return fused_conv(OpContext(ctx.node, ctx.inputs, [shifted, *ctx.values[1:]], ctx.opset))
+
+
 @op("ConvResidual", domain=HETERO_DOMAIN, infer=_conv_infer)
 def conv_residual(ctx: OpContext) -> list[np.ndarray]:
     """Conv (inputs X, W, optional B; its attributes), plus Z (input 3, the output's shape), then the activation

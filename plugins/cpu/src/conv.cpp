@@ -96,8 +96,10 @@ std::vector<i64> phased_tap_offsets(const ConvGeom& g, i64 phase, i64 Wq) {
 // `rows` rows of an input plane (W wide, ncopy of each copied) into such a phased buffer, `row` the buffer's row the
 // first lands in, after pl columns of padding.
 void copy_rows_phased(const ExtraKernels& xk, const float* in, i64 W, i64 rows, i64 ncopy, i64 pl, i64 sw,
-                      i64 phase, i64 Wq, float* row) {
-  if (sw == 1) {
+                      i64 phase, i64 Wq, float* row, float shift = 0.f) {
+  if (sw == 1 && shift != 0.f) {
+    xk.copy_rows_add(in, W, row + pl, Wq, rows, ncopy, shift);
+  } else if (sw == 1) {
     xk.copy_rows(in, W, row + pl, Wq, rows, ncopy);
   } else if (sw == 2) {  // vectorised (PP-OCRv4 det's stride-2 depthwise convs spent most of their time here)
     xk.deinterleave_rows(in, W, ncopy, rows, row + (pl & 1) * phase + (pl >> 1),
@@ -142,10 +144,18 @@ i64 depthwise_band_rows(const ConvGeom& g, i64 row_floats) {
   return std::min<i64>(g.Ho, std::max<i64>(4, rows / 4 * 4));
 }
 
+// x + shift over n floats into dst (a thread's scratch): the input of a conv whose input Add of a scalar was folded
+// into it (hetero.ConvInputShift), made just before the zero-padded copy reads it, while in L1. affine_row's
+// fma(1, x - 0, shift) rounds once, as the Add's x + shift did: the same bits.
+const float* shift_rows(const ExtraKernels& xk, const float* x, i64 n, float shift, float* dst) {
+  xk.affine_row(x, dst, n, 0.f, 1.f, shift);
+  return dst;
+}
+
 // depthwise with each plane in bands of `band` output rows (depthwise_band_rows): the same taps on the same padded
 // values, band by band, so the same bits as the whole plane.
 void depthwise_bands(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
-                     const Epilogue& act, i64 band, i64 Wq, int T, const Blocks& chunks) {
+                     const Epilogue& act, i64 band, i64 Wq, int T, const Blocks& chunks, float shift) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   const float* w = pc.buf.p;
@@ -153,10 +163,13 @@ void depthwise_bands(const PackedConv& pc, const ConvGeom& g, const float* x, co
   const int ntaps = static_cast<int>(g.kh * g.kw);
   const std::vector<i64> off = phased_tap_offsets(g, phase, Wq);
   const i64 ncopy = sw == 1 ? std::min<i64>(g.W, Wq - g.pl) : std::min<i64>(g.W, Wq * sw - g.pl);
+  const i64 need_max = Hb;  // input rows a band copies at most
   parallel_for(chunks.nb, T, [&](i64 ch) {
     float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
     // the columns' padding and the slack stay zero: the copies write the same columns every band
     std::fill(buf, buf + sw * phase + xk.lanes, 0.f);
+    // the shift on the copy where it is one run a row (sw 1), else on x + shift made first into a scratch
+    float* shifted = shift != 0.f && sw != 1 ? tl_buf(TL_TMP).get(static_cast<std::size_t>(need_max * g.W)) : nullptr;
     for (i64 q = chunks.begin(ch), qe = q + chunks.size(ch); q < qe; ++q) {
       const i64 c = q % g.C;
       const float* in = x + q * g.H * g.W;
@@ -171,8 +184,11 @@ void depthwise_bands(const PackedConv& pc, const ConvGeom& g, const float* x, co
           std::fill(ph, ph + r0 * Wq, 0.f);
           std::fill(ph + r1 * Wq, ph + need * Wq, 0.f);
         }
-        if (r1 > r0)
-          copy_rows_phased(xk, in + (iy0 + r0) * g.W, g.W, r1 - r0, ncopy, g.pl, sw, phase, Wq, buf + r0 * Wq);
+        if (r1 > r0) {
+          const float* src = in + (iy0 + r0) * g.W;
+          if (shifted) src = shift_rows(xk, src, (r1 - r0) * g.W, shift, shifted);
+          copy_rows_phased(xk, src, g.W, r1 - r0, ncopy, g.pl, sw, phase, Wq, buf + r0 * Wq, shifted ? 0.f : shift);
+        }
         depthwise_plane(kr, xk, g, buf, Wq, off.data(), w + c * ntaps, bias ? bias[c] : 0.f, o + y0 * g.Wo, rows,
                         r0, r1, act);
       }
@@ -180,8 +196,15 @@ void depthwise_bands(const PackedConv& pc, const ConvGeom& g, const float* x, co
   });
 }
 
+// Whether depthwise copies each plane (or band of rows) into a padded buffer: where it does, a shift of its input
+// is added on the copy (depthwise's `shift`); the blocked and in-place stride-2 kernels read the input as it is.
+bool depthwise_copies(const ExtraKernels& xk, const ConvGeom& g) {
+  return !depthwise_blocked_fits(xk, g) && !depthwise_s2_in_place(xk, g);
+}
+
+// shift: added to every input value (not to the zero padding) before the taps; only where depthwise_copies.
 void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
-               const Epilogue& act) {
+               const Epilogue& act, float shift = 0.f) {
   const Kernels& kr = *pc.kr;
   const ExtraKernels& xk = extra_for(kr);
   if (depthwise_blocked_fits(xk, g)) {
@@ -232,7 +255,7 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
   }
   const i64 band = depthwise_band_rows(g, sw * Wq);
   if (band < g.Ho) {
-    depthwise_bands(pc, g, x, bias, out, act, band, Wq, T, chunks);
+    depthwise_bands(pc, g, x, bias, out, act, band, Wq, T, chunks, shift);
     return;
   }
   const i64 copied = std::min<i64>(g.H, Hp - g.pt);  // input rows in the buffer, from row pt
@@ -240,11 +263,14 @@ void depthwise(const PackedConv& pc, const ConvGeom& g, const float* x, const fl
     // plus the slack dw_taps' last vector of a row may read
     float* buf = tl_buf(TL_IM2COL).get(static_cast<std::size_t>(sw * phase + xk.lanes));
     std::fill(buf, buf + sw * phase + xk.lanes, 0.f);
+    float* shifted = shift != 0.f && sw != 1
+                         ? tl_buf(TL_TMP).get(static_cast<std::size_t>(std::max<i64>(1, copied * g.W))) : nullptr;
     for (i64 q = chunks.begin(ch), qe = q + chunks.size(ch); q < qe; ++q) {
       const i64 c = q % g.C;
       const float* in = x + q * g.H * g.W;
       float* o = out + q * HWo;
-      copy_rows_phased(xk, in, g.W, copied, ncopy, g.pl, sw, phase, Wq, buf + g.pt * Wq);
+      if (shifted && copied > 0) in = shift_rows(xk, in, copied * g.W, shift, shifted);
+      copy_rows_phased(xk, in, g.W, copied, ncopy, g.pl, sw, phase, Wq, buf + g.pt * Wq, shifted ? 0.f : shift);
       depthwise_plane(kr, xk, g, buf, Wq, off.data(), w + c * ntaps, bias ? bias[c] : 0.f, o, g.Ho, g.pt,
                       g.pt + copied, act);
     }
@@ -1738,8 +1764,26 @@ const char* conv_algorithm_name(ConvAlgo a) {
 }
 
 void conv2d_packed(const PackedConv& pc, const ConvGeom& geom, const float* x, const float* bias, float* out,
-                   const Epilogue& act_in, const float* residual) {
+                   const Epilogue& act_in, const float* residual, float input_shift) {
   if (geom.N == 0 || geom.Cout == 0 || geom.Ho == 0 || geom.Wo == 0) return;
+  if (input_shift != 0.f) {
+    // conv(x + shift), the shift not on the zero padding: a depthwise conv that copies its planes adds it on the
+    // copy; every other path runs on x + shift made here (the Add it replaces, as one pass)
+    const ConvGeom g = along_w(geom);
+    if (pc.depthwise && residual == nullptr && depthwise_copies(extra_for(*pc.kr), g)) {
+      depthwise(pc, g, x, bias, out, act_in, input_shift);
+      return;
+    }
+    const i64 n = geom.N * geom.C * geom.H * geom.W;
+    std::vector<float> shifted(static_cast<std::size_t>(n));
+    const int T = threads_for(static_cast<double>(n), 65536);
+    parallel_for(T, T, [&](i64 t) {
+      const i64 i0 = n * t / T, i1 = n * (t + 1) / T;
+      shift_rows(extra_for(*pc.kr), x + i0, i1 - i0, input_shift, shifted.data() + i0);
+    });
+    conv2d_packed(pc, geom, shifted.data(), bias, out, act_in, residual, 0.f);
+    return;
+  }
   // with a residual the activation (Relu) comes after the sum: the conv's own stage runs without it
   const bool res_relu = residual != nullptr && act_in.act >= 0;
   Epilogue act = act_in;

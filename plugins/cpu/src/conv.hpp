@@ -92,8 +92,10 @@ std::unique_ptr<PackedConv> prepack_conv(const Kernels& kr, const float* w, i64 
 // residual (optional, laid out as out): out = act(conv + bias + residual), the sum before the activation (a
 // ResNet block's shortcut Add and Relu; act none or Relu). The 1x1 paths (pointwise tiles, the GEMM) add it to each
 // block they just wrote, still in cache; the other paths run the conv, then one pass over the output.
+// input_shift (hetero.ConvInputShift): the conv of x + input_shift, the zero padding not shifted (a scalar Add before
+// a padded conv, which cannot fold into its bias).
 void conv2d_packed(const PackedConv& pc, const ConvGeom& g, const float* x, const float* bias, float* out,
-                   const Epilogue& act, const float* residual = nullptr);
+                   const Epilogue& act, const float* residual = nullptr, float input_shift = 0.f);
 
 // A depthwise conv (geometry gd) and a 1x1 stride-1 conv on its output in one call (conv.cpp): in one pass over
 // bands of rows where dw_pointwise_fits, else the two convs in turn (out: [N, pw.cout, gd.Ho, gd.Wo]).

@@ -987,7 +987,7 @@ ConvGeom conv_geom(const PackedConv& pc, const std::vector<i64>& xs, const std::
 Op prep_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
                       const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
                       const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta,
-                      bool once, const py::object& residual = py::none()) {
+                      bool once, const py::object& residual = py::none(), float input_shift = 0.f) {
   const char* fn = "conv2d";
   const PackedConv& pc = *pk.pc;
   auto xkeep = std::make_shared<std::vector<float>>(), bkeep = std::make_shared<std::vector<float>>();
@@ -1019,7 +1019,9 @@ Op prep_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::obje
   no_copy(once, !xkeep->empty() || !bkeep->empty() || !rkeep->empty(), fn);
   float* po = static_cast<float*>(const_cast<void*>(out.data()));
   const PackedConv* p = &pc;
-  return [p, g, px, pb, po, ep, pr, xkeep, bkeep, rkeep] { conv2d_packed(*p, g, px, pb, po, ep, pr); };
+  return [p, g, px, pb, po, ep, pr, xkeep, bkeep, rkeep, input_shift] {
+    conv2d_packed(*p, g, px, pb, po, ep, pr, input_shift);
+  };
 }
 
 // A depthwise conv and the 1x1 conv on its output in one call (dw_pointwise; out: the 1x1's output).
@@ -1070,16 +1072,16 @@ void py_dw_pointwise(const py::array& x, const PyPackedConv& dk, const py::objec
 void py_conv2d_packed(const py::array& x, const PyPackedConv& pk, const py::object& bias, const py::array& out,
                       const std::vector<i64>& strides_in, const std::vector<i64>& pads_in,
                       const std::vector<i64>& dil_in, const std::string& act, float act_alpha, float act_beta,
-                      const py::object& residual) {
+                      const py::object& residual, float input_shift) {
   run_now(prep_conv2d_packed, x, pk, bias, out, strides_in, pads_in, dil_in, act, act_alpha, act_beta, true,
-          residual);
+          residual, input_shift);
 }
 
 void py_conv2d(const py::array& x, const py::array& w, const py::object& bias, const py::array& out,
                const std::vector<i64>& strides, const std::vector<i64>& pads, const std::vector<i64>& dil, i64 group,
                const std::string& act, float act_alpha, float act_beta) {
   PyPackedConv pk = py_prepack_conv(w, group, py::none());
-  py_conv2d_packed(x, pk, bias, out, strides, pads, dil, act, act_alpha, act_beta, py::none());
+  py_conv2d_packed(x, pk, bias, out, strides, pads, dil, act, act_alpha, act_beta, py::none(), 0.f);
 }
 
 struct PoolGeom {
@@ -1267,11 +1269,11 @@ void register_step_ops() {
     return prep_copy(step_array(a, 0, "copy"), step_array(a, 1, "copy"));
   });
   register_step_op("conv2d_packed", [](const py::tuple& a) {
-    step_arity(a, 4, 11, "conv2d_packed");
+    step_arity(a, 4, 12, "conv2d_packed");
     return prep_conv2d_packed(step_array(a, 0, "conv2d"), a[1].cast<const PyPackedConv&>(), a[2],
                               step_array(a, 3, "conv2d"), step_val(a, 4, one2), step_val(a, 5, zero4),
                               step_val(a, 6, one2), step_val(a, 7, std::string("none")), step_val(a, 8, 0.f),
-                              step_val(a, 9, 0.f), false, step_obj(a, 10));
+                              step_val(a, 9, 0.f), false, step_obj(a, 10), step_val(a, 11, 0.f));
   });
   register_step_op("dw_pointwise", [](const py::tuple& a) {
     step_arity(a, 6, 15, "dw_pointwise");
@@ -1451,7 +1453,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("conv2d_packed", &py_conv2d_packed, py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("out"),
         py::arg("strides") = one2, py::arg("pads") = zero4, py::arg("dilations") = one2,
         py::arg("activation") = "none", py::arg("activation_alpha") = 0.0f, py::arg("activation_beta") = 0.0f,
-        py::arg("residual") = py::none());
+        py::arg("residual") = py::none(), py::arg("input_shift") = 0.0f);
   m.def("dw_pointwise", &py_dw_pointwise, py::arg("x"), py::arg("dw_packed"), py::arg("dw_bias"),
         py::arg("pw_packed"), py::arg("pw_bias"), py::arg("out"), py::arg("strides") = one2,
         py::arg("pads") = zero4, py::arg("dilations") = one2, py::arg("activation") = "none",

@@ -138,6 +138,9 @@ struct ExtraKernels {
   // One column of conv_tile's product, the panel's mr rows as one vector's lanes (c[r * ldc] for r < nrows): the
   // same bits as the tile's column. False where mr exceeds the lanes.
   bool (*col_tile)(int mr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows);
+  // copy_rows of src + add (each value's float32 sum, as an Add node's): a depthwise conv's plane copy with the
+  // scalar Add before it folded in (hetero.ConvInputShift).
+  void (*copy_rows_add)(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n, float add);
 };
 
 // Floats of scratch dw_nchwc needs at `lanes` channels (the interleaved padded planes, weights, output tile, offsets).

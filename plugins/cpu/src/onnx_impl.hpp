@@ -811,6 +811,19 @@ void x_copy_rows(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows,
   }
 }
 
+void x_copy_rows_add(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n, float add) {
+  const V va = SIMD::set1(add);
+  for (i64 r = 0; r < rows; ++r, src += ld_src, dst += ld_dst) {
+    i64 i = 0;
+    for (; i + W <= n; i += W) SIMD::store(dst + i, SIMD::add(SIMD::load(src + i), va));
+    if constexpr (has_part<SIMD>::value) {
+      if (i < n) store_tail(dst + i, n - i, SIMD::add(load_tail(src + i, n - i, 0.f), va));
+    } else {
+      for (; i < n; ++i) dst[i] = src[i] + add;
+    }
+  }
+}
+
 template <int OP>
 inline std::uint8_t cmp1(float a, float b) {
   switch (OP) {
@@ -1780,6 +1793,7 @@ const hetero::ExtraKernels extra_table = {
     x_rows_tile, x_transpose_into, has_transpose<SIMD>::value, W,
     has_unzip_regs<SIMD>::value ? x_dw3s2_plane<SIMD> : nullptr,
     x_col_tile,
+    x_copy_rows_add,
 };
 
 }  // namespace

@@ -2279,6 +2279,42 @@ def test_conv2d_winograd_one_vector_of_tiles(isa, threads, case):
     np.testing.assert_array_equal(out, one)
 
 
+# (C, H, W, kernel, strides, pads, group): conv2d_packed's input_shift (hetero.ConvInputShift), the conv of x + shift
+# with the zero padding not shifted. Depthwise on the row kernel adds it on the plane copy (whole planes, 3x3 and 5x5;
+# bands of a tall plane; stride (2, 1); asymmetric pads); the in-place stride-2 and channel-blocked kernels, a
+# dense conv and a 1-channel one run on x + shift made apart.
+INPUT_SHIFT_CASES = [
+    (6, 12, 40, 3, (1, 1), (1, 1, 1, 1), 6),
+    (8, 70, 90, 5, (1, 1), (2, 2, 2, 2), 8),
+    (5, 12, 33, 5, (2, 1), (2, 2, 2, 2), 5),
+    (3, 9, 21, 3, (1, 1), (0, 1, 2, 0), 3),
+    (16, 20, 40, 3, (2, 2), (1, 1, 1, 1), 16),
+    (16, 7, 7, 3, (1, 1), (1, 1, 1, 1), 16),
+    (8, 10, 12, 3, (1, 1), (1, 1, 1, 1), 1),
+    (1, 10, 12, 3, (1, 1), (1, 1, 1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", INPUT_SHIFT_CASES, ids=[str(i) for i in range(len(INPUT_SHIFT_CASES))])
+def test_conv2d_input_shift(isa, threads, case):
+    # against float64 of the zero-padded x + shift (the shift never reaches the padding), and the same bits as the
+    # conv of x + shift computed in float32 first (what the Add before it wrote)
+    c, h, wd, k, strides, pads, group = case
+    x = randn(2, c, h, wd, seed=118)
+    w = randn(c, c // group, k, k, seed=119) * 0.3
+    bias = randn(c, seed=120)
+    shift = np.float32(-0.7)
+    packed = _native.prepack_conv(w, group)
+    ref = _conv_ref(x.astype(np.float64) + float(shift), w, bias, strides, pads, (1, 1), group)
+    ref_shape = ref.shape
+    out = np.full(ref_shape, np.nan, np.float32)
+    _native.conv2d_packed(x, packed, bias, out, strides, pads, (1, 1), "relu", 0.0, 0.0, None, float(shift))
+    np.testing.assert_allclose(out, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
+    apart = np.full(ref_shape, np.nan, np.float32)
+    _native.conv2d_packed(x + shift, packed, bias, apart, strides, pads, (1, 1), "relu", 0.0, 0.0)
+    np.testing.assert_array_equal(out, apart)
+
+
 def test_conv2d_winograd_store_same_bits_as_scalar_stores():
     # HETERO_CPU_WINO_STORE=0 (read once: a fresh process) keeps the scalar stores and the separate activation pass:
     # the same transform and activation functions, so the same bits, on every ISA

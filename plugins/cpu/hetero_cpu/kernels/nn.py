@@ -239,6 +239,30 @@ class CpuConv(CallKernel):
         return super().bind(inputs, outputs)
 
 
+class CpuConvInputShift(CpuConv):
+    """hetero.ConvInputShift: the conv of X + ``shift`` (``conv2d_packed``'s input_shift: a depthwise conv adds it on
+    its padded plane copy; other paths run on X + shift made in one pass)."""
+
+    @staticmethod
+    def accepts(node: NodeInfo) -> Support:
+        weight = node.constants.get(1)
+        if weight is not None and weight.ndim != 4:
+            return unsupported("ConvInputShift with a 1-D conv (cpu: 2-D)")
+        return CpuConv.accepts(node)
+
+    def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Call:
+        out = outputs[0].buffer
+        if out.size == 0:
+            return noop
+        bias = self.bias
+        if bias is None and len(inputs) > 2 and inputs[2] is not None:
+            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
+        x = np.ascontiguousarray(inputs[0].numpy())
+        act, alpha, beta = self.activation
+        return functools.partial(_native.conv2d_packed, x, self.packed, bias, out, self.native_strides, self.pads,
+                                 self.native_dilations, act, alpha, beta, None, float(self.attr("shift")))
+
+
 class CpuConvResidual(CpuConv):
     """hetero.ConvResidual: the conv with Z (input 3) added in its output stage before the Relu (``conv2d_packed``'s
     residual: in the 1x1 paths' blocks while they are in cache, else one pass after the conv)."""
@@ -437,6 +461,7 @@ KERNELS = {
     ("hetero", "AddLayerNorm"): CpuAddLayerNorm,
     ("", "Conv"): CpuConv,
     ("hetero", "FusedConv"): CpuConv,
+    ("hetero", "ConvInputShift"): CpuConvInputShift,
     ("hetero", "ConvResidual"): CpuConvResidual,
     ("hetero", "DwPointwiseConv"): CpuDwPointwiseConv,
     ("", "MaxPool"): CpuPool,
