@@ -1,8 +1,9 @@
-"""Paired A/B of two builds' native ``fused_attention`` at the text encoders' head shapes, in one process: both
-builds' ``_native`` modules loaded side by side, batches of calls alternated base / new (the order flipped every
-round), the calling thread's CPU time, the median and quartiles of the per-round ratios. On a shared two-core machine
-this pairs each new batch with a base batch milliseconds apart, where separate processes saw +-10 % between two
-identical builds. The outputs of the two builds are compared bit for bit first.
+"""Paired A/B of two builds' native ``fused_attention`` at the text encoders' head shapes: one worker process per
+build (CPython hands a second import of an extension module of the same name back as the first: two builds cannot
+share a process), kept alive and driven batch by batch, base / new alternated (the order flipped every round), each
+batch timed by its worker's thread CPU time; the median and quartiles of the per-round ratios. On a shared two-core
+machine this pairs each new batch with a base batch milliseconds apart, where fresh processes a side saw +-10 %
+between two identical builds. The outputs of the two builds are compared bit for bit first.
 
     python benchmarks/attention_ab.py --base /work/base34/plugins/cpu --new plugins/cpu --cases t5,minilm128 \\
         --rounds 40
@@ -15,8 +16,11 @@ K / V read through the [S, H d] rows a projection writes, as in the models.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -36,8 +40,7 @@ CASES: dict[str, tuple[int, int, int, str, float]] = {
 
 
 def load_native(plugin_dir: str) -> ModuleType:
-    """The ``_native`` extension of the cpu plugin under ``plugin_dir`` (its hetero_cpu folder), as a module of its
-    own: two builds can be loaded in one process."""
+    """The ``_native`` extension of the cpu plugin under ``plugin_dir`` (its hetero_cpu folder); one a process."""
     found = sorted(Path(plugin_dir, "hetero_cpu").glob("_native*.so"))
     if not found:
         raise SystemExit(f"no _native*.so under {plugin_dir}/hetero_cpu")
@@ -46,6 +49,47 @@ def load_native(plugin_dir: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def worker(plugin_dir: str) -> None:
+    """A build's side: lines "time CASE N" (N calls, their thread CPU time in us a call) and "bits CASE" (the
+    output's sha256) on stdin, the answers on stdout."""
+    native = load_native(plugin_dir)
+    native.set_num_threads(1)
+    ready: dict[str, tuple[tuple[Any, ...], np.ndarray, float]] = {}
+    for line in sys.stdin:
+        cmd, name, *rest = line.split()
+        if name not in ready:
+            inputs, shape = case_args(name, np.random.default_rng(sorted(CASES).index(name)))
+            ready[name] = (inputs, np.empty(shape, np.float32).transpose(0, 2, 1, 3), CASES[name][4])
+        inputs, out, by = ready[name]
+        if cmd == "bits":
+            for _ in range(5):
+                native.fused_attention(*inputs, out, 1.0, 1.0, False, by, by)
+            print(hashlib.sha256(np.ascontiguousarray(out).tobytes()).hexdigest(), flush=True)
+            continue
+        calls = int(rest[0])
+        t0 = time.thread_time()
+        for _ in range(calls):
+            native.fused_attention(*inputs, out, 1.0, 1.0, False, by, by)
+        print((time.thread_time() - t0) / calls * 1e6, flush=True)
+
+
+class Side:
+    def __init__(self, plugin_dir: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", plugin_dir], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def ask(self, line: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def case_args(name: str, rng: np.random.Generator) -> tuple[tuple[Any, ...], tuple[int, ...]]:
@@ -65,6 +109,9 @@ def case_args(name: str, rng: np.random.Generator) -> tuple[tuple[Any, ...], tup
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(sys.argv[2])
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="the base build's plugins/cpu folder")
     ap.add_argument("--new", required=True, help="the new build's plugins/cpu folder")
@@ -72,38 +119,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--ms", type=float, default=4.0, help="about this long a batch of calls")
     args = ap.parse_args()
-    sides = {"base": load_native(args.base), "new": load_native(args.new)}
-    for module in sides.values():
-        module.set_num_threads(1)
-    rng = np.random.default_rng(0)
+    sides = {"base": Side(args.base), "new": Side(args.new)}
     print(f"load before: {os.getloadavg()}")
-    for name in args.cases.split(","):
-        inputs, shape = case_args(name, rng)
-        by = CASES[name][4]
-        outs = {side: np.empty(shape, np.float32).transpose(0, 2, 1, 3) for side in sides}
-
-        def call(side: str, inputs: tuple[Any, ...] = inputs, outs: dict[str, np.ndarray] = outs,
-                 by: float = by) -> None:
-            sides[side].fused_attention(*inputs, outs[side], 1.0, 1.0, False, by, by)
-
-        for side in sides:
-            for _ in range(10):
-                call(side)
-        same = np.array_equal(outs["base"], outs["new"], equal_nan=True)
-        t0 = time.thread_time()
-        call("base")
-        batch = max(3, int(args.ms / 1000 / max(time.thread_time() - t0, 1e-6)))
-        times: dict[str, list[float]] = {side: [] for side in sides}
-        for r in range(args.rounds):
-            for side in ("base", "new") if r % 2 == 0 else ("new", "base"):
-                t0 = time.thread_time()
-                for _ in range(batch):
-                    call(side)
-                times[side].append((time.thread_time() - t0) / batch * 1e6)
-        ratios = np.array(times["new"]) / np.array(times["base"])
-        print(f"{name:10s} base {np.median(times['base']):8.2f} us  new {np.median(times['new']):8.2f} us  "
-              f"new / base median {np.median(ratios):.3f} (quartiles {np.percentile(ratios, 25):.3f}-"
-              f"{np.percentile(ratios, 75):.3f})  same bits: {same}")
+    try:
+        for name in args.cases.split(","):
+            same = sides["base"].ask(f"bits {name}") == sides["new"].ask(f"bits {name}")
+            once = float(sides["base"].ask(f"time {name} 3"))
+            batch = max(3, int(args.ms * 1000 / max(once, 1.0)))
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            for r in range(args.rounds):
+                for side in ("base", "new") if r % 2 == 0 else ("new", "base"):
+                    times[side].append(float(sides[side].ask(f"time {name} {batch}")))
+            ratios = np.array(times["new"]) / np.array(times["base"])
+            print(f"{name:10s} base {np.median(times['base']):8.2f} us  new {np.median(times['new']):8.2f} us  "
+                  f"new / base median {np.median(ratios):.3f} (quartiles {np.percentile(ratios, 25):.3f}-"
+                  f"{np.percentile(ratios, 75):.3f})  same bits: {same}")
+    finally:
+        for worker_side in sides.values():
+            worker_side.close()
     print(f"load after: {os.getloadavg()}")
 
 
