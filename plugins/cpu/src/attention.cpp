@@ -66,8 +66,8 @@ struct OperandScales {
 // up to n rounded up to the lanes. Each value is the micro-kernel's FMA chain over k from zero, as in the packed
 // GEMM: the same bits, without packing B or the GEMM's per-call set-up. False (nothing written) where this ISA has
 // no such tile. padded: c has whole panels of rows and n is a multiple of the lanes (every tile stored whole, no
-// partial copies). used (padded only): the columns read afterwards; the last one or two of them past the nr-wide
-// tiles are computed one column at a time (col_tile: the same bits), the padding columns after them left unwritten.
+// partial copies). used (padded only): the columns read afterwards; the last few of them past the nr-wide tiles
+// are computed a column a vector (col_tile: the same bits), the padding columns after them left unwritten.
 bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, const float* ap, const float* base,
                const i64* off, float* c, i64 ldc, bool padded, i64 used = -1) {
   const int mr = kr.mr, nr = kr.nr, w = xk.lanes;
@@ -78,13 +78,11 @@ bool tile_gemm(const Kernels& kr, const ExtraKernels& xk, i64 m, i64 n, i64 k, c
         std::min<i64>(mr, padded ? (left <= 4 ? 4 : left <= 6 ? 6 : left <= 8 ? 8 : mr) : left));
     const float* a = ap + (i / mr) * k * mr;
     for (i64 j = 0; j < n;) {
-      // one or two columns left of a one-vector tile's w: K FMAs a column instead of K x mr
-      if (padded && used >= 0 && used - j <= 2 && n - j < nr) {
-        bool done = true;
-        for (i64 col = j; col < used && done; ++col)
-          done = xk.col_tile(mr, k, a, base + col, off, c + i * ldc + col, ldc, rows);
-        if (done) break;
-      }
+      // a few columns left of a one-vector tile's w (a ViT's 1 of 257, T5's 6 of 70): K FMAs a column instead of K x
+      // rows, where that is fewer (up to 2 columns, or 4 fewer than the tile's rows: 8 of a 12-row panel)
+      if (padded && used >= 0 && n - j < nr && (used - j <= 2 || used - j <= rows - 4) &&
+          xk.col_tile(mr, k, a, base + j, off, c + i * ldc + j, ldc, rows, static_cast<int>(used - j)))
+        break;
       const int width = n - j >= nr ? nr : w, cols = padded ? width : static_cast<int>(std::min<i64>(width, n - j));
       if (!xk.conv_tile(mr, width, k, a, base + j, off, c + i * ldc + j, ldc, rows, cols)) return false;
       j += cols;

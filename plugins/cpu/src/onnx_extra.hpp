@@ -135,9 +135,11 @@ struct ExtraKernels {
   // bits as dw_taps over depthwise's phase copy; its return as dw_taps's. nullptr where this ISA has no such kernel.
   bool (*dw3s2_plane)(const float* in, i64 H, i64 W, i64 pt, const float* zrow, const float* w, float bias,
                       float* out, i64 Ho, i64 Wo, int act, float alpha, float beta);
-  // One column of conv_tile's product, the panel's mr rows as one vector's lanes (c[r * ldc] for r < nrows): the
-  // same bits as the tile's column. False where mr exceeds the lanes.
-  bool (*col_tile)(int mr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows);
+  // ncols (1 to 8) columns of conv_tile's product, each as one vector over the panel's mr rows (c[r * ldc + j] for r
+  // < nrows, j < ncols): the same bits as the tile's columns. False where mr exceeds the lanes or ncols is out of
+  // range.
+  bool (*col_tile)(int mr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
+                   int ncols);
   // copy_rows of src + add (each value's float32 sum, as an Add node's): a depthwise conv's plane copy with the
   // scalar Add before it folded in (hetero.ConvInputShift).
   void (*copy_rows_add)(const float* src, i64 ld_src, float* dst, i64 ld_dst, i64 rows, i64 n, float add);

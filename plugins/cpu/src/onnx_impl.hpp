@@ -1767,19 +1767,45 @@ void x_transpose_into(const float* src, i64 ld_src, i64 rows, i64 cols, float* d
     for (i64 c = r < r0 ? c0 : 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
 }
 
-// One column of conv_tile's product (column j of B at base + off[k]): c[r * ldc] = the sum over k of a[k * mr + r] *
-// base[off[k]] for r < nrows, the panel's mr rows as the lanes of one vector. Each lane is the tile's FMA chain for
-// that value (fma(a, b, acc) from zero, k in order), so the same bits as the tile's column, in K FMAs instead of the
-// K x mr of a one-vector tile (a 257-token head's last score column: 257 = 8 x 32 + 1). False where mr exceeds the
-// lanes.
-bool x_col_tile(int mr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows) {
+// Columns of conv_tile's product (column j of B at base + off[k] + j): c[r * ldc + j] = the sum over k of a[k * mr + r]
+// * base[off[k] + j] for r < nrows, j < NC, the panel's mr rows as the lanes of one vector a column. Each lane is the
+// tile's FMA chain for that value (fma(a, b, acc) from zero, k in order), so the same bits as the tile's columns, in
+// K x NC FMAs instead of the K x mr of a one-vector tile: a 257-token head's last score column (257 = 8 x 32 + 1),
+// T5's last 6 of 70 (64 + 6: 6 FMAs and 7 loads a k step against the 12 broadcasts and 12 FMAs of a 12 x 16 tile
+// of which 10 columns are waste).
+template <int NC>
+void x_cols_t(int mr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows) {
+  // every loop over the columns unrolled: with one left rolled GCC kept acc on the stack and stored it at every k
+  V acc[NC];
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) acc[j] = SIMD::zero();
+  for (i64 k = 0; k < K; ++k) {
+    const V ak = load_tail(a + k * mr, mr, 0.f);
+    const float* b = base + off[k];
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) acc[j] = SIMD::fma(ak, SIMD::set1(b[j]), acc[j]);
+  }
+  alignas(64) float t[NC][W];
+#pragma GCC unroll 8
+  for (int j = 0; j < NC; ++j) SIMD::store(t[j], acc[j]);
+  for (int r = 0; r < nrows; ++r)
+    for (int j = 0; j < NC; ++j) c[r * ldc + j] = t[j][r];
+}
+
+bool x_col_tile(int mr, i64 K, const float* a, const float* base, const i64* off, float* c, i64 ldc, int nrows,
+                int ncols) {
   if (mr > W || nrows > mr) return false;
-  V acc = SIMD::zero();
-  for (i64 k = 0; k < K; ++k) acc = SIMD::fma(load_tail(a + k * mr, mr, 0.f), SIMD::set1(base[off[k]]), acc);
-  alignas(64) float t[W];
-  SIMD::store(t, acc);
-  for (int r = 0; r < nrows; ++r) c[r * ldc] = t[r];
-  return true;
+  switch (ncols) {
+    case 1: x_cols_t<1>(mr, K, a, base, off, c, ldc, nrows); return true;
+    case 2: x_cols_t<2>(mr, K, a, base, off, c, ldc, nrows); return true;
+    case 3: x_cols_t<3>(mr, K, a, base, off, c, ldc, nrows); return true;
+    case 4: x_cols_t<4>(mr, K, a, base, off, c, ldc, nrows); return true;
+    case 5: x_cols_t<5>(mr, K, a, base, off, c, ldc, nrows); return true;
+    case 6: x_cols_t<6>(mr, K, a, base, off, c, ldc, nrows); return true;
+    case 7: x_cols_t<7>(mr, K, a, base, off, c, ldc, nrows); return true;
+    case 8: x_cols_t<8>(mr, K, a, base, off, c, ldc, nrows); return true;
+    default: return false;
+  }
 }
 
 const hetero::ExtraKernels extra_table = {

@@ -151,3 +151,40 @@ def test_vit_shapes_on_one_and_two_threads(isa, threads, seq, width):
     np.testing.assert_allclose(out, _reference(qs, kts, v, None, 1.0, 1.0), rtol=1e-4, atol=1e-5)
     if seq != 2:  # the unfused MatMul of 2 rows takes another path with another rounding (on the base build too)
         np.testing.assert_array_equal(out, _unfused(qs, kts, v, None, 1.0, 1.0))
+
+
+@pytest.mark.parametrize("seq", [1, 5, 39, 70, 71, 128])
+@pytest.mark.parametrize("width", [32, 64, 80])
+def test_infinite_masks_and_fully_masked_rows(isa, threads, seq, width):
+    """A padding mask of -inf (PyTorch's bool mask exported as -inf, not -10000) over a batch of 2, the second
+    sequence padded to 3 tokens, plus one query of the first whose every key is -inf: the masked keys' weights are
+    exactly 0 (no 2^-10 of a score kept, as -10000 keeps), the fully masked row's probabilities NaN (0 - -inf's
+    max - -inf: what the unfused Softmax gives too) and, with nan_to_zero (torch.export's Where(IsNaN)), an output
+    row of zeros. Heads of 32 / 64 / 80 (80 = 2 x 32 + 16 columns of V); T = 39 / 70 / 71 end past the 32-wide tiles
+    in 7 / 6 / 7 columns (T5's tails). The unfused calls' bits and float64's values on the rows that have keys."""
+    rng = np.random.default_rng(seq * 11 + width)
+    b, h = 2, 3
+    q = rng.normal(size=(b, h, seq, width)).astype(f32)
+    kt = rng.normal(size=(b, h, seq, width)).astype(f32).transpose(0, 1, 3, 2)
+    v = rng.normal(size=(b, h, seq, width)).astype(f32)
+    mask = rng.normal(size=(b, 1, seq, seq)).astype(f32)
+    mask[1, :, :, min(3, seq):] = -np.inf
+    if seq > 1:
+        mask[0, :, seq // 2, :] = -np.inf  # one query of the first sequence sees no key
+    mask = np.broadcast_to(mask, (b, h, seq, seq))
+    dead = np.zeros((b, h, seq, 1), bool)
+    if seq > 1:
+        dead[0, :, seq // 2] = True
+    for nan_to_zero in (False, True):
+        out = np.full((b, h, seq, width), 7.0, f32)
+        _native.fused_attention(q, kt, v, mask, out, 1.0, 8.0, nan_to_zero)
+        expected = _unfused(q, kt, v, mask, 1.0, 8.0)
+        live = np.broadcast_to(~dead, out.shape)
+        np.testing.assert_array_equal(out[live], expected[live])
+        finite = np.where(np.isinf(mask), f32(-1e30), mask)  # float64's exp(-1e30 - max) is 0 as exp(-inf) is
+        np.testing.assert_allclose(out[live], _reference(q, kt, v, finite, 1.0, 8.0)[live], rtol=1e-4, atol=1e-5)
+        dead_rows = out[np.broadcast_to(dead, out.shape)]
+        if nan_to_zero:
+            np.testing.assert_array_equal(dead_rows, np.zeros_like(dead_rows))
+        else:
+            assert np.isnan(dead_rows).all()
