@@ -1277,6 +1277,83 @@ def test_transpose_left_before_an_op_that_is_not_elementwise():
     assert _ops(session) == ["Transpose", "Add", "Softmax"] and session.rewrites["sink_transposes"] == 0
 
 
+def _keras_stem_model(rng, opset: int, negative: bool):
+    """madmom's beat TCN stem as a Keras / tf2onnx export writes it: every conv and pool wrapped in ``Unsqueeze,
+    Transpose to NCHW`` and ``Transpose to NHWC, Squeeze`` of the batch axis, the Elu on the 3-D channels-last map, a
+    1 x W conv over the whole remaining width, and a last Squeeze of a moved axis (W) besides the batch."""
+    to_nchw, to_nhwc = [0, 3, 1, 2], [0, 2, 3, 1]
+    batch = -4 if negative else 0  # Unsqueeze counts in the output rank, Squeeze in the input rank
+    squeeze_batch = -4 if negative else 0
+
+    def axes(kind: str, values: list[int], name: str) -> tuple[dict, list[str]]:
+        if opset >= 13:
+            inits.append((name, np.asarray(values, np.int64)))
+            return {}, [name]
+        return {"axes": values}, []
+
+    inits: list = []
+    nodes = []
+
+    def wrap(x: str, i: int) -> str:  # Unsqueeze, Transpose to NCHW
+        attrs, extra = axes("Unsqueeze", [batch], f"ua{i}")
+        nodes.extend([helper.make_node("Unsqueeze", [x, *extra], [f"u{i}"], **attrs),
+                      helper.make_node("Transpose", [f"u{i}"], [f"t{i}"], perm=to_nchw)])
+        return f"t{i}"
+
+    def unwrap(x: str, i: int, values: list[int] | None = None) -> str:  # Transpose to NHWC, Squeeze
+        attrs, extra = axes("Squeeze", values or [squeeze_batch], f"sa{i}")
+        nodes.extend([helper.make_node("Transpose", [x], [f"n{i}"], perm=to_nhwc),
+                      helper.make_node("Squeeze", [f"n{i}", *extra], [f"s{i}"], **attrs)])
+        return f"s{i}"
+
+    h = wrap("x", 0)
+    nodes.append(helper.make_node("Conv", [h, "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Elu", [unwrap("c0", 0)], ["e0"], alpha=1.0))
+    nodes.append(helper.make_node("MaxPool", [wrap("e0", 1)], ["p1"], kernel_shape=[1, 3], strides=[1, 3]))
+    h = wrap(unwrap("p1", 1), 2)  # Squeeze then Unsqueeze straight after: madmom's pool -> conv
+    nodes.append(helper.make_node("Conv", [h, "w1", "b1"], ["c1"]))  # 1 x 3 over the pooled width of 3
+    nodes.append(helper.make_node("Elu", [unwrap("c1", 2, [0, 2])], ["y"], alpha=1.0))  # [N, T, 1, C] -> [T, C]
+    inits += [("w0", rng.normal(size=(5, 3, 3, 3)).astype(np.float32)), ("b0", rng.normal(size=5).astype(np.float32)),
+              ("w1", rng.normal(size=(4, 5, 1, 3)).astype(np.float32)), ("b1", rng.normal(size=4).astype(np.float32))]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [11, 9, 3])], [("y", TensorProto.FLOAT, None)], inits,
+                      opset=opset)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("opset", [11, 17])
+@pytest.mark.parametrize("negative", [False, True])
+def test_transposes_sink_through_squeeze_and_unsqueeze(backend, opset, negative):
+    rng = np.random.default_rng(15)
+    model = _keras_stem_model(rng, opset, negative)
+    session = _compare(model, {"x": rng.normal(size=(11, 9, 3)).astype(np.float32)}, backend, rtol=1e-4, atol=1e-4)
+    # of the six Transposes only the input's (moved through its Unsqueeze) and the last one (its Squeeze drops the
+    # batch and the moved W axis, so it is a 2-D one) are left
+    assert _ops(session).count("Transpose") <= 2 and session.rewrites["sink_transposes"] > 0
+
+
+@pytest.mark.parametrize("axes, perm", [([1], [0, 2, 3, 1]), ([0, 3], [0, 2, 3, 1]), ([1, -1], [2, 0, 1]),
+                                        ([2], [1, 2, 0])])
+def test_transpose_sinks_through_unsqueeze_then_squeeze_of_other_axes(axes, perm):
+    """An Unsqueeze at any place (the middle, both ends, two axes) of a Transpose's output, then a Squeeze of an axis
+    the perm moved: the values and shapes of the unoptimised graph."""
+    rng = np.random.default_rng(16)
+    shape = [2, 1, 3, 4][:len(perm)] if len(perm) == 4 else [1, 3, 4]
+    unsq_rank = len(perm) + len(axes)
+    moved_unit = perm.index(shape.index(1))  # the output axis that holds the input's unit axis
+    out_unit = moved_unit + sum(1 for a in sorted(a % unsq_rank for a in axes) if a <= moved_unit)
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=perm),
+             helper.make_node("Unsqueeze", ["t", "ua"], ["u"]),
+             helper.make_node("Relu", ["u"], ["r"]),
+             helper.make_node("Squeeze", ["r", "sa"], ["y"])]
+    inits = [("ua", np.asarray(axes, np.int64)), ("sa", np.asarray([out_unit], np.int64))]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, shape)], [("y", TensorProto.FLOAT, None)], inits)
+    x = rng.normal(size=shape).astype(np.float32)
+    session = _compare(model, {"x": x}, "reference")
+    assert session.rewrites["sink_transposes"] > 0
+    plain = hetero.Session(model, backends=["reference"], optimize=False)
+    assert session.run({"x": x})["y"].shape == plain.run({"x": x})["y"].shape
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("activation", ["Relu", "Sigmoid"])
 def test_conv_activation_fuses_through_a_squeeze(backend, activation):

@@ -342,6 +342,13 @@ def _sink_one(graph: Graph, t: Node, perm: list[int], user: Node, producers: dic
         else:
             return False
         user.inputs = [x, other] if at == 0 else [other, x]
+    elif user.op_type in ("Squeeze", "Unsqueeze") and user.inputs[0] == y:
+        moved = _sink_through_reshape(graph, user, perm)
+        if moved is None:
+            return False
+        perm, inverse = moved, list(np.argsort(moved))
+        rank = len(perm)
+        user.inputs = [x, *user.inputs[1:]]
     else:
         return False
     out = user.outputs[0]
@@ -350,9 +357,44 @@ def _sink_one(graph: Graph, t: Node, perm: list[int], user: Node, producers: dic
     if info is not None and info.shape is not None and len(info.shape) == rank:
         graph.values[inner] = type(info)(info.dtype, tuple(info.shape[i] for i in inverse))
     user.outputs = [inner]
-    t.inputs, t.outputs = [inner], [out]
+    if perm == sorted(perm):  # the Squeeze took the only axes it moved: no Transpose left
+        graph.nodes.remove(t)
+        _rename_input(graph, out, inner)
+        return True
+    t.inputs, t.outputs, t.attrs = [inner], [out], {**t.attrs, "perm": perm}
     _move_after(graph, t, user)
     return True
+
+
+def _sink_through_reshape(graph: Graph, user: Node, perm: list[int]) -> list[int] | None:
+    """``Squeeze`` / ``Unsqueeze`` of ``Transpose(x, perm)`` rewritten in place to read x: its axes renumbered (a
+    Squeeze drops the same axes of x; an Unsqueeze puts its unit axes first), and the perm of the Transpose that
+    now follows it; None where its axes are not constants. A Keras export wraps each conv and pool in ``Unsqueeze,
+    Transpose`` and ``Transpose, Squeeze`` (madmom's beat TCN), so the Transposes only meet across them."""
+    rank = len(perm)
+    axes = _constant_axes(graph, user)
+    if not axes:  # computed, or a Squeeze of every unit axis
+        return None
+    span = rank if user.op_type == "Squeeze" else rank + len(axes)  # the rank the axes count in
+    if any(not -span <= a < span for a in axes) or len({a % span for a in axes}) != len(axes):
+        return None
+    if user.op_type == "Squeeze":
+        dropped = sorted(a % rank for a in axes)
+        kept = sorted(set(range(rank)) - {perm[a] for a in dropped})
+        new_axes = sorted(perm[a] for a in dropped)
+        moved = [kept.index(perm[j]) for j in range(rank) if j not in dropped]
+    else:
+        added, k = sorted(a % span for a in axes), len(axes)
+        rest = iter(perm)
+        new_axes = list(range(k))
+        moved = [added.index(p) if p in added else next(rest) + k for p in range(span)]
+    if len(user.inputs) > 1 and user.inputs[1]:
+        name = f"{user.inputs[1]}/sunk{''.join(map(str, new_axes))}"
+        graph.initializers[name] = np.asarray(new_axes, np.int64)
+        user.inputs = [user.inputs[0], name]
+    else:
+        user.attrs = {**user.attrs, "axes": new_axes}
+    return moved
 
 
 def sink_transposes(graph: Graph) -> int:
