@@ -230,14 +230,18 @@ class CpuConv(CallKernel):
             self.full_width = _native.prepack_conv(np.ascontiguousarray(self.weight.reshape(co, ci * kw, 1, 1)), 1,
                                                    self.precision)
 
+    def _bias_and_input(self, inputs: Sequence[Tensor | None]) -> tuple[np.ndarray | None, np.ndarray]:
+        """The bias (the constant one, else input 2's as float32) and X, contiguous."""
+        bias = self.bias
+        if bias is None and len(inputs) > 2 and inputs[2] is not None:
+            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
+        return bias, np.ascontiguousarray(inputs[0].numpy())
+
     def calls(self, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> Calls:
         out = outputs[0].buffer
         if out.size == 0:
             return noop
-        bias = self.bias
-        if bias is None and len(inputs) > 2 and inputs[2] is not None:
-            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
-        x = np.ascontiguousarray(inputs[0].numpy())
+        bias, x = self._bias_and_input(inputs)
         if self.one_d:
             x, out = x[:, :, None, :], out[:, :, None, :]
         act, alpha, beta = self.activation
@@ -275,10 +279,7 @@ class CpuConvInputShift(CpuConv):
         out = outputs[0].buffer
         if out.size == 0:
             return noop
-        bias = self.bias
-        if bias is None and len(inputs) > 2 and inputs[2] is not None:
-            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
-        x = np.ascontiguousarray(inputs[0].numpy())
+        bias, x = self._bias_and_input(inputs)
         act, alpha, beta = self.activation
         return functools.partial(_native.conv2d_packed, x, self.packed, bias, out, self.native_strides, self.pads,
                                  self.native_dilations, act, alpha, beta, None, float(self.attr("shift")))
@@ -299,10 +300,8 @@ class CpuConvResidual(CpuConv):
         out = outputs[0].buffer
         if out.size == 0:
             return noop
-        bias = self.bias
-        if bias is None and inputs[2] is not None:
-            bias = np.ascontiguousarray(inputs[2].numpy(), dtype=np.float32)
-        x, res = np.ascontiguousarray(inputs[0].numpy()), np.ascontiguousarray(inputs[3].numpy())
+        bias, x = self._bias_and_input(inputs)
+        res = np.ascontiguousarray(inputs[3].numpy())
         if res.shape != out.shape:  # a dynamic batch the pass could not compare: Z of batch 1 (the Add broadcast it)
             res = np.ascontiguousarray(np.broadcast_to(res, out.shape))
         if self.one_d:
