@@ -1087,3 +1087,65 @@ def test_warmed_verify_widths_are_neither_planned_nor_recorded_again(family, mon
     spec.warm(llm)  # warming again (each width replayed) changes nothing
     llm.generate(PROMPT, 40, temperature=0, spec=spec)
     assert list(llm.last.tokens) == want
+
+
+def _watch_native_steps(llm) -> list[tuple[int, list[int], tuple[str, ...]]]:
+    """Records each native step of ``llm`` (its position, its token ids, the graph outputs it asks for)."""
+    calls: list[tuple[int, list[int], tuple[str, ...]]] = []
+    run = llm.session.run
+
+    def watched(feeds, wanted):
+        calls.append((int(feeds["past_len"]), [int(i) for i in feeds["input_ids"]], tuple(wanted)))
+        return run(feeds, wanted)
+
+    llm.session.run = watched
+    return calls
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_5"])
+def test_an_undrafted_lookahead_step_is_plain_decodings_native_call(family):
+    """A step of a lookahead reply that drafts nothing runs the same native call as plain decoding's step at that
+    position: one token, the same outputs (no hidden states, no more logits rows). Measured by thread CPU on the
+    1.5B at 1 thread (issue 15, chat34b) the two cost the same; this keeps it so."""
+    _backend("cpu")
+    llm = load(FIXTURES / family, backends=["cpu"])
+    llm.reset()
+    calls = _watch_native_steps(llm)
+    llm.generate(PROMPT, 24, temperature=0)
+    want = list(llm.last.tokens)
+    plain = {past: (ids, wanted) for past, ids, wanted in calls if len(ids) == 1}
+    calls.clear()
+    llm.reset()
+    llm.generate(PROMPT, 24, temperature=0, spec=Speculation(Lookahead()))
+    assert list(llm.last.tokens) == want
+    singles = [(past, ids, wanted) for past, ids, wanted in calls if len(ids) == 1 and past >= len(PROMPT)]
+    assert singles  # the adaptive policy leaves steps undrafted on this prompt
+    for past, ids, wanted in singles:
+        assert (ids, wanted) == plain[past], past
+
+
+def test_the_lookahead_leaves_numpys_blas_threads_alone():
+    """The lookahead does no numpy work (``numpy = False``): the loop skips the BLAS thread toggle around it, which
+    cost ~10 us a call of its ~0.15 ms of bookkeeping a step (issue 15, chat34b)."""
+    if not blas_threads():
+        pytest.skip("numpy here is not linked to OpenBLAS: no thread count to set")
+    _backend("cpu")
+    llm = load(FIXTURES / "qwen3", backends=["cpu"])
+    seen: list[list[int]] = []
+
+    class Watched(Lookahead):
+        def draft(self, history, k):
+            seen.append(blas_threads())
+            return super().draft(history, k)
+
+    from hetero.runtime import blas_threads as module
+
+    setters, original = [set_ for _, set_ in module._openblas_controls()], blas_threads()
+    for set_ in setters:
+        set_(2)
+    try:
+        llm.generate(PROMPT, 8, temperature=0, spec=Speculation(Watched(), adaptive=False))
+        assert seen and all(count == [2] * len(setters) for count in seen)
+    finally:
+        for set_, count in zip(setters, original, strict=True):
+            set_(count)

@@ -34,6 +34,8 @@ then asks for ``max_draft`` tokens whenever it drafts and the policy cuts each d
 its class (the lookahead drafter: the length of the n-gram match).
 ``one_pass`` (optional, default False): a draft of any length up to ``max_draft`` costs the drafter one pass (DFlash's
 block): the policy prices a draft by the measured seconds of a drafting step instead of per draft token.
+``numpy`` (optional, default True): the drafter may run numpy matmuls, so the loop holds numpy's OpenBLAS at one
+thread around its calls (``one_blas_thread``); False (the lookahead) skips that toggle.
 """
 
 from __future__ import annotations

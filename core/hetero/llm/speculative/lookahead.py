@@ -31,6 +31,7 @@ def confidence_class(match: int) -> int:
 
 class Lookahead:
     hidden_layers: tuple[int, ...] = ()
+    numpy = False  # no numpy work between steps: the loop leaves numpy's BLAS threads alone (``Drafter``)
 
     def __init__(self, *, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 8, graded: bool = True) -> None:
         if not 1 <= min_ngram <= max_ngram:

@@ -307,10 +307,11 @@ class DraftPolicy:
         kept, expected = 1.0, 1.0  # P(draft tokens 0 .. k-1 all right), E(k)
         ps = self.acceptance(confidence)
         ps[0] = self._first_bound(confidence, ps[0])
+        measured = self._measured_costs()  # once, not per length: cut runs every graded step (issue 15, chat34b)
         for k, p in enumerate(ps, 1):
             kept *= p
             expected += kept
-            gain = expected - rate * self._step_cost(k, plain)
+            gain = expected - rate * self._step_cost(k, plain, measured)
             if gain > best_gain:
                 best, best_gain = k, gain
         return best
@@ -661,23 +662,29 @@ class DraftPolicy:
         if plain is None:
             return self.k, float("inf")
         best, best_rate = 1, 0.0
+        measured = self._measured_costs()
         for k in range(1, self.max_draft + 1):
-            rate = expected_tokens(alpha, k) / self._step_cost(k, plain)
+            rate = expected_tokens(alpha, k) / self._step_cost(k, plain, measured)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best, best_rate
 
-    def _step_cost(self, drafted: int, plain: float) -> float:
-        """The seconds of a step of ``drafted`` drafts: drafting them and verifying ``drafted + 1`` tokens."""
-        return (self.drafting_cost(drafted) or 0.0) + self._estimated_cost(drafted + 1, plain)
+    def _step_cost(self, drafted: int, plain: float, measured: dict[int, float] | None = None) -> float:
+        """The seconds of a step of ``drafted`` drafts: drafting them and verifying ``drafted + 1`` tokens
+        (``measured``: ``_measured_costs()``, when the caller prices several lengths at once)."""
+        return (self.drafting_cost(drafted) or 0.0) + self._estimated_cost(drafted + 1, plain, measured)
 
-    def _estimated_cost(self, size: int, plain: float) -> float:
-        """The seconds of a step of ``size`` tokens: measured, interpolated or extrapolated, and never below a
-        smaller step's (a size whose few timings came out low on a noisy machine would otherwise be drafted for
-        exactly that noise)."""
+    def _measured_costs(self) -> dict[int, float]:
+        """The current seconds of each step size timed warm."""
         # sizes timed only cold (planned, recorded) count as unmeasured: priced at those times, a graded draft was
         # cut to nothing from then on and the size never timed warm (the generation locked into plain steps)
-        cost = {s: self._scaled(s) for s in self.cost if s == 1 or self.runs.get(s, COLD_RUNS + 1) > COLD_RUNS}
+        return {s: self._scaled(s) for s in self.cost if s == 1 or self.runs.get(s, COLD_RUNS + 1) > COLD_RUNS}
+
+    def _estimated_cost(self, size: int, plain: float, measured: dict[int, float] | None = None) -> float:
+        """The seconds of a step of ``size`` tokens: measured, interpolated or extrapolated, and never below a
+        smaller step's (a size whose few timings came out low on a noisy machine would otherwise be drafted for
+        exactly that noise). ``measured``: ``_measured_costs()`` if the caller has it."""
+        cost = self._measured_costs() if measured is None else measured
         floor = max((c for s, c in cost.items() if s < size), default=0.0)
         if size in cost:
             return max(cost[size], floor)
