@@ -353,3 +353,51 @@ def test_bad_attributes_name_the_node_and_attribute(change: Callable[[dict[str, 
     with pytest.raises(hetero.HeteroError, match=message) as info:
         hetero_run(model.SerializeToString(), np.zeros((2, 2), np.float32))
     assert "trees" in str(info.value)
+
+
+def test_legacy_node_index_matches_a_dict() -> None:
+    """The sorted (tree id, node id) index of the legacy attributes against a dict: ids out of order, negative and
+    near the int64 limits, trees with gaps, and queries for trees / nodes the model lacks (-1)."""
+    from hetero.contract.trees import _NodeIndex
+    rng = np.random.default_rng(5)
+    big = np.iinfo(np.int64).max
+    trees = rng.choice(np.array([-7, 0, 3, 9, big - 1, -big]), 300)
+    nodes = rng.choice(np.array([-2, 0, 1, 2, 5, 40, big, -big]), 300)
+    key = {}
+    for i, k in enumerate(zip(trees.tolist(), nodes.tolist(), strict=True)):
+        key.setdefault(k, i)
+    keep = np.array(sorted(key.values()))
+    index = _NodeIndex(trees[keep], nodes[keep])
+    assert index.first_repeat() is None
+    qt = np.concatenate([trees, rng.choice(np.array([-8, 1, 4, big]), 50)])
+    qn = np.concatenate([nodes, rng.choice(np.array([-1, 3, 6, big - 1]), 50)])
+    want = [int(np.flatnonzero(keep == key[k])[0]) if k in key else -1
+            for k in zip(qt.tolist(), qn.tolist(), strict=True)]
+    np.testing.assert_array_equal(index.find(qt, qn), want)
+    # The first repeated node in model order, as the dict walk found it.
+    np.testing.assert_equal(_NodeIndex(trees, nodes).first_repeat(),
+                            next(i for i, k in enumerate(zip(trees.tolist(), nodes.tolist(), strict=True))
+                                 if key[k] != i))
+    assert _NodeIndex(np.zeros(0, np.int64), np.zeros(0, np.int64)).find(np.array([1]), np.array([1])).tolist() == [-1]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(nodes_nodeids=[0, 1, 1, 3]), r"node \(tree 0, id 1\) appears twice"),
+    (lambda a: a.update(nodes_falsenodeids=[9, 0, 0, 0]), r"'nodes_falsenodeids': node \(tree 0, id 0\) points "
+                                                          r"at node id 9"),
+    (lambda a: a.update(target_nodeids=[1, 2, 7]), r"'target_nodeids' entry 2 names node \(tree 0, id 7\)"),
+])
+def test_legacy_bad_node_references(change: Callable[[dict[str, object]], None], message: str) -> None:
+    attrs: dict[str, object] = dict(nodes_treeids=[0, 0, 0, 0], nodes_nodeids=[0, 1, 2, 3],
+                                    nodes_featureids=[0, 1, 0, 0], nodes_values=[0.5, 1.0, 0.0, 0.0],
+                                    nodes_modes=["BRANCH_LEQ", "BRANCH_LEQ", "LEAF", "LEAF"],
+                                    nodes_truenodeids=[1, 2, 0, 0], nodes_falsenodeids=[3, 3, 0, 0],
+                                    target_treeids=[0, 0, 0], target_nodeids=[1, 2, 3], target_ids=[0, 0, 0],
+                                    target_weights=[1.0, 2.0, 3.0], n_targets=1)
+    change(attrs)
+    node = helper.make_node("TreeEnsembleRegressor", ["X"], ["Y"], domain="ai.onnx.ml", name="trees", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    with pytest.raises(hetero.HeteroError, match=message):
+        hetero_run(model.SerializeToString(), np.zeros((2, 2), np.float32))

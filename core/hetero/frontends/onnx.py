@@ -193,10 +193,10 @@ class _Reader:
             return self.tensor(attr.t, where)
         if kind == A.GRAPH:
             return self.graph(attr.g, scope, depth)
-        if kind == A.FLOATS:
-            return [float(v) for v in attr.floats]
+        if kind == A.FLOATS:  # list() of a repeated field already gives Python floats / ints, ~3x faster than a
+            return list(attr.floats)  # comprehension on a tree ensemble's millions of node attributes
         if kind == A.INTS:
-            return [int(v) for v in attr.ints]
+            return list(attr.ints)
         if kind == A.STRINGS:
             return [s.decode("utf-8", errors="replace") for s in attr.strings]
         if kind == A.TENSORS:

@@ -32,6 +32,39 @@ def native_forest(forest: ml.Forest, with_base: bool) -> _native.TreeForest:
         [(node, values) for node, values in forest.members.items()])
 
 
+def row_independent_hits(forest: ml.Forest) -> np.ndarray | None:
+    """The classifier's hit mask [n_targets] when it is the same for every row, else None.
+
+    It is when every leaf holds exactly one (target, weight) pair and all leaves of a tree name the same target
+    (LightGBM's and most GBM exports: one class a tree): each tree then adds to its class whatever leaf a row
+    reaches. Asking the native walk for the mask takes it off its one-pair sum paths (the AVX-512 vector walk, the
+    chained one-row walk), which cost luscinia's 10k-tree classifier 1.65x onnxruntime at 256 rows."""
+    n = forest.mode.size
+    owner = np.full(n, -1, np.int64)
+    owner[forest.roots] = np.arange(forest.roots.size)
+    frontier = forest.roots
+    for _ in range(forest.depth + 1):
+        frontier = frontier[forest.mode[frontier] != ml.LEAF]
+        if frontier.size == 0:
+            break
+        for child in (forest.true_child[frontier], forest.false_child[frontier]):
+            if np.any((owner[child] >= 0) & (owner[child] != owner[frontier])):
+                return None  # a subtree shared by two trees
+            owner[child] = owner[frontier]
+        frontier = np.concatenate([forest.true_child[frontier], forest.false_child[frontier]])
+    leaves = np.flatnonzero((owner >= 0) & (forest.mode == ml.LEAF))
+    if leaves.size == 0 or np.any(forest.leaf_count[leaves] != 1):
+        return None
+    target = forest.targets[forest.leaf_start[leaves]]
+    first = np.full(forest.roots.size, -1, np.int64)
+    first[owner[leaves]] = target  # any one leaf's target per tree; then every leaf must agree with it
+    if np.any(first[owner[leaves]] != target) or np.any(first < 0):
+        return None
+    hit = np.zeros(forest.n_targets, bool)
+    hit[first] = True
+    return hit
+
+
 class CpuTreeEnsemble(CpuKernel):
     """The three tree-ensemble ops: the native forest is built at prepare, for the features' type."""
 
@@ -52,6 +85,7 @@ class CpuTreeEnsemble(CpuKernel):
         # Regressors add their base values natively; the classifier's binary rules need the raw sums.
         self.native = native_forest(self.forest, with_base=not self.classifier)
         self.direct = not self.classifier and not ml.regression_needs_post(self.forest)
+        self.hit = row_independent_hits(self.forest) if self.classifier else None
 
     def _x(self, x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(ml.features(x, self.forest, self.node.label()))
@@ -68,9 +102,14 @@ class CpuTreeEnsemble(CpuKernel):
             self.native.run(x, scores)
             np.copyto(out, ml.regression_post(self.forest, scores).reshape(out.shape), casting="unsafe")
             return
-        hit = np.empty(scores.shape, np.uint8)
-        self.native.run(x, scores, hit)
-        winner, z = ml.classify_scores(self.forest, scores, hit.astype(bool))
+        if self.hit is not None:  # no mask asked of the walk: it may take the one-pair sum paths
+            self.native.run(x, scores)
+            hits = np.repeat(self.hit[None], x.shape[0], axis=0)
+        else:
+            hit = np.empty(scores.shape, np.uint8)
+            self.native.run(x, scores, hit)
+            hits = hit.astype(bool)
+        winner, z = ml.classify_scores(self.forest, scores, hits)
         np.copyto(outputs[0].buffer, ml.class_labels(self.node, winner).reshape(outputs[0].buffer.shape),
                   casting="unsafe")
         np.copyto(out, z.reshape(out.shape), casting="unsafe")
