@@ -52,13 +52,17 @@ class Graph:
     outer_scope: frozenset[str] = frozenset()
     # Symbolic dim names of graph inputs / outputs as the model file gives them ("batch"; None where it gives none).
     dim_names: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
+    # ai.onnx.ml ZipMap nodes that end a classifier (skl2onnx's default export): graph output name -> (the [N, C]
+    # probabilities it zips, the class labels). They stay out of ``nodes``: the Session builds their list of dicts.
+    zipmaps: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
 
     def copy(self) -> Graph:
         """A graph that passes may rewrite without touching this one: fresh nodes, lists and dicts; the weight
         arrays and subgraph attributes are shared (passes never modify them)."""
         nodes = [Node(n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.domain) for n in self.nodes]
         return Graph(nodes, list(self.inputs), list(self.outputs), dict(self.initializers), dict(self.values),
-                     dict(self.opsets), self.name, self.outer_scope, dict(self.dim_names))
+                     dict(self.opsets), self.name, self.outer_scope, dict(self.dim_names),
+                     dict(self.zipmaps))
 
     def opset(self, domain: str) -> int:
         return self.opsets.get(domain, self.opsets.get(ONNX_DOMAIN, 21) if domain == ONNX_DOMAIN else 1)
@@ -120,7 +124,7 @@ class Graph:
     def validate_outputs(self) -> None:
         available = set(self.inputs) | set(self.initializers) | {o for n in self.nodes for o in n.outputs}
         for name in self.outputs:
-            if name not in available:
+            if name not in available and name not in self.zipmaps:
                 raise ModelFormatError(f"graph {self.name!r} output {name!r} is produced by no node")
 
 

@@ -103,14 +103,20 @@ class _Reader:
                 continue  # subgraph inputs may leave their type to the enclosing op (Loop/Scan bodies)
             graph.values[vi.name] = self.value_info(vi, "input")
             _keep_dim_names(graph, vi)
+        if not outer:
+            graph.zipmaps = self.zipmaps(proto)
         for vi in proto.output:
             graph.outputs.append(vi.name)
+            if vi.name in graph.zipmaps:
+                continue  # seq(map(label, float)): the Session builds it (see zipmaps)
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
                 graph.values.setdefault(vi.name, self.value_info(vi, "output"))
                 _keep_dim_names(graph, vi)
         produced: set[str] = set()
         scope = outer | set(graph.inputs) | set(graph.initializers)
         for index, proto_node in enumerate(proto.node):
+            if proto_node.op_type == "ZipMap" and proto_node.output and proto_node.output[0] in graph.zipmaps:
+                continue
             node = self.node(proto_node, index, lambda: frozenset(scope | produced), depth)
             for out in node.outputs:
                 if out and (out in produced or out in graph.initializers or out in graph.inputs):
@@ -120,6 +126,35 @@ class _Reader:
         graph.toposort()
         graph.validate_outputs()
         return graph
+
+    def zipmaps(self, proto: Any) -> dict[str, tuple[str, list[Any]]]:
+        """The graph's ai.onnx.ml ZipMap nodes, every scikit-learn classifier's last node as skl2onnx and
+        onnxmltools export it by default: output name -> (its [N, C] probabilities input, the class labels). Hetero
+        has no sequence or map values, so it runs one only as a graph output that no node reads: the Session then
+        builds onnxruntime's list of N dicts {label: float} from the probabilities. Anywhere else it is refused."""
+        found: dict[str, tuple[str, list[Any]]] = {}
+        outputs = {vi.name for vi in proto.output}
+        read = {name for node in proto.node for name in node.input}
+        for index, node in enumerate(proto.node):
+            if node.op_type != "ZipMap" or _domain(node.domain) != "ai.onnx.ml":
+                continue
+            name = node.name or f"ZipMap_{index}"
+            if len(node.input) != 1 or len(node.output) != 1 or not node.input[0]:
+                raise self.fail(f"node {name!r} (ZipMap) needs one input and one output")
+            out = node.output[0]
+            if out not in outputs or out in read:
+                raise self.fail(f"node {name!r} (ZipMap) is supported only as a graph output that no node reads "
+                                f"(hetero has no sequence or map values); {out!r} is "
+                                + ("read by another node" if out in read else "not a graph output"))
+            attrs = {a.name: a for a in node.attribute}
+            if "classlabels_int64s" in attrs and len(attrs["classlabels_int64s"].ints):
+                labels: list[Any] = [int(v) for v in attrs["classlabels_int64s"].ints]
+            elif "classlabels_strings" in attrs and len(attrs["classlabels_strings"].strings):
+                labels = [v.decode("utf-8", errors="replace") for v in attrs["classlabels_strings"].strings]
+            else:
+                raise self.fail(f"node {name!r} (ZipMap) has neither classlabels_int64s nor classlabels_strings")
+            found[out] = (node.input[0], labels)
+        return found
 
     def node(self, proto: Any, index: int, scope: Callable[[], frozenset[str]], depth: int) -> Node:
         """``scope()``: the names visible to the node's subgraphs (made only for a node that has any: building it
