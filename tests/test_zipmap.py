@@ -133,3 +133,15 @@ def test_zipmap_read_by_a_node_is_refused() -> None:
 def test_zipmap_not_an_output_is_refused() -> None:
     with pytest.raises(HeteroError, match=r"ZipMap_1.*not a graph output"):
         hetero.Session(classifier(zipmap_output=False), backends="cpu", on_fallback="silent")
+
+
+def test_cli_run_prints_a_zipmap_output(tmp_path, capsys) -> None:
+    from hetero.cli import main
+
+    path = tmp_path / "classifier.onnx"
+    path.write_bytes(classifier(strings=True))
+    assert main(["run", str(path), "-b", "cpu", "--random-inputs", "-r", "1", "--save-outputs",
+                 str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "output_probability: seq(map) of" in out and "'cat':" in out
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["label.npy"]

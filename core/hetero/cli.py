@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +120,7 @@ def _run_onnx(args: argparse.Namespace) -> int:
         raise HeteroError(f"missing input(s) {missing}: give -i NAME=FILE.npy, or --random-inputs")
     feeds = _random_inputs(session, feeds, args.seed or 0)
     times = []
-    outputs: dict[str, np.ndarray] = {}
+    outputs: dict[str, Any] = {}
     for i in range(max(1, args.repeat)):
         t0 = time.perf_counter()
         if i == 0:
@@ -132,6 +133,9 @@ def _run_onnx(args: argparse.Namespace) -> int:
         print(session.explain())
     np.set_printoptions(precision=5, threshold=12, edgeitems=3)
     for name, value in outputs.items():
+        if isinstance(value, list):  # a ZipMap's list of {label: probability} dicts: printed, not saved as .npy
+            print(f"{name}: seq(map) of {len(value)} dict(s)\n{value[:3]}{' ...' if len(value) > 3 else ''}")
+            continue
         print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
         if args.save_outputs:
             Path(args.save_outputs).mkdir(parents=True, exist_ok=True)
