@@ -47,7 +47,7 @@ def test_replayed_decode_matches_the_interpreter():
 def test_greedy_hint_is_the_argmax_of_each_steps_logits(monkeypatch):
     """The LM head's second output (the cpu plugin's llm_matmul_argmax): each one-row step's argmax, interpreted
     (the first runs) and replayed, equal to numpy's on the logits the step returned; the logits and the greedy
-    tokens equal a model loaded without it; a row of another step, or of a several-row step, gets no hint."""
+    tokens equal a model loaded without it; a row of another step, or part of a row, gets no hint."""
     import hetero.llm.model as model
 
     llm = _tiny()
@@ -57,7 +57,7 @@ def test_greedy_hint_is_the_argmax_of_each_steps_logits(monkeypatch):
     assert plain._greedy is None and plain.greedy_hint(np.zeros(3, np.float32)) is None
     prompt, tokens = [5, 17, 300, 2], [7, 7, 411, 3, 90, 12, 255, 1]
     rows = llm.prefill(prompt)
-    assert llm.greedy_hint(rows[-1]) is None  # a prefill of 4 rows: none kept
+    assert llm.greedy_hint(rows[-1]) == int(np.argmax(rows[-1]))  # a several-row step's rows too
     previous = None
     for t in tokens:
         logits = llm.forward([t])
@@ -91,7 +91,7 @@ def test_greedy_hint_feeds_the_sampler_only_when_greedy(monkeypatch):
     monkeypatch.setattr(Sampler, "sample", spy)
     llm = _tiny()
     llm.generate([1, 2, 3], max_new_tokens=8, temperature=0)
-    assert seen[0] is None and all(h is not None for h in seen[1:]) and len(seen) == 8  # the first: a prefill's
+    assert all(h is not None for h in seen) and len(seen) == 8  # the first: the prefill's last row
     seen.clear()
     llm.generate([1, 2, 3], max_new_tokens=8, temperature=0, repetition_penalty=1.3)
     assert seen and all(h is None for h in seen)
@@ -158,3 +158,45 @@ def test_profiler_verify_steps_of_a_width():
     ops = {op.op: op for op in result.ops}
     assert ops["QMatMul"].native_calls == 7 * llm.config.num_layers + 1
     assert result.step_us > 0 and len(llm.tokens) == 0
+
+
+def test_verify_rows_get_the_lm_heads_argmax_and_greedy_speculation_uses_it(monkeypatch):
+    """Every row of a verify step (k + 1 rows) has its argmax from the LM head's call, numpy's; greedy speculative
+    decoding passes it to the sampler for each row it accepts by (and for plain steps between), never to a sampler
+    that needs the logits, and its tokens equal plain decoding's and those of the same run without the hint."""
+    from hetero.llm.model import Llm
+    from hetero.llm.sampler import Sampler
+    from hetero.llm.speculative import Lookahead, Speculation
+
+    llm = _tiny()
+    llm.prefill([5, 17, 300, 2])
+    rows = llm.verify([7, 411, 3, 90, 12])
+    assert [llm.greedy_hint(row) for row in rows] == [int(np.argmax(row)) for row in rows]
+    assert llm.greedy_hint(rows[2, 1:]) is None
+
+    seen: list[int | None] = []
+    sample = Sampler.sample
+
+    def spy(self, logits, history=(), argmax=None):
+        seen.append(argmax)
+        if argmax is not None:
+            assert argmax == int(np.argmax(logits))
+        return sample(self, logits, history, argmax)
+
+    monkeypatch.setattr(Sampler, "sample", spy)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats: the lookahead drafts
+    want = llm.generate(prompt, max_new_tokens=24, temperature=0)
+    seen.clear()
+    got = llm.generate(prompt, max_new_tokens=24, temperature=0, spec=Speculation(Lookahead(min_ngram=1),
+                                                                                  adaptive=False))
+    assert got == want and llm.stats.verify_steps > 0
+    assert len(seen) >= 24 and all(h is not None for h in seen)  # the prefill's row, each verify row it read
+    monkeypatch.setattr(Llm, "greedy_hint", lambda self, row: None)
+    assert llm.generate(prompt, max_new_tokens=24, temperature=0,
+                        spec=Speculation(Lookahead(min_ngram=1), adaptive=False)) == want
+    monkeypatch.undo()
+    monkeypatch.setattr(Sampler, "sample", spy)
+    seen.clear()
+    llm.generate(prompt, max_new_tokens=12, temperature=0, repetition_penalty=1.3,
+                 spec=Speculation(Lookahead(min_ngram=1), adaptive=False))
+    assert seen and all(h is None for h in seen)

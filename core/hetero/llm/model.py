@@ -169,7 +169,7 @@ class Llm:
         # again (greedy_hint); one sequence, on cpu only (the other backends' QMatMul refuse the second output)
         self._greedy = _expose_greedy(graph) if (decoder is None and slots == 1 and head_rows is None
                                                  and not self.all_logits and _cpu_first(backends)) else None
-        self._best: tuple[np.ndarray, int] | None = None  # (the last one-row step's logits, their argmax)
+        self._best: tuple[np.ndarray, list[int]] | None = None  # (the last step's logits, each row's argmax)
         self.session = Session(graph, **self._session_args)
         self._batch = Batcher(self.session, slots, logit_rows=LOGIT_ROWS in graph.inputs) if slots > 1 else None
         self._slot = 0
@@ -316,18 +316,24 @@ class Llm:
         logits = out[LOGITS]
         self._tail = (self.tokens, len(self.tokens), logits[-1]) if len(logits) else None
         best = out.get(self._greedy) if self._greedy is not None else None
-        # a one-row step's (a decode step's): the row is then its logits' only one, whichever view the caller holds
-        self._best = (logits, int(best[0])) if best is not None and len(logits) == 1 else None
+        # every row's: a decode step's one, a verify step's k + 1 (the LM head writes the logits output itself, so
+        # its argmax rows are the logits' rows)
+        self._best = (logits, best.tolist()) if best is not None and len(best) == len(logits) else None
         return logits
 
     def greedy_hint(self, row: np.ndarray) -> int | None:
-        """numpy's argmax of ``row`` when it is the logits row of this model's last step, a one-row step (the LM
-        head's call computed it), else None. The sampler's greedy path takes it instead of reading the logits
-        again. A view's ``base`` is the array that owns the memory, a fresh one each step: no address compare."""
+        """numpy's argmax of ``row`` when it is a whole logits row of this model's last step (the LM head's call
+        computed it: any row of a decode, verify or prefill step), else None. The sampler's greedy path takes it
+        instead of reading the logits again. A view's ``base`` is the array that owns the memory, a fresh one each
+        step, so a stale row is refused by identity; the row's place in it is its byte offset / the row stride."""
         best = self._best
-        if best is None or row.base is not best[0] or row.shape != best[0].shape[1:]:
+        if best is None:
             return None
-        return best[1]
+        owner = best[0]
+        if row.base is not owner or row.shape != owner.shape[1:] or row.strides != owner.strides[1:]:
+            return None
+        i, rest = divmod(row.__array_interface__["data"][0] - owner.__array_interface__["data"][0], owner.strides[0])
+        return best[1][i] if not rest and 0 <= i < len(best[1]) else None
 
     # -- several sequences (hetero.llm.batch) ---------------------------------------------------------------------
     def sequence(self, slot: int) -> Llm:

@@ -178,6 +178,58 @@ def test_fused_calls_check_their_arguments():
         _native.llm_matmul_argmax(w4, x, np.empty((1, 64), np.float32), None, np.empty(1, np.int32))
 
 
+def test_verify_rows_from_matmul_argmax_accept_as_numpy_argmax():
+    """A greedy verify step takes each of its rows' tokens from the LM head's argmax (Llm.greedy_hint over the
+    second output of llm_matmul_argmax): the accepted count and the next token equal those of numpy's argmax of
+    the same rows, with ties of the maximum (repeated weight rows), a row whose logits hold one NaN (a NaN input:
+    the whole row), a NaN logit (bias) in every row, and drafts right to every length."""
+    from types import SimpleNamespace
+
+    from hetero.contract import HeteroError
+    from hetero.llm.model import Llm
+    from hetero.llm.sampler import Sampler
+    from hetero.llm.speculative.accept import accept
+    from hetero.llm.speculative.drafter import Draft
+
+    n, m, k = 4099, 5, K
+    r = np.random.default_rng(3)
+    base = r.standard_normal((64, k)).astype(np.float32)
+    w = _native.llm_weights(base[r.integers(0, 64, n)].astype(np.float16), "f16", k=k)
+    nan_bias = np.zeros(n, np.float32)
+    nan_bias[3001] = np.nan
+    for name, bias, nan_row in (("ties", None, None), ("nan row", None, 3), ("nan logit", nan_bias, None)):
+        x = _x(m, seed=5)
+        if nan_row is not None:
+            x[nan_row, 7] = np.nan
+        logits, best = np.empty((m, n), np.float32), np.empty(m, np.int64)
+        _native.llm_matmul_argmax(w, x, logits, bias, best)
+        want = _np_argmax_rows(logits)
+        np.testing.assert_array_equal(best, want, err_msg=name)
+        llm = SimpleNamespace(_best=(logits, best.tolist()))
+        rows = logits[1:]  # a verify's trailing rows, as Llm._verify returns them
+
+        def hint(row, llm=llm):
+            return Llm.greedy_hint(llm, row)  # type: ignore[arg-type]  # why: the method reads _best only
+
+        assert [hint(row) for row in rows] == want[1:].tolist()
+        assert hint(logits[0, :9]) is None and hint(logits[:, 0]) is None  # not a whole row
+        assert hint(logits.copy()[1]) is None  # another array's row
+        for right in range(m):  # drafts whose first `right` tokens are numpy's argmax
+            tokens = [int(t) if i < right else (int(t) + 1) % n for i, t in enumerate(want[1:m])]
+            draft = Draft(tokens[:m - 2])
+            results = []
+            for h in (hint, None):
+                try:
+                    results.append(accept(Sampler(), rows, draft, [1, 2], h))
+                except HeteroError as e:  # a whole NaN row: "no finite logit", with or without the hint
+                    results.append(("error", str(e)))
+            assert results[0] == results[1], (name, right)
+            if nan_row is None:
+                n_ok = min(right, m - 2)
+                assert results[0] == (n_ok, int(want[1 + n_ok])), (name, right)
+
+
+
 # -- the fuser ------------------------------------------------------------------------------------------------------
 def _program(spec: str = "q4", h: int = 256, inter: int = 512, m: int = 1):
     """A decoder layer's bound calls on m rows: q / k / v of one input, o + residual, gate / up / SwiGLU, down +
