@@ -1322,6 +1322,32 @@ def test_conv2d_leaky_epilogue(isa, activation, shape):
     assert np.isnan(out).any() and (np.isnan(out) == np.isnan(ref)).all()
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.3])
+@pytest.mark.parametrize("shape", [(20, 20, 1, 37, 1, 5, (0, 4, 0, 4), (1, 2), 1),  # madmom's dilated TCN row
+                                   (12, 16, 9, 9, 3, 3, (1, 1, 1, 1), (1, 1), 1), (8, 5, 2, 2, 3, 3, (1, 1, 1, 1),
+                                                                                   (1, 1), 1),
+                                   (16, 16, 7, 11, 3, 3, (1, 1, 1, 1), (1, 1), 16)])  # depthwise
+def test_conv2d_elu_epilogue(isa, threads, alpha, shape):
+    # Elu as a conv's activation (madmom's beat TCN: Conv then Elu; applied by the caller after the conv, no register
+    # epilogue takes it): negative and positive outputs, a large negative one (expm1 saturates to -alpha) and NaN
+    # passing through, against float64.
+    c, cout, h, wd, kh, kw, pads, dil, group = shape
+    x = randn(1, c, h, wd, seed=88)
+    nan = h * wd > 4  # not on the 2 x 2 map, whose 3 x 3 taps would spread it to every output
+    if nan:
+        x[0, 1, 0, 1] = np.nan
+    w = randn(cout, c // group, kh, kw, seed=89) * 0.4
+    bias = randn(cout, seed=90)
+    bias[0] = -80.0
+    y = _conv_ref(x.astype(np.float64), w.astype(np.float64), bias, (1, 1), pads, dil, group)
+    ref = np.where(y < 0, alpha * np.expm1(np.minimum(y, 0)), y)
+    out = np.full(ref.shape, 7.0, np.float32)
+    _native.conv2d(x, w, bias, out, pads=pads, dilations=dil, group=group, activation="elu", activation_alpha=alpha)
+    assert (ref < -0.1).any() and (ref > 0.1).any()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    assert np.isnan(out).any() == nan and (np.isnan(out) == np.isnan(ref)).all()
+
+
 @pytest.mark.parametrize("activation", ["hard_sigmoid", "hard_swish", "relu"])
 def test_conv2d_one_position_threads(isa, threads, activation):
     # Squeeze-excitation shapes (1 x 1 maps) large enough to split their weight rows into blocks across threads: each
