@@ -74,9 +74,8 @@ def test_greedy_hint_is_the_argmax_of_each_steps_logits(monkeypatch):
         assert a == b and llm.last.tokens == plain.last.tokens
 
 
-def test_greedy_hint_feeds_the_sampler_only_when_greedy(monkeypatch):
-    """generate passes the step's argmax to a plain greedy sampler (and the tokens are those of np.argmax), and
-    never to one that needs the logits (penalties, sampling)."""
+def _record_hints(monkeypatch) -> list[int | None]:
+    """Sampler.sample spied on: the argmax hint of each call, in order, each checked against np.argmax of its row."""
     from hetero.llm.sampler import Sampler
 
     seen: list[int | None] = []
@@ -89,6 +88,13 @@ def test_greedy_hint_feeds_the_sampler_only_when_greedy(monkeypatch):
         return sample(self, logits, history, argmax)
 
     monkeypatch.setattr(Sampler, "sample", spy)
+    return seen
+
+
+def test_greedy_hint_feeds_the_sampler_only_when_greedy(monkeypatch):
+    """generate passes the step's argmax to a plain greedy sampler (and the tokens are those of np.argmax), and
+    never to one that needs the logits (penalties, sampling)."""
+    seen = _record_hints(monkeypatch)
     llm = _tiny()
     llm.generate([1, 2, 3], max_new_tokens=8, temperature=0)
     assert all(h is not None for h in seen) and len(seen) == 8  # the first: the prefill's last row
@@ -165,7 +171,6 @@ def test_verify_rows_get_the_lm_heads_argmax_and_greedy_speculation_uses_it(monk
     decoding passes it to the sampler for each row it accepts by (and for plain steps between), never to a sampler
     that needs the logits, and its tokens equal plain decoding's and those of the same run without the hint."""
     from hetero.llm.model import Llm
-    from hetero.llm.sampler import Sampler
     from hetero.llm.speculative import Lookahead, Speculation
 
     llm = _tiny()
@@ -174,16 +179,7 @@ def test_verify_rows_get_the_lm_heads_argmax_and_greedy_speculation_uses_it(monk
     assert [llm.greedy_hint(row) for row in rows] == [int(np.argmax(row)) for row in rows]
     assert llm.greedy_hint(rows[2, 1:]) is None
 
-    seen: list[int | None] = []
-    sample = Sampler.sample
-
-    def spy(self, logits, history=(), argmax=None):
-        seen.append(argmax)
-        if argmax is not None:
-            assert argmax == int(np.argmax(logits))
-        return sample(self, logits, history, argmax)
-
-    monkeypatch.setattr(Sampler, "sample", spy)
+    seen = _record_hints(monkeypatch)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # repeats: the lookahead drafts
     want = llm.generate(prompt, max_new_tokens=24, temperature=0)
     seen.clear()
@@ -195,8 +191,7 @@ def test_verify_rows_get_the_lm_heads_argmax_and_greedy_speculation_uses_it(monk
     assert llm.generate(prompt, max_new_tokens=24, temperature=0,
                         spec=Speculation(Lookahead(min_ngram=1), adaptive=False)) == want
     monkeypatch.undo()
-    monkeypatch.setattr(Sampler, "sample", spy)
-    seen.clear()
+    seen = _record_hints(monkeypatch)
     llm.generate(prompt, max_new_tokens=12, temperature=0, repetition_penalty=1.3,
                  spec=Speculation(Lookahead(min_ngram=1), adaptive=False))
     assert seen and all(h is None for h in seen)
