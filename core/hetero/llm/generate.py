@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import steplog
-from .sampler import Sampler
+from .sampler import Sampler, greedy_hint
 
 
 class _Counters(Protocol):
@@ -188,13 +188,13 @@ def generate_stream(llm: Llm, prompt_ids: list[int], max_new_tokens: int, sample
     text = ""
     pieces = TextDecoder(decode, singles, concatenates)
     # the step's argmax from the LM head's native call (Llm.greedy_hint), for a sampler that needs no more
-    hint = getattr(llm, "greedy_hint", None) if sampler.plain_greedy else None
+    hint = greedy_hint(llm, sampler)
     decode_started = time.perf_counter()
     try:
         for _ in range(max_new_tokens):
             if tokens is None:
                 row = logits[-1]
-                token = sampler.sample(row, history, hint(row) if hint is not None else None)
+                token = sampler.sample(row, history, hint(row))
             else:
                 token = next(tokens)
             if token in eos:

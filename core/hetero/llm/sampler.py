@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -395,3 +395,19 @@ def _draw(rng: np.random.Generator, probs: np.ndarray, support: np.ndarray | Non
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - np.max(x))
     return e / e.sum()
+
+
+Hint = Callable[[np.ndarray], int | None]  # a logits row -> its argmax where already known (Llm.greedy_hint)
+
+
+def no_hint(row: np.ndarray) -> None:
+    """The hint of a model or sampler that has none: the sampler reads the row itself."""
+    return None
+
+
+def greedy_hint(model: object, sampler: Sampler) -> Hint:
+    """The model's ``greedy_hint`` (each row's argmax from the LM head's native call) where ``sampler`` needs no
+    more of a row than its argmax (plain greedy), else ``no_hint``: penalties, sampling and grammars read the
+    logits."""
+    found = getattr(model, "greedy_hint", None) if sampler.plain_greedy else None
+    return found if found is not None else no_hint

@@ -187,7 +187,7 @@ def test_verify_rows_from_matmul_argmax_accept_as_numpy_argmax():
 
     from hetero.contract import HeteroError
     from hetero.llm.model import Llm
-    from hetero.llm.sampler import Sampler
+    from hetero.llm.sampler import Sampler, no_hint
     from hetero.llm.speculative.accept import accept
     from hetero.llm.speculative.drafter import Draft
 
@@ -218,7 +218,7 @@ def test_verify_rows_from_matmul_argmax_accept_as_numpy_argmax():
             tokens = [int(t) if i < right else (int(t) + 1) % n for i, t in enumerate(want[1:m])]
             draft = Draft(tokens[:m - 2])
             results = []
-            for h in (hint, None):
+            for h in (hint, no_hint):
                 try:
                     results.append(accept(Sampler(), rows, draft, [1, 2], h))
                 except HeteroError as e:  # a whole NaN row: "no finite logit", with or without the hint

@@ -13,11 +13,11 @@ top-k/p, min-p) turn each row into the distribution plain decoding would draw fr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from ..sampler import Sampler, apply_penalties, filtered_probs
+from ..sampler import Hint, Sampler, apply_penalties, filtered_probs, no_hint
 from .drafter import Draft
 
 
@@ -27,36 +27,27 @@ def target_probs(sampler: Sampler, logits: np.ndarray, history: Sequence[int]) -
     return filtered_probs(x, sampler.params)
 
 
-Hint = Callable[[np.ndarray], int | None]  # a logits row -> its argmax where already known (Llm.greedy_hint)
-
-
-def greedy_hint(target: object, sampler: Sampler) -> Hint | None:
-    """The target's ``greedy_hint`` (each row's argmax from the LM head's native call) where ``sampler`` needs no
-    more of a row than its argmax (plain greedy), else None: penalties, sampling and grammars read the logits."""
-    return getattr(target, "greedy_hint", None) if sampler.plain_greedy else None
-
-
 def accept(sampler: Sampler, rows: np.ndarray, draft: Draft, history: list[int],
-           hint: Hint | None = None) -> tuple[int, int]:
+           hint: Hint = no_hint) -> tuple[int, int]:
     """(number of drafts accepted, the target's next token) for ``draft`` scored as ``rows`` (``len(draft) + 1``
-    logits rows) after ``history``. ``hint``: ``greedy_hint``'s, used by greedy acceptance only."""
+    logits rows) after ``history``. ``hint``: ``greedy_hint``'s (sampler.py), used by greedy acceptance only."""
     if sampler.params.greedy:
         return _accept_greedy(sampler, rows, draft.tokens, history, hint)
     return _accept_sampled(sampler, rows, draft, history)
 
 
 def _accept_greedy(sampler: Sampler, rows: np.ndarray, tokens: list[int], history: list[int],
-                   hint: Hint | None) -> tuple[int, int]:
+                   hint: Hint) -> tuple[int, int]:
     context = list(history)
     for i, token in enumerate(tokens):
         row = rows[i]
         # greedy: argmax after penalties, no randomness
-        choice = sampler.sample(row, context, hint(row) if hint is not None else None)
+        choice = sampler.sample(row, context, hint(row))
         if choice != token:
             return i, choice
         context.append(token)
     row = rows[len(tokens)]
-    return len(tokens), sampler.sample(row, context, hint(row) if hint is not None else None)
+    return len(tokens), sampler.sample(row, context, hint(row))
 
 
 def _accept_sampled(sampler: Sampler, rows: np.ndarray, draft: Draft, history: list[int]) -> tuple[int, int]:

@@ -25,8 +25,8 @@ from ...contract.errors import HeteroError
 from ...runtime.blas_threads import one_blas_thread
 from .. import steplog
 from ..families.decoder import VERIFY_ROWS
-from ..sampler import Sampler
-from .accept import accept, greedy_hint
+from ..sampler import Sampler, greedy_hint
+from .accept import accept
 from .drafter import Draft, Drafter, Hidden, as_draft
 from .policy import DraftPolicy
 from .target import Target
@@ -93,7 +93,7 @@ class Speculation:
         # each of two a step, the largest single item of its ~0.15 ms of bookkeeping a step (issue 15, chat34b)
         blas = one_blas_thread if getattr(drafter, "numpy", True) else nullcontext
         hint = greedy_hint(llm, sampler)  # each row's argmax from the LM head's native call (greedy only)
-        token = sampler.sample(first, history, hint(first) if hint is not None else None)
+        token = sampler.sample(first, history, hint(first))
         prompt_length = told = len(history)  # history[:told]: the tokens the drafter has heard of
         history.append(token)
         produced = 1
@@ -142,7 +142,7 @@ class Speculation:
             rows = llm._verify(record, history, draft.tokens)
             # no draft: the sampler's own pick, as plain decoding's step (its logit bias and log-probabilities too)
             n, token = (accept(sampler, rows, draft, history, hint) if draft.tokens
-                        else (0, sampler(rows[-1], history, hint(rows[-1]) if hint is not None else None)))
+                        else (0, sampler(rows[-1], history, hint(rows[-1]))))
             if first is not None and not draft.tokens and draft.confidence is not None:
                 # cut to a plain step: its token says whether the draft's first would have been accepted (greedy,
                 # or a one-hot draft, as in a shadow trial), so the class learns that without a verify
@@ -188,7 +188,7 @@ def _plain_steps(llm: Target, record: object, history: list[int], sampler: Sampl
         for _ in range(steps):
             started = time.perf_counter()
             row = llm._advance(record, history)[-1]
-            token = sampler(row, history, hint(row) if hint is not None else None)
+            token = sampler(row, history, hint(row))
             history.append(token)
             done += 1
             step = time.perf_counter() - started
