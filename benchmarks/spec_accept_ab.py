@@ -9,15 +9,16 @@ import sys
 import time
 
 import hetero.llm.speculative.loop as loop
+from hetero.llm.sampler import no_hint
 
 mode = sys.argv.pop(1)
 if mode == "off":
-    loop.greedy_hint = lambda *a: None
+    loop.greedy_hint = lambda *a: no_hint
 spent = [0, 0, 0]  # ns, calls, rows
 accept = loop.accept
 
 
-def timed(sampler, rows, draft, history, hint=None):
+def timed(sampler, rows, draft, history, hint=no_hint):
     t = time.thread_time_ns()
     out = accept(sampler, rows, draft, history, hint)
     spent[0] += time.thread_time_ns() - t
