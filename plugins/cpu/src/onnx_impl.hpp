@@ -459,12 +459,20 @@ bool dw_plane_shared(const float* base, i64 ystride, const i64* off, const float
   return true;
 }
 
-// The shapes dw_plane_shared is compiled for (MobileNet / PP-LCNet's 3x3 and 5x5, stride 1 and 2), on AVX-512 only:
-// its weights and accumulators need 32 registers (AVX2's 16 would spill them).
+// The shapes dw_plane_shared is compiled for (MobileNet / PP-LCNet's 3x3 and 5x5, stride 1 and 2), on AVX-512: its
+// weights and accumulators need 32 registers. On AVX2 (16) only the flat 5x5 blocks along W (5 accumulators and the
+// input vector in registers, the 25 weights read from L1 by the FMAs), whose row skip and one load an input row and
+// column vector beat dw_plane's 4 x 2 blocks (a load and a broadcast a tap and row, padding rows included): alone, 1
+// thread, PP-OCRv5 cls's 5x5 convs (docs/onnx-models.md, "Issue 17 on Zen 3").
 template <class F>
 bool dw_plane_shared_any(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, int kh, int sh,
                          float bias, float* out, i64 Ho, i64 Wo, i64 vlo, i64 vhi, F act) {
-  if constexpr (W != 16) {
+  if constexpr (W == 8) {
+    static const int flat_forced = hetero::env_override("HETERO_CPU_DW_FLAT");
+    if (flat_forced != 0 && kh == 5 && ntaps == 25 && sh == 1 && off[1] == 1 && Wo > W && Ho <= 6)
+      return dw_plane_shared<5, 5, 1>(base, ystride, off, w, bias, out, Ho, Wo, vlo, vhi, act);
+    return false;
+  } else if constexpr (W != 16) {
     return false;
   } else {
     if (kh == 3 && ntaps == 9 && sh == 1)

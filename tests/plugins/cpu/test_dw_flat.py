@@ -1,8 +1,8 @@
-"""Depthwise convs on flat maps (``dw_plane_shared``: AVX-512): 5x5 taps on maps of at most 6 output rows wider than
-a vector (PP-OCRv5's text classifier: 5 x 80 and 3 x 80, strides 1 and (2, 1)) run blocks of all their rows that skip
-the buffer's rows of zero padding; the other shapes here check that the rest of the row kernel is unchanged.
-Against float64 on every ISA at 1 and 2 threads, and bit for bit against the 2 x 2 blocks that load every row, which a
-fresh process with HETERO_CPU_DW_FLAT=0 runs instead."""
+"""Depthwise convs on flat maps (``dw_plane_shared``: AVX-512, and AVX2 at stride 1): 5x5 taps on maps of at most 6
+output rows wider than a vector (PP-OCRv5's text classifier: 5 x 80 and 3 x 80, strides 1 and (2, 1)) run blocks of
+all their rows that skip the buffer's rows of zero padding; the other shapes here check that the rest of the row
+kernel is unchanged. Against float64 on every ISA at 1 and 2 threads, and bit for bit against the 2 x 2 blocks (on
+AVX2: dw_plane's blocks) that load every row, which a fresh process with HETERO_CPU_DW_FLAT=0 runs instead."""
 
 from __future__ import annotations
 
