@@ -30,17 +30,6 @@ constexpr int ROWS_NT = 4;
 
 inline bool rows_kernel_fits(const QPack& w) { return w.bits < 8 && w.bs == 8 * ROWS_NT; }
 
-// Blocks a 2+-row tile walks before it turns to the group's next slice (H > 1, AVX2). Each slice reads its half of
-// every weight line and all of x, so slice by slice over the whole K the second slice found a 16-row group past
-// K ~ 2000 (9 x K bytes of q4_k, + the rows' M x K of x) evicted from L1; in chunks of ~CHUNK bytes of the group it
-// finds both in L1. Whole super-blocks; HETERO_LLM_ROWS_CHUNK (bytes, 0: no chunks) for measurements.
-template <int H>
-inline i64 rows_k_chunk(i64 sub, i64 super_bytes, i64 nb) {
-  static const i64 bytes = env_bytes("HETERO_LLM_ROWS_CHUNK", 8192);
-  if (H == 1 || bytes <= 0) return nb;
-  return std::max<i64>(1, bytes / super_bytes) * sub;
-}
-
 // One 16-row group against MR activation rows (see the file comment); the arguments are qgemm_mr's.
 template <class S, int BITS, bool ASYM, int KQ, int MR>
 void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, float* y, i64 ldy, int nvalid) {
@@ -58,54 +47,44 @@ void qgemm_rows(const QPack& w, const std::uint8_t* group, const XQ& x, i64 m0, 
   const B zero16 = S::bset8(0);
   const std::int8_t* xrow[MR];
   for (int m = 0; m < MR; ++m) xrow[m] = x.q + (m0 + m) * x.ldq;
-  constexpr int H = QR / W;  // slices of the 16-row group a pass (AVX2: 2, each half of every weight line)
-  V fsum[H][MR];
-  for (int h = 0; h < H; ++h)
-    for (int m = 0; m < MR; ++m) fsum[h][m] = S::zero();
-  const i64 chunk = rows_k_chunk<H>(walk.sub, walk.bytes, w.nb);
-  for (i64 c0 = 0; c0 < w.nb; c0 += chunk) {
-    const i64 c1 = std::min<i64>(w.nb, c0 + chunk);
-    for (int h = 0; h < H; ++h) {
-      V facc[MR];
-      for (int m = 0; m < MR; ++m) facc[m] = fsum[h][m];
-      const std::uint8_t* sb = group + c0 / walk.sub * walk.bytes;  // as qgemm_mr
-      for (i64 b0 = c0; b0 < c1; b0 += walk.sub, sb += walk.bytes) {
-        const SuperScales<S> ss = super_scales<S, KQ>(sb, h);
-        const i64 b1 = std::min<i64>(w.nb, b0 + walk.sub);
-        for (i64 b = b0; b < b1; ++b) {
-          const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
-          const std::uint8_t* qv = rec + hdr;
-          if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt, true>(w, rec, pf, l2);  // as qgemm_mr
-          B wlo[nt], whi[nt];
-          for (int t = 0; t < nt; ++t) {  // the block's W rows decoded once for all MR x rows
-            unpack_step<S, BITS>(S::load_b(qv + 64 * t + 4 * W * h), qv + nib_bytes, t, h, wlo[t], whi[t]);
-          }
-          const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);  // shared by the x rows
-          const i64 xo = b * 8 * nt;
-          for (int m = 0; m < MR; ++m) {
-            const std::int8_t* xb = xrow[m] + xo;
-            I ilo, ihi;
-            scales.start(ilo, ihi, x, (m0 + m) * x.nb + b);
-            for (int t0 = 0; t0 < nt; t0 += TC) {
-              B alo = zero16, ahi = zero16;
-              for (int t = t0; t < t0 + TC; ++t) {
-                const B xlo = S::bcast4(xb + 8 * t), xhi = S::bcast4(xb + 8 * t + 4);  // pair4 order
-                alo = S::dot16(alo, wlo[t], xlo);
-                if (KQ == 2) ahi = S::dot16(ahi, whi[t], xhi);
-                else alo = S::dot16(alo, whi[t], xhi);
-              }
-              ilo = S::iadd(ilo, S::widen16(alo));
-              if (KQ == 2) ihi = S::iadd(ihi, S::widen16(ahi));
+  for (int h = 0; h < QR / W; ++h) {
+    V facc[MR];
+    for (int m = 0; m < MR; ++m) facc[m] = S::zero();
+    const std::uint8_t* sb = group;  // as qgemm_mr
+    for (i64 b0 = 0; b0 < w.nb; b0 += walk.sub, sb += walk.bytes) {
+      const SuperScales<S> ss = super_scales<S, KQ>(sb, h);
+      const i64 b1 = std::min<i64>(w.nb, b0 + walk.sub);
+      for (i64 b = b0; b < b1; ++b) {
+        const std::uint8_t* rec = sb + walk.hdr + (b - b0) * w.rec_bytes;
+        const std::uint8_t* qv = rec + hdr;
+        if (h == 0) prefetch_record<S, BITS, ASYM, KQ, nt, true>(w, rec, pf, l2);  // as qgemm_mr
+        B wlo[nt], whi[nt];
+        for (int t = 0; t < nt; ++t) {  // the block's W rows decoded once for all MR x rows
+          unpack_step<S, BITS>(S::load_b(qv + 64 * t + 4 * W * h), qv + nib_bytes, t, h, wlo[t], whi[t]);
+        }
+        const BlockScales<S, ASYM, KQ> scales(rec, h, ss, off);  // shared by the x rows
+        const i64 xo = b * 8 * nt;
+        for (int m = 0; m < MR; ++m) {
+          const std::int8_t* xb = xrow[m] + xo;
+          I ilo, ihi;
+          scales.start(ilo, ihi, x, (m0 + m) * x.nb + b);
+          for (int t0 = 0; t0 < nt; t0 += TC) {
+            B alo = zero16, ahi = zero16;
+            for (int t = t0; t < t0 + TC; ++t) {
+              const B xlo = S::bcast4(xb + 8 * t), xhi = S::bcast4(xb + 8 * t + 4);  // pair4 order
+              alo = S::dot16(alo, wlo[t], xlo);
+              if (KQ == 2) ahi = S::dot16(ahi, whi[t], xhi);
+              else alo = S::dot16(alo, whi[t], xhi);
             }
-            scales.apply(facc[m], ilo, ihi, x, (m0 + m) * x.nb + b);
+            ilo = S::iadd(ilo, S::widen16(alo));
+            if (KQ == 2) ihi = S::iadd(ihi, S::widen16(ahi));
           }
+          scales.apply(facc[m], ilo, ihi, x, (m0 + m) * x.nb + b);
         }
       }
-      for (int m = 0; m < MR; ++m) fsum[h][m] = facc[m];
     }
+    for (int m = 0; m < MR; ++m) S::store_n(y + m * ldy + W * h, facc[m], nvalid - W * h);
   }
-  for (int h = 0; h < H; ++h)
-    for (int m = 0; m < MR; ++m) S::store_n(y + m * ldy + W * h, fsum[h][m], nvalid - W * h);
 }
 
 // qgemm_rows for mr in [2, R] rows (R = S::QGEMM_MR).

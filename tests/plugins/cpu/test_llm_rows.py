@@ -76,10 +76,10 @@ def test_q5_rows_bitwise_one_row_at_qwen_width(wtype):
 
 
 @pytest.mark.parametrize("wtype", ["q4_k", "q5_k", "q6_k", "q5_0", "q4_asym_b32"])
-def test_rows_bitwise_one_row_across_k_chunks(wtype):
-    # AVX2's 2-8-row tiles walk K in chunks of ~8 KiB of a 16-row group, each chunk once per half of the group
-    # (rows_k_chunk): K = 2816 is 3 full chunks of q4_k (3 super-blocks each) and a partial one, ~1.4 of q6_k, and
-    # a 1.5B down_proj's K = 8960 many, so every chunk border and a short last chunk are crossed.
+def test_rows_bitwise_one_row_at_long_k(wtype):
+    # Long K, where a 16-row group passes L1 between two reads of an x line (AVX2 walks each group once per 8-lane
+    # half): K = 2816 and a 1.5B down_proj's 8960 -- also several ~8 KiB chunks of a group and a short last one for
+    # a tile that walks K in chunks (branch spec's rows_k_chunk, not landed).
     n = 33
     for k in (2816, 8960):
         check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=1, rows=(2, 3, 8))
