@@ -75,6 +75,16 @@ def test_q5_rows_bitwise_one_row_at_qwen_width(wtype):
     check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=1)
 
 
+@pytest.mark.parametrize("wtype", ["q4_k", "q5_k", "q6_k", "q5_0", "q4_asym_b32"])
+def test_rows_bitwise_one_row_at_long_k(wtype):
+    # Long K, where a 16-row group passes L1 between two reads of an x line (AVX2 walks each group once per 8-lane
+    # half): K = 2816 and a 1.5B down_proj's 8960 -- also several ~8 KiB chunks of a group and a short last one for
+    # a tile that walks K in chunks (branch spec's rows_k_chunk, not landed).
+    n = 33
+    for k in (2816, 8960):
+        check_rows_match_one_row_gemv(weights_of(wtype, n, k), n, k, threads=1, rows=(2, 3, 8))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("wtype", [*quant.GGML_FORMATS, "q4", "q8", "q4_asym", "q8_asym"])
 def test_verify_rows_9_to_16_bitwise_one_row(wtype, threads):
