@@ -5,8 +5,9 @@ time, and how close decode comes to the machine's memory-bandwidth bound. Prints
                              [--threads 2] [--reps 5] [--skip-build] [--json] [--cache-dir DIR]
 
 Needs ``gguf`` and ``llama-cpp-python`` (PyPI; pip compiles llama.cpp from its source distribution, which takes a
-while on 2 cores). The hetero under test is this checkout: ``core/`` and ``plugins/cpu`` go first on the workers'
-``PYTHONPATH`` (``--installed`` uses the installed packages instead).
+while on 2 cores), or ``--llama-bench PATH``: a natively built ``llama-bench`` binary that runs llama.cpp instead
+(``run_llama_bench``; not with ``--pairs``). The hetero under test is this checkout: ``core/`` and ``plugins/cpu``
+go first on the workers' ``PYTHONPATH`` (``--installed`` uses the installed packages instead).
 
 Models (built once, kept in ``--cache-dir``, default ``~/.cache/hetero/bench-models``, never in the repository):
 random weights (``scripts/make_gguf_fixtures.py``'s ``random_folder``) in the shapes of Qwen3-0.6B, Qwen2.5-1.5B,
@@ -441,6 +442,30 @@ def run_worker(runtime: str, path: Path, threads: int, reps: int, pp: int, tg: i
     return json.loads(lines[-1])
 
 
+def run_llama_bench(binary: Path, path: Path, threads: int, reps: int, pp: int, tg: int,
+                    timeout: float) -> dict[str, Any]:
+    """llama.cpp's own ``llama-bench`` (a native build, ``--llama-bench PATH``) on the file instead of the
+    llama-cpp-python worker: one process runs pp then tg (a warm-up run each, then ``reps`` timed runs), and its
+    JSON samples become the run's tests; it reports no load time or memory, so those cells stay empty."""
+    cmd = [str(binary), "-m", str(path), "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
+           "-o", "json"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        results = json.loads(done.stdout) if done.returncode == 0 else []
+    except subprocess.TimeoutExpired:
+        return {"error": f"llama-bench timed out after {timeout:.0f} s"}
+    except ValueError:
+        results = []
+    if not results:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"error": f"llama-bench exit {done.returncode}: " + " | ".join(tail)}
+    tests = {f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}": [float(x) for x in r["samples_ts"]]
+             for r in results}
+    first = results[0]
+    return {"tests": tests, "info": {"llama_bench": str(binary), "build_commit": first.get("build_commit"),
+                                     "build_number": first.get("build_number"), "cpu_info": first.get("cpu_info")}}
+
+
 # -- paired runs (--pairs) -------------------------------------------------------------------------------------------
 def quick_bandwidth(threads: int) -> float:
     """The read probe between two rounds of --pairs: 128 MiB a thread, 5 timed passes on 4 KiB and 5 on 2 MiB pages
@@ -779,9 +804,9 @@ def markdown(rows: list[dict[str, Any]], bw: dict[int, float], pp: int, tg: int)
             if "error" in run:
                 continue
             loaded, end = run.get("mem_loaded", {}), run.get("mem_end", {})
-            out.append(f"| {row['model']} | {row['type']} | {row['threads']} | {runtime} | {mib(run['base_rss'])} | "
-                       f"{mib(loaded.get('anon'))} + {mib(loaded.get('file'))} | {mib(end.get('anon'))} + "
-                       f"{mib(end.get('file'))} | {mib(run['peak_rss'])} |")
+            out.append(f"| {row['model']} | {row['type']} | {row['threads']} | {runtime} | "
+                       f"{mib(run.get('base_rss'))} | {mib(loaded.get('anon'))} + {mib(loaded.get('file'))} | "
+                       f"{mib(end.get('anon'))} + {mib(end.get('file'))} | {mib(run.get('peak_rss'))} |")
     return "\n".join(out)
 
 
@@ -824,6 +849,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per worker before it is abandoned "
                     "(--pairs: for a worker to load and warm up, or to answer one run)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--llama-bench", type=Path, metavar="PATH",
+                    help="run llama.cpp as this natively built llama-bench binary instead of through "
+                         "llama-cpp-python (no load time / memory for it; not with --pairs)")
     # internal: the subprocesses
     ap.add_argument("--worker", choices=["hetero", "llama.cpp", "quantize"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -884,6 +912,9 @@ def main(argv: list[str] | None = None) -> int:
                 for runtime in sequence:
                     log(f"{model} {qtype} threads={t}: {runtime} (pp{args.pp}, tg{args.tg}, {args.reps} reps) ...")
                     def one(runtime: str = runtime, t: int = t, path: Path = paths[model, qtype]) -> dict[str, Any]:
+                        if runtime == "llama.cpp" and args.llama_bench:
+                            return run_llama_bench(args.llama_bench, path, t, args.reps, args.pp, args.tg,
+                                                   args.timeout)
                         return run_worker(runtime, path, t, args.reps, args.pp, args.tg, args.installed, args.timeout)
 
                     bracket = not args.no_bandwidth and args.probe == "around"
@@ -891,7 +922,8 @@ def main(argv: list[str] | None = None) -> int:
                     if "tests" in run:
                         run["stats"] = {test: summarize(s) for test, s in run["tests"].items()}
                         log("  " + ", ".join(f"{k} {v['median']:.2f} t/s" for k, v in run["stats"].items())
-                            + f"; load {run['load_s']:.2f} s; peak RSS {run['peak_rss'] / 2**20:.0f} MiB"
+                            + (f"; load {run['load_s']:.2f} s; peak RSS {run['peak_rss'] / 2**20:.0f} MiB"
+                               if "load_s" in run else "")
                             + (f"; probes {_probes(run)} GB/s" if "probes" in run else ""))
                     else:
                         log(f"  failed: {run['error']}")
@@ -925,6 +957,8 @@ def _main_paired(args: argparse.Namespace, models: list[str], types: list[str], 
     """--pairs: per file and thread count, ``run_paired`` of llama.cpp and hetero, then its table."""
     if runtimes != ["llama.cpp", "hetero"]:
         raise SystemExit("--pairs runs both engines: leave --runtimes at llama.cpp,hetero")
+    if args.llama_bench:
+        raise SystemExit("--pairs keeps llama.cpp resident through llama-cpp-python: drop --llama-bench")
     rows = []
     for model in models:
         for qtype in types:
