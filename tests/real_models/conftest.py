@@ -24,6 +24,7 @@ import pytest
 import hetero
 from hetero import plugins
 from hetero.contract.opforms import UNARY_FORMS
+from tests import ort_int8
 
 from .models import MODELS, Feeds
 
@@ -172,6 +173,7 @@ def ort_runner(model: Path | bytes, optimization: str = "ORT_ENABLE_ALL",
     options.intra_op_num_threads = threads
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, optimization)
     options.log_severity_level = 3  # the silero exports carry unused initializers ort warns about
+    model = ort_int8.exact_bytes(model)  # int8 weights as uint8 where onnxruntime's u8 x s8 products saturate
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), options,
                                    providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]

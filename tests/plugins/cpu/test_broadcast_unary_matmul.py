@@ -15,6 +15,7 @@ import pytest
 import hetero
 from hetero.frontends.onnx import load_onnx
 from hetero.ir import passes
+from tests import ort_int8
 
 from .conftest import _native
 
@@ -156,8 +157,8 @@ def test_quantized_chain_against_reference_and_onnxruntime(threads):
     ort = pytest.importorskip("onnxruntime")
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
-        None, feeds)[0]
+    want = ort.InferenceSession(ort_int8.exact_bytes(model.SerializeToString()), options,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert np.abs(got - want).max() <= 3 * step
 
 

@@ -16,6 +16,7 @@ from hetero.contract.tensor import TensorInfo
 from hetero.frontends.onnx import load_onnx
 from hetero.ir import passes
 from hetero.runtime.infer import fold_and_infer
+from tests import ort_int8
 
 from .conftest import _native
 
@@ -316,7 +317,8 @@ def _same_bits_as_written(session: hetero.Session, model, x: np.ndarray) -> None
     got = session.run({"x": x})["y"]
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
-    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+    want = ort.InferenceSession(ort_int8.exact_bytes(model.SerializeToString()), options,
+                                providers=["CPUExecutionProvider"]).run(
         None, {"x": x})[0]
     np.testing.assert_array_equal(got, want)
     ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x})["y"]
@@ -353,7 +355,8 @@ def test_residual_add_in_the_output_stage(threads, bias, residual, residual_firs
     r = rng.normal(size=residual).astype(np.float32)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+    want = ort.InferenceSession(ort_int8.exact_bytes(model.SerializeToString()), options,
+                                providers=["CPUExecutionProvider"]).run(
         None, {"x": x, "r": r})[0]
     ref = hetero.Session(model.SerializeToString(), backends=["reference"]).run({"x": x, "r": r})["y"]
     for _ in range(3):  # interpreted, recorded, replayed
