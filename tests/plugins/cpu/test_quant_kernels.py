@@ -85,6 +85,24 @@ def test_qgemm_extremes_do_not_saturate(isa, amx, n):
     np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
 
 
+@pytest.mark.parametrize("bdt", [np.int8, np.uint8])
+def test_qgemm_every_byte_pair_exact(isa, threads, bdt):
+    """Every pair (w0, w1) of B's bytes at k 2i, 2i + 1 (the pairs vpmaddubsw sums in int16) against rows of 255, 254,
+    0 and random bytes: the AVX2 tile moves the pairs whose sum could pass int16 and adds the moved part back."""
+    info = np.iinfo(bdt)
+    w0, w1 = np.meshgrid(np.arange(info.min, info.max + 1), np.arange(info.min, info.max + 1), indexing="ij")
+    b = np.empty((514, 256), np.int64)  # 257 pairs a column (K past a whole group): the 65536 pairs, 256 zeros
+    pairs = np.concatenate([np.stack([w0.ravel(), w1.ravel()], 1), np.zeros((257 * 256 - 65536, 2), np.int64)])
+    b[0::2], b[1::2] = pairs[:, 0].reshape(257, 256), pairs[:, 1].reshape(257, 256)
+    b = b.astype(bdt)
+    rng = np.random.default_rng(7)
+    a = np.stack([np.full(514, 255), np.full(514, 254), np.zeros(514), *_rand8(rng, (4, 514), np.uint8)])
+    a = a.astype(np.uint8)
+    out = np.empty((a.shape[0], b.shape[1]), np.int32)
+    _native.qgemm_i32(a, _native.qpack_b(b), np.array(0, np.uint8), out)
+    np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
+
+
 @pytest.mark.parametrize("per_column", [False, True])
 @pytest.mark.parametrize("n", [80, 1])
 def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column, n):
