@@ -86,19 +86,21 @@ def test_qgemm_extremes_do_not_saturate(isa, amx, n):
 
 
 @pytest.mark.parametrize("bdt", [np.int8, np.uint8])
-def test_qgemm_every_byte_pair_exact(isa, threads, bdt):
-    """Every pair (w0, w1) of B's bytes at k 2i, 2i + 1 (the pairs vpmaddubsw sums in int16) against rows of 255, 254,
-    0 and random bytes: the AVX2 tile moves the pairs whose sum could pass int16 and adds the moved part back."""
-    info = np.iinfo(bdt)
-    w0, w1 = np.meshgrid(np.arange(info.min, info.max + 1), np.arange(info.min, info.max + 1), indexing="ij")
-    b = np.empty((514, 256), np.int64)  # 257 pairs a column (K past a whole group): the 65536 pairs, 256 zeros
-    pairs = np.concatenate([np.stack([w0.ravel(), w1.ravel()], 1), np.zeros((257 * 256 - 65536, 2), np.int64)])
-    b[0::2], b[1::2] = pairs[:, 0].reshape(257, 256), pairs[:, 1].reshape(257, 256)
-    b = b.astype(bdt)
+def test_qgemm_byte_pairs_past_int16_exact(isa, threads, bdt):
+    """B's bytes at k 2i, 2i + 1 are the pairs vpmaddubsw sums in int16: the AVX2 tile moves the pairs that could pass
+    it (every w0 + w1 = +-129, 127 + 127, -128 - 128 here, among in-bound pairs and pairs at +-128) and adds the moved
+    part back. 256 such pairs in 164160: under the 1 in 512 past which B keeps the widening tile. Rows of 255, 254, 0
+    and random bytes."""
     rng = np.random.default_rng(7)
-    a = np.stack([np.full(514, 255), np.full(514, 254), np.zeros(514), *_rand8(rng, (4, 514), np.uint8)])
-    a = a.astype(np.uint8)
-    out = np.empty((a.shape[0], b.shape[1]), np.int32)
+    k, n = 1026, 320
+    b = rng.integers(-64, 65, (k, n))
+    w0 = np.concatenate([np.arange(2, 128), np.arange(-128, 0), [127, -128], np.arange(1, 128), np.arange(-128, 0)])
+    w1 = np.concatenate([129 - w0[:126], -129 - w0[126:254], [127, -128], 128 - w0[256:383], -128 - w0[383:]])
+    rows, cols = np.unravel_index(rng.choice(k // 2 * n, w0.size, replace=False), (k // 2, n))
+    b[2 * rows, cols], b[2 * rows + 1, cols] = w0, w1
+    b = (b + (128 if bdt == np.uint8 else 0)).astype(bdt)  # the kernels see b - 128 of uint8 weights
+    a = np.stack([np.full(k, 255), np.full(k, 254), np.zeros(k), *rng.integers(0, 256, (4, k))]).astype(np.uint8)
+    out = np.empty((a.shape[0], n), np.int32)
     _native.qgemm_i32(a, _native.qpack_b(b), np.array(0, np.uint8), out)
     np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
 
