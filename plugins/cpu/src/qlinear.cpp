@@ -141,8 +141,8 @@ void build_pair_safe(QPacked& p) {
     }
   }
   ps->first[static_cast<std::size_t>(p.panels)] = static_cast<i64>(ps->fixes.size());
-  // a fix-up costs a scattered scalar multiply-add per row: past 1 in 512 pairs the widening tile is faster (384 x
-  // 1536 weights at 1.7 % fixed: 3.6 ms where it takes 2.0 and none fixed 1.25, M = 128 on Zen 3)
+  // a fix-up costs a scattered scalar multiply-add per row: uniform random bytes (25 % fixed) ran 8x slower than the
+  // widening tile; at 1 in 512 the cutoff also dropped magika_qlinearconv's and smart_turn_int8's gains (Zen 3)
   if (static_cast<i64>(ps->fixes.size()) * kMaxPairFixShare > p.k4 * 2 * p.n) return;
   p.pairs = std::move(ps);
 }

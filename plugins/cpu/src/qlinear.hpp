@@ -130,7 +130,7 @@ struct AlignedVec {  // 64-byte aligned, for the packed panels' aligned loads
 // (k 0+1, k 2+3 of a group) the positive parts sum to <= 128 and the negative parts to >= -128 (255 * 128 = 32640),
 // the second byte moved toward zero where they do not; fix-ups give the moved part back exactly (raw += a[k] r).
 // Real weights need few: the T5 encoder's 56 int8 matrices, 910 of 9.4 M pairs.
-constexpr int kMaxPairFixShare = 512;  // B keeps a PairSafe only where at most 1 in this many pairs needs a fix-up
+constexpr int kMaxPairFixShare = 32;   // B keeps a PairSafe only where at most 1 in this many pairs needs a fix-up
 struct PairFix {
   std::int32_t k, col, r;  // column col (in its panel, 0-15) += a[k] * r
 };

@@ -89,7 +89,7 @@ def test_qgemm_extremes_do_not_saturate(isa, amx, n):
 def test_qgemm_byte_pairs_past_int16_exact(isa, threads, bdt):
     """B's bytes at k 2i, 2i + 1 are the pairs vpmaddubsw sums in int16: the AVX2 tile moves the pairs that could pass
     it (every w0 + w1 = +-129, 127 + 127, -128 - 128 here, among in-bound pairs and pairs at +-128) and adds the moved
-    part back. 256 such pairs in 164160: under the 1 in 512 past which B keeps the widening tile. Rows of 255, 254, 0
+    part back. 256 such pairs in 164160: under the 1 in 32 past which B keeps the widening tile. Rows of 255, 254, 0
     and random bytes."""
     rng = np.random.default_rng(7)
     k, n = 1026, 320
