@@ -115,6 +115,56 @@ static void pack_rows_sse2(QPacked& p, const std::uint8_t* b, i64 rs, bool b_uns
 }
 #endif
 
+namespace {
+
+// PairSafe of packed B (the bounds in qlinear.hpp), kept where at most 1 / kMaxPairFixShare of the pairs need a
+// fix-up: per pair, the second byte moved toward zero until the positive
+// (negative) parts sum to 128 (-128) at most, the moved part kept as a fix-up of its panel.
+void build_pair_safe(QPacked& p) {
+  const std::size_t bytes = static_cast<std::size_t>((p.panels + 1) / 2 * 2 * p.pstride());
+  auto ps = std::make_unique<PairSafe>();
+  ps->data = std::make_unique<AlignedVec<std::int8_t>>(bytes);
+  std::memcpy(ps->data->p, p.data->p, bytes);
+  ps->first.assign(static_cast<std::size_t>(p.panels + 1), 0);
+  for (i64 q = 0; q < p.panels; ++q) {
+    ps->first[static_cast<std::size_t>(q)] = static_cast<i64>(ps->fixes.size());
+    std::int8_t* panel = ps->data->p + q * p.pstride();
+    for (i64 i = 0; i < p.pstride(); i += 2) {  // byte pairs: group i / 64, column (i % 64) / 4, k (i % 4) and + 1
+      const int w0 = panel[i], w1 = panel[i + 1];
+      int keep = w1;
+      if (w0 > 0 && w1 > 0 && w0 + w1 > 128) keep = 128 - w0;
+      if (w0 < 0 && w1 < 0 && w0 + w1 < -128) keep = -128 - w0;
+      if (keep == w1) continue;
+      panel[i + 1] = static_cast<std::int8_t>(keep);
+      const i64 k = i / 64 * 4 + i % 4 + 1;
+      ps->fixes.push_back({static_cast<std::int32_t>(k), static_cast<std::int32_t>(i % 64 / 4), w1 - keep});
+    }
+  }
+  ps->first[static_cast<std::size_t>(p.panels)] = static_cast<i64>(ps->fixes.size());
+  // a fix-up costs a scattered scalar multiply-add per row: uniform random bytes (25 % fixed) ran 8x slower than the
+  // widening tile; at 1 in 512 the cutoff also dropped magika_qlinearconv's and smart_turn_int8's gains (Zen 3)
+  if (static_cast<i64>(ps->fixes.size()) * kMaxPairFixShare > p.k4 * 2 * p.n) return;
+  p.pairs = std::move(ps);
+}
+
+// raw (rows x the panels from p0, ldraw apart) += the fix-ups of those panels: a[m][k] * r, wrapping as the sums.
+void apply_pair_fixes(const PairSafe& ps, i64 p0, int np, const std::uint8_t* a, i64 lda, int rows,
+                      std::int32_t* raw, i64 ldraw) {
+  for (i64 q = p0; q < p0 + np; ++q) {
+    const i64 end = ps.first[static_cast<std::size_t>(q + 1)];
+    std::int32_t* col0 = raw + (q - p0) * kPanel;
+    for (i64 f = ps.first[static_cast<std::size_t>(q)]; f < end; ++f) {
+      const PairFix& x = ps.fixes[static_cast<std::size_t>(f)];
+      for (int r = 0; r < rows; ++r) {
+        const std::uint32_t add = static_cast<std::uint32_t>(a[r * lda + x.k] * x.r);
+        col0[r * ldraw + x.col] = static_cast<std::int32_t>(static_cast<std::uint32_t>(col0[r * ldraw + x.col]) + add);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigned, const std::int32_t* zp,
                i64 zp_count) {
   p.k4 = (p.k + 3) / 4;
@@ -143,6 +193,7 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
     }
 #endif
     for (i64 j = 0; j < p.n; ++j) p.zb[static_cast<std::size_t>(j)] = zp[zp_count == 1 ? 0 : j] + shift;
+    if (qk().tile_pairs) build_pair_safe(p);
     return;  // N > kDotColumns: no column copies (keep_columns)
   }
   for (i64 j = 0; j < p.n; ++j) {
@@ -159,6 +210,7 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
     p.zb[static_cast<std::size_t>(j)] = zp[zp_count == 1 ? 0 : j] + shift;
   }
   keep_columns(p);
+  if (p.cols.empty() && qk().tile_pairs) build_pair_safe(p);  // B of kDotColumns or fewer runs on dot
 }
 
 namespace {
@@ -267,7 +319,9 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   if (!p.cols.empty()) return qgemm_dot(kr, p, a, M, st, cr, work);
   // the tile's shape: the F32 stage in registers where the ISA has it (its own shape), else tile then finish
   const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1 && !st.ibias;
-  const int tile_rows = f32_in_tile ? kr.f32_mr : kr.mr, tile_panels = f32_in_tile ? kr.f32_np : kr.np;
+  // B packed under the ISA of tile_pairs (a switch of ISA after packing: the other tiles, on p.data)
+  const PairSafe* pairs = kr.tile_pairs ? p.pairs.get() : nullptr;
+  const int tile_rows = f32_in_tile ? kr.f32_mr : (pairs ? kMR : kr.mr), tile_panels = f32_in_tile ? kr.f32_np : kr.np;
   const i64 panels_per_block = f32_in_tile ? tile_panels : std::max(kr.np, 4);
   const i64 nblocks = (p.panels + panels_per_block - 1) / panels_per_block;
   int T = threads_for(work, 2e6);
@@ -302,7 +356,12 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
           kr.tile_f32(mr, np, p.k4, ar, a.lda, b, p.pstride(), cr, st, m0, n0, ncols);
           continue;
         }
-        kr.tile(mr, np, p.k4, ar, a.lda, b, p.pstride(), raw, ldc);
+        if (pairs) {
+          kr.tile_pairs(mr, np, p.k4, ar, a.lda, pairs->data->p + p0 * p.pstride(), p.pstride(), raw, ldc);
+          apply_pair_fixes(*pairs, p0, np, ar, a.lda, mr, raw, ldc);
+        } else {
+          kr.tile(mr, np, p.k4, ar, a.lda, b, p.pstride(), raw, ldc);
+        }
         kr.finish(st, cr, m0, mr, n0, ncols, raw, ldc);
       }
     }

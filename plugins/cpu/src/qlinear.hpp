@@ -95,6 +95,8 @@ struct QKernels {
   int f32_mr, f32_np;  // tile_f32's rows and panels
   DotFn dot;           // products by B of <= kDotColumns columns
   FakeQuantFn fake_quant;
+  // vpmaddubsw tile over QPacked::pairs' bounded copy of B (nullptr: none), rows per call <= kMR, any np
+  TileFn tile_pairs;
 };
 
 // AMX (qlinear_amx.cpp): whether this CPU has AMX-INT8 and the kernel let this process use the tile registers, and
@@ -124,6 +126,20 @@ struct AlignedVec {  // 64-byte aligned, for the packed panels' aligned loads
   ~AlignedVec() { std::free(p); }
 };
 
+// B's panels rewritten so that no vpmaddubsw pair sum can saturate int16 for any uint8 a: in each pair of bytes
+// (k 0+1, k 2+3 of a group) the positive parts sum to <= 128 and the negative parts to >= -128 (255 * 128 = 32640),
+// the second byte moved toward zero where they do not; fix-ups give the moved part back exactly (raw += a[k] r).
+// Real weights need few: the T5 encoder's 56 int8 matrices, 910 of 9.4 M pairs.
+constexpr int kMaxPairFixShare = 32;   // B keeps a PairSafe only where at most 1 in this many pairs needs a fix-up
+struct PairFix {
+  std::int32_t k, col, r;  // column col (in its panel, 0-15) += a[k] * r
+};
+struct PairSafe {
+  std::unique_ptr<AlignedVec<std::int8_t>> data;  // QPacked::data's layout
+  std::vector<PairFix> fixes;                      // by panel
+  std::vector<i64> first;                          // fixes of panel q: [first[q], first[q + 1])
+};
+
 // B (K x N, int8 or uint8) in panels, with its zero point(s) and column sums in the b' = int8 domain.
 struct QPacked {
   i64 k = 0, n = 0, k4 = 0, panels = 0;
@@ -132,6 +148,7 @@ struct QPacked {
   std::vector<std::int32_t> colsum;  // sum_k b'[k][n]
   std::vector<std::int32_t> zb;      // zb'[n]
   std::vector<std::int8_t> cols;     // n <= kDotColumns: column j's 4 k4 bytes of b' at j * 4 k4, zero past K
+  std::unique_ptr<PairSafe> pairs;   // built where the active kernels have tile_pairs (AVX2)
   i64 pstride() const { return k4 * 64; }
 };
 

@@ -7,7 +7,8 @@ namespace hetero {
 namespace qlin {
 
 const QKernels* qkernels_avx2() {
-  static const QKernels k{"avx2", 2, 1, tile, quantize8, minmax, finish, rowsums, nullptr, 0, 0, dot_cols, fake_quant8};
+  static const QKernels k{"avx2",  2,        1,           tile,        quantize8, minmax, finish,
+                          rowsums, nullptr, 0, 0, dot_cols, fake_quant8, tile_pairs};
   return &k;
 }
 

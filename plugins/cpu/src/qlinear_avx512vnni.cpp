@@ -8,7 +8,7 @@ namespace qlin {
 
 const QKernels* qkernels_avx512vnni() {
   static const QKernels k{"avx512vnni", 4, 4, tile, quantize8, minmax, finish, rowsums, tile_f32, kF32Rows, kF32Panels,
-                          dot_cols, fake_quant8};
+                          dot_cols, fake_quant8, nullptr};
   return &k;
 }
 

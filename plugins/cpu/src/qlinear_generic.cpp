@@ -7,7 +7,7 @@ namespace hetero {
 namespace qlin {
 
 const QKernels* qkernels_generic() {
-  static const QKernels k{"generic", 4, 4, tile, quantize8, minmax, finish, rowsums, nullptr, 0, 0, dot_cols, fake_quant8};
+  static const QKernels k{"generic", 4, 4, tile, quantize8, minmax, finish, rowsums, nullptr, 0, 0, dot_cols, fake_quant8, nullptr};
   return &k;
 }
 

@@ -198,6 +198,46 @@ void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i6
       for (int j = 0; j < 4; ++j) c[r * ldc + q * 4 + j] = t[2 * j] + t[2 * j + 1];
     }
 }
+
+// The tile over PairSafe's copy of B (no pair sum past int16, so vpmaddubsw is exact): a ymm holds 8 columns x
+// 4 k of a 64-byte group; vpmaddubsw + vpmaddwd by ones gives each column's 4-k sum in its int32 lane, 32
+// multiply-adds in 3 instructions where the 16-bit widening above takes 4 and two widenings. One panel at a time
+// (2 x M accumulators, M <= 4).
+template <int M>
+void tile_pairs_panel(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, std::int32_t* c, i64 ldc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i lo[M], hi[M];
+  for (int r = 0; r < M; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+  for (i64 g = 0; g < k4; ++g) {
+    const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + g * 64));
+    const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + g * 64 + 32));
+    for (int r = 0; r < M; ++r) {
+      const __m256i av = _mm256_set1_epi32(load4(a + r * lda + 4 * g));
+      lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(_mm256_maddubs_epi16(av, b0), ones));
+      hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(av, b1), ones));
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + r * ldc), lo[r]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + r * ldc + 8), hi[r]);
+  }
+}
+
+template <int M>
+void tile_pairs_m(int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps, std::int32_t* c,
+                  i64 ldc) {
+  for (int p = 0; p < np; ++p) tile_pairs_panel<M>(k4, a, lda, b + p * ps, c + p * kPanel, ldc);
+}
+
+void tile_pairs(int m, int np, i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 ps,
+                std::int32_t* c, i64 ldc) {
+  switch (m) {
+    case 1: return tile_pairs_m<1>(np, k4, a, lda, b, ps, c, ldc);
+    case 2: return tile_pairs_m<2>(np, k4, a, lda, b, ps, c, ldc);
+    case 3: return tile_pairs_m<3>(np, k4, a, lda, b, ps, c, ldc);
+    default: return tile_pairs_m<4>(np, k4, a, lda, b, ps, c, ldc);
+  }
+}
 #else
 template <int M, int NP>
 void tile_fixed(i64 k4, const std::uint8_t* a, i64 lda, const std::int8_t* b, i64 pstride, std::int32_t* c,

@@ -86,6 +86,26 @@ def test_qgemm_extremes_do_not_saturate(isa, amx, n):
     np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
 
 
+@pytest.mark.parametrize("bdt", [np.int8, np.uint8])
+def test_qgemm_byte_pairs_past_int16_exact(isa, threads, bdt):
+    """B's bytes at k 2i, 2i + 1 are the pairs vpmaddubsw sums in int16: the AVX2 tile moves the pairs that could pass
+    it (every w0 + w1 = +-129, 127 + 127, -128 - 128 here, among in-bound pairs and pairs at +-128) and adds the moved
+    part back. 256 such pairs in 164160: under the 1 in 32 past which B keeps the widening tile. Rows of 255, 254, 0
+    and random bytes."""
+    rng = np.random.default_rng(7)
+    k, n = 1026, 320
+    b = rng.integers(-64, 65, (k, n))
+    w0 = np.concatenate([np.arange(2, 128), np.arange(-128, 0), [127, -128], np.arange(1, 128), np.arange(-128, 0)])
+    w1 = np.concatenate([129 - w0[:126], -129 - w0[126:254], [127, -128], 128 - w0[256:383], -128 - w0[383:]])
+    rows, cols = np.unravel_index(rng.choice(k // 2 * n, w0.size, replace=False), (k // 2, n))
+    b[2 * rows, cols], b[2 * rows + 1, cols] = w0, w1
+    b = (b + (128 if bdt == np.uint8 else 0)).astype(bdt)  # the kernels see b - 128 of uint8 weights
+    a = np.stack([np.full(k, 255), np.full(k, 254), np.zeros(k), *rng.integers(0, 256, (4, k))]).astype(np.uint8)
+    out = np.empty((a.shape[0], n), np.int32)
+    _native.qgemm_i32(a, _native.qpack_b(b), np.array(0, np.uint8), out)
+    np.testing.assert_array_equal(out, _exact(a, b, 0, 0))
+
+
 @pytest.mark.parametrize("per_column", [False, True])
 @pytest.mark.parametrize("n", [80, 1])
 def test_qgemm_f32_is_cast_times_scale_plus_bias(isa, amx, threads, per_column, n):
