@@ -1254,10 +1254,14 @@ constexpr i64 kCblkInputFloats = 128 * 1024;
 // (1 thread, thread time, SiLU, AVX-512, two alternations; docs/onnx-models.md): YOLOv8n's 3x3 convs on 10 x 10
 // 0.71-0.77, its stride-2 ones 0.77-0.87 (20 x 20 to 80 x 80 inputs), 0.96 on 160 x 160; slower where it would
 // waste half a block (16 output channels: 1.5-1.8), at K = 27 (1.13) and on 1x1 convs (1.1-1.2 against the GEMM,
-// which reads whole vectors of positions). AVX-512 only: AVX2's tile (16 channels x 6 positions, 2 weight loads and
-// 6 broadcasts a step for 12 FMAs) ran 1.00-1.04 of conv_direct on the 10 x 10 maps and 1.18-1.23 on the stride-2
-// ones; it runs where the switch forces it. HETERO_CPU_CONV_CBLK=1 / 0 forces the kernel on (every shape it can
-// run) / off.
+// which reads whole vectors of positions). AVX2's tile (16 channels x 6 positions, 2 weight loads and 6 broadcasts a
+// step for 12 FMAs), emulated on Zen 4, ran 1.00-1.04 of conv_direct on the 10 x 10 maps and 1.18-1.23 on the
+// stride-2 ones. On a real AVX2 machine (AMD Zen 3, 1 thread, thread time, load 12-19) alone it beat conv_direct on
+// most kh x kw > 1 shapes (0.58-0.95x), but inside ddddocr_det its seven stride-2 convs summed 0.98x (24 -> 48 / 2
+// on 208 x 208 1.21x, 192 -> 384 / 2 on 26 x 26 1.05x, the others 0.85-0.97x) and ddddocr_ocr_beta's two level
+// against the run's noise: AVX2 takes only the shallow stems, which gained both alone and in the model
+// (vietcombank_captcha's 3 -> 32 on 50 x 155 0.85x alone, 0.73x in the model; docs/onnx-models.md, branch ocr).
+// HETERO_CPU_CONV_CBLK=1 / 0 forces the kernel on (every shape it can run) / off.
 // 1x1 stride-1 convs on small maps whose positions fill the GEMM's 32-column panels badly (with the tiles of up to 14
 // positions, two 7-wide rows at once): alone, 1 thread, thread time, GEMM or pointwise tiles -> cblk: on 7 x 7 (49
 // positions in 64 columns) 256 -> 1024 0.238 -> 0.186 ms, 1024 -> 256 0.246 -> 0.181, 512 -> 512 0.236 -> 0.177,
@@ -1314,7 +1318,9 @@ bool cblk_fits(const PackedConv& pc, const ConvGeom& g) {
   const i64 lanes = extra_for(*pc.kr).lanes;
   if (forced == 0 || lanes < 8 || pc.depthwise || pc.group != 1 || g.sw > 2 || pc.raw_ld == 0) return false;
   if (forced == 1) return true;
-  if (lanes < 16 || (g.Ho == 1 && g.Wo >= kCblkMaxRow)) return false;
+  if (g.Ho == 1 && g.Wo >= kCblkMaxRow) return false;
+  // AVX2: the shallow stems alone (below)
+  if (lanes < 16) return g.kh * g.kw > 1 && pc.cin_g * g.kh * g.kw < 64 && shallow_stem_cblk_wins(g, lanes);
   if (one_vector_cblk_fits(g, lanes)) return true;
   if (g.Cout % (2 * lanes) != 0 && !one_vector_last_block(g, lanes)) return false;
   if (g.kh * g.kw == 1) return is_pointwise(g) && pointwise_cblk_wins(g, pc.cin_g, lanes);

@@ -1728,6 +1728,13 @@ CBLK_CASES = [
 ]
 
 
+def _avx2_cblk_rule(case: tuple) -> bool:
+    """conv.cpp's cblk_fits with AVX2's 8 lanes: only a kh x kw > 1 conv with K < 64 at stride 1, undilated, onto whole
+    blocks of 16 channels (shallow_stem_cblk_wins)."""
+    c, cout, kh, kw, strides, dil = case[1], case[4], case[5], case[6], case[7], case[9]
+    return kh * kw > 1 and c * kh * kw < 64 and strides == (1, 1) and dil == (1, 1) and cout % 16 == 0
+
+
 @pytest.mark.parametrize("case", CBLK_CASES, ids=[str(i) for i in range(len(CBLK_CASES))])
 @pytest.mark.parametrize("activation", list(ACTS))
 def test_conv2d_cblk(isa, threads, case, activation):
@@ -1739,7 +1746,12 @@ def test_conv2d_cblk(isa, threads, case, activation):
     bias = randn(cout, seed=106)
     # the fp32 kernel (precision normal's AMX path takes 64 -> 64 on 10 x 10: test_conv_bf16x3.py)
     algo = _native.prepack_conv(w, 1, "high").algorithm(list(x.shape), strides, pads, dil)
-    assert (algo == "cblk") == (isa == "avx512"), algo
+    if isa == "avx512":
+        assert algo == "cblk", algo
+    elif isa == "avx2":  # the shallow stems alone (conv.cpp cblk_fits)
+        assert (algo == "cblk") == _avx2_cblk_rule(case), algo
+    else:
+        assert algo != "cblk", algo
     ref = ACTS[activation](_conv_ref(x, w, bias, strides, pads, dil, 1))
     packed = _native.prepack_conv(w, 1, "high")
     out = np.full(ref.shape, np.nan, np.float32)
@@ -1750,6 +1762,47 @@ def test_conv2d_cblk(isa, threads, case, activation):
     _native.conv2d_packed(x, packed, bias, one, strides=strides, pads=pads, dilations=dil, activation=activation)
     _native.set_num_threads(threads)
     np.testing.assert_array_equal(out, one)
+
+
+# (N, C, H, W, Cout, k, stride, pad): shallow stride-1 stems (K < 64) conv_cblk takes on AVX2 as on AVX-512 (measured on
+# AMD Zen 3 against conv_direct, docs/onnx-models.md, branch ocr): vietcombank_captcha's 3 -> 32 on 50 x 155, a
+# 1-channel one onto 64 channels (two blocks), a 5x5 one with rows shorter than a tile, two images
+AVX2_CBLK_CASES = [
+    (1, 3, 50, 155, 32, 3, 1, 1),
+    (1, 1, 37, 41, 64, 3, 1, 1),
+    (1, 2, 9, 5, 32, 5, 1, 2),
+    (2, 3, 20, 23, 32, 3, 1, 0),
+]
+
+
+@pytest.mark.parametrize("case", AVX2_CBLK_CASES, ids=[str(i) for i in range(len(AVX2_CBLK_CASES))])
+def test_conv2d_cblk_avx2_shapes(isa, threads, case):
+    # AVX2 takes conv_cblk for them as AVX-512 does (it did not before); the values against float64 on every ISA
+    n, c, h, wd, cout, k, s, p = case
+    x = randn(n, c, h, wd, seed=111)
+    w = randn(cout, c, k, k, seed=112) * np.float32(1.0 / np.sqrt(c * k * k))
+    bias = randn(cout, seed=113)
+    algo = _native.prepack_conv(w, 1, "high").algorithm(list(x.shape), (s, s), (p, p, p, p))
+    if isa in ("avx2", "avx512"):
+        assert algo == "cblk", algo
+    ref = ACTS["relu"](_conv_ref(x, w, bias, (s, s), (p, p, p, p), (1, 1), 1))
+    out = np.full(ref.shape, np.nan, np.float32)
+    _native.conv2d_packed(x, _native.prepack_conv(w, 1, "high"), bias, out, strides=(s, s), pads=(p, p, p, p),
+                          activation="relu")
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_cblk_avx2_leaves(isa):
+    # on AVX2 the deeper convs stay with conv_direct / the GEMM (inside ddddocr_det its stride-2 convs on conv_cblk
+    # summed level with conv_direct): ddddocr's 48 -> 96 / 2, vietcombank's 128 -> 256 on 6 x 19, a 3 -> 32 stem at
+    # stride 2, a 1x1 conv, 8 output channels
+    if isa != "avx2":
+        pytest.skip("AVX2's rule")
+    shapes = [((1, 48, 104, 104), 96, 3, 2, 1), ((1, 128, 6, 19), 256, 3, 1, 1), ((1, 3, 64, 64), 32, 3, 2, 1),
+              ((1, 64, 14, 14), 256, 1, 1, 0), ((1, 3, 20, 40), 8, 3, 1, 1)]
+    for x_shape, cout, k, s, p in shapes:
+        w = np.zeros((cout, x_shape[1], k, k), np.float32)
+        assert _native.prepack_conv(w, 1, "high").algorithm(list(x_shape), (s, s), (p, p, p, p)) != "cblk"
 
 
 # (N, C, L, Cout, dilation, (pad left, pad right), one row or one column): dilated 1-D three-tap convs that
