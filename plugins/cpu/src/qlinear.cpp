@@ -237,9 +237,10 @@ constexpr i64 kARowsL2Bytes = 256 * 1024;
 // (Zen 4, 1 thread, K 512 x N 2048 from L3: M = 1 20.0 -> 16.1 us, M = 8 48.3 -> 42.9).
 class BlockPrefetch {
  public:
-  BlockPrefetch(const QPacked& p, i64 first_panel, i64 panels, i64 steps) {
+  // data: the panels the tiles read (p.data, or its PairSafe copy)
+  BlockPrefetch(const QPacked& p, const std::int8_t* data, i64 first_panel, i64 panels, i64 steps) {
     if (first_panel >= p.panels || steps <= 1) return;
-    begin_ = reinterpret_cast<const char*>(p.data->p + first_panel * p.pstride());
+    begin_ = reinterpret_cast<const char*>(data + first_panel * p.pstride());
     const i64 bytes = std::min(panels, p.panels - first_panel) * p.pstride();
     lines_ = bytes / 64;
     per_step_ = (lines_ + steps - 1) / steps;
@@ -273,6 +274,13 @@ static void qgemm_dot(const QKernels& kr, const QPacked& p, const AOperand& a, i
     kr.dot(a.a + m0 * a.lda, rows, a.lda, p.cols.data(), ncols, 4 * p.k4, raw, ncols);
     kr.finish(st, cr, m0, static_cast<int>(rows), 0, ncols, raw, ncols);
   });
+}
+
+void tile_raw(const QKernels& kr, const QPacked& p, const PairSafe* ps, int m, int np, i64 p0, const std::uint8_t* a,
+              i64 lda, std::int32_t* raw, i64 ldc) {
+  if (!ps) return kr.tile(m, np, p.k4, a, lda, p.data->p + p0 * p.pstride(), p.pstride(), raw, ldc);
+  kr.tile_pairs(m, np, p.k4, a, lda, ps->data->p + p0 * p.pstride(), p.pstride(), raw, ldc);
+  apply_pair_fixes(*ps, p0, np, a, lda, m, raw, ldc);
 }
 
 void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
@@ -320,7 +328,7 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
   // the tile's shape: the F32 stage in registers where the ISA has it (its own shape), else tile then finish
   const bool f32_in_tile = kr.tile_f32 && st.kind == OutStage::F32 && st.cs == 1 && !st.ibias;
   // B packed under the ISA of tile_pairs (a switch of ISA after packing: the other tiles, on p.data)
-  const PairSafe* pairs = kr.tile_pairs ? p.pairs.get() : nullptr;
+  const PairSafe* pairs = pair_safe(kr, p);
   const int tile_rows = f32_in_tile ? kr.f32_mr : (pairs ? kMR : kr.mr), tile_panels = f32_in_tile ? kr.f32_np : kr.np;
   const i64 panels_per_block = f32_in_tile ? tile_panels : std::max(kr.np, 4);
   const i64 nblocks = (p.panels + panels_per_block - 1) / panels_per_block;
@@ -341,7 +349,8 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
     const i64 mb = task / nblocks, nb = task % nblocks;
     const i64 m_begin = mb * rows_per_block, m_end = std::min(M, m_begin + rows_per_block);
     const i64 p_end = std::min(p.panels, (nb + 1) * panels_per_block);
-    BlockPrefetch next(p, (nb + T) * panels_per_block, panels_per_block, (m_end - m_begin + tile_rows - 1) / tile_rows);
+    BlockPrefetch next(p, pairs ? pairs->data->p : p.data->p, (nb + T) * panels_per_block, panels_per_block,
+                       (m_end - m_begin + tile_rows - 1) / tile_rows);
     alignas(64) std::int32_t raw[kMR * kNP * kPanel];
     for (i64 m0 = m_begin; m0 < m_end; m0 += tile_rows) {
       const int mr = static_cast<int>(std::min<i64>(tile_rows, m_end - m0));
@@ -356,12 +365,7 @@ void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st) {
           kr.tile_f32(mr, np, p.k4, ar, a.lda, b, p.pstride(), cr, st, m0, n0, ncols);
           continue;
         }
-        if (pairs) {
-          kr.tile_pairs(mr, np, p.k4, ar, a.lda, pairs->data->p + p0 * p.pstride(), p.pstride(), raw, ldc);
-          apply_pair_fixes(*pairs, p0, np, ar, a.lda, mr, raw, ldc);
-        } else {
-          kr.tile(mr, np, p.k4, ar, a.lda, b, p.pstride(), raw, ldc);
-        }
+        tile_raw(kr, p, pairs, mr, np, p0, ar, a.lda, raw, ldc);
         kr.finish(st, cr, m0, mr, n0, ncols, raw, ldc);
       }
     }

@@ -166,6 +166,15 @@ void pack_into(QPacked& p, const std::uint8_t* b, i64 rs, i64 cs, bool b_unsigne
 // The threaded integer GEMM over rows [0, M) of a, through the output stage (nested in a parallel_for: serial).
 // Up to kMR rows run on the ISA's vector tiles (not AMX), split across threads by the bytes of B.
 void qgemm(const QPacked& p, const AOperand& a, i64 M, const OutStage& st);
+// The copy of B the active kernels' tile_pairs runs on (AVX2, where pack_into built one), else null: B packed under
+// another ISA than the one running keeps to the plain tiles on p.data.
+inline const PairSafe* pair_safe(const QKernels& kr, const QPacked& p) {
+  return kr.tile_pairs ? p.pairs.get() : nullptr;
+}
+// raw (m <= kMR rows, ldc apart) = A rows . panels [p0, p0 + np) of B: tile_pairs on ps plus its fix-ups where ps is
+// given (pair_safe), else kr.tile on p.data; the same exact int32 sums either way.
+void tile_raw(const QKernels& kr, const QPacked& p, const PairSafe* ps, int m, int np, i64 p0, const std::uint8_t* a,
+              i64 lda, std::int32_t* raw, i64 ldc);
 // out[n] = float32(scale[ns == 1 ? 0 : n] * factor[nf == 1 ? 0 : n]) (no factor: scale), the F32 stage's multipliers.
 void column_scales(const float* scale, i64 ns, const float* factor, i64 nf, i64 n, std::vector<float>& out);
 // DynamicQuantizeLinear's scale (hi - lo) / 255 and zero point round(-lo / scale) for lo = min(x, 0), hi = max(x, 0).

@@ -434,6 +434,8 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
     const bool fused_cells = quant && !step_amx && H % 16 == 0 && kr.lstm_q_pair &&
                              &kq == qlin::qkernels_avx512vnni() && !pP && !do_clip && !input_forget;
     const i64 ldq = fused_cells ? Rq->panels * qlin::kPanel : 0;
+    // avx2: R's pair-safe copy on the vpmaddubsw tile where pack_into kept one (about half the widening tile's work)
+    const qlin::PairSafe* r_pairs = quant && !step_amx && !fused_cells ? qlin::pair_safe(kq, *Rq) : nullptr;
     std::vector<std::int32_t> rawq(static_cast<std::size_t>(batch * ldq));
     for (i64 t = 0; t < seq; ++t) {
       const i64 rn = quant ? GH : Rp->n;  // LSTM: 4H, GRU: 2H, RNN: H
@@ -450,7 +452,7 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
           const std::vector<QItem>& its = items[static_cast<std::size_t>(s)];
           const i64 n_items = static_cast<i64>(its.size());
           alignas(64) std::int32_t raw[16 * qlin::kNP * qlin::kPanel];
-          const i64 row_step = step_amx ? 16 : kq.mr;
+          const i64 row_step = step_amx ? 16 : (r_pairs ? qlin::kMR : kq.mr);
           if (step_amx) qlin::amx_begin();
           for (i64 e = 0; e < n_items; ++e) {
             const QItem& it = its[static_cast<std::size_t>((t & 1) ? n_items - 1 - e : e)];
@@ -466,7 +468,7 @@ void rnn_run_impl(const RnnWeights& p, const float* px, const TokenRows& tok, i6
               if (step_amx)
                 qlin::amx_panels16(Rq->k, it.np, hq.data() + m0 * hlda, hlda, b, Rq->pstride(), raw, ldc);
               else
-                kq.tile(mr, it.np, Rq->k4, hq.data() + m0 * hlda, hlda, b, Rq->pstride(), raw, ldc);
+                qlin::tile_raw(kq, *Rq, r_pairs, mr, it.np, it.p0, hq.data() + m0 * hlda, hlda, raw, ldc);
               kq.finish(st, cr, m0, mr, it.nlo, static_cast<int>(it.nhi - it.nlo),
                         raw + (it.nlo - it.p0 * qlin::kPanel), ldc);
             }

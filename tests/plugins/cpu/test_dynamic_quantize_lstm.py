@@ -67,17 +67,26 @@ def numpy_dq_lstm(x, w, r, b, ws, wz, rs, rz, direction, h0=None, c0=None, lens=
 
 
 def dq_lstm_case(seq=6, batch=2, inp=7, hidden=6, direction="forward", per_channel=False, init=False, zp=False,
-                 lens=None, uint8=False, peephole=False, seed=0):
-    """A one-node model, its feeds, and the numpy model's outputs."""
+                 lens=None, uint8=False, peephole=False, seed=0, narrow=0):
+    """A one-node model, its feeds, and the numpy model's outputs. narrow > 0: weights within 64 of their midpoint
+    (so every pair of adjacent k holds |b0| + |b1| <= 128) but for ``narrow`` values of W and of R per direction at
+    127 from it (pairs over the bound: the fix-ups of the AVX2 tile's pair-safe copy, qlinear.cpp's PairSafe)."""
     rng = np.random.default_rng(seed)
     dirs = 2 if direction == "bidirectional" else 1
     lo, hi, dtype = (0, 256, np.uint8) if uint8 else (-127, 128, np.int8)
+    mid = 128 if uint8 else 0
+    if narrow:
+        lo, hi = mid - 64, mid + 64
     w = rng.integers(lo, hi, (dirs, inp, 4 * hidden)).astype(dtype)
     r = rng.integers(lo, hi, (dirs, hidden, 4 * hidden)).astype(dtype)
+    for m in (w, r) if narrow else ():
+        for d in range(dirs):
+            flat = m[d].reshape(-1)
+            at = rng.choice(flat.size, narrow, replace=False)
+            flat[at] = mid + rng.choice([-127, 127], narrow)
     shape = (dirs, 4 * hidden) if per_channel else (dirs,)
     ws = (rng.uniform(0.5, 1.5, shape) * 0.6 / np.sqrt(inp) / 64).astype(np.float32)
     rs = (rng.uniform(0.5, 1.5, shape) * 0.6 / np.sqrt(hidden) / 64).astype(np.float32)
-    mid = 128 if uint8 else 0
     wz = (mid + (rng.integers(-3, 4, shape) if zp else np.zeros(shape))).astype(dtype)
     rz = (mid + (rng.integers(-3, 4, shape) if zp else np.zeros(shape))).astype(dtype)
     b = rng.normal(0, 0.3, (dirs, 8 * hidden)).astype(np.float32)
@@ -195,6 +204,18 @@ def test_split_steps_same_bits_as_one_thread(case: dict) -> None:
         np.testing.assert_allclose(one[name], w, rtol=0, atol=3e-3, err_msg=name)
 
 
+# Weights within 64 of their zero (ORT's reduce_range quantization, the real int8 LSTMs but for a few values in 1e5)
+# take avx2's vpmaddubsw tile (PairSafe: pairs past |b0| + |b1| <= 128 moved toward zero, the rest as fix-ups) in the
+# input projection and the steps: 1, 3 and 4 rows, H 40 (a gate that ends inside a panel),
+# the planted values 127 from the midpoint, which would move a gate by ~scale_h * 127 * r_scale without their fix.
+# On ISAs without that tile the plain one runs (ISA_CASES: test_step_tiles_on_every_isa runs them on all).
+PAIRS_CASES = [
+    {"seq": 5, "batch": 3, "inp": 128, "hidden": 64, "narrow": 4, "init": True},
+    {"seq": 4, "batch": 1, "inp": 96, "hidden": 64, "narrow": 3, "direction": "bidirectional", "per_channel": True},
+    {"seq": 4, "batch": 4, "inp": 64, "hidden": 40, "narrow": 2, "zp": True, "uint8": True},
+]
+
+
 # The step's vector tiles on every ISA path (1-4 rows a tile; avx512vnni: named accumulators per shape): the
 # voicefilter embedder's 3 rows, 1 and 4 rows, H 264 (a slice or a gate that ends inside a 16-column panel), against
 # the numpy model, and the same bits at 1 and 2 threads.
@@ -202,6 +223,7 @@ ISA_CASES = [
     {"seq": 4, "batch": 3, "inp": 40, "hidden": 264, "per_channel": True, "zp": True},
     {"seq": 3, "batch": 1, "inp": 24, "hidden": 128, "direction": "bidirectional", "init": True},
     {"seq": 3, "batch": 4, "inp": 16, "hidden": 96, "uint8": True, "zp": True},
+    *PAIRS_CASES,
 ]
 
 
