@@ -38,7 +38,7 @@ def test_real_llama_bench_samples_become_the_tests(tmp_path):
     from llm.helpers import FIXTURES, gguf_writer
 
     path = tmp_path / "qwen2-q8_0.gguf"
-    gguf_writer().convert(FIXTURES / "qwen2", path, "q8_0")
+    gguf_writer().convert(FIXTURES / "qwen2", path, "Q8_0")
     out = bench_llm().run_llama_bench(Path(binary), path, 1, 2, 8, 4, timeout=120)
     assert "error" not in out, out
     assert sorted(out["tests"]) == ["pp8", "tg4"]
