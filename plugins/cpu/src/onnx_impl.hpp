@@ -412,6 +412,12 @@ HETERO_INLINE void dw_rows_shared(const float* base, i64 rstride, i64 phase, con
                                                       Ho - oy, Wo, oend, act, vlo - oy * SH, vhi - oy * SH);
 }
 
+// HETERO_CPU_DW_FLAT=0 turns dw_plane_shared's flat 5x5 blocks off (read once for every instantiation).
+inline bool dw_flat_allowed() {
+  static const bool allowed = hetero::env_override("HETERO_CPU_DW_FLAT") != 0;
+  return allowed;
+}
+
 // A plane on dw_rows_shared where off[] is the KH x KW grid dw_block_shared reads (rows ystride / SH apart; columns
 // 1 apart, or SW = 2 phases off[1] floats apart); false otherwise. Accumulators and weights in registers: R x NV +
 // KH x KW of AVX-512's 32 (8 + 9 at 3x3, 4 + 25 at 5x5).
@@ -433,8 +439,7 @@ bool dw_plane_shared(const float* base, i64 ystride, const i64* off, const float
   // output rows of one vector (25 weights + 5 accumulators + the input vector: 31 registers), so each input row is
   // loaded once a column vector (2 x 2 blocks loaded 6 buffer rows for 2 output rows) and the padding rows above and
   // below are skipped (SKIP). HETERO_CPU_DW_FLAT=0 keeps the 2 x 2 blocks, which load every row.
-  static const int flat_forced = hetero::env_override("HETERO_CPU_DW_FLAT");
-  const bool flat = KH * KW == 25 && flat_forced != 0 && Wo > W && Ho <= 6;
+  const bool flat = KH * KW == 25 && dw_flat_allowed() && Wo > W && Ho <= 6;
   const auto run = [&](auto sw) {
     constexpr int SW = decltype(sw)::value;
     if (Wo <= W) {
@@ -468,8 +473,7 @@ template <class F>
 bool dw_plane_shared_any(const float* base, i64 ystride, const i64* off, const float* w, int ntaps, int kh, int sh,
                          float bias, float* out, i64 Ho, i64 Wo, i64 vlo, i64 vhi, F act) {
   if constexpr (W == 8) {
-    static const int flat_forced = hetero::env_override("HETERO_CPU_DW_FLAT");
-    if (flat_forced != 0 && kh == 5 && ntaps == 25 && sh == 1 && off[1] == 1 && Wo > W && Ho <= 6)
+    if (dw_flat_allowed() && kh == 5 && ntaps == 25 && sh == 1 && off[1] == 1 && Wo > W && Ho <= 6)
       return dw_plane_shared<5, 5, 1>(base, ystride, off, w, bias, out, Ho, Wo, vlo, vhi, act);
     return false;
   } else if constexpr (W != 16) {
